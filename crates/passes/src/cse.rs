@@ -1,0 +1,99 @@
+//! Common-subexpression elimination.
+
+use crate::PassCx;
+use rustc_hash::FxHashMap;
+use trace_ir::{Arg, BoundSymbol, Result, Symbol, Trace, ValueId};
+
+/// The identity of a call for CSE: what it calls and with which (renamed) arguments.
+type CallKey = (Symbol, Vec<Arg>, Vec<(String, Arg)>);
+
+/// Renames the inputs of `bsym` and of its decomposition by `subst`.
+fn rename(bsym: &BoundSymbol, subst: &FxHashMap<ValueId, ValueId>) -> BoundSymbol {
+    let mut f = |v: ValueId| Arg::Value(*subst.get(&v).unwrap_or(&v));
+    let mut out = bsym.map_inputs(&mut f);
+    out.subsymbols = bsym.subsymbols.iter().map(|s| rename(s, subst)).collect();
+    out
+}
+
+/// Whether two equal calls are guaranteed to give equal results.
+fn is_pure(symbol: &Symbol) -> bool {
+    match symbol {
+        Symbol::Prim(p) => !p.is_random(),
+        Symbol::Composite(_) => true,
+        Symbol::Fallback(_) => false,
+    }
+}
+
+/// Replaces each call equal to an earlier call by the earlier call's outputs. Random prims and
+/// fallbacks are never merged; a composite containing a random prim is not merged either.
+pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
+    let mut subst: FxHashMap<ValueId, ValueId> = FxHashMap::default();
+    let mut seen: FxHashMap<CallKey, Vec<ValueId>> = FxHashMap::default();
+    let mut kept = Vec::with_capacity(trace.bsyms.len());
+    for bsym in &trace.bsyms {
+        let renamed = if subst.is_empty() { bsym.clone() } else { rename(bsym, &subst) };
+        if !is_pure_deep(&renamed) {
+            kept.push(renamed);
+            continue;
+        }
+        let key = (renamed.symbol.clone(), renamed.args.clone(), renamed.kwargs.clone());
+        match seen.get(&key) {
+            Some(earlier) if earlier.len() == renamed.outputs.len() => {
+                for (&o, &e) in renamed.outputs.iter().zip(earlier) {
+                    subst.insert(o, e);
+                }
+            }
+            _ => {
+                seen.insert(key, renamed.outputs.clone());
+                kept.push(renamed);
+            }
+        }
+    }
+    let outputs = trace.outputs.map_values(&mut |v| Arg::Value(*subst.get(&v).unwrap_or(&v)));
+    Ok(trace.with_bsyms(kept, outputs))
+}
+
+fn is_pure_deep(bsym: &BoundSymbol) -> bool {
+    is_pure(&bsym.symbol) && bsym.subsymbols.iter().all(is_pure_deep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trace_ir::{DType, Device, Scalar, TensorMeta, TraceBuilder, ValueKind};
+
+    fn input(b: &mut TraceBuilder) -> ValueId {
+        b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![2, 2])))
+    }
+
+    #[test]
+    fn merges_equal_pure_calls_and_renames_uses() {
+        let mut b = TraceBuilder::new();
+        let x = input(&mut b);
+        let a = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+        let a2 = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+        let s = b.record_prim("add", vec![Arg::Value(a), Arg::Value(a2)]).unwrap()[0];
+        let trace = b.finish(Arg::Value(s)).unwrap();
+        let out = cse(&trace, &PassCx::default()).unwrap();
+        assert_eq!(out.bsyms.len(), 2);
+        assert_eq!(out.bsyms[1].args, vec![Arg::Value(a), Arg::Value(a)]);
+    }
+
+    #[test]
+    fn never_merges_random_prims() {
+        let mut b = TraceBuilder::new();
+        let params = || {
+            vec![
+                Arg::ints(&[2]),
+                Arg::Scalar(Scalar::Float(0.0)),
+                Arg::Scalar(Scalar::Float(1.0)),
+                Arg::Device(Device::CPU),
+                Arg::DType(DType::F32),
+            ]
+        };
+        let u1 = b.record_prim("uniform", params()).unwrap()[0];
+        let u2 = b.record_prim("uniform", params()).unwrap()[0];
+        let trace = b.finish(Arg::Tuple(vec![Arg::Value(u1), Arg::Value(u2)])).unwrap();
+        assert_eq!(cse(&trace, &PassCx::default()).unwrap().bsyms.len(), 2);
+    }
+}

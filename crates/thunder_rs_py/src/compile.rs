@@ -1,0 +1,84 @@
+//! The compile entry point: passes, claiming and code generation in one call.
+
+use passes::dce::dce;
+use passes::cse::cse;
+use passes::{claim, lifetimes, run_passes, ExecutorSpec, ImplSpec, Pass, PassCx, SymKey};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use std::time::Instant;
+use trace_ir::verify::verify;
+use trace_ir::{BoundSymbol, SymbolId};
+
+use crate::errors::py_result;
+use crate::trace::{Plan, PyTrace};
+
+/// The passes before claiming, in order.
+const PIPELINE: &[Pass] = &[("dce", dce), ("cse", cse)];
+
+/// The executors' tables in priority order, built once from Python.
+#[pyclass(frozen, module = "thunder_rs._core", name = "ExecutorTable")]
+pub struct ExecutorTable {
+    executors: Vec<ExecutorSpec>,
+}
+
+#[pymethods]
+impl ExecutorTable {
+    /// `executors` is `[(name, [(symbol, impl_name, has_checker), ...]), ...]`, where `symbol` is
+    /// a prim name (str) or a registered symbol id (int).
+    #[new]
+    fn new(executors: Vec<(String, Vec<(Bound<'_, PyAny>, String, bool)>)>) -> PyResult<Self> {
+        let executors = executors
+            .into_iter()
+            .map(|(name, entries)| {
+                let impls = entries
+                    .into_iter()
+                    .map(|(sym, impl_name, has_checker)| {
+                        let key = match sym.extract::<u32>() {
+                            Ok(id) => SymKey::Symbol(SymbolId(id)),
+                            Err(_) => SymKey::Prim(sym.extract::<String>()?),
+                        };
+                        Ok((key, ImplSpec { impl_name, has_checker }))
+                    })
+                    .collect::<PyResult<_>>()?;
+                Ok(ExecutorSpec { name, impls })
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(ExecutorTable { executors })
+    }
+}
+
+/// Runs the pipeline on an acquired trace. `checker(executor_index, symbol_name, args, kwargs)`
+/// is called for entries that have a checker. Returns the traces after each stage; the last is
+/// the execution trace, whose `str()` is the Python source to exec.
+#[pyfunction]
+pub fn compile(py: Python<'_>, acquired: &PyTrace, table: &ExecutorTable, checker: Bound<'_, PyAny>) -> PyResult<Vec<PyTrace>> {
+    let cx = PassCx::default();
+    let start = Instant::now();
+    py_result(verify(&acquired.trace))?;
+    let (optimized, records) = py_result(run_passes(&acquired.trace, PIPELINE, &cx))?;
+    let mut traces: Vec<PyTrace> = vec![PyTrace::new((*acquired.trace).clone(), "acquired").with_time(start.elapsed().as_secs_f64())];
+    traces.extend(records.into_iter().map(|r| PyTrace::new(r.trace, r.name).with_time(r.seconds)));
+
+    let start = Instant::now();
+    let mut check = |i: usize, bsym: &BoundSymbol| -> trace_ir::Result<bool> {
+        call_checker(py, &checker, i, bsym).map_err(|e| trace_ir::IrError::new(trace_ir::ErrorKind::Runtime, bsym.symbol.qualified_name(), format!("checker failed: {e}")))
+    };
+    let (claimed, impls) = py_result(claim(&optimized, &table.executors, &mut check))?;
+    let dels = lifetimes::del_last_used(&claimed);
+    let exec = PyTrace::new(claimed, "execution").with_plan(Plan { impls, dels });
+    exec.source();
+    traces.push(exec.with_time(start.elapsed().as_secs_f64()));
+    Ok(traces)
+}
+
+/// Calls the Python checker with the bound symbol's name and index.
+fn call_checker(py: Python<'_>, checker: &Bound<'_, PyAny>, executor: usize, bsym: &BoundSymbol) -> PyResult<bool> {
+    let args = PyTuple::new(py, [executor.into_pyobject(py)?.into_any(), bsym.symbol.qualified_name().into_pyobject(py)?.into_any()])?;
+    checker.call1(args)?.extract()
+}
+
+/// The names of all prims, for the generated Python entry points.
+#[pyfunction]
+pub fn prim_names() -> Vec<&'static str> {
+    trace_ir::prims::all_names()
+}

@@ -1,0 +1,115 @@
+//! Conversions between Python objects and IR arguments.
+//!
+//! Python registers, once, the proxy class and torch's dtype and device types
+//! ([`configure`]); a recording then converts each call's arguments in one pass.
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
+use trace_ir::{Arg, DType, Device, Scalar, TensorMeta, ValueId};
+
+use crate::errors::py_result;
+
+/// The Python types a conversion recognises.
+pub struct Types {
+    proxy: Py<PyType>,
+    dtype: Py<PyType>,
+    device: Py<PyType>,
+    /// `{torch.float32: code, ...}`.
+    dtype_codes: Py<PyDict>,
+}
+
+static TYPES: PyOnceLock<Types> = PyOnceLock::new();
+
+/// Registers the proxy class and torch's dtype/device types; called once by `thunder_rs`.
+#[pyfunction]
+pub fn configure(
+    py: Python<'_>,
+    proxy: Py<PyType>,
+    dtype: Py<PyType>,
+    device: Py<PyType>,
+    dtype_codes: Py<PyDict>,
+) -> PyResult<()> {
+    TYPES
+        .set(py, Types { proxy, dtype, device, dtype_codes })
+        .map_err(|_| PyRuntimeError::new_err("thunder_rs._core.configure was called twice"))
+}
+
+pub fn types(py: Python<'_>) -> PyResult<&Types> {
+    TYPES.get(py).ok_or_else(|| PyRuntimeError::new_err("thunder_rs._core.configure was not called"))
+}
+
+/// Converts a Python value to an argument; objects that are not data go to `consts`.
+pub fn to_arg(obj: &Bound<'_, PyAny>, types: &Types, consts: &mut Vec<Py<PyAny>>) -> PyResult<Arg> {
+    let py = obj.py();
+    if obj.is_instance(types.proxy.bind(py))? {
+        return Ok(Arg::Value(ValueId(obj.getattr("_vid")?.extract()?)));
+    }
+    if obj.is_none() {
+        return Ok(Arg::None);
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Arg::Scalar(Scalar::Bool(b.is_true())));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return Ok(Arg::Scalar(Scalar::Int(obj.extract()?)));
+    }
+    if let Ok(f) = obj.cast::<PyFloat>() {
+        return Ok(Arg::Scalar(Scalar::Float(f.value())));
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return Ok(Arg::Tuple(t.iter().map(|x| to_arg(&x, types, consts)).collect::<PyResult<_>>()?));
+    }
+    if let Ok(l) = obj.cast::<PyList>() {
+        return Ok(Arg::List(l.iter().map(|x| to_arg(&x, types, consts)).collect::<PyResult<_>>()?));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Arg::Str(s.to_str()?.to_string()));
+    }
+    if let Ok(s) = obj.cast::<PySlice>() {
+        let mut part = |name: &str| -> PyResult<Arg> { to_arg(&s.getattr(name)?, types, consts) };
+        return Ok(Arg::Slice(Box::new([part("start")?, part("stop")?, part("step")?])));
+    }
+    if obj.is(&py.Ellipsis()) {
+        return Ok(Arg::Ellipsis);
+    }
+    if obj.is_instance(types.dtype.bind(py))? {
+        return Ok(Arg::DType(dtype_of(obj, types)?));
+    }
+    if obj.is_instance(types.device.bind(py))? {
+        return Ok(Arg::Device(py_result(Device::parse(&obj.str()?.to_string()))?));
+    }
+    consts.push(obj.clone().unbind());
+    Ok(Arg::PyConst(consts.len() as u32 - 1))
+}
+
+pub fn dtype_of(obj: &Bound<'_, PyAny>, types: &Types) -> PyResult<DType> {
+    let code: u8 = types
+        .dtype_codes
+        .bind(obj.py())
+        .get_item(obj)?
+        .ok_or_else(|| PyTypeError::new_err(format!("thunder_rs does not support the dtype {obj}")))?
+        .extract()?;
+    DType::from_code(code).ok_or_else(|| PyTypeError::new_err(format!("bad dtype code {code}")))
+}
+
+pub fn to_args(seq: &Bound<'_, PyTuple>, types: &Types, consts: &mut Vec<Py<PyAny>>) -> PyResult<Vec<Arg>> {
+    seq.iter().map(|x| to_arg(&x, types, consts)).collect()
+}
+
+pub fn to_kwargs(
+    kwargs: Option<&Bound<'_, PyDict>>,
+    types: &Types,
+    consts: &mut Vec<Py<PyAny>>,
+) -> PyResult<Vec<(String, Arg)>> {
+    let Some(kwargs) = kwargs else { return Ok(Vec::new()) };
+    kwargs.iter().map(|(k, v)| Ok((k.extract::<String>()?, to_arg(&v, types, consts)?))).collect()
+}
+
+/// `(dtype_code, device, shape, requires_grad)` from Python into a tensor's metadata.
+pub fn tensor_meta(code: u8, device: &str, shape: Vec<i64>, requires_grad: bool) -> PyResult<TensorMeta> {
+    let dtype = DType::from_code(code).ok_or_else(|| PyTypeError::new_err(format!("bad dtype code {code}")))?;
+    let device = py_result(Device::parse(device))?;
+    Ok(TensorMeta { dtype, device, shape, requires_grad })
+}

@@ -1,0 +1,38 @@
+//! `thunder_rs._core`: the Python bindings of the thunder_rs IR and passes. No logic lives here:
+//! conversions, handles, and the one error mapping.
+
+mod compile;
+mod convert;
+mod errors;
+mod recorder;
+mod trace;
+
+use pyo3::prelude::*;
+use trace_ir::{DType, SymbolKind, SymbolTable};
+
+/// Registers a composite (`fallback=False`) or fallback symbol; returns its id.
+#[pyfunction]
+#[pyo3(signature = (name, fallback=false))]
+fn register_symbol(name: &str, fallback: bool) -> u32 {
+    let kind = if fallback { SymbolKind::Fallback } else { SymbolKind::Composite };
+    SymbolTable::register(name, kind).0
+}
+
+/// torch's names of the dtypes, indexed by dtype code.
+#[pyfunction]
+fn dtype_names() -> Vec<&'static str> {
+    DType::ALL.iter().map(|d| d.torch_name()).collect()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<recorder::Recorder>()?;
+    m.add_class::<trace::PyTrace>()?;
+    m.add_class::<compile::ExecutorTable>()?;
+    m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
+    m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
+    m.add_function(wrap_pyfunction!(compile::prim_names, m)?)?;
+    m.add_function(wrap_pyfunction!(register_symbol, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
+    Ok(())
+}

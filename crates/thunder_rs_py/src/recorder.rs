@@ -1,0 +1,126 @@
+//! `Recorder`: the Python handle on a [`TraceBuilder`] during acquisition.
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use trace_ir::{Scalar, SymbolId, TraceBuilder, ValueId, ValueKind};
+
+use crate::convert::{tensor_meta, to_arg, to_args, to_kwargs, types};
+use crate::errors::py_result;
+use crate::trace::PyTrace;
+
+/// Records one trace. Python calls one method per prim, composite boundary or fallback.
+#[pyclass(unsendable, module = "thunder_rs._core", name = "Recorder")]
+pub struct Recorder {
+    builder: Option<TraceBuilder>,
+    consts: Vec<Py<PyAny>>,
+}
+
+impl Recorder {
+    fn builder(&mut self) -> PyResult<&mut TraceBuilder> {
+        self.builder.as_mut().ok_or_else(|| PyRuntimeError::new_err("the recording is finished"))
+    }
+
+    /// `(vid, shape, dtype_code, device, requires_grad)` for each output, as Python builds proxies.
+    fn describe<'py>(&self, py: Python<'py>, outputs: &[ValueId]) -> PyResult<Bound<'py, PyList>> {
+        let builder = self.builder.as_ref().expect("describe runs while recording");
+        let items = outputs.iter().map(|&v| match builder.value(v) {
+            Some(ValueKind::Tensor(t)) => (
+                v.0,
+                PyTuple::new(py, &t.shape)?,
+                t.dtype.code(),
+                t.device.to_string(),
+                t.requires_grad,
+            )
+                .into_pyobject(py)
+                .map(|o| o.into_any()),
+            _ => Err(PyRuntimeError::new_err(format!("{v} is not a tensor"))),
+        });
+        PyList::new(py, items.collect::<PyResult<Vec<_>>>()?)
+    }
+}
+
+#[pymethods]
+impl Recorder {
+    #[new]
+    fn new() -> Self {
+        Recorder { builder: Some(TraceBuilder::new()), consts: Vec::new() }
+    }
+
+    /// Adds a tensor input; returns its value id.
+    fn tensor_input(&mut self, dtype: u8, device: &str, shape: Vec<i64>, requires_grad: bool) -> PyResult<u32> {
+        let meta = tensor_meta(dtype, device, shape, requires_grad)?;
+        Ok(self.builder()?.add_input(ValueKind::Tensor(meta)).0)
+    }
+
+    /// Adds a number input, specialised on `value`.
+    fn number_input(&mut self, value: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let py = value.py();
+        let scalar = match to_arg(value, types(py)?, &mut self.consts)? {
+            trace_ir::Arg::Scalar(s) => s,
+            _ => Scalar::Float(value.extract()?),
+        };
+        Ok(self.builder()?.add_input(ValueKind::Number(scalar)).0)
+    }
+
+    /// Records `prims.<name>(*args)`; returns the outputs' descriptions.
+    fn prim<'py>(&mut self, py: Python<'py>, name: &str, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyList>> {
+        let args = to_args(args, types(py)?, &mut self.consts)?;
+        let outputs = py_result(self.builder()?.record_prim(name, args))?;
+        self.describe(py, &outputs)
+    }
+
+    /// Opens a composite call of `symbol`.
+    #[pyo3(signature = (symbol, args, kwargs=None))]
+    fn begin(&mut self, py: Python<'_>, symbol: u32, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        let types = types(py)?;
+        let args = to_args(args, types, &mut self.consts)?;
+        let kwargs = to_kwargs(kwargs, types, &mut self.consts)?;
+        self.builder()?.begin_composite(SymbolId(symbol), args, kwargs);
+        Ok(())
+    }
+
+    /// Closes the innermost composite call with the value ids of its outputs.
+    fn end(&mut self, outputs: Vec<u32>) -> PyResult<()> {
+        py_result(self.builder()?.end_composite(outputs.into_iter().map(ValueId).collect()))
+    }
+
+    /// Drops the innermost open composite call.
+    fn abort(&mut self) -> PyResult<()> {
+        self.builder()?.abort_composite();
+        Ok(())
+    }
+
+    /// Records a fallback call with outputs `(dtype, device, shape, requires_grad)`.
+    #[pyo3(signature = (symbol, args, kwargs, outputs))]
+    fn fallback<'py>(
+        &mut self,
+        py: Python<'py>,
+        symbol: u32,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+        outputs: Vec<(u8, String, Vec<i64>, bool)>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let types = types(py)?;
+        let args = to_args(args, types, &mut self.consts)?;
+        let kwargs = to_kwargs(kwargs, types, &mut self.consts)?;
+        let metas = outputs
+            .into_iter()
+            .map(|(d, dev, shape, rg)| tensor_meta(d, &dev, shape, rg))
+            .collect::<PyResult<Vec<_>>>()?;
+        let ids = self.builder()?.record_fallback(SymbolId(symbol), args, kwargs, metas);
+        self.describe(py, &ids)
+    }
+
+    /// The constants that arguments referred to (`_c0`, `_c1`, ...).
+    fn consts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.consts.iter().map(|c| c.bind(py)))
+    }
+
+    /// Finishes the recording with the program's outputs (proxies, numbers, tuples, lists).
+    fn finish(&mut self, py: Python<'_>, outputs: &Bound<'_, PyAny>) -> PyResult<PyTrace> {
+        let outputs = to_arg(outputs, types(py)?, &mut self.consts)?;
+        let builder = self.builder.take().ok_or_else(|| PyRuntimeError::new_err("the recording is finished"))?;
+        Ok(PyTrace::new(py_result(builder.finish(outputs))?, "acquired"))
+    }
+}

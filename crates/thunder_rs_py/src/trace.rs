@@ -1,0 +1,91 @@
+//! `Trace`: an immutable Python handle on a trace (or an execution trace with its plan).
+
+use pyo3::prelude::*;
+use std::sync::{Arc, OnceLock};
+use trace_ir::pysrc::{python_source, ExecPlan};
+use trace_ir::{Trace, ValueId};
+
+/// The execution plan of an execution trace: implementation names and deletions.
+pub struct Plan {
+    pub impls: Vec<String>,
+    pub dels: Vec<Vec<ValueId>>,
+}
+
+#[pyclass(frozen, module = "thunder_rs._core", name = "Trace")]
+pub struct PyTrace {
+    pub trace: Arc<Trace>,
+    pub plan: Option<Plan>,
+    label: String,
+    seconds: f64,
+    text: OnceLock<String>,
+}
+
+impl PyTrace {
+    pub fn new(trace: Trace, label: &str) -> Self {
+        PyTrace { trace: Arc::new(trace), plan: None, label: label.to_string(), seconds: 0.0, text: OnceLock::new() }
+    }
+
+    pub fn with_time(mut self, seconds: f64) -> Self {
+        self.seconds = seconds;
+        self
+    }
+
+    pub fn with_plan(mut self, plan: Plan) -> Self {
+        self.plan = Some(plan);
+        self
+    }
+
+    pub fn source(&self) -> &str {
+        self.text.get_or_init(|| match &self.plan {
+            Some(plan) => python_source(&self.trace, &ExecPlan { impls: &plan.impls, dels: &plan.dels }, "computation"),
+            None => trace_ir::printer::print_trace(&self.trace, "computation"),
+        })
+    }
+}
+
+#[pymethods]
+impl PyTrace {
+    /// The pass (or stage) that produced this trace.
+    #[getter]
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// How long the pass that produced this trace took, in seconds.
+    #[getter]
+    fn seconds(&self) -> f64 {
+        self.seconds
+    }
+
+    /// Number of bound symbols, counting decompositions.
+    #[getter]
+    fn num_bsyms(&self) -> usize {
+        self.trace.count_bsyms()
+    }
+
+    /// Names of the top-level symbols, in order.
+    fn symbol_names(&self) -> Vec<String> {
+        self.trace.bsyms.iter().map(|b| b.symbol.qualified_name()).collect()
+    }
+
+    /// Names of every symbol at every depth, in order (decompositions included).
+    fn all_symbol_names(&self) -> Vec<String> {
+        fn walk(bsyms: &[trace_ir::BoundSymbol], out: &mut Vec<String>) {
+            for b in bsyms {
+                out.push(b.symbol.qualified_name());
+                walk(&b.subsymbols, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.trace.bsyms, &mut out);
+        out
+    }
+
+    fn __str__(&self) -> &str {
+        self.source()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<thunder_rs Trace '{}': {} bound symbols>", self.label, self.trace.count_bsyms())
+    }
+}

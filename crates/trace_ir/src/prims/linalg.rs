@@ -1,0 +1,93 @@
+//! Meta rules of `matmul` and `linear` (torch's shape semantics, including batch broadcasting).
+
+use super::elementwise::tensor;
+use super::{Operand, Prim};
+use crate::bail;
+use crate::error::Result;
+use crate::value::TensorMeta;
+
+fn same_kind(op: &str, a: &TensorMeta, b: &TensorMeta, b_name: &str) -> Result<()> {
+    if a.dtype != b.dtype {
+        bail!(Type, op, "dtypes of a ({}) and {b_name} ({}) differ", a.dtype, b.dtype);
+    }
+    if a.device != b.device {
+        bail!(Value, op, "a is on {} but {b_name} is on {}", a.device, b.device);
+    }
+    if a.dtype.is_bool() {
+        bail!(Type, op, "bool tensors are not supported (argument a)");
+    }
+    Ok(())
+}
+
+/// Broadcasts two batch shapes by torch's rules.
+pub(super) fn broadcast_shapes(op: &str, a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
+    let n = a.len().max(b.len());
+    let at = |s: &[i64], i: usize| if i + s.len() >= n { s[i + s.len() - n] } else { 1 };
+    (0..n)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y || y == 1 => Ok(x),
+            (1, y) => Ok(y),
+            (x, y) => bail!(Value, op, "batch dimensions {a:?} and {b:?} do not broadcast ({x} vs {y})"),
+        })
+        .collect()
+}
+
+fn matmul(op: &str, a: &TensorMeta, b: &TensorMeta) -> Result<Vec<i64>> {
+    same_kind(op, a, b, "b")?;
+    if a.ndim() == 0 || b.ndim() == 0 {
+        bail!(Value, op, "both arguments need to be at least 1D, got a {:?} and b {:?}", a.shape, b.shape);
+    }
+    let k_a = a.shape[a.ndim() - 1];
+    let k_b = if b.ndim() == 1 { b.shape[0] } else { b.shape[b.ndim() - 2] };
+    if k_a != k_b {
+        bail!(Value, op, "a {:?} and b {:?} cannot be multiplied (inner dimensions {k_a} and {k_b} differ)", a.shape, b.shape);
+    }
+    let a_batch = if a.ndim() > 2 { &a.shape[..a.ndim() - 2] } else { &[][..] };
+    let b_batch = if b.ndim() > 2 { &b.shape[..b.ndim() - 2] } else { &[][..] };
+    let mut shape = broadcast_shapes(op, a_batch, b_batch)?;
+    if a.ndim() >= 2 {
+        shape.push(a.shape[a.ndim() - 2]);
+    }
+    if b.ndim() >= 2 {
+        shape.push(b.shape[b.ndim() - 1]);
+    }
+    Ok(shape)
+}
+
+fn linear(op: &str, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -> Result<Vec<i64>> {
+    same_kind(op, a, w, "weight")?;
+    if a.ndim() == 0 || w.ndim() == 0 || w.ndim() > 2 {
+        bail!(Value, op, "expected a of rank >= 1 and weight of rank 1 or 2, got a {:?} and weight {:?}", a.shape, w.shape);
+    }
+    let k = a.shape[a.ndim() - 1];
+    let k_w = w.shape[w.ndim() - 1];
+    if k != k_w {
+        bail!(Value, op, "a {:?} and weight {:?} cannot be multiplied ({k} vs {k_w} in features)", a.shape, w.shape);
+    }
+    let mut shape = a.shape[..a.ndim() - 1].to_vec();
+    if w.ndim() == 2 {
+        shape.push(w.shape[0]);
+    }
+    if let Some(bias) = bias {
+        same_kind(op, a, bias, "bias")?;
+        let out = broadcast_shapes(op, &shape, &bias.shape)?;
+        if out != shape {
+            bail!(Value, op, "bias {:?} does not broadcast to the output shape {shape:?}", bias.shape);
+        }
+    }
+    Ok(shape)
+}
+
+pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+    let a = tensor(op, "a", &operands[0])?;
+    let b = tensor(op, if *prim == Prim::Matmul { "b" } else { "weight" }, &operands[1])?;
+    let shape = match prim {
+        Prim::Matmul => matmul(op, a, b)?,
+        Prim::Linear => {
+            let bias = operands.get(2).map(|o| tensor(op, "bias", o)).transpose()?;
+            linear(op, a, b, bias)?
+        }
+        _ => unreachable!("linalg::meta handles only matmul and linear"),
+    };
+    Ok(vec![TensorMeta::new(a.dtype, a.device, shape)])
+}

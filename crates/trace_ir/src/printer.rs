@@ -1,0 +1,160 @@
+//! Prints traces in Thunder's format: runnable-looking Python with type comments and each
+//! composite's decomposition as nested comments.
+
+use crate::trace::{BoundSymbol, Trace};
+use crate::value::{Arg, ValueKind};
+use crate::ValueId;
+use std::fmt::Write;
+
+/// How literals that need names in generated code are spelled.
+pub trait ArgStyle {
+    fn device(&mut self, device: crate::Device) -> String;
+}
+
+/// Devices printed inline as `torch.device('cpu')`.
+pub struct InlineDevices;
+
+impl ArgStyle for InlineDevices {
+    fn device(&mut self, device: crate::Device) -> String {
+        format!("torch.device('{device}')")
+    }
+}
+
+/// Writes `arg` as Python source.
+pub fn write_arg(out: &mut String, arg: &Arg, style: &mut dyn ArgStyle) {
+    match arg {
+        Arg::Value(v) => write!(out, "{v}").unwrap(),
+        Arg::Scalar(s) => write!(out, "{s}").unwrap(),
+        Arg::None => out.push_str("None"),
+        Arg::Ellipsis => out.push_str("..."),
+        Arg::Str(s) => write!(out, "{s:?}").unwrap(),
+        Arg::DType(d) => write!(out, "torch.{}", d.torch_name()).unwrap(),
+        Arg::Device(d) => out.push_str(&style.device(*d)),
+        Arg::Tuple(items) => {
+            out.push('(');
+            write_list(out, items, style);
+            if items.len() == 1 {
+                out.push(',');
+            }
+            out.push(')');
+        }
+        Arg::List(items) => {
+            out.push('[');
+            write_list(out, items, style);
+            out.push(']');
+        }
+        Arg::Slice(parts) => {
+            out.push_str("slice(");
+            write_list(out, &parts[..], style);
+            out.push(')');
+        }
+        Arg::PyConst(i) => write!(out, "_c{i}").unwrap(),
+    }
+}
+
+fn write_list(out: &mut String, items: &[Arg], style: &mut dyn ArgStyle) {
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        write_arg(out, item, style);
+    }
+}
+
+/// Writes `callee(args, key=value)` for a bound symbol.
+pub fn write_call(out: &mut String, callee: &str, bsym: &BoundSymbol, style: &mut dyn ArgStyle) {
+    out.push_str(callee);
+    out.push('(');
+    let args = bsym.call_args();
+    write_list(out, &args, style);
+    for (i, (key, value)) in bsym.kwargs.iter().enumerate() {
+        if i > 0 || !args.is_empty() {
+            out.push_str(", ");
+        }
+        write!(out, "{key}=").unwrap();
+        write_arg(out, value, style);
+    }
+    out.push(')');
+}
+
+/// `t3` or `(t3, t4)`: the left-hand side of an assignment.
+pub fn write_targets(out: &mut String, outputs: &[ValueId]) {
+    match outputs {
+        [one] => write!(out, "{one}").unwrap(),
+        many => {
+            out.push('(');
+            for (i, v) in many.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write!(out, "{v}").unwrap();
+            }
+            out.push(')');
+        }
+    }
+}
+
+/// `t3: "cpu f32[4]"`: the type of a value as trace comments show it.
+pub fn describe_value(trace: &Trace, v: ValueId) -> String {
+    match trace.values.get(v.index()) {
+        Some(ValueKind::Tensor(t)) => format!("{v}: \"{}\"", t.describe()),
+        Some(ValueKind::Number(n)) => format!("{v}: \"{} {n}\"", n.type_name()),
+        None => format!("{v}: \"?\""),
+    }
+}
+
+/// The type comment of a bound symbol's outputs: `  # t3: "cpu f32[4]"`.
+pub fn write_type_comment(out: &mut String, trace: &Trace, outputs: &[ValueId]) {
+    if outputs.is_empty() {
+        return;
+    }
+    out.push_str("  # ");
+    let described: Vec<String> = outputs.iter().map(|&v| describe_value(trace, v)).collect();
+    out.push_str(&described.join(", "));
+}
+
+fn write_bsym(out: &mut String, trace: &Trace, bsym: &BoundSymbol, depth: usize) {
+    let indent = "  ".repeat(depth + 1);
+    out.push_str(&indent);
+    if depth > 0 {
+        out.push_str("# ");
+    }
+    if !bsym.outputs.is_empty() {
+        write_targets(out, &bsym.outputs);
+        out.push_str(" = ");
+    }
+    write_call(out, &bsym.symbol.qualified_name(), bsym, &mut InlineDevices);
+    write_type_comment(out, trace, &bsym.outputs);
+    out.push('\n');
+    for sub in &bsym.subsymbols {
+        write_bsym(out, trace, sub, depth + 1);
+    }
+}
+
+/// Writes the signature and the input type comments of a traced function.
+pub fn write_header(out: &mut String, trace: &Trace, name: &str) {
+    let params: Vec<String> = trace.inputs.iter().map(|v| v.to_string()).collect();
+    writeln!(out, "def {name}({}):", params.join(", ")).unwrap();
+    for &v in &trace.inputs {
+        writeln!(out, "  # {}", describe_value(trace, v)).unwrap();
+    }
+}
+
+/// Prints a trace in Thunder's format.
+pub fn print_trace(trace: &Trace, name: &str) -> String {
+    let mut out = String::from("# Constructed by thunder_rs\nimport torch\nfrom thunder_rs import prims, ltorch\n\n");
+    write_header(&mut out, trace, name);
+    for bsym in &trace.bsyms {
+        write_bsym(&mut out, trace, bsym, 0);
+    }
+    out.push_str("  return ");
+    write_arg(&mut out, &trace.outputs, &mut InlineDevices);
+    out.push('\n');
+    out
+}
+
+impl std::fmt::Display for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&print_trace(self, "computation"))
+    }
+}

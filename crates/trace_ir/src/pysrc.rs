@@ -1,0 +1,65 @@
+//! Emits the Python source of an execution trace: each top-level bound symbol calls the
+//! implementation its executor chose, and values are deleted after their last use.
+
+use crate::printer::{write_arg, write_call, write_header, write_targets, write_type_comment, ArgStyle};
+use crate::trace::Trace;
+use crate::{Device, ValueId};
+use std::fmt::Write;
+
+/// What the code generator needs besides the trace.
+pub struct ExecPlan<'a> {
+    /// For each top-level bound symbol, the global name of the callable that runs it.
+    pub impls: &'a [String],
+    /// For each top-level bound symbol, the values to delete after it runs.
+    pub dels: &'a [Vec<ValueId>],
+}
+
+/// Devices hoisted to module constants (`_dev0 = torch.device('cpu')`), built once per entry.
+#[derive(Default)]
+struct HoistedDevices {
+    devices: Vec<Device>,
+}
+
+impl ArgStyle for HoistedDevices {
+    fn device(&mut self, device: Device) -> String {
+        let index = match self.devices.iter().position(|d| *d == device) {
+            Some(i) => i,
+            None => {
+                self.devices.push(device);
+                self.devices.len() - 1
+            }
+        };
+        format!("_dev{index}")
+    }
+}
+
+/// The module source defining `def {name}(...)` for `trace` under `plan`.
+pub fn python_source(trace: &Trace, plan: &ExecPlan, name: &str) -> String {
+    let mut devices = HoistedDevices::default();
+    let mut body = String::new();
+    write_header(&mut body, trace, name);
+    for (i, bsym) in trace.bsyms.iter().enumerate() {
+        body.push_str("  ");
+        if !bsym.outputs.is_empty() {
+            write_targets(&mut body, &bsym.outputs);
+            body.push_str(" = ");
+        }
+        write_call(&mut body, &plan.impls[i], bsym, &mut devices);
+        write_type_comment(&mut body, trace, &bsym.outputs);
+        body.push('\n');
+        if let Some(dels) = plan.dels.get(i).filter(|d| !d.is_empty()) {
+            let names: Vec<String> = dels.iter().map(|v| v.to_string()).collect();
+            writeln!(body, "  del {}", names.join(", ")).unwrap();
+        }
+    }
+    body.push_str("  return ");
+    write_arg(&mut body, &trace.outputs, &mut devices);
+    body.push('\n');
+    let mut out = String::from("# Constructed by thunder_rs (execution trace)\nimport torch\n");
+    for (i, d) in devices.devices.iter().enumerate() {
+        writeln!(out, "_dev{i} = torch.device('{d}')").unwrap();
+    }
+    out.push('\n');
+    out.push_str(&body);
+    out
+}

@@ -1,0 +1,84 @@
+//! The trace verifier: SSA, arities and prim metadata.
+
+use crate::bail;
+use crate::error::Result;
+use crate::prims::Operand;
+use crate::trace::{BoundSymbol, Symbol, Trace};
+use crate::value::{Arg, ValueKind};
+use crate::ValueId;
+
+/// Checks that every value is defined once before it is used, that every prim's recorded
+/// outputs agree with its meta rule, and that the outputs are defined.
+pub fn verify(trace: &Trace) -> Result<()> {
+    let mut defined = vec![false; trace.values.len()];
+    for &v in &trace.inputs {
+        define(&mut defined, v, "input")?;
+    }
+    for bsym in &trace.bsyms {
+        check_uses(trace, &defined, bsym)?;
+        check_prim(trace, bsym)?;
+        for &v in &bsym.outputs {
+            define(&mut defined, v, &bsym.symbol.qualified_name())?;
+        }
+    }
+    let mut missing = None;
+    trace.outputs.for_each_value(&mut |v| {
+        if !defined.get(v.index()).copied().unwrap_or(false) {
+            missing = Some(v);
+        }
+    });
+    if let Some(v) = missing {
+        bail!(Runtime, "verify", "output {v} is never defined");
+    }
+    Ok(())
+}
+
+fn define(defined: &mut [bool], v: ValueId, by: &str) -> Result<()> {
+    match defined.get_mut(v.index()) {
+        None => bail!(Runtime, "verify", "{by} defines {v}, which is not in the value table"),
+        Some(true) => bail!(Runtime, "verify", "{by} redefines {v}"),
+        Some(slot) => *slot = true,
+    }
+    Ok(())
+}
+
+fn check_uses(_trace: &Trace, defined: &[bool], bsym: &BoundSymbol) -> Result<()> {
+    let mut undefined = None;
+    bsym.for_each_input(|v| {
+        if !defined.get(v.index()).copied().unwrap_or(false) {
+            undefined = Some(v);
+        }
+    });
+    if let Some(v) = undefined {
+        bail!(Runtime, "verify", "{} uses {v} before it is defined", bsym.symbol.qualified_name());
+    }
+    Ok(())
+}
+
+fn check_prim(trace: &Trace, bsym: &BoundSymbol) -> Result<()> {
+    let Symbol::Prim(prim) = &bsym.symbol else { return Ok(()) };
+    let op = prim.qualified_name();
+    let operands: Vec<Operand> = bsym
+        .args
+        .iter()
+        .map(|a| match a {
+            Arg::Value(v) => match trace.value(*v) {
+                ValueKind::Tensor(t) => Ok(Operand::Tensor(t)),
+                ValueKind::Number(n) => Ok(Operand::Number(*n)),
+            },
+            Arg::Scalar(s) => Ok(Operand::Number(*s)),
+            other => bail!(Runtime, &op, "operand {other:?} is not a value or number"),
+        })
+        .collect::<Result<_>>()?;
+    let metas = prim.meta(&operands)?;
+    if metas.len() != bsym.outputs.len() {
+        bail!(Runtime, &op, "has {} outputs but its meta rule gives {}", bsym.outputs.len(), metas.len());
+    }
+    for (m, &v) in metas.iter().zip(&bsym.outputs) {
+        let Some(t) = trace.tensor(v) else { bail!(Runtime, &op, "output {v} is not a tensor") };
+        if (t.dtype, t.device, &t.shape) != (m.dtype, m.device, &m.shape) {
+            bail!(Runtime, &op, "output {v} is {} but its meta rule gives {}", t.describe(), m.describe());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+"""thunder_rs: a trace compiler for PyTorch with a Rust core.
+
+``jfn = thunder_rs.jit(fn_or_module)`` records the program once per input signature into a
+Rust-owned trace, optimises it, and from then on runs generated code with almost no overhead.
+"""
+
+import torch as _torch
+
+from thunder_rs import _core, errors
+from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.core.dtypes import CODES as _CODES
+
+_core.configure(TensorProxy, _torch.dtype, _torch.device, _CODES)
+
+from thunder_rs import prims  # noqa: E402
+from thunder_rs import torch as ltorch  # noqa: E402
+from thunder_rs.core.examine import ExamineReport, examine  # noqa: E402
+from thunder_rs.core.jit import CompileStats, ThunderFunction, ThunderModule  # noqa: E402
+from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
+
+__all__ = [
+    "jit", "last_traces", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
+    "prims", "ltorch", "ThunderFunction", "ThunderModule", "CompileStats", "ExamineReport",
+]
+__version__ = "0.1.0"
+
+
+def jit(fn_or_module):
+    """Compiles ``fn_or_module`` lazily: the first call with each input signature traces it."""
+    if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):
+        return fn_or_module
+    if isinstance(fn_or_module, _torch.nn.Module):
+        return ThunderModule(fn_or_module)
+    if not callable(fn_or_module):
+        raise errors.ThunderTypeError(f"jit: expected a function or torch.nn.Module, got {type(fn_or_module).__name__} (argument fn_or_module)")
+    return ThunderFunction(fn_or_module)
+
+
+def _function(jfn) -> ThunderFunction:
+    if isinstance(jfn, ThunderModule):
+        return jfn._jfn
+    if isinstance(jfn, ThunderFunction):
+        return jfn
+    raise errors.ThunderTypeError(f"expected a thunder_rs.jit result, got {type(jfn).__name__} (argument jfn)")
+
+
+def last_traces(jfn) -> list:
+    """The traces of the last compilation: acquired, after each pass, and the execution trace."""
+    entry = _function(jfn)._last_entry
+    return list(entry.traces) if entry is not None else []
+
+
+def cache_hits(jfn) -> int:
+    return _function(jfn)._stats.cache_hits
+
+
+def cache_misses(jfn) -> int:
+    return _function(jfn)._stats.cache_misses
+
+
+def compile_stats(jfn) -> CompileStats:
+    return _function(jfn)._stats

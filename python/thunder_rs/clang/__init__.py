@@ -1,0 +1,105 @@
+"""The core language: helpers that ltorch decompositions build on.
+
+Broadcasting, type promotion and dim canonicalisation live here. They emit prims and never
+appear as symbols in traces. Errors name the ltorch op that called them.
+"""
+
+import torch
+
+from thunder_rs import prims
+from thunder_rs.core import dtypes
+from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, ThunderValueError, check
+
+Number = (bool, int, float)
+
+
+def canonicalize_dim(ndim: int, dim: int, op: str, arg: str = "dim") -> int:
+    """``dim`` as a non-negative index into a tensor of rank ``ndim`` (0-d tensors accept 0, -1)."""
+    rank = max(ndim, 1)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise ThunderValueError(f"{op}: expected an int for {arg}, got {dim!r}")
+    check(-rank <= dim < rank, op,
+          f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim}) (argument {arg})",
+          ThunderIndexError)
+    return dim % rank
+
+
+def canonicalize_dims(ndim: int, dims, op: str, arg: str = "dim") -> tuple[int, ...]:
+    """Canonical, de-duplicated-checked dims; ``None`` or ``()`` means every dim."""
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = (dims,)
+    out = tuple(canonicalize_dim(ndim, d, op, arg) for d in dims)
+    check(len(set(out)) == len(out), op, f"dim {tuple(dims)} appears multiple times in the list of dims (argument {arg})")
+    return out
+
+
+def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for i, size in enumerate(shape, ndim - len(shape)):
+            if size == out[i] or size == 1:
+                continue
+            check(out[i] == 1, op, lambda: (
+                f"The size of tensor a ({out[i]}) must match the size of tensor b ({size}) at non-singleton "
+                f"dimension {i} (shapes {', '.join(str(list(s)) for s in shapes)})"), ThunderRuntimeError)
+            out[i] = size
+    return tuple(out)
+
+
+def expand_to(a, shape):
+    """Broadcasts ``a`` to ``shape`` (a no-op when it already has it)."""
+    shape = tuple(shape)
+    if tuple(a.shape) == shape:
+        return a
+    offset = len(shape) - a.ndim
+    return prims.broadcast_in_dim(a, shape, tuple(range(offset, len(shape))))
+
+
+def maybe_convert(a, dtype):
+    """``a`` converted to ``dtype``: tensors by a prim, numbers in Python."""
+    if isinstance(a, torch.Tensor):
+        return a if a.dtype == dtype else prims.convert_element_type(a, dtype)
+    if isinstance(a, Number):
+        if dtype == torch.bool:
+            return bool(a)
+        return float(a) if dtypes.is_inexact(dtype) else int(a)
+    return a
+
+
+# Type promotion kinds, as in Thunder and torch._prims_common.
+DEFAULT, INT_TO_FLOAT, ALWAYS_BOOL, COMPLEX_TO_FLOAT, NUMBER_TO_INT = range(5)
+
+
+def promote(op: str, operands, kind=DEFAULT) -> tuple[torch.dtype, torch.dtype]:
+    """(computation dtype, result dtype) of an elementwise op over ``operands``."""
+    result = dtypes.result_type(*operands)
+    compute = result
+    if kind == INT_TO_FLOAT and not dtypes.is_inexact(result):
+        compute = result = torch.get_default_dtype()
+    elif kind == ALWAYS_BOOL:
+        result = torch.bool
+    elif kind == COMPLEX_TO_FLOAT and dtypes.is_complex(result):
+        result = torch.float32 if result == torch.complex64 else torch.float64
+    return compute, result
+
+
+def _device_of(op, operands):
+    devices = {str(x.device) for x in operands if isinstance(x, torch.Tensor) and x.ndim > 0}
+    devices = devices or {str(x.device) for x in operands if isinstance(x, torch.Tensor)}
+    check(len(devices) <= 1, op, lambda: f"expected all tensors on one device, got {sorted(devices)}")
+
+
+def elementwise(prim, op: str, *operands, kind=DEFAULT):
+    """Promotes, broadcasts and applies an elementwise ``prim`` over tensors and numbers."""
+    tensors = [x for x in operands if isinstance(x, torch.Tensor)]
+    check(bool(tensors), op, "expected at least one tensor argument", ThunderValueError)
+    _device_of(op, operands)
+    compute, result = promote(op, operands, kind)
+    shape = broadcast_shapes(op, *(t.shape for t in tensors))
+    args = [expand_to(maybe_convert(x, compute), shape) if isinstance(x, torch.Tensor) else maybe_convert(x, compute)
+            for x in operands]
+    out = prim(*args)
+    return maybe_convert(out, result) if kind not in (ALWAYS_BOOL,) else out

@@ -1,0 +1,1 @@
+"""Proxies, the recorder, language contexts and acquisition of functions and modules."""

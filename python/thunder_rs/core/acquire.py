@@ -1,0 +1,74 @@
+"""Acquisition: run a function (or module) on proxies and record its trace."""
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from thunder_rs import _core
+from thunder_rs.core.dtypes import CODES
+from thunder_rs.core.proxies import TensorProxy, make_proxy
+from thunder_rs.core.recorder import recording
+from thunder_rs.errors import ThunderTypeError
+
+
+@dataclass
+class Acquired:
+    trace: "_core.Trace"
+    consts: list
+    #: positions in the flat inputs of the leaves that are trace inputs (tensors)
+    tensor_positions: tuple[int, ...]
+    #: how to rebuild the output structure from the flat outputs, or None when returned as is
+    out_spec: object
+
+
+def _input_proxy(rec, t: torch.Tensor) -> TensorProxy:
+    dtype = CODES.get(t.dtype)
+    if dtype is None:
+        raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
+    vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), t.requires_grad)
+    return make_proxy(vid, tuple(t.shape), dtype, str(t.device), t.requires_grad)
+
+
+def _is_plain(out) -> bool:
+    """Outputs the generated code can return directly: a leaf, or a flat tuple/list of leaves."""
+    leaf = lambda x: isinstance(x, (torch.Tensor, bool, int, float)) or x is None  # noqa: E731
+    return leaf(out) or (type(out) in (tuple, list) and all(leaf(x) for x in out))
+
+
+@contextlib.contextmanager
+def _swapped(slots, proxies):
+    """Temporarily replaces module parameters and buffers by their proxies."""
+    saved = [d[n] for d, n, _ in slots]
+    try:
+        for d, n, i in slots:
+            d[n] = proxies[i]
+        yield
+    finally:
+        for (d, n, _), v in zip(slots, saved):
+            d[n] = v
+
+
+def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0) -> Acquired:
+    """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. Module parameters and
+    buffers (``param_slots``: (store, name, unique index)) become trace inputs after the flat
+    inputs, one per unique tensor."""
+    rec = _core.Recorder()
+    positions = tuple(i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor))
+    leaves = list(flat_inputs)
+    for i in positions:
+        leaves[i] = _input_proxy(rec, flat_inputs[i])
+    unique = {}
+    for d, n, i in param_slots:
+        unique.setdefault(i, d[n])
+    params = [_input_proxy(rec, unique[i]) for i in range(num_params)]
+    args, kwargs = tree_unflatten(leaves, in_spec)
+    with recording(rec), _swapped(param_slots, params):
+        out = fn(*args, **kwargs)
+    out_spec = None
+    if not _is_plain(out):
+        flat_out, out_spec = tree_flatten(out)
+        out = tuple(flat_out)
+    trace = rec.finish(out)
+    return Acquired(trace, list(rec.consts()), positions, out_spec)

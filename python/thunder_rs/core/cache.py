@@ -1,0 +1,40 @@
+"""Cache keys over flattened inputs and global state, and miss reasons."""
+
+import torch
+
+_Tensor = torch.Tensor
+
+
+def leaf_key(x):
+    if isinstance(x, _Tensor):
+        return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous())
+    try:
+        hash(x)
+    except TypeError:
+        return (type(x), id(x))
+    return (type(x), x)
+
+
+def global_key():
+    return (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_enabled())
+
+
+def describe_change(old, new, names) -> str:
+    """Says which input changed how between two keys (``names`` labels flat inputs)."""
+    if old is None:
+        return "first call"
+    (old_state, old_leaves), (new_state, new_leaves) = old, new
+    if old_state != new_state:
+        return f"global state changed from {old_state} to {new_state}"
+    if len(old_leaves) != len(new_leaves):
+        return f"number of inputs changed from {len(old_leaves)} to {len(new_leaves)}"
+    fields = ("dtype", "device", "shape", "requires_grad", "contiguity")
+    for i, (a, b) in enumerate(zip(old_leaves, new_leaves)):
+        if a == b:
+            continue
+        label = names[i] if i < len(names) else f"input {i}"
+        if len(a) == 5 and len(b) == 5:
+            changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a, b) if x != y]
+            return f"{label}: " + ", ".join(changes)
+        return f"{label}: {a[-1]!r} -> {b[-1]!r}"
+    return "unknown"

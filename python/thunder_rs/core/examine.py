@@ -1,0 +1,36 @@
+"""``thunder_rs.examine``: which torch calls of a program thunder_rs supports, which fall back."""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from torch.utils._pytree import tree_flatten
+
+
+@dataclass
+class ExamineReport:
+    supported: dict = field(default_factory=dict)
+    fallbacks: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"{sum(self.supported.values())} supported calls, {sum(self.fallbacks.values())} eager fallbacks"]
+        for title, counts in (("supported", self.supported), ("fallback", self.fallbacks)):
+            lines += [f"  {title:9} {name:40} x{n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+        return "\n".join(lines)
+
+
+def examine(fn, *args, **kwargs) -> ExamineReport:
+    """Traces ``fn(*args, **kwargs)`` and counts its top-level calls by symbol."""
+    from thunder_rs.core.acquire import acquire
+    from thunder_rs.core.jit import ThunderFunction
+    import torch
+
+    jfn = ThunderFunction(fn, module=fn if isinstance(fn, torch.nn.Module) else None)
+    if jfn._module is not None:
+        jfn._bind_module()
+    flat, spec = tree_flatten((args, kwargs))
+    trace = acquire(fn, flat, spec, jfn._param_slots, len(jfn._unique_slots)).trace
+    counts = Counter(trace.symbol_names())
+    report = ExamineReport()
+    for name, n in counts.items():
+        (report.supported if name.startswith(("ltorch.", "prims.")) else report.fallbacks)[name] = n
+    return report

@@ -1,0 +1,163 @@
+"""Compiled callables: the cache, the per-call path, and compilation on a miss."""
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from thunder_rs import _core
+from thunder_rs.core.acquire import acquire
+from thunder_rs.core.cache import describe_change, global_key, leaf_key
+from thunder_rs.executors.extend import default_executors, executor_table
+from thunder_rs.executors.torch_ex import sync_fallbacks
+
+_Tensor = torch.Tensor
+_PLAIN = (int, float, bool, type(None))
+MISS_WARNING_THRESHOLD = 8
+
+
+@dataclass
+class CompileStats:
+    """What ``thunder_rs.compile_stats(jfn)`` reports."""
+
+    calls: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    miss_reasons: list = field(default_factory=list)
+    last_compile_s: float = 0.0
+    stage_s: dict = field(default_factory=dict)
+
+
+@dataclass
+class Entry:
+    fn: object
+    #: when not None, positions of the flat inputs passed to ``fn``
+    positions: tuple | None
+    out_spec: object
+    traces: list
+
+
+def _checker(executors):
+    def check(index, symbol_name):
+        return True
+
+    return check
+
+
+class ThunderFunction:
+    """``thunder_rs.jit(fn)``: calls ``fn`` through a cache of compiled traces."""
+
+    def __init__(self, fn, module=None):
+        self._fn = fn
+        self._module = module
+        self._cache: dict = {}
+        self._stats = CompileStats()
+        self._last_key = None
+        self._last_entry: Entry | None = None
+        self._param_slots: tuple = ()
+        self._unique_slots: tuple = ()
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **kwargs):
+        self._stats.calls += 1
+        if not kwargs and self._module is None:
+            leaves = []
+            for a in args:
+                if isinstance(a, _Tensor):
+                    leaves.append((a.dtype, a.device, a.shape, a.requires_grad, a.is_contiguous()))
+                elif type(a) in _PLAIN:
+                    leaves.append((type(a), a))
+                else:
+                    return self._call_general(args, kwargs)
+            key = (global_key(), tuple(leaves))
+            entry = self._cache.get(key)
+            if entry is None:
+                entry = self._compile(list(args), tree_flatten((args, {}))[1], key)
+            else:
+                self._stats.cache_hits += 1
+            out = entry.fn(*args) if entry.positions is None else entry.fn(*[args[i] for i in entry.positions])
+            return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
+        return self._call_general(args, kwargs)
+
+    def _call_general(self, args, kwargs):
+        flat, spec = tree_flatten((args, kwargs))
+        state = global_key() if self._module is None else (global_key(), self._module.training)
+        key = (state, tuple(map(leaf_key, flat)), spec)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._compile(flat, spec, key)
+        else:
+            self._stats.cache_hits += 1
+        inputs = [flat[i] for i in entry.positions] if entry.positions is not None else flat
+        if self._module is not None:
+            inputs.extend(d[n] for d, n in self._unique_slots)
+        out = entry.fn(*inputs)
+        return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
+
+    def _bind_module(self):
+        """Parameter and buffer slots of the module, tied ones sharing one trace input."""
+        slots, unique, index_of = [], [], {}
+        for mod in self._module.modules():
+            for store in (mod._parameters, mod._buffers):
+                for name, value in store.items():
+                    if value is None:
+                        continue
+                    if id(value) not in index_of:
+                        index_of[id(value)] = len(unique)
+                        unique.append((store, name))
+                    slots.append((store, name, index_of[id(value)]))
+        self._param_slots = tuple(slots)
+        self._unique_slots = tuple(unique)
+
+    def _compile(self, flat, spec, key) -> Entry:
+        start = time.perf_counter()
+        fn = self._fn
+        if self._module is not None:
+            self._bind_module()
+        acquired = acquire(fn, flat, spec, self._param_slots, len(self._unique_slots))
+        acquired_at = time.perf_counter()
+        sync_fallbacks()
+        executors = default_executors()
+        table, impls = executor_table(executors)
+        traces = _core.compile(acquired.trace, table, _checker(executors))
+        passes_at = time.perf_counter()
+        namespace = {"torch": torch, **impls}
+        namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
+        exec(compile(str(traces[-1]), f"<thunder_rs {getattr(fn, '__qualname__', 'fn')}>", "exec"), namespace)
+        end = time.perf_counter()
+        all_tensors = self._module is None and len(acquired.tensor_positions) == len(flat)
+        entry = Entry(namespace["computation"], None if all_tensors else acquired.tensor_positions, acquired.out_spec, traces)
+        self._record_miss(key, start, {"acquire": acquired_at - start, "passes": passes_at - acquired_at, "codegen": end - passes_at}, traces)
+        self._cache[key] = entry
+        self._last_entry = entry
+        return entry
+
+    def _record_miss(self, key, start, stages, traces):
+        stats = self._stats
+        reason = describe_change(self._last_key[:2] if self._last_key else None, key[:2], [])
+        self._last_key = key
+        stats.cache_misses += 1
+        stats.miss_reasons.append(reason)
+        stats.last_compile_s = time.perf_counter() - start
+        stats.stage_s = {**stages, **{f"pass:{t.label}": t.seconds for t in traces}}
+        if stats.cache_misses == MISS_WARNING_THRESHOLD:
+            warnings.warn(f"thunder_rs: {getattr(self._fn, '__qualname__', self._fn)} recompiled "
+                          f"{stats.cache_misses} times; last change: {reason}", stacklevel=3)
+
+
+class ThunderModule(torch.nn.Module):
+    """``thunder_rs.jit(module)``: a module whose calls go through a ``ThunderFunction``."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self._model = module
+        self._jfn = ThunderFunction(module, module=module)
+
+    def forward(self, *args, **kwargs):
+        return self._jfn._call_general(args, kwargs)
+
+    def __call__(self, *args, **kwargs):
+        self._jfn._stats.calls += 1
+        return self._jfn._call_general(args, kwargs)

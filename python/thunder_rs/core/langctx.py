@@ -1,0 +1,79 @@
+"""The torch language context: what a torch call on proxies means while tracing.
+
+Calls with an ltorch mapping run that decomposition; metadata queries answer from the proxy;
+data-dependent calls (``bool(t)``, ``t.item()``) raise an error naming the user's line; anything
+else becomes an eager fallback symbol.
+"""
+
+import os
+import traceback
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+from thunder_rs.errors import ThunderRuntimeError
+
+#: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
+TORCH_TO_LTORCH: dict = {}
+#: Tensor property names (``T``, ``mT``) -> ltorch symbols.
+PROPERTY_TO_LTORCH: dict = {}
+
+_T = torch.Tensor
+_METADATA_METHODS = {
+    _T.size, _T.dim, _T.ndimension, _T.numel, _T.nelement, _T.stride, _T.is_contiguous,
+    _T.is_floating_point, _T.is_complex, _T.element_size, _T.__len__, _T.__hash__,
+    _T.get_device, _T.__format__, _T.__repr__, _T.storage_offset, _T.is_signed,
+}
+_METADATA_PROPERTIES = {
+    "shape", "dtype", "device", "ndim", "requires_grad", "is_leaf", "grad_fn", "layout",
+    "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_nested", "names", "grad",
+    "_base", "is_mkldnn", "is_mps", "is_xpu", "itemsize", "nbytes", "output_nr", "_version",
+}
+_DATA_DEPENDENT = {
+    _T.__bool__, _T.item, _T.tolist, _T.__int__, _T.__float__, _T.__index__, _T.__complex__,
+    _T.numpy, _T.__array__, _T.data_ptr, _T.nonzero, torch.nonzero,
+}
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__))
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _property_name(func):
+    """The property a ``getset_descriptor.__get__`` reads, or None for other callables."""
+    if getattr(func, "__name__", None) != "__get__":
+        return None
+    return getattr(getattr(func, "__self__", None), "__name__", None)
+
+
+def user_location() -> str:
+    """``file:line`` of the innermost frame outside thunder_rs and torch."""
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if not (path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR) or "<frozen" in path):
+            return f"{frame.filename}:{frame.lineno}"
+    return "<unknown>"
+
+
+def torch_function(func, args, kwargs):
+    ltorch_fn = TORCH_TO_LTORCH.get(func)
+    if ltorch_fn is not None:
+        return ltorch_fn(*args, **kwargs)
+    prop = _property_name(func)
+    if prop is not None:
+        if prop in _METADATA_PROPERTIES:
+            with DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        ltorch_fn = PROPERTY_TO_LTORCH.get(prop)
+        if ltorch_fn is not None:
+            return ltorch_fn(*args)
+    if func in _METADATA_METHODS:
+        with DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    if func in _DATA_DEPENDENT:
+        name = getattr(func, "__name__", str(func))
+        raise ThunderRuntimeError(
+            f"{name}: data-dependent control flow or value access on a traced tensor at "
+            f"{user_location()}; thunder_rs specialises on shapes, not values"
+        )
+    from thunder_rs.core.fallback import fallback
+
+    return fallback(func, args, kwargs)

@@ -1,0 +1,52 @@
+"""``TensorProxy``: stands in for a tensor while a program is traced.
+
+A wrapper subclass with real metadata (shape, dtype, device) and no storage, so ordinary
+PyTorch code (``isinstance``, ``.shape``, ``torch.nn`` modules) runs on it unchanged. Every torch
+call on it arrives at ``__torch_function__`` and goes to the language context; nothing may reach
+``__torch_dispatch__``.
+"""
+
+import torch
+
+from thunder_rs.errors import ThunderRuntimeError
+
+
+class TensorProxy(torch.Tensor):
+    _vid: int
+
+    @staticmethod
+    def __new__(cls, vid: int, shape, dtype: torch.dtype, device: torch.device, requires_grad: bool):
+        proxy = torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=dtype, device=device, requires_grad=requires_grad
+        )
+        proxy._vid = vid
+        return proxy
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from thunder_rs.core.langctx import torch_function
+
+        return torch_function(func, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise ThunderRuntimeError(
+            f"{func}: reached torch dispatch with a thunder_rs proxy; this call bypassed "
+            "__torch_function__ and cannot be traced"
+        )
+
+    def __repr__(self, *, tensor_contents=None):
+        dims = ", ".join(str(d) for d in self.shape)
+        return f'TensorProxy(t{self._vid}, "{self.device} {self.dtype}[{dims}]")'
+
+
+_devices: dict[str, torch.device] = {}
+
+
+def make_proxy(vid: int, shape, dtype_code: int, device: str, requires_grad: bool) -> TensorProxy:
+    from thunder_rs.core.dtypes import DTYPES
+
+    dev = _devices.get(device)
+    if dev is None:
+        dev = _devices[device] = torch.device(device)
+    return TensorProxy(vid, shape, DTYPES[dtype_code], dev, requires_grad)

@@ -1,0 +1,62 @@
+"""The recording in progress, and how prims and composite symbols are recorded into it.
+
+The current ``Recorder`` (a Rust object) is held in a context variable set only while
+acquisition runs a program, so recording is explicit and re-entrant.
+"""
+
+import contextlib
+import contextvars
+
+from thunder_rs import _core
+from thunder_rs.core.proxies import TensorProxy, make_proxy
+from thunder_rs.errors import ThunderRuntimeError
+
+_current: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_recorder", default=None)
+
+
+def current() -> "_core.Recorder":
+    rec = _current.get()
+    if rec is None:
+        raise ThunderRuntimeError("recorder: thunder_rs symbols can only be called while thunder_rs traces a program")
+    return rec
+
+
+@contextlib.contextmanager
+def recording(rec: "_core.Recorder"):
+    token = _current.set(rec)
+    try:
+        yield rec
+    finally:
+        _current.reset(token)
+
+
+def proxies(descriptions) -> list[TensorProxy]:
+    return [make_proxy(*d) for d in descriptions]
+
+
+def record_prim(name: str, args: tuple):
+    """Records ``prims.<name>(*args)``; returns one proxy or a tuple of them."""
+    outs = proxies(current().prim(name, args))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def output_vids(out) -> list[int]:
+    """Value ids of a composite's outputs; empty when an output is not a proxy."""
+    if isinstance(out, TensorProxy):
+        return [out._vid]
+    if isinstance(out, (tuple, list)) and out and all(isinstance(o, TensorProxy) for o in out):
+        return [o._vid for o in out]
+    return []
+
+
+def record_composite(symbol_id: int, fn, args: tuple, kwargs: dict):
+    """Runs the decomposition ``fn`` as the body of a composite call of ``symbol_id``."""
+    rec = current()
+    rec.begin(symbol_id, args, kwargs or None)
+    try:
+        out = fn(*args, **kwargs)
+    except BaseException:
+        rec.abort()
+        raise
+    rec.end(output_vids(out))
+    return out

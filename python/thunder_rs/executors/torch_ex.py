@@ -1,0 +1,142 @@
+"""The torch executor: runs every symbol with eager PyTorch.
+
+Composites run whole as the torch callable they stand for (``ltorch.softmax`` as
+``torch.softmax``); prims and fallbacks run as the torch calls below. It always comes last.
+"""
+
+import operator
+
+import torch
+
+from thunder_rs import prims
+from thunder_rs.core.fallback import FALLBACK_IMPLS
+from thunder_rs.executors.extend import Executor, _bump, register_executor
+
+torch_ex = Executor("torch")
+
+
+def _direct(name: str, fn) -> None:
+    torch_ex.register_implementation(name, fn, impl_name=f"prim_{name}")
+
+
+def _number_safe(fn):
+    """Wraps a torch binary that needs tensor operands so numbers work on either side."""
+
+    def impl(a, b):
+        if not isinstance(a, torch.Tensor):
+            a = torch.tensor(a, dtype=b.dtype, device=b.device)
+        elif not isinstance(b, torch.Tensor):
+            b = torch.tensor(b, dtype=a.dtype, device=a.device)
+        return fn(a, b)
+
+    return impl
+
+
+def _div(a, b):
+    exact = (a if isinstance(a, torch.Tensor) else b).dtype
+    if exact.is_floating_point or exact.is_complex:
+        return operator.truediv(a, b)
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+def broadcast_in_dim(a, shape, broadcast_dimensions):
+    view = [1] * len(shape)
+    for i, d in enumerate(broadcast_dimensions):
+        view[d] = a.shape[i]
+    return a.reshape(view).expand(shape)
+
+
+def slice_prim(a, start, end, strides):
+    return a[tuple(slice(s, e, st) for s, e, st in zip(start, end, strides))]
+
+
+def pad(a, value, config):
+    if all(d == 0 for _, _, d in config) and all(lo >= 0 and hi >= 0 for lo, hi, _ in config):
+        flat = [p for lo, hi, _ in reversed(config) for p in (lo, hi)]
+        return torch.nn.functional.pad(a, flat, value=value)
+    shape = [max(lo + hi + (s + (s - 1) * d if s else 0), 0) for s, (lo, hi, d) in zip(a.shape, config)]
+    out = torch.full(shape, value, dtype=a.dtype, device=a.device)
+    index = tuple(slice(max(lo, 0), max(lo, 0) + (s - 1) * (d + 1) + 1 if s else max(lo, 0), d + 1)
+                  for s, (lo, hi, d) in zip(a.shape, config))
+    trimmed = a[tuple(slice(max(-lo, 0), s - max(-hi, 0)) for s, (lo, hi, _) in zip(a.shape, config))]
+    out[index] = trimmed
+    return out
+
+
+def _reduce(fn):
+    def impl(a, dims):
+        return fn(a, dims) if dims else a.clone()
+
+    return impl
+
+
+def _var(a, dims, correction):
+    return torch.var(a, dims, correction=correction) if dims else torch.zeros_like(a).to(a.dtype.to_real())
+
+
+def _var_mean(a, dims, correction):
+    return torch.var_mean(a, dims, correction=correction)
+
+
+def _register_prims() -> None:
+    simple = {
+        "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": _div, "pow": operator.pow,
+        "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+        "ge": operator.ge, "bitwise_and": operator.and_, "bitwise_or": operator.or_,
+        "bitwise_xor": operator.xor, "fmod": _number_safe(torch.fmod), "remainder": operator.mod,
+        "maximum": _number_safe(torch.maximum), "minimum": _number_safe(torch.minimum),
+        "atan2": _number_safe(torch.atan2), "where": torch.where,
+        "convert_element_type": lambda a, dtype: a.to(dtype), "device_put": lambda a, device: a.to(device),
+        "broadcast_in_dim": broadcast_in_dim, "reshape": torch.reshape, "transpose": torch.permute,
+        "slice": slice_prim, "squeeze": lambda a, dims: a.squeeze(dims) if dims else a, "cat": torch.cat,
+        "pad": pad, "flip": lambda a, dims: torch.flip(a, dims) if dims else a,
+        "full": lambda shape, fill, device, dtype: torch.full(shape, fill, device=device, dtype=dtype),
+        "iota": lambda length, start, step, device, dtype: torch.arange(start, start + length * step, step, device=device, dtype=dtype),
+        "uniform": lambda shape, low, high, device, dtype: torch.empty(shape, device=device, dtype=dtype).uniform_(low, high),
+        "sum": _reduce(torch.sum), "prod": lambda a, dims: _prod(a, dims), "amax": _reduce(torch.amax),
+        "amin": _reduce(torch.amin), "var": _var, "var_mean": _var_mean,
+        "argmax": lambda a, dim: torch.argmax(a, dim), "argmin": lambda a, dim: torch.argmin(a, dim),
+        "matmul": torch.matmul, "linear": torch.nn.functional.linear, "embedding": torch.nn.functional.embedding,
+        "take": lambda a, index, dim: torch.index_select(a, dim, index), "take_along_axis": torch.take_along_dim,
+        "gather": torch.gather, "scatter_add": torch.scatter_add, "index_add": torch.index_add,
+        "topk": lambda a, k, dim, largest, sorted: tuple(torch.topk(a, k, dim, largest, sorted)),
+        "sort": lambda a, dim, descending, stable: tuple(torch.sort(a, dim=dim, descending=descending, stable=stable)),
+        "isfinite": torch.isfinite, "signbit": torch.signbit, "bitwise_not": torch.bitwise_not,
+        "reciprocal": torch.reciprocal, "erfinv": torch.erfinv, "lgamma": torch.lgamma, "digamma": torch.digamma,
+    }
+    for name in prims.NAMES:
+        _direct(name, simple.get(name) or getattr(torch, name))
+
+
+def _prod(a, dims):
+    out = a
+    for d in sorted(dims, reverse=True):
+        out = torch.prod(out, d)
+    return out if dims else a.clone()
+
+
+def _register_composites() -> None:
+    from thunder_rs.torch import SYMBOLS
+
+    for sym in SYMBOLS:
+        if sym.torch_fns and sym.symbol_id not in torch_ex.implmap:
+            impl_name = "torch_" + sym.symbol_name.removeprefix("ltorch.")
+            torch_ex.implmap[sym.symbol_id] = (impl_name, None, sym.torch_fns[0])
+    _bump()
+
+
+def sync_fallbacks() -> None:
+    """Adds the fallback symbols recorded since the last call."""
+    added = False
+    for sid, func in FALLBACK_IMPLS.items():
+        if sid not in torch_ex.implmap:
+            name = "eager_" + "".join(c if c.isalnum() else "_" for c in getattr(func, "__name__", "op"))
+            torch_ex.implmap[sid] = (f"{name}_{sid}", None, func)
+            added = True
+    if added:
+        _bump()
+
+
+_register_prims()
+_register_composites()
+register_executor(torch_ex)

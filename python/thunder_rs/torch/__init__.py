@@ -1,0 +1,49 @@
+"""ltorch: the torch language. Each ``@torchsymbol`` function is a composite symbol whose body is
+its decomposition into clang helpers and prims, one family of ops per file.
+
+The torch callables a symbol stands for are listed in its decorator; the first is also what the
+torch executor runs when it claims the symbol whole, so an ltorch function takes exactly the
+arguments of that torch callable.
+"""
+
+import functools
+
+from thunder_rs import _core
+from thunder_rs.core.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH
+from thunder_rs.core.recorder import record_composite
+
+#: Every ltorch symbol, in registration order.
+SYMBOLS: list = []
+
+
+def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...] = ()):
+    """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns``."""
+
+    def decorate(fn):
+        sym_name = f"ltorch.{name or fn.__name__}"
+        sym_id = _core.register_symbol(sym_name)
+
+        @functools.wraps(fn)
+        def symbol(*args, **kwargs):
+            return record_composite(sym_id, fn, args, kwargs)
+
+        symbol.symbol_id = sym_id
+        symbol.symbol_name = sym_name
+        symbol.torch_fns = torch_fns
+        for torch_fn in torch_fns:
+            TORCH_TO_LTORCH[torch_fn] = symbol
+        for prop in properties:
+            PROPERTY_TO_LTORCH[prop] = symbol
+        SYMBOLS.append(symbol)
+        return symbol
+
+    return decorate
+
+
+from thunder_rs.torch.elementwise import *  # noqa: E402,F401,F403
+from thunder_rs.torch.reductions import *  # noqa: E402,F401,F403
+from thunder_rs.torch.creation import *  # noqa: E402,F401,F403
+from thunder_rs.torch.shape import *  # noqa: E402,F401,F403
+from thunder_rs.torch.indexing import *  # noqa: E402,F401,F403
+from thunder_rs.torch.nn import *  # noqa: E402,F401,F403
+from thunder_rs.torch.linalg import *  # noqa: E402,F401,F403

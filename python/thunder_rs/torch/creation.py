@@ -1,0 +1,3 @@
+"""creation ops (being written)."""
+
+__all__: list[str] = []

@@ -1,0 +1,202 @@
+"""Elementwise ops: unary math, binary arithmetic and comparisons, where, clamp, masked_fill."""
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs.clang import ALWAYS_BOOL, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT
+from thunder_rs.errors import ThunderTypeError, ThunderValueError, check
+from thunder_rs.torch import torchsymbol
+
+T = torch.Tensor
+__all__ = ["where", "masked_fill", "clamp", "true_divide", "div", "floor_divide", "rsub"]
+
+
+def _torch_fns(name: str, dunders: tuple[str, ...] = ()):
+    fns = [f for f in (getattr(torch, name, None), getattr(T, name, None)) if f is not None]
+    return (*fns, *(getattr(T, d) for d in dunders))
+
+
+def _define_unary(name: str, kind: int, dunders=()):
+    prim = getattr(prims, name)
+
+    @torchsymbol(*_torch_fns(name, dunders), name=name)
+    def unary(a):
+        return clang.elementwise(prim, f"ltorch.{name}", a, kind=kind)
+
+    return unary
+
+
+_UNARY_KINDS = {
+    **dict.fromkeys(
+        ["exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "tanh", "sinh",
+         "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sqrt",
+         "rsqrt", "reciprocal", "lgamma", "digamma"], INT_TO_FLOAT),
+    **dict.fromkeys(["sign", "floor", "ceil", "trunc"], DEFAULT),
+    **dict.fromkeys(["signbit", "isfinite"], ALWAYS_BOOL),
+}
+for _name, _kind in _UNARY_KINDS.items():
+    globals()[_name] = _define_unary(_name, _kind)
+    __all__.append(_name)
+neg = _define_unary("neg", DEFAULT, ("__neg__",))
+abs = _define_unary("abs", COMPLEX_TO_FLOAT, ("__abs__",))
+bitwise_not = _define_unary("bitwise_not", DEFAULT, ("__invert__",))
+__all__ += ["neg", "abs", "bitwise_not"]
+
+
+@torchsymbol(torch.round, T.round)
+def round(a, *, decimals=0):
+    if decimals == 0:
+        return clang.elementwise(prims.round, "ltorch.round", a)
+    scale = 10.0 ** decimals
+    return clang.elementwise(prims.div, "ltorch.round", clang.elementwise(prims.round, "ltorch.round", a * scale), scale)
+
+
+def _define_binary(name: str, kind: int, dunders=(), reflected=()):
+    prim = getattr(prims, name)
+
+    @torchsymbol(*_torch_fns(name, dunders), name=name)
+    def binary(a, b):
+        return clang.elementwise(prim, f"ltorch.{name}", a, b, kind=kind)
+
+    if reflected:
+        @torchsymbol(*(getattr(T, r) for r in reflected), name=f"r{name}")
+        def reflected_binary(a, b):
+            return clang.elementwise(prim, f"ltorch.{name}", b, a, kind=kind)
+
+        globals()[f"r{name}"] = reflected_binary
+        __all__.append(f"r{name}")
+    return binary
+
+
+_BINARY = {
+    "mul": (DEFAULT, ("__mul__",), ("__rmul__",)),
+    "pow": (DEFAULT, ("__pow__",), ("__rpow__",)),
+    "fmod": (DEFAULT, (), ()),
+    "remainder": (DEFAULT, ("__mod__",), ("__rmod__",)),
+    "maximum": (DEFAULT, (), ()),
+    "minimum": (DEFAULT, (), ()),
+    "atan2": (INT_TO_FLOAT, (), ()),
+    "eq": (ALWAYS_BOOL, ("__eq__",), ()),
+    "ne": (ALWAYS_BOOL, ("__ne__",), ()),
+    "lt": (ALWAYS_BOOL, ("__lt__",), ()),
+    "le": (ALWAYS_BOOL, ("__le__",), ()),
+    "gt": (ALWAYS_BOOL, ("__gt__",), ()),
+    "ge": (ALWAYS_BOOL, ("__ge__",), ()),
+    "bitwise_and": (DEFAULT, ("__and__",), ("__rand__",)),
+    "bitwise_or": (DEFAULT, ("__or__",), ("__ror__",)),
+    "bitwise_xor": (DEFAULT, ("__xor__",), ("__rxor__",)),
+}
+for _name, (_kind, _dunders, _reflected) in _BINARY.items():
+    globals()[_name] = _define_binary(_name, _kind, _dunders, _reflected)
+    __all__.append(_name)
+
+
+def _scaled(b, alpha, op):
+    if alpha == 1:
+        return b
+    check(isinstance(alpha, (bool, int, float)), op, f"expected a number for alpha, got {type(alpha).__name__}", ThunderTypeError)
+    if not isinstance(b, torch.Tensor):
+        return b * alpha
+    return clang.elementwise(prims.mul, op, b, alpha)
+
+
+@torchsymbol(torch.add, T.add, T.__add__)
+def add(a, b, *, alpha=1):
+    return clang.elementwise(prims.add, "ltorch.add", a, _scaled(b, alpha, "ltorch.add"))
+
+
+@torchsymbol(T.__radd__)
+def radd(a, b):
+    return clang.elementwise(prims.add, "ltorch.add", b, a)
+
+
+@torchsymbol(torch.sub, T.sub, T.__sub__)
+def sub(a, b, *, alpha=1):
+    return clang.elementwise(prims.sub, "ltorch.sub", a, _scaled(b, alpha, "ltorch.sub"))
+
+
+@torchsymbol(torch.rsub, T.__rsub__)
+def rsub(a, b, *, alpha=1):
+    return clang.elementwise(prims.sub, "ltorch.rsub", b, _scaled(a, alpha, "ltorch.rsub"))
+
+
+@torchsymbol(torch.true_divide, T.true_divide, T.__truediv__)
+def true_divide(a, b):
+    return clang.elementwise(prims.div, "ltorch.true_divide", a, b, kind=INT_TO_FLOAT)
+
+
+@torchsymbol(T.__rtruediv__)
+def rtruediv(a, b):
+    return clang.elementwise(prims.div, "ltorch.true_divide", b, a, kind=INT_TO_FLOAT)
+
+
+def _floor_div(a, b, op):
+    compute, _ = clang.promote(op, (a, b))
+    if compute.is_floating_point:
+        return clang.elementwise(prims.floor, op, clang.elementwise(prims.div, op, a, b))
+    quotient = clang.elementwise(prims.div, op, a, b)
+    remainder = clang.elementwise(prims.fmod, op, a, b)
+    signs_differ = clang.elementwise(prims.ne, op, clang.elementwise(prims.lt, op, a, 0),
+                                     clang.elementwise(prims.lt, op, b, 0), kind=ALWAYS_BOOL)
+    inexact = clang.elementwise(prims.ne, op, remainder, 0, kind=ALWAYS_BOOL)
+    adjust = clang.elementwise(prims.bitwise_and, op, signs_differ, inexact)
+    return clang.elementwise(prims.where, op, adjust, clang.elementwise(prims.sub, op, quotient, 1), quotient)
+
+
+@torchsymbol(torch.div, T.div, torch.divide, T.divide)
+def div(a, b, *, rounding_mode=None):
+    op = "ltorch.div"
+    if rounding_mode is None:
+        return clang.elementwise(prims.div, op, a, b, kind=INT_TO_FLOAT)
+    if rounding_mode == "trunc":
+        compute, _ = clang.promote(op, (a, b))
+        quotient = clang.elementwise(prims.div, op, a, b)
+        return clang.elementwise(prims.trunc, op, quotient) if compute.is_floating_point else quotient
+    if rounding_mode == "floor":
+        return _floor_div(a, b, op)
+    raise ThunderValueError(f"{op}: div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r} (argument rounding_mode)")
+
+
+@torchsymbol(torch.floor_divide, T.floor_divide, T.__floordiv__)
+def floor_divide(a, b):
+    return _floor_div(a, b, "ltorch.floor_divide")
+
+
+@torchsymbol(torch.where, T.where)
+def where(condition, input, other):
+    op = "ltorch.where"
+    check(isinstance(condition, torch.Tensor) and condition.dtype == torch.bool, op,
+          lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype {getattr(condition, 'dtype', type(condition).__name__)} (argument condition)",
+          ThunderTypeError)
+    compute, _ = clang.promote(op, (input, other))
+    tensors = [x for x in (condition, input, other) if isinstance(x, torch.Tensor)]
+    shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
+    args = [clang.expand_to(clang.maybe_convert(x, compute), shape) if isinstance(x, torch.Tensor) else clang.maybe_convert(x, compute)
+            for x in (input, other)]
+    if not any(isinstance(x, torch.Tensor) for x in args):
+        args[0] = clang.expand_to(prims.full((), args[0], condition.device, compute), shape)
+    return prims.where(clang.expand_to(condition, shape), *args)
+
+
+@torchsymbol(torch.masked_fill, T.masked_fill)
+def masked_fill(a, mask, value):
+    op = "ltorch.masked_fill"
+    check(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, op,
+          "expected a bool tensor for mask", ThunderTypeError)
+    if isinstance(value, torch.Tensor):
+        check(value.ndim == 0, op, f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} dimension(s) (argument value)")
+    shape = clang.broadcast_shapes(op, a.shape, mask.shape)
+    check(tuple(shape) == tuple(a.shape), op, f"mask {list(mask.shape)} does not broadcast to a {list(a.shape)} (argument mask)")
+    return where(mask, clang.maybe_convert(value, a.dtype), a)
+
+
+@torchsymbol(torch.clamp, T.clamp, torch.clip, T.clip)
+def clamp(a, min=None, max=None):
+    op = "ltorch.clamp"
+    check(min is not None or max is not None, op, "At least one of 'min' or 'max' must not be None")
+    out = a
+    if min is not None:
+        out = clang.elementwise(prims.maximum, op, out, min)
+    if max is not None:
+        out = clang.elementwise(prims.minimum, op, out, max)
+    return out

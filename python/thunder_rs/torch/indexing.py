@@ -1,0 +1,3 @@
+"""indexing ops (being written)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""nn ops (being written)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""reductions ops (being written)."""
+
+__all__: list[str] = []

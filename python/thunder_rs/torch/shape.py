@@ -1,0 +1,3 @@
+"""shape ops (being written)."""
+
+__all__: list[str] = []

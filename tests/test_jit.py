@@ -1,0 +1,143 @@
+"""End-to-end behaviour of thunder_rs.jit: caching, traces, errors, modules and fallbacks."""
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs.errors import ThunderError
+
+
+def tiny(a, b):
+    return ((a + b).sin() * 2.0 - b.exp()).tanh()
+
+
+def test_matches_eager_and_hits_the_cache():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    jf = thunder_rs.jit(tiny)
+    torch.testing.assert_close(jf(a, b), tiny(a, b))
+    torch.testing.assert_close(jf(b, a), tiny(b, a))
+    assert thunder_rs.cache_misses(jf) == 1
+    assert thunder_rs.cache_hits(jf) == 1
+
+
+def test_shape_change_recompiles_with_a_reason():
+    jf = thunder_rs.jit(tiny)
+    jf(torch.randn(4, 4), torch.randn(4, 4))
+    jf(torch.randn(2, 4), torch.randn(2, 4))
+    stats = thunder_rs.compile_stats(jf)
+    assert stats.cache_misses == 2
+    assert "shape" in stats.miss_reasons[-1]
+    assert stats.last_compile_s > 0 and "acquire" in stats.stage_s
+
+
+def test_dtype_and_number_values_are_part_of_the_key():
+    jf = thunder_rs.jit(lambda a, s: a * s)
+    a = torch.randn(3)
+    torch.testing.assert_close(jf(a, 2.0), a * 2.0)
+    torch.testing.assert_close(jf(a, 3.0), a * 3.0)
+    torch.testing.assert_close(jf(a.double(), 3.0), a.double() * 3.0)
+    assert thunder_rs.cache_misses(jf) == 3
+
+
+def test_traces_are_readable_and_runnable_text():
+    jf = thunder_rs.jit(tiny)
+    jf(torch.randn(4, 4), torch.randn(4, 4))
+    traces = thunder_rs.last_traces(jf)
+    acquired, execution = str(traces[0]), str(traces[-1])
+    assert 'ltorch.sin(' in acquired and '# t' in acquired and 'prims.sin(' in acquired
+    assert "def computation(" in execution and "torch_sin(" in execution
+    assert [t.label for t in traces] == ["acquired", "dce", "cse", "execution"]
+
+
+def test_dce_and_cse_remove_work():
+    def f(a):
+        unused = a.cos()  # noqa: F841
+        return a.exp() + a.exp()
+
+    jf = thunder_rs.jit(f)
+    a = torch.randn(5)
+    torch.testing.assert_close(jf(a), f(a))
+    execution = str(thunder_rs.last_traces(jf)[-1])
+    assert "cos" not in execution
+    assert execution.count("torch_exp(") == 1
+
+
+def test_nested_outputs_keep_their_structure():
+    def f(a):
+        return {"x": a + 1, "y": (a * 2, 3)}
+
+    out = thunder_rs.jit(f)(torch.ones(2))
+    assert set(out) == {"x", "y"} and out["y"][1] == 3
+    torch.testing.assert_close(out["y"][0], torch.full((2,), 2.0))
+
+
+def test_kwargs_and_non_contiguous_inputs():
+    def f(a, *, b):
+        return a * b + 1
+
+    jf = thunder_rs.jit(f)
+    a = torch.randn(4, 6).t()
+    b = torch.randn(6, 4)
+    torch.testing.assert_close(jf(a, b=b), f(a, b=b))
+
+
+def test_shape_errors_name_the_op_and_leave_the_cache_alone():
+    jf = thunder_rs.jit(lambda a, b: a + b)
+    with pytest.raises(RuntimeError, match="ltorch.add") as info:
+        jf(torch.randn(3), torch.randn(4))
+    assert isinstance(info.value, ThunderError)
+    assert thunder_rs.cache_misses(jf) == 0
+    torch.testing.assert_close(jf(torch.ones(3), torch.ones(3)), torch.full((3,), 2.0))
+
+
+def test_data_dependent_control_flow_names_the_user_line():
+    def f(a):
+        if a.sum() > 0:
+            return a
+        return -a
+
+    with pytest.raises(RuntimeError, match="test_jit.py"):
+        thunder_rs.jit(f)(torch.randn(3))
+
+
+def test_unmapped_torch_calls_fall_back_to_eager():
+    def f(a):
+        return torch.cumsum(a, 0) * 2
+
+    a = torch.randn(5)
+    jf = thunder_rs.jit(f)
+    torch.testing.assert_close(jf(a), f(a))
+    report = thunder_rs.examine(f, a)
+    assert report.fallbacks == {"torch.cumsum": 1}
+    assert report.supported.get("ltorch.mul") == 1
+    assert "torch.cumsum" in str(report)
+
+
+def test_module_matches_eager_and_sees_parameter_updates():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    jm = thunder_rs.jit(model)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(jm(x), model(x))
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    torch.testing.assert_close(jm(x), model(x))
+    assert thunder_rs.cache_misses(jm) == 1
+    assert isinstance(jm, torch.nn.Module)
+
+
+def test_module_train_eval_switch_recompiles_once_each():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+    jm = thunder_rs.jit(model)
+    x = torch.randn(2, 4)
+    model.eval()
+    torch.testing.assert_close(jm(x), model(x))
+    model.train()
+    jm(x)
+    model.eval()
+    jm(x)
+    assert thunder_rs.cache_misses(jm) == 2
+
+
+def test_jit_rejects_non_callables():
+    with pytest.raises(TypeError, match="jit"):
+        thunder_rs.jit(3)
