@@ -15,8 +15,30 @@ def leaf_key(x):
     return (type(x), x)
 
 
-def global_key():
-    return (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_enabled())
+def global_key(extra=None):
+    return (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_enabled(), extra)
+
+
+_fast_keys: dict = {}
+
+
+def fast_key_fn(arity: int):
+    """A key function for ``arity`` tensor arguments, unrolled so the hit path runs no loop.
+
+    It raises AttributeError when an argument is not a tensor; callers then take the general path.
+    """
+    fn = _fast_keys.get(arity)
+    if fn is None:
+        names = [f"a{i}" for i in range(arity)]
+        leaves = "".join(f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous()), " for n in names)
+        unpack = f"{', '.join(names)}, = args" if arity else "pass"
+        source = (f"def key(args, extra):\n  {unpack}\n"
+                  f"  return ((grad(), default_dtype(), autocast(), extra), ({leaves}))\n")
+        namespace = {"grad": torch.is_grad_enabled, "default_dtype": torch.get_default_dtype,
+                     "autocast": torch.is_autocast_enabled}
+        exec(source, namespace)
+        fn = _fast_keys[arity] = namespace["key"]
+    return fn
 
 
 def describe_change(old, new, names) -> str:

@@ -9,12 +9,11 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
-from thunder_rs.core.cache import describe_change, global_key, leaf_key
+from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, leaf_key
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
 
 _Tensor = torch.Tensor
-_PLAIN = (int, float, bool, type(None))
 MISS_WARNING_THRESHOLD = 8
 
 
@@ -22,12 +21,15 @@ MISS_WARNING_THRESHOLD = 8
 class CompileStats:
     """What ``thunder_rs.compile_stats(jfn)`` reports."""
 
-    calls: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
     miss_reasons: list = field(default_factory=list)
     last_compile_s: float = 0.0
     stage_s: dict = field(default_factory=dict)
+
+    @property
+    def calls(self) -> int:
+        return self.cache_hits + self.cache_misses
 
 
 @dataclass
@@ -61,30 +63,27 @@ class ThunderFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        self._stats.calls += 1
-        if not kwargs and self._module is None:
-            leaves = []
-            for a in args:
-                if isinstance(a, _Tensor):
-                    leaves.append((a.dtype, a.device, a.shape, a.requires_grad, a.is_contiguous()))
-                elif type(a) in _PLAIN:
-                    leaves.append((type(a), a))
-                else:
-                    return self._call_general(args, kwargs)
-            key = (global_key(), tuple(leaves))
-            entry = self._cache.get(key)
-            if entry is None:
-                entry = self._compile(list(args), tree_flatten((args, {}))[1], key)
-            else:
-                self._stats.cache_hits += 1
-            out = entry.fn(*args) if entry.positions is None else entry.fn(*[args[i] for i in entry.positions])
-            return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
-        return self._call_general(args, kwargs)
+        if kwargs:
+            return self._call_general(args, kwargs)
+        module = self._module
+        try:
+            key = fast_key_fn(len(args))(args, None if module is None else module.training)
+        except AttributeError:
+            return self._call_general(args, kwargs)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._compile(list(args), tree_flatten((args, {}))[1], key)
+        else:
+            self._stats.cache_hits += 1
+        if module is None:
+            out = entry.fn(*args)
+        else:
+            out = entry.fn(*args, *[d[n] for d, n in self._unique_slots])
+        return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
 
     def _call_general(self, args, kwargs):
         flat, spec = tree_flatten((args, kwargs))
-        state = global_key() if self._module is None else (global_key(), self._module.training)
-        key = (state, tuple(map(leaf_key, flat)), spec)
+        key = (global_key(None if self._module is None else self._module.training), tuple(map(leaf_key, flat)), spec)
         entry = self._cache.get(key)
         if entry is None:
             entry = self._compile(flat, spec, key)
@@ -127,7 +126,7 @@ class ThunderFunction:
         namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
         exec(compile(str(traces[-1]), f"<thunder_rs {getattr(fn, '__qualname__', 'fn')}>", "exec"), namespace)
         end = time.perf_counter()
-        all_tensors = self._module is None and len(acquired.tensor_positions) == len(flat)
+        all_tensors = len(acquired.tensor_positions) == len(flat)
         entry = Entry(namespace["computation"], None if all_tensors else acquired.tensor_positions, acquired.out_spec, traces)
         self._record_miss(key, start, {"acquire": acquired_at - start, "passes": passes_at - acquired_at, "codegen": end - passes_at}, traces)
         self._cache[key] = entry
@@ -159,5 +158,4 @@ class ThunderModule(torch.nn.Module):
         return self._jfn._call_general(args, kwargs)
 
     def __call__(self, *args, **kwargs):
-        self._jfn._stats.calls += 1
-        return self._jfn._call_general(args, kwargs)
+        return self._jfn(*args, **kwargs)
