@@ -25,3 +25,66 @@ pub fn del_last_used(trace: &Trace) -> Vec<Vec<ValueId>> {
     }
     dels
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trace_ir::parser::parse_trace;
+
+    fn dels(body: &str) -> Vec<Vec<String>> {
+        let text = format!("def computation(t0, t1):\n  # t0: \"cpu f32[4]\"\n  # t1: \"cpu f32[4]\"\n{body}");
+        let trace = parse_trace(&text).unwrap();
+        del_last_used(&trace).iter().map(|d| d.iter().map(ValueId::to_string).collect()).collect()
+    }
+
+    #[test]
+    fn deletes_intermediates_after_their_last_use() {
+        let got = dels(
+            "  t2 = prims.exp(t0)
+  t3 = prims.sin(t2)
+  t4 = prims.add(t2, t3)
+  t5 = prims.cos(t4)
+  return t5
+",
+        );
+        assert_eq!(got, [vec![], vec![], vec!["t2", "t3"], vec!["t4"]]);
+    }
+
+    #[test]
+    fn never_deletes_inputs_or_outputs() {
+        let got = dels(
+            "  t2 = prims.add(t0, t1)
+  t3 = prims.mul(t2, t0)
+  t4 = prims.neg(t3)
+  return (t2, [t4], None)
+",
+        );
+        assert_eq!(got, [vec![], vec![], vec!["t3"]]);
+    }
+
+    #[test]
+    fn deletes_unread_outputs_at_once() {
+        let got = dels(
+            "  (t2, t3) = prims.var_mean(t0, (0,), 1)
+  t4 = prims.exp(t1)
+  t5 = prims.add(t3, 1.0)
+  return t5
+",
+        );
+        assert_eq!(got, [vec!["t2"], vec!["t4"], vec!["t3"]]);
+    }
+
+    #[test]
+    fn sees_only_top_level_symbols() {
+        let got = dels(
+            "  t4 = ltorch.sigmoid(t0)
+    # t2 = prims.neg(t0)
+    # t3 = prims.exp(t2)
+    # t4 = prims.reciprocal(t3)
+  t5 = prims.mul(t4, t4)
+  return t5
+",
+        );
+        assert_eq!(got, [vec![], vec!["t4"]]);
+    }
+}

@@ -8,6 +8,7 @@
 pub mod dtype;
 pub mod error;
 pub mod ids;
+pub mod parser;
 pub mod prims;
 pub mod printer;
 pub mod pysrc;
@@ -22,4 +23,4 @@ pub use ids::{SymbolId, ValueId};
 pub use prims::Prim;
 pub use symbols::{SymbolKind, SymbolTable};
 pub use trace::{BoundSymbol, Symbol, Trace, TraceBuilder};
-pub use value::{Arg, Scalar, TensorMeta, ValueKind};
+pub use value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};

@@ -94,11 +94,18 @@ pub fn write_targets(out: &mut String, outputs: &[ValueId]) {
     }
 }
 
-/// `t3: "cpu f32[4]"`: the type of a value as trace comments show it.
+/// `cpu f32[4]` or `int 3`: the type of a value as trace comments show it.
+pub fn describe_kind(kind: &ValueKind) -> String {
+    match kind {
+        ValueKind::Tensor(t) => t.describe(),
+        ValueKind::Number(n) => format!("{} {n}", n.type_name()),
+    }
+}
+
+/// `t3: "cpu f32[4]"`: a value and its type, as trace comments show them.
 pub fn describe_value(trace: &Trace, v: ValueId) -> String {
     match trace.values.get(v.index()) {
-        Some(ValueKind::Tensor(t)) => format!("{v}: \"{}\"", t.describe()),
-        Some(ValueKind::Number(n)) => format!("{v}: \"{} {n}\"", n.type_name()),
+        Some(kind) => format!("{v}: \"{}\"", describe_kind(kind)),
         None => format!("{v}: \"?\""),
     }
 }

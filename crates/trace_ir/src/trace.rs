@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::ids::{SymbolId, ValueId};
 use crate::prims::{Operand, Prim};
 use crate::symbols::SymbolTable;
-use crate::value::{Arg, TensorMeta, ValueKind};
+use crate::value::{Arg, Kwargs, TensorMeta, ValueKind};
 use std::sync::Arc;
 
 /// What a bound symbol calls.
@@ -114,7 +114,7 @@ impl Trace {
 
 /// An open composite call while its decomposition is being recorded.
 struct Frame {
-    call: Option<(Symbol, Vec<Arg>, Vec<(String, Arg)>)>,
+    call: Option<(Symbol, Vec<Arg>, Kwargs)>,
     first_value: u32,
     bsyms: Vec<BoundSymbol>,
 }
@@ -143,6 +143,11 @@ impl TraceBuilder {
 
     pub fn value(&self, id: ValueId) -> Option<&ValueKind> {
         self.values.get(id.index())
+    }
+
+    /// How many values have been recorded; the next value gets this id.
+    pub fn num_values(&self) -> usize {
+        self.values.len()
     }
 
     fn push_value(&mut self, kind: ValueKind) -> ValueId {

@@ -118,6 +118,9 @@ impl ValueKind {
     }
 }
 
+/// The keyword arguments of a call, in the order given.
+pub type Kwargs = Vec<(String, Arg)>;
+
 /// An argument of a bound symbol: a value of the trace or a literal.
 ///
 /// Prims hold their parameters in the [`crate::Prim`] variant and use `Arg` only for tensor and

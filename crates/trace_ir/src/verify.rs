@@ -2,13 +2,14 @@
 
 use crate::bail;
 use crate::error::Result;
-use crate::prims::Operand;
+use crate::prims::{Operand, Prim};
 use crate::trace::{BoundSymbol, Symbol, Trace};
 use crate::value::{Arg, ValueKind};
 use crate::ValueId;
 
-/// Checks that every value is defined once before it is used, that every prim's recorded
-/// outputs agree with its meta rule, and that the outputs are defined.
+/// Checks that every value is defined once before it is used, that every prim has as many
+/// operands as its signature allows and outputs that agree with its meta rule, and that the
+/// trace's outputs are defined.
 pub fn verify(trace: &Trace) -> Result<()> {
     let mut defined = vec![false; trace.values.len()];
     for &v in &trace.inputs {
@@ -16,10 +17,10 @@ pub fn verify(trace: &Trace) -> Result<()> {
     }
     for bsym in &trace.bsyms {
         check_uses(trace, &defined, bsym)?;
-        check_prim(trace, bsym)?;
         for &v in &bsym.outputs {
             define(&mut defined, v, &bsym.symbol.qualified_name())?;
         }
+        check_prim(trace, bsym)?;
     }
     let mut missing = None;
     trace.outputs.for_each_value(&mut |v| {
@@ -55,9 +56,21 @@ fn check_uses(_trace: &Trace, defined: &[bool], bsym: &BoundSymbol) -> Result<()
     Ok(())
 }
 
+/// Whether a prim takes `n` operands; meta rules assume their arity holds.
+fn arity_allows(prim: &Prim, n: usize) -> bool {
+    match prim {
+        Prim::Cat { .. } => n >= 1,
+        Prim::Linear => n == 2 || n == 3,
+        p => p.fixed_arity() == Some(n),
+    }
+}
+
 fn check_prim(trace: &Trace, bsym: &BoundSymbol) -> Result<()> {
     let Symbol::Prim(prim) = &bsym.symbol else { return Ok(()) };
     let op = prim.qualified_name();
+    if !arity_allows(prim, bsym.args.len()) {
+        bail!(Runtime, &op, "has {} operand(s), which its signature does not allow", bsym.args.len());
+    }
     let operands: Vec<Operand> = bsym
         .args
         .iter()

@@ -17,9 +17,12 @@ pub(super) fn meta(prim: &Prim, op: &str) -> Result<Vec<TensorMeta>> {
             }
             (vec![*length], *device, *dtype)
         }
-        Prim::Uniform { shape, device, dtype, .. } => {
+        Prim::Uniform { shape, low, high, device, dtype } => {
             if !dtype.is_float() {
                 bail!(Type, op, "expected a floating dtype, got {dtype}");
+            }
+            if low.as_f64() > high.as_f64() {
+                bail!(Value, op, "minval {low} is greater than maxval {high}");
             }
             (shape.clone(), *device, *dtype)
         }

@@ -91,8 +91,9 @@ fn check_number(op: &str, what: &str, n: Scalar, dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// Checks that all tensor operands agree in shape, dtype and device; returns the first tensor.
-fn common_tensor<'a>(op: &str, names: &[&str], operands: &[Operand<'a>]) -> Result<&'a TensorMeta> {
+/// Checks that all tensor operands agree in shape and device; returns the first tensor and its
+/// name.
+fn common_tensor<'a, 'n>(op: &str, names: &[&'n str], operands: &[Operand<'a>]) -> Result<(&'n str, &'a TensorMeta)> {
     let mut first: Option<(&str, &TensorMeta)> = None;
     for (name, operand) in names.iter().zip(operands) {
         let Operand::Tensor(t) = operand else { continue };
@@ -108,14 +109,14 @@ fn common_tensor<'a>(op: &str, names: &[&str], operands: &[Operand<'a>]) -> Resu
         }
     }
     match first {
-        Some((_, t)) => Ok(t),
-        None => bail!(Type, op, "expected at least one tensor operand, got only numbers"),
+        Some(first) => Ok(first),
+        None => bail!(Type, op, "expected a tensor for one of {}, got only numbers", names.join(", ")),
     }
 }
 
 pub(super) fn binary(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
     let names = ["a", "b"];
-    let t = common_tensor(op, &names, operands)?;
+    let (name_t, t) = common_tensor(op, &names, operands)?;
     let dtype = t.dtype;
     for (name, operand) in names.iter().zip(operands) {
         match operand {
@@ -126,13 +127,13 @@ pub(super) fn binary(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<
             _ => {}
         }
     }
-    check_dtype(op, "a", dtype, accepts(prim))?;
+    check_dtype(op, name_t, dtype, accepts(prim))?;
     Ok(vec![TensorMeta::new(output_dtype(prim, dtype), t.device, t.shape.clone())])
 }
 
 pub(super) fn where_(op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
     let names = ["pred", "a", "b"];
-    let t = common_tensor(op, &names, operands)?;
+    let (_, t) = common_tensor(op, &names, operands)?;
     match &operands[0] {
         Operand::Tensor(p) if p.dtype != DType::Bool => bail!(Type, op, "expected a bool tensor for pred, got {}", p.dtype),
         Operand::Number(n) if !matches!(n, Scalar::Bool(_)) => bail!(Type, op, "expected a bool for pred, got {n}"),

@@ -20,6 +20,37 @@ fn check_dim(op: &str, dim: usize, a: &TensorMeta) -> Result<()> {
     check_dims(op, "dim", &[dim], a.ndim().max(1))
 }
 
+/// torch's scatter_add: index has a's rank, fits in source everywhere and in a outside `dim`.
+fn check_scatter(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src: &TensorMeta) -> Result<()> {
+    if index.ndim() != a.ndim() {
+        bail!(Value, op, "index {:?} must have the rank of a {:?}", index.shape, a.shape);
+    }
+    for d in 0..a.ndim() {
+        if index.shape[d] > src.shape[d] {
+            bail!(Value, op, "size {} of index at dimension {d} exceeds source's size {}", index.shape[d], src.shape[d]);
+        }
+        if d != dim && index.shape[d] > a.shape[d] {
+            bail!(Value, op, "size {} of index at dimension {d} exceeds a's size {}", index.shape[d], a.shape[d]);
+        }
+    }
+    Ok(())
+}
+
+/// torch's index_add: source is a with dimension `dim` resized to the number of indices.
+fn check_index_add(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src: &TensorMeta) -> Result<()> {
+    if index.ndim() > 1 {
+        bail!(Value, op, "expected index of rank 0 or 1, got {:?}", index.shape);
+    }
+    for d in 0..a.ndim() {
+        let expected = if d == dim { index.numel() } else { a.shape[d] };
+        if src.shape[d] != expected {
+            let (shape, n) = (&a.shape, index.numel());
+            bail!(Value, op, "source has size {} at dimension {d} but a {shape:?} indexed by {n} entries needs {expected}", src.shape[d]);
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
     let out = |like: &TensorMeta, dtype: DType, shape: Vec<i64>| TensorMeta::new(dtype, like.device, shape);
     match prim {
@@ -61,11 +92,18 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
         }
         Prim::ScatterAdd { dim } | Prim::IndexAdd { dim } => {
             let a = tensor(op, "a", &operands[0])?;
-            index_tensor(op, "index", &operands[1])?;
+            let index = index_tensor(op, "index", &operands[1])?;
             let src = tensor(op, "source", &operands[2])?;
             check_dim(op, *dim, a)?;
             if src.dtype != a.dtype {
                 bail!(Type, op, "dtypes of a ({}) and source ({}) differ", a.dtype, src.dtype);
+            }
+            if src.ndim() != a.ndim() {
+                bail!(Value, op, "source {:?} must have the rank of a {:?}", src.shape, a.shape);
+            }
+            match prim {
+                Prim::ScatterAdd { .. } => check_scatter(op, *dim, a, index, src)?,
+                _ => check_index_add(op, *dim, a, index, src)?,
             }
             Ok(vec![out(a, a.dtype, a.shape.clone())])
         }

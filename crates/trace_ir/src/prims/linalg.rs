@@ -27,7 +27,7 @@ pub(super) fn broadcast_shapes(op: &str, a: &[i64], b: &[i64]) -> Result<Vec<i64
         .map(|i| match (at(a, i), at(b, i)) {
             (x, y) if x == y || y == 1 => Ok(x),
             (1, y) => Ok(y),
-            (x, y) => bail!(Value, op, "batch dimensions {a:?} and {b:?} do not broadcast ({x} vs {y})"),
+            (x, y) => bail!(Value, op, "batch dimensions of a {a:?} and b {b:?} do not broadcast ({x} vs {y})"),
         })
         .collect()
 }
@@ -70,8 +70,8 @@ fn linear(op: &str, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -
     }
     if let Some(bias) = bias {
         same_kind(op, a, bias, "bias")?;
-        let out = broadcast_shapes(op, &shape, &bias.shape)?;
-        if out != shape {
+        let fits = broadcast_shapes(op, &shape, &bias.shape).is_ok_and(|out| out == shape);
+        if !fits {
             bail!(Value, op, "bias {:?} does not broadcast to the output shape {shape:?}", bias.shape);
         }
     }

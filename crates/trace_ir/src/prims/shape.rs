@@ -95,8 +95,11 @@ fn slice(op: &str, a: &TensorMeta, start: &[i64], end: &[i64], strides: &[i64]) 
             if st < 1 {
                 bail!(Value, op, "strides[{i}] = {st} must be positive");
             }
-            if s < 0 || e < s || e > size {
-                bail!(Index, op, "slice [{s}, {e}) of dimension {i} is out of range for size {size}");
+            if s < 0 || s > size {
+                bail!(Index, op, "start_indices[{i}] = {s} is out of range for dimension {i} of size {size}");
+            }
+            if e < s || e > size {
+                bail!(Index, op, "end_indices[{i}] = {e} is out of range [{s}, {size}] for dimension {i} of size {size}");
             }
             Ok((e - s + st - 1) / st)
         })

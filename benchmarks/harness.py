@@ -1,0 +1,319 @@
+"""Shared timing code for the thunder_rs benchmarks.
+
+A *case* is a function or module plus its inputs. A *backend* turns the function into a callable:
+
+  eager          the function itself
+  thunder_rs     thunder_rs.jit           (skipped with a note when `import thunder_rs` fails)
+  thunder        thunder.jit              (Lightning Thunder, only when `import thunder` works)
+  torch.compile  torch.compile            (only with --with-compile or BENCH_TORCH_COMPILE=1)
+
+For every (case, backend) pair we measure
+  first call  wall time of the first call of a freshly jitted callable (ms, median over N fresh jits)
+  per call    median per-call time (us) of a warm callable, timed with time.perf_counter_ns
+and report the per-call ratio against eager measured in the same process. The first call's median
+keeps one-time process costs (lazy imports paid by the first jit of a process) out of the number;
+the JSON output keeps every sample. Per-call timing alternates the backends within each repeat, so
+load from other processes hits them alike. A backend that fails on a case gets a row with the
+error's class name instead of numbers; the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+# ----------------------------------------------------------------------------- cases and backends
+
+
+@dataclass
+class Case:
+    name: str
+    make_fn: Callable[[], Callable]  # returns a fresh function or nn.Module
+    make_args: Callable[[], tuple]
+    inner: int = 100  # calls per timed repeat (per-call measurement)
+    no_grad: bool = False
+    description: str = ""
+
+    def context(self):
+        return torch.no_grad() if self.no_grad else contextlib.nullcontext()
+
+
+@dataclass
+class Backend:
+    name: str
+    wrap: Callable[[Callable], Callable] | None  # None: not available
+    note: str = ""  # why it is unavailable
+    reset: Callable[[], None] = lambda: None  # called before each fresh wrap
+    max_first_repeats: int | None = None  # cap on fresh compilations (torch.compile is slow)
+
+    @property
+    def available(self) -> bool:
+        return self.wrap is not None
+
+
+def _import_error(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {msg}"[:160]
+
+
+def eager_backend() -> Backend:
+    return Backend("eager", wrap=lambda fn: fn)
+
+
+def thunder_rs_backend() -> Backend:
+    try:
+        import thunder_rs
+
+        if not hasattr(thunder_rs, "jit"):
+            raise ImportError("thunder_rs has no attribute 'jit' (package not built?)")
+    except Exception as exc:  # noqa: BLE001 - any import failure means "skip"
+        return Backend("thunder_rs", None, note=f"import thunder_rs failed ({_import_error(exc)})")
+    return Backend("thunder_rs", wrap=thunder_rs.jit)
+
+
+def thunder_backend() -> Backend:
+    try:
+        import thunder
+    except Exception as exc:  # noqa: BLE001
+        return Backend("thunder", None, note=f"import thunder failed ({_import_error(exc)})")
+    return Backend("thunder", wrap=thunder.jit)
+
+
+def torch_compile_backend(enabled: bool) -> Backend:
+    if not enabled:
+        return Backend("torch.compile", None, note="disabled (pass --with-compile or BENCH_TORCH_COMPILE=1)")
+    # No background pool of compile workers: on a small machine they steal CPU from the timed loops.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    # Cold compiles: every fresh torch.compile starts without the on-disk graph caches of earlier ones.
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    return Backend("torch.compile", wrap=torch.compile, reset=torch._dynamo.reset, max_first_repeats=3)
+
+
+def default_backends(with_compile: bool = False, names: set[str] | None = None) -> list[Backend]:
+    """eager always comes first; ``names`` limits the others (unselected ones are not even imported)."""
+    with_compile = with_compile or os.environ.get("BENCH_TORCH_COMPILE") == "1"
+    factories = {
+        "thunder_rs": thunder_rs_backend,
+        "thunder": thunder_backend,
+        "torch.compile": lambda: torch_compile_backend(with_compile or "torch.compile" in (names or ())),
+    }
+    unknown = (names or set()) - set(factories) - {"eager"}
+    if unknown:
+        raise ValueError(f"unknown backend(s): {', '.join(sorted(unknown))}; known: eager, {', '.join(factories)}")
+    return [eager_backend()] + [make() for name, make in factories.items() if names is None or name in names]
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+@dataclass
+class FirstCall:
+    median_ms: float
+    samples_ms: list[float]
+    last_callable: Callable  # the last fresh callable, already warm: reused for per-call timing
+    last_output: Any
+
+
+@dataclass
+class PerCall:
+    median_us: float
+    min_us: float
+    samples_us: list[float]
+
+
+def measure_first_call(make_callable: Callable[[], Callable], args: tuple, repeats: int = 5) -> FirstCall:
+    """Wall time of the first call of a fresh callable (``make_callable()`` is not timed)."""
+    samples, fn, out = [], None, None
+    for _ in range(repeats):
+        fn = make_callable()
+        gc.collect()
+        t0 = time.perf_counter_ns()
+        out = fn(*args)
+        samples.append((time.perf_counter_ns() - t0) / 1e6)
+    return FirstCall(statistics.median(samples), samples, fn, out)
+
+
+def _time_calls(fn: Callable, args: tuple, inner: int) -> float:
+    t0 = time.perf_counter_ns()
+    for _ in range(inner):
+        fn(*args)
+    return (time.perf_counter_ns() - t0) / 1e3 / inner
+
+
+def measure_per_call(fn: Callable, args: tuple, warmup: int = 10, repeats: int = 21, inner: int = 100) -> PerCall:
+    """Median over ``repeats`` of (time of ``inner`` back-to-back calls) / inner, in microseconds."""
+    results, errors = measure_per_call_interleaved({"fn": fn}, args, warmup, repeats, inner)
+    if errors:
+        raise errors["fn"]
+    return results["fn"]
+
+
+def measure_per_call_interleaved(fns: dict[str, Callable], args: tuple, warmup: int = 10, repeats: int = 21,
+                                 inner: int = 100) -> tuple[dict[str, PerCall], dict[str, Exception]]:
+    """Like ``measure_per_call`` for several callables, alternating them within each repeat so that
+    drift on a noisy machine hits all of them alike. A callable that raises is dropped and its
+    exception returned in the second dict."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    errors: dict[str, Exception] = {}
+    active = dict(fns)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for rep in range(repeats + 1):  # repeat 0 is the warmup
+            for name, fn in list(active.items()):
+                try:
+                    t = _time_calls(fn, args, warmup if rep == 0 else inner)
+                except Exception as exc:  # noqa: BLE001
+                    errors[name] = exc
+                    del active[name]
+                    continue
+                if rep > 0:
+                    samples[name].append(t)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    results = {n: PerCall(statistics.median(s), min(s), s) for n, s in samples.items() if n in active}
+    return results, errors
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass
+class Settings:
+    first_repeats: int = 5
+    repeats: int = 21
+    inner_scale: float = 1.0
+    check_outputs: bool = True
+
+
+@dataclass
+class Row:
+    case: str
+    backend: str
+    first_ms: float | None = None
+    per_us: float | None = None
+    ratio: float | None = None  # per call / eager per call
+    error: str | None = None  # error class name, shown in the table
+    message: str | None = None  # full error message, in the footnotes and the JSON
+    first_samples_ms: list[float] = field(default_factory=list)
+    per_samples_us: list[float] = field(default_factory=list)
+
+
+def _check_close(actual, expected) -> None:
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _set_error(row: Row, exc: Exception) -> None:
+    row.error = "mismatch" if isinstance(exc, AssertionError) else type(exc).__name__
+    row.message = f"{type(exc).__name__}: {str(exc).strip()}"
+
+
+def first_call(case: Case, backend: Backend, settings: Settings, args: tuple, expected) -> tuple[Row, Callable]:
+    """Measures the first call of fresh callables; returns the row and the last (warm) callable."""
+    row = Row(case.name, backend.name)
+    repeats = min(settings.first_repeats, backend.max_first_repeats or settings.first_repeats)
+
+    def make_callable():
+        backend.reset()
+        return backend.wrap(case.make_fn())
+
+    try:
+        first = measure_first_call(make_callable, args, repeats=repeats)
+        if settings.check_outputs and expected is not None:
+            _check_close(first.last_output, expected)
+    except Exception as exc:  # noqa: BLE001 - a failing backend becomes a row, not a crash
+        _set_error(row, exc)
+        return row, None
+    row.first_ms, row.first_samples_ms = first.median_ms, first.samples_ms
+    return row, first.last_callable
+
+
+def run_case(case: Case, backends: list[Backend], settings: Settings, log=progress) -> list[Row]:
+    """First calls backend by backend, then per-call timing of all warm callables interleaved."""
+    args = case.make_args()
+    rows, warm = {}, {}
+    with case.context():
+        expected = case.make_fn()(*args)
+        for backend in backends:
+            log(f"  {case.name:<22} first call   {backend.name}")
+            rows[backend.name], fn = first_call(case, backend, settings, args, expected)
+            if fn is not None:
+                warm[backend.name] = fn
+        log(f"  {case.name:<22} per call     {', '.join(warm)}")
+        inner = max(1, int(case.inner * settings.inner_scale))
+        per, errors = measure_per_call_interleaved(warm, args, warmup=max(3, inner // 2),
+                                                   repeats=settings.repeats, inner=inner)
+    for name, exc in errors.items():
+        _set_error(rows[name], exc)
+    eager = per.get("eager")
+    for name, timing in per.items():
+        rows[name].per_us, rows[name].per_samples_us = timing.median_us, timing.samples_us
+        if eager is not None:
+            rows[name].ratio = timing.median_us / eager.median_us
+    return list(rows.values())
+
+
+def run_all(cases: list[Case], backends: list[Backend], settings: Settings, log=progress) -> list[Row]:
+    available = [b for b in backends if b.available]
+    return [row for case in cases for row in run_case(case, available, settings, log)]
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(rows: list[Row]) -> str:
+    header = f"{'case':<22} {'backend':<14} {'first call (ms)':>16} {'per call (us)':>14} {'vs eager':>9}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        if r.error:
+            lines.append(f"{r.case:<22} {r.backend:<14}  ERROR: {r.error}")
+            continue
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
+        lines.append(f"{r.case:<22} {r.backend:<14} {_fmt(r.first_ms, '16.2f')} "
+                     f"{_fmt(r.per_us, '14.1f')} {ratio:>9}")
+    errors = [r for r in rows if r.error]
+    if errors:
+        lines.append("")
+        lines.extend(f"  [{r.case} / {r.backend}] {r.message.splitlines()[0][:200]}" for r in errors)
+    return "\n".join(lines)
+
+
+def format_skipped(backends: list[Backend]) -> str:
+    return "\n".join(f"note: backend {b.name} skipped: {b.note}" for b in backends if not b.available)
+
+
+def find_row(rows: list[Row], case: str, backend: str) -> Row | None:
+    return next((r for r in rows if r.case == case and r.backend == backend), None)
+
+
+def environment_info() -> dict:
+    import platform
+
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "num_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],  # other load makes timings noisy
+    }
