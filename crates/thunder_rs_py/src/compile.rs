@@ -4,11 +4,12 @@ use passes::dce::dce;
 use passes::cse::cse;
 use passes::{claim, lifetimes, run_passes, ExecutorSpec, ImplSpec, Pass, PassCx, SymKey};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyList, PyTuple};
 use std::time::Instant;
 use trace_ir::verify::verify;
 use trace_ir::{BoundSymbol, SymbolId};
 
+use crate::convert::from_arg;
 use crate::errors::py_result;
 use crate::trace::{Plan, PyTrace};
 
@@ -47,11 +48,19 @@ impl ExecutorTable {
     }
 }
 
-/// Runs the pipeline on an acquired trace. `checker(executor_index, symbol_name, args, kwargs)`
-/// is called for entries that have a checker. Returns the traces after each stage; the last is
+/// Runs the pipeline on an acquired trace. For entries that have a checker,
+/// `checker(executor_index, symbol_key, args, kwargs)` is called with the bound symbol's arguments
+/// (tensors as proxies made by `make_proxy`, constants from `consts`). Returns the traces after each stage; the last is
 /// the execution trace, whose `str()` is the Python source to exec.
 #[pyfunction]
-pub fn compile(py: Python<'_>, acquired: &PyTrace, table: &ExecutorTable, checker: Bound<'_, PyAny>) -> PyResult<Vec<PyTrace>> {
+#[pyo3(signature = (acquired, table, checker, make_proxy, consts))]
+pub fn compile(
+    acquired: &PyTrace,
+    table: &ExecutorTable,
+    checker: Bound<'_, PyAny>,
+    make_proxy: Bound<'_, PyAny>,
+    consts: Bound<'_, PyList>,
+) -> PyResult<Vec<PyTrace>> {
     let cx = PassCx::default();
     let start = Instant::now();
     py_result(verify(&acquired.trace))?;
@@ -61,7 +70,7 @@ pub fn compile(py: Python<'_>, acquired: &PyTrace, table: &ExecutorTable, checke
 
     let start = Instant::now();
     let mut check = |i: usize, bsym: &BoundSymbol| -> trace_ir::Result<bool> {
-        call_checker(py, &checker, i, bsym).map_err(|e| trace_ir::IrError::new(trace_ir::ErrorKind::Runtime, bsym.symbol.qualified_name(), format!("checker failed: {e}")))
+        call_checker(&Checker { checker: &checker, make_proxy: &make_proxy, consts: &consts, trace: &optimized }, i, bsym).map_err(|e| trace_ir::IrError::new(trace_ir::ErrorKind::Runtime, bsym.symbol.qualified_name(), format!("checker failed: {e}")))
     };
     let (claimed, impls) = py_result(claim(&optimized, &table.executors, &mut check))?;
     let dels = lifetimes::del_last_used(&claimed);
@@ -71,10 +80,28 @@ pub fn compile(py: Python<'_>, acquired: &PyTrace, table: &ExecutorTable, checke
     Ok(traces)
 }
 
-/// Calls the Python checker with the bound symbol's name and index.
-fn call_checker(py: Python<'_>, checker: &Bound<'_, PyAny>, executor: usize, bsym: &BoundSymbol) -> PyResult<bool> {
-    let args = PyTuple::new(py, [executor.into_pyobject(py)?.into_any(), bsym.symbol.qualified_name().into_pyobject(py)?.into_any()])?;
-    checker.call1(args)?.extract()
+/// What a checker call needs besides the bound symbol.
+struct Checker<'a, 'py> {
+    checker: &'a Bound<'py, PyAny>,
+    make_proxy: &'a Bound<'py, PyAny>,
+    consts: &'a Bound<'py, PyList>,
+    trace: &'a trace_ir::Trace,
+}
+
+/// Calls the Python checker with the executor index, the symbol's table key and its arguments.
+fn call_checker(cx: &Checker, executor: usize, bsym: &BoundSymbol) -> PyResult<bool> {
+    let py = cx.checker.py();
+    let convert = |a: &trace_ir::Arg| from_arg(py, a, cx.trace, cx.make_proxy, cx.consts);
+    let args = PyTuple::new(py, bsym.call_args().iter().map(convert).collect::<PyResult<Vec<_>>>()?)?;
+    let kwargs = PyDict::new(py);
+    for (k, v) in &bsym.kwargs {
+        kwargs.set_item(k, convert(v)?)?;
+    }
+    let key = match SymKey::of(&bsym.symbol) {
+        SymKey::Prim(name) => name.into_pyobject(py)?.into_any(),
+        SymKey::Symbol(id) => id.0.into_pyobject(py)?.into_any(),
+    };
+    cx.checker.call1((executor, key, args, kwargs))?.extract()
 }
 
 /// The names of all prims, for the generated Python entry points.

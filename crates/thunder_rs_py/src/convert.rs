@@ -7,6 +7,7 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
+use trace_ir::{Trace, ValueKind};
 use trace_ir::{Arg, DType, Device, Scalar, TensorMeta, ValueId};
 
 use crate::errors::py_result;
@@ -112,4 +113,41 @@ pub fn tensor_meta(code: u8, device: &str, shape: Vec<i64>, requires_grad: bool)
     let dtype = DType::from_code(code).ok_or_else(|| PyTypeError::new_err(format!("bad dtype code {code}")))?;
     let device = py_result(Device::parse(device))?;
     Ok(TensorMeta { dtype, device, shape, requires_grad })
+}
+
+/// Converts an argument back to Python for a checker: tensor values become proxies made by
+/// `make_proxy(vid, shape, dtype_code, device, requires_grad)`, constants come from `consts`.
+pub fn from_arg<'py>(
+    py: Python<'py>,
+    arg: &Arg,
+    trace: &Trace,
+    make_proxy: &Bound<'py, PyAny>,
+    consts: &Bound<'py, PyList>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let types = types(py)?;
+    let seq = |items: &[Arg]| -> PyResult<Vec<Bound<'py, PyAny>>> {
+        items.iter().map(|a| from_arg(py, a, trace, make_proxy, consts)).collect()
+    };
+    Ok(match arg {
+        Arg::Value(v) => match trace.value(*v) {
+            ValueKind::Tensor(t) => make_proxy.call1((v.0, PyTuple::new(py, &t.shape)?, t.dtype.code(), t.device.to_string(), t.requires_grad))?,
+            ValueKind::Number(n) => from_arg(py, &Arg::Scalar(*n), trace, make_proxy, consts)?,
+        },
+        Arg::Scalar(Scalar::Bool(b)) => PyBool::new(py, *b).to_owned().into_any(),
+        Arg::Scalar(Scalar::Int(i)) => i.into_pyobject(py)?.into_any(),
+        Arg::Scalar(Scalar::Float(x)) => x.into_pyobject(py)?.into_any(),
+        Arg::None => py.None().into_bound(py),
+        Arg::Ellipsis => py.Ellipsis().into_bound(py),
+        Arg::Str(s) => PyString::new(py, s).into_any(),
+        Arg::DType(d) => {
+            let codes = types.dtype_codes.bind(py);
+            let found = codes.iter().find(|(_, code)| code.extract::<u8>().ok() == Some(d.code()));
+            found.map(|(dtype, _)| dtype).ok_or_else(|| PyTypeError::new_err(format!("unknown dtype {d}")))?
+        }
+        Arg::Device(d) => types.device.bind(py).call1((d.to_string(),))?,
+        Arg::Tuple(items) => PyTuple::new(py, seq(items)?)?.into_any(),
+        Arg::List(items) => PyList::new(py, seq(items)?)?.into_any(),
+        Arg::Slice(parts) => py.get_type::<PySlice>().call1(PyTuple::new(py, seq(&parts[..])?)?)?,
+        Arg::PyConst(i) => consts.get_item(*i as usize)?,
+    })
 }

@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
+from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, leaf_key
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
@@ -42,8 +43,10 @@ class Entry:
 
 
 def _checker(executors):
-    def check(index, symbol_name):
-        return True
+    """The callback the Rust claim pass calls for table entries that have a checker."""
+
+    def check(index, key, args, kwargs):
+        return bool(executors[index].implmap[key][1](*args, **kwargs))
 
     return check
 
@@ -120,7 +123,7 @@ class ThunderFunction:
         sync_fallbacks()
         executors = default_executors()
         table, impls = executor_table(executors)
-        traces = _core.compile(acquired.trace, table, _checker(executors))
+        traces = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts)
         passes_at = time.perf_counter()
         namespace = {"torch": torch, **impls}
         namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
