@@ -141,3 +141,11 @@ def test_module_train_eval_switch_recompiles_once_each():
 def test_jit_rejects_non_callables():
     with pytest.raises(TypeError, match="jit"):
         thunder_rs.jit(3)
+
+
+def test_runtime_errors_name_the_call_and_keep_their_type():
+    jf = thunder_rs.jit(lambda a, b: a // b)
+    with pytest.raises(RuntimeError, match="torch_floor_divide") as info:
+        jf(torch.tensor([1, 2]), torch.tensor([0, 1]))
+    assert isinstance(info.value, ThunderError)
+    assert "execution trace line" in str(info.value)

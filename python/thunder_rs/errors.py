@@ -33,3 +33,38 @@ def check(condition: bool, op: str, message, exc=ThunderValueError) -> None:
     """Raises ``exc("op: message")`` unless ``condition``; ``message`` may be a callable."""
     if not condition:
         raise exc(f"{op}: {message() if callable(message) else message}")
+
+
+_runtime_classes: dict[type, type] = {}
+
+
+def _thunder_class(exc_type: type) -> type:
+    """A subclass of both ThunderError and ``exc_type``, so ``except ZeroDivisionError`` still works."""
+    cls = _runtime_classes.get(exc_type)
+    if cls is None:
+        try:
+            cls = type(f"Thunder{exc_type.__name__}", (ThunderError, exc_type), {"__module__": __name__})
+        except TypeError:
+            cls = ThunderRuntimeError
+        _runtime_classes[exc_type] = cls
+    return cls
+
+
+def runtime_error(exc: Exception, filename: str, source: str) -> Exception:
+    """Re-labels an exception raised inside generated code with the call that raised it."""
+    if isinstance(exc, ThunderError):
+        return exc
+    tb, lineno = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    if lineno is None:
+        return exc
+    line = source.splitlines()[lineno - 1].split("  #")[0].strip()
+    callee = line.split("=", 1)[-1].split("(", 1)[0].strip()
+    message = f"{callee}: {exc} (execution trace line {lineno}: {line})"
+    try:
+        return _thunder_class(type(exc))(message)
+    except Exception:
+        return ThunderRuntimeError(message)

@@ -8,6 +8,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.dtypes import CODES
+from thunder_rs.core.langctx import LanguageMode
 from thunder_rs.core.proxies import TensorProxy, make_proxy
 from thunder_rs.core.recorder import recording
 from thunder_rs.errors import ThunderTypeError
@@ -64,7 +65,7 @@ def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0)
         unique.setdefault(i, d[n])
     params = [_input_proxy(rec, unique[i]) for i in range(num_params)]
     args, kwargs = tree_unflatten(leaves, in_spec)
-    with recording(rec), _swapped(param_slots, params):
+    with recording(rec), _swapped(param_slots, params), LanguageMode():
         out = fn(*args, **kwargs)
     out_spec = None
     if not _is_plain(out):

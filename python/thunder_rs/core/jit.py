@@ -11,6 +11,7 @@ from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, leaf_key
+from thunder_rs.errors import runtime_error
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
 
@@ -36,6 +37,9 @@ class CompileStats:
 @dataclass
 class Entry:
     fn: object
+    #: the generated source and the file name it was compiled under, to label runtime errors
+    source: str
+    filename: str
     #: when not None, positions of the flat inputs passed to ``fn``
     positions: tuple | None
     out_spec: object
@@ -78,10 +82,13 @@ class ThunderFunction:
             entry = self._compile(list(args), tree_flatten((args, {}))[1], key)
         else:
             self._stats.cache_hits += 1
-        if module is None:
-            out = entry.fn(*args)
-        else:
-            out = entry.fn(*args, *[d[n] for d, n in self._unique_slots])
+        try:
+            if module is None:
+                out = entry.fn(*args)
+            else:
+                out = entry.fn(*args, *[d[n] for d, n in self._unique_slots])
+        except Exception as e:
+            raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
 
     def _call_general(self, args, kwargs):
@@ -95,7 +102,10 @@ class ThunderFunction:
         inputs = [flat[i] for i in entry.positions] if entry.positions is not None else flat
         if self._module is not None:
             inputs.extend(d[n] for d, n in self._unique_slots)
-        out = entry.fn(*inputs)
+        try:
+            out = entry.fn(*inputs)
+        except Exception as e:
+            raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
 
     def _bind_module(self):
@@ -127,10 +137,11 @@ class ThunderFunction:
         passes_at = time.perf_counter()
         namespace = {"torch": torch, **impls}
         namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
-        exec(compile(str(traces[-1]), f"<thunder_rs {getattr(fn, '__qualname__', 'fn')}>", "exec"), namespace)
+        source, filename = str(traces[-1]), f"<thunder_rs {getattr(fn, '__qualname__', 'fn')}>"
+        exec(compile(source, filename, "exec"), namespace)
         end = time.perf_counter()
         all_tensors = len(acquired.tensor_positions) == len(flat)
-        entry = Entry(namespace["computation"], None if all_tensors else acquired.tensor_positions, acquired.out_spec, traces)
+        entry = Entry(namespace["computation"], source, filename, None if all_tensors else acquired.tensor_positions, acquired.out_spec, traces)
         self._record_miss(key, start, {"acquire": acquired_at - start, "passes": passes_at - acquired_at, "codegen": end - passes_at}, traces)
         self._cache[key] = entry
         self._last_entry = entry

@@ -2,7 +2,8 @@
 
 Calls with an ltorch mapping run that decomposition; metadata queries answer from the proxy;
 data-dependent calls (``bool(t)``, ``t.item()``) raise an error naming the user's line; anything
-else becomes an eager fallback symbol.
+else becomes an eager fallback symbol. While a program is traced, ``LanguageMode`` also sends torch
+calls that take no tensor at all (``torch.zeros(2, 3)``) to their ltorch symbols.
 """
 
 import os
@@ -10,7 +11,9 @@ import traceback
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
+from torch.overrides import TorchFunctionMode
 
+from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.errors import ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
@@ -77,3 +80,30 @@ def torch_function(func, args, kwargs):
     from thunder_rs.core.fallback import fallback
 
     return fallback(func, args, kwargs)
+
+
+def _takes_tensor(args, kwargs) -> bool:
+    """Whether a call takes a tensor, directly or in a list (``torch.cat([a, b])``)."""
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.Tensor) or (type(x) in (list, tuple) and any(isinstance(y, torch.Tensor) for y in x)):
+            return True
+    return False
+
+
+class LanguageMode(TorchFunctionMode):
+    """Routes torch calls while a program is traced (``acquire`` enters it around the program).
+
+    A call that takes no proxy never reaches ``TensorProxy.__torch_function__``, so creation ops
+    (``torch.zeros(2, 3)``, ``torch.arange(n)``) reach their ltorch symbols here and give proxies.
+    Calls on proxies go to ``torch_function``, as the proxy would send them; calls on real tensors
+    alone run eagerly, as before.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if TensorProxy in types:
+            return torch_function(func, args, kwargs)
+        ltorch_fn = TORCH_TO_LTORCH.get(func)
+        if ltorch_fn is not None and not _takes_tensor(args, kwargs):
+            return ltorch_fn(*args, **kwargs)
+        return func(*args, **kwargs)

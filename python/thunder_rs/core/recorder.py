@@ -9,7 +9,7 @@ import contextvars
 
 from thunder_rs import _core
 from thunder_rs.core.proxies import TensorProxy, make_proxy
-from thunder_rs.errors import ThunderRuntimeError
+from thunder_rs.errors import ThunderError, ThunderRuntimeError
 
 _current: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_recorder", default=None)
 
@@ -49,12 +49,21 @@ def output_vids(out) -> list[int]:
     return []
 
 
-def record_composite(symbol_id: int, fn, args: tuple, kwargs: dict):
-    """Runs the decomposition ``fn`` as the body of a composite call of ``symbol_id``."""
+def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
+    """Runs the decomposition ``fn`` as the body of a composite call of ``symbol_id``.
+
+    An error inside the decomposition is prefixed with ``name``, so it reads as a call path
+    from the op the user called (``ltorch.masked_fill: ltorch.where: ...``).
+    """
     rec = current()
     rec.begin(symbol_id, args, kwargs or None)
     try:
         out = fn(*args, **kwargs)
+    except ThunderError as e:
+        rec.abort()
+        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(name + ":"):
+            e.args = (f"{name}: {e.args[0]}", *e.args[1:])
+        raise
     except BaseException:
         rec.abort()
         raise

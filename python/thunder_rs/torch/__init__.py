@@ -25,7 +25,7 @@ def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...]
 
         @functools.wraps(fn)
         def symbol(*args, **kwargs):
-            return record_composite(sym_id, fn, args, kwargs)
+            return record_composite(sym_id, sym_name, fn, args, kwargs)
 
         symbol.symbol_id = sym_id
         symbol.symbol_name = sym_name

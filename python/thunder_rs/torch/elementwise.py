@@ -4,7 +4,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT
-from thunder_rs.errors import ThunderTypeError, ThunderValueError, check
+from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
 
 T = torch.Tensor
@@ -136,11 +136,13 @@ def _floor_div(a, b, op):
         return clang.elementwise(prims.floor, op, clang.elementwise(prims.div, op, a, b))
     quotient = clang.elementwise(prims.div, op, a, b)
     remainder = clang.elementwise(prims.fmod, op, a, b)
-    signs_differ = clang.elementwise(prims.ne, op, clang.elementwise(prims.lt, op, a, 0),
-                                     clang.elementwise(prims.lt, op, b, 0), kind=ALWAYS_BOOL)
+    def negative(x):
+        return clang.elementwise(prims.lt, op, x, 0, kind=ALWAYS_BOOL) if isinstance(x, torch.Tensor) else x < 0
+
+    signs_differ = clang.elementwise(prims.ne, op, negative(a), negative(b), kind=ALWAYS_BOOL)
     inexact = clang.elementwise(prims.ne, op, remainder, 0, kind=ALWAYS_BOOL)
     adjust = clang.elementwise(prims.bitwise_and, op, signs_differ, inexact)
-    return clang.elementwise(prims.where, op, adjust, clang.elementwise(prims.sub, op, quotient, 1), quotient)
+    return where(adjust, clang.elementwise(prims.sub, op, quotient, 1), quotient)
 
 
 @torchsymbol(torch.div, T.div, torch.divide, T.divide)
@@ -154,7 +156,7 @@ def div(a, b, *, rounding_mode=None):
         return clang.elementwise(prims.trunc, op, quotient) if compute.is_floating_point else quotient
     if rounding_mode == "floor":
         return _floor_div(a, b, op)
-    raise ThunderValueError(f"{op}: div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r} (argument rounding_mode)")
+    raise ThunderRuntimeError(f"{op}: div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r} (argument rounding_mode)")
 
 
 @torchsymbol(torch.floor_divide, T.floor_divide, T.__floordiv__)
@@ -167,7 +169,7 @@ def where(condition, input, other):
     op = "ltorch.where"
     check(isinstance(condition, torch.Tensor) and condition.dtype == torch.bool, op,
           lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype {getattr(condition, 'dtype', type(condition).__name__)} (argument condition)",
-          ThunderTypeError)
+          ThunderRuntimeError)
     compute, _ = clang.promote(op, (input, other))
     tensors = [x for x in (condition, input, other) if isinstance(x, torch.Tensor)]
     shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
@@ -182,18 +184,16 @@ def where(condition, input, other):
 def masked_fill(a, mask, value):
     op = "ltorch.masked_fill"
     check(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, op,
-          "expected a bool tensor for mask", ThunderTypeError)
+          "masked_fill_ only supports boolean masks (argument mask)", ThunderRuntimeError)
     if isinstance(value, torch.Tensor):
-        check(value.ndim == 0, op, f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} dimension(s) (argument value)")
-    shape = clang.broadcast_shapes(op, a.shape, mask.shape)
-    check(tuple(shape) == tuple(a.shape), op, f"mask {list(mask.shape)} does not broadcast to a {list(a.shape)} (argument mask)")
+        check(value.ndim == 0, op, f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} dimension(s) (argument value)", ThunderRuntimeError)
     return where(mask, clang.maybe_convert(value, a.dtype), a)
 
 
 @torchsymbol(torch.clamp, T.clamp, torch.clip, T.clip)
 def clamp(a, min=None, max=None):
     op = "ltorch.clamp"
-    check(min is not None or max is not None, op, "At least one of 'min' or 'max' must not be None")
+    check(min is not None or max is not None, op, "At least one of 'min' or 'max' must not be None", ThunderRuntimeError)
     out = a
     if min is not None:
         out = clang.elementwise(prims.maximum, op, out, min)

@@ -1,3 +1,404 @@
-"""indexing ops (being written)."""
+"""Indexing ops: ``Tensor.__getitem__``, select, index_select, gather, scatter_add, index_add, topk, sort.
 
-__all__: list[str] = []
+``a[key]`` runs in two steps, as torch runs it. Basic indexing (ints, slices, None, Ellipsis) is one
+slice and one reshape. Advanced indexing by integer tensors then flattens the indexed dims into
+one, combines the indices into a linear index and takes along that dim; the broadcast index shape
+goes where the indexed dims were when they are adjacent, and in front otherwise. Index lists and
+non-traced tensors are values known while tracing: they are bounds-checked then and become
+constants. Boolean masks are data-dependent and are refused.
+"""
+
+import math
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.errors import (
+    ThunderIndexError,
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    ThunderValueError,
+    check,
+)
+from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.shape import reshape_to, slice_in_dim
+
+Tensor = torch.Tensor
+__all__ = [
+    "getitem", "select", "unbind", "index_select", "gather", "take_along_dim", "scatter_add", "index_add",
+    "topk", "sort", "argsort",
+]
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+# -- __getitem__ ----------------------------------------------------------------------------------
+
+
+class _Const:
+    """An index whose values are known while tracing: a list, or a tensor that is not traced.
+
+    ``mask_size`` is the size of the boolean mask's dim it came from, which must match the indexed dim.
+    """
+
+    def __init__(self, values, shape, mask_size=None):
+        self.values, self.shape, self.mask_size = values, shape, mask_size
+
+
+def _treat_as_tuple(key) -> bool:
+    """torch's (and numpy's legacy) rule: a list holding slices, None, ..., tensors or sequences is a tuple."""
+    if isinstance(key, tuple):
+        return True
+    if not isinstance(key, list) or len(key) >= 32:
+        return False
+    return any(k is None or k is Ellipsis or isinstance(k, (slice, torch.Tensor, list, tuple)) for k in key)
+
+
+def _nested(op: str, values) -> tuple[tuple[int, ...], list]:
+    """(shape, flat values) of a nested list; plain Python, since torch calls here would be traced."""
+    if not isinstance(values, (list, tuple)):
+        return (), [values]
+    parts = [_nested(op, v) for v in values]
+    shapes = {shape for shape, _ in parts}
+    check(len(shapes) <= 1, op, f"index lists must be rectangular, got {values!r} (argument key)", ThunderIndexError)
+    return (len(values), *(shapes.pop() if shapes else ())), [x for _, flat in parts for x in flat]
+
+
+def _const_of(op: str, values, mask: bool = False):
+    """A constant index from nested int lists. A bool list (or ``mask``) is a mask known now: one
+    constant index per mask dim, holding the coordinates of its true elements."""
+    shape, flat = _nested(op, values)
+    if mask or (flat and all(isinstance(v, bool) for v in flat)):
+        check(len(shape) > 0, op, "0-dim boolean masks are not supported (argument key)", ThunderNotImplementedError)
+        coords = []
+        for i in (i for i, v in enumerate(flat) if v):
+            coord = []
+            for size in reversed(shape):
+                i, c = divmod(i, size)
+                coord.append(c)
+            coords.append(coord[::-1])
+        return [_Const([c[j] for c in coords], (len(coords),), size) for j, size in enumerate(shape)]
+    check(all(isinstance(v, int) for v in flat), op,
+          "tensors used as indices must be long, int, byte or bool tensors (argument key)", ThunderIndexError)
+    return _Const([int(v) for v in flat], shape)
+
+
+def _entry(op: str, k):
+    """One key entry as an int, slice, None, Ellipsis, an index proxy or a ``_Const``."""
+    if k is None or k is Ellipsis or isinstance(k, slice):
+        return k
+    if k is True:
+        return None
+    if isinstance(k, bool):
+        raise ThunderNotImplementedError(f"{op}: indexing with False gives an empty tensor; it is not supported (argument key)")
+    if isinstance(k, int):
+        return k
+    if isinstance(k, TensorProxy):
+        if k.dtype in _MASK_DTYPES:
+            raise ThunderNotImplementedError(
+                f"{op}: indexing with a boolean mask is data-dependent (its result's shape depends on the mask's values); "
+                "use torch.where or masked_fill instead (argument key)")
+        check(k.dtype in _INDEX_DTYPES, op, "tensors used as indices must be long, int, byte or bool tensors (argument key)",
+              ThunderIndexError)
+        return k
+    if isinstance(k, torch.Tensor):
+        return _const_of(op, k.tolist(), mask=k.dtype in _MASK_DTYPES)
+    if isinstance(k, (list, tuple)):
+        return _const_of(op, list(k))
+    raise ThunderIndexError(
+        f"{op}: only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are valid indices "
+        f"(got {type(k).__name__}) (argument key)")
+
+
+#: A full slice standing for a dim an Ellipsis covers (told apart by identity).
+_ELLIPSIS_DIM = slice(None)
+
+
+def _entries(op: str, a, key) -> list:
+    """The key as entries, its Ellipses expanded to full slices."""
+    entries = []
+    for k in key if _treat_as_tuple(key) else (key,):
+        e = _entry(op, k)
+        entries.extend(e if isinstance(e, list) else [e])
+    used = sum(1 for e in entries if e is not None and e is not Ellipsis)
+    if a.ndim == 0 and used:
+        first = next(e for e in entries if e is not None and e is not Ellipsis)
+        check(not isinstance(first, int), op, lambda: (
+            "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or `tensor.item<T>()` in C++ to convert a 0-dim "
+            "tensor to a number (argument key)"), ThunderIndexError)
+        check(not isinstance(first, slice), op, "slice() cannot be applied to a 0-dim tensor. (argument key)", ThunderIndexError)
+    check(used <= a.ndim, op, f"too many indices for tensor of dimension {a.ndim} (argument key)", ThunderIndexError)
+    # Like torch, every Ellipsis skips the dims no other entry uses, so a second one runs past the end.
+    expanded = []
+    for e in entries if Ellipsis in entries else [*entries, Ellipsis]:
+        expanded.extend([_ELLIPSIS_DIM] * (a.ndim - used) if e is Ellipsis else [e])
+    return expanded
+
+
+def _bound(op: str, part):
+    """A slice bound as an int; a tensor that is not traced (a captured constant) gives its value."""
+    if isinstance(part, torch.Tensor) and not isinstance(part, TensorProxy) and part.ndim == 0:
+        return int(part)
+    check(part is None or isinstance(part, int), op, lambda: (
+        f"slice bounds must be ints or None while tracing, got {part!r} (argument key)"), ThunderNotImplementedError)
+    return part
+
+
+def _slice_bounds(op: str, s: slice, size: int) -> tuple[int, int, int]:
+    s = slice(*(_bound(op, part) for part in (s.start, s.stop, s.step)))
+    check(s.step != 0, op, "slice step cannot be zero (argument key)", ThunderValueError)
+    check(s.step is None or s.step > 0, op, "step must be greater than zero (argument key)", ThunderValueError)
+    start, stop, step = s.indices(size)
+    return start, max(start, stop), step
+
+
+def _basic_index(op: str, a, entries):
+    """Applies ints, slices and None; returns the result and its (dim, index) advanced entries."""
+    starts, stops, steps, shape, advanced = [], [], [], [], []
+    dim = 0
+    for e in entries:
+        if e is None:
+            shape.append(1)
+            continue
+        if dim >= a.ndim:
+            check(e is _ELLIPSIS_DIM, op, lambda: (
+                f"Dimension out of range (expected to be in range of [{-a.ndim}, {a.ndim - 1}], but got {dim}) (argument key)"),
+                  ThunderIndexError)
+            dim += 1
+            continue
+        size = a.shape[dim]
+        if isinstance(e, int):
+            check(-size <= e < size, op, f"index {e} is out of bounds for dimension {dim} with size {size} (argument key)",
+                  ThunderIndexError)
+            start, stop, step = e % size, e % size + 1, 1
+        elif isinstance(e, slice):
+            start, stop, step = _slice_bounds(op, e, size)
+            shape.append((stop - start + step - 1) // step)
+        else:
+            start, stop, step = 0, size, 1
+            advanced.append((len(shape), dim, e))
+            shape.append(size)
+        starts.append(start)
+        stops.append(stop)
+        steps.append(step)
+        dim += 1
+    if (starts, stops, steps) != ([0] * a.ndim, list(a.shape), [1] * a.ndim):
+        a = prims.slice(a, starts, stops, steps)
+    return reshape_to(a, shape), advanced
+
+
+def _index_tensor(op: str, index, dim: int, size: int, device):
+    """``index`` as an int64 proxy with non-negative values."""
+    if isinstance(index, _Const):
+        check(index.mask_size in (None, size), op, lambda: (
+            f"The shape of the mask [{index.mask_size}] at index {dim} does not match the shape of the indexed tensor "
+            f"at index {dim} (size {size}) (argument key)"), ThunderIndexError)
+        for v in index.values:
+            check(-size <= v < size, op, f"index {v} is out of bounds for dimension {dim} with size {size} (argument key)",
+                  ThunderIndexError)
+        return _constant([v % size for v in index.values], index.shape, device)
+    index = clang.maybe_convert(index, torch.int64)
+    return prims.where(prims.lt(index, 0), prims.add(index, size), index)
+
+
+def _constant(values, shape, device):
+    """An int64 tensor of known ``values``: an iota when they step evenly, else one full per value."""
+    steps = {b - a for a, b in zip(values, values[1:])}
+    if not values:
+        flat = prims.full((0,), 0, device, torch.int64)
+    elif len(values) == 1 or (len(steps) == 1 and 0 not in steps):
+        flat = prims.iota(len(values), values[0], steps.pop() if steps else 1, device, torch.int64)
+    else:
+        flat = prims.cat([prims.full((1,), v, device, torch.int64) for v in values], 0)
+    return reshape_to(flat, shape)
+
+
+def _advanced_index(op: str, a, advanced):
+    """Takes along the dims of ``a`` that integer tensors index (``advanced``: (dim in a, dim in source, index))."""
+    dims = [d for d, _, _ in advanced]
+    indices = [_index_tensor(op, idx, src, a.shape[d], a.device) for d, src, idx in advanced]
+    try:
+        shape = clang.broadcast_shapes(op, *(i.shape for i in indices))
+    except ThunderRuntimeError:
+        shapes = ", ".join(str(list(i.shape)) for i in indices)
+        raise ThunderIndexError(
+            f"{op}: shape mismatch: indexing tensors could not be broadcast together with shapes {shapes} (argument key)") from None
+    linear = indices[-1]
+    stride = a.shape[dims[-1]]
+    for d, index in zip(reversed(dims[:-1]), reversed(indices[:-1])):
+        linear = clang.elementwise(prims.add, op, clang.elementwise(prims.mul, op, index, stride), linear)
+        stride *= a.shape[d]
+    linear = reshape_to(clang.expand_to(linear, shape), (math.prod(shape),))
+    rest = [d for d in range(a.ndim) if d not in dims]
+    if dims == list(range(dims[0], dims[0] + len(dims))):
+        at = dims[0]
+        before, after = tuple(a.shape[:at]), tuple(a.shape[dims[-1] + 1:])
+    else:
+        at, before, after = 0, (), tuple(a.shape[d] for d in rest)
+        a = prims.transpose(a, (*dims, *rest))
+    flat = reshape_to(a, (*before, stride, *after))
+    return reshape_to(prims.take(flat, linear, at), (*before, *shape, *after))
+
+
+@torchsymbol(Tensor.__getitem__, name="getitem")
+def getitem(a, key):
+    op = "ltorch.getitem"
+    out, advanced = _basic_index(op, a, _entries(op, a, key))
+    return _advanced_index(op, out, advanced) if advanced else out
+
+
+# -- select and index_select ----------------------------------------------------------------------
+
+
+@torchsymbol(torch.select, Tensor.select)
+def select(a, dim, index):
+    op = "ltorch.select"
+    check(a.ndim > 0, op, "select() cannot be applied to a 0-dim tensor. (argument a)", ThunderIndexError)
+    d = clang.canonicalize_dim(a.ndim, dim, op)
+    size = a.shape[d]
+    check(-size <= index < size, op, lambda: (
+        f"select(): index {index} out of range for tensor of size {list(a.shape)} at dimension {d} (argument index)"),
+          ThunderIndexError)
+    return prims.squeeze(slice_in_dim(a, d, index % size, index % size + 1), (d,))
+
+
+@torchsymbol(torch.unbind, Tensor.unbind)
+def unbind(a, dim=0):
+    op = "ltorch.unbind"
+    check(a.ndim > 0, op, "Dimension specified as 0 but tensor has no dimensions (argument a)", ThunderIndexError)
+    d = clang.canonicalize_dim(a.ndim, dim, op)
+    return tuple(prims.squeeze(slice_in_dim(a, d, i, i + 1), (d,)) for i in range(a.shape[d]))
+
+
+def _check_index(op: str, index, like, dtypes=_INDEX_DTYPES, what="int32 or int64"):
+    """A checked index tensor; one that is not traced (a captured tensor) becomes a constant."""
+    check(isinstance(index, torch.Tensor), op, f"expected a tensor for index, got {type(index).__name__} (argument index)",
+          ThunderTypeError)
+    check(index.dtype in dtypes, op, f"Expected dtype {what} for index, got {index.dtype} (argument index)", ThunderRuntimeError)
+    if isinstance(index, TensorProxy):
+        return index
+    return _constant(index.flatten().tolist(), tuple(index.shape), like.device)
+
+
+@torchsymbol(torch.index_select, Tensor.index_select)
+def index_select(a, dim, index, *, out=None):
+    op = "ltorch.index_select"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    d = clang.canonicalize_dim(a.ndim, dim, op)
+    index = _check_index(op, index, a)
+    check(index.ndim <= 1, op, "index_select(): Index is supposed to be a vector (argument index)", ThunderIndexError)
+    return prims.take(a, index, d)
+
+
+# -- gather and scatter ---------------------------------------------------------------------------
+
+
+def _check_no_larger(op: str, index, a, d: int, what: str):
+    bad = next((k for k in range(index.ndim) if k != d and index.shape[k] > a.shape[k]), None)
+    check(bad is None, op, lambda: (
+        f"Size does not match at dimension {bad} expected index {list(index.shape)} to be no larger than {what} "
+        f"{list(a.shape)} apart from dimension {d} (argument index)"), ThunderRuntimeError)
+
+
+@torchsymbol(torch.gather, Tensor.gather)
+def gather(a, dim, index, *, sparse_grad=False, out=None):
+    op = "ltorch.gather"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    d = clang.canonicalize_dim(a.ndim, dim, op)
+    index = _check_index(op, index, a)
+    check(index.ndim == a.ndim, op, "Index tensor must have the same number of dimensions as input tensor (argument index)",
+          ThunderRuntimeError)
+    _check_no_larger(op, index, a, d, "self")
+    return prims.gather(a, clang.maybe_convert(index, torch.int64), d)
+
+
+@torchsymbol(torch.take_along_dim, Tensor.take_along_dim)
+def take_along_dim(a, indices, dim=None, *, out=None):
+    op = "ltorch.take_along_dim"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    check(isinstance(indices, torch.Tensor) and indices.dtype == torch.int64, op, lambda: (
+        f"torch.take_along_dim(): dtype of indices should be Long but got {getattr(indices, 'dtype', type(indices).__name__)} "
+        "(argument indices)"), ThunderRuntimeError)
+    indices = _check_index(op, indices, a)
+    if dim is None:
+        return prims.take_along_axis(reshape_to(a, (a.numel(),)), reshape_to(indices, (indices.numel(),)), 0)
+    d = clang.canonicalize_dim(a.ndim, dim, op)
+    check(indices.ndim == a.ndim, op, lambda: (
+        f"torch.take_along_dim(): input and indices should have the same number of dimensions, but got {a.ndim} "
+        f"dimensions for input, and {indices.ndim} dimensions for indices (argument indices)"), ThunderRuntimeError)
+    if a.ndim == 0:
+        return prims.take_along_axis(a, indices, 0)
+    shape = list(clang.broadcast_shapes(op, [*a.shape[:d], indices.shape[d], *a.shape[d + 1:]], indices.shape))
+    a_shape = [*shape[:d], a.shape[d], *shape[d + 1:]]
+    return prims.take_along_axis(clang.expand_to(a, a_shape), clang.expand_to(indices, shape), d)
+
+
+@torchsymbol(torch.scatter_add, Tensor.scatter_add)
+def scatter_add(a, dim, index, src):
+    op = "ltorch.scatter_add"
+    d = clang.canonicalize_dim(a.ndim, dim, op)
+    index = _check_index(op, index, a)
+    check(isinstance(src, torch.Tensor) and src.dtype == a.dtype, op,
+          "scatter(): Expected self.dtype to be equal to src.dtype (argument src)", ThunderRuntimeError)
+    check(index.ndim == a.ndim == src.ndim, op, "Index tensor must have the same number of dimensions as self tensor (argument index)",
+          ThunderRuntimeError)
+    _check_no_larger(op, index, a, d, "self")
+    bad = next((k for k in range(index.ndim) if index.shape[k] > src.shape[k]), None)
+    check(bad is None, op, lambda: (
+        f"Expected index {list(index.shape)} to be no larger size than src {list(src.shape)} (argument index)"), ThunderRuntimeError)
+    return prims.scatter_add(a, clang.maybe_convert(index, torch.int64), src, d)
+
+
+@torchsymbol(torch.index_add, Tensor.index_add)
+def index_add(a, dim, index, source, *, alpha=1, out=None):
+    op = "ltorch.index_add"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    d = clang.canonicalize_dim(a.ndim, dim, op)
+    index = _check_index(op, index, a, what="int32/int64")
+    check(index.ndim <= 1, op, f"index_add_(): Index is supposed to be a vector, but got dim: {index.ndim} (argument index)",
+          ThunderIndexError)
+    check(isinstance(source, torch.Tensor) and source.dtype == a.dtype, op, lambda: (
+        f"index_add_(): self ({a.dtype}) and source ({getattr(source, 'dtype', None)}) must have the same scalar type "
+        "(argument source)"), ThunderRuntimeError)
+    if a.ndim > 0 and source.ndim > 0:
+        check(source.shape[d] == index.numel(), op, lambda: (
+            f"index_add_(): Number of indices ({index.numel()}) should be equal to source.size(dim): ({source.shape[d]}), "
+            f"for dim: {d} (argument source)"), ThunderRuntimeError)
+        same = source.ndim == a.ndim and all(k == d or source.shape[k] == a.shape[k] for k in range(a.ndim))
+        check(same, op, lambda: (
+            "source tensor shape must match self tensor shape, excluding the specified dimension. "
+            f"Got self.shape = {list(a.shape)} source.shape = {list(source.shape)} (argument source)"), ThunderRuntimeError)
+    if alpha != 1:
+        source = clang.maybe_convert(clang.elementwise(prims.mul, op, source, alpha), a.dtype)
+    return prims.index_add(a, index, source, d)
+
+
+# -- topk and sort --------------------------------------------------------------------------------
+
+
+@torchsymbol(torch.topk, Tensor.topk)
+def topk(a, k, dim=None, largest=True, sorted=True, *, out=None):
+    op = "ltorch.topk"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    check(a.dtype != torch.bool, op, "topk does not support bool dtypes (argument a)", ThunderNotImplementedError)
+    d = clang.canonicalize_dim(a.ndim, -1 if dim is None else dim, op)
+    size = a.shape[d] if a.ndim else 1
+    check(isinstance(k, int) and 0 <= k <= size, op, "selected index k out of range (argument k)", ThunderRuntimeError)
+    return torch.return_types.topk(prims.topk(a, k, d, bool(largest), bool(sorted)))
+
+
+@torchsymbol(torch.sort, Tensor.sort)
+def sort(a, dim=-1, descending=False, *, stable=False, out=None):
+    op = "ltorch.sort"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    d = clang.canonicalize_dim(a.ndim, dim, op)
+    return torch.return_types.sort(prims.sort(a, d, bool(descending), bool(stable)))
+
+
+@torchsymbol(torch.argsort, Tensor.argsort)
+def argsort(a, dim=-1, descending=False, *, stable=False):
+    d = clang.canonicalize_dim(a.ndim, dim, "ltorch.argsort")
+    return prims.sort(a, d, bool(descending), bool(stable))[1]

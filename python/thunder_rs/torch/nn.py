@@ -1,3 +1,572 @@
-"""nn ops (being written)."""
+"""Neural-network ops (``torch.nn.functional``): activations, softmax, normalisation, dropout,
+linear and embedding, losses, and scaled dot-product attention.
 
-__all__: list[str] = []
+Half-precision inputs are computed in float32 and converted back, as eager kernels do. Where
+eager has a kernel only for floating dtypes, an integer input raises NotImplementedError as there.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from thunder_rs import clang, prims
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.errors import (
+    ThunderError,
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    check,
+)
+from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.elementwise import tanh, where
+from thunder_rs.torch.linalg import broadcast_shapes_or_raise, matmul
+
+T = torch.Tensor
+__all__ = [
+    "sigmoid", "relu", "relu6", "hardtanh", "leaky_relu", "elu", "softplus", "logsigmoid", "gelu", "silu",
+    "softmax", "log_softmax", "tensor_softmax", "tensor_log_softmax", "layer_norm", "rms_norm", "dropout",
+    "linear", "embedding", "nll_loss", "cross_entropy", "mse_loss", "scaled_dot_product_attention",
+]
+
+
+class ThunderAssertionError(ThunderError, AssertionError):
+    """F.embedding rejects an out-of-range padding_idx with AssertionError."""
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _upcast(a):
+    """``a`` in the dtype eager kernels compute in: float32 for half-precision floats."""
+    return clang.maybe_convert(a, torch.float32) if a.dtype in _LOW_PRECISION else a
+
+
+def _require_float(op: str, a, arg: str = "input") -> None:
+    check(isinstance(a, torch.Tensor), op, lambda: f"expected a tensor, got {type(a).__name__} (argument {arg})",
+          ThunderTypeError)
+    check(a.dtype.is_floating_point, op, lambda: f"not implemented for {a.dtype} (argument {arg})",
+          ThunderNotImplementedError)
+
+
+def _float_op(op: str, a, body):
+    """``body`` applied to ``a`` in its compute dtype, converted back; floating inputs only."""
+    _require_float(op, a)
+    return clang.maybe_convert(body(_upcast(a)), a.dtype)
+
+
+def _keepdim(x, shape, dims):
+    """Broadcasts ``x``, reduced over ``dims`` of ``shape``, back to ``shape``."""
+    return prims.broadcast_in_dim(x, tuple(shape), tuple(d for d in range(len(shape)) if d not in dims))
+
+
+def _sum_all(a):
+    return prims.sum(a, tuple(range(a.ndim)))
+
+
+def _alias(symbol, *torch_fns) -> None:
+    """Maps more torch callables to an existing symbol (whose first callable still runs it)."""
+    for fn in torch_fns:
+        TORCH_TO_LTORCH[fn] = symbol
+    symbol.torch_fns = (*symbol.torch_fns, *torch_fns)
+
+
+# -- activations -----------------------------------------------------------------------------------
+
+_alias(tanh, F.tanh)
+
+
+@torchsymbol(torch.sigmoid, T.sigmoid, F.sigmoid)
+def sigmoid(input):
+    x = input if input.dtype.is_floating_point else clang.maybe_convert(input, torch.get_default_dtype())
+    out = prims.reciprocal(prims.add(prims.exp(prims.neg(_upcast(x))), 1.0))
+    return clang.maybe_convert(out, x.dtype)
+
+
+@torchsymbol(F.relu, torch.relu, T.relu)
+def relu(input, inplace=False):
+    check(input.dtype != torch.bool, "ltorch.relu", "Boolean inputs not supported for relu (argument input)",
+          ThunderNotImplementedError)
+    return clang.elementwise(prims.maximum, "ltorch.relu", input, 0)
+
+
+def _clamp(op: str, a, low, high):
+    """``a`` clamped to [low, high], the bounds cast to ``a``'s dtype (NaN stays NaN)."""
+    check(a.dtype != torch.bool, op, "Bool inputs not supported for hardtanh (argument input)", ThunderNotImplementedError)
+    low, high = clang.maybe_convert(low, a.dtype), clang.maybe_convert(high, a.dtype)
+    return prims.minimum(prims.maximum(a, low), high)
+
+
+@torchsymbol(F.hardtanh)
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    check(min_val <= max_val, "ltorch.hardtanh", "min_val cannot be greater than max_val (argument min_val)")
+    return _clamp("ltorch.hardtanh", input, min_val, max_val)
+
+
+@torchsymbol(F.relu6)
+def relu6(input, inplace=False):
+    return _clamp("ltorch.relu6", input, 0, 6)
+
+
+@torchsymbol(F.leaky_relu)
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    return _float_op("ltorch.leaky_relu", input,
+                     lambda x: prims.where(prims.gt(x, 0.0), x, prims.mul(x, negative_slope)))
+
+
+@torchsymbol(F.elu)
+def elu(input, alpha=1.0, inplace=False):
+    return _float_op("ltorch.elu", input, lambda x: prims.where(prims.gt(x, 0.0), x, prims.mul(prims.expm1(x), alpha)))
+
+
+@torchsymbol(F.softplus)
+def softplus(input, beta=1.0, threshold=20.0):
+    def body(x):
+        scaled = prims.mul(x, beta)
+        soft = prims.div(prims.log1p(prims.exp(scaled)), beta)
+        return prims.where(prims.gt(scaled, threshold), x, soft)
+
+    return _float_op("ltorch.softplus", input, body)
+
+
+@torchsymbol(F.logsigmoid)
+def logsigmoid(input):
+    # log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)), which neither overflows nor loses small values.
+    return _float_op("ltorch.logsigmoid", input,
+                     lambda x: prims.sub(prims.minimum(x, 0.0), prims.log1p(prims.exp(prims.neg(prims.abs(x))))))
+
+
+@torchsymbol(F.gelu)
+def gelu(input, approximate="none"):
+    op = "ltorch.gelu"
+    check(approximate in ("none", "tanh"), op,
+          f"approximate argument must be either none or tanh, got {approximate!r} (argument approximate)",
+          ThunderRuntimeError)
+
+    def body(x):
+        if approximate == "tanh":
+            cubic = prims.mul(prims.mul(prims.mul(x, x), x), 0.044715)
+            inner = prims.mul(prims.add(x, cubic), math.sqrt(2 / math.pi))
+            cdf = prims.mul(prims.add(prims.tanh(inner), 1.0), 0.5)
+        else:
+            cdf = prims.mul(prims.add(prims.erf(prims.mul(x, math.sqrt(0.5))), 1.0), 0.5)
+        return prims.mul(x, cdf)
+
+    return _float_op(op, input, body)
+
+
+@torchsymbol(F.silu)
+def silu(input, inplace=False):
+    return _float_op("ltorch.silu", input, lambda x: prims.div(x, prims.add(prims.exp(prims.neg(x)), 1.0)))
+
+
+# -- softmax ---------------------------------------------------------------------------------------
+
+
+def _softmax(op: str, a, dim, dtype, log: bool):
+    """(log-)softmax of ``a`` along ``dim``, shifted by the max so that exp cannot overflow."""
+    if dim is None:  # F.softmax's deprecated implicit dim
+        dim = 0 if a.ndim in (0, 1, 3) else 1
+    dim = clang.canonicalize_dim(a.ndim, dim, op)
+    if dtype is not None:
+        a = clang.maybe_convert(a, dtype)
+    _require_float(op, a)
+    x = _upcast(a)
+    dims = (dim,) if x.ndim else ()
+    # A zero-size dim has no max; sums over it are empty, so nothing can overflow.
+    shifted = x if x.ndim and x.shape[dim] == 0 else prims.sub(x, _keepdim(prims.amax(x, dims), x.shape, dims))
+    exps = prims.exp(shifted)
+    total = _keepdim(prims.sum(exps, dims), x.shape, dims)
+    out = prims.sub(shifted, prims.log(total)) if log else prims.div(exps, total)
+    return clang.maybe_convert(out, a.dtype)
+
+
+@torchsymbol(F.softmax)
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    return _softmax("ltorch.softmax", input, dim, dtype, log=False)
+
+
+@torchsymbol(F.log_softmax)
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    return _softmax("ltorch.log_softmax", input, dim, dtype, log=True)
+
+
+# torch.softmax and Tensor.softmax take dtype as their third positional argument where F.softmax
+# takes _stacklevel, so they are symbols of their own.
+@torchsymbol(torch.softmax, T.softmax, torch.special.softmax)
+def tensor_softmax(input, dim, dtype=None):
+    return _softmax("ltorch.softmax", input, dim, dtype, log=False)
+
+
+@torchsymbol(torch.log_softmax, T.log_softmax, torch.special.log_softmax)
+def tensor_log_softmax(input, dim, dtype=None):
+    return _softmax("ltorch.log_softmax", input, dim, dtype, log=True)
+
+
+# -- normalisation ---------------------------------------------------------------------------------
+
+
+def _normalized_dims(op: str, a, normalized_shape) -> tuple[int, ...]:
+    """The trailing dims of ``a`` that ``normalized_shape`` names, checked as torch checks them."""
+    check(isinstance(normalized_shape, (tuple, list, torch.Size)), op,
+          f"normalized_shape must be a tuple of ints, not {type(normalized_shape).__name__} (argument normalized_shape)",
+          ThunderTypeError)
+    shape = tuple(normalized_shape)
+    check(len(shape) >= 1, op, "Expected normalized_shape to be at least 1-dimensional, but got normalized_shape = [] "
+          "(argument normalized_shape)", ThunderRuntimeError)
+    check(a.ndim >= len(shape) and tuple(a.shape[a.ndim - len(shape):]) == shape, op,
+          lambda: f"Given normalized_shape={list(shape)}, expected input with shape [*, {str(list(shape))[1:-1]}], "
+                  f"but got input of size {list(a.shape)} (argument normalized_shape)", ThunderRuntimeError)
+    return tuple(range(a.ndim - len(shape), a.ndim))
+
+
+def _affine(op: str, a, x, param, shape, arg: str, combine):
+    """``combine(x, param)`` with ``param`` (of ``shape``) broadcast over ``x``; None leaves ``x`` as is."""
+    if param is None:
+        return x
+    check(tuple(param.shape) == tuple(shape), op,
+          lambda: f"Expected {arg} to be of same shape as normalized_shape, but got {arg} of shape "
+                  f"{list(param.shape)} and normalized_shape = {list(shape)} (argument {arg})", ThunderRuntimeError)
+    mixed_ok = a.dtype in _LOW_PRECISION and param.dtype == torch.float32
+    check(param.dtype == a.dtype or mixed_ok, op,
+          lambda: f"expected {arg} to have dtype {a.dtype}, but got {param.dtype} (argument {arg})", ThunderRuntimeError)
+    return combine(x, clang.expand_to(clang.maybe_convert(param, x.dtype), x.shape))
+
+
+@torchsymbol(F.layer_norm)
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-05):
+    op = "ltorch.layer_norm"
+    dims = _normalized_dims(op, input, normalized_shape)
+    _require_float(op, input)
+    x = _upcast(input)
+    var, mean = prims.var_mean(x, dims, 0)
+    rstd = prims.rsqrt(prims.add(var, eps))
+    out = prims.mul(prims.sub(x, _keepdim(mean, x.shape, dims)), _keepdim(rstd, x.shape, dims))
+    out = _affine(op, input, out, weight, normalized_shape, "weight", prims.mul)
+    out = _affine(op, input, out, bias, normalized_shape, "bias", prims.add)
+    return clang.maybe_convert(out, input.dtype)
+
+
+@torchsymbol(F.rms_norm, torch.rms_norm)
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    op = "ltorch.rms_norm"
+    dims = _normalized_dims(op, input, normalized_shape)
+    _require_float(op, input)
+    x = _upcast(input)
+    if eps is None:  # eager uses the epsilon of the dtype it computes in
+        eps = torch.finfo(x.dtype).eps
+    count = math.prod(input.shape[d] for d in dims)
+    mean_square = prims.div(prims.sum(prims.mul(x, x), dims), float(count))
+    out = prims.mul(x, _keepdim(prims.rsqrt(prims.add(mean_square, eps)), x.shape, dims))
+    if weight is not None:
+        check(tuple(weight.shape) == tuple(normalized_shape), op,
+              lambda: f"Expected weight to be of same shape as normalized_shape, but got weight of shape "
+                      f"{list(weight.shape)} and normalized_shape = {list(normalized_shape)} (argument weight)",
+              ThunderRuntimeError)
+        out = clang.elementwise(prims.mul, op, out, weight)
+    return clang.maybe_convert(out, input.dtype)
+
+
+# -- dropout, linear, embedding --------------------------------------------------------------------
+
+
+@torchsymbol(F.dropout)
+def dropout(input, p=0.5, training=True, inplace=False):
+    op = "ltorch.dropout"
+    check(0.0 <= p <= 1.0, op, f"dropout probability has to be between 0 and 1, but got {p} (argument p)")
+    if not training or p == 0:
+        return input
+    if p == 1:  # eager multiplies by zero, so NaN and inf stay NaN
+        return prims.mul(input, 0)
+    check(input.dtype.is_floating_point, op,
+          f"result type Float can't be cast to the desired output type {input.dtype} (argument input)",
+          ThunderRuntimeError)
+    noise = prims.uniform(tuple(input.shape), 0.0, 1.0, input.device, _upcast(input).dtype)
+    keep = prims.convert_element_type(prims.lt(noise, 1.0 - p), input.dtype)
+    # input * (keep / (1 - p)), as eager computes it: dropped NaNs stay NaN.
+    return prims.mul(input, prims.mul(keep, 1.0 / (1.0 - p)))
+
+
+@torchsymbol(F.linear)
+def linear(input, weight, bias=None):
+    op = "ltorch.linear"
+    check(input.ndim >= 1, op, f"both arguments to linear need to be at least 1D, but they are {input.ndim}D and "
+          f"{weight.ndim}D (argument input)", ThunderRuntimeError)
+    check(weight.ndim in (1, 2), op, f"expected a 1-D or 2-D weight, got {weight.ndim}-D (argument weight)",
+          ThunderRuntimeError)
+    check(input.dtype == weight.dtype, op,
+          f"expected input and weight to have the same dtype, but got {input.dtype} and {weight.dtype} (argument weight)",
+          ThunderRuntimeError)
+    check(input.shape[-1] == weight.shape[-1], op,
+          f"input {list(input.shape)} and weight {list(weight.shape)}^T cannot be multiplied "
+          f"({input.shape[-1]} != {weight.shape[-1]}) (argument weight)", ThunderRuntimeError)
+    if bias is not None:
+        check(weight.ndim == 2, op, "a 1-D weight takes no bias (argument bias)", ThunderRuntimeError)
+        check(bias.dtype == input.dtype, op,
+              f"expected bias to have dtype {input.dtype}, but got {bias.dtype} (argument bias)", ThunderRuntimeError)
+        out_shape = (*input.shape[:-1], weight.shape[0])
+        check(broadcast_shapes_or_raise(op, bias.shape, out_shape) == out_shape, op,
+              f"bias of shape {list(bias.shape)} does not broadcast to the output shape {list(out_shape)} (argument bias)",
+              ThunderRuntimeError)
+    return prims.linear(input, weight, bias)
+
+
+@torchsymbol(F.embedding)
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    op = "ltorch.embedding"
+    check(max_norm is None, op, "max_norm renormalises weight in place, which is not supported (argument max_norm)",
+          ThunderNotImplementedError)
+    check(input.dtype in (torch.int64, torch.int32), op,
+          f"Expected indices to have one of the following scalar types: Long, Int; but got {input.dtype} (argument input)",
+          ThunderRuntimeError)
+    check(weight.ndim == 2, op, f"'weight' must be 2-D, got {weight.ndim}-D (argument weight)", ThunderRuntimeError)
+    if padding_idx is not None:
+        # padding_idx only changes the gradient; eager checks its range with assertions.
+        check(-weight.shape[0] <= padding_idx < weight.shape[0], op,
+              "Padding_idx must be within num_embeddings (argument padding_idx)", ThunderAssertionError)
+    return prims.embedding(input, weight)
+
+
+# -- losses ----------------------------------------------------------------------------------------
+
+
+def _reduction(op: str, reduction: str, size_average, reduce) -> str:
+    """The reduction, from the deprecated size_average/reduce flags when either is given."""
+    if size_average is not None or reduce is not None:
+        size_average = True if size_average is None else size_average
+        reduce = True if reduce is None else reduce
+        reduction = "none" if not reduce else ("mean" if size_average else "sum")
+    check(reduction in ("none", "mean", "sum"), op, f"{reduction} is not a valid value for reduction (argument reduction)")
+    return reduction
+
+
+def _reduce(op: str, loss, reduction: str, divisor=None):
+    """``loss`` reduced: summed, or summed and divided by ``divisor`` (default: its element count)."""
+    if reduction == "none":
+        return loss
+    total = _sum_all(loss)
+    if reduction == "sum":
+        return total
+    if divisor is None:
+        divisor = float(loss.numel())
+    return clang.elementwise(prims.div, op, total, divisor)
+
+
+def _check_class_weight(op: str, weight, classes: int) -> None:
+    if weight is None:
+        return
+    check(weight.ndim == 1 and weight.shape[0] == classes, op,
+          lambda: f"weight tensor should be defined either for all {classes} classes or no classes but got weight "
+                  f"tensor of shape: {list(weight.shape)} (argument weight)", ThunderRuntimeError)
+
+
+def _check_targets(op: str, input, target) -> None:
+    """Class-index targets: an integer tensor shaped like ``input`` without its class dim."""
+    check(input.ndim >= 1, op, f"Expected 1 or more dimensions (got {input.ndim}) (argument input)")
+    batch = target.shape[0] if target.ndim else 0
+    check(input.ndim == 1 or input.shape[0] == batch, op,
+          f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({batch}) (argument target)")
+    check(target.dtype in (torch.int64, torch.uint8), op,
+          f"expected target dtype to be Long or Byte, but got {target.dtype} (argument target)", ThunderRuntimeError)
+    expected = tuple(input.shape[:1]) + tuple(input.shape[2:]) if input.ndim > 1 else ()
+    check(tuple(target.shape) == expected, op,
+          f"Expected target size {list(expected)}, got {list(target.shape)} (argument target)", ThunderRuntimeError)
+
+
+def _picked_log_probs(log_probs, target, weight, ignore_index: int):
+    """(-log_probs at each target class times its weight, those weights, the ignored mask); zero where ignored."""
+    class_dim = 0 if log_probs.ndim == 1 else 1
+    target = clang.maybe_convert(target, torch.int64)
+    ignored = prims.eq(target, ignore_index)
+    safe = prims.where(ignored, 0, target)  # ignored targets may be out of range
+    index_shape = (*target.shape[:class_dim], 1, *target.shape[class_dim:])
+    picked = prims.reshape(prims.take_along_axis(log_probs, prims.reshape(safe, index_shape), class_dim), target.shape)
+    if weight is None:
+        weights = prims.where(ignored, 0.0, prims.full(tuple(target.shape), 1.0, target.device, log_probs.dtype))
+    else:
+        flat = prims.reshape(safe, (target.numel(),))
+        weights = prims.where(ignored, 0.0, prims.reshape(prims.take(weight, flat, 0), target.shape))
+    return prims.mul(prims.neg(picked), weights), weights, ignored
+
+
+def _nll(op: str, log_probs, target, weight, ignore_index: int, reduction: str):
+    _require_float(op, log_probs)
+    _check_targets(op, log_probs, target)
+    _check_class_weight(op, weight, log_probs.shape[0 if log_probs.ndim == 1 else 1])
+    check(weight is None or weight.dtype == log_probs.dtype, op,
+          lambda: f"expected weight to have dtype {log_probs.dtype}, but got {weight.dtype} (argument weight)",
+          ThunderRuntimeError)
+    losses, weights, ignored = _picked_log_probs(log_probs, target, weight, ignore_index)
+    divisor = _sum_all(weights) if reduction == "mean" else None
+    return _reduce(op, losses, reduction, divisor), divisor, ignored
+
+
+@torchsymbol(F.nll_loss)
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    op = "ltorch.nll_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    return _nll(op, input, target, weight, ignore_index, reduction)[0]
+
+
+def _class_weight(weight, ndim: int, class_dim: int):
+    """``weight`` shaped to broadcast along ``class_dim`` of an ``ndim``-dim tensor."""
+    return prims.reshape(weight, tuple(weight.shape[0] if d == class_dim else 1 for d in range(ndim)))
+
+
+def _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothing):
+    """Cross entropy against class probabilities ``target`` (the same shape as the input)."""
+    class_dim = 0 if log_probs.ndim == 1 else 1
+    classes = log_probs.shape[class_dim]
+    _check_class_weight(op, weight, classes)
+    if label_smoothing > 0:
+        target = clang.elementwise(prims.add, op, clang.elementwise(prims.mul, op, target, 1 - label_smoothing),
+                                   label_smoothing / classes)
+    terms = clang.elementwise(prims.mul, op, log_probs, target)
+    if weight is not None:
+        terms = clang.elementwise(prims.mul, op, terms, _class_weight(weight, log_probs.ndim, class_dim))
+    if reduction == "none":
+        return prims.neg(prims.sum(terms, (class_dim,)))
+    total = prims.neg(_sum_all(terms))
+    if reduction == "sum":
+        return total
+    # The mean is over the batch elements, not the classes; an empty batch gives NaN as in eager.
+    return prims.div(total, float(log_probs.numel() // classes) if classes else 0.0)
+
+
+def _smoothing_term(op, log_probs, weight, ignored, reduction, divisor):
+    """The label-smoothing part of cross entropy with class-index targets (before its factor)."""
+    class_dim = 0 if log_probs.ndim == 1 else 1
+    if weight is not None:
+        log_probs = prims.mul(log_probs, clang.expand_to(_class_weight(weight, log_probs.ndim, class_dim), log_probs.shape))
+    smooth = prims.where(ignored, 0.0, prims.neg(prims.sum(log_probs, (class_dim,))))
+    return _reduce(op, smooth, reduction, divisor)
+
+
+@torchsymbol(F.cross_entropy)
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0):
+    op = "ltorch.cross_entropy"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    check(0.0 <= label_smoothing <= 1.0, op,
+          f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing} (argument label_smoothing)",
+          ThunderRuntimeError)
+    probabilities = tuple(input.shape) == tuple(target.shape)
+    check(not probabilities or target.dtype.is_floating_point, op,
+          f"Expected floating point type for target with class probabilities, got {target.dtype} (argument target)",
+          ThunderRuntimeError)
+    check(not probabilities or ignore_index == -100, op,
+          "ignore_index is not supported for floating point target (argument ignore_index)", ThunderRuntimeError)
+    _require_float(op, input)
+    class_dim = 0 if input.ndim <= 1 else 1
+    log_probs = log_softmax(input, class_dim)
+    if probabilities:
+        return _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothing)
+    loss, divisor, ignored = _nll(op, log_probs, target, weight, ignore_index, reduction)
+    if label_smoothing == 0:
+        return loss
+    smooth = _smoothing_term(op, log_probs, weight, ignored, reduction, divisor)
+    classes = input.shape[class_dim]
+    return prims.add(prims.mul(loss, 1 - label_smoothing), prims.mul(smooth, label_smoothing / classes))
+
+
+@torchsymbol(F.mse_loss)
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    op = "ltorch.mse_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    broadcast_shapes_or_raise(op, input.shape, target.shape)
+    diff = clang.elementwise(prims.sub, op, input, target)
+    if weight is None:
+        _require_float(op, diff)
+        return _reduce(op, prims.mul(diff, diff), reduction)
+    check(tuple(weight.shape) == tuple(input.shape), op, "Weights and input must have the same size. (argument weight)")
+    weighted = clang.elementwise(prims.mul, op, prims.mul(diff, diff), weight)
+    return _reduce(op, weighted, reduction, _sum_all(weight) if reduction == "mean" else None)
+
+
+# -- attention -------------------------------------------------------------------------------------
+
+
+def _check_attention(op, query, key, value, attn_mask, dropout_p, is_causal):
+    for x, name in ((query, "query"), (key, "key"), (value, "value")):
+        check(x.ndim >= 2, op, f"Expected query, key, and value to all be at least 2 dimensional, but got "
+              f"{name}.dim: {x.ndim} (argument {name})", ThunderRuntimeError)
+        check(x.dtype == query.dtype, op, f"Expected query, key, and value to have the same dtype, but got "
+              f"query.dtype: {query.dtype} and {name}.dtype: {x.dtype} (argument {name})", ThunderRuntimeError)
+    check(query.dtype.is_floating_point, op, f"expected a floating-point query, got {query.dtype} (argument query)",
+          ThunderRuntimeError)
+    check(key.shape[-1] == query.shape[-1], op, f"query's embedding size {query.shape[-1]} differs from key's "
+          f"{key.shape[-1]} (argument key)", ThunderRuntimeError)
+    check(key.shape[-2] == value.shape[-2], op, f"key has {key.shape[-2]} positions but value has {value.shape[-2]} "
+          "(argument value)", ThunderRuntimeError)
+    check(0.0 <= dropout_p <= 1.0, op, f"dropout probability has to be between 0 and 1, but got {dropout_p} "
+          "(argument dropout_p)", ThunderRuntimeError)
+    if attn_mask is not None:
+        check(not is_causal, op, "Explicit attn_mask should not be set when is_causal=True (argument attn_mask)",
+              ThunderRuntimeError)
+        check(attn_mask.dtype in (torch.bool, query.dtype), op, f"Expected attn_mask dtype to be bool or to match "
+              f"query dtype, but got {attn_mask.dtype} and {query.dtype} (argument attn_mask)", ThunderRuntimeError)
+
+
+def _repeat_heads(op, x, query_heads: int, arg: str):
+    """``x`` with each of its heads (dim -3) repeated to make ``query_heads``, as repeat_interleave does."""
+    heads = x.shape[-3]
+    check(query_heads % heads == 0, op,
+          f"Number of heads in key and value must divide the number of heads in query (argument {arg})",
+          ThunderRuntimeError)
+    groups = query_heads // heads
+    if groups == 1:
+        return x
+    n = x.ndim
+    expanded = prims.broadcast_in_dim(x, (*x.shape[:-2], groups, *x.shape[-2:]), (*range(n - 2), n - 1, n))
+    return prims.reshape(expanded, (*x.shape[:-3], query_heads, *x.shape[-2:]))
+
+
+def _causal_mask(scores):
+    """True where key position <= query position (the lower-left triangle of the last two dims)."""
+    rows, cols = scores.shape[-2:]
+    q_pos = prims.iota(rows, 0, 1, scores.device, torch.int64)
+    k_pos = prims.iota(cols, 0, 1, scores.device, torch.int64)
+    shape = (rows, cols)
+    return prims.ge(prims.broadcast_in_dim(q_pos, shape, (0,)), prims.broadcast_in_dim(k_pos, shape, (1,)))
+
+
+def _safe_softmax(scores):
+    """Softmax over the last dim; rows that are entirely -inf give zeros, as eager attention does."""
+    dims = (scores.ndim - 1,)
+    row_max = prims.amax(scores, dims)
+    masked_row = _keepdim(prims.eq(row_max, float("-inf")), scores.shape, dims)
+    shift = prims.where(masked_row, 0.0, _keepdim(row_max, scores.shape, dims))
+    exps = prims.exp(prims.sub(scores, shift))
+    probs = prims.div(exps, _keepdim(prims.sum(exps, dims), scores.shape, dims))
+    return prims.where(masked_row, 0.0, probs)
+
+
+@torchsymbol(F.scaled_dot_product_attention)
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    op = "ltorch.scaled_dot_product_attention"
+    _check_attention(op, query, key, value, attn_mask, dropout_p, is_causal)
+    if enable_gqa and query.ndim >= 3:
+        key = _repeat_heads(op, key, query.shape[-3], "key")
+        value = _repeat_heads(op, value, query.shape[-3], "value")
+    broadcast_shapes_or_raise(op, query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    key_t = prims.transpose(key, (*range(key.ndim - 2), key.ndim - 1, key.ndim - 2))
+    scores = prims.mul(matmul(query, key_t), scale)
+    if is_causal:
+        scores = where(_causal_mask(scores), scores, float("-inf"))
+    elif attn_mask is not None:
+        broadcast_shapes_or_raise(op, attn_mask.shape, scores.shape)
+        if attn_mask.dtype == torch.bool:
+            scores = where(attn_mask, scores, float("-inf"))
+        else:
+            scores = clang.elementwise(prims.add, op, scores, attn_mask)
+    if scores.shape[-1] > 0:  # no key positions: the product below is zeros anyway
+        scores = clang.maybe_convert(_safe_softmax(_upcast(scores)), query.dtype)
+    if dropout_p > 0:
+        scores = dropout(scores, dropout_p)
+    return matmul(scores, value)

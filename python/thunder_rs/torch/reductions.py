@@ -1,3 +1,280 @@
-"""reductions ops (being written)."""
+"""Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp.
 
-__all__: list[str] = []
+Each op canonicalises its dims once, reshapes a 0-dim input to one element (prims reduce only
+over dims that exist), calls the reduction prim and, for ``keepdim``, broadcasts the result
+back to the input's rank with the reduced dims of size 1.
+"""
+
+import builtins
+import math
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs.core import dtypes
+from thunder_rs.errors import (
+    ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check,
+)
+from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.elementwise import maximum, minimum
+
+T = torch.Tensor
+__all__ = [
+    "sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std",
+    "var_mean", "std_mean", "all", "any", "logsumexp", "count_nonzero",
+]
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _dims(a, dim, op: str, *, sequences: bool = True) -> tuple[int, ...]:
+    """Canonical reduction dims: ``None`` (or an empty sequence) means every dim."""
+    if dim is None:
+        return tuple(range(a.ndim))
+    if _is_int(dim):
+        return (clang.canonicalize_dim(a.ndim, dim, op),)
+    check(sequences and isinstance(dim, (tuple, list, torch.Size)) and builtins.all(_is_int(d) for d in dim), op,
+          lambda: f"expected {'an int or a sequence of ints' if sequences else 'an int'} for dim, got {dim!r} (argument dim)",
+          ThunderTypeError)
+    if len(dim) == 0:
+        return tuple(range(a.ndim))
+    out = tuple(clang.canonicalize_dim(a.ndim, d, op) for d in dim)
+    for i, d in enumerate(out):
+        check(d not in out[:i], op, f"dim {d} appears multiple times in the list of dims (argument dim)",
+              ThunderRuntimeError)
+    return out
+
+
+def _operand(a, dims):
+    """``a`` and ``dims`` as a prim can reduce them: a 0-dim tensor becomes one element."""
+    if a.ndim == 0:
+        return prims.reshape(a, (1,)), (0,)
+    return a, dims
+
+
+def _keep(out, shape, dims, keepdim: bool):
+    """``out`` with the reduced ``dims`` of ``shape`` reinserted as size 1 when ``keepdim``."""
+    if not keepdim or len(shape) == 0:
+        return out
+    kept_shape = tuple(1 if i in dims else s for i, s in enumerate(shape))
+    return prims.broadcast_in_dim(out, kept_shape, tuple(i for i in range(len(shape)) if i not in dims))
+
+
+def _reduce(prim, a, dims, keepdim: bool, *params):
+    """``prim(a, dims, *params)`` with keepdim applied to each of its outputs."""
+    operand, prim_dims = _operand(a, dims)
+    out = prim(operand, prim_dims, *params)
+    if isinstance(out, tuple):
+        return tuple(_keep(o, a.shape, dims, keepdim) for o in out)
+    return _keep(out, a.shape, dims, keepdim)
+
+
+def _numel(a, dims) -> int:
+    """How many elements each output element reduces."""
+    return math.prod(a.shape[d] for d in dims) if a.ndim else 1
+
+
+def _is_full(dim) -> bool:
+    """Whether ``dim`` asks for a reduction over every dim without naming one."""
+    return dim is None or (not _is_int(dim) and len(dim) == 0)
+
+
+def _accumulate(prim, a, dims, keepdim: bool, dtype):
+    """sum/prod: floats reduce in ``dtype`` (default: their own); integers and bools reduce in
+    int64, then wrap to a narrower requested ``dtype`` as torch's own accumulation does."""
+    target = dtype if dtype is not None else (a.dtype if dtypes.is_inexact(a.dtype) else torch.int64)
+    compute = target if dtypes.is_inexact(target) else torch.int64
+    operand = clang.maybe_convert(clang.maybe_convert(a, target), compute)
+    return clang.maybe_convert(_reduce(prim, operand, dims, keepdim), target)
+
+
+@torchsymbol(torch.sum, T.sum)
+def sum(input, dim=None, keepdim=False, *, dtype=None):
+    return _accumulate(prims.sum, input, _dims(input, dim, "ltorch.sum"), keepdim, dtype)
+
+
+@torchsymbol(torch.prod, T.prod)
+def prod(input, dim=None, keepdim=False, *, dtype=None):
+    return _accumulate(prims.prod, input, _dims(input, dim, "ltorch.prod", sequences=False), keepdim, dtype)
+
+
+@torchsymbol(torch.mean, T.mean)
+def mean(input, dim=None, keepdim=False, *, dtype=None):
+    op = "ltorch.mean"
+    target, arg = (input.dtype, "input") if dtype is None else (dtype, "dtype")
+    check(dtypes.is_inexact(target), op,
+          lambda: f"could not infer output dtype; {arg} must be a floating point or complex dtype, got {target} (argument {arg})",
+          ThunderNotImplementedError)
+    dims = _dims(input, dim, op)
+    # Half precision accumulates in float32, as torch does.
+    compute = torch.float32 if target in (torch.float16, torch.bfloat16) else target
+    total = _reduce(prims.sum, clang.maybe_convert(input, compute), dims, keepdim)
+    return clang.maybe_convert(prims.div(total, float(_numel(input, dims))), target)
+
+
+def _check_nonempty(a, dims, full: bool, op: str):
+    """Reductions without an identity (amax, max, argmax) reject zero-size reduced dims."""
+    if math.prod(a.shape) != 0:
+        return
+    check(not full, op, "Expected reduction dim to be specified for input.numel() == 0 (argument dim)", ThunderRuntimeError)
+    for d in dims:
+        check(a.shape[d] != 0, op, f"Expected reduction dim {d} to have non-zero size (argument dim)", ThunderIndexError)
+
+
+def _define_extremum(name: str, prim):
+    op = f"ltorch.{name}"
+
+    @torchsymbol(getattr(torch, name), getattr(T, name), name=name)
+    def extremum(input, dim=(), keepdim=False):
+        dims = _dims(input, dim, op)
+        _check_nonempty(input, dims, _is_full(dim), op)
+        return _reduce(prim, input, dims, keepdim)
+
+    return extremum
+
+
+amax = _define_extremum("amax", prims.amax)
+amin = _define_extremum("amin", prims.amin)
+
+
+def _index_input(a):
+    """argmax/argmin prims need numbers: bools compare as 0 and 1."""
+    return clang.maybe_convert(a, torch.uint8) if a.dtype == torch.bool else a
+
+
+def _define_max(name: str, reduce_prim, arg_prim, elementwise, return_type):
+    """``torch.max``/``torch.min``: a full reduction, (values, indices) along a dim, or elementwise."""
+    op = f"ltorch.{name}"
+
+    @torchsymbol(getattr(torch, name), getattr(T, name), name=name)
+    def extremum(input, dim=None, keepdim=False, *, other=None):
+        if isinstance(dim, torch.Tensor) or other is not None:
+            return elementwise(input, dim if other is None else other)
+        if dim is None:
+            dims = tuple(range(input.ndim))
+            _check_nonempty(input, dims, True, op)
+            return _reduce(reduce_prim, input, dims, False)
+        dims = _dims(input, dim, op, sequences=False)
+        _check_nonempty(input, dims, False, op)
+        values = _reduce(reduce_prim, input, dims, keepdim)
+        operand, prim_dims = _operand(_index_input(input), dims)
+        indices = _keep(arg_prim(operand, prim_dims[0]), input.shape, dims, keepdim)
+        return return_type((values, indices))
+
+    return extremum
+
+
+max = _define_max("max", prims.amax, prims.argmax, maximum, torch.return_types.max)
+min = _define_max("min", prims.amin, prims.argmin, minimum, torch.return_types.min)
+
+
+def _define_argextremum(name: str, prim):
+    op = f"ltorch.{name}"
+
+    @torchsymbol(getattr(torch, name), getattr(T, name), name=name)
+    def argextremum(input, dim=None, keepdim=False):
+        check(input.dtype != torch.bool, op, "does not support bool input (argument input)", ThunderNotImplementedError)
+        if dim is None:
+            check(math.prod(input.shape) != 0, op, "Expected reduction dim to be specified for input.numel() == 0 (argument dim)",
+                  ThunderIndexError)
+            out = prim(input, None)
+            return prims.broadcast_in_dim(out, (1,) * input.ndim, ()) if keepdim and input.ndim else out
+        dims = _dims(input, dim, op, sequences=False)
+        _check_nonempty(input, dims, False, op)
+        operand, prim_dims = _operand(input, dims)
+        return _keep(prim(operand, prim_dims[0]), input.shape, dims, keepdim)
+
+    return argextremum
+
+
+argmax = _define_argextremum("argmax", prims.argmax)
+argmin = _define_argextremum("argmin", prims.argmin)
+
+
+def _correction(dim, unbiased, correction, op: str):
+    """(dim, correction) from torch.var's two signatures: ``var(x, dim, *, correction)`` and the
+    legacy ``var(x, dim, unbiased)`` / ``var(x, unbiased)``."""
+    if isinstance(dim, bool):
+        check(unbiased is None, op, "got unbiased twice (argument unbiased)", ThunderTypeError)
+        dim, unbiased = None, dim
+    check(unbiased is None or correction is None, op, "cannot take both unbiased and correction (argument correction)",
+          ThunderTypeError)
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    return dim, correction
+
+
+def _variance(name: str, input, dim, unbiased, keepdim, correction, prim):
+    op = f"ltorch.{name}"
+    check(dtypes.is_inexact(input.dtype), op,
+          lambda: f"std and var only support floating point and complex dtypes, got {input.dtype} (argument input)",
+          ThunderNotImplementedError)
+    dim, correction = _correction(dim, unbiased, correction, op)
+    return _reduce(prim, input, _dims(input, dim, op), keepdim, correction)
+
+
+@torchsymbol(torch.var, T.var)
+def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return _variance("var", input, dim, unbiased, keepdim, correction, prims.var)
+
+
+@torchsymbol(torch.std, T.std)
+def std(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return prims.sqrt(_variance("std", input, dim, unbiased, keepdim, correction, prims.var))
+
+
+@torchsymbol(torch.var_mean)
+def var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return _variance("var_mean", input, dim, unbiased, keepdim, correction, prims.var_mean)
+
+
+@torchsymbol(torch.std_mean)
+def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    variance, mean_ = _variance("std_mean", input, dim, unbiased, keepdim, correction, prims.var_mean)
+    return prims.sqrt(variance), mean_
+
+
+def _count(predicate, a, dims, keepdim: bool):
+    """How many elements of ``a`` along ``dims`` satisfy ``predicate`` (a comparison prim with 0), as int64."""
+    hits = predicate(a, clang.maybe_convert(0, a.dtype))
+    return _reduce(prims.sum, prims.convert_element_type(hits, torch.int64), dims, keepdim)
+
+
+def _define_truth(name: str, predicate, verdict):
+    """``all``/``any``: count the elements that decide the answer; uint8 inputs give uint8, others bool."""
+    op = f"ltorch.{name}"
+
+    @torchsymbol(getattr(torch, name), getattr(T, name), name=name)
+    def truth(input, dim=None, keepdim=False):
+        out = verdict(_count(predicate, input, _dims(input, dim, op), keepdim), 0)
+        return clang.maybe_convert(out, torch.uint8) if input.dtype == torch.uint8 else out
+
+    return truth
+
+
+all = _define_truth("all", prims.eq, prims.eq)  # no element equals zero
+any = _define_truth("any", prims.ne, prims.gt)  # some element differs from zero
+
+
+@torchsymbol(torch.count_nonzero, T.count_nonzero)
+def count_nonzero(input, dim=None):
+    return _count(prims.ne, input, _dims(input, dim, "ltorch.count_nonzero"), False)
+
+
+@torchsymbol(torch.logsumexp, T.logsumexp)
+def logsumexp(input, dim, keepdim=False):
+    """log(sum(exp(x))), shifted by the finite maximum so that large inputs do not overflow."""
+    op = "ltorch.logsumexp"
+    a = clang.maybe_convert(input, input.dtype if dtypes.is_inexact(input.dtype) else torch.get_default_dtype())
+    dims = _dims(a, dim, op)
+    if _numel(a, dims) == 0:
+        return prims.log(_reduce(prims.sum, prims.exp(a), dims, keepdim))  # -inf, without a maximum to shift by
+    operand, prim_dims = _operand(a, dims)
+    peak = prims.amax(operand, prim_dims)
+    peak = prims.where(prims.isfinite(peak), peak, clang.maybe_convert(0, a.dtype))
+    kept = tuple(i for i in range(operand.ndim) if i not in prim_dims)
+    shifted = prims.sub(operand, prims.broadcast_in_dim(peak, operand.shape, kept))
+    out = prims.add(prims.log(prims.sum(prims.exp(shifted), prim_dims)), peak)
+    return _keep(out, a.shape, dims, keepdim)

@@ -16,8 +16,10 @@ enum Accepts {
     Float,
     /// Integers and bool (`bitwise_and`).
     IntOrBool,
-    /// Anything but complex (`floor`, `maximum`, comparisons that order).
+    /// Anything but complex (`maximum`, comparisons that order).
     Real,
+    /// Real and not bool: torch has no bool kernel (`abs`, `floor`, `pow`, `sub`).
+    RealNotBool,
 }
 
 fn accepts(prim: &Prim) -> Accepts {
@@ -29,8 +31,10 @@ fn accepts(prim: &Prim) -> Accepts {
         }
         Erf | Erfc | Erfinv | Lgamma | Digamma | Atan2 => Accepts::Float,
         BitwiseNot | BitwiseAnd | BitwiseOr | BitwiseXor => Accepts::IntOrBool,
-        Floor | Ceil | Round | Trunc | Sign | Signbit | Maximum | Minimum | Fmod | Remainder | Lt
-        | Le | Gt | Ge => Accepts::Real,
+        Abs | Neg | Floor | Ceil | Round | Trunc | Fmod | Remainder | Sub | Pow | Div => {
+            Accepts::RealNotBool
+        }
+        Sign | Signbit | Maximum | Minimum | Lt | Le | Gt | Ge => Accepts::Real,
         _ => Accepts::Any,
     }
 }
@@ -42,15 +46,18 @@ fn check_dtype(op: &str, what: &str, dtype: DType, rule: Accepts) -> Result<()> 
         Accepts::Float => dtype.is_float(),
         Accepts::IntOrBool => dtype.is_int() || dtype.is_bool(),
         Accepts::Real => !dtype.is_complex(),
+        Accepts::RealNotBool => !dtype.is_complex() && !dtype.is_bool(),
     };
-    if !ok {
-        let wanted = match rule {
-            Accepts::Inexact => "a floating-point or complex",
-            Accepts::Float => "a floating-point",
-            Accepts::IntOrBool => "an integer or bool",
-            _ => "a real",
-        };
-        bail!(Type, op, "expected {wanted} tensor for {what}, got {dtype}");
+    if ok {
+        return Ok(());
+    }
+    // Promotion in the decompositions keeps inexact-only prims from seeing integers, so those
+    // are type errors; the others are dtypes torch has no kernel for (NotImplementedError).
+    match rule {
+        Accepts::Inexact => bail!(Type, op, "expected a floating-point or complex tensor for {what}, got {dtype}"),
+        Accepts::Float => bail!(Type, op, "expected a floating-point tensor for {what}, got {dtype}"),
+        Accepts::IntOrBool => bail!(NotImplemented, op, "not implemented for {dtype}: expected an integer or bool tensor for {what}"),
+        _ => bail!(NotImplemented, op, "not implemented for {dtype} (argument {what})"),
     }
     Ok(())
 }

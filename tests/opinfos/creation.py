@@ -1,0 +1,141 @@
+"""Creation and conversion ops: arange, zeros, ones, full, the *_like ops, tril, triu, to, type_as.
+
+Creation ops take no tensor: their samples pass sizes, fill values, `dtype` and `device`. Samples that
+leave the dtype to inference are listed once, under float32 (the default dtype).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+
+import torch
+
+from .core import (
+    ALL,
+    NUMERIC,
+    ErrorInput,
+    OpInfo,
+    SampleInput,
+    Strided,
+    Transposed,
+    cases,
+    cpu,
+    make,
+    transposed,
+    with_kwargs,
+)
+from .elementwise import unary_samples
+
+# Conversions of NaN or infinity to integers differ between platforms, so they are not sampled.
+FINITE = partial(unary_samples, extremal_values=False)
+
+
+def arange_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    if dtype == torch.get_default_dtype():
+        # Integer arguments give int64, any float argument the default dtype.
+        for args in ((5,), (2, 7), (0,), (5, 0, -1), (0, 1, 0.25), (1, 2.5), (-0.5, 0.5, 0.3)):
+            yield SampleInput(*args, device=device)
+    for args in ((5,), (1, 8, 3)):
+        yield SampleInput(*args, dtype=dtype, device=device)
+
+
+def arange_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(0, 5, 0), RuntimeError)
+    yield ErrorInput(SampleInput(0, 5, -1), RuntimeError)  # the step walks away from the end
+
+
+def filled_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Sizes as a tuple, as varargs, 0-dim and empty, for zeros and ones."""
+    if dtype == torch.get_default_dtype():
+        yield SampleInput((2, 3), device=device)
+    for sizes in (((3, 4),), (3, 4), ((),), ((0, 3),)):
+        yield SampleInput(*sizes, dtype=dtype, device=device)
+
+
+def full_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    # Without a dtype, full takes the dtype of its fill value.
+    inferred = {torch.float32: 1.5, torch.int64: 7, torch.bool: True}
+    if dtype in inferred:
+        yield SampleInput((2, 3), inferred[dtype], device=device)
+    for size in ((2, 3), (), (0, 2)):
+        yield SampleInput(size, 2, dtype=dtype, device=device)
+    yield SampleInput((2, 3), 2.5, dtype=dtype, device=device)  # cast to the dtype, truncating
+
+
+def negative_size_errors(*args) -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput((-1, 3), *args), RuntimeError)
+
+
+def _zeros_in_fn(a):
+    return a + torch.zeros(a.shape[-1:], dtype=a.dtype, device=a.device)
+
+
+def _arange_in_fn(a):
+    return a * torch.arange(a.numel(), device=a.device).reshape(a.shape)
+
+
+def _full_like(a):
+    return torch.full_like(a, 2.5)
+
+
+TRIANGLES = cases(
+    ((3, 4),),
+    ((3, 4), 1),
+    ((4, 3), -1),
+    ((2, 3, 4), 2),
+    ((3, 3), 5),
+    ((3, 3), -5),
+    ((0, 3),),
+    (Transposed((3, 4)), 1),
+    (Strided((2, 3, 4)), -1),
+)
+
+
+def triangle_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,))), RuntimeError)
+
+
+def to_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    x = make((3, 4), dtype, device)
+    for target in (*ALL, torch.int32):
+        yield SampleInput(x, target)
+    yield SampleInput(make((), dtype, device), torch.float64)
+    yield SampleInput(make((0, 3), dtype, device), torch.int64)
+    yield SampleInput(transposed((3, 4), dtype, device), torch.float64)
+    yield SampleInput(x, make((2,), torch.float64, device))
+    yield SampleInput(x, device)
+    yield SampleInput(x, device, torch.float64)
+    yield SampleInput(x, dtype=torch.int64, copy=True)
+
+
+def to_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,)), "float"), RuntimeError)  # a dtype name is not a device
+
+
+def _to_by_methods(a):
+    return a.float(), a.double(), a.long(), a.int(), a.bool()
+
+
+def type_as_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for target in ALL:
+        yield SampleInput(make((3, 4), dtype, device), make((2,), target, device))
+    yield SampleInput(transposed((3, 4), dtype, device), make((), torch.float64, device))
+
+
+OPS = [
+    OpInfo("arange", torch.arange, arange_samples, arange_errors, NUMERIC, supports_grad=False),
+    OpInfo("arange", _arange_in_fn, FINITE, dtypes=ALL, variant="in_fn"),
+    OpInfo("zeros", torch.zeros, filled_samples, negative_size_errors, ALL, supports_grad=False),
+    OpInfo("zeros", _zeros_in_fn, FINITE, dtypes=ALL, variant="in_fn"),
+    OpInfo("ones", torch.ones, filled_samples, negative_size_errors, ALL, supports_grad=False),
+    OpInfo("full", torch.full, full_samples, partial(negative_size_errors, 1.0), ALL, supports_grad=False),
+    OpInfo("zeros_like", torch.zeros_like, FINITE, dtypes=ALL),
+    OpInfo("ones_like", torch.ones_like, with_kwargs(FINITE, dtype=torch.float64), dtypes=ALL),
+    OpInfo("full_like", _full_like, FINITE, dtypes=ALL),
+    OpInfo("tril", torch.tril, TRIANGLES, triangle_errors, ALL),
+    OpInfo("triu", torch.triu, TRIANGLES, triangle_errors, ALL),
+    OpInfo("to", torch.Tensor.to, to_samples, to_errors, ALL),
+    OpInfo("to", _to_by_methods, FINITE, dtypes=ALL, variant="methods"),
+    OpInfo("type_as", torch.Tensor.type_as, type_as_samples, dtypes=ALL),
+]

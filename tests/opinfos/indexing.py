@@ -1,0 +1,121 @@
+"""Indexing (`Tensor.__getitem__`): ints, slices, None, Ellipsis, and integer index tensors.
+
+Each basic index is written out in its own entry, as user code writes it, so the index is static.
+Boolean masks are left out: their result shape depends on the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import partial
+
+import torch
+
+from .core import ALL, ErrorInput, OpInfo, SampleInput, Strided, TensorSpec, Transposed, cases, cpu, make, tensor
+
+ANY = ((3, 4), (2, 3, 4), Transposed((3, 4)), Strided((2, 3, 4)))
+
+
+def rejected_shapes(*rows: tuple[tuple[int, ...], type[Exception]]) -> Callable[[], Iterable[ErrorInput]]:
+    """Error inputs from rows of (shape, exception): the index cannot apply to a tensor of that shape."""
+    return lambda: (ErrorInput(SampleInput(cpu(shape)), exc) for shape, exc in rows)
+
+
+def basic(variant: str, index: Callable, specs: tuple[TensorSpec, ...], errors=()) -> OpInfo:
+    return OpInfo(
+        "getitem",
+        index,
+        cases(*((spec,) for spec in specs)),
+        rejected_shapes(*errors),
+        ALL,
+        variant=variant,
+    )
+
+
+BASIC_OPS = [
+    basic("int", lambda a: a[1], (*ANY, (3, 0)), [((), IndexError), ((1, 4), IndexError)]),
+    basic("negative_int", lambda a: a[-1], (*ANY, (3, 0)), [((0, 4), IndexError)]),
+    basic("int_tuple", lambda a: a[1, 2], ANY, [((3,), IndexError)]),
+    basic("slice", lambda a: a[1:3], (*ANY, (0, 4)), [((), IndexError)]),
+    basic("slice_clamped", lambda a: (a[5:], a[-10:2]), ANY),  # out-of-range bounds clamp
+    basic("step", lambda a: a[:, ::2], (*ANY, (3, 0))),
+    basic("start_step", lambda a: a[1::3], ANY),
+    basic("none", lambda a: a[None], (*ANY, ())),
+    basic("none_inner", lambda a: a[:, None], ANY),
+    basic("ellipsis", lambda a: a[..., 1], ANY),
+    basic("ellipsis_only", lambda a: a[...], (*ANY, ())),
+    basic("mixed", lambda a: a[1, None, ..., 1:], ANY),
+    basic("int_list", lambda a: a[[1, -1, 1]], ANY),
+    # Negative and zero steps are not supported by torch at all.
+    basic("negative_step", lambda a: a[::-1], (), [((3, 4), ValueError)]),
+    basic("zero_step", lambda a: a[::0], (), [((3, 4), ValueError)]),
+]
+
+
+def _index_tensor(shape: tuple[int, ...], size: int, device: str, dtype=torch.int64) -> torch.Tensor:
+    """Indices into a dim of `size`, negative ones included."""
+    return torch.randint(-size, size, shape, dtype=dtype, device=device)
+
+
+def index_tensor_samples(dtype: torch.dtype, device: str, *, dim: int) -> Iterable[SampleInput]:
+    """One index tensor into `dim`: 1-D for several layouts, then 2-D, 0-dim, empty and int32 indices."""
+    for spec in ((3, 4), (2, 3, 4), Transposed((3, 4)), Strided((2, 3, 4))):
+        x = tensor(spec, dtype, device)
+        yield SampleInput(x, _index_tensor((2,), x.shape[dim], device))
+    x = make((3, 4), dtype, device)
+    size = x.shape[dim]
+    for shape in ((2, 3), (), (0,)):
+        yield SampleInput(x, _index_tensor(shape, size, device))
+    yield SampleInput(x, _index_tensor((5,), size, device, torch.int32))
+
+
+def index_pair_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Two index tensors that broadcast together: (2, 1) with (3,), and equal shapes."""
+    for spec in ((3, 4), (3, 4, 5), Transposed((3, 4))):
+        x = tensor(spec, dtype, device)
+        yield SampleInput(x, _index_tensor((2, 1), 3, device), _index_tensor((3,), 4, device))
+    x = make((3, 4), dtype, device)
+    yield SampleInput(x, _index_tensor((2,), 3, device), _index_tensor((2,), 4, device))
+    yield SampleInput(x, _index_tensor((0,), 3, device), _index_tensor((0,), 4, device))
+
+
+def index_apart_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for spec in ((3, 4, 5), Strided((3, 4, 5))):
+        x = tensor(spec, dtype, device)
+        yield SampleInput(x, _index_tensor((2,), 3, device), _index_tensor((2,), 5, device))
+
+
+def float_index_error() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.tensor([0.0, 1.0])), IndexError)
+
+
+def unbroadcastable_indices_error() -> Iterable[ErrorInput]:
+    indices = (torch.tensor([0, 1]), torch.tensor([0, 1, 2]))
+    yield ErrorInput(SampleInput(cpu((3, 4)), *indices), IndexError)
+
+
+def _index_dim0(a, idx):
+    return a[idx]
+
+
+def _index_dim1(a, idx):
+    return a[:, idx]
+
+
+def _index_pair(a, i, j):
+    return a[i, j]
+
+
+def _index_apart(a, i, j):
+    # Index tensors separated by a slice: the indexed dims move to the front of the result.
+    return a[i, :, j]
+
+
+TENSOR_OPS = [
+    OpInfo("getitem", _index_dim0, partial(index_tensor_samples, dim=0), float_index_error, ALL, variant="tensor"),
+    OpInfo("getitem", _index_dim1, partial(index_tensor_samples, dim=1), float_index_error, ALL, variant="tensor_dim1"),
+    OpInfo("getitem", _index_pair, index_pair_samples, unbroadcastable_indices_error, ALL, variant="tensor_pair"),
+    OpInfo("getitem", _index_apart, index_apart_samples, dtypes=ALL, variant="tensor_apart"),
+]
+
+OPS = BASIC_OPS + TENSOR_OPS

@@ -1,0 +1,345 @@
+"""torch.nn.functional ops: activations, softmax, norms, dropout, embedding, losses, attention."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from .core import (
+    ACCUMULATING,
+    ALL,
+    FLOATS,
+    NUMERIC,
+    PROMOTION_PARTNER,
+    ErrorInput,
+    OpInfo,
+    SampleInput,
+    Strided,
+    Transposed,
+    cases,
+    chain_errors,
+    chain_samples,
+    cpu,
+    make,
+    tensor,
+    transposed,
+    with_kwargs,
+)
+from .elementwise import rejects, unary, unary_samples
+
+
+def bad_approximate() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,)), approximate="bogus"), RuntimeError)
+
+
+def bad_hardtanh() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,)), 1.0, -1.0), ValueError)
+    yield ErrorInput(SampleInput(cpu((3,), torch.bool)), NotImplementedError)
+
+
+ACTIVATION_OPS = [
+    unary("relu", F.relu, dtypes=NUMERIC, error_inputs=rejects(torch.bool)),
+    unary("sigmoid", F.sigmoid),
+    unary("silu", F.silu, dtypes=FLOATS, error_inputs=rejects(torch.int64, torch.bool)),
+    unary("gelu", F.gelu, dtypes=FLOATS, error_inputs=chain_errors(rejects(torch.int64), bad_approximate)),
+    OpInfo("gelu", F.gelu, with_kwargs(unary_samples, approximate="tanh"), variant="tanh"),
+    unary("sigmoid", torch.sigmoid, variant="torch"),
+    unary("relu", torch.relu, dtypes=NUMERIC, variant="torch"),
+    unary("tanh", F.tanh, variant="functional"),
+    unary("relu6", F.relu6, dtypes=NUMERIC, error_inputs=rejects(torch.bool)),
+    # Integer inputs clamp to the bounds truncated to integers.
+    OpInfo("hardtanh", F.hardtanh, with_kwargs(unary_samples, min_val=-0.5, max_val=2.5), bad_hardtanh, NUMERIC),
+    unary("leaky_relu", F.leaky_relu, dtypes=FLOATS, error_inputs=rejects(torch.int64)),
+    OpInfo("leaky_relu", F.leaky_relu, with_kwargs(unary_samples, negative_slope=0.2), variant="slope"),
+    unary("elu", F.elu, dtypes=FLOATS, error_inputs=rejects(torch.int64)),
+    OpInfo("elu", F.elu, with_kwargs(unary_samples, alpha=0.5), variant="alpha"),
+    unary("softplus", F.softplus, dtypes=FLOATS, error_inputs=rejects(torch.int64)),
+    OpInfo("softplus", F.softplus, with_kwargs(unary_samples, beta=2.0, threshold=5.0), variant="beta"),
+    unary("logsigmoid", F.logsigmoid, dtypes=FLOATS, error_inputs=rejects(torch.int64)),
+]
+
+SOFTMAX_CASES = cases(
+    ((), 0),
+    ((5,), 0),
+    ((3, 4), -1),
+    ((3, 4), 0),
+    ((2, 3, 4), 1),
+    ((0, 4), -1),
+    ((3, 0), -1),
+    (Transposed((3, 4)), -1),
+    (Strided((2, 3, 4)), -1),
+)
+
+
+def masked_rows(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Rows with -inf entries, as attention masks make them; a row of only -inf gives NaN."""
+    x = make((3, 4), dtype, device)
+    x[0, 1:3] = -math.inf
+    x[1] = -math.inf
+    yield SampleInput(x, -1)
+
+
+SOFTMAX_SAMPLES = chain_samples(SOFTMAX_CASES, masked_rows)
+
+
+def softmax_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4), torch.int64), -1), NotImplementedError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2), IndexError)
+
+
+def positional_dtype(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """torch.softmax(x, dim, dtype): the third positional argument is dtype, not F.softmax's _stacklevel."""
+    for sample in SOFTMAX_CASES(dtype, device):
+        yield SampleInput(*sample.args, torch.float64)
+
+
+def softmax_entries(name: str, op) -> list[OpInfo]:
+    # With dtype=, the input is cast first, so integer inputs are fine.
+    to_float64 = with_kwargs(SOFTMAX_CASES, dtype=torch.float64)
+    return [
+        OpInfo(name, op, SOFTMAX_SAMPLES, softmax_errors, tolerances=ACCUMULATING),
+        OpInfo(name, op, to_float64, dtypes=ALL, variant="dtype", tolerances=ACCUMULATING),
+        OpInfo(name, getattr(torch, name), SOFTMAX_SAMPLES, softmax_errors, variant="torch", tolerances=ACCUMULATING),
+        OpInfo(name, getattr(torch.Tensor, name), positional_dtype, dtypes=ALL, variant="method_dtype",
+               tolerances=ACCUMULATING),
+    ]
+
+
+# (input, normalized_shape): the normalized dims are the trailing ones.
+NORM_CASES = (
+    ((3, 4), (4,)),
+    ((2, 3, 4), (3, 4)),
+    ((2, 3, 4), (4,)),
+    ((5,), (5,)),
+    ((0, 4), (4,)),
+    (Transposed((3, 4)), (4,)),
+)
+
+
+def norm_samples(dtype: torch.dtype, device: str, *, bias: bool) -> Iterable[SampleInput]:
+    """Each case without affine parameters, with a weight, and (layer_norm) with a weight and bias."""
+    for spec, shape in NORM_CASES:
+        x = tensor(spec, dtype, device)
+        weight = make(shape, dtype, device)
+        yield SampleInput(x, shape)
+        yield SampleInput(x, shape, weight)
+        if bias:
+            yield SampleInput(x, shape, weight, make(shape, dtype, device))
+    yield SampleInput(make((3, 4), dtype, device), (4,), eps=1e-2)
+
+
+def norm_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), (3,)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), (4,), cpu((3,))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4), torch.int64), (4,)), NotImplementedError)
+
+
+def dropout_errors() -> Iterable[ErrorInput]:
+    for p in (1.5, -0.1):
+        yield ErrorInput(SampleInput(cpu((3,)), p), ValueError)
+    yield ErrorInput(SampleInput(cpu((3,), torch.int64), 0.5), RuntimeError)  # no integer noise
+
+
+# Only dropout calls with a deterministic result are compared here; the statistics of p=0.25 are
+# checked in test_ops.py.
+DROPOUT_OPS = [
+    OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=0.0, training=True), dropout_errors, variant="p0"),
+    OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=0.5, training=False), variant="eval"),
+    OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=1.0, training=True), variant="p1"),
+]
+
+
+def embedding_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Index tensors of several shapes and both integer dtypes into a (10, 3) table."""
+    weight = make((10, 3), dtype, device)
+    for shape in ((4,), (2, 3), (), (0,)):
+        yield SampleInput(torch.randint(0, 10, shape, device=device), weight)
+    yield SampleInput(torch.randint(0, 10, (5,), dtype=torch.int32, device=device), weight)
+    yield SampleInput(torch.randint(0, 10, (4,), device=device), transposed((10, 3), dtype, device))
+
+
+def embedding_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(torch.tensor([0.0]), cpu((10, 3))), RuntimeError)
+    yield ErrorInput(SampleInput(torch.tensor([0]), cpu((10,))), RuntimeError)
+    yield ErrorInput(SampleInput(torch.tensor([0]), cpu((10, 3)), padding_idx=10), AssertionError)
+
+
+def cross_entropy_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def logits(spec):
+        return tensor(spec, dtype, device)
+
+    def targets(shape, classes=5):
+        return torch.randint(0, classes, shape, device=device)
+
+    def probabilities(shape):
+        return torch.softmax(make(shape, dtype, device), -1)
+
+    for reduction in ("mean", "sum", "none"):
+        yield SampleInput(logits((3, 5)), targets((3,)), reduction=reduction)
+        ignored = targets((4,))
+        ignored[0] = 2
+        yield SampleInput(logits((4, 5)), ignored, ignore_index=2, reduction=reduction)
+        yield SampleInput(logits((3, 5)), probabilities((3, 5)), reduction=reduction)
+    yield SampleInput(logits((2, 5, 4)), targets((2, 4)))  # class dim 1, then extra dims
+    yield SampleInput(logits((5,)), targets(()))  # unbatched
+    yield SampleInput(logits((3, 5)), targets((3,)), weight=make((5,), dtype, device, low=0.1, high=1))
+    yield SampleInput(logits((3, 5)), targets((3,)), label_smoothing=0.1)
+    yield SampleInput(logits((3, 5)), probabilities((3, 5)), label_smoothing=0.2, reduction="none")
+    yield SampleInput(logits((0, 5)), targets((0,)), reduction="sum")
+    yield SampleInput(logits(Transposed((3, 5))), targets((3,)))
+    yield SampleInput(logits((3, 5)), torch.full((3,), 1, device=device), ignore_index=1)  # all ignored: NaN
+
+
+def class_index_samples(dtype: torch.dtype, device: str, *, log_probs: bool) -> Iterable[SampleInput]:
+    """Targets with ignored entries (-100), class weights, extra dims and label smoothing.
+
+    `log_probs` makes the inputs log-probabilities, as nll_loss expects; nll_loss takes no smoothing.
+    """
+
+    def inputs(spec):
+        x = tensor(spec, dtype, device)
+        return torch.log_softmax(x, 1 if x.ndim > 1 else 0) if log_probs else x
+
+    def targets(shape):
+        t = torch.randint(0, 5, shape, device=device)
+        if t.numel():
+            t.view(-1)[0] = -100
+        return t
+
+    weight = make((5,), dtype, device, low=0.1, high=1)
+    smoothing = (0.0,) if log_probs else (0.0, 0.2)
+    for reduction in ("mean", "sum", "none"):
+        for ls in smoothing:
+            extra = {"label_smoothing": ls} if ls else {}
+            yield SampleInput(inputs((4, 5)), targets((4,)), reduction=reduction, **extra)
+            yield SampleInput(inputs((4, 5)), targets((4,)), weight=weight, reduction=reduction, **extra)
+            yield SampleInput(inputs((2, 5, 3)), targets((2, 3)), weight=weight, reduction=reduction, **extra)
+    yield SampleInput(inputs((5,)), torch.tensor(3, device=device))
+    yield SampleInput(inputs((4, 5)), torch.full((4,), -100, device=device))  # all ignored: NaN
+    yield SampleInput(inputs((4, 5)), targets((4,)).clamp(min=0).to(torch.uint8), ignore_index=3)
+    yield SampleInput(inputs(Transposed((4, 5))), targets((4,)), reduce=False)  # deprecated flags
+
+
+def nll_loss_errors() -> Iterable[ErrorInput]:
+    log_probs, target = cpu((3, 4)), torch.tensor([0, 1, 3])
+    yield ErrorInput(SampleInput(cpu(()), torch.tensor(0)), ValueError)
+    yield ErrorInput(SampleInput(log_probs, target.float()), RuntimeError)
+    yield ErrorInput(SampleInput(log_probs, target[:, None]), RuntimeError)
+    yield ErrorInput(SampleInput(log_probs, target, cpu((4,), torch.float64)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 4, 3)), torch.tensor([0, 1])), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4), torch.int64), target), NotImplementedError)
+
+
+def cross_entropy_errors() -> Iterable[ErrorInput]:
+    logits, target = cpu((3, 4)), torch.tensor([0, 1, 3])
+    yield ErrorInput(SampleInput(logits, torch.tensor([0, 1])), ValueError)
+    yield ErrorInput(SampleInput(logits, target.int()), RuntimeError)
+    yield ErrorInput(SampleInput(logits, target, reduction="bogus"), ValueError)
+    yield ErrorInput(SampleInput(logits, torch.softmax(logits, 1), ignore_index=1), RuntimeError)
+    yield ErrorInput(SampleInput(logits, target, weight=torch.ones(3)), RuntimeError)
+    yield ErrorInput(SampleInput(logits, cpu((3, 5))), RuntimeError)
+    yield ErrorInput(SampleInput(logits, target, label_smoothing=1.5), RuntimeError)
+    yield ErrorInput(SampleInput(logits, torch.ones(3, 4, dtype=torch.int64)), RuntimeError)
+
+
+def mse_loss_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def t(spec, dt=dtype):
+        return tensor(spec, dt, device)
+
+    for reduction in ("mean", "sum", "none"):
+        yield SampleInput(t((3, 4)), t((3, 4)), reduction=reduction)
+    yield SampleInput(t(()), t(()))
+    yield SampleInput(t((0, 4)), t((0, 4)), reduction="sum")
+    yield SampleInput(t(Transposed((3, 4))), t(Strided((3, 4))))
+    yield SampleInput(t((3, 4)), t((3, 4), PROMOTION_PARTNER[dtype]))
+
+
+def mse_loss_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 5))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 4)), reduction="bogus"), ValueError)
+    yield ErrorInput(SampleInput(cpu((3, 4), torch.int64), cpu((3, 4), torch.int64)), NotImplementedError)
+
+
+def sdpa_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """(batch, heads, length, embedding) inputs; keys and values may be longer than queries."""
+
+    def t(*shape):
+        return make(shape, dtype, device)
+
+    q, k, v = t(2, 2, 3, 8), t(2, 2, 5, 8), t(2, 2, 5, 8)
+    yield SampleInput(q, k, v)
+    yield SampleInput(q, q, q, is_causal=True)
+    yield SampleInput(q, k, v, is_causal=True)  # the causal mask is aligned to the top left
+    yield SampleInput(q, k, v, attn_mask=make((3, 5), torch.bool, device))
+    fully_masked = make((3, 5), torch.bool, device)
+    fully_masked[1] = False
+    yield SampleInput(q, k, v, attn_mask=fully_masked)  # eager gives zeros for a fully masked row
+    yield SampleInput(q, k, v, attn_mask=t(2, 1, 3, 5))
+    yield SampleInput(q, k, v, scale=0.5)
+    yield SampleInput(t(2, 3, 8), t(2, 5, 8), t(2, 5, 8))  # no head dim
+    yield SampleInput(q, k, t(2, 2, 5, 6))  # values with their own embedding size
+    yield SampleInput(t(2, 4, 3, 8), k, v, enable_gqa=True)  # two query heads share each key head
+    yield SampleInput(t(2, 3, 2, 8).transpose(1, 2), k, v)  # (batch, length, heads, dim) storage
+
+
+def sdpa_errors() -> Iterable[ErrorInput]:
+    q = cpu((2, 2, 3, 8))
+    yield ErrorInput(SampleInput(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool), is_causal=True), RuntimeError)
+    yield ErrorInput(SampleInput(q, cpu((2, 2, 3, 4)), q), RuntimeError)
+    yield ErrorInput(SampleInput(q, q.double(), q), RuntimeError)
+    yield ErrorInput(SampleInput(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.int64)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 4, 3, 8)), q, q), RuntimeError)  # more query heads, no enable_gqa
+
+
+OPS = [
+    *ACTIVATION_OPS,
+    *softmax_entries("softmax", F.softmax),
+    *softmax_entries("log_softmax", F.log_softmax),
+    OpInfo("layer_norm", F.layer_norm, partial(norm_samples, bias=True), norm_errors, tolerances=ACCUMULATING),
+    OpInfo("rms_norm", F.rms_norm, partial(norm_samples, bias=False), norm_errors, tolerances=ACCUMULATING),
+    *DROPOUT_OPS,
+    OpInfo("embedding", F.embedding, embedding_samples, embedding_errors, NUMERIC),
+    OpInfo(
+        "embedding",
+        F.embedding,
+        with_kwargs(embedding_samples, padding_idx=0),
+        dtypes=NUMERIC,
+        variant="padding_idx",
+    ),
+    OpInfo(
+        "cross_entropy",
+        F.cross_entropy,
+        cross_entropy_samples,
+        cross_entropy_errors,
+        tolerances=ACCUMULATING,
+        nondifferentiable=("weight",),
+    ),
+    OpInfo(
+        "cross_entropy",
+        F.cross_entropy,
+        partial(class_index_samples, log_probs=False),
+        variant="class_index",
+        tolerances=ACCUMULATING,
+        nondifferentiable=("weight",),
+    ),
+    OpInfo(
+        "nll_loss",
+        F.nll_loss,
+        partial(class_index_samples, log_probs=True),
+        nll_loss_errors,
+        tolerances=ACCUMULATING,
+        nondifferentiable=("weight",),
+    ),
+    OpInfo("mse_loss", F.mse_loss, mse_loss_samples, mse_loss_errors, tolerances=ACCUMULATING),
+    OpInfo(
+        "scaled_dot_product_attention",
+        F.scaled_dot_product_attention,
+        sdpa_samples,
+        sdpa_errors,
+        tolerances=ACCUMULATING,
+    ),
+]

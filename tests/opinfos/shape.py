@@ -1,0 +1,252 @@
+"""Shape ops: reshape, view, permute, transpose, contiguous, expand, (un)squeeze, flatten, cat, stack,
+split, chunk. Most take one tensor plus static arguments, so their samples are case tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from .core import (
+    ALL,
+    PROMOTION_PARTNER,
+    ErrorInput,
+    OpInfo,
+    SampleInput,
+    Strided,
+    Transposed,
+    cases,
+    chain_samples,
+    cpu,
+    tensor,
+)
+from .elementwise import unary_samples
+
+RESHAPE_ROWS = (
+    ((3, 4), (12,)),
+    ((3, 4), (2, -1)),
+    ((3, 4), (4, 3)),
+    ((2, 3, 4), (4, 1, 6)),
+    ((), (1,)),
+    ((1,), ()),
+    ((), (-1,)),
+    ((0, 3), (3, 0)),
+    ((0, 3), (-1,)),
+    ((0, 3), (0, 5)),
+)
+RESHAPES = cases(*RESHAPE_ROWS)
+
+NONCONTIGUOUS_RESHAPES = cases(
+    (Transposed((3, 4)), (12,)),  # needs a copy
+    (Strided((2, 3, 4)), (-1,)),
+)
+
+# Views that are legal on non-contiguous inputs: they split a dim, or merge dims with compatible strides.
+NONCONTIGUOUS_VIEWS = cases(
+    (Transposed((3, 4)), (3, 2, 2)),
+    (Strided((2, 3, 4)), (6, 4)),
+)
+
+
+def reshape_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), (5, 3)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), (-1, -1)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((0, 3)), (0, -1)), RuntimeError)  # -1 is ambiguous with 0 elements
+
+
+def view_errors() -> Iterable[ErrorInput]:
+    yield from reshape_errors()
+    yield ErrorInput(SampleInput(cpu((4, 3)).mT, (12,)), RuntimeError)
+
+
+def splatted(rows: tuple) -> tuple:
+    """Rows of (spec, sizes) as (spec, *sizes), for methods that take sizes as varargs."""
+    return tuple((spec, *sizes) for spec, sizes in rows if sizes)
+
+
+PERMUTE_ROWS = (
+    ((), ()),
+    ((5,), (0,)),
+    ((3, 4), (1, 0)),
+    ((2, 3, 4), (2, 0, 1)),
+    ((2, 3, 4), (-1, 0, 1)),
+    ((0, 3, 2), (1, 2, 0)),
+    (Transposed((3, 4)), (1, 0)),
+)
+PERMUTES = cases(*PERMUTE_ROWS)
+
+
+def permute_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), (0,)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), (0, 0)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), (0, 2)), IndexError)
+
+
+TRANSPOSES = cases(
+    ((), 0, 0),
+    ((5,), 0, -1),
+    ((3, 4), 0, 1),
+    ((2, 3, 4), -1, 0),
+    ((2, 0, 4), 1, 2),
+    (Transposed((3, 4)), 0, 1),
+)
+
+
+def dim_out_of_range(*args) -> Iterable[ErrorInput]:
+    """A dim just past the end of a 2-D tensor, followed by `args`."""
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, *args), IndexError)
+
+
+# `Tensor.expand` takes sizes as varargs.
+EXPANDS = cases(
+    ((3, 1), 3, 4),
+    ((3, 1), -1, 4),
+    ((3, 1), 2, 3, 4),
+    ((4,), 3, 4),
+    ((), 2, 3),
+    ((0, 1), 0, 4),
+    (Transposed((3, 1)), 3, 4),
+)
+
+
+def expand_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 5, 4), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 4), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), -1, 3, 4), RuntimeError)  # -1 in a new leading dim
+
+
+UNSQUEEZES = cases(
+    ((), 0),
+    ((), -1),
+    ((5,), 1),
+    ((3, 4), 1),
+    ((3, 4), -1),
+    ((3, 4), -3),
+    ((0, 3), 0),
+    (Transposed((3, 4)), 1),
+)
+
+
+def unsqueeze_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 3), IndexError)
+
+
+SQUEEZES = cases(
+    ((1, 3, 1),),
+    ((1, 3, 1), 0),
+    ((1, 3, 1), -1),
+    ((1, 3, 1), 1),  # not of size 1: a no-op
+    ((1, 3, 1), (0, 2)),
+    ((),),
+    ((), 0),
+    ((1, 0, 1),),
+    (Transposed((1, 4)), 0),
+)
+
+FLATTENS = cases(
+    ((),),
+    ((3, 4),),
+    ((2, 3, 4), 1),
+    ((2, 3, 4), 0, 1),
+    ((2, 3, 4), -2, -1),
+    ((5,), 0, 0),
+    ((2, 0, 3),),
+    (Transposed((3, 4)),),
+    (Strided((2, 3, 4)), 1),
+)
+
+
+def flatten_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 3, 4)), 2, 1), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, 2), IndexError)
+
+
+def cat_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def t(spec, dt=dtype):
+        return tensor(spec, dt, device)
+
+    yield SampleInput([t((3, 4)), t((2, 4))])
+    yield SampleInput([t((3, 4)), t((3, 2))], 1)
+    yield SampleInput([t((2, 3, 4)), t((2, 3, 4)), t((2, 3, 1))], -1)
+    yield SampleInput([t((3, 4))], 0)
+    yield SampleInput([t((3, 4)), t((0, 4))], 0)
+    yield SampleInput([t((3, 4)), t((0,))], 1)  # a 1-D empty tensor is skipped whatever its rank
+    yield SampleInput([t(Transposed((3, 4))), t(Strided((3, 4)))], 0)
+    yield SampleInput([t((3, 4)), t((1, 4), PROMOTION_PARTNER[dtype])], 0)
+
+
+def cat_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput([cpu((3, 4)), cpu((3, 5))], 0), RuntimeError)
+    yield ErrorInput(SampleInput([cpu((3, 4)), cpu((3,))], 0), RuntimeError)
+    yield ErrorInput(SampleInput([cpu((3, 4)), cpu((3, 4))], 2), IndexError)
+    yield ErrorInput(SampleInput([cpu(())], 0), RuntimeError)
+    yield ErrorInput(SampleInput([], 0), ValueError)
+
+
+def stack_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def t(spec, dt=dtype):
+        return tensor(spec, dt, device)
+
+    yield SampleInput([t((3, 4)), t((3, 4))])
+    yield SampleInput([t((3, 4)), t((3, 4)), t((3, 4))], -1)
+    yield SampleInput([t((3, 4))], 2)
+    yield SampleInput([t(()), t(())])
+    yield SampleInput([t((0, 3)), t((0, 3))], 1)
+    yield SampleInput([t(Transposed((3, 4))), t(Strided((3, 4)))], 1)
+    yield SampleInput([t((3, 4)), t((3, 4), PROMOTION_PARTNER[dtype])], 0)
+
+
+def stack_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput([cpu((3, 4)), cpu((4, 3))]), RuntimeError)
+    yield ErrorInput(SampleInput([cpu((3, 4)), cpu((3, 4))], 3), IndexError)
+
+
+SPLITS = cases(
+    ((5, 4), 2, 0),  # the last piece is shorter
+    ((5, 4), [1, 4], 0),
+    ((3, 4), 2, -1),
+    ((3, 4), [1, 0, 3], 1),
+    ((3, 4), 5, 0),
+    ((0, 4), 2, 0),
+    (Transposed((3, 4)), 3, 1),
+)
+
+
+def split_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), [1, 1], 0), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, 0), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, 2), IndexError)
+
+
+CHUNKS = cases(
+    ((5, 4), 2, 0),
+    ((3, 4), 3, 1),  # 4 into 3 chunks gives only 2 chunks of 2
+    ((3, 4), 5, 0),
+    ((3, 4), 1, -1),
+    ((0, 4), 2, 0),
+    (Transposed((3, 4)), 2, 1),
+)
+
+
+def chunk_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, 2), IndexError)
+
+
+OPS = [
+    OpInfo("reshape", torch.reshape, chain_samples(RESHAPES, NONCONTIGUOUS_RESHAPES), reshape_errors, ALL),
+    OpInfo("reshape", torch.Tensor.reshape, cases(*splatted(RESHAPE_ROWS)), dtypes=ALL, variant="method"),
+    OpInfo("view", torch.Tensor.view, chain_samples(RESHAPES, NONCONTIGUOUS_VIEWS), view_errors, ALL),
+    OpInfo("permute", torch.permute, PERMUTES, permute_errors, ALL),
+    OpInfo("permute", torch.Tensor.permute, cases(*splatted(PERMUTE_ROWS)), dtypes=ALL, variant="method"),
+    OpInfo("transpose", torch.transpose, TRANSPOSES, lambda: dim_out_of_range(0), ALL),
+    OpInfo("contiguous", torch.Tensor.contiguous, unary_samples, dtypes=ALL),
+    OpInfo("expand", torch.Tensor.expand, EXPANDS, expand_errors, ALL),
+    OpInfo("unsqueeze", torch.unsqueeze, UNSQUEEZES, unsqueeze_errors, ALL),
+    OpInfo("squeeze", torch.squeeze, SQUEEZES, dim_out_of_range, ALL),
+    OpInfo("flatten", torch.flatten, FLATTENS, flatten_errors, ALL),
+    OpInfo("cat", torch.cat, cat_samples, cat_errors, ALL),
+    OpInfo("stack", torch.stack, stack_samples, stack_errors, ALL),
+    OpInfo("split", torch.split, SPLITS, split_errors, ALL),
+    OpInfo("chunk", torch.chunk, CHUNKS, chunk_errors, ALL),
+]
