@@ -55,8 +55,10 @@ def reshape_errors() -> Iterable[ErrorInput]:
 
 
 def view_errors() -> Iterable[ErrorInput]:
+    # Eager also rejects viewing a non-contiguous tensor as (12,). thunder_rs proxies carry no
+    # strides and run `view` as `reshape`, as Lightning Thunder does, so that case succeeds there
+    # (a documented divergence): only the shape errors are shared.
     yield from reshape_errors()
-    yield ErrorInput(SampleInput(cpu((4, 3)).mT, (12,)), RuntimeError)
 
 
 def splatted(rows: tuple) -> tuple:
