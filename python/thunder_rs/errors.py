@@ -29,6 +29,10 @@ class ThunderNotImplementedError(ThunderError, NotImplementedError):
     pass
 
 
+class ThunderAssertionError(ThunderError, AssertionError):
+    """For the few checks torch itself makes with ``assert`` (``F.embedding``'s padding_idx)."""
+
+
 def check(condition: bool, op: str, message, exc=ThunderValueError) -> None:
     """Raises ``exc("op: message")`` unless ``condition``; ``message`` may be a callable."""
     if not condition:

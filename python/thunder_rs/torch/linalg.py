@@ -12,21 +12,12 @@ from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
     ThunderTypeError,
-    ThunderValueError,
     check,
 )
 from thunder_rs.torch import torchsymbol
 
 T = torch.Tensor
 __all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm"]
-
-
-def broadcast_shapes_or_raise(op: str, *shapes) -> tuple[int, ...]:
-    """``clang.broadcast_shapes``, raising RuntimeError as torch does for shapes that do not broadcast."""
-    try:
-        return clang.broadcast_shapes(op, *shapes)
-    except ThunderValueError as e:
-        raise ThunderRuntimeError(str(e)) from None
 
 
 def _check_operands(op: str, a, b, names: tuple[str, str], ranks=None) -> None:
@@ -65,7 +56,7 @@ def matmul(input, other):
           f"both arguments to matmul need to be at least 1D, but they are {input.ndim}D and {other.ndim}D",
           ThunderRuntimeError)
     _check_inner(op, input, other, names)
-    broadcast_shapes_or_raise(op, input.shape[:-2], other.shape[:-2])
+    clang.broadcast_shapes(op, input.shape[:-2], other.shape[:-2])
     return prims.matmul(input, other)
 
 
@@ -149,7 +140,7 @@ def _add_scaled(op: str, product, input, beta, alpha):
     """``beta * input + alpha * product``; ``beta == 0`` ignores ``input`` (NaN included), as torch does."""
     check(input.dtype == product.dtype, op,
           f"expected input to have dtype {product.dtype}, but got {input.dtype} (argument input)", ThunderRuntimeError)
-    broadcast = broadcast_shapes_or_raise(op, input.shape, product.shape)
+    broadcast = clang.broadcast_shapes(op, input.shape, product.shape)
     check(tuple(broadcast) == tuple(product.shape), op,
           f"input of shape {list(input.shape)} does not broadcast to the product's shape {list(product.shape)} (argument input)",
           ThunderRuntimeError)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from thunder_rs import clang, prims
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
-    ThunderError,
+    ThunderAssertionError,
     ThunderNotImplementedError,
     ThunderRuntimeError,
     ThunderTypeError,
@@ -21,7 +21,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch import torchsymbol
 from thunder_rs.torch.elementwise import tanh, where
-from thunder_rs.torch.linalg import broadcast_shapes_or_raise, matmul
+from thunder_rs.torch.linalg import matmul
 
 T = torch.Tensor
 __all__ = [
@@ -29,10 +29,6 @@ __all__ = [
     "softmax", "log_softmax", "tensor_softmax", "tensor_log_softmax", "layer_norm", "rms_norm", "dropout",
     "linear", "embedding", "nll_loss", "cross_entropy", "mse_loss", "scaled_dot_product_attention",
 ]
-
-
-class ThunderAssertionError(ThunderError, AssertionError):
-    """F.embedding rejects an out-of-range padding_idx with AssertionError."""
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -308,7 +304,7 @@ def linear(input, weight, bias=None):
         check(bias.dtype == input.dtype, op,
               f"expected bias to have dtype {input.dtype}, but got {bias.dtype} (argument bias)", ThunderRuntimeError)
         out_shape = (*input.shape[:-1], weight.shape[0])
-        check(broadcast_shapes_or_raise(op, bias.shape, out_shape) == out_shape, op,
+        check(clang.broadcast_shapes(op, bias.shape, out_shape) == out_shape, op,
               f"bias of shape {list(bias.shape)} does not broadcast to the output shape {list(out_shape)} (argument bias)",
               ThunderRuntimeError)
     return prims.linear(input, weight, bias)
@@ -476,7 +472,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     op = "ltorch.mse_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
-    broadcast_shapes_or_raise(op, input.shape, target.shape)
+    clang.broadcast_shapes(op, input.shape, target.shape)
     diff = clang.elementwise(prims.sub, op, input, target)
     if weight is None:
         _require_float(op, diff)
@@ -552,7 +548,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if enable_gqa and query.ndim >= 3:
         key = _repeat_heads(op, key, query.shape[-3], "key")
         value = _repeat_heads(op, value, query.shape[-3], "value")
-    broadcast_shapes_or_raise(op, query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    clang.broadcast_shapes(op, query.shape[:-2], key.shape[:-2], value.shape[:-2])
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     key_t = prims.transpose(key, (*range(key.ndim - 2), key.ndim - 1, key.ndim - 2))
@@ -560,7 +556,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if is_causal:
         scores = where(_causal_mask(scores), scores, float("-inf"))
     elif attn_mask is not None:
-        broadcast_shapes_or_raise(op, attn_mask.shape, scores.shape)
+        clang.broadcast_shapes(op, attn_mask.shape, scores.shape)
         if attn_mask.dtype == torch.bool:
             scores = where(attn_mask, scores, float("-inf"))
         else:
