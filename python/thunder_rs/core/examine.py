@@ -3,7 +3,11 @@
 from collections import Counter
 from dataclasses import dataclass, field
 
+import torch
 from torch.utils._pytree import tree_flatten
+
+from thunder_rs.core.acquire import acquire
+from thunder_rs.core.jit import ThunderFunction
 
 
 @dataclass
@@ -20,10 +24,6 @@ class ExamineReport:
 
 def examine(fn, *args, **kwargs) -> ExamineReport:
     """Traces ``fn(*args, **kwargs)`` and counts its top-level calls by symbol."""
-    from thunder_rs.core.acquire import acquire
-    from thunder_rs.core.jit import ThunderFunction
-    import torch
-
     jfn = ThunderFunction(fn, module=fn if isinstance(fn, torch.nn.Module) else None)
     if jfn._module is not None:
         jfn._bind_module()

@@ -13,7 +13,8 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
-from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.core.fallback import fallback
+from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.errors import ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
@@ -77,8 +78,6 @@ def torch_function(func, args, kwargs):
             f"{name}: data-dependent control flow or value access on a traced tensor at "
             f"{user_location()}; thunder_rs specialises on shapes, not values"
         )
-    from thunder_rs.core.fallback import fallback
-
     return fallback(func, args, kwargs)
 
 
@@ -107,3 +106,6 @@ class LanguageMode(TorchFunctionMode):
         if ltorch_fn is not None and not _takes_tensor(args, kwargs):
             return ltorch_fn(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+set_language_context(torch_function)

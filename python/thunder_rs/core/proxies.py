@@ -8,7 +8,16 @@ call on it arrives at ``__torch_function__`` and goes to the language context; n
 
 import torch
 
+from thunder_rs.core.dtypes import DTYPES
 from thunder_rs.errors import ThunderRuntimeError
+
+#: What torch calls on proxies mean; installed by ``thunder_rs.core.langctx`` when it is imported.
+_language_context = None
+
+
+def set_language_context(torch_function) -> None:
+    global _language_context
+    _language_context = torch_function
 
 
 class TensorProxy(torch.Tensor):
@@ -24,9 +33,7 @@ class TensorProxy(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        from thunder_rs.core.langctx import torch_function
-
-        return torch_function(func, args, kwargs or {})
+        return _language_context(func, args, kwargs or {})
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -44,8 +51,6 @@ _devices: dict[str, torch.device] = {}
 
 
 def make_proxy(vid: int, shape, dtype_code: int, device: str, requires_grad: bool) -> TensorProxy:
-    from thunder_rs.core.dtypes import DTYPES
-
     dev = _devices.get(device)
     if dev is None:
         dev = _devices[device] = torch.device(device)
