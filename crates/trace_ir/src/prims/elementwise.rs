@@ -18,7 +18,9 @@ enum Accepts {
     IntOrBool,
     /// Anything but complex (`maximum`, comparisons that order).
     Real,
-    /// Real and not bool: torch has no bool kernel (`abs`, `floor`, `pow`, `sub`).
+    /// Anything but bool: torch has no bool kernel (`abs`, `neg`, `sub`, `pow`).
+    NotBool,
+    /// Real and not bool (`floor`, `fmod`).
     RealNotBool,
 }
 
@@ -31,9 +33,8 @@ fn accepts(prim: &Prim) -> Accepts {
         }
         Erf | Erfc | Erfinv | Lgamma | Digamma | Atan2 => Accepts::Float,
         BitwiseNot | BitwiseAnd | BitwiseOr | BitwiseXor => Accepts::IntOrBool,
-        Abs | Neg | Floor | Ceil | Round | Trunc | Fmod | Remainder | Sub | Pow | Div => {
-            Accepts::RealNotBool
-        }
+        Abs | Neg | Sub | Pow | Div => Accepts::NotBool,
+        Floor | Ceil | Round | Trunc | Fmod | Remainder => Accepts::RealNotBool,
         Sign | Signbit | Maximum | Minimum | Lt | Le | Gt | Ge => Accepts::Real,
         _ => Accepts::Any,
     }
@@ -46,6 +47,7 @@ fn check_dtype(op: &str, what: &str, dtype: DType, rule: Accepts) -> Result<()> 
         Accepts::Float => dtype.is_float(),
         Accepts::IntOrBool => dtype.is_int() || dtype.is_bool(),
         Accepts::Real => !dtype.is_complex(),
+        Accepts::NotBool => !dtype.is_bool(),
         Accepts::RealNotBool => !dtype.is_complex() && !dtype.is_bool(),
     };
     if ok {
@@ -57,7 +59,8 @@ fn check_dtype(op: &str, what: &str, dtype: DType, rule: Accepts) -> Result<()> 
         Accepts::Inexact => bail!(Type, op, "expected a floating-point or complex tensor for {what}, got {dtype}"),
         Accepts::Float => bail!(Type, op, "expected a floating-point tensor for {what}, got {dtype}"),
         Accepts::IntOrBool => bail!(NotImplemented, op, "not implemented for {dtype}: expected an integer or bool tensor for {what}"),
-        _ => bail!(NotImplemented, op, "not implemented for {dtype} (argument {what})"),
+        Accepts::NotBool => bail!(NotImplemented, op, "not implemented for {dtype} (argument {what})"),
+        _ => bail!(NotImplemented, op, "not implemented for {dtype}: expected a real tensor (argument {what})"),
     }
     Ok(())
 }

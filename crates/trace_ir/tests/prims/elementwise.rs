@@ -1,7 +1,7 @@
 //! Elementwise prims: equal shapes, dtypes and devices; no broadcasting, no promotion.
 
 use super::{check_invalid, check_valid, Invalid, Valid};
-use trace_ir::ErrorKind::{Type, Value};
+use trace_ir::ErrorKind::{NotImplemented, Type, Value};
 
 /// Unary prims that map a float tensor to a float tensor.
 const FLOAT_UNARY: &[&str] = &[
@@ -59,11 +59,13 @@ const INVALID: &[Invalid] = &[
     // Element types each prim accepts.
     (&["i32[3]"], "exp", "t0", Type, &["a", "floating-point or complex", "i32"]),
     (&["c64[3]"], "erf", "t0", Type, &["a", "floating-point"]),
-    (&["c64[3]"], "floor", "t0", Type, &["a", "real"]),
-    (&["f32[3]"], "bitwise_not", "t0", Type, &["a", "integer or bool"]),
-    (&["f32[3]", "f32[3]"], "bitwise_xor", "t0, t1", Type, &["a", "integer or bool"]),
-    (&["f32[3]"], "bitwise_and", "1, t0", Type, &["b", "integer or bool"]),
-    (&["c64[3]", "c64[3]"], "lt", "t0, t1", Type, &["a", "real"]),
+    // Dtypes torch has no kernel for are NotImplementedError, as in eager.
+    (&["c64[3]"], "floor", "t0", NotImplemented, &["a", "real"]),
+    (&["b8[3]"], "abs", "t0", NotImplemented, &["a", "b8"]),
+    (&["f32[3]"], "bitwise_not", "t0", NotImplemented, &["a", "integer or bool"]),
+    (&["f32[3]", "f32[3]"], "bitwise_xor", "t0, t1", NotImplemented, &["a", "integer or bool"]),
+    (&["f32[3]"], "bitwise_and", "1, t0", NotImplemented, &["b", "integer or bool"]),
+    (&["c64[3]", "c64[3]"], "lt", "t0, t1", NotImplemented, &["a", "real"]),
     (&["i64[3]"], "atan2", "1, t0", Type, &["b", "floating-point"]),
     (&["i64[3]"], "atan2", "1.5, t0", Type, &["a", "type promotion"]),
     // Operands.
