@@ -3,6 +3,7 @@
 //! replaced by its decomposition, whose bound symbols are claimed in turn.
 
 use rustc_hash::FxHashMap;
+use trace_ir::pysrc::Callee;
 use trace_ir::{bail, BoundSymbol, Result, Symbol, SymbolId, Trace};
 
 /// How an executor's table names a symbol.
@@ -26,8 +27,8 @@ impl SymKey {
 /// One implementation an executor offers.
 #[derive(Clone, Debug)]
 pub struct ImplSpec {
-    /// The global name the generated code calls.
-    pub impl_name: String,
+    /// How the generated code calls it.
+    pub callee: Callee,
     /// Whether a Python checker must accept each bound symbol first.
     pub has_checker: bool,
 }
@@ -43,8 +44,8 @@ pub struct ExecutorSpec {
 pub type Checker<'a> = dyn FnMut(usize, &BoundSymbol) -> Result<bool> + 'a;
 
 /// Claims every top-level bound symbol. Returns the execution trace (unclaimed composites
-/// flattened) and, per bound symbol, the name of the implementation that runs it.
-pub fn claim(trace: &Trace, executors: &[ExecutorSpec], checker: &mut Checker) -> Result<(Trace, Vec<String>)> {
+/// flattened) and, per bound symbol, how to call the implementation that runs it.
+pub fn claim(trace: &Trace, executors: &[ExecutorSpec], checker: &mut Checker) -> Result<(Trace, Vec<Callee>)> {
     let mut bsyms = Vec::with_capacity(trace.bsyms.len());
     let mut impls = Vec::with_capacity(trace.bsyms.len());
     for bsym in &trace.bsyms {
@@ -58,7 +59,7 @@ fn claim_one(
     executors: &[ExecutorSpec],
     checker: &mut Checker,
     bsyms: &mut Vec<BoundSymbol>,
-    impls: &mut Vec<String>,
+    impls: &mut Vec<Callee>,
 ) -> Result<()> {
     let key = SymKey::of(&bsym.symbol);
     for (i, executor) in executors.iter().enumerate() {
@@ -67,7 +68,7 @@ fn claim_one(
             continue;
         }
         bsyms.push(bsym.clone());
-        impls.push(spec.impl_name.clone());
+        impls.push(spec.callee.clone());
         return Ok(());
     }
     if bsym.subsymbols.is_empty() {

@@ -6,6 +6,7 @@ use passes::{claim, lifetimes, run_passes, ExecutorSpec, ImplSpec, Pass, PassCx,
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::time::Instant;
+use trace_ir::pysrc::Callee;
 use trace_ir::verify::verify;
 use trace_ir::{BoundSymbol, SymbolId};
 
@@ -24,21 +25,22 @@ pub struct ExecutorTable {
 
 #[pymethods]
 impl ExecutorTable {
-    /// `executors` is `[(name, [(symbol, impl_name, has_checker), ...]), ...]`, where `symbol` is
-    /// a prim name (str) or a registered symbol id (int).
+    /// `executors` is `[(name, [(symbol, impl_name, has_checker, method), ...]), ...]`, where
+    /// `symbol` is a prim name (str) or a registered symbol id (int), and `method` names a
+    /// tensor method with the same signature, or is None.
     #[new]
-    fn new(executors: Vec<(String, Vec<(Bound<'_, PyAny>, String, bool)>)>) -> PyResult<Self> {
+    fn new(executors: Vec<(String, Vec<(Bound<'_, PyAny>, String, bool, Option<String>)>)>) -> PyResult<Self> {
         let executors = executors
             .into_iter()
             .map(|(name, entries)| {
                 let impls = entries
                     .into_iter()
-                    .map(|(sym, impl_name, has_checker)| {
+                    .map(|(sym, function, has_checker, method)| {
                         let key = match sym.extract::<u32>() {
                             Ok(id) => SymKey::Symbol(SymbolId(id)),
                             Err(_) => SymKey::Prim(sym.extract::<String>()?),
                         };
-                        Ok((key, ImplSpec { impl_name, has_checker }))
+                        Ok((key, ImplSpec { callee: Callee { function, method }, has_checker }))
                     })
                     .collect::<PyResult<_>>()?;
                 Ok(ExecutorSpec { name, impls })

@@ -2,12 +2,12 @@
 
 use pyo3::prelude::*;
 use std::sync::{Arc, OnceLock};
-use trace_ir::pysrc::{python_source, ExecPlan};
+use trace_ir::pysrc::{python_source, Callee, ExecPlan};
 use trace_ir::{Trace, ValueId};
 
 /// The execution plan of an execution trace: implementation names and deletions.
 pub struct Plan {
-    pub impls: Vec<String>,
+    pub impls: Vec<Callee>,
     pub dels: Vec<Vec<ValueId>>,
 }
 

@@ -63,11 +63,15 @@ fn write_list(out: &mut String, items: &[Arg], style: &mut dyn ArgStyle) {
 
 /// Writes `callee(args, key=value)` for a bound symbol.
 pub fn write_call(out: &mut String, callee: &str, bsym: &BoundSymbol, style: &mut dyn ArgStyle) {
+    write_call_with(out, callee, &bsym.call_args(), &bsym.kwargs, style);
+}
+
+/// Writes `callee(args, key=value)`.
+pub fn write_call_with(out: &mut String, callee: &str, args: &[Arg], kwargs: &[(String, Arg)], style: &mut dyn ArgStyle) {
     out.push_str(callee);
     out.push('(');
-    let args = bsym.call_args();
-    write_list(out, &args, style);
-    for (i, (key, value)) in bsym.kwargs.iter().enumerate() {
+    write_list(out, args, style);
+    for (i, (key, value)) in kwargs.iter().enumerate() {
         if i > 0 || !args.is_empty() {
             out.push_str(", ");
         }

@@ -1,15 +1,26 @@
 //! Emits the Python source of an execution trace: each top-level bound symbol calls the
 //! implementation its executor chose, and values are deleted after their last use.
 
-use crate::printer::{write_arg, write_call, write_header, write_targets, write_type_comment, ArgStyle};
-use crate::trace::Trace;
+use crate::printer::{write_arg, write_call_with, write_header, write_targets, write_type_comment, ArgStyle};
+use crate::trace::{BoundSymbol, Trace};
+use crate::value::Arg;
 use crate::{Device, ValueId};
 use std::fmt::Write;
 
+/// How generated code calls the implementation of a bound symbol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Callee {
+    /// The global name of the callable (`torch_sin`).
+    pub function: String,
+    /// A tensor method with the same signature (`sin`), called as `t0.sin()` when the first
+    /// argument is a tensor: method calls are the cheapest way into torch from Python.
+    pub method: Option<String>,
+}
+
 /// What the code generator needs besides the trace.
 pub struct ExecPlan<'a> {
-    /// For each top-level bound symbol, the global name of the callable that runs it.
-    pub impls: &'a [String],
+    /// For each top-level bound symbol, how to call the implementation that runs it.
+    pub impls: &'a [Callee],
     /// For each top-level bound symbol, the values to delete after it runs.
     pub dels: &'a [Vec<ValueId>],
 }
@@ -33,6 +44,17 @@ impl ArgStyle for HoistedDevices {
     }
 }
 
+/// Writes the call of `callee`: as a method of the first argument when it is a tensor.
+fn write_callee(out: &mut String, trace: &Trace, callee: &Callee, bsym: &BoundSymbol, style: &mut dyn ArgStyle) {
+    let args = bsym.call_args();
+    match (&callee.method, args.first()) {
+        (Some(method), Some(Arg::Value(v))) if trace.tensor(*v).is_some() => {
+            write_call_with(out, &format!("{v}.{method}"), &args[1..], &bsym.kwargs, style)
+        }
+        _ => write_call_with(out, &callee.function, &args, &bsym.kwargs, style),
+    }
+}
+
 /// The module source defining `def {name}(...)` for `trace` under `plan`.
 pub fn python_source(trace: &Trace, plan: &ExecPlan, name: &str) -> String {
     let mut devices = HoistedDevices::default();
@@ -44,7 +66,7 @@ pub fn python_source(trace: &Trace, plan: &ExecPlan, name: &str) -> String {
             write_targets(&mut body, &bsym.outputs);
             body.push_str(" = ");
         }
-        write_call(&mut body, &plan.impls[i], bsym, &mut devices);
+        write_callee(&mut body, trace, &plan.impls[i], bsym, &mut devices);
         write_type_comment(&mut body, trace, &bsym.outputs);
         body.push('\n');
         if let Some(dels) = plan.dels.get(i).filter(|d| !d.is_empty()) {

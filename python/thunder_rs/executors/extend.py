@@ -17,6 +17,9 @@ class Executor:
         self.name = name
         #: key (prim name or symbol id) -> (impl_name, checker or None, callable)
         self.implmap: dict = {}
+        #: key -> name of a tensor method with the implementation's signature, called as
+        #: ``t0.sin()`` when the first argument is a tensor (cheaper than ``torch.sin(t0)``)
+        self.methods: dict = {}
 
     def register_implementation(self, symbol, impl, *, impl_name: str | None = None, checker=None):
         """Runs ``symbol`` (an ltorch symbol, a prim entry point or a prim name) with ``impl``."""
@@ -109,7 +112,7 @@ def executor_table(executors: list[Executor]):
     for executor in executors:
         entries = []
         for sym_key, (impl_name, checker, impl) in executor.implmap.items():
-            entries.append((sym_key, impl_name, checker is not None))
+            entries.append((sym_key, impl_name, checker is not None, executor.methods.get(sym_key)))
             impls[impl_name] = impl
         rows.append((executor.name, entries))
     table = _core.ExecutorTable(rows)

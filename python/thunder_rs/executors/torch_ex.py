@@ -108,6 +108,8 @@ def _register_prims() -> None:
     }
     for name in prims.NAMES:
         _direct(name, simple.get(name) or getattr(torch, name))
+        if name not in simple and hasattr(torch.Tensor, name):
+            torch_ex.methods[name] = name
 
 
 def _prod(a, dims):
@@ -124,7 +126,27 @@ def _register_composites() -> None:
         if sym.torch_fns and sym.symbol_id not in torch_ex.implmap:
             impl_name = "torch_" + sym.symbol_name.removeprefix("ltorch.")
             torch_ex.implmap[sym.symbol_id] = (impl_name, None, sym.torch_fns[0])
+            method = _same_signature_method(sym.torch_fns)
+            if method is not None:
+                torch_ex.methods[sym.symbol_id] = method
     _bump()
+
+
+# Same-named methods whose receiver is not the function's first argument:
+# ``x.where(cond, y)`` is ``torch.where(cond, x, y)``.
+_RECEIVER_IS_NOT_FIRST = {"where"}
+
+
+def _same_signature_method(torch_fns):
+    """``name`` when the symbol runs ``torch.name`` and also stands for ``Tensor.name``: the
+    method takes the same arguments with the first one as its receiver."""
+    name = getattr(torch_fns[0], "__name__", None)
+    if name is None or name.startswith("_") or name in _RECEIVER_IS_NOT_FIRST:
+        return None
+    if torch_fns[0] is not getattr(torch, name, None):
+        return None
+    method = getattr(torch.Tensor, name, None)
+    return name if method is not None and method in torch_fns else None
 
 
 def sync_fallbacks() -> None:

@@ -62,7 +62,6 @@ fn check_dtype(op: &str, what: &str, dtype: DType, rule: Accepts) -> Result<()> 
         Accepts::NotBool => bail!(NotImplemented, op, "not implemented for {dtype} (argument {what})"),
         _ => bail!(NotImplemented, op, "not implemented for {dtype}: expected a real tensor (argument {what})"),
     }
-    Ok(())
 }
 
 /// The output dtype of an elementwise prim whose tensor inputs have `dtype`.
