@@ -8,7 +8,7 @@ DEPS    := $(VENV)/.deps-installed
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all build test test-rust test-python demo bench clean
+.PHONY: all build test test-rust test-python demo bench bench-passes clean
 
 all: build
 
@@ -36,6 +36,9 @@ demo: build
 
 bench: build
 	$(PY) benchmarks/bench_forward.py
+
+bench-passes:
+	cargo run --release -p passes --example pass_scaling
 
 clean:
 	cargo clean

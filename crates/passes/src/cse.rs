@@ -1,11 +1,20 @@
 //! Common-subexpression elimination.
 
 use crate::PassCx;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHasher};
+use std::hash::{Hash, Hasher};
 use trace_ir::{Arg, BoundSymbol, Result, Symbol, Trace, ValueId};
 
-/// The identity of a call for CSE: what it calls and with which (renamed) arguments.
-type CallKey = (Symbol, Vec<Arg>, Vec<(String, Arg)>);
+/// The hash of a call's identity: what it calls and with which (renamed) arguments.
+fn call_hash(bsym: &BoundSymbol) -> u64 {
+    let mut h = FxHasher::default();
+    (&bsym.symbol, &bsym.args, &bsym.kwargs).hash(&mut h);
+    h.finish()
+}
+
+fn same_call(a: &BoundSymbol, b: &BoundSymbol) -> bool {
+    a.symbol == b.symbol && a.args == b.args && a.kwargs == b.kwargs && a.outputs.len() == b.outputs.len()
+}
 
 /// Renames the inputs of `bsym` and of its decomposition by `subst`.
 fn rename(bsym: &BoundSymbol, subst: &FxHashMap<ValueId, ValueId>) -> BoundSymbol {
@@ -26,25 +35,28 @@ fn is_pure(symbol: &Symbol) -> bool {
 
 /// Replaces each call equal to an earlier call by the earlier call's outputs. Random prims and
 /// fallbacks are never merged; a composite containing a random prim is not merged either.
+///
+/// Calls are found by hash and confirmed by comparison with the kept call, so no key is cloned;
+/// a hash collision can only miss a merge, never make a wrong one.
 pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
     let mut subst: FxHashMap<ValueId, ValueId> = FxHashMap::default();
-    let mut seen: FxHashMap<CallKey, Vec<ValueId>> = FxHashMap::default();
-    let mut kept = Vec::with_capacity(trace.bsyms.len());
+    let mut seen: FxHashMap<u64, usize> = FxHashMap::default();
+    let mut kept: Vec<BoundSymbol> = Vec::with_capacity(trace.bsyms.len());
     for bsym in &trace.bsyms {
         let renamed = if subst.is_empty() { bsym.clone() } else { rename(bsym, &subst) };
         if !is_pure_deep(&renamed) {
             kept.push(renamed);
             continue;
         }
-        let key = (renamed.symbol.clone(), renamed.args.clone(), renamed.kwargs.clone());
-        match seen.get(&key) {
-            Some(earlier) if earlier.len() == renamed.outputs.len() => {
-                for (&o, &e) in renamed.outputs.iter().zip(earlier) {
+        let hash = call_hash(&renamed);
+        match seen.get(&hash).map(|&i| &kept[i]) {
+            Some(earlier) if same_call(earlier, &renamed) => {
+                for (&o, &e) in renamed.outputs.iter().zip(&earlier.outputs) {
                     subst.insert(o, e);
                 }
             }
             _ => {
-                seen.insert(key, renamed.outputs.clone());
+                seen.insert(hash, kept.len());
                 kept.push(renamed);
             }
         }
