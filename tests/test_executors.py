@@ -32,3 +32,24 @@ def test_operator_executor_claims_only_what_its_checker_accepts():
         assert calls == [-1]
     finally:
         deregister_executor(ex)
+
+
+def test_torch_executor_prims_agree_with_their_meta_rules():
+    # Composites are claimed whole by default, so call the prims directly, as a fusion
+    # executor's fallback would run them.
+    from thunder_rs import prims
+
+    x = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    sums = thunder_rs.jit(lambda a: (prims.sum(a, (1,)), prims.prod(a + 1, (0, 1))))(x)
+    assert [t.dtype for t in sums] == [torch.int32, torch.int32]
+    torch.testing.assert_close(sums[0], x.sum(1, dtype=torch.int32))
+    torch.testing.assert_close(sums[1], (x + 1).prod(dtype=torch.int32))
+
+    v = torch.randn(2, 3, dtype=torch.float64)
+    var1, var0, (vm_var, vm_mean) = thunder_rs.jit(
+        lambda a: (prims.var(a, (), 1), prims.var(a, (), 0), prims.var_mean(a, (), 1))
+    )(v)
+    assert var1.shape == v.shape and bool(var1.isnan().all())
+    torch.testing.assert_close(var0, torch.zeros_like(v))
+    assert vm_var.shape == v.shape and bool(vm_var.isnan().all())
+    torch.testing.assert_close(vm_mean, v)

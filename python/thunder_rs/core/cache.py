@@ -32,10 +32,8 @@ def fast_key_fn(arity: int):
         names = [f"a{i}" for i in range(arity)]
         leaves = "".join(f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous()), " for n in names)
         unpack = f"{', '.join(names)}, = args" if arity else "pass"
-        source = (f"def key(args, extra):\n  {unpack}\n"
-                  f"  return ((grad(), default_dtype(), autocast(), extra), ({leaves}))\n")
-        namespace = {"grad": torch.is_grad_enabled, "default_dtype": torch.get_default_dtype,
-                     "autocast": torch.is_autocast_enabled}
+        source = f"def key(args, extra):\n  {unpack}\n  return (global_key(extra), ({leaves}))\n"
+        namespace = {"global_key": global_key}
         exec(source, namespace)
         fn = _fast_keys[arity] = namespace["key"]
     return fn

@@ -7,6 +7,7 @@ Python only for entries with a checker.
 """
 
 from thunder_rs import _core
+from thunder_rs.core.fallback import qualified_name
 from thunder_rs.errors import ThunderValueError
 
 
@@ -80,7 +81,7 @@ def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: 
     by_name = {}
     for sym in SYMBOLS:
         for fn in sym.torch_fns:
-            by_name.setdefault(_torch_name(fn), sym)
+            by_name.setdefault(qualified_name(fn), sym)
     executor = Executor(name)
     for torch_name, (impl_name, checker, impl) in op_map.items():
         sym = by_name.get(torch_name)
@@ -90,16 +91,6 @@ def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: 
     if add_to_default_executors:
         register_executor(executor)
     return executor
-
-
-def _torch_name(fn) -> str:
-    module = getattr(fn, "__module__", None) or "torch"
-    owner = getattr(fn, "__objclass__", None)
-    if owner is not None:
-        return f"torch.Tensor.{fn.__name__}"
-    if module.startswith("torch._C"):
-        module = "torch"
-    return f"{module}.{fn.__name__}"
 
 
 def executor_table(executors: list[Executor]):

@@ -63,6 +63,7 @@ def pad(a, value, config):
     return out
 
 
+# Prim reductions over no dims reduce nothing; torch reads empty dims as "all dims".
 def _reduce(fn):
     def impl(a, dims):
         return fn(a, dims) if dims else a.clone()
@@ -70,12 +71,27 @@ def _reduce(fn):
     return impl
 
 
-def _var(a, dims, correction):
-    return torch.var(a, dims, correction=correction) if dims else torch.zeros_like(a).to(a.dtype.to_real())
+def _sum(a, dims):
+    # Keep the input dtype, as the prim's meta rule does (torch.sum widens integers to int64).
+    return torch.sum(a, dims, dtype=a.dtype) if dims else a.clone()
 
 
-def _var_mean(a, dims, correction):
-    return torch.var_mean(a, dims, correction=correction)
+def _prod(a, dims):
+    out = a
+    for d in sorted(dims, reverse=True):
+        out = torch.prod(out, d, dtype=a.dtype)
+    return out if dims else a.clone()
+
+
+def _over_one_sample(fn):
+    """``var``/``var_mean`` over no dims: each element is a sample of size one."""
+
+    def impl(a, dims, correction):
+        if not dims:
+            a, dims = a.unsqueeze(-1), (-1,)
+        return fn(a, dims, correction=correction)
+
+    return impl
 
 
 def _register_prims() -> None:
@@ -93,8 +109,8 @@ def _register_prims() -> None:
         "full": lambda shape, fill, device, dtype: torch.full(shape, fill, device=device, dtype=dtype),
         "iota": lambda length, start, step, device, dtype: torch.arange(start, start + length * step, step, device=device, dtype=dtype),
         "uniform": lambda shape, low, high, device, dtype: torch.empty(shape, device=device, dtype=dtype).uniform_(low, high),
-        "sum": _reduce(torch.sum), "prod": lambda a, dims: _prod(a, dims), "amax": _reduce(torch.amax),
-        "amin": _reduce(torch.amin), "var": _var, "var_mean": _var_mean,
+        "sum": _sum, "prod": _prod, "amax": _reduce(torch.amax), "amin": _reduce(torch.amin),
+        "var": _over_one_sample(torch.var), "var_mean": _over_one_sample(torch.var_mean),
         "argmax": lambda a, dim: torch.argmax(a, dim), "argmin": lambda a, dim: torch.argmin(a, dim),
         "matmul": torch.matmul, "linear": torch.nn.functional.linear, "embedding": torch.nn.functional.embedding,
         "take": lambda a, index, dim: torch.index_select(a, dim, index), "take_along_axis": torch.take_along_dim,
@@ -110,13 +126,6 @@ def _register_prims() -> None:
         _direct(name, simple.get(name) or getattr(torch, name))
         if name not in simple and hasattr(torch.Tensor, name):
             torch_ex.methods[name] = name
-
-
-def _prod(a, dims):
-    out = a
-    for d in sorted(dims, reverse=True):
-        out = torch.prod(out, d)
-    return out if dims else a.clone()
 
 
 def _register_composites() -> None:
