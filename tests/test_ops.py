@@ -169,8 +169,8 @@ def grads(op: OpInfo, sample: SampleInput, fn) -> tuple[torch.Tensor, ...]:
     return torch.autograd.grad(outputs, leaves, cotangents, allow_unused=True, materialize_grads=True)
 
 
-# Gradients flow through torch's autograd over the generated code today; the Rust VJP pass
-# (issue 3) must keep these passing.
+# Gradients come from the Rust VJP pass (prim rules, composite grad rules) through one
+# autograd.Function per call; eager autograd is the reference.
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("op", "index"), grad_params())
 def test_op_grad_matches_eager(op: OpInfo, index: int, device: str) -> None:
@@ -179,6 +179,9 @@ def test_op_grad_matches_eager(op: OpInfo, index: int, device: str) -> None:
     if not all(t.isfinite().all() for t in inputs if t.is_floating_point()):
         pytest.skip("non-finite inputs: gradients there are conventions, not calculus")
     expected = grads(op, sample, op.op)
+    if not all(g.isfinite().all() for g in tensors_of([expected])):
+        # e.g. var/std over dim=(): eager reduces every dim forward but its backward divides by zero.
+        pytest.skip("eager's own gradient is not finite here")
     actual = grads(op, sample, jit(op.op))
     assert_same(actual, expected, op.tolerance(torch.float64), sample)
 

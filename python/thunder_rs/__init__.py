@@ -15,11 +15,12 @@ _core.configure(TensorProxy, _torch.dtype, _torch.device, _CODES)
 from thunder_rs import prims  # noqa: E402
 from thunder_rs import torch as ltorch  # noqa: E402
 from thunder_rs.core.examine import ExamineReport, examine  # noqa: E402
+from thunder_rs.core.grad import get_grad, put_grad, register_grad  # noqa: E402
 from thunder_rs.core.jit import CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 
 __all__ = [
-    "jit", "last_traces", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
+    "jit", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
     "prims", "ltorch", "ThunderFunction", "ThunderModule", "CompileStats", "ExamineReport",
 ]
 __version__ = "0.1.0"
@@ -48,6 +49,14 @@ def last_traces(jfn) -> list:
     """The traces of the last compilation: acquired, after each pass, and the execution trace."""
     entry = _function(jfn)._last_entry
     return list(entry.traces) if entry is not None else []
+
+
+def last_backward_traces(jfn) -> list:
+    """The backward's traces of the last compilation: after the split, after each pass, and its
+    execution trace. Empty when the last compilation took the forward-only path (no output
+    requires grad, or grad mode was off)."""
+    entry = _function(jfn)._last_entry
+    return list(entry.backward_traces) if entry is not None else []
 
 
 def cache_hits(jfn) -> int:

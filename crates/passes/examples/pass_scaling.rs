@@ -3,17 +3,20 @@
 //!
 //! The synthetic program is a chain of elementwise prims over two inputs in which every third
 //! step recomputes an earlier value (work for CSE) and every fifth step is never used (work for
-//! DCE), so both passes do real rewriting at every size.
+//! DCE), so both passes do real rewriting at every size. Both inputs require grad, so the VJP
+//! pass differentiates the whole chain, and the split then chooses residuals over it (`split`
+//! times the split alone, from a joint trace built beforehand).
 
 use passes::cse::cse;
 use passes::dce::dce;
+use passes::vjp::vjp;
 use passes::{Pass, PassCx};
 use std::time::Instant;
 use trace_ir::{Arg, DType, Device, TensorMeta, Trace, TraceBuilder, ValueKind};
 
 fn synthetic(n: usize) -> Trace {
     let mut b = TraceBuilder::new();
-    let meta = TensorMeta::new(DType::F32, Device::CPU, vec![16, 16]);
+    let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![16, 16]) };
     let x = b.add_input(ValueKind::Tensor(meta.clone()));
     let y = b.add_input(ValueKind::Tensor(meta));
     let (mut live, mut previous) = (x, y);
@@ -34,11 +37,11 @@ fn synthetic(n: usize) -> Trace {
     b.finish(Arg::Value(live)).expect("synthetic trace is complete")
 }
 
-fn median_seconds(trace: &Trace, pass: &Pass, cx: &PassCx, repeats: usize) -> f64 {
+fn median_seconds(repeats: usize, mut run: impl FnMut()) -> f64 {
     let mut times: Vec<f64> = (0..repeats)
         .map(|_| {
             let start = Instant::now();
-            (pass.1)(trace, cx).expect("pass succeeds");
+            run();
             start.elapsed().as_secs_f64()
         })
         .collect();
@@ -47,14 +50,19 @@ fn median_seconds(trace: &Trace, pass: &Pass, cx: &PassCx, repeats: usize) -> f6
 }
 
 fn main() {
-    let passes: [Pass; 2] = [("dce", dce), ("cse", cse)];
+    let passes: [Pass; 3] = [("dce", dce), ("cse", cse), ("vjp", vjp)];
     let cx = PassCx { verify: false, dump: Vec::new() };
     println!("{:>8}  {:>5}  {:>12}  {:>14}", "bsyms", "pass", "median (ms)", "per bsym (µs)");
     for n in [1_000, 10_000, 100_000] {
         let trace = synthetic(n);
+        let repeats = if n >= 100_000 { 5 } else { 21 };
+        let report = |name: &str, seconds: f64| {
+            println!("{:>8}  {:>5}  {:>12.3}  {:>14.3}", n, name, seconds * 1e3, seconds * 1e6 / n as f64)
+        };
         for pass in &passes {
-            let seconds = median_seconds(&trace, pass, &cx, if n >= 100_000 { 5 } else { 21 });
-            println!("{:>8}  {:>5}  {:>12.3}  {:>14.3}", n, pass.0, seconds * 1e3, seconds * 1e6 / n as f64);
+            report(pass.0, median_seconds(repeats, || drop((pass.1)(&trace, &cx).expect("pass succeeds"))));
         }
+        let joint = passes::joint(&trace).expect("vjp succeeds").expect("the output requires grad");
+        report("split", median_seconds(repeats, || drop(passes::split(&joint).expect("split succeeds"))));
     }
 }

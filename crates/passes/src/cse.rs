@@ -16,13 +16,6 @@ fn same_call(a: &BoundSymbol, b: &BoundSymbol) -> bool {
     a.symbol == b.symbol && a.args == b.args && a.kwargs == b.kwargs && a.outputs.len() == b.outputs.len()
 }
 
-/// Renames the inputs of `bsym` and of its decomposition by `subst`.
-fn rename(bsym: &BoundSymbol, subst: &FxHashMap<ValueId, ValueId>) -> BoundSymbol {
-    let mut f = |v: ValueId| Arg::Value(*subst.get(&v).unwrap_or(&v));
-    let mut out = bsym.map_inputs(&mut f);
-    out.subsymbols = bsym.subsymbols.iter().map(|s| rename(s, subst)).collect();
-    out
-}
 
 /// Whether two equal calls are guaranteed to give equal results.
 fn is_pure(symbol: &Symbol) -> bool {
@@ -43,7 +36,7 @@ pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
     let mut seen: FxHashMap<u64, usize> = FxHashMap::default();
     let mut kept: Vec<BoundSymbol> = Vec::with_capacity(trace.bsyms.len());
     for bsym in &trace.bsyms {
-        let renamed = if subst.is_empty() { bsym.clone() } else { rename(bsym, &subst) };
+        let renamed = if subst.is_empty() { bsym.clone() } else { bsym.renamed(&subst) };
         if !is_pure_deep(&renamed) {
             kept.push(renamed);
             continue;

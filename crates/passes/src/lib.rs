@@ -8,6 +8,10 @@ pub mod cse;
 pub mod dce;
 pub mod lifetimes;
 pub mod manager;
+pub mod split;
+pub mod vjp;
 
 pub use claim::{claim, ExecutorSpec, ImplSpec, SymKey};
 pub use manager::{run_passes, Pass, PassCx, PassRecord};
+pub use split::{split, Split};
+pub use vjp::{joint, Joint};

@@ -4,11 +4,12 @@
 use trace_ir::{Trace, ValueId};
 
 /// For each top-level bound symbol, the values to delete right after it: intermediates whose
-/// last use it is, and outputs nobody reads. Inputs and the trace's outputs are never deleted.
-pub fn del_last_used(trace: &Trace) -> Vec<Vec<ValueId>> {
+/// last use it is, and outputs nobody reads. The trace's outputs are never deleted, nor are its
+/// inputs except the first `owned` ones (a backward's residuals, which it alone holds).
+pub fn del_last_used(trace: &Trace, owned: usize) -> Vec<Vec<ValueId>> {
     let n = trace.values.len();
     let mut keep = vec![false; n];
-    trace.inputs.iter().for_each(|v| keep[v.index()] = true);
+    trace.inputs.iter().skip(owned).for_each(|v| keep[v.index()] = true);
     trace.outputs.for_each_value(&mut |v| keep[v.index()] = true);
     let mut last_use: Vec<Option<usize>> = vec![None; n];
     for (i, bsym) in trace.bsyms.iter().enumerate() {
@@ -34,7 +35,7 @@ mod tests {
     fn dels(body: &str) -> Vec<Vec<String>> {
         let text = format!("def computation(t0, t1):\n  # t0: \"cpu f32[4]\"\n  # t1: \"cpu f32[4]\"\n{body}");
         let trace = parse_trace(&text).unwrap();
-        del_last_used(&trace).iter().map(|d| d.iter().map(ValueId::to_string).collect()).collect()
+        del_last_used(&trace, 0).iter().map(|d| d.iter().map(ValueId::to_string).collect()).collect()
     }
 
     #[test]

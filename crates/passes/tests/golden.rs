@@ -6,16 +6,21 @@
 //! As in LLVM's FileCheck, each `check` must match a line after the previous check's match, and
 //! each `check-not` must match no line between the matches of the checks around it (the start
 //! and the end of the output where there is none). Other comments at column 0 are notes.
+//!
+//! `split` (last in the list) differentiates the trace and prints the forward then the
+//! backward of the split, as `def forward(...)` and `def backward(...)`; input types ending in
+//! ` requires_grad` say which inputs gradients flow to.
 
 use passes::cse::cse;
 use passes::dce::dce;
+use passes::vjp::vjp;
 use passes::{run_passes, Pass, PassCx};
 use std::path::Path;
 use trace_ir::parser::parse_trace;
 use trace_ir::printer::print_trace;
 
 /// The passes a golden file can name.
-const PASSES: &[Pass] = &[("dce", dce), ("cse", cse)];
+const PASSES: &[Pass] = &[("dce", dce), ("cse", cse), ("vjp", vjp)];
 
 #[derive(Debug)]
 enum Check {
@@ -26,15 +31,25 @@ enum Check {
 /// A golden file's passes and checks; the trace is the rest of the file.
 struct Golden {
     passes: Vec<Pass>,
+    /// Split into forward and backward after the passes.
+    split: bool,
     checks: Vec<Check>,
 }
 
 fn read_directives(text: &str) -> Result<Golden, String> {
     let mut passes = None;
+    let mut split = false;
     let mut checks = Vec::new();
     for line in text.lines() {
         if let Some(names) = line.strip_prefix("# pass:") {
-            let named = names.split(',').map(|n| {
+            let names = match names.trim().strip_suffix("split") {
+                Some(rest) => {
+                    split = true;
+                    rest.trim_end_matches(',')
+                }
+                None => names,
+            };
+            let named = names.split(',').filter(|n| !n.trim().is_empty()).map(|n| {
                 let n = n.trim();
                 PASSES.iter().find(|(name, _)| *name == n).copied().ok_or(format!("unknown pass `{n}`"))
             });
@@ -49,7 +64,7 @@ fn read_directives(text: &str) -> Result<Golden, String> {
     if !checks.iter().any(|c| matches!(c, Check::Match(_))) {
         return Err("no `# check:` line".into());
     }
-    Ok(Golden { passes, checks })
+    Ok(Golden { passes, split, checks })
 }
 
 /// Runs the checks over `output`, FileCheck style.
@@ -83,7 +98,15 @@ fn run_golden(path: &Path) -> Result<(), String> {
     let trace = parse_trace(&text).map_err(|e| e.to_string())?;
     let cx = PassCx { verify: true, dump: Vec::new() };
     let (out, _) = run_passes(&trace, &golden.passes, &cx).map_err(|e| e.to_string())?;
-    let printed = print_trace(&out, "computation");
+    let printed = if golden.split {
+        let joint = passes::joint(&out).map_err(|e| e.to_string())?.ok_or("no output requires grad")?;
+        let halves = passes::split(&joint).map_err(|e| e.to_string())?;
+        let (forward, _) = run_passes(&halves.forward, &[("dce", dce)], &cx).map_err(|e| e.to_string())?;
+        let (backward, _) = run_passes(&halves.backward, &[("dce", dce), ("cse", cse)], &cx).map_err(|e| e.to_string())?;
+        format!("{}\n{}", print_trace(&forward, "forward"), print_trace(&backward, "backward"))
+    } else {
+        print_trace(&out, "computation")
+    };
     run_checks(&printed, &golden.checks).map_err(|e| format!("{e} in the output:\n{printed}"))
 }
 
@@ -123,4 +146,5 @@ fn directives_name_known_passes() {
     assert!(read_directives("# pass: licm\n# check: x\n").is_err());
     assert!(read_directives("# check: x\n").is_err());
     assert!(read_directives("# pass: dce\n").is_err());
+    assert!(read_directives("# pass: cse,split\n# check: x\n").is_ok_and(|g| g.split && g.passes.len() == 1));
 }

@@ -52,8 +52,12 @@ impl ExecutorTable {
 
 /// Runs the pipeline on an acquired trace. For entries that have a checker,
 /// `checker(executor_index, symbol_key, args, kwargs)` is called with the bound symbol's arguments
-/// (tensors as proxies made by `make_proxy`, constants from `consts`). Returns the traces after each stage; the last is
-/// the execution trace, whose `str()` is the Python source to exec.
+/// (tensors as proxies made by `make_proxy`, constants from `consts`).
+///
+/// Returns `(traces, backward_traces, grad_outputs)`: the traces after each stage, the last
+/// being the execution trace whose `str()` is the Python source to exec; for a program with an
+/// output that requires grad, the backward's traces likewise (else an empty list), and the
+/// positions of the flat outputs that receive cotangents.
 #[pyfunction]
 #[pyo3(signature = (acquired, table, checker, make_proxy, consts))]
 pub fn compile(
@@ -62,38 +66,70 @@ pub fn compile(
     checker: Bound<'_, PyAny>,
     make_proxy: Bound<'_, PyAny>,
     consts: Bound<'_, PyList>,
-) -> PyResult<Vec<PyTrace>> {
+) -> PyResult<(Vec<PyTrace>, Vec<PyTrace>, Vec<usize>)> {
     let cx = PassCx::default();
     let start = Instant::now();
     py_result(verify(&acquired.trace))?;
     let (optimized, records) = py_result(run_passes(&acquired.trace, PIPELINE, &cx))?;
     let mut traces: Vec<PyTrace> = vec![PyTrace::new((*acquired.trace).clone(), "acquired").with_time(start.elapsed().as_secs_f64())];
-    traces.extend(records.into_iter().map(|r| PyTrace::new(r.trace, r.name).with_time(r.seconds)));
+    traces.extend(records.into_iter().map(PyTrace::from));
+    let checker = Checker { checker: &checker, make_proxy: &make_proxy, consts: &consts };
 
     let start = Instant::now();
-    let mut check = |i: usize, bsym: &BoundSymbol| -> trace_ir::Result<bool> {
-        call_checker(&Checker { checker: &checker, make_proxy: &make_proxy, consts: &consts, trace: &optimized }, i, bsym).map_err(|e| trace_ir::IrError::new(trace_ir::ErrorKind::Runtime, bsym.symbol.qualified_name(), format!("checker failed: {e}")))
+    let Some(joint) = py_result(passes::joint(&optimized))? else {
+        traces.push(execution(&optimized, table, &checker, None, "computation")?);
+        return Ok((traces, Vec::new(), Vec::new()));
     };
-    let (claimed, impls) = py_result(claim(&optimized, &table.executors, &mut check))?;
-    let dels = lifetimes::del_last_used(&claimed);
-    let exec = PyTrace::new(claimed, "execution").with_plan(Plan { impls, dels });
-    exec.source();
-    traces.push(exec.with_time(start.elapsed().as_secs_f64()));
-    Ok(traces)
+    traces.push(PyTrace::new(joint.trace.clone(), "vjp").with_time(start.elapsed().as_secs_f64()));
+    let start = Instant::now();
+    let split = py_result(passes::split(&joint))?;
+    let split_s = start.elapsed().as_secs_f64();
+    traces.push(PyTrace::new(split.forward.clone(), "split").with_time(split_s));
+    let (forward, records) = py_result(run_passes(&split.forward, &[("dce", dce)], &cx))?;
+    traces.extend(records.into_iter().map(PyTrace::from));
+    traces.push(execution(&forward, table, &checker, None, "computation")?);
+
+    let mut backward_traces = vec![PyTrace::new(split.backward.clone(), "split").with_time(split_s)];
+    let (backward, records) = py_result(run_passes(&split.backward, PIPELINE, &cx))?;
+    backward_traces.extend(records.into_iter().map(PyTrace::from));
+    backward_traces.push(execution(&backward, table, &checker, Some(split.residuals.len()), "backward")?);
+    Ok((traces, backward_traces, grad_output_positions(&optimized)))
 }
 
-/// What a checker call needs besides the bound symbol.
+/// Claims `trace` for the executors and generates its code: the execution trace.
+fn execution(trace: &trace_ir::Trace, table: &ExecutorTable, checker: &Checker, packed: Option<usize>, name: &'static str) -> PyResult<PyTrace> {
+    let start = Instant::now();
+    let mut check = |i: usize, bsym: &BoundSymbol| -> trace_ir::Result<bool> {
+        call_checker(checker, trace, i, bsym).map_err(|e| trace_ir::IrError::new(trace_ir::ErrorKind::Runtime, bsym.symbol.qualified_name(), format!("checker failed: {e}")))
+    };
+    let (claimed, impls) = py_result(claim(trace, &table.executors, &mut check))?;
+    let dels = lifetimes::del_last_used(&claimed, packed.unwrap_or(0));
+    let exec = PyTrace::new(claimed, "execution").with_plan(Plan { impls, dels, packed, name });
+    exec.source();
+    Ok(exec.with_time(start.elapsed().as_secs_f64()))
+}
+
+/// Positions of the flat outputs (a single output is position 0) that receive cotangents.
+fn grad_output_positions(trace: &trace_ir::Trace) -> Vec<usize> {
+    let items = match &trace.outputs {
+        trace_ir::Arg::Tuple(items) | trace_ir::Arg::List(items) => items.as_slice(),
+        single => std::slice::from_ref(single),
+    };
+    let differentiable = |a: &trace_ir::Arg| a.as_value().and_then(|v| trace.tensor(v)).is_some_and(|t| t.requires_grad);
+    items.iter().enumerate().filter(|(_, a)| differentiable(a)).map(|(i, _)| i).collect()
+}
+
+/// What a checker call needs besides the bound symbol and its trace.
 struct Checker<'a, 'py> {
     checker: &'a Bound<'py, PyAny>,
     make_proxy: &'a Bound<'py, PyAny>,
     consts: &'a Bound<'py, PyList>,
-    trace: &'a trace_ir::Trace,
 }
 
 /// Calls the Python checker with the executor index, the symbol's table key and its arguments.
-fn call_checker(cx: &Checker, executor: usize, bsym: &BoundSymbol) -> PyResult<bool> {
+fn call_checker(cx: &Checker, trace: &trace_ir::Trace, executor: usize, bsym: &BoundSymbol) -> PyResult<bool> {
     let py = cx.checker.py();
-    let convert = |a: &trace_ir::Arg| from_arg(py, a, cx.trace, cx.make_proxy, cx.consts);
+    let convert = |a: &trace_ir::Arg| from_arg(py, a, trace, cx.make_proxy, cx.consts);
     let args = PyTuple::new(py, bsym.call_args().iter().map(convert).collect::<PyResult<Vec<_>>>()?)?;
     let kwargs = PyDict::new(py);
     for (k, v) in &bsym.kwargs {

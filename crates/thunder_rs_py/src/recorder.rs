@@ -85,6 +85,19 @@ impl Recorder {
         py_result(self.builder()?.end_composite(outputs.into_iter().map(ValueId).collect()))
     }
 
+    /// `get_grad(value)` in a grad rule: the description of the cotangent placeholder. Calls
+    /// recorded after it, until the composite ends, form the composite's backward.
+    fn get_grad<'py>(&mut self, py: Python<'py>, value: u32) -> PyResult<Bound<'py, PyList>> {
+        let placeholder = py_result(self.builder()?.get_grad(ValueId(value)))?;
+        self.describe(py, &[placeholder])
+    }
+
+    /// `put_grad(value, grad)` in a grad rule.
+    fn put_grad(&mut self, value: u32, grad: &Bound<'_, PyAny>) -> PyResult<()> {
+        let grad = to_arg(grad, types(grad.py())?, &mut self.consts)?;
+        py_result(self.builder()?.put_grad(ValueId(value), grad))
+    }
+
     /// Drops the innermost open composite call.
     fn abort(&mut self) -> PyResult<()> {
         self.builder()?.abort_composite();

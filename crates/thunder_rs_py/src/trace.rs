@@ -9,6 +9,10 @@ use trace_ir::{Trace, ValueId};
 pub struct Plan {
     pub impls: Vec<Callee>,
     pub dels: Vec<Vec<ValueId>>,
+    /// Leading inputs passed packed in one list (see [`ExecPlan::packed`]).
+    pub packed: Option<usize>,
+    /// The generated function's name.
+    pub name: &'static str,
 }
 
 #[pyclass(frozen, module = "thunder_rs._core", name = "Trace")]
@@ -37,9 +41,18 @@ impl PyTrace {
 
     pub fn source(&self) -> &str {
         self.text.get_or_init(|| match &self.plan {
-            Some(plan) => python_source(&self.trace, &ExecPlan { impls: &plan.impls, dels: &plan.dels }, "computation"),
+            Some(plan) => {
+                let exec = ExecPlan { impls: &plan.impls, dels: &plan.dels, packed: plan.packed };
+                python_source(&self.trace, &exec, plan.name)
+            }
             None => trace_ir::printer::print_trace(&self.trace, "computation"),
         })
+    }
+}
+
+impl From<passes::PassRecord> for PyTrace {
+    fn from(record: passes::PassRecord) -> Self {
+        PyTrace::new(record.trace, record.name).with_time(record.seconds)
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod dtype;
 pub mod error;
+pub mod grad;
 pub mod ids;
 pub mod parser;
 pub mod prims;
@@ -22,5 +23,5 @@ pub use error::{ErrorKind, IrError, Result};
 pub use ids::{SymbolId, ValueId};
 pub use prims::Prim;
 pub use symbols::{SymbolKind, SymbolTable};
-pub use trace::{BoundSymbol, Symbol, Trace, TraceBuilder};
+pub use trace::{BoundSymbol, GradRule, Symbol, Trace, TraceBuilder};
 pub use value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};

@@ -44,8 +44,15 @@ pub fn parse_args(text: &str) -> Result<(Vec<Arg>, Kwargs)> {
     Ok(args)
 }
 
-/// Parses the type of a value as type comments print it: `cpu f32[4, 4]`, `int 3`.
+/// Parses the type of a value as type comments print it: `cpu f32[4, 4]`, `int 3`. An input's
+/// tensor type may end in ` requires_grad` (traces for the VJP pass).
 pub fn parse_value_type(text: &str) -> Result<ValueKind> {
+    if let Some(tensor) = text.strip_suffix(" requires_grad") {
+        return match parse_value_type(tensor)? {
+            ValueKind::Tensor(t) => Ok(ValueKind::Tensor(TensorMeta { requires_grad: true, ..t })),
+            ValueKind::Number(_) => Err(IrError::new(ErrorKind::Value, OP, format!("a number cannot require grad: \"{text}\""))),
+        };
+    }
     let bad = || IrError::new(ErrorKind::Value, OP, format!("cannot read the type \"{text}\""));
     let (head, rest) = text.split_once(' ').ok_or_else(bad)?;
     if let "int" | "float" | "bool" = head {

@@ -1,7 +1,7 @@
 //! Prints traces in Thunder's format: runnable-looking Python with type comments and each
 //! composite's decomposition as nested comments.
 
-use crate::trace::{BoundSymbol, Trace};
+use crate::trace::{BoundSymbol, GradRule, Trace};
 use crate::value::{Arg, ValueKind};
 use crate::ValueId;
 use std::fmt::Write;
@@ -139,6 +139,25 @@ fn write_bsym(out: &mut String, trace: &Trace, bsym: &BoundSymbol, depth: usize)
     out.push('\n');
     for sub in &bsym.subsymbols {
         write_bsym(out, trace, sub, depth + 1);
+    }
+    if let Some(rule) = &bsym.grad {
+        write_grad_rule(out, trace, rule, depth + 1);
+    }
+}
+
+/// The backward a grad rule recorded, as comments under its composite.
+fn write_grad_rule(out: &mut String, trace: &Trace, rule: &GradRule, depth: usize) {
+    let indent = "  ".repeat(depth + 1);
+    let pairs = |items: Vec<String>| items.join(", ");
+    let cots = pairs(rule.cotangents.iter().map(|(v, c)| format!("{c} = get_grad({v})")).collect());
+    writeln!(out, "{indent}# grad rule: {cots}").unwrap();
+    for sub in &rule.bsyms {
+        write_bsym(out, trace, sub, depth + 1);
+    }
+    for (v, g) in &rule.grads {
+        let mut text = String::new();
+        write_arg(&mut text, g, &mut InlineDevices);
+        writeln!(out, "{indent}# put_grad({v}, {text})").unwrap();
     }
 }
 

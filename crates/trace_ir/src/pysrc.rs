@@ -23,6 +23,9 @@ pub struct ExecPlan<'a> {
     pub impls: &'a [Callee],
     /// For each top-level bound symbol, the values to delete after it runs.
     pub dels: &'a [Vec<ValueId>],
+    /// For a backward: how many leading inputs arrive packed in one list, `saved`, which the
+    /// function empties as it unpacks them so that each is freed after its last use.
+    pub packed: Option<usize>,
 }
 
 /// Devices hoisted to module constants (`_dev0 = torch.device('cpu')`), built once per entry.
@@ -55,11 +58,29 @@ fn write_callee(out: &mut String, trace: &Trace, callee: &Callee, bsym: &BoundSy
     }
 }
 
+/// `def backward(saved, c0, ...)`, then `t1, t5, = saved` and `saved.clear()`.
+fn write_packed_header(out: &mut String, trace: &Trace, name: &str, packed: usize) {
+    let (saved, rest) = trace.inputs.split_at(packed);
+    let params: String = rest.iter().map(|v| format!(", {v}")).collect();
+    writeln!(out, "def {name}(saved{params}):").unwrap();
+    for &v in &trace.inputs {
+        writeln!(out, "  # {}", crate::printer::describe_value(trace, v)).unwrap();
+    }
+    if !saved.is_empty() {
+        let targets: String = saved.iter().map(|v| format!("{v}, ")).collect();
+        writeln!(out, "  {} = saved", targets.trim_end()).unwrap();
+    }
+    out.push_str("  saved.clear()\n");
+}
+
 /// The module source defining `def {name}(...)` for `trace` under `plan`.
 pub fn python_source(trace: &Trace, plan: &ExecPlan, name: &str) -> String {
     let mut devices = HoistedDevices::default();
     let mut body = String::new();
-    write_header(&mut body, trace, name);
+    match plan.packed {
+        None => write_header(&mut body, trace, name),
+        Some(n) => write_packed_header(&mut body, trace, name, n),
+    }
     for (i, bsym) in trace.bsyms.iter().enumerate() {
         body.push_str("  ");
         if !bsym.outputs.is_empty() {

@@ -6,6 +6,7 @@ use crate::ids::{SymbolId, ValueId};
 use crate::prims::{Operand, Prim};
 use crate::symbols::SymbolTable;
 use crate::value::{Arg, Kwargs, TensorMeta, ValueKind};
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// What a bound symbol calls.
@@ -45,9 +46,29 @@ pub struct BoundSymbol {
     pub kwargs: Vec<(String, Arg)>,
     pub outputs: Vec<ValueId>,
     pub subsymbols: Vec<BoundSymbol>,
+    /// For a composite recorded through a registered grad rule: its backward.
+    pub grad: Option<Box<GradRule>>,
+}
+
+/// The backward of one composite call, recorded by its Python grad rule (`get_grad`/`put_grad`).
+///
+/// Its bound symbols read the composite's values and one placeholder per cotangent; the VJP pass
+/// replaces the placeholders by the cotangents it accumulated and emits the bound symbols.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GradRule {
+    /// `(forward value, placeholder)`: `get_grad(value)` returned the placeholder.
+    pub cotangents: Vec<(ValueId, ValueId)>,
+    pub bsyms: Vec<BoundSymbol>,
+    /// `(forward value, gradient)`: `put_grad(value, gradient)`.
+    pub grads: Vec<(ValueId, Arg)>,
 }
 
 impl BoundSymbol {
+    /// A call without keyword arguments, decomposition or grad rule.
+    pub fn new(symbol: Symbol, args: Vec<Arg>, outputs: Vec<ValueId>) -> Self {
+        BoundSymbol { symbol, args, kwargs: Vec::new(), outputs, subsymbols: Vec::new(), grad: None }
+    }
+
     /// Calls `f` on every value the symbol reads.
     pub fn for_each_input(&self, mut f: impl FnMut(ValueId)) {
         self.args.iter().for_each(|a| a.for_each_value(&mut f));
@@ -68,6 +89,33 @@ impl BoundSymbol {
         }
     }
 
+    /// The same call with its inputs renamed by `subst`, at every depth (decomposition and grad
+    /// rule included). Values not in `subst` keep their names.
+    pub fn renamed(&self, subst: &FxHashMap<ValueId, ValueId>) -> BoundSymbol {
+        let mut f = |v: ValueId| Arg::Value(*subst.get(&v).unwrap_or(&v));
+        let mut out = self.map_inputs(&mut f);
+        out.subsymbols = self.subsymbols.iter().map(|s| s.renamed(subst)).collect();
+        out.grad = self.grad.as_ref().map(|rule| {
+            Box::new(GradRule {
+                cotangents: rule.cotangents.clone(),
+                bsyms: rule.bsyms.iter().map(|b| b.renamed(subst)).collect(),
+                grads: rule.grads.iter().map(|(v, g)| (*v, g.map_values(&mut f))).collect(),
+            })
+        });
+        out
+    }
+
+    /// Calls `f` on every value this call defines: its outputs and, for a composite, every value
+    /// its decomposition defines (the values a VJP may read from inside it).
+    pub fn for_each_defined(&self, f: &mut impl FnMut(ValueId)) {
+        if self.subsymbols.is_empty() {
+            self.outputs.iter().for_each(|&v| f(v));
+        } else {
+            // A composite's outputs are defined inside its decomposition.
+            self.subsymbols.iter().for_each(|s| s.for_each_defined(f));
+        }
+    }
+
     /// The same call with every input value renamed by `f`.
     pub fn map_inputs(&self, f: &mut impl FnMut(ValueId) -> Arg) -> BoundSymbol {
         BoundSymbol {
@@ -76,6 +124,7 @@ impl BoundSymbol {
             kwargs: self.kwargs.iter().map(|(k, a)| (k.clone(), a.map_values(f))).collect(),
             outputs: self.outputs.clone(),
             subsymbols: self.subsymbols.clone(),
+            grad: self.grad.clone(),
         }
     }
 }
@@ -117,6 +166,23 @@ struct Frame {
     call: Option<(Symbol, Vec<Arg>, Kwargs)>,
     first_value: u32,
     bsyms: Vec<BoundSymbol>,
+    /// Set once the composite's grad rule asks for a cotangent: from then on calls are recorded
+    /// into the backward.
+    grad: Option<GradRule>,
+}
+
+impl Frame {
+    fn new(call: Option<(Symbol, Vec<Arg>, Kwargs)>, first_value: u32) -> Self {
+        Frame { call, first_value, bsyms: Vec::new(), grad: None }
+    }
+
+    /// Where the next call is recorded: the decomposition, or the backward once it has begun.
+    fn sink(&mut self) -> &mut Vec<BoundSymbol> {
+        match &mut self.grad {
+            Some(rule) => &mut rule.bsyms,
+            None => &mut self.bsyms,
+        }
+    }
 }
 
 /// Records a trace call by call, as Python acquisition runs the program on proxies.
@@ -128,17 +194,23 @@ pub struct TraceBuilder {
 
 impl Default for TraceBuilder {
     fn default() -> Self {
-        TraceBuilder {
-            values: Vec::new(),
-            inputs: Vec::new(),
-            stack: vec![Frame { call: None, first_value: 0, bsyms: Vec::new() }],
-        }
+        TraceBuilder { values: Vec::new(), inputs: Vec::new(), stack: vec![Frame::new(None, 0)] }
     }
 }
 
 impl TraceBuilder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A builder over the values of `trace` that records new calls after them (for passes that
+    /// emit code, such as the VJP). Its inputs start as the trace's inputs.
+    pub fn resume(trace: &Trace) -> Self {
+        TraceBuilder {
+            values: trace.values.as_ref().clone(),
+            inputs: trace.inputs.clone(),
+            stack: vec![Frame::new(None, trace.values.len() as u32)],
+        }
     }
 
     pub fn value(&self, id: ValueId) -> Option<&ValueKind> {
@@ -176,6 +248,12 @@ impl TraceBuilder {
     /// Records `prims.<name>(*args)`, computing its outputs with the prim's meta rule.
     pub fn record_prim(&mut self, name: &str, args: Vec<Arg>) -> Result<Vec<ValueId>> {
         let (prim, operands) = Prim::from_call(name, args)?;
+        self.record(prim, operands)
+    }
+
+    /// Records `prim` on `operands`, computing its outputs with the prim's meta rule. Outputs
+    /// require grad when an operand does and their dtype is inexact.
+    pub fn record(&mut self, prim: Prim, operands: Vec<Arg>) -> Result<Vec<ValueId>> {
         let op = prim.qualified_name();
         let resolved: Vec<Operand> =
             operands.iter().map(|a| self.operand(&op, a)).collect::<Result<_>>()?;
@@ -189,8 +267,30 @@ impl TraceBuilder {
                 self.push_value(ValueKind::Tensor(m))
             })
             .collect::<Vec<_>>();
-        self.push_bsym(Symbol::Prim(prim), operands, Vec::new(), outputs.clone());
+        self.push_bsym(BoundSymbol::new(Symbol::Prim(prim), operands, outputs.clone()));
         Ok(outputs)
+    }
+
+    /// Records an already-built call (a pass copying a bound symbol into a new trace).
+    pub fn push_bsym(&mut self, bsym: BoundSymbol) {
+        let frame = self.stack.last_mut().expect("the top-level frame is never popped");
+        frame.sink().push(bsym);
+    }
+
+    /// Adds a value defined by no call (a placeholder the caller substitutes later).
+    pub fn add_value(&mut self, kind: ValueKind) -> ValueId {
+        self.push_value(kind)
+    }
+
+    /// The bound symbols recorded at top level so far, removed from the builder.
+    pub fn take_bsyms(&mut self) -> Vec<BoundSymbol> {
+        std::mem::take(&mut self.stack[0].bsyms)
+    }
+
+    /// The values and inputs recorded so far, for a trace built from
+    /// [`TraceBuilder::take_bsyms`].
+    pub fn into_parts(self) -> (Vec<ValueKind>, Vec<ValueId>) {
+        (self.values, self.inputs)
     }
 
     /// Records a fallback call whose outputs' metadata were computed by running torch on meta
@@ -204,20 +304,46 @@ impl TraceBuilder {
     ) -> Vec<ValueId> {
         let ids: Vec<ValueId> =
             outputs.into_iter().map(|m| self.push_value(ValueKind::Tensor(m))).collect();
-        self.push_bsym(Symbol::Fallback(symbol), args, kwargs, ids.clone());
+        let mut bsym = BoundSymbol::new(Symbol::Fallback(symbol), args, ids.clone());
+        bsym.kwargs = kwargs;
+        self.push_bsym(bsym);
         ids
-    }
-
-    fn push_bsym(&mut self, symbol: Symbol, args: Vec<Arg>, kwargs: Vec<(String, Arg)>, outputs: Vec<ValueId>) {
-        let frame = self.stack.last_mut().expect("the top-level frame is never popped");
-        frame.bsyms.push(BoundSymbol { symbol, args, kwargs, outputs, subsymbols: Vec::new() });
     }
 
     /// Opens a composite call; the calls recorded until [`TraceBuilder::end_composite`] are its
     /// decomposition.
     pub fn begin_composite(&mut self, symbol: SymbolId, args: Vec<Arg>, kwargs: Vec<(String, Arg)>) {
         let first_value = self.values.len() as u32;
-        self.stack.push(Frame { call: Some((Symbol::Composite(symbol), args, kwargs)), first_value, bsyms: Vec::new() });
+        self.stack.push(Frame::new(Some((Symbol::Composite(symbol), args, kwargs)), first_value));
+    }
+
+    /// The innermost open composite, which a grad rule's `get_grad`/`put_grad` refer to.
+    fn rule_frame(&mut self, op: &str) -> Result<&mut Frame> {
+        if self.stack.len() < 2 {
+            bail!(Runtime, op, "can only be called inside a grad rule registered with register_grad");
+        }
+        Ok(self.stack.last_mut().expect("checked above"))
+    }
+
+    /// `get_grad(value)` in a grad rule: a placeholder for the cotangent of `value`. The calls
+    /// recorded from now on until the composite ends form its backward.
+    pub fn get_grad(&mut self, value: ValueId) -> Result<ValueId> {
+        let Some(ValueKind::Tensor(meta)) = self.value(value) else {
+            bail!(Type, "get_grad", "expected a tensor produced by the rule's forward, got {value}");
+        };
+        let meta = TensorMeta { requires_grad: false, ..meta.clone() };
+        let placeholder = self.push_value(ValueKind::Tensor(meta));
+        let frame = self.rule_frame("get_grad")?;
+        frame.grad.get_or_insert_with(GradRule::default).cotangents.push((value, placeholder));
+        Ok(placeholder)
+    }
+
+    /// `put_grad(value, grad)` in a grad rule: `grad` is the gradient of `value`, an input of
+    /// the composite.
+    pub fn put_grad(&mut self, value: ValueId, grad: Arg) -> Result<()> {
+        let frame = self.rule_frame("put_grad")?;
+        frame.grad.get_or_insert_with(GradRule::default).grads.push((value, grad));
+        Ok(())
     }
 
     /// Closes the innermost composite with its outputs. A composite that returns a value it did
@@ -230,10 +356,11 @@ impl TraceBuilder {
         let (symbol, args, kwargs) = frame.call.expect("only the top-level frame has no call");
         let parent = self.stack.last_mut().expect("checked above");
         let produced_inside = !outputs.is_empty() && outputs.iter().all(|o| o.0 >= frame.first_value);
-        if produced_inside {
-            parent.bsyms.push(BoundSymbol { symbol, args, kwargs, outputs, subsymbols: frame.bsyms });
+        if produced_inside || frame.grad.is_some() {
+            let grad = frame.grad.map(Box::new);
+            parent.sink().push(BoundSymbol { symbol, args, kwargs, outputs, subsymbols: frame.bsyms, grad });
         } else {
-            parent.bsyms.extend(frame.bsyms);
+            parent.sink().extend(frame.bsyms);
         }
         Ok(())
     }

@@ -17,9 +17,13 @@ pub fn verify(trace: &Trace) -> Result<()> {
     }
     for bsym in &trace.bsyms {
         check_uses(trace, &defined, bsym)?;
-        for &v in &bsym.outputs {
-            define(&mut defined, v, &bsym.symbol.qualified_name())?;
-        }
+        let mut result = Ok(());
+        bsym.for_each_defined(&mut |v| {
+            if result.is_ok() {
+                result = define(&mut defined, v, &bsym.symbol.qualified_name());
+            }
+        });
+        result?;
         check_prim(trace, bsym)?;
     }
     let mut missing = None;

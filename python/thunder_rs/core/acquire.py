@@ -22,14 +22,17 @@ class Acquired:
     tensor_positions: tuple[int, ...]
     #: how to rebuild the output structure from the flat outputs, or None when returned as is
     out_spec: object
+    #: what the trace returns: "single" (one leaf), "tuple" or "list" (of leaves)
+    out_kind: str
 
 
-def _input_proxy(rec, t: torch.Tensor) -> TensorProxy:
+def _input_proxy(rec, t: torch.Tensor, grad_enabled: bool) -> TensorProxy:
     dtype = CODES.get(t.dtype)
     if dtype is None:
         raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
-    vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), t.requires_grad)
-    return make_proxy(vid, tuple(t.shape), dtype, str(t.device), t.requires_grad)
+    requires_grad = grad_enabled and t.requires_grad
+    vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
+    return make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
 
 
 def _is_plain(out) -> bool:
@@ -56,14 +59,15 @@ def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0)
     buffers (``param_slots``: (store, name, unique index)) become trace inputs after the flat
     inputs, one per unique tensor."""
     rec = _core.Recorder()
+    grad_enabled = torch.is_grad_enabled()
     positions = tuple(i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor))
     leaves = list(flat_inputs)
     for i in positions:
-        leaves[i] = _input_proxy(rec, flat_inputs[i])
+        leaves[i] = _input_proxy(rec, flat_inputs[i], grad_enabled)
     unique = {}
     for d, n, i in param_slots:
         unique.setdefault(i, d[n])
-    params = [_input_proxy(rec, unique[i]) for i in range(num_params)]
+    params = [_input_proxy(rec, unique[i], grad_enabled) for i in range(num_params)]
     args, kwargs = tree_unflatten(leaves, in_spec)
     with recording(rec), _swapped(param_slots, params), LanguageMode():
         out = fn(*args, **kwargs)
@@ -72,4 +76,5 @@ def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0)
         flat_out, out_spec = tree_flatten(out)
         out = tuple(flat_out)
     trace = rec.finish(out)
-    return Acquired(trace, list(rec.consts()), positions, out_spec)
+    out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
+    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind)

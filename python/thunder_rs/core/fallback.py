@@ -32,11 +32,34 @@ def qualified_name(func) -> str:
 
 
 def symbol_id(func) -> int:
+    """The fallback symbol of ``func``, registered (with its ``<name>.vjp``) on first use."""
     sid = _ids.get(func)
     if sid is None:
-        sid = _ids[func] = _core.register_symbol(qualified_name(func), fallback=True)
+        name = qualified_name(func)
+        sid = _ids[func] = _core.register_symbol(name, fallback=True)
         FALLBACK_IMPLS[sid] = func
+        FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = _vjp_of(func)
     return sid
+
+
+def _vjp_of(func):
+    """The backward of a fallback: runs ``func`` again under torch.autograd on the saved inputs
+    and returns the gradients of ``wanted`` (inputs that require grad in the trace)."""
+
+    def vjp(args, cotangents, wanted, **kwargs):
+        copies = {id(w): w.detach().requires_grad_(True) for w in wanted}
+        swap = lambda x: copies.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        args, kwargs = tree_map(swap, (args, kwargs))
+        with torch.enable_grad():
+            outs = tree_flatten(func(*args, **kwargs))[0]
+        pairs = [(o, c) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
+        inputs = [copies[id(w)] for w in wanted]
+        grads = torch.autograd.grad([o for o, _ in pairs], inputs, [c for _, c in pairs], allow_unused=True) if pairs else [None] * len(inputs)
+        grads = tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wanted, grads))
+        return grads[0] if len(grads) == 1 else grads
+
+    vjp.__name__ = f"{getattr(func, '__name__', 'op')}_vjp"
+    return vjp
 
 
 def _to_meta(x):

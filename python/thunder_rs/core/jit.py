@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
+from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, leaf_key
 from thunder_rs.errors import runtime_error
@@ -44,6 +45,8 @@ class Entry:
     positions: tuple | None
     out_spec: object
     traces: list
+    #: the backward's traces, empty for a forward-only entry
+    backward_traces: list = field(default_factory=list)
 
 
 def _checker(executors):
@@ -53,6 +56,13 @@ def _checker(executors):
         return bool(executors[index].implmap[key][1](*args, **kwargs))
 
     return check
+
+
+def _load(trace, name: str, filename: str, namespace: dict):
+    """Execs the generated source of an execution trace; returns it and its function."""
+    source, scope = str(trace), dict(namespace)
+    exec(compile(source, filename, "exec"), scope)
+    return source, scope[name]
 
 
 class ThunderFunction:
@@ -133,21 +143,25 @@ class ThunderFunction:
         sync_fallbacks()
         executors = default_executors()
         table, impls = executor_table(executors)
-        traces = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts)
+        traces, backward_traces, grad_positions = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts)
         passes_at = time.perf_counter()
         namespace = {"torch": torch, **impls}
         namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
-        source, filename = str(traces[-1]), f"<thunder_rs {getattr(fn, '__qualname__', 'fn')}>"
-        exec(compile(source, filename, "exec"), namespace)
+        filename = f"<thunder_rs {getattr(fn, '__qualname__', 'fn')}>"
+        source, computation = _load(traces[-1], "computation", filename, namespace)
+        if backward_traces:
+            _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace)
+            computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single", acquired.out_kind == "list")
         end = time.perf_counter()
         all_tensors = len(acquired.tensor_positions) == len(flat)
-        entry = Entry(namespace["computation"], source, filename, None if all_tensors else acquired.tensor_positions, acquired.out_spec, traces)
-        self._record_miss(key, start, {"acquire": acquired_at - start, "passes": passes_at - acquired_at, "codegen": end - passes_at}, traces)
+        positions = None if all_tensors else acquired.tensor_positions
+        entry = Entry(computation, source, filename, positions, acquired.out_spec, traces, backward_traces)
+        self._record_miss(key, start, {"acquire": acquired_at - start, "passes": passes_at - acquired_at, "codegen": end - passes_at}, traces, backward_traces)
         self._cache[key] = entry
         self._last_entry = entry
         return entry
 
-    def _record_miss(self, key, start, stages, traces):
+    def _record_miss(self, key, start, stages, traces, backward_traces):
         stats = self._stats
         reason = describe_change(self._last_key[:2] if self._last_key else None, key[:2], [])
         self._last_key = key
@@ -155,6 +169,7 @@ class ThunderFunction:
         stats.miss_reasons.append(reason)
         stats.last_compile_s = time.perf_counter() - start
         stats.stage_s = {**stages, **{f"pass:{t.label}": t.seconds for t in traces}}
+        stats.stage_s.update((f"backward:{t.label}", t.seconds) for t in backward_traces)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
             warnings.warn(f"thunder_rs: {getattr(self._fn, '__qualname__', self._fn)} recompiled "
                           f"{stats.cache_misses} times; last change: {reason}", stacklevel=3)

@@ -49,8 +49,38 @@ def output_vids(out) -> list[int]:
     return []
 
 
+#: symbol id -> the grad rule registered for it (``thunder_rs.register_grad``).
+GRAD_RULES: dict[int, object] = {}
+#: symbol ids whose grad rule is running: a rule calling its own symbol records the plain
+#: decomposition.
+_rules_running: set[int] = set()
+
+
+def _requires_grad(args: tuple, kwargs: dict) -> bool:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, TensorProxy):
+            if a.requires_grad:
+                return True
+        elif isinstance(a, (tuple, list)) and any(isinstance(x, TensorProxy) and x.requires_grad for x in a):
+            return True
+    return False
+
+
+def _body(symbol_id: int, fn, args: tuple, kwargs: dict):
+    """The decomposition, or the grad rule when one is registered and a gradient may flow."""
+    rule = GRAD_RULES.get(symbol_id)
+    if rule is None or symbol_id in _rules_running or not _requires_grad(args, kwargs):
+        return fn(*args, **kwargs)
+    _rules_running.add(symbol_id)
+    try:
+        return rule(*args, **kwargs)
+    finally:
+        _rules_running.discard(symbol_id)
+
+
 def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
-    """Runs the decomposition ``fn`` as the body of a composite call of ``symbol_id``.
+    """Runs the decomposition ``fn`` (or the symbol's grad rule) as the body of a composite call
+    of ``symbol_id``.
 
     An error inside the decomposition is prefixed with ``name``, so it reads as a call path
     from the op the user called (``ltorch.masked_fill: ltorch.where: ...``).
@@ -58,7 +88,7 @@ def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
     rec = current()
     rec.begin(symbol_id, args, kwargs or None)
     try:
-        out = fn(*args, **kwargs)
+        out = _body(symbol_id, fn, args, kwargs)
     except ThunderError as e:
         rec.abort()
         if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(name + ":"):

@@ -121,6 +121,7 @@ def _register_prims() -> None:
         "sort": lambda a, dim, descending, stable: tuple(torch.sort(a, dim=dim, descending=descending, stable=stable)),
         "isfinite": torch.isfinite, "signbit": torch.signbit, "bitwise_not": torch.bitwise_not,
         "reciprocal": torch.reciprocal, "erfinv": torch.erfinv, "lgamma": torch.lgamma, "digamma": torch.digamma,
+        "polygamma": lambda a, n: torch.polygamma(n, a),
     }
     for name in prims.NAMES:
         _direct(name, simple.get(name) or getattr(torch, name))

@@ -202,6 +202,10 @@ pub(super) fn parse_param_prim(c: &mut CallArgs) -> Result<(Prim, Vec<Arg>)> {
             let value = c.scalar("padding_value")?;
             (Prim::Pad { value, config: c.pad_config()? }, a)
         }
+        "polygamma" => {
+            let a = unary(c)?;
+            (Prim::Polygamma { order: c.int("n")? }, a)
+        }
         "flip" => {
             let a = unary(c)?;
             (Prim::Flip { dims: c.dims("dims")? }, a)
@@ -286,6 +290,7 @@ pub(super) fn params(prim: &Prim) -> Vec<Arg> {
     let boolean = |b: bool| Arg::Scalar(Scalar::Bool(b));
     let opt_dim = |d: &Option<usize>| d.map_or(Arg::None, |d| int(d as i64));
     match prim {
+        Polygamma { order } => vec![int(*order)],
         ConvertElementType { dtype } => vec![Arg::DType(*dtype)],
         DevicePut { device } => vec![Arg::Device(*device)],
         BroadcastInDim { shape, dims } => vec![Arg::ints(shape), dims_arg(dims)],

@@ -31,7 +31,7 @@ fn accepts(prim: &Prim) -> Accepts {
         | Asin | Acos | Atan | Asinh | Acosh | Atanh | Sqrt | Rsqrt | Reciprocal => {
             Accepts::Inexact
         }
-        Erf | Erfc | Erfinv | Lgamma | Digamma | Atan2 => Accepts::Float,
+        Erf | Erfc | Erfinv | Lgamma | Digamma | Polygamma { .. } | Atan2 => Accepts::Float,
         BitwiseNot | BitwiseAnd | BitwiseOr | BitwiseXor => Accepts::IntOrBool,
         Abs | Neg | Sub | Pow | Div => Accepts::NotBool,
         Floor | Ceil | Round | Trunc | Fmod | Remainder => Accepts::RealNotBool,
@@ -173,4 +173,200 @@ pub(super) fn retype(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<
         _ => unreachable!("retype handles only convert_element_type and device_put"),
     }
     Ok(vec![out])
+}
+
+// ---------------------------------------------------------------------------------- VJP rules
+
+use crate::grad::{number, Emitter, Grads};
+use crate::value::{Arg, ValueKind};
+use crate::ValueId;
+use std::f64::consts::{LN_10, LN_2, PI};
+
+/// `g * f'(x)` for a unary prim `y = f(x)`; `None` where the output carries no gradient.
+pub(super) fn vjp_unary(prim: &Prim, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<Option<ValueId>> {
+    use Prim::*;
+    let dtype = e.meta(x).dtype;
+    let c = |v: f64| Arg::Scalar(number(dtype, v));
+    let (one, two) = (c(1.0), c(2.0));
+    // `1 - x*x`, `x*x + 1` and friends: the shared pieces of the inverse trigonometric rules.
+    let square_plus = |e: &mut Emitter, v: ValueId, sign: f64, add: f64| -> Result<ValueId> {
+        let sq = e.mul(v, v)?;
+        let sq = if sign < 0.0 { e.neg(sq)? } else { sq };
+        e.add(sq, e.scalar(v, add))
+    };
+    let grad = match prim {
+        Abs => { let s = e.unary(Sign, x)?; e.mul(g, s)? }
+        Neg => e.neg(g)?,
+        Exp => e.mul(g, y)?,
+        Exp2 => { let t = e.mul(g, y)?; e.mul(t, c(LN_2))? }
+        Expm1 => { let t = e.add(y, one)?; e.mul(g, t)? }
+        Log => e.div(g, x)?,
+        Log1p => { let t = e.add(x, one)?; e.div(g, t)? }
+        Log2 => { let t = e.mul(x, c(LN_2))?; e.div(g, t)? }
+        Log10 => { let t = e.mul(x, c(LN_10))?; e.div(g, t)? }
+        Sin => { let t = e.unary(Cos, x)?; e.mul(g, t)? }
+        Cos => { let t = e.unary(Sin, x)?; let t = e.mul(g, t)?; e.neg(t)? }
+        Tan => { let t = square_plus(e, y, 1.0, 1.0)?; e.mul(g, t)? }
+        Tanh => { let t = square_plus(e, y, -1.0, 1.0)?; e.mul(g, t)? }
+        Sinh => { let t = e.unary(Cosh, x)?; e.mul(g, t)? }
+        Cosh => { let t = e.unary(Sinh, x)?; e.mul(g, t)? }
+        Asin | Acos => {
+            let t = square_plus(e, x, -1.0, 1.0)?;
+            let r = e.unary(Rsqrt, t)?;
+            let t = e.mul(g, r)?;
+            if *prim == Acos { e.neg(t)? } else { t }
+        }
+        Atan => { let t = square_plus(e, x, 1.0, 1.0)?; e.div(g, t)? }
+        Asinh => { let t = square_plus(e, x, 1.0, 1.0)?; let r = e.unary(Rsqrt, t)?; e.mul(g, r)? }
+        Acosh => { let t = square_plus(e, x, 1.0, -1.0)?; let r = e.unary(Rsqrt, t)?; e.mul(g, r)? }
+        Atanh => { let t = square_plus(e, x, -1.0, 1.0)?; e.div(g, t)? }
+        Erf | Erfc => {
+            let t = square_plus(e, x, -1.0, 0.0)?;
+            let t = e.unary(Exp, t)?;
+            let sign = if *prim == Erf { 1.0 } else { -1.0 };
+            let t = e.mul(t, c(sign * 2.0 / PI.sqrt()))?;
+            e.mul(g, t)?
+        }
+        Erfinv => {
+            let t = e.mul(y, y)?;
+            let t = e.unary(Exp, t)?;
+            let t = e.mul(t, c(PI.sqrt() / 2.0))?;
+            e.mul(g, t)?
+        }
+        Sqrt => { let t = e.mul(y, two)?; e.div(g, t)? }
+        Rsqrt => {
+            let t = e.mul(y, y)?;
+            let t = e.mul(t, y)?;
+            let t = e.mul(t, c(-0.5))?;
+            e.mul(g, t)?
+        }
+        Reciprocal => { let t = e.mul(y, y)?; let t = e.mul(g, t)?; e.neg(t)? }
+        Lgamma => { let t = e.unary(Digamma, x)?; e.mul(g, t)? }
+        Digamma => { let t = e.unary(Polygamma { order: 1 }, x)?; e.mul(g, t)? }
+        Polygamma { order } => { let t = e.unary(Polygamma { order: order + 1 }, x)?; e.mul(g, t)? }
+        Sign | Floor | Ceil | Round | Trunc => e.zeros_like(x)?,
+        Signbit | IsFinite | BitwiseNot => return Ok(None),
+        _ => unreachable!("vjp_unary handles only unary elementwise prims"),
+    };
+    Ok(Some(grad))
+}
+
+/// The gradients of a binary elementwise prim `y = f(a, b)`; `ta`/`tb` are the operands that
+/// are tensors (numbers get no gradient).
+pub(super) fn vjp_binary(prim: &Prim, e: &mut Emitter, (a, b): (&Arg, &Arg), y: ValueId, g: ValueId) -> Result<(Option<ValueId>, Option<ValueId>)> {
+    use Prim::*;
+    let zero = e.scalar(g, 0.0);
+    Ok(match prim {
+        Add => (Some(g), Some(g)),
+        Sub => (Some(g), Some(e.neg(g)?)),
+        Mul => (Some(e.mul(g, b.clone())?), Some(e.mul(g, a.clone())?)),
+        Div => {
+            let ga = e.div(g, b.clone())?;
+            let t = e.mul(ga, a.clone())?;
+            let t = e.div(t, b.clone())?;
+            (Some(ga), Some(e.neg(t)?))
+        }
+        Pow => (pow_grad_base(e, a, b, g)?, pow_grad_exponent(e, a, b, y, g)?),
+        Fmod | Remainder => {
+            let q = e.div(a.clone(), b.clone())?;
+            let q = e.unary(if *prim == Fmod { Trunc } else { Floor }, q)?;
+            let t = e.mul(g, q)?;
+            (Some(g), Some(e.neg(t)?))
+        }
+        Maximum | Minimum => {
+            // Ties split the gradient in halves, as torch does.
+            let half = e.mul(g, e.scalar(g, 0.5))?;
+            let tie = e.binary(Eq, a.clone(), b.clone())?;
+            let a_wins = e.binary(if *prim == Maximum { Gt } else { Lt }, a.clone(), b.clone())?;
+            let ga = e.where_(a_wins, g, zero.clone())?;
+            let ga = e.where_(tie, half, ga)?;
+            let gb = e.where_(a_wins, zero.clone(), g)?;
+            let gb = e.where_(tie, half, gb)?;
+            (Some(ga), Some(gb))
+        }
+        Atan2 => {
+            let aa = e.mul(a.clone(), a.clone())?;
+            let bb = e.mul(b.clone(), b.clone())?;
+            let denom = e.add(aa, bb)?;
+            let ga = e.mul(g, b.clone())?;
+            let ga = e.div(ga, denom)?;
+            let gb = e.mul(g, a.clone())?;
+            let gb = e.div(gb, denom)?;
+            (Some(ga), Some(e.neg(gb)?))
+        }
+        Eq | Ne | Lt | Le | Gt | Ge | BitwiseAnd | BitwiseOr | BitwiseXor => (None, None),
+        _ => unreachable!("vjp_binary handles only binary elementwise prims"),
+    })
+}
+
+/// The value of a number operand (a literal or a number input); `None` for tensors.
+fn number_value(e: &Emitter, a: &Arg) -> Option<f64> {
+    match a {
+        Arg::Scalar(s) => Some(s.as_f64()),
+        Arg::Value(v) => match e.builder.value(*v) {
+            Some(ValueKind::Number(n)) => Some(n.as_f64()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `g * b * a^(b-1)`, zero where `b == 0` (as torch).
+fn pow_grad_base(e: &mut Emitter, a: &Arg, b: &Arg, g: ValueId) -> Result<Option<ValueId>> {
+    if number_value(e, a).is_some() {
+        return Ok(None);
+    }
+    let zero = e.scalar(g, 0.0);
+    if let Some(exponent) = number_value(e, b) {
+        if exponent == 0.0 {
+            return Ok(Some(e.zeros_like(g)?));
+        }
+        let p = e.binary(Prim::Pow, a.clone(), e.scalar(g, exponent - 1.0))?;
+        let t = e.mul(p, e.scalar(g, exponent))?;
+        return Ok(Some(e.mul(g, t)?));
+    }
+    let bm1 = e.sub(b.clone(), e.scalar(g, 1.0))?;
+    let p = e.binary(Prim::Pow, a.clone(), bm1)?;
+    let t = e.mul(p, b.clone())?;
+    let t = e.mul(g, t)?;
+    let b_zero = e.binary(Prim::Eq, b.clone(), zero.clone())?;
+    Ok(Some(e.where_(b_zero, zero, t)?))
+}
+
+/// `g * y * log(a)`, zero where `a == 0` and `b >= 0` (as torch).
+fn pow_grad_exponent(e: &mut Emitter, a: &Arg, b: &Arg, y: ValueId, g: ValueId) -> Result<Option<ValueId>> {
+    if number_value(e, b).is_some() {
+        return Ok(None);
+    }
+    let zero = e.scalar(g, 0.0);
+    let gy = e.mul(g, y)?;
+    let (t, a_zero) = match number_value(e, a) {
+        Some(base) => (e.mul(gy, e.scalar(g, base.ln()))?, Arg::Scalar(Scalar::Bool(base == 0.0))),
+        None => {
+            let la = e.unary(Prim::Log, a.as_value().expect("a tensor operand"))?;
+            (e.mul(gy, la)?, Arg::Value(e.binary(Prim::Eq, a.clone(), zero.clone())?))
+        }
+    };
+    let b_nonneg = e.binary(Prim::Ge, b.clone(), zero.clone())?;
+    let mask = e.binary(Prim::BitwiseAnd, b_nonneg, a_zero)?;
+    Ok(Some(e.where_(mask, zero, t)?))
+}
+
+/// `where(pred, a, b)`: the gradient goes to the branch each element came from.
+pub(super) fn vjp_where(e: &mut Emitter, pred: &Arg, g: ValueId) -> Result<Grads> {
+    let zero = e.scalar(g, 0.0);
+    let ga = e.where_(pred.clone(), g, zero.clone())?;
+    let gb = e.where_(pred.clone(), zero, g)?;
+    Ok(vec![None, Some(ga), Some(gb)])
+}
+
+/// `convert_element_type` and `device_put`: the gradient goes back to the input's dtype/device.
+pub(super) fn vjp_retype(prim: &Prim, e: &mut Emitter, x: ValueId, g: ValueId) -> Result<Option<ValueId>> {
+    let m = e.meta(x);
+    match prim {
+        Prim::ConvertElementType { .. } if m.dtype.is_inexact() => Ok(Some(e.convert(g, m.dtype)?)),
+        Prim::ConvertElementType { .. } => Ok(None),
+        Prim::DevicePut { .. } => Ok(Some(e.emit(Prim::DevicePut { device: m.device }, vec![Arg::Value(g)])?)),
+        _ => unreachable!("vjp_retype handles only convert_element_type and device_put"),
+    }
 }

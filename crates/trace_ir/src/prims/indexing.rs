@@ -128,3 +128,61 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
         _ => unreachable!("indexing::meta handles only indexing prims"),
     }
 }
+
+// ---------------------------------------------------------------------------------- VJP rules
+
+use crate::grad::{Emitter, Grads};
+use crate::value::Arg;
+use crate::ValueId;
+
+/// Gradients of the indexing prims: what was read is added back where it was read from.
+pub(super) fn vjp(prim: &Prim, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+    let operand = |i: usize| operands[i].as_value().expect("indexing operands are tensors");
+    let scatter = |e: &mut Emitter, prim: Prim, into: ValueId, index: ValueId, g: ValueId| -> Result<ValueId> {
+        let zeros = e.zeros_like(into)?;
+        e.emit(prim, vec![Arg::Value(zeros), Arg::Value(index), Arg::Value(g)])
+    };
+    let g = cots[0];
+    Ok(match prim {
+        Prim::Embedding => {
+            let (indices, weight) = (operand(0), operand(1));
+            let dim = e.meta(weight).shape[1];
+            let flat_index = e.reshape(indices, &[e.meta(indices).numel()])?;
+            let rows = e.reshape(g.expect("one cotangent"), &[e.meta(indices).numel(), dim])?;
+            vec![None, Some(scatter(e, Prim::IndexAdd { dim: 0 }, weight, flat_index, rows)?)]
+        }
+        Prim::Take { dim } => {
+            vec![Some(scatter(e, Prim::IndexAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?), None]
+        }
+        Prim::TakeAlongAxis { dim } | Prim::Gather { dim } => {
+            vec![Some(scatter(e, Prim::ScatterAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?), None]
+        }
+        Prim::ScatterAdd { dim } => {
+            let g = g.expect("one cotangent");
+            let (index, src) = (operand(1), operand(2));
+            let picked = e.emit(Prim::Gather { dim: *dim }, vec![Arg::Value(g), Arg::Value(index)])?;
+            vec![Some(g), None, Some(pad_to(e, picked, &e.meta(src).shape)?)]
+        }
+        Prim::IndexAdd { dim } => {
+            let g = g.expect("one cotangent");
+            let picked = e.emit(Prim::Take { dim: *dim }, vec![Arg::Value(g), Arg::Value(operand(1))])?;
+            vec![Some(g), None, Some(picked)]
+        }
+        Prim::Topk { dim, .. } | Prim::Sort { dim, .. } => match g {
+            Some(g) => vec![Some(scatter(e, Prim::ScatterAdd { dim: *dim }, operand(0), outputs[1], g)?)],
+            None => vec![None],
+        },
+        _ => unreachable!("indexing::vjp handles only indexing prims"),
+    })
+}
+
+/// Pads `v` with zeros at the end of each dim up to `shape` (scatter sources larger than their
+/// index get no gradient past it).
+fn pad_to(e: &mut Emitter, v: ValueId, shape: &[i64]) -> Result<ValueId> {
+    let m = e.meta(v);
+    if m.shape == shape {
+        return Ok(v);
+    }
+    let config = m.shape.iter().zip(shape).map(|(&have, &want)| (0, want - have, 0)).collect();
+    e.emit(Prim::Pad { value: crate::grad::number(m.dtype, 0.0), config }, vec![Arg::Value(v)])
+}

@@ -91,3 +91,76 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
     };
     Ok(vec![TensorMeta::new(a.dtype, a.device, shape)])
 }
+
+// ---------------------------------------------------------------------------------- VJP rules
+
+use crate::grad::{Emitter, Grads};
+use crate::value::Arg;
+use crate::ValueId;
+
+pub(super) fn vjp(prim: &Prim, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Grads> {
+    let a = operands[0].as_value().expect("linalg operands are tensors");
+    let b = operands[1].as_value().expect("linalg operands are tensors");
+    match prim {
+        Prim::Matmul => vjp_matmul(e, a, b, g),
+        Prim::Linear => {
+            let mut grads = vjp_linear(e, a, b, g)?;
+            if let Some(bias) = operands.get(2).and_then(Arg::as_value) {
+                let shape = e.meta(bias).shape;
+                grads.push(Some(e.sum_to(g, &shape)?));
+            }
+            Ok(grads)
+        }
+        _ => unreachable!("linalg::vjp handles only matmul and linear"),
+    }
+}
+
+/// `matmul` with torch's rules for 1-D operands (a vector is a row on the left and a column on
+/// the right) and broadcast batch dimensions, which the gradients sum back.
+fn vjp_matmul(e: &mut Emitter, a: ValueId, b: ValueId, g: ValueId) -> Result<Grads> {
+    let (sa, sb) = (e.meta(a).shape, e.meta(b).shape);
+    if sa.len() == 1 && sb.len() == 1 {
+        let ga = e.broadcast(g, &sa, vec![])?;
+        let gb = e.broadcast(g, &sb, vec![])?;
+        return Ok(vec![Some(e.mul(ga, b)?), Some(e.mul(gb, a)?)]);
+    }
+    let a2 = if sa.len() == 1 { e.reshape(a, &[1, sa[0]])? } else { a };
+    let b2 = if sb.len() == 1 { e.reshape(b, &[sb[0], 1])? } else { b };
+    let (sa2, sb2) = (e.meta(a2).shape, e.meta(b2).shape);
+    let mut g_shape = e.meta(g).shape;
+    if sa.len() == 1 {
+        g_shape.insert(g_shape.len() - usize::from(sb.len() > 1), 1);
+    }
+    if sb.len() == 1 {
+        g_shape.push(1);
+    }
+    let g2 = e.reshape(g, &g_shape)?;
+    let bt = e.swap_last(b2)?;
+    let ga = e.binary(Prim::Matmul, g2, bt)?;
+    let ga = e.sum_to(ga, &sa2)?;
+    let at = e.swap_last(a2)?;
+    let gb = e.binary(Prim::Matmul, at, g2)?;
+    let gb = e.sum_to(gb, &sb2)?;
+    Ok(vec![Some(e.reshape(ga, &sa)?), Some(e.reshape(gb, &sb)?)])
+}
+
+/// `linear(x, w) = x @ w.T` with `w` of rank 2 or 1; the bias is handled by the caller.
+fn vjp_linear(e: &mut Emitter, x: ValueId, w: ValueId, g: ValueId) -> Result<Grads> {
+    let (sx, sw) = (e.meta(x).shape, e.meta(w).shape);
+    let r = sx.len();
+    if sw.len() == 1 {
+        let gb = e.broadcast(g, &sx, (0..r - 1).collect())?;
+        let wb = e.broadcast(w, &sx, vec![r - 1])?;
+        let gx = e.mul(gb, wb)?;
+        let gw = e.mul(gb, x)?;
+        let gw = e.sum(gw, (0..r - 1).collect())?;
+        return Ok(vec![Some(gx), Some(gw)]);
+    }
+    let gx = e.binary(Prim::Matmul, g, w)?;
+    let rows: i64 = sx[..r - 1].iter().product();
+    let g2 = e.reshape(g, &[rows, sw[0]])?;
+    let x2 = e.reshape(x, &[rows, sw[1]])?;
+    let gt = e.swap_last(g2)?;
+    let gw = e.binary(Prim::Matmul, gt, x2)?;
+    Ok(vec![Some(gx), Some(gw)])
+}

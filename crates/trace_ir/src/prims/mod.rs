@@ -15,7 +15,9 @@ mod shape;
 
 use crate::dtype::{DType, Device};
 use crate::error::Result;
-use crate::value::{Arg, Scalar, TensorMeta};
+use crate::grad::{Emitter, Grads};
+use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
+use crate::ValueId;
 use args::CallArgs;
 
 /// An operand of a prim as its meta rule sees it.
@@ -56,6 +58,8 @@ pub enum Prim {
     Abs, Neg, Exp, Exp2, Expm1, Log, Log1p, Log2, Log10, Sin, Cos, Tan, Tanh, Sinh, Cosh, Asin,
     Acos, Atan, Asinh, Acosh, Atanh, Erf, Erfc, Erfinv, Sqrt, Rsqrt, Reciprocal, Sign, Signbit,
     Floor, Ceil, Round, Trunc, IsFinite, BitwiseNot, Lgamma, Digamma,
+    /// The `order`-th derivative of digamma (`torch.polygamma(order, a)`).
+    Polygamma { order: i64 },
     // Elementwise binary.
     Add, Sub, Mul, Div, Pow, Fmod, Remainder, Maximum, Minimum, Atan2, Eq, Ne, Lt, Le, Gt, Ge,
     BitwiseAnd, BitwiseOr, BitwiseXor,
@@ -118,7 +122,7 @@ plain_prims! {
 
 /// Names of the prims with parameters, in the order of [`Prim`].
 pub const PARAM_PRIM_NAMES: &[&str] = &[
-    "convert_element_type", "device_put", "broadcast_in_dim", "reshape", "transpose", "slice",
+    "polygamma", "convert_element_type", "device_put", "broadcast_in_dim", "reshape", "transpose", "slice",
     "squeeze", "cat", "pad", "flip", "full", "iota", "uniform", "sum", "prod", "amax", "amin",
     "var", "var_mean", "argmax", "argmin", "take", "take_along_axis", "gather", "scatter_add",
     "index_add", "topk", "sort",
@@ -137,6 +141,7 @@ impl Prim {
         }
         use Prim::*;
         match self {
+            Polygamma { .. } => "polygamma",
             ConvertElementType { .. } => "convert_element_type",
             DevicePut { .. } => "device_put",
             BroadcastInDim { .. } => "broadcast_in_dim",
@@ -230,6 +235,44 @@ impl Prim {
         }
     }
 
+    /// The gradients of one call of this prim (reverse mode): `cots` holds the cotangent of each
+    /// output (`None` where no gradient flows), and the result one gradient per operand, with
+    /// the operand's shape and dtype. Every prim is listed: a new prim needs a rule to compile.
+    pub fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+        use Prim::*;
+        let complex = operands.iter().filter_map(Arg::as_value).any(|v| {
+            matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad && t.dtype.is_complex())
+        });
+        if complex {
+            crate::bail!(NotImplemented, &self.qualified_name(), "gradients of complex tensors are not supported");
+        }
+        let x = || operands[0].as_value().expect("the first operand of a differentiable prim is a tensor");
+        let g = || cots[0].expect("a single-output prim is differentiated only with a cotangent");
+        match self {
+            Abs | Neg | Exp | Exp2 | Expm1 | Log | Log1p | Log2 | Log10 | Sin | Cos | Tan | Tanh
+            | Sinh | Cosh | Asin | Acos | Atan | Asinh | Acosh | Atanh | Erf | Erfc | Erfinv
+            | Sqrt | Rsqrt | Reciprocal | Sign | Signbit | Floor | Ceil | Round | Trunc
+            | IsFinite | BitwiseNot | Lgamma | Digamma | Polygamma { .. } => {
+                Ok(vec![elementwise::vjp_unary(self, e, x(), outputs[0], g())?])
+            }
+            Add | Sub | Mul | Div | Pow | Fmod | Remainder | Maximum | Minimum | Atan2 | Eq | Ne
+            | Lt | Le | Gt | Ge | BitwiseAnd | BitwiseOr | BitwiseXor => {
+                let (ga, gb) = elementwise::vjp_binary(self, e, (&operands[0], &operands[1]), outputs[0], g())?;
+                Ok(vec![ga, gb])
+            }
+            Where => elementwise::vjp_where(e, &operands[0], g()),
+            ConvertElementType { .. } | DevicePut { .. } => Ok(vec![elementwise::vjp_retype(self, e, x(), g())?]),
+            BroadcastInDim { .. } | Reshape { .. } | Transpose { .. } | Slice { .. } | Squeeze { .. }
+            | Cat { .. } | Pad { .. } | Flip { .. } => shape::vjp(self, e, operands, g()),
+            Full { .. } | Iota { .. } | Uniform { .. } => Ok(vec![]),
+            Sum { .. } | Prod { .. } | Amax { .. } | Amin { .. } | Var { .. } | VarMean { .. }
+            | Argmax { .. } | Argmin { .. } => reduce::vjp(self, e, x(), outputs, cots),
+            Matmul | Linear => linalg::vjp(self, e, operands, g()),
+            Embedding | Take { .. } | TakeAlongAxis { .. } | Gather { .. } | ScatterAdd { .. }
+            | IndexAdd { .. } | Topk { .. } | Sort { .. } => indexing::vjp(self, e, operands, outputs, cots),
+        }
+    }
+
     pub fn is_unary_elementwise(&self) -> bool {
         use Prim::*;
         matches!(
@@ -237,7 +280,7 @@ impl Prim {
             Abs | Neg | Exp | Exp2 | Expm1 | Log | Log1p | Log2 | Log10 | Sin | Cos | Tan | Tanh
                 | Sinh | Cosh | Asin | Acos | Atan | Asinh | Acosh | Atanh | Erf | Erfc | Erfinv
                 | Sqrt | Rsqrt | Reciprocal | Sign | Signbit | Floor | Ceil | Round | Trunc
-                | IsFinite | BitwiseNot | Lgamma | Digamma
+                | IsFinite | BitwiseNot | Lgamma | Digamma | Polygamma { .. }
         )
     }
 

@@ -52,3 +52,60 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
         _ => unreachable!("reduce::meta handles only reductions"),
     }
 }
+
+// ---------------------------------------------------------------------------------- VJP rules
+
+use crate::grad::{Emitter, Grads};
+use crate::ValueId;
+
+/// Gradients of the reductions: the cotangent is expanded back over the reduced dims.
+pub(super) fn vjp(prim: &Prim, e: &mut Emitter, x: ValueId, outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+    let shape = e.meta(x).shape;
+    let grad = match prim {
+        Prim::Sum { dims } => e.unreduce(cots[0].expect("one cotangent"), &shape, dims)?,
+        Prim::Prod { dims } => {
+            // prod / x: undefined at zeros, as in Thunder.
+            let g = e.unreduce(cots[0].expect("one cotangent"), &shape, dims)?;
+            let y = e.unreduce(outputs[0], &shape, dims)?;
+            let t = e.mul(g, y)?;
+            e.div(t, x)?
+        }
+        Prim::Amax { dims } | Prim::Amin { dims } => {
+            // Ties share the gradient equally, as torch does.
+            let y = e.unreduce(outputs[0], &shape, dims)?;
+            let hit = e.binary(Prim::Eq, x, y)?;
+            let hit = e.convert(hit, e.meta(x).dtype)?;
+            let count = e.sum(hit, dims.clone())?;
+            let g = e.div(cots[0].expect("one cotangent"), count)?;
+            let g = e.unreduce(g, &shape, dims)?;
+            e.mul(g, hit)?
+        }
+        Prim::Var { dims, correction } | Prim::VarMean { dims, correction } => {
+            let n: i64 = dims.iter().map(|&d| shape[d]).product();
+            let mut grad = None;
+            if let Some(g) = cots[0] {
+                // d var / dx = 2 (x - mean) / (n - correction)
+                let mean = e.sum(x, dims.clone())?;
+                let mean = e.div(mean, e.scalar(x, n as f64))?;
+                let mean = e.unreduce(mean, &shape, dims)?;
+                let centered = e.sub(x, mean)?;
+                let scale = 2.0 / (n as f64 - correction.as_f64());
+                let g = e.unreduce(g, &shape, dims)?;
+                let t = e.mul(centered, e.scalar(x, scale))?;
+                grad = Some(e.mul(g, t)?);
+            }
+            if let Some(g_mean) = cots.get(1).copied().flatten() {
+                let t = e.div(g_mean, e.scalar(x, n as f64))?;
+                let t = e.unreduce(t, &shape, dims)?;
+                grad = Some(match grad {
+                    Some(g) => e.add(g, t)?,
+                    None => t,
+                });
+            }
+            return Ok(vec![grad]);
+        }
+        Prim::Argmax { .. } | Prim::Argmin { .. } => return Ok(vec![None]),
+        _ => unreachable!("reduce::vjp handles only reductions"),
+    };
+    Ok(vec![Some(grad)])
+}

@@ -160,3 +160,90 @@ fn cat(op: &str, operands: &[Operand], dim: usize) -> Result<Vec<TensorMeta>> {
     }
     Ok(vec![TensorMeta::new(first.dtype, first.device, shape)])
 }
+
+// ---------------------------------------------------------------------------------- VJP rules
+
+use crate::grad::{number, Emitter, Grads};
+use crate::value::Arg;
+use crate::ValueId;
+
+/// Shape prims move elements, so their gradients move them back.
+pub(super) fn vjp(prim: &Prim, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Grads> {
+    if let Prim::Cat { dim } = prim {
+        return vjp_cat(e, operands, *dim, g);
+    }
+    let Some(x) = operands[0].as_value() else { return Ok(vec![None]) };
+    let in_shape = e.meta(x).shape;
+    let grad = match prim {
+        Prim::BroadcastInDim { shape, dims } => {
+            let stretched = dims.iter().zip(&in_shape).filter(|(&d, &s)| s == 1 && shape[d] != 1).map(|(&d, _)| d);
+            let added = (0..shape.len()).filter(|d| !dims.contains(d));
+            let mut summed: Vec<usize> = added.chain(stretched).collect();
+            summed.sort_unstable();
+            let s = e.sum(g, summed)?;
+            e.reshape(s, &in_shape)?
+        }
+        Prim::Reshape { .. } | Prim::Squeeze { .. } => e.reshape(g, &in_shape)?,
+        Prim::Transpose { perm } => {
+            let mut inverse = vec![0; perm.len()];
+            perm.iter().enumerate().for_each(|(i, &p)| inverse[p] = i);
+            e.emit(Prim::Transpose { perm: inverse }, vec![Arg::Value(g)])?
+        }
+        Prim::Slice { start, strides, .. } => {
+            let out_shape = e.meta(g).shape;
+            let config = (0..in_shape.len())
+                .map(|i| {
+                    let (lo, st, n) = (start[i], strides[i], out_shape[i]);
+                    let covered = if n == 0 { 0 } else { (n - 1) * st + 1 };
+                    (lo, in_shape[i] - lo - covered, if n == 0 { 0 } else { st - 1 })
+                })
+                .collect();
+            e.emit(Prim::Pad { value: number(e.meta(g).dtype, 0.0), config }, vec![Arg::Value(g)])?
+        }
+        Prim::Pad { config, .. } => vjp_pad(e, g, &in_shape, config)?,
+        Prim::Flip { dims } => e.emit(Prim::Flip { dims: dims.clone() }, vec![Arg::Value(g)])?,
+        _ => unreachable!("shape::vjp handles only shape prims"),
+    };
+    Ok(vec![Some(grad)])
+}
+
+fn vjp_cat(e: &mut Emitter, operands: &[Arg], dim: usize, g: ValueId) -> Result<Grads> {
+    let g_shape = e.meta(g).shape;
+    let mut offset = 0;
+    operands
+        .iter()
+        .map(|a| {
+            let x = a.as_value().expect("cat operands are tensors");
+            let size = e.meta(x).shape[dim];
+            let mut start = vec![0; g_shape.len()];
+            let mut end = g_shape.clone();
+            start[dim] = offset;
+            end[dim] = offset + size;
+            offset += size;
+            let strides = vec![1; g_shape.len()];
+            Ok(Some(e.emit(Prim::Slice { start, end, strides }, vec![Arg::Value(g)])?))
+        })
+        .collect()
+}
+
+/// Pad's gradient: restore what negative padding cropped (with zeros), then take every
+/// `dilation + 1`-th element of the interior.
+fn vjp_pad(e: &mut Emitter, g: ValueId, in_shape: &[i64], config: &[(i64, i64, i64)]) -> Result<ValueId> {
+    let cropped = config.iter().any(|&(lo, hi, _)| lo < 0 || hi < 0);
+    let g = if cropped {
+        let restore = config.iter().map(|&(lo, hi, _)| ((-lo).max(0), (-hi).max(0), 0)).collect();
+        let value = number(e.meta(g).dtype, 0.0);
+        e.emit(Prim::Pad { value, config: restore }, vec![Arg::Value(g)])?
+    } else {
+        g
+    };
+    let n = in_shape.len();
+    let (mut start, mut end, mut strides) = (vec![0; n], vec![0; n], vec![1; n]);
+    for (i, (&size, &(lo, _, dilation))) in in_shape.iter().zip(config).enumerate() {
+        let dilated = if size == 0 { 0 } else { size + (size - 1) * dilation };
+        start[i] = lo.max(0);
+        end[i] = start[i] + dilated;
+        strides[i] = dilation + 1;
+    }
+    e.emit(Prim::Slice { start, end, strides }, vec![Arg::Value(g)])
+}

@@ -50,6 +50,7 @@ const VALID: &[Valid] = &[
     (&["b8[2, 3]", "f32[2, 3]"], "where", "t0, t1, 0.0", &["f32[2, 3]"]),
     (&["b8[2, 3]", "i64[2, 3]"], "where", "t0, 1, t1", &["i64[2, 3]"]),
     (&["f32[2, 3]", "f32[2, 3]"], "where", "True, t0, t1", &["f32[2, 3]"]),
+    (&["f32[2, 3]"], "polygamma", "t0, 1", &["f32[2, 3]"]),
     (&["f32[2, 3]"], "convert_element_type", "t0, torch.float16", &["f16[2, 3]"]),
     (&["i64[2]"], "convert_element_type", "t0, torch.bool", &["b8[2]"]),
     (&["f32[2, 3]"], "device_put", "t0, torch.device('cuda:0')", &["cuda:0 f32[2, 3]"]),

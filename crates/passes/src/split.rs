@@ -1,0 +1,180 @@
+//! Splits a joint forward+backward trace into a forward that returns its outputs plus the
+//! residuals, and a backward that takes the residuals and the cotangents.
+//!
+//! Residuals are chosen to keep saved bytes small: walking the values the backward needs from
+//! the last defined to the first, a value made by a cheap prim (elementwise, shape, creation) is
+//! recomputed in the backward instead of saved when the inputs that recomputing it needs, and
+//! that are not needed anyway, take no more bytes than it does. The forward's inputs cost
+//! nothing to save (the caller holds them). Random prims are never recomputed.
+//!
+//! A composite in the forward stays whole (an executor may run it as one call) unless a
+//! residual is defined inside it; then it is replaced by its decomposition.
+
+use crate::vjp::Joint;
+use rustc_hash::FxHashMap;
+use std::collections::BinaryHeap;
+use trace_ir::{bail, Arg, BoundSymbol, Prim, Result, Symbol, Trace, ValueId, ValueKind};
+
+/// The two halves of a joint trace.
+#[derive(Clone, Debug)]
+pub struct Split {
+    /// Returns `(outputs, (residuals...))`.
+    pub forward: Trace,
+    /// Takes `(residuals..., cotangents...)` and returns one gradient or None per forward input.
+    pub backward: Trace,
+    pub residuals: Vec<ValueId>,
+}
+
+/// Where the backward can get a forward value from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// Saved for free: a forward input.
+    Input,
+    /// Made by a prim the backward could run again.
+    Prim(&'a BoundSymbol),
+    /// Made by something that must run in the forward (a composite's output, a fallback).
+    Opaque,
+}
+
+pub fn split(joint: &Joint) -> Result<Split> {
+    let t = &joint.trace;
+    let (forward, backward) = t.bsyms.split_at(joint.num_forward);
+    let (primal_inputs, cot_inputs) = t.inputs.split_at(t.inputs.len() - joint.num_cotangents);
+    let Arg::Tuple(parts) = &t.outputs else { bail!(Runtime, "split", "a joint trace returns (outputs, grads)") };
+    let [outputs, grads] = parts.as_slice() else { bail!(Runtime, "split", "a joint trace returns (outputs, grads)") };
+
+    let sources = sources(t, primal_inputs, forward);
+    let mut in_backward = vec![false; t.values.len()];
+    cot_inputs.iter().for_each(|v| in_backward[v.index()] = true);
+    backward.iter().for_each(|b| b.for_each_defined(&mut |v| in_backward[v.index()] = true));
+    let mut needed = Vec::new();
+    backward.iter().for_each(|b| b.for_each_input(|v| needed.push(v)));
+    grads.for_each_value(&mut |v| needed.push(v));
+    needed.retain(|v| !in_backward[v.index()]);
+
+    let (residuals, mut recomputed) = choose_residuals(t, &sources, needed);
+    recomputed.sort_by_key(|b| b.outputs[0]);
+
+    let mut is_residual = vec![false; t.values.len()];
+    residuals.iter().for_each(|v| is_residual[v.index()] = true);
+    let mut fwd_bsyms = Vec::with_capacity(forward.len());
+    forward.iter().for_each(|b| flatten_where_needed(b, &is_residual, &mut fwd_bsyms));
+
+    let residual_args = Arg::Tuple(residuals.iter().map(|&v| Arg::Value(v)).collect());
+    let fwd = Trace {
+        values: t.values.clone(),
+        inputs: primal_inputs.to_vec(),
+        bsyms: fwd_bsyms,
+        outputs: Arg::Tuple(vec![outputs.clone(), residual_args]),
+    };
+    let mut bwd_bsyms = recomputed;
+    bwd_bsyms.extend(backward.iter().cloned());
+    let bwd = Trace {
+        values: t.values.clone(),
+        inputs: residuals.iter().chain(cot_inputs).copied().collect(),
+        bsyms: bwd_bsyms,
+        outputs: grads.clone(),
+    };
+    Ok(Split { forward: fwd, backward: bwd, residuals })
+}
+
+/// How each forward value could reach the backward.
+fn sources<'a>(t: &Trace, inputs: &[ValueId], forward: &'a [BoundSymbol]) -> FxHashMap<ValueId, Source<'a>> {
+    fn inside<'a>(bsym: &'a BoundSymbol, out: &mut FxHashMap<ValueId, Source<'a>>) {
+        for sub in &bsym.subsymbols {
+            match sub.symbol {
+                Symbol::Prim(_) => sub.outputs.iter().for_each(|&v| { out.insert(v, Source::Prim(sub)); }),
+                _ => inside(sub, out),
+            }
+        }
+    }
+    let mut out: FxHashMap<ValueId, Source<'a>> = FxHashMap::default();
+    out.reserve(t.values.len());
+    for b in forward {
+        match b.symbol {
+            Symbol::Prim(_) => b.outputs.iter().for_each(|&v| { out.insert(v, Source::Prim(b)); }),
+            _ => {
+                inside(b, &mut out);
+                b.outputs.iter().for_each(|&v| { out.insert(v, Source::Opaque); });
+            }
+        }
+    }
+    inputs.iter().for_each(|&v| { out.insert(v, Source::Input); });
+    out
+}
+
+/// Prims cheap enough to run again in the backward rather than save their result.
+fn recomputable(bsym: &BoundSymbol) -> bool {
+    match &bsym.symbol {
+        Symbol::Prim(p) => {
+            bsym.outputs.len() == 1
+                && !p.is_random()
+                && (p.is_elementwise() || p.is_shape_op() || matches!(p, Prim::Full { .. } | Prim::Iota { .. }))
+        }
+        _ => false,
+    }
+}
+
+fn bytes(t: &Trace, v: ValueId) -> i64 {
+    match t.value(v) {
+        ValueKind::Tensor(m) => m.numel() * m.dtype.itemsize() as i64,
+        ValueKind::Number(_) => 0,
+    }
+}
+
+/// Decides, from the last-defined needed value to the first, what the backward saves and what
+/// it recomputes. Returns the residuals (by id) and the prims to recompute.
+fn choose_residuals(t: &Trace, sources: &FxHashMap<ValueId, Source>, needed: Vec<ValueId>) -> (Vec<ValueId>, Vec<BoundSymbol>) {
+    let mut seen = vec![false; t.values.len()];
+    let mut heap = BinaryHeap::new();
+    for v in needed {
+        if !std::mem::replace(&mut seen[v.index()], true) {
+            heap.push(v);
+        }
+    }
+    let (mut residuals, mut recomputed) = (Vec::new(), Vec::new());
+    while let Some(v) = heap.pop() {
+        let bsym = match sources.get(&v) {
+            Some(Source::Prim(b)) if recomputable(b) => *b,
+            _ => {
+                residuals.push(v);
+                continue;
+            }
+        };
+        let mut extra = 0;
+        bsym.for_each_input(|i| {
+            let free = matches!(sources.get(&i), Some(Source::Input));
+            if !seen[i.index()] && !free {
+                extra += bytes(t, i);
+            }
+        });
+        if extra > bytes(t, v) {
+            residuals.push(v);
+            continue;
+        }
+        bsym.for_each_input(|i| {
+            if !std::mem::replace(&mut seen[i.index()], true) {
+                heap.push(i);
+            }
+        });
+        recomputed.push(BoundSymbol { subsymbols: Vec::new(), grad: None, ..bsym.clone() });
+    }
+    residuals.sort_unstable();
+    (residuals, recomputed)
+}
+
+/// Keeps `bsym` whole unless a residual is defined inside it; then emits its decomposition,
+/// recursively.
+fn flatten_where_needed(bsym: &BoundSymbol, is_residual: &[bool], out: &mut Vec<BoundSymbol>) {
+    if bsym.subsymbols.is_empty() {
+        out.push(bsym.clone());
+        return;
+    }
+    let mut inner_residual = false;
+    bsym.for_each_defined(&mut |v| inner_residual |= is_residual[v.index()] && !bsym.outputs.contains(&v));
+    if inner_residual {
+        bsym.subsymbols.iter().for_each(|s| flatten_where_needed(s, is_residual, out));
+    } else {
+        out.push(bsym.clone());
+    }
+}

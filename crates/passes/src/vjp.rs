@@ -1,0 +1,189 @@
+//! Reverse-mode autodiff: one joint forward+backward trace from a forward trace.
+//!
+//! The backward walks the forward's bound symbols in reverse. A prim uses its Rust rule
+//! ([`Prim::vjp`]); a composite recorded through a Python grad rule emits the backward the rule
+//! recorded; any other composite is differentiated through its decomposition; a fallback gets a
+//! `<name>.vjp` call that torch.autograd differentiates at run time. Only tensors that require
+//! grad receive gradients, so integer and boolean values never do.
+
+use crate::PassCx;
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+use trace_ir::grad::Emitter;
+use trace_ir::{bail, Arg, BoundSymbol, GradRule, Result, Symbol, SymbolId, SymbolTable, Trace, TraceBuilder, ValueId, ValueKind};
+
+/// A joint trace: the forward's bound symbols, then the backward's.
+///
+/// Its inputs are the forward's inputs followed by one cotangent per differentiable output; its
+/// outputs are `(forward outputs, (gradient or None per forward input))`.
+#[derive(Clone, Debug)]
+pub struct Joint {
+    pub trace: Trace,
+    /// How many leading bound symbols are the forward's.
+    pub num_forward: usize,
+    /// How many trailing inputs are cotangents.
+    pub num_cotangents: usize,
+}
+
+/// The output values that gradients flow into: tensors that require grad, in output order
+/// (a value returned twice appears twice).
+pub fn differentiable_outputs(trace: &Trace) -> Vec<ValueId> {
+    let mut out = Vec::new();
+    trace.outputs.for_each_value(&mut |v| {
+        if trace.tensor(v).is_some_and(|t| t.requires_grad) {
+            out.push(v);
+        }
+    });
+    out
+}
+
+/// The VJP pass as the pass manager runs it: the joint trace (or the trace unchanged when no
+/// output requires grad).
+pub fn vjp(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
+    Ok(joint(trace)?.map_or_else(|| trace.clone(), |j| j.trace))
+}
+
+/// Builds the joint trace, or `None` when no output requires grad.
+pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
+    let outputs = differentiable_outputs(trace);
+    if outputs.is_empty() {
+        return Ok(None);
+    }
+    let mut builder = TraceBuilder::resume(trace);
+    let mut cots = Cotangents::default();
+    {
+        let mut e = Emitter::new(&mut builder);
+        for &o in &outputs {
+            let mut meta = trace.tensor(o).expect("differentiable outputs are tensors").clone();
+            meta.requires_grad = false;
+            let c = e.builder.add_input(ValueKind::Tensor(meta));
+            cots.accumulate(&mut e, o, c)?;
+        }
+        backprop(&mut e, &mut cots, &trace.bsyms)?;
+    }
+    let backward = builder.take_bsyms();
+    let (values, inputs) = builder.into_parts();
+    let grads = trace.inputs.iter().map(|i| cots.get(*i).map_or(Arg::None, Arg::Value)).collect();
+    let mut bsyms = trace.bsyms.clone();
+    let num_forward = bsyms.len();
+    bsyms.extend(backward);
+    let outputs_joint = Arg::Tuple(vec![trace.outputs.clone(), Arg::Tuple(grads)]);
+    let trace = Trace { values: Arc::new(values), inputs, bsyms, outputs: outputs_joint };
+    Ok(Some(Joint { trace, num_forward, num_cotangents: outputs.len() }))
+}
+
+/// The cotangent accumulated so far for each value.
+#[derive(Default)]
+struct Cotangents {
+    of: FxHashMap<ValueId, ValueId>,
+}
+
+impl Cotangents {
+    fn get(&self, v: ValueId) -> Option<ValueId> {
+        self.of.get(&v).copied()
+    }
+
+    /// Adds `g` to the cotangent of `v`, if `v` is a tensor that requires grad.
+    fn accumulate(&mut self, e: &mut Emitter, v: ValueId, g: ValueId) -> Result<()> {
+        let wants = matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad);
+        if !wants {
+            return Ok(());
+        }
+        let g = e.convert(g, e.meta(v).dtype)?;
+        let total = match self.get(v) {
+            Some(previous) => e.add(previous, g)?,
+            None => g,
+        };
+        self.of.insert(v, total);
+        Ok(())
+    }
+}
+
+/// Emits the backward of `bsyms` (in reverse), accumulating into `cots`.
+fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Result<()> {
+    for bsym in bsyms.iter().rev() {
+        let out_cots: Vec<Option<ValueId>> = bsym.outputs.iter().map(|&o| cots.get(o)).collect();
+        if out_cots.iter().all(Option::is_none) {
+            continue;
+        }
+        match &bsym.symbol {
+            Symbol::Prim(prim) => {
+                let grads = prim.vjp(e, &bsym.args, &bsym.outputs, &out_cots)?;
+                for (arg, g) in bsym.args.iter().zip(grads) {
+                    if let (Arg::Value(v), Some(g)) = (arg, g) {
+                        cots.accumulate(e, *v, g)?;
+                    }
+                }
+            }
+            Symbol::Composite(_) => match &bsym.grad {
+                Some(rule) => apply_rule(e, cots, rule)?,
+                None => backprop(e, cots, &bsym.subsymbols)?,
+            },
+            Symbol::Fallback(id) => fallback_vjp(e, cots, bsym, *id, &out_cots)?,
+        }
+    }
+    Ok(())
+}
+
+/// Emits the backward a Python grad rule recorded, its cotangent placeholders replaced by the
+/// cotangents accumulated (zeros where none flowed).
+fn apply_rule(e: &mut Emitter, cots: &mut Cotangents, rule: &GradRule) -> Result<()> {
+    let mut subst = FxHashMap::default();
+    for &(value, placeholder) in &rule.cotangents {
+        let c = match cots.get(value) {
+            Some(c) => c,
+            None => e.zeros_like(value)?,
+        };
+        subst.insert(placeholder, c);
+    }
+    for bsym in &rule.bsyms {
+        e.builder.push_bsym(bsym.renamed(&subst));
+    }
+    for (value, grad) in &rule.grads {
+        match grad {
+            Arg::Value(g) => cots.accumulate(e, *value, *subst.get(g).unwrap_or(g))?,
+            Arg::None => {}
+            other => bail!(Type, "put_grad", "expected a tensor gradient for {value}, got {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// A fallback's backward: `<name>.vjp((args), (cotangents), (inputs wanting grads), **kwargs)`,
+/// which runs the torch call under torch.autograd and returns one gradient per wanted input.
+fn fallback_vjp(e: &mut Emitter, cots: &mut Cotangents, bsym: &BoundSymbol, id: SymbolId, out_cots: &[Option<ValueId>]) -> Result<()> {
+    let mut wanted: Vec<ValueId> = Vec::new();
+    bsym.for_each_input(|v| {
+        let rg = matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad);
+        if rg && !wanted.contains(&v) {
+            wanted.push(v);
+        }
+    });
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let name = SymbolTable::name(id);
+    let Some(vjp_id) = SymbolTable::lookup(&format!("{name}.vjp")) else {
+        bail!(NotImplemented, &*name, "no gradient is registered for this eager fallback");
+    };
+    let outputs: Vec<ValueId> = wanted
+        .iter()
+        .map(|&w| {
+            let meta = trace_ir::TensorMeta { requires_grad: false, ..e.meta(w) };
+            e.builder.add_value(ValueKind::Tensor(meta))
+        })
+        .collect();
+    let cot_args = out_cots.iter().map(|c| c.map_or(Arg::None, Arg::Value)).collect();
+    let args = vec![
+        Arg::Tuple(bsym.args.clone()),
+        Arg::Tuple(cot_args),
+        Arg::Tuple(wanted.iter().map(|&w| Arg::Value(w)).collect()),
+    ];
+    let mut call = BoundSymbol::new(Symbol::Fallback(vjp_id), args, outputs.clone());
+    call.kwargs = bsym.kwargs.clone();
+    e.builder.push_bsym(call);
+    for (w, g) in wanted.into_iter().zip(outputs) {
+        cots.accumulate(e, w, g)?;
+    }
+    Ok(())
+}

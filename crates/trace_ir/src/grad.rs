@@ -1,0 +1,170 @@
+//! What VJP rules are written with: an [`Emitter`] that records prims into a trace being built,
+//! with the helpers the rules share (undoing broadcasts, zeros, scalars of the right type).
+//!
+//! The rules themselves live next to each prim's meta rule in its family file, and
+//! [`Prim::vjp`] dispatches to them with an exhaustive `match`.
+
+use crate::bail;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::prims::Prim;
+use crate::trace::TraceBuilder;
+use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
+use crate::ValueId;
+
+/// Records the prims of a backward into a [`TraceBuilder`].
+pub struct Emitter<'a> {
+    pub builder: &'a mut TraceBuilder,
+}
+
+/// One operand's gradient: `None` for operands that get none (numbers, indices, masks).
+pub type Grads = Vec<Option<ValueId>>;
+
+impl<'a> Emitter<'a> {
+    pub fn new(builder: &'a mut TraceBuilder) -> Self {
+        Emitter { builder }
+    }
+
+    /// The metadata of a tensor value.
+    pub fn meta(&self, v: ValueId) -> TensorMeta {
+        match self.builder.value(v) {
+            Some(ValueKind::Tensor(t)) => t.clone(),
+            other => panic!("VJP rules only ask for tensor metadata; {v} is {other:?}"),
+        }
+    }
+
+    /// Records a single-output prim.
+    pub fn emit(&mut self, prim: Prim, operands: Vec<Arg>) -> Result<ValueId> {
+        let name = prim.qualified_name();
+        let outputs = self.builder.record(prim, operands)?;
+        match outputs.as_slice() {
+            [one] => Ok(*one),
+            _ => bail!(Runtime, &name, "a VJP rule expected one output"),
+        }
+    }
+
+    pub fn unary(&mut self, prim: Prim, a: ValueId) -> Result<ValueId> {
+        self.emit(prim, vec![Arg::Value(a)])
+    }
+
+    pub fn binary(&mut self, prim: Prim, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
+        self.emit(prim, vec![a.into(), b.into()])
+    }
+
+    pub fn add(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
+        self.binary(Prim::Add, a, b)
+    }
+
+    pub fn sub(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
+        self.binary(Prim::Sub, a, b)
+    }
+
+    pub fn mul(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
+        self.binary(Prim::Mul, a, b)
+    }
+
+    pub fn div(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
+        self.binary(Prim::Div, a, b)
+    }
+
+    pub fn neg(&mut self, a: ValueId) -> Result<ValueId> {
+        self.unary(Prim::Neg, a)
+    }
+
+    pub fn where_(&mut self, pred: impl Into<Arg>, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
+        self.emit(Prim::Where, vec![pred.into(), a.into(), b.into()])
+    }
+
+    /// A tensor like `v` filled with `fill`.
+    pub fn full_like(&mut self, v: ValueId, fill: f64) -> Result<ValueId> {
+        let m = self.meta(v);
+        let fill = number(m.dtype, fill);
+        self.emit(Prim::Full { shape: m.shape, fill, device: m.device, dtype: m.dtype }, vec![])
+    }
+
+    pub fn zeros_like(&mut self, v: ValueId) -> Result<ValueId> {
+        self.full_like(v, 0.0)
+    }
+
+    pub fn convert(&mut self, v: ValueId, dtype: DType) -> Result<ValueId> {
+        if self.meta(v).dtype == dtype {
+            return Ok(v);
+        }
+        self.emit(Prim::ConvertElementType { dtype }, vec![Arg::Value(v)])
+    }
+
+    pub fn reshape(&mut self, v: ValueId, shape: &[i64]) -> Result<ValueId> {
+        if self.meta(v).shape == shape {
+            return Ok(v);
+        }
+        self.emit(Prim::Reshape { shape: shape.to_vec() }, vec![Arg::Value(v)])
+    }
+
+    /// Sums `v` over `dims` (no-op for no dims).
+    pub fn sum(&mut self, v: ValueId, dims: Vec<usize>) -> Result<ValueId> {
+        if dims.is_empty() {
+            return Ok(v);
+        }
+        self.emit(Prim::Sum { dims }, vec![Arg::Value(v)])
+    }
+
+    /// Broadcasts `v` to `shape`, its dimensions mapped to `dims`.
+    pub fn broadcast(&mut self, v: ValueId, shape: &[i64], dims: Vec<usize>) -> Result<ValueId> {
+        if self.meta(v).shape == shape {
+            return Ok(v);
+        }
+        self.emit(Prim::BroadcastInDim { shape: shape.to_vec(), dims }, vec![Arg::Value(v)])
+    }
+
+    /// Expands a reduction's result over `dims` back to `shape` (the input's shape).
+    pub fn unreduce(&mut self, v: ValueId, shape: &[i64], dims: &[usize]) -> Result<ValueId> {
+        let kept: Vec<usize> = (0..shape.len()).filter(|d| !dims.contains(d)).collect();
+        self.broadcast(v, shape, kept)
+    }
+
+    /// Undoes a broadcast of a value of `shape` to `g`'s shape (numpy rules: trailing dims line
+    /// up): sums the added leading dims and the dims that were 1, then restores `shape`.
+    pub fn sum_to(&mut self, g: ValueId, shape: &[i64]) -> Result<ValueId> {
+        let g_shape = self.meta(g).shape;
+        let lead = g_shape.len() - shape.len();
+        let dims = (0..g_shape.len()).filter(|&d| d < lead || (shape[d - lead] == 1 && g_shape[d] != 1)).collect();
+        let summed = self.sum(g, dims)?;
+        self.reshape(summed, shape)
+    }
+
+    /// Swaps the last two dims.
+    pub fn swap_last(&mut self, v: ValueId) -> Result<ValueId> {
+        let n = self.meta(v).ndim();
+        let mut perm: Vec<usize> = (0..n).collect();
+        perm.swap(n - 2, n - 1);
+        self.emit(Prim::Transpose { perm }, vec![Arg::Value(v)])
+    }
+
+    /// A number of the kind a prim accepts next to a `dtype` tensor: float for inexact dtypes.
+    pub fn scalar(&self, v: ValueId, x: f64) -> Arg {
+        Arg::Scalar(number(self.meta(v).dtype, x))
+    }
+}
+
+/// `x` as the number kind that meets a `dtype` tensor without promotion.
+pub fn number(dtype: DType, x: f64) -> Scalar {
+    if dtype.is_inexact() {
+        Scalar::Float(x)
+    } else if dtype.is_bool() {
+        Scalar::Bool(x != 0.0)
+    } else {
+        Scalar::Int(x as i64)
+    }
+}
+
+impl From<ValueId> for Arg {
+    fn from(v: ValueId) -> Arg {
+        Arg::Value(v)
+    }
+}
+
+impl From<f64> for Arg {
+    fn from(x: f64) -> Arg {
+        Arg::Scalar(Scalar::Float(x))
+    }
+}

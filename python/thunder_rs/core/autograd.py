@@ -1,0 +1,50 @@
+"""The runtime of a compiled training call: one ``torch.autograd.Function`` per entry connects
+the generated forward and backward to torch's autograd."""
+
+import torch
+from torch.autograd.function import once_differentiable
+
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
+_FREED = ("Trying to backward through the graph a second time (or directly access saved tensors after they have "
+          "already been freed). Specify retain_graph=True if you need to backward through the graph a second time.")
+
+
+def grad_function(forward, backward, grad_positions: list[int], single: bool, as_list: bool):
+    """A callable with the generated forward's signature whose outputs carry a grad_fn.
+
+    ``forward(*inputs)`` returns ``(outputs, residuals)``; ``backward(saved, *cotangents)`` takes
+    the residuals in a list, which it empties as it unpacks them, so each residual is freed after
+    its last use unless the graph is retained. ``grad_positions`` are the positions of the flat
+    outputs that receive cotangents; the other tensor outputs are marked non-differentiable.
+    """
+    differentiable = frozenset(grad_positions)
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            outputs, residuals = forward(*inputs)
+            flat = (outputs,) if single else tuple(outputs)
+            ctx.residuals = list(residuals)
+            constant = [o for i, o in enumerate(flat) if i not in differentiable and isinstance(o, torch.Tensor)]
+            if constant:
+                ctx.mark_non_differentiable(*constant)
+            return flat
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, *grads):
+            saved = ctx.residuals
+            if saved is None:
+                raise RuntimeError(_FREED)
+            if _keep_graph():
+                saved = list(saved)
+            else:
+                ctx.residuals = None
+            return backward(saved, *[grads[i] for i in grad_positions])
+
+    apply = CompiledFunction.apply
+    if single:
+        return lambda *inputs: apply(*inputs)[0]
+    if as_list:
+        return lambda *inputs: list(apply(*inputs))
+    return apply

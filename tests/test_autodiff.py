@@ -1,0 +1,119 @@
+"""The autodiff runtime: fallbacks differentiated by torch.autograd, grad-rule errors, the
+forward-only path, and residuals freed by the backward."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs import ltorch
+from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError
+
+
+def _grads(fn, *inputs):
+    leaves = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    out = fn(*leaves)
+    out.sum().backward()
+    return out.detach(), [x.grad for x in leaves]
+
+
+def test_fallback_ops_are_differentiated_through_torch_autograd():
+    # torch.cumsum has no decomposition: it runs eagerly, and its backward re-runs it under
+    # torch.autograd on the saved inputs.
+    def fn(x, w):
+        return torch.cumsum(x * w, dim=1).sin()
+
+    x, w = torch.randn(3, 5, dtype=torch.float64, requires_grad=True), torch.randn(5, dtype=torch.float64, requires_grad=True)
+    jfn = thunder_rs.jit(fn)
+    out, grads = _grads(jfn, x, w)
+    expected_out, expected = _grads(fn, x, w)
+    torch.testing.assert_close(out, expected_out)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e)
+    backward = str(thunder_rs.last_backward_traces(jfn)[-1])
+    assert "cumsum_vjp" in backward
+
+
+def test_forward_only_under_no_grad_and_without_grad_inputs():
+    jfn = thunder_rs.jit(lambda x: x.exp().sum())
+    x = torch.randn(4, requires_grad=True)
+    with torch.no_grad():
+        out = jfn(x)
+    assert not out.requires_grad and thunder_rs.last_backward_traces(jfn) == []
+    jfn(x.detach())
+    assert thunder_rs.last_backward_traces(jfn) == []
+    out = jfn(x)
+    assert out.requires_grad and thunder_rs.last_backward_traces(jfn)
+    assert thunder_rs.cache_misses(jfn) == 3
+
+
+def test_integer_outputs_are_not_differentiable():
+    jfn = thunder_rs.jit(lambda x: (x * 2, x.argmax()))
+    x = torch.randn(5, requires_grad=True)
+    y, i = jfn(x)
+    assert y.requires_grad and not i.requires_grad
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((5,), 2.0))
+
+
+def test_residuals_are_freed_by_the_backward():
+    # The residuals live only in the call's autograd node until the backward, which empties the
+    # list as it unpacks it and deletes each after its last use.
+    jfn = thunder_rs.jit(lambda x, w: (x.matmul(w).tanh() * 2).sum())
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    out = jfn(x, w)
+    assert "saved.clear()" in str(thunder_rs.last_backward_traces(jfn)[-1])
+    residuals = out.grad_fn.residuals
+    intermediates = [weakref.ref(t) for t in residuals if t is not x and t is not w]
+    assert intermediates, "tanh's input or output should be saved"
+    del residuals
+    out.backward()
+    gc.collect()
+    assert out.grad_fn.residuals is None
+    assert all(r() is None for r in intermediates)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.backward()
+
+
+def test_grad_rule_api_errors_name_the_argument():
+    with pytest.raises(ThunderTypeError, match="argument symbol"):
+        thunder_rs.register_grad(torch.softmax, lambda a: a)
+    with pytest.raises(ThunderRuntimeError, match="recorder"):
+        thunder_rs.get_grad(torch.ones(2))
+
+
+def test_a_registered_rule_replaces_the_decomposition_and_is_checked():
+    calls = []
+
+    @thunder_rs.register_grad(ltorch.silu)
+    def silu_grad(input, inplace=False):
+        calls.append(1)
+        out = ltorch.silu(input)
+        g = thunder_rs.get_grad(out)
+        s = ltorch.sigmoid(input)
+        thunder_rs.put_grad(input, g * s * (1 + input * (1 - s)))
+        return out
+
+    try:
+        x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+        fn = lambda a: torch.nn.functional.silu(a * 3)  # noqa: E731
+        out, (g,) = _grads(thunder_rs.jit(fn), x)
+        _, (expected,) = _grads(fn, x)
+        torch.testing.assert_close(g, expected)
+        assert calls
+
+        @thunder_rs.register_grad(ltorch.silu)
+        def wrong_shape(input, inplace=False):
+            out = ltorch.silu(input)
+            thunder_rs.get_grad(out)
+            thunder_rs.put_grad(input, out.sum())
+            return out
+
+        with pytest.raises(ThunderValueError, match="argument grad"):
+            thunder_rs.jit(fn)(x)
+    finally:
+        from thunder_rs.core.recorder import GRAD_RULES
+
+        GRAD_RULES.pop(ltorch.silu.symbol_id, None)
