@@ -36,6 +36,7 @@ demo: build
 
 bench: build
 	$(PY) benchmarks/bench_forward.py
+	$(PY) benchmarks/bench_train.py
 
 bench-passes:
 	cargo run --release -p passes --example pass_scaling

@@ -8,11 +8,8 @@ this runs before thunder_rs exists. See benchmarks/harness.py for what is measur
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-from dataclasses import asdict
 
 import torch
 import torch.nn as nn
@@ -126,99 +123,24 @@ TARGETS = [
 ]
 
 
-def evaluate_targets(rows, backend: str = "thunder_rs") -> list[dict]:
-    results = []
-    for case, metric, limit, label in TARGETS:
-        row = harness.find_row(rows, case, backend)
-        value = None if row is None else getattr(row, metric)
-        if value is None:
-            status = "n/a" if row is None else f"ERROR {row.error}" if row.error else "n/a"
-        else:
-            ok = value <= limit if metric == "ratio" else value < limit
-            status = "PASS" if ok else "FAIL"
-        results.append({"target": label, "case": case, "metric": metric, "limit": limit,
-                        "measured": value, "status": status})
-    return results
-
-
-def format_targets(results: list[dict], backend: str = "thunder_rs") -> str:
-    lines = [f"targets ({backend}):"]
-    for r in results:
-        if r["measured"] is None:
-            measured = "-"
-        elif r["metric"] == "ratio":
-            measured = f"{r['measured']:.2f}x"
-        else:
-            measured = f"{r['measured']:.1f} ms"
-        lines.append(f"  {r['target']:<40} measured {measured:>9}   {r['status']}")
-    return "\n".join(lines)
-
-
 # ----------------------------------------------------------------------------- main
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="fewer repeats and calls (smoke test)")
-    p.add_argument("--with-compile", action="store_true", help="also run torch.compile (slow)")
-    p.add_argument("--json", metavar="PATH", help="write rows, targets and environment as JSON")
-    p.add_argument("--cases", help="comma-separated case names to run (default: all)")
-    p.add_argument("--backends", help="comma-separated backends besides eager: thunder_rs, thunder, torch.compile "
-                   "(default: all available; naming torch.compile enables it)")
-    return p.parse_args(argv)
-
-
-def settings_for(quick: bool) -> harness.Settings:
-    if quick:
-        return harness.Settings(first_repeats=3, repeats=5, inner_scale=0.2)
-    return harness.Settings(first_repeats=5, repeats=21, inner_scale=1.0)
-
-
-def select(items, names: str | None):
-    if not names:
-        return items
-    wanted = set(names.split(","))
-    unknown = wanted - {i.name for i in items}
-    if unknown:
-        raise SystemExit(f"unknown name(s): {', '.join(sorted(unknown))}")
-    return [i for i in items if i.name in wanted]
-
-
-def write_json(path, rows, targets, backends, args) -> None:
-    payload = {
-        "environment": harness.environment_info(),
-        "quick": args.quick,
-        "skipped_backends": {b.name: b.note for b in backends if not b.available},
-        "rows": [asdict(r) for r in rows],
-        "targets": targets,
-    }
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=2)
-    print(f"wrote {path}")
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = harness.parse_args(__doc__, argv)
     torch.set_num_threads(1)
-    cases = select(build_cases(), args.cases)
-    names = set(args.backends.split(",")) if args.backends else None
-    try:
-        backends = harness.default_backends(with_compile=args.with_compile, names=names)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    cases = harness.select(build_cases(), args.cases)
+    backends = harness.backends_from_args(args)
     print(harness.format_skipped(backends))
     load_before = os.getloadavg()[0]
-    rows = harness.run_all(cases, backends, settings_for(args.quick))
-    env = harness.environment_info()
-    print(f"\ntorch {env['torch']}, python {env['python']}, {env['num_threads']} thread "
-          f"({env['cpu_count']} cpus, load {load_before:.2f} before / {env['load_average'][0]:.2f} after), "
-          f"{'quick' if args.quick else 'full'} run\n")
+    rows = harness.run_all(cases, backends, harness.settings_for(args.quick))
+    print(f"\n{harness.format_header(load_before, args.quick)}\n")
     print(harness.format_table(rows))
-    targets = evaluate_targets(rows)
+    targets = harness.evaluate_targets(TARGETS, rows)
     print()
-    print(format_targets(targets))
+    print(harness.format_targets(targets))
     if args.json:
-        write_json(args.json, rows, targets, backends, args)
+        harness.write_json(args.json, rows, targets, backends, args)
     return 0
 
 

@@ -19,13 +19,15 @@ error's class name instead of numbers; the run goes on.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
+import json
 import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -280,8 +282,8 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_table(rows: list[Row]) -> str:
-    header = f"{'case':<22} {'backend':<14} {'first call (ms)':>16} {'per call (us)':>14} {'vs eager':>9}"
+def format_table(rows: list[Row], per_label: str = "per call") -> str:
+    header = f"{'case':<22} {'backend':<14} {'first call (ms)':>16} {per_label + ' (us)':>14} {'vs eager':>9}"
     lines = [header, "-" * len(header)]
     for r in rows:
         if r.error:
@@ -303,6 +305,99 @@ def format_skipped(backends: list[Backend]) -> str:
 
 def find_row(rows: list[Row], case: str, backend: str) -> Row | None:
     return next((r for r in rows if r.case == case and r.backend == backend), None)
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def evaluate_targets(targets: list[tuple], rows: list[Row], backend: str = "thunder_rs") -> list[dict]:
+    """``targets`` holds (case, metric, limit, label); metric "ratio" is per call vs eager (limit
+    inclusive), "first_ms" the first-call time (limit exclusive)."""
+    results = []
+    for case, metric, limit, label in targets:
+        row = find_row(rows, case, backend)
+        value = None if row is None else getattr(row, metric)
+        if value is None:
+            status = "n/a" if row is None else f"ERROR {row.error}" if row.error else "n/a"
+        else:
+            ok = value <= limit if metric == "ratio" else value < limit
+            status = "PASS" if ok else "FAIL"
+        results.append({"target": label, "case": case, "metric": metric, "limit": limit,
+                        "measured": value, "status": status})
+    return results
+
+
+def format_targets(results: list[dict], backend: str = "thunder_rs") -> str:
+    lines = [f"targets ({backend}):"]
+    for r in results:
+        if r["measured"] is None:
+            measured = "-"
+        elif r["metric"] == "ratio":
+            measured = f"{r['measured']:.2f}x"
+        else:
+            measured = f"{r['measured']:.1f} ms"
+        lines.append(f"  {r['target']:<40} measured {measured:>9}   {r['status']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def parse_args(description: str, argv=None):
+    """The flags every benchmark script takes."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer repeats and calls (smoke test)")
+    p.add_argument("--with-compile", action="store_true", help="also run torch.compile (slow)")
+    p.add_argument("--json", metavar="PATH", help="write rows, targets and environment as JSON")
+    p.add_argument("--cases", help="comma-separated case names to run (default: all)")
+    p.add_argument("--backends", help="comma-separated backends besides eager: thunder_rs, thunder, torch.compile "
+                   "(default: all available; naming torch.compile enables it)")
+    return p.parse_args(argv)
+
+
+def settings_for(quick: bool) -> Settings:
+    if quick:
+        return Settings(first_repeats=3, repeats=5, inner_scale=0.2)
+    return Settings(first_repeats=5, repeats=21, inner_scale=1.0)
+
+
+def select(items, names: str | None):
+    """The items named in the comma-separated ``names`` (all when it is empty)."""
+    if not names:
+        return items
+    wanted = set(names.split(","))
+    unknown = wanted - {i.name for i in items}
+    if unknown:
+        raise SystemExit(f"unknown name(s): {', '.join(sorted(unknown))}")
+    return [i for i in items if i.name in wanted]
+
+
+def backends_from_args(args) -> list[Backend]:
+    names = set(args.backends.split(",")) if args.backends else None
+    try:
+        return default_backends(with_compile=args.with_compile, names=names)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def format_header(load_before: float, quick: bool) -> str:
+    env = environment_info()
+    return (f"torch {env['torch']}, python {env['python']}, {env['num_threads']} thread "
+            f"({env['cpu_count']} cpus, load {load_before:.2f} before / {env['load_average'][0]:.2f} after), "
+            f"{'quick' if quick else 'full'} run")
+
+
+def write_json(path, rows, targets, backends, args) -> None:
+    payload = {
+        "environment": environment_info(),
+        "quick": args.quick,
+        "skipped_backends": {b.name: b.note for b in backends if not b.available},
+        "rows": [asdict(r) for r in rows],
+        "targets": targets,
+    }
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+    print(f"wrote {path}")
 
 
 def environment_info() -> dict:

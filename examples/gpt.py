@@ -1,6 +1,7 @@
 """A small nanoGPT-style language model in plain ``torch.nn``.
 
-Used by the demo (``examples/demo.py``) and the benchmarks (``benchmarks/bench_forward.py``).
+Used by the demo (``examples/demo.py``), the benchmarks (``benchmarks/bench_forward.py``,
+``benchmarks/bench_train.py``) and the tests.
 Nothing is downloaded: weights are initialised deterministically from a seed.
 
     from gpt import GPT, GPTConfig

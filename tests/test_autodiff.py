@@ -117,3 +117,19 @@ def test_a_registered_rule_replaces_the_decomposition_and_is_checked():
         from thunder_rs.core.recorder import GRAD_RULES
 
         GRAD_RULES.pop(ltorch.silu.symbol_id, None)
+
+
+def test_unfreezing_or_retyping_parameters_recompiles():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    model[0].weight.requires_grad_(False)
+    jm = thunder_rs.jit(model)
+    x = torch.randn(8, 4)
+    jm(x).sum().backward()
+    assert model[0].weight.grad is None
+    model[0].weight.requires_grad_(True)
+    jm(x).sum().backward()
+    assert model[0].weight.grad is not None and thunder_rs.cache_misses(jm) == 2
+    model.double()
+    out = jm(x.double())
+    out.sum().backward()
+    assert out.dtype == torch.float64 and thunder_rs.cache_misses(jm) == 3

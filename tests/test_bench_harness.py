@@ -1,4 +1,5 @@
-"""Smoke tests of the benchmark harness and the example model (eager only, a few seconds)."""
+"""Smoke tests of the benchmark harness, the training benchmark's steps and the example model (a few
+seconds; eager only, except one run of the training benchmark under thunder_rs on tiny sizes)."""
 
 import dis
 import os
@@ -12,8 +13,11 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import bench_forward  # noqa: E402
+import bench_train  # noqa: E402
 import harness  # noqa: E402
-from gpt import GPT, GPTConfig, random_tokens  # noqa: E402
+from gpt import GPT, Block, GPTConfig, random_tokens  # noqa: E402
+
+TINY = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.0)
 
 
 def test_chain_is_200_straight_line_torch_calls():
@@ -40,7 +44,7 @@ def test_run_all_eager_rows_and_targets():
     assert [(r.case, r.backend) for r in rows] == [("tiny_5op_4x4", "eager"), ("gpt_block_b4_t32", "eager")]
     assert all(r.error is None and r.per_us > 0 and r.ratio == 1.0 for r in rows)
     assert "tiny_5op_4x4" in harness.format_table(rows)
-    assert all(t["status"] == "n/a" for t in bench_forward.evaluate_targets(rows))
+    assert all(t["status"] == "n/a" for t in harness.evaluate_targets(bench_forward.TARGETS, rows))
 
 
 def test_failing_backend_becomes_an_error_row():
@@ -58,3 +62,60 @@ def test_failing_backend_becomes_an_error_row():
 def test_unknown_backend_is_rejected(name):
     with pytest.raises(ValueError, match="unknown backend"):
         harness.default_backends(names={name})
+
+
+def tiny_train_cases():
+    return bench_train.build_cases(block_config=TINY, gpt_config=TINY, batch=2)
+
+
+def test_train_cases_run_eagerly_on_tiny_sizes():
+    backends = [bench_train.module_backend(harness.eager_backend())]
+    rows = harness.run_all(tiny_train_cases(), backends, harness.Settings(1, 2, 0.02), log=lambda msg: None)
+    assert [(r.case, r.backend) for r in rows] == [("gpt_block_train", "eager"), ("nanogpt_train", "eager")]
+    assert all(r.error is None and r.per_us > 0 and r.ratio == 1.0 for r in rows)
+    assert "per step (us)" in harness.format_table(rows, per_label="per step")
+    assert all(t["status"] == "n/a" for t in harness.evaluate_targets(bench_train.TARGETS, rows))
+
+
+def test_train_backends_wrap_the_module_not_the_step():
+    wrapped = []
+
+    def spy(module):
+        def forward(*args):
+            wrapped.append(type(module))
+            return module(*args)
+
+        return forward
+
+    backend = bench_train.module_backend(harness.Backend("spy", wrap=spy))
+    for case, model_type in zip(tiny_train_cases(), (Block, GPT)):
+        train_step = case.make_fn()
+        step = backend.wrap(train_step)
+        args = case.make_args()
+        before = [p.detach().clone() for p in train_step.module.parameters()]
+        loss = step(*args)
+        first_grads = [p.grad.clone() for p in train_step.module.parameters()]
+        step(*args)
+        assert wrapped == [model_type, model_type], "each step calls the wrapped module once"
+        wrapped.clear()
+        assert loss.ndim == 0 and not loss.requires_grad
+        after = [p.detach() for p in train_step.module.parameters()]
+        if model_type is GPT:  # AdamW stepped the parameters of the module the backend wrapped
+            assert any(not torch.equal(a, b) for a, b in zip(before, after))
+        else:  # no optimizer: same weights, so equal gradients unless a step accumulated into them
+            assert all(torch.equal(a, b) for a, b in zip(before, after))
+            for first, p in zip(first_grads, train_step.module.parameters()):
+                torch.testing.assert_close(p.grad, first)
+
+
+def test_train_benchmark_runs_thunder_rs_on_tiny_sizes():
+    backend = harness.thunder_rs_backend()
+    if not backend.available:
+        pytest.skip(backend.note)
+    backends = [bench_train.module_backend(b) for b in (harness.eager_backend(), backend)]
+    rows = harness.run_all(tiny_train_cases(), backends, harness.Settings(1, 2, 0.02), log=lambda msg: None)
+    # A thunder_rs row has numbers only if its first step's loss matched eager's (else: "mismatch").
+    assert [(r.case, r.backend, r.error) for r in rows] == [
+        ("gpt_block_train", "eager", None), ("gpt_block_train", "thunder_rs", None),
+        ("nanogpt_train", "eager", None), ("nanogpt_train", "thunder_rs", None)]
+    assert all(r.first_ms > 0 and r.per_us > 0 and r.ratio > 0 for r in rows)

@@ -43,6 +43,8 @@ pub fn split(joint: &Joint) -> Result<Split> {
     let Arg::Tuple(parts) = &t.outputs else { bail!(Runtime, "split", "a joint trace returns (outputs, grads)") };
     let [outputs, grads] = parts.as_slice() else { bail!(Runtime, "split", "a joint trace returns (outputs, grads)") };
 
+    let backward = live_backward(t, backward, grads);
+    let backward = backward.as_slice();
     let sources = sources(t, primal_inputs, forward);
     let mut in_backward = vec![false; t.values.len()];
     cot_inputs.iter().for_each(|v| in_backward[v.index()] = true);
@@ -76,6 +78,27 @@ pub fn split(joint: &Joint) -> Result<Split> {
         outputs: grads.clone(),
     };
     Ok(Split { forward: fwd, backward: bwd, residuals })
+}
+
+/// The backward's bound symbols that contribute to a gradient (rules emit some that do not,
+/// such as the gradient of an operand that requires none), so that nothing is saved for them.
+fn live_backward(t: &Trace, backward: &[BoundSymbol], grads: &Arg) -> Vec<BoundSymbol> {
+    let mut live = vec![false; t.values.len()];
+    grads.for_each_value(&mut |v| live[v.index()] = true);
+    let mut kept: Vec<BoundSymbol> = backward
+        .iter()
+        .rev()
+        .filter(|b| {
+            let used = b.outputs.iter().any(|o| live[o.index()]);
+            if used {
+                b.for_each_input(|v| live[v.index()] = true);
+            }
+            used
+        })
+        .cloned()
+        .collect();
+    kept.reverse();
+    kept
 }
 
 /// How each forward value could reach the backward.

@@ -84,7 +84,7 @@ class ThunderFunction:
             return self._call_general(args, kwargs)
         module = self._module
         try:
-            key = fast_key_fn(len(args))(args, None if module is None else module.training)
+            key = fast_key_fn(len(args))(args, None if module is None else self._module_state())
         except AttributeError:
             return self._call_general(args, kwargs)
         entry = self._cache.get(key)
@@ -103,7 +103,7 @@ class ThunderFunction:
 
     def _call_general(self, args, kwargs):
         flat, spec = tree_flatten((args, kwargs))
-        key = (global_key(None if self._module is None else self._module.training), tuple(map(leaf_key, flat)), spec)
+        key = (global_key(None if self._module is None else self._module_state()), tuple(map(leaf_key, flat)), spec)
         entry = self._cache.get(key)
         if entry is None:
             entry = self._compile(flat, spec, key)
@@ -117,6 +117,13 @@ class ThunderFunction:
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
+
+    def _module_state(self):
+        """The module's part of the cache key: train/eval mode, and each parameter's and buffer's
+        dtype, device and requires_grad (``model.half()`` or unfreezing a layer recompiles)."""
+        if not self._unique_slots:
+            self._bind_module()
+        return (self._module.training, tuple([(t.dtype, t.device, t.requires_grad) for t in [d[n] for d, n in self._unique_slots]]))
 
     def _bind_module(self):
         """Parameter and buffer slots of the module, tied ones sharing one trace input."""
