@@ -77,18 +77,9 @@ def error_params() -> list:
     return [pytest.param(op, i, id=f"{op.id}-error{i}") for op in OPINFOS for i in range(count(op.error_inputs()))]
 
 
-#: Gradients that still differ from eager, with why (strict: a fix makes them fail as XPASS).
-KNOWN_GRAD_GAPS = {
-    **{("embedding_padding_idx", i): "prims.embedding has no padding_idx; its row's gradient is not zeroed" for i in (1, 4, 5)},
-    **{(op, i): "every target ignored: eager's gradient is 0, the decomposition's is 0 * (g / 0) = NaN"
-       for op, i in (("cross_entropy", 16), ("cross_entropy_class_index", 19), ("nll_loss", 10))},
-}
-
-
 def grad_params() -> list:
     return [
-        pytest.param(op, i, id=f"{op.id}-sample{i}-float64",
-                     marks=[pytest.mark.xfail(reason=KNOWN_GRAD_GAPS[op.id, i], strict=True)] if (op.id, i) in KNOWN_GRAD_GAPS else [])
+        pytest.param(op, i, id=f"{op.id}-sample{i}-float64")
         for op in OPINFOS
         if op.supports_grad and torch.float64 in op.dtypes
         for i in range(count(op.sample_inputs(torch.float64, "cpu")))

@@ -1,0 +1,314 @@
+"""The grad rules of the nn and linalg composites (thunder_rs/torch/grads.py).
+
+For each case of a table: the gradients match eager autograd in float64 and float32, the backward
+is the rule's (its ltorch calls, no prims beyond the few the split recomputes, none of the
+forward's reductions), and bfloat16 gradients come back in eager's dtypes and close to its values.
+Then the cases the rules leave to the decomposition, and the ones eager treats specially.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+
+#: float32 gradients against eager's: the rules round after each op and sum (at most 8 terms) in
+#: another order than eager's fused kernels, so they differ by a few units in the last place
+#: (at most 1e-6 measured, on gradients of magnitude up to 7).
+FLOAT32 = dict(rtol=1e-5, atol=2e-6)
+FLOAT64 = dict(rtol=1e-10, atol=1e-10)
+
+
+def randn(*shape, dtype, grad=True):
+    return torch.randn(shape, dtype=dtype).requires_grad_(grad)
+
+
+def transposed(rows, cols, *, dtype):
+    """A non-contiguous (rows, cols) leaf."""
+    return torch.randn(cols, rows, dtype=dtype).t().requires_grad_()
+
+
+def targets(*shape, classes=5, ignored=-100):
+    t = torch.randint(0, classes, shape)
+    if t.numel():
+        t.view(-1)[0] = ignored
+    return t
+
+
+@dataclass
+class Case:
+    id: str
+    fn: Callable
+    inputs: Callable[[torch.dtype], tuple]
+    #: ltorch symbols the rule's backward calls.
+    calls: tuple[str, ...]
+    #: prims the split may recompute at the top level of the backward (all others are an error).
+    prims: tuple[str, ...] = ()
+    #: names that must not be called anywhere in the executed backward.
+    absent: tuple[str, ...] = ()
+
+
+SOFTMAX_CALLS = ("ltorch.sum", "ltorch.mul", "ltorch.sub")
+LOG_SOFTMAX_CALLS = ("ltorch.exp", "ltorch.sum", "ltorch.mul")
+#: The split saves the statistics before their last cheap prims (keepdim's broadcast, ``+ eps``,
+#: rsqrt, mean's division) and recomputes those in the backward.
+NORM_PRIMS = ("prims.broadcast_in_dim", "prims.add", "prims.div", "prims.rsqrt", "prims.convert_element_type")
+LOSS_CALLS = ("ltorch.where", "ltorch.scatter_add")
+
+
+def sdpa(**kwargs):
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+CASES = [
+    Case("softmax", lambda x: F.softmax(x, -1), lambda d: (randn(3, 4, dtype=d),), SOFTMAX_CALLS, absent=("amax", "exp")),
+    Case("softmax_noncontiguous", lambda x: F.softmax(x, 0), lambda d: (transposed(3, 4, dtype=d),), SOFTMAX_CALLS),
+    Case("softmax_implicit_dim", lambda x: F.softmax(x), lambda d: (randn(2, 3, 4, dtype=d),), SOFTMAX_CALLS),
+    Case("tensor_softmax", lambda x: x.softmax(1), lambda d: (randn(2, 3, 4, dtype=d),), SOFTMAX_CALLS),
+    Case("softmax_dtype", lambda x: torch.softmax(x, -1, torch.float64), lambda d: (randn(3, 4, dtype=d),), SOFTMAX_CALLS),
+    Case("log_softmax", lambda x: F.log_softmax(x, -1), lambda d: (randn(3, 4, dtype=d),), LOG_SOFTMAX_CALLS,
+         absent=("amax", "log")),
+    Case("tensor_log_softmax", lambda x: torch.log_softmax(x, 0), lambda d: (transposed(4, 3, dtype=d),), LOG_SOFTMAX_CALLS),
+    Case("layer_norm", lambda x, w, b: F.layer_norm(x, (3, 4), w, b),
+         lambda d: (randn(2, 3, 4, dtype=d), randn(3, 4, dtype=d), randn(3, 4, dtype=d)),
+         ("ltorch.mean", "ltorch.sum", "ltorch.mul"), NORM_PRIMS, absent=("var_mean",)),
+    Case("layer_norm_plain", lambda x: F.layer_norm(x, (4,)), lambda d: (transposed(3, 4, dtype=d),),
+         ("ltorch.mean", "ltorch.mul"), NORM_PRIMS, absent=("var_mean",)),
+    Case("layer_norm_weight", lambda x, w: F.layer_norm(x, (4,), w, eps=1e-2),
+         lambda d: (randn(5, 4, dtype=d), randn(4, dtype=d)), ("ltorch.mean", "ltorch.sum"), NORM_PRIMS, absent=("var_mean",)),
+    Case("rms_norm", lambda x, w: F.rms_norm(x, (4,), w), lambda d: (randn(2, 3, 4, dtype=d), randn(4, dtype=d)),
+         ("ltorch.mean", "ltorch.sum", "ltorch.mul"), NORM_PRIMS),
+    Case("rms_norm_plain", lambda x: F.rms_norm(x, (3, 4), eps=1e-3), lambda d: (randn(2, 3, 4, dtype=d),),
+         ("ltorch.mean", "ltorch.mul"), NORM_PRIMS),
+    Case("nll_loss", lambda x, t: F.nll_loss(x, t), lambda d: (randn(4, 5, dtype=d), targets(4)), LOSS_CALLS),
+    Case("nll_loss_weight_sum", lambda x, t, w: F.nll_loss(x, t, w, reduction="sum"),
+         lambda d: (randn(4, 5, dtype=d), targets(4), torch.rand(5, dtype=d) + 0.1), LOSS_CALLS),
+    Case("nll_loss_extra_dims", lambda x, t, w: F.nll_loss(x, t, w, ignore_index=2, reduction="none"),
+         lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3, ignored=2), torch.rand(5, dtype=d) + 0.1), LOSS_CALLS),
+    Case("nll_loss_byte_targets", lambda x, t: F.nll_loss(x, t.to(torch.uint8), ignore_index=1, reduction="sum"),
+         lambda d: (randn(4, 5, dtype=d), targets(4, ignored=1)), LOSS_CALLS),
+    Case("nll_loss_unbatched", lambda x, t: F.nll_loss(x, t), lambda d: (randn(5, dtype=d), torch.tensor(3)), LOSS_CALLS),
+    Case("cross_entropy", lambda x, t: F.cross_entropy(x, t), lambda d: (randn(4, 5, dtype=d), targets(4)),
+         (*LOSS_CALLS, "ltorch.tensor_softmax"), absent=("log", "log_softmax")),
+    Case("cross_entropy_weight", lambda x, t, w: F.cross_entropy(x, t, w),
+         lambda d: (transposed(4, 5, dtype=d), targets(4), torch.rand(5, dtype=d) + 0.1),
+         (*LOSS_CALLS, "ltorch.tensor_softmax")),
+    Case("cross_entropy_extra_dims", lambda x, t: F.cross_entropy(x, t, ignore_index=1, reduction="sum"),
+         lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3, ignored=1)), (*LOSS_CALLS, "ltorch.tensor_softmax")),
+    Case("cross_entropy_smoothing", lambda x, t: F.cross_entropy(x, t, label_smoothing=0.2),
+         lambda d: (randn(4, 5, dtype=d), targets(4)), (*LOSS_CALLS, "ltorch.tensor_softmax")),
+    Case("cross_entropy_smoothing_weight", lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1, reduction="none"),
+         lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3), torch.rand(5, dtype=d) + 0.1),
+         (*LOSS_CALLS, "ltorch.tensor_softmax")),
+    Case("cross_entropy_smoothing_weight_mean", lambda x, t, w: F.cross_entropy(x, t, w, ignore_index=2, label_smoothing=0.3),
+         lambda d: (randn(5, dtype=d), torch.tensor(1), torch.rand(5, dtype=d) + 0.1), (*LOSS_CALLS, "ltorch.tensor_softmax")),
+    Case("sdpa", sdpa(), lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 6, dtype=d)),
+         ("ltorch.matmul", "ltorch.tensor_softmax", "ltorch.sum")),
+    Case("sdpa_causal_scale", sdpa(is_causal=True, scale=0.3),
+         lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 8, dtype=d)),
+         ("ltorch.matmul", "ltorch.tril", "ltorch.where")),
+    Case("sdpa_bool_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+         lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 8, dtype=d),
+                    torch.tensor([[True, False, True, False, True], [False] * 5, [True] * 5])),
+         ("ltorch.matmul", "ltorch.where", "ltorch.all")),
+    Case("sdpa_float_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+         lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 8, dtype=d),
+                    randn(2, 1, 3, 5, dtype=d)), ("ltorch.matmul", "ltorch.add", "ltorch.sum")),
+    Case("sdpa_gqa_broadcast", sdpa(enable_gqa=True),
+         lambda d: (randn(2, 4, 3, 8, dtype=d), randn(1, 2, 5, 8, dtype=d), randn(1, 2, 5, 8, dtype=d)),
+         ("ltorch.matmul", "ltorch.expand", "ltorch.sum")),
+    Case("sdpa_noncontiguous", sdpa(), lambda d: (randn(2, 3, 2, 8, dtype=d).transpose(1, 2),
+                                                  randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 8, dtype=d)),
+         ("ltorch.matmul",)),
+    Case("linear", F.linear, lambda d: (randn(2, 3, 4, dtype=d), randn(5, 4, dtype=d), randn(5, dtype=d)),
+         ("ltorch.matmul", "ltorch.sum")),
+    Case("linear_vector_input", F.linear, lambda d: (randn(4, dtype=d), transposed(5, 4, dtype=d)), ("ltorch.matmul",)),
+    Case("linear_vector_weight", F.linear, lambda d: (randn(3, 4, dtype=d), randn(4, dtype=d)), ("ltorch.mul", "ltorch.sum")),
+    Case("linear_broadcast_bias", F.linear, lambda d: (randn(3, 4, dtype=d), randn(5, 4, dtype=d), randn(1, dtype=d)),
+         ("ltorch.matmul", "ltorch.sum")),
+    Case("matmul_dot", torch.matmul, lambda d: (randn(4, dtype=d), randn(4, dtype=d)), ("ltorch.matmul",)),
+    Case("matmul_matrix_vector", torch.matmul, lambda d: (randn(2, 3, 4, dtype=d), randn(4, dtype=d)), ("ltorch.matmul",)),
+    Case("matmul_vector_batch", torch.matmul, lambda d: (randn(4, dtype=d), randn(2, 4, 3, dtype=d)),
+         ("ltorch.matmul", "ltorch.sum")),
+    Case("matmul_batch_broadcast", torch.matmul, lambda d: (randn(2, 1, 3, 4, dtype=d), randn(5, 4, 2, dtype=d)),
+         ("ltorch.matmul", "ltorch.sum")),
+    Case("matmul_weight", lambda a, b: a @ b, lambda d: (randn(2, 3, 4, dtype=d), transposed(4, 5, dtype=d)),
+         ("ltorch.matmul", "ltorch.t")),
+    Case("embedding", F.embedding, lambda d: (torch.randint(0, 6, (2, 3)), randn(6, 3, dtype=d)),
+         ("ltorch.index_add", "ltorch.zeros")),
+    Case("embedding_padding", lambda i, w: F.embedding(i, w, padding_idx=-2),
+         lambda d: (torch.tensor([[4, 1, 4], [0, 1, 1]], dtype=torch.int32), randn(6, 3, dtype=d)),
+         ("ltorch.index_add", "ltorch.where")),
+    Case("embedding_scale_grad_by_freq", lambda i, w: F.embedding(i, w, padding_idx=0, scale_grad_by_freq=True),
+         lambda d: (torch.tensor([0, 2, 2, 5, 2, 0]), randn(6, 3, dtype=d)), ("ltorch.index_add", "ltorch.clamp")),
+    Case("gelu", F.gelu, lambda d: (transposed(3, 4, dtype=d),), ("ltorch.erf", "ltorch.exp")),
+    Case("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda d: (randn(2, 3, 4, dtype=d),), ("ltorch.tanh",)),
+]
+
+
+def leaves(inputs: tuple) -> list[torch.Tensor]:
+    return [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+
+
+def gradients(fn, inputs: tuple, seed: int = 1):
+    """The output and the gradients of ``fn`` for a fixed random cotangent."""
+    out = fn(*inputs)
+    torch.manual_seed(seed)
+    cotangent = torch.randn(out.shape, dtype=out.dtype)
+    return out, torch.autograd.grad(out, leaves(inputs), cotangent)
+
+
+def fresh(inputs: tuple) -> tuple:
+    """The same values as new leaves (strides kept), so that eager and jit do not share a graph."""
+    return tuple(x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in inputs)
+
+
+def compare(case: Case, dtype: torch.dtype):
+    torch.manual_seed(0)
+    inputs = case.inputs(dtype)
+    jfn = thunder_rs.jit(case.fn)
+    expected_out, expected = gradients(case.fn, fresh(inputs))
+    out, actual = gradients(jfn, fresh(inputs))
+    return jfn, (out, expected_out), list(zip(actual, expected, strict=True))
+
+
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice:UserWarning")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_gradients_match_eager(case: Case, dtype: torch.dtype):
+    tolerance = FLOAT64 if dtype == torch.float64 else FLOAT32
+    _, (out, expected_out), grads = compare(case, dtype)
+    torch.testing.assert_close(out, expected_out, **tolerance)
+    for actual, expected in grads:
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape
+        torch.testing.assert_close(actual, expected, **tolerance)
+
+
+_CALL = re.compile(r"^  \S.* = ((?:ltorch|prims)\.\w+)\(", re.MULTILINE)
+
+
+def backward_calls(jfn) -> set[str]:
+    """The symbols the backward calls at top level, read from its last trace before execution
+    (the execution trace prints prims and ltorch calls alike as tensor methods)."""
+    return set(_CALL.findall(str(thunder_rs.last_backward_traces(jfn)[-2])))
+
+
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice:UserWarning")
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_backward_is_the_rules(case: Case):
+    jfn, _, _ = compare(case, torch.float32)
+    calls = backward_calls(jfn)
+    assert set(case.calls) <= calls, f"missing {set(case.calls) - calls}"
+    prims = {c for c in calls if c.startswith("prims.")}
+    assert prims <= set(case.prims), f"the decomposition's prims in the backward: {prims - set(case.prims)}"
+    executed = str(thunder_rs.last_backward_traces(jfn)[-1])
+    for name in case.absent:
+        assert not re.search(rf"\b(prim_|torch_|\.){name}\(", executed), f"{name} runs in the backward:\n{executed}"
+
+
+#: bfloat16 gradients against eager's: both round to 8 bits; the rules compute in float32 and
+#: round once, as eager's kernels do, so they differ by a few units in the last place.
+BFLOAT16 = dict(rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice:UserWarning")
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bfloat16_gradients_have_eagers_dtype(case: Case):
+    _, (out, expected_out), grads = compare(case, torch.bfloat16)
+    assert out.dtype == expected_out.dtype
+    for actual, expected in grads:
+        assert actual.dtype == expected.dtype
+        torch.testing.assert_close(actual.float(), expected.float(), **BFLOAT16)
+
+
+def test_half_precision_weights_keep_their_dtype():
+    # layer_norm of bfloat16 activations takes float32 parameters, as under autocast.
+    x = randn(3, 4, dtype=torch.bfloat16)
+    w, b = randn(4, dtype=torch.float32), randn(4, dtype=torch.float32)
+    fn = lambda x, w, b: F.layer_norm(x, (4,), w, b)  # noqa: E731
+    _, expected = gradients(fn, fresh((x, w, b)))
+    _, actual = gradients(thunder_rs.jit(fn), fresh((x, w, b)))
+    assert [g.dtype for g in actual] == [torch.bfloat16, torch.float32, torch.float32]
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.float(), e.float(), **BFLOAT16)
+
+
+# -- losses: every target ignored, and the cases left to the decomposition --------------------------
+
+
+def smoothed_cross_entropy(x, t, w):
+    return F.cross_entropy(x, t, w, label_smoothing=0.1)
+
+
+@pytest.mark.parametrize("loss", [F.nll_loss, F.cross_entropy, smoothed_cross_entropy],
+                         ids=["nll_loss", "cross_entropy", "smoothed_cross_entropy"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_all_targets_ignored_gives_zero_gradients(loss, weighted: bool):
+    x, t = randn(4, 5, dtype=torch.float64), torch.full((4,), -100)
+    w = torch.rand(5, dtype=torch.float64) if weighted else None
+    out, (grad,) = gradients(thunder_rs.jit(loss), fresh((x, t, w)))
+    assert out.isnan()  # 0 / 0, as in eager
+    torch.testing.assert_close(grad, torch.zeros_like(x))
+    torch.testing.assert_close(grad, gradients(loss, fresh((x, t, w)))[1][0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("kwargs", [dict(), dict(label_smoothing=0.3, reduction="sum")], ids=["plain", "smoothing"])
+def test_cross_entropy_with_class_probabilities_is_left_to_the_decomposition(kwargs: dict, dtype: torch.dtype):
+    torch.manual_seed(0)
+    x = randn(4, 5, dtype=dtype)
+    t = torch.softmax(torch.randn(4, 5, dtype=dtype), -1)
+    fn = lambda x, t: F.cross_entropy(x, t, **kwargs)  # noqa: E731
+    jfn = thunder_rs.jit(fn)
+    _, (actual,) = gradients(jfn, fresh((x, t)))
+    _, (expected,) = gradients(fn, fresh((x, t)))
+    torch.testing.assert_close(actual, expected, **(FLOAT64 if dtype == torch.float64 else FLOAT32))
+    # The decomposition's log_softmax is differentiated by its own rule; cross_entropy's is not used.
+    calls = backward_calls(jfn)
+    assert "ltorch.exp" in calls and "ltorch.tensor_softmax" not in calls
+
+
+def test_nll_loss_with_a_weight_that_requires_grad_is_left_to_the_decomposition():
+    # Eager has no derivative for the class weights; the decomposition gives the true one.
+    x, t, w = randn(4, 5, dtype=torch.float64), targets(4), randn(5, dtype=torch.float64).abs()
+    jfn = thunder_rs.jit(F.nll_loss)
+    _, (gx, gw) = gradients(jfn, fresh((x, t, w)))
+
+    def reference(x, t, w):
+        kept = t != -100
+        safe = t.clamp(min=0)
+        picked = x.gather(1, safe[:, None])[:, 0] * w[safe] * kept
+        return -picked.sum() / (w[safe] * kept).sum()
+
+    _, (ex, ew) = gradients(reference, fresh((x, t, w)))
+    torch.testing.assert_close(gx, ex)
+    torch.testing.assert_close(gw, ew)
+
+
+def test_attention_with_dropout_is_left_to_the_decomposition():
+    # Random masks need not match eager's, so the gradient is checked against central differences
+    # of the compiled function itself, reseeded so that every call draws the same mask; the
+    # shifted inputs require grad so that they take the same (decomposed) forward.
+    torch.manual_seed(0)
+    q, k, v = (randn(1, 2, 3, 4, dtype=torch.float64) for _ in range(3))
+    jfn = thunder_rs.jit(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.4))
+
+    def loss(*inputs):
+        torch.manual_seed(7)
+        return (jfn(*inputs) * torch.arange(24, dtype=torch.float64).reshape(1, 2, 3, 4)).sum()
+
+    grads = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    assert "ltorch.tensor_softmax" not in backward_calls(jfn)
+    h = 1e-6
+    for i, g in enumerate(grads):
+        direction = torch.randn_like(g)
+        shifted = [[(x.detach() + s * h * direction if j == i else x.detach()).requires_grad_()
+                    for j, x in enumerate((q, k, v))] for s in (1, -1)]
+        numeric = (loss(*shifted[0]) - loss(*shifted[1])) / (2 * h)
+        torch.testing.assert_close((g * direction).sum(), numeric, rtol=1e-6, atol=1e-6)
