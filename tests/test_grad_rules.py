@@ -54,12 +54,18 @@ class Case:
     absent: tuple[str, ...] = ()
 
 
-SOFTMAX_CALLS = ("ltorch.sum", "ltorch.mul", "ltorch.sub")
-LOG_SOFTMAX_CALLS = ("ltorch.exp", "ltorch.sum", "ltorch.mul")
-#: The split saves the statistics before their last cheap prims (keepdim's broadcast, ``+ eps``,
-#: rsqrt, mean's division) and recomputes those in the backward.
+SOFTMAX_CALLS = ("ltorch.softmax_backward",)
+LOG_SOFTMAX_CALLS = ("ltorch.log_softmax_backward",)
+LAYER_NORM_CALLS = ("ltorch.native_layer_norm_backward",)
+#: rms_norm's rule is written with ltorch ops: the split saves the statistics before their last
+#: cheap prims (keepdim's broadcast, ``+ eps``, rsqrt, mean's division) and recomputes those.
 NORM_PRIMS = ("prims.broadcast_in_dim", "prims.add", "prims.div", "prims.rsqrt", "prims.convert_element_type")
-LOSS_CALLS = ("ltorch.where", "ltorch.scatter_add")
+LOSS_CALLS = ("ltorch.nll_loss_backward",)
+CROSS_ENTROPY_CALLS = ("ltorch.nll_loss_backward", "ltorch.log_softmax_backward")
+#: Label smoothing's extra term is differentiated prim by prim.
+SMOOTHING_PRIMS = ("prims.where", "prims.neg", "prims.mul", "prims.broadcast_in_dim", "prims.div", "prims.eq",
+                   "prims.reshape", "prims.add", "prims.sum", "prims.convert_element_type")
+FLASH_CALLS = ("ltorch.sdpa_flash_backward",)
 
 
 def sdpa(**kwargs):
@@ -77,11 +83,11 @@ CASES = [
     Case("tensor_log_softmax", lambda x: torch.log_softmax(x, 0), lambda d: (transposed(4, 3, dtype=d),), LOG_SOFTMAX_CALLS),
     Case("layer_norm", lambda x, w, b: F.layer_norm(x, (3, 4), w, b),
          lambda d: (randn(2, 3, 4, dtype=d), randn(3, 4, dtype=d), randn(3, 4, dtype=d)),
-         ("ltorch.mean", "ltorch.sum", "ltorch.mul"), NORM_PRIMS, absent=("var_mean",)),
+         LAYER_NORM_CALLS, absent=("var_mean",)),
     Case("layer_norm_plain", lambda x: F.layer_norm(x, (4,)), lambda d: (transposed(3, 4, dtype=d),),
-         ("ltorch.mean", "ltorch.mul"), NORM_PRIMS, absent=("var_mean",)),
+         LAYER_NORM_CALLS, absent=("var_mean",)),
     Case("layer_norm_weight", lambda x, w: F.layer_norm(x, (4,), w, eps=1e-2),
-         lambda d: (randn(5, 4, dtype=d), randn(4, dtype=d)), ("ltorch.mean", "ltorch.sum"), NORM_PRIMS, absent=("var_mean",)),
+         lambda d: (randn(5, 4, dtype=d), randn(4, dtype=d)), LAYER_NORM_CALLS, absent=("var_mean",)),
     Case("rms_norm", lambda x, w: F.rms_norm(x, (4,), w), lambda d: (randn(2, 3, 4, dtype=d), randn(4, dtype=d)),
          ("ltorch.mean", "ltorch.sum", "ltorch.mul"), NORM_PRIMS),
     Case("rms_norm_plain", lambda x: F.rms_norm(x, (3, 4), eps=1e-3), lambda d: (randn(2, 3, 4, dtype=d),),
@@ -95,19 +101,20 @@ CASES = [
          lambda d: (randn(4, 5, dtype=d), targets(4, ignored=1)), LOSS_CALLS),
     Case("nll_loss_unbatched", lambda x, t: F.nll_loss(x, t), lambda d: (randn(5, dtype=d), torch.tensor(3)), LOSS_CALLS),
     Case("cross_entropy", lambda x, t: F.cross_entropy(x, t), lambda d: (randn(4, 5, dtype=d), targets(4)),
-         (*LOSS_CALLS, "ltorch.tensor_softmax"), absent=("log", "log_softmax")),
+         CROSS_ENTROPY_CALLS, absent=("log", "log_softmax")),
     Case("cross_entropy_weight", lambda x, t, w: F.cross_entropy(x, t, w),
          lambda d: (transposed(4, 5, dtype=d), targets(4), torch.rand(5, dtype=d) + 0.1),
-         (*LOSS_CALLS, "ltorch.tensor_softmax")),
+         CROSS_ENTROPY_CALLS),
     Case("cross_entropy_extra_dims", lambda x, t: F.cross_entropy(x, t, ignore_index=1, reduction="sum"),
-         lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3, ignored=1)), (*LOSS_CALLS, "ltorch.tensor_softmax")),
+         lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3, ignored=1)), CROSS_ENTROPY_CALLS),
     Case("cross_entropy_smoothing", lambda x, t: F.cross_entropy(x, t, label_smoothing=0.2),
-         lambda d: (randn(4, 5, dtype=d), targets(4)), (*LOSS_CALLS, "ltorch.tensor_softmax")),
+         lambda d: (randn(4, 5, dtype=d), targets(4)), CROSS_ENTROPY_CALLS, SMOOTHING_PRIMS),
     Case("cross_entropy_smoothing_weight", lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1, reduction="none"),
          lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3), torch.rand(5, dtype=d) + 0.1),
-         (*LOSS_CALLS, "ltorch.tensor_softmax")),
+         CROSS_ENTROPY_CALLS, SMOOTHING_PRIMS),
     Case("cross_entropy_smoothing_weight_mean", lambda x, t, w: F.cross_entropy(x, t, w, ignore_index=2, label_smoothing=0.3),
-         lambda d: (randn(5, dtype=d), torch.tensor(1), torch.rand(5, dtype=d) + 0.1), (*LOSS_CALLS, "ltorch.tensor_softmax")),
+         lambda d: (randn(5, dtype=d), torch.tensor(1), torch.rand(5, dtype=d) + 0.1), CROSS_ENTROPY_CALLS,
+         SMOOTHING_PRIMS),
     Case("sdpa", sdpa(), lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 6, dtype=d)),
          ("ltorch.matmul", "ltorch.tensor_softmax", "ltorch.sum")),
     Case("sdpa_causal_scale", sdpa(is_causal=True, scale=0.3),
@@ -125,7 +132,10 @@ CASES = [
          ("ltorch.matmul", "ltorch.expand", "ltorch.sum")),
     Case("sdpa_noncontiguous", sdpa(), lambda d: (randn(2, 3, 2, 8, dtype=d).transpose(1, 2),
                                                   randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 8, dtype=d)),
-         ("ltorch.matmul",)),
+         FLASH_CALLS, absent=("softmax", "exp")),
+    Case("sdpa_flash_causal", sdpa(is_causal=True), lambda d: (randn(2, 2, 5, 8, dtype=d), randn(2, 2, 3, 8, dtype=d),
+                                                               transposed(3, 8, dtype=d).expand(2, 2, 3, 8)),
+         FLASH_CALLS, absent=("softmax", "tril")),
     Case("linear", F.linear, lambda d: (randn(2, 3, 4, dtype=d), randn(5, 4, dtype=d), randn(5, dtype=d)),
          ("ltorch.matmul", "ltorch.sum")),
     Case("linear_vector_input", F.linear, lambda d: (randn(4, dtype=d), transposed(5, 4, dtype=d)), ("ltorch.matmul",)),
@@ -141,14 +151,14 @@ CASES = [
     Case("matmul_weight", lambda a, b: a @ b, lambda d: (randn(2, 3, 4, dtype=d), transposed(4, 5, dtype=d)),
          ("ltorch.matmul", "ltorch.t")),
     Case("embedding", F.embedding, lambda d: (torch.randint(0, 6, (2, 3)), randn(6, 3, dtype=d)),
-         ("ltorch.index_add", "ltorch.zeros")),
+         ("ltorch.embedding_backward",)),
     Case("embedding_padding", lambda i, w: F.embedding(i, w, padding_idx=-2),
          lambda d: (torch.tensor([[4, 1, 4], [0, 1, 1]], dtype=torch.int32), randn(6, 3, dtype=d)),
-         ("ltorch.index_add", "ltorch.where")),
+         ("ltorch.embedding_backward",)),
     Case("embedding_scale_grad_by_freq", lambda i, w: F.embedding(i, w, padding_idx=0, scale_grad_by_freq=True),
-         lambda d: (torch.tensor([0, 2, 2, 5, 2, 0]), randn(6, 3, dtype=d)), ("ltorch.index_add", "ltorch.clamp")),
-    Case("gelu", F.gelu, lambda d: (transposed(3, 4, dtype=d),), ("ltorch.erf", "ltorch.exp")),
-    Case("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda d: (randn(2, 3, 4, dtype=d),), ("ltorch.tanh",)),
+         lambda d: (torch.tensor([0, 2, 2, 5, 2, 0]), randn(6, 3, dtype=d)), ("ltorch.embedding_backward",)),
+    Case("gelu", F.gelu, lambda d: (transposed(3, 4, dtype=d),), ("ltorch.gelu_backward",), absent=("erf",)),
+    Case("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda d: (randn(2, 3, 4, dtype=d),), ("ltorch.gelu_backward",), absent=("tanh",)),
 ]
 
 
@@ -269,9 +279,9 @@ def test_cross_entropy_with_class_probabilities_is_left_to_the_decomposition(kwa
     _, (actual,) = gradients(jfn, fresh((x, t)))
     _, (expected,) = gradients(fn, fresh((x, t)))
     torch.testing.assert_close(actual, expected, **(FLOAT64 if dtype == torch.float64 else FLOAT32))
-    # The decomposition's log_softmax is differentiated by its own rule; cross_entropy's is not used.
+    # The decomposition's log_softmax is differentiated by its own rule; nll_loss takes no part.
     calls = backward_calls(jfn)
-    assert "ltorch.exp" in calls and "ltorch.tensor_softmax" not in calls
+    assert "ltorch.log_softmax_backward" in calls and "ltorch.nll_loss_backward" not in calls
 
 
 def test_nll_loss_with_a_weight_that_requires_grad_is_left_to_the_decomposition():

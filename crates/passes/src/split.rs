@@ -103,25 +103,21 @@ fn live_backward(t: &Trace, backward: &[BoundSymbol], grads: &Arg) -> Vec<BoundS
 
 /// How each forward value could reach the backward.
 fn sources<'a>(t: &Trace, inputs: &[ValueId], forward: &'a [BoundSymbol]) -> FxHashMap<ValueId, Source<'a>> {
-    fn inside<'a>(bsym: &'a BoundSymbol, out: &mut FxHashMap<ValueId, Source<'a>>) {
-        for sub in &bsym.subsymbols {
-            match sub.symbol {
-                Symbol::Prim(_) => sub.outputs.iter().for_each(|&v| { out.insert(v, Source::Prim(sub)); }),
-                _ => inside(sub, out),
+    // A composite's outputs, nested ones too, come from the composite as a whole (an executor
+    // runs it as one call, such as a fused kernel returning its statistics); the values only
+    // its decomposition defines come from their prims.
+    fn add<'a>(bsym: &'a BoundSymbol, out: &mut FxHashMap<ValueId, Source<'a>>) {
+        match bsym.symbol {
+            Symbol::Prim(_) => bsym.outputs.iter().for_each(|&v| { out.insert(v, Source::Prim(bsym)); }),
+            _ => {
+                bsym.subsymbols.iter().for_each(|sub| add(sub, out));
+                bsym.outputs.iter().for_each(|&v| { out.insert(v, Source::Opaque); });
             }
         }
     }
     let mut out: FxHashMap<ValueId, Source<'a>> = FxHashMap::default();
     out.reserve(t.values.len());
-    for b in forward {
-        match b.symbol {
-            Symbol::Prim(_) => b.outputs.iter().for_each(|&v| { out.insert(v, Source::Prim(b)); }),
-            _ => {
-                inside(b, &mut out);
-                b.outputs.iter().for_each(|&v| { out.insert(v, Source::Opaque); });
-            }
-        }
-    }
+    forward.iter().for_each(|b| add(b, &mut out));
     inputs.iter().for_each(|&v| { out.insert(v, Source::Input); });
     out
 }

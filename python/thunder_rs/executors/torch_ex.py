@@ -129,6 +129,46 @@ def _register_prims() -> None:
             torch_ex.methods[name] = name
 
 
+def _defined(fn):
+    """``fn`` with the undefined outputs of a masked aten backward left out, one alone."""
+
+    def impl(*args):
+        outs = [o for o in fn(*args) if o is not None]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return impl
+
+
+def _on_cpu(first, *args) -> bool:
+    return first.device.type == "cpu"
+
+
+_aten = torch.ops.aten
+#: The fused kernels of ``thunder_rs.torch.kernels``, each one aten call (with its checker).
+_KERNELS = {
+    "native_layer_norm": (torch.native_layer_norm, None),
+    "native_layer_norm_backward": (_defined(_aten.native_layer_norm_backward.default), None),
+    "gelu_backward": (lambda g, x, approximate="none": _aten.gelu_backward.default(g, x, approximate=approximate), None),
+    "softmax_backward": (lambda g, out, dim: torch._softmax_backward_data(g, out, dim, out.dtype), None),
+    "log_softmax_backward": (lambda g, out, dim: torch._log_softmax_backward_data(g, out, dim, out.dtype), None),
+    "embedding_backward": (_aten.embedding_dense_backward.default, None),
+    "nll_loss_forward": (_aten.nll_loss_forward.default, None),
+    "nll_loss_backward": (_aten.nll_loss_backward.default, None),
+    "sdpa_flash": (lambda q, k, v, is_causal, scale:
+                   torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale), _on_cpu),
+    "sdpa_flash_backward": (lambda g, q, k, v, out, lse, is_causal, scale:
+                            _aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+                                g, q, k, v, out, lse, 0.0, is_causal, scale=scale), _on_cpu),
+}
+
+
+def _register_kernels() -> None:
+    from thunder_rs.torch import kernels
+
+    for name, (impl, checker) in _KERNELS.items():
+        torch_ex.register_implementation(getattr(kernels, name), impl, impl_name=f"torch_{name}", checker=checker)
+
+
 def _register_composites() -> None:
     from thunder_rs.torch import SYMBOLS
 
@@ -172,5 +212,6 @@ def sync_fallbacks() -> None:
 
 
 _register_prims()
+_register_kernels()
 _register_composites()
 register_executor(torch_ex)

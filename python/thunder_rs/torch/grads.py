@@ -1,15 +1,16 @@
-"""Grad rules for the nn and linalg composites: each backward is written with ltorch ops, so
-that it runs as a few whole torch calls instead of the prim-by-prim VJP of a decomposition.
+"""Grad rules for the nn, linalg and shape composites: each backward is a few whole torch calls
+instead of the prim-by-prim VJP of a decomposition.
 
-A rule computes its forward by calling its own symbol, which records the plain decomposition
-(an executor runs it as one call), except where the backward reuses the forward's statistics
-(layer_norm, rms_norm). Everything after ``get_grad`` is the backward; attention recomputes its
-probabilities there rather than saving them. Half-precision values are differentiated in
+Where eager's autograd runs a fused kernel (layer_norm, gelu, softmax, nll_loss, embedding,
+attention on the CPU) the rule calls the same kernel through a symbol of ``kernels.py``, whose
+forward also returns the statistics the backward reuses. The other rules compute their forward
+by calling their own symbol, which records the plain decomposition (an executor runs it as one
+call), and write the backward with ltorch ops. Half-precision values are differentiated in
 float32, as eager kernels compute, and each gradient is returned in its input's dtype.
 
 A rule returns the plain forward without asking for a cotangent for calls it does not handle
-(attention with dropout, cross entropy with class-probability targets, losses whose class
-weights require grad); the VJP pass then differentiates the decomposition.
+(attention with dropout, nll_loss whose class weights require grad);
+the VJP pass then differentiates the decomposition.
 """
 
 import math
@@ -18,65 +19,18 @@ import torch
 
 from thunder_rs import torch as ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
-from thunder_rs.torch.nn import _LOW_PRECISION, _reduction
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-
-
-def _cast(a, dtype):
-    return a if a.dtype == dtype else ltorch.to(a, dtype)
-
-
-def _upcast(a):
-    """``a`` in the dtype eager kernels compute in: float32 for half-precision floats."""
-    return _cast(a, torch.float32) if a.dtype in _LOW_PRECISION else a
-
-
-def _compute_dtype(dtype):
-    return torch.float32 if dtype in _LOW_PRECISION else dtype
-
-
-def _softmax_in_compute_dtype(a, dim: int):
-    """softmax(a) along ``dim``, in float32 for a half-precision ``a`` (one call either way)."""
-    return ltorch.tensor_softmax(a, dim, torch.float32 if a.dtype in _LOW_PRECISION else None)
-
-
-def _sum_to(grad, shape):
-    """``grad`` summed over the dims that broadcasting added in front of ``shape`` or expanded
-    from size 1, so that it has ``shape``."""
-    shape = tuple(shape)
-    lead = grad.ndim - len(shape)
-    expanded = tuple(lead + i for i, s in enumerate(shape) if s == 1 and grad.shape[lead + i] != 1)
-    if not expanded:
-        return ltorch.sum(grad, tuple(range(lead))) if lead else grad
-    total = ltorch.sum(grad, (*range(lead), *expanded), keepdim=True)
-    return ltorch.reshape(total, shape) if lead else total
+from thunder_rs.torch import kernels
+from thunder_rs.torch.kernels import REDUCTIONS, cast as _cast, sum_to as _sum_to, upcast as _upcast
+from thunder_rs.torch.nn import _LOW_PRECISION, _check_attention, _check_nll, _reduction
 
 
 # -- activations -----------------------------------------------------------------------------------
-
-_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
-_TANH_CUBIC = 0.044715
 
 
 @register_grad(ltorch.gelu)
 def gelu_grad(input, approximate="none"):
     out = ltorch.gelu(input, approximate)
-    g = get_grad(out)
-    x = _upcast(input)
-    if approximate == "tanh":
-        # d/dx [x (1 + t) / 2] with t = tanh(u), u = k (x + c x^3):
-        # (1 + t) / 2 + x (1 - t)(1 + t) k (1 + 3 c x^2) / 2 = (1 + t)(1 + x (1 - t) u') / 2
-        x2 = x * x
-        t = ltorch.tanh(x * (_SQRT_2_OVER_PI + _SQRT_2_OVER_PI * _TANH_CUBIC * x2))
-        du = _SQRT_2_OVER_PI + 3 * _SQRT_2_OVER_PI * _TANH_CUBIC * x2
-        slope = (0.5 + 0.5 * t) * (1 + x * (1 - t) * du)
-    else:
-        # d/dx [x Phi(x)] = Phi(x) + x phi(x)
-        cdf = 0.5 + 0.5 * ltorch.erf(x * math.sqrt(0.5))
-        slope = cdf + x * ltorch.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
-    put_grad(input, _cast(_upcast(g) * slope, input.dtype))
+    put_grad(input, kernels.gelu_backward(get_grad(out), input, approximate))
     return out
 
 
@@ -88,13 +42,8 @@ def _softmax_backward(input, out, dim, log: bool) -> None:
     (None: F.softmax's implicit dim). ``out`` may have another dtype (softmax's ``dtype``)."""
     if dim is None:
         dim = 0 if input.ndim in (0, 1, 3) else 1
-    g = _upcast(get_grad(out))
-    y = _upcast(out)
-    if log:
-        grad = g - ltorch.exp(y) * ltorch.sum(g, dim, keepdim=True)
-    else:
-        grad = y * (g - ltorch.sum(g * y, dim, keepdim=True))
-    put_grad(input, _cast(grad, input.dtype))
+    backward = kernels.log_softmax_backward if log else kernels.softmax_backward
+    put_grad(input, _cast(backward(get_grad(out), out, dim), input.dtype))
 
 
 @register_grad(ltorch.softmax)
@@ -131,52 +80,45 @@ def tensor_log_softmax_grad(input, dim, dtype=None):
 def _normalized_dims(input, normalized_shape, *params):
     """The trailing dims a norm normalises, or None for a call the rule leaves to the
     decomposition: malformed ones (the decomposition reports them) or parameters of a dtype
-    other than the input's (or float32 for a half-precision input)."""
+    other than the input's (or one float32 for a half-precision input)."""
     if not isinstance(normalized_shape, (tuple, list, torch.Size)) or not input.dtype.is_floating_point:
         return None
     shape = tuple(normalized_shape)
     if not 1 <= len(shape) <= input.ndim or tuple(input.shape[input.ndim - len(shape):]) != shape:
         return None
+    present = [p for p in params if p is not None]
     dtypes = (input.dtype, torch.float32) if input.dtype in _LOW_PRECISION else (input.dtype,)
-    for p in params:
-        if p is not None and not (isinstance(p, torch.Tensor) and tuple(p.shape) == shape and p.dtype in dtypes):
+    for p in present:
+        if not (isinstance(p, torch.Tensor) and tuple(p.shape) == shape and p.dtype == present[0].dtype in dtypes):
             return None
     return tuple(range(input.ndim - len(shape), input.ndim))
+
+
+def _wants_grad(x) -> bool:
+    return x is not None and x.requires_grad
 
 
 def _put_param_grads(g, xhat, lead: int, weight, bias) -> None:
     """The gradients of an elementwise ``weight`` and ``bias`` applied to ``xhat``, summed over
     the ``lead`` batch dims."""
-    if weight is not None and weight.requires_grad:
+    if _wants_grad(weight):
         put_grad(weight, _cast(_sum_to(g * xhat, xhat.shape[lead:]), weight.dtype))
-    if bias is not None and bias.requires_grad:
+    if _wants_grad(bias):
         put_grad(bias, _cast(_sum_to(g, xhat.shape[lead:]), bias.dtype))
 
 
 @register_grad(ltorch.layer_norm)
 def layer_norm_grad(input, normalized_shape, weight=None, bias=None, eps=1e-05):
-    dims = _normalized_dims(input, normalized_shape, weight, bias)
-    if dims is None:
+    if _normalized_dims(input, normalized_shape, weight, bias) is None:
         return ltorch.layer_norm(input, normalized_shape, weight, bias, eps)
-    # The forward is spelled out so that the backward reuses its mean and rstd.
-    x = _upcast(input)
-    var, mean = ltorch.var_mean(x, dims, correction=0, keepdim=True)
-    rstd = ltorch.rsqrt(var + eps)
-    out = (x - mean) * rstd
-    if weight is not None:
-        out = out * weight
-    if bias is not None:
-        out = out + bias
-    out = _cast(out, input.dtype)
-
-    g = _upcast(get_grad(out))
-    xhat = (x - mean) * rstd  # two elementwise calls again rather than a saved input-sized tensor
-    if input.requires_grad:
-        gxhat = g if weight is None else g * weight
-        centred = gxhat - ltorch.mean(gxhat, dims, keepdim=True)
-        grad = rstd * (centred - xhat * ltorch.mean(gxhat * xhat, dims, keepdim=True))
-        put_grad(input, _cast(grad, input.dtype))
-    _put_param_grads(g, xhat, dims[0], weight, bias)
+    shape = tuple(normalized_shape)
+    out, mean, rstd = kernels.native_layer_norm(input, shape, weight, bias, eps)
+    g = get_grad(out)
+    wanted = [(x, _wants_grad(x)) for x in (input, weight, bias)]
+    grads = kernels.native_layer_norm_backward(g, input, shape, mean, rstd, weight, bias, [w for _, w in wanted])
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    for x, grad in zip([x for x, w in wanted if w], grads):
+        put_grad(x, grad)
     return out
 
 
@@ -208,73 +150,34 @@ def rms_norm_grad(input, normalized_shape, weight=None, eps=None):
 # -- losses ----------------------------------------------------------------------------------------
 
 
-def _class_index_grads(input, target, weight, ignore_index: int, reduction: str, g):
-    """For class-index targets, with the class dim kept: the derivative of the loss with respect
-    to each element's loss (zero where the target is ignored), that times the element's class
-    weight (the derivative with respect to its picked log-probability, negated), and the targets
-    as an index along the class dim (ignored ones replaced by 0).
-
-    Where every target is ignored, a mean's divisor is zero; ``where`` rather than a product
-    with the mask keeps those gradients zero, as eager's are, instead of NaN.
-    """
-    class_dim = 0 if input.ndim == 1 else 1
-    dtype = _compute_dtype(input.dtype)
-    target = _cast(target, torch.int64)
-    kept = target != ignore_index
-    safe = ltorch.where(kept, target, 0)
-    picked_weight = None if weight is None else ltorch.where(kept, _cast(weight[safe], dtype), 0.0)
-    g = _upcast(g)
-    if reduction == "mean":
-        g = g / (ltorch.sum(kept, dtype=dtype) if weight is None else ltorch.sum(picked_weight))
-    scale = ltorch.unsqueeze(ltorch.where(kept, g, 0.0), class_dim)
-    picked = scale if weight is None else ltorch.unsqueeze(ltorch.where(kept, picked_weight * g, 0.0), class_dim)
-    return scale, picked, ltorch.unsqueeze(safe, class_dim)
+def _as_rows(input, target):
+    """An (N, C, d1, ...) input as (N * d1 * ..., C) rows and its targets as (N * d1 * ...),
+    as nll_loss's kernel takes them; 1-D and 2-D inputs as they are."""
+    if input.ndim <= 2:
+        return input, target
+    count = math.prod(target.shape)
+    rows = ltorch.reshape(ltorch.movedim(input, 1, -1), (count, input.shape[1]))
+    return rows, ltorch.reshape(target, (count,))
 
 
 @register_grad(ltorch.nll_loss)
 def nll_loss_grad(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
-    out = ltorch.nll_loss(input, target, weight, size_average, ignore_index, reduce, reduction)
-    if not input.requires_grad or (weight is not None and weight.requires_grad):
-        return out
+    if weight is not None and weight.requires_grad:
+        return ltorch.nll_loss(input, target, weight, size_average, ignore_index, reduce, reduction)
+    code = REDUCTIONS[_reduction("ltorch.nll_loss", reduction, size_average, reduce)]
+    _check_nll("ltorch.nll_loss", input, target, weight)
+    rows, flat_target = _as_rows(input, target)
+    out, total_weight = kernels.nll_loss_forward(rows, flat_target, weight, code, ignore_index)
+    if code == REDUCTIONS["none"] and input.ndim > 2:
+        out = ltorch.reshape(out, target.shape)
     g = get_grad(out)
-    reduction = _reduction("ltorch.nll_loss", reduction, size_average, reduce)
-    _, picked, index = _class_index_grads(input, target, weight, ignore_index, reduction, g)
-    class_dim = 0 if input.ndim == 1 else 1
-    # Zeros made from the shape alone, so that the backward need not save the input.
-    zeros = ltorch.zeros(input.shape, dtype=picked.dtype, device=input.device)
-    grad = ltorch.scatter_add(zeros, class_dim, index, -picked)
-    put_grad(input, _cast(grad, input.dtype))
-    return out
-
-
-@register_grad(ltorch.cross_entropy)
-def cross_entropy_grad(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
-                       reduction="mean", label_smoothing=0.0):
-    out = ltorch.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-    probabilities = tuple(target.shape) == tuple(input.shape)
-    if probabilities or not input.requires_grad or (weight is not None and weight.requires_grad):
-        return out
-    g = get_grad(out)
-    reduction = _reduction("ltorch.cross_entropy", reduction, size_average, reduce)
-    scale, picked, index = _class_index_grads(input, target, weight, ignore_index, reduction, g)
-    class_dim = 0 if input.ndim == 1 else 1
-    probs = _softmax_in_compute_dtype(input, class_dim)
-    # loss = (1 - s) nll(lp) - s / C sum_c w_c lp_c per element, lp = log_softmax(x), and
-    # d lp_c / dx = onehot(c) - softmax(x): the target's term and each class's weighted term.
-    if label_smoothing:
-        classes = input.shape[class_dim]
-        picked = picked * (1 - label_smoothing)
-        spread = scale * (label_smoothing / classes)
-        if weight is None:
-            grad = probs * (picked + spread * classes) - spread
-        else:
-            along_classes = tuple(classes if d == class_dim else 1 for d in range(input.ndim))
-            w = _cast(ltorch.reshape(weight, along_classes), probs.dtype)
-            grad = probs * (picked + spread * ltorch.sum(w)) - spread * w
-    else:
-        grad = probs * picked
-    grad = ltorch.scatter_add(grad, class_dim, index, -picked)
-    put_grad(input, _cast(grad, input.dtype))
+    if code == REDUCTIONS["none"] and input.ndim > 2:
+        g = ltorch.reshape(g, flat_target.shape)
+    grad = kernels.nll_loss_backward(g, rows, flat_target, weight, code, ignore_index, total_weight)
+    if input.ndim > 2:
+        moved = (input.shape[0], *input.shape[2:], input.shape[1])
+        grad = ltorch.movedim(ltorch.reshape(grad, moved), -1, 1)
+    put_grad(input, grad)
     return out
 
 
@@ -334,23 +237,46 @@ def matmul_grad(input, other):
 def embedding_grad(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
                    sparse=False):
     out = ltorch.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
-    g = get_grad(out)
-    (num_rows, features), dtype, device = weight.shape, weight.dtype, weight.device
-    index = ltorch.reshape(input, (input.numel(),))
-    rows = ltorch.reshape(g, (input.numel(), features))
-    if padding_idx is not None:  # lookups of the padding row contribute nothing to it
-        padding = ltorch.unsqueeze(index == padding_idx % num_rows, -1)
-        rows = ltorch.where(padding, 0.0, rows)
-    grad = ltorch.index_add(ltorch.zeros(weight.shape, dtype=dtype, device=device), 0, index, rows)
-    if scale_grad_by_freq:  # each row's gradient is divided by how often it was looked up
-        ones = ltorch.ones_like(index, dtype=dtype)
-        lookups = ltorch.index_add(ltorch.zeros(num_rows, dtype=dtype, device=device), 0, index, ones)
-        grad = grad / ltorch.unsqueeze(ltorch.clamp(lookups, min=1), -1)
-    put_grad(weight, grad)
+    rows = weight.shape[0]
+    padding = -1 if padding_idx is None else padding_idx % rows
+    put_grad(weight, kernels.embedding_backward(get_grad(out), input, rows, padding, scale_grad_by_freq))
     return out
 
 
+# -- splitting -------------------------------------------------------------------------------------
+
+
+def _tiles_grad(a, pieces, dim: int):
+    """Puts the gradient of ``a`` from those of ``pieces``, which tile it along ``dim``: one cat
+    instead of a pad per piece. Pieces that are ``a`` itself (one whole piece) take no rule."""
+    if any(p is a for p in pieces):
+        return pieces
+    put_grad(a, ltorch.cat([get_grad(p) for p in pieces], dim))
+    return pieces
+
+
+@register_grad(ltorch.split)
+def split_grad(a, split_size_or_sections, dim=0):
+    return _tiles_grad(a, ltorch.split(a, split_size_or_sections, dim), dim)
+
+
+@register_grad(ltorch.chunk)
+def chunk_grad(a, chunks, dim=0):
+    return _tiles_grad(a, ltorch.chunk(a, chunks, dim), dim)
+
+
+@register_grad(ltorch.tensor_split)
+def tensor_split_grad(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sections=None):
+    pieces = ltorch.tensor_split(a, sections, dim, indices=indices, tensor_indices_or_sections=tensor_indices_or_sections)
+    return _tiles_grad(a, pieces, dim)
+
+
 # -- attention -------------------------------------------------------------------------------------
+
+
+def _softmax_in_compute_dtype(a, dim: int):
+    """softmax(a) along ``dim``, in float32 for a half-precision ``a`` (one call either way)."""
+    return ltorch.tensor_softmax(a, dim, torch.float32 if a.dtype in _LOW_PRECISION else None)
 
 
 def _repeat_heads(x, heads: int):
@@ -393,9 +319,33 @@ def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
     return ltorch.where(blind, 0.0, probs)
 
 
+def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
+    """Whether eager's CPU flash kernels take the call: 4-D query, key and value on the CPU with
+    one batch and head count and one head size, positions on both sides, no mask, no dropout."""
+    if query.device.type != "cpu" or attn_mask is not None or dropout_p != 0 or query.dtype not in _FLASH_DTYPES:
+        return False
+    if not all(x.ndim == 4 for x in (query, key, value)):
+        return False
+    batch_heads, size = tuple(query.shape[:2]), query.shape[-1]
+    same = all(tuple(x.shape[:2]) == batch_heads and x.shape[-1] == size for x in (key, value))
+    return same and key.shape[2] == value.shape[2] and min(query.shape[2], key.shape[2], size) > 0
+
+
+_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 @register_grad(ltorch.scaled_dot_product_attention)
 def scaled_dot_product_attention_grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                       enable_gqa=False):
+    if _flash_on_cpu(query, key, value, attn_mask, dropout_p):
+        _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
+        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+        out, lse = kernels.sdpa_flash(query, key, value, is_causal, scale)
+        grads = kernels.sdpa_flash_backward(get_grad(out), query, key, value, out, lse, is_causal, scale)
+        for x, grad in zip((query, key, value), grads):
+            if x.requires_grad:
+                put_grad(x, grad)
+        return out
     out = ltorch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dropout_p > 0:
         return out

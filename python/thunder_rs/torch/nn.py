@@ -372,39 +372,49 @@ def _check_targets(op: str, input, target) -> None:
           f"Expected target size {list(expected)}, got {list(target.shape)} (argument target)", ThunderRuntimeError)
 
 
-def _picked_log_probs(log_probs, target, weight, ignore_index: int):
-    """(-log_probs at each target class times its weight, those weights, the ignored mask); zero where ignored."""
-    class_dim = 0 if log_probs.ndim == 1 else 1
+def _target_weights(target, weight, ignore_index: int, dtype):
+    """Each target's class weight (1 without weights) and 0 where it is ignored; the ignored
+    mask; and the targets as int64 indices with ignored ones replaced by 0 (they may be out of range)."""
     target = clang.maybe_convert(target, torch.int64)
     ignored = prims.eq(target, ignore_index)
-    safe = prims.where(ignored, 0, target)  # ignored targets may be out of range
-    index_shape = (*target.shape[:class_dim], 1, *target.shape[class_dim:])
-    picked = prims.reshape(prims.take_along_axis(log_probs, prims.reshape(safe, index_shape), class_dim), target.shape)
+    safe = prims.where(ignored, 0, target)
     if weight is None:
-        weights = prims.where(ignored, 0.0, prims.full(tuple(target.shape), 1.0, target.device, log_probs.dtype))
+        weights = prims.where(ignored, 0.0, prims.full(tuple(target.shape), 1.0, target.device, dtype))
     else:
         flat = prims.reshape(safe, (target.numel(),))
         weights = prims.where(ignored, 0.0, prims.reshape(prims.take(weight, flat, 0), target.shape))
-    return prims.mul(prims.neg(picked), weights), weights, ignored
+    return weights, ignored, safe
 
 
-def _nll(op: str, log_probs, target, weight, ignore_index: int, reduction: str):
+def _picked_log_probs(log_probs, target, weight, ignore_index: int):
+    """-log_probs at each target class times its weight (zero where ignored), and those weights."""
+    class_dim = 0 if log_probs.ndim == 1 else 1
+    weights, _, safe = _target_weights(target, weight, ignore_index, log_probs.dtype)
+    index_shape = (*target.shape[:class_dim], 1, *target.shape[class_dim:])
+    picked = prims.reshape(prims.take_along_axis(log_probs, prims.reshape(safe, index_shape), class_dim), target.shape)
+    return prims.mul(prims.neg(picked), weights), weights
+
+
+def _check_nll(op: str, log_probs, target, weight) -> None:
     _require_float(op, log_probs)
     _check_targets(op, log_probs, target)
     _check_class_weight(op, weight, log_probs.shape[0 if log_probs.ndim == 1 else 1])
     check(weight is None or weight.dtype == log_probs.dtype, op,
           lambda: f"expected weight to have dtype {log_probs.dtype}, but got {weight.dtype} (argument weight)",
           ThunderRuntimeError)
-    losses, weights, ignored = _picked_log_probs(log_probs, target, weight, ignore_index)
-    divisor = _sum_all(weights) if reduction == "mean" else None
-    return _reduce(op, losses, reduction, divisor), divisor, ignored
+
+
+def _nll(op: str, log_probs, target, weight, ignore_index: int, reduction: str):
+    _check_nll(op, log_probs, target, weight)
+    losses, weights = _picked_log_probs(log_probs, target, weight, ignore_index)
+    return _reduce(op, losses, reduction, _sum_all(weights) if reduction == "mean" else None)
 
 
 @torchsymbol(F.nll_loss)
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     op = "ltorch.nll_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
-    return _nll(op, input, target, weight, ignore_index, reduction)[0]
+    return _nll(op, input, target, weight, ignore_index, reduction)
 
 
 def _class_weight(weight, ndim: int, class_dim: int):
@@ -432,13 +442,14 @@ def _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothi
     return prims.div(total, float(log_probs.numel() // classes) if classes else 0.0)
 
 
-def _smoothing_term(op, log_probs, weight, ignored, reduction, divisor):
+def _smoothing_term(op, log_probs, target, weight, ignore_index: int, reduction: str):
     """The label-smoothing part of cross entropy with class-index targets (before its factor)."""
     class_dim = 0 if log_probs.ndim == 1 else 1
+    weights, ignored, _ = _target_weights(target, weight, ignore_index, log_probs.dtype)
     if weight is not None:
         log_probs = prims.mul(log_probs, clang.expand_to(_class_weight(weight, log_probs.ndim, class_dim), log_probs.shape))
     smooth = prims.where(ignored, 0.0, prims.neg(prims.sum(log_probs, (class_dim,))))
-    return _reduce(op, smooth, reduction, divisor)
+    return _reduce(op, smooth, reduction, _sum_all(weights) if reduction == "mean" else None)
 
 
 @torchsymbol(F.cross_entropy)
@@ -460,10 +471,12 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     log_probs = log_softmax(input, class_dim)
     if probabilities:
         return _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothing)
-    loss, divisor, ignored = _nll(op, log_probs, target, weight, ignore_index, reduction)
+    # nll_loss as a symbol of its own, so that its grad rule (and kernel) differentiates it.
+    _check_nll(op, log_probs, target, weight)
+    loss = nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
     if label_smoothing == 0:
         return loss
-    smooth = _smoothing_term(op, log_probs, weight, ignored, reduction, divisor)
+    smooth = _smoothing_term(op, log_probs, target, weight, ignore_index, reduction)
     classes = input.shape[class_dim]
     return prims.add(prims.mul(loss, 1 - label_smoothing), prims.mul(smooth, label_smoothing / classes))
 

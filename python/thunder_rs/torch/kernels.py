@@ -1,0 +1,245 @@
+"""Fused kernels of eager's autograd: forwards that also return the statistics their backward
+reuses, and the backwards themselves.
+
+Each is a symbol whose body, written with ltorch ops, is what it computes; the torch executor
+runs it as one aten call instead (``torch_ex._KERNELS``), and a fusion executor may take the
+decomposition. The grad rules in ``grads.py`` call them, so that a compiled training step makes
+about as many torch calls as eager's autograd does.
+
+Statistics have the dtypes aten's kernels give them (see ``_norm_stats_dtype``), so that a
+trace's metadata is what runs. Half-precision values are computed in float32 and returned in
+their input's dtype, as eager kernels do.
+"""
+
+import math
+
+import torch
+
+from thunder_rs import torch as ltorch
+from thunder_rs.torch import torchsymbol
+
+__all__ = [
+    "native_layer_norm", "native_layer_norm_backward", "gelu_backward", "softmax_backward",
+    "log_softmax_backward", "embedding_backward", "nll_loss_forward", "nll_loss_backward",
+    "sdpa_flash", "sdpa_flash_backward",
+]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: aten's reduction codes, as nll_loss_forward takes them.
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+# -- helpers shared with the grad rules ------------------------------------------------------------
+
+
+def cast(a, dtype):
+    return a if a.dtype == dtype else ltorch.to(a, dtype)
+
+
+def upcast(a):
+    """``a`` in the dtype eager kernels compute in: float32 for half-precision floats."""
+    return cast(a, torch.float32) if a.dtype in _LOW_PRECISION else a
+
+
+def compute_dtype(dtype):
+    return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+
+def sum_to(grad, shape):
+    """``grad`` summed over the dims that broadcasting added in front of ``shape`` or expanded
+    from size 1, so that it has ``shape``."""
+    shape = tuple(shape)
+    lead = grad.ndim - len(shape)
+    expanded = tuple(lead + i for i, s in enumerate(shape) if s == 1 and grad.shape[lead + i] != 1)
+    if not expanded:
+        return ltorch.sum(grad, tuple(range(lead))) if lead else grad
+    total = ltorch.sum(grad, (*range(lead), *expanded), keepdim=True)
+    return ltorch.reshape(total, shape) if lead else total
+
+
+def _one_or_tuple(values: list):
+    """A symbol's outputs: one tensor alone, several as a tuple."""
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+# -- layer norm ------------------------------------------------------------------------------------
+
+
+def _norm_stats_dtype(input, *params):
+    """The dtype of native_layer_norm's mean and rstd: on CPU the parameters' dtype (the input's
+    without them); elsewhere the compute dtype (CUDA accumulates half precision in float32)."""
+    if input.device.type != "cpu":
+        return compute_dtype(input.dtype)
+    present = [p for p in params if p is not None]
+    return present[0].dtype if present else input.dtype
+
+
+def _trailing(input, normalized_shape) -> tuple[int, ...]:
+    return tuple(range(input.ndim - len(normalized_shape), input.ndim))
+
+
+@torchsymbol(name="native_layer_norm")
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    """layer_norm's output, with the mean and reciprocal standard deviation it normalised by
+    (kept as size-1 dims)."""
+    dims = _trailing(input, normalized_shape)
+    x = upcast(input)
+    var, mean = ltorch.var_mean(x, dims, correction=0, keepdim=True)
+    rstd = ltorch.rsqrt(var + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    stats = _norm_stats_dtype(input, weight, bias)
+    return cast(out, input.dtype), cast(mean, stats), cast(rstd, stats)
+
+
+@torchsymbol(name="native_layer_norm_backward")
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """The gradients of layer_norm's input, weight and bias that ``output_mask`` asks for."""
+    dims = _trailing(input, normalized_shape)
+    x, g = upcast(input), upcast(grad_out)
+    mean, rstd = upcast(mean), upcast(rstd)
+    xhat = (x - mean) * rstd
+    grads = []
+    if output_mask[0]:
+        gxhat = g if weight is None else g * weight
+        centred = gxhat - ltorch.mean(gxhat, dims, keepdim=True)
+        grad = rstd * (centred - xhat * ltorch.mean(gxhat * xhat, dims, keepdim=True))
+        grads.append(cast(grad, input.dtype))
+    lead = dims[0]
+    if output_mask[1]:
+        grads.append(cast(sum_to(g * xhat, xhat.shape[lead:]), weight.dtype))
+    if output_mask[2]:
+        grads.append(cast(sum_to(g, xhat.shape[lead:]), bias.dtype))
+    return _one_or_tuple(grads)
+
+
+# -- activations and softmax -----------------------------------------------------------------------
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_TANH_CUBIC = 0.044715
+
+
+@torchsymbol(name="gelu_backward")
+def gelu_backward(grad_output, input, approximate="none"):
+    x = upcast(input)
+    if approximate == "tanh":
+        # d/dx [x (1 + t) / 2] with t = tanh(u), u = k (x + c x^3):
+        # (1 + t) / 2 + x (1 - t)(1 + t) k (1 + 3 c x^2) / 2 = (1 + t)(1 + x (1 - t) u') / 2
+        x2 = x * x
+        t = ltorch.tanh(x * (_SQRT_2_OVER_PI + _SQRT_2_OVER_PI * _TANH_CUBIC * x2))
+        du = _SQRT_2_OVER_PI + 3 * _SQRT_2_OVER_PI * _TANH_CUBIC * x2
+        slope = (0.5 + 0.5 * t) * (1 + x * (1 - t) * du)
+    else:
+        # d/dx [x Phi(x)] = Phi(x) + x phi(x)
+        cdf = 0.5 + 0.5 * ltorch.erf(x * math.sqrt(0.5))
+        slope = cdf + x * ltorch.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+    return cast(upcast(grad_output) * slope, input.dtype)
+
+
+@torchsymbol(name="softmax_backward")
+def softmax_backward(grad_output, output, dim):
+    """The gradient of softmax's input from its output's, in the output's dtype."""
+    g, y = upcast(grad_output), upcast(output)
+    return cast(y * (g - ltorch.sum(g * y, dim, keepdim=True)), output.dtype)
+
+
+@torchsymbol(name="log_softmax_backward")
+def log_softmax_backward(grad_output, output, dim):
+    """The gradient of log_softmax's input from its output's, in the output's dtype."""
+    g, y = upcast(grad_output), upcast(output)
+    return cast(g - ltorch.exp(y) * ltorch.sum(g, dim, keepdim=True), output.dtype)
+
+
+# -- embedding and losses --------------------------------------------------------------------------
+
+
+@torchsymbol(name="embedding_backward")
+def embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """The gradient of an embedding table of ``num_weights`` rows; ``padding_idx`` is -1 for
+    none (else in range), and its row gets no gradient."""
+    features, dtype, device = grad_output.shape[-1], grad_output.dtype, grad_output.device
+    index = ltorch.reshape(indices, (indices.numel(),))
+    rows = ltorch.reshape(grad_output, (indices.numel(), features))
+    if padding_idx >= 0:
+        rows = ltorch.where(ltorch.unsqueeze(index == padding_idx, -1), 0.0, rows)
+    grad = ltorch.index_add(ltorch.zeros((num_weights, features), dtype=dtype, device=device), 0, index, rows)
+    if scale_grad_by_freq:  # each row's gradient is divided by how often it was looked up
+        ones = ltorch.ones_like(index, dtype=dtype)
+        lookups = ltorch.index_add(ltorch.zeros(num_weights, dtype=dtype, device=device), 0, index, ones)
+        grad = grad / ltorch.unsqueeze(ltorch.clamp(lookups, min=1), -1)
+    return grad
+
+
+def _picked_weights(input, target, weight, ignore_index: int):
+    """Each target's class weight (1 without weights), zero where the target is ignored; the
+    targets as int64 indices with ignored ones replaced by 0; and where they are kept."""
+    target = cast(target, torch.int64)
+    kept = target != ignore_index
+    safe = ltorch.where(kept, target, 0)
+    picked = cast(kept, input.dtype) if weight is None else ltorch.where(kept, weight[safe], 0.0)
+    return picked, safe, kept
+
+
+@torchsymbol(name="nll_loss_forward")
+def nll_loss_forward(input, target, weight, reduction: int, ignore_index: int):
+    """nll_loss of a 1-D or 2-D input, and the total weight of the targets it counted (zero for
+    reduction none), which a mean divides by."""
+    name = next(k for k, v in REDUCTIONS.items() if v == reduction)
+    out = ltorch.nll_loss(input, target, weight, ignore_index=ignore_index, reduction=name)
+    if reduction == REDUCTIONS["none"]:
+        return out, ltorch.zeros((), dtype=input.dtype, device=input.device)
+    return out, ltorch.sum(_picked_weights(input, target, weight, ignore_index)[0])
+
+
+@torchsymbol(name="nll_loss_backward")
+def nll_loss_backward(grad_output, input, target, weight, reduction: int, ignore_index: int, total_weight):
+    """The gradient of nll_loss's 1-D or 2-D input: minus each picked element's weight times
+    the cotangent (over the total weight for a mean), zero elsewhere."""
+    picked, safe, kept = _picked_weights(input, target, weight, ignore_index)
+    scale = grad_output / total_weight if reduction == REDUCTIONS["mean"] else grad_output
+    # where rather than a product: when every target is ignored, a mean's 0 / 0 stays out.
+    values = ltorch.where(kept, -(picked * scale), 0.0)
+    class_dim = 0 if input.ndim == 1 else 1
+    zeros = ltorch.zeros(input.shape, dtype=input.dtype, device=input.device)
+    return ltorch.scatter_add(zeros, class_dim, ltorch.unsqueeze(safe, class_dim), ltorch.unsqueeze(values, class_dim))
+
+
+# -- attention -------------------------------------------------------------------------------------
+
+
+def _scores(query, key, is_causal: bool, scale: float):
+    """query @ key^T * scale in the compute dtype, -inf above the diagonal when causal."""
+    scores = upcast(ltorch.matmul(query, ltorch.transpose(key, -1, -2))) * scale
+    if not is_causal:
+        return scores
+    rows, cols = scores.shape[-2:]
+    visible = ltorch.tril(ltorch.ones(rows, cols, dtype=torch.bool, device=query.device))
+    return ltorch.where(visible, scores, float("-inf"))
+
+
+@torchsymbol(name="sdpa_flash")
+def sdpa_flash(query, key, value, is_causal, scale):
+    """Attention of 4-D query, key and value (one batch and head count, one head size) without
+    mask or dropout, and the logsumexp of each row's scores (float32 for half precision)."""
+    scores = _scores(query, key, is_causal, scale)
+    lse = ltorch.logsumexp(scores, -1)
+    probs = ltorch.exp(scores - ltorch.unsqueeze(lse, -1))
+    return ltorch.matmul(cast(probs, query.dtype), value), lse
+
+
+@torchsymbol(name="sdpa_flash_backward")
+def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale):
+    """The gradients of ``sdpa_flash``'s query, key and value; the probabilities are recomputed
+    from the saved logsumexp."""
+    dtype = query.dtype
+    probs = ltorch.exp(_scores(query, key, is_causal, scale) - ltorch.unsqueeze(logsumexp, -1))
+    grad_value = ltorch.matmul(ltorch.transpose(cast(probs, dtype), -1, -2), grad_out)
+    dprobs = upcast(ltorch.matmul(grad_out, ltorch.transpose(value, -1, -2)))
+    row = ltorch.sum(upcast(grad_out) * upcast(out), -1, keepdim=True)  # = sum(probs * dprobs)
+    dscores = cast(probs * (dprobs - row) * scale, dtype)
+    grad_query = ltorch.matmul(dscores, key)
+    grad_key = ltorch.matmul(ltorch.transpose(dscores, -1, -2), query)
+    return grad_query, grad_key, grad_value
