@@ -119,6 +119,19 @@ def test_a_registered_rule_replaces_the_decomposition_and_is_checked():
         GRAD_RULES.pop(ltorch.silu.symbol_id, None)
 
 
+def test_symbols_a_rules_backward_calls_take_no_rules_of_their_own():
+    # linear's backward calls matmul with the weight, which requires grad; nothing differentiates
+    # a backward, so that matmul records its plain decomposition, not matmul's rule.
+    jfn = thunder_rs.jit(lambda x, w: torch.nn.functional.linear(x, w))
+    x, w = torch.randn(2, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    out, grads = _grads(jfn, x, w)
+    acquired = str(thunder_rs.last_traces(jfn)[0])
+    assert acquired.count("# grad rule:") == 1 and "ltorch.matmul(" in acquired
+    _, expected = _grads(torch.nn.functional.linear, x, w)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e)
+
+
 def test_unfreezing_or_retyping_parameters_recompiles():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     model[0].weight.requires_grad_(False)

@@ -18,7 +18,7 @@ which the Rust VJP pass emits in place of differentiating the decomposition.
 """
 
 from thunder_rs.core.proxies import TensorProxy
-from thunder_rs.core.recorder import GRAD_RULES, current, proxies
+from thunder_rs.core.recorder import GRAD_RULES, current, enter_backward, proxies
 from thunder_rs.errors import ThunderTypeError, ThunderValueError
 
 
@@ -45,7 +45,9 @@ def _proxy(x, fn: str, arg: str) -> TensorProxy:
 
 def get_grad(x):
     """The cotangent of ``x``, an output of the rule's forward."""
-    return proxies(current().get_grad(_proxy(x, "get_grad", "x")._vid))[0]
+    cotangent = proxies(current().get_grad(_proxy(x, "get_grad", "x")._vid))[0]
+    enter_backward()
+    return cotangent
 
 
 def put_grad(x, grad) -> None:

@@ -54,6 +54,16 @@ GRAD_RULES: dict[int, object] = {}
 #: symbol ids whose grad rule is running: a rule calling its own symbol records the plain
 #: decomposition.
 _rules_running: set[int] = set()
+#: one flag per grad rule running, innermost last: whether it has asked for a cotangent. What a
+#: rule records from then on is a backward, which nothing differentiates, so the symbols it
+#: calls record their plain decompositions rather than rules of their own.
+_rule_in_backward: list[bool] = []
+
+
+def enter_backward() -> None:
+    """Marks the innermost running grad rule as recording its backward (``get_grad``)."""
+    if _rule_in_backward:
+        _rule_in_backward[-1] = True
 
 
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
@@ -69,13 +79,15 @@ def _requires_grad(args: tuple, kwargs: dict) -> bool:
 def _body(symbol_id: int, fn, args: tuple, kwargs: dict):
     """The decomposition, or the grad rule when one is registered and a gradient may flow."""
     rule = GRAD_RULES.get(symbol_id)
-    if rule is None or symbol_id in _rules_running or not _requires_grad(args, kwargs):
+    if rule is None or symbol_id in _rules_running or True in _rule_in_backward or not _requires_grad(args, kwargs):
         return fn(*args, **kwargs)
     _rules_running.add(symbol_id)
+    _rule_in_backward.append(False)
     try:
         return rule(*args, **kwargs)
     finally:
         _rules_running.discard(symbol_id)
+        _rule_in_backward.pop()
 
 
 def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):

@@ -11,6 +11,7 @@ import torch
 from thunder_rs import prims
 from thunder_rs.core.fallback import FALLBACK_IMPLS
 from thunder_rs.executors.extend import Executor, _bump, register_executor
+from thunder_rs.torch import SYMBOLS, kernels
 
 torch_ex = Executor("torch")
 
@@ -163,15 +164,11 @@ _KERNELS = {
 
 
 def _register_kernels() -> None:
-    from thunder_rs.torch import kernels
-
     for name, (impl, checker) in _KERNELS.items():
         torch_ex.register_implementation(getattr(kernels, name), impl, impl_name=f"torch_{name}", checker=checker)
 
 
 def _register_composites() -> None:
-    from thunder_rs.torch import SYMBOLS
-
     for sym in SYMBOLS:
         if sym.torch_fns and sym.symbol_id not in torch_ex.implmap:
             impl_name = "torch_" + sym.symbol_name.removeprefix("ltorch.")

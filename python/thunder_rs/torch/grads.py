@@ -9,8 +9,8 @@ call), and write the backward with ltorch ops. Half-precision values are differe
 float32, as eager kernels compute, and each gradient is returned in its input's dtype.
 
 A rule returns the plain forward without asking for a cotangent for calls it does not handle
-(attention with dropout, nll_loss whose class weights require grad);
-the VJP pass then differentiates the decomposition.
+(attention with dropout, nll_loss whose class weights require grad); the VJP pass then
+differentiates the decomposition.
 """
 
 import math
@@ -88,9 +88,10 @@ def _normalized_dims(input, normalized_shape, *params):
         return None
     present = [p for p in params if p is not None]
     dtypes = (input.dtype, torch.float32) if input.dtype in _LOW_PRECISION else (input.dtype,)
-    for p in present:
-        if not (isinstance(p, torch.Tensor) and tuple(p.shape) == shape and p.dtype == present[0].dtype in dtypes):
-            return None
+    if not all(isinstance(p, torch.Tensor) and tuple(p.shape) == shape for p in present):
+        return None
+    if len({p.dtype for p in present}) > 1 or any(p.dtype not in dtypes for p in present):
+        return None
     return tuple(range(input.ndim - len(shape), input.ndim))
 
 
