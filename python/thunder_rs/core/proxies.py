@@ -29,7 +29,17 @@ class TensorProxy(torch.Tensor):
             cls, shape, dtype=dtype, device=device, requires_grad=requires_grad
         )
         proxy._vid = vid
+        proxy._shape = torch.Size(shape)
+        proxy._dtype = dtype
+        proxy._device = device
         return proxy
+
+    # Tracing reads these all the time: plain attributes answer without a trip through
+    # __torch_function__ and the language context.
+    shape = property(lambda self: self._shape)
+    dtype = property(lambda self: self._dtype)
+    device = property(lambda self: self._device)
+    ndim = property(lambda self: len(self._shape))
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
