@@ -91,9 +91,11 @@ def nll(reduction: str, weighted=False, unbatched=False, all_ignored=False, back
     return inputs
 
 
-def attention(causal: bool, backward=False, query_len=5, key_len=3):
+def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_value=False):
     def inputs(dtype):
-        q, k, v = randn(2, 3, query_len, 8, dtype=dtype), randn(2, 3, key_len, 8, dtype=dtype), randn(2, 3, key_len, 8, dtype=dtype)
+        q, k = randn(2, 3, query_len, 8, dtype=dtype), randn(2, 3, key_len, 8, dtype=dtype)
+        # A value whose last dim is not dense: torch 2.9's kernel needs it made so.
+        v = randn(2, 3, 8, key_len, dtype=dtype).transpose(-1, -2) if strided_value else randn(2, 3, key_len, 8, dtype=dtype)
         if not backward:
             return (q, k, v), lambda q, k, v: kernels.sdpa_flash(q, k, v, causal, 0.3)
         out, lse = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=0.3)
@@ -147,7 +149,9 @@ CASES = [
     Case("nll_loss_backward_unbatched_sum", kernels.nll_loss_backward, nll("sum", unbatched=True, backward=True)),
     Case("sdpa_flash", kernels.sdpa_flash, attention(False)),
     Case("sdpa_flash_causal", kernels.sdpa_flash, attention(True)),
+    Case("sdpa_flash_strided_value", kernels.sdpa_flash, attention(True, strided_value=True)),
     Case("sdpa_flash_backward", kernels.sdpa_flash_backward, attention(False, backward=True)),
+    Case("sdpa_flash_backward_strided_value", kernels.sdpa_flash_backward, attention(False, True, strided_value=True)),
     Case("sdpa_flash_backward_causal", kernels.sdpa_flash_backward, attention(True, backward=True, query_len=3, key_len=5)),
 ]
 

@@ -178,7 +178,11 @@ def test_op_grad_matches_eager(op: OpInfo, index: int, device: str) -> None:
     inputs = tensors_of([sample.args, list(sample.kwargs.values())])
     if not all(t.isfinite().all() for t in inputs if t.is_floating_point()):
         pytest.skip("non-finite inputs: gradients there are conventions, not calculus")
-    expected = grads(op, sample, op.op)
+    try:
+        expected = grads(op, sample, op.op)
+    except RuntimeError as e:
+        # e.g. torch 2.9's mse_loss backward with a float64 input and a float32 target.
+        pytest.skip(f"eager's own backward fails here: {e}")
     if not all(g.isfinite().all() for g in tensors_of([expected])):
         # e.g. var/std over dim=(): eager reduces every dim forward but its backward divides by zero.
         pytest.skip("eager's own gradient is not finite here")

@@ -52,7 +52,10 @@ def slice_prim(a, start, end, strides):
 
 
 def pad(a, value, config):
-    if all(d == 0 for _, _, d in config) and all(lo >= 0 and hi >= 0 for lo, hi, _ in config):
+    # torch 2.9's F.pad rejects padding a tensor with a zero-size dim; the general path below
+    # takes empty tensors in every version.
+    plain = all(d == 0 for _, _, d in config) and all(lo >= 0 and hi >= 0 for lo, hi, _ in config)
+    if plain and a.numel():
         flat = [p for lo, hi, _ in reversed(config) for p in (lo, hi)]
         return torch.nn.functional.pad(a, flat, value=value)
     shape = [max(lo + hi + (s + (s - 1) * d if s else 0), 0) for s, (lo, hi, d) in zip(a.shape, config)]
@@ -145,6 +148,25 @@ def _on_cpu(first, *args) -> bool:
 
 
 _aten = torch.ops.aten
+
+
+def _last_dim_dense(*tensors):
+    """``tensors`` with a last-dim stride of 1, as the CPU flash kernels need (torch 2.9 gives
+    wrong results for others; eager's dispatcher never sends it them)."""
+    return [x if x.stride(-1) == 1 else x.contiguous() for x in tensors]
+
+
+def _sdpa_flash(q, k, v, is_causal, scale):
+    q, k, v = _last_dim_dense(q, k, v)
+    return torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)
+
+
+def _sdpa_flash_backward(g, q, k, v, out, lse, is_causal, scale):
+    g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
+    return _aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        g, q, k, v, out, lse, 0.0, is_causal, scale=scale)
+
+
 #: The fused kernels of ``thunder_rs.torch.kernels``, each one aten call (with its checker).
 _KERNELS = {
     "native_layer_norm": (torch.native_layer_norm, None),
@@ -155,11 +177,8 @@ _KERNELS = {
     "embedding_backward": (_aten.embedding_dense_backward.default, None),
     "nll_loss_forward": (_aten.nll_loss_forward.default, None),
     "nll_loss_backward": (_aten.nll_loss_backward.default, None),
-    "sdpa_flash": (lambda q, k, v, is_causal, scale:
-                   torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale), _on_cpu),
-    "sdpa_flash_backward": (lambda g, q, k, v, out, lse, is_causal, scale:
-                            _aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
-                                g, q, k, v, out, lse, 0.0, is_causal, scale=scale), _on_cpu),
+    "sdpa_flash": (_sdpa_flash, _on_cpu),
+    "sdpa_flash_backward": (_sdpa_flash_backward, _on_cpu),
 }
 
 
