@@ -113,6 +113,9 @@ def build_cases(block_config: GPTConfig = BLOCK_CONFIG, gpt_config: GPTConfig = 
     def make_gpt_step():
         return TrainStep(GPT(gpt_config, seed=0).train(), gpt_adamw_step)
 
+    def make_gpt_dropout_step():
+        return TrainStep(GPT(GPTConfig(**{**gpt_config.__dict__, "dropout": 0.1}), seed=0).train(), gpt_adamw_step)
+
     def gpt_args():
         seq = gpt_config.block_size
         return random_tokens(gpt_config, batch, seq, seed=1), random_tokens(gpt_config, batch, seq, seed=2)
@@ -125,6 +128,8 @@ def build_cases(block_config: GPTConfig = BLOCK_CONFIG, gpt_config: GPTConfig = 
         harness.Case("nanogpt_train", make_gpt_step, gpt_args, inner=10,
                      description=f"GPT {g.n_layer} layers, n_embd {g.n_embd}, vocab {g.vocab_size}, "
                                  f"seq {g.block_size}, batch {batch}: forward with targets, backward, AdamW step"),
+        harness.Case("nanogpt_dropout_train", make_gpt_dropout_step, gpt_args, inner=10,
+                     description="the same GPT with dropout 0.1 (embeddings, attention, residuals, MLP)"),
     ]
 
 

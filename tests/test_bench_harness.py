@@ -71,7 +71,8 @@ def tiny_train_cases():
 def test_train_cases_run_eagerly_on_tiny_sizes():
     backends = [bench_train.module_backend(harness.eager_backend())]
     rows = harness.run_all(tiny_train_cases(), backends, harness.Settings(1, 2, 0.02), log=lambda msg: None)
-    assert [(r.case, r.backend) for r in rows] == [("gpt_block_train", "eager"), ("nanogpt_train", "eager")]
+    assert [(r.case, r.backend) for r in rows] == [
+        ("gpt_block_train", "eager"), ("nanogpt_train", "eager"), ("nanogpt_dropout_train", "eager")]
     assert all(r.error is None and r.per_us > 0 and r.ratio == 1.0 for r in rows)
     assert "per step (us)" in harness.format_table(rows, per_label="per step")
     assert all(t["status"] == "n/a" for t in harness.evaluate_targets(bench_train.TARGETS, rows))
@@ -88,7 +89,7 @@ def test_train_backends_wrap_the_module_not_the_step():
         return forward
 
     backend = bench_train.module_backend(harness.Backend("spy", wrap=spy))
-    for case, model_type in zip(tiny_train_cases(), (Block, GPT)):
+    for case, model_type in zip(tiny_train_cases(), (Block, GPT, GPT)):
         train_step = case.make_fn()
         step = backend.wrap(train_step)
         args = case.make_args()
@@ -117,5 +118,6 @@ def test_train_benchmark_runs_thunder_rs_on_tiny_sizes():
     # A thunder_rs row has numbers only if its first step's loss matched eager's (else: "mismatch").
     assert [(r.case, r.backend, r.error) for r in rows] == [
         ("gpt_block_train", "eager", None), ("gpt_block_train", "thunder_rs", None),
-        ("nanogpt_train", "eager", None), ("nanogpt_train", "thunder_rs", None)]
+        ("nanogpt_train", "eager", None), ("nanogpt_train", "thunder_rs", None),
+        ("nanogpt_dropout_train", "eager", None), ("nanogpt_dropout_train", "thunder_rs", None)]
     assert all(r.first_ms > 0 and r.per_us > 0 and r.ratio > 0 for r in rows)

@@ -132,6 +132,8 @@ CASES = [
     Case("native_layer_norm_backward_input", kernels.native_layer_norm_backward,
          layer_norm_backward([True, False, False], params=False)),
     Case("native_layer_norm_backward_weight", kernels.native_layer_norm_backward, layer_norm_backward([False, True, False])),
+    Case("native_dropout_backward", kernels.native_dropout_backward,
+         lambda d: ((randn(3, 4, dtype=d), torch.rand(3, 4) < 0.7), lambda g, m: kernels.native_dropout_backward(g, m, 1 / 0.7))),
     Case("gelu_backward", kernels.gelu_backward,
          lambda d: ((randn(3, 4, dtype=d), randn(4, 3, dtype=d).t()), lambda g, x: kernels.gelu_backward(g, x))),
     Case("gelu_backward_tanh", kernels.gelu_backward,
@@ -197,3 +199,22 @@ def test_layer_norm_statistics_of_mixed_precision_have_the_parameters_dtype():
         decomposed_out = thunder_rs.jit(lambda x, w, b: kernels.native_layer_norm(x, (4, 5), w, b, 1e-5))(x, w, b)
     assert [t.dtype for t in out] == [t.dtype for t in decomposed_out] == [torch.bfloat16, torch.float32, torch.float32]
     torch.testing.assert_close(out[1:], decomposed_out[1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_native_dropout_keeps_what_its_mask_says_in_both_forms(dtype: torch.dtype):
+    # Masks are random, so the two forms are compared by what they promise: a bool mask keeping
+    # about 1 - p of the elements, and the kept ones scaled by 1 / (1 - p).
+    torch.manual_seed(0)
+    x, p = torch.rand(64, 64, dtype=torch.float64).to(dtype) + 1, 0.25
+    jkernel = thunder_rs.jit(lambda x: kernels.native_dropout(x, p, True))
+    forms = [jkernel(x)]
+    assert "torch_native_dropout(" in str(thunder_rs.last_traces(jkernel)[-1])
+    with decomposed(kernels.native_dropout):
+        jdecomposed = thunder_rs.jit(lambda x: kernels.native_dropout(x, p, True))
+        forms.append(jdecomposed(x))
+    assert "torch_native_dropout(" not in str(thunder_rs.last_traces(jdecomposed)[-1])
+    for out, mask in forms:
+        assert (out.dtype, mask.dtype, out.shape) == (dtype, torch.bool, x.shape)
+        assert abs(mask.double().mean().item() - (1 - p)) < 0.03
+        torch.testing.assert_close(out, x * mask * (1 / (1 - p)), **TOLERANCE[dtype])

@@ -278,6 +278,26 @@ def test_dropout_in_a_gpt_is_reproducible_under_manual_seed():
     assert not torch.allclose(logits, eval_logits)
 
 
+@pytest.mark.parametrize("explicit_attention", [False, True], ids=["sdpa", "masked_softmax"])
+def test_dropout_on_the_cpu_draws_eagers_masks_under_the_same_seed(explicit_attention):
+    # The dropout rule runs torch.native_dropout, as eager does on the CPU, in program order: the
+    # same seed gives the same masks, so losses and gradients equal eager's.
+    config = GPTConfig(**{**CONFIG.__dict__, "dropout": 0.2, "explicit_attention": explicit_attention})
+    model = GPT(config, seed=0).train()
+    copied = copy.deepcopy(model)
+    idx, targets = batch(0)
+    results = []
+    for forward, params in ((model, model), (thunder_rs.jit(copied), copied)):
+        torch.manual_seed(3)
+        _, loss = forward(idx, targets)
+        loss.backward()
+        results.append((loss.detach(), grads(params)))
+    (loss, expected), (jloss, actual) = results
+    torch.testing.assert_close(jloss, loss)
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], msg=name)
+
+
 def test_dropout_is_identity_in_eval_mode():
     module = Dropout(0.5).eval()
     x = torch.randn(64, 64, requires_grad=True)

@@ -171,6 +171,8 @@ def _sdpa_flash_backward(g, q, k, v, out, lse, is_causal, scale):
 _KERNELS = {
     "native_layer_norm": (torch.native_layer_norm, None),
     "native_layer_norm_backward": (_defined(_aten.native_layer_norm_backward.default), None),
+    "native_dropout": (torch.native_dropout, None),
+    "native_dropout_backward": (_aten.native_dropout_backward.default, None),
     "gelu_backward": (lambda g, x, approximate="none": _aten.gelu_backward.default(g, x, approximate=approximate), None),
     "softmax_backward": (lambda g, out, dim: torch._softmax_backward_data(g, out, dim, out.dtype), None),
     "log_softmax_backward": (lambda g, out, dim: torch._log_softmax_backward_data(g, out, dim, out.dtype), None),

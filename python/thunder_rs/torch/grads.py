@@ -34,6 +34,15 @@ def gelu_grad(input, approximate="none"):
     return out
 
 
+@register_grad(ltorch.dropout)
+def dropout_grad(input, p=0.5, training=True, inplace=False):
+    if not training or not 0 < p < 1 or not input.dtype.is_floating_point:
+        return ltorch.dropout(input, p, training, inplace)
+    out, mask = kernels.native_dropout(input, p, True)
+    put_grad(input, kernels.native_dropout_backward(get_grad(out), mask, 1.0 / (1.0 - p)))
+    return out
+
+
 # -- softmax ---------------------------------------------------------------------------------------
 
 

@@ -19,7 +19,8 @@ from thunder_rs import torch as ltorch
 from thunder_rs.torch import torchsymbol
 
 __all__ = [
-    "native_layer_norm", "native_layer_norm_backward", "gelu_backward", "softmax_backward",
+    "native_layer_norm", "native_layer_norm_backward", "native_dropout", "native_dropout_backward",
+    "gelu_backward", "softmax_backward",
     "log_softmax_backward", "embedding_backward", "nll_loss_forward", "nll_loss_backward",
     "sdpa_flash", "sdpa_flash_backward",
 ]
@@ -114,6 +115,23 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
     if output_mask[2]:
         grads.append(cast(sum_to(g, xhat.shape[lead:]), bias.dtype))
     return _one_or_tuple(grads)
+
+
+# -- dropout ---------------------------------------------------------------------------------------
+
+
+@torchsymbol(name="native_dropout")
+def native_dropout(input, p, train):
+    """dropout in training mode (0 < p < 1), and its mask: each element kept with probability
+    1 - p, as a bool, and scaled by 1 / (1 - p); dropped NaNs stay NaN, as in eager."""
+    noise = ltorch.rand_like(input, dtype=compute_dtype(input.dtype))
+    keep = noise < 1.0 - p
+    return input * keep * (1.0 / (1.0 - p)), keep
+
+
+@torchsymbol(name="native_dropout_backward")
+def native_dropout_backward(grad_output, mask, scale):
+    return grad_output * mask * scale
 
 
 # -- activations and softmax -----------------------------------------------------------------------

@@ -574,7 +574,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             scores = where(attn_mask, scores, float("-inf"))
         else:
             scores = clang.elementwise(prims.add, op, scores, attn_mask)
-    if scores.shape[-1] > 0:  # no key positions: the product below is zeros anyway
+    if scores.shape[-1] > 0 and attn_mask is None:
+        # Every row sees a key: softmax as a symbol, whose grad rule differentiates it when the
+        # decomposition is (attention with dropout).
+        compute = torch.float32 if query.dtype in _LOW_PRECISION else None
+        scores = clang.maybe_convert(tensor_softmax(scores, -1, compute), query.dtype)
+    elif scores.shape[-1] > 0:  # no key positions: the product below is zeros anyway
         scores = clang.maybe_convert(_safe_softmax(_upcast(scores)), query.dtype)
     if dropout_p > 0:
         scores = dropout(scores, dropout_p)
