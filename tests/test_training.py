@@ -368,6 +368,18 @@ def sin_product(x, w):
     return (x * w).sin().sum()  # sin saves its input, so eager frees something after a backward
 
 
+def test_a_differentiable_backward_is_refused_with_a_clear_error():
+    # Double backward would differentiate the generated backward, which thunder_rs does not do;
+    # rather than return gradients that silently carry no graph, create_graph=True is refused.
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+    out = thunder_rs.jit(sin_product)(x, w)
+    with pytest.raises(NotImplementedError, match="create_graph"):
+        torch.autograd.grad(out, (x, w), create_graph=True)
+    gx, gw = torch.autograd.grad(out, (x, w))  # the graph is intact: a plain backward still works
+    torch.testing.assert_close(gx, (x * w).cos() * w)
+    torch.testing.assert_close(gw, ((x * w).cos() * x).sum(0))
+
+
 def test_second_backward_without_retain_graph_raises_like_eager():
     x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True)
     eager = sin_product(x, w)

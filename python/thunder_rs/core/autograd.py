@@ -2,11 +2,15 @@
 the generated forward and backward to torch's autograd."""
 
 import torch
-from torch.autograd.function import once_differentiable
+
+from thunder_rs.errors import ThunderNotImplementedError
 
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
 _FREED = ("Trying to backward through the graph a second time (or directly access saved tensors after they have "
           "already been freed). Specify retain_graph=True if you need to backward through the graph a second time.")
+#: The generated backward is not itself differentiated, so a graph of it cannot be made.
+_DOUBLE_BACKWARD = ("backward: create_graph=True (a differentiable backward, for double backward) is not supported "
+                    "by thunder_rs-compiled calls (argument create_graph)")
 
 
 def grad_function(forward, backward, grad_positions: list[int], single: bool, as_list: bool):
@@ -31,8 +35,9 @@ def grad_function(forward, backward, grad_positions: list[int], single: bool, as
             return flat
 
         @staticmethod
-        @once_differentiable
         def backward(ctx, *grads):
+            if torch.is_grad_enabled():
+                raise ThunderNotImplementedError(_DOUBLE_BACKWARD)
             saved = ctx.residuals
             if saved is None:
                 raise RuntimeError(_FREED)

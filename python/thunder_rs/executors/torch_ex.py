@@ -41,6 +41,8 @@ def _div(a, b):
 
 
 def broadcast_in_dim(a, shape, broadcast_dimensions):
+    if broadcast_dimensions == tuple(range(len(shape) - a.ndim, len(shape))):
+        return a.expand(shape)  # numpy-style: a's dims are the trailing ones
     view = [1] * len(shape)
     for i, d in enumerate(broadcast_dimensions):
         view[d] = a.shape[i]
