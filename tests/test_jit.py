@@ -113,6 +113,50 @@ def test_unmapped_torch_calls_fall_back_to_eager():
     assert "torch.cumsum" in str(report)
 
 
+def test_captured_tensors_are_inputs_read_at_every_call():
+    # A closure's tensors, a parameter outside any module and an index: each becomes a trace
+    # input bound to that tensor, so in-place updates are seen without recompiling and
+    # gradients reach a captured tensor that requires grad.
+    scale, offset = torch.randn(4), torch.nn.Parameter(torch.randn(4))
+    columns = torch.tensor([0, -1])
+
+    def f(x):
+        return torch.where(x > 0, x * scale + offset, 0.0)[:, columns].sum(0)
+
+    jf = thunder_rs.jit(f)
+    x = torch.randn(3, 4, requires_grad=True)
+    torch.testing.assert_close(jf(x), f(x))
+    with torch.no_grad():
+        scale.mul_(-2.0)
+        columns[1] = 2
+    out = jf(x)
+    torch.testing.assert_close(out, f(x))
+    assert thunder_rs.cache_misses(jf) == 1
+    out.sum().backward()
+    got = (x.grad, offset.grad)
+    x.grad = offset.grad = None
+    f(x).sum().backward()
+    torch.testing.assert_close(got, (x.grad, offset.grad))
+
+
+def test_plain_tensor_attributes_of_a_module_are_captured():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+            self.factor = torch.linspace(0.5, 2.0, 4)  # neither parameter nor buffer
+
+        def forward(self, x):
+            return self.linear(x) * self.factor
+
+    model = Scaled()
+    jm = thunder_rs.jit(model)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(jm(x), model(x))
+    model.factor.fill_(3.0)
+    torch.testing.assert_close(jm(x), model(x))
+
+
 def test_module_matches_eager_and_sees_parameter_updates():
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
     jm = thunder_rs.jit(model)

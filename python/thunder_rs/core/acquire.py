@@ -7,11 +7,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import _core
-from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.langctx import LanguageMode
-from thunder_rs.core.proxies import TensorProxy, make_proxy
-from thunder_rs.core.recorder import recording
-from thunder_rs.errors import ThunderTypeError
+from thunder_rs.core.recorder import Captures, input_proxy, recording
 
 
 @dataclass
@@ -24,15 +21,8 @@ class Acquired:
     out_spec: object
     #: what the trace returns: "single" (one leaf), "tuple" or "list" (of leaves)
     out_kind: str
-
-
-def _input_proxy(rec, t: torch.Tensor, grad_enabled: bool) -> TensorProxy:
-    dtype = CODES.get(t.dtype)
-    if dtype is None:
-        raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
-    requires_grad = grad_enabled and t.requires_grad
-    vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
-    return make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
+    #: tensors read from outside the inputs: the trace's last inputs, in this order
+    captured: list
 
 
 def _is_plain(out) -> bool:
@@ -57,19 +47,20 @@ def _swapped(slots, proxies):
 def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0) -> Acquired:
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. Module parameters and
     buffers (``param_slots``: (store, name, unique index)) become trace inputs after the flat
-    inputs, one per unique tensor."""
+    inputs, one per unique tensor; captured tensors come last."""
     rec = _core.Recorder()
     grad_enabled = torch.is_grad_enabled()
     positions = tuple(i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor))
     leaves = list(flat_inputs)
     for i in positions:
-        leaves[i] = _input_proxy(rec, flat_inputs[i], grad_enabled)
+        leaves[i] = input_proxy(rec, flat_inputs[i], grad_enabled)
     unique = {}
     for d, n, i in param_slots:
         unique.setdefault(i, d[n])
-    params = [_input_proxy(rec, unique[i], grad_enabled) for i in range(num_params)]
+    params = [input_proxy(rec, unique[i], grad_enabled) for i in range(num_params)]
     args, kwargs = tree_unflatten(leaves, in_spec)
-    with recording(rec), _swapped(param_slots, params), LanguageMode():
+    captures = Captures(rec, grad_enabled)
+    with recording(rec, captures), _swapped(param_slots, params), LanguageMode():
         out = fn(*args, **kwargs)
     out_spec = None
     if not _is_plain(out):
@@ -77,4 +68,4 @@ def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0)
         out = tuple(flat_out)
     trace = rec.finish(out)
     out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
-    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind)
+    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captures.tensors)

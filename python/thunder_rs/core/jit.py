@@ -65,6 +65,11 @@ def _load(trace, name: str, filename: str, namespace: dict):
     return source, scope[name]
 
 
+def _with_captured(fn, captured: tuple):
+    """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
+    return lambda *inputs: fn(*inputs, *captured)
+
+
 class ThunderFunction:
     """``thunder_rs.jit(fn)``: calls ``fn`` through a cache of compiled traces."""
 
@@ -159,6 +164,8 @@ class ThunderFunction:
         if backward_traces:
             _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace)
             computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single", acquired.out_kind == "list")
+        if acquired.captured:
+            computation = _with_captured(computation, tuple(acquired.captured))
         end = time.perf_counter()
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions

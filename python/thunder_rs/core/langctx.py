@@ -1,6 +1,7 @@
 """The torch language context: what a torch call on proxies means while tracing.
 
-Calls with an ltorch mapping run that decomposition; metadata queries answer from the proxy;
+Calls with an ltorch mapping run that decomposition; real tensors they take alongside proxies
+(captured from outside the program's inputs) become trace inputs; metadata queries answer from the proxy;
 data-dependent calls (``bool(t)``, ``t.item()``) raise an error naming the user's line; anything
 else becomes an eager fallback symbol. While a program is traced, ``LanguageMode`` also sends torch
 calls that take no tensor at all (``torch.zeros(2, 3)``) to their ltorch symbols.
@@ -15,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.proxies import TensorProxy, set_language_context
+from thunder_rs.core.recorder import lift_captured
 from thunder_rs.errors import ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
@@ -60,6 +62,7 @@ def user_location() -> str:
 def torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
+        args, kwargs = lift_captured(args, kwargs)
         return ltorch_fn(*args, **kwargs)
     prop = _property_name(func)
     if prop is not None:
@@ -78,7 +81,7 @@ def torch_function(func, args, kwargs):
             f"{name}: data-dependent control flow or value access on a traced tensor at "
             f"{user_location()}; thunder_rs specialises on shapes, not values"
         )
-    return fallback(func, args, kwargs)
+    return fallback(func, *lift_captured(args, kwargs))
 
 
 def _takes_tensor(args, kwargs) -> bool:

@@ -7,11 +7,15 @@ acquisition runs a program, so recording is explicit and re-entrant.
 import contextlib
 import contextvars
 
+import torch
+
 from thunder_rs import _core
+from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.proxies import TensorProxy, make_proxy
-from thunder_rs.errors import ThunderError, ThunderRuntimeError
+from thunder_rs.errors import ThunderError, ThunderRuntimeError, ThunderTypeError
 
 _current: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_recorder", default=None)
+_captures: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_captures", default=None)
 
 
 def current() -> "_core.Recorder":
@@ -21,12 +25,68 @@ def current() -> "_core.Recorder":
     return rec
 
 
+def input_proxy(rec: "_core.Recorder", t: torch.Tensor, grad_enabled: bool) -> TensorProxy:
+    """A new trace input standing for the tensor ``t``."""
+    dtype = CODES.get(t.dtype)
+    if dtype is None:
+        raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
+    requires_grad = grad_enabled and t.requires_grad
+    vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
+    return make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
+
+
+class Captures:
+    """Tensors the program reads from outside its inputs (closures, globals, module attributes
+    that are not parameters or buffers). Each becomes a trace input the first time a traced
+    call takes it, and every call of the compiled function passes that same tensor object, so
+    its current values are read (as eager reads them); rebinding the name to another tensor is
+    not seen. Torch calls on such tensors alone run eagerly while tracing (they may steer
+    Python control flow), so a tensor derived from them there is captured as computed then."""
+
+    def __init__(self, rec: "_core.Recorder", grad_enabled: bool):
+        self._rec = rec
+        self._grad_enabled = grad_enabled
+        self._proxies: dict[int, TensorProxy] = {}
+        self.tensors: list[torch.Tensor] = []
+
+    def proxy(self, t: torch.Tensor) -> TensorProxy:
+        p = self._proxies.get(id(t))
+        if p is None:
+            p = self._proxies[id(t)] = input_proxy(self._rec, t, self._grad_enabled)
+            self.tensors.append(t)
+        return p
+
+
+def _lift(x, captures: Captures):
+    if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy):
+        return captures.proxy(x)
+    if type(x) in (list, tuple):
+        return type(x)(_lift(y, captures) for y in x)
+    return x
+
+
+def _holds_real_tensor(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return not isinstance(x, TensorProxy)
+    return type(x) in (list, tuple) and any(isinstance(y, torch.Tensor) and not isinstance(y, TensorProxy) for y in x)
+
+
+def lift_captured(args: tuple, kwargs: dict):
+    """``args`` and ``kwargs`` with real tensors replaced by the trace inputs that capture them."""
+    captures = _captures.get()
+    if captures is None or not any(map(_holds_real_tensor, (*args, *kwargs.values()))):
+        return args, kwargs
+    return _lift(args, captures), {k: _lift(v, captures) for k, v in kwargs.items()}
+
+
 @contextlib.contextmanager
-def recording(rec: "_core.Recorder"):
+def recording(rec: "_core.Recorder", captures: Captures | None = None):
     token = _current.set(rec)
+    captures_token = _captures.set(captures)
     try:
         yield rec
     finally:
+        _captures.reset(captures_token)
         _current.reset(token)
 
 
