@@ -252,9 +252,9 @@ def run_case(case: Case, backends: list[Backend], settings: Settings, log=progre
     args = case.make_args()
     rows, warm = {}, {}
     with case.context():
-        fn = case.make_fn()
+        reference = case.make_fn()
         torch.manual_seed(0)
-        expected = fn(*args)
+        expected = reference(*args)
         for backend in backends:
             log(f"  {case.name:<22} first call   {backend.name}")
             rows[backend.name], fn = first_call(case, backend, settings, args, expected)

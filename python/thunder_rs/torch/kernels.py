@@ -17,6 +17,7 @@ import torch
 
 from thunder_rs import torch as ltorch
 from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.nn import _LOW_PRECISION, _target_weights
 
 __all__ = [
     "native_layer_norm", "native_layer_norm_backward", "native_dropout", "native_dropout_backward",
@@ -25,7 +26,6 @@ __all__ = [
     "sdpa_flash", "sdpa_flash_backward",
 ]
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: aten's reduction codes, as nll_loss_forward takes them.
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
@@ -191,16 +191,6 @@ def embedding_backward(grad_output, indices, num_weights, padding_idx, scale_gra
     return grad
 
 
-def _picked_weights(input, target, weight, ignore_index: int):
-    """Each target's class weight (1 without weights), zero where the target is ignored; the
-    targets as int64 indices with ignored ones replaced by 0; and where they are kept."""
-    target = cast(target, torch.int64)
-    kept = target != ignore_index
-    safe = ltorch.where(kept, target, 0)
-    picked = cast(kept, input.dtype) if weight is None else ltorch.where(kept, weight[safe], 0.0)
-    return picked, safe, kept
-
-
 @torchsymbol(name="nll_loss_forward")
 def nll_loss_forward(input, target, weight, reduction: int, ignore_index: int):
     """nll_loss of a 1-D or 2-D input, and the total weight of the targets it counted (zero for
@@ -209,17 +199,17 @@ def nll_loss_forward(input, target, weight, reduction: int, ignore_index: int):
     out = ltorch.nll_loss(input, target, weight, ignore_index=ignore_index, reduction=name)
     if reduction == REDUCTIONS["none"]:
         return out, ltorch.zeros((), dtype=input.dtype, device=input.device)
-    return out, ltorch.sum(_picked_weights(input, target, weight, ignore_index)[0])
+    return out, ltorch.sum(_target_weights(target, weight, ignore_index, input.dtype)[0])
 
 
 @torchsymbol(name="nll_loss_backward")
 def nll_loss_backward(grad_output, input, target, weight, reduction: int, ignore_index: int, total_weight):
     """The gradient of nll_loss's 1-D or 2-D input: minus each picked element's weight times
     the cotangent (over the total weight for a mean), zero elsewhere."""
-    picked, safe, kept = _picked_weights(input, target, weight, ignore_index)
+    picked, ignored, safe = _target_weights(target, weight, ignore_index, input.dtype)
     scale = grad_output / total_weight if reduction == REDUCTIONS["mean"] else grad_output
     # where rather than a product: when every target is ignored, a mean's 0 / 0 stays out.
-    values = ltorch.where(kept, -(picked * scale), 0.0)
+    values = ltorch.where(ignored, 0.0, -(picked * scale))
     class_dim = 0 if input.ndim == 1 else 1
     zeros = ltorch.zeros(input.shape, dtype=input.dtype, device=input.device)
     return ltorch.scatter_add(zeros, class_dim, ltorch.unsqueeze(safe, class_dim), ltorch.unsqueeze(values, class_dim))
