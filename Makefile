@@ -5,6 +5,8 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 DEPS    := $(VENV)/.deps-installed
+# Real models the tests run against eager (tiny configs, nothing downloaded).
+TEST_DEPS := "transformers>=4.55" torchvision
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
@@ -17,7 +19,7 @@ $(PY):
 
 $(DEPS): $(PY) pyproject.toml
 	$(PY) -m pip install -q --upgrade uv
-	$(VENV)/bin/uv pip install --python $(PY) "torch>=2.9" numpy pytest "maturin>=1.5,<2"
+	$(VENV)/bin/uv pip install --python $(PY) "torch>=2.9" numpy pytest "maturin>=1.5,<2" $(TEST_DEPS)
 	touch $(DEPS)
 
 build: $(DEPS)
