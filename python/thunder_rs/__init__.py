@@ -4,6 +4,8 @@
 Rust-owned trace, optimises it, and from then on runs generated code with almost no overhead.
 """
 
+import inspect as _inspect
+
 import torch as _torch
 
 from thunder_rs import _core, errors
@@ -16,7 +18,7 @@ from thunder_rs import prims  # noqa: E402
 from thunder_rs import torch as ltorch  # noqa: E402
 from thunder_rs.core.examine import ExamineReport, examine  # noqa: E402
 from thunder_rs.core.grad import get_grad, put_grad, register_grad  # noqa: E402
-from thunder_rs.core.jit import CompileStats, ThunderFunction, ThunderModule  # noqa: E402
+from thunder_rs.core.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 
 __all__ = [
@@ -26,15 +28,23 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def jit(fn_or_module):
-    """Compiles ``fn_or_module`` lazily: the first call with each input signature traces it."""
+def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE):
+    """Compiles ``fn_or_module`` lazily: the first call with each input signature traces it.
+
+    ``cache`` bounds how many compiled entries are kept; beyond it the least recently used is
+    dropped (and compiled again if it is needed again).
+    """
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):
         return fn_or_module
+    if _inspect.isgeneratorfunction(fn_or_module) or _inspect.iscoroutinefunction(fn_or_module) or _inspect.isasyncgenfunction(fn_or_module):
+        raise errors.ThunderTypeError(
+            f"jit: {getattr(fn_or_module, '__qualname__', fn_or_module)} is a generator or coroutine function; its body runs "
+            "only as the result is iterated or awaited, after the call, so it cannot be traced (argument fn_or_module)")
     if isinstance(fn_or_module, _torch.nn.Module):
-        return ThunderModule(fn_or_module)
+        return ThunderModule(fn_or_module, cache=cache)
     if not callable(fn_or_module):
         raise errors.ThunderTypeError(f"jit: expected a function or torch.nn.Module, got {type(fn_or_module).__name__} (argument fn_or_module)")
-    return ThunderFunction(fn_or_module)
+    return ThunderFunction(fn_or_module, cache=cache)
 
 
 def _function(jfn) -> ThunderFunction:

@@ -4,6 +4,7 @@
 mod compile;
 mod convert;
 mod errors;
+mod observe;
 mod recorder;
 mod trace;
 
@@ -29,6 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<recorder::Recorder>()?;
     m.add_class::<trace::PyTrace>()?;
     m.add_class::<compile::ExecutorTable>()?;
+    m.add_class::<observe::CallObserver>()?;
     m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
     m.add_function(wrap_pyfunction!(compile::prim_names, m)?)?;

@@ -94,6 +94,18 @@ impl PyTrace {
         out
     }
 
+    /// The top-level symbol whose call computes value `vid` (inside its decomposition or as an
+    /// output), or None for an input or an unknown value.
+    fn producer(&self, vid: u32) -> Option<String> {
+        let target = trace_ir::ValueId(vid);
+        let mut found = false;
+        self.trace.bsyms.iter().find(|b| {
+            b.for_each_defined(&mut |v| found |= v == target);
+            found || b.outputs.contains(&target)
+        })
+        .map(|b| b.symbol.qualified_name())
+    }
+
     fn __str__(&self) -> &str {
         self.source()
     }

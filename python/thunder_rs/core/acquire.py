@@ -1,14 +1,21 @@
-"""Acquisition: run a function (or module) on proxies and record its trace."""
+"""Acquisition: run a function (or module) on proxies and record its trace, the guards on the
+Python state it read, and the module state it wrote."""
 
-import contextlib
-from dataclasses import dataclass
+import inspect
+from dataclasses import dataclass, field
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_unflatten
 
 from thunder_rs import _core
+from thunder_rs.core.escapes import check_no_escape
 from thunder_rs.core.langctx import LanguageMode
+from thunder_rs.core.modules import ModuleBinding, StateWrite, attribute_writes
+from thunder_rs.core.observe import Observer
+from thunder_rs.core.outputs import OutputStructure, flatten_output, is_plain
+from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import Captures, input_proxy, recording
+from thunder_rs.errors import ThunderNotImplementedError
 
 
 @dataclass
@@ -18,54 +25,111 @@ class Acquired:
     #: positions in the flat inputs of the leaves that are trace inputs (tensors)
     tensor_positions: tuple[int, ...]
     #: how to rebuild the output structure from the flat outputs, or None when returned as is
-    out_spec: object
+    out_spec: OutputStructure | None
     #: what the trace returns: "single" (one leaf), "tuple" or "list" (of leaves)
     out_kind: str
     #: tensors read from outside the inputs: the trace's last inputs, in this order
     captured: list
+    #: the Python values the trace was specialised on
+    guards: list = field(default_factory=list)
+    #: module attributes the program set, replayed after every call; their tensor values are the
+    #: trace's outputs after the program's ``num_outputs`` flat outputs
+    writes: list = field(default_factory=list)
+    num_outputs: int = 0
+    #: modules (the user's) whose methods ran: their hooks are part of what a call does
+    modules_called: list = field(default_factory=list)
 
 
-def _is_plain(out) -> bool:
-    """Outputs the generated code can return directly: a leaf, or a flat tuple/list of leaves."""
-    leaf = lambda x: isinstance(x, (torch.Tensor, bool, int, float)) or x is None  # noqa: E731
-    return leaf(out) or (type(out) in (tuple, list) and all(leaf(x) for x in out))
+def _reject_generators(fn, out) -> None:
+    if inspect.isgenerator(out) or inspect.iscoroutine(out) or inspect.isasyncgen(out):
+        raise ThunderNotImplementedError(
+            f"thunder_rs.jit: {getattr(fn, '__qualname__', fn)} returns a {type(out).__name__}; its body runs "
+            "only as it is iterated, after the call, so it cannot be traced. Jit the function that consumes it")
 
 
-@contextlib.contextmanager
-def _swapped(slots, proxies):
-    """Temporarily replaces module parameters and buffers by their proxies."""
-    saved = [d[n] for d, n, _ in slots]
-    try:
-        for d, n, i in slots:
-            d[n] = proxies[i]
-        yield
-    finally:
-        for (d, n, _), v in zip(slots, saved):
-            d[n] = v
-
-
-def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0) -> Acquired:
-    """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. Module parameters and
-    buffers (``param_slots``: (store, name, unique index)) become trace inputs after the flat
-    inputs, one per unique tensor; captured tensors come last."""
-    rec = _core.Recorder()
+def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding):
+    """Runs the program on proxies. Returns its output, the guards it read and what it wrote to
+    module state (``(original module, name, value)``)."""
     grad_enabled = torch.is_grad_enabled()
-    positions = tuple(i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor))
+    positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
     leaves = list(flat_inputs)
-    for i in positions:
-        leaves[i] = input_proxy(rec, flat_inputs[i], grad_enabled)
-    unique = {}
-    for d, n, i in param_slots:
-        unique.setdefault(i, d[n])
-    params = [input_proxy(rec, unique[i], grad_enabled) for i in range(num_params)]
-    args, kwargs = tree_unflatten(leaves, in_spec)
-    captures = Captures(rec, grad_enabled)
-    with recording(rec, captures), _swapped(param_slots, params), LanguageMode():
-        out = fn(*args, **kwargs)
-    out_spec = None
-    if not _is_plain(out):
-        flat_out, out_spec = tree_flatten(out)
+    with recording(rec, captures, made):
+        for i in positions:
+            leaves[i] = input_proxy(rec, flat_inputs[i], grad_enabled)
+        pairs = []
+        if binding is not None:
+            params = [input_proxy(rec, t, grad_enabled) for t in binding.tensors()]
+            fn, pairs = binding.clone(params)
+        args, kwargs = tree_unflatten(leaves, in_spec)
+        observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,))
+        with observer, LanguageMode():
+            out = fn(*args, **kwargs)
+    _reject_generators(fn, out)
+    return out, observer, attribute_writes(pairs), tuple(positions)
+
+
+def _state_writes(writes, extras: list) -> list[StateWrite]:
+    """Replayable writes; tensors the program computed become extra trace outputs."""
+    out = []
+    for module, name, value in writes:
+        if isinstance(value, TensorProxy):
+            extras.append(value)
+            out.append(StateWrite(module, name, None, len(extras) - 1))
+        else:
+            out.append(StateWrite(module, name, value))
+    return out
+
+
+def _check_guards_still_hold(guards, flat_inputs) -> None:
+    """A program that changes Python state it read while being traced (``cfg.n += 1``) would, compiled,
+    run with the value of the first trace: refuse it."""
+    for guard in guards:
+        if not guard.holds(flat_inputs):
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
+                "Writes to Python objects other than the jitted module's attributes cannot be replayed; "
+                "keep such state in a module attribute or a buffer")
+
+
+def _finish(rec, out, writes):
+    """Ends the recording with the program's outputs (and the tensors it wrote to module state).
+    Returns the trace, how to rebuild the outputs, and the writes to replay."""
+    extras: list = []
+    state_writes = _state_writes(writes, extras)
+    out_spec, num_outputs = None, 0
+    if state_writes or not is_plain(out):
+        flat_out, out_spec = flatten_output(out)
         out = tuple(flat_out)
-    trace = rec.finish(out)
+        num_outputs = len(out)
+    if extras:
+        out = (*out, *extras)
     out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
-    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captures.tensors)
+    return rec.finish(out), out_spec, out_kind, state_writes, num_outputs
+
+
+def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None) -> Acquired:
+    """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
+    parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
+    captured tensors come last."""
+    rec, made = _core.Recorder(), []
+    captures = Captures(rec, torch.is_grad_enabled())
+    out, observer, writes, positions = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
+    guards, modules_called = observer.guards(), list(observer.modules_called.values())
+    del observer
+    _check_guards_still_hold(guards, flat_inputs)
+    trace, out_spec, out_kind, state_writes, num_outputs = _finish(rec, out, writes)
+    del out, writes
+    captured = captures.release()
+    _check_no_escape(made, trace)
+    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captured, guards, state_writes, num_outputs,
+                    modules_called)
+
+
+def _check_no_escape(made: list, trace) -> None:
+    def producer(proxy) -> str:
+        name = trace.producer(proxy._vid)
+        shape = "x".join(map(str, proxy.shape)) or "scalar"
+        return f"the {shape} {str(proxy.dtype).removeprefix('torch.')} result of {name}" if name else f"input t{proxy._vid}"
+
+    check_no_escape(made, producer)
+

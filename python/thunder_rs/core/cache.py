@@ -1,18 +1,30 @@
 """Cache keys over flattened inputs and global state, and miss reasons."""
 
+import inspect
+import types
+
 import torch
+from torch.utils import _pytree as pytree
+
+from thunder_rs.core.guards import freeze, is_simple
 
 _Tensor = torch.Tensor
+#: Non-tensor inputs keyed by identity: code and modules, which the key keeps alive.
+_BY_IDENTITY = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType,
+                torch.nn.Module)
 
 
 def leaf_key(x):
+    """A tensor's metadata; a simple value itself (type-exact, NaN equal to NaN); a function or
+    module by identity; any other object by its type alone: the attributes the program reads from
+    it are guarded (a fresh config object each call hits the cache when its values are the same)."""
     if isinstance(x, _Tensor):
         return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous())
-    try:
-        hash(x)
-    except TypeError:
-        return (type(x), id(x))
-    return (type(x), x)
+    if is_simple(x):
+        return freeze(x)
+    if isinstance(x, _BY_IDENTITY):
+        return (type(x), x)
+    return (type(x),)
 
 
 def global_key(extra=None):
@@ -39,6 +51,39 @@ def fast_key_fn(arity: int):
     return fn
 
 
+def _parameters(fn) -> list[str]:
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def input_names(fn, flat, spec) -> list[str]:
+    """The user's name of each flat input: ``x``, ``batch['input_ids']``, ``args[3]`` (slow path)."""
+    args, kwargs = pytree.tree_unflatten(list(flat), spec)
+    params = _parameters(fn)
+    names = []
+    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        if getattr(path[0], "idx", 1) == 0:
+            i = path[1].idx
+            base = params[i] if i < len(params) else f"args[{i}]"
+        else:
+            base = str(path[1].key)
+        names.append(base + pytree.keystr(path[2:]))
+    return names
+
+
+def _show(key) -> str:
+    """A leaf key in words."""
+    if type(key) is tuple and len(key) == 2 and key[0] is float:
+        return repr(float.fromhex(key[1]))
+    if type(key) is tuple and len(key) in (1, 2) and isinstance(key[0], type):
+        return repr(key[-1]) if len(key) == 2 else f"a {key[0].__name__}"
+    return repr(key)
+
+
 def describe_change(old, new, names) -> str:
     """Says which input changed how between two keys (``names`` labels flat inputs)."""
     if old is None:
@@ -56,5 +101,5 @@ def describe_change(old, new, names) -> str:
         if len(a) == 5 and len(b) == 5:
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a, b) if x != y]
             return f"{label}: " + ", ".join(changes)
-        return f"{label}: {a[-1]!r} -> {b[-1]!r}"
+        return f"{label}: {_show(a)} -> {_show(b)}"
     return "unknown"

@@ -7,7 +7,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.acquire import acquire
-from thunder_rs.core.jit import ThunderFunction
+from thunder_rs.core.modules import ModuleBinding
 
 
 @dataclass
@@ -24,11 +24,9 @@ class ExamineReport:
 
 def examine(fn, *args, **kwargs) -> ExamineReport:
     """Traces ``fn(*args, **kwargs)`` and counts its top-level calls by symbol."""
-    jfn = ThunderFunction(fn, module=fn if isinstance(fn, torch.nn.Module) else None)
-    if jfn._module is not None:
-        jfn._bind_module()
+    binding = ModuleBinding(fn) if isinstance(fn, torch.nn.Module) else None
     flat, spec = tree_flatten((args, kwargs))
-    trace = acquire(fn, flat, spec, jfn._param_slots, len(jfn._unique_slots)).trace
+    trace = acquire(fn, flat, spec, binding).trace
     counts = Counter(trace.symbol_names())
     report = ExamineReport()
     for name, n in counts.items():

@@ -1,23 +1,29 @@
 """Compiled callables: the cache, the per-call path, and compilation on a miss."""
 
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
 from thunder_rs.core.autograd import grad_function
+from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, input_names, leaf_key
+from thunder_rs.core.entry import Entry, make_check, make_post
+from thunder_rs.core.guards import Guards
+from thunder_rs.core.langctx import user_frame
+from thunder_rs.core.modules import ModuleBinding, hook_snapshot, hooks_version, write_epoch
 from thunder_rs.core.proxies import make_proxy
-from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, leaf_key
-from thunder_rs.errors import runtime_error
+from thunder_rs.errors import ThunderValueError, runtime_error
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
 
-_Tensor = torch.Tensor
 MISS_WARNING_THRESHOLD = 8
+#: Entries a jitted callable keeps before evicting the least recently used (``jit(fn, cache=N)``).
+DEFAULT_CACHE_SIZE = 128
 
 
 @dataclass
@@ -29,24 +35,11 @@ class CompileStats:
     miss_reasons: list = field(default_factory=list)
     last_compile_s: float = 0.0
     stage_s: dict = field(default_factory=dict)
+    evictions: int = 0
 
     @property
     def calls(self) -> int:
         return self.cache_hits + self.cache_misses
-
-
-@dataclass
-class Entry:
-    fn: object
-    #: the generated source and the file name it was compiled under, to label runtime errors
-    source: str
-    filename: str
-    #: when not None, positions of the flat inputs passed to ``fn``
-    positions: tuple | None
-    out_spec: object
-    traces: list
-    #: the backward's traces, empty for a forward-only entry
-    backward_traces: list = field(default_factory=list)
 
 
 def _checker(executors):
@@ -70,19 +63,51 @@ def _with_captured(fn, captured: tuple):
     return lambda *inputs: fn(*inputs, *captured)
 
 
+def _generated(acquired, name: str):
+    """Runs the passes over an acquired trace and execs the result: the entry's callable, its
+    source and traces, and the time each stage took."""
+    start = time.perf_counter()
+    sync_fallbacks()
+    executors = default_executors()
+    table, impls = executor_table(executors)
+    traces, backward_traces, grad_positions = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts)
+    passes_at = time.perf_counter()
+    namespace = {"torch": torch, **impls}
+    namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
+    filename = f"<thunder_rs {name}>"
+    source, computation = _load(traces[-1], "computation", filename, namespace)
+    if backward_traces:
+        _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace)
+        computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single", acquired.out_kind == "list")
+    if acquired.captured:
+        computation = _with_captured(computation, tuple(acquired.captured))
+    end = time.perf_counter()
+    stages = {"passes": passes_at - start, "codegen": end - passes_at}
+    return computation, source, filename, traces, backward_traces, stages
+
+
 class ThunderFunction:
     """``thunder_rs.jit(fn)``: calls ``fn`` through a cache of compiled traces."""
 
-    def __init__(self, fn, module=None):
+    def __init__(self, fn, module=None, cache: int = DEFAULT_CACHE_SIZE):
+        if not isinstance(cache, int) or isinstance(cache, bool) or cache < 1:
+            raise ThunderValueError(f"jit: cache must be a positive number of entries, got {cache!r} (argument cache)")
         self._fn = fn
         self._module = module
+        #: key -> the entry last used for it; every entry of a key (guards tell them apart) in
+        #: ``_variants``.
         self._cache: dict = {}
+        self._variants: dict = {}
+        self._cache_size = cache
         self._stats = CompileStats()
         self._last_key = None
         self._last_entry: Entry | None = None
-        self._param_slots: tuple = ()
-        self._unique_slots: tuple = ()
+        self._binding: ModuleBinding | None = None
+        self._epoch = -1
+        self._lock = threading.RLock()
         self.__wrapped__ = fn
+
+    # -- the per-call path -----------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -93,91 +118,131 @@ class ThunderFunction:
         except AttributeError:
             return self._call_general(args, kwargs)
         entry = self._cache.get(key)
-        if entry is None:
-            entry = self._compile(list(args), tree_flatten((args, {}))[1], key)
+        if entry is None or (entry.check is not None and not entry.check(args)):
+            entry = self._miss(list(args), tree_flatten((args, {}))[1], key)
         else:
-            self._stats.cache_hits += 1
+            entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
         try:
             if module is None:
                 out = entry.fn(*args)
             else:
-                out = entry.fn(*args, *[d[n] for d, n in self._unique_slots])
+                out = entry.fn(*args, *[d[n] for d, n in self._binding.unique])
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
-        return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
+        return out if entry.post is None else entry.post(out)
 
     def _call_general(self, args, kwargs):
         flat, spec = tree_flatten((args, kwargs))
         key = (global_key(None if self._module is None else self._module_state()), tuple(map(leaf_key, flat)), spec)
         entry = self._cache.get(key)
-        if entry is None:
-            entry = self._compile(flat, spec, key)
+        if entry is None or (entry.check is not None and not entry.check(flat)):
+            entry = self._miss(flat, spec, key)
         else:
-            self._stats.cache_hits += 1
+            entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
         inputs = [flat[i] for i in entry.positions] if entry.positions is not None else flat
         if self._module is not None:
-            inputs.extend(d[n] for d, n in self._unique_slots)
+            inputs.extend(d[n] for d, n in self._binding.unique)
         try:
             out = entry.fn(*inputs)
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
-        return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
+        return out if entry.post is None else entry.post(out)
 
     def _module_state(self):
         """The module's part of the cache key: train/eval mode, and each parameter's and buffer's
-        dtype, device and requires_grad (``model.half()`` or unfreezing a layer recompiles)."""
-        if not self._unique_slots:
-            self._bind_module()
-        return (self._module.training, tuple([(t.dtype, t.device, t.requires_grad) for t in [d[n] for d, n in self._unique_slots]]))
+        dtype, device and requires_grad (``model.half()`` or unfreezing a layer recompiles). The
+        binding of slots is checked first when a module was written since."""
+        if write_epoch[0] != self._epoch:
+            self._check_binding()
+        return (self._module.training, tuple([(t.dtype, t.device, t.requires_grad) for t in [d[n] for d, n in self._binding.unique]]))
 
-    def _bind_module(self):
-        """Parameter and buffer slots of the module, tied ones sharing one trace input."""
-        slots, unique, index_of = [], [], {}
-        for mod in self._module.modules():
-            for store in (mod._parameters, mod._buffers):
-                for name, value in store.items():
-                    if value is None:
-                        continue
-                    if id(value) not in index_of:
-                        index_of[id(value)] = len(unique)
-                        unique.append((store, name))
-                    slots.append((store, name, index_of[id(value)]))
-        self._param_slots = tuple(slots)
-        self._unique_slots = tuple(unique)
+    def _check_binding(self) -> None:
+        """Rebinds the module's slots when its structure changed; its entries then no longer apply."""
+        with self._lock:
+            epoch = write_epoch[0]
+            if self._binding is None or not self._binding.same_structure():
+                if self._binding is not None:
+                    self._clear("the module's structure (submodules, parameters or buffers) changed")
+                self._binding = ModuleBinding(self._module)
+            self._epoch = epoch
 
-    def _compile(self, flat, spec, key) -> Entry:
+    # -- misses ----------------------------------------------------------------------------------
+
+    def _miss(self, flat, spec, key) -> Entry:
+        """Finds an entry of ``key`` whose guards hold, or compiles one (one thread at a time)."""
+        with self._lock:
+            for entry in self._variants.get(key, ()):
+                if entry.check is None or entry.check(flat):
+                    self._cache[key] = entry
+                    entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
+                    return entry
+            failed = self._cache.get(key)
+            return self._compile(flat, spec, key, failed.why_not(flat) if failed is not None else None)
+
+    def _compile(self, flat, spec, key, guard_reason=None) -> Entry:
         start = time.perf_counter()
-        fn = self._fn
-        if self._module is not None:
-            self._bind_module()
-        acquired = acquire(fn, flat, spec, self._param_slots, len(self._unique_slots))
+        acquired = acquire(self._fn, flat, spec, self._binding if self._module is not None else None)
         acquired_at = time.perf_counter()
-        sync_fallbacks()
-        executors = default_executors()
-        table, impls = executor_table(executors)
-        traces, backward_traces, grad_positions = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts)
-        passes_at = time.perf_counter()
-        namespace = {"torch": torch, **impls}
-        namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
-        filename = f"<thunder_rs {getattr(fn, '__qualname__', 'fn')}>"
-        source, computation = _load(traces[-1], "computation", filename, namespace)
-        if backward_traces:
-            _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace)
-            computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single", acquired.out_kind == "list")
-        if acquired.captured:
-            computation = _with_captured(computation, tuple(acquired.captured))
-        end = time.perf_counter()
+        name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
+        computation, source, filename, traces, backward_traces, stages = _generated(acquired, name)
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
-        entry = Entry(computation, source, filename, positions, acquired.out_spec, traces, backward_traces)
-        self._record_miss(key, start, {"acquire": acquired_at - start, "passes": passes_at - acquired_at, "codegen": end - passes_at}, traces, backward_traces)
-        self._cache[key] = entry
-        self._last_entry = entry
+        entry = Entry(computation, source, filename, positions, traces, backward_traces)
+        entry.guards = Guards(acquired.guards)
+        entry.hook_snapshot = self._hook_snapshot_fn(acquired)
+        entry.check = make_check(entry, entry.guards)
+        entry.post = make_post(acquired.out_spec, acquired.writes, acquired.num_outputs)
+        self._record_miss(key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason)
+        self._insert(key, entry)
         return entry
 
-    def _record_miss(self, key, start, stages, traces, backward_traces):
+    def _hook_snapshot_fn(self, acquired):
+        modules = list(acquired.modules_called)
+        if self._binding is not None and self._module is not None:
+            modules.extend(self._binding.modules)
+        if not modules:
+            return None
+
+        def snapshot():
+            return hook_snapshot(modules)
+
+        snapshot.modules = modules
+        return snapshot
+
+    def _insert(self, key, entry: Entry) -> None:
+        entry.last_used = self._stats.cache_hits
+        self._variants.setdefault(key, []).insert(0, entry)
+        self._cache[key] = entry
+        self._last_entry = entry
+        if sum(map(len, self._variants.values())) > self._cache_size:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Drops the least recently used entry."""
+        key, victim = min(((k, e) for k, es in self._variants.items() for e in es), key=lambda ke: ke[1].last_used)
+        variants = self._variants[key]
+        variants.remove(victim)
+        if not variants:
+            del self._variants[key]
+        if self._cache.get(key) is victim:
+            if variants:
+                self._cache[key] = variants[0]
+            else:
+                del self._cache[key]
+        self._stats.evictions += 1
+
+    def _clear(self, reason: str) -> None:
+        self._cache.clear()
+        self._variants.clear()
+        self._stats.miss_reasons.append(reason)
+
+    def _record_miss(self, key, flat, spec, start, stages, traces, backward_traces, guard_reason):
         stats = self._stats
-        reason = describe_change(self._last_key[:2] if self._last_key else None, key[:2], [])
+        if guard_reason is not None:
+            reason = guard_reason
+        else:
+            names = input_names(self._fn, flat, spec)
+            reason = describe_change(self._last_key[:2] if self._last_key else None, key[:2], names)
         self._last_key = key
         stats.cache_misses += 1
         stats.miss_reasons.append(reason)
@@ -185,20 +250,44 @@ class ThunderFunction:
         stats.stage_s = {**stages, **{f"pass:{t.label}": t.seconds for t in traces}}
         stats.stage_s.update((f"backward:{t.label}", t.seconds) for t in backward_traces)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
-            warnings.warn(f"thunder_rs: {getattr(self._fn, '__qualname__', self._fn)} recompiled "
-                          f"{stats.cache_misses} times; last change: {reason}", stacklevel=3)
+            _warn_recompiles(self._fn, stats.cache_misses, reason)
+
+
+def _warn_recompiles(fn, misses: int, reason: str) -> None:
+    """Warns at the user's call site: the first frame outside thunder_rs and torch."""
+    frame = user_frame()
+    message = (f"thunder_rs: {getattr(fn, '__qualname__', type(fn).__name__)} recompiled {misses} times; "
+               f"last change: {reason}")
+    if frame is None:
+        warnings.warn(message, stacklevel=4)
+    else:
+        warnings.warn_explicit(message, UserWarning, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__"))
+
+
+_WRAPPER_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 class ThunderModule(torch.nn.Module):
-    """``thunder_rs.jit(module)``: a module whose calls go through a ``ThunderFunction``."""
+    """``thunder_rs.jit(module)``: a module whose calls go through a ``ThunderFunction``.
 
-    def __init__(self, module: torch.nn.Module):
+    Hooks registered on this wrapper run eagerly around the compiled call, as ``nn.Module``
+    runs them; hooks on the wrapped module and its submodules are traced into the call.
+    """
+
+    def __init__(self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE):
         super().__init__()
         self._model = module
-        self._jfn = ThunderFunction(module, module=module)
+        self._jfn = ThunderFunction(module, module=module, cache=cache)
+        self._hooks_seen = -1
+        self._has_hooks = False
 
     def forward(self, *args, **kwargs):
         return self._jfn._call_general(args, kwargs)
 
     def __call__(self, *args, **kwargs):
+        if self._hooks_seen != hooks_version():
+            self._has_hooks = any(getattr(self, s) for s in _WRAPPER_HOOKS)
+            self._hooks_seen = hooks_version()
+        if self._has_hooks:
+            return super().__call__(*args, **kwargs)
         return self._jfn(*args, **kwargs)

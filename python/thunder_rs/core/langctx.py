@@ -8,13 +8,14 @@ calls that take no tensor at all (``torch.zeros(2, 3)``) to their ltorch symbols
 """
 
 import os
-import traceback
+import sys
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
 from thunder_rs.core.fallback import fallback
+from thunder_rs.core.observe import thread_state
 from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.core.recorder import lift_captured
 from thunder_rs.errors import ThunderRuntimeError
@@ -50,16 +51,35 @@ def _property_name(func):
     return getattr(getattr(func, "__self__", None), "__name__", None)
 
 
+def user_frame():
+    """The innermost frame outside thunder_rs and torch (None when there is none)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(("<frozen", "<thunder_rs")) or path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR)):
+            return frame
+        frame = frame.f_back
+    return None
+
+
 def user_location() -> str:
     """``file:line`` of the innermost frame outside thunder_rs and torch."""
-    for frame in reversed(traceback.extract_stack()):
-        path = os.path.abspath(frame.filename)
-        if not (path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR) or "<frozen" in path):
-            return f"{frame.filename}:{frame.lineno}"
-    return "<unknown>"
+    frame = user_frame()
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
 
 
 def torch_function(func, args, kwargs):
+    """What a torch call on proxies means. What runs meanwhile is not the program's own code, so
+    its reads are not guarded (``observe``)."""
+    state = thread_state
+    state.inside += 1
+    try:
+        return _torch_function(func, args, kwargs)
+    finally:
+        state.inside -= 1
+
+
+def _torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = lift_captured(args, kwargs)
@@ -84,12 +104,17 @@ def torch_function(func, args, kwargs):
     return fallback(func, *lift_captured(args, kwargs))
 
 
-def _takes_tensor(args, kwargs) -> bool:
-    """Whether a call takes a tensor, directly or in a list (``torch.cat([a, b])``)."""
+def _tensor_kind(args, kwargs) -> int:
+    """0: the call takes no tensor; 1: only meta tensors (thunder_rs's own metadata queries);
+    2: a real tensor, directly or in a list (``torch.cat([a, b])``)."""
+    kind = 0
     for x in (*args, *kwargs.values()):
-        if isinstance(x, torch.Tensor) or (type(x) in (list, tuple) and any(isinstance(y, torch.Tensor) for y in x)):
-            return True
-    return False
+        for y in (x if type(x) in (list, tuple) else (x,)):
+            if isinstance(y, torch.Tensor):
+                if not y.is_meta:
+                    return 2
+                kind = 1
+    return kind
 
 
 class LanguageMode(TorchFunctionMode):
@@ -97,18 +122,28 @@ class LanguageMode(TorchFunctionMode):
 
     A call that takes no proxy never reaches ``TensorProxy.__torch_function__``, so creation ops
     (``torch.zeros(2, 3)``, ``torch.arange(n)``) reach their ltorch symbols here and give proxies.
-    Calls on proxies go to ``torch_function``, as the proxy would send them; calls on real tensors
-    alone run eagerly, as before.
+    Calls on proxies go to ``torch_function``, as the proxy would send them. So do calls on real
+    tensors the program captured (globals, closures, plain module attributes): they become trace
+    inputs, so what the program computes from them is computed again on every call, from their
+    values then (``x * w.sum()`` after ``w.mul_(2)``). Calls on meta tensors are thunder_rs's own.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if TensorProxy in types:
             return torch_function(func, args, kwargs)
-        ltorch_fn = TORCH_TO_LTORCH.get(func)
-        if ltorch_fn is not None and not _takes_tensor(args, kwargs):
-            return ltorch_fn(*args, **kwargs)
-        return func(*args, **kwargs)
+        kind = _tensor_kind(args, kwargs)
+        if kind == 2:
+            return torch_function(func, args, kwargs)
+        state = thread_state
+        state.inside += 1
+        try:
+            ltorch_fn = TORCH_TO_LTORCH.get(func)
+            if ltorch_fn is not None and kind == 0:
+                return ltorch_fn(*args, **kwargs)
+            return func(*args, **kwargs)
+        finally:
+            state.inside -= 1
 
 
 set_language_context(torch_function)

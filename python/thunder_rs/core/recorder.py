@@ -16,6 +16,8 @@ from thunder_rs.errors import ThunderError, ThunderRuntimeError, ThunderTypeErro
 
 _current: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_recorder", default=None)
 _captures: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_captures", default=None)
+#: Every proxy the acquisition in progress made, so escapes into user state can be found after it.
+_made: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_made", default=None)
 
 
 def current() -> "_core.Recorder":
@@ -32,7 +34,11 @@ def input_proxy(rec: "_core.Recorder", t: torch.Tensor, grad_enabled: bool) -> T
         raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
     requires_grad = grad_enabled and t.requires_grad
     vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
-    return make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
+    proxy = make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
+    made = _made.get()
+    if made is not None:
+        made.append(proxy)
+    return proxy
 
 
 class Captures:
@@ -48,6 +54,11 @@ class Captures:
         self._grad_enabled = grad_enabled
         self._proxies: dict[int, TensorProxy] = {}
         self.tensors: list[torch.Tensor] = []
+
+    def release(self) -> list[torch.Tensor]:
+        """The captured tensors, in trace-input order; drops the proxies standing for them."""
+        self._proxies.clear()
+        return self.tensors
 
     def proxy(self, t: torch.Tensor) -> TensorProxy:
         p = self._proxies.get(id(t))
@@ -80,18 +91,26 @@ def lift_captured(args: tuple, kwargs: dict):
 
 
 @contextlib.contextmanager
-def recording(rec: "_core.Recorder", captures: Captures | None = None):
+def recording(rec: "_core.Recorder", captures: Captures | None = None, made: list | None = None):
+    """Records into ``rec``; real tensors become trace inputs through ``captures``; every proxy
+    made is appended to ``made``."""
     token = _current.set(rec)
     captures_token = _captures.set(captures)
+    made_token = _made.set(made)
     try:
         yield rec
     finally:
+        _made.reset(made_token)
         _captures.reset(captures_token)
         _current.reset(token)
 
 
 def proxies(descriptions) -> list[TensorProxy]:
-    return [make_proxy(*d) for d in descriptions]
+    out = [make_proxy(*d) for d in descriptions]
+    made = _made.get()
+    if made is not None:
+        made.extend(out)
+    return out
 
 
 def record_prim(name: str, args: tuple):

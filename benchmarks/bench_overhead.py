@@ -1,0 +1,140 @@
+"""Per-call overhead of thunder_rs's hit path, and first-call (compile) time.
+
+    python benchmarks/bench_overhead.py [--quick] [--json PATH]
+
+Cases are chosen so that per-call bookkeeping dominates: a five-op function on 4x4 tensors, and
+modules with 50 parameters on a 1x4 input, one reading no Python attributes in forward and one
+reading many (dropout rates, a temperature, a config object: guarded reads). Reports eager and
+thunder_rs per call (median, interleaved) and their difference in microseconds, and the first-call
+time of the demo GPT, forward and training. Runs single-threaded on CPU. Run it against another
+checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+
+import harness  # noqa: E402
+from gpt import GPT, GPTConfig, random_tokens  # noqa: E402
+
+
+def tiny_fn(a, b):
+    return torch.exp(torch.sin((a + b) * a) - b)
+
+
+def plain_50() -> nn.Module:
+    """25 Linear layers: 50 parameters, no Python attribute read in any forward."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(4, 4) for _ in range(25)]).eval()
+
+
+@dataclass
+class Settings:
+    scale: float = 1.0
+    temperature: float = 0.5
+
+
+class Reader(nn.Module):
+    """A layer whose forward reads Python state: a config object and plain attributes."""
+
+    def __init__(self, settings: Settings):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.settings = settings
+        self.temperature = 2.0
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.drop(self.linear(x)) * self.settings.scale / self.temperature
+
+
+def reading_50() -> nn.Module:
+    """25 ``Reader`` layers: 50 parameters and about 150 guarded reads."""
+    torch.manual_seed(0)
+    settings = Settings()
+    return nn.Sequential(*[Reader(settings) for _ in range(25)]).eval()
+
+
+CASES = {
+    "tiny 5-op 4x4": (lambda: tiny_fn, lambda: (torch.randn(4, 4), torch.randn(4, 4))),
+    "module 50 params, no reads": (plain_50, lambda: (torch.randn(1, 4),)),
+    "module 50 params, 150 guarded reads": (reading_50, lambda: (torch.randn(1, 4),)),
+}
+
+
+def per_call_rows(settings: harness.Settings) -> list[dict]:
+    import thunder_rs
+
+    rows = []
+    for name, (make_fn, make_args) in CASES.items():
+        fn, args = make_fn(), make_args()
+        jfn = thunder_rs.jit(fn)
+        with torch.no_grad():
+            torch.testing.assert_close(jfn(*args), fn(*args))
+            results, errors = harness.measure_per_call_interleaved(
+                {"eager": fn, "thunder_rs": jfn}, args, repeats=settings.repeats, inner=max(1, int(200 * settings.inner_scale)))
+        if errors:
+            raise next(iter(errors.values()))
+        eager, jit = results["eager"].median_us, results["thunder_rs"].median_us
+        rows.append({"case": name, "eager_us": eager, "thunder_rs_us": jit, "overhead_us": jit - eager, "ratio": jit / eager})
+    return rows
+
+
+def first_call_rows(repeats: int) -> list[dict]:
+    import thunder_rs
+
+    config = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    idx, targets = random_tokens(config, batch=2, seq=32), random_tokens(config, batch=2, seq=32, seed=1)
+    rows = []
+    for label, training in (("demo GPT forward (no_grad)", False), ("demo GPT training (loss + grads)", True)):
+        samples, acquire = [], []
+        for _ in range(repeats):
+            model = GPT(config, seed=0)
+            jm = thunder_rs.jit(model)
+            start = time.perf_counter()
+            if training:
+                jm(idx, targets)[1].backward()
+            else:
+                with torch.no_grad():
+                    jm(idx, targets)
+            samples.append((time.perf_counter() - start) * 1e3)
+            acquire.append(thunder_rs.compile_stats(jm).stage_s.get("acquire", 0.0) * 1e3)
+        rows.append({"case": label, "first_call_ms": statistics.median(samples), "acquire_ms": statistics.median(acquire)})
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
+    parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    settings = harness.settings_for(args.quick)
+    per_call = per_call_rows(settings)
+    first = first_call_rows(3 if args.quick else 11)
+    print(f"{'case':40} {'eager us':>9} {'thunder_rs us':>14} {'overhead us':>12} {'ratio':>6}")
+    for r in per_call:
+        print(f"{r['case']:40} {r['eager_us']:9.2f} {r['thunder_rs_us']:14.2f} {r['overhead_us']:12.2f} {r['ratio']:6.2f}")
+    print(f"\n{'case':40} {'first call ms':>14} {'acquire ms':>11}")
+    for r in first:
+        print(f"{r['case']:40} {r['first_call_ms']:14.2f} {r['acquire_ms']:11.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"per_call": per_call, "first_call": first, "environment": harness.environment_info()}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

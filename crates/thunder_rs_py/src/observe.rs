@@ -1,0 +1,113 @@
+//! Which Python functions run while a program is traced.
+//!
+//! Guards on Python state need to know which code objects the traced program ran, and with which
+//! arguments. A Python-level `sys.setprofile` hook doubles acquisition time (every call, including
+//! thunder_rs's and torch's own, pays a Python call); this C-level hook answers most calls with a
+//! hash lookup on the code object's address and calls back into Python only for the first call of
+//! each code object (`classify(code) -> bool`) and for calls and returns of code objects marked
+//! interesting (`on_call(frame)`, `on_return(frame)`).
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use rustc_hash::FxHashMap;
+use std::os::raw::c_int;
+
+type TraceFunc = unsafe extern "C" fn(*mut ffi::PyObject, *mut ffi::PyFrameObject, c_int, *mut ffi::PyObject) -> c_int;
+
+extern "C" {
+    // Part of CPython's C API on every supported version (not of the limited API, whose wheels
+    // still find it in the running interpreter).
+    fn PyEval_SetProfile(func: Option<TraceFunc>, obj: *mut ffi::PyObject);
+}
+
+/// `PyTrace_CALL`: a Python function's frame starts.
+const PY_TRACE_CALL: c_int = 0;
+/// `PyTrace_RETURN`: a Python function's frame ends (returning or raising).
+const PY_TRACE_RETURN: c_int = 3;
+
+/// The profile hook's state: which code objects are interesting, and whom to tell.
+#[pyclass(unsendable, module = "thunder_rs._core", name = "CallObserver")]
+pub struct CallObserver {
+    /// Code object address -> interesting. Codes are kept alive in `codes` so an address is never
+    /// reused for another code object while it is in this table.
+    decisions: FxHashMap<usize, bool>,
+    codes: Vec<Py<PyAny>>,
+    classify: Py<PyAny>,
+    on_call: Py<PyAny>,
+    on_return: Py<PyAny>,
+    /// The first Python error a callback raised; reported by `stop`.
+    error: Option<PyErr>,
+}
+
+#[pymethods]
+impl CallObserver {
+    #[new]
+    fn new(classify: Py<PyAny>, on_call: Py<PyAny>, on_return: Py<PyAny>) -> Self {
+        CallObserver { decisions: FxHashMap::default(), codes: Vec::new(), classify, on_call, on_return, error: None }
+    }
+
+    /// Installs the hook on the calling thread (profile hooks are per thread).
+    fn start(slf: &Bound<'_, Self>) {
+        // SAFETY: the GIL is held; CPython takes a new reference to `slf` for as long as the hook
+        // is installed.
+        unsafe { PyEval_SetProfile(Some(profile), slf.as_ptr()) }
+    }
+
+    /// Removes the hook from the calling thread; raises the first error a callback raised.
+    fn stop(&mut self) -> PyResult<()> {
+        // SAFETY: the GIL is held.
+        unsafe { PyEval_SetProfile(None, std::ptr::null_mut()) }
+        self.error.take().map_or(Ok(()), Err)
+    }
+}
+
+impl CallObserver {
+    fn interesting(&mut self, py: Python<'_>, code: Bound<'_, PyAny>) -> bool {
+        let address = code.as_ptr() as usize;
+        if let Some(&known) = self.decisions.get(&address) {
+            return known;
+        }
+        let decision = match self.classify.call1(py, (&code,)).and_then(|d| d.extract::<bool>(py)) {
+            Ok(d) => d,
+            Err(e) => {
+                self.error.get_or_insert(e);
+                false
+            }
+        };
+        self.decisions.insert(address, decision);
+        self.codes.push(code.unbind());
+        decision
+    }
+}
+
+unsafe extern "C" fn profile(obj: *mut ffi::PyObject, frame: *mut ffi::PyFrameObject, what: c_int, _arg: *mut ffi::PyObject) -> c_int {
+    if (what != PY_TRACE_CALL && what != PY_TRACE_RETURN) || frame.is_null() {
+        return 0;
+    }
+    // SAFETY: CPython calls profile hooks with the GIL held, `obj` is the observer passed to
+    // `PyEval_SetProfile` and `frame` a live frame.
+    let py = unsafe { Python::assume_attached() };
+    let Ok(observer) = unsafe { Bound::from_borrowed_ptr(py, obj) }.cast_into::<CallObserver>() else {
+        return 0;
+    };
+    let Ok(mut observer) = observer.try_borrow_mut() else {
+        return 0; // a callback of this observer is running: calls it makes are not the program's
+    };
+    let code = unsafe { Bound::from_owned_ptr(py, ffi::PyFrame_GetCode(frame).cast()) };
+    let interesting = if what == PY_TRACE_CALL {
+        observer.interesting(py, code)
+    } else {
+        // A return without a call seen (the hook started inside the frame) is not reported.
+        observer.decisions.get(&(code.as_ptr() as usize)).copied().unwrap_or(false)
+    };
+    if !interesting {
+        return 0;
+    }
+    let frame = unsafe { Bound::from_borrowed_ptr(py, frame.cast()) };
+    let callback = if what == PY_TRACE_CALL { &observer.on_call } else { &observer.on_return };
+    let callback = callback.clone_ref(py);
+    if let Err(e) = callback.call1(py, (frame,)) {
+        observer.error.get_or_insert(e);
+    }
+    0
+}

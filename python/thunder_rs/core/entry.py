@@ -1,0 +1,98 @@
+"""A cache entry: one compiled trace, the conditions under which it may run, and what runs after it.
+
+An entry may run when its key matched (the flat inputs' metadata and global state) and its
+``check`` passes: the Python values it was specialised on are unchanged (guards), module
+attributes it read are unchanged (re-checked only after some module attribute was written), and
+the hooks of the modules it called are the same (re-checked only after a hook was registered or
+removed anywhere). ``check`` is None when there is nothing to check, so such entries cost nothing.
+"""
+
+from dataclasses import dataclass, field
+
+from thunder_rs.core.guards import Guards
+from thunder_rs.core.modules import hook_stores_in_use, hooks_version, write_epoch
+
+
+@dataclass(eq=False)
+class Entry:
+    fn: object
+    #: the generated source and the file name it was compiled under, to label runtime errors
+    source: str
+    filename: str
+    #: when not None, positions of the flat inputs passed to ``fn``
+    positions: tuple | None
+    traces: list
+    #: the backward's traces, empty for a forward-only entry
+    backward_traces: list = field(default_factory=list)
+    guards: Guards | None = None
+    #: ``check(flat) -> bool``, or None when the entry may always run once its key matched
+    check: object = None
+    #: ``post(out)`` turns the trace's outputs into the program's (rebuilding structures,
+    #: replaying module writes), or None when the trace returns them as they are
+    post: object = None
+    #: the hit counter's value at the entry's last use, for least-recently-used eviction
+    last_used: int = 0
+    #: the write epoch at which module guards last held, and the hooks seen then
+    epoch: int = -1
+    hooks_id: int = -1
+    hooks: tuple = ()
+    #: ``hook_snapshot()``: the hooks of the modules the program calls, or None when it calls none
+    hook_snapshot: object = None
+
+    def why_not(self, flat) -> str:
+        """Why ``check`` failed, in words (slow path)."""
+        if self.guards is not None:
+            reason = self.guards.first_failure(flat)
+            if reason is not None:
+                return reason
+        if self.hook_snapshot is not None and self.hook_snapshot() != self.hooks:
+            return "hooks were registered or removed on the modules the program calls"
+        return "unknown"
+
+
+def make_check(entry: Entry, guards: Guards):
+    """The entry's ``check``: module guards when a module attribute was written, hooks when a hook
+    was registered anywhere, then the per-call guards."""
+    per_call, modules, hook_snapshot = guards.check, guards.check_modules, entry.hook_snapshot
+    if per_call is None and modules is None and hook_snapshot is None:
+        return None
+    epoch = write_epoch
+
+    def check(flat) -> bool:
+        if modules is not None and epoch[0] != entry.epoch:
+            if not modules(flat):
+                return False
+            entry.epoch = epoch[0]
+        if hook_snapshot is not None:
+            if hooks_version() != entry.hooks_id:
+                if hook_snapshot() != entry.hooks:
+                    return False
+                entry.hooks_id = hooks_version()
+            # A removal does not move the version: the stores that had hooks must keep them all.
+            for store, n in present:
+                if len(store) != n:
+                    return False
+        return per_call is None or per_call(flat)
+
+    entry.epoch = write_epoch[0]
+    present = ()
+    if hook_snapshot is not None:
+        entry.hooks, entry.hooks_id = hook_snapshot(), hooks_version()
+        present = hook_stores_in_use(hook_snapshot)
+    return check
+
+
+def make_post(structure, writes: list, num_outputs: int):
+    """The entry's ``post``, or None when the trace's outputs are the program's. With ``writes``
+    the trace returns a tuple: the program's flat outputs, then the tensors the writes set."""
+    if not writes:
+        return None if structure is None else structure.rebuild
+    rebuild = structure.rebuild
+
+    def post(out):
+        extras = out[num_outputs:]
+        for write in writes:
+            write.apply(extras)
+        return rebuild(out[:num_outputs])
+
+    return post

@@ -1,0 +1,259 @@
+"""Guards: Python values a trace was specialised on, checked before a cached trace runs.
+
+Tracing runs the user's Python on proxies, so every non-tensor value it reads (a global float, a
+closure cell, ``self.p``, ``config.hidden_size``, an attribute of an argument object) is baked into
+the trace. Each such read becomes a guard: where the value lives (its *source*), under which name,
+and what it was. A cache entry runs only while all its guards hold.
+
+Guards on module attributes are checked only when some module attribute was written since the
+entry last validated them (``modules.write_epoch``), so a module whose forward reads twenty
+attributes pays one integer compare per call. The others are compiled into one generated function.
+"""
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+
+#: Stands for "no such attribute" in guard checks.
+MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
+
+_SIMPLE_TYPES = frozenset({bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, type(None), type(Ellipsis)})
+_IDENTITY_TYPES = (bool, type(None), type(Ellipsis), enum.Enum, torch.dtype)
+
+
+def is_simple(value) -> bool:
+    """Values guarded by equality: numbers, strings, dtypes, devices, enums, and small tuples,
+    lists and frozensets of them. Anything else is guarded by identity."""
+    t = type(value)
+    if t in _SIMPLE_TYPES or isinstance(value, enum.Enum):
+        return True
+    if t in (tuple, list, frozenset):
+        return len(value) <= 64 and all(map(is_simple, value))
+    return False
+
+
+def freeze(value):
+    """A hashable, type-exact stand-in for a simple value: ``1``, ``1.0`` and ``True`` differ, NaN
+    equals NaN and ``-0.0`` differs from ``0.0``."""
+    t = type(value)
+    if t is float:
+        return (float, value.hex())
+    if t is complex:
+        return (complex, value.real.hex(), value.imag.hex())
+    if t in (tuple, list, frozenset):
+        items = map(freeze, value)
+        return (t, frozenset(items) if t is frozenset else tuple(items))
+    return (t, value)
+
+
+class Source:
+    """Where a guarded value lives: a mapping read by name (an instance dict, a globals dict), or
+    a closure cell."""
+
+    #: False for module attributes, which are checked only after a module attribute was written.
+    per_call = True
+    label = ""
+
+    def mapping(self, flat):
+        """The mapping that holds the value for the call with flat inputs ``flat``."""
+        raise NotImplementedError
+
+    def code(self, var: str, scope: dict) -> str:
+        """An expression for the mapping in the generated check; binds constants in ``scope``."""
+        raise NotImplementedError
+
+    def describe(self, name: str) -> str:
+        return f"{self.label}.{name}"
+
+
+@dataclass(eq=False)
+class ObjectSource(Source):
+    """The instance dict of an object the entry keeps alive (a config, a global object)."""
+
+    obj: object
+    label: str
+
+    def mapping(self, flat):
+        return self.obj.__dict__
+
+    def code(self, var, scope):
+        scope[var] = self.obj.__dict__
+        return var
+
+
+@dataclass(eq=False)
+class ModuleSource(ObjectSource):
+    """The instance dict of an ``nn.Module`` of the program."""
+
+    per_call = False
+
+
+@dataclass(eq=False)
+class GlobalsSource(Source):
+    """A module's globals."""
+
+    globals: dict
+    label: str
+
+    def mapping(self, flat):
+        return self.globals
+
+    def code(self, var, scope):
+        scope[var] = self.globals
+        return var
+
+    def describe(self, name):
+        return f"global {name!r} of {self.label}"
+
+
+@dataclass(eq=False)
+class CellSource(Source):
+    """A closure cell, seen as a mapping with the one name ``cell_contents``."""
+
+    cell: object
+    label: str
+
+    def mapping(self, flat):
+        return _CellView(self.cell)
+
+    def code(self, var, scope):
+        scope[var] = _CellView(self.cell)
+        return var
+
+    def describe(self, name):
+        return f"closure variable {self.label!r}"
+
+
+class _CellView:
+    __slots__ = ("cell",)
+
+    def __init__(self, cell):
+        self.cell = cell
+
+    def get(self, name, default):
+        try:
+            return self.cell.cell_contents
+        except ValueError:
+            return default
+
+
+@dataclass(eq=False)
+class InputSource(Source):
+    """The instance dict of the ``position``-th flat input, or of an object reached from it
+    through the attributes ``path``."""
+
+    position: int
+    path: tuple
+    label: str
+
+    def mapping(self, flat):
+        obj = flat[self.position]
+        for attr in self.path:
+            obj = obj.__dict__[attr]
+        return obj.__dict__
+
+    def code(self, var, scope):
+        expr = f"flat[{self.position}]"
+        for attr in self.path:
+            expr = f"{expr}.__dict__[{attr!r}]"
+        return f"{expr}.__dict__"
+
+
+@dataclass(eq=False)
+class Guard:
+    source: Source
+    name: str
+    expected: object
+    #: ``file:line`` of the code that read the value, for miss reasons.
+    origin: str
+
+    def __post_init__(self):
+        self.by_identity = not is_simple(self.expected) or isinstance(self.expected, _IDENTITY_TYPES)
+        # A list read then appended to must still compare with what was read.
+        self.frozen = None if self.by_identity else freeze(self.expected)
+
+    def read(self, flat):
+        try:
+            return self.source.mapping(flat).get(self.name, MISSING)
+        except (KeyError, AttributeError, IndexError):
+            return MISSING
+
+    def holds(self, flat) -> bool:
+        value = self.read(flat)
+        if self.by_identity:
+            return value is self.expected
+        return is_simple(value) and freeze(value) == self.frozen
+
+    def describe(self, flat) -> str:
+        expected = _thawed(self.frozen) if self.frozen is not None else self.expected
+        return (f"{self.source.describe(self.name)} changed from {_short(expected)} "
+                f"to {_short(self.read(flat))} (read at {self.origin})")
+
+
+def _thawed(frozen):
+    """The value a ``freeze`` result stands for (for messages)."""
+    t, rest = frozen[0], frozen[1:]
+    if t is float:
+        return float.fromhex(rest[0])
+    if t is complex:
+        return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
+    if t in (tuple, list, frozenset):
+        return t(map(_thawed, rest[0]))
+    return rest[0]
+
+
+def _short(value) -> str:
+    text = repr(value) if is_simple(value) or value is MISSING else f"<{type(value).__name__} object at {id(value):#x}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _term(guard: Guard, index: int, scope: dict) -> str:
+    """A Python expression that is True while ``guard`` holds."""
+    read = f"{guard.source.code(f'm{index}', scope)}.get({guard.name!r}, MISSING)"
+    expected = guard.expected
+    if guard.by_identity:
+        scope[f"e{index}"] = expected
+        return f"{read} is e{index}"
+    t = type(expected)
+    if t in (int, str, bytes) or (t is float and math.isfinite(expected) and expected != 0.0):
+        return f"(type(v := {read}) is {t.__name__} and v == {expected!r})"
+    scope[f"e{index}"] = guard.frozen
+    return f"(_simple(v := {read}) and _freeze(v) == e{index})"
+
+
+def compile_check(guards: list[Guard]):
+    """One function ``check(flat) -> bool`` over ``guards``, or None when there are none."""
+    if not guards:
+        return None
+    scope = {"MISSING": MISSING, "_freeze": freeze, "_simple": is_simple}
+    terms = "\n        and ".join(_term(g, i, scope) for i, g in enumerate(guards))
+    source = (f"def check(flat):\n  try:\n    return ({terms})\n"
+              "  except (KeyError, AttributeError, IndexError, TypeError):\n    return False\n")
+    exec(compile(source, "<thunder_rs guards>", "exec"), scope)
+    return scope["check"]
+
+
+class Guards:
+    """The guards of one cache entry: ``check(flat)`` runs on every call, ``check_modules()``
+    only after a module attribute was written."""
+
+    def __init__(self, guards: list[Guard]):
+        self.per_call = [g for g in guards if g.source.per_call]
+        self.modules = [g for g in guards if not g.source.per_call]
+        self.check = compile_check(self.per_call)
+        self.check_modules = compile_check(self.modules)
+
+    def __len__(self):
+        return len(self.per_call) + len(self.modules)
+
+    def first_failure(self, flat) -> str | None:
+        """Why the guards do not hold for ``flat``, or None when they do."""
+        for guard in (*self.per_call, *self.modules):
+            if not guard.holds(flat):
+                return guard.describe(flat)
+        return None
+
+
+NO_GUARDS = Guards([])

@@ -1,0 +1,191 @@
+"""Modules under ``thunder_rs.jit``: their parameters and buffers as trace inputs, tracing without
+touching the user's module, and what a traced forward writes to module state.
+
+Tracing runs a *clone* of the module tree: each module is copied shallowly (same class, a copy of
+its instance dict) with its own parameter, buffer and submodule stores, which hold the proxies.
+The user's modules are never changed while tracing, so other threads (tracing or running eagerly)
+see them as they are, and what the forward writes to module state is found by comparing each
+clone with its original afterwards.
+
+``write_epoch`` counts writes to module attributes and structure (``nn.Module.__setattr__``,
+``__delattr__``, ``register_buffer``, ``register_parameter``, ``add_module``): guards on module
+attributes are re-checked only when it moved.
+"""
+
+import functools
+
+import torch
+from torch.nn.modules import module as _nn_module
+from torch.utils.hooks import RemovableHandle
+
+from thunder_rs.errors import ThunderNotImplementedError
+
+_Module = torch.nn.Module
+
+#: Incremented by every module attribute or structure write, in any thread.
+write_epoch = [0]
+
+
+def _counting(method):
+    @functools.wraps(method)
+    def counted(self, *args, **kwargs):
+        write_epoch[0] += 1
+        return method(self, *args, **kwargs)
+
+    counted._thunder_rs_counted = True
+    return counted
+
+
+def _count_module_writes() -> None:
+    """Makes module writes move ``write_epoch`` (once per process; eager code pays one increment)."""
+    for name in ("__setattr__", "__delattr__", "register_buffer", "register_parameter", "add_module"):
+        method = getattr(_Module, name)
+        if not getattr(method, "_thunder_rs_counted", False):
+            setattr(_Module, name, _counting(method))
+
+
+_count_module_writes()
+
+#: Hook stores of a module whose contents change what a call does.
+_HOOK_STORES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOK_STORES = tuple(getattr(_nn_module, f"_global{name}") for name in
+                            ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                             "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+
+
+def _hook_stores(modules) -> list:
+    return [getattr(m, s) for m in modules for s in _HOOK_STORES if hasattr(m, s)] + list(_GLOBAL_HOOK_STORES)
+
+
+def hook_snapshot(modules) -> tuple:
+    """Which hooks calls of ``modules`` run (with the global ones): compared when any hook was
+    registered since the entry last checked."""
+    return tuple((id(d), tuple(d)) for d in _hook_stores(modules) if d)
+
+
+def hook_stores_in_use(snapshot_fn) -> tuple:
+    """``(store, size)`` of the hook stores that hold hooks now, found through the modules of a
+    ``hook_snapshot`` closure: removing a hook shrinks one of them."""
+    modules = snapshot_fn.modules
+    return tuple((d, len(d)) for d in _hook_stores(modules) if d)
+
+
+def hooks_version() -> int:
+    """Moves whenever a hook is registered anywhere (each registration makes a ``RemovableHandle``)."""
+    return RemovableHandle.next_id
+
+
+class ModuleBinding:
+    """The parameter and buffer slots of a module tree, bound once per structure.
+
+    ``unique`` lists ``(store, name)`` per distinct tensor (tied weights share one trace input),
+    read on every call; ``names`` gives each one's qualified name for traces and messages.
+    """
+
+    def __init__(self, root: _Module):
+        self.root = root
+        self.modules = list(root.modules())
+        self.names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+        unique, index_of, qualified = [], {}, []
+        for mod in self.modules:
+            prefix = self.names[id(mod)]
+            for store in (mod._parameters, mod._buffers):
+                for name, value in store.items():
+                    if value is not None and id(value) not in index_of:
+                        index_of[id(value)] = len(unique)
+                        unique.append((store, name))
+                        qualified.append(f"{prefix}.{name}" if prefix else name)
+        self.unique = tuple(unique)
+        self.qualified = tuple(qualified)
+        self._index_of = index_of
+        self.structure = self._structure()
+        self.hooks = self.hook_snapshot()
+
+    def tensors(self) -> list:
+        return [d[n] for d, n in self.unique]
+
+    def _structure(self):
+        return tuple((id(m), tuple((n, id(v)) for n, v in m._parameters.items()),
+                      tuple((n, id(v)) for n, v in m._buffers.items()),
+                      tuple((n, id(v)) for n, v in m._modules.items())) for m in self.modules)
+
+    def same_structure(self) -> bool:
+        """Whether the tree still has these modules, parameters and buffers (slow path)."""
+        return list(self.root.modules()) == self.modules and self._structure() == self.structure
+
+    def hook_snapshot(self):
+        return hook_snapshot(self.modules)
+
+    def clone(self, proxies: list):
+        """A copy of the tree whose parameter and buffer slots hold ``proxies`` (by unique index).
+
+        Returns the root's clone and ``(clone, original)`` for every module.
+        """
+        clones = {}
+        for mod in self.modules:
+            copy = _Module.__new__(type(mod))
+            copy.__dict__.update(mod.__dict__)
+            copy.__dict__["_parameters"] = _rebound(mod._parameters, proxies, self._index_of)
+            copy.__dict__["_buffers"] = _rebound(mod._buffers, proxies, self._index_of)
+            clones[id(mod)] = copy
+        for mod in self.modules:
+            subs = mod._modules
+            clones[id(mod)].__dict__["_modules"] = type(subs)((n, clones[id(s)] if s is not None else None) for n, s in subs.items())
+        return clones[id(self.root)], [(clones[id(m)], m) for m in self.modules]
+
+
+def _rebound(store: dict, proxies: list, index_of: dict) -> dict:
+    return type(store)((n, proxies[index_of[id(v)]] if v is not None else None) for n, v in store.items())
+
+
+class StateWrite:
+    """An attribute the traced forward set (or deleted) on a module: replayed after every call.
+
+    ``value`` is the value to set, or ``DELETE``; when ``output`` is not None the value is the
+    trace's extra output at that position (a tensor the forward computed).
+    """
+
+    __slots__ = ("module", "name", "value", "output")
+
+    def __init__(self, module, name, value, output=None):
+        self.module, self.name, self.value, self.output = module, name, value, output
+
+    def apply(self, extras) -> None:
+        if self.value is DELETE:
+            delattr(self.module, self.name)
+        else:
+            setattr(self.module, self.name, extras[self.output] if self.output is not None else self.value)
+
+
+DELETE = object()
+
+
+def attribute_writes(pairs: list) -> list:
+    """What the forward changed on module instance dicts, from ``(clone, original)`` pairs:
+    ``(original, name, value)`` with ``DELETE`` for removed attributes. Changes to the submodule
+    stores are refused."""
+    writes = []
+    originals = {id(c): o for c, o in pairs}
+    for clone, original in pairs:
+        now, before = clone.__dict__, original.__dict__
+        for name, value in now.items():
+            if name in ("_parameters", "_buffers", "_modules"):
+                continue
+            if before.get(name, DELETE) is not value:
+                writes.append((original, name, _original_of(value, originals)))
+        writes.extend((original, name, DELETE) for name in before if name not in now)
+        _check_submodules(clone, original, originals)
+    return writes
+
+
+def _original_of(value, originals):
+    return originals.get(id(value), value) if isinstance(value, _Module) else value
+
+
+def _check_submodules(clone, original, originals) -> None:
+    subs = clone.__dict__["_modules"]
+    if [(n, originals.get(id(s), s)) for n, s in subs.items()] != list(original._modules.items()):
+        raise ThunderNotImplementedError(
+            f"thunder_rs.jit: {type(original).__name__}.forward adds, removes or replaces submodules; "
+            "a traced forward cannot change the module structure")

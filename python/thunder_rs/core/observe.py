@@ -1,0 +1,342 @@
+"""Which Python state a traced program reads: the guards of a trace.
+
+While a program is traced, a C-level profile hook (``_core.CallObserver``) reports each call of a
+function outside thunder_rs, torch's internals and the standard library. For each such function,
+the reads it can make are found once from its bytecode (:class:`CodeReads`): globals, closure
+cells, and attribute chains on its arguments (``self.config.hidden_size``, ``cfg.scale``). At the
+call they are evaluated against the frame's arguments, globals and cells, and each value becomes
+a :class:`~thunder_rs.core.guards.Guard`. Chains on other locals (``config = self.config`` then
+``config.x``) are evaluated when the function returns, for objects already known as program state.
+
+Only *program state* is guarded: modules, the program's non-tensor inputs, globals, closure cells,
+and objects reached from them by attribute reads. Objects the program creates while it runs are
+rebuilt on every call and need no guard.
+"""
+
+import dis
+import inspect
+import os
+import sys
+import sysconfig
+import threading
+import types
+
+import torch
+
+from thunder_rs import _core
+from thunder_rs.core.guards import (MISSING, CellSource, GlobalsSource, Guard, InputSource, ModuleSource,
+                                    ObjectSource, is_simple)
+from thunder_rs.core.proxies import TensorProxy
+
+
+def _dir(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path)) + os.sep
+
+
+_PACKAGE_DIR = _dir(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = _dir(torch.__file__)
+#: torch code whose reads are the program's: the standard modules' forwards (``self.p``, ``self.eps``).
+_TORCH_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
+_TORCH_MODULES_SKIPPED = ("module.py", "container.py", "lazy.py", "_functions.py")
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+#: Attributes of a bare ``nn.Module`` (parameter/buffer/submodule stores, hooks, ``training`` is
+#: not among them): the module's structure and hooks have guards of their own.
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
+#: Values never guarded themselves: code and types do not change between calls.
+_CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+               types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)
+_LOAD_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_LOAD_ROOT = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLASSDEREF",
+                        "LOAD_GLOBAL", "LOAD_NAME"})
+_LOAD_TWO = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
+#: Stack copies that keep a chain going (``self.steps += 1`` copies ``self`` before reading ``steps``).
+_COPIES = frozenset({"COPY", "DUP_TOP"})
+
+
+def _in_library(path: str) -> bool:
+    """torch's internals, thunder_rs and the standard library: their reads are not the program's."""
+    if path.startswith(_PACKAGE_DIR):
+        return True
+    if path.startswith(_TORCH_DIR):
+        return not (path.startswith(_TORCH_MODULES_DIR) and not path.endswith(_TORCH_MODULES_SKIPPED))
+    return path.startswith(_STDLIB_DIRS) and "site-packages" not in path
+
+
+def interesting(code) -> bool:
+    """Whether the reads of ``code`` are the program's (user code, other libraries, torch.nn modules).
+    Module and class bodies (code without fast locals) run at import, not as the program."""
+    if not code.co_flags & inspect.CO_OPTIMIZED:
+        return False
+    path = code.co_filename
+    if path.startswith("<"):
+        return not path.startswith(("<thunder_rs", "<frozen"))
+    return not _in_library(os.path.abspath(path))
+
+
+class CodeReads:
+    """The read chains of one code object, by kind of root: ``(root name, (attr, ...))``."""
+
+    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver")
+
+    def __init__(self, code):
+        chains = _chains(code)
+        n_args = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
+        args, free = frozenset(code.co_varnames[:n_args]), frozenset(code.co_freevars)
+        self.globals = sorted({(n, a) for (op, n), a in chains if op in ("LOAD_GLOBAL", "LOAD_NAME")})
+        self.cells = sorted({(n, a) for (op, n), a in chains if op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and n in free})
+        local = {(n, a) for (op, n), a in chains if op not in ("LOAD_GLOBAL", "LOAD_NAME") and n not in free and a}
+        self.args = sorted((n, a) for n, a in local if n in args)
+        self.locals = sorted((n, a) for n, a in local if n not in args)
+        self.line = f"{code.co_filename}:{code.co_firstlineno}"
+        #: the first argument's name (``self`` of a method), to tell which modules run
+        self.receiver = code.co_varnames[0] if code.co_argcount else None
+
+
+def _chains(code) -> set:
+    """``((load op, root name), (attr, ...))`` for each load followed by attribute reads."""
+    chains, root, attrs = set(), None, []
+    for ins in dis.get_instructions(code):
+        op = ins.opname
+        if op in _LOAD_ATTR and root is not None:
+            attrs.append(ins.argval)
+            continue
+        if op in _COPIES and root is not None:
+            continue
+        if root is not None:
+            chains.add((root, tuple(attrs)))
+            root, attrs = None, []
+        if op in _LOAD_ROOT:
+            root = (op, ins.argval)
+        elif op in _LOAD_TWO:
+            root = ("LOAD_FAST", ins.argval[1])
+    if root is not None:
+        chains.add((root, tuple(attrs)))
+    return chains
+
+
+_code_reads: dict = {}
+
+
+def code_reads(code) -> CodeReads:
+    reads = _code_reads.get(code)
+    if reads is None:
+        reads = _code_reads[code] = CodeReads(code)
+    return reads
+
+
+class Observer:
+    """Collects the guards of one acquisition (a context manager around running the program).
+
+    ``inputs`` are the program's flat inputs: its non-tensor, non-simple leaves are program state
+    read through :class:`InputSource`. ``originals`` maps ``id`` of each module clone being traced
+    to the user's module, so reads of a clone become guards on the original. ``functions`` are
+    functions whose closure cells may be read (the traced function; more are found as globals are
+    read).
+    """
+
+    def __init__(self, inputs: list, originals: dict, functions=()):
+        self._originals = originals
+        #: id -> (object, source of its attributes) for objects known to be program state.
+        self._state: dict = {}
+        for i, x in enumerate(inputs):
+            if not isinstance(x, torch.Tensor) and not is_simple(x) and hasattr(x, "__dict__"):
+                self._state[id(x)] = (x, InputSource(i, (), f"input {i}"))
+        self._functions: dict = {}
+        for fn in functions:
+            self._add_function(fn)
+        self._guards: dict = {}
+        self._outer = None
+        #: id -> the (original) modules whose methods the program called, for their hooks
+        self.modules_called: dict = {}
+
+    def __enter__(self):
+        self._outer = _thread.observer
+        _thread.observer = self
+        if self._outer is None:
+            _thread_hook().start()
+        return self
+
+    def __exit__(self, *exc):
+        _thread.observer = self._outer
+        if self._outer is None:
+            _thread_hook().stop()
+
+    def guards(self) -> list[Guard]:
+        return list(self._guards.values())
+
+    def _add_function(self, fn) -> None:
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_freevars and getattr(fn, "__closure__", None):
+            known = self._functions.setdefault(code, [])
+            if fn not in known:
+                known.append(fn)
+
+    # -- one attribute read ----------------------------------------------------------------------
+
+    def _attr_source(self, obj):
+        """Where a guard on an attribute of ``obj`` applies, or None when ``obj`` is not state."""
+        if isinstance(obj, torch.nn.Module):
+            original = self._originals.get(id(obj), obj)
+            return ModuleSource(original, type(original).__name__)
+        known = self._state.get(id(obj))
+        return known[1] if known is not None else None
+
+    def _step(self, obj, attr: str, origin: str):
+        """Reads ``obj.attr`` as the program did and guards it; returns the value to follow, or
+        MISSING where the chain stops (not state, not a plain attribute, or a leaf value)."""
+        if isinstance(obj, (type, types.ModuleType)):
+            return self._module_global(obj, attr, origin)
+        mapping = getattr(obj, "__dict__", None)
+        if not isinstance(mapping, dict):
+            return MISSING
+        if isinstance(obj, torch.nn.Module):
+            if attr in _MODULE_INTERNALS:
+                return MISSING
+            if attr not in mapping:
+                sub = mapping.get("_modules", {}).get(attr)
+                return sub if isinstance(sub, torch.nn.Module) else MISSING  # structure is guarded apart
+        source = self._attr_source(obj)
+        value = mapping.get(attr, MISSING)
+        if source is None or value is MISSING:
+            return MISSING  # a class attribute, property or method: its own code is observed
+        return self._keep(source, attr, value, origin)
+
+    def _module_global(self, module, attr, origin):
+        """``settings.SCALE`` for a user module ``settings``: a global of that module."""
+        if not isinstance(module, types.ModuleType) or _in_library(os.path.abspath(getattr(module, "__file__", "") or "<")):
+            return MISSING
+        value = module.__dict__.get(attr, MISSING)
+        if value is MISSING:
+            return MISSING
+        return self._keep(GlobalsSource(module.__dict__, module.__name__), attr, value, origin)
+
+    def _keep(self, source, name: str, value, origin: str):
+        """Guards ``value`` read as ``name`` at ``source``; returns it if reads may go on from it."""
+        if isinstance(value, TensorProxy):
+            return MISSING
+        if isinstance(value, types.FunctionType):
+            self._add_function(value)
+        if not isinstance(value, _CODE_TYPES):
+            key = (id(getattr(source, "obj", None) or getattr(source, "globals", None) or getattr(source, "cell", None)),
+                   getattr(source, "position", None), getattr(source, "path", None), name)
+            self._guards.setdefault(key, Guard(source, name, value, origin))
+        if is_simple(value) or isinstance(value, torch.Tensor):
+            return MISSING
+        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)) and id(value) not in self._state:
+            self._state[id(value)] = (value, _child_source(source, name, value))
+        return value
+
+    def _follow(self, value, attrs: tuple, origin: str) -> None:
+        for attr in attrs:
+            value = self._step(value, attr, origin)
+            if value is MISSING:
+                return
+
+    def _is_state(self, value) -> bool:
+        return isinstance(value, torch.nn.Module) or id(value) in self._state or isinstance(value, types.ModuleType)
+
+    # -- profile events --------------------------------------------------------------------------
+
+    def _on_call(self, frame) -> None:
+        reads = code_reads(frame.f_code)
+        origin = reads.line
+        g = frame.f_globals
+        for name, attrs in reads.globals:
+            value = g.get(name, MISSING)
+            if value is not MISSING:
+                value = self._keep(GlobalsSource(g, g.get("__name__", "?")), name, value, origin)
+                if value is not MISSING and attrs:
+                    self._follow(value, attrs, origin)
+        if reads.args or reads.cells or reads.receiver:
+            local = frame.f_locals
+            receiver = local.get(reads.receiver) if reads.receiver else None
+            if isinstance(receiver, torch.nn.Module):
+                original = self._originals.get(id(receiver), receiver)
+                self.modules_called[id(original)] = original
+            for name, attrs in reads.args:
+                value = local.get(name, MISSING)
+                if value is not MISSING and self._is_state(value):
+                    self._follow(value, attrs, origin)
+            if reads.cells:
+                self._read_cells(frame.f_code, local, reads, origin)
+
+    def _on_return(self, frame) -> None:
+        reads = code_reads(frame.f_code)
+        if reads.locals:
+            local = frame.f_locals
+            for name, attrs in reads.locals:
+                value = local.get(name, MISSING)
+                if value is not MISSING and self._is_state(value):
+                    self._follow(value, attrs, reads.line)
+
+    def _read_cells(self, code, local, reads, origin) -> None:
+        fn = self._function_for(code, local)
+        if fn is None:
+            return
+        cells = dict(zip(code.co_freevars, fn.__closure__))
+        for name, attrs in reads.cells:
+            cell = cells.get(name)
+            value = _cell_value(cell) if cell is not None else MISSING
+            if value is not MISSING:
+                value = self._keep(CellSource(cell, name), "cell_contents", value, origin)
+                if value is not MISSING and attrs:
+                    self._follow(value, attrs, origin)
+
+    def _function_for(self, code, local):
+        """The function whose call made this frame: among the known functions of ``code``, the
+        one whose cells hold what the frame sees."""
+        for fn in self._functions.get(code, ()):
+            if all(_cell_value(c) is local.get(n, MISSING) for n, c in zip(code.co_freevars, fn.__closure__)):
+                return fn
+        return None
+
+
+class _ThreadState(threading.local):
+    """Per thread: the profile hook (it keeps which code objects are interesting across compiles),
+    the observer of the acquisition in progress, and how deep the thread is inside thunder_rs's
+    handling of a torch call (functions run there, such as torch's internals or modules they
+    import, are not the program's)."""
+
+    hook = None
+    observer = None
+    inside = 0
+
+
+_thread = thread_state = _ThreadState()
+
+
+def _thread_hook():
+    if _thread.hook is None:
+        _thread.hook = _core.CallObserver(interesting, _dispatch_call, _dispatch_return)
+    return _thread.hook
+
+
+def _dispatch_call(frame):
+    if not _thread.inside:
+        _thread.observer._on_call(frame)
+
+
+def _dispatch_return(frame):
+    if not _thread.inside:
+        _thread.observer._on_return(frame)
+
+
+def profiler_active() -> bool:
+    """Whether another profiler (cProfile, a debugger) holds this thread's profile hook."""
+    return sys.getprofile() is not None
+
+
+def _child_source(source, name: str, value):
+    """The source of the attributes of ``value``, read as ``name`` at ``source``."""
+    label = f"{source.label}.{name}" if not isinstance(source, (GlobalsSource, CellSource)) else name
+    if isinstance(source, InputSource):
+        return InputSource(source.position, (*source.path, name), label)
+    return ObjectSource(value, label)
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return MISSING

@@ -1,0 +1,373 @@
+"""Python state a traced program reads or writes gives eager's results, or a clear error.
+
+Each test is a program that was silently different from eager before guards: it is run compiled
+and eagerly side by side, with the state changed between calls.
+"""
+
+import dataclasses
+import threading
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import thunder_rs
+from thunder_rs.errors import ThunderError
+
+DTYPES = [torch.float32, torch.float64]
+
+SCALE = 2.0
+SETTINGS = {"shift": 1.0}
+
+
+def scaled(x):
+    return x * SCALE
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_global_float_changed_between_calls(dtype):
+    global SCALE
+    jf, x = thunder_rs.jit(scaled), torch.randn(3, dtype=dtype)
+    try:
+        for value in (2.0, 3.0, 3.0, 2.0):
+            SCALE = value
+            torch.testing.assert_close(jf(x), scaled(x))
+    finally:
+        SCALE = 2.0
+    stats = thunder_rs.compile_stats(jf)
+    assert stats.cache_misses == 2 and stats.cache_hits == 2
+    assert "global 'SCALE'" in stats.miss_reasons[1] and "2.0 to 3.0" in stats.miss_reasons[1]
+
+
+def test_a_closure_cell_changed_between_calls():
+    factor = 2
+
+    def f(x):
+        return x + factor
+
+    jf, x = thunder_rs.jit(f), torch.zeros(2)
+    torch.testing.assert_close(jf(x), f(x))
+    factor = 5
+    torch.testing.assert_close(jf(x), f(x))
+    assert "closure variable 'factor'" in thunder_rs.compile_stats(jf).miss_reasons[-1]
+
+
+def test_int_float_and_bool_values_are_told_apart():
+    def f(x, s):
+        return x * s if not isinstance(s, bool) else x + s
+
+    jf, x = thunder_rs.jit(f), torch.ones(2, dtype=torch.float64)
+    for s in (1, 1.0, True, 2, 2.0):
+        out = jf(x, s)
+        torch.testing.assert_close(out, f(x, s))
+        assert out.dtype == f(x, s).dtype
+
+
+def test_nan_and_negative_zero_arguments():
+    jf, x = thunder_rs.jit(lambda x, s: torch.copysign(x, torch.tensor(s)) * (s == s)), torch.ones(2)
+    for s in (float("nan"), float("nan"), 0.0, -0.0, -0.0):
+        torch.testing.assert_close(jf(x, s), torch.copysign(x, torch.tensor(s)) * (s == s))
+    assert thunder_rs.cache_misses(jf) == 3
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.temperature = 1.0
+
+    def forward(self, x):
+        return self.linear(x) / self.temperature
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_module_attribute_changed_between_calls(dtype):
+    model = Scaled().to(dtype)
+    jm, x = thunder_rs.jit(model), torch.randn(2, 4, dtype=dtype)
+    for t in (1.0, 0.5, 0.5, 2.0):
+        model.temperature = t
+        torch.testing.assert_close(jm(x), model(x))
+    assert thunder_rs.cache_misses(jm) == 3
+    assert "temperature" in thunder_rs.compile_stats(jm).miss_reasons[-1]
+
+
+def test_dropout_probability_and_a_submodule_mode_are_guarded():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 2))
+    jm, x = thunder_rs.jit(model), torch.randn(16, 8)
+    model.eval()
+    torch.testing.assert_close(jm(x), model(x))
+    model[1].train()  # only the dropout layer back in training mode
+    model[1].p = 1.0  # drops everything: deterministic
+    torch.testing.assert_close(jm(x), model(x))
+    model[1].p = 0.0
+    torch.testing.assert_close(jm(x), model(x))
+
+
+@dataclasses.dataclass
+class Config:
+    scale: float = 1.0
+    bias: float = 0.0
+
+
+def test_a_fresh_dataclass_config_each_call():
+    # A fresh object each call: the key holds its type, its fields read are guarded.
+    def f(x, cfg):
+        return x * cfg.scale + cfg.bias
+
+    jf, x = thunder_rs.jit(f), torch.ones(3)
+    for scale in (1.0, 2.0, 3.0, 3.0):
+        cfg = Config(scale=scale)
+        torch.testing.assert_close(jf(x, cfg), f(x, cfg))
+    assert thunder_rs.cache_misses(jf) == 3
+
+
+def test_a_mutated_config_object_inside_a_module():
+    class Model(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.proj = nn.Linear(3, 3)
+
+        def forward(self, x):
+            cfg = self.config
+            return self.proj(x) * cfg.scale + self.config.bias
+
+    config = Config()
+    model = Model(config)
+    jm, x = thunder_rs.jit(model), torch.randn(2, 3)
+    torch.testing.assert_close(jm(x), model(x))
+    config.scale = 4.0  # no module attribute write: a per-call guard sees it
+    torch.testing.assert_close(jm(x), model(x))
+    config.bias = -1.0
+    torch.testing.assert_close(jm(x), model(x))
+
+
+def test_a_value_derived_from_a_captured_tensor_is_recomputed():
+    w = torch.ones(3)
+
+    def f(x):
+        return x * w.sum()
+
+    jf, x = thunder_rs.jit(f), torch.ones(2)
+    torch.testing.assert_close(jf(x), f(x))
+    w.mul_(2)
+    torch.testing.assert_close(jf(x), f(x))
+    assert thunder_rs.cache_misses(jf) == 1
+
+
+def test_rebinding_a_global_tensor_is_seen():
+    global WEIGHT
+    WEIGHT = torch.ones(2)
+    jf, x = thunder_rs.jit(lambda x: x * WEIGHT), torch.ones(2)
+    torch.testing.assert_close(jf(x), x * WEIGHT)
+    WEIGHT = torch.full((2,), 3.0)
+    torch.testing.assert_close(jf(x), x * WEIGHT)
+
+
+def test_forward_hooks_added_after_compiling_run():
+    model = nn.Linear(2, 2)
+    jm, x = thunder_rs.jit(model), torch.ones(1, 2)
+    torch.testing.assert_close(jm(x), model(x))
+    handle = model.register_forward_hook(lambda mod, inp, out: out * 2)
+    torch.testing.assert_close(jm(x), model(x))
+    handle.remove()
+    torch.testing.assert_close(jm(x), model(x))
+    pre = model.register_forward_pre_hook(lambda mod, inp: (inp[0] + 1,))
+    torch.testing.assert_close(jm(x), model(x))
+    pre.remove()
+
+
+def test_hooks_on_the_jitted_module_run_eagerly_around_the_call():
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    jm = thunder_rs.jit(model)
+    seen = []
+    jm.register_forward_pre_hook(lambda mod, inp: seen.append(("pre", mod is jm)))
+    jm.register_forward_hook(lambda mod, inp, out: seen.append(("post", type(out).__name__)))
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(jm(x), model(x))
+    jm(x)
+    assert seen == [("pre", True), ("post", "Tensor")] * 2
+
+
+def test_an_activation_capturing_hook_on_an_inner_module_is_refused():
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    feats = []
+    model[0].register_forward_hook(lambda mod, inp, out: feats.append(out))
+    with pytest.raises(ThunderError, match="stored a tensor it computed.*list"):
+        thunder_rs.jit(model)(torch.randn(2, 3))
+
+
+def test_activation_capture_through_a_hook_on_the_jitted_module_works():
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    jm, feats = thunder_rs.jit(model), []
+    jm.register_forward_hook(lambda mod, inp, out: feats.append(out))
+    for _ in range(2):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(jm(x), model(x))
+        torch.testing.assert_close(feats[-1], model(x))
+    assert all(type(f) is torch.Tensor for f in feats)
+
+
+class Cached(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cache = None
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls = self.calls + 1
+        if self.cache is None:
+            self.cache = x.sin()
+        return x + self.cache
+
+
+def test_a_tensor_stored_in_module_state_is_written_back():
+    eager, model = Cached(), Cached()
+    jm = thunder_rs.jit(model)
+    for x in (torch.ones(2), torch.full((2,), 2.0), torch.full((2,), 3.0)):
+        torch.testing.assert_close(jm(x), eager(x))
+        assert type(model.cache) is torch.Tensor
+        torch.testing.assert_close(model.cache, eager.cache)
+        assert model.calls == eager.calls
+    torch.testing.assert_close(model(torch.ones(2)), eager(torch.ones(2)))  # eager calls work too
+
+
+def test_a_counter_in_module_state_counts_every_call():
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+
+        def forward(self, x):
+            self.steps += 1
+            return x * 2
+
+    model = Counter()
+    jm = thunder_rs.jit(model)
+    for _ in range(3):
+        jm(torch.ones(1))
+    assert model.steps == 3
+
+
+def test_mutating_a_global_list_while_traced_is_refused():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return x * 2
+
+    with pytest.raises(ThunderError, match="changed Python state it read.*'calls'"):
+        thunder_rs.jit(f)(torch.ones(2))
+
+
+def test_mutating_an_argument_object_while_traced_is_refused():
+    def f(x, cfg):
+        cfg.scale += 1
+        return x * cfg.scale
+
+    with pytest.raises(ThunderError, match="changed Python state it read.*scale"):
+        thunder_rs.jit(f)(torch.ones(2), Config())
+
+
+def test_storing_a_traced_tensor_on_an_outside_object_is_refused():
+    holder = Config()
+
+    def f(x):
+        holder.last = x * 2
+        return x
+
+    with pytest.raises(ThunderError, match="stored a tensor it computed"):
+        thunder_rs.jit(f)(torch.ones(2))
+
+
+@dataclasses.dataclass
+class Output:
+    loss: torch.Tensor
+    logits: torch.Tensor
+    note: str = "ok"
+
+
+def test_dataclass_outputs_are_rebuilt_every_call():
+    def f(x):
+        return Output(loss=x.sum(), logits=x * 2)
+
+    jf = thunder_rs.jit(f)
+    first, second = jf(torch.ones(2)), jf(torch.full((2,), 3.0))
+    assert first is not second and isinstance(second, Output) and second.note == "ok"
+    torch.testing.assert_close(second.loss, torch.tensor(6.0))
+    torch.testing.assert_close(first.logits, torch.full((2,), 2.0))
+
+
+def test_generator_functions_are_refused_with_a_clear_error():
+    def gen(x):
+        yield x * 2
+
+    with pytest.raises(TypeError, match="generator"):
+        thunder_rs.jit(gen)
+
+    def returns_generator(x):
+        return (x * i for i in range(2))
+
+    with pytest.raises(ThunderError, match="generator"):
+        thunder_rs.jit(returns_generator)(torch.ones(1))
+
+
+def test_the_cache_is_bounded_and_evicts_the_least_recently_used():
+    jf = thunder_rs.jit(lambda x, s: x * s, cache=4)
+    x = torch.ones(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for s in range(10):
+            torch.testing.assert_close(jf(x, s), x * s)
+        jf(x, 9)  # still cached: a hit
+    stats = thunder_rs.compile_stats(jf)
+    assert stats.cache_misses == 10 and stats.evictions == 6 and stats.cache_hits == 1
+    assert len(jf._variants) == 4
+
+
+def test_cache_size_must_be_positive():
+    with pytest.raises(ValueError, match="cache"):
+        thunder_rs.jit(lambda x: x, cache=0)
+
+
+def test_the_recompile_warning_names_the_input_and_the_call_site():
+    def f(x, scale):
+        return x * scale
+
+    jf = thunder_rs.jit(f)
+    with pytest.warns(UserWarning, match=r"recompiled 8 times; last change: scale: 6.0 -> 7.0") as record:
+        for s in range(8):
+            jf(torch.ones(1), float(s))
+    assert record[0].filename == __file__
+
+
+def test_threads_compiling_one_module_concurrently_leave_it_untouched():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    params = {n: p for n, p in model.named_parameters()}
+    x = torch.randn(3, 8)
+    expected = model(x)
+    for _ in range(5):
+        jm = thunder_rs.jit(model)
+        results, errors = [None] * 8, []
+        barrier = threading.Barrier(8)
+
+        def run(i):
+            try:
+                barrier.wait()
+                results[i] = jm(x)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        for r in results:
+            torch.testing.assert_close(r, expected)
+        assert {n: p for n, p in model.named_parameters()} == params
+        assert all(type(p) is nn.Parameter for p in model.parameters())
