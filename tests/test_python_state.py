@@ -371,3 +371,65 @@ def test_threads_compiling_one_module_concurrently_leave_it_untouched():
             torch.testing.assert_close(r, expected)
         assert {n: p for n, p in model.named_parameters()} == params
         assert all(type(p) is nn.Parameter for p in model.parameters())
+
+
+def test_a_module_reading_state_it_wrote_earlier_in_the_call():
+    class Parent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.child = Child()
+
+        def forward(self, x):
+            self.child.flag = True
+            return self.child(x)
+
+    class Child(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.flag = False
+
+        def forward(self, x):
+            return x * 2 if self.flag else x
+
+    eager, model = Parent(), Parent()
+    jm = thunder_rs.jit(model)
+    torch.testing.assert_close(jm(torch.ones(2)), eager(torch.ones(2)))
+    assert model.child.flag is True
+
+
+def test_a_running_profiler_keeps_its_hook_and_globals_are_still_guarded():
+    import cProfile
+    global SCALE
+    profiler = cProfile.Profile()
+    jf, x = thunder_rs.jit(scaled), torch.ones(2)
+    profiler.enable()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            jf(x)
+            SCALE = 5.0
+            out = jf(x)
+            _called_after_compiling()
+    finally:
+        profiler.disable()
+        SCALE = 2.0
+    torch.testing.assert_close(out, x * 5.0)
+    assert any("profiler" in str(w.message) for w in caught)
+    profiled = {getattr(entry.code, "co_name", entry.code) for entry in profiler.getstats()}
+    assert "_called_after_compiling" in profiled
+
+
+def _called_after_compiling():
+    return None
+
+
+def test_a_jitted_function_called_inside_a_traced_program_is_part_of_its_trace():
+    inner = thunder_rs.jit(lambda x: x.sin() * 2)
+
+    def outer(x):
+        return inner(x) + 1
+
+    jf, x = thunder_rs.jit(outer), torch.randn(3)
+    torch.testing.assert_close(jf(x), x.sin() * 2 + 1)
+    assert thunder_rs.cache_misses(inner) == 0
+    assert "sin" in str(thunder_rs.last_traces(jf)[-1])

@@ -63,6 +63,7 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding):
         args, kwargs = tree_unflatten(leaves, in_spec)
         observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,))
         with observer, LanguageMode():
+            observer.observe_statically(fn, [c for c, _ in pairs])
             out = fn(*args, **kwargs)
     _reject_generators(fn, out)
     return out, observer, attribute_writes(pairs), tuple(positions)

@@ -17,6 +17,7 @@ from thunder_rs.core.guards import Guards
 from thunder_rs.core.langctx import user_frame
 from thunder_rs.core.modules import ModuleBinding, hook_snapshot, hooks_version, write_epoch
 from thunder_rs.core.proxies import make_proxy
+from thunder_rs.core.recorder import active_recorder
 from thunder_rs.errors import ThunderValueError, runtime_error
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
@@ -110,7 +111,7 @@ class ThunderFunction:
     # -- the per-call path -----------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        if kwargs:
+        if kwargs or active_recorder() is not None:
             return self._call_general(args, kwargs)
         module = self._module
         try:
@@ -132,6 +133,8 @@ class ThunderFunction:
         return out if entry.post is None else entry.post(out)
 
     def _call_general(self, args, kwargs):
+        if active_recorder() is not None:
+            return self._fn(*args, **kwargs)  # called by a program being traced: part of its trace
         flat, spec = tree_flatten((args, kwargs))
         key = (global_key(None if self._module is None else self._module_state()), tuple(map(leaf_key, flat)), spec)
         entry = self._cache.get(key)

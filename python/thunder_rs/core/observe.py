@@ -20,6 +20,7 @@ import sys
 import sysconfig
 import threading
 import types
+import warnings
 
 import torch
 
@@ -146,20 +147,40 @@ class Observer:
             self._add_function(fn)
         self._guards: dict = {}
         self._outer = None
+        self._hooked = False
         #: id -> the (original) modules whose methods the program called, for their hooks
         self.modules_called: dict = {}
 
     def __enter__(self):
         self._outer = _thread.observer
         _thread.observer = self
-        if self._outer is None:
+        if self._outer is None and sys.getprofile() is None:
             _thread_hook().start()
+            self._hooked = True
         return self
 
     def __exit__(self, *exc):
         _thread.observer = self._outer
-        if self._outer is None:
+        if self._hooked:
             _thread_hook().stop()
+
+    def observe_statically(self, fn, modules) -> None:
+        """Reads of ``fn`` and of the modules' ``forward`` found without running them, for when
+        another profiler (cProfile, a debugger) holds this thread's profile hook: functions they
+        call are not seen."""
+        if self._hooked:
+            return
+        _warn_profiler_once()
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            self._on_code(code, getattr(fn, "__globals__", {}), {}, 0)
+            if code.co_freevars and fn.__closure__:
+                self._read_cells_of(fn, code, code_reads(code), code_reads(code).line)
+        for module in modules:
+            forward = getattr(type(module).forward, "__code__", None)
+            if forward is not None and forward.co_argcount:
+                self._on_code(forward, type(module).forward.__globals__, {forward.co_varnames[0]: module}, 0)
 
     def guards(self) -> list[Guard]:
         return list(self._guards.values())
@@ -200,6 +221,8 @@ class Observer:
         value = mapping.get(attr, MISSING)
         if source is None or value is MISSING:
             return MISSING  # a class attribute, property or method: its own code is observed
+        if isinstance(obj, torch.nn.Module) and source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
+            return MISSING  # the program set it earlier in this call (a write replayed after each call)
         return self._keep(source, attr, value, origin)
 
     def _module_global(self, module, attr, origin):
@@ -239,9 +262,13 @@ class Observer:
     # -- profile events --------------------------------------------------------------------------
 
     def _on_call(self, frame) -> None:
-        reads = code_reads(frame.f_code)
+        self._on_code(frame.f_code, frame.f_globals, frame, 1)
+
+    def _on_code(self, code, g, frame, live: int) -> None:
+        """Evaluates the reads of ``code`` against its globals and, when ``live``, the frame's
+        locals (else ``frame`` is a dict of the locals known)."""
+        reads = code_reads(code)
         origin = reads.line
-        g = frame.f_globals
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
             if value is not MISSING:
@@ -249,7 +276,7 @@ class Observer:
                 if value is not MISSING and attrs:
                     self._follow(value, attrs, origin)
         if reads.args or reads.cells or reads.receiver:
-            local = frame.f_locals
+            local = frame.f_locals if live else frame
             receiver = local.get(reads.receiver) if reads.receiver else None
             if isinstance(receiver, torch.nn.Module):
                 original = self._originals.get(id(receiver), receiver)
@@ -258,8 +285,8 @@ class Observer:
                 value = local.get(name, MISSING)
                 if value is not MISSING and self._is_state(value):
                     self._follow(value, attrs, origin)
-            if reads.cells:
-                self._read_cells(frame.f_code, local, reads, origin)
+            if reads.cells and live:
+                self._read_cells(code, local, reads, origin)
 
     def _on_return(self, frame) -> None:
         reads = code_reads(frame.f_code)
@@ -272,8 +299,10 @@ class Observer:
 
     def _read_cells(self, code, local, reads, origin) -> None:
         fn = self._function_for(code, local)
-        if fn is None:
-            return
+        if fn is not None:
+            self._read_cells_of(fn, code, reads, origin)
+
+    def _read_cells_of(self, fn, code, reads, origin) -> None:
         cells = dict(zip(code.co_freevars, fn.__closure__))
         for name, attrs in reads.cells:
             cell = cells.get(name)
@@ -322,9 +351,15 @@ def _dispatch_return(frame):
         _thread.observer._on_return(frame)
 
 
-def profiler_active() -> bool:
-    """Whether another profiler (cProfile, a debugger) holds this thread's profile hook."""
-    return sys.getprofile() is not None
+_warned: list = []
+
+
+def _warn_profiler_once() -> None:
+    if not _warned:
+        _warned.append(True)
+        warnings.warn("thunder_rs.jit: a profiler holds this thread's profile hook (sys.setprofile), so only the "
+                      "reads of the jitted function and of module forwards are guarded, not those of functions they "
+                      "call; compile before profiling for full guards", stacklevel=5)
 
 
 def _child_source(source, name: str, value):

@@ -20,6 +20,10 @@ _captures: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_captures"
 _made: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_made", default=None)
 
 
+#: The recorder of the acquisition in progress in this thread, or None: ``active_recorder()``.
+active_recorder = _current.get
+
+
 def current() -> "_core.Recorder":
     rec = _current.get()
     if rec is None:

@@ -222,7 +222,7 @@ def _same_signature_method(torch_fns):
 def sync_fallbacks() -> None:
     """Adds the fallback symbols recorded since the last call."""
     added = False
-    for sid, func in FALLBACK_IMPLS.items():
+    for sid, func in list(FALLBACK_IMPLS.items()):  # another thread may be registering one
         if sid not in torch_ex.implmap:
             name = "eager_" + "".join(c if c.isalnum() else "_" for c in getattr(func, "__name__", "op"))
             torch_ex.implmap[sid] = (f"{name}_{sid}", None, func)
