@@ -37,28 +37,76 @@ pub struct CallObserver {
     on_return: Py<PyAny>,
     /// The first Python error a callback raised; reported by `stop`.
     error: Option<PyErr>,
+    /// Whether the hook is installed (between `start` and `stop`), and whether it is paused.
+    started: bool,
+    paused: bool,
 }
 
 #[pymethods]
 impl CallObserver {
     #[new]
     fn new(classify: Py<PyAny>, on_call: Py<PyAny>, on_return: Py<PyAny>) -> Self {
-        CallObserver { decisions: FxHashMap::default(), codes: Vec::new(), classify, on_call, on_return, error: None }
+        CallObserver {
+            decisions: FxHashMap::default(),
+            codes: Vec::new(),
+            classify,
+            on_call,
+            on_return,
+            error: None,
+            started: false,
+            paused: false,
+        }
     }
 
     /// Installs the hook on the calling thread (profile hooks are per thread).
     fn start(slf: &Bound<'_, Self>) {
-        // SAFETY: the GIL is held; CPython takes a new reference to `slf` for as long as the hook
-        // is installed.
-        unsafe { PyEval_SetProfile(Some(profile), slf.as_ptr()) }
+        {
+            let mut this = slf.borrow_mut();
+            this.started = true;
+            this.paused = false;
+        }
+        install(slf);
     }
 
     /// Removes the hook from the calling thread; raises the first error a callback raised.
     fn stop(&mut self) -> PyResult<()> {
-        // SAFETY: the GIL is held.
-        unsafe { PyEval_SetProfile(None, std::ptr::null_mut()) }
+        self.started = false;
+        uninstall();
         self.error.take().map_or(Ok(()), Err)
     }
+
+    /// Removes the hook while thunder_rs handles a torch call of the program: nothing that runs
+    /// there is the program's, and CPython runs every instruction slower while a hook is set.
+    fn pause(&mut self) {
+        if self.started && !self.paused {
+            self.paused = true;
+            uninstall();
+        }
+    }
+
+    /// Installs the hook again after `pause`.
+    fn resume(slf: &Bound<'_, Self>) {
+        let resumed = {
+            let mut this = slf.borrow_mut();
+            let resumed = this.started && this.paused;
+            this.paused = false;
+            resumed
+        };
+        if resumed {
+            install(slf);
+        }
+    }
+}
+
+fn install(observer: &Bound<'_, CallObserver>) {
+    // SAFETY: the GIL is held; CPython takes a new reference to the observer for as long as the
+    // hook is installed.
+    unsafe { PyEval_SetProfile(Some(profile), observer.as_ptr()) }
+}
+
+fn uninstall() {
+    // SAFETY: the GIL is held.
+    unsafe { PyEval_SetProfile(None, std::ptr::null_mut()) }
 }
 
 impl CallObserver {

@@ -72,11 +72,32 @@ def torch_function(func, args, kwargs):
     """What a torch call on proxies means. What runs meanwhile is not the program's own code, so
     its reads are not guarded (``observe``)."""
     state = thread_state
+    if state.inside == 0 and state.observer is not None and PAUSE_HOOK_PER_CALL:
+        return _observed(_torch_function, func, args, kwargs)
     state.inside += 1
     try:
         return _torch_function(func, args, kwargs)
     finally:
         state.inside -= 1
+
+
+#: CPython before 3.12 runs every instruction on a slower path while a profile hook is set, so the
+#: observer's hook is removed while thunder_rs handles a torch call (most of acquisition). From
+#: 3.12 the hook is built on ``sys.monitoring``, where each removal re-instruments the code run
+#: afterwards: there it stays on.
+PAUSE_HOOK_PER_CALL = sys.version_info < (3, 12)
+
+
+def _observed(handle, func, args, kwargs):
+    """Handles a torch call of the program with the observer's profile hook paused."""
+    state = thread_state
+    state.inside += 1
+    state.hook.pause()
+    try:
+        return handle(func, args, kwargs)
+    finally:
+        state.inside -= 1
+        state.hook.resume()
 
 
 def _torch_function(func, args, kwargs):
@@ -117,6 +138,16 @@ def _tensor_kind(args, kwargs) -> int:
     return kind
 
 
+def _untraced_call(func, args_kind, kwargs):
+    """A call without proxies or real tensors: a creation op (its ltorch symbol), or thunder_rs's
+    own computation on meta tensors."""
+    args, kind = args_kind
+    ltorch_fn = TORCH_TO_LTORCH.get(func)
+    if ltorch_fn is not None and kind == 0:
+        return ltorch_fn(*args, **kwargs)
+    return func(*args, **kwargs)
+
+
 class LanguageMode(TorchFunctionMode):
     """Routes torch calls while a program is traced (``acquire`` enters it around the program).
 
@@ -136,12 +167,11 @@ class LanguageMode(TorchFunctionMode):
         if kind == 2:
             return torch_function(func, args, kwargs)
         state = thread_state
+        if state.inside == 0 and state.observer is not None and PAUSE_HOOK_PER_CALL:
+            return _observed(_untraced_call, func, (args, kind), kwargs)
         state.inside += 1
         try:
-            ltorch_fn = TORCH_TO_LTORCH.get(func)
-            if ltorch_fn is not None and kind == 0:
-                return ltorch_fn(*args, **kwargs)
-            return func(*args, **kwargs)
+            return _untraced_call(func, (args, kind), kwargs)
         finally:
             state.inside -= 1
 
