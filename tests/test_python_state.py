@@ -433,3 +433,27 @@ def test_a_jitted_function_called_inside_a_traced_program_is_part_of_its_trace()
     torch.testing.assert_close(jf(x), x.sin() * 2 + 1)
     assert thunder_rs.cache_misses(inner) == 0
     assert "sin" in str(thunder_rs.last_traces(jf)[-1])
+
+
+def test_print_runs_on_every_call_with_that_calls_values(capsys):
+    def f(x):
+        y = x * 2
+        print("y is", y, "sum", {"s": y.sum()})
+        return y + 1
+
+    jf = thunder_rs.jit(f)
+    for value in (1.0, 2.0):
+        x = torch.full((2,), value)
+        f(x)
+        eager = capsys.readouterr().out
+        jf(x)
+        assert capsys.readouterr().out == eager
+
+
+def test_print_of_an_f_string_holding_a_traced_tensor_is_refused():
+    def f(x):
+        print(f"x is {x * 2}")
+        return x
+
+    with pytest.raises(ThunderError, match="print: the text printed at .*test_python_state.py"):
+        thunder_rs.jit(f)(torch.ones(2))

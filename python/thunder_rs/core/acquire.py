@@ -8,6 +8,7 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 from thunder_rs import _core
+from thunder_rs.core.effects import PrintCall, recording_prints, stop_recording_prints
 from thunder_rs.core.escapes import check_no_escape
 from thunder_rs.core.langctx import LanguageMode
 from thunder_rs.core.modules import ModuleBinding, StateWrite, attribute_writes
@@ -32,9 +33,9 @@ class Acquired:
     captured: list
     #: the Python values the trace was specialised on
     guards: list = field(default_factory=list)
-    #: module attributes the program set, replayed after every call; their tensor values are the
-    #: trace's outputs after the program's ``num_outputs`` flat outputs
-    writes: list = field(default_factory=list)
+    #: what every call repeats after running (``print`` calls, module attribute writes); the
+    #: tensors they take are the trace's outputs after the program's ``num_outputs`` flat outputs
+    effects: list = field(default_factory=list)
     num_outputs: int = 0
     #: modules (the user's) whose methods ran: their hooks are part of what a call does
     modules_called: list = field(default_factory=list)
@@ -48,25 +49,38 @@ def _reject_generators(fn, out) -> None:
 
 
 def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding):
-    """Runs the program on proxies. Returns its output, the guards it read and what it wrote to
-    module state (``(original module, name, value)``)."""
+    """Runs the program on proxies. Returns its output, the observer of what it read, what it
+    wrote to module state (``(original module, name, value)``), the ``print`` calls it made, and
+    the positions of the flat inputs that are tensors."""
     grad_enabled = torch.is_grad_enabled()
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
     leaves = list(flat_inputs)
-    with recording(rec, captures, made):
-        for i in positions:
-            leaves[i] = input_proxy(rec, flat_inputs[i], grad_enabled)
-        pairs = []
-        if binding is not None:
-            params = [input_proxy(rec, t, grad_enabled) for t in binding.tensors()]
-            fn, pairs = binding.clone(params)
-        args, kwargs = tree_unflatten(leaves, in_spec)
-        observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,))
-        with observer, LanguageMode():
-            observer.observe_statically(fn, [c for c, _ in pairs])
-            out = fn(*args, **kwargs)
+    prints: list = []
+    token = recording_prints(prints)
+    try:
+        with recording(rec, captures, made):
+            out, observer, pairs = _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, grad_enabled, binding)
+    finally:
+        stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, attribute_writes(pairs), tuple(positions)
+    return out, observer, attribute_writes(pairs), prints, tuple(positions)
+
+
+def _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, grad_enabled, binding):
+    """Runs the program on proxies (while recording); returns its output, the observer of its
+    reads and the ``(clone, original)`` modules it ran."""
+    for i in positions:
+        leaves[i] = input_proxy(rec, flat_inputs[i], grad_enabled)
+    pairs = []
+    if binding is not None:
+        params = [input_proxy(rec, t, grad_enabled) for t in binding.tensors()]
+        fn, pairs = binding.clone(params)
+    args, kwargs = tree_unflatten(leaves, in_spec)
+    observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,))
+    with observer, LanguageMode():
+        observer.observe_statically(fn, [c for c, _ in pairs])
+        out = fn(*args, **kwargs)
+    return out, observer, pairs
 
 
 def _state_writes(writes, extras: list) -> list[StateWrite]:
@@ -92,20 +106,22 @@ def _check_guards_still_hold(guards, flat_inputs) -> None:
                 "keep such state in a module attribute or a buffer")
 
 
-def _finish(rec, out, writes):
-    """Ends the recording with the program's outputs (and the tensors it wrote to module state).
-    Returns the trace, how to rebuild the outputs, and the writes to replay."""
+def _finish(rec, out, writes, prints):
+    """Ends the recording with the program's outputs (and the tensors it printed or wrote to
+    module state). Returns the trace, how to rebuild the outputs, and the effects to repeat after
+    each call (prints in order, then module writes)."""
     extras: list = []
-    state_writes = _state_writes(writes, extras)
+    effects = [PrintCall(args, kwargs, extras) for args, kwargs in prints]
+    effects += _state_writes(writes, extras)
     out_spec, num_outputs = None, 0
-    if state_writes or not is_plain(out):
+    if effects or not is_plain(out):
         flat_out, out_spec = flatten_output(out)
         out = tuple(flat_out)
         num_outputs = len(out)
     if extras:
         out = (*out, *extras)
     out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
-    return rec.finish(out), out_spec, out_kind, state_writes, num_outputs
+    return rec.finish(out), out_spec, out_kind, effects, num_outputs
 
 
 def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None) -> Acquired:
@@ -114,15 +130,15 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     captured tensors come last."""
     rec, made = _core.Recorder(), []
     captures = Captures(rec, torch.is_grad_enabled())
-    out, observer, writes, positions = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
+    out, observer, writes, prints, positions = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     del observer
     _check_guards_still_hold(guards, flat_inputs)
-    trace, out_spec, out_kind, state_writes, num_outputs = _finish(rec, out, writes)
-    del out, writes
+    trace, out_spec, out_kind, effects, num_outputs = _finish(rec, out, writes, prints)
+    del out, writes, prints
     captured = captures.release()
     _check_no_escape(made, trace)
-    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captured, guards, state_writes, num_outputs,
+    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captured, guards, effects, num_outputs,
                     modules_called)
 
 

@@ -82,17 +82,17 @@ def make_check(entry: Entry, guards: Guards):
     return check
 
 
-def make_post(structure, writes: list, num_outputs: int):
-    """The entry's ``post``, or None when the trace's outputs are the program's. With ``writes``
-    the trace returns a tuple: the program's flat outputs, then the tensors the writes set."""
-    if not writes:
+def make_post(structure, effects: list, num_outputs: int):
+    """The entry's ``post``, or None when the trace's outputs are the program's. With ``effects``
+    the trace returns a tuple: the program's flat outputs, then the tensors the effects take."""
+    if not effects:
         return None if structure is None else structure.rebuild
     rebuild = structure.rebuild
 
     def post(out):
         extras = out[num_outputs:]
-        for write in writes:
-            write.apply(extras)
+        for effect in effects:
+            effect.apply(extras)
         return rebuild(out[:num_outputs])
 
     return post

@@ -194,7 +194,7 @@ class ThunderFunction:
         entry.guards = Guards(acquired.guards)
         entry.hook_snapshot = self._hook_snapshot_fn(acquired)
         entry.check = make_check(entry, entry.guards)
-        entry.post = make_post(acquired.out_spec, acquired.writes, acquired.num_outputs)
+        entry.post = make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         self._record_miss(key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason)
         self._insert(key, entry)
         return entry

@@ -1,0 +1,70 @@
+"""Python side effects of a traced program that every call repeats: ``print``.
+
+``print`` cannot be seen through ``__torch_function__``. While a program is traced, the
+``print`` it calls is recorded instead of run (``builtins.print`` is wrapped once, on the first
+trace; the wrapper prints as before in every other case). Tensors among the arguments become
+extra outputs of the trace, and the compiled call prints after running, with that call's values.
+Text that already holds a formatted stand-in (``print(f"{loss}")``) cannot be printed with later
+values: that is refused with an error naming the line.
+"""
+
+import builtins
+import contextvars
+
+from torch.utils import _pytree as pytree
+
+from thunder_rs.core.langctx import user_location
+from thunder_rs.core.observe import thread_state
+from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.errors import ThunderNotImplementedError
+
+_prints: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_prints", default=None)
+_builtin_print = builtins.print
+
+
+def _print(*args, **kwargs):
+    recorded = _prints.get()
+    if recorded is None or thread_state.inside:
+        return _builtin_print(*args, **kwargs)
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, str) and "TensorProxy(t" in leaf:
+            raise ThunderNotImplementedError(
+                f"print: the text printed at {user_location()} formats a traced tensor (an f-string or str() of it), "
+                "which a compiled call cannot print with later values; pass the tensor to print as an argument")
+    recorded.append((args, kwargs))
+    return None
+
+
+def recording_prints(prints: list):
+    """Records the program's ``print`` calls into ``prints`` while the returned token is set."""
+    if builtins.print is not _print:
+        builtins.print = _print
+    return _prints.set(prints)
+
+
+def stop_recording_prints(token) -> None:
+    _prints.reset(token)
+
+
+class PrintCall:
+    """One recorded ``print``: its arguments with each tensor the trace computed replaced by the
+    position of an extra output."""
+
+    __slots__ = ("leaves", "spec", "outputs")
+
+    def __init__(self, args, kwargs, extras: list):
+        leaves, self.spec = pytree.tree_flatten((args, kwargs))
+        self.outputs = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, TensorProxy):
+                extras.append(leaf)
+                self.outputs.append((i, len(extras) - 1))
+                leaves[i] = None
+        self.leaves = leaves
+
+    def apply(self, extras) -> None:
+        leaves = list(self.leaves)
+        for i, output in self.outputs:
+            leaves[i] = extras[output]
+        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        _builtin_print(*args, **kwargs)
