@@ -457,3 +457,19 @@ def test_print_of_an_f_string_holding_a_traced_tensor_is_refused():
 
     with pytest.raises(ThunderError, match="print: the text printed at .*test_python_state.py"):
         thunder_rs.jit(f)(torch.ones(2))
+
+
+def test_a_function_calling_a_global_module_sees_it_replaced_parts():
+    global MODEL
+    MODEL = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+
+    def f(x):
+        return MODEL(x) * 2
+
+    jf, x = thunder_rs.jit(f), torch.randn(2, 3)
+    torch.testing.assert_close(jf(x), f(x))
+    MODEL[0].weight = nn.Parameter(torch.ones(3, 3))  # a new parameter object
+    torch.testing.assert_close(jf(x), f(x))
+    MODEL[1] = nn.Tanh()  # a new submodule
+    torch.testing.assert_close(jf(x), f(x))
+    assert thunder_rs.cache_misses(jf) == 3

@@ -91,6 +91,23 @@ class ModuleSource(ObjectSource):
 
 
 @dataclass(eq=False)
+class ModuleStoreSource(Source):
+    """A module's parameter, buffer or submodule store (``store`` names it)."""
+
+    per_call = False
+    obj: object
+    store: str
+    label: str
+
+    def mapping(self, flat):
+        return self.obj.__dict__[self.store]
+
+    def code(self, var, scope):
+        scope[var] = self.obj.__dict__[self.store]
+        return var
+
+
+@dataclass(eq=False)
 class GlobalsSource(Source):
     """A module's globals."""
 
@@ -191,6 +208,45 @@ class Guard:
         return (f"{self.source.describe(self.name)} changed from {_short(expected)} "
                 f"to {_short(self.read(flat))} (read at {self.origin})")
 
+    def term(self, index: int, scope: dict) -> str:
+        """A Python expression that is True while the guard holds."""
+        read = f"{self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)"
+        expected = self.expected
+        if self.by_identity:
+            scope[f"e{index}"] = expected
+            return f"{read} is e{index}"
+        t = type(expected)
+        if t in (int, str, bytes) or (t is float and math.isfinite(expected) and expected != 0.0):
+            return f"(type(v := {read}) is {t.__name__} and v == {expected!r})"
+        scope[f"e{index}"] = self.frozen
+        return f"(_simple(v := {read}) and _freeze(v) == e{index})"
+
+
+def module_structure(module) -> tuple:
+    """The identities of a module's submodules, parameters and buffers, by name."""
+    d = module.__dict__
+    return tuple(tuple((n, id(v)) for n, v in d[s].items()) for s in ("_modules", "_parameters", "_buffers"))
+
+
+class StructureGuard:
+    """A module the program called but does not own (a global model a function calls): its
+    submodules, parameters and buffers must be the same objects."""
+
+    source = ModuleStoreSource(None, "_modules", "")
+
+    def __init__(self, module, origin: str):
+        self.module, self.expected, self.origin = module, module_structure(module), origin
+
+    def holds(self, flat) -> bool:
+        return module_structure(self.module) == self.expected
+
+    def describe(self, flat) -> str:
+        return f"the submodules, parameters or buffers of a {type(self.module).__name__} changed (called at {self.origin})"
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"m{index}"], scope[f"e{index}"] = self.module, self.expected
+        return f"_structure(m{index}) == e{index}"
+
 
 def _thawed(frozen):
     """The value a ``freeze`` result stands for (for messages)."""
@@ -209,26 +265,12 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _term(guard: Guard, index: int, scope: dict) -> str:
-    """A Python expression that is True while ``guard`` holds."""
-    read = f"{guard.source.code(f'm{index}', scope)}.get({guard.name!r}, MISSING)"
-    expected = guard.expected
-    if guard.by_identity:
-        scope[f"e{index}"] = expected
-        return f"{read} is e{index}"
-    t = type(expected)
-    if t in (int, str, bytes) or (t is float and math.isfinite(expected) and expected != 0.0):
-        return f"(type(v := {read}) is {t.__name__} and v == {expected!r})"
-    scope[f"e{index}"] = guard.frozen
-    return f"(_simple(v := {read}) and _freeze(v) == e{index})"
-
-
 def compile_check(guards: list[Guard]):
     """One function ``check(flat) -> bool`` over ``guards``, or None when there are none."""
     if not guards:
         return None
-    scope = {"MISSING": MISSING, "_freeze": freeze, "_simple": is_simple}
-    terms = "\n        and ".join(_term(g, i, scope) for i, g in enumerate(guards))
+    scope = {"MISSING": MISSING, "_freeze": freeze, "_simple": is_simple, "_structure": module_structure}
+    terms = "\n        and ".join(g.term(i, scope) for i, g in enumerate(guards))
     source = (f"def check(flat):\n  try:\n    return ({terms})\n"
               "  except (KeyError, AttributeError, IndexError, TypeError):\n    return False\n")
     exec(compile(source, "<thunder_rs guards>", "exec"), scope)

@@ -26,7 +26,7 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.guards import (MISSING, CellSource, GlobalsSource, Guard, InputSource, ModuleSource,
-                                    ObjectSource, is_simple)
+                                    ModuleStoreSource, ObjectSource, StructureGuard, is_simple)
 from thunder_rs.core.proxies import TensorProxy
 
 
@@ -38,7 +38,7 @@ _PACKAGE_DIR = _dir(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = _dir(torch.__file__)
 #: torch code whose reads are the program's: the standard modules' forwards (``self.p``, ``self.eps``).
 _TORCH_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
-_TORCH_MODULES_SKIPPED = ("module.py", "container.py", "lazy.py", "_functions.py")
+_TORCH_MODULES_SKIPPED = ("module.py", "lazy.py", "_functions.py")
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 #: Attributes of a bare ``nn.Module`` (parameter/buffer/submodule stores, hooks, ``training`` is
 #: not among them): the module's structure and hooks have guards of their own.
@@ -137,6 +137,7 @@ class Observer:
 
     def __init__(self, inputs: list, originals: dict, functions=()):
         self._originals = originals
+        self._owned = {id(m) for m in originals.values()}
         #: id -> (object, source of its attributes) for objects known to be program state.
         self._state: dict = {}
         for i, x in enumerate(inputs):
@@ -182,8 +183,11 @@ class Observer:
             if forward is not None and forward.co_argcount:
                 self._on_code(forward, type(module).forward.__globals__, {forward.co_varnames[0]: module}, 0)
 
-    def guards(self) -> list[Guard]:
-        return list(self._guards.values())
+    def guards(self) -> list:
+        """The guards: values read, and the structure of modules called that the program does not
+        own (the jitted module's own structure is guarded by its binding)."""
+        structure = [StructureGuard(m, type(m).__name__) for i, m in self.modules_called.items() if i not in self._owned]
+        return list(self._guards.values()) + structure
 
     def _add_function(self, fn) -> None:
         fn = getattr(fn, "__func__", fn)
@@ -215,8 +219,7 @@ class Observer:
             if attr in _MODULE_INTERNALS:
                 return MISSING
             if attr not in mapping:
-                sub = mapping.get("_modules", {}).get(attr)
-                return sub if isinstance(sub, torch.nn.Module) else MISSING  # structure is guarded apart
+                return self._module_store_read(obj, mapping, attr, origin)
         source = self._attr_source(obj)
         value = mapping.get(attr, MISSING)
         if source is None or value is MISSING:
@@ -224,6 +227,20 @@ class Observer:
         if isinstance(obj, torch.nn.Module) and source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
             return MISSING  # the program set it earlier in this call (a write replayed after each call)
         return self._keep(source, attr, value, origin)
+
+    def _module_store_read(self, module, mapping, attr, origin):
+        """``module.attr`` for a submodule, parameter or buffer: followed (a submodule) and, for a
+        module the program does not own (a global model a function calls), guarded by identity.
+        The jitted module's own stores are guarded by its binding."""
+        for store in ("_modules", "_parameters", "_buffers"):
+            value = mapping.get(store, {}).get(attr, MISSING)
+            if value is MISSING:
+                continue
+            if id(module) not in self._originals and not isinstance(value, TensorProxy):
+                key = (id(module), store, attr)
+                self._guards.setdefault(key, Guard(ModuleStoreSource(module, store, type(module).__name__), attr, value, origin))
+            return value if isinstance(value, torch.nn.Module) else MISSING
+        return MISSING
 
     def _module_global(self, module, attr, origin):
         """``settings.SCALE`` for a user module ``settings``: a global of that module."""
