@@ -68,19 +68,29 @@ class Source:
         return f"{self.label}.{name}"
 
 
+class FixedSource(Source):
+    """A mapping that is the same object on every call: ``fixed()`` gives it."""
+
+    def fixed(self):
+        raise NotImplementedError
+
+    def mapping(self, flat):
+        return self.fixed()
+
+    def code(self, var, scope):
+        scope[var] = self.fixed()
+        return var
+
+
 @dataclass(eq=False)
-class ObjectSource(Source):
+class ObjectSource(FixedSource):
     """The instance dict of an object the entry keeps alive (a config, a global object)."""
 
     obj: object
     label: str
 
-    def mapping(self, flat):
+    def fixed(self):
         return self.obj.__dict__
-
-    def code(self, var, scope):
-        scope[var] = self.obj.__dict__
-        return var
 
 
 @dataclass(eq=False)
@@ -91,7 +101,7 @@ class ModuleSource(ObjectSource):
 
 
 @dataclass(eq=False)
-class ModuleStoreSource(Source):
+class ModuleStoreSource(FixedSource):
     """A module's parameter, buffer or submodule store (``store`` names it)."""
 
     per_call = False
@@ -99,45 +109,33 @@ class ModuleStoreSource(Source):
     store: str
     label: str
 
-    def mapping(self, flat):
+    def fixed(self):
         return self.obj.__dict__[self.store]
-
-    def code(self, var, scope):
-        scope[var] = self.obj.__dict__[self.store]
-        return var
 
 
 @dataclass(eq=False)
-class GlobalsSource(Source):
+class GlobalsSource(FixedSource):
     """A module's globals."""
 
     globals: dict
     label: str
 
-    def mapping(self, flat):
+    def fixed(self):
         return self.globals
-
-    def code(self, var, scope):
-        scope[var] = self.globals
-        return var
 
     def describe(self, name):
         return f"global {name!r} of {self.label}"
 
 
 @dataclass(eq=False)
-class CellSource(Source):
+class CellSource(FixedSource):
     """A closure cell, seen as a mapping with the one name ``cell_contents``."""
 
     cell: object
     label: str
 
-    def mapping(self, flat):
+    def fixed(self):
         return _CellView(self.cell)
-
-    def code(self, var, scope):
-        scope[var] = _CellView(self.cell)
-        return var
 
     def describe(self, name):
         return f"closure variable {self.label!r}"
