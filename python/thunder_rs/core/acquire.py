@@ -49,17 +49,16 @@ def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0)
     buffers (``param_slots``: (store, name, unique index)) become trace inputs after the flat
     inputs, one per unique tensor; captured tensors come last."""
     rec = _core.Recorder()
-    grad_enabled = torch.is_grad_enabled()
     positions = tuple(i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor))
     leaves = list(flat_inputs)
     for i in positions:
-        leaves[i] = input_proxy(rec, flat_inputs[i], grad_enabled)
+        leaves[i] = input_proxy(rec, flat_inputs[i])
     unique = {}
     for d, n, i in param_slots:
         unique.setdefault(i, d[n])
-    params = [input_proxy(rec, unique[i], grad_enabled) for i in range(num_params)]
+    params = [input_proxy(rec, unique[i]) for i in range(num_params)]
     args, kwargs = tree_unflatten(leaves, in_spec)
-    captures = Captures(rec, grad_enabled)
+    captures = Captures(rec)
     with recording(rec, captures), _swapped(param_slots, params), LanguageMode():
         out = fn(*args, **kwargs)
     out_spec = None

@@ -10,6 +10,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
 from thunder_rs.core.autograd import grad_function
+from thunder_rs.core.modes import RecordedModes
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, leaf_key
 from thunder_rs.errors import runtime_error
@@ -150,7 +151,9 @@ class ThunderFunction:
         fn = self._fn
         if self._module is not None:
             self._bind_module()
+        modes = RecordedModes()
         acquired = acquire(fn, flat, spec, self._param_slots, len(self._unique_slots))
+        modes.check_restored()
         acquired_at = time.perf_counter()
         sync_fallbacks()
         executors = default_executors()
@@ -164,6 +167,7 @@ class ThunderFunction:
         if backward_traces:
             _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace)
             computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single", acquired.out_kind == "list")
+        computation = modes.call(computation, bool(backward_traces), acquired.trace)
         if acquired.captured:
             computation = _with_captured(computation, tuple(acquired.captured))
         end = time.perf_counter()

@@ -17,6 +17,8 @@ from torch.overrides import TorchFunctionMode
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.core.recorder import lift_captured
+from thunder_rs.core.autocast import cast_inputs
+from thunder_rs.core.rng import RANDOM
 from thunder_rs.errors import ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
@@ -62,7 +64,7 @@ def user_location() -> str:
 def torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
-        args, kwargs = lift_captured(args, kwargs)
+        args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))
         return ltorch_fn(*args, **kwargs)
     prop = _property_name(func)
     if prop is not None:
@@ -81,7 +83,7 @@ def torch_function(func, args, kwargs):
             f"{name}: data-dependent control flow or value access on a traced tensor at "
             f"{user_location()}; thunder_rs specialises on shapes, not values"
         )
-    return fallback(func, *lift_captured(args, kwargs))
+    return fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM, where=user_location)
 
 
 def _takes_tensor(args, kwargs) -> bool:
@@ -103,7 +105,7 @@ class LanguageMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if TensorProxy in types:
+        if TensorProxy in types or func in RANDOM:  # random calls are recorded: eager draws on every call
             return torch_function(func, args, kwargs)
         ltorch_fn = TORCH_TO_LTORCH.get(func)
         if ltorch_fn is not None and not _takes_tensor(args, kwargs):
