@@ -595,12 +595,33 @@ def test_rng_calls_in_other_threads_are_not_recorded():
     assert seen == [11] and "manual_seed" not in str(thunder_rs.last_traces(jfn)[-1])
 
 
-def test_random_fallback_that_needs_a_gradient_is_refused():
-    def fn(mean):
-        return torch.normal(mean, 1.0)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_random_fallbacks_differentiate_through_the_same_draws(dtype):
+    """Random ops without a decomposition: the backward draws again from the generator state the
+    forward started from, so gradients are eager's, and the generator ends where eager's does."""
 
-    with pytest.raises(ThunderNotImplementedError, match="torch.normal: draws random numbers.*test_contexts.py"):
-        thunder_rs.jit(fn)(torch.zeros(3, requires_grad=True))
+    def fn(x, mean):
+        a = F.dropout2d(x, 0.5) + F.alpha_dropout(x, 0.3, training=True)
+        b = F.rrelu(x, training=True) * torch.normal(mean, 0.5)
+        return (a * b).sum(), torch.normal(mean, 2.0, generator=gen)
+
+    gen = torch.Generator().manual_seed(3)
+    x, mean = leaf((2, 3, 4, 4), dtype), leaf((2, 3, 4, 4), dtype, seed=1)
+    jfn = thunder_rs.jit(fn)
+    results = []
+    for run in (fn, jfn):
+        torch.manual_seed(5)
+        gen.manual_seed(3)
+        outs, grads = [], []
+        for _ in range(3):
+            x.grad = mean.grad = None
+            out = run(x, mean)
+            out[0].backward()
+            outs.append([o.detach() for o in out])
+            grads.append((x.grad.clone(), mean.grad.clone()))
+        results.append((outs, grads, torch.rand(3), torch.rand(3, generator=gen)))
+    torch.testing.assert_close(results[1], results[0])
+    assert thunder_rs.examine(fn, x, mean).fallbacks
 
 
 class _DropoutNet(nn.Module):

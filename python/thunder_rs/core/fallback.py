@@ -3,7 +3,8 @@
 The call is recorded as an opaque symbol named after the torch callable; its outputs' metadata
 come from running it on meta tensors (on fake tensors under autocast, which meta tensors escape).
 The torch executor runs it eagerly, under the autocast state it was traced under, and torch's
-autograd differentiates it. Random calls are effect symbols, drawn on every call.
+autograd differentiates it. Random calls are effect symbols, drawn on every call; their backward
+draws again from the generator state the forward started from.
 ``thunder_rs.examine`` counts fallbacks by name.
 """
 
@@ -40,22 +41,67 @@ def qualified_name(func) -> str:
     return f"{module}.{name}"
 
 
-def symbol_id(func, effect: bool = False, autocast_state: AutocastState | None = None) -> int:
+def symbol_id(func, effect: bool = False, autocast_state: AutocastState | None = None, replay: bool = False) -> int:
     """The fallback symbol of ``func`` (run under ``autocast_state`` when not None), registered
-    on first use with its ``<name>.vjp``; an effect symbol (random ops) has no ``.vjp``, since
-    running it again in the backward would draw other numbers."""
-    key = (func, autocast_state)
+    on first use with its ``<name>.vjp``. An effect (a random call) has a ``.vjp`` only as a
+    ``replay`` symbol: one that returns, last, the generator state its draws started from, from
+    which its backward draws the same numbers again."""
+    key = (func, autocast_state, replay)
     sid = _ids.get(key)
     if sid is None:
         name, impl = qualified_name(func), func
         if autocast_state is not None:
             name += "".join(f".autocast_{d}_{str(t).removeprefix('torch.')}" for d, t in autocast_state.devices())
             impl = _under_autocast(func, autocast_state)
+        if replay:
+            name += ".replayable"
         sid = _ids[key] = _core.register_symbol(name, fallback=True, effect=effect)
-        FALLBACK_IMPLS[sid] = impl
-        if not effect:
-            FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = _vjp_of(impl)
+        FALLBACK_IMPLS[sid] = _returning_generator_state(impl) if replay else impl
+        if replay or not effect:
+            vjp = _replaying(_vjp_of(impl)) if replay else _vjp_of(impl)
+            FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = vjp
     return sid
+
+
+def _generator(args, kwargs) -> torch.Generator:
+    """The generator a random call draws from: its ``generator=``, else the default one of the
+    device of its first tensor (or of its ``device=``)."""
+    gen = kwargs.get("generator")
+    if gen is not None:
+        return gen
+    tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device(kwargs.get("device") or torch.get_default_device())
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.default_generator
+
+
+def _returning_generator_state(func):
+    """``func``'s flat outputs followed by the state of the generator before it drew."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        state = _generator(args, kwargs).get_state()
+        return (*tree_flatten(func(*args, **kwargs))[0], state)
+
+    return run
+
+
+def _replaying(vjp):
+    """A random call's backward: reruns it from the generator state its forward started from (and
+    leaves the generator as it was), so that it draws the same numbers."""
+
+    @functools.wraps(vjp)
+    def run(args, cotangents, wanted, state, **kwargs):
+        gen = _generator(args, kwargs)
+        now = gen.get_state()
+        gen.set_state(state)
+        try:
+            return vjp(args, cotangents[:-1], wanted, **kwargs)
+        finally:
+            gen.set_state(now)
+
+    return run
 
 
 def _under_autocast(func, recorded: AutocastState):
@@ -132,9 +178,9 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
             ) from e
 
 
-def fallback(func, args, kwargs, effect: bool = False, where=None):
+def fallback(func, args, kwargs, effect: bool = False):
     """Records ``func(*args, **kwargs)`` as an eager fallback; an effect (a random draw) when
-    ``effect``. ``where()`` names the user's line in errors."""
+    ``effect``."""
     name = qualified_name(func)
     if name.endswith("_") and not name.endswith("__"):
         raise ThunderNotImplementedError(f"{name}: in-place operations are not supported yet; use the out-of-place form")
@@ -146,16 +192,14 @@ def fallback(func, args, kwargs, effect: bool = False, where=None):
         raise ThunderNotImplementedError(f"{name}: fallback calls must return tensors, got {type(out).__name__}")
     device = _device(in_leaves, kwargs)
     requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
-    if effect and requires_grad and any(t.dtype.is_floating_point for t in leaves):
-        location = where() if where is not None else "<unknown>"
-        raise ThunderNotImplementedError(
-            f"{name}: draws random numbers and has no thunder_rs decomposition, so its gradient cannot be computed "
-            f"(running it again in the backward would draw other numbers); at {location}. Call it on inputs that "
-            "do not require grad or under torch.no_grad()")
     metas = [(CODES[t.dtype], str(t.device) if autocast_state is not None else device, tuple(t.shape),
               requires_grad and t.dtype.is_floating_point) for t in leaves]
-    sid = symbol_id(func, effect, autocast_state)
-    outs = proxies(current().fallback(sid, tuple(args), kwargs or None, metas))
+    replay = effect and any(m[3] for m in metas)
+    if replay:
+        state = _generator(args, kwargs).get_state()
+        metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))
+    sid = symbol_id(func, effect, autocast_state, replay)
+    outs = proxies(current().fallback(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
 
 

@@ -83,7 +83,7 @@ def torch_function(func, args, kwargs):
             f"{name}: data-dependent control flow or value access on a traced tensor at "
             f"{user_location()}; thunder_rs specialises on shapes, not values"
         )
-    return fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM, where=user_location)
+    return fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
 
 
 def _takes_tensor(args, kwargs) -> bool:

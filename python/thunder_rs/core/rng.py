@@ -9,7 +9,8 @@ Eager PyTorch draws from a generator on every call, so a traced program must too
   symbols that run at call time in program order; elsewhere (other threads, eager code) it calls
   the original at once;
 - random torch calls without a decomposition are effect fallbacks (``RANDOM``), so they draw on
-  every call, even when their result is unused;
+  every call, even when their result is unused; differentiated, they also return the generator
+  state they started from, and their backward draws the same numbers again from it;
 - random ltorch symbols run whole as the torch call they stand for, ``generator=`` included.
 
 Effects and random draws are never removed by DCE, merged by CSE or recomputed in the backward.
