@@ -624,6 +624,31 @@ def test_random_fallbacks_differentiate_through_the_same_draws(dtype):
     assert thunder_rs.examine(fn, x, mean).fallbacks
 
 
+def test_generator_created_inside_the_program_is_refused():
+    def fn(x):
+        gen = torch.Generator().manual_seed(0)
+        return x + torch.rand(3, generator=gen)
+
+    with pytest.raises(ThunderNotImplementedError, match="torch.Generator it creates"):
+        thunder_rs.jit(fn)(torch.zeros(3))
+
+
+class _SeededNoise(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(4)
+
+    def forward(self, x):
+        return x + torch.randn(x.shape, generator=self.gen)
+
+
+def test_generator_held_by_a_module_draws_as_eager():
+    eager, model = _SeededNoise(), _SeededNoise()
+    jmodel = thunder_rs.jit(model)
+    x = torch.zeros(3)
+    torch.testing.assert_close([jmodel(x) for _ in range(3)], [eager(x) for _ in range(3)], rtol=0, atol=0)
+
+
 class _DropoutNet(nn.Module):
     def __init__(self, dtype):
         super().__init__()

@@ -11,6 +11,7 @@ from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
 from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.modes import RecordedModes
+from thunder_rs.core.rng import check_generators
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, leaf_key
 from thunder_rs.errors import runtime_error
@@ -154,6 +155,7 @@ class ThunderFunction:
         modes = RecordedModes()
         acquired = acquire(fn, flat, spec, self._param_slots, len(self._unique_slots))
         modes.check_restored()
+        check_generators(acquired.consts)
         acquired_at = time.perf_counter()
         sync_fallbacks()
         executors = default_executors()

@@ -17,12 +17,14 @@ Effects and random draws are never removed by DCE, merged by CSE or recomputed i
 """
 
 import functools
+import gc
 
 import torch
 import torch.nn.functional as F
 
 from thunder_rs.core.fallback import record_effect
 from thunder_rs.core.recorder import _current, lift_captured
+from thunder_rs.errors import ThunderNotImplementedError
 
 
 def _callables(owner, names: str) -> set:
@@ -44,6 +46,18 @@ RANDOM: frozenset = frozenset(
 
 def is_random(func) -> bool:
     return func in RANDOM
+
+
+def check_generators(consts: list) -> None:
+    """Refuses a ``torch.Generator`` the traced program created and drew from: compiled, it
+    would be created once, by the trace, and go on drawing across calls where eager starts a
+    fresh one each call. Found as a generator the trace's constants alone refer to."""
+    for g in consts:
+        if isinstance(g, torch.Generator) and all(r is consts for r in gc.get_referrers(g)):
+            raise ThunderNotImplementedError(
+                "thunder_rs.jit: the traced program draws from a torch.Generator it creates; a compiled program "
+                "would create it once and go on drawing from it across calls. Create the generator outside the "
+                "function (and seed it there) and pass it in or read it from a module attribute")
 
 
 def _record(func, args: tuple, kwargs: dict, outputs: list):
