@@ -375,6 +375,18 @@ def test_autocast_fallbacks_run_under_the_traced_autocast(grads):
     assert_autocast_matches(fn, x, w, grads=grads)
 
 
+@pytest.mark.parametrize("low", LOW)
+def test_autocast_inside_reaches_fallbacks(low):
+    def fn(x, w):
+        with torch.autocast("cpu", dtype=low):
+            mixed = torch.einsum("ij,jk->ik", x, w)
+        return mixed, torch.einsum("ij,jk->ik", x, w)
+
+    x, w = leaf((3, 4), torch.float32), leaf((4, 5), torch.float32, seed=1)
+    out = assert_grads_match(fn, x, w)
+    assert [o.dtype for o in out] == [low, torch.float32]
+
+
 def test_autocast_leaves_float64_alone():
     def fn(x, w):
         return x @ w, F.linear(x, w)
