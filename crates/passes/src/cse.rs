@@ -5,17 +5,33 @@ use rustc_hash::{FxHashMap, FxHasher};
 use std::hash::{Hash, Hasher};
 use trace_ir::{Arg, BoundSymbol, Result, Symbol, Trace, ValueId};
 
-/// The hash of a call's identity: what it calls and with which (renamed) arguments.
-fn call_hash(bsym: &BoundSymbol) -> u64 {
+/// Whether each output requires grad: a call recorded under `torch.no_grad()` differs from the
+/// same call recorded with grad mode on, whose outputs gradients flow through.
+fn output_grads(trace: &Trace, bsym: &BoundSymbol) -> u64 {
+    bsym.outputs
+        .iter()
+        .enumerate()
+        .map(|(i, &o)| u64::from(trace.tensor(o).is_some_and(|t| t.requires_grad)) << (i % 64))
+        .fold(0, |a, b| a | b)
+}
+
+/// The hash of a call's identity: what it calls, with which (renamed) arguments, and which
+/// outputs require grad.
+fn call_hash(trace: &Trace, bsym: &BoundSymbol) -> u64 {
     let mut h = FxHasher::default();
-    (&bsym.symbol, &bsym.args, &bsym.kwargs).hash(&mut h);
+    (&bsym.symbol, &bsym.args, &bsym.kwargs, output_grads(trace, bsym)).hash(&mut h);
     h.finish()
 }
 
-fn same_call(a: &BoundSymbol, b: &BoundSymbol) -> bool {
-    a.symbol == b.symbol && a.args == b.args && a.kwargs == b.kwargs && a.outputs.len() == b.outputs.len()
+fn same_call(trace: &Trace, a: &BoundSymbol, b: &BoundSymbol) -> bool {
+    a.symbol == b.symbol
+        && a.args == b.args
+        && a.kwargs == b.kwargs
+        && a.outputs.len() == b.outputs.len()
+        && a.outputs.iter().zip(&b.outputs).all(|(&x, &y)| {
+            trace.tensor(x).map(|t| t.requires_grad) == trace.tensor(y).map(|t| t.requires_grad)
+        })
 }
-
 
 /// Whether two equal calls are guaranteed to give equal results.
 fn is_pure(symbol: &Symbol) -> bool {
@@ -26,8 +42,9 @@ fn is_pure(symbol: &Symbol) -> bool {
     }
 }
 
-/// Replaces each call equal to an earlier call by the earlier call's outputs. Random prims and
-/// fallbacks are never merged; a composite containing a random prim is not merged either.
+/// Replaces each call equal to an earlier call by the earlier call's outputs. Random prims,
+/// fallbacks and effects are never merged; a composite containing a random prim is not merged
+/// either; nor are two calls of which one's outputs require grad and the other's do not.
 ///
 /// Calls are found by hash and confirmed by comparison with the kept call, so no key is cloned;
 /// a hash collision can only miss a merge, never make a wrong one.
@@ -41,9 +58,9 @@ pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
             kept.push(renamed);
             continue;
         }
-        let hash = call_hash(&renamed);
+        let hash = call_hash(trace, &renamed);
         match seen.get(&hash).map(|&i| &kept[i]) {
-            Some(earlier) if same_call(earlier, &renamed) => {
+            Some(earlier) if same_call(trace, earlier, &renamed) => {
                 for (&o, &e) in renamed.outputs.iter().zip(&earlier.outputs) {
                     subst.insert(o, e);
                 }
@@ -99,6 +116,21 @@ mod tests {
         let u1 = b.record_prim("uniform", params()).unwrap()[0];
         let u2 = b.record_prim("uniform", params()).unwrap()[0];
         let trace = b.finish(Arg::Tuple(vec![Arg::Value(u1), Arg::Value(u2)])).unwrap();
+        assert_eq!(cse(&trace, &PassCx::default()).unwrap().bsyms.len(), 2);
+    }
+
+    #[test]
+    fn never_merges_a_no_grad_call_with_a_differentiable_one() {
+        let mut b = TraceBuilder::new();
+        let mut meta = TensorMeta::new(DType::F32, Device::CPU, vec![2]);
+        meta.requires_grad = true;
+        let x = b.add_input(ValueKind::Tensor(meta));
+        b.set_grad_enabled(false);
+        let frozen = b.record_prim("mul", vec![Arg::Value(x), Arg::Scalar(Scalar::Float(3.0))]).unwrap()[0];
+        b.set_grad_enabled(true);
+        let live = b.record_prim("mul", vec![Arg::Value(x), Arg::Scalar(Scalar::Float(3.0))]).unwrap()[0];
+        let trace = b.finish(Arg::Tuple(vec![Arg::Value(frozen), Arg::Value(live)])).unwrap();
+        assert!(!trace.tensor(frozen).unwrap().requires_grad);
         assert_eq!(cse(&trace, &PassCx::default()).unwrap().bsyms.len(), 2);
     }
 }

@@ -150,7 +150,9 @@ fn apply_rule(e: &mut Emitter, cots: &mut Cotangents, rule: &GradRule) -> Result
 }
 
 /// A fallback's backward: `<name>.vjp((args), (cotangents), (inputs wanting grads), **kwargs)`,
-/// which runs the torch call under torch.autograd and returns one gradient per wanted input.
+/// which runs the torch call under torch.autograd and returns one gradient per wanted input. A
+/// random (effect) fallback also gets the generator state it returned last, to draw again what
+/// the forward drew.
 fn fallback_vjp(e: &mut Emitter, cots: &mut Cotangents, bsym: &BoundSymbol, id: SymbolId, out_cots: &[Option<ValueId>]) -> Result<()> {
     let mut wanted: Vec<ValueId> = Vec::new();
     bsym.for_each_input(|v| {
@@ -174,11 +176,19 @@ fn fallback_vjp(e: &mut Emitter, cots: &mut Cotangents, bsym: &BoundSymbol, id: 
         })
         .collect();
     let cot_args = out_cots.iter().map(|c| c.map_or(Arg::None, Arg::Value)).collect();
-    let args = vec![
+    let mut args = vec![
         Arg::Tuple(bsym.args.clone()),
         Arg::Tuple(cot_args),
         Arg::Tuple(wanted.iter().map(|&w| Arg::Value(w)).collect()),
     ];
+    if bsym.symbol.is_effect() {
+        // A random call returns, last, the generator state its draws started from; its backward
+        // draws the same numbers again from that state.
+        let Some(&state) = bsym.outputs.last() else {
+            bail!(Runtime, &*name, "a differentiable random call returns the generator state it drew from");
+        };
+        args.push(Arg::Value(state));
+    }
     let mut call = BoundSymbol::new(Symbol::Fallback(vjp_id), args, outputs.clone());
     call.kwargs = bsym.kwargs.clone();
     e.builder.push_bsym(call);

@@ -11,11 +11,16 @@ mod trace;
 use pyo3::prelude::*;
 use trace_ir::{DType, SymbolKind, SymbolTable};
 
-/// Registers a composite (`fallback=False`) or fallback symbol; returns its id.
+/// Registers a composite (`fallback=False`) or fallback symbol, the latter an effect symbol
+/// with `effect=True` (kept, unmerged and in program order by every pass); returns its id.
 #[pyfunction]
-#[pyo3(signature = (name, fallback=false))]
-fn register_symbol(name: &str, fallback: bool) -> u32 {
-    let kind = if fallback { SymbolKind::Fallback } else { SymbolKind::Composite };
+#[pyo3(signature = (name, fallback=false, effect=false))]
+fn register_symbol(name: &str, fallback: bool, effect: bool) -> u32 {
+    let kind = match (fallback, effect) {
+        (_, true) => SymbolKind::Effect,
+        (true, false) => SymbolKind::Fallback,
+        (false, false) => SymbolKind::Composite,
+    };
     SymbolTable::register(name, kind).0
 }
 

@@ -63,11 +63,25 @@ impl Recorder {
         Ok(self.builder()?.add_input(ValueKind::Number(scalar)).0)
     }
 
-    /// Records `prims.<name>(*args)`; returns the outputs' descriptions.
-    fn prim<'py>(&mut self, py: Python<'py>, name: &str, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyList>> {
+    /// Records `prims.<name>(*args)` under torch's grad mode `grad_enabled` (read by the caller
+    /// as the call is made, so `no_grad` regions are seen); returns the outputs' descriptions.
+    fn prim<'py>(&mut self, py: Python<'py>, name: &str, args: &Bound<'py, PyTuple>, grad_enabled: bool) -> PyResult<Bound<'py, PyList>> {
         let args = to_args(args, types(py)?, &mut self.consts)?;
-        let outputs = py_result(self.builder()?.record_prim(name, args))?;
+        let builder = self.builder()?;
+        builder.set_grad_enabled(grad_enabled);
+        let outputs = py_result(builder.record_prim(name, args))?;
         self.describe(py, &outputs)
+    }
+
+    /// `tensor.requires_grad_(flag)` on the recorded value `value`.
+    fn set_requires_grad(&mut self, value: u32, flag: bool) -> PyResult<()> {
+        py_result(self.builder()?.set_requires_grad(ValueId(value), flag))
+    }
+
+    /// How many composite calls are open: 0 while the program itself calls torch.
+    #[getter]
+    fn depth(&self) -> usize {
+        self.builder.as_ref().map_or(0, TraceBuilder::depth)
     }
 
     /// Opens a composite call of `symbol`.

@@ -106,6 +106,11 @@ impl PyTrace {
         .map(|b| b.symbol.qualified_name())
     }
 
+    /// Whether each input requires grad.
+    fn input_requires_grad(&self) -> Vec<bool> {
+        self.trace.inputs.iter().map(|&v| self.trace.tensor(v).is_some_and(|t| t.requires_grad)).collect()
+    }
+
     fn __str__(&self) -> &str {
         self.source()
     }

@@ -15,6 +15,9 @@ pub enum SymbolKind {
     Composite,
     /// A torch call with no decomposition, run eagerly by torch (`torch.cumsum`).
     Fallback,
+    /// A fallback run for its effect on state outside the trace, such as the random number
+    /// generator (`torch.manual_seed`, `torch.randint`): kept, unmerged and in program order.
+    Effect,
 }
 
 #[derive(Default)]

@@ -4,7 +4,7 @@ use crate::bail;
 use crate::error::Result;
 use crate::ids::{SymbolId, ValueId};
 use crate::prims::{Operand, Prim};
-use crate::symbols::SymbolTable;
+use crate::symbols::{SymbolKind, SymbolTable};
 use crate::value::{Arg, Kwargs, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -32,6 +32,17 @@ impl Symbol {
         match self {
             Symbol::Prim(p) => Some(p),
             _ => None,
+        }
+    }
+
+    /// Whether a call acts on state outside the trace: a random prim (it advances a generator)
+    /// or an effect symbol (`torch.manual_seed`). Such calls run on every call in program order:
+    /// passes never remove, merge, reorder or recompute them.
+    pub fn is_effect(&self) -> bool {
+        match self {
+            Symbol::Prim(p) => p.is_random(),
+            Symbol::Composite(_) => false,
+            Symbol::Fallback(id) => SymbolTable::kind(*id) == SymbolKind::Effect,
         }
     }
 }
@@ -67,6 +78,12 @@ impl BoundSymbol {
     /// A call without keyword arguments, decomposition or grad rule.
     pub fn new(symbol: Symbol, args: Vec<Arg>, outputs: Vec<ValueId>) -> Self {
         BoundSymbol { symbol, args, kwargs: Vec::new(), outputs, subsymbols: Vec::new(), grad: None }
+    }
+
+    /// Whether this call, or any call in its decomposition, acts on state outside the trace
+    /// (see [`Symbol::is_effect`]).
+    pub fn has_effect(&self) -> bool {
+        self.symbol.is_effect() || self.subsymbols.iter().any(BoundSymbol::has_effect)
     }
 
     /// Calls `f` on every value the symbol reads.
@@ -190,11 +207,14 @@ pub struct TraceBuilder {
     values: Vec<ValueKind>,
     inputs: Vec<ValueId>,
     stack: Vec<Frame>,
+    /// torch's grad mode while the calls being recorded ran: when it is off, their outputs do
+    /// not require grad, so the VJP pass stops there (`torch.no_grad()` regions).
+    grad_enabled: bool,
 }
 
 impl Default for TraceBuilder {
     fn default() -> Self {
-        TraceBuilder { values: Vec::new(), inputs: Vec::new(), stack: vec![Frame::new(None, 0)] }
+        TraceBuilder { values: Vec::new(), inputs: Vec::new(), stack: vec![Frame::new(None, 0)], grad_enabled: true }
     }
 }
 
@@ -210,6 +230,45 @@ impl TraceBuilder {
             values: trace.values.as_ref().clone(),
             inputs: trace.inputs.clone(),
             stack: vec![Frame::new(None, trace.values.len() as u32)],
+            grad_enabled: true,
+        }
+    }
+
+    /// Sets the grad mode under which the following calls are recorded.
+    pub fn set_grad_enabled(&mut self, enabled: bool) {
+        self.grad_enabled = enabled;
+    }
+
+    pub fn grad_enabled(&self) -> bool {
+        self.grad_enabled
+    }
+
+    /// `tensor.requires_grad_(flag)` on a recorded value: later calls that read it follow the
+    /// new flag, earlier ones keep theirs (as in eager).
+    pub fn set_requires_grad(&mut self, value: ValueId, flag: bool) -> Result<()> {
+        if self.inputs.contains(&value) {
+            bail!(
+                NotImplemented,
+                "requires_grad_",
+                "changing requires_grad of a tensor the traced program takes as input changes the caller's tensor, \
+                 which thunder_rs does not support; set it before the call"
+            );
+        }
+        match self.values.get_mut(value.index()) {
+            Some(ValueKind::Tensor(t)) if !flag && t.requires_grad => bail!(
+                Runtime,
+                "requires_grad_",
+                "you can only change requires_grad flags of leaf variables. If you want to use a computed variable \
+                 in a subgraph that doesn't require differentiation use var_no_grad = var.detach()."
+            ),
+            Some(ValueKind::Tensor(t)) if flag && !t.dtype.is_inexact() => {
+                bail!(Runtime, "requires_grad_", "only Tensors of floating point and complex dtype can require gradients")
+            }
+            Some(ValueKind::Tensor(t)) => {
+                t.requires_grad = flag;
+                Ok(())
+            }
+            _ => bail!(Type, "requires_grad_", "expected a tensor, got {value}"),
         }
     }
 
@@ -252,13 +311,13 @@ impl TraceBuilder {
     }
 
     /// Records `prim` on `operands`, computing its outputs with the prim's meta rule. Outputs
-    /// require grad when an operand does and their dtype is inexact.
+    /// require grad when grad mode is on, an operand requires grad and their dtype is inexact.
     pub fn record(&mut self, prim: Prim, operands: Vec<Arg>) -> Result<Vec<ValueId>> {
         let op = prim.qualified_name();
         let resolved: Vec<Operand> =
             operands.iter().map(|a| self.operand(&op, a)).collect::<Result<_>>()?;
-        let requires_grad =
-            resolved.iter().any(|o| matches!(o, Operand::Tensor(t) if t.requires_grad));
+        let requires_grad = self.grad_enabled
+            && resolved.iter().any(|o| matches!(o, Operand::Tensor(t) if t.requires_grad));
         let metas = prim.meta(&resolved)?;
         let outputs = metas
             .into_iter()

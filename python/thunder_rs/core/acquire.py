@@ -52,28 +52,27 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding):
     """Runs the program on proxies. Returns its output, the observer of what it read, what it
     wrote to module state (``(original module, name, value)``), the ``print`` calls it made, and
     the positions of the flat inputs that are tensors."""
-    grad_enabled = torch.is_grad_enabled()
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
     leaves = list(flat_inputs)
     prints: list = []
     token = recording_prints(prints)
     try:
         with recording(rec, captures, made):
-            out, observer, pairs = _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, grad_enabled, binding)
+            out, observer, pairs = _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, binding)
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
     return out, observer, attribute_writes(pairs), prints, tuple(positions)
 
 
-def _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, grad_enabled, binding):
+def _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, binding):
     """Runs the program on proxies (while recording); returns its output, the observer of its
     reads and the ``(clone, original)`` modules it ran."""
     for i in positions:
-        leaves[i] = input_proxy(rec, flat_inputs[i], grad_enabled)
+        leaves[i] = input_proxy(rec, flat_inputs[i])
     pairs = []
     if binding is not None:
-        params = [input_proxy(rec, t, grad_enabled) for t in binding.tensors()]
+        params = [input_proxy(rec, t) for t in binding.tensors()]
         fn, pairs = binding.clone(params)
     args, kwargs = tree_unflatten(leaves, in_spec)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,))
@@ -129,7 +128,7 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
     captured tensors come last."""
     rec, made = _core.Recorder(), []
-    captures = Captures(rec, torch.is_grad_enabled())
+    captures = Captures(rec)
     out, observer, writes, prints, positions = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     del observer

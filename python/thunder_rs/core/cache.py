@@ -8,6 +8,8 @@ from torch.utils import _pytree as pytree
 
 from thunder_rs.core.guards import freeze, is_simple
 
+from thunder_rs.core.autocast import state as autocast_state
+
 _Tensor = torch.Tensor
 #: Non-tensor inputs keyed by identity: code and modules, which the key keeps alive.
 _BY_IDENTITY = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType,
@@ -27,8 +29,11 @@ def leaf_key(x):
     return (type(x),)
 
 
-def global_key(extra=None):
-    return (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_enabled(), extra)
+def global_key(extra=None, _grad=torch.is_grad_enabled, _default_dtype=torch.get_default_dtype,
+               _any_autocast=torch._C._is_any_autocast_enabled, _autocast=autocast_state):
+    """Grad mode, default dtype, the CPU and CUDA autocast dtypes (None when autocast is off
+    everywhere, read with one call) and ``extra``."""
+    return (_grad(), _default_dtype(), _autocast() if _any_autocast() else None, extra)
 
 
 _fast_keys: dict = {}

@@ -1,18 +1,28 @@
 """Eager fallback symbols: torch calls with no ltorch mapping.
 
 The call is recorded as an opaque symbol named after the torch callable; its outputs' metadata
-come from running it on meta tensors. The torch executor runs it eagerly, and torch's autograd
-differentiates it. ``thunder_rs.examine`` counts fallbacks by name.
+come from running it on meta tensors (on fake tensors under autocast, which meta tensors escape).
+The torch executor runs it eagerly, under the autocast state it was traced under, and torch's
+autograd differentiates it. Random calls are effect symbols, drawn on every call; their backward
+draws again from the generator state the forward started from.
+``thunder_rs.examine`` counts fallbacks by name.
 """
 
+import functools
+
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
+from thunder_rs.core import autocast
+from thunder_rs.core.autocast import AutocastState
 from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
 from thunder_rs.errors import ThunderNotImplementedError
+
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
 #: symbol id -> the torch callable a fallback symbol runs.
 FALLBACK_IMPLS: dict[int, object] = {}
@@ -31,15 +41,79 @@ def qualified_name(func) -> str:
     return f"{module}.{name}"
 
 
-def symbol_id(func) -> int:
-    """The fallback symbol of ``func``, registered (with its ``<name>.vjp``) on first use."""
-    sid = _ids.get(func)
+def symbol_id(func, effect: bool = False, autocast_state: AutocastState | None = None, replay: bool = False) -> int:
+    """The fallback symbol of ``func`` (run under ``autocast_state`` when not None), registered
+    on first use with its ``<name>.vjp``. An effect (a random call) has a ``.vjp`` only as a
+    ``replay`` symbol: one that returns, last, the generator state its draws started from, from
+    which its backward draws the same numbers again."""
+    key = (func, autocast_state, replay)
+    sid = _ids.get(key)
     if sid is None:
-        name = qualified_name(func)
-        sid = _ids[func] = _core.register_symbol(name, fallback=True)
-        FALLBACK_IMPLS[sid] = func
-        FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = _vjp_of(func)
+        name, impl = qualified_name(func), func
+        if autocast_state is not None:
+            name += "".join(f".autocast_{d}_{str(t).removeprefix('torch.')}" for d, t in autocast_state.devices())
+            impl = _under_autocast(func, autocast_state)
+        if replay:
+            name += ".replayable"
+        sid = _ids[key] = _core.register_symbol(name, fallback=True, effect=effect)
+        FALLBACK_IMPLS[sid] = _returning_generator_state(impl) if replay else impl
+        if replay or not effect:
+            vjp = _replaying(_vjp_of(impl)) if replay else _vjp_of(impl)
+            FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = vjp
     return sid
+
+
+def _generator(args, kwargs) -> torch.Generator:
+    """The generator a random call draws from: its ``generator=``, else the default one of the
+    device of its first tensor (or of its ``device=``)."""
+    gen = kwargs.get("generator")
+    if gen is not None:
+        return gen
+    tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device(kwargs.get("device") or torch.get_default_device())
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.default_generator
+
+
+def _returning_generator_state(func):
+    """``func``'s flat outputs followed by the state of the generator before it drew."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        state = _generator(args, kwargs).get_state()
+        return (*tree_flatten(func(*args, **kwargs))[0], state)
+
+    return run
+
+
+def _replaying(vjp):
+    """A random call's backward: reruns it from the generator state its forward started from (and
+    leaves the generator as it was), so that it draws the same numbers."""
+
+    @functools.wraps(vjp)
+    def run(args, cotangents, wanted, state, **kwargs):
+        gen = _generator(args, kwargs)
+        now = gen.get_state()
+        gen.set_state(state)
+        try:
+            return vjp(args, cotangents[:-1], wanted, **kwargs)
+        finally:
+            gen.set_state(now)
+
+    return run
+
+
+def _under_autocast(func, recorded: AutocastState):
+    """``func`` run under the autocast state it was traced under (the generated code runs with
+    autocast off), so that the casts torch's autocast makes inside it happen as in eager."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        with autocast.entered(recorded):
+            return func(*args, **kwargs)
+
+    return run
 
 
 def _vjp_of(func):
@@ -68,24 +142,69 @@ def _to_meta(x):
     return x
 
 
-def fallback(func, args, kwargs):
-    name = qualified_name(func)
-    if name.endswith("_") and not name.endswith("__"):
-        raise ThunderNotImplementedError(f"{name}: in-place operations are not supported yet; use the out-of-place form")
+def _to_fake(x):
+    """A fake tensor on the proxy's device (fake CUDA tensors need no GPU), which torch's
+    autocast treats as it treats real ones."""
+    if isinstance(x, TensorProxy):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return x
+
+
+def _device(in_leaves, kwargs) -> str:
+    if in_leaves:
+        return str(in_leaves[0].device)
+    device = kwargs.get("device")
+    return str(torch.device(device) if device is not None else torch.get_default_device())
+
+
+def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
+    """Runs ``func`` on meta tensors, or on fake ones under autocast; a ``factory`` (a call that
+    takes no tensor, such as ``torch.randint``) on the meta device, so that nothing is drawn. A
+    generator does not change what a call returns, so the call goes without it."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
     with torch._C.DisableTorchFunctionSubclass():
-        meta_args, meta_kwargs = tree_map(_to_meta, (args, kwargs))
         try:
-            out = func(*meta_args, **meta_kwargs)
+            if autocast_state is not None:
+                with FakeTensorMode():
+                    fake_args, fake_kwargs = tree_map(_to_fake, (args, kwargs))
+                    return func(*fake_args, **fake_kwargs)
+            meta_args, meta_kwargs = tree_map(_to_meta, (args, kwargs))
+            if factory:
+                meta_kwargs["device"] = "meta"
+            return func(*meta_args, **meta_kwargs)
         except Exception as e:
             raise ThunderNotImplementedError(
                 f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta tensors ({e})"
             ) from e
+
+
+def fallback(func, args, kwargs, effect: bool = False):
+    """Records ``func(*args, **kwargs)`` as an eager fallback; an effect (a random draw) when
+    ``effect``."""
+    name = qualified_name(func)
+    if name.endswith("_") and not name.endswith("__"):
+        raise ThunderNotImplementedError(f"{name}: in-place operations are not supported yet; use the out-of-place form")
+    in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
+    autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
+    out = _output_metadata(func, name, args, kwargs, autocast_state, factory=not in_leaves)
     leaves, spec = tree_flatten(out)
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
         raise ThunderNotImplementedError(f"{name}: fallback calls must return tensors, got {type(out).__name__}")
-    in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
-    device = str(in_leaves[0].device) if in_leaves else "cpu"
-    requires_grad = any(x.requires_grad for x in in_leaves)
-    metas = [(CODES[t.dtype], device, tuple(t.shape), requires_grad and t.dtype.is_floating_point) for t in leaves]
-    outs = proxies(current().fallback(symbol_id(func), tuple(args), kwargs or None, metas))
+    device = _device(in_leaves, kwargs)
+    requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
+    metas = [(CODES[t.dtype], str(t.device) if autocast_state is not None else device, tuple(t.shape),
+              requires_grad and t.dtype.is_floating_point) for t in leaves]
+    replay = effect and any(m[3] for m in metas)
+    if replay:
+        state = _generator(args, kwargs).get_state()
+        metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))
+    sid = symbol_id(func, effect, autocast_state, replay)
+    outs = proxies(current().fallback(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
+
+
+def record_effect(func, args: tuple, kwargs: dict, outputs: list):
+    """Records ``func(*args, **kwargs)`` as an effect symbol (it acts on state outside the trace,
+    such as the random number generator) whose outputs are tensors like ``outputs``."""
+    metas = [(CODES[t.dtype], str(t.device), tuple(t.shape), False) for t in outputs]
+    return proxies(current().fallback(symbol_id(func, effect=True), tuple(args), kwargs or None, metas))

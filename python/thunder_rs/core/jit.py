@@ -14,10 +14,12 @@ from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, input_names, leaf_key
 from thunder_rs.core.entry import Entry, make_check, make_post
 from thunder_rs.core.guards import Guards
+from thunder_rs.core.modes import RecordedModes
 from thunder_rs.core.langctx import user_frame
 from thunder_rs.core.modules import ModuleBinding, hook_snapshot, hooks_version, write_epoch
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.recorder import active_recorder
+from thunder_rs.core.rng import check_generators
 from thunder_rs.errors import ThunderValueError, runtime_error
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
@@ -64,9 +66,10 @@ def _with_captured(fn, captured: tuple):
     return lambda *inputs: fn(*inputs, *captured)
 
 
-def _generated(acquired, name: str):
+def _generated(acquired, name: str, modes: RecordedModes):
     """Runs the passes over an acquired trace and execs the result: the entry's callable, its
-    source and traces, and the time each stage took."""
+    source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
+    the program was traced under, which the call runs in."""
     start = time.perf_counter()
     sync_fallbacks()
     executors = default_executors()
@@ -80,6 +83,7 @@ def _generated(acquired, name: str):
     if backward_traces:
         _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace)
         computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single", acquired.out_kind == "list")
+    computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if acquired.captured:
         computation = _with_captured(computation, tuple(acquired.captured))
     end = time.perf_counter()
@@ -184,10 +188,13 @@ class ThunderFunction:
 
     def _compile(self, flat, spec, key, guard_reason=None) -> Entry:
         start = time.perf_counter()
+        modes = RecordedModes()
         acquired = acquire(self._fn, flat, spec, self._binding if self._module is not None else None)
+        modes.check_restored()
+        check_generators(acquired.consts)
         acquired_at = time.perf_counter()
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
-        computation, source, filename, traces, backward_traces, stages = _generated(acquired, name)
+        computation, source, filename, traces, backward_traces, stages = _generated(acquired, name, modes)
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
         entry = Entry(computation, source, filename, positions, traces, backward_traces)

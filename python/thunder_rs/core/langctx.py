@@ -18,6 +18,8 @@ from thunder_rs.core.fallback import fallback
 from thunder_rs.core.observe import thread_state
 from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.core.recorder import lift_captured
+from thunder_rs.core.autocast import cast_inputs
+from thunder_rs.core.rng import RANDOM
 from thunder_rs.errors import ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
@@ -103,7 +105,7 @@ def _observed(handle, func, args, kwargs):
 def _torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
-        args, kwargs = lift_captured(args, kwargs)
+        args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))
         return ltorch_fn(*args, **kwargs)
     prop = _property_name(func)
     if prop is not None:
@@ -122,7 +124,7 @@ def _torch_function(func, args, kwargs):
             f"{name}: data-dependent control flow or value access on a traced tensor at "
             f"{user_location()}; thunder_rs specialises on shapes, not values"
         )
-    return fallback(func, *lift_captured(args, kwargs))
+    return fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
 
 
 def _tensor_kind(args, kwargs) -> int:
@@ -161,7 +163,7 @@ class LanguageMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if TensorProxy in types:
+        if TensorProxy in types or func in RANDOM:  # random calls are recorded: eager draws on every call
             return torch_function(func, args, kwargs)
         kind = _tensor_kind(args, kwargs)
         if kind == 2:

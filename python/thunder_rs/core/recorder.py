@@ -14,6 +14,7 @@ from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.proxies import TensorProxy, make_proxy
 from thunder_rs.errors import ThunderError, ThunderRuntimeError, ThunderTypeError
 
+_is_grad_enabled = torch.is_grad_enabled
 _current: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_recorder", default=None)
 _captures: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_captures", default=None)
 #: Every proxy the acquisition in progress made, so escapes into user state can be found after it.
@@ -31,12 +32,13 @@ def current() -> "_core.Recorder":
     return rec
 
 
-def input_proxy(rec: "_core.Recorder", t: torch.Tensor, grad_enabled: bool) -> TensorProxy:
-    """A new trace input standing for the tensor ``t``."""
+def input_proxy(rec: "_core.Recorder", t: torch.Tensor) -> TensorProxy:
+    """A new trace input standing for the tensor ``t``. It requires grad as ``t`` does, whatever
+    the grad mode: the mode in effect as each op is recorded decides whether gradients flow."""
     dtype = CODES.get(t.dtype)
     if dtype is None:
         raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
-    requires_grad = grad_enabled and t.requires_grad
+    requires_grad = t.requires_grad
     vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
     proxy = make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
     made = _made.get()
@@ -53,9 +55,8 @@ class Captures:
     not seen. Torch calls on such tensors alone run eagerly while tracing (they may steer
     Python control flow), so a tensor derived from them there is captured as computed then."""
 
-    def __init__(self, rec: "_core.Recorder", grad_enabled: bool):
+    def __init__(self, rec: "_core.Recorder"):
         self._rec = rec
-        self._grad_enabled = grad_enabled
         self._proxies: dict[int, TensorProxy] = {}
         self.tensors: list[torch.Tensor] = []
 
@@ -67,7 +68,7 @@ class Captures:
     def proxy(self, t: torch.Tensor) -> TensorProxy:
         p = self._proxies.get(id(t))
         if p is None:
-            p = self._proxies[id(t)] = input_proxy(self._rec, t, self._grad_enabled)
+            p = self._proxies[id(t)] = input_proxy(self._rec, t)
             self.tensors.append(t)
         return p
 
@@ -118,8 +119,9 @@ def proxies(descriptions) -> list[TensorProxy]:
 
 
 def record_prim(name: str, args: tuple):
-    """Records ``prims.<name>(*args)``; returns one proxy or a tuple of them."""
-    outs = proxies(current().prim(name, args))
+    """Records ``prims.<name>(*args)`` under the grad mode in effect now; returns one proxy or a
+    tuple of them."""
+    outs = proxies(current().prim(name, args, _is_grad_enabled()))
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -160,9 +162,11 @@ def _requires_grad(args: tuple, kwargs: dict) -> bool:
 
 
 def _body(symbol_id: int, fn, args: tuple, kwargs: dict):
-    """The decomposition, or the grad rule when one is registered and a gradient may flow."""
+    """The decomposition, or the grad rule when one is registered and a gradient may flow (grad
+    mode on and an input requires grad)."""
     rule = GRAD_RULES.get(symbol_id)
-    if rule is None or symbol_id in _rules_running or True in _rule_in_backward or not _requires_grad(args, kwargs):
+    if (rule is None or symbol_id in _rules_running or True in _rule_in_backward or not _is_grad_enabled()
+            or not _requires_grad(args, kwargs)):
         return fn(*args, **kwargs)
     _rules_running.add(symbol_id)
     _rule_in_backward.append(False)

@@ -1,0 +1,49 @@
+"""Autograd state of tensors: ``detach`` (and ``.data``), ``requires_grad_`` and the
+``requires_grad`` setter.
+
+Whether a value requires grad is part of its metadata in the trace, so these act on the
+recording: ``detach`` records a fresh value with grad mode off, ``requires_grad_`` changes the
+flag of a value the program made (later ops follow it, as in eager). Changing the flag of a
+trace input would change the caller's tensor, which is refused.
+"""
+
+import torch
+
+from thunder_rs import prims
+from thunder_rs.core.langctx import TORCH_TO_LTORCH, user_location
+from thunder_rs.core.recorder import current
+from thunder_rs.errors import ThunderError
+from thunder_rs.torch import torchsymbol
+
+__all__ = ["detach", "requires_grad_"]
+
+
+@torchsymbol(torch.Tensor.detach, torch.detach, properties=("data",))
+def detach(a):
+    """``a`` cut from autograd: a fresh value recorded with grad mode off, so it requires no grad
+    and the VJP pass stops there."""
+    with torch.no_grad():
+        return prims.convert_element_type(a, a.dtype)
+
+
+@torchsymbol(torch.Tensor.requires_grad_)
+def requires_grad_(a, requires_grad=True):
+    flag = bool(requires_grad)
+    if flag != a.requires_grad:
+        try:
+            current().set_requires_grad(a._vid, flag)
+        except ThunderError as e:
+            e.args = (f"{e.args[0].removeprefix('requires_grad_: ')} (at {user_location()})", *e.args[1:])
+            raise
+        with torch._C.DisableTorchFunctionSubclass():
+            torch.Tensor.requires_grad_(a, flag)
+    return a
+
+
+def _set_requires_grad(a, requires_grad):
+    """``a.requires_grad = flag``."""
+    requires_grad_(a, requires_grad)
+
+
+# Assigning a tensor property calls its descriptor's ``__set__`` through ``__torch_function__``.
+TORCH_TO_LTORCH[torch._C.TensorBase.requires_grad.__set__] = _set_requires_grad
