@@ -343,33 +343,45 @@ def test_the_recompile_warning_names_the_input_and_the_call_site():
     assert record[0].filename == __file__
 
 
-def test_threads_compiling_one_module_concurrently_leave_it_untouched():
+def _first_calls_from_threads(jm, x, n: int = 8):
+    results, errors = [None] * n, []
+    barrier = threading.Barrier(n)
+
+    def run(i):
+        try:
+            barrier.wait()
+            results[i] = jm(x)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("model_kind", ["mlp", "gpt_block"])
+def test_threads_compiling_one_module_concurrently_leave_it_untouched(model_kind):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from gpt import Block, GPTConfig
+
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
-    params = {n: p for n, p in model.named_parameters()}
-    x = torch.randn(3, 8)
+    if model_kind == "mlp":
+        model, x = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)), torch.randn(3, 8)
+    else:  # grad rules run while tracing: their state is per thread
+        model, x = Block(GPTConfig(block_size=8, n_embd=16, n_head=2)), torch.randn(2, 8, 16)
+    params = dict(model.named_parameters())
     expected = model(x)
-    for _ in range(5):
-        jm = thunder_rs.jit(model)
-        results, errors = [None] * 8, []
-        barrier = threading.Barrier(8)
-
-        def run(i):
-            try:
-                barrier.wait()
-                results[i] = jm(x)
-            except Exception as e:  # noqa: BLE001
-                errors.append(e)
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
-        for r in results:
+    for _ in range(3):
+        for r in _first_calls_from_threads(thunder_rs.jit(model), x):
             torch.testing.assert_close(r, expected)
-        assert {n: p for n, p in model.named_parameters()} == params
+        assert dict(model.named_parameters()) == params
         assert all(type(p) is nn.Parameter for p in model.parameters())
 
 

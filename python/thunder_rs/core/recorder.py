@@ -6,6 +6,7 @@ acquisition runs a program, so recording is explicit and re-entrant.
 
 import contextlib
 import contextvars
+import threading
 
 import torch
 
@@ -136,19 +137,28 @@ def output_vids(out) -> list[int]:
 
 #: symbol id -> the grad rule registered for it (``thunder_rs.register_grad``).
 GRAD_RULES: dict[int, object] = {}
-#: symbol ids whose grad rule is running: a rule calling its own symbol records the plain
-#: decomposition.
-_rules_running: set[int] = set()
-#: one flag per grad rule running, innermost last: whether it has asked for a cotangent. What a
-#: rule records from then on is a backward, which nothing differentiates, so the symbols it
-#: calls record their plain decompositions rather than rules of their own.
-_rule_in_backward: list[bool] = []
+
+
+class _RulesRunning(threading.local):
+    """Per thread (programs may be traced in several threads at once): the grad rules running."""
+
+    def __init__(self):
+        #: symbol ids whose grad rule is running: a rule calling its own symbol records the plain
+        #: decomposition.
+        self.symbols: set[int] = set()
+        #: one flag per grad rule running, innermost last: whether it has asked for a cotangent.
+        #: What a rule records from then on is a backward, which nothing differentiates, so the
+        #: symbols it calls record their plain decompositions rather than rules of their own.
+        self.in_backward: list[bool] = []
+
+
+_running = _RulesRunning()
 
 
 def enter_backward() -> None:
     """Marks the innermost running grad rule as recording its backward (``get_grad``)."""
-    if _rule_in_backward:
-        _rule_in_backward[-1] = True
+    if _running.in_backward:
+        _running.in_backward[-1] = True
 
 
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
@@ -165,16 +175,18 @@ def _body(symbol_id: int, fn, args: tuple, kwargs: dict):
     """The decomposition, or the grad rule when one is registered and a gradient may flow (grad
     mode on and an input requires grad)."""
     rule = GRAD_RULES.get(symbol_id)
-    if (rule is None or symbol_id in _rules_running or True in _rule_in_backward or not _is_grad_enabled()
-            or not _requires_grad(args, kwargs)):
+    if rule is None or not _is_grad_enabled():
         return fn(*args, **kwargs)
-    _rules_running.add(symbol_id)
-    _rule_in_backward.append(False)
+    running = _running
+    if symbol_id in running.symbols or True in running.in_backward or not _requires_grad(args, kwargs):
+        return fn(*args, **kwargs)
+    running.symbols.add(symbol_id)
+    running.in_backward.append(False)
     try:
         return rule(*args, **kwargs)
     finally:
-        _rules_running.discard(symbol_id)
-        _rule_in_backward.pop()
+        running.symbols.discard(symbol_id)
+        running.in_backward.pop()
 
 
 def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
