@@ -485,3 +485,26 @@ def test_a_function_calling_a_global_module_sees_it_replaced_parts():
     MODEL[1] = nn.Tanh()  # a new submodule
     torch.testing.assert_close(jf(x), f(x))
     assert thunder_rs.cache_misses(jf) == 3
+
+
+def test_reseeding_an_outside_generator_inside_the_program_is_refused():
+    gen = torch.Generator().manual_seed(0)
+
+    def f(x):
+        gen.manual_seed(1)
+        return x + torch.rand(2, generator=gen)
+
+    with pytest.raises(ThunderError, match="torch.Generator.manual_seed: the traced program at .*test_python_state.py"):
+        thunder_rs.jit(f)(torch.zeros(2))
+
+    class Sampler(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gen = torch.Generator().manual_seed(0)
+
+        def forward(self, x):
+            self.gen.set_state(torch.Generator().manual_seed(3).get_state())
+            return x + torch.rand(2, generator=self.gen)
+
+    with pytest.raises(ThunderError, match="set_state"):
+        thunder_rs.jit(Sampler())(torch.zeros(2))

@@ -28,6 +28,7 @@ from thunder_rs import _core
 from thunder_rs.core.guards import (MISSING, CellSource, GlobalsSource, Guard, InputSource, ModuleSource,
                                     ModuleStoreSource, ObjectSource, StructureGuard, is_simple)
 from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.errors import ThunderNotImplementedError
 
 
 def _dir(path: str) -> str:
@@ -47,6 +48,8 @@ _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
 _CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
                types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)
 _LOAD_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+#: Methods that change a generator's state: inside a traced program they would run only once.
+_GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
 _LOAD_ROOT = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLASSDEREF",
                         "LOAD_GLOBAL", "LOAD_NAME"})
 _LOAD_TWO = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
@@ -210,6 +213,13 @@ class Observer:
     def _step(self, obj, attr: str, origin: str):
         """Reads ``obj.attr`` as the program did and guards it; returns the value to follow, or
         MISSING where the chain stops (not state, not a plain attribute, or a leaf value)."""
+        if isinstance(obj, torch.Generator):
+            if attr in _GENERATOR_WRITES:
+                raise ThunderNotImplementedError(
+                    f"torch.Generator.{attr}: the traced program at {origin} changes the state of a generator it "
+                    "does not create; that would run once, while tracing. Seed it outside the jitted call, or use "
+                    "torch.manual_seed inside (which every call repeats)")
+            return MISSING
         if isinstance(obj, (type, types.ModuleType)):
             return self._module_global(obj, attr, origin)
         mapping = getattr(obj, "__dict__", None)
@@ -274,7 +284,7 @@ class Observer:
                 return
 
     def _is_state(self, value) -> bool:
-        return isinstance(value, torch.nn.Module) or id(value) in self._state or isinstance(value, types.ModuleType)
+        return (isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator)) or id(value) in self._state)
 
     # -- profile events --------------------------------------------------------------------------
 
