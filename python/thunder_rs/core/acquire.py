@@ -4,11 +4,13 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.langctx import LanguageMode
+from thunder_rs.core.outputs import flatten_output
 from thunder_rs.core.recorder import Captures, input_proxy, recording
+from thunder_rs.core.torch_overrides import tracing_overrides
 
 
 @dataclass
@@ -17,7 +19,8 @@ class Acquired:
     consts: list
     #: positions in the flat inputs of the leaves that are trace inputs (tensors)
     tensor_positions: tuple[int, ...]
-    #: how to rebuild the output structure from the flat outputs, or None when returned as is
+    #: how to rebuild the output structure from the flat outputs (``out_spec.unflatten(flat)``),
+    #: or None when returned as is
     out_spec: object
     #: what the trace returns: "single" (one leaf), "tuple" or "list" (of leaves)
     out_kind: str
@@ -60,12 +63,11 @@ def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0)
     params = [input_proxy(rec, unique[i], grad_enabled) for i in range(num_params)]
     args, kwargs = tree_unflatten(leaves, in_spec)
     captures = Captures(rec, grad_enabled)
-    with recording(rec, captures), _swapped(param_slots, params), LanguageMode():
+    with recording(rec, captures), _swapped(param_slots, params), tracing_overrides(), LanguageMode():
         out = fn(*args, **kwargs)
     out_spec = None
     if not _is_plain(out):
-        flat_out, out_spec = tree_flatten(out)
-        out = tuple(flat_out)
+        out, out_spec = flatten_output(out, flat_inputs)
     trace = rec.finish(out)
     out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
     return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captures.tensors)

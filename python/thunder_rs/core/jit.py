@@ -5,13 +5,14 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
 from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, leaf_key
+from thunder_rs.core.wrapped_module import WRAPPED, present_state_dict_as_wrapped
 from thunder_rs.errors import runtime_error
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
@@ -104,7 +105,7 @@ class ThunderFunction:
                 out = entry.fn(*args, *[d[n] for d, n in self._unique_slots])
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
-        return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
+        return out if entry.out_spec is None else entry.out_spec.unflatten(out)
 
     def _call_general(self, args, kwargs):
         flat, spec = tree_flatten((args, kwargs))
@@ -121,7 +122,7 @@ class ThunderFunction:
             out = entry.fn(*inputs)
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
-        return out if entry.out_spec is None else tree_unflatten(list(out), entry.out_spec)
+        return out if entry.out_spec is None else entry.out_spec.unflatten(out)
 
     def _module_state(self):
         """The module's part of the cache key: train/eval mode, and each parameter's and buffer's
@@ -190,12 +191,25 @@ class ThunderFunction:
 
 
 class ThunderModule(torch.nn.Module):
-    """``thunder_rs.jit(module)``: a module whose calls go through a ``ThunderFunction``."""
+    """``thunder_rs.jit(module)``: a module whose calls go through a ``ThunderFunction``.
+
+    Attributes it does not have come from the wrapped module (``jm.config``, ``jm.generate``), and
+    its state dict has the wrapped module's keys."""
 
     def __init__(self, module: torch.nn.Module):
         super().__init__()
         self._model = module
         self._jfn = ThunderFunction(module, module=module)
+        present_state_dict_as_wrapped(self)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules")
+            if modules is None or WRAPPED not in modules or name == WRAPPED:
+                raise
+            return getattr(modules[WRAPPED], name)
 
     def forward(self, *args, **kwargs):
         return self._jfn._call_general(args, kwargs)

@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.core.recorder import lift_captured
-from thunder_rs.errors import ThunderRuntimeError
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
 TORCH_TO_LTORCH: dict = {}
@@ -50,6 +50,11 @@ def _property_name(func):
     return getattr(getattr(func, "__self__", None), "__name__", None)
 
 
+def is_metadata_query(func) -> bool:
+    """Whether ``func`` reads a tensor's metadata (``size()``, ``.shape``), which proxies answer."""
+    return func in _METADATA_METHODS or _property_name(func) in _METADATA_PROPERTIES
+
+
 def user_location() -> str:
     """``file:line`` of the innermost frame outside thunder_rs and torch."""
     for frame in reversed(traceback.extract_stack()):
@@ -57,6 +62,16 @@ def user_location() -> str:
         if not (path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR) or "<frozen" in path):
             return f"{frame.filename}:{frame.lineno}"
     return "<unknown>"
+
+
+def refuse_data_dependent(func) -> None:
+    """Raises when ``func`` reads a traced tensor's values (``bool(t)``, ``t.item()``)."""
+    if func in _DATA_DEPENDENT:
+        name = getattr(func, "__name__", str(func))
+        raise ThunderRuntimeError(
+            f"{name}: data-dependent control flow or value access on a traced tensor at "
+            f"{user_location()}; thunder_rs specialises on shapes, not values"
+        )
 
 
 def torch_function(func, args, kwargs):
@@ -75,13 +90,34 @@ def torch_function(func, args, kwargs):
     if func in _METADATA_METHODS:
         with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
-    if func in _DATA_DEPENDENT:
-        name = getattr(func, "__name__", str(func))
-        raise ThunderRuntimeError(
-            f"{name}: data-dependent control flow or value access on a traced tensor at "
-            f"{user_location()}; thunder_rs specialises on shapes, not values"
-        )
+    refuse_data_dependent(func)
     return fallback(func, *lift_captured(args, kwargs))
+
+
+_functorch = torch._C._functorch
+
+
+def _wraps_proxy(x) -> bool:
+    """Whether ``x`` is a functorch wrapper (``torch.vmap``'s batched tensor) around a proxy."""
+    if not isinstance(x, torch.Tensor) or not _functorch.is_functorch_wrapped_tensor(x):
+        return False
+    while _functorch.is_functorch_wrapped_tensor(x):
+        x = _functorch.get_unwrapped(x)
+    return isinstance(x, TensorProxy)
+
+
+def _refuse_functorch_transform(func, args, kwargs) -> None:
+    """functorch's transforms wrap proxies in tensors that run below ``__torch_function__``, where a
+    proxy cannot go; refuse with the user's line instead of failing at dispatch. (While tracing,
+    ``torch.vmap`` is thunder_rs's own; this catches ``torch.func.grad``/``jacrev`` and a functorch
+    vmap bound before tracing began.)"""
+    if _functorch.peek_interpreter_stack() is None:
+        return
+    if any(_wraps_proxy(x) for x in (*args, *kwargs.values())):
+        name = getattr(func, "__name__", str(func))
+        raise ThunderNotImplementedError(
+            f"functorch: transforms over traced tensors are not supported ({name} at {user_location()}); "
+            "use torch.vmap, which thunder_rs batches, or run the function eagerly")
 
 
 def _takes_tensor(args, kwargs) -> bool:
@@ -98,16 +134,20 @@ class LanguageMode(TorchFunctionMode):
     A call that takes no proxy never reaches ``TensorProxy.__torch_function__``, so creation ops
     (``torch.zeros(2, 3)``, ``torch.arange(n)``) reach their ltorch symbols here and give proxies.
     Calls on proxies go to ``torch_function``, as the proxy would send them; calls on real tensors
-    alone run eagerly, as before.
+    alone run eagerly, as before. Calls on a proxy subclass go to the subclass's own
+    ``__torch_function__``.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
+            return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
         if TensorProxy in types:
             return torch_function(func, args, kwargs)
         ltorch_fn = TORCH_TO_LTORCH.get(func)
         if ltorch_fn is not None and not _takes_tensor(args, kwargs):
             return ltorch_fn(*args, **kwargs)
+        _refuse_functorch_transform(func, args, kwargs)
         return func(*args, **kwargs)
 
 

@@ -1,0 +1,167 @@
+"""What a compiled call returns: the trace's flat outputs, rebuilt into the program's output.
+
+Registered pytree nodes (tuples, dicts, dataclasses, Hugging Face ``ModelOutput``) are flattened
+by torch's pytree and rebuilt per call. A leaf that is some other Python object holding traced
+tensors, such as the ``DynamicCache`` a Hugging Face decoder returns as ``past_key_values``, is
+rebuilt per call too: its tensors become outputs of the trace, and every call returns a new object
+of the same class whose attributes hold that call's tensors, as eager returns a new cache per call.
+Returning the trace-time object would hand the caller ``TensorProxy`` stand-ins, the same for
+every call.
+
+Only the objects and containers on a path to a traced tensor are rebuilt (``cls.__new__`` and the
+instance dict, as ``copy`` does); everything else they reference (ints, classes, configs,
+parameters) is shared, as it is in eager. An object the caller already holds (an argument, a
+module) cannot be rebuilt without losing its identity; returning one that holds traced tensors
+raises an error naming it.
+"""
+
+import types
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.errors import ThunderNotImplementedError
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+#: What a rebuilt object shares with the trace-time one rather than copies.
+_SHARED = (*_PLAIN, torch.Tensor, torch.nn.Module, type, types.FunctionType, types.BuiltinFunctionType,
+           types.MethodType, types.ModuleType)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A traced tensor at position ``index`` of the trace's outputs."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class _Rebuilt:
+    """A container or object rebuilt per call: ``kind`` says how, ``parts`` are its contents."""
+
+    kind: str
+    cls: type
+    parts: tuple
+
+
+def _slot_names(cls: type) -> list[str]:
+    return [n for c in cls.__mro__ for n in getattr(c, "__slots__", ()) if n not in ("__dict__", "__weakref__")]
+
+
+class _Templater:
+    """Turns an output object into a template: traced tensors become ``_Slot``s (appended to
+    ``flat``), containers and objects holding them become ``_Rebuilt``, the rest stays shared.
+    An object reached twice gets one template (and is rebuilt once per call)."""
+
+    def __init__(self, flat: list):
+        self.flat = flat
+        self._memo: dict = {}
+        self._open: set = set()  # objects being templated
+        self._cyclic: set = set()  # of those, the ones referred to from inside themselves
+
+    def __call__(self, x):
+        if isinstance(x, TensorProxy):
+            self.flat.append(x)
+            return _Slot(len(self.flat) - 1)
+        if isinstance(x, _SHARED):
+            return x
+        key = id(x)
+        if key in self._memo:
+            return self._memo[key]
+        if key in self._open:  # a cycle: fine unless x turns out to hold traced tensors
+            self._cyclic.add(key)
+            return x
+        self._open.add(key)
+        node = self._node(x)
+        self._open.discard(key)
+        if node is not x and key in self._cyclic:
+            raise ThunderNotImplementedError(f"jit: the program returns a {type(x).__name__} that refers to itself "
+                                             "and holds traced tensors; thunder_rs cannot rebuild cyclic outputs")
+        self._memo[key] = node
+        return node
+
+    def _node(self, x):
+        if type(x) in (list, tuple) or isinstance(x, tuple) and hasattr(x, "_fields"):
+            parts = tuple(map(self, x))
+            kind = "namedtuple" if hasattr(x, "_fields") else type(x).__name__
+            return _Rebuilt(kind, type(x), parts) if any(p is not y for p, y in zip(parts, x)) else x
+        if isinstance(x, dict):
+            parts = tuple((k, self(v)) for k, v in x.items())
+            return _Rebuilt("dict", type(x), parts) if any(p is not x[k] for k, p in parts) else x
+        for name in _slot_names(type(x)):
+            if hasattr(x, name) and self(getattr(x, name)) is not getattr(x, name):
+                raise ThunderNotImplementedError(
+                    f"jit: the program returns a {type(x).__name__} whose __slots__ hold traced tensors; thunder_rs "
+                    "rebuilds returned objects through their instance dict and cannot rebuild this one")
+        state = getattr(x, "__dict__", None)
+        if state is None:
+            return x
+        parts = tuple((k, self(v)) for k, v in state.items())
+        return _Rebuilt("object", type(x), parts) if any(p is not state[k] for k, p in parts) else x
+
+
+def _build(node, outputs, built: dict):
+    """The object ``node`` stands for, with this call's ``outputs``; ``built`` keeps one object per
+    template node, so an object shared in the trace-time output is shared in each call's too."""
+    if isinstance(node, _Slot):
+        return outputs[node.index]
+    if not isinstance(node, _Rebuilt):
+        return node
+    obj = built.get(id(node))
+    if obj is not None:
+        return obj
+    parts = node.parts
+    if node.kind in ("list", "tuple"):
+        obj = node.cls(_build(p, outputs, built) for p in parts)
+    elif node.kind == "namedtuple":
+        obj = node.cls(*(_build(p, outputs, built) for p in parts))
+    elif node.kind == "dict":
+        obj = node.cls((k, _build(p, outputs, built)) for k, p in parts)
+    else:
+        obj = node.cls.__new__(node.cls)
+        obj.__dict__.update((k, _build(p, outputs, built)) for k, p in parts)
+    built[id(node)] = obj
+    return obj
+
+
+class RebuiltOutput:
+    """The output structure of a trace whose outputs include objects rebuilt per call:
+    ``unflatten(flat_outputs)`` gives what the program returned, with this call's tensors."""
+
+    def __init__(self, spec, leaves: list):
+        self._spec = spec
+        self._leaves = leaves
+
+    def unflatten(self, flat):
+        built: dict = {}
+        return self._spec.unflatten([_build(leaf, flat, built) for leaf in self._leaves])
+
+
+def _is_proxy_holder(leaf) -> bool:
+    return not isinstance(leaf, (torch.Tensor, *_PLAIN))
+
+
+def flatten_output(out, inputs: list):
+    """The trace's flat outputs for the program's output ``out``, and how to rebuild ``out`` from
+    them on each call (an object with ``unflatten(flat)``). ``inputs`` are the call's flat inputs:
+    an output object among them is the caller's own and refused when it holds traced tensors."""
+    leaves, spec = tree_flatten(out)
+    if not any(map(_is_proxy_holder, leaves)):
+        return tuple(leaves), spec
+    flat: list = []
+    template = _Templater(flat)
+    templates = []
+    for leaf in leaves:
+        if not _is_proxy_holder(leaf):
+            templates.append(_Slot(len(flat)))
+            flat.append(leaf)
+            continue
+        before = len(flat)
+        templates.append(template(leaf))
+        if len(flat) > before and any(leaf is x for x in inputs):
+            raise ThunderNotImplementedError(
+                f"jit: the program returns a {type(leaf).__name__} it was given, after storing traced tensors "
+                "in it; thunder_rs cannot replay writes into objects passed to the program")
+    return tuple(flat), RebuiltOutput(spec, templates)

@@ -1,0 +1,64 @@
+"""What thunder_rs changes in torch while it traces a program: ``torch.compiler.is_compiling()``
+answers True, and ``torch.vmap`` batches traced tensors (``thunder_rs.core.vmap``).
+
+**is_compiling.** Libraries ask it to choose the path that holds for every input value: Hugging
+Face transformers' masking code (``masking_utils._ignore_causal_mask_sdpa``) reads the padding
+mask's values to skip building a mask when no token is padded, unless it is told it is being
+compiled. A trace cannot read values, and a trace that skipped the mask would be wrong for the
+next batch with padding. Answering True makes the library build the general mask, as under
+``torch.compile``, and as Lightning Thunder's interpreter does (a lookaside returning True). The
+answer is the same in every acquisition, so the branch it selects holds for every call of the
+trace: it is a constant of tracing, not Python state that can change between calls, and needs no
+guard. ``torch._dynamo.is_compiling`` and ``torch._utils.is_compiling`` read the same flag;
+``torch.compiler.is_exporting()`` stays False.
+
+**vmap.** functorch's vmap batches below ``__torch_function__``, where proxies cannot go;
+transformers 4.x builds every attention mask under ``torch.vmap``. thunder_rs's ``vmap`` batches
+calls on proxies itself and runs torch's own for everything else.
+
+Both are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
+``torch.compile`` and ``torch.export`` set the same way). Acquisitions may run in several threads
+at once, so the overrides are held by a count: set while any acquisition runs, restored when the
+last one ends. Another thread running eager code meanwhile sees ``is_compiling()`` True, and takes
+the value-independent path, which computes the same results.
+"""
+
+import contextlib
+import threading
+
+import torch.compiler
+import torch.func
+
+from thunder_rs.core import vmap as thunder_vmap
+
+_lock = threading.Lock()
+_active = 0
+_saved: tuple = ()
+
+
+def _install() -> tuple:
+    saved = (torch.compiler._is_compiling_flag, torch.vmap, torch.func.vmap)
+    torch.compiler._is_compiling_flag = True
+    torch.vmap = torch.func.vmap = thunder_vmap.vmap
+    return saved
+
+
+def _restore(saved: tuple) -> None:
+    torch.compiler._is_compiling_flag, torch.vmap, torch.func.vmap = saved
+
+
+@contextlib.contextmanager
+def tracing_overrides():
+    """Holds the overrides for the duration of an acquisition."""
+    global _active, _saved
+    with _lock:
+        if _active == 0:
+            _saved = _install()
+        _active += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _active -= 1
+            if _active == 0:
+                _restore(_saved)
