@@ -143,6 +143,41 @@ def test_eager_attention_matches_eager(name):
     forward_backward(name, "left", "train", attn="eager")
 
 
+def enable_checkpointing(model, use_reentrant: bool = False) -> None:
+    """Activation checkpointing (``activation_checkpointing_enable`` in 5.x, the older name in 4.x)."""
+    kwargs = {"use_reentrant": use_reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("name", MODELS)
+def test_gradient_checkpointing_matches_eager(name, use_reentrant):
+    """Checkpointed layers recompute in eager's backward; in a trace they are ordinary calls, and
+    their parameters get gradients. The reentrant form runs each layer inside an autograd.Function
+    whose forward torch calls with grad mode off: the trace must still differentiate it. The
+    embedding hook that makes the checkpointed inputs require grad (``requires_grad_(True)`` on a
+    tensor that already does) is a no-op."""
+    model = tiny_model(name)
+    enable_checkpointing(model, use_reentrant)
+    eager = copy.deepcopy(model)
+    out, ref = call_both(thunder_rs.jit(model), eager, padded_batch(name, "right"))
+    assert_outputs_close(out, ref, TOLERANCES[torch.float32])
+    out.loss.backward()
+    ref.loss.backward()
+    assert_grads_close(model, eager, TOLERANCES[torch.float32])
+
+
+def test_making_a_frozen_embedding_output_require_grad_is_refused_with_the_line():
+    model = tiny_model("llama")
+    enable_checkpointing(model)
+    model.get_input_embeddings().weight.requires_grad_(False)
+    with pytest.raises(NotImplementedError, match=r"requires_grad=True on a traced tensor.*modeling_utils\.py:\d+"):
+        thunder_rs.jit(model)(**padded_batch("llama", "right"))
+
+
 def exact_zero_grad(name: str, model) -> torch.Tensor | None:
     """A mask of the parameter entries whose gradient is zero in exact arithmetic, so rounding
     noise (different in the two runs) that AdamW scales up to +-LR: the key projection's bias
