@@ -26,25 +26,36 @@ the value-independent path, which computes the same results.
 import contextlib
 import threading
 
+import torch
 import torch.compiler
 import torch.func
 
 from thunder_rs.core import vmap as thunder_vmap
 
+#: What tracing sets: (module, attribute) -> value. These are constants of tracing, the same in
+#: every acquisition: guards on Python state read while tracing must not record reads of them
+#: (outside tracing they hold torch's values, so a guard on them would never pass).
+OVERRIDES = {
+    (torch.compiler, "_is_compiling_flag"): True,
+    (torch, "vmap"): thunder_vmap.vmap,
+    (torch.func, "vmap"): thunder_vmap.vmap,
+}
+
 _lock = threading.Lock()
 _active = 0
-_saved: tuple = ()
+_saved: dict = {}
 
 
-def _install() -> tuple:
-    saved = (torch.compiler._is_compiling_flag, torch.vmap, torch.func.vmap)
-    torch.compiler._is_compiling_flag = True
-    torch.vmap = torch.func.vmap = thunder_vmap.vmap
+def _install() -> dict:
+    saved = {key: getattr(*key) for key in OVERRIDES}
+    for (module, name), value in OVERRIDES.items():
+        setattr(module, name, value)
     return saved
 
 
-def _restore(saved: tuple) -> None:
-    torch.compiler._is_compiling_flag, torch.vmap, torch.func.vmap = saved
+def _restore(saved: dict) -> None:
+    for (module, name), value in saved.items():
+        setattr(module, name, value)
 
 
 @contextlib.contextmanager
