@@ -1,4 +1,5 @@
-"""Markers for device-specific tests, so that the default suite runs on a CPU-only machine."""
+"""Markers for device-specific and slow tests, so that the default suite runs on a CPU-only machine
+in a short time. Slow tests (over ~20 s on a 2-core machine) run with ``--run-slow``."""
 
 import pytest
 import torch
@@ -7,6 +8,12 @@ MARKERS = {
     "requires_cuda": "needs a CUDA device; skipped when none is available",
     "gpu": "runs on a GPU; skipped when no CUDA device is available (deselect with -m 'not gpu')",
 }
+SLOW = "slow"
+SLOW_HELP = "takes over ~20 s on a 2-core machine; skipped unless --run-slow is given"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -14,8 +21,12 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, help_text in MARKERS.items():
         if name not in registered:
             config.addinivalue_line("markers", f"{name}: {help_text}")
+    if SLOW not in registered:
+        config.addinivalue_line("markers", f"{SLOW}: {SLOW_HELP}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if any(item.get_closest_marker(name) for name in MARKERS) and not torch.cuda.is_available():
         pytest.skip("CUDA is not available")
+    if item.get_closest_marker(SLOW) and not item.config.getoption("--run-slow"):
+        pytest.skip("slow: run with --run-slow")

@@ -193,3 +193,114 @@ def test_runtime_errors_name_the_call_and_keep_their_type():
         jf(torch.tensor([1, 2]), torch.tensor([0, 1]))
     assert isinstance(info.value, ThunderError)
     assert "execution trace line" in str(info.value)
+
+
+def norm_net():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+    net.temperature = 0.5
+    return net.eval()
+
+
+def test_jitted_module_forwards_attribute_access_to_the_wrapped_one():
+    net = norm_net()
+    jm = thunder_rs.jit(net)
+    assert jm.temperature == 0.5
+    net.temperature = 2.0
+    assert jm.temperature == 2.0
+    assert jm.extra_repr is not None and jm._model is net
+    with pytest.raises(AttributeError, match="no_such"):
+        jm.no_such
+
+
+def test_jitted_module_state_dict_has_the_wrapped_modules_keys():
+    net = norm_net()
+    jm = thunder_rs.jit(net)
+    state = jm.state_dict()
+    assert list(state) == list(net.state_dict())
+    assert dict(state._metadata) == dict(net.state_dict()._metadata)  # BatchNorm's version is kept
+    # Loads in both directions: a checkpoint of the jitted module into the plain one, and back.
+    other = norm_net()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    jm.load_state_dict(other.state_dict())
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(jm(x), other(x))
+    fresh = norm_net()
+    fresh.load_state_dict(jm.state_dict())
+    torch.testing.assert_close(fresh(x), other(x))
+
+
+def test_jitted_submodule_keeps_keys_under_its_parent():
+    outer = torch.nn.Module()
+    outer.body = thunder_rs.jit(norm_net())
+    plain = torch.nn.Module()
+    plain.body = norm_net()
+    assert list(outer.state_dict()) == list(plain.state_dict())
+    result = outer.load_state_dict(plain.state_dict())
+    assert not result.missing_keys and not result.unexpected_keys
+
+
+class Holder:
+    """An object that is not a pytree node, holding tensors in its attributes."""
+
+    def __init__(self, tensors, label):
+        self.tensors = tensors
+        self.label = label
+
+
+def test_returned_objects_holding_tensors_are_rebuilt_per_call():
+    def f(x):
+        return x.sin(), Holder([x * 2, (x + 1, x.exp())], "label")
+
+    jf = thunder_rs.jit(f)
+    first = jf(torch.ones(3))
+    x = torch.randn(3)
+    out, holder = jf(x)
+    assert type(holder) is Holder and holder is not first[1] and holder.label == "label"
+    _, expected = f(x)
+    torch.testing.assert_close(holder.tensors, expected.tensors)
+    assert all(type(t) is torch.Tensor for t in (holder.tensors[0], *holder.tensors[1]))
+    torch.testing.assert_close(first[1].tensors[0], torch.full((3,), 2.0))  # an earlier result is kept
+
+
+def test_an_argument_returned_after_storing_traced_tensors_in_it_is_that_calls_argument():
+    def f(x, holder):
+        holder.tensors = [x * 2]
+        return holder, x + 1
+
+    jf = thunder_rs.jit(f)
+    for value in (1.0, 2.0):
+        given = Holder([], "in")
+        out, y = jf(torch.full((2,), value), given)
+        assert out is given and type(given.tensors[0]) is torch.Tensor
+        torch.testing.assert_close(given.tensors[0], torch.full((2,), 2 * value))
+    assert thunder_rs.cache_misses(jf) == 1
+
+
+def test_an_object_returned_twice_is_rebuilt_once_per_call():
+    def f(x):
+        holder = Holder([x * 2], "shared")
+        return holder, {"again": holder}
+
+    first, second = thunder_rs.jit(f)(torch.ones(2))
+    assert second["again"] is first and type(first.tensors[0]) is torch.Tensor
+
+
+def test_returned_objects_referring_to_themselves_are_refused():
+    def f(x):
+        holder = Holder([x * 2], "cyclic")
+        holder.me = holder
+        return holder
+
+    with pytest.raises(NotImplementedError, match="refers to itself"):
+        thunder_rs.jit(f)(torch.ones(2))
+
+    def g(x):  # a cycle that holds no traced tensor is returned as it is
+        plain = Holder([], "plain")
+        plain.me = plain
+        return x * 2, Holder([x], plain)
+
+    out, holder = thunder_rs.jit(g)(torch.ones(2))
+    assert holder.label.me is holder.label

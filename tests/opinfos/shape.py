@@ -1,5 +1,5 @@
 """Shape ops: reshape, view, permute, transpose, contiguous, expand, (un)squeeze, flatten, cat, stack,
-split, chunk. Most take one tensor plus static arguments, so their samples are case tables."""
+split, chunk, pad. Most take one tensor plus static arguments, so their samples are case tables."""
 
 from __future__ import annotations
 
@@ -235,7 +235,40 @@ def chunk_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), 2, 2), IndexError)
 
 
+# F.pad: (left, right) pairs from the last dim backwards; negative amounts crop. Values as the
+# Hugging Face causal-LM loss pads its labels (-100 on int64), truncated fill values for integers.
+PADS = cases(
+    ((3, 4), (1, 2)),
+    ((3, 4), (0, 1), "constant", -100),
+    ((3, 4), (1, 1, 2, 0), "constant", 1.5),
+    ((2, 3, 4), (1, -1, -1, 2)),
+    ((2, 3, 4), (0, 0, 0, 0, 1, 1), "constant", -2.7),
+    ((3, 4), ()),
+    ((3, 4), (-2, -2)),
+    ((0, 4), (1, 1)),
+    ((), ()),
+    (Transposed((3, 4)), (2, 1), "constant", 2.5),
+    (Strided((2, 3, 4)), (1, 0, 0, 1)),
+)
+# Reflect, replicate and circular padding have no decomposition: they run as eager fallbacks.
+FALLBACK_PADS = cases(
+    ((2, 3, 4), (1, 1), "replicate"),
+    ((2, 3, 4), (2, 1, 1, 0), "reflect"),
+    ((2, 3, 4), (1, 2), "circular"),
+    ((3, 4), (2, 1), "constant", float("inf")),
+)
+
+
+def pad_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), (1,)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), (1, 1, 1, 1, 1, 1)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), (-3, -2)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4), torch.int64), (1, 1), "constant", float("inf")), RuntimeError)
+
+
 OPS = [
+    OpInfo("pad", torch.nn.functional.pad, PADS, pad_errors, ALL),
+    OpInfo("pad", torch.nn.functional.pad, FALLBACK_PADS, variant="modes"),
     OpInfo("reshape", torch.reshape, chain_samples(RESHAPES, NONCONTIGUOUS_RESHAPES), reshape_errors, ALL),
     OpInfo("reshape", torch.Tensor.reshape, cases(*splatted(RESHAPE_ROWS)), dtypes=ALL, variant="method"),
     OpInfo("view", torch.Tensor.view, chain_samples(RESHAPES, NONCONTIGUOUS_VIEWS), view_errors, ALL),

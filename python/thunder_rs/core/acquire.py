@@ -8,14 +8,16 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 from thunder_rs import _core
-from thunder_rs.core.effects import PrintCall, recording_prints, stop_recording_prints
+from thunder_rs.core.effects import PrintCall, attribute_writes, recording_prints, stop_recording_prints
 from thunder_rs.core.escapes import check_no_escape
 from thunder_rs.core.langctx import LanguageMode
-from thunder_rs.core.modules import ModuleBinding, StateWrite, attribute_writes
+from thunder_rs.core.modules import ModuleBinding
+from thunder_rs.core.modules import attribute_writes as module_writes
 from thunder_rs.core.observe import Observer
-from thunder_rs.core.outputs import OutputStructure, flatten_output, is_plain
+from thunder_rs.core.outputs import flatten_output, is_plain
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import Captures, input_proxy, recording
+from thunder_rs.core.torch_overrides import tracing_overrides
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -25,8 +27,9 @@ class Acquired:
     consts: list
     #: positions in the flat inputs of the leaves that are trace inputs (tensors)
     tensor_positions: tuple[int, ...]
-    #: how to rebuild the output structure from the flat outputs, or None when returned as is
-    out_spec: OutputStructure | None
+    #: how to rebuild the output structure from the flat outputs (``out_spec.unflatten(flat)``),
+    #: or None when returned as is
+    out_spec: object
     #: what the trace returns: "single" (one leaf), "tuple" or "list" (of leaves)
     out_kind: str
     #: tensors read from outside the inputs: the trace's last inputs, in this order
@@ -49,9 +52,9 @@ def _reject_generators(fn, out) -> None:
 
 
 def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding):
-    """Runs the program on proxies. Returns its output, the observer of what it read, what it
-    wrote to module state (``(original module, name, value)``), the ``print`` calls it made, and
-    the positions of the flat inputs that are tensors."""
+    """Runs the program on proxies. Returns its output, the observer of what it read, the
+    attributes it set on modules and state objects (``(holder, name, value)``, undone), the
+    ``print`` calls it made, and the positions of the flat inputs that are tensors."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
     leaves = list(flat_inputs)
     prints: list = []
@@ -62,7 +65,7 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding):
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, attribute_writes(pairs), prints, tuple(positions)
+    return out, observer, module_writes(pairs) + observer.state.writes(), prints, tuple(positions)
 
 
 def _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, binding):
@@ -76,27 +79,16 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, binding):
         fn, pairs = binding.clone(params)
     args, kwargs = tree_unflatten(leaves, in_spec)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,))
-    with observer, LanguageMode():
+    with observer, tracing_overrides(), LanguageMode():
         observer.observe_statically(fn, [c for c, _ in pairs])
         out = fn(*args, **kwargs)
     return out, observer, pairs
 
 
-def _state_writes(writes, extras: list) -> list[StateWrite]:
-    """Replayable writes; tensors the program computed become extra trace outputs."""
-    out = []
-    for module, name, value in writes:
-        if isinstance(value, TensorProxy):
-            extras.append(value)
-            out.append(StateWrite(module, name, None, len(extras) - 1))
-        else:
-            out.append(StateWrite(module, name, value))
-    return out
-
-
 def _check_guards_still_hold(guards, flat_inputs) -> None:
-    """A program that changes Python state it read while being traced (``cfg.n += 1``) would, compiled,
-    run with the value of the first trace: refuse it."""
+    """A program that changed Python state it read while being traced other than by setting
+    attributes (``calls.append(1)``, ``global n; n += 1``) would, compiled, not change it again:
+    refuse it. (Attribute writes were undone after tracing and are repeated by every call.)"""
     for guard in guards:
         if not guard.holds(flat_inputs):
             raise ThunderNotImplementedError(
@@ -105,17 +97,16 @@ def _check_guards_still_hold(guards, flat_inputs) -> None:
                 "keep such state in a module attribute or a buffer")
 
 
-def _finish(rec, out, writes, prints):
+def _finish(rec, out, writes, prints, flat_inputs):
     """Ends the recording with the program's outputs (and the tensors it printed or wrote to
     module state). Returns the trace, how to rebuild the outputs, and the effects to repeat after
     each call (prints in order, then module writes)."""
     extras: list = []
     effects = [PrintCall(args, kwargs, extras) for args, kwargs in prints]
-    effects += _state_writes(writes, extras)
+    effects += attribute_writes(writes, extras)
     out_spec, num_outputs = None, 0
     if effects or not is_plain(out):
-        flat_out, out_spec = flatten_output(out)
-        out = tuple(flat_out)
+        out, out_spec = flatten_output(out, flat_inputs)
         num_outputs = len(out)
     if extras:
         out = (*out, *extras)
@@ -133,7 +124,7 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     del observer
     _check_guards_still_hold(guards, flat_inputs)
-    trace, out_spec, out_kind, effects, num_outputs = _finish(rec, out, writes, prints)
+    trace, out_spec, out_kind, effects, num_outputs = _finish(rec, out, writes, prints, flat_inputs)
     del out, writes, prints
     captured = captures.release()
     _check_no_escape(made, trace)

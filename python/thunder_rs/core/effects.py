@@ -1,4 +1,5 @@
-"""Python side effects of a traced program that every call repeats: ``print``.
+"""Python side effects of a traced program that every call repeats: ``print``, and attributes it
+sets on its modules and on the Python objects it reads as state.
 
 ``print`` cannot be seen through ``__torch_function__``. While a program is traced, the
 ``print`` it calls is recorded instead of run (``builtins.print`` is wrapped once, on the first
@@ -13,6 +14,7 @@ import contextvars
 
 from torch.utils import _pytree as pytree
 
+from thunder_rs.core.guards import MISSING, InputSource
 from thunder_rs.core.langctx import user_location
 from thunder_rs.core.observe import thread_state
 from thunder_rs.core.proxies import TensorProxy
@@ -46,14 +48,15 @@ def stop_recording_prints(token) -> None:
     _prints.reset(token)
 
 
-class PrintCall:
-    """One recorded ``print``: its arguments with each tensor the trace computed replaced by the
-    position of an extra output."""
+class TracedValue:
+    """A Python value that may hold tensors the trace computed (in lists, tuples, dicts): each
+    such tensor is an extra output of the trace, and ``get(extras)`` rebuilds the value with a
+    call's tensors."""
 
     __slots__ = ("leaves", "spec", "outputs")
 
-    def __init__(self, args, kwargs, extras: list):
-        leaves, self.spec = pytree.tree_flatten((args, kwargs))
+    def __init__(self, value, extras: list):
+        leaves, self.spec = pytree.tree_flatten(value)
         self.outputs = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, TensorProxy):
@@ -62,9 +65,48 @@ class PrintCall:
                 leaves[i] = None
         self.leaves = leaves
 
-    def apply(self, extras) -> None:
+    def get(self, extras):
+        if not self.outputs:
+            return pytree.tree_unflatten(self.leaves, self.spec)
         leaves = list(self.leaves)
         for i, output in self.outputs:
             leaves[i] = extras[output]
-        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        return pytree.tree_unflatten(leaves, self.spec)
+
+
+class PrintCall:
+    """One recorded ``print``, repeated with each call's tensors."""
+
+    __slots__ = ("arguments",)
+
+    def __init__(self, args, kwargs, extras: list):
+        self.arguments = TracedValue((args, kwargs), extras)
+
+    def apply(self, extras, flat) -> None:
+        args, kwargs = self.arguments.get(extras)
         _builtin_print(*args, **kwargs)
+
+
+class AttributeWrite:
+    """An attribute the program set (or deleted) on a module or a state object, repeated after
+    every call. ``holder`` is the object, or an ``InputSource`` for an argument object (found in
+    each call's inputs); ``value`` is a ``TracedValue``, or None for a deletion."""
+
+    __slots__ = ("holder", "name", "value")
+
+    def __init__(self, holder, name, value):
+        self.holder, self.name, self.value = holder, name, value
+
+    def apply(self, extras, flat) -> None:
+        holder = self.holder.object(flat) if isinstance(self.holder, InputSource) else self.holder
+        if self.value is None:
+            delattr(holder, self.name)
+        else:
+            setattr(holder, self.name, self.value.get(extras))
+
+
+def attribute_writes(writes, extras: list) -> list:
+    """``AttributeWrite`` for each ``(holder, name, value)`` (MISSING: deleted); tensors the trace
+    computed among the values become extra outputs (appended to ``extras``)."""
+    return [AttributeWrite(holder, name, None if value is MISSING else TracedValue(value, extras))
+            for holder, name, value in writes]

@@ -27,8 +27,8 @@ class Entry:
     guards: Guards | None = None
     #: ``check(flat) -> bool``, or None when the entry may always run once its key matched
     check: object = None
-    #: ``post(out)`` turns the trace's outputs into the program's (rebuilding structures,
-    #: replaying module writes), or None when the trace returns them as they are
+    #: ``post(out, flat)`` turns the trace's outputs into the program's (rebuilding structures,
+    #: repeating prints and attribute writes), or None when the trace returns them as they are
     post: object = None
     #: the hit counter's value at the entry's last use, for least-recently-used eviction
     last_used: int = 0
@@ -86,13 +86,13 @@ def make_post(structure, effects: list, num_outputs: int):
     """The entry's ``post``, or None when the trace's outputs are the program's. With ``effects``
     the trace returns a tuple: the program's flat outputs, then the tensors the effects take."""
     if not effects:
-        return None if structure is None else structure.rebuild
-    rebuild = structure.rebuild
+        return None if structure is None else structure.unflatten
+    rebuild = structure.unflatten
 
-    def post(out):
+    def post(out, flat):
         extras = out[num_outputs:]
         for effect in effects:
-            effect.apply(extras)
-        return rebuild(out[:num_outputs])
+            effect.apply(extras, flat)
+        return rebuild(out[:num_outputs], flat)
 
     return post

@@ -163,11 +163,14 @@ class InputSource(Source):
     path: tuple
     label: str
 
-    def mapping(self, flat):
+    def object(self, flat):
         obj = flat[self.position]
         for attr in self.path:
             obj = obj.__dict__[attr]
-        return obj.__dict__
+        return obj
+
+    def mapping(self, flat):
+        return self.object(flat).__dict__
 
     def code(self, var, scope):
         expr = f"flat[{self.position}]"
@@ -220,6 +223,43 @@ class Guard:
         return f"(_simple(v := {read}) and _freeze(v) == e{index})"
 
 
+def _container_copy(value):
+    t = type(value)
+    return t(value) if t in (list, dict, set) else value
+
+
+def _same_attributes(now: dict, found: dict) -> bool:
+    try:
+        return now == found
+    except Exception:  # noqa: BLE001 (a tensor attribute replaced by another compares elementwise)
+        return False
+
+
+class DictGuard:
+    """A fixed state object guarded whole: all its attributes as the program found them (lists,
+    dicts and sets compared by content). Covers reads the observer cannot see, such as
+    ``getattr(config, name)`` with a computed name; costs one dict comparison per call."""
+
+    def __init__(self, source: Source, found: dict, origin: str):
+        self.source, self.origin = source, origin
+        self.found = {k: _container_copy(v) for k, v in found.items()}
+
+    def holds(self, flat) -> bool:
+        return _same_attributes(self.source.mapping(flat), self.found)
+
+    def describe(self, flat) -> str:
+        now = self.source.mapping(flat)
+        for name in (*self.found, *now):
+            before, after = self.found.get(name, MISSING), now.get(name, MISSING)
+            if before is not after and not _same_attributes({0: before}, {0: after}):
+                return f"{self.source.describe(name)} changed from {_short(before)} to {_short(after)} (read at {self.origin})"
+        return f"{self.source.label} changed (read at {self.origin})"
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"e{index}"] = self.found
+        return f"_same_attributes({self.source.code(f'm{index}', scope)}, e{index})"
+
+
 def module_structure(module) -> tuple:
     """The identities of a module's submodules, parameters and buffers, by name."""
     d = module.__dict__
@@ -267,7 +307,8 @@ def compile_check(guards: list[Guard]):
     """One function ``check(flat) -> bool`` over ``guards``, or None when there are none."""
     if not guards:
         return None
-    scope = {"MISSING": MISSING, "_freeze": freeze, "_simple": is_simple, "_structure": module_structure}
+    scope = {"MISSING": MISSING, "_freeze": freeze, "_simple": is_simple, "_structure": module_structure,
+             "_same_attributes": _same_attributes}
     terms = "\n        and ".join(g.term(i, scope) for i, g in enumerate(guards))
     source = (f"def check(flat):\n  try:\n    return ({terms})\n"
               "  except (KeyError, AttributeError, IndexError, TypeError):\n    return False\n")

@@ -20,6 +20,7 @@ from thunder_rs.core.modules import ModuleBinding, hook_snapshot, hooks_version,
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.recorder import active_recorder
 from thunder_rs.core.rng import check_generators
+from thunder_rs.core.wrapped_module import WRAPPED, present_state_dict_as_wrapped
 from thunder_rs.errors import ThunderValueError, runtime_error
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
@@ -134,7 +135,7 @@ class ThunderFunction:
                 out = entry.fn(*args, *[d[n] for d, n in self._binding.unique])
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
-        return out if entry.post is None else entry.post(out)
+        return out if entry.post is None else entry.post(out, args)
 
     def _call_general(self, args, kwargs):
         if active_recorder() is not None:
@@ -153,7 +154,7 @@ class ThunderFunction:
             out = entry.fn(*inputs)
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
-        return out if entry.post is None else entry.post(out)
+        return out if entry.post is None else entry.post(out, flat)
 
     def _module_state(self):
         """The module's part of the cache key: train/eval mode, and each parameter's and buffer's
@@ -282,6 +283,8 @@ class ThunderModule(torch.nn.Module):
 
     Hooks registered on this wrapper run eagerly around the compiled call, as ``nn.Module``
     runs them; hooks on the wrapped module and its submodules are traced into the call.
+    Attributes it does not have come from the wrapped module (``jm.config``, ``jm.generate``), and
+    its state dict has the wrapped module's keys.
     """
 
     def __init__(self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE):
@@ -290,6 +293,16 @@ class ThunderModule(torch.nn.Module):
         self._jfn = ThunderFunction(module, module=module, cache=cache)
         self._hooks_seen = -1
         self._has_hooks = False
+        present_state_dict_as_wrapped(self)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules")
+            if modules is None or WRAPPED not in modules or name == WRAPPED:
+                raise
+            return getattr(modules[WRAPPED], name)
 
     def forward(self, *args, **kwargs):
         return self._jfn._call_general(args, kwargs)

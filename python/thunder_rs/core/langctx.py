@@ -20,7 +20,7 @@ from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.core.recorder import lift_captured
 from thunder_rs.core.autocast import cast_inputs
 from thunder_rs.core.rng import RANDOM
-from thunder_rs.errors import ThunderRuntimeError
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
 TORCH_TO_LTORCH: dict = {}
@@ -64,10 +64,25 @@ def user_frame():
     return None
 
 
+def is_metadata_query(func) -> bool:
+    """Whether ``func`` reads a tensor's metadata (``size()``, ``.shape``), which proxies answer."""
+    return func in _METADATA_METHODS or _property_name(func) in _METADATA_PROPERTIES
+
+
 def user_location() -> str:
     """``file:line`` of the innermost frame outside thunder_rs and torch."""
     frame = user_frame()
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
+
+
+def refuse_data_dependent(func) -> None:
+    """Raises when ``func`` reads a traced tensor's values (``bool(t)``, ``t.item()``)."""
+    if func in _DATA_DEPENDENT:
+        name = getattr(func, "__name__", str(func))
+        raise ThunderRuntimeError(
+            f"{name}: data-dependent control flow or value access on a traced tensor at "
+            f"{user_location()}; thunder_rs specialises on shapes, not values"
+        )
 
 
 def torch_function(func, args, kwargs):
@@ -118,13 +133,34 @@ def _torch_function(func, args, kwargs):
     if func in _METADATA_METHODS:
         with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
-    if func in _DATA_DEPENDENT:
-        name = getattr(func, "__name__", str(func))
-        raise ThunderRuntimeError(
-            f"{name}: data-dependent control flow or value access on a traced tensor at "
-            f"{user_location()}; thunder_rs specialises on shapes, not values"
-        )
+    refuse_data_dependent(func)
     return fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
+
+
+_functorch = torch._C._functorch
+
+
+def _wraps_proxy(x) -> bool:
+    """Whether ``x`` is a functorch wrapper (``torch.vmap``'s batched tensor) around a proxy."""
+    if not isinstance(x, torch.Tensor) or not _functorch.is_functorch_wrapped_tensor(x):
+        return False
+    while _functorch.is_functorch_wrapped_tensor(x):
+        x = _functorch.get_unwrapped(x)
+    return isinstance(x, TensorProxy)
+
+
+def _refuse_functorch_transform(func, args, kwargs) -> None:
+    """functorch's transforms wrap proxies in tensors that run below ``__torch_function__``, where a
+    proxy cannot go; refuse with the user's line instead of failing at dispatch. (While tracing,
+    ``torch.vmap`` is thunder_rs's own; this catches ``torch.func.grad``/``jacrev`` and a functorch
+    vmap bound before tracing began.)"""
+    if _functorch.peek_interpreter_stack() is None:
+        return
+    if any(_wraps_proxy(x) for x in (*args, *kwargs.values())):
+        name = getattr(func, "__name__", str(func))
+        raise ThunderNotImplementedError(
+            f"functorch: transforms over traced tensors are not supported ({name} at {user_location()}); "
+            "use torch.vmap, which thunder_rs batches, or run the function eagerly")
 
 
 def _tensor_kind(args, kwargs) -> int:
@@ -159,12 +195,16 @@ class LanguageMode(TorchFunctionMode):
     tensors the program captured (globals, closures, plain module attributes): they become trace
     inputs, so what the program computes from them is computed again on every call, from their
     values then (``x * w.sum()`` after ``w.mul_(2)``). Calls on meta tensors are thunder_rs's own.
+    Calls on a proxy subclass (vmap's ``BatchedProxy``) go to the subclass's own ``__torch_function__``.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
+            return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
         if TensorProxy in types or func in RANDOM:  # random calls are recorded: eager draws on every call
             return torch_function(func, args, kwargs)
+        _refuse_functorch_transform(func, args, kwargs)
         kind = _tensor_kind(args, kwargs)
         if kind == 2:
             return torch_function(func, args, kwargs)

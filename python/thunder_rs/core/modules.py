@@ -18,6 +18,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
+from thunder_rs.core.guards import MISSING
 from thunder_rs.errors import ThunderNotImplementedError
 
 _Module = torch.nn.Module
@@ -139,31 +140,9 @@ def _rebound(store: dict, proxies: list, index_of: dict) -> dict:
     return type(store)((n, proxies[index_of[id(v)]] if v is not None else None) for n, v in store.items())
 
 
-class StateWrite:
-    """An attribute the traced forward set (or deleted) on a module: replayed after every call.
-
-    ``value`` is the value to set, or ``DELETE``; when ``output`` is not None the value is the
-    trace's extra output at that position (a tensor the forward computed).
-    """
-
-    __slots__ = ("module", "name", "value", "output")
-
-    def __init__(self, module, name, value, output=None):
-        self.module, self.name, self.value, self.output = module, name, value, output
-
-    def apply(self, extras) -> None:
-        if self.value is DELETE:
-            delattr(self.module, self.name)
-        else:
-            setattr(self.module, self.name, extras[self.output] if self.output is not None else self.value)
-
-
-DELETE = object()
-
-
 def attribute_writes(pairs: list) -> list:
     """What the forward changed on module instance dicts, from ``(clone, original)`` pairs:
-    ``(original, name, value)`` with ``DELETE`` for removed attributes. Changes to the submodule
+    ``(original, name, value)`` with MISSING for removed attributes. Changes to the submodule
     stores are refused."""
     writes = []
     originals = {id(c): o for c, o in pairs}
@@ -172,9 +151,9 @@ def attribute_writes(pairs: list) -> list:
         for name, value in now.items():
             if name in ("_parameters", "_buffers", "_modules"):
                 continue
-            if before.get(name, DELETE) is not value:
+            if before.get(name, MISSING) is not value:
                 writes.append((original, name, _original_of(value, originals)))
-        writes.extend((original, name, DELETE) for name in before if name not in now)
+        writes.extend((original, name, MISSING) for name in before if name not in now)
         _check_submodules(clone, original, originals)
     return writes
 

@@ -28,6 +28,7 @@ from thunder_rs import _core
 from thunder_rs.core.guards import (MISSING, CellSource, GlobalsSource, Guard, InputSource, ModuleSource,
                                     ModuleStoreSource, ObjectSource, StructureGuard, is_simple)
 from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.core.state import ProgramState
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -141,11 +142,12 @@ class Observer:
     def __init__(self, inputs: list, originals: dict, functions=()):
         self._originals = originals
         self._owned = {id(m) for m in originals.values()}
-        #: id -> (object, source of its attributes) for objects known to be program state.
-        self._state: dict = {}
+        #: objects known to be program state (configs, argument objects), with their attributes
+        #: when first reached
+        self.state = ProgramState()
         for i, x in enumerate(inputs):
             if not isinstance(x, torch.Tensor) and not is_simple(x) and hasattr(x, "__dict__"):
-                self._state[id(x)] = (x, InputSource(i, (), f"input {i}"))
+                self.state.add(x, InputSource(i, (), f"input {i}"))
         self._functions: dict = {}
         for fn in functions:
             self._add_function(fn)
@@ -154,6 +156,8 @@ class Observer:
         self._hooked = False
         #: id -> the (original) modules whose methods the program called, for their hooks
         self.modules_called: dict = {}
+        #: ids of modules whose ``__init__`` ran while tracing: made by the program
+        self._made: set = set()
 
     def __enter__(self):
         self._outer = _thread.observer
@@ -188,9 +192,13 @@ class Observer:
 
     def guards(self) -> list:
         """The guards: values read, and the structure of modules called that the program does not
-        own (the jitted module's own structure is guarded by its binding)."""
-        structure = [StructureGuard(m, type(m).__name__) for i, m in self.modules_called.items() if i not in self._owned]
-        return list(self._guards.values()) + structure
+        own (the jitted module's own structure is guarded by its binding). None of them is on a
+        module the program made while traced."""
+        structure = [StructureGuard(m, type(m).__name__) for i, m in self.modules_called.items()
+                     if i not in self._owned and not self._traced_module(m)]
+        kept = [g for g in self._guards.values()
+                if not (isinstance(getattr(g.source, "obj", None), torch.nn.Module) and self._traced_module(g.source.obj))]
+        return kept + structure
 
     def _add_function(self, fn) -> None:
         fn = getattr(fn, "__func__", fn)
@@ -202,13 +210,26 @@ class Observer:
 
     # -- one attribute read ----------------------------------------------------------------------
 
+    def _traced_module(self, module) -> bool:
+        """Whether ``module`` was made while tracing (``self.layers[:n]`` builds a new
+        ``ModuleList`` of the clones): the program's own temporary, which no guard may keep."""
+        if id(module) in self._originals:
+            return False
+        if id(module) in self._made:
+            return True
+        d = module.__dict__
+        return (any(isinstance(v, TensorProxy) for store in ("_parameters", "_buffers") for v in d.get(store, {}).values())
+                or any(id(m) in self._originals for m in d.get("_modules", {}).values()))
+
     def _attr_source(self, obj):
         """Where a guard on an attribute of ``obj`` applies, or None when ``obj`` is not state."""
         if isinstance(obj, torch.nn.Module):
-            original = self._originals.get(id(obj), obj)
+            original = self._originals.get(id(obj))
+            if original is None and self._traced_module(obj):
+                return None
+            original = original or obj
             return ModuleSource(original, type(original).__name__)
-        known = self._state.get(id(obj))
-        return known[1] if known is not None else None
+        return self.state.source_of(obj)
 
     def _step(self, obj, attr: str, origin: str):
         """Reads ``obj.attr`` as the program did and guards it; returns the value to follow, or
@@ -234,9 +255,12 @@ class Observer:
         value = mapping.get(attr, MISSING)
         if source is None or value is MISSING:
             return MISSING  # a class attribute, property or method: its own code is observed
-        if isinstance(obj, torch.nn.Module) and source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
-            return MISSING  # the program set it earlier in this call (a write replayed after each call)
-        return self._keep(source, attr, value, origin)
+        if isinstance(obj, torch.nn.Module):
+            if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
+                return MISSING  # the program set it earlier in this call (a write replayed after each call)
+            return self._keep(source, attr, value, origin)
+        self.state.read(obj, attr, origin, self._guards)
+        return self._keep(source, attr, value, origin, guard=False)
 
     def _module_store_read(self, module, mapping, attr, origin):
         """``module.attr`` for a submodule, parameter or buffer: followed (a submodule) and, for a
@@ -246,7 +270,7 @@ class Observer:
             value = mapping.get(store, {}).get(attr, MISSING)
             if value is MISSING:
                 continue
-            if id(module) not in self._originals and not isinstance(value, TensorProxy):
+            if id(module) not in self._originals and not isinstance(value, TensorProxy) and not self._traced_module(module):
                 key = (id(module), store, attr)
                 self._guards.setdefault(key, Guard(ModuleStoreSource(module, store, type(module).__name__), attr, value, origin))
             return value if isinstance(value, torch.nn.Module) else MISSING
@@ -261,20 +285,21 @@ class Observer:
             return MISSING
         return self._keep(GlobalsSource(module.__dict__, module.__name__), attr, value, origin)
 
-    def _keep(self, source, name: str, value, origin: str):
-        """Guards ``value`` read as ``name`` at ``source``; returns it if reads may go on from it."""
+    def _keep(self, source, name: str, value, origin: str, guard: bool = True):
+        """Guards ``value``, read as ``name`` at ``source`` (unless the source guards it another
+        way); returns it if reads may go on from it."""
         if isinstance(value, TensorProxy):
             return MISSING
         if isinstance(value, types.FunctionType):
             self._add_function(value)
-        if not isinstance(value, _CODE_TYPES):
+        if guard and not isinstance(value, _CODE_TYPES):
             key = (id(getattr(source, "obj", None) or getattr(source, "globals", None) or getattr(source, "cell", None)),
                    getattr(source, "position", None), getattr(source, "path", None), name)
             self._guards.setdefault(key, Guard(source, name, value, origin))
         if is_simple(value) or isinstance(value, torch.Tensor):
             return MISSING
-        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)) and id(value) not in self._state:
-            self._state[id(value)] = (value, _child_source(source, name, value))
+        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
+            self.state.add(value, _child_source(source, name, value))
         return value
 
     def _follow(self, value, attrs: tuple, origin: str) -> None:
@@ -284,7 +309,7 @@ class Observer:
                 return
 
     def _is_state(self, value) -> bool:
-        return (isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator)) or id(value) in self._state)
+        return isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator)) or value in self.state
 
     # -- profile events --------------------------------------------------------------------------
 
@@ -305,9 +330,13 @@ class Observer:
         if reads.args or reads.cells or reads.receiver:
             local = frame.f_locals if live else frame
             receiver = local.get(reads.receiver) if reads.receiver else None
+            if isinstance(receiver, torch.nn.Module) and live and code.co_name == "__init__":
+                self._made.add(id(receiver))
             if isinstance(receiver, torch.nn.Module):
-                original = self._originals.get(id(receiver), receiver)
-                self.modules_called[id(original)] = original
+                original = self._originals.get(id(receiver))
+                if original is not None or not self._traced_module(receiver):
+                    original = original or receiver
+                    self.modules_called[id(original)] = original
             for name, attrs in reads.args:
                 value = local.get(name, MISSING)
                 if value is not MISSING and self._is_state(value):

@@ -4,6 +4,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT
+from thunder_rs.core.vmap import batch_as_elementwise
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
 
@@ -200,3 +201,7 @@ def clamp(a, min=None, max=None):
     if max is not None:
         out = clang.elementwise(prims.minimum, op, out, max)
     return out
+
+
+# torch.vmap over traced tensors batches every op of this family by broadcasting.
+batch_as_elementwise(*(fn for symbol in list(globals().values()) for fn in getattr(symbol, "torch_fns", ())))

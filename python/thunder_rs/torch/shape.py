@@ -13,6 +13,8 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core import dtypes
+from thunder_rs.core.fallback import fallback
+from thunder_rs.core.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,
@@ -29,7 +31,7 @@ __all__ = [
     "contiguous", "clone", "expand", "expand_as", "broadcast_to", "unsqueeze", "squeeze", "flatten",
     "ravel", "unflatten", "cat", "concatenate", "stack", "hstack", "vstack", "split", "chunk",
     "tensor_split", "movedim", "flip", "roll", "narrow", "repeat", "to", "type_as", "tensor_type",
-    "atleast_1d", "atleast_2d",
+    "atleast_1d", "atleast_2d", "pad",
 ]
 
 
@@ -528,6 +530,56 @@ def narrow(a, dim, start, length):
     return slice_in_dim(a, d, start, start + length)
 
 
+def _pad_value(value, dtype: torch.dtype):
+    """The fill value as ``constant_pad_nd`` stores it in ``dtype``: truncated toward zero for
+    integers, truthiness for bool."""
+    value = 0 if value is None else value
+    if dtype == torch.bool:
+        return bool(value)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        check(math.isfinite(value), "ltorch.pad", f"value cannot be converted to type {dtype} without overflow "
+              f"(argument value)", ThunderRuntimeError)
+        return int(value)
+    return value
+
+
+@torchsymbol(torch.nn.functional.pad)
+def pad(input, pad, mode="constant", value=None):
+    """Constant padding of the last ``len(pad) // 2`` dims (``pad`` lists (left, right) pairs from
+    the last dim backwards); negative amounts crop."""
+    op = "ltorch.pad"
+    check(mode == "constant", op, f"only mode='constant' has a decomposition, got {mode!r} (argument mode)",
+          ThunderNotImplementedError)
+    pad = tuple(pad)
+    check(all(isinstance(p, int) and not isinstance(p, bool) for p in pad), op,
+          f"argument 'pad' must be tuple of ints, got {pad!r} (argument pad)", ThunderTypeError)
+    check(len(pad) % 2 == 0, op, "Padding length must be divisible by 2 (argument pad)", ThunderRuntimeError)
+    check(len(pad) // 2 <= input.ndim, op, f"Padding length should be less than or equal to two times the input "
+          f"dimension but got padding length {len(pad)} and input of dimension {input.ndim} (argument pad)",
+          ThunderRuntimeError)
+    config = [(0, 0, 0)] * input.ndim
+    for i in range(len(pad) // 2):
+        d = input.ndim - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        check(input.shape[d] + lo + hi >= 0, op, f"narrow(): length must be non-negative: padding ({lo}, {hi}) "
+              f"of dimension {d} of size {input.shape[d]} (argument pad)", ThunderRuntimeError)
+        config[d] = (lo, hi, 0)
+    if all(c == (0, 0, 0) for c in config):
+        return input
+    return prims.pad(input, _pad_value(value, input.dtype), tuple(config))
+
+
+def _pad_or_fallback(input, pad_, mode="constant", value=None):
+    """``F.pad``: the ``pad`` symbol for constant padding; reflect, replicate and circular
+    padding run eagerly as a fallback."""
+    if mode == "constant":
+        return pad(input, pad_, mode, value)
+    return fallback(torch.nn.functional.pad, (input, pad_, mode, value), {})
+
+
+TORCH_TO_LTORCH[torch.nn.functional.pad] = _pad_or_fallback
+
+
 # -- reordering -----------------------------------------------------------------------------------
 
 
@@ -665,3 +717,17 @@ CONVERSIONS = {
         "bool": torch.bool,
     }.items()
 }
+
+
+def _requires_grad_(a, requires_grad=True):
+    """``t.requires_grad_(flag)`` on a traced tensor: a no-op where ``t`` already is so (what
+    Hugging Face's ``make_inputs_require_grads`` hook does to trainable embeddings); changing
+    which values are differentiable inside a trace is refused."""
+    check(requires_grad == a.requires_grad, "ltorch.requires_grad_",
+          f"setting requires_grad={requires_grad} on a traced tensor with requires_grad={a.requires_grad} at "
+          f"{user_location()}: thunder_rs decides differentiability from the inputs (argument requires_grad)",
+          ThunderNotImplementedError)
+    return a
+
+
+TORCH_TO_LTORCH[Tensor.requires_grad_] = _requires_grad_

@@ -1,0 +1,112 @@
+"""What thunder_rs changes in torch while it traces a program: ``torch.compiler.is_compiling()``
+answers True, ``torch.vmap`` batches traced tensors (``thunder_rs.core.vmap``), and custom
+``torch.autograd.Function``s on traced tensors are inlined (activation checkpointing) or refused.
+
+**is_compiling.** Libraries ask it to choose the path that holds for every input value: Hugging
+Face transformers' masking code (``masking_utils._ignore_causal_mask_sdpa``) reads the padding
+mask's values to skip building a mask when no token is padded, unless it is told it is being
+compiled. A trace cannot read values, and a trace that skipped the mask would be wrong for the
+next batch with padding. Answering True makes the library build the general mask, as under
+``torch.compile``, and as Lightning Thunder's interpreter does (a lookaside returning True). The
+answer is the same in every acquisition, so the branch it selects holds for every call of the
+trace: it is a constant of tracing, not Python state that can change between calls, and needs no
+guard. ``torch._dynamo.is_compiling`` and ``torch._utils.is_compiling`` read the same flag;
+``torch.compiler.is_exporting()`` stays False.
+
+**vmap.** functorch's vmap batches below ``__torch_function__``, where proxies cannot go;
+transformers 4.x builds every attention mask under ``torch.vmap``. thunder_rs's ``vmap`` batches
+calls on proxies itself and runs torch's own for everything else.
+
+Both are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
+``torch.compile`` and ``torch.export`` set the same way). Acquisitions may run in several threads
+at once, so the overrides are held by a count: set while any acquisition runs, restored when the
+last one ends. Another thread running eager code meanwhile sees ``is_compiling()`` True, and takes
+the value-independent path, which computes the same results.
+"""
+
+import contextlib
+import threading
+
+import torch
+import torch.compiler
+import torch.func
+import torch.utils.checkpoint
+from torch.autograd.function import Function
+from torch.utils._pytree import tree_leaves
+
+from thunder_rs.core import vmap as thunder_vmap
+from thunder_rs.core.langctx import user_location
+from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.core.recorder import active_recorder
+from thunder_rs.errors import ThunderNotImplementedError
+
+#: ``Function.apply`` as torch defines it (a Python classmethod before torch 2.15, a C one since).
+_function_apply = Function.__dict__["apply"]
+
+
+#: torch's own Functions whose backward is the gradient of their forward's ops (``setup_context``
+#: style, so ``forward`` takes no ctx): traced as those ops. ``ModIndex`` is ``aten.index`` on a
+#: tensor, which ``TransformGetItemToIndex`` (Hugging Face masks under vmap) makes of ``t[i]``.
+_GRADIENT_OF_FORWARD = {("torch._dynamo._trace_wrapped_higher_order_op", "ModIndex")}
+
+
+def _apply(cls, *args, **kwargs):
+    """``torch.autograd.Function.apply`` while tracing: torch runs a custom Function's forward below
+    ``__torch_function__`` with grad mode off and would attach its own backward to proxies.
+    Reentrant activation checkpointing (``CheckpointFunction``) only recomputes its function in
+    the backward, so in a trace it is the call of that function; any other Function defines its
+    own gradient, which a trace would not keep: refused."""
+    if active_recorder() is None or not any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))):
+        return _function_apply.__get__(None, cls)(*args, **kwargs)
+    if cls is torch.utils.checkpoint.CheckpointFunction:
+        run_function, _preserve_rng_state, *inputs = args
+        return run_function(*inputs)
+    if (cls.__module__, cls.__qualname__) in _GRADIENT_OF_FORWARD:
+        return cls.forward(*args, **kwargs)
+    raise ThunderNotImplementedError(
+        f"torch.autograd.Function: {cls.__qualname__}.apply at {user_location()} defines its own backward, which "
+        "thunder_rs.jit does not take into a trace; run it outside the jitted function")
+
+#: What tracing sets: (module, attribute) -> value. These are constants of tracing, the same in
+#: every acquisition: guards on Python state read while tracing must not record reads of them
+#: (outside tracing they hold torch's values, so a guard on them would never pass).
+OVERRIDES = {
+    (torch.compiler, "_is_compiling_flag"): True,
+    (torch, "vmap"): thunder_vmap.vmap,
+    (torch.func, "vmap"): thunder_vmap.vmap,
+    (Function, "apply"): classmethod(_apply),
+}
+
+_lock = threading.Lock()
+_active = 0
+_saved: dict = {}
+
+
+def _install() -> dict:
+    # The raw entries: ``getattr`` of a classmethod returns a bound method, not what to restore.
+    saved = {(owner, name): owner.__dict__[name] for owner, name in OVERRIDES}
+    for (module, name), value in OVERRIDES.items():
+        setattr(module, name, value)
+    return saved
+
+
+def _restore(saved: dict) -> None:
+    for (module, name), value in saved.items():
+        setattr(module, name, value)
+
+
+@contextlib.contextmanager
+def tracing_overrides():
+    """Holds the overrides for the duration of an acquisition."""
+    global _active, _saved
+    with _lock:
+        if _active == 0:
+            _saved = _install()
+        _active += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _active -= 1
+            if _active == 0:
+                _restore(_saved)

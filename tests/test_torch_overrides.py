@@ -1,0 +1,55 @@
+"""What thunder_rs changes in torch while it traces: ``torch.compiler.is_compiling()`` is True and
+``torch.vmap`` is thunder_rs's, during acquisition only, also with acquisitions in several threads."""
+
+import threading
+
+import pytest
+import torch
+
+import thunder_rs
+
+
+def test_is_compiling_holds_until_the_last_of_concurrent_acquisitions_ends():
+    first_inside, second_done = threading.Event(), threading.Event()
+    seen = {}
+
+    def slow(x):
+        first_inside.set()
+        assert second_done.wait(30)
+        seen["slow"] = torch.compiler.is_compiling()  # the other acquisition has ended meanwhile
+        return x + 1
+
+    def fast(x):
+        seen["fast"] = torch.compiler.is_compiling()
+        return x * 2
+
+    worker = threading.Thread(target=lambda: thunder_rs.jit(slow)(torch.ones(2)))
+    worker.start()
+    assert first_inside.wait(30)
+    thunder_rs.jit(fast)(torch.ones(2))
+    second_done.set()
+    worker.join(30)
+    assert seen == {"slow": True, "fast": True}
+    assert not torch.compiler.is_compiling()
+
+
+def test_overrides_are_restored_after_a_failed_acquisition():
+    vmap = torch.vmap
+
+    def fails(x):
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError):
+        thunder_rs.jit(fails)(torch.ones(2))
+    assert not torch.compiler.is_compiling() and torch.vmap is vmap and torch.func.vmap is vmap
+
+
+def test_programs_take_their_compiled_branch_on_every_call():
+    def f(x):
+        return x * 2 if torch.compiler.is_compiling() else x * 3
+
+    jf = thunder_rs.jit(f)
+    x = torch.ones(2)
+    torch.testing.assert_close(jf(x), x * 2)
+    torch.testing.assert_close(jf(x), x * 2)  # a cache hit: no read of the flag, nothing to guard
+    assert thunder_rs.cache_hits(jf) == 1

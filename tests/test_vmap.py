@@ -1,0 +1,129 @@
+"""``torch.vmap`` inside a program under thunder_rs.jit: batched like eager for the ops index-based
+functions use (elementwise ops, ``new_*`` creation, integer indexing), a clear error naming the op
+and the line for anything else, and torch's own vmap outside tracing."""
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs.errors import ThunderError
+
+
+def same_as_eager(fn, *args):
+    expected = fn(*args)
+    actual = thunder_rs.jit(fn)(*args)
+    torch.testing.assert_close(actual, expected)
+    assert type(actual) is torch.Tensor
+    return actual
+
+
+def mask_function(padding):
+    """A Hugging Face-style mask function over (batch, query, key) indices."""
+
+    def mask(b, q, kv):
+        causal = kv <= q
+        result = q.new_ones((), dtype=torch.bool) & causal.to(q.device)
+        return result & padding[b, kv]
+
+    return mask
+
+
+def test_nested_vmaps_over_index_vectors_match_eager():
+    def build(padding):
+        fn = mask_function(padding)
+        for dims in [(None, None, 0), (None, 0, None), (0, None, None)]:
+            fn = torch.vmap(fn, in_dims=dims, out_dims=0)
+        b, n = padding.shape
+        return fn(torch.arange(b), torch.arange(n), torch.arange(n))
+
+    padding = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], dtype=torch.bool)
+    same_as_eager(build, padding)
+    same_as_eager(build, padding.flip(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_elementwise_ops_with_in_dims_and_out_dims(dtype):
+    def f(x, y, w):
+        return torch.vmap(lambda a, b: torch.where(a > 0, a * b - 1, (a + 2) / b), in_dims=(1, None), out_dims=1)(x, y) + w
+
+    x, y, w = torch.randn(3, 4, dtype=dtype), torch.rand(3, dtype=dtype) + 1, torch.randn(3, 4, dtype=dtype)
+    same_as_eager(f, x, y, w)
+
+
+def test_outputs_not_batched_over_a_level_are_expanded():
+    def f(x):
+        return torch.vmap(lambda a: x[0] * 2, in_dims=0)(x)  # ignores its argument
+
+    same_as_eager(f, torch.randn(3, 2))
+
+
+def test_gradients_flow_through_batched_elementwise_ops():
+    def f(x, y):
+        return torch.vmap(lambda a, b: (a * b).sin(), in_dims=(0, None))(x, y).sum()
+
+    x, y = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    x2, y2 = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+    thunder_rs.jit(f)(x, y).backward()
+    f(x2, y2).backward()
+    torch.testing.assert_close((x.grad, y.grad), (x2.grad, y2.grad))
+
+
+def test_ops_without_a_batching_rule_are_refused_with_the_line():
+    def f(x):
+        return torch.vmap(lambda row: row.sum())(x)
+
+    with pytest.raises(NotImplementedError, match=r"torch\.vmap: sum has no thunder_rs batching rule.*test_vmap\.py:\d+"):
+        thunder_rs.jit(f)(torch.randn(3, 4))
+
+
+def test_promotion_that_batching_would_change_is_refused():
+    # A 0-d float64 per example next to a float32 vector computes in float32 in eager; physically
+    # the batched float64 operand has a dim and would promote the result.
+    def f(x, v):
+        return torch.vmap(lambda a: a + v)(x)
+
+    with pytest.raises(NotImplementedError, match="float64 and torch.float32"):
+        thunder_rs.jit(f)(torch.randn(3, dtype=torch.float64), torch.randn(2))
+
+
+def test_reading_a_batched_value_is_data_dependent():
+    def f(x):
+        return torch.vmap(lambda a: a * 2 if a > 0 else a)(x)
+
+    with pytest.raises(ThunderError, match=r"__bool__: data-dependent.*test_vmap\.py:\d+"):
+        thunder_rs.jit(f)(torch.randn(3))
+
+
+def test_mismatched_batch_sizes_raise_like_eager():
+    def f(x, y):
+        return torch.vmap(lambda a, b: a + b)(x, y)
+
+    x, y = torch.randn(3), torch.randn(4)
+    with pytest.raises(ValueError):
+        f(x, y)
+    with pytest.raises(ValueError, match="same size in the mapped dimension"):
+        thunder_rs.jit(f)(x, y)
+
+
+def test_torch_vmap_is_torchs_own_outside_tracing():
+    vmap = torch.vmap
+    thunder_rs.jit(lambda x: torch.vmap(torch.neg)(x))(torch.randn(2, 3))
+    assert torch.vmap is vmap and torch.func.vmap is vmap
+    # Inside a traced program, a vmap over captured real tensors is traced: their values are read per call.
+    captured = torch.randn(3, 4)
+
+    def f(x):
+        return x + torch.vmap(lambda row: row * 2)(captured)
+
+    jf, x = thunder_rs.jit(f), torch.randn(3, 4)
+    torch.testing.assert_close(jf(x), f(x))
+    captured.mul_(3)
+    torch.testing.assert_close(jf(x), f(x))
+    with pytest.raises(NotImplementedError, match="sum has no thunder_rs batching rule"):
+        thunder_rs.jit(lambda x: x + torch.vmap(lambda row: row.sum())(captured))(torch.randn(3))
+
+
+def test_functorch_transforms_bound_before_tracing_are_refused_with_the_line():
+    grad = torch.func.grad(lambda a: (a * a).sum())
+    with pytest.raises(NotImplementedError, match=r"functorch: transforms over traced tensors.*test_vmap\.py"):
+        thunder_rs.jit(lambda x: grad(x))(torch.randn(3))
