@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from thunder_rs import _core
 from thunder_rs.core.langctx import LanguageMode
 from thunder_rs.core.recorder import Captures, input_proxy, recording
+from thunder_rs.core.writeback import WriteBacks, plan
 
 
 @dataclass
@@ -23,6 +24,8 @@ class Acquired:
     out_kind: str
     #: tensors read from outside the inputs: the trace's last inputs, in this order
     captured: list
+    #: inputs the program wrote and what the call copies back, or None
+    writebacks: WriteBacks | None = None
 
 
 def _is_plain(out) -> bool:
@@ -62,10 +65,13 @@ def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0)
     captures = Captures(rec, grad_enabled)
     with recording(rec, captures), _swapped(param_slots, params), LanguageMode():
         out = fn(*args, **kwargs)
+        slot_values = [(d, n, params[i], d[n]) for d, n, i in param_slots]
     out_spec = None
     if not _is_plain(out):
         flat_out, out_spec = tree_flatten(out)
         out = tuple(flat_out)
-    trace = rec.finish(out)
     out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
-    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captures.tensors)
+    inputs = [leaves[i] for i in positions] + params + captures.proxies
+    writebacks, outputs = plan(inputs, slot_values, out, out_kind)
+    trace = rec.finish(outputs)
+    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captures.tensors, writebacks)

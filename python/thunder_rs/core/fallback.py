@@ -12,7 +12,7 @@ from thunder_rs import _core
 from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
-from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
 
 #: symbol id -> the torch callable a fallback symbol runs.
 FALLBACK_IMPLS: dict[int, object] = {}
@@ -69,17 +69,22 @@ def _to_meta(x):
 
 
 def fallback(func, args, kwargs):
+    """Records ``func`` as an eager fallback. In-place calls never get here: ``thunder_rs.torch.inplace``
+    functionalises them first, so the executor runs only functions that write nothing."""
     name = qualified_name(func)
-    if name.endswith("_") and not name.endswith("__"):
-        raise ThunderNotImplementedError(f"{name}: in-place operations are not supported yet; use the out-of-place form")
+    if (name.endswith("_") and not name.endswith("__")) or kwargs.get("inplace"):
+        raise ThunderNotImplementedError(f"{name}: an in-place call thunder_rs has no functional form for")
     with torch._C.DisableTorchFunctionSubclass():
         meta_args, meta_kwargs = tree_map(_to_meta, (args, kwargs))
         try:
             out = func(*meta_args, **meta_kwargs)
-        except Exception as e:
+        except NotImplementedError as e:
             raise ThunderNotImplementedError(
                 f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta tensors ({e})"
             ) from e
+        except Exception as e:
+            # Invalid arguments: what eager raises for them, with the op's name.
+            raise thunder_error_like(e, f"{name}: {e}") from e
     leaves, spec = tree_flatten(out)
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
         raise ThunderNotImplementedError(f"{name}: fallback calls must return tensors, got {type(out).__name__}")

@@ -12,6 +12,7 @@ from thunder_rs.core.acquire import acquire
 from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, leaf_key
+from thunder_rs.core.writeback import with_writebacks
 from thunder_rs.errors import runtime_error
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
@@ -161,9 +162,15 @@ class ThunderFunction:
         namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
         filename = f"<thunder_rs {getattr(fn, '__qualname__', 'fn')}>"
         source, computation = _load(traces[-1], "computation", filename, namespace)
+        wb = acquired.writebacks
         if backward_traces:
             _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace)
-            computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single", acquired.out_kind == "list")
+            if wb is None:
+                computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single", acquired.out_kind == "list")
+            else:
+                computation = grad_function(computation, backward, grad_positions, False, False, wb.non_differentiable, wb.targets)
+        if wb is not None:
+            computation = with_writebacks(computation, wb)
         if acquired.captured:
             computation = _with_captured(computation, tuple(acquired.captured))
         end = time.perf_counter()

@@ -16,13 +16,26 @@ from torch.overrides import TorchFunctionMode
 
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.proxies import TensorProxy, set_language_context
-from thunder_rs.core.recorder import lift_captured
+from thunder_rs.core.recorder import lift_captured, reads_written_capture
 from thunder_rs.errors import ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
 TORCH_TO_LTORCH: dict = {}
 #: Tensor property names (``T``, ``mT``) -> ltorch symbols.
 PROPERTY_TO_LTORCH: dict = {}
+#: torch callables that write a tensor argument in place (``thunder_rs.torch.inplace`` fills
+#: it): while a program is traced they are traced even when they take captured tensors alone.
+MUTATING: set = set()
+#: Data-dependent reads some callers make in ways thunder_rs can follow: func -> a handler
+#: returning the value to give instead, or None to raise as for any other data-dependent read.
+VALUE_READS: dict = {}
+#: What a call given ``out=`` means: ``handler(func, args, kwargs)``; set by ``thunder_rs.torch.inplace``.
+_out_handler = None
+
+
+def set_out_handler(handler) -> None:
+    global _out_handler
+    _out_handler = handler
 
 _T = torch.Tensor
 _METADATA_METHODS = {
@@ -60,6 +73,8 @@ def user_location() -> str:
 
 
 def torch_function(func, args, kwargs):
+    if kwargs and kwargs.get("out") is not None:
+        return _out_handler(func, *lift_captured(args, kwargs))
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = lift_captured(args, kwargs)
@@ -76,6 +91,10 @@ def torch_function(func, args, kwargs):
         with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
     if func in _DATA_DEPENDENT:
+        read = VALUE_READS.get(func)
+        value = None if read is None else read(args)
+        if value is not None:
+            return value
         name = getattr(func, "__name__", str(func))
         raise ThunderRuntimeError(
             f"{name}: data-dependent control flow or value access on a traced tensor at "
@@ -97,13 +116,14 @@ class LanguageMode(TorchFunctionMode):
 
     A call that takes no proxy never reaches ``TensorProxy.__torch_function__``, so creation ops
     (``torch.zeros(2, 3)``, ``torch.arange(n)``) reach their ltorch symbols here and give proxies.
-    Calls on proxies go to ``torch_function``, as the proxy would send them; calls on real tensors
-    alone run eagerly, as before.
+    Calls on proxies go to ``torch_function``, as the proxy would send them, and so do in-place
+    calls on captured tensors (their writes happen at every call) and calls that read a captured
+    tensor after such a write; other calls on real tensors alone run eagerly, as before.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if TensorProxy in types:
+        if TensorProxy in types or func in MUTATING or kwargs.get("out") is not None or reads_written_capture(args, kwargs):
             return torch_function(func, args, kwargs)
         ltorch_fn = TORCH_TO_LTORCH.get(func)
         if ltorch_fn is not None and not _takes_tensor(args, kwargs):

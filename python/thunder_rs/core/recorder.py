@@ -32,7 +32,13 @@ def input_proxy(rec: "_core.Recorder", t: torch.Tensor, grad_enabled: bool) -> T
         raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
     requires_grad = grad_enabled and t.requires_grad
     vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
-    return make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
+    proxy = make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
+    proxy._input_vid = vid
+    if requires_grad and t.is_leaf:
+        proxy._leaf = True
+    if not t.is_contiguous():
+        proxy._strides = t.stride()
+    return proxy
 
 
 class Captures:
@@ -48,13 +54,30 @@ class Captures:
         self._grad_enabled = grad_enabled
         self._proxies: dict[int, TensorProxy] = {}
         self.tensors: list[torch.Tensor] = []
+        #: the trace inputs standing for ``tensors``, in the same order
+        self.proxies: list[TensorProxy] = []
 
     def proxy(self, t: torch.Tensor) -> TensorProxy:
         p = self._proxies.get(id(t))
         if p is None:
             p = self._proxies[id(t)] = input_proxy(self._rec, t, self._grad_enabled)
             self.tensors.append(t)
+            self.proxies.append(p)
         return p
+
+
+def reads_written_capture(args: tuple, kwargs: dict) -> bool:
+    """Whether a call takes a captured tensor the program has written: its value while tracing
+    is stale, so the call must be traced rather than run eagerly."""
+    captures = _captures.get()
+    if captures is None or not captures.proxies:
+        return False
+    for x in (*args, *kwargs.values()):
+        for t in x if type(x) in (list, tuple) else (x,):
+            p = captures._proxies.get(id(t)) if isinstance(t, torch.Tensor) else None
+            if p is not None and p._vid != p._input_vid:
+                return True
+    return False
 
 
 def _lift(x, captures: Captures):
@@ -94,9 +117,17 @@ def proxies(descriptions) -> list[TensorProxy]:
     return [make_proxy(*d) for d in descriptions]
 
 
+#: Lists that each recorded prim call is appended to as ``(name, args, outputs)``, while views
+#: capture what a view op records (``thunder_rs.torch.views``).
+prim_observers: list[list] = []
+
+
 def record_prim(name: str, args: tuple):
     """Records ``prims.<name>(*args)``; returns one proxy or a tuple of them."""
     outs = proxies(current().prim(name, args))
+    if prim_observers:
+        for log in prim_observers:
+            log.append((name, args, outs))
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
