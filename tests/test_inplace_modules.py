@@ -295,3 +295,31 @@ def test_local_written_under_no_grad_keeps_its_history():
     fn(x_eager).backward()
     thunder_rs.jit(fn)(x_jit).backward()
     assert_same(x_jit.grad, x_eager.grad)
+
+
+def test_torchvision_resnet18_trains_like_eager():
+    """BatchNorm2d and ReLU(inplace=True) throughout: losses, every gradient and every running
+    statistic equal eager's over AdamW steps."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    module = torchvision.models.resnet18(num_classes=10)
+    targets = torch.randint(0, 10, (2, 2))
+    eager = copy.deepcopy(module)
+    jmodule = thunder_rs.jit(module)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (module, eager)]
+    for step in range(2):
+        x = torch.randn(2, 3, 16, 16)
+        losses = []
+        for fn, opt in zip((jmodule, eager), optimizers):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(fn(x), targets[step])
+            loss.backward()
+            losses.append(loss)
+        torch.testing.assert_close(losses[0], losses[1])
+        for (name, p), q in zip(module.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        for (name, b), c in zip(module.named_buffers(), eager.buffers()):
+            torch.testing.assert_close(b, c, msg=lambda m: f"{name}: {m}")
+        for opt in optimizers:
+            opt.step()
+    assert thunder_rs.cache_misses(jmodule) == 1

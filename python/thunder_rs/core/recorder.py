@@ -6,6 +6,7 @@ acquisition runs a program, so recording is explicit and re-entrant.
 
 import contextlib
 import contextvars
+import threading
 
 import torch
 
@@ -117,16 +118,29 @@ def proxies(descriptions) -> list[TensorProxy]:
     return [make_proxy(*d) for d in descriptions]
 
 
-#: Lists that each recorded prim call is appended to as ``(name, args, outputs)``, while views
-#: capture what a view op records (``thunder_rs.torch.views``).
-prim_observers: list[list] = []
+#: Per thread, the lists that each prim call it records is appended to as ``(name, args,
+#: outputs)``: views capture what a view op records (``thunder_rs.torch.views``).
+_prim_logs: dict[int, list[list]] = {}
+
+
+def start_prim_log(log: list) -> None:
+    """Appends the prims this thread records to ``log`` until ``stop_prim_log``; nests."""
+    _prim_logs.setdefault(threading.get_ident(), []).append(log)
+
+
+def stop_prim_log() -> None:
+    ident = threading.get_ident()
+    logs = _prim_logs[ident]
+    logs.pop()
+    if not logs:
+        del _prim_logs[ident]
 
 
 def record_prim(name: str, args: tuple):
     """Records ``prims.<name>(*args)``; returns one proxy or a tuple of them."""
     outs = proxies(current().prim(name, args))
-    if prim_observers:
-        for log in prim_observers:
+    if _prim_logs:
+        for log in _prim_logs.get(threading.get_ident(), ()):
             log.append((name, args, outs))
     return outs[0] if len(outs) == 1 else tuple(outs)
 

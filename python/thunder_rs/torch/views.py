@@ -34,7 +34,7 @@ from thunder_rs.core.fallback import fallback, qualified_name
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
 from thunder_rs.core.proxies import TensorProxy, make_proxy
-from thunder_rs.core.recorder import prim_observers
+from thunder_rs.core.recorder import start_prim_log, stop_prim_log
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch import indexing as _indexing, shape as _shape, torchsymbol
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
@@ -370,11 +370,11 @@ def tracked(symbol):
         if type(a) is not TensorProxy:
             return symbol(a, *args, **kwargs)
         log = []
-        prim_observers.append(log)
+        start_prim_log(log)
         try:
             out = symbol(a, *args, **kwargs)
         finally:
-            prim_observers.pop()
+            stop_prim_log()
         if type(out) is TensorProxy:
             if out is not a:
                 steps = _chain(a, out, log)
