@@ -146,11 +146,12 @@ def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(tuple(shape)):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
+    strides, step = [1] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d] = step
+        if shape[d] > 1:
+            step *= shape[d]
+    return tuple(strides)
 
 
 def _is_contiguous(shape, strides) -> bool:
@@ -348,18 +349,17 @@ def attach(parent, view, steps) -> None:
 def _chain(parent, view, log):
     """The shape prims (from the captured ``log``) leading from ``parent`` to ``view``, or None
     when ``view`` was not computed from ``parent`` by shape prims alone."""
-    if len(log) == 1:  # most view ops record one prim
-        name, args, outs = log[0]
-        if name in _VIEW_PRIMS and outs[0] is view and args[0] is parent:
-            return (PrimStep(name, args[1:]),)
-    made = {o._vid: (name, args) for name, args, outs in log for o in outs}
-    steps, vid = [], view._vid
-    while vid != parent._vid:
-        name, args = made.get(vid, (None, None))
-        if name not in _VIEW_PRIMS or not isinstance(args[0], TensorProxy):
+    steps, target = [], view
+    while target is not parent:
+        for name, args, outs in reversed(log):  # a view op records a few prims
+            if outs[0] is target:
+                break
+        else:
+            return None
+        if name not in _VIEW_PRIMS or type(args[0]) is not TensorProxy:
             return None
         steps.append(PrimStep(name, args[1:]))
-        vid = args[0]._vid
+        target = args[0]
     return tuple(reversed(steps))
 
 
@@ -424,7 +424,9 @@ def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = 
 def copy_of(a) -> TensorProxy:
     """A proxy for the same value that aliases nothing: what eager's op returns when it copies
     (``contiguous()`` of a non-contiguous tensor) though the trace computes nothing."""
-    return make_proxy(a._vid, tuple(a.shape), CODES[a.dtype], str(a.device), bool(a.requires_grad))
+    with torch._C.DisableTorchFunctionSubclass():
+        requires_grad = a.requires_grad
+    return make_proxy(a._vid, tuple(a.shape), CODES[a.dtype], str(a.device), requires_grad)
 
 
 # -- writing ---------------------------------------------------------------------------------------
