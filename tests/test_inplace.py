@@ -634,3 +634,17 @@ def test_saved_input_overwritten_after_use():
     thunder_rs.jit(fn)(x, w_jit).backward()
     assert_same(x, torch.zeros(5))
     assert_same(w_jit.grad, expected)
+
+
+def test_written_input_passed_twice_is_refused():
+    def fn(a, b):
+        a.add_(1)
+        return b * 2
+
+    jfn = thunder_rs.jit(fn)
+    x, y = torch.zeros(3), torch.zeros(3)
+    assert_same(jfn(x, y), torch.zeros(3))
+    with pytest.raises(NotImplementedError, match="shares its memory"):
+        jfn(x, x)
+    with pytest.raises(NotImplementedError, match="shares its memory"):
+        jfn(x, x[1:].unsqueeze(0).expand(1, 2).reshape(2)[:1].expand(3))

@@ -72,6 +72,7 @@ def acquire(fn, flat_inputs: list, in_spec, param_slots=(), num_params: int = 0)
         out = tuple(flat_out)
     out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
     inputs = [leaves[i] for i in positions] + params + captures.proxies
-    writebacks, outputs = plan(inputs, slot_values, out, out_kind)
+    separate = (*range(len(positions)), *range(len(inputs) - len(captures.proxies), len(inputs)))
+    writebacks, outputs = plan(inputs, slot_values, out, out_kind, separate)
     trace = rec.finish(outputs)
     return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captures.tensors, writebacks)

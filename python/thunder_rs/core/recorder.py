@@ -66,19 +66,23 @@ class Captures:
             self.proxies.append(p)
         return p
 
+    def written_in(self, values) -> bool:
+        """Whether ``values`` (or lists of them) hold a captured tensor the program has written."""
+        if not self.proxies:
+            return False
+        for x in values:
+            for t in x if type(x) in (list, tuple) else (x,):
+                p = self._proxies.get(id(t)) if isinstance(t, torch.Tensor) else None
+                if p is not None and p._vid != p._input_vid:
+                    return True
+        return False
+
 
 def reads_written_capture(args: tuple, kwargs: dict) -> bool:
     """Whether a call takes a captured tensor the program has written: its value while tracing
     is stale, so the call must be traced rather than run eagerly."""
     captures = _captures.get()
-    if captures is None or not captures.proxies:
-        return False
-    for x in (*args, *kwargs.values()):
-        for t in x if type(x) in (list, tuple) else (x,):
-            p = captures._proxies.get(id(t)) if isinstance(t, torch.Tensor) else None
-            if p is not None and p._vid != p._input_vid:
-                return True
-    return False
+    return captures is not None and captures.written_in((*args, *kwargs.values()))
 
 
 def _lift(x, captures: Captures):

@@ -40,6 +40,9 @@ class WriteBacks:
     aliases: tuple
     #: positions of the program's outputs that are tensors
     tensor_outputs: tuple
+    #: trace inputs that must not share memory with a written one (the arguments and captured
+    #: tensors; parameters and buffers are the module's own)
+    separate: tuple = ()
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -54,12 +57,14 @@ class WriteBacks:
         return frozenset(untracked)
 
 
-def plan(inputs: list, slot_values: list, out, out_kind: str):
+def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = ()):
     """The write-backs of a traced program, and the outputs its trace returns; ``(None, out)``
     when it wrote no input.
 
     ``inputs`` are the trace's input proxies in order; ``slot_values`` holds, for each module
-    parameter or buffer slot, ``(store, name, input proxy, value in the slot after tracing)``.
+    parameter or buffer slot, ``(store, name, input proxy, value in the slot after tracing)``;
+    ``separate`` are the inputs (arguments, captured tensors) a call must not pass aliased with a
+    written one: the trace took them as distinct tensors.
     """
     written = [(k, p) for k, p in enumerate(inputs) if p._vid != p._input_vid]
     reassigned = [(d, n, v) for d, n, p, v in slot_values if v is not p]
@@ -85,7 +90,8 @@ def plan(inputs: list, slot_values: list, out, out_kind: str):
     position = {id(p): k for k, p in written}
     aliases = tuple((i, position[id(o)]) for i, o in enumerate(leaves) if id(o) in position)
     tensors = tuple(i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor))
-    return WriteBacks(len(leaves), out_kind, tuple(copies), tuple(slots), aliases, tensors), tuple(leaves + extra)
+    wb = WriteBacks(len(leaves), out_kind, tuple(copies), tuple(slots), aliases, tensors, tuple(separate))
+    return wb, tuple(leaves + extra)
 
 
 def root_id(t: torch.Tensor) -> int:
@@ -94,10 +100,16 @@ def root_id(t: torch.Tensor) -> int:
     return id(t if base is None else base)
 
 
+def _raise_aliased():
+    raise ThunderNotImplementedError(
+        "jit: a tensor the program writes in place was passed together with another argument that shares its "
+        "memory (the same tensor twice, or a view of it); the compiled program took them as separate tensors")
+
+
 def with_writebacks(fn, wb: WriteBacks):
     """``fn`` (the trace's callable, returning a tuple) followed by ``wb``'s copies, returning the
     program's outputs. The copies are generated code, so the per-call cost is a few lines."""
-    namespace = {"fn": fn, "no_grad": torch.no_grad, "root_id": root_id}
+    namespace = {"fn": fn, "no_grad": torch.no_grad, "root_id": root_id, "raise_aliased": _raise_aliased}
     lines = ["def call(*inputs):", "    outs = fn(*inputs)"]
     aliased = dict(wb.aliases)
     values = [j for j in wb.tensor_outputs if j not in aliased]
@@ -106,6 +118,9 @@ def with_writebacks(fn, wb: WriteBacks):
         lines.append(f"    o{j} = outs[{j}]")
     if wb.copies:
         lines.append(f"    bases = {{{', '.join(f'root_id(inputs[{k}])' for k in wb.targets)}}}")
+        others = [k for k in wb.separate if k not in wb.targets]
+        shared = " or ".join([f"len(bases) < {len(wb.targets)}", *(f"root_id(inputs[{k}]) in bases" for k in others)])
+        lines.append(f"    if {shared}: raise_aliased()")
         for j in values:
             lines.append(f"    if root_id(o{j}) in bases: o{j} = o{j}.clone()")
     untracked = [(k, j) for k, j, grad in wb.copies if not grad]
