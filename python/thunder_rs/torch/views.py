@@ -459,6 +459,13 @@ def _refresh(root, requires_grad: bool, written=None, value=None) -> None:
     root._views[:] = alive
 
 
+def _unseen(through, new, old):
+    """``through(new, old)`` recorded with grad mode on: it routes the gradient of a write
+    autograd does not see (under ``no_grad`` too) to the tensor's history."""
+    with torch.enable_grad():
+        return through(new, old)
+
+
 def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
     """Makes ``dst`` stand for ``value`` (of its shape and dtype), and every tensor that shares
     its memory follow: its root and the root's other live views.
@@ -468,7 +475,7 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
     """
     link = dst._view
     if link is None:
-        _rebind(dst, value if through is None else through(value, dst), requires_grad)
+        _rebind(dst, value if through is None else _unseen(through, value, dst), requires_grad)
         _refresh(dst, requires_grad)
         return
     if _overlaps(dst.shape, link.strides):
@@ -484,7 +491,7 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
     for step, parent in zip(reversed(link.steps), reversed(parents)):
         new = step.inverse(parent, new)
     if through is not None:
-        new = through(new, root)
+        new = _unseen(through, new, root)
     _rebind(root, new, requires_grad)
     _refresh(root, requires_grad, dst if through is None else None, value)
 
