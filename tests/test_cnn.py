@@ -112,26 +112,16 @@ def train_steps(model: nn.Module, steps: int) -> nn.Module:
     return jmodel
 
 
-INPLACE_BLOCKER = (
-    "in-place functionalisation (helper a): `out += identity` (torchvision/models/resnet.py:102, BasicBlock.forward) "
-    "and BatchNorm2d's `self.num_batches_tracked.add_(1)` (torch/nn/modules/batchnorm.py:190, train mode) are "
-    "refused by core/fallback.py; nn.ReLU(inplace=True) runs with inplace=True in the torch executor; and "
-    "F.batch_norm's running-stat update must happen once (see test_batch_norm_updates_running_stats_once)")
-
-
-@pytest.mark.xfail(strict=True, reason=INPLACE_BLOCKER)
 def test_resnet18_train_steps_match_eager_including_running_stats():
     torch.manual_seed(0)
     train_steps(ResNet18().train(), steps=2)
 
 
-@pytest.mark.xfail(strict=True, reason=INPLACE_BLOCKER)
 def test_torchvision_resnet18_train_step_matches_eager():
     torch.manual_seed(0)
     train_steps(torchvision.models.resnet18(weights=None, num_classes=10).train(), steps=1)
 
 
-@pytest.mark.xfail(strict=True, reason=INPLACE_BLOCKER)
 def test_resnet18_eval_matches_eager():
     torch.manual_seed(0)
     model = ResNet18().eval()
@@ -153,10 +143,6 @@ def test_resnet18_without_inplace_ops_matches_eager(mode):
     assert (thunder_rs.cache_misses(jmodel), thunder_rs.cache_hits(jmodel)) == (1, 1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BatchNorm running statistics (helper a): F.batch_norm is an eager fallback; its forward updates "
-    "running_mean/running_var in place and the fallback's backward (core/fallback.py _vjp_of) runs "
-    "F.batch_norm again, updating them a second time"))
 def test_batch_norm_updates_running_stats_once():
     def f(x, mean, var, weight):
         return F.batch_norm(x, mean, var, weight, None, training=True, momentum=0.1)

@@ -54,6 +54,14 @@ def _thunder_class(exc_type: type) -> type:
     return cls
 
 
+def thunder_error_like(exc: Exception, message: str) -> Exception:
+    """A thunder_rs error of ``exc``'s built-in type (``RuntimeError`` stays one) saying ``message``."""
+    try:
+        return _thunder_class(type(exc))(message)
+    except Exception:
+        return ThunderRuntimeError(message)
+
+
 def runtime_error(exc: Exception, filename: str, source: str) -> Exception:
     """Re-labels an exception raised inside generated code with the call that raised it."""
     if isinstance(exc, ThunderError):
@@ -67,8 +75,4 @@ def runtime_error(exc: Exception, filename: str, source: str) -> Exception:
         return exc
     line = source.splitlines()[lineno - 1].split("  #")[0].strip()
     callee = line.split("=", 1)[-1].split("(", 1)[0].strip()
-    message = f"{callee}: {exc} (execution trace line {lineno}: {line})"
-    try:
-        return _thunder_class(type(exc))(message)
-    except Exception:
-        return ThunderRuntimeError(message)
+    return thunder_error_like(exc, f"{callee}: {exc} (execution trace line {lineno}: {line})")

@@ -393,6 +393,50 @@ def clamp_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(x((3, 4), strided), max=x((3, 4)))
 
 
+#: Values at and around common thresholds (0, +-1, 0.5, 6), each exactly representable.
+TIES = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 6.0, 7.0, 0.0, 1.0, -1.0)
+
+
+def tie_samples(*calls: tuple) -> Callable:
+    """Samples of TIES (1-D and 2-D) with each ``(args, kwargs)`` of ``calls``: gradients at ties."""
+
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        values = torch.tensor(TIES, dtype=dtype, device=device)
+        for args, kwargs in calls:
+            yield SampleInput(values, *args, **kwargs)
+            yield SampleInput(values.reshape(3, 4), *args, **kwargs)
+
+    return generate
+
+
+def tensor_tie_samples(bounds: int) -> Callable:
+    """TIES with ``bounds`` tensor operands that tie with it in places (maximum and minimum take
+    one, clamp two; the second sample has min > max)."""
+
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        values = torch.tensor(TIES, dtype=dtype, device=device)
+        low, high = torch.zeros_like(values), torch.ones_like(values)
+        yield SampleInput(values, *(low, high)[:bounds])
+        yield SampleInput(values, *(high, low)[:bounds])
+        yield SampleInput(values.reshape(3, 4), *(low.reshape(3, 4)[0], high[:4])[:bounds])
+
+    return generate
+
+
+def clamp_bound_samples(bound: str) -> Callable:
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        def x(shape, layout=make):
+            return layout(shape, dtype, device)
+
+        yield SampleInput(x((3, 4)), 0.5 if dtype.is_floating_point else 1)
+        yield SampleInput(x(()), -1)
+        yield SampleInput(x((0, 4)), 1)
+        yield SampleInput(x((3, 4), transposed), x((4,)))
+        yield SampleInput(x((3, 4)), x(()))
+
+    return generate
+
+
 def clamp_errors() -> Iterable[ErrorInput]:
     a = cpu((3, 4))
     yield ErrorInput(SampleInput(a), RuntimeError)
@@ -404,6 +448,13 @@ CONDITIONAL_OPS = [
     OpInfo("where", torch.where, where_samples, where_errors, ALL),
     OpInfo("masked_fill", torch.masked_fill, masked_fill_samples, masked_fill_errors, ALL),
     OpInfo("clamp", torch.clamp, clamp_samples, clamp_errors, NUMERIC),
+    OpInfo("clamp", torch.clamp, tie_samples(((-1.0, 1.0), {}), ((0, 6), {}), ((), {"min": 0.5})), variant="ties"),
+    OpInfo("clamp", torch.clamp, tensor_tie_samples(2), variant="tensor_ties"),
+    OpInfo("clamp_min", torch.clamp_min, clamp_bound_samples("min"), dtypes=NUMERIC),
+    OpInfo("clamp_max", torch.clamp_max, clamp_bound_samples("max"), dtypes=NUMERIC),
+    OpInfo("clamp_min", torch.Tensor.clamp_min, tie_samples(((0.5,), {})), variant="method_ties"),
+    OpInfo("maximum", torch.maximum, tensor_tie_samples(1), variant="ties"),
+    OpInfo("minimum", torch.minimum, tensor_tie_samples(1), variant="ties"),
 ]
 
 OPS = UNARY_OPS + BINARY_OPS + BINARY_VARIANTS + CONDITIONAL_OPS

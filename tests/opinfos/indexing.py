@@ -118,4 +118,64 @@ TENSOR_OPS = [
     OpInfo("getitem", _index_apart, index_apart_samples, dtypes=ALL, variant="tensor_apart"),
 ]
 
-OPS = BASIC_OPS + TENSOR_OPS
+def slice_scatter_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def t(spec):
+        return tensor(spec, dtype, device)
+
+    yield SampleInput(t((5, 4)), t((2, 4)), 0, 1, 3)
+    yield SampleInput(t((5, 4)), t((5, 2)), 1, None, None, 2)
+    yield SampleInput(t(Transposed((4, 6))), t((4, 2)), -1, -3, -1)
+    yield SampleInput(t((3, 4)), t((0, 4)), 0, 2, 2)
+    yield SampleInput(t((2, 3, 4)), t((2, 3, 1)), 2, 3, 100)
+
+
+def slice_scatter_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((5, 4)), cpu((3, 4)), 0, 1, 3), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((5, 4)), cpu((2, 4)), 2, 1, 3), IndexError)
+
+
+def select_scatter_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    yield SampleInput(tensor((3, 4), dtype, device), tensor((4,), dtype, device), 0, 1)
+    yield SampleInput(tensor(Strided((3, 4)), dtype, device), tensor((3,), dtype, device), 1, -1)
+    yield SampleInput(tensor((2, 3, 4), dtype, device), tensor((2, 4), dtype, device), 1, 2)
+
+
+def select_scatter_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3,)), 0, 1), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((4,)), 0, 3), IndexError)
+
+
+def diagonal_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    yield SampleInput(tensor((4, 4), dtype, device))
+    yield SampleInput(tensor((3, 5), dtype, device), 2)
+    yield SampleInput(tensor((5, 3), dtype, device), -1)
+    yield SampleInput(tensor((2, 3, 4), dtype, device), 1, 2, 0)
+    yield SampleInput(tensor(Transposed((4, 5)), dtype, device), 0, -1, -2)
+    yield SampleInput(tensor((3, 3), dtype, device), 5)
+
+
+def diagonal_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,))), IndexError)
+    yield ErrorInput(SampleInput(cpu((3, 3)), 0, 1, 1), RuntimeError)
+
+
+def diagonal_scatter_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for sample in diagonal_samples(dtype, device):
+        a = sample.args[0]
+        src = torch.diagonal(a, *sample.args[1:]).clone() + 1
+        yield SampleInput(a, src, *sample.args[1:])
+
+
+def diagonal_scatter_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 3)), cpu((2,))), RuntimeError)
+
+
+SCATTER_OPS = [
+    OpInfo("slice_scatter", torch.slice_scatter, slice_scatter_samples, slice_scatter_errors, ALL),
+    OpInfo("select_scatter", torch.select_scatter, select_scatter_samples, select_scatter_errors, ALL),
+    OpInfo("diagonal", torch.diagonal, diagonal_samples, diagonal_errors, ALL),
+    OpInfo("diagonal", torch.Tensor.diagonal, diagonal_samples, variant="method", dtypes=ALL),
+    OpInfo("diagonal_scatter", torch.diagonal_scatter, diagonal_scatter_samples, diagonal_scatter_errors, ALL),
+]
+
+OPS = BASIC_OPS + TENSOR_OPS + SCATTER_OPS

@@ -29,7 +29,7 @@ from .core import (
     transposed,
     with_kwargs,
 )
-from .elementwise import rejects, unary, unary_samples
+from .elementwise import rejects, tie_samples, unary, unary_samples
 
 
 def bad_approximate() -> Iterable[ErrorInput]:
@@ -39,6 +39,10 @@ def bad_approximate() -> Iterable[ErrorInput]:
 def bad_hardtanh() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3,)), 1.0, -1.0), ValueError)
     yield ErrorInput(SampleInput(cpu((3,), torch.bool)), NotImplementedError)
+
+
+def threshold_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,), torch.bool), 0.5, 1.0), NotImplementedError)
 
 
 ACTIVATION_OPS = [
@@ -58,6 +62,14 @@ ACTIVATION_OPS = [
     unary("elu", F.elu, dtypes=FLOATS, error_inputs=rejects(torch.int64)),
     OpInfo("elu", F.elu, with_kwargs(unary_samples, alpha=0.5), variant="alpha"),
     unary("softplus", F.softplus, dtypes=FLOATS, error_inputs=rejects(torch.int64)),
+    OpInfo("threshold", F.threshold, with_kwargs(unary_samples, threshold=0.5, value=-2.0), threshold_errors, NUMERIC),
+    # Gradients at the thresholds themselves, where eager's kernels pick a side.
+    OpInfo("relu", F.relu, tie_samples(((), {})), dtypes=NUMERIC, variant="ties"),
+    OpInfo("relu6", F.relu6, tie_samples(((), {})), variant="ties"),
+    OpInfo("hardtanh", F.hardtanh, tie_samples(((-1.0, 1.0), {}), ((0.0, 6.0), {})), variant="ties"),
+    OpInfo("leaky_relu", F.leaky_relu, tie_samples(((0.2,), {})), variant="ties"),
+    OpInfo("elu", F.elu, tie_samples(((), {}), ((0.5,), {})), variant="ties"),
+    OpInfo("threshold", F.threshold, tie_samples(((0.5, -3.0), {}), ((0.0, 0.0), {})), variant="ties"),
     OpInfo("softplus", F.softplus, with_kwargs(unary_samples, beta=2.0, threshold=5.0), variant="beta"),
     unary("logsigmoid", F.logsigmoid, dtypes=FLOATS, error_inputs=rejects(torch.int64)),
 ]
@@ -151,6 +163,27 @@ DROPOUT_OPS = [
     OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=0.5, training=False), variant="eval"),
     OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=1.0, training=True), variant="p1"),
 ]
+
+
+def batch_norm_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Eval mode with running statistics, training mode with them (updated in place) and without,
+    affine or not, for 2-D to 5-D inputs and a non-contiguous one."""
+    for spec in ((6, 3), (4, 3, 5), (2, 3, 4, 4), (2, 3, 2, 3, 2), Transposed((5, 3))):
+        x = tensor(spec, dtype, device)
+        stats = {"running_mean": make((3,), dtype, device), "running_var": make((3,), dtype, device, low=0.5, high=2.0)}
+        params = {"weight": make((3,), dtype, device), "bias": make((3,), dtype, device)}
+        yield SampleInput(x, **stats, **params, training=False)
+        yield SampleInput(x, **stats, **params, training=True, momentum=0.3)
+        yield SampleInput(x, running_mean=None, running_var=None, **params, training=True)
+    x = make((4, 3, 2), dtype, device)
+    yield SampleInput(x, make((3,), dtype, device), make((3,), dtype, device, low=0.5, high=2.0), eps=0.1)
+    yield SampleInput(x, None, None, training=True, eps=1e-3)
+
+
+def batch_norm_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((1, 3)), None, None, training=True), ValueError)  # one value per channel
+    yield ErrorInput(SampleInput(cpu((4, 3)), torch.zeros(4), torch.ones(4)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((4, 3)), None, None, weight=torch.ones(2), training=True), RuntimeError)
 
 
 def embedding_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
@@ -301,6 +334,8 @@ OPS = [
     *softmax_entries("log_softmax", F.log_softmax),
     OpInfo("layer_norm", F.layer_norm, partial(norm_samples, bias=True), norm_errors, tolerances=ACCUMULATING),
     OpInfo("rms_norm", F.rms_norm, partial(norm_samples, bias=False), norm_errors, tolerances=ACCUMULATING),
+    OpInfo("batch_norm", F.batch_norm, batch_norm_samples, batch_norm_errors, tolerances=ACCUMULATING,
+           nondifferentiable=("running_mean", "running_var")),
     *DROPOUT_OPS,
     OpInfo("embedding", F.embedding, embedding_samples, embedding_errors, NUMERIC),
     OpInfo(

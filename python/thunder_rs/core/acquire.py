@@ -18,6 +18,7 @@ from thunder_rs.core.outputs import flatten_output, is_plain
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import Captures, input_proxy, recording
 from thunder_rs.core.torch_overrides import tracing_overrides
+from thunder_rs.core.writeback import WriteBacks, plan
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -42,6 +43,8 @@ class Acquired:
     num_outputs: int = 0
     #: modules (the user's) whose methods ran: their hooks are part of what a call does
     modules_called: list = field(default_factory=list)
+    #: tensor inputs the program wrote and what the call copies back, or None
+    writebacks: WriteBacks | None = None
 
 
 def _reject_generators(fn, out) -> None:
@@ -56,33 +59,49 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding):
     attributes it set on modules and state objects (``(holder, name, value)``, undone), the
     ``print`` calls it made, and the positions of the flat inputs that are tensors."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
-    leaves = list(flat_inputs)
     prints: list = []
     token = recording_prints(prints)
     try:
         with recording(rec, captures, made):
-            out, observer, pairs = _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, binding)
+            out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding)
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, module_writes(pairs) + observer.state.writes(), prints, tuple(positions)
+    return out, observer, module_writes(pairs) + observer.state.writes(), prints, inputs
 
 
-def _run_on_proxies(fn, flat_inputs, in_spec, rec, leaves, positions, binding):
+class TracedInputs:
+    """The trace's tensor inputs: the arguments' proxies (at ``positions`` of the flat inputs),
+    then the module's parameters and buffers; and each parameter or buffer slot of the module
+    tree as ``(user's store, name, clone's store, proxy put there)``."""
+
+    def __init__(self, positions, args: list, params: list, slots: list):
+        self.positions, self.args, self.params, self.slots = tuple(positions), args, params, slots
+
+    def slot_values(self) -> list:
+        """``(user's store, name, input proxy, value in the clone's slot now)`` per slot."""
+        return [(store, name, put, clone_store.get(name)) for store, name, clone_store, put in self.slots]
+
+
+def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding):
     """Runs the program on proxies (while recording); returns its output, the observer of its
-    reads and the ``(clone, original)`` modules it ran."""
+    reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
+    leaves = list(flat_inputs)
     for i in positions:
         leaves[i] = input_proxy(rec, flat_inputs[i])
-    pairs = []
+    pairs, params, slots = [], [], []
     if binding is not None:
         params = [input_proxy(rec, t) for t in binding.tensors()]
         fn, pairs = binding.clone(params)
+        slots = [(o.__dict__[s], n, c.__dict__[s], v) for c, o in pairs for s in ("_parameters", "_buffers")
+                 for n, v in c.__dict__[s].items()]
+    inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
     args, kwargs = tree_unflatten(leaves, in_spec)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,))
     with observer, tracing_overrides(), LanguageMode():
         observer.observe_statically(fn, [c for c, _ in pairs])
         out = fn(*args, **kwargs)
-    return out, observer, pairs
+    return out, observer, pairs, inputs
 
 
 def _check_guards_still_hold(guards, flat_inputs) -> None:
@@ -97,10 +116,11 @@ def _check_guards_still_hold(guards, flat_inputs) -> None:
                 "keep such state in a module attribute or a buffer")
 
 
-def _finish(rec, out, writes, prints, flat_inputs):
-    """Ends the recording with the program's outputs (and the tensors it printed or wrote to
-    module state). Returns the trace, how to rebuild the outputs, and the effects to repeat after
-    each call (prints in order, then module writes)."""
+def _finish(rec, out, writes, prints, flat_inputs, inputs: TracedInputs, captured: list):
+    """Ends the recording with the program's outputs, then the tensors it printed or set as
+    attributes, then the tensor inputs it wrote (``writeback``). Returns the trace, how to rebuild
+    the outputs, the effects to repeat after each call (prints in order, then attribute writes),
+    and the write-backs."""
     extras: list = []
     effects = [PrintCall(args, kwargs, extras) for args, kwargs in prints]
     effects += attribute_writes(writes, extras)
@@ -111,7 +131,11 @@ def _finish(rec, out, writes, prints, flat_inputs):
     if extras:
         out = (*out, *extras)
     out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
-    return rec.finish(out), out_spec, out_kind, effects, num_outputs
+    traced = inputs.args + inputs.params + captured
+    n_args, n_traced = len(inputs.args), len(traced)
+    separate = (*range(n_args), *range(n_traced - len(captured), n_traced))
+    writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate)
+    return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, writebacks
 
 
 def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None) -> Acquired:
@@ -120,16 +144,18 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     captured tensors come last."""
     rec, made = _core.Recorder(), []
     captures = Captures(rec)
-    out, observer, writes, prints, positions = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
+    out, observer, writes, prints, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     del observer
     _check_guards_still_hold(guards, flat_inputs)
-    trace, out_spec, out_kind, effects, num_outputs = _finish(rec, out, writes, prints, flat_inputs)
-    del out, writes, prints
+    trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
+        rec, out, writes, prints, flat_inputs, inputs, captures.proxies)
+    positions = inputs.positions
+    del out, writes, prints, inputs
     captured = captures.release()
     _check_no_escape(made, trace)
     return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captured, guards, effects, num_outputs,
-                    modules_called)
+                    modules_called, writebacks)
 
 
 def _check_no_escape(made: list, trace) -> None:

@@ -3,6 +3,7 @@ the generated forward and backward to torch's autograd."""
 
 import torch
 
+from thunder_rs.core.writeback import root_id
 from thunder_rs.errors import ThunderNotImplementedError
 
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
@@ -13,22 +14,32 @@ _DOUBLE_BACKWARD = ("backward: create_graph=True (a differentiable backward, for
                     "by thunder_rs-compiled calls (argument create_graph)")
 
 
-def grad_function(forward, backward, grad_positions: list[int], single: bool, as_list: bool):
+def _unshared(residuals, inputs, overwritten) -> list:
+    """``residuals`` with those that share memory with an ``overwritten`` input cloned, so that
+    the backward reads the values the forward saw."""
+    bases = {root_id(inputs[k]) for k in overwritten}
+    return [r.clone() if isinstance(r, torch.Tensor) and root_id(r) in bases else r for r in residuals]
+
+
+def grad_function(forward, backward, grad_positions: list[int], single: bool, as_list: bool,
+                  non_differentiable: frozenset = frozenset(), overwritten: tuple[int, ...] = ()):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
     ``forward(*inputs)`` returns ``(outputs, residuals)``; ``backward(saved, *cotangents)`` takes
     the residuals in a list, which it empties as it unpacks them, so each residual is freed after
     its last use unless the graph is retained. ``grad_positions`` are the positions of the flat
-    outputs that receive cotangents; the other tensor outputs are marked non-differentiable.
+    outputs that receive cotangents; the other tensor outputs, and ``non_differentiable`` ones
+    (values written back without autograd), are marked non-differentiable and get zeros.
+    ``overwritten`` inputs are written after the call: residuals sharing their memory are cloned.
     """
-    differentiable = frozenset(grad_positions)
+    differentiable = frozenset(grad_positions) - non_differentiable
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
             outputs, residuals = forward(*inputs)
             flat = (outputs,) if single else tuple(outputs)
-            ctx.residuals = list(residuals)
+            ctx.residuals = _unshared(residuals, inputs, overwritten) if overwritten else list(residuals)
             constant = [o for i, o in enumerate(flat) if i not in differentiable and isinstance(o, torch.Tensor)]
             if constant:
                 ctx.mark_non_differentiable(*constant)

@@ -10,6 +10,7 @@ proxies, such as a view's base); a count above that means it escaped, and the er
 import gc
 import sys
 import types
+import weakref
 
 import torch
 
@@ -29,15 +30,30 @@ def _baseline() -> int:
 _BASELINE = _baseline()
 
 
+def _count_proxies(value, held: dict, depth: int) -> None:
+    """Counts in ``held`` the proxies ``value`` references: directly, in lists and tuples, and in
+    the attributes of small bookkeeping objects (a view's link to its root)."""
+    if isinstance(value, TensorProxy):
+        held[id(value)] = held.get(id(value), 0) + 1
+    elif depth == 0 or isinstance(value, (str, bytes, int, float, weakref.ref, torch.dtype, torch.device)):
+        return
+    elif type(value) in (tuple, list):
+        for item in value:
+            _count_proxies(item, held, depth - 1)
+    else:
+        for name in getattr(type(value), "__slots__", ()):
+            _count_proxies(getattr(value, name, None), held, depth - 1)
+        if isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, type):
+            for item in value.__dict__.values():
+                _count_proxies(item, held, depth - 1)
+
+
 def _held_by_proxies(proxies: list) -> dict:
-    """``id(proxy) -> count`` of references from other proxies' attributes."""
+    """``id(proxy) -> count`` of references from other proxies' bookkeeping (a view's root)."""
     held: dict = {}
     for p in proxies:
         for value in p.__dict__.values():
-            items = value if type(value) in (tuple, list) else (value,)
-            for item in items:
-                if isinstance(item, TensorProxy):
-                    held[id(item)] = held.get(id(item), 0) + 1
+            _count_proxies(value, held, 4)
     return held
 
 

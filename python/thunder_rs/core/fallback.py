@@ -20,7 +20,7 @@ from thunder_rs.core.autocast import AutocastState
 from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
-from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
 
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
@@ -172,18 +172,23 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
             if factory:
                 meta_kwargs["device"] = "meta"
             return func(*meta_args, **meta_kwargs)
-        except Exception as e:
+        except NotImplementedError as e:
             raise ThunderNotImplementedError(
                 f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta tensors ({e})"
             ) from e
+        except Exception as e:
+            # Invalid arguments: what eager raises for them, with the op's name.
+            raise thunder_error_like(e, f"{name}: {e}") from e
 
 
 def fallback(func, args, kwargs, effect: bool = False):
     """Records ``func(*args, **kwargs)`` as an eager fallback; an effect (a random draw) when
     ``effect``."""
     name = qualified_name(func)
-    if name.endswith("_") and not name.endswith("__"):
-        raise ThunderNotImplementedError(f"{name}: in-place operations are not supported yet; use the out-of-place form")
+    if (name.endswith("_") and not name.endswith("__")) or kwargs.get("inplace"):
+        # thunder_rs.torch.inplace functionalises in-place calls first: the executor runs only
+        # functions that write nothing.
+        raise ThunderNotImplementedError(f"{name}: an in-place call thunder_rs has no functional form for")
     in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
     out = _output_metadata(func, name, args, kwargs, autocast_state, factory=not in_leaves)

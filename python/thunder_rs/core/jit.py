@@ -21,6 +21,7 @@ from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.recorder import active_recorder
 from thunder_rs.core.rng import check_generators
 from thunder_rs.core.wrapped_module import WRAPPED, present_state_dict_as_wrapped
+from thunder_rs.core.writeback import with_writebacks
 from thunder_rs.errors import ThunderValueError, runtime_error
 from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
@@ -81,10 +82,18 @@ def _generated(acquired, name: str, modes: RecordedModes):
     namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
     filename = f"<thunder_rs {name}>"
     source, computation = _load(traces[-1], "computation", filename, namespace)
+    wb = acquired.writebacks
     if backward_traces:
         _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace)
-        computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single", acquired.out_kind == "list")
+        if wb is None:
+            computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single",
+                                        acquired.out_kind == "list")
+        else:
+            computation = grad_function(computation, backward, grad_positions, False, False, wb.non_differentiable,
+                                        wb.targets)
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
+    if wb is not None:
+        computation = with_writebacks(computation, wb)
     if acquired.captured:
         computation = _with_captured(computation, tuple(acquired.captured))
     end = time.perf_counter()
@@ -110,6 +119,7 @@ class ThunderFunction:
         self._last_entry: Entry | None = None
         self._binding: ModuleBinding | None = None
         self._epoch = -1
+        self._cleared_because: str | None = None
         self._lock = threading.RLock()
         self.__wrapped__ = fn
 
@@ -245,12 +255,14 @@ class ThunderFunction:
     def _clear(self, reason: str) -> None:
         self._cache.clear()
         self._variants.clear()
-        self._stats.miss_reasons.append(reason)
+        self._cleared_because = reason
 
     def _record_miss(self, key, flat, spec, start, stages, traces, backward_traces, guard_reason):
         stats = self._stats
         if guard_reason is not None:
             reason = guard_reason
+        elif self._cleared_because is not None:
+            reason, self._cleared_because = self._cleared_because, None
         else:
             names = input_names(self._fn, flat, spec)
             reason = describe_change(self._last_key[:2] if self._last_key else None, key[:2], names)

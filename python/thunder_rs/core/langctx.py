@@ -26,6 +26,18 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 TORCH_TO_LTORCH: dict = {}
 #: Tensor property names (``T``, ``mT``) -> ltorch symbols.
 PROPERTY_TO_LTORCH: dict = {}
+#: torch callables that write a tensor argument in place (``thunder_rs.torch.inplace`` fills it).
+MUTATING: set = set()
+#: Data-dependent reads some callers make in ways thunder_rs can follow: func -> a handler
+#: returning the value to give instead, or None to raise as for any other data-dependent read.
+VALUE_READS: dict = {}
+#: What a call given ``out=`` means: ``handler(func, args, kwargs)``; set by ``thunder_rs.torch.inplace``.
+_out_handler = None
+
+
+def set_out_handler(handler) -> None:
+    global _out_handler
+    _out_handler = handler
 
 _T = torch.Tensor
 _METADATA_METHODS = {
@@ -118,6 +130,8 @@ def _observed(handle, func, args, kwargs):
 
 
 def _torch_function(func, args, kwargs):
+    if kwargs and kwargs.get("out") is not None:
+        return _out_handler(func, *lift_captured(args, kwargs))
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))
@@ -133,6 +147,10 @@ def _torch_function(func, args, kwargs):
     if func in _METADATA_METHODS:
         with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
+    if func in VALUE_READS:
+        value = VALUE_READS[func](args)
+        if value is not None:
+            return value
     refuse_data_dependent(func)
     return fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
 

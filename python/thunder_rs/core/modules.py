@@ -107,9 +107,13 @@ class ModuleBinding:
         return [d[n] for d, n in self.unique]
 
     def _structure(self):
-        return tuple((id(m), tuple((n, id(v)) for n, v in m._parameters.items()),
-                      tuple((n, id(v)) for n, v in m._buffers.items()),
-                      tuple((n, id(v)) for n, v in m._modules.items())) for m in self.modules)
+        """The modules, their slots, and which slots share one tensor (tied weights): a slot given
+        another tensor is read on the next call, but a change of tying changes the trace inputs."""
+        first: dict = {}
+        tying = tuple(first.setdefault(id(v), len(first)) for m in self.modules for store in (m._parameters, m._buffers)
+                      for v in store.values() if v is not None)
+        return tying, tuple((id(m), tuple(m._parameters), tuple(m._buffers),
+                             tuple((n, id(v)) for n, v in m._modules.items())) for m in self.modules)
 
     def same_structure(self) -> bool:
         """Whether the tree still has these modules, parameters and buffers (slow path)."""

@@ -42,6 +42,11 @@ def input_proxy(rec: "_core.Recorder", t: torch.Tensor) -> TensorProxy:
     requires_grad = t.requires_grad
     vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
     proxy = make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
+    proxy._input_vid = vid
+    if requires_grad and t.is_leaf:
+        proxy._leaf = True
+    if not t.is_contiguous():
+        proxy._strides = t.stride()
     made = _made.get()
     if made is not None:
         made.append(proxy)
@@ -60,10 +65,13 @@ class Captures:
         self._rec = rec
         self._proxies: dict[int, TensorProxy] = {}
         self.tensors: list[torch.Tensor] = []
+        #: the trace inputs standing for ``tensors``, in the same order
+        self.proxies: list[TensorProxy] = []
 
     def release(self) -> list[torch.Tensor]:
         """The captured tensors, in trace-input order; drops the proxies standing for them."""
         self._proxies.clear()
+        self.proxies = []
         return self.tensors
 
     def proxy(self, t: torch.Tensor) -> TensorProxy:
@@ -71,7 +79,26 @@ class Captures:
         if p is None:
             p = self._proxies[id(t)] = input_proxy(self._rec, t)
             self.tensors.append(t)
+            self.proxies.append(p)
         return p
+
+    def written_in(self, values) -> bool:
+        """Whether ``values`` (or lists of them) hold a captured tensor the program has written."""
+        if not self.proxies:
+            return False
+        for x in values:
+            for t in x if type(x) in (list, tuple) else (x,):
+                p = self._proxies.get(id(t)) if isinstance(t, torch.Tensor) else None
+                if p is not None and p._vid != p._input_vid:
+                    return True
+        return False
+
+
+def reads_written_capture(args: tuple, kwargs: dict) -> bool:
+    """Whether a call takes a captured tensor the program has written: its value while tracing
+    is stale, so the call must be traced rather than run eagerly."""
+    captures = _captures.get()
+    return captures is not None and captures.written_in((*args, *kwargs.values()))
 
 
 def _lift(x, captures: Captures):
@@ -119,10 +146,31 @@ def proxies(descriptions) -> list[TensorProxy]:
     return out
 
 
+#: Per thread, the lists that each prim call it records is appended to as ``(name, args,
+#: outputs)``: views capture what a view op records (``thunder_rs.torch.views``).
+_prim_logs: dict[int, list[list]] = {}
+
+
+def start_prim_log(log: list) -> None:
+    """Appends the prims this thread records to ``log`` until ``stop_prim_log``; nests."""
+    _prim_logs.setdefault(threading.get_ident(), []).append(log)
+
+
+def stop_prim_log() -> None:
+    ident = threading.get_ident()
+    logs = _prim_logs[ident]
+    logs.pop()
+    if not logs:
+        del _prim_logs[ident]
+
+
 def record_prim(name: str, args: tuple):
     """Records ``prims.<name>(*args)`` under the grad mode in effect now; returns one proxy or a
     tuple of them."""
     outs = proxies(current().prim(name, args, _is_grad_enabled()))
+    if _prim_logs:
+        for log in _prim_logs.get(threading.get_ident(), ()):
+            log.append((name, args, outs))
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

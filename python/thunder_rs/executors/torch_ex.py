@@ -169,6 +169,20 @@ def _sdpa_flash_backward(g, q, k, v, out, lse, is_causal, scale):
         g, q, k, v, out, lse, 0.0, is_causal, scale=scale)
 
 
+def _batch_norm_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return tuple(_aten._native_batch_norm_legit_functional.default(input, weight, bias, running_mean, running_var,
+                                                                  training, momentum, eps))
+
+
+def _numeric_momentum(input, weight, bias, running_mean, running_var, training, momentum, eps) -> bool:
+    # nn.BatchNorm's cumulative average gives a tensor momentum, which only the decomposition takes.
+    return isinstance(momentum, (int, float))
+
+
+def _batch_norm_no_stats(input, weight, bias, eps):
+    return tuple(_aten._native_batch_norm_legit.no_stats(input, weight, bias, True, 0.0, eps))
+
+
 #: The fused kernels of ``thunder_rs.torch.kernels``, each one aten call (with its checker).
 _KERNELS = {
     "native_layer_norm": (torch.native_layer_norm, None),
@@ -183,6 +197,9 @@ _KERNELS = {
     "nll_loss_backward": (_aten.nll_loss_backward.default, None),
     "sdpa_flash": (_sdpa_flash, _on_cpu),
     "sdpa_flash_backward": (_sdpa_flash_backward, _on_cpu),
+    "native_batch_norm": (_batch_norm_functional, _numeric_momentum),
+    "native_batch_norm_no_stats": (_batch_norm_no_stats, None),
+    "native_batch_norm_backward": (_defined(_aten.native_batch_norm_backward.default), None),
 }
 
 

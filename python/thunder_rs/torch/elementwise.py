@@ -9,7 +9,7 @@ from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
 
 T = torch.Tensor
-__all__ = ["where", "masked_fill", "clamp", "true_divide", "div", "floor_divide", "rsub"]
+__all__ = ["where", "masked_fill", "clamp", "clamp_min", "clamp_max", "true_divide", "div", "floor_divide", "rsub"]
 
 
 def _torch_fns(name: str, dunders: tuple[str, ...] = ()):
@@ -201,6 +201,16 @@ def clamp(a, min=None, max=None):
     if max is not None:
         out = clang.elementwise(prims.minimum, op, out, max)
     return out
+
+
+@torchsymbol(torch.clamp_min, T.clamp_min)
+def clamp_min(a, min):
+    return clamp(a, min, None)
+
+
+@torchsymbol(torch.clamp_max, T.clamp_max)
+def clamp_max(a, max):
+    return clamp(a, None, max)
 
 
 # torch.vmap over traced tensors batches every op of this family by broadcasting.

@@ -43,6 +43,55 @@ def dropout_grad(input, p=0.5, training=True, inplace=False):
     return out
 
 
+def _clamp_numbers_grad(g, a, min, max):
+    """Scalar bounds: the gradient passes strictly inside them, not at them nor at NaN (torch 2.15)."""
+    keep = None
+    for bound, compare in ((min, ltorch.gt), (max, ltorch.lt)):
+        if bound is not None:
+            inside = compare(a, bound)
+            keep = inside if keep is None else ltorch.bitwise_and(keep, inside)
+    return ltorch.where(keep, g, 0.0)
+
+
+def _clamp_tensors_grads(g, a, min, max):
+    """Tensor bounds, as eager's clamp.Tensor backward: ties with a bound split the gradient in
+    halves; a NaN operand passes it to ``a``; with ``min > max`` the result, and the gradient, is
+    ``max``'s; a NaN bound gets none. Returns the gradients of ``a``, ``min`` and ``max`` (None for an absent bound)."""
+    if max is None:  # maximum(a, min)
+        tie, half = a == min, g * 0.5
+        return (ltorch.where(tie, half, ltorch.where(a < min, 0.0, g)),
+                ltorch.where(tie, half, ltorch.where(a > min, 0.0, g)), None)
+    if min is None:  # minimum(a, max)
+        tie, half = a == max, g * 0.5
+        return (ltorch.where(tie, half, ltorch.where(a > max, 0.0, g)), None,
+                ltorch.where(tie, half, ltorch.where(a < max, 0.0, g)))
+    ordered, below, above = min <= max, a < min, a > max
+    tie_low = ltorch.bitwise_and(ltorch.bitwise_and(a == min, a != max), ordered)
+    tie_high = ltorch.bitwise_and(ltorch.bitwise_and(a == max, a != min), ordered)
+    half = g * 0.5
+    inside = ltorch.bitwise_not(ltorch.bitwise_or(below, above))
+    grad_a = ltorch.where(inside, ltorch.where(ltorch.bitwise_or(tie_low, tie_high), half, g), 0.0)
+    grad_min = ltorch.where(ordered, ltorch.where(below, g, ltorch.where(tie_low, half, 0.0)), 0.0)
+    grad_max = ltorch.where(ordered, ltorch.where(above, g, ltorch.where(tie_high, half, 0.0)), ltorch.where(min > max, g, 0.0))
+    return grad_a, grad_min, grad_max
+
+
+@register_grad(ltorch.clamp)
+def clamp_grad(a, min=None, max=None):
+    out = ltorch.clamp(a, min, max)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    if not any(isinstance(b, torch.Tensor) for b in (min, max)):
+        put_grad(a, _clamp_numbers_grad(g, a, min, max))
+        return out
+    bounds = [b if b is None or isinstance(b, torch.Tensor) else ltorch.full_like(a, b) for b in (min, max)]
+    for x, grad in zip((a, *bounds), _clamp_tensors_grads(g, a, *bounds)):
+        if grad is not None and x is not None and x.requires_grad:
+            put_grad(x, _cast(_sum_to(grad, x.shape), x.dtype))
+    return out
+
+
 # -- softmax ---------------------------------------------------------------------------------------
 
 
@@ -154,6 +203,43 @@ def rms_norm_grad(input, normalized_shape, weight=None, eps=None):
         grad = rstd * (gxhat - xhat * ltorch.mean(gxhat * xhat, dims, keepdim=True))
         put_grad(input, _cast(grad, input.dtype))
     _put_param_grads(g, xhat, dims[0], weight, None)
+    return out
+
+
+def _put_batch_norm_grads(g, input, weight, bias, running_mean, running_var, save_mean, save_invstd, train: bool, eps):
+    wanted = [(x, _wants_grad(x)) for x in (input, weight, bias)]
+    if not any(w for _, w in wanted):
+        return
+    grads = kernels.native_batch_norm_backward(g, input, weight, running_mean, running_var, save_mean, save_invstd, train,
+                                               eps, [w for _, w in wanted])
+    for x, grad in zip([x for x, w in wanted if w], grads if isinstance(grads, tuple) else (grads,)):
+        put_grad(x, grad)
+
+
+@register_grad(kernels.native_batch_norm)
+def native_batch_norm_grad(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    outs = kernels.native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    _put_batch_norm_grads(get_grad(outs[0]), input, weight, bias, None, None, outs[1], outs[2], True, eps)
+    return outs
+
+
+@register_grad(kernels.native_batch_norm_no_stats)
+def native_batch_norm_no_stats_grad(input, weight, bias, eps):
+    outs = kernels.native_batch_norm_no_stats(input, weight, bias, eps)
+    _put_batch_norm_grads(get_grad(outs[0]), input, weight, bias, None, None, outs[1], outs[2], True, eps)
+    return outs
+
+
+@register_grad(ltorch.batch_norm)
+def batch_norm_grad(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05):
+    if training and running_mean is not None:  # the decomposition refuses it
+        return ltorch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    if training:
+        out, mean, invstd = kernels.native_batch_norm_no_stats(input, weight, bias, eps)
+        _put_batch_norm_grads(get_grad(out), input, weight, bias, None, None, mean, invstd, True, eps)
+        return out
+    out = ltorch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    _put_batch_norm_grads(get_grad(out), input, weight, bias, running_mean, running_var, None, None, False, eps)
     return out
 
 

@@ -17,13 +17,13 @@ import torch
 
 from thunder_rs import torch as ltorch
 from thunder_rs.torch import torchsymbol
-from thunder_rs.torch.nn import _LOW_PRECISION, _target_weights
+from thunder_rs.torch.nn import _LOW_PRECISION, _target_weights, batch_norm_stats, batch_normalized, channel_dims, per_channel
 
 __all__ = [
     "native_layer_norm", "native_layer_norm_backward", "native_dropout", "native_dropout_backward",
     "gelu_backward", "softmax_backward",
     "log_softmax_backward", "embedding_backward", "nll_loss_forward", "nll_loss_backward",
-    "sdpa_flash", "sdpa_flash_backward",
+    "sdpa_flash", "sdpa_flash_backward", "native_batch_norm", "native_batch_norm_no_stats", "native_batch_norm_backward",
 ]
 
 #: aten's reduction codes, as nll_loss_forward takes them.
@@ -114,6 +114,67 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
         grads.append(cast(sum_to(g * xhat, xhat.shape[lead:]), weight.dtype))
     if output_mask[2]:
         grads.append(cast(sum_to(g, xhat.shape[lead:]), bias.dtype))
+    return _one_or_tuple(grads)
+
+
+# -- batch norm ------------------------------------------------------------------------------------
+
+
+@torchsymbol(name="native_batch_norm")
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Batch norm in training mode, as aten's ``_native_batch_norm_legit_functional``: the output,
+    the batch mean and inverse standard deviation, and the running statistics updated with
+    ``momentum`` (a number, or a 0-d tensor for ``nn.BatchNorm``'s cumulative average); the
+    running variance takes the unbiased batch variance."""
+    x = upcast(input)
+    mean, invstd, var = batch_norm_stats(x, eps)
+    out = batch_normalized(input, x, mean, invstd, weight, bias)
+    count = x.numel() // x.shape[1]
+    unbiased = var * (count / (count - 1))
+    new_mean = mean * momentum + running_mean * (1 - momentum)
+    new_var = unbiased * momentum + running_var * (1 - momentum)
+    return out, mean, invstd, cast(new_mean, running_mean.dtype), cast(new_var, running_var.dtype)
+
+
+@torchsymbol(name="native_batch_norm_no_stats")
+def native_batch_norm_no_stats(input, weight, bias, eps):
+    """Batch norm in training mode without running statistics: the output, and the batch mean
+    and inverse standard deviation."""
+    x = upcast(input)
+    mean, invstd, _ = batch_norm_stats(x, eps)
+    return batch_normalized(input, x, mean, invstd, weight, bias), mean, invstd
+
+
+@torchsymbol(name="native_batch_norm_backward")
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                               output_mask):
+    """The gradients of batch norm's input, weight and bias that ``output_mask`` asks for: in
+    training mode from the batch statistics saved by the forward, in eval mode from the running
+    ones."""
+    x, g = upcast(input), upcast(grad_out)
+    dims = channel_dims(x)
+    if train:
+        mean, invstd = save_mean, save_invstd
+    else:
+        mean = cast(running_mean, x.dtype)
+        invstd = 1 / ltorch.sqrt(cast(running_var, x.dtype) + eps)
+    mean_b, invstd_b = per_channel(mean, x.ndim), per_channel(invstd, x.ndim)
+    xhat = (x - mean_b) * invstd_b
+    sum_g = ltorch.sum(g, dims)
+    sum_gx = ltorch.sum(g * xhat, dims)
+    grads = []
+    if output_mask[0]:
+        scale = invstd_b if weight is None else invstd_b * per_channel(cast(weight, x.dtype), x.ndim)
+        if train:
+            count = x.numel() // x.shape[1]
+            centred = g - per_channel(sum_g, x.ndim) / count - xhat * per_channel(sum_gx, x.ndim) / count
+            grads.append(cast(centred * scale, input.dtype))
+        else:
+            grads.append(cast(g * scale, input.dtype))
+    if output_mask[1]:
+        grads.append(cast(sum_gx, weight.dtype))
+    if output_mask[2]:
+        grads.append(cast(sum_g, weight.dtype if weight is not None else input.dtype))
     return _one_or_tuple(grads)
 
 

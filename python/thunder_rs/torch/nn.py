@@ -17,6 +17,7 @@ from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
     ThunderTypeError,
+    ThunderValueError,
     check,
 )
 from thunder_rs.torch import torchsymbol
@@ -25,8 +26,8 @@ from thunder_rs.torch.linalg import matmul
 
 T = torch.Tensor
 __all__ = [
-    "sigmoid", "relu", "relu6", "hardtanh", "leaky_relu", "elu", "softplus", "logsigmoid", "gelu", "silu",
-    "softmax", "log_softmax", "tensor_softmax", "tensor_log_softmax", "layer_norm", "rms_norm", "dropout",
+    "sigmoid", "relu", "relu6", "hardtanh", "threshold", "leaky_relu", "elu", "softplus", "logsigmoid", "gelu", "silu",
+    "softmax", "log_softmax", "tensor_softmax", "tensor_log_softmax", "layer_norm", "rms_norm", "batch_norm", "dropout",
     "linear", "embedding", "nll_loss", "cross_entropy", "mse_loss", "scaled_dot_product_attention",
 ]
 
@@ -82,18 +83,33 @@ def sigmoid(input):
     return clang.maybe_convert(out, x.dtype)
 
 
+# Activations that cut at a threshold select with ``where`` on eager's comparison, so that their
+# gradient at the threshold itself (and at NaN) is eager's: 0 for relu at 0, not maximum's 1/2.
+
+
 @torchsymbol(F.relu, torch.relu, T.relu)
 def relu(input, inplace=False):
     check(input.dtype != torch.bool, "ltorch.relu", "Boolean inputs not supported for relu (argument input)",
           ThunderNotImplementedError)
-    return clang.elementwise(prims.maximum, "ltorch.relu", input, 0)
+    zero = clang.maybe_convert(0, input.dtype)
+    return prims.where(prims.le(input, zero), zero, input)
 
 
 def _clamp(op: str, a, low, high):
-    """``a`` clamped to [low, high], the bounds cast to ``a``'s dtype (NaN stays NaN)."""
+    """``a`` clamped to [low, high], the bounds cast to ``a``'s dtype (NaN stays NaN); the gradient
+    is zero at the bounds, as eager's hardtanh_backward gives."""
     check(a.dtype != torch.bool, op, "Bool inputs not supported for hardtanh (argument input)", ThunderNotImplementedError)
     low, high = clang.maybe_convert(low, a.dtype), clang.maybe_convert(high, a.dtype)
-    return prims.minimum(prims.maximum(a, low), high)
+    return prims.where(prims.le(a, low), low, prims.where(prims.ge(a, high), high, a))
+
+
+@torchsymbol(F.threshold, torch.threshold)
+def threshold(input, threshold, value, inplace=False):
+    op = "ltorch.threshold"
+    check(input.dtype != torch.bool, op, "\"threshold_cpu\" not implemented for 'Bool' (argument input)",
+          ThunderNotImplementedError)
+    return where(clang.elementwise(prims.le, op, input, threshold, kind=clang.ALWAYS_BOOL),
+                 clang.maybe_convert(value, input.dtype), input)
 
 
 @torchsymbol(F.hardtanh)
@@ -115,7 +131,7 @@ def leaky_relu(input, negative_slope=0.01, inplace=False):
 
 @torchsymbol(F.elu)
 def elu(input, alpha=1.0, inplace=False):
-    return _float_op("ltorch.elu", input, lambda x: prims.where(prims.gt(x, 0.0), x, prims.mul(prims.expm1(x), alpha)))
+    return _float_op("ltorch.elu", input, lambda x: prims.where(prims.le(x, 0.0), prims.mul(prims.expm1(x), alpha), x))
 
 
 @torchsymbol(F.softplus)
@@ -264,6 +280,75 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
               ThunderRuntimeError)
         out = clang.elementwise(prims.mul, op, out, weight)
     return clang.maybe_convert(out, input.dtype)
+
+
+# -- batch norm ------------------------------------------------------------------------------------
+
+
+def check_batch_norm(op: str, input, running_mean, running_var, weight, bias, training: bool) -> None:
+    """eager's checks of batch norm's arguments: a floating (N, C, ...) input, (C,) statistics and parameters."""
+    _require_float(op, input)
+    check(input.ndim >= 2, op, f"Expected 2D or more input, got {input.ndim}D input (argument input)", ThunderValueError)
+    channels = input.shape[1]
+    if training:
+        count = math.prod(input.shape) // max(channels, 1)
+        check(count != 1, op, f"Expected more than 1 value per channel when training, got input size {input.shape}",
+              ThunderValueError)
+    else:
+        check(running_mean is not None and running_var is not None, op,
+              "running_mean and running_var must be defined in evaluation mode (argument running_mean)", ThunderRuntimeError)
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
+        check(t is None or tuple(t.shape) == (channels,), op, lambda: (
+            f"{name} should contain {channels} elements not {t.numel()} (argument {name})"), ThunderRuntimeError)
+
+
+def channel_dims(input) -> tuple[int, ...]:
+    """The dims batch norm reduces over: all but the channels (dim 1)."""
+    return (0, *range(2, input.ndim))
+
+
+def per_channel(t, ndim: int):
+    """A (C,) tensor shaped to broadcast along dim 1 of an ``ndim``-dim input."""
+    return prims.reshape(t, (1, t.shape[0], *(1,) * (ndim - 2)))
+
+
+def batch_norm_stats(x, eps):
+    """The batch mean and inverse standard deviation (biased variance) of ``x`` per channel, and
+    the biased variance."""
+    var, mean = prims.var_mean(x, channel_dims(x), 0)
+    return mean, prims.reciprocal(prims.sqrt(prims.add(var, eps))), var
+
+
+def batch_normalized(input, x, mean, invstd, weight, bias):
+    """``x`` (the input in its compute dtype) normalised per channel, as eager's CPU kernel
+    computes it: x * alpha + beta with alpha = weight * invstd and beta = bias - mean * alpha."""
+    dtype = x.dtype
+    alpha = invstd if weight is None else prims.mul(clang.maybe_convert(weight, dtype), invstd)
+    beta = prims.neg(prims.mul(mean, alpha))
+    if bias is not None:
+        beta = prims.add(clang.maybe_convert(bias, dtype), beta)
+    out = prims.add(prims.mul(x, clang.expand_to(per_channel(alpha, x.ndim), x.shape)),
+                    clang.expand_to(per_channel(beta, x.ndim), x.shape))
+    return clang.maybe_convert(out, input.dtype)
+
+
+@torchsymbol(F.batch_norm)
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05):
+    """Batch norm that writes nothing: in eval mode (with the running statistics) or in training
+    mode without them. ``F.batch_norm`` in training mode with running statistics updates them in
+    place: ``thunder_rs.torch.inplace`` traces it through ``kernels.native_batch_norm``."""
+    op = "ltorch.batch_norm"
+    check_batch_norm(op, input, running_mean, running_var, weight, bias, training)
+    check(not training or running_mean is None, op,
+          "training with running statistics updates them in place; call torch.nn.functional.batch_norm (argument training)",
+          ThunderNotImplementedError)
+    x = _upcast(input)
+    if training:
+        mean, invstd, _ = batch_norm_stats(x, eps)
+    else:
+        mean = clang.maybe_convert(running_mean, x.dtype)
+        invstd = prims.reciprocal(prims.sqrt(prims.add(clang.maybe_convert(running_var, x.dtype), eps)))
+    return batch_normalized(input, x, mean, invstd, weight, bias)
 
 
 # -- dropout, linear, embedding --------------------------------------------------------------------

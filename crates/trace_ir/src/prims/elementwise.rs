@@ -274,13 +274,16 @@ pub(super) fn vjp_binary(prim: &Prim, e: &mut Emitter, (a, b): (&Arg, &Arg), y: 
             (Some(g), Some(e.neg(t)?))
         }
         Maximum | Minimum => {
-            // Ties split the gradient in halves, as torch does.
+            // As torch: ties split the gradient in halves, and an operand gets none only where the
+            // other strictly wins (so both get it where either is NaN).
             let half = e.mul(g, e.scalar(g, 0.5))?;
             let tie = e.binary(Eq, a.clone(), b.clone())?;
-            let a_wins = e.binary(if *prim == Maximum { Gt } else { Lt }, a.clone(), b.clone())?;
-            let ga = e.where_(a_wins, g, zero.clone())?;
+            let (a_loses, b_loses) = if *prim == Maximum { (Lt, Gt) } else { (Gt, Lt) };
+            let a_loses = e.binary(a_loses, a.clone(), b.clone())?;
+            let b_loses = e.binary(b_loses, a.clone(), b.clone())?;
+            let ga = e.where_(a_loses, zero.clone(), g)?;
             let ga = e.where_(tie, half, ga)?;
-            let gb = e.where_(a_wins, zero.clone(), g)?;
+            let gb = e.where_(b_loses, zero.clone(), g)?;
             let gb = e.where_(tie, half, gb)?;
             (Some(ga), Some(gb))
         }

@@ -1,0 +1,397 @@
+"""In-place torch calls, functionalised: what ``x.add_(y)``, ``x += y``, ``x[i] = v``, ``out=`` and
+``inplace=True`` mean while a program is traced.
+
+Each computes its value out of place (the ltorch symbol of the out-of-place op, or an eager
+fallback of it) and ``assign``s it: converted to the written tensor's dtype and broadcast to its
+shape as eager's in-place op does (refusing what eager refuses, with eager's error type), then
+written (``views.write``): the very ``TensorProxy`` the program holds stands for the new value
+from then on, and so do the tensors that share its memory. When the written tensor is a trace
+input, ``thunder_rs.core.writeback`` copies its final value back after each call. No executor
+ever receives an in-place call or ``inplace=True``.
+
+The mapping is one rule, applied to every in-place callable torch has (``Tensor.name_``,
+``torch.name_``, ``Tensor.__iname__``, functions with an ``inplace`` argument): its out-of-place
+form ``name`` when torch has one, else the in-place op itself run on a copy. In-place calls that
+change a tensor's shape, storage or autograd flags (``unsqueeze_``, ``resize_``, ``set_``,
+``detach_``) are refused with an error naming the call and the user's line.
+"""
+
+import inspect
+import itertools
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from thunder_rs import clang, prims
+from thunder_rs.core.fallback import fallback
+from thunder_rs.core.langctx import MUTATING, TORCH_TO_LTORCH, VALUE_READS, set_out_handler, torch_function, user_location
+from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.core.rng import is_random
+from thunder_rs.errors import (
+    ThunderIndexError,
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    check,
+)
+from thunder_rs.torch import kernels, nn as ltorch_nn, views
+from thunder_rs.torch.elementwise import where
+from thunder_rs.torch.shape import reshape_to
+
+#: Eager's names of dtypes in its casting errors.
+_SCALAR_NAMES = {
+    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+}
+
+
+def _leaf_check(op: str, dst) -> None:
+    """Eager's error for an in-place write to a leaf that requires grad, or a view of one."""
+    root = views.root_of(dst)
+    if root._leaf and torch.is_grad_enabled():
+        what = "a leaf Variable" if root is dst else "a view of a leaf Variable"
+        raise ThunderRuntimeError(
+            f"{op}: {what} that requires grad is being used in an in-place operation. (at {user_location()})")
+
+
+def _as_value(op: str, dst, value, copy: bool):
+    """``value`` as a tensor of ``dst``'s dtype, device and shape, as eager's in-place op converts it."""
+    if not isinstance(value, torch.Tensor):
+        check(isinstance(value, (bool, int, float)), op, lambda: f"expected a tensor or a number, got {type(value).__name__}",
+              ThunderTypeError)
+        return prims.full(tuple(dst.shape), clang.maybe_convert(value, dst.dtype), dst.device, dst.dtype)
+    if not copy and not torch.can_cast(value.dtype, dst.dtype):
+        have, want = (_SCALAR_NAMES.get(d, str(d)) for d in (value.dtype, dst.dtype))
+        raise ThunderRuntimeError(f"{op}: result type {have} can't be cast to the desired output type {want} (at {user_location()})")
+    shape = clang.broadcast_shapes(op, dst.shape, value.shape)
+    check(shape == tuple(dst.shape), op, lambda: (
+        f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(shape)} (at {user_location()})"),
+          ThunderRuntimeError)
+    if value.device != dst.device:
+        value = prims.device_put(value, dst.device)
+    return clang.expand_to(clang.maybe_convert(value, dst.dtype), dst.shape)
+
+
+def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
+    """Writes ``value`` into ``dst`` as eager's in-place op ``op`` does; returns ``dst``.
+
+    A copy (``copy_``, ``fill_``, indexed assignment) converts any dtype; other in-place ops only
+    to a dtype eager may cast their result to. ``tracked=False`` writes a value autograd does not
+    see (BatchNorm's running statistics), as a write under ``torch.no_grad()`` does.
+    """
+    check(isinstance(dst, TensorProxy), op, lambda: f"expected a tensor to write, got {type(dst).__name__}", ThunderTypeError)
+    if views.same_memory(dst, value):  # ``y[1:] *= 2`` assigns the updated view to itself
+        return dst
+    value = _as_value(op, dst, value, copy)
+    tracked = tracked and not views.detached(dst)
+    if tracked:
+        _leaf_check(op, dst)
+    root = views.root_of(dst)
+    with torch._C.DisableTorchFunctionSubclass():
+        root_grad, value_grad = root.requires_grad, value.requires_grad
+    if tracked and torch.is_grad_enabled():
+        views.write(op, dst, value, root_grad or value_grad)
+        return dst
+    if value_grad and not root_grad:
+        value = views.stop_gradient(value)
+    views.write(op, dst, value, root_grad, views.straight_through if root_grad else None)
+    return dst
+
+
+# -- in-place methods and functions ----------------------------------------------------------------
+
+#: In-place calls that change what a tensor is, not its values: a proxy's shape, storage and
+#: autograd identity are fixed.
+_REFUSED = {
+    **dict.fromkeys(
+        ("unsqueeze_", "squeeze_", "t_", "transpose_", "swapaxes_", "swapdims_", "as_strided_", "resize_", "resize_as_",
+         "set_", "sparse_resize_", "sparse_resize_and_clear_", "resize_as_sparse_"),
+        "changes the tensor's shape or storage in place; use the out-of-place form"),
+    **dict.fromkeys(("detach_", "share_memory_"),
+                    "changes the tensor's autograd state or sharing in place, which a traced tensor cannot"),
+    **dict.fromkeys(("apply_", "map_", "map2_"), "runs a Python callable on each element, which a trace cannot"),
+}
+#: Augmented assignment operators and the operators they update with.
+_AUGMENTED = {
+    "__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__", "__itruediv__": "__truediv__",
+    "__idiv__": "__truediv__", "__ifloordiv__": "__floordiv__", "__imod__": "__mod__", "__ipow__": "__pow__",
+    "__iand__": "__and__", "__ior__": "__or__", "__ixor__": "__xor__", "__ilshift__": "__lshift__",
+    "__irshift__": "__rshift__",
+}
+_on_copies: dict = {}
+
+
+def on_copy(fn):
+    """``fn``, an in-place op, run on a copy of its first argument: its functional form, as one
+    eager fallback (the same function object each time, so one fallback symbol)."""
+    functional = _on_copies.get(fn)
+    if functional is None:
+        def functional(a, *args, **kwargs):
+            return fn(a.clone(), *args, **kwargs)
+
+        functional.__name__ = functional.__qualname__ = f"{fn.__name__}on_copy"
+        _on_copies[fn] = functional
+    return functional
+
+
+def _in_place(fn, name: str, outplace):
+    """``fn`` (in place): ``outplace`` when thunder_rs maps it (same arguments), else ``fn`` on a copy."""
+    symbol = TORCH_TO_LTORCH.get(outplace)
+
+    def in_place(a, *args, **kwargs):
+        value = symbol(a, *args, **kwargs) if symbol is not None else fallback(on_copy(fn), (a, *args), kwargs,
+                                                                               effect=is_random(fn))
+        return assign(a, value, name)
+
+    return in_place
+
+
+def _refuse(name: str, reason: str):
+    def refused(*args, **kwargs):
+        raise ThunderNotImplementedError(f"{name}: {reason} (at {user_location()})")
+
+    return refused
+
+
+def copy_(a, src, non_blocking=False):
+    return assign(a, src, "copy_", copy=True)
+
+
+def fill_(a, value):
+    if isinstance(value, torch.Tensor):
+        check(value.ndim == 0, "fill_", lambda: (
+            f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} dimensions. (at {user_location()})"),
+              ThunderRuntimeError)
+    return assign(a, value, "fill_", copy=True)
+
+
+def zero_(a):
+    return assign(a, 0, "zero_", copy=True)
+
+
+_SPECIAL = {"copy_": copy_, "fill_": fill_, "zero_": zero_}
+
+
+def _outplace_of(namespace, name: str):
+    """The out-of-place form of ``namespace.name``: ``F``'s for nn functions when thunder_rs maps it."""
+    base = _AUGMENTED.get(name) or name[:-1]
+    if namespace is torch._C._nn and getattr(F, base, None) in TORCH_TO_LTORCH:
+        return getattr(F, base)
+    return getattr(namespace, base, None)
+
+
+def _register_in_place() -> None:
+    for namespace in (torch.Tensor, torch, torch._C._nn, F):
+        names = [n for n in dir(namespace) if n.endswith("_") and not n.endswith("__") and not n.startswith("_")]
+        if namespace is torch.Tensor:
+            names += [n for n in _AUGMENTED if hasattr(torch.Tensor, n)]
+        for name in names:
+            fn = getattr(namespace, name)
+            if not callable(fn) or fn in TORCH_TO_LTORCH:
+                continue
+            if name in _REFUSED:
+                handler = _refuse(name, _REFUSED[name])
+            elif name in _SPECIAL:
+                handler = _SPECIAL[name]
+            else:
+                handler = _in_place(fn, name, _outplace_of(namespace, name))
+            TORCH_TO_LTORCH[fn] = handler
+            MUTATING.add(fn)
+
+
+# -- inplace=True ----------------------------------------------------------------------------------
+
+
+def _inplace_argument(fn, index: int):
+    """``fn`` (which takes ``inplace`` at position ``index``, its last) computed out of place and,
+    when ``inplace``, written into its input."""
+    symbol = TORCH_TO_LTORCH.get(fn)
+    name = f"{fn.__name__}(inplace=True)"
+
+    def call(*args, **kwargs):
+        if len(args) > index:
+            inplace, args = args[index], args[:index]
+        else:
+            kwargs = dict(kwargs)
+            inplace = kwargs.pop("inplace", False)
+        value = symbol(*args, **kwargs) if symbol is not None else fallback(fn, args, kwargs, effect=is_random(fn))
+        if not inplace:
+            return value
+        return assign(args[0] if args else kwargs["input"], value, name)
+
+    return call
+
+
+def _register_inplace_arguments() -> None:
+    for name in dir(F):
+        fn = getattr(F, name)
+        try:
+            parameters = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            continue
+        if "inplace" in parameters and parameters[-1] == "inplace":
+            TORCH_TO_LTORCH[fn] = _inplace_argument(fn, parameters.index("inplace"))
+
+
+# -- out= ------------------------------------------------------------------------------------------
+
+
+def write_out(func, args, kwargs):
+    """``func(*args, out=out)``: the result computed out of place and written into ``out``."""
+    name = getattr(func, "__name__", "op")
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out")
+    value = torch_function(func, args, kwargs)
+    targets = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    check(len(targets) == len(values), name, f"expected {len(values)} tensors for out=, got {len(targets)} (argument out)",
+          ThunderTypeError)
+    for target, v in zip(targets, values):
+        check(isinstance(target, TensorProxy), name, f"expected a tensor for out=, got {type(target).__name__} (argument out)",
+              ThunderTypeError)
+        check(tuple(target.shape) == tuple(v.shape), name, lambda: (
+            f"out= has shape {list(target.shape)} but the result has shape {list(v.shape)}; eager would resize it, which a "
+            "traced tensor cannot (argument out)"), ThunderNotImplementedError)
+        assign(target, v, f"{name}(out=)")
+    if not isinstance(out, (tuple, list)):
+        return out
+    return type(value)(targets) if hasattr(type(value), "n_fields") else tuple(targets)
+
+
+# -- indexed assignment ----------------------------------------------------------------------------
+
+_MASKS = (torch.bool, torch.uint8)
+
+
+def _is_basic(entry) -> bool:
+    return entry is None or entry is Ellipsis or isinstance(entry, slice) or (isinstance(entry, int) and not isinstance(entry, bool))
+
+
+def _is_mask(entry) -> bool:
+    return isinstance(entry, torch.Tensor) and entry.dtype in _MASKS
+
+
+def setitem_on_copy(a, key, value):
+    """``a[key] = value`` on a copy of ``a``: indexed assignment by tensors, as one eager fallback."""
+    out = a.clone()
+    out[key] = value
+    return out
+
+
+def _drop_leading_ones(value, ndim: int):
+    """``value`` without the leading size-one dims beyond ``ndim`` (eager's indexed assignment drops them)."""
+    if not isinstance(value, torch.Tensor) or value.ndim <= ndim:
+        return value
+    lead = 0
+    while value.ndim - lead > ndim and value.shape[lead] == 1:
+        lead += 1
+    return reshape_to(value, value.shape[lead:]) if lead else value
+
+
+def _masked_assign(a, entries: tuple, at: int, value):
+    """``a[entries] = value`` where ``entries[at]`` is a boolean mask and the others are basic:
+    a ``where`` on the view the basic entries select. Only a ``value`` with one element per true
+    mask element would be data-dependent."""
+    op = "setitem"
+    mask = entries[at]
+    basic = entries[:at] + (slice(None),) * mask.ndim + entries[at + 1:]
+    view = TORCH_TO_LTORCH[torch.Tensor.__getitem__](a, basic)
+    ellipsis = a.ndim - sum(1 for e in basic if e is not None and e is not Ellipsis)
+    start = sum(1 if e is None or isinstance(e, slice) else ellipsis if e is Ellipsis else 0 for e in entries[:at])
+    indexed = tuple(view.shape[start:start + mask.ndim])
+    check(tuple(mask.shape) == indexed, op, lambda: (
+        f"The shape of the mask {list(mask.shape)} at index {start} does not match the shape of the indexed tensor "
+        f"{list(indexed)} at index {start} (argument key)"), ThunderIndexError)
+    rest = view.ndim - start - mask.ndim
+    if isinstance(value, torch.Tensor):
+        value = _drop_leading_ones(value, start + 1 + rest)
+        at_mask = value.ndim - rest - 1  # the dim of value that lines up with the selected elements
+        if at_mask >= 0:
+            check(value.shape[at_mask] == 1, op, lambda: (
+                f"a value of shape {list(value.shape)} gives one element per true mask element, which is data-dependent; "
+                "assign a value that broadcasts (argument value)"), ThunderNotImplementedError)
+            value = reshape_to(value, (*value.shape[:at_mask], *(1,) * mask.ndim, *value.shape[at_mask + 1:]))
+    mask = reshape_to(clang.maybe_convert(mask, torch.bool), (1,) * start + tuple(mask.shape) + (1,) * rest)
+    assign(view, where(mask, clang.maybe_convert(value, view.dtype), view), op, copy=True)
+
+
+def setitem(a, key, value):
+    """``a[key] = value``: basic indexing writes through a view, a boolean mask is a ``where``, and
+    tensor indices run eager's indexed assignment on a copy."""
+    op = "setitem"
+    check(isinstance(a, TensorProxy), op, lambda: f"expected a tensor, got {type(a).__name__}", ThunderTypeError)
+    entries = key if type(key) is tuple else (key,)
+    if all(map(_is_basic, entries)):
+        view = TORCH_TO_LTORCH[torch.Tensor.__getitem__](a, key)
+        assign(view, _drop_leading_ones(value, view.ndim), op, copy=True)
+        return
+    masks = [i for i, e in enumerate(entries) if _is_mask(e)]
+    if len(masks) == 1 and all(_is_basic(e) for i, e in enumerate(entries) if i != masks[0]):
+        _masked_assign(a, entries, masks[0], value)
+        return
+    check(not masks, op, "a boolean mask together with other tensor or list indices is data-dependent (argument key)",
+          ThunderNotImplementedError)
+    assign(a, fallback(setitem_on_copy, (a, key, value), {}), op, copy=True)
+
+
+# -- batch norm ------------------------------------------------------------------------------------
+
+#: nn.BatchNorm with ``momentum=None`` averages its running statistics over all batches so far,
+#: with factor ``1.0 / float(self.num_batches_tracked)``: a value read from a buffer. That read is
+#: answered with a stand-in number, and the factor it becomes is mapped back to the buffer here.
+_count_factors: dict[float, TensorProxy] = {}
+_stand_ins = itertools.count(1)
+_COUNTING_FORWARDS = frozenset(cls.forward.__code__ for cls in (torch.nn.modules.batchnorm._BatchNorm, torch.nn.SyncBatchNorm))
+
+
+def _batch_count(args):
+    """``float(self.num_batches_tracked)`` in nn.BatchNorm's forward: a stand-in number, else None."""
+    frame = sys._getframe(1)
+    for _ in range(6):
+        if frame is None or frame.f_code in _COUNTING_FORWARDS:
+            break
+        frame = frame.f_back
+    if frame is None or frame.f_code not in _COUNTING_FORWARDS or not isinstance(args[0], TensorProxy):
+        return None
+    stand_in = float(2 ** 52 + next(_stand_ins))
+    _count_factors[1.0 / stand_in] = args[0]
+    return stand_in
+
+
+def _momentum(momentum):
+    """``momentum`` as batch norm's update takes it: the cumulative factor 1 / count as a tensor."""
+    count = _count_factors.pop(momentum, None) if isinstance(momentum, float) else None
+    if count is None:
+        return momentum
+    return 1.0 / clang.maybe_convert(count, torch.float64)
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05):
+    """``F.batch_norm``: in training mode with running statistics, the output and the updated
+    statistics, written into ``running_mean`` and ``running_var`` where autograd does not see."""
+    momentum = _momentum(momentum)
+    if not training or running_mean is None:
+        return ltorch_nn.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    ltorch_nn.check_batch_norm("batch_norm", input, running_mean, running_var, weight, bias, training)
+    out, _, _, new_mean, new_var = kernels.native_batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)
+    assign(running_mean, new_mean, "batch_norm", tracked=False)
+    assign(running_var, new_var, "batch_norm", tracked=False)
+    return out
+
+
+# -- registration ----------------------------------------------------------------------------------
+
+
+def _register() -> None:
+    _register_inplace_arguments()
+    _register_in_place()
+    for fn, handler in ((torch.Tensor.__setitem__, setitem), (F.batch_norm, batch_norm)):
+        TORCH_TO_LTORCH[fn] = handler
+        MUTATING.add(fn)
+    VALUE_READS[torch.Tensor.__float__] = _batch_count
+    set_out_handler(write_out)
+
+
+_register()

@@ -1,0 +1,667 @@
+"""Views: which proxies alias which, and writing through a view.
+
+Eager's view ops (slicing and integer indexing, select, narrow, split, chunk, unbind, view and
+reshape where the strides allow, permute, transpose, squeeze, unsqueeze, expand, flatten,
+unflatten, diagonal, detach) return tensors that share memory with their input: an in-place write
+to one is seen through all of them. A proxy has no memory, so a view is a link: the root proxy
+it was taken from and the steps that compute it from the root.
+
+Writing a value into a view replays the steps from the root's current value, inverts them from
+the view back to the root (a slice becomes a slice scatter, a reshape a reshape back, a permute
+the inverse permute), rebinds the root to the result, and recomputes every other live view of
+that root (held by weak references, so views the program dropped cost nothing).
+
+A step is the chain of shape prims (reshape, transpose, slice, squeeze, broadcast_in_dim) the
+view op recorded, captured while it ran, or an opaque step with its own forward and inverse for
+ops that no such chain describes (diagonal, detach). A view op that recorded anything else made
+a copy. Strides follow eager's, so that ``reshape`` and ``contiguous()`` copy where eager copies:
+trace inputs have the strides of their tensors, other roots are taken to be contiguous.
+
+Programs that take views but never write pay, per view op while tracing, for capturing the
+prims it records and one weak reference; strides are worked out only where a decision needs them.
+"""
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs.core.dtypes import CODES
+from thunder_rs.core.fallback import fallback, qualified_name
+from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
+from thunder_rs.core.proxies import TensorProxy, make_proxy
+from thunder_rs.core.recorder import start_prim_log, stop_prim_log
+from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, check
+from thunder_rs.torch import indexing as _indexing, shape as _shape, torchsymbol
+from thunder_rs.torch.shape import reshape_to, slice_in_dim
+
+__all__ = ["slice_scatter", "select_scatter", "diagonal", "diagonal_scatter", "straight_through", "stop_gradient"]
+
+_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
+            "location. Please clone() the tensor before performing the operation.")
+
+
+# -- scatters: the inverses of slicing -------------------------------------------------------------
+
+
+def _slice_config(shape, dim: int, start: int, stop: int, step: int, length: int):
+    """Pad config placing ``length`` elements at start, start + step, ... of ``dim``."""
+    config = [(0, 0, 0)] * len(shape)
+    config[dim] = (start, shape[dim] - (start + (length - 1) * step + 1), step - 1)
+    return config
+
+
+@torchsymbol(torch.slice_scatter, torch.Tensor.slice_scatter)
+def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
+    """``input`` with ``input[..., start:end:step, ...]`` (along ``dim``) replaced by ``src``."""
+    op = "ltorch.slice_scatter"
+    check(input.ndim > 0, op, "slice() cannot be applied to a 0-dim tensor. (argument input)", ThunderRuntimeError)
+    d = clang.canonicalize_dim(input.ndim, dim, op)
+    check(step > 0, op, "slice step must be positive (argument step)", ThunderRuntimeError)
+    begin, stop, _ = slice(start, end, step).indices(input.shape[d])
+    stop = max(begin, stop)
+    length = (stop - begin + step - 1) // step
+    expected = (*input.shape[:d], length, *input.shape[d + 1:])
+    check(tuple(src.shape) == expected, op, lambda: (
+        f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
+        f"{list(expected)} (argument src)"), ThunderRuntimeError)
+    check(src.dtype == input.dtype, op, f"expected src dtype {input.dtype}, got {src.dtype} (argument src)",
+          ThunderRuntimeError)
+    if length == 0 or 0 in input.shape:
+        return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
+    config = _slice_config(input.shape, d, begin, stop, step, length)
+    placed = prims.pad(src, clang.maybe_convert(0, src.dtype), config)
+    written = prims.pad(prims.full(tuple(src.shape), True, src.device, torch.bool), False, config)
+    return prims.where(written, placed, input)
+
+
+@torchsymbol(torch.select_scatter, torch.Tensor.select_scatter)
+def select_scatter(input, src, dim, index):
+    """``input`` with ``input.select(dim, index)`` replaced by ``src``."""
+    op = "ltorch.select_scatter"
+    check(input.ndim > 0, op, "select_scatter() cannot be applied to a 0-dim tensor. (argument input)",
+          ThunderRuntimeError)
+    d = clang.canonicalize_dim(input.ndim, dim, op)
+    size = input.shape[d]
+    check(-size <= index < size, op, f"select(): index {index} out of range for tensor of size {list(input.shape)} "
+          f"at dimension {d} (argument index)", ThunderIndexError)
+    expected = (*input.shape[:d], *input.shape[d + 1:])
+    check(tuple(src.shape) == expected, op, lambda: (
+        f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
+        f"{list(expected)} (argument src)"), ThunderRuntimeError)
+    index %= size
+    return slice_scatter(input, reshape_to(src, (*input.shape[:d], 1, *input.shape[d + 1:])), d, index, index + 1)
+
+
+def _diagonal_layout(shape, offset: int, dim1: int, dim2: int, op: str):
+    """(permutation moving dim1, dim2 last, their sizes, the diagonal's length and first flat position)."""
+    ndim = len(shape)
+    d1 = clang.canonicalize_dim(ndim, dim1, op, "dim1")
+    d2 = clang.canonicalize_dim(ndim, dim2, op, "dim2")
+    check(d1 != d2, op, f"diagonal dimensions cannot be identical {dim1}, {dim2} (argument dim2)", ThunderRuntimeError)
+    rows, cols = shape[d1], shape[d2]
+    length = max(min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols), 0)
+    first = offset if offset >= 0 else -offset * cols
+    perm = (*[d for d in range(ndim) if d not in (d1, d2)], d1, d2)
+    return perm, rows, cols, length, first
+
+
+@torchsymbol(torch.diagonal, torch.Tensor.diagonal)
+def diagonal(input, offset=0, dim1=0, dim2=1):
+    op = "ltorch.diagonal"
+    perm, rows, cols, length, first = _diagonal_layout(tuple(input.shape), offset, dim1, dim2, op)
+    moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
+    batch = tuple(moved.shape[:-2])
+    flat = reshape_to(moved, (*batch, rows * cols))
+    if length == 0:  # an empty view of the input, as eager's (it requires grad as the input does)
+        return slice_in_dim(flat, len(batch), 0, 0, 1)
+    return slice_in_dim(flat, len(batch), first, first + (length - 1) * (cols + 1) + 1, cols + 1)
+
+
+@torchsymbol(torch.diagonal_scatter, torch.Tensor.diagonal_scatter)
+def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
+    """``input`` with ``input.diagonal(offset, dim1, dim2)`` replaced by ``src``."""
+    op = "ltorch.diagonal_scatter"
+    perm, rows, cols, length, first = _diagonal_layout(tuple(input.shape), offset, dim1, dim2, op)
+    batch = tuple(input.shape[d] for d in perm[:-2])
+    check(tuple(src.shape) == (*batch, length), op, lambda: (
+        f"expected src to have a size equal to the diagonal of self. src size = {list(src.shape)}, diagonal size = "
+        f"{[*batch, length]} (argument src)"), ThunderRuntimeError)
+    if length == 0:
+        return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
+    moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
+    flat = reshape_to(moved, (*batch, rows * cols))
+    src = clang.maybe_convert(src, input.dtype)
+    out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * (cols + 1) + 1, cols + 1)
+    out = reshape_to(out, moved.shape)
+    inverse = tuple(sorted(range(input.ndim), key=lambda i: perm[i]))
+    return prims.transpose(out, inverse) if perm != tuple(range(input.ndim)) else out
+
+
+# -- strides ---------------------------------------------------------------------------------------
+
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [1] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d] = step
+        if shape[d] > 1:
+            step *= shape[d]
+    return tuple(strides)
+
+
+def _is_contiguous(shape, strides) -> bool:
+    """torch's rule: sizes of one (and empty tensors) place no constraint on strides."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for size, stride in zip(reversed(tuple(shape)), reversed(tuple(strides))):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
+
+
+def _overlaps(shape, strides) -> bool:
+    """Whether two elements share memory: an expanded dim (stride 0 over more than one element)."""
+    return any(size > 1 and stride == 0 for size, stride in zip(shape, strides))
+
+
+def _viewed_strides(shape, strides, new_shape):
+    """The strides of ``reshape(new_shape)`` as a view of a tensor with ``shape`` and ``strides``,
+    or None when eager must copy (ATen's ``computeStride``)."""
+    if math.prod(shape) == 0 or not shape:
+        return contiguous_strides(new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = strides[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new_strides) if view_d == -1 else None
+
+
+def strides_of(p) -> tuple[int, ...]:
+    """The strides eager's tensor for proxy ``p`` has (views follow their root's)."""
+    link = p._view
+    if link is not None:
+        return link.strides
+    return p._strides if p._strides is not None else contiguous_strides(p.shape)
+
+
+# -- steps -----------------------------------------------------------------------------------------
+
+
+class PrimStep(NamedTuple):
+    """One shape prim of a view op (its parameters after the tensor, as the op passed them)."""
+
+    name: str
+    params: tuple
+
+    def forward(self, parent):
+        return getattr(prims, self.name)(parent, *self.params)
+
+    def inverse(self, parent, new):
+        """The value ``parent`` takes when its view through this prim becomes ``new``."""
+        if self.name == "transpose":
+            perm = self.params[0]
+            return prims.transpose(new, tuple(sorted(range(len(perm)), key=lambda i: perm[i])))
+        if self.name == "slice":
+            return _slice_back(parent, new, *self.params)
+        return reshape_to(new, parent.shape)  # reshape, squeeze, unsqueezing broadcast_in_dim
+
+    def layout(self, shape, strides):
+        """(shape, strides) of this prim's output as a view of an input with ``shape`` and
+        ``strides``; None when eager's op makes a copy."""
+        if self.name == "reshape":
+            new_shape = tuple(self.params[0])
+            new_strides = _viewed_strides(tuple(shape), tuple(strides), new_shape)
+            return None if new_strides is None else (new_shape, new_strides)
+        if self.name == "transpose":
+            perm = self.params[0]
+            return tuple(shape[p] for p in perm), tuple(strides[p] for p in perm)
+        if self.name == "slice":
+            start, stop, step = self.params
+            sizes = tuple(max(-(-(e - s) // k), 0) for s, e, k in zip(start, stop, step))
+            return sizes, tuple(st * k for st, k in zip(strides, step))
+        if self.name == "squeeze":
+            dims = set(self.params[0])
+            keep = [d for d in range(len(shape)) if d not in dims]
+            return tuple(shape[d] for d in keep), tuple(strides[d] for d in keep)
+        new_shape, dims = tuple(self.params[0]), tuple(self.params[1])  # broadcast_in_dim
+        new_strides = [0] * len(new_shape)
+        for i, d in enumerate(dims):
+            new_strides[d] = strides[i] if shape[i] == new_shape[d] else 0
+        return new_shape, tuple(new_strides)
+
+    @property
+    def expands(self) -> bool:
+        """Whether elements of the view share memory because this prim broadcasts."""
+        return self.name == "broadcast_in_dim" and math.prod(self.params[0]) > 0 and any(
+            size > 1 for d, size in enumerate(self.params[0]) if d not in self.params[1])
+
+
+def _slice_back(parent, new, start, stop, step):
+    """``parent`` with its slice ``[start:stop:step]`` (one bound per dim) replaced by ``new``: a
+    slice scatter along each dim the slice narrows, innermost first."""
+    dims = [d for d in range(parent.ndim) if (start[d], stop[d], step[d]) != (0, parent.shape[d], 1)]
+    if not dims:
+        return new
+    d, rest = dims[0], dims[1:]
+    if rest:
+        outer = slice_in_dim(parent, d, start[d], stop[d], step[d])
+        narrowed = (*start[:d], 0, *start[d + 1:]), (*stop[:d], outer.shape[d], *stop[d + 1:]), (*step[:d], 1, *step[d + 1:])
+        new = _slice_back(outer, new, *narrowed)
+    return slice_scatter(parent, new, d, start[d], stop[d], step[d])
+
+
+@dataclass(frozen=True, eq=False)
+class OpaqueStep:
+    """A view step no chain of shape prims describes: how to take the view, how to write it
+    back (None: writing through this view is refused with ``refusal``), and its strides.
+    ``detached``: the view hides writes through it from autograd (``.detach()``, ``.data``)."""
+
+    take: Callable
+    put: Callable | None
+    strides: Callable
+    refusal: str = ""
+    detached: bool = False
+    expands = False
+
+    def forward(self, parent):
+        return self.take(parent)
+
+    def inverse(self, parent, new):
+        if self.put is None:
+            raise ThunderNotImplementedError(f"{self.refusal} (at {user_location()})")
+        return self.put(parent, new)
+
+    def layout(self, shape, strides):
+        return self.strides(shape, strides)
+
+
+class ViewLink:
+    """What makes a proxy a view: the root it aliases and the steps from the root to it. Its
+    eager strides are worked out when asked for (a write through it, ``contiguous()``, a reshape
+    of it): most views are never asked."""
+
+    __slots__ = ("root", "steps", "_strides")
+
+    def __init__(self, root: TensorProxy, steps: tuple, strides: tuple | None = None):
+        self.root, self.steps, self._strides = root, steps, strides
+
+    @property
+    def strides(self) -> tuple:
+        if self._strides is None:
+            layout = (tuple(self.root.shape), strides_of(self.root))
+            for step in self.steps:
+                layout = step.layout(*layout)
+            self._strides = layout[1]
+        return self._strides
+
+
+_VIEW_PRIMS = frozenset({"reshape", "transpose", "slice", "squeeze", "broadcast_in_dim"})
+
+
+def _may_copy(parent, steps) -> bool:
+    """Whether eager's op may copy rather than view: a reshape of anything but a contiguous root
+    (one op's own reshapes of a contiguous root only add or drop size-one dims)."""
+    for step in steps:
+        if type(step) is PrimStep and step.name == "reshape":
+            return parent._view is not None or parent._strides is not None or len(steps) > 1
+    return False
+
+
+def attach(parent, view, steps) -> None:
+    """Links ``view`` to ``parent``'s root through ``steps`` (from ``parent``), unless eager's
+    op makes a copy at one of them."""
+    strides = None
+    if _may_copy(parent, steps):
+        layout = (tuple(parent.shape), strides_of(parent))
+        for step in steps:
+            layout = step.layout(*layout)
+            if layout is None:
+                return
+        strides = layout[1]
+    link = parent._view
+    root = parent if link is None else link.root
+    view._view = ViewLink(root, steps if link is None else link.steps + steps, strides)
+    if root._views is None:
+        root._views = []
+    root._views.append(weakref.ref(view))
+
+
+def _chain(parent, view, log):
+    """The shape prims (from the captured ``log``) leading from ``parent`` to ``view``, or None
+    when ``view`` was not computed from ``parent`` by shape prims alone."""
+    steps, target = [], view
+    while target is not parent:
+        for name, args, outs in reversed(log):  # a view op records a few prims
+            if outs[0] is target:
+                break
+        else:
+            return None
+        if name not in _VIEW_PRIMS or type(args[0]) is not TensorProxy:
+            return None
+        steps.append(PrimStep(name, args[1:]))
+        target = args[0]
+    return tuple(reversed(steps))
+
+
+def tracked(symbol):
+    """The view op ``symbol``, linking each output it computed from its input by shape prims."""
+
+    def view_op(a, *args, **kwargs):
+        if type(a) is not TensorProxy:
+            return symbol(a, *args, **kwargs)
+        log = []
+        start_prim_log(log)
+        try:
+            out = symbol(a, *args, **kwargs)
+        finally:
+            stop_prim_log()
+        if type(out) is TensorProxy:
+            if out is not a:
+                steps = _chain(a, out, log)
+                if steps is not None:
+                    attach(a, out, steps)
+            return out
+        for o in out:
+            if type(o) is TensorProxy and o is not a:
+                steps = _chain(a, o, log)
+                if steps is not None:
+                    attach(a, o, steps)
+        return out
+
+    view_op.__wrapped__ = symbol
+    return view_op
+
+
+def _same_layout(shape, strides, *args, **kwargs):
+    return shape, strides
+
+
+def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = False):
+    """A view op ``take(a, *args, **kwargs)`` whose outputs are linked by opaque steps:
+    ``put(a, new, *args, **kwargs)`` writes one back (only ops with a single output have it),
+    ``strides(shape, strides, *args, **kwargs)`` gives its layout."""
+
+    def view_op(a, *args, **kwargs):
+        out = take(a, *args, **kwargs)
+        if not isinstance(a, TensorProxy):
+            return out
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for i, o in enumerate(outs):
+            if not isinstance(o, TensorProxy) or o is a:
+                continue
+            if isinstance(out, (tuple, list)):
+                forward, back = (lambda p, i=i: take(p, *args, **kwargs)[i]), None
+            else:
+                forward = lambda p: take(p, *args, **kwargs)  # noqa: E731
+                back = None if put is None else lambda p, new: put(p, new, *args, **kwargs)  # noqa: E731
+            layout = (lambda shape, st: strides(shape, st, *args, **kwargs)) if back is not None else _same_layout
+            attach(a, o, (OpaqueStep(forward, back, layout, refusal, detached),))
+        return out
+
+    return view_op
+
+
+def copy_of(a) -> TensorProxy:
+    """A proxy for the same value that aliases nothing: what eager's op returns when it copies
+    (``contiguous()`` of a non-contiguous tensor) though the trace computes nothing."""
+    with torch._C.DisableTorchFunctionSubclass():
+        requires_grad = a.requires_grad
+    return make_proxy(a._vid, tuple(a.shape), CODES[a.dtype], str(a.device), requires_grad)
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+
+def _rebind(p, value, requires_grad: bool) -> None:
+    p._vid = value._vid
+    requires_grad = requires_grad and (p.dtype.is_floating_point or p.dtype.is_complex)
+    with torch._C.DisableTorchFunctionSubclass():
+        if p.requires_grad != requires_grad:
+            p.requires_grad_(requires_grad)
+
+
+def _refresh(root, requires_grad: bool, written=None, value=None) -> None:
+    """Recomputes the live views of ``root`` from its new value (``written`` becomes ``value``)."""
+    if not root._views:
+        return
+    alive = []
+    for ref in root._views:
+        view = ref()
+        if view is None:
+            continue
+        alive.append(ref)
+        new = value if view is written else None
+        if new is None:
+            new = root
+            for step in view._view.steps:
+                new = step.forward(new)
+        _rebind(view, new, requires_grad and not detached(view))
+    root._views[:] = alive
+
+
+def _unseen(through, new, old):
+    """``through(new, old)`` recorded with grad mode on: it routes the gradient of a write
+    autograd does not see (under ``no_grad`` too) to the tensor's history."""
+    with torch.enable_grad():
+        return through(new, old)
+
+
+def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
+    """Makes ``dst`` stand for ``value`` (of its shape and dtype), and every tensor that shares
+    its memory follow: its root and the root's other live views.
+
+    ``through(new_root, old_root)``, when given, wraps the root's new value (a write autograd does
+    not see); ``requires_grad`` is the root's after the write.
+    """
+    link = dst._view
+    if link is None:
+        _rebind(dst, value if through is None else _unseen(through, value, dst), requires_grad)
+        _refresh(dst, requires_grad)
+        return
+    if _overlaps(dst.shape, link.strides):
+        raise ThunderRuntimeError(f"{op}: {_OVERLAP} (at {user_location()})")
+    if any(step.expands for step in link.steps):
+        raise ThunderNotImplementedError(
+            f"{op}: writing through a view of an expanded tensor is not supported; clone() it first (at {user_location()})")
+    root = link.root
+    parents = [root]
+    for step in link.steps[:-1]:
+        parents.append(step.forward(parents[-1]))
+    new = value
+    for step, parent in zip(reversed(link.steps), reversed(parents)):
+        new = step.inverse(parent, new)
+    if through is not None:
+        new = _unseen(through, new, root)
+    _rebind(root, new, requires_grad)
+    _refresh(root, requires_grad, dst if through is None else None, value)
+
+
+def same_memory(a, b) -> bool:
+    """Whether ``b`` is ``a``, or a view of the same elements of the same root."""
+    if a is b:
+        return True
+    if not isinstance(b, TensorProxy) or a._view is None or b._view is None:
+        return False
+    return a._view.root is b._view.root and a._view.steps == b._view.steps
+
+
+def detached(p) -> bool:
+    """Whether ``p`` is a view through ``.detach()`` or ``.data``: writes through it are
+    invisible to autograd (no leaf error, no gradient through the written values)."""
+    link = p._view
+    return link is not None and any(getattr(step, "detached", False) for step in link.steps)
+
+
+def root_of(p):
+    link = p._view
+    return p if link is None else link.root
+
+
+# -- writes autograd does not see ------------------------------------------------------------------
+
+
+def _value_of(value, like):
+    return value
+
+
+def _detached(a):
+    return a.detach()
+
+
+@torchsymbol(_value_of, name="straight_through")
+def straight_through(value, like):
+    """``value``, whose gradient goes to ``like`` as it is: a tensor written in place where
+    autograd does not see it (under ``torch.no_grad()``, through ``.data`` or ``.detach()``).
+    ``value`` itself may not require grad (computed under ``no_grad``): the decomposition reads
+    ``like`` too (an exact select of ``value``), so the result requires grad as ``like`` does."""
+    keep = prims.broadcast_in_dim(prims.full((), True, value.device, torch.bool), tuple(value.shape), ())
+    return prims.where(keep, value, like)
+
+
+@torchsymbol(_detached, name="stop_gradient")
+def stop_gradient(a):
+    """``a``, through which no gradient flows."""
+    return prims.convert_element_type(a, a.dtype)
+
+
+@register_grad(straight_through)
+def _straight_through_grad(value, like):
+    out = straight_through(value, like)
+    g = get_grad(out)
+    if like.requires_grad:
+        put_grad(like, g)
+    return out
+
+
+@register_grad(stop_gradient)
+def _stop_gradient_grad(a):
+    out = stop_gradient(a)
+    get_grad(out)
+    return out
+
+
+# -- which torch calls make views ------------------------------------------------------------------
+
+#: View ops whose outputs are chains of shape prims from their input.
+_PRIM_VIEWS = (
+    "reshape", "view", "view_as", "reshape_as", "flatten", "ravel", "unflatten", "permute", "transpose", "swapaxes",
+    "t", "movedim", "expand", "expand_as", "broadcast_to", "unsqueeze", "squeeze", "atleast_1d", "atleast_2d",
+    "split", "chunk", "tensor_split", "narrow", "select", "unbind", "getitem",
+)
+#: Copying ops that return their input when they have nothing to do (eager still copies).
+_COPIES = ("flip", "roll")
+#: Eager view ops thunder_rs runs as fallbacks: a write through their output is refused.
+_FALLBACK_VIEWS = (
+    torch.Tensor.as_strided, torch.as_strided, torch.Tensor.unfold, torch.view_as_real, torch.view_as_complex,
+    torch.Tensor.split_with_sizes, torch.split_with_sizes, torch.hsplit, torch.vsplit, torch.dsplit,
+    torch.Tensor.hsplit, torch.Tensor.vsplit, torch.Tensor.dsplit, torch.Tensor.adjoint, torch.adjoint,
+    torch.Tensor.indices, torch.Tensor.values, torch.alias_copy,
+)
+
+
+def _rewrap(table: dict, symbol, wrapper) -> None:
+    for key, value in list(table.items()):
+        if value is symbol:
+            table[key] = wrapper
+
+
+def _contiguous_or_copy(symbol):
+    """``contiguous()``: the tensor itself when it is contiguous in eager, else a copy."""
+
+    def contiguous(a, memory_format=torch.contiguous_format):
+        out = symbol(a, memory_format)
+        if out is a and isinstance(a, TensorProxy) and not _in_format(a, memory_format):
+            return copy_of(a)
+        return out
+
+    return contiguous
+
+
+def _in_format(a, memory_format) -> bool:
+    strides = strides_of(a)
+    if memory_format == torch.channels_last and a.ndim == 4:
+        n, c, h, w = a.shape
+        return _is_contiguous((n, h, w, c), (strides[0], strides[2], strides[3], strides[1]))
+    if memory_format == torch.channels_last_3d and a.ndim == 5:
+        n, c, d, h, w = a.shape
+        return _is_contiguous((n, d, h, w, c), (strides[0], strides[2], strides[3], strides[4], strides[1]))
+    return _is_contiguous(a.shape, strides)
+
+
+def _fresh(symbol):
+    def copying_op(a, *args, **kwargs):
+        out = symbol(a, *args, **kwargs)
+        return copy_of(a) if out is a and isinstance(a, TensorProxy) else out
+
+    return copying_op
+
+
+def _refused_view(fn, call):
+    refusal = (f"{qualified_name(fn)}: writing through its output, a view, is not supported; "
+               "clone() it first, or write to the tensor it views")
+    return opaque(call, None, refusal=refusal)
+
+
+def _diagonal_strides(shape, strides, offset=0, dim1=0, dim2=1):
+    perm, _, _, length, _ = _diagonal_layout(shape, offset, dim1, dim2, "ltorch.diagonal")
+    *keep, d1, d2 = perm
+    return (*[shape[d] for d in keep], length), (*[strides[d] for d in keep], strides[d1] + strides[d2])
+
+
+def _detach_with(take):
+    """``detach()``/``.data``: a view through which writes change values autograd does not see
+    change; the view itself does not require grad."""
+
+    def detached(a):
+        out = take(a)
+        with torch._C.DisableTorchFunctionSubclass():
+            out.requires_grad_(False)
+        return out
+
+    return opaque(detached, lambda a, new: straight_through(new, a), detached=True)
+
+
+def _symbol(name: str):
+    return getattr(_shape, name, None) or getattr(_indexing, name)
+
+
+def _register() -> None:
+    for name in _PRIM_VIEWS:
+        _rewrap(TORCH_TO_LTORCH, _symbol(name), tracked(_symbol(name)))
+    for name in ("T", "mT"):
+        PROPERTY_TO_LTORCH[name] = tracked(PROPERTY_TO_LTORCH[name])
+    _rewrap(TORCH_TO_LTORCH, _shape.contiguous, _contiguous_or_copy(_shape.contiguous))
+    for name in _COPIES:
+        _rewrap(TORCH_TO_LTORCH, _symbol(name), _fresh(_symbol(name)))
+    _rewrap(TORCH_TO_LTORCH, diagonal, opaque(diagonal, diagonal_scatter, _diagonal_strides))
+    take = TORCH_TO_LTORCH.get(torch.Tensor.detach, stop_gradient)
+    detach = _detach_with(take)
+    for fn in (torch.Tensor.detach, torch.detach):
+        TORCH_TO_LTORCH[fn] = detach
+    PROPERTY_TO_LTORCH["data"] = detach
+    for fn in _FALLBACK_VIEWS:
+        if fn not in TORCH_TO_LTORCH:
+            TORCH_TO_LTORCH[fn] = _refused_view(fn, lambda a, *args, fn=fn, **kwargs: fallback(fn, (a, *args), kwargs))
+
+
+_register()
