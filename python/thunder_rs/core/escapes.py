@@ -48,12 +48,17 @@ def _count_proxies(value, held: dict, depth: int) -> None:
                 _count_proxies(item, held, depth - 1)
 
 
+#: Attribute values of a proxy that never hold another proxy (its id, shape, dtype, device).
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.Size, tuple, torch.dtype, torch.device})
+
+
 def _held_by_proxies(proxies: list) -> dict:
     """``id(proxy) -> count`` of references from other proxies' bookkeeping (a view's root)."""
     held: dict = {}
     for p in proxies:
         for value in p.__dict__.values():
-            _count_proxies(value, held, 4)
+            if type(value) not in _PLAIN:
+                _count_proxies(value, held, 4)
     return held
 
 

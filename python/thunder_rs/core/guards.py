@@ -67,6 +67,11 @@ class Source:
     def describe(self, name: str) -> str:
         return f"{self.label}.{name}"
 
+    @property
+    def key(self):
+        """What identifies the source among an acquisition's guards."""
+        raise NotImplementedError
+
 
 class FixedSource(Source):
     """A mapping that is the same object on every call: ``fixed()`` gives it."""
@@ -92,6 +97,10 @@ class ObjectSource(FixedSource):
     def fixed(self):
         return self.obj.__dict__
 
+    @property
+    def key(self):
+        return id(self.obj)
+
 
 @dataclass(eq=False)
 class ModuleSource(ObjectSource):
@@ -112,6 +121,10 @@ class ModuleStoreSource(FixedSource):
     def fixed(self):
         return self.obj.__dict__[self.store]
 
+    @property
+    def key(self):
+        return (id(self.obj), self.store)
+
 
 @dataclass(eq=False)
 class GlobalsSource(FixedSource):
@@ -122,6 +135,10 @@ class GlobalsSource(FixedSource):
 
     def fixed(self):
         return self.globals
+
+    @property
+    def key(self):
+        return id(self.globals)
 
     def describe(self, name):
         return f"global {name!r} of {self.label}"
@@ -136,6 +153,10 @@ class CellSource(FixedSource):
 
     def fixed(self):
         return _CellView(self.cell)
+
+    @property
+    def key(self):
+        return id(self.cell)
 
     def describe(self, name):
         return f"closure variable {self.label!r}"
@@ -171,6 +192,10 @@ class InputSource(Source):
 
     def mapping(self, flat):
         return self.object(flat).__dict__
+
+    @property
+    def key(self):
+        return ("input", self.position, self.path)
 
     def code(self, var, scope):
         expr = f"flat[{self.position}]"

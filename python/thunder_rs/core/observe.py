@@ -67,6 +67,19 @@ def _in_library(path: str) -> bool:
     return path.startswith(_STDLIB_DIRS) and "site-packages" not in path
 
 
+_library_modules: dict = {}
+
+
+def _library_module(module) -> bool:
+    """Whether ``module`` is torch, thunder_rs or the standard library (cached by id; modules live
+    as long as the process)."""
+    known = _library_modules.get(id(module))
+    if known is None:
+        path = getattr(module, "__file__", None)
+        known = _library_modules[id(module)] = path is None or _in_library(os.path.abspath(path))
+    return known
+
+
 def interesting(code) -> bool:
     """Whether the reads of ``code`` are the program's (user code, other libraries, torch.nn modules).
     Module and class bodies (code without fast locals) run at import, not as the program."""
@@ -119,14 +132,16 @@ def _chains(code) -> set:
     return chains
 
 
+#: id(code) -> (code, its reads). By id: hashing a code object hashes its whole contents; the
+#: code object is kept so that its id is not reused.
 _code_reads: dict = {}
 
 
 def code_reads(code) -> CodeReads:
-    reads = _code_reads.get(code)
-    if reads is None:
-        reads = _code_reads[code] = CodeReads(code)
-    return reads
+    known = _code_reads.get(id(code))
+    if known is None:
+        known = _code_reads[id(code)] = (code, CodeReads(code))
+    return known[1]
 
 
 class Observer:
@@ -158,6 +173,8 @@ class Observer:
         self.modules_called: dict = {}
         #: ids of modules whose ``__init__`` ran while tracing: made by the program
         self._made: set = set()
+        #: id(module or clone) -> the source of its attributes
+        self._module_sources: dict = {}
 
     def __enter__(self):
         self._outer = _thread.observer
@@ -224,11 +241,14 @@ class Observer:
     def _attr_source(self, obj):
         """Where a guard on an attribute of ``obj`` applies, or None when ``obj`` is not state."""
         if isinstance(obj, torch.nn.Module):
-            original = self._originals.get(id(obj))
-            if original is None and self._traced_module(obj):
-                return None
-            original = original or obj
-            return ModuleSource(original, type(original).__name__)
+            source = self._module_sources.get(id(obj))
+            if source is None:
+                original = self._originals.get(id(obj))
+                if original is None and self._traced_module(obj):
+                    return None
+                original = original or obj
+                source = self._module_sources[id(obj)] = ModuleSource(original, type(original).__name__)
+            return source
         return self.state.source_of(obj)
 
     def _step(self, obj, attr: str, origin: str):
@@ -278,12 +298,18 @@ class Observer:
 
     def _module_global(self, module, attr, origin):
         """``settings.SCALE`` for a user module ``settings``: a global of that module."""
-        if not isinstance(module, types.ModuleType) or _in_library(os.path.abspath(getattr(module, "__file__", "") or "<")):
+        if not isinstance(module, types.ModuleType) or _library_module(module):
             return MISSING
         value = module.__dict__.get(attr, MISSING)
         if value is MISSING:
             return MISSING
-        return self._keep(GlobalsSource(module.__dict__, module.__name__), attr, value, origin)
+        return self._keep(self._globals_source(module.__dict__), attr, value, origin)
+
+    def _globals_source(self, g: dict):
+        source = self._module_sources.get(id(g))
+        if source is None:
+            source = self._module_sources[id(g)] = GlobalsSource(g, g.get("__name__", "?"))
+        return source
 
     def _keep(self, source, name: str, value, origin: str, guard: bool = True):
         """Guards ``value``, read as ``name`` at ``source`` (unless the source guards it another
@@ -293,9 +319,9 @@ class Observer:
         if isinstance(value, types.FunctionType):
             self._add_function(value)
         if guard and not isinstance(value, _CODE_TYPES):
-            key = (id(getattr(source, "obj", None) or getattr(source, "globals", None) or getattr(source, "cell", None)),
-                   getattr(source, "position", None), getattr(source, "path", None), name)
-            self._guards.setdefault(key, Guard(source, name, value, origin))
+            key = (source.key, name)
+            if key not in self._guards:
+                self._guards[key] = Guard(source, name, value, origin)
         if is_simple(value) or isinstance(value, torch.Tensor):
             return MISSING
         if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
@@ -323,10 +349,11 @@ class Observer:
         origin = reads.line
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
-            if value is not MISSING:
-                value = self._keep(GlobalsSource(g, g.get("__name__", "?")), name, value, origin)
-                if value is not MISSING and attrs:
-                    self._follow(value, attrs, origin)
+            if value is MISSING or isinstance(value, types.ModuleType) and _library_module(value):
+                continue  # torch, math, F: their attributes are library code, not program state
+            value = self._keep(self._globals_source(g), name, value, origin)
+            if value is not MISSING and attrs:
+                self._follow(value, attrs, origin)
         if reads.args or reads.cells or reads.receiver:
             local = frame.f_locals if live else frame
             receiver = local.get(reads.receiver) if reads.receiver else None
