@@ -41,6 +41,18 @@ def plain_50() -> nn.Module:
     return nn.Sequential(*[nn.Linear(4, 4) for _ in range(25)]).eval()
 
 
+class Holds50(nn.Module):
+    """50 parameters and a one-op forward that reads no Python attribute: the call is all
+    bookkeeping (the cache key reads every parameter's metadata)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = nn.ParameterList([nn.Parameter(torch.randn(2)) for _ in range(50)])
+
+    def forward(self, x):
+        return x * 2
+
+
 @dataclass
 class Settings:
     scale: float = 1.0
@@ -70,6 +82,7 @@ def reading_50() -> nn.Module:
 
 CASES = {
     "tiny 5-op 4x4": (lambda: tiny_fn, lambda: (torch.randn(4, 4), torch.randn(4, 4))),
+    "module 50 params, one-op forward": (Holds50, lambda: (torch.randn(4),)),
     "module 50 params, no reads": (plain_50, lambda: (torch.randn(1, 4),)),
     "module 50 params, 150 guarded reads": (reading_50, lambda: (torch.randn(1, 4),)),
 }

@@ -3,6 +3,8 @@
 import threading
 import time
 import warnings
+from itertools import starmap
+from operator import attrgetter, getitem
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +29,8 @@ from thunder_rs.executors.extend import default_executors, executor_table
 from thunder_rs.executors.torch_ex import sync_fallbacks
 
 MISS_WARNING_THRESHOLD = 8
+#: What the cache key holds of each module parameter and buffer (C-level, no Python frame each).
+_METADATA = attrgetter("dtype", "device", "requires_grad")
 #: Entries a jitted callable keeps before evicting the least recently used (``jit(fn, cache=N)``).
 DEFAULT_CACHE_SIZE = 128
 
@@ -129,20 +133,22 @@ class ThunderFunction:
         if kwargs or active_recorder() is not None:
             return self._call_general(args, kwargs)
         module = self._module
+        if module is not None:
+            params = self._module_tensors()
+            state = (module.training, tuple(map(_METADATA, params)))
         try:
-            key = fast_key_fn(len(args))(args, None if module is None else self._module_state())
+            key = fast_key_fn(len(args))(args, None if module is None else state)
         except AttributeError:
             return self._call_general(args, kwargs)
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(args)):
             entry = self._miss(list(args), tree_flatten((args, {}))[1], key)
+            if module is not None:
+                params = self._module_tensors()  # compiling may have rebound the module
         else:
             entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
         try:
-            if module is None:
-                out = entry.fn(*args)
-            else:
-                out = entry.fn(*args, *[d[n] for d, n in self._binding.unique])
+            out = entry.fn(*args) if module is None else entry.fn(*args, *params)
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.post is None else entry.post(out, args)
@@ -151,28 +157,35 @@ class ThunderFunction:
         if active_recorder() is not None:
             return self._fn(*args, **kwargs)  # called by a program being traced: part of its trace
         flat, spec = tree_flatten((args, kwargs))
-        key = (global_key(None if self._module is None else self._module_state()), tuple(map(leaf_key, flat)), spec)
+        state = None
+        if self._module is not None:
+            params = self._module_tensors()
+            state = (self._module.training, tuple(map(_METADATA, params)))
+        key = (global_key(state), tuple(map(leaf_key, flat)), spec)
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(flat)):
             entry = self._miss(flat, spec, key)
+            if self._module is not None:
+                params = self._module_tensors()
         else:
             entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
-        inputs = [flat[i] for i in entry.positions] if entry.positions is not None else flat
+        inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
         if self._module is not None:
-            inputs.extend(d[n] for d, n in self._binding.unique)
+            inputs.extend(params)
         try:
             out = entry.fn(*inputs)
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.post is None else entry.post(out, flat)
 
-    def _module_state(self):
-        """The module's part of the cache key: train/eval mode, and each parameter's and buffer's
-        dtype, device and requires_grad (``model.half()`` or unfreezing a layer recompiles). The
-        binding of slots is checked first when a module was written since."""
+    def _module_tensors(self) -> list:
+        """The module's parameters and buffers as the trace takes them, read from their slots on
+        every call; the binding of slots is checked first when a module was written since. Their
+        dtype, device and requires_grad are part of the cache key (``model.half()`` or unfreezing
+        a layer recompiles), with the module's train/eval mode."""
         if write_epoch[0] != self._epoch:
             self._check_binding()
-        return (self._module.training, tuple([(t.dtype, t.device, t.requires_grad) for t in [d[n] for d, n in self._binding.unique]]))
+        return list(starmap(getitem, self._binding.unique))
 
     def _check_binding(self) -> None:
         """Rebinds the module's slots when its structure changed; its entries then no longer apply."""
