@@ -549,3 +549,29 @@ def test_reseeding_an_outside_generator_inside_the_program_is_refused():
 
     with pytest.raises(ThunderError, match="set_state"):
         thunder_rs.jit(Sampler())(torch.zeros(2))
+
+
+def test_a_forward_patched_and_restored_during_the_call_is_restored_on_the_users_module():
+    # transformers 4.55's check_model_inputs wraps submodules' forward to capture outputs, then
+    # assigns the original bound method back (an instance attribute left behind, as in eager).
+    class Capturing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(3, 3)
+
+        def forward(self, x):
+            original = self.inner.forward
+            self.inner.forward = lambda y: original(y) * 2
+            try:
+                return self.inner(x)
+            finally:
+                self.inner.forward = original
+
+    torch.manual_seed(0)
+    model, eager = Capturing(), Capturing()
+    eager.load_state_dict(model.state_dict())
+    jm, x = thunder_rs.jit(model), torch.randn(2, 3)
+    for _ in range(2):
+        torch.testing.assert_close(jm(x), eager(x))
+    assert model.inner.forward.__self__ is model.inner
+    torch.testing.assert_close(model(x), eager(x))

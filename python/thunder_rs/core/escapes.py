@@ -62,16 +62,18 @@ def _held_by_proxies(proxies: list) -> dict:
     return held
 
 
+def _suspects(proxies: list, held: dict) -> list[int]:
+    """Positions (not the proxies: a list of them would add a reference) of proxies with more
+    references than their bookkeeping explains."""
+    return [i for i, n in enumerate(_refcounts(proxies)) if n > _BASELINE + held.get(id(proxies[i]), 0)]
+
+
 def escaped(proxies: list) -> list:
     """The proxies of ``proxies`` that something outside the trace still references."""
     held = _held_by_proxies(proxies)
-    counts = _refcounts(proxies)
-    suspects = [p for p, n in zip(proxies, counts) if n > _BASELINE + held.get(id(p), 0)]
-    if suspects:
-        gc.collect()  # cycles of garbage (a frame and its locals) are not escapes
-        counts = _refcounts(proxies)
-        suspects = [p for p, n in zip(proxies, counts) if n > _BASELINE + held.get(id(p), 0)]
-    return suspects
+    if _suspects(proxies, held):
+        gc.collect()  # cycles of garbage (the module clones, a frame and its locals) are not escapes
+    return [proxies[i] for i in _suspects(proxies, held)]
 
 
 def check_no_escape(proxies: list, producer) -> None:

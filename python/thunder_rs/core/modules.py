@@ -13,6 +13,7 @@ attributes are re-checked only when it moved.
 """
 
 import functools
+import types
 
 import torch
 from torch.nn.modules import module as _nn_module
@@ -163,7 +164,13 @@ def attribute_writes(pairs: list) -> list:
 
 
 def _original_of(value, originals):
-    return originals.get(id(value), value) if isinstance(value, _Module) else value
+    """``value`` with the clones it stands for replaced by the user's modules: a clone, or a method
+    bound to one (``module.forward = original_forward`` after patching it, as Hugging Face does)."""
+    if isinstance(value, _Module):
+        return originals.get(id(value), value)
+    if isinstance(value, types.MethodType) and id(value.__self__) in originals:
+        return types.MethodType(value.__func__, originals[id(value.__self__)])
+    return value
 
 
 def _check_submodules(clone, original, originals) -> None:
