@@ -30,3 +30,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("CUDA is not available")
     if item.get_closest_marker(SLOW) and not item.config.getoption("--run-slow"):
         pytest.skip("slow: run with --run-slow")
+
+
+@pytest.fixture
+def one_thread():
+    """Runs a test on one thread, so that eager and compiled calls reduce in the same order, and
+    restores the thread count after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

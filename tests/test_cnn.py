@@ -22,12 +22,7 @@ TOL = dict(rtol=1e-4, atol=1e-5)
 LR = 1e-3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class BasicBlock(nn.Module):

@@ -36,12 +36,7 @@ ADAMW_STEPS = 3
 TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(name: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa") -> torch.nn.Module:

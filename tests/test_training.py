@@ -29,12 +29,7 @@ needs_backward_traces = pytest.mark.xfail(
     reason="thunder_rs.last_backward_traces arrives with the Rust VJP pass", strict=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def batch(step: int, config: GPTConfig = CONFIG):
