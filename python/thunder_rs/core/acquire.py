@@ -15,7 +15,6 @@ from thunder_rs.core.modules import ModuleBinding
 from thunder_rs.core.modules import attribute_writes as module_writes
 from thunder_rs.core.observe import Observer
 from thunder_rs.core.outputs import flatten_output, is_plain
-from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import Captures, input_proxy, recording
 from thunder_rs.core.torch_overrides import tracing_overrides
 from thunder_rs.core.writeback import WriteBacks, plan

@@ -425,13 +425,15 @@ def _thread_hook():
 
 
 def _dispatch_call(frame):
-    if not _thread.inside:
-        _thread.observer._on_call(frame)
+    observer = _thread.observer
+    if observer is not None and not _thread.inside:
+        observer._on_call(frame)
 
 
 def _dispatch_return(frame):
-    if not _thread.inside:
-        _thread.observer._on_return(frame)
+    observer = _thread.observer
+    if observer is not None and not _thread.inside:
+        observer._on_return(frame)
 
 
 _warned: list = []
