@@ -575,3 +575,21 @@ def test_a_forward_patched_and_restored_during_the_call_is_restored_on_the_users
         torch.testing.assert_close(jm(x), eager(x))
     assert model.inner.forward.__self__ is model.inner
     torch.testing.assert_close(model(x), eager(x))
+
+
+def test_arguments_read_other_than_by_attributes_are_keyed_by_identity():
+    # A set or a NumPy array is read by membership or conversion, which no attribute guard sees:
+    # a different object must not reuse the first call's trace.
+    import numpy as np
+
+    def member(x, s):
+        return x + (1.0 if 3 in s else 0.0)
+
+    def from_array(x, a):
+        return x + torch.from_numpy(a)
+
+    jm, ja, x = thunder_rs.jit(member), thunder_rs.jit(from_array), torch.zeros(2)
+    for s in ({3}, {4}, {3}):
+        torch.testing.assert_close(jm(x, s), member(x, s))
+    for a in (np.ones(2, dtype=np.float32), np.full(2, 5, dtype=np.float32)):
+        torch.testing.assert_close(ja(x, a), from_array(x, a))

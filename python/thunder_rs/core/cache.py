@@ -16,17 +16,52 @@ _BY_IDENTITY = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                 torch.nn.Module)
 
 
+class _Identity:
+    """An object in a cache key by identity, kept alive by the key (so its id is never reused)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return type(other) is _Identity and other.obj is self.obj
+
+    def __repr__(self):
+        return f"<{type(self.obj).__name__} object at {id(self.obj):#x}>"
+
+
+#: Protocols through which a program reads an object other than by attribute (``x in s``,
+#: ``a[0]``, ``len(a)``, ``f()``): reads the guards do not see.
+_OPAQUE_READS = ("__getitem__", "__iter__", "__len__", "__contains__", "__call__", "__array__")
+_attribute_types: dict = {}
+
+
+def _read_by_attributes(x) -> bool:
+    """Whether the program can read ``x`` only through attributes (a config object, a dataclass),
+    which the observer guards; decided once per type."""
+    t = type(x)
+    known = _attribute_types.get(t)
+    if known is None:
+        known = _attribute_types[t] = not any(m in vars(c) for c in t.__mro__[:-1] for m in _OPAQUE_READS)
+    return known and isinstance(getattr(x, "__dict__", None), dict)
+
+
 def leaf_key(x):
-    """A tensor's metadata; a simple value itself (type-exact, NaN equal to NaN); a function or
-    module by identity; any other object by its type alone: the attributes the program reads from
-    it are guarded (a fresh config object each call hits the cache when its values are the same)."""
+    """A tensor's metadata; a simple value itself (type-exact, NaN equal to NaN); an object read
+    only through attributes by its type alone, as the attributes the program reads from it are
+    guarded (a fresh config object each call hits the cache when its values are the same); any
+    other object (a function, a module, a set, a NumPy array) by identity."""
     if isinstance(x, _Tensor):
         return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous())
     if is_simple(x):
         return freeze(x)
-    if isinstance(x, _BY_IDENTITY):
-        return (type(x), x)
-    return (type(x),)
+    if not isinstance(x, _BY_IDENTITY) and _read_by_attributes(x):
+        return (type(x),)
+    return (type(x), _Identity(x))
 
 
 def global_key(extra=None, _grad=torch.is_grad_enabled, _default_dtype=torch.get_default_dtype,
