@@ -593,3 +593,29 @@ def test_arguments_read_other_than_by_attributes_are_keyed_by_identity():
         torch.testing.assert_close(jm(x, s), member(x, s))
     for a in (np.ones(2, dtype=np.float32), np.full(2, 5, dtype=np.float32)):
         torch.testing.assert_close(ja(x, a), from_array(x, a))
+
+
+def test_a_module_list_attribute_changed_in_place_between_calls():
+    # list.append does not go through nn.Module.__setattr__: the list is compared on every call.
+    class Skipping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.skip = [0]
+            self.extra = [nn.Linear(2, 2)]  # a plain list of modules, not a ModuleList
+            self.first = nn.Linear(2, 2)
+
+        def forward(self, x):
+            x = x if 0 in self.skip else self.first(x)
+            for layer in self.extra:
+                x = layer(x)
+            return x
+
+    torch.manual_seed(0)
+    model, x = Skipping(), torch.randn(1, 2)
+    jm = thunder_rs.jit(model)
+    torch.testing.assert_close(jm(x), model(x))
+    model.skip.remove(0)
+    torch.testing.assert_close(jm(x), model(x))
+    model.extra.append(nn.Linear(2, 2))
+    torch.testing.assert_close(jm(x), model(x))
+    assert thunder_rs.cache_misses(jm) == 3

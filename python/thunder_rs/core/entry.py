@@ -10,7 +10,7 @@ removed anywhere). ``check`` is None when there is nothing to check, so such ent
 from dataclasses import dataclass, field
 
 from thunder_rs.core.guards import Guards
-from thunder_rs.core.modules import hook_stores_in_use, hooks_version, write_epoch
+from thunder_rs.core.modules import hook_snapshot, hook_stores_in_use, hooks_version, write_epoch
 
 
 @dataclass(eq=False)
@@ -36,8 +36,8 @@ class Entry:
     epoch: int = -1
     hooks_id: int = -1
     hooks: tuple = ()
-    #: ``hook_snapshot()``: the hooks of the modules the program calls, or None when it calls none
-    hook_snapshot: object = None
+    #: the modules (the user's) whose hooks a call runs, or None when the program calls none
+    hook_modules: list | None = None
 
     def why_not(self, flat) -> str:
         """Why ``check`` failed, in words (slow path)."""
@@ -45,7 +45,7 @@ class Entry:
             reason = self.guards.first_failure(flat)
             if reason is not None:
                 return reason
-        if self.hook_snapshot is not None and self.hook_snapshot() != self.hooks:
+        if self.hook_modules is not None and hook_snapshot(self.hook_modules) != self.hooks:
             return "hooks were registered or removed on the modules the program calls"
         return "unknown"
 
@@ -53,8 +53,8 @@ class Entry:
 def make_check(entry: Entry, guards: Guards):
     """The entry's ``check``: module guards when a module attribute was written, hooks when a hook
     was registered anywhere, then the per-call guards."""
-    per_call, modules, hook_snapshot = guards.check, guards.check_modules, entry.hook_snapshot
-    if per_call is None and modules is None and hook_snapshot is None:
+    per_call, modules, hooked = guards.check, guards.check_modules, entry.hook_modules
+    if per_call is None and modules is None and hooked is None:
         return None
     epoch = write_epoch
 
@@ -63,9 +63,9 @@ def make_check(entry: Entry, guards: Guards):
             if not modules(flat):
                 return False
             entry.epoch = epoch[0]
-        if hook_snapshot is not None:
+        if hooked is not None:
             if hooks_version() != entry.hooks_id:
-                if hook_snapshot() != entry.hooks:
+                if hook_snapshot(hooked) != entry.hooks:
                     return False
                 entry.hooks_id = hooks_version()
             # A removal does not move the version: the stores that had hooks must keep them all.
@@ -76,9 +76,9 @@ def make_check(entry: Entry, guards: Guards):
 
     entry.epoch = write_epoch[0]
     present = ()
-    if hook_snapshot is not None:
-        entry.hooks, entry.hooks_id = hook_snapshot(), hooks_version()
-        present = hook_stores_in_use(hook_snapshot)
+    if hooked is not None:
+        entry.hooks, entry.hooks_id = hook_snapshot(hooked), hooks_version()
+        present = hook_stores_in_use(hooked)
     return check
 
 

@@ -12,6 +12,7 @@ attributes pays one integer compare per call. The others are compiled into one g
 
 import enum
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -216,6 +217,14 @@ class Guard:
         self.by_identity = not is_simple(self.expected) or isinstance(self.expected, _IDENTITY_TYPES)
         # A list read then appended to must still compare with what was read.
         self.frozen = None if self.by_identity else freeze(self.expected)
+        # A list, dict or set changes in place, which no write counter sees: checked on every
+        # call; one of objects compares its items by identity with a copy of them.
+        self.mutable = type(self.expected) in _MUTABLE
+        self.items = _members(self.expected) if self.mutable and self.by_identity else None
+
+    @property
+    def per_call(self) -> bool:
+        return self.source.per_call or self.mutable
 
     def read(self, flat):
         try:
@@ -226,7 +235,7 @@ class Guard:
     def holds(self, flat) -> bool:
         value = self.read(flat)
         if self.by_identity:
-            return value is self.expected
+            return value is self.expected and (self.items is None or _same_items(value, self.items))
         return is_simple(value) and freeze(value) == self.frozen
 
     def describe(self, flat) -> str:
@@ -240,7 +249,10 @@ class Guard:
         expected = self.expected
         if self.by_identity:
             scope[f"e{index}"] = expected
-            return f"{read} is e{index}"
+            if self.items is None:
+                return f"{read} is e{index}"
+            scope[f"i{index}"] = self.items
+            return f"((v := {read}) is e{index} and _same_items(v, i{index}))"
         t = type(expected)
         if t in (int, str, bytes) or (t is float and math.isfinite(expected) and expected != 0.0):
             return f"(type(v := {read}) is {t.__name__} and v == {expected!r})"
@@ -267,6 +279,7 @@ class DictGuard:
 
     def __init__(self, source: Source, found: dict, origin: str):
         self.source, self.origin = source, origin
+        self.per_call = source.per_call
         self.found = {k: _container_copy(v) for k, v in found.items()}
 
     def holds(self, flat) -> bool:
@@ -285,6 +298,22 @@ class DictGuard:
         return f"_same_attributes({self.source.code(f'm{index}', scope)}, e{index})"
 
 
+_MUTABLE = (list, dict, set)
+
+
+def _members(container) -> tuple:
+    """A container's elements (a dict's keys and values, in order)."""
+    if type(container) is dict:
+        return tuple(x for item in container.items() for x in item)
+    return tuple(container)
+
+
+def _same_items(container, members: tuple) -> bool:
+    """Whether ``container`` holds the very objects ``members`` (compared by identity)."""
+    now = _members(container)
+    return len(now) == len(members) and all(map(operator.is_, now, members))
+
+
 def module_structure(module) -> tuple:
     """The identities of a module's submodules, parameters and buffers, by name."""
     d = module.__dict__
@@ -293,9 +322,9 @@ def module_structure(module) -> tuple:
 
 class StructureGuard:
     """A module the program called but does not own (a global model a function calls): its
-    submodules, parameters and buffers must be the same objects."""
+    submodules, parameters and buffers must be the same objects. Checked after module writes."""
 
-    source = ModuleStoreSource(None, "_modules", "")
+    per_call = False
 
     def __init__(self, module, origin: str):
         self.module, self.expected, self.origin = module, module_structure(module), origin
@@ -333,7 +362,7 @@ def compile_check(guards: list[Guard]):
     if not guards:
         return None
     scope = {"MISSING": MISSING, "_freeze": freeze, "_simple": is_simple, "_structure": module_structure,
-             "_same_attributes": _same_attributes}
+             "_same_attributes": _same_attributes, "_same_items": _same_items}
     terms = "\n        and ".join(g.term(i, scope) for i, g in enumerate(guards))
     source = (f"def check(flat):\n  try:\n    return ({terms})\n"
               "  except (KeyError, AttributeError, IndexError, TypeError):\n    return False\n")
@@ -346,8 +375,8 @@ class Guards:
     only after a module attribute was written."""
 
     def __init__(self, guards: list[Guard]):
-        self.per_call = [g for g in guards if g.source.per_call]
-        self.modules = [g for g in guards if not g.source.per_call]
+        self.per_call = [g for g in guards if g.per_call]
+        self.modules = [g for g in guards if not g.per_call]
         self.check = compile_check(self.per_call)
         self.check_modules = compile_check(self.modules)
 

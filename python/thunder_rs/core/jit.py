@@ -18,7 +18,7 @@ from thunder_rs.core.entry import Entry, make_check, make_post
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modes import RecordedModes
 from thunder_rs.core.langctx import user_frame
-from thunder_rs.core.modules import ModuleBinding, hook_snapshot, hooks_version, write_epoch
+from thunder_rs.core.modules import ModuleBinding, hooks_version, write_epoch
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.recorder import active_recorder
 from thunder_rs.core.rng import check_generators
@@ -223,25 +223,20 @@ class ThunderFunction:
         positions = None if all_tensors else acquired.tensor_positions
         entry = Entry(computation, source, filename, positions, traces, backward_traces)
         entry.guards = Guards(acquired.guards)
-        entry.hook_snapshot = self._hook_snapshot_fn(acquired)
+        entry.hook_modules = self._hook_modules(acquired)
         entry.check = make_check(entry, entry.guards)
         entry.post = make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         self._record_miss(key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason)
         self._insert(key, entry)
         return entry
 
-    def _hook_snapshot_fn(self, acquired):
+    def _hook_modules(self, acquired) -> list | None:
+        """The modules whose hooks the entry's calls run: those the program called, and all of the
+        jitted module's (a hook added to any of them later is traced in on the next call)."""
         modules = list(acquired.modules_called)
-        if self._binding is not None and self._module is not None:
+        if self._module is not None:
             modules.extend(self._binding.modules)
-        if not modules:
-            return None
-
-        def snapshot():
-            return hook_snapshot(modules)
-
-        snapshot.modules = modules
-        return snapshot
+        return modules or None
 
     def _insert(self, key, entry: Entry) -> None:
         entry.last_used = self._stats.cache_hits

@@ -66,10 +66,9 @@ def hook_snapshot(modules) -> tuple:
     return tuple((id(d), tuple(d)) for d in _hook_stores(modules) if d)
 
 
-def hook_stores_in_use(snapshot_fn) -> tuple:
-    """``(store, size)`` of the hook stores that hold hooks now, found through the modules of a
-    ``hook_snapshot`` closure: removing a hook shrinks one of them."""
-    modules = snapshot_fn.modules
+def hook_stores_in_use(modules) -> tuple:
+    """``(store, size)`` of the hook stores of ``modules`` that hold hooks now: removing a hook
+    shrinks one of them."""
     return tuple((d, len(d)) for d in _hook_stores(modules) if d)
 
 
@@ -102,7 +101,6 @@ class ModuleBinding:
         self.qualified = tuple(qualified)
         self._index_of = index_of
         self.structure = self._structure()
-        self.hooks = self.hook_snapshot()
 
     def tensors(self) -> list:
         return [d[n] for d, n in self.unique]
@@ -119,9 +117,6 @@ class ModuleBinding:
     def same_structure(self) -> bool:
         """Whether the tree still has these modules, parameters and buffers (slow path)."""
         return list(self.root.modules()) == self.modules and self._structure() == self.structure
-
-    def hook_snapshot(self):
-        return hook_snapshot(self.modules)
 
     def clone(self, proxies: list):
         """A copy of the tree whose parameter and buffer slots hold ``proxies`` (by unique index).

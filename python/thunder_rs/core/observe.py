@@ -291,8 +291,9 @@ class Observer:
             if value is MISSING:
                 continue
             if id(module) not in self._originals and not isinstance(value, TensorProxy) and not self._traced_module(module):
-                key = (id(module), store, attr)
-                self._guards.setdefault(key, Guard(ModuleStoreSource(module, store, type(module).__name__), attr, value, origin))
+                key = ((id(module), store), attr)  # ModuleStoreSource.key, as ``_keep`` keys guards
+                if key not in self._guards:
+                    self._guards[key] = Guard(ModuleStoreSource(module, store, type(module).__name__), attr, value, origin)
             return value if isinstance(value, torch.nn.Module) else MISSING
         return MISSING
 
