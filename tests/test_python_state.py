@@ -619,3 +619,29 @@ def test_a_module_list_attribute_changed_in_place_between_calls():
     model.extra.append(nn.Linear(2, 2))
     torch.testing.assert_close(jm(x), model(x))
     assert thunder_rs.cache_misses(jm) == 3
+
+
+ACT = torch.relu
+
+
+def _helper(x):
+    return x * 2
+
+
+def _activated(x):
+    return _helper(ACT(x))
+
+
+def test_a_global_function_rebound_between_calls():
+    global ACT, _helper
+    jf, x = thunder_rs.jit(_activated), torch.randn(4)
+    saved = (ACT, _helper)
+    try:
+        torch.testing.assert_close(jf(x), _activated(x))
+        ACT = torch.tanh
+        torch.testing.assert_close(jf(x), _activated(x))
+        _helper = lambda y: y * 3  # noqa: E731 (redefining a helper)
+        torch.testing.assert_close(jf(x), _activated(x))
+    finally:
+        ACT, _helper = saved
+    assert thunder_rs.cache_misses(jf) == 3

@@ -239,9 +239,12 @@ class Guard:
         return is_simple(value) and freeze(value) == self.frozen
 
     def describe(self, flat) -> str:
+        now = self.read(flat)
+        if self.items is not None and now is self.expected:
+            return f"the contents of {self.source.describe(self.name)} changed (read at {self.origin})"
         expected = _thawed(self.frozen) if self.frozen is not None else self.expected
         return (f"{self.source.describe(self.name)} changed from {_short(expected)} "
-                f"to {_short(self.read(flat))} (read at {self.origin})")
+                f"to {_short(now)} (read at {self.origin})")
 
     def term(self, index: int, scope: dict) -> str:
         """A Python expression that is True while the guard holds."""

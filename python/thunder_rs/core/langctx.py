@@ -117,13 +117,13 @@ def torch_function(func, args, kwargs):
 PAUSE_HOOK_PER_CALL = sys.version_info < (3, 12)
 
 
-def _observed(handle, func, args, kwargs):
-    """Handles a torch call of the program with the observer's profile hook paused."""
+def _observed(handle, *call):
+    """``handle(*call)``, a torch call of the program, with the observer's profile hook paused."""
     state = thread_state
     state.inside += 1
     state.hook.pause()
     try:
-        return handle(func, args, kwargs)
+        return handle(*call)
     finally:
         state.inside -= 1
         state.hook.resume()
@@ -194,10 +194,9 @@ def _tensor_kind(args, kwargs) -> int:
     return kind
 
 
-def _untraced_call(func, args_kind, kwargs):
-    """A call without proxies or real tensors: a creation op (its ltorch symbol), or thunder_rs's
-    own computation on meta tensors."""
-    args, kind = args_kind
+def _untraced_call(func, args, kind: int, kwargs):
+    """A call without proxies or real tensors (``kind`` as ``_tensor_kind`` says): a creation op
+    (its ltorch symbol), or thunder_rs's own computation on meta tensors."""
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None and kind == 0:
         return ltorch_fn(*args, **kwargs)
@@ -228,10 +227,10 @@ class LanguageMode(TorchFunctionMode):
             return torch_function(func, args, kwargs)
         state = thread_state
         if state.inside == 0 and state.observer is not None and PAUSE_HOOK_PER_CALL:
-            return _observed(_untraced_call, func, (args, kind), kwargs)
+            return _observed(_untraced_call, func, args, kind, kwargs)
         state.inside += 1
         try:
-            return _untraced_call(func, (args, kind), kwargs)
+            return _untraced_call(func, args, kind, kwargs)
         finally:
             state.inside -= 1
 

@@ -45,7 +45,7 @@ _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k i
 #: Attributes of a bare ``nn.Module`` (parameter/buffer/submodule stores, hooks, ``training`` is
 #: not among them): the module's structure and hooks have guards of their own.
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
-#: Values never guarded themselves: code and types do not change between calls.
+#: Code and types: guarded by identity, never followed as state objects.
 _CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
                types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)
 _LOAD_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
@@ -319,7 +319,9 @@ class Observer:
             return MISSING
         if isinstance(value, types.FunctionType):
             self._add_function(value)
-        if guard and not isinstance(value, _CODE_TYPES):
+        if guard and not isinstance(value, types.ModuleType):
+            # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
+            # helper between calls changes what the program does.
             key = (source.key, name)
             if key not in self._guards:
                 self._guards[key] = Guard(source, name, value, origin)
