@@ -1,4 +1,4 @@
-"""Python entry points of the prims, generated from the Rust ``Prim`` table.
+"""Python entry points of the prims, generated from the Rust prim declarations.
 
 ``prims.add(a, b)`` records the prim through the current recorder; its meta rule (shape, dtype,
 device, errors) runs in Rust. Arguments are positional and canonical: prims neither broadcast
@@ -8,7 +8,15 @@ nor promote, and dims are non-negative.
 from thunder_rs import _core
 from thunder_rs.core.recorder import record_prim
 
-NAMES: tuple[str, ...] = tuple(_core.prim_names())
+#: ``(name, family, promotion)`` of every prim, as the Rust declarations give them.
+TABLE: tuple[tuple[str, str, int | None], ...] = tuple(_core.prim_table())
+NAMES: tuple[str, ...] = tuple(name for name, _, _ in TABLE)
+#: The parameterless elementwise prims whose ltorch symbols are derived, by family
+#: (``Unary``/``Binary``), with the ``clang`` type promotion kind of each.
+DERIVED: dict[str, dict[str, int]] = {
+    family: {name: kind for name, fam, kind in TABLE if fam == family and kind is not None}
+    for family in ("Unary", "Binary")
+}
 
 
 def _entry_point(name: str):

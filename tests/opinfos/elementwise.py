@@ -102,6 +102,14 @@ UNARY_OPS = [
     unary("reciprocal", exclude_zero=True),
     unary("lgamma", tolerances=SPECIAL),
     unary("digamma", low=0.1, tolerances=SPECIAL),
+    # Bessel and normal-distribution functions (torch.special); int and bool promote to float.
+    unary("i0", tolerances=SPECIAL),
+    unary("i0e", torch.special.i0e, tolerances=SPECIAL),
+    unary("i1", torch.special.i1, tolerances=SPECIAL),
+    unary("i1e", torch.special.i1e, tolerances=SPECIAL),
+    unary("ndtri", torch.special.ndtri, dtypes=FLOATS, low=0.05, high=0.95, tolerances=SPECIAL),
+    unary("erfcx", torch.special.erfcx, tolerances=SPECIAL),
+    unary("log_ndtr", torch.special.log_ndtr, tolerances=SPECIAL),
     # Sign and rounding keep the input dtype; rounding has no bool kernel.
     unary("sign"),
     unary("signbit", supports_grad=False),

@@ -13,7 +13,7 @@
 use crate::vjp::Joint;
 use rustc_hash::FxHashMap;
 use std::collections::BinaryHeap;
-use trace_ir::{bail, Arg, BoundSymbol, Prim, Result, Symbol, Trace, ValueId, ValueKind};
+use trace_ir::{bail, Arg, BoundSymbol, Result, Symbol, Trace, ValueId, ValueKind};
 
 /// The two halves of a joint trace.
 #[derive(Clone, Debug)]
@@ -126,9 +126,7 @@ fn sources<'a>(t: &Trace, inputs: &[ValueId], forward: &'a [BoundSymbol]) -> FxH
 fn recomputable(bsym: &BoundSymbol) -> bool {
     match &bsym.symbol {
         Symbol::Prim(p) => {
-            bsym.outputs.len() == 1
-                && !p.is_random()
-                && (p.is_elementwise() || p.is_shape_op() || matches!(p, Prim::Full { .. } | Prim::Iota { .. }))
+            bsym.outputs.len() == 1 && p.is_cheap_to_recompute()
         }
         _ => false,
     }

@@ -11,7 +11,7 @@ use trace_ir::verify::verify;
 use trace_ir::{BoundSymbol, SymbolId};
 
 use crate::convert::from_arg;
-use crate::errors::py_result;
+use crate::errors::{no_panic, py_result};
 use crate::trace::{Plan, PyTrace};
 
 /// The passes before claiming, in order.
@@ -67,13 +67,23 @@ pub fn compile(
     make_proxy: Bound<'_, PyAny>,
     consts: Bound<'_, PyList>,
 ) -> PyResult<(Vec<PyTrace>, Vec<PyTrace>, Vec<usize>)> {
+    no_panic("compile", || compile_stages(acquired, table, &checker, &make_proxy, &consts))
+}
+
+fn compile_stages(
+    acquired: &PyTrace,
+    table: &ExecutorTable,
+    checker: &Bound<'_, PyAny>,
+    make_proxy: &Bound<'_, PyAny>,
+    consts: &Bound<'_, PyList>,
+) -> PyResult<(Vec<PyTrace>, Vec<PyTrace>, Vec<usize>)> {
     let cx = PassCx::default();
     let start = Instant::now();
     py_result(verify(&acquired.trace))?;
     let (optimized, records) = py_result(run_passes(&acquired.trace, PIPELINE, &cx))?;
     let mut traces: Vec<PyTrace> = vec![PyTrace::new((*acquired.trace).clone(), "acquired").with_time(start.elapsed().as_secs_f64())];
     traces.extend(records.into_iter().map(PyTrace::from));
-    let checker = Checker { checker: &checker, make_proxy: &make_proxy, consts: &consts };
+    let checker = Checker { checker, make_proxy, consts };
 
     let start = Instant::now();
     let Some(joint) = py_result(passes::joint(&optimized))? else {
@@ -142,8 +152,9 @@ fn call_checker(cx: &Checker, trace: &trace_ir::Trace, executor: usize, bsym: &B
     cx.checker.call1((executor, key, args, kwargs))?.extract()
 }
 
-/// The names of all prims, for the generated Python entry points.
+/// Every prim as `(name, family, promotion)`: Python derives the prim entry points, the
+/// elementwise ltorch symbols (those with a promotion code) and the torch executor's table.
 #[pyfunction]
-pub fn prim_names() -> Vec<&'static str> {
-    trace_ir::prims::all_names()
+pub fn prim_table() -> Vec<(&'static str, &'static str, Option<u8>)> {
+    trace_ir::prims::table().into_iter().map(|p| (p.name, p.family, p.promotion)).collect()
 }

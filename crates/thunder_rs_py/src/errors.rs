@@ -51,3 +51,17 @@ impl From<PyIrError> for PyErr {
 pub fn py_result<T>(r: trace_ir::Result<T>) -> PyResult<T> {
     r.map_err(|e| PyIrError(e).into())
 }
+
+/// Runs `f`, turning a panic into `ThunderRuntimeError` naming `op`, so that no panic crosses
+/// the FFI (PyO3 would raise `PanicException`, a `BaseException` that `except Exception` misses).
+pub fn no_panic<T>(op: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        let message = format!("internal error, a bug in thunder_rs: {message}");
+        Err(PyIrError(IrError::new(ErrorKind::Runtime, op, message)).into())
+    })
+}

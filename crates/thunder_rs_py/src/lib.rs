@@ -38,7 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<observe::CallObserver>()?;
     m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
-    m.add_function(wrap_pyfunction!(compile::prim_names, m)?)?;
+    m.add_function(wrap_pyfunction!(compile::prim_table, m)?)?;
     m.add_function(wrap_pyfunction!(register_symbol, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     Ok(())

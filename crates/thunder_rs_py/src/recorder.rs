@@ -6,7 +6,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use trace_ir::{Scalar, SymbolId, TraceBuilder, ValueId, ValueKind};
 
 use crate::convert::{tensor_meta, to_arg, to_args, to_kwargs, types};
-use crate::errors::py_result;
+use crate::errors::{no_panic, py_result};
 use crate::trace::PyTrace;
 
 /// Records one trace. Python calls one method per prim, composite boundary or fallback.
@@ -69,7 +69,7 @@ impl Recorder {
         let args = to_args(args, types(py)?, &mut self.consts)?;
         let builder = self.builder()?;
         builder.set_grad_enabled(grad_enabled);
-        let outputs = py_result(builder.record_prim(name, args))?;
+        let outputs = no_panic(&format!("prims.{name}"), || py_result(builder.record_prim(name, args)))?;
         self.describe(py, &outputs)
     }
 
@@ -96,7 +96,8 @@ impl Recorder {
 
     /// Closes the innermost composite call with the value ids of its outputs.
     fn end(&mut self, outputs: Vec<u32>) -> PyResult<()> {
-        py_result(self.builder()?.end_composite(outputs.into_iter().map(ValueId).collect()))
+        let builder = self.builder()?;
+        no_panic("end", || py_result(builder.end_composite(outputs.into_iter().map(ValueId).collect())))
     }
 
     /// `get_grad(value)` in a grad rule: the description of the cotangent placeholder. Calls
@@ -148,6 +149,6 @@ impl Recorder {
     fn finish(&mut self, py: Python<'_>, outputs: &Bound<'_, PyAny>) -> PyResult<PyTrace> {
         let outputs = to_arg(outputs, types(py)?, &mut self.consts)?;
         let builder = self.builder.take().ok_or_else(|| PyRuntimeError::new_err("the recording is finished"))?;
-        Ok(PyTrace::new(py_result(builder.finish(outputs))?, "acquired"))
+        Ok(PyTrace::new(no_panic("finish", || py_result(builder.finish(outputs)))?, "acquired"))
     }
 }

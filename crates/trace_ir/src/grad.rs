@@ -2,12 +2,12 @@
 //! with the helpers the rules share (undoing broadcasts, zeros, scalars of the right type).
 //!
 //! The rules themselves live next to each prim's meta rule in its family file, and
-//! [`Prim::vjp`] dispatches to them with an exhaustive `match`.
+//! each family's `Family::vjp` is an exhaustive `match`.
 
 use crate::bail;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::prims::Prim;
+use crate::prims::{Binary, Creation, Elementwise, Prim, Reduce, Shape, Unary};
 use crate::trace::TraceBuilder;
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
@@ -34,7 +34,8 @@ impl<'a> Emitter<'a> {
     }
 
     /// Records a single-output prim.
-    pub fn emit(&mut self, prim: Prim, operands: Vec<Arg>) -> Result<ValueId> {
+    pub fn emit(&mut self, prim: impl Into<Prim>, operands: Vec<Arg>) -> Result<ValueId> {
+        let prim = prim.into();
         let name = prim.qualified_name();
         let outputs = self.builder.record(prim, operands)?;
         match outputs.as_slice() {
@@ -43,43 +44,43 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    pub fn unary(&mut self, prim: Prim, a: ValueId) -> Result<ValueId> {
+    pub fn unary(&mut self, prim: Unary, a: ValueId) -> Result<ValueId> {
         self.emit(prim, vec![Arg::Value(a)])
     }
 
-    pub fn binary(&mut self, prim: Prim, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
+    pub fn binary(&mut self, prim: Binary, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
         self.emit(prim, vec![a.into(), b.into()])
     }
 
     pub fn add(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
-        self.binary(Prim::Add, a, b)
+        self.binary(Binary::Add, a, b)
     }
 
     pub fn sub(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
-        self.binary(Prim::Sub, a, b)
+        self.binary(Binary::Sub, a, b)
     }
 
     pub fn mul(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
-        self.binary(Prim::Mul, a, b)
+        self.binary(Binary::Mul, a, b)
     }
 
     pub fn div(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
-        self.binary(Prim::Div, a, b)
+        self.binary(Binary::Div, a, b)
     }
 
     pub fn neg(&mut self, a: ValueId) -> Result<ValueId> {
-        self.unary(Prim::Neg, a)
+        self.unary(Unary::Neg, a)
     }
 
     pub fn where_(&mut self, pred: impl Into<Arg>, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
-        self.emit(Prim::Where, vec![pred.into(), a.into(), b.into()])
+        self.emit(Elementwise::Where {}, vec![pred.into(), a.into(), b.into()])
     }
 
     /// A tensor like `v` filled with `fill`.
     pub fn full_like(&mut self, v: ValueId, fill: f64) -> Result<ValueId> {
         let m = self.meta(v);
         let fill = number(m.dtype, fill);
-        self.emit(Prim::Full { shape: m.shape, fill, device: m.device, dtype: m.dtype }, vec![])
+        self.emit(Creation::Full { shape: m.shape, fill, device: m.device, dtype: m.dtype }, vec![])
     }
 
     pub fn zeros_like(&mut self, v: ValueId) -> Result<ValueId> {
@@ -90,14 +91,14 @@ impl<'a> Emitter<'a> {
         if self.meta(v).dtype == dtype {
             return Ok(v);
         }
-        self.emit(Prim::ConvertElementType { dtype }, vec![Arg::Value(v)])
+        self.emit(Elementwise::ConvertElementType { dtype }, vec![Arg::Value(v)])
     }
 
     pub fn reshape(&mut self, v: ValueId, shape: &[i64]) -> Result<ValueId> {
         if self.meta(v).shape == shape {
             return Ok(v);
         }
-        self.emit(Prim::Reshape { shape: shape.to_vec() }, vec![Arg::Value(v)])
+        self.emit(Shape::Reshape { shape: shape.to_vec() }, vec![Arg::Value(v)])
     }
 
     /// Sums `v` over `dims` (no-op for no dims).
@@ -105,7 +106,7 @@ impl<'a> Emitter<'a> {
         if dims.is_empty() {
             return Ok(v);
         }
-        self.emit(Prim::Sum { dims }, vec![Arg::Value(v)])
+        self.emit(Reduce::Sum { dims }, vec![Arg::Value(v)])
     }
 
     /// Broadcasts `v` to `shape`, its dimensions mapped to `dims`.
@@ -113,7 +114,7 @@ impl<'a> Emitter<'a> {
         if self.meta(v).shape == shape {
             return Ok(v);
         }
-        self.emit(Prim::BroadcastInDim { shape: shape.to_vec(), dims }, vec![Arg::Value(v)])
+        self.emit(Shape::BroadcastInDim { shape: shape.to_vec(), dims }, vec![Arg::Value(v)])
     }
 
     /// Expands a reduction's result over `dims` back to `shape` (the input's shape).
@@ -137,7 +138,7 @@ impl<'a> Emitter<'a> {
         let n = self.meta(v).ndim();
         let mut perm: Vec<usize> = (0..n).collect();
         perm.swap(n - 2, n - 1);
-        self.emit(Prim::Transpose { perm }, vec![Arg::Value(v)])
+        self.emit(Shape::Transpose { perm }, vec![Arg::Value(v)])
     }
 
     /// A number of the kind a prim accepts next to a `dtype` tensor: float for inexact dtypes.

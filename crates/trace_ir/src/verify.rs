@@ -2,7 +2,7 @@
 
 use crate::bail;
 use crate::error::Result;
-use crate::prims::{Operand, Prim};
+use crate::prims::Operand;
 use crate::trace::{BoundSymbol, Symbol, Trace};
 use crate::value::{Arg, ValueKind};
 use crate::ValueId;
@@ -60,19 +60,11 @@ fn check_uses(_trace: &Trace, defined: &[bool], bsym: &BoundSymbol) -> Result<()
     Ok(())
 }
 
-/// Whether a prim takes `n` operands; meta rules assume their arity holds.
-fn arity_allows(prim: &Prim, n: usize) -> bool {
-    match prim {
-        Prim::Cat { .. } => n >= 1,
-        Prim::Linear => n == 2 || n == 3,
-        p => p.fixed_arity() == Some(n),
-    }
-}
-
 fn check_prim(trace: &Trace, bsym: &BoundSymbol) -> Result<()> {
     let Symbol::Prim(prim) = &bsym.symbol else { return Ok(()) };
     let op = prim.qualified_name();
-    if !arity_allows(prim, bsym.args.len()) {
+    // Meta rules assume their arity holds.
+    if !prim.operands().allows(bsym.args.len()) {
         bail!(Runtime, &op, "has {} operand(s), which its signature does not allow", bsym.args.len());
     }
     let operands: Vec<Operand> = bsym

@@ -125,12 +125,11 @@ def _register_prims() -> None:
         "index_add": lambda a, index, source, dim: torch.index_add(a, dim, index, source),
         "topk": lambda a, k, dim, largest, sorted: tuple(torch.topk(a, k, dim, largest, sorted)),
         "sort": lambda a, dim, descending, stable: tuple(torch.sort(a, dim=dim, descending=descending, stable=stable)),
-        "isfinite": torch.isfinite, "signbit": torch.signbit, "bitwise_not": torch.bitwise_not,
-        "reciprocal": torch.reciprocal, "erfinv": torch.erfinv, "lgamma": torch.lgamma, "digamma": torch.digamma,
         "polygamma": lambda a, n: torch.polygamma(n, a),
     }
+    # Every other prim runs as the torch function of its name, with the prim's arguments.
     for name in prims.NAMES:
-        _direct(name, simple.get(name) or getattr(torch, name))
+        _direct(name, simple.get(name) or getattr(torch, name, None) or getattr(torch.special, name))
         if name not in simple and hasattr(torch.Tensor, name):
             torch_ex.methods[name] = name
 

@@ -3,7 +3,7 @@
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.clang import ALWAYS_BOOL, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT
+from thunder_rs.clang import ALWAYS_BOOL, INT_TO_FLOAT
 from thunder_rs.core.vmap import batch_as_elementwise
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
@@ -13,7 +13,8 @@ __all__ = ["where", "masked_fill", "clamp", "clamp_min", "clamp_max", "true_divi
 
 
 def _torch_fns(name: str, dunders: tuple[str, ...] = ()):
-    fns = [f for f in (getattr(torch, name, None), getattr(T, name, None)) if f is not None]
+    owners = (torch, T, torch.special)
+    fns = [f for f in dict.fromkeys(getattr(o, name, None) for o in owners) if f is not None]
     return (*fns, *(getattr(T, d) for d in dunders))
 
 
@@ -25,31 +26,6 @@ def _define_unary(name: str, kind: int, dunders=()):
         return clang.elementwise(prim, f"ltorch.{name}", a, kind=kind)
 
     return unary
-
-
-_UNARY_KINDS = {
-    **dict.fromkeys(
-        ["exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "tanh", "sinh",
-         "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sqrt",
-         "rsqrt", "reciprocal", "lgamma", "digamma"], INT_TO_FLOAT),
-    **dict.fromkeys(["sign", "floor", "ceil", "trunc"], DEFAULT),
-    **dict.fromkeys(["signbit", "isfinite"], ALWAYS_BOOL),
-}
-for _name, _kind in _UNARY_KINDS.items():
-    globals()[_name] = _define_unary(_name, _kind)
-    __all__.append(_name)
-neg = _define_unary("neg", DEFAULT, ("__neg__",))
-abs = _define_unary("abs", COMPLEX_TO_FLOAT, ("__abs__",))
-bitwise_not = _define_unary("bitwise_not", DEFAULT, ("__invert__",))
-__all__ += ["neg", "abs", "bitwise_not"]
-
-
-@torchsymbol(torch.round, T.round)
-def round(a, *, decimals=0):
-    if decimals == 0:
-        return clang.elementwise(prims.round, "ltorch.round", a)
-    scale = 10.0 ** decimals
-    return clang.elementwise(prims.div, "ltorch.round", clang.elementwise(prims.round, "ltorch.round", a * scale), scale)
 
 
 def _define_binary(name: str, kind: int, dunders=(), reflected=()):
@@ -69,27 +45,31 @@ def _define_binary(name: str, kind: int, dunders=(), reflected=()):
     return binary
 
 
-_BINARY = {
-    "mul": (DEFAULT, ("__mul__",), ("__rmul__",)),
-    "pow": (DEFAULT, ("__pow__",), ("__rpow__",)),
-    "fmod": (DEFAULT, (), ()),
-    "remainder": (DEFAULT, ("__mod__",), ("__rmod__",)),
-    "maximum": (DEFAULT, (), ()),
-    "minimum": (DEFAULT, (), ()),
-    "atan2": (INT_TO_FLOAT, (), ()),
-    "eq": (ALWAYS_BOOL, ("__eq__",), ()),
-    "ne": (ALWAYS_BOOL, ("__ne__",), ()),
-    "lt": (ALWAYS_BOOL, ("__lt__",), ()),
-    "le": (ALWAYS_BOOL, ("__le__",), ()),
-    "gt": (ALWAYS_BOOL, ("__gt__",), ()),
-    "ge": (ALWAYS_BOOL, ("__ge__",), ()),
-    "bitwise_and": (DEFAULT, ("__and__",), ("__rand__",)),
-    "bitwise_or": (DEFAULT, ("__or__",), ("__ror__",)),
-    "bitwise_xor": (DEFAULT, ("__xor__",), ("__rxor__",)),
+#: The operators of the derived symbols: (dunders, reflected dunders).
+_OPERATORS = {
+    "neg": (("__neg__",), ()), "abs": (("__abs__",), ()), "bitwise_not": (("__invert__",), ()),
+    "mul": (("__mul__",), ("__rmul__",)), "pow": (("__pow__",), ("__rpow__",)),
+    "remainder": (("__mod__",), ("__rmod__",)), "eq": (("__eq__",), ()), "ne": (("__ne__",), ()),
+    "lt": (("__lt__",), ()), "le": (("__le__",), ()), "gt": (("__gt__",), ()), "ge": (("__ge__",), ()),
+    "bitwise_and": (("__and__",), ("__rand__",)), "bitwise_or": (("__or__",), ("__ror__",)),
+    "bitwise_xor": (("__xor__",), ("__rxor__",)),
 }
-for _name, (_kind, _dunders, _reflected) in _BINARY.items():
-    globals()[_name] = _define_binary(_name, _kind, _dunders, _reflected)
+
+# One ltorch symbol per parameterless elementwise prim whose Rust declaration gives a promotion.
+for _name, _kind in prims.DERIVED["Unary"].items():
+    globals()[_name] = _define_unary(_name, _kind, _OPERATORS.get(_name, ((), ()))[0])
     __all__.append(_name)
+for _name, _kind in prims.DERIVED["Binary"].items():
+    globals()[_name] = _define_binary(_name, _kind, *_OPERATORS.get(_name, ((), ())))
+    __all__.append(_name)
+
+
+@torchsymbol(torch.round, T.round)
+def round(a, *, decimals=0):
+    if decimals == 0:
+        return clang.elementwise(prims.round, "ltorch.round", a)
+    scale = 10.0 ** decimals
+    return clang.elementwise(prims.div, "ltorch.round", clang.elementwise(prims.round, "ltorch.round", a * scale), scale)
 
 
 def _scaled(b, alpha, op):

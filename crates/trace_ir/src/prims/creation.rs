@@ -1,14 +1,51 @@
-//! Meta rules of the creation prims.
+//! The creation prims: tensors made from parameters alone.
 
-use super::Prim;
+use super::declare::{declare_family, Family};
+use super::Operand;
 use crate::bail;
+use crate::dtype::{DType, Device};
 use crate::error::Result;
-use crate::value::TensorMeta;
+use crate::grad::{Emitter, Grads};
+use crate::value::{Arg, Scalar, TensorMeta};
+use crate::ValueId;
 
-pub(super) fn meta(prim: &Prim, op: &str) -> Result<Vec<TensorMeta>> {
+declare_family! {
+    /// Creation prims.
+    pub enum Creation {
+        Full = "full", Operands::Fixed(0),
+            { shape: Vec<i64> = "shape", fill: Scalar = "fill_value", device: Device = "device", dtype: DType = "dtype" };
+        /// `start, start + step, ...`, `length` values.
+        Iota = "iota", Operands::Fixed(0),
+            { length: i64 = "length", start: i64 = "start", step: i64 = "step", device: Device = "device", dtype: DType = "dtype" };
+        /// Uniform samples in `[low, high)` from torch's generator.
+        Uniform = "uniform", Operands::Fixed(0),
+            { shape: Vec<i64> = "shape", low: Scalar = "minval", high: Scalar = "maxval", device: Device = "device", dtype: DType = "dtype" };
+    }
+}
+
+impl Creation {
+    pub fn is_random(&self) -> bool {
+        match self {
+            Creation::Uniform { .. } => true,
+            Creation::Full { .. } | Creation::Iota { .. } => false,
+        }
+    }
+}
+
+impl Family for Creation {
+    fn meta(&self, op: &str, _operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+        meta(self, op)
+    }
+
+    fn vjp(&self, _e: &mut Emitter, _operands: &[Arg], _outputs: &[ValueId], _cots: &[Option<ValueId>]) -> Result<Grads> {
+        Ok(vec![])
+    }
+}
+
+fn meta(prim: &Creation, op: &str) -> Result<Vec<TensorMeta>> {
     let (shape, device, dtype) = match prim {
-        Prim::Full { shape, device, dtype, .. } => (shape.clone(), *device, *dtype),
-        Prim::Iota { length, device, dtype, .. } => {
+        Creation::Full { shape, device, dtype, .. } => (shape.clone(), *device, *dtype),
+        Creation::Iota { length, device, dtype, .. } => {
             if *length < 0 {
                 bail!(Value, op, "length must be non-negative, got {length}");
             }
@@ -17,7 +54,7 @@ pub(super) fn meta(prim: &Prim, op: &str) -> Result<Vec<TensorMeta>> {
             }
             (vec![*length], *device, *dtype)
         }
-        Prim::Uniform { shape, low, high, device, dtype } => {
+        Creation::Uniform { shape, low, high, device, dtype } => {
             if !dtype.is_float() {
                 bail!(Type, op, "expected a floating dtype, got {dtype}");
             }
@@ -26,7 +63,6 @@ pub(super) fn meta(prim: &Prim, op: &str) -> Result<Vec<TensorMeta>> {
             }
             (shape.clone(), *device, *dtype)
         }
-        _ => unreachable!("creation::meta handles only creation prims"),
     };
     if let Some(bad) = shape.iter().find(|&&s| s < 0) {
         bail!(Value, op, "shape {shape:?} has a negative size {bad}");

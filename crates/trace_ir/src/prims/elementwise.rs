@@ -1,14 +1,23 @@
-//! Meta rules of the elementwise prims: same shapes, same dtypes, no promotion.
+//! The elementwise prims: same shapes, same dtypes, no promotion.
+//!
+//! `Unary` and `Binary` are tables of parameterless prims, each row with the element types it
+//! accepts, its output dtype, and the type promotion of the ltorch symbol derived from it
+//! (Python builds `ltorch.exp` and friends from this table). `Elementwise` holds the elementwise
+//! prims with parameters or three operands.
 
-use super::{Operand, Prim};
+use super::declare::{declare_family, elementwise_table, Family};
+use super::Operand;
 use crate::bail;
-use crate::dtype::DType;
+use crate::dtype::{DType, Device};
 use crate::error::Result;
-use crate::value::{Scalar, TensorMeta};
+use crate::grad::{number, Emitter, Grads};
+use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
+use crate::ValueId;
+use std::f64::consts::{LN_10, LN_2, PI};
 
 /// Which element types an elementwise prim accepts.
-#[derive(Clone, Copy, PartialEq)]
-enum Accepts {
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Accepts {
     Any,
     /// Floating or complex (`exp`, `sin`): integer inputs must be converted first.
     Inexact,
@@ -24,19 +33,127 @@ enum Accepts {
     RealNotBool,
 }
 
-fn accepts(prim: &Prim) -> Accepts {
-    use Prim::*;
-    match prim {
-        Exp | Exp2 | Expm1 | Log | Log1p | Log2 | Log10 | Sin | Cos | Tan | Tanh | Sinh | Cosh
-        | Asin | Acos | Atan | Asinh | Acosh | Atanh | Sqrt | Rsqrt | Reciprocal => {
-            Accepts::Inexact
+/// The output dtype of an elementwise prim, given its inputs' dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Output {
+    Same,
+    Bool,
+    /// The real counterpart of a complex dtype (`abs`).
+    Real,
+}
+
+/// The type promotion of the ltorch symbol derived from a prim, as `clang.promote` codes it;
+/// `Custom` where the ltorch symbol is written by hand (`add` takes `alpha`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Promotion {
+    Default = 0,
+    IntToFloat = 1,
+    AlwaysBool = 2,
+    ComplexToFloat = 3,
+    Custom = 255,
+}
+
+elementwise_table! {
+    /// Parameterless unary elementwise prims.
+    pub enum Unary (1) {
+        Abs = "abs", NotBool, Real, ComplexToFloat;
+        Neg = "neg", NotBool, Same, Default;
+        Exp = "exp", Inexact, Same, IntToFloat;
+        Exp2 = "exp2", Inexact, Same, IntToFloat;
+        Expm1 = "expm1", Inexact, Same, IntToFloat;
+        Log = "log", Inexact, Same, IntToFloat;
+        Log1p = "log1p", Inexact, Same, IntToFloat;
+        Log2 = "log2", Inexact, Same, IntToFloat;
+        Log10 = "log10", Inexact, Same, IntToFloat;
+        Sin = "sin", Inexact, Same, IntToFloat;
+        Cos = "cos", Inexact, Same, IntToFloat;
+        Tan = "tan", Inexact, Same, IntToFloat;
+        Tanh = "tanh", Inexact, Same, IntToFloat;
+        Sinh = "sinh", Inexact, Same, IntToFloat;
+        Cosh = "cosh", Inexact, Same, IntToFloat;
+        Asin = "asin", Inexact, Same, IntToFloat;
+        Acos = "acos", Inexact, Same, IntToFloat;
+        Atan = "atan", Inexact, Same, IntToFloat;
+        Asinh = "asinh", Inexact, Same, IntToFloat;
+        Acosh = "acosh", Inexact, Same, IntToFloat;
+        Atanh = "atanh", Inexact, Same, IntToFloat;
+        Erf = "erf", Float, Same, IntToFloat;
+        Erfc = "erfc", Float, Same, IntToFloat;
+        Erfinv = "erfinv", Float, Same, IntToFloat;
+        Sqrt = "sqrt", Inexact, Same, IntToFloat;
+        Rsqrt = "rsqrt", Inexact, Same, IntToFloat;
+        Reciprocal = "reciprocal", Inexact, Same, IntToFloat;
+        Sign = "sign", Real, Same, Default;
+        Signbit = "signbit", Real, Bool, AlwaysBool;
+        Floor = "floor", RealNotBool, Same, Default;
+        Ceil = "ceil", RealNotBool, Same, Default;
+        Round = "round", RealNotBool, Same, Custom;
+        Trunc = "trunc", RealNotBool, Same, Default;
+        IsFinite = "isfinite", Any, Bool, AlwaysBool;
+        BitwiseNot = "bitwise_not", IntOrBool, Same, Default;
+        Lgamma = "lgamma", Float, Same, IntToFloat;
+        Digamma = "digamma", Float, Same, IntToFloat;
+        I0 = "i0", Float, Same, IntToFloat;
+        I0e = "i0e", Float, Same, IntToFloat;
+        I1 = "i1", Float, Same, IntToFloat;
+        I1e = "i1e", Float, Same, IntToFloat;
+        Ndtri = "ndtri", Float, Same, IntToFloat;
+        Erfcx = "erfcx", Float, Same, IntToFloat;
+        LogNdtr = "log_ndtr", Float, Same, IntToFloat;
+    }
+}
+
+elementwise_table! {
+    /// Parameterless binary elementwise prims; either operand may be a number.
+    pub enum Binary (2) {
+        Add = "add", Any, Same, Custom;
+        Sub = "sub", NotBool, Same, Custom;
+        Mul = "mul", Any, Same, Default;
+        Div = "div", NotBool, Same, Custom;
+        Pow = "pow", NotBool, Same, Default;
+        Fmod = "fmod", RealNotBool, Same, Default;
+        Remainder = "remainder", RealNotBool, Same, Default;
+        Maximum = "maximum", Real, Same, Default;
+        Minimum = "minimum", Real, Same, Default;
+        Atan2 = "atan2", Float, Same, IntToFloat;
+        Eq = "eq", Any, Bool, AlwaysBool;
+        Ne = "ne", Any, Bool, AlwaysBool;
+        Lt = "lt", Real, Bool, AlwaysBool;
+        Le = "le", Real, Bool, AlwaysBool;
+        Gt = "gt", Real, Bool, AlwaysBool;
+        Ge = "ge", Real, Bool, AlwaysBool;
+        BitwiseAnd = "bitwise_and", IntOrBool, Same, Default;
+        BitwiseOr = "bitwise_or", IntOrBool, Same, Default;
+        BitwiseXor = "bitwise_xor", IntOrBool, Same, Default;
+    }
+}
+
+declare_family! {
+    /// Elementwise prims with parameters, or with three operands.
+    pub enum Elementwise {
+        /// `where(pred, a, b)`.
+        Where = "where", Operands::Fixed(3), {};
+        ConvertElementType = "convert_element_type", Operands::Fixed(1), { dtype: DType = "dtype" };
+        DevicePut = "device_put", Operands::Fixed(1), { device: Device = "device" };
+        /// The `order`-th derivative of digamma (`torch.polygamma(order, a)`).
+        Polygamma = "polygamma", Operands::Fixed(1), { order: i64 = "n" };
+    }
+}
+
+/// The promotion code Python derives `ltorch.<name>` with, for table prims not written by hand.
+pub(super) fn derived_promotion(name: &str) -> Option<u8> {
+    let promotion = Unary::ALL.iter().find(|p| p.name() == name).map(|p| p.promotion())
+        .or_else(|| Binary::ALL.iter().find(|p| p.name() == name).map(|p| p.promotion()))?;
+    (promotion != Promotion::Custom).then_some(promotion as u8)
+}
+
+impl Output {
+    fn dtype(self, input: DType) -> DType {
+        match self {
+            Output::Same => input,
+            Output::Bool => DType::Bool,
+            Output::Real => input.to_real(),
         }
-        Erf | Erfc | Erfinv | Lgamma | Digamma | Polygamma { .. } | Atan2 => Accepts::Float,
-        BitwiseNot | BitwiseAnd | BitwiseOr | BitwiseXor => Accepts::IntOrBool,
-        Abs | Neg | Sub | Pow | Div => Accepts::NotBool,
-        Floor | Ceil | Round | Trunc | Fmod | Remainder => Accepts::RealNotBool,
-        Sign | Signbit | Maximum | Minimum | Lt | Le | Gt | Ge => Accepts::Real,
-        _ => Accepts::Any,
     }
 }
 
@@ -64,16 +181,6 @@ fn check_dtype(op: &str, what: &str, dtype: DType, rule: Accepts) -> Result<()> 
     }
 }
 
-/// The output dtype of an elementwise prim whose tensor inputs have `dtype`.
-fn output_dtype(prim: &Prim, dtype: DType) -> DType {
-    use Prim::*;
-    match prim {
-        Eq | Ne | Lt | Le | Gt | Ge | Signbit | IsFinite => DType::Bool,
-        Abs => dtype.to_real(),
-        _ => dtype,
-    }
-}
-
 pub(super) fn tensor<'a>(op: &str, what: &str, operand: &Operand<'a>) -> Result<&'a TensorMeta> {
     match operand {
         Operand::Tensor(t) => Ok(t),
@@ -81,10 +188,17 @@ pub(super) fn tensor<'a>(op: &str, what: &str, operand: &Operand<'a>) -> Result<
     }
 }
 
-pub(super) fn unary(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-    let a = tensor(op, "a", &operands[0])?;
-    check_dtype(op, "a", a.dtype, accepts(prim))?;
-    Ok(vec![TensorMeta::new(output_dtype(prim, a.dtype), a.device, a.shape.clone())])
+impl Family for Unary {
+    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+        let a = tensor(op, "a", &operands[0])?;
+        check_dtype(op, "a", a.dtype, self.accepts())?;
+        Ok(vec![TensorMeta::new(self.output().dtype(a.dtype), a.device, a.shape.clone())])
+    }
+
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+        let (Some(x), Some(g)) = (operands[0].as_value(), cots[0]) else { return Ok(vec![None]) };
+        Ok(vec![vjp_unary(*self, e, x, outputs[0], g)?])
+    }
 }
 
 /// Checks that a number operand can meet a tensor of `dtype` without promotion.
@@ -123,24 +237,32 @@ fn common_tensor<'a, 'n>(op: &str, names: &[&'n str], operands: &[Operand<'a>]) 
     }
 }
 
-pub(super) fn binary(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-    let names = ["a", "b"];
-    let (name_t, t) = common_tensor(op, &names, operands)?;
-    let dtype = t.dtype;
-    for (name, operand) in names.iter().zip(operands) {
-        match operand {
-            Operand::Tensor(x) if x.dtype != dtype => {
-                bail!(Type, op, "dtypes of a and b differ ({dtype} and {}); prims do not promote", x.dtype)
+impl Family for Binary {
+    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+        let names = ["a", "b"];
+        let (name_t, t) = common_tensor(op, &names, operands)?;
+        let dtype = t.dtype;
+        for (name, operand) in names.iter().zip(operands) {
+            match operand {
+                Operand::Tensor(x) if x.dtype != dtype => {
+                    bail!(Type, op, "dtypes of a and b differ ({dtype} and {}); prims do not promote", x.dtype)
+                }
+                Operand::Number(n) => check_number(op, name, *n, dtype)?,
+                _ => {}
             }
-            Operand::Number(n) => check_number(op, name, *n, dtype)?,
-            _ => {}
         }
+        check_dtype(op, name_t, dtype, self.accepts())?;
+        Ok(vec![TensorMeta::new(self.output().dtype(dtype), t.device, t.shape.clone())])
     }
-    check_dtype(op, name_t, dtype, accepts(prim))?;
-    Ok(vec![TensorMeta::new(output_dtype(prim, dtype), t.device, t.shape.clone())])
+
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+        let Some(g) = cots[0] else { return Ok(vec![None, None]) };
+        let (ga, gb) = vjp_binary(*self, e, (&operands[0], &operands[1]), outputs[0], g)?;
+        Ok(vec![ga, gb])
+    }
 }
 
-pub(super) fn where_(op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+fn where_(op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
     let names = ["pred", "a", "b"];
     let (_, t) = common_tensor(op, &names, operands)?;
     match &operands[0] {
@@ -163,28 +285,45 @@ pub(super) fn where_(op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> 
     Ok(vec![TensorMeta::new(value_dtype, t.device, t.shape.clone())])
 }
 
-/// `convert_element_type` and `device_put`.
-pub(super) fn retype(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-    let a = tensor(op, "a", &operands[0])?;
-    let mut out = TensorMeta::new(a.dtype, a.device, a.shape.clone());
-    match prim {
-        Prim::ConvertElementType { dtype } => out.dtype = *dtype,
-        Prim::DevicePut { device } => out.device = *device,
-        _ => unreachable!("retype handles only convert_element_type and device_put"),
+impl Family for Elementwise {
+    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+        if let Elementwise::Where {} = self {
+            return where_(op, operands);
+        }
+        let a = tensor(op, "a", &operands[0])?;
+        let mut out = TensorMeta::new(a.dtype, a.device, a.shape.clone());
+        match self {
+            Elementwise::ConvertElementType { dtype } => out.dtype = *dtype,
+            Elementwise::DevicePut { device } => out.device = *device,
+            Elementwise::Polygamma { .. } => check_dtype(op, "a", a.dtype, Accepts::Float)?,
+            Elementwise::Where {} => unreachable!("where is handled above"),
+        }
+        Ok(vec![out])
     }
-    Ok(vec![out])
+
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], _outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+        let Some(g) = cots[0] else { return Ok(vec![None; operands.len()]) };
+        if let Elementwise::Where {} = self {
+            return vjp_where(e, &operands[0], g);
+        }
+        let Some(x) = operands[0].as_value() else { return Ok(vec![None]) };
+        Ok(match self {
+            Elementwise::Where {} => unreachable!("where is handled above"),
+            Elementwise::Polygamma { order } => {
+                let t = e.emit(Elementwise::Polygamma { order: order + 1 }, vec![Arg::Value(x)])?;
+                vec![Some(e.mul(g, t)?)]
+            }
+            Elementwise::ConvertElementType { .. } | Elementwise::DevicePut { .. } => vec![vjp_retype(self, e, x, g)?],
+        })
+    }
 }
 
 // ---------------------------------------------------------------------------------- VJP rules
 
-use crate::grad::{number, Emitter, Grads};
-use crate::value::{Arg, ValueKind};
-use crate::ValueId;
-use std::f64::consts::{LN_10, LN_2, PI};
 
 /// `g * f'(x)` for a unary prim `y = f(x)`; `None` where the output carries no gradient.
-pub(super) fn vjp_unary(prim: &Prim, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<Option<ValueId>> {
-    use Prim::*;
+fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<Option<ValueId>> {
+    use Unary::*;
     let dtype = e.meta(x).dtype;
     let c = |v: f64| Arg::Scalar(number(dtype, v));
     let (one, two) = (c(1.0), c(2.0));
@@ -214,7 +353,7 @@ pub(super) fn vjp_unary(prim: &Prim, e: &mut Emitter, x: ValueId, y: ValueId, g:
             let t = square_plus(e, x, -1.0, 1.0)?;
             let r = e.unary(Rsqrt, t)?;
             let t = e.mul(g, r)?;
-            if *prim == Acos { e.neg(t)? } else { t }
+            if prim == Acos { e.neg(t)? } else { t }
         }
         Atan => { let t = square_plus(e, x, 1.0, 1.0)?; e.div(g, t)? }
         Asinh => { let t = square_plus(e, x, 1.0, 1.0)?; let r = e.unary(Rsqrt, t)?; e.mul(g, r)? }
@@ -223,7 +362,7 @@ pub(super) fn vjp_unary(prim: &Prim, e: &mut Emitter, x: ValueId, y: ValueId, g:
         Erf | Erfc => {
             let t = square_plus(e, x, -1.0, 0.0)?;
             let t = e.unary(Exp, t)?;
-            let sign = if *prim == Erf { 1.0 } else { -1.0 };
+            let sign = if prim == Erf { 1.0 } else { -1.0 };
             let t = e.mul(t, c(sign * 2.0 / PI.sqrt()))?;
             e.mul(g, t)?
         }
@@ -242,19 +381,61 @@ pub(super) fn vjp_unary(prim: &Prim, e: &mut Emitter, x: ValueId, y: ValueId, g:
         }
         Reciprocal => { let t = e.mul(y, y)?; let t = e.mul(g, t)?; e.neg(t)? }
         Lgamma => { let t = e.unary(Digamma, x)?; e.mul(g, t)? }
-        Digamma => { let t = e.unary(Polygamma { order: 1 }, x)?; e.mul(g, t)? }
-        Polygamma { order } => { let t = e.unary(Polygamma { order: order + 1 }, x)?; e.mul(g, t)? }
+        Digamma => { let t = e.emit(Elementwise::Polygamma { order: 1 }, vec![Arg::Value(x)])?; e.mul(g, t)? }
+        I0 => { let t = e.unary(I1, x)?; e.mul(g, t)? }
+        I0e => {
+            let s = e.unary(Sign, x)?;
+            let t = e.mul(s, y)?;
+            let i1e = e.unary(I1e, x)?;
+            let t = e.sub(i1e, t)?;
+            e.mul(g, t)?
+        }
+        I1 | I1e => {
+            // i1' = i0 - i1/x and i1e' = i0e - i1e (sign(x) + 1/x), both 1/2 at 0 (as torch).
+            let (bessel, scaled) = if prim == I1 { (I0, None) } else { (I0e, Some(Sign)) };
+            let mut t = e.div(y, x)?;
+            if let Some(sign) = scaled {
+                let s = e.unary(sign, x)?;
+                let sy = e.mul(s, y)?;
+                t = e.add(t, sy)?;
+            }
+            let b = e.unary(bessel, x)?;
+            let t = e.sub(b, t)?;
+            let at_zero = e.binary(Binary::Eq, x, c(0.0))?;
+            let t = e.where_(at_zero, c(0.5), t)?;
+            e.mul(g, t)?
+        }
+        Ndtri => {
+            let t = e.mul(y, y)?;
+            let t = e.mul(t, c(0.5))?;
+            let t = e.unary(Exp, t)?;
+            let t = e.mul(t, c((2.0 * PI).sqrt()))?;
+            e.mul(g, t)?
+        }
+        Erfcx => {
+            let t = e.mul(x, y)?;
+            let t = e.mul(t, two)?;
+            let t = e.sub(t, c(2.0 / PI.sqrt()))?;
+            e.mul(g, t)?
+        }
+        LogNdtr => {
+            let t = e.mul(x, x)?;
+            let t = e.mul(t, c(-0.5))?;
+            let t = e.sub(t, y)?;
+            let t = e.unary(Exp, t)?;
+            let t = e.mul(t, c(1.0 / (2.0 * PI).sqrt()))?;
+            e.mul(g, t)?
+        }
         Sign | Floor | Ceil | Round | Trunc => e.zeros_like(x)?,
         Signbit | IsFinite | BitwiseNot => return Ok(None),
-        _ => unreachable!("vjp_unary handles only unary elementwise prims"),
     };
     Ok(Some(grad))
 }
 
 /// The gradients of a binary elementwise prim `y = f(a, b)`; `ta`/`tb` are the operands that
 /// are tensors (numbers get no gradient).
-pub(super) fn vjp_binary(prim: &Prim, e: &mut Emitter, (a, b): (&Arg, &Arg), y: ValueId, g: ValueId) -> Result<(Option<ValueId>, Option<ValueId>)> {
-    use Prim::*;
+fn vjp_binary(prim: Binary, e: &mut Emitter, (a, b): (&Arg, &Arg), y: ValueId, g: ValueId) -> Result<(Option<ValueId>, Option<ValueId>)> {
+    use Binary::*;
     let zero = e.scalar(g, 0.0);
     Ok(match prim {
         Add => (Some(g), Some(g)),
@@ -269,7 +450,7 @@ pub(super) fn vjp_binary(prim: &Prim, e: &mut Emitter, (a, b): (&Arg, &Arg), y: 
         Pow => (pow_grad_base(e, a, b, g)?, pow_grad_exponent(e, a, b, y, g)?),
         Fmod | Remainder => {
             let q = e.div(a.clone(), b.clone())?;
-            let q = e.unary(if *prim == Fmod { Trunc } else { Floor }, q)?;
+            let q = e.unary(if prim == Fmod { Unary::Trunc } else { Unary::Floor }, q)?;
             let t = e.mul(g, q)?;
             (Some(g), Some(e.neg(t)?))
         }
@@ -278,7 +459,7 @@ pub(super) fn vjp_binary(prim: &Prim, e: &mut Emitter, (a, b): (&Arg, &Arg), y: 
             // other strictly wins (so both get it where either is NaN).
             let half = e.mul(g, e.scalar(g, 0.5))?;
             let tie = e.binary(Eq, a.clone(), b.clone())?;
-            let (a_loses, b_loses) = if *prim == Maximum { (Lt, Gt) } else { (Gt, Lt) };
+            let (a_loses, b_loses) = if prim == Maximum { (Lt, Gt) } else { (Gt, Lt) };
             let a_loses = e.binary(a_loses, a.clone(), b.clone())?;
             let b_loses = e.binary(b_loses, a.clone(), b.clone())?;
             let ga = e.where_(a_loses, zero.clone(), g)?;
@@ -298,7 +479,6 @@ pub(super) fn vjp_binary(prim: &Prim, e: &mut Emitter, (a, b): (&Arg, &Arg), y: 
             (Some(ga), Some(e.neg(gb)?))
         }
         Eq | Ne | Lt | Le | Gt | Ge | BitwiseAnd | BitwiseOr | BitwiseXor => (None, None),
-        _ => unreachable!("vjp_binary handles only binary elementwise prims"),
     })
 }
 
@@ -324,15 +504,15 @@ fn pow_grad_base(e: &mut Emitter, a: &Arg, b: &Arg, g: ValueId) -> Result<Option
         if exponent == 0.0 {
             return Ok(Some(e.zeros_like(g)?));
         }
-        let p = e.binary(Prim::Pow, a.clone(), e.scalar(g, exponent - 1.0))?;
+        let p = e.binary(Binary::Pow, a.clone(), e.scalar(g, exponent - 1.0))?;
         let t = e.mul(p, e.scalar(g, exponent))?;
         return Ok(Some(e.mul(g, t)?));
     }
     let bm1 = e.sub(b.clone(), e.scalar(g, 1.0))?;
-    let p = e.binary(Prim::Pow, a.clone(), bm1)?;
+    let p = e.binary(Binary::Pow, a.clone(), bm1)?;
     let t = e.mul(p, b.clone())?;
     let t = e.mul(g, t)?;
-    let b_zero = e.binary(Prim::Eq, b.clone(), zero.clone())?;
+    let b_zero = e.binary(Binary::Eq, b.clone(), zero.clone())?;
     Ok(Some(e.where_(b_zero, zero, t)?))
 }
 
@@ -346,17 +526,17 @@ fn pow_grad_exponent(e: &mut Emitter, a: &Arg, b: &Arg, y: ValueId, g: ValueId) 
     let (t, a_zero) = match number_value(e, a) {
         Some(base) => (e.mul(gy, e.scalar(g, base.ln()))?, Arg::Scalar(Scalar::Bool(base == 0.0))),
         None => {
-            let la = e.unary(Prim::Log, a.as_value().expect("a tensor operand"))?;
-            (e.mul(gy, la)?, Arg::Value(e.binary(Prim::Eq, a.clone(), zero.clone())?))
+            let la = e.unary(Unary::Log, a.as_value().expect("a tensor operand"))?;
+            (e.mul(gy, la)?, Arg::Value(e.binary(Binary::Eq, a.clone(), zero.clone())?))
         }
     };
-    let b_nonneg = e.binary(Prim::Ge, b.clone(), zero.clone())?;
-    let mask = e.binary(Prim::BitwiseAnd, b_nonneg, a_zero)?;
+    let b_nonneg = e.binary(Binary::Ge, b.clone(), zero.clone())?;
+    let mask = e.binary(Binary::BitwiseAnd, b_nonneg, a_zero)?;
     Ok(Some(e.where_(mask, zero, t)?))
 }
 
 /// `where(pred, a, b)`: the gradient goes to the branch each element came from.
-pub(super) fn vjp_where(e: &mut Emitter, pred: &Arg, g: ValueId) -> Result<Grads> {
+fn vjp_where(e: &mut Emitter, pred: &Arg, g: ValueId) -> Result<Grads> {
     let zero = e.scalar(g, 0.0);
     let ga = e.where_(pred.clone(), g, zero.clone())?;
     let gb = e.where_(pred.clone(), zero, g)?;
@@ -364,12 +544,11 @@ pub(super) fn vjp_where(e: &mut Emitter, pred: &Arg, g: ValueId) -> Result<Grads
 }
 
 /// `convert_element_type` and `device_put`: the gradient goes back to the input's dtype/device.
-pub(super) fn vjp_retype(prim: &Prim, e: &mut Emitter, x: ValueId, g: ValueId) -> Result<Option<ValueId>> {
+fn vjp_retype(prim: &Elementwise, e: &mut Emitter, x: ValueId, g: ValueId) -> Result<Option<ValueId>> {
     let m = e.meta(x);
-    match prim {
-        Prim::ConvertElementType { .. } if m.dtype.is_inexact() => Ok(Some(e.convert(g, m.dtype)?)),
-        Prim::ConvertElementType { .. } => Ok(None),
-        Prim::DevicePut { .. } => Ok(Some(e.emit(Prim::DevicePut { device: m.device }, vec![Arg::Value(g)])?)),
-        _ => unreachable!("vjp_retype handles only convert_element_type and device_put"),
-    }
+    Ok(match prim {
+        Elementwise::ConvertElementType { .. } if m.dtype.is_inexact() => Some(e.convert(g, m.dtype)?),
+        Elementwise::DevicePut { .. } => Some(e.emit(Elementwise::DevicePut { device: m.device }, vec![Arg::Value(g)])?),
+        _ => None,
+    })
 }

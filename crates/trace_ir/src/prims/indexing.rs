@@ -1,12 +1,43 @@
 //! Meta rules of the indexing prims: embedding, take, gather, scatter, topk and sort.
 
+use super::declare::{declare_family, Family};
 use super::elementwise::tensor;
 use super::shape::check_dims;
-use super::{Operand, Prim};
+use super::{Operand, Shape};
 use crate::bail;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::value::TensorMeta;
+use crate::grad::{Emitter, Grads};
+use crate::value::{Arg, TensorMeta};
+use crate::ValueId;
+
+declare_family! {
+    /// Prims that read or write elements at computed positions.
+    pub enum Index {
+        /// `weight[indices]`.
+        Embedding = "embedding", Operands::Fixed(2), {};
+        /// `index_select(a, dim, index)`.
+        Take = "take", Operands::Fixed(2), { dim: usize = "dim" };
+        TakeAlongAxis = "take_along_axis", Operands::Fixed(2), { dim: usize = "dim" };
+        Gather = "gather", Operands::Fixed(2), { dim: usize = "dim" };
+        ScatterAdd = "scatter_add", Operands::Fixed(3), { dim: usize = "dim" };
+        IndexAdd = "index_add", Operands::Fixed(3), { dim: usize = "dim" };
+        /// `(values, indices)`.
+        Topk = "topk", Operands::Fixed(1), { k: i64 = "k", dim: usize = "dim", largest: bool = "largest", sorted: bool = "sorted" };
+        /// `(values, indices)`.
+        Sort = "sort", Operands::Fixed(1), { dim: usize = "dim", descending: bool = "descending", stable: bool = "stable" };
+    }
+}
+
+impl Family for Index {
+    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+        meta(self, op, operands)
+    }
+
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+        vjp(self, e, operands, outputs, cots)
+    }
+}
 
 fn index_tensor<'a>(op: &str, what: &str, operand: &Operand<'a>) -> Result<&'a TensorMeta> {
     let t = tensor(op, what, operand)?;
@@ -51,10 +82,10 @@ fn check_index_add(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src
     Ok(())
 }
 
-pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+fn meta(prim: &Index, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
     let out = |like: &TensorMeta, dtype: DType, shape: Vec<i64>| TensorMeta::new(dtype, like.device, shape);
     match prim {
-        Prim::Embedding => {
+        Index::Embedding {} => {
             let indices = index_tensor(op, "indices", &operands[0])?;
             let weight = tensor(op, "weight", &operands[1])?;
             if weight.ndim() != 2 {
@@ -64,7 +95,7 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
             shape.push(weight.shape[1]);
             Ok(vec![out(weight, weight.dtype, shape)])
         }
-        Prim::Take { dim } => {
+        Index::Take { dim } => {
             let a = tensor(op, "a", &operands[0])?;
             let index = index_tensor(op, "index", &operands[1])?;
             check_dim(op, *dim, a)?;
@@ -77,7 +108,7 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
             }
             Ok(vec![out(a, a.dtype, shape)])
         }
-        Prim::TakeAlongAxis { dim } | Prim::Gather { dim } => {
+        Index::TakeAlongAxis { dim } | Index::Gather { dim } => {
             let a = tensor(op, "a", &operands[0])?;
             let index = index_tensor(op, "index", &operands[1])?;
             check_dim(op, *dim, a)?;
@@ -90,7 +121,7 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
             }
             Ok(vec![out(a, a.dtype, index.shape.clone())])
         }
-        Prim::ScatterAdd { dim } | Prim::IndexAdd { dim } => {
+        Index::ScatterAdd { dim } | Index::IndexAdd { dim } => {
             let a = tensor(op, "a", &operands[0])?;
             let index = index_tensor(op, "index", &operands[1])?;
             let src = tensor(op, "source", &operands[2])?;
@@ -102,12 +133,12 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
                 bail!(Value, op, "source {:?} must have the rank of a {:?}", src.shape, a.shape);
             }
             match prim {
-                Prim::ScatterAdd { .. } => check_scatter(op, *dim, a, index, src)?,
+                Index::ScatterAdd { .. } => check_scatter(op, *dim, a, index, src)?,
                 _ => check_index_add(op, *dim, a, index, src)?,
             }
             Ok(vec![out(a, a.dtype, a.shape.clone())])
         }
-        Prim::Topk { k, dim, .. } => {
+        Index::Topk { k, dim, .. } => {
             let a = tensor(op, "a", &operands[0])?;
             check_dim(op, *dim, a)?;
             let size = a.shape.get(*dim).copied().unwrap_or(1);
@@ -120,59 +151,53 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
             }
             Ok(vec![out(a, a.dtype, shape.clone()), out(a, DType::I64, shape)])
         }
-        Prim::Sort { dim, .. } => {
+        Index::Sort { dim, .. } => {
             let a = tensor(op, "a", &operands[0])?;
             check_dim(op, *dim, a)?;
             Ok(vec![out(a, a.dtype, a.shape.clone()), out(a, DType::I64, a.shape.clone())])
         }
-        _ => unreachable!("indexing::meta handles only indexing prims"),
     }
 }
 
 // ---------------------------------------------------------------------------------- VJP rules
 
-use crate::grad::{Emitter, Grads};
-use crate::value::Arg;
-use crate::ValueId;
-
 /// Gradients of the indexing prims: what was read is added back where it was read from.
-pub(super) fn vjp(prim: &Prim, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+fn vjp(prim: &Index, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
     let operand = |i: usize| operands[i].as_value().expect("indexing operands are tensors");
-    let scatter = |e: &mut Emitter, prim: Prim, into: ValueId, index: ValueId, g: ValueId| -> Result<ValueId> {
+    let scatter = |e: &mut Emitter, prim: Index, into: ValueId, index: ValueId, g: ValueId| -> Result<ValueId> {
         let zeros = e.zeros_like(into)?;
         e.emit(prim, vec![Arg::Value(zeros), Arg::Value(index), Arg::Value(g)])
     };
     let g = cots[0];
     Ok(match prim {
-        Prim::Embedding => {
+        Index::Embedding {} => {
             let (indices, weight) = (operand(0), operand(1));
             let dim = e.meta(weight).shape[1];
             let flat_index = e.reshape(indices, &[e.meta(indices).numel()])?;
             let rows = e.reshape(g.expect("one cotangent"), &[e.meta(indices).numel(), dim])?;
-            vec![None, Some(scatter(e, Prim::IndexAdd { dim: 0 }, weight, flat_index, rows)?)]
+            vec![None, Some(scatter(e, Index::IndexAdd { dim: 0 }, weight, flat_index, rows)?)]
         }
-        Prim::Take { dim } => {
-            vec![Some(scatter(e, Prim::IndexAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?), None]
+        Index::Take { dim } => {
+            vec![Some(scatter(e, Index::IndexAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?), None]
         }
-        Prim::TakeAlongAxis { dim } | Prim::Gather { dim } => {
-            vec![Some(scatter(e, Prim::ScatterAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?), None]
+        Index::TakeAlongAxis { dim } | Index::Gather { dim } => {
+            vec![Some(scatter(e, Index::ScatterAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?), None]
         }
-        Prim::ScatterAdd { dim } => {
+        Index::ScatterAdd { dim } => {
             let g = g.expect("one cotangent");
             let (index, src) = (operand(1), operand(2));
-            let picked = e.emit(Prim::Gather { dim: *dim }, vec![Arg::Value(g), Arg::Value(index)])?;
+            let picked = e.emit(Index::Gather { dim: *dim }, vec![Arg::Value(g), Arg::Value(index)])?;
             vec![Some(g), None, Some(pad_to(e, picked, &e.meta(src).shape)?)]
         }
-        Prim::IndexAdd { dim } => {
+        Index::IndexAdd { dim } => {
             let g = g.expect("one cotangent");
-            let picked = e.emit(Prim::Take { dim: *dim }, vec![Arg::Value(g), Arg::Value(operand(1))])?;
+            let picked = e.emit(Index::Take { dim: *dim }, vec![Arg::Value(g), Arg::Value(operand(1))])?;
             vec![Some(g), None, Some(picked)]
         }
-        Prim::Topk { dim, .. } | Prim::Sort { dim, .. } => match g {
-            Some(g) => vec![Some(scatter(e, Prim::ScatterAdd { dim: *dim }, operand(0), outputs[1], g)?)],
+        Index::Topk { dim, .. } | Index::Sort { dim, .. } => match g {
+            Some(g) => vec![Some(scatter(e, Index::ScatterAdd { dim: *dim }, operand(0), outputs[1], g)?)],
             None => vec![None],
         },
-        _ => unreachable!("indexing::vjp handles only indexing prims"),
     })
 }
 
@@ -184,5 +209,5 @@ fn pad_to(e: &mut Emitter, v: ValueId, shape: &[i64]) -> Result<ValueId> {
         return Ok(v);
     }
     let config = m.shape.iter().zip(shape).map(|(&have, &want)| (0, want - have, 0)).collect();
-    e.emit(Prim::Pad { value: crate::grad::number(m.dtype, 0.0), config }, vec![Arg::Value(v)])
+    e.emit(Shape::Pad { value: crate::grad::number(m.dtype, 0.0), config }, vec![Arg::Value(v)])
 }

@@ -1,10 +1,36 @@
 //! Meta rules of `matmul` and `linear` (torch's shape semantics, including batch broadcasting).
 
+use super::declare::{declare_family, Family};
 use super::elementwise::tensor;
-use super::{Operand, Prim};
+use super::Operand;
 use crate::bail;
 use crate::error::Result;
-use crate::value::TensorMeta;
+use crate::grad::{Emitter, Grads};
+use crate::value::{Arg, TensorMeta};
+use crate::ValueId;
+
+declare_family! {
+    /// Matrix products.
+    pub enum Linalg {
+        /// `torch.matmul`, with its rules for 1-D operands and batch broadcasting.
+        Matmul = "matmul", Operands::Fixed(2), {};
+        /// `x @ weight.T + bias`.
+        Linear = "linear", Operands::WithOptional(2), {};
+    }
+}
+
+impl Family for Linalg {
+    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+        meta(self, op, operands)
+    }
+
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], _outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+        match cots[0] {
+            Some(g) => vjp(self, e, operands, g),
+            None => Ok(vec![None; operands.len()]),
+        }
+    }
+}
 
 fn same_kind(op: &str, a: &TensorMeta, b: &TensorMeta, b_name: &str) -> Result<()> {
     if a.dtype != b.dtype {
@@ -78,32 +104,27 @@ fn linear(op: &str, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -
     Ok(shape)
 }
 
-pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+fn meta(prim: &Linalg, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
     let a = tensor(op, "a", &operands[0])?;
-    let b = tensor(op, if *prim == Prim::Matmul { "b" } else { "weight" }, &operands[1])?;
+    let b = tensor(op, if *prim == (Linalg::Matmul {}) { "b" } else { "weight" }, &operands[1])?;
     let shape = match prim {
-        Prim::Matmul => matmul(op, a, b)?,
-        Prim::Linear => {
+        Linalg::Matmul {} => matmul(op, a, b)?,
+        Linalg::Linear {} => {
             let bias = operands.get(2).map(|o| tensor(op, "bias", o)).transpose()?;
             linear(op, a, b, bias)?
         }
-        _ => unreachable!("linalg::meta handles only matmul and linear"),
     };
     Ok(vec![TensorMeta::new(a.dtype, a.device, shape)])
 }
 
 // ---------------------------------------------------------------------------------- VJP rules
 
-use crate::grad::{Emitter, Grads};
-use crate::value::Arg;
-use crate::ValueId;
-
-pub(super) fn vjp(prim: &Prim, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Grads> {
+fn vjp(prim: &Linalg, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Grads> {
     let a = operands[0].as_value().expect("linalg operands are tensors");
     let b = operands[1].as_value().expect("linalg operands are tensors");
     match prim {
-        Prim::Matmul => vjp_matmul(e, a, b, g),
-        Prim::Linear => {
+        Linalg::Matmul {} => vjp_matmul(e, a, b, g),
+        Linalg::Linear {} => {
             let mut grads = vjp_linear(e, a, b, g)?;
             if let Some(bias) = operands.get(2).and_then(Arg::as_value) {
                 let shape = e.meta(bias).shape;
@@ -111,7 +132,6 @@ pub(super) fn vjp(prim: &Prim, e: &mut Emitter, operands: &[Arg], g: ValueId) ->
             }
             Ok(grads)
         }
-        _ => unreachable!("linalg::vjp handles only matmul and linear"),
     }
 }
 
@@ -136,10 +156,10 @@ fn vjp_matmul(e: &mut Emitter, a: ValueId, b: ValueId, g: ValueId) -> Result<Gra
     }
     let g2 = e.reshape(g, &g_shape)?;
     let bt = e.swap_last(b2)?;
-    let ga = e.binary(Prim::Matmul, g2, bt)?;
+    let ga = e.emit(Linalg::Matmul {}, vec![g2.into(), bt.into()])?;
     let ga = e.sum_to(ga, &sa2)?;
     let at = e.swap_last(a2)?;
-    let gb = e.binary(Prim::Matmul, at, g2)?;
+    let gb = e.emit(Linalg::Matmul {}, vec![at.into(), g2.into()])?;
     let gb = e.sum_to(gb, &sb2)?;
     Ok(vec![Some(e.reshape(ga, &sa)?), Some(e.reshape(gb, &sb)?)])
 }
@@ -156,11 +176,11 @@ fn vjp_linear(e: &mut Emitter, x: ValueId, w: ValueId, g: ValueId) -> Result<Gra
         let gw = e.sum(gw, (0..r - 1).collect())?;
         return Ok(vec![Some(gx), Some(gw)]);
     }
-    let gx = e.binary(Prim::Matmul, g, w)?;
+    let gx = e.emit(Linalg::Matmul {}, vec![g.into(), w.into()])?;
     let rows: i64 = sx[..r - 1].iter().product();
     let g2 = e.reshape(g, &[rows, sw[0]])?;
     let x2 = e.reshape(x, &[rows, sw[1]])?;
     let gt = e.swap_last(g2)?;
-    let gw = e.binary(Prim::Matmul, gt, x2)?;
+    let gw = e.emit(Linalg::Matmul {}, vec![gt.into(), x2.into()])?;
     Ok(vec![Some(gx), Some(gw)])
 }

@@ -1,14 +1,45 @@
-//! Meta rules of the reduction prims.
+//! The reduction prims.
 
+use super::declare::{declare_family, Family};
 use super::elementwise::tensor;
 use super::shape::check_dims;
-use super::{Operand, Prim};
+use super::{Binary, Operand};
 use crate::bail;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::value::TensorMeta;
+use crate::grad::{Emitter, Grads};
+use crate::value::{Arg, Scalar, TensorMeta};
+use crate::ValueId;
 
-pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+declare_family! {
+    /// Reductions over canonical dims (no dims: nothing is reduced).
+    pub enum Reduce {
+        Sum = "sum", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        Prod = "prod", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        Amax = "amax", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        Amin = "amin", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        Var = "var", Operands::Fixed(1), { dims: Vec<usize> = "dims", correction: Scalar = "correction" };
+        /// `(var, mean)`.
+        VarMean = "var_mean", Operands::Fixed(1), { dims: Vec<usize> = "dims", correction: Scalar = "correction" };
+        Argmax = "argmax", Operands::Fixed(1), { dim: Option<usize> = "dim" };
+        Argmin = "argmin", Operands::Fixed(1), { dim: Option<usize> = "dim" };
+    }
+}
+
+impl Family for Reduce {
+    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+        meta(self, op, operands)
+    }
+
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+        match operands[0].as_value() {
+            Some(x) => vjp(self, e, x, outputs, cots),
+            None => Ok(vec![None]),
+        }
+    }
+}
+
+fn meta(prim: &Reduce, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
     let a = tensor(op, "a", &operands[0])?;
     let reduced_over = |what: &str, dims: &[usize]| -> Result<Vec<i64>> {
         check_dims(op, what, dims, a.ndim())?;
@@ -17,25 +48,25 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
     let reduced = |dims: &[usize]| reduced_over("dims", dims);
     let out = |dtype: DType, shape: Vec<i64>| TensorMeta::new(dtype, a.device, shape);
     match prim {
-        Prim::Sum { dims } | Prim::Prod { dims } => Ok(vec![out(a.dtype, reduced(dims)?)]),
-        Prim::Amax { dims } | Prim::Amin { dims } => {
+        Reduce::Sum { dims } | Reduce::Prod { dims } => Ok(vec![out(a.dtype, reduced(dims)?)]),
+        Reduce::Amax { dims } | Reduce::Amin { dims } => {
             if let Some(&d) = dims.iter().find(|&&d| d < a.ndim() && a.shape[d] == 0) {
                 bail!(Index, op, "cannot reduce dimension {d} of size 0 (argument dims)");
             }
             Ok(vec![out(a.dtype, reduced(dims)?)])
         }
-        Prim::Var { dims, .. } | Prim::VarMean { dims, .. } => {
+        Reduce::Var { dims, .. } | Reduce::VarMean { dims, .. } => {
             if !a.dtype.is_inexact() {
                 bail!(Type, op, "expected a floating-point or complex tensor for a, got {}", a.dtype);
             }
             let shape = reduced(dims)?;
             let var = out(a.dtype.to_real(), shape.clone());
             match prim {
-                Prim::Var { .. } => Ok(vec![var]),
+                Reduce::Var { .. } => Ok(vec![var]),
                 _ => Ok(vec![var, out(a.dtype, shape)]),
             }
         }
-        Prim::Argmax { dim } | Prim::Argmin { dim } => {
+        Reduce::Argmax { dim } | Reduce::Argmin { dim } => {
             let shape = match dim {
                 Some(d) => {
                     let shape = reduced_over("dim", &[*d])?;
@@ -49,38 +80,34 @@ pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<Te
             };
             Ok(vec![out(DType::I64, shape)])
         }
-        _ => unreachable!("reduce::meta handles only reductions"),
     }
 }
 
 // ---------------------------------------------------------------------------------- VJP rules
 
-use crate::grad::{Emitter, Grads};
-use crate::ValueId;
-
 /// Gradients of the reductions: the cotangent is expanded back over the reduced dims.
-pub(super) fn vjp(prim: &Prim, e: &mut Emitter, x: ValueId, outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+fn vjp(prim: &Reduce, e: &mut Emitter, x: ValueId, outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
     let shape = e.meta(x).shape;
     let grad = match prim {
-        Prim::Sum { dims } => e.unreduce(cots[0].expect("one cotangent"), &shape, dims)?,
-        Prim::Prod { dims } => {
+        Reduce::Sum { dims } => e.unreduce(cots[0].expect("one cotangent"), &shape, dims)?,
+        Reduce::Prod { dims } => {
             // prod / x: undefined at zeros, as in Thunder.
             let g = e.unreduce(cots[0].expect("one cotangent"), &shape, dims)?;
             let y = e.unreduce(outputs[0], &shape, dims)?;
             let t = e.mul(g, y)?;
             e.div(t, x)?
         }
-        Prim::Amax { dims } | Prim::Amin { dims } => {
+        Reduce::Amax { dims } | Reduce::Amin { dims } => {
             // Ties share the gradient equally, as torch does.
             let y = e.unreduce(outputs[0], &shape, dims)?;
-            let hit = e.binary(Prim::Eq, x, y)?;
+            let hit = e.binary(Binary::Eq, x, y)?;
             let hit = e.convert(hit, e.meta(x).dtype)?;
             let count = e.sum(hit, dims.clone())?;
             let g = e.div(cots[0].expect("one cotangent"), count)?;
             let g = e.unreduce(g, &shape, dims)?;
             e.mul(g, hit)?
         }
-        Prim::Var { dims, correction } | Prim::VarMean { dims, correction } => {
+        Reduce::Var { dims, correction } | Reduce::VarMean { dims, correction } => {
             let n: i64 = dims.iter().map(|&d| shape[d]).product();
             let mut grad = None;
             if let Some(g) = cots[0] {
@@ -104,8 +131,7 @@ pub(super) fn vjp(prim: &Prim, e: &mut Emitter, x: ValueId, outputs: &[ValueId],
             }
             return Ok(vec![grad]);
         }
-        Prim::Argmax { .. } | Prim::Argmin { .. } => return Ok(vec![None]),
-        _ => unreachable!("reduce::vjp handles only reductions"),
+        Reduce::Argmax { .. } | Reduce::Argmin { .. } => return Ok(vec![None]),
     };
     Ok(vec![Some(grad)])
 }

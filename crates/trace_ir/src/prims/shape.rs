@@ -1,30 +1,61 @@
-//! Meta rules of the shape prims.
+//! The shape prims: they only move or select elements.
 
+use super::declare::{declare_family, Family};
 use super::elementwise::tensor;
-use super::{Operand, Prim};
+use super::Operand;
 use crate::bail;
 use crate::error::Result;
-use crate::value::TensorMeta;
+use crate::grad::{number, Emitter, Grads};
+use crate::value::{Arg, Scalar, TensorMeta};
+use crate::ValueId;
 
-pub(super) fn meta(prim: &Prim, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-    if let Prim::Cat { dim } = prim {
-        return cat(op, operands, *dim);
+declare_family! {
+    /// Shape prims.
+    pub enum Shape {
+        /// `a`'s dims placed at `dims` of `shape`, size-1 dims stretched.
+        BroadcastInDim = "broadcast_in_dim", Operands::Fixed(1),
+            { shape: Vec<i64> = "shape", dims: Vec<usize> = "broadcast_dimensions" };
+        Reshape = "reshape", Operands::Fixed(1), { shape: Vec<i64> = "shape" };
+        Transpose = "transpose", Operands::Fixed(1), { perm: Vec<usize> = "permutation" };
+        Slice = "slice", Operands::Fixed(1),
+            { start: Vec<i64> = "start_indices", end: Vec<i64> = "end_indices", strides: Vec<i64> = "strides" };
+        Squeeze = "squeeze", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        Cat = "cat", Operands::List, { dim: usize = "dim" };
+        /// `(lo, hi, interior)` padding per dim with `value`; negative `lo`/`hi` crop.
+        Pad = "pad", Operands::Fixed(1),
+            { value: Scalar = "padding_value", config: Vec<(i64, i64, i64)> = "padding_config" };
+        Flip = "flip", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
     }
-    let a = tensor(op, "a", &operands[0])?;
-    let shape = match prim {
-        Prim::BroadcastInDim { shape, dims } => broadcast_in_dim(op, a, shape, dims)?,
-        Prim::Reshape { shape } => reshape(op, a, shape)?,
-        Prim::Transpose { perm } => transpose(op, a, perm)?,
-        Prim::Slice { start, end, strides } => slice(op, a, start, end, strides)?,
-        Prim::Squeeze { dims } => squeeze(op, a, dims)?,
-        Prim::Pad { config, .. } => pad(op, a, config)?,
-        Prim::Flip { dims } => {
-            check_dims(op, "dims", dims, a.ndim())?;
-            a.shape.clone()
+}
+
+impl Family for Shape {
+    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+        if let Shape::Cat { dim } = self {
+            return cat(op, operands, *dim);
         }
-        _ => unreachable!("shape::meta handles only shape prims"),
-    };
-    Ok(vec![TensorMeta::new(a.dtype, a.device, shape)])
+        let a = tensor(op, "a", &operands[0])?;
+        let shape = match self {
+            Shape::BroadcastInDim { shape, dims } => broadcast_in_dim(op, a, shape, dims)?,
+            Shape::Reshape { shape } => reshape(op, a, shape)?,
+            Shape::Transpose { perm } => transpose(op, a, perm)?,
+            Shape::Slice { start, end, strides } => slice(op, a, start, end, strides)?,
+            Shape::Squeeze { dims } => squeeze(op, a, dims)?,
+            Shape::Pad { config, .. } => pad(op, a, config)?,
+            Shape::Flip { dims } => {
+                check_dims(op, "dims", dims, a.ndim())?;
+                a.shape.clone()
+            }
+            Shape::Cat { .. } => unreachable!("cat is handled above"),
+        };
+        Ok(vec![TensorMeta::new(a.dtype, a.device, shape)])
+    }
+
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], _outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+        match cots[0] {
+            Some(g) => vjp(self, e, operands, g),
+            None => Ok(vec![None; operands.len()]),
+        }
+    }
 }
 
 /// Checks that `dims` are unique and within `0..ndim`.
@@ -163,19 +194,15 @@ fn cat(op: &str, operands: &[Operand], dim: usize) -> Result<Vec<TensorMeta>> {
 
 // ---------------------------------------------------------------------------------- VJP rules
 
-use crate::grad::{number, Emitter, Grads};
-use crate::value::Arg;
-use crate::ValueId;
-
 /// Shape prims move elements, so their gradients move them back.
-pub(super) fn vjp(prim: &Prim, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Grads> {
-    if let Prim::Cat { dim } = prim {
+fn vjp(prim: &Shape, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Grads> {
+    if let Shape::Cat { dim } = prim {
         return vjp_cat(e, operands, *dim, g);
     }
     let Some(x) = operands[0].as_value() else { return Ok(vec![None]) };
     let in_shape = e.meta(x).shape;
     let grad = match prim {
-        Prim::BroadcastInDim { shape, dims } => {
+        Shape::BroadcastInDim { shape, dims } => {
             let stretched = dims.iter().zip(&in_shape).filter(|(&d, &s)| s == 1 && shape[d] != 1).map(|(&d, _)| d);
             let added = (0..shape.len()).filter(|d| !dims.contains(d));
             let mut summed: Vec<usize> = added.chain(stretched).collect();
@@ -183,13 +210,13 @@ pub(super) fn vjp(prim: &Prim, e: &mut Emitter, operands: &[Arg], g: ValueId) ->
             let s = e.sum(g, summed)?;
             e.reshape(s, &in_shape)?
         }
-        Prim::Reshape { .. } | Prim::Squeeze { .. } => e.reshape(g, &in_shape)?,
-        Prim::Transpose { perm } => {
+        Shape::Reshape { .. } | Shape::Squeeze { .. } => e.reshape(g, &in_shape)?,
+        Shape::Transpose { perm } => {
             let mut inverse = vec![0; perm.len()];
             perm.iter().enumerate().for_each(|(i, &p)| inverse[p] = i);
-            e.emit(Prim::Transpose { perm: inverse }, vec![Arg::Value(g)])?
+            e.emit(Shape::Transpose { perm: inverse }, vec![Arg::Value(g)])?
         }
-        Prim::Slice { start, strides, .. } => {
+        Shape::Slice { start, strides, .. } => {
             let out_shape = e.meta(g).shape;
             let config = (0..in_shape.len())
                 .map(|i| {
@@ -198,11 +225,11 @@ pub(super) fn vjp(prim: &Prim, e: &mut Emitter, operands: &[Arg], g: ValueId) ->
                     (lo, in_shape[i] - lo - covered, if n == 0 { 0 } else { st - 1 })
                 })
                 .collect();
-            e.emit(Prim::Pad { value: number(e.meta(g).dtype, 0.0), config }, vec![Arg::Value(g)])?
+            e.emit(Shape::Pad { value: number(e.meta(g).dtype, 0.0), config }, vec![Arg::Value(g)])?
         }
-        Prim::Pad { config, .. } => vjp_pad(e, g, &in_shape, config)?,
-        Prim::Flip { dims } => e.emit(Prim::Flip { dims: dims.clone() }, vec![Arg::Value(g)])?,
-        _ => unreachable!("shape::vjp handles only shape prims"),
+        Shape::Pad { config, .. } => vjp_pad(e, g, &in_shape, config)?,
+        Shape::Flip { dims } => e.emit(Shape::Flip { dims: dims.clone() }, vec![Arg::Value(g)])?,
+        Shape::Cat { .. } => unreachable!("cat is handled above"),
     };
     Ok(vec![Some(grad)])
 }
@@ -221,7 +248,7 @@ fn vjp_cat(e: &mut Emitter, operands: &[Arg], dim: usize, g: ValueId) -> Result<
             end[dim] = offset + size;
             offset += size;
             let strides = vec![1; g_shape.len()];
-            Ok(Some(e.emit(Prim::Slice { start, end, strides }, vec![Arg::Value(g)])?))
+            Ok(Some(e.emit(Shape::Slice { start, end, strides }, vec![Arg::Value(g)])?))
         })
         .collect()
 }
@@ -233,7 +260,7 @@ fn vjp_pad(e: &mut Emitter, g: ValueId, in_shape: &[i64], config: &[(i64, i64, i
     let g = if cropped {
         let restore = config.iter().map(|&(lo, hi, _)| ((-lo).max(0), (-hi).max(0), 0)).collect();
         let value = number(e.meta(g).dtype, 0.0);
-        e.emit(Prim::Pad { value, config: restore }, vec![Arg::Value(g)])?
+        e.emit(Shape::Pad { value, config: restore }, vec![Arg::Value(g)])?
     } else {
         g
     };
@@ -245,5 +272,5 @@ fn vjp_pad(e: &mut Emitter, g: ValueId, in_shape: &[i64], config: &[(i64, i64, i
         end[i] = start[i] + dilated;
         strides[i] = dilation + 1;
     }
-    e.emit(Prim::Slice { start, end, strides }, vec![Arg::Value(g)])
+    e.emit(Shape::Slice { start, end, strides }, vec![Arg::Value(g)])
 }

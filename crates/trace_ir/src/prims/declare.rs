@@ -1,0 +1,288 @@
+//! The declaration macros of the prim families.
+//!
+//! A family is declared once: each prim's variant, name, operands and typed parameters (with the
+//! names its errors use). The macros derive the enum, its names, the call decoding
+//! (`prims.<name>(*args)` into a typed prim) and the printing of its parameters. Each family's
+//! file then implements [`Family`]: its meta rule and VJP rule as exhaustive matches, so that a
+//! prim without either does not compile.
+
+use super::args::CallArgs;
+use super::Operand;
+use crate::dtype::{DType, Device};
+use crate::error::Result;
+use crate::grad::{Emitter, Grads};
+use crate::value::{Arg, Scalar, TensorMeta};
+use crate::ValueId;
+
+/// How many operands a prim takes; operands come before parameters in a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operands {
+    /// Exactly this many tensors or numbers.
+    Fixed(usize),
+    /// One list of tensors (`cat`).
+    List,
+    /// This many, then one tensor or `None` (`linear`'s bias).
+    WithOptional(usize),
+}
+
+impl Operands {
+    /// Whether a bound symbol with `n` operands fits.
+    pub fn allows(self, n: usize) -> bool {
+        match self {
+            Operands::Fixed(k) => n == k,
+            Operands::List => n >= 1,
+            Operands::WithOptional(k) => n == k || n == k + 1,
+        }
+    }
+
+    /// The positional arguments that hold `operands` in a printed call.
+    pub fn call_args(self, operands: &[Arg]) -> Vec<Arg> {
+        match self {
+            Operands::List => vec![Arg::List(operands.to_vec())],
+            Operands::WithOptional(k) if operands.len() == k => {
+                operands.iter().cloned().chain([Arg::None]).collect()
+            }
+            _ => operands.to_vec(),
+        }
+    }
+}
+
+/// A parameter type: how it is read from a call and printed back.
+pub trait Param: Sized {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self>;
+    fn to_arg(&self) -> Arg;
+}
+
+fn int(i: i64) -> Arg {
+    Arg::Scalar(Scalar::Int(i))
+}
+
+impl Param for Vec<i64> {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.ints(what)
+    }
+    fn to_arg(&self) -> Arg {
+        Arg::ints(self)
+    }
+}
+
+/// Canonical (non-negative) dims.
+impl Param for Vec<usize> {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.dims(what)
+    }
+    fn to_arg(&self) -> Arg {
+        Arg::Tuple(self.iter().map(|&d| int(d as i64)).collect())
+    }
+}
+
+/// One canonical dim.
+impl Param for usize {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.dim(what)
+    }
+    fn to_arg(&self) -> Arg {
+        int(*self as i64)
+    }
+}
+
+impl Param for Option<usize> {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.optional_dim(what)
+    }
+    fn to_arg(&self) -> Arg {
+        self.map_or(Arg::None, |d| int(d as i64))
+    }
+}
+
+impl Param for i64 {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.int(what)
+    }
+    fn to_arg(&self) -> Arg {
+        int(*self)
+    }
+}
+
+impl Param for bool {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.boolean(what)
+    }
+    fn to_arg(&self) -> Arg {
+        Arg::Scalar(Scalar::Bool(*self))
+    }
+}
+
+impl Param for Scalar {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.scalar(what)
+    }
+    fn to_arg(&self) -> Arg {
+        Arg::Scalar(*self)
+    }
+}
+
+impl Param for DType {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.dtype(what)
+    }
+    fn to_arg(&self) -> Arg {
+        Arg::DType(*self)
+    }
+}
+
+impl Param for Device {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.device(what)
+    }
+    fn to_arg(&self) -> Arg {
+        Arg::Device(*self)
+    }
+}
+
+/// `pad`'s `(lo, hi, interior dilation)` per dim.
+impl Param for Vec<(i64, i64, i64)> {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.pad_config(what)
+    }
+    fn to_arg(&self) -> Arg {
+        Arg::Tuple(self.iter().map(|&(l, h, d)| Arg::ints(&[l, h, d])).collect())
+    }
+}
+
+/// What every family provides beyond its declaration: the rules.
+pub trait Family: Sized {
+    /// The outputs' metadata, or a precise error naming `op` and the argument.
+    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>>;
+
+    /// The gradients of one call (reverse mode): `cots` holds the cotangent of each output
+    /// (`None` where no gradient flows); the result has one entry per operand.
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads>;
+}
+
+/// Declares a family of prims with parameters:
+///
+/// ```text
+/// declare_family! {
+///     pub enum Shape {
+///         /// Doc of the prim.
+///         Reshape = "reshape", Operands::Fixed(1), { shape: Vec<i64> = "shape" };
+///     }
+/// }
+/// ```
+///
+/// Each parameter's type is a [`Param`]; the string is the name errors give the argument.
+macro_rules! declare_family {
+    ($(#[$m:meta])* pub enum $fam:ident {
+        $($(#[$vm:meta])* $var:ident = $name:literal, $operands:expr,
+            { $($field:ident : $ty:ty = $what:literal),* $(,)? };)*
+    }) => {
+        $(#[$m])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub enum $fam {
+            $($(#[$vm])* $var { $($field: $ty),* },)*
+        }
+
+        impl $fam {
+            /// The names of this family's prims.
+            pub const NAMES: &'static [&'static str] = &[$($name),*];
+
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $($fam::$var { .. } => $name,)*
+                }
+            }
+
+            pub fn operands(&self) -> $crate::prims::Operands {
+                #[allow(unused_imports)]
+                use $crate::prims::Operands;
+                match self {
+                    $($fam::$var { .. } => $operands,)*
+                }
+            }
+
+            /// Decodes `prims.<name>(*args)`; `None` when `name` is not in this family.
+            pub(crate) fn parse(name: &str, c: &mut $crate::prims::args::CallArgs) -> Option<$crate::error::Result<(Self, Vec<$crate::value::Arg>)>> {
+                #[allow(unused_imports)]
+                use $crate::prims::Operands;
+                match name {
+                    $($name => Some((|| {
+                        let operands = c.take_operands($operands)?;
+                        $(let $field = <$ty as $crate::prims::declare::Param>::take(c, $what)?;)*
+                        Ok(($fam::$var { $($field),* }, operands))
+                    })()),)*
+                    _ => None,
+                }
+            }
+
+            /// The parameters as call arguments, printed after the operands.
+            pub fn params(&self) -> Vec<$crate::value::Arg> {
+                match self {
+                    $($fam::$var { $($field),* } => vec![$($crate::prims::declare::Param::to_arg($field)),*],)*
+                }
+            }
+        }
+    };
+}
+
+/// Declares a family of parameterless elementwise prims (`Unary`, `Binary`), each with the
+/// element types it accepts, the dtype of its output, and the type promotion of the ltorch
+/// symbol Python derives from it (`Custom`: the ltorch symbol is written by hand).
+macro_rules! elementwise_table {
+    ($(#[$m:meta])* pub enum $fam:ident ($arity:literal) {
+        $($var:ident = $name:literal, $accepts:ident, $output:ident, $promotion:ident;)*
+    }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $fam {
+            $($var,)*
+        }
+
+        impl $fam {
+            pub const ALL: &'static [$fam] = &[$($fam::$var),*];
+            pub const NAMES: &'static [&'static str] = &[$($name),*];
+
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $($fam::$var => $name,)*
+                }
+            }
+
+            pub fn operands(&self) -> $crate::prims::Operands {
+                $crate::prims::Operands::Fixed($arity)
+            }
+
+            pub fn accepts(self) -> Accepts {
+                match self {
+                    $($fam::$var => Accepts::$accepts,)*
+                }
+            }
+
+            pub fn output(self) -> Output {
+                match self {
+                    $($fam::$var => Output::$output,)*
+                }
+            }
+
+            pub fn promotion(self) -> Promotion {
+                match self {
+                    $($fam::$var => Promotion::$promotion,)*
+                }
+            }
+
+            pub(crate) fn parse(name: &str, c: &mut $crate::prims::args::CallArgs) -> Option<$crate::error::Result<(Self, Vec<$crate::value::Arg>)>> {
+                let prim = match name {
+                    $($name => $fam::$var,)*
+                    _ => return None,
+                };
+                Some(c.operands($arity).map(|operands| (prim, operands)))
+            }
+
+            pub fn params(&self) -> Vec<$crate::value::Arg> {
+                vec![]
+            }
+        }
+    };
+}
+
+pub(crate) use {declare_family, elementwise_table};
