@@ -3,12 +3,13 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import creation, elementwise, indexing, linalg, nn, reductions, shape
+from . import creation, elementwise, indexing, linalg, nn, reductions, scan, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
     *elementwise.OPS,
     *reductions.OPS,
+    *scan.OPS,
     *shape.OPS,
     *indexing.OPS,
     *creation.OPS,

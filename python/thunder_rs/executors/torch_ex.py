@@ -126,6 +126,9 @@ def _register_prims() -> None:
         "topk": lambda a, k, dim, largest, sorted: tuple(torch.topk(a, k, dim, largest, sorted)),
         "sort": lambda a, dim, descending, stable: tuple(torch.sort(a, dim=dim, descending=descending, stable=stable)),
         "polygamma": lambda a, n: torch.polygamma(n, a),
+        "cumsum": lambda a, dim: torch.cumsum(a, dim, dtype=a.dtype),
+        "cumprod": lambda a, dim: torch.cumprod(a, dim, dtype=a.dtype),
+        "cummax": lambda a, dim: tuple(torch.cummax(a, dim)), "cummin": lambda a, dim: tuple(torch.cummin(a, dim)),
     }
     # Every other prim runs as the torch function of its name, with the prim's arguments.
     for name in prims.NAMES:

@@ -15,6 +15,7 @@ mod elementwise;
 mod indexing;
 mod linalg;
 mod reduce;
+mod scan;
 mod shape;
 
 use crate::error::Result;
@@ -30,6 +31,7 @@ pub use elementwise::{Accepts, Binary, Elementwise, Output, Promotion, Unary};
 pub use indexing::Index;
 pub use linalg::Linalg;
 pub use reduce::Reduce;
+pub use scan::Scan;
 pub use shape::Shape;
 
 /// An operand of a prim as its meta rule sees it.
@@ -128,7 +130,7 @@ macro_rules! families {
     };
 }
 
-families!(Unary, Binary, Elementwise, Shape, Creation, Reduce, Linalg, Index);
+families!(Unary, Binary, Elementwise, Shape, Creation, Reduce, Scan, Linalg, Index);
 
 impl Prim {
     /// `prims.add`: the name that errors and traces use.

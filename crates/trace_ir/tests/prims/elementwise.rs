@@ -1,28 +1,24 @@
 //! Elementwise prims: equal shapes, dtypes and devices; no broadcasting, no promotion.
 
 use super::{check_invalid, check_valid, Invalid, Valid};
+use trace_ir::prims::{Accepts, Binary, Output, Unary};
 use trace_ir::ErrorKind::{NotImplemented, Type, Value};
 
-/// Unary prims that map a float tensor to a float tensor.
-const FLOAT_UNARY: &[&str] = &[
-    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "tanh", "sinh",
-    "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sqrt", "rsqrt",
-    "reciprocal", "sign", "floor", "ceil", "round", "trunc", "lgamma", "digamma",
-];
-const FLOAT_BINARY: &[&str] =
-    &["add", "sub", "mul", "div", "pow", "fmod", "remainder", "maximum", "minimum", "atan2"];
-const COMPARISONS: &[&str] = &["eq", "ne", "lt", "le", "gt", "ge"];
-const BITWISE_BINARY: &[&str] = &["bitwise_and", "bitwise_or", "bitwise_xor"];
-
-/// A valid case of every elementwise prim: the tables above, then the ones below.
+/// A valid case of every elementwise prim of the tables, by what its declaration says it
+/// accepts and gives (floats, or integers for the bitwise prims), then the cases below.
 pub fn valid() -> Vec<Valid> {
     let f32_in: &'static [&'static str] = &["f32[2, 3]", "f32[2, 3]"];
     let i64_in: &'static [&'static str] = &["i64[4]", "i64[4]"];
+    let case = |accepts: Accepts, output: Output, name: &'static str, args: &'static str| -> Valid {
+        match (accepts, output) {
+            (Accepts::IntOrBool, _) => (i64_in, name, args, &["i64[4]"][..]),
+            (_, Output::Bool) => (f32_in, name, args, &["b8[2, 3]"][..]),
+            _ => (f32_in, name, args, &["f32[2, 3]"][..]),
+        }
+    };
     let mut cases: Vec<Valid> = Vec::new();
-    cases.extend(FLOAT_UNARY.iter().map(|n| (f32_in, *n, "t0", &["f32[2, 3]"][..])));
-    cases.extend(FLOAT_BINARY.iter().map(|n| (f32_in, *n, "t0, t1", &["f32[2, 3]"][..])));
-    cases.extend(COMPARISONS.iter().map(|n| (f32_in, *n, "t0, t1", &["b8[2, 3]"][..])));
-    cases.extend(BITWISE_BINARY.iter().map(|n| (i64_in, *n, "t0, t1", &["i64[4]"][..])));
+    cases.extend(Unary::ALL.iter().map(|p| case(p.accepts(), p.output(), p.name(), "t0")));
+    cases.extend(Binary::ALL.iter().map(|p| case(p.accepts(), p.output(), p.name(), "t0, t1")));
     cases.extend_from_slice(VALID);
     cases
 }

@@ -10,6 +10,7 @@ mod elementwise;
 mod indexing;
 mod linalg;
 mod reduce;
+mod scan;
 mod shape;
 
 use trace_ir::parser::{parse_args, parse_value_type};
@@ -98,6 +99,7 @@ fn every_prim_has_a_valid_case() {
         shape::VALID.to_vec(),
         creation::VALID.to_vec(),
         reduce::VALID.to_vec(),
+        scan::VALID.to_vec(),
         linalg::VALID.to_vec(),
         indexing::VALID.to_vec(),
     ]
