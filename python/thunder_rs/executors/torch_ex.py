@@ -100,6 +100,14 @@ def _over_one_sample(fn):
     return impl
 
 
+def _convolution_backward(g, a, weight, stride, padding, dilation, transposed, output_padding, groups, *mask):
+    channels = weight.shape[1] * groups if transposed else weight.shape[0]
+    grads = _aten.convolution_backward.default(g, a, weight, [channels], stride, padding, dilation, transposed,
+                                               output_padding, groups, list(mask))
+    kept = [x for x, wanted in zip(grads, mask) if wanted]
+    return kept[0] if len(kept) == 1 else tuple(kept)
+
+
 def _register_prims() -> None:
     simple = {
         "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": _div, "pow": operator.pow,
@@ -129,6 +137,7 @@ def _register_prims() -> None:
         "cumsum": lambda a, dim: torch.cumsum(a, dim, dtype=a.dtype),
         "cumprod": lambda a, dim: torch.cumprod(a, dim, dtype=a.dtype),
         "cummax": lambda a, dim: tuple(torch.cummax(a, dim)), "cummin": lambda a, dim: tuple(torch.cummin(a, dim)),
+        "convolution_backward": _convolution_backward,
     }
     # Every other prim runs as the torch function of its name, with the prim's arguments.
     for name in prims.NAMES:

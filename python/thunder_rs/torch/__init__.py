@@ -43,6 +43,7 @@ def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...]
 from thunder_rs.torch.elementwise import *  # noqa: E402,F401,F403
 from thunder_rs.torch.reductions import *  # noqa: E402,F401,F403
 from thunder_rs.torch.scan import *  # noqa: E402,F401,F403
+from thunder_rs.torch.conv import *  # noqa: E402,F401,F403
 from thunder_rs.torch.creation import *  # noqa: E402,F401,F403
 from thunder_rs.torch.shape import *  # noqa: E402,F401,F403
 from thunder_rs.torch.indexing import *  # noqa: E402,F401,F403

@@ -9,6 +9,7 @@
 //! a prim without a meta or VJP rule does not compile.
 
 mod args;
+mod conv;
 mod creation;
 pub(crate) mod declare;
 mod elementwise;
@@ -25,6 +26,7 @@ use crate::ValueId;
 use args::CallArgs;
 use declare::Family;
 
+pub use conv::Conv;
 pub use creation::Creation;
 pub use declare::Operands;
 pub use elementwise::{Accepts, Binary, Elementwise, Output, Promotion, Unary};
@@ -130,7 +132,7 @@ macro_rules! families {
     };
 }
 
-families!(Unary, Binary, Elementwise, Shape, Creation, Reduce, Scan, Linalg, Index);
+families!(Unary, Binary, Elementwise, Shape, Creation, Reduce, Scan, Linalg, Conv, Index);
 
 impl Prim {
     /// `prims.add`: the name that errors and traces use.

@@ -5,6 +5,7 @@
 //! argument its message must name. Tensors are written as type comments print them, with `cpu`
 //! implied (`f32[2, 3]`); numbers as `int 3`; calls as traces print their arguments.
 
+mod conv;
 mod creation;
 mod elementwise;
 mod indexing;
@@ -98,6 +99,7 @@ fn every_prim_has_a_valid_case() {
         elementwise::valid(),
         shape::VALID.to_vec(),
         creation::VALID.to_vec(),
+        conv::VALID.to_vec(),
         reduce::VALID.to_vec(),
         scan::VALID.to_vec(),
         linalg::VALID.to_vec(),

@@ -1,0 +1,158 @@
+//! Convolution (and transposed convolution) over 1-3 spatial dims, and its backward.
+//!
+//! Both are claimed whole by an executor (torch runs them as `torch.convolution` and aten's
+//! `convolution_backward`), so a compiled training step makes the same kernel calls as eager.
+
+use super::declare::{declare_family, Family};
+use super::elementwise::tensor;
+use super::Operand;
+use crate::bail;
+use crate::error::Result;
+use crate::grad::{Emitter, Grads};
+use crate::value::{Arg, TensorMeta, ValueKind};
+use crate::ValueId;
+
+declare_family! {
+    /// Convolution prims; inputs are batched (`N, C, *spatial`).
+    pub enum Conv {
+        /// `torch.convolution(a, weight, bias, ...)`.
+        Convolution = "convolution", Operands::WithOptional(2), {
+            stride: Vec<i64> = "stride", padding: Vec<i64> = "padding", dilation: Vec<i64> = "dilation",
+            transposed: bool = "transposed", output_padding: Vec<i64> = "output_padding", groups: i64 = "groups",
+        };
+        /// The gradients of `convolution` with respect to `(input, weight, bias)` given `grad`, the
+        /// ones asked for in that order (aten's `convolution_backward`).
+        ConvolutionBackward = "convolution_backward", Operands::Fixed(3), {
+            stride: Vec<i64> = "stride", padding: Vec<i64> = "padding", dilation: Vec<i64> = "dilation",
+            transposed: bool = "transposed", output_padding: Vec<i64> = "output_padding", groups: i64 = "groups",
+            input_grad: bool = "input_grad", weight_grad: bool = "weight_grad", bias_grad: bool = "bias_grad",
+        };
+    }
+}
+
+/// The geometry both prims share.
+struct Geometry<'a> {
+    stride: &'a [i64],
+    padding: &'a [i64],
+    dilation: &'a [i64],
+    transposed: bool,
+    output_padding: &'a [i64],
+    groups: i64,
+}
+
+impl Conv {
+    fn geometry(&self) -> Geometry<'_> {
+        match self {
+            Conv::Convolution { stride, padding, dilation, transposed, output_padding, groups }
+            | Conv::ConvolutionBackward { stride, padding, dilation, transposed, output_padding, groups, .. } => {
+                Geometry { stride, padding, dilation, transposed: *transposed, output_padding, groups: *groups }
+            }
+        }
+    }
+}
+
+impl Family for Conv {
+    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+        let geometry = self.geometry();
+        match self {
+            Conv::Convolution { .. } => {
+                let a = tensor(op, "a", &operands[0])?;
+                let w = tensor(op, "weight", &operands[1])?;
+                let bias = operands.get(2).map(|b| tensor(op, "bias", b)).transpose()?;
+                Ok(vec![convolution(op, &geometry, a, w, bias)?])
+            }
+            Conv::ConvolutionBackward { input_grad, weight_grad, bias_grad, .. } => {
+                let g = tensor(op, "grad", &operands[0])?;
+                let a = tensor(op, "a", &operands[1])?;
+                let w = tensor(op, "weight", &operands[2])?;
+                let out = convolution(op, &geometry, a, w, None)?;
+                if out.shape != g.shape || out.dtype != g.dtype {
+                    bail!(Value, op, "grad is {} but the convolution gives {}", g.describe(), out.describe());
+                }
+                let bias = TensorMeta::new(g.dtype, g.device, vec![out.shape[1]]);
+                let wanted = [(*input_grad, a.clone()), (*weight_grad, w.clone()), (*bias_grad, bias)];
+                Ok(wanted.into_iter().filter(|(want, _)| *want).map(|(_, m)| m).collect())
+            }
+        }
+    }
+
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], _outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+        let Conv::Convolution { stride, padding, dilation, transposed, output_padding, groups } = self else {
+            bail!(NotImplemented, "prims.convolution_backward", "the second derivative of a convolution is not supported");
+        };
+        let Some(g) = cots[0] else { return Ok(vec![None; operands.len()]) };
+        let wants = |e: &Emitter, i: usize| {
+            operands.get(i).and_then(Arg::as_value).is_some_and(|v| {
+                matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad)
+            })
+        };
+        let (input_grad, weight_grad, bias_grad) = (wants(e, 0), wants(e, 1), wants(e, 2));
+        if !(input_grad || weight_grad || bias_grad) {
+            return Ok(vec![None; operands.len()]);
+        }
+        let backward = Conv::ConvolutionBackward {
+            stride: stride.clone(), padding: padding.clone(), dilation: dilation.clone(), transposed: *transposed,
+            output_padding: output_padding.clone(), groups: *groups, input_grad, weight_grad, bias_grad,
+        };
+        let args = vec![g.into(), operands[0].clone(), operands[1].clone()];
+        let mut grads = e.builder.record(backward.into(), args)?.into_iter();
+        let mut next = |want: bool| if want { grads.next() } else { None };
+        let mut out = vec![next(input_grad), next(weight_grad)];
+        if operands.len() == 3 {
+            out.push(next(bias_grad));
+        }
+        Ok(out)
+    }
+}
+
+/// The output of a convolution of `a` with `w` (torch's shape rules), checking every argument.
+fn convolution(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -> Result<TensorMeta> {
+    let spatial = w.ndim().saturating_sub(2);
+    if !(1..=3).contains(&spatial) {
+        bail!(Value, op, "expected a weight of rank 3, 4 or 5, got {:?} (argument weight)", w.shape);
+    }
+    if a.ndim() != w.ndim() {
+        bail!(Value, op, "expected a batched input of rank {} for a weight of rank {}, got {:?} (argument a)", w.ndim(), w.ndim(), a.shape);
+    }
+    for other in [Some(w), bias].into_iter().flatten() {
+        if other.dtype != a.dtype || other.device != a.device {
+            bail!(Type, op, "a is {} but weight or bias is {}", a.describe(), other.describe());
+        }
+    }
+    let lists = [("stride", geo.stride), ("padding", geo.padding), ("dilation", geo.dilation), ("output_padding", geo.output_padding)];
+    for (name, list) in lists {
+        if list.len() != spatial {
+            bail!(Value, op, "expected {spatial} values for {name}, got {list:?}");
+        }
+    }
+    if geo.stride.iter().chain(geo.dilation).any(|&s| s < 1) || geo.padding.iter().chain(geo.output_padding).any(|&p| p < 0) {
+        bail!(Value, op, "stride and dilation must be positive and padding non-negative (stride {:?}, dilation {:?}, padding {:?})", geo.stride, geo.dilation, geo.padding);
+    }
+    let groups = geo.groups;
+    if groups < 1 {
+        bail!(Value, op, "non-positive groups is not supported (argument groups = {groups})");
+    }
+    let (in_channels, out_channels) = if geo.transposed { (w.shape[0], w.shape[1] * groups) } else { (w.shape[1] * groups, w.shape[0]) };
+    if a.shape[1] != in_channels {
+        bail!(Runtime, op, "expected input {:?} to have {in_channels} channels (weight {:?}, groups {groups}), but got {} channels instead (argument a)", a.shape, w.shape, a.shape[1]);
+    }
+    if w.shape[0] % groups != 0 {
+        bail!(Runtime, op, "expected weight {:?} to be divisible by groups = {groups} at dimension 0 (argument weight)", w.shape);
+    }
+    if let Some(b) = bias {
+        if b.shape != [out_channels] {
+            bail!(Runtime, op, "expected a bias of shape [{out_channels}], got {:?} (argument bias)", b.shape);
+        }
+    }
+    let mut shape = vec![a.shape[0], out_channels];
+    for i in 0..spatial {
+        let (size, k) = (a.shape[2 + i], w.shape[2 + i]);
+        let (s, p, d, op_) = (geo.stride[i], geo.padding[i], geo.dilation[i], geo.output_padding[i]);
+        let out = if geo.transposed { (size - 1) * s - 2 * p + d * (k - 1) + op_ + 1 } else { (size + 2 * p - d * (k - 1) - 1).div_euclid(s) + 1 };
+        if out < 1 {
+            bail!(Runtime, op, "calculated output size {out} at spatial dim {i} is too small (input {:?}, kernel {:?}) (argument a)", a.shape, w.shape);
+        }
+        shape.push(out);
+    }
+    Ok(TensorMeta::new(a.dtype, a.device, shape))
+}
