@@ -155,12 +155,18 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def grads(op: OpInfo, sample: SampleInput, fn) -> tuple[torch.Tensor, ...]:
-    """Gradients of `fn(sample)` with respect to its floating inputs, for a fixed random cotangent."""
+def differentiable_call(op: OpInfo, sample: SampleInput, fn) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`fn(sample)` with its floating inputs as fresh leaves that require grad: (leaves, outputs)."""
     leaves: list[torch.Tensor] = []
     args = with_grad(sample.args, leaves)
     kwargs = {k: v if k in op.nondifferentiable else with_grad(v, leaves) for k, v in sample.kwargs.items()}
-    outputs = [t for t in tensors_of(fn(*args, **kwargs)) if t.requires_grad]
+    return leaves, tensors_of(fn(*args, **kwargs))
+
+
+def grads(op: OpInfo, sample: SampleInput, fn) -> tuple[torch.Tensor, ...]:
+    """Gradients of `fn(sample)` with respect to its floating inputs, for a fixed random cotangent."""
+    leaves, outputs = differentiable_call(op, sample, fn)
+    outputs = [t for t in outputs if t.requires_grad]
     if not leaves or not outputs:
         pytest.skip("no differentiable input or output")
     torch.manual_seed(1)
@@ -175,6 +181,14 @@ def grads(op: OpInfo, sample: SampleInput, fn) -> tuple[torch.Tensor, ...]:
 @pytest.mark.parametrize(("op", "index"), grad_params())
 def test_op_grad_matches_eager(op: OpInfo, index: int, device: str) -> None:
     sample = sample_at(op, torch.float64, device, index)
+    # Which outputs require grad is part of the result: ops torch defines no derivative for give
+    # outputs that do not.
+    try:
+        expected_flags = [t.requires_grad for t in differentiable_call(op, sample, op.op)[1]]
+    except RuntimeError as e:
+        pytest.skip(f"eager refuses inputs that require grad here: {e}")
+    flags = [t.requires_grad for t in differentiable_call(op, sample, jit(op.op))[1]]
+    assert flags == expected_flags, f"requires_grad of the outputs: {flags}, eager {expected_flags}"
     inputs = tensors_of([sample.args, list(sample.kwargs.values())])
     if not all(t.isfinite().all() for t in inputs if t.is_floating_point()):
         pytest.skip("non-finite inputs: gradients there are conventions, not calculus")

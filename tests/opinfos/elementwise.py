@@ -110,6 +110,11 @@ UNARY_OPS = [
     unary("ndtri", torch.special.ndtri, dtypes=FLOATS, low=0.05, high=0.95, tolerances=SPECIAL),
     unary("erfcx", torch.special.erfcx, tolerances=SPECIAL),
     unary("log_ndtr", torch.special.log_ndtr, tolerances=SPECIAL),
+    *(unary(name, getattr(torch.special, name), tolerances=SPECIAL)
+      for name in ("bessel_j0", "bessel_j1", "modified_bessel_i0", "modified_bessel_i1", "airy_ai", "spherical_bessel_j0")),
+    *(unary(name, getattr(torch.special, name), low=0.1, tolerances=SPECIAL)
+      for name in ("bessel_y0", "bessel_y1", "modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k0",
+                   "scaled_modified_bessel_k1")),
     # Sign and rounding keep the input dtype; rounding has no bool kernel.
     unary("sign"),
     unary("signbit", supports_grad=False),

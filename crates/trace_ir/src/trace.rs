@@ -317,6 +317,7 @@ impl TraceBuilder {
         let resolved: Vec<Operand> =
             operands.iter().map(|a| self.operand(&op, a)).collect::<Result<_>>()?;
         let requires_grad = self.grad_enabled
+            && prim.is_differentiable()
             && resolved.iter().any(|o| matches!(o, Operand::Tensor(t) if t.requires_grad));
         let metas = prim.meta(&resolved)?;
         let outputs = metas

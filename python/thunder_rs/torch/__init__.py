@@ -54,3 +54,13 @@ from thunder_rs.torch import kernels  # noqa: E402,F401
 from thunder_rs.torch import grads  # noqa: E402,F401
 from thunder_rs.torch.views import *  # noqa: E402,F401,F403
 from thunder_rs.torch import inplace  # noqa: E402,F401
+
+
+def _export_symbols() -> None:
+    """``ltorch.<name>`` for every registered symbol: the namespace is built from the registry,
+    so no list of names can leave a symbol out (``ltorch.add``, ``ltorch.float``)."""
+    for symbol in SYMBOLS:
+        globals()[symbol.symbol_name.removeprefix("ltorch.")] = symbol
+
+
+_export_symbols()

@@ -100,6 +100,18 @@ elementwise_table! {
         Ndtri = "ndtri", Float, Same, IntToFloat;
         Erfcx = "erfcx", Float, Same, IntToFloat;
         LogNdtr = "log_ndtr", Float, Same, IntToFloat;
+        BesselJ0 = "bessel_j0", Float, Same, IntToFloat;
+        BesselJ1 = "bessel_j1", Float, Same, IntToFloat;
+        BesselY0 = "bessel_y0", Float, Same, IntToFloat;
+        BesselY1 = "bessel_y1", Float, Same, IntToFloat;
+        ModifiedBesselI0 = "modified_bessel_i0", Float, Same, IntToFloat;
+        ModifiedBesselI1 = "modified_bessel_i1", Float, Same, IntToFloat;
+        ModifiedBesselK0 = "modified_bessel_k0", Float, Same, IntToFloat;
+        ModifiedBesselK1 = "modified_bessel_k1", Float, Same, IntToFloat;
+        ScaledModifiedBesselK0 = "scaled_modified_bessel_k0", Float, Same, IntToFloat;
+        ScaledModifiedBesselK1 = "scaled_modified_bessel_k1", Float, Same, IntToFloat;
+        AiryAi = "airy_ai", Float, Same, IntToFloat;
+        SphericalBesselJ0 = "spherical_bessel_j0", Float, Same, IntToFloat;
     }
 }
 
@@ -145,6 +157,15 @@ pub(super) fn derived_promotion(name: &str) -> Option<u8> {
     let promotion = Unary::ALL.iter().find(|p| p.name() == name).map(|p| p.promotion())
         .or_else(|| Binary::ALL.iter().find(|p| p.name() == name).map(|p| p.promotion()))?;
     (promotion != Promotion::Custom).then_some(promotion as u8)
+}
+
+impl Unary {
+    /// Whether outputs carry gradients; torch defines none for these, so their outputs never
+    /// require grad.
+    pub fn is_differentiable(self) -> bool {
+        use Unary::*;
+        !matches!(self, ScaledModifiedBesselK0 | ScaledModifiedBesselK1 | AiryAi | SphericalBesselJ0)
+    }
 }
 
 impl Output {
@@ -426,6 +447,24 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
             let t = e.mul(t, c(1.0 / (2.0 * PI).sqrt()))?;
             e.mul(g, t)?
         }
+        BesselJ0 | BesselY0 | ModifiedBesselK0 => {
+            // j0' = -j1, y0' = -y1, k0' = -k1.
+            let first = match prim { BesselJ0 => BesselJ1, BesselY0 => BesselY1, _ => ModifiedBesselK1 };
+            let t = e.unary(first, x)?;
+            let t = e.mul(g, t)?;
+            e.neg(t)?
+        }
+        ModifiedBesselI0 => { let t = e.unary(ModifiedBesselI1, x)?; e.mul(g, t)? }
+        BesselJ1 | BesselY1 | ModifiedBesselI1 | ModifiedBesselK1 => {
+            // j1' = j0 - j1/x, y1' = y0 - y1/x, i1' = i0 - i1/x, k1' = -k0 - k1/x (as torch).
+            let zeroth = match prim { BesselJ1 => BesselJ0, BesselY1 => BesselY0, ModifiedBesselI1 => ModifiedBesselI0, _ => ModifiedBesselK0 };
+            let z = e.unary(zeroth, x)?;
+            let z = if prim == ModifiedBesselK1 { e.neg(z)? } else { z };
+            let t = e.div(y, x)?;
+            let t = e.sub(z, t)?;
+            e.mul(g, t)?
+        }
+        ScaledModifiedBesselK0 | ScaledModifiedBesselK1 | AiryAi | SphericalBesselJ0 => return Ok(None),
         Sign | Floor | Ceil | Round | Trunc => e.zeros_like(x)?,
         Signbit | IsFinite | BitwiseNot => return Ok(None),
     };

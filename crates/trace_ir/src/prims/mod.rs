@@ -185,6 +185,14 @@ impl Prim {
         }
     }
 
+    /// Whether outputs can require grad (see [`Unary::is_differentiable`]).
+    pub fn is_differentiable(&self) -> bool {
+        match self {
+            Prim::Unary(p) => p.is_differentiable(),
+            _ => true,
+        }
+    }
+
     /// Prims whose outputs differ between calls with equal inputs; never merged by CSE.
     pub fn is_random(&self) -> bool {
         matches!(self, Prim::Creation(c) if c.is_random())
