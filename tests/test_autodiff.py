@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import thunder_rs
+from custom_ops import running_sum
 from thunder_rs import ltorch
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError
 
@@ -20,10 +21,10 @@ def _grads(fn, *inputs):
 
 
 def test_fallback_ops_are_differentiated_through_torch_autograd():
-    # torch.cumsum has no decomposition: it runs eagerly, and its backward re-runs it under
-    # torch.autograd on the saved inputs.
+    # The custom op runs eagerly, and its backward re-runs it under torch.autograd on the saved
+    # inputs.
     def fn(x, w):
-        return torch.cumsum(x * w, dim=1).sin()
+        return running_sum(x * w).sin()
 
     x, w = torch.randn(3, 5, dtype=torch.float64, requires_grad=True), torch.randn(5, dtype=torch.float64, requires_grad=True)
     jfn = thunder_rs.jit(fn)
@@ -33,7 +34,16 @@ def test_fallback_ops_are_differentiated_through_torch_autograd():
     for g, e in zip(grads, expected):
         torch.testing.assert_close(g, e)
     backward = str(thunder_rs.last_backward_traces(jfn)[-1])
-    assert "cumsum_vjp" in backward
+    assert "running_sum_default_vjp" in backward
+
+
+def test_fallbacks_returning_one_tensor_in_a_sequence_keep_the_sequence():
+    # torch.gradient of a 1-d tensor returns a tuple of one tensor (its op_db sample was "wrong").
+    x = torch.randn(6, dtype=torch.float64)
+    fn = lambda a: torch.gradient(a, spacing=2.0)  # noqa: E731
+    actual, expected = thunder_rs.jit(fn)(x), fn(x)
+    assert type(actual) is tuple and len(actual) == 1 and isinstance(actual[0], torch.Tensor)
+    torch.testing.assert_close(actual[0], expected[0])
 
 
 def test_forward_only_under_no_grad_and_without_grad_inputs():

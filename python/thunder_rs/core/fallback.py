@@ -56,7 +56,7 @@ def symbol_id(func, effect: bool = False, autocast_state: AutocastState | None =
         if replay:
             name += ".replayable"
         sid = _ids[key] = _core.register_symbol(name, fallback=True, effect=effect)
-        FALLBACK_IMPLS[sid] = _returning_generator_state(impl) if replay else impl
+        FALLBACK_IMPLS[sid] = _returning_generator_state(impl) if replay else _flat_outputs(impl)
         if replay or not effect:
             vjp = _replaying(_vjp_of(impl)) if replay else _vjp_of(impl)
             FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = vjp
@@ -74,6 +74,22 @@ def _generator(args, kwargs) -> torch.Generator:
     if device.type == "cuda":
         return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
     return torch.default_generator
+
+
+def _flat_outputs(func):
+    """``func`` returning its tensors as the trace binds a fallback's outputs: one alone, several
+    as a flat tuple (``torch.gradient`` of a 1-d tensor returns a tuple of one, which would
+    otherwise be bound whole to the output)."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            return out
+        leaves = tree_flatten(out)[0]
+        return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+    return run
 
 
 def _returning_generator_state(func):
