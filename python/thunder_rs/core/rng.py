@@ -22,7 +22,7 @@ import gc
 import torch
 import torch.nn.functional as F
 
-from thunder_rs.core.fallback import record_effect
+from thunder_rs.core.fallback import qualified_name, record_effect
 from thunder_rs.core.recorder import _current, lift_captured
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -102,6 +102,9 @@ _SETTERS = "manual_seed seed set_rng_state manual_seed_all seed_all"
 _GETTERS = "get_rng_state"
 _manual_seed = torch.random.manual_seed
 
+#: Names of the symbols that set or read generator state: known effects, not eager fallbacks.
+STATE_CALLS: set[str] = set()
+
 
 def _install(modules) -> None:
     originals = {}
@@ -114,6 +117,7 @@ def _install(modules) -> None:
             if original is None:
                 make = _reads_state if name in _GETTERS else _sets_state
                 original = originals[id(current_fn)] = _intercept(current_fn, make(current_fn))
+                STATE_CALLS.add(qualified_name(current_fn))
             setattr(module, name, original)
 
 
