@@ -198,6 +198,12 @@ def test_bernoulli_with_a_float_p_has_no_gradient_as_in_eager():
         thunder_rs.jit(lambda a: torch.bernoulli(a, 0.5))(x)
 
 
+@pytest.mark.parametrize("factory", [lambda x: torch.rand(3, requires_grad=True), lambda x: torch.randn_like(x, requires_grad=True)])
+def test_factories_refuse_to_create_leaves(factory):
+    with pytest.raises(NotImplementedError, match="requires_grad=True would create a leaf"):
+        thunder_rs.jit(factory)(_x(3))
+
+
 def test_random_ops_are_claimed_whole_by_the_torch_executor():
     fn, make_inputs = CASES["mixed_program"]
     execution = _execution(lambda *a: fn(*a).detach(), *make_inputs())
@@ -215,3 +221,13 @@ def test_examine_counts_generator_state_calls_as_supported():
     report = thunder_rs.examine(fn, _x(3))
     assert not report.fallbacks
     assert {"torch.random.manual_seed", "torch.random.get_rng_state", "torch.random.set_rng_state"} <= set(report.supported)
+
+
+@pytest.mark.requires_cuda
+def test_cuda_draws_as_eager():
+    def fn(x, p):
+        return (F.dropout(x, 0.3) + F.dropout2d(x, 0.5) + F.alpha_dropout(x, 0.2, True) + F.rrelu(x, training=True)
+                + torch.normal(x, 1.0) + torch.randn_like(x) + x.clone().exponential_()).sum(), \
+            torch.multinomial(p, 2), torch.randint(0, 9, (5,), device="cuda"), torch.bernoulli(p)
+
+    assert_draws_as_eager(fn, lambda: (_x(2, 3, 4, 4).cuda().requires_grad_(), _probs(3, 4).cuda()))

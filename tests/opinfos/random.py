@@ -122,6 +122,14 @@ def sampler_samples(*params: tuple):
     return generate
 
 
+def dropout_backward_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """The gradient of dropout given its mask (deterministic): bool masks, as eager saves them."""
+    for spec in ((), (4, 5), Transposed((3, 4)), Strided((3, 4))):
+        grad = tensor(spec, dtype, device)
+        mask = make(tuple(grad.shape), torch.bool, device)
+        yield SampleInput(grad, mask, 1.0 / 0.7)
+
+
 def _method_on_copy(name: str):
     method = getattr(torch.Tensor, name)
     return seeded(lambda x, *args, **kwargs: method(x.clone(), *args, **kwargs))
@@ -184,6 +192,7 @@ OPS = [
     OpInfo("alpha_dropout", seeded(F.alpha_dropout), alpha_samples, dropout_errors),
     OpInfo("feature_alpha_dropout", seeded(F.feature_alpha_dropout), feature_samples((2, 4)), feature_errors),
     OpInfo("rrelu", seeded(F.rrelu), rrelu_samples, rrelu_errors),
+    OpInfo("native_dropout_backward", torch.ops.aten.native_dropout_backward.default, dropout_backward_samples),
     OpInfo("uniform_", _method_on_copy("uniform_"), sampler_samples((), (-2.0, 3.0))),
     OpInfo("normal_", _method_on_copy("normal_"), sampler_samples((), (1.0, 3.0))),
     OpInfo("exponential_", _method_on_copy("exponential_"), sampler_samples((), (2.0,))),

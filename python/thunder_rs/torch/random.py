@@ -51,6 +51,12 @@ def _requires_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, TensorProxy) and t.requires_grad for t in tensors)
 
 
+def _check_no_leaf(op: str, requires_grad) -> None:
+    check(not requires_grad, op, "requires_grad=True would create a leaf inside the compiled program, which thunder_rs "
+          "does not support; create the tensor outside and pass it in (argument requires_grad)",
+          ThunderNotImplementedError)
+
+
 def _zero_grads(*inputs) -> None:
     """Eager's gradient of a sampler's tensor arguments: zeros, for those that require grad."""
     for x in inputs:
@@ -66,6 +72,7 @@ def rand(*size, generator=None, out=None, dtype=None, layout=None, device=None, 
     """Uniform on [0, 1): ``prims.uniform`` draws as eager's ``uniform_`` on the default generator."""
     dtype = dtype or torch.get_default_dtype()
     _check_random_dtype(dtype, "ltorch.rand")
+    _check_no_leaf("ltorch.rand", requires_grad)
     shape = _shape(size, "ltorch.rand")
     if generator is not None:
         return _draw(torch.rand, size, {"generator": generator, "dtype": dtype, "device": device})
@@ -76,6 +83,7 @@ def rand(*size, generator=None, out=None, dtype=None, layout=None, device=None, 
 def randn(*size, generator=None, out=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
     dtype = dtype or torch.get_default_dtype()
     _check_random_dtype(dtype, "ltorch.randn")
+    _check_no_leaf("ltorch.randn", requires_grad)
     _shape(size, "ltorch.randn")
     return _draw(torch.randn, size, {"generator": generator, "dtype": dtype, "device": device})
 
@@ -86,6 +94,7 @@ def _define_like(name: str):
     @torchsymbol(fn, name=name)
     def like(input, *, generator=None, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
         _check_random_dtype(dtype or input.dtype, op)
+        _check_no_leaf(op, requires_grad)
         kwargs = {"generator": generator, "dtype": dtype, "device": device, "memory_format": memory_format}
         return _draw(fn, (input,), {k: v for k, v in kwargs.items() if v is not None})
 
