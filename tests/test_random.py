@@ -86,6 +86,9 @@ CASES = {
                                   lambda: (_x(3, 4, 2, dtype=torch.float64, grad=True),)),
     "rrelu_bf16": (lambda x: F.rrelu(x, training=True), lambda: (_x(40, dtype=torch.bfloat16, grad=True),)),
     "dropout_inplace": (lambda x: F.dropout2d(x * 1, 0.5, inplace=True), lambda: (_x(2, 3, 4, grad=True),)),
+    "gumbel_softmax": (lambda x: F.gumbel_softmax(x, 0.5) * torch.arange(6.0), lambda: (_x(4, 6, grad=True),)),
+    "gumbel_softmax_hard": (lambda x: F.gumbel_softmax(x, hard=True, dim=1) * torch.arange(5.0)[:, None],
+                            lambda: (_x(3, 5, 2, grad=True).mT.mT,)),
     "mixed_program": (lambda x, m: (F.dropout(x, 0.2) * F.rrelu(x, training=True) + torch.normal(m, 0.5)).sum()
                       + F.dropout3d(x.unsqueeze(0), 0.5).sum() + torch.rand_like(m).sum(),
                       lambda: (_x(2, 3, 4, 4, grad=True), _x(2, 3, 4, 4, grad=True))),

@@ -103,6 +103,13 @@ def alpha_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(make((4, 5), dtype, device), 1.0, training=True)
 
 
+def gumbel_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for spec in ((), (4, 6), Transposed((3, 4)), Strided((3, 4))):
+        yield SampleInput(tensor(spec, dtype, device), 0.5)
+        yield SampleInput(tensor(spec, dtype, device), hard=True)
+    yield SampleInput(make((2, 5, 3), dtype, device), 2.0, True, dim=1)
+
+
 def rrelu_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     for spec in ((), (0,), (4, 5), Transposed((3, 4)), Strided((3, 4))):
         yield SampleInput(tensor(spec, dtype, device), training=True)
@@ -192,6 +199,7 @@ OPS = [
     OpInfo("alpha_dropout", seeded(F.alpha_dropout), alpha_samples, dropout_errors),
     OpInfo("feature_alpha_dropout", seeded(F.feature_alpha_dropout), feature_samples((2, 4)), feature_errors),
     OpInfo("rrelu", seeded(F.rrelu), rrelu_samples, rrelu_errors),
+    OpInfo("gumbel_softmax", seeded(F.gumbel_softmax), gumbel_samples),
     OpInfo("native_dropout_backward", torch.ops.aten.native_dropout_backward.default, dropout_backward_samples),
     OpInfo("uniform_", _method_on_copy("uniform_"), sampler_samples((), (-2.0, 3.0))),
     OpInfo("normal_", _method_on_copy("normal_"), sampler_samples((), (1.0, 3.0))),

@@ -1,5 +1,5 @@
-"""Random ops: samplers, dropout and its channel-wise and alpha forms, rrelu, and the functional
-forms of the in-place samplers (``Tensor.uniform_`` and its kin).
+"""Random ops: samplers, dropout and its channel-wise and alpha forms, gumbel_softmax, rrelu, and
+the functional forms of the in-place samplers (``Tensor.uniform_`` and its kin).
 
 Eager draws from a generator in an order and by an algorithm of its own (CPU ``normal_`` works in
 blocks of 16, ``bernoulli_`` may draw one MKL seed, ``rrelu`` draws only for negative inputs), so
@@ -9,8 +9,8 @@ inside an ltorch symbol that the torch executor runs whole as the torch call eag
 the same arguments (``generator=`` included), so it consumes the generator as eager does. The
 effect inside keeps the symbol from being removed by DCE, merged by CSE or recomputed in the
 backward. Ops that eager itself builds from a draw and arithmetic (``dropout1d/2d/3d``,
-``alpha_dropout``, ``feature_alpha_dropout``) decompose into the same draw and the same
-arithmetic, so their gradients (the mask) come from the decomposition.
+``alpha_dropout``, ``feature_alpha_dropout``, ``gumbel_softmax``) decompose into the same draw
+and the same arithmetic, so their gradients (the mask) come from the decomposition.
 
 Gradients are eager's: zeros for the inputs of ``normal``, ``bernoulli`` (tensor ``p``) and the
 in-place samplers, the drawn slopes for ``rrelu``; ``bernoulli`` with a float ``p`` has no
@@ -35,9 +35,9 @@ from thunder_rs.torch.nn import leaky_relu
 T = torch.Tensor
 __all__ = [
     "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "normal", "bernoulli",
-    "multinomial", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "rrelu",
-    "rrelu_with_noise", "uniform_", "normal_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_",
-    "bernoulli_",
+    "multinomial", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "gumbel_softmax",
+    "rrelu", "rrelu_with_noise", "uniform_", "normal_", "exponential_", "geometric_", "cauchy_", "log_normal_",
+    "random_", "bernoulli_",
 ]
 
 
@@ -298,6 +298,27 @@ def alpha_dropout(input, p=0.5, training=False, inplace=False):
 @torchsymbol(F.feature_alpha_dropout)
 def feature_alpha_dropout(input, p=0.5, training=False, inplace=False):
     return _dropout("ltorch.feature_alpha_dropout", input, p, training, feature=True, alpha=True)
+
+
+@torchsymbol(F.gumbel_softmax)
+def gumbel_softmax(logits, tau=1, hard=False, eps=1e-10, dim=-1):
+    """Eager's definition: softmax of the logits plus Gumbel noise (minus the log of exponential
+    samples drawn into a contiguous tensor), over ``tau``; ``hard`` gives the one-hot of the
+    largest, with the soft values' gradient."""
+    if eps != 1e-10:
+        warnings.warn("`eps` parameter is deprecated and has no effect.", stacklevel=3)
+    with torch.no_grad():  # the noise does not depend on the logits
+        fresh = prims.full(tuple(logits.shape), clang.maybe_convert(0, logits.dtype), logits.device, logits.dtype)
+        gumbels = -exponential_(fresh).log()
+    y_soft = ((logits + gumbels) / tau).softmax(dim)
+    if not hard:
+        return y_soft
+    index = y_soft.max(dim, keepdim=True)[1]
+    dim = dim % max(logits.ndim, 1)
+    positions = prims.broadcast_in_dim(prims.iota(logits.shape[dim], 0, 1, logits.device, torch.int64),
+                                       tuple(logits.shape), (dim,)) if logits.ndim else index
+    y_hard = clang.maybe_convert(positions == index, logits.dtype)  # eager scatters 1.0 at the index
+    return y_hard - y_soft.detach() + y_soft
 
 
 # -- rrelu -----------------------------------------------------------------------------------------
