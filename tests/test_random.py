@@ -49,6 +49,8 @@ CASES = {
     "bernoulli_gen": (lambda p: torch.bernoulli(p, generator=GEN), lambda: (_probs(4, 5),)),
     "bernoulli_float": (lambda x: torch.bernoulli(x, 0.3), lambda: (_x(4, 5),)),
     "bernoulli_method": (lambda p: p.bernoulli() + p.bernoulli(0.7), lambda: (_probs(6),)),
+    "poisson": (lambda r: torch.poisson(r) * r, lambda: (_x(4, 5, grad=True, positive=True),)),
+    "poisson_gen": (lambda r: torch.poisson(r, generator=GEN), lambda: (_x(4, 5, positive=True),)),
     "multinomial": (lambda p: torch.multinomial(p, 3), lambda: (_probs(2, 5),)),
     "multinomial_replacement": (lambda p: torch.multinomial(p, 8, True, generator=GEN), lambda: (_probs(5),)),
     "multinomial_method": (lambda p: p.multinomial(2), lambda: (_probs(5),)),

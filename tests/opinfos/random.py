@@ -192,6 +192,7 @@ OPS = [
     OpInfo("normal", seeded(torch.normal), normal_samples, normal_errors),
     OpInfo("bernoulli", seeded(torch.bernoulli), probability_samples),
     OpInfo("bernoulli", seeded(torch.bernoulli), bernoulli_p_samples, variant="p", supports_grad=False),
+    OpInfo("poisson", seeded(torch.poisson), probability_samples),
     OpInfo("multinomial", seeded(torch.multinomial), multinomial_samples, multinomial_errors),
     OpInfo("dropout1d", seeded(F.dropout1d), feature_samples((2, 3)), dropout1d_errors),
     OpInfo("dropout2d", seeded(F.dropout2d), feature_samples((4,)), dropout_errors),

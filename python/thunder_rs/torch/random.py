@@ -35,7 +35,7 @@ from thunder_rs.torch.nn import leaky_relu
 T = torch.Tensor
 __all__ = [
     "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "normal", "bernoulli",
-    "multinomial", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "gumbel_softmax",
+    "poisson", "multinomial", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "gumbel_softmax",
     "rrelu", "rrelu_with_noise", "uniform_", "normal_", "exponential_", "geometric_", "cauchy_", "log_normal_",
     "random_", "bernoulli_",
 ]
@@ -153,6 +153,20 @@ def bernoulli_grad(input, *args, **kwargs):
     check(not args and "p" not in kwargs, "ltorch.bernoulli", "derivative for bernoulli with a float p is not "
           "implemented in eager (argument input requires grad)", ThunderNotImplementedError)
     out = bernoulli(input, **kwargs)
+    get_grad(out)
+    _zero_grads(input)
+    return out
+
+
+@torchsymbol(torch.poisson)
+def poisson(input, generator=None):
+    kwargs = {"generator": generator} if generator is not None else {}
+    return _draw(torch.poisson, (input,), kwargs, requires_grad=_requires_grad(input))
+
+
+@register_grad(poisson)
+def poisson_grad(input, generator=None):
+    out = poisson(input, generator)
     get_grad(out)
     _zero_grads(input)
     return out
