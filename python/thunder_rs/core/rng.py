@@ -11,7 +11,9 @@ Eager PyTorch draws from a generator on every call, so a traced program must too
 - random torch calls without a decomposition are effect fallbacks (``RANDOM``), so they draw on
   every call, even when their result is unused; differentiated, they also return the generator
   state they started from, and their backward draws the same numbers again from it;
-- random ltorch symbols run whole as the torch call they stand for, ``generator=`` included.
+- random ltorch symbols (``thunder_rs.torch.random``) run whole as the torch call they stand
+  for, ``generator=`` included; ``examine`` counts them, and the generator-state calls above,
+  as supported.
 
 Effects and random draws are never removed by DCE, merged by CSE or recomputed in the backward.
 """
