@@ -8,6 +8,7 @@ from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.acquire import acquire
 from thunder_rs.core.modules import ModuleBinding
+from thunder_rs.core.rng import STATE_CALLS
 
 
 @dataclass
@@ -23,12 +24,14 @@ class ExamineReport:
 
 
 def examine(fn, *args, **kwargs) -> ExamineReport:
-    """Traces ``fn(*args, **kwargs)`` and counts its top-level calls by symbol."""
+    """Traces ``fn(*args, **kwargs)`` and counts its top-level calls by symbol: ltorch symbols,
+    prims and the generator-state calls (``torch.manual_seed``) are supported."""
     binding = ModuleBinding(fn) if isinstance(fn, torch.nn.Module) else None
     flat, spec = tree_flatten((args, kwargs))
     trace = acquire(fn, flat, spec, binding).trace
     counts = Counter(trace.symbol_names())
     report = ExamineReport()
     for name, n in counts.items():
-        (report.supported if name.startswith(("ltorch.", "prims.")) else report.fallbacks)[name] = n
+        known = name.startswith(("ltorch.", "prims.")) or name in STATE_CALLS
+        (report.supported if known else report.fallbacks)[name] = n
     return report

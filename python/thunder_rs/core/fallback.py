@@ -197,9 +197,11 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
             raise thunder_error_like(e, f"{name}: {e}") from e
 
 
-def fallback(func, args, kwargs, effect: bool = False):
+def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     """Records ``func(*args, **kwargs)`` as an eager fallback; an effect (a random draw) when
-    ``effect``."""
+    ``effect``. ``requires_grad`` (a flag, or one per output) marks which floating outputs
+    require grad when a caller's grad rule differentiates the call; the fallback then gets no
+    backward of its own (no generator state is returned for one)."""
     name = qualified_name(func)
     if (name.endswith("_") and not name.endswith("__")) or kwargs.get("inplace"):
         # thunder_rs.torch.inplace functionalises in-place calls first: the executor runs only
@@ -212,10 +214,13 @@ def fallback(func, args, kwargs, effect: bool = False):
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
         raise ThunderNotImplementedError(f"{name}: fallback calls must return tensors, got {type(out).__name__}")
     device = _device(in_leaves, kwargs)
-    requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
+    if requires_grad is None:
+        flags = [torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)] * len(leaves)
+    else:
+        flags = list(requires_grad) if isinstance(requires_grad, (tuple, list)) else [requires_grad] * len(leaves)
     metas = [(CODES[t.dtype], str(t.device) if autocast_state is not None else device, tuple(t.shape),
-              requires_grad and t.dtype.is_floating_point) for t in leaves]
-    replay = effect and any(m[3] for m in metas)
+              flag and t.dtype.is_floating_point) for t, flag in zip(leaves, flags)]
+    replay = effect and requires_grad is None and any(m[3] for m in metas)
     if replay:
         state = _generator(args, kwargs).get_state()
         metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))

@@ -11,7 +11,9 @@ Eager PyTorch draws from a generator on every call, so a traced program must too
 - random torch calls without a decomposition are effect fallbacks (``RANDOM``), so they draw on
   every call, even when their result is unused; differentiated, they also return the generator
   state they started from, and their backward draws the same numbers again from it;
-- random ltorch symbols run whole as the torch call they stand for, ``generator=`` included.
+- random ltorch symbols (``thunder_rs.torch.random``) run whole as the torch call they stand
+  for, ``generator=`` included; ``examine`` counts them, and the generator-state calls above,
+  as supported.
 
 Effects and random draws are never removed by DCE, merged by CSE or recomputed in the backward.
 """
@@ -22,7 +24,7 @@ import gc
 import torch
 import torch.nn.functional as F
 
-from thunder_rs.core.fallback import record_effect
+from thunder_rs.core.fallback import qualified_name, record_effect
 from thunder_rs.core.recorder import _current, lift_captured
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -102,6 +104,9 @@ _SETTERS = "manual_seed seed set_rng_state manual_seed_all seed_all"
 _GETTERS = "get_rng_state"
 _manual_seed = torch.random.manual_seed
 
+#: Names of the symbols that set or read generator state: known effects, not eager fallbacks.
+STATE_CALLS: set[str] = set()
+
 
 def _install(modules) -> None:
     originals = {}
@@ -114,6 +119,7 @@ def _install(modules) -> None:
             if original is None:
                 make = _reads_state if name in _GETTERS else _sets_state
                 original = originals[id(current_fn)] = _intercept(current_fn, make(current_fn))
+                STATE_CALLS.add(qualified_name(current_fn))
             setattr(module, name, original)
 
 

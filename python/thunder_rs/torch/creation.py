@@ -1,5 +1,5 @@
 """Creation ops: arange, zeros/ones/full/empty and their ``_like`` and ``Tensor.new_`` forms,
-rand/randn, and tril/triu.
+and tril/triu (random ones are in ``random.py``).
 
 Sizes come as varargs or one sequence (``zeros(2, 3)``, ``zeros((2, 3))``, ``zeros(x.shape)``).
 ``layout``, ``pin_memory``, ``memory_format`` and ``generator`` are accepted and ignored: the
@@ -19,8 +19,7 @@ from thunder_rs.torch import torchsymbol
 T = torch.Tensor
 __all__ = [
     "arange", "full", "zeros", "ones", "empty", "full_like", "zeros_like", "ones_like", "empty_like",
-    "new_full", "new_zeros", "new_ones", "new_empty", "rand", "randn", "rand_like", "randn_like",
-    "tril", "triu",
+    "new_full", "new_zeros", "new_ones", "new_empty", "tril", "triu",
 ]
 
 _CPU = torch.device("cpu")
@@ -161,40 +160,6 @@ def arange(start=0, end=None, step=1, *, out=None, dtype=None, layout=None, devi
 
 def _check_random_dtype(dtype, op: str):
     check(dtypes.is_float(dtype), op, f"expected a floating dtype, got {dtype} (argument dtype)", ThunderNotImplementedError)
-
-
-def _uniform(shape, device, dtype, op: str):
-    _check_random_dtype(dtype, op)
-    return prims.uniform(shape, 0.0, 1.0, device, dtype)
-
-
-def _normal(shape, device, dtype, op: str):
-    """Standard normal samples by the Box-Muller transform of two uniform samples."""
-    _check_random_dtype(dtype, op)
-    u1 = prims.sub(1.0, prims.uniform(shape, 0.0, 1.0, device, dtype))  # in (0, 1], so log is finite
-    u2 = prims.uniform(shape, 0.0, 1.0, device, dtype)
-    radius = prims.sqrt(prims.mul(prims.log(u1), -2.0))
-    return prims.mul(radius, prims.cos(prims.mul(u2, 2.0 * math.pi)))
-
-
-@torchsymbol(torch.rand)
-def rand(*size, generator=None, out=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
-    return _uniform(_shape(size, "ltorch.rand"), _device(device), dtype or torch.get_default_dtype(), "ltorch.rand")
-
-
-@torchsymbol(torch.randn)
-def randn(*size, generator=None, out=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
-    return _normal(_shape(size, "ltorch.randn"), _device(device), dtype or torch.get_default_dtype(), "ltorch.randn")
-
-
-@torchsymbol(torch.rand_like)
-def rand_like(input, *, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
-    return _uniform(tuple(input.shape), _device(device, input), dtype or input.dtype, "ltorch.rand_like")
-
-
-@torchsymbol(torch.randn_like)
-def randn_like(input, *, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
-    return _normal(tuple(input.shape), _device(device, input), dtype or input.dtype, "ltorch.randn_like")
 
 
 def _define_triangle(name: str, keep):

@@ -37,6 +37,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch import kernels, nn as ltorch_nn, views
 from thunder_rs.torch.elementwise import where
+from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.shape import reshape_to
 
 #: Eager's names of dtypes in its casting errors.
@@ -138,7 +139,7 @@ def on_copy(fn):
 
 def _in_place(fn, name: str, outplace):
     """``fn`` (in place): ``outplace`` when thunder_rs maps it (same arguments), else ``fn`` on a copy."""
-    symbol = TORCH_TO_LTORCH.get(outplace)
+    symbol = IN_PLACE_SAMPLERS.get(fn) or TORCH_TO_LTORCH.get(outplace)
 
     def in_place(a, *args, **kwargs):
         value = symbol(a, *args, **kwargs) if symbol is not None else fallback(on_copy(fn), (a, *args), kwargs,

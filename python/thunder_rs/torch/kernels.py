@@ -190,7 +190,7 @@ def native_dropout(input, p, train):
     return input * keep * (1.0 / (1.0 - p)), keep
 
 
-@torchsymbol(name="native_dropout_backward")
+@torchsymbol(torch.ops.aten.native_dropout_backward.default, name="native_dropout_backward")
 def native_dropout_backward(grad_output, mask, scale):
     return grad_output * mask * scale
 
