@@ -48,6 +48,19 @@ __all__ = [
 ]
 
 
+def unpacked(torch_fn):
+    """``torch_fn`` for the torch executor, returning the one tensor of a one-tensor sequence
+    bare: a composite call has as many outputs as tensors it returns, and the code that runs it
+    binds a single output to the whole result, which the result's structure then wraps again."""
+
+    def run(*args, **kwargs):
+        out = torch_fn(*args, **kwargs)
+        return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
+
+    run.__name__ = run.__qualname__ = f"_{torch_fn.__name__}_unpacked"
+    return run
+
+
 def _permuted(a, perm):
     perm = tuple(perm)
     return a if perm == tuple(range(a.ndim)) else prims.transpose(a, perm)
@@ -95,20 +108,20 @@ def flipud(input):
 # -- splitting -------------------------------------------------------------------------------------
 
 
-@torchsymbol(torch.split_with_sizes, Tensor.split_with_sizes)
+@torchsymbol(unpacked(torch.split_with_sizes), torch.split_with_sizes, Tensor.split_with_sizes)
 def split_with_sizes(input, split_sizes, dim=0):
     sizes = _sizes("ltorch.split_with_sizes", (split_sizes,), "split_sizes")
     return split(input, list(sizes), dim)
 
 
-@torchsymbol(torch.unsafe_split, Tensor.unsafe_split)
+@torchsymbol(unpacked(torch.unsafe_split), torch.unsafe_split, Tensor.unsafe_split)
 def unsafe_split(input, split_size, dim=0):
     check(isinstance(split_size, int) and not isinstance(split_size, bool), "ltorch.unsafe_split",
           f"argument 'split_size' must be int, not {type(split_size).__name__} (argument split_size)", ThunderTypeError)
     return split(input, split_size, dim)
 
 
-@torchsymbol(torch.unsafe_chunk, Tensor.unsafe_chunk)
+@torchsymbol(unpacked(torch.unsafe_chunk), torch.unsafe_chunk, Tensor.unsafe_chunk)
 def unsafe_chunk(input, chunks, dim=0):
     return chunk(input, chunks, dim)
 
@@ -116,7 +129,7 @@ def unsafe_chunk(input, chunks, dim=0):
 def _define_directional_split(name: str, min_ndim: int, dim_of):
     op = f"ltorch.{name}"
 
-    @torchsymbol(getattr(torch, name), getattr(Tensor, name), name=name)
+    @torchsymbol(unpacked(getattr(torch, name)), getattr(torch, name), getattr(Tensor, name), name=name)
     def directional_split(input, indices_or_sections):
         check(input.ndim >= min_ndim, op, lambda: (
             f"torch.{name} requires a tensor with at least {min_ndim} dimension, but got a tensor with {input.ndim} "
@@ -146,7 +159,7 @@ def _at_least_3d(a):
     return reshape_to(a, shape)
 
 
-@torchsymbol(torch.atleast_3d)
+@torchsymbol(unpacked(torch.atleast_3d), torch.atleast_3d)
 def atleast_3d(*tensors):
     if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
         return tuple(_at_least_3d(a) for a in tensors[0])
@@ -251,7 +264,7 @@ def _linked_views(symbol):
     return views_of
 
 
-@torchsymbol(torch.broadcast_tensors)
+@torchsymbol(unpacked(torch.broadcast_tensors), torch.broadcast_tensors)
 def broadcast_tensors(*tensors):
     op = "ltorch.broadcast_tensors"
     for i, t in enumerate(tensors):
@@ -277,7 +290,7 @@ def _grid_inputs(op: str, tensors):
     return tensors
 
 
-@torchsymbol(torch.meshgrid)
+@torchsymbol(unpacked(torch.meshgrid), torch.meshgrid)
 def meshgrid(*tensors, indexing=None):
     op = "ltorch.meshgrid"
     tensors = _grid_inputs(op, tensors)

@@ -195,7 +195,7 @@ def as_strided(input, size, stride, storage_offset=None):
     return _gathered(input, _as_strided_positions("ltorch.as_strided", input, size, stride, storage_offset))
 
 
-def _reads_own_memory(a, size, stride, storage_offset) -> bool:
+def reads_own_memory(a, size, stride, storage_offset) -> bool:
     """Whether eager's ``as_strided`` of ``a`` reads ``a``'s own elements in row-major order:
     ``a`` is contiguous and no view, and the offset counts from its first element (None), or
     ``a`` is computed in the program (its memory is its own, from offset 0). Of an input, it
@@ -211,12 +211,12 @@ def _reads_own_memory(a, size, stride, storage_offset) -> bool:
 
 
 def _as_strided_view(native, eager):
-    """``as_strided``: reads known positions where ``_reads_own_memory``; of an input tensor
+    """``as_strided``: reads known positions where ``reads_own_memory``; of an input tensor
     otherwise an eager fallback, which runs on that very tensor and its memory; else refused:
     a tensor computed in the program may have another layout at run time than in eager."""
 
     def as_strided_view(input, size, stride, storage_offset=None):
-        if _reads_own_memory(input, size, stride, storage_offset):
+        if reads_own_memory(input, size, stride, storage_offset):
             return native(input, size, stride, storage_offset)
         check(input._view is None and getattr(input, "_input_vid", None) is not None, "ltorch.as_strided", lambda: (
             "as_strided of a view, or of a non-contiguous tensor computed in the program, reads memory whose layout "
