@@ -296,9 +296,8 @@ def index_fill(input, dim, index, value):
     flat = prims.where(prims.lt(flat, 0), prims.add(flat, n), flat)
     hits = prims.index_add(prims.full((n,), 0, input.device, torch.int64), flat,
                            prims.full((index.numel(),), 1, input.device, torch.int64), 0)
-    mask = prims.broadcast_in_dim(prims.gt(hits, 0), tuple(input.shape), (d,) if input.ndim else ())
-    if input.ndim == 0:
-        mask = reshape_to(mask, ())
+    hit = prims.gt(hits, 0)
+    mask = prims.broadcast_in_dim(hit, tuple(input.shape), (d,)) if input.ndim else reshape_to(hit, ())
     return ltorch.where(mask, clang.maybe_convert(value, input.dtype), input)
 
 
@@ -345,10 +344,12 @@ def index_put(input, indices, values, accumulate=False):
     for i, idx in enumerate(indices):
         check(isinstance(idx, torch.Tensor), op, f"index {i} is {type(idx).__name__}: only index tensors are supported "
               "(argument indices)", ThunderNotImplementedError)
-        check(idx.dtype not in (torch.bool, torch.uint8), op, "boolean mask indices make the written positions depend on "
-              "the mask's values; use torch.where (argument indices)", ThunderNotImplementedError)
     check(values.dtype == input.dtype, op, f"Index put requires the source and destination dtypes match, got "
           f"{input.dtype} for the destination and {values.dtype} for the source. (argument values)", ThunderRuntimeError)
+    if len(indices) == 1 and indices[0].dtype == torch.bool:
+        return _put_masked(op, input, indices[0], values, accumulate)
+    check(all(idx.dtype != torch.bool for idx in indices), op, "boolean mask indices mixed with other indices are not "
+          "supported (argument indices)", ThunderNotImplementedError)
     k = len(indices)
     wrapped = [_check_index(op, idx, input) for idx in indices]
     shape = clang.broadcast_shapes(op, *(idx.shape for idx in wrapped))
@@ -368,6 +369,31 @@ def index_put(input, indices, values, accumulate=False):
     flat = reshape_to(input, (math.prod(input.shape[:k]), *rest))
     out = prims.index_add(flat, linear, flat_values, 0) if accumulate else _written_rows(flat, linear, flat_values)
     return reshape_to(out, tuple(input.shape))
+
+
+def _put_masked(op: str, input, mask, values, accumulate: bool):
+    """``input[mask] = values`` where every masked position takes the same values (``values``
+    broadcasts from one row): a select, whatever the mask holds. Values per masked position
+    would be placed by a running count of the mask, which the trace has no prim for."""
+    m = mask.ndim
+    check(tuple(mask.shape) == tuple(input.shape[:m]), op, lambda: (
+        f"The shape of the mask {list(mask.shape)} at index 0 does not match the shape of the indexed tensor "
+        f"{list(input.shape)} at index 0 (argument indices)"), ThunderIndexError)
+    rest = tuple(input.shape[m:])
+    lead = values.shape[:max(values.ndim - len(rest), 0)]
+    check(all(s == 1 for s in lead), op, lambda: (
+        f"values of shape {list(values.shape)} give each masked position its own value: placing them depends on the "
+        "mask's values (a running count), which thunder_rs does not trace; use torch.where (argument values)"),
+          ThunderNotImplementedError)
+    tail = tuple(values.shape[len(lead):])
+    check(all(t in (r, 1) for t, r in zip(reversed(tail), reversed(rest))), op, lambda: (
+        f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of shape "
+        f"[N, {', '.join(map(str, rest))}] (argument values)"), ThunderRuntimeError)
+    row = clang.expand_to(reshape_to(values, tail), tuple(input.shape))
+    wide = prims.broadcast_in_dim(mask, tuple(input.shape), tuple(range(m)))
+    if accumulate:
+        row = prims.add(input, prims.where(wide, row, clang.maybe_convert(0, input.dtype)))
+    return prims.where(wide, row, input)
 
 
 def _written_rows(flat, rows, values):
