@@ -77,10 +77,9 @@ def rot90(input, k=1, dims=(0, 1)):
           ThunderRuntimeError)
     check(input.ndim >= 2, op, f"expected total dims >= 2, but got total dims = {input.ndim} (argument input)",
           ThunderRuntimeError)
-    check(dims[0] != dims[1] and abs(dims[0] - dims[1]) != input.ndim, op, lambda: (
-        f"expected rotation dims to be different, but got dim0 = {dims[0]} and dim1 = {dims[1]} (argument dims)"),
-          ThunderRuntimeError)
     d0, d1 = (clang.canonicalize_dim(input.ndim, d, op, "dims") for d in dims)
+    check(d0 != d1, op, f"expected rotation dims to be different, but got dim0 = {dims[0]} and dim1 = {dims[1]} "
+          "(argument dims)", ThunderRuntimeError)
     k %= 4
     if k == 1:
         out = transpose(flip(input, d1), d0, d1)
