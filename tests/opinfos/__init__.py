@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import arrange, creation, elementwise, indexing, linalg, nn, padding, reductions, shape
+from . import arrange, creation, elementwise, indexing, linalg, nn, padding, reductions, scatter, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -16,6 +16,7 @@ OPINFOS: list[OpInfo] = [
     *nn.OPS,
     *padding.OPS,
     *arrange.OPS,
+    *scatter.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]

@@ -26,6 +26,8 @@ Tensor = torch.Tensor
 __all__ = ["scatter", "scatter_reduce", "index_reduce", "index_copy", "index_fill", "index_put", "put", "take", "fill"]
 
 _REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+#: Names eager's scatter_reduce also accepts.
+_ALIASES = {"max": "amax", "min": "amin"}
 
 
 # -- dense scatter helpers ---------------------------------------------------------------------------
@@ -159,6 +161,7 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None):
 def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
     op = "ltorch.scatter_reduce"
     d, index = _check_scatter(op, input, dim, index, src)
+    reduce = _ALIASES.get(reduce, reduce)
     check(reduce in _REDUCTIONS, op, f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce} "
           "(argument reduce)", ThunderRuntimeError)
     check(input.dtype != torch.bool, op, f"\"scatter_reduce\" is not implemented for 'Bool' (argument input)",
@@ -208,6 +211,7 @@ def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
     if not out.dtype.is_floating_point or input.ndim == 0 or index.numel() == 0:
         return out
     d = clang.canonicalize_dim(input.ndim, dim, "ltorch.scatter_reduce")
+    reduce = _ALIASES.get(reduce, reduce)
     g = get_grad(out)
     if reduce == "sum":
         grad_self, grad_src = g, ltorch.gather(g, d, index)
@@ -233,7 +237,7 @@ def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
 # -- index_* ops ---------------------------------------------------------------------------------------
 
 
-def _along(op: str, input, dim, index, source, what: str = "source"):
+def _along(op: str, input, dim, index, source, count_exc=ThunderRuntimeError):
     """(dim, index as a scatter index of ``source``'s shape) for ops that index one dim with a vector."""
     d = clang.canonicalize_dim(input.ndim, dim, op)
     index = _check_index(op, index, input, (torch.int64, torch.int32), "int64 or int32")
@@ -241,18 +245,18 @@ def _along(op: str, input, dim, index, source, what: str = "source"):
           ThunderIndexError)
     if source.ndim:
         check(source.ndim == input.ndim, op, lambda: (
-            f"{what} and self must have the same number of dimensions, got {source.ndim} and {input.ndim} (argument {what})"),
+            f"source and self must have the same number of dimensions, got {source.ndim} and {input.ndim} (argument source)"),
               ThunderRuntimeError)
         check(source.shape[d] == index.numel(), op, lambda: (
-            f"Number of indices ({index.numel()}) should be equal to {what}.size(dim) ({source.shape[d]}) (argument index)"),
-              ThunderRuntimeError)
+            f"Number of indices ({index.numel()}) should be equal to source.size(dim) ({source.shape[d]}) (argument index)"),
+              count_exc)
         same = all(k == d or source.shape[k] == input.shape[k] for k in range(input.ndim))
-        check(same, op, lambda: (f"{what} tensor shape must match self tensor shape, excluding the specified dimension. "
-                                 f"Got self.shape = {list(input.shape)} {what}.shape = {list(source.shape)} (argument {what})"),
+        check(same, op, lambda: ("source tensor shape must match self tensor shape, excluding the specified dimension. "
+                                 f"Got self.shape = {list(input.shape)} source.shape = {list(source.shape)} (argument source)"),
               ThunderRuntimeError)
     else:
-        check(index.numel() == 1, op, f"Number of indices ({index.numel()}) should be equal to {what}.size(dim) (1) "
-              "(argument index)", ThunderRuntimeError)
+        check(index.numel() == 1, op, f"Number of indices ({index.numel()}) should be equal to source.size(dim) (1) "
+              "(argument index)", count_exc)
     shape = tuple(source.shape) if source.ndim else (1,)
     wide = prims.broadcast_in_dim(reshape_to(clang.maybe_convert(index, torch.int64), (index.numel(),)), shape,
                                   (d if input.ndim else 0,))
@@ -265,7 +269,7 @@ def index_copy(input, dim, index, source):
     op = "ltorch.index_copy"
     check(source.dtype == input.dtype, op, f"index_copy_(): self and source expected to have the same dtype, but got "
           f"(self) {input.dtype} and (source) {source.dtype} (argument source)", ThunderRuntimeError)
-    d, wide = _along(op, input, dim, index, source)
+    d, wide = _along(op, input, dim, index, source, ThunderIndexError)
     a, src = _as_1d(input, source)
     return reshape_to(_written(a, d, wide, src), tuple(input.shape))
 
@@ -325,7 +329,7 @@ def put(input, index, source, accumulate=False):
     check(source.dtype == input.dtype, op, f"put_(): self and source expected to have the same dtype, but got "
           f"self.dtype = {input.dtype} and source.dtype = {source.dtype} (argument source)", ThunderRuntimeError)
     check(index.numel() == source.numel(), op, f"put_(): Expected source and index to have the same number of elements, "
-          f"but got source.numel() = {source.numel()}, index.numel() = {index.numel()} (argument source)", ThunderRuntimeError)
+          f"but got source.numel() = {source.numel()}, index.numel() = {index.numel()} (argument source)", ThunderIndexError)
     flat_index = _flat_index(op, input, index)
     flat = reshape_to(input, (input.numel(),))
     values = reshape_to(source, (source.numel(),))
