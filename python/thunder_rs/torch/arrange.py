@@ -8,7 +8,6 @@ input (the splits, ``broadcast_tensors``, ``meshgrid``, ``atleast_3d``) link the
 tensor return a fresh value even when they have nothing to do.
 """
 
-import math
 import warnings
 
 import torch

@@ -125,7 +125,7 @@ def circular_pad(input, pad):
     out = input
     for d, lo, hi in _check_modes(op, "circular", input, pad):
         size = input.shape[d]
-        check(lo <= size and hi <= size, op, f"Padding value causes wrapping around more than once. (argument pad)",
+        check(lo <= size and hi <= size, op, "Padding value causes wrapping around more than once. (argument pad)",
               ThunderRuntimeError)
         check(size + lo + hi >= 0, op, "Negative padding value is resulting in an empty dimension. (argument pad)",
               ThunderRuntimeError)

@@ -121,7 +121,7 @@ def _check_scatter(op: str, input, dim, index, src):
     check(index.ndim == input.ndim or (index.ndim <= 1 and input.ndim <= 1), op,
           "Index tensor must have the same number of dimensions as self tensor (argument index)", ThunderRuntimeError)
     if isinstance(src, torch.Tensor):
-        check(src.dtype == input.dtype, op, f"Expected self.dtype to be equal to src.dtype (argument src)", ThunderRuntimeError)
+        check(src.dtype == input.dtype, op, "Expected self.dtype to be equal to src.dtype (argument src)", ThunderRuntimeError)
         check(src.ndim == index.ndim or (index.ndim <= 1 and src.ndim <= 1), op,
               "Index tensor must have the same number of dimensions as src tensor (argument src)", ThunderRuntimeError)
         bad = next((k for k in range(index.ndim) if index.shape[k] > src.shape[k]), None)
@@ -164,7 +164,7 @@ def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
     reduce = _ALIASES.get(reduce, reduce)
     check(reduce in _REDUCTIONS, op, f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce} "
           "(argument reduce)", ThunderRuntimeError)
-    check(input.dtype != torch.bool, op, f"\"scatter_reduce\" is not implemented for 'Bool' (argument input)",
+    check(input.dtype != torch.bool, op, "\"scatter_reduce\" is not implemented for 'Bool' (argument input)",
           ThunderNotImplementedError)
     if index.numel() == 0:
         return prims.convert_element_type(input, input.dtype)
@@ -291,7 +291,7 @@ def index_fill(input, dim, index, value):
     op = "ltorch.index_fill"
     d = clang.canonicalize_dim(input.ndim, dim, op)
     index = _check_index(op, index, input, (torch.int64,), "int64")
-    check(index.ndim <= 1, op, f"Index has to be a vector/scalar (argument index)", ThunderIndexError)
+    check(index.ndim <= 1, op, "Index has to be a vector/scalar (argument index)", ThunderIndexError)
     if isinstance(value, torch.Tensor):
         check(value.ndim == 0, op, f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} "
               "dimension(s). (argument value)", ThunderRuntimeError)
