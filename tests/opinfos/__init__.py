@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import conv, creation, elementwise, indexing, linalg, nn, random, reductions, scan, shape
+from . import arrange, conv, creation, elementwise, indexing, linalg, nn, padding, random, reductions, scan, scatter, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -17,6 +17,9 @@ OPINFOS: list[OpInfo] = [
     *nn.OPS,
     *conv.OPS,
     *random.OPS,
+    *padding.OPS,
+    *arrange.OPS,
+    *scatter.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]

@@ -250,7 +250,7 @@ PADS = cases(
     (Transposed((3, 4)), (2, 1), "constant", 2.5),
     (Strided((2, 3, 4)), (1, 0, 0, 1)),
 )
-# Reflect, replicate and circular padding have no decomposition: they run as eager fallbacks.
+# Reflect, replicate and circular padding through F.pad (their symbols are in torch/padding.py).
 FALLBACK_PADS = cases(
     ((2, 3, 4), (1, 1), "replicate"),
     ((2, 3, 4), (2, 1, 1, 0), "reflect"),

@@ -54,6 +54,11 @@ from thunder_rs.torch.random import *  # noqa: E402,F401,F403
 from thunder_rs.torch import kernels  # noqa: E402,F401
 from thunder_rs.torch import grads  # noqa: E402,F401
 from thunder_rs.torch.views import *  # noqa: E402,F401,F403
+from thunder_rs.torch.padding import *  # noqa: E402,F401,F403
+from thunder_rs.torch.arrange import *  # noqa: E402,F401,F403
+from thunder_rs.torch.diagonals import *  # noqa: E402,F401,F403
+from thunder_rs.torch.copies import *  # noqa: E402,F401,F403
+from thunder_rs.torch.scatter import *  # noqa: E402,F401,F403
 from thunder_rs.torch import inplace  # noqa: E402,F401
 
 

@@ -1,0 +1,244 @@
+"""Diagonals, triangles and strided windows: diag, diag_embed, diagflat, trace, tril_indices,
+triu_indices, ``Tensor.unfold`` and ``as_strided``.
+
+A vector is placed on a diagonal by one pad prim: ``m`` elements with ``m`` zeros between each
+two of them are the ``m * m`` elements of a matrix whose diagonal they are. ``unfold`` and
+``as_strided`` read input elements at positions known while tracing, computed from iotas, so
+their gradients sum what the windows share, as eager's do.
+"""
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.fallback import fallback
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
+from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.padding import fresh
+from thunder_rs.torch.reductions import sum as _sum
+from thunder_rs.torch.shape import _sizes, flatten, reshape_to, slice_in_dim
+from thunder_rs.torch.views import contiguous_strides, diagonal, opaque, strides_of
+
+Tensor = torch.Tensor
+__all__ = ["diag", "diag_embed", "diagflat", "trace", "tril_indices", "triu_indices", "unfold", "as_strided"]
+
+
+def _embed(v, offset: int):
+    """A tensor of shape (..., n, n), n = m + |offset|, with ``v`` (shape (..., m)) on its
+    ``offset`` diagonal of the last two dims and zeros elsewhere."""
+    *batch, m = v.shape
+    zero = clang.maybe_convert(0, v.dtype)
+    none = ((0, 0, 0),) * len(batch)
+    spread = prims.pad(v, zero, (*none, (0, 0, m))) if m > 1 else v
+    square = reshape_to(spread, (*batch, m, m))
+    k = abs(offset)
+    if k == 0:
+        return square
+    rows, cols = ((0, k, 0), (k, 0, 0)) if offset > 0 else ((k, 0, 0), (0, k, 0))
+    return prims.pad(square, zero, (*none, rows, cols))
+
+
+@torchsymbol(torch.diag_embed, Tensor.diag_embed)
+def diag_embed(input, offset=0, dim1=-2, dim2=-1):
+    op = "ltorch.diag_embed"
+    ndim = input.ndim + 1
+    d1 = clang.canonicalize_dim(ndim, dim1, op, "dim1")
+    d2 = clang.canonicalize_dim(ndim, dim2, op, "dim2")
+    check(d1 != d2, op, f"diagonal dimensions cannot be identical {dim1}, {dim2} (argument dim2)", ThunderRuntimeError)
+    square = _embed(reshape_to(input, (1,)) if input.ndim == 0 else input, offset)
+    # square's batch dims fill the output's other dims in order; its last two go to d1 and d2.
+    rest = iter(range(ndim - 2))
+    perm = tuple(ndim - 2 if d == d1 else ndim - 1 if d == d2 else next(rest) for d in range(ndim))
+    return square if perm == tuple(range(ndim)) else prims.transpose(square, perm)
+
+
+@torchsymbol(torch.diag, Tensor.diag)
+def diag(input, diagonal=0, *, out=None):
+    op = "ltorch.diag"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    check(input.ndim in (1, 2), op, f"diag(): Supports 1D or 2D tensors. Got {input.ndim}D (argument input)",
+          ThunderRuntimeError)
+    if input.ndim == 1:
+        return _embed(input, diagonal)
+    return fresh(_diagonal(input, diagonal), input)
+
+
+def _diagonal(input, offset):
+    # The symbol itself, not the view op langctx maps torch.diagonal to: these ops copy.
+    return diagonal(input, offset, 0, 1)
+
+
+@torchsymbol(torch.diagflat, Tensor.diagflat)
+def diagflat(input, offset=0):
+    return _embed(flatten(input), offset)
+
+
+@torchsymbol(torch.trace, Tensor.trace)
+def trace(input):
+    op = "ltorch.trace"
+    check(input.ndim == 2, op, f"trace: expected a matrix, but got tensor with dim {input.ndim} (argument input)",
+          ThunderRuntimeError)
+    check(input.dtype != torch.bool, op, "\"trace\" not implemented for 'Bool' (argument input)", ThunderNotImplementedError)
+    return _sum(_diagonal(input, 0))
+
+
+# -- triangles -------------------------------------------------------------------------------------
+
+
+def known_ints(values, device, dtype):
+    """A 1-D tensor of the known ``values``: one iota per arithmetic run of them."""
+    runs, i = [], 0
+    while i < len(values):
+        j = i + 1
+        step = values[j] - values[i] if j < len(values) else 1
+        while j < len(values) and values[j] - values[j - 1] == step:
+            j += 1
+        length = j - i
+        if step == 0 and length > 1:
+            runs.append(prims.full((length,), values[i], device, torch.int64))
+        else:
+            runs.append(prims.iota(length, values[i], step if length > 1 else 1, device, torch.int64))
+        i = j
+    flat = prims.full((0,), 0, device, torch.int64) if not runs else runs[0] if len(runs) == 1 else prims.cat(runs, 0)
+    return clang.maybe_convert(flat, dtype)
+
+
+def _triangle_indices(op: str, row, col, offset, dtype, device, layout, lower: bool):
+    check(row >= 0, op, f"row must be non-negative, got{row} (argument row)", ThunderRuntimeError)
+    check(col >= 0, op, f"col must be non-negative, got{col} (argument col)", ThunderRuntimeError)
+    check(layout in (None, torch.strided), op, f"layout {layout} is not supported (argument layout)", ThunderNotImplementedError)
+    dtype = torch.int64 if dtype is None else dtype
+    check(dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8), op, lambda: (
+        f"\"{op.removeprefix('ltorch.')}\" not implemented for '{str(dtype).removeprefix('torch.').capitalize()}' "
+        "(argument dtype)"), ThunderNotImplementedError)
+    rows, cols = [], []
+    for r in range(row):
+        lo, hi = (0, min(col, max(r + offset + 1, 0))) if lower else (min(col, max(r + offset, 0)), col)
+        rows += [r] * (hi - lo)
+        cols += range(lo, hi)
+    device = torch.device("cpu" if device is None else device)
+    return reshape_to(known_ints(rows + cols, device, dtype), (2, len(rows)))
+
+
+@torchsymbol(torch.tril_indices)
+def tril_indices(row, col, offset=0, *, dtype=None, device=None, layout=None, pin_memory=False):
+    return _triangle_indices("ltorch.tril_indices", row, col, offset, dtype, device, layout, lower=True)
+
+
+@torchsymbol(torch.triu_indices)
+def triu_indices(row, col, offset=0, *, dtype=None, device=None, layout=None, pin_memory=False):
+    return _triangle_indices("ltorch.triu_indices", row, col, offset, dtype, device, layout, lower=False)
+
+
+# -- strided windows -------------------------------------------------------------------------------
+
+
+def _positions(shape, strides, offset: int, device):
+    """The flat positions ``offset + sum(i_k * strides[k])`` of every index of ``shape``, as an int64 tensor."""
+    total = prims.full(tuple(shape), offset, device, torch.int64)
+    for d, (size, stride) in enumerate(zip(shape, strides)):
+        if size > 1 and stride != 0:
+            along = prims.iota(size, 0, stride, device, torch.int64)
+            total = prims.add(total, prims.broadcast_in_dim(along, tuple(shape), (d,)))
+    return total
+
+
+def _gathered(a, positions):
+    """The elements of ``a`` (read in row-major order) at ``positions``, shaped as them."""
+    flat = reshape_to(a, (a.numel(),))
+    return reshape_to(prims.take(flat, reshape_to(positions, (positions.numel(),)), 0), tuple(positions.shape))
+
+
+@torchsymbol(Tensor.unfold)
+def unfold(a, dimension, size, step):
+    op = "ltorch.unfold"
+    d = clang.canonicalize_dim(a.ndim, dimension, op, "dimension")
+    length = a.shape[d] if a.ndim else 1
+    check(size <= length, op, f"maximum size for tensor at dimension {d} is {length} but size is {size} (argument size)",
+          ThunderRuntimeError)
+    check(size >= 0, op, f"size is {size} but must be >= 0 (argument size)", ThunderRuntimeError)
+    check(step > 0, op, f"step is {step} but must be > 0 (argument step)", ThunderRuntimeError)
+    if a.ndim == 0:
+        return slice_in_dim(reshape_to(a, (1,)), 0, 0, size)
+    windows = (length - size) // step + 1
+    shape = (*a.shape[:d], windows, *a.shape[d + 1:], size)
+    strides = list(contiguous_strides(a.shape))
+    strides = (*strides[:d], strides[d] * step, *strides[d + 1:], strides[d])
+    return _gathered(a, _positions(shape, strides, 0, a.device))
+
+
+def _needed(size, stride, offset: int) -> int:
+    """How many elements from the start of memory a strided layout reads."""
+    return 0 if 0 in size else offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))
+
+
+def _as_strided_positions(op: str, a, size, stride, storage_offset):
+    size = _sizes(op, (size,), "size")
+    stride = _sizes(op, (stride,), "stride")
+    check(len(size) == len(stride), op, "mismatch in length of strides and shape (argument stride)", ThunderRuntimeError)
+    check(all(s >= 0 for s in stride), op, "as_strided: Negative strides are not supported at the moment, got strides: "
+          f"{list(stride)} (argument stride)", ThunderRuntimeError)
+    offset = storage_offset or 0
+    check(offset >= 0, op, f"Tensor: invalid storage offset {offset} (argument storage_offset)", ThunderRuntimeError)
+    needed = _needed(size, stride, offset)
+    check(needed <= a.numel(), op, lambda: (
+        f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
+        f"{a.element_size()} requiring a storage size of {needed * a.element_size()} are out of bounds for storage of "
+        f"size {a.numel() * a.element_size()} (argument size)"), ThunderRuntimeError)
+    return _positions(size, stride, offset, a.device)
+
+
+@torchsymbol(torch.as_strided, Tensor.as_strided)
+def as_strided(input, size, stride, storage_offset=None):
+    """The elements of ``input``'s memory at ``storage_offset + sum(i_k * stride[k])``, its
+    memory being its elements in row-major order (``_as_strided_view`` says when it is)."""
+    return _gathered(input, _as_strided_positions("ltorch.as_strided", input, size, stride, storage_offset))
+
+
+def reads_own_memory(a, size, stride, storage_offset) -> bool:
+    """Whether eager's ``as_strided`` of ``a`` reads ``a``'s own elements in row-major order:
+    ``a`` is contiguous and no view, and the offset counts from its first element (None), or
+    ``a`` is computed in the program (its memory is its own, from offset 0). Of an input, it
+    must also read no element past ``a``'s last (which eager reads where ``a`` views more)."""
+    if a._view is not None or tuple(strides_of(a)) != contiguous_strides(a.shape):
+        return False
+    if getattr(a, "_input_vid", None) is None:
+        return True
+    try:
+        return storage_offset is None and _needed(tuple(size), tuple(stride), 0) <= a.numel()
+    except TypeError:
+        return True  # malformed arguments: the symbol raises eager's error
+
+
+def _as_strided_view(native, eager):
+    """``as_strided``: reads known positions where ``reads_own_memory``; of an input tensor
+    otherwise an eager fallback, which runs on that very tensor and its memory; else refused:
+    a tensor computed in the program may have another layout at run time than in eager."""
+
+    def as_strided_view(input, size, stride, storage_offset=None):
+        if reads_own_memory(input, size, stride, storage_offset):
+            return native(input, size, stride, storage_offset)
+        check(input._view is None and getattr(input, "_input_vid", None) is not None, "ltorch.as_strided", lambda: (
+            "as_strided of a view, or of a non-contiguous tensor computed in the program, reads memory whose layout "
+            "thunder_rs does not reproduce; clone() it first (argument input)"), ThunderNotImplementedError)
+        return eager(input, size, stride, storage_offset)
+
+    return as_strided_view
+
+
+def _eager_as_strided(input, size, stride, storage_offset=None):
+    return fallback(torch.as_strided, (input, size, stride, storage_offset), {})
+
+
+def _register() -> None:
+    """``unfold`` and ``as_strided`` return views eager can write through; writing through these
+    (windows that may share elements) is refused."""
+    refusal = "{}: writing through its output, a view, is not supported; clone() it first"
+    unfold_view = opaque(unfold, None, refusal=refusal.format("Tensor.unfold"))
+    TORCH_TO_LTORCH[Tensor.unfold] = unfold_view
+    native, eager = (opaque(fn, None, refusal=refusal.format("torch.as_strided")) for fn in (as_strided, _eager_as_strided))
+    for fn in as_strided.torch_fns:
+        TORCH_TO_LTORCH[fn] = _as_strided_view(native, eager)
+
+
+_register()

@@ -1,0 +1,166 @@
+"""Padding: ``F.pad`` in every mode and ``constant_pad_nd``.
+
+Constant padding is ``ltorch.pad`` (a pad prim, ``torch/shape.py``). Reflect, replicate and
+circular padding copy input elements: along each padded dim, output position ``j`` reads a
+source position known while tracing, so the padded dim is a concatenation of slices of the
+input (read forwards, or backwards where it reflects). Their gradient is the sum of the
+slices' gradients, what eager's backward kernels compute.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from thunder_rs import prims
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.shape import clone, pad as constant_pad, slice_in_dim
+from thunder_rs.torch.views import copy_of
+
+__all__ = ["constant_pad_nd", "reflection_pad", "replication_pad", "circular_pad"]
+
+
+def take_positions(a, dim: int, positions):
+    """``a`` indexed along ``dim`` by the known ``positions``: each run of consecutive positions
+    (rising or falling) is one slice, flipped when it falls."""
+    runs, i = [], 0
+    while i < len(positions):
+        j = i + 1
+        step = positions[j] - positions[i] if j < len(positions) else 1
+        step = step if step in (1, -1) else 1
+        while j < len(positions) and positions[j] - positions[j - 1] == step:
+            j += 1
+        lo, hi = min(positions[i], positions[j - 1]), max(positions[i], positions[j - 1])
+        part = slice_in_dim(a, dim, lo, hi + 1)
+        runs.append(prims.flip(part, (dim,)) if step == -1 and hi > lo else part)
+        i = j
+    if len(runs) == 1:
+        return runs[0]
+    return prims.cat(runs, dim)
+
+
+def fresh(out, a):
+    """``out``, or a copy of ``a`` when ``out`` is ``a``: what eager returns from an op that copies
+    even when it has nothing to do."""
+    return clone(a) if out is a else out
+
+
+def _reflect(src: int, size: int) -> int:
+    if src < 0:
+        return -src
+    return 2 * (size - 1) - src if src >= size else src
+
+
+def _replicate(src: int, size: int) -> int:
+    return min(max(src, 0), size - 1)
+
+
+#: F.pad's non-constant modes: how many dims a pad of each length pads, and the input ranks it accepts.
+_RANKS = {2: (2, 3), 4: (3, 4), 6: (4, 5)}
+
+
+def _check_modes(op: str, mode: str, a, pad) -> list[tuple[int, int, int]]:
+    """(dim, left, right) for each dim padded, last dim first, after eager's checks."""
+    check(isinstance(pad, (tuple, list)) and all(isinstance(p, int) and not isinstance(p, bool) for p in pad), op,
+          f"argument 'pad' must be tuple of ints, got {pad!r} (argument pad)", ThunderTypeError)
+    check(len(pad) % 2 == 0, op, "Padding length must be divisible by 2 (argument pad)", ThunderRuntimeError)
+    check(a.ndim in _RANKS.get(len(pad), ()), op, lambda: (
+        f"Padding size {len(pad)} is not supported for {a.ndim}D input tensor: {mode} padding pads 1 to 3 trailing "
+        "dims of a 2D to 5D input, with one or two leading dims (argument pad)"), ThunderNotImplementedError)
+    k = len(pad) // 2
+    if mode != "circular":
+        check(a.dtype != torch.bool, op, f"{mode} padding is not implemented for 'Bool' (argument input)",
+              ThunderNotImplementedError)
+        lead = 1 if a.ndim == k + 2 else 0
+        check(all(s != 0 for s in a.shape[lead:]), op, lambda: (
+            f"Expected {k + 1}D or {k + 2}D (batch mode) tensor with possibly 0 batch size and other non-zero dimensions "
+            f"for input, but got: {list(a.shape)} (argument input)"), ThunderRuntimeError)
+    return [(a.ndim - 1 - i, pad[2 * i], pad[2 * i + 1]) for i in range(k)]
+
+
+def _index_pad(op: str, mode: str, a, pad, source):
+    for d, lo, hi in _check_modes(op, mode, a, pad):
+        size = a.shape[d]
+        if mode == "reflect":
+            check(lo < size and hi < size, op, lambda: (
+                f"Argument #4: Padding size should be less than the corresponding input dimension, but got: padding "
+                f"({lo}, {hi}) at dimension {d} of input {list(a.shape)} (argument pad)"), ThunderRuntimeError)
+        check(size + lo + hi >= 1, op, f"input (W: {size}) is too small. Calculated output W: {size + lo + hi} "
+              "(argument pad)", ThunderRuntimeError)
+        if (lo, hi) != (0, 0):
+            a = take_positions(a, d, [source(j - lo, size) for j in range(size + lo + hi)])
+    return a
+
+
+def _reflect_pad(input, pad):
+    return F.pad(input, pad, mode="reflect")
+
+
+def _replicate_pad(input, pad):
+    return F.pad(input, pad, mode="replicate")
+
+
+def _circular_pad(input, pad):
+    return F.pad(input, pad, mode="circular")
+
+
+@torchsymbol(_reflect_pad, name="reflection_pad")
+def reflection_pad(input, pad):
+    """``F.pad(input, pad, "reflect")``: the border mirrored, the edge element not repeated."""
+    return fresh(_index_pad("ltorch.reflection_pad", "reflect", input, pad, _reflect), input)
+
+
+@torchsymbol(_replicate_pad, name="replication_pad")
+def replication_pad(input, pad):
+    """``F.pad(input, pad, "replicate")``: the edge element repeated."""
+    return fresh(_index_pad("ltorch.replication_pad", "replicate", input, pad, _replicate), input)
+
+
+@torchsymbol(_circular_pad, name="circular_pad")
+def circular_pad(input, pad):
+    """``F.pad(input, pad, "circular")``: negative amounts crop first; the cropped dim then wraps
+    around, as eager's kernel copies it (a wrap longer than the cropped dim reads memory eager
+    never wrote, so it is refused)."""
+    op = "ltorch.circular_pad"
+    out = input
+    for d, lo, hi in _check_modes(op, "circular", input, pad):
+        size = input.shape[d]
+        check(lo <= size and hi <= size, op, "Padding value causes wrapping around more than once. (argument pad)",
+              ThunderRuntimeError)
+        check(size + lo + hi >= 0, op, "Negative padding value is resulting in an empty dimension. (argument pad)",
+              ThunderRuntimeError)
+        cropped = size - max(-lo, 0) - max(-hi, 0)
+        check(max(lo, hi, 0) <= cropped, op, lambda: (
+            f"padding ({lo}, {hi}) of dimension {d} wraps around the {cropped} elements left after cropping more than "
+            "once; eager reads memory it never wrote there (argument pad)"), ThunderRuntimeError)
+        first, left = max(-lo, 0), max(lo, 0)
+        positions = [first + (j - left) % cropped for j in range(size + lo + hi)] if cropped else []
+        if positions != list(range(size)):
+            out = take_positions(out, d, positions) if positions else slice_in_dim(out, d, 0, 0)
+    return fresh(out, input)
+
+
+_MODES = {"reflect": reflection_pad, "replicate": replication_pad, "circular": circular_pad}
+
+
+def _pad(input, pad, mode="constant", value=None):
+    """``F.pad``: constant padding is ``ltorch.pad``; each other mode has its own symbol."""
+    if mode == "constant":  # eager copies even when nothing is padded
+        out = constant_pad(input, pad, mode, value)
+        return copy_of(out) if out is input else out
+    check(mode in _MODES, "ltorch.pad", f"Unrecognised padding mode {mode} (argument mode)", ThunderNotImplementedError)
+    check(value is None or value == 0, "ltorch.pad", f'Padding mode "{mode}" doesn\'t take in value argument (argument value)',
+          ThunderRuntimeError)
+    return _MODES[mode](input, pad)
+
+
+TORCH_TO_LTORCH[F.pad] = _pad
+
+
+@torchsymbol(torch.constant_pad_nd)
+def constant_pad_nd(input, pad, value=0):
+    op = "ltorch.constant_pad_nd"
+    check(len(pad) // 2 <= input.ndim, op, lambda: (
+        f"Length of pad should be no more than twice the number of dimensions of the input. Pad length is {len(pad)} "
+        f"while the input has {input.ndim} dimensions. (argument pad)"), ThunderRuntimeError)
+    return fresh(constant_pad(input, list(pad), "constant", value), input)

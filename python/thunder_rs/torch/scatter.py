@@ -1,0 +1,425 @@
+"""Scatters and index writes: scatter (src and value forms, ``reduce=``), scatter_reduce,
+index_reduce, index_copy, index_fill, index_put, put, take and fill.
+
+Writing ``src`` at indexed positions is a scatter-add into zeros, kept where some index points
+(a count scattered the same way), the input elsewhere; its gradient is the VJP of those prims,
+as eager's. Sums and means are scatter-adds. Products and extrema scatter through a dense
+comparison of each index with every position of its dim (index elements x dim size), reduced
+over the index's dim: the torch executor runs these ops whole, and their gradients follow
+eager's formulas (a grad rule), so the dense form is only a decomposition for other executors.
+Index values are data: out-of-range ones raise eager's error when the op runs.
+"""
+
+import math
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs import torch as ltorch
+from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.indexing import _check_index, _check_no_larger
+from thunder_rs.torch.shape import reshape_to
+
+Tensor = torch.Tensor
+__all__ = ["scatter", "scatter_reduce", "index_reduce", "index_copy", "index_fill", "index_put", "put", "take", "fill"]
+
+_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+#: Names eager's scatter_reduce also accepts.
+_ALIASES = {"max": "amax", "min": "amin"}
+
+
+# -- dense scatter helpers ---------------------------------------------------------------------------
+
+
+def _identity(reduce: str, dtype):
+    if reduce in ("sum", "mean"):
+        return clang.maybe_convert(0, dtype)
+    if reduce == "prod":
+        return clang.maybe_convert(1, dtype)
+    if dtype.is_floating_point:
+        return -math.inf if reduce == "amax" else math.inf
+    info = torch.iinfo(dtype)
+    return info.min if reduce == "amax" else info.max
+
+
+def _sliced_to(src, shape):
+    if tuple(src.shape) == tuple(shape):
+        return src
+    return prims.slice(src, (0,) * src.ndim, tuple(shape), (1,) * src.ndim)
+
+
+def _one_hot(index, d: int, n: int):
+    """index[..., None] == arange(n): where each index element points along a dim of size ``n``."""
+    shape = (*index.shape, n)
+    wide = prims.broadcast_in_dim(index, shape, tuple(range(index.ndim)))
+    positions = prims.broadcast_in_dim(prims.iota(n, 0, 1, index.device, torch.int64), shape, (index.ndim,))
+    return prims.eq(wide, positions)
+
+
+def _placed(reduced, d: int, like_shape, fill):
+    """``reduced`` (the index's shape without ``d``, then the dim of size n) with n moved to
+    ``d`` and every other dim padded with ``fill`` to ``like_shape``."""
+    ndim = reduced.ndim
+    perm = tuple(range(d)) + (ndim - 1,) + tuple(range(d, ndim - 1))
+    moved = prims.transpose(reduced, perm) if perm != tuple(range(ndim)) else reduced
+    config = tuple((0, like_shape[k] - moved.shape[k], 0) for k in range(ndim))
+    return moved if all(c == (0, 0, 0) for c in config) else prims.pad(moved, fill, config)
+
+
+_DENSE = {"prod": prims.prod, "amax": prims.amax, "amin": prims.amin}
+
+
+def _counts(input, d: int, index):
+    """How many index elements point at each position of ``input`` (int64, ``input``'s shape)."""
+    ones = prims.full(tuple(index.shape), 1, index.device, torch.int64)
+    zeros = prims.full(tuple(input.shape), 0, input.device, torch.int64)
+    return prims.scatter_add(zeros, index, ones, d)
+
+
+def _scatter_reduced(input, d: int, index, src, reduce: str, include_self: bool):
+    """``input`` with the ``src`` elements ``index`` points at each position reduced into it."""
+    src = _sliced_to(clang.maybe_convert(src, input.dtype), index.shape)
+    counts = _counts(input, d, index)
+    covered = prims.gt(counts, 0)
+    if reduce in ("sum", "mean"):
+        base = input if include_self else prims.where(covered, clang.maybe_convert(0, input.dtype), input)
+        total = prims.scatter_add(base, index, src, d)
+        if reduce == "sum":
+            return total
+        n = prims.add(counts, 1) if include_self else prims.where(covered, counts, 1)
+        n = prims.convert_element_type(n, input.dtype)
+        mean = ltorch.div(total, n, rounding_mode=None if input.dtype.is_floating_point else "floor")
+        return prims.where(covered, mean, input)
+    ident = _identity(reduce, input.dtype)
+    hot = _one_hot(index, d, input.shape[d] if input.ndim else 1)
+    spread = prims.broadcast_in_dim(src, tuple(hot.shape), tuple(range(src.ndim)))
+    values = prims.where(hot, spread, clang.maybe_convert(ident, input.dtype))
+    reduced = _placed(_DENSE[reduce](values, (d,)), d, tuple(input.shape), ident)
+    if include_self:
+        combine = {"prod": prims.mul, "amax": prims.maximum, "amin": prims.minimum}[reduce]
+        reduced = combine(reduced, input)
+    return prims.where(covered, reduced, input)
+
+
+def _written(input, d: int, index, src):
+    """``input`` with ``src`` written where ``index`` points (one of the written values where
+    indices repeat, as eager leaves it undefined which)."""
+    src = _sliced_to(clang.maybe_convert(src, input.dtype), index.shape)
+    zeros = prims.full(tuple(input.shape), clang.maybe_convert(0, input.dtype), input.device, input.dtype)
+    placed = prims.scatter_add(zeros, index, src, d)
+    return prims.where(prims.gt(_counts(input, d, index), 0), placed, input)
+
+
+# -- scatter and scatter_reduce ----------------------------------------------------------------------
+
+
+def _check_scatter(op: str, input, dim, index, src):
+    d = clang.canonicalize_dim(input.ndim, dim, op)
+    index = _check_index(op, index, input, (torch.int64,), "int64")
+    check(index.ndim == input.ndim or (index.ndim <= 1 and input.ndim <= 1), op,
+          "Index tensor must have the same number of dimensions as self tensor (argument index)", ThunderRuntimeError)
+    if isinstance(src, torch.Tensor):
+        check(src.dtype == input.dtype, op, "Expected self.dtype to be equal to src.dtype (argument src)", ThunderRuntimeError)
+        check(src.ndim == index.ndim or (index.ndim <= 1 and src.ndim <= 1), op,
+              "Index tensor must have the same number of dimensions as src tensor (argument src)", ThunderRuntimeError)
+        bad = next((k for k in range(index.ndim) if index.shape[k] > src.shape[k]), None)
+        check(bad is None, op, lambda: (
+            f"Expected index {list(index.shape)} to be no larger size than src {list(src.shape)} (argument index)"),
+              ThunderRuntimeError)
+    _check_no_larger(op, index, input, d, "self")
+    return d, index
+
+
+def _as_1d(*tensors):
+    """0-d operands of a scatter as 1-d ones (torch treats them so)."""
+    return [reshape_to(t, (1,)) if isinstance(t, torch.Tensor) and t.ndim == 0 else t for t in tensors]
+
+
+@torchsymbol(torch.scatter, Tensor.scatter)
+def scatter(input, dim, index, src=None, value=None, *, reduce=None):
+    op = "ltorch.scatter"
+    src = value if src is None else src
+    check(src is not None, op, "expected a src tensor or a value (argument src)", ThunderTypeError)
+    d, index = _check_scatter(op, input, dim, index, src)
+    check(reduce in (None, "add", "multiply"), op, f"reduce argument must be either add or multiply, got {reduce} "
+          "(argument reduce)", ThunderRuntimeError)
+    if not isinstance(src, torch.Tensor):
+        src = prims.full(tuple(index.shape), clang.maybe_convert(src, input.dtype), input.device, input.dtype)
+    if index.numel() == 0:
+        return prims.convert_element_type(input, input.dtype)
+    a, index_, src_ = _as_1d(input, index, src)
+    if reduce is None:
+        out = _written(a, d, index_, src_)
+    else:
+        out = _scatter_reduced(a, d, index_, src_, "sum" if reduce == "add" else "prod", True)
+    return reshape_to(out, tuple(input.shape))
+
+
+@torchsymbol(torch.scatter_reduce, Tensor.scatter_reduce)
+def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
+    op = "ltorch.scatter_reduce"
+    d, index = _check_scatter(op, input, dim, index, src)
+    reduce = _ALIASES.get(reduce, reduce)
+    check(reduce in _REDUCTIONS, op, f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce} "
+          "(argument reduce)", ThunderRuntimeError)
+    check(input.dtype != torch.bool, op, "\"scatter_reduce\" is not implemented for 'Bool' (argument input)",
+          ThunderNotImplementedError)
+    if index.numel() == 0:
+        return prims.convert_element_type(input, input.dtype)
+    a, index_, src_ = _as_1d(input, index, src)
+    return reshape_to(_scatter_reduced(a, d, index_, src_, reduce, include_self), tuple(input.shape))
+
+
+def _padded_to(grad, shape):
+    """The gradient of a ``src`` larger than its index: zero past the index."""
+    if tuple(grad.shape) == tuple(shape):
+        return grad
+    return prims.pad(grad, 0.0, tuple((0, s - i, 0) for s, i in zip(shape, grad.shape)))
+
+
+def _extremum_grads(g, input, d, index, src, out):
+    """Eager's amax/amin backward: the gradient is shared evenly by every element equal to the result."""
+    value = ltorch.gather(out, d, index)
+    self_is = ltorch.eq(input, out)
+    src_is = ltorch.eq(_sliced_to(src, index.shape), value)
+    n = ltorch.scatter_add(clang.maybe_convert(self_is, g.dtype), d, index, clang.maybe_convert(src_is, g.dtype))
+    share = ltorch.div(g, n)
+    return ltorch.where(self_is, share, 0.0), ltorch.where(src_is, ltorch.gather(share, d, index), 0.0)
+
+
+def _prod_grads(g, input, d, index, src, out, include_self):
+    """Eager's prod backward: products without each element, exact where elements are zero."""
+    src_ = _sliced_to(src, index.shape)
+    masked_self = ltorch.masked_fill(input, ltorch.eq(input, 0), 1)
+    masked_self_result = scatter_reduce(masked_self, d, index, src_, "prod", include_self=include_self)
+    grad_self = ltorch.div(ltorch.mul(g, masked_self_result), masked_self)
+    src_zero = ltorch.eq(src_, 0)
+    zeros = ltorch.scatter_add(ltorch.zeros_like(input), d, index, clang.maybe_convert(src_zero, input.dtype))
+    single_zero = ltorch.bitwise_and(src_zero, ltorch.eq(ltorch.gather(zeros, d, index), 1))
+    masked_src_result = scatter_reduce(input, d, index, ltorch.masked_fill(src_, single_zero, 1), "prod",
+                                       include_self=include_self)
+    grad_src = ltorch.where(single_zero, ltorch.gather(ltorch.mul(g, masked_src_result), d, index),
+                            ltorch.div(ltorch.gather(ltorch.mul(g, out), d, index), ltorch.masked_fill(src_, src_zero, 1)))
+    return grad_self, grad_src
+
+
+@register_grad(scatter_reduce)
+def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
+    out = scatter_reduce(input, dim, index, src, reduce, include_self=include_self)
+    if not out.dtype.is_floating_point or input.ndim == 0 or index.numel() == 0:
+        return out
+    d = clang.canonicalize_dim(input.ndim, dim, "ltorch.scatter_reduce")
+    reduce = _ALIASES.get(reduce, reduce)
+    g = get_grad(out)
+    if reduce == "sum":
+        grad_self, grad_src = g, ltorch.gather(g, d, index)
+    elif reduce == "mean":
+        n = ltorch.scatter_add(ltorch.ones_like(g) if include_self else ltorch.zeros_like(g), d, index,
+                               ltorch.ones_like(_sliced_to(src, index.shape)))
+        n = ltorch.masked_fill(n, ltorch.eq(n, 0), 1)
+        grad_self = ltorch.div(g, n)
+        grad_src = ltorch.div(ltorch.gather(g, d, index), ltorch.gather(n, d, index))
+    elif reduce == "prod":
+        grad_self, grad_src = _prod_grads(g, input, d, index, src, out, include_self)
+    else:
+        grad_self, grad_src = _extremum_grads(g, input, d, index, src, out)
+    if not include_self:
+        grad_self = scatter(grad_self, d, index, value=0)
+    if input.requires_grad:
+        put_grad(input, grad_self)
+    if src.requires_grad:
+        put_grad(src, _padded_to(grad_src, src.shape))
+    return out
+
+
+# -- index_* ops ---------------------------------------------------------------------------------------
+
+
+def _along(op: str, input, dim, index, source, count_exc=ThunderRuntimeError):
+    """(dim, index as a scatter index of ``source``'s shape) for ops that index one dim with a vector."""
+    d = clang.canonicalize_dim(input.ndim, dim, op)
+    index = _check_index(op, index, input, (torch.int64, torch.int32), "int64 or int32")
+    check(index.ndim <= 1, op, f"Index is supposed to be a vector, but got dim: {index.ndim} (argument index)",
+          ThunderIndexError)
+    if source.ndim:
+        check(source.ndim == input.ndim, op, lambda: (
+            f"source and self must have the same number of dimensions, got {source.ndim} and {input.ndim} (argument source)"),
+              ThunderRuntimeError)
+        check(source.shape[d] == index.numel(), op, lambda: (
+            f"Number of indices ({index.numel()}) should be equal to source.size(dim) ({source.shape[d]}) (argument index)"),
+              count_exc)
+        same = all(k == d or source.shape[k] == input.shape[k] for k in range(input.ndim))
+        check(same, op, lambda: ("source tensor shape must match self tensor shape, excluding the specified dimension. "
+                                 f"Got self.shape = {list(input.shape)} source.shape = {list(source.shape)} (argument source)"),
+              ThunderRuntimeError)
+    else:
+        check(index.numel() == 1, op, f"Number of indices ({index.numel()}) should be equal to source.size(dim) (1) "
+              "(argument index)", count_exc)
+    shape = tuple(source.shape) if source.ndim else (1,)
+    wide = prims.broadcast_in_dim(reshape_to(clang.maybe_convert(index, torch.int64), (index.numel(),)), shape,
+                                  (d if input.ndim else 0,))
+    wrapped = prims.where(prims.lt(wide, 0), prims.add(wide, input.shape[d] if input.ndim else 1), wide)
+    return d, wrapped
+
+
+@torchsymbol(torch.index_copy, Tensor.index_copy)
+def index_copy(input, dim, index, source):
+    op = "ltorch.index_copy"
+    check(source.dtype == input.dtype, op, f"index_copy_(): self and source expected to have the same dtype, but got "
+          f"(self) {input.dtype} and (source) {source.dtype} (argument source)", ThunderRuntimeError)
+    d, wide = _along(op, input, dim, index, source, ThunderIndexError)
+    a, src = _as_1d(input, source)
+    return reshape_to(_written(a, d, wide, src), tuple(input.shape))
+
+
+@torchsymbol(torch.index_reduce, Tensor.index_reduce)
+def index_reduce(input, dim, index, source, reduce, *, include_self=True):
+    op = "ltorch.index_reduce"
+    check(reduce in ("prod", "mean", "amax", "amin"), op, f"index_reduce(): Expected reduce to be one of prod, mean, "
+          f"amax or amin but got {reduce}. (argument reduce)", ThunderRuntimeError)
+    check(source.dtype == input.dtype, op, f"index_reduce_(): self ({input.dtype}) and source ({source.dtype}) must "
+          "have the same scalar type (argument source)", ThunderRuntimeError)
+    d, wide = _along(op, input, dim, index, source)
+    a, src = _as_1d(input, source)
+    return reshape_to(scatter_reduce(a, d, wide, src, reduce, include_self=include_self), tuple(input.shape))
+
+
+@torchsymbol(torch.index_fill, Tensor.index_fill)
+def index_fill(input, dim, index, value):
+    op = "ltorch.index_fill"
+    d = clang.canonicalize_dim(input.ndim, dim, op)
+    index = _check_index(op, index, input, (torch.int64,), "int64")
+    check(index.ndim <= 1, op, "Index has to be a vector/scalar (argument index)", ThunderIndexError)
+    if isinstance(value, torch.Tensor):
+        check(value.ndim == 0, op, f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} "
+              "dimension(s). (argument value)", ThunderRuntimeError)
+    n = input.shape[d] if input.ndim else 1
+    flat = reshape_to(index, (index.numel(),))
+    flat = prims.where(prims.lt(flat, 0), prims.add(flat, n), flat)
+    hits = prims.index_add(prims.full((n,), 0, input.device, torch.int64), flat,
+                           prims.full((index.numel(),), 1, input.device, torch.int64), 0)
+    hit = prims.gt(hits, 0)
+    mask = prims.broadcast_in_dim(hit, tuple(input.shape), (d,)) if input.ndim else reshape_to(hit, ())
+    return ltorch.where(mask, clang.maybe_convert(value, input.dtype), input)
+
+
+# -- flat indexing ---------------------------------------------------------------------------------
+
+
+def _flat_index(op: str, input, index):
+    index = _check_index(op, index, input, (torch.int64,), "int64")
+    flat = reshape_to(index, (index.numel(),))
+    return prims.where(prims.lt(flat, 0), prims.add(flat, input.numel()), flat)
+
+
+@torchsymbol(torch.take, Tensor.take)
+def take(input, index):
+    op = "ltorch.take"
+    flat = _flat_index(op, input, index)
+    check(input.numel() > 0 or index.numel() == 0, op, "cannot do a non-empty take from an empty axes. (argument index)",
+          ThunderIndexError)
+    return reshape_to(prims.take(reshape_to(input, (input.numel(),)), flat, 0), tuple(index.shape))
+
+
+@torchsymbol(torch.put, Tensor.put)
+def put(input, index, source, accumulate=False):
+    op = "ltorch.put"
+    check(source.dtype == input.dtype, op, f"put_(): self and source expected to have the same dtype, but got "
+          f"self.dtype = {input.dtype} and source.dtype = {source.dtype} (argument source)", ThunderRuntimeError)
+    check(index.numel() == source.numel(), op, f"put_(): Expected source and index to have the same number of elements, "
+          f"but got source.numel() = {source.numel()}, index.numel() = {index.numel()} (argument source)", ThunderIndexError)
+    flat_index = _flat_index(op, input, index)
+    flat = reshape_to(input, (input.numel(),))
+    values = reshape_to(source, (source.numel(),))
+    out = prims.index_add(flat, flat_index, values, 0) if accumulate else _written(flat, 0, flat_index, values)
+    return reshape_to(out, tuple(input.shape))
+
+
+@torchsymbol(torch.index_put, Tensor.index_put)
+def index_put(input, indices, values, accumulate=False):
+    """``input[indices] = values`` (``+=`` when ``accumulate``) for integer index tensors on the
+    leading dims, broadcast together."""
+    op = "ltorch.index_put"
+    indices = tuple(indices)
+    check(0 < len(indices) <= input.ndim, op, f"too many indices for tensor of dimension {input.ndim} (got {len(indices)}) "
+          "(argument indices)", ThunderIndexError)
+    for i, idx in enumerate(indices):
+        check(isinstance(idx, torch.Tensor), op, f"index {i} is {type(idx).__name__}: only index tensors are supported "
+              "(argument indices)", ThunderNotImplementedError)
+    check(values.dtype == input.dtype, op, f"Index put requires the source and destination dtypes match, got "
+          f"{input.dtype} for the destination and {values.dtype} for the source. (argument values)", ThunderRuntimeError)
+    if len(indices) == 1 and indices[0].dtype == torch.bool:
+        return _put_masked(op, input, indices[0], values, accumulate)
+    check(all(idx.dtype != torch.bool for idx in indices), op, "boolean mask indices mixed with other indices are not "
+          "supported (argument indices)", ThunderNotImplementedError)
+    k = len(indices)
+    wrapped = [_check_index(op, idx, input) for idx in indices]
+    shape = clang.broadcast_shapes(op, *(idx.shape for idx in wrapped))
+    linear = None
+    for size, idx in zip(input.shape[:k], wrapped):
+        idx = clang.maybe_convert(idx, torch.int64)
+        idx = prims.where(prims.lt(idx, 0), prims.add(idx, size), idx)
+        linear = idx if linear is None else clang.elementwise(prims.add, op, clang.elementwise(prims.mul, op, linear, size), idx)
+    rest = tuple(input.shape[k:])
+    count = math.prod(shape)
+    linear = reshape_to(clang.expand_to(linear, shape), (count,))
+    target = (*shape, *rest)
+    check(clang.broadcast_shapes(op, target, values.shape) == target, op, lambda: (
+        f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of shape "
+        f"{list(target)} (argument values)"), ThunderRuntimeError)
+    flat_values = reshape_to(clang.expand_to(values, target), (count, *rest))
+    flat = reshape_to(input, (math.prod(input.shape[:k]), *rest))
+    out = prims.index_add(flat, linear, flat_values, 0) if accumulate else _written_rows(flat, linear, flat_values)
+    return reshape_to(out, tuple(input.shape))
+
+
+def _put_masked(op: str, input, mask, values, accumulate: bool):
+    """``input[mask] = values`` where every masked position takes the same values (``values``
+    broadcasts from one row): a select, whatever the mask holds. Values per masked position
+    would be placed by a running count of the mask, which the trace has no prim for."""
+    m = mask.ndim
+    check(tuple(mask.shape) == tuple(input.shape[:m]), op, lambda: (
+        f"The shape of the mask {list(mask.shape)} at index 0 does not match the shape of the indexed tensor "
+        f"{list(input.shape)} at index 0 (argument indices)"), ThunderIndexError)
+    rest = tuple(input.shape[m:])
+    lead = values.shape[:max(values.ndim - len(rest), 0)]
+    check(all(s == 1 for s in lead), op, lambda: (
+        f"values of shape {list(values.shape)} give each masked position its own value: placing them depends on the "
+        "mask's values (a running count), which thunder_rs does not trace; use torch.where (argument values)"),
+          ThunderNotImplementedError)
+    tail = tuple(values.shape[len(lead):])
+    check(all(t in (r, 1) for t, r in zip(reversed(tail), reversed(rest))), op, lambda: (
+        f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of shape "
+        f"[N, {', '.join(map(str, rest))}] (argument values)"), ThunderRuntimeError)
+    row = clang.expand_to(reshape_to(values, tail), tuple(input.shape))
+    wide = prims.broadcast_in_dim(mask, tuple(input.shape), tuple(range(m)))
+    if accumulate:
+        row = prims.add(input, prims.where(wide, row, clang.maybe_convert(0, input.dtype)))
+    return prims.where(wide, row, input)
+
+
+def _written_rows(flat, rows, values):
+    """``flat`` with ``values[i]`` written to row ``rows[i]``."""
+    zeros = prims.full(tuple(flat.shape), clang.maybe_convert(0, flat.dtype), flat.device, flat.dtype)
+    placed = prims.index_add(zeros, rows, values, 0)
+    hits = prims.index_add(prims.full((flat.shape[0],), 0, flat.device, torch.int64), rows,
+                           prims.full((rows.shape[0],), 1, flat.device, torch.int64), 0)
+    mask = prims.broadcast_in_dim(prims.gt(hits, 0), tuple(flat.shape), (0,))
+    return prims.where(mask, placed, flat)
+
+
+@torchsymbol(torch.fill)
+def fill(input, value):
+    """``input``'s shape filled with ``value``; like eager's, the result requires grad as ``input``
+    does (its gradient is zero), so it selects the value everywhere rather than building it anew."""
+    op = "ltorch.fill"
+    if isinstance(value, torch.Tensor):
+        check(value.ndim == 0, op, f"fill only supports 0-dimension value tensor but got tensor with {value.ndim} "
+              "dimensions. (argument value)", ThunderRuntimeError)
+        filled = clang.expand_to(clang.maybe_convert(value, input.dtype), tuple(input.shape))
+    else:
+        filled = prims.full(tuple(input.shape), clang.maybe_convert(value, input.dtype), input.device, input.dtype)
+    everywhere = prims.full(tuple(input.shape), True, input.device, torch.bool)
+    return prims.where(everywhere, filled, input)
