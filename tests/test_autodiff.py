@@ -156,3 +156,16 @@ def test_unfreezing_or_retyping_parameters_recompiles():
     out = jm(x.double())
     out.sum().backward()
     assert out.dtype == torch.float64 and thunder_rs.cache_misses(jm) == 3
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a: torch.unbind(a), lambda a: a.unbind(0), lambda a: torch.split(a, 1), lambda a: a.chunk(1),
+    lambda a: torch.tensor_split(a, 1), lambda a: torch.broadcast_tensors(a), lambda a: torch.unbind_copy(a),
+], ids=["unbind", "unbind_method", "split", "chunk", "tensor_split", "broadcast_tensors", "unbind_copy"])
+def test_ops_returning_one_tensor_in_a_sequence_keep_the_sequence(fn):
+    # Run whole by the torch executor, a sequence of one tensor is bound to the single output:
+    # it must not come back wrapped twice.
+    a = torch.randn(1, 3)
+    actual, expected = thunder_rs.jit(fn)(a), fn(a)
+    assert type(actual) is type(expected) and len(actual) == len(expected) == 1
+    torch.testing.assert_close(actual[0], expected[0])

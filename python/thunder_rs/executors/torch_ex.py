@@ -219,12 +219,26 @@ def _register_kernels() -> None:
         torch_ex.register_implementation(getattr(kernels, name), impl, impl_name=f"torch_{name}", checker=checker)
 
 
+def _unpacked(torch_fn):
+    """``torch_fn`` returning the one tensor of a one-tensor sequence bare: a composite call has
+    as many outputs as tensors it returns, and the code that runs it binds a single output to
+    the whole result, which the result's structure then wraps again."""
+
+    def run(*args, **kwargs):
+        out = torch_fn(*args, **kwargs)
+        return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
+
+    run.__name__ = run.__qualname__ = f"{getattr(torch_fn, '__name__', 'op')}_unpacked"
+    return run
+
+
 def _register_composites() -> None:
     for sym in SYMBOLS:
         if sym.torch_fns and sym.symbol_id not in torch_ex.implmap:
             impl_name = "torch_" + sym.symbol_name.removeprefix("ltorch.")
-            torch_ex.implmap[sym.symbol_id] = (impl_name, None, sym.torch_fns[0])
-            method = _same_signature_method(sym.torch_fns)
+            impl = _unpacked(sym.torch_fns[0]) if sym.returns_sequence else sym.torch_fns[0]
+            torch_ex.implmap[sym.symbol_id] = (impl_name, None, impl)
+            method = None if sym.returns_sequence else _same_signature_method(sym.torch_fns)
             if method is not None:
                 torch_ex.methods[sym.symbol_id] = method
     _bump()

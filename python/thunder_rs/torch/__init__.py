@@ -16,8 +16,9 @@ from thunder_rs.core.recorder import record_composite
 SYMBOLS: list = []
 
 
-def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...] = ()):
-    """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns``."""
+def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False):
+    """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns``. ``sequence``:
+    the op returns a sequence of tensors (``unbind``), which may hold just one."""
 
     def decorate(fn):
         sym_name = f"ltorch.{name or fn.__name__}"
@@ -30,6 +31,7 @@ def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...]
         symbol.symbol_id = sym_id
         symbol.symbol_name = sym_name
         symbol.torch_fns = torch_fns
+        symbol.returns_sequence = sequence
         for torch_fn in torch_fns:
             TORCH_TO_LTORCH[torch_fn] = symbol
         for prop in properties:

@@ -47,19 +47,6 @@ __all__ = [
 ]
 
 
-def unpacked(torch_fn):
-    """``torch_fn`` for the torch executor, returning the one tensor of a one-tensor sequence
-    bare: a composite call has as many outputs as tensors it returns, and the code that runs it
-    binds a single output to the whole result, which the result's structure then wraps again."""
-
-    def run(*args, **kwargs):
-        out = torch_fn(*args, **kwargs)
-        return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
-
-    run.__name__ = run.__qualname__ = f"_{torch_fn.__name__}_unpacked"
-    return run
-
-
 def _permuted(a, perm):
     perm = tuple(perm)
     return a if perm == tuple(range(a.ndim)) else prims.transpose(a, perm)
@@ -106,20 +93,20 @@ def flipud(input):
 # -- splitting -------------------------------------------------------------------------------------
 
 
-@torchsymbol(unpacked(torch.split_with_sizes), torch.split_with_sizes, Tensor.split_with_sizes)
+@torchsymbol(torch.split_with_sizes, Tensor.split_with_sizes, sequence=True)
 def split_with_sizes(input, split_sizes, dim=0):
     sizes = _sizes("ltorch.split_with_sizes", (split_sizes,), "split_sizes")
     return split(input, list(sizes), dim)
 
 
-@torchsymbol(unpacked(torch.unsafe_split), torch.unsafe_split, Tensor.unsafe_split)
+@torchsymbol(torch.unsafe_split, Tensor.unsafe_split, sequence=True)
 def unsafe_split(input, split_size, dim=0):
     check(isinstance(split_size, int) and not isinstance(split_size, bool), "ltorch.unsafe_split",
           f"argument 'split_size' must be int, not {type(split_size).__name__} (argument split_size)", ThunderTypeError)
     return split(input, split_size, dim)
 
 
-@torchsymbol(unpacked(torch.unsafe_chunk), torch.unsafe_chunk, Tensor.unsafe_chunk)
+@torchsymbol(torch.unsafe_chunk, Tensor.unsafe_chunk, sequence=True)
 def unsafe_chunk(input, chunks, dim=0):
     return chunk(input, chunks, dim)
 
@@ -127,7 +114,7 @@ def unsafe_chunk(input, chunks, dim=0):
 def _define_directional_split(name: str, min_ndim: int, dim_of):
     op = f"ltorch.{name}"
 
-    @torchsymbol(unpacked(getattr(torch, name)), getattr(torch, name), getattr(Tensor, name), name=name)
+    @torchsymbol(getattr(torch, name), getattr(Tensor, name), name=name, sequence=True)
     def directional_split(input, indices_or_sections):
         check(input.ndim >= min_ndim, op, lambda: (
             f"torch.{name} requires a tensor with at least {min_ndim} dimension, but got a tensor with {input.ndim} "
@@ -157,7 +144,7 @@ def _at_least_3d(a):
     return reshape_to(a, shape)
 
 
-@torchsymbol(unpacked(torch.atleast_3d), torch.atleast_3d)
+@torchsymbol(torch.atleast_3d, sequence=True)
 def atleast_3d(*tensors):
     if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
         return tuple(_at_least_3d(a) for a in tensors[0])
@@ -262,7 +249,7 @@ def _linked_views(symbol):
     return views_of
 
 
-@torchsymbol(unpacked(torch.broadcast_tensors), torch.broadcast_tensors)
+@torchsymbol(torch.broadcast_tensors, sequence=True)
 def broadcast_tensors(*tensors):
     op = "ltorch.broadcast_tensors"
     for i, t in enumerate(tensors):
@@ -288,7 +275,7 @@ def _grid_inputs(op: str, tensors):
     return tensors
 
 
-@torchsymbol(unpacked(torch.meshgrid), torch.meshgrid)
+@torchsymbol(torch.meshgrid, sequence=True)
 def meshgrid(*tensors, indexing=None):
     op = "ltorch.meshgrid"
     tensors = _grid_inputs(op, tensors)

@@ -30,10 +30,8 @@ _SEQUENCES = ("unbind_copy", "split_copy", "split_with_sizes_copy")
 
 def _define_copy(name: str, view):
     torch_fns = tuple(f for f in (getattr(torch, name), getattr(torch.Tensor, name, None)) if f is not None)
-    if name in _SEQUENCES:
-        torch_fns = (arrange.unpacked(torch_fns[0]), *torch_fns)
 
-    @torchsymbol(*torch_fns, name=name)
+    @torchsymbol(*torch_fns, name=name, sequence=name in _SEQUENCES)
     def copy_op(input, *args, out=None, **kwargs):
         check(out is None, f"ltorch.{name}", "out= is not supported (argument out)", ThunderNotImplementedError)
         result = view(input, *args, **kwargs)

@@ -265,7 +265,7 @@ def select(a, dim, index):
     return prims.squeeze(slice_in_dim(a, d, index % size, index % size + 1), (d,))
 
 
-@torchsymbol(torch.unbind, Tensor.unbind)
+@torchsymbol(torch.unbind, Tensor.unbind, sequence=True)
 def unbind(a, dim=0):
     op = "ltorch.unbind"
     check(a.ndim > 0, op, "Dimension specified as 0 but tensor has no dimensions (argument a)", ThunderIndexError)

@@ -451,7 +451,7 @@ def _split_dim(op: str, a, dim, what: str):
     return clang.canonicalize_dim(a.ndim, dim, op)
 
 
-@torchsymbol(torch.split, Tensor.split)
+@torchsymbol(torch.split, Tensor.split, sequence=True)
 def split(a, split_size_or_sections, dim=0):
     op = "ltorch.split"
     d = _split_dim(op, a, dim, "split")
@@ -476,7 +476,7 @@ def split(a, split_size_or_sections, dim=0):
     return _split_sizes(a, sizes, d)
 
 
-@torchsymbol(torch.chunk, Tensor.chunk)
+@torchsymbol(torch.chunk, Tensor.chunk, sequence=True)
 def chunk(a, chunks, dim=0):
     op = "ltorch.chunk"
     d = _split_dim(op, a, dim, "chunk")
@@ -489,7 +489,7 @@ def chunk(a, chunks, dim=0):
     return _split_sizes(a, [min(step, size - i * step) for i in range(count)], d)
 
 
-@torchsymbol(torch.tensor_split, Tensor.tensor_split)
+@torchsymbol(torch.tensor_split, Tensor.tensor_split, sequence=True)
 def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sections=None):
     op = "ltorch.tensor_split"
     indices_or_sections = next((x for x in (sections, indices, tensor_indices_or_sections) if x is not None), None)
