@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .core import ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, SampleInput, Transposed, cpu, make, tensor
+from .core import ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, SampleInput, Transposed, cpu, make, tensor, transposed
 
 REPEATED = ((0, 1, 0), (2, 2, 1))  # along dim 1 of a (2, 4) tensor
 
@@ -164,6 +164,27 @@ def as_strided_input_samples(dtype: torch.dtype, device: str) -> Iterable[Sample
     yield SampleInput(make((10,), dtype, device)[3:], (2, 2), (1, 2))
 
 
+def masked_scatter_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Masks of the input's shape, broadcast from a row or broadcasting the input, all-false and
+    all-true, a longer source, non-contiguous operands and empty tensors."""
+    mask = torch.tensor([[True, False, True, True], [False, False, True, False], [True, True, False, False]],
+                        device=device)
+    yield SampleInput(make((3, 4), dtype, device), mask, make((6,), dtype, device))
+    yield SampleInput(make((3, 4), dtype, device), mask[0], make((2, 5), dtype, device))
+    yield SampleInput(make((4,), dtype, device), mask, make((7,), dtype, device))
+    yield SampleInput(make((3, 4), dtype, device), torch.zeros_like(mask), make((2,), dtype, device))
+    yield SampleInput(transposed((4, 3), dtype, device), mask.mT.contiguous().mT.mT, make((12,), dtype, device))
+    yield SampleInput(make((2, 0), dtype, device), torch.ones(2, 0, dtype=torch.bool, device=device), make((0,), dtype, device))
+    yield SampleInput(make((), dtype, device), torch.tensor(True, device=device), make((3,), dtype, device))
+
+
+def masked_scatter_errors() -> Iterable[ErrorInput]:
+    mask = torch.tensor([True, False, True])
+    yield ErrorInput(SampleInput(cpu((3,)), mask.float(), cpu((3,))), RuntimeError, "boolean")
+    yield ErrorInput(SampleInput(cpu((3,)), mask, cpu((3,), torch.float64)), RuntimeError, "dtype")
+    yield ErrorInput(SampleInput(cpu((3,)), torch.ones(2, dtype=torch.bool), cpu((3,))), RuntimeError, "size")
+
+
 OPS = [
     OpInfo("scatter", torch.scatter, scatter_samples, scatter_errors, ALL),
     *(OpInfo("scatter_reduce", torch.scatter_reduce, scatter_reduce_samples(r), scatter_reduce_errors if r == "sum" else
@@ -176,5 +197,6 @@ OPS = [
     OpInfo("put", torch.put, put_samples, put_errors, ALL),
     OpInfo("index_put", torch.index_put, index_put_samples, index_put_errors, ALL),
     OpInfo("fill", torch.fill, fill_samples, dtypes=ALL),
+    OpInfo("masked_scatter", torch.masked_scatter, masked_scatter_samples, masked_scatter_errors, ALL),
     OpInfo("as_strided", torch.as_strided, as_strided_input_samples, dtypes=FLOATS, variant="input_offset"),
 ]

@@ -23,7 +23,8 @@ from thunder_rs.torch.indexing import _check_index, _check_no_larger
 from thunder_rs.torch.shape import reshape_to
 
 Tensor = torch.Tensor
-__all__ = ["scatter", "scatter_reduce", "index_reduce", "index_copy", "index_fill", "index_put", "put", "take", "fill"]
+__all__ = ["scatter", "scatter_reduce", "index_reduce", "index_copy", "index_fill", "index_put", "put", "take", "fill",
+           "masked_scatter"]
 
 _REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 #: Names eager's scatter_reduce also accepts.
@@ -408,6 +409,30 @@ def _written_rows(flat, rows, values):
                            prims.full((rows.shape[0],), 1, flat.device, torch.int64), 0)
     mask = prims.broadcast_in_dim(prims.gt(hits, 0), tuple(flat.shape), (0,))
     return prims.where(mask, placed, flat)
+
+
+@torchsymbol(torch.masked_scatter, Tensor.masked_scatter)
+def masked_scatter(input, mask, source):
+    """The masked positions, in row-major order, take ``source``'s elements one after another:
+    the k-th true position reads ``source.flatten()[k]``, its index a running count of the mask.
+    Too short a source fails when the op runs (the count is data), as in eager."""
+    op = "ltorch.masked_scatter"
+    check(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, op,
+          f"masked_scatter_ only supports boolean masks, but got mask with dtype {getattr(mask, 'dtype', None)} (argument mask)",
+          ThunderRuntimeError)
+    check(isinstance(source, torch.Tensor) and source.dtype == input.dtype, op,
+          f"masked_scatter: expected self and source to have same dtypes but got {input.dtype} and "
+          f"{getattr(source, 'dtype', None)} (argument source)", ThunderRuntimeError)
+    shape = clang.broadcast_shapes(op, input.shape, mask.shape)
+    input, mask = clang.expand_to(input, shape), clang.expand_to(mask, shape)
+    n = math.prod(shape)
+    flat_mask = reshape_to(mask, (n,))
+    if n == 0 or source.numel() == 0:
+        return ltorch.where(mask, input, input) if n == 0 else ltorch.where(mask, ltorch.zeros_like(input), input)
+    position = prims.cumsum(prims.convert_element_type(flat_mask, torch.int64), 0)
+    index = prims.maximum(prims.sub(position, 1), 0)
+    values = prims.take(reshape_to(source, (source.numel(),)), index, 0)
+    return prims.where(mask, reshape_to(values, shape), input)
 
 
 @torchsymbol(torch.fill)
