@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import activations, creation, elementwise, indexing, linalg, nn, reductions, shape, special
+from . import activations, creation, elementwise, indexing, linalg, losses, nn, reductions, shape, special
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -16,6 +16,7 @@ OPINFOS: list[OpInfo] = [
     *nn.OPS,
     *special.OPS,
     *activations.OPS,
+    *losses.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]
