@@ -87,6 +87,15 @@ def bce_edges(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(p, torch.tensor([0.0, 1.0, 1.0, 0.5], dtype=dtype, device=device), reduction="none")
 
 
+def bce_saturated(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Probabilities of exactly 0 and 1 (a saturated sigmoid): eager's gradient is still finite."""
+    p = torch.tensor([0.0, 1.0, 0.5, 1e-30, 1.0, 0.0], dtype=dtype, device=device)
+    t = torch.tensor([0.0, 1.0, 1.0, 0.5, 0.3, 0.5], dtype=dtype, device=device)
+    for reduction in REDUCTIONS:
+        yield SampleInput(p, target=t, reduction=reduction)
+    yield SampleInput(p, target=t, weight=torch.linspace(0.5, 1.0, 6, dtype=dtype, device=device))
+
+
 def bce_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), cpu((4,))), ValueError)
     yield ErrorInput(SampleInput(cpu((3,)), cpu((3,), torch.float64)), RuntimeError)
@@ -339,6 +348,8 @@ OPS = [
     loss("binary_cross_entropy", F.binary_cross_entropy, partial(pair_samples, lhs=PROBABILITIES, rhs=UNIT), bce_errors),
     loss("binary_cross_entropy", F.binary_cross_entropy, bce_weighted, variant="weight", nondifferentiable=("weight",)),
     loss("binary_cross_entropy", F.binary_cross_entropy, bce_edges, variant="edges", supports_grad=False),
+    loss("binary_cross_entropy", F.binary_cross_entropy, bce_saturated, variant="saturated",
+         nondifferentiable=("target", "weight")),
     loss("binary_cross_entropy_with_logits", F.binary_cross_entropy_with_logits, partial(pair_samples, rhs=UNIT),
          bce_logits_errors),
     loss("binary_cross_entropy_with_logits", F.binary_cross_entropy_with_logits, bce_logits_weighted, variant="weight"),

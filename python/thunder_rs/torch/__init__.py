@@ -53,5 +53,6 @@ from thunder_rs.torch.activations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch import kernels  # noqa: E402,F401
 from thunder_rs.torch import grads  # noqa: E402,F401
+from thunder_rs.torch import grads_elementwise  # noqa: E402,F401
 from thunder_rs.torch.views import *  # noqa: E402,F401,F403
 from thunder_rs.torch import inplace  # noqa: E402,F401
