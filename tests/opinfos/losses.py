@@ -9,7 +9,20 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .core import ACCUMULATING, FLOATS, ErrorInput, OpInfo, SampleInput, Strided, Transposed, cpu, make, tensor
+from .core import (
+    ACCUMULATING,
+    FLOATS,
+    ErrorInput,
+    OpInfo,
+    SampleInput,
+    Strided,
+    Transposed,
+    chain_errors,
+    cpu,
+    make,
+    tensor,
+    transposed,
+)
 
 REDUCTIONS = ("mean", "sum", "none")
 LOSS_TOLERANCE = {**ACCUMULATING, torch.float64: ACCUMULATING[torch.float32]._replace(rtol=1e-7, atol=1e-7)}
@@ -43,10 +56,6 @@ def bad_reduction(*args: Callable) -> Callable:
         yield ErrorInput(SampleInput(*(a() for a in args), reduction="bogus"), ValueError)
 
     return errors
-
-
-def cat_errors(*generators: Callable) -> Callable:
-    return lambda: (e for g in generators for e in g())
 
 
 def l1_errors() -> Iterable[ErrorInput]:
@@ -196,11 +205,7 @@ def soft_margin_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput
     for reduction in REDUCTIONS:
         yield SampleInput(make((3, 4), dtype, device), signs((3, 4), dtype, device), reduction=reduction)
     yield SampleInput(make((), dtype, device), signs((), dtype, device))
-    yield SampleInput(transposed_(dtype, device), signs((3, 4), dtype, device))
-
-
-def transposed_(dtype, device):
-    return make((4, 3), dtype, device).mT
+    yield SampleInput(transposed((3, 4), dtype, device), signs((3, 4), dtype, device))
 
 
 def multilabel_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
@@ -211,7 +216,7 @@ def multilabel_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]
         yield SampleInput(make((3, 4), dtype, device), labels(3, 4), reduction=reduction)
     yield SampleInput(make((3, 4), dtype, device), labels(3, 4), weight=make((4,), dtype, device, **UNIT))
     yield SampleInput(make((4,), dtype, device), labels(4))
-    yield SampleInput(transposed_(dtype, device), labels(3, 4), reduction="sum")
+    yield SampleInput(transposed((3, 4), dtype, device), labels(3, 4), reduction="sum")
 
 
 def cosine_embedding_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
@@ -219,7 +224,7 @@ def cosine_embedding_samples(dtype: torch.dtype, device: str) -> Iterable[Sample
         yield SampleInput(make((3, 4), dtype, device), make((3, 4), dtype, device), signs((3,), dtype, device),
                           margin=0.2, reduction=reduction)
     yield SampleInput(make((4,), dtype, device), make((4,), dtype, device), signs((), dtype, device))
-    yield SampleInput(transposed_(dtype, device), make((3, 4), dtype, device), signs((3,), dtype, device))
+    yield SampleInput(transposed((3, 4), dtype, device), make((3, 4), dtype, device), signs((3,), dtype, device))
 
 
 def cosine_embedding_errors() -> Iterable[ErrorInput]:
@@ -267,7 +272,7 @@ def distance_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(x(3, 4), x(4), keepdim=True)
     yield SampleInput(x(2, 3, 4), x(3, 4))
     yield SampleInput(x(4), x(4))
-    yield SampleInput(transposed_(dtype, device), x(3, 4), eps=0.0)
+    yield SampleInput(transposed((3, 4), dtype, device), x(3, 4), eps=0.0)
     yield SampleInput(x(0, 4), x(0, 4))
 
 
@@ -279,7 +284,7 @@ def cosine_similarity_samples(dtype: torch.dtype, device: str) -> Iterable[Sampl
     yield SampleInput(x(3, 4), x(4), dim=-1)
     yield SampleInput(x(2, 3, 4), x(3, 4), dim=0)
     yield SampleInput(x(3, 4), torch.zeros(3, 4, dtype=dtype, device=device), dim=1)
-    yield SampleInput(transposed_(dtype, device), x(3, 4), eps=1e-3)
+    yield SampleInput(transposed((3, 4), dtype, device), x(3, 4), eps=1e-3)
     yield SampleInput(x(4), x(4), dim=0)
 
 
@@ -299,7 +304,7 @@ def normalize_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     zero_row = x(3, 4)
     zero_row[1] = 0.0
     yield SampleInput(zero_row, dim=1)
-    yield SampleInput(transposed_(dtype, device))
+    yield SampleInput(transposed((3, 4), dtype, device))
     yield SampleInput(x(0, 4))
 
 
@@ -318,7 +323,7 @@ def cdist_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(x(30, 3), x(5, 3), compute_mode="donot_use_mm_for_euclid_dist")
     yield SampleInput(x(2, 3, 4), x(5, 4))
     yield SampleInput(x(2, 1, 3, 4), x(4, 5, 4), p=1.0)
-    yield SampleInput(transposed_(dtype, device), x(2, 4))
+    yield SampleInput(transposed((3, 4), dtype, device), x(2, 4))
     yield SampleInput(x(0, 4), x(2, 4))
 
 
@@ -337,7 +342,7 @@ def x34():
 
 
 OPS = [
-    loss("l1_loss", F.l1_loss, pair_samples, cat_errors(l1_errors, bad_reduction(x34, x34))),
+    loss("l1_loss", F.l1_loss, pair_samples, chain_errors(l1_errors, bad_reduction(x34, x34))),
     loss("l1_loss", F.l1_loss, legacy_flags, variant="legacy"),
     loss("smooth_l1_loss", F.smooth_l1_loss, pair_samples, smooth_l1_errors),
     loss("smooth_l1_loss", F.smooth_l1_loss, partial(pair_samples, beta=0.5), variant="beta"),

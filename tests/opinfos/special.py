@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -29,7 +30,8 @@ def ternary_samples(dtype: torch.dtype, device: str, *, value=None, rhs: dict | 
     """(input, tensor1, tensor2): equal shapes, broadcasting, 0-d, empty, non-contiguous, mixed dtypes."""
     rhs = rhs or {}
     kw = {} if value is None else {"value": value}
-    for a, b, c in (((3, 4), (3, 4), (3, 4)), ((3, 4), (4,), (3, 1)), ((), (), ()), ((0, 3), (3,), (0, 3)), ((4,), (3, 4), ())):
+    shapes = (((3, 4), (3, 4), (3, 4)), ((3, 4), (4,), (3, 1)), ((), (), ()), ((0, 3), (3,), (0, 3)), ((4,), (3, 4), ()))
+    for a, b, c in shapes:
         yield SampleInput(make(a, dtype, device), make(b, dtype, device), make(c, dtype, device, **rhs), **kw)
     yield SampleInput(transposed((3, 4), dtype, device), strided((3, 4), dtype, device), make((3, 4), dtype, device, **rhs), **kw)
     if dtype.is_floating_point:
@@ -38,11 +40,10 @@ def ternary_samples(dtype: torch.dtype, device: str, *, value=None, rhs: dict | 
 
 
 def addcmul_errors() -> Iterable[ErrorInput]:
-    b, i = cpu((3,), torch.bool), cpu((3,), torch.int64)
+    b = cpu((3,), torch.bool)
     yield ErrorInput(SampleInput(b, b, b), NotImplementedError)
     yield ErrorInput(SampleInput(cpu((3,)), cpu((3,)), cpu((3,)), value="x"), TypeError)
     yield ErrorInput(SampleInput(cpu((3, 4)), cpu((5,)), cpu((3, 4))), RuntimeError)
-    del i
 
 
 def addcdiv_errors() -> Iterable[ErrorInput]:
@@ -94,7 +95,8 @@ BINARY = {
     "logical_xor": Binary(torch.logical_xor, grad=False, **MINMAX),
 }
 BINARY_OPS = [entry for name, binary in BINARY.items() for entry in binary.entries(name)]
-BINARY_OPS = [op if op.name != "sub" else OpInfo(**{**op.__dict__, "variant": "subtract"}) for op in BINARY_OPS]
+# torch.subtract is sub's alias: its entries are variants of sub's.
+BINARY_OPS = [replace(op, variant="subtract") if op.name == "sub" else op for op in BINARY_OPS]
 
 
 def heaviside_errors() -> Iterable[ErrorInput]:

@@ -77,12 +77,9 @@ def _safe(mask, x, value):
 # -- fused arithmetic ------------------------------------------------------------------------------
 
 
-def _check_value(op: str, compute, value) -> None:
+def _check_value(op: str, value) -> None:
     check(isinstance(value, (bool, int, float)), op, lambda: f"expected a number for value, got {type(value).__name__} "
           "(argument value)", ThunderTypeError)
-    check(compute.is_floating_point or not isinstance(value, float), op,
-          "For integral input tensors, argument value must not be a floating point number. (argument value)",
-          ThunderRuntimeError)
 
 
 @torchsymbol(torch.addcmul, T.addcmul)
@@ -91,8 +88,7 @@ def addcmul(input, tensor1, tensor2, *, value=1):
     (a, t1, t2), compute, _ = _operands(op, input, tensor1, tensor2)
     check(compute != torch.bool, op, "\"addcmul_cpu_out\" not implemented for 'Bool' (argument input)",
           ThunderNotImplementedError)
-    if compute.is_floating_point:
-        _check_value(op, compute, value)
+    _check_value(op, value)
     # Eager's kernel: self + value * t1 * t2, with value in the computation dtype.
     return prims.add(a, prims.mul(prims.mul(t1, clang.maybe_convert(value, compute)), t2))
 
@@ -105,7 +101,7 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
           "division of tensor1 and tensor2. Use torch.div and torch.addcmul instead (argument tensor1)",
           ThunderRuntimeError)
     (a, t1, t2), compute, _ = _operands(op, input, tensor1, tensor2)
-    _check_value(op, compute, value)
+    _check_value(op, value)
     return prims.add(a, prims.div(prims.mul(t1, clang.maybe_convert(value, compute)), t2))
 
 
