@@ -263,6 +263,28 @@ def triplet_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 4)), cpu((4,))), RuntimeError)
 
 
+def triplet_distance_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def x(*shape):
+        return make(shape, dtype, device)
+
+    for reduction in REDUCTIONS:
+        yield SampleInput(x(3, 4), x(3, 4), x(3, 4), reduction=reduction)
+    yield SampleInput(x(3, 4), x(3, 4), x(3, 4), swap=True, margin=0.5)
+    yield SampleInput(x(4), x(4), x(4))
+    # A user's distance function: one eager call, gradients through torch.autograd.
+    yield SampleInput(x(3, 4), x(3, 4), x(3, 4), distance_function=l1_distance)
+
+
+def l1_distance(x, y):
+    return (x - y).abs().sum(-1)
+
+
+def triplet_distance_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 4)), cpu((4,))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 4)), cpu((3, 4)), margin=0.0), ValueError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 4)), cpu((3, 4)), reduction="bogus"), ValueError)
+
+
 def distance_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     def x(*shape):
         return make(shape, dtype, device)
@@ -368,6 +390,8 @@ OPS = [
     loss("cosine_embedding_loss", F.cosine_embedding_loss, cosine_embedding_samples, cosine_embedding_errors),
     loss("multi_margin_loss", F.multi_margin_loss, multi_margin_samples, multi_margin_errors),
     loss("triplet_margin_loss", F.triplet_margin_loss, triplet_samples, triplet_errors),
+    loss("triplet_margin_with_distance_loss", F.triplet_margin_with_distance_loss, triplet_distance_samples,
+         triplet_distance_errors),
     loss("pairwise_distance", F.pairwise_distance, distance_samples),
     loss("cosine_similarity", F.cosine_similarity, cosine_similarity_samples, cosine_similarity_errors),
     loss("normalize", F.normalize, normalize_samples, normalize_errors),

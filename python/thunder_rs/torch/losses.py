@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.fallback import fallback
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
 from thunder_rs.torch import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
@@ -22,6 +24,7 @@ __all__ = [
     "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
     "poisson_nll_loss", "gaussian_nll_loss", "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
     "multilabel_soft_margin_loss", "cosine_embedding_loss", "multi_margin_loss", "triplet_margin_loss",
+    "triplet_margin_with_distance_loss",
     "pairwise_distance", "cosine_similarity", "normalize", "cdist",
 ]
 
@@ -365,6 +368,29 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-06, 
         dist_neg = clang.elementwise(prims.minimum, op, dist_neg, pairwise_distance(positive, negative, p, eps))
     gap = clang.elementwise(prims.sub, op, clang.elementwise(prims.add, op, dist_pos, margin), dist_neg)
     return _reduce(op, clamp_min(gap, 0), reduction)
+
+
+@torchsymbol(F.triplet_margin_with_distance_loss)
+def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin=1.0, swap=False,
+                                      reduction="mean"):
+    op = "ltorch.triplet_margin_with_distance_loss"
+    check(distance_function is None, op, "a distance_function runs as an eager call (argument distance_function)",
+          ThunderTypeError)
+    check(reduction in ("mean", "sum", "none"), op, f"{reduction} is not a valid value for reduction (argument reduction)")
+    check(margin > 0, op, f"margin must be greater than 0, got {margin} (argument margin)")
+    # With the default distance (torch.pairwise_distance), it is triplet_margin_loss with p=2, eps=1e-6.
+    return triplet_margin_loss(anchor, positive, negative, margin, 2, 1e-06, swap, reduction=reduction)
+
+
+def _triplet_with_distance_call(anchor, positive, negative, *, distance_function=None, **kwargs):
+    """The symbol with the default distance; a user's distance function keeps the whole call eager."""
+    if distance_function is not None:
+        return fallback(F.triplet_margin_with_distance_loss, (anchor, positive, negative),
+                        {"distance_function": distance_function, **kwargs})
+    return triplet_margin_with_distance_loss(anchor, positive, negative, **kwargs)
+
+
+TORCH_TO_LTORCH[F.triplet_margin_with_distance_loss] = _triplet_with_distance_call
 
 
 @torchsymbol(torch.cosine_similarity, F.cosine_similarity)
