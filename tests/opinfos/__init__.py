@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import arrange, conv, creation, elementwise, indexing, linalg, nn, padding, random, reductions, scan, scatter, shape
+from . import activations, arrange, conv, creation, elementwise, indexing, linalg, losses, nn, padding, random, reductions, scan, scatter, shape, special
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -20,6 +20,9 @@ OPINFOS: list[OpInfo] = [
     *padding.OPS,
     *arrange.OPS,
     *scatter.OPS,
+    *special.OPS,
+    *activations.OPS,
+    *losses.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]

@@ -53,8 +53,12 @@ from thunder_rs.torch.nn import *  # noqa: E402,F401,F403
 from thunder_rs.torch.linalg import *  # noqa: E402,F401,F403
 from thunder_rs.torch.autograd import *  # noqa: E402,F401,F403
 from thunder_rs.torch.random import *  # noqa: E402,F401,F403
+from thunder_rs.torch.special import *  # noqa: E402,F401,F403
+from thunder_rs.torch.activations import *  # noqa: E402,F401,F403
+from thunder_rs.torch.losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch import kernels  # noqa: E402,F401
 from thunder_rs.torch import grads  # noqa: E402,F401
+from thunder_rs.torch import grads_elementwise  # noqa: E402,F401
 from thunder_rs.torch.views import *  # noqa: E402,F401,F403
 from thunder_rs.torch.padding import *  # noqa: E402,F401,F403
 from thunder_rs.torch.arrange import *  # noqa: E402,F401,F403

@@ -1,0 +1,465 @@
+"""Losses and distances (``torch.nn.functional``): regression, binary and KL losses, margin and
+embedding losses, Poisson and Gaussian likelihoods; p-norm distances and normalisation.
+
+Each follows eager's kernel formula (its clamps, epsilons and masks) and eager's argument checks.
+Value checks eager makes on data (``binary_cross_entropy``'s inputs in [0, 1],
+``gaussian_nll_loss``'s ``var >= 0``) would read a traced tensor's values: they are not made.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from thunder_rs import clang, prims
+from thunder_rs.core.fallback import fallback
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
+from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.elementwise import clamp_min, where
+from thunder_rs.torch.nn import _reduce, _reduction, _require_float, _sum_all, logsigmoid
+from thunder_rs.torch.special import xlogy
+
+__all__ = [
+    "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
+    "poisson_nll_loss", "gaussian_nll_loss", "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
+    "multilabel_soft_margin_loss", "cosine_embedding_loss", "multi_margin_loss", "triplet_margin_loss",
+    "triplet_margin_with_distance_loss",
+    "pairwise_distance", "cosine_similarity", "normalize", "cdist",
+]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _pair(op: str, input, target):
+    """``input`` and ``target`` broadcast together, as eager's ``torch.broadcast_tensors``."""
+    shape = clang.broadcast_shapes(op, input.shape, target.shape)
+    return clang.expand_to(input, shape), clang.expand_to(target, shape)
+
+
+def _difference(op: str, input, target):
+    x, y = _pair(op, input, target)
+    return clang.elementwise(prims.sub, op, x, y)
+
+
+def _check_weight_size(op: str, weight, input) -> None:
+    check(tuple(weight.shape) == tuple(input.shape), op, "Weights and input must have the same size. (argument weight)",
+          ThunderValueError)
+
+
+def _weighted_reduce(op: str, loss, weight, reduction: str, mean_by_weight: bool):
+    """``loss * weight`` reduced; ``mean_by_weight`` divides the mean by the weights' sum."""
+    weighted = clang.elementwise(prims.mul, op, loss, weight)
+    if reduction == "mean" and mean_by_weight:
+        return clang.elementwise(prims.div, op, _sum_all(weighted), _sum_all(weight))
+    return _reduce(op, weighted, reduction)
+
+
+def _vector_norm(x, p, dims: tuple[int, ...], keepdim: bool):
+    """The ``p``-norm of ``x`` over ``dims``. For p = 2 a zero norm has gradient 0, as eager's."""
+    absolute = prims.abs(x)
+    if p == math.inf or p == -math.inf:
+        out = (prims.amax if p > 0 else prims.amin)(absolute, dims)
+    elif p == 0:
+        out = prims.sum(clang.maybe_convert(prims.ne(x, 0.0), x.dtype), dims)
+    elif p == 1:
+        out = prims.sum(absolute, dims)
+    elif p == 2:
+        total = prims.sum(prims.mul(x, x), dims)
+        zero = prims.eq(total, 0.0)
+        out = prims.where(zero, 0.0, prims.sqrt(prims.where(zero, 1.0, total)))
+    else:
+        total = prims.sum(prims.pow(absolute, float(p)), dims)
+        zero = prims.eq(total, 0.0)
+        out = prims.where(zero, 0.0, prims.pow(prims.where(zero, 1.0, total), 1.0 / p))
+    if keepdim:
+        out = prims.broadcast_in_dim(out, tuple(1 if d in dims else s for d, s in enumerate(x.shape)),
+                                     tuple(d for d in range(x.ndim) if d not in dims))
+    return out
+
+
+# -- regression losses -----------------------------------------------------------------------------
+
+
+@torchsymbol(F.l1_loss)
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    op = "ltorch.l1_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    errors = prims.abs(_difference(op, input, target))
+    check(reduction != "mean" or errors.dtype.is_floating_point, op, lambda: (
+        f"mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: "
+        f"{errors.dtype} (argument input)"), ThunderNotImplementedError)
+    if weight is None:
+        return _reduce(op, errors, reduction)
+    _check_weight_size(op, weight, input)
+    return _weighted_reduce(op, errors, weight, reduction, mean_by_weight=True)
+
+
+@torchsymbol(F.smooth_l1_loss)
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    op = "ltorch.smooth_l1_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    check(beta >= 0, op, "smooth_l1_loss does not support negative values for beta. (argument beta)", ThunderRuntimeError)
+    z = prims.abs(_difference(op, input, target))
+    if beta == 0:
+        return _reduce(op, z, reduction)
+    quadratic = prims.div(prims.mul(prims.mul(z, z), 0.5), beta)
+    return _reduce(op, prims.where(prims.lt(z, beta), quadratic, prims.sub(z, 0.5 * beta)), reduction)
+
+
+@torchsymbol(F.huber_loss)
+def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
+    op = "ltorch.huber_loss"
+    reduction = _reduction(op, reduction, None, None)
+    check(delta > 0, op, "huber_loss does not support non-positive values for delta. (argument delta)",
+          ThunderRuntimeError)
+    z = prims.abs(_difference(op, input, target))
+    loss = prims.where(prims.lt(z, delta), prims.mul(prims.mul(z, z), 0.5), prims.mul(prims.sub(z, 0.5 * delta), delta))
+    if weight is None:
+        return _reduce(op, loss, reduction)
+    _check_weight_size(op, weight, input)
+    return _weighted_reduce(op, loss, weight, reduction, mean_by_weight=False)
+
+
+# -- binary and distribution losses ----------------------------------------------------------------
+
+
+def _same_size(op: str, input, target, message: str) -> None:
+    check(tuple(target.shape) == tuple(input.shape), op, lambda: message.format(list(target.shape), list(input.shape)),
+          ThunderValueError)
+
+
+@torchsymbol(F.binary_cross_entropy)
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    op = "ltorch.binary_cross_entropy"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    _same_size(op, input, target, "Using a target size ({}) that is different to the input size ({}) is deprecated. "
+               "Please ensure they have the same size. (argument target)")
+    _require_float(op, input)
+    check(target.dtype == input.dtype, op, lambda: f"expected target to have dtype {input.dtype}, got {target.dtype} "
+          "(argument target)", ThunderRuntimeError)
+    # Eager clamps each log at -100 so that a probability of exactly 0 or 1 gives a finite loss.
+    log_p = prims.maximum(prims.log(input), -100.0)
+    log_1mp = prims.maximum(prims.log1p(prims.neg(input)), -100.0)
+    loss = prims.sub(prims.mul(prims.sub(target, 1.0), log_1mp), prims.mul(target, log_p))
+    if weight is None:
+        return _reduce(op, loss, reduction)
+    clang.broadcast_shapes(op, target.shape, weight.shape)
+    return _weighted_reduce(op, loss, weight, reduction, mean_by_weight=False)
+
+
+@torchsymbol(F.binary_cross_entropy_with_logits)
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                     pos_weight=None):
+    op = "ltorch.binary_cross_entropy_with_logits"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    _same_size(op, input, target, "Target size ({}) must be the same as input size ({}) (argument target)")
+    check(target.dtype.is_floating_point, op, lambda: f"result type Float can't be cast to the desired output type "
+          f"{target.dtype} (argument target)", ThunderRuntimeError)
+    log_sigmoid = logsigmoid(input)
+    if pos_weight is not None:
+        log_weight = clang.elementwise(prims.add, op, clang.elementwise(
+            prims.mul, op, clang.elementwise(prims.sub, op, pos_weight, 1), target), 1)
+        log_sigmoid = clang.elementwise(prims.mul, op, log_sigmoid, log_weight)
+    one_minus = clang.elementwise(prims.sub, op, 1, target)
+    loss = clang.elementwise(prims.sub, op, clang.elementwise(prims.mul, op, one_minus, input), log_sigmoid)
+    if weight is None:
+        return _reduce(op, loss, reduction)
+    return _weighted_reduce(op, loss, weight, reduction, mean_by_weight=False)
+
+
+@torchsymbol(F.kl_div)
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    op = "ltorch.kl_div"
+    batchmean = reduction == "batchmean" and size_average is None and reduce is None
+    reduction = "sum" if batchmean else _reduction(op, reduction, size_average, reduce)
+    if log_target:
+        loss = clang.elementwise(prims.mul, op, prims.exp(target), _difference(op, target, input))
+    else:
+        loss = clang.elementwise(prims.sub, op, xlogy(target, target), clang.elementwise(prims.mul, op, target, input))
+    out = _reduce(op, loss, reduction)
+    if batchmean and input.ndim != 0:
+        out = clang.elementwise(prims.div, op, out, input.shape[0])
+    return out
+
+
+@torchsymbol(F.poisson_nll_loss)
+def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-08, reduce=None,
+                     reduction="mean"):
+    op = "ltorch.poisson_nll_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    if log_input:
+        loss = clang.elementwise(prims.sub, op, prims.exp(input), clang.elementwise(prims.mul, op, target, input))
+    else:
+        log = prims.log(clang.elementwise(prims.add, op, input, eps))
+        loss = clang.elementwise(prims.sub, op, input, clang.elementwise(prims.mul, op, target, log))
+    if full:
+        # Stirling's approximation of log(target!), masked where target <= 1.
+        t = target
+        stirling = prims.add(prims.sub(prims.mul(t, prims.log(t)), t), prims.mul(prims.log(prims.mul(t, 2 * math.pi)), 0.5))
+        loss = clang.elementwise(prims.add, op, loss, where(prims.le(t, 1.0), 0.0, stirling))
+    return _reduce(op, loss, reduction)
+
+
+def _gaussian_var(op: str, input, var):
+    """``var`` shaped for the loss as eager's checks allow (one dim short, or one mismatched dim)."""
+    if tuple(var.shape) == tuple(input.shape):
+        return var
+    if tuple(input.shape[:-1]) == tuple(var.shape):
+        return prims.broadcast_in_dim(var, (*var.shape, 1), tuple(range(var.ndim)))
+    mismatched = input.ndim == var.ndim and sum(y for x, y in zip(input.shape, var.shape) if x != y) == 1
+    check(mismatched, op, "var is of incorrect size (argument var)", ThunderValueError)
+    return var
+
+
+@torchsymbol(F.gaussian_nll_loss)
+def gaussian_nll_loss(input, target, var, full=False, eps=1e-06, reduction="mean"):
+    op = "ltorch.gaussian_nll_loss"
+    if isinstance(var, float):
+        check(var >= 0, op, "var has negative entry/entries (argument var)", ThunderValueError)
+        var = prims.full(tuple(input.shape), var, input.device, input.dtype)
+    check(isinstance(var, torch.Tensor), op, lambda: f"expected a tensor or a float for var, got {type(var).__name__} "
+          "(argument var)", ThunderTypeError)
+    var = _gaussian_var(op, input, var)
+    check(reduction in ("none", "mean", "sum"), op, f"{reduction} is not valid (argument reduction)", ThunderValueError)
+    # Eager clamps a copy of var under no_grad: the clamped value, with var's gradient passing.
+    var = var.clone()
+    with torch.no_grad():
+        var.clamp_(min=eps)
+    diff = clang.elementwise(prims.sub, op, input, target)
+    ratio = clang.elementwise(prims.div, op, prims.mul(diff, diff), var)
+    loss = clang.elementwise(prims.mul, op, clang.elementwise(prims.add, op, prims.log(var), ratio), 0.5)
+    if full:
+        loss = prims.add(loss, 0.5 * math.log(2 * math.pi))
+    return _reduce(op, loss, reduction)
+
+
+# -- margin losses ---------------------------------------------------------------------------------
+
+
+@torchsymbol(F.margin_ranking_loss)
+def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, reduce=None, reduction="mean"):
+    op = "ltorch.margin_ranking_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    check(input1.ndim == input2.ndim == target.ndim, op, lambda: (
+        f"margin_ranking_loss : All input tensors should have same dimension but got sizes: input1: {list(input1.shape)}, "
+        f"input2: {list(input2.shape)}, target: {list(target.shape)} (argument target)"), ThunderRuntimeError)
+    gap = clang.elementwise(prims.mul, op, clang.elementwise(prims.neg, op, target), _difference(op, input1, input2))
+    return _reduce(op, clamp_min(clang.elementwise(prims.add, op, gap, margin), 0), reduction)
+
+
+@torchsymbol(F.hinge_embedding_loss)
+def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
+    op = "ltorch.hinge_embedding_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    margin_clamp = clamp_min(clang.elementwise(prims.sub, op, margin, input), 0)
+    zero = clang.maybe_convert(0, margin_clamp.dtype)
+    output_margin = where(clang.elementwise(prims.ne, op, target, 1, kind=clang.ALWAYS_BOOL), margin_clamp, zero)
+    output_self = where(clang.elementwise(prims.ne, op, target, -1, kind=clang.ALWAYS_BOOL), input, zero)
+    return _reduce(op, clang.elementwise(prims.add, op, output_margin, output_self), reduction)
+
+
+@torchsymbol(F.soft_margin_loss)
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    op = "ltorch.soft_margin_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    product = clang.elementwise(prims.mul, op, clang.elementwise(prims.neg, op, input), target)
+    return _reduce(op, prims.log1p(prims.exp(product)), reduction)
+
+
+@torchsymbol(F.multilabel_soft_margin_loss)
+def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    op = "ltorch.multilabel_soft_margin_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    positive = clang.elementwise(prims.mul, op, target, logsigmoid(input))
+    negative = clang.elementwise(prims.mul, op, clang.elementwise(prims.sub, op, 1, target),
+                                 logsigmoid(clang.elementwise(prims.neg, op, input)))
+    loss = clang.elementwise(prims.neg, op, clang.elementwise(prims.add, op, positive, negative))
+    if weight is not None:
+        loss = clang.elementwise(prims.mul, op, loss, weight)
+    class_dim = input.ndim - 1
+    loss = clang.elementwise(prims.div, op, prims.sum(loss, (class_dim,)), input.shape[class_dim])
+    return _reduce(op, loss, reduction)
+
+
+@torchsymbol(F.cosine_embedding_loss)
+def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, reduce=None, reduction="mean"):
+    op = "ltorch.cosine_embedding_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    check(target.ndim in (0, 1), op, "0D or 1D target tensor expected, multi-target not supported (argument target)",
+          ThunderRuntimeError)
+    expected = target.ndim + 1
+    check(input1.ndim == expected and input2.ndim == expected, op, lambda: (
+        f"{target.ndim}D target tensor expects {expected}D input tensors, but found inputs with sizes "
+        f"{list(input1.shape)} and {list(input2.shape)}. (argument input1)"), ThunderRuntimeError)
+    dim = (target.ndim,)
+
+    def total(a, b):
+        return prims.sum(clang.elementwise(prims.mul, op, a, b), dim)
+
+    # Eager's epsilon keeps a zero vector's cosine finite.
+    squares = prims.mul(prims.add(total(input1, input1), 1e-12), prims.add(total(input2, input2), 1e-12))
+    cos = prims.div(total(input1, input2), prims.sqrt(squares))
+    zero = clang.maybe_convert(0, cos.dtype)
+    pos = where(clang.elementwise(prims.eq, op, target, 1, kind=clang.ALWAYS_BOOL), clang.elementwise(prims.sub, op, 1, cos),
+                zero)
+    neg = where(clang.elementwise(prims.eq, op, target, -1, kind=clang.ALWAYS_BOOL),
+                clamp_min(clang.elementwise(prims.sub, op, cos, margin), 0), zero)
+    return _reduce(op, clang.elementwise(prims.add, op, pos, neg), reduction)
+
+
+@torchsymbol(F.multi_margin_loss)
+def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean"):
+    op = "ltorch.multi_margin_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    check(p in (1, 2), op, "only p == 1 and p == 2 supported (argument p)", ThunderValueError)
+    check(input.ndim <= 2 and (input.ndim == 0 or input.shape[-1] > 0), op, lambda: (
+        f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {list(input.shape)} "
+        "(argument input)"), ThunderRuntimeError)
+    x = input if input.ndim == 2 else prims.reshape(input, (1, input.numel()))
+    batch, classes = x.shape
+    check(target.numel() == batch and target.ndim <= 1, op, lambda: (
+        f"inconsistent target size, expected {batch} but got {list(target.shape)} (argument target)"), ThunderRuntimeError)
+    index = prims.reshape(clang.maybe_convert(target, torch.int64), (batch, 1))
+    picked = prims.take_along_axis(x, index, 1)
+    z = clang.elementwise(prims.add, op, prims.sub(x, clang.expand_to(picked, x.shape)), margin)
+    hinge = prims.where(prims.gt(z, 0.0), z, clang.maybe_convert(0.0, z.dtype))
+    if p == 2:
+        hinge = prims.mul(hinge, hinge)
+    if weight is not None:
+        w = prims.reshape(prims.take(weight, prims.reshape(index, (batch,)), 0), (batch, 1))
+        hinge = clang.elementwise(prims.mul, op, hinge, clang.expand_to(w, hinge.shape))
+    # The target's own class does not count.
+    classes_iota = prims.iota(classes, 0, 1, x.device, torch.int64)
+    own = prims.eq(clang.expand_to(index, x.shape), clang.expand_to(classes_iota, x.shape))
+    hinge = prims.where(own, clang.maybe_convert(0.0, hinge.dtype), hinge)
+    loss = prims.div(prims.sum(hinge, (1,)), float(classes))
+    if input.ndim < 2:
+        loss = prims.reshape(loss, tuple(target.shape) if reduction == "none" else (batch,))
+    return _reduce(op, loss, reduction)
+
+
+# -- distances -------------------------------------------------------------------------------------
+
+
+@torchsymbol(torch.pairwise_distance, F.pairwise_distance)
+def pairwise_distance(x1, x2, p=2.0, eps=1e-06, keepdim=False):
+    op = "ltorch.pairwise_distance"
+    ndim = max(x1.ndim, x2.ndim)
+    diff = clang.elementwise(prims.add, op, _difference(op, x1, x2), eps)
+    if ndim == 0:
+        return _vector_norm(diff, p, (), keepdim)
+    return _vector_norm(diff, p, (ndim - 1,), keepdim)
+
+
+@torchsymbol(F.triplet_margin_loss)
+def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-06, swap=False, size_average=None,
+                        reduce=None, reduction="mean"):
+    op = "ltorch.triplet_margin_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    check(anchor.ndim == positive.ndim == negative.ndim, op, lambda: (
+        "The anchor, positive, and negative tensors are expected to have the same number of dimensions, but got: "
+        f"anchor {anchor.ndim}D, positive {positive.ndim}D, and negative {negative.ndim}D inputs (argument anchor)"),
+          ThunderRuntimeError)
+    dist_pos = pairwise_distance(anchor, positive, p, eps)
+    dist_neg = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        dist_neg = clang.elementwise(prims.minimum, op, dist_neg, pairwise_distance(positive, negative, p, eps))
+    gap = clang.elementwise(prims.sub, op, clang.elementwise(prims.add, op, dist_pos, margin), dist_neg)
+    return _reduce(op, clamp_min(gap, 0), reduction)
+
+
+@torchsymbol(F.triplet_margin_with_distance_loss)
+def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin=1.0, swap=False,
+                                      reduction="mean"):
+    op = "ltorch.triplet_margin_with_distance_loss"
+    check(distance_function is None, op, "a distance_function runs as an eager call (argument distance_function)",
+          ThunderTypeError)
+    check(reduction in ("mean", "sum", "none"), op, f"{reduction} is not a valid value for reduction (argument reduction)")
+    check(margin > 0, op, f"margin must be greater than 0, got {margin} (argument margin)")
+    # With the default distance (torch.pairwise_distance), it is triplet_margin_loss with p=2, eps=1e-6.
+    return triplet_margin_loss(anchor, positive, negative, margin, 2, 1e-06, swap, reduction=reduction)
+
+
+def _triplet_with_distance_call(anchor, positive, negative, *, distance_function=None, **kwargs):
+    """The symbol with the default distance; a user's distance function keeps the whole call eager."""
+    if distance_function is not None:
+        return fallback(F.triplet_margin_with_distance_loss, (anchor, positive, negative),
+                        {"distance_function": distance_function, **kwargs})
+    return triplet_margin_with_distance_loss(anchor, positive, negative, **kwargs)
+
+
+TORCH_TO_LTORCH[F.triplet_margin_with_distance_loss] = _triplet_with_distance_call
+
+
+@torchsymbol(torch.cosine_similarity, F.cosine_similarity)
+def cosine_similarity(x1, x2, dim=1, eps=1e-08):
+    op = "ltorch.cosine_similarity"
+    compute, _ = clang.promote(op, (x1, x2))
+    check(compute.is_floating_point, op, f"expected common dtype to be floating point, yet common dtype is {compute} "
+          "(argument x1)", ThunderRuntimeError)
+    a, b = _pair(op, clang.maybe_convert(x1, compute), clang.maybe_convert(x2, compute))
+    dims = (clang.canonicalize_dim(a.ndim, dim, op),) if a.ndim else ()
+    # Eager normalises each operand by its norm clamped to eps, the clamp invisible to autograd.
+    unit = []
+    for x in (a, b):
+        norm = _vector_norm(x, 2, dims, keepdim=True).clone()
+        with torch.no_grad():
+            norm.clamp_(min=eps)
+        unit.append(prims.div(x, clang.expand_to(norm, x.shape)))
+    return prims.sum(prims.mul(*unit), dims)
+
+
+@torchsymbol(F.normalize)
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    op = "ltorch.normalize"
+    check(out is None, op, "out= is handled before the symbol (argument out)", ThunderTypeError)
+    dims = (clang.canonicalize_dim(input.ndim, dim, op),) if input.ndim else ()
+    _require_float(op, input)
+    denom = clamp_min(_vector_norm(input, p, dims, keepdim=True), eps)
+    return prims.div(input, clang.expand_to(denom, input.shape))
+
+
+_CDIST_MODES = {"use_mm_for_euclid_dist_if_necessary": 0, "use_mm_for_euclid_dist": 1, "donot_use_mm_for_euclid_dist": 2}
+
+
+def _euclidean_dist(x1, x2):
+    """Eager's matmul form of p=2 distances: |a|^2 - 2 a.b + |b|^2, clamped at 0 before the root."""
+    def padded(x, first):
+        squares = prims.sum(prims.mul(x, x), (x.ndim - 1,))
+        squares = prims.broadcast_in_dim(squares, (*x.shape[:-1], 1), tuple(range(x.ndim - 1)))
+        ones = prims.full(tuple(squares.shape), 1.0, x.device, x.dtype)
+        return prims.cat([prims.mul(x, -2.0), squares, ones] if first else [x, ones, squares], x.ndim - 1)
+
+    left, right = padded(x1, True), padded(x2, False)
+    perm = (*range(right.ndim - 2), right.ndim - 1, right.ndim - 2)
+    product = prims.matmul(left, prims.transpose(right, perm))
+    return prims.sqrt(prims.maximum(product, 0.0))
+
+
+@torchsymbol(torch.cdist)
+def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
+    op = "ltorch.cdist"
+    check(x1.ndim >= 2, op, f"cdist only supports at least 2D tensors, X1 got: {x1.ndim}D (argument x1)", ThunderRuntimeError)
+    check(x2.ndim >= 2, op, f"cdist only supports at least 2D tensors, X2 got: {x2.ndim}D (argument x2)", ThunderRuntimeError)
+    check(x1.shape[-1] == x2.shape[-1], op, f"X1 and X2 must have the same number of columns. X1: {x1.shape[-1]} "
+          f"X2: {x2.shape[-1]} (argument x2)", ThunderRuntimeError)
+    check(p >= 0, op, "cdist only supports non-negative p values (argument p)", ThunderRuntimeError)
+    check(compute_mode in _CDIST_MODES, op, f"{compute_mode} is not a valid value for compute_mode (argument compute_mode)")
+    for x, arg in ((x1, "x1"), (x2, "x2")):
+        _require_float(op, x, arg)
+    check(x1.dtype == x2.dtype, op, f"X1 and X2 must have the same dtype, but got {x1.dtype} and {x2.dtype} (argument x2)",
+          ThunderRuntimeError)
+    batch = clang.broadcast_shapes(op, x1.shape[:-2], x2.shape[:-2])
+    a = clang.expand_to(x1, (*batch, *x1.shape[-2:]))
+    b = clang.expand_to(x2, (*batch, *x2.shape[-2:]))
+    rows1, rows2, cols = a.shape[-2], b.shape[-2], a.shape[-1]
+    mode = _CDIST_MODES[compute_mode]
+    if p == 2 and (mode == 1 or (mode == 0 and (rows1 > 25 or rows2 > 25))):
+        return _euclidean_dist(a, b)
+    n = len(batch)
+    shape = (*batch, rows1, rows2, cols)
+    left = prims.broadcast_in_dim(a, shape, (*range(n), n, n + 2))
+    right = prims.broadcast_in_dim(b, shape, (*range(n), n + 1, n + 2))
+    return _vector_norm(prims.sub(left, right), p, (n + 2,), keepdim=False)

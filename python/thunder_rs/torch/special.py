@@ -1,0 +1,470 @@
+"""Elementwise math beyond the prims' own: fused arithmetic (addcmul, lerp), log-space sums,
+floating-point predicates, logical ops, ``torch.special`` functions built from existing prims, and
+the metadata predicates (``torch.is_floating_point``) that answer in Python.
+
+Each decomposition mirrors eager's kernel formula (its branch order, its treatment of NaN and
+infinities) and selects with ``where`` on eager's own comparison, so that the gradient at ties and
+edges is eager's. A value computed only to be masked out is computed on a safe operand, so that its
+NaN gradient cannot leak through the mask.
+"""
+
+import math
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.elementwise import sign, sub, where
+
+T = torch.Tensor
+__all__ = [
+    "addcmul", "addcdiv", "lerp", "logaddexp", "logaddexp2", "xlogy", "xlog1py", "copysign", "frac", "deg2rad",
+    "rad2deg", "fmax", "fmin", "hypot", "heaviside", "ldexp", "float_power", "square", "sgn", "positive", "logit",
+    "nan_to_num", "isnan", "isinf", "isposinf", "isneginf", "isreal", "isclose", "logical_and", "logical_or",
+    "logical_xor", "logical_not", "sinc", "entr", "ndtr", "polygamma", "tensor_polygamma", "angle", "real",
+]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _operands(op: str, *operands, kind=DEFAULT):
+    """``operands`` converted to their computation dtype and broadcast to one shape (numbers become
+    tensors of it), with the result dtype."""
+    tensors = [x for x in operands if isinstance(x, torch.Tensor)]
+    check(bool(tensors), op, "expected at least one tensor argument", ThunderTypeError)
+    for x in operands:
+        check(isinstance(x, (torch.Tensor, bool, int, float)), op, lambda: f"expected a tensor or a number, got "
+              f"{type(x).__name__}", ThunderTypeError)
+    compute, result = clang.promote(op, operands, kind)
+    shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
+    device = tensors[0].device
+    converted = [clang.expand_to(clang.maybe_convert(x, compute), shape) if isinstance(x, torch.Tensor)
+                 else prims.full(shape, clang.maybe_convert(x, compute), device, compute) for x in operands]
+    return converted, compute, result
+
+
+def _float_only(op: str, dtype, arg: str = "input") -> None:
+    """Eager has these kernels for floating dtypes only."""
+    check(dtype.is_floating_point or dtype.is_complex, op, lambda: f"not implemented for {dtype} (argument {arg})",
+          ThunderNotImplementedError)
+
+
+def _real_only(op: str, *operands) -> None:
+    for x in operands:
+        if isinstance(x, torch.Tensor):
+            check(not x.dtype.is_complex, op, lambda: f"complex inputs are not supported, got {x.dtype}",
+                  ThunderNotImplementedError)
+
+
+def _full_like(a, value, dtype):
+    return prims.full(tuple(a.shape), value, a.device, dtype)
+
+
+def _is_nan(x):
+    """NaN test on a tensor of computation dtype: only floats can hold NaN."""
+    return prims.ne(x, x) if x.dtype.is_floating_point else _full_like(x, False, torch.bool)
+
+
+def _safe(mask, x, value):
+    """``x`` with ``value`` where ``mask``: an operand whose masked-out results stay finite."""
+    return prims.where(mask, clang.maybe_convert(value, x.dtype), x)
+
+
+# -- fused arithmetic ------------------------------------------------------------------------------
+
+
+def _check_value(op: str, value) -> None:
+    check(isinstance(value, (bool, int, float)), op, lambda: f"expected a number for value, got {type(value).__name__} "
+          "(argument value)", ThunderTypeError)
+
+
+@torchsymbol(torch.addcmul, T.addcmul)
+def addcmul(input, tensor1, tensor2, *, value=1):
+    op = "ltorch.addcmul"
+    (a, t1, t2), compute, _ = _operands(op, input, tensor1, tensor2)
+    check(compute != torch.bool, op, "\"addcmul_cpu_out\" not implemented for 'Bool' (argument input)",
+          ThunderNotImplementedError)
+    _check_value(op, value)
+    # Eager's kernel: self + value * t1 * t2, with value in the computation dtype.
+    return prims.add(a, prims.mul(prims.mul(t1, clang.maybe_convert(value, compute)), t2))
+
+
+@torchsymbol(torch.addcdiv, T.addcdiv)
+def addcdiv(input, tensor1, tensor2, *, value=1):
+    op = "ltorch.addcdiv"
+    check(all(x.dtype.is_floating_point or x.dtype.is_complex for x in (tensor1, tensor2)), op,
+          "Integer division with addcdiv is no longer supported, and in a future release addcdiv will perform a true "
+          "division of tensor1 and tensor2. Use torch.div and torch.addcmul instead (argument tensor1)",
+          ThunderRuntimeError)
+    (a, t1, t2), compute, _ = _operands(op, input, tensor1, tensor2)
+    _check_value(op, value)
+    return prims.add(a, prims.div(prims.mul(t1, clang.maybe_convert(value, compute)), t2))
+
+
+@torchsymbol(torch.lerp, T.lerp)
+def lerp(input, end, weight):
+    op = "ltorch.lerp"
+    check(end.dtype == input.dtype, op, lambda: f"expected dtype {input.dtype} for `end` but got dtype {end.dtype} "
+          "(argument end)", ThunderRuntimeError)
+    if isinstance(weight, torch.Tensor):
+        check(weight.dtype == input.dtype or weight.ndim == 0, op, lambda: f"expected dtype {input.dtype} for `weight` "
+              f"but got dtype {weight.dtype} (argument weight)", ThunderRuntimeError)
+    _float_only(op, input.dtype)
+    tensors = [x for x in (input, end, weight) if isinstance(x, torch.Tensor)]
+    shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
+    a, b = (clang.expand_to(x, shape) for x in (input, end))
+    w = clang.expand_to(clang.maybe_convert(weight, input.dtype), shape) if isinstance(weight, torch.Tensor) else weight
+    # Eager's two-sided formula is exact at both ends: weight < 0.5 from input, else from end.
+    diff = prims.sub(b, a)
+    low = prims.add(a, prims.mul(diff, w))
+    one_minus = prims.sub(_full_like(a, 1.0, a.dtype), w) if isinstance(w, torch.Tensor) else 1.0 - w
+    high = prims.sub(b, prims.mul(diff, one_minus))
+    if not isinstance(w, torch.Tensor):
+        return low if abs(w) < 0.5 else high
+    return prims.where(prims.lt(prims.abs(w), 0.5), low, high)
+
+
+# -- log-space sums --------------------------------------------------------------------------------
+
+
+def _logaddexp(op: str, a, b, log1p_of_pow):
+    _real_only(op, a, b)
+    (x, y), compute, _ = _operands(op, a, b)
+    _float_only(op, compute)
+    # max + log1p(exp(-|x - y|)); equal infinities would give inf - inf = NaN, eager returns them.
+    big = prims.maximum(x, y)
+    same_inf = prims.bitwise_and(prims.eq(x, y), prims.eq(prims.abs(x), math.inf))
+    diff = _safe(same_inf, prims.sub(x, y), 0.0)
+    return prims.where(same_inf, x, prims.add(big, log1p_of_pow(prims.neg(prims.abs(diff)))))
+
+
+@torchsymbol(torch.logaddexp, T.logaddexp)
+def logaddexp(input, other):
+    return _logaddexp("ltorch.logaddexp", input, other, lambda d: prims.log1p(prims.exp(d)))
+
+
+@torchsymbol(torch.logaddexp2, T.logaddexp2)
+def logaddexp2(input, other):
+    return _logaddexp("ltorch.logaddexp2", input, other,
+                      lambda d: prims.mul(prims.log1p(prims.exp2(d)), 1.0 / math.log(2.0)))
+
+
+def _xlog(op: str, a, b, log):
+    (x, y), _, _ = _operands(op, a, b, kind=INT_TO_FLOAT)
+    # NaN in y wins; x == 0 gives 0 even where log(y) is infinite.
+    zero = prims.eq(x, 0.0)
+    product = prims.mul(x, log(_safe(zero, y, 1.0)))
+    return prims.where(_is_nan(y), y, prims.where(zero, 0.0, product))
+
+
+@torchsymbol(torch.xlogy, T.xlogy, torch.special.xlogy)
+def xlogy(input, other):
+    return _xlog("ltorch.xlogy", input, other, prims.log)
+
+
+@torchsymbol(torch.special.xlog1py)
+def xlog1py(input, other):
+    return _xlog("ltorch.xlog1py", input, other, prims.log1p)
+
+
+# -- floating-point arithmetic ---------------------------------------------------------------------
+
+
+@torchsymbol(torch.copysign, T.copysign)
+def copysign(input, other):
+    (x, y), _, _ = _operands("ltorch.copysign", input, other, kind=INT_TO_FLOAT)
+    magnitude = prims.abs(x)
+    return prims.where(prims.signbit(y), prims.neg(magnitude), magnitude)
+
+
+@torchsymbol(torch.frac, T.frac)
+def frac(input):
+    _float_only("ltorch.frac", input.dtype)
+    return prims.sub(input, prims.trunc(input))
+
+
+def _scale_by(op: str, a, factor):
+    (x,), _, _ = _operands(op, a, kind=INT_TO_FLOAT)
+    return prims.mul(x, factor)
+
+
+@torchsymbol(torch.deg2rad, T.deg2rad)
+def deg2rad(input):
+    return _scale_by("ltorch.deg2rad", input, math.pi / 180.0)
+
+
+@torchsymbol(torch.rad2deg, T.rad2deg)
+def rad2deg(input):
+    return _scale_by("ltorch.rad2deg", input, 180.0 / math.pi)
+
+
+def _nan_ignoring(op: str, a, b, prim):
+    """fmax/fmin: ``prim`` (maximum/minimum, which split the gradient at ties as eager does) of
+    ``a`` and ``b`` where neither is NaN, else the one that is not NaN."""
+    _real_only(op, a, b)
+    (x, y), _, _ = _operands(op, a, b)
+    return prims.where(_is_nan(y), x, prims.where(_is_nan(x), y, prim(x, y)))
+
+
+@torchsymbol(torch.fmax, T.fmax)
+def fmax(input, other):
+    return _nan_ignoring("ltorch.fmax", input, other, prims.maximum)
+
+
+@torchsymbol(torch.fmin, T.fmin)
+def fmin(input, other):
+    return _nan_ignoring("ltorch.fmin", input, other, prims.minimum)
+
+
+@torchsymbol(torch.hypot, T.hypot)
+def hypot(input, other):
+    op = "ltorch.hypot"
+    (x, y), compute, _ = _operands(op, input, other)
+    _float_only(op, compute)
+    return prims.sqrt(prims.add(prims.mul(x, x), prims.mul(y, y)))
+
+
+@torchsymbol(torch.heaviside, T.heaviside)
+def heaviside(input, values):
+    op = "ltorch.heaviside"
+    check(isinstance(values, torch.Tensor), op, "expected a tensor for values (argument values)", ThunderTypeError)
+    check(input.dtype == values.dtype, op, "heaviside is not yet implemented for tensors with different dtypes. "
+          "(argument values)", ThunderRuntimeError)
+    _real_only(op, input)
+    (x, v), compute, _ = _operands(op, input, values)
+    step = clang.maybe_convert(prims.gt(x, clang.maybe_convert(0, compute)), compute)
+    return prims.where(prims.eq(x, clang.maybe_convert(0, compute)), v, step)
+
+
+@torchsymbol(torch.ldexp, T.ldexp)
+def ldexp(input, other):
+    # Eager: input * 2 ** other, in floating point.
+    (x, e), _, _ = _operands("ltorch.ldexp", input, other, kind=INT_TO_FLOAT)
+    return prims.mul(x, prims.pow(_full_like(e, 2.0, e.dtype), e))
+
+
+@torchsymbol(torch.float_power, T.float_power)
+def float_power(input, exponent):
+    op = "ltorch.float_power"
+    _real_only(op, input, exponent)
+    target = torch.float64
+    base = clang.maybe_convert(input, target) if isinstance(input, torch.Tensor) else float(input)
+    power = clang.maybe_convert(exponent, target) if isinstance(exponent, torch.Tensor) else float(exponent)
+    return clang.elementwise(prims.pow, op, base, power)
+
+
+@torchsymbol(torch.square, T.square)
+def square(input):
+    # Eager computes pow(input, 2): bool squares to int64.
+    x = clang.maybe_convert(input, torch.int64) if input.dtype == torch.bool else input
+    return prims.mul(x, x)
+
+
+@torchsymbol(torch.sgn, T.sgn)
+def sgn(input):
+    _real_only("ltorch.sgn", input)
+    return sign(input)
+
+
+@torchsymbol(torch.positive, T.positive)
+def positive(input):
+    check(input.dtype != torch.bool, "ltorch.positive", "The `+` operator, on a bool tensor is not supported. "
+          "(argument input)", ThunderNotImplementedError)
+    return input
+
+
+TORCH_TO_LTORCH[torch.subtract] = TORCH_TO_LTORCH[T.subtract] = sub
+sub.torch_fns = (*sub.torch_fns, torch.subtract, T.subtract)
+
+
+@torchsymbol(torch.logit, T.logit, torch.special.logit)
+def logit(input, eps=None):
+    (x,), _, _ = _operands("ltorch.logit", input, kind=INT_TO_FLOAT)
+    if eps is not None:
+        # Eager clamps to [eps, 1 - eps] by comparison: NaN stays NaN and the bounds pass the gradient.
+        low, high = float(eps), 1.0 - float(eps)
+        x = prims.where(prims.lt(x, low), low, prims.where(prims.gt(x, high), high, x))
+    return prims.log(prims.div(x, prims.sub(_full_like(x, 1.0, x.dtype), x)))
+
+
+@torchsymbol(torch.nan_to_num, T.nan_to_num)
+def nan_to_num(input, nan=0.0, posinf=None, neginf=None):
+    if not input.dtype.is_floating_point:
+        _real_only("ltorch.nan_to_num", input)
+        return input
+    info = torch.finfo(input.dtype)
+    high = info.max if posinf is None else posinf
+    low = info.min if neginf is None else neginf
+    out = prims.where(prims.eq(input, math.inf), clang.maybe_convert(high, input.dtype), input)
+    out = prims.where(prims.eq(input, -math.inf), clang.maybe_convert(low, input.dtype), out)
+    return prims.where(_is_nan(input), clang.maybe_convert(nan, input.dtype), out)
+
+
+# -- floating-point predicates ---------------------------------------------------------------------
+
+
+def _classify(op: str, a, test):
+    """A bool tensor: ``test(a)`` for floating dtypes; integers and bools are finite, so all False."""
+    _real_only(op, a)
+    return test(a) if a.dtype.is_floating_point else _full_like(a, False, torch.bool)
+
+
+@torchsymbol(torch.isnan, T.isnan)
+def isnan(input):
+    return _classify("ltorch.isnan", input, _is_nan)
+
+
+@torchsymbol(torch.isinf, T.isinf)
+def isinf(input):
+    return _classify("ltorch.isinf", input, lambda x: prims.eq(prims.abs(x), math.inf))
+
+
+@torchsymbol(torch.isposinf, T.isposinf)
+def isposinf(input):
+    return _classify("ltorch.isposinf", input, lambda x: prims.eq(x, math.inf))
+
+
+@torchsymbol(torch.isneginf, T.isneginf)
+def isneginf(input):
+    return _classify("ltorch.isneginf", input, lambda x: prims.eq(x, -math.inf))
+
+
+@torchsymbol(torch.isreal, T.isreal)
+def isreal(input):
+    _real_only("ltorch.isreal", input)
+    return _full_like(input, True, torch.bool)
+
+
+@torchsymbol(torch.isclose, T.isclose)
+def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    op = "ltorch.isclose"
+    check(input.dtype == other.dtype, op, lambda: f"{input.dtype} did not match {other.dtype} (argument other)",
+          ThunderRuntimeError)
+    check(rtol >= 0, op, f"rtol must be greater than or equal to zero, but got {rtol} (argument rtol)", ThunderRuntimeError)
+    check(atol >= 0, op, f"atol must be greater than or equal to zero, but got {atol} (argument atol)", ThunderRuntimeError)
+    _real_only(op, input)
+    (x, y), _, _ = _operands(op, input, other)
+    close = prims.eq(x, y)
+    if equal_nan and x.dtype.is_floating_point:
+        close = prims.bitwise_or(close, prims.bitwise_and(_is_nan(x), _is_nan(y)))
+    if rtol == 0 and atol == 0:
+        return close
+    # As eager: bools are compared in the default float dtype; rtol * other is floating.
+    if x.dtype == torch.bool:
+        x, y = (clang.maybe_convert(t, torch.get_default_dtype()) for t in (x, y))
+    allowed = clang.elementwise(prims.add, op, clang.elementwise(prims.abs, op, clang.elementwise(prims.mul, op, y, rtol)),
+                                atol)
+    actual = prims.abs(prims.sub(x, y))
+    within = clang.elementwise(prims.le, op, actual, allowed, kind=ALWAYS_BOOL)
+    finite = prims.isfinite(actual) if actual.dtype.is_floating_point else _full_like(actual, True, torch.bool)
+    return prims.bitwise_or(close, prims.bitwise_and(finite, within))
+
+
+# -- logical ops -----------------------------------------------------------------------------------
+
+
+def _truth(a):
+    return a if a.dtype == torch.bool else prims.ne(a, clang.maybe_convert(0, a.dtype))
+
+
+def _logical(op: str, a, b, prim):
+    check(isinstance(b, torch.Tensor), op, lambda: f"argument 'other' must be Tensor, not {type(b).__name__}",
+          ThunderTypeError)
+    shape = clang.broadcast_shapes(op, a.shape, b.shape)
+    return prim(*(clang.expand_to(_truth(x), shape) for x in (a, b)))
+
+
+@torchsymbol(torch.logical_and, T.logical_and)
+def logical_and(input, other):
+    return _logical("ltorch.logical_and", input, other, prims.bitwise_and)
+
+
+@torchsymbol(torch.logical_or, T.logical_or)
+def logical_or(input, other):
+    return _logical("ltorch.logical_or", input, other, prims.bitwise_or)
+
+
+@torchsymbol(torch.logical_xor, T.logical_xor)
+def logical_xor(input, other):
+    return _logical("ltorch.logical_xor", input, other, prims.bitwise_xor)
+
+
+@torchsymbol(torch.logical_not, T.logical_not)
+def logical_not(input):
+    return prims.bitwise_not(_truth(input))
+
+
+# -- special functions from existing prims ---------------------------------------------------------
+
+
+@torchsymbol(torch.sinc, T.sinc, torch.special.sinc)
+def sinc(input):
+    (x,), _, _ = _operands("ltorch.sinc", input, kind=INT_TO_FLOAT)
+    zero = prims.eq(x, 0.0)
+    scaled = prims.mul(_safe(zero, x, 1.0), math.pi)
+    return prims.where(zero, 1.0, prims.div(prims.sin(scaled), scaled))
+
+
+@torchsymbol(torch.special.entr)
+def entr(input):
+    (x,), _, _ = _operands("ltorch.entr", input, kind=INT_TO_FLOAT)
+    # Eager: NaN -> NaN, x > 0 -> -x log x, x == 0 -> 0, x < 0 -> -inf.
+    positive_ = prims.gt(x, 0.0)
+    value = prims.neg(prims.mul(x, prims.log(_safe(prims.bitwise_not(positive_), x, 1.0))))
+    value = prims.where(positive_, value, prims.where(prims.eq(x, 0.0), _full_like(x, 0.0, x.dtype), -math.inf))
+    return prims.where(_is_nan(x), x, value)
+
+
+@torchsymbol(torch.special.ndtr)
+def ndtr(input):
+    (x,), _, _ = _operands("ltorch.ndtr", input, kind=INT_TO_FLOAT)
+    return prims.mul(prims.erfc(prims.mul(x, -math.sqrt(0.5))), 0.5)
+
+
+def _polygamma(op: str, n, input):
+    check(isinstance(n, int) and not isinstance(n, bool), op, lambda: f"expected an int for n, got {type(n).__name__} "
+          "(argument n)", ThunderTypeError)
+    check(n >= 0, op, "polygamma(n, x) does not support negative n. (argument n)", ThunderRuntimeError)
+    (x,), _, _ = _operands(op, input, kind=INT_TO_FLOAT)
+    return prims.digamma(x) if n == 0 else prims.polygamma(x, n)
+
+
+@torchsymbol(torch.polygamma, torch.special.polygamma)
+def polygamma(n, input):
+    return _polygamma("ltorch.polygamma", n, input)
+
+
+# Tensor.polygamma takes the tensor first.
+@torchsymbol(T.polygamma)
+def tensor_polygamma(input, n):
+    return _polygamma("ltorch.polygamma", n, input)
+
+
+@torchsymbol(torch.angle, T.angle)
+def angle(input):
+    _real_only("ltorch.angle", input)
+    (x,), _, _ = _operands("ltorch.angle", input, kind=INT_TO_FLOAT)
+    # Real inputs: pi for negatives, 0 otherwise, NaN kept.
+    return prims.where(_is_nan(x), x, prims.where(prims.lt(x, 0.0), math.pi, _full_like(x, 0.0, x.dtype)))
+
+
+@torchsymbol(torch.real)
+def real(input):
+    _real_only("ltorch.real", input)
+    return input
+
+
+# -- metadata predicates ---------------------------------------------------------------------------
+# Answered from the proxy's metadata: they return Python values, never a traced tensor.
+
+TORCH_TO_LTORCH.update({
+    torch.is_floating_point: lambda input: input.dtype.is_floating_point,
+    torch.is_complex: lambda input: input.dtype.is_complex,
+    torch.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
+    T.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
+    torch.is_signed: lambda input: input.dtype.is_signed,
+})
