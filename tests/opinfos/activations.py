@@ -120,7 +120,7 @@ OPS = [
     OpInfo("celu", F.celu, unary_samples, celu_errors),
     OpInfo("celu", F.celu, with_kwargs(unary_samples, alpha=0.5), variant="alpha"),
     OpInfo("celu", F.celu, tie_samples(((), {}), ((2.0,), {})), variant="ties"),
-    OpInfo("rrelu", rrelu_eval, unary_samples, rejects(torch.int64)),
+    OpInfo("rrelu", rrelu_eval, unary_samples, rejects(torch.int64), variant="eval"),
     OpInfo("rrelu", rrelu_eval, with_kwargs(unary_samples, lower=0.2, upper=0.4), variant="bounds"),
     OpInfo("rrelu", rrelu_eval, tie_samples(((), {})), variant="ties"),
     OpInfo("prelu", F.prelu, prelu_samples, prelu_errors),

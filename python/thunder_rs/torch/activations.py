@@ -17,10 +17,11 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, T
 from thunder_rs.torch import torchsymbol
 from thunder_rs.torch.elementwise import abs as abs_, neg, sub, tanh, true_divide
 from thunder_rs.torch.nn import _float_op, _require_float, leaky_relu, sigmoid, tensor_softmax
+from thunder_rs.torch.random import rrelu
 
 T = torch.Tensor
 __all__ = [
-    "glu", "hardshrink", "softshrink", "tanhshrink", "mish", "hardswish", "hardsigmoid", "selu", "celu", "rrelu",
+    "glu", "hardshrink", "softshrink", "tanhshrink", "mish", "hardswish", "hardsigmoid", "selu", "celu",
     "prelu", "softsign", "softmin",
 ]
 
@@ -130,20 +131,9 @@ def celu(input, alpha=1.0, inplace=False):
     return _elu(op, input, alpha, 1.0, 1.0 / alpha)
 
 
-@torchsymbol(F.rrelu)
-def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
-    op = "ltorch.rrelu"
-    check(not training, op, "training=True draws random slopes; thunder_rs runs it as an eager call (argument training)",
-          ThunderNotImplementedError)
-    check(input.dtype.is_floating_point, op, lambda: f"not implemented for {input.dtype} (argument input)",
-          ThunderNotImplementedError)
-    # In evaluation, leaky_relu with the mean slope.
-    return leaky_relu(input, (lower + upper) / 2)
-
-
 def _rrelu_call(fn):
-    """``fn`` (F.rrelu, torch.rrelu): the symbol in evaluation; with ``training=True``, where it draws
-    random slopes, one eager call, as before this symbol existed."""
+    """``torch.rrelu``: the symbol (``thunder_rs.torch.random.rrelu``) in evaluation; with
+    ``training=True`` and its ``generator=``, one eager call."""
 
     def call(input, lower=1.0 / 8, upper=1.0 / 3, training=False, *args, **kwargs):
         if training:
@@ -155,7 +145,6 @@ def _rrelu_call(fn):
     return call
 
 
-TORCH_TO_LTORCH[F.rrelu] = _rrelu_call(F.rrelu)
 TORCH_TO_LTORCH[torch.rrelu] = _rrelu_call(torch.rrelu)
 
 
