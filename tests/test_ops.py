@@ -128,6 +128,32 @@ def test_op_matches_eager(op: OpInfo, dtype: torch.dtype, index: int, device: st
         PASSED_SAMPLES.append(f"{op.id}-{index}-{dtype}")
 
 
+def decomposition_params() -> list:
+    """Every sample of each op's first tested dtype."""
+    params = []
+    for op in OPINFOS:
+        dtype = next((d for d in op.dtypes if d in TESTED_DTYPES), None)
+        if dtype is not None:
+            params += [pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{dtype_name(dtype)}")
+                       for i in range(count(op.sample_inputs(dtype, "cpu")))]
+    return params
+
+
+# The torch executor runs a composite whole as its torch callable, so the test above checks the
+# symbol's metadata and plumbing; this one runs its decomposition into prims, as fusion will.
+@pytest.mark.parametrize(("op", "dtype", "index"), decomposition_params())
+def test_op_decomposition_matches_eager(op: OpInfo, dtype: torch.dtype, index: int) -> None:
+    if SELF_CHECK:
+        pytest.skip("checks thunder_rs's decompositions")
+    from thunder_rs.executors.torch_ex import decomposing
+
+    sample = sample_at(op, dtype, "cpu", index)
+    expected = op.op(*sample.args, **sample.kwargs)
+    with decomposing():
+        actual = jit(op.op)(*sample.args, **sample.kwargs)
+    assert_same(actual, expected, op.tolerance(dtype), sample)
+
+
 @pytest.mark.parametrize(("op", "index"), error_params())
 def test_op_error_matches_eager(op: OpInfo, index: int) -> None:
     error = nth(op.error_inputs(), index)

@@ -4,6 +4,7 @@ Composites run whole as the torch callable they stand for (``ltorch.softmax`` as
 ``torch.softmax``); prims and fallbacks run as the torch calls below. It always comes last.
 """
 
+import contextlib
 import operator
 
 import torch
@@ -60,13 +61,12 @@ def pad(a, value, config):
     if plain and a.numel():
         flat = [p for lo, hi, _ in reversed(config) for p in (lo, hi)]
         return torch.nn.functional.pad(a, flat, value=value)
-    shape = [max(lo + hi + (s + (s - 1) * d if s else 0), 0) for s, (lo, hi, d) in zip(a.shape, config)]
+    # Interior and positive padding into a filled buffer, then negative padding cropped off it.
+    grown = [(max(lo, 0), max(hi, 0), d) for lo, hi, d in config]
+    shape = [lo + hi + (s + (s - 1) * d if s else 0) for s, (lo, hi, d) in zip(a.shape, grown)]
     out = torch.full(shape, value, dtype=a.dtype, device=a.device)
-    index = tuple(slice(max(lo, 0), max(lo, 0) + (s - 1) * (d + 1) + 1 if s else max(lo, 0), d + 1)
-                  for s, (lo, hi, d) in zip(a.shape, config))
-    trimmed = a[tuple(slice(max(-lo, 0), s - max(-hi, 0)) for s, (lo, hi, _) in zip(a.shape, config))]
-    out[index] = trimmed
-    return out
+    out[tuple(slice(lo, lo + ((s - 1) * (d + 1) + 1 if s else 0), d + 1) for s, (lo, _, d) in zip(a.shape, grown))] = a
+    return out[tuple(slice(max(-lo, 0), n - max(-hi, 0)) for n, (lo, hi, _) in zip(shape, config))]
 
 
 # Prim reductions over no dims reduce nothing; torch reads empty dims as "all dims".
@@ -232,9 +232,14 @@ def _unpacked(torch_fn):
     return run
 
 
+#: The composites the torch executor runs whole as their torch callable (see ``decomposing``).
+_COMPOSITES: dict = {}
+
+
 def _register_composites() -> None:
     for sym in SYMBOLS:
         if sym.torch_fns and sym.symbol_id not in torch_ex.implmap:
+            _COMPOSITES[sym.symbol_id] = sym
             impl_name = "torch_" + sym.symbol_name.removeprefix("ltorch.")
             impl = _unpacked(sym.torch_fns[0]) if sym.returns_sequence else sym.torch_fns[0]
             torch_ex.implmap[sym.symbol_id] = (impl_name, None, impl)
@@ -259,6 +264,22 @@ def _same_signature_method(torch_fns):
         return None
     method = getattr(torch.Tensor, name, None)
     return name if method is not None and method in torch_fns else None
+
+
+@contextlib.contextmanager
+def decomposing():
+    """While active, the torch executor claims no composite whole: each runs as its decomposition
+    (prims, kernels and the symbols inside it), as a fusion executor would take it. Tests use it
+    to check decompositions against eager; compiles made inside keep it (use a fresh jit)."""
+    saved = {key: torch_ex.implmap.pop(key) for key in _COMPOSITES if key in torch_ex.implmap}
+    methods = {key: torch_ex.methods.pop(key) for key in saved if key in torch_ex.methods}
+    _bump()
+    try:
+        yield
+    finally:
+        torch_ex.implmap.update(saved)
+        torch_ex.methods.update(methods)
+        _bump()
 
 
 def sync_fallbacks() -> None:
