@@ -169,3 +169,12 @@ def test_ops_returning_one_tensor_in_a_sequence_keep_the_sequence(fn):
     actual, expected = thunder_rs.jit(fn)(a), fn(a)
     assert type(actual) is type(expected) and len(actual) == len(expected) == 1
     torch.testing.assert_close(actual[0], expected[0])
+
+
+def test_scatter_with_reduce_is_not_differentiated_where_eager_has_no_derivative():
+    index = torch.tensor([0, 1, 0])
+    fn = lambda x, s: torch.scatter(x, 0, index, s, reduce="add")  # noqa: E731
+    x, s = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(thunder_rs.jit(fn)(x, s), fn(x, s))
+    with pytest.raises(NotImplementedError, match="scatter with reduce="):
+        thunder_rs.jit(fn)(x.requires_grad_(), s)

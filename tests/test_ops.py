@@ -228,18 +228,20 @@ def test_op_grad_matches_eager(op: OpInfo, index: int, device: str) -> None:
     # outputs that do not.
     try:
         expected_flags = [t.requires_grad for t in differentiable_call(op, sample, op.op)[1]]
+        expected = grads(op, sample, op.op)
     except RuntimeError as e:
-        pytest.skip(f"eager refuses inputs that require grad here: {e}")
+        # e.g. torch 2.9's mse_loss backward with a float64 input and a float32 target, or
+        # scatter with reduce=, which has no derivative (thunder_rs refuses to trace it with grads).
+        pytest.skip(f"eager refuses inputs that require grad, or its own backward fails here: {e}")
+    except pytest.skip.Exception:
+        expected = None  # no output requires grad: only the flags below are compared
     flags = [t.requires_grad for t in differentiable_call(op, sample, jit(op.op))[1]]
     assert flags == expected_flags, f"requires_grad of the outputs: {flags}, eager {expected_flags}"
+    if expected is None:
+        pytest.skip("no differentiable input or output")
     inputs = tensors_of([sample.args, list(sample.kwargs.values())])
     if not all(t.isfinite().all() for t in inputs if t.is_floating_point()):
         pytest.skip("non-finite inputs: gradients there are conventions, not calculus")
-    try:
-        expected = grads(op, sample, op.op)
-    except RuntimeError as e:
-        # e.g. torch 2.9's mse_loss backward with a float64 input and a float32 target.
-        pytest.skip(f"eager's own backward fails here: {e}")
     if not all(g.isfinite().all() for g in tensors_of([expected])):
         # e.g. var/std over dim=(): eager reduces every dim forward but its backward divides by zero.
         pytest.skip("eager's own gradient is not finite here")

@@ -146,6 +146,11 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None):
     d, index = _check_scatter(op, input, dim, index, src)
     check(reduce in (None, "add", "multiply"), op, f"reduce argument must be either add or multiply, got {reduce} "
           "(argument reduce)", ThunderRuntimeError)
+    # Eager has no derivative for scatter with reduce= (its backward raises): refused rather than
+    # differentiated, as scatter_reduce, which has one, is not.
+    wants_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (input, src))
+    check(reduce is None or not wants_grad, op, "the derivative of scatter with reduce= is not implemented (in torch "
+          "either); use scatter_reduce, or detach the inputs (argument reduce)", ThunderNotImplementedError)
     if not isinstance(src, torch.Tensor):
         src = prims.full(tuple(index.shape), clang.maybe_convert(src, input.dtype), input.device, input.dtype)
     if index.numel() == 0:
