@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import creation, elementwise, indexing, linalg, nn, reductions, shape
+from . import creation, elementwise, indexing, linalg, linalg_opaque, nn, reductions, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -13,6 +13,7 @@ OPINFOS: list[OpInfo] = [
     *indexing.OPS,
     *creation.OPS,
     *linalg.OPS,
+    *linalg_opaque.OPS,
     *nn.OPS,
 ]
 
