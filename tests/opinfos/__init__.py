@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import creation, elementwise, indexing, linalg, linalg_opaque, nn, reductions, shape
+from . import creation, creation_extra, elementwise, indexing, linalg, linalg_opaque, nn, products, reductions, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -14,6 +14,8 @@ OPINFOS: list[OpInfo] = [
     *creation.OPS,
     *linalg.OPS,
     *linalg_opaque.OPS,
+    *products.OPS,
+    *creation_extra.OPS,
     *nn.OPS,
 ]
 

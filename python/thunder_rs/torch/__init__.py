@@ -53,3 +53,5 @@ from thunder_rs.torch import grads  # noqa: E402,F401
 from thunder_rs.torch.views import *  # noqa: E402,F401,F403
 from thunder_rs.torch import inplace  # noqa: E402,F401
 from thunder_rs.torch.linalg_opaque import *  # noqa: E402,F401,F403
+from thunder_rs.torch.creation_extra import *  # noqa: E402,F401,F403
+from thunder_rs.torch.products import *  # noqa: E402,F401,F403
