@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import creation, creation_extra, elementwise, indexing, linalg, linalg_opaque, nn, products, reductions, shape
+from . import creation, creation_extra, elementwise, indexing, linalg, linalg_opaque, nn, norms, products, reductions, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -16,6 +16,7 @@ OPINFOS: list[OpInfo] = [
     *linalg_opaque.OPS,
     *products.OPS,
     *creation_extra.OPS,
+    *norms.OPS,
     *nn.OPS,
 ]
 

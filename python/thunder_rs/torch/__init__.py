@@ -55,3 +55,5 @@ from thunder_rs.torch import inplace  # noqa: E402,F401
 from thunder_rs.torch.linalg_opaque import *  # noqa: E402,F401,F403
 from thunder_rs.torch.creation_extra import *  # noqa: E402,F401,F403
 from thunder_rs.torch.products import *  # noqa: E402,F401,F403
+from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
+from thunder_rs.torch import norms_grads  # noqa: E402,F401
