@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import creation, creation_extra, elementwise, indexing, linalg, linalg_opaque, nn, norms, products, reductions, shape
+from . import creation, creation_extra, elementwise, indexing, linalg, linalg_opaque, nn, norms, products, reductions, shape, statistics
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -17,6 +17,7 @@ OPINFOS: list[OpInfo] = [
     *products.OPS,
     *creation_extra.OPS,
     *norms.OPS,
+    *statistics.OPS,
     *nn.OPS,
 ]
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .core import ACCUMULATING, ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, SampleInput, cpu, make, strided, transposed
+from .core import ACCUMULATING, ALL, NUMERIC, ErrorInput, OpInfo, SampleInput, cpu, make, strided, transposed
 
 LA = torch.linalg
 INF = math.inf

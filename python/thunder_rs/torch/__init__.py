@@ -57,3 +57,5 @@ from thunder_rs.torch.creation_extra import *  # noqa: E402,F401,F403
 from thunder_rs.torch.products import *  # noqa: E402,F401,F403
 from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
 from thunder_rs.torch import norms_grads  # noqa: E402,F401
+from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
+from thunder_rs.torch import statistics_grads  # noqa: E402,F401

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from thunder_rs import clang, prims
+from thunder_rs import clang
 from thunder_rs import torch as ltorch
 from thunder_rs.core import dtypes
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check

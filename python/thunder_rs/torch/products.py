@@ -13,7 +13,7 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs import torch as ltorch
 from thunder_rs.core import dtypes
-from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
 from thunder_rs.torch.creation_extra import identity
 from thunder_rs.torch.elementwise import sub
