@@ -71,6 +71,9 @@ def lstsq_samples(dtype, device) -> Iterable[SampleInput]:
     yield SampleInput(rect((2, 4, 3), dtype, device), rect((2, 4), dtype, device))
     yield SampleInput(rect((1, 4, 3), dtype, device), rect((2, 4, 1), dtype, device))
     yield SampleInput(rect((3, 4), dtype, device).mT, rect((4, 2), dtype, device), driver="gelsy")
+    yield SampleInput(rect((1, 5, 3), dtype, device), rect((2, 5, 2), dtype, device), driver="gels")
+    yield SampleInput(rect((5, 3), dtype, device), rect((5,), dtype, device), driver="gels")
+    yield SampleInput(rect((3, 5), dtype, device), rect((3, 2), dtype, device), driver="gels")
 
 
 def triangular_samples(dtype, device) -> Iterable[SampleInput]:

@@ -46,6 +46,7 @@ def tensordot_samples(dtype, device) -> Iterable[SampleInput]:
     yield SampleInput(t((3, 4)), t((5, 6)), 0)
     yield SampleInput(t(Transposed((3, 4))), t((4, 2)), dims=([1], [0]))
     yield SampleInput(t((0, 4)), t((4, 2)), 1)
+    yield SampleInput(t((1, 1, 1)), t((2, 1, 2)), dims=([0, 1], [2, 0]))  # size 1 against 2: summed first
 
 
 EINSUM_CASES = (
@@ -122,6 +123,7 @@ def vander_samples(dtype, device) -> Iterable[SampleInput]:
     yield SampleInput(make((4,), dtype, device, low=-2, high=2), N=2)
     yield SampleInput(make((0, 3), dtype, device))
     yield SampleInput(make((3, 4), dtype, device, low=-2, high=2, noncontiguous=True))
+    yield SampleInput(make((), dtype, device, low=-2, high=2), N=3)
 
 
 def vander_errors() -> Iterable[ErrorInput]:

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.dtypes import CODES
-from thunder_rs.core.fallback import FALLBACK_IMPLS, _vjp_of
+from thunder_rs.core.fallback import FALLBACK_IMPLS, _vjp_of, fallback
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
@@ -25,6 +25,7 @@ from thunder_rs.torch import SYMBOLS
 
 T = torch.Tensor
 LA = torch.linalg
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
 
 def _meta(shape, dtype, requires_grad: bool = False):
@@ -32,13 +33,13 @@ def _meta(shape, dtype, requires_grad: bool = False):
 
 
 def _lstsq_meta(A, B, rcond=None, *, driver=None):
-    """linalg.lstsq on CPU with its default driver, gelsy: the solution, the rank of each matrix
-    of A, and empty residuals and singular values, as eager returns them (torch has no meta
-    kernel). The other drivers return residuals only for full-rank inputs, which a meta rule
-    cannot know."""
+    """linalg.lstsq (torch has no meta kernel): the solution, and what the driver computes, as
+    eager returns it. gelsy (CPU's default) gives the rank of each matrix of A; gels (CUDA's
+    only) the residuals when A has more rows than columns. gelsd and gelss give residuals only
+    for full-rank inputs, which a meta rule cannot know: they are refused."""
     op = "ltorch.linalg_lstsq"
-    check(A.device.type == "cpu", op, "only CPU tensors are supported (argument A)", ThunderNotImplementedError)
-    check(driver in (None, "gelsy"), op, f"only the default driver 'gelsy' is supported, got {driver!r} (argument driver)",
+    driver = driver or ("gelsy" if A.device.type == "cpu" else "gels")
+    check(driver in ("gelsy", "gels"), op, f"driver {driver!r} is not supported, only 'gelsy' and 'gels' (argument driver)",
           ThunderNotImplementedError)
     check(A.ndim >= 2, op, f"input must have at least 2 dimensions, got {A.ndim} (argument A)", ThunderRuntimeError)
     check(A.dtype == B.dtype, op, f"expected A and B to have the same dtype, got {A.dtype} and {B.dtype} (argument B)",
@@ -52,9 +53,12 @@ def _lstsq_meta(A, B, rcond=None, *, driver=None):
     batch = torch.broadcast_shapes(A.shape[:-2], b_shape[:-2])
     solution = (*batch, A.shape[-1]) if vector else (*batch, A.shape[-1], b_shape[-1])
     differentiable = A.requires_grad or B.requires_grad
-    rank = _meta(A.shape[:-2], torch.int64)  # gelsy computes the rank of each matrix of A
-    return torch.return_types.linalg_lstsq((_meta(solution, A.dtype, differentiable), _meta((0,), A.dtype, differentiable),
-                                            rank, _meta((0,), A.dtype)))
+    if driver == "gelsy":
+        residuals, rank = (0,), A.shape[:-2]
+    else:
+        residuals, rank = ((*batch, b_shape[-1]) if A.shape[-2] > A.shape[-1] else (0,)), (0,)
+    return torch.return_types.linalg_lstsq((_meta(solution, A.dtype, differentiable), _meta(residuals, A.dtype, differentiable),
+                                            _meta(rank, torch.int64), _meta((0,), A.dtype)))
 
 
 def _geqrf_meta(input):
@@ -127,6 +131,11 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
     def symbol(*args, **kwargs):
         if "out" in kwargs and kwargs["out"] is None:  # torch.functional's wrappers pass it on
             del kwargs["out"]
+        if meta is None and _is_any_autocast_enabled():
+            # Eager's composites (pinv, ...) autocast the ops inside them: the call runs as an
+            # eager fallback under the traced autocast state. (Those with a meta rule here are
+            # kernels that autocast casts whole, as the language context has.)
+            return fallback(func, args, kwargs)
         return _record(sid, func, meta, sym_name, args, kwargs, integers_rejected)
 
     symbol.__name__ = symbol.__qualname__ = name

@@ -143,7 +143,7 @@ def _tensordot_dims(op: str, a, b, dims):
     else:
         a_dims, b_dims = _dims_lists(op, a, b, dims)
     for da, db in zip(a_dims, b_dims):
-        check(a.shape[da] == b.shape[db], op,
+        check(a.shape[da] == b.shape[db] or 1 in (a.shape[da], b.shape[db]), op,
               f"contracted dimensions need to match, but first has size {a.shape[da]} in dim {da} and second has size {b.shape[db]} in dim {db}",
               ThunderRuntimeError)
     return a_dims, b_dims
@@ -170,6 +170,11 @@ def tensordot(a, b, dims=2, out=None):
     _same_dtype(op, (a, b), "both inputs should have same dtype")
     check(a.dtype != torch.bool, op, "not implemented for 'Bool' (argument a)", ThunderNotImplementedError)
     a_dims, b_dims = _tensordot_dims(op, a, b, dims)
+    # A contracted dim of size 1 against a longer one: eager sums the longer one first.
+    a_sum = [da for da, db in zip(a_dims, b_dims) if a.shape[da] != b.shape[db] and b.shape[db] == 1]
+    b_sum = [db for da, db in zip(a_dims, b_dims) if a.shape[da] != b.shape[db] and a.shape[da] == 1]
+    a = ltorch.sum(a, a_sum, True) if a_sum else a
+    b = ltorch.sum(b, b_sum, True) if b_sum else b
     return _contract(op, a, b, a_dims, b_dims)
 
 
@@ -456,6 +461,10 @@ def linalg_matrix_power(A, n, *, out=None):
         return ltorch.expand(identity(A.shape[-1], A.dtype, A.device), A.shape)
     check(A.dtype != torch.bool or n == 1, op, "not implemented for 'Bool' (argument A)", ThunderNotImplementedError)
     if n < 0:
+        # Under autocast eager inverts in float32 and multiplies in lower precision, which a
+        # call run whole with its inputs cast (as autocast.py does for n > 1) cannot give.
+        check(not torch._C._is_any_autocast_enabled(), op, "negative powers are not supported under autocast (argument n)",
+              ThunderNotImplementedError)
         A, n = ltorch.linalg_inv(A), -n
     if n == 1:
         return ltorch.clone(A)
@@ -477,9 +486,10 @@ def linalg_vander(x, *, N=None):
     """Columns ``x**0, x**1, ..., x**(N-1)``, each the previous times ``x`` (eager's cumprod)."""
     op = "ltorch.linalg_vander"
     _check_tensor(op, x, "x")
-    check(x.ndim >= 1, op, "x must have at least one dimension (argument x)", ThunderRuntimeError)
     check(x.dtype != torch.bool, op, f"linalg.vander supports floating point, complex, and integer tensors, but got {x.dtype}",
           ThunderNotImplementedError)
+    if x.ndim == 0:  # one point
+        x = ltorch.reshape(x, (1,))
     n = x.shape[-1] if N is None else N
     check(n > 1, op, f"N must be greater than 1, got {n} (argument N)", ThunderRuntimeError)
     column = ltorch.unsqueeze(x, -1)
