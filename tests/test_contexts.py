@@ -365,9 +365,9 @@ def test_autocast_change_recompiles_and_says_why():
 @pytest.mark.parametrize("grads", [False, True])
 def test_autocast_fallbacks_run_under_the_traced_autocast(grads):
     def fn(x, w):
-        mixed = torch.einsum("ij,jk->ik", x, w)  # no decomposition: torch's autocast casts inside it
+        mixed = torch.chain_matmul(x, w)  # no decomposition: torch's autocast casts inside it
         with torch.autocast("cpu", enabled=False):
-            exact = torch.einsum("ij,jk->ik", x, w)
+            exact = torch.chain_matmul(x, w)
         return mixed.float() + exact, mixed
 
     x, w = leaf((3, 4), torch.float32, grads), leaf((4, 5), torch.float32, grads, seed=1)
@@ -379,8 +379,8 @@ def test_autocast_fallbacks_run_under_the_traced_autocast(grads):
 def test_autocast_inside_reaches_fallbacks(low):
     def fn(x, w):
         with torch.autocast("cpu", dtype=low):
-            mixed = torch.einsum("ij,jk->ik", x, w)
-        return mixed, torch.einsum("ij,jk->ik", x, w)
+            mixed = torch.chain_matmul(x, w)
+        return mixed, torch.chain_matmul(x, w)
 
     x, w = leaf((3, 4), torch.float32), leaf((4, 5), torch.float32, seed=1)
     out = assert_grads_match(fn, x, w)

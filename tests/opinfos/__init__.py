@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import activations, arrange, conv, creation, elementwise, indexing, linalg, losses, nn, padding, random, reductions, scan, scatter, shape, special
+from . import activations, arrange, conv, creation, creation_extra, elementwise, indexing, linalg, linalg_opaque, losses, nn, norms, padding, products, random, reductions, scan, scatter, shape, special, statistics
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -14,6 +14,11 @@ OPINFOS: list[OpInfo] = [
     *indexing.OPS,
     *creation.OPS,
     *linalg.OPS,
+    *linalg_opaque.OPS,
+    *products.OPS,
+    *creation_extra.OPS,
+    *norms.OPS,
+    *statistics.OPS,
     *nn.OPS,
     *conv.OPS,
     *random.OPS,

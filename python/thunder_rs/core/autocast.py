@@ -86,14 +86,25 @@ _CPU_PROMOTE = "stack cat index_copy"
 # Composite ops run their decomposition under autocast, so they take the policy of the listed op
 # that decides their result: ``cross_entropy`` is ``log_softmax`` (float32 on CUDA) then
 # ``nll_loss`` (float32), ``hstack``/``vstack`` are ``cat``, ``inner`` is ``tensordot`` (on the
-# CPU an ``mm``), except in the cases ``_runs_unlisted`` names.
-_CUDA_COMPOSITE = {"cross_entropy_loss": FP32, "inner": PROMOTE}
-_CPU_COMPOSITE = {"inner": LOWER, "hstack": PROMOTE, "vstack": PROMOTE}
+# CPU an ``mm``), as are ``einsum`` and ``multi_dot`` on the CPU; ``matrix_power`` is ``matmul``;
+# except in the cases ``_runs_unlisted`` names.
+_CUDA_COMPOSITE = {"cross_entropy_loss": FP32, "inner": PROMOTE, "linalg_matrix_power": LOWER, "matrix_power": LOWER}
+_CPU_COMPOSITE = {
+    "inner": LOWER, "hstack": PROMOTE, "vstack": PROMOTE, "tensordot": LOWER, "einsum": LOWER, "linalg_multi_dot": LOWER,
+    "linalg_matrix_power": LOWER, "matrix_power": LOWER,
+}
 
 
 def _runs_unlisted(op: str, device_type: str, args) -> bool:
     """Calls of composite ops that reach no listed op: ``inner`` with a 0-d operand is a product,
-    and on the CPU ``inner`` of two vectors a dot product."""
+    and on the CPU ``inner`` of two vectors a dot product and ``einsum`` of one operand a sum;
+    ``matrix_power`` to the power 0 or 1 (or a negative one, refused under autocast) multiplies
+    nothing."""
+    if op == "einsum" and device_type == "cpu":
+        return sum(isinstance(x, torch.Tensor) for x in args) + sum(
+            isinstance(y, torch.Tensor) for x in args if isinstance(x, (list, tuple)) for y in x) <= 1
+    if op in ("linalg_matrix_power", "matrix_power"):
+        return len(args) > 1 and isinstance(args[1], int) and args[1] < 2
     if op != "inner":
         return False
     ndims = [x.ndim for x in args[:2] if isinstance(x, torch.Tensor)]

@@ -76,3 +76,10 @@ def _export_symbols() -> None:
 
 
 _export_symbols()
+from thunder_rs.torch.linalg_opaque import *  # noqa: E402,F401,F403
+from thunder_rs.torch.creation_extra import *  # noqa: E402,F401,F403
+from thunder_rs.torch.products import *  # noqa: E402,F401,F403
+from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
+from thunder_rs.torch import norms_grads  # noqa: E402,F401
+from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
+from thunder_rs.torch import statistics_grads  # noqa: E402,F401

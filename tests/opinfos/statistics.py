@@ -1,0 +1,173 @@
+"""Order statistics and searches: kthvalue, median, nanmedian, quantile, nanquantile, mode, histc,
+bucketize, searchsorted, isin. Float samples have distinct values (ties make eager's kthvalue index
+implementation-defined); ties and NaNs are sampled where eager's choice is reproduced."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from .core import NUMERIC, ErrorInput, OpInfo, SampleInput, cpu, make, strided, transposed
+
+NAN = math.nan
+
+
+def distinct(shape, dtype, device):
+    """Distinct values in random order (integers too)."""
+    n = math.prod(shape)
+    return (torch.randperm(n, device=device).to(dtype) - n // 2).reshape(shape)
+
+
+def kthvalue_samples(dtype, device) -> Iterable[SampleInput]:
+    yield SampleInput(distinct((3, 5), dtype, device), 2)
+    yield SampleInput(distinct((3, 5), dtype, device), 3, 0, True)
+    yield SampleInput(distinct((), dtype, device), 1)
+    yield SampleInput(distinct((4,), dtype, device), 4, keepdim=True)
+    yield SampleInput(distinct((4, 3), dtype, device).mT, 1, 1)
+    yield SampleInput(distinct((0, 3), dtype, device), 2)
+
+
+def kthvalue_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 5), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 1, 2), IndexError)
+
+
+def with_nans(dtype, device):
+    x = distinct((3, 5), dtype, device)
+    if dtype.is_floating_point:
+        x[0, 1] = x[0, 3] = x[2, 0] = NAN
+        x[1] = NAN
+    return x
+
+
+def median_samples(dtype, device) -> Iterable[SampleInput]:
+    yield SampleInput(distinct((3, 5), dtype, device))
+    yield SampleInput(distinct((3, 5), dtype, device), 1)
+    yield SampleInput(distinct((3, 4), dtype, device), 0, True)
+    yield SampleInput(distinct((), dtype, device))
+    yield SampleInput(distinct((), dtype, device), 0)
+    yield SampleInput(make((0,), dtype, device))
+    yield SampleInput(torch.tensor([1, 2, 2, 3, 2, 2], device=device).to(dtype))  # ties share the gradient
+    yield SampleInput(torch.tensor([[1, 2, 2, 0], [3, 3, 1, 3]], device=device).to(dtype), 1)
+    yield SampleInput(with_nans(dtype, device), 1)
+    yield SampleInput(with_nans(dtype, device))
+    yield SampleInput(transposed((3, 4), dtype, device), -1)
+
+
+def median_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 0)), 1), IndexError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2), IndexError)
+
+
+def quantile_samples(dtype, device) -> Iterable[SampleInput]:
+    for interpolation in ("linear", "lower", "higher", "midpoint", "nearest"):
+        yield SampleInput(distinct((3, 5), dtype, device), 0.3, 1, interpolation=interpolation)
+        yield SampleInput(distinct((4, 3), dtype, device), torch.tensor([0.0, 0.25, 0.5, 1.0], dtype=dtype, device=device),
+                          0, True, interpolation=interpolation)
+    yield SampleInput(distinct((3, 5), dtype, device), 0.75)
+    yield SampleInput(distinct((2, 3), dtype, device), torch.tensor([0.2, 0.9], dtype=dtype, device=device), keepdim=True)
+    yield SampleInput(distinct((), dtype, device), 0.5)
+    yield SampleInput(with_nans(dtype, device), 0.4, 1)
+    yield SampleInput(with_nans(dtype, device), torch.tensor(0.6, dtype=dtype, device=device), -1, interpolation="nearest")
+    yield SampleInput(strided((3, 4), dtype, device), 0.5, 0)
+
+
+def quantile_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,)), 1.5), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3,), torch.int64), 0.5), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3,)), cpu((2,), torch.float64)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3,)), 0.5, interpolation="cubic"), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((0,)), 0.5), RuntimeError)
+
+
+def mode_samples(dtype, device) -> Iterable[SampleInput]:
+    def t(values):
+        return torch.tensor(values, device=device).to(dtype)
+
+    yield SampleInput(t([[1, 2, 2, 1, 3], [3, 3, 2, 2, 1]]))
+    yield SampleInput(t([[1, 2], [2, 2], [1, 3]]), 0, True)
+    yield SampleInput(t([5, 1, 1, 5]))
+    yield SampleInput(t(4))
+    yield SampleInput(make((3, 4), dtype, device).mT, 1)
+    yield SampleInput(make((0, 3), dtype, device), 1)
+    if dtype.is_floating_point:
+        yield SampleInput(t([1, NAN, NAN, 2]))
+
+
+def histc_samples(dtype, device) -> Iterable[SampleInput]:
+    yield SampleInput(make((100,), dtype, device), 10)
+    yield SampleInput(make((4, 25), dtype, device), 7, -3, 3)
+    yield SampleInput(torch.ones(5, dtype=dtype, device=device), 4)
+    yield SampleInput(make((0,), dtype, device), 3)
+    yield SampleInput(torch.tensor([0.0, 0.5, 1.0, 2.0, -1.0], dtype=dtype, device=device), 4, 0, 1)
+    yield SampleInput(transposed((5, 4), dtype, device))
+
+
+def histc_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((5,)), -1), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((5,)), 4, 2, 1), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((5,), torch.int64)), NotImplementedError)
+
+
+def bucketize_samples(dtype, device) -> Iterable[SampleInput]:
+    boundaries = torch.tensor([-3, 0, 1, 4], device=device).to(dtype)
+    values = torch.tensor([[-5, -3, 0], [2, 4, 9]], device=device).to(dtype)
+    yield SampleInput(values, boundaries)
+    yield SampleInput(values, boundaries, right=True)
+    yield SampleInput(values.mT, boundaries, out_int32=True)
+    yield SampleInput(make((), dtype, device), boundaries)
+    yield SampleInput(make((0, 2), dtype, device), boundaries)
+    if dtype.is_floating_point:
+        yield SampleInput(torch.tensor([NAN, 0.5], dtype=dtype, device=device), boundaries)
+
+
+def bucketize_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,)), cpu((2, 2))), RuntimeError)
+
+
+def searchsorted_samples(dtype, device) -> Iterable[SampleInput]:
+    sequence = torch.tensor([-3, 0, 1, 4], device=device).to(dtype)
+    values = torch.tensor([[-5, -3, 0], [2, 4, 9]], device=device).to(dtype)
+    yield SampleInput(sequence, values)
+    yield SampleInput(sequence, values, right=True)
+    yield SampleInput(sequence, values, side="right", out_int32=True)
+    rows = torch.tensor([[1, 2, 3, 5], [-2, 0, 6, 7]], device=device).to(dtype)
+    yield SampleInput(rows, values)
+    yield SampleInput(rows, values, side="left")
+    yield SampleInput(torch.tensor([4, -3, 1, 0], device=device).to(dtype), values, sorter=torch.tensor([1, 3, 2, 0], device=device))
+
+
+def searchsorted_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 4)), cpu((3, 2))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((4,)), cpu((2,)), right=True, side="left"), RuntimeError)
+
+
+def isin_samples(dtype, device) -> Iterable[SampleInput]:
+    elements = torch.tensor([[0, 1, 2], [3, 4, 5]], device=device).to(dtype)
+    tests = torch.tensor([1, 4, 9], device=device).to(dtype)
+    yield SampleInput(elements, tests)
+    yield SampleInput(elements, tests, invert=True)
+    yield SampleInput(elements.mT, tests.reshape(3, 1))
+    yield SampleInput(elements, 1)
+    yield SampleInput(make((0,), dtype, device), tests)
+
+
+def isin_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,), torch.bool), cpu((2,), torch.bool)), NotImplementedError)
+
+
+OPS = [
+    OpInfo("kthvalue", torch.kthvalue, kthvalue_samples, kthvalue_errors, NUMERIC),
+    OpInfo("median", torch.median, median_samples, median_errors, NUMERIC),
+    OpInfo("nanmedian", torch.nanmedian, median_samples, median_errors, NUMERIC),
+    OpInfo("quantile", torch.quantile, quantile_samples, quantile_errors),
+    OpInfo("nanquantile", torch.nanquantile, quantile_samples, quantile_errors),
+    OpInfo("mode", torch.mode, mode_samples, median_errors, NUMERIC),
+    OpInfo("histc", torch.histc, histc_samples, histc_errors),
+    OpInfo("bucketize", torch.bucketize, bucketize_samples, bucketize_errors, NUMERIC, supports_grad=False),
+    OpInfo("searchsorted", torch.searchsorted, searchsorted_samples, searchsorted_errors, NUMERIC, supports_grad=False),
+    OpInfo("isin", torch.isin, isin_samples, isin_errors, NUMERIC, supports_grad=False),
+]

@@ -1,0 +1,43 @@
+"""Opaque linear algebra symbols count as supported, and complex inputs of the real-only ops are
+refused with an error naming the op."""
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+def test_opaque_linalg_is_supported_not_fallback():
+    a = torch.randn(3, 3, dtype=torch.float64) + 3 * torch.eye(3, dtype=torch.float64)
+    b = torch.randn(3, 2, dtype=torch.float64)
+
+    def f(a, b):
+        u, s, vh = torch.linalg.svd(a)
+        return torch.linalg.solve(a, b), torch.linalg.det(a), s, torch.linalg.lstsq(a, b).solution
+
+    report = thunder_rs.examine(f, a, b)
+    assert not report.fallbacks
+    assert {"ltorch.linalg_svd", "ltorch.linalg_solve", "ltorch.linalg_det", "ltorch.linalg_lstsq"} <= set(report.supported)
+
+
+def test_opaque_linalg_backward_runs_torch_derivative():
+    a = (torch.randn(2, 3, 3, dtype=torch.float64) + 3 * torch.eye(3, dtype=torch.float64)).requires_grad_()
+    jf = thunder_rs.jit(lambda a: torch.linalg.inv(a).sum() + torch.linalg.slogdet(a).logabsdet.sum())
+    (grad,) = torch.autograd.grad(jf(a), a)
+    (expected,) = torch.autograd.grad(torch.linalg.inv(a).sum() + torch.linalg.slogdet(a).logabsdet.sum(), a)
+    torch.testing.assert_close(grad, expected)
+    assert "linalg_inv_vjp" in str(thunder_rs.last_backward_traces(jf)[-1])
+
+
+@pytest.mark.parametrize("fn", [torch.conj, torch.conj_physical, torch.resolve_conj, torch.resolve_neg])
+def test_conjugation_refuses_complex(fn):
+    x = torch.randn(3, dtype=torch.complex64)
+    with pytest.raises(ThunderNotImplementedError, match=fn.__name__):
+        thunder_rs.jit(fn)(x)
+
+
+def test_lstsq_refuses_drivers_whose_outputs_depend_on_rank():
+    a, b = torch.randn(5, 3), torch.randn(5, 2)
+    with pytest.raises(ThunderNotImplementedError, match="linalg_lstsq.*gelsd"):
+        thunder_rs.jit(lambda a, b: torch.linalg.lstsq(a, b, driver="gelsd"))(a, b)
