@@ -232,14 +232,16 @@ def _unpacked(torch_fn):
     return run
 
 
-#: The composites the torch executor runs whole as their torch callable (see ``decomposing``).
+#: The composites the torch executor runs whole as their torch callable, though they have a
+#: decomposition (see ``decomposing``).
 _COMPOSITES: dict = {}
 
 
 def _register_composites() -> None:
     for sym in SYMBOLS:
         if sym.torch_fns and sym.symbol_id not in torch_ex.implmap:
-            _COMPOSITES[sym.symbol_id] = sym
+            if not sym.opaque:
+                _COMPOSITES[sym.symbol_id] = sym
             impl_name = "torch_" + sym.symbol_name.removeprefix("ltorch.")
             impl = _unpacked(sym.torch_fns[0]) if sym.returns_sequence else sym.torch_fns[0]
             torch_ex.implmap[sym.symbol_id] = (impl_name, None, impl)

@@ -32,6 +32,7 @@ def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...]
         symbol.symbol_name = sym_name
         symbol.torch_fns = torch_fns
         symbol.returns_sequence = sequence
+        symbol.opaque = False  # it has a decomposition (opaque symbols: torch/linalg_opaque.py)
         for torch_fn in torch_fns:
             TORCH_TO_LTORCH[torch_fn] = symbol
         for prop in properties:

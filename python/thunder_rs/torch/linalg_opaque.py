@@ -141,6 +141,7 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
     symbol.__name__ = symbol.__qualname__ = name
     symbol.__doc__ = f"Records {sym_name}, run whole as {getattr(func, '__name__', name)}."
     symbol.symbol_id, symbol.symbol_name, symbol.torch_fns = sid, sym_name, torch_fns
+    symbol.returns_sequence, symbol.opaque = False, True
     for torch_fn in torch_fns:
         TORCH_TO_LTORCH[torch_fn] = symbol
     SYMBOLS.append(symbol)
