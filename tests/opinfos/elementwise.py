@@ -110,6 +110,7 @@ UNARY_OPS = [
     unary("ndtri", torch.special.ndtri, dtypes=FLOATS, low=0.05, high=0.95, tolerances=SPECIAL),
     unary("erfcx", torch.special.erfcx, tolerances=SPECIAL),
     unary("log_ndtr", torch.special.log_ndtr, tolerances=SPECIAL),
+    unary("frexp", dtypes=FLOATS, error_inputs=lambda: iter([ErrorInput(SampleInput(cpu((3,), torch.int64)), RuntimeError)])),
     *(unary(name, getattr(torch.special, name), tolerances=SPECIAL)
       for name in ("bessel_j0", "bessel_j1", "modified_bessel_i0", "modified_bessel_i1", "airy_ai", "spherical_bessel_j0")),
     *(unary(name, getattr(torch.special, name), low=0.1, tolerances=SPECIAL)
@@ -299,9 +300,21 @@ BINARY = {
     "bitwise_and": Binary(torch.bitwise_and, operator.and_, **BITWISE_OP),
     "bitwise_or": Binary(torch.bitwise_or, operator.or_, **BITWISE_OP),
     "bitwise_xor": Binary(torch.bitwise_xor, operator.xor, **BITWISE_OP),
+    # No integer kernel; the gradient goes to the first operand whole.
+    "nextafter": Binary(torch.nextafter, dtypes=FLOATS, samples=NO_SCALARS, rejected=(torch.int64,),
+                        errors=(scalar_rejected,)),
 }
 
-BINARY_OPS = [entry for name, binary in BINARY.items() for entry in binary.entries(name)]
+# zeta(x, q): no derivative in x (eager's backward raises, thunder_rs refuses to trace it), so the
+# gradient in q is checked with a number x.
+ZETA_OPS = [
+    OpInfo("zeta", torch.special.zeta, partial(binary_samples, scalars=(), partner=None, rhs={"low": 0.5}), dtypes=ALL,
+           tolerances=SPECIAL),
+    OpInfo("zeta", lambda q: torch.special.zeta(2.5, q), partial(unary_samples, low=0.5), dtypes=FLOATS,
+           variant="number_x", tolerances=SPECIAL),
+]
+
+BINARY_OPS = [entry for name, binary in BINARY.items() for entry in binary.entries(name)] + ZETA_OPS
 
 
 def div_rounding_errors(rounding_mode: str) -> ErrorGenerator:

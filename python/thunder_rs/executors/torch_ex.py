@@ -138,6 +138,8 @@ def _register_prims() -> None:
         "cumprod": lambda a, dim: torch.cumprod(a, dim, dtype=a.dtype),
         "cummax": lambda a, dim: tuple(torch.cummax(a, dim)), "cummin": lambda a, dim: tuple(torch.cummin(a, dim)),
         "convolution_backward": _convolution_backward,
+        "frexp": lambda a: tuple(torch.frexp(a)),
+        "nextafter": _number_safe(torch.nextafter), "zeta": _number_safe(torch.special.zeta),
     }
     # Every other prim runs as the torch function of its name, with the prim's arguments.
     for name in prims.NAMES:

@@ -40,6 +40,16 @@ def requires_grad_(a, requires_grad=True):
     return a
 
 
+def with_zero_gradient(out, *inputs):
+    """``out``, computed from ``inputs`` without a differentiable path (a count of nonzeros, an
+    identity), marked as requiring grad where eager's result does: eager computes it with
+    differentiable ops whose gradient happens to be zero."""
+    wants = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
+    if wants and not out.requires_grad and out.dtype.is_floating_point:
+        requires_grad_(out)
+    return out
+
+
 def _set_requires_grad(a, requires_grad):
     """``a.requires_grad = flag``."""
     requires_grad_(a, requires_grad)

@@ -15,6 +15,7 @@ from thunder_rs import clang, prims
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
+from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
 from thunder_rs.torch.nn import _reduce, _reduction, _require_float, _sum_all, logsigmoid
@@ -62,7 +63,7 @@ def _vector_norm(x, p, dims: tuple[int, ...], keepdim: bool):
     if p == math.inf or p == -math.inf:
         out = (prims.amax if p > 0 else prims.amin)(absolute, dims)
     elif p == 0:
-        out = prims.sum(clang.maybe_convert(prims.ne(x, 0.0), x.dtype), dims)
+        out = with_zero_gradient(prims.sum(clang.maybe_convert(prims.ne(x, 0.0), x.dtype), dims), x)
     elif p == 1:
         out = prims.sum(absolute, dims)
     elif p == 2:

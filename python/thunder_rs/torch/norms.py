@@ -15,6 +15,7 @@ from thunder_rs import clang
 from thunder_rs import torch as ltorch
 from thunder_rs.core import dtypes
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch import torchsymbol
 from thunder_rs.torch.elementwise import add, sub
 from thunder_rs.torch.linalg_opaque import linalg_svdvals
@@ -68,7 +69,7 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=Non
               ThunderRuntimeError)
     a = ltorch.abs(clang.maybe_convert(x, _norm_dtype(op, x, dtype)))
     if p == 0:
-        return ltorch.sum(clang.maybe_convert(ltorch.ne(a, 0), a.dtype), dims, keepdim)
+        return with_zero_gradient(ltorch.sum(clang.maybe_convert(ltorch.ne(a, 0), a.dtype), dims, keepdim), x)
     if p == math.inf:
         return ltorch.amax(a, dims, keepdim)
     if p == -math.inf:

@@ -14,6 +14,7 @@ from thunder_rs import clang, prims
 from thunder_rs import torch as ltorch
 from thunder_rs.core import dtypes
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch import torchsymbol
 from thunder_rs.torch.creation_extra import identity
 from thunder_rs.torch.elementwise import sub
@@ -458,7 +459,7 @@ def linalg_matrix_power(A, n, *, out=None):
           f"A must be batches of square matrices, but they are {A.shape[-2] if A.ndim >= 2 else '?'} by {A.shape[-1] if A.ndim else '?'} matrices",
           ThunderRuntimeError)
     if n == 0:
-        return ltorch.expand(identity(A.shape[-1], A.dtype, A.device), A.shape)
+        return with_zero_gradient(ltorch.expand(identity(A.shape[-1], A.dtype, A.device), A.shape), A)
     check(A.dtype != torch.bool or n == 1, op, "not implemented for 'Bool' (argument A)", ThunderNotImplementedError)
     if n < 0:
         # Under autocast eager inverts in float32 and multiplies in lower precision, which a

@@ -24,7 +24,7 @@ __all__ = [
     "addcmul", "addcdiv", "lerp", "logaddexp", "logaddexp2", "xlogy", "xlog1py", "copysign", "frac", "deg2rad",
     "rad2deg", "fmax", "fmin", "hypot", "heaviside", "ldexp", "float_power", "square", "sgn", "positive", "logit",
     "nan_to_num", "isnan", "isinf", "isposinf", "isneginf", "isreal", "isclose", "logical_and", "logical_or",
-    "logical_xor", "logical_not", "sinc", "entr", "ndtr", "polygamma", "tensor_polygamma", "angle", "real",
+    "logical_xor", "logical_not", "sinc", "entr", "ndtr", "polygamma", "tensor_polygamma", "angle", "real", "frexp",
 ]
 
 
@@ -468,3 +468,12 @@ TORCH_TO_LTORCH.update({
     T.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
     torch.is_signed: lambda input: input.dtype.is_signed,
 })
+
+
+@torchsymbol(torch.frexp, T.frexp)
+def frexp(input, *, out=None):
+    op = "ltorch.frexp"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    check(input.dtype.is_floating_point, op, "torch.frexp() only supports floating-point dtypes (argument input)",
+          ThunderRuntimeError)
+    return torch.return_types.frexp(prims.frexp(input))

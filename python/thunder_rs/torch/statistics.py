@@ -17,6 +17,7 @@ from thunder_rs import torch as ltorch
 from thunder_rs.core import dtypes
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch import torchsymbol
 from thunder_rs.torch.elementwise import add, round as round_, sub
 
@@ -98,7 +99,7 @@ def _full_median(op: str, input, position):
     the lowest value)."""
     if input.numel() == 0:
         fill = math.nan if dtypes.is_inexact(input.dtype) else torch.iinfo(input.dtype).min
-        return ltorch.full((), fill, dtype=input.dtype, device=input.device)
+        return with_zero_gradient(ltorch.full((), fill, dtype=input.dtype, device=input.device), input)
     values, _ = _select(ltorch.reshape(input, (-1,)), 0, False, position, op)
     return values
 

@@ -230,12 +230,12 @@ macro_rules! declare_family {
 /// symbol Python derives from it (`Custom`: the ltorch symbol is written by hand).
 macro_rules! elementwise_table {
     ($(#[$m:meta])* pub enum $fam:ident ($arity:literal) {
-        $($var:ident = $name:literal, $accepts:ident, $output:ident, $promotion:ident;)*
+        $($(#[$vm:meta])* $var:ident = $name:literal, $accepts:ident, $output:ident, $promotion:ident;)*
     }) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum $fam {
-            $($var,)*
+            $($(#[$vm])* $var,)*
         }
 
         impl $fam {

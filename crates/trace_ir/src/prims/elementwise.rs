@@ -23,6 +23,8 @@ pub enum Accepts {
     Inexact,
     /// Floating only (`erfinv`, `lgamma`, `atan2`).
     Float,
+    /// Floating only, and torch has no kernel for the others (`nextafter`): NotImplementedError.
+    FloatKernel,
     /// Integers and bool (`bitwise_and`).
     IntOrBool,
     /// Anything but complex (`maximum`, comparisons that order).
@@ -137,6 +139,9 @@ elementwise_table! {
         BitwiseAnd = "bitwise_and", IntOrBool, Same, Default;
         BitwiseOr = "bitwise_or", IntOrBool, Same, Default;
         BitwiseXor = "bitwise_xor", IntOrBool, Same, Default;
+        Nextafter = "nextafter", FloatKernel, Same, Default;
+        /// The Hurwitz zeta function `zeta(x, q)`.
+        Zeta = "zeta", Float, Same, IntToFloat;
     }
 }
 
@@ -149,6 +154,8 @@ declare_family! {
         DevicePut = "device_put", Operands::Fixed(1), { device: Device = "device" };
         /// The `order`-th derivative of digamma (`torch.polygamma(order, a)`).
         Polygamma = "polygamma", Operands::Fixed(1), { order: i64 = "n" };
+        /// `(mantissa, exponent)` with `a = mantissa * 2^exponent`, the exponent in int32.
+        Frexp = "frexp", Operands::Fixed(1), {};
     }
 }
 
@@ -182,7 +189,7 @@ fn check_dtype(op: &str, what: &str, dtype: DType, rule: Accepts) -> Result<()> 
     let ok = match rule {
         Accepts::Any => true,
         Accepts::Inexact => dtype.is_inexact(),
-        Accepts::Float => dtype.is_float(),
+        Accepts::Float | Accepts::FloatKernel => dtype.is_float(),
         Accepts::IntOrBool => dtype.is_int() || dtype.is_bool(),
         Accepts::Real => !dtype.is_complex(),
         Accepts::NotBool => !dtype.is_bool(),
@@ -196,6 +203,7 @@ fn check_dtype(op: &str, what: &str, dtype: DType, rule: Accepts) -> Result<()> 
     match rule {
         Accepts::Inexact => bail!(Type, op, "expected a floating-point or complex tensor for {what}, got {dtype}"),
         Accepts::Float => bail!(Type, op, "expected a floating-point tensor for {what}, got {dtype}"),
+        Accepts::FloatKernel => bail!(NotImplemented, op, "not implemented for {dtype}: expected a floating-point tensor for {what}"),
         Accepts::IntOrBool => bail!(NotImplemented, op, "not implemented for {dtype}: expected an integer or bool tensor for {what}"),
         Accepts::NotBool => bail!(NotImplemented, op, "not implemented for {dtype} (argument {what})"),
         _ => bail!(NotImplemented, op, "not implemented for {dtype}: expected a real tensor (argument {what})"),
@@ -317,12 +325,16 @@ impl Family for Elementwise {
             Elementwise::ConvertElementType { dtype } => out.dtype = *dtype,
             Elementwise::DevicePut { device } => out.device = *device,
             Elementwise::Polygamma { .. } => check_dtype(op, "a", a.dtype, Accepts::Float)?,
+            Elementwise::Frexp {} => {
+                check_dtype(op, "a", a.dtype, Accepts::Float)?;
+                return Ok(vec![out, TensorMeta::new(DType::I32, a.device, a.shape.clone())]);
+            }
             Elementwise::Where {} => unreachable!("where is handled above"),
         }
         Ok(vec![out])
     }
 
-    fn vjp(&self, e: &mut Emitter, operands: &[Arg], _outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+    fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
         let Some(g) = cots[0] else { return Ok(vec![None; operands.len()]) };
         if let Elementwise::Where {} = self {
             return vjp_where(e, &operands[0], g);
@@ -335,6 +347,13 @@ impl Family for Elementwise {
                 vec![Some(e.mul(g, t)?)]
             }
             Elementwise::ConvertElementType { .. } | Elementwise::DevicePut { .. } => vec![vjp_retype(self, e, x, g)?],
+            Elementwise::Frexp {} => {
+                // mantissa = a / 2^exponent, the exponent piecewise constant.
+                let exponent = e.convert(outputs[1], e.meta(x).dtype)?;
+                let scale = e.unary(Unary::Neg, exponent)?;
+                let scale = e.unary(Unary::Exp2, scale)?;
+                vec![Some(e.mul(g, scale)?)]
+            }
         })
     }
 }
@@ -516,6 +535,24 @@ fn vjp_binary(prim: Binary, e: &mut Emitter, (a, b): (&Arg, &Arg), y: ValueId, g
             let gb = e.mul(g, a.clone())?;
             let gb = e.div(gb, denom)?;
             (Some(ga), Some(e.neg(gb)?))
+        }
+        Nextafter => (Some(g), Some(e.zeros_like(g)?)),
+        Zeta => {
+            // As torch: d/dq zeta(x, q) = -x zeta(x + 1, q); there is no derivative in x.
+            let x_requires_grad = a.as_value().is_some_and(|v| {
+                matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad)
+            });
+            if x_requires_grad {
+                bail!(NotImplemented, "prims.zeta", "the derivative of zeta with respect to x is not implemented (in torch either); detach x (argument a)");
+            }
+            let x1 = match number_value(e, a) {
+                Some(x) => Arg::Scalar(number(e.meta(g).dtype, x + 1.0)),
+                None => Arg::Value(e.add(a.clone(), e.scalar(g, 1.0))?),
+            };
+            let z = e.binary(Zeta, x1, b.clone())?;
+            let t = e.mul(z, a.clone())?;
+            let t = e.mul(g, t)?;
+            (None, Some(e.neg(t)?))
         }
         Eq | Ne | Lt | Le | Gt | Ge | BitwiseAnd | BitwiseOr | BitwiseXor => (None, None),
     })
