@@ -47,8 +47,10 @@ from thunder_rs.torch.shape import *  # noqa: E402,F401,F403
 from thunder_rs.torch.indexing import *  # noqa: E402,F401,F403
 from thunder_rs.torch.nn import *  # noqa: E402,F401,F403
 from thunder_rs.torch.linalg import *  # noqa: E402,F401,F403
+from thunder_rs.torch.pooling import *  # noqa: E402,F401,F403
 from thunder_rs.torch.autograd import *  # noqa: E402,F401,F403
 from thunder_rs.torch import kernels  # noqa: E402,F401
 from thunder_rs.torch import grads  # noqa: E402,F401
+from thunder_rs.torch import pool_kernels, pool_grads  # noqa: E402,F401
 from thunder_rs.torch.views import *  # noqa: E402,F401,F403
 from thunder_rs.torch import inplace  # noqa: E402,F401

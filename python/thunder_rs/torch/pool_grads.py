@@ -1,0 +1,190 @@
+"""Grad rules for pooling: the backward kernels eager's autograd runs (``pool_kernels``).
+
+Max pooling's forward is asked for its indices (one aten call, as eager's forward with grad
+makes), and its backward sends each window's gradient to the element those indices name, so
+ties go where eager sends them. One-dimensional pools run as eager runs them: through the 2-d
+kernels, on the input with a size-1 dim inserted before the last.
+"""
+
+import math
+
+from thunder_rs import torch as ltorch
+from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch import pool_kernels as pk
+from thunder_rs.torch.pooling import spatial_tuple
+
+_MAX_BACKWARD = {2: pk.max_pool2d_with_indices_backward, 3: pk.max_pool3d_with_indices_backward}
+_AVG_BACKWARD = {2: pk.avg_pool2d_backward, 3: pk.avg_pool3d_backward}
+_ADAPTIVE_MAX_BACKWARD = {2: pk.adaptive_max_pool2d_backward, 3: pk.adaptive_max_pool3d_backward}
+_ADAPTIVE_AVG_BACKWARD = {2: pk.adaptive_avg_pool2d_backward, 3: pk.adaptive_avg_pool3d_backward}
+
+
+def _as_2d(*tensors):
+    return [ltorch.unsqueeze(t, -2) for t in tensors]
+
+
+def _window_args(op: str, n: int, kernel_size, stride, padding, dilation):
+    """Kernel, stride, padding and dilation as the aten backwards take them: n ints each (1-d
+    pools as 2-d ones with a size-1 window along the inserted dim)."""
+    kernel = spatial_tuple(op, kernel_size, n, "kernel_size")
+    strides = kernel if stride is None or (not isinstance(stride, int) and len(stride) == 0) else \
+        spatial_tuple(op, stride, n, "stride")
+    args = [kernel, strides, spatial_tuple(op, padding, n, "padding"), spatial_tuple(op, dilation, n, "dilation")]
+    if n == 1:
+        args = [(fill, *a) for fill, a in zip((1, 1, 0, 1), args)]
+    return args
+
+
+# -- max pooling -----------------------------------------------------------------------------------
+
+
+def _max_pool_grad(n: int, symbol, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
+    out, indices = symbol(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+    kernel, strides, pads, dils = _window_args(symbol.symbol_name, n, kernel_size, stride, padding, dilation)
+    g = get_grad(out)
+    if n == 1:
+        g2, x2, i2 = _as_2d(g, input, indices)
+        grad = ltorch.squeeze(_MAX_BACKWARD[2](g2, x2, kernel, strides, pads, dils, ceil_mode, i2), -2)
+    else:
+        grad = _MAX_BACKWARD[n](g, input, kernel, strides, pads, dils, ceil_mode, indices)
+    put_grad(input, grad)
+    return (out, indices) if return_indices else out
+
+
+@register_grad(ltorch.max_pool1d)
+def max_pool1d_grad(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool_grad(1, ltorch.max_pool1d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+@register_grad(ltorch.max_pool2d)
+def max_pool2d_grad(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool_grad(2, ltorch.max_pool2d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+@register_grad(ltorch.max_pool3d)
+def max_pool3d_grad(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool_grad(3, ltorch.max_pool3d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+# -- average pooling -------------------------------------------------------------------------------
+
+
+def _avg_pool_grad(n: int, symbol, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                   divisor_override):
+    extra = () if n == 1 else (divisor_override,)
+    out = symbol(input, kernel_size, stride, padding, ceil_mode, count_include_pad, *extra)
+    kernel, strides, pads, _ = _window_args(symbol.symbol_name, n, kernel_size, stride, padding, 1)
+    g = get_grad(out)
+    if n == 1:
+        g2, x2 = _as_2d(g, input)
+        grad = ltorch.squeeze(_AVG_BACKWARD[2](g2, x2, kernel, strides, pads, ceil_mode, count_include_pad, None), -2)
+    else:
+        grad = _AVG_BACKWARD[n](g, input, kernel, strides, pads, ceil_mode, count_include_pad, divisor_override)
+    put_grad(input, grad)
+    return out
+
+
+@register_grad(ltorch.avg_pool1d)
+def avg_pool1d_grad(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    return _avg_pool_grad(1, ltorch.avg_pool1d, input, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+@register_grad(ltorch.avg_pool2d)
+def avg_pool2d_grad(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                    divisor_override=None):
+    return _avg_pool_grad(2, ltorch.avg_pool2d, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                          divisor_override)
+
+
+@register_grad(ltorch.avg_pool3d)
+def avg_pool3d_grad(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                    divisor_override=None):
+    return _avg_pool_grad(3, ltorch.avg_pool3d, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                          divisor_override)
+
+
+# -- adaptive pooling ------------------------------------------------------------------------------
+
+
+def _adaptive_avg_grad(n: int, symbol, input, output_size):
+    out = symbol(input, output_size)
+    g = get_grad(out)
+    if n == 1:
+        g2, x2 = _as_2d(g, input)
+        grad = ltorch.squeeze(_ADAPTIVE_AVG_BACKWARD[2](g2, x2), -2)
+    else:
+        grad = _ADAPTIVE_AVG_BACKWARD[n](g, input)
+    put_grad(input, grad)
+    return out
+
+
+@register_grad(ltorch.adaptive_avg_pool1d)
+def adaptive_avg_pool1d_grad(input, output_size):
+    return _adaptive_avg_grad(1, ltorch.adaptive_avg_pool1d, input, output_size)
+
+
+@register_grad(ltorch.adaptive_avg_pool2d)
+def adaptive_avg_pool2d_grad(input, output_size):
+    return _adaptive_avg_grad(2, ltorch.adaptive_avg_pool2d, input, output_size)
+
+
+@register_grad(ltorch.adaptive_avg_pool3d)
+def adaptive_avg_pool3d_grad(input, output_size):
+    return _adaptive_avg_grad(3, ltorch.adaptive_avg_pool3d, input, output_size)
+
+
+def _adaptive_max_grad(n: int, symbol, input, output_size, return_indices):
+    out, indices = symbol(input, output_size, True)
+    g = get_grad(out)
+    if n == 1:
+        g2, x2, i2 = _as_2d(g, input, indices)
+        grad = ltorch.squeeze(_ADAPTIVE_MAX_BACKWARD[2](g2, x2, i2), -2)
+    else:
+        grad = _ADAPTIVE_MAX_BACKWARD[n](g, input, indices)
+    put_grad(input, grad)
+    return (out, indices) if return_indices else out
+
+
+@register_grad(ltorch.adaptive_max_pool1d)
+def adaptive_max_pool1d_grad(input, output_size, return_indices=False):
+    return _adaptive_max_grad(1, ltorch.adaptive_max_pool1d, input, output_size, return_indices)
+
+
+@register_grad(ltorch.adaptive_max_pool2d)
+def adaptive_max_pool2d_grad(input, output_size, return_indices=False):
+    return _adaptive_max_grad(2, ltorch.adaptive_max_pool2d, input, output_size, return_indices)
+
+
+@register_grad(ltorch.adaptive_max_pool3d)
+def adaptive_max_pool3d_grad(input, output_size, return_indices=False):
+    return _adaptive_max_grad(3, ltorch.adaptive_max_pool3d, input, output_size, return_indices)
+
+
+# -- unpooling -------------------------------------------------------------------------------------
+
+
+def _max_unpool_grad(n: int, symbol, input, indices, kernel_size, stride, padding, output_size):
+    """Eager's: each input element gets the gradient at its index, also where a later equal
+    index overwrote it in the forward."""
+    out = symbol(input, indices, kernel_size, stride, padding, output_size)
+    g = get_grad(out)
+    lead = tuple(input.shape[:-n])
+    flat = ltorch.reshape(g, (*lead, math.prod(g.shape[-n:])))
+    picked = ltorch.gather(flat, len(lead), ltorch.reshape(indices, (*lead, math.prod(input.shape[-n:]))))
+    put_grad(input, ltorch.reshape(picked, input.shape))
+    return out
+
+
+@register_grad(ltorch.max_unpool1d)
+def max_unpool1d_grad(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool_grad(1, ltorch.max_unpool1d, input, indices, kernel_size, stride, padding, output_size)
+
+
+@register_grad(ltorch.max_unpool2d)
+def max_unpool2d_grad(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool_grad(2, ltorch.max_unpool2d, input, indices, kernel_size, stride, padding, output_size)
+
+
+@register_grad(ltorch.max_unpool3d)
+def max_unpool3d_grad(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool_grad(3, ltorch.max_unpool3d, input, indices, kernel_size, stride, padding, output_size)

@@ -1,0 +1,99 @@
+"""The decompositions of the pooling, interpolation and normalisation symbols and of their
+backward kernels, against eager: every OpInfo sample of those families runs with the torch
+executor's whole-symbol implementations removed, so the prims of the decomposition run.
+
+``test_ops.py`` checks the same samples through the torch executor, which runs each symbol as
+its torch callable; this file checks what a fusion executor taking the decomposition would run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import thunder_rs
+from opinfos import pooling
+from thunder_rs.executors.extend import _bump
+from thunder_rs.executors.torch_ex import torch_ex
+from thunder_rs.torch import SYMBOLS, pool_kernels
+
+FAMILY_MODULES = ("thunder_rs.torch.pooling", "thunder_rs.torch.pool_kernels")
+OPS = pooling.OPS
+
+
+def family_symbols() -> list:
+    return [s for s in SYMBOLS if getattr(s, "__module__", "") in FAMILY_MODULES]
+
+
+@contextlib.contextmanager
+def decomposed(symbols):
+    """The torch executor without its implementations of ``symbols``: their decompositions run."""
+    entries = {s.symbol_id: torch_ex.implmap.pop(s.symbol_id) for s in symbols if s.symbol_id in torch_ex.implmap}
+    _bump()
+    try:
+        yield
+    finally:
+        torch_ex.implmap.update(entries)
+        _bump()
+
+
+def test_the_family_is_found():
+    names = {s.symbol_name for s in family_symbols()}
+    assert {"ltorch.max_pool2d", "ltorch.avg_pool2d_backward"} <= names
+    assert all(s in family_symbols() for s in pool_kernels.TORCH_IMPLS)
+
+
+def params(dtypes):
+    return [pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{str(dtype).removeprefix('torch.')}")
+            for op in OPS for dtype in op.dtypes if dtype in dtypes
+            for i in range(sum(1 for _ in op.sample_inputs(dtype, "cpu")))]
+
+
+def sample(op, dtype, index):
+    torch.manual_seed(0)
+    for i, s in enumerate(op.sample_inputs(dtype, "cpu")):
+        if i == index:
+            return s
+    raise IndexError(index)
+
+
+def assert_close(actual, expected, op, dtype):
+    actual = actual if isinstance(actual, (tuple, list)) else (actual,)
+    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        torch.testing.assert_close(a, e, equal_nan=True, **op.tolerance(dtype))
+
+
+@pytest.mark.parametrize(("op", "dtype", "index"), params((torch.float32, torch.float64, torch.int64)))
+def test_decomposition_matches_eager(op, dtype, index):
+    s = sample(op, dtype, index)
+    expected = op.op(*s.args, **s.kwargs)
+    with decomposed(family_symbols()):
+        actual = thunder_rs.jit(lambda *a, **k: op.op(*a, **k))(*s.args, **s.kwargs)
+    assert_close(actual, expected, op, dtype)
+
+
+def _grads(fn, s):
+    leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+              for a in s.args]
+    out = fn(*leaves, **s.kwargs)
+    out = [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
+    torch.manual_seed(1)
+    cotangents = [torch.randn_like(o) for o in out]
+    inputs = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
+    return torch.autograd.grad(out, inputs, cotangents, allow_unused=True, materialize_grads=True)
+
+
+@pytest.mark.parametrize(("op", "dtype", "index"), params((torch.float64,)))
+def test_backward_kernel_decompositions_match_eager(op, dtype, index):
+    s = sample(op, dtype, index)
+    if not all(t.isfinite().all() for t in s.args if isinstance(t, torch.Tensor) and t.is_floating_point()):
+        pytest.skip("non-finite inputs")
+    expected = _grads(op.op, s)
+    with decomposed(list(pool_kernels.TORCH_IMPLS)):
+        actual = _grads(thunder_rs.jit(lambda *a, **k: op.op(*a, **k)), s)
+    assert_close(actual, expected, op, dtype)
