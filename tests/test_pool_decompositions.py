@@ -12,15 +12,19 @@ import contextlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
-from opinfos import pooling
+from opinfos import interpolate, pooling
 from thunder_rs.executors.extend import _bump
 from thunder_rs.executors.torch_ex import torch_ex
+from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.torch import SYMBOLS, pool_kernels
+from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
 
-FAMILY_MODULES = ("thunder_rs.torch.pooling", "thunder_rs.torch.pool_kernels")
-OPS = pooling.OPS
+FAMILY_MODULES = ("thunder_rs.torch.pooling", "thunder_rs.torch.pool_kernels", "thunder_rs.torch.interpolate")
+OPS = [*pooling.OPS, *interpolate.OPS]
+KERNELS = [*pool_kernels.TORCH_IMPLS, *RESIZE_IMPLS]
 
 
 def family_symbols() -> list:
@@ -42,7 +46,7 @@ def decomposed(symbols):
 def test_the_family_is_found():
     names = {s.symbol_name for s in family_symbols()}
     assert {"ltorch.max_pool2d", "ltorch.avg_pool2d_backward"} <= names
-    assert all(s in family_symbols() for s in pool_kernels.TORCH_IMPLS)
+    assert all(s in family_symbols() for s in KERNELS)
 
 
 def params(dtypes):
@@ -94,6 +98,13 @@ def test_backward_kernel_decompositions_match_eager(op, dtype, index):
     if not all(t.isfinite().all() for t in s.args if isinstance(t, torch.Tensor) and t.is_floating_point()):
         pytest.skip("non-finite inputs")
     expected = _grads(op.op, s)
-    with decomposed(list(pool_kernels.TORCH_IMPLS)):
+    with decomposed(KERNELS):
         actual = _grads(thunder_rs.jit(lambda *a, **k: op.op(*a, **k)), s)
     assert_close(actual, expected, op, dtype)
+
+
+def test_interpolate_refuses_antialias():
+    # Eager computes it; thunder_rs does not, and says so rather than resizing without it.
+    x = torch.randn(1, 2, 8, 8)
+    with pytest.raises(ThunderNotImplementedError, match="interpolate.*antialias"):
+        thunder_rs.jit(lambda x: F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True))(x)

@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import creation, elementwise, indexing, linalg, nn, pooling, reductions, shape
+from . import creation, elementwise, indexing, interpolate, linalg, nn, pooling, reductions, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -15,6 +15,7 @@ OPINFOS: list[OpInfo] = [
     *linalg.OPS,
     *nn.OPS,
     *pooling.OPS,
+    *interpolate.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]

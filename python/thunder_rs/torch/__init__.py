@@ -48,6 +48,7 @@ from thunder_rs.torch.indexing import *  # noqa: E402,F401,F403
 from thunder_rs.torch.nn import *  # noqa: E402,F401,F403
 from thunder_rs.torch.linalg import *  # noqa: E402,F401,F403
 from thunder_rs.torch.pooling import *  # noqa: E402,F401,F403
+from thunder_rs.torch.interpolate import *  # noqa: E402,F401,F403
 from thunder_rs.torch.autograd import *  # noqa: E402,F401,F403
 from thunder_rs.torch import kernels  # noqa: E402,F401
 from thunder_rs.torch import grads  # noqa: E402,F401

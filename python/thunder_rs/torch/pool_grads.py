@@ -1,4 +1,5 @@
-"""Grad rules for pooling: the backward kernels eager's autograd runs (``pool_kernels``).
+"""Grad rules for pooling and interpolation: the backward kernels eager's autograd runs
+(``pool_kernels``, ``interpolate.upsample_backward``).
 
 Max pooling's forward is asked for its indices (one aten call, as eager's forward with grad
 makes), and its backward sends each window's gradient to the element those indices name, so
@@ -11,6 +12,7 @@ import math
 from thunder_rs import torch as ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch import pool_kernels as pk
+from thunder_rs.torch.interpolate import check_resize, upsample_backward
 from thunder_rs.torch.pooling import spatial_tuple
 
 _MAX_BACKWARD = {2: pk.max_pool2d_with_indices_backward, 3: pk.max_pool3d_with_indices_backward}
@@ -188,3 +190,42 @@ def max_unpool2d_grad(input, indices, kernel_size, stride=None, padding=0, outpu
 @register_grad(ltorch.max_unpool3d)
 def max_unpool3d_grad(input, indices, kernel_size, stride=None, padding=0, output_size=None):
     return _max_unpool_grad(3, ltorch.max_unpool3d, input, indices, kernel_size, stride, padding, output_size)
+
+
+# -- interpolation ---------------------------------------------------------------------------------
+
+
+def _resize_grad(op: str, forward, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
+    sizes, scales = check_resize(op, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+    n = input.ndim - 2
+    if mode == "area":  # adaptive average pooling, as F.interpolate computes it
+        return _adaptive_avg_grad(n, (None, ltorch.adaptive_avg_pool1d, ltorch.adaptive_avg_pool2d,
+                                      ltorch.adaptive_avg_pool3d)[n], input, sizes)
+    out = forward()
+    put_grad(input, upsample_backward(get_grad(out), tuple(input.shape), mode, bool(align_corners), scales))
+    return out
+
+
+@register_grad(ltorch.interpolate)
+def interpolate_grad(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                     recompute_scale_factor=None, antialias=False):
+    args = (input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+    return _resize_grad("ltorch.interpolate", lambda: ltorch.interpolate(*args), *args)
+
+
+@register_grad(ltorch.upsample)
+def upsample_grad(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
+    args = (input, size, scale_factor, mode, align_corners, recompute_scale_factor)
+    return _resize_grad("ltorch.upsample", lambda: ltorch.upsample(*args), *args, False)
+
+
+@register_grad(ltorch.upsample_nearest)
+def upsample_nearest_grad(input, size=None, scale_factor=None):
+    return _resize_grad("ltorch.upsample_nearest", lambda: ltorch.upsample_nearest(input, size, scale_factor), input,
+                        size, scale_factor, "nearest", None, None, False)
+
+
+@register_grad(ltorch.upsample_bilinear)
+def upsample_bilinear_grad(input, size=None, scale_factor=None):
+    return _resize_grad("ltorch.upsample_bilinear", lambda: ltorch.upsample_bilinear(input, size, scale_factor), input,
+                        size, scale_factor, "bilinear", True, None, False)
