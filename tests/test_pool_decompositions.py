@@ -15,16 +15,18 @@ import torch
 import torch.nn.functional as F
 
 import thunder_rs
-from opinfos import interpolate, pooling
+from opinfos import interpolate, normalization, pooling
 from thunder_rs.executors.extend import _bump
 from thunder_rs.executors.torch_ex import torch_ex
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.torch import SYMBOLS, pool_kernels
 from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
+from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS
 
-FAMILY_MODULES = ("thunder_rs.torch.pooling", "thunder_rs.torch.pool_kernels", "thunder_rs.torch.interpolate")
-OPS = [*pooling.OPS, *interpolate.OPS]
-KERNELS = [*pool_kernels.TORCH_IMPLS, *RESIZE_IMPLS]
+FAMILY_MODULES = ("thunder_rs.torch.pooling", "thunder_rs.torch.pool_kernels", "thunder_rs.torch.interpolate",
+                  "thunder_rs.torch.normalization")
+OPS = [*pooling.OPS, *interpolate.OPS, *normalization.OPS]
+KERNELS = [*pool_kernels.TORCH_IMPLS, *RESIZE_IMPLS, *NORM_IMPLS]
 
 
 def family_symbols() -> list:
@@ -94,10 +96,15 @@ def _grads(fn, s):
 
 @pytest.mark.parametrize(("op", "dtype", "index"), params((torch.float64,)))
 def test_backward_kernel_decompositions_match_eager(op, dtype, index):
+    if not op.supports_grad:
+        pytest.skip("not differentiable")
     s = sample(op, dtype, index)
     if not all(t.isfinite().all() for t in s.args if isinstance(t, torch.Tensor) and t.is_floating_point()):
         pytest.skip("non-finite inputs")
-    expected = _grads(op.op, s)
+    try:
+        expected = _grads(op.op, s)
+    except RuntimeError as e:  # e.g. running statistics that require grad
+        pytest.skip(f"eager's own backward fails here: {e}")
     with decomposed(KERNELS):
         actual = _grads(thunder_rs.jit(lambda *a, **k: op.op(*a, **k)), s)
     assert_close(actual, expected, op, dtype)

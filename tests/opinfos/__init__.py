@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import creation, elementwise, indexing, interpolate, linalg, nn, pooling, reductions, shape
+from . import creation, elementwise, indexing, interpolate, linalg, nn, normalization, pooling, reductions, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -16,6 +16,7 @@ OPINFOS: list[OpInfo] = [
     *nn.OPS,
     *pooling.OPS,
     *interpolate.OPS,
+    *normalization.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]

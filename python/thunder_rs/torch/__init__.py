@@ -52,6 +52,7 @@ from thunder_rs.torch.interpolate import *  # noqa: E402,F401,F403
 from thunder_rs.torch.autograd import *  # noqa: E402,F401,F403
 from thunder_rs.torch import kernels  # noqa: E402,F401
 from thunder_rs.torch import grads  # noqa: E402,F401
-from thunder_rs.torch import pool_kernels, pool_grads  # noqa: E402,F401
 from thunder_rs.torch.views import *  # noqa: E402,F401,F403
 from thunder_rs.torch import inplace  # noqa: E402,F401
+from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
+from thunder_rs.torch import pool_kernels, cnn_grads  # noqa: E402,F401

@@ -1,5 +1,6 @@
-"""Grad rules for pooling and interpolation: the backward kernels eager's autograd runs
-(``pool_kernels``, ``interpolate.upsample_backward``).
+"""Grad rules for the layers of CNNs (pooling, interpolation, group norm): the backward kernels
+eager's autograd runs (``pool_kernels``, ``interpolate.upsample_backward``,
+``normalization.native_group_norm_backward``).
 
 Max pooling's forward is asked for its indices (one aten call, as eager's forward with grad
 makes), and its backward sends each window's gradient to the element those indices name, so
@@ -13,6 +14,7 @@ from thunder_rs import torch as ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch import pool_kernels as pk
 from thunder_rs.torch.interpolate import check_resize, upsample_backward
+from thunder_rs.torch.normalization import check_group_norm, native_group_norm, native_group_norm_backward
 from thunder_rs.torch.pooling import spatial_tuple
 
 _MAX_BACKWARD = {2: pk.max_pool2d_with_indices_backward, 3: pk.max_pool3d_with_indices_backward}
@@ -229,3 +231,22 @@ def upsample_nearest_grad(input, size=None, scale_factor=None):
 def upsample_bilinear_grad(input, size=None, scale_factor=None):
     return _resize_grad("ltorch.upsample_bilinear", lambda: ltorch.upsample_bilinear(input, size, scale_factor), input,
                         size, scale_factor, "bilinear", True, None, False)
+
+
+# -- group norm ------------------------------------------------------------------------------------
+
+
+@register_grad(ltorch.group_norm)
+def group_norm_grad(input, num_groups, weight=None, bias=None, eps=1e-05):
+    check_group_norm("ltorch.group_norm", input, num_groups, weight, bias)
+    n, c = input.shape[:2]
+    hxw = math.prod(input.shape[2:])
+    out, mean, rstd = native_group_norm(input, weight, bias, n, c, hxw, num_groups, eps)
+    wanted = [x for x in (input, weight, bias) if x is not None and x.requires_grad]
+    if not wanted:
+        return out
+    mask = [x is not None and x.requires_grad for x in (input, weight, bias)]
+    grads = native_group_norm_backward(get_grad(out), input, mean, rstd, weight, n, c, hxw, num_groups, mask)
+    for x, grad in zip(wanted, grads if isinstance(grads, tuple) else (grads,)):
+        put_grad(x, grad)
+    return out
