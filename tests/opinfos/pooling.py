@@ -203,3 +203,49 @@ def _pool_ops(n: int) -> list[OpInfo]:
 
 
 OPS = [op for n in (1, 2, 3) for op in _pool_ops(n)]
+
+
+# -- sliding blocks --------------------------------------------------------------------------------
+
+BLOCK_ARGS = ((2,), (3, 1, 1, 1), ((2, 3), (1, 2), (1, 0), (2, 1)), (3, 1, 3, 2))
+
+
+def unfold_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for args in BLOCK_ARGS:
+        yield SampleInput(make((2, 3, 7, 6), dtype, device), *args)
+    yield SampleInput(make((3, 7, 6), dtype, device), 2, stride=2)  # unbatched
+    yield SampleInput(make((0, 3, 5, 5), dtype, device), 2)
+    yield SampleInput(tensor(Transposed((2, 3, 6, 5)), dtype, device), 3, padding=1)
+    yield SampleInput(tensor(Strided((2, 3, 6, 5)), dtype, device), (2, 1), dilation=2)
+
+
+def unfold_errors() -> Iterable[ErrorInput]:
+    x = cpu((2, 3, 5, 5))
+    yield ErrorInput(SampleInput(x, 6), RuntimeError)
+    yield ErrorInput(SampleInput(x, 0), RuntimeError)
+    yield ErrorInput(SampleInput(x, 2, padding=-1), RuntimeError)
+    yield ErrorInput(SampleInput(x, 2, stride=0), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 0, 5, 5)), 2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 3, 5, 5), torch.int64), 2), NotImplementedError)
+
+
+def fold_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for args in BLOCK_ARGS:
+        columns = F.unfold(make((2, 3, 7, 6), torch.float64, device), *args).to(dtype)
+        yield SampleInput(columns, (7, 6), *args)
+    yield SampleInput(make((12, 16), dtype, device), 5, 2)  # unbatched
+    yield SampleInput(make((0, 12, 16), dtype, device), (5, 5), 2)
+    yield SampleInput(tensor(Transposed((2, 12, 16)), dtype, device), (5, 5), (2, 2))
+    yield SampleInput(tensor(Strided((2, 8, 9)), dtype, device), (4, 5), (2, 1), stride=(1, 2))
+
+
+def fold_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 12, 15)), (5, 5), 2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 11, 16)), (5, 5), 2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 12, 16), torch.int64), (5, 5), 2), NotImplementedError)
+
+
+OPS += [
+    OpInfo("unfold", F.unfold, unfold_samples, unfold_errors, FLOATS + (torch.bool,)),
+    OpInfo("fold", F.fold, fold_samples, fold_errors, FLOATS + (torch.bool,), tolerances=ACCUMULATING),
+]

@@ -250,3 +250,21 @@ def group_norm_grad(input, num_groups, weight=None, bias=None, eps=1e-05):
     for x, grad in zip(wanted, grads if isinstance(grads, tuple) else (grads,)):
         put_grad(x, grad)
     return out
+
+
+# -- sliding blocks --------------------------------------------------------------------------------
+# im2col and col2im are each other's transpose, one aten call each, as in eager's autograd.
+
+
+@register_grad(ltorch.unfold)
+def unfold_grad(input, kernel_size, dilation=1, padding=0, stride=1):
+    out = ltorch.unfold(input, kernel_size, dilation, padding, stride)
+    put_grad(input, ltorch.fold(get_grad(out), tuple(input.shape[-2:]), kernel_size, dilation, padding, stride))
+    return out
+
+
+@register_grad(ltorch.fold)
+def fold_grad(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    out = ltorch.fold(input, output_size, kernel_size, dilation, padding, stride)
+    put_grad(input, ltorch.unfold(get_grad(out), kernel_size, dilation, padding, stride))
+    return out

@@ -17,7 +17,17 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.torch import torchsymbol
-from thunder_rs.torch.pooling import adaptive_table, outer_product, pool_out_size, window_counts, window_table
+from thunder_rs.torch.pooling import (
+    adaptive_table,
+    outer_product,
+    padded_lengths,
+    pool_out_size,
+    scatter_along,
+    scatter_windows,
+    unpad_spatial,
+    window_counts,
+    window_tables,
+)
 
 __all__ = [
     "max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward", "adaptive_max_pool2d_backward",
@@ -63,15 +73,6 @@ def adaptive_max_pool3d_backward(grad_output, input, indices):
 # -- average pooling -------------------------------------------------------------------------------
 
 
-def _scatter_along(grad, axis: int, table, length: int):
-    """The transpose of taking ``table``'s (out, k) positions along ``axis``: ``grad``'s
-    (out, k) dims at ``axis`` added into ``length`` positions."""
-    out, k = table.shape
-    merged = prims.reshape(grad, (*grad.shape[:axis], out * k, *grad.shape[axis + 2:]))
-    zeros = prims.full((*merged.shape[:axis], length, *merged.shape[axis + 1:]), 0.0, grad.device, grad.dtype)
-    return prims.index_add(zeros, prims.reshape(table, (out * k,)), merged, axis)
-
-
 def _avg_pool_backward(n: int, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
                        divisor_override):
     kernel, pads = tuple(kernel_size), tuple(padding)
@@ -84,22 +85,10 @@ def _avg_pool_backward(n: int, grad_output, input, kernel_size, stride, padding,
     else:
         counts = outer_product(window_counts(input.device, geometry, count_include_pad), tuple(grad_output.shape))
         g = prims.div(grad_output, prims.convert_element_type(counts, grad_output.dtype))
-    lead = g.ndim - n
-    # Each window element gets its window's share: (lead, o1, k1, ..., on, kn), then back dim by dim.
-    shape = [*g.shape[:lead]]
-    for (size, k, s, p, d, out) in geometry:
-        shape += [out, k]
-    spread = prims.broadcast_in_dim(g, tuple(shape), (*range(lead), *(lead + 2 * i for i in range(n))))
-    for i in reversed(range(n)):
-        size, k, s, p, d, out = geometry[i]
-        table = window_table(input.device, out, k, s, 1)
-        length = max((out - 1) * s + k, size + p)
-        scattered = _scatter_along(spread, lead + 2 * i, table, length)
-        start = [0] * scattered.ndim
-        end = list(scattered.shape)
-        start[lead + 2 * i], end[lead + 2 * i] = p, p + size
-        spread = prims.slice(scattered, tuple(start), tuple(end), (1,) * scattered.ndim)
-    return spread
+    # Each window element gets its window's share.
+    spread = prims.broadcast_in_dim(g, (*g.shape, math.prod(kernel)), tuple(range(g.ndim)))
+    return unpad_spatial(scatter_windows(spread, window_tables(input.device, geometry), padded_lengths(geometry)),
+                         geometry)
 
 
 @torchsymbol(_aten.avg_pool2d_backward.default, name="avg_pool2d_backward")
@@ -130,7 +119,7 @@ def _adaptive_avg_backward(n: int, grad_output, input):
         inside = prims.lt(prims.broadcast_in_dim(prims.iota(longest, 0, 1, input.device, torch.int64), table.shape, (1,)),
                           prims.broadcast_in_dim(lengths, table.shape, (0,)))
         spread = prims.where(prims.broadcast_in_dim(inside, spread_shape, (axis, axis + 1)), spread, 0.0)
-        g = _scatter_along(spread, axis, table, size)
+        g = scatter_along(spread, axis, table, size)
     return g
 
 

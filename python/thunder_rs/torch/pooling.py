@@ -34,7 +34,7 @@ __all__ = [
     "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
     "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "lp_pool1d",
     "lp_pool2d", "lp_pool3d", "max_unpool1d", "max_unpool2d", "max_unpool3d", "adaptive_max_pool1d_with_indices",
-    "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices",
+    "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "unfold", "fold",
 ]
 
 
@@ -142,6 +142,45 @@ def gather_windows(x, tables):
     order = (*range(lead), *(lead + 2 * i for i in range(n)), *(lead + 2 * i + 1 for i in range(n)))
     x = prims.transpose(x, order)
     return prims.reshape(x, (*x.shape[:lead + n], math.prod(x.shape[lead + n:])))
+
+
+def scatter_along(grad, axis: int, table, length: int):
+    """The transpose of taking ``table``'s (out, k) positions along ``axis``: ``grad``'s
+    (out, k) dims at ``axis`` added into ``length`` positions."""
+    out, k = table.shape
+    merged = prims.reshape(grad, (*grad.shape[:axis], out * k, *grad.shape[axis + 2:]))
+    zeros = prims.full((*merged.shape[:axis], length, *merged.shape[axis + 1:]), 0, grad.device, grad.dtype)
+    return prims.index_add(zeros, prims.reshape(table, (out * k,)), merged, axis)
+
+
+def scatter_windows(windows, tables, lengths):
+    """The transpose of ``gather_windows``: the (lead..., o1..on, K) window elements added into
+    (lead..., l1..ln), one dim at a time from the last."""
+    n = len(tables)
+    lead = windows.ndim - n - 1
+    outs, kernel = [t.shape[0] for t in tables], [t.shape[1] for t in tables]
+    x = prims.reshape(windows, (*windows.shape[:lead], *outs, *kernel))
+    x = prims.transpose(x, (*range(lead), *(d for i in range(n) for d in (lead + i, lead + n + i))))
+    for i in reversed(range(n)):
+        x = scatter_along(x, lead + 2 * i, tables[i], lengths[i])
+    return x
+
+
+def window_tables(device, geometry):
+    return [window_table(device, out, k, s, d) for size, k, s, p, d, out in geometry]
+
+
+def padded_lengths(geometry) -> list[int]:
+    """Each spatial dim's length once padded to cover its windows (``_pad_spatial`` before its trim)."""
+    return [max((out - 1) * s + d * (k - 1) + 1, size + p) for size, k, s, p, d, out in geometry]
+
+
+def unpad_spatial(x, geometry):
+    """``x`` (lead..., padded spatial dims) without the padding ``padded_lengths`` added."""
+    n = len(geometry)
+    start = (0,) * (x.ndim - n) + tuple(p for size, k, s, p, d, out in geometry)
+    end = tuple(x.shape[:x.ndim - n]) + tuple(p + size for size, k, s, p, d, out in geometry)
+    return prims.slice(x, start, end, (1,) * x.ndim)
 
 
 def flat_positions(device, sizes):
@@ -500,3 +539,73 @@ def max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_siz
 @torchsymbol(F.max_unpool3d)
 def max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
     return _max_unpool("ltorch.max_unpool3d", 3, input, indices, kernel_size, stride, padding, output_size)
+
+
+# -- sliding blocks (im2col and col2im) ------------------------------------------------------------
+
+
+def _check_block_dtype(op: str, input) -> None:
+    """im2col and col2im take floating and bool tensors, not integers."""
+    check(input.dtype.is_floating_point or input.dtype == torch.bool, op,
+          lambda: f"not implemented for {input.dtype} (argument input)", ThunderNotImplementedError)
+
+
+def block_geometry(op: str, sizes, kernel_size, dilation, padding, stride):
+    """Per spatial dim of unfold and fold: (size, kernel, stride, padding, dilation, blocks)."""
+    kernel, dils = spatial_tuple(op, kernel_size, 2, "kernel_size"), spatial_tuple(op, dilation, 2, "dilation")
+    pads, strides = spatial_tuple(op, padding, 2, "padding"), spatial_tuple(op, stride, 2, "stride")
+    for name, values, low in (("kernel size", kernel, 1), ("dilation", dils, 1), ("padding", pads, 0),
+                              ("stride", strides, 1)):
+        arg = name.replace(" ", "_")
+        check(all(v >= low for v in values), op, f"{name} should be {'non-negative' if low == 0 else 'greater than zero'}"
+              f", but got {values} (argument {arg})", ThunderRuntimeError)
+    geometry = [(size, k, s, p, d, pool_out_size(size, k, s, p, d, False))
+                for size, k, s, p, d in zip(sizes, kernel, strides, pads, dils)]
+    blocks = tuple(g[-1] for g in geometry)
+    check(all(b > 0 for b in blocks), op, f"Given spatial size {tuple(sizes)}, kernel_size={kernel}, dilation={dils}, "
+          f"padding={pads}, the calculated shape of the array of sliding blocks is {blocks}, which is too small "
+          "(argument kernel_size)", ThunderRuntimeError)
+    return geometry
+
+
+@torchsymbol(F.unfold)
+def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
+    """Each sliding block of a (N, C, H, W) or (C, H, W) input as a column: (N, C * kh * kw, L)."""
+    op = "ltorch.unfold"
+    check(input.ndim in (3, 4), op, f"Input Error: Only 3D or 4D input Tensors are supported (got {input.ndim}D) "
+          "(argument input)", ThunderNotImplementedError if input.ndim > 4 else ThunderIndexError)
+    check_pool_input(op, input, 2)
+    _check_block_dtype(op, input)
+    geometry = block_geometry(op, input.shape[-2:], kernel_size, dilation, padding, stride)
+    windows = gather_windows(_pad_spatial(input, geometry, False if input.dtype == torch.bool else 0),
+                             window_tables(input.device, geometry))
+    lead = input.ndim - 2  # (lead..., oh, ow, K) -> (lead[:-1]..., C * K, oh * ow)
+    moved = prims.transpose(windows, (*range(lead), lead + 2, lead, lead + 1))
+    channels = input.shape[lead - 1] * windows.shape[-1]
+    return prims.reshape(moved, (*input.shape[:lead - 1], channels, windows.shape[lead] * windows.shape[lead + 1]))
+
+
+@torchsymbol(F.fold)
+def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    """Sums sliding-block columns (N, C * kh * kw, L) or (C * kh * kw, L) into (N, C, H, W)."""
+    op = "ltorch.fold"
+    check(input.ndim in (2, 3), op, f"Input Error: Only unbatched (2D) or batched (3D) input Tensors are supported "
+          f"(got {input.ndim}D) (argument input)", ThunderNotImplementedError)
+    _check_block_dtype(op, input)
+    sizes = spatial_tuple(op, output_size, 2, "output_size")
+    geometry = block_geometry(op, sizes, kernel_size, dilation, padding, stride)
+    window = geometry[0][1] * geometry[1][1]
+    columns, blocks = input.shape[-2:]
+    check(columns % window == 0, op, f"Expected size of input's dimension {input.ndim - 2} to be divisible by the "
+          f"product of kernel_size, but got input.size({input.ndim - 2})={columns} and kernel_size="
+          f"{(geometry[0][1], geometry[1][1])} (argument input)", ThunderRuntimeError)
+    outs = (geometry[0][-1], geometry[1][-1])
+    check(blocks == outs[0] * outs[1], op, f"Given output_size={sizes}, expected size of input's dimension "
+          f"{input.ndim - 1} to match the calculated number of sliding blocks {outs[0]} * {outs[1]} = "
+          f"{outs[0] * outs[1]}, but got input.size({input.ndim - 1})={blocks} (argument input)", ThunderRuntimeError)
+    lead = tuple(input.shape[:-2])
+    split = prims.reshape(input, (*lead, columns // window, window, *outs))
+    n = len(lead) + 1  # the channel dim's index after lead
+    windows = prims.transpose(split, (*range(n), n + 1, n + 2, n))
+    return unpad_spatial(scatter_windows(windows, window_tables(input.device, geometry), padded_lengths(geometry)),
+                         geometry)
