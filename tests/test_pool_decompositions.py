@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import thunder_rs
-from opinfos import interpolate, normalization, pooling
+from opinfos import interpolate, layers, normalization, pooling
 from thunder_rs.executors.extend import _bump
 from thunder_rs.executors.torch_ex import torch_ex
 from thunder_rs.errors import ThunderNotImplementedError
@@ -24,8 +24,8 @@ from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
 from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS
 
 FAMILY_MODULES = ("thunder_rs.torch.pooling", "thunder_rs.torch.pool_kernels", "thunder_rs.torch.interpolate",
-                  "thunder_rs.torch.normalization")
-OPS = [*pooling.OPS, *interpolate.OPS, *normalization.OPS]
+                  "thunder_rs.torch.normalization", "thunder_rs.torch.layers")
+OPS = [*pooling.OPS, *interpolate.OPS, *normalization.OPS, *layers.OPS]
 KERNELS = [*pool_kernels.TORCH_IMPLS, *RESIZE_IMPLS, *NORM_IMPLS]
 
 

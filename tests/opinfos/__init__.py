@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import creation, elementwise, indexing, interpolate, linalg, nn, normalization, pooling, reductions, shape
+from . import creation, elementwise, indexing, interpolate, layers, linalg, nn, normalization, pooling, reductions, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -17,6 +17,7 @@ OPINFOS: list[OpInfo] = [
     *pooling.OPS,
     *interpolate.OPS,
     *normalization.OPS,
+    *layers.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]
