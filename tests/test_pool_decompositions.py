@@ -24,7 +24,7 @@ from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
 from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS
 
 FAMILY_MODULES = ("thunder_rs.torch.pooling", "thunder_rs.torch.pool_kernels", "thunder_rs.torch.interpolate",
-                  "thunder_rs.torch.normalization", "thunder_rs.torch.layers")
+                  "thunder_rs.torch.normalization", "thunder_rs.torch.layers", "thunder_rs.torch.sampling")
 OPS = [*pooling.OPS, *interpolate.OPS, *normalization.OPS, *layers.OPS]
 KERNELS = [*pool_kernels.TORCH_IMPLS, *RESIZE_IMPLS, *NORM_IMPLS]
 

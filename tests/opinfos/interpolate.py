@@ -1,4 +1,5 @@
-"""Interpolation: F.interpolate in every mode it supports without antialiasing, and the upsample aliases."""
+"""Resampling: F.interpolate in every mode it supports without antialiasing, the upsample aliases,
+affine_grid and grid_sample."""
 
 from __future__ import annotations
 
@@ -80,4 +81,54 @@ OPS = [
     OpInfo("upsample_nearest", F.upsample_nearest, alias_samples),
     OpInfo("upsample_bilinear", F.upsample_bilinear, alias_samples, tolerances=ACCUMULATING),
     OpInfo("upsample", partial(F.upsample, mode="bicubic"), alias_samples, variant="bicubic", tolerances=ACCUMULATING),
+]
+
+
+# -- spatial transformers --------------------------------------------------------------------------
+
+
+def affine_grid_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for align in (False, True):
+        yield SampleInput(make((2, 2, 3), dtype, device), (2, 3, 5, 4), align_corners=align)
+        yield SampleInput(make((2, 3, 4), dtype, device), (2, 3, 5, 4, 3), align_corners=align)
+    yield SampleInput(make((1, 2, 3), dtype, device), (1, 1, 1, 7), align_corners=False)
+    yield SampleInput(tensor(Transposed((2, 3, 2)), dtype, device).mT, (2, 1, 3, 3), align_corners=False)
+
+
+def affine_grid_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 2, 3), torch.int64), (2, 1, 3, 3), align_corners=False), ValueError)
+    yield ErrorInput(SampleInput(cpu((2, 3, 3)), (2, 1, 3, 3), align_corners=False), ValueError)
+    yield ErrorInput(SampleInput(cpu((2, 2, 3)), (2, 3), align_corners=False), NotImplementedError)
+    yield ErrorInput(SampleInput(cpu((2, 2, 3)), (2, 1, 0, 3), align_corners=False), ValueError)
+
+
+def grid_sample_samples(mode: str):
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        for padding in ("zeros", "border", "reflection"):
+            for align in (False, True):
+                grid = make((2, 4, 7, 2), dtype, device, low=-1.2, high=1.2)
+                yield SampleInput(make((2, 3, 5, 6), dtype, device), grid, mode, padding, align)
+        yield SampleInput(tensor(Transposed((2, 3, 6, 5)), dtype, device),
+                          tensor(Strided((2, 3, 4, 2)), dtype, device, low=-1, high=1), mode, align_corners=False)
+        yield SampleInput(make((0, 3, 5, 6), dtype, device), make((0, 4, 7, 2), dtype, device), mode, align_corners=True)
+        yield SampleInput(make((2, 3, 1, 1), dtype, device), make((2, 2, 2, 2), dtype, device, low=-1, high=1), mode,
+                          "reflection", True)
+
+    return generate
+
+
+def grid_sample_errors() -> Iterable[ErrorInput]:
+    x, grid = cpu((2, 3, 5, 6)), cpu((2, 4, 7, 2))
+    yield ErrorInput(SampleInput(x, grid, "bogus", align_corners=False), ValueError)
+    yield ErrorInput(SampleInput(x, grid, padding_mode="bogus", align_corners=False), ValueError)
+    yield ErrorInput(SampleInput(x, cpu((3, 4, 7, 2)), align_corners=False), RuntimeError)
+    yield ErrorInput(SampleInput(x, cpu((2, 4, 7, 3)), align_corners=False), RuntimeError)
+    yield ErrorInput(SampleInput(x, grid.double(), align_corners=False), RuntimeError)
+
+
+OPS += [
+    OpInfo("affine_grid", F.affine_grid, affine_grid_samples, affine_grid_errors, tolerances=ACCUMULATING),
+    OpInfo("grid_sample", F.grid_sample, grid_sample_samples("bilinear"), grid_sample_errors, variant="bilinear",
+           tolerances=ACCUMULATING),
+    OpInfo("grid_sample", F.grid_sample, grid_sample_samples("nearest"), variant="nearest", tolerances=ACCUMULATING),
 ]

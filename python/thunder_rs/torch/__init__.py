@@ -56,4 +56,5 @@ from thunder_rs.torch.views import *  # noqa: E402,F401,F403
 from thunder_rs.torch import inplace  # noqa: E402,F401
 from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
 from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
+from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
 from thunder_rs.torch import pool_kernels, cnn_grads  # noqa: E402,F401
