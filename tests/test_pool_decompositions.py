@@ -115,3 +115,12 @@ def test_interpolate_refuses_antialias():
     x = torch.randn(1, 2, 8, 8)
     with pytest.raises(ThunderNotImplementedError, match="interpolate.*antialias"):
         thunder_rs.jit(lambda x: F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True))(x)
+
+
+def test_bilinear_under_autocast_is_refused_by_name():
+    a, b, w = torch.randn(3, 4), torch.randn(3, 5), torch.randn(6, 4, 5)
+    expected = F.bilinear(a, b, w)
+    assert torch.allclose(thunder_rs.jit(F.bilinear)(a, b, w), expected, atol=1e-4)  # and float32 without it
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(ThunderNotImplementedError, match="bilinear.*autocast"):
+            thunder_rs.jit(lambda a, b, w: F.bilinear(a, b, w))(a, b, w)

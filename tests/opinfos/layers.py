@@ -63,7 +63,10 @@ def embedding_bag_errors() -> Iterable[ErrorInput]:
 
 OPS = [
     # Sums of products of three values in [-9, 9]: float32 rounding in another order is near 1e-4.
-    OpInfo("bilinear", F.bilinear, bilinear_samples, bilinear_errors, tolerances={torch.float32: Tolerance(1e-4, 1e-4)}),
+    # float64 only: under autocast eager lowers float32 inside aten's _trilinear, which thunder_rs
+    # refuses (tests/test_pool_decompositions.py checks that it says so).
+    OpInfo("bilinear", F.bilinear, bilinear_samples, bilinear_errors, (torch.float64,),
+           tolerances={torch.float32: Tolerance(1e-4, 1e-4)}),
     *(OpInfo("embedding_bag", F.embedding_bag, embedding_bag_samples(mode), embedding_bag_errors if mode == "sum" else
              (lambda: ()), variant=mode, tolerances=ACCUMULATING) for mode in ("sum", "mean", "max")),
 ]

@@ -111,7 +111,8 @@ def adaptive_samples(n: int, max_pool: bool):
         yield SampleInput(make(spatial(n, 2, 3, 9, 8), dtype, device), (4, 5, 2)[:n], **kw)
         yield SampleInput(make(spatial(n, 2, 3, 5), dtype, device), 1)
         yield SampleInput(make(spatial(n, 2, 3, 4), dtype, device), 7)  # larger than the input: windows overlap
-        yield SampleInput(make(spatial(n, 1, 3, 5), dtype, device)[0], {1: 2, 2: (None, 3), 3: (2, None, 3)}[n])  # unbatched, None keeps a size
+        # Unbatched; None keeps the input's size along a dim.
+        yield SampleInput(make(spatial(n, 1, 3, 5), dtype, device)[0], {1: 2, 2: (None, 3), 3: (2, None, 3)}[n])
         yield SampleInput(make(spatial(n, 0, 3, 6), dtype, device), 2)
         yield SampleInput(tensor(Transposed(spatial(n, 2, 3, 6, 5)), dtype, device), 4, **kw)
         yield SampleInput(tensor(Strided(spatial(n, 2, 3, 6, 5)), dtype, device), 3)

@@ -86,9 +86,9 @@ _CPU_PROMOTE = "stack cat index_copy"
 # Composite ops run their decomposition under autocast, so they take the policy of the listed op
 # that decides their result: ``cross_entropy`` is ``log_softmax`` (float32 on CUDA) then
 # ``nll_loss`` (float32), ``hstack``/``vstack`` are ``cat``, ``inner`` is ``tensordot`` (on the
-# CPU an ``mm``), except in the cases ``_runs_unlisted`` names.
+# CPU an ``mm``), ``affine_grid`` on the CPU a ``bmm``, except in the cases ``_runs_unlisted`` names.
 _CUDA_COMPOSITE = {"cross_entropy_loss": FP32, "inner": PROMOTE}
-_CPU_COMPOSITE = {"inner": LOWER, "hstack": PROMOTE, "vstack": PROMOTE}
+_CPU_COMPOSITE = {"inner": LOWER, "hstack": PROMOTE, "vstack": PROMOTE, "affine_grid": LOWER}
 
 
 def _runs_unlisted(op: str, device_type: str, args) -> bool:

@@ -256,15 +256,15 @@ def group_norm_grad(input, num_groups, weight=None, bias=None, eps=1e-05):
 # im2col and col2im are each other's transpose, one aten call each, as in eager's autograd.
 
 
-@register_grad(ltorch.unfold)
-def unfold_grad(input, kernel_size, dilation=1, padding=0, stride=1):
-    out = ltorch.unfold(input, kernel_size, dilation, padding, stride)
-    put_grad(input, ltorch.fold(get_grad(out), tuple(input.shape[-2:]), kernel_size, dilation, padding, stride))
+@register_grad(ltorch.im2col)
+def im2col_grad(input, kernel_size, dilation=1, padding=0, stride=1):
+    out = ltorch.im2col(input, kernel_size, dilation, padding, stride)
+    put_grad(input, ltorch.col2im(get_grad(out), tuple(input.shape[-2:]), kernel_size, dilation, padding, stride))
     return out
 
 
-@register_grad(ltorch.fold)
-def fold_grad(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
-    out = ltorch.fold(input, output_size, kernel_size, dilation, padding, stride)
-    put_grad(input, ltorch.unfold(get_grad(out), kernel_size, dilation, padding, stride))
+@register_grad(ltorch.col2im)
+def col2im_grad(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    out = ltorch.col2im(input, output_size, kernel_size, dilation, padding, stride)
+    put_grad(input, ltorch.im2col(get_grad(out), kernel_size, dilation, padding, stride))
     return out

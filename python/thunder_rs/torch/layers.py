@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import prims
+from thunder_rs.core import autocast
 from thunder_rs import torch as ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch import torchsymbol
@@ -49,11 +50,16 @@ def bilinear(input1, input2, weight, bias=None):
     matrix product with the weight's (i, o * j) view, then a product with input2 summed over j."""
     op = "ltorch.bilinear"
     _check_bilinear(op, input1, input2, weight, bias)
+    active = autocast.state()
+    lowered = active is not None and input1.dtype == torch.float32 and input1.device.type in dict(active.devices())
+    check(not lowered, op, "under autocast eager computes bilinear's inner products in lower precision inside aten's "
+          "_trilinear, which thunder_rs does not reproduce; call it outside autocast or in float64 (argument input1)",
+          ThunderNotImplementedError)
     outs, ins1, ins2 = weight.shape
     lead = tuple(input1.shape[:-1])
     rows = math.prod(lead)
-    left = ltorch.matmul(ltorch.reshape(input1, (rows, ins1)),
-                         ltorch.reshape(ltorch.permute(weight, (1, 0, 2)), (ins1, outs * ins2)))
+    left = prims.matmul(ltorch.reshape(input1, (rows, ins1)),
+                        ltorch.reshape(ltorch.permute(weight, (1, 0, 2)), (ins1, outs * ins2)))
     right = ltorch.unsqueeze(ltorch.reshape(input2, (rows, ins2)), 1)
     out = ltorch.sum(ltorch.reshape(left, (rows, outs, ins2)) * right, -1)
     if bias is not None:

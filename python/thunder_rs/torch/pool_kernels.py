@@ -2,7 +2,7 @@
 
 Each symbol takes the arguments of the aten backward it stands for and its body, written with
 prims, is what that kernel computes; the torch executor runs it as that one aten call
-(``TORCH_IMPLS``), a fusion executor may take the decomposition. ``pool_grads`` calls them, so a
+(``TORCH_IMPLS``), a fusion executor may take the decomposition. ``cnn_grads`` calls them, so a
 compiled training step makes as many torch calls for its pools as eager's autograd.
 
 A pool's backward is the transpose of its window gathering (``pooling.gather_windows``): one

@@ -8,7 +8,7 @@ reduction then pools. Padding is a ``pad`` with -inf (max) or 0 (average) in fro
 indices that ``return_indices`` asks for are gathered the same way from a table of each input
 element's flat spatial position.
 
-The torch executor runs each symbol whole as its torch callable; ``pool_grads`` differentiates
+The torch executor runs each symbol whole as its torch callable; ``cnn_grads`` differentiates
 them with eager's backward kernels, so a window's gradient goes where eager's goes at ties.
 """
 
@@ -34,7 +34,7 @@ __all__ = [
     "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
     "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "lp_pool1d",
     "lp_pool2d", "lp_pool3d", "max_unpool1d", "max_unpool2d", "max_unpool3d", "adaptive_max_pool1d_with_indices",
-    "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "unfold", "fold",
+    "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "im2col", "col2im",
 ]
 
 
@@ -61,7 +61,8 @@ def check_pool_input(op: str, input, n: int, allow_empty_batch: bool = True) -> 
 
 
 def _require_dtype(op: str, input, floats_only: bool) -> None:
-    ok = input.dtype.is_floating_point or (not floats_only and input.dtype not in (torch.bool,) and not input.dtype.is_complex)
+    integral = input.dtype != torch.bool and not input.dtype.is_complex
+    ok = input.dtype.is_floating_point or (not floats_only and integral)
     check(ok, op, lambda: f"not implemented for {input.dtype} (argument input)", ThunderNotImplementedError)
 
 
@@ -84,7 +85,8 @@ def pool_geometry(op: str, input, n: int, kernel_size, stride, padding, dilation
     strides = kernel if stride is None or (not isinstance(stride, int) and len(stride) == 0) else \
         spatial_tuple(op, stride, n, "stride")
     pads, dils = spatial_tuple(op, padding, n, "padding"), spatial_tuple(op, dilation, n, "dilation")
-    check(all(k > 0 for k in kernel), op, f"kernel size should be greater than zero, but got {kernel} (argument kernel_size)",
+    check(all(k > 0 for k in kernel), op,
+          f"kernel size should be greater than zero, but got {kernel} (argument kernel_size)",
           ThunderRuntimeError)
     check(all(s > 0 for s in strides), op, f"stride should be greater than zero, but got {strides} (argument stride)",
           ThunderRuntimeError)
@@ -568,10 +570,11 @@ def block_geometry(op: str, sizes, kernel_size, dilation, padding, stride):
     return geometry
 
 
+# im2col and col2im, not unfold and fold: Tensor.unfold is another op.
 @torchsymbol(F.unfold)
-def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
+def im2col(input, kernel_size, dilation=1, padding=0, stride=1):
     """Each sliding block of a (N, C, H, W) or (C, H, W) input as a column: (N, C * kh * kw, L)."""
-    op = "ltorch.unfold"
+    op = "ltorch.im2col (F.unfold)"
     check(input.ndim in (3, 4), op, f"Input Error: Only 3D or 4D input Tensors are supported (got {input.ndim}D) "
           "(argument input)", ThunderNotImplementedError if input.ndim > 4 else ThunderIndexError)
     check_pool_input(op, input, 2)
@@ -586,9 +589,9 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
 
 
 @torchsymbol(F.fold)
-def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+def col2im(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
     """Sums sliding-block columns (N, C * kh * kw, L) or (C * kh * kw, L) into (N, C, H, W)."""
-    op = "ltorch.fold"
+    op = "ltorch.col2im (F.fold)"
     check(input.ndim in (2, 3), op, f"Input Error: Only unbatched (2D) or batched (3D) input Tensors are supported "
           f"(got {input.ndim}D) (argument input)", ThunderNotImplementedError)
     _check_block_dtype(op, input)

@@ -58,7 +58,8 @@ def affine_grid(theta, size, align_corners=None):
     align_corners = bool(align_corners)
     spatial = tuple(size[2:])
     # F.affine_grid only warns about unit sizes with align_corners (and then skips the size check).
-    check((align_corners and min(spatial) == 1) or min(size) > 0, op, f"Expected non-zero, positive output size. Got {list(size)} (argument size)",
+    check((align_corners and min(spatial) == 1) or min(size) > 0, op,
+          f"Expected non-zero, positive output size. Got {list(size)} (argument size)",
           ThunderValueError)
     batch = size[0]
     grid_shape = (batch, *spatial)
