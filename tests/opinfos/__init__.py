@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import activations, arrange, conv, creation, creation_extra, elementwise, indexing, linalg, linalg_opaque, losses, nn, norms, padding, products, random, reductions, scan, scatter, shape, special, statistics
+from . import activations, arrange, conv, creation, creation_extra, elementwise, indexing, interpolate, layers, linalg, linalg_opaque, losses, nn, normalization, norms, padding, pooling, products, random, reductions, scan, scatter, shape, special, statistics
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -28,6 +28,10 @@ OPINFOS: list[OpInfo] = [
     *special.OPS,
     *activations.OPS,
     *losses.OPS,
+    *pooling.OPS,
+    *interpolate.OPS,
+    *normalization.OPS,
+    *layers.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]

@@ -87,11 +87,11 @@ _CPU_PROMOTE = "stack cat index_copy"
 # that decides their result: ``cross_entropy`` is ``log_softmax`` (float32 on CUDA) then
 # ``nll_loss`` (float32), ``hstack``/``vstack`` are ``cat``, ``inner`` is ``tensordot`` (on the
 # CPU an ``mm``), as are ``einsum`` and ``multi_dot`` on the CPU; ``matrix_power`` is ``matmul``;
-# except in the cases ``_runs_unlisted`` names.
+# ``affine_grid`` on the CPU a ``bmm``; except in the cases ``_runs_unlisted`` names.
 _CUDA_COMPOSITE = {"cross_entropy_loss": FP32, "inner": PROMOTE, "linalg_matrix_power": LOWER, "matrix_power": LOWER}
 _CPU_COMPOSITE = {
     "inner": LOWER, "hstack": PROMOTE, "vstack": PROMOTE, "tensordot": LOWER, "einsum": LOWER, "linalg_multi_dot": LOWER,
-    "linalg_matrix_power": LOWER, "matrix_power": LOWER,
+    "linalg_matrix_power": LOWER, "matrix_power": LOWER, "affine_grid": LOWER,
 }
 
 

@@ -12,7 +12,9 @@ import torch
 from thunder_rs import prims
 from thunder_rs.core.fallback import FALLBACK_IMPLS
 from thunder_rs.executors.extend import Executor, _bump, register_executor
-from thunder_rs.torch import SYMBOLS, kernels
+from thunder_rs.torch import SYMBOLS, kernels, pool_kernels
+from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
+from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS
 
 torch_ex = Executor("torch")
 
@@ -219,6 +221,10 @@ _KERNELS = {
 def _register_kernels() -> None:
     for name, (impl, checker) in _KERNELS.items():
         torch_ex.register_implementation(getattr(kernels, name), impl, impl_name=f"torch_{name}", checker=checker)
+    for table in (pool_kernels.TORCH_IMPLS, RESIZE_IMPLS, NORM_IMPLS):
+        for symbol, impl in table.items():
+            name = symbol.symbol_name.removeprefix("ltorch.")
+            torch_ex.register_implementation(symbol, impl, impl_name=f"torch_{name}")
 
 
 def _unpacked(torch_fn):

@@ -52,6 +52,8 @@ from thunder_rs.torch.shape import *  # noqa: E402,F401,F403
 from thunder_rs.torch.indexing import *  # noqa: E402,F401,F403
 from thunder_rs.torch.nn import *  # noqa: E402,F401,F403
 from thunder_rs.torch.linalg import *  # noqa: E402,F401,F403
+from thunder_rs.torch.pooling import *  # noqa: E402,F401,F403
+from thunder_rs.torch.interpolate import *  # noqa: E402,F401,F403
 from thunder_rs.torch.autograd import *  # noqa: E402,F401,F403
 from thunder_rs.torch.random import *  # noqa: E402,F401,F403
 from thunder_rs.torch.special import *  # noqa: E402,F401,F403
@@ -84,3 +86,7 @@ from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
 from thunder_rs.torch import norms_grads  # noqa: E402,F401
 from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
 from thunder_rs.torch import statistics_grads  # noqa: E402,F401
+from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
+from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
+from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
+from thunder_rs.torch import pool_kernels, cnn_grads  # noqa: E402,F401

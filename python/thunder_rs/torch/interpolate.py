@@ -1,0 +1,273 @@
+"""Interpolation (``F.interpolate`` and the ``upsample`` aliases): nearest, nearest-exact,
+(bi/tri)linear, bicubic and area resizing of 1 to 3 spatial dims.
+
+Except area (adaptive average pooling), each mode is separable: along each spatial dim an
+output element is a weighted sum of a few input elements ("taps"), whose positions and weights
+``_taps`` computes as aten's CPU kernels do (in float32 for the nearest modes, in the compute
+dtype otherwise). The decomposition takes the taps with one ``take`` per dim; the backward,
+``upsample_backward``, adds the weighted gradients back with one ``index_add`` per dim, and the
+torch executor runs it as the aten backward eager's autograd calls.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from thunder_rs import prims
+from thunder_rs import torch as ltorch
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
+from thunder_rs.torch import torchsymbol
+
+__all__ = ["interpolate", "upsample", "upsample_nearest", "upsample_bilinear", "upsample_backward"]
+
+_LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
+_MODES = ("nearest", "nearest-exact", "area", *_LINEAR_MODES)
+_CUBIC_A = -0.75
+
+
+# -- arguments -------------------------------------------------------------------------------------
+
+
+def _check_mode(op: str, input, mode: str, align_corners, antialias) -> None:
+    check(mode in _MODES, op, f"unsupported mode {mode!r}; thunder_rs supports {', '.join(_MODES)} (argument mode)",
+          ThunderNotImplementedError)
+    check(not antialias, op, "antialias=True is not supported (argument antialias)", ThunderNotImplementedError)
+    check(mode in _LINEAR_MODES or align_corners is None, op, "align_corners option can only be set with the "
+          "interpolating modes: linear | bilinear | bicubic | trilinear (argument align_corners)", ThunderValueError)
+    check(input.ndim in (3, 4, 5), op, f"Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) for the modes: "
+          "nearest | linear | bilinear | bicubic | trilinear | area | nearest-exact (argument input)",
+          ThunderNotImplementedError)
+    wanted = _LINEAR_MODES.get(mode)
+    check(wanted is None or wanted == input.ndim - 2, op, lambda: f"Got {input.ndim}D input, but {mode} mode needs "
+          f"{wanted + 2}D input (argument mode)", ThunderNotImplementedError)
+    floats_only = mode not in ("nearest", "nearest-exact")
+    ok = input.dtype.is_floating_point or (not floats_only and input.dtype == torch.uint8)
+    check(ok, op, lambda: f"{mode} interpolation is not implemented for {input.dtype} (argument input)",
+          ThunderNotImplementedError)
+
+
+def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_factor):
+    """The output's spatial sizes and the scales the kernel is given (None: from the sizes), as
+    F.interpolate computes them."""
+    n = input.ndim - 2
+    spatial = tuple(input.shape[2:])
+    check(size is None or scale_factor is None, op, "only one of size or scale_factor should be defined "
+          "(argument scale_factor)", ThunderValueError)
+    check(size is not None or scale_factor is not None, op, "either size or scale_factor should be defined "
+          "(argument size)", ThunderValueError)
+    if size is not None:
+        check(not recompute_scale_factor, op, "recompute_scale_factor is not meaningful with an explicit size "
+              "(argument recompute_scale_factor)", ThunderValueError)
+        sizes = tuple(size) if isinstance(size, (list, tuple)) else (size,) * n
+        check(len(sizes) == n, op, f"Input and output must have the same number of spatial dimensions, but got input "
+              f"with spatial dimensions of {list(spatial)} and output size of {size} (argument size)", ThunderValueError)
+        check(all(isinstance(s, int) for s in sizes), op, f"expected size to be ints, got {size} (argument size)",
+              ThunderTypeError)
+        scales = (None,) * n
+    else:
+        scales = tuple(scale_factor) if isinstance(scale_factor, (list, tuple)) else (scale_factor,) * n
+        check(len(scales) == n, op, f"Input and scale_factor must have the same number of spatial dimensions, but "
+              f"got input with spatial dimensions of {list(spatial)} and scale_factor of shape {scale_factor} "
+              "(argument scale_factor)", ThunderValueError)
+        sizes = tuple(int(math.floor(float(s) * f)) for s, f in zip(spatial, scales))
+        if recompute_scale_factor or mode == "area":
+            scales = (None,) * n
+    check(all(s > 0 for s in spatial) and all(o > 0 for o in sizes), op, f"Input and output sizes should be greater "
+          f"than 0, but got input {list(spatial)} and output {list(sizes)} (argument size)", ThunderRuntimeError)
+    check(input.shape[1] > 0, op, f"Non-empty data tensor expected but got a tensor with sizes {list(input.shape)} "
+          "(argument input)", ThunderRuntimeError)
+    return sizes, scales
+
+
+# -- taps ------------------------------------------------------------------------------------------
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to float32, as aten's ``compute_scales_value<float>`` gives it."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _scale(in_size: int, out_size: int, scale, align_corners: bool, dtype) -> float:
+    """aten's ``area_pixel_compute_scale`` in ``dtype``: input elements per output element."""
+    if align_corners:
+        value = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    else:
+        value = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    return _float32(value) if dtype == torch.float32 else value
+
+
+def _positions(device, dtype, out_size: int, scale: float, offset: float):
+    """(o + offset) * scale for each output index o, in ``dtype``."""
+    o = prims.convert_element_type(prims.iota(out_size, 0, 1, device, torch.int64), dtype)
+    return prims.mul(prims.add(o, offset) if offset else o, scale)
+
+
+def _nearest_taps(device, in_size: int, out_size: int, scale, exact: bool):
+    """min(floor((o [+ 0.5]) * scale), in - 1), in float32 as aten computes it for every dtype."""
+    if not exact and out_size == in_size:
+        return prims.reshape(prims.iota(out_size, 0, 1, device, torch.int64), (out_size, 1)), None
+    if not exact and out_size == 2 * in_size:  # aten halves the index exactly
+        source = prims.div(prims.iota(out_size, 0, 1, device, torch.int64), 2)
+    else:
+        s = _scale(in_size, out_size, scale, False, torch.float32)
+        positions = _positions(device, torch.float32, out_size, s, 0.5 if exact else 0)
+        source = prims.convert_element_type(prims.floor(positions), torch.int64)
+    return prims.reshape(prims.minimum(source, in_size - 1), (out_size, 1)), None
+
+
+def _source(device, dtype, in_size: int, out_size: int, scale, align_corners: bool, cubic: bool):
+    """aten's ``area_pixel_compute_source_index``: each output element's position in the input."""
+    s = _scale(in_size, out_size, scale, align_corners, dtype)
+    if align_corners:
+        return _positions(device, dtype, out_size, s, 0)
+    src = prims.sub(_positions(device, dtype, out_size, s, 0.5), 0.5)
+    return src if cubic else prims.maximum(src, 0.0)
+
+
+def _stack(columns):
+    return prims.cat([prims.reshape(c, (c.shape[0], 1)) for c in columns], 1)
+
+
+def _linear_taps(device, dtype, in_size: int, out_size: int, scale, align_corners: bool):
+    src = _source(device, dtype, in_size, out_size, scale, align_corners, cubic=False)
+    low = prims.minimum(prims.convert_element_type(prims.floor(src), torch.int64), in_size - 1)
+    lam = prims.minimum(prims.maximum(prims.sub(src, prims.convert_element_type(low, dtype)), 0.0), 1.0)
+    high = prims.where(prims.lt(low, in_size - 1), prims.add(low, 1), low)
+    return _stack([low, high]), _stack([prims.sub(1.0, lam), lam])
+
+
+def _cubic_near(x):  # |x| <= 1
+    return prims.add(prims.mul(prims.mul(prims.sub(prims.mul(x, _CUBIC_A + 2), _CUBIC_A + 3), x), x), 1.0)
+
+
+def _cubic_far(x):  # 1 < |x| < 2
+    inner = prims.add(prims.mul(prims.sub(prims.mul(x, _CUBIC_A), 5 * _CUBIC_A), x), 8 * _CUBIC_A)
+    return prims.sub(prims.mul(inner, x), 4 * _CUBIC_A)
+
+
+def _cubic_taps(device, dtype, in_size: int, out_size: int, scale, align_corners: bool):
+    src = _source(device, dtype, in_size, out_size, scale, align_corners, cubic=True)
+    base = prims.floor(src)
+    t = prims.sub(src, base)
+    base = prims.convert_element_type(base, torch.int64)
+    index = _stack([prims.maximum(prims.minimum(prims.add(base, j - 1), in_size - 1), 0) for j in range(4)])
+    rest = prims.sub(1.0, t)
+    weights = _stack([_cubic_far(prims.add(t, 1.0)), _cubic_near(t), _cubic_near(rest), _cubic_far(prims.add(rest, 1.0))])
+    return index, weights
+
+
+def _taps(device, dtype, in_size: int, out_size: int, mode: str, align_corners, scale):
+    """The (out, taps) input positions and weights (None: one tap of weight 1) along one dim."""
+    if mode in ("nearest", "nearest-exact"):
+        return _nearest_taps(device, in_size, out_size, scale, mode == "nearest-exact")
+    if mode == "bicubic":
+        return _cubic_taps(device, dtype, in_size, out_size, scale, align_corners)
+    return _linear_taps(device, dtype, in_size, out_size, scale, align_corners)
+
+
+def _compute_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _resample(x, sizes, mode, align_corners, scales):
+    """``x`` resized along its last len(sizes) dims, one dim at a time."""
+    n, dtype = len(sizes), _compute_dtype(x.dtype)
+    out = x if x.dtype == dtype or mode.startswith("nearest") else prims.convert_element_type(x, dtype)
+    for i, (size, scale) in enumerate(zip(sizes, scales)):
+        axis = x.ndim - n + i
+        index, weights = _taps(x.device, dtype, out.shape[axis], size, mode, align_corners, scale)
+        taps = index.shape[1]
+        taken = prims.take(out, prims.reshape(index, (size * taps,)), axis)
+        taken = prims.reshape(taken, (*taken.shape[:axis], size, taps, *taken.shape[axis + 1:]))
+        if weights is None:
+            out = prims.squeeze(taken, (axis + 1,))
+            continue
+        weighted = prims.mul(taken, prims.broadcast_in_dim(weights, taken.shape, (axis, axis + 1)))
+        out = prims.sum(weighted, (axis + 1,))
+    return out if out.dtype == x.dtype else prims.convert_element_type(out, x.dtype)
+
+
+# -- symbols ---------------------------------------------------------------------------------------
+
+
+_ADAPTIVE_AVG = {1: ltorch.adaptive_avg_pool1d, 2: ltorch.adaptive_avg_pool2d, 3: ltorch.adaptive_avg_pool3d}
+
+
+def check_resize(op: str, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
+    """F.interpolate's checks; the output's spatial sizes and the scales its kernel is given."""
+    _check_mode(op, input, mode, align_corners, antialias)
+    return _sizes_and_scales(op, input, size, scale_factor, mode, recompute_scale_factor)
+
+
+def resize(op: str, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
+    """F.interpolate's meaning: the input resized."""
+    sizes, scales = check_resize(op, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+    if mode == "area":
+        return _ADAPTIVE_AVG[input.ndim - 2](input, sizes)
+    return _resample(input, sizes, mode, bool(align_corners), scales)
+
+
+@torchsymbol(F.interpolate)
+def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
+                antialias=False):
+    return resize("ltorch.interpolate", input, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                  antialias)
+
+
+@torchsymbol(F.upsample)
+def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
+    return resize("ltorch.upsample", input, size, scale_factor, mode, align_corners, recompute_scale_factor, False)
+
+
+@torchsymbol(F.upsample_nearest)
+def upsample_nearest(input, size=None, scale_factor=None):
+    return resize("ltorch.upsample_nearest", input, size, scale_factor, "nearest", None, None, False)
+
+
+@torchsymbol(F.upsample_bilinear)
+def upsample_bilinear(input, size=None, scale_factor=None):
+    return resize("ltorch.upsample_bilinear", input, size, scale_factor, "bilinear", True, None, False)
+
+
+# -- backward kernel -------------------------------------------------------------------------------
+
+
+def _unresample(grad, input_size, mode, align_corners, scales):
+    """The transpose of ``_resample``: each tap's weighted gradient added back, dim by dim in reverse."""
+    n, dtype = len(scales), _compute_dtype(grad.dtype)
+    g = grad if grad.dtype == dtype else prims.convert_element_type(grad, dtype)
+    for i in reversed(range(n)):
+        axis = g.ndim - n + i
+        size, in_size = g.shape[axis], input_size[axis]
+        index, weights = _taps(grad.device, dtype, in_size, size, mode, align_corners, scales[i])
+        taps = index.shape[1]
+        spread_shape = (*g.shape[:axis], size, taps, *g.shape[axis + 1:])
+        spread = prims.broadcast_in_dim(g, spread_shape, tuple(d if d <= axis else d + 1 for d in range(g.ndim)))
+        if weights is not None:
+            spread = prims.mul(spread, prims.broadcast_in_dim(weights, spread_shape, (axis, axis + 1)))
+        merged = prims.reshape(spread, (*g.shape[:axis], size * taps, *g.shape[axis + 1:]))
+        zeros = prims.full((*g.shape[:axis], in_size, *g.shape[axis + 1:]), 0.0, g.device, dtype)
+        g = prims.index_add(zeros, prims.reshape(index, (size * taps,)), merged, axis)
+    return g if g.dtype == grad.dtype else prims.convert_element_type(g, grad.dtype)
+
+
+@torchsymbol(name="upsample_backward")
+def upsample_backward(grad_output, input_size, mode, align_corners, scales):
+    """The gradient of a resized input of ``input_size`` (all dims) from its output's: eager's
+    ``upsample_<mode><n>d_backward``. ``scales`` has one float or None per spatial dim."""
+    return _unresample(grad_output, tuple(input_size), mode, bool(align_corners), tuple(scales))
+
+
+def _aten_upsample_backward(grad_output, input_size, mode, align_corners, scales):
+    n = len(scales)
+    name = {"nearest": f"upsample_nearest{n}d_backward", "nearest-exact": f"_upsample_nearest_exact{n}d_backward",
+            "linear": "upsample_linear1d_backward", "bilinear": "upsample_bilinear2d_backward",
+            "trilinear": "upsample_trilinear3d_backward", "bicubic": "upsample_bicubic2d_backward"}[mode]
+    corners = () if mode.startswith("nearest") else (align_corners,)
+    fn = getattr(torch.ops.aten, name).default
+    return fn(grad_output, list(grad_output.shape[2:]), list(input_size), *corners, *scales)
+
+
+#: The aten call the torch executor runs for the backward kernel.
+TORCH_IMPLS = {upsample_backward: _aten_upsample_backward}

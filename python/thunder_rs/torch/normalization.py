@@ -1,0 +1,207 @@
+"""Normalisation layers beyond layer and batch norm (``torch.nn.functional``): group norm,
+instance norm and local response norm.
+
+Group norm is its own kernel pair (``native_group_norm`` and its backward), as in eager's
+autograd. Instance norm is batch norm over a (1, N * C, ...) view, as aten computes it, so
+batch norm's kernels and grad rule serve it; with running statistics and input statistics it
+updates the statistics in place, which ``instance_norm_updating`` traces as ``F.batch_norm``
+does. Local response norm is written as ``F.local_response_norm`` writes it, on average pooling.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from thunder_rs import torch as ltorch
+from thunder_rs.core.langctx import MUTATING, TORCH_TO_LTORCH
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
+from thunder_rs.torch import kernels, torchsymbol
+from thunder_rs.torch.inplace import assign
+from thunder_rs.torch.kernels import cast, upcast
+
+__all__ = ["group_norm", "native_group_norm", "native_group_norm_backward", "instance_norm", "local_response_norm"]
+
+
+def _require_float(op: str, input) -> None:
+    check(input.dtype.is_floating_point, op, lambda: f"not implemented for {input.dtype} (argument input)",
+          ThunderNotImplementedError)
+
+
+# -- group norm ------------------------------------------------------------------------------------
+
+
+def _grouped(x, n: int, groups: int):
+    """``x`` (N, C, *) as (N, groups, C // groups * prod(*))."""
+    return ltorch.reshape(x, (n, groups, x.numel() // (n * groups) if n * groups else 0))
+
+
+def _per_channel(t, ndim: int):
+    return ltorch.reshape(t, (1, t.shape[0], *(1,) * (ndim - 2)))
+
+
+@torchsymbol(torch.native_group_norm, name="native_group_norm")
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    """group_norm's output, with the mean and reciprocal standard deviation of each (sample,
+    group), shaped (N, group), in the input's dtype."""
+    op = "ltorch.native_group_norm"
+    check(C % group == 0, op, f"Expected number of channels in input to be divisible by num_groups, but got input of "
+          f"shape {list(input.shape)} and num_groups={group} (argument group)", ThunderRuntimeError)
+    x = upcast(input)
+    grouped = _grouped(x, N, group)
+    var, mean = ltorch.var_mean(grouped, 2, correction=0, keepdim=True)
+    rstd = ltorch.rsqrt(var + eps)
+    out = ltorch.reshape((grouped - mean) * rstd, x.shape)
+    if weight is not None:
+        out = out * _per_channel(upcast(weight), x.ndim)
+    if bias is not None:
+        out = out + _per_channel(upcast(bias), x.ndim)
+    stats = (N, group)
+    return cast(out, input.dtype), cast(ltorch.reshape(mean, stats), input.dtype), cast(ltorch.reshape(rstd, stats),
+                                                                                         input.dtype)
+
+
+@torchsymbol(name="native_group_norm_backward")
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    """The gradients of group_norm's input, weight and bias that ``output_mask`` asks for."""
+    x, g = upcast(input), upcast(grad_out)
+    stats_shape = (N, group, 1)
+    mean, rstd = ltorch.reshape(upcast(mean), stats_shape), ltorch.reshape(upcast(rstd), stats_shape)
+    xhat = ltorch.reshape((_grouped(x, N, group) - mean) * rstd, x.shape)
+    grads = []
+    if output_mask[0]:
+        gxhat = g if weight is None else g * _per_channel(upcast(weight), x.ndim)
+        gx, xh = _grouped(gxhat, N, group), _grouped(xhat, N, group)
+        centred = gx - ltorch.mean(gx, 2, keepdim=True) - xh * ltorch.mean(gx * xh, 2, keepdim=True)
+        grads.append(cast(ltorch.reshape(rstd * centred, x.shape), input.dtype))
+    dims = (0, *range(2, x.ndim))
+    if output_mask[1]:
+        grads.append(cast(ltorch.sum(g * xhat, dims), weight.dtype))
+    if output_mask[2]:
+        grads.append(cast(ltorch.sum(g, dims), weight.dtype if weight is not None else input.dtype))
+    return grads[0] if len(grads) == 1 else tuple(grads)
+
+
+def check_group_norm(op: str, input, num_groups: int, weight, bias) -> None:
+    check(input.ndim >= 2, op, f"Expected at least 2 dimensions for input tensor but received {input.ndim} "
+          "(argument input)", ThunderRuntimeError)
+    _require_float(op, input)
+    channels = input.shape[1]
+    per_group = [input.shape[0] * channels // num_groups, num_groups, *input.shape[2:]]
+    check(math.prod(per_group[:1] + per_group[2:]) != 1, op, f"Expected more than 1 value per channel when training, "
+          f"got input size {per_group} (argument input)", ThunderValueError)
+    check(num_groups > 0 and channels % num_groups == 0, op, f"Expected number of channels in input to be divisible "
+          f"by num_groups, but got input of shape {list(input.shape)} and num_groups={num_groups} (argument num_groups)",
+          ThunderRuntimeError)
+    for name, t in (("weight", weight), ("bias", bias)):
+        check(t is None or (t.ndim == 1 and t.shape[0] == channels), op, lambda: f"Expected {name} to be a vector of "
+              f"size equal to the number of channels in input, but got {name} of shape {list(t.shape)} and input of "
+              f"shape {list(input.shape)} (argument {name})", ThunderRuntimeError)
+
+
+@torchsymbol(F.group_norm)
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-05):
+    check_group_norm("ltorch.group_norm", input, num_groups, weight, bias)
+    n, c = input.shape[:2]
+    return native_group_norm(input, weight, bias, n, c, input.numel() // max(n * c, 1), num_groups, eps)[0]
+
+
+# -- instance norm ---------------------------------------------------------------------------------
+
+
+def _check_instance_norm(op: str, input, running_mean, running_var, weight, bias, use_input_stats: bool) -> None:
+    check(input.ndim >= 3, op, f"Expected 3D or more input, got {input.ndim}D input (argument input)",
+          ThunderValueError)
+    _require_float(op, input)
+    check(not use_input_stats or math.prod(input.shape[2:]) != 1, op, f"Expected more than 1 spatial element when "
+          f"training, got input size {list(input.shape)} (argument input)", ThunderValueError)
+    check(use_input_stats or (running_mean is not None and running_var is not None), op, "Expected running_mean "
+          "and running_var to be defined when use_input_stats is false (argument use_input_stats)", ThunderRuntimeError)
+    channels = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
+        check(t is None or tuple(t.shape) == (channels,), op, lambda: f"{name} should contain {channels} elements not "
+              f"{t.numel()} (argument {name})", ThunderRuntimeError)
+
+
+def _as_batch(input, *per_channel):
+    """``input`` (N, C, *) as (1, N * C, *), and each (C,) tensor repeated N times to match."""
+    n, c = input.shape[:2]
+    flat = ltorch.reshape(input, (1, n * c, *input.shape[2:]))
+    return (flat, *(None if t is None else ltorch.reshape(ltorch.expand(t, (n, c)), (n * c,)) for t in per_channel))
+
+
+@torchsymbol(F.instance_norm)
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-05):
+    """Instance norm that writes nothing: normalised by each instance's statistics, or by the
+    running ones (use_input_stats=False). With running statistics and use_input_stats, eager
+    updates them in place: ``instance_norm_updating`` traces that call."""
+    op = "ltorch.instance_norm"
+    _check_instance_norm(op, input, running_mean, running_var, weight, bias, use_input_stats)
+    check(not use_input_stats or running_mean is None, op, "with running statistics and use_input_stats the "
+          "statistics are updated in place; call torch.nn.functional.instance_norm (argument running_mean)",
+          ThunderNotImplementedError)
+    if input.numel() == 0:  # nothing to normalise (batch norm's kernels divide by the channel count)
+        return ltorch.clone(input)
+    if use_input_stats:
+        flat, w, b = _as_batch(input, weight, bias)
+        out = ltorch.batch_norm(flat, None, None, w, b, True, momentum, eps)
+    else:
+        flat, rm, rv, w, b = _as_batch(input, running_mean, running_var, weight, bias)
+        out = ltorch.batch_norm(flat, rm, rv, w, b, False, momentum, eps)
+    return ltorch.reshape(out, input.shape)
+
+
+def instance_norm_updating(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                           momentum=0.1, eps=1e-05):
+    """``F.instance_norm``: with running statistics and input statistics, the output and the
+    statistics updated as aten updates them (batch norm's update of the N repeated copies,
+    averaged over N), written where autograd does not see."""
+    if not use_input_stats or running_mean is None or running_var is None:
+        return instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+    op = "instance_norm"
+    _check_instance_norm(op, input, running_mean, running_var, weight, bias, use_input_stats)
+    n, c = input.shape[:2]
+    flat, rm, rv, w, b = _as_batch(input, running_mean, running_var, weight, bias)
+    out, _, _, new_mean, new_var = kernels.native_batch_norm(flat, w, b, rm, rv, True, momentum, eps)
+    assign(running_mean, ltorch.mean(ltorch.reshape(new_mean, (n, c)), 0), op, tracked=False)
+    assign(running_var, ltorch.mean(ltorch.reshape(new_var, (n, c)), 0), op, tracked=False)
+    return ltorch.reshape(out, input.shape)
+
+
+TORCH_TO_LTORCH[F.instance_norm] = instance_norm_updating
+MUTATING.add(F.instance_norm)
+
+
+# -- local response norm ---------------------------------------------------------------------------
+
+
+@torchsymbol(F.local_response_norm)
+def local_response_norm(input, size, alpha=0.0001, beta=0.75, k=1.0):
+    """As F.local_response_norm computes it: each element over (k + alpha * the mean of the
+    squares of ``size`` neighbouring channels) ** beta."""
+    op = "ltorch.local_response_norm"
+    check(input.ndim >= 3, op, f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions) "
+          "(argument input)", ThunderValueError)
+    if input.numel() == 0:
+        return input
+    _require_float(op, input)
+    div = input * input
+    if input.ndim == 3:
+        div = ltorch.pad(ltorch.unsqueeze(div, 1), (0, 0, size // 2, (size - 1) // 2))
+        div = ltorch.squeeze(ltorch.avg_pool2d(div, (size, 1), stride=1), 1)
+    else:
+        sizes = tuple(input.shape)
+        div = ltorch.reshape(div, (sizes[0], 1, sizes[1], sizes[2], math.prod(sizes[3:])))
+        div = ltorch.pad(div, (0, 0, 0, 0, size // 2, (size - 1) // 2))
+        div = ltorch.reshape(ltorch.squeeze(ltorch.avg_pool3d(div, (size, 1, 1), stride=1), 1), sizes)
+    return input / ltorch.pow(div * alpha + k, beta)
+
+
+def _aten_group_norm_backward(*args):
+    outs = [o for o in torch.ops.aten.native_group_norm_backward.default(*args) if o is not None]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+#: The aten call the torch executor runs for the backward kernel.
+TORCH_IMPLS = {native_group_norm_backward: _aten_group_norm_backward}

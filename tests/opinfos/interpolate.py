@@ -1,0 +1,134 @@
+"""Resampling: F.interpolate in every mode it supports without antialiasing, the upsample aliases,
+affine_grid and grid_sample."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from .core import ACCUMULATING, FLOATS, ErrorInput, OpInfo, SampleInput, Strided, Transposed, cpu, make, tensor
+
+#: mode -> the number of spatial dims it takes (None: any of 1 to 3).
+MODES = {"nearest": None, "nearest-exact": None, "area": None, "linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
+SHAPES = {1: (2, 3, 7), 2: (2, 3, 7, 5), 3: (2, 2, 4, 5, 3)}
+
+
+def resize_samples(mode: str, align_corners=None):
+    dims = (1, 2, 3) if MODES[mode] is None else (MODES[mode],)
+
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        kw = {"mode": mode} if align_corners is None else {"mode": mode, "align_corners": align_corners}
+        for n in dims:
+            shape = SHAPES[n]
+            yield SampleInput(make(shape, dtype, device), scale_factor=2, **kw)
+            yield SampleInput(make(shape, dtype, device), scale_factor=1.7, **kw)
+            yield SampleInput(make(shape, dtype, device), scale_factor=(0.6, 1.5, 2.0)[:n], **kw)
+            yield SampleInput(make(shape, dtype, device), size=(11, 4, 6)[:n], **kw)
+            yield SampleInput(make(shape, dtype, device), size=1, **kw)
+            yield SampleInput(make(shape, dtype, device), scale_factor=1.3, recompute_scale_factor=True, **kw)
+            yield SampleInput(make((0, *shape[1:]), dtype, device), scale_factor=2, **kw)  # empty batch
+            yield SampleInput(tensor(Transposed(shape), dtype, device), size=(5, 9, 4)[:n], **kw)
+            yield SampleInput(tensor(Strided(shape), dtype, device), scale_factor=0.5, **kw)
+
+    return generate
+
+
+def resize_errors() -> Iterable[ErrorInput]:
+    x = cpu((1, 2, 4, 4))
+    yield ErrorInput(SampleInput(x, size=3, scale_factor=2), ValueError)
+    yield ErrorInput(SampleInput(x), ValueError)
+    yield ErrorInput(SampleInput(x, size=(3, 3, 3)), ValueError)
+    yield ErrorInput(SampleInput(x, scale_factor=2, align_corners=True), ValueError)
+    yield ErrorInput(SampleInput(x, size=3, recompute_scale_factor=True), ValueError)
+    yield ErrorInput(SampleInput(x, scale_factor=0.1), RuntimeError)
+    yield ErrorInput(SampleInput(x, scale_factor=2, mode="linear"), NotImplementedError)
+    yield ErrorInput(SampleInput(cpu((4, 4)), scale_factor=2), NotImplementedError)
+    yield ErrorInput(SampleInput(cpu((1, 2, 4, 4), torch.int64), scale_factor=2), NotImplementedError)
+    yield ErrorInput(SampleInput(cpu((1, 0, 4, 4)), scale_factor=2), RuntimeError)
+
+
+def alias_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    yield SampleInput(make(SHAPES[2], dtype, device), scale_factor=2)
+    yield SampleInput(make(SHAPES[2], dtype, device), size=(9, 4))
+    yield SampleInput(tensor(Transposed(SHAPES[2]), dtype, device), 3)
+
+
+def uint8_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for mode in ("nearest", "nearest-exact"):
+        x = torch.randint(0, 256, SHAPES[2], dtype=torch.uint8, device=device)
+        yield SampleInput(x, scale_factor=1.7, mode=mode)
+
+
+def _entries() -> list[OpInfo]:
+    ops = []
+    for mode in MODES:
+        corners = (None,) if MODES[mode] is None else (False, True)
+        for align in corners:
+            variant = mode.replace("-", "_") + ("" if align is None else f"_align{int(align)}")
+            ops.append(OpInfo("interpolate", F.interpolate, resize_samples(mode, align), dtypes=FLOATS, variant=variant,
+                              tolerances=ACCUMULATING))
+    ops[0] = OpInfo("interpolate", F.interpolate, resize_samples("nearest"), resize_errors, FLOATS, variant="nearest")
+    return ops
+
+
+OPS = [
+    *_entries(),
+    # uint8 stands in for the dtype: only nearest modes take it.
+    OpInfo("interpolate", F.interpolate, uint8_samples, dtypes=(torch.float32,), variant="uint8", supports_grad=False),
+    OpInfo("upsample_nearest", F.upsample_nearest, alias_samples),
+    OpInfo("upsample_bilinear", F.upsample_bilinear, alias_samples, tolerances=ACCUMULATING),
+    OpInfo("upsample", partial(F.upsample, mode="bicubic"), alias_samples, variant="bicubic", tolerances=ACCUMULATING),
+]
+
+
+# -- spatial transformers --------------------------------------------------------------------------
+
+
+def affine_grid_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for align in (False, True):
+        yield SampleInput(make((2, 2, 3), dtype, device), (2, 3, 5, 4), align_corners=align)
+        yield SampleInput(make((2, 3, 4), dtype, device), (2, 3, 5, 4, 3), align_corners=align)
+    yield SampleInput(make((1, 2, 3), dtype, device), (1, 1, 1, 7), align_corners=False)
+    yield SampleInput(tensor(Transposed((2, 3, 2)), dtype, device).mT, (2, 1, 3, 3), align_corners=False)
+
+
+def affine_grid_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 2, 3), torch.int64), (2, 1, 3, 3), align_corners=False), ValueError)
+    yield ErrorInput(SampleInput(cpu((2, 3, 3)), (2, 1, 3, 3), align_corners=False), ValueError)
+    yield ErrorInput(SampleInput(cpu((2, 2, 3)), (2, 3), align_corners=False), NotImplementedError)
+    yield ErrorInput(SampleInput(cpu((2, 2, 3)), (2, 1, 0, 3), align_corners=False), ValueError)
+
+
+def grid_sample_samples(mode: str):
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        for padding in ("zeros", "border", "reflection"):
+            for align in (False, True):
+                grid = make((2, 4, 7, 2), dtype, device, low=-1.2, high=1.2)
+                yield SampleInput(make((2, 3, 5, 6), dtype, device), grid, mode, padding, align)
+        yield SampleInput(tensor(Transposed((2, 3, 6, 5)), dtype, device),
+                          tensor(Strided((2, 3, 4, 2)), dtype, device, low=-1, high=1), mode, align_corners=False)
+        yield SampleInput(make((0, 3, 5, 6), dtype, device), make((0, 4, 7, 2), dtype, device), mode, align_corners=True)
+        yield SampleInput(make((2, 3, 1, 1), dtype, device), make((2, 2, 2, 2), dtype, device, low=-1, high=1), mode,
+                          "reflection", True)
+
+    return generate
+
+
+def grid_sample_errors() -> Iterable[ErrorInput]:
+    x, grid = cpu((2, 3, 5, 6)), cpu((2, 4, 7, 2))
+    yield ErrorInput(SampleInput(x, grid, "bogus", align_corners=False), ValueError)
+    yield ErrorInput(SampleInput(x, grid, padding_mode="bogus", align_corners=False), ValueError)
+    yield ErrorInput(SampleInput(x, cpu((3, 4, 7, 2)), align_corners=False), RuntimeError)
+    yield ErrorInput(SampleInput(x, cpu((2, 4, 7, 3)), align_corners=False), RuntimeError)
+    yield ErrorInput(SampleInput(x, grid.double(), align_corners=False), RuntimeError)
+
+
+OPS += [
+    OpInfo("affine_grid", F.affine_grid, affine_grid_samples, affine_grid_errors, tolerances=ACCUMULATING),
+    OpInfo("grid_sample", F.grid_sample, grid_sample_samples("bilinear"), grid_sample_errors, variant="bilinear",
+           tolerances=ACCUMULATING),
+    OpInfo("grid_sample", F.grid_sample, grid_sample_samples("nearest"), variant="nearest", tolerances=ACCUMULATING),
+]

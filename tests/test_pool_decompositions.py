@@ -1,0 +1,126 @@
+"""The decompositions of the pooling, interpolation and normalisation symbols and of their
+backward kernels, against eager: every OpInfo sample of those families runs with the torch
+executor's whole-symbol implementations removed, so the prims of the decomposition run.
+
+``test_ops.py`` checks the same samples through the torch executor, which runs each symbol as
+its torch callable; this file checks what a fusion executor taking the decomposition would run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+from opinfos import interpolate, layers, normalization, pooling
+from thunder_rs.executors.extend import _bump
+from thunder_rs.executors.torch_ex import torch_ex
+from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.torch import SYMBOLS, pool_kernels
+from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
+from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS
+
+FAMILY_MODULES = ("thunder_rs.torch.pooling", "thunder_rs.torch.pool_kernels", "thunder_rs.torch.interpolate",
+                  "thunder_rs.torch.normalization", "thunder_rs.torch.layers", "thunder_rs.torch.sampling")
+OPS = [*pooling.OPS, *interpolate.OPS, *normalization.OPS, *layers.OPS]
+KERNELS = [*pool_kernels.TORCH_IMPLS, *RESIZE_IMPLS, *NORM_IMPLS]
+
+
+def family_symbols() -> list:
+    return [s for s in SYMBOLS if getattr(s, "__module__", "") in FAMILY_MODULES]
+
+
+@contextlib.contextmanager
+def decomposed(symbols):
+    """The torch executor without its implementations of ``symbols``: their decompositions run."""
+    entries = {s.symbol_id: torch_ex.implmap.pop(s.symbol_id) for s in symbols if s.symbol_id in torch_ex.implmap}
+    _bump()
+    try:
+        yield
+    finally:
+        torch_ex.implmap.update(entries)
+        _bump()
+
+
+def test_the_family_is_found():
+    names = {s.symbol_name for s in family_symbols()}
+    assert {"ltorch.max_pool2d", "ltorch.avg_pool2d_backward"} <= names
+    assert all(s in family_symbols() for s in KERNELS)
+
+
+def params(dtypes):
+    return [pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{str(dtype).removeprefix('torch.')}")
+            for op in OPS for dtype in op.dtypes if dtype in dtypes
+            for i in range(sum(1 for _ in op.sample_inputs(dtype, "cpu")))]
+
+
+def sample(op, dtype, index):
+    torch.manual_seed(0)
+    for i, s in enumerate(op.sample_inputs(dtype, "cpu")):
+        if i == index:
+            return s
+    raise IndexError(index)
+
+
+def assert_close(actual, expected, op, dtype):
+    actual = actual if isinstance(actual, (tuple, list)) else (actual,)
+    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        torch.testing.assert_close(a, e, equal_nan=True, **op.tolerance(dtype))
+
+
+@pytest.mark.parametrize(("op", "dtype", "index"), params((torch.float32, torch.float64, torch.int64)))
+def test_decomposition_matches_eager(op, dtype, index):
+    s = sample(op, dtype, index)
+    expected = op.op(*s.args, **s.kwargs)
+    with decomposed(family_symbols()):
+        actual = thunder_rs.jit(lambda *a, **k: op.op(*a, **k))(*s.args, **s.kwargs)
+    assert_close(actual, expected, op, dtype)
+
+
+def _grads(fn, s):
+    leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+              for a in s.args]
+    out = fn(*leaves, **s.kwargs)
+    out = [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
+    torch.manual_seed(1)
+    cotangents = [torch.randn_like(o) for o in out]
+    inputs = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
+    return torch.autograd.grad(out, inputs, cotangents, allow_unused=True, materialize_grads=True)
+
+
+@pytest.mark.parametrize(("op", "dtype", "index"), params((torch.float64,)))
+def test_backward_kernel_decompositions_match_eager(op, dtype, index):
+    if not op.supports_grad:
+        pytest.skip("not differentiable")
+    s = sample(op, dtype, index)
+    if not all(t.isfinite().all() for t in s.args if isinstance(t, torch.Tensor) and t.is_floating_point()):
+        pytest.skip("non-finite inputs")
+    try:
+        expected = _grads(op.op, s)
+    except RuntimeError as e:  # e.g. running statistics that require grad
+        pytest.skip(f"eager's own backward fails here: {e}")
+    with decomposed(KERNELS):
+        actual = _grads(thunder_rs.jit(lambda *a, **k: op.op(*a, **k)), s)
+    assert_close(actual, expected, op, dtype)
+
+
+def test_interpolate_refuses_antialias():
+    # Eager computes it; thunder_rs does not, and says so rather than resizing without it.
+    x = torch.randn(1, 2, 8, 8)
+    with pytest.raises(ThunderNotImplementedError, match="interpolate.*antialias"):
+        thunder_rs.jit(lambda x: F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True))(x)
+
+
+def test_bilinear_under_autocast_is_refused_by_name():
+    a, b, w = torch.randn(3, 4), torch.randn(3, 5), torch.randn(6, 4, 5)
+    expected = F.bilinear(a, b, w)
+    assert torch.allclose(thunder_rs.jit(F.bilinear)(a, b, w), expected, atol=1e-4)  # and float32 without it
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(ThunderNotImplementedError, match="bilinear.*autocast"):
+            thunder_rs.jit(lambda a, b, w: F.bilinear(a, b, w))(a, b, w)
