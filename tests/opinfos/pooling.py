@@ -247,6 +247,6 @@ def fold_errors() -> Iterable[ErrorInput]:
 
 
 OPS += [
-    OpInfo("unfold", F.unfold, unfold_samples, unfold_errors, FLOATS + (torch.bool,)),
+    OpInfo("unfold", F.unfold, unfold_samples, unfold_errors, FLOATS + (torch.bool,), variant="im2col"),
     OpInfo("fold", F.fold, fold_samples, fold_errors, FLOATS + (torch.bool,), tolerances=ACCUMULATING),
 ]
