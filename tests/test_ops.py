@@ -165,6 +165,8 @@ def decomposition_params() -> list:
 def test_op_decomposition_matches_eager(op: OpInfo, dtype: torch.dtype, index: int) -> None:
     if SELF_CHECK:
         pytest.skip("checks thunder_rs's decompositions")
+    if index in op.decomposition_skips:
+        pytest.skip("the decomposition cannot give eager's result here (see the OpInfo entry)")
     from thunder_rs.executors.torch_ex import decomposing
 
     sample = sample_at(op, dtype, "cpu", index)

@@ -96,6 +96,9 @@ class OpInfo:
     tolerances: Mapping[torch.dtype, Tolerance] = field(default_factory=dict)
     supports_grad: bool = True
     nondifferentiable: tuple[str, ...] = ()  # keyword arguments eager cannot differentiate
+    # Samples whose result the decomposition cannot give (the entry says why); the torch
+    # executor, which runs the op whole, is still checked on them.
+    decomposition_skips: tuple[int, ...] = ()
 
     @property
     def id(self) -> str:

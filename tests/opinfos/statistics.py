@@ -162,7 +162,9 @@ def isin_errors() -> Iterable[ErrorInput]:
 OPS = [
     OpInfo("kthvalue", torch.kthvalue, kthvalue_samples, kthvalue_errors, NUMERIC),
     OpInfo("median", torch.median, median_samples, median_errors, NUMERIC),
-    OpInfo("nanmedian", torch.nanmedian, median_samples, median_errors, NUMERIC),
+    # Of a row of NaNs eager returns the index its quickselect stops at (0, 0, 0, 2, 2, 3, 5 for
+    # 1 to 7 elements); the decomposition returns the first.
+    OpInfo("nanmedian", torch.nanmedian, median_samples, median_errors, NUMERIC, decomposition_skips=(8,)),
     OpInfo("quantile", torch.quantile, quantile_samples, quantile_errors),
     OpInfo("nanquantile", torch.nanquantile, quantile_samples, quantile_errors),
     OpInfo("mode", torch.mode, mode_samples, median_errors, NUMERIC),
