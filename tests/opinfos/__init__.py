@@ -3,7 +3,7 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import conv, creation, elementwise, indexing, linalg, nn, reductions, scan, shape
+from . import autograd, conv, creation, elementwise, indexing, linalg, nn, reductions, scan, shape
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [
@@ -16,6 +16,7 @@ OPINFOS: list[OpInfo] = [
     *linalg.OPS,
     *nn.OPS,
     *conv.OPS,
+    *autograd.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]
