@@ -1,4 +1,5 @@
-"""Creation and conversion ops: arange, zeros, ones, full, the *_like ops, tril, triu, to, type_as.
+"""Creation and conversion ops: arange, zeros, ones, full, empty, the *_like and Tensor.new_* ops, tril,
+triu, to, type_as, type and the conversion methods.
 
 Creation ops take no tensor: their samples pass sizes, fill values, `dtype` and `device`. Samples that
 leave the dtype to inference are listed once, under float32 (the default dtype).
@@ -67,6 +68,52 @@ def negative_size_errors(*args) -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput((-1, 3), *args), RuntimeError)
 
 
+# empty's values are unspecified: the samples write over them (fill_), which keeps the result's
+# shape, dtype and device under test.
+def _empty_filled(*sizes, **kwargs):
+    return torch.empty(*sizes, **kwargs).fill_(2)
+
+
+def _empty_like_filled(a, **kwargs):
+    return torch.empty_like(a, **kwargs).fill_(2)
+
+
+def _new_empty_filled(a, *sizes, **kwargs):
+    return a.new_empty(*sizes, **kwargs).fill_(2)
+
+
+def new_samples(dtype: torch.dtype, device: str, *fill) -> Iterable[SampleInput]:
+    """``a.new_*(size, *fill)``: dtype and device default to ``a``'s; sizes as a tuple, empty, 0-dim,
+    and with another dtype."""
+    a = make((3,), dtype, device)
+    yield SampleInput(a, (2, 3), *fill)
+    yield SampleInput(a, (), *fill)
+    yield SampleInput(a, (0, 3), *fill)
+    yield SampleInput(transposed((3, 4), dtype, device), [4], *fill)
+    yield SampleInput(a, (2, 2), *fill, dtype=torch.float64)
+    yield SampleInput(a, torch.Size([2, 1]), *fill, device=device)
+
+
+def new_vararg_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """new_zeros/new_ones/new_empty also take the sizes as varargs."""
+    yield from new_samples(dtype, device)
+    yield SampleInput(make((3,), dtype, device), 2, 3)
+    yield SampleInput(make((3,), dtype, device), 4, dtype=torch.int64)
+
+
+def new_full_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    yield from new_samples(dtype, device, 2)
+    yield SampleInput(make((3,), dtype, device), (2, 3), 2.5)  # cast to a's dtype, truncating
+    yield SampleInput(make((3,), dtype, device), (2, 3), True)
+
+
+def new_size_errors(*fill):
+    def errors() -> Iterable[ErrorInput]:
+        yield ErrorInput(SampleInput(cpu((3,)), (-1, 3), *fill), RuntimeError)
+
+    return errors
+
+
 def _zeros_in_fn(a):
     return a + torch.zeros(a.shape[-1:], dtype=a.dtype, device=a.device)
 
@@ -117,6 +164,30 @@ def _to_by_methods(a):
     return a.float(), a.double(), a.long(), a.int(), a.bool()
 
 
+def _to_narrow_by_methods(a):
+    return a.half(), a.bfloat16(), a.char(), a.short()
+
+
+def _to_byte(a):
+    return a.byte()
+
+
+def type_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """``Tensor.type``: the type name (no dtype), a dtype, or a legacy type name."""
+    x = make((3, 4), dtype, device)
+    yield SampleInput(x)
+    for target in (torch.float64, torch.int32, torch.bool, dtype):
+        yield SampleInput(x, target)
+    yield SampleInput(x, "torch.DoubleTensor")
+    yield SampleInput(transposed((3, 4), dtype, device), "torch.IntTensor")
+    yield SampleInput(make((), dtype, device), dtype=torch.float32)
+    yield SampleInput(make((0, 2), dtype, device), torch.int64)
+
+
+def type_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,)), "torch.NoSuchTensor"), ValueError)
+
+
 def type_as_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     for target in ALL:
         yield SampleInput(make((3, 4), dtype, device), make((2,), target, device))
@@ -130,12 +201,23 @@ OPS = [
     OpInfo("zeros", _zeros_in_fn, FINITE, dtypes=ALL, variant="in_fn"),
     OpInfo("ones", torch.ones, filled_samples, negative_size_errors, ALL, supports_grad=False),
     OpInfo("full", torch.full, full_samples, partial(negative_size_errors, 1.0), ALL, supports_grad=False),
+    OpInfo("empty", _empty_filled, filled_samples, negative_size_errors, ALL, supports_grad=False),
     OpInfo("zeros_like", torch.zeros_like, FINITE, dtypes=ALL),
     OpInfo("ones_like", torch.ones_like, with_kwargs(FINITE, dtype=torch.float64), dtypes=ALL),
     OpInfo("full_like", _full_like, FINITE, dtypes=ALL),
+    OpInfo("empty_like", _empty_like_filled, FINITE, dtypes=ALL),
+    OpInfo("empty_like", _empty_like_filled, with_kwargs(FINITE, dtype=torch.int64), dtypes=ALL, variant="dtype"),
+    OpInfo("new_zeros", torch.Tensor.new_zeros, new_vararg_samples, new_size_errors(), ALL, supports_grad=False),
+    OpInfo("new_ones", torch.Tensor.new_ones, new_vararg_samples, new_size_errors(), ALL, supports_grad=False),
+    OpInfo("new_empty", _new_empty_filled, new_vararg_samples, new_size_errors(), ALL, supports_grad=False),
+    OpInfo("new_full", torch.Tensor.new_full, new_full_samples, new_size_errors(1), ALL, supports_grad=False),
     OpInfo("tril", torch.tril, TRIANGLES, triangle_errors, ALL),
     OpInfo("triu", torch.triu, TRIANGLES, triangle_errors, ALL),
     OpInfo("to", torch.Tensor.to, to_samples, to_errors, ALL),
     OpInfo("to", _to_by_methods, FINITE, dtypes=ALL, variant="methods"),
+    OpInfo("to", _to_narrow_by_methods, FINITE, dtypes=ALL, variant="narrow_methods"),
+    # Negative floats have no uint8 value (C leaves the conversion undefined).
+    OpInfo("to", _to_byte, partial(FINITE, low=0), dtypes=ALL, variant="byte"),
+    OpInfo("type", torch.Tensor.type, type_samples, type_errors, ALL),
     OpInfo("type_as", torch.Tensor.type_as, type_as_samples, dtypes=ALL),
 ]

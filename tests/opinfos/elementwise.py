@@ -283,6 +283,7 @@ BINARY = {
     "sub": Binary(torch.sub, operator.sub, **NUMERIC_NO_BOOL, samples=NO_BOOL_SCALAR, errors=(bool_subtrahend,)),
     "mul": Binary(torch.mul, operator.mul),
     "div": Binary(torch.div, operator.truediv, samples=DIVISION, errors=(bad_rounding_mode,)),
+    "true_divide": Binary(torch.true_divide, samples=DIVISION),
     # Eager has no derivative for floor_divide, nor for remainder with respect to the divisor.
     "floor_divide": Binary(torch.floor_divide, operator.floordiv, **INTEGER_DIVISION, grad=False),
     "remainder": Binary(torch.remainder, operator.mod, **INTEGER_DIVISION, scalar_lhs_grad=False),

@@ -1,4 +1,6 @@
-"""Indexing (`Tensor.__getitem__`): ints, slices, None, Ellipsis, and integer index tensors.
+"""Indexing (`Tensor.__getitem__`): ints, slices, None, Ellipsis, and integer index tensors; select,
+unbind, index_select, gather, take_along_dim, scatter_add, index_add; the scatter forms of views;
+topk, sort and argsort.
 
 Each basic index is written out in its own entry, as user code writes it, so the index is static.
 Boolean masks are left out: their result shape depends on the data.
@@ -6,12 +8,28 @@ Boolean masks are left out: their result shape depends on the data.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from functools import partial
 
 import torch
 
-from .core import ALL, ErrorInput, OpInfo, SampleInput, Strided, TensorSpec, Transposed, cases, cpu, make, tensor
+from .core import (
+    ALL,
+    NUMERIC,
+    ErrorInput,
+    OpInfo,
+    SampleInput,
+    Strided,
+    TensorSpec,
+    Transposed,
+    cases,
+    cpu,
+    make,
+    strided,
+    tensor,
+    transposed,
+)
 
 ANY = ((3, 4), (2, 3, 4), Transposed((3, 4)), Strided((2, 3, 4)))
 
@@ -117,6 +135,202 @@ TENSOR_OPS = [
     OpInfo("getitem", _index_pair, index_pair_samples, unbroadcastable_indices_error, ALL, variant="tensor_pair"),
     OpInfo("getitem", _index_apart, index_apart_samples, dtypes=ALL, variant="tensor_apart"),
 ]
+SELECTS = cases(
+    ((3, 4), 0, 1),
+    ((3, 4), 1, -1),
+    ((2, 3, 4), -1, 2),
+    ((5,), 0, 4),
+    ((3, 0), 0, 2),
+    (Transposed((3, 4)), 1, 0),
+    (Strided((2, 3, 4)), 2, 1),
+)
+
+
+def select_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu(()), 0, 0), IndexError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, 3), IndexError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, 0), IndexError)
+
+
+UNBINDS = cases(((3, 4),), ((3, 4), 1), ((2, 3, 4), -1), ((0, 3), 0), ((3, 0), 0), (Transposed((3, 4)), 1))
+
+
+def unbind_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu(())), IndexError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2), IndexError)
+
+
+def _indices(shape: tuple[int, ...], size: int, device: str, dtype=torch.int64) -> torch.Tensor:
+    """Non-negative indices into a dim of `size` (gather, scatter and index_add take no negative ones)."""
+    return torch.randint(0, max(size, 1), shape, dtype=dtype, device=device)
+
+
+def index_select_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for spec, dim in (((3, 4), 0), ((3, 4), 1), ((2, 3, 4), -1), (Transposed((3, 4)), 0), (Strided((2, 3, 4)), 2)):
+        x = tensor(spec, dtype, device)
+        yield SampleInput(x, dim, _indices((5,), x.shape[dim], device))
+    x = make((3, 4), dtype, device)
+    yield SampleInput(x, 1, _indices((), 4, device))
+    yield SampleInput(x, 0, _indices((0,), 3, device))
+    yield SampleInput(x, 1, _indices((3,), 4, device, torch.int32))
+    yield SampleInput(make((0, 4), dtype, device), 1, _indices((2,), 4, device))
+
+
+def index_select_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, torch.zeros(2, 2, dtype=torch.int64)), IndexError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, torch.zeros(2)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, torch.zeros(2, dtype=torch.int64)), IndexError)
+
+
+def gather_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Index tensors of the input's rank, no larger than it apart from the gathered dim."""
+    for spec, dim, index_shape in (
+        ((3, 4), 0, (5, 4)),
+        ((3, 4), 1, (3, 2)),
+        ((3, 4), 1, (2, 2)),
+        ((2, 3, 4), -1, (2, 3, 6)),
+        ((3, 4), 0, (0, 4)),
+        (Transposed((3, 4)), 0, (2, 4)),
+        (Strided((2, 3, 4)), 1, (2, 2, 2)),
+    ):
+        x = tensor(spec, dtype, device)
+        yield SampleInput(x, dim, _indices(index_shape, x.shape[dim], device))
+    yield SampleInput(make((), dtype, device), 0, _indices((), 1, device))
+    yield SampleInput(make((3, 4), dtype, device), 1, _indices((4, 3), 4, device).mT)  # a non-contiguous index
+
+
+def gather_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, torch.zeros(2, dtype=torch.int64)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, torch.zeros(2, 5, dtype=torch.int64)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, torch.zeros(2, 4)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, torch.zeros(2, 4, dtype=torch.int64)), IndexError)
+
+
+def take_along_dim_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Indices of the input's rank that broadcast with it off the dim, then flat indices (no dim)."""
+    x = make((3, 4), dtype, device)
+    yield SampleInput(x, _indices((3, 2), 4, device), 1)
+    yield SampleInput(x, _indices((1, 5), 4, device), 1)
+    yield SampleInput(x, _indices((2, 1), 3, device), 0)
+    yield SampleInput(make((2, 1, 4), dtype, device), _indices((1, 3, 2), 4, device), -1)
+    yield SampleInput(x, _indices((5,), 12, device))
+    yield SampleInput(x, _indices((3, 0), 4, device), 1)
+    yield SampleInput(transposed((3, 4), dtype, device), torch.argsort(make((3, 4), torch.float32, device), 1), 1)
+    yield SampleInput(x, _indices((3, 4), 4, device), dim=-1)
+
+
+def take_along_dim_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.zeros(3, 2, dtype=torch.int32), 1), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.zeros(2, dtype=torch.int64), 1), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.zeros(3, 2, dtype=torch.int64), 2), IndexError)
+
+
+def scatter_add_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Indices (repeated ones add up) no larger than `src`, nor than the input off the dim."""
+    for spec, dim, index_shape, src_shape in (
+        ((3, 4), 0, (2, 4), (2, 4)),
+        ((3, 4), 1, (3, 6), (3, 6)),
+        ((3, 4), 0, (2, 2), (3, 5)),
+        ((2, 3, 4), -1, (2, 3, 2), (2, 3, 2)),
+        ((3, 4), 0, (0, 4), (0, 4)),
+        (Transposed((3, 4)), 1, (3, 2), (3, 2)),
+    ):
+        x = tensor(spec, dtype, device)
+        yield SampleInput(x, dim, _indices(index_shape, x.shape[dim], device), make(src_shape, dtype, device))
+    yield SampleInput(make((3, 4), dtype, device), 0, _indices((2, 4), 3, device), strided((2, 4), dtype, device))
+
+
+def scatter_add_errors() -> Iterable[ErrorInput]:
+    index = torch.zeros(2, 4, dtype=torch.int64)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, index, cpu((2, 4), torch.float64)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, torch.zeros(2, dtype=torch.int64), cpu((2, 4))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, index, cpu((1, 4))), RuntimeError)
+
+
+def index_add_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """`source` has the input's shape but for the indexed dim, one slice per index (repeats add up)."""
+    for spec, dim, count in (((5, 3), 0, 4), ((5, 3), 1, 2), ((2, 3, 4), -1, 6), (Transposed((5, 3)), 0, 3), ((5, 3), 0, 0)):
+        x = tensor(spec, dtype, device)
+        shape = list(x.shape)
+        shape[dim] = count
+        yield SampleInput(x, dim, _indices((count,), x.shape[dim], device), make(tuple(shape), dtype, device))
+    x = make((5, 3), dtype, device)
+    yield SampleInput(x, 0, _indices((2,), 5, device, torch.int32), strided((2, 3), dtype, device))
+    yield SampleInput(x, 1, _indices((), 3, device), make((5, 1), dtype, device))
+    alpha = 2 if dtype in (torch.int64, torch.bool) else 0.5
+    yield SampleInput(x, 0, _indices((3,), 5, device), make((3, 3), dtype, device), alpha=alpha)
+
+
+def index_add_errors() -> Iterable[ErrorInput]:
+    index = torch.zeros(2, dtype=torch.int64)
+    yield ErrorInput(SampleInput(cpu((5, 3)), 0, index, cpu((2, 3), torch.float64)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((5, 3)), 0, index, cpu((3, 3))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((5, 3)), 0, index, cpu((2, 4))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((5, 3)), 0, torch.zeros(2, 2, dtype=torch.int64), cpu((4, 3))), IndexError)
+
+
+GATHER_OPS = [
+    OpInfo("select", torch.select, SELECTS, select_errors, ALL),
+    OpInfo("unbind", torch.unbind, UNBINDS, unbind_errors, ALL),
+    OpInfo("index_select", torch.index_select, index_select_samples, index_select_errors, ALL),
+    OpInfo("gather", torch.gather, gather_samples, gather_errors, ALL),
+    OpInfo("take_along_dim", torch.take_along_dim, take_along_dim_samples, take_along_dim_errors, ALL),
+    OpInfo("scatter_add", torch.scatter_add, scatter_add_samples, scatter_add_errors, NUMERIC),
+    OpInfo("index_add", torch.index_add, index_add_samples, index_add_errors, NUMERIC),
+]
+
+
+def _distinct(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Values without ties (ties leave the order of equal elements to the kernel), in `dtype`."""
+    values = torch.randperm(math.prod(shape), device=device).reshape(shape) - math.prod(shape) // 2
+    return values.to(dtype)
+
+
+def topk_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def x(shape):
+        return _distinct(shape, dtype, device)
+
+    yield SampleInput(x((3, 4)), 2)
+    yield SampleInput(x((3, 4)), 2, 0)
+    yield SampleInput(x((2, 3, 4)), 3, -1, False)
+    yield SampleInput(x((5,)), 5, largest=False)
+    yield SampleInput(x((3, 4)), 0)
+    yield SampleInput(x(()), 1)
+    yield SampleInput(x((0, 4)), 2, 1)
+    yield SampleInput(x((4, 3)).mT, 3, 1)
+
+
+def topk_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 5), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, 2), IndexError)
+
+
+def sort_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def x(shape):
+        return _distinct(shape, dtype, device)
+
+    yield SampleInput(x((3, 4)))
+    yield SampleInput(x((3, 4)), 0)
+    yield SampleInput(x((2, 3, 4)), 1, True)
+    yield SampleInput(x((5,)), descending=True)
+    yield SampleInput(x(()))
+    yield SampleInput(x((0, 4)), 1)
+    yield SampleInput(x((4, 3)).mT, 1)
+    # Stable sorts keep ties in input order, so repeated values are safe there.
+    yield SampleInput(make((3, 6), dtype, device, low=-2, high=2), stable=True)
+    yield SampleInput(make((6, 3), dtype, device, low=-2, high=2), stable=True, dim=0, descending=True)
+
+
+def sort_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2), IndexError)
+
+
+SORT_OPS = [
+    OpInfo("topk", torch.topk, topk_samples, topk_errors, NUMERIC),
+    OpInfo("sort", torch.sort, sort_samples, sort_errors, ALL),
+    OpInfo("argsort", torch.argsort, sort_samples, sort_errors, ALL, supports_grad=False),
+]
+
 
 def slice_scatter_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     def t(spec):
@@ -178,4 +392,4 @@ SCATTER_OPS = [
     OpInfo("diagonal_scatter", torch.diagonal_scatter, diagonal_scatter_samples, diagonal_scatter_errors, ALL),
 ]
 
-OPS = BASIC_OPS + TENSOR_OPS + SCATTER_OPS
+OPS = BASIC_OPS + TENSOR_OPS + GATHER_OPS + SCATTER_OPS + SORT_OPS

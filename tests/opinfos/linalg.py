@@ -128,6 +128,11 @@ def linear_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), cpu((5, 4), torch.float64)), RuntimeError)
 
 
+def _rmatmul(a, b):
+    """``a @ b`` as Python runs it when ``a`` has no ``__matmul__`` for ``b``: ``b.__rmatmul__(a)``."""
+    return b.__rmatmul__(a)
+
+
 OPS = [
     OpInfo("matmul", torch.matmul, pair_samples(MATMUL_SHAPES), matmul_errors, NUMERIC, tolerances=ACCUMULATING),
     OpInfo(
@@ -139,6 +144,7 @@ OPS = [
         variant="operator",
         tolerances=ACCUMULATING,
     ),
+    OpInfo("rmatmul", _rmatmul, pair_samples(MATMUL_SHAPES), matmul_errors, NUMERIC, tolerances=ACCUMULATING),
     OpInfo("bmm", torch.bmm, pair_samples(BMM_SHAPES), bmm_errors, NUMERIC, tolerances=ACCUMULATING),
     OpInfo("mm", torch.mm, pair_samples(MM_SHAPES), product_errors((3, 4), (4, 5)), NUMERIC, tolerances=ACCUMULATING),
     OpInfo("mv", torch.mv, pair_samples(MV_SHAPES), product_errors((3, 4), (4,)), NUMERIC, tolerances=ACCUMULATING),

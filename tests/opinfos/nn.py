@@ -158,7 +158,16 @@ def dropout_errors() -> Iterable[ErrorInput]:
 
 # Only dropout calls with a deterministic result are compared here; the statistics of p=0.25 are
 # checked in test_ops.py.
+def _dropout_scaling(a, p=0.5):
+    """Which elements dropout keeps is random; that the kept ones are scaled by 1 / (1 - p) and the
+    others zeroed is not: zero wherever dropout behaves (and a gradient that is zero too)."""
+    out = F.dropout(a, p, training=True)
+    return torch.where(out == 0, 0.0, out * (1 - p) - a)
+
+
 DROPOUT_OPS = [
+    OpInfo("dropout", _dropout_scaling, partial(unary_samples, exclude_zero=True, extremal_values=False),
+           variant="scaling"),
     OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=0.0, training=True), dropout_errors, variant="p0"),
     OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=0.5, training=False), variant="eval"),
     OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=1.0, training=True), variant="p1"),

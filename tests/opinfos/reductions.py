@@ -1,8 +1,10 @@
-"""Reductions: sum, mean, var, std, amax, max (full and along a dim), argmax."""
+"""Reductions: sum, prod, mean, var, std (and their _mean forms), amax/amin, max/min (full, along a dim
+and elementwise), argmax/argmin, all/any, count_nonzero, logsumexp."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+import math
 from functools import partial
 
 import torch
@@ -16,6 +18,7 @@ from .core import (
     OpInfo,
     SampleInput,
     chain_errors,
+    chain_samples,
     cpu,
     make,
     strided,
@@ -128,11 +131,52 @@ def rejects_bool() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4), torch.bool)), NotImplementedError)
 
 
+def count_nonzero_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """count_nonzero takes no keepdim: every dim, one, a tuple, on each layout; zeros are common."""
+    x = make((3, 4), dtype, device, low=-1, high=2) if dtype != torch.bool else make((3, 4), dtype, device)
+    x = x.round() if dtype.is_floating_point else x
+    yield SampleInput(x)
+    yield SampleInput(x, 0)
+    yield SampleInput(x, (-1, 0))
+    yield SampleInput(x, ())
+    yield SampleInput(make((), dtype, device))
+    yield SampleInput(make((), dtype, device), 0)
+    yield SampleInput(make((0, 3), dtype, device), 1)
+    yield SampleInput(transposed((3, 4), dtype, device), 1)
+    yield SampleInput(strided((2, 3, 4), dtype, device), (0, 2))
+
+
+def logsumexp_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """The reductions with a dim, then large and infinite values (the shift by the maximum)."""
+    # Eager's logsumexp rejects an empty tuple of dims, which other reductions read as every dim.
+    for sample in reduction_samples(dtype, device, dims=frozenset({"int", "tuple"})):
+        if sample.args[1:] != ((),):
+            yield sample
+    big = torch.tensor([[1e3, 1e3 - 1, -1e3], [-math.inf, -math.inf, -math.inf], [math.inf, 0, 1]], device=device)
+    yield SampleInput(big.to(dtype), 1)
+
+
+def _min_values(x, dim, keepdim=False):
+    return x.min(dim, keepdim=keepdim).values
+
+
+def _elementwise_min(a, b):
+    return torch.min(a, b)
+
+
+def elementwise_extremum_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """torch.max/min of two tensors: equal shapes, broadcasting, 0-dim, empty, non-contiguous."""
+    for lhs, rhs in (((3, 4), (3, 4)), ((3, 4), (4,)), ((3, 1), (1, 4)), ((), (3, 4)), ((0, 3), (3,))):
+        yield SampleInput(make(lhs, dtype, device), make(rhs, dtype, device))
+    yield SampleInput(transposed((3, 4), dtype, device), strided((3, 4), dtype, device))
+
+
 def _max_values(x, dim, keepdim=False):
     return x.max(dim, keepdim=keepdim).values
 
 
 INT_DIM_ERRORS = partial(dim_errors, tuple_dims=False)
+PROD_SAMPLES = partial(reduction_samples, dims=frozenset({"omitted", "int"}))
 FLOAT_ONLY_ERRORS = chain_errors(dim_errors, rejects_int)
 DIM_SAMPLES = partial(reduction_samples, dims=frozenset({"int"}), identity=False)
 
@@ -147,15 +191,24 @@ OPS = [
         variant="dtype",
         tolerances=ACCUMULATING,
     ),
+    # prod takes one int dim (or none); integers and bools multiply in int64.
+    OpInfo("prod", torch.prod, PROD_SAMPLES, INT_DIM_ERRORS, ALL, tolerances=ACCUMULATING),
+    OpInfo("prod", torch.prod, with_kwargs(PROD_SAMPLES, dtype=torch.float64), dtypes=NUMERIC, variant="dtype",
+           tolerances=ACCUMULATING),
     OpInfo("mean", torch.mean, reduction_samples, FLOAT_ONLY_ERRORS, tolerances=ACCUMULATING),
     OpInfo("var", torch.var, var_samples, FLOAT_ONLY_ERRORS, tolerances=ACCUMULATING),
     OpInfo("std", torch.std, var_samples, FLOAT_ONLY_ERRORS, tolerances=ACCUMULATING),
-    OpInfo(
-        "amax",
-        torch.amax,
-        partial(reduction_samples, identity=False),
-        chain_errors(dim_errors, empty_dim_error, empty_full_error(RuntimeError)),
-        ALL,
+    OpInfo("var_mean", torch.var_mean, var_samples, FLOAT_ONLY_ERRORS, tolerances=ACCUMULATING),
+    OpInfo("std_mean", torch.std_mean, var_samples, FLOAT_ONLY_ERRORS, tolerances=ACCUMULATING),
+    *(
+        OpInfo(
+            name,
+            getattr(torch, name),
+            partial(reduction_samples, identity=False),
+            chain_errors(dim_errors, empty_dim_error, empty_full_error(RuntimeError)),
+            ALL,
+        )
+        for name in ("amax", "amin")
     ),
     OpInfo(
         "max",
@@ -165,15 +218,33 @@ OPS = [
         ALL,
         variant="full",
     ),
-    # max along a dim returns (values, indices); indices point at the first maximum.
+    OpInfo(
+        "min",
+        torch.min,
+        partial(reduction_samples, dims=frozenset({"omitted"}), identity=False),
+        empty_full_error(RuntimeError),
+        ALL,
+        variant="full",
+    ),
+    # max/min along a dim return (values, indices); indices point at the first extremum.
     OpInfo("max", torch.max, DIM_SAMPLES, chain_errors(INT_DIM_ERRORS, empty_dim_error), ALL, variant="dim"),
     OpInfo("max", _max_values, DIM_SAMPLES, dtypes=FLOATS, variant="dim_values"),
-    OpInfo(
-        "argmax",
-        torch.argmax,
-        partial(reduction_samples, dims=frozenset({"omitted", "None", "int"}), identity=False),
-        chain_errors(INT_DIM_ERRORS, empty_full_error(IndexError), rejects_bool),
-        NUMERIC,
-        supports_grad=False,
+    OpInfo("min", torch.min, DIM_SAMPLES, chain_errors(INT_DIM_ERRORS, empty_dim_error), ALL, variant="dim"),
+    OpInfo("min", _min_values, DIM_SAMPLES, dtypes=FLOATS, variant="dim_values"),
+    OpInfo("min", _elementwise_min, elementwise_extremum_samples, dtypes=ALL, variant="elementwise"),
+    *(
+        OpInfo(
+            name,
+            getattr(torch, name),
+            partial(reduction_samples, dims=frozenset({"omitted", "None", "int"}), identity=False),
+            chain_errors(INT_DIM_ERRORS, empty_full_error(IndexError), rejects_bool),
+            NUMERIC,
+            supports_grad=False,
+        )
+        for name in ("argmax", "argmin")
     ),
+    # all/any give bool (uint8 for uint8 input) whatever the input dtype, and have an identity.
+    *(OpInfo(name, getattr(torch, name), reduction_samples, dim_errors, ALL, supports_grad=False) for name in ("all", "any")),
+    OpInfo("count_nonzero", torch.count_nonzero, count_nonzero_samples, dim_errors, ALL, supports_grad=False),
+    OpInfo("logsumexp", torch.logsumexp, logsumexp_samples, dim_errors, NUMERIC, tolerances=ACCUMULATING),
 ]

@@ -1,5 +1,6 @@
-"""Shape ops: reshape, view, permute, transpose, contiguous, expand, (un)squeeze, flatten, cat, stack,
-split, chunk, pad. Most take one tensor plus static arguments, so their samples are case tables."""
+"""Shape ops: reshape, view, permute, transpose, movedim, contiguous, expand, (un)squeeze, flatten,
+cat, stack, split, chunk, repeat, flip, pad. Most take one tensor plus static arguments, so their
+samples are case tables."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .core import (
     cases,
     chain_samples,
     cpu,
+    make,
     tensor,
 )
 from .elementwise import unary_samples
@@ -61,6 +63,32 @@ def view_errors() -> Iterable[ErrorInput]:
     yield from reshape_errors()
 
 
+# (spec, the shape of `other`): view_as and reshape_as take the shape from a tensor of any dtype.
+SHAPE_AS_ROWS = (
+    ((3, 4), (12,)),
+    ((3, 4), (2, 6)),
+    ((2, 3, 4), (4, 1, 6)),
+    ((), (1,)),
+    ((1,), ()),
+    ((0, 3), (3, 0)),
+)
+NONCONTIGUOUS_SHAPE_AS_ROWS = ((Transposed((3, 4)), (3, 2, 2)), (Strided((2, 3, 4)), (6, 4)))
+
+
+def shape_as(*rows: tuple):
+    """A sample generator for view_as/reshape_as from rows of (spec, shape of `other`)."""
+
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        for spec, shape in rows:
+            yield SampleInput(tensor(spec, dtype, device), make(shape, torch.float64, device))
+
+    return generate
+
+
+def shape_as_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((5, 3))), RuntimeError)
+
+
 def splatted(rows: tuple) -> tuple:
     """Rows of (spec, sizes) as (spec, *sizes), for methods that take sizes as varargs."""
     return tuple((spec, *sizes) for spec, sizes in rows if sizes)
@@ -93,6 +121,63 @@ TRANSPOSES = cases(
     (Transposed((3, 4)), 0, 1),
 )
 
+UNFLATTENS = cases(
+    ((3, 4), 1, (2, 2)),
+    ((3, 4), 0, (3, 1)),
+    ((2, 6), -1, (2, -1)),
+    ((5,), 0, [5]),
+    ((0, 4), 1, (2, 2)),
+    ((0, 4), 0, (0, 1)),
+    (Transposed((3, 4)), 1, (2, 2)),
+    (Strided((2, 6)), 1, (3, 2)),
+)
+
+
+def unflatten_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 1, (3, 2)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 1, ()), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, (2, 2)), IndexError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 1, (-1, -1)), RuntimeError)
+
+
+# t() takes tensors of at most 2 dims; `.T` reverses every dim; `.mT` swaps the last two.
+MATRIX_TRANSPOSES = cases(((),), ((5,),), ((3, 4),), ((0, 3),), (Transposed((3, 4)),), (Strided((3, 4)),))
+BATCH_TRANSPOSES = cases(((3, 4),), ((2, 3, 4),), ((2, 0, 3),), (Transposed((3, 4)),), (Strided((2, 3, 4)),))
+
+
+def t_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 3, 4))), RuntimeError)
+
+
+def mT_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,))), RuntimeError)
+
+
+def _T(a):
+    return a.T
+
+
+def _mT(a):
+    return a.mT
+
+
+MOVEDIMS = cases(
+    ((2, 3, 4), 0, 2),
+    ((2, 3, 4), -1, 0),
+    ((2, 3, 4), (0, 1), (2, 0)),
+    ((2, 3, 4), [2, 0, 1], [0, 1, 2]),
+    ((), 0, -1),
+    ((3, 0), 0, 1),
+    (Transposed((3, 4)), 0, 1),
+    (Strided((2, 3, 4)), (1,), (2,)),
+)
+
+
+def movedim_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 3, 4)), (0, 1), (0,)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 3, 4)), (0, 0), (1, 2)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 3, 4)), 3, 0), IndexError)
+
 
 def dim_out_of_range(*args) -> Iterable[ErrorInput]:
     """A dim just past the end of a 2-D tensor, followed by `args`."""
@@ -115,6 +200,32 @@ def expand_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), 5, 4), RuntimeError)
     yield ErrorInput(SampleInput(cpu((3, 4)), 4), RuntimeError)
     yield ErrorInput(SampleInput(cpu((3, 4)), -1, 3, 4), RuntimeError)  # -1 in a new leading dim
+
+
+def expand_as_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Each case of EXPANDS, the target shape given by a tensor (of another dtype: only its shape counts)."""
+    for sample in EXPANDS(dtype, device):
+        a, *sizes = sample.args
+        shape = tuple(s if s != -1 else a.shape[i - (len(sizes) - a.ndim)] for i, s in enumerate(sizes))
+        yield SampleInput(a, make(shape, torch.float64, device))
+
+
+def expand_as_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((5, 4))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((4,))), RuntimeError)
+
+
+def broadcast_to_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for sample in EXPANDS(dtype, device):
+        a, *sizes = sample.args
+        yield SampleInput(a, tuple(sizes))
+    yield SampleInput(make((3, 1), dtype, device), torch.Size([2, 3, 5]))
+
+
+def broadcast_to_errors() -> Iterable[ErrorInput]:
+    for error in expand_errors():
+        a, *sizes = error.sample.args
+        yield ErrorInput(SampleInput(a, tuple(sizes)), error.exc_type)
 
 
 UNSQUEEZES = cases(
@@ -203,6 +314,58 @@ def stack_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput([cpu((3, 4)), cpu((3, 4))], 3), IndexError)
 
 
+ATLEAST = cases(((),), ((5,),), ((3, 4),), ((2, 3, 4),), ((0,),), (Transposed((3, 4)),))
+
+
+def atleast_many_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Several tensors at once, as varargs and as one list: a tuple comes back."""
+    tensors = [make(shape, dtype, device) for shape in ((), (3,), (2, 3))]
+    yield SampleInput(*tensors)
+    yield SampleInput(tensors)
+
+
+def concatenate_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """cat's samples, then the dim given as numpy's `axis` keyword."""
+    yield from cat_samples(dtype, device)
+    yield SampleInput([make((3, 4), dtype, device), make((3, 2), dtype, device)], axis=-1)
+
+
+def hstack_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """1-D tensors (and 0-dim ones, made 1-D) join along dim 0, others along dim 1."""
+
+    def t(spec, dt=dtype):
+        return tensor(spec, dt, device)
+
+    yield SampleInput([t((3,)), t((2,))])
+    yield SampleInput([t(()), t((2,)), t(())])
+    yield SampleInput([t((3, 4)), t((3, 2))])
+    yield SampleInput([t((2, 3, 4)), t((2, 1, 4))])
+    yield SampleInput([t((3, 4)), t((3, 0))])
+    yield SampleInput([t(Transposed((3, 4))), t(Strided((3, 4)))])
+    yield SampleInput([t((3,)), t((2,), PROMOTION_PARTNER[dtype])])
+
+
+def vstack_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """0-dim and 1-D tensors become rows; others join along dim 0."""
+
+    def t(spec, dt=dtype):
+        return tensor(spec, dt, device)
+
+    yield SampleInput([t((3,)), t((3,))])
+    yield SampleInput([t(()), t(())])
+    yield SampleInput([t((3,)), t((2, 3))])
+    yield SampleInput([t((2, 3, 4)), t((1, 3, 4))])
+    yield SampleInput([t((0, 4)), t((2, 4))])
+    yield SampleInput([t(Transposed((3, 4))), t(Strided((3, 4)))])
+    yield SampleInput([t((2, 3)), t((3,), PROMOTION_PARTNER[dtype])])
+
+
+def stack_like_errors() -> Iterable[ErrorInput]:
+    """hstack/vstack: sizes that do not line up, and no tensors at all."""
+    yield ErrorInput(SampleInput([cpu((3, 4)), cpu((2, 5))]), RuntimeError)
+    yield ErrorInput(SampleInput([]), RuntimeError)
+
+
 SPLITS = cases(
     ((5, 4), 2, 0),  # the last piece is shorter
     ((5, 4), [1, 4], 0),
@@ -233,6 +396,45 @@ CHUNKS = cases(
 def chunk_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), 0), RuntimeError)
     yield ErrorInput(SampleInput(cpu((3, 4)), 2, 2), IndexError)
+
+
+# `Tensor.repeat` takes the repeats as varargs or one sequence; extra repeats add leading dims.
+REPEATS = cases(
+    ((3, 4), 2, 1),
+    ((3,), 2, 2),
+    ((3, 4), (1, 2, 3)),
+    ((), 3),
+    ((), ()),
+    ((2, 0), 2, 2),
+    ((3, 4), 0, 1),
+    (Transposed((3, 4)), 1, 2, 1),
+    (Strided((2, 3, 4)), 2, 1, 1),
+)
+
+
+def repeat_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, -1), RuntimeError)
+
+
+# flip copies: eager returns a new tensor even when `dims` is empty.
+FLIP_ROWS = (
+    ((3, 4), (0,)),
+    ((3, 4), (0, 1)),
+    ((2, 3, 4), [-1, 0]),
+    ((5,), (0,)),
+    ((), ()),
+    ((3, 4), ()),
+    ((0, 3), (1,)),
+    (Transposed((3, 4)), (1,)),
+    (Strided((2, 3, 4)), (2,)),
+)
+FLIPS = cases(*FLIP_ROWS)
+
+
+def flip_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), (0, 0)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), (2,)), IndexError)
 
 
 # F.pad: (left, right) pairs from the last dim backwards; negative amounts crop. Values as the
@@ -272,16 +474,39 @@ OPS = [
     OpInfo("reshape", torch.reshape, chain_samples(RESHAPES, NONCONTIGUOUS_RESHAPES), reshape_errors, ALL),
     OpInfo("reshape", torch.Tensor.reshape, cases(*splatted(RESHAPE_ROWS)), dtypes=ALL, variant="method"),
     OpInfo("view", torch.Tensor.view, chain_samples(RESHAPES, NONCONTIGUOUS_VIEWS), view_errors, ALL),
+    OpInfo("view_as", torch.Tensor.view_as, shape_as(*SHAPE_AS_ROWS, *NONCONTIGUOUS_SHAPE_AS_ROWS[:1]), shape_as_errors, ALL),
+    OpInfo("reshape_as", torch.Tensor.reshape_as, shape_as(*SHAPE_AS_ROWS, *NONCONTIGUOUS_SHAPE_AS_ROWS), shape_as_errors, ALL),
+    OpInfo("ravel", torch.ravel, unary_samples, dtypes=ALL),
+    OpInfo("unflatten", torch.unflatten, UNFLATTENS, unflatten_errors, ALL),
+    OpInfo("unflatten", torch.Tensor.unflatten, UNFLATTENS, dtypes=ALL, variant="method"),
     OpInfo("permute", torch.permute, PERMUTES, permute_errors, ALL),
     OpInfo("permute", torch.Tensor.permute, cases(*splatted(PERMUTE_ROWS)), dtypes=ALL, variant="method"),
     OpInfo("transpose", torch.transpose, TRANSPOSES, lambda: dim_out_of_range(0), ALL),
+    OpInfo("swapaxes", torch.swapaxes, TRANSPOSES, lambda: dim_out_of_range(0), ALL),
+    OpInfo("t", torch.t, MATRIX_TRANSPOSES, t_errors, ALL),
+    OpInfo("T", _T, cases(((),), ((3, 4),), ((0, 3),), (Transposed((3, 4)),)), dtypes=ALL),
+    OpInfo("mT", _mT, BATCH_TRANSPOSES, mT_errors, ALL),
+    OpInfo("movedim", torch.movedim, MOVEDIMS, movedim_errors, ALL),
+    OpInfo("movedim", torch.Tensor.moveaxis, MOVEDIMS, dtypes=ALL, variant="moveaxis"),
     OpInfo("contiguous", torch.Tensor.contiguous, unary_samples, dtypes=ALL),
     OpInfo("expand", torch.Tensor.expand, EXPANDS, expand_errors, ALL),
+    OpInfo("expand_as", torch.Tensor.expand_as, expand_as_samples, expand_as_errors, ALL),
+    OpInfo("broadcast_to", torch.broadcast_to, broadcast_to_samples, broadcast_to_errors, ALL),
     OpInfo("unsqueeze", torch.unsqueeze, UNSQUEEZES, unsqueeze_errors, ALL),
     OpInfo("squeeze", torch.squeeze, SQUEEZES, dim_out_of_range, ALL),
+    OpInfo("atleast_1d", torch.atleast_1d, ATLEAST, dtypes=ALL),
+    OpInfo("atleast_1d", torch.atleast_1d, atleast_many_samples, dtypes=ALL, variant="many"),
+    OpInfo("atleast_2d", torch.atleast_2d, ATLEAST, dtypes=ALL),
+    OpInfo("atleast_2d", torch.atleast_2d, atleast_many_samples, dtypes=ALL, variant="many"),
     OpInfo("flatten", torch.flatten, FLATTENS, flatten_errors, ALL),
     OpInfo("cat", torch.cat, cat_samples, cat_errors, ALL),
+    OpInfo("concatenate", torch.concatenate, concatenate_samples, cat_errors, ALL),
     OpInfo("stack", torch.stack, stack_samples, stack_errors, ALL),
+    OpInfo("hstack", torch.hstack, hstack_samples, stack_like_errors, ALL),
+    OpInfo("vstack", torch.vstack, vstack_samples, stack_like_errors, ALL),
     OpInfo("split", torch.split, SPLITS, split_errors, ALL),
     OpInfo("chunk", torch.chunk, CHUNKS, chunk_errors, ALL),
+    OpInfo("repeat", torch.Tensor.repeat, REPEATS, repeat_errors, ALL),
+    OpInfo("flip", torch.flip, FLIPS, flip_errors, ALL),
+    OpInfo("flip", torch.Tensor.flip, cases(*splatted(FLIP_ROWS)), dtypes=ALL, variant="method"),
 ]

@@ -26,14 +26,16 @@ def detach(a):
         return prims.convert_element_type(a, a.dtype)
 
 
-@torchsymbol(torch.Tensor.requires_grad_)
 def requires_grad_(a, requires_grad=True):
+    """``a.requires_grad_(flag)``. Not a symbol: it records no call but changes the flag of a
+    recorded value, and returns ``a`` itself (a composite returning its input would dissolve)."""
     flag = bool(requires_grad)
     if flag != a.requires_grad:
         try:
             current().set_requires_grad(a._vid, flag)
         except ThunderError as e:
-            e.args = (f"{e.args[0].removeprefix('requires_grad_: ')} (at {user_location()})", *e.args[1:])
+            message = e.args[0].removeprefix("requires_grad_: ")
+            e.args = (f"ltorch.requires_grad_: {message} (at {user_location()})", *e.args[1:])
             raise
         with torch._C.DisableTorchFunctionSubclass():
             torch.Tensor.requires_grad_(a, flag)
@@ -55,5 +57,6 @@ def _set_requires_grad(a, requires_grad):
     requires_grad_(a, requires_grad)
 
 
+TORCH_TO_LTORCH[torch.Tensor.requires_grad_] = requires_grad_
 # Assigning a tensor property calls its descriptor's ``__set__`` through ``__torch_function__``.
 TORCH_TO_LTORCH[torch._C.TensorBase.requires_grad.__set__] = _set_requires_grad

@@ -45,14 +45,16 @@ def _define_binary(name: str, kind: int, dunders=(), reflected=()):
     return binary
 
 
-#: The operators of the derived symbols: (dunders, reflected dunders).
+#: The operators of the derived symbols: (dunders, reflected dunders). Only reflected dunders that
+#: torch writes in Python reach ``__torch_function__`` as themselves: ``__radd__``, ``__rmul__``,
+#: ``__rand__``, ``__ror__`` and ``__rxor__`` are C methods that dispatch as ``Tensor.add(a, 2)``
+#: and so on, which the forward symbols take, so they have no symbol of their own.
 _OPERATORS = {
     "neg": (("__neg__",), ()), "abs": (("__abs__",), ()), "bitwise_not": (("__invert__",), ()),
-    "mul": (("__mul__",), ("__rmul__",)), "pow": (("__pow__",), ("__rpow__",)),
+    "mul": (("__mul__",), ()), "pow": (("__pow__",), ("__rpow__",)),
     "remainder": (("__mod__",), ("__rmod__",)), "eq": (("__eq__",), ()), "ne": (("__ne__",), ()),
     "lt": (("__lt__",), ()), "le": (("__le__",), ()), "gt": (("__gt__",), ()), "ge": (("__ge__",), ()),
-    "bitwise_and": (("__and__",), ("__rand__",)), "bitwise_or": (("__or__",), ("__ror__",)),
-    "bitwise_xor": (("__xor__",), ("__rxor__",)),
+    "bitwise_and": (("__and__",), ()), "bitwise_or": (("__or__",), ()), "bitwise_xor": (("__xor__",), ()),
 }
 
 # One ltorch symbol per parameterless elementwise prim whose Rust declaration gives a promotion.
@@ -84,11 +86,6 @@ def _scaled(b, alpha, op):
 @torchsymbol(torch.add, T.add, T.__add__)
 def add(a, b, *, alpha=1):
     return clang.elementwise(prims.add, "ltorch.add", a, _scaled(b, alpha, "ltorch.add"))
-
-
-@torchsymbol(T.__radd__)
-def radd(a, b):
-    return clang.elementwise(prims.add, "ltorch.add", b, a)
 
 
 @torchsymbol(torch.sub, T.sub, T.__sub__)

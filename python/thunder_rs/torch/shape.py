@@ -246,9 +246,13 @@ def movedim(a, source, destination):
     return a if a.ndim == 0 else _permute_to(a, perm)
 
 
-@torchsymbol(Tensor.contiguous)
 def contiguous(a, memory_format=torch.contiguous_format):
+    """``Tensor.contiguous``: the tensor itself (``views`` gives a copy where eager makes one). Not a
+    symbol: a composite that returns its input dissolves from the trace, so it would never appear."""
     return a
+
+
+TORCH_TO_LTORCH[Tensor.contiguous] = contiguous
 
 
 @torchsymbol(torch.clone, Tensor.clone)
