@@ -77,10 +77,8 @@ OPS = [
     OpInfo("detach", _detached_product, unary_samples, dtypes=NUMERIC, variant="product"),
     OpInfo("detach", _data_product, unary_samples, dtypes=NUMERIC, variant="data"),
     OpInfo("requires_grad_", _fresh_leaf_product, unary_samples, requires_grad_errors),
-    # BUG (reported, not fixed here): thunder_rs lets the gradient of `x.detach().requires_grad_()`
-    # flow back through the detach to `x` (eager's result is a fresh leaf, so `x` gets none). Its
-    # gradients are left out of the table until the VJP stops at such values.
-    OpInfo("requires_grad_", _requires_grad_again, unary_samples, dtypes=ALL, variant="detached", supports_grad=False),
+    # `x.detach().requires_grad_()` is a fresh leaf: no gradient reaches `x`.
+    OpInfo("requires_grad_", _requires_grad_again, unary_samples, dtypes=ALL, variant="detached"),
     OpInfo("copy_", _copy_under_no_grad, pair_samples, dtypes=NUMERIC, variant="no_grad"),
     OpInfo("mul_", _scaled_under_no_grad, unary_samples, dtypes=NUMERIC, variant="no_grad"),
     OpInfo("mul_", _scaled_through_data, unary_samples, dtypes=NUMERIC, variant="data"),
