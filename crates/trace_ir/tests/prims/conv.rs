@@ -1,6 +1,6 @@
 //! Convolution prims: convolution (plain and transposed) and convolution_backward.
 
-use super::{check_invalid, check_valid, Invalid, Valid};
+use super::{Invalid, Valid};
 use trace_ir::ErrorKind::{Runtime, Type, Value};
 
 pub const VALID: &[Valid] = &[
@@ -21,12 +21,4 @@ const INVALID: &[Invalid] = &[
     (&["f32[2, 4, 5, 5]", "f32[2, 3, 8, 8]", "f32[4, 3, 3, 3]"], "convolution_backward", "t0, t1, t2, (1, 1), (0, 0), (1, 1), False, (0, 0), 1, True, True, True", Value, &["grad"]),
 ];
 
-#[test]
-fn valid_calls_give_their_output_types() {
-    check_valid(VALID);
-}
-
-#[test]
-fn invalid_calls_name_the_op_and_the_argument() {
-    check_invalid(INVALID);
-}
+family_tests!();

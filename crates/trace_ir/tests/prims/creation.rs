@@ -1,6 +1,6 @@
 //! Creation prims: full, iota, uniform.
 
-use super::{check_invalid, check_valid, Invalid, Valid};
+use super::{Invalid, Valid};
 use trace_ir::ErrorKind::{Type, Value};
 
 pub const VALID: &[Valid] = &[
@@ -37,12 +37,4 @@ const INVALID: &[Invalid] = &[
     (&[], "uniform", "(3,), 1.0, 0.0, torch.device('cpu'), torch.float32", Value, &["minval", "maxval"]),
 ];
 
-#[test]
-fn valid_calls_give_their_output_types() {
-    check_valid(VALID);
-}
-
-#[test]
-fn invalid_calls_name_the_op_and_the_argument() {
-    check_invalid(INVALID);
-}
+family_tests!();

@@ -1,6 +1,6 @@
 //! Indexing prims: embedding, take, take_along_axis, gather, scatter_add, index_add, topk, sort.
 
-use super::{check_invalid, check_valid, Invalid, Valid};
+use super::{Invalid, Valid};
 use trace_ir::ErrorKind::{Index, Type, Value};
 
 pub const VALID: &[Valid] = &[
@@ -60,12 +60,4 @@ const INVALID: &[Invalid] = &[
     (&["f32[4, 5]"], "sort", "t0, 0, False", Type, &["stable", "missing"]),
 ];
 
-#[test]
-fn valid_calls_give_their_output_types() {
-    check_valid(VALID);
-}
-
-#[test]
-fn invalid_calls_name_the_op_and_the_argument() {
-    check_invalid(INVALID);
-}
+family_tests!();

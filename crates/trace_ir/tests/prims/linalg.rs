@@ -1,6 +1,6 @@
 //! matmul and linear, with torch's rules for 1-D operands and batch broadcasting.
 
-use super::{check_invalid, check_valid, Invalid, Valid};
+use super::{Invalid, Valid};
 use trace_ir::ErrorKind::{Type, Value};
 
 pub const VALID: &[Valid] = &[
@@ -37,12 +37,4 @@ const INVALID: &[Invalid] = &[
     (&["f32[2, 3]", "f32[4, 3]"], "linear", "t0, t1", Type, &["bias", "missing"]),
 ];
 
-#[test]
-fn valid_calls_give_their_output_types() {
-    check_valid(VALID);
-}
-
-#[test]
-fn invalid_calls_name_the_op_and_the_argument() {
-    check_invalid(INVALID);
-}
+family_tests!();

@@ -5,6 +5,21 @@
 //! argument its message must name. Tensors are written as type comments print them, with `cpu`
 //! implied (`f32[2, 3]`); numbers as `int 3`; calls as traces print their arguments.
 
+/// The two tests of a family whose file defines `VALID` and `INVALID` tables.
+macro_rules! family_tests {
+    () => {
+        #[test]
+        fn valid_calls_give_their_output_types() {
+            super::check_valid(VALID);
+        }
+
+        #[test]
+        fn invalid_calls_name_the_op_and_the_argument() {
+            super::check_invalid(INVALID);
+        }
+    };
+}
+
 mod conv;
 mod creation;
 mod elementwise;

@@ -1,6 +1,6 @@
 //! Reduction prims: sum, prod, amax, amin, var, var_mean, argmax, argmin.
 
-use super::{check_invalid, check_valid, Invalid, Valid};
+use super::{Invalid, Valid};
 use trace_ir::ErrorKind::{Index, Type};
 
 pub const VALID: &[Valid] = &[
@@ -39,12 +39,4 @@ const INVALID: &[Invalid] = &[
     (&["f32[2, 3]"], "argmin", "t0, -1", Index, &["dim", "canonical"]),
 ];
 
-#[test]
-fn valid_calls_give_their_output_types() {
-    check_valid(VALID);
-}
-
-#[test]
-fn invalid_calls_name_the_op_and_the_argument() {
-    check_invalid(INVALID);
-}
+family_tests!();

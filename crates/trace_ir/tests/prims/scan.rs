@@ -1,6 +1,6 @@
 //! Scan prims: cumsum, cumprod, cummax, cummin, logcumsumexp.
 
-use super::{check_invalid, check_valid, Invalid, Valid};
+use super::{Invalid, Valid};
 use trace_ir::ErrorKind::{Index, NotImplemented, Type};
 
 pub const VALID: &[Valid] = &[
@@ -22,12 +22,4 @@ const INVALID: &[Invalid] = &[
     (&["f32[3]"], "cummin", "t0, (0,)", Type, &["dim", "int"]),
 ];
 
-#[test]
-fn valid_calls_give_their_output_types() {
-    check_valid(VALID);
-}
-
-#[test]
-fn invalid_calls_name_the_op_and_the_argument() {
-    check_invalid(INVALID);
-}
+family_tests!();

@@ -1,6 +1,6 @@
 //! Shape prims: broadcast_in_dim, reshape, transpose, slice, squeeze, cat, pad, flip.
 
-use super::{check_invalid, check_valid, Invalid, Valid};
+use super::{Invalid, Valid};
 use trace_ir::ErrorKind::{Index, Type, Value};
 
 pub const VALID: &[Valid] = &[
@@ -82,12 +82,4 @@ const INVALID: &[Invalid] = &[
     (&[], "flip", "1.0, (0,)", Type, &["a", "tensor"]),
 ];
 
-#[test]
-fn valid_calls_give_their_output_types() {
-    check_valid(VALID);
-}
-
-#[test]
-fn invalid_calls_name_the_op_and_the_argument() {
-    check_invalid(INVALID);
-}
+family_tests!();
