@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import partial
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -363,7 +365,24 @@ def x34():
     return cpu((3, 4))
 
 
+def pdist_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Rows of every norm order (p = 0 counts differing coordinates), repeated rows (distance 0,
+    where the 2-norm's gradient is zero), one row, and a non-contiguous input."""
+    for p in (2, 1, 0, 3.5, math.inf):
+        yield SampleInput(make((5, 3), dtype, device), p)
+    repeated = make((3, 4), dtype, device)
+    yield SampleInput(torch.cat([repeated, repeated[:1]]), 2)
+    yield SampleInput(make((1, 3), dtype, device))  # (eager's backward of no rows crashes: left out)
+    yield SampleInput(transposed((4, 6), dtype, device), 2)
+
+
+def pdist_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((4,))), RuntimeError, "2D")
+    yield ErrorInput(SampleInput(cpu((4, 3)), -1), RuntimeError, "non-negative")
+
+
 OPS = [
+    OpInfo("pdist", torch.pdist, pdist_samples, pdist_errors, tolerances=ACCUMULATING),
     loss("l1_loss", F.l1_loss, pair_samples, chain_errors(l1_errors, bad_reduction(x34, x34))),
     loss("l1_loss", F.l1_loss, legacy_flags, variant="legacy"),
     loss("smooth_l1_loss", F.smooth_l1_loss, pair_samples, smooth_l1_errors),

@@ -187,7 +187,21 @@ UNARY_OPS = [
     unary("is_same_size", branch_on_same_size, dtypes=NUMERIC),
 ]
 
+def mvlgamma_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Each p from 1 to 4 over values above (p - 1) / 2, where the sum is defined, non-contiguous
+    and empty inputs, and integers (promoted to the default float)."""
+    for p in (1, 2, 3, 4):
+        yield SampleInput(make((3, 4), dtype, device, low=(p - 1) / 2 + 0.1, high=6), p)
+    yield SampleInput(transposed((3, 4), dtype, device, low=2, high=5), 3)
+    yield SampleInput(make((0, 2), dtype, device, low=2, high=5), 2)
+
+
+def mvlgamma_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,)), 0), RuntimeError, "greater than or equal to 1")
+
+
 OPS = [
+    OpInfo("mvlgamma", torch.mvlgamma, mvlgamma_samples, mvlgamma_errors, dtypes=FLOATS + (torch.int64,), tolerances=SPECIAL),
     *UNARY_OPS,
     *BINARY_OPS,
     OpInfo("fmax", torch.fmax, tensor_tie_samples(1), variant="ties"),

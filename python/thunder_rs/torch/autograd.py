@@ -49,12 +49,19 @@ def requires_grad_(a, requires_grad=True):
 
 def with_zero_gradient(out, *inputs):
     """``out``, computed from ``inputs`` without a differentiable path (a count of nonzeros, an
-    identity), marked as requiring grad where eager's result does: eager computes it with
-    differentiable ops whose gradient happens to be zero."""
-    wants = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
-    if wants and not out.requires_grad and out.dtype.is_floating_point:
-        requires_grad_(out)
-    return out
+    identity), given the zero gradient eager's differentiable ops give: ``out`` is selected over
+    a sum of the inputs that require grad, which receives zeros (a flag alone would leave the
+    inputs' gradients undefined, where eager's are zeros)."""
+    wanting = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    if not (torch.is_grad_enabled() and wanting) or out.requires_grad or not out.dtype.is_floating_point:
+        return out
+    total = None
+    for x in wanting:
+        part = prims.sum(prims.convert_element_type(x, out.dtype), tuple(range(x.ndim)))
+        total = part if total is None else prims.add(total, part)
+    shape = tuple(out.shape)
+    everywhere = prims.full(shape, True, out.device, torch.bool)
+    return prims.where(everywhere, out, prims.broadcast_in_dim(total, shape, ()))
 
 
 def _set_requires_grad(a, requires_grad):

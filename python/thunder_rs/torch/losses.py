@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs import torch as ltorch
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
@@ -22,7 +23,7 @@ from thunder_rs.torch.nn import _reduce, _reduction, _require_float, _sum_all, l
 from thunder_rs.torch.special import xlogy
 
 __all__ = [
-    "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
+    "pdist", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
     "poisson_nll_loss", "gaussian_nll_loss", "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
     "multilabel_soft_margin_loss", "cosine_embedding_loss", "multi_margin_loss", "triplet_margin_loss",
     "triplet_margin_with_distance_loss",
@@ -352,6 +353,23 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-06, keepdim=False):
     if ndim == 0:
         return _vector_norm(diff, p, (), keepdim)
     return _vector_norm(diff, p, (ndim - 1,), keepdim)
+
+
+@torchsymbol(F.pdist, torch.pdist)
+def pdist(input, p=2):
+    """The ``p``-norm distances of every pair of rows ``i < j``, in row-major order of the pairs."""
+    op = "ltorch.pdist"
+    check(input.ndim == 2, op, f"pdist only supports 2D tensors, got: {input.ndim}D (argument input)", ThunderRuntimeError)
+    check(p >= 0, op, "pdist only supports non-negative p values (argument p)", ThunderRuntimeError)
+    check(input.dtype.is_floating_point, op, "pdist only supports floating-point dtypes (argument input)", ThunderRuntimeError)
+    n = input.shape[0]
+    if n < 2:
+        return with_zero_gradient(prims.full((0,), 0.0, input.device, input.dtype), input)
+    pairs = ltorch.triu_indices(n, n, 1, device=input.device)
+    first, second = (prims.reshape(prims.slice(pairs, (k, 0), (k + 1, pairs.shape[1]), (1, 1)), (pairs.shape[1],))
+                     for k in (0, 1))
+    diff = prims.sub(prims.take(input, first, 0), prims.take(input, second, 0))
+    return _vector_norm(diff, p, (1,), False)
 
 
 @torchsymbol(F.triplet_margin_loss)

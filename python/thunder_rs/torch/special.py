@@ -25,6 +25,7 @@ __all__ = [
     "rad2deg", "fmax", "fmin", "hypot", "heaviside", "ldexp", "float_power", "square", "sgn", "positive", "logit",
     "nan_to_num", "isnan", "isinf", "isposinf", "isneginf", "isreal", "isclose", "logical_and", "logical_or",
     "logical_xor", "logical_not", "sinc", "entr", "ndtr", "polygamma", "tensor_polygamma", "angle", "real", "frexp",
+    "mvlgamma",
 ]
 
 
@@ -477,3 +478,15 @@ def frexp(input, *, out=None):
     check(input.dtype.is_floating_point, op, "torch.frexp() only supports floating-point dtypes (argument input)",
           ThunderRuntimeError)
     return torch.return_types.frexp(prims.frexp(input))
+
+
+@torchsymbol(torch.mvlgamma, T.mvlgamma, torch.special.multigammaln)
+def mvlgamma(input, p):
+    """The multivariate log-gamma: ``sum(lgamma(input - i / 2) for i < p) + p (p - 1) / 4 log(pi)``."""
+    op = "ltorch.mvlgamma"
+    check(isinstance(p, int) and p >= 1, op, "p has to be greater than or equal to 1 (argument p)", ThunderRuntimeError)
+    x = clang.maybe_convert(input, input.dtype if input.dtype.is_floating_point else torch.get_default_dtype())
+    total = clang.elementwise(prims.lgamma, op, x)
+    for i in range(1, p):
+        total = clang.elementwise(prims.add, op, total, clang.elementwise(prims.lgamma, op, clang.elementwise(prims.sub, op, x, i / 2)))
+    return clang.elementwise(prims.add, op, total, p * (p - 1) / 4 * math.log(math.pi))
