@@ -381,7 +381,34 @@ def pdist_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((4, 3)), -1), RuntimeError, "non-negative")
 
 
+def ctc_loss_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Batched sequences with lengths as tensors or lists, padded and concatenated targets, every
+    reduction, another blank, zero_infinity with an impossible alignment, and one unbatched."""
+    frames, batch, classes, longest = 12, 3, 5, 4
+    log_probs = make((frames, batch, classes), dtype, device).log_softmax(2)
+    g = torch.Generator().manual_seed(0)
+    targets = torch.randint(1, classes, (batch, longest), generator=g).to(device)
+    input_lengths = torch.tensor([12, 10, 7], device=device)
+    target_lengths = torch.tensor([4, 2, 3], device=device)
+    for reduction in ("mean", "sum", "none"):
+        yield SampleInput(log_probs, targets, input_lengths, target_lengths, reduction=reduction)
+    flat = torch.cat([targets[i, :n] for i, n in enumerate(target_lengths.tolist())])
+    yield SampleInput(log_probs, flat, [12, 10, 7], [4, 2, 3])
+    yield SampleInput(log_probs, targets.clamp(max=classes - 2), input_lengths, target_lengths, blank=classes - 1)
+    yield SampleInput(log_probs, targets, torch.tensor([2, 10, 7], device=device), target_lengths,
+                      reduction="none", zero_infinity=True)
+    yield SampleInput(log_probs[:, 0], targets[0], torch.tensor(12, device=device), torch.tensor(4, device=device))
+
+
+def ctc_loss_errors() -> Iterable[ErrorInput]:
+    log_probs = cpu((6, 2, 4)).log_softmax(2)
+    targets, lengths = torch.ones(2, 3, dtype=torch.long), torch.tensor([6, 6])
+    yield ErrorInput(SampleInput(log_probs, targets, lengths, torch.tensor([3, 3]), reduction="bogus"), ValueError,
+                     "reduction")
+
+
 OPS = [
+    OpInfo("ctc_loss", F.ctc_loss, ctc_loss_samples, ctc_loss_errors, FLOATS, tolerances=ACCUMULATING),
     OpInfo("pdist", torch.pdist, pdist_samples, pdist_errors, tolerances=ACCUMULATING),
     loss("l1_loss", F.l1_loss, pair_samples, chain_errors(l1_errors, bad_reduction(x34, x34))),
     loss("l1_loss", F.l1_loss, legacy_flags, variant="legacy"),

@@ -20,7 +20,8 @@ from thunder_rs.core.fallback import FALLBACK_IMPLS, _vjp_of, fallback
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
-from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check, thunder_error_like
+from thunder_rs.errors import (ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check,
+                               thunder_error_like)
 from thunder_rs.torch import SYMBOLS
 
 T = torch.Tensor
@@ -67,6 +68,18 @@ def _geqrf_meta(input):
           ThunderRuntimeError)
     m, n = input.shape[-2:]
     return torch.return_types.geqrf((_meta(input.shape, input.dtype), _meta((*input.shape[:-2], min(m, n)), input.dtype)))
+
+
+def _ctc_loss_meta(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False):
+    """ctc_loss (torch has no meta kernel): the per-sequence losses with reduction='none', else
+    one number; its dynamic program has no decomposition into prims, so it is run whole."""
+    op = "ltorch.ctc_loss"
+    check(log_probs.ndim in (2, 3), op, f"expected log_probs of rank 2 or 3, got {log_probs.ndim} (argument log_probs)",
+          ThunderRuntimeError)
+    check(reduction in ("none", "mean", "sum"), op, f"{reduction} is not a valid value for reduction (argument reduction)",
+          ThunderValueError)
+    shape = (log_probs.shape[1],) if reduction == "none" and log_probs.ndim == 3 else ()
+    return _meta(shape, log_probs.dtype, log_probs.requires_grad)
 
 
 def _as_meta(x):
@@ -192,6 +205,8 @@ OPAQUE = (
     ("linalg_ldl_solve", (LA.ldl_solve,), None, True),
     ("linalg_matrix_exp", (LA.matrix_exp,), None, True),
     ("matrix_exp", (torch.matrix_exp, T.matrix_exp), None, True),
+    # Not linear algebra, but as opaque: a dynamic program over the sequences.
+    ("ctc_loss", (torch.nn.functional.ctc_loss,), _ctc_loss_meta, False),
 )
 
 globals().update({name: opaque(name, *fns, meta=meta, integers_rejected=ints) for name, fns, meta, ints in OPAQUE})
