@@ -215,24 +215,6 @@ def interpolate_grad(input, size=None, scale_factor=None, mode="nearest", align_
     return _resize_grad("ltorch.interpolate", lambda: ltorch.interpolate(*args), *args)
 
 
-@register_grad(ltorch.upsample)
-def upsample_grad(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
-    args = (input, size, scale_factor, mode, align_corners, recompute_scale_factor)
-    return _resize_grad("ltorch.upsample", lambda: ltorch.upsample(*args), *args, False)
-
-
-@register_grad(ltorch.upsample_nearest)
-def upsample_nearest_grad(input, size=None, scale_factor=None):
-    return _resize_grad("ltorch.upsample_nearest", lambda: ltorch.upsample_nearest(input, size, scale_factor), input,
-                        size, scale_factor, "nearest", None, None, False)
-
-
-@register_grad(ltorch.upsample_bilinear)
-def upsample_bilinear_grad(input, size=None, scale_factor=None):
-    return _resize_grad("ltorch.upsample_bilinear", lambda: ltorch.upsample_bilinear(input, size, scale_factor), input,
-                        size, scale_factor, "bilinear", True, None, False)
-
-
 # -- group norm ------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Interpolation (``F.interpolate`` and the ``upsample`` aliases): nearest, nearest-exact,
+"""Interpolation (``F.interpolate``, which the ``upsample`` aliases call): nearest, nearest-exact,
 (bi/tri)linear, bicubic and area resizing of 1 to 3 spatial dims.
 
 Except area (adaptive average pooling), each mode is separable: along each spatial dim an
@@ -19,7 +19,7 @@ from thunder_rs import torch as ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
 from thunder_rs.torch import torchsymbol
 
-__all__ = ["interpolate", "upsample", "upsample_nearest", "upsample_bilinear", "upsample_backward"]
+__all__ = ["interpolate", "upsample_backward"]
 
 _LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
 _MODES = ("nearest", "nearest-exact", "area", *_LINEAR_MODES)
@@ -215,19 +215,8 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
                   antialias)
 
 
-@torchsymbol(F.upsample)
-def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
-    return resize("ltorch.upsample", input, size, scale_factor, mode, align_corners, recompute_scale_factor, False)
-
-
-@torchsymbol(F.upsample_nearest)
-def upsample_nearest(input, size=None, scale_factor=None):
-    return resize("ltorch.upsample_nearest", input, size, scale_factor, "nearest", None, None, False)
-
-
-@torchsymbol(F.upsample_bilinear)
-def upsample_bilinear(input, size=None, scale_factor=None):
-    return resize("ltorch.upsample_bilinear", input, size, scale_factor, "bilinear", True, None, False)
+# ``F.upsample``, ``F.upsample_nearest`` and ``F.upsample_bilinear`` reach no
+# ``__torch_function__`` of their own: they call ``F.interpolate``, which is ``interpolate`` above.
 
 
 # -- backward kernel -------------------------------------------------------------------------------

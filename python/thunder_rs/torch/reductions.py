@@ -248,7 +248,9 @@ def _define_truth(name: str, predicate, verdict):
 
     @torchsymbol(getattr(torch, name), getattr(T, name), name=name)
     def truth(input, dim=None, keepdim=False):
-        out = verdict(_count(predicate, input, _dims(input, dim, op), keepdim), 0)
+        # An empty dim tuple reduces nothing here (sum reads it as every dim).
+        dims = () if isinstance(dim, (tuple, list)) and not dim else _dims(input, dim, op)
+        out = verdict(_count(predicate, input, dims, keepdim), 0)
         return clang.maybe_convert(out, torch.uint8) if input.dtype == torch.uint8 else out
 
     return truth
