@@ -306,3 +306,11 @@ def test_returned_objects_referring_to_themselves_are_refused():
 
     out, holder = thunder_rs.jit(g)(torch.ones(2))
     assert holder.label.me is holder.label
+
+
+def test_fallbacks_of_one_name_are_different_symbols():
+    # Property reads arrive as `getset_descriptor.__get__`: x.H and x.mH shared one fallback
+    # symbol, so the second program ran the first's property.
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(thunder_rs.jit(lambda a: a.H)(x[0]), x[0].H)
+    torch.testing.assert_close(thunder_rs.jit(lambda a: a.mH)(x), x.mH)

@@ -27,11 +27,17 @@ _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 #: symbol id -> the torch callable a fallback symbol runs.
 FALLBACK_IMPLS: dict[int, object] = {}
 _ids: dict[object, int] = {}
+#: fallback name -> the callables registered under it, in order.
+_names: dict[str, list] = {}
 
 
 def qualified_name(func) -> str:
-    """``torch.cumsum``, ``torch.Tensor.cumsum``, ``torch.nn.functional.unfold``."""
+    """``torch.cumsum``, ``torch.Tensor.cumsum``, ``torch.nn.functional.unfold``; a property
+    read as ``torch.Tensor.mH.__get__``."""
     name = getattr(func, "__name__", None) or type(func).__name__
+    prop = getattr(getattr(func, "__self__", None), "__name__", None) if name == "__get__" else None
+    if prop is not None:
+        return f"torch.Tensor.{prop}.__get__"
     owner = getattr(func, "__objclass__", None) or getattr(getattr(func, "__self__", None), "__class__", None)
     if owner is not None and owner.__name__ in ("TensorBase", "Tensor"):
         return f"torch.Tensor.{name}"
@@ -55,6 +61,10 @@ def symbol_id(func, effect: bool = False, autocast_state: AutocastState | None =
             impl = _under_autocast(func, autocast_state)
         if replay:
             name += ".replayable"
+        # The registry is by name: two callables of one name must not share a symbol.
+        taken = sum(1 for other in _names.get(name, ()) if other is not func)
+        _names.setdefault(name, []).append(func)
+        name += f".{taken}" if taken else ""
         sid = _ids[key] = _core.register_symbol(name, fallback=True, effect=effect)
         FALLBACK_IMPLS[sid] = _returning_generator_state(impl) if replay else _flat_outputs(impl)
         if replay or not effect:
