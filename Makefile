@@ -5,8 +5,9 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 DEPS    := $(VENV)/.deps-installed
-# Real models the tests run against eager (tiny configs, nothing downloaded).
-TEST_DEPS := "transformers>=4.55" torchvision
+# Real models the tests run against eager (tiny configs, nothing downloaded); expecttest for
+# torch's own operator database (benchmarks/op_coverage.py).
+TEST_DEPS := "transformers>=4.55" torchvision expecttest
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
