@@ -70,7 +70,29 @@ def logcumsumexp_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3,), torch.int64), 0), NotImplementedError)
 
 
+def trapezoid_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Unit and scalar spacing along each dim, sample points as a 1-d and a full tensor, an empty
+    dim, a 0-d spacing tensor and a non-contiguous input."""
+    y = make((3, 5), dtype, device)
+    points = make((5,), dtype, device, low=0, high=1).cumsum(0) if dtype.is_floating_point else torch.arange(5, device=device)
+    yield SampleInput(y)
+    yield SampleInput(y, dx=0.5, dim=0)
+    yield SampleInput(y, points)
+    yield SampleInput(y, points.expand(3, 5), dim=-1)
+    yield SampleInput(make((3, 0), dtype, device))
+    yield SampleInput(make((4,), dtype, device))
+    yield SampleInput(make((2, 6), dtype, device, noncontiguous=True), dx=2)
+
+
+def trapezoid_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 5)), cpu((4,))), RuntimeError, "one `x` value")
+
+
 OPS = [
+    OpInfo("trapezoid", torch.trapezoid, trapezoid_samples, trapezoid_errors, dtypes=ALL[:3], tolerances=ACCUMULATING),
+    OpInfo("trapezoid", torch.trapz, trapezoid_samples, dtypes=FLOATS, variant="trapz", tolerances=ACCUMULATING),
+    OpInfo("cumulative_trapezoid", torch.cumulative_trapezoid, trapezoid_samples, trapezoid_errors, dtypes=ALL[:3],
+           tolerances=ACCUMULATING),
     OpInfo("cumsum", torch.cumsum, chain_samples(SCAN_CASES, with_dtype), dim_errors(torch.cumsum),
            dtypes=ALL, tolerances=ACCUMULATING, nondifferentiable=("dtype",)),
     OpInfo("cumsum", torch.Tensor.cumsum, SCAN_CASES, dtypes=ALL, variant="method", tolerances=ACCUMULATING),

@@ -187,6 +187,22 @@ UNARY_OPS = [
     unary("is_same_size", branch_on_same_size, dtypes=NUMERIC),
 ]
 
+POLYNOMIALS = ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+               "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+               "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l",
+               "legendre_polynomial_p")
+
+
+def polynomial_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Degrees 0 to 5 as a tensor (broadcast from a row) and as a number, a 0-d and an empty input,
+    and integers (promoted to the default float)."""
+    x = make((4, 6), dtype, device, low=-1, high=1)
+    yield SampleInput(x, torch.arange(6, device=device))
+    yield SampleInput(x, 3)
+    yield SampleInput(make((), dtype, device, low=-1, high=1), torch.tensor(4, device=device))
+    yield SampleInput(make((0, 2), dtype, device), 2)
+
+
 def mvlgamma_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     """Each p from 1 to 4 over values above (p - 1) / 2, where the sum is defined, non-contiguous
     and empty inputs, and integers (promoted to the default float)."""
@@ -201,6 +217,8 @@ def mvlgamma_errors() -> Iterable[ErrorInput]:
 
 
 OPS = [
+    *(OpInfo(name, getattr(torch.special, name), polynomial_samples, dtypes=FLOATS + (torch.int64,), tolerances=SPECIAL)
+      for name in POLYNOMIALS),
     OpInfo("mvlgamma", torch.mvlgamma, mvlgamma_samples, mvlgamma_errors, dtypes=FLOATS + (torch.int64,), tolerances=SPECIAL),
     *UNARY_OPS,
     *BINARY_OPS,

@@ -142,6 +142,7 @@ def _register_prims() -> None:
         "convolution_backward": _convolution_backward,
         "frexp": lambda a: tuple(torch.frexp(a)),
         "nextafter": _number_safe(torch.nextafter), "zeta": _number_safe(torch.special.zeta),
+        **{name: _number_safe(getattr(torch.special, name)) for name in prims.DERIVED["Binary"] if "polynomial" in name},
     }
     # Every other prim runs as the torch function of its name, with the prim's arguments.
     for name in prims.NAMES:

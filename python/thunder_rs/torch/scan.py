@@ -1,14 +1,16 @@
-"""Scans: cumulative sums, products, extrema and log-sum-exp along one dim, over the scan prims."""
+"""Scans: cumulative sums, products, extrema and log-sum-exp along one dim, over the scan prims;
+and the trapezoidal rule, plain and cumulative."""
 
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs import torch as ltorch
 from thunder_rs.core import dtypes
-from thunder_rs.errors import ThunderNotImplementedError, check
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
 
 T = torch.Tensor
-__all__ = ["cumsum", "cumprod", "cummax", "cummin", "logcumsumexp"]
+__all__ = ["cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "trapezoid", "cumulative_trapezoid"]
 
 
 def _scan_dim(a, dim, op: str, out) -> int:
@@ -53,3 +55,53 @@ def logcumsumexp(input, dim, *, out=None):
     check(dtypes.is_inexact(input.dtype), op, f'"logcumsumexp_out_cpu" not implemented for {input.dtype} (argument input)',
           ThunderNotImplementedError)
     return prims.logcumsumexp(input, d)
+
+
+# -- trapezoidal rule ------------------------------------------------------------------------------
+
+
+def _float(y):
+    return y if dtypes.is_inexact(y.dtype) else clang.maybe_convert(y, torch.get_default_dtype())
+
+
+def _trapezoids(op: str, y, x, dx, dim):
+    """``(widths, heights)`` of the trapezoids along ``dim``: the spacing (a number, or ``diff(x)``
+    shaped to broadcast) and the sums of neighbouring values."""
+    check(x is None or dx is None, op, "trapezoid: received both x and dx (argument dx)", ThunderNotImplementedError)
+    d = clang.canonicalize_dim(y.ndim, dim, op)
+    n = y.shape[d]
+    y = _float(y)
+    pairs = max(n - 1, 0)
+    heights = ltorch.add(ltorch.narrow(y, d, min(n, 1), pairs), ltorch.narrow(y, d, 0, pairs))
+    if x is None:
+        return (1 if dx is None else dx), heights, d
+    check(isinstance(x, torch.Tensor), op, f"expected a tensor for x, got {type(x).__name__} (argument x)", ThunderTypeError)
+    if x.ndim == 1:
+        check(x.shape[0] == n, op, "trapezoid: There must be one `x` value for each sample point (argument x)",
+              ThunderRuntimeError)
+        x = ltorch.reshape(x, tuple(n if k == d else 1 for k in range(y.ndim)))
+    xd = clang.canonicalize_dim(x.ndim, d - y.ndim, op)
+    widths = ltorch.sub(ltorch.narrow(x, xd, min(n, 1), pairs), ltorch.narrow(x, xd, 0, pairs))
+    return widths, heights, d
+
+
+@torchsymbol(torch.trapezoid, torch.trapz)
+def trapezoid(y, x=None, *, dx=None, dim=-1):
+    op = "ltorch.trapezoid"
+    widths, heights, d = _trapezoids(op, y, x, dx, dim)
+    if y.shape[d] == 0:  # eager's zeros, which require no grad
+        return ltorch.zeros_like(ltorch.sum(_float(y), d))
+    if isinstance(widths, torch.Tensor):
+        return ltorch.true_divide(ltorch.sum(ltorch.mul(widths, heights), d), 2)
+    y = _float(y)
+    ends = ltorch.add(ltorch.select(y, d, 0), ltorch.select(y, d, -1))
+    return ltorch.mul(ltorch.sub(ltorch.sum(y, d), ltorch.mul(ends, 0.5)), widths)
+
+
+@torchsymbol(torch.cumulative_trapezoid)
+def cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
+    op = "ltorch.cumulative_trapezoid"
+    widths, heights, d = _trapezoids(op, y, x, dx, dim)
+    if isinstance(widths, torch.Tensor):
+        return ltorch.true_divide(cumsum(ltorch.mul(widths, heights), d), 2)
+    return ltorch.mul(cumsum(heights, d), ltorch.true_divide(widths, 2) if isinstance(widths, torch.Tensor) else widths / 2)

@@ -142,6 +142,19 @@ elementwise_table! {
         Nextafter = "nextafter", FloatKernel, Same, Default;
         /// The Hurwitz zeta function `zeta(x, q)`.
         Zeta = "zeta", Float, Same, IntToFloat;
+        /// Orthogonal polynomials `p_n(x)` (torch.special), with no derivative.
+        ChebyshevPolynomialT = "chebyshev_polynomial_t", Float, Same, IntToFloat;
+        ChebyshevPolynomialU = "chebyshev_polynomial_u", Float, Same, IntToFloat;
+        ChebyshevPolynomialV = "chebyshev_polynomial_v", Float, Same, IntToFloat;
+        ChebyshevPolynomialW = "chebyshev_polynomial_w", Float, Same, IntToFloat;
+        ShiftedChebyshevPolynomialT = "shifted_chebyshev_polynomial_t", Float, Same, IntToFloat;
+        ShiftedChebyshevPolynomialU = "shifted_chebyshev_polynomial_u", Float, Same, IntToFloat;
+        ShiftedChebyshevPolynomialV = "shifted_chebyshev_polynomial_v", Float, Same, IntToFloat;
+        ShiftedChebyshevPolynomialW = "shifted_chebyshev_polynomial_w", Float, Same, IntToFloat;
+        HermitePolynomialH = "hermite_polynomial_h", Float, Same, IntToFloat;
+        HermitePolynomialHe = "hermite_polynomial_he", Float, Same, IntToFloat;
+        LaguerrePolynomialL = "laguerre_polynomial_l", Float, Same, IntToFloat;
+        LegendrePolynomialP = "legendre_polynomial_p", Float, Same, IntToFloat;
     }
 }
 
@@ -172,6 +185,14 @@ impl Unary {
     pub fn is_differentiable(self) -> bool {
         use Unary::*;
         !matches!(self, ScaledModifiedBesselK0 | ScaledModifiedBesselK1 | AiryAi | SphericalBesselJ0)
+    }
+}
+
+impl Binary {
+    /// Whether outputs carry gradients (torch defines none for the orthogonal polynomials).
+    pub fn is_differentiable(self) -> bool {
+        use Binary::*;
+        !matches!(self, ChebyshevPolynomialT | ChebyshevPolynomialU | ChebyshevPolynomialV | ChebyshevPolynomialW | ShiftedChebyshevPolynomialT | ShiftedChebyshevPolynomialU | ShiftedChebyshevPolynomialV | ShiftedChebyshevPolynomialW | HermitePolynomialH | HermitePolynomialHe | LaguerrePolynomialL | LegendrePolynomialP)
     }
 }
 
@@ -555,6 +576,7 @@ fn vjp_binary(prim: Binary, e: &mut Emitter, (a, b): (&Arg, &Arg), y: ValueId, g
             (None, Some(e.neg(t)?))
         }
         Eq | Ne | Lt | Le | Gt | Ge | BitwiseAnd | BitwiseOr | BitwiseXor => (None, None),
+        ChebyshevPolynomialT | ChebyshevPolynomialU | ChebyshevPolynomialV | ChebyshevPolynomialW | ShiftedChebyshevPolynomialT | ShiftedChebyshevPolynomialU | ShiftedChebyshevPolynomialV | ShiftedChebyshevPolynomialW | HermitePolynomialH | HermitePolynomialHe | LaguerrePolynomialL | LegendrePolynomialP => (None, None),
     })
 }
 

@@ -189,6 +189,7 @@ impl Prim {
     pub fn is_differentiable(&self) -> bool {
         match self {
             Prim::Unary(p) => p.is_differentiable(),
+            Prim::Binary(p) => p.is_differentiable(),
             _ => true,
         }
     }
