@@ -129,13 +129,14 @@ def test_resnet18_eval_matches_eager():
 def test_resnet18_without_inplace_ops_matches_eager(mode):
     """The same network with out-of-place residual adds and ReLUs; BatchNorm normalises with the
     batch's statistics in train mode (no running statistics, so nothing is updated in place) and
-    with its running statistics in eval mode. Convolutions, batch norm and pooling run as eager
-    fallbacks."""
+    with its running statistics in eval mode. Convolutions, batch norm and pooling are native
+    symbols: nothing falls back to eager."""
     torch.manual_seed(0)
     model = ResNet18(inplace=False, track_running_stats=mode == "eval")
     getattr(model, mode)()
     jmodel = train_steps(model, steps=2)
     assert (thunder_rs.cache_misses(jmodel), thunder_rs.cache_hits(jmodel)) == (1, 1)
+    assert thunder_rs.examine(model, images(0)[0]).fallbacks == {}
 
 
 def test_batch_norm_updates_running_stats_once():

@@ -130,6 +130,11 @@ def test_forward_and_backward_match_eager(name, side, mode):
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_models_run_without_eager_fallbacks(name):
+    assert thunder_rs.examine(tiny_model(name), **padded_batch(name, "left")).fallbacks == {}
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_float64_forward_and_backward_match_eager(name):
     forward_backward(name, "left", "train", torch.float64)
 
