@@ -241,16 +241,9 @@ def _unpacked(torch_fn):
     return run
 
 
-#: The composites the torch executor runs whole as their torch callable, though they have a
-#: decomposition (see ``decomposing``).
-_COMPOSITES: dict = {}
-
-
 def _register_composites() -> None:
     for sym in SYMBOLS:
         if sym.torch_fns and sym.symbol_id not in torch_ex.implmap:
-            if not sym.opaque:
-                _COMPOSITES[sym.symbol_id] = sym
             impl_name = "torch_" + sym.symbol_name.removeprefix("ltorch.")
             impl = _unpacked(sym.torch_fns[0]) if sym.returns_sequence else sym.torch_fns[0]
             torch_ex.implmap[sym.symbol_id] = (impl_name, None, impl)
@@ -279,11 +272,13 @@ def _same_signature_method(torch_fns):
 
 @contextlib.contextmanager
 def decomposing():
-    """While active, the torch executor claims no composite whole: each runs as its decomposition
-    (prims, kernels and the symbols inside it), as a fusion executor would take it. Tests use it
-    to check decompositions against eager; compiles made inside keep it (use a fresh jit)."""
-    saved = {key: torch_ex.implmap.pop(key) for key in _COMPOSITES if key in torch_ex.implmap}
-    methods = {key: torch_ex.methods.pop(key) for key in saved if key in torch_ex.methods}
+    """While active, the torch executor claims no symbol that has a decomposition (composites and
+    fused kernels; opaque symbols have none): each runs as its prims, as a fusion executor would
+    take it. Tests use it to check decompositions against eager; compiles made inside keep it
+    (use a fresh jit)."""
+    keys = [sym.symbol_id for sym in SYMBOLS if not sym.opaque and sym.symbol_id in torch_ex.implmap]
+    saved = {key: torch_ex.implmap.pop(key) for key in keys}
+    methods = {key: torch_ex.methods.pop(key) for key in keys if key in torch_ex.methods}
     _bump()
     try:
         yield

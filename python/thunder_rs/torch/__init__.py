@@ -16,9 +16,24 @@ from thunder_rs.core.recorder import record_composite
 SYMBOLS: list = []
 
 
+def register(symbol, sym_id: int, sym_name: str, torch_fns: tuple, *, properties: tuple[str, ...] = (),
+             sequence: bool = False, opaque: bool = False):
+    """Makes ``symbol`` ``ltorch.<name>`` for ``torch_fns`` (and tensor ``properties``): the one
+    registry the language context, the namespace and the torch executor read. ``sequence``: the
+    op returns a sequence of tensors (``unbind``), which may hold just one; ``opaque``: it has no
+    decomposition (``torch/linalg_opaque.py``)."""
+    symbol.symbol_id, symbol.symbol_name, symbol.torch_fns = sym_id, sym_name, torch_fns
+    symbol.returns_sequence, symbol.opaque = sequence, opaque
+    for torch_fn in torch_fns:
+        TORCH_TO_LTORCH[torch_fn] = symbol
+    for prop in properties:
+        PROPERTY_TO_LTORCH[prop] = symbol
+    SYMBOLS.append(symbol)
+    return symbol
+
+
 def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False):
-    """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns``. ``sequence``:
-    the op returns a sequence of tensors (``unbind``), which may hold just one."""
+    """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns`` (see ``register``)."""
 
     def decorate(fn):
         sym_name = f"ltorch.{name or fn.__name__}"
@@ -28,17 +43,7 @@ def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...]
         def symbol(*args, **kwargs):
             return record_composite(sym_id, sym_name, fn, args, kwargs)
 
-        symbol.symbol_id = sym_id
-        symbol.symbol_name = sym_name
-        symbol.torch_fns = torch_fns
-        symbol.returns_sequence = sequence
-        symbol.opaque = False  # it has a decomposition (opaque symbols: torch/linalg_opaque.py)
-        for torch_fn in torch_fns:
-            TORCH_TO_LTORCH[torch_fn] = symbol
-        for prop in properties:
-            PROPERTY_TO_LTORCH[prop] = symbol
-        SYMBOLS.append(symbol)
-        return symbol
+        return register(symbol, sym_id, sym_name, torch_fns, properties=properties, sequence=sequence)
 
     return decorate
 

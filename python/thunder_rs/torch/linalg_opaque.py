@@ -17,12 +17,11 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from thunder_rs import _core
 from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.fallback import FALLBACK_IMPLS, _vjp_of, fallback
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
 from thunder_rs.errors import (ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check,
                                thunder_error_like)
-from thunder_rs.torch import SYMBOLS
+from thunder_rs.torch import register
 
 T = torch.Tensor
 LA = torch.linalg
@@ -153,12 +152,7 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
 
     symbol.__name__ = symbol.__qualname__ = name
     symbol.__doc__ = f"Records {sym_name}, run whole as {getattr(func, '__name__', name)}."
-    symbol.symbol_id, symbol.symbol_name, symbol.torch_fns = sid, sym_name, torch_fns
-    symbol.returns_sequence, symbol.opaque = False, True
-    for torch_fn in torch_fns:
-        TORCH_TO_LTORCH[torch_fn] = symbol
-    SYMBOLS.append(symbol)
-    return symbol
+    return register(symbol, sid, sym_name, torch_fns, opaque=True)
 
 
 #: (ltorch name, the torch callables it stands for (the first is what runs), meta rule or None
