@@ -14,7 +14,7 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.core import dtypes
 from thunder_rs.core.fallback import fallback
-from thunder_rs.core.langctx import TORCH_TO_LTORCH, user_location
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,
@@ -721,17 +721,3 @@ CONVERSIONS = {
         "bool": torch.bool,
     }.items()
 }
-
-
-def _requires_grad_(a, requires_grad=True):
-    """``t.requires_grad_(flag)`` on a traced tensor: a no-op where ``t`` already is so (what
-    Hugging Face's ``make_inputs_require_grads`` hook does to trainable embeddings); changing
-    which values are differentiable inside a trace is refused."""
-    check(requires_grad == a.requires_grad, "ltorch.requires_grad_",
-          f"setting requires_grad={requires_grad} on a traced tensor with requires_grad={a.requires_grad} at "
-          f"{user_location()}: thunder_rs decides differentiability from the inputs (argument requires_grad)",
-          ThunderNotImplementedError)
-    return a
-
-
-TORCH_TO_LTORCH[Tensor.requires_grad_] = _requires_grad_
