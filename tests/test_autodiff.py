@@ -178,3 +178,15 @@ def test_scatter_with_reduce_is_not_differentiated_where_eager_has_no_derivative
     torch.testing.assert_close(thunder_rs.jit(fn)(x, s), fn(x, s))
     with pytest.raises(NotImplementedError, match="scatter with reduce="):
         thunder_rs.jit(fn)(x.requires_grad_(), s)
+
+
+def test_requires_grad_on_an_input_changed_in_place_is_refused():
+    # Eager sets the flag on the caller's tensor; thunder_rs cannot, and says so rather than
+    # flagging a copy (the proxy stands for a new value after add_, but the tensor is the caller's).
+    def fn(x):
+        x.add_(1)
+        x.requires_grad_()
+        return x * 2
+
+    with pytest.raises(NotImplementedError, match="caller's tensor"):
+        thunder_rs.jit(fn)(torch.zeros(3))

@@ -30,20 +30,26 @@ def requires_grad_(a, requires_grad=True):
     """``a.requires_grad_(flag)``. Not a symbol: it records no call but changes the flag of a
     recorded value, and returns ``a`` itself (a composite returning its input would dissolve)."""
     flag = bool(requires_grad)
-    if flag and not a.requires_grad and a._vid != a._input_vid:
+    if flag == a.requires_grad:
+        return a
+    if a._input_vid is not None:
+        # The caller's tensor (also after an in-place op rebound the proxy): Rust refuses it.
+        target = a._input_vid
+    elif flag:
         # A computed value becomes a leaf, as in eager: the flag goes on a fresh copy the proxy
         # now stands for, so that no gradient flows back past it into what computed it
         # (``x.detach().requires_grad_()`` must not reach ``x``).
-        a._vid = prims.convert_element_type(a, a.dtype)._vid
-    if flag != a.requires_grad:
-        try:
-            current().set_requires_grad(a._vid, flag)
-        except ThunderError as e:
-            message = e.args[0].removeprefix("requires_grad_: ")
-            e.args = (f"ltorch.requires_grad_: {message} (at {user_location()})", *e.args[1:])
-            raise
-        with torch._C.DisableTorchFunctionSubclass():
-            torch.Tensor.requires_grad_(a, flag)
+        target = a._vid = prims.convert_element_type(a, a.dtype)._vid
+    else:
+        target = a._vid
+    try:
+        current().set_requires_grad(target, flag)
+    except ThunderError as e:
+        message = e.args[0].removeprefix("requires_grad_: ")
+        e.args = (f"ltorch.requires_grad_: {message} (at {user_location()})", *e.args[1:])
+        raise
+    with torch._C.DisableTorchFunctionSubclass():
+        torch.Tensor.requires_grad_(a, flag)
     return a
 
 
