@@ -22,17 +22,19 @@ from thunder_rs.core.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunctio
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 
 __all__ = [
-    "jit", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
+    "jit", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
     "prims", "ltorch", "ThunderFunction", "ThunderModule", "CompileStats", "ExamineReport",
 ]
 __version__ = "0.1.0"
 
 
-def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE):
+def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=()):
     """Compiles ``fn_or_module`` lazily: the first call with each input signature traces it.
 
     ``cache`` bounds how many compiled entries are kept; beyond it the least recently used is
-    dropped (and compiled again if it is needed again).
+    dropped (and compiled again if it is needed again). ``passes`` names registered Rust passes
+    (``thunder_rs.registered_passes()``) to run on the program after dead-code elimination and
+    common-subexpression elimination, in order.
     """
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):
         return fn_or_module
@@ -41,10 +43,15 @@ def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE):
             f"jit: {getattr(fn_or_module, '__qualname__', fn_or_module)} is a generator or coroutine function; its body runs "
             "only as the result is iterated or awaited, after the call, so it cannot be traced (argument fn_or_module)")
     if isinstance(fn_or_module, _torch.nn.Module):
-        return ThunderModule(fn_or_module, cache=cache)
+        return ThunderModule(fn_or_module, cache=cache, passes=passes)
     if not callable(fn_or_module):
         raise errors.ThunderTypeError(f"jit: expected a function or torch.nn.Module, got {type(fn_or_module).__name__} (argument fn_or_module)")
-    return ThunderFunction(fn_or_module, cache=cache)
+    return ThunderFunction(fn_or_module, cache=cache, passes=passes)
+
+
+def registered_passes() -> list[str]:
+    """The names of the Rust passes ``jit(fn, passes=[...])`` can run."""
+    return _core.registered_passes()
 
 
 def _function(jfn) -> ThunderFunction:

@@ -1,17 +1,23 @@
-//! Passes over thunder_rs traces, and the pass manager that runs them.
+//! Passes over thunder_rs traces, the pass manager that runs them, and the compile pipeline.
 //!
-//! A pass is a free function `fn(&Trace, &PassCx) -> Result<Trace>` listed in [`manager`]'s
-//! table; timing, verification and dumps belong to the manager. Passes build new traces.
+//! A pass is a free function `fn(&Trace, &PassCx) -> Result<Trace>` that builds a new trace.
+//! Passes are registered by name ([`manager::register_pass`]); the [`pipeline`] runs the built-in
+//! stages and a jit's own passes through the [`manager::Manager`], which times, verifies and
+//! records each for dumping.
 
 pub mod claim;
 pub mod cse;
 pub mod dce;
 pub mod lifetimes;
 pub mod manager;
+pub mod pipeline;
+pub mod plan;
 pub mod split;
 pub mod vjp;
 
 pub use claim::{claim, ExecutorSpec, ImplSpec, SymKey};
-pub use manager::{run_passes, Pass, PassCx, PassRecord};
+pub use manager::{lookup, register_pass, registered, run_passes, Manager, Pass, PassCx, PassFn, PassRecord};
+pub use pipeline::{compile, ClaimChecker, Compiled, Options};
+pub use plan::Plan;
 pub use split::{split, Split};
 pub use vjp::{joint, Joint};

@@ -39,6 +39,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
     m.add_function(wrap_pyfunction!(compile::prim_table, m)?)?;
+    m.add_function(wrap_pyfunction!(compile::registered_passes, m)?)?;
     m.add_function(wrap_pyfunction!(register_symbol, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     Ok(())

@@ -1,32 +1,24 @@
 //! `Trace`: an immutable Python handle on a trace (or an execution trace with its plan).
 
 use pyo3::prelude::*;
+use passes::Plan;
 use std::sync::{Arc, OnceLock};
-use trace_ir::pysrc::{python_source, Callee, ExecPlan};
-use trace_ir::{Trace, ValueId};
-
-/// The execution plan of an execution trace: implementation names and deletions.
-pub struct Plan {
-    pub impls: Vec<Callee>,
-    pub dels: Vec<Vec<ValueId>>,
-    /// Leading inputs passed packed in one list (see [`ExecPlan::packed`]).
-    pub packed: Option<usize>,
-    /// The generated function's name.
-    pub name: &'static str,
-}
+use trace_ir::Trace;
 
 #[pyclass(frozen, module = "thunder_rs._core", name = "Trace")]
 pub struct PyTrace {
     pub trace: Arc<Trace>,
-    pub plan: Option<Plan>,
+    pub plan: Option<Arc<Plan>>,
     label: String,
     seconds: f64,
+    /// Whether `THUNDER_RS_DUMP` asked for this stage.
+    dump: bool,
     text: OnceLock<String>,
 }
 
 impl PyTrace {
     pub fn new(trace: Trace, label: &str) -> Self {
-        PyTrace { trace: Arc::new(trace), plan: None, label: label.to_string(), seconds: 0.0, text: OnceLock::new() }
+        PyTrace { trace: Arc::new(trace), plan: None, label: label.to_string(), seconds: 0.0, dump: false, text: OnceLock::new() }
     }
 
     pub fn with_time(mut self, seconds: f64) -> Self {
@@ -34,25 +26,20 @@ impl PyTrace {
         self
     }
 
-    pub fn with_plan(mut self, plan: Plan) -> Self {
-        self.plan = Some(plan);
-        self
-    }
-
     pub fn source(&self) -> &str {
-        self.text.get_or_init(|| match &self.plan {
-            Some(plan) => {
-                let exec = ExecPlan { impls: &plan.impls, dels: &plan.dels, packed: plan.packed };
-                python_source(&self.trace, &exec, plan.name)
-            }
-            None => trace_ir::printer::print_trace(&self.trace, "computation"),
-        })
+        match &self.plan {
+            Some(plan) => &plan.source,
+            None => self.text.get_or_init(|| trace_ir::printer::print_trace(&self.trace, "computation")),
+        }
     }
 }
 
 impl From<passes::PassRecord> for PyTrace {
     fn from(record: passes::PassRecord) -> Self {
-        PyTrace::new(record.trace, record.name).with_time(record.seconds)
+        let mut trace = PyTrace::new(record.trace, &record.name).with_time(record.seconds);
+        trace.plan = record.plan;
+        trace.dump = record.dump;
+        trace
     }
 }
 
@@ -68,6 +55,12 @@ impl PyTrace {
     #[getter]
     fn seconds(&self) -> f64 {
         self.seconds
+    }
+
+    /// Whether `THUNDER_RS_DUMP` names this stage (the jit logs it).
+    #[getter]
+    fn dump(&self) -> bool {
+        self.dump
     }
 
     /// Number of bound symbols, counting decompositions.

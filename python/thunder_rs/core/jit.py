@@ -18,6 +18,7 @@ from thunder_rs.core.entry import Entry, make_check, make_post
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modes import RecordedModes
 from thunder_rs.core.langctx import user_frame
+from thunder_rs.core.logs import checked_passes, log_dumps
 from thunder_rs.core.modules import ModuleBinding, hooks_version, write_epoch
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.recorder import active_recorder
@@ -72,15 +73,18 @@ def _with_captured(fn, captured: tuple):
     return lambda *inputs: fn(*inputs, *captured)
 
 
-def _generated(acquired, name: str, modes: RecordedModes):
+def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = ()):
     """Runs the passes over an acquired trace and execs the result: the entry's callable, its
     source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
-    the program was traced under, which the call runs in."""
+    the program was traced under, which the call runs in; ``passes`` the jit's own registered
+    passes."""
     start = time.perf_counter()
     sync_fallbacks()
     executors = default_executors()
     table, impls = executor_table(executors)
-    traces, backward_traces, grad_positions = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts)
+    traces, backward_traces, grad_positions = _core.compile(acquired.trace, table, _checker(executors), make_proxy,
+                                                            acquired.consts, list(passes))
+    log_dumps(name, traces, backward_traces)
     passes_at = time.perf_counter()
     namespace = {"torch": torch, **impls}
     namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
@@ -108,9 +112,10 @@ def _generated(acquired, name: str, modes: RecordedModes):
 class ThunderFunction:
     """``thunder_rs.jit(fn)``: calls ``fn`` through a cache of compiled traces."""
 
-    def __init__(self, fn, module=None, cache: int = DEFAULT_CACHE_SIZE):
+    def __init__(self, fn, module=None, cache: int = DEFAULT_CACHE_SIZE, passes=()):
         if not isinstance(cache, int) or isinstance(cache, bool) or cache < 1:
             raise ThunderValueError(f"jit: cache must be a positive number of entries, got {cache!r} (argument cache)")
+        self._passes = checked_passes(passes)
         self._fn = fn
         self._module = module
         #: key -> the entry last used for it; every entry of a key (guards tell them apart) in
@@ -218,7 +223,7 @@ class ThunderFunction:
         check_generators(acquired.consts)
         acquired_at = time.perf_counter()
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
-        computation, source, filename, traces, backward_traces, stages = _generated(acquired, name, modes)
+        computation, source, filename, traces, backward_traces, stages = _generated(acquired, name, modes, self._passes)
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
         entry = Entry(computation, source, filename, positions, traces, backward_traces)
@@ -307,10 +312,10 @@ class ThunderModule(torch.nn.Module):
     its state dict has the wrapped module's keys.
     """
 
-    def __init__(self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE):
+    def __init__(self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE, passes=()):
         super().__init__()
         self._model = module
-        self._jfn = ThunderFunction(module, module=module, cache=cache)
+        self._jfn = ThunderFunction(module, module=module, cache=cache, passes=passes)
         self._hooks_seen = -1
         self._has_hooks = False
         present_state_dict_as_wrapped(self)

@@ -1,0 +1,98 @@
+//! The compile pipeline: every stage from the acquired trace to the execution traces, run
+//! through the [`Manager`] (timed, verified, dumpable).
+//!
+//! Program: acquired → dce → cse → (the jit's own passes) → then, for a program with outputs
+//! that require grad, vjp → split → dce on the forward. Each executed half then goes
+//! claim → lifetimes (which also generates the Python source). The backward first runs
+//! dce → cse.
+
+use crate::claim::{claim, ExecutorSpec};
+use crate::lifetimes::del_last_used;
+use crate::manager::{Manager, Pass, PassCx, PassRecord};
+use crate::plan::Plan;
+use crate::{cse::cse, dce::dce, vjp::vjp};
+use trace_ir::verify::verify;
+use trace_ir::{Arg, BoundSymbol, Result, Trace};
+
+/// The passes registered in every process.
+pub const BUILTIN_PASSES: &[Pass] = &[("dce", dce), ("cse", cse), ("vjp", vjp)];
+
+/// The passes run on the program before differentiation, before the jit's own.
+const PROGRAM: &[&str] = &["dce", "cse"];
+/// The passes run on the forward half after the split.
+const FORWARD: &[&str] = &["dce"];
+/// The passes run on the backward half after the split.
+const BACKWARD: &[&str] = &["dce", "cse"];
+
+/// The checker callback of claiming: `(executor index, trace, bound symbol) -> accepted`.
+pub type ClaimChecker<'a> = dyn FnMut(usize, &Trace, &BoundSymbol) -> Result<bool> + 'a;
+
+/// What a compilation produced: every stage's record for the program (or forward) and, for a
+/// program with differentiable outputs, for the backward; the last record of each carries the
+/// execution plan.
+pub struct Compiled {
+    pub forward: Vec<PassRecord>,
+    pub backward: Vec<PassRecord>,
+    /// Positions of the flat outputs (a single output is position 0) that receive cotangents.
+    pub grad_outputs: Vec<usize>,
+    /// How many residuals the forward saves for the backward.
+    pub residuals: usize,
+}
+
+/// The executors and the jit's own passes one compilation uses.
+pub struct Options<'a> {
+    pub executors: &'a [ExecutorSpec],
+    /// Registered passes run after the program's `dce` and `cse`.
+    pub passes: &'a [String],
+}
+
+/// Compiles an acquired trace.
+pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, cx: &PassCx) -> Result<Compiled> {
+    let mut m = Manager::new(cx);
+    m.stage("acquired", || verify(acquired).map(|()| (acquired.clone(), ())))?;
+    let mut program = m.passes(PROGRAM, acquired)?;
+    let user: Vec<&str> = options.passes.iter().map(String::as_str).collect();
+    program = m.passes(&user, &program)?;
+    let Some(joint) = crate::vjp::joint(&program)? else {
+        execution(&mut m, &program, options, checker, None, "computation")?;
+        return Ok(Compiled { forward: m.records, backward: Vec::new(), grad_outputs: Vec::new(), residuals: 0 });
+    };
+    m.stage("vjp", || Ok((joint.trace.clone(), ())))?;
+    let (forward, split) = m.stage("split", || crate::split::split(&joint).map(|s| (s.forward.clone(), s)))?;
+    let forward = m.passes(FORWARD, &forward)?;
+    execution(&mut m, &forward, options, checker, None, "computation")?;
+    let forward_records = std::mem::take(&mut m.records);
+
+    let (backward, _) = m.stage("split", || Ok((split.backward.clone(), ())))?;
+    let backward = m.passes(BACKWARD, &backward)?;
+    execution(&mut m, &backward, options, checker, Some(split.residuals.len()), "backward")?;
+    let grad_outputs = grad_output_positions(&program);
+    Ok(Compiled { forward: forward_records, backward: m.records, grad_outputs, residuals: split.residuals.len() })
+}
+
+/// Claims `trace` for the executors, then frees each value after its last use and generates the
+/// code: the execution trace, whose record carries the plan.
+fn execution(m: &mut Manager, trace: &Trace, options: &Options, checker: &mut ClaimChecker, packed: Option<usize>, name: &'static str) -> Result<()> {
+    let (claimed, impls) = m.stage("claim", || {
+        let mut check = |i: usize, bsym: &BoundSymbol| checker(i, trace, bsym);
+        claim(trace, options.executors, &mut check)
+    })?;
+    let (exec, plan) = m.stage("lifetimes", || {
+        let dels = del_last_used(&claimed, packed.unwrap_or(0));
+        let plan = Plan::new(&claimed, impls, dels, packed, name);
+        Ok((claimed.clone(), plan))
+    })?;
+    debug_assert_eq!(exec.bsyms.len(), plan.impls.len());
+    m.attach_plan(plan);
+    Ok(())
+}
+
+/// Positions of the flat outputs (a single output is position 0) that receive cotangents.
+fn grad_output_positions(trace: &Trace) -> Vec<usize> {
+    let items = match &trace.outputs {
+        Arg::Tuple(items) | Arg::List(items) => items.as_slice(),
+        single => std::slice::from_ref(single),
+    };
+    let differentiable = |a: &Arg| a.as_value().and_then(|v| trace.tensor(v)).is_some_and(|t| t.requires_grad);
+    items.iter().enumerate().filter(|(_, a)| differentiable(a)).map(|(i, _)| i).collect()
+}
