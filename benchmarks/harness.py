@@ -71,15 +71,20 @@ def eager_backend() -> Backend:
     return Backend("eager", wrap=lambda fn: fn)
 
 
-def thunder_rs_backend() -> Backend:
+def thunder_rs_backend(executors: tuple[str, ...] = ()) -> Backend:
+    """thunder_rs with its default executors, or with ``executors`` (names, in priority order)
+    as ``thunder_rs+inductor``."""
+    name = "+".join(("thunder_rs", *executors))
     try:
         import thunder_rs
 
         if not hasattr(thunder_rs, "jit"):
             raise ImportError("thunder_rs has no attribute 'jit' (package not built?)")
     except Exception as exc:  # noqa: BLE001 - any import failure means "skip"
-        return Backend("thunder_rs", None, note=f"import thunder_rs failed ({_import_error(exc)})")
-    return Backend("thunder_rs", wrap=thunder_rs.jit)
+        return Backend(name, None, note=f"import thunder_rs failed ({_import_error(exc)})")
+    if not executors:
+        return Backend(name, wrap=thunder_rs.jit)
+    return Backend(name, wrap=lambda fn: thunder_rs.jit(fn, executors=list(executors)))
 
 
 def thunder_backend() -> Backend:
@@ -101,18 +106,27 @@ def torch_compile_backend(enabled: bool) -> Backend:
     return Backend("torch.compile", wrap=torch.compile, reset=torch._dynamo.reset, max_first_repeats=3)
 
 
-def default_backends(with_compile: bool = False, names: set[str] | None = None) -> list[Backend]:
-    """eager always comes first; ``names`` limits the others (unselected ones are not even imported)."""
+def default_backends(with_compile: bool = False, names: set[str] | None = None,
+                     executor_sets: list[tuple[str, ...]] | None = None) -> list[Backend]:
+    """eager always comes first; ``names`` limits the others (unselected ones are not even
+    imported). ``executor_sets`` makes one thunder_rs backend per set of executor names (``()``
+    is the default executors)."""
     with_compile = with_compile or os.environ.get("BENCH_TORCH_COMPILE") == "1"
+    sets = executor_sets or [()]
     factories = {
-        "thunder_rs": thunder_rs_backend,
+        "thunder_rs": lambda: [thunder_rs_backend(s) for s in sets],
         "thunder": thunder_backend,
         "torch.compile": lambda: torch_compile_backend(with_compile or "torch.compile" in (names or ())),
     }
     unknown = (names or set()) - set(factories) - {"eager"}
     if unknown:
         raise ValueError(f"unknown backend(s): {', '.join(sorted(unknown))}; known: eager, {', '.join(factories)}")
-    return [eager_backend()] + [make() for name, make in factories.items() if names is None or name in names]
+    backends = [eager_backend()]
+    for name, make in factories.items():
+        if names is None or name in names:
+            made = make()
+            backends.extend(made if isinstance(made, list) else [made])
+    return backends
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -356,7 +370,17 @@ def parse_args(description: str, argv=None):
     p.add_argument("--cases", help="comma-separated case names to run (default: all)")
     p.add_argument("--backends", help="comma-separated backends besides eager: thunder_rs, thunder, torch.compile "
                    "(default: all available; naming torch.compile enables it)")
+    p.add_argument("--executors", action="append", metavar="NAMES",
+                   help="a comma-separated executor set for thunder_rs (e.g. inductor); repeat the flag for "
+                   "several columns, 'default' for the default executors (default: default only)")
     return p.parse_args(argv)
+
+
+def executor_sets(values: list[str] | None) -> list[tuple[str, ...]]:
+    """``--executors`` values as executor-name tuples; ``default`` is the empty tuple."""
+    if not values:
+        return [()]
+    return [() if v == "default" else tuple(n for n in v.split(",") if n) for v in values]
 
 
 def settings_for(quick: bool) -> Settings:
@@ -379,7 +403,8 @@ def select(items, names: str | None):
 def backends_from_args(args) -> list[Backend]:
     names = set(args.backends.split(",")) if args.backends else None
     try:
-        return default_backends(with_compile=args.with_compile, names=names)
+        return default_backends(with_compile=args.with_compile, names=names,
+                                executor_sets=executor_sets(getattr(args, "executors", None)))
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
 
