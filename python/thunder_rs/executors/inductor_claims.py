@@ -1,0 +1,114 @@
+"""What the Inductor executor claims: the torch executor's keys whose implementations are pure
+torch calls that Inductor compiles to eager's values, by prim family and by ltorch family file,
+less the symbols listed below with the reason each stays with the torch executor.
+
+A family is claimed only when listed, so that a new family (a new file of ltorch symbols) stays
+eager until someone has checked it against Inductor.
+"""
+
+import torch
+
+from thunder_rs.torch import SYMBOLS
+
+#: Prim families (``prims.TABLE``) whose prims are pure tensor functions.
+PRIM_FAMILIES = frozenset({"Unary", "Binary", "Elementwise", "Shape", "Reduce", "Scan", "Linalg", "Conv", "Index"})
+#: Prims claimed from other families.
+PRIMS = frozenset({"full", "iota"})
+#: ltorch family files (``thunder_rs.torch.<name>``) whose symbols Inductor compiles.
+SYMBOL_FAMILIES = frozenset({
+    "elementwise", "reductions", "scan", "conv", "creation", "shape", "indexing", "linalg", "nn", "pooling",
+    "interpolate", "autograd", "special", "activations", "losses", "kernels", "views", "padding", "arrange",
+    "diagonals", "copies", "creation_extra", "products", "norms", "normalization", "layers", "sampling",
+    "pool_kernels",
+})
+
+#: Keys (prim names, ``ltorch.`` symbol names) of the families above left to the torch executor.
+NOT_CLAIMED = {
+    "device_put": "moves data between devices, outside what one kernel computes",
+    # Eager checks these on tensor values, which Inductor's decompositions do not.
+    "ltorch.binary_cross_entropy": "eager checks that input is in [0, 1]",
+    "ltorch.gaussian_nll_loss": "eager checks that var >= 0",
+    "ltorch.mvlgamma": "eager checks that every element is > (p - 1) / 2",
+    "ltorch.linalg_matrix_power": "a negative power inverts, which eager checks for singular matrices",
+    "ltorch.linalg_matrix_norm": "the 2-norm and nuclear norm are SVDs (opaque linear algebra)",
+    "ltorch.linalg_norm": "matrix orders are SVDs (opaque linear algebra)",
+    # Random ops draw from eager's generator in program order.
+    "ltorch.dropout": "random", "ltorch.native_dropout": "random",
+    "ltorch.scaled_dot_product_attention": "dropout_p draws random numbers; the CPU flash kernel runs eagerly",
+    # They write their inputs.
+    "ltorch.batch_norm": "writes running_mean and running_var", "ltorch.instance_norm": "writes running statistics",
+    "ltorch.embedding_bag": "max_norm writes weight",
+    # The result depends on tensor values beyond what a layout fixes, or on memory.
+    "ltorch.repeat_interleave": "a tensor of repeats sets the output's shape",
+    "ltorch.as_strided": "reads storage as laid out in memory, which a compiled graph need not keep",
+    "ltorch.as_strided_copy": "reads storage as laid out in memory",
+    "ltorch.max_unpool1d": "scatters to indices from the data", "ltorch.max_unpool2d": "scatters to indices from the data",
+    "ltorch.max_unpool3d": "scatters to indices from the data",
+    # Uninitialised memory, complex conjugation views: nothing for Inductor to compute.
+    "ltorch.empty": "uninitialised", "ltorch.empty_like": "uninitialised", "ltorch.new_empty": "uninitialised",
+    "ltorch.conj": "a conjugate view", "ltorch.resolve_conj": "a conjugate view", "ltorch.resolve_neg": "a negative view",
+    "ltorch.conj_physical": "complex",
+}
+
+
+def _floating(*operands, **kwargs) -> bool:
+    """Whether a division computes in floating point: integer division by zero raises in eager
+    and is unchecked, or kills the process, in Inductor's kernels, so integer divisions (floor,
+    trunc, fmod, remainder) stay eager."""
+    for a in operands[:2]:
+        if isinstance(a, torch.Tensor) and (a.dtype.is_floating_point or a.dtype.is_complex):
+            return True
+        if isinstance(a, (float, complex)):
+            return True
+    return False
+
+
+def _true_or_floating_division(a, b, *, rounding_mode=None, **kwargs) -> bool:
+    """``torch.div`` without a rounding mode divides integers in floating point."""
+    return rounding_mode is None or _floating(a, b)
+
+
+def _same_device(a, *args, **kwargs) -> bool:
+    """``Tensor.to`` that keeps the device (a copy to another device is not a kernel's work)."""
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.Tensor):
+            if x.device != a.device:
+                return False
+        elif isinstance(x, (str, torch.device)):
+            if torch.device(x) != a.device:
+                return False
+        elif isinstance(x, int) and not isinstance(x, bool):
+            return False  # a CUDA device ordinal
+    return True
+
+
+def _no_mask(a, key) -> bool:
+    """Indexing by a boolean mask gives a shape that depends on the mask's values."""
+    entries = key if isinstance(key, tuple) else (key,)
+    return not any(isinstance(e, torch.Tensor) and e.dtype in (torch.bool, torch.uint8) for e in entries)
+
+
+CHECKERS = {
+    **{name: _floating for name in ("div", "fmod", "remainder")},
+    **{f"ltorch.{name}": _floating for name in ("floor_divide", "fmod", "remainder", "rremainder")},
+    "ltorch.div": _true_or_floating_division,
+    "ltorch.to": _same_device,
+    "ltorch.getitem": _no_mask,
+}
+
+
+def claimed_keys(torch_implmap: dict, prim_table) -> dict:
+    """``{key: (impl_name, checker or None)}`` for the keys of ``torch_implmap`` (the torch
+    executor's) the Inductor executor claims: those whose torch implementation has no checker."""
+    names = {name for name, family, _ in prim_table if family in PRIM_FAMILIES} | PRIMS
+    keys = {name: name for name in names}
+    for sym in SYMBOLS:
+        if sym.__module__.removeprefix("thunder_rs.torch.") in SYMBOL_FAMILIES and not sym.opaque:
+            keys[sym.symbol_id] = sym.symbol_name
+    claimed = {}
+    for key, name in keys.items():
+        entry = torch_implmap.get(key)
+        if entry is None or entry[1] is not None or name in NOT_CLAIMED:
+            continue
+        claimed[key] = (entry[0], CHECKERS.get(name))
+    return claimed

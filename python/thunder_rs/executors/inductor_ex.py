@@ -1,0 +1,229 @@
+"""The Inductor executor (``jit(fn, executors=["inductor"])``): each fusion region becomes one FX
+graph of its torch calls, compiled by TorchInductor without Dynamo, on the CPU or CUDA.
+
+It claims the keys whose torch-executor implementations are pure torch calls Inductor compiles to
+eager's values (elementwise, reductions, shape and view ops, matmuls, norms, the fused kernels
+that are plain aten calls), with the torch executor's implementation names, so that a region's
+source calls the same functions either way. It leaves to the torch executor what must stay
+eager: random ops (eager's RNG stream), ops that check tensor values (``binary_cross_entropy``'s
+input range, integer division by zero), ops that write their inputs, and opaque linear algebra.
+
+A region compiles on its first call, when its inputs' strides are known, once per input layout;
+compiled regions are shared process-wide by region key and layout, and Inductor's on-disk caches
+make the compile of an unchanged region a cache load in a later process. ``stats()`` reports
+Inductor's one-time start-up apart from the per-region compile times.
+"""
+
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from thunder_rs import prims
+from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.executors.extend import Executor, _bump
+from thunder_rs.executors.inductor_claims import claimed_keys
+from thunder_rs.executors.torch_ex import torch_ex
+
+
+@dataclass
+class InductorStats:
+    """What ``stats()`` reports, for this process."""
+
+    #: seconds of Inductor's one-time start-up per device type (its imports and its first
+    #: compile, of a one-op graph), kept out of ``compile_s``
+    startup_s: dict = field(default_factory=dict)
+    #: seconds each region compile took (tracing its FX graph and Inductor's compile), in order
+    compile_s: list = field(default_factory=list)
+    #: region calls whose (region key, input layout) was compiled before in this process
+    hits: int = 0
+    #: compiles: (region key, input layout) pairs new to this process
+    misses: int = 0
+    #: compiles Inductor answered from its on-disk caches (made in this or an earlier process)
+    disk_hits: int = 0
+    #: regions Inductor could not compile, which run as their eager torch calls
+    failures: int = 0
+
+    @property
+    def disk_misses(self) -> int:
+        return self.misses - self.disk_hits - self.failures
+
+
+_stats = InductorStats()
+#: (region key, input layout) -> the compiled region, shared by every region with that key
+_compiled: dict = {}
+_lock = threading.RLock()
+
+
+def stats() -> InductorStats:
+    """A copy of this process's Inductor statistics."""
+    with _lock:
+        return replace(_stats, startup_s=dict(_stats.startup_s), compile_s=list(_stats.compile_s))
+
+
+def clear_compiled() -> None:
+    """Forgets the compiled regions of this process (Inductor's on-disk caches are kept): the next
+    call of every region compiles again."""
+    with _lock:
+        _compiled.clear()
+
+
+# -- input layouts ---------------------------------------------------------------------------------
+
+_Tensor = torch.Tensor
+
+
+def _number_key(value):
+    # ``float.hex`` tells -0.0 from 0.0 and matches NaN to itself, which ``==`` does not; the
+    # type tells 1 from 1.0 and True, which a compiled graph holds as different constants.
+    if type(value) is float:
+        return value.hex()
+    return type(value), value
+
+
+def layout(args) -> tuple:
+    """What a compiled region is specialised on: each tensor input's dtype, device, shape and
+    strides, and each other input's value."""
+    key = []
+    for a in args:
+        if isinstance(a, _Tensor):
+            key += (a.dtype, a.device, a.shape, a.stride())
+        else:
+            key.append(_number_key(a))
+    return tuple(key)
+
+
+# -- compiling -------------------------------------------------------------------------------------
+
+
+def _inductor():
+    """Imports Inductor, which takes seconds: only a process that compiles a region pays it."""
+    import torch._inductor  # noqa: PLC0415 (deferred on purpose: see the docstring)
+    from torch.fx.experimental.proxy_tensor import make_fx  # noqa: PLC0415
+
+    compile_graph = getattr(torch._inductor, "standalone_compile", None)
+    if compile_graph is None:
+        raise ThunderNotImplementedError(
+            f"the Inductor executor needs torch._inductor.standalone_compile (torch >= 2.8); torch {torch.__version__} "
+            "has none (argument executors)")
+    return make_fx, compile_graph
+
+
+def _disk_hits() -> int:
+    """Inductor's count of graphs it loaded from its on-disk caches in this process."""
+    counters = torch._dynamo.utils.counters
+    return counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+
+
+def _on_tensors(function, args):
+    """``function`` as a function of the tensors among ``args``, the other inputs fixed: the
+    compiled graph holds them as constants (the layout keys their values)."""
+    positions = [i for i, a in enumerate(args) if isinstance(a, _Tensor)]
+    full = list(args)
+
+    def on_tensors(*tensors):
+        for i, t in zip(positions, tensors):
+            full[i] = t
+        return tuple(function(*full))
+
+    return on_tensors, positions
+
+
+def _compile_function(function, args):
+    """``function`` (tuple-returning torch calls) traced to one FX graph on ``args`` and compiled
+    by Inductor. Returns ``run(args) -> tuple``."""
+    make_fx, compile_graph = _inductor()
+    on_tensors, positions = _on_tensors(function, args)
+    tensors = [args[i] for i in positions]
+    # The execution traces run with grad mode and autocast off; the graph is traced so too.
+    with torch.no_grad(), torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+        graph = make_fx(on_tensors, tracing_mode="fake")(*tensors)
+        compiled = compile_graph(graph, tensors, dynamic_shapes="from_example_inputs", options={})
+    if len(positions) == len(args):
+        return lambda args: tuple(compiled(*args))
+    return lambda args: tuple(compiled(*[args[i] for i in positions]))
+
+
+def _start(device_type: str) -> None:
+    """Inductor's one-time start-up for ``device_type``: its imports and a first compile (of a
+    one-op graph), which loads its compiler, kernel templates and code caches."""
+    if device_type in _stats.startup_s:
+        return
+    start = time.perf_counter()
+    device = torch.device(device_type)
+    _compile_function(lambda x: (x + 1,), [torch.zeros(8, device=device)])
+    _stats.startup_s[device_type] = time.perf_counter() - start
+
+
+def _device_types(args) -> list[str]:
+    return sorted({a.device.type for a in args if isinstance(a, _Tensor)})
+
+
+def _compile_region(region, args, key):
+    """The region compiled for the layout of ``args`` (``key``), or its eager function when
+    Inductor cannot compile it (with a warning)."""
+    with _lock:
+        run = _compiled.get(key)
+        if run is not None:
+            _stats.hits += 1
+            return run
+        for device_type in _device_types(args) or ["cpu"]:
+            _start(device_type)
+        start, disk_hits = time.perf_counter(), _disk_hits()
+        try:
+            run = _compile_function(region.function, args)
+        except Exception as e:  # noqa: BLE001 (any Inductor failure leaves the eager calls, which are exact)
+            warnings.warn(f"thunder_rs inductor executor: {region.name} ({len(region.symbol_names)} symbols) runs "
+                          f"eagerly: Inductor could not compile it: {type(e).__name__}: {e}", stacklevel=3)
+            _stats.failures += 1
+            function = region.function
+            run = lambda args: function(*args)  # noqa: E731
+        _stats.compile_s.append(time.perf_counter() - start)
+        _stats.misses += 1
+        _stats.disk_hits += _disk_hits() > disk_hits
+        _compiled[key] = run
+        return run
+
+
+class CompiledRegion:
+    """The callable ``fuse`` returns: the region's outputs, computed by the Inductor kernel
+    compiled for its inputs' layout (compiled on the first call with each layout)."""
+
+    __slots__ = ("region", "_last_layout", "_last_run")
+
+    def __init__(self, region):
+        self.region = region
+        self._last_layout = None
+        self._last_run = None
+
+    def __call__(self, *args):
+        key = layout(args)
+        if key == self._last_layout:
+            return self._last_run(args)
+        run = _compile_region(self.region, args, (self.region.key, key))
+        self._last_layout, self._last_run = key, run
+        return run(args)
+
+
+# -- the executor ----------------------------------------------------------------------------------
+
+
+class InductorExecutor(Executor):
+    """Claims the torch executor's pure, Inductor-compilable keys (``inductor_claims``); ``fuse``
+    makes a region's callable."""
+
+    def __init__(self, name: str = "inductor"):
+        super().__init__(name)
+        for key, (impl_name, checker) in claimed_keys(torch_ex.implmap, prims.TABLE).items():
+            self.implmap[key] = (impl_name, checker, torch_ex.implmap[key][2])
+            if key in torch_ex.methods:
+                self.methods[key] = torch_ex.methods[key]
+        _bump()
+
+    def fuse(self, region) -> CompiledRegion:
+        return CompiledRegion(region)
+
+
+inductor_ex = InductorExecutor()

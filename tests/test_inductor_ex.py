@@ -1,0 +1,265 @@
+"""The Inductor executor: regions of torch calls compiled by Inductor equal the same calls run
+eagerly, compile once per region key and input layout, and claim only what Inductor computes as
+eager does.
+
+Regions are built by hand here, as the partitioning pass makes them: a function of the torch
+executor's implementations that returns a tuple. Each cold compile costs seconds (the C++
+compiler), so the default run keeps a few tests and the rest are slow.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from itertools import count
+
+import pytest
+import torch
+
+from thunder_rs import prims
+from thunder_rs.executors import inductor_claims, inductor_ex
+from thunder_rs.executors.torch_ex import torch_ex
+from thunder_rs.torch import SYMBOLS
+
+pytestmark = pytest.mark.inductor
+
+#: What region sources call: every implementation of the torch executor, by its name.
+IMPLS = {"torch": torch, **{name: impl for name, _, impl in torch_ex.implmap.values()}}
+_names = count()
+
+
+@dataclass(frozen=True)
+class Region:
+    """A stand-in for ``thunder_rs.executors.extend.Region`` with the fields ``fuse`` reads."""
+
+    name: str
+    key: str
+    source: str
+    function: object
+    symbol_names: tuple
+    num_inputs: int
+    num_outputs: int
+
+
+def region(body: str, params: str) -> Region:
+    """A region ``def <name>(<params>): <body>`` over the torch executor's implementations; its
+    key is its body, so that equal bodies are identical regions."""
+    name = f"inductor_fusion{next(_names)}"
+    source = f"def {name}({params}):\n" + textwrap.indent(textwrap.dedent(body).strip(), "    ")
+    namespace = dict(IMPLS)
+    exec(source, namespace)
+    lines = [line for line in source.splitlines()[1:] if "=" in line]
+    return Region(name, textwrap.dedent(body), source, namespace[name], tuple(lines), params.count(",") + 1, 0)
+
+
+def assert_same(outputs, expected):
+    assert isinstance(outputs, tuple) and len(outputs) == len(expected)
+    for out, ref in zip(outputs, expected):
+        assert (out.dtype, out.shape, out.device) == (ref.dtype, ref.shape, ref.device)
+        torch.testing.assert_close(out, ref, equal_nan=True)
+        if ref.numel() > 1 and ref.is_contiguous():
+            assert out.is_contiguous()
+
+
+def check(r: Region, *args):
+    """Runs ``r`` compiled and eagerly on ``args``; returns the compiled callable."""
+    compiled = inductor_ex.inductor_ex.fuse(r)
+    assert_same(compiled(*args), r.function(*args))
+    return compiled
+
+
+CHAIN = """
+    t2 = prim_add(t0, t1)
+    t3 = prim_sin(t2)
+    t4 = prim_mul(t3, n)
+    t5 = torch_softmax(t4, -1)
+    t6 = prim_sum(t4, (1,))
+    t7 = prim_broadcast_in_dim(t6, (8, 16), (0,))
+    t8 = prim_sub(t2, t7)
+    return (t5, t6, t8)
+"""
+
+
+# -- the default run: one region, layouts and the process-wide cache, claims -----------------------
+
+
+def test_region_equals_its_eager_calls_and_compiles_once_per_layout(one_thread):
+    r = region(CHAIN, "t0, t1, n")
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    before = inductor_ex.stats()
+    compiled = check(r, a, b, 2.0)
+    check_again = inductor_ex.stats()
+    assert check_again.misses == before.misses + 1 and "cpu" in check_again.startup_s
+    assert_same(compiled(a + 1, b, 2.0), r.function(a + 1, b, 2.0))  # same layout: no compile
+    assert inductor_ex.stats().misses == check_again.misses
+
+    # Another layout of an input, and another value of a number input, each compile once.
+    transposed = torch.randn(16, 8).t()
+    assert_same(compiled(transposed, b, 2.0), r.function(transposed, b, 2.0))
+    assert_same(compiled(a, b, -0.5), r.function(a, b, -0.5))
+    assert inductor_ex.stats().misses == check_again.misses + 2
+    # An identical region (another partition of a repeated layer, or a fresh jit) compiles nothing.
+    twin = region(CHAIN, "t0, t1, n")
+    assert_same(inductor_ex.inductor_ex.fuse(twin)(transposed, b, 2.0), r.function(transposed, b, 2.0))
+    after = inductor_ex.stats()
+    assert after.misses == check_again.misses + 2 and after.hits == check_again.hits + 1
+
+
+def test_a_region_inductor_cannot_compile_runs_its_eager_calls_with_a_warning():
+    # nonzero's shape depends on the data: Inductor's graph cannot hold it.
+    r = region("t1 = torch.nonzero(t0)\nreturn (t1,)", "t0")
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0])
+    before = inductor_ex.stats().failures
+    with pytest.warns(UserWarning, match=f"{r.name} .* runs eagerly: Inductor could not compile it"):
+        out = inductor_ex.inductor_ex.fuse(r)(x)
+    assert_same(out, r.function(x))
+    assert inductor_ex.stats().failures == before + 1
+
+
+def _keys(*names):
+    ids = {s.symbol_name: s.symbol_id for s in SYMBOLS}
+    return [ids.get(n, n) for n in names]
+
+
+def test_claims_pure_compilable_keys_with_the_torch_executors_implementations():
+    implmap = inductor_ex.inductor_ex.implmap
+    claimed = _keys("add", "sin", "sum", "matmul", "linear", "reshape", "transpose", "broadcast_in_dim", "full",
+                    "ltorch.softmax", "ltorch.layer_norm", "ltorch.gelu", "ltorch.cross_entropy", "ltorch.getitem",
+                    "ltorch.native_layer_norm", "ltorch.native_layer_norm_backward", "ltorch.softmax_backward",
+                    "ltorch.gelu_backward", "ltorch.embedding_backward", "ltorch.nll_loss_backward")
+    for key in claimed:
+        assert implmap[key][0] == torch_ex.implmap[key][0] and implmap[key][2] is torch_ex.implmap[key][2], key
+    # Random ops, ops eager checks on values, ops writing inputs, torch's checked kernels, opaque
+    # linear algebra and fallbacks stay with the torch executor.
+    unclaimed = _keys("uniform", "device_put", "ltorch.randn", "ltorch.dropout", "ltorch.native_dropout",
+                      "ltorch.bernoulli", "ltorch.binary_cross_entropy", "ltorch.gaussian_nll_loss",
+                      "ltorch.quantile", "ltorch.masked_scatter", "ltorch.batch_norm", "ltorch.sdpa_flash",
+                      "ltorch.native_batch_norm", "ltorch.linalg_inv", "ltorch.as_strided", "ltorch.empty")
+    assert not [key for key in unclaimed if key in implmap]
+    assert not any(torch_ex.implmap[key][1] is not None for key in implmap)
+    # The tables name existing keys.
+    names = {s.symbol_name for s in SYMBOLS} | set(prims.NAMES)
+    assert set(inductor_claims.NOT_CLAIMED) <= names and set(inductor_claims.CHECKERS) <= names
+
+
+def test_integer_division_device_copies_and_masks_stay_eager():
+    checker = {name: inductor_ex.inductor_ex.implmap[key][1] for name, key in zip(
+        ("div", "ltorch.div", "ltorch.floor_divide", "ltorch.to", "ltorch.getitem"),
+        _keys("div", "ltorch.div", "ltorch.floor_divide", "ltorch.to", "ltorch.getitem"))}
+    i, f = torch.ones(3, dtype=torch.int64), torch.ones(3)
+    assert not checker["div"](i, i) and checker["div"](f, f)
+    assert checker["ltorch.div"](i, i) and not checker["ltorch.div"](i, 2, rounding_mode="floor")
+    assert checker["ltorch.div"](i, 2.0, rounding_mode="floor") and not checker["ltorch.floor_divide"](i, i)
+    assert checker["ltorch.to"](f, torch.float64) and checker["ltorch.to"](f, "cpu", torch.float64)
+    assert not checker["ltorch.to"](f, "cuda") and not checker["ltorch.to"](f, device="meta")
+    assert checker["ltorch.getitem"](f, (slice(1), i)) and not checker["ltorch.getitem"](f, i > 0)
+
+
+# -- slow: more region shapes ----------------------------------------------------------------------
+
+REGIONS = {
+    "matmul_and_views": ("""
+        t3 = prim_reshape(t0, (4, 2, 16))
+        t4 = prim_transpose(t3, (1, 0, 2))
+        t5 = prim_reshape(t4, (2, 64))
+        t6 = prim_linear(t5, t1, t2)
+        t7 = prim_matmul(t6, prim_transpose(t6, (1, 0)))
+        t8 = torch_gelu(t7)
+        return (t6, t8)
+    """, "t0, t1, t2", lambda: (torch.randn(8, 16), torch.randn(5, 64), torch.randn(5))),
+    "layer_norm_forward_backward": ("""
+        (t3, t4, t5) = torch_native_layer_norm(t0, (16,), t1, t2, 1e-5)
+        (t6, t7, t8) = torch_native_layer_norm_backward(t3, t0, (16,), t4, t5, t1, t2, (True, True, True))
+        return (t3, t4, t5, t6, t7, t8)
+    """, "t0, t1, t2", lambda: (torch.randn(4, 8, 16), torch.randn(16), torch.randn(16))),
+    "softmax_and_gelu_backward": ("""
+        t2 = torch_softmax(t0, -1)
+        t3 = torch_softmax_backward(t1, t2, 1)
+        t4 = torch_gelu_backward(t1, t0, approximate="tanh")
+        t5 = torch_log_softmax(t0, 0)
+        t6 = torch_log_softmax_backward(t1, t5, 0)
+        return (t3, t4, t6)
+    """, "t0, t1", lambda: (torch.randn(6, 10), torch.randn(6, 10))),
+    "non_contiguous_and_broadcast_inputs": ("""
+        t3 = prim_broadcast_in_dim(t1, (6, 5), (1,))
+        t4 = prim_mul(t0, t3)
+        t5 = prim_add(t4, t2)
+        t6 = prim_amax(t5, (0,))
+        return (t5, t6)
+    """, "t0, t1, t2", lambda: (torch.randn(5, 6).t(), torch.randn(10)[::2], torch.randn(1, 5).expand(6, 5))),
+    "storage_offset": ("""
+        t1 = prim_exp(t0)
+        return (prim_mul(t1, t0),)
+    """, "t0", lambda: (torch.randn(40)[3:35].view(4, 8),)),
+    "zero_dim_and_empty": ("""
+        t2 = prim_broadcast_in_dim(t0, (0, 3), ())
+        t3 = prim_add(t1, t2)
+        t4 = prim_sum(t3, (0,))
+        t5 = prim_mul(t0, t0)
+        return (t3, t4, t5)
+    """, "t0, t1", lambda: (torch.tensor(1.5), torch.randn(0, 3))),
+    "integer_and_bool": ("""
+        t2 = prim_add(t0, t1)
+        t3 = prim_mul(t2, 3)
+        t4 = prim_gt(t3, t1)
+        t5 = prim_bitwise_and(t4, prim_lt(t0, 2))
+        t6 = prim_where(t5, t3, t0)
+        t7 = prim_sum(t6, (1,))
+        t8 = prim_convert_element_type(t5, torch.float32)
+        return (t6, t7, t8, t5)
+    """, "t0, t1", lambda: (torch.randint(-5, 5, (4, 6)), torch.randint(-5, 5, (4, 6)))),
+    "number_inputs": ("""
+        t3 = prim_mul(t0, a)
+        t4 = prim_add(t3, b)
+        t5 = prim_mul(t4, c)
+        return (t5, prim_pow(t0, 2))
+    """, "t0, a, b, c", lambda: (torch.randn(3, 4), 3, -0.25, True)),
+    "output_is_an_input": ("""
+        t1 = prim_neg(t0)
+        return (t0, t1, t1)
+    """, "t0", lambda: (torch.randn(3),)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(REGIONS))
+def test_region_shapes(name, one_thread):
+    body, params, make_inputs = REGIONS[name]
+    check(region(body, params), *make_inputs())
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cuda_region_equals_its_eager_calls():
+    body, params, make_inputs = REGIONS["matmul_and_views"]
+    check(region(body, params), *(t.cuda() for t in make_inputs()))
+    check(region(CHAIN, "t0, t1, n"), torch.randn(8, 16, device="cuda"), torch.randn(8, 16, device="cuda"), 0.5)
+    assert "cuda" in inductor_ex.stats().startup_s
+
+
+_IN_A_FRESH_PROCESS = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_inductor_ex import CHAIN, region
+from thunder_rs.executors import inductor_ex
+r = region(CHAIN, "t0, t1, n")
+inductor_ex.inductor_ex.fuse(r)(torch.randn(8, 16), torch.randn(8, 16), 0.125)
+s = inductor_ex.stats()
+print(s.misses, s.disk_hits)
+"""
+
+
+@pytest.mark.slow
+def test_a_later_process_loads_the_compiled_region_from_inductors_disk_cache(tmp_path):
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    script = _IN_A_FRESH_PROCESS.format(tests=os.path.dirname(__file__))
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert run() == ["1", "0"]  # compiled by Inductor
+    assert run() == ["1", "1"]  # loaded from the cache the first process left
+
