@@ -17,8 +17,9 @@
 //! A region is placed where its group's place is: after the last producer one of its members
 //! reads from outside. Symbols outside regions keep their order exactly, so effects (random
 //! draws, `manual_seed`), which never enter a region, run in program order. Groups with fewer
-//! than two calls that are not shape ops are not worth a region: their symbols run on their
-//! fallback implementations at the group's place, in their original order.
+//! than two calls that are not shape ops (shape prims, or composites made only of them) are not
+//! worth a region: their symbols run on their fallback implementations at the group's place,
+//! in their original order.
 
 use crate::claim::Assignment;
 use std::sync::Arc;
@@ -193,8 +194,17 @@ impl<'a> Grouping<'a> {
 
 /// Whether a group is worth a region: at least two calls that are not shape ops.
 fn worth_fusing(trace: &Trace, members: &[u32]) -> bool {
-    let is_compute = |&&m: &&u32| !trace.bsyms[m as usize].symbol.as_prim().is_some_and(|p| p.is_shape_op());
-    members.iter().filter(is_compute).take(2).count() == 2
+    members.iter().filter(|&&m| !only_moves_elements(&trace.bsyms[m as usize])).take(2).count() == 2
+}
+
+/// Whether a call only moves or selects elements: a shape prim, or a composite whose whole
+/// decomposition is (`ltorch.reshape`, `ltorch.permute`).
+fn only_moves_elements(bsym: &BoundSymbol) -> bool {
+    match &bsym.symbol {
+        Symbol::Prim(p) => p.is_shape_op(),
+        Symbol::Composite(_) => !bsym.subsymbols.is_empty() && bsym.subsymbols.iter().all(only_moves_elements),
+        Symbol::Fallback(_) | Symbol::Region(_) => false,
+    }
 }
 
 /// What is emitted at one place: a symbol outside any group, or a group.

@@ -274,3 +274,34 @@ fn only_legal_merges_are_refused_on_chains() {
     assert_eq!(out.trace.bsyms.len(), 1);
     assert_eq!(out.trace.bsyms[0].subsymbols.len(), 1000);
 }
+
+#[test]
+fn region_code_returns_a_tuple_and_identical_regions_share_a_key() {
+    // Two identical chains separated by an unfused call: two regions, one key.
+    let mut b = TraceBuilder::new();
+    let x = vector(&mut b);
+    let mut v = x;
+    for _ in 0..2 {
+        let s = prim(&mut b, "sin", &[v]);
+        let m = prim(&mut b, "mul", &[s, s]);
+        v = prim(&mut b, "cos", &[m]);
+    }
+    let trace = b.finish(Arg::Value(v)).unwrap();
+    let out = run(&trace, |_, b| b.symbol.qualified_name() != "prims.cos");
+    assert_eq!(names(&out.trace), ["fuser_fusion0", "prims.cos", "fuser_fusion1", "prims.cos"]);
+    let (first, second) = (&out.regions[0], &out.regions[1]);
+    let source = |r: &passes::partition::RegionPlan| {
+        trace_ir::pysrc::region_source(&out.trace, &out.trace.bsyms[r.index], &r.callees, &r.name)
+    };
+    assert_eq!(source(first), "def fuser_fusion0(t0):\n  t1 = torch_prims.sin(t0)\n  t2 = torch_prims.mul(t1, t1)\n  del t1\n  return (t2,)\n");
+    let key = |r: &passes::partition::RegionPlan| trace_ir::pysrc::region_key(&out.trace, &out.trace.bsyms[r.index], &r.callees);
+    assert_eq!(key(first), key(second));
+    assert!(key(first).ends_with("# input 0: cpu f32[4]\n"), "{}", key(first));
+    let plan_source = trace_ir::pysrc::python_source(
+        &out.trace,
+        &trace_ir::pysrc::ExecPlan { impls: &out.callees, dels: &[], packed: None },
+        "computation",
+    );
+    assert!(plan_source.contains("  # fuser_fusion0: 2 symbols\n  (t2,) = fuser_fusion0(t0)"), "{plan_source}");
+    assert!(plan_source.contains("    # t1 = prims.sin(t0)"), "{plan_source}");
+}

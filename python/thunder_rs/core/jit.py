@@ -25,7 +25,7 @@ from thunder_rs.core.recorder import active_recorder
 from thunder_rs.core.rng import check_generators
 from thunder_rs.core.wrapped_module import WRAPPED, present_state_dict_as_wrapped
 from thunder_rs.core.writeback import with_writebacks
-from thunder_rs.errors import ThunderTypeError, ThunderValueError, runtime_error, thunder_error_like
+from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
 from thunder_rs.executors.extend import Region, default_executors, executor_table, resolve_executors
 from thunder_rs.executors.torch_ex import sync_fallbacks
 
@@ -80,8 +80,8 @@ def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
         try:
             fused[name] = executor.fuse(region)
         except Exception as e:
-            raise thunder_error_like(e, f"{executor.name} executor: fuse failed on region {name} "
-                                        f"({', '.join(symbol_names)}): {e}") from e
+            raise ThunderRuntimeError(f"{executor.name} executor: fuse failed on region {name} "
+                                      f"({', '.join(symbol_names)}): {type(e).__name__}: {e}") from e
         if not callable(fused[name]):
             raise ThunderTypeError(f"{executor.name} executor: fuse returned {type(fused[name]).__name__} for region "
                                    f"{name}, expected a callable")
