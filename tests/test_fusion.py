@@ -94,6 +94,22 @@ def test_an_elementwise_chain_is_one_region_each_way_called_once_per_call():
     assert len(fuser.fused) == 2
 
 
+def test_fuse_is_a_stage_after_claim_only_with_a_fusion_executor(monkeypatch, capsys):
+    x, y = torch.randn(3, 8, requires_grad=True), torch.randn(3, 8)
+    monkeypatch.setenv("THUNDER_RS_DUMP", "fuse")
+    jfn = thunder_rs.jit(_chain, executors=[CountingFuser()])
+    jfn(x, y)
+    assert [t.label for t in thunder_rs.last_traces(jfn)][-3:] == ["claim", "fuse", "lifetimes"]
+    assert [t.label for t in thunder_rs.last_backward_traces(jfn)][-3:] == ["claim", "fuse", "lifetimes"]
+    stages = thunder_rs.compile_stats(jfn).stage_s
+    assert "pass:fuse" in stages and "backward:fuse" in stages and "fuse" in stages
+    dumped = capsys.readouterr().err
+    assert "after fuse" in dumped and "counting_fusion0(t0, t1)" in dumped
+    plain = thunder_rs.jit(_chain)
+    plain(x, y)
+    assert "fuse" not in [t.label for t in thunder_rs.last_traces(plain)]
+
+
 def test_matrix_products_cut_regions_and_lone_or_shape_only_groups_are_dropped():
     fuser = CountingFuser()
 

@@ -3,8 +3,8 @@
 //!
 //! Program: acquired → dce → cse → (the jit's own passes) → then, for a program with outputs
 //! that require grad, vjp → split → dce on the forward. Each executed half then goes
-//! claim → fuse (fusion regions) → lifetimes (which also generates the Python source). The
-//! backward first runs dce → cse.
+//! claim → fuse (fusion regions, when a fusion executor is in the table) → lifetimes (which
+//! also generates the Python source). The backward first runs dce → cse.
 
 use crate::claim::{claim, ExecutorSpec};
 use crate::lifetimes::del_last_used;
@@ -78,11 +78,16 @@ fn execution(m: &mut Manager, trace: &Trace, options: &Options, checker: &mut Cl
         let mut check = |i: usize, bsym: &BoundSymbol| checker(i, trace, bsym);
         claim(trace, options.executors, &mut check)
     })?;
-    let (fused, (impls, regions)) = m.stage("fuse", || {
-        let names: Vec<&str> = options.executors.iter().map(|e| e.name.as_str()).collect();
-        let Partition { trace, callees, regions } = partition(&claimed, &assignments, &names)?;
-        Ok((trace, (callees, regions)))
-    })?;
+    // Without a fusion executor there is nothing to partition, and no stage to pay for.
+    let (fused, (impls, regions)) = if options.executors.iter().any(|e| e.fusion) {
+        m.stage("fuse", || {
+            let names: Vec<&str> = options.executors.iter().map(|e| e.name.as_str()).collect();
+            let Partition { trace, callees, regions } = partition(&claimed, &assignments, &names)?;
+            Ok((trace, (callees, regions)))
+        })?
+    } else {
+        (claimed, (assignments.into_iter().map(|a| a.callee).collect(), Vec::new()))
+    };
     let (exec, plan) = m.stage("lifetimes", || {
         let dels = del_last_used(&fused, packed.unwrap_or(0));
         let plan = Plan::new(&fused, impls, dels, packed, name, &regions);
