@@ -30,6 +30,7 @@ class Executor:
         #: key -> name of a tensor method with the implementation's signature, called as
         #: ``t0.sin()`` when the first argument is a tensor (cheaper than ``torch.sin(t0)``)
         self.methods: dict = {}
+        _bump()  # a new executor may reuse a collected one's id, which keys the table cache
 
     def register_implementation(self, symbol, impl, *, impl_name: str | None = None, checker=None):
         """Runs ``symbol`` (an ltorch symbol, a prim entry point or a prim name) with ``impl``."""
