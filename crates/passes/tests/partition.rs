@@ -95,6 +95,22 @@ fn a_consumer_between_members_is_not_crossed() {
 }
 
 #[test]
+fn a_region_is_placed_after_the_producers_its_later_members_read() {
+    // exp, then an independent unfused cos, then mul(exp, cos): the region {exp, mul, sin} is
+    // placed after cos; cos keeps its place among the unfused symbols.
+    let mut b = TraceBuilder::new();
+    let (x, y) = (vector(&mut b), vector(&mut b));
+    let e = prim(&mut b, "exp", &[x]);
+    let c = prim(&mut b, "cos", &[y]);
+    let m = prim(&mut b, "mul", &[e, c]);
+    let s = prim(&mut b, "sin", &[m]);
+    let trace = b.finish(Arg::Value(s)).unwrap();
+    let out = run(&trace, |_, b| b.symbol.qualified_name() != "prims.cos");
+    assert_eq!(names(&out.trace), ["prims.cos", "fuser_fusion0"]);
+    assert_eq!(out.trace.bsyms[1].args, [Arg::Value(x), Arg::Value(c)]);
+}
+
+#[test]
 fn a_merge_that_would_close_a_cycle_is_refused() {
     // exp -> cos (unfused) -> add(exp, cos): add cannot join exp's group.
     let mut b = TraceBuilder::new();
