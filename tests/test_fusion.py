@@ -6,6 +6,7 @@ matrix products, which then cut regions) and its ``fuse`` returns ``region.funct
 in a counter.
 """
 
+import copy
 import sys
 from collections import Counter
 from pathlib import Path
@@ -19,7 +20,7 @@ from thunder_rs.executors import FusionExecutor, get_default_executors, known_ex
 from thunder_rs.executors.torch_ex import torch_ex
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import Block, GPTConfig  # noqa: E402
+from gpt import GPT, Block, GPTConfig, random_tokens  # noqa: E402
 
 _PRODUCTS = ("matmul", "linear", "mm", "bmm", "baddbmm", "scaled_dot_product")
 
@@ -149,6 +150,29 @@ def test_gpt_block_outputs_and_gradients_match_eager():
     assert len(_region_names(forward)) >= 1 and len(_region_names(backward)) >= 2
     # Every region ran exactly once in this call (forward names and backward names overlap).
     assert sum(fuser.calls.values()) == len(regions)
+
+
+def test_gpt_with_dropout_trains_as_eager_with_the_same_draws():
+    config = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
+    model = GPT(config, seed=0).train()
+    eager = copy.deepcopy(model)
+    fuser = CountingFuser()
+    sides = [(thunder_rs.jit(model, executors=[fuser]), torch.optim.AdamW(model.parameters(), lr=1e-3)),
+             (eager, torch.optim.AdamW(eager.parameters(), lr=1e-3))]
+    for step in range(3):
+        idx, targets = random_tokens(config, 2, 16, seed=step), random_tokens(config, 2, 16, seed=100 + step)
+        losses = []
+        for fn, opt in sides:
+            opt.zero_grad(set_to_none=True)
+            torch.manual_seed(step)
+            _, loss = fn(idx, targets)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1])
+    for (name, p), e in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p, e, msg=name)
+    assert fuser.fused and sum(fuser.calls.values()) == 3 * len(fuser.fused)  # each region once per step
 
 
 def test_non_contiguous_and_broadcast_region_inputs():
