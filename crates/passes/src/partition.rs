@@ -4,7 +4,8 @@
 //! Groups grow one symbol at a time, in trace order: a symbol joins the group of one of its
 //! producers of the same executor (a vertical merge) or, failing that, the executor's most
 //! recent group (a horizontal merge of independent symbols), when that is legal; otherwise it
-//! starts a group. Legality is decided by *placements*: every group has a place in the output
+//! starts a group. Every merge is of a group with one new symbol, so a group index per symbol
+//! does what union-find would, with no path compression to pay for. Legality is decided by *placements*: every group has a place in the output
 //! order, a key `(major, minor)` between trace positions (a symbol outside any group keeps
 //! `(position, 0)`). A group's place is after every producer it reads from outside and before
 //! every consumer outside it that read it so far (`first_reader`). A symbol joins a group only
