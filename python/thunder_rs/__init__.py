@@ -28,13 +28,15 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=()):
+def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
     """Compiles ``fn_or_module`` lazily: the first call with each input signature traces it.
 
     ``cache`` bounds how many compiled entries are kept; beyond it the least recently used is
     dropped (and compiled again if it is needed again). ``passes`` names registered Rust passes
     (``thunder_rs.registered_passes()``) to run on the program after dead-code elimination and
-    common-subexpression elimination, in order.
+    common-subexpression elimination, in order. ``executors`` are executor objects or names
+    (``thunder_rs.executors.known_executor_names()``) in priority order, the torch executor last
+    whether named or not; by default, ``thunder_rs.executors.get_default_executors()``.
     """
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):
         return fn_or_module
@@ -43,10 +45,10 @@ def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=()):
             f"jit: {getattr(fn_or_module, '__qualname__', fn_or_module)} is a generator or coroutine function; its body runs "
             "only as the result is iterated or awaited, after the call, so it cannot be traced (argument fn_or_module)")
     if isinstance(fn_or_module, _torch.nn.Module):
-        return ThunderModule(fn_or_module, cache=cache, passes=passes)
+        return ThunderModule(fn_or_module, cache=cache, passes=passes, executors=executors)
     if not callable(fn_or_module):
         raise errors.ThunderTypeError(f"jit: expected a function or torch.nn.Module, got {type(fn_or_module).__name__} (argument fn_or_module)")
-    return ThunderFunction(fn_or_module, cache=cache, passes=passes)
+    return ThunderFunction(fn_or_module, cache=cache, passes=passes, executors=executors)
 
 
 def registered_passes() -> list[str]:

@@ -5,13 +5,17 @@
 //! step recomputes an earlier value (work for CSE) and every fifth step is never used (work for
 //! DCE), so both passes do real rewriting at every size. Both inputs require grad, so the VJP
 //! pass differentiates the whole chain, and the split then chooses residuals over it (`split`
-//! times the split alone, from a joint trace built beforehand).
+//! times the split alone, from a joint trace built beforehand). `partition` groups the chain
+//! for a fusion executor that claims every symbol but each seventh (a stand-in for a matmul it
+//! leaves to torch), so regions are cut and placed around unfused symbols throughout.
 
+use passes::claim::Assignment;
 use passes::cse::cse;
 use passes::dce::dce;
 use passes::vjp::vjp;
 use passes::{Pass, PassCx};
 use std::time::Instant;
+use trace_ir::pysrc::Callee;
 use trace_ir::{Arg, DType, Device, TensorMeta, Trace, TraceBuilder, ValueKind};
 
 fn synthetic(n: usize) -> Trace {
@@ -37,6 +41,14 @@ fn synthetic(n: usize) -> Trace {
     b.finish(Arg::Value(live)).expect("synthetic trace is complete")
 }
 
+/// Every symbol but each seventh claimed by fusion executor 0.
+fn assignments(trace: &Trace) -> Vec<Assignment> {
+    let callee = Callee { function: "impl".into(), method: None };
+    (0..trace.bsyms.len())
+        .map(|i| Assignment { callee: callee.clone(), fusion: (i % 7 != 6).then(|| (0, callee.clone())) })
+        .collect()
+}
+
 fn median_seconds(repeats: usize, mut run: impl FnMut()) -> f64 {
     let mut times: Vec<f64> = (0..repeats)
         .map(|_| {
@@ -52,17 +64,20 @@ fn median_seconds(repeats: usize, mut run: impl FnMut()) -> f64 {
 fn main() {
     let passes: [Pass; 3] = [("dce", dce), ("cse", cse), ("vjp", vjp)];
     let cx = PassCx { verify: false, dump: Vec::new() };
-    println!("{:>8}  {:>5}  {:>12}  {:>14}", "bsyms", "pass", "median (ms)", "per bsym (µs)");
+    println!("{:>8}  {:>9}  {:>12}  {:>14}", "bsyms", "pass", "median (ms)", "per bsym (µs)");
     for n in [1_000, 10_000, 100_000] {
         let trace = synthetic(n);
         let repeats = if n >= 100_000 { 5 } else { 21 };
         let report = |name: &str, seconds: f64| {
-            println!("{:>8}  {:>5}  {:>12.3}  {:>14.3}", n, name, seconds * 1e3, seconds * 1e6 / n as f64)
+            println!("{:>8}  {:>9}  {:>12.3}  {:>14.3}", n, name, seconds * 1e3, seconds * 1e6 / n as f64)
         };
         for pass in &passes {
             report(pass.0, median_seconds(repeats, || drop((pass.1)(&trace, &cx).expect("pass succeeds"))));
         }
         let joint = passes::joint(&trace).expect("vjp succeeds").expect("the output requires grad");
         report("split", median_seconds(repeats, || drop(passes::split(&joint).expect("split succeeds"))));
+        let claimed = assignments(&trace);
+        let partition = || drop(passes::partition::partition(&trace, &claimed, &["fuser"]).expect("partition succeeds"));
+        report("partition", median_seconds(repeats, partition));
     }
 }

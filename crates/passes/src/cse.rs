@@ -38,7 +38,7 @@ fn is_pure(symbol: &Symbol) -> bool {
     match symbol {
         Symbol::Prim(p) => !p.is_random(),
         Symbol::Composite(_) => true,
-        Symbol::Fallback(_) => false,
+        Symbol::Fallback(_) | Symbol::Region(_) => false,
     }
 }
 

@@ -3,12 +3,13 @@
 //!
 //! Program: acquired → dce → cse → (the jit's own passes) → then, for a program with outputs
 //! that require grad, vjp → split → dce on the forward. Each executed half then goes
-//! claim → lifetimes (which also generates the Python source). The backward first runs
-//! dce → cse.
+//! claim → fuse (fusion regions, when a fusion executor is in the table) → lifetimes (which
+//! also generates the Python source). The backward first runs dce → cse.
 
 use crate::claim::{claim, ExecutorSpec};
 use crate::lifetimes::del_last_used;
 use crate::manager::{Manager, Pass, PassCx, PassRecord};
+use crate::partition::{partition, Partition};
 use crate::plan::Plan;
 use crate::{cse::cse, dce::dce, vjp::vjp};
 use trace_ir::verify::verify;
@@ -73,14 +74,24 @@ pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, 
 /// Claims `trace` for the executors, then frees each value after its last use and generates the
 /// code: the execution trace, whose record carries the plan.
 fn execution(m: &mut Manager, trace: &Trace, options: &Options, checker: &mut ClaimChecker, packed: Option<usize>, name: &'static str) -> Result<()> {
-    let (claimed, impls) = m.stage("claim", || {
+    let (claimed, assignments) = m.stage("claim", || {
         let mut check = |i: usize, bsym: &BoundSymbol| checker(i, trace, bsym);
         claim(trace, options.executors, &mut check)
     })?;
+    // Without a fusion executor there is nothing to partition, and no stage to pay for.
+    let (fused, (impls, regions)) = if options.executors.iter().any(|e| e.fusion) {
+        m.stage("fuse", || {
+            let names: Vec<&str> = options.executors.iter().map(|e| e.name.as_str()).collect();
+            let Partition { trace, callees, regions } = partition(&claimed, &assignments, &names)?;
+            Ok((trace, (callees, regions)))
+        })?
+    } else {
+        (claimed, (assignments.into_iter().map(|a| a.callee).collect(), Vec::new()))
+    };
     let (exec, plan) = m.stage("lifetimes", || {
-        let dels = del_last_used(&claimed, packed.unwrap_or(0));
-        let plan = Plan::new(&claimed, impls, dels, packed, name);
-        Ok((claimed.clone(), plan))
+        let dels = del_last_used(&fused, packed.unwrap_or(0));
+        let plan = Plan::new(&fused, impls, dels, packed, name, &regions);
+        Ok((fused.clone(), plan))
     })?;
     debug_assert_eq!(exec.bsyms.len(), plan.impls.len());
     m.attach_plan(plan);

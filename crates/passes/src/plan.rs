@@ -1,7 +1,8 @@
 //! The plan of an execution trace: who runs each bound symbol, what to delete after it, and the
 //! Python source generated from it.
 
-use trace_ir::pysrc::{python_source, Callee, ExecPlan};
+use crate::partition::RegionPlan;
+use trace_ir::pysrc::{python_source, region_key, region_source, Callee, ExecPlan};
 use trace_ir::{Trace, ValueId};
 
 /// How to run an execution trace.
@@ -17,12 +18,54 @@ pub struct Plan {
     pub name: &'static str,
     /// The generated Python module.
     pub source: String,
+    /// The fusion regions the module calls, in order.
+    pub regions: Vec<RegionCode>,
+}
+
+/// What a fusion executor's `fuse` is handed for one region.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegionCode {
+    /// The region's name, the global its call site reads (`inductor_fusion0`).
+    pub name: String,
+    /// The fusion executor's index in the executor table.
+    pub executor: usize,
+    /// The module source of `def {name}(inputs...)`, returning a tuple of its outputs.
+    pub source: String,
+    /// A structural key: equal for regions that compute the same thing on the same metadata.
+    pub key: String,
+    /// The qualified names of its calls, in order.
+    pub symbol_names: Vec<String>,
+    pub num_inputs: usize,
+    pub num_outputs: usize,
+}
+
+impl RegionCode {
+    fn new(trace: &Trace, region: &RegionPlan) -> RegionCode {
+        let bsym = &trace.bsyms[region.index];
+        RegionCode {
+            name: region.name.to_string(),
+            executor: region.executor,
+            source: region_source(trace, bsym, &region.callees, &region.name),
+            key: region_key(trace, bsym, &region.callees),
+            symbol_names: bsym.subsymbols.iter().map(|s| s.symbol.qualified_name()).collect(),
+            num_inputs: bsym.inputs().len(),
+            num_outputs: bsym.outputs.len(),
+        }
+    }
 }
 
 impl Plan {
-    /// The plan for `trace` with `impls` and `dels`, its source generated.
-    pub fn new(trace: &Trace, impls: Vec<Callee>, dels: Vec<Vec<ValueId>>, packed: Option<usize>, name: &'static str) -> Plan {
+    /// The plan for `trace` with `impls` and `dels`, its source and its regions' generated.
+    pub fn new(
+        trace: &Trace,
+        impls: Vec<Callee>,
+        dels: Vec<Vec<ValueId>>,
+        packed: Option<usize>,
+        name: &'static str,
+        regions: &[RegionPlan],
+    ) -> Plan {
         let source = python_source(trace, &ExecPlan { impls: &impls, dels: &dels, packed }, name);
-        Plan { impls, dels, packed, name, source }
+        let regions = regions.iter().map(|r| RegionCode::new(trace, r)).collect();
+        Plan { impls, dels, packed, name, source, regions }
     }
 }

@@ -119,6 +119,7 @@ fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Re
                 Some(rule) => apply_rule(e, cots, rule)?,
                 None => backprop(e, cots, &bsym.subsymbols)?,
             },
+            Symbol::Region(_) => backprop(e, cots, &bsym.subsymbols)?,
             Symbol::Fallback(id) => fallback_vjp(e, cots, bsym, *id, &out_cots)?,
         }
     }

@@ -11,6 +11,9 @@ use crate::convert::from_arg;
 use crate::errors::{no_panic, py_result};
 use crate::trace::PyTrace;
 
+/// One executor's table as Python sends it: `(name, is_fusion, [(symbol, impl_name, has_checker, method), ...])`.
+type ExecutorRow<'py> = (String, bool, Vec<(Bound<'py, PyAny>, String, bool, Option<String>)>);
+
 /// The executors' tables in priority order, built once from Python.
 #[pyclass(frozen, module = "thunder_rs._core", name = "ExecutorTable")]
 pub struct ExecutorTable {
@@ -19,14 +22,14 @@ pub struct ExecutorTable {
 
 #[pymethods]
 impl ExecutorTable {
-    /// `executors` is `[(name, [(symbol, impl_name, has_checker, method), ...]), ...]`, where
-    /// `symbol` is a prim name (str) or a registered symbol id (int), and `method` names a
+    /// `executors` is `[(name, is_fusion, [(symbol, impl_name, has_checker, method), ...]), ...]`,
+    /// where `symbol` is a prim name (str) or a registered symbol id (int), and `method` names a
     /// tensor method with the same signature, or is None.
     #[new]
-    fn new(executors: Vec<(String, Vec<(Bound<'_, PyAny>, String, bool, Option<String>)>)>) -> PyResult<Self> {
+    fn new(executors: Vec<ExecutorRow<'_>>) -> PyResult<Self> {
         let executors = executors
             .into_iter()
-            .map(|(name, entries)| {
+            .map(|(name, fusion, entries)| {
                 let impls = entries
                     .into_iter()
                     .map(|(sym, function, has_checker, method)| {
@@ -34,10 +37,11 @@ impl ExecutorTable {
                             Ok(id) => SymKey::Symbol(SymbolId(id)),
                             Err(_) => SymKey::Prim(sym.extract::<String>()?),
                         };
-                        Ok((key, ImplSpec { callee: Callee { function, method }, has_checker }))
+                        let callee = Callee { function: function.into(), method: method.map(Into::into) };
+                        Ok((key, ImplSpec { callee, has_checker }))
                     })
                     .collect::<PyResult<_>>()?;
-                Ok(ExecutorSpec { name, impls })
+                Ok(ExecutorSpec { name, impls, fusion })
             })
             .collect::<PyResult<_>>()?;
         Ok(ExecutorTable { executors })

@@ -99,6 +99,17 @@ impl PyTrace {
         .map(|b| b.symbol.qualified_name())
     }
 
+    /// The fusion regions of an execution trace, in order, as
+    /// `(name, executor_index, source, key, symbol_names, num_inputs, num_outputs)`.
+    #[allow(clippy::type_complexity)]
+    fn regions(&self) -> Vec<(String, usize, String, String, Vec<String>, usize, usize)> {
+        let Some(plan) = &self.plan else { return Vec::new() };
+        plan.regions
+            .iter()
+            .map(|r| (r.name.clone(), r.executor, r.source.clone(), r.key.clone(), r.symbol_names.clone(), r.num_inputs, r.num_outputs))
+            .collect()
+    }
+
     /// Whether each input requires grad.
     fn input_requires_grad(&self) -> Vec<bool> {
         self.trace.inputs.iter().map(|&v| self.trace.tensor(v).is_some_and(|t| t.requires_grad)).collect()

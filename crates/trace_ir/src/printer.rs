@@ -1,7 +1,7 @@
 //! Prints traces in Thunder's format: runnable-looking Python with type comments and each
 //! composite's decomposition as nested comments.
 
-use crate::trace::{BoundSymbol, GradRule, Trace};
+use crate::trace::{BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, ValueKind};
 use crate::ValueId;
 use std::fmt::Write;
@@ -126,6 +126,9 @@ pub fn write_type_comment(out: &mut String, trace: &Trace, outputs: &[ValueId]) 
 
 fn write_bsym(out: &mut String, trace: &Trace, bsym: &BoundSymbol, depth: usize) {
     let indent = "  ".repeat(depth + 1);
+    if let Symbol::Region(name) = &bsym.symbol {
+        writeln!(out, "{indent}# {name}: {} symbols", bsym.subsymbols.len()).unwrap();
+    }
     out.push_str(&indent);
     if depth > 0 {
         out.push_str("# ");
@@ -137,11 +140,16 @@ fn write_bsym(out: &mut String, trace: &Trace, bsym: &BoundSymbol, depth: usize)
     write_call(out, &bsym.symbol.qualified_name(), bsym, &mut InlineDevices);
     write_type_comment(out, trace, &bsym.outputs);
     out.push('\n');
-    for sub in &bsym.subsymbols {
-        write_bsym(out, trace, sub, depth + 1);
-    }
+    write_subsymbol_comments(out, trace, bsym, depth + 1);
     if let Some(rule) = &bsym.grad {
         write_grad_rule(out, trace, rule, depth + 1);
+    }
+}
+
+/// A call's decomposition (or a region's calls) as comments at `depth`.
+pub fn write_subsymbol_comments(out: &mut String, trace: &Trace, bsym: &BoundSymbol, depth: usize) {
+    for sub in &bsym.subsymbols {
+        write_bsym(out, trace, sub, depth);
     }
 }
 

@@ -1,20 +1,24 @@
 //! Emits the Python source of an execution trace: each top-level bound symbol calls the
 //! implementation its executor chose, and values are deleted after their last use.
 
-use crate::printer::{write_arg, write_call_with, write_header, write_targets, write_type_comment, ArgStyle};
-use crate::trace::{BoundSymbol, Trace};
+use crate::printer::{
+    describe_value, write_arg, write_call_with, write_header, write_subsymbol_comments, write_targets, write_type_comment,
+    ArgStyle,
+};
+use crate::trace::{BoundSymbol, Symbol, Trace};
 use crate::value::Arg;
 use crate::{Device, ValueId};
 use std::fmt::Write;
+use std::sync::Arc;
 
 /// How generated code calls the implementation of a bound symbol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Callee {
     /// The global name of the callable (`torch_sin`).
-    pub function: String,
+    pub function: Arc<str>,
     /// A tensor method with the same signature (`sin`), called as `t0.sin()` when the first
     /// argument is a tensor: method calls are the cheapest way into torch from Python.
-    pub method: Option<String>,
+    pub method: Option<Arc<str>>,
 }
 
 /// What the code generator needs besides the trace.
@@ -58,13 +62,37 @@ fn write_callee(out: &mut String, trace: &Trace, callee: &Callee, bsym: &BoundSy
     }
 }
 
+/// One line of generated code calling `callee` for `bsym`. A region's call unpacks the tuple
+/// its function always returns, under a comment naming it and with its calls as comments.
+fn write_statement(out: &mut String, trace: &Trace, callee: &Callee, bsym: &BoundSymbol, style: &mut dyn ArgStyle) {
+    let region = matches!(bsym.symbol, Symbol::Region(_));
+    if region {
+        writeln!(out, "  # {}: {} symbols", callee.function, bsym.subsymbols.len()).unwrap();
+    }
+    out.push_str("  ");
+    match (region, bsym.outputs.as_slice()) {
+        (_, []) => {}
+        (true, [one]) => write!(out, "({one},) = ").unwrap(),
+        (_, outputs) => {
+            write_targets(out, outputs);
+            out.push_str(" = ");
+        }
+    }
+    write_callee(out, trace, callee, bsym, style);
+    write_type_comment(out, trace, &bsym.outputs);
+    out.push('\n');
+    if region {
+        write_subsymbol_comments(out, trace, bsym, 1);
+    }
+}
+
 /// `def backward(saved, c0, ...)`, then `t1, t5, = saved` and `saved.clear()`.
 fn write_packed_header(out: &mut String, trace: &Trace, name: &str, packed: usize) {
     let (saved, rest) = trace.inputs.split_at(packed);
     let params: String = rest.iter().map(|v| format!(", {v}")).collect();
     writeln!(out, "def {name}(saved{params}):").unwrap();
     for &v in &trace.inputs {
-        writeln!(out, "  # {}", crate::printer::describe_value(trace, v)).unwrap();
+        writeln!(out, "  # {}", describe_value(trace, v)).unwrap();
     }
     if !saved.is_empty() {
         let targets: String = saved.iter().map(|v| format!("{v}, ")).collect();
@@ -82,14 +110,7 @@ pub fn python_source(trace: &Trace, plan: &ExecPlan, name: &str) -> String {
         Some(n) => write_packed_header(&mut body, trace, name, n),
     }
     for (i, bsym) in trace.bsyms.iter().enumerate() {
-        body.push_str("  ");
-        if !bsym.outputs.is_empty() {
-            write_targets(&mut body, &bsym.outputs);
-            body.push_str(" = ");
-        }
-        write_callee(&mut body, trace, &plan.impls[i], bsym, &mut devices);
-        write_type_comment(&mut body, trace, &bsym.outputs);
-        body.push('\n');
+        write_statement(&mut body, trace, &plan.impls[i], bsym, &mut devices);
         if let Some(dels) = plan.dels.get(i).filter(|d| !d.is_empty()) {
             let names: Vec<String> = dels.iter().map(|v| v.to_string()).collect();
             writeln!(body, "  del {}", names.join(", ")).unwrap();
@@ -104,5 +125,109 @@ pub fn python_source(trace: &Trace, plan: &ExecPlan, name: &str) -> String {
     }
     out.push('\n');
     out.push_str(&body);
+    out
+}
+
+/// The module source of one region's function: `def {name}(inputs...)` runs the region's calls
+/// with `callees` (one per call) and always returns a tuple of the region's outputs. Devices
+/// are module constants, as in [`python_source`].
+pub fn region_source(trace: &Trace, region: &BoundSymbol, callees: &[Callee], name: &str) -> String {
+    let mut devices = HoistedDevices::default();
+    let params: Vec<String> = region.inputs().iter().map(ValueId::to_string).collect();
+    let mut body = format!("def {name}({}):\n", params.join(", "));
+    let dels = region_dels(region);
+    for (i, (sub, callee)) in region.subsymbols.iter().zip(callees).enumerate() {
+        body.push_str("  ");
+        if !sub.outputs.is_empty() {
+            write_targets(&mut body, &sub.outputs);
+            body.push_str(" = ");
+        }
+        write_callee(&mut body, trace, callee, sub, &mut devices);
+        body.push('\n');
+        if !dels[i].is_empty() {
+            let names: Vec<String> = dels[i].iter().map(ValueId::to_string).collect();
+            writeln!(body, "  del {}", names.join(", ")).unwrap();
+        }
+    }
+    let outputs: String = region.outputs.iter().map(|v| format!("{v}, ")).collect();
+    writeln!(body, "  return ({})", outputs.trim_end()).unwrap();
+    let mut out = String::new();
+    for (i, d) in devices.devices.iter().enumerate() {
+        writeln!(out, "_dev{i} = torch.device('{d}')").unwrap();
+    }
+    out.push_str(&body);
+    out
+}
+
+/// Per call of a region, the intermediates whose last use it is (not the region's outputs).
+fn region_dels(region: &BoundSymbol) -> Vec<Vec<ValueId>> {
+    let mut last_use: rustc_hash::FxHashMap<ValueId, usize> = Default::default();
+    let mut defined: Vec<ValueId> = Vec::new();
+    for (i, sub) in region.subsymbols.iter().enumerate() {
+        sub.for_each_input(|v| {
+            if let Some(last) = last_use.get_mut(&v) {
+                *last = i;
+            }
+        });
+        for &v in &sub.outputs {
+            last_use.insert(v, i);
+            defined.push(v);
+        }
+    }
+    let outputs: rustc_hash::FxHashSet<ValueId> = region.outputs.iter().copied().collect();
+    let mut dels = vec![Vec::new(); region.subsymbols.len()];
+    for v in defined {
+        if !outputs.contains(&v) {
+            dels[last_use[&v]].push(v);
+        }
+    }
+    dels
+}
+
+/// A structural key of a region: its source with values renamed in order of first appearance
+/// and its name replaced, followed by its inputs' metadata; identical regions (repeated layers)
+/// have equal keys.
+pub fn region_key(trace: &Trace, region: &BoundSymbol, callees: &[Callee]) -> String {
+    let mut key = rename_values(&region_source(trace, region, callees, "region"));
+    for (i, v) in region.inputs().into_iter().enumerate() {
+        let kind = trace.values.get(v.index()).map_or_else(|| "?".to_string(), crate::printer::describe_kind);
+        writeln!(key, "# input {i}: {kind}").unwrap();
+    }
+    key
+}
+
+/// `source` with every value name (`t12`) outside string literals renamed `v0`, `v1`, ... in
+/// order of first appearance.
+fn rename_values(source: &str) -> String {
+    let bytes = source.as_bytes();
+    let mut names: Vec<&str> = Vec::new();
+    let mut out = String::with_capacity(source.len());
+    let (mut i, mut in_string) = (0, false);
+    while i < bytes.len() {
+        let c = bytes[i];
+        let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b'.');
+        if in_string || c != b't' || !starts_word {
+            if c == b'"' && (i == 0 || bytes[i - 1] != b'\\') {
+                in_string = !in_string;
+            }
+            out.push(c as char);
+            i += 1;
+            continue;
+        }
+        let end = (i + 1..bytes.len()).find(|&j| !bytes[j].is_ascii_digit()).unwrap_or(bytes.len());
+        let follows_word = end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_');
+        if end == i + 1 || follows_word {
+            out.push('t');
+            i += 1;
+            continue;
+        }
+        let name = &source[i..end];
+        let index = names.iter().position(|n| *n == name).unwrap_or_else(|| {
+            names.push(name);
+            names.len() - 1
+        });
+        write!(out, "v{index}").unwrap();
+        i = end;
+    }
     out
 }

@@ -17,6 +17,9 @@ pub enum Symbol {
     Composite(SymbolId),
     /// A torch call without a decomposition, executed eagerly by torch.
     Fallback(SymbolId),
+    /// A fusion region (`inductor_fusion0`): its bound symbols are the calls it runs, handed
+    /// together to a fusion executor. Its name is unique within its execution trace.
+    Region(Arc<str>),
 }
 
 impl Symbol {
@@ -25,6 +28,7 @@ impl Symbol {
         match self {
             Symbol::Prim(p) => p.qualified_name(),
             Symbol::Composite(id) | Symbol::Fallback(id) => SymbolTable::name(*id).to_string(),
+            Symbol::Region(name) => name.to_string(),
         }
     }
 
@@ -41,7 +45,8 @@ impl Symbol {
     pub fn is_effect(&self) -> bool {
         match self {
             Symbol::Prim(p) => p.is_random(),
-            Symbol::Composite(_) => false,
+            // A region's calls carry their own effects (the partitioner admits none).
+            Symbol::Composite(_) | Symbol::Region(_) => false,
             Symbol::Fallback(id) => SymbolTable::kind(*id) == SymbolKind::Effect,
         }
     }

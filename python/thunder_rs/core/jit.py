@@ -25,8 +25,8 @@ from thunder_rs.core.recorder import active_recorder
 from thunder_rs.core.rng import check_generators
 from thunder_rs.core.wrapped_module import WRAPPED, present_state_dict_as_wrapped
 from thunder_rs.core.writeback import with_writebacks
-from thunder_rs.errors import ThunderValueError, runtime_error
-from thunder_rs.executors.extend import default_executors, executor_table
+from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
+from thunder_rs.executors.extend import Region, default_executors, executor_table, resolve_executors
 from thunder_rs.executors.torch_ex import sync_fallbacks
 
 MISS_WARNING_THRESHOLD = 8
@@ -61,11 +61,31 @@ def _checker(executors):
     return check
 
 
-def _load(trace, name: str, filename: str, namespace: dict):
-    """Execs the generated source of an execution trace; returns it and its function."""
-    source, scope = str(trace), dict(namespace)
+def _load(trace, name: str, filename: str, namespace: dict, regions: dict):
+    """Execs the generated source of an execution trace, its fusion regions bound to the
+    callables ``regions`` holds by name; returns the source and its function."""
+    source, scope = str(trace), {**namespace, **regions}
     exec(compile(source, filename, "exec"), scope)
     return source, scope[name]
+
+
+def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
+    """Each region of ``trace`` by name: its executor's ``fuse`` of it, called once per region."""
+    fused = {}
+    for name, index, source, key, symbol_names, num_inputs, num_outputs in trace.regions():
+        scope = dict(namespace)
+        exec(compile(source, f"{filename} {name}", "exec"), scope)
+        region = Region(name, key, source, scope[name], tuple(symbol_names), num_inputs, num_outputs)
+        executor = executors[index]
+        try:
+            fused[name] = executor.fuse(region)
+        except Exception as e:
+            raise ThunderRuntimeError(f"{executor.name} executor: fuse failed on region {name} "
+                                      f"({', '.join(symbol_names)}): {type(e).__name__}: {e}") from e
+        if not callable(fused[name]):
+            raise ThunderTypeError(f"{executor.name} executor: fuse returned {type(fused[name]).__name__} for region "
+                                   f"{name}, expected a callable")
+    return fused
 
 
 def _with_captured(fn, captured: tuple):
@@ -73,14 +93,14 @@ def _with_captured(fn, captured: tuple):
     return lambda *inputs: fn(*inputs, *captured)
 
 
-def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = ()):
+def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None):
     """Runs the passes over an acquired trace and execs the result: the entry's callable, its
     source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
     the program was traced under, which the call runs in; ``passes`` the jit's own registered
-    passes."""
+    passes; ``executors`` the jit's executors (the defaults when None)."""
     start = time.perf_counter()
     sync_fallbacks()
-    executors = default_executors()
+    executors = default_executors() if executors is None else executors
     table, impls = executor_table(executors)
     traces, backward_traces, grad_positions = _core.compile(acquired.trace, table, _checker(executors), make_proxy,
                                                             acquired.consts, list(passes))
@@ -89,10 +109,15 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = ()):
     namespace = {"torch": torch, **impls}
     namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
     filename = f"<thunder_rs {name}>"
-    source, computation = _load(traces[-1], "computation", filename, namespace)
+    fuse_at = time.perf_counter()
+    regions = _fused_regions(traces[-1], filename, namespace, executors)
+    if backward_traces:
+        backward_regions = _fused_regions(backward_traces[-1], filename + " backward", namespace, executors)
+    fuse_s = time.perf_counter() - fuse_at
+    source, computation = _load(traces[-1], "computation", filename, namespace, regions)
     wb = acquired.writebacks
     if backward_traces:
-        _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace)
+        _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace, backward_regions)
         if wb is None:
             computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single",
                                         acquired.out_kind == "list")
@@ -105,17 +130,19 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = ()):
     if acquired.captured:
         computation = _with_captured(computation, tuple(acquired.captured))
     end = time.perf_counter()
-    stages = {"passes": passes_at - start, "codegen": end - passes_at}
+    stages = {"passes": passes_at - start, "codegen": end - passes_at - fuse_s, "fuse": fuse_s}
     return computation, source, filename, traces, backward_traces, stages
 
 
 class ThunderFunction:
     """``thunder_rs.jit(fn)``: calls ``fn`` through a cache of compiled traces."""
 
-    def __init__(self, fn, module=None, cache: int = DEFAULT_CACHE_SIZE, passes=()):
+    def __init__(self, fn, module=None, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
         if not isinstance(cache, int) or isinstance(cache, bool) or cache < 1:
             raise ThunderValueError(f"jit: cache must be a positive number of entries, got {cache!r} (argument cache)")
         self._passes = checked_passes(passes)
+        #: The jit's executors in priority order, or None for the defaults at each compilation.
+        self._executors = None if executors is None else resolve_executors(executors)
         self._fn = fn
         self._module = module
         #: key -> the entry last used for it; every entry of a key (guards tell them apart) in
@@ -223,7 +250,8 @@ class ThunderFunction:
         check_generators(acquired.consts)
         acquired_at = time.perf_counter()
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
-        computation, source, filename, traces, backward_traces, stages = _generated(acquired, name, modes, self._passes)
+        computation, source, filename, traces, backward_traces, stages = _generated(acquired, name, modes, self._passes,
+                                                                                   self._executors)
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
         entry = Entry(computation, source, filename, positions, traces, backward_traces)
@@ -312,10 +340,10 @@ class ThunderModule(torch.nn.Module):
     its state dict has the wrapped module's keys.
     """
 
-    def __init__(self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE, passes=()):
+    def __init__(self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
         super().__init__()
         self._model = module
-        self._jfn = ThunderFunction(module, module=module, cache=cache, passes=passes)
+        self._jfn = ThunderFunction(module, module=module, cache=cache, passes=passes, executors=executors)
         self._hooks_seen = -1
         self._has_hooks = False
         present_state_dict_as_wrapped(self)

@@ -1,18 +1,27 @@
 """The executor API, as in Thunder's ``extend``: operator executors map symbols to
 implementations (optionally guarded by checkers), and ``add_operator_executor`` registers one
-from a ``{torch_op_name: (impl_name, checker, impl)}`` table.
+from a ``{torch_op_name: (impl_name, checker, impl)}`` table. Fusion executors take regions of
+symbols: the Rust partitioner groups what they claim, and ``fuse(region)`` returns the callable
+that runs each region.
 
 The tables go to Rust once per change (``executor_table``); the Rust claim pass calls back into
 Python only for entries with a checker.
 """
 
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
 from thunder_rs import _core
 from thunder_rs.core.fallback import qualified_name
-from thunder_rs.errors import ThunderValueError
+from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
 
 
 class Executor:
     """Maps symbols (prim names or ltorch symbol ids) to implementations."""
+
+    #: Whether the executor runs regions of symbols (``FusionExecutor``).
+    fusion = False
 
     def __init__(self, name: str):
         self.name = name
@@ -21,6 +30,7 @@ class Executor:
         #: key -> name of a tensor method with the implementation's signature, called as
         #: ``t0.sin()`` when the first argument is a tensor (cheaper than ``torch.sin(t0)``)
         self.methods: dict = {}
+        _bump()  # a new executor may reuse a collected one's id, which keys the table cache
 
     def register_implementation(self, symbol, impl, *, impl_name: str | None = None, checker=None):
         """Runs ``symbol`` (an ltorch symbol, a prim entry point or a prim name) with ``impl``."""
@@ -36,6 +46,48 @@ class Executor:
 OperatorExecutor = Executor
 
 
+@dataclass(frozen=True)
+class Region:
+    """One fusion region of an execution trace, as handed to ``FusionExecutor.fuse``."""
+
+    #: Unique within its execution trace: the global its call site reads (``inductor_fusion0``).
+    name: str
+    #: Equal for regions that compute the same thing on inputs of the same metadata (the source
+    #: with values renamed by first appearance, and the inputs' dtypes, devices and shapes).
+    key: str
+    #: The Python source of ``def <name>(t0, t1, ...)``: the region's calls with the torch
+    #: implementations, returning a tuple of its outputs.
+    source: str
+    #: ``source`` exec'ed: an eager callable ``(*inputs) -> tuple``.
+    function: Callable
+    symbol_names: tuple
+    num_inputs: int
+    num_outputs: int
+
+
+class FusionExecutor(Executor):
+    """An executor that runs regions: its implmap names what it may take (each with the torch
+    executor's implementation name and callable, so region code can call them), and ``fuse``
+    turns a region into the callable that runs it. A symbol goes to it only where a later
+    executor can run it alone too: the partitioner leaves single ops and shape-only groups out
+    of regions."""
+
+    fusion = True
+
+    def take_from(self, executor: Executor, keys=None) -> None:
+        """Takes ``executor``'s implementations of ``keys`` (all of them by default) as its own."""
+        for key in executor.implmap if keys is None else keys:
+            self.implmap[key] = executor.implmap[key]
+            if key in executor.methods:
+                self.methods[key] = executor.methods[key]
+        _bump()
+
+    def fuse(self, region: Region) -> Callable:
+        """The callable that runs ``region``: called with its inputs, it returns the same tuple
+        ``region.function`` returns. Called once per region of each compiled trace."""
+        raise ThunderNotImplementedError(f"{type(self).__name__}.fuse: a FusionExecutor must define fuse(region)")
+
+
 def symbol_key(symbol):
     """The key a symbol has in executor tables: a prim's name or a composite's id."""
     if isinstance(symbol, str):
@@ -47,6 +99,11 @@ def symbol_key(symbol):
 
 
 _executors: list[Executor] = []
+#: Executors ``jit(fn, executors=[...])`` can name, by name.
+_named: dict[str, Executor] = {}
+#: Names whose executor a module defines at import, imported on first use: importing Inductor
+#: takes seconds, which jit without it must not pay.
+_lazy: dict[str, str] = {"inductor": "thunder_rs.executors.inductor_ex"}
 _version = [0]
 _table_cache: dict = {}
 
@@ -57,6 +114,7 @@ def _bump():
 
 def register_executor(executor: Executor, *, priority: int | None = None) -> Executor:
     """Adds ``executor`` before the torch executor (or at ``priority``)."""
+    _named.setdefault(executor.name, executor)
     if executor in _executors:
         return executor
     _executors.insert(len(_executors) - 1 if priority is None and _executors else (priority or 0), executor)
@@ -72,6 +130,49 @@ def deregister_executor(executor: Executor) -> None:
 
 def default_executors() -> list[Executor]:
     return list(_executors)
+
+
+def register_named_executor(executor: Executor) -> Executor:
+    """Makes ``executor`` available by name to ``jit(fn, executors=[...])`` without adding it to
+    the defaults."""
+    _named[executor.name] = executor
+    return executor
+
+
+def known_executor_names() -> list[str]:
+    return sorted(set(_named) | set(_lazy))
+
+
+def _named_executor(name: str) -> Executor:
+    if name not in _named and name in _lazy:
+        module = importlib.import_module(_lazy[name])
+        found = [v for v in vars(module).values() if isinstance(v, Executor) and v.name == name]
+        if found:
+            _named.setdefault(name, found[0])
+    if name not in _named:
+        raise ThunderValueError(f"jit: unknown executor {name!r}; known executors: {', '.join(known_executor_names())} "
+                                "(argument executors)")
+    return _named[name]
+
+
+def resolve_executors(executors) -> list[Executor]:
+    """``executors`` (executor objects or names, in priority order) as executors, the torch
+    executor appended last when it is not among them."""
+    if isinstance(executors, (str, Executor)):
+        executors = [executors]
+    resolved = []
+    for item in executors:
+        if isinstance(item, str):
+            item = _named_executor(item)
+        elif not isinstance(item, Executor):
+            raise ThunderValueError(f"jit: executors must be executor objects or names, got {type(item).__name__} "
+                                    "(argument executors)")
+        if item not in resolved:
+            resolved.append(item)
+    torch_ex = _named_executor("torch")
+    if torch_ex in resolved:
+        resolved.remove(torch_ex)
+    return [*resolved, torch_ex]
 
 
 def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: bool = True) -> Executor:
@@ -105,7 +206,7 @@ def executor_table(executors: list[Executor]):
         for sym_key, (impl_name, checker, impl) in executor.implmap.items():
             entries.append((sym_key, impl_name, checker is not None, executor.methods.get(sym_key)))
             impls[impl_name] = impl
-        rows.append((executor.name, entries))
+        rows.append((executor.name, executor.fusion, entries))
     table = _core.ExecutorTable(rows)
     _table_cache["table"] = (key, table, impls)
     return table, impls
