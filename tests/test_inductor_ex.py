@@ -17,10 +17,13 @@ from itertools import count
 import pytest
 import torch
 
+import thunder_rs
 from thunder_rs import prims
 from thunder_rs.executors import inductor_claims, inductor_ex
 from thunder_rs.executors.torch_ex import torch_ex
 from thunder_rs.torch import SYMBOLS
+import test_ops
+from test_training import assert_nanogpt_trains_like_eager
 
 pytestmark = pytest.mark.inductor
 
@@ -263,3 +266,83 @@ def test_a_later_process_loads_the_compiled_region_from_inductors_disk_cache(tmp
     assert run() == ["1", "0"]  # compiled by Inductor
     assert run() == ["1", "1"]  # loaded from the cache the first process left
 
+
+
+# -- end to end: jit(fn, executors=["inductor"]) ---------------------------------------------------
+
+
+def _chain(x, y):
+    a = torch.sin(x) * y + 1.0
+    b = torch.tanh(a) - torch.exp(-a)
+    return (b * b).sum(dim=-1), torch.softmax(b, -1) @ y.t()
+
+
+def test_jit_with_inductor_runs_regions_compiled_by_inductor_with_eagers_outputs_and_gradients(one_thread):
+    jfn = thunder_rs.jit(_chain, executors=["inductor"])
+    x, y = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
+    xe, ye = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+    before = inductor_ex.stats().misses
+    out, ref = jfn(x, y), _chain(xe, ye)
+    assert_same(tuple(out), tuple(t.detach() for t in ref))
+    cotangents = [torch.randn_like(r) for r in ref]
+    torch.autograd.backward(out, cotangents)
+    torch.autograd.backward(ref, cotangents)
+    torch.testing.assert_close((x.grad, y.grad), (xe.grad, ye.grad))
+    # One region each way, matmuls and views inside, compiled once each.
+    for trace in (thunder_rs.last_traces(jfn)[-1], thunder_rs.last_backward_traces(jfn)[-1]):
+        assert [name for name, *_ in trace.regions()] == ["inductor_fusion0"]
+    assert inductor_ex.stats().misses == before + 2
+    jfn(x, y)
+    assert inductor_ex.stats().misses == before + 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype,explicit_attention", [
+    (torch.float32, False), (torch.float32, True), (torch.float64, False),
+], ids=["float32-sdpa", "float32-masked_softmax", "float64-sdpa"])
+def test_nanogpt_adamw_training_with_inductor_matches_eager(dtype, explicit_attention, one_thread):
+    assert_nanogpt_trains_like_eager(dtype, explicit_attention, executors=["inductor"])
+
+
+# -- OpInfo gradients (tests/test_ops.py's samples) through Inductor regions -----------------------
+
+
+def _scaled(value):
+    """``value`` with its floating tensors multiplied by 1 (exactly themselves)."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value * 1.0
+    if isinstance(value, (list, tuple)):
+        return type(value)(_scaled(v) for v in value)
+    return value
+
+
+def _in_a_region(op):
+    """``op`` called on its inputs times 1: the partitioner leaves a single op to the torch
+    executor, so alone the op would not reach Inductor; with its inputs' products it makes a
+    region forward, and its gradient with theirs one backward."""
+    def fn(*args, **kwargs):
+        return op(*_scaled(args), **{k: _scaled(v) for k, v in kwargs.items()})
+
+    return fn
+
+
+def _grad_case(param):
+    op, index = param.values
+    default = param.id in ("layer_norm-sample0-float64", "cross_entropy-sample0-float64")
+    return pytest.param(op, index, id=param.id, marks=() if default else pytest.mark.slow)
+
+
+@pytest.mark.parametrize(("op", "index"), [_grad_case(p) for p in test_ops.grad_params()])
+def test_op_grad_through_inductor_matches_eager(op, index):
+    sample = test_ops.sample_at(op, torch.float64, "cpu", index)
+    try:
+        expected = test_ops.grads(op, sample, op.op)
+    except RuntimeError as e:
+        pytest.skip(f"eager refuses inputs that require grad here: {e}")
+    inputs = test_ops.tensors_of([sample.args, list(sample.kwargs.values())])
+    if not all(t.isfinite().all() for t in inputs if t.is_floating_point()):
+        pytest.skip("non-finite inputs: gradients there are conventions, not calculus")
+    if not all(g.isfinite().all() for g in test_ops.tensors_of([expected])):
+        pytest.skip("eager's own gradient is not finite here")
+    actual = test_ops.grads(op, sample, thunder_rs.jit(_in_a_region(op.op), executors=["inductor"]))
+    test_ops.assert_same(actual, expected, op.tolerance(torch.float64), sample)

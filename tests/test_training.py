@@ -45,10 +45,11 @@ def grads(model: nn.Module) -> dict:
 # ----------------------------------------------------------------------------- nanoGPT training
 
 
-def train_side_by_side(model: nn.Module, steps: int = STEPS):
-    """Trains ``model`` under thunder_rs.jit and a deepcopy eagerly; returns both losses and models."""
+def train_side_by_side(model: nn.Module, steps: int = STEPS, executors=None):
+    """Trains ``model`` under thunder_rs.jit (with ``executors``) and a deepcopy eagerly; returns
+    both losses and models."""
     eager = copy.deepcopy(model)
-    jmodel = thunder_rs.jit(model)
+    jmodel = thunder_rs.jit(model, executors=executors)
     sides = [(jmodel, torch.optim.AdamW(model.parameters(), lr=LR), []),
              (eager, torch.optim.AdamW(eager.parameters(), lr=LR), [])]
     for step in range(steps):
@@ -81,10 +82,16 @@ TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rto
     (torch.float32, False), (torch.float32, True), (torch.float64, False),
 ], ids=["float32-sdpa", "float32-masked_softmax", "float64-sdpa"])
 def test_nanogpt_adamw_training_matches_eager(dtype, explicit_attention):
+    assert_nanogpt_trains_like_eager(dtype, explicit_attention)
+
+
+def assert_nanogpt_trains_like_eager(dtype, explicit_attention, executors=None):
+    """20 AdamW steps of the demo GPT under thunder_rs.jit(executors=...) give eager's losses,
+    parameters and last gradients, with one compile."""
     config = GPTConfig(**{**CONFIG.__dict__, "explicit_attention": explicit_attention})
     model = GPT(config, seed=0).to(dtype).train()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    jmodel, losses, eager_losses, eager = train_side_by_side(model)
+    jmodel, losses, eager_losses, eager = train_side_by_side(model, executors=executors)
 
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(losses, eager_losses, **tol)

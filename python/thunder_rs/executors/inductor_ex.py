@@ -23,7 +23,7 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.errors import ThunderNotImplementedError
-from thunder_rs.executors.extend import Executor, _bump
+from thunder_rs.executors.extend import FusionExecutor, Region, _bump
 from thunder_rs.executors.inductor_claims import claimed_keys
 from thunder_rs.executors.torch_ex import torch_ex
 
@@ -131,16 +131,22 @@ def _on_tensors(function, args):
     return on_tensors, positions
 
 
-def _compile_function(function, args):
+def compile_artifact(function, args):
     """``function`` (tuple-returning torch calls) traced to one FX graph on ``args`` and compiled
-    by Inductor. Returns ``run(args) -> tuple``."""
+    by Inductor: the compiled artifact, called with the tensors among ``args`` at ``positions``,
+    and ``positions``."""
     make_fx, compile_graph = _inductor()
     on_tensors, positions = _on_tensors(function, args)
     tensors = [args[i] for i in positions]
     # The execution traces run with grad mode and autocast off; the graph is traced so too.
     with torch.no_grad(), torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
         graph = make_fx(on_tensors, tracing_mode="fake")(*tensors)
-        compiled = compile_graph(graph, tensors, dynamic_shapes="from_example_inputs", options={})
+        return compile_graph(graph, tensors, dynamic_shapes="from_example_inputs", options={}), positions
+
+
+def _compile_function(function, args):
+    """``run(args) -> tuple``: ``function`` compiled by Inductor for the layout of ``args``."""
+    compiled, positions = compile_artifact(function, args)
     if len(positions) == len(args):
         return lambda args: tuple(compiled(*args))
     return lambda args: tuple(compiled(*[args[i] for i in positions]))
@@ -191,26 +197,27 @@ class CompiledRegion:
     """The callable ``fuse`` returns: the region's outputs, computed by the Inductor kernel
     compiled for its inputs' layout (compiled on the first call with each layout)."""
 
-    __slots__ = ("region", "_last_layout", "_last_run")
+    __slots__ = ("region", "_last")
 
     def __init__(self, region):
         self.region = region
-        self._last_layout = None
-        self._last_run = None
+        #: (layout, run) of the last call, one object so that threads never pair a layout with
+        #: another layout's kernel
+        self._last = (None, None)
 
     def __call__(self, *args):
         key = layout(args)
-        if key == self._last_layout:
-            return self._last_run(args)
-        run = _compile_region(self.region, args, (self.region.key, key))
-        self._last_layout, self._last_run = key, run
+        last_layout, run = self._last
+        if key != last_layout:
+            run = _compile_region(self.region, args, (self.region.key, key))
+            self._last = (key, run)
         return run(args)
 
 
 # -- the executor ----------------------------------------------------------------------------------
 
 
-class InductorExecutor(Executor):
+class InductorExecutor(FusionExecutor):
     """Claims the torch executor's pure, Inductor-compilable keys (``inductor_claims``); ``fuse``
     makes a region's callable."""
 
@@ -222,7 +229,7 @@ class InductorExecutor(Executor):
                 self.methods[key] = torch_ex.methods[key]
         _bump()
 
-    def fuse(self, region) -> CompiledRegion:
+    def fuse(self, region: Region) -> CompiledRegion:
         return CompiledRegion(region)
 
 
