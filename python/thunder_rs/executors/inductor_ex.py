@@ -167,29 +167,34 @@ def _device_types(args) -> list[str]:
     return sorted({a.device.type for a in args if isinstance(a, _Tensor)})
 
 
+def _compiled_or_eager(region, args):
+    """``run(args) -> tuple``: the region compiled by Inductor for the layout of ``args``, or its
+    eager function when Inductor cannot compile it (with a warning)."""
+    try:
+        for device_type in _device_types(args) or ["cpu"]:
+            _start(device_type)
+        start, disk_hits = time.perf_counter(), _disk_hits()
+        run = _compile_function(region.function, args)
+    except Exception as e:  # noqa: BLE001 (any Inductor failure leaves the eager calls, which are exact)
+        warnings.warn(f"thunder_rs inductor executor: {region.name} ({len(region.symbol_names)} symbols) runs "
+                      f"eagerly: Inductor could not compile it: {type(e).__name__}: {e}", stacklevel=4)
+        _stats.failures += 1
+        function = region.function
+        return lambda args: function(*args)
+    _stats.compile_s.append(time.perf_counter() - start)
+    _stats.disk_hits += _disk_hits() > disk_hits
+    return run
+
+
 def _compile_region(region, args, key):
-    """The region compiled for the layout of ``args`` (``key``), or its eager function when
-    Inductor cannot compile it (with a warning)."""
+    """The region's ``run`` for the layout of ``args`` (``key``), compiled once per process."""
     with _lock:
         run = _compiled.get(key)
         if run is not None:
             _stats.hits += 1
             return run
-        for device_type in _device_types(args) or ["cpu"]:
-            _start(device_type)
-        start, disk_hits = time.perf_counter(), _disk_hits()
-        try:
-            run = _compile_function(region.function, args)
-        except Exception as e:  # noqa: BLE001 (any Inductor failure leaves the eager calls, which are exact)
-            warnings.warn(f"thunder_rs inductor executor: {region.name} ({len(region.symbol_names)} symbols) runs "
-                          f"eagerly: Inductor could not compile it: {type(e).__name__}: {e}", stacklevel=3)
-            _stats.failures += 1
-            function = region.function
-            run = lambda args: function(*args)  # noqa: E731
-        _stats.compile_s.append(time.perf_counter() - start)
+        run = _compiled[key] = _compiled_or_eager(region, args)
         _stats.misses += 1
-        _stats.disk_hits += _disk_hits() > disk_hits
-        _compiled[key] = run
         return run
 
 
