@@ -33,10 +33,12 @@
 //!     },
 //! };
 //!
-//! /// A pass applying the rule set; register it under a name like any pass.
+//! /// A pass applying the rule set, registered under a name like any pass: then
+//! /// `thunder_rs.jit(fn, passes=["fold_reshapes"])` runs it.
 //! fn fold_reshapes(trace: &Trace, cx: &PassCx) -> Result<Trace> {
 //!     Ok(rewrite(trace, &[RESHAPE_RESHAPE], cx)?.0)
 //! }
+//! passes::register_pass("fold_reshapes", fold_reshapes).unwrap();
 //!
 //! let mut b = TraceBuilder::new();
 //! let x = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![2, 6])));
@@ -49,8 +51,12 @@
 //! assert_eq!(fold_reshapes(&trace, &PassCx::default()).unwrap().bsyms.len(), 1);
 //! ```
 //!
+//! The pipeline runs a built-in rule set as a stage with [`crate::Manager::rewrite`], whose
+//! record notes the [`RewriteReport`] (`# fired: reshape-reshape x2, ...` in the stage's dump).
+//!
 //! A fused pattern (TransformerEngine's layer norm followed by a linear, say) is a rule whose
-//! pattern nests the calls it fuses and whose replacement is the fused call.
+//! pattern nests the calls it fuses and whose replacement is a [`Replacement::Composite`]: the
+//! fused symbol, with the calls it replaces as its decomposition.
 
 use crate::dce::dce;
 use crate::PassCx;

@@ -29,13 +29,10 @@ pub const RULES: &[Rule] = &[
     CAT_OF_TRANSPOSES,
 ];
 
-/// Applies [`RULES`]; with `THUNDER_RS_DUMP` naming `views`, prints which rules fired.
+/// Applies [`RULES`] (the pipeline runs them through [`crate::Manager::rewrite`], whose record
+/// says which rules fired).
 pub fn views(trace: &Trace, cx: &PassCx) -> Result<Trace> {
-    let (out, report) = rewrite(trace, RULES, cx)?;
-    if cx.dump.iter().any(|d| d == "views" || d == "all") {
-        eprintln!("# thunder_rs: views {report}");
-    }
-    Ok(out)
+    Ok(rewrite(trace, RULES, cx)?.0)
 }
 
 fn reshape_to(m: &Match, x: &str, shape_of: &str) -> Option<Replacement> {
