@@ -476,7 +476,7 @@ fn matches_call(sweep: &Sweep, pat: &Pat, view: &CallView, output: &Arg, binding
         _ => operands.len(),
     };
     let count_fits = if fixed < operands.len() { view.operands.len() >= fixed } else { view.operands.len() == fixed };
-    if view.prim.name() != *prim || !count_fits {
+    if !count_fits {
         return false;
     }
     if !operands.iter().zip(&view.operands).all(|(p, a)| matches_arg(sweep, p, a, bindings)) {
