@@ -12,7 +12,7 @@
 //! moves on, so rewrites compose: a chain of `n` reshapes folds to one reshape in one sweep.
 //! Operands are matched against the calls already emitted, so a pattern sees the rewritten
 //! program. A replacement must have the replaced value's shape, dtype and device (the driver
-//! checks, and fails naming the rule otherwise). Calls left dead are removed by [`dce`] at the
+//! checks, and fails naming the rule otherwise). Calls left dead are removed as [`crate::dce::dce`] does at the
 //! end of the sweep; intermediates with other uses stay.
 //!
 //! # Writing a rule and a pass
@@ -58,7 +58,7 @@
 //! pattern nests the calls it fuses and whose replacement is a [`Replacement::Composite`]: the
 //! fused symbol, with the calls it replaces as its decomposition.
 
-use crate::dce::dce;
+use crate::dce::live_calls;
 use crate::PassCx;
 use rustc_hash::FxHashMap;
 use trace_ir::{bail, Arg, BoundSymbol, Prim, Result, Symbol, SymbolKind, SymbolTable, TensorMeta, Trace, TraceBuilder, ValueId, ValueKind};
@@ -317,7 +317,13 @@ impl Sweep {
 
     /// Emits `bsym` as is and records what defines its output.
     fn keep(&mut self, bsym: BoundSymbol) {
-        if let Some(view) = call_view(&bsym) {
+        let view = call_view(&bsym);
+        self.keep_viewed(bsym, view);
+    }
+
+    /// [`Sweep::keep`] with the call as patterns see it already computed.
+    fn keep_viewed(&mut self, bsym: BoundSymbol, view: Option<CallView>) {
+        if let Some(view) = view {
             self.producers.insert(bsym.outputs[0], view);
         }
         self.emitted.push(bsym);
@@ -326,7 +332,7 @@ impl Sweep {
     /// Matches `bsym` against the rules; emits it, or its replacement (matched again in turn).
     fn visit(&mut self, bsym: BoundSymbol, rules: &[Rule], depth: usize) -> Result<()> {
         let Some(view) = call_view(&bsym) else {
-            self.keep(bsym);
+            self.keep_viewed(bsym, None);
             return Ok(());
         };
         for (i, rule) in rules.iter().enumerate() {
@@ -347,7 +353,7 @@ impl Sweep {
             bsym.for_each_input(|v| self.release(v));
             return self.replace(&bsym, rule, replacement, rules, depth);
         }
-        self.keep(bsym);
+        self.keep_viewed(bsym, Some(view));
         Ok(())
     }
 
@@ -498,21 +504,45 @@ fn bind(bindings: &mut Vec<(&'static str, Binding)>, name: &'static str, binding
     }
 }
 
+/// Whether `bsym` reads any value of `subst` at any depth (renaming copies every argument, which
+/// costs more than the check).
+fn reads_any(bsym: &BoundSymbol, subst: &FxHashMap<ValueId, ValueId>) -> bool {
+    if subst.is_empty() {
+        return false;
+    }
+    let mut found = false;
+    bsym.for_each_input(|v| found |= subst.contains_key(&v));
+    found
+        || bsym.subsymbols.iter().any(|s| reads_any(s, subst))
+        || bsym.grad.as_ref().is_some_and(|rule| {
+            rule.bsyms.iter().any(|s| reads_any(s, subst))
+                || rule.grads.iter().any(|(_, g)| {
+                    let mut hit = false;
+                    g.for_each_value(&mut |v| hit |= subst.contains_key(&v));
+                    hit
+                })
+        })
+}
+
 /// Applies `rules` to `trace` in one forward sweep (see the module docs), then removes the
 /// calls left dead. Returns the rewritten trace and how often each rule fired.
-pub fn rewrite(trace: &Trace, rules: &[Rule], cx: &PassCx) -> Result<(Trace, RewriteReport)> {
+pub fn rewrite(trace: &Trace, rules: &[Rule], _cx: &PassCx) -> Result<(Trace, RewriteReport)> {
     let mut sweep = Sweep::new(trace, rules);
     for bsym in &trace.bsyms {
-        let renamed = if sweep.subst.is_empty() { bsym.clone() } else { bsym.renamed(&sweep.subst) };
+        let renamed = if reads_any(bsym, &sweep.subst) { bsym.renamed(&sweep.subst) } else { bsym.clone() };
         sweep.visit(renamed, rules, 0)?;
     }
     let subst = &sweep.subst;
     let outputs = trace.outputs.map_values(&mut |v| Arg::Value(*subst.get(&v).unwrap_or(&v)));
     let fired = rules.iter().zip(&sweep.fired).filter(|(_, &n)| n > 0).map(|(r, &n)| (r.name, n)).collect();
-    let Sweep { builder, emitted, .. } = sweep;
+    let Sweep { builder, mut emitted, .. } = sweep;
     let (values, _) = builder.into_parts();
+    // What the rewrites left dead goes, as DCE removes it (without copying the calls again).
+    let live = live_calls(&emitted, &outputs, values.len());
+    let mut flags = live.into_iter();
+    emitted.retain(|_| flags.next().unwrap_or(true));
     let rewritten = Trace { values: values.into(), inputs: trace.inputs.clone(), bsyms: emitted, outputs };
-    Ok((dce(&rewritten, cx)?, RewriteReport { fired }))
+    Ok((rewritten, RewriteReport { fired }))
 }
 
 #[cfg(test)]
