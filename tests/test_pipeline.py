@@ -25,9 +25,9 @@ def test_every_stage_is_recorded_in_order():
     x, y = _args(requires_grad=True)
     torch.testing.assert_close(jfn(x, y), _fn(x, y))
     labels = [t.label for t in thunder_rs.last_traces(jfn)]
-    assert labels == ["acquired", "dce", "cse", "vjp", "split", "dce", "claim", "lifetimes"]
+    assert labels == ["acquired", "dce", "cse", "vjp", "split", "dce", "views", "claim", "lifetimes"]
     backward = [t.label for t in thunder_rs.last_backward_traces(jfn)]
-    assert backward == ["split", "dce", "cse", "claim", "lifetimes"]
+    assert backward == ["split", "dce", "cse", "views", "claim", "lifetimes"]
     stats = thunder_rs.compile_stats(jfn)
     assert "pass:lifetimes" in stats.stage_s and "backward:claim" in stats.stage_s
 
@@ -46,7 +46,7 @@ def test_dumps_reach_a_configured_logger(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="thunder_rs.dump"):
         thunder_rs.jit(_fn)(*_args())
     stages = [line.split("after ")[1].split(" ")[0] for line in caplog.messages]
-    assert stages == ["acquired", "dce", "cse", "claim", "lifetimes"]
+    assert stages == ["acquired", "dce", "cse", "views", "claim", "lifetimes"]
 
 
 def test_unknown_dump_name_is_an_error_listing_the_stages(monkeypatch):

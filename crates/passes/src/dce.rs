@@ -1,22 +1,28 @@
 //! Dead-code elimination.
 
 use crate::PassCx;
-use trace_ir::{Result, Trace};
+use trace_ir::{Arg, BoundSymbol, Result, Trace};
 
 /// Removes top-level bound symbols none of whose outputs reach the trace's outputs, except
 /// calls with an effect (random draws advance the generator even when their values are unused).
 pub fn dce(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
-    let mut live = vec![false; trace.values.len()];
-    trace.outputs.for_each_value(&mut |v| live[v.index()] = true);
-    let mut kept = Vec::with_capacity(trace.bsyms.len());
-    for bsym in trace.bsyms.iter().rev() {
+    let live = live_calls(&trace.bsyms, &trace.outputs, trace.values.len());
+    let kept = trace.bsyms.iter().zip(live).filter(|(_, l)| *l).map(|(b, _)| b.clone()).collect();
+    Ok(trace.with_bsyms(kept, trace.outputs.clone()))
+}
+
+/// Whether each of `bsyms` is live: some output reaches `outputs`, or it has an effect.
+pub(crate) fn live_calls(bsyms: &[BoundSymbol], outputs: &Arg, num_values: usize) -> Vec<bool> {
+    let mut live = vec![false; num_values];
+    outputs.for_each_value(&mut |v| live[v.index()] = true);
+    let mut kept = vec![false; bsyms.len()];
+    for (i, bsym) in bsyms.iter().enumerate().rev() {
         if bsym.outputs.iter().any(|o| live[o.index()]) || bsym.has_effect() {
             bsym.for_each_input(|v| live[v.index()] = true);
-            kept.push(bsym.clone());
+            kept[i] = true;
         }
     }
-    kept.reverse();
-    Ok(trace.with_bsyms(kept, trace.outputs.clone()))
+    kept
 }
 
 #[cfg(test)]

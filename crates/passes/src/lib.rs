@@ -13,7 +13,9 @@ pub mod manager;
 pub mod partition;
 pub mod pipeline;
 pub mod plan;
+pub mod rewrite;
 pub mod split;
+pub mod views;
 pub mod vjp;
 
 pub use claim::{claim, ExecutorSpec, ImplSpec, SymKey};

@@ -6,6 +6,7 @@
 //! caller (Python's `logging`, in the bindings) shows it, so dumps can be captured.
 
 use crate::plan::Plan;
+use crate::rewrite::{rewrite, Rule};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
@@ -107,6 +108,8 @@ pub struct PassRecord {
     /// For an execution trace: how to run it, and its generated source.
     pub plan: Option<Arc<Plan>>,
     pub dump: bool,
+    /// What the stage reports besides its trace (which rewrite rules fired), shown in its dump.
+    pub note: String,
 }
 
 /// Runs the stages of one compilation and keeps a record of each.
@@ -133,7 +136,7 @@ impl<'a> Manager<'a> {
             })?;
         }
         let dump = self.cx.dumps(name);
-        self.records.push(PassRecord { name: name.to_string(), seconds, trace: trace.clone(), plan: None, dump });
+        self.records.push(PassRecord { name: name.to_string(), seconds, trace: trace.clone(), plan: None, dump, note: String::new() });
         Ok((trace, extra))
     }
 
@@ -141,6 +144,17 @@ impl<'a> Manager<'a> {
     pub fn pass(&mut self, name: &str, run: PassFn, trace: &Trace) -> Result<Trace> {
         let cx = self.cx;
         Ok(self.stage(name, || Ok((run(trace, cx)?, ())))?.0)
+    }
+
+    /// Applies the rewrite rule set `rules` as the stage `name`; its record notes which rules
+    /// fired and how often.
+    pub fn rewrite(&mut self, name: &str, rules: &[Rule], trace: &Trace) -> Result<Trace> {
+        let cx = self.cx;
+        let (out, report) = self.stage(name, || rewrite(trace, rules, cx))?;
+        if let Some(last) = self.records.last_mut() {
+            last.note = report.to_string();
+        }
+        Ok(out)
     }
 
     /// Runs the registered passes `names` in order.

@@ -3,20 +3,20 @@
 //!
 //! Program: acquired → dce → cse → (the jit's own passes) → then, for a program with outputs
 //! that require grad, vjp → split → dce on the forward. Each executed half then goes
-//! claim → fuse (fusion regions, when a fusion executor is in the table) → lifetimes (which
-//! also generates the Python source). The backward first runs dce → cse.
+//! views → claim → fuse (fusion regions, when a fusion executor is in the table) → lifetimes
+//! (which also generates the Python source). The backward first runs dce → cse.
 
 use crate::claim::{claim, ExecutorSpec};
 use crate::lifetimes::del_last_used;
 use crate::manager::{Manager, Pass, PassCx, PassRecord};
 use crate::partition::{partition, Partition};
 use crate::plan::Plan;
-use crate::{cse::cse, dce::dce, vjp::vjp};
+use crate::{cse::cse, dce::dce, views, vjp::vjp};
 use trace_ir::verify::verify;
 use trace_ir::{Arg, BoundSymbol, Result, Trace};
 
 /// The passes registered in every process.
-pub const BUILTIN_PASSES: &[Pass] = &[("dce", dce), ("cse", cse), ("vjp", vjp)];
+pub const BUILTIN_PASSES: &[Pass] = &[("dce", dce), ("cse", cse), ("vjp", vjp), ("views", views::views)];
 
 /// The passes run on the program before differentiation, before the jit's own.
 const PROGRAM: &[&str] = &["dce", "cse"];
@@ -71,9 +71,12 @@ pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, 
     Ok(Compiled { forward: forward_records, backward: m.records, grad_outputs, residuals: split.residuals.len() })
 }
 
-/// Claims `trace` for the executors, then frees each value after its last use and generates the
-/// code: the execution trace, whose record carries the plan.
+/// Folds views (see [`views`]), claims the trace for the executors, groups fusion executors'
+/// symbols into regions (only when a fusion executor is in the table), then frees each value
+/// after its last use and generates the code: the execution trace, whose record carries the plan.
 fn execution(m: &mut Manager, trace: &Trace, options: &Options, checker: &mut ClaimChecker, packed: Option<usize>, name: &'static str) -> Result<()> {
+    let folded = m.rewrite("views", views::RULES, trace)?;
+    let trace = &folded;
     let (claimed, assignments) = m.stage("claim", || {
         let mut check = |i: usize, bsym: &BoundSymbol| checker(i, trace, bsym);
         claim(trace, options.executors, &mut check)

@@ -13,6 +13,7 @@
 
 use passes::cse::cse;
 use passes::dce::dce;
+use passes::views::{views, views_with_tensordot};
 use passes::vjp::vjp;
 use passes::{run_passes, Pass, PassCx};
 use std::path::Path;
@@ -20,7 +21,7 @@ use trace_ir::parser::parse_trace;
 use trace_ir::printer::print_trace;
 
 /// The passes a golden file can name.
-const PASSES: &[Pass] = &[("dce", dce), ("cse", cse), ("vjp", vjp)];
+const PASSES: &[Pass] = &[("dce", dce), ("cse", cse), ("vjp", vjp), ("views", views), ("views_with_tensordot", views_with_tensordot)];
 
 #[derive(Debug)]
 enum Check {

@@ -13,12 +13,14 @@ pub struct PyTrace {
     seconds: f64,
     /// Whether `THUNDER_RS_DUMP` asked for this stage.
     dump: bool,
+    /// What the stage reported besides its trace.
+    note: String,
     text: OnceLock<String>,
 }
 
 impl PyTrace {
     pub fn new(trace: Trace, label: &str) -> Self {
-        PyTrace { trace: Arc::new(trace), plan: None, label: label.to_string(), seconds: 0.0, dump: false, text: OnceLock::new() }
+        PyTrace { trace: Arc::new(trace), plan: None, label: label.to_string(), seconds: 0.0, dump: false, note: String::new(), text: OnceLock::new() }
     }
 
     pub fn with_time(mut self, seconds: f64) -> Self {
@@ -39,6 +41,7 @@ impl From<passes::PassRecord> for PyTrace {
         let mut trace = PyTrace::new(record.trace, &record.name).with_time(record.seconds);
         trace.plan = record.plan;
         trace.dump = record.dump;
+        trace.note = record.note;
         trace
     }
 }
@@ -61,6 +64,12 @@ impl PyTrace {
     #[getter]
     fn dump(&self) -> bool {
         self.dump
+    }
+
+    /// What the stage reported besides its trace (for a rewrite, which rules fired), or "".
+    #[getter]
+    fn note(&self) -> &str {
+        &self.note
     }
 
     /// Number of bound symbols, counting decompositions.

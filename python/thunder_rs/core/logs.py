@@ -20,7 +20,8 @@ def log_dumps(name: str, traces, backward_traces) -> None:
     for half, stage_traces in (("", traces), ("backward ", backward_traces)):
         for trace in stage_traces:
             if trace.dump:
-                _show(f"# thunder_rs: {name}: {half}after {trace.label} ({trace.seconds * 1e6:.1f} µs)\n{trace}")
+                note = f"# {trace.note}\n" if trace.note else ""
+                _show(f"# thunder_rs: {name}: {half}after {trace.label} ({trace.seconds * 1e6:.1f} µs)\n{note}{trace}")
 
 
 def _show(text: str) -> None:

@@ -1,0 +1,137 @@
+"""View folding (the `views` pass): folded programs compute eager's outputs and gradients, and
+the folds happen (fewer calls in the execution traces)."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from gpt import GPT, Block, GPTConfig, random_tokens  # noqa: E402
+
+#: A top-level call of an execution trace: `t3 = torch_reshape(...)`, `(t4, t5) = ...`,
+#: `t6 = t2.matmul(...)`; the unpacking of saved values is no call.
+_CALL = re.compile(r"^  (?!#|del |return )(?!.*= saved$)\S.* = \S+\(", re.MULTILINE)
+
+
+def calls(trace) -> list[str]:
+    return _CALL.findall(str(trace))
+
+
+def check_training(fn, *args, rtol=1e-5, atol=1e-5):
+    """Runs `fn` eagerly and jitted on copies of `args`; compares outputs and gradients."""
+    eager_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    jfn = thunder_rs.jit(fn)
+    out, expected = jfn(*args), fn(*eager_args)
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    cotangent = torch.randn_like(expected)
+    out.backward(cotangent)
+    expected.backward(cotangent)
+    for a, e in zip(args, eager_args):
+        if a.requires_grad:
+            torch.testing.assert_close(a.grad, e.grad, rtol=rtol, atol=atol)
+    return jfn
+
+
+def test_gpt_training_step_matches_eager_with_the_backward_folded():
+    config = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
+    model, eager = GPT(config, seed=0).train(), GPT(config, seed=0).train()
+    idx = random_tokens(config, batch=4, seq=32, seed=1)
+    targets = random_tokens(config, batch=4, seq=32, seed=2)
+    jmodel = thunder_rs.jit(model)
+    _, loss = jmodel(idx, targets)
+    _, expected = eager(idx, targets)
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    expected.backward()
+    for (name, p), e in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, e.grad, rtol=1e-5, atol=1e-6, msg=name)
+    backward = str(thunder_rs.last_backward_traces(jmodel)[-1])
+    # 92 calls without view folding: in each layer the q/k/v gradients are joined by one cat,
+    # transpose and reshape instead of 3 transposes, 3 reshapes and a cat.
+    assert len(calls(backward)) <= 84, backward
+    assert "cat-of-reshapes x2, cat-of-transposes x2" in views_note(thunder_rs.last_backward_traces(jmodel))
+
+
+def views_note(traces) -> str:
+    (views,) = [t for t in traces if t.label == "views"]
+    return views.note
+
+
+def hf_attention(x, wq, wk, wv, wo, n_head: int):
+    """Attention as Hugging Face models write it: views, transposes, a transposed-key product."""
+    b, t, c = x.shape
+    d = c // n_head
+
+    def heads(w):
+        return F.linear(x, w).view(b, t, n_head, d).transpose(1, 2)
+
+    q, k, v = heads(wq), heads(wk), heads(wv)
+    scores = torch.matmul(q, k.transpose(2, 3)) / d**0.5
+    y = torch.matmul(scores.softmax(-1), v)
+    y = y.transpose(1, 2).contiguous().reshape(b, t, c)
+    return F.linear(y, wo)
+
+
+def test_hf_like_attention_reshapes_fold_and_match_eager():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    ws = [torch.randn(32, 32, requires_grad=True) for _ in range(4)]
+    jfn = check_training(lambda x, *w: hf_attention(x, *w, n_head=4), x, *ws)
+    assert views_note(thunder_rs.last_backward_traces(jfn)).startswith("fired: ")
+
+
+def test_non_contiguous_inputs_fold_and_match_eager():
+    def f(x, w):
+        # unsqueeze, reshape, squeeze: one reshape; x @ w.t() on a transposed w: linear.
+        y = x.unsqueeze(0).reshape(1, 6, 4).squeeze(0)
+        return torch.matmul(y, w.t()).transpose(0, 1).transpose(0, 1)
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 6).t().requires_grad_()  # strided (6, 4)
+    w = torch.randn(5, 8)[:, ::2].detach().requires_grad_()  # strided (5, 4)
+    jfn = check_training(f, x, w)
+    with torch.no_grad():  # in training the transpose is saved for the backward, so it stays
+        torch.testing.assert_close(jfn(x, w), f(x, w))
+    forward = str(thunder_rs.last_traces(jfn)[-1])
+    assert len(calls(forward)) == 1 and "linear(" in forward, forward
+
+
+def test_a_view_with_another_use_stays():
+    def f(x):
+        flat = x.reshape(24)
+        return flat.reshape(6, 4), flat * 2
+
+    x = torch.randn(4, 6)
+    jfn = thunder_rs.jit(f)
+    for out, expected in zip(jfn(x), f(x)):
+        torch.testing.assert_close(out, expected)
+    forward = str(thunder_rs.last_traces(jfn)[-1])
+    assert forward.count("reshape(") == 2, forward
+
+
+def test_a_gpt_block_forward_and_backward_match_eager():
+    config = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32, dropout=0.0)
+    torch.manual_seed(0)
+    block = Block(config)
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    check_training(block, x)
+
+
+def test_the_views_dump_says_which_rules_fired(monkeypatch, capsys):
+    monkeypatch.setenv("THUNDER_RS_DUMP", "views")
+
+    def f(x):
+        return x.reshape(4, 6).reshape(24).unsqueeze(0)
+
+    jfn = thunder_rs.jit(f)
+    x = torch.randn(2, 12)
+    torch.testing.assert_close(jfn(x), f(x))
+    err = capsys.readouterr().err
+    assert "after views" in err and "# fired: " in err and "reshape-reshape x" in err, err
+    assert len(calls(thunder_rs.last_traces(jfn)[-1])) == 1
