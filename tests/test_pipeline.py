@@ -30,6 +30,8 @@ def test_every_stage_is_recorded_in_order():
     assert backward == ["split", "dce", "cse", "views", "claim", "lifetimes"]
     stats = thunder_rs.compile_stats(jfn)
     assert "pass:lifetimes" in stats.stage_s and "backward:claim" in stats.stage_s
+    dce_s = [t.seconds for t in thunder_rs.last_traces(jfn) if t.label == "dce"]
+    assert stats.stage_s["pass:dce"] == pytest.approx(sum(dce_s))  # both dce stages, summed
 
 
 def test_dumps_go_through_python(monkeypatch, capsys):

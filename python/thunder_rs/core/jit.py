@@ -311,8 +311,12 @@ class ThunderFunction:
         stats.cache_misses += 1
         stats.miss_reasons.append(reason)
         stats.last_compile_s = time.perf_counter() - start
-        stats.stage_s = {**stages, **{f"pass:{t.label}": t.seconds for t in traces}}
-        stats.stage_s.update((f"backward:{t.label}", t.seconds) for t in backward_traces)
+        stats.stage_s = dict(stages)
+        # A stage that runs twice in one half (dce before and after the split) counts once, summed.
+        for prefix, stage_traces in (("pass", traces), ("backward", backward_traces)):
+            for t in stage_traces:
+                key = f"{prefix}:{t.label}"
+                stats.stage_s[key] = stats.stage_s.get(key, 0.0) + t.seconds
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
             _warn_recompiles(self._fn, stats.cache_misses, reason)
 
