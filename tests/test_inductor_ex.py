@@ -109,6 +109,25 @@ def test_region_equals_its_eager_calls_and_compiles_once_per_layout(one_thread):
     assert after.misses == check_again.misses + 2 and after.hits == check_again.hits + 1
 
 
+def test_lazily_negated_and_conjugated_inputs_are_read_as_eager_reads_them(one_thread):
+    """``x.conj().imag`` is a view with a negation bit and ``x.conj()`` one with a conjugation
+    bit; a kernel reading their storage directly would miss the bit."""
+    r = region("""
+        t2 = prim_mul(t0, 2.0)
+        t3 = prim_add(t2, t1)
+        t4 = prim_exp(t3)
+        return (t4,)
+    """, "t0, t1")
+    z, b = torch.randn(4, 3, dtype=torch.complex64), torch.randn(4, 3)
+    negated = z.conj().imag
+    assert negated.is_neg()
+    compiled = check(r, negated, b)
+    assert_same(compiled(negated, b), r.function(negated, b))
+    zb = torch.randn(4, 3, dtype=torch.complex64)
+    assert z.conj().is_conj()
+    check(r, z.conj(), zb)
+
+
 def test_a_region_inductor_cannot_compile_runs_its_eager_calls_with_a_warning():
     # nonzero's shape depends on the data: Inductor's graph cannot hold it.
     r = region("t1 = torch.nonzero(t0)\nreturn (t1,)", "t0")

@@ -194,6 +194,7 @@ def test_runtime_errors_name_the_call_and_keep_their_type():
     with pytest.raises(RuntimeError, match="floor_divide") as info:
         jf(torch.tensor([1, 2]), torch.tensor([0, 1]))
     assert isinstance(info.value, ThunderError)
+    assert type(info.value) is thunder_rs.errors.ThunderRuntimeError  # the declared class, not a lookalike
     assert "execution trace line" in str(info.value)
 
 

@@ -39,7 +39,13 @@ def check(condition: bool, op: str, message, exc=ThunderValueError) -> None:
         raise exc(f"{op}: {message() if callable(message) else message}")
 
 
-_runtime_classes: dict[type, type] = {}
+#: Built-in exception type -> its thunder_rs subclass; the declared ones first, so that a
+#: ``RuntimeError`` raised in generated code becomes ``ThunderRuntimeError`` itself.
+_runtime_classes: dict[type, type] = {
+    ValueError: ThunderValueError, TypeError: ThunderTypeError, IndexError: ThunderIndexError,
+    RuntimeError: ThunderRuntimeError, NotImplementedError: ThunderNotImplementedError,
+    AssertionError: ThunderAssertionError,
+}
 
 
 def _thunder_class(exc_type: type) -> type:

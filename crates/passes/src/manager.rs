@@ -85,7 +85,7 @@ impl PassCx {
         let dump: Vec<String> = std::env::var("THUNDER_RS_DUMP")
             .map(|v| v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
             .unwrap_or_default();
-        let known = registered();
+        let known = if dump.is_empty() { Vec::new() } else { registered() };
         if let Some(bad) = dump.iter().find(|d| *d != "all" && !STAGES.contains(&d.as_str()) && !known.contains(d)) {
             let mut names: Vec<&str> = STAGES.iter().copied().chain(known.iter().map(String::as_str)).collect();
             names.sort();

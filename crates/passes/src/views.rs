@@ -132,10 +132,11 @@ const TRANSPOSE_TRANSPOSE: Rule = Rule {
 /// matmul(a, transpose(w, (1, 0))) -> linear(a, w): `linear` multiplies by the transposed weight.
 const MATMUL_TRANSPOSED_AS_LINEAR: Rule = Rule {
     name: "matmul-transposed-as-linear",
-    pattern: || call("matmul", [any("a"), call("transpose", [any("w")]).single_use()]),
+    pattern: || call("matmul", [any("a"), call("transpose", [any("w")]).bind("t").single_use()]),
     rewrite: |m| {
         let (a, w) = (m.meta("a")?, m.meta("w")?);
-        (w.ndim() == 2 && a.ndim() >= 1).then(|| Replacement::call(Linalg::Linear {}, [m.arg("a"), m.arg("w")]))
+        let swapped = perm_of(m, "t")? == [1, 0];
+        (swapped && w.ndim() == 2 && a.ndim() >= 1).then(|| Replacement::call(Linalg::Linear {}, [m.arg("a"), m.arg("w")]))
     },
 };
 

@@ -101,7 +101,7 @@ def symbol_key(symbol):
 _executors: list[Executor] = []
 #: Executors ``jit(fn, executors=[...])`` can name, by name.
 _named: dict[str, Executor] = {}
-#: Names whose executor a module defines at import, imported on first use: importing Inductor
+#: Names whose executor a module registers at import, imported on first use: importing Inductor
 #: takes seconds, which jit without it must not pay.
 _lazy: dict[str, str] = {"inductor": "thunder_rs.executors.inductor_ex"}
 _version = [0]
@@ -145,10 +145,7 @@ def known_executor_names() -> list[str]:
 
 def _named_executor(name: str) -> Executor:
     if name not in _named and name in _lazy:
-        module = importlib.import_module(_lazy[name])
-        found = [v for v in vars(module).values() if isinstance(v, Executor) and v.name == name]
-        if found:
-            _named.setdefault(name, found[0])
+        importlib.import_module(_lazy[name])  # registers its executor (register_named_executor)
     if name not in _named:
         raise ThunderValueError(f"jit: unknown executor {name!r}; known executors: {', '.join(known_executor_names())} "
                                 "(argument executors)")

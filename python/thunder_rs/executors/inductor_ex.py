@@ -23,7 +23,7 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.errors import ThunderNotImplementedError
-from thunder_rs.executors.extend import FusionExecutor, Region, _bump
+from thunder_rs.executors.extend import FusionExecutor, Region, _bump, register_named_executor
 from thunder_rs.executors.inductor_claims import claimed_keys
 from thunder_rs.executors.torch_ex import torch_ex
 
@@ -84,15 +84,25 @@ def _number_key(value):
 
 
 def layout(args) -> tuple:
-    """What a compiled region is specialised on: each tensor input's dtype, device, shape and
-    strides, and each other input's value."""
+    """What a compiled region is specialised on: each tensor input's dtype, device, shape,
+    strides and lazy negation or conjugation bit, and each other input's value."""
     key = []
     for a in args:
         if isinstance(a, _Tensor):
-            key += (a.dtype, a.device, a.shape, a.stride())
+            key += (a.dtype, a.device, a.shape, a.stride(), a.is_neg() or a.is_conj())
         else:
             key.append(_number_key(a))
     return tuple(key)
+
+
+def _lazy_bits(args) -> bool:
+    return any(isinstance(a, _Tensor) and (a.is_neg() or a.is_conj()) for a in args)
+
+
+def _resolved(args) -> list:
+    """``args`` with lazily negated or conjugated tensors (``x.conj().imag``, ``x.conj()``)
+    materialised: Inductor's kernels read their storage and would miss the bit."""
+    return [a.resolve_neg().resolve_conj() if isinstance(a, _Tensor) else a for a in args]
 
 
 # -- compiling -------------------------------------------------------------------------------------
@@ -146,6 +156,9 @@ def compile_artifact(function, args):
 
 def _compile_function(function, args):
     """``run(args) -> tuple``: ``function`` compiled by Inductor for the layout of ``args``."""
+    if _lazy_bits(args):
+        run = _compile_function(function, _resolved(args))
+        return lambda args: run(_resolved(args))
     compiled, positions = compile_artifact(function, args)
     if len(positions) == len(args):
         return lambda args: tuple(compiled(*args))
@@ -238,4 +251,4 @@ class InductorExecutor(FusionExecutor):
         return CompiledRegion(region)
 
 
-inductor_ex = InductorExecutor()
+inductor_ex = register_named_executor(InductorExecutor())
