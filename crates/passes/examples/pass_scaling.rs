@@ -77,7 +77,8 @@ fn main() {
         let joint = passes::joint(&trace).expect("vjp succeeds").expect("the output requires grad");
         report("split", median_seconds(repeats, || drop(passes::split(&joint).expect("split succeeds"))));
         let claimed = assignments(&trace);
-        let partition = || drop(passes::partition::partition(&trace, &claimed, &["fuser"]).expect("partition succeeds"));
+        let partition =
+            || drop(passes::partition::partition(&trace, &claimed, &["fuser"]).expect("partition succeeds"));
         report("partition", median_seconds(repeats, partition));
     }
 }

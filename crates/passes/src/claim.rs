@@ -131,7 +131,11 @@ mod tests {
         assert_eq!(got[0].fusion.as_ref().map(|f| (f.0, &*f.1.function)), Some((0, "fuser_exp")));
         assert_eq!(&*got[0].callee.function, "torch_exp");
         // Without a later executor for sin, the fusion executor does not take it.
-        let executors = [executor("fuser", true, &["exp", "sin"]), executor("torch", false, &["exp"]), executor("late", false, &["sin"])];
+        let executors = [
+            executor("fuser", true, &["exp", "sin"]),
+            executor("torch", false, &["exp"]),
+            executor("late", false, &["sin"]),
+        ];
         let (_, got) = claim(&trace, &executors, &mut |_, _| Ok(true)).unwrap();
         assert_eq!(got[1].fusion.as_ref().map(|f| f.0), Some(0));
         assert_eq!(&*got[1].callee.function, "late_sin");

@@ -28,9 +28,10 @@ fn same_call(trace: &Trace, a: &BoundSymbol, b: &BoundSymbol) -> bool {
         && a.args == b.args
         && a.kwargs == b.kwargs
         && a.outputs.len() == b.outputs.len()
-        && a.outputs.iter().zip(&b.outputs).all(|(&x, &y)| {
-            trace.tensor(x).map(|t| t.requires_grad) == trace.tensor(y).map(|t| t.requires_grad)
-        })
+        && a.outputs
+            .iter()
+            .zip(&b.outputs)
+            .all(|(&x, &y)| trace.tensor(x).map(|t| t.requires_grad) == trace.tensor(y).map(|t| t.requires_grad))
 }
 
 /// Whether two equal calls are guaranteed to give equal results.

@@ -24,7 +24,8 @@ pub const STAGES: &[&str] = &["acquired", "split", "claim", "fuse", "lifetimes"]
 
 fn registry() -> &'static RwLock<FxHashMap<String, PassFn>> {
     static REGISTRY: OnceLock<RwLock<FxHashMap<String, PassFn>>> = OnceLock::new();
-    REGISTRY.get_or_init(|| RwLock::new(crate::pipeline::BUILTIN_PASSES.iter().map(|&(n, f)| (n.to_string(), f)).collect()))
+    REGISTRY
+        .get_or_init(|| RwLock::new(crate::pipeline::BUILTIN_PASSES.iter().map(|&(n, f)| (n.to_string(), f)).collect()))
 }
 
 /// Registers `run` under `name`, so a `jit(fn, passes=[name])` runs it and `THUNDER_RS_DUMP`
@@ -136,7 +137,14 @@ impl<'a> Manager<'a> {
             })?;
         }
         let dump = self.cx.dumps(name);
-        self.records.push(PassRecord { name: name.to_string(), seconds, trace: trace.clone(), plan: None, dump, note: String::new() });
+        self.records.push(PassRecord {
+            name: name.to_string(),
+            seconds,
+            trace: trace.clone(),
+            plan: None,
+            dump,
+            note: String::new(),
+        });
         Ok((trace, extra))
     }
 

@@ -220,7 +220,13 @@ enum Item {
 /// executors of the table, for the regions' names.
 pub fn partition(trace: &Trace, assignments: &[Assignment], executor_names: &[&str]) -> Result<Partition> {
     if assignments.len() != trace.bsyms.len() {
-        trace_ir::bail!(Runtime, "partition", "{} assignments for {} bound symbols", assignments.len(), trace.bsyms.len());
+        trace_ir::bail!(
+            Runtime,
+            "partition",
+            "{} assignments for {} bound symbols",
+            assignments.len(),
+            trace.bsyms.len()
+        );
     }
     if assignments.iter().all(|a| a.fusion.is_none()) {
         let callees = assignments.iter().map(|a| a.callee.clone()).collect();
@@ -233,9 +239,14 @@ pub fn partition(trace: &Trace, assignments: &[Assignment], executor_names: &[&s
         grouping.add(i as u32, bsym, &producers);
     }
     let mut order: Vec<(Place, Item)> = Vec::with_capacity(trace.bsyms.len());
-    order.extend(grouping.group_of.iter().enumerate().filter(|(_, &g)| g == NO_GROUP).map(|(i, _)| {
-        (Place { major: i as u32, minor: 0 }, Item::Symbol(i as u32))
-    }));
+    order.extend(
+        grouping
+            .group_of
+            .iter()
+            .enumerate()
+            .filter(|(_, &g)| g == NO_GROUP)
+            .map(|(i, _)| (Place { major: i as u32, minor: 0 }, Item::Symbol(i as u32))),
+    );
     order.extend(grouping.groups.iter().enumerate().map(|(g, group)| (group.place, Item::Group(g as u32))));
     order.sort_unstable_by_key(|&(place, _)| place);
     emit(trace, assignments, &grouping, &order, executor_names)

@@ -74,7 +74,14 @@ pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, 
 /// Folds views (see [`views`]), claims the trace for the executors, groups fusion executors'
 /// symbols into regions (only when a fusion executor is in the table), then frees each value
 /// after its last use and generates the code: the execution trace, whose record carries the plan.
-fn execution(m: &mut Manager, trace: &Trace, options: &Options, checker: &mut ClaimChecker, packed: Option<usize>, name: &'static str) -> Result<()> {
+fn execution(
+    m: &mut Manager,
+    trace: &Trace,
+    options: &Options,
+    checker: &mut ClaimChecker,
+    packed: Option<usize>,
+    name: &'static str,
+) -> Result<()> {
     let folded = m.rewrite("views", views::RULES, trace)?;
     let trace = &folded;
     let (claimed, assignments) = m.stage("claim", || {

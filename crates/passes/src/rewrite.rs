@@ -61,7 +61,10 @@
 use crate::dce::live_calls;
 use crate::PassCx;
 use rustc_hash::FxHashMap;
-use trace_ir::{bail, Arg, BoundSymbol, Prim, Result, Symbol, SymbolKind, SymbolTable, TensorMeta, Trace, TraceBuilder, ValueId, ValueKind};
+use trace_ir::{
+    bail, Arg, BoundSymbol, Prim, Result, Symbol, SymbolKind, SymbolTable, TensorMeta, Trace, TraceBuilder, ValueId,
+    ValueKind,
+};
 
 /// A pattern over the call that defines a value.
 #[derive(Clone, Debug)]
@@ -358,7 +361,14 @@ impl Sweep {
     }
 
     /// Emits `replacement` for `bsym`'s output and renames the output's later uses.
-    fn replace(&mut self, bsym: &BoundSymbol, rule: &Rule, replacement: Replacement, rules: &[Rule], depth: usize) -> Result<()> {
+    fn replace(
+        &mut self,
+        bsym: &BoundSymbol,
+        rule: &Rule,
+        replacement: Replacement,
+        rules: &[Rule],
+        depth: usize,
+    ) -> Result<()> {
         let old = bsym.outputs[0];
         let new = match replacement {
             Replacement::Value(v) => {
@@ -430,7 +440,14 @@ impl Sweep {
             bail!(Runtime, "rewrite", "rule {} replaced {old} by {new}, which is not a tensor", rule.name);
         };
         if (a.dtype, a.device, &a.shape) != (b.dtype, b.device, &b.shape) {
-            bail!(Runtime, "rewrite", "rule {} replaced {old} ({}) by {new} ({})", rule.name, a.describe(), b.describe());
+            bail!(
+                Runtime,
+                "rewrite",
+                "rule {} replaced {old} ({}) by {new} ({})",
+                rule.name,
+                a.describe(),
+                b.describe()
+            );
         }
         Ok(())
     }
@@ -472,7 +489,13 @@ fn matches_arg(sweep: &Sweep, pat: &Pat, operand: &Arg, bindings: &mut Vec<(&'st
 }
 
 /// Matches a `Pat::Call` against `view`, the call defining `output`.
-fn matches_call(sweep: &Sweep, pat: &Pat, view: &CallView, output: &Arg, bindings: &mut Vec<(&'static str, Binding)>) -> bool {
+fn matches_call(
+    sweep: &Sweep,
+    pat: &Pat,
+    view: &CallView,
+    output: &Arg,
+    bindings: &mut Vec<(&'static str, Binding)>,
+) -> bool {
     let Pat::Call { prim, operands, bind: name, .. } = pat else { return false };
     if view.prim.name() != *prim {
         return false;

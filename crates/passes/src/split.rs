@@ -108,26 +108,30 @@ fn sources<'a>(t: &Trace, inputs: &[ValueId], forward: &'a [BoundSymbol]) -> FxH
     // its decomposition defines come from their prims.
     fn add<'a>(bsym: &'a BoundSymbol, out: &mut FxHashMap<ValueId, Source<'a>>) {
         match bsym.symbol {
-            Symbol::Prim(_) => bsym.outputs.iter().for_each(|&v| { out.insert(v, Source::Prim(bsym)); }),
+            Symbol::Prim(_) => bsym.outputs.iter().for_each(|&v| {
+                out.insert(v, Source::Prim(bsym));
+            }),
             _ => {
                 bsym.subsymbols.iter().for_each(|sub| add(sub, out));
-                bsym.outputs.iter().for_each(|&v| { out.insert(v, Source::Opaque); });
+                bsym.outputs.iter().for_each(|&v| {
+                    out.insert(v, Source::Opaque);
+                });
             }
         }
     }
     let mut out: FxHashMap<ValueId, Source<'a>> = FxHashMap::default();
     out.reserve(t.values.len());
     forward.iter().for_each(|b| add(b, &mut out));
-    inputs.iter().for_each(|&v| { out.insert(v, Source::Input); });
+    inputs.iter().for_each(|&v| {
+        out.insert(v, Source::Input);
+    });
     out
 }
 
 /// Prims cheap enough to run again in the backward rather than save their result.
 fn recomputable(bsym: &BoundSymbol) -> bool {
     match &bsym.symbol {
-        Symbol::Prim(p) => {
-            bsym.outputs.len() == 1 && p.is_cheap_to_recompute()
-        }
+        Symbol::Prim(p) => bsym.outputs.len() == 1 && p.is_cheap_to_recompute(),
         _ => false,
     }
 }
@@ -141,7 +145,11 @@ fn bytes(t: &Trace, v: ValueId) -> i64 {
 
 /// Decides, from the last-defined needed value to the first, what the backward saves and what
 /// it recomputes. Returns the residuals (by id) and the prims to recompute.
-fn choose_residuals(t: &Trace, sources: &FxHashMap<ValueId, Source>, needed: Vec<ValueId>) -> (Vec<ValueId>, Vec<BoundSymbol>) {
+fn choose_residuals(
+    t: &Trace,
+    sources: &FxHashMap<ValueId, Source>,
+    needed: Vec<ValueId>,
+) -> (Vec<ValueId>, Vec<BoundSymbol>) {
     let mut seen = vec![false; t.values.len()];
     let mut heap = BinaryHeap::new();
     for v in needed {

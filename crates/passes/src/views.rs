@@ -136,7 +136,8 @@ const MATMUL_TRANSPOSED_AS_LINEAR: Rule = Rule {
     rewrite: |m| {
         let (a, w) = (m.meta("a")?, m.meta("w")?);
         let swapped = perm_of(m, "t")? == [1, 0];
-        (swapped && w.ndim() == 2 && a.ndim() >= 1).then(|| Replacement::call(Linalg::Linear {}, [m.arg("a"), m.arg("w")]))
+        (swapped && w.ndim() == 2 && a.ndim() >= 1)
+            .then(|| Replacement::call(Linalg::Linear {}, [m.arg("a"), m.arg("w")]))
     },
 };
 
@@ -207,7 +208,8 @@ const CAT_OF_RESHAPES: Rule = Rule {
         let parts = list_of(m, "cat", "reshape").filter(|p| p.len() >= 2)?;
         let first = m.meta_of(parts[0].0.as_value()?)?.shape.clone();
         let fits = parts.iter().zip(m.operands("cat")?).all(|((x, _), y)| {
-            let (Some(x), Some(y)) = (x.as_value().and_then(|v| m.meta_of(v)), y.as_value().and_then(|v| m.meta_of(v))) else {
+            let (Some(x), Some(y)) = (x.as_value().and_then(|v| m.meta_of(v)), y.as_value().and_then(|v| m.meta_of(v)))
+            else {
                 return false;
             };
             let Some(merged_end) = (x.ndim() + d + 1).checked_sub(y.ndim()) else { return false };

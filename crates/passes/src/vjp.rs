@@ -10,7 +10,9 @@ use crate::PassCx;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use trace_ir::grad::Emitter;
-use trace_ir::{bail, Arg, BoundSymbol, GradRule, Result, Symbol, SymbolId, SymbolTable, Trace, TraceBuilder, ValueId, ValueKind};
+use trace_ir::{
+    bail, Arg, BoundSymbol, GradRule, Result, Symbol, SymbolId, SymbolTable, Trace, TraceBuilder, ValueId, ValueKind,
+};
 
 /// A joint trace: the forward's bound symbols, then the backward's.
 ///
@@ -154,7 +156,13 @@ fn apply_rule(e: &mut Emitter, cots: &mut Cotangents, rule: &GradRule) -> Result
 /// which runs the torch call under torch.autograd and returns one gradient per wanted input. A
 /// random (effect) fallback also gets the generator state it returned last, to draw again what
 /// the forward drew.
-fn fallback_vjp(e: &mut Emitter, cots: &mut Cotangents, bsym: &BoundSymbol, id: SymbolId, out_cots: &[Option<ValueId>]) -> Result<()> {
+fn fallback_vjp(
+    e: &mut Emitter,
+    cots: &mut Cotangents,
+    bsym: &BoundSymbol,
+    id: SymbolId,
+    out_cots: &[Option<ValueId>],
+) -> Result<()> {
     let mut wanted: Vec<ValueId> = Vec::new();
     bsym.for_each_input(|v| {
         let rg = matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad);

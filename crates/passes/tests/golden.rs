@@ -21,7 +21,8 @@ use trace_ir::parser::parse_trace;
 use trace_ir::printer::print_trace;
 
 /// The passes a golden file can name.
-const PASSES: &[Pass] = &[("dce", dce), ("cse", cse), ("vjp", vjp), ("views", views), ("views_with_tensordot", views_with_tensordot)];
+const PASSES: &[Pass] =
+    &[("dce", dce), ("cse", cse), ("vjp", vjp), ("views", views), ("views_with_tensordot", views_with_tensordot)];
 
 #[derive(Debug)]
 enum Check {
@@ -103,7 +104,8 @@ fn run_golden(path: &Path) -> Result<(), String> {
         let joint = passes::joint(&out).map_err(|e| e.to_string())?.ok_or("no output requires grad")?;
         let halves = passes::split(&joint).map_err(|e| e.to_string())?;
         let (forward, _) = run_passes(&halves.forward, &[("dce", dce)], &cx).map_err(|e| e.to_string())?;
-        let (backward, _) = run_passes(&halves.backward, &[("dce", dce), ("cse", cse)], &cx).map_err(|e| e.to_string())?;
+        let (backward, _) =
+            run_passes(&halves.backward, &[("dce", dce), ("cse", cse)], &cx).map_err(|e| e.to_string())?;
         format!("{}\n{}", print_trace(&forward, "forward"), print_trace(&backward, "backward"))
     } else {
         print_trace(&out, "computation")

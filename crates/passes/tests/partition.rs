@@ -261,10 +261,15 @@ fn random_dags_partition_into_acyclic_regions_that_compute_the_same_values() {
         let inputs = [0.3 + case as f64 * 1e-3, -1.7];
         assert_eq!(evaluate(&trace, &inputs), evaluate(&out.trace, &inputs), "case {case}\n{trace}\n{}", out.trace);
         // Symbols no fusion executor claimed, effects among them, keep their relative order.
-        let claimed: Vec<Vec<ValueId>> = (0..trace.bsyms.len()).filter(|&i| fused[i]).map(|i| trace.bsyms[i].outputs.clone()).collect();
+        let claimed: Vec<Vec<ValueId>> =
+            (0..trace.bsyms.len()).filter(|&i| fused[i]).map(|i| trace.bsyms[i].outputs.clone()).collect();
         let unclaimed = |b: &BoundSymbol| b.subsymbols.is_empty() && !claimed.contains(&b.outputs);
         assert_eq!(order_of(&out.trace, unclaimed), order_of(&trace, unclaimed), "case {case}");
-        assert_eq!(order_of(&out.trace, BoundSymbol::has_effect), order_of(&trace, BoundSymbol::has_effect), "case {case}");
+        assert_eq!(
+            order_of(&out.trace, BoundSymbol::has_effect),
+            order_of(&trace, BoundSymbol::has_effect),
+            "case {case}"
+        );
         for region in out.trace.bsyms.iter().filter(|b| matches!(b.symbol, Symbol::Region(_))) {
             fused_regions += 1;
             assert!(region.subsymbols.iter().all(|s| !s.has_effect()), "case {case}: an effect in a region");
@@ -310,7 +315,9 @@ fn region_code_returns_a_tuple_and_identical_regions_share_a_key() {
         trace_ir::pysrc::region_source(&out.trace, &out.trace.bsyms[r.index], &r.callees, &r.name)
     };
     assert_eq!(source(first), "def fuser_fusion0(t0):\n  t1 = torch_prims.sin(t0)\n  t2 = torch_prims.mul(t1, t1)\n  del t1\n  return (t2,)\n");
-    let key = |r: &passes::partition::RegionPlan| trace_ir::pysrc::region_key(&out.trace, &out.trace.bsyms[r.index], &r.callees);
+    let key = |r: &passes::partition::RegionPlan| {
+        trace_ir::pysrc::region_key(&out.trace, &out.trace.bsyms[r.index], &r.callees)
+    };
     assert_eq!(key(first), key(second));
     assert!(key(first).ends_with("# input 0: cpu f32[4]\n"), "{}", key(first));
     let plan_source = trace_ir::pysrc::python_source(

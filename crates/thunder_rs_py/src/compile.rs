@@ -71,7 +71,13 @@ pub fn compile(
         let cx = py_result(PassCx::from_env())?;
         let checker = Checker { checker: &checker, make_proxy: &make_proxy, consts: &consts };
         let mut check = |i: usize, trace: &trace_ir::Trace, bsym: &BoundSymbol| -> trace_ir::Result<bool> {
-            call_checker(&checker, trace, i, bsym).map_err(|e| trace_ir::IrError::new(trace_ir::ErrorKind::Runtime, bsym.symbol.qualified_name(), format!("checker failed: {e}")))
+            call_checker(&checker, trace, i, bsym).map_err(|e| {
+                trace_ir::IrError::new(
+                    trace_ir::ErrorKind::Runtime,
+                    bsym.symbol.qualified_name(),
+                    format!("checker failed: {e}"),
+                )
+            })
         };
         let options = Options { executors: &table.executors, passes: &passes };
         let compiled = py_result(passes::compile(&acquired.trace, &options, &mut check, &cx))?;

@@ -7,8 +7,8 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
-use trace_ir::{Trace, ValueKind};
 use trace_ir::{Arg, DType, Device, Scalar, TensorMeta, ValueId};
+use trace_ir::{Trace, ValueKind};
 
 use crate::errors::py_result;
 
@@ -130,7 +130,13 @@ pub fn from_arg<'py>(
     };
     Ok(match arg {
         Arg::Value(v) => match trace.value(*v) {
-            ValueKind::Tensor(t) => make_proxy.call1((v.0, PyTuple::new(py, &t.shape)?, t.dtype.code(), t.device.to_string(), t.requires_grad))?,
+            ValueKind::Tensor(t) => make_proxy.call1((
+                v.0,
+                PyTuple::new(py, &t.shape)?,
+                t.dtype.code(),
+                t.device.to_string(),
+                t.requires_grad,
+            ))?,
             ValueKind::Number(n) => from_arg(py, &Arg::Scalar(*n), trace, make_proxy, consts)?,
         },
         Arg::Scalar(Scalar::Bool(b)) => PyBool::new(py, *b).to_owned().into_any(),

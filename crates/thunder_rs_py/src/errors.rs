@@ -32,9 +32,7 @@ static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 impl From<PyIrError> for PyErr {
     fn from(PyIrError(e): PyIrError) -> PyErr {
         Python::attach(|py| {
-            let module = ERRORS_MODULE.get_or_try_init(py, || {
-                py.import("thunder_rs.errors").map(|m| m.unbind())
-            });
+            let module = ERRORS_MODULE.get_or_try_init(py, || py.import("thunder_rs.errors").map(|m| m.unbind()));
             let class = module.and_then(|m| m.bind(py).getattr(class_name(e.kind)));
             match class {
                 Ok(class) => match class.call1((e.to_string(),)) {

@@ -128,7 +128,12 @@ impl CallObserver {
     }
 }
 
-unsafe extern "C" fn profile(obj: *mut ffi::PyObject, frame: *mut ffi::PyFrameObject, what: c_int, _arg: *mut ffi::PyObject) -> c_int {
+unsafe extern "C" fn profile(
+    obj: *mut ffi::PyObject,
+    frame: *mut ffi::PyFrameObject,
+    what: c_int,
+    _arg: *mut ffi::PyObject,
+) -> c_int {
     if (what != PY_TRACE_CALL && what != PY_TRACE_RETURN) || frame.is_null() {
         return 0;
     }

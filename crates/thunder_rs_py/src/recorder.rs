@@ -25,15 +25,11 @@ impl Recorder {
     fn describe<'py>(&self, py: Python<'py>, outputs: &[ValueId]) -> PyResult<Bound<'py, PyList>> {
         let builder = self.builder.as_ref().expect("describe runs while recording");
         let items = outputs.iter().map(|&v| match builder.value(v) {
-            Some(ValueKind::Tensor(t)) => (
-                v.0,
-                PyTuple::new(py, &t.shape)?,
-                t.dtype.code(),
-                t.device.to_string(),
-                t.requires_grad,
-            )
-                .into_pyobject(py)
-                .map(|o| o.into_any()),
+            Some(ValueKind::Tensor(t)) => {
+                (v.0, PyTuple::new(py, &t.shape)?, t.dtype.code(), t.device.to_string(), t.requires_grad)
+                    .into_pyobject(py)
+                    .map(|o| o.into_any())
+            }
             _ => Err(PyRuntimeError::new_err(format!("{v} is not a tensor"))),
         });
         PyList::new(py, items.collect::<PyResult<Vec<_>>>()?)
@@ -65,7 +61,13 @@ impl Recorder {
 
     /// Records `prims.<name>(*args)` under torch's grad mode `grad_enabled` (read by the caller
     /// as the call is made, so `no_grad` regions are seen); returns the outputs' descriptions.
-    fn prim<'py>(&mut self, py: Python<'py>, name: &str, args: &Bound<'py, PyTuple>, grad_enabled: bool) -> PyResult<Bound<'py, PyList>> {
+    fn prim<'py>(
+        &mut self,
+        py: Python<'py>,
+        name: &str,
+        args: &Bound<'py, PyTuple>,
+        grad_enabled: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
         let args = to_args(args, types(py)?, &mut self.consts)?;
         let builder = self.builder()?;
         builder.set_grad_enabled(grad_enabled);
@@ -86,7 +88,13 @@ impl Recorder {
 
     /// Opens a composite call of `symbol`.
     #[pyo3(signature = (symbol, args, kwargs=None))]
-    fn begin(&mut self, py: Python<'_>, symbol: u32, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    fn begin(
+        &mut self,
+        py: Python<'_>,
+        symbol: u32,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
         let types = types(py)?;
         let args = to_args(args, types, &mut self.consts)?;
         let kwargs = to_kwargs(kwargs, types, &mut self.consts)?;

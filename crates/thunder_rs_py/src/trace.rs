@@ -1,7 +1,7 @@
 //! `Trace`: an immutable Python handle on a trace (or an execution trace with its plan).
 
-use pyo3::prelude::*;
 use passes::Plan;
+use pyo3::prelude::*;
 use std::sync::{Arc, OnceLock};
 use trace_ir::Trace;
 
@@ -20,7 +20,15 @@ pub struct PyTrace {
 
 impl PyTrace {
     pub fn new(trace: Trace, label: &str) -> Self {
-        PyTrace { trace: Arc::new(trace), plan: None, label: label.to_string(), seconds: 0.0, dump: false, note: String::new(), text: OnceLock::new() }
+        PyTrace {
+            trace: Arc::new(trace),
+            plan: None,
+            label: label.to_string(),
+            seconds: 0.0,
+            dump: false,
+            note: String::new(),
+            text: OnceLock::new(),
+        }
     }
 
     pub fn with_time(mut self, seconds: f64) -> Self {
@@ -101,11 +109,14 @@ impl PyTrace {
     fn producer(&self, vid: u32) -> Option<String> {
         let target = trace_ir::ValueId(vid);
         let mut found = false;
-        self.trace.bsyms.iter().find(|b| {
-            b.for_each_defined(&mut |v| found |= v == target);
-            found || b.outputs.contains(&target)
-        })
-        .map(|b| b.symbol.qualified_name())
+        self.trace
+            .bsyms
+            .iter()
+            .find(|b| {
+                b.for_each_defined(&mut |v| found |= v == target);
+                found || b.outputs.contains(&target)
+            })
+            .map(|b| b.symbol.qualified_name())
     }
 
     /// The fusion regions of an execution trace, in order, as
@@ -115,7 +126,17 @@ impl PyTrace {
         let Some(plan) = &self.plan else { return Vec::new() };
         plan.regions
             .iter()
-            .map(|r| (r.name.clone(), r.executor, r.source.clone(), r.key.clone(), r.symbol_names.clone(), r.num_inputs, r.num_outputs))
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    r.executor,
+                    r.source.clone(),
+                    r.key.clone(),
+                    r.symbol_names.clone(),
+                    r.num_inputs,
+                    r.num_outputs,
+                )
+            })
             .collect()
     }
 

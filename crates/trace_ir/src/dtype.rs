@@ -164,18 +164,13 @@ impl Device {
             "cpu" => DeviceKind::Cpu,
             "cuda" => DeviceKind::Cuda,
             "meta" => DeviceKind::Meta,
-            _ => {
-                return Err(IrError::new(
-                    ErrorKind::Value,
-                    "device",
-                    format!("unsupported device '{text}'"),
-                ))
-            }
+            _ => return Err(IrError::new(ErrorKind::Value, "device", format!("unsupported device '{text}'"))),
         };
         let index = match index {
-            Some(i) => Some(i.parse::<u16>().map_err(|_| {
-                IrError::new(ErrorKind::Value, "device", format!("bad device index in '{text}'"))
-            })?),
+            Some(i) => Some(
+                i.parse::<u16>()
+                    .map_err(|_| IrError::new(ErrorKind::Value, "device", format!("bad device index in '{text}'")))?,
+            ),
             None => None,
         };
         Ok(Device { kind, index })

@@ -50,7 +50,9 @@ pub fn parse_value_type(text: &str) -> Result<ValueKind> {
     if let Some(tensor) = text.strip_suffix(" requires_grad") {
         return match parse_value_type(tensor)? {
             ValueKind::Tensor(t) => Ok(ValueKind::Tensor(TensorMeta { requires_grad: true, ..t })),
-            ValueKind::Number(_) => Err(IrError::new(ErrorKind::Value, OP, format!("a number cannot require grad: \"{text}\""))),
+            ValueKind::Number(_) => {
+                Err(IrError::new(ErrorKind::Value, OP, format!("a number cannot require grad: \"{text}\"")))
+            }
         };
     }
     let bad = || IrError::new(ErrorKind::Value, OP, format!("cannot read the type \"{text}\""));

@@ -67,7 +67,13 @@ pub fn write_call(out: &mut String, callee: &str, bsym: &BoundSymbol, style: &mu
 }
 
 /// Writes `callee(args, key=value)`.
-pub fn write_call_with(out: &mut String, callee: &str, args: &[Arg], kwargs: &[(String, Arg)], style: &mut dyn ArgStyle) {
+pub fn write_call_with(
+    out: &mut String,
+    callee: &str,
+    args: &[Arg],
+    kwargs: &[(String, Arg)],
+    style: &mut dyn ArgStyle,
+) {
     out.push_str(callee);
     out.push('(');
     write_list(out, args, style);

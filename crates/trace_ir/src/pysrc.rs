@@ -2,8 +2,8 @@
 //! implementation its executor chose, and values are deleted after their last use.
 
 use crate::printer::{
-    describe_value, write_arg, write_call_with, write_header, write_subsymbol_comments, write_targets, write_type_comment,
-    ArgStyle,
+    describe_value, write_arg, write_call_with, write_header, write_subsymbol_comments, write_targets,
+    write_type_comment, ArgStyle,
 };
 use crate::trace::{BoundSymbol, Symbol, Trace};
 use crate::value::Arg;
@@ -205,7 +205,8 @@ fn rename_values(source: &str) -> String {
     let (mut i, mut in_string) = (0, false);
     while i < bytes.len() {
         let c = bytes[i];
-        let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b'.');
+        let starts_word =
+            i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b'.');
         if in_string || c != b't' || !starts_word {
             if c == b'"' && (i == 0 || bytes[i - 1] != b'\\') {
                 in_string = !in_string;

@@ -267,7 +267,11 @@ impl TraceBuilder {
                  in a subgraph that doesn't require differentiation use var_no_grad = var.detach()."
             ),
             Some(ValueKind::Tensor(t)) if flag && !t.dtype.is_inexact() => {
-                bail!(Runtime, "requires_grad_", "only Tensors of floating point and complex dtype can require gradients")
+                bail!(
+                    Runtime,
+                    "requires_grad_",
+                    "only Tensors of floating point and complex dtype can require gradients"
+                )
             }
             Some(ValueKind::Tensor(t)) => {
                 t.requires_grad = flag;
@@ -319,8 +323,7 @@ impl TraceBuilder {
     /// require grad when grad mode is on, an operand requires grad and their dtype is inexact.
     pub fn record(&mut self, prim: Prim, operands: Vec<Arg>) -> Result<Vec<ValueId>> {
         let op = prim.qualified_name();
-        let resolved: Vec<Operand> =
-            operands.iter().map(|a| self.operand(&op, a)).collect::<Result<_>>()?;
+        let resolved: Vec<Operand> = operands.iter().map(|a| self.operand(&op, a)).collect::<Result<_>>()?;
         let requires_grad = self.grad_enabled
             && prim.is_differentiable()
             && resolved.iter().any(|o| matches!(o, Operand::Tensor(t) if t.requires_grad));
@@ -367,8 +370,7 @@ impl TraceBuilder {
         kwargs: Vec<(String, Arg)>,
         outputs: Vec<TensorMeta>,
     ) -> Vec<ValueId> {
-        let ids: Vec<ValueId> =
-            outputs.into_iter().map(|m| self.push_value(ValueKind::Tensor(m))).collect();
+        let ids: Vec<ValueId> = outputs.into_iter().map(|m| self.push_value(ValueKind::Tensor(m))).collect();
         let mut bsym = BoundSymbol::new(Symbol::Fallback(symbol), args, ids.clone());
         bsym.kwargs = kwargs;
         self.push_bsym(bsym);

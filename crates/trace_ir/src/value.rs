@@ -93,9 +93,7 @@ impl fmt::Display for Scalar {
             Scalar::Bool(false) => f.write_str("False"),
             Scalar::Int(i) => write!(f, "{i}"),
             Scalar::Float(x) if x.is_nan() => f.write_str("float('nan')"),
-            Scalar::Float(x) if x.is_infinite() => {
-                f.write_str(if *x > 0.0 { "float('inf')" } else { "float('-inf')" })
-            }
+            Scalar::Float(x) if x.is_infinite() => f.write_str(if *x > 0.0 { "float('inf')" } else { "float('-inf')" }),
             Scalar::Float(x) => write!(f, "{x:?}"),
         }
     }
@@ -163,11 +161,9 @@ impl Arg {
             Arg::Value(v) => f(*v),
             Arg::Tuple(items) => Arg::Tuple(items.iter().map(|a| a.map_values(f)).collect()),
             Arg::List(items) => Arg::List(items.iter().map(|a| a.map_values(f)).collect()),
-            Arg::Slice(parts) => Arg::Slice(Box::new([
-                parts[0].map_values(f),
-                parts[1].map_values(f),
-                parts[2].map_values(f),
-            ])),
+            Arg::Slice(parts) => {
+                Arg::Slice(Box::new([parts[0].map_values(f), parts[1].map_values(f), parts[2].map_values(f)]))
+            }
             other => other.clone(),
         }
     }

@@ -177,7 +177,8 @@ fn composites_fallbacks_and_literals_round_trip() {
     let cumsum = SymbolTable::register("torch.cumsum", SymbolKind::Fallback);
     let meta = TensorMeta::new(DType::F64, Device::CPU, vec![2, 3]);
     let f = b.record_fallback(cumsum, args, kwargs, vec![meta.clone(), meta]);
-    let outputs = Arg::Tuple(vec![Arg::Value(softmax), values(&vm), Arg::List(vec![Arg::Value(f[1])]), Arg::Value(x), Arg::None]);
+    let outputs =
+        Arg::Tuple(vec![Arg::Value(softmax), values(&vm), Arg::List(vec![Arg::Value(f[1])]), Arg::Value(x), Arg::None]);
     assert_round_trip(&b.finish(outputs).unwrap());
 }
 
@@ -209,7 +210,8 @@ fn trivial_traces_round_trip() {
 
 #[test]
 fn parses_hand_written_text_without_preamble_or_type_comments() {
-    let text = "def f(t0):\n  # t0: \"cpu f32[4]\"\n  t1 = prims.exp(t0)\n  t2 = prims.add(t1, (1.0))\n  return [t2, t1]";
+    let text =
+        "def f(t0):\n  # t0: \"cpu f32[4]\"\n  t1 = prims.exp(t0)\n  t2 = prims.add(t1, (1.0))\n  return [t2, t1]";
     let trace = parse_trace(text).unwrap();
     assert_eq!(trace.bsyms.len(), 2);
     assert_eq!(trace.bsyms[1].args[1], Arg::Scalar(Scalar::Float(1.0)));
@@ -225,7 +227,12 @@ const MALFORMED: &[(&str, ErrorKind, &str, &[&str])] = &[
     ("  t5 = prims.exp(t0)\n  return t5\n", Value, PARSER, &["line 3", "defines (t1)", "names (t5)"]),
     ("  t1 = prims.exp(t9)\n  return t1\n", Runtime, "prims.exp", &["line 3", "t9"]),
     // Type comments are checked against the meta rules.
-    ("  t1 = prims.sum(t0, (1,))  # t1: \"cpu f32[3]\"\n  return t1\n", Value, PARSER, &["line 3", "says \"cpu f32[3]\""]),
+    (
+        "  t1 = prims.sum(t0, (1,))  # t1: \"cpu f32[3]\"\n  return t1\n",
+        Value,
+        PARSER,
+        &["line 3", "says \"cpu f32[3]\""],
+    ),
     ("  t1 = prims.exp(t0)  # t2: \"cpu f32[2, 3]\"\n  return t1\n", Value, PARSER, &["line 3", "names (t2)"]),
     // Prim errors keep their op and kind, and gain the line.
     ("  t1 = prims.frobnicate(t0)\n  return t1\n", NotImplemented, "prims.frobnicate", &["line 3"]),
@@ -241,11 +248,21 @@ const MALFORMED: &[(&str, ErrorKind, &str, &[&str])] = &[
     ("  t1 = prims.add(t0, torch.device('tpu'))\n  return t1\n", Value, PARSER, &["line 3", "tpu"]),
     ("  t1 = prims.exp(t0)\n", Value, PARSER, &["line 3", "no `return`"]),
     ("  return t0\n  t1 = prims.exp(t0)\n", Value, PARSER, &["line 4", "after `return`"]),
-    ("  t1 = prims.exp(t0)\n  # t0: \"cpu f32[2, 3]\"\n  return t1\n", Value, PARSER, &["line 4", "right after the `def`"]),
+    (
+        "  t1 = prims.exp(t0)\n  # t0: \"cpu f32[2, 3]\"\n  return t1\n",
+        Value,
+        PARSER,
+        &["line 4", "right after the `def`"],
+    ),
     // Decompositions.
     ("  t1 = prims.exp(t0)\n    t2 = prims.exp(t1)\n  return t1\n", Value, PARSER, &["line 4", "must be a comment"]),
     ("  t1 = prims.exp(t0)\n    # t2 = prims.exp(t1)\n  return t1\n", Value, PARSER, &["line 4", "deeper"]),
-    ("  t2 = ltorch.exp(t0)\n    # t1 = prims.exp(t0)\n  return t2\n", Value, PARSER, &["line 3", "returns t2", "does not define"]),
+    (
+        "  t2 = ltorch.exp(t0)\n    # t1 = prims.exp(t0)\n  return t2\n",
+        Value,
+        PARSER,
+        &["line 3", "returns t2", "does not define"],
+    ),
     ("  t1 = ltorch.exp(t0)\n  return t1\n", Value, PARSER, &["line 3", "does not define"]),
     ("  ltorch.exp(t0)\n    # t1 = prims.exp(t0)\n  return t1\n", Value, PARSER, &["line 3", "no outputs"]),
     // Fallbacks take their outputs' types from the type comment.

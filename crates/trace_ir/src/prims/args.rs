@@ -57,9 +57,7 @@ impl CallArgs {
     /// Takes a list of tensor values (the operands of `cat`).
     pub fn value_list(&mut self, what: &str) -> Result<Vec<Arg>> {
         match self.next(what)? {
-            Arg::List(items) | Arg::Tuple(items) if items.iter().all(|a| a.as_value().is_some()) => {
-                Ok(items)
-            }
+            Arg::List(items) | Arg::Tuple(items) if items.iter().all(|a| a.as_value().is_some()) => Ok(items),
             other => bail!(Type, &self.op, "expected a sequence of tensors for {what}, got {other:?}"),
         }
     }

@@ -78,21 +78,33 @@ impl Family for Conv {
 
     fn vjp(&self, e: &mut Emitter, operands: &[Arg], _outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
         let Conv::Convolution { stride, padding, dilation, transposed, output_padding, groups } = self else {
-            bail!(NotImplemented, "prims.convolution_backward", "the second derivative of a convolution is not supported");
+            bail!(
+                NotImplemented,
+                "prims.convolution_backward",
+                "the second derivative of a convolution is not supported"
+            );
         };
         let Some(g) = cots[0] else { return Ok(vec![None; operands.len()]) };
         let wants = |e: &Emitter, i: usize| {
-            operands.get(i).and_then(Arg::as_value).is_some_and(|v| {
-                matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad)
-            })
+            operands
+                .get(i)
+                .and_then(Arg::as_value)
+                .is_some_and(|v| matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad))
         };
         let (input_grad, weight_grad, bias_grad) = (wants(e, 0), wants(e, 1), wants(e, 2));
         if !(input_grad || weight_grad || bias_grad) {
             return Ok(vec![None; operands.len()]);
         }
         let backward = Conv::ConvolutionBackward {
-            stride: stride.clone(), padding: padding.clone(), dilation: dilation.clone(), transposed: *transposed,
-            output_padding: output_padding.clone(), groups: *groups, input_grad, weight_grad, bias_grad,
+            stride: stride.clone(),
+            padding: padding.clone(),
+            dilation: dilation.clone(),
+            transposed: *transposed,
+            output_padding: output_padding.clone(),
+            groups: *groups,
+            input_grad,
+            weight_grad,
+            bias_grad,
         };
         let args = vec![g.into(), operands[0].clone(), operands[1].clone()];
         let mut grads = e.builder.record(backward.into(), args)?.into_iter();
@@ -106,38 +118,71 @@ impl Family for Conv {
 }
 
 /// The output of a convolution of `a` with `w` (torch's shape rules), checking every argument.
-fn convolution(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -> Result<TensorMeta> {
+fn convolution(
+    op: &str,
+    geo: &Geometry,
+    a: &TensorMeta,
+    w: &TensorMeta,
+    bias: Option<&TensorMeta>,
+) -> Result<TensorMeta> {
     let spatial = w.ndim().saturating_sub(2);
     if !(1..=3).contains(&spatial) {
         bail!(Value, op, "expected a weight of rank 3, 4 or 5, got {:?} (argument weight)", w.shape);
     }
     if a.ndim() != w.ndim() {
-        bail!(Value, op, "expected a batched input of rank {} for a weight of rank {}, got {:?} (argument a)", w.ndim(), w.ndim(), a.shape);
+        bail!(
+            Value,
+            op,
+            "expected a batched input of rank {} for a weight of rank {}, got {:?} (argument a)",
+            w.ndim(),
+            w.ndim(),
+            a.shape
+        );
     }
     for other in [Some(w), bias].into_iter().flatten() {
         if other.dtype != a.dtype || other.device != a.device {
             bail!(Type, op, "a is {} but weight or bias is {}", a.describe(), other.describe());
         }
     }
-    let lists = [("stride", geo.stride), ("padding", geo.padding), ("dilation", geo.dilation), ("output_padding", geo.output_padding)];
+    let lists = [
+        ("stride", geo.stride),
+        ("padding", geo.padding),
+        ("dilation", geo.dilation),
+        ("output_padding", geo.output_padding),
+    ];
     for (name, list) in lists {
         if list.len() != spatial {
             bail!(Value, op, "expected {spatial} values for {name}, got {list:?}");
         }
     }
-    if geo.stride.iter().chain(geo.dilation).any(|&s| s < 1) || geo.padding.iter().chain(geo.output_padding).any(|&p| p < 0) {
-        bail!(Value, op, "stride and dilation must be positive and padding non-negative (stride {:?}, dilation {:?}, padding {:?})", geo.stride, geo.dilation, geo.padding);
+    if geo.stride.iter().chain(geo.dilation).any(|&s| s < 1)
+        || geo.padding.iter().chain(geo.output_padding).any(|&p| p < 0)
+    {
+        bail!(
+            Value,
+            op,
+            "stride and dilation must be positive and padding non-negative (stride {:?}, dilation {:?}, padding {:?})",
+            geo.stride,
+            geo.dilation,
+            geo.padding
+        );
     }
     let groups = geo.groups;
     if groups < 1 {
         bail!(Value, op, "non-positive groups is not supported (argument groups = {groups})");
     }
-    let (in_channels, out_channels) = if geo.transposed { (w.shape[0], w.shape[1] * groups) } else { (w.shape[1] * groups, w.shape[0]) };
+    let (in_channels, out_channels) =
+        if geo.transposed { (w.shape[0], w.shape[1] * groups) } else { (w.shape[1] * groups, w.shape[0]) };
     if a.shape[1] != in_channels {
         bail!(Runtime, op, "expected input {:?} to have {in_channels} channels (weight {:?}, groups {groups}), but got {} channels instead (argument a)", a.shape, w.shape, a.shape[1]);
     }
     if w.shape[0] % groups != 0 {
-        bail!(Runtime, op, "expected weight {:?} to be divisible by groups = {groups} at dimension 0 (argument weight)", w.shape);
+        bail!(
+            Runtime,
+            op,
+            "expected weight {:?} to be divisible by groups = {groups} at dimension 0 (argument weight)",
+            w.shape
+        );
     }
     if let Some(b) = bias {
         if b.shape != [out_channels] {
@@ -148,9 +193,19 @@ fn convolution(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias: O
     for i in 0..spatial {
         let (size, k) = (a.shape[2 + i], w.shape[2 + i]);
         let (s, p, d, op_) = (geo.stride[i], geo.padding[i], geo.dilation[i], geo.output_padding[i]);
-        let out = if geo.transposed { (size - 1) * s - 2 * p + d * (k - 1) + op_ + 1 } else { (size + 2 * p - d * (k - 1) - 1).div_euclid(s) + 1 };
+        let out = if geo.transposed {
+            (size - 1) * s - 2 * p + d * (k - 1) + op_ + 1
+        } else {
+            (size + 2 * p - d * (k - 1) - 1).div_euclid(s) + 1
+        };
         if out < 1 {
-            bail!(Runtime, op, "calculated output size {out} at spatial dim {i} is too small (input {:?}, kernel {:?}) (argument a)", a.shape, w.shape);
+            bail!(
+                Runtime,
+                op,
+                "calculated output size {out} at spatial dim {i} is too small (input {:?}, kernel {:?}) (argument a)",
+                a.shape,
+                w.shape
+            );
         }
         shape.push(out);
     }

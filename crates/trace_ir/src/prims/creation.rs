@@ -37,7 +37,13 @@ impl Family for Creation {
         meta(self, op)
     }
 
-    fn vjp(&self, _e: &mut Emitter, _operands: &[Arg], _outputs: &[ValueId], _cots: &[Option<ValueId>]) -> Result<Grads> {
+    fn vjp(
+        &self,
+        _e: &mut Emitter,
+        _operands: &[Arg],
+        _outputs: &[ValueId],
+        _cots: &[Option<ValueId>],
+    ) -> Result<Grads> {
         Ok(vec![])
     }
 }

@@ -39,9 +39,7 @@ impl Operands {
     pub fn call_args(self, operands: &[Arg]) -> Vec<Arg> {
         match self {
             Operands::List => vec![Arg::List(operands.to_vec())],
-            Operands::WithOptional(k) if operands.len() == k => {
-                operands.iter().cloned().chain([Arg::None]).collect()
-            }
+            Operands::WithOptional(k) if operands.len() == k => operands.iter().cloned().chain([Arg::None]).collect(),
             _ => operands.to_vec(),
         }
     }

@@ -174,7 +174,10 @@ declare_family! {
 
 /// The promotion code Python derives `ltorch.<name>` with, for table prims not written by hand.
 pub(super) fn derived_promotion(name: &str) -> Option<u8> {
-    let promotion = Unary::ALL.iter().find(|p| p.name() == name).map(|p| p.promotion())
+    let promotion = Unary::ALL
+        .iter()
+        .find(|p| p.name() == name)
+        .map(|p| p.promotion())
         .or_else(|| Binary::ALL.iter().find(|p| p.name() == name).map(|p| p.promotion()))?;
     (promotion != Promotion::Custom).then_some(promotion as u8)
 }
@@ -192,7 +195,21 @@ impl Binary {
     /// Whether outputs carry gradients (torch defines none for the orthogonal polynomials).
     pub fn is_differentiable(self) -> bool {
         use Binary::*;
-        !matches!(self, ChebyshevPolynomialT | ChebyshevPolynomialU | ChebyshevPolynomialV | ChebyshevPolynomialW | ShiftedChebyshevPolynomialT | ShiftedChebyshevPolynomialU | ShiftedChebyshevPolynomialV | ShiftedChebyshevPolynomialW | HermitePolynomialH | HermitePolynomialHe | LaguerrePolynomialL | LegendrePolynomialP)
+        !matches!(
+            self,
+            ChebyshevPolynomialT
+                | ChebyshevPolynomialU
+                | ChebyshevPolynomialV
+                | ChebyshevPolynomialW
+                | ShiftedChebyshevPolynomialT
+                | ShiftedChebyshevPolynomialU
+                | ShiftedChebyshevPolynomialV
+                | ShiftedChebyshevPolynomialW
+                | HermitePolynomialH
+                | HermitePolynomialHe
+                | LaguerrePolynomialL
+                | LegendrePolynomialP
+        )
     }
 }
 
@@ -224,8 +241,12 @@ fn check_dtype(op: &str, what: &str, dtype: DType, rule: Accepts) -> Result<()> 
     match rule {
         Accepts::Inexact => bail!(Type, op, "expected a floating-point or complex tensor for {what}, got {dtype}"),
         Accepts::Float => bail!(Type, op, "expected a floating-point tensor for {what}, got {dtype}"),
-        Accepts::FloatKernel => bail!(NotImplemented, op, "not implemented for {dtype}: expected a floating-point tensor for {what}"),
-        Accepts::IntOrBool => bail!(NotImplemented, op, "not implemented for {dtype}: expected an integer or bool tensor for {what}"),
+        Accepts::FloatKernel => {
+            bail!(NotImplemented, op, "not implemented for {dtype}: expected a floating-point tensor for {what}")
+        }
+        Accepts::IntOrBool => {
+            bail!(NotImplemented, op, "not implemented for {dtype}: expected an integer or bool tensor for {what}")
+        }
         Accepts::NotBool => bail!(NotImplemented, op, "not implemented for {dtype} (argument {what})"),
         _ => bail!(NotImplemented, op, "not implemented for {dtype}: expected a real tensor (argument {what})"),
     }
@@ -275,7 +296,13 @@ fn common_tensor<'a, 'n>(op: &str, names: &[&'n str], operands: &[Operand<'a>]) 
             continue;
         };
         if t.shape != f.shape {
-            bail!(Value, op, "shapes of {first_name} {:?} and {name} {:?} differ (prims do not broadcast)", f.shape, t.shape);
+            bail!(
+                Value,
+                op,
+                "shapes of {first_name} {:?} and {name} {:?} differ (prims do not broadcast)",
+                f.shape,
+                t.shape
+            );
         }
         if t.device != f.device {
             bail!(Value, op, "{first_name} is on {} but {name} is on {}", f.device, t.device);
@@ -316,7 +343,9 @@ fn where_(op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
     let names = ["pred", "a", "b"];
     let (_, t) = common_tensor(op, &names, operands)?;
     match &operands[0] {
-        Operand::Tensor(p) if p.dtype != DType::Bool => bail!(Type, op, "expected a bool tensor for pred, got {}", p.dtype),
+        Operand::Tensor(p) if p.dtype != DType::Bool => {
+            bail!(Type, op, "expected a bool tensor for pred, got {}", p.dtype)
+        }
         Operand::Number(n) if !matches!(n, Scalar::Bool(_)) => bail!(Type, op, "expected a bool for pred, got {n}"),
         _ => {}
     }
@@ -381,7 +410,6 @@ impl Family for Elementwise {
 
 // ---------------------------------------------------------------------------------- VJP rules
 
-
 /// `g * f'(x)` for a unary prim `y = f(x)`; `None` where the output carries no gradient.
 fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<Option<ValueId>> {
     use Unary::*;
@@ -395,31 +423,86 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
         e.add(sq, e.scalar(v, add))
     };
     let grad = match prim {
-        Abs => { let s = e.unary(Sign, x)?; e.mul(g, s)? }
+        Abs => {
+            let s = e.unary(Sign, x)?;
+            e.mul(g, s)?
+        }
         Neg => e.neg(g)?,
         Exp => e.mul(g, y)?,
-        Exp2 => { let t = e.mul(g, y)?; e.mul(t, c(LN_2))? }
-        Expm1 => { let t = e.add(y, one)?; e.mul(g, t)? }
+        Exp2 => {
+            let t = e.mul(g, y)?;
+            e.mul(t, c(LN_2))?
+        }
+        Expm1 => {
+            let t = e.add(y, one)?;
+            e.mul(g, t)?
+        }
         Log => e.div(g, x)?,
-        Log1p => { let t = e.add(x, one)?; e.div(g, t)? }
-        Log2 => { let t = e.mul(x, c(LN_2))?; e.div(g, t)? }
-        Log10 => { let t = e.mul(x, c(LN_10))?; e.div(g, t)? }
-        Sin => { let t = e.unary(Cos, x)?; e.mul(g, t)? }
-        Cos => { let t = e.unary(Sin, x)?; let t = e.mul(g, t)?; e.neg(t)? }
-        Tan => { let t = square_plus(e, y, 1.0, 1.0)?; e.mul(g, t)? }
-        Tanh => { let t = square_plus(e, y, -1.0, 1.0)?; e.mul(g, t)? }
-        Sinh => { let t = e.unary(Cosh, x)?; e.mul(g, t)? }
-        Cosh => { let t = e.unary(Sinh, x)?; e.mul(g, t)? }
+        Log1p => {
+            let t = e.add(x, one)?;
+            e.div(g, t)?
+        }
+        Log2 => {
+            let t = e.mul(x, c(LN_2))?;
+            e.div(g, t)?
+        }
+        Log10 => {
+            let t = e.mul(x, c(LN_10))?;
+            e.div(g, t)?
+        }
+        Sin => {
+            let t = e.unary(Cos, x)?;
+            e.mul(g, t)?
+        }
+        Cos => {
+            let t = e.unary(Sin, x)?;
+            let t = e.mul(g, t)?;
+            e.neg(t)?
+        }
+        Tan => {
+            let t = square_plus(e, y, 1.0, 1.0)?;
+            e.mul(g, t)?
+        }
+        Tanh => {
+            let t = square_plus(e, y, -1.0, 1.0)?;
+            e.mul(g, t)?
+        }
+        Sinh => {
+            let t = e.unary(Cosh, x)?;
+            e.mul(g, t)?
+        }
+        Cosh => {
+            let t = e.unary(Sinh, x)?;
+            e.mul(g, t)?
+        }
         Asin | Acos => {
             let t = square_plus(e, x, -1.0, 1.0)?;
             let r = e.unary(Rsqrt, t)?;
             let t = e.mul(g, r)?;
-            if prim == Acos { e.neg(t)? } else { t }
+            if prim == Acos {
+                e.neg(t)?
+            } else {
+                t
+            }
         }
-        Atan => { let t = square_plus(e, x, 1.0, 1.0)?; e.div(g, t)? }
-        Asinh => { let t = square_plus(e, x, 1.0, 1.0)?; let r = e.unary(Rsqrt, t)?; e.mul(g, r)? }
-        Acosh => { let t = square_plus(e, x, 1.0, -1.0)?; let r = e.unary(Rsqrt, t)?; e.mul(g, r)? }
-        Atanh => { let t = square_plus(e, x, -1.0, 1.0)?; e.div(g, t)? }
+        Atan => {
+            let t = square_plus(e, x, 1.0, 1.0)?;
+            e.div(g, t)?
+        }
+        Asinh => {
+            let t = square_plus(e, x, 1.0, 1.0)?;
+            let r = e.unary(Rsqrt, t)?;
+            e.mul(g, r)?
+        }
+        Acosh => {
+            let t = square_plus(e, x, 1.0, -1.0)?;
+            let r = e.unary(Rsqrt, t)?;
+            e.mul(g, r)?
+        }
+        Atanh => {
+            let t = square_plus(e, x, -1.0, 1.0)?;
+            e.div(g, t)?
+        }
         Erf | Erfc => {
             let t = square_plus(e, x, -1.0, 0.0)?;
             let t = e.unary(Exp, t)?;
@@ -433,17 +516,33 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
             let t = e.mul(t, c(PI.sqrt() / 2.0))?;
             e.mul(g, t)?
         }
-        Sqrt => { let t = e.mul(y, two)?; e.div(g, t)? }
+        Sqrt => {
+            let t = e.mul(y, two)?;
+            e.div(g, t)?
+        }
         Rsqrt => {
             let t = e.mul(y, y)?;
             let t = e.mul(t, y)?;
             let t = e.mul(t, c(-0.5))?;
             e.mul(g, t)?
         }
-        Reciprocal => { let t = e.mul(y, y)?; let t = e.mul(g, t)?; e.neg(t)? }
-        Lgamma => { let t = e.unary(Digamma, x)?; e.mul(g, t)? }
-        Digamma => { let t = e.emit(Elementwise::Polygamma { order: 1 }, vec![Arg::Value(x)])?; e.mul(g, t)? }
-        I0 => { let t = e.unary(I1, x)?; e.mul(g, t)? }
+        Reciprocal => {
+            let t = e.mul(y, y)?;
+            let t = e.mul(g, t)?;
+            e.neg(t)?
+        }
+        Lgamma => {
+            let t = e.unary(Digamma, x)?;
+            e.mul(g, t)?
+        }
+        Digamma => {
+            let t = e.emit(Elementwise::Polygamma { order: 1 }, vec![Arg::Value(x)])?;
+            e.mul(g, t)?
+        }
+        I0 => {
+            let t = e.unary(I1, x)?;
+            e.mul(g, t)?
+        }
         I0e => {
             let s = e.unary(Sign, x)?;
             let t = e.mul(s, y)?;
@@ -489,15 +588,27 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
         }
         BesselJ0 | BesselY0 | ModifiedBesselK0 => {
             // j0' = -j1, y0' = -y1, k0' = -k1.
-            let first = match prim { BesselJ0 => BesselJ1, BesselY0 => BesselY1, _ => ModifiedBesselK1 };
+            let first = match prim {
+                BesselJ0 => BesselJ1,
+                BesselY0 => BesselY1,
+                _ => ModifiedBesselK1,
+            };
             let t = e.unary(first, x)?;
             let t = e.mul(g, t)?;
             e.neg(t)?
         }
-        ModifiedBesselI0 => { let t = e.unary(ModifiedBesselI1, x)?; e.mul(g, t)? }
+        ModifiedBesselI0 => {
+            let t = e.unary(ModifiedBesselI1, x)?;
+            e.mul(g, t)?
+        }
         BesselJ1 | BesselY1 | ModifiedBesselI1 | ModifiedBesselK1 => {
             // j1' = j0 - j1/x, y1' = y0 - y1/x, i1' = i0 - i1/x, k1' = -k0 - k1/x (as torch).
-            let zeroth = match prim { BesselJ1 => BesselJ0, BesselY1 => BesselY0, ModifiedBesselI1 => ModifiedBesselI0, _ => ModifiedBesselK0 };
+            let zeroth = match prim {
+                BesselJ1 => BesselJ0,
+                BesselY1 => BesselY0,
+                ModifiedBesselI1 => ModifiedBesselI0,
+                _ => ModifiedBesselK0,
+            };
             let z = e.unary(zeroth, x)?;
             let z = if prim == ModifiedBesselK1 { e.neg(z)? } else { z };
             let t = e.div(y, x)?;
@@ -513,7 +624,13 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
 
 /// The gradients of a binary elementwise prim `y = f(a, b)`; `ta`/`tb` are the operands that
 /// are tensors (numbers get no gradient).
-fn vjp_binary(prim: Binary, e: &mut Emitter, (a, b): (&Arg, &Arg), y: ValueId, g: ValueId) -> Result<(Option<ValueId>, Option<ValueId>)> {
+fn vjp_binary(
+    prim: Binary,
+    e: &mut Emitter,
+    (a, b): (&Arg, &Arg),
+    y: ValueId,
+    g: ValueId,
+) -> Result<(Option<ValueId>, Option<ValueId>)> {
     use Binary::*;
     let zero = e.scalar(g, 0.0);
     Ok(match prim {
@@ -560,9 +677,9 @@ fn vjp_binary(prim: Binary, e: &mut Emitter, (a, b): (&Arg, &Arg), y: ValueId, g
         Nextafter => (Some(g), Some(e.zeros_like(g)?)),
         Zeta => {
             // As torch: d/dq zeta(x, q) = -x zeta(x + 1, q); there is no derivative in x.
-            let x_requires_grad = a.as_value().is_some_and(|v| {
-                matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad)
-            });
+            let x_requires_grad = a
+                .as_value()
+                .is_some_and(|v| matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad));
             if x_requires_grad {
                 bail!(NotImplemented, "prims.zeta", "the derivative of zeta with respect to x is not implemented (in torch either); detach x (argument a)");
             }
@@ -576,7 +693,18 @@ fn vjp_binary(prim: Binary, e: &mut Emitter, (a, b): (&Arg, &Arg), y: ValueId, g
             (None, Some(e.neg(t)?))
         }
         Eq | Ne | Lt | Le | Gt | Ge | BitwiseAnd | BitwiseOr | BitwiseXor => (None, None),
-        ChebyshevPolynomialT | ChebyshevPolynomialU | ChebyshevPolynomialV | ChebyshevPolynomialW | ShiftedChebyshevPolynomialT | ShiftedChebyshevPolynomialU | ShiftedChebyshevPolynomialV | ShiftedChebyshevPolynomialW | HermitePolynomialH | HermitePolynomialHe | LaguerrePolynomialL | LegendrePolynomialP => (None, None),
+        ChebyshevPolynomialT
+        | ChebyshevPolynomialU
+        | ChebyshevPolynomialV
+        | ChebyshevPolynomialW
+        | ShiftedChebyshevPolynomialT
+        | ShiftedChebyshevPolynomialU
+        | ShiftedChebyshevPolynomialV
+        | ShiftedChebyshevPolynomialW
+        | HermitePolynomialH
+        | HermitePolynomialHe
+        | LaguerrePolynomialL
+        | LegendrePolynomialP => (None, None),
     })
 }
 
@@ -646,7 +774,9 @@ fn vjp_retype(prim: &Elementwise, e: &mut Emitter, x: ValueId, g: ValueId) -> Re
     let m = e.meta(x);
     Ok(match prim {
         Elementwise::ConvertElementType { .. } if m.dtype.is_inexact() => Some(e.convert(g, m.dtype)?),
-        Elementwise::DevicePut { .. } => Some(e.emit(Elementwise::DevicePut { device: m.device }, vec![Arg::Value(g)])?),
+        Elementwise::DevicePut { .. } => {
+            Some(e.emit(Elementwise::DevicePut { device: m.device }, vec![Arg::Value(g)])?)
+        }
         _ => None,
     })
 }

@@ -58,7 +58,13 @@ fn check_scatter(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src: 
     }
     for d in 0..a.ndim() {
         if index.shape[d] > src.shape[d] {
-            bail!(Value, op, "size {} of index at dimension {d} exceeds source's size {}", index.shape[d], src.shape[d]);
+            bail!(
+                Value,
+                op,
+                "size {} of index at dimension {d} exceeds source's size {}",
+                index.shape[d],
+                src.shape[d]
+            );
         }
         if d != dim && index.shape[d] > a.shape[d] {
             bail!(Value, op, "size {} of index at dimension {d} exceeds a's size {}", index.shape[d], a.shape[d]);
@@ -76,7 +82,12 @@ fn check_index_add(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src
         let expected = if d == dim { index.numel() } else { a.shape[d] };
         if src.shape[d] != expected {
             let (shape, n) = (&a.shape, index.numel());
-            bail!(Value, op, "source has size {} at dimension {d} but a {shape:?} indexed by {n} entries needs {expected}", src.shape[d]);
+            bail!(
+                Value,
+                op,
+                "source has size {} at dimension {d} but a {shape:?} indexed by {n} entries needs {expected}",
+                src.shape[d]
+            );
         }
     }
     Ok(())
@@ -162,7 +173,13 @@ fn meta(prim: &Index, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>>
 // ---------------------------------------------------------------------------------- VJP rules
 
 /// Gradients of the indexing prims: what was read is added back where it was read from.
-fn vjp(prim: &Index, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
+fn vjp(
+    prim: &Index,
+    e: &mut Emitter,
+    operands: &[Arg],
+    outputs: &[ValueId],
+    cots: &[Option<ValueId>],
+) -> Result<Grads> {
     let operand = |i: usize| operands[i].as_value().expect("indexing operands are tensors");
     let scatter = |e: &mut Emitter, prim: Index, into: ValueId, index: ValueId, g: ValueId| -> Result<ValueId> {
         let zeros = e.zeros_like(into)?;
@@ -178,10 +195,16 @@ fn vjp(prim: &Index, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cot
             vec![None, Some(scatter(e, Index::IndexAdd { dim: 0 }, weight, flat_index, rows)?)]
         }
         Index::Take { dim } => {
-            vec![Some(scatter(e, Index::IndexAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?), None]
+            vec![
+                Some(scatter(e, Index::IndexAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?),
+                None,
+            ]
         }
         Index::TakeAlongAxis { dim } | Index::Gather { dim } => {
-            vec![Some(scatter(e, Index::ScatterAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?), None]
+            vec![
+                Some(scatter(e, Index::ScatterAdd { dim: *dim }, operand(0), operand(1), g.expect("one cotangent"))?),
+                None,
+            ]
         }
         Index::ScatterAdd { dim } => {
             let g = g.expect("one cotangent");

@@ -66,7 +66,13 @@ fn matmul(op: &str, a: &TensorMeta, b: &TensorMeta) -> Result<Vec<i64>> {
     let k_a = a.shape[a.ndim() - 1];
     let k_b = if b.ndim() == 1 { b.shape[0] } else { b.shape[b.ndim() - 2] };
     if k_a != k_b {
-        bail!(Value, op, "a {:?} and b {:?} cannot be multiplied (inner dimensions {k_a} and {k_b} differ)", a.shape, b.shape);
+        bail!(
+            Value,
+            op,
+            "a {:?} and b {:?} cannot be multiplied (inner dimensions {k_a} and {k_b} differ)",
+            a.shape,
+            b.shape
+        );
     }
     let a_batch = if a.ndim() > 2 { &a.shape[..a.ndim() - 2] } else { &[][..] };
     let b_batch = if b.ndim() > 2 { &b.shape[..b.ndim() - 2] } else { &[][..] };
@@ -83,7 +89,13 @@ fn matmul(op: &str, a: &TensorMeta, b: &TensorMeta) -> Result<Vec<i64>> {
 fn linear(op: &str, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -> Result<Vec<i64>> {
     same_kind(op, a, w, "weight")?;
     if a.ndim() == 0 || w.ndim() == 0 || w.ndim() > 2 {
-        bail!(Value, op, "expected a of rank >= 1 and weight of rank 1 or 2, got a {:?} and weight {:?}", a.shape, w.shape);
+        bail!(
+            Value,
+            op,
+            "expected a of rank >= 1 and weight of rank 1 or 2, got a {:?} and weight {:?}",
+            a.shape,
+            w.shape
+        );
     }
     let k = a.shape[a.ndim() - 1];
     let k_w = w.shape[w.ndim() - 1];

@@ -166,10 +166,16 @@ impl Prim {
     /// The gradients of one call of this prim (reverse mode): `cots` holds the cotangent of each
     /// output (`None` where no gradient flows), and the result one gradient per operand, with
     /// the operand's shape and dtype.
-    pub fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
-        let complex = operands.iter().filter_map(Arg::as_value).any(|v| {
-            matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad && t.dtype.is_complex())
-        });
+    pub fn vjp(
+        &self,
+        e: &mut Emitter,
+        operands: &[Arg],
+        outputs: &[ValueId],
+        cots: &[Option<ValueId>],
+    ) -> Result<Grads> {
+        let complex = operands.iter().filter_map(Arg::as_value).any(
+            |v| matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad && t.dtype.is_complex()),
+        );
         if complex {
             crate::bail!(NotImplemented, &self.qualified_name(), "gradients of complex tensors are not supported");
         }

@@ -75,7 +75,9 @@ fn meta(prim: &Reduce, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>
                     }
                     shape
                 }
-                None if a.numel() == 0 => bail!(Index, op, "cannot reduce a, an empty tensor {:?}, with dim=None", a.shape),
+                None if a.numel() == 0 => {
+                    bail!(Index, op, "cannot reduce a, an empty tensor {:?}, with dim=None", a.shape)
+                }
                 None => vec![],
             };
             Ok(vec![out(DType::I64, shape)])

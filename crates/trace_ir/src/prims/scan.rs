@@ -28,7 +28,10 @@ impl Family for Scan {
     fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
         let a = tensor(op, "a", &operands[0])?;
         let dim = match self {
-            Scan::Cumsum { dim } | Scan::Cumprod { dim } | Scan::Cummax { dim } | Scan::Cummin { dim }
+            Scan::Cumsum { dim }
+            | Scan::Cumprod { dim }
+            | Scan::Cummax { dim }
+            | Scan::Cummin { dim }
             | Scan::Logcumsumexp { dim } => *dim,
         };
         check_dims(op, "dim", &[dim], a.ndim().max(1))?;
@@ -109,7 +112,12 @@ fn vjp_logcumsumexp(e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId, dim: us
     let m = e.meta(g);
     let zero = Arg::Scalar(number(m.dtype, 0.0));
     let minus_inf = e.emit(
-        Creation::Full { shape: m.shape.clone(), fill: Scalar::Float(f64::NEG_INFINITY), device: m.device, dtype: m.dtype },
+        Creation::Full {
+            shape: m.shape.clone(),
+            fill: Scalar::Float(f64::NEG_INFINITY),
+            device: m.device,
+            dtype: m.dtype,
+        },
         vec![],
     )?;
     let part = |e: &mut Emitter, positive: bool| -> Result<ValueId> {

@@ -84,7 +84,11 @@ fn broadcast_in_dim(op: &str, a: &TensorMeta, shape: &[i64], dims: &[usize]) -> 
             bail!(Index, op, "broadcast_dimensions[{i}] = {d} is out of range for shape {shape:?}");
         };
         if size != 1 && size != target {
-            bail!(Value, op, "a's dimension {i} has size {size}, which cannot broadcast to size {target} (argument shape {shape:?})");
+            bail!(
+                Value,
+                op,
+                "a's dimension {i} has size {size}, which cannot broadcast to size {target} (argument shape {shape:?})"
+            );
         }
     }
     check_sizes(op, "shape", shape)?;
@@ -130,7 +134,11 @@ fn slice(op: &str, a: &TensorMeta, start: &[i64], end: &[i64], strides: &[i64]) 
                 bail!(Index, op, "start_indices[{i}] = {s} is out of range for dimension {i} of size {size}");
             }
             if e < s || e > size {
-                bail!(Index, op, "end_indices[{i}] = {e} is out of range [{s}, {size}] for dimension {i} of size {size}");
+                bail!(
+                    Index,
+                    op,
+                    "end_indices[{i}] = {e} is out of range [{s}, {size}] for dimension {i} of size {size}"
+                );
             }
             Ok((e - s + st - 1) / st)
         })
@@ -185,7 +193,13 @@ fn cat(op: &str, operands: &[Operand], dim: usize) -> Result<Vec<TensorMeta>> {
         let matches = t.ndim() == first.ndim()
             && t.shape.iter().zip(&first.shape).enumerate().all(|(d, (x, y))| d == dim || x == y);
         if !matches {
-            bail!(Value, op, "sizes of tensors must match except in dimension {dim}: tensors[0] is {:?} but tensors[{i}] is {:?}", first.shape, t.shape);
+            bail!(
+                Value,
+                op,
+                "sizes of tensors must match except in dimension {dim}: tensors[0] is {:?} but tensors[{i}] is {:?}",
+                first.shape,
+                t.shape
+            );
         }
         shape[dim] += t.shape[dim];
     }

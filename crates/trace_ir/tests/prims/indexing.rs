@@ -42,7 +42,13 @@ const INVALID: &[Invalid] = &[
     (&["f32[4, 5]", "f32[2, 5]", "f32[2, 5]"], "scatter_add", "t0, t1, t2, 0", Type, &["index", "integer"]),
     (&["f32[4, 5]", "i64[2]", "f32[2, 5]"], "scatter_add", "t0, t1, t2, 0", Value, &["index", "rank"]),
     (&["f32[4, 5]", "i64[2, 5]", "f32[2]"], "scatter_add", "t0, t1, t2, 0", Value, &["source", "rank"]),
-    (&["f32[4, 5]", "i64[2, 5]", "f32[2, 4]"], "scatter_add", "t0, t1, t2, 0", Value, &["index", "source", "dimension 1"]),
+    (
+        &["f32[4, 5]", "i64[2, 5]", "f32[2, 4]"],
+        "scatter_add",
+        "t0, t1, t2, 0",
+        Value,
+        &["index", "source", "dimension 1"],
+    ),
     (&["f32[4, 5]", "i64[2, 6]", "f32[2, 6]"], "scatter_add", "t0, t1, t2, 0", Value, &["index", "a", "dimension 1"]),
     // index_add
     (&["f32[4, 5]", "i64[3, 1]", "f32[3, 5]"], "index_add", "t0, t1, t2, 0", Value, &["index", "rank 0 or 1"]),

@@ -66,9 +66,8 @@ pub fn call(inputs: &[&str], name: &str, args: &str) -> Result<Vec<String>, IrEr
 /// Whether `text` contains `phrase` with no identifier character on either side.
 fn mentions(text: &str, phrase: &str) -> bool {
     let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
-    text.match_indices(phrase).any(|(i, _)| {
-        !ident(text[..i].chars().next_back()) && !ident(text[i + phrase.len()..].chars().next())
-    })
+    text.match_indices(phrase)
+        .any(|(i, _)| !ident(text[..i].chars().next_back()) && !ident(text[i + phrase.len()..].chars().next()))
 }
 
 fn valid_case(&(inputs, name, args, outputs): &Valid) -> Result<(), String> {
