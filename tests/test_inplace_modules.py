@@ -169,7 +169,27 @@ def test_inplace_activation_after_linear(make, dtype):
     module = nn.Sequential(nn.Linear(6, 8), make(), nn.Linear(8, 3)).to(dtype)
     jmodule = check_module_against_eager(module, lambda step: [torch.randn(5, 6, dtype=dtype).requires_grad_()])
     source = execution_source(jmodule) + str(thunder_rs.last_backward_traces(jmodule)[-1])
-    assert "inplace=True" not in source and "_(" not in source
+    assert "inplace=True" not in source
+    assert_in_place_only_on_dying_intermediates(source)
+
+
+_IN_PLACE_CALL = re.compile(r"^  (t\d+) = (t\d+)\.\w+_\(", re.M)
+
+
+def assert_in_place_only_on_dying_intermediates(source: str) -> None:
+    """The only in-place calls in generated code are the buffer reuse of intermediates (which the
+    trace computed itself and deletes right after): never on a function's parameters (inputs,
+    parameters, saved residuals) or on values read later."""
+    params = set(re.findall(r"\b(t\d+)\b", " ".join(re.findall(r"^def \w+\((.*)\):$", source, re.M))))
+    params |= set(re.findall(r"\b(t\d+)\b", " ".join(re.findall(r"^  (.*) = saved$", source, re.M))))
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        match = _IN_PLACE_CALL.match(line)
+        if match is None:
+            continue
+        receiver = match.group(2)
+        assert receiver not in params, line
+        assert re.match(rf"^  del .*\b{receiver}\b", lines[i + 1]), (line, lines[i + 1])
 
 
 def test_no_executor_call_is_in_place():
@@ -181,10 +201,11 @@ def test_no_executor_call_is_in_place():
         return y
 
     jfn = check_against_eager(fn, torch.randn(3, 4))
-    for trace in thunder_rs.last_traces(jfn):
+    for trace in thunder_rs.last_traces(jfn)[:-1]:
         text = str(trace)
         assert "inplace=True" not in text
         assert not re.search(r"\w_\(", text.replace("__", "")), text
+    assert_in_place_only_on_dying_intermediates(str(thunder_rs.last_traces(jfn)[-1]))
 
 
 class SmallCNN(nn.Module):

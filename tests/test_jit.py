@@ -46,7 +46,7 @@ def test_traces_are_readable_and_runnable_text():
     traces = thunder_rs.last_traces(jf)
     acquired, execution = str(traces[0]), str(traces[-1])
     assert 'ltorch.sin(' in acquired and '# t' in acquired and 'prims.sin(' in acquired
-    assert "def computation(" in execution and ".sin()" in execution
+    assert "def computation(" in execution and (".sin()" in execution or ".sin_()" in execution)
     assert [t.label for t in traces] == ["acquired", "dce", "cse", "views", "claim", "lifetimes"]
 
 

@@ -40,7 +40,7 @@ class Trace:
         symbol_names, num_inputs, num_outputs)`` each."""
 
 class ExecutorTable:
-    def __init__(self, executors: Sequence[tuple[str, bool, Sequence[tuple[int | str, str, bool, str | None]]]]) -> None: ...
+    def __init__(self, executors: Sequence[tuple[str, bool, Sequence[tuple[int | str, str, bool, str | None, str | None]]]]) -> None: ...
 
 class Recorder:
     """Records one trace during acquisition."""

@@ -43,7 +43,7 @@ fn synthetic(n: usize) -> Trace {
 
 /// Every symbol but each seventh claimed by fusion executor 0.
 fn assignments(trace: &Trace) -> Vec<Assignment> {
-    let callee = Callee { function: "impl".into(), method: None };
+    let callee = Callee::function("impl");
     (0..trace.bsyms.len())
         .map(|i| Assignment { callee: callee.clone(), fusion: (i % 7 != 6).then(|| (0, callee.clone())) })
         .collect()

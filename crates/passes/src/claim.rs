@@ -112,7 +112,7 @@ mod tests {
         let impls = prims
             .iter()
             .map(|p| {
-                let callee = Callee { function: format!("{name}_{p}").into(), method: None };
+                let callee = Callee::function(format!("{name}_{p}"));
                 (SymKey::Prim(p.to_string()), ImplSpec { callee, has_checker: false })
             })
             .collect();

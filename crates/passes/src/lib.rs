@@ -13,6 +13,7 @@ pub mod manager;
 pub mod partition;
 pub mod pipeline;
 pub mod plan;
+pub mod reuse;
 pub mod rewrite;
 pub mod split;
 pub mod views;

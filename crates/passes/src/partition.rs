@@ -289,7 +289,7 @@ fn emit(
         let name: Arc<str> = format!("{executor_name}_fusion{}", counters[group.executor]).into();
         counters[group.executor] += 1;
         bsyms.push(marks.region_bsym(trace, members, &read_outside, name.clone()));
-        callees.push(Callee { function: name.clone(), method: None });
+        callees.push(Callee::function(name.clone()));
         let member_callees = members.iter().map(|&m| fusion_callee(&assignments[m as usize])).collect::<Result<_>>()?;
         regions.push(RegionPlan { name, executor: group.executor, index: bsyms.len() - 1, callees: member_callees });
     }

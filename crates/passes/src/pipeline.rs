@@ -4,13 +4,14 @@
 //! Program: acquired → dce → cse → (the jit's own passes) → then, for a program with outputs
 //! that require grad, vjp → split → dce on the forward. Each executed half then goes
 //! views → claim → fuse (fusion regions, when a fusion executor is in the table) → lifetimes
-//! (which also generates the Python source). The backward first runs dce → cse.
+//! (which also picks in-place forms for dying intermediates and generates the Python source). The backward first runs dce → cse.
 
 use crate::claim::{claim, ExecutorSpec};
 use crate::lifetimes::del_last_used;
 use crate::manager::{Manager, Pass, PassCx, PassRecord};
 use crate::partition::{partition, Partition};
 use crate::plan::Plan;
+use crate::reuse::reuse_receivers;
 use crate::{cse::cse, dce::dce, views, vjp::vjp};
 use trace_ir::verify::verify;
 use trace_ir::{Arg, BoundSymbol, Result, Trace};
@@ -55,33 +56,42 @@ pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, 
     let user: Vec<&str> = options.passes.iter().map(String::as_str).collect();
     program = m.passes(&user, &program)?;
     let Some(joint) = crate::vjp::joint(&program)? else {
-        execution(&mut m, &program, options, checker, None, "computation")?;
+        execution(&mut m, &program, options, checker, Half::Program)?;
         return Ok(Compiled { forward: m.records, backward: Vec::new(), grad_outputs: Vec::new(), residuals: 0 });
     };
     m.stage("vjp", || Ok((joint.trace.clone(), ())))?;
     let (forward, split) = m.stage("split", || crate::split::split(&joint).map(|s| (s.forward.clone(), s)))?;
     let forward = m.passes(FORWARD, &forward)?;
-    execution(&mut m, &forward, options, checker, None, "computation")?;
+    execution(&mut m, &forward, options, checker, Half::Forward)?;
     let forward_records = std::mem::take(&mut m.records);
 
     let (backward, _) = m.stage("split", || Ok((split.backward.clone(), ())))?;
     let backward = m.passes(BACKWARD, &backward)?;
-    execution(&mut m, &backward, options, checker, Some(split.residuals.len()), "backward")?;
+    execution(&mut m, &backward, options, checker, Half::Backward(split.residuals.len()))?;
     let grad_outputs = grad_output_positions(&program);
     Ok(Compiled { forward: forward_records, backward: m.records, grad_outputs, residuals: split.residuals.len() })
+}
+
+/// Which executed half a trace is.
+#[derive(Clone, Copy)]
+enum Half {
+    /// A program run as it is (no output requires grad, or grad mode is off), possibly with
+    /// grad mode on.
+    Program,
+    /// The forward of a differentiated program, run inside an autograd function (grad off).
+    Forward,
+    /// The backward, taking its residuals packed (grad off).
+    Backward(usize),
 }
 
 /// Folds views (see [`views`]), claims the trace for the executors, groups fusion executors'
 /// symbols into regions (only when a fusion executor is in the table), then frees each value
 /// after its last use and generates the code: the execution trace, whose record carries the plan.
-fn execution(
-    m: &mut Manager,
-    trace: &Trace,
-    options: &Options,
-    checker: &mut ClaimChecker,
-    packed: Option<usize>,
-    name: &'static str,
-) -> Result<()> {
+fn execution(m: &mut Manager, trace: &Trace, options: &Options, checker: &mut ClaimChecker, half: Half) -> Result<()> {
+    let (packed, name) = match half {
+        Half::Backward(residuals) => (Some(residuals), "backward"),
+        _ => (None, "computation"),
+    };
     let folded = m.rewrite("views", views::RULES, trace)?;
     let trace = &folded;
     let (claimed, assignments) = m.stage("claim", || {
@@ -100,8 +110,10 @@ fn execution(
     };
     let (exec, plan) = m.stage("lifetimes", || {
         let dels = del_last_used(&fused, packed.unwrap_or(0));
-        let plan = Plan::new(&fused, impls, dels, packed, name, &regions);
-        Ok((fused.clone(), plan))
+        let mut impls = impls;
+        let exec = reuse_receivers(&fused, &mut impls, &dels);
+        let plan = Plan::new(&exec, impls, dels, packed, name, &regions);
+        Ok((exec, plan))
     })?;
     debug_assert_eq!(exec.bsyms.len(), plan.impls.len());
     m.attach_plan(plan);

@@ -13,7 +13,7 @@ use trace_ir::{Arg, BoundSymbol, DType, Device, Scalar, Symbol, TensorMeta, Trac
 const FUSER: usize = 0;
 
 fn callee(name: &str) -> Callee {
-    Callee { function: format!("torch_{name}").into(), method: None }
+    Callee::function(format!("torch_{name}"))
 }
 
 /// Every symbol in `fused` goes to the fusion executor; the rest to the torch executor.

@@ -12,7 +12,7 @@ use crate::errors::{no_panic, py_result};
 use crate::trace::PyTrace;
 
 /// One executor's table as Python sends it: `(name, is_fusion, [(symbol, impl_name, has_checker, method), ...])`.
-type ExecutorRow<'py> = (String, bool, Vec<(Bound<'py, PyAny>, String, bool, Option<String>)>);
+type ExecutorRow<'py> = (String, bool, Vec<(Bound<'py, PyAny>, String, bool, Option<String>, Option<String>)>);
 
 /// The executors' tables in priority order, built once from Python.
 #[pyclass(frozen, module = "thunder_rs._core", name = "ExecutorTable")]
@@ -22,9 +22,10 @@ pub struct ExecutorTable {
 
 #[pymethods]
 impl ExecutorTable {
-    /// `executors` is `[(name, is_fusion, [(symbol, impl_name, has_checker, method), ...]), ...]`,
-    /// where `symbol` is a prim name (str) or a registered symbol id (int), and `method` names a
-    /// tensor method with the same signature, or is None.
+    /// `executors` is `[(name, is_fusion, [(symbol, impl_name, has_checker, method, inplace),
+    /// ...]), ...]`, where `symbol` is a prim name (str) or a registered symbol id (int), `method`
+    /// names a tensor method with the same signature, and `inplace` one computing the same values
+    /// into its receiver; either may be None.
     #[new]
     fn new(executors: Vec<ExecutorRow<'_>>) -> PyResult<Self> {
         let executors = executors
@@ -32,12 +33,16 @@ impl ExecutorTable {
             .map(|(name, fusion, entries)| {
                 let impls = entries
                     .into_iter()
-                    .map(|(sym, function, has_checker, method)| {
+                    .map(|(sym, function, has_checker, method, inplace)| {
                         let key = match sym.extract::<u32>() {
                             Ok(id) => SymKey::Symbol(SymbolId(id)),
                             Err(_) => SymKey::Prim(sym.extract::<String>()?),
                         };
-                        let callee = Callee { function: function.into(), method: method.map(Into::into) };
+                        let callee = Callee {
+                            function: function.into(),
+                            method: method.map(Into::into),
+                            inplace: inplace.map(Into::into),
+                        };
                         Ok((key, ImplSpec { callee, has_checker }))
                     })
                     .collect::<PyResult<_>>()?;

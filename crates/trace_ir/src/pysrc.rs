@@ -19,6 +19,17 @@ pub struct Callee {
     /// A tensor method with the same signature (`sin`), called as `t0.sin()` when the first
     /// argument is a tensor: method calls are the cheapest way into torch from Python.
     pub method: Option<Arc<str>>,
+    /// A tensor method computing the same values into the first argument (`mul_`), which the
+    /// plan calls instead when that argument is a fresh intermediate dying at this call
+    /// (see `passes::reuse`).
+    pub inplace: Option<Arc<str>>,
+}
+
+impl Callee {
+    /// A plain function call, with no method forms.
+    pub fn function(function: impl Into<Arc<str>>) -> Callee {
+        Callee { function: function.into(), method: None, inplace: None }
+    }
 }
 
 /// What the code generator needs besides the trace.

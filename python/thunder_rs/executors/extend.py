@@ -30,6 +30,10 @@ class Executor:
         #: key -> name of a tensor method with the implementation's signature, called as
         #: ``t0.sin()`` when the first argument is a tensor (cheaper than ``torch.sin(t0)``)
         self.methods: dict = {}
+        #: key -> name of a tensor method computing the same values into its receiver (``mul_``
+        #: for ``mul``); generated code calls it when the receiver is a fresh intermediate that
+        #: dies at the call (the Rust ``reuse`` step decides where that is safe)
+        self.inplace_methods: dict = {}
         _bump()  # a new executor may reuse a collected one's id, which keys the table cache
 
     def register_implementation(self, symbol, impl, *, impl_name: str | None = None, checker=None):
@@ -80,6 +84,8 @@ class FusionExecutor(Executor):
             self.implmap[key] = executor.implmap[key]
             if key in executor.methods:
                 self.methods[key] = executor.methods[key]
+            if key in executor.inplace_methods:
+                self.inplace_methods[key] = executor.inplace_methods[key]
         _bump()
 
     def fuse(self, region: Region) -> Callable:
@@ -201,7 +207,8 @@ def executor_table(executors: list[Executor]):
     for executor in executors:
         entries = []
         for sym_key, (impl_name, checker, impl) in executor.implmap.items():
-            entries.append((sym_key, impl_name, checker is not None, executor.methods.get(sym_key)))
+            entries.append((sym_key, impl_name, checker is not None, executor.methods.get(sym_key),
+                            executor.inplace_methods.get(sym_key)))
             impls[impl_name] = impl
         rows.append((executor.name, executor.fusion, entries))
     table = _core.ExecutorTable(rows)

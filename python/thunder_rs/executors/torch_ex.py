@@ -149,6 +149,18 @@ def _register_prims() -> None:
         _direct(name, simple.get(name) or getattr(torch, name, None) or getattr(torch.special, name))
         if name not in simple and hasattr(torch.Tensor, name):
             torch_ex.methods[name] = name
+    # The operator-backed arithmetic prims (numbers on either side) are these methods when
+    # their first operand is a tensor.
+    for name in ("add", "sub", "mul"):
+        torch_ex.methods[name] = name
+
+
+def _declare_inplace_methods() -> None:
+    """``m_`` for every method ``m`` that has one: ``passes::reuse`` calls it for elementwise
+    compute calls whose receiver is a fresh intermediate dying there, where it computes the
+    same values (it never picks random draws, whose in-place forms mean something else)."""
+    torch_ex.inplace_methods.update(
+        (key, f"{method}_") for key, method in torch_ex.methods.items() if hasattr(torch.Tensor, f"{method}_"))
 
 
 def _defined(fn):
@@ -279,12 +291,14 @@ def decomposing():
     keys = [sym.symbol_id for sym in SYMBOLS if not sym.opaque and sym.symbol_id in torch_ex.implmap]
     saved = {key: torch_ex.implmap.pop(key) for key in keys}
     methods = {key: torch_ex.methods.pop(key) for key in keys if key in torch_ex.methods}
+    inplace = {key: torch_ex.inplace_methods.pop(key) for key in keys if key in torch_ex.inplace_methods}
     _bump()
     try:
         yield
     finally:
         torch_ex.implmap.update(saved)
         torch_ex.methods.update(methods)
+        torch_ex.inplace_methods.update(inplace)
         _bump()
 
 
@@ -303,4 +317,5 @@ def sync_fallbacks() -> None:
 _register_prims()
 _register_kernels()
 _register_composites()
+_declare_inplace_methods()
 register_executor(torch_ex)
