@@ -329,14 +329,14 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def format_table(rows: list[Row], per_label: str = "per call") -> str:
-    header = f"{'case':<22} {'backend':<14} {'first call (ms)':>16} {per_label + ' (us)':>14} {'vs eager':>9}"
+    header = f"{'case':<22} {'backend':<20} {'first call (ms)':>16} {per_label + ' (us)':>14} {'vs eager':>9}"
     lines = [header, "-" * len(header)]
     for r in rows:
         if r.error:
-            lines.append(f"{r.case:<22} {r.backend:<14}  ERROR: {r.error}")
+            lines.append(f"{r.case:<22} {r.backend:<20}  ERROR: {r.error}")
             continue
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
-        lines.append(f"{r.case:<22} {r.backend:<14} {_fmt(r.first_ms, '16.2f')} "
+        lines.append(f"{r.case:<22} {r.backend:<20} {_fmt(r.first_ms, '16.2f')} "
                      f"{_fmt(r.per_us, '14.1f')} {ratio:>9}")
     errors = [r for r in rows if r.error]
     if errors:
