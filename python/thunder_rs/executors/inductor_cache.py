@@ -62,7 +62,10 @@ def directory() -> Path | None:
     configured = os.environ.get(ENV)
     if configured is not None:
         return Path(configured) if configured else None
-    return Path(_inductor_cache_dir()) / "thunder_rs"
+    try:
+        return Path(_inductor_cache_dir()) / "thunder_rs"
+    except OSError:  # Inductor could not make its own directory: no cache
+        return None
 
 
 def entry(region_key: str, layout: tuple, function) -> Entry | None:
@@ -72,10 +75,10 @@ def entry(region_key: str, layout: tuple, function) -> Entry | None:
     root = directory()
     if root is None or not all(isinstance(item, _STABLE) for item in _flat(layout)):
         return None
-    callees = _callees_digest(function)
-    if callees is None:
+    process, callees = _process_fingerprint(), _callees_digest(function)
+    if process is None or callees is None:
         return None
-    lines = (*_process_fingerprint(), *_settings(), f"callees {callees}", f"layout {layout!r}", region_key)
+    lines = (*process, *_settings(), f"callees {callees}", f"layout {layout!r}", region_key)
     return Entry(root, "\n".join(lines))
 
 
@@ -164,14 +167,19 @@ def _inductor_cache_dir() -> str:
 
 
 @functools.cache
-def _process_fingerprint() -> tuple[str, ...]:
-    """What the compiled code depends on that stays the same for the life of a process."""
-    from torch._inductor.codecache import CacheBase, torch_key  # noqa: PLC0415 (as above)
-    from torch._inductor.cpu_vec_isa import pick_vec_isa  # noqa: PLC0415
+def _process_fingerprint() -> tuple[str, ...] | None:
+    """What the compiled code depends on that stays the same for the life of a process; None
+    (the cache is off) where this torch lacks a part of it."""
+    try:
+        from torch._inductor.codecache import CacheBase, torch_key  # noqa: PLC0415 (as above)
+        from torch._inductor.cpu_vec_isa import pick_vec_isa  # noqa: PLC0415
 
-    return (FORMAT, f"torch {torch.__version__} {torch_key().hex()}", f"python {sys.version}",
-            f"machine {platform.machine()} {pick_vec_isa()}",
-            f"system {json.dumps(CacheBase.get_system(), sort_keys=True)}", f"thunder_rs {_package_digest()}")
+        system = json.dumps(CacheBase.get_system(), sort_keys=True)
+        isa, source = str(pick_vec_isa()), torch_key().hex()
+    except Exception:  # noqa: BLE001 (Inductor's internals differ between versions: no cache then)
+        return None
+    return (FORMAT, f"torch {torch.__version__} {source}", f"python {sys.version}", f"machine {platform.machine()} {isa}",
+            f"system {system}", f"thunder_rs {_package_digest()}")
 
 
 def _settings() -> tuple[str, ...]:
