@@ -27,6 +27,7 @@ from thunder_rs.executors.torch_ex import torch_ex
 from thunder_rs.torch import SYMBOLS
 import test_ops
 from test_training import assert_nanogpt_trains_like_eager
+import gpt  # examples/, on the path test_training sets
 
 pytestmark = pytest.mark.inductor
 
@@ -464,6 +465,22 @@ def test_jit_with_inductor_runs_regions_compiled_by_inductor_with_eagers_outputs
     assert inductor_ex.stats().misses == before + 2
     jfn(x, y)
     assert inductor_ex.stats().misses == before + 2
+
+
+def test_repeated_layers_make_regions_with_one_key(monkeypatch):
+    """Regions end at the attention kernel (left to the torch executor), so a GPT's regions are
+    embeddings and the first layer's attention inputs; one layer's attention output, MLP and the
+    next layer's attention inputs (once per pair of layers, all with one key: compiled once);
+    and the last layer's rest with the head. Values are renamed in the key, so equal layers
+    give equal keys."""
+    monkeypatch.setattr(inductor_ex.InductorExecutor, "fuse", lambda self, region: region.function)
+    model = gpt.GPT(gpt.GPTConfig(n_layer=4), seed=0)
+    idx = gpt.random_tokens(model.config, 2, 32)
+    jmodel = thunder_rs.jit(model, executors=["inductor"])
+    jmodel(idx, idx)[1].backward()
+    for trace in (thunder_rs.last_traces(jmodel)[-1], thunder_rs.last_backward_traces(jmodel)[-1]):
+        keys = [key for _, _, _, key, *_ in trace.regions()]
+        assert len(keys) == 5 and len(set(keys[1:4])) == 1 and len(set(keys)) == 3
 
 
 @pytest.mark.slow
