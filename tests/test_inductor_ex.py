@@ -348,7 +348,7 @@ def test_unusable_artifact_entries_are_reported_not_loaded(tmp_path, monkeypatch
     monkeypatch.setenv(inductor_cache.ENV, str(tmp_path))
     found = _entry(region(CHAIN, "t0, t1, n"), torch.randn(8, 16), torch.randn(8, 16), 2.0)
     assert inductor_cache.load(found) == (None, None)  # no entry: a plain miss
-    artifact = tmp_path / "a.artifact"
+    artifact = tmp_path / f"{found.name}.a.artifact"
     artifact.write_bytes(b"not an artifact")
     digest = hashlib.sha256(artifact.read_bytes()).hexdigest()
 
@@ -358,11 +358,14 @@ def test_unusable_artifact_entries_are_reported_not_loaded(tmp_path, monkeypatch
         assert loaded is None
         return why
 
-    assert "key differs" in problem({"key": found.key + "x", "artifact": "a.artifact", "sha256": digest})
-    assert "does not match" in problem({"key": found.key, "artifact": "a.artifact", "sha256": "0" * 64})
+    name = artifact.name
+    assert "key differs" in problem({"key": found.key + "x", "artifact": name, "sha256": digest})
+    assert "does not match" in problem({"key": found.key, "artifact": name, "sha256": "0" * 64})
     assert "unreadable record" in problem('{"key": ')
-    assert problem({"key": found.key, "artifact": "missing.artifact", "sha256": digest})
-    assert problem({"key": found.key, "artifact": "a.artifact", "sha256": digest})  # Inductor refuses it
+    assert "another entry" in problem({"key": found.key, "artifact": f"../{name}", "sha256": digest})
+    assert problem({"key": found.key, "artifact": f"{found.name}.missing.artifact", "sha256": digest})
+    assert problem({"key": found.key, "artifact": name, "sha256": digest})  # Inductor refuses it
+    assert problem([found.key])
 
 
 @pytest.mark.slow

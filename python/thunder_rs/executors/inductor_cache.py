@@ -95,7 +95,10 @@ def load(found: Entry):
     try:
         if record.get("key") != found.key:
             return None, "the record's key differs (a stale entry or a hash collision)"
-        path = found.directory / record["artifact"]
+        name = record["artifact"]
+        if not (isinstance(name, str) and name.startswith(found.name) and Path(name).name == name):
+            return None, f"the record names an artifact of another entry: {name!r}"
+        path = found.directory / name
         if hashlib.sha256(path.read_bytes()).hexdigest() != record["sha256"]:
             return None, "the artifact's content does not match its record"
         return _compiled_artifact_type().load(path=str(path), format="binary"), None
