@@ -332,6 +332,20 @@ def test_artifact_keys_change_with_layout_callees_and_settings(tmp_path, monkeyp
     assert _entry(r, a, b, 2.0).key == key
 
 
+def test_a_changed_thunder_rs_source_changes_every_artifact_key(tmp_path):
+    package = tmp_path / "thunder_rs"
+    (package / "executors").mkdir(parents=True)
+    impl = package / "executors" / "torch_ex.py"
+    impl.write_text("def sin(a):\n    return a.sin()\n")
+    before = inductor_cache.sources_digest(package)
+    impl.write_text("def sin(a):\n    return a.cos()\n")
+    changed = inductor_cache.sources_digest(package)
+    assert changed != before
+    impl.rename(package / "torch_ex.py")  # the same code in another module is another package
+    assert inductor_cache.sources_digest(package) != changed
+    assert inductor_cache._process_fingerprint()[-1] == f"thunder_rs {inductor_cache._package_digest()}"
+
+
 def test_no_artifact_entry_without_a_stable_description(tmp_path, monkeypatch):
     monkeypatch.setenv(inductor_cache.ENV, str(tmp_path))
     r = region(CHAIN, "t0, t1, n")

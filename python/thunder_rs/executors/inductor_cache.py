@@ -203,7 +203,11 @@ def _settings() -> tuple[str, ...]:
 def _package_digest() -> str:
     """A hash of thunder_rs's Python sources: the implementations regions call and everything
     they call, so that a changed thunder_rs misses every entry."""
-    package = Path(__file__).resolve().parents[1]
+    return sources_digest(Path(__file__).resolve().parents[1])
+
+
+def sources_digest(package: Path) -> str:
+    """A hash of the names and contents of the Python files under ``package``."""
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
