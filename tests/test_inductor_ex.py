@@ -250,9 +250,15 @@ REGIONS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(REGIONS))
-def test_region_shapes(name, one_thread):
+def test_region_shapes(name, one_thread, monkeypatch, tmp_path):
     body, params, make_inputs = REGIONS[name]
+    monkeypatch.setenv(inductor_cache.ENV, str(tmp_path))
     check(region(body, params), *make_inputs())
+    # Loaded from thunder_rs's artifact cache (as a later process would), it computes the same.
+    monkeypatch.setattr(inductor_ex, "_compiled", {})
+    loads = inductor_ex.stats().artifact_hits
+    check(region(body, params), *make_inputs())
+    assert inductor_ex.stats().artifact_hits == loads + 1
 
 
 @pytest.mark.gpu
