@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     print(harness.format_skipped(backends))
     load_before = os.getloadavg()[0]
     rows = harness.run_all(cases, backends, harness.settings_for(args.quick))
-    print(f"\n{harness.format_header(load_before, args.quick)}\n")
+    print(f"\n{harness.format_header(load_before, args.quick, backends)}\n")
     print(harness.format_table(rows))
     targets = harness.evaluate_targets(TARGETS, rows)
     print()

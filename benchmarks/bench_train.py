@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     print(harness.format_skipped(backends))
     load_before = os.getloadavg()[0]
     rows = harness.run_all(cases, [module_backend(b) for b in backends], harness.settings_for(args.quick))
-    print(f"\n{harness.format_header(load_before, args.quick)}\n")
+    print(f"\n{harness.format_header(load_before, args.quick, backends)}\n")
     for case in cases:
         print(f"  {case.name:<22} {case.description}")
     print()

@@ -12,6 +12,10 @@ For every (case, backend) pair we measure
   per call    median per-call time (us) of a warm callable, timed with time.perf_counter_ns
 and report the per-call ratio against eager measured in the same process. The first call's median
 keeps one-time process costs (lazy imports paid by the first jit of a process) out of the number;
+a backend's ``reset`` runs before each fresh jit, so that no fresh jit finds what an earlier one
+compiled in the process: thunder_rs+inductor forgets its compiled regions (which the jits of one
+process share), so its first call compiles every region again, from the on-disk caches when
+they are on (``inductor_cache_note`` says which are);
 the JSON output keeps every sample. Per-call timing alternates the backends within each repeat, so
 load from other processes hits them alike. A backend that fails on a case gets a row with the
 error's class name instead of numbers; the run goes on.
@@ -84,7 +88,29 @@ def thunder_rs_backend(executors: tuple[str, ...] = ()) -> Backend:
         return Backend(name, None, note=f"import thunder_rs failed ({_import_error(exc)})")
     if not executors:
         return Backend(name, wrap=thunder_rs.jit)
-    return Backend(name, wrap=lambda fn: thunder_rs.jit(fn, executors=list(executors)))
+    return Backend(name, wrap=lambda fn: thunder_rs.jit(fn, executors=list(executors)),
+                   reset=_forget_compiled_regions if "inductor" in executors else lambda: None)
+
+
+def _forget_compiled_regions() -> None:
+    """Makes the next first call compile its Inductor regions, as a fresh process does."""
+    from thunder_rs.executors import inductor_ex
+
+    inductor_ex.clear_compiled()
+
+
+def inductor_cache_note() -> str:
+    """Which on-disk caches a thunder_rs+inductor first call can load its regions from in this
+    process: Inductor's graph caches and thunder_rs's artifact cache, both off under
+    --with-compile (cold compiles, as torch.compile's)."""
+    from torch._inductor import config
+
+    from thunder_rs.executors import inductor_cache
+
+    graphs = config.fx_graph_cache and torch._functorch.config.enable_autograd_cache
+    artifacts = inductor_cache.directory() is not None
+    return (f"thunder_rs+inductor first call: regions compiled afresh per jit; Inductor's graph caches "
+            f"{'on' if graphs else 'off'}, thunder_rs's artifact cache {'on' if artifacts else 'off'}")
 
 
 def thunder_backend() -> Backend:
@@ -103,6 +129,8 @@ def torch_compile_backend(enabled: bool) -> Backend:
     # Cold compiles: every fresh torch.compile starts without the on-disk graph caches of earlier ones.
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    # thunder_rs+inductor's first calls compile cold too, not from its artifact cache.
+    os.environ.setdefault("THUNDER_RS_CACHE_DIR", "")
     return Backend("torch.compile", wrap=torch.compile, reset=torch._dynamo.reset, max_first_repeats=3)
 
 
@@ -301,14 +329,14 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def format_table(rows: list[Row], per_label: str = "per call") -> str:
-    header = f"{'case':<22} {'backend':<14} {'first call (ms)':>16} {per_label + ' (us)':>14} {'vs eager':>9}"
+    header = f"{'case':<22} {'backend':<20} {'first call (ms)':>16} {per_label + ' (us)':>14} {'vs eager':>9}"
     lines = [header, "-" * len(header)]
     for r in rows:
         if r.error:
-            lines.append(f"{r.case:<22} {r.backend:<14}  ERROR: {r.error}")
+            lines.append(f"{r.case:<22} {r.backend:<20}  ERROR: {r.error}")
             continue
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
-        lines.append(f"{r.case:<22} {r.backend:<14} {_fmt(r.first_ms, '16.2f')} "
+        lines.append(f"{r.case:<22} {r.backend:<20} {_fmt(r.first_ms, '16.2f')} "
                      f"{_fmt(r.per_us, '14.1f')} {ratio:>9}")
     errors = [r for r in rows if r.error]
     if errors:
@@ -409,11 +437,14 @@ def backends_from_args(args) -> list[Backend]:
         raise SystemExit(f"error: {exc}") from None
 
 
-def format_header(load_before: float, quick: bool) -> str:
+def format_header(load_before: float, quick: bool, backends: list[Backend] = ()) -> str:
     env = environment_info()
-    return (f"torch {env['torch']}, python {env['python']}, {env['num_threads']} thread "
-            f"({env['cpu_count']} cpus, load {load_before:.2f} before / {env['load_average'][0]:.2f} after), "
-            f"{'quick' if quick else 'full'} run")
+    header = (f"torch {env['torch']}, python {env['python']}, {env['num_threads']} thread "
+              f"({env['cpu_count']} cpus, load {load_before:.2f} before / {env['load_average'][0]:.2f} after), "
+              f"{'quick' if quick else 'full'} run")
+    if any("inductor" in b.name.split("+") and b.available for b in backends):
+        header += "\n" + inductor_cache_note()
+    return header
 
 
 def write_json(path, rows, targets, backends, args) -> None:

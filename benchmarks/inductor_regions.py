@@ -1,12 +1,15 @@
 """The Inductor executor's costs, single-threaded: Inductor's one-time start-up in a process, the
-compile time of each region of the demo GPT's training step (forward and backward) with Inductor's
+compile time of each region of the demo GPT's training step (forward and backward) with the
 on-disk caches cold and then warm, and the per-call overhead of a compiled region over the
 compiled artifact's own call.
 
     python benchmarks/inductor_regions.py
 
-runs two fresh processes on a fresh Inductor cache directory: the first compiles every region
-(cold: the C++ compiler runs), the second loads them from the caches the first left (warm).
+runs three fresh processes on a fresh Inductor cache directory and a fresh thunder_rs artifact
+cache (``THUNDER_RS_CACHE_DIR``): the first compiles every region (cold: the C++ compiler runs)
+and stores them in both caches; the second has thunder_rs's artifact cache off, so each region
+is traced to an FX graph and Inductor loads it from its own caches by its key; the third loads
+each region from thunder_rs's artifact cache.
 """
 
 import os
@@ -59,13 +62,23 @@ def child() -> None:
     torch.set_num_threads(1)
     compile_gpt_training_step()
     stats = inductor_ex.stats()
-    region_call, artifact_call = call_overhead_us()
-    times = sorted(1e3 * t for t in stats.compile_s)
+    times = [1e3 * t for t in stats.compile_s]
     print(f"  start-up: {stats.startup_s['cpu']:.2f} s (imports and a first one-op compile)")
-    print(f"  {stats.misses} region compiles, {stats.disk_hits} from the disk caches, {stats.hits} shared in-process; "
-          f"median {statistics.median(times):.0f} ms, min {times[0]:.0f} ms, max {times[-1]:.0f} ms")
-    print(f"  per call: compiled region {region_call:.1f} µs, its Inductor artifact {artifact_call:.1f} µs "
-          f"(overhead {region_call - artifact_call:.1f} µs)")
+    print(f"  {stats.misses} region compiles: {stats.artifact_hits} loaded from thunder_rs's artifact cache, "
+          f"{stats.disk_hits} from Inductor's disk caches; {stats.hits} shared in-process")
+    print(f"  per region: median {statistics.median(times):.0f} ms, min {min(times):.0f} ms, max {max(times):.0f} ms "
+          f"(in order: {', '.join(f'{t:.0f}' for t in times)} ms)")
+    if "--call-overhead" in sys.argv:
+        region_call, artifact_call = call_overhead_us()
+        print(f"  per call: compiled region {region_call:.1f} µs, its Inductor artifact {artifact_call:.1f} µs "
+              f"(overhead {region_call - artifact_call:.1f} µs)")
+
+
+RUNS = (
+    ("cold (fresh cache directories)", {}, []),
+    ("warm Inductor caches, thunder_rs's artifact cache off (a second process)", {"THUNDER_RS_CACHE_DIR": ""}, []),
+    ("warm thunder_rs artifact cache (a third process)", {}, ["--call-overhead"]),
+)
 
 
 def main() -> None:
@@ -73,10 +86,11 @@ def main() -> None:
         child()
         return
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-        for label in ("cold (fresh cache directory)", "warm (a second process, same directory)"):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
+               "THUNDER_RS_CACHE_DIR": os.path.join(cache, "thunder_rs")}
+        for label, overrides, flags in RUNS:
             print(label)
-            subprocess.run([sys.executable, __file__, "--child"], env=env, check=True)
+            subprocess.run([sys.executable, __file__, "--child", *flags], env={**env, **overrides}, check=True)
 
 
 if __name__ == "__main__":

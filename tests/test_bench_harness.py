@@ -121,3 +121,18 @@ def test_train_benchmark_runs_thunder_rs_on_tiny_sizes():
         ("nanogpt_train", "eager", None), ("nanogpt_train", "thunder_rs", None),
         ("nanogpt_dropout_train", "eager", None), ("nanogpt_dropout_train", "thunder_rs", None)]
     assert all(r.first_ms > 0 and r.per_us > 0 and r.ratio > 0 for r in rows)
+
+
+def test_inductor_first_calls_compile_their_regions_afresh(monkeypatch):
+    """The regions a jit compiled are shared by later jits of the process; a fresh jit's first
+    call must not find them, or the first-call column shows a warm process."""
+    from thunder_rs.executors import inductor_ex
+
+    backend = harness.thunder_rs_backend(("inductor",))
+    compiled = {("region key", ()): lambda args: args}
+    monkeypatch.setattr(inductor_ex, "_compiled", compiled)  # this process's own regions stay
+    backend.reset()
+    assert compiled == {}
+    assert "inductor" not in harness.format_header(0.0, True, [harness.thunder_rs_backend()])
+    monkeypatch.setenv("THUNDER_RS_CACHE_DIR", "")
+    assert "thunder_rs's artifact cache off" in harness.format_header(0.0, True, [backend])

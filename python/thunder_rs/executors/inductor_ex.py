@@ -9,11 +9,13 @@ eager: random ops (eager's RNG stream), ops that check tensor values (``binary_c
 input range, integer division by zero), ops that write their inputs, and opaque linear algebra.
 
 A region compiles on its first call, when its inputs' strides are known, once per input layout;
-compiled regions are shared process-wide by region key and layout, and Inductor's on-disk caches
-make the compile of an unchanged region a cache load in a later process. ``stats()`` reports
-Inductor's one-time start-up apart from the per-region compile times.
+compiled regions are shared process-wide by region key and layout. A later process loads them
+from thunder_rs's artifact cache (``inductor_cache``: no FX tracing, no Inductor cache key),
+and Inductor's own on-disk caches make the compile of a region missing there a cache load.
+``stats()`` reports Inductor's one-time start-up apart from the per-region compile times.
 """
 
+import functools
 import threading
 import time
 import warnings
@@ -23,6 +25,7 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.executors import inductor_cache
 from thunder_rs.executors.extend import FusionExecutor, Region, _bump, register_named_executor
 from thunder_rs.executors.inductor_claims import claimed_keys
 from thunder_rs.executors.torch_ex import torch_ex
@@ -35,7 +38,8 @@ class InductorStats:
     #: seconds of Inductor's one-time start-up per device type (its imports and its first
     #: compile, of a one-op graph), kept out of ``compile_s``
     startup_s: dict = field(default_factory=dict)
-    #: seconds each region compile took (tracing its FX graph and Inductor's compile), in order
+    #: seconds each region compile took (tracing its FX graph and Inductor's compile, or loading
+    #: it from thunder_rs's artifact cache), in order
     compile_s: list = field(default_factory=list)
     #: region calls whose (region key, input layout) was compiled before in this process
     hits: int = 0
@@ -43,12 +47,20 @@ class InductorStats:
     misses: int = 0
     #: compiles Inductor answered from its on-disk caches (made in this or an earlier process)
     disk_hits: int = 0
+    #: compiles answered by loading thunder_rs's artifact cache (``inductor_cache``)
+    artifact_hits: int = 0
+    #: compiled regions stored in thunder_rs's artifact cache
+    artifact_saves: int = 0
+    #: artifact cache entries found unusable (stale, damaged, unloadable): compiled instead; the
+    #: last reason is in ``artifact_problem``
+    artifact_errors: int = 0
+    artifact_problem: str | None = None
     #: regions Inductor could not compile, which run as their eager torch calls
     failures: int = 0
 
     @property
     def disk_misses(self) -> int:
-        return self.misses - self.disk_hits - self.failures
+        return self.misses - self.artifact_hits - self.disk_hits - self.failures
 
 
 _stats = InductorStats()
@@ -141,25 +153,50 @@ def _on_tensors(function, args):
     return on_tensors, positions
 
 
-def compile_artifact(function, args):
+def compile_artifact(function, args, region_key: str | None = None):
     """``function`` (tuple-returning torch calls) traced to one FX graph on ``args`` and compiled
     by Inductor: the compiled artifact, called with the tensors among ``args`` at ``positions``,
-    and ``positions``."""
+    and ``positions``. With the region's key, the artifact is loaded from thunder_rs's artifact
+    cache when it holds it, and stored there when compiled."""
     make_fx, compile_graph = _inductor()
     on_tensors, positions = _on_tensors(function, args)
+    entry = _artifact_entry(function, args, region_key)
+    if entry is not None:
+        loaded, problem = inductor_cache.load(entry)
+        if loaded is not None:
+            _stats.artifact_hits += 1
+            return loaded, positions
+        if problem is not None:
+            _stats.artifact_errors += 1
+            _stats.artifact_problem = problem
     tensors = [args[i] for i in positions]
     # The execution traces run with grad mode and autocast off; the graph is traced so too.
     with torch.no_grad(), torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
         graph = make_fx(on_tensors, tracing_mode="fake")(*tensors)
-        return compile_graph(graph, tensors, dynamic_shapes="from_example_inputs", options={}), positions
+        compiled = compile_graph(graph, tensors, dynamic_shapes="from_example_inputs", options={})
+    if entry is not None and inductor_cache.save(entry, compiled) is None:
+        _stats.artifact_saves += 1
+    return compiled, positions
 
 
-def _compile_function(function, args):
-    """``run(args) -> tuple``: ``function`` compiled by Inductor for the layout of ``args``."""
+def _artifact_entry(function, args, region_key):
+    if region_key is None or not _artifacts_available():
+        return None
+    return inductor_cache.entry(region_key, layout(args), function)
+
+
+@functools.cache
+def _artifacts_available() -> bool:
+    return inductor_cache.available()
+
+
+def _compile_function(function, args, region_key: str | None = None):
+    """``run(args) -> tuple``: ``function`` compiled by Inductor for the layout of ``args``
+    (through thunder_rs's artifact cache when the region's key is given)."""
     if _lazy_bits(args):
-        run = _compile_function(function, _resolved(args))
+        run = _compile_function(function, _resolved(args), region_key)
         return lambda args: run(_resolved(args))
-    compiled, positions = compile_artifact(function, args)
+    compiled, positions = compile_artifact(function, args, region_key)
     if len(positions) == len(args):
         return lambda args: tuple(compiled(*args))
     return lambda args: tuple(compiled(*[args[i] for i in positions]))
@@ -167,12 +204,15 @@ def _compile_function(function, args):
 
 def _start(device_type: str) -> None:
     """Inductor's one-time start-up for ``device_type``: its imports and a first compile (of a
-    one-op graph), which loads its compiler, kernel templates and code caches."""
+    one-op graph), which loads its compiler, kernel templates and code caches; and the parts of
+    the artifact cache's keys that a process computes once."""
     if device_type in _stats.startup_s:
         return
     start = time.perf_counter()
     device = torch.device(device_type)
     _compile_function(lambda x: (x + 1,), [torch.zeros(8, device=device)])
+    if _artifacts_available():
+        inductor_cache.start()
     _stats.startup_s[device_type] = time.perf_counter() - start
 
 
@@ -186,8 +226,8 @@ def _compiled_or_eager(region, args):
     try:
         for device_type in _device_types(args) or ["cpu"]:
             _start(device_type)
-        start, disk_hits = time.perf_counter(), _disk_hits()
-        run = _compile_function(region.function, args)
+        start, disk_hits, artifact_hits = time.perf_counter(), _disk_hits(), _stats.artifact_hits
+        run = _compile_function(region.function, args, region.key)
     except Exception as e:  # noqa: BLE001 (any Inductor failure leaves the eager calls, which are exact)
         warnings.warn(f"thunder_rs inductor executor: {region.name} ({len(region.symbol_names)} symbols) runs "
                       f"eagerly: Inductor could not compile it: {type(e).__name__}: {e}", stacklevel=4)
@@ -195,7 +235,7 @@ def _compiled_or_eager(region, args):
         function = region.function
         return lambda args: function(*args)
     _stats.compile_s.append(time.perf_counter() - start)
-    _stats.disk_hits += _disk_hits() > disk_hits
+    _stats.disk_hits += _stats.artifact_hits == artifact_hits and _disk_hits() > disk_hits
     return run
 
 
