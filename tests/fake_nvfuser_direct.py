@@ -248,9 +248,9 @@ def _pad(a, pad_widths, value=None):
     return torch.nn.functional.pad(a, list(pad_widths), value=0 if value is None else value)
 
 
-def _iota(length, start=None, step=None, dtype=DataType.Int):
+def _iota(fd, length, start=None, step=None, dtype=DataType.Int):
     start, step = 0 if start is None else start, 1 if step is None else step
-    return torch.arange(length, dtype=dtype.value, device=_fd()._device) * step + start
+    return torch.arange(length, dtype=dtype.value, device=fd._device) * step + start
 
 
 class _Ops:
@@ -295,11 +295,13 @@ class _Ops:
         return _record("pad", _pad, (arg, list(pad_widths), value))
 
     def full(self, shape, fill_value, dtype):
-        return _record("full", lambda s, v: torch.full(s, v, dtype=dtype.value, device=_fd()._device),
+        fd = _fd()
+        return _record("full", lambda s, v: torch.full(s, v, dtype=dtype.value, device=fd._device),
                        (list(shape), fill_value))
 
     def iota(self, length, start=None, step=None, dtype=DataType.Int):
-        return _record("iota", lambda n, s, st: _iota(n, s, st, dtype), (length, start, step))
+        fd = _fd()
+        return _record("iota", lambda n, s, st: _iota(fd, n, s, st, dtype), (length, start, step))
 
     def var(self, arg, dims, correction=1, keepdim=False):
         return _record("var", lambda a: torch.var(a, dims, correction=correction, keepdim=keepdim), (arg,))
