@@ -288,3 +288,18 @@ def test_gpt_training_step_matches_eager(fake_ex):
     for (name, p), pe in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p, pe, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
     assert fake_ex.stats["definitions"] >= 2 and fake_ex.stats["failures"] == 0
+
+
+def test_checkers():
+    add, full = nvfuser_ex.make_checker("add", False), nvfuser_ex.make_checker("full", False)
+    x = torch.ones(2)
+    assert not add(x, x)  # CPU tensors
+    assert nvfuser_ex.make_checker("add", True)(x, x)  # the test switch
+    assert not nvfuser_ex.make_checker("add", True)(2, 3)  # numbers alone
+    assert not nvfuser_ex.make_checker("add", True)(x.to(torch.int8), 1)  # no nvFuser dtype
+    assert not full((2,), 1.0, torch.device("cpu"), torch.float32)
+    pad = nvfuser_ex.make_checker("pad", True)
+    assert pad(x, 0.0, ((1, 1, 0),)) and not pad(x, 0.0, ((1, 1, 1),)) and not pad(x, 0.0, ((-1, 0, 0),))
+    var = nvfuser_ex.make_checker("var", True)
+    assert var(x, (0,), 1) and not var(x, (), 1) and not var(x, (0,), 0.5)
+    assert not nvfuser_ex.make_checker("sum", True)(x.bool(), (0,))

@@ -216,7 +216,8 @@ def executor_table(executors: list[Executor]):
         for sym_key, (impl_name, checker, impl) in executor.implmap.items():
             entries.append((sym_key, impl_name, checker is not None, executor.methods.get(sym_key)))
             impls[impl_name] = impl
-        rows.append((executor.name, executor.fusion, entries, getattr(executor, "fuses_decompositions", False)))
+        decomposes = getattr(executor, "fuses_decompositions", False)
+        rows.append((executor.name, executor.fusion, entries, decomposes))
     table = _core.ExecutorTable(rows)
     _table_cache["table"] = (key, table, impls)
     return table, impls

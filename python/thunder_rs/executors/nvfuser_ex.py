@@ -145,6 +145,10 @@ def _integral_correction(a, dims, correction) -> bool:
     return bool(dims) and float(correction) == int(correction)
 
 
+def _not_bool(a, *params) -> bool:
+    return a.dtype != torch.bool  # torch's bool sum is an any(); nvFuser's has no such reduction
+
+
 def _float_scan(a, dim) -> bool:
     return a.dtype.is_floating_point  # integer scans overflow as torch's do only in int64
 
@@ -154,6 +158,7 @@ EXTRA_CHECKS = {
     "pad": _plain_pad, "var": _integral_correction, "var_mean": _integral_correction,
     "take": _take_index, "take_along_axis": _same_but_dim, "gather": _int64_index,
     "cumsum": _float_scan, "cumprod": _float_scan,
+    "sum": _not_bool, "prod": _not_bool, "amax": _not_bool, "amin": _not_bool,
     "convert_element_type": lambda a, dtype: dtype in DTYPES,
     "full": lambda shape, fill, device, dtype: dtype in DTYPES and not isinstance(fill, complex),
     "iota": lambda length, start, step, device, dtype: dtype in DTYPES,
@@ -171,7 +176,10 @@ def make_checker(name: str, allow_cpu: bool):
     def check(*args, **kwargs) -> bool:
         if device_at is not None and not allow_cpu and torch.device(args[device_at]).type != "cuda":
             return False
-        for t in _tensors(args):
+        tensors = list(_tensors(args))
+        if not tensors and device_at is None:
+            return False  # arithmetic on numbers alone: no kernel to fuse
+        for t in tensors:
             if t.dtype not in DTYPES or (t.device.type != "cuda" and not allow_cpu):
                 return False
         if any(isinstance(a, complex) for a in args):
@@ -197,8 +205,8 @@ def import_nvfuser_direct():
 
 
 class _Definition:
-    """What the translators see while a definition is built: the fd, its module, and the dtype
-    of the tensors defined so far."""
+    """What the translators see while a definition is built: its ``ops``, the ``nvfuser_direct``
+    module (for ``DataType``) and the dtype of a defined tensor."""
 
     def __init__(self, module, fd):
         self.module, self.fd, self.ops = module, fd, fd.ops
