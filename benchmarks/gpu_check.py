@@ -147,10 +147,15 @@ def versions(log: Log) -> dict:
     return info
 
 
-def run_tests(log: Log, results: Path, timeout: int) -> dict:
+#: The CUDA tests: thunder_rs's own (bf16/fp16 OpInfos, nvFuser, GPT under autocast), Inductor
+#: on CUDA, and test_ops' CUDA parameters (float32/float64/int64/bool forward, float64 gradients).
+TESTS = ["tests/test_cuda.py", "tests/test_inductor_ex.py", "tests/test_ops.py"]
+
+
+def run_tests(log: Log, results: Path, timeout: int, pytest_args: list) -> dict:
     junit = results / "cuda_tests.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", f"--junitxml={junit}",
-           "tests/test_cuda.py", "tests/test_inductor_ex.py", "tests/test_ops.py", "tests/test_nvfuser_ex.py"]
+           *(pytest_args or TESTS)]
     log("running", " ".join(cmd))
     start = time.perf_counter()
     try:
@@ -201,7 +206,11 @@ def _variants():
     }
 
 
-def benchmark(log: Log, calls: int) -> dict:
+#: (n_embd, n_head, sequence, batch) of the benchmarked GPT block.
+SIZE = (768, 12, 1024, 8)
+
+
+def benchmark(log: Log, calls: int, only: list, size=SIZE, device="cuda") -> dict:
     import copy  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
@@ -209,13 +218,16 @@ def benchmark(log: Log, calls: int) -> dict:
     sys.path.insert(0, str(ROOT / "examples"))
     from gpt import Block, GPTConfig  # noqa: PLC0415
 
-    config = GPTConfig(n_embd=768, n_head=12, block_size=1024, dropout=0.0)
+    n_embd, n_head, seq, batch = size
+    config = GPTConfig(n_embd=n_embd, n_head=n_head, block_size=seq, dropout=0.0)
     torch.manual_seed(0)
-    base = Block(config).cuda().to(torch.bfloat16)
-    x = torch.randn(8, 1024, 768, device="cuda", dtype=torch.bfloat16)
+    base = Block(config).to(device=device, dtype=torch.bfloat16)
+    x = torch.randn(batch, seq, n_embd, device=device, dtype=torch.bfloat16)
     g = torch.randn_like(x)
     rows, reference = {}, {}
     for name, wrap in _variants().items():
+        if only and name not in only:
+            continue
         row = rows[name] = {}
         for case in ("forward", "train_step"):
             try:
@@ -298,9 +310,8 @@ def run(args) -> int:
         install(Path(args.carried), target, log)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(ROOT / "tests"),
                                                             os.environ.get("PYTHONPATH", "")])}
-        cmd = [sys.executable, __file__, "run", "--installed", "--results", str(results), "--calls", str(args.calls),
-               "--test-timeout", str(args.test_timeout)] + (["--skip-tests"] if args.skip_tests else [])
-        return subprocess.run(cmd, env=env).returncode
+        forwarded = [a for a in sys.argv[2:] if a != "--carried" and a != args.carried]
+        return subprocess.run([sys.executable, __file__, "run", "--installed", *forwarded], env=env).returncode
     report["versions"] = versions(log)
     if not report["versions"]["cuda_available"]:
         log("CUDA is not available on this machine (torch.cuda.is_available() is False): "
@@ -308,13 +319,16 @@ def run(args) -> int:
         report["status"] = "no-cuda"
         (results / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
         return 2
+    if not args.skip_bench:
+        report["region_overhead"] = region_overhead(log)
+        report["benchmark"] = benchmark(log, args.calls, args.variant)
     if not args.skip_tests:
-        report["tests"] = run_tests(log, results, args.test_timeout)
-    report["region_overhead"] = region_overhead(log)
-    report["benchmark"] = benchmark(log, args.calls)
+        report["tests"] = run_tests(log, results, args.test_timeout, args.pytest_args)
     report["status"] = "done"
-    (results / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
-    log("wrote", results / "gpu_check.json")
+    name = "gpu_check.json" if not (args.skip_tests or args.skip_bench) else (
+        "gpu_check_bench.json" if args.skip_tests else "gpu_check_tests.json")
+    (results / name).write_text(json.dumps(report, indent=2, default=str))
+    log("wrote", results / name)
     return 0
 
 
@@ -330,6 +344,10 @@ def main() -> int:
     r.add_argument("--calls", type=int, default=20, help="timed calls per benchmark case")
     r.add_argument("--test-timeout", type=int, default=900)
     r.add_argument("--skip-tests", action="store_true")
+    r.add_argument("--skip-bench", action="store_true")
+    r.add_argument("--variant", action="append", help="benchmark only these (repeatable): " + ", ".join(
+        ("eager", "thunder_rs", "thunder_rs+nvfuser", "thunder_rs+inductor", "torch.compile")))
+    r.add_argument("--pytest-args", nargs=argparse.REMAINDER, help="instead of the default test files (last)")
     r.add_argument("--installed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.command == "prepare":
