@@ -5,7 +5,8 @@ calls (``Region.calls``).
 
 Written against nvFuser's ``nvfuser_direct`` bindings as of NVIDIA/Fuser commit 81c4b22fd750
 (2026-04-03, ``python/version.txt`` 0.2.36; the newest ``nvfuser-cu130-torch210`` wheel is
-0.2.36.dev20260301, a month older, with the same bindings for what is used here):
+0.2.36.dev20260301, built from the source of 2026-03-01 (7e04d265): ops.cpp, __init__.py and
+python_utils.cpp are unchanged from it to 81c4b22, ir.cpp only gained swizzle1d):
 ``FusionDefinition`` (a context manager), ``fd.define_tensor(shape, contiguity, dtype, is_cpu,
 stride_order)``, ``fd.define_scalar(dtype=...)``, ``fd.ops.*`` (``python/python_direct/ops.cpp``),
 ``fd.add_output``, ``fd.execute(inputs)``, ``compute_tensor_descriptor(sizes, strides)`` and
