@@ -11,7 +11,7 @@ TEST_DEPS := "transformers>=4.55" torchvision expecttest
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all build test test-rust test-python demo bench bench-passes clean
+.PHONY: all build test test-rust test-python demo bench bench-passes clean gpu-wheels
 
 all: build
 
@@ -40,6 +40,15 @@ demo: build
 bench: build
 	$(PY) benchmarks/bench_forward.py
 	$(PY) benchmarks/bench_train.py
+
+# What the GPU check carries (benchmarks/gpu_check.py, ../shared/GPU.md): the abi3 thunder_rs wheel
+# (manylinux_2_28 through zig, so that it loads wherever torch does) and nvFuser's wheel for
+# torch 2.10 / CUDA 13 without its vendored NVRTC, in gpu-carry/.
+gpu-wheels: $(DEPS)
+	rm -rf gpu-carry && mkdir -p gpu-carry
+	$(VENV)/bin/uv pip install --python $(PY) -q ziglang
+	$(VENV)/bin/maturin build --release -q -o gpu-carry --compatibility manylinux_2_28 --zig
+	$(PY) benchmarks/gpu_check.py prepare gpu-carry
 
 bench-passes:
 	cargo run --release -p passes --example pass_scaling

@@ -38,9 +38,15 @@ class Trace:
     def regions(self) -> list[tuple[str, int, str, str, list[str], int, int]]:
         """The fusion regions of an execution trace: ``(name, executor_index, source, key,
         symbol_names, num_inputs, num_outputs)`` each."""
+    def region_calls(self) -> list[tuple[list[str], list[tuple[str, tuple, list[str]]], list[str]]]:
+        """Each fusion region's ``(inputs, calls, outputs)``, composites decomposed to prims,
+        values named as strings (``t12``)."""
 
 class ExecutorTable:
-    def __init__(self, executors: Sequence[tuple[str, bool, Sequence[tuple[int | str, str, bool, str | None, str | None]]]]) -> None: ...
+    def __init__(
+        self,
+        executors: Sequence[tuple[str, bool, Sequence[tuple[int | str, str, bool, str | None, str | None]], bool]],
+    ) -> None: ...
 
 class Recorder:
     """Records one trace during acquisition."""

@@ -4,6 +4,9 @@
 //!
 //! A fusion executor claims a symbol only together with a fallback: the first later non-fusion
 //! executor that also takes it, which runs it when the partitioner leaves it out of a region.
+//! A fusion executor that translates prims (`fuses_decompositions`, nvFuser) also claims a
+//! composite it has no entry for when it claims every prim of the composite's decomposition;
+//! the region's code then calls the fallback's implementation of the composite.
 
 use rustc_hash::FxHashMap;
 use trace_ir::pysrc::Callee;
@@ -46,6 +49,8 @@ pub struct ExecutorSpec {
     pub impls: FxHashMap<SymKey, ImplSpec>,
     /// Whether the executor runs regions of symbols (`fuse`) rather than single symbols.
     pub fusion: bool,
+    /// Whether the (fusion) executor claims composites whose whole decomposition it claims.
+    pub fuses_decompositions: bool,
 }
 
 /// Who runs one top-level bound symbol of a claimed trace.
@@ -81,15 +86,30 @@ fn claim_one(
 ) -> Result<()> {
     let key = SymKey::of(&bsym.symbol);
     let mut fusion = None;
+    // A fusion executor that claims the composite's decomposition; its region calls the
+    // fallback's implementation of the composite.
+    let mut by_decomposition = None;
     for (i, executor) in executors.iter().enumerate() {
-        let Some(spec) = executor.impls.get(&key) else { continue };
-        if (executor.fusion && fusion.is_some()) || (spec.has_checker && !checker(i, bsym)?) {
+        let Some(spec) = executor.impls.get(&key) else {
+            if executor.fuses_decompositions
+                && fusion.is_none()
+                && by_decomposition.is_none()
+                && decomposition_claimed(bsym, executor, i, checker)?
+            {
+                by_decomposition = Some(i);
+            }
+            continue;
+        };
+        if (executor.fusion && (fusion.is_some() || by_decomposition.is_some()))
+            || (spec.has_checker && !checker(i, bsym)?)
+        {
             continue;
         }
         if executor.fusion {
             fusion = Some((i, spec.callee.clone()));
             continue;
         }
+        let fusion = fusion.or_else(|| by_decomposition.map(|f| (f, spec.callee.clone())));
         bsyms.push(bsym.clone());
         assignments.push(Assignment { callee: spec.callee.clone(), fusion });
         return Ok(());
@@ -103,10 +123,36 @@ fn claim_one(
     Ok(())
 }
 
+/// Whether `bsym` is a composite whose decomposition, at every depth, is prims that `executor`
+/// (at index `index`) claims, its checkers accepting them.
+fn decomposition_claimed(
+    bsym: &BoundSymbol,
+    executor: &ExecutorSpec,
+    index: usize,
+    checker: &mut Checker,
+) -> Result<bool> {
+    if !matches!(bsym.symbol, Symbol::Composite(_)) || bsym.subsymbols.is_empty() {
+        return Ok(false);
+    }
+    for sub in &bsym.subsymbols {
+        let claimed = match &sub.symbol {
+            Symbol::Prim(_) => match executor.impls.get(&SymKey::of(&sub.symbol)) {
+                Some(spec) => !spec.has_checker || checker(index, sub)?,
+                None => false,
+            },
+            _ => decomposition_claimed(sub, executor, index, checker)?,
+        };
+        if !claimed {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trace_ir::{Arg, DType, Device, TensorMeta, TraceBuilder, ValueKind};
+    use trace_ir::{Arg, BoundSymbol, DType, Device, SymbolKind, SymbolTable, TensorMeta, TraceBuilder, ValueKind};
 
     fn executor(name: &str, fusion: bool, prims: &[&str]) -> ExecutorSpec {
         let impls = prims
@@ -116,7 +162,7 @@ mod tests {
                 (SymKey::Prim(p.to_string()), ImplSpec { callee, has_checker: false })
             })
             .collect();
-        ExecutorSpec { name: name.to_string(), impls, fusion }
+        ExecutorSpec { name: name.to_string(), impls, fusion, fuses_decompositions: false }
     }
 
     #[test]
@@ -142,5 +188,38 @@ mod tests {
         let executors = [executor("fuser", true, &["exp", "sin"]), executor("torch", false, &["exp"])];
         let err = claim(&trace, &executors, &mut |_, _| Ok(true)).unwrap_err();
         assert!(err.to_string().contains("no executor implements"), "{err}");
+    }
+
+    #[test]
+    fn a_prim_fusion_executor_claims_composites_by_their_decomposition() {
+        let mut b = TraceBuilder::new();
+        let x = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![4])));
+        let e = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+        let s = b.record_prim("sin", vec![Arg::Value(e)]).unwrap()[0];
+        let prims = b.finish(Arg::Value(s)).unwrap();
+        let id = SymbolTable::register("ltorch.test_exp_sin", SymbolKind::Composite);
+        let mut composite = BoundSymbol::new(Symbol::Composite(id), vec![Arg::Value(x)], vec![s]);
+        composite.subsymbols = prims.bsyms.clone();
+        let trace = prims.with_bsyms(vec![composite], Arg::Value(s));
+        let mut torch = executor("torch", false, &["exp", "sin"]);
+        let whole = Callee::function("torch_exp_sin");
+        torch.impls.insert(SymKey::Symbol(id), ImplSpec { callee: whole, has_checker: false });
+        let mut fuser = executor("fuser", true, &["exp", "sin"]);
+        // Without the flag the fallback runs the composite whole.
+        let (claimed, got) = claim(&trace, &[fuser.clone(), torch.clone()], &mut |_, _| Ok(true)).unwrap();
+        assert_eq!((claimed.bsyms.len(), got[0].fusion.is_none()), (1, true));
+        fuser.fuses_decompositions = true;
+        let (claimed, got) = claim(&trace, &[fuser.clone(), torch.clone()], &mut |_, _| Ok(true)).unwrap();
+        assert_eq!(claimed.bsyms.len(), 1, "the composite stays whole, its region code calls the fallback");
+        assert_eq!(got[0].fusion.as_ref().map(|f| (f.0, &*f.1.function)), Some((0, "torch_exp_sin")));
+        // A checker refusing one prim of the decomposition keeps the composite out.
+        fuser.impls.get_mut(&SymKey::Prim("sin".into())).unwrap().has_checker = true;
+        let (_, got) =
+            claim(&trace, &[fuser.clone(), torch.clone()], &mut |_, b| Ok(b.symbol != prims.bsyms[1].symbol)).unwrap();
+        assert!(got[0].fusion.is_none());
+        // A prim the fuser lacks keeps it out too.
+        fuser.impls.remove(&SymKey::Prim("sin".into()));
+        let (_, got) = claim(&trace, &[fuser, torch], &mut |_, _| Ok(true)).unwrap();
+        assert!(got[0].fusion.is_none());
     }
 }

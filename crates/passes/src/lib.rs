@@ -22,6 +22,6 @@ pub mod vjp;
 pub use claim::{claim, ExecutorSpec, ImplSpec, SymKey};
 pub use manager::{lookup, register_pass, registered, run_passes, Manager, Pass, PassCx, PassFn, PassRecord};
 pub use pipeline::{compile, ClaimChecker, Compiled, Options};
-pub use plan::{Plan, RegionCode};
+pub use plan::{LeafCall, Plan, RegionCode};
 pub use split::{split, Split};
 pub use vjp::{joint, Joint};

@@ -3,7 +3,7 @@
 
 use crate::partition::RegionPlan;
 use trace_ir::pysrc::{python_source, region_key, region_source, Callee, ExecPlan};
-use trace_ir::{Trace, ValueId};
+use trace_ir::{Arg, BoundSymbol, Symbol, Trace, ValueId};
 
 /// How to run an execution trace.
 #[derive(Clone, Debug)]
@@ -37,6 +37,34 @@ pub struct RegionCode {
     pub symbol_names: Vec<String>,
     pub num_inputs: usize,
     pub num_outputs: usize,
+    /// The region's inputs and outputs, in its function's order.
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+    /// Its calls with every composite replaced by its decomposition, for executors that
+    /// translate prims (nvFuser).
+    pub calls: Vec<LeafCall>,
+}
+
+/// One call of a region's decomposition: a prim (or a symbol without decomposition).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeafCall {
+    /// `prims.add`; a symbol without decomposition by its qualified name.
+    pub name: String,
+    /// The positional arguments as printed (a prim's operands, then its parameters).
+    pub args: Vec<Arg>,
+    pub outputs: Vec<ValueId>,
+}
+
+/// The calls of `bsyms` with composites replaced by their decompositions, at every depth.
+fn leaf_calls(bsyms: &[BoundSymbol], out: &mut Vec<LeafCall>) {
+    for bsym in bsyms {
+        if bsym.subsymbols.is_empty() || matches!(bsym.symbol, Symbol::Prim(_)) {
+            let name = bsym.symbol.qualified_name();
+            out.push(LeafCall { name, args: bsym.call_args(), outputs: bsym.outputs.clone() });
+        } else {
+            leaf_calls(&bsym.subsymbols, out);
+        }
+    }
 }
 
 impl RegionCode {
@@ -50,6 +78,13 @@ impl RegionCode {
             symbol_names: bsym.subsymbols.iter().map(|s| s.symbol.qualified_name()).collect(),
             num_inputs: bsym.inputs().len(),
             num_outputs: bsym.outputs.len(),
+            inputs: bsym.inputs(),
+            outputs: bsym.outputs.clone(),
+            calls: {
+                let mut calls = Vec::new();
+                leaf_calls(&bsym.subsymbols, &mut calls);
+                calls
+            },
         }
     }
 }

@@ -11,8 +11,9 @@ use crate::convert::from_arg;
 use crate::errors::{no_panic, py_result};
 use crate::trace::PyTrace;
 
-/// One executor's table as Python sends it: `(name, is_fusion, [(symbol, impl_name, has_checker, method), ...])`.
-type ExecutorRow<'py> = (String, bool, Vec<(Bound<'py, PyAny>, String, bool, Option<String>, Option<String>)>);
+/// One executor's table as Python sends it: `(name, is_fusion, [(symbol, impl_name, has_checker,
+/// method, inplace), ...], fuses_decompositions)`.
+type ExecutorRow<'py> = (String, bool, Vec<(Bound<'py, PyAny>, String, bool, Option<String>, Option<String>)>, bool);
 
 /// The executors' tables in priority order, built once from Python.
 #[pyclass(frozen, module = "thunder_rs._core", name = "ExecutorTable")]
@@ -23,14 +24,16 @@ pub struct ExecutorTable {
 #[pymethods]
 impl ExecutorTable {
     /// `executors` is `[(name, is_fusion, [(symbol, impl_name, has_checker, method, inplace),
-    /// ...]), ...]`, where `symbol` is a prim name (str) or a registered symbol id (int), `method`
-    /// names a tensor method with the same signature, and `inplace` one computing the same values
-    /// into its receiver; either may be None.
+    /// ...], fuses_decompositions), ...]`, where `symbol` is a prim name (str) or a registered
+    /// symbol id (int), `method` names a tensor method with the same signature, `inplace` one
+    /// computing the same values into its receiver (either may be None), and
+    /// `fuses_decompositions` says whether a fusion executor claims composites whose whole
+    /// decomposition it claims.
     #[new]
     fn new(executors: Vec<ExecutorRow<'_>>) -> PyResult<Self> {
         let executors = executors
             .into_iter()
-            .map(|(name, fusion, entries)| {
+            .map(|(name, fusion, entries, fuses_decompositions)| {
                 let impls = entries
                     .into_iter()
                     .map(|(sym, function, has_checker, method, inplace)| {
@@ -46,7 +49,7 @@ impl ExecutorTable {
                         Ok((key, ImplSpec { callee, has_checker }))
                     })
                     .collect::<PyResult<_>>()?;
-                Ok(ExecutorSpec { name, impls, fusion })
+                Ok(ExecutorSpec { name, impls, fusion, fuses_decompositions })
             })
             .collect::<PyResult<_>>()?;
         Ok(ExecutorTable { executors })

@@ -37,6 +37,16 @@ pub fn configure(
         .map_err(|_| PyRuntimeError::new_err("thunder_rs._core.configure was called twice"))
 }
 
+impl Types {
+    pub fn dtype_codes<'py>(&self, py: Python<'py>) -> &Bound<'py, PyDict> {
+        self.dtype_codes.bind(py)
+    }
+
+    pub fn device<'py>(&self, py: Python<'py>) -> &Bound<'py, PyType> {
+        self.device.bind(py)
+    }
+}
+
 pub fn types(py: Python<'_>) -> PyResult<&Types> {
     TYPES.get(py).ok_or_else(|| PyRuntimeError::new_err("thunder_rs._core.configure was not called"))
 }

@@ -2,8 +2,11 @@
 
 use passes::Plan;
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PySlice, PyString, PyTuple};
 use std::sync::{Arc, OnceLock};
-use trace_ir::Trace;
+use trace_ir::{Arg, Scalar, Trace};
+
+use crate::convert::types;
 
 #[pyclass(frozen, module = "thunder_rs._core", name = "Trace")]
 pub struct PyTrace {
@@ -140,6 +143,34 @@ impl PyTrace {
             .collect()
     }
 
+    /// The decomposed calls of each fusion region, in order, as `(inputs, calls, outputs)` with
+    /// `calls` a list of `(name, args, outputs)`: `name` is `prims.add` (or the qualified name of
+    /// a symbol without decomposition), `args` the positional arguments as printed, and every
+    /// value (input, argument, output) named as the trace prints it (`t12`). Prims take no
+    /// string parameters, so a str in `args` is always a value.
+    #[allow(clippy::type_complexity)]
+    fn region_calls<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(Vec<String>, Vec<(String, Bound<'py, PyTuple>, Vec<String>)>, Vec<String>)>> {
+        let Some(plan) = &self.plan else { return Ok(Vec::new()) };
+        let names = |values: &[trace_ir::ValueId]| values.iter().map(|v| v.to_string()).collect::<Vec<_>>();
+        plan.regions
+            .iter()
+            .map(|r| {
+                let calls = r
+                    .calls
+                    .iter()
+                    .map(|c| {
+                        let args = c.args.iter().map(|a| named_arg(py, a)).collect::<PyResult<Vec<_>>>()?;
+                        Ok((c.name.clone(), PyTuple::new(py, args)?, names(&c.outputs)))
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok((names(&r.inputs), calls, names(&r.outputs)))
+            })
+            .collect()
+    }
+
     /// Whether each input requires grad.
     fn input_requires_grad(&self) -> Vec<bool> {
         self.trace.inputs.iter().map(|&v| self.trace.tensor(v).is_some_and(|t| t.requires_grad)).collect()
@@ -152,4 +183,31 @@ impl PyTrace {
     fn __repr__(&self) -> String {
         format!("<thunder_rs Trace '{}': {} bound symbols>", self.label, self.trace.count_bsyms())
     }
+}
+
+/// An argument as Python data, values by name (`t12`).
+fn named_arg<'py>(py: Python<'py>, arg: &Arg) -> PyResult<Bound<'py, PyAny>> {
+    let seq = |items: &[Arg]| items.iter().map(|a| named_arg(py, a)).collect::<PyResult<Vec<_>>>();
+    Ok(match arg {
+        Arg::Value(v) => PyString::new(py, &v.to_string()).into_any(),
+        Arg::Scalar(Scalar::Bool(b)) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
+        Arg::Scalar(Scalar::Int(i)) => i.into_pyobject(py)?.into_any(),
+        Arg::Scalar(Scalar::Float(x)) => x.into_pyobject(py)?.into_any(),
+        Arg::None => py.None().into_bound(py),
+        Arg::Ellipsis => py.Ellipsis().into_bound(py),
+        Arg::Str(s) => PyString::new(py, s).into_any(),
+        Arg::DType(d) => {
+            let codes = types(py)?.dtype_codes(py);
+            let found = codes.iter().find(|(_, code)| code.extract::<u8>().ok() == Some(d.code()));
+            found
+                .map(|(dtype, _)| dtype)
+                .ok_or_else(|| pyo3::exceptions::PyTypeError::new_err(format!("unknown dtype {d}")))?
+        }
+        Arg::Device(d) => types(py)?.device(py).call1((d.to_string(),))?,
+        Arg::Tuple(items) => PyTuple::new(py, seq(items)?)?.into_any(),
+        Arg::List(items) => PyList::new(py, seq(items)?)?.into_any(),
+        Arg::Slice(parts) => py.get_type::<PySlice>().call1(PyTuple::new(py, seq(&parts[..])?)?)?,
+        // Prims take no Python objects; a symbol without decomposition may: it is never translated.
+        Arg::PyConst(i) => PyString::new(py, &format!("_c{i}")).into_any(),
+    })
 }

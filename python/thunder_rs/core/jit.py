@@ -72,11 +72,15 @@ def _load(trace, name: str, filename: str, namespace: dict, regions: dict):
 def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
     """Each region of ``trace`` by name: its executor's ``fuse`` of it, called once per region."""
     fused = {}
-    for name, index, source, key, symbol_names, num_inputs, num_outputs in trace.regions():
+    regions = trace.regions()
+    decomposed = trace.region_calls() if any(e.fuses_decompositions for e in executors if e.fusion) else None
+    for i, (name, index, source, key, symbol_names, num_inputs, num_outputs) in enumerate(regions):
         scope = dict(namespace)
         exec(compile(source, f"{filename} {name}", "exec"), scope)
-        region = Region(name, key, source, scope[name], tuple(symbol_names), num_inputs, num_outputs)
         executor = executors[index]
+        calls = decomposed[i] if decomposed is not None and executor.fuses_decompositions else ((), (), ())
+        region = Region(name, key, source, scope[name], tuple(symbol_names), num_inputs, num_outputs,
+                        tuple(calls[0]), tuple(calls[1]), tuple(calls[2]))
         try:
             fused[name] = executor.fuse(region)
         except Exception as e:

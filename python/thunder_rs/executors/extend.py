@@ -67,6 +67,15 @@ class Region:
     symbol_names: tuple
     num_inputs: int
     num_outputs: int
+    #: For executors that translate prims (``fuses_decompositions``): the region's input and
+    #: output value names (``t12``), in the function's order, and its calls with every composite
+    #: replaced by its decomposition, as ``(name, args, outputs)``: ``name`` is ``prims.add``
+    #: (or the qualified name of a symbol without decomposition), ``args`` the positional
+    #: arguments as printed, values named as strings (prims take no string parameters).
+    #: Empty for the other executors.
+    inputs: tuple = ()
+    calls: tuple = ()
+    outputs: tuple = ()
 
 
 class FusionExecutor(Executor):
@@ -77,6 +86,10 @@ class FusionExecutor(Executor):
     of regions."""
 
     fusion = True
+    #: Whether it also claims a composite it has no entry for when it claims every prim of the
+    #: composite's decomposition (an executor that translates prims); its regions then carry
+    #: their decomposed ``calls``.
+    fuses_decompositions = False
 
     def take_from(self, executor: Executor, keys=None) -> None:
         """Takes ``executor``'s implementations of ``keys`` (all of them by default) as its own."""
@@ -109,7 +122,7 @@ _executors: list[Executor] = []
 _named: dict[str, Executor] = {}
 #: Names whose executor a module registers at import, imported on first use: importing Inductor
 #: takes seconds, which jit without it must not pay.
-_lazy: dict[str, str] = {"inductor": "thunder_rs.executors.inductor_ex"}
+_lazy: dict[str, str] = {"inductor": "thunder_rs.executors.inductor_ex", "nvfuser": "thunder_rs.executors.nvfuser_ex"}
 _version = [0]
 _table_cache: dict = {}
 
@@ -210,7 +223,8 @@ def executor_table(executors: list[Executor]):
             entries.append((sym_key, impl_name, checker is not None, executor.methods.get(sym_key),
                             executor.inplace_methods.get(sym_key)))
             impls[impl_name] = impl
-        rows.append((executor.name, executor.fusion, entries))
+        decomposes = getattr(executor, "fuses_decompositions", False)
+        rows.append((executor.name, executor.fusion, entries, decomposes))
     table = _core.ExecutorTable(rows)
     _table_cache["table"] = (key, table, impls)
     return table, impls
