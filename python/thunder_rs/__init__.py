@@ -88,3 +88,8 @@ def cache_misses(jfn) -> int:
 
 def compile_stats(jfn) -> CompileStats:
     return _function(jfn)._stats
+
+
+from thunder_rs import dynamo as _dynamo  # noqa: E402
+
+_dynamo.register()
