@@ -18,17 +18,18 @@ from thunder_rs import prims  # noqa: E402
 from thunder_rs import torch as ltorch  # noqa: E402
 from thunder_rs.core.examine import ExamineReport, examine  # noqa: E402
 from thunder_rs.core.grad import get_grad, put_grad, register_grad  # noqa: E402
+from thunder_rs.core.front import check_options, reset  # noqa: E402
 from thunder_rs.core.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 
 __all__ = [
-    "jit", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
+    "jit", "reset", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
     "prims", "ltorch", "ThunderFunction", "ThunderModule", "CompileStats", "ExamineReport",
 ]
 __version__ = "0.1.0"
 
 
-def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
+def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None, **unknown):
     """Compiles ``fn_or_module`` lazily: the first call with each input signature traces it.
 
     ``cache`` bounds how many compiled entries are kept; beyond it the least recently used is
@@ -38,6 +39,7 @@ def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=N
     (``thunder_rs.executors.known_executor_names()``) in priority order, the torch executor last
     whether named or not; by default, ``thunder_rs.executors.get_default_executors()``.
     """
+    check_options(unknown)
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):
         return fn_or_module
     if _inspect.isgeneratorfunction(fn_or_module) or _inspect.iscoroutinefunction(fn_or_module) or _inspect.isasyncgenfunction(fn_or_module):
