@@ -1,6 +1,7 @@
 """``jit`` as a decorator on functions, methods and ``functools.partial``; its options checked by
 name; ``thunder_rs.reset`` clearing every compile cache. Each against eager."""
 
+import copy
 import functools
 
 import pytest
@@ -62,3 +63,24 @@ def test_reset_makes_every_jitted_function_and_module_compile_again():
     torch.testing.assert_close(jm(x), jm._model(x))
     assert (thunder_rs.cache_misses(jf), thunder_rs.cache_misses(jm)) == (2, 2)
     assert thunder_rs.compile_stats(jf).miss_reasons[-1] == "thunder_rs.reset() cleared the cache"
+
+
+def test_compile_module_jits_the_module_in_place_like_module_compile():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    eager = copy.deepcopy(model)
+    thunder_rs.compile_module(model)
+    seen = []
+    model.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    x = torch.randn(3, 4)
+    out = model(x)
+    torch.testing.assert_close(out, eager(x))
+    out.sum().backward()
+    eager(x).sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert seen == [torch.Size([3, 2])]
+    assert thunder_rs.cache_misses(model._compiled_call_impl) == 1
+    assert list(model.state_dict()) == list(eager.state_dict())
+    with pytest.raises(TypeError, match="unknown option 'mode'"):
+        thunder_rs.compile_module(model, mode="max-autotune")
