@@ -84,3 +84,15 @@ def test_compile_module_jits_the_module_in_place_like_module_compile():
     assert list(model.state_dict()) == list(eager.state_dict())
     with pytest.raises(TypeError, match="unknown option 'mode'"):
         thunder_rs.compile_module(model, mode="max-autotune")
+
+
+def test_jit_is_typed_to_keep_a_functions_signature_and_make_a_module_a_thunder_module(tmp_path):
+    api = pytest.importorskip("mypy.api")
+    program = tmp_path / "typed.py"
+    program.write_text(
+        "import torch\nimport thunder_rs\n\n"
+        "def f(x: torch.Tensor, n: int) -> torch.Tensor:\n    return x * n\n\n"
+        "reveal_type(thunder_rs.jit(f))\nreveal_type(thunder_rs.jit(torch.nn.Linear(2, 2)))\n")
+    out, _, _ = api.run(["--follow-imports=silent", "--no-incremental", str(program)])
+    assert 'Revealed type is "def (x: torch._tensor.Tensor, n: int) -> torch._tensor.Tensor"' in out
+    assert 'Revealed type is "thunder_rs.core.jit.ThunderModule"' in out

@@ -5,6 +5,7 @@ Rust-owned trace, optimises it, and from then on runs generated code with almost
 """
 
 import inspect as _inspect
+from typing import Any as _Any, Callable as _Callable, ParamSpec as _ParamSpec, TypeVar as _TypeVar, overload as _overload
 
 import torch as _torch
 
@@ -30,7 +31,17 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None, **unknown):
+_P = _ParamSpec("_P")
+_R = _TypeVar("_R")
+
+
+@_overload
+def jit(fn_or_module: _torch.nn.Module, *, cache: int = ..., passes=..., executors=...) -> ThunderModule: ...
+@_overload
+def jit(fn_or_module: _Callable[_P, _R], *, cache: int = ..., passes=..., executors=...) -> _Callable[_P, _R]: ...
+
+
+def jit(fn_or_module: _Any, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None, **unknown) -> _Any:
     """Compiles ``fn_or_module`` lazily: the first call with each input signature traces it.
 
     ``cache`` bounds how many compiled entries are kept; beyond it the least recently used is
