@@ -5,6 +5,7 @@ Rust-owned trace, optimises it, and from then on runs generated code with almost
 """
 
 import inspect as _inspect
+from typing import Any as _Any, Callable as _Callable, ParamSpec as _ParamSpec, TypeVar as _TypeVar, overload as _overload
 
 import torch as _torch
 
@@ -18,6 +19,8 @@ from thunder_rs import prims  # noqa: E402
 from thunder_rs import torch as ltorch  # noqa: E402
 from thunder_rs.core.examine import ExamineReport, examine  # noqa: E402
 from thunder_rs.core.grad import get_grad, put_grad, register_grad  # noqa: E402
+from thunder_rs.core.front import check_options, reset  # noqa: E402
+from thunder_rs.core.compile_module import compile_module  # noqa: E402
 from thunder_rs.core.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvfuser_on_cuda  # noqa: E402
@@ -25,13 +28,23 @@ from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvf
 _use_nvfuser_on_cuda()
 
 __all__ = [
-    "jit", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
+    "jit", "reset", "compile_module", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
     "prims", "ltorch", "ThunderFunction", "ThunderModule", "CompileStats", "ExamineReport",
 ]
 __version__ = "0.1.0"
 
 
-def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
+_P = _ParamSpec("_P")
+_R = _TypeVar("_R")
+
+
+@_overload
+def jit(fn_or_module: _torch.nn.Module, *, cache: int = ..., passes=..., executors=...) -> ThunderModule: ...
+@_overload
+def jit(fn_or_module: _Callable[_P, _R], *, cache: int = ..., passes=..., executors=...) -> _Callable[_P, _R]: ...
+
+
+def jit(fn_or_module: _Any, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None, **unknown) -> _Any:
     """Compiles ``fn_or_module`` lazily: the first call with each input signature traces it.
 
     ``cache`` bounds how many compiled entries are kept; beyond it the least recently used is
@@ -41,6 +54,7 @@ def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=N
     (``thunder_rs.executors.known_executor_names()``) in priority order, the torch executor last
     whether named or not; by default, ``thunder_rs.executors.get_default_executors()``.
     """
+    check_options(unknown)
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):
         return fn_or_module
     if _inspect.isgeneratorfunction(fn_or_module) or _inspect.iscoroutinefunction(fn_or_module) or _inspect.isasyncgenfunction(fn_or_module):
@@ -91,3 +105,8 @@ def cache_misses(jfn) -> int:
 
 def compile_stats(jfn) -> CompileStats:
     return _function(jfn)._stats
+
+
+from thunder_rs import dynamo as _dynamo  # noqa: E402
+
+_dynamo.register()

@@ -1,6 +1,7 @@
 """Compiled callables: the cache, the per-call path, and compilation on a miss."""
 
 import threading
+import types
 import time
 import warnings
 from itertools import starmap
@@ -15,6 +16,7 @@ from thunder_rs.core.acquire import acquire
 from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, input_names, leaf_key
 from thunder_rs.core.entry import Entry, make_check, make_post
+from thunder_rs.core.front import live_functions
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modes import RecordedModes
 from thunder_rs.core.langctx import user_frame
@@ -162,6 +164,12 @@ class ThunderFunction:
         self._cleared_because: str | None = None
         self._lock = threading.RLock()
         self.__wrapped__ = fn
+        live_functions.add(self)
+
+    def __get__(self, instance, owner=None):
+        """As a method (``@jit`` in a class body): bound to ``instance``, which is an input of the
+        call, so the attributes the program reads from it are guarded on every call."""
+        return self if instance is None else types.MethodType(self, instance)
 
     # -- the per-call path -----------------------------------------------------------------------
 

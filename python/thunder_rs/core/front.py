@@ -1,0 +1,28 @@
+"""The front door's small pieces: ``jit`` options checked by name, the registry of live jitted
+callables, and ``reset``."""
+
+import weakref
+
+from thunder_rs.errors import ThunderTypeError
+
+#: The options ``thunder_rs.jit`` takes.
+JIT_OPTIONS = ("cache", "passes", "executors")
+#: Every live ``ThunderFunction`` (a module's included), so that ``reset`` reaches them all.
+live_functions: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def check_options(options: dict) -> None:
+    """Raises naming the first option ``jit`` does not know, with those it does."""
+    for name in options:
+        if name not in JIT_OPTIONS:
+            raise ThunderTypeError(f"jit: unknown option {name!r}; the options are {', '.join(JIT_OPTIONS)}")
+
+
+def reset() -> None:
+    """Clears the compile cache of every live jitted function and module: each compiles again at
+    its next call."""
+    for jfn in list(live_functions):
+        with jfn._lock:
+            jfn._clear("thunder_rs.reset() cleared the cache")
+            jfn._last_entry = None
+

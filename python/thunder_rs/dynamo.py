@@ -1,0 +1,115 @@
+"""thunder_rs as a ``torch.compile`` backend: ``torch.compile(model, backend="thunder_rs")``.
+
+Dynamo captures the program as FX graphs of torch-level calls, handles Python semantics (side
+effects, guards, data-dependent control flow) and splits the program at graph breaks; the backend
+compiles each GraphModule it is handed with ``thunder_rs.jit``, which traces the graph's torch calls
+through ltorch as it traces any Python function. This is the design of Thunder's ThunderFX.
+
+Backward: the GraphModule is jitted as a whole, so its backward is thunder_rs's own VJP, split from
+the forward by the Rust pipeline, exactly as for ``thunder_rs.jit(model)``. AOTAutograd is not used:
+it would trace the graph once more into aten ops and hand thunder_rs two aten graphs, so thunder_rs
+would compile an aten dialect it does not otherwise see, with torch's decompositions and
+functionalisation in between; jitting the torch-level graph is one compiler for both directions,
+the same traces, executors and gradients as ``thunder_rs.jit``, and fewer layers that could differ.
+
+What Dynamo hands a backend:
+
+- Parameters and buffers are graph inputs (``inline_inbuilt_nn_modules``, the default since torch
+  2.5); constants the graph reads by ``get_attr`` are attributes of the GraphModule, which
+  ``jit(gm)`` reads as module state.
+- Dynamic shapes: once Dynamo sees a size change it marks the dim dynamic and the graph takes the
+  size as an ``int`` input (a ``SymInt`` placeholder). The backend compiles nothing at that point:
+  the graph is compiled at its first call, on real tensors and Python ints, and thunder_rs's cache
+  keys on shapes and int values, so each new shape is one more compilation of the same graph (up
+  to the ``cache`` bound, least recently used first out) rather than a symbolic program.
+- Outputs: Dynamo's graphs return a tuple (or list), which the jitted graph returns as it is.
+- A graph with no calls (it returns its inputs, or constants) runs as the GraphModule itself.
+- A graph thunder_rs cannot trace (an op it refuses, a construct it cannot represent) runs eagerly
+  as the GraphModule, with a warning that names the graph and the reason; torch calls thunder_rs
+  has no decomposition for are eager fallbacks inside the compiled graph, as under ``jit``.
+
+The backend is registered under ``"thunder_rs"`` through torch's ``torch_dynamo_backends`` entry
+point (``pyproject.toml``), so the string works without importing thunder_rs; where the package is
+not installed with its metadata (a source tree on ``sys.path``), importing thunder_rs registers it.
+"""
+
+import importlib.metadata
+import warnings
+import weakref
+
+import torch
+
+from thunder_rs.core.jit import ThunderModule
+from thunder_rs.errors import ThunderError
+
+NAME = "thunder_rs"
+_ENTRY_POINT_GROUP = "torch_dynamo_backends"
+#: Every graph the backend was handed and that is still alive (for ``compiled_graphs`` and ``reset``).
+_graphs: "weakref.WeakSet[CompiledGraph]" = weakref.WeakSet()
+
+
+class CompiledGraph:
+    """One Dynamo graph: its ``thunder_rs.jit`` module, or the GraphModule itself once thunder_rs
+    could not trace it."""
+
+    def __init__(self, gm: torch.fx.GraphModule, jit_options: dict):
+        self.gm = gm
+        self.jitted: ThunderModule | None = ThunderModule(gm, **jit_options) if _has_calls(gm) else None
+        self.eager_because: str | None = None if self.jitted is not None else "the graph makes no calls"
+        _graphs.add(self)
+
+    def __call__(self, *args):
+        jitted = self.jitted
+        if jitted is None:
+            return self.gm(*args)
+        stats = jitted._jfn._stats
+        hits, misses = stats.cache_hits, stats.cache_misses
+        try:
+            return jitted(*args)
+        except ThunderError as e:
+            if (stats.cache_hits, stats.cache_misses) != (hits, misses):
+                raise  # compiled (or found) and failed while running: eager would have run it
+            # Tracing runs on proxies, so nothing has run yet: the graph runs eagerly from now on.
+            self.jitted, self.eager_because = None, f"{type(e).__name__}: {e}"
+            warnings.warn(f"thunder_rs backend: graph {self.gm._get_name()} runs eagerly: {self.eager_because}",
+                          stacklevel=2)
+            return self.gm(*args)
+
+
+def _has_calls(gm: torch.fx.GraphModule) -> bool:
+    return any(node.op in ("call_function", "call_method", "call_module") for node in gm.graph.nodes)
+
+
+def compiled_graphs() -> list[CompiledGraph]:
+    """The graphs the backend was handed that are still alive (in no particular order)."""
+    return list(_graphs)
+
+
+def make_backend(**jit_options):
+    """A Dynamo backend that jits each graph with ``jit_options`` (``executors=``, ``cache=``,
+    ``passes=``): ``torch.compile(model, backend=thunder_rs.dynamo.make_backend(executors=[...]))``."""
+
+    def thunder_rs_backend(gm: torch.fx.GraphModule, example_inputs: list):
+        return CompiledGraph(gm, jit_options)
+
+    return thunder_rs_backend
+
+
+#: The backend ``torch.compile(..., backend="thunder_rs")`` runs: default jit options.
+backend = make_backend()
+
+
+def _installed_as_entry_point() -> bool:
+    return NAME in importlib.metadata.entry_points(group=_ENTRY_POINT_GROUP).names
+
+
+def register() -> None:
+    """Makes ``backend="thunder_rs"`` name this backend. An installed package needs nothing: torch
+    loads the entry point by name (registering here as well would make torch's own registration of
+    the entry point fail as a duplicate). Otherwise it is registered with Dynamo, which is imported
+    for it only then, as importing it costs seconds."""
+    if _installed_as_entry_point():
+        return
+    import torch._dynamo  # deferred: it takes seconds to import and is needed only here
+    if NAME not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(backend, name=NAME)

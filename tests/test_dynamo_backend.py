@@ -1,0 +1,207 @@
+"""``torch.compile(model, backend="thunder_rs")``: Dynamo's graphs compiled by thunder_rs equal eager
+(outputs, gradients, updated buffers), through graph breaks, dynamic shapes and graphs thunder_rs
+cannot trace; the backend name works without importing thunder_rs (the entry point)."""
+
+import copy
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+from thunder_rs.dynamo import compiled_graphs, make_backend
+from test_cnn import ResNet18, images
+from test_hf_models import TOLERANCES, padded_batch, tiny_model
+from test_models import GPT, GPTConfig, random_tokens
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test starts with Dynamo's caches empty, so that it compiles its own graphs."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_by_thunder_rs() -> list:
+    """The live graphs the backend compiled and ran through thunder_rs at least once."""
+    return [g for g in compiled_graphs() if g.jitted is not None and thunder_rs.cache_misses(g.jitted) > 0]
+
+
+def assert_grads_equal(model, eager, tol=TOL) -> None:
+    for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m: f"grad of {name}: {m}")
+
+
+def test_gpt_logits_loss_and_gradients_equal_eager():
+    config = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(config, seed=0)
+    eager = copy.deepcopy(model)
+    idx, targets = random_tokens(config, batch=2, seq=8), random_tokens(config, batch=2, seq=8, seed=1)
+    logits, loss = torch.compile(model, backend="thunder_rs")(idx, targets)
+    ref_logits, ref_loss = eager(idx, targets)
+    torch.testing.assert_close((logits, loss), (ref_logits, ref_loss), **TOL)
+    loss.backward()
+    ref_loss.backward()
+    assert_grads_equal(model, eager)
+    assert compiled_by_thunder_rs()
+
+
+def test_hugging_face_llama_with_attention_mask_equals_eager():
+    model = tiny_model("llama").eval()  # eval: no dropout, whose draws Dynamo may reorder
+    eager = copy.deepcopy(model)
+    batch = padded_batch("llama", "left")
+    out = torch.compile(model, backend="thunder_rs")(**batch)
+    ref = eager(**batch)
+    tol = TOLERANCES[torch.float32]
+    torch.testing.assert_close((out.loss, out.logits), (ref.loss, ref.logits), **tol)
+    out.loss.backward()
+    ref.loss.backward()
+    assert_grads_equal(model, eager, tol)
+    assert compiled_by_thunder_rs()
+
+
+def test_cnn_train_step_equals_eager_including_running_stats():
+    torch.manual_seed(0)
+    model = ResNet18().train()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="thunder_rs")
+    for step in range(2):
+        x, target = images(step)
+        logits, ref_logits = compiled(x), eager(x)
+        torch.testing.assert_close(logits, ref_logits, **TOL)
+        F.cross_entropy(logits, target).backward()
+        F.cross_entropy(ref_logits, target).backward()
+        assert_grads_equal(model, eager)
+        for (name, b), c in zip(model.named_buffers(), eager.buffers(), strict=True):
+            torch.testing.assert_close(b, c, **TOL, msg=lambda m: f"step {step} buffer {name}: {m}")
+    assert compiled_by_thunder_rs()
+
+
+def with_breaks(x, w):
+    y = torch.tanh(x @ w)
+    scale = y.abs().max().item()  # a graph break: Dynamo runs it in Python between two graphs
+    print("between the graphs")
+    z = y / scale
+    return [z.sum(1), torch.sigmoid(z)]
+
+
+def test_graph_breaks_give_eagers_outputs_and_gradients(capsys):
+    x = torch.randn(4, 5)
+    w = torch.randn(5, 6, requires_grad=True)
+    w_ref = w.detach().clone().requires_grad_()
+    out = torch.compile(with_breaks, backend="thunder_rs")(x, w)
+    ref = with_breaks(x, w_ref)
+    assert isinstance(out, list)
+    torch.testing.assert_close(out, ref)
+    (out[0].sum() + out[1].sum()).backward()
+    (ref[0].sum() + ref[1].sum()).backward()
+    torch.testing.assert_close(w.grad, w_ref.grad)
+    assert capsys.readouterr().out.count("between the graphs") == 2
+    assert len(compiled_by_thunder_rs()) >= 2
+
+
+def test_dynamic_shapes_across_calls_equal_eager():
+    def f(x, y):
+        return (x * y).softmax(-1).reshape(x.shape[0], -1).sum(0), x.shape[0] * 2
+
+    compiled = torch.compile(f, backend="thunder_rs")
+    for n in (2, 3, 5, 7, 3):
+        x = torch.randn(n, 4, requires_grad=True)
+        y = torch.randn(n, 4)
+        out = compiled(x, y)
+        ref = f(x, y)
+        assert out[1] == ref[1]
+        torch.testing.assert_close(out[0], ref[0])
+        torch.testing.assert_close(torch.autograd.grad(out[0].sum(), x), torch.autograd.grad(ref[0].sum(), x))
+    graphs = compiled_by_thunder_rs()
+    # Dynamo marks the batch dim dynamic after the second shape: one graph takes the size as an int,
+    # and thunder_rs compiles it per shape.
+    dynamic = [g for g in graphs if any(isinstance(n.meta.get("example_value"), torch.SymInt)
+                                        for n in g.gm.graph.nodes if n.op == "placeholder")]
+    assert dynamic
+    assert max(thunder_rs.cache_misses(g.jitted) for g in dynamic) >= 2
+
+
+def test_dynamic_true_equals_eager():
+    compiled = torch.compile(lambda x: torch.cos(x).sum(0), backend="thunder_rs", dynamic=True)
+    for n in (3, 4):
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(compiled(x), torch.cos(x).sum(0))
+
+
+def test_a_graph_with_no_calls_runs_as_it_is():
+    def f(x):
+        return x, [x]
+
+    x = torch.randn(3)
+    out = torch.compile(f, backend="thunder_rs")(x)
+    assert out[0] is x or torch.equal(out[0], x)
+    torch.testing.assert_close(out[1][0], x)
+
+
+def test_an_op_without_a_decomposition_is_an_eager_fallback_in_the_graph():
+    def f(x):
+        return torch.special.i1(x.exp()).sum()
+
+    x = torch.randn(5, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    out = torch.compile(f, backend="thunder_rs")(x)
+    ref = f(x_ref)
+    torch.testing.assert_close(out, ref)
+    out.backward()
+    ref.backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    assert compiled_by_thunder_rs()
+
+
+def test_a_graph_thunder_rs_refuses_runs_eagerly_with_a_warning(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise thunder_rs.errors.ThunderNotImplementedError("refused for the test")
+
+    monkeypatch.setattr(thunder_rs.core.jit, "acquire", refuse)
+    x = torch.randn(4, requires_grad=True)
+    compiled = torch.compile(lambda x: torch.sin(x) * 2, backend="thunder_rs")
+    with pytest.warns(UserWarning, match="runs eagerly: ThunderNotImplementedError: refused for the test"):
+        out = compiled(x)
+    torch.testing.assert_close(out, torch.sin(x) * 2)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * torch.cos(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once eager, the graph stays eager without warning again
+        torch.testing.assert_close(compiled(x), torch.sin(x) * 2)
+
+
+def test_make_backend_passes_jit_options():
+    backend = make_backend(executors=["torch"], cache=2)
+    compiled = torch.compile(lambda x: torch.relu(x) + 1, backend=backend)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), torch.relu(x) + 1)
+    assert [g for g in compiled_by_thunder_rs() if g.jitted._jfn._cache_size == 2]
+
+
+def test_the_backend_name_works_without_importing_thunder_rs():
+    program = textwrap.dedent("""
+        import sys, torch
+        f = lambda x: torch.sin(x) * 2
+        x = torch.randn(3)
+        torch.testing.assert_close(torch.compile(f, backend="thunder_rs")(x), f(x))
+        assert "thunder_rs" in sys.modules  # torch imported it through the entry point
+        from thunder_rs.dynamo import compiled_graphs
+        import thunder_rs
+        assert [thunder_rs.cache_misses(g.jitted) for g in compiled_graphs()] == [1]
+        print("compiled by thunder_rs")
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "compiled by thunder_rs" in result.stdout
