@@ -18,14 +18,17 @@ from thunder_rs import prims  # noqa: E402
 from thunder_rs import torch as ltorch  # noqa: E402
 from thunder_rs.core.examine import ExamineReport, examine  # noqa: E402
 from thunder_rs.core.grad import get_grad, put_grad, register_grad  # noqa: E402
+from thunder_rs.core.logs import configure_from_env as _configure_logs, set_logs  # noqa: E402
 from thunder_rs.core.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 
 __all__ = [
-    "jit", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
+    "jit", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "set_logs", "errors",
     "prims", "ltorch", "ThunderFunction", "ThunderModule", "CompileStats", "ExamineReport",
 ]
 __version__ = "0.1.0"
+
+_configure_logs()
 
 
 def jit(fn_or_module, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):

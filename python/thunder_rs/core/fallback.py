@@ -18,8 +18,10 @@ from thunder_rs import _core
 from thunder_rs.core import autocast
 from thunder_rs.core.autocast import AutocastState
 from thunder_rs.core.dtypes import CODES
+from thunder_rs.core.logs import log_fallback
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
+from thunder_rs.core.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
 
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
@@ -236,6 +238,7 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))
     sid = symbol_id(func, effect, autocast_state, replay)
     outs = proxies(current().fallback(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
+    log_fallback(name, user_location)
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
 
 

@@ -17,8 +17,8 @@ from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, inpu
 from thunder_rs.core.entry import Entry, make_check, make_post
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modes import RecordedModes
-from thunder_rs.core.langctx import user_frame
-from thunder_rs.core.logs import checked_passes, log_dumps
+from thunder_rs.core.userframe import user_frame
+from thunder_rs.core.logs import checked_passes, log_compile, log_dumps
 from thunder_rs.core.modules import ModuleBinding, hooks_version, write_epoch
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.recorder import active_recorder
@@ -317,14 +317,19 @@ class ThunderFunction:
             for t in stage_traces:
                 key = f"{prefix}:{t.label}"
                 stats.stage_s[key] = stats.stage_s.get(key, 0.0) + t.seconds
+        log_compile(_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
             _warn_recompiles(self._fn, stats.cache_misses, reason)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 def _warn_recompiles(fn, misses: int, reason: str) -> None:
     """Warns at the user's call site: the first frame outside thunder_rs and torch."""
     frame = user_frame()
-    message = (f"thunder_rs: {getattr(fn, '__qualname__', type(fn).__name__)} recompiled {misses} times; "
+    message = (f"thunder_rs: {_name(fn)} recompiled {misses} times; "
                f"last change: {reason}")
     if frame is None:
         warnings.warn(message, stacklevel=4)

@@ -7,7 +7,6 @@ else becomes an eager fallback symbol. While a program is traced, ``LanguageMode
 calls that take no tensor at all (``torch.zeros(2, 3)``) to their ltorch symbols.
 """
 
-import os
 import sys
 
 import torch
@@ -20,6 +19,7 @@ from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.core.recorder import lift_captured
 from thunder_rs.core.autocast import cast_inputs
 from thunder_rs.core.rng import RANDOM
+from thunder_rs.core.userframe import user_frame, user_location  # noqa: F401 (re-exported)
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
@@ -54,8 +54,6 @@ _DATA_DEPENDENT = {
     _T.__bool__, _T.item, _T.tolist, _T.__int__, _T.__float__, _T.__index__, _T.__complex__,
     _T.numpy, _T.__array__, _T.data_ptr, _T.nonzero, torch.nonzero,
 }
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__))
-_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 def _property_name(func):
@@ -65,26 +63,9 @@ def _property_name(func):
     return getattr(getattr(func, "__self__", None), "__name__", None)
 
 
-def user_frame():
-    """The innermost frame outside thunder_rs and torch (None when there is none)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if not (path.startswith(("<frozen", "<thunder_rs")) or path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR)):
-            return frame
-        frame = frame.f_back
-    return None
-
-
 def is_metadata_query(func) -> bool:
     """Whether ``func`` reads a tensor's metadata (``size()``, ``.shape``), which proxies answer."""
     return func in _METADATA_METHODS or _property_name(func) in _METADATA_PROPERTIES
-
-
-def user_location() -> str:
-    """``file:line`` of the innermost frame outside thunder_rs and torch."""
-    frame = user_frame()
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
 
 
 def refuse_data_dependent(func) -> None:
