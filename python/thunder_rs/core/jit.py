@@ -15,6 +15,7 @@ from thunder_rs.core.acquire import acquire
 from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, input_names, leaf_key
 from thunder_rs.core.entry import Entry, make_check, make_post
+from thunder_rs.core.fsdp import FSDPCall
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modes import RecordedModes
 from thunder_rs.core.userframe import user_frame
@@ -355,6 +356,8 @@ class ThunderModule(torch.nn.Module):
         self._jfn = ThunderFunction(module, module=module, cache=cache, passes=passes, executors=executors)
         self._hooks_seen = -1
         self._has_hooks = False
+        #: how a module with fully_shard (FSDP2) modules is called, or None
+        self._fsdp = FSDPCall.of(module)
         present_state_dict_as_wrapped(self)
 
     def __getattr__(self, name: str):
@@ -367,11 +370,13 @@ class ThunderModule(torch.nn.Module):
             return getattr(modules[WRAPPED], name)
 
     def forward(self, *args, **kwargs):
+        if self._fsdp is not None:
+            return self._fsdp(self._jfn, args, kwargs)
         return self._jfn._call_general(args, kwargs)
 
     def __call__(self, *args, **kwargs):
         if self._hooks_seen != hooks_version():
-            self._has_hooks = any(getattr(self, s) for s in _WRAPPER_HOOKS)
+            self._has_hooks = self._fsdp is not None or any(getattr(self, s) for s in _WRAPPER_HOOKS)
             self._hooks_seen = hooks_version()
         if self._has_hooks:
             return super().__call__(*args, **kwargs)
