@@ -1,10 +1,9 @@
 """Programs the distributed tests run in each of their processes (imported by the spawned
 children, so they live at module level)."""
 
+import thunder_rs
 import torch
 import torch.distributed as dist
-
-import thunder_rs
 
 STEPS, BATCH, WIDTH = 3, 4, 8
 

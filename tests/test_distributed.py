@@ -6,13 +6,12 @@ equal a single-process eager run on the whole batches (so gradients were average
 import os
 import sys
 
+import distributed_programs as programs
 import pytest
+import thunder_rs
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-import distributed_programs as programs
-import thunder_rs
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 WORLD = 2

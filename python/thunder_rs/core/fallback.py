@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
-from thunder_rs.core import autocast
+from thunder_rs.core import autocast, problems
 from thunder_rs.core.autocast import AutocastState
 from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.logs import log_fallback
@@ -239,6 +239,7 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     sid = symbol_id(func, effect, autocast_state, replay)
     outs = proxies(current().fallback(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
     log_fallback(name, user_location)
+    problems.note(problems.FALLBACK, name)
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
 
 

@@ -18,7 +18,10 @@ import torch
 from thunder_rs.errors import ThunderNotImplementedError
 
 try:
-    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState, _get_module_fsdp_state
+    from torch.distributed.fsdp._fully_shard._fsdp_state import (
+        FSDPState,
+        _get_module_fsdp_state,
+    )
 except ImportError:  # torch built without distributed
     FSDPState = _get_module_fsdp_state = None
 

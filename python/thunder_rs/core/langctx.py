@@ -13,7 +13,8 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
-from thunder_rs.core.fallback import fallback
+from thunder_rs.core import problems
+from thunder_rs.core.fallback import fallback, qualified_name
 from thunder_rs.core.observe import thread_state
 from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.core.recorder import lift_captured
@@ -78,6 +79,16 @@ def refuse_data_dependent(func) -> None:
         )
 
 
+def _data_dependent(func):
+    """Under ``examine``: notes the read and gives a stand-in value; otherwise raises."""
+    name = getattr(func, "__name__", str(func))
+    stand_in = problems.data_dependent_stand_in(name)
+    if stand_in is not None and problems.note(problems.DATA_DEPENDENT, qualified_name(func),
+                                              f"{name} reads a traced tensor's value; examine went on with {stand_in!r}"):
+        return stand_in
+    refuse_data_dependent(func)
+
+
 def torch_function(func, args, kwargs):
     """What a torch call on proxies means. What runs meanwhile is not the program's own code, so
     its reads are not guarded (``observe``)."""
@@ -116,6 +127,8 @@ def _torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))
+        if problems.collecting():
+            return _examined(func, ltorch_fn, args, kwargs)
         return ltorch_fn(*args, **kwargs)
     prop = _property_name(func)
     if prop is not None:
@@ -132,8 +145,19 @@ def _torch_function(func, args, kwargs):
         value = VALUE_READS[func](args)
         if value is not None:
             return value
-    refuse_data_dependent(func)
+    if func in _DATA_DEPENDENT:
+        return _data_dependent(func)
     return fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
+
+
+def _examined(func, ltorch_fn, args, kwargs):
+    """Under ``examine``: a symbol that refuses its arguments is noted and recorded as an eager
+    fallback instead, when torch can compute its outputs' metadata."""
+    try:
+        return ltorch_fn(*args, **kwargs)
+    except ThunderNotImplementedError as e:
+        problems.note(problems.UNSUPPORTED, qualified_name(func), str(e))
+        return fallback(func, args, kwargs, effect=func in RANDOM)
 
 
 _functorch = torch._C._functorch

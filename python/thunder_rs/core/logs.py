@@ -51,7 +51,7 @@ class _StderrHandler(logging.StreamHandler):
 _handler = _StderrHandler()
 
 
-def set_logs(*, all: bool | int | None = None, recompiles: bool | int | None = None,  # noqa: A002
+def set_logs(*, all: bool | int | None = None, recompiles: bool | int | None = None,
              fallbacks: bool | int | None = None, passes: bool | int | None = None) -> None:
     """Turns thunder_rs's log records on or off, as ``torch._logging.set_logs`` does torch's.
 

@@ -10,12 +10,16 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__))
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
+def is_user_file(path: str) -> bool:
+    """Whether code in ``path`` is the user's: not thunder_rs's, torch's or generated."""
+    return not path.startswith(("<frozen", "<thunder_rs", _PACKAGE_DIR, _TORCH_DIR))
+
+
 def user_frame():
     """The innermost frame outside thunder_rs and torch (None when there is none)."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = frame.f_code.co_filename
-        if not (path.startswith(("<frozen", "<thunder_rs")) or path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR)):
+        if is_user_file(frame.f_code.co_filename):
             return frame
         frame = frame.f_back
     return None

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core import problems
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.langctx import MUTATING, TORCH_TO_LTORCH, VALUE_READS, set_out_handler, torch_function, user_location
 from thunder_rs.core.proxies import TensorProxy
@@ -53,6 +54,8 @@ def _leaf_check(op: str, dst) -> None:
     root = views.root_of(dst)
     if root._leaf and torch.is_grad_enabled():
         what = "a leaf Variable" if root is dst else "a view of a leaf Variable"
+        if problems.note(problems.INPLACE_LEAF, op, f"{what} that requires grad is written in place"):
+            return
         raise ThunderRuntimeError(
             f"{op}: {what} that requires grad is being used in an in-place operation. (at {user_location()})")
 
