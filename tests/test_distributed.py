@@ -93,3 +93,34 @@ def test_fsdp2_groups_and_inner_mixed_precision_are_refused(one_process):
     fully_shard(model)
     with pytest.raises(NotImplementedError, match="MixedPrecisionPolicy"):
         thunder_rs.jit(model)
+
+
+def test_fully_shard_after_jit_is_refused_naming_the_parameter(one_process):
+    from torch.distributed.fsdp import fully_shard
+
+    model = programs.make_model()
+    jm = thunder_rs.jit(model)
+    fully_shard(model)
+    with pytest.raises(NotImplementedError, match=r"parameter or buffer 0.weight is a DTensor.*fully_shard before"):
+        jm(torch.randn(2, programs.WIDTH))
+
+
+def test_fsdp2_eval_under_no_grad_after_training(one_process):
+    from torch.distributed.fsdp import fully_shard
+
+    model, eager = programs.make_model(), programs.make_model()
+    fully_shard(model[0])
+    fully_shard(model)
+    jm = thunder_rs.jit(model)
+    steps = programs.batches(1)
+    programs.train(jm, model.parameters(), steps)
+    programs.train(eager, eager.parameters(), steps)
+    x = torch.randn(5, programs.WIDTH)
+    with torch.no_grad():
+        out = jm(x)
+        torch.testing.assert_close(out, eager(x))
+    assert not out.requires_grad
+    from torch.distributed.tensor import DTensor
+
+    # The inner layer is resharded after the forward (the root, by FSDP's default, is not).
+    assert all(isinstance(p, DTensor) for p in model[0].parameters())

@@ -22,8 +22,9 @@ try:
         FSDPState,
         _get_module_fsdp_state,
     )
+    from torch.distributed.tensor import DTensor
 except ImportError:  # torch built without distributed
-    FSDPState = _get_module_fsdp_state = None
+    FSDPState = _get_module_fsdp_state = DTensor = None
 
 #: The module FSDP's forward hooks are defined in (bound ``FSDPState`` methods, or group hooks
 #: wrapping them with ``functools.wraps``).
@@ -86,6 +87,19 @@ class FSDPCall:
         for mod, state in reversed(inner):
             out = state._post_forward(mod, (), out)
         return root_state._post_forward(root, args, out)
+
+
+def refuse_dtensors(names, tensors) -> None:
+    """A ``DTensor`` parameter reaching the trace (``fully_shard`` applied after ``jit``, or a
+    tensor-parallel ``DTensor``) is refused with the parameter's name."""
+    if DTensor is None:
+        return
+    for name, t in zip(names, tensors):
+        if isinstance(t, DTensor):
+            raise ThunderNotImplementedError(
+                f"jit: parameter or buffer {name} is a DTensor; thunder_rs traces plain tensors only. For FSDP2, "
+                "apply fully_shard before thunder_rs.jit(model): its hooks then gather the parameters around the "
+                f"compiled call ({_WORKAROUND})")
 
 
 def _rebind_unsharded(jfn) -> None:
