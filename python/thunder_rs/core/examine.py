@@ -26,7 +26,8 @@ from thunder_rs.core.userframe import is_user_file
 class ExamineReport:
     #: symbol name -> calls, of the recorded trace (empty when tracing stopped)
     supported: dict = field(default_factory=dict)
-    #: torch callable name -> calls that run as eager fallbacks
+    #: fallback symbol name -> calls that run eagerly (the trace's; when tracing stopped, the torch
+    #: calls met before)
     fallbacks: dict = field(default_factory=dict)
     #: every ``Problem`` met, in order
     problems: list = field(default_factory=list)
@@ -84,9 +85,10 @@ def examine(fn, *args, **kwargs) -> ExamineReport:
             trace = None
     report.problems = found
     report.completed = trace is not None
-    report.fallbacks = dict(Counter(p.what for p in found if p.kind == P.FALLBACK))
-    if trace is not None:
-        for name, n in Counter(trace.symbol_names()).items():
-            if name.startswith(("ltorch.", "prims.")) or name in STATE_CALLS:
-                report.supported[name] = n
+    if trace is None:
+        report.fallbacks = dict(Counter(p.what for p in found if p.kind == P.FALLBACK))
+        return report
+    for name, n in Counter(trace.symbol_names()).items():
+        known = name.startswith(("ltorch.", "prims.")) or name in STATE_CALLS
+        (report.supported if known else report.fallbacks)[name] = n
     return report

@@ -238,9 +238,17 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))
     sid = symbol_id(func, effect, autocast_state, replay)
     outs = proxies(current().fallback(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
+    return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
+
+
+def user_fallback(func, args, kwargs, effect: bool = False):
+    """``fallback`` for a torch call of the user's program that thunder_rs has no symbol for (not
+    one a decomposition makes): logged on ``thunder_rs.fallbacks`` and noted for ``examine``."""
+    out = fallback(func, args, kwargs, effect)
+    name = qualified_name(func)
     log_fallback(name, user_location)
     problems.note(problems.FALLBACK, name)
-    return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
+    return out
 
 
 def record_effect(func, args: tuple, kwargs: dict, outputs: list):

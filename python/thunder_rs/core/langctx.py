@@ -14,7 +14,7 @@ from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
 from thunder_rs.core import problems
-from thunder_rs.core.fallback import fallback, qualified_name
+from thunder_rs.core.fallback import qualified_name, user_fallback
 from thunder_rs.core.observe import thread_state
 from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.core.recorder import lift_captured
@@ -147,7 +147,7 @@ def _torch_function(func, args, kwargs):
             return value
     if func in _DATA_DEPENDENT:
         return _data_dependent(func)
-    return fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
+    return user_fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
 
 
 def _examined(func, ltorch_fn, args, kwargs):
@@ -157,7 +157,7 @@ def _examined(func, ltorch_fn, args, kwargs):
         return ltorch_fn(*args, **kwargs)
     except ThunderNotImplementedError as e:
         problems.note(problems.UNSUPPORTED, qualified_name(func), str(e))
-        return fallback(func, args, kwargs, effect=func in RANDOM)
+        return user_fallback(func, args, kwargs, effect=func in RANDOM)
 
 
 _functorch = torch._C._functorch

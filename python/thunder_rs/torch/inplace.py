@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core import problems
-from thunder_rs.core.fallback import fallback
+from thunder_rs.core.fallback import fallback, user_fallback
 from thunder_rs.core.langctx import MUTATING, TORCH_TO_LTORCH, VALUE_READS, set_out_handler, torch_function, user_location
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.rng import is_random
@@ -145,7 +145,7 @@ def _in_place(fn, name: str, outplace):
     symbol = IN_PLACE_SAMPLERS.get(fn) or TORCH_TO_LTORCH.get(outplace)
 
     def in_place(a, *args, **kwargs):
-        value = symbol(a, *args, **kwargs) if symbol is not None else fallback(on_copy(fn), (a, *args), kwargs,
+        value = symbol(a, *args, **kwargs) if symbol is not None else user_fallback(on_copy(fn), (a, *args), kwargs,
                                                                                effect=is_random(fn))
         return assign(a, value, name)
 
@@ -220,7 +220,7 @@ def _inplace_argument(fn, index: int):
         else:
             kwargs = dict(kwargs)
             inplace = kwargs.pop("inplace", False)
-        value = symbol(*args, **kwargs) if symbol is not None else fallback(fn, args, kwargs, effect=is_random(fn))
+        value = symbol(*args, **kwargs) if symbol is not None else user_fallback(fn, args, kwargs, effect=is_random(fn))
         if not inplace:
             return value
         return assign(args[0] if args else kwargs["input"], value, name)
