@@ -21,6 +21,7 @@ from thunder_rs.core.examine import ExamineReport, examine  # noqa: E402
 from thunder_rs.core.grad import get_grad, put_grad, register_grad  # noqa: E402
 from thunder_rs.core.front import check_options, reset  # noqa: E402
 from thunder_rs.core.compile_module import compile_module  # noqa: E402
+from thunder_rs.core.logs import configure_from_env as _configure_logs, set_logs  # noqa: E402
 from thunder_rs.core.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvfuser_on_cuda  # noqa: E402
@@ -28,10 +29,12 @@ from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvf
 _use_nvfuser_on_cuda()
 
 __all__ = [
-    "jit", "reset", "compile_module", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "errors",
+    "jit", "reset", "compile_module", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "set_logs", "errors",
     "prims", "ltorch", "ThunderFunction", "ThunderModule", "CompileStats", "ExamineReport",
 ]
 __version__ = "0.1.0"
+
+_configure_logs()
 
 
 _P = _ParamSpec("_P")

@@ -10,6 +10,7 @@ from torch.utils._pytree import tree_unflatten
 from thunder_rs import _core
 from thunder_rs.core.effects import PrintCall, attribute_writes, recording_prints, stop_recording_prints
 from thunder_rs.core.escapes import check_no_escape
+from thunder_rs.core.fsdp import refuse_dtensors
 from thunder_rs.core.langctx import LanguageMode
 from thunder_rs.core.modules import ModuleBinding
 from thunder_rs.core.modules import attribute_writes as module_writes
@@ -90,6 +91,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding):
         leaves[i] = input_proxy(rec, flat_inputs[i])
     pairs, params, slots = [], [], []
     if binding is not None:
+        refuse_dtensors(binding.qualified, binding.tensors())
         params = [input_proxy(rec, t) for t in binding.tensors()]
         fn, pairs = binding.clone(params)
         slots = [(o.__dict__[s], n, c.__dict__[s], v) for c, o in pairs for s in ("_parameters", "_buffers")

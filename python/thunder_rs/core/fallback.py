@@ -15,11 +15,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
-from thunder_rs.core import autocast
+from thunder_rs.core import autocast, problems
 from thunder_rs.core.autocast import AutocastState
 from thunder_rs.core.dtypes import CODES
+from thunder_rs.core.logs import log_fallback
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
+from thunder_rs.core.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
 
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
@@ -237,6 +239,16 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     sid = symbol_id(func, effect, autocast_state, replay)
     outs = proxies(current().fallback(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
+
+
+def user_fallback(func, args, kwargs, effect: bool = False):
+    """``fallback`` for a torch call of the user's program that thunder_rs has no symbol for (not
+    one a decomposition makes): logged on ``thunder_rs.fallbacks`` and noted for ``examine``."""
+    out = fallback(func, args, kwargs, effect)
+    name = qualified_name(func)
+    log_fallback(name, user_location)
+    problems.note(problems.FALLBACK, name)
+    return out
 
 
 def record_effect(func, args: tuple, kwargs: dict, outputs: list):

@@ -17,10 +17,11 @@ from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, input_names, leaf_key
 from thunder_rs.core.entry import Entry, make_check, make_post
 from thunder_rs.core.front import live_functions
+from thunder_rs.core.fsdp import FSDPCall
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modes import RecordedModes
-from thunder_rs.core.langctx import user_frame
-from thunder_rs.core.logs import checked_passes, log_dumps
+from thunder_rs.core.userframe import user_frame
+from thunder_rs.core.logs import checked_passes, log_compile, log_dumps
 from thunder_rs.core.modules import ModuleBinding, hooks_version, write_epoch
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.recorder import active_recorder
@@ -329,14 +330,19 @@ class ThunderFunction:
             for t in stage_traces:
                 key = f"{prefix}:{t.label}"
                 stats.stage_s[key] = stats.stage_s.get(key, 0.0) + t.seconds
+        log_compile(_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
             _warn_recompiles(self._fn, stats.cache_misses, reason)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 def _warn_recompiles(fn, misses: int, reason: str) -> None:
     """Warns at the user's call site: the first frame outside thunder_rs and torch."""
     frame = user_frame()
-    message = (f"thunder_rs: {getattr(fn, '__qualname__', type(fn).__name__)} recompiled {misses} times; "
+    message = (f"thunder_rs: {_name(fn)} recompiled {misses} times; "
                f"last change: {reason}")
     if frame is None:
         warnings.warn(message, stacklevel=4)
@@ -362,6 +368,8 @@ class ThunderModule(torch.nn.Module):
         self._jfn = ThunderFunction(module, module=module, cache=cache, passes=passes, executors=executors)
         self._hooks_seen = -1
         self._has_hooks = False
+        #: how a module with fully_shard (FSDP2) modules is called, or None
+        self._fsdp = FSDPCall.of(module)
         present_state_dict_as_wrapped(self)
 
     def __getattr__(self, name: str):
@@ -374,11 +382,13 @@ class ThunderModule(torch.nn.Module):
             return getattr(modules[WRAPPED], name)
 
     def forward(self, *args, **kwargs):
+        if self._fsdp is not None:
+            return self._fsdp(self._jfn, args, kwargs)
         return self._jfn._call_general(args, kwargs)
 
     def __call__(self, *args, **kwargs):
         if self._hooks_seen != hooks_version():
-            self._has_hooks = any(getattr(self, s) for s in _WRAPPER_HOOKS)
+            self._has_hooks = self._fsdp is not None or any(getattr(self, s) for s in _WRAPPER_HOOKS)
             self._hooks_seen = hooks_version()
         if self._has_hooks:
             return super().__call__(*args, **kwargs)

@@ -7,19 +7,20 @@ else becomes an eager fallback symbol. While a program is traced, ``LanguageMode
 calls that take no tensor at all (``torch.zeros(2, 3)``) to their ltorch symbols.
 """
 
-import os
 import sys
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
-from thunder_rs.core.fallback import fallback
+from thunder_rs.core import problems
+from thunder_rs.core.fallback import qualified_name, user_fallback
 from thunder_rs.core.observe import thread_state
 from thunder_rs.core.proxies import TensorProxy, set_language_context
 from thunder_rs.core.recorder import lift_captured
 from thunder_rs.core.autocast import cast_inputs
 from thunder_rs.core.rng import RANDOM
+from thunder_rs.core.userframe import user_frame, user_location  # noqa: F401 (re-exported)
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
@@ -54,8 +55,6 @@ _DATA_DEPENDENT = {
     _T.__bool__, _T.item, _T.tolist, _T.__int__, _T.__float__, _T.__index__, _T.__complex__,
     _T.numpy, _T.__array__, _T.data_ptr, _T.nonzero, torch.nonzero,
 }
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__))
-_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 def _property_name(func):
@@ -65,26 +64,9 @@ def _property_name(func):
     return getattr(getattr(func, "__self__", None), "__name__", None)
 
 
-def user_frame():
-    """The innermost frame outside thunder_rs and torch (None when there is none)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if not (path.startswith(("<frozen", "<thunder_rs")) or path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR)):
-            return frame
-        frame = frame.f_back
-    return None
-
-
 def is_metadata_query(func) -> bool:
     """Whether ``func`` reads a tensor's metadata (``size()``, ``.shape``), which proxies answer."""
     return func in _METADATA_METHODS or _property_name(func) in _METADATA_PROPERTIES
-
-
-def user_location() -> str:
-    """``file:line`` of the innermost frame outside thunder_rs and torch."""
-    frame = user_frame()
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
 
 
 def refuse_data_dependent(func) -> None:
@@ -95,6 +77,16 @@ def refuse_data_dependent(func) -> None:
             f"{name}: data-dependent control flow or value access on a traced tensor at "
             f"{user_location()}; thunder_rs specialises on shapes, not values"
         )
+
+
+def _data_dependent(func):
+    """Under ``examine``: notes the read and gives a stand-in value; otherwise raises."""
+    name = getattr(func, "__name__", str(func))
+    stand_in = problems.data_dependent_stand_in(name)
+    if stand_in is not None and problems.note(problems.DATA_DEPENDENT, qualified_name(func),
+                                              f"{name} reads a traced tensor's value; examine went on with {stand_in!r}"):
+        return stand_in
+    refuse_data_dependent(func)
 
 
 def torch_function(func, args, kwargs):
@@ -135,6 +127,8 @@ def _torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))
+        if problems.collecting():
+            return _examined(func, ltorch_fn, args, kwargs)
         return ltorch_fn(*args, **kwargs)
     prop = _property_name(func)
     if prop is not None:
@@ -151,8 +145,19 @@ def _torch_function(func, args, kwargs):
         value = VALUE_READS[func](args)
         if value is not None:
             return value
-    refuse_data_dependent(func)
-    return fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
+    if func in _DATA_DEPENDENT:
+        return _data_dependent(func)
+    return user_fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
+
+
+def _examined(func, ltorch_fn, args, kwargs):
+    """Under ``examine``: a symbol that refuses its arguments is noted and recorded as an eager
+    fallback instead, when torch can compute its outputs' metadata."""
+    try:
+        return ltorch_fn(*args, **kwargs)
+    except ThunderNotImplementedError as e:
+        problems.note(problems.UNSUPPORTED, qualified_name(func), str(e))
+        return user_fallback(func, args, kwargs, effect=func in RANDOM)
 
 
 _functorch = torch._C._functorch

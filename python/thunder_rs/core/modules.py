@@ -19,6 +19,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
+from thunder_rs.core.fsdp import without_fsdp_hooks
 from thunder_rs.core.guards import MISSING
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -129,11 +130,30 @@ class ModuleBinding:
             copy.__dict__.update(mod.__dict__)
             copy.__dict__["_parameters"] = _rebound(mod._parameters, proxies, self._index_of)
             copy.__dict__["_buffers"] = _rebound(mod._buffers, proxies, self._index_of)
+            _hide_fsdp_hooks(copy)
             clones[id(mod)] = copy
         for mod in self.modules:
             subs = mod._modules
             clones[id(mod)].__dict__["_modules"] = type(subs)((n, clones[id(s)] if s is not None else None) for n, s in subs.items())
         return clones[id(self.root)], [(clones[id(m)], m) for m in self.modules]
+
+
+#: The clone's forward hook stores that leave FSDP's hooks out: those run eagerly (``core.fsdp``).
+_HIDDEN_HOOKS = "_thunder_rs_hidden_hooks"
+_FORWARD_HOOK_STORES = ("_forward_pre_hooks", "_forward_hooks")
+
+
+def _hide_fsdp_hooks(clone) -> None:
+    hidden = []
+    for name in _FORWARD_HOOK_STORES:
+        store = clone.__dict__.get(name)
+        if store:
+            kept = without_fsdp_hooks(store)
+            if kept is not store:
+                clone.__dict__[name] = kept
+                hidden.append(name)
+    if hidden:
+        clone.__dict__[_HIDDEN_HOOKS] = (_HIDDEN_HOOKS, *hidden)
 
 
 def _rebound(store: dict, proxies: list, index_of: dict) -> dict:
@@ -148,8 +168,9 @@ def attribute_writes(pairs: list) -> list:
     originals = {id(c): o for c, o in pairs}
     for clone, original in pairs:
         now, before = clone.__dict__, original.__dict__
+        hidden = now.get(_HIDDEN_HOOKS, ())
         for name, value in now.items():
-            if name in ("_parameters", "_buffers", "_modules"):
+            if name in ("_parameters", "_buffers", "_modules") or name in hidden:
                 continue
             if before.get(name, MISSING) is not value:
                 writes.append((original, name, _original_of(value, originals)))

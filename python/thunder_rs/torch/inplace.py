@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs.core.fallback import fallback
+from thunder_rs.core import problems
+from thunder_rs.core.fallback import fallback, user_fallback
 from thunder_rs.core.langctx import MUTATING, TORCH_TO_LTORCH, VALUE_READS, set_out_handler, torch_function, user_location
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.rng import is_random
@@ -53,6 +54,8 @@ def _leaf_check(op: str, dst) -> None:
     root = views.root_of(dst)
     if root._leaf and torch.is_grad_enabled():
         what = "a leaf Variable" if root is dst else "a view of a leaf Variable"
+        if problems.note(problems.INPLACE_LEAF, op, f"{what} that requires grad is written in place"):
+            return
         raise ThunderRuntimeError(
             f"{op}: {what} that requires grad is being used in an in-place operation. (at {user_location()})")
 
@@ -142,7 +145,7 @@ def _in_place(fn, name: str, outplace):
     symbol = IN_PLACE_SAMPLERS.get(fn) or TORCH_TO_LTORCH.get(outplace)
 
     def in_place(a, *args, **kwargs):
-        value = symbol(a, *args, **kwargs) if symbol is not None else fallback(on_copy(fn), (a, *args), kwargs,
+        value = symbol(a, *args, **kwargs) if symbol is not None else user_fallback(on_copy(fn), (a, *args), kwargs,
                                                                                effect=is_random(fn))
         return assign(a, value, name)
 
@@ -217,7 +220,7 @@ def _inplace_argument(fn, index: int):
         else:
             kwargs = dict(kwargs)
             inplace = kwargs.pop("inplace", False)
-        value = symbol(*args, **kwargs) if symbol is not None else fallback(fn, args, kwargs, effect=is_random(fn))
+        value = symbol(*args, **kwargs) if symbol is not None else user_fallback(fn, args, kwargs, effect=is_random(fn))
         if not inplace:
             return value
         return assign(args[0] if args else kwargs["input"], value, name)
