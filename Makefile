@@ -1,5 +1,5 @@
 # Every target sets up what it needs on a fresh machine: a virtual environment with torch,
-# numpy, pytest and maturin (through uv, whose cache makes later set-ups fast), then the Rust
+# numpy, pytest, maturin and the linters (through uv, whose cache makes later set-ups fast), then the Rust
 # extension built in release mode and installed in editable mode.
 
 VENV    ?= .venv
@@ -8,23 +8,55 @@ DEPS    := $(VENV)/.deps-installed
 # Real models the tests run against eager (tiny configs, nothing downloaded); expecttest for
 # torch's own operator database (benchmarks/op_coverage.py).
 TEST_DEPS := "transformers>=4.55" torchvision expecttest
+# Linters, bounded to a minor release so that a new release's checks do not fail a clean tree.
+LINT_DEPS := "ruff>=0.17,<0.18" "mypy>=2.4,<2.5"
+# zig links the release wheel against glibc 2.28 whatever the build machine's glibc (tested: 0.17.1).
+WHEEL_DEPS := "ziglang>=0.13,<0.18"
+RUST_TOOLS := $(VENV)/.rust-tools-installed
+WHEEL_TOOLS := $(VENV)/.wheel-deps-installed
+# The release wheel: the tag of torch's own Linux wheels (RHEL 8, Ubuntu 20.04 and later).
+WHEEL_DIR ?= dist
+MANYLINUX := manylinux_2_28
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all build test test-rust test-python demo bench bench-passes clean gpu-wheels
+.PHONY: all build wheel lint test test-rust test-python demo bench bench-passes clean gpu-wheels
 
 all: build
 
 $(PY):
 	python3 -m venv $(VENV)
 
-$(DEPS): $(PY) pyproject.toml
+$(DEPS): $(PY) pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade uv
-	$(VENV)/bin/uv pip install --python $(PY) "torch>=2.9" numpy pytest "maturin>=1.5,<2" $(TEST_DEPS)
+	$(VENV)/bin/uv pip install --python $(PY) "torch>=2.9" numpy pytest "maturin>=1.9,<2" $(TEST_DEPS) $(LINT_DEPS)
 	touch $(DEPS)
+
+# clippy and rustfmt, where the toolchain comes from rustup (a distribution's cargo ships them).
+$(RUST_TOOLS): $(PY)
+	if command -v rustup >/dev/null; then rustup component add clippy rustfmt; fi
+	touch $(RUST_TOOLS)
+
+$(WHEEL_TOOLS): $(DEPS)
+	$(VENV)/bin/uv pip install --python $(PY) $(WHEEL_DEPS)
+	touch $(WHEEL_TOOLS)
 
 build: $(DEPS)
 	$(VENV)/bin/maturin develop --release --uv -q
+
+# Its own target directory, so that the zig-linked build and `make build`'s do not rebuild each other.
+wheel: $(WHEEL_TOOLS)
+	$(VENV)/bin/maturin build --release --compatibility $(MANYLINUX) --zig --auditwheel check \
+		--target-dir target/$(MANYLINUX) --out $(WHEEL_DIR)
+
+# Static checks. stubtest imports the built extension; its config skips following imports (it
+# compares names and signatures only, so torch's types add minutes and nothing checked).
+lint: build $(RUST_TOOLS)
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check .
+	$(PY) -m mypy.stubtest thunder_rs._core --mypy-config-file .ci/stubtest.ini
+	$(VENV)/bin/mypy -p thunder_rs
 
 test-rust:
 	cargo test --workspace --exclude thunder_rs_py
@@ -32,7 +64,7 @@ test-rust:
 test-python: build
 	$(PY) -m pytest -q
 
-test: build test-rust test-python
+test: build lint test-rust test-python
 
 demo: build
 	$(PY) examples/demo.py

@@ -1,8 +1,14 @@
 """Type stubs of the Rust extension ``thunder_rs._core`` (hand-written; keep in sync)."""
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, final
 
 import torch
+
+# The extension's own __all__ (PyO3 lists what the module adds).
+__all__ = [
+    "Recorder", "Trace", "ExecutorTable", "CallObserver", "configure", "compile", "prim_table",
+    "registered_passes", "register_symbol", "dtype_names",
+]
 
 def configure(proxy: type, dtype: type, device: type, dtype_codes: dict[torch.dtype, int]) -> None: ...
 def compile(
@@ -18,6 +24,7 @@ def registered_passes() -> list[str]: ...
 def register_symbol(name: str, fallback: bool = False, effect: bool = False) -> int: ...
 def dtype_names() -> list[str]: ...
 
+@final
 class Trace:
     """An immutable trace; ``str()`` prints it (execution traces print their Python source)."""
 
@@ -42,16 +49,22 @@ class Trace:
         """Each fusion region's ``(inputs, calls, outputs)``, composites decomposed to prims,
         values named as strings (``t12``)."""
 
+@final
 class ExecutorTable:
-    def __init__(
-        self,
-        executors: Sequence[tuple[str, bool, Sequence[tuple[int | str, str, bool, str | None, str | None]], bool]],
-    ) -> None: ...
+    """The executors' tables in priority order: ``(name, is_fusion, [(symbol, impl_name, has_checker,
+    method, inplace), ...], fuses_decompositions)`` per executor, ``symbol`` a prim name or a
+    registered symbol id."""
 
+    def __new__(
+        cls,
+        executors: Sequence[tuple[str, bool, Sequence[tuple[int | str, str, bool, str | None, str | None]], bool]],
+    ) -> ExecutorTable: ...
+
+@final
 class Recorder:
     """Records one trace during acquisition."""
 
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Recorder: ...
     def tensor_input(self, dtype: int, device: str, shape: Sequence[int], requires_grad: bool) -> int: ...
     def number_input(self, value: Any) -> int: ...
     def prim(self, name: str, args: tuple, grad_enabled: bool) -> list[tuple[int, tuple[int, ...], int, str, bool]]: ...
@@ -69,13 +82,14 @@ class Recorder:
     def consts(self) -> list[Any]: ...
     def finish(self, outputs: Any) -> Trace: ...
 
+@final
 class CallObserver:
     """A C-level profile hook: ``classify(code)`` once per code object, then ``on_call(frame)`` and
     ``on_return(frame)`` for frames of code objects it marked interesting."""
 
-    def __init__(
-        self, classify: Callable[[Any], bool], on_call: Callable[[Any], None], on_return: Callable[[Any], None]
-    ) -> None: ...
+    def __new__(
+        cls, classify: Callable[[Any], bool], on_call: Callable[[Any], None], on_return: Callable[[Any], None]
+    ) -> CallObserver: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def pause(self) -> None: ...

@@ -4,7 +4,6 @@ PReLU, RReLU in evaluation, softsign, softmin; their inplace=True and in-place f
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from functools import partial
 
 import torch
 import torch.nn.functional as F

@@ -18,7 +18,6 @@ from .core import (
     OpInfo,
     SampleInput,
     chain_errors,
-    chain_samples,
     cpu,
     make,
     strided,

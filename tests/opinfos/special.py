@@ -13,7 +13,6 @@ import torch
 from .core import ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, SampleInput, cpu, make, strided, transposed, with_kwargs
 from .elementwise import (
     MINMAX,
-    NO_SCALARS,
     SPECIAL,
     Binary,
     binary_samples,

@@ -82,7 +82,7 @@ pub fn to_arg(obj: &Bound<'_, PyAny>, types: &Types, consts: &mut Vec<Py<PyAny>>
         let mut part = |name: &str| -> PyResult<Arg> { to_arg(&s.getattr(name)?, types, consts) };
         return Ok(Arg::Slice(Box::new([part("start")?, part("stop")?, part("step")?])));
     }
-    if obj.is(&py.Ellipsis()) {
+    if obj.is(py.Ellipsis()) {
         return Ok(Arg::Ellipsis);
     }
     if obj.is_instance(types.dtype.bind(py))? {

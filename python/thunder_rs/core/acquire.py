@@ -143,7 +143,8 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
     parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
     captured tensors come last."""
-    rec, made = _core.Recorder(), []
+    rec = _core.Recorder()
+    made: list = []
     captures = Captures(rec)
     out, observer, writes, prints, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())

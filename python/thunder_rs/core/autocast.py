@@ -112,7 +112,7 @@ def _runs_unlisted(op: str, device_type: str, args) -> bool:
 
 
 def _policies(**lists) -> dict[str, str]:
-    table = {}
+    table: dict[str, str] = {}
     for policy, names in lists.items():
         table.update((name, policy) for name in names.split())
     return table

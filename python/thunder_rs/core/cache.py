@@ -2,6 +2,7 @@
 
 import inspect
 import types
+from typing import cast
 
 import torch
 from torch.utils import _pytree as pytree
@@ -106,11 +107,12 @@ def input_names(fn, flat, spec) -> list[str]:
     params = _parameters(fn)
     names = []
     for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
-        if getattr(path[0], "idx", 1) == 0:
-            i = path[1].idx
+        entry = path[1]  # the positional argument's index under args, or the keyword's under kwargs
+        if isinstance(entry, pytree.SequenceKey):
+            i = entry.idx
             base = params[i] if i < len(params) else f"args[{i}]"
         else:
-            base = str(path[1].key)
+            base = str(cast(pytree.MappingKey, entry).key)
         names.append(base + pytree.keystr(path[2:]))
     return names
 

@@ -65,7 +65,9 @@ def result_type(*operands) -> torch.dtype:
     Tiers in order: dimensioned tensors, 0-dim tensors, numbers. A later tier changes the result
     only when its category (bool < int < float < complex) is higher.
     """
-    dims, zeros, numbers = [], [], []
+    dims: list[torch.dtype] = []
+    zeros: list[torch.dtype] = []
+    numbers: list[type] = []
     for x in operands:
         if isinstance(x, torch.Tensor):
             (dims if x.ndim > 0 else zeros).append(x.dtype)

@@ -75,7 +75,7 @@ def make_check(entry: Entry, guards: Guards):
         return per_call is None or per_call(flat)
 
     entry.epoch = write_epoch[0]
-    present = ()
+    present: tuple = ()
     if hooked is not None:
         entry.hooks, entry.hooks_id = hook_snapshot(hooked), hooks_version()
         present = hook_stores_in_use(hooked)

@@ -257,7 +257,7 @@ class Guard:
             scope[f"i{index}"] = self.items
             return f"((v := {read}) is e{index} and _same_items(v, i{index}))"
         t = type(expected)
-        if t in (int, str, bytes) or (t is float and math.isfinite(expected) and expected != 0.0):
+        if t in (int, str, bytes) or (t is float and isinstance(expected, float) and math.isfinite(expected) and expected != 0.0):
             return f"(type(v := {read}) is {t.__name__} and v == {expected!r})"
         scope[f"e{index}"] = self.frozen
         return f"(_simple(v := {read}) and _freeze(v) == e{index})"

@@ -230,6 +230,7 @@ class ThunderFunction:
         a layer recompiles), with the module's train/eval mode."""
         if write_epoch[0] != self._epoch:
             self._check_binding()
+        assert self._binding is not None  # _check_binding made it (the epoch starts unset)
         return list(starmap(getitem, self._binding.unique))
 
     def _check_binding(self) -> None:
@@ -281,6 +282,7 @@ class ThunderFunction:
         jitted module's (a hook added to any of them later is traced in on the next call)."""
         modules = list(acquired.modules_called)
         if self._module is not None:
+            assert self._binding is not None  # a module is bound on its first call
             modules.extend(self._binding.modules)
         return modules or None
 

@@ -89,7 +89,9 @@ class ModuleBinding:
         self.root = root
         self.modules = list(root.modules())
         self.names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
-        unique, index_of, qualified = [], {}, []
+        unique: list[tuple[dict, str]] = []
+        index_of: dict[int, int] = {}
+        qualified: list[str] = []
         for mod in self.modules:
             prefix = self.names[id(mod)]
             for store in (mod._parameters, mod._buffers):

@@ -133,7 +133,7 @@ def _build(node, outputs, inputs, built: dict):
     elif node.kind == "dict":
         obj = node.cls((k, _build(p, outputs, inputs, built)) for k, p in parts)
     else:
-        obj = node.cls.__new__(node.cls)
+        obj = node.cls.__new__(node.cls)  # type: ignore[call-overload]  # mypy takes it for type.__new__
         obj.__dict__.update((k, _build(p, outputs, inputs, built)) for k, p in parts)
     built[id(node)] = obj
     return obj

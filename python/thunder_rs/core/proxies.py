@@ -22,6 +22,9 @@ def set_language_context(torch_function) -> None:
 
 class TensorProxy(torch.Tensor):
     _vid: int
+    _shape: torch.Size
+    _dtype: torch.dtype
+    _device: torch.device
     # Functionalisation state (``thunder_rs.torch.views``, ``thunder_rs.core.writeback``); class
     # defaults, so that proxies no in-place op touches carry nothing.
     #: for a view: its ``ViewLink`` (root proxy, steps from the root, eager strides)
@@ -29,11 +32,11 @@ class TensorProxy(torch.Tensor):
     #: for a root that views were taken of: weak references to them
     _views = None
     #: for a trace input: the value id it had when made (it differs once the input is written)
-    _input_vid = None
+    _input_vid: int | None = None
     #: for a trace input standing for a leaf tensor that requires grad (in-place is an error)
     _leaf = False
     #: for a trace input whose tensor is not contiguous: its strides (views follow eager's)
-    _strides = None
+    _strides: tuple[int, ...] | None = None
 
     @staticmethod
     def __new__(cls, vid: int, shape, dtype: torch.dtype, device: torch.device, requires_grad: bool):

@@ -7,6 +7,7 @@ acquisition runs a program, so recording is explicit and re-entrant.
 import contextlib
 import contextvars
 import threading
+from typing import Any, Callable
 
 import torch
 
@@ -184,7 +185,7 @@ def output_vids(out) -> list[int]:
 
 
 #: symbol id -> the grad rule registered for it (``thunder_rs.register_grad``).
-GRAD_RULES: dict[int, object] = {}
+GRAD_RULES: dict[int, Callable[..., Any]] = {}
 
 
 class _RulesRunning(threading.local):

@@ -109,7 +109,7 @@ STATE_CALLS: set[str] = set()
 
 
 def _install(modules) -> None:
-    originals = {}
+    originals: dict[int, object] = {}
     for module in modules:
         for name in (*_SETTERS.split(), *_GETTERS.split()):
             current_fn = getattr(module, name, None)

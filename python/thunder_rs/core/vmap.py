@@ -38,9 +38,14 @@ class BatchedProxy(TensorProxy):
     """A traced value inside ``vmap``: logical metadata, and ``physical`` with ``levels`` leading
     level dims."""
 
+    physical: torch.Tensor
+    levels: int
+
     def __new__(cls, physical: torch.Tensor, levels: int):
         logical = tuple(physical.shape[levels:])
-        proxy = TensorProxy.__new__(cls, None, logical, physical.dtype, physical.device, physical.requires_grad)
+        # No trace value stands for a batched proxy (its ops are recorded on ``physical``).
+        proxy = TensorProxy.__new__(cls, None, logical,  # type: ignore[arg-type]
+                                     physical.dtype, physical.device, physical.requires_grad)
         proxy.physical = physical
         proxy.levels = levels
         return proxy

@@ -71,12 +71,12 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
     if not written and not reassigned:
         return None, out
     leaves = [out] if out_kind == "single" else list(out)
-    extra = []
+    extra: list = []
     copies = []
     for k, p in written:
         copies.append((k, len(leaves) + len(extra), bool(p.requires_grad) and not p._leaf))
         extra.append(p)
-    slots = []
+    slots: list = []
     for d, n, v in reassigned:
         if v is not None and not isinstance(v, TensorProxy):
             raise ThunderNotImplementedError(

@@ -10,7 +10,7 @@ Python only for entries with a checker.
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from thunder_rs import _core
 from thunder_rs.core.fallback import qualified_name
@@ -195,7 +195,7 @@ def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: 
     """Registers an executor for torch ops by name: ``{"torch.nn.functional.gelu": (impl_name, checker, impl)}``."""
     from thunder_rs.torch import SYMBOLS
 
-    by_name = {}
+    by_name: dict[str, Any] = {}
     for sym in SYMBOLS:
         for fn in sym.torch_fns:
             by_name.setdefault(qualified_name(fn), sym)

@@ -98,7 +98,7 @@ def _number_key(value):
 def layout(args) -> tuple:
     """What a compiled region is specialised on: each tensor input's dtype, device, shape,
     strides and lazy negation or conjugation bit, and each other input's value."""
-    key = []
+    key: list = []
     for a in args:
         if isinstance(a, _Tensor):
             key += (a.dtype, a.device, a.shape, a.stride(), a.is_neg() or a.is_conj())

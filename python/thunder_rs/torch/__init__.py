@@ -7,10 +7,18 @@ arguments of that torch callable.
 """
 
 import functools
+from typing import TYPE_CHECKING
 
 from thunder_rs import _core
 from thunder_rs.core.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH
 from thunder_rs.core.recorder import record_composite
+
+if TYPE_CHECKING:
+    # ``ltorch.<name>`` is set from the registry at import (``_export_symbols``), which type
+    # checkers cannot follow.
+    # Unannotated on purpose: an annotated return type is left unanalyzed by mypy inside the
+    # ltorch import cycle (python/mypy#5345), whereas an unannotated one is plain Any.
+    def __getattr__(name): ...
 
 #: Every ltorch symbol, in registration order.
 SYMBOLS: list = []
@@ -84,6 +92,7 @@ def _export_symbols() -> None:
 
 
 _export_symbols()
+
 from thunder_rs.torch.linalg_opaque import *  # noqa: E402,F401,F403
 from thunder_rs.torch.creation_extra import *  # noqa: E402,F401,F403
 from thunder_rs.torch.products import *  # noqa: E402,F401,F403

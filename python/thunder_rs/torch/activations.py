@@ -16,7 +16,7 @@ from thunder_rs.core.rng import is_random
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
 from thunder_rs.torch.elementwise import abs as abs_, neg, sub, tanh, true_divide
-from thunder_rs.torch.nn import _float_op, _require_float, leaky_relu, sigmoid, tensor_softmax
+from thunder_rs.torch.nn import _float_op, _require_float, sigmoid, tensor_softmax
 from thunder_rs.torch.random import rrelu
 
 T = torch.Tensor

@@ -77,4 +77,5 @@ def _set_requires_grad(a, requires_grad):
 
 TORCH_TO_LTORCH[torch.Tensor.requires_grad_] = requires_grad_
 # Assigning a tensor property calls its descriptor's ``__set__`` through ``__torch_function__``.
-TORCH_TO_LTORCH[torch._C.TensorBase.requires_grad.__set__] = _set_requires_grad
+# (On the class, ``requires_grad`` is that descriptor; the stubs type the instance attribute.)
+TORCH_TO_LTORCH[torch._C.TensorBase.requires_grad.__set__] = _set_requires_grad  # type: ignore[attr-defined]

@@ -111,7 +111,8 @@ def _triangle_indices(op: str, row, col, offset, dtype, device, layout, lower: b
     check(dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8), op, lambda: (
         f"\"{op.removeprefix('ltorch.')}\" not implemented for '{str(dtype).removeprefix('torch.').capitalize()}' "
         "(argument dtype)"), ThunderNotImplementedError)
-    rows, cols = [], []
+    rows: list[int] = []
+    cols: list[int] = []
     for r in range(row):
         lo, hi = (0, min(col, max(r + offset + 1, 0))) if lower else (min(col, max(r + offset, 0)), col)
         rows += [r] * (hi - lo)

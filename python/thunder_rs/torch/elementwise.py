@@ -1,5 +1,7 @@
 """Elementwise ops: unary math, binary arithmetic and comparisons, where, clamp, masked_fill."""
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from thunder_rs import clang, prims
@@ -64,6 +66,12 @@ for _name, _kind in prims.DERIVED["Unary"].items():
 for _name, _kind in prims.DERIVED["Binary"].items():
     globals()[_name] = _define_binary(_name, _kind, *_OPERATORS.get(_name, ((), ())))
     __all__.append(_name)
+
+if TYPE_CHECKING:
+    # The symbols above are made from the prim table at import, which type checkers cannot follow.
+    # Unannotated on purpose: an annotated return type is left unanalyzed by mypy inside the
+    # ltorch import cycle (python/mypy#5345), whereas an unannotated one is plain Any.
+    def __getattr__(name): ...
 
 
 @torchsymbol(torch.round, T.round)

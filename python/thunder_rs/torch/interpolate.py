@@ -39,8 +39,9 @@ def _check_mode(op: str, input, mode: str, align_corners, antialias) -> None:
           "nearest | linear | bilinear | bicubic | trilinear | area | nearest-exact (argument input)",
           ThunderNotImplementedError)
     wanted = _LINEAR_MODES.get(mode)
-    check(wanted is None or wanted == input.ndim - 2, op, lambda: f"Got {input.ndim}D input, but {mode} mode needs "
-          f"{wanted + 2}D input (argument mode)", ThunderNotImplementedError)
+    needed = None if wanted is None else wanted + 2
+    check(needed is None or needed == input.ndim, op, lambda: f"Got {input.ndim}D input, but {mode} mode needs "
+          f"{needed}D input (argument mode)", ThunderNotImplementedError)
     floats_only = mode not in ("nearest", "nearest-exact")
     ok = input.dtype.is_floating_point or (not floats_only and input.dtype == torch.uint8)
     check(ok, op, lambda: f"{mode} interpolation is not implemented for {input.dtype} (argument input)",

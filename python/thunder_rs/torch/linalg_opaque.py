@@ -11,6 +11,8 @@ In the trace an opaque symbol has no subsymbols, so no pass looks inside it; its
 metadata are what eager's kernels return (int32 pivots and infos included).
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
@@ -205,3 +207,9 @@ OPAQUE = (
 
 globals().update({name: opaque(name, *fns, meta=meta, integers_rejected=ints) for name, fns, meta, ints in OPAQUE})
 __all__ = [row[0] for row in OPAQUE]
+
+if TYPE_CHECKING:
+    # The symbols above are made from ``OPAQUE`` at import, which type checkers cannot follow.
+    # Unannotated on purpose: an annotated return type is left unanalyzed by mypy inside the
+    # ltorch import cycle (python/mypy#5345), whereas an unannotated one is plain Any.
+    def __getattr__(name): ...

@@ -349,7 +349,7 @@ def adaptive_sizes(op: str, input, n: int, output_size) -> tuple[int, ...]:
     """The output's spatial sizes; None keeps the input's size along that dim."""
     check(n > 1 or output_size is not None, op, "output_size must be an int or a tuple of one int, not None "
           "(argument output_size)", ThunderTypeError)
-    sizes = (output_size,) * n if output_size is None or isinstance(output_size, int) else tuple(output_size)
+    sizes: tuple = (output_size,) * n if output_size is None or isinstance(output_size, int) else tuple(output_size)
     check(len(sizes) in (1, n), op, f"output_size must be {n} ints, got {output_size} (argument output_size)",
           ThunderRuntimeError)
     sizes = sizes * n if len(sizes) == 1 else sizes

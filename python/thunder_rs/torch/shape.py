@@ -373,11 +373,11 @@ def _cat(op: str, tensors, dim):
         check(bad is None, op, lambda: (
             f"Sizes of tensors must match except in dimension {d}. Expected size {first.shape[bad]} but got size "
             f"{x.shape[bad]} for tensor number {i} in the list. (argument tensors)"), ThunderRuntimeError)
-    kept = [x for _, x in kept]
-    devices = {str(x.device) for x in kept}
+    kept_tensors = [x for _, x in kept]
+    devices = {str(x.device) for x in kept_tensors}
     check(len(devices) == 1, op, f"Expected all tensors to be on the same device, but found {sorted(devices)} (argument tensors)",
           ThunderRuntimeError)
-    return prims.cat([clang.maybe_convert(x, dtype) for x in kept], d)
+    return prims.cat([clang.maybe_convert(x, dtype) for x in kept_tensors], d)
 
 
 @torchsymbol(torch.cat, torch.concat)

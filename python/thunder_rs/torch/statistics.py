@@ -9,6 +9,7 @@ boundary, which takes memory proportional to both sizes.
 """
 
 import math
+from typing import Any, Callable
 
 import torch
 
@@ -118,8 +119,8 @@ def _define_median(name: str, position, return_type):
     return median_
 
 
-median = _define_median("median", _median_position, torch.return_types.median)
-nanmedian = _define_median("nanmedian", _nanmedian_position, torch.return_types.nanmedian)
+median: Callable[..., Any] = _define_median("median", _median_position, torch.return_types.median)
+nanmedian: Callable[..., Any] = _define_median("nanmedian", _nanmedian_position, torch.return_types.nanmedian)
 
 
 # -- quantiles -------------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ _INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
 def _quantile_q(op: str, input, q):
     """``q`` as a tensor of ``input``'s dtype (eager makes a number one) and whether it was 0-d."""
     if isinstance(q, TensorProxy):
-        check(q.ndim <= 1, op, f"quantile() q must be a scalar or 1D tensor (argument q)", ThunderRuntimeError)
+        check(q.ndim <= 1, op, "quantile() q must be a scalar or 1D tensor (argument q)", ThunderRuntimeError)
         check(q.dtype == input.dtype, op, "quantile() q tensor must be same dtype as the input tensor (argument q)",
               ThunderRuntimeError)
         return q, q.ndim == 0
@@ -231,7 +232,7 @@ def histc(input, bins=100, min=0, max=0, *, out=None):
           ThunderNotImplementedError)
     check(isinstance(bins, int) and bins > 0, op, f"bins must be > 0, but got {bins} for dimension 0 (argument bins)",
           ThunderRuntimeError)
-    check(not min > max, op, f"max must be larger than min (argument max)", ThunderRuntimeError)
+    check(not min > max, op, "max must be larger than min (argument max)", ThunderRuntimeError)
     flat = ltorch.reshape(input, (-1,))
     if min == max and flat.numel() > 0:
         low, high = ltorch.amin(flat), ltorch.amax(flat)

@@ -656,8 +656,8 @@ def _register() -> None:
     _rewrap(TORCH_TO_LTORCH, diagonal, opaque(diagonal, diagonal_scatter, _diagonal_strides))
     take = TORCH_TO_LTORCH.get(torch.Tensor.detach, stop_gradient)
     detach = _detach_with(take)
-    for fn in (torch.Tensor.detach, torch.detach):
-        TORCH_TO_LTORCH[fn] = detach
+    for detach_fn in (torch.Tensor.detach, torch.detach):
+        TORCH_TO_LTORCH[detach_fn] = detach
     PROPERTY_TO_LTORCH["data"] = detach
     for fn in _FALLBACK_VIEWS:
         if fn not in TORCH_TO_LTORCH:
