@@ -34,14 +34,12 @@ pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>
         let reusable = |v: ValueId| {
             fresh[v.index()] && dels[i].contains(&v) && reads(bsym, v) == 1 && same_meta(trace, v, bsym.outputs[0])
         };
-        let receiver = match bsym.args.first() {
-            Some(Arg::Value(v)) => reusable(*v),
-            _ => false,
-        };
-        if !receiver && !(commutative(bsym) && matches!(bsym.args[1], Arg::Value(v) if reusable(v))) {
+        let receiver = matches!(bsym.args.first(), Some(Arg::Value(v)) if reusable(*v));
+        let commuted = !receiver && commutative(bsym) && matches!(bsym.args[1], Arg::Value(v) if reusable(v));
+        if !receiver && !commuted {
             continue;
         }
-        if !receiver {
+        if commuted {
             bsym.args.swap(0, 1);
         }
         impls[i] = Callee { function: impls[i].function.clone(), method: Some(method), inplace: None };

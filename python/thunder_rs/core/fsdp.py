@@ -24,7 +24,7 @@ try:
     )
     from torch.distributed.tensor import DTensor
 except ImportError:  # torch built without distributed
-    FSDPState = _get_module_fsdp_state = DTensor = None
+    FSDPState = _get_module_fsdp_state = DTensor = None  # type: ignore[misc,assignment]  # None marks "no FSDP"
 
 #: The module FSDP's forward hooks are defined in (bound ``FSDPState`` methods, or group hooks
 #: wrapping them with ``functools.wraps``).

@@ -191,7 +191,7 @@ def _settings() -> tuple[str, ...]:
 
     matmul = torch.backends.cuda.matmul
     deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                     torch.utils.deterministic.fill_uninitialized_memory)
+                     getattr(torch.utils.deterministic, "fill_uninitialized_memory", None))
     precision = (getattr(matmul, "fp32_precision", None), matmul.allow_tf32,
                  matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction)
     return (f"inductor config {config.get_hash().hex()} {torch._functorch.config.get_hash().hex()}",
@@ -254,7 +254,7 @@ def _describe(value, depth: int) -> str | None:
     if isinstance(value, functools.partial):
         parts = [_describe(value.func, depth + 1), *(_describe(a, depth + 1) for a in value.args),
                  *(_describe(v, depth + 1) for v in value.keywords.values())]
-        return None if None in parts else f"partial({', '.join(parts)}, {sorted(value.keywords)})"
+        return None if None in parts else f"partial({', '.join(map(str, parts))}, {sorted(value.keywords)})"
     if not isinstance(value, types.FunctionType) or depth > 4:
         return None
     module = (value.__module__ or "").split(".")[0]
@@ -264,4 +264,4 @@ def _describe(value, depth: int) -> str | None:
         hashlib.sha256(marshal.dumps(value.__code__)).hexdigest()
     held = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values(), *_cells(value)]
     parts = [_describe(v, depth + 1) for v in held]
-    return None if None in parts else f"{head}({', '.join(parts)})"
+    return None if None in parts else f"{head}({', '.join(map(str, parts))})"

@@ -29,6 +29,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -156,7 +157,7 @@ def _float_scan(a, dim) -> bool:
 
 
 #: Checks beyond the device and dtypes, by prim: what nvFuser's op requires or computes differently.
-EXTRA_CHECKS = {
+EXTRA_CHECKS: dict[str, Callable[..., bool]] = {
     "pad": _plain_pad, "var": _integral_correction, "var_mean": _integral_correction,
     "take": _take_index, "take_along_axis": _same_but_dim, "gather": _int64_index,
     "cumsum": _float_scan, "cumprod": _float_scan,
@@ -257,7 +258,7 @@ def define(module, region: Region, args):
 def layout(args) -> tuple:
     """What a definition is specialised on: each tensor's dtype, shape, strides and lazy
     negation bit, each number's type."""
-    key = []
+    key: list = []
     for a in args:
         if isinstance(a, torch.Tensor):
             key += (a.dtype, a.shape, a.stride(), a.is_neg())
