@@ -123,6 +123,48 @@ def test_a_fresh_dataclass_config_each_call():
     assert thunder_rs.cache_misses(jf) == 3
 
 
+class WithClassScale:
+    scale = 2.0  # a class-level default an instance may shadow
+
+
+class MoreScaled(WithClassScale):
+    pass
+
+
+def test_class_attributes_read_through_an_instance_are_guarded():
+    """``obj.scale`` found on the class: shadowing it on the instance, rebinding it on the class
+    or on a subclass changes what eager reads, so each recompiles."""
+    def f(x, obj):
+        return x * obj.scale
+
+    jf, x = thunder_rs.jit(f), torch.ones(3)
+    obj = MoreScaled()
+    for change in (lambda: None, lambda: setattr(obj, "scale", 4.0), lambda: delattr(obj, "scale"),
+                   lambda: setattr(WithClassScale, "scale", 8.0), lambda: setattr(MoreScaled, "scale", 16.0)):
+        change()
+        torch.testing.assert_close(jf(x, obj), f(x, obj))
+    del MoreScaled.scale
+    WithClassScale.scale = 2.0
+    torch.testing.assert_close(jf(x, obj), f(x, obj))
+
+
+def test_a_module_class_attribute_shadowed_or_rebound_is_seen():
+    class Model(nn.Module):
+        scale = 2.0
+
+        def forward(self, x):
+            return x * self.scale
+
+    model = Model()
+    jm, x = thunder_rs.jit(model), torch.randn(2, 3)
+    torch.testing.assert_close(jm(x), model(x))
+    model.scale = 3.0  # an instance attribute now shadows the class's
+    torch.testing.assert_close(jm(x), model(x))
+    del model.scale
+    Model.scale = 5.0
+    torch.testing.assert_close(jm(x), model(x))
+
+
 def test_a_mutated_config_object_inside_a_module():
     class Model(nn.Module):
         def __init__(self, config):

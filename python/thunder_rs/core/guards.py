@@ -163,6 +163,42 @@ class CellSource(FixedSource):
         return f"closure variable {self.label!r}"
 
 
+@dataclass(eq=False)
+class ClassSource(FixedSource):
+    """What an instance of ``cls`` without its own attribute finds on its class, through the MRO
+    (``class Config: scale = 2.0``): a class-level constant, which a program reading
+    ``config.scale`` depends on as much as on an instance attribute."""
+
+    cls: type
+
+    def fixed(self):
+        return _ClassView(self.cls)
+
+    @property
+    def key(self):
+        return ("class", id(self.cls))
+
+    def describe(self, name):
+        return f"class attribute {name!r} of {self.cls.__qualname__}"
+
+
+class _ClassView:
+    """A class's attributes as a mapping, looked up through its MRO as attribute reads do (a
+    subclass or a base rebinding the name changes what the instance reads)."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls):
+        self.cls = cls
+
+    def get(self, name, default):
+        for klass in self.cls.__mro__:
+            value = vars(klass).get(name, MISSING)
+            if value is not MISSING:
+                return value
+        return default
+
+
 class _CellView:
     __slots__ = ("cell",)
 

@@ -25,7 +25,7 @@ import warnings
 import torch
 
 from thunder_rs import _core
-from thunder_rs.core.guards import (MISSING, CellSource, GlobalsSource, Guard, InputSource, ModuleSource,
+from thunder_rs.core.guards import (MISSING, CellSource, ClassSource, GlobalsSource, Guard, InputSource, ModuleSource,
                                     ModuleStoreSource, ObjectSource, StructureGuard, is_simple)
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.state import ProgramState
@@ -45,6 +45,8 @@ _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k i
 #: Attributes of a bare ``nn.Module`` (parameter/buffer/submodule stores, hooks, ``training`` is
 #: not among them): the module's structure and hooks have guards of their own.
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
+#: Where a module keeps its submodules, parameters and buffers (read through ``__getattr__``).
+_MODULE_STORES = ("_modules", "_parameters", "_buffers")
 #: Code and types: guarded by identity, never followed as state objects.
 _CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
                types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)
@@ -269,12 +271,14 @@ class Observer:
         if isinstance(obj, torch.nn.Module):
             if attr in _MODULE_INTERNALS:
                 return MISSING
-            if attr not in mapping:
+            if any(attr in mapping.get(store, ()) for store in _MODULE_STORES):
                 return self._module_store_read(obj, mapping, attr, origin)
         source = self._attr_source(obj)
+        if source is None:
+            return MISSING
         value = mapping.get(attr, MISSING)
-        if source is None or value is MISSING:
-            return MISSING  # a class attribute, property or method: its own code is observed
+        if value is MISSING:
+            return self._class_attribute(obj, source, attr, origin)
         if isinstance(obj, torch.nn.Module):
             if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
                 return MISSING  # the program set it earlier in this call (a write replayed after each call)
@@ -282,11 +286,25 @@ class Observer:
         self.state.read(obj, attr, origin, self._guards)
         return self._keep(source, attr, value, origin, guard=False)
 
+    def _class_attribute(self, obj, source, attr: str, origin: str):
+        """``obj.attr`` where ``obj`` has no attribute of its own by that name: guards that it
+        still has none and what its class holds (``class Config: scale = 2.0``; setting
+        ``config.scale`` or ``Config.scale`` later changes what the program reads). Methods,
+        properties and other descriptors give MISSING: their own code is observed."""
+        if isinstance(obj, torch.nn.Module):
+            self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
+        else:
+            self.state.read(obj, attr, origin, self._guards)
+        value = ClassSource(type(obj)).fixed().get(attr, MISSING)
+        if value is MISSING or hasattr(type(value), "__get__"):
+            return MISSING
+        return self._keep(ClassSource(type(obj)), attr, value, origin)
+
     def _module_store_read(self, module, mapping, attr, origin):
         """``module.attr`` for a submodule, parameter or buffer: followed (a submodule) and, for a
         module the program does not own (a global model a function calls), guarded by identity.
         The jitted module's own stores are guarded by its binding."""
-        for store in ("_modules", "_parameters", "_buffers"):
+        for store in _MODULE_STORES:
             value = mapping.get(store, {}).get(attr, MISSING)
             if value is MISSING:
                 continue
