@@ -20,7 +20,7 @@ $(PY):
 
 $(DEPS): $(PY) pyproject.toml
 	$(PY) -m pip install -q --upgrade uv
-	$(VENV)/bin/uv pip install --python $(PY) "torch>=2.9" numpy pytest "maturin>=1.5,<2" $(TEST_DEPS)
+	$(VENV)/bin/uv pip install --python $(PY) "torch>=2.9" "optree>=0.13" numpy pytest "maturin>=1.5,<2" $(TEST_DEPS)
 	touch $(DEPS)
 
 build: $(DEPS)
