@@ -29,7 +29,7 @@ $(PY):
 
 $(DEPS): $(PY) pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade uv
-	$(VENV)/bin/uv pip install --python $(PY) "torch>=2.9" numpy pytest "maturin>=1.9,<2" $(TEST_DEPS) $(LINT_DEPS)
+	$(VENV)/bin/uv pip install --python $(PY) "torch>=2.9" "optree>=0.13" numpy pytest "maturin>=1.9,<2" $(TEST_DEPS) $(LINT_DEPS)
 	touch $(DEPS)
 
 # clippy and rustfmt, where the toolchain comes from rustup (a distribution's cargo ships them).

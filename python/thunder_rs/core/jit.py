@@ -14,6 +14,7 @@ from torch.utils._pytree import tree_flatten
 from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
 from thunder_rs.core.autograd import grad_function
+from thunder_rs.core.callflat import compile_spec, flatten_call
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, input_names, leaf_key
 from thunder_rs.core.entry import Entry, make_check, make_post
 from thunder_rs.core.front import live_functions
@@ -201,7 +202,7 @@ class ThunderFunction:
     def _call_general(self, args, kwargs):
         if active_recorder() is not None:
             return self._fn(*args, **kwargs)  # called by a program being traced: part of its trace
-        flat, spec = tree_flatten((args, kwargs))
+        flat, spec = flatten_call(args, kwargs)
         state = None
         if self._module is not None:
             params = self._module_tensors()
@@ -209,7 +210,10 @@ class ThunderFunction:
         key = (global_key(state), tuple(map(leaf_key, flat)), spec)
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(flat)):
-            entry = self._miss(flat, spec, key)
+            torch_spec = compile_spec(args, kwargs, flat)
+            if torch_spec is None:  # a node type optree does not know: torch's pytree from now on
+                return self._call_general(args, kwargs)
+            entry = self._miss(flat, torch_spec, key)
             if self._module is not None:
                 params = self._module_tensors()
         else:

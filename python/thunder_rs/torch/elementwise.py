@@ -6,6 +6,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, INT_TO_FLOAT
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.vmap import batch_as_elementwise
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
@@ -150,7 +151,7 @@ def floor_divide(a, b):
     return _floor_div(a, b, "ltorch.floor_divide")
 
 
-@torchsymbol(torch.where, T.where)
+@torchsymbol(torch.where)
 def where(condition, input, other):
     op = "ltorch.where"
     check(isinstance(condition, torch.Tensor) and condition.dtype == torch.bool, op,
@@ -164,6 +165,15 @@ def where(condition, input, other):
     if not any(isinstance(x, torch.Tensor) for x in args):
         args[0] = clang.expand_to(prims.full((), args[0], condition.device, compute), shape)
     return prims.where(clang.expand_to(condition, shape), *args)
+
+
+def _where_method(self, condition, other):
+    """``Tensor.where(condition, other)``: the receiver is the values taken where ``condition``
+    holds, ``torch.where(condition, self, other)``, not the condition."""
+    return where(condition, self, other)
+
+
+TORCH_TO_LTORCH[T.where] = _where_method
 
 
 @torchsymbol(torch.masked_fill, T.masked_fill)
@@ -200,3 +210,4 @@ def clamp_max(a, max):
 
 # torch.vmap over traced tensors batches every op of this family by broadcasting.
 batch_as_elementwise(*(fn for symbol in list(globals().values()) for fn in getattr(symbol, "torch_fns", ())))
+batch_as_elementwise(T.where)  # registered apart from the where symbol (its receiver binds differently)
