@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 try:
     from torch.utils import _cxx_pytree as cxx_pytree
 except ImportError:  # optree missing: torch's pure-Python pytree only
-    cxx_pytree = None
+    cxx_pytree = None  # type: ignore[assignment]  # None marks "no optree"
 
 _fast = [cxx_pytree is not None]
 

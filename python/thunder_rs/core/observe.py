@@ -291,13 +291,13 @@ class Observer:
         still has none and what its class holds (``class Config: scale = 2.0``; setting
         ``config.scale`` or ``Config.scale`` later changes what the program reads). Methods,
         properties and other descriptors give MISSING: their own code is observed."""
+        value = ClassSource(type(obj)).fixed().get(attr, MISSING)
+        if value is MISSING or hasattr(type(value), "__get__"):
+            return MISSING
         if isinstance(obj, torch.nn.Module):
             self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
         else:
             self.state.read(obj, attr, origin, self._guards)
-        value = ClassSource(type(obj)).fixed().get(attr, MISSING)
-        if value is MISSING or hasattr(type(value), "__get__"):
-            return MISSING
         return self._keep(ClassSource(type(obj)), attr, value, origin)
 
     def _module_store_read(self, module, mapping, attr, origin):
