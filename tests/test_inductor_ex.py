@@ -556,3 +556,19 @@ def test_op_grad_through_inductor_matches_eager(op, index):
         pytest.skip("eager's own gradient is not finite here")
     actual = test_ops.grads(op, sample, thunder_rs.jit(_in_a_region(op.op), executors=["inductor"]))
     test_ops.assert_same(actual, expected, op.tolerance(torch.float64), sample)
+
+
+@pytest.mark.inductor
+def test_reset_forgets_the_compiled_regions_of_the_process():
+    x = torch.randn(8, 8)
+
+    def fn(a):
+        return (a.sin() * 2 + 1).exp().tanh()
+
+    jf = thunder_rs.jit(fn, executors=["inductor"])
+    torch.testing.assert_close(jf(x), fn(x))
+    assert inductor_ex._compiled
+    thunder_rs.reset()
+    assert not inductor_ex._compiled
+    torch.testing.assert_close(jf(x), fn(x))
+    assert inductor_ex._compiled and thunder_rs.cache_misses(jf) == 2

@@ -9,6 +9,9 @@ from thunder_rs.errors import ThunderTypeError
 JIT_OPTIONS = ("cache", "passes", "executors")
 #: Every live ``ThunderFunction`` (a module's included), so that ``reset`` reaches them all.
 live_functions: "weakref.WeakSet" = weakref.WeakSet()
+#: Process-wide caches of compiled code outside the jits (an executor's compiled regions), cleared
+#: by ``reset``: each module that keeps one registers its clearing function when imported.
+process_caches: list = []
 
 
 def check_options(options: dict) -> None:
@@ -19,8 +22,11 @@ def check_options(options: dict) -> None:
 
 
 def reset() -> None:
-    """Clears the compile cache of every live jitted function and module: each compiles again at
-    its next call."""
+    """Clears the compile cache of every live jitted function and module, and the executors'
+    process-wide caches (the Inductor executor's compiled regions; on-disk caches are kept): each
+    compiles again at its next call."""
+    for clear in process_caches:
+        clear()
     for jfn in list(live_functions):
         with jfn._lock:
             jfn._clear("thunder_rs.reset() cleared the cache")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from thunder_rs import prims
+from thunder_rs.core.front import process_caches
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors import inductor_cache
 from thunder_rs.executors.extend import FusionExecutor, Region, _bump, register_named_executor
@@ -80,6 +81,9 @@ def clear_compiled() -> None:
     call of every region compiles again."""
     with _lock:
         _compiled.clear()
+
+
+process_caches.append(clear_compiled)
 
 
 # -- input layouts ---------------------------------------------------------------------------------
