@@ -37,16 +37,6 @@ pub fn configure(
         .map_err(|_| PyRuntimeError::new_err("thunder_rs._core.configure was called twice"))
 }
 
-impl Types {
-    pub fn dtype_codes<'py>(&self, py: Python<'py>) -> &Bound<'py, PyDict> {
-        self.dtype_codes.bind(py)
-    }
-
-    pub fn device<'py>(&self, py: Python<'py>) -> &Bound<'py, PyType> {
-        self.device.bind(py)
-    }
-}
-
 pub fn types(py: Python<'_>) -> PyResult<&Types> {
     TYPES.get(py).ok_or_else(|| PyRuntimeError::new_err("thunder_rs._core.configure was not called"))
 }
@@ -134,11 +124,7 @@ pub fn from_arg<'py>(
     make_proxy: &Bound<'py, PyAny>,
     consts: &Bound<'py, PyList>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let types = types(py)?;
-    let seq = |items: &[Arg]| -> PyResult<Vec<Bound<'py, PyAny>>> {
-        items.iter().map(|a| from_arg(py, a, trace, make_proxy, consts)).collect()
-    };
-    Ok(match arg {
+    to_py(py, arg, &mut |leaf| match leaf {
         Arg::Value(v) => match trace.value(*v) {
             ValueKind::Tensor(t) => make_proxy.call1((
                 v.0,
@@ -146,9 +132,26 @@ pub fn from_arg<'py>(
                 t.dtype.code(),
                 t.device.to_string(),
                 t.requires_grad,
-            ))?,
-            ValueKind::Number(n) => from_arg(py, &Arg::Scalar(*n), trace, make_proxy, consts)?,
+            )),
+            ValueKind::Number(n) => from_arg(py, &Arg::Scalar(*n), trace, make_proxy, consts),
         },
+        Arg::PyConst(i) => consts.get_item(*i as usize),
+        other => Err(PyTypeError::new_err(format!("not a leaf argument: {other:?}"))),
+    })
+}
+
+/// An argument as Python data; `leaf` converts the values and Python constants in it (`Arg::Value`
+/// and `Arg::PyConst`), which only the caller knows how to show.
+pub fn to_py<'py>(
+    py: Python<'py>,
+    arg: &Arg,
+    leaf: &mut dyn FnMut(&Arg) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let types = types(py)?;
+    let mut seq =
+        |items: &[Arg]| -> PyResult<Vec<Bound<'py, PyAny>>> { items.iter().map(|a| to_py(py, a, leaf)).collect() };
+    Ok(match arg {
+        Arg::Value(_) | Arg::PyConst(_) => leaf(arg)?,
         Arg::Scalar(Scalar::Bool(b)) => PyBool::new(py, *b).to_owned().into_any(),
         Arg::Scalar(Scalar::Int(i)) => i.into_pyobject(py)?.into_any(),
         Arg::Scalar(Scalar::Float(x)) => x.into_pyobject(py)?.into_any(),
@@ -164,6 +167,5 @@ pub fn from_arg<'py>(
         Arg::Tuple(items) => PyTuple::new(py, seq(items)?)?.into_any(),
         Arg::List(items) => PyList::new(py, seq(items)?)?.into_any(),
         Arg::Slice(parts) => py.get_type::<PySlice>().call1(PyTuple::new(py, seq(&parts[..])?)?)?,
-        Arg::PyConst(i) => consts.get_item(*i as usize)?,
     })
 }

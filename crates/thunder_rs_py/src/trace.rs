@@ -2,11 +2,9 @@
 
 use passes::Plan;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PySlice, PyString, PyTuple};
+use pyo3::types::{PyString, PyTuple};
 use std::sync::{Arc, OnceLock};
-use trace_ir::{Arg, Scalar, Trace};
-
-use crate::convert::types;
+use trace_ir::{Arg, Trace};
 
 #[pyclass(frozen, module = "thunder_rs._core", name = "Trace")]
 pub struct PyTrace {
@@ -185,29 +183,15 @@ impl PyTrace {
     }
 }
 
-/// An argument as Python data, values by name (`t12`).
+/// An argument as Python data, values by name (`t12`). Prims take no Python objects; a symbol
+/// without decomposition may, but it is never translated: its constants show as their names.
 fn named_arg<'py>(py: Python<'py>, arg: &Arg) -> PyResult<Bound<'py, PyAny>> {
-    let seq = |items: &[Arg]| items.iter().map(|a| named_arg(py, a)).collect::<PyResult<Vec<_>>>();
-    Ok(match arg {
-        Arg::Value(v) => PyString::new(py, &v.to_string()).into_any(),
-        Arg::Scalar(Scalar::Bool(b)) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
-        Arg::Scalar(Scalar::Int(i)) => i.into_pyobject(py)?.into_any(),
-        Arg::Scalar(Scalar::Float(x)) => x.into_pyobject(py)?.into_any(),
-        Arg::None => py.None().into_bound(py),
-        Arg::Ellipsis => py.Ellipsis().into_bound(py),
-        Arg::Str(s) => PyString::new(py, s).into_any(),
-        Arg::DType(d) => {
-            let codes = types(py)?.dtype_codes(py);
-            let found = codes.iter().find(|(_, code)| code.extract::<u8>().ok() == Some(d.code()));
-            found
-                .map(|(dtype, _)| dtype)
-                .ok_or_else(|| pyo3::exceptions::PyTypeError::new_err(format!("unknown dtype {d}")))?
-        }
-        Arg::Device(d) => types(py)?.device(py).call1((d.to_string(),))?,
-        Arg::Tuple(items) => PyTuple::new(py, seq(items)?)?.into_any(),
-        Arg::List(items) => PyList::new(py, seq(items)?)?.into_any(),
-        Arg::Slice(parts) => py.get_type::<PySlice>().call1(PyTuple::new(py, seq(&parts[..])?)?)?,
-        // Prims take no Python objects; a symbol without decomposition may: it is never translated.
-        Arg::PyConst(i) => PyString::new(py, &format!("_c{i}")).into_any(),
+    crate::convert::to_py(py, arg, &mut |leaf| {
+        let name = match leaf {
+            Arg::Value(v) => v.to_string(),
+            Arg::PyConst(i) => format!("_c{i}"),
+            other => return Err(pyo3::exceptions::PyTypeError::new_err(format!("not a leaf argument: {other:?}"))),
+        };
+        Ok(PyString::new(py, &name).into_any())
     })
 }
