@@ -8,7 +8,7 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.core import dtypes
-from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, ThunderValueError, check
+from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 
 Number = (bool, int, float)
 
@@ -76,6 +76,8 @@ DEFAULT, INT_TO_FLOAT, ALWAYS_BOOL, COMPLEX_TO_FLOAT, NUMBER_TO_INT = range(5)
 def promote(op: str, operands, kind=DEFAULT) -> tuple[torch.dtype, torch.dtype]:
     """(computation dtype, result dtype) of an elementwise op over ``operands``."""
     result = dtypes.result_type(*operands)
+    check(result in dtypes.CODES, op, lambda: f"the operands promote to {result}, a dtype thunder_rs does not support "
+          f"(operands: {_dtypes_of(operands)})", ThunderNotImplementedError)
     compute = result
     if kind == INT_TO_FLOAT and not dtypes.is_inexact(result):
         compute = result = torch.get_default_dtype()
@@ -84,6 +86,10 @@ def promote(op: str, operands, kind=DEFAULT) -> tuple[torch.dtype, torch.dtype]:
     elif kind == COMPLEX_TO_FLOAT and dtypes.is_complex(result):
         result = torch.float32 if result == torch.complex64 else torch.float64
     return compute, result
+
+
+def _dtypes_of(operands) -> str:
+    return ", ".join(str(x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__ for x in operands)
 
 
 def _device_of(op, operands):

@@ -1,5 +1,9 @@
 """Dtype codes shared with Rust, and torch's type-promotion rules for the decompositions."""
 
+import functools
+import warnings
+from typing import cast
+
 import torch
 
 from thunder_rs import _core
@@ -40,16 +44,11 @@ def category(d) -> int:
     return 3
 
 
-def _complex_of(d: torch.dtype) -> torch.dtype:
-    return torch.complex128 if d == torch.float64 else torch.complex64
-
-
-def _number_dtype(kind: type, result: torch.dtype | None) -> torch.dtype:
-    """The dtype a Python number of ``kind`` promotes to next to tensors of ``result``."""
-    default = torch.get_default_dtype()
+def _number_dtype(kind: type) -> torch.dtype:
+    """The dtype a Python number of ``kind`` has among other numbers (torch's wrapped numbers)."""
     if kind is complex:
-        return _complex_of(result if result in _FLOAT else default)
-    return {bool: torch.bool, int: torch.int64, float: default}[kind]
+        return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+    return {bool: torch.bool, int: torch.int64, float: torch.get_default_dtype()}[kind]
 
 
 def _promote(dtypes):
@@ -59,11 +58,35 @@ def _promote(dtypes):
     return out
 
 
-def result_type(*operands) -> torch.dtype:
-    """``torch.result_type`` over tensors (or proxies) and Python numbers.
+@functools.cache
+def _combine(dim: torch.dtype | None, zero: torch.dtype | None, number: type | None,
+             default: torch.dtype) -> torch.dtype:
+    """Torch's own combination of the three tiers (``default`` keys the cache: numbers depend on it).
 
-    Tiers in order: dimensioned tensors, 0-dim tensors, numbers. A later tier changes the result
-    only when its category (bool < int < float < complex) is higher.
+    ``torch.result_type`` of one tensor and one number or 0-dim tensor applies exactly the rule
+    ``result_type`` needs between two tiers, so thunder_rs keeps no promotion table of its own.
+    """
+    if dim is None and zero is None:
+        return _number_dtype(cast(type, number))
+    if zero is not None and number is not None:
+        zero, number = torch.result_type(_scalar_tensor(zero), number(1)), None
+    if dim is None or (zero is None and number is None):
+        return cast(torch.dtype, dim or zero)
+    lower = _scalar_tensor(zero) if zero is not None else cast(type, number)(1)
+    return torch.result_type(torch.empty((1,), dtype=dim, device="meta"), lower)
+
+
+def _scalar_tensor(dtype: torch.dtype) -> torch.Tensor:
+    with warnings.catch_warnings():  # torch warns that complex32 is experimental
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.empty((), dtype=dtype, device="meta")
+
+
+def result_type(*operands) -> torch.dtype:
+    """``torch.result_type`` over any number of tensors (or proxies) and Python numbers.
+
+    Tiers in order: dimensioned tensors, 0-dim tensors, numbers; within a tier dtypes promote as
+    ``torch.promote_types``, and torch itself combines the tiers (``_combine``).
     """
     dims: list[torch.dtype] = []
     zeros: list[torch.dtype] = []
@@ -73,17 +96,13 @@ def result_type(*operands) -> torch.dtype:
             (dims if x.ndim > 0 else zeros).append(x.dtype)
         elif isinstance(x, (bool, int, float, complex)):
             numbers.append(type(x))
-    result = _promote(dims) if dims else None
-    if zeros:
-        top = max(category(d) for d in zeros)
-        if result is None:
-            result = _promote(zeros)
-        elif top > category(result):
-            result = _promote([d for d in zeros if category(d) == top])
-    if numbers:
-        kind = max(numbers, key=category)
-        if result is None:
-            result = _promote([_number_dtype(k, None) for k in numbers])
-        elif category(kind) > category(result):
-            result = _number_dtype(kind, result)
-    return result if result is not None else torch.get_default_dtype()
+    if not (dims or zeros or numbers):
+        return torch.get_default_dtype()
+    number = _promote_kinds(numbers) if numbers else None
+    return _combine(_promote(dims) if dims else None, _promote(zeros) if zeros else None, number,
+                    torch.get_default_dtype())
+
+
+def _promote_kinds(kinds: list[type]) -> type:
+    """The kind of Python number several numbers promote to (bool < int < float < complex)."""
+    return max(kinds, key=category)
