@@ -572,3 +572,23 @@ def test_reset_forgets_the_compiled_regions_of_the_process():
     assert not inductor_ex._compiled
     torch.testing.assert_close(jf(x), fn(x))
     assert inductor_ex._compiled and thunder_rs.cache_misses(jf) == 2
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("dims", [2, 3])
+def test_avg_pool_gradient_with_overhanging_ceil_mode_windows_equals_eager(dims, one_thread):
+    """Inductor's avg_pool backward divides windows that ceil_mode lets overhang by the whole
+    kernel (pytorch/pytorch#198119); that backward stays with the torch executor."""
+    pool = torch.nn.functional.avg_pool2d if dims == 2 else torch.nn.functional.avg_pool3d
+
+    def fn(x):
+        return pool(x * 2.0, 3, 2, 0, True).exp()
+
+    x = torch.randn(2, 3, *(9, 8, 7)[:dims], dtype=torch.float64, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    out, ref = thunder_rs.jit(fn, executors=["inductor"])(x), fn(xe)
+    cotangent = torch.randn_like(ref)
+    out.backward(cotangent)
+    ref.backward(cotangent)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x.grad, xe.grad)

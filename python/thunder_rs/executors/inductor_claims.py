@@ -88,12 +88,22 @@ def _no_mask(a, key) -> bool:
     return not any(isinstance(e, torch.Tensor) and e.dtype in (torch.bool, torch.uint8) for e in entries)
 
 
+def _avg_pool_backward_divisor_exact(grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                     divisor_override=None) -> bool:
+    """Inductor's avg_pool backward divides a window that ``ceil_mode`` lets overhang the input by
+    the whole kernel size where eager divides by the clipped window when ``count_include_pad``
+    (pytorch/pytorch#198119, open in torch 2.15): those stay eager."""
+    return not (ceil_mode and count_include_pad and divisor_override is None)
+
+
 CHECKERS = {
     **{name: _floating for name in ("div", "fmod", "remainder")},
     **{f"ltorch.{name}": _floating for name in ("floor_divide", "fmod", "remainder", "rremainder")},
     "ltorch.div": _true_or_floating_division,
     "ltorch.to": _same_device,
     "ltorch.getitem": _no_mask,
+    "ltorch.avg_pool2d_backward": _avg_pool_backward_divisor_exact,
+    "ltorch.avg_pool3d_backward": _avg_pool_backward_divisor_exact,
 }
 
 
