@@ -88,6 +88,13 @@ def _generator(args, kwargs) -> torch.Generator:
     return torch.default_generator
 
 
+def _tensor_leaves(out) -> list:
+    """The outputs a fallback symbol binds: the leaves of ``out`` but its Nones (outputs not
+    asked for, such as ``multi_head_attention_forward``'s weights under ``need_weights=False``,
+    which the trace keeps as constants in the output's structure)."""
+    return [x for x in tree_flatten(out)[0] if x is not None]
+
+
 def _flat_outputs(func):
     """``func`` returning its tensors as the trace binds a fallback's outputs: one alone, several
     as a flat tuple (``torch.gradient`` of a 1-d tensor returns a tuple of one, which would
@@ -98,7 +105,7 @@ def _flat_outputs(func):
         out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor):
             return out
-        leaves = tree_flatten(out)[0]
+        leaves = _tensor_leaves(out)
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
 
     return run
@@ -110,7 +117,7 @@ def _returning_generator_state(func):
     @functools.wraps(func)
     def run(*args, **kwargs):
         state = _generator(args, kwargs).get_state()
-        return (*tree_flatten(func(*args, **kwargs))[0], state)
+        return (*_tensor_leaves(func(*args, **kwargs)), state)
 
     return run
 
@@ -153,7 +160,7 @@ def _vjp_of(func):
         swap = lambda x: copies.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
         args, kwargs = tree_map(swap, (args, kwargs))
         with torch.enable_grad():
-            outs = tree_flatten(func(*args, **kwargs))[0]
+            outs = _tensor_leaves(func(*args, **kwargs))
         pairs = [(o, c) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
         inputs = [copies[id(w)] for w in wanted]
         grads = torch.autograd.grad([o for o, _ in pairs], inputs, [c for _, c in pairs], allow_unused=True) if pairs else [None] * len(inputs)
@@ -222,7 +229,8 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
     out = _output_metadata(func, name, args, kwargs, autocast_state, factory=not in_leaves)
-    leaves, spec = tree_flatten(out)
+    structure, spec = tree_flatten(out)
+    leaves = _tensor_leaves(out)
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
         raise ThunderNotImplementedError(f"{name}: fallback calls must return tensors, got {type(out).__name__}")
     device = _device(in_leaves, kwargs)
@@ -238,7 +246,10 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))
     sid = symbol_id(func, effect, autocast_state, replay)
     outs = proxies(current().fallback(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
-    return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
+    if isinstance(out, torch.Tensor):
+        return outs[0]
+    bound = iter(outs)
+    return tree_unflatten([None if x is None else next(bound) for x in structure], spec)
 
 
 def user_fallback(func, args, kwargs, effect: bool = False):

@@ -1,0 +1,82 @@
+"""torch.nn's own layers under thunder_rs.jit, as a user builds models from them: outputs and
+parameter gradients equal eager's, on the first call and on a cached one."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import thunder_rs
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _layers():
+    x = torch.randn(2, 5, 16)
+    image = torch.randn(2, 3, 8, 8)
+    return {
+        "multihead_attention": (nn.MultiheadAttention(16, 4, batch_first=True), (x, x, x), {}),
+        "multihead_attention_without_weights": (nn.MultiheadAttention(16, 4, batch_first=True), (x, x, x),
+                                                {"need_weights": False}),
+        "lstm": (nn.LSTM(16, 8, batch_first=True), (x,), {}),
+        "gru_two_layers": (nn.GRU(16, 8, num_layers=2, batch_first=True), (x,), {}),
+        "rnn_relu": (nn.RNN(16, 8, batch_first=True, nonlinearity="relu"), (x,), {}),
+        "transformer_encoder_layer": (nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True), (x,), {}),
+        "transformer_decoder_layer": (nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, batch_first=True), (x, x),
+                                      {}),
+        "transformer": (nn.Transformer(16, 2, 1, 1, 32, dropout=0.0, batch_first=True), (x, x), {}),
+        "conv_batchnorm_inplace_silu": (nn.Sequential(nn.Conv1d(5, 8, 3), nn.BatchNorm1d(8), nn.SiLU(inplace=True)),
+                                        (x,), {}),
+        "groupnorm_mish": (nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.Mish()), (image,), {}),
+        "pixel_shuffle_upsample": (nn.Sequential(nn.Conv2d(3, 12, 1), nn.PixelShuffle(2),
+                                                 nn.Upsample(scale_factor=2, mode="bilinear")), (image,), {}),
+        "embedding_bag": (nn.EmbeddingBag(10, 4, mode="mean"), (torch.randint(0, 10, (3, 4)),), {}),
+    }
+
+
+@pytest.mark.parametrize("name", list(_layers()))
+def test_layer_outputs_and_gradients_equal_eager(name):
+    torch.manual_seed(0)
+    model, args, kwargs = _layers()[name]
+    reference = copy.deepcopy(model)
+    jitted = thunder_rs.jit(model)
+    for _ in range(2):  # the first call compiles, the second runs the cached program
+        model.zero_grad()
+        reference.zero_grad()
+        out, expected = _first(jitted(*args, **kwargs)), _first(reference(*args, **kwargs))
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        for (param, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert (p.grad is None) == (q.grad is None), param
+            if p.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=lambda m, n=param: f"{n}: {m}")
+    for name, buffer in model.named_buffers():
+        torch.testing.assert_close(buffer, reference.get_buffer(name), msg=name)
+
+
+def test_attention_weights_are_none_when_not_asked_for():
+    """multi_head_attention_forward returns (output, None): the None stays in the structure."""
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(16, 4, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    out, weights = thunder_rs.jit(attention)(x, x, x, need_weights=False)
+    assert weights is None
+    torch.testing.assert_close(out, attention(x, x, x, need_weights=False)[0])
+
+
+@pytest.mark.parametrize("layer", ["encoder", "decoder"])
+def test_transformer_layers_in_eval_mode_without_grad_equal_eager(layer):
+    """Under no_grad in eval mode, torch's encoder layer takes its fused fast path."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    if layer == "encoder":
+        model, args = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True).eval(), (x,)
+    else:
+        model, args = nn.TransformerDecoderLayer(16, 4, 32, batch_first=True).eval(), (x, x)
+    jitted = thunder_rs.jit(model)
+    with torch.no_grad():
+        torch.testing.assert_close(jitted(*args), model(*args), atol=1e-5, rtol=1e-4)
