@@ -304,6 +304,60 @@ def test_mutating_a_global_list_while_traced_is_refused():
         thunder_rs.jit(f)(torch.ones(2))
 
 
+_LAZY_LIBRARY = """
+REGISTRY = {}
+
+
+def register(fn):
+    REGISTRY[fn.__name__] = fn  # reads and fills the registry while the library is imported
+    return fn
+
+
+@register
+def double(x):
+    return x * 2
+
+
+def lookup(name):
+    return REGISTRY[name]
+"""
+
+
+def test_a_library_imported_by_the_first_call_may_fill_its_registries(tmp_path, monkeypatch):
+    """A library imported lazily inside the program (torch.utils.checkpoint imports numpy,
+    sympy and Dynamo on its first use) changes its own globals while being imported: that is
+    not the program's state, so the first call works and later calls reuse the trace."""
+    name = f"lazy_library_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text(_LAZY_LIBRARY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def f(x):
+        library = __import__(name)
+        return library.lookup("double")(x) + 1
+
+    jf = thunder_rs.jit(f)
+    torch.testing.assert_close(jf(torch.ones(3)), torch.full((3,), 3.0))
+    torch.testing.assert_close(jf(torch.ones(3)), torch.full((3,), 3.0))
+    assert thunder_rs.compile_stats(jf).cache_misses == 1
+
+
+def test_activation_checkpointing_inside_the_program_equals_eager():
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x, w):
+        return checkpoint(lambda y: (y @ w).tanh().sin(), x, use_reentrant=False).sum()
+
+    x, w = torch.randn(4, 5, requires_grad=True), torch.randn(5, 5, requires_grad=True)
+    xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    jf = thunder_rs.jit(f)
+    for _ in range(2):
+        out, expected = jf(x, w), f(xe, we)
+        torch.testing.assert_close(out, expected)
+        out.backward()
+        expected.backward()
+        torch.testing.assert_close((x.grad, w.grad), (xe.grad, we.grad))
+
+
 def test_attributes_set_on_an_argument_object_are_set_by_every_call():
     def f(x, cfg):
         cfg.scale += 1

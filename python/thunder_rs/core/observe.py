@@ -171,6 +171,8 @@ class Observer:
         self._guards: dict = {}
         self._outer = None
         self._hooked = False
+        #: the frame that started observing: the program's frames are below it
+        self.entry = None
         #: id -> the (original) modules whose methods the program called, for their hooks
         self.modules_called: dict = {}
         #: ids of modules whose ``__init__`` ran while tracing: made by the program
@@ -180,6 +182,7 @@ class Observer:
 
     def __enter__(self):
         self._outer = _thread.observer
+        self.entry = sys._getframe(1)
         _thread.observer = self
         if self._outer is None and sys.getprofile() is None:
             _thread_hook().start()
@@ -187,6 +190,7 @@ class Observer:
         return self
 
     def __exit__(self, *exc):
+        self.entry = None
         _thread.observer = self._outer
         if self._hooked:
             _thread_hook().stop()
@@ -445,15 +449,27 @@ def _thread_hook():
     return _thread.hook
 
 
+def _importing(frame, entry) -> bool:
+    """Whether ``frame`` runs for a module being imported (a module body between it and the
+    observer's entry): a library imported lazily on the first call (``torch.utils.checkpoint``
+    imports numpy, sympy, Dynamo) fills its registries then, which is not the program's state."""
+    f = frame.f_back
+    while f is not None and f is not entry:
+        if f.f_code.co_name == "<module>":
+            return True
+        f = f.f_back
+    return False
+
+
 def _dispatch_call(frame):
     observer = _thread.observer
-    if observer is not None and not _thread.inside:
+    if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
         observer._on_call(frame)
 
 
 def _dispatch_return(frame):
     observer = _thread.observer
-    if observer is not None and not _thread.inside:
+    if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
         observer._on_return(frame)
 
 
