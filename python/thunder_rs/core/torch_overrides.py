@@ -1,6 +1,7 @@
 """What thunder_rs changes in torch while it traces a program: ``torch.compiler.is_compiling()``
 answers True, ``torch.vmap`` batches traced tensors (``thunder_rs.core.vmap``), and custom
-``torch.autograd.Function``s on traced tensors are inlined (activation checkpointing) or refused.
+``torch.autograd.Function``s on traced tensors are inlined (activation checkpointing) or traced
+with their own backward.
 
 **is_compiling.** Libraries ask it to choose the path that holds for every input value: Hugging
 Face transformers' masking code (``masking_utils._ignore_causal_mask_sdpa``) reads the padding
@@ -34,11 +35,10 @@ import torch.utils.checkpoint
 from torch.autograd.function import Function
 from torch.utils._pytree import tree_leaves
 
+from thunder_rs.core import custom_function
 from thunder_rs.core import vmap as thunder_vmap
-from thunder_rs.core.langctx import user_location
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import active_recorder
-from thunder_rs.errors import ThunderNotImplementedError
 
 #: ``Function.apply`` as torch defines it (a Python classmethod before torch 2.15, a C one since).
 _function_apply = Function.__dict__["apply"]
@@ -54,8 +54,8 @@ def _apply(cls, *args, **kwargs):
     """``torch.autograd.Function.apply`` while tracing: torch runs a custom Function's forward below
     ``__torch_function__`` with grad mode off and would attach its own backward to proxies.
     Reentrant activation checkpointing (``CheckpointFunction``) only recomputes its function in
-    the backward, so in a trace it is the call of that function; any other Function defines its
-    own gradient, which a trace would not keep: refused."""
+    the backward, so in a trace it is the call of that function; any other Function is traced
+    with its own backward as its grad rule (``thunder_rs.core.custom_function``)."""
     if active_recorder() is None or not any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))):
         return _function_apply.__get__(None, cls)(*args, **kwargs)
     if cls is torch.utils.checkpoint.CheckpointFunction:
@@ -63,9 +63,7 @@ def _apply(cls, *args, **kwargs):
         return run_function(*inputs)
     if (cls.__module__, cls.__qualname__) in _GRADIENT_OF_FORWARD:
         return cls.forward(*args, **kwargs)
-    raise ThunderNotImplementedError(
-        f"torch.autograd.Function: {cls.__qualname__}.apply at {user_location()} defines its own backward, which "
-        "thunder_rs.jit does not take into a trace; run it outside the jitted function")
+    return custom_function.apply(cls, args, kwargs)
 
 #: What tracing sets: (module, attribute) -> value. These are constants of tracing, the same in
 #: every acquisition: guards on Python state read while tracing must not record reads of them

@@ -1,0 +1,187 @@
+"""Custom torch.autograd.Functions inside jitted programs: their own backward, not the gradient
+of their forward, gives the gradients, as in eager."""
+
+import pytest
+import torch
+from torch.autograd.function import once_differentiable
+
+import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
+
+
+class ScaledSquare(torch.autograd.Function):
+    """A backward that is not the forward's derivative (3·x instead of 2·x) times a scale."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x)
+        ctx.scale = scale
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * ctx.scale * g * x, None
+
+
+class GradientReversal(torch.autograd.Function):
+    @staticmethod
+    def forward(x, alpha):
+        return x.view_as(x) * 1.0
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.alpha = inputs[1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return -ctx.alpha * g, None
+
+
+class StraightThroughRound(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        return g
+
+
+class MulAdd(torch.autograd.Function):
+    """Two inputs (one may not need a gradient), two outputs, an intermediate saved."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        e = a.exp()
+        ctx.save_for_backward(e, b)
+        return e * b, a + b
+
+    @staticmethod
+    def backward(ctx, g_prod, g_sum):
+        e, b = ctx.saved_tensors
+        grad_a = g_prod * e * b + g_sum if ctx.needs_input_grad[0] else None
+        grad_b = g_prod * e + g_sum if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+
+
+class MaxWithIndex(torch.autograd.Function):
+    """A non-differentiable integer output next to a differentiable one."""
+
+    @staticmethod
+    def forward(ctx, x):
+        values, index = x.max(dim=-1)
+        ctx.mark_non_differentiable(index)
+        ctx.save_for_backward(index)
+        ctx.shape = x.shape
+        return values, index
+
+    @staticmethod
+    def backward(ctx, g, g_index):
+        (index,) = ctx.saved_tensors
+        return torch.zeros(ctx.shape, dtype=g.dtype).scatter(-1, index.unsqueeze(-1), g.unsqueeze(-1))
+
+
+class BroadcastGrad(torch.autograd.Function):
+    """A backward returning a gradient that broadcasts to the input: autograd sums it down."""
+
+    @staticmethod
+    def forward(ctx, bias, x):
+        return x + bias
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g, g
+
+
+def _programs():
+    return {
+        "own_backward_with_attributes": (lambda x, y: ScaledSquare.apply(x, 0.5).sin() + y, 2),
+        "setup_context_style": (lambda x, y: (GradientReversal.apply(x.tanh(), 0.3) * y).sum(-1), 2),
+        "once_differentiable_straight_through": (lambda x, y: StraightThroughRound.apply(x * 4) * y, 2),
+        "two_inputs_two_outputs": (lambda x, y: sum(t.sum() for t in MulAdd.apply(x, y)), 2),
+        "non_differentiable_output": (lambda x, y: MaxWithIndex.apply(x * y)[0] * 2, 2),
+        "gradient_summed_to_the_input_shape": (lambda x, y: BroadcastGrad.apply(y[0], x).cos(), 2),
+    }
+
+
+@pytest.mark.parametrize("name", list(_programs()))
+@pytest.mark.parametrize("needs", ["both", "first", "second"])
+def test_gradients_come_from_the_functions_backward(name, needs):
+    fn, _ = _programs()[name]
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    inputs = [t.requires_grad_(needs in ("both", which)) for t, which in ((x, "first"), (y, "second"))]
+    reference = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    jfn = thunder_rs.jit(fn)
+    for _ in range(2):
+        out, expected = jfn(*inputs), fn(*reference)
+        torch.testing.assert_close(out, expected)
+        cotangent = torch.randn_like(expected)
+        out.backward(cotangent)
+        expected.backward(cotangent)
+        for t, r in zip(inputs, reference):
+            torch.testing.assert_close(t.grad, r.grad)
+
+
+def test_without_grad_only_the_forward_runs():
+    fn = lambda x: ScaledSquare.apply(x, 2.0) + 1  # noqa: E731
+    x = torch.randn(5, requires_grad=True)
+    with torch.no_grad():
+        out = thunder_rs.jit(fn)(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, x.detach() ** 2 + 1)
+
+
+def test_a_module_using_a_function_trains_as_eager():
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(6, 8), torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.b(GradientReversal.apply(self.a(x).relu(), 0.7)).square().mean()
+
+    torch.manual_seed(0)
+    model, reference = Model(), Model()
+    reference.load_state_dict(model.state_dict())
+    jmodel = thunder_rs.jit(model)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference))
+    for step in range(3):
+        x = torch.randn(4, 6)
+        for m, o in ((jmodel, opt), (reference, ref_opt)):
+            o.zero_grad()
+            m(x).backward()
+            o.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+class Dirty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x.mul_(2)
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g
+
+
+class TooFewGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_what_a_trace_cannot_keep_is_refused_naming_the_function():
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(ThunderNotImplementedError, match="Dirty.forward marks its inputs dirty"):
+        thunder_rs.jit(lambda t: Dirty.apply(t * 1))(x)
+    with pytest.raises(ThunderRuntimeError, match="TooFewGradients.backward returned an incorrect number"):
+        thunder_rs.jit(lambda t: TooFewGradients.apply(t, t))(x)
