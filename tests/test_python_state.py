@@ -741,3 +741,37 @@ def test_a_global_function_rebound_between_calls():
     finally:
         ACT, _helper = saved
     assert thunder_rs.cache_misses(jf) == 3
+
+
+@pytest.mark.parametrize("method", ["register_hook", "register_post_accumulate_grad_hook", "retain_grad"])
+def test_tensor_hooks_inside_the_program_are_refused_naming_the_line(method):
+    """Eager would call the hook (or keep .grad) on the autograd node of a tensor the program
+    computes; a traced tensor has none, so the call is refused rather than ignored."""
+    def f(x):
+        y = x * 2
+        getattr(y, method)(*(() if method == "retain_grad" else (lambda g: None,)))
+        return y.sin()
+
+    with pytest.raises(ThunderError, match=rf"{method} at .*test_python_state.py:\d+: hooks and retained gradients"):
+        thunder_rs.jit(f)(torch.randn(3, requires_grad=True))
+
+
+def test_module_backward_hooks_are_refused_inside_and_run_on_the_jitted_module():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    inner[0].register_full_backward_hook(lambda module, grad_in, grad_out: None)
+    x = torch.randn(2, 4, requires_grad=True)
+    with pytest.raises(ThunderError, match="register_full_backward_hook: a module called at"):
+        thunder_rs.jit(inner)(x)
+    seen = []
+    jitted = thunder_rs.jit(model)
+    jitted.register_full_backward_hook(lambda module, grad_in, grad_out: (seen.append(grad_out[0]), (grad_in[0] * 3,))[1])
+    jitted(x).sum().backward()
+    xe = x.detach().clone().requires_grad_()
+    eager = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    eager.load_state_dict(model.state_dict())
+    eager.register_full_backward_hook(lambda module, grad_in, grad_out: (grad_in[0] * 3,))
+    eager(xe).sum().backward()
+    assert len(seen) == 1
+    torch.testing.assert_close(x.grad, xe.grad)

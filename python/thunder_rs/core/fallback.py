@@ -216,12 +216,25 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
             raise thunder_error_like(e, f"{name}: {e}") from e
 
 
+#: Tensor methods that act on the tensor's autograd node, which a traced tensor does not have.
+_AUTOGRAD_NODE_METHODS = frozenset({"register_hook", "register_post_accumulate_grad_hook", "retain_grad"})
+
+
+def _refuse_autograd_node_methods(func, name: str) -> None:
+    if getattr(func, "__name__", None) in _AUTOGRAD_NODE_METHODS and name.startswith("torch."):
+        raise ThunderNotImplementedError(
+            f"{name} at {user_location()}: hooks and retained gradients on tensors inside the jitted program are not "
+            "supported (their gradients are computed inside the compiled backward); register them on the jitted "
+            "call's inputs or outputs outside it")
+
+
 def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     """Records ``func(*args, **kwargs)`` as an eager fallback; an effect (a random draw) when
     ``effect``. ``requires_grad`` (a flag, or one per output) marks which floating outputs
     require grad when a caller's grad rule differentiates the call; the fallback then gets no
     backward of its own (no generator state is returned for one)."""
     name = qualified_name(func)
+    _refuse_autograd_node_methods(func, name)
     if (name.endswith("_") and not name.endswith("__")) or kwargs.get("inplace"):
         # thunder_rs.torch.inplace functionalises in-place calls first: the executor runs only
         # functions that write nothing.

@@ -37,8 +37,10 @@ from torch.utils._pytree import tree_leaves
 
 from thunder_rs.core import custom_function
 from thunder_rs.core import vmap as thunder_vmap
+from thunder_rs.core.langctx import user_location
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import active_recorder
+from thunder_rs.errors import ThunderNotImplementedError
 
 #: ``Function.apply`` as torch defines it (a Python classmethod before torch 2.15, a C one since).
 _function_apply = Function.__dict__["apply"]
@@ -48,6 +50,8 @@ _function_apply = Function.__dict__["apply"]
 #: style, so ``forward`` takes no ctx): traced as those ops. ``ModIndex`` is ``aten.index`` on a
 #: tensor, which ``TransformGetItemToIndex`` (Hugging Face masks under vmap) makes of ``t[i]``.
 _GRADIENT_OF_FORWARD = {("torch._dynamo._trace_wrapped_higher_order_op", "ModIndex")}
+#: The Function module backward hooks wrap a module's inputs and outputs in (where torch keeps it).
+_BACKWARD_HOOKS = {("torch.utils.hooks", "BackwardHookFunction"), ("torch.nn.modules._functions", "BackwardHookFunction")}
 
 
 def _apply(cls, *args, **kwargs):
@@ -63,6 +67,11 @@ def _apply(cls, *args, **kwargs):
         return run_function(*inputs)
     if (cls.__module__, cls.__qualname__) in _GRADIENT_OF_FORWARD:
         return cls.forward(*args, **kwargs)
+    if (cls.__module__, cls.__qualname__) in _BACKWARD_HOOKS:
+        raise ThunderNotImplementedError(
+            f"register_full_backward_hook: a module called at {user_location()} has backward hooks, which hook the "
+            "autograd nodes of its inputs and outputs; inside the jitted program these have none. Register backward "
+            "hooks on the jitted module itself, or compute what the hook does in the program")
     return custom_function.apply(cls, args, kwargs)
 
 #: What tracing sets: (module, attribute) -> value. These are constants of tracing, the same in
