@@ -34,9 +34,15 @@ def _define_unary(name: str, kind: int, dunders=()):
 def _define_binary(name: str, kind: int, dunders=(), reflected=()):
     prim = getattr(prims, name)
 
-    @torchsymbol(*_torch_fns(name, dunders), name=name)
-    def binary(a, b):
-        return clang.elementwise(prim, f"ltorch.{name}", a, b, kind=kind)
+    # Parameters named as torch's schemas name them, for keyword calls (``x.maximum(other=y)``).
+    if name == "pow":
+        def binary(input, exponent):
+            return clang.elementwise(prim, "ltorch.pow", input, exponent, kind=kind)
+    else:
+        def binary(input, other):
+            return clang.elementwise(prim, f"ltorch.{name}", input, other, kind=kind)
+    binary.__name__ = binary.__qualname__ = name
+    binary = torchsymbol(*_torch_fns(name, dunders), name=name)(binary)
 
     if reflected:
         @torchsymbol(*(getattr(T, r) for r in reflected), name=f"r{name}")
@@ -93,13 +99,13 @@ def _scaled(b, alpha, op):
 
 
 @torchsymbol(torch.add, T.add, T.__add__)
-def add(a, b, *, alpha=1):
-    return clang.elementwise(prims.add, "ltorch.add", a, _scaled(b, alpha, "ltorch.add"))
+def add(input, other, *, alpha=1):
+    return clang.elementwise(prims.add, "ltorch.add", input, _scaled(other, alpha, "ltorch.add"))
 
 
 @torchsymbol(torch.sub, T.sub, T.__sub__)
-def sub(a, b, *, alpha=1):
-    return clang.elementwise(prims.sub, "ltorch.sub", a, _scaled(b, alpha, "ltorch.sub"))
+def sub(input, other, *, alpha=1):
+    return clang.elementwise(prims.sub, "ltorch.sub", input, _scaled(other, alpha, "ltorch.sub"))
 
 
 @torchsymbol(torch.rsub, T.__rsub__)
@@ -108,8 +114,8 @@ def rsub(a, b, *, alpha=1):
 
 
 @torchsymbol(torch.true_divide, T.true_divide, T.__truediv__)
-def true_divide(a, b):
-    return clang.elementwise(prims.div, "ltorch.true_divide", a, b, kind=INT_TO_FLOAT)
+def true_divide(input, other):
+    return clang.elementwise(prims.div, "ltorch.true_divide", input, other, kind=INT_TO_FLOAT)
 
 
 @torchsymbol(T.__rtruediv__)
@@ -133,8 +139,8 @@ def _floor_div(a, b, op):
 
 
 @torchsymbol(torch.div, T.div, torch.divide, T.divide)
-def div(a, b, *, rounding_mode=None):
-    op = "ltorch.div"
+def div(input, other, *, rounding_mode=None):
+    a, b, op = input, other, "ltorch.div"
     if rounding_mode is None:
         return clang.elementwise(prims.div, op, a, b, kind=INT_TO_FLOAT)
     if rounding_mode == "trunc":
@@ -147,8 +153,8 @@ def div(a, b, *, rounding_mode=None):
 
 
 @torchsymbol(torch.floor_divide, T.floor_divide, T.__floordiv__)
-def floor_divide(a, b):
-    return _floor_div(a, b, "ltorch.floor_divide")
+def floor_divide(input, other):
+    return _floor_div(input, other, "ltorch.floor_divide")
 
 
 @torchsymbol(torch.where)
