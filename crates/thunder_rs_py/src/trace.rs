@@ -3,6 +3,7 @@
 use passes::Plan;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock};
 use trace_ir::{Arg, Trace};
 
@@ -16,6 +17,8 @@ pub struct PyTrace {
     dump: bool,
     /// What the stage reported besides its trace.
     note: String,
+    /// The user's names of the trace's inputs (`t0` -> `l_x`), shown instead of theirs.
+    input_names: Arc<FxHashMap<String, String>>,
     text: OnceLock<String>,
 }
 
@@ -28,6 +31,7 @@ impl PyTrace {
             seconds: 0.0,
             dump: false,
             note: String::new(),
+            input_names: Arc::default(),
             text: OnceLock::new(),
         }
     }
@@ -38,10 +42,22 @@ impl PyTrace {
     }
 
     pub fn source(&self) -> &str {
-        match &self.plan {
-            Some(plan) => &plan.source,
-            None => self.text.get_or_init(|| trace_ir::printer::print_trace(&self.trace, "computation")),
+        if self.input_names.is_empty() {
+            if let Some(plan) = &self.plan {
+                return &plan.source;
+            }
         }
+        self.text.get_or_init(|| {
+            let text = match &self.plan {
+                Some(plan) => plan.source.clone(),
+                None => trace_ir::printer::print_trace(&self.trace, "computation"),
+            };
+            if self.input_names.is_empty() {
+                text
+            } else {
+                trace_ir::pysrc::name_values(&text, &self.input_names)
+            }
+        })
     }
 }
 
@@ -82,6 +98,12 @@ impl PyTrace {
     }
 
     /// Number of bound symbols, counting decompositions.
+    /// How many inputs the trace takes.
+    #[getter]
+    fn num_inputs(&self) -> usize {
+        self.trace.inputs.len()
+    }
+
     #[getter]
     fn num_bsyms(&self) -> usize {
         self.trace.count_bsyms()
@@ -176,6 +198,30 @@ impl PyTrace {
 
     fn __str__(&self) -> &str {
         self.source()
+    }
+
+    /// This trace showing (and, as an execution trace, taking) its inputs under `names`, one per
+    /// input; an empty name keeps the input's own. The names must be distinct identifiers that
+    /// no generated name (`t12`, `_c0`, the executors' callables) takes: the caller ensures it.
+    fn with_input_names(&self, names: Vec<String>) -> PyResult<PyTrace> {
+        if names.len() != self.trace.inputs.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "Trace.with_input_names: expected {} names, got {} (argument names)",
+                self.trace.inputs.len(),
+                names.len()
+            )));
+        }
+        let table = self.trace.inputs.iter().zip(names).filter(|(_, n)| !n.is_empty()).map(|(v, n)| (v.to_string(), n));
+        Ok(PyTrace {
+            trace: self.trace.clone(),
+            plan: self.plan.clone(),
+            label: self.label.clone(),
+            seconds: self.seconds,
+            dump: self.dump,
+            note: self.note.clone(),
+            input_names: Arc::new(table.collect()),
+            text: OnceLock::new(),
+        })
     }
 
     fn __repr__(&self) -> String {

@@ -8,6 +8,7 @@ use crate::printer::{
 use crate::trace::{BoundSymbol, Symbol, Trace};
 use crate::value::Arg;
 use crate::{Device, ValueId};
+use rustc_hash::FxHashMap;
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -210,8 +211,26 @@ pub fn region_key(trace: &Trace, region: &BoundSymbol, callees: &[Callee]) -> St
 /// `source` with every value name (`t12`) outside string literals renamed `v0`, `v1`, ... in
 /// order of first appearance.
 fn rename_values(source: &str) -> String {
+    let mut names: Vec<String> = Vec::new();
+    map_value_names(source, |name| {
+        let index = names.iter().position(|n| n == name).unwrap_or_else(|| {
+            names.push(name.to_string());
+            names.len() - 1
+        });
+        format!("v{index}")
+    })
+}
+
+/// `source` with the value names given in `names` (`t0` -> `l_x`) replaced outside string
+/// literals: how traces show the program's inputs under the user's names.
+pub fn name_values(source: &str, names: &FxHashMap<String, String>) -> String {
+    map_value_names(source, |name| names.get(name).cloned().unwrap_or_else(|| name.to_string()))
+}
+
+/// `source` with each value name (`t12`: a word of `t` and digits) outside string literals
+/// replaced by `rename(name)`.
+fn map_value_names(source: &str, mut rename: impl FnMut(&str) -> String) -> String {
     let bytes = source.as_bytes();
-    let mut names: Vec<&str> = Vec::new();
     let mut out = String::with_capacity(source.len());
     let (mut i, mut in_string) = (0, false);
     while i < bytes.len() {
@@ -222,8 +241,10 @@ fn rename_values(source: &str) -> String {
             if c == b'"' && (i == 0 || bytes[i - 1] != b'\\') {
                 in_string = !in_string;
             }
-            out.push(c as char);
-            i += 1;
+            // Copy the whole UTF-8 sequence: non-ASCII bytes never start a value name.
+            let end = (i + 1..bytes.len()).find(|&j| source.is_char_boundary(j)).unwrap_or(bytes.len());
+            out.push_str(&source[i..end]);
+            i = end;
             continue;
         }
         let end = (i + 1..bytes.len()).find(|&j| !bytes[j].is_ascii_digit()).unwrap_or(bytes.len());
@@ -233,13 +254,26 @@ fn rename_values(source: &str) -> String {
             i += 1;
             continue;
         }
-        let name = &source[i..end];
-        let index = names.iter().position(|n| *n == name).unwrap_or_else(|| {
-            names.push(name);
-            names.len() - 1
-        });
-        write!(out, "v{index}").unwrap();
+        out.push_str(&rename(&source[i..end]));
         i = end;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_values_renames_whole_value_names_outside_strings() {
+        let names: FxHashMap<String, String> =
+            [("t0", "l_größe"), ("t1", "w")].into_iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let source = "def f(t0, t1):\n  t10 = g(t0, \"t0\", t1)  # é t1: \"cpu\"\n  return (t10, t01x, at0)\n";
+        let named = name_values(source, &names);
+        assert_eq!(
+            named,
+            "def f(l_größe, w):\n  t10 = g(l_größe, \"t0\", w)  # é w: \"cpu\"\n  return (t10, t01x, at0)\n"
+        );
+        assert_eq!(name_values(&named, &FxHashMap::default()), named);
+    }
 }

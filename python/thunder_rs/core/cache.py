@@ -102,11 +102,17 @@ def _parameters(fn) -> list[str]:
 
 
 def input_names(fn, flat, spec) -> list[str]:
-    """The user's name of each flat input: ``x``, ``batch['input_ids']``, ``args[3]`` (slow path)."""
+    """The user's name of each flat input: ``x``, ``batch['input_ids']``, ``args[3]`` (slow path);
+    positional (``args[i]``) where a pytree node type registered without ``flatten_with_keys_fn``
+    cannot name its children."""
     args, kwargs = pytree.tree_unflatten(list(flat), spec)
     params = _parameters(fn)
     names = []
-    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+    try:
+        paths = pytree.tree_flatten_with_path((args, kwargs))[0]
+    except ValueError:
+        return [f"args[{i}]" for i in range(len(flat))]
+    for path, _ in paths:
         entry = path[1]  # the positional argument's index under args, or the keyword's under kwargs
         if isinstance(entry, pytree.SequenceKey):
             i = entry.idx

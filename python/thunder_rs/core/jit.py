@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquire import acquire
+from thunder_rs.core.input_names import trace_input_names
 from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.callflat import compile_spec, flatten_call
 from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, input_names, leaf_key
@@ -96,16 +97,25 @@ def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
     return fused
 
 
+def _named_inputs(traces: list, acquired, names, taken: set) -> list:
+    """The forward traces showing (the execution trace taking) inputs under the user's names."""
+    user, params = names
+    inputs = traces[0].num_inputs
+    named = trace_input_names(user, acquired.tensor_positions, params, inputs, taken | {"computation"})
+    return [t.with_input_names(named) if t.num_inputs == inputs else t for t in traces]
+
+
 def _with_captured(fn, captured: tuple):
     """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
     return lambda *inputs: fn(*inputs, *captured)
 
 
-def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None):
+def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None, names=None):
     """Runs the passes over an acquired trace and execs the result: the entry's callable, its
     source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
     the program was traced under, which the call runs in; ``passes`` the jit's own registered
-    passes; ``executors`` the jit's executors (the defaults when None)."""
+    passes; ``executors`` the jit's executors (the defaults when None); ``names`` ``(the user's
+    name of each flat input, the module's qualified parameter names)`` name the traces' inputs."""
     start = time.perf_counter()
     sync_fallbacks()
     executors = default_executors() if executors is None else executors
@@ -116,6 +126,8 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     passes_at = time.perf_counter()
     namespace = {"torch": torch, **impls}
     namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
+    if names is not None:
+        traces = _named_inputs(traces, acquired, names, {*namespace, *(r[0] for r in traces[-1].regions())})
     filename = f"<thunder_rs {name}>"
     fuse_at = time.perf_counter()
     regions = _fused_regions(traces[-1], filename, namespace, executors)
@@ -268,8 +280,10 @@ class ThunderFunction:
         check_generators(acquired.consts)
         acquired_at = time.perf_counter()
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
+        params = self._binding.qualified if self._module is not None and self._binding is not None else ()
+        names = (input_names(self._fn, flat, spec), params)
         computation, source, filename, traces, backward_traces, stages = _generated(acquired, name, modes, self._passes,
-                                                                                   self._executors)
+                                                                                   self._executors, names)
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
         entry = Entry(computation, source, filename, positions, traces, backward_traces)
