@@ -17,7 +17,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import thunder_rs
-from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError
 from thunder_rs.torch import TORCH_TO_LTORCH
 
 _OPERATOR_NAMES = {"inv": "__invert__"}
@@ -108,10 +108,16 @@ def check_call(fn, args: tuple, kwargs: dict) -> None:
         return
     if isinstance(actual, ThunderNotImplementedError):
         pytest.skip(f"not supported here: {actual}")
+    if isinstance(actual, ThunderError) and _resized(args, expected_args):
+        return  # eager resized an in-place call's receiver (deprecated); thunder_rs refuses it with an error
     if isinstance(actual, Exception):
         raise actual
     torch.testing.assert_close(actual, expected, equal_nan=True, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(_tensors(actual_args), _tensors(expected_args), equal_nan=True, atol=1e-6, rtol=1e-5)
+
+
+def _resized(before, after) -> bool:
+    return any(a.shape != b.shape for a, b in zip(_tensors(before), _tensors(after)))
 
 
 def _tensors(value) -> list:
@@ -156,7 +162,7 @@ def _metadata_of(fn):
 
 
 def _x(*shape, dtype=torch.float64):
-    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(sum(shape) + 1))
+    return torch.randn(shape, dtype=dtype, generator=torch.Generator().manual_seed(sum(shape) + 1))
 
 
 def _ints(*shape):
@@ -241,6 +247,9 @@ CALLS = [
     ("clamp", lambda x: x.clamp(min=-0.5) + x.clamp(max=0.5) + x.clamp(-0.2, 0.2), (_x(3, 4),)),
     ("clamp", lambda x, lo: x.clamp(lo), (_x(3, 4), _x(4))),
     ("gather", lambda x, i: x.gather(1, i) + x.gather(dim=1, index=i), (_x(3, 4), torch.tensor([[0], [3], [1]]))),
+    ("gather", lambda x, i: x.gather(0, i), (_x(5), torch.zeros(2, 0, dtype=torch.uint8))),  # empty: unchecked
+    ("gather", lambda x, i: x.gather(0, i), (_x(), torch.tensor([0]))),  # 0-dim input
+    ("scatter", lambda x, i: x.scatter(0, i, 2.0), (_x(4, 2), torch.tensor([[0, 3]], dtype=torch.int32))),
     ("squeeze", lambda x: x.squeeze() + x.squeeze(1).unsqueeze(1) + x.squeeze((1, 3)).unsqueeze(1).unsqueeze(3),
      (_x(3, 1, 4, 1),)),
     ("std", lambda x: x.std(1, unbiased=False) + x.std(dim=1, correction=0) + x.std(1, keepdim=False), (_x(3, 4),)),

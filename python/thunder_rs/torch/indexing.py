@@ -308,7 +308,15 @@ def gather(a, dim, index, *, sparse_grad=False, out=None):
     op = "ltorch.gather"
     check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
     d = clang.canonicalize_dim(a.ndim, dim, op)
+    check(isinstance(index, torch.Tensor), op, f"expected a tensor for index, got {type(index).__name__} (argument index)",
+          ThunderTypeError)
+    if index.numel() == 0:  # eager reads nothing and checks nothing else: an empty view of a
+        none = slice_in_dim(reshape_to(a, (a.numel(),)), 0, 0, 0)
+        return reshape_to(none, tuple(index.shape))
     index = _check_index(op, index, a)
+    if a.ndim == 0 and index.ndim <= 1:  # a 0-dim tensor gathers as one of one element
+        out = gather(reshape_to(a, (1,)), 0, reshape_to(index, (1,)))
+        return reshape_to(out, tuple(index.shape))
     check(index.ndim == a.ndim, op, "Index tensor must have the same number of dimensions as input tensor (argument index)",
           ThunderRuntimeError)
     _check_no_larger(op, index, a, d, "self")

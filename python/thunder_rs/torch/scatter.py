@@ -116,9 +116,21 @@ def _written(input, d: int, index, src):
 # -- scatter and scatter_reduce ----------------------------------------------------------------------
 
 
+def _scatter_index_dtypes() -> tuple[tuple, str]:
+    """int64, and int32 where the installed torch's scatters take it (newer releases do)."""
+    try:
+        torch.zeros(1).scatter(0, torch.zeros(1, dtype=torch.int32), 1.0)
+    except RuntimeError:
+        return (torch.int64,), "int64"
+    return (torch.int64, torch.int32), "int64 or int32"
+
+
+_SCATTER_INDEX_DTYPES, _SCATTER_INDEX_WHAT = _scatter_index_dtypes()
+
+
 def _check_scatter(op: str, input, dim, index, src):
     d = clang.canonicalize_dim(input.ndim, dim, op)
-    index = _check_index(op, index, input, (torch.int64,), "int64")
+    index = clang.maybe_convert(_check_index(op, index, input, _SCATTER_INDEX_DTYPES, _SCATTER_INDEX_WHAT), torch.int64)
     check(index.ndim == input.ndim or (index.ndim <= 1 and input.ndim <= 1), op,
           "Index tensor must have the same number of dimensions as self tensor (argument index)", ThunderRuntimeError)
     if isinstance(src, torch.Tensor):
