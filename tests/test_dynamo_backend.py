@@ -205,3 +205,37 @@ def test_the_backend_name_works_without_importing_thunder_rs():
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "compiled by thunder_rs" in result.stdout
+
+
+_disabled_calls: list = []
+
+
+@torch.compiler.disable
+def _data_dependent(y):
+    _disabled_calls.append(1)
+    return y * 2 if y.sum() > 0 else y - 1
+
+
+def _program_with_a_disabled_region(x, w):
+    return (_data_dependent((x @ w).relu()).sin() * 3).sum()
+
+
+def test_a_torch_compiler_disable_region_runs_eagerly_once_per_call(fresh_dynamo):
+    """The way to keep a region of user code eager: Dynamo breaks the graph around it and
+    thunder_rs compiles the graphs before and after."""
+    compiled = torch.compile(_program_with_a_disabled_region, backend="thunder_rs")
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    for _ in range(3):
+        _disabled_calls.clear()
+        out = compiled(x, w)
+        assert len(_disabled_calls) == 1
+        grads = torch.autograd.grad(out, (x, w))
+        expected = _program_with_a_disabled_region(x, w)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(grads, torch.autograd.grad(expected, (x, w)))
+    assert compiled_graphs()
+
+
+def test_jit_errors_inside_a_disabled_function_say_how_to_keep_it_eager():
+    with pytest.raises(thunder_rs.errors.ThunderError, match="inside a torch.compiler.disable'd function.*backend="):
+        thunder_rs.jit(_program_with_a_disabled_region)(torch.randn(4, 4), torch.randn(4, 4))

@@ -19,7 +19,7 @@ from thunder_rs.core.outputs import flatten_output, is_plain
 from thunder_rs.core.recorder import Captures, input_proxy, recording
 from thunder_rs.core.torch_overrides import tracing_overrides
 from thunder_rs.core.writeback import WriteBacks, plan
-from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError
 
 
 @dataclass
@@ -146,7 +146,11 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     rec = _core.Recorder()
     made: list = []
     captures = Captures(rec)
-    out, observer, writes, prints, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
+    try:
+        out, observer, writes, prints, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
+    except ThunderError as e:
+        _hint_compiler_disable(e)
+        raise
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     del observer
     _check_guards_still_hold(guards, flat_inputs)
@@ -158,6 +162,23 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     _check_no_escape(made, trace)
     return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captured, guards, effects, num_outputs,
                     modules_called, writebacks)
+
+
+#: The code of the wrapper ``torch.compiler.disable`` puts around every function it disables.
+_DISABLED_CODE = getattr(torch.compiler.disable(lambda: None), "__code__", None)
+
+
+def _hint_compiler_disable(error: ThunderError) -> None:
+    """An error raised inside a ``torch.compiler.disable``d function says how to keep it eager:
+    ``thunder_rs.jit`` traces whole programs, Dynamo (``backend="thunder_rs"``) breaks around it."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not _DISABLED_CODE:
+        tb = tb.tb_next
+    if tb is not None and error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}. The error is inside a torch.compiler.disable'd function, which "
+                      "thunder_rs.jit traces like any other; to run it eagerly, compile with "
+                      "torch.compile(fn, backend=\"thunder_rs\"), which keeps it out of the compiled graphs",
+                      *error.args[1:])
 
 
 def _check_no_escape(made: list, trace) -> None:
