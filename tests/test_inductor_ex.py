@@ -592,3 +592,32 @@ def test_avg_pool_gradient_with_overhanging_ceil_mode_windows_equals_eager(dims,
     ref.backward(cotangent)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(x.grad, xe.grad)
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_upsample_gradient_with_a_scale_factor_that_is_not_the_sizes_ratio_equals_eager(mode, one_thread):
+    """Inductor's upsample backward maps indices by the sizes' ratio, eager by the scale factor."""
+    def fn(x):
+        return torch.nn.functional.interpolate(x * 2.0, scale_factor=1.7, mode=mode).exp()
+
+    x = torch.randn(2, 3, 7, 5, dtype=torch.float64, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    out, ref = thunder_rs.jit(fn, executors=["inductor"])(x), fn(xe)
+    cotangent = torch.randn_like(ref)
+    out.backward(cotangent)
+    ref.backward(cotangent)
+    torch.testing.assert_close(x.grad, xe.grad)
+
+
+@pytest.mark.inductor
+def test_convolution_gradient_of_an_empty_batch_equals_eager(one_thread):
+    def fn(x, w, b):
+        return torch.nn.functional.conv2d(x * 2.0, w * 1.0, b).sin()
+
+    args = [torch.randn(0, 3, 5, 5, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64),
+            torch.randn(4, dtype=torch.float64)]
+    args = [a.requires_grad_() for a in args]
+    expected = torch.autograd.grad(fn(*args).sum(), args)
+    actual = torch.autograd.grad(thunder_rs.jit(fn, executors=["inductor"])(*args).sum(), args)
+    torch.testing.assert_close(actual, expected)

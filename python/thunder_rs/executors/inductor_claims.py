@@ -96,6 +96,20 @@ def _avg_pool_backward_divisor_exact(grad_output, input, kernel_size, stride, pa
     return not (ceil_mode and count_include_pad and divisor_override is None)
 
 
+def _upsample_backward_scales_exact(grad_output, input_size, mode, align_corners, scales) -> bool:
+    """Inductor's ``upsample_*_backward`` maps indices by the sizes' ratio, ignoring explicit
+    scales, where eager uses the scales (``interpolate(scale_factor=1.7)``): those stay eager
+    unless every scale is the sizes' ratio."""
+    spatial_out, spatial_in = tuple(grad_output.shape)[2:], tuple(input_size)[2:]
+    return all(s is None or s == o / i for s, o, i in zip(scales, spatial_out, spatial_in))
+
+
+def _nonempty_convolution(grad_output, input, weight, *args, **kwargs) -> bool:
+    """For an empty batch eager's ``convolution_backward`` returns the (zero) weight gradient
+    with other strides than its meta kernel says, which the compiled region asserts on: eager."""
+    return input.numel() > 0 and grad_output.numel() > 0
+
+
 CHECKERS = {
     **{name: _floating for name in ("div", "fmod", "remainder")},
     **{f"ltorch.{name}": _floating for name in ("floor_divide", "fmod", "remainder", "rremainder")},
@@ -104,6 +118,8 @@ CHECKERS = {
     "ltorch.getitem": _no_mask,
     "ltorch.avg_pool2d_backward": _avg_pool_backward_divisor_exact,
     "ltorch.avg_pool3d_backward": _avg_pool_backward_divisor_exact,
+    "ltorch.upsample_backward": _upsample_backward_scales_exact,
+    "convolution_backward": _nonempty_convolution,
 }
 
 
