@@ -2,7 +2,8 @@
 the aten call the torch executor runs for it computes, with the same dtypes and shapes.
 
 For each case the symbol is compiled twice: as is, the generated code makes the aten call (the
-reference); with the torch executor's implementation removed, its decomposition runs.
+reference); with the torch executor's implementation removed, its decomposition runs. A kernel
+recorded whole (without its decomposition) has the outputs its decomposition records.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import pytest
 import torch
 
 import thunder_rs
-from thunder_rs.executors.extend import _bump
+from thunder_rs import _core
+from thunder_rs.core import recorder
+from thunder_rs.core.recorder import input_proxy, recording
+from thunder_rs.executors.extend import _bump, default_executors, whole_runners
 from thunder_rs.executors.torch_ex import torch_ex
 from thunder_rs.torch import kernels
 
@@ -218,3 +222,136 @@ def test_native_dropout_keeps_what_its_mask_says_in_both_forms(dtype: torch.dtyp
         assert (out.dtype, mask.dtype, out.shape) == (dtype, torch.bool, x.shape)
         assert abs(mask.double().mean().item() - (1 - p)) < 0.03
         torch.testing.assert_close(out, x * mask * (1 / (1 - p)), **TOLERANCE[dtype])
+
+
+def _recorded(call, tensors, whole):
+    """The outputs' (shape, dtype, device, requires_grad) of ``call`` recorded on proxies of
+    ``tensors`` as the forward of a grad rule records it, and how many proxies it made."""
+    rec, made = _core.Recorder(), []
+    recorder._running.in_backward.append(False)
+    try:
+        with recording(rec, made=made, whole=whole):
+            proxies = [input_proxy(rec, t) for t in tensors]
+            made.clear()
+            out = as_tuple(call(*proxies))
+    finally:
+        recorder._running.in_backward.pop()
+    return [(tuple(o.shape), o.dtype, o.device, o.requires_grad) for o in out], len(made)
+
+
+def _requiring_grad(tensors, which: str):
+    floats = [i for i, t in enumerate(tensors) if t.is_floating_point()]
+    chosen = {"none": [], "first": floats[:1], "last": floats[-1:], "all": floats}[which]
+    return [t.detach().requires_grad_(i in chosen) for i, t in enumerate(tensors)]
+
+
+def batch_norm(kind: str, weighted=True):
+    def inputs(dtype):
+        x = randn(4, 3, 5, dtype=dtype)
+        w, b = (randn(3, dtype=dtype), randn(3, dtype=dtype)) if weighted else (None, None)
+        rm, rv = torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)
+        if kind == "forward":
+            return (x, w, b, rm, rv), lambda x, w, b, rm, rv: kernels.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
+        if kind == "no_stats":
+            return (x, w, b), lambda x, w, b: kernels.native_batch_norm_no_stats(x, w, b, 1e-5)
+        _, mean, invstd = torch.ops.aten._native_batch_norm_legit.no_stats(x.float(), None, None, True, 0.0, 1e-5)
+        g = randn(4, 3, 5, dtype=dtype)
+
+        def call(g, x, w, rm, rv, mean, invstd):
+            return kernels.native_batch_norm_backward(g, x, w, rm, rv, mean, invstd, kind == "train", 1e-5, [True, True, True])
+
+        return (g, x, w, rm, rv, mean, invstd), call
+
+    return inputs
+
+
+#: Kernels the comparison with aten above leaves out (batch norm has tests of its own).
+META_CASES = CASES + [
+    Case("native_batch_norm", kernels.native_batch_norm, batch_norm("forward")),
+    Case("native_batch_norm_unweighted", kernels.native_batch_norm, batch_norm("forward", weighted=False)),
+    Case("native_batch_norm_no_stats", kernels.native_batch_norm_no_stats, batch_norm("no_stats")),
+    Case("native_batch_norm_backward_train", kernels.native_batch_norm_backward, batch_norm("train")),
+    Case("native_batch_norm_backward_eval", kernels.native_batch_norm_backward, batch_norm("eval")),
+]
+
+
+@pytest.mark.parametrize("which", ["none", "first", "last", "all"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", META_CASES, ids=[c.id for c in META_CASES])
+def test_a_kernel_recorded_whole_has_the_outputs_of_its_decomposition(case: Case, dtype: torch.dtype, which: str):
+    torch.manual_seed(0)
+    tensors, call = case.inputs(dtype)
+    present = _requiring_grad([t for t in tensors if t is not None], which)
+
+    def bound(*args):
+        it = iter(args)
+        return call(*[next(it) if t is not None else None for t in tensors])
+
+    whole, whole_made = _recorded(bound, present, whole_runners(default_executors()))
+    decomposition, made = _recorded(bound, present, None)
+    assert whole == decomposition
+    assert whole_made == len(whole) < made, "recorded whole: the outputs alone"
+
+
+def _made_recording(call, tensors, whole, in_rule: bool) -> int:
+    """How many proxies recording ``call`` made (its outputs alone when recorded whole)."""
+    rec, made = _core.Recorder(), []
+    if in_rule:
+        recorder._running.in_backward.append(False)
+    try:
+        with recording(rec, made=made, whole=whole):
+            proxies = [input_proxy(rec, t) for t in tensors]
+            made.clear()
+            call(*proxies)
+    finally:
+        if in_rule:
+            recorder._running.in_backward.pop()
+    return len(made)
+
+
+class _Translator(thunder_rs.executors.extend.FusionExecutor):
+    fuses_decompositions = True
+
+
+def test_a_kernel_is_recorded_whole_only_where_nothing_needs_its_decomposition():
+    x, w, b = randn(3, 4, dtype=torch.float32), randn(4, dtype=torch.float32), randn(4, dtype=torch.float32)
+    call = lambda x, w, b: kernels.native_layer_norm(x, (4,), w, b, 1e-5)  # noqa: E731
+    defaults = whole_runners(default_executors())
+    assert _made_recording(call, (x, w, b), defaults, in_rule=True) == 3
+    # Without gradients the VJP pass never differentiates it, inside a grad rule or not.
+    assert _made_recording(call, (x, w, b), defaults, in_rule=False) == 3
+    # Differentiated outside a grad rule: the VJP pass needs the decomposition.
+    assert _made_recording(call, (x.requires_grad_(), w, b), defaults, in_rule=False) > 3
+    # An executor that translates prims needs every decomposition.
+    assert whole_runners([_Translator("translator"), *default_executors()]) is None
+    assert _made_recording(call, (x, w, b), None, in_rule=True) > 3
+
+
+def test_a_kernel_whose_runners_refuse_the_call_records_its_decomposition():
+    x = randn(3, 4, dtype=torch.float32)
+    call = lambda x: kernels.native_layer_norm(x, (4,), None, None, 1e-5)  # noqa: E731
+    for accepts, whole in ((True, True), (False, False)):
+        executor = thunder_rs.executors.extend.Executor("picky")
+        executor.register_implementation(kernels.native_layer_norm, torch.native_layer_norm,
+                                         checker=lambda *args, accepts=accepts: accepts)
+        made = _made_recording(call, (x,), whole_runners([executor]), in_rule=True)
+        assert (made == 3) == whole
+
+
+def test_a_whole_kernel_the_vjp_must_differentiate_is_refused_naming_it():
+    """A grad rule that records a kernel and then does not differentiate its call itself leaves
+    the VJP pass a kernel without decomposition: a clear error, never a missing gradient."""
+    from thunder_rs import torch as ltorch
+    from thunder_rs.core.recorder import GRAD_RULES
+
+    @thunder_rs.register_grad(ltorch.silu)
+    def silu_through_a_kernel(input, inplace=False):
+        return kernels.native_layer_norm(input, (4,), None, None, 1e-5)[0]
+
+    try:
+        fn = thunder_rs.jit(lambda x: torch.nn.functional.silu(x) * 2)
+        with pytest.raises(thunder_rs.errors.ThunderNotImplementedError,
+                           match="ltorch.native_layer_norm: was recorded without its decomposition"):
+            fn(randn(3, 4, dtype=torch.float32).requires_grad_())
+    finally:
+        GRAD_RULES.pop(ltorch.silu.symbol_id, None)

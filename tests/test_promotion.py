@@ -68,3 +68,13 @@ def test_promotion_to_an_unsupported_dtype_raises_naming_the_op():
     fn = thunder_rs.jit(lambda a: a + 1j)
     with pytest.raises(ThunderNotImplementedError, match=r"ltorch.add: .*complex32"):
         fn(torch.ones(2, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32])
+def test_a_promotion_first_met_while_tracing_works(dtype):
+    """Torch combines the tiers on meta tensors, which tracing must not take for the program's
+    calls: with the cache empty, the first compile met the combination inside the trace."""
+    dtypes._combine.cache_clear()
+    x = torch.arange(-3, 3).to(dtype)
+    fn = thunder_rs.jit(lambda x: torch.where(x > 0, 0.5, x) * 2 + 1.0)
+    torch.testing.assert_close(fn(x), torch.where(x > 0, 0.5, x) * 2 + 1.0)

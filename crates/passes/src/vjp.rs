@@ -2,7 +2,8 @@
 //!
 //! The backward walks the forward's bound symbols in reverse. A prim uses its Rust rule
 //! ([`Prim::vjp`]); a composite recorded through a Python grad rule emits the backward the rule
-//! recorded; any other composite is differentiated through its decomposition; a fallback gets a
+//! recorded; any other composite is differentiated through its decomposition (one recorded
+//! without it is refused); a fallback gets a
 //! `<name>.vjp` call that torch.autograd differentiates at run time. Only tensors that require
 //! grad receive gradients, so integer and boolean values never do.
 
@@ -101,6 +102,12 @@ impl Cotangents {
     }
 }
 
+/// Whether `bsym` is a composite recorded whole (`TraceBuilder::record_whole`): no
+/// decomposition, yet outputs of its own (a composite that returns its inputs records none).
+fn is_whole(bsym: &BoundSymbol) -> bool {
+    bsym.subsymbols.is_empty() && bsym.outputs.iter().any(|o| !bsym.args.contains(&Arg::Value(*o)))
+}
+
 /// Emits the backward of `bsyms` (in reverse), accumulating into `cots`.
 fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Result<()> {
     for bsym in bsyms.iter().rev() {
@@ -117,8 +124,13 @@ fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Re
                     }
                 }
             }
-            Symbol::Composite(_) => match &bsym.grad {
+            Symbol::Composite(id) => match &bsym.grad {
                 Some(rule) => apply_rule(e, cots, rule)?,
+                None if is_whole(bsym) => bail!(
+                    NotImplemented,
+                    &*SymbolTable::name(*id),
+                    "was recorded without its decomposition (an executor runs it whole), which its gradient needs"
+                ),
                 None => backprop(e, cots, &bsym.subsymbols)?,
             },
             Symbol::Region(_) => backprop(e, cots, &bsym.subsymbols)?,
@@ -205,4 +217,38 @@ fn fallback_vjp(
         cots.accumulate(e, w, g)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trace_ir::{DType, Device, SymbolKind, TensorMeta};
+
+    fn input(b: &mut TraceBuilder) -> ValueId {
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        b.add_input(ValueKind::Tensor(meta))
+    }
+
+    #[test]
+    fn a_composite_recorded_whole_is_refused_where_a_gradient_needs_its_decomposition() {
+        let id = SymbolTable::register("ltorch.test_whole_kernel", SymbolKind::Composite);
+        let mut b = TraceBuilder::new();
+        let x = input(&mut b);
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        let y = b.record_whole(id, vec![Arg::Value(x)], vec![], vec![meta])[0];
+        let trace = b.finish(Arg::Value(y)).unwrap();
+        let err = joint(&trace).unwrap_err().to_string();
+        assert!(err.contains("ltorch.test_whole_kernel") && err.contains("without its decomposition"), "{err}");
+    }
+
+    #[test]
+    fn a_composite_returning_its_input_needs_no_decomposition() {
+        let id = SymbolTable::register("ltorch.test_identity", SymbolKind::Composite);
+        let mut b = TraceBuilder::new();
+        let x = input(&mut b);
+        b.begin_composite(id, vec![Arg::Value(x)], vec![]);
+        b.end_composite(vec![x]).unwrap();
+        let trace = b.finish(Arg::Value(x)).unwrap();
+        assert!(joint(&trace).unwrap().is_some());
+    }
 }

@@ -370,8 +370,31 @@ impl TraceBuilder {
         kwargs: Vec<(String, Arg)>,
         outputs: Vec<TensorMeta>,
     ) -> Vec<ValueId> {
+        self.record_with_metas(Symbol::Fallback(symbol), args, kwargs, outputs)
+    }
+
+    /// Records a composite call without its decomposition (an executor runs it whole), its
+    /// outputs' metadata given by the symbol's meta rule. Nothing can differentiate it: the VJP
+    /// pass refuses one whose outputs get cotangents.
+    pub fn record_whole(
+        &mut self,
+        symbol: SymbolId,
+        args: Vec<Arg>,
+        kwargs: Vec<(String, Arg)>,
+        outputs: Vec<TensorMeta>,
+    ) -> Vec<ValueId> {
+        self.record_with_metas(Symbol::Composite(symbol), args, kwargs, outputs)
+    }
+
+    fn record_with_metas(
+        &mut self,
+        symbol: Symbol,
+        args: Vec<Arg>,
+        kwargs: Vec<(String, Arg)>,
+        outputs: Vec<TensorMeta>,
+    ) -> Vec<ValueId> {
         let ids: Vec<ValueId> = outputs.into_iter().map(|m| self.push_value(ValueKind::Tensor(m))).collect();
-        let mut bsym = BoundSymbol::new(Symbol::Fallback(symbol), args, ids.clone());
+        let mut bsym = BoundSymbol::new(symbol, args, ids.clone());
         bsym.kwargs = kwargs;
         self.push_bsym(bsym);
         ids

@@ -54,7 +54,7 @@ def _reject_generators(fn, out) -> None:
             "only as it is iterated, after the call, so it cannot be traced. Jit the function that consumes it")
 
 
-def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding):
+def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole):
     """Runs the program on proxies. Returns its output, the observer of what it read, the
     attributes it set on modules and state objects (``(holder, name, value)``, undone), the
     ``print`` calls it made, and the positions of the flat inputs that are tensors."""
@@ -62,7 +62,7 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding):
     prints: list = []
     token = recording_prints(prints)
     try:
-        with recording(rec, captures, made):
+        with recording(rec, captures, made, whole):
             out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding)
     finally:
         stop_recording_prints(token)
@@ -139,15 +139,16 @@ def _finish(rec, out, writes, prints, flat_inputs, inputs: TracedInputs, capture
     return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, writebacks
 
 
-def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None) -> Acquired:
+def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None, whole: dict | None = None) -> Acquired:
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
     parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
-    captured tensors come last."""
+    captured tensors come last. ``whole`` (``extend.whole_runners``) lets kernels the jit's
+    executors run whole be recorded without their decompositions."""
     rec = _core.Recorder()
     made: list = []
     captures = Captures(rec)
     try:
-        out, observer, writes, prints, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding)
+        out, observer, writes, prints, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole)
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise

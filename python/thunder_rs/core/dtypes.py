@@ -65,7 +65,14 @@ def _combine(dim: torch.dtype | None, zero: torch.dtype | None, number: type | N
 
     ``torch.result_type`` of one tensor and one number or 0-dim tensor applies exactly the rule
     ``result_type`` needs between two tiers, so thunder_rs keeps no promotion table of its own.
+    Its meta tensors are made with torch functions overrides off: tracing's language mode would
+    take them for the program's calls.
     """
+    with torch._C.DisableTorchFunction():
+        return _torch_combine(dim, zero, number)
+
+
+def _torch_combine(dim: torch.dtype | None, zero: torch.dtype | None, number: type | None) -> torch.dtype:
     if dim is None and zero is None:
         return _number_dtype(cast(type, number))
     if zero is not None and number is not None:

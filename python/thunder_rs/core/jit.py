@@ -31,7 +31,7 @@ from thunder_rs.core.rng import check_generators
 from thunder_rs.core.wrapped_module import WRAPPED, present_state_dict_as_wrapped
 from thunder_rs.core.writeback import with_writebacks
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
-from thunder_rs.executors.extend import Region, default_executors, executor_table, resolve_executors
+from thunder_rs.executors.extend import Region, default_executors, executor_table, resolve_executors, whole_runners
 from thunder_rs.executors.torch_ex import sync_fallbacks
 
 MISS_WARNING_THRESHOLD = 8
@@ -275,7 +275,9 @@ class ThunderFunction:
     def _compile(self, flat, spec, key, guard_reason=None) -> Entry:
         start = time.perf_counter()
         modes = RecordedModes()
-        acquired = acquire(self._fn, flat, spec, self._binding if self._module is not None else None)
+        executors = default_executors() if self._executors is None else self._executors
+        acquired = acquire(self._fn, flat, spec, self._binding if self._module is not None else None,
+                           whole_runners(executors))
         modes.check_restored()
         check_generators(acquired.consts)
         acquired_at = time.perf_counter()
@@ -283,7 +285,7 @@ class ThunderFunction:
         params = self._binding.qualified if self._module is not None and self._binding is not None else ()
         names = (input_names(self._fn, flat, spec), params)
         computation, source, filename, traces, backward_traces, stages = _generated(acquired, name, modes, self._passes,
-                                                                                   self._executors, names)
+                                                                                   executors, names)
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
         entry = Entry(computation, source, filename, positions, traces, backward_traces)

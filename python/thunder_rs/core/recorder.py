@@ -124,16 +124,25 @@ def lift_captured(args: tuple, kwargs: dict):
     return _lift(args, captures), {k: _lift(v, captures) for k, v in kwargs.items()}
 
 
+#: Per acquisition: symbol id -> the checkers (None: no checker) of the executors that can run
+#: that symbol whole (``extend.whole_runners``); None when every decomposition must be recorded.
+_whole: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_whole", default=None)
+
+
 @contextlib.contextmanager
-def recording(rec: "_core.Recorder", captures: Captures | None = None, made: list | None = None):
+def recording(rec: "_core.Recorder", captures: Captures | None = None, made: list | None = None,
+              whole: dict | None = None):
     """Records into ``rec``; real tensors become trace inputs through ``captures``; every proxy
-    made is appended to ``made``."""
+    made is appended to ``made``; kernels that ``whole`` says an executor runs whole are recorded
+    without their decompositions (``record_kernel``)."""
     token = _current.set(rec)
     captures_token = _captures.set(captures)
     made_token = _made.set(made)
+    whole_token = _whole.set(whole)
     try:
         yield rec
     finally:
+        _whole.reset(whole_token)
         _made.reset(made_token)
         _captures.reset(captures_token)
         _current.reset(token)
@@ -259,3 +268,43 @@ def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
         raise
     rec.end(output_vids(out))
     return out
+
+
+def record_kernel(symbol_id: int, name: str, fn, meta, args: tuple, kwargs: dict):
+    """Records a call of the kernel ``symbol_id`` (``kernels.py``): whole, its outputs described
+    by ``meta``, when an executor of the jit runs it whole and nothing will need its
+    decomposition; else as ``record_composite`` does.
+
+    Recording a decomposition is most of what a kernel costs at compile time (the GPT block's
+    layer-norm and attention kernels take about 6 ms), and the torch executor never runs it.
+    The decomposition is needed by an executor that translates prims (nvFuser), by the claim
+    pass when no executor takes the kernel (its checkers refuse the call), and by the VJP pass
+    when it differentiates the kernel, which only a grad rule's kernels escape.
+    """
+    outputs = _whole_outputs(symbol_id, meta, args, kwargs)
+    if outputs is None:
+        return record_composite(symbol_id, name, fn, args, kwargs)
+    outs = proxies(current().whole(symbol_id, args, kwargs or None, outputs))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _whole_outputs(symbol_id: int, meta, args: tuple, kwargs: dict) -> list | None:
+    """The outputs ``(dtype code, device, shape, requires_grad)`` of a whole kernel call, or
+    None when its decomposition must be recorded. ``meta`` describes each as ``(shape, dtype)``,
+    or ``(shape, dtype, flows)`` where ``flows`` says whether a gradient can reach it from the
+    inputs that require grad."""
+    runners = _whole.get()
+    checkers = None if runners is None else runners.get(symbol_id)
+    if checkers is None:
+        return None
+    differentiable = _is_grad_enabled() and _requires_grad(args, kwargs)
+    if differentiable and not _running.in_backward:
+        return None  # not inside a grad rule: the VJP pass may differentiate the decomposition
+    if not any(checker is None or checker(*args, **kwargs) for checker in checkers):
+        return None
+    described = meta(*args, **kwargs)
+    if described is None:
+        return None
+    device = str(next(a for a in args if isinstance(a, TensorProxy)).device)
+    return [(CODES[dtype], device, tuple(shape), differentiable and flows and (dtype.is_floating_point or dtype.is_complex))
+            for shape, dtype, flows in ((*d, True)[:3] for d in described)]

@@ -228,3 +228,24 @@ def executor_table(executors: list[Executor]):
     table = _core.ExecutorTable(rows)
     _table_cache["table"] = (key, table, impls)
     return table, impls
+
+
+def whole_runners(executors: list[Executor]) -> dict | None:
+    """What acquisition needs to record kernels whole (``recorder.record_kernel``): composite
+    symbol id -> the checkers (None for none) of the executors other than fusion executors that
+    implement it; a fusion executor that takes a symbol needs one of those as its fallback.
+    None when an executor translates decompositions (``fuses_decompositions``): it needs them all."""
+    if any(getattr(e, "fuses_decompositions", False) for e in executors):
+        return None
+    key = (tuple(id(e) for e in executors), _version[0])
+    cached = _table_cache.get("whole")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    runners: dict = {}
+    for executor in executors:
+        if not executor.fusion:
+            for sym_key, (_, checker, _) in executor.implmap.items():
+                if isinstance(sym_key, int):
+                    runners.setdefault(sym_key, []).append(checker)
+    _table_cache["whole"] = (key, runners)
+    return runners

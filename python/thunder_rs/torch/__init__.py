@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from thunder_rs import _core
 from thunder_rs.core.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH
-from thunder_rs.core.recorder import record_composite
+from thunder_rs.core.recorder import record_composite, record_kernel
 
 if TYPE_CHECKING:
     # ``ltorch.<name>`` is set from the registry at import (``_export_symbols``), which type
@@ -40,16 +40,25 @@ def register(symbol, sym_id: int, sym_name: str, torch_fns: tuple, *, properties
     return symbol
 
 
-def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False):
-    """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns`` (see ``register``)."""
+def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False,
+                meta=None):
+    """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns`` (see ``register``).
+    A kernel (``kernels.py``) gives ``meta``, which describes its outputs as ``(shape, dtype)``
+    pairs (or returns None to have the decomposition recorded), so that it can be recorded
+    whole (``record_kernel``)."""
 
     def decorate(fn):
         sym_name = f"ltorch.{name or fn.__name__}"
         sym_id = _core.register_symbol(sym_name)
 
-        @functools.wraps(fn)
-        def symbol(*args, **kwargs):
-            return record_composite(sym_id, sym_name, fn, args, kwargs)
+        if meta is None:
+            @functools.wraps(fn)
+            def symbol(*args, **kwargs):
+                return record_composite(sym_id, sym_name, fn, args, kwargs)
+        else:
+            @functools.wraps(fn)
+            def symbol(*args, **kwargs):
+                return record_kernel(sym_id, sym_name, fn, meta, args, kwargs)
 
         return register(symbol, sym_id, sym_name, torch_fns, properties=properties, sequence=sequence)
 

@@ -63,6 +63,25 @@ def _one_or_tuple(values: list):
     return values[0] if len(values) == 1 else tuple(values)
 
 
+# Each kernel's meta rule describes the outputs its decomposition records, as ``(shape, dtype)``
+# or ``(shape, dtype, flows)`` where ``flows`` is False for an output that no input requiring
+# grad reaches, so that it can be recorded whole (``recorder.record_kernel``). tests/test_kernels.py checks each against its decomposition.
+
+
+def _like(t):
+    return tuple(t.shape), t.dtype
+
+
+def _flows(*tensors) -> bool:
+    """Whether one of ``tensors`` (numbers and None allowed) requires grad."""
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _masked_meta(output_mask, *outputs):
+    """The outputs that ``output_mask`` asks for."""
+    return [o for wanted, o in zip(output_mask, outputs) if wanted]
+
+
 # -- layer norm ------------------------------------------------------------------------------------
 
 
@@ -79,7 +98,13 @@ def _trailing(input, normalized_shape) -> tuple[int, ...]:
     return tuple(range(input.ndim - len(normalized_shape), input.ndim))
 
 
-@torchsymbol(name="native_layer_norm")
+def _native_layer_norm_meta(input, normalized_shape, weight, bias, eps):
+    stats = (*input.shape[:input.ndim - len(normalized_shape)], *(1,) * len(normalized_shape))
+    dtype = _norm_stats_dtype(input, weight, bias)
+    return [_like(input), (stats, dtype, input.requires_grad), (stats, dtype, input.requires_grad)]
+
+
+@torchsymbol(name="native_layer_norm", meta=_native_layer_norm_meta)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
     """layer_norm's output, with the mean and reciprocal standard deviation it normalised by
     (kept as size-1 dims)."""
@@ -96,7 +121,15 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     return cast(out, input.dtype), cast(mean, stats), cast(rstd, stats)
 
 
-@torchsymbol(name="native_layer_norm_backward")
+def _native_layer_norm_backward_meta(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    params = tuple(input.shape[input.ndim - len(normalized_shape):])
+    xhat = (grad_out, input, mean, rstd)
+    return _masked_meta(output_mask, (*_like(input), _flows(*xhat, weight)),
+                        (params, getattr(weight, "dtype", None), _flows(*xhat)),
+                        (params, getattr(bias, "dtype", None), _flows(grad_out)))
+
+
+@torchsymbol(name="native_layer_norm_backward", meta=_native_layer_norm_backward_meta)
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     """The gradients of layer_norm's input, weight and bias that ``output_mask`` asks for."""
     dims = _trailing(input, normalized_shape)
@@ -120,7 +153,18 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
 # -- batch norm ------------------------------------------------------------------------------------
 
 
-@torchsymbol(name="native_batch_norm")
+def _batch_stats_meta(input):
+    channels, dtype = (input.shape[1],), compute_dtype(input.dtype)
+    return [(channels, dtype, input.requires_grad), (channels, dtype, input.requires_grad)]
+
+
+def _native_batch_norm_meta(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return [(*_like(input), _flows(input, weight, bias)), *_batch_stats_meta(input),
+            (*_like(running_mean), _flows(input, running_mean, momentum)),
+            (*_like(running_var), _flows(input, running_var, momentum))]
+
+
+@torchsymbol(name="native_batch_norm", meta=_native_batch_norm_meta)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     """Batch norm in training mode, as aten's ``_native_batch_norm_legit_functional``: the output,
     the batch mean and inverse standard deviation, and the running statistics updated with
@@ -136,7 +180,11 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     return out, mean, invstd, cast(new_mean, running_mean.dtype), cast(new_var, running_var.dtype)
 
 
-@torchsymbol(name="native_batch_norm_no_stats")
+def _native_batch_norm_no_stats_meta(input, weight, bias, eps):
+    return [_like(input), *_batch_stats_meta(input)]
+
+
+@torchsymbol(name="native_batch_norm_no_stats", meta=_native_batch_norm_no_stats_meta)
 def native_batch_norm_no_stats(input, weight, bias, eps):
     """Batch norm in training mode without running statistics: the output, and the batch mean
     and inverse standard deviation."""
@@ -145,7 +193,18 @@ def native_batch_norm_no_stats(input, weight, bias, eps):
     return batch_normalized(input, x, mean, invstd, weight, bias), mean, invstd
 
 
-@torchsymbol(name="native_batch_norm_backward")
+def _native_batch_norm_backward_meta(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train,
+                                     eps, output_mask):
+    channels = (input.shape[1],)
+    param_dtype = input.dtype if weight is None else weight.dtype
+    stats = (save_mean, save_invstd) if train else (running_mean, running_var)
+    scale = (input, *stats) if train else (running_var,)
+    return _masked_meta(output_mask, (*_like(input), _flows(grad_out, weight, *scale)),
+                        (channels, getattr(weight, "dtype", None), _flows(grad_out, input, *stats)),
+                        (channels, param_dtype, _flows(grad_out)))
+
+
+@torchsymbol(name="native_batch_norm_backward", meta=_native_batch_norm_backward_meta)
 def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                                output_mask):
     """The gradients of batch norm's input, weight and bias that ``output_mask`` asks for: in
@@ -190,7 +249,12 @@ def native_dropout(input, p, train):
     return input * keep * (1.0 / (1.0 - p)), keep
 
 
-@torchsymbol(torch.ops.aten.native_dropout_backward.default, name="native_dropout_backward")
+def _native_dropout_backward_meta(grad_output, mask, scale):
+    return [(tuple(torch.broadcast_shapes(grad_output.shape, mask.shape)), grad_output.dtype)]
+
+
+@torchsymbol(torch.ops.aten.native_dropout_backward.default, name="native_dropout_backward",
+             meta=_native_dropout_backward_meta)
 def native_dropout_backward(grad_output, mask, scale):
     return grad_output * mask * scale
 
@@ -201,7 +265,12 @@ _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 _TANH_CUBIC = 0.044715
 
 
-@torchsymbol(name="gelu_backward")
+def _gelu_backward_meta(grad_output, input, approximate="none"):
+    shape = tuple(torch.broadcast_shapes(grad_output.shape, input.shape))
+    return [(shape, input.dtype)]
+
+
+@torchsymbol(name="gelu_backward", meta=_gelu_backward_meta)
 def gelu_backward(grad_output, input, approximate="none"):
     x = upcast(input)
     if approximate == "tanh":
@@ -218,14 +287,18 @@ def gelu_backward(grad_output, input, approximate="none"):
     return cast(upcast(grad_output) * slope, input.dtype)
 
 
-@torchsymbol(name="softmax_backward")
+def _softmax_backward_meta(grad_output, output, dim):
+    return [(tuple(torch.broadcast_shapes(grad_output.shape, output.shape)), output.dtype)]
+
+
+@torchsymbol(name="softmax_backward", meta=_softmax_backward_meta)
 def softmax_backward(grad_output, output, dim):
     """The gradient of softmax's input from its output's, in the output's dtype."""
     g, y = upcast(grad_output), upcast(output)
     return cast(y * (g - ltorch.sum(g * y, dim, keepdim=True)), output.dtype)
 
 
-@torchsymbol(name="log_softmax_backward")
+@torchsymbol(name="log_softmax_backward", meta=_softmax_backward_meta)
 def log_softmax_backward(grad_output, output, dim):
     """The gradient of log_softmax's input from its output's, in the output's dtype."""
     g, y = upcast(grad_output), upcast(output)
@@ -235,7 +308,11 @@ def log_softmax_backward(grad_output, output, dim):
 # -- embedding and losses --------------------------------------------------------------------------
 
 
-@torchsymbol(name="embedding_backward")
+def _embedding_backward_meta(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    return [((num_weights, grad_output.shape[-1]), grad_output.dtype)]
+
+
+@torchsymbol(name="embedding_backward", meta=_embedding_backward_meta)
 def embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     """The gradient of an embedding table of ``num_weights`` rows; ``padding_idx`` is -1 for
     none (else in range), and its row gets no gradient."""
@@ -252,7 +329,13 @@ def embedding_backward(grad_output, indices, num_weights, padding_idx, scale_gra
     return grad
 
 
-@torchsymbol(name="nll_loss_forward")
+def _nll_loss_forward_meta(input, target, weight, reduction: int, ignore_index: int):
+    out = tuple(target.shape) if reduction == REDUCTIONS["none"] else ()
+    weighted = weight is not None and weight.requires_grad and reduction != REDUCTIONS["none"]
+    return [(out, input.dtype), ((), input.dtype, weighted)]
+
+
+@torchsymbol(name="nll_loss_forward", meta=_nll_loss_forward_meta)
 def nll_loss_forward(input, target, weight, reduction: int, ignore_index: int):
     """nll_loss of a 1-D or 2-D input, and the total weight of the targets it counted (zero for
     reduction none), which a mean divides by."""
@@ -263,7 +346,12 @@ def nll_loss_forward(input, target, weight, reduction: int, ignore_index: int):
     return out, ltorch.sum(_target_weights(target, weight, ignore_index, input.dtype)[0])
 
 
-@torchsymbol(name="nll_loss_backward")
+def _nll_loss_backward_meta(grad_output, input, target, weight, reduction: int, ignore_index: int, total_weight):
+    mean = reduction == REDUCTIONS["mean"]
+    return [(*_like(input), _flows(grad_output, weight, total_weight if mean else None))]
+
+
+@torchsymbol(name="nll_loss_backward", meta=_nll_loss_backward_meta)
 def nll_loss_backward(grad_output, input, target, weight, reduction: int, ignore_index: int, total_weight):
     """The gradient of nll_loss's 1-D or 2-D input: minus each picked element's weight times
     the cotangent (over the total weight for a mean), zero elsewhere."""
@@ -289,7 +377,12 @@ def _scores(query, key, is_causal: bool, scale: float):
     return ltorch.where(visible, scores, float("-inf"))
 
 
-@torchsymbol(name="sdpa_flash")
+def _sdpa_flash_meta(query, key, value, is_causal, scale):
+    rows = tuple(query.shape[:-1])
+    return [((*rows, value.shape[-1]), query.dtype), (rows, compute_dtype(query.dtype), _flows(query, key))]
+
+
+@torchsymbol(name="sdpa_flash", meta=_sdpa_flash_meta)
 def sdpa_flash(query, key, value, is_causal, scale):
     """Attention of 4-D query, key and value (one batch and head count, one head size) without
     mask or dropout, and the logsumexp of each row's scores (float32 for half precision)."""
@@ -299,7 +392,13 @@ def sdpa_flash(query, key, value, is_causal, scale):
     return ltorch.matmul(cast(probs, query.dtype), value), lse
 
 
-@torchsymbol(name="sdpa_flash_backward")
+def _sdpa_flash_backward_meta(grad_out, query, key, value, out, logsumexp, is_causal, scale):
+    batch, dtype = tuple(query.shape[:-2]), query.dtype
+    return [((*batch, query.shape[-2], key.shape[-1]), dtype), ((*batch, key.shape[-2], query.shape[-1]), dtype),
+            ((*batch, value.shape[-2], grad_out.shape[-1]), dtype)]
+
+
+@torchsymbol(name="sdpa_flash_backward", meta=_sdpa_flash_backward_meta)
 def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale):
     """The gradients of ``sdpa_flash``'s query, key and value; the probabilities are recomputed
     from the saved logsumexp."""
