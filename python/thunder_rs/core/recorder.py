@@ -270,6 +270,10 @@ def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
     return out
 
 
+#: The symbol ids of the kernels (symbols with a meta rule, which ``record_kernel`` records).
+KERNEL_IDS: set[int] = set()
+
+
 def record_kernel(symbol_id: int, name: str, fn, meta, args: tuple, kwargs: dict):
     """Records a call of the kernel ``symbol_id`` (``kernels.py``): whole, its outputs described
     by ``meta``, when an executor of the jit runs it whole and nothing will need its

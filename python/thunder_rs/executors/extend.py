@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from thunder_rs import _core
+from thunder_rs.core.recorder import KERNEL_IDS
 from thunder_rs.core.fallback import qualified_name
 from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
 
@@ -231,21 +232,15 @@ def executor_table(executors: list[Executor]):
 
 
 def whole_runners(executors: list[Executor]) -> dict | None:
-    """What acquisition needs to record kernels whole (``recorder.record_kernel``): composite
+    """What acquisition needs to record kernels whole (``recorder.record_kernel``): kernel
     symbol id -> the checkers (None for none) of the executors other than fusion executors that
     implement it; a fusion executor that takes a symbol needs one of those as its fallback.
     None when an executor translates decompositions (``fuses_decompositions``): it needs them all."""
     if any(getattr(e, "fuses_decompositions", False) for e in executors):
         return None
-    key = (tuple(id(e) for e in executors), _version[0])
-    cached = _table_cache.get("whole")
-    if cached is not None and cached[0] == key:
-        return cached[1]
     runners: dict = {}
-    for executor in executors:
-        if not executor.fusion:
-            for sym_key, (_, checker, _) in executor.implmap.items():
-                if isinstance(sym_key, int):
-                    runners.setdefault(sym_key, []).append(checker)
-    _table_cache["whole"] = (key, runners)
+    for sid in KERNEL_IDS:
+        checkers = [e.implmap[sid][1] for e in executors if not e.fusion and sid in e.implmap]
+        if checkers:
+            runners[sid] = checkers
     return runners

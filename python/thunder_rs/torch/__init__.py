@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from thunder_rs import _core
 from thunder_rs.core.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH
-from thunder_rs.core.recorder import record_composite, record_kernel
+from thunder_rs.core.recorder import KERNEL_IDS, record_composite, record_kernel
 
 if TYPE_CHECKING:
     # ``ltorch.<name>`` is set from the registry at import (``_export_symbols``), which type
@@ -56,6 +56,8 @@ def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...]
             def symbol(*args, **kwargs):
                 return record_composite(sym_id, sym_name, fn, args, kwargs)
         else:
+            KERNEL_IDS.add(sym_id)
+
             @functools.wraps(fn)
             def symbol(*args, **kwargs):
                 return record_kernel(sym_id, sym_name, fn, meta, args, kwargs)
