@@ -102,7 +102,7 @@ impl Cotangents {
     }
 }
 
-/// Whether `bsym` is a composite recorded whole (`TraceBuilder::record_whole`): no
+/// Whether `bsym` is a composite recorded whole (`TraceBuilder::record_given`): no
 /// decomposition, yet outputs of its own (a composite that returns its inputs records none).
 fn is_whole(bsym: &BoundSymbol) -> bool {
     bsym.subsymbols.is_empty() && bsym.outputs.iter().any(|o| !bsym.args.contains(&Arg::Value(*o)))
@@ -235,7 +235,7 @@ mod tests {
         let mut b = TraceBuilder::new();
         let x = input(&mut b);
         let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
-        let y = b.record_whole(id, vec![Arg::Value(x)], vec![], vec![meta])[0];
+        let y = b.record_given(Symbol::Composite(id), vec![Arg::Value(x)], vec![], vec![meta])[0];
         let trace = b.finish(Arg::Value(y)).unwrap();
         let err = joint(&trace).unwrap_err().to_string();
         assert!(err.contains("ltorch.test_whole_kernel") && err.contains("without its decomposition"), "{err}");

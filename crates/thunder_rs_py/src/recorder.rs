@@ -3,7 +3,7 @@
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use trace_ir::{Arg, Scalar, SymbolId, TensorMeta, TraceBuilder, ValueId, ValueKind};
+use trace_ir::{Scalar, Symbol, SymbolId, TraceBuilder, ValueId, ValueKind};
 
 use crate::convert::{tensor_meta, to_arg, to_args, to_kwargs, types};
 use crate::errors::{no_panic, py_result};
@@ -16,34 +16,7 @@ pub struct Recorder {
     consts: Vec<Py<PyAny>>,
 }
 
-/// An output's `(dtype code, device, shape, requires_grad)`, as Python describes it.
-type OutputMeta = (u8, String, Vec<i64>, bool);
-
-/// How a call with given outputs is recorded: [`TraceBuilder::record_fallback`] or
-/// [`TraceBuilder::record_whole`].
-type RecordWithMetas = fn(&mut TraceBuilder, SymbolId, Vec<Arg>, Vec<(String, Arg)>, Vec<TensorMeta>) -> Vec<ValueId>;
-
 impl Recorder {
-    fn record_with_metas<'py>(
-        &mut self,
-        py: Python<'py>,
-        symbol: u32,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-        outputs: Vec<OutputMeta>,
-        record: RecordWithMetas,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let types = types(py)?;
-        let args = to_args(args, types, &mut self.consts)?;
-        let kwargs = to_kwargs(kwargs, types, &mut self.consts)?;
-        let metas = outputs
-            .into_iter()
-            .map(|(d, dev, shape, rg)| tensor_meta(d, &dev, shape, rg))
-            .collect::<PyResult<Vec<_>>>()?;
-        let ids = record(self.builder()?, SymbolId(symbol), args, kwargs, metas);
-        self.describe(py, &ids)
-    }
-
     fn builder(&mut self) -> PyResult<&mut TraceBuilder> {
         self.builder.as_mut().ok_or_else(|| PyRuntimeError::new_err("the recording is finished"))
     }
@@ -154,31 +127,28 @@ impl Recorder {
         Ok(())
     }
 
-    /// Records a fallback call with outputs `(dtype, device, shape, requires_grad)`.
-    #[pyo3(signature = (symbol, args, kwargs, outputs))]
-    fn fallback<'py>(
+    /// Records a call of `symbol` whose outputs `(dtype, device, shape, requires_grad)` are
+    /// given: an eager fallback, or with `whole` a composite recorded without its decomposition.
+    #[pyo3(signature = (symbol, args, kwargs, outputs, whole=false))]
+    fn call<'py>(
         &mut self,
         py: Python<'py>,
         symbol: u32,
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
-        outputs: Vec<OutputMeta>,
+        outputs: Vec<(u8, String, Vec<i64>, bool)>,
+        whole: bool,
     ) -> PyResult<Bound<'py, PyList>> {
-        self.record_with_metas(py, symbol, args, kwargs, outputs, TraceBuilder::record_fallback)
-    }
-
-    /// Records a composite call without its decomposition, with outputs `(dtype, device, shape,
-    /// requires_grad)` from the symbol's meta rule.
-    #[pyo3(signature = (symbol, args, kwargs, outputs))]
-    fn whole<'py>(
-        &mut self,
-        py: Python<'py>,
-        symbol: u32,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-        outputs: Vec<OutputMeta>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        self.record_with_metas(py, symbol, args, kwargs, outputs, TraceBuilder::record_whole)
+        let types = types(py)?;
+        let args = to_args(args, types, &mut self.consts)?;
+        let kwargs = to_kwargs(kwargs, types, &mut self.consts)?;
+        let metas = outputs
+            .into_iter()
+            .map(|(d, dev, shape, rg)| tensor_meta(d, &dev, shape, rg))
+            .collect::<PyResult<Vec<_>>>()?;
+        let symbol = if whole { Symbol::Composite(SymbolId(symbol)) } else { Symbol::Fallback(SymbolId(symbol)) };
+        let ids = self.builder()?.record_given(symbol, args, kwargs, metas);
+        self.describe(py, &ids)
     }
 
     /// The constants that arguments referred to (`_c0`, `_c1`, ...).

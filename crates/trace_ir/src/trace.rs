@@ -370,23 +370,13 @@ impl TraceBuilder {
         kwargs: Vec<(String, Arg)>,
         outputs: Vec<TensorMeta>,
     ) -> Vec<ValueId> {
-        self.record_with_metas(Symbol::Fallback(symbol), args, kwargs, outputs)
+        self.record_given(Symbol::Fallback(symbol), args, kwargs, outputs)
     }
 
-    /// Records a composite call without its decomposition (an executor runs it whole), its
-    /// outputs' metadata given by the symbol's meta rule. Nothing can differentiate it: the VJP
-    /// pass refuses one whose outputs get cotangents.
-    pub fn record_whole(
-        &mut self,
-        symbol: SymbolId,
-        args: Vec<Arg>,
-        kwargs: Vec<(String, Arg)>,
-        outputs: Vec<TensorMeta>,
-    ) -> Vec<ValueId> {
-        self.record_with_metas(Symbol::Composite(symbol), args, kwargs, outputs)
-    }
-
-    fn record_with_metas(
+    /// Records a call of `symbol` with outputs of the given metadata: a fallback, or a composite
+    /// recorded whole, without its decomposition (an executor runs it whole, and the VJP pass
+    /// refuses to differentiate it).
+    pub fn record_given(
         &mut self,
         symbol: Symbol,
         args: Vec<Arg>,

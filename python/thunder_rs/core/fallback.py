@@ -258,7 +258,7 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         state = _generator(args, kwargs).get_state()
         metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))
     sid = symbol_id(func, effect, autocast_state, replay)
-    outs = proxies(current().fallback(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
+    outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
     if isinstance(out, torch.Tensor):
         return outs[0]
     bound = iter(outs)
@@ -279,4 +279,4 @@ def record_effect(func, args: tuple, kwargs: dict, outputs: list):
     """Records ``func(*args, **kwargs)`` as an effect symbol (it acts on state outside the trace,
     such as the random number generator) whose outputs are tensors like ``outputs``."""
     metas = [(CODES[t.dtype], str(t.device), tuple(t.shape), False) for t in outputs]
-    return proxies(current().fallback(symbol_id(func, effect=True), tuple(args), kwargs or None, metas))
+    return proxies(current().call(symbol_id(func, effect=True), tuple(args), kwargs or None, metas))

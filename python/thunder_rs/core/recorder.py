@@ -288,7 +288,7 @@ def record_kernel(symbol_id: int, name: str, fn, meta, args: tuple, kwargs: dict
     outputs = _whole_outputs(symbol_id, meta, args, kwargs)
     if outputs is None:
         return record_composite(symbol_id, name, fn, args, kwargs)
-    outs = proxies(current().whole(symbol_id, args, kwargs or None, outputs))
+    outs = proxies(current().call(symbol_id, args, kwargs or None, outputs, whole=True))
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
