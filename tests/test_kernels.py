@@ -251,14 +251,15 @@ def batch_norm(kind: str, weighted=True):
         w, b = (randn(3, dtype=dtype), randn(3, dtype=dtype)) if weighted else (None, None)
         rm, rv = torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)
         if kind == "forward":
-            return (x, w, b, rm, rv), lambda x, w, b, rm, rv: kernels.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
+            return (x, w, b, rm, rv), lambda *a: kernels.native_batch_norm(*a, True, 0.1, 1e-5)
         if kind == "no_stats":
             return (x, w, b), lambda x, w, b: kernels.native_batch_norm_no_stats(x, w, b, 1e-5)
         _, mean, invstd = torch.ops.aten._native_batch_norm_legit.no_stats(x.float(), None, None, True, 0.0, 1e-5)
         g = randn(4, 3, 5, dtype=dtype)
 
         def call(g, x, w, rm, rv, mean, invstd):
-            return kernels.native_batch_norm_backward(g, x, w, rm, rv, mean, invstd, kind == "train", 1e-5, [True, True, True])
+            train = kind == "train"
+            return kernels.native_batch_norm_backward(g, x, w, rm, rv, mean, invstd, train, 1e-5, [True, True, True])
 
         return (g, x, w, rm, rv, mean, invstd), call
 

@@ -139,7 +139,8 @@ def _finish(rec, out, writes, prints, flat_inputs, inputs: TracedInputs, capture
     return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, writebacks
 
 
-def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None, whole: dict | None = None) -> Acquired:
+def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None,
+            whole: dict | None = None) -> Acquired:
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
     parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
     captured tensors come last. ``whole`` (``extend.whole_runners``) lets kernels the jit's
@@ -148,7 +149,8 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     made: list = []
     captures = Captures(rec)
     try:
-        out, observer, writes, prints, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole)
+        out, observer, writes, prints, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding,
+                                                               whole)
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise

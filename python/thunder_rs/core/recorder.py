@@ -310,5 +310,8 @@ def _whole_outputs(symbol_id: int, meta, args: tuple, kwargs: dict) -> list | No
     if described is None:
         return None
     device = str(next(a for a in args if isinstance(a, TensorProxy)).device)
-    return [(CODES[dtype], device, tuple(shape), differentiable and flows and (dtype.is_floating_point or dtype.is_complex))
-            for shape, dtype, flows in ((*d, True)[:3] for d in described)]
+    outputs = []
+    for shape, dtype, *flows in described:
+        inexact = dtype.is_floating_point or dtype.is_complex
+        outputs.append((CODES[dtype], device, tuple(shape), differentiable and all(flows) and inexact))
+    return outputs

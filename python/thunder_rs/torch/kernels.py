@@ -65,7 +65,8 @@ def _one_or_tuple(values: list):
 
 # Each kernel's meta rule describes the outputs its decomposition records, as ``(shape, dtype)``
 # or ``(shape, dtype, flows)`` where ``flows`` is False for an output that no input requiring
-# grad reaches, so that it can be recorded whole (``recorder.record_kernel``). tests/test_kernels.py checks each against its decomposition.
+# grad reaches, so that it can be recorded whole (``recorder.record_kernel``). tests/test_kernels.py
+# checks each against its decomposition.
 
 
 def _like(t):
