@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from dataclasses import dataclass
 from itertools import count
 
@@ -141,6 +142,24 @@ def test_a_region_inductor_cannot_compile_runs_its_eager_calls_with_a_warning():
         out = inductor_ex.inductor_ex.fuse(r)(x)
     assert_same(out, r.function(x))
     assert inductor_ex.stats().failures == before + 1
+
+
+def test_a_view_after_an_op_inductor_decomposes_with_other_strides_compiles(one_thread):
+    """GPT-2's attention with its legacy empty cache: aten's ``cat`` of an empty 1-d tensor and
+    a transposed view is contiguous, Inductor's is a copy keeping the view's strides. The
+    ``matmul`` then reshapes the transposed result: traced through aten, that reshape was a view,
+    which Inductor's strides refuse, and the region ran eagerly with a warning."""
+    r = region("""
+        t2 = torch.cat([t0, t1.transpose(1, 2)], -2)
+        t3 = torch.matmul(t2, t2.transpose(-1, -2))
+        return (t3,)
+    """, "t0, t1")
+    empty, heads = torch.empty(0), torch.randn(2, 8, 32).view(2, 8, 2, 16)
+    before = inductor_ex.stats().failures
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check(r, empty, heads)
+    assert inductor_ex.stats().failures == before
 
 
 def _keys(*names):

@@ -137,6 +137,19 @@ def _inductor():
     return make_fx, compile_graph
 
 
+@functools.cache
+def _decompositions() -> dict:
+    """Inductor's decomposition table, which its compile applies to every graph. The region is
+    traced through it, so that each view the trace records (``reshape`` inside ``matmul``, say)
+    was decided on the strides Inductor computes: traced through aten's own ops, a view can be
+    decided on strides that Inductor's decomposition of an earlier op does not give (``cat`` of
+    one tensor and an empty one is contiguous in aten, a copy of the tensor in Inductor), and
+    the compile then fails."""
+    from torch._inductor.decomposition import select_decomp_table  # noqa: PLC0415 (with Inductor)
+
+    return select_decomp_table()
+
+
 def _disk_hits() -> int:
     """Inductor's count of graphs it loaded from its on-disk caches in this process."""
     counters = torch._dynamo.utils.counters
@@ -176,7 +189,7 @@ def compile_artifact(function, args, region_key: str | None = None):
     tensors = [args[i] for i in positions]
     # The execution traces run with grad mode and autocast off; the graph is traced so too.
     with torch.no_grad(), torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
-        graph = make_fx(on_tensors, tracing_mode="fake")(*tensors)
+        graph = make_fx(on_tensors, decomposition_table=_decompositions(), tracing_mode="fake")(*tensors)
         compiled = compile_graph(graph, tensors, dynamic_shapes="from_example_inputs", options={})
     if entry is not None and inductor_cache.save(entry, compiled) is None:
         _stats.artifact_saves += 1
