@@ -25,6 +25,7 @@
 use crate::claim::Assignment;
 use std::sync::Arc;
 use trace_ir::pysrc::Callee;
+use trace_ir::prims::{Elementwise, Prim};
 use trace_ir::{Arg, BoundSymbol, Result, Symbol, Trace, ValueId};
 
 /// One region of a partitioned trace, for code generation.
@@ -195,15 +196,21 @@ impl<'a> Grouping<'a> {
 
 /// Whether a group is worth a region: at least two calls that are not shape ops.
 fn worth_fusing(trace: &Trace, members: &[u32]) -> bool {
-    members.iter().filter(|&&m| !only_moves_elements(&trace.bsyms[m as usize])).take(2).count() == 2
+    members.iter().filter(|&&m| !only_moves_elements(trace, &trace.bsyms[m as usize])).take(2).count() == 2
 }
 
-/// Whether a call only moves or selects elements: a shape prim, or a composite whose whole
-/// decomposition is (`ltorch.reshape`, `ltorch.permute`).
-fn only_moves_elements(bsym: &BoundSymbol) -> bool {
+/// Whether a call only moves or selects elements: a shape prim, a conversion to the dtype its
+/// input has (`ltorch.stop_gradient`), or a composite whose whole decomposition is such calls
+/// (`ltorch.reshape`, `ltorch.permute`).
+fn only_moves_elements(trace: &Trace, bsym: &BoundSymbol) -> bool {
     match &bsym.symbol {
+        Symbol::Prim(Prim::Elementwise(Elementwise::ConvertElementType { dtype })) => {
+            matches!(bsym.args.first(), Some(Arg::Value(v)) if trace.tensor(*v).is_some_and(|t| t.dtype == *dtype))
+        }
         Symbol::Prim(p) => p.is_shape_op(),
-        Symbol::Composite(_) => !bsym.subsymbols.is_empty() && bsym.subsymbols.iter().all(only_moves_elements),
+        Symbol::Composite(_) => {
+            !bsym.subsymbols.is_empty() && bsym.subsymbols.iter().all(|s| only_moves_elements(trace, s))
+        }
         Symbol::Fallback(_) | Symbol::Region(_) => false,
     }
 }

@@ -141,6 +141,26 @@ fn lone_ops_and_shape_only_groups_are_dropped() {
 }
 
 #[test]
+fn conversions_to_the_inputs_own_dtype_are_not_worth_a_region() {
+    // `stop_gradient` of two saved statistics: converts that change nothing.
+    let convert = |b: &mut TraceBuilder, v: ValueId, dtype: DType| {
+        b.record_prim("convert_element_type", vec![Arg::Value(v), Arg::DType(dtype)]).unwrap()[0]
+    };
+    let mut b = TraceBuilder::new();
+    let (x, y) = (vector(&mut b), vector(&mut b));
+    let (cx, cy) = (convert(&mut b, x, DType::F32), convert(&mut b, y, DType::F32));
+    let trace = b.finish(Arg::Tuple(vec![Arg::Value(cx), Arg::Value(cy)])).unwrap();
+    assert!(run(&trace, |_, _| true).regions.is_empty());
+
+    // Converts to another dtype compute: two of them make a region.
+    let mut b = TraceBuilder::new();
+    let (x, y) = (vector(&mut b), vector(&mut b));
+    let (cx, cy) = (convert(&mut b, x, DType::F64), convert(&mut b, y, DType::F16));
+    let trace = b.finish(Arg::Tuple(vec![Arg::Value(cx), Arg::Value(cy)])).unwrap();
+    assert_eq!(run(&trace, |_, _| true).regions.len(), 1);
+}
+
+#[test]
 fn effects_stay_out_of_regions_and_in_order() {
     let mut b = TraceBuilder::new();
     let x = vector(&mut b);

@@ -164,10 +164,12 @@ def _declare_inplace_methods() -> None:
 
 
 def _defined(fn):
-    """``fn`` with the undefined outputs of a masked aten backward left out, one alone."""
+    """``fn``, a masked aten backward whose last argument is its output mask, with the outputs
+    the mask leaves out dropped (one output alone). Eager kernels leave those undefined (None);
+    the fake and meta kernels that Inductor's tracing runs compute them all, so the mask decides."""
 
     def impl(*args):
-        outs = [o for o in fn(*args) if o is not None]
+        outs = [o for o, wanted in zip(fn(*args), args[-1]) if wanted and o is not None]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return impl
