@@ -24,8 +24,8 @@
 
 use crate::claim::Assignment;
 use std::sync::Arc;
-use trace_ir::pysrc::Callee;
 use trace_ir::prims::{Elementwise, Prim};
+use trace_ir::pysrc::Callee;
 use trace_ir::{Arg, BoundSymbol, Result, Symbol, Trace, ValueId};
 
 /// One region of a partitioned trace, for code generation.
