@@ -131,6 +131,24 @@ def test_torchvision_resnet18_train_steps_with_inductor_match_eager_in_float64()
                 executors=["inductor"])
 
 
+def test_torchvision_mobilenet_v3_gradients_match_eager_in_float64():
+    """Squeeze-excitation gates (hardsigmoid), hardswish, depthwise convolutions, batch norm with
+    eps 1e-3 and dropout: float64 gradients as eager's to 1e-10 (hardsigmoid's once differed by
+    3e-8, eager multiplying by a float32 1/6)."""
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(num_classes=10).double().train()
+    eager = copy.deepcopy(model)
+    x, target = images(0, torch.float64, batch=4)
+    losses = []
+    for fn in (thunder_rs.jit(model), eager):
+        torch.manual_seed(1)  # the classifier's dropout draws the same mask
+        losses.append(F.cross_entropy(fn(x), target))
+        losses[-1].backward()
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-12, atol=0)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=lambda m: f"grad of {name}: {m}")
+
+
 def test_resnet18_eval_matches_eager():
     torch.manual_seed(0)
     model = ResNet18().eval()

@@ -324,3 +324,22 @@ def test_attention_with_dropout_is_left_to_the_decomposition():
                     for j, x in enumerate((q, k, v))] for s in (1, -1)]
         numeric = (loss(*shifted[0]) - loss(*shifted[1])) / (2 * h)
         torch.testing.assert_close((g * direction).sum(), numeric, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["functional", "inplace"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_hardsigmoid_gradient_is_eagers_to_the_bit(dtype: torch.dtype, inplace: bool):
+    """Eager's backward multiplies by 1/6 rounded to float32 in every dtype; dividing by 6, as
+    differentiating the forward's ``(x + 3) / 6`` does, put float64 gradients 3e-8 apart
+    (MobileNetV3's and EfficientNet's squeeze-excitation gates)."""
+    def fn(x):
+        y = x * 1.0
+        return F.hardsigmoid(y, inplace=True) * 2 if inplace else F.hardsigmoid(y) * 2
+
+    special = torch.tensor([-3.0, 3.0, 0.0, float("nan"), float("inf"), -float("inf")], dtype=torch.float64)
+    x = torch.cat([torch.randn(64, dtype=torch.float64) * 4, special]).to(dtype)
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    g = torch.randn(x.shape, dtype=dtype)
+    (thunder_rs.jit(fn)(ours) * g).sum().backward()
+    (fn(theirs) * g).sum().backward()
+    assert torch.equal(ours.grad, theirs.grad)

@@ -43,6 +43,19 @@ def dropout_grad(input, p=0.5, training=True, inplace=False):
     return out
 
 
+#: Eager's hardsigmoid backward multiplies by 1/6 rounded to float32 (``1.0f / 6.0f``), in
+#: every dtype: dividing by 6 gives float64 gradients 3e-8 apart from eager's.
+_ONE_SIXTH_F32 = torch.tensor(1.0 / 6.0, dtype=torch.float32).item()
+
+
+@register_grad(ltorch.hardsigmoid)
+def hardsigmoid_grad(input, inplace=False):
+    out = ltorch.hardsigmoid(input, inplace)
+    inside = ltorch.bitwise_and(ltorch.gt(input, -3.0), ltorch.lt(input, 3.0))
+    put_grad(input, ltorch.where(inside, ltorch.mul(get_grad(out), _ONE_SIXTH_F32), 0.0))
+    return out
+
+
 def _clamp_numbers_grad(g, a, min, max):
     """Scalar bounds: the gradient passes strictly inside them, not at them nor at NaN (torch 2.15)."""
     keep = None
