@@ -190,3 +190,18 @@ def test_requires_grad_on_an_input_changed_in_place_is_refused():
 
     with pytest.raises(NotImplementedError, match="caller's tensor"):
         thunder_rs.jit(fn)(torch.zeros(3))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t: torch.max(t, 1).values,
+    lambda t: t.min(0, keepdim=True).values,
+    lambda t: torch.relu(t).max(-1)[0],
+    lambda t: t.max(1)[0] * t.min(1)[0],
+], ids=["max", "min_keepdim", "relu_then_max", "both"])
+def test_max_and_min_along_a_dim_give_the_gradient_to_the_returned_index_alone(fn):
+    """Eager's backward scatters the gradient to the index it returns; differentiating amax
+    split it among ties (zeros after a ReLU, equal logits)."""
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0, 0.0], [0.0, 0.0, 0.0, -1.0, -2.0], [-1.0, -1.0, 5.0, 5.0, 5.0]],
+                     dtype=torch.float64)
+    ours, theirs = _grads(thunder_rs.jit(fn), x.requires_grad_()), _grads(fn, x)
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1][0], theirs[1][0])

@@ -158,9 +158,16 @@ def _define_max(name: str, reduce_prim, arg_prim, elementwise, return_type):
             return _reduce(reduce_prim, input, dims, False)
         dims = _dims(input, dim, op, sequences=False)
         _check_nonempty(input, dims, False, op)
-        values = _reduce(reduce_prim, input, dims, keepdim)
-        operand, prim_dims = _operand(_index_input(input), dims)
-        indices = _keep(arg_prim(operand, prim_dims[0]), input.shape, dims, keepdim)
+        if input.ndim == 0:
+            values = _reduce(reduce_prim, input, dims, keepdim)
+            return return_type((values, arg_prim(prims.reshape(input, (1,)), 0)))
+        # The values are the input's elements at the indices: eager's backward gives the gradient
+        # to those alone, where amax's would split it among ties.
+        d = dims[0]
+        indices = _keep(arg_prim(_index_input(input), d), input.shape, dims, True)
+        values = prims.take_along_axis(input, indices, d)
+        if not keepdim:
+            values, indices = prims.squeeze(values, (d,)), prims.squeeze(indices, (d,))
         return return_type((values, indices))
 
     return extremum
