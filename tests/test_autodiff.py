@@ -205,3 +205,17 @@ def test_max_and_min_along_a_dim_give_the_gradient_to_the_returned_index_alone(f
                      dtype=torch.float64)
     ours, theirs = _grads(thunder_rs.jit(fn), x.requires_grad_()), _grads(fn, x)
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1][0], theirs[1][0])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t: t.prod(),
+    lambda t: t.prod(1),
+    lambda t: t.prod(0, keepdim=True),
+], ids=["all", "dim", "keepdim"])
+def test_prod_gradient_at_zeros_is_the_product_of_the_others(fn):
+    """prod / x gave NaN at zeros; eager gives each element the product of the others: at a
+    lone zero the product of the nonzero elements, 0 everywhere else once a zero is present."""
+    x = torch.tensor([[1.5, 0.0, 2.0], [0.0, 3.0, 0.0], [2.0, -1.0, 4.0], [0.0, 0.0, 5.0]], dtype=torch.float64)
+    ours, theirs = _grads(thunder_rs.jit(fn), x.requires_grad_()), _grads(fn, x)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=0, atol=0)
+    torch.testing.assert_close(ours[1][0], theirs[1][0], rtol=1e-15, atol=0)

@@ -22,6 +22,7 @@ from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch import kernels
 from thunder_rs.torch.kernels import REDUCTIONS, cast as _cast, sum_to as _sum_to, upcast as _upcast
 from thunder_rs.torch.nn import _LOW_PRECISION, _check_attention, _check_nll, _reduction
+from thunder_rs.torch.reductions import _correction, _dims
 
 
 # -- activations -----------------------------------------------------------------------------------
@@ -53,6 +54,26 @@ def hardsigmoid_grad(input, inplace=False):
     out = ltorch.hardsigmoid(input, inplace)
     inside = ltorch.bitwise_and(ltorch.gt(input, -3.0), ltorch.lt(input, 3.0))
     put_grad(input, ltorch.where(inside, ltorch.mul(get_grad(out), _ONE_SIXTH_F32), 0.0))
+    return out
+
+
+@register_grad(ltorch.std)
+def std_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Eager's std backward: the variance's gradient is ``g / (2 std)``, 0 where std is 0 (a
+    constant slice), where differentiating ``sqrt(var)`` gave NaN there."""
+    out = ltorch.std(input, dim, unbiased, keepdim, correction=correction)
+    if input.dtype.is_complex:
+        return out  # the decomposition's VJP
+    dim, correction = _correction(dim, unbiased, correction, "ltorch.std")
+    dims = _dims(input, dim, "ltorch.std")
+    g = get_grad(out)
+    g_var = ltorch.where(ltorch.eq(out, 0), 0.0, ltorch.true_divide(g, ltorch.mul(out, 2)))
+    if not keepdim and input.ndim:
+        g_var = ltorch.reshape(g_var, tuple(1 if d in dims else n for d, n in enumerate(input.shape)))
+    freedom = (math.prod(input.shape[d] for d in dims) if input.ndim else 1) - correction
+    scale = 2.0 / freedom if freedom else math.inf  # eager's double division
+    centered = ltorch.sub(input, ltorch.mean(input, dims, keepdim=True))
+    put_grad(input, ltorch.mul(ltorch.mul(g_var, scale), centered))
     return out
 
 

@@ -87,17 +87,36 @@ fn meta(prim: &Reduce, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>
 
 // ---------------------------------------------------------------------------------- VJP rules
 
+/// d prod / d x_i, the product of the other elements, as eager computes it: `prod / x_i` where
+/// no element is zero (eager's `grad * (result / input)`); with zeros, at a zero the product of
+/// the nonzero elements when it is the only zero, and 0 everywhere else (prod / x gave NaN).
+fn product_of_the_others(e: &mut Emitter, x: ValueId, y: ValueId, shape: &[i64], dims: &[usize]) -> Result<ValueId> {
+    let (zero, one) = (e.scalar(x, 0.0), e.scalar(x, 1.0));
+    let is_zero = e.binary(Binary::Eq, x, zero.clone())?;
+    let zeros = e.convert(is_zero, e.meta(x).dtype)?;
+    let zeros = e.sum(zeros, dims.to_vec())?;
+    let zeros = e.unreduce(zeros, shape, dims)?;
+    let nonzero_x = e.where_(is_zero, one.clone(), x)?;
+    let nonzero = e.emit(Reduce::Prod { dims: dims.to_vec() }, vec![Arg::Value(nonzero_x)])?;
+    let nonzero = e.unreduce(nonzero, shape, dims)?;
+    let only_zero = e.binary(Binary::Eq, zeros, one)?;
+    let at_zeros = e.where_(only_zero, nonzero, zero.clone())?;
+    let y = e.unreduce(y, shape, dims)?;
+    let plain = e.div(y, x)?;
+    let none = e.binary(Binary::Eq, zeros, zero.clone())?;
+    let elsewhere = e.where_(none, plain, zero)?;
+    e.where_(is_zero, at_zeros, elsewhere)
+}
+
 /// Gradients of the reductions: the cotangent is expanded back over the reduced dims.
 fn vjp(prim: &Reduce, e: &mut Emitter, x: ValueId, outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
     let shape = e.meta(x).shape;
     let grad = match prim {
         Reduce::Sum { dims } => e.unreduce(cots[0].expect("one cotangent"), &shape, dims)?,
         Reduce::Prod { dims } => {
-            // prod / x: undefined at zeros, as in Thunder.
             let g = e.unreduce(cots[0].expect("one cotangent"), &shape, dims)?;
-            let y = e.unreduce(outputs[0], &shape, dims)?;
-            let t = e.mul(g, y)?;
-            e.div(t, x)?
+            let others = product_of_the_others(e, x, outputs[0], &shape, dims)?;
+            e.mul(g, others)?
         }
         Reduce::Amax { dims } | Reduce::Amin { dims } => {
             // Ties share the gradient equally, as torch does.
