@@ -219,3 +219,22 @@ def test_prod_gradient_at_zeros_is_the_product_of_the_others(fn):
     ours, theirs = _grads(thunder_rs.jit(fn), x.requires_grad_()), _grads(fn, x)
     torch.testing.assert_close(ours[0], theirs[0], rtol=0, atol=0)
     torch.testing.assert_close(ours[1][0], theirs[1][0], rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("rows", [4, 30], ids=["direct", "matmul_form"])
+def test_euclidean_cdist_gradient_at_zero_distance_is_zero_as_eagers(rows):
+    """Eager's cdist backward gives 0 where two points coincide (cdist(x, x), k-means); the
+    matmul form's sqrt (more than 25 rows) gave NaN there."""
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randint(-2, 3, (rows, 3), generator=g).double()
+    x2 = torch.cat([x1[:3], torch.randint(-2, 3, (5, 3), generator=g).double()])
+    fn = torch.cdist
+    ours = [x.clone().requires_grad_() for x in (x1, x2)]
+    theirs = [x.clone().requires_grad_() for x in (x1, x2)]
+    out, expected = thunder_rs.jit(fn)(*ours), fn(*theirs)
+    torch.testing.assert_close(out, expected)
+    cotangent = torch.randn(out.shape, dtype=out.dtype, generator=g)
+    out.backward(cotangent)
+    expected.backward(cotangent)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad)

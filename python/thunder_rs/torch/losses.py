@@ -454,7 +454,10 @@ def _euclidean_dist(x1, x2):
     left, right = padded(x1, True), padded(x2, False)
     perm = (*range(right.ndim - 2), right.ndim - 1, right.ndim - 2)
     product = prims.matmul(left, prims.transpose(right, perm))
-    return prims.sqrt(prims.maximum(product, 0.0))
+    # Eager's backward gives 0 where the distance is 0, where sqrt's gradient is infinite.
+    zero = prims.le(product, clang.maybe_convert(0.0, product.dtype))
+    root = prims.sqrt(prims.where(zero, clang.maybe_convert(1.0, product.dtype), product))
+    return prims.where(zero, clang.maybe_convert(0.0, product.dtype), root)
 
 
 @torchsymbol(torch.cdist)
