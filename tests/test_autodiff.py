@@ -238,3 +238,18 @@ def test_euclidean_cdist_gradient_at_zero_distance_is_zero_as_eagers(rows):
     expected.backward(cotangent)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_rounded_division_has_eagers_zero_gradients_even_by_zero(mode):
+    """Differentiating the rounding gave zeros, but NaN where the divisor is 0."""
+    def fn(a, b):
+        return torch.div(a, b, rounding_mode=mode) + a * b
+
+    a, b = torch.tensor([0.0, 1.0, -3.0, 2.5]), torch.tensor([0.0, 0.0, 2.0, -1.0])
+    ours = [x.clone().requires_grad_() for x in (a, b)]
+    theirs = [x.clone().requires_grad_() for x in (a, b)]
+    thunder_rs.jit(fn)(*ours).sum().backward()
+    fn(*theirs).sum().backward()
+    for x, y in zip(ours, theirs):
+        assert torch.equal(x.grad, y.grad)

@@ -77,6 +77,20 @@ def std_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     return out
 
 
+@register_grad(ltorch.div)
+def div_grad(input, other, *, rounding_mode=None):
+    """A rounded division has eager's zero gradients: differentiating the rounding gave zeros
+    too, but NaN where ``other`` is 0 (zero times the infinite quotient's derivative)."""
+    out = ltorch.div(input, other, rounding_mode=rounding_mode)
+    if rounding_mode is None or not out.dtype.is_floating_point:
+        return out  # the decomposition's VJP
+    get_grad(out)
+    for x in (input, other):
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            put_grad(x, ltorch.zeros_like(x))
+    return out
+
+
 def _clamp_numbers_grad(g, a, min, max):
     """Scalar bounds: the gradient passes strictly inside them, not at them nor at NaN (torch 2.15)."""
     keep = None
