@@ -253,3 +253,18 @@ def test_rounded_division_has_eagers_zero_gradients_even_by_zero(mode):
     fn(*theirs).sum().backward()
     for x, y in zip(ours, theirs):
         assert torch.equal(x.grad, y.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_atan2_gradient_is_eagers_to_the_bit_and_zero_at_the_origin(dtype):
+    """Eager multiplies by the reciprocal of a^2 + b^2, 0 at the origin, where dividing by it
+    rounded otherwise and gave NaN at (0, 0) (the angle of a zero vector)."""
+    g = torch.Generator().manual_seed(0)
+    a, b, cotangent = (torch.randn(256, dtype=dtype, generator=g) for _ in range(3))
+    a[:3], b[:3], b[5], a[6] = 0, 0, 0, 0
+    ours = [x.clone().requires_grad_() for x in (a, b)]
+    theirs = [x.clone().requires_grad_() for x in (a, b)]
+    thunder_rs.jit(torch.atan2)(*ours).backward(cotangent)
+    torch.atan2(*theirs).backward(cotangent)
+    for x, y in zip(ours, theirs):
+        assert torch.equal(x.grad, y.grad)

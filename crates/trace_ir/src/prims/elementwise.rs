@@ -665,13 +665,19 @@ fn vjp_binary(
             (Some(ga), Some(gb))
         }
         Atan2 => {
+            // As torch: g * b * recip and g * -a * recip, recip = 1 / (a^2 + b^2), 0 at the origin.
             let aa = e.mul(a.clone(), a.clone())?;
             let bb = e.mul(b.clone(), b.clone())?;
             let denom = e.add(aa, bb)?;
+            let (zero, one) = (e.scalar(denom, 0.0), e.scalar(denom, 1.0));
+            let recip = e.div(one, denom)?;
+            let origin = e.binary(Binary::Eq, denom, zero.clone())?;
+            let recip = e.where_(origin, zero, recip)?;
             let ga = e.mul(g, b.clone())?;
-            let ga = e.div(ga, denom)?;
+            let ga = e.mul(ga, recip)?;
+            // -(g * a * recip) is g * -a * recip exactly: negation commutes with rounding.
             let gb = e.mul(g, a.clone())?;
-            let gb = e.div(gb, denom)?;
+            let gb = e.mul(gb, recip)?;
             (Some(ga), Some(e.neg(gb)?))
         }
         Nextafter => (Some(g), Some(e.zeros_like(g)?)),
