@@ -49,7 +49,10 @@ ACTIVATION_OPS = [
     unary("relu", F.relu, dtypes=NUMERIC, error_inputs=rejects(torch.bool)),
     unary("sigmoid", F.sigmoid),
     unary("silu", F.silu, dtypes=FLOATS, error_inputs=rejects(torch.int64, torch.bool)),
-    unary("gelu", F.gelu, dtypes=FLOATS, error_inputs=chain_errors(rejects(torch.int64), bad_approximate)),
+    # Sample 7 holds +-inf: eager's AVX-512 kernel gives NaN there, its scalar path (and AVX2's) inf
+    # and 0, so which eager's decomposition must match depends on the machine.
+    unary("gelu", F.gelu, dtypes=FLOATS, error_inputs=chain_errors(rejects(torch.int64), bad_approximate),
+          decomposition_skips=(7,)),
     OpInfo("gelu", F.gelu, with_kwargs(unary_samples, approximate="tanh"), variant="tanh"),
     unary("sigmoid", torch.sigmoid, variant="torch"),
     unary("relu", torch.relu, dtypes=NUMERIC, variant="torch"),

@@ -638,9 +638,10 @@ fn vjp_binary(
         Sub => (Some(g), Some(e.neg(g)?)),
         Mul => (Some(e.mul(g, b.clone())?), Some(e.mul(g, a.clone())?)),
         Div => {
+            // As torch: g / b, and -g * ((a / b) / b), whose a / b is the output.
             let ga = e.div(g, b.clone())?;
-            let t = e.mul(ga, a.clone())?;
-            let t = e.div(t, b.clone())?;
+            let t = e.div(y, b.clone())?;
+            let t = e.mul(g, t)?;
             (Some(ga), Some(e.neg(t)?))
         }
         Pow => (pow_grad_base(e, a, b, g)?, pow_grad_exponent(e, a, b, y, g)?),
