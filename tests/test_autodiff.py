@@ -268,3 +268,28 @@ def test_atan2_gradient_is_eagers_to_the_bit_and_zero_at_the_origin(dtype):
     torch.atan2(*theirs).backward(cotangent)
     for x, y in zip(ours, theirs):
         assert torch.equal(x.grad, y.grad)
+
+
+@pytest.mark.parametrize("padding_mode", ["border", "reflection"])
+def test_grid_sample_of_an_identity_grid_has_eagers_gradients_at_the_edges(padding_mode):
+    """A spatial transformer starts at the identity: with align_corners the grid's edges lie
+    exactly on the input's border, where eager's clipping passes no gradient; clipping with
+    minimum and maximum passed half of it, and the affine parameters' gradient was off by 9."""
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    def fn(x, theta):
+        grid = F.affine_grid(theta, (2, 3, 4, 7), align_corners=True)
+        return F.grid_sample(x, grid, padding_mode=padding_mode, align_corners=True)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64, generator=g)
+    theta = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]] * 2, dtype=torch.float64)
+    ours = [t.clone().requires_grad_() for t in (x, theta)]
+    theirs = [t.clone().requires_grad_() for t in (x, theta)]
+    out, expected = thunder_rs.jit(fn)(*ours), fn(*theirs)
+    torch.testing.assert_close(out, expected)
+    cotangent = torch.randn(out.shape, dtype=out.dtype, generator=g)
+    out.backward(cotangent)
+    expected.backward(cotangent)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad)

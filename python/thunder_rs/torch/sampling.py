@@ -118,7 +118,10 @@ def _source_coordinate(coord, size: int, padding_mode: str, align_corners: bool)
     if padding_mode == "reflection":
         x = _reflect(x, 0, 2 * (size - 1)) if align_corners else _reflect(x, -1, 2 * size - 1)
     if padding_mode in ("border", "reflection"):
-        x = prims.minimum(prims.maximum(x, 0.0), float(size - 1))
+        # aten's clip_coordinates_set_grad: no gradient at the bounds either (minimum and maximum
+        # would give half of it there, as at a tie: an identity affine grid's edges).
+        high = float(size - 1)
+        x = prims.where(prims.le(x, 0.0), 0.0, prims.where(prims.ge(x, high), high, x))
     return x
 
 
