@@ -293,3 +293,21 @@ def test_grid_sample_of_an_identity_grid_has_eagers_gradients_at_the_edges(paddi
     expected.backward(cotangent)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t: torch.kthvalue(t, 3),
+    lambda t: torch.kthvalue(t, 20, 1, True),
+    lambda t: torch.median(t, 1),
+    lambda t: torch.nanmedian(t, 0, keepdim=True),
+], ids=["kthvalue", "kthvalue_keepdim", "median", "nanmedian"])
+def test_selections_along_a_dim_return_eagers_indices_when_differentiated(fn):
+    """With ties, kthvalue's selection picks another index than a stable sort: differentiated
+    through its decomposition, the returned indices (and the gradient) were the sort's."""
+    x = torch.randint(0, 3, (4, 37), generator=torch.Generator().manual_seed(15)).double()
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, expected = thunder_rs.jit(fn)(ours), fn(theirs)
+    assert torch.equal(out.indices, expected.indices) and torch.equal(out.values, expected.values)
+    out.values.sum().backward()
+    expected.values.sum().backward()
+    assert torch.equal(ours.grad, theirs.grad)

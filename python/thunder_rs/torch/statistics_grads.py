@@ -1,6 +1,7 @@
 """Grad rules of the order statistics whose decomposition routes the gradient elsewhere than eager:
 median and nanmedian of a whole tensor share it among every element equal to the result (NaN
-ones when it is NaN); mode sends it to the index it returns, the last occurrence of its value.
+ones when it is NaN); along a dim they, mode and kthvalue send it to the index eager's kernel
+returns (for ties, kthvalue's and median's selection picks another than a stable sort's).
 """
 
 from thunder_rs import torch as ltorch
@@ -18,8 +19,10 @@ def _define_full_median_grad(symbol):
     @register_grad(symbol)
     def full_median_grad(input, dim=None, keepdim=False):
         out = symbol(input, dim, keepdim)
-        if dim is not None or input.numel() == 0:
-            return out  # along a dim: the decomposition's gather sends it to the returned index
+        if input.numel() == 0:
+            return out
+        if dim is not None:
+            return _to_the_returned_index(out, input, dim, keepdim)
         put_grad(input, ltorch.to(_evenly_distributed(get_grad(out), input, out), input.dtype))
         return out
 
@@ -30,9 +33,9 @@ median_grad = _define_full_median_grad(ltorch.median)
 nanmedian_grad = _define_full_median_grad(ltorch.nanmedian)
 
 
-@register_grad(ltorch.mode)
-def mode_grad(input, dim=-1, keepdim=False):
-    out = ltorch.mode(input, dim, keepdim)
+def _to_the_returned_index(out, input, dim, keepdim):
+    """``out`` (values, indices) of a selection along ``dim``, run as eager's kernel, with the
+    gradient of its values scattered to its indices (eager's value_selecting_reduction_backward)."""
     g = get_grad(out.values)
     if input.ndim == 0:
         put_grad(input, g)
@@ -42,3 +45,13 @@ def mode_grad(input, dim=-1, keepdim=False):
         g, indices = ltorch.unsqueeze(g, dim), ltorch.unsqueeze(indices, dim)
     put_grad(input, ltorch.scatter_add(ltorch.zeros_like(input), dim, indices, g))
     return out
+
+
+@register_grad(ltorch.mode)
+def mode_grad(input, dim=-1, keepdim=False):
+    return _to_the_returned_index(ltorch.mode(input, dim, keepdim), input, dim, keepdim)
+
+
+@register_grad(ltorch.kthvalue)
+def kthvalue_grad(input, k, dim=-1, keepdim=False):
+    return _to_the_returned_index(ltorch.kthvalue(input, k, dim, keepdim), input, dim, keepdim)
