@@ -81,7 +81,9 @@ def test_hf_like_attention_reshapes_fold_and_match_eager():
     torch.manual_seed(0)
     x = torch.randn(2, 8, 32, requires_grad=True)
     ws = [torch.randn(32, 32, requires_grad=True) for _ in range(4)]
-    jfn = check_training(lambda x, *w: hf_attention(x, *w, n_head=4), x, *ws)
+    # float32 through softmax attention, summed in other orders than eager's kernels: on an
+    # AVX-512 machine one gradient of 512 is 2.3e-5 relative from eager's.
+    jfn = check_training(lambda x, *w: hf_attention(x, *w, n_head=4), x, *ws, rtol=1e-4)
     assert views_note(thunder_rs.last_backward_traces(jfn)).startswith("fired: ")
 
 
