@@ -350,11 +350,13 @@ def test_hardsigmoid_gradient_is_eagers_to_the_bit(dtype: torch.dtype, inplace: 
     lambda t: t.std(0, keepdim=True, unbiased=False),
     lambda t: t.std(),
     lambda t: torch.std(t, (0, 1), correction=2),
-], ids=["dim", "keepdim_biased", "all", "correction"])
+    lambda t: sum(torch.std_mean(t, -1)),
+    lambda t: torch.std_mean(t, 0, keepdim=True)[0],
+], ids=["dim", "keepdim_biased", "all", "correction", "std_mean", "std_mean_std_only"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_std_of_constant_slices_has_eagers_zero_gradient(fn, dtype: torch.dtype):
     """Eager's std backward is 0 where the std is 0; differentiating sqrt(var) gave NaN there
-    (a constant feature, a padded row). The forward stays eager's one std kernel."""
+    (a constant feature, a padded row). The forward stays eager's one std (or std_mean) kernel."""
     x = torch.tensor([[1.5, 1.5, 1.5, 2.0], [1.0, 2.0, 4.0, 2.0], [2.0, 2.0, 2.0, 2.0]], dtype=dtype)
     ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
     out, expected = thunder_rs.jit(fn)(ours), fn(theirs)

@@ -57,24 +57,46 @@ def hardsigmoid_grad(input, inplace=False):
     return out
 
 
+def _kept(t, input, dims, keepdim: bool):
+    """``t``, reduced over ``dims`` of ``input``, with those dims back as size 1."""
+    if keepdim or not input.ndim:
+        return t
+    return ltorch.reshape(t, tuple(1 if d in dims else n for d, n in enumerate(input.shape)))
+
+
+def _std_input_grad(g, std, input, dim, unbiased, keepdim, correction, op: str):
+    """Eager's std backward: the variance's gradient is ``g / (2 std)``, 0 where std is 0 (a
+    constant slice), where differentiating ``sqrt(var)`` gave NaN there; then var's backward.
+    Also returns the reduced dims and their element count."""
+    dim, correction = _correction(dim, unbiased, correction, op)
+    dims = _dims(input, dim, op)
+    count = math.prod(input.shape[d] for d in dims) if input.ndim else 1
+    g_var = _kept(ltorch.where(ltorch.eq(std, 0), 0.0, ltorch.true_divide(g, ltorch.mul(std, 2))), input, dims, keepdim)
+    freedom = count - correction
+    scale = 2.0 / freedom if freedom else math.inf  # eager's double division
+    centered = ltorch.sub(input, ltorch.mean(input, dims, keepdim=True))
+    return ltorch.mul(ltorch.mul(g_var, scale), centered), dims, count
+
+
 @register_grad(ltorch.std)
 def std_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
-    """Eager's std backward: the variance's gradient is ``g / (2 std)``, 0 where std is 0 (a
-    constant slice), where differentiating ``sqrt(var)`` gave NaN there."""
     out = ltorch.std(input, dim, unbiased, keepdim, correction=correction)
     if input.dtype.is_complex:
         return out  # the decomposition's VJP
-    dim, correction = _correction(dim, unbiased, correction, "ltorch.std")
-    dims = _dims(input, dim, "ltorch.std")
-    g = get_grad(out)
-    g_var = ltorch.where(ltorch.eq(out, 0), 0.0, ltorch.true_divide(g, ltorch.mul(out, 2)))
-    if not keepdim and input.ndim:
-        g_var = ltorch.reshape(g_var, tuple(1 if d in dims else n for d, n in enumerate(input.shape)))
-    freedom = (math.prod(input.shape[d] for d in dims) if input.ndim else 1) - correction
-    scale = 2.0 / freedom if freedom else math.inf  # eager's double division
-    centered = ltorch.sub(input, ltorch.mean(input, dims, keepdim=True))
-    put_grad(input, ltorch.mul(ltorch.mul(g_var, scale), centered))
+    grad, _, _ = _std_input_grad(get_grad(out), out, input, dim, unbiased, keepdim, correction, "ltorch.std")
+    put_grad(input, grad)
     return out
+
+
+@register_grad(ltorch.std_mean)
+def std_mean_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    std, mean = ltorch.std_mean(input, dim, unbiased, keepdim, correction=correction)
+    if input.dtype.is_complex:
+        return std, mean  # the decomposition's VJP
+    g_std, g_mean = get_grad(std), get_grad(mean)
+    grad, dims, count = _std_input_grad(g_std, std, input, dim, unbiased, keepdim, correction, "ltorch.std_mean")
+    put_grad(input, ltorch.add(grad, ltorch.true_divide(_kept(g_mean, input, dims, keepdim), count)))
+    return std, mean
 
 
 @register_grad(ltorch.div)
