@@ -20,6 +20,23 @@ def _grads(fn, *inputs):
     return out.detach(), [x.grad for x in leaves]
 
 
+def _both_differentiated(fn, inputs, generator=None):
+    """``fn`` eagerly and jitted on copies of ``inputs`` that require grad, each output
+    backpropagated with one cotangent (random from ``generator``, else ones): (eager's output
+    and gradients, ours)."""
+    results = []
+    cotangent = None
+    for call in (fn, thunder_rs.jit(fn)):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        out = call(*leaves)
+        if cotangent is None:
+            cotangent = (torch.ones_like(out) if generator is None
+                         else torch.randn(out.shape, dtype=out.dtype, generator=generator))
+        out.backward(cotangent)
+        results.append((out.detach(), [x.grad for x in leaves]))
+    return results
+
+
 def test_fallback_ops_are_differentiated_through_torch_autograd():
     # The custom op runs eagerly, and its backward re-runs it under torch.autograd on the saved
     # inputs.
@@ -228,16 +245,9 @@ def test_euclidean_cdist_gradient_at_zero_distance_is_zero_as_eagers(rows):
     g = torch.Generator().manual_seed(0)
     x1 = torch.randint(-2, 3, (rows, 3), generator=g).double()
     x2 = torch.cat([x1[:3], torch.randint(-2, 3, (5, 3), generator=g).double()])
-    fn = torch.cdist
-    ours = [x.clone().requires_grad_() for x in (x1, x2)]
-    theirs = [x.clone().requires_grad_() for x in (x1, x2)]
-    out, expected = thunder_rs.jit(fn)(*ours), fn(*theirs)
+    (expected, eager_grads), (out, grads) = _both_differentiated(torch.cdist, (x1, x2), g)
     torch.testing.assert_close(out, expected)
-    cotangent = torch.randn(out.shape, dtype=out.dtype, generator=g)
-    out.backward(cotangent)
-    expected.backward(cotangent)
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a.grad, b.grad)
+    torch.testing.assert_close(grads, eager_grads)
 
 
 @pytest.mark.parametrize("mode", ["trunc", "floor"])
@@ -246,13 +256,9 @@ def test_rounded_division_has_eagers_zero_gradients_even_by_zero(mode):
     def fn(a, b):
         return torch.div(a, b, rounding_mode=mode) + a * b
 
-    a, b = torch.tensor([0.0, 1.0, -3.0, 2.5]), torch.tensor([0.0, 0.0, 2.0, -1.0])
-    ours = [x.clone().requires_grad_() for x in (a, b)]
-    theirs = [x.clone().requires_grad_() for x in (a, b)]
-    thunder_rs.jit(fn)(*ours).sum().backward()
-    fn(*theirs).sum().backward()
-    for x, y in zip(ours, theirs):
-        assert torch.equal(x.grad, y.grad)
+    inputs = torch.tensor([0.0, 1.0, -3.0, 2.5]), torch.tensor([0.0, 0.0, 2.0, -1.0])
+    (_, eager_grads), (_, grads) = _both_differentiated(fn, inputs)
+    assert all(torch.equal(x, y) for x, y in zip(grads, eager_grads, strict=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -260,14 +266,10 @@ def test_atan2_gradient_is_eagers_to_the_bit_and_zero_at_the_origin(dtype):
     """Eager multiplies by the reciprocal of a^2 + b^2, 0 at the origin, where dividing by it
     rounded otherwise and gave NaN at (0, 0) (the angle of a zero vector)."""
     g = torch.Generator().manual_seed(0)
-    a, b, cotangent = (torch.randn(256, dtype=dtype, generator=g) for _ in range(3))
+    a, b = (torch.randn(256, dtype=dtype, generator=g) for _ in range(2))
     a[:3], b[:3], b[5], a[6] = 0, 0, 0, 0
-    ours = [x.clone().requires_grad_() for x in (a, b)]
-    theirs = [x.clone().requires_grad_() for x in (a, b)]
-    thunder_rs.jit(torch.atan2)(*ours).backward(cotangent)
-    torch.atan2(*theirs).backward(cotangent)
-    for x, y in zip(ours, theirs):
-        assert torch.equal(x.grad, y.grad)
+    (_, eager_grads), (_, grads) = _both_differentiated(torch.atan2, (a, b), g)
+    assert all(torch.equal(x, y) for x, y in zip(grads, eager_grads, strict=True))
 
 
 @pytest.mark.parametrize("padding_mode", ["border", "reflection"])
@@ -284,15 +286,9 @@ def test_grid_sample_of_an_identity_grid_has_eagers_gradients_at_the_edges(paddi
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 5, 6, dtype=torch.float64, generator=g)
     theta = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]] * 2, dtype=torch.float64)
-    ours = [t.clone().requires_grad_() for t in (x, theta)]
-    theirs = [t.clone().requires_grad_() for t in (x, theta)]
-    out, expected = thunder_rs.jit(fn)(*ours), fn(*theirs)
+    (expected, eager_grads), (out, grads) = _both_differentiated(fn, (x, theta), g)
     torch.testing.assert_close(out, expected)
-    cotangent = torch.randn(out.shape, dtype=out.dtype, generator=g)
-    out.backward(cotangent)
-    expected.backward(cotangent)
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a.grad, b.grad)
+    torch.testing.assert_close(grads, eager_grads)
 
 
 @pytest.mark.parametrize("fn", [
