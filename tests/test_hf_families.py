@@ -1,0 +1,111 @@
+"""More Hugging Face model families under thunder_rs.jit: two AdamW training steps next to an eager
+copy, loss, logits and every gradient compared each step.
+
+Tiny configs built in code (nothing downloaded). Decoder families get a causal-LM batch with a
+padded second row; encoders a sequence-classification batch; encoder-decoders labels for the
+decoder. Float64 where the family's kernels take it, to a tolerance that shows a wrong constant
+(1e-10): MixtureOfExperts layers use grouped matrix products, which take no float64.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import thunder_rs
+
+transformers = pytest.importorskip("transformers")
+T = transformers
+
+VOCAB, PAD = 99, 0
+COMMON = dict(vocab_size=VOCAB, pad_token_id=PAD)
+DECODER = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+               max_position_embeddings=64, **COMMON)
+ENCODER = dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64,
+               max_position_embeddings=64, num_labels=3, **COMMON)
+TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _families():
+    """name -> (model class, config, kind of batch, dtype)."""
+    f64 = torch.float64
+    return {
+        "mistral": (T.MistralForCausalLM, T.MistralConfig(num_key_value_heads=2, sliding_window=4, **DECODER), "lm", f64),
+        "qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config(num_key_value_heads=2, **DECODER), "lm", f64),
+        "phi": (T.PhiForCausalLM, T.PhiConfig(**DECODER), "lm", f64),
+        "gemma": (T.GemmaForCausalLM, T.GemmaConfig(num_key_value_heads=1, head_dim=8, **DECODER), "lm", f64),
+        "gpt_neox": (T.GPTNeoXForCausalLM, T.GPTNeoXConfig(**DECODER), "lm", f64),
+        "stablelm": (T.StableLmForCausalLM, T.StableLmConfig(num_key_value_heads=2, **DECODER), "lm", f64),
+        "opt": (T.OPTForCausalLM, T.OPTConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64,
+                                              max_position_embeddings=64, word_embed_proj_dim=32, **COMMON), "lm", f64),
+        "bloom": (T.BloomForCausalLM, T.BloomConfig(n_layer=2, n_head=4, hidden_size=32, **COMMON), "lm", f64),
+        "falcon": (T.FalconForCausalLM, T.FalconConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32,
+                                                       **COMMON), "lm", f64),
+        "gptj": (T.GPTJForCausalLM, T.GPTJConfig(n_layer=2, n_head=4, n_embd=32, rotary_dim=4, n_positions=64,
+                                                 bos_token_id=1, eos_token_id=2, **COMMON), "lm", f64),
+        "mixtral": (T.MixtralForCausalLM, T.MixtralConfig(num_key_value_heads=2, num_local_experts=4,
+                                                           num_experts_per_tok=2, **DECODER), "lm", torch.float32),
+        "roberta": (T.RobertaForSequenceClassification, T.RobertaConfig(**{**ENCODER, "pad_token_id": 1}), "cls", f64),
+        "distilbert": (T.DistilBertForSequenceClassification,
+                       T.DistilBertConfig(n_layers=2, n_heads=2, dim=32, hidden_dim=64, max_position_embeddings=64,
+                                          num_labels=3, **COMMON), "cls", f64),
+        "albert": (T.AlbertForSequenceClassification, T.AlbertConfig(embedding_size=16, **ENCODER), "cls", f64),
+        "t5": (T.T5ForConditionalGeneration, T.T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64,
+                                                        decoder_start_token_id=0, **COMMON), "seq2seq", f64),
+        "bart": (T.BartForConditionalGeneration,
+                 T.BartConfig(encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+                              d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, **COMMON),
+                 "seq2seq", f64),
+    }
+
+
+FAMILIES = _families()
+
+
+def _tokens(seed: int, length: int):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (2, length), generator=g)
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[1, length - 3:] = 0  # the second text is padded on the right
+    return ids, mask
+
+
+def _batch(kind: str, seed: int) -> dict:
+    ids, mask = _tokens(seed, 8)
+    if kind == "lm":
+        return dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    if kind == "cls":
+        return dict(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2]))
+    return dict(input_ids=ids, attention_mask=mask, labels=_tokens(seed + 7, 6)[0])
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_trains_like_eager(name):
+    cls, config, kind, dtype = FAMILIES[name]
+    torch.manual_seed(0)
+    model = cls(config).to(dtype).train()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, eager)]
+    tol = TOLERANCES[dtype]
+    for step in range(2):
+        batch = _batch(kind, step)
+        outs = []
+        for fn, opt in ((jmodel, optimizers[0]), (eager, optimizers[1])):
+            opt.zero_grad(set_to_none=True)
+            torch.manual_seed(step)  # dropout draws the same masks
+            out = fn(**batch)
+            out.loss.backward()
+            outs.append(out)
+        torch.testing.assert_close(outs[0].loss, outs[1].loss, **tol)
+        torch.testing.assert_close(outs[0].logits, outs[1].logits, **tol)
+        eager_params = dict(eager.named_parameters())
+        for pname, p in model.named_parameters():
+            expected = eager_params[pname].grad
+            assert (p.grad is None) == (expected is None), pname
+            if expected is not None:
+                torch.testing.assert_close(p.grad, expected, **tol, msg=lambda m: f"step {step} grad of {pname}: {m}")
+        for opt in optimizers:
+            opt.step()
