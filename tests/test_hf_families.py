@@ -15,6 +15,7 @@ import torch
 import thunder_rs
 
 transformers = pytest.importorskip("transformers")
+from test_hf_models import assert_grads_close  # noqa: E402
 T = transformers
 
 VOCAB, PAD = 99, 0
@@ -101,11 +102,6 @@ def test_family_trains_like_eager(name):
             outs.append(out)
         torch.testing.assert_close(outs[0].loss, outs[1].loss, **tol)
         torch.testing.assert_close(outs[0].logits, outs[1].logits, **tol)
-        eager_params = dict(eager.named_parameters())
-        for pname, p in model.named_parameters():
-            expected = eager_params[pname].grad
-            assert (p.grad is None) == (expected is None), pname
-            if expected is not None:
-                torch.testing.assert_close(p.grad, expected, **tol, msg=lambda m: f"step {step} grad of {pname}: {m}")
+        assert_grads_close(model, eager, tol)
         for opt in optimizers:
             opt.step()
