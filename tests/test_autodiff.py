@@ -307,3 +307,16 @@ def test_selections_along_a_dim_return_eagers_indices_when_differentiated(fn):
     out.values.sum().backward()
     expected.values.sum().backward()
     assert torch.equal(ours.grad, theirs.grad)
+
+
+@pytest.mark.parametrize("fn", [torch.special.bessel_j1, torch.special.modified_bessel_i1], ids=["j1", "i1"])
+def test_first_order_bessel_gradients_at_zero_are_a_half_as_eagers(fn):
+    """j0 - j1 / x (i0 - i1 / x) is 0 / 0 at x = 0, where the derivative is 1/2."""
+    (_, eager_grads), (_, grads) = _both_differentiated(fn, (torch.tensor([0.0, -0.0, 1.0], dtype=torch.float64),))
+    torch.testing.assert_close(grads, eager_grads)
+
+
+def test_nextafter_passes_the_gradient_to_its_first_operand_where_they_differ():
+    inputs = torch.tensor([1.0, 2.0, 0.0, 5.0, float("nan")]), torch.tensor([1.0, 3.0, 1.0, 5.0, 1.0])
+    (_, eager_grads), (_, grads) = _both_differentiated(torch.nextafter, inputs)
+    assert all(torch.equal(x, y) for x, y in zip(grads, eager_grads, strict=True))

@@ -613,6 +613,13 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
             let z = if prim == ModifiedBesselK1 { e.neg(z)? } else { z };
             let t = e.div(y, x)?;
             let t = e.sub(z, t)?;
+            // j1 and i1 are 1/2 at 0, where y / x is 0 / 0 (as torch); y1 and k1 are singular there.
+            let t = if matches!(prim, BesselJ1 | ModifiedBesselI1) {
+                let at_zero = e.binary(Binary::Eq, x, c(0.0))?;
+                e.where_(at_zero, c(0.5), t)?
+            } else {
+                t
+            };
             e.mul(g, t)?
         }
         ScaledModifiedBesselK0 | ScaledModifiedBesselK1 | AiryAi | SphericalBesselJ0 => return Ok(None),
@@ -681,7 +688,11 @@ fn vjp_binary(
             let gb = e.mul(gb, recip)?;
             (Some(ga), Some(e.neg(gb)?))
         }
-        Nextafter => (Some(g), Some(e.zeros_like(g)?)),
+        Nextafter => {
+            // As torch: the gradient passes to a where a != b, and never to b.
+            let equal = e.binary(Eq, a.clone(), b.clone())?;
+            (Some(e.where_(equal, zero.clone(), g)?), Some(e.zeros_like(g)?))
+        }
         Zeta => {
             // As torch: d/dq zeta(x, q) = -x zeta(x + 1, q); there is no derivative in x.
             let x_requires_grad = a
