@@ -320,3 +320,14 @@ def test_nextafter_passes_the_gradient_to_its_first_operand_where_they_differ():
     inputs = torch.tensor([1.0, 2.0, 0.0, 5.0, float("nan")]), torch.tensor([1.0, 3.0, 1.0, 5.0, 1.0])
     (_, eager_grads), (_, grads) = _both_differentiated(torch.nextafter, inputs)
     assert all(torch.equal(x, y) for x, y in zip(grads, eager_grads, strict=True))
+
+
+def test_max_along_a_dim_of_a_bool_scalar_decomposes_as_eager():
+    """A one-element max is the element at index 0; its argmax reads bools as numbers."""
+    from thunder_rs.executors.torch_ex import decomposing  # noqa: PLC0415
+
+    for x in (torch.tensor(True), torch.tensor(3.0)):
+        with decomposing():
+            out = thunder_rs.jit(lambda t: torch.max(t, 0))(x)
+        expected = torch.max(x, 0)
+        assert torch.equal(out.values, expected.values) and torch.equal(out.indices, expected.indices)

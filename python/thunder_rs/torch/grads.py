@@ -22,7 +22,7 @@ from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch import kernels
 from thunder_rs.torch.kernels import REDUCTIONS, cast as _cast, sum_to as _sum_to, upcast as _upcast
 from thunder_rs.torch.nn import _LOW_PRECISION, _check_attention, _check_nll, _reduction
-from thunder_rs.torch.reductions import _correction, _dims
+from thunder_rs.torch.reductions import _correction, _dims, _keep
 
 
 # -- activations -----------------------------------------------------------------------------------
@@ -58,10 +58,8 @@ def hardsigmoid_grad(input, inplace=False):
 
 
 def _kept(t, input, dims, keepdim: bool):
-    """``t``, reduced over ``dims`` of ``input``, with those dims back as size 1."""
-    if keepdim or not input.ndim:
-        return t
-    return ltorch.reshape(t, tuple(1 if d in dims else n for d, n in enumerate(input.shape)))
+    """``t``, reduced over ``dims`` of ``input`` (``keepdim`` as the forward had it), with those dims as size 1."""
+    return t if keepdim else _keep(t, input.shape, dims, True)
 
 
 def _std_input_grad(g, std, input, dim, unbiased, keepdim, correction, op: str):

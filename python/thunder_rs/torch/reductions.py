@@ -158,9 +158,9 @@ def _define_max(name: str, reduce_prim, arg_prim, elementwise, return_type):
             return _reduce(reduce_prim, input, dims, False)
         dims = _dims(input, dim, op, sequences=False)
         _check_nonempty(input, dims, False, op)
-        if input.ndim == 0:
-            values = _reduce(reduce_prim, input, dims, keepdim)
-            return return_type((values, arg_prim(prims.reshape(input, (1,)), 0)))
+        if input.ndim == 0:  # one element: itself, at index 0
+            operand, prim_dims = _operand(_index_input(input), dims)
+            return return_type((_reduce(reduce_prim, input, dims, keepdim), arg_prim(operand, prim_dims[0])))
         # The values are the input's elements at the indices: eager's backward gives the gradient
         # to those alone, where amax's would split it among ties.
         d = dims[0]

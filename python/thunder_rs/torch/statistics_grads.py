@@ -15,6 +15,20 @@ def _evenly_distributed(g, x, value):
     return ltorch.where(mask, ltorch.true_divide(g, ltorch.sum(mask)), 0.0)
 
 
+def _to_the_returned_index(out, input, dim, keepdim):
+    """``out`` (values, indices) of a selection along ``dim``, run as eager's kernel, with the
+    gradient of its values scattered to its indices (eager's value_selecting_reduction_backward)."""
+    g = get_grad(out.values)
+    if input.ndim == 0:
+        put_grad(input, g)
+        return out
+    indices = out.indices
+    if not keepdim:
+        g, indices = ltorch.unsqueeze(g, dim), ltorch.unsqueeze(indices, dim)
+    put_grad(input, ltorch.scatter_add(ltorch.zeros_like(input), dim, indices, g))
+    return out
+
+
 def _define_full_median_grad(symbol):
     @register_grad(symbol)
     def full_median_grad(input, dim=None, keepdim=False):
@@ -31,20 +45,6 @@ def _define_full_median_grad(symbol):
 
 median_grad = _define_full_median_grad(ltorch.median)
 nanmedian_grad = _define_full_median_grad(ltorch.nanmedian)
-
-
-def _to_the_returned_index(out, input, dim, keepdim):
-    """``out`` (values, indices) of a selection along ``dim``, run as eager's kernel, with the
-    gradient of its values scattered to its indices (eager's value_selecting_reduction_backward)."""
-    g = get_grad(out.values)
-    if input.ndim == 0:
-        put_grad(input, g)
-        return out
-    indices = out.indices
-    if not keepdim:
-        g, indices = ltorch.unsqueeze(g, dim), ltorch.unsqueeze(indices, dim)
-    put_grad(input, ltorch.scatter_add(ltorch.zeros_like(input), dim, indices, g))
-    return out
 
 
 @register_grad(ltorch.mode)
