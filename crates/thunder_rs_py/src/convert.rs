@@ -53,11 +53,20 @@ pub fn to_arg(obj: &Bound<'_, PyAny>, types: &Types, consts: &mut Vec<Py<PyAny>>
     if let Ok(b) = obj.cast::<PyBool>() {
         return Ok(Arg::Scalar(Scalar::Bool(b.is_true())));
     }
-    if obj.is_instance_of::<PyInt>() {
+    // A subclass of int or float is read through its own `__index__`/`__float__`: a number the
+    // program must not use (a traced draw from `random`, see `pydraws.py`) raises there, where
+    // reading the C value directly would bake it into the trace.
+    if obj.is_exact_instance_of::<PyInt>() {
         return Ok(Arg::Scalar(Scalar::Int(obj.extract()?)));
     }
-    if let Ok(f) = obj.cast::<PyFloat>() {
+    if obj.is_instance_of::<PyInt>() {
+        return Ok(Arg::Scalar(Scalar::Int(obj.call_method0("__index__")?.extract()?)));
+    }
+    if let Ok(f) = obj.cast_exact::<PyFloat>() {
         return Ok(Arg::Scalar(Scalar::Float(f.value())));
+    }
+    if obj.is_instance_of::<PyFloat>() {
+        return Ok(Arg::Scalar(Scalar::Float(obj.call_method0("__float__")?.extract()?)));
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
         return Ok(Arg::Tuple(t.iter().map(|x| to_arg(&x, types, consts)).collect::<PyResult<_>>()?));

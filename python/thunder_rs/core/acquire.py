@@ -16,6 +16,7 @@ from thunder_rs.core.modules import ModuleBinding
 from thunder_rs.core.modules import attribute_writes as module_writes
 from thunder_rs.core.observe import Observer
 from thunder_rs.core.outputs import flatten_output, is_plain
+from thunder_rs.core.pydraws import recording_draws
 from thunder_rs.core.recorder import Captures, input_proxy, recording
 from thunder_rs.core.torch_overrides import tracing_overrides
 from thunder_rs.core.writeback import WriteBacks, plan
@@ -57,17 +58,19 @@ def _reject_generators(fn, out) -> None:
 def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole):
     """Runs the program on proxies. Returns its output, the observer of what it read, the
     attributes it set on modules and state objects (``(holder, name, value)``, undone), the
-    ``print`` calls it made, and the positions of the flat inputs that are tensors."""
+    ``print`` calls and draws from Python's and NumPy's generators it made (effects to repeat),
+    and the positions of the flat inputs that are tensors."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
     prints: list = []
+    draws: list = []
     token = recording_prints(prints)
     try:
-        with recording(rec, captures, made, whole):
+        with recording_draws(draws), recording(rec, captures, made, whole):
             out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding)
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, module_writes(pairs) + observer.state.writes(), prints, inputs
+    return out, observer, module_writes(pairs) + observer.state.writes(), (prints, draws), inputs
 
 
 class TracedInputs:
@@ -117,13 +120,14 @@ def _check_guards_still_hold(guards, flat_inputs) -> None:
                 "keep such state in a module attribute or a buffer")
 
 
-def _finish(rec, out, writes, prints, flat_inputs, inputs: TracedInputs, captured: list):
+def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list):
     """Ends the recording with the program's outputs, then the tensors it printed or set as
     attributes, then the tensor inputs it wrote (``writeback``). Returns the trace, how to rebuild
-    the outputs, the effects to repeat after each call (prints in order, then attribute writes),
-    and the write-backs."""
+    the outputs, the effects to repeat after each call (prints in order, draws in order, then
+    attribute writes), and the write-backs. ``repeated`` is ``(prints, draws)``."""
     extras: list = []
-    effects = [PrintCall(args, kwargs, extras) for args, kwargs in prints]
+    prints, draws = repeated
+    effects = [PrintCall(args, kwargs, extras) for args, kwargs in prints] + draws
     effects += attribute_writes(writes, extras)
     out_spec, num_outputs = None, 0
     if effects or not is_plain(out):
@@ -149,8 +153,8 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     made: list = []
     captures = Captures(rec)
     try:
-        out, observer, writes, prints, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding,
-                                                               whole)
+        out, observer, writes, repeated, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made,
+                                                                 binding, whole)
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
@@ -158,9 +162,9 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     del observer
     _check_guards_still_hold(guards, flat_inputs)
     trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
-        rec, out, writes, prints, flat_inputs, inputs, captures.proxies)
+        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies)
     positions = inputs.positions
-    del out, writes, prints, inputs
+    del out, writes, repeated, inputs
     captured = captures.release()
     _check_no_escape(made, trace)
     return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captured, guards, effects, num_outputs,
