@@ -47,6 +47,7 @@ _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k i
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
 #: Where a module keeps its submodules, parameters and buffers (read through ``__getattr__``).
 _MODULE_STORES = ("_modules", "_parameters", "_buffers")
+_MODULE_GETATTR = torch.nn.Module.__getattr__
 #: Code and types: guarded by identity, never followed as state objects.
 _CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
                types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)
@@ -58,6 +59,8 @@ _LOAD_ROOT = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOA
 _LOAD_TWO = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
 #: Stack copies that keep a chain going (``self.steps += 1`` copies ``self`` before reading ``steps``).
 _COPIES = frozenset({"COPY", "DUP_TOP"})
+#: Builtins that read an attribute named by a string: ``getattr(config, "scale", 1.0)``.
+_READS_BY_NAME = frozenset({"getattr", "hasattr"})
 
 
 def _in_library(path: str) -> bool:
@@ -113,8 +116,12 @@ class CodeReads:
 
 
 def _chains(code) -> set:
-    """``((load op, root name), (attr, ...))`` for each load followed by attribute reads."""
+    """``((load op, root name), (attr, ...))`` for each load followed by attribute reads. A read
+    by name, ``getattr(chain, "name"[, default])`` or ``hasattr(chain, "name")``, ends its chain
+    with that name."""
     chains, root, attrs = set(), None, []
+    by_name = False  # the chain being read is getattr's or hasattr's first argument
+    after_by_name = False  # the last instruction loaded the builtin getattr or hasattr
     for ins in dis.get_instructions(code):
         op = ins.opname
         if op in _LOAD_ATTR and root is not None:
@@ -123,8 +130,11 @@ def _chains(code) -> set:
         if op in _COPIES and root is not None:
             continue
         if root is not None:
+            if by_name and op == "LOAD_CONST" and type(ins.argval) is str:
+                attrs.append(ins.argval)
             chains.add((root, tuple(attrs)))
             root, attrs = None, []
+        by_name, after_by_name = after_by_name, op == "LOAD_GLOBAL" and ins.argval in _READS_BY_NAME
         if op in _LOAD_ROOT:
             root = (op, ins.argval)
         elif op in _LOAD_TWO:
@@ -296,6 +306,10 @@ class Observer:
         ``config.scale`` or ``Config.scale`` later changes what the program reads). Methods,
         properties and other descriptors give MISSING: their own code is observed."""
         value = ClassSource(type(obj)).fixed().get(attr, MISSING)
+        if value is MISSING and getattr(type(obj), "__getattr__", _MODULE_GETATTR) is _MODULE_GETATTR:
+            # Absent: ``getattr(self, "scale", 1.0)`` or ``hasattr(config, "w")`` read the absence,
+            # which setting the attribute later changes.
+            self._guard_absent(obj, source, attr, origin)
         if value is MISSING or hasattr(type(value), "__get__"):
             return MISSING
         if isinstance(obj, torch.nn.Module):
@@ -303,6 +317,12 @@ class Observer:
         else:
             self.state.read(obj, attr, origin, self._guards)
         return self._keep(ClassSource(type(obj)), attr, value, origin)
+
+    def _guard_absent(self, obj, source, attr: str, origin: str) -> None:
+        if isinstance(obj, torch.nn.Module):
+            self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
+        else:
+            self.state.read(obj, attr, origin, self._guards)
 
     def _module_store_read(self, module, mapping, attr, origin):
         """``module.attr`` for a submodule, parameter or buffer: followed (a submodule) and, for a

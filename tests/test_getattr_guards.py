@@ -1,0 +1,81 @@
+"""Attributes a program reads by name, ``getattr(obj, "name"[, default])`` and ``hasattr(obj,
+"name")``, are guarded like ``obj.name``: setting, changing or deleting them between calls
+recompiles, so every call computes what eager computes."""
+
+import types
+
+import pytest
+import torch
+import torch.nn as nn
+
+import thunder_rs
+
+
+class ByName(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = 2.0
+        self.config = types.SimpleNamespace(shift=1.0)
+
+    def forward(self, x):
+        y = x * getattr(self, "scale")
+        if getattr(self, "use_bias", False):
+            y = y + 100
+        if hasattr(self.config, "extra"):
+            y = y - self.config.extra
+        return y + getattr(self.config, "shift", 0.0)
+
+
+CHANGES = [
+    lambda m: setattr(m, "scale", 3.0),
+    lambda m: setattr(m, "use_bias", True),
+    lambda m: setattr(m, "use_bias", False),
+    lambda m: setattr(m.config, "extra", 5.0),
+    lambda m: setattr(m.config, "shift", -2.0),
+    lambda m: delattr(m.config, "shift"),
+    lambda m: delattr(m.config, "extra"),
+    lambda m: setattr(m, "config", types.SimpleNamespace(extra=1.0)),
+]
+
+
+def test_attributes_read_by_name_are_guarded_on_modules_and_config_objects():
+    model = ByName()
+    jmodel = thunder_rs.jit(model)
+    x = torch.ones(2)
+    torch.testing.assert_close(jmodel(x), model(x))
+    for change in CHANGES:
+        change(model)
+        torch.testing.assert_close(jmodel(x), model(x))
+    assert thunder_rs.cache_misses(jmodel) == len(CHANGES) + 1
+
+
+def test_a_lazily_created_counter_counts_every_call():
+    class Lazy(nn.Module):
+        def forward(self, x):
+            self.factor = getattr(self, "factor", 1.0) * 2
+            if not hasattr(self, "steps"):
+                self.steps = 0
+            self.steps += 1
+            return x * self.factor
+
+    model, eager = Lazy(), Lazy()
+    jmodel = thunder_rs.jit(model)
+    for _ in range(3):
+        torch.testing.assert_close(jmodel(torch.ones(1)), eager(torch.ones(1)))
+    assert (model.factor, model.steps) == (eager.factor, eager.steps) == (8.0, 3)
+
+
+def test_getattr_of_a_function_argument_and_of_a_hugging_face_config():
+    transformers = pytest.importorskip("transformers")
+
+    def program(x, config):
+        return x * getattr(config, "scale", 1.0) + getattr(config, "hidden_size")
+
+    config = transformers.PretrainedConfig(hidden_size=4)
+    jprogram = thunder_rs.jit(program)
+    x = torch.ones(2)
+    torch.testing.assert_close(jprogram(x, config), program(x, config))
+    config.scale = 3.0
+    torch.testing.assert_close(jprogram(x, config), program(x, config))
+    config.hidden_size = 8
+    torch.testing.assert_close(jprogram(x, config), program(x, config))
