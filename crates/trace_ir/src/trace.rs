@@ -117,11 +117,14 @@ impl BoundSymbol {
         let mut f = |v: ValueId| Arg::Value(*subst.get(&v).unwrap_or(&v));
         let mut out = self.map_inputs(&mut f);
         out.subsymbols = self.subsymbols.iter().map(|s| s.renamed(subst)).collect();
+        // A rule's gradients go to the composite's inputs: renamed with them (CSE merging two
+        // equal inputs, `linear(x[0], x[0])`, must send both gradients to the one kept).
+        let rename = |v: &ValueId| *subst.get(v).unwrap_or(v);
         out.grad = self.grad.as_ref().map(|rule| {
             Box::new(GradRule {
-                cotangents: rule.cotangents.clone(),
+                cotangents: rule.cotangents.iter().map(|(v, p)| (rename(v), *p)).collect(),
                 bsyms: rule.bsyms.iter().map(|b| b.renamed(subst)).collect(),
-                grads: rule.grads.iter().map(|(v, g)| (*v, g.map_values(&mut f))).collect(),
+                grads: rule.grads.iter().map(|(v, g)| (rename(v), g.map_values(&mut f))).collect(),
             })
         });
         out
