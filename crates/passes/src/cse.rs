@@ -1,7 +1,7 @@
 //! Common-subexpression elimination.
 
 use crate::PassCx;
-use rustc_hash::{FxHashMap, FxHasher};
+use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 use std::hash::{Hash, Hasher};
 use trace_ir::{Arg, BoundSymbol, Result, Symbol, Trace, ValueId};
 
@@ -45,7 +45,8 @@ fn is_pure(symbol: &Symbol) -> bool {
 
 /// Replaces each call equal to an earlier call by the earlier call's outputs. Random prims,
 /// fallbacks and effects are never merged; a composite containing a random prim is not merged
-/// either; nor are two calls of which one's outputs require grad and the other's do not.
+/// either; nor are two calls of which one's outputs require grad and the other's do not; nor two
+/// calls whose outputs are both returned.
 ///
 /// Calls are found by hash and confirmed by comparison with the kept call, so no key is cloned;
 /// a hash collision can only miss a merge, never make a wrong one.
@@ -53,6 +54,13 @@ pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
     let mut subst: FxHashMap<ValueId, ValueId> = FxHashMap::default();
     let mut seen: FxHashMap<u64, usize> = FxHashMap::default();
     let mut kept: Vec<BoundSymbol> = Vec::with_capacity(trace.bsyms.len());
+    let mut returned = FxHashSet::default();
+    trace.outputs.for_each_value(&mut |v| {
+        returned.insert(v);
+    });
+    // Two returned values stay two tensors (`return torch.zeros(n), torch.zeros(n)`, two equal
+    // gradients): eager gives separate memory, which a caller may write to one at a time.
+    let returns = |b: &BoundSymbol| b.outputs.iter().any(|o| returned.contains(o));
     for bsym in &trace.bsyms {
         let renamed = if subst.is_empty() { bsym.clone() } else { bsym.renamed(&subst) };
         if !is_pure_deep(&renamed) {
@@ -61,7 +69,7 @@ pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
         }
         let hash = call_hash(trace, &renamed);
         match seen.get(&hash).map(|&i| &kept[i]) {
-            Some(earlier) if same_call(trace, earlier, &renamed) => {
+            Some(earlier) if same_call(trace, earlier, &renamed) && !(returns(earlier) && returns(&renamed)) => {
                 for (&o, &e) in renamed.outputs.iter().zip(&earlier.outputs) {
                     subst.insert(o, e);
                 }

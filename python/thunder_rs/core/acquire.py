@@ -2,10 +2,10 @@
 Python state it read, and the module state it wrote."""
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 
 import torch
-from torch.utils._pytree import tree_unflatten
+from torch.utils._pytree import tree_map, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.effects import PrintCall, attribute_writes, recording_prints, stop_recording_prints
@@ -67,10 +67,23 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole
     try:
         with recording_draws(draws), recording(rec, captures, made, whole):
             out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding)
+            writes = module_writes(pairs) + observer.state.writes()
+            # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
+            # keeps: a copy per call, as eager makes them anew.
+            out = _fresh(out, captures)
+            writes = [(holder, name, _fresh(value, captures)) for holder, name, value in writes]
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, module_writes(pairs) + observer.state.writes(), (prints, draws), inputs
+    return out, observer, writes, (prints, draws), inputs
+
+
+def _fresh(value, captures: Captures):
+    if captures.is_created(value):
+        return captures.proxy(value)
+    if type(value) in (list, tuple, dict) or is_dataclass(value) or hasattr(value, "_fields"):
+        return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value)
+    return value
 
 
 class TracedInputs:

@@ -17,7 +17,7 @@ from thunder_rs.core import problems
 from thunder_rs.core.fallback import qualified_name, user_fallback
 from thunder_rs.core.observe import thread_state
 from thunder_rs.core.proxies import TensorProxy, set_language_context
-from thunder_rs.core.recorder import lift_captured
+from thunder_rs.core.recorder import active_captures, lift_captured
 from thunder_rs.core.autocast import cast_inputs
 from thunder_rs.core.rng import RANDOM
 from thunder_rs.core.userframe import user_frame, user_location  # noqa: F401 (re-exported)
@@ -205,7 +205,11 @@ def _untraced_call(func, args, kind: int, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None and kind == 0:
         return ltorch_fn(*args, **kwargs)
-    return func(*args, **kwargs)
+    result = func(*args, **kwargs)
+    captures = active_captures()
+    if kind == 0 and captures is not None:
+        captures.note_created(result)
+    return result
 
 
 class LanguageMode(TorchFunctionMode):

@@ -25,6 +25,8 @@ _made: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_made", defaul
 
 #: The recorder of the acquisition in progress in this thread, or None: ``active_recorder()``.
 active_recorder = _current.get
+#: The ``Captures`` of the acquisition in progress in this thread, or None.
+active_captures = _captures.get
 
 
 def current() -> "_core.Recorder":
@@ -68,6 +70,19 @@ class Captures:
         self.tensors: list[torch.Tensor] = []
         #: the trace inputs standing for ``tensors``, in the same order
         self.proxies: list[TensorProxy] = []
+        #: tensors the program created from Python values while traced (``torch.tensor([1., 2.])``),
+        #: by id: kept alive while the trace may still take them
+        self._created: dict[int, torch.Tensor] = {}
+
+    def note_created(self, result) -> None:
+        """Notes tensors a call without tensor arguments returned: eager makes them anew on every
+        call, so the trace takes a copy of them per call (``proxy``)."""
+        for t in result if type(result) in (list, tuple) else (result,):
+            if isinstance(t, torch.Tensor) and not isinstance(t, TensorProxy) and not t.is_meta:
+                self._created[id(t)] = t
+
+    def is_created(self, x) -> bool:
+        return isinstance(x, torch.Tensor) and self._created.get(id(x)) is x
 
     def release(self) -> list[torch.Tensor]:
         """The captured tensors, in trace-input order; drops the proxies standing for them."""
@@ -76,11 +91,20 @@ class Captures:
         return self.tensors
 
     def proxy(self, t: torch.Tensor) -> TensorProxy:
+        """The proxy standing for ``t``: the trace input that captures it or, for a tensor the
+        program created while traced, a copy of that input made on every call, which the program's
+        outputs and writes may hold (eager gives each call a tensor of its own)."""
         p = self._proxies.get(id(t))
         if p is None:
             p = self._proxies[id(t)] = input_proxy(self._rec, t)
             self.tensors.append(t)
             self.proxies.append(p)
+            if self.is_created(t):
+                copy = torch.clone(p)
+                assert isinstance(copy, TensorProxy)  # recorded: the clone of a proxy is a proxy
+                copy._input_vid = copy._vid
+                self._proxies[id(t)] = copy
+                return copy
         return p
 
     def written_in(self, values) -> bool:

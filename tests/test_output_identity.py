@@ -1,0 +1,81 @@
+"""Every call returns tensors of its own, as eager does: a tensor the program builds from Python
+values (``torch.tensor(0.)``) is made anew on every call, and two equal results are two tensors,
+so a caller that writes to one output never changes another output or a later call's."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import thunder_rs
+
+
+def _returns_a_literal(x):
+    aux = torch.tensor(0.0)
+    return x.sum(), aux
+
+
+def _returns_a_view_of_a_literal(x):
+    return x * 2, torch.tensor([1.0, 2.0, 3.0, 4.0]).view(2, 2)
+
+
+def _writes_into_a_literal(x):
+    buf = torch.tensor([0.0, 0.0])
+    buf[0] += x.sum()
+    return buf
+
+
+@pytest.mark.parametrize("program", [_returns_a_literal, _returns_a_view_of_a_literal, _writes_into_a_literal])
+def test_a_literal_tensor_is_new_on_every_call(program):
+    jprogram = thunder_rs.jit(program)
+    x = torch.ones(3)
+    seen = []
+    for _ in range(3):
+        outputs = jprogram(x)
+        last = outputs[-1] if isinstance(outputs, tuple) else outputs
+        seen.append(last.clone())
+        last.add_(1.0)  # the caller accumulates into it, as into an aux loss
+    expected = program(x)
+    expected = expected[-1] if isinstance(expected, tuple) else expected
+    for value in seen:
+        torch.testing.assert_close(value, expected)
+
+
+def test_a_literal_kept_as_a_module_attribute_is_new_on_every_call():
+    class Aux(nn.Module):
+        def forward(self, x):
+            self.aux = torch.tensor(0.0)
+            return x * 2
+
+    model = Aux()
+    jmodel = thunder_rs.jit(model)
+    values = []
+    for _ in range(3):
+        jmodel(torch.ones(2))
+        model.aux += 1
+        values.append(model.aux.item())
+    assert values == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: (torch.zeros(2, 3), torch.zeros(2, 3)),
+    lambda x: (x.new_zeros(3), x.new_zeros(3)),
+    lambda x: (x * 2, x * 2),
+    lambda x: (x.relu(), x.relu()),
+    lambda x: (torch.full((3,), 1.5), torch.ones(3) * 1.5, torch.full((3,), 1.5)),
+])
+def test_equal_results_are_separate_tensors(program):
+    outputs = thunder_rs.jit(program)(torch.ones(3))
+    expected = program(torch.ones(3))
+    outputs[0].zero_()
+    for out, ref in zip(outputs[1:], expected[1:]):
+        torch.testing.assert_close(out, ref)
+    assert len({o.data_ptr() for o in outputs}) == len(outputs)
+
+
+def test_a_literal_read_by_the_program_keeps_its_value():
+    def program(x):
+        return x * torch.tensor([1.0, 2.0, 3.0])
+
+    jprogram = thunder_rs.jit(program)
+    for _ in range(2):
+        torch.testing.assert_close(jprogram(torch.ones(3)), program(torch.ones(3)))
