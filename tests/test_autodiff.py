@@ -331,3 +331,45 @@ def test_max_along_a_dim_of_a_bool_scalar_decomposes_as_eager():
             out = thunder_rs.jit(lambda t: torch.max(t, 0))(x)
         expected = torch.max(x, 0)
         assert torch.equal(out.values, expected.values) and torch.equal(out.indices, expected.indices)
+
+
+_MODIFIED = "one of the variables needed for gradient computation has been modified by an inplace operation"
+
+
+@pytest.mark.parametrize("case", ["input_refilled", "weight_stepped", "output_post_processed", "input_view_written"])
+def test_a_saved_tensor_written_in_place_before_the_backward_raises_as_in_eager(case):
+    def matmul_loss(x, w):
+        return (x @ w).sum()
+
+    # The weight is saved for the input's gradient: the input requires grad when the weight is stepped.
+    x = torch.ones(2, 3, requires_grad=case == "weight_stepped")
+    w = torch.ones(3, 1, requires_grad=True)
+    if case == "output_post_processed":
+        program, args = torch.exp, (w,)
+    else:
+        program, args = matmul_loss, (x, w)
+    for fn in (program, thunder_rs.jit(program)):
+        with torch.no_grad():
+            x.fill_(1.0)
+        out = fn(*args)
+        if case == "input_refilled":
+            x.mul_(10)
+        elif case == "weight_stepped":
+            with torch.no_grad():
+                w.sub_(0.1)  # an optimizer step between the forward and the backward
+        elif case == "output_post_processed":
+            out.add_(1)
+        else:
+            x[0].zero_()  # a view of the saved input shares its version counter
+        with pytest.raises(RuntimeError, match=_MODIFIED):
+            out.sum().backward()
+        w.grad = None
+
+
+def test_writing_a_saved_tensor_after_the_backward_is_allowed():
+    x, w = torch.ones(2, 3), torch.ones(3, 1, requires_grad=True)
+    jfn = thunder_rs.jit(lambda x, w: (x @ w).sum())
+    for _ in range(2):
+        jfn(x, w).backward()
+        x.mul_(2)
+    torch.testing.assert_close(w.grad, torch.full((3, 1), 6.0))

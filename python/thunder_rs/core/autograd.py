@@ -14,6 +14,23 @@ _DOUBLE_BACKWARD = ("backward: create_graph=True (a differentiable backward, for
                     "by thunder_rs-compiled calls (argument create_graph)")
 
 
+def _versions(residuals) -> list:
+    return [r._version if isinstance(r, torch.Tensor) else -1 for r in residuals]
+
+
+def _check_versions(saved, versions) -> None:
+    """Raises eager's error when a tensor saved for the backward was written in place after the
+    forward (``opt.step()`` before ``loss.backward()``, ``out.add_(1)``): its gradient would be
+    computed from the new values."""
+    for r, then in zip(saved, versions):
+        if then >= 0 and r._version != then:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{r.type()} {list(r.shape)}] is at version {r._version}; expected version {then} instead (a tensor "
+                "a thunder_rs-compiled call saved for its backward). Hint: change the in-place operation to an "
+                "out-of-place one, or run it after the backward")
+
+
 def _unshared(residuals, inputs, overwritten) -> list:
     """``residuals`` with those that share memory with an ``overwritten`` input cloned, so that
     the backward reads the values the forward saw."""
@@ -40,6 +57,7 @@ def grad_function(forward, backward, grad_positions: list[int], single: bool, as
             outputs, residuals = forward(*inputs)
             flat = (outputs,) if single else tuple(outputs)
             ctx.residuals = _unshared(residuals, inputs, overwritten) if overwritten else list(residuals)
+            ctx.versions = _versions(ctx.residuals)
             constant = [o for i, o in enumerate(flat) if i not in differentiable and isinstance(o, torch.Tensor)]
             if constant:
                 ctx.mark_non_differentiable(*constant)
@@ -52,6 +70,7 @@ def grad_function(forward, backward, grad_positions: list[int], single: bool, as
             saved = ctx.residuals
             if saved is None:
                 raise RuntimeError(_FREED)
+            _check_versions(saved, ctx.versions)
             if _keep_graph():
                 saved = list(saved)
             else:
