@@ -126,12 +126,15 @@ class ModuleBinding:
 
         Returns the root's clone and ``(clone, original)`` for every module.
         """
+        # By the tensors the slots hold now: one given another tensor (a reloaded or swapped
+        # parameter, ``module.double()``) keeps its slot's index, as the tying is unchanged.
+        index_of = {id(d[n]): i for i, (d, n) in enumerate(self.unique)}
         clones = {}
         for mod in self.modules:
             copy = _Module.__new__(type(mod))
             copy.__dict__.update(mod.__dict__)
-            copy.__dict__["_parameters"] = _rebound(mod._parameters, proxies, self._index_of)
-            copy.__dict__["_buffers"] = _rebound(mod._buffers, proxies, self._index_of)
+            copy.__dict__["_parameters"] = _rebound(mod._parameters, proxies, index_of)
+            copy.__dict__["_buffers"] = _rebound(mod._buffers, proxies, index_of)
             _hide_fsdp_hooks(copy)
             clones[id(mod)] = copy
         for mod in self.modules:

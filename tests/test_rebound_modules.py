@@ -1,0 +1,66 @@
+"""Parameters and buffers given other tensors between calls (reloaded, swapped, re-pruned, moved
+to another dtype) are read from their slots on every call, and a recompile binds each slot to the
+tensor it holds then."""
+
+import torch
+import torch.nn as nn
+import torch.nn.utils.prune as prune
+
+import thunder_rs
+
+
+class Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.full((3,), 1.0))
+        self.b = nn.Parameter(torch.full((3,), 10.0))
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x):
+        return x * self.a * self.scale + 2 * self.b
+
+
+def _check(jmodel, model, x):
+    model.zero_grad(set_to_none=True)
+    expected = model(x)
+    expected.sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    out = jmodel(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_swapped_parameters_and_a_replaced_buffer_then_a_recompile():
+    model = Two()
+    jmodel = thunder_rs.jit(model)
+    _check(jmodel, model, torch.ones(3))
+    model.a, model.b = model.b, model.a
+    model.scale = torch.tensor(3.0, dtype=torch.float64)
+    _check(jmodel, model, torch.ones(3))
+    _check(jmodel, model, torch.ones(2, 3))  # a new shape recompiles with the slots' tensors now
+
+
+def test_a_reloaded_weight_then_a_new_batch_size():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    jmodel = thunder_rs.jit(model)
+    _check(jmodel, model, torch.randn(4, 3))
+    model.weight = nn.Parameter(torch.randn(2, 3))
+    _check(jmodel, model, torch.randn(4, 3))
+    _check(jmodel, model, torch.randn(5, 3))
+
+
+def test_iterative_pruning_and_a_dtype_change():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3))
+    prune.l1_unstructured(model[0], "weight", amount=0.5)
+    jmodel = thunder_rs.jit(model)
+    x = torch.randn(5, 4)
+    _check(jmodel, model, x)
+    prune.l1_unstructured(model[0], "weight", amount=0.3)  # a new mask buffer
+    _check(jmodel, model, x)
+    model.double()
+    _check(jmodel, model, x.double())
