@@ -411,3 +411,35 @@ def test_a_linear_called_twice_under_autocast_gets_both_weight_gradients():
         grads.append((linear.weight.grad.clone(), linear.bias.grad.clone()))
     for jitted, eager in zip(grads[1], grads[0]):
         torch.testing.assert_close(jitted, eager, rtol=1e-2, atol=1e-2)
+
+
+#: Activations whose decompositions overflow at large |x| (exp(-x) of sigmoid below -89, the
+#: unused where branch of elu and softplus above 89): the gradients are eager's, never NaN.
+SATURATING = {
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+    "softplus": F.softplus,
+    "softplus_beta_threshold": lambda x: F.softplus(x, 2.0, 5.0),
+    "elu": lambda x: F.elu(x, 0.7),
+    "selu": F.selu,
+    "celu": lambda x: F.celu(x, 1.3),
+    "mish": F.mish,
+    "sigmoid_of_a_minus_inf_mask": lambda x: torch.sigmoid(x.masked_fill(x < -50, float("-inf"))),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(SATURATING))
+def test_saturating_activations_have_eager_gradients_at_large_inputs(name, dtype):
+    fn = SATURATING[name]
+    extremes = torch.tensor([-1000.0, -100.0, -89.0, -20.0, 0.0, 20.0, 89.0, 100.0, 1000.0])
+    x0 = torch.cat([extremes, torch.randn(32, generator=torch.Generator().manual_seed(3)) * 5]).to(dtype)
+    g = torch.linspace(-1, 1, x0.numel()).to(dtype)
+    grads = []
+    for f in (fn, thunder_rs.jit(fn)):
+        x = x0.clone().requires_grad_()
+        f(x).backward(g)
+        grads.append(x.grad)
+    assert not grads[1].isnan().any()
+    tolerance = FLOAT64 if dtype == torch.float64 else FLOAT32 if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(grads[1], grads[0], **tolerance)
