@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 from thunder_rs.core import problems
 from thunder_rs.core.fallback import qualified_name, user_fallback
 from thunder_rs.core.observe import thread_state
-from thunder_rs.core.proxies import TensorProxy, set_language_context
+from thunder_rs.core.proxies import TensorProxy, grad_error, set_language_context
 from thunder_rs.core.recorder import active_captures, lift_captured
 from thunder_rs.core.autocast import cast_inputs
 from thunder_rs.core.rng import RANDOM
@@ -199,6 +199,13 @@ def _tensor_kind(args, kwargs) -> int:
     return kind
 
 
+_GRAD_DESCRIPTOR = vars(torch._C.TensorBase)["grad"]
+_GRAD_GET = _GRAD_DESCRIPTOR.__get__
+#: ``.grad`` of a tensor the program did not get as a proxy (a global, an optimizer's parameters):
+#: read or set while tracing, it would be the first call's.
+_GRAD_ACCESS = frozenset({_GRAD_GET, _GRAD_DESCRIPTOR.__set__})
+
+
 def _untraced_call(func, args, kind: int, kwargs):
     """A call without proxies or real tensors (``kind`` as ``_tensor_kind`` says): a creation op
     (its ltorch symbol), or thunder_rs's own computation on meta tensors."""
@@ -226,6 +233,8 @@ class LanguageMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _GRAD_ACCESS and thread_state.inside == 0:
+            raise grad_error("reads" if func == _GRAD_GET else "sets")
         if any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
         if TensorProxy in types or func in RANDOM:  # random calls are recorded: eager draws on every call

@@ -9,7 +9,8 @@ call on it arrives at ``__torch_function__`` and goes to the language context; n
 import torch
 
 from thunder_rs.core.dtypes import DTYPES
-from thunder_rs.errors import ThunderRuntimeError
+from thunder_rs.core.userframe import user_location
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 #: What torch calls on proxies mean; installed by ``thunder_rs.core.langctx`` when it is imported.
 _language_context = None
@@ -56,6 +57,14 @@ class TensorProxy(torch.Tensor):
     device = property(lambda self: self._device)
     ndim = property(lambda self: len(self._shape))
 
+    @property
+    def grad(self):
+        raise grad_error("reads")
+
+    @grad.setter
+    def grad(self, value):
+        raise grad_error("sets")
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         return _language_context(func, args, kwargs or {})
@@ -70,6 +79,14 @@ class TensorProxy(torch.Tensor):
     def __repr__(self, *, tensor_contents=None):
         dims = ", ".join(str(d) for d in self.shape)
         return f'TensorProxy(t{self._vid}, "{self.device} {self.dtype}[{dims}]")'
+
+
+def grad_error(what: str) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"Tensor.grad: the program {what} the .grad of a tensor at {user_location()} while it is traced; a compiled "
+        "call cannot read or set gradients (it would see those of the first call). Run what uses .grad (an "
+        "optimizer step, zero_grad, gradient clipping) outside the jitted function, or pass the gradients as "
+        "arguments")
 
 
 _devices: dict[str, torch.device] = {}
