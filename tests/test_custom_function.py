@@ -185,3 +185,41 @@ def test_what_a_trace_cannot_keep_is_refused_naming_the_function():
         thunder_rs.jit(lambda t: Dirty.apply(t * 1))(x)
     with pytest.raises(ThunderRuntimeError, match="TooFewGradients.backward returned an incorrect number"):
         thunder_rs.jit(lambda t: TooFewGradients.apply(t, t))(x)
+
+
+class _GradReverse(torch.autograd.Function):
+    """Domain-adversarial training's gradient reversal layer: its forward returns its input."""
+
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -ctx.alpha * g, None
+
+
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: _GradReverse.apply(x.sin(), 0.5).cos().sum(),
+    lambda x: _GradReverse.apply(x, 2.0).sum(),
+    lambda x: _Identity.apply(x * 2).sum(),
+])
+def test_a_function_that_returns_its_input_is_differentiated_by_its_backward(program):
+    x = torch.randn(3, requires_grad=True)
+    program(x).backward()
+    expected, x.grad = x.grad, None
+    jprogram = thunder_rs.jit(program)
+    torch.testing.assert_close(jprogram(x), program(x))
+    jprogram(x).backward()
+    torch.testing.assert_close(x.grad, expected)

@@ -64,3 +64,31 @@ def test_iterative_pruning_and_a_dtype_change():
     _check(jmodel, model, x)
     model.double()
     _check(jmodel, model, x.double())
+
+
+def test_attributes_set_and_deleted_on_the_jitted_module_reach_the_wrapped_module():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = 2.0
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            out = self.lin(x) * self.scale
+            return out + self.shift if hasattr(self, "shift") else out
+
+    torch.manual_seed(0)
+    model = Scaled()
+    jmodel = thunder_rs.jit(model)
+    x = torch.ones(1, 2)
+    _check(jmodel, model, x)
+    jmodel.scale = 5.0
+    jmodel.lin = nn.Linear(2, 2)
+    jmodel.shift = 1.0
+    assert (model.scale, model.lin, model.shift) == (5.0, jmodel.lin, 1.0)
+    _check(jmodel, model, x)
+    del jmodel.shift
+    assert not hasattr(model, "shift")
+    _check(jmodel, model, x)
+    jmodel.eval()
+    assert not model.training and not jmodel.training

@@ -88,6 +88,12 @@ def _forward(cls, ctx: TraceContext, args: tuple):
         raise ThunderNotImplementedError(
             f"torch.autograd.Function: {cls.__qualname__}.forward returns {type(out).__name__} values other than "
             "tensors of the traced program, which thunder_rs.jit does not trace")
+    # An input returned as it is (``x.view_as(x)``, a gradient reversal layer) is a new value of
+    # the Function, which its backward differentiates: a copy of it.
+    inputs = {a._vid for a in args if isinstance(a, TensorProxy)}
+    if any(o._vid in inputs for o in outs):
+        copied = tuple(ltorch.clone(o) if o._vid in inputs else o for o in outs)
+        return copied if isinstance(out, tuple) else copied[0]
     return out
 
 

@@ -251,6 +251,10 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         flags = [torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)] * len(leaves)
     else:
         flags = list(requires_grad) if isinstance(requires_grad, (tuple, list)) else [requires_grad] * len(leaves)
+    if any(flag and t.dtype.is_complex for t, flag in zip(leaves, flags)):
+        raise ThunderNotImplementedError(
+            f"{name}: gradients of complex tensors are not supported (its complex result would carry no gradient "
+            "of the inputs that require grad); call it under torch.no_grad() or outside the jitted function")
     metas = [(CODES[t.dtype], str(t.device) if autocast_state is not None else device, tuple(t.shape),
               flag and t.dtype.is_floating_point) for t, flag in zip(leaves, flags)]
     replay = effect and requires_grad is None and any(m[3] for m in metas)

@@ -19,7 +19,7 @@ which the Rust VJP pass emits in place of differentiating the decomposition.
 
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import GRAD_RULES, current, enter_backward, proxies
-from thunder_rs.errors import ThunderTypeError, ThunderValueError
+from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, ThunderValueError
 
 
 def register_grad(symbol, rule=None):
@@ -54,6 +54,8 @@ def put_grad(x, grad) -> None:
     """Declares ``grad`` the gradient of ``x``, an input of the rule."""
     _proxy(x, "put_grad", "x")
     _proxy(grad, "put_grad", "grad")
+    if x.dtype.is_complex:
+        raise ThunderNotImplementedError("put_grad: gradients of complex tensors are not supported (argument x)")
     if tuple(grad.shape) != tuple(x.shape):
         raise ThunderValueError(f"put_grad: the gradient's shape {tuple(grad.shape)} differs from x's {tuple(x.shape)} (argument grad)")
     current().put_grad(x._vid, grad)

@@ -375,6 +375,10 @@ def _warn_recompiles(fn, misses: int, reason: str) -> None:
 _WRAPPER_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
+#: Attributes of the wrapper itself; every other attribute set on it goes to the wrapped module.
+_WRAPPER_OWN = frozenset({WRAPPED, "_jfn", "_hooks_seen", "_has_hooks", "_fsdp", "training"})
+
+
 class ThunderModule(torch.nn.Module):
     """``thunder_rs.jit(module)``: a module whose calls go through a ``ThunderFunction``.
 
@@ -402,6 +406,22 @@ class ThunderModule(torch.nn.Module):
             if modules is None or WRAPPED not in modules or name == WRAPPED:
                 raise
             return getattr(modules[WRAPPED], name)
+
+    def __setattr__(self, name: str, value) -> None:
+        # ``jmodel.scale = 5`` or ``jmodel.lin = nn.Linear(...)`` change the wrapped module, as
+        # torch.compile's wrapper does: the next call reads them (guards and bindings are on it).
+        wrapped = self.__dict__.get("_modules", {}).get(WRAPPED)
+        if wrapped is None or name in _WRAPPER_OWN or hasattr(type(self), name):
+            super().__setattr__(name, value)
+        else:
+            setattr(wrapped, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        wrapped = self.__dict__.get("_modules", {}).get(WRAPPED)
+        if wrapped is None or name in _WRAPPER_OWN or name in self.__dict__ or hasattr(type(self), name):
+            super().__delattr__(name)
+        else:
+            delattr(wrapped, name)
 
     def forward(self, *args, **kwargs):
         if self._fsdp is not None:

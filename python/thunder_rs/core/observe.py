@@ -48,6 +48,8 @@ _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
 #: Where a module keeps its submodules, parameters and buffers (read through ``__getattr__``).
 _MODULE_STORES = ("_modules", "_parameters", "_buffers")
 _MODULE_GETATTR = torch.nn.Module.__getattr__
+#: A module's forward hook stores: the hooks a call of it runs.
+_FORWARD_HOOK_STORES = ("_forward_pre_hooks", "_forward_hooks")
 #: Code and types: guarded by identity, never followed as state objects.
 _CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
                types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)
@@ -241,6 +243,19 @@ class Observer:
             if fn not in known:
                 known.append(fn)
 
+    def _add_hooks(self, module) -> None:
+        """The forward of ``module`` and its forward hooks run in the call: their closure cells
+        (a module class defined in a function) and, for a hook object (``steer.alpha``), its
+        attributes are the program's state like a traced function's."""
+        self._add_function(getattr(type(module), "forward", None))
+        for store in _FORWARD_HOOK_STORES:
+            for hook in getattr(module, store, {}).values():
+                hook = getattr(hook, "__func__", hook)
+                if isinstance(hook, types.FunctionType):
+                    self._add_function(hook)
+                elif isinstance(getattr(hook, "__dict__", None), dict) and not isinstance(hook, torch.nn.Module):
+                    self.state.add(hook, ObjectSource(hook, type(hook).__name__))
+
     # -- one attribute read ----------------------------------------------------------------------
 
     def _traced_module(self, module) -> bool:
@@ -408,6 +423,8 @@ class Observer:
                 original = self._originals.get(id(receiver))
                 if original is not None or not self._traced_module(receiver):
                     original = original or receiver
+                    if id(original) not in self.modules_called:
+                        self._add_hooks(original)
                     self.modules_called[id(original)] = original
             for name, attrs in reads.args:
                 value = local.get(name, MISSING)

@@ -1,0 +1,80 @@
+"""What forward hooks and a module's own forward read and write is program state: a hook's
+closure variables and a hook object's attributes are guarded (changing them recompiles), and
+attributes a hook sets on an object are set again by every call."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+class Steer:
+    """An activation-steering hook object."""
+
+    def __init__(self):
+        self.alpha = 1.0
+        self.calls = 0
+
+    def __call__(self, module, args, out):
+        self.calls += 1
+        return out * self.alpha
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def test_a_hook_objects_attributes_are_guarded_and_its_writes_repeated():
+    model, x = _model(), torch.randn(3, 4)
+    steer = Steer()
+    model[1].register_forward_hook(steer)
+    jmodel = thunder_rs.jit(model)
+    torch.testing.assert_close(jmodel(x), model(x))
+    steer.alpha = 0.0
+    torch.testing.assert_close(jmodel(x), model(x))
+    jmodel(x)
+    assert steer.calls == 5  # two eager calls, three compiled ones
+
+
+def test_a_hooks_closure_variable_is_guarded():
+    model, x = _model(), torch.randn(3, 4)
+    scale = 1.0
+    model[0].register_forward_pre_hook(lambda module, args: (args[0] * scale,))
+    jmodel = thunder_rs.jit(model)
+    torch.testing.assert_close(jmodel(x), model(x))
+    scale = 0.5  # noqa: F841 (read by the hook)
+    torch.testing.assert_close(jmodel(x), model(x))
+
+
+def test_a_forward_defined_in_a_function_reads_its_closure_on_every_call():
+    def make():
+        factor = [1.0]
+
+        class Scaled(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 2)
+
+            def forward(self, x):
+                return self.lin(x) * factor[0]
+
+        def set_factor(value):
+            factor[0] = value
+
+        return Scaled(), set_factor
+
+    model, set_factor = make()
+    jmodel, x = thunder_rs.jit(model), torch.randn(3, 4)
+    torch.testing.assert_close(jmodel(x), model(x))
+    set_factor(0.0)
+    torch.testing.assert_close(jmodel(x), model(x))
+
+
+def test_a_hook_that_appends_to_a_closure_list_is_refused():
+    model, calls = _model(), []
+    model[0].register_forward_hook(lambda module, args, out: calls.append(1))
+    with pytest.raises(ThunderNotImplementedError, match="closure variable 'calls' changed"):
+        thunder_rs.jit(model)(torch.randn(3, 4))
