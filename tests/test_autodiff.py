@@ -388,3 +388,40 @@ def test_a_complex_value_that_would_carry_a_gradient_is_refused(program):
         thunder_rs.jit(program)(x)
     with torch.no_grad():
         torch.testing.assert_close(thunder_rs.jit(program)(x), program(x))
+
+
+def test_saved_tensor_hooks_around_the_call_pack_and_unpack_what_the_call_saves():
+    def program(x, w):
+        return (x @ w).tanh().sum()
+
+    grads, counts = [], []
+    for fn in (program, thunder_rs.jit(program)):
+        calls = [0, 0]
+
+        def pack(t, calls=calls):
+            calls[0] += 1
+            return t * 2  # a lossy pack changes the gradient, in eager as in the compiled call
+
+        def unpack(t, calls=calls):
+            calls[1] += 1
+            return t
+
+        x = torch.ones(2, 3, requires_grad=True)
+        w = torch.full((3, 3), 0.1, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            loss = fn(x, w)
+        loss.backward()
+        grads.append((x.grad, w.grad))
+        counts.append(calls)
+    for jitted, eager in zip(grads[1], grads[0]):
+        torch.testing.assert_close(jitted, eager)
+    assert counts[1][0] > 0 and counts[1][0] == counts[1][1]
+
+
+def test_saved_tensor_hooks_entered_inside_a_program_are_refused():
+    def program(x):
+        with torch.autograd.graph.save_on_cpu():
+            return x.sin()
+
+    with pytest.raises(ThunderNotImplementedError, match="save_on_cpu: entered at .*test_autodiff.py"):
+        thunder_rs.jit(program)(torch.ones(2, requires_grad=True))

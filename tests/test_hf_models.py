@@ -361,18 +361,17 @@ def test_the_jitted_module_forwards_attributes_and_generate():
 
 
 def test_is_compiling_is_true_while_tracing_only():
-    seen = []
-
     class Probe(torch.nn.Module):
         def forward(self, x):
-            seen.append((torch.compiler.is_compiling(), transformers.utils.is_torchdynamo_compiling()))
+            self.seen = (torch.compiler.is_compiling(), transformers.utils.is_torchdynamo_compiling())
             if x.shape[0] == 0:
                 raise ValueError("empty")
             return x * 2
 
-    jprobe = thunder_rs.jit(Probe())
+    probe = Probe()
+    jprobe = thunder_rs.jit(probe)
     jprobe(torch.ones(2))
-    assert seen == [(True, True)]
+    assert probe.seen == (True, True)
     assert not torch.compiler.is_compiling()
     with pytest.raises(ValueError):
         jprobe(torch.ones(0))

@@ -648,3 +648,18 @@ def test_written_input_passed_twice_is_refused():
         jfn(x, x)
     with pytest.raises(NotImplementedError, match="shares its memory"):
         jfn(x, x[1:].unsqueeze(0).expand(1, 2).reshape(2)[:1].expand(3))
+
+
+def test_indexed_assignment_by_a_0_dim_index_tensor_matches_eager():
+    def program(x, y):
+        x[:, y.argmax(), y.argmin()] = torch.ones(3)
+        x[y.argmax()] += 1
+        z = x * 1
+        z[y.argmin()] = 5.0
+        return z * 2
+
+    y = torch.tensor([0.0, 3.0, 1.0, 0.0])
+    eager_x, jit_x = torch.zeros(3, 4, 4), torch.zeros(3, 4, 4)
+    expected = program(eager_x, y)
+    torch.testing.assert_close(thunder_rs.jit(program)(jit_x, y), expected)
+    torch.testing.assert_close(jit_x, eager_x)

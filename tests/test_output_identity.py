@@ -79,3 +79,27 @@ def test_a_literal_read_by_the_program_keeps_its_value():
     jprogram = thunder_rs.jit(program)
     for _ in range(2):
         torch.testing.assert_close(jprogram(torch.ones(3)), program(torch.ones(3)))
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: torch.empty_like(x).copy_(x),
+    lambda x: x.t().contiguous(),
+    lambda x: torch.nn.functional.pad(x, (0, 0)),
+    lambda x: x.roll(0, 0),
+])
+def test_a_copy_eager_makes_is_a_copy_even_when_the_trace_computes_nothing(program):
+    x = torch.zeros(2, 2)
+    out = thunder_rs.jit(program)(x)
+    expected = program(torch.zeros(2, 2))
+    assert out.is_contiguous() == expected.is_contiguous()
+    out.add_(1.0)
+    assert torch.equal(x, torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: x.detach(), lambda x: x.view_as(x), lambda x: x[:], lambda x: x.view(-1), lambda x: x.contiguous(),
+])
+def test_a_view_or_the_input_itself_still_aliases_the_input(program):
+    x = torch.zeros(4)
+    thunder_rs.jit(program)(x).add_(1.0)
+    assert torch.equal(x, torch.ones(4))

@@ -5,17 +5,20 @@ import inspect
 from dataclasses import dataclass, field, is_dataclass
 
 import torch
-from torch.utils._pytree import tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
+from thunder_rs import torch as ltorch
 from thunder_rs.core.effects import PrintCall, attribute_writes, recording_prints, stop_recording_prints
 from thunder_rs.core.escapes import check_no_escape
+from thunder_rs.core.fallback import fallback
 from thunder_rs.core.fsdp import refuse_dtensors
 from thunder_rs.core.langctx import LanguageMode
 from thunder_rs.core.modules import ModuleBinding
 from thunder_rs.core.modules import attribute_writes as module_writes
 from thunder_rs.core.observe import Observer
 from thunder_rs.core.outputs import flatten_output, is_plain
+from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.pydraws import recording_draws
 from thunder_rs.core.recorder import Captures, input_proxy, recording
 from thunder_rs.core.torch_overrides import tracing_overrides
@@ -71,11 +74,35 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
             out = _fresh(out, captures)
+            out = _apart(out, inputs.args + inputs.params + captures.proxies)
             writes = [(holder, name, _fresh(value, captures)) for holder, name, value in writes]
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
     return out, observer, writes, (prints, draws), inputs
+
+
+def _apart(out, inputs: list):
+    """``out`` with a copy made for each returned tensor that eager returns as new memory but the
+    trace computed nothing for: a value an input or an earlier output already holds, in a proxy
+    that is neither that tensor nor a view of it (``x.t().contiguous()``, ``torch.empty_like(x)
+    .copy_(x)``, ``F.pad(x, (0, 0))``). Writing to it must not change the input."""
+    leaves, spec = tree_flatten(out)
+    holders = {p._vid: p for p in inputs}
+    changed = False
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, TensorProxy):
+            continue
+        holder = holders.setdefault(leaf._vid, leaf)
+        if leaf._copy_of:  # ``contiguous()`` of a view, which must come back contiguous
+            leaves[i] = fallback(torch.clone, (leaf,), {"memory_format": torch.contiguous_format})
+        elif holder is not leaf and leaf._view is None:
+            leaves[i] = ltorch.clone(leaf)
+        else:
+            continue
+        holders[leaves[i]._vid] = leaves[i]
+        changed = True
+    return tree_unflatten(leaves, spec) if changed else out
 
 
 def _fresh(value, captures: Captures):
@@ -173,13 +200,13 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
         raise
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     del observer
-    _check_guards_still_hold(guards, flat_inputs)
     trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies)
     positions = inputs.positions
     del out, writes, repeated, inputs
     captured = captures.release()
-    _check_no_escape(made, trace)
+    _check_no_escape(made, trace)  # first: a stored tensor is the more precise reason
+    _check_guards_still_hold(guards, flat_inputs)
     return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captured, guards, effects, num_outputs,
                     modules_called, writebacks)
 

@@ -3,6 +3,9 @@ the generated forward and backward to torch's autograd."""
 
 import torch
 
+from thunder_rs.core.observe import thread_state
+from thunder_rs.core.recorder import active_recorder
+from thunder_rs.core.userframe import user_location
 from thunder_rs.core.writeback import root_id
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -12,6 +15,42 @@ _FREED = ("Trying to backward through the graph a second time (or directly acces
 #: The generated backward is not itself differentiated, so a graph of it cannot be made.
 _DOUBLE_BACKWARD = ("backward: create_graph=True (a differentiable backward, for double backward) is not supported "
                     "by thunder_rs-compiled calls (argument create_graph)")
+
+
+_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+
+def _refuse_hooks_inside_a_trace(enter):
+    """``saved_tensors_hooks.__enter__`` that refuses to run inside a traced program: the saved
+    tensors of a compiled call are its residuals, packed (or not) as the whole call is."""
+
+    def checked(self):
+        # Activation checkpointing's own hooks (torch.utils.checkpoint) only steer recomputation,
+        # which a trace has no use for.
+        ours = type(self).__module__.startswith("torch.utils.checkpoint")
+        if active_recorder() is not None and thread_state.inside == 0 and not ours:
+            raise ThunderNotImplementedError(
+                f"torch.autograd.graph.{type(self).__name__}: entered at {user_location()} inside a traced program; "
+                "thunder_rs applies saved-tensor hooks (save_on_cpu, offloading) to a whole compiled call: enter "
+                "them around the call")
+        return enter(self)
+
+    checked.__thunder_rs_checked__ = True
+    return checked
+
+
+_HOOKS = torch.autograd.graph.saved_tensors_hooks
+if not getattr(_HOOKS.__enter__, "__thunder_rs_checked__", False):
+    _HOOKS.__enter__ = _refuse_hooks_inside_a_trace(_HOOKS.__enter__)  # type: ignore[method-assign]
+
+
+class _Packed:
+    """A residual as a ``saved_tensors_hooks`` pack function returned it (any object)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
 
 
 def _versions(residuals) -> list:
@@ -57,7 +96,13 @@ def grad_function(forward, backward, grad_positions: list[int], single: bool, as
             outputs, residuals = forward(*inputs)
             flat = (outputs,) if single else tuple(outputs)
             ctx.residuals = _unshared(residuals, inputs, overwritten) if overwritten else list(residuals)
-            ctx.versions = _versions(ctx.residuals)
+            ctx.unpack = None
+            hooks = _saved_tensors_hooks(False)
+            if hooks is None:
+                ctx.versions = _versions(ctx.residuals)
+            else:  # ``saved_tensors_hooks``/``save_on_cpu`` around the call pack what is saved, as eager's
+                ctx.versions, ctx.unpack = None, hooks[1]
+                ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
             constant = [o for i, o in enumerate(flat) if i not in differentiable and isinstance(o, torch.Tensor)]
             if constant:
                 ctx.mark_non_differentiable(*constant)
@@ -70,7 +115,10 @@ def grad_function(forward, backward, grad_positions: list[int], single: bool, as
             saved = ctx.residuals
             if saved is None:
                 raise RuntimeError(_FREED)
-            _check_versions(saved, ctx.versions)
+            if ctx.unpack is not None:
+                saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
+            else:
+                _check_versions(saved, ctx.versions)
             if _keep_graph():
                 saved = list(saved)
             else:

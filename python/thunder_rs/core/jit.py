@@ -411,8 +411,8 @@ class ThunderModule(torch.nn.Module):
         # ``jmodel.scale = 5`` or ``jmodel.lin = nn.Linear(...)`` change the wrapped module, as
         # torch.compile's wrapper does: the next call reads them (guards and bindings are on it).
         wrapped = self.__dict__.get("_modules", {}).get(WRAPPED)
-        if wrapped is None or name in _WRAPPER_OWN or hasattr(type(self), name):
-            super().__setattr__(name, value)
+        if wrapped is None or name in _WRAPPER_OWN or name in self.__dict__ or hasattr(type(self), name):
+            super().__setattr__(name, value)  # the wrapper's own state (nn.Module's included)
         else:
             setattr(wrapped, name, value)
 

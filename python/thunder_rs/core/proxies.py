@@ -38,6 +38,8 @@ class TensorProxy(torch.Tensor):
     _leaf = False
     #: for a trace input whose tensor is not contiguous: its strides (views follow eager's)
     _strides: tuple[int, ...] | None = None
+    #: for a copy eager makes that the trace computes nothing for (``views.copy_of``)
+    _copy_of = False
 
     @staticmethod
     def __new__(cls, vid: int, shape, dtype: torch.dtype, device: torch.device, requires_grad: bool):

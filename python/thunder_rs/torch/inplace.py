@@ -280,6 +280,11 @@ def _is_mask(entry) -> bool:
 def setitem_on_copy(a, key, value):
     """``a[key] = value`` on a copy of ``a``: indexed assignment by tensors, as one eager fallback."""
     out = a.clone()
+    entries = key if type(key) is tuple else (key,)
+    if a.is_meta and any(isinstance(e, torch.Tensor) and e.ndim == 0 for e in entries):
+        # A 0-dim index tensor is read as a number (``x[x.argmax()] = v``), which a meta tensor
+        # has none of: the copy's metadata is all the trace needs; the call checks the value.
+        return out
     out[key] = value
     return out
 

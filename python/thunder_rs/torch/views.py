@@ -426,7 +426,9 @@ def copy_of(a) -> TensorProxy:
     (``contiguous()`` of a non-contiguous tensor) though the trace computes nothing."""
     with torch._C.DisableTorchFunctionSubclass():
         requires_grad = a.requires_grad
-    return make_proxy(a._vid, tuple(a.shape), CODES[a.dtype], str(a.device), requires_grad)
+    copy = make_proxy(a._vid, tuple(a.shape), CODES[a.dtype], str(a.device), requires_grad)
+    copy._copy_of = True  # returned, it needs a real copy: its value may be a view of another
+    return copy
 
 
 # -- writing ---------------------------------------------------------------------------------------
