@@ -315,3 +315,16 @@ def test_fallbacks_of_one_name_are_different_symbols():
     x = torch.randn(2, 3, 4)
     torch.testing.assert_close(thunder_rs.jit(lambda a: a.H)(x[0]), x[0].H)
     torch.testing.assert_close(thunder_rs.jit(lambda a: a.mH)(x), x.mH)
+
+
+def test_a_data_dependent_refusal_the_program_catches_still_fails_the_trace():
+    def program(x):
+        try:
+            n = int(x.sum())
+        except Exception:  # noqa: BLE001 (the user's fallback, which eager never takes)
+            n = 1
+        return x * n
+
+    with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="__int__: data-dependent .*The program caught "
+                                                                      "this error"):
+        thunder_rs.jit(program)(torch.ones(2))

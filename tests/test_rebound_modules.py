@@ -92,3 +92,17 @@ def test_attributes_set_and_deleted_on_the_jitted_module_reach_the_wrapped_modul
     _check(jmodel, model, x)
     jmodel.eval()
     assert not model.training and not jmodel.training
+
+
+def test_a_forward_patched_on_an_instance_after_the_first_call_runs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    jmodel = thunder_rs.jit(model)
+    x = torch.randn(3, 4)
+    _check(jmodel, model, x)
+    inner = model[1].forward
+    model[1].forward = lambda t: inner(t) * 2 + 1  # as Accelerate's hooks wrap a submodule
+    _check(jmodel, model, x)
+    outer = model.forward
+    model.forward = lambda t: outer(t) - 3
+    _check(jmodel, model, x)

@@ -13,7 +13,7 @@ from thunder_rs.core.effects import PrintCall, attribute_writes, recording_print
 from thunder_rs.core.escapes import check_no_escape
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.fsdp import refuse_dtensors
-from thunder_rs.core.langctx import LanguageMode
+from thunder_rs.core.langctx import LanguageMode, refusals_not_swallowed
 from thunder_rs.core.modules import ModuleBinding
 from thunder_rs.core.modules import attribute_writes as module_writes
 from thunder_rs.core.observe import Observer
@@ -68,7 +68,7 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole
     draws: list = []
     token = recording_prints(prints)
     try:
-        with recording_draws(draws), recording(rec, captures, made, whole):
+        with refusals_not_swallowed(), recording_draws(draws), recording(rec, captures, made, whole):
             out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding)
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or

@@ -255,7 +255,7 @@ class ThunderFunction:
             epoch = write_epoch[0]
             if self._binding is None or not self._binding.same_structure():
                 if self._binding is not None:
-                    self._clear("the module's structure (submodules, parameters or buffers) changed")
+                    self._clear("the module's structure (submodules, parameters, buffers or a forward set on one) changed")
                 self._binding = ModuleBinding(self._module)
             self._epoch = epoch
 

@@ -7,6 +7,8 @@ else becomes an eager fallback symbol. While a program is traced, ``LanguageMode
 calls that take no tensor at all (``torch.zeros(2, 3)``) to their ltorch symbols.
 """
 
+import contextlib
+import contextvars
 import sys
 
 import torch
@@ -69,14 +71,36 @@ def is_metadata_query(func) -> bool:
     return func in _METADATA_METHODS or _property_name(func) in _METADATA_PROPERTIES
 
 
+#: Per acquisition: the data-dependent reads refused so far, so that one the program catches
+#: (``try: n = int(t.sum()) except Exception: n = 1``) still fails the trace.
+_refused: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_refused", default=None)
+
+
+@contextlib.contextmanager
+def refusals_not_swallowed():
+    """Raises, after the ``with`` body traced a program, a data-dependent refusal the program caught."""
+    refused: list = []
+    token = _refused.set(refused)
+    try:
+        yield
+    finally:
+        _refused.reset(token)
+    if refused:
+        raise ThunderRuntimeError(
+            f"{refused[0]}. The program caught this error (an except clause around that line) and went on, "
+            "so the trace would not compute what eager computes")
+
+
 def refuse_data_dependent(func) -> None:
     """Raises when ``func`` reads a traced tensor's values (``bool(t)``, ``t.item()``)."""
     if func in _DATA_DEPENDENT:
         name = getattr(func, "__name__", str(func))
-        raise ThunderRuntimeError(
-            f"{name}: data-dependent control flow or value access on a traced tensor at "
-            f"{user_location()}; thunder_rs specialises on shapes, not values"
-        )
+        message = (f"{name}: data-dependent control flow or value access on a traced tensor at "
+                   f"{user_location()}; thunder_rs specialises on shapes, not values")
+        refused = _refused.get()
+        if refused is not None:
+            refused.append(message)
+        raise ThunderRuntimeError(message)
 
 
 def _data_dependent(func):

@@ -109,13 +109,17 @@ class ModuleBinding:
         return [d[n] for d, n in self.unique]
 
     def _structure(self):
-        """The modules, their slots, and which slots share one tensor (tied weights): a slot given
-        another tensor is read on the next call, but a change of tying changes the trace inputs."""
+        """The modules, their slots, forwards set on instances, and which slots share one tensor
+        (tied weights): a slot given another tensor is read on the next call, but a change of
+        tying changes the trace inputs."""
         first: dict = {}
         tying = tuple(first.setdefault(id(v), len(first)) for m in self.modules for store in (m._parameters, m._buffers)
                       for v in store.values() if v is not None)
+        # A forward set on an instance (``module.forward = patched``, as Accelerate's hooks do)
+        # changes what a call runs.
         return tying, tuple((id(m), tuple(m._parameters), tuple(m._buffers),
-                             tuple((n, id(v)) for n, v in m._modules.items())) for m in self.modules)
+                             tuple((n, id(v)) for n, v in m._modules.items()), id(m.__dict__.get("forward")))
+                            for m in self.modules)
 
     def same_structure(self) -> bool:
         """Whether the tree still has these modules, parameters and buffers (slow path)."""
