@@ -5,6 +5,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -136,3 +137,21 @@ def test_the_views_dump_says_which_rules_fired(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "after views" in err and "# fired: " in err and "reshape-reshape x" in err, err
     assert len(calls(thunder_rs.last_traces(jfn)[-1])) == 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(3, 4).t(), lambda: torch.randn(4, 6)[:, ::2], lambda: torch.randn(4, 3),
+    lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+])
+def test_stride_and_is_contiguous_answer_for_the_eager_tensor(make):
+    def program(x):
+        y = x * 2 if x.is_contiguous() else x * 3
+        z = x.transpose(0, 1)
+        return y * x.stride()[0] + x.stride(-1), z.stride(), z.is_contiguous()
+
+    jprogram = thunder_rs.jit(program)
+    for _ in range(2):  # each layout compiles once: the cache key holds the strides of the non-contiguous
+        x = make()
+        out, expected = jprogram(x), program(x)
+        torch.testing.assert_close(out[0], expected[0])
+        assert out[1:] == expected[1:]

@@ -57,7 +57,7 @@ def leaf_key(x):
     guarded (a fresh config object each call hits the cache when its values are the same); any
     other object (a function, a module, a set, a NumPy array) by identity."""
     if isinstance(x, _Tensor):
-        return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous())
+        return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous() or x.stride())
     if is_simple(x):
         return freeze(x)
     if not isinstance(x, _BY_IDENTITY) and _read_by_attributes(x):
@@ -83,7 +83,8 @@ def fast_key_fn(arity: int):
     fn = _fast_keys.get(arity)
     if fn is None:
         names = [f"a{i}" for i in range(arity)]
-        leaves = "".join(f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous()), " for n in names)
+        leaves = "".join(f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous() or {n}.stride()), "
+                         for n in names)
         unpack = f"{', '.join(names)}, = args" if arity else "pass"
         source = f"def key(args, extra):\n  {unpack}\n  return (global_key(extra), ({leaves}))\n"
         namespace = {"global_key": global_key}
@@ -132,6 +133,11 @@ def _show(key) -> str:
     return repr(key)
 
 
+def _layout(key) -> str:
+    """A tensor's layout in a key: True when contiguous, else its strides."""
+    return "contiguous" if key is True else f"strides {key}"
+
+
 def describe_change(old, new, names) -> str:
     """Says which input changed how between two keys (``names`` labels flat inputs)."""
     if old is None:
@@ -141,12 +147,13 @@ def describe_change(old, new, names) -> str:
         return f"global state changed from {old_state} to {new_state}"
     if len(old_leaves) != len(new_leaves):
         return f"number of inputs changed from {len(old_leaves)} to {len(new_leaves)}"
-    fields = ("dtype", "device", "shape", "requires_grad", "contiguity")
+    fields = ("dtype", "device", "shape", "requires_grad", "layout")
     for i, (a, b) in enumerate(zip(old_leaves, new_leaves)):
         if a == b:
             continue
         label = names[i] if i < len(names) else f"input {i}"
         if len(a) == 5 and len(b) == 5:
+            a, b = (*a[:4], _layout(a[4])), (*b[:4], _layout(b[4]))
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a, b) if x != y]
             return f"{label}: " + ", ".join(changes)
         return f"{label}: {_show(a)} -> {_show(b)}"

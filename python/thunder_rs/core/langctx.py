@@ -145,9 +145,17 @@ def _observed(handle, *call):
         state.hook.resume()
 
 
+#: ``Tensor.stride``/``is_contiguous`` of a proxy -> the answer for eager's tensor (``views``
+#: fills it): a proxy's own metadata is contiguous whatever the tensor it stands for.
+LAYOUT_QUERIES: dict = {}
+
+
 def _torch_function(func, args, kwargs):
     if kwargs and kwargs.get("out") is not None:
         return _out_handler(func, *lift_captured(args, kwargs))
+    layout = LAYOUT_QUERIES.get(func)
+    if layout is not None and args and isinstance(args[0], TensorProxy):
+        return layout(*args, **kwargs)
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))

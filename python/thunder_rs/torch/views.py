@@ -32,7 +32,7 @@ from thunder_rs import clang, prims
 from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.fallback import fallback, qualified_name
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
-from thunder_rs.core.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
+from thunder_rs.core.langctx import LAYOUT_QUERIES, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
 from thunder_rs.core.proxies import TensorProxy, make_proxy
 from thunder_rs.core.recorder import start_prim_log, stop_prim_log
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, check
@@ -608,6 +608,19 @@ def _in_format(a, memory_format) -> bool:
         n, c, d, h, w = a.shape
         return _is_contiguous((n, d, h, w, c), (strides[0], strides[2], strides[3], strides[4], strides[1]))
     return _is_contiguous(a.shape, strides)
+
+
+def _eager_stride(a, dim=None):
+    strides = strides_of(a)
+    return strides if dim is None else strides[dim + a.ndim if dim < 0 else dim]
+
+
+def _eager_is_contiguous(a, memory_format=torch.contiguous_format) -> bool:
+    return _in_format(a, memory_format)
+
+
+LAYOUT_QUERIES[torch.Tensor.stride] = _eager_stride
+LAYOUT_QUERIES[torch.Tensor.is_contiguous] = _eager_is_contiguous
 
 
 def _fresh(symbol):
