@@ -155,3 +155,19 @@ def test_stride_and_is_contiguous_answer_for_the_eager_tensor(make):
         out, expected = jprogram(x), program(x)
         torch.testing.assert_close(out[0], expected[0])
         assert out[1:] == expected[1:]
+
+
+@pytest.mark.parametrize("write", [
+    lambda x: torch.as_tensor(x).add_(1), lambda x: torch.asarray(x).mul_(3), lambda x: x.real.add_(1),
+    lambda x: torch.real(x).sub_(1), lambda x: x.H.add_(2), lambda x: x.mH.add_(2),
+    lambda x: torch.as_tensor(x, dtype=torch.float64).add_(1),
+])
+def test_writes_through_aliases_of_a_real_input_reach_it_as_in_eager(write):
+    x, y = torch.arange(6.0).reshape(2, 3), torch.arange(6.0).reshape(2, 3)
+    torch.testing.assert_close(thunder_rs.jit(write)(y), write(x))
+    torch.testing.assert_close(y, x)
+
+
+def test_storage_offset_of_a_traced_tensor_is_refused():
+    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match="storage_offset: read at .*test_views"):
+        thunder_rs.jit(lambda x: x * x.storage_offset())(torch.randn(5, 6)[1:])

@@ -145,17 +145,18 @@ def _observed(handle, *call):
         state.hook.resume()
 
 
-#: ``Tensor.stride``/``is_contiguous`` of a proxy -> the answer for eager's tensor (``views``
-#: fills it): a proxy's own metadata is contiguous whatever the tensor it stands for.
-LAYOUT_QUERIES: dict = {}
+#: Calls whose first argument is a proxy, answered as eager answers for the tensor it stands for
+#: (``views`` fills it): ``Tensor.stride``/``is_contiguous`` (a proxy's own metadata is contiguous
+#: whatever that tensor's layout), ``torch.as_tensor``/``asarray`` of a tensor (the tensor itself).
+PROXY_CALLS: dict = {}
 
 
 def _torch_function(func, args, kwargs):
     if kwargs and kwargs.get("out") is not None:
         return _out_handler(func, *lift_captured(args, kwargs))
-    layout = LAYOUT_QUERIES.get(func)
-    if layout is not None and args and isinstance(args[0], TensorProxy):
-        return layout(*args, **kwargs)
+    by_proxy = PROXY_CALLS.get(func)
+    if by_proxy is not None and args and isinstance(args[0], TensorProxy):
+        return by_proxy(*args, **kwargs)
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))

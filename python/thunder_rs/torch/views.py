@@ -30,9 +30,9 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core.dtypes import CODES
-from thunder_rs.core.fallback import fallback, qualified_name
+from thunder_rs.core.fallback import fallback, qualified_name, user_fallback
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
-from thunder_rs.core.langctx import LAYOUT_QUERIES, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
+from thunder_rs.core.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
 from thunder_rs.core.proxies import TensorProxy, make_proxy
 from thunder_rs.core.recorder import start_prim_log, stop_prim_log
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, check
@@ -619,8 +619,38 @@ def _eager_is_contiguous(a, memory_format=torch.contiguous_format) -> bool:
     return _in_format(a, memory_format)
 
 
-LAYOUT_QUERIES[torch.Tensor.stride] = _eager_stride
-LAYOUT_QUERIES[torch.Tensor.is_contiguous] = _eager_is_contiguous
+PROXY_CALLS[torch.Tensor.stride] = _eager_stride
+PROXY_CALLS[torch.Tensor.is_contiguous] = _eager_is_contiguous
+
+
+def _conversion(fn):
+    """``torch.as_tensor``/``asarray`` of a traced tensor: the tensor itself (eager's alias), or
+    converted when a dtype, device or copy asks for a new tensor."""
+
+    def convert(data, dtype=None, device=None, copy=None, requires_grad=False):
+        same = (dtype in (None, data.dtype) and device in (None, data.device, str(data.device)) and not copy
+                and not requires_grad)
+        if same:
+            return data
+        kwargs = {"dtype": dtype, "device": device}
+        if fn is torch.asarray:
+            kwargs.update(copy=copy, requires_grad=requires_grad)
+        return fallback(fn, (data,), kwargs)
+
+    return convert
+
+
+for _fn in (torch.as_tensor, torch.asarray):
+    PROXY_CALLS[_fn] = _conversion(_fn)
+
+
+def _storage_offset(a):
+    raise ThunderNotImplementedError(
+        f"Tensor.storage_offset: read at {user_location()} on a traced tensor; a compiled call does not "
+        "specialise on where a tensor starts in its storage, so the value could be another call's")
+
+
+PROXY_CALLS[torch.Tensor.storage_offset] = _storage_offset
 
 
 def _fresh(symbol):
@@ -656,6 +686,20 @@ def _detach_with(take):
     return opaque(detached, lambda a, new: straight_through(new, a), detached=True)
 
 
+def _of_real(name: str, alias, min_ndim: int, exact: bool = False):
+    """The tensor property ``name``: ``alias`` of a real tensor with at least (``exact``: just)
+    ``min_ndim`` dims; otherwise eager's own answer (complex values, its errors)."""
+    getter = vars(torch._C.TensorBase)[name].__get__
+
+    def prop(a):
+        fits = a.ndim == min_ndim if exact else a.ndim >= min_ndim
+        if a.dtype.is_complex or not fits:
+            return user_fallback(getter, (a,), {})
+        return alias(a)
+
+    return prop
+
+
 def _symbol(name: str):
     return getattr(_shape, name, None) or getattr(_indexing, name)
 
@@ -665,6 +709,11 @@ def _register() -> None:
         _rewrap(TORCH_TO_LTORCH, _symbol(name), tracked(_symbol(name)))
     for name in ("T", "mT"):
         PROPERTY_TO_LTORCH[name] = tracked(PROPERTY_TO_LTORCH[name])
+    # Of a real tensor, eager's ``real`` is the tensor itself and ``mH``/``H`` are ``mT``/``T``:
+    # aliases, which writes go through.
+    PROPERTY_TO_LTORCH["real"] = _of_real("real", lambda a: a, 0)
+    PROPERTY_TO_LTORCH["mH"] = _of_real("mH", PROPERTY_TO_LTORCH["mT"], 2)
+    PROPERTY_TO_LTORCH["H"] = _of_real("H", PROPERTY_TO_LTORCH["T"], 2, exact=True)
     _rewrap(TORCH_TO_LTORCH, _shape.contiguous, _contiguous_or_copy(_shape.contiguous))
     for name in _COPIES:
         _rewrap(TORCH_TO_LTORCH, _symbol(name), _fresh(_symbol(name)))
