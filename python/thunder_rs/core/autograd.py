@@ -1,6 +1,8 @@
 """The runtime of a compiled training call: one ``torch.autograd.Function`` per entry connects
 the generated forward and backward to torch's autograd."""
 
+import operator
+
 import torch
 
 from thunder_rs.core.observe import thread_state
@@ -53,14 +55,22 @@ class _Packed:
         self.value = value
 
 
+_version_of = operator.attrgetter("_version")
+
+
 def _versions(residuals) -> list:
-    return [r._version if isinstance(r, torch.Tensor) else -1 for r in residuals]
+    try:
+        return list(map(_version_of, residuals))  # the common case: every residual is a tensor
+    except AttributeError:
+        return [r._version if isinstance(r, torch.Tensor) else -1 for r in residuals]
 
 
 def _check_versions(saved, versions) -> None:
     """Raises eager's error when a tensor saved for the backward was written in place after the
     forward (``opt.step()`` before ``loss.backward()``, ``out.add_(1)``): its gradient would be
     computed from the new values."""
+    if _versions(saved) == versions:
+        return
     for r, then in zip(saved, versions):
         if then >= 0 and r._version != then:
             raise RuntimeError(
