@@ -236,3 +236,43 @@ def test_cuda_draws_as_eager():
             torch.multinomial(p, 2), torch.randint(0, 9, (5,), device="cuda"), torch.bernoulli(p)
 
     assert_draws_as_eager(fn, lambda: (_x(2, 3, 4, 4).cuda().requires_grad_(), _probs(3, 4).cuda()))
+
+
+def _layer_cases():
+    torch.manual_seed(0)
+    return {
+        "multihead_attention_dropout": (torch.nn.MultiheadAttention(8, 2, dropout=0.3, batch_first=True),
+                                        lambda m, x: m(x, x, x)[0], (2, 5, 8)),
+        "transformer_encoder_layer": (torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+                                      lambda m, x: m(x), (2, 5, 8)),
+        "stacked_lstm_dropout": (torch.nn.LSTM(4, 6, num_layers=2, dropout=0.5, batch_first=True),
+                                 lambda m, x: m(x)[0], (2, 5, 4)),
+        "stacked_gru_dropout": (torch.nn.GRU(4, 6, num_layers=2, dropout=0.5), lambda m, x: m(x)[0], (5, 2, 4)),
+        "fractional_max_pool_indices": (torch.nn.FractionalMaxPool2d(2, output_size=3, return_indices=True),
+                                        lambda m, x: m(x)[0], (1, 2, 7, 7)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_layer_cases()))
+def test_layers_that_draw_inside_differentiate_through_their_own_draws(name):
+    import copy
+
+    module, call, shape = _layer_cases()[name]
+    module = module.double().train()
+    eager = copy.deepcopy(module)
+    jmodule = thunder_rs.jit(lambda x: call(module, x))
+    for step in range(2):
+        x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(step), requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        torch.manual_seed(step)
+        out = jmodule(x)
+        out.sum().backward()
+        after = torch.rand(1)  # the backward draws nothing more from the global generator
+        torch.manual_seed(step)
+        expected = call(eager, xe)
+        expected.sum().backward()
+        torch.testing.assert_close(torch.rand(1), after)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(x.grad, xe.grad)
+        for p, q in zip(module.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)

@@ -41,7 +41,11 @@ RANDOM: frozenset = frozenset(
     | _callables(torch.Tensor, "bernoulli bernoulli_ multinomial uniform_ normal_ random_ exponential_ cauchy_ "
                                "log_normal_ geometric_")
     | _callables(F, "dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout rrelu "
-                    "gumbel_softmax fractional_max_pool2d fractional_max_pool3d")
+                    "gumbel_softmax fractional_max_pool2d fractional_max_pool3d fractional_max_pool2d_with_indices "
+                    "fractional_max_pool3d_with_indices multi_head_attention_forward")
+    # Kernels that draw inside (the dropout between stacked RNN layers): their backward must draw
+    # the forward's numbers again, and an unused call must still draw.
+    | _callables(torch, "lstm gru rnn_tanh rnn_relu")
     | _callables(torch._C._nn, "rrelu_with_noise fractional_max_pool2d fractional_max_pool3d")
 )
 
