@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from thunder_rs import prims
 from thunder_rs.core import autocast
+from thunder_rs.core.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs import torch as ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch import torchsymbol
@@ -170,3 +171,13 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     members = ones if valid is None else ltorch.where(valid, ones, 0.0)
     sizes = ltorch.index_add(ltorch.zeros((count,), dtype=rows.dtype, device=weight.device), 0, bag, members)
     return ltorch.where(ltorch.unsqueeze(sizes == 0, 1), 0.0, total / ltorch.unsqueeze(sizes, 1))
+
+
+def _packed_sequences(*args, **kwargs):
+    raise ThunderNotImplementedError(
+        f"torch.nn.utils.rnn.pack_padded_sequence: packing at {user_location()} inside a traced program; a packed "
+        "sequence's layout follows the values of its lengths. Run the RNN on the padded batch, or pack outside the "
+        "jitted function")
+
+
+TORCH_TO_LTORCH[torch._pack_padded_sequence] = _packed_sequences
