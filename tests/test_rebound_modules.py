@@ -2,6 +2,8 @@
 to another dtype) are read from their slots on every call, and a recompile binds each slot to the
 tensor it holds then."""
 
+import copy
+
 import torch
 import torch.nn as nn
 import torch.nn.utils.prune as prune
@@ -106,3 +108,24 @@ def test_a_forward_patched_on_an_instance_after_the_first_call_runs():
     outer = model.forward
     model.forward = lambda t: outer(t) - 3
     _check(jmodel, model, x)
+
+
+def test_unfreezing_a_parameter_the_program_reaches_from_outside_recompiles():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    eager = copy.deepcopy(model)
+    model.weight.requires_grad_(False)
+    eager.weight.requires_grad_(False)
+    scale = torch.ones(2)  # a captured global-like tensor, frozen at first
+    jloss = thunder_rs.jit(lambda x: (model(x) * scale).sum())
+    x = torch.randn(4, 3)
+    jloss(x).backward()
+    assert model.weight.grad is None
+    for m in (model, eager):
+        m.weight.requires_grad_(True)
+    scale.requires_grad_(True)
+    jloss(x).backward()
+    (eager(x) * scale.detach()).sum().backward()
+    torch.testing.assert_close(model.weight.grad, eager.weight.grad)
+    torch.testing.assert_close(scale.grad, eager(x).detach().sum(0))
+    assert "requires_grad False -> True" in thunder_rs.compile_stats(jloss).miss_reasons[-1]

@@ -138,13 +138,34 @@ def _layout(key) -> str:
     return "contiguous" if key is True else f"strides {key}"
 
 
+def _state_change(old, new) -> str:
+    """Which part of ``global_key`` changed: grad mode, default dtype, autocast, or (for a module)
+    its training mode or its parameters' dtype, device and requires_grad."""
+    labels = ("grad mode", "default dtype", "autocast")
+    changes = [f"{label} {a} -> {b}" for label, a, b in zip(labels, old, new) if a != b]
+    old_extra, new_extra = old[3], new[3]
+    if old_extra != new_extra:
+        if type(old_extra) is tuple and type(new_extra) is tuple and len(old_extra) == len(new_extra) == 2:
+            if old_extra[0] != new_extra[0]:
+                changes.append(f"module training {old_extra[0]} -> {new_extra[0]}")
+            moved = [i for i, (a, b) in enumerate(zip(old_extra[1], new_extra[1])) if a != b]
+            if moved or len(old_extra[1]) != len(new_extra[1]):
+                first = moved[0] if moved else None
+                detail = (f" (the first: parameter {first}, (dtype, device, requires_grad) "
+                          f"{old_extra[1][first]} -> {new_extra[1][first]})") if first is not None else ""
+                changes.append(f"{len(moved)} of the module's parameters and buffers changed{detail}")
+        else:
+            changes.append(f"{old_extra} -> {new_extra}")
+    return "global state changed: " + "; ".join(changes)
+
+
 def describe_change(old, new, names) -> str:
     """Says which input changed how between two keys (``names`` labels flat inputs)."""
     if old is None:
         return "first call"
     (old_state, old_leaves), (new_state, new_leaves) = old, new
     if old_state != new_state:
-        return f"global state changed from {old_state} to {new_state}"
+        return _state_change(old_state, new_state)
     if len(old_leaves) != len(new_leaves):
         return f"number of inputs changed from {len(old_leaves)} to {len(new_leaves)}"
     fields = ("dtype", "device", "shape", "requires_grad", "layout")

@@ -4,10 +4,12 @@ An entry may run when its key matched (the flat inputs' metadata and global stat
 ``check`` passes: the Python values it was specialised on are unchanged (guards), module
 attributes it read are unchanged (re-checked only after some module attribute was written), and
 the hooks of the modules it called are the same (re-checked only after a hook was registered or
-removed anywhere). ``check`` is None when there is nothing to check, so such entries cost nothing.
+removed anywhere), and the tensors it read from outside its inputs keep their ``requires_grad`` and
+dtype. ``check`` is None when there is nothing to check, so such entries cost nothing.
 """
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modules import hook_snapshot, hook_stores_in_use, hooks_version, write_epoch
@@ -38,6 +40,9 @@ class Entry:
     hooks: tuple = ()
     #: the modules (the user's) whose hooks a call runs, or None when the program calls none
     hook_modules: list | None = None
+    #: tensors the program reads from outside its inputs, and their ``captured_meta`` when traced
+    captured: tuple = ()
+    captured_meta: tuple = ()
 
     def why_not(self, flat) -> str:
         """Why ``check`` failed, in words (slow path)."""
@@ -47,18 +52,35 @@ class Entry:
                 return reason
         if self.hook_modules is not None and hook_snapshot(self.hook_modules) != self.hooks:
             return "hooks were registered or removed on the modules the program calls"
+        for t, then in zip(self.captured, self.captured_meta):
+            now = captured_meta(t)
+            if now != then:
+                fields = ("requires_grad", "dtype")
+                changes = ", ".join(f"{f} {a} -> {b}" for f, a, b in zip(fields, then, now) if a != b)
+                return f"a tensor the program reads from outside its inputs changed: {changes}"
         return "unknown"
+
+
+#: What a compiled call specialised on for a tensor read from outside the inputs (a global, a
+#: closure's, a parameter of a module the program reaches): unfreezing it (``requires_grad_()``)
+#: must recompile, or it would get no gradient.
+captured_meta = attrgetter("requires_grad", "dtype")
 
 
 def make_check(entry: Entry, guards: Guards):
     """The entry's ``check``: module guards when a module attribute was written, hooks when a hook
-    was registered anywhere, then the per-call guards."""
+    was registered anywhere, the metadata of captured tensors, then the per-call guards."""
     per_call, modules, hooked = guards.check, guards.check_modules, entry.hook_modules
-    if per_call is None and modules is None and hooked is None:
+    captured = entry.captured
+    if captured:
+        entry.captured_meta = tuple(map(captured_meta, captured))
+    if per_call is None and modules is None and hooked is None and not captured:
         return None
     epoch = write_epoch
 
     def check(flat) -> bool:
+        if captured and tuple(map(captured_meta, captured)) != entry.captured_meta:
+            return False
         if modules is not None and epoch[0] != entry.epoch:
             if not modules(flat):
                 return False

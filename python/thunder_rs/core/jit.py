@@ -291,6 +291,7 @@ class ThunderFunction:
         entry = Entry(computation, source, filename, positions, traces, backward_traces)
         entry.guards = Guards(acquired.guards)
         entry.hook_modules = self._hook_modules(acquired)
+        entry.captured = tuple(acquired.captured)
         entry.check = make_check(entry, entry.guards)
         entry.post = make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         self._record_miss(key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason)
