@@ -443,3 +443,12 @@ def test_saturating_activations_have_eager_gradients_at_large_inputs(name, dtype
     assert not grads[1].isnan().any()
     tolerance = FLOAT64 if dtype == torch.float64 else FLOAT32 if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(grads[1], grads[0], **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tanh_gradient_in_half_precision_is_eagers_bit_for_bit(dtype):
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0)).to(dtype).requires_grad_()
+    g = torch.randn(64, 8, generator=torch.Generator().manual_seed(1)).to(dtype)
+    expected, = torch.autograd.grad(torch.tanh(x), x, g)
+    got, = torch.autograd.grad(thunder_rs.jit(torch.tanh)(x), x, g)
+    assert torch.equal(got, expected)

@@ -129,3 +129,22 @@ def test_unfreezing_a_parameter_the_program_reaches_from_outside_recompiles():
     torch.testing.assert_close(model.weight.grad, eager.weight.grad)
     torch.testing.assert_close(scale.grad, eager(x).detach().sum(0))
     assert "requires_grad False -> True" in thunder_rs.compile_stats(jloss).miss_reasons[-1]
+
+
+def test_a_deep_copy_or_a_pickle_of_a_jitted_module_is_a_jit_of_a_copy():
+    import pickle
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    jmodel = thunder_rs.jit(model)
+    x = torch.randn(5, 3)
+    expected = jmodel(x)
+    for other in (copy.deepcopy(jmodel), pickle.loads(pickle.dumps(jmodel))):
+        assert isinstance(other, type(jmodel)) and other._model is not model
+        torch.testing.assert_close(other(x), expected)
+        with torch.no_grad():
+            other._model[0].weight.zero_()
+        torch.testing.assert_close(jmodel(x), expected)
+    ema = torch.optim.swa_utils.AveragedModel(jmodel, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+    ema.update_parameters(jmodel)
+    torch.testing.assert_close(ema(x), expected)

@@ -376,6 +376,10 @@ def _warn_recompiles(fn, misses: int, reason: str) -> None:
 _WRAPPER_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
+def _jit_again(module, cache: int, passes: tuple, executors):
+    return ThunderModule(module, cache=cache, passes=passes, executors=executors)
+
+
 #: Attributes of the wrapper itself; every other attribute set on it goes to the wrapped module.
 _WRAPPER_OWN = frozenset({WRAPPED, "_jfn", "_hooks_seen", "_has_hooks", "_fsdp", "training"})
 
@@ -407,6 +411,12 @@ class ThunderModule(torch.nn.Module):
             if modules is None or WRAPPED not in modules or name == WRAPPED:
                 raise
             return getattr(modules[WRAPPED], name)
+
+    def __reduce_ex__(self, protocol):
+        # A copy or a pickle (``copy.deepcopy(jmodel)``, ``AveragedModel(jmodel)``) is a fresh jit
+        # of a copy of the wrapped module: compiled entries belong to the process and the module.
+        jfn = self._jfn
+        return (_jit_again, (self._model, jfn._cache_size, jfn._passes, jfn._executors))
 
     def __setattr__(self, name: str, value) -> None:
         # ``jmodel.scale = 5`` or ``jmodel.lin = nn.Linear(...)`` change the wrapped module, as
