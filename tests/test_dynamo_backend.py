@@ -239,3 +239,50 @@ def test_a_torch_compiler_disable_region_runs_eagerly_once_per_call(fresh_dynamo
 def test_jit_errors_inside_a_disabled_function_say_how_to_keep_it_eager():
     with pytest.raises(thunder_rs.errors.ThunderError, match="inside a torch.compiler.disable'd function.*backend="):
         thunder_rs.jit(_program_with_a_disabled_region)(torch.randn(4, 4), torch.randn(4, 4))
+
+
+@pytest.mark.parametrize("backend", ["eager", "thunder_rs"])
+def test_a_jitted_submodule_inside_torch_compile_is_traced_by_dynamo_as_its_module(backend):
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.inner(x).relu() * 2
+
+    torch.manual_seed(0)
+    model = Outer()
+    eager = copy.deepcopy(model)
+    model.inner = thunder_rs.jit(model.inner)  # never called before torch.compile traces it
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(2, 3)
+    out, expected = compiled(x), eager(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(model.inner._model.weight.grad, eager.inner.weight.grad)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp", "jvp", "jacfwd"])
+def test_a_graph_with_a_torch_func_transform_runs_eagerly_from_the_start(transform):
+    from torch import func
+
+    def g(y):
+        return y.sin() * y.exp()
+
+    programs = {
+        "grad": lambda x: func.grad(lambda y: g(y).sum())(x),
+        "vjp": lambda x: func.vjp(g, x)[1](torch.ones_like(x))[0],
+        "jvp": lambda x: func.jvp(g, (x,), (torch.ones_like(x),))[1],
+        "jacfwd": lambda x: func.jacfwd(g)(x),
+    }
+    program = programs[transform]
+    x = torch.tensor([0.5, -1.0, 2.0])
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.compile(program, backend="thunder_rs")(x)
+    torch.testing.assert_close(out, program(x))
+    torch.testing.assert_close(func.jvp(g, (x,), (torch.ones_like(x),))[1], programs["jvp"](x))  # state intact

@@ -138,8 +138,6 @@ def test_a_drawn_number_used_by_the_program_is_refused(use, how):
     (lambda: np.random.permutation(4), "numpy.random.permutation", "only draws of one number"),
     (lambda: random.choice([1, 2]), "random.choice", "only draws of one number"),
     (lambda: random.shuffle([1, 2, 3]), "random.shuffle", "only draws of one number"),
-    (lambda: random.seed(0), "random.seed", "sets or reads the generator's state"),
-    (lambda: np.random.seed(0), "numpy.random.seed", "sets or reads the generator's state"),
     (lambda: random.uniform(torch.tensor(0.0), 1), "random.uniform", "not plain numbers"),
 ])
 def test_draws_that_cannot_be_repeated_are_refused_and_leave_the_generators_as_they_were(draw, site, why):
@@ -155,6 +153,22 @@ def test_draws_that_cannot_be_repeated_are_refused_and_leave_the_generators_as_t
     assert _generator_states() == before
 
 
+@pytest.mark.parametrize("seed, name", [(lambda: random.seed(0), "Python's"), (lambda: np.random.seed(0), "NumPy's")])
+def test_seeding_inside_a_program_is_refused_and_reading_the_state_is_allowed(seed, name):
+    def seeds(x):
+        seed()
+        return x + 1
+
+    def saves_and_restores(x):
+        state = random.getstate()
+        random.setstate(state)
+        return x + 1
+
+    with pytest.raises(ThunderNotImplementedError, match=f"changed the state of {name} global random generator"):
+        thunder_rs.jit(seeds)(torch.randn(2))
+    torch.testing.assert_close(thunder_rs.jit(saves_and_restores)(torch.ones(2)), torch.full((2,), 2.0))
+
+
 def test_a_draw_the_wrappers_do_not_see_is_refused():
     unwrapped = random._inst.random  # as ``from random import random`` before thunder_rs's first trace
 
@@ -162,8 +176,8 @@ def test_a_draw_the_wrappers_do_not_see_is_refused():
         unwrapped()
         return x + 1
 
-    with pytest.raises(ThunderNotImplementedError, match="drew from Python's global random generator .* while it "
-                                                           "was traced, through a function thunder_rs does not"):
+    with pytest.raises(ThunderNotImplementedError, match="changed the state of Python's global random generator "
+                                                           ".* while it was traced"):
         thunder_rs.jit(program)(torch.randn(2))
 
 

@@ -54,8 +54,17 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, jit_options: dict):
         self.gm = gm
-        self.jitted: ThunderModule | None = ThunderModule(gm, **jit_options) if _has_calls(gm) else None
-        self.eager_because: str | None = None if self.jitted is not None else "the graph makes no calls"
+        transform = _transform_call(gm)
+        self.jitted: ThunderModule | None = (ThunderModule(gm, **jit_options) if _has_calls(gm) and transform is None
+                                             else None)
+        self.eager_because: str | None = None
+        if transform is not None:
+            # Tracing would run the transform's state changes for real and leave them half done.
+            self.eager_because = f"it calls {transform}, a torch.func transform's state change"
+            warnings.warn(f"thunder_rs backend: graph {gm._get_name()} runs eagerly: {self.eager_because}",
+                          stacklevel=2)
+        elif self.jitted is None:
+            self.eager_because = "the graph makes no calls"
         _graphs.add(self)
 
     def __call__(self, *args):
@@ -74,6 +83,20 @@ class CompiledGraph:
             warnings.warn(f"thunder_rs backend: graph {self.gm._get_name()} runs eagerly: {self.eager_because}",
                           stacklevel=2)
             return self.gm(*args)
+
+
+#: Modules of the calls Dynamo puts in a graph for torch.func transforms (``grad``, ``vjp``,
+#: ``jvp``, ``jacrev``): they change functorch's interpreter stack as they run.
+_TRANSFORM_MODULES = ("torch._C._functorch", "torch._functorch")
+
+
+def _transform_call(gm: torch.fx.GraphModule) -> str | None:
+    """The name of the first call in ``gm`` that drives a torch.func transform, or None."""
+    for node in gm.graph.nodes:
+        module = getattr(node.target, "__module__", None) or ""
+        if node.op == "call_function" and module.startswith(_TRANSFORM_MODULES):
+            return f"{module}.{getattr(node.target, '__name__', node.target)}"
+    return None
 
 
 def _has_calls(gm: torch.fx.GraphModule) -> bool:

@@ -37,6 +37,8 @@ from thunder_rs.executors.torch_ex import sync_fallbacks
 MISS_WARNING_THRESHOLD = 8
 #: What the cache key holds of each module parameter and buffer (C-level, no Python frame each).
 _METADATA = attrgetter("dtype", "device", "requires_grad")
+#: True only while Dynamo traces (it answers the call itself): eager returns False.
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 #: Entries a jitted callable keeps before evicting the least recently used (``jit(fn, cache=N)``).
 DEFAULT_CACHE_SIZE = 128
 
@@ -188,7 +190,7 @@ class ThunderFunction:
     # -- the per-call path -----------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        if kwargs or active_recorder() is not None:
+        if kwargs or active_recorder() is not None or _is_dynamo_compiling():
             return self._call_general(args, kwargs)
         module = self._module
         if module is not None:
@@ -212,8 +214,10 @@ class ThunderFunction:
         return out if entry.post is None else entry.post(out, args)
 
     def _call_general(self, args, kwargs):
-        if active_recorder() is not None:
-            return self._fn(*args, **kwargs)  # called by a program being traced: part of its trace
+        # Called by a program being traced, by thunder_rs or by Dynamo (torch.compile of a model
+        # with a jitted part): part of that program's trace.
+        if active_recorder() is not None or _is_dynamo_compiling():
+            return self._fn(*args, **kwargs)
         flat, spec = flatten_call(args, kwargs)
         state = None
         if self._module is not None:

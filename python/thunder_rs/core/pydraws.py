@@ -13,9 +13,10 @@ the first trace, calling straight through in eager code):
   can return. That is how Hugging Face's LayerDrop reads when it is off
   (``self.training and random.uniform(0, 1) < self.layerdrop`` with ``layerdrop`` 0, a guarded
   module attribute);
-- other draws (arrays, choices, shuffles, samples) and seeding or reading the state raise at once;
-- draws these wrappers do not see (a function imported from ``random`` before tracing started) are
-  found by comparing the generators' states before and after tracing, and refused.
+- other draws (arrays, choices, shuffles, samples) raise at once;
+- seeding, and draws these wrappers do not see (a function imported from ``random`` before tracing
+  started), are found by comparing the generators' states before and after tracing, and refused.
+  Reading the state, or setting it back, is allowed.
 """
 
 import contextlib
@@ -156,8 +157,12 @@ def _drawn(kind: type, span, site: str, where: str):
 
 
 #: Functions of the modules that use the global generator without being its bound methods
-#: (NumPy's ``seed``, ``ranf`` and ``sample`` are module functions).
-_MODULE_FUNCTIONS = frozenset({"seed", "ranf", "sample"})
+#: (NumPy's ``ranf`` and ``sample`` are module functions).
+_MODULE_FUNCTIONS = frozenset({"ranf", "sample"})
+#: Functions that read or set the generator's state, which stay unwrapped: tools that run inside
+#: a trace save and restore it (Dynamo tracing into a jitted call), and a program that changes
+#: it for good is found by the states' comparison after tracing.
+_STATE_FUNCTIONS = frozenset({"getstate", "setstate", "seed", "get_state", "set_state"})
 
 
 class _Generator:
@@ -166,8 +171,8 @@ class _Generator:
 
     def __init__(self, name: str, module, instance, scalars: dict, fork, state):
         self.name, self.module, self.instance, self.scalars = name, module, instance, scalars
-        self.functions = {n: f for n, f in vars(module).items()
-                          if getattr(f, "__self__", None) is instance or n in _MODULE_FUNCTIONS}
+        self.functions = {n: f for n, f in vars(module).items() if n not in _STATE_FUNCTIONS
+                          and (getattr(f, "__self__", None) is instance or n in _MODULE_FUNCTIONS)}
         self._fork, self.state = fork, state
         self.installed = False
 
@@ -260,8 +265,7 @@ def _wrap(generator: _Generator, name: str, original):
             return original(*args, **kwargs)
         where = user_location()
         if range_of is None:
-            raise _draw_error(site, generator, where, "it sets or reads the generator's state" if "state" in name
-                              or "seed" in name else "only draws of one number can be repeated")
+            raise _draw_error(site, generator, where, "only draws of one number can be repeated")
         if not (_plain(args) and _plain(list(kwargs.values()))):
             raise _draw_error(site, generator, where, "its arguments are not plain numbers")
         result = generator.peek(name, args, kwargs)
@@ -302,7 +306,8 @@ def recording_draws(draws: list):
     for generator, state in zip(generators, before):
         if generator.state() != state:
             raise ThunderNotImplementedError(
-                f"thunder_rs.jit: the program drew from {generator.name} while it was traced, through a function "
-                f"thunder_rs does not intercept (one imported from {generator.module.__name__} before tracing, or "
-                "a draw in another thread); a compiled call would not draw again. Draw with torch (torch.rand, "
-                "torch.randint, torch.randperm), which thunder_rs draws on every call")
+                f"thunder_rs.jit: the program changed the state of {generator.name} while it was traced (seeding "
+                f"it, or drawing through a function imported from {generator.module.__name__} before tracing, or a "
+                "draw in another thread); a compiled call would not do it again. Seed outside the jitted function, "
+                "and draw with torch (torch.rand, torch.randint, torch.randperm), which thunder_rs draws on every "
+                "call")
