@@ -127,3 +127,9 @@ def test_functorch_transforms_bound_before_tracing_are_refused_with_the_line():
     grad = torch.func.grad(lambda a: (a * a).sum())
     with pytest.raises(NotImplementedError, match=r"functorch: transforms over traced tensors.*test_vmap\.py"):
         thunder_rs.jit(lambda x: grad(x))(torch.randn(3))
+
+
+def test_torch_func_grad_around_a_jitted_function_is_refused_clearly():
+    jfn = thunder_rs.jit(lambda x: (x.sin() * x).sum())
+    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match="ran under a torch.func transform"):
+        torch.func.grad(jfn)(torch.randn(3))
