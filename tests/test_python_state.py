@@ -800,3 +800,23 @@ def test_an_optimizer_zero_grad_inside_a_program_is_refused():
 
     with pytest.raises(ThunderNotImplementedError, match=r"Tensor\.grad: the program (reads|sets) the \.grad"):
         thunder_rs.jit(step)(torch.ones(1, 2))
+
+
+def test_a_write_to_an_object_reached_through_a_list_of_an_argument_is_refused_and_undone():
+    class Layer:
+        def __init__(self):
+            self.length = 0
+
+    class Cache:
+        def __init__(self):
+            self.layers = [Layer()]
+
+    def program(x, cache):
+        y = x + 1
+        cache.layers[0].length += 1  # as a Hugging Face sliding-window cache layer counts its tokens
+        return y
+
+    cache = Cache()
+    with pytest.raises(ThunderNotImplementedError, match=r"set Layer\.length on an object it reached through a list"):
+        thunder_rs.jit(program)(torch.ones(2), cache)
+    assert cache.layers[0].length == 0

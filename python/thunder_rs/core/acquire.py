@@ -20,6 +20,7 @@ from thunder_rs.core.observe import Observer
 from thunder_rs.core.outputs import flatten_output, is_plain
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.pydraws import recording_draws
+from thunder_rs.core.state import check_unrepeated_writes, reached_objects
 from thunder_rs.core.recorder import Captures, input_proxy, recording
 from thunder_rs.core.torch_overrides import tracing_overrides
 from thunder_rs.core.writeback import WriteBacks, plan
@@ -64,6 +65,7 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole
     ``print`` calls and draws from Python's and NumPy's generators it made (effects to repeat),
     and the positions of the flat inputs that are tensors."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
+    reached = reached_objects([x for x in flat_inputs if not isinstance(x, torch.Tensor)])
     prints: list = []
     draws: list = []
     token = recording_prints(prints)
@@ -79,6 +81,7 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
+    check_unrepeated_writes(reached, observer.state)
     return out, observer, writes, (prints, draws), inputs
 
 

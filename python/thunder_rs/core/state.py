@@ -12,7 +12,12 @@ copies: they are undone (tracing must not leave its stand-ins in user objects) a
 that every compiled call repeats (``config.problem_type = ...``, set once in eager too, then read).
 """
 
-from thunder_rs.core.guards import MISSING, DictGuard, Guard, InputSource, ObjectSource
+import types
+
+import torch
+
+from thunder_rs.core.guards import MISSING, DictGuard, Guard, InputSource, ObjectSource, is_simple
+from thunder_rs.errors import ThunderNotImplementedError
 
 
 class StateObject:
@@ -74,3 +79,57 @@ class ProgramState:
                 now[name] = known.found[name]
         return out
 
+
+
+# -- objects reached through containers -------------------------------------------------------------
+
+#: How deep ``reached_objects`` follows attributes and containers from an argument.
+_DEPTH = 4
+
+
+def reached_objects(inputs) -> dict:
+    """The Python objects reachable from the program's arguments through attributes, lists, tuples
+    and dicts (modules and tensors have their own tracking): id -> (object, a copy of its
+    attributes). The observer follows attribute chains only, so an object reached by a subscript
+    (``cache.layers[i]``) is compared afterwards instead: see ``check_unrepeated_writes``."""
+    found: dict = {}
+
+    def visit(x, depth: int) -> None:
+        if depth > _DEPTH or is_simple(x) or isinstance(x, (torch.Tensor, torch.nn.Module, type, types.ModuleType,
+                                                             types.FunctionType, types.MethodType)):
+            return
+        if type(x) in (list, tuple):
+            for y in x:
+                visit(y, depth + 1)
+            return
+        if type(x) is dict:
+            for y in x.values():
+                visit(y, depth + 1)
+            return
+        attributes = getattr(x, "__dict__", None)
+        if isinstance(attributes, dict) and id(x) not in found:
+            found[id(x)] = (x, dict(attributes))
+            for y in attributes.values():
+                visit(y, depth + 1)
+
+    for x in inputs:
+        visit(x, 0)
+    return found
+
+
+def check_unrepeated_writes(reached: dict, state: ProgramState) -> None:
+    """Refuses (after putting the attributes back) a write the program made to an object it reached
+    through a container and that no compiled call would repeat: ``self.layers[i].length += 1`` in a
+    Hugging Face cache."""
+    for obj, before in reached.values():
+        if obj in state:
+            continue  # a state object: its writes are repeated by every call
+        now = obj.__dict__
+        changed = [k for k in set(now) | set(before) if now.get(k, MISSING) is not before.get(k, MISSING)]
+        if changed:
+            now.clear()
+            now.update(before)
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: the traced program set {type(obj).__name__}.{sorted(changed)[0]} on an object it "
+                "reached through a list or dict of its arguments (such as a cache's layers); a compiled call would "
+                "not set it again. Keep such state in a tensor the program updates in place")
