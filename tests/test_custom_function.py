@@ -187,17 +187,13 @@ def test_what_a_trace_cannot_keep_is_refused_naming_the_function():
         thunder_rs.jit(lambda t: TooFewGradients.apply(t, t))(x)
 
 
-class _GradReverse(torch.autograd.Function):
-    """Domain-adversarial training's gradient reversal layer: its forward returns its input."""
+class _GradReverse(GradientReversal):
+    """The gradient reversal layer as domain-adversarial training writes it: its forward returns
+    its input as it is (``GradientReversal``'s multiplies it by 1)."""
 
     @staticmethod
-    def forward(ctx, x, alpha):
-        ctx.alpha = alpha
+    def forward(x, alpha):
         return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return -ctx.alpha * g, None
 
 
 class _Identity(torch.autograd.Function):
