@@ -136,3 +136,21 @@ def tanh_grad(input):
         g = get_grad(out)
         put_grad(input, g * (1.0 - out * out))
     return out
+
+
+@register_grad(ltorch.logsigmoid)
+def logsigmoid_grad(input):
+    # Eager's logsigmoid_backward: g * (max_deriv - sign * z / (1 + z)) with z = exp(-|x|) the
+    # buffer its forward kept in the input's dtype, computed in float32 for half precision
+    # (DPO-style losses call it on bfloat16 logits).
+    out = ltorch.logsigmoid(input)
+    g, dtype = _in_opmath(get_grad(out), input)
+    x = _upcast(input)
+    negative = x < 0.0
+    z = ltorch.exp(-ltorch.abs(x))
+    if dtype is not None:
+        z = _upcast(ltorch.to(z, dtype))
+    max_deriv = ltorch.where(negative, 1.0, 0.0)
+    sign = ltorch.where(negative, 1.0, -1.0)
+    put_grad(input, _rounded(g * (max_deriv - sign * (z / (1.0 + z))), dtype))
+    return out
