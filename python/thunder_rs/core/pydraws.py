@@ -32,9 +32,11 @@ from thunder_rs.errors import ThunderNotImplementedError
 
 _draws: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_draws", default=None)
 
-#: How the numbers of a scalar draw range: ``(low, high, high_included)`` from its arguments, or
-#: None where the range is unbounded or not worth knowing (any use of the number raises).
-def _UNIT(*args, **kwargs):
+# How the numbers of a scalar draw range, from its arguments: ``(low, high, high_included)``, or
+# None where the range is unbounded or not worth knowing (any use of the number raises).
+
+
+def _unit(*args, **kwargs):
     return (0.0, 1.0, False)
 
 
@@ -48,7 +50,7 @@ def _unbounded(*a, **k):
 
 #: Python's ``random``: name -> the range of the number it draws, from the arguments.
 _PYTHON_SCALARS = {
-    "random": _UNIT,
+    "random": _unit,
     "uniform": _closed,
     "randint": _closed,
     "getrandbits": lambda k: (0, 2 ** k - 1, True),
@@ -65,7 +67,7 @@ def _numpy_int_range(low, high=None, *rest, **kwargs):
 
 #: NumPy's legacy global functions: name -> range of the number.
 _NUMPY_SCALARS = {
-    **{name: _UNIT for name in ("random", "random_sample", "ranf", "sample", "rand")},
+    **{name: _unit for name in ("random", "random_sample", "ranf", "sample", "rand")},
     **{name: _unbounded for name in ("randn", "normal", "standard_normal")},
     "uniform": lambda low=0.0, high=1.0, *a, **k: _closed(low, high),
     "randint": _numpy_int_range,
