@@ -1,0 +1,54 @@
+"""Python state a compiled call cannot keep is refused with the user's line: gradients read or
+set inside the program (a jitted optimizer step, ``zero_grad``), and writes to objects reached
+through a list or dict of the arguments (a cache layer counting its tokens)."""
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+@pytest.mark.parametrize("program", [
+    lambda params, x: [p.sub_(0.1 * p.grad) for p in params if p.grad is not None] and x,
+    lambda params, x: setattr(params[0], "grad", None) or x,
+])
+def test_reading_or_setting_grad_inside_a_program_is_refused(program):
+    params = [torch.ones(3, requires_grad=True)]
+    (params[0] * 2).sum().backward()
+    with pytest.raises(ThunderNotImplementedError, match=r"Tensor\.grad: the program (reads|sets) the \.grad of a "
+                                                           r"tensor at .*test_state_refusals\.py:\d+"):
+        thunder_rs.jit(program)(params, torch.ones(2))
+
+
+def test_an_optimizer_zero_grad_inside_a_program_is_refused():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+
+    def step(x):
+        optimizer.zero_grad()
+        return model(x).sum()
+
+    with pytest.raises(ThunderNotImplementedError, match=r"Tensor\.grad: the program (reads|sets) the \.grad"):
+        thunder_rs.jit(step)(torch.ones(1, 2))
+
+
+def test_a_write_to_an_object_reached_through_a_list_of_an_argument_is_refused_and_undone():
+    class Layer:
+        def __init__(self):
+            self.length = 0
+
+    class Cache:
+        def __init__(self):
+            self.layers = [Layer()]
+
+    def program(x, cache):
+        y = x + 1
+        cache.layers[0].length += 1  # as a Hugging Face sliding-window cache layer counts its tokens
+        return y
+
+    cache = Cache()
+    with pytest.raises(ThunderNotImplementedError, match=r"set Layer\.length on an object it reached through a list"):
+        thunder_rs.jit(program)(torch.ones(2), cache)
+    assert cache.layers[0].length == 0
