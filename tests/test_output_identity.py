@@ -103,3 +103,16 @@ def test_a_view_or_the_input_itself_still_aliases_the_input(program):
     x = torch.zeros(4)
     thunder_rs.jit(program)(x).add_(1.0)
     assert torch.equal(x, torch.ones(4))
+
+
+@pytest.mark.parametrize("make", [torch.as_tensor, torch.asarray])
+def test_a_tensor_made_from_a_numpy_array_still_shares_its_memory(make):
+    import numpy as np
+
+    array = np.zeros(3, dtype=np.float32)
+
+    def program(x):
+        return x + 1, make(array)
+
+    thunder_rs.jit(program)(torch.zeros(3))[1].add_(5.0)
+    assert array.tolist() == [5.0, 5.0, 5.0]

@@ -2,7 +2,7 @@
 Python state it read, and the module state it wrote."""
 
 import inspect
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
@@ -109,11 +109,7 @@ def _apart(out, inputs: list):
 
 
 def _fresh(value, captures: Captures):
-    if captures.is_created(value):
-        return captures.proxy(value)
-    if type(value) in (list, tuple, dict) or is_dataclass(value) or hasattr(value, "_fields"):
-        return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value)
-    return value
+    return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value)
 
 
 class TracedInputs:

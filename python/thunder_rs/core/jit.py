@@ -385,7 +385,7 @@ def _jit_again(module, cache: int, passes: tuple, executors):
 
 
 #: Attributes of the wrapper itself; every other attribute set on it goes to the wrapped module.
-_WRAPPER_OWN = frozenset({WRAPPED, "_jfn", "_hooks_seen", "_has_hooks", "_fsdp", "training"})
+_WRAPPER_OWN = frozenset({WRAPPED, "_jfn", "_hooks_seen", "_has_hooks", "_fsdp"})
 
 
 class ThunderModule(torch.nn.Module):
@@ -422,18 +422,25 @@ class ThunderModule(torch.nn.Module):
         jfn = self._jfn
         return (_jit_again, (self._model, jfn._cache_size, jfn._passes, jfn._executors))
 
+    def _wrapped_for(self, name: str):
+        """The wrapped module when ``name`` is its attribute, None when it is the wrapper's own
+        (nn.Module's state included, which its ``__init__`` put in the instance dict)."""
+        wrapped = self.__dict__.get("_modules", {}).get(WRAPPED)
+        own = name in _WRAPPER_OWN or name in self.__dict__ or hasattr(type(self), name)
+        return None if own else wrapped
+
     def __setattr__(self, name: str, value) -> None:
         # ``jmodel.scale = 5`` or ``jmodel.lin = nn.Linear(...)`` change the wrapped module, as
         # torch.compile's wrapper does: the next call reads them (guards and bindings are on it).
-        wrapped = self.__dict__.get("_modules", {}).get(WRAPPED)
-        if wrapped is None or name in _WRAPPER_OWN or name in self.__dict__ or hasattr(type(self), name):
-            super().__setattr__(name, value)  # the wrapper's own state (nn.Module's included)
+        wrapped = self._wrapped_for(name)
+        if wrapped is None:
+            super().__setattr__(name, value)
         else:
             setattr(wrapped, name, value)
 
     def __delattr__(self, name: str) -> None:
-        wrapped = self.__dict__.get("_modules", {}).get(WRAPPED)
-        if wrapped is None or name in _WRAPPER_OWN or name in self.__dict__ or hasattr(type(self), name):
+        wrapped = self._wrapped_for(name)
+        if wrapped is None:
             super().__delattr__(name)
         else:
             delattr(wrapped, name)

@@ -247,9 +247,16 @@ def _untraced_call(func, args, kind: int, kwargs):
         return ltorch_fn(*args, **kwargs)
     result = func(*args, **kwargs)
     captures = active_captures()
-    if kind == 0 and captures is not None:
+    if kind == 0 and captures is not None and _python_values((*args, *kwargs.values())):
         captures.note_created(result)
     return result
+
+
+def _python_values(values) -> bool:
+    """Whether ``values`` are plain Python data (numbers, strings, dtypes, nested lists): a tensor
+    made from them is new memory, where one made from a NumPy array or a buffer shares theirs."""
+    return all(_python_values(v) if type(v) in (list, tuple) else
+               v is None or isinstance(v, (bool, int, float, complex, str, torch.dtype, torch.device)) for v in values)
 
 
 class LanguageMode(TorchFunctionMode):

@@ -80,7 +80,6 @@ class ProgramState:
         return out
 
 
-
 # -- objects reached through containers -------------------------------------------------------------
 
 #: How deep ``reached_objects`` follows attributes and containers from an argument.
