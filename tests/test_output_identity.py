@@ -86,6 +86,7 @@ def test_a_literal_read_by_the_program_keeps_its_value():
     lambda x: x.t().contiguous(),
     lambda x: torch.nn.functional.pad(x, (0, 0)),
     lambda x: x.roll(0, 0),
+    lambda x: x[True],
 ])
 def test_a_copy_eager_makes_is_a_copy_even_when_the_trace_computes_nothing(program):
     x = torch.zeros(2, 2)

@@ -168,6 +168,22 @@ def test_writes_through_aliases_of_a_real_input_reach_it_as_in_eager(write):
     torch.testing.assert_close(y, x)
 
 
+@pytest.mark.parametrize("write", [lambda z: z.real.add_(1), lambda z: z.imag.mul_(2)], ids=["real", "imag"])
+def test_writes_through_the_parts_of_a_complex_tensor_are_refused(write):
+    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match=r"Tensor\.(real|imag): writing through it"):
+        thunder_rs.jit(write)(torch.randn(3, dtype=torch.complex64))
+
+
+def test_the_parts_of_a_complex_tensor_see_later_writes_to_it():
+    def program(z):
+        re, im = z.real, z.imag
+        z.mul_(2)
+        return re + im
+
+    z = torch.randn(3, dtype=torch.complex128)
+    torch.testing.assert_close(thunder_rs.jit(program)(z.clone()), program(z.clone()))
+
+
 def test_storage_offset_of_a_traced_tensor_is_refused():
     with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match="storage_offset: read at .*test_views"):
         thunder_rs.jit(lambda x: x * x.storage_offset())(torch.randn(5, 6)[1:])

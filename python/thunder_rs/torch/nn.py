@@ -487,6 +487,10 @@ def _check_nll(op: str, log_probs, target, weight) -> None:
     check(weight is None or weight.dtype == log_probs.dtype, op,
           lambda: f"expected weight to have dtype {log_probs.dtype}, but got {weight.dtype} (argument weight)",
           ThunderRuntimeError)
+    # Eager's nll_loss has no derivative for its class weights and raises in the forward.
+    check(weight is None or not (weight.requires_grad and torch.is_grad_enabled()), op,
+          "the function 'nll_loss_forward' is not differentiable with respect to argument 'weight'; "
+          "detach the weight (argument weight)", ThunderRuntimeError)
 
 
 def _nll(op: str, log_probs, target, weight, ignore_index: int, reduction: str):

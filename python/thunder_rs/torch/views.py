@@ -686,18 +686,45 @@ def _detach_with(take):
     return opaque(detached, lambda a, new: straight_through(new, a), detached=True)
 
 
+def _eager_property(name: str):
+    """The tensor property ``name`` as eager computes it: a view a write through is refused
+    (``z.real``/``z.imag`` of a complex tensor)."""
+    getter = vars(torch._C.TensorBase)[name].__get__
+    return opaque(lambda a: user_fallback(getter, (a,), {}), None,
+                  refusal=f"Tensor.{name}: writing through it, a view of a complex tensor, is not supported; "
+                          "write the whole tensor (torch.complex(re, im))")
+
+
 def _of_real(name: str, alias, min_ndim: int, exact: bool = False):
     """The tensor property ``name``: ``alias`` of a real tensor with at least (``exact``: just)
     ``min_ndim`` dims; otherwise eager's own answer (complex values, its errors)."""
     getter = vars(torch._C.TensorBase)[name].__get__
+    of_complex = _eager_property(name)
 
     def prop(a):
         fits = a.ndim == min_ndim if exact else a.ndim >= min_ndim
-        if a.dtype.is_complex or not fits:
+        if a.dtype.is_complex:
+            return of_complex(a)
+        if not fits:
             return user_fallback(getter, (a,), {})
         return alias(a)
 
     return prop
+
+
+def _bool_key_copies(view_op):
+    """``x[True]`` (a bool among the key's entries) is advanced indexing in eager, so a copy,
+    though the trace computes it as an unsqueeze."""
+
+    def getitem(a, key):
+        out = view_op(a, key)
+        entries = key if type(key) is tuple else (key,)
+        if any(k is True for k in entries) and isinstance(out, TensorProxy):
+            return copy_of(out)
+        return out
+
+    getitem.__wrapped__ = view_op
+    return getitem
 
 
 def _symbol(name: str):
@@ -707,11 +734,14 @@ def _symbol(name: str):
 def _register() -> None:
     for name in _PRIM_VIEWS:
         _rewrap(TORCH_TO_LTORCH, _symbol(name), tracked(_symbol(name)))
+    _rewrap(TORCH_TO_LTORCH, TORCH_TO_LTORCH[torch.Tensor.__getitem__],
+            _bool_key_copies(TORCH_TO_LTORCH[torch.Tensor.__getitem__]))
     for name in ("T", "mT"):
         PROPERTY_TO_LTORCH[name] = tracked(PROPERTY_TO_LTORCH[name])
     # Of a real tensor, eager's ``real`` is the tensor itself and ``mH``/``H`` are ``mT``/``T``:
     # aliases, which writes go through.
     PROPERTY_TO_LTORCH["real"] = _of_real("real", lambda a: a, 0)
+    PROPERTY_TO_LTORCH["imag"] = _eager_property("imag")
     PROPERTY_TO_LTORCH["mH"] = _of_real("mH", PROPERTY_TO_LTORCH["mT"], 2)
     PROPERTY_TO_LTORCH["H"] = _of_real("H", PROPERTY_TO_LTORCH["T"], 2, exact=True)
     _rewrap(TORCH_TO_LTORCH, _shape.contiguous, _contiguous_or_copy(_shape.contiguous))
