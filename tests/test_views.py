@@ -53,9 +53,11 @@ def test_gpt_training_step_matches_eager_with_the_backward_folded():
         torch.testing.assert_close(p.grad, e.grad, rtol=1e-5, atol=1e-6, msg=name)
     backward = str(thunder_rs.last_backward_traces(jmodel)[-1])
     # 92 calls without view folding: in each layer the q/k/v gradients are joined by one cat,
-    # transpose and reshape instead of 3 transposes, 3 reshapes and a cat.
-    assert len(calls(backward)) <= 84, backward
-    assert "cat-of-reshapes x2, cat-of-transposes x2" in views_note(thunder_rs.last_backward_traces(jmodel))
+    # transpose and reshape instead of 3 transposes, 3 reshapes and a cat, and each linear
+    # layer's weight gradient is one call instead of reshape, t, reshape and matmul.
+    assert len(calls(backward)) <= 60, backward
+    note = views_note(thunder_rs.last_backward_traces(jmodel))
+    assert "flattened-product x9, cat-of-reshapes x2, cat-of-transposes x2" in note, note
 
 
 def views_note(traces) -> str:

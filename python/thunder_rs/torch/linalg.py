@@ -1,4 +1,5 @@
-"""Linear algebra ops: matmul and its fixed-rank forms (mm, bmm, mv, dot), inner, outer, addmm, baddbmm.
+"""Linear algebra ops: matmul and its fixed-rank forms (mm, bmm, mv, dot), inner, outer, addmm, baddbmm,
+and the weight-gradient product view folding makes (flattened_product).
 
 Products do not promote: torch requires both operands to have one dtype and raises RuntimeError
 otherwise, as it does for shape mismatches. The checks here run before ``prims.matmul`` so that
@@ -17,7 +18,7 @@ from thunder_rs.errors import (
 from thunder_rs.torch import torchsymbol
 
 T = torch.Tensor
-__all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm"]
+__all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm", "flattened_product"]
 
 
 def _check_operands(op: str, a, b, names: tuple[str, str], ranks=None) -> None:
@@ -170,3 +171,18 @@ def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
           f"batch sizes differ: {batch1.shape[0]} and {batch2.shape[0]} (argument batch2)", ThunderRuntimeError)
     _check_inner(op, batch1, batch2, ("batch1", "batch2"))
     return _add_scaled(op, prims.matmul(batch1, batch2), input, beta, alpha)
+
+
+def _flattened_mm(g, x):
+    return torch.mm(g.flatten(0, -2).t(), x.flatten(0, -2))
+
+
+@torchsymbol(_flattened_mm, name="flattened_product")
+def flattened_product(g, x):
+    """``g`` and ``x`` contracted over their leading dims (which are equal):
+    ``g.flatten(0, -2).t() @ x.flatten(0, -2)``, a linear layer's weight gradient over a batch.
+    Not a torch op: the view-folding pass makes it of the four calls this decomposition makes,
+    and the torch executor runs it as one."""
+    rows = _prod(g.shape[:-1])
+    flat_g = prims.transpose(prims.reshape(g, (rows, g.shape[-1])), (1, 0))
+    return prims.matmul(flat_g, prims.reshape(x, (rows, x.shape[-1])))
