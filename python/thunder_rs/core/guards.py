@@ -182,6 +182,41 @@ class ClassSource(FixedSource):
         return f"class attribute {name!r} of {self.cls.__qualname__}"
 
 
+@dataclass(eq=False)
+class ItemSource(FixedSource):
+    """The items of a dict, list or tuple the entry keeps alive (``self.cfg`` in
+    ``self.cfg["sub"]["scale"]``), read by key or index; checked on every call, since a
+    container changes in place without any write counter seeing it."""
+
+    container: object
+    label: str
+
+    def fixed(self):
+        return self.container if isinstance(self.container, dict) else _SequenceView(self.container)
+
+    @property
+    def key(self):
+        return ("items", id(self.container))
+
+    def describe(self, name):
+        return f"{self.label}[{name!r}]"
+
+
+class _SequenceView:
+    """A list or tuple as a mapping from index to item."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items):
+        self.items = items
+
+    def get(self, index, default):
+        try:
+            return self.items[index]
+        except IndexError:
+            return default
+
+
 class _ClassView:
     """A class's attributes as a mapping, looked up through its MRO as attribute reads do (a
     subclass or a base rebinding the name changes what the instance reads)."""

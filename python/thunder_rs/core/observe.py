@@ -25,8 +25,8 @@ import warnings
 import torch
 
 from thunder_rs import _core
-from thunder_rs.core.guards import (MISSING, CellSource, ClassSource, GlobalsSource, Guard, InputSource, ModuleSource,
-                                    ModuleStoreSource, ObjectSource, StructureGuard, is_simple)
+from thunder_rs.core.guards import (MISSING, CellSource, ClassSource, GlobalsSource, Guard, InputSource, ItemSource,
+                                    ModuleSource, ModuleStoreSource, ObjectSource, StructureGuard, is_simple)
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.state import ProgramState
 from thunder_rs.errors import ThunderNotImplementedError
@@ -58,11 +58,34 @@ _LOAD_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
 _LOAD_ROOT = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLASSDEREF",
                         "LOAD_GLOBAL", "LOAD_NAME"})
+_LOAD_LOCAL = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
 _LOAD_TWO = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
 #: Stack copies that keep a chain going (``self.steps += 1`` copies ``self`` before reading ``steps``).
 _COPIES = frozenset({"COPY", "DUP_TOP"})
 #: Builtins that read an attribute named by a string: ``getattr(config, "scale", 1.0)``.
 _READS_BY_NAME = frozenset({"getattr", "hasattr"})
+#: Loads of a constant key before a subscript (``cfg["scale"]``, ``scales[0]``).
+_CONST_LOADS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})
+#: Containers whose items a chain follows by constant key: exactly these types, whose reads by
+#: key have no code of their own.
+_CONTAINERS = (dict, list, tuple)
+_MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+
+
+class _Item(str):
+    """A chain step that reads an item by a constant key (``[key]``), among attribute names."""
+
+    key: object
+
+    def __new__(cls, key):
+        step = super().__new__(cls, f"[{key!r}]")
+        step.key = key
+        return step
+
+
+def _is_subscript(ins) -> bool:
+    # BINARY_SUBSCR up to Python 3.13; BINARY_OP with the subscript operator from 3.14.
+    return ins is not None and (ins.opname == "BINARY_SUBSCR" or (ins.opname == "BINARY_OP" and ins.argrepr == "[]"))
 
 
 def _in_library(path: str) -> bool:
@@ -118,16 +141,29 @@ class CodeReads:
 
 
 def _chains(code) -> set:
-    """``((load op, root name), (attr, ...))`` for each load followed by attribute reads. A read
-    by name, ``getattr(chain, "name"[, default])`` or ``hasattr(chain, "name")``, ends its chain
-    with that name."""
+    """``((load op, root name), (attr, ...))`` for each load followed by attribute reads and
+    subscripts by a constant key (an ``_Item`` step: ``cfg["sub"]["scale"]``). A read by name,
+    ``getattr(chain, "name"[, default])`` or ``hasattr(chain, "name")``, ends its chain with that
+    name."""
     chains, root, attrs = set(), None, []
     by_name = False  # the chain being read is getattr's or hasattr's first argument
     after_by_name = False  # the last instruction loaded the builtin getattr or hasattr
-    for ins in dis.get_instructions(code):
+    instructions = list(dis.get_instructions(code))
+    subscripted = False  # the instruction is the subscript of a constant key already taken
+    for ins, after in zip(instructions, [*instructions[1:], None]):
         op = ins.opname
+        if subscripted:
+            subscripted = False
+            continue
         if op in _LOAD_ATTR and root is not None:
             attrs.append(ins.argval)
+            continue
+        # A subscript right on a local (``kwargs["x"]``) is not followed: a local is state only
+        # through attribute reads, and reading locals has a cost (``frame.f_locals``).
+        if (op in _CONST_LOADS and root is not None and (attrs or root[0] not in _LOAD_LOCAL)
+                and type(ins.argval) in (str, int) and not by_name and _is_subscript(after)):
+            attrs.append(_Item(ins.argval))
+            subscripted = True
             continue
         if op in _COPIES and root is not None:
             continue
@@ -285,6 +321,8 @@ class Observer:
     def _step(self, obj, attr: str, origin: str):
         """Reads ``obj.attr`` as the program did and guards it; returns the value to follow, or
         MISSING where the chain stops (not state, not a plain attribute, or a leaf value)."""
+        if type(attr) is _Item:
+            return self._item_step(obj, attr.key, origin)
         if isinstance(obj, torch.Generator):
             if attr in _GENERATOR_WRITES:
                 raise ThunderNotImplementedError(
@@ -314,6 +352,24 @@ class Observer:
             return self._keep(source, attr, value, origin)
         self.state.read(obj, attr, origin, self._guards)
         return self._keep(source, attr, value, origin, guard=False)
+
+    def _item_step(self, obj, key, origin: str):
+        """``obj[key]`` for a dict, list or tuple kept as state (reached from a module, a global or
+        a closure, not from an argument: ``self.cfg["sub"]``, ``SCALES[0]``), guarded like an
+        attribute; for a module container (``self.blocks[0]``), its submodule, whose attributes
+        are guarded as a module's."""
+        if isinstance(obj, _MODULE_CONTAINERS):
+            try:
+                value = obj[key]
+            except (IndexError, KeyError, TypeError):
+                return MISSING
+            return value if isinstance(value, torch.nn.Module) else MISSING
+        parent = self.state.source_of(obj) if type(obj) in _CONTAINERS else None
+        if not isinstance(parent, ObjectSource):
+            return MISSING
+        source = ItemSource(obj, parent.label)
+        value = source.fixed().get(key, MISSING)
+        return MISSING if value is MISSING else self._keep(source, key, value, origin)
 
     def _class_attribute(self, obj, source, attr: str, origin: str):
         """``obj.attr`` where ``obj`` has no attribute of its own by that name: guards that it
@@ -523,7 +579,10 @@ def _warn_profiler_once() -> None:
 
 def _child_source(source, name: str, value):
     """The source of the attributes of ``value``, read as ``name`` at ``source``."""
-    label = f"{source.label}.{name}" if not isinstance(source, (GlobalsSource, CellSource)) else name
+    if isinstance(source, ItemSource):
+        label = f"{source.label}[{name!r}]"
+    else:
+        label = f"{source.label}.{name}" if not isinstance(source, (GlobalsSource, CellSource)) else name
     if isinstance(source, InputSource):
         return InputSource(source.position, (*source.path, name), label)
     return ObjectSource(value, label)
