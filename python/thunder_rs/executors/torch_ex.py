@@ -132,6 +132,7 @@ def _register_prims() -> None:
         "take": lambda a, index, dim: torch.index_select(a, dim, index), "take_along_axis": torch.take_along_dim,
         "gather": lambda a, index, dim: torch.gather(a, dim, index),
         "scatter_add": lambda a, index, src, dim: torch.scatter_add(a, dim, index, src),
+        "scatter": lambda a, index, src, dim: torch.scatter(a, dim, index, src),
         "index_add": lambda a, index, source, dim: torch.index_add(a, dim, index, source),
         "topk": lambda a, k, dim, largest, sorted: tuple(torch.topk(a, k, dim, largest, sorted)),
         "sort": lambda a, dim, descending, stable: tuple(torch.sort(a, dim=dim, descending=descending, stable=stable)),

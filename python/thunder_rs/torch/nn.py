@@ -487,10 +487,20 @@ def _check_nll(op: str, log_probs, target, weight) -> None:
     check(weight is None or weight.dtype == log_probs.dtype, op,
           lambda: f"expected weight to have dtype {log_probs.dtype}, but got {weight.dtype} (argument weight)",
           ThunderRuntimeError)
-    # Eager's nll_loss has no derivative for its class weights and raises in the forward.
+
+
+def _refuse_weight_grad(op: str, weight) -> None:
+    """Eager's nll_loss has no derivative for its class weights: its forward raises."""
     check(weight is None or not (weight.requires_grad and torch.is_grad_enabled()), op,
           "the function 'nll_loss_forward' is not differentiable with respect to argument 'weight'; "
           "detach the weight (argument weight)", ThunderRuntimeError)
+
+
+def _eager_nll_loss(input, target, weight=None, *args, **kwargs):
+    """``F.nll_loss`` as the program calls it (thunder_rs's own calls of ``ltorch.nll_loss``, in
+    kernels' decompositions, may differentiate the weight)."""
+    _refuse_weight_grad("ltorch.nll_loss", weight)
+    return nll_loss(input, target, weight, *args, **kwargs)
 
 
 def _nll(op: str, log_probs, target, weight, ignore_index: int, reduction: str):
@@ -504,6 +514,9 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     op = "ltorch.nll_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
     return _nll(op, input, target, weight, ignore_index, reduction)
+
+
+TORCH_TO_LTORCH[F.nll_loss] = _eager_nll_loss
 
 
 def _class_weight(weight, ndim: int, class_dim: int):
@@ -562,6 +575,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         return _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothing)
     # nll_loss as a symbol of its own, so that its grad rule (and kernel) differentiates it.
     _check_nll(op, log_probs, target, weight)
+    _refuse_weight_grad(op, weight)
     loss = nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
     if label_smoothing == 0:
         return loss

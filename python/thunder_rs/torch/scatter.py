@@ -106,11 +106,8 @@ def _scatter_reduced(input, d: int, index, src, reduce: str, include_self: bool)
 
 def _written(input, d: int, index, src):
     """``input`` with ``src`` written where ``index`` points (one of the written values where
-    indices repeat, as eager leaves it undefined which)."""
-    src = _sliced_to(clang.maybe_convert(src, input.dtype), index.shape)
-    zeros = prims.full(tuple(input.shape), clang.maybe_convert(0, input.dtype), input.device, input.dtype)
-    placed = prims.scatter_add(zeros, index, src, d)
-    return prims.where(prims.gt(_counts(input, d, index), 0), placed, input)
+    indices repeat, as eager leaves it undefined which; all of them get the gradient there)."""
+    return prims.scatter(input, index, _sliced_to(clang.maybe_convert(src, input.dtype), index.shape), d)
 
 
 # -- scatter and scatter_reduce ----------------------------------------------------------------------
@@ -419,13 +416,9 @@ def _put_masked(op: str, input, mask, values, accumulate: bool):
 
 
 def _written_rows(flat, rows, values):
-    """``flat`` with ``values[i]`` written to row ``rows[i]``."""
-    zeros = prims.full(tuple(flat.shape), clang.maybe_convert(0, flat.dtype), flat.device, flat.dtype)
-    placed = prims.index_add(zeros, rows, values, 0)
-    hits = prims.index_add(prims.full((flat.shape[0],), 0, flat.device, torch.int64), rows,
-                           prims.full((rows.shape[0],), 1, flat.device, torch.int64), 0)
-    mask = prims.broadcast_in_dim(prims.gt(hits, 0), tuple(flat.shape), (0,))
-    return prims.where(mask, placed, flat)
+    """``flat`` with ``values[i]`` written to row ``rows[i]`` (one of them where rows repeat)."""
+    index = prims.broadcast_in_dim(rows, tuple(values.shape), (0,))
+    return prims.scatter(flat, index, values, 0)
 
 
 @torchsymbol(torch.masked_scatter, Tensor.masked_scatter)

@@ -1,4 +1,4 @@
-//! Meta rules of the indexing prims: embedding, take, gather, scatter, topk and sort.
+//! Meta rules of the indexing prims: embedding, take, gather, scatter (adding or writing), topk and sort.
 
 use super::declare::{declare_family, Family};
 use super::elementwise::tensor;
@@ -21,6 +21,9 @@ declare_family! {
         TakeAlongAxis = "take_along_axis", Operands::Fixed(2), { dim: usize = "dim" };
         Gather = "gather", Operands::Fixed(2), { dim: usize = "dim" };
         ScatterAdd = "scatter_add", Operands::Fixed(3), { dim: usize = "dim" };
+        /// torch's scatter: `a` with `source` written where `index` points (one of the values
+        /// where indices repeat, as in torch).
+        Scatter = "scatter", Operands::Fixed(3), { dim: usize = "dim" };
         IndexAdd = "index_add", Operands::Fixed(3), { dim: usize = "dim" };
         /// `(values, indices)`.
         Topk = "topk", Operands::Fixed(1), { k: i64 = "k", dim: usize = "dim", largest: bool = "largest", sorted: bool = "sorted" };
@@ -132,7 +135,7 @@ fn meta(prim: &Index, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>>
             }
             Ok(vec![out(a, a.dtype, index.shape.clone())])
         }
-        Index::ScatterAdd { dim } | Index::IndexAdd { dim } => {
+        Index::ScatterAdd { dim } | Index::Scatter { dim } | Index::IndexAdd { dim } => {
             let a = tensor(op, "a", &operands[0])?;
             let index = index_tensor(op, "index", &operands[1])?;
             let src = tensor(op, "source", &operands[2])?;
@@ -144,7 +147,7 @@ fn meta(prim: &Index, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>>
                 bail!(Value, op, "source {:?} must have the rank of a {:?}", src.shape, a.shape);
             }
             match prim {
-                Index::ScatterAdd { .. } => check_scatter(op, *dim, a, index, src)?,
+                Index::ScatterAdd { .. } | Index::Scatter { .. } => check_scatter(op, *dim, a, index, src)?,
                 _ => check_index_add(op, *dim, a, index, src)?,
             }
             Ok(vec![out(a, a.dtype, a.shape.clone())])
@@ -211,6 +214,17 @@ fn vjp(
             let (index, src) = (operand(1), operand(2));
             let picked = e.emit(Index::Gather { dim: *dim }, vec![Arg::Value(g), Arg::Value(index)])?;
             vec![Some(g), None, Some(pad_to(e, picked, &e.meta(src).shape)?)]
+        }
+        Index::Scatter { dim } => {
+            // torch's: zeros where anything was written, and each source element gets the
+            // gradient of the position it was written to (all of them where indices repeat).
+            let g = g.expect("one cotangent");
+            let (index, src) = (operand(1), operand(2));
+            let zeros = e.zeros_like(src)?;
+            let kept =
+                e.emit(Index::Scatter { dim: *dim }, vec![Arg::Value(g), Arg::Value(index), Arg::Value(zeros)])?;
+            let picked = e.emit(Index::Gather { dim: *dim }, vec![Arg::Value(g), Arg::Value(index)])?;
+            vec![Some(kept), None, Some(pad_to(e, picked, &e.meta(src).shape)?)]
         }
         Index::IndexAdd { dim } => {
             let g = g.expect("one cotangent");

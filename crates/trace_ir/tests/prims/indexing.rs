@@ -1,4 +1,4 @@
-//! Indexing prims: embedding, take, take_along_axis, gather, scatter_add, index_add, topk, sort.
+//! Indexing prims: embedding, take, take_along_axis, gather, scatter_add, scatter, index_add, topk, sort.
 
 use super::{Invalid, Valid};
 use trace_ir::ErrorKind::{Index, Type, Value};
@@ -14,6 +14,7 @@ pub const VALID: &[Valid] = &[
     (&["f32[4, 5]", "i64[2, 3]"], "gather", "t0, t1, 1", &["f32[2, 3]"]),
     (&["f32[4, 5]", "i64[2, 5]", "f32[2, 5]"], "scatter_add", "t0, t1, t2, 0", &["f32[4, 5]"]),
     (&["f32[4, 5]", "i64[2, 3]", "f32[3, 6]"], "scatter_add", "t0, t1, t2, 1", &["f32[4, 5]"]),
+    (&["f32[4, 5]", "i64[2, 3]", "f32[3, 6]"], "scatter", "t0, t1, t2, 1", &["f32[4, 5]"]),
     (&["f32[4, 5]", "i64[3]", "f32[3, 5]"], "index_add", "t0, t1, t2, 0", &["f32[4, 5]"]),
     (&["f32[4, 5]", "i64[2]", "f32[4, 2]"], "index_add", "t0, t1, t2, 1", &["f32[4, 5]"]),
     (&["f32[4, 5]"], "topk", "t0, 2, 1, True, True", &["f32[4, 2]", "i64[4, 2]"]),
@@ -50,6 +51,9 @@ const INVALID: &[Invalid] = &[
         &["index", "source", "dimension 1"],
     ),
     (&["f32[4, 5]", "i64[2, 6]", "f32[2, 6]"], "scatter_add", "t0, t1, t2, 0", Value, &["index", "a", "dimension 1"]),
+    // scatter
+    (&["f32[4, 5]", "i64[2, 5]", "f64[2, 5]"], "scatter", "t0, t1, t2, 0", Type, &["source", "f64"]),
+    (&["f32[4, 5]", "i64[2, 6]", "f32[2, 6]"], "scatter", "t0, t1, t2, 0", Value, &["index", "a", "dimension 1"]),
     // index_add
     (&["f32[4, 5]", "i64[3, 1]", "f32[3, 5]"], "index_add", "t0, t1, t2, 0", Value, &["index", "rank 0 or 1"]),
     (&["f32[4, 5]", "i64[3]", "f32[2, 5]"], "index_add", "t0, t1, t2, 0", Value, &["source", "dimension 0"]),
