@@ -68,7 +68,9 @@ def jit(fn):
         try:
             return jfn(*args, **kwargs)
         finally:
-            for trace in [*thunder_rs.last_traces(jfn)[:1], *thunder_rs.last_backward_traces(jfn)[:1]]:
+            # The first traces, and the execution traces (rewrites such as view folding make symbols).
+            forward, backward = thunder_rs.last_traces(jfn), thunder_rs.last_backward_traces(jfn)
+            for trace in [*forward[:1], *forward[-1:], *backward[:1], *backward[-1:]]:
                 REACHED.update(name for name in trace.all_symbol_names() if name.startswith("ltorch."))
 
     return recording

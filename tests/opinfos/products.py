@@ -1,11 +1,14 @@
 """Products built on matmul: addmv, addbmm, addr, vdot, tensordot, einsum, cross, linalg.cross,
-linalg.vecdot, linalg.multi_dot, linalg.matrix_power, linalg.vander."""
+linalg.vecdot, linalg.multi_dot, linalg.matrix_power, linalg.vander, and the weight-gradient
+product view folding makes (``ltorch.flattened_product``, through the torch function it runs)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
 import torch
+
+from thunder_rs.torch.linalg import _flattened_mm
 
 from .core import ACCUMULATING, ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, SampleInput, Strided, Transposed, cpu, make, tensor
 
@@ -29,6 +32,8 @@ ADDBMM = specs(((3, 5), (2, 3, 4), (2, 4, 5)), ((5,), (2, 3, 4), (2, 4, 5), {"be
                ((3, 1), Transposed((2, 3, 4)), (2, 4, 5), {"alpha": 2}))
 ADDR = specs(((3, 4), (3,), (4,)), ((4,), (3,), (4,)), ((), Strided((3,)), (4,)), ((3, 4), (3,), (4,), {"beta": 2, "alpha": 3}),
              ((0, 4), (0,), (4,)), (Transposed((3, 4)), (3,), (4,), {"beta": 0}))
+FLATTENED = specs(((4, 8, 3), (4, 8, 5)), ((2, 3, 4, 6), (2, 3, 4, 2)), ((6, 3), (6, 5)), ((0, 8, 3), (0, 8, 5)),
+                  (Transposed((3, 5, 4)), (3, 5, 2)), ((2, 4, 3), Strided((2, 4, 5))))
 VDOT = specs(((4,), (4,)), ((0,), (0,)), (Strided((4,)), (4,)))
 CROSS = specs(((3,), (3,)), ((2, 3), (1, 3)), ((4, 3), (4, 3), {"dim": -1}), ((3, 2), (3, 2), {"dim": 0}),
               (Transposed((3, 3)), (3, 3)), ((0, 3), (0, 3)))
@@ -162,6 +167,7 @@ OPS = [
     OpInfo("addmv", torch.addmv, ADDMV, same_dtype_errors((3,), (3, 4), (4,)), NUMERIC, tolerances=ACCUMULATING),
     OpInfo("addbmm", torch.addbmm, ADDBMM, same_dtype_errors((3, 5), (2, 3, 4), (2, 4, 5)), NUMERIC, tolerances=ACCUMULATING),
     OpInfo("addr", torch.addr, ADDR, addr_errors, ALL),
+    OpInfo("flattened_product", _flattened_mm, FLATTENED, dtypes=NUMERIC, tolerances=ACCUMULATING),
     OpInfo("vdot", torch.vdot, VDOT, same_dtype_errors((4,), (4,)), NUMERIC, tolerances=ACCUMULATING),
     OpInfo("tensordot", torch.tensordot, tensordot_samples, same_dtype_errors((3, 4), (4, 5)), NUMERIC, tolerances=ACCUMULATING),
     OpInfo("einsum", torch.einsum, einsum_samples, einsum_errors, NUMERIC, tolerances=ACCUMULATING),

@@ -38,8 +38,10 @@ def _dir(path: str) -> str:
 
 _PACKAGE_DIR = _dir(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = _dir(torch.__file__)
-#: torch code whose reads are the program's: the standard modules' forwards (``self.p``, ``self.eps``).
+#: torch code whose reads are the program's: the standard modules' forwards (``self.p``, ``self.eps``)
+#: and the distributions' methods (``self.loc`` of a prior the program keeps).
 _TORCH_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
+_TORCH_DISTRIBUTIONS_DIR = os.path.join(_TORCH_DIR, "distributions") + os.sep
 _TORCH_MODULES_SKIPPED = ("module.py", "lazy.py", "_functions.py")
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 #: Attributes of a bare ``nn.Module`` (parameter/buffer/submodule stores, hooks, ``training`` is
@@ -93,6 +95,8 @@ def _in_library(path: str) -> bool:
     if path.startswith(_PACKAGE_DIR):
         return True
     if path.startswith(_TORCH_DIR):
+        if path.startswith(_TORCH_DISTRIBUTIONS_DIR):
+            return False
         return not (path.startswith(_TORCH_MODULES_DIR) and not path.endswith(_TORCH_MODULES_SKIPPED))
     return path.startswith(_STDLIB_DIRS) and "site-packages" not in path
 

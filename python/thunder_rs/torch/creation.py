@@ -13,6 +13,8 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core import dtypes
+from thunder_rs.core.fallback import user_fallback
+from thunder_rs.core.langctx import PROXY_CALLS
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
 
@@ -124,6 +126,19 @@ def _define_new_constant(name: str, value):
 new_zeros = _define_new_constant("new_zeros", 0)
 new_ones = _define_new_constant("new_ones", 1)
 new_empty = _define_new_constant("new_empty", 0)
+
+
+def _legacy_new(self, *args, **kwargs):
+    """``Tensor.new``: sizes (ints or a ``torch.Size``, as torch.distributions passes) give an
+    uninitialised tensor of that shape, like ``new_empty``; data (a list, a tuple) is eager's
+    call. Told apart here: the traced call would see a ``torch.Size`` as a plain tuple of data."""
+    sizes = args[0] if len(args) == 1 and isinstance(args[0], torch.Size) else args or (0,)
+    if all(type(n) is int for n in sizes) and set(kwargs) <= {"device"}:
+        return new_empty(self, tuple(sizes), device=kwargs.get("device"))
+    return user_fallback(T.new, (self, *args), kwargs)
+
+
+PROXY_CALLS[T.new] = _legacy_new
 
 
 def _check_arange(start, end, step, op: str):
