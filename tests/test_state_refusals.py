@@ -52,3 +52,29 @@ def test_a_write_to_an_object_reached_through_a_list_of_an_argument_is_refused_a
     with pytest.raises(ThunderNotImplementedError, match=r"set Layer\.length on an object it reached through a list"):
         thunder_rs.jit(program)(torch.ones(2), cache)
     assert cache.layers[0].length == 0
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: torch.autograd.grad((x * x).sum(), x, create_graph=True)[0].norm(),
+    lambda x: (x * x).sum().backward() or x,
+], ids=["autograd.grad", "backward"])
+def test_differentiating_inside_a_program_is_refused_with_the_line(program):
+    # A gradient penalty (WGAN-GP) differentiates inside the step: thunder_rs differentiates the
+    # whole call instead, and says so rather than failing on its stand-ins.
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(ThunderNotImplementedError, match=r"the program differentiates at .*test_state_refusals\.py:\d+"):
+        thunder_rs.jit(program)(x)
+
+
+def test_sparse_embedding_gradients_are_refused():
+    # Eager's weight gradient is a sparse tensor (for SparseAdam); thunder_rs's would be dense.
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    with pytest.raises(ThunderNotImplementedError, match="sparse gradients are not supported"):
+        thunder_rs.jit(embedding)(torch.tensor([1, 2]))
+    with torch.no_grad():
+        torch.testing.assert_close(thunder_rs.jit(embedding)(torch.tensor([1, 2])), embedding(torch.tensor([1, 2])))
+
+
+def test_where_with_only_a_condition_is_refused_as_data_dependent():
+    with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="data-dependent"):
+        thunder_rs.jit(lambda x: torch.where(x > 0))(torch.randn(3))

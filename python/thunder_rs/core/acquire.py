@@ -17,7 +17,7 @@ from thunder_rs.core.langctx import LanguageMode, refusals_not_swallowed
 from thunder_rs.core.modules import ModuleBinding
 from thunder_rs.core.modules import attribute_writes as module_writes
 from thunder_rs.core.observe import Observer
-from thunder_rs.core.outputs import flatten_output, is_plain
+from thunder_rs.core.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.pydraws import recording_draws
 from thunder_rs.core.state import check_unrepeated_writes, reached_objects
@@ -90,7 +90,7 @@ def _apart(out, inputs: list):
     trace computed nothing for: a value an input or an earlier output already holds, in a proxy
     that is neither that tensor nor a view of it (``x.t().contiguous()``, ``torch.empty_like(x)
     .copy_(x)``, ``F.pad(x, (0, 0))``). Writing to it must not change the input."""
-    leaves, spec = tree_flatten(out)
+    leaves, spec = tree_flatten(out, is_leaf=is_size)
     holders = {p._vid: p for p in inputs}
     changed = False
     for i, leaf in enumerate(leaves):
@@ -109,7 +109,7 @@ def _apart(out, inputs: list):
 
 
 def _fresh(value, captures: Captures):
-    return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value)
+    return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value, is_leaf=is_size)
 
 
 class TracedInputs:

@@ -237,6 +237,15 @@ _GRAD_GET = _GRAD_DESCRIPTOR.__get__
 #: ``.grad`` of a tensor the program did not get as a proxy (a global, an optimizer's parameters):
 #: read or set while tracing, it would be the first call's.
 _GRAD_ACCESS = frozenset({_GRAD_GET, _GRAD_DESCRIPTOR.__set__})
+#: Differentiation the program runs itself (a gradient penalty, an inner optimisation step).
+_AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
+
+
+def _autograd_call_error(func) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"{qualified_name(func)}: the program differentiates at {user_location()} while it is traced; thunder_rs "
+        "differentiates the whole jitted call, not inside it (a gradient penalty or an inner training step). Call it "
+        "outside the jitted function, on the jitted call's outputs")
 
 
 def _untraced_call(func, args, kind: int, kwargs):
@@ -275,6 +284,8 @@ class LanguageMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _GRAD_ACCESS and thread_state.inside == 0:
             raise grad_error("reads" if func == _GRAD_GET else "sets")
+        if func in _AUTOGRAD_CALLS and thread_state.inside == 0:
+            raise _autograd_call_error(func)
         if any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
         if TensorProxy in types or func in RANDOM:  # random calls are recorded: eager draws on every call

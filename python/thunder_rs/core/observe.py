@@ -14,6 +14,7 @@ rebuilt on every call and need no guard.
 """
 
 import dis
+import functools
 import inspect
 import os
 import sys
@@ -220,6 +221,8 @@ class Observer:
         self._functions: dict = {}
         for fn in functions:
             self._add_function(fn)
+            for obj in _bound_objects(fn):
+                self.state.add(obj, ObjectSource(obj, type(obj).__name__))
         self._guards: dict = {}
         self._outer = None
         self._hooked = False
@@ -579,6 +582,25 @@ def _warn_profiler_once() -> None:
         warnings.warn("thunder_rs.jit: a profiler holds this thread's profile hook (sys.setprofile), so only the "
                       "reads of the jitted function and of module forwards are guarded, not those of functions they "
                       "call; compile before profiling for full guards", stacklevel=5)
+
+
+def _bound_objects(fn) -> list:
+    """The objects a call of ``fn`` reads beyond its arguments: the instance of a bound method or
+    of a callable object, a ``functools.partial``'s arguments, and objects among its default
+    arguments (``def f(x, cfg=DEFAULT)``): program state like a module's attributes."""
+    found = []
+    if isinstance(fn, functools.partial):
+        found += [*fn.args, *fn.keywords.values()]
+        fn = fn.func
+    receiver = getattr(fn, "__self__", None)
+    if receiver is not None:
+        found.append(receiver)
+    elif not isinstance(fn, (types.FunctionType, *_CODE_TYPES)):
+        found.append(fn)  # a callable object: its __call__ reads ``self``
+    fn = getattr(fn, "__func__", fn)
+    found += [*(getattr(fn, "__defaults__", None) or ()), *(getattr(fn, "__kwdefaults__", None) or {}).values()]
+    return [o for o in found if isinstance(getattr(o, "__dict__", None), dict) and not is_simple(o)
+            and not isinstance(o, (torch.Tensor, torch.nn.Module, *_CODE_TYPES))]
 
 
 def _child_source(source, name: str, value):

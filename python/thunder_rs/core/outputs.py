@@ -163,6 +163,10 @@ class RebuiltOutput:
         return self._spec.unflatten([_build(leaf, flat, inputs, built) for leaf in self._leaves])
 
 
+def is_size(x) -> bool:
+    return type(x) is torch.Size
+
+
 def _is_proxy_holder(leaf) -> bool:
     return not isinstance(leaf, (torch.Tensor, *_PLAIN))
 
@@ -171,15 +175,19 @@ def flatten_output(out, inputs: list):
     """The trace's flat outputs for the program's output ``out``, and how to rebuild ``out`` from
     them on each call (an object with ``unflatten(flat, inputs)``). ``inputs`` are the call's flat
     inputs: an output object among them is returned as the later call's own input."""
-    leaves, spec = tree_flatten(out)
-    if not any(map(_is_proxy_holder, leaves)):
+    # A torch.Size is kept whole (torch's pytree would rebuild it as a plain tuple); the shapes of
+    # a cache entry are fixed, so it is returned as the trace found it.
+    leaves, spec = tree_flatten(out, is_leaf=is_size)
+    if not any(_is_proxy_holder(leaf) or is_size(leaf) for leaf in leaves):
         return tuple(leaves), PlainOutput(spec)
     given = {id(x): i for i, x in enumerate(inputs) if _is_proxy_holder(x)}
     flat: list = []
     template = _Templater(flat, given)
     templates = []
     for leaf in leaves:
-        if not _is_proxy_holder(leaf):
+        if is_size(leaf):
+            templates.append(leaf)
+        elif not _is_proxy_holder(leaf):
             templates.append(_Slot(len(flat)))
             flat.append(leaf)
         else:

@@ -6,7 +6,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, INT_TO_FLOAT
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.vmap import batch_as_elementwise
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
@@ -158,8 +158,10 @@ def floor_divide(input, other):
 
 
 @torchsymbol(torch.where)
-def where(condition, input, other):
+def where(condition, input=None, other=None):
     op = "ltorch.where"
+    if input is None and other is None:
+        refuse_data_dependent(torch.nonzero)  # torch.where(condition) is condition.nonzero(as_tuple=True)
     check(isinstance(condition, torch.Tensor) and condition.dtype == torch.bool, op,
           lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype {getattr(condition, 'dtype', type(condition).__name__)} (argument condition)",
           ThunderRuntimeError)

@@ -404,6 +404,10 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
           f"Expected indices to have one of the following scalar types: Long, Int; but got {input.dtype} (argument input)",
           ThunderRuntimeError)
     check(weight.ndim == 2, op, f"'weight' must be 2-D, got {weight.ndim}-D (argument weight)", ThunderRuntimeError)
+    # Eager's weight gradient would be a sparse tensor (for SparseAdam); thunder_rs's are dense.
+    check(not (sparse and weight.requires_grad and torch.is_grad_enabled()), op,
+          "sparse gradients are not supported; use sparse=False (a dense gradient) (argument sparse)",
+          ThunderNotImplementedError)
     if padding_idx is not None:
         # padding_idx only changes the gradient; eager checks its range with assertions.
         check(-weight.shape[0] <= padding_idx < weight.shape[0], op,

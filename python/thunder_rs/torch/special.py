@@ -14,6 +14,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
+from thunder_rs.core import dtypes
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
@@ -468,6 +469,8 @@ TORCH_TO_LTORCH.update({
     torch.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
     T.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
     torch.is_signed: lambda input: input.dtype.is_signed,
+    torch.numel: lambda input: input.numel(),
+    torch.result_type: lambda tensor, other: dtypes.result_type(tensor, other),
 })
 
 

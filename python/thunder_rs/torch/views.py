@@ -727,6 +727,22 @@ def _bool_key_copies(view_op):
     return getitem
 
 
+def _checked_view(view_op):
+    """``Tensor.view``: eager's error where the tensor's layout cannot be viewed with the new
+    shape (a transposed or sliced input); the trace would reshape it, copying."""
+
+    def view(a, *args, **kwargs):
+        out = view_op(a, *args, **kwargs)
+        if isinstance(a, TensorProxy) and isinstance(out, TensorProxy) and a.numel() > 0:
+            check(_viewed_strides(tuple(a.shape), strides_of(a), tuple(out.shape)) is not None, "ltorch.view",
+                  "view size is not compatible with input tensor's size and stride (at least one dimension spans across "
+                  "two contiguous subspaces). Use .reshape(...) instead.", ThunderRuntimeError)
+        return out
+
+    view.__wrapped__ = view_op
+    return view
+
+
 def _symbol(name: str):
     return getattr(_shape, name, None) or getattr(_indexing, name)
 
@@ -734,6 +750,7 @@ def _symbol(name: str):
 def _register() -> None:
     for name in _PRIM_VIEWS:
         _rewrap(TORCH_TO_LTORCH, _symbol(name), tracked(_symbol(name)))
+    TORCH_TO_LTORCH[torch.Tensor.view] = _checked_view(TORCH_TO_LTORCH[torch.Tensor.view])
     _rewrap(TORCH_TO_LTORCH, TORCH_TO_LTORCH[torch.Tensor.__getitem__],
             _bool_key_copies(TORCH_TO_LTORCH[torch.Tensor.__getitem__]))
     for name in ("T", "mT"):

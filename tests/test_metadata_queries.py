@@ -1,0 +1,47 @@
+"""Answers about tensors rather than tensors: what a program asks of its tensors' metadata
+(``torch.numel``, ``torch.result_type``, whether ``view`` can view) and the ``torch.Size`` it
+returns are eager's."""
+
+import pytest
+import torch
+
+import thunder_rs
+
+
+@pytest.mark.parametrize("other", [torch.tensor(2), 2.5, torch.ones(2, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bfloat16])
+def test_result_type_and_numel_are_eagers(dtype, other):
+    def program(x):
+        return (x * torch.numel(x)).to(torch.result_type(x, other))
+
+    x = torch.arange(2).to(dtype)
+    out, expected = thunder_rs.jit(program)(x), program(x)
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: x.t().view(12), lambda x: x.t().view(-1), lambda x: x[:, :2].view(6), lambda x: x[:1].expand(3, 4).view(12),
+], ids=["transposed", "inferred", "sliced", "expanded"])
+def test_a_view_of_a_layout_eager_cannot_view_raises_eagers_error(program):
+    x = torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        program(x)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        thunder_rs.jit(program)(x)
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: x.view(12), lambda x: x.t().view(4, 1, 3), lambda x: x[1:].view(8),
+    lambda x: x[:, None].expand(3, 2, 4).view(3, 2, 2, 2),
+], ids=["contiguous", "size_one_dim", "row_slice", "expanded_middle"])
+def test_views_eager_can_make_still_alias(program):
+    x = torch.randn(3, 4)
+    out = thunder_rs.jit(program)(x)
+    torch.testing.assert_close(out, program(x))
+
+
+def test_a_returned_size_is_a_torch_size():
+    out = thunder_rs.jit(lambda x: (x * 2, x.shape, {"size": x.size()}))(torch.randn(2, 3))
+    assert type(out[1]) is torch.Size and type(out[2]["size"]) is torch.Size and out[1] == (2, 3)
+    assert type(thunder_rs.jit(lambda x: x.shape)(torch.randn(4))) is torch.Size
