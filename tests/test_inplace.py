@@ -648,6 +648,11 @@ def test_written_input_passed_twice_is_refused():
         jfn(x, x)
     with pytest.raises(NotImplementedError, match="shares its memory"):
         jfn(x, x[1:].unsqueeze(0).expand(1, 2).reshape(2)[:1].expand(3))
+    for alias in (x.detach(), x.data):  # no view of x, the same memory
+        with pytest.raises(NotImplementedError, match="shares its memory"):
+            jfn(x, alias)
+    assert_same(jfn(x, torch.zeros(4)[:3].detach()), torch.zeros(3))
+    assert_same(jfn(torch.zeros(0), torch.zeros(0)), torch.zeros(0))  # no memory, nothing shared
 
 
 def test_indexed_assignment_by_a_0_dim_index_tensor_matches_eager():

@@ -117,3 +117,39 @@ def test_a_tensor_made_from_a_numpy_array_still_shares_its_memory(make):
 
     thunder_rs.jit(program)(torch.zeros(3))[1].add_(5.0)
     assert array.tolist() == [5.0, 5.0, 5.0]
+
+
+def _cache_step(cache, new, pos: int):
+    cache[pos] = new
+    return cache[: pos + 1]
+
+
+def test_a_view_of_a_written_input_is_a_view_of_the_callers_tensor():
+    # A KV-cache step: the returned prefix aliases the cache, so a later step's write shows in it.
+    cache, expected_cache = torch.zeros(3, 2), torch.zeros(3, 2)
+    jstep = thunder_rs.jit(_cache_step)
+    first, expected_first = jstep(cache, torch.ones(2), 0), _cache_step(expected_cache, torch.ones(2), 0)
+    assert first.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
+    jstep(cache, torch.full((2,), 2.0), 1)
+    _cache_step(expected_cache, torch.full((2,), 2.0), 1)
+    first.mul_(10)
+    expected_first.mul_(10)
+    torch.testing.assert_close(cache, expected_cache)
+    torch.testing.assert_close(first, expected_first)
+
+
+@pytest.mark.parametrize("view", [lambda x: x[:, 1], lambda x: x.t(), lambda x: x.view(4)[1:], lambda x: x[None]],
+                         ids=["column", "transpose", "flat_slice", "unsqueeze"])
+def test_views_of_a_written_input_carry_gradients_as_in_eager(view):
+    def program(x):
+        x.mul_(2)
+        return view(x)
+
+    base, eager_base = (torch.randn(2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+                        .requires_grad_() for _ in range(2))
+    x = base * 1
+    out, expected = thunder_rs.jit(program)(x), program(eager_base * 1)
+    torch.testing.assert_close(out, expected)
+    assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    g = torch.randn_like(expected)
+    torch.testing.assert_close(torch.autograd.grad(out, base, g), torch.autograd.grad(expected, eager_base, g))

@@ -43,6 +43,10 @@ class WriteBacks:
     #: trace inputs that must not share memory with a written one (the arguments and captured
     #: tensors; parameters and buffers are the module's own)
     separate: tuple = ()
+    #: (output position, trace input index, view steps): outputs that are a view of a written
+    #: input (``cache[pos] = new; return cache[: pos + 1]``), taken of the caller's tensor after
+    #: the copies, so they alias it as in eager
+    views: tuple = ()
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -89,15 +93,40 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
             extra.append(v)
     position = {id(p): k for k, p in written}
     aliases = tuple((i, position[id(o)]) for i, o in enumerate(leaves) if id(o) in position)
+    views = tuple((i, position[id(link.root)], link.steps) for i, o in enumerate(leaves)
+                  if (link := _replayable_view(o)) is not None and id(link.root) in position and id(o) not in position)
     tensors = tuple(i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor))
-    wb = WriteBacks(len(leaves), out_kind, tuple(copies), tuple(slots), aliases, tensors, tuple(separate))
+    wb = WriteBacks(len(leaves), out_kind, tuple(copies), tuple(slots), aliases, tensors, tuple(separate), views)
     return wb, tuple(leaves + extra)
 
 
+def _replayable_view(o):
+    """``o``'s view link when ``o`` is a view through shape prims alone (which torch calls can take
+    again of a real tensor), else None."""
+    from thunder_rs.torch.views import PrimStep  # noqa: PLC0415 (the torch language imports core)
+
+    link = getattr(o, "_view", None) if isinstance(o, TensorProxy) else None
+    return link if link is not None and all(isinstance(step, PrimStep) for step in link.steps) else None
+
+
+def _view_taker(steps):
+    """A function taking, of a real tensor, the view ``steps`` take of its proxy."""
+    from thunder_rs.executors.torch_ex import torch_ex  # noqa: PLC0415 (executors import core)
+
+    calls = [(torch_ex.implmap[step.name][2], step.params) for step in steps]
+
+    def take(t):
+        for call, params in calls:
+            t = call(t, *params)
+        return t
+
+    return take
+
+
 def root_id(t: torch.Tensor) -> int:
-    """The identity of the tensor whose memory ``t`` uses (itself, or the base it is a view of)."""
-    base = t._base
-    return id(t if base is None else base)
+    """The memory ``t`` uses: its storage's address, so that views, ``detach()`` and ``.data`` of a
+    tensor share it (a tensor with no memory is only itself)."""
+    return t.untyped_storage().data_ptr() or id(t)
 
 
 def _raise_aliased():
@@ -133,6 +162,9 @@ def with_writebacks(fn, wb: WriteBacks):
         lines.append(f"    store{i}[{name!r}] = {'None' if j is None else f'o{j}'}")
     results = [f"inputs[{aliased[i]}]" if i in aliased else f"o{i}" if i in values else f"outs[{i}]"
                for i in range(wb.num_outputs)]
+    for i, k, steps in wb.views:
+        namespace[f"view{i}"] = _view_taker(steps)
+        results[i] = f"view{i}(inputs[{k}])"
     if wb.out_kind == "single":
         lines.append(f"    return {results[0]}")
     elif wb.out_kind == "list":
