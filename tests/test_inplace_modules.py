@@ -344,3 +344,22 @@ def test_torchvision_resnet18_trains_like_eager():
         for opt in optimizers:
             opt.step()
     assert thunder_rs.cache_misses(jmodule) == 1
+
+
+@pytest.mark.parametrize("overwrite", [
+    lambda y: y.fill_(2.0), lambda y: y.zero_(), lambda y: y.copy_(torch.ones(3)), lambda y: y.__setitem__(slice(None), 2.0),
+    lambda y: y.__setitem__(Ellipsis, 3.0),
+], ids=["fill_", "zero_", "copy_", "full_slice", "ellipsis"])
+def test_a_tensor_overwritten_whole_keeps_its_history_with_a_zero_gradient(overwrite):
+    # Eager's in-place copy leaves the tensor requiring grad; its inputs get a zero gradient,
+    # which an optimizer with weight decay treats otherwise than no gradient.
+    def program(x):
+        y = x * 1
+        overwrite(y)
+        return y
+
+    x = torch.randn(3, requires_grad=True)
+    out, expected = thunder_rs.jit(program)(x), program(x)
+    assert out.requires_grad == expected.requires_grad
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x), torch.autograd.grad(expected.sum(), x))

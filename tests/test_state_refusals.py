@@ -78,3 +78,33 @@ def test_sparse_embedding_gradients_are_refused():
 def test_where_with_only_a_condition_is_refused_as_data_dependent():
     with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="data-dependent"):
         thunder_rs.jit(lambda x: torch.where(x > 0))(torch.randn(3))
+
+
+class _LazyWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = None
+
+    def forward(self, x):
+        if self.w is None:
+            self.w = torch.nn.Parameter(torch.ones(x.shape[-1]))
+        return x * self.w
+
+
+class _LazyStatistic(torch.nn.Module):
+    def forward(self, x):
+        if not hasattr(self, "stat"):
+            self.register_buffer("stat", x.detach().mean(0))
+        return x * self.stat
+
+
+@pytest.mark.parametrize("make", [_LazyWeight, _LazyStatistic])
+def test_registering_parameters_or_buffers_in_forward_is_refused_and_leaves_the_module(make):
+    model = make()
+    before = dict(vars(model))
+    with pytest.raises(ThunderNotImplementedError, match="forward registers or removes"):
+        thunder_rs.jit(model)(torch.randn(2, 3))
+    assert vars(model).keys() == before.keys() and not list(model.parameters()) and not list(model.buffers())
+    model(torch.randn(2, 3))  # initialised eagerly, it then compiles
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))

@@ -96,6 +96,10 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     with torch._C.DisableTorchFunctionSubclass():
         root_grad, value_grad = root.requires_grad, value.requires_grad
     if tracked and torch.is_grad_enabled():
+        if copy and root_grad and dst.numel() == root.numel():
+            # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
+            keep = prims.full(tuple(dst.shape), True, dst.device, torch.bool)
+            value = prims.where(keep, value, dst)
         views.write(op, dst, value, root_grad or value_grad)
         return dst
     if value_grad and not root_grad:
