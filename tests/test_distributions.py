@@ -73,3 +73,13 @@ def test_attributes_of_a_kept_distribution_are_guarded(change):
     torch.testing.assert_close(jmodel(z), model(z))
     change(model)
     torch.testing.assert_close(jmodel(z), model(z))
+
+
+def test_log_prob_of_a_value_made_in_the_program_is_eagers():
+    # Gamma.log_prob converts its value with torch.as_tensor(value, device=...).
+    a = torch.tensor([0.7, 1.5, 2.0])
+
+    def program(a):
+        return D.Gamma(a, a).log_prob(torch.tensor([0.2, 1.5, 0.7]))
+
+    torch.testing.assert_close(thunder_rs.jit(program)(a), program(a))

@@ -149,12 +149,15 @@ def _observed(handle, *call):
 #: (``views`` fills it): ``Tensor.stride``/``is_contiguous`` (a proxy's own metadata is contiguous
 #: whatever that tensor's layout), ``torch.as_tensor``/``asarray`` of a tensor (the tensor itself).
 PROXY_CALLS: dict = {}
+_CONVERSIONS = (torch.as_tensor, torch.asarray)
 
 
 def _torch_function(func, args, kwargs):
     if kwargs and kwargs.get("out") is not None:
         return _out_handler(func, *lift_captured(args, kwargs))
     by_proxy = PROXY_CALLS.get(func)
+    if by_proxy is not None and args and func in _CONVERSIONS and type(args[0]) is torch.Tensor:
+        args, kwargs = lift_captured(args, kwargs)  # ``torch.as_tensor(t, device=...)`` of a tensor the program made
     if by_proxy is not None and args and isinstance(args[0], TensorProxy):
         return by_proxy(*args, **kwargs)
     ltorch_fn = TORCH_TO_LTORCH.get(func)

@@ -628,14 +628,14 @@ def _conversion(fn):
     converted when a dtype, device or copy asks for a new tensor."""
 
     def convert(data, dtype=None, device=None, copy=None, requires_grad=False):
-        same = (dtype in (None, data.dtype) and device in (None, data.device, str(data.device)) and not copy
-                and not requires_grad)
-        if same:
-            return data
-        kwargs = {"dtype": dtype, "device": device}
-        if fn is torch.asarray:
-            kwargs.update(copy=copy, requires_grad=requires_grad)
-        return fallback(fn, (data,), kwargs)
+        if requires_grad:
+            return fallback(fn, (data,), {"dtype": dtype, "device": device, "copy": copy, "requires_grad": True})
+        out = data
+        if dtype is not None and dtype != data.dtype:
+            out = prims.convert_element_type(out, dtype)
+        if device is not None and torch.device(device) != data.device:
+            out = prims.device_put(out, torch.device(device))
+        return copy_of(out) if copy and out is data else out
 
     return convert
 
