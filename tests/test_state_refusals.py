@@ -108,3 +108,12 @@ def test_registering_parameters_or_buffers_in_forward_is_refused_and_leaves_the_
     model(torch.randn(2, 3))  # initialised eagerly, it then compiles
     x = torch.randn(2, 3)
     torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))
+
+
+def test_a_lazy_module_asks_for_one_eager_call_first():
+    model = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU())
+    with pytest.raises(ThunderNotImplementedError, match="0.weight is not initialised yet"):
+        thunder_rs.jit(model)(torch.randn(2, 3))
+    x = torch.randn(2, 3)
+    model(x)
+    torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))

@@ -133,3 +133,16 @@ def test_torch_func_grad_around_a_jitted_function_is_refused_clearly():
     jfn = thunder_rs.jit(lambda x: (x.sin() * x).sum())
     with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match="ran under a torch.func transform"):
         torch.func.grad(jfn)(torch.randn(3))
+
+
+def test_a_vmap_imported_before_tracing_is_thunder_rss():
+    # ``from torch.func import vmap`` binds functorch's function at import, before any tracing.
+    from torch.func import vmap as imported_vmap
+
+    def program(x, w):
+        return imported_vmap(lambda row: (row * w).sin())(x)
+
+    x, w = torch.randn(4, 3), torch.randn(3)
+    torch.testing.assert_close(thunder_rs.jit(program)(x, w), program(x, w))
+    assert torch.func.vmap is imported_vmap  # restored after tracing
+    torch.testing.assert_close(imported_vmap(torch.sin)(x), x.sin())

@@ -125,6 +125,14 @@ class TracedInputs:
         return [(store, name, put, clone_store.get(name)) for store, name, clone_store, put in self.slots]
 
 
+def _refuse_uninitialized(names, tensors) -> None:
+    for name, t in zip(names, tensors):
+        if torch.nn.parameter.is_lazy(t):
+            raise ThunderNotImplementedError(
+                f"jit: parameter or buffer {name} is not initialised yet (a lazy module such as nn.LazyLinear infers "
+                "its shape on its first call); run one eager forward first, then call the jitted module")
+
+
 def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding):
     """Runs the program on proxies (while recording); returns its output, the observer of its
     reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
@@ -134,6 +142,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding):
     pairs, params, slots = [], [], []
     if binding is not None:
         refuse_dtensors(binding.qualified, binding.tensors())
+        _refuse_uninitialized(binding.qualified, binding.tensors())
         params = [input_proxy(rec, t) for t in binding.tensors()]
         fn, pairs = binding.clone(params)
         slots = [(o.__dict__[s], n, c.__dict__[s], v) for c, o in pairs for s in ("_parameters", "_buffers")

@@ -81,6 +81,8 @@ OVERRIDES = {
     (torch.compiler, "_is_compiling_flag"): True,
     (torch, "vmap"): thunder_vmap.vmap,
     (torch.func, "vmap"): thunder_vmap.vmap,
+    # A vmap imported before tracing (``from torch.func import vmap``) still reaches this.
+    (torch._functorch.apis, "vmap_impl"): thunder_vmap.vmap_entry,
     (Function, "apply"): classmethod(_apply),
 }
 

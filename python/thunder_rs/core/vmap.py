@@ -22,6 +22,7 @@ import contextvars
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
+from torch._functorch.vmap import vmap_impl
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.langctx import is_metadata_query, refuse_data_dependent, user_location
@@ -29,7 +30,8 @@ from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import active_recorder, lift_captured
 from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
 
-_torch_vmap = torch.vmap
+#: functorch's vmap below its argument checks: for calls with no traced tensor.
+_functorch_vmap = vmap_impl
 #: sizes of the active thunder_rs vmap levels, outermost first
 _levels: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_levels", default=())
 
@@ -225,6 +227,12 @@ def _exit(out, out_dim: int, size: int, depth: int):
     return _wrap(torch.movedim(phys, depth - 1, depth - 1 + out_dim), depth - 1)
 
 
+def vmap_entry(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs):
+    """functorch's ``vmap_impl`` while thunder_rs traces: what a ``vmap`` bound before tracing
+    (``from torch.func import vmap``) calls."""
+    return vmap(func, in_dims, out_dims, randomness, chunk_size=chunk_size)(*args, **kwargs)
+
+
 def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
     """``torch.vmap`` while thunder_rs traces: batches calls on proxies with this module's rules."""
 
@@ -232,7 +240,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         if active_recorder() is not None:  # real tensors the program captured are trace inputs too
             args, kwargs = lift_captured(args, kwargs)
         if not (_traced(args) or _traced(kwargs)):
-            return _torch_vmap(func, in_dims, out_dims, randomness, chunk_size=chunk_size)(*args, **kwargs)
+            return _functorch_vmap(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)
         inner, size = _enter(args, in_dims)
         token = _levels.set((*_levels.get(), size))
         try:
