@@ -1,7 +1,9 @@
 """Objects a jitted callable carries besides its arguments are program state like a module's
 attributes: the instance of a bound method or of a callable object, a ``functools.partial``'s
-arguments and objects among the default arguments. Changing them between calls recompiles."""
+arguments and objects among the default arguments; and objects whose class has ``__slots__``.
+Changing them between calls recompiles."""
 
+import dataclasses
 import functools
 
 import pytest
@@ -56,3 +58,54 @@ def test_changes_to_an_object_among_the_defaults_recompile():
         torch.testing.assert_close(jfn(x), _with_default(x))
     finally:
         DEFAULT.scale = saved
+
+
+@dataclasses.dataclass(slots=True)
+class SlotsConfig:
+    scale: float
+    use_bias: bool
+    calls: int = 0
+
+
+SLOTS_GLOBAL = SlotsConfig(2.0, False)
+
+
+def _reads_a_slots_global(x):
+    return x * SLOTS_GLOBAL.scale
+
+
+class _HoldsSlots(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = SlotsConfig(2.0, False)
+
+    def forward(self, x):
+        self.cfg.calls += 1
+        return x * self.cfg.scale + (1 if self.cfg.use_bias else 0)
+
+
+def test_objects_with_slots_are_guarded_as_arguments_globals_and_module_attributes():
+    # @dataclass(slots=True) configs have no instance dict: their slots are their attributes.
+    def program(x, cfg):
+        return x * cfg.scale + (1 if cfg.use_bias else 0)
+
+    x, cfg = torch.ones(2), SlotsConfig(2.0, False)
+    jprogram = thunder_rs.jit(program)
+    torch.testing.assert_close(jprogram(x, cfg), program(x, cfg))
+    cfg.scale, cfg.use_bias = 3.0, True
+    torch.testing.assert_close(jprogram(x, cfg), program(x, cfg))
+
+    jglobal = thunder_rs.jit(_reads_a_slots_global)
+    try:
+        torch.testing.assert_close(jglobal(x), _reads_a_slots_global(x))
+        SLOTS_GLOBAL.scale = 6.0
+        torch.testing.assert_close(jglobal(x), _reads_a_slots_global(x))
+    finally:
+        SLOTS_GLOBAL.scale = 2.0
+
+    model = _HoldsSlots()
+    jmodel = thunder_rs.jit(model)
+    jmodel(x)
+    model.cfg.scale = 7.0
+    torch.testing.assert_close(jmodel(x), x * 7.0)
+    assert model.cfg.calls == 2  # the program's write to a slot is repeated by every call

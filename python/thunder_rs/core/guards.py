@@ -11,8 +11,10 @@ attributes pays one integer compare per call. The others are compiled into one g
 """
 
 import enum
+import functools
 import math
 import operator
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +49,49 @@ def freeze(value):
         items = map(freeze, value)
         return (t, frozenset(items) if t is frozenset else tuple(items))
     return (t, value)
+
+
+@functools.cache
+def _slot_names(cls: type) -> tuple:
+    return tuple(n for c in cls.__mro__ for n in getattr(c, "__slots__", ()) if n not in ("__dict__", "__weakref__"))
+
+
+class SlotsView(MutableMapping):
+    """The attributes of an object whose class has ``__slots__`` (``@dataclass(slots=True)``) as
+    the mapping an instance dict would be: the slots that are set."""
+
+    __slots__ = ("obj", "names")
+
+    def __init__(self, obj):
+        self.obj, self.names = obj, _slot_names(type(obj))
+
+    def __getitem__(self, name):
+        if name not in self.names:
+            raise KeyError(name)
+        try:
+            return getattr(self.obj, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def __iter__(self):
+        return (n for n in self.names if hasattr(self.obj, n))
+
+    def __len__(self):
+        return sum(1 for _ in self)
+
+    def __setitem__(self, name, value):
+        setattr(self.obj, name, value)
+
+    def __delitem__(self, name):
+        delattr(self.obj, name)
+
+
+def attributes_of(obj):
+    """``obj``'s attributes as a mapping: its instance dict, or its slots; None when it has neither."""
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict):
+        return d
+    return SlotsView(obj) if _slot_names(type(obj)) else None
 
 
 class Source:
@@ -96,7 +141,7 @@ class ObjectSource(FixedSource):
     label: str
 
     def fixed(self):
-        return self.obj.__dict__
+        return attributes_of(self.obj)
 
     @property
     def key(self):
@@ -259,11 +304,11 @@ class InputSource(Source):
     def object(self, flat):
         obj = flat[self.position]
         for attr in self.path:
-            obj = obj.__dict__[attr]
+            obj = attributes_of(obj)[attr]
         return obj
 
     def mapping(self, flat):
-        return self.object(flat).__dict__
+        return attributes_of(self.object(flat))
 
     @property
     def key(self):
@@ -272,8 +317,8 @@ class InputSource(Source):
     def code(self, var, scope):
         expr = f"flat[{self.position}]"
         for attr in self.path:
-            expr = f"{expr}.__dict__[{attr!r}]"
-        return f"{expr}.__dict__"
+            expr = f"_attributes({expr})[{attr!r}]"
+        return f"_attributes({expr})"
 
 
 @dataclass(eq=False)
@@ -436,7 +481,7 @@ def compile_check(guards: list[Guard]):
     if not guards:
         return None
     scope = {"MISSING": MISSING, "_freeze": freeze, "_simple": is_simple, "_structure": module_structure,
-             "_same_attributes": _same_attributes, "_same_items": _same_items}
+             "_same_attributes": _same_attributes, "_same_items": _same_items, "_attributes": attributes_of}
     terms = "\n        and ".join(g.term(i, scope) for i, g in enumerate(guards))
     source = (f"def check(flat):\n  try:\n    return ({terms})\n"
               "  except (KeyError, AttributeError, IndexError, TypeError):\n    return False\n")

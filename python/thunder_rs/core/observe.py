@@ -27,7 +27,8 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.guards import (MISSING, CellSource, ClassSource, GlobalsSource, Guard, InputSource, ItemSource,
-                                    ModuleSource, ModuleStoreSource, ObjectSource, StructureGuard, is_simple)
+                                    ModuleSource, ModuleStoreSource, ObjectSource, StructureGuard, attributes_of,
+                                    is_simple)
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.state import ProgramState
 from thunder_rs.errors import ThunderNotImplementedError
@@ -216,7 +217,7 @@ class Observer:
         #: when first reached
         self.state = ProgramState()
         for i, x in enumerate(inputs):
-            if not isinstance(x, torch.Tensor) and not is_simple(x) and hasattr(x, "__dict__"):
+            if not isinstance(x, torch.Tensor) and not is_simple(x) and attributes_of(x) is not None:
                 self.state.add(x, InputSource(i, (), f"input {i}"))
         self._functions: dict = {}
         for fn in functions:
@@ -339,8 +340,8 @@ class Observer:
             return MISSING
         if isinstance(obj, (type, types.ModuleType)):
             return self._module_global(obj, attr, origin)
-        mapping = getattr(obj, "__dict__", None)
-        if not isinstance(mapping, dict):
+        mapping = attributes_of(obj)
+        if mapping is None:
             return MISSING
         if isinstance(obj, torch.nn.Module):
             if attr in _MODULE_INTERNALS:
@@ -599,7 +600,7 @@ def _bound_objects(fn) -> list:
         found.append(fn)  # a callable object: its __call__ reads ``self``
     fn = getattr(fn, "__func__", fn)
     found += [*(getattr(fn, "__defaults__", None) or ()), *(getattr(fn, "__kwdefaults__", None) or {}).values()]
-    return [o for o in found if isinstance(getattr(o, "__dict__", None), dict) and not is_simple(o)
+    return [o for o in found if attributes_of(o) is not None and not is_simple(o)
             and not isinstance(o, (torch.Tensor, torch.nn.Module, *_CODE_TYPES))]
 
 

@@ -16,7 +16,7 @@ import types
 
 import torch
 
-from thunder_rs.core.guards import MISSING, DictGuard, Guard, InputSource, ObjectSource, is_simple
+from thunder_rs.core.guards import MISSING, DictGuard, Guard, InputSource, ObjectSource, attributes_of, is_simple
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -26,7 +26,8 @@ class StateObject:
     def __init__(self, obj, source):
         self.obj, self.source = obj, source
         #: the attributes when the program first reached the object
-        self.found = dict(obj.__dict__) if isinstance(getattr(obj, "__dict__", None), dict) else None
+        attributes = attributes_of(obj)
+        self.found = None if attributes is None else dict(attributes)
 
 
 class ProgramState:
@@ -64,7 +65,7 @@ class ProgramState:
         for known in self._objects.values():
             if known.found is None:
                 continue
-            now = known.obj.__dict__
+            now = attributes_of(known.obj)
             changed = [k for k in now if known.found.get(k, MISSING) is not now[k]]
             removed = [k for k in known.found if k not in now]
             for name in changed + removed:
