@@ -51,15 +51,18 @@ class Region:
     num_outputs: int
 
 
-def region(body: str, params: str) -> Region:
+def region(body: str, params: str, inputs: str = "") -> Region:
     """A region ``def <name>(<params>): <body>`` over the torch executor's implementations; its
-    key is its body, so that equal bodies are identical regions."""
+    key is its body, then ``inputs`` (as the Rust key ends with the inputs' dtypes, devices and
+    shapes, which compiled regions do not check again), so that equal bodies on inputs alike are
+    identical regions."""
     name = f"inductor_fusion{next(_names)}"
     source = f"def {name}({params}):\n" + textwrap.indent(textwrap.dedent(body).strip(), "    ")
     namespace = dict(IMPLS)
     exec(source, namespace)
     lines = [line for line in source.splitlines()[1:] if "=" in line]
-    return Region(name, textwrap.dedent(body), source, namespace[name], tuple(lines), params.count(",") + 1, 0)
+    key = textwrap.dedent(body) + inputs
+    return Region(name, key, source, namespace[name], tuple(lines), params.count(",") + 1, 0)
 
 
 def assert_same(outputs, expected):
@@ -118,20 +121,21 @@ def test_region_equals_its_eager_calls_and_compiles_once_per_layout(one_thread):
 def test_lazily_negated_and_conjugated_inputs_are_read_as_eager_reads_them(one_thread):
     """``x.conj().imag`` is a view with a negation bit and ``x.conj()`` one with a conjugation
     bit; a kernel reading their storage directly would miss the bit."""
-    r = region("""
+    body = """
         t2 = prim_mul(t0, 2.0)
         t3 = prim_add(t2, t1)
         t4 = prim_exp(t3)
         return (t4,)
-    """, "t0, t1")
+    """
     z, b = torch.randn(4, 3, dtype=torch.complex64), torch.randn(4, 3)
     negated = z.conj().imag
     assert negated.is_neg()
+    r = region(body, "t0, t1", "f32[4, 3], f32[4, 3]")
     compiled = check(r, negated, b)
     assert_same(compiled(negated, b), r.function(negated, b))
     zb = torch.randn(4, 3, dtype=torch.complex64)
     assert z.conj().is_conj()
-    check(r, z.conj(), zb)
+    check(region(body, "t0, t1", "c64[4, 3], c64[4, 3]"), z.conj(), zb)
 
 
 def test_a_region_inductor_cannot_compile_runs_its_eager_calls_with_a_warning():
@@ -351,7 +355,8 @@ def test_artifact_keys_change_with_layout_callees_and_settings(tmp_path, monkeyp
     assert _entry(region(CHAIN, "t0, t1, n"), a, b, 2.0).key == key  # structural: another region, same key
     assert _entry(r, a, b, 3.0).key != key and _entry(r, a, b, 2).key != key
     assert _entry(r, torch.randn(16, 8).t(), b, 2.0).key != key
-    assert _entry(r, a.double(), b, 2.0).key != key
+    # Another dtype is another region key (it holds the inputs' metadata).
+    assert _entry(region(CHAIN, "t0, t1, n", "f64[8, 16]"), a.double(), b, 2.0).key != key
 
     # A region calling an implementation from outside thunder_rs is keyed on its code and what
     # its closure holds.

@@ -100,15 +100,10 @@ def _number_key(value):
 
 
 def layout(args) -> tuple:
-    """What a compiled region is specialised on: each tensor input's dtype, device, shape,
-    strides and lazy negation or conjugation bit, and each other input's value."""
-    key: list = []
-    for a in args:
-        if isinstance(a, _Tensor):
-            key += (a.dtype, a.device, a.shape, a.stride(), a.is_neg() or a.is_conj())
-        else:
-            key.append(_number_key(a))
-    return tuple(key)
+    """What a compiled region is specialised on beyond its key (which holds its inputs' dtypes,
+    devices and shapes): each tensor input's strides and lazy negation or conjugation bit, and
+    each other input's value. Checked on every call, so it reads no more than that."""
+    return tuple([(a.stride(), a.is_neg() or a.is_conj()) if isinstance(a, _Tensor) else _number_key(a) for a in args])
 
 
 def _lazy_bits(args) -> bool:
