@@ -759,3 +759,27 @@ def test_cuda_random_ops_draw_as_eager_over_calls():
         return x + torch.rand(3, device="cuda") + torch.randn_like(x), F.dropout(x + 1, 0.5)
 
     assert_same_draws(fn, torch.zeros(3, device="cuda"))
+
+
+@pytest.mark.parametrize("restore", [True, False], ids=["restored", "left_set"])
+def test_set_default_dtype_inside_a_program_acts_on_every_call(restore):
+    def program(x):
+        torch.set_default_dtype(torch.float64)
+        y = torch.ones(2) + x  # made in float64
+        if restore:
+            torch.set_default_dtype(torch.float32)
+        return y
+
+    before = torch.get_default_dtype()
+    try:
+        jprogram = thunder_rs.jit(program)
+        for _ in range(2):
+            x = torch.full((2,), 0.1)
+            torch.set_default_dtype(torch.float32)
+            expected, expected_default = program(x), torch.get_default_dtype()
+            torch.set_default_dtype(torch.float32)
+            out = jprogram(x)
+            assert out.dtype == expected.dtype and torch.get_default_dtype() == expected_default
+            torch.testing.assert_close(out, expected)
+    finally:
+        torch.set_default_dtype(before)

@@ -92,6 +92,18 @@ def _reads_state(original):
     return record
 
 
+def _sets_default(original):
+    """``set_default_dtype``: recorded, so that every call changes the default as eager does and
+    the creation calls after it (``torch.ones(2)``, which read the default when they run) see it;
+    applied now too, so that the trace records what they make."""
+
+    def record(*args, **kwargs):
+        _record(original, args, kwargs, [])
+        return original(*args, **kwargs)
+
+    return record
+
+
 def _intercept(original, recorder):
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
@@ -128,3 +140,5 @@ def _install(modules) -> None:
 
 
 _install((torch, torch.random, torch.cuda, torch.cuda.random))
+torch.set_default_dtype = _intercept(torch.set_default_dtype, _sets_default(torch.set_default_dtype))
+STATE_CALLS.add(qualified_name(torch.set_default_dtype.__thunder_rs_original__))
