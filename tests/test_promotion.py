@@ -78,3 +78,15 @@ def test_a_promotion_first_met_while_tracing_works(dtype):
     x = torch.arange(-3, 3).to(dtype)
     fn = thunder_rs.jit(lambda x: torch.where(x > 0, 0.5, x) * 2 + 1.0)
     torch.testing.assert_close(fn(x), torch.where(x > 0, 0.5, x) * 2 + 1.0)
+
+
+@pytest.mark.parametrize("fill", [
+    lambda x: x.masked_fill(x > 0, float("-inf")), lambda x: x.clone().fill_(float("nan")),
+    lambda x: torch.full_like(x, float("inf")), lambda x: x.clone().__setitem__(0, float("nan")),
+], ids=["masked_fill", "fill_", "full_like", "setitem"])
+def test_non_finite_values_into_integer_tensors_raise_eagers_error(fill):
+    x = torch.arange(3)
+    with pytest.raises(RuntimeError, match="cannot be converted to type"):
+        fill(x)
+    with pytest.raises(RuntimeError, match="cannot be converted to type"):
+        thunder_rs.jit(fill)(x)

@@ -65,7 +65,12 @@ def maybe_convert(a, dtype):
     if isinstance(a, Number):
         if dtype == torch.bool:
             return bool(a)
-        return float(a) if dtypes.is_inexact(dtype) else int(a)
+        if dtypes.is_inexact(dtype):
+            return float(a)
+        try:
+            return int(a)
+        except (ValueError, OverflowError):  # NaN or infinity, as eager's error says
+            raise ThunderRuntimeError(f"value cannot be converted to type {dtype} without overflow") from None
     return a
 
 
