@@ -219,3 +219,71 @@ def test_a_function_that_returns_its_input_is_differentiated_by_its_backward(pro
     torch.testing.assert_close(jprogram(x), program(x))
     jprogram(x).backward()
     torch.testing.assert_close(x.grad, expected)
+
+
+class _SignStraightThrough(torch.autograd.Function):
+    """Binarised weights (BinaryConnect): sign forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.sign()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _ScaledUnderNoGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        with torch.no_grad():
+            return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class _GradModeInForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * (1.0 if torch.is_grad_enabled() else 3.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@pytest.mark.parametrize("fn", [_SignStraightThrough, _ScaledUnderNoGrad, _GradModeInForward],
+                         ids=["sign_ste", "no_grad_forward", "grad_mode_read"])
+def test_a_functions_outputs_require_grad_and_its_forward_runs_without_grad_as_in_eager(fn):
+    def program(x):
+        y = fn.apply(x)
+        return (y * x).sum()
+
+    x = torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    eager_x = x.detach().clone().requires_grad_()
+    out, expected = thunder_rs.jit(program)(x), program(eager_x)
+    torch.testing.assert_close(out, expected)
+    out.backward()
+    expected.backward()
+    torch.testing.assert_close(x.grad, eager_x.grad)
+
+
+class _Sorted(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        values, indices = x.sort()
+        doubled = values * 2
+        ctx.mark_non_differentiable(indices, doubled)
+        return values, indices, doubled
+
+    @staticmethod
+    def backward(ctx, g, g_indices, g_doubled):
+        return g
+
+
+def test_outputs_marked_non_differentiable_do_not_require_grad():
+    x = torch.randn(4, requires_grad=True)
+    values, indices, doubled = thunder_rs.jit(lambda x: _Sorted.apply(x))(x)
+    assert values.requires_grad and not indices.requires_grad and not doubled.requires_grad

@@ -78,11 +78,12 @@ def _has_setup_context(cls) -> bool:
 
 
 def _forward(cls, ctx: TraceContext, args: tuple):
-    if _has_setup_context(cls):
-        out = cls.forward(*args)
-        cls.setup_context(ctx, args, out)
-    else:
-        out = cls.forward(ctx, *args)
+    with torch.no_grad():  # as eager runs it: the forward's own calls are not differentiated
+        if _has_setup_context(cls):
+            out = cls.forward(*args)
+            cls.setup_context(ctx, args, out)
+        else:
+            out = cls.forward(ctx, *args)
     outs = out if isinstance(out, tuple) else (out,)
     if not outs or not all(isinstance(o, TensorProxy) for o in outs):
         raise ThunderNotImplementedError(
@@ -104,6 +105,8 @@ def _grad_rule(cls):
         ctx = TraceContext(cls.__qualname__, args)
         out = _forward(cls, ctx, args)
         outs = out if isinstance(out, tuple) else (out,)
+        for o in outs:
+            _mark_as_eager(o, ctx)
         cotangents = [_cotangent(o, ctx) for o in outs]
         if not any(isinstance(o, TensorProxy) and o.requires_grad for o in outs):
             return out  # no output is differentiable: eager never calls the backward
@@ -118,6 +121,16 @@ def _grad_rule(cls):
         return out
 
     return rule
+
+
+def _mark_as_eager(out: TensorProxy, ctx: TraceContext) -> None:
+    """Gives ``out`` the ``requires_grad`` eager gives a Function's output (some input requires
+    grad here): a floating-point output not marked non-differentiable requires grad whatever its
+    forward computed it from (a straight-through ``sign``, a forward under ``no_grad``)."""
+    differentiable = (out.dtype.is_floating_point or out.dtype.is_complex) and not any(
+        out is t for t in ctx.non_differentiable)
+    if differentiable != out.requires_grad:
+        ltorch.requires_grad_(out, differentiable)
 
 
 def _cotangent(out: TensorProxy, ctx: TraceContext):
