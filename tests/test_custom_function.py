@@ -287,3 +287,41 @@ def test_outputs_marked_non_differentiable_do_not_require_grad():
     x = torch.randn(4, requires_grad=True)
     values, indices, doubled = thunder_rs.jit(lambda x: _Sorted.apply(x))(x)
     assert values.requires_grad and not indices.requires_grad and not doubled.requires_grad
+
+
+class _AmpMatmul(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g @ b.T, a.T @ g
+
+
+class _Fp32Matmul(_AmpMatmul):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+
+@pytest.mark.parametrize("fn", [_AmpMatmul, _Fp32Matmul], ids=["autocast_forward", "cast_inputs"])
+def test_autocast_applies_inside_a_functions_forward_as_in_eager(fn):
+    def program(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fn.apply(x, w)
+
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 2, requires_grad=True)
+    ex, ew = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    out, expected = thunder_rs.jit(program)(x, w), program(ex, ew)
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close((x.grad, w.grad), (ex.grad, ew.grad))

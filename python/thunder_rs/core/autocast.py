@@ -13,6 +13,7 @@ torch. Ops are named as aten names them; overloads share one policy, as they do 
 """
 
 import contextlib
+import contextvars
 from typing import NamedTuple
 
 import torch
@@ -215,11 +216,39 @@ def _apply(op: str, policy: str, device_type: str, args, kwargs):
     return ((cast, *args[1:]), kwargs) if args else (args, {**kwargs, key: cast})
 
 
+#: The composite depth at which the program's own code runs: 0, or inside a custom Function's
+#: composite, its forward's.
+_user_depth: contextvars.ContextVar[int] = contextvars.ContextVar("thunder_rs_user_depth", default=0)
+
+
+@contextlib.contextmanager
+def user_code():
+    """The block is the program's own code (a custom Function's forward), though it runs inside
+    a composite: autocast casts its calls, as eager's autocast does."""
+    token = _user_depth.set(current().depth)
+    try:
+        yield
+    finally:
+        _user_depth.reset(token)
+
+
+@contextlib.contextmanager
+def user_code_without_autocast():
+    """The block is the program's own code run as eager runs a custom Function's backward: with
+    autocast off (``torch.amp.custom_bwd`` turns the forward's state back on)."""
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        stack.enter_context(user_code())
+        yield
+
+
 def cast_inputs(func, args: tuple, kwargs: dict):
     """``args`` and ``kwargs`` of a torch call as autocast passes them to the op: cast by the
     policy of each device whose autocast is on. Only calls the program makes are cast; the calls
     inside a decomposition (an open composite) run as aten kernels do, unautocast."""
-    if not _is_any_autocast_enabled() or current().depth:
+    if not _is_any_autocast_enabled() or current().depth != _user_depth.get():
         return args, kwargs
     op = aten_name(func)
     for device_type in ("cpu", "cuda"):

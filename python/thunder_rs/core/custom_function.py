@@ -15,6 +15,7 @@ from torch.autograd.function import Function
 
 from thunder_rs import _core
 from thunder_rs import torch as ltorch
+from thunder_rs.core import autocast
 from thunder_rs.core.grad import get_grad, put_grad
 from thunder_rs.core.langctx import user_location
 from thunder_rs.core.proxies import TensorProxy
@@ -78,7 +79,8 @@ def _has_setup_context(cls) -> bool:
 
 
 def _forward(cls, ctx: TraceContext, args: tuple):
-    with torch.no_grad():  # as eager runs it: the forward's own calls are not differentiated
+    # As eager runs it: the forward's own calls are not differentiated, and autocast casts them.
+    with torch.no_grad(), autocast.user_code():
         if _has_setup_context(cls):
             out = cls.forward(*args)
             cls.setup_context(ctx, args, out)
@@ -110,7 +112,8 @@ def _grad_rule(cls):
         cotangents = [_cotangent(o, ctx) for o in outs]
         if not any(isinstance(o, TensorProxy) and o.requires_grad for o in outs):
             return out  # no output is differentiable: eager never calls the backward
-        grads = cls.backward(ctx, *cotangents)
+        with autocast.user_code_without_autocast():
+            grads = cls.backward(ctx, *cotangents)
         grads = grads if isinstance(grads, tuple) else (grads,)
         if len(grads) != len(args):
             raise ThunderRuntimeError(f"torch.autograd.Function: {cls.__qualname__}.backward returned an incorrect "
