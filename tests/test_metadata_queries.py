@@ -45,3 +45,23 @@ def test_a_returned_size_is_a_torch_size():
     out = thunder_rs.jit(lambda x: (x * 2, x.shape, {"size": x.size()}))(torch.randn(2, 3))
     assert type(out[1]) is torch.Size and type(out[2]["size"]) is torch.Size and out[1] == (2, 3)
     assert type(thunder_rs.jit(lambda x: x.shape)(torch.randn(4))) is torch.Size
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 4), (1, 2, 3, 4, 5)])
+def test_channels_last_contiguity_of_other_ranks_is_eagers(shape):
+    def program(x):
+        return x * (3.0 if not x.is_contiguous(memory_format=torch.channels_last) else 2.0)
+
+    x = torch.ones(shape)
+    torch.testing.assert_close(thunder_rs.jit(program)(x), program(x))
+
+
+def test_a_printed_size_is_a_torch_size(capsys):
+    def program(x):
+        print(x.shape)
+        return x * 2
+
+    thunder_rs.jit(program)(torch.ones(2, 3))
+    program(torch.ones(2, 3))
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["torch.Size([2, 3])"] * 2

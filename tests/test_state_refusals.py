@@ -117,3 +117,50 @@ def test_a_lazy_module_asks_for_one_eager_call_first():
     x = torch.randn(2, 3)
     model(x)
     torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))
+
+
+@pytest.mark.parametrize("program", [
+    lambda x, metrics: metrics.__setitem__("aux", x.sum()) or x * 2,
+    lambda x, cache: cache.append(x * 2) or x,
+    lambda x, metrics: metrics.pop("old") * x,
+], ids=["dict_item_set", "list_append", "dict_item_removed"])
+def test_changing_a_container_given_as_an_argument_is_refused(program):
+    container = [] if "cache" in program.__code__.co_varnames else {"old": 1.0}
+    with pytest.raises(ThunderNotImplementedError, match="changed a list or dict it was given as an argument"):
+        thunder_rs.jit(program)(torch.ones(2), container)
+
+
+def test_reading_a_container_given_as_an_argument_still_works():
+    def program(x, options):
+        return x * options["scale"] + len(options["names"])
+
+    options = {"scale": 2.0, "names": ["a", "b"]}
+    torch.testing.assert_close(thunder_rs.jit(program)(torch.ones(2), options), program(torch.ones(2), options))
+
+
+class _Scaled(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.eye(2).to_sparse(), lambda: torch.eye(2).to_sparse_csr(),
+    lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+    lambda: torch.eye(2).as_subclass(_Scaled),
+], ids=["sparse_coo", "sparse_csr", "nested", "torch_function_subclass"])
+def test_tensors_a_dense_trace_cannot_stand_for_are_refused(make):
+    with pytest.raises(ThunderNotImplementedError, match="is not supported|defines its own __torch_function__"):
+        thunder_rs.jit(lambda x: x * 2)(make())
+
+
+_MASKS: dict = {}
+
+
+def test_a_tensor_stored_in_a_global_cache_is_refused_naming_the_dict():
+    def program(x):
+        _MASKS[x.shape[0]] = torch.ones(x.shape[0], x.shape[0]).triu()
+        return x * _MASKS[x.shape[0]]
+
+    with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match=r"stored a tensor it computed .* of a dict"):
+        thunder_rs.jit(program)(torch.ones(3))

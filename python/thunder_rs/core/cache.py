@@ -8,6 +8,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.guards import freeze, is_simple
+from thunder_rs.core.recorder import refuse_unlike_strided
 
 from thunder_rs.core.autocast import state as autocast_state
 
@@ -57,6 +58,8 @@ def leaf_key(x):
     guarded (a fresh config object each call hits the cache when its values are the same); any
     other object (a function, a module, a set, a NumPy array) by identity."""
     if isinstance(x, _Tensor):
+        if x.layout != torch.strided or x.is_nested:
+            refuse_unlike_strided(x)
         return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous() or x.stride())
     if is_simple(x):
         return freeze(x)

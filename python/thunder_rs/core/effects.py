@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 from thunder_rs.core.guards import MISSING, InputSource
 from thunder_rs.core.langctx import user_location
 from thunder_rs.core.observe import thread_state
+from thunder_rs.core.outputs import is_size
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -56,7 +57,7 @@ class TracedValue:
     __slots__ = ("leaves", "spec", "outputs")
 
     def __init__(self, value, extras: list):
-        leaves, self.spec = pytree.tree_flatten(value)
+        leaves, self.spec = pytree.tree_flatten(value, is_leaf=is_size)
         self.outputs = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, TensorProxy):

@@ -82,6 +82,7 @@ def check_no_escape(proxies: list, producer) -> None:
     if not suspects:
         return
     proxy = suspects[0]
+    del suspects  # its own reference would be found as the holder
     raise ThunderRuntimeError(
         f"thunder_rs.jit: the traced program stored a tensor it computed ({producer(proxy)}) in "
         f"{describe_holder(proxy, proxies)}, which outlives the call. Compiled, it would keep the "

@@ -198,7 +198,7 @@ class ThunderFunction:
             state = (module.training, tuple(map(_METADATA, params)))
         try:
             key = fast_key_fn(len(args))(args, None if module is None else state)
-        except AttributeError:
+        except (AttributeError, RuntimeError):  # a sparse tensor has no strides: the general path says why
             return self._call_general(args, kwargs)
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(args)):

@@ -14,7 +14,7 @@ import torch
 from thunder_rs import _core
 from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.proxies import TensorProxy, make_proxy
-from thunder_rs.errors import ThunderError, ThunderRuntimeError, ThunderTypeError
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
 
 _is_grad_enabled = torch.is_grad_enabled
 _current: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_recorder", default=None)
@@ -36,12 +36,38 @@ def current() -> "_core.Recorder":
     return rec
 
 
+def _overrides(cls, name: str):
+    impl = getattr(cls, name)
+    return getattr(impl, "__func__", impl)
+
+
+_PLAIN_OVERRIDES = {
+    "__torch_function__": {_overrides(torch.Tensor, "__torch_function__"), torch._C._disabled_torch_function_impl},
+    "__torch_dispatch__": {_overrides(torch.Tensor, "__torch_dispatch__")},
+}
+
+
+def refuse_unlike_strided(t: torch.Tensor) -> None:
+    """Inputs a trace of dense tensors cannot stand for: sparse and nested layouts, and tensor
+    subclasses that handle torch calls themselves (their handlers would not run)."""
+    if t.layout != torch.strided or t.is_nested:
+        kind = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+        raise ThunderNotImplementedError(f"jit: a {kind} tensor input is not supported; thunder_rs traces dense "
+                                         "(strided) tensors: pass it dense (to_dense(), to_padded_tensor())")
+    for name, plain in _PLAIN_OVERRIDES.items():
+        if _overrides(type(t), name) not in plain:
+            raise ThunderNotImplementedError(
+                f"jit: an input of tensor subclass {type(t).__qualname__} defines its own {name}, which a compiled "
+                "call would not run; pass a plain tensor, or run this part with torch.compile")
+
+
 def input_proxy(rec: "_core.Recorder", t: torch.Tensor) -> TensorProxy:
     """A new trace input standing for the tensor ``t``. It requires grad as ``t`` does, whatever
     the grad mode: the mode in effect as each op is recorded decides whether gradients flow."""
     dtype = CODES.get(t.dtype)
     if dtype is None:
         raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
+    refuse_unlike_strided(t)
     requires_grad = t.requires_grad
     vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
     proxy = make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)

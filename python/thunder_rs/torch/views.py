@@ -601,6 +601,9 @@ def _contiguous_or_copy(symbol):
 
 def _in_format(a, memory_format) -> bool:
     strides = strides_of(a)
+    if memory_format in (torch.channels_last, torch.channels_last_3d) and a.ndim != (
+            4 if memory_format == torch.channels_last else 5):
+        return False  # eager's answer for a tensor of another rank
     if memory_format == torch.channels_last and a.ndim == 4:
         n, c, h, w = a.shape
         return _is_contiguous((n, h, w, c), (strides[0], strides[2], strides[3], strides[1]))
