@@ -140,5 +140,5 @@ def _install(modules) -> None:
 
 
 _install((torch, torch.random, torch.cuda, torch.cuda.random))
+STATE_CALLS.add(qualified_name(torch.set_default_dtype))
 torch.set_default_dtype = _intercept(torch.set_default_dtype, _sets_default(torch.set_default_dtype))
-STATE_CALLS.add(qualified_name(torch.set_default_dtype.__thunder_rs_original__))
