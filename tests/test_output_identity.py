@@ -2,6 +2,8 @@
 values (``torch.tensor(0.)``) is made anew on every call, and two equal results are two tensors,
 so a caller that writes to one output never changes another output or a later call's."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
@@ -153,3 +155,22 @@ def test_views_of_a_written_input_carry_gradients_as_in_eager(view):
     assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     g = torch.randn_like(expected)
     torch.testing.assert_close(torch.autograd.grad(out, base, g), torch.autograd.grad(expected, eager_base, g))
+
+
+@dataclasses.dataclass
+class _Result:
+    logits: torch.Tensor
+    info: dict = dataclasses.field(default_factory=dict)
+    notes: list = dataclasses.field(default_factory=list)
+
+
+def test_containers_in_a_returned_object_are_new_on_every_call():
+    def program(x):
+        return _Result(x * 2, {"clipped": False})
+
+    jprogram = thunder_rs.jit(program)
+    first = jprogram(torch.ones(2))
+    first.info["clipped"] = True
+    first.notes.append("seen")
+    second = jprogram(torch.ones(2))
+    assert second.info == {"clipped": False} and second.notes == [] and second.info is not first.info

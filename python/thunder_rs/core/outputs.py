@@ -109,7 +109,20 @@ class _Templater:
         if state is None:
             return x
         parts = tuple((k, self(v)) for k, v in state.items())
-        return _Rebuilt("object", type(x), parts) if any(p is not state[k] for k, p in parts) else x
+        if all(p is state[k] for k, p in parts):
+            return x
+        # Rebuilt per call, its own lists, dicts and sets are too (``info={}`` made by each eager call).
+        return _Rebuilt("object", type(x), tuple((k, _Copied(p) if type(p) in _MUTABLE else p) for k, p in parts))
+
+
+_MUTABLE = (list, dict, set)
+
+
+@dataclass(frozen=True)
+class _Copied:
+    """A list, dict or set without traced tensors in a rebuilt object: a shallow copy per call."""
+
+    value: object
 
 
 def _build(node, outputs, inputs, built: dict):
@@ -120,6 +133,8 @@ def _build(node, outputs, inputs, built: dict):
         return outputs[node.index]
     if isinstance(node, _Input):
         return inputs[node.position]
+    if isinstance(node, _Copied):
+        return type(node.value)(node.value)
     if not isinstance(node, _Rebuilt):
         return node
     obj = built.get(id(node))
