@@ -15,6 +15,7 @@ returned as each call's own argument; what the program set on it is set again by
 (``thunder_rs.core.state``).
 """
 
+import copy
 import types
 from dataclasses import dataclass
 
@@ -134,7 +135,7 @@ def _build(node, outputs, inputs, built: dict):
     if isinstance(node, _Input):
         return inputs[node.position]
     if isinstance(node, _Copied):
-        return type(node.value)(node.value)
+        return copy.copy(node.value)
     if not isinstance(node, _Rebuilt):
         return node
     obj = built.get(id(node))
