@@ -174,3 +174,22 @@ def test_containers_in_a_returned_object_are_new_on_every_call():
     first.notes.append("seen")
     second = jprogram(torch.ones(2))
     assert second.info == {"clipped": False} and second.notes == [] and second.info is not first.info
+
+
+def test_a_tensor_made_from_a_numpy_array_reads_the_array_on_every_call():
+    import numpy as np
+
+    buffer = np.ones(2)
+
+    def program(x):
+        mask = torch.tensor(buffer)
+        mask.mul_(2)  # eager's copy: the array is left as it is
+        return x * mask, torch.tensor(buffer, dtype=torch.float32)
+
+    jprogram = thunder_rs.jit(program)
+    x = torch.ones(2, dtype=torch.float64)
+    for value in (1.0, 7.0):
+        buffer[:] = value  # refilled in place between calls
+        out, expected = jprogram(x), program(x)
+        torch.testing.assert_close(out, expected)
+        assert buffer.tolist() == [value, value]

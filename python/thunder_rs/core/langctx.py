@@ -257,11 +257,29 @@ def _untraced_call(func, args, kind: int, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None and kind == 0:
         return ltorch_fn(*args, **kwargs)
-    result = func(*args, **kwargs)
     captures = active_captures()
+    if func is torch.tensor and captures is not None and args and _is_ndarray(args[0]) and set(kwargs) <= {"dtype"}:
+        return _copied_array(captures, args[0], kwargs.get("dtype"))
+    result = func(*args, **kwargs)
     if kind == 0 and captures is not None and _python_values((*args, *kwargs.values())):
         captures.note_created(result)
     return result
+
+
+def _is_ndarray(x) -> bool:
+    return type(x).__name__ == "ndarray" and type(x).__module__ == "numpy"
+
+
+def _copied_array(captures, array, dtype):
+    """``torch.tensor(array)`` of a NumPy array: a copy made on every call of the array's memory
+    (captured as a tensor sharing it), so an array refilled between calls is read anew."""
+    import warnings  # noqa: PLC0415 (the error path of a rare call)
+
+    with warnings.catch_warnings():  # a read-only array: the trace only reads it
+        warnings.simplefilter("ignore", UserWarning)
+        shared = torch.from_numpy(array)
+    copy = torch.clone(captures.proxy(shared))  # recorded: the proxy's call
+    return copy if dtype is None or dtype == copy.dtype else copy.to(dtype)
 
 
 def _python_values(values) -> bool:
