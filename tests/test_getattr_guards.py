@@ -79,3 +79,36 @@ def test_getattr_of_a_function_argument_and_of_a_hugging_face_config():
     torch.testing.assert_close(jprogram(x, config), program(x, config))
     config.hidden_size = 8
     torch.testing.assert_close(jprogram(x, config), program(x, config))
+
+
+class Settings:
+    SCALE = 2.0
+
+
+class _ReadsAClassAttribute(nn.Module):
+    def forward(self, x):
+        return x * Settings.SCALE
+
+
+class _CountsOnItsClass(nn.Module):
+    calls = 0
+
+    def forward(self, x):
+        _CountsOnItsClass.calls += 1
+        return x * _CountsOnItsClass.calls
+
+
+def test_a_class_attribute_read_through_the_class_is_guarded():
+    jmodel, x = thunder_rs.jit(_ReadsAClassAttribute()), torch.ones(2)
+    try:
+        torch.testing.assert_close(jmodel(x), x * 2.0)
+        Settings.SCALE = 5.0
+        torch.testing.assert_close(jmodel(x), x * 5.0)
+    finally:
+        Settings.SCALE = 2.0
+
+
+def test_a_program_writing_a_class_attribute_is_refused():
+    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match="class attribute 'calls' of _CountsOnItsClass"):
+        thunder_rs.jit(_CountsOnItsClass())(torch.ones(2))
+

@@ -419,13 +419,25 @@ class Observer:
         return MISSING
 
     def _module_global(self, module, attr, origin):
-        """``settings.SCALE`` for a user module ``settings``: a global of that module."""
-        if not isinstance(module, types.ModuleType) or _library_module(module):
+        """``settings.SCALE`` for a user module ``settings``: a global of that module; ``Config.scale``
+        for a user class: what its class attributes hold (a method or property: its own code)."""
+        if isinstance(module, type):
+            return self._class_read(module, attr, origin)
+        if _library_module(module):
             return MISSING
         value = module.__dict__.get(attr, MISSING)
         if value is MISSING:
             return MISSING
         return self._keep(self._globals_source(module.__dict__), attr, value, origin)
+
+    def _class_read(self, cls: type, attr: str, origin: str):
+        home = sys.modules.get(getattr(cls, "__module__", ""), None)
+        if home is None or _library_module(home):
+            return MISSING
+        value = ClassSource(cls).fixed().get(attr, MISSING)
+        if value is MISSING or hasattr(type(value), "__get__"):
+            return MISSING
+        return self._keep(ClassSource(cls), attr, value, origin)
 
     def _globals_source(self, g: dict):
         source = self._module_sources.get(id(g))
