@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 import thunder_rs
+from test_getattr_guards import check_changes_recompile
 
 
 class Nested(nn.Module):
@@ -39,14 +40,7 @@ CHANGES = [
 
 @pytest.mark.filterwarnings("ignore:thunder_rs. Nested recompiled")
 def test_items_read_by_a_constant_key_are_guarded():
-    model = Nested()
-    jmodel = thunder_rs.jit(model)
-    x = torch.randn(3)
-    torch.testing.assert_close(jmodel(x), model(x))
-    for change in CHANGES:
-        change(model)
-        torch.testing.assert_close(jmodel(x), model(x))
-    assert thunder_rs.compile_stats(jmodel).cache_misses == 1 + len(CHANGES)
+    check_changes_recompile(Nested(), CHANGES, torch.randn(3))
 
 
 def test_a_miss_reason_names_the_item():
