@@ -153,16 +153,16 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding):
     with observer, tracing_overrides(), LanguageMode():
         observer.observe_statically(fn, [c for c, _ in pairs])
         out = fn(*args, **kwargs)
-    _check_arguments_unchanged(args, kwargs, leaves, in_spec)
+    _check_arguments_unchanged(args, kwargs, leaves)
     return out, observer, pairs, inputs
 
 
-def _check_arguments_unchanged(args, kwargs, leaves: list, in_spec) -> None:
+def _check_arguments_unchanged(args, kwargs, leaves: list) -> None:
     """Refuses a program that changed a list or dict it was given (``metrics["aux"] = loss``,
     ``cache.append(k)``): tracing ran it on copies of the caller's containers, and no compiled
     call would change them again."""
-    now, spec = tree_flatten((args, kwargs))
-    if spec != in_spec or any(a is not b for a, b in zip(now, leaves)):
+    now = tree_flatten((args, kwargs))[0]  # (not the spec: torch's pytree rebuilds a torch.Size as a tuple)
+    if len(now) != len(leaves) or any(a is not b for a, b in zip(now, leaves)):
         raise ThunderNotImplementedError(
             "thunder_rs.jit: the traced program changed a list or dict it was given as an argument (set, added or "
             "removed an item: metrics['aux'] = loss, cache.append(k)); a compiled call would not change it again. "
