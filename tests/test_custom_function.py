@@ -325,3 +325,32 @@ def test_autocast_applies_inside_a_functions_forward_as_in_eager(fn):
     out.sum().backward()
     expected.sum().backward()
     torch.testing.assert_close((x.grad, w.grad), (ex.grad, ew.grad))
+
+
+class _ScaledProduct(torch.autograd.Function):
+    @staticmethod
+    def forward(x, w, scale=2.0):
+        return x @ w * scale
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, scale = inputs  # eager binds the default into the inputs
+        ctx.save_for_backward(x, w)
+        ctx.scale = scale
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g @ w.T * ctx.scale, x.T @ g * ctx.scale, None, None  # a trailing None more than inputs
+
+
+@pytest.mark.parametrize("call", [lambda x, w: _ScaledProduct.apply(x, w), lambda x, w: _ScaledProduct.apply(x, w, scale=3.0)],
+                         ids=["default", "keyword"])
+def test_setup_context_sees_bound_defaults_and_trailing_none_gradients_are_accepted(call):
+    x, w = torch.randn(2, 3, requires_grad=True), torch.randn(3, 2, requires_grad=True)
+    ex, ew = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    out, expected = thunder_rs.jit(call)(x, w), call(ex, ew)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close((x.grad, w.grad), (ex.grad, ew.grad))

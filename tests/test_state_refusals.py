@@ -164,3 +164,12 @@ def test_a_tensor_stored_in_a_global_cache_is_refused_naming_the_dict():
 
     with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match=r"stored a tensor it computed .* of a dict"):
         thunder_rs.jit(program)(torch.ones(3))
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: torch.nn.functional.one_hot(x.argmax(-1)),  # sizes itself from the values
+    lambda x: torch._assert((x > -10).all(), "in range") or x * 2,
+], ids=["one_hot", "_assert"])
+def test_ops_that_read_values_are_refused_as_data_dependent_with_the_line(program):
+    with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match=r"data-dependent: .*read at .*test_state_refusals"):
+        thunder_rs.jit(program)(torch.randn(3, 4))

@@ -10,6 +10,8 @@ What a trace cannot keep is refused with the Function's name: ``ctx.mark_dirty``
 forwards), forward-mode AD (``jvp``), outputs other than tensors.
 """
 
+import inspect
+
 import torch
 from torch.autograd.function import Function
 
@@ -63,6 +65,10 @@ class TraceContext:
 def apply(cls, args: tuple, kwargs: dict):
     """``cls.apply(*args, **kwargs)`` recorded on traced tensors."""
     name = f"autograd_function.{cls.__qualname__}"
+    if _has_setup_context(cls):  # eager binds the forward's defaults (and keywords) into its inputs
+        bound = inspect.signature(cls.forward).bind(*args, **kwargs)
+        bound.apply_defaults()
+        args, kwargs = bound.args, {}
     if kwargs:
         raise ThunderNotImplementedError(f"torch.autograd.Function: {cls.__qualname__}.apply at {user_location()} "
                                          "takes keyword arguments; pass them positionally")
@@ -115,6 +121,8 @@ def _grad_rule(cls):
         with autocast.user_code_without_autocast():
             grads = cls.backward(ctx, *cotangents)
         grads = grads if isinstance(grads, tuple) else (grads,)
+        if len(grads) > len(args) and all(g is None for g in grads[len(args):]):
+            grads = grads[:len(args)]  # eager accepts extra trailing Nones
         if len(grads) != len(args):
             raise ThunderRuntimeError(f"torch.autograd.Function: {cls.__qualname__}.backward returned an incorrect "
                                       f"number of gradients (expected {len(args)}, got {len(grads)})")

@@ -22,7 +22,7 @@ from thunder_rs.core.logs import log_fallback
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
 from thunder_rs.core.userframe import user_location
-from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, thunder_error_like
 
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
@@ -212,6 +212,10 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
                 f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta tensors ({e})"
             ) from e
         except Exception as e:
+            if "cannot be called on meta tensors" in str(e):  # the op reads values (``one_hot`` sizing itself)
+                raise ThunderRuntimeError(
+                    f"{name}: data-dependent: its result depends on a traced tensor's values (read at "
+                    f"{user_location()}); thunder_rs specialises on shapes, not values") from e
             # Invalid arguments: what eager raises for them, with the op's name.
             raise thunder_error_like(e, f"{name}: {e}") from e
 
