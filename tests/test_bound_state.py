@@ -109,3 +109,20 @@ def test_objects_with_slots_are_guarded_as_arguments_globals_and_module_attribut
     model.cfg.scale = 7.0
     torch.testing.assert_close(jmodel(x), x * 7.0)
     assert model.cfg.calls == 2  # the program's write to a slot is repeated by every call
+
+
+def test_a_slots_object_inside_an_argument_is_guarded_as_either_kind_of_object():
+    # The per-call check reads instance dicts directly and slots through their view: an object on
+    # the path changing from one kind to the other recompiles rather than misreading.
+    import types
+
+    def program(x, cfg):
+        return x * cfg.sub.scale
+
+    jprogram, x = thunder_rs.jit(program), torch.ones(2)
+    cfg = types.SimpleNamespace(sub=SlotsConfig(2.0, False))
+    for change in (lambda: setattr(cfg.sub, "scale", 5.0), lambda: setattr(cfg, "sub", types.SimpleNamespace(scale=7.0)),
+                   lambda: setattr(cfg, "sub", SlotsConfig(9.0, False))):
+        torch.testing.assert_close(jprogram(x, cfg), program(x, cfg))
+        change()
+    torch.testing.assert_close(jprogram(x, cfg), program(x, cfg))

@@ -52,7 +52,8 @@ def freeze(value):
 
 
 @functools.cache
-def _slot_names(cls: type) -> tuple:
+def slot_names(cls: type) -> tuple:
+    """The slots of ``cls`` and its bases, but ``__dict__`` and ``__weakref__``."""
     return tuple(n for c in cls.__mro__ for n in getattr(c, "__slots__", ()) if n not in ("__dict__", "__weakref__"))
 
 
@@ -63,7 +64,7 @@ class SlotsView(MutableMapping):
     __slots__ = ("obj", "names")
 
     def __init__(self, obj):
-        self.obj, self.names = obj, _slot_names(type(obj))
+        self.obj, self.names = obj, slot_names(type(obj))
 
     def __getitem__(self, name):
         if name not in self.names:
@@ -91,7 +92,7 @@ def attributes_of(obj):
     d = getattr(obj, "__dict__", None)
     if isinstance(d, dict):
         return d
-    return SlotsView(obj) if _slot_names(type(obj)) else None
+    return SlotsView(obj) if slot_names(type(obj)) else None
 
 
 class Source:
@@ -300,6 +301,8 @@ class InputSource(Source):
     position: int
     path: tuple
     label: str
+    #: an object on the path has ``__slots__`` (read through ``attributes_of``), not an instance dict
+    slotted: bool = False
 
     def object(self, flat):
         obj = flat[self.position]
@@ -315,10 +318,12 @@ class InputSource(Source):
         return ("input", self.position, self.path)
 
     def code(self, var, scope):
+        # A plain ``.__dict__`` read where no object on the path has slots: this runs every call.
+        read = "_attributes({})" if self.slotted else "{}.__dict__"
         expr = f"flat[{self.position}]"
         for attr in self.path:
-            expr = f"_attributes({expr})[{attr!r}]"
-        return f"_attributes({expr})"
+            expr = f"{read.format(expr)}[{attr!r}]"
+        return read.format(expr)
 
 
 @dataclass(eq=False)

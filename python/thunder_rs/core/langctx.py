@@ -10,6 +10,7 @@ calls that take no tensor at all (``torch.zeros(2, 3)``) to their ltorch symbols
 import contextlib
 import contextvars
 import sys
+import warnings
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
@@ -273,8 +274,6 @@ def _is_ndarray(x) -> bool:
 def _copied_array(captures, array, dtype):
     """``torch.tensor(array)`` of a NumPy array: a copy made on every call of the array's memory
     (captured as a tensor sharing it), so an array refilled between calls is read anew."""
-    import warnings  # noqa: PLC0415 (the error path of a rare call)
-
     with warnings.catch_warnings():  # a read-only array: the trace only reads it
         warnings.simplefilter("ignore", UserWarning)
         shared = torch.from_numpy(array)

@@ -171,8 +171,8 @@ def _rebound(store: dict, proxies: list, index_of: dict) -> dict:
 
 def attribute_writes(pairs: list) -> list:
     """What the forward changed on module instance dicts, from ``(clone, original)`` pairs:
-    ``(original, name, value)`` with MISSING for removed attributes. Changes to the submodule
-    stores are refused."""
+    ``(original, name, value)`` with MISSING for removed attributes. Changes to the submodule,
+    parameter and buffer stores (which entries they hold) are refused."""
     writes = []
     originals = {id(c): o for c, o in pairs}
     for clone, original in pairs:
@@ -184,7 +184,7 @@ def attribute_writes(pairs: list) -> list:
             if before.get(name, MISSING) is not value:
                 writes.append((original, name, _original_of(value, originals)))
         writes.extend((original, name, MISSING) for name in before if name not in now)
-        _check_submodules(clone, original, originals)
+        _check_structure(clone, original, originals)
     return writes
 
 
@@ -198,7 +198,7 @@ def _original_of(value, originals):
     return value
 
 
-def _check_submodules(clone, original, originals) -> None:
+def _check_structure(clone, original, originals) -> None:
     for store, what in (("_parameters", "parameters"), ("_buffers", "buffers")):
         added = set(clone.__dict__[store]) ^ set(original.__dict__[store])
         if added:

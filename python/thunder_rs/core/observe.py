@@ -218,7 +218,7 @@ class Observer:
         self.state = ProgramState()
         for i, x in enumerate(inputs):
             if not isinstance(x, torch.Tensor) and not is_simple(x) and attributes_of(x) is not None:
-                self.state.add(x, InputSource(i, (), f"input {i}"))
+                self.state.add(x, InputSource(i, (), f"input {i}", not isinstance(attributes_of(x), dict)))
         self._functions: dict = {}
         for fn in functions:
             self._add_function(fn)
@@ -623,7 +623,8 @@ def _child_source(source, name: str, value):
     else:
         label = f"{source.label}.{name}" if not isinstance(source, (GlobalsSource, CellSource)) else name
     if isinstance(source, InputSource):
-        return InputSource(source.position, (*source.path, name), label)
+        slotted = source.slotted or not isinstance(attributes_of(value), dict)
+        return InputSource(source.position, (*source.path, name), label, slotted)
     return ObjectSource(value, label)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_flatten
 
+from thunder_rs.core.guards import slot_names
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -52,10 +53,6 @@ class _Rebuilt:
     kind: str
     cls: type
     parts: tuple
-
-
-def _slot_names(cls: type) -> list[str]:
-    return [n for c in cls.__mro__ for n in getattr(c, "__slots__", ()) if n not in ("__dict__", "__weakref__")]
 
 
 class _Templater:
@@ -101,7 +98,7 @@ class _Templater:
         if isinstance(x, dict):
             parts = tuple((k, self(v)) for k, v in x.items())
             return _Rebuilt("dict", type(x), parts) if any(p is not x[k] for k, p in parts) else x
-        for name in _slot_names(type(x)):
+        for name in slot_names(type(x)):
             if hasattr(x, name) and self(getattr(x, name)) is not getattr(x, name):
                 raise ThunderNotImplementedError(
                     f"jit: the program returns a {type(x).__name__} whose __slots__ hold traced tensors; thunder_rs "

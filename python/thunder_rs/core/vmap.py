@@ -30,8 +30,6 @@ from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import active_recorder, lift_captured
 from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
 
-#: functorch's vmap below its argument checks: for calls with no traced tensor.
-_functorch_vmap = vmap_impl
 #: sizes of the active thunder_rs vmap levels, outermost first
 _levels: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_levels", default=())
 
@@ -240,7 +238,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         if active_recorder() is not None:  # real tensors the program captured are trace inputs too
             args, kwargs = lift_captured(args, kwargs)
         if not (_traced(args) or _traced(kwargs)):
-            return _functorch_vmap(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)
+            return vmap_impl(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)  # functorch's
         inner, size = _enter(args, in_dims)
         token = _levels.set((*_levels.get(), size))
         try:

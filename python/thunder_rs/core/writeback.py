@@ -141,7 +141,8 @@ def with_writebacks(fn, wb: WriteBacks):
     namespace = {"fn": fn, "no_grad": torch.no_grad, "root_id": root_id, "raise_aliased": _raise_aliased}
     lines = ["def call(*inputs):", "    outs = fn(*inputs)"]
     aliased = dict(wb.aliases)
-    values = [j for j in wb.tensor_outputs if j not in aliased]
+    viewed = {i for i, _, _ in wb.views}  # taken of the caller's tensor after the copies instead
+    values = [j for j in wb.tensor_outputs if j not in aliased and j not in viewed]
     values += [j for _, j, _ in wb.copies] + [j for _, _, j, _ in wb.slots if j is not None]
     for j in values:
         lines.append(f"    o{j} = outs[{j}]")
