@@ -97,3 +97,15 @@ def test_jit_is_typed_to_keep_a_functions_signature_and_make_a_module_a_thunder_
     out, _, _ = api.run(["--follow-imports=silent", "--no-incremental", str(program)])
     assert 'Revealed type is "def (x: torch._tensor.Tensor, n: int) -> torch._tensor.Tensor"' in out
     assert 'Revealed type is "thunder_rs.core.jit.ThunderModule"' in out
+
+
+def test_import_loads_neither_dynamo_nor_fsdp():
+    """``import thunder_rs`` stays near ``import torch``: Dynamo (about 2 s) and FSDP/DTensor (about
+    2.5 s) load only when a program uses them."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    heavy = ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor", "torch._inductor")
+    code = f"import sys, thunder_rs; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -1,7 +1,9 @@
 """Acquisition: run a function (or module) on proxies and record its trace, the guards on the
 Python state it read, and the module state it wrote."""
 
+import functools
 import inspect
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -232,15 +234,28 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
                     modules_called, writebacks)
 
 
-#: The code of the wrapper ``torch.compiler.disable`` puts around every function it disables.
-_DISABLED_CODE = getattr(torch.compiler.disable(lambda: None), "__code__", None)
+def _disabled_code():
+    """The code of the wrapper ``torch.compiler.disable`` puts around every function it disables;
+    None while Dynamo is not imported (``disable`` imports it, so no function is disabled yet, and
+    importing it here would cost every ``import thunder_rs`` seconds)."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    return _wrapper_code()
+
+
+@functools.cache
+def _wrapper_code():
+    return getattr(torch.compiler.disable(lambda: None), "__code__", None)
 
 
 def _hint_compiler_disable(error: ThunderError) -> None:
     """An error raised inside a ``torch.compiler.disable``d function says how to keep it eager:
     ``thunder_rs.jit`` traces whole programs, Dynamo (``backend="thunder_rs"``) breaks around it."""
+    disabled = _disabled_code()
+    if disabled is None:
+        return
     tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code is not _DISABLED_CODE:
+    while tb is not None and tb.tb_frame.f_code is not disabled:
         tb = tb.tb_next
     if tb is not None and error.args and isinstance(error.args[0], str):
         error.args = (f"{error.args[0]}. The error is inside a torch.compiler.disable'd function, which "

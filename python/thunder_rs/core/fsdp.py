@@ -13,28 +13,28 @@ memory and overlap: every group is all-gathered for the whole forward, and gradi
 reduce-scattered when backward ends (FSDP's final callback) rather than layer by layer.
 """
 
+import sys
+
 import torch
 
 from thunder_rs.errors import ThunderNotImplementedError
 
-try:
-    from torch.distributed.fsdp._fully_shard._fsdp_state import (
-        FSDPState,
-        _get_module_fsdp_state,
-    )
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch built without distributed
-    FSDPState = _get_module_fsdp_state = DTensor = None  # type: ignore[misc,assignment]  # None marks "no FSDP"
-
-#: The module FSDP's forward hooks are defined in (bound ``FSDPState`` methods, or group hooks
-#: wrapping them with ``functools.wraps``).
-_HOOK_MODULE = FSDPState.__module__ if FSDPState is not None else None
+#: FSDP2's state module: where its forward hooks are defined (bound ``FSDPState`` methods, or group
+#: hooks wrapping them with ``functools.wraps``). Read from ``sys.modules``, never imported: a module
+#: can only be sharded, and a DTensor only exist, once the program imported them, and importing
+#: FSDP/DTensor here would cost every ``import thunder_rs`` seconds.
+_STATE_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_state"
 _WORKAROUND = "apply fully_shard to each submodule separately and to the model, then thunder_rs.jit(model)"
+
+
+def _dtensor_type():
+    tensor_module = sys.modules.get("torch.distributed.tensor")
+    return getattr(tensor_module, "DTensor", None)
 
 
 def is_fsdp_hook(hook) -> bool:
     func = getattr(hook, "__func__", hook)
-    return _HOOK_MODULE is not None and getattr(func, "__module__", None) == _HOOK_MODULE
+    return getattr(func, "__module__", None) == _STATE_MODULE
 
 
 def without_fsdp_hooks(store: dict) -> dict:
@@ -55,9 +55,11 @@ class FSDPCall:
 
     @classmethod
     def of(cls, module: torch.nn.Module):
-        if _get_module_fsdp_state is None:
+        state_module = sys.modules.get(_STATE_MODULE)
+        if state_module is None:
             return None
-        states = [(m, s) for m in module.modules() if (s := _get_module_fsdp_state(m)) is not None]
+        state_of = state_module._get_module_fsdp_state
+        states = [(m, s) for m in module.modules() if (s := state_of(m)) is not None]
         if not states:
             return None
         if states[0][0] is not module:
@@ -92,10 +94,11 @@ class FSDPCall:
 def refuse_dtensors(names, tensors) -> None:
     """A ``DTensor`` parameter reaching the trace (``fully_shard`` applied after ``jit``, or a
     tensor-parallel ``DTensor``) is refused with the parameter's name."""
-    if DTensor is None:
+    dtensor = _dtensor_type()
+    if dtensor is None:
         return
     for name, t in zip(names, tensors):
-        if isinstance(t, DTensor):
+        if isinstance(t, dtensor):
             raise ThunderNotImplementedError(
                 f"jit: parameter or buffer {name} is a DTensor; thunder_rs traces plain tensors only. For FSDP2, "
                 "apply fully_shard before thunder_rs.jit(model): its hooks then gather the parameters around the "
