@@ -1,0 +1,121 @@
+"""The aten calls the generated code makes on CUDA satisfy the CUDA kernels' contracts, checked
+without a GPU: the program runs on fake CUDA tensors (``FakeTensorMode``, meta computations only),
+its backward is called directly (torch's autograd engine needs a CUDA context), and a dispatch mode
+records the aten calls, whose arguments are checked against what the CUDA kernels require.
+
+BatchNorm's backward: ``batch_norm_backward_cuda`` (aten/src/ATen/native/cuda/Normalization.cu;
+the assert is at line 607 in torch 2.11) outside its fused kernel (2-D and channels-last inputs,
+only some gradients asked for) asserts ``save_mean->defined()`` and ``save_invstd->defined()``,
+takes non-empty saved statistics as the mean and inverse standard deviation, and empty ones as
+"recompute from the running statistics" under ``TORCH_CHECK(!train && running_mean->defined())``;
+its fused kernel and ``batch_norm_backward_reduce_cuda`` read them as the accumulate type of the
+input (``packed_accessor_or_dummy<accscalar_t>``, ``TORCH_CHECK(mean_st == invstd_st)``).
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import thunder_rs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from opinfos.core import SampleInput  # noqa: E402
+from opinfos.nn import batch_norm_samples  # noqa: E402
+
+_BACKWARD = torch.ops.aten.native_batch_norm_backward.default
+
+
+class _Calls(TorchDispatchMode):
+    """Records the arguments of every call of ``op``."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.calls = op, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is self.op:
+            self.calls.append(args)
+        return func(*args, **(kwargs or {}))
+
+
+def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``at::toAccumulateType(dtype, /*is_cuda=*/true)`` for the floating dtypes."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_backward_contract(args) -> None:
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask = args
+    assert input.is_cuda
+    assert isinstance(save_mean, torch.Tensor) and isinstance(save_invstd, torch.Tensor), \
+        "TORCH_INTERNAL_ASSERT(save_mean->defined()) / (save_invstd->defined())"
+    if save_mean.numel() == 0 or save_invstd.numel() == 0:
+        assert not train and running_mean is not None and running_var is not None, \
+            "TORCH_CHECK(!train && running_mean->defined())"
+    for saved in (save_mean, save_invstd):
+        assert saved.dtype == _accumulate_dtype(input.dtype)
+        assert saved.numel() in (0, input.shape[1])
+
+
+def _backward_calls(fn, sample) -> list:
+    """The ``native_batch_norm_backward`` calls of ``fn``'s backward on ``sample``, whose floating
+    tensors other than the running statistics require grad."""
+    running = {id(sample.kwargs.get(k)) for k in ("running_mean", "running_var")} | {id(a) for a in sample.args[1:3]}
+    leaves = [t for t in (*sample.args, *sample.kwargs.values())
+              if isinstance(t, torch.Tensor) and id(t) not in running]
+    for t in leaves:
+        t.requires_grad_(True)
+    out = fn(*sample.args, **sample.kwargs)
+    # The node's own backward, with a cotangent for ``out`` among its forward's outputs (a compiled
+    # call also returns the running statistics it writes back).
+    cotangents: list = [None] * len(out.grad_fn._input_metadata)
+    cotangents[out.output_nr] = torch.ones_like(out)
+    calls = _Calls(_BACKWARD)
+    with calls, torch.no_grad():
+        getattr(out.grad_fn, "apply", out.grad_fn)(*cotangents)  # a compiled call's node, or eager's
+    return calls.calls
+
+
+def _cuda_samples(dtype):
+    """The OpInfo samples (eval, training with and without running statistics, affine or not, 2-D
+    to 5-D, non-contiguous) and channels-last inputs, which CUDA's backward never takes through its
+    fused kernel."""
+    yield from batch_norm_samples(dtype, "cuda")
+    x = torch.randn(2, 3, 4, 4, dtype=dtype, device="cuda").to(memory_format=torch.channels_last)
+    for training in (False, True):
+        stats = torch.zeros(3, dtype=dtype, device="cuda"), torch.ones(3, dtype=dtype, device="cuda")
+        yield SampleInput(x, *stats, torch.ones(3, dtype=dtype, device="cuda"), training=training)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_batch_norm_backward_on_cuda_gets_the_saved_statistics_its_kernel_requires(dtype):
+    with FakeTensorMode():
+        samples = list(_cuda_samples(dtype))
+        checked = 0
+        for sample in samples:
+            calls = _backward_calls(thunder_rs.jit(F.batch_norm), sample)
+            for args in calls:
+                _check_backward_contract(args)
+            checked += len(calls)
+    assert checked >= len(samples) - 1  # one call per sample with a gradient to compute
+
+
+def test_eager_on_fake_cuda_meets_the_contract_the_check_states():
+    """The contract check accepts what eager's own CUDA autograd passes (its forward's statistics)."""
+    with FakeTensorMode():
+        for sample in _cuda_samples(torch.float32):
+            for args in _backward_calls(F.batch_norm, sample):
+                _check_backward_contract(args)
+
+
+def test_cuda_eval_backward_gets_empty_statistics():
+    """In eval mode the kernel recomputes them from the running statistics, as eager's does."""
+    with FakeTensorMode():
+        stats = torch.zeros(3, device="cuda"), torch.ones(3, device="cuda")
+        sample = SampleInput(torch.randn(6, 3, device="cuda"), *stats, torch.ones(3, device="cuda"), training=False)
+        [args] = _backward_calls(thunder_rs.jit(F.batch_norm), sample)
+    assert args[5].shape == (0,) and args[6].shape == (0,) and args[7] is False
