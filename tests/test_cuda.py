@@ -161,3 +161,95 @@ def test_gpt_training_steps_under_autocast_match_eager():
         opt.step(), opt_e.step(), opt.zero_grad(), opt_e.zero_grad()
     stats = thunder_rs.compile_stats(jmodel)
     assert stats.cache_misses == 1, stats.miss_reasons
+
+
+# -- attention: the fused kernels torch chooses, forward and backward ----------------------------------
+
+_FUSED_OPS = "aten::_scaled_dot_product_"
+
+
+def _fused_attention_ops(step) -> set:
+    """The fused attention aten ops (forward and backward) one call of ``step`` runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    return {e.key for e in prof.key_averages() if e.key.startswith(_FUSED_OPS)}
+
+
+@pytest.mark.parametrize("executors", [None, ["torch"]], ids=["default", "torch"])
+def test_gpt_block_bf16_training_runs_torchs_attention_kernels(executors):
+    """The benchmark's block in bfloat16: the backward holds no [B, H, T, T] matrix, runs the
+    fused kernels eager runs (as the profiler sees them), and the gradients are eager's."""
+    import re  # noqa: PLC0415 (only this test reads traces)
+
+    torch.manual_seed(0)
+    config = GPTConfig(n_embd=768, n_head=12, block_size=1024)
+    block = Block(config).cuda().to(torch.bfloat16)
+    eager = copy.deepcopy(block)
+    x = torch.randn(2, 1024, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    g = torch.randn_like(x)
+    jblock = thunder_rs.jit(block, executors=executors)
+    jblock(x).backward(g)  # compiles
+    x.grad = None
+    for p in block.parameters():
+        p.grad = None
+    ran = _fused_attention_ops(lambda: jblock(x).backward(g))
+    expected = _fused_attention_ops(lambda: eager(xe).backward(g))
+    assert ran == expected and ran, (ran, expected)
+    backward = str(thunder_rs.last_backward_traces(jblock)[-1])
+    assert not re.search(r"\[2, 12, 1024, 1024\]", backward), backward
+    torch.testing.assert_close(x.grad, xe.grad, **HALF)
+    for (name, p), pe in zip(block.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, pe.grad, rtol=5e-2, atol=5e-2, msg=lambda m: f"grad of {name}: {m}")
+
+
+def _attention_inputs(case: str, dtype):
+    """query, key and value (heads after positions, as split from one projection), and the
+    keywords of the case."""
+    torch.manual_seed(0)
+
+    def heads_after_positions(positions, heads):
+        return torch.randn(2, positions, heads, 64, device="cuda", dtype=dtype).transpose(1, 2).requires_grad_()
+
+    keys = 48 if case == "causal" else 40  # causal flash needs as many keys as queries
+    q = heads_after_positions(48, 4)
+    k, v = (heads_after_positions(keys, 2 if case == "gqa" else 4) for _ in range(2))
+    if case == "bool_mask":  # row 3 sees no key: the backends' conventions for it show
+        mask = torch.rand(48, keys, device="cuda") > 0.3
+        mask[3] = False
+        return (q, k, v), dict(attn_mask=mask)
+    if case == "float_mask":
+        return (q, k, v), dict(attn_mask=torch.randn(1, 4, 48, keys, device="cuda", dtype=dtype, requires_grad=True))
+    return (q, k, v), {"causal": dict(is_causal=True), "gqa": dict(enable_gqa=True), "dropout": dict(dropout_p=0.25)}[case]
+
+
+@pytest.mark.parametrize("case", ["causal", "gqa", "dropout", "bool_mask", "float_mask"])
+@pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"])
+def test_attention_under_each_backend_is_eagers(backend, case):
+    """Under ``sdpa_kernel(backend)``: the same fused ops as eager, the same output and gradients
+    (dropout included: the kernels draw from the generator as eager's do; a row the bool mask
+    hides entirely included: it checks ``fused_attention.CUDNN_MASK_FILL``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    (q, k, v), kwargs = _attention_inputs(case, torch.bfloat16)
+    leaves = [t for t in (q, k, v, kwargs.get("attn_mask")) if t is not None and t.requires_grad]
+
+    def run(fn):
+        torch.manual_seed(1)
+        out = fn(q, k, v)
+        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    with sdpa_kernel(getattr(SDPBackend, backend)):
+        try:
+            expected_ops = _fused_attention_ops(lambda: run(sdpa))
+            expected = run(sdpa)
+        except RuntimeError as e:
+            pytest.skip(f"eager has no {backend} kernel for this call here: {e}")
+        jfn = thunder_rs.jit(sdpa)
+        actual = run(jfn)
+        assert _fused_attention_ops(lambda: run(jfn)) == expected_ops
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, equal_nan=True, **HALF)

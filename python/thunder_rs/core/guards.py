@@ -464,6 +464,29 @@ class StructureGuard:
         return f"_structure(m{index}) == e{index}"
 
 
+class StateGuard:
+    """Global state that no input carries and the cache key leaves out (the switches of
+    ``torch.backends.cuda``'s attention kernels), read through ``read``: holds while ``read()``
+    gives what it gave when the program was traced. Only entries whose trace depends on it
+    carry one, so other programs pay nothing on their per-call path."""
+
+    per_call = True
+    source = None
+
+    def __init__(self, label: str, read, expected, show=repr):
+        self.label, self.read, self.expected, self.show = label, read, expected, show
+
+    def holds(self, flat) -> bool:
+        return self.read() == self.expected
+
+    def describe(self, flat) -> str:
+        return f"{self.label} changed from {self.show(self.expected)} to {self.show(self.read())}"
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"r{index}"], scope[f"e{index}"] = self.read, self.expected
+        return f"r{index}() == e{index}"
+
+
 def _thawed(frozen):
     """The value a ``freeze`` result stands for (for messages)."""
     t, rest = frozen[0], frozen[1:]

@@ -269,6 +269,11 @@ class Observer:
             if forward is not None and forward.co_argcount:
                 self._on_code(forward, type(module).forward.__globals__, {forward.co_varnames[0]: module}, 0)
 
+    def guard_state(self, guard) -> None:
+        """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
+        first: the first read of the acquisition is what the state was when the call began."""
+        self._guards.setdefault(("state", guard.label), guard)
+
     def guards(self) -> list:
         """The guards: values read, and the structure of modules called that the program does not
         own (the jitted module's own structure is guarded by its binding). None of them is on a

@@ -12,7 +12,7 @@ import torch
 from thunder_rs import prims
 from thunder_rs.core.fallback import FALLBACK_IMPLS
 from thunder_rs.executors.extend import Executor, _bump, register_executor
-from thunder_rs.torch import SYMBOLS, kernels, pool_kernels
+from thunder_rs.torch import SYMBOLS, fused_attention, kernels, pool_kernels
 from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
 from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS
 
@@ -200,6 +200,88 @@ def _sdpa_flash_backward(g, q, k, v, out, lse, is_causal, scale):
         g, q, k, v, out, lse, 0.0, is_causal, scale=scale)
 
 
+# The CUDA attention kernels of ``thunder_rs.torch.fused_attention``, called as eager's composite
+# and autograd call them. Their inputs' last dims are made dense where they are not, as the
+# kernels need (a no-op for the layouts eager's choice lets through).
+
+#: The dtype flash's philox seed and offset have in aten; the trace carries them as int64.
+_FLASH_RNG_DTYPE = torch.int64 if torch.version.hip else torch.uint64
+
+
+def _rng_as(t, dtype):
+    """``t`` reinterpreted (same bits) as ``dtype``; an undefined philox tensor stays None."""
+    return None if t is None or t.dtype == dtype else t.view(dtype)
+
+
+def _flash_attention(q, k, v, dropout_p, is_causal, scale):
+    q, k, v = _last_dim_dense(q, k, v)
+    out, lse, _, _, _, _, seed, offset, _ = _aten._scaled_dot_product_flash_attention.default(
+        q, k, v, dropout_p, is_causal, False, scale=scale)
+    return out, lse, _rng_as(seed, torch.int64), _rng_as(offset, torch.int64)
+
+
+def _flash_attention_backward(g, q, k, v, out, lse, seed, offset, dropout_p, is_causal, scale):
+    g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
+    return tuple(_aten._scaled_dot_product_flash_attention_backward.default(
+        g, q, k, v, out, lse, None, None, q.shape[2], k.shape[2], dropout_p, is_causal,
+        _rng_as(seed, _FLASH_RNG_DTYPE), _rng_as(offset, _FLASH_RNG_DTYPE), scale=scale))
+
+
+def _efficient_bias(bias, q, k):
+    """An additive mask as eager's composite hands it to the memory-efficient kernel
+    (``preprocess_mask``): rows aligned to 16 elements (padded and cut back when they are not),
+    expanded to [B, H, L, S]."""
+    if bias is None:
+        return None
+    aligned = bias.stride(-1) == 1 and all(s % 16 == 0 for s in bias.stride()[:-1])
+    if not aligned:
+        size = bias.shape[-1]
+        bias = torch.nn.functional.pad(bias, (0, 16 - size % 16))[..., :size]
+    return bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+
+def _efficient_attention(q, k, v, bias, dropout_p, is_causal, scale):
+    q, k, v = _last_dim_dense(q, k, v)
+    return tuple(_aten._scaled_dot_product_efficient_attention.default(
+        q, k, v, _efficient_bias(bias, q, k), True, dropout_p, is_causal, scale=scale))
+
+
+def _efficient_attention_backward(g, q, k, v, bias, out, lse, seed, offset, dropout_p, grad_input_mask, is_causal,
+                                  scale):
+    g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
+    grads = _aten._scaled_dot_product_efficient_attention_backward.default(
+        g, q, k, v, _efficient_bias(bias, q, k), out, lse, seed, offset, dropout_p, list(grad_input_mask), is_causal,
+        scale=scale)
+    kept = [x for x, wanted in zip(grads, grad_input_mask) if wanted]
+    return kept[0] if len(kept) == 1 else tuple(kept)
+
+
+def _cudnn_attention(q, k, v, bias, dropout_p, is_causal, scale):
+    q, k, v = _last_dim_dense(q, k, v)
+    out, lse, _, _, _, _, seed, offset, _ = _aten._scaled_dot_product_cudnn_attention.default(
+        q, k, v, bias, True, dropout_p, is_causal, False, scale=scale)
+    return out, lse, seed, offset
+
+
+def _cudnn_attention_backward(g, q, k, v, out, lse, seed, offset, bias, dropout_p, is_causal, scale):
+    g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
+    return tuple(_aten._scaled_dot_product_cudnn_attention_backward.default(
+        g, q, k, v, out, lse, seed, offset, bias, None, None, q.shape[2], k.shape[2], dropout_p, is_causal,
+        scale=scale))
+
+
+#: The kernels of ``thunder_rs.torch.fused_attention``, each one aten call (a forward's
+#: ``_dropout`` form is the same call).
+_FUSED_ATTENTION = {
+    "flash_attention": _flash_attention, "flash_attention_dropout": _flash_attention,
+    "flash_attention_backward": _flash_attention_backward,
+    "efficient_attention": _efficient_attention, "efficient_attention_dropout": _efficient_attention,
+    "efficient_attention_backward": _efficient_attention_backward,
+    "cudnn_attention": _cudnn_attention, "cudnn_attention_dropout": _cudnn_attention,
+    "cudnn_attention_backward": _cudnn_attention_backward,
+}
+
+
 def _batch_norm_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
     return tuple(_aten._native_batch_norm_legit_functional.default(input, weight, bias, running_mean, running_var,
                                                                   training, momentum, eps))
@@ -212,6 +294,22 @@ def _numeric_momentum(input, weight, bias, running_mean, running_var, training, 
 
 def _batch_norm_no_stats(input, weight, bias, eps):
     return tuple(_aten._native_batch_norm_legit.no_stats(input, weight, bias, True, 0.0, eps))
+
+
+def _batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                         output_mask):
+    """aten's batch-norm backward. In eval mode thunder_rs saves no statistics (None), which the
+    CPU kernel takes; CUDA's ``batch_norm_backward_cuda`` (aten/src/ATen/native/cuda/Normalization.cu)
+    asserts ``save_mean->defined()`` and ``save_invstd->defined()`` where it does not take its fused
+    kernel (always for 2-D and channels-last inputs), and reads empty ones as "use the running
+    statistics" (``TORCH_CHECK(!train && running_mean->defined())``), as cudnn_batch_norm's eval mode
+    passes them. So CUDA gets empty ones, of the dtype its kernels read saved statistics in
+    (``toAccumulateType(input, /*is_cuda=*/true)``): the same mean and invstd as eager's."""
+    if save_mean is None and input.is_cuda:
+        stats_dtype = torch.float64 if input.dtype == torch.float64 else torch.float32
+        save_mean = save_invstd = input.new_empty((0,), dtype=stats_dtype)
+    return _aten.native_batch_norm_backward.default(grad_out, input, weight, running_mean, running_var, save_mean,
+                                                    save_invstd, train, eps, output_mask)
 
 
 #: The fused kernels of ``thunder_rs.torch.kernels``, each one aten call (with its checker).
@@ -230,13 +328,15 @@ _KERNELS = {
     "sdpa_flash_backward": (_sdpa_flash_backward, _on_cpu),
     "native_batch_norm": (_batch_norm_functional, _numeric_momentum),
     "native_batch_norm_no_stats": (_batch_norm_no_stats, None),
-    "native_batch_norm_backward": (_defined(_aten.native_batch_norm_backward.default), None),
+    "native_batch_norm_backward": (_defined(_batch_norm_backward), None),
 }
 
 
 def _register_kernels() -> None:
     for name, (impl, checker) in _KERNELS.items():
         torch_ex.register_implementation(getattr(kernels, name), impl, impl_name=f"torch_{name}", checker=checker)
+    for name, impl in _FUSED_ATTENTION.items():
+        torch_ex.register_implementation(getattr(fused_attention, name), impl, impl_name=f"torch_{name}")
     for table in (pool_kernels.TORCH_IMPLS, RESIZE_IMPLS, NORM_IMPLS):
         for symbol, impl in table.items():
             name = symbol.symbol_name.removeprefix("ltorch.")

@@ -2,8 +2,9 @@
 instead of the prim-by-prim VJP of a decomposition.
 
 Where eager's autograd runs a fused kernel (layer_norm, gelu, softmax, nll_loss, embedding,
-attention on the CPU) the rule calls the same kernel through a symbol of ``kernels.py``, whose
-forward also returns the statistics the backward reuses. The other rules compute their forward
+attention) the rule calls the same kernel through a symbol of ``kernels.py`` (for attention on
+CUDA, of ``fused_attention.py``: the kernel torch chooses), whose forward also returns the
+statistics the backward reuses. The other rules compute their forward
 by calling their own symbol, which records the plain decomposition (an executor runs it as one
 call), and write the backward with ltorch ops. Half-precision values are differentiated in
 float32, as eager kernels compute, and each gradient is returned in its input's dtype.
@@ -20,6 +21,7 @@ import torch
 from thunder_rs import torch as ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch import kernels
+from thunder_rs.torch.fused_attention import fused_attention
 from thunder_rs.torch.kernels import REDUCTIONS, cast as _cast, sum_to as _sum_to, upcast as _upcast
 from thunder_rs.torch.nn import _LOW_PRECISION, _check_attention, _check_nll, _reduction
 from thunder_rs.torch.reductions import _correction, _dims, _keep
@@ -108,55 +110,6 @@ def div_grad(input, other, *, rounding_mode=None):
     for x in (input, other):
         if isinstance(x, torch.Tensor) and x.requires_grad:
             put_grad(x, ltorch.zeros_like(x))
-    return out
-
-
-def _clamp_numbers_grad(g, a, min, max):
-    """Scalar bounds: the gradient passes strictly inside them, not at them nor at NaN (torch 2.15)."""
-    keep = None
-    for bound, compare in ((min, ltorch.gt), (max, ltorch.lt)):
-        if bound is not None:
-            inside = compare(a, bound)
-            keep = inside if keep is None else ltorch.bitwise_and(keep, inside)
-    return ltorch.where(keep, g, 0.0)
-
-
-def _clamp_tensors_grads(g, a, min, max):
-    """Tensor bounds, as eager's clamp.Tensor backward: ties with a bound split the gradient in
-    halves; a NaN operand passes it to ``a``; with ``min > max`` the result, and the gradient, is
-    ``max``'s; a NaN bound gets none. Returns the gradients of ``a``, ``min`` and ``max`` (None for an absent bound)."""
-    if max is None:  # maximum(a, min)
-        tie, half = a == min, g * 0.5
-        return (ltorch.where(tie, half, ltorch.where(a < min, 0.0, g)),
-                ltorch.where(tie, half, ltorch.where(a > min, 0.0, g)), None)
-    if min is None:  # minimum(a, max)
-        tie, half = a == max, g * 0.5
-        return (ltorch.where(tie, half, ltorch.where(a > max, 0.0, g)), None,
-                ltorch.where(tie, half, ltorch.where(a < max, 0.0, g)))
-    ordered, below, above = min <= max, a < min, a > max
-    tie_low = ltorch.bitwise_and(ltorch.bitwise_and(a == min, a != max), ordered)
-    tie_high = ltorch.bitwise_and(ltorch.bitwise_and(a == max, a != min), ordered)
-    half = g * 0.5
-    inside = ltorch.bitwise_not(ltorch.bitwise_or(below, above))
-    grad_a = ltorch.where(inside, ltorch.where(ltorch.bitwise_or(tie_low, tie_high), half, g), 0.0)
-    grad_min = ltorch.where(ordered, ltorch.where(below, g, ltorch.where(tie_low, half, 0.0)), 0.0)
-    grad_max = ltorch.where(ordered, ltorch.where(above, g, ltorch.where(tie_high, half, 0.0)), ltorch.where(min > max, g, 0.0))
-    return grad_a, grad_min, grad_max
-
-
-@register_grad(ltorch.clamp)
-def clamp_grad(a, min=None, max=None):
-    out = ltorch.clamp(a, min, max)
-    if not out.dtype.is_floating_point:
-        return out
-    g = get_grad(out)
-    if not any(isinstance(b, torch.Tensor) for b in (min, max)):
-        put_grad(a, _clamp_numbers_grad(g, a, min, max))
-        return out
-    bounds = [b if b is None or isinstance(b, torch.Tensor) else ltorch.full_like(a, b) for b in (min, max)]
-    for x, grad in zip((a, *bounds), _clamp_tensors_grads(g, a, *bounds)):
-        if grad is not None and x is not None and x.requires_grad:
-            put_grad(x, _cast(_sum_to(grad, x.shape), x.dtype))
     return out
 
 
@@ -510,6 +463,11 @@ def scaled_dot_product_attention_grad(query, key, value, attn_mask=None, dropout
             if x.requires_grad:
                 put_grad(x, grad)
         return out
+    if query.device.type == "cuda":  # the fused kernel torch chooses, unless it chooses the math path
+        _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
+        out = fused_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if out is not None:
+            return out
     out = ltorch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dropout_p > 0:
         return out

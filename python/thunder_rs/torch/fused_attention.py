@@ -1,0 +1,352 @@
+"""Differentiated attention on CUDA as eager runs it: the fused kernel torch's dispatcher chooses
+(flash, memory-efficient or cuDNN), forward and backward.
+
+Eager's ``scaled_dot_product_attention`` is a composite: it asks ``_fused_sdp_choice`` which
+backend runs the call, prepares the inputs for that backend (flash pads the head size to a
+multiple of 8; the others turn a bool mask into an additive one, memory-efficient aligns and
+expands it), and calls one fused kernel; autograd then runs that kernel's backward on what the
+forward returned (its output, the logsumexp of each row, the philox seed and offset of its
+dropout). The grad rule does the same at trace time:
+
+- ``fused_sdp_choice`` is torch's answer for the call: eager's composite run on fake CUDA
+  tensors with the proxies' metadata (eager strides included), under a dispatch mode that sees
+  which fused kernel it calls. The composite asks the CUDA ``select_sdp_backend`` as it does for
+  eager: the device's capabilities, the cuDNN version, ``torch.backends.cuda``'s switches,
+  ``sdpa_kernel`` and the priority order all decide. Without a GPU, torch finds no fused kernel
+  available and takes the math path, as eager would. The switches are guarded
+  (``core.sdp_state``): a changed switch compiles again.
+- The chosen kernel and its backward are recorded, so the trace holds no [B, H, L, S] matrix
+  where eager holds none. Where torch chooses the math path, ``fused_attention`` returns None and
+  the rule differentiates thunder_rs's decomposition.
+
+The kernels are opaque symbols (no decomposition, run by the torch executor as one aten call),
+with meta rules written from torch's meta registrations (``tests/test_attention_kernels.py``
+checks them against torch's). Their philox seed and offset are residuals no pass looks at; their
+device in the trace is the query's, whatever the kernel puts them on. A forward with dropout
+draws from the CUDA generator inside the kernel: it is recorded as an effect (never removed,
+merged, moved or recomputed), so it draws in program order as eager's does, and its backward
+replays those draws from the seed and offset it returned.
+"""
+
+import math
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from thunder_rs import _core
+from thunder_rs import torch as ltorch
+from thunder_rs.core import sdp_state
+from thunder_rs.core.dtypes import CODES
+from thunder_rs.core.grad import get_grad, put_grad
+from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.core.recorder import current, proxies
+from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
+from thunder_rs.torch.kernels import cast, sum_to
+from thunder_rs.torch.views import contiguous_strides, strides_of
+
+SDPBackend = torch.nn.attention.SDPBackend
+MATH, FLASH, EFFICIENT, CUDNN = (b.value for b in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION,
+                                                   SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION))
+
+#: What eager's composite fills the False places of a bool mask with for cuDNN's kernel
+#: (``convert_boolean_attn_mask_cudnn`` in aten/src/ATen/native/transformers/attention.cpp, from
+#: torch 2.5 on; seen on an H100 with 2.11): a finite value, which cuDNN needs. It only shows in
+#: rows the mask hides entirely; ``test_cuda.py``'s bool-mask case has one, against eager.
+CUDNN_MASK_FILL = -65504.0
+
+_OP = "ltorch.scaled_dot_product_attention"
+
+
+# -- torch's choice --------------------------------------------------------------------------------
+
+
+def _fake(x):
+    """A fake tensor with the proxy's metadata, strides as eager's tensor has them."""
+    differentiable = x.requires_grad and x.dtype.is_floating_point
+    return torch.empty_strided(tuple(x.shape), strides_of(x), dtype=x.dtype, device=x.device,
+                               requires_grad=differentiable)
+
+
+_aten = torch.ops.aten
+#: The fused kernels eager's composite calls, by the backend each is.
+_BACKEND_OF = {_aten._scaled_dot_product_flash_attention.default: FLASH,
+               _aten._scaled_dot_product_efficient_attention.default: EFFICIENT,
+               _aten._scaled_dot_product_cudnn_attention.default: CUDNN}
+
+
+class _KernelSeen(TorchDispatchMode):
+    """Sees which fused kernel, if any, the ops run under it call: the backend torch chose."""
+
+    backend = MATH
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.backend = _BACKEND_OF.get(func, self.backend)
+        return func(*args, **(kwargs or {}))
+
+
+def eager_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
+    """The backend eager's composite runs with on these (fake) tensors, as the kernel it calls.
+
+    Not ``torch._fused_sdp_choice``: under FakeTensorMode that op reaches its meta kernel with
+    the tensors seen as meta ones, and the CUDA ``select_sdp_backend`` refuses every fused kernel
+    for them. The composite asks it directly, with the fake tensors on their CUDA device."""
+    with _KernelSeen() as seen:
+        _aten.scaled_dot_product_attention.default(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                                   enable_gqa=enable_gqa)
+    return seen.backend
+
+
+def _metadata(x):
+    return None if x is None else (tuple(x.shape), strides_of(x), x.dtype, x.device, x.requires_grad)
+
+
+#: Choices made, by the calls' metadata and the switches: the layers of a model ask once.
+_choices: dict = {}
+
+
+def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
+    """The backend (an ``SDPBackend`` value) eager's dispatcher runs this call with, grad mode on;
+    torch's error where it has none (every backend switched off or unable)."""
+    call = (*map(_metadata, (query, key, value, attn_mask)), dropout_p, is_causal, scale, enable_gqa, sdp_state.state())
+    backend = _choices.get(call)
+    if backend is None:
+        try:
+            with torch._C.DisableTorchFunction(), FakeTensorMode(), torch.enable_grad():
+                mask = None if attn_mask is None else _fake(attn_mask)
+                backend = eager_choice(_fake(query), _fake(key), _fake(value), mask, dropout_p, is_causal, scale,
+                                       enable_gqa)
+        except RuntimeError as e:
+            raise thunder_error_like(e, f"{_OP}: {e}") from e
+        if len(_choices) > 4096:
+            _choices.clear()
+        _choices[call] = backend
+    return backend
+
+
+def chosen_backend(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
+    """``fused_sdp_choice`` for a CUDA call, with the switches it depends on guarded."""
+    sdp_state.guard()
+    return fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+# -- kernel symbols --------------------------------------------------------------------------------
+
+
+def _record(sid: int, meta, args: tuple):
+    """One call of the kernel ``sid``; ``meta`` describes each output as ``(shape, dtype,
+    differentiable, strides)`` (strides None for contiguous ones)."""
+    device = str(next(a for a in args if isinstance(a, TensorProxy)).device)
+    flows = any(isinstance(a, TensorProxy) and a.requires_grad for a in args)
+    described = meta(*args)
+    metas = [(CODES[dtype], device, tuple(shape), flows and differentiable) for shape, dtype, differentiable, _ in described]
+    outs = proxies(current().call(sid, args, None, metas))
+    for out, (*_, strides) in zip(outs, described):
+        if strides is not None:
+            out._strides = strides  # eager's layout, which views of the output follow
+    return tuple(outs)
+
+
+class _Kernel:
+    """``ltorch.<name>``, an opaque kernel with meta rule ``meta``; an effect (a random draw)
+    when ``effect``. It stands for no torch callable, so it stays out of the registry that the
+    language context and the OpInfo tables read (``ltorch.SYMBOLS``): only the grad rule records
+    it, on CUDA, and ``tests/test_attention_kernels.py`` tests it."""
+
+    opaque = True
+    torch_fns = ()
+
+    def __init__(self, name: str, meta, *, effect: bool = False):
+        self.__name__, self.symbol_name, self.meta = name, f"ltorch.{name}", meta
+        self.symbol_id = _core.register_symbol(self.symbol_name, fallback=True, effect=effect)
+
+    def __call__(self, *args):
+        return _record(self.symbol_id, self.meta, args)
+
+    def __repr__(self):
+        return f"<kernel {self.symbol_name}>"
+
+
+def _matching_layout(query, shape) -> tuple:
+    """The strides of a new tensor of ``shape`` with the query's order of dimensions
+    (``alloc_with_matching_layout`` in torch's meta registrations)."""
+    strides = strides_of(query)
+    order = sorted(range(len(shape)), key=lambda d: strides[d] if strides[d] else math.inf)
+    out, step = [0] * len(shape), 1
+    for d in order:
+        out[d], step = step, step * shape[d]
+    return tuple(out)
+
+
+def _output(query, shape, strides):
+    """The attention output: query's dtype, differentiable, its strides kept when not contiguous."""
+    return shape, query.dtype, True, None if strides == contiguous_strides(shape) else strides
+
+
+def _residual(shape, dtype):
+    return tuple(shape), dtype, False, None
+
+
+def _rows(query) -> tuple:
+    return tuple(query.shape[:3])
+
+
+#: Flash's philox state: aten gives a uint64 [2] seed and a uint64 offset (int64 scalars on ROCm);
+#: the trace carries them as int64 (the torch executor reinterprets the bits both ways).
+_FLASH_RNG = ((), ()) if torch.version.hip else ((2,), ())
+
+
+def _flash_meta(query, key, value, dropout_p, is_causal, scale):
+    shape = (*query.shape[:-1], value.shape[-1])
+    seed, offset = _FLASH_RNG
+    return [_output(query, shape, _matching_layout(query, shape)), _residual(_rows(query), torch.float32),
+            _residual(seed, torch.int64), _residual(offset, torch.int64)]
+
+
+def _efficient_meta(query, key, value, attn_bias, dropout_p, is_causal, scale):
+    batch, heads, rows = _rows(query)
+    shape = (batch, heads, rows, value.shape[-1])
+    # aten allocates [B, L, H, D] and returns it transposed; the logsumexp's rows are padded to
+    # a multiple of 32 (not on ROCm).
+    strides = (rows * heads * shape[3], shape[3], heads * shape[3], 1)
+    padded = rows if torch.version.hip else -(-rows // 32) * 32
+    return [_output(query, shape, strides), _residual((batch, heads, padded), torch.float32),
+            _residual((), torch.int64), _residual((), torch.int64)]
+
+
+def _cudnn_meta(query, key, value, attn_bias, dropout_p, is_causal, scale):
+    shape = (*_rows(query), value.shape[-1])
+    return [_output(query, shape, _matching_layout(query, shape)), _residual((*_rows(query), 1), torch.float32),
+            _residual((), torch.int64), _residual((), torch.int64)]
+
+
+def _gradient(x):
+    return tuple(x.shape), x.dtype, True, None
+
+
+def _flash_backward_meta(grad_out, query, key, value, out, logsumexp, seed, offset, dropout_p, is_causal, scale):
+    return [_gradient(query), _gradient(key), _gradient(value)]
+
+
+def _efficient_backward_meta(grad_out, query, key, value, attn_bias, out, logsumexp, seed, offset, dropout_p,
+                             grad_input_mask, is_causal, scale):
+    """The gradients ``grad_input_mask`` asks for; the bias's has the [B, H, L, S] shape the
+    kernel saw it expanded to."""
+    bias = None if attn_bias is None else ((*_rows(query), key.shape[2]), attn_bias.dtype, True, None)
+    grads = (_gradient(query), _gradient(key), _gradient(value), bias)
+    return [g for g, wanted in zip(grads, grad_input_mask) if wanted]
+
+
+def _cudnn_backward_meta(grad_out, query, key, value, out, logsumexp, seed, offset, attn_bias, dropout_p, is_causal,
+                         scale):
+    return [_gradient(query), _gradient(key), _gradient(value)]
+
+
+#: ``(query, key, value, dropout_p, is_causal, scale) -> (out, logsumexp, seed, offset)``; the
+#: ``_dropout`` form draws (``dropout_p > 0``).
+flash_attention = _Kernel("flash_attention", _flash_meta)
+flash_attention_dropout = _Kernel("flash_attention_dropout", _flash_meta, effect=True)
+#: ``(grad_out, query, key, value, out, logsumexp, seed, offset, dropout_p, is_causal, scale)
+#: -> (grad_query, grad_key, grad_value)``
+flash_attention_backward = _Kernel("flash_attention_backward", _flash_backward_meta)
+#: ``(query, key, value, attn_bias, dropout_p, is_causal, scale) -> (out, logsumexp, seed, offset)``,
+#: ``attn_bias`` additive (or None) and broadcastable to [B, H, L, S].
+efficient_attention = _Kernel("efficient_attention", _efficient_meta)
+efficient_attention_dropout = _Kernel("efficient_attention_dropout", _efficient_meta, effect=True)
+#: ``(grad_out, query, key, value, attn_bias, out, logsumexp, seed, offset, dropout_p,
+#: grad_input_mask, is_causal, scale)`` -> the gradients of query, key, value and attn_bias the
+#: mask asks for.
+efficient_attention_backward = _Kernel("efficient_attention_backward", _efficient_backward_meta)
+#: ``(query, key, value, attn_bias, dropout_p, is_causal, scale) -> (out, logsumexp, seed, offset)``
+cudnn_attention = _Kernel("cudnn_attention", _cudnn_meta)
+cudnn_attention_dropout = _Kernel("cudnn_attention_dropout", _cudnn_meta, effect=True)
+#: ``(grad_out, query, key, value, out, logsumexp, seed, offset, attn_bias, dropout_p, is_causal,
+#: scale) -> (grad_query, grad_key, grad_value)``
+cudnn_attention_backward = _Kernel("cudnn_attention_backward", _cudnn_backward_meta)
+
+
+# -- the grad rule's fused path --------------------------------------------------------------------
+
+
+def _put_grads(inputs, grads) -> None:
+    for x, grad in zip(inputs, grads):
+        if x.requires_grad:
+            put_grad(x, grad)
+
+
+def _pad_last(x, pad: int):
+    return ltorch.pad(x, (0, pad)) if pad else x
+
+
+def _flash(query, key, value, dropout_p, is_causal, scale):
+    """Flash attention with the head size padded to a multiple of 8 and the output cut back, as
+    eager's composite does (autograd then cuts the gradients back and pads the output's)."""
+    size = query.shape[-1]
+    pad = -size % 8
+    # The scale of the original head size, computed as torch's ``calculate_scale``.
+    scale = 1.0 / math.sqrt(size) if scale is None else scale
+    q, k, v = (_pad_last(x, pad) for x in (query, key, value))
+    forward = flash_attention_dropout if dropout_p > 0 else flash_attention
+    padded, lse, seed, offset = forward(q, k, v, dropout_p, is_causal, scale)
+    out = ltorch.narrow(padded, -1, 0, size) if pad else padded
+    g = _pad_last(get_grad(out), pad)
+    grads = flash_attention_backward(g, q, k, v, padded, lse, seed, offset, dropout_p, is_causal, scale)
+    _put_grads((query, key, value), (ltorch.narrow(x, -1, 0, size) if pad else x for x in grads))
+    return out
+
+
+def _additive(attn_mask, dtype, fill: float):
+    """The mask as eager's composite hands it to a kernel: a bool mask as 0 where it is True and
+    ``fill`` elsewhere, in the query's dtype; an additive one as it is."""
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    # A 0-d zero of the dtype makes ``where`` produce that dtype, as eager's conversion does.
+    return ltorch.where(attn_mask, ltorch.zeros((), dtype=dtype, device=attn_mask.device), fill)
+
+
+def _efficient(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    bias = _additive(attn_mask, query.dtype, float("-inf"))
+    forward = efficient_attention_dropout if dropout_p > 0 else efficient_attention
+    out, lse, seed, offset = forward(query, key, value, bias, dropout_p, is_causal, scale)
+    wanted = [x.requires_grad for x in (query, key, value)] + [bias is not None and bias.requires_grad]
+    grads = efficient_attention_backward(get_grad(out), query, key, value, bias, out, lse, seed, offset, dropout_p,
+                                         wanted, is_causal, scale)
+    grads = iter(grads)
+    _put_grads((query, key, value), (next(grads) if w else None for w in wanted[:3]))
+    if wanted[3]:  # the kernel's [B, H, L, S] gradient, summed as autograd sums an expanded mask's
+        put_grad(attn_mask, cast(sum_to(next(grads), attn_mask.shape), attn_mask.dtype))
+    return out
+
+
+def _cudnn(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    if attn_mask is not None and attn_mask.requires_grad:
+        raise ThunderNotImplementedError(
+            f"{_OP}: torch chooses the cuDNN attention kernel for this call, whose backward gives no gradient for "
+            "attn_mask, which requires grad (eager's backward has none either). Switch it off for the call: "
+            "torch.backends.cuda.enable_cudnn_sdp(False) or torch.nn.attention.sdpa_kernel (argument attn_mask)")
+    bias = _additive(attn_mask, query.dtype, CUDNN_MASK_FILL)
+    forward = cudnn_attention_dropout if dropout_p > 0 else cudnn_attention
+    out, lse, seed, offset = forward(query, key, value, bias, dropout_p, is_causal, scale)
+    grads = cudnn_attention_backward(get_grad(out), query, key, value, out, lse, seed, offset, bias, dropout_p,
+                                     is_causal, scale)
+    _put_grads((query, key, value), grads)
+    return out
+
+
+def fused_attention(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool):
+    """The output of a differentiated attention on CUDA, recorded with the kernel torch chooses for
+    it and that kernel's backward; None where torch chooses the math path, or where query, key and
+    value need no gradient (eager's fused kernels then keep no logsumexp: the mask's gradient
+    comes from the decomposition). The fused kernels take grouped keys and values (``enable_gqa``)
+    as they are, as eager hands them over."""
+    backend = chosen_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if backend == MATH or not any(x.requires_grad for x in (query, key, value)):
+        return None
+    if backend == FLASH:  # torch never chooses it with a mask
+        return _flash(query, key, value, dropout_p, is_causal, scale)
+    if backend == EFFICIENT:
+        return _efficient(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if backend == CUDNN:
+        return _cudnn(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    raise ThunderNotImplementedError(f"{_OP}: torch chooses the attention backend {SDPBackend(backend).name} for this "
+                                     "call, which thunder_rs does not record")

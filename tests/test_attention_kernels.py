@@ -1,0 +1,408 @@
+"""Differentiated attention on CUDA runs the fused kernel torch chooses, forward and backward
+(thunder_rs/torch/fused_attention.py), checked without a GPU.
+
+Programs run on fake CUDA tensors (FakeTensorMode): the aten kernels the torch executor calls run
+their meta registrations, so each kernel symbol's meta rule is compared with torch's own outputs
+for the call. Torch's choice needs a GPU (without one every fused kernel is unavailable), so
+``fused_attention.fused_sdp_choice`` is replaced by each backend in turn; what it asks torch is
+checked separately, and on a GPU by ``test_cuda.py``. The backward runs through the compiled
+``autograd.Function``'s backward directly (the autograd engine wants a CUDA context).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import thunder_rs
+from thunder_rs.core import sdp_state
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
+from thunder_rs.executors.extend import _bump
+from thunder_rs.executors.torch_ex import _efficient_bias, _rng_as, torch_ex
+from thunder_rs.torch import fused_attention as fa
+
+FLASH, EFFICIENT, CUDNN, MATH = fa.FLASH, fa.EFFICIENT, fa.CUDNN, fa.MATH
+KERNELS = {FLASH: "flash_attention", EFFICIENT: "efficient_attention", CUDNN: "cudnn_attention"}
+
+
+@pytest.fixture
+def fake():
+    return FakeTensorMode()
+
+
+def choosing(monkeypatch, backend: int) -> list:
+    """Torch's choice replaced by ``backend``; returns a list that gets one item per call asked
+    about (not the call's proxies: a tracing stand-in kept after the call is refused)."""
+    asked: list = []
+
+    def choice(*args):
+        asked.append(len(args))
+        return backend
+
+    monkeypatch.setattr(fa, "fused_sdp_choice", choice)
+    return asked
+
+
+@contextlib.contextmanager
+def observed_kernels():
+    """Per kernel name: the outputs its meta rule described at trace time, and the outputs of
+    its aten call (fake tensors) at run time."""
+    seen: dict = {"described": {}, "ran": {}}
+    record, saved = fa._record, {}
+
+    def describing(sid, meta, args):
+        seen["described"].setdefault(meta.__name__, []).append(meta(*args))
+        return record(sid, meta, args)
+
+    def running(name, impl):
+        def run(*args):
+            out = impl(*args)
+            seen["ran"].setdefault(name, []).append(out if isinstance(out, tuple) else (out,))
+            return out
+        return run
+
+    fa._record = describing
+    for name in ("flash_attention", "efficient_attention", "cudnn_attention"):
+        for form in (name, f"{name}_dropout", f"{name}_backward"):
+            sid = getattr(fa, form).symbol_id
+            saved[sid] = torch_ex.implmap[sid]
+            impl_name, checker, impl = saved[sid]
+            torch_ex.implmap[sid] = (impl_name, checker, running(form.removesuffix("_dropout"), impl))
+    _bump()
+    try:
+        yield seen
+    finally:
+        fa._record = record
+        torch_ex.implmap.update(saved)
+        _bump()
+
+
+def fake_leaf(shape, dtype, grad=True, layout=None):
+    """A fake CUDA tensor requiring grad; ``layout`` is the order its dims are stored in (the
+    heads-after-positions layout of q, k, v split from one projection is (0, 2, 1, 3))."""
+    order = layout or tuple(range(len(shape)))
+    stored = torch.empty([shape[d] for d in order], device="cuda", dtype=dtype)
+    return stored.permute([order.index(d) for d in range(len(shape))]).detach().requires_grad_(grad)
+
+
+@dataclass
+class Case:
+    id: str
+    backend: int
+    #: (query, key, value, attn_mask) shapes; the mask's dtype; extra keyword arguments
+    shapes: tuple
+    dtype: torch.dtype = torch.bfloat16
+    mask: torch.dtype | None = None
+    mask_grad: bool = False
+    kwargs: dict = field(default_factory=dict)
+
+    def inputs(self):
+        q, k, v, m = self.shapes
+        tensors = [fake_leaf(s, self.dtype, layout=(0, 2, 1, 3)) for s in (q, k, v)]
+        if m is not None:
+            tensors.append(fake_leaf(m, self.mask, grad=self.mask_grad))
+        return tensors
+
+
+QKV = ((2, 4, 16, 64), (2, 4, 16, 64), (2, 4, 16, 64), None)
+CROSS = ((2, 4, 16, 64), (2, 4, 24, 64), (2, 4, 24, 64))
+GQA = ((2, 8, 16, 64), (2, 2, 16, 64), (2, 2, 16, 64), None)
+
+CASES = [
+    Case("flash_causal", FLASH, QKV, kwargs=dict(is_causal=True)),
+    Case("flash_head_size_4_padded", FLASH, ((2, 4, 16, 4), (2, 4, 16, 4), (2, 4, 16, 4), None), torch.float16),
+    Case("flash_gqa", FLASH, GQA, kwargs=dict(enable_gqa=True, is_causal=True)),
+    Case("flash_dropout_scale", FLASH, QKV, kwargs=dict(dropout_p=0.25, scale=0.3)),
+    Case("efficient_causal_float32", EFFICIENT, QKV, torch.float32, kwargs=dict(is_causal=True)),
+    Case("efficient_float_mask_with_grad", EFFICIENT, (*CROSS, (1, 4, 16, 24)), mask=torch.bfloat16, mask_grad=True),
+    Case("efficient_bool_mask_2d", EFFICIENT, (*CROSS, (16, 24)), mask=torch.bool),
+    # (GQA with efficient attention: torch >= 2.13's kernels; 2.11's meta gives keys' gradients
+    # the query's heads, and its dispatcher never chooses efficient for GQA.)
+    Case("efficient_dropout", EFFICIENT, QKV, kwargs=dict(dropout_p=0.5)),
+    Case("cudnn_causal", CUDNN, QKV, kwargs=dict(is_causal=True)),
+    Case("cudnn_bool_mask", CUDNN, (*CROSS, (2, 1, 16, 24)), mask=torch.bool),
+    Case("cudnn_float_mask", CUDNN, (*CROSS, (2, 4, 16, 24)), torch.float16, mask=torch.float16),
+    Case("cudnn_gqa_dropout", CUDNN, GQA, kwargs=dict(enable_gqa=True, dropout_p=0.125)),
+]
+
+
+def attention(kwargs):
+    def fn(q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kwargs)
+
+    return fn
+
+
+def backward(out):
+    """The compiled backward, run directly on a fake cotangent."""
+    with torch.no_grad():
+        return out.grad_fn.apply(torch.empty_like(out))
+
+
+def metadata(t):
+    return tuple(t.shape), t.dtype, t.device
+
+
+def assert_described_as_ran(seen, meta_name: str, kernel: str):
+    """Each output the meta rule described has the shape, dtype and device (and for the attention
+    output, the strides) of what torch's meta registration returned for the call."""
+    (described,), (ran,) = seen["described"][meta_name], seen["ran"][kernel]
+    assert len(described) == len(ran)
+    for i, ((shape, dtype, _, strides), actual) in enumerate(zip(described, ran)):
+        assert (tuple(shape), dtype) == (tuple(actual.shape), actual.dtype), f"{kernel} output {i}"
+        assert actual.device.type == "cuda"
+        if strides is not None or i == 0 and meta_name != "_flash_backward_meta":
+            assert (strides or actual.stride()) == actual.stride(), f"{kernel} output {i} strides"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_trace_runs_the_kernel_torch_chooses_with_its_metadata(case: Case, fake, monkeypatch):
+    asked = choosing(monkeypatch, case.backend)
+    kernel = KERNELS[case.backend]
+    dropout = case.kwargs.get("dropout_p", 0) > 0
+    fn = attention(case.kwargs)
+    jfn = thunder_rs.jit(fn)
+    with fake, observed_kernels() as seen:
+        inputs = case.inputs()
+        out = jfn(*inputs)
+        grads = backward(out)
+    assert len(asked) == 1
+    forward_trace, backward_trace = str(thunder_rs.last_traces(jfn)[-1]), str(thunder_rs.last_backward_traces(jfn)[-1])
+    assert f"torch_{kernel}{'_dropout' if dropout else ''}(" in forward_trace, forward_trace
+    assert f"torch_{kernel}_backward(" in backward_trace, backward_trace
+    # No attention matrix is computed again: no product, no softmax, no [.., L, S] value but the
+    # mask's gradient (in the mask's dtype).
+    rows, cols = case.shapes[0][2], case.shapes[1][2]
+    matrix = rf"{'' if case.mask is None else 'f32'}\[\d+, \d+, {rows}, {cols}\]"
+    assert not re.search(matrix, backward_trace) and not re.search(matrix, forward_trace)
+    assert "matmul" not in backward_trace and "softmax" not in backward_trace
+    short = kernel.removesuffix("_attention")
+    assert_described_as_ran(seen, f"_{short}_meta", kernel)
+    assert_described_as_ran(seen, f"_{short}_backward_meta", f"{kernel}_backward")
+    # The program's output and gradients are eager's: its output's metadata, one gradient per
+    # input that requires grad, shaped like it.
+    assert metadata(out) == (tuple(case.shapes[0][:3]) + (case.shapes[2][-1],), case.dtype, inputs[0].device)
+    wanted = [x for x in inputs if x.requires_grad]
+    assert [metadata(g) for g in grads if g is not None] == [metadata(x) for x in wanted]
+
+
+def test_a_view_of_the_output_follows_the_kernels_layout(fake, monkeypatch):
+    """Flash and cuDNN give the output the query's layout (positions before heads for q, k, v
+    split from one projection), so eager views it back without a copy; so does the trace."""
+    choosing(monkeypatch, CUDNN)
+
+    def block(q, k, v):
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).view(2, 16, 4 * 64)
+
+    with fake:
+        q, k, v = (fake_leaf((2, 4, 16, 64), torch.bfloat16, layout=(0, 2, 1, 3)) for _ in range(3))
+        assert thunder_rs.jit(block)(q, k, v).shape == (2, 16, 256)
+        # Had the trace taken the output for contiguous, the view would be refused as eager
+        # refuses it for such a tensor.
+        monkeypatch.setattr(fa, "_output", lambda query, shape, strides: (shape, query.dtype, True, None))
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            thunder_rs.jit(block)(q, k, v)
+
+
+def test_the_math_choice_keeps_the_decomposition(fake, monkeypatch):
+    choosing(monkeypatch, MATH)
+    jfn = thunder_rs.jit(attention(dict(is_causal=True)))
+    with fake:
+        backward(jfn(*Case("", MATH, QKV).inputs()))
+    forward_trace, backward_trace = str(thunder_rs.last_traces(jfn)[-1]), str(thunder_rs.last_backward_traces(jfn)[-1])
+    assert "torch_scaled_dot_product_attention(" in forward_trace
+    assert "softmax" in backward_trace and "matmul" in backward_trace
+    assert not any(name in forward_trace + backward_trace for name in KERNELS.values())
+
+
+def test_without_gradients_eager_attention_runs_and_nothing_is_chosen(fake, monkeypatch):
+    """Inference runs eager's own attention (its dispatcher picks the kernel at run time)."""
+    def refuse(*args):
+        raise AssertionError("no choice is made without gradients")
+
+    monkeypatch.setattr(fa, "fused_sdp_choice", refuse)
+    jfn = thunder_rs.jit(attention(dict(is_causal=True)))
+    with fake:
+        q, k, v = (fake_leaf((2, 4, 16, 64), torch.bfloat16, grad=False) for _ in range(3))
+        jfn(q, k, v)
+    assert "torch_scaled_dot_product_attention(" in str(thunder_rs.last_traces(jfn)[-1])
+
+
+def test_a_mask_that_alone_requires_grad_is_differentiated_by_the_decomposition(fake, monkeypatch):
+    """Eager's fused kernels keep no logsumexp when query, key and value need no gradient."""
+    choosing(monkeypatch, EFFICIENT)
+    jfn = thunder_rs.jit(attention({}))
+    with fake:
+        q, k, v = (fake_leaf((2, 4, 16, 64), torch.bfloat16, grad=False) for _ in range(3))
+        mask = fake_leaf((16, 16), torch.bfloat16)
+        grads = backward(jfn(q, k, v, mask))
+    assert [metadata(g) for g in grads if g is not None] == [metadata(mask)]
+    assert "efficient_attention" not in str(thunder_rs.last_traces(jfn)[-1])
+
+
+def test_cudnn_with_a_mask_requiring_grad_is_refused(fake, monkeypatch):
+    choosing(monkeypatch, CUDNN)
+    jfn = thunder_rs.jit(attention({}))
+    with fake, pytest.raises(ThunderNotImplementedError, match="cuDNN attention kernel .*enable_cudnn_sdp"):
+        jfn(*Case("", CUDNN, (*QKV[:3], (16, 16)), mask=torch.bfloat16, mask_grad=True).inputs())
+
+
+def test_a_forward_with_dropout_draws_on_every_call(fake, monkeypatch):
+    """Its kernel draws from the CUDA generator: two equal calls are both made, and one whose
+    result is unused is still made (as eager's own attention, which draws as much), as eager
+    makes them."""
+    choosing(monkeypatch, FLASH)
+
+    def twice(q, k, v):
+        F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+        a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+        return a + F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+    jfn = thunder_rs.jit(twice)
+    with fake:
+        jfn(*Case("", FLASH, QKV).inputs())
+    trace = str(thunder_rs.last_traces(jfn)[-1])
+    assert trace.count("torch_flash_attention_dropout(") == 2
+    assert trace.count("torch_scaled_dot_product_attention(") == 1
+
+
+def test_a_changed_switch_compiles_again_with_the_kernel_then_chosen(fake, monkeypatch):
+    monkeypatch.setattr(fa, "fused_sdp_choice",
+                        lambda *a: FLASH if torch.backends.cuda.flash_sdp_enabled() else EFFICIENT)
+    jfn = thunder_rs.jit(attention({}))
+    with fake:
+        inputs = Case("", FLASH, QKV).inputs()
+        jfn(*inputs), jfn(*inputs)
+        assert "torch_flash_attention(" in str(thunder_rs.last_traces(jfn)[-1])
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            jfn(*inputs), jfn(*inputs)
+            assert "torch_efficient_attention(" in str(thunder_rs.last_traces(jfn)[-1])
+        jfn(*inputs)
+    stats = thunder_rs.compile_stats(jfn)
+    assert (stats.cache_misses, stats.cache_hits) == (2, 3)
+    assert "attention kernel switches" in stats.miss_reasons[1] and "flash=False" in stats.miss_reasons[1]
+
+
+def test_sdpa_kernel_inside_the_program_is_set_by_every_call(fake, monkeypatch):
+    """The switches a program sets are set again by each call (the eager attention an
+    inference trace runs sees them), and the choice made while tracing saw them."""
+    asked = []
+    monkeypatch.setattr(fa, "fused_sdp_choice",
+                        lambda *a: asked.append(torch.backends.cuda.flash_sdp_enabled()) or EFFICIENT)
+
+    def program(q, k, v):
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    jfn = thunder_rs.jit(program)
+    before = sdp_state.state()
+    with fake:
+        inputs = Case("", EFFICIENT, QKV).inputs()
+        jfn(*inputs), jfn(*inputs)
+    assert asked == [False] and sdp_state.state() == before
+    stats = thunder_rs.compile_stats(jfn)
+    assert (stats.cache_misses, stats.cache_hits) == (1, 1)
+    assert "_set_sdp_use_flash" in str(thunder_rs.last_traces(jfn)[-1])
+
+
+def test_programs_that_choose_no_kernel_are_not_guarded_on_the_switches():
+    jfn = thunder_rs.jit(attention({}))
+    q = torch.randn(1, 2, 4, 8, requires_grad=True)
+    jfn(q, q, q)
+    with sdpa_kernel([SDPBackend.MATH]):
+        jfn(q, q, q)
+    assert thunder_rs.compile_stats(jfn).cache_misses == 1
+
+
+# -- torch's choice ------------------------------------------------------------------------------
+
+
+def test_the_choice_is_asked_of_torch_with_the_eager_layout(fake, monkeypatch):
+    seen = []
+
+    def eager_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
+        seen.append((q.stride(), k.requires_grad, mask.dtype, torch.is_grad_enabled(), dropout_p, scale, enable_gqa))
+        return MATH
+
+    monkeypatch.setattr(fa, "eager_choice", eager_choice)
+    monkeypatch.setattr(fa, "_choices", {})
+    jfn = thunder_rs.jit(attention(dict(dropout_p=0.0, scale=0.5)))
+    with fake:
+        q, k, v = (fake_leaf((2, 4, 16, 64), torch.bfloat16, layout=(0, 2, 1, 3)) for _ in range(3))
+        jfn(q, k, v, fake_leaf((16, 16), torch.bool, grad=False))
+    assert seen == [(q.stride(), True, torch.bool, True, 0.0, 0.5, False)]
+
+
+KERNEL_CALLS = {
+    FLASH: lambda q: torch.ops.aten._scaled_dot_product_flash_attention.default(q, q, q),
+    EFFICIENT: lambda q: torch.ops.aten._scaled_dot_product_efficient_attention.default(q, q, q, None, True),
+    CUDNN: lambda q: torch.ops.aten._scaled_dot_product_cudnn_attention.default(q, q, q, None, True),
+    MATH: lambda q: torch.softmax(q @ q.transpose(-1, -2), -1) @ q,
+}
+
+
+@pytest.mark.parametrize("backend", list(KERNEL_CALLS), ids=["flash", "efficient", "cudnn", "math"])
+def test_the_kernel_eagers_composite_calls_is_the_backend_chosen(backend, fake):
+    with fake:
+        q = fake_leaf((2, 4, 16, 64), torch.bfloat16)
+        with fa._KernelSeen() as seen:
+            KERNEL_CALLS[backend](q)
+    assert seen.backend == backend
+
+
+def test_torch_is_asked_once_for_equal_calls_under_equal_switches(fake, monkeypatch):
+    asked = []
+    monkeypatch.setattr(fa, "eager_choice", lambda *args: asked.append(len(args)) or MATH)
+    monkeypatch.setattr(fa, "_choices", {})
+
+    def layers(q, k, v):
+        for _ in range(3):
+            q = F.scaled_dot_product_attention(q, k, v)
+        return q
+
+    with fake:
+        inputs = [fake_leaf((2, 4, 16, 64), torch.bfloat16) for _ in range(3)]  # laid out as the outputs
+        thunder_rs.jit(layers)(*inputs)
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            thunder_rs.jit(layers)(*inputs)
+    assert len(asked) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="without a GPU torch has no fused kernel to offer")
+def test_without_a_gpu_torch_chooses_the_math_path_or_none(fake):
+    jfn = thunder_rs.jit(attention({}))
+    with fake:
+        inputs = Case("", MATH, QKV).inputs()
+        jfn(*inputs)
+        assert "torch_scaled_dot_product_attention(" in str(thunder_rs.last_traces(jfn)[-1])
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.warns(UserWarning), \
+                pytest.raises(ThunderRuntimeError, match="No available kernel"):
+            thunder_rs.jit(attention({}))(*inputs)
+
+
+# -- the torch executor's preparation of inputs (CPU tensors) ------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(16, 24), (2, 1, 16, 21), (1, 4, 16, 40)])
+def test_the_efficient_kernels_mask_is_aligned_and_expanded_with_its_values(shape):
+    q, k = torch.empty(2, 4, 16, 8), torch.empty(2, 4, shape[-1], 8)
+    mask = torch.randn(shape)
+    bias = _efficient_bias(mask, q, k)
+    assert bias.shape == (2, 4, 16, shape[-1]) and all(s % 16 == 0 for s in bias.stride()[:-1])
+    assert torch.equal(bias, mask.expand(bias.shape))
+    assert _efficient_bias(None, q, k) is None
+
+
+def test_flash_philox_state_travels_as_int64_with_its_bits():
+    seed = torch.tensor([2**63 + 5, 7], dtype=torch.uint64)
+    carried = _rng_as(seed, torch.int64)
+    assert carried.dtype == torch.int64 and torch.equal(_rng_as(carried, torch.uint64), seed)
+    assert _rng_as(None, torch.int64) is None
