@@ -73,14 +73,16 @@ bench: build
 	$(PY) benchmarks/bench_forward.py
 	$(PY) benchmarks/bench_train.py
 
-# What the GPU check carries (benchmarks/gpu_check.py, ../shared/GPU.md): the abi3 thunder_rs wheel
-# (manylinux_2_28 through zig, so that it loads wherever torch does) and nvFuser's wheel for
-# torch 2.10 / CUDA 13 without its vendored NVRTC, in gpu-carry/.
-gpu-wheels: $(DEPS)
+# What the GPU check carries (benchmarks/gpu_carry.py, ../shared/GPU.md), in gpu-carry/: the abi3
+# thunder_rs wheel (manylinux_2_28 through zig, so that it loads wherever torch does; make wheel's
+# build directory), nvFuser's wheel for torch 2.10 / CUDA 13 without its vendored NVRTC, and Lightning
+# Thunder 0.2.6 with the requirements the GPU machine lacks. Prints its size: a GPU session carries
+# 64 MiB with the working tree.
+gpu-wheels: $(WHEEL_TOOLS)
 	rm -rf gpu-carry && mkdir -p gpu-carry
-	$(VENV)/bin/uv pip install --python $(PY) -q ziglang
-	$(VENV)/bin/maturin build --release -q -o gpu-carry --compatibility manylinux_2_28 --zig
+	$(VENV)/bin/maturin build --release -q --compatibility $(MANYLINUX) --zig --target-dir target/$(MANYLINUX) -o $(abspath gpu-carry)
 	$(PY) benchmarks/gpu_check.py prepare gpu-carry
+	du -sh gpu-carry
 
 bench-passes:
 	cargo run --release -p passes --example pass_scaling

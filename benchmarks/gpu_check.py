@@ -1,140 +1,107 @@
-"""The whole GPU check of thunder_rs in one go (see ../shared/GPU.md for the machine).
+"""The whole GPU check of thunder_rs in one process tree (see ../shared/GPU.md for the machine).
 
-    python benchmarks/gpu_check.py prepare gpu-carry          # on the CPU machine (make gpu-wheels)
-    python benchmarks/gpu_check.py run --carried gpu-carry --results RESULTS   # on the GPU machine
+    make gpu-wheels      # on the CPU machine: gpu-carry/ (git-ignored; carry it), about 37 MiB
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py run --carried gpu-carry --results $OUT --budget 440
+    python benchmarks/gpu_check.py report RESULTS > benchmarks/results/cuda.md      # back on the CPU machine
 
-``prepare`` puts into a folder the abi3 thunder_rs wheel (built by ``make gpu-wheels``) and the
-nvFuser wheel for torch 2.10 / CUDA 13 from the package index, without its vendored NVRTC
-library (``run`` links the GPU machine's own ``libnvrtc.so.13`` under that name), so that the
-folder fits what a GPU session carries.
+``run`` works through its phases in priority order, each within what is left of ``--budget``
+seconds, and rewrites ``gpu_check.json`` after each, so that a run cut short still leaves what it
+did: install the carried wheels (``gpu_carry``) into a target folder and continue in a child
+process that imports them; the versions; the CUDA tests (``-m gpu`` under xdist, collecting only
+the CUDA test files, never test_ops.py's 47,000 CPU and CUDA parameters) with the failures'
+short tracebacks in ``tests.txt``; the benchmark (``gpu_bench``: eager, thunder_rs with the torch
+executor, thunder_rs's defaults, thunder_rs with Inductor, torch.compile and Lightning Thunder 0.2.6,
+forward and training step of the bf16 GPT block, each checked against eager), profiled into
+``profile.txt`` unless ``--no-profile``; nvFuser's host overhead per region; ``cuda.md``, the
+page ``report`` makes. The results folder holds five files: ``gpu_check.log``, ``gpu_check.json``,
+``tests.txt``, ``profile.txt`` and ``cuda.md``.
 
-``run`` installs the carried wheels with ``pip --no-index`` into a target folder, prints the
-versions, runs the CUDA tests (``-m gpu``), benchmarks eager, thunder_rs (torch executor),
-thunder_rs+nvfuser, thunder_rs+inductor and torch.compile (first call and per call, GPT block
-forward and training step in bfloat16 at n_embd 768, 12 heads, sequence 1024, batch 8, checked
-against eager) and measures the host time of one nvFuser region call; it writes ``gpu_check.log``
-and ``gpu_check.json`` into the results folder. Without CUDA it says so and stops (exit 2).
+Without CUDA ``run`` says so and stops (exit 2), unless ``--device cpu`` asks for the dry run
+(the benchmark's code path on the CPU, ``--tiny`` sizes; what the unit tests run).
 """
 
 import argparse
-import base64
-import glob
-import hashlib
+import contextlib
 import json
 import os
 import platform
-import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-NVFUSER = "nvfuser-cu130-torch210"
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import gpu_bench  # noqa: E402
+import gpu_carry  # noqa: E402
+import gpu_report  # noqa: E402
+
+#: The CUDA tests (``-m gpu``): the OpInfo table on CUDA in float32, bfloat16 and float16 with the
+#: default executors, attention and the GPT block and training (test_cuda.py); nvFuser's type rules
+#: and its OpInfo subset with the real ``nvfuser_direct``; the Inductor executor on CUDA. About 3,800
+#: tests, 2 minutes with 12 workers on an H100 machine. test_ops.py's 20,000 CUDA parameters are
+#: left out: collecting its 47,000 items costs each worker 40 s, running them 10 minutes.
+TESTS = ["tests/test_cuda.py", "tests/test_nvfuser_ex.py", "tests/test_nvfuser_opinfos.py",
+         "tests/test_inductor_ex.py::test_cuda_region_equals_its_eager_calls"]
+#: Seconds the benchmark keeps for itself out of the budget when the tests run first.
+BENCH_RESERVE_S = 150
+#: Seconds kept at the end for the report and the JSON.
+CLOSING_S = 5
+#: Seconds pytest gets, after being interrupted at its deadline, to print its summary.
+PYTEST_GRACE_S = 20
 
 
-class Log:
-    def __init__(self, path: Path):
-        self.file = path.open("a")
+class Results:
+    """The results folder: the log, and the JSON rewritten after each phase."""
 
-    def __call__(self, *parts):
-        line = " ".join(str(p) for p in parts)
-        print(line, flush=True)
-        self.file.write(line + "\n")
-        self.file.flush()
+    def __init__(self, folder: Path, budget: float, deadline: float | None = None):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log = gpu_bench.Log(folder / "gpu_check.log")
+        self.deadline = deadline or time.time() + budget
+        self.json = folder / "gpu_check.json"
+        self.report = json.loads(self.json.read_text()) if self.json.exists() else {}
+        self.report.setdefault("date", time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+        self.report.setdefault("budget_s", budget)
+        self.report.setdefault("phases_s", {})
 
+    def left(self) -> float:
+        return self.deadline - time.time()
 
-# -- prepare (CPU machine) ------------------------------------------------------------------------------
+    def save(self, **fields) -> None:
+        self.report.update(fields)
+        temporary = self.json.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.report, indent=2, default=str))
+        temporary.replace(self.json)
 
-def _record_line(name: str, data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
-
-
-def strip_nvrtc(wheel: Path, out: Path) -> list[str]:
-    """A copy of ``wheel`` without its vendored NVRTC libraries (RECORD rewritten); their names."""
-    dropped, kept = [], []
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
-        record = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
-        for info in src.infolist():
-            if "libnvrtc" in Path(info.filename).name:
-                dropped.append(info.filename)
-                continue
-            if info.filename == record:
-                continue
-            data = src.read(info)
-            dst.writestr(info, data)
-            kept.append(_record_line(info.filename, data))
-        dst.writestr(record, "\n".join([*kept, f"{record},,"]) + "\n")
-    return dropped
+    def phase(self, name: str, started: float) -> None:
+        self.report["phases_s"][name] = round(time.perf_counter() - started, 1)
+        self.save()
 
 
-def prepare(folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    download = folder / "download"
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-                    "3.12", "--platform", "manylinux_2_28_x86_64", "-d", str(download), NVFUSER], check=True)
-    for wheel in download.glob("nvfuser*.whl"):
-        dropped = strip_nvrtc(wheel, folder / wheel.name)
-        (folder / "nvrtc_names.txt").write_text("\n".join(dropped) + "\n")
-        print(f"{wheel.name}: {wheel.stat().st_size >> 20} MiB -> {(folder / wheel.name).stat().st_size >> 20} MiB "
-              f"without {dropped}")
-    shutil.rmtree(download)
-    print("carry:", sorted(p.name for p in folder.iterdir()))
+# -- versions -------------------------------------------------------------------------------------------
 
 
-# -- run (GPU machine) -----------------------------------------------------------------------------------
+def versions(log) -> dict:
+    import importlib.metadata  # noqa: PLC0415
 
-def install(carried: Path, target: Path, log: Log) -> None:
-    """The carried wheels into ``target``, and the machine's NVRTC under the names nvFuser's
-    wheel vendored (when ``prepare`` dropped them)."""
-    wheels = sorted(glob.glob(str(carried / "*.whl")))
-    log("installing", [Path(w).name for w in wheels], "into", target)
-    for wheel in wheels:
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--upgrade",
-                               "--target", str(target), wheel], capture_output=True, text=True)
-        log(proc.stdout[-1000:], proc.stderr[-1000:])
-        if proc.returncode:
-            # pip refuses a wheel whose tags this interpreter does not list; a wheel is a zip
-            # of files laid out for site-packages, so unpack it (the import will tell).
-            log(f"pip refused {Path(wheel).name}: unpacking it into {target}")
-            with zipfile.ZipFile(wheel) as z:
-                z.extractall(target)
-    names = carried / "nvrtc_names.txt"
-    if names.exists():
-        import torch  # noqa: PLC0415 (the machine's torch locates its NVRTC)
-
-        found = sorted(glob.glob(str(Path(torch.__file__).parents[1] / "nvidia" / "**" / "libnvrtc.so*"),
-                               recursive=True)) + sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
-        log("machine NVRTC:", found)
-        for name in names.read_text().split():
-            link = target / name
-            real = next((f for f in found if Path(f).name == Path(name).name), found[0] if found else None)
-            if real is None:
-                log(f"no libnvrtc on this machine for {name}: nvFuser will not import")
-                continue
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if not link.exists():
-                link.symlink_to(real)
-            log("linked", link, "->", real)
-
-
-def versions(log: Log) -> dict:
     import torch  # noqa: PLC0415
 
     info = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-            "platform": platform.platform()}
+            "platform": platform.platform(), "cpus": os.cpu_count()}
     info["glibc"] = subprocess.run(["ldd", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     info["cuda_available"] = torch.cuda.is_available()
     if info["cuda_available"]:
         info["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        import triton  # noqa: PLC0415
-
-        info["triton"] = triton.__version__
-    except ImportError as e:
-        info["triton"] = f"absent ({e})"
+    for name in ("triton", "lightning-thunder", "pytest-xdist"):
+        try:
+            info[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            info[name] = "absent"
     import thunder_rs  # noqa: PLC0415
     from thunder_rs.executors import nvfuser_ex  # noqa: PLC0415
 
@@ -142,217 +109,262 @@ def versions(log: Log) -> dict:
     executor = nvfuser_ex.nvfuser_executor()
     info["nvfuser"] = executor.module.version() if executor.available else f"unavailable: {executor.unavailable}"
     info["default_executors"] = [e.name for e in thunder_rs.executors.get_default_executors()]
+    info["inductor"] = inductor_settings()
     for key, value in info.items():
         log(f"{key}: {value}")
     return info
 
 
-#: The CUDA tests: thunder_rs's own (bf16/fp16 OpInfos, nvFuser, GPT under autocast), Inductor
-#: on CUDA, and test_ops' CUDA parameters (float32/float64/int64/bool forward, float64 gradients).
-TESTS = ["tests/test_cuda.py", "tests/test_inductor_ex.py", "tests/test_ops.py"]
-
-
-def run_tests(log: Log, results: Path, timeout: int, pytest_args: list) -> dict:
-    junit = results / "cuda_tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", f"--junitxml={junit}",
-           *(pytest_args or TESTS)]
-    log("running", " ".join(cmd))
-    start = time.perf_counter()
+def inductor_settings() -> str:
+    """What decides Inductor's compile time here: its on-disk caches (a later process loads what an
+    earlier one compiled), autotuning, and its compile workers."""
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        out, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        out, rc = (e.stdout or b"").decode() + f"\nTIMEOUT after {timeout} s", -1
-    (results / "cuda_tests.txt").write_text(out)
-    summary = out.strip().split("\n")[-1] if out.strip() else ""
-    failed = [line for line in out.split("\n") if line.startswith("FAILED")]
-    log(f"tests: rc={rc} in {time.perf_counter() - start:.0f} s: {summary}")
-    for line in failed[:50]:
-        log(" ", line)
-    return {"rc": rc, "summary": summary, "failed": failed}
+        import torch._functorch.config as functorch_config  # noqa: PLC0415
+        from torch._inductor import config  # noqa: PLC0415
+        from torch._inductor.async_compile import get_compile_threads  # noqa: PLC0415
+        from torch._inductor.runtime.cache_dir_utils import cache_dir  # noqa: PLC0415
+    except ImportError as e:
+        return f"unknown ({e})"
+    return (f"fx_graph_cache={config.fx_graph_cache} autograd_cache={functorch_config.enable_autograd_cache} "
+            f"cache_dir={cache_dir()} max_autotune={config.max_autotune} compile_threads={get_compile_threads()}")
 
 
-# -- benchmark ---------------------------------------------------------------------------------------------
-
-def _timed(fn, calls: int) -> tuple[float, float]:
-    """(first call s, median per-call s over ``calls`` calls, each synchronised)."""
-    import torch  # noqa: PLC0415
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    first = time.perf_counter() - start
-    fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return first, sorted(times)[len(times) // 2]
+# -- the CUDA tests ----------------------------------------------------------------------------------------
 
 
-def _variants():
-    import torch  # noqa: PLC0415
-    import thunder_rs  # noqa: PLC0415
+def pytest_command(tests: list[str], workers: int) -> list[str]:
+    """pytest on the CUDA tests: xdist's ``workers`` (each collects only ``tests``), the short
+    tracebacks, a summary line per failure, a time limit per test where pytest-timeout is there."""
+    import importlib.util  # noqa: PLC0415
 
-    return {
-        "eager": lambda m: m,
-        "thunder_rs": lambda m: thunder_rs.jit(m, executors=[]),
-        "thunder_rs+nvfuser": lambda m: thunder_rs.jit(m, executors=["nvfuser"]),
-        "thunder_rs+inductor": lambda m: thunder_rs.jit(m, executors=["inductor"]),
-        "torch.compile": lambda m: torch.compile(m),
-    }
-
-
-#: (n_embd, n_head, sequence, batch) of the benchmarked GPT block.
-SIZE = (768, 12, 1024, 8)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--run-slow", "-p", "no:cacheprovider", "--tb=short",
+           "-rfE", "--durations=10"]
+    if workers > 1 and importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", str(workers)]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        cmd += ["--timeout=180"]
+    return [*cmd, *tests]
 
 
-def benchmark(log: Log, calls: int, only: list, size=SIZE, device="cuda") -> dict:
-    import copy  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-
-    sys.path.insert(0, str(ROOT / "examples"))
-    from gpt import Block, GPTConfig  # noqa: PLC0415
-
-    n_embd, n_head, seq, batch = size
-    config = GPTConfig(n_embd=n_embd, n_head=n_head, block_size=seq, dropout=0.0)
-    torch.manual_seed(0)
-    base = Block(config).to(device=device, dtype=torch.bfloat16)
-    x = torch.randn(batch, seq, n_embd, device=device, dtype=torch.bfloat16)
-    g = torch.randn_like(x)
-    rows, reference = {}, {}
-    for name, wrap in _variants().items():
-        if only and name not in only:
-            continue
-        row = rows[name] = {}
-        for case in ("forward", "train_step"):
+def run_bounded(cmd: list[str], output: Path | None, seconds: float, env=None, log=None) -> tuple[int, bool]:
+    """Runs ``cmd`` in its own process group, its output in ``output`` (else this process's); at
+    ``seconds`` sends it SIGINT (pytest then prints what it has), and after ``PYTEST_GRACE_S`` more
+    kills the group. Returns (exit status, whether it ran out of time)."""
+    with output.open("w") if output else contextlib.nullcontext() as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if output else None, env=env,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=max(seconds, 1)), False
+        except subprocess.TimeoutExpired:
+            if log:
+                log(f"{Path(cmd[0]).name} {' '.join(cmd[1:3])}...: out of time after {seconds:.0f} s: interrupted")
+            proc.send_signal(signal.SIGINT)
             try:
-                block = copy.deepcopy(base)
-                fn = wrap(block)
-                if case == "forward":
-                    def step(fn=fn):
-                        with torch.no_grad():
-                            return fn(x)
-                else:
-                    opt = torch.optim.AdamW(block.parameters(), lr=1e-4)
-                    xg = x.detach().clone().requires_grad_()
-
-                    def step(fn=fn, opt=opt, xg=xg):
-                        out = fn(xg)
-                        out.backward(g)
-                        opt.step()
-                        opt.zero_grad(set_to_none=True)
-                        return out
-                first, per_call = _timed(step, calls)
-                out = copy.deepcopy(block)(x) if case == "train_step" else step()
-                ref = reference.setdefault(case, out.detach().float())
-                err = (out.detach().float() - ref).abs().max().item()
-                row[case] = {"first_s": first, "per_call_ms": per_call * 1e3, "max_abs_diff_vs_eager": err}
-                log(f"{name:22s} {case:10s} first {first:8.3f} s   per call {per_call * 1e3:8.3f} ms   "
-                    f"max |diff| vs eager {err:.3g}")
-            except Exception as e:  # noqa: BLE001 (one variant's failure is a result, not the end of the check)
-                row[case] = {"error": f"{type(e).__name__}: {e}"}
-                log(f"{name:22s} {case:10s} FAILED {type(e).__name__}: {e}")
-    return rows
+                return proc.wait(timeout=PYTEST_GRACE_S), True
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                return proc.wait(), True
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
-def region_overhead(log: Log, calls: int = 2000) -> dict:
-    """Host time of one nvFuser region call on tiny inputs (GPU work negligible): thunder_rs's
-    region callable against ``fd.execute`` of its definition, and an eager op for scale."""
-    import torch  # noqa: PLC0415
+def summarize_tests(text: str) -> dict:
+    """pytest's summary line and the failures' summary lines."""
+    lines = text.strip().split("\n") if text.strip() else []
+    summary = next((line.strip("= ") for line in reversed(lines) if " in " in line and (
+        "passed" in line or "failed" in line or "error" in line or "no tests ran" in line)), lines[-1] if lines else "")
+    failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    return {"summary": summary, "failed": failed}
 
-    from thunder_rs.executors import nvfuser_ex  # noqa: PLC0415
 
-    executor = nvfuser_ex.nvfuser_executor()
-    if not executor.available:
-        return {"error": executor.unavailable}
-    fused = []
-    original = executor.fuse
-    executor.fuse = lambda region: fused.append(original(region)) or fused[-1]
-    try:
-        import thunder_rs  # noqa: PLC0415
+def run_tests(results: Results, args) -> dict:
+    seconds = min(args.test_budget, results.left() - (0 if args.skip_bench else BENCH_RESERVE_S))
+    if seconds < 30:
+        results.log(f"tests: skipped, {seconds:.0f} s left for them")
+        return {"skipped": "the check's time budget ran out"}
+    output = results.folder / "tests.txt"
+    # A file another change renamed or removed would stop pytest before it runs anything.
+    tests = [t for t in args.tests or TESTS if (ROOT / t.split("::")[0]).exists()]
+    cmd = pytest_command(tests, args.workers)
+    env = {**os.environ, "THUNDER_RS_CUDA_SAMPLES": os.environ.get("THUNDER_RS_CUDA_SAMPLES", "1")}
+    results.log("running", " ".join(cmd[1:]), f"(at most {seconds:.0f} s)")
+    start = time.perf_counter()
+    rc, timed_out = run_bounded(cmd, output, seconds, env, results.log)
+    found = {"rc": rc, "timed_out": timed_out, "seconds": round(time.perf_counter() - start, 1),
+             **summarize_tests(output.read_text(errors="replace"))}
+    results.log(f"tests: rc={rc} in {found['seconds']:.0f} s: {found['summary']}")
+    for line in found["failed"][:60]:
+        results.log(" ", line[:300])
+    return found
 
-        jfn = thunder_rs.jit(lambda a, b: ((a * b + 1).exp() - a).sin(), executors=[executor])
-        a, b = torch.randn(8, device="cuda"), torch.randn(8, device="cuda")
-        jfn(a, b)
-    finally:
-        executor.fuse = original
-    region = fused[0]
-    (run,) = region.definitions.values()
-    fd = run.fd
-    measures = {}
-    for name, fn in (("fd_execute", lambda: fd.execute([a, b])), ("region_call", lambda: region(a, b)),
-                     ("jit_call", lambda: jfn(a, b)), ("eager_one_op", lambda: torch.sin(a))):
-        fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        measures[name + "_us"] = (time.perf_counter() - start) / calls * 1e6
-    measures["thunder_rs_region_overhead_us"] = measures["region_call_us"] - measures["fd_execute_us"]
-    for key, value in measures.items():
-        log(f"nvFuser host overhead: {key} {value:.1f}")
-    return measures
+
+# -- the benchmark -----------------------------------------------------------------------------------------
+
+
+def bench_cases(variants: list[str], overhead: bool) -> list[str]:
+    """Every case of ``variants`` (eager first: each process times it), then nvFuser's overhead."""
+    ordered = ["eager", *[v for v in variants if v != "eager"]]
+    return [f"{v}:{c}" for v in ordered for c in gpu_bench.CASES] + ([gpu_bench.OVERHEAD] if overhead else [])
+
+
+def read_progress(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # the line a killed process was writing
+    return entries
+
+
+def run_benchmark(results: Results, args) -> dict:
+    """The benchmark's cases in a child process; after a crash, the cases left in a new one (the
+    crashed case recorded with the exit status), until all are done or the budget is spent."""
+    cases = bench_cases(args.variant or list(gpu_bench.VARIANTS), not args.no_overhead)
+    rows: list[dict] = []
+    bench = {"calls": args.calls, "device": args.device, "rows": rows}
+    with tempfile.TemporaryDirectory() as scratch:
+        for process in range(4):
+            left = results.left() - CLOSING_S
+            if not cases or left < gpu_bench.MIN_CASE_S:
+                break
+            progress = Path(scratch) / f"progress{process}.jsonl"
+            if process:  # a fresh process times eager again: ratios are of one process
+                cases = [c for c in bench_cases([], overhead=False) if c not in cases] + cases
+            cmd = [sys.executable, str(HERE / "gpu_bench.py"), "--cases", ",".join(cases), "--device", args.device,
+                   "--calls", str(args.calls), "--progress", str(progress), "--log", str(results.log.file.name),
+                   "--deadline", str(results.deadline - CLOSING_S)]
+            cmd += ["--tiny"] if args.tiny else []
+            cmd += [] if args.no_profile else ["--profile", str(results.folder / "profile.txt")]
+            results.log.file.flush()
+            rc, timed_out = run_bounded(cmd, None, left, log=results.log)
+            found = len(rows)
+            cases = _collect(read_progress(progress), process, rc, timed_out, cases, rows)
+            results.save(benchmark=bench)
+            if timed_out:
+                break
+            if len(rows) == found and cases:
+                # Nothing done: the process cannot start (its error is in the log); another would not either.
+                for case in cases:
+                    variant, _, name = case.rpartition(":")
+                    rows.append({"process": process, "variant": variant, "case": name,
+                                 "error": f"the benchmark process failed before its first case (exit status {rc})"})
+                cases = []
+    for case in cases:
+        variant, _, name = case.rpartition(":")
+        rows.append({"process": None, "variant": variant, "case": name, "skipped": "the check's time budget ran out"})
+    results.save(benchmark=bench)
+    return bench
+
+
+def _collect(entries: list[dict], process: int, rc: int, timed_out: bool, cases: list[str], rows: list) -> list[str]:
+    """Adds one process's results to ``rows``; returns the cases it left (none after a time-out:
+    the budget is spent), the case it died in recorded as failed."""
+    head = next((e for e in entries if e.get("event") == "process"), {})
+    done, started = set(), None
+    for entry in entries:
+        key = f"{entry.get('variant')}:{entry.get('case')}"
+        if entry.get("event") == "start":
+            started = key
+        elif entry.get("event") == "result":
+            done.add(key)
+            fields = {k: v for k, v in entry.items() if k != "event"}
+            rows.append({"process": process, "size": head.get("size"), **fields})
+    if started is not None and started not in done:
+        variant, _, name = started.rpartition(":")
+        reason = "out of the check's time budget" if timed_out else f"the process died (exit status {rc})"
+        rows.append({"process": process, "variant": variant, "case": name, "error": f"{reason} during this case"})
+        done.add(started)
+    return [] if timed_out else [c for c in cases if c not in done]
+
+
+# -- run ---------------------------------------------------------------------------------------------------
 
 
 def run(args) -> int:
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    log = Log(results / "gpu_check.log")
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    results = Results(Path(args.results), args.budget, args.deadline)
     if args.carried and not args.installed:
-        target = Path(args.target)
-        install(Path(args.carried), target, log)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(ROOT / "tests"),
-                                                            os.environ.get("PYTHONPATH", "")])}
-        forwarded = [a for a in sys.argv[2:] if a != "--carried" and a != args.carried]
-        return subprocess.run([sys.executable, __file__, "run", "--installed", *forwarded], env=env).returncode
-    report["versions"] = versions(log)
-    if not report["versions"]["cuda_available"]:
-        log("CUDA is not available on this machine (torch.cuda.is_available() is False): "
-            "no CUDA tests, no GPU benchmark. Run this on the GPU machine.")
-        report["status"] = "no-cuda"
-        (results / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+        return _install_then_continue(results, args)
+    started = time.perf_counter()
+    results.save(versions=versions(results.log))
+    results.phase("versions", started)
+    if not results.report["versions"]["cuda_available"] and args.device == "cuda":
+        results.log("CUDA is not available on this machine (torch.cuda.is_available() is False): "
+                    "no CUDA tests, no GPU benchmark. Run this on the GPU machine (or --device cpu for the dry run).")
+        results.save(status="no-cuda")
         return 2
-    if not args.skip_bench:
-        report["region_overhead"] = region_overhead(log)
-        report["benchmark"] = benchmark(log, args.calls, args.variant)
     if not args.skip_tests:
-        report["tests"] = run_tests(log, results, args.test_timeout, args.pytest_args)
-    report["status"] = "done"
-    name = "gpu_check.json" if not (args.skip_tests or args.skip_bench) else (
-        "gpu_check_bench.json" if args.skip_tests else "gpu_check_tests.json")
-    (results / name).write_text(json.dumps(report, indent=2, default=str))
-    log("wrote", results / name)
+        started = time.perf_counter()
+        results.save(tests=run_tests(results, args))
+        results.phase("tests", started)
+    if not args.skip_bench:
+        started = time.perf_counter()
+        run_benchmark(results, args)
+        results.phase("benchmark", started)
+    results.save(status="done")
+    (results.folder / "cuda.md").write_text(gpu_report.markdown(results.report))
+    results.log("wrote", results.json, "and", results.folder / "cuda.md", f"({results.left():.0f} s of the budget left)")
     return 0
 
 
-def main() -> int:
+def _install_then_continue(results: Results, args) -> int:
+    """Installs the carried wheels, then runs the rest in a child process that imports them."""
+    started = time.perf_counter()
+    target = Path(args.target)
+    results.save(install=gpu_carry.install(Path(args.carried), target, results.log))
+    results.phase("install", started)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(target), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    forwarded = [a for a in args.argv[1:] if a not in ("--carried", args.carried)]
+    child = [sys.executable, __file__, "run", "--installed", "--deadline", str(results.deadline), *forwarded]
+    return subprocess.run(child, env=env).returncode
+
+
+def report(path: Path) -> int:
+    found = json.loads((path / "gpu_check.json" if path.is_dir() else path).read_text())
+    sys.stdout.write(gpu_report.markdown(found))
+    return 0
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prepare", help="download and strip the nvFuser wheel into a carry folder")
+    p = sub.add_parser("prepare", help="fill a carry folder (after make gpu-wheels built thunder_rs's wheel there)")
     p.add_argument("folder")
+    p.add_argument("--no-lightning-thunder", action="store_true")
+    g = sub.add_parser("report", help="the markdown table of a results folder (or its gpu_check.json)")
+    g.add_argument("results")
     r = sub.add_parser("run", help="the GPU check")
-    r.add_argument("--carried", help="folder of wheels to install (prepare's output plus the thunder_rs wheel)")
+    r.add_argument("--carried", help="folder of wheels to install (prepare's output)")
     r.add_argument("--target", default="/tmp/thunder_rs_site", help="where to install the carried wheels")
     r.add_argument("--results", required=True)
+    r.add_argument("--budget", type=float, default=420, help="seconds for the whole check (default 420)")
+    r.add_argument("--test-budget", type=float, default=170, help="seconds at most for the CUDA tests")
+    r.add_argument("--workers", type=int, default=12, help="xdist workers for the CUDA tests")
+    r.add_argument("--tests", nargs="+", help=f"pytest selection instead of {' '.join(TESTS)}")
     r.add_argument("--calls", type=int, default=20, help="timed calls per benchmark case")
-    r.add_argument("--test-timeout", type=int, default=900)
+    r.add_argument("--variant", action="append", choices=gpu_bench.VARIANTS,
+                   help="benchmark only these (repeatable; eager always runs)")
+    r.add_argument("--no-profile", action="store_true", help="no profile.txt (kernels and traces per case)")
+    r.add_argument("--no-overhead", action="store_true", help="no nvFuser host-overhead measurement")
     r.add_argument("--skip-tests", action="store_true")
     r.add_argument("--skip-bench", action="store_true")
-    r.add_argument("--variant", action="append", help="benchmark only these (repeatable): " + ", ".join(
-        ("eager", "thunder_rs", "thunder_rs+nvfuser", "thunder_rs+inductor", "torch.compile")))
-    r.add_argument("--pytest-args", nargs=argparse.REMAINDER, help="instead of the default test files (last)")
+    r.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the dry run of the code path")
+    r.add_argument("--tiny", action="store_true", help="the benchmark at tiny sizes (with --device cpu)")
     r.add_argument("--installed", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    r.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "prepare":
-        prepare(Path(args.folder))
+        gpu_carry.prepare(Path(args.folder), lightning_thunder=not args.no_lightning_thunder)
+        gpu_carry.check_size(Path(args.folder))
         return 0
+    if args.command == "report":
+        return report(Path(args.results))
     return run(args)
 
 

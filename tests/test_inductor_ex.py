@@ -10,7 +10,9 @@ compiler), so the default run keeps a few tests and the rest are slow.
 import copy
 import hashlib
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -96,11 +98,20 @@ CHAIN = """
 # -- the default run: one region, layouts and the process-wide cache, claims -----------------------
 
 
-def test_region_equals_its_eager_calls_and_compiles_once_per_layout(one_thread):
+def test_region_equals_its_eager_calls_and_compiles_once_per_layout(one_thread, caplog):
     r = region(CHAIN, "t0, t1, n")
     a, b = torch.randn(8, 16), torch.randn(8, 16)
     before = inductor_ex.stats()
-    compiled = check(r, a, b, 2.0)
+    thunder_rs.set_logs(inductor=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="thunder_rs.inductor"):
+            compiled = check(r, a, b, 2.0)
+    finally:
+        thunder_rs.set_logs()
+    # Each region compiled says so as it happens (a cold compile takes seconds, minutes on a GPU).
+    said = [record.getMessage() for record in caplog.records if record.name == "thunder_rs.inductor"]
+    assert any(re.fullmatch(rf"{r.name} \(\d+ symbols, cpu\): (compiled by Inductor|loaded from .+) in [\d.]+ s "
+                            r"\(region \d+ of this process\)", line) for line in said), said
     check_again = inductor_ex.stats()
     assert check_again.misses == before.misses + 1 and "cpu" in check_again.startup_s
     assert_same(compiled(a + 1, b, 2.0), r.function(a + 1, b, 2.0))  # same layout: no compile
@@ -116,6 +127,43 @@ def test_region_equals_its_eager_calls_and_compiles_once_per_layout(one_thread):
     assert_same(inductor_ex.inductor_ex.fuse(twin)(transposed, b, 2.0), r.function(transposed, b, 2.0))
     after = inductor_ex.stats()
     assert after.misses == check_again.misses + 2 and after.hits == check_again.hits + 1
+
+
+class _Workers:
+    """Stands in for Inductor's ``AsyncCompile`` pool: records what the start-up asks of it."""
+
+    def __init__(self, ready: bool = True):
+        self.calls, self.ready = [], ready
+
+    def warm_pool(self):
+        self.calls.append("warm_pool")
+
+    def wait_pool_ready(self, timeout):
+        self.calls.append(("wait_pool_ready", timeout))
+        if not self.ready:
+            raise TimeoutError("no worker answered")
+
+
+def test_on_a_gpu_the_start_up_starts_inductors_compile_workers_and_waits_for_them(monkeypatch):
+    """Without its pool of compile workers ready, Inductor compiles each Triton kernel (each
+    autotuning configuration) in the calling process, one after the other; ``torch.compile``
+    starts the pool when its backend is made, ``standalone_compile`` never does."""
+    from torch._inductor import async_compile
+
+    workers = _Workers()
+    monkeypatch.setattr(async_compile, "AsyncCompile", workers)
+    monkeypatch.setattr(async_compile, "get_compile_threads", lambda: 4)
+    assert inductor_ex._start_compile_workers("cpu") is None  # C++ kernels compile on threads
+    wait = inductor_ex._start_compile_workers("cuda")
+    assert workers.calls == ["warm_pool"]  # started at once, waited for after the first compile
+    assert wait() == "4 ready" and workers.calls[1] == ("wait_pool_ready", inductor_ex.WORKERS_TIMEOUT_S)
+    workers.ready = False
+    assert wait().startswith("not ready (TimeoutError: no worker answered)")
+    monkeypatch.setenv("TORCH_WARM_POOL", "0")  # torch.compile's own switch for the pool
+    assert inductor_ex._start_compile_workers("cuda") is None
+    monkeypatch.setenv("TORCH_WARM_POOL", "1")
+    monkeypatch.setattr(async_compile, "get_compile_threads", lambda: 1)
+    assert inductor_ex._start_compile_workers("cuda") is None
 
 
 def test_lazily_negated_and_conjugated_inputs_are_read_as_eager_reads_them(one_thread):

@@ -2,9 +2,11 @@
 
 Its children: ``thunder_rs.recompiles`` (each compilation and why the cache missed),
 ``thunder_rs.fallbacks`` (each op recorded as an eager fallback, with the user's line),
-``thunder_rs.passes`` (the seconds each compile stage took) and ``thunder_rs.dump`` (the traces
-``THUNDER_RS_DUMP`` names). All log at INFO. By default their level is unset, so nothing is shown
-unless the user configures them; ``THUNDER_RS_LOG=recompiles,fallbacks,passes`` (or ``all``), like
+``thunder_rs.passes`` (the seconds each compile stage took), ``thunder_rs.inductor`` (Inductor's
+start-up and each region it compiles, with its time and which cache answered) and
+``thunder_rs.dump`` (the traces ``THUNDER_RS_DUMP`` names). All log at INFO. By default their level
+is unset, so nothing is shown unless the user configures them;
+``THUNDER_RS_LOG=recompiles,fallbacks,passes,inductor`` (or ``all``), like
 ``TORCH_LOGS``, or ``thunder_rs.set_logs(recompiles=True)`` sets their level, and when no handler
 would see the records installs a stderr handler on the ``thunder_rs`` logger (never the root's).
 
@@ -24,11 +26,13 @@ logger = logging.getLogger("thunder_rs")
 recompiles_logger = logging.getLogger("thunder_rs.recompiles")
 fallbacks_logger = logging.getLogger("thunder_rs.fallbacks")
 passes_logger = logging.getLogger("thunder_rs.passes")
+inductor_logger = logging.getLogger("thunder_rs.inductor")
 #: Trace dumps (``THUNDER_RS_DUMP=dce,cse`` or ``all``), at INFO.
 dump_logger = logging.getLogger("thunder_rs.dump")
 
 #: The names ``THUNDER_RS_LOG`` and ``set_logs`` take, and their loggers.
-LOG_NAMES = {"recompiles": recompiles_logger, "fallbacks": fallbacks_logger, "passes": passes_logger}
+LOG_NAMES = {"recompiles": recompiles_logger, "fallbacks": fallbacks_logger, "passes": passes_logger,
+             "inductor": inductor_logger}
 LOG_ENV = "THUNDER_RS_LOG"
 
 
@@ -52,14 +56,15 @@ _handler = _StderrHandler()
 
 
 def set_logs(*, all: bool | int | None = None, recompiles: bool | int | None = None,
-             fallbacks: bool | int | None = None, passes: bool | int | None = None) -> None:
+             fallbacks: bool | int | None = None, passes: bool | int | None = None,
+             inductor: bool | int | None = None) -> None:
     """Turns thunder_rs's log records on or off, as ``torch._logging.set_logs`` does torch's.
 
     Each argument is True (INFO), a ``logging`` level, or False/None (the logger's level unset:
     shown only as the user's own configuration says). ``all`` applies to every name not given.
     A call replaces the previous setting of every name. When some name is on and no handler would
     see its records, a stderr handler is installed on the ``thunder_rs`` logger."""
-    given = {"recompiles": recompiles, "fallbacks": fallbacks, "passes": passes}
+    given = {"recompiles": recompiles, "fallbacks": fallbacks, "passes": passes, "inductor": inductor}
     for name, value in given.items():
         if value is None:
             value = all

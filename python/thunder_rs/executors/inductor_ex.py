@@ -12,10 +12,18 @@ A region compiles on its first call, when its inputs' strides are known, once pe
 compiled regions are shared process-wide by region key and layout. A later process loads them
 from thunder_rs's artifact cache (``inductor_cache``: no FX tracing, no Inductor cache key),
 and Inductor's own on-disk caches make the compile of a region missing there a cache load.
-``stats()`` reports Inductor's one-time start-up apart from the per-region compile times.
+``stats()`` reports Inductor's one-time start-up apart from the per-region compile times, and the
+``thunder_rs.inductor`` logger (``THUNDER_RS_LOG=inductor``) tells each as it happens.
+
+On a GPU, Inductor compiles Triton kernels in its pool of compile workers only once the pool is
+ready, and each kernel (every autotuning configuration of a reduction) in the calling process,
+one after the other, until then. ``torch.compile`` starts the pool when its backend is created;
+``standalone_compile`` does not, so the start-up here starts it and waits for it (bounded).
 """
 
 import functools
+import logging
+import os
 import threading
 import time
 import warnings
@@ -25,6 +33,7 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.core.front import process_caches
+from thunder_rs.core.logs import inductor_logger
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors import inductor_cache
 from thunder_rs.executors.extend import FusionExecutor, Region, _bump, register_named_executor
@@ -214,18 +223,57 @@ def _compile_function(function, args, region_key: str | None = None):
     return lambda args: tuple(compiled(*[args[i] for i in positions]))
 
 
+#: Device types whose kernels Inductor compiles with Triton, in its pool of compile workers.
+TRITON_DEVICE_TYPES = ("cuda", "xpu")
+#: Seconds the start-up waits at most for the compile workers (they start in a few seconds; a
+#: pool that cannot start fails its first job sooner).
+WORKERS_TIMEOUT_S = 90.0
+
+
+def _start_compile_workers(device_type: str):
+    """Starts Inductor's pool of compile workers where its kernels are Triton's (unless
+    ``TORCH_WARM_POOL=0`` says not to, as for ``torch.compile``); returns a function that waits
+    until the pool is ready and says how that went, or None where no pool is started."""
+    if device_type not in TRITON_DEVICE_TYPES or os.environ.get("TORCH_WARM_POOL", "1") != "1":
+        return None
+    try:
+        from torch._inductor.async_compile import AsyncCompile, get_compile_threads  # noqa: PLC0415 (with Inductor)
+
+        threads = get_compile_threads()
+        if threads <= 1:
+            return None
+        AsyncCompile.warm_pool()
+    except Exception as e:  # noqa: BLE001 (without the pool, Inductor compiles in this process: slower, same code)
+        note = f"not started ({type(e).__name__}: {e}): kernels compile in this process"
+        return lambda: note
+
+    def wait() -> str:
+        try:
+            AsyncCompile.wait_pool_ready(timeout=WORKERS_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 (as above)
+            return f"not ready ({type(e).__name__}: {e}): kernels compile in this process"
+        return f"{threads} ready"
+
+    return wait
+
+
 def _start(device_type: str) -> None:
-    """Inductor's one-time start-up for ``device_type``: its imports and a first compile (of a
-    one-op graph), which loads its compiler, kernel templates and code caches; and the parts of
-    the artifact cache's keys that a process computes once."""
+    """Inductor's one-time start-up for ``device_type``: its imports, its compile workers (on a
+    GPU) and a first compile (of a one-op graph), which loads its compiler, kernel templates and
+    code caches; and the parts of the artifact cache's keys that a process computes once."""
     if device_type in _stats.startup_s:
         return
+    inductor_logger.info("starting Inductor for %s (imports, compile workers, a first kernel)", device_type)
     start = time.perf_counter()
+    workers = _start_compile_workers(device_type)
     device = torch.device(device_type)
     _compile_function(lambda x: (x + 1,), [torch.zeros(8, device=device)])
     if _artifacts_available():
         inductor_cache.start()
+    workers_note = workers() if workers is not None else "none (kernels compile in this process)"
     _stats.startup_s[device_type] = time.perf_counter() - start
+    inductor_logger.info("Inductor started for %s in %.2f s; compile workers: %s", device_type,
+                         _stats.startup_s[device_type], workers_note)
 
 
 def _device_types(args) -> list[str]:
@@ -246,8 +294,16 @@ def _compiled_or_eager(region, args):
         _stats.failures += 1
         function = region.function
         return lambda args: function(*args)
-    _stats.compile_s.append(time.perf_counter() - start)
-    _stats.disk_hits += _stats.artifact_hits == artifact_hits and _disk_hits() > disk_hits
+    seconds = time.perf_counter() - start
+    _stats.compile_s.append(seconds)
+    from_disk = _stats.artifact_hits == artifact_hits and _disk_hits() > disk_hits
+    _stats.disk_hits += from_disk
+    if inductor_logger.isEnabledFor(logging.INFO):
+        how = ("loaded from thunder_rs's artifact cache" if _stats.artifact_hits > artifact_hits else
+               "loaded from Inductor's disk cache" if from_disk else "compiled by Inductor")
+        inductor_logger.info("%s (%d symbols, %s): %s in %.2f s (region %d of this process)", region.name,
+                             len(region.symbol_names), "/".join(_device_types(args)) or "no tensors", how, seconds,
+                             len(_stats.compile_s))
     return run
 
 
