@@ -1,15 +1,21 @@
-"""A CPU stand-in for nvFuser's ``nvfuser_direct`` bindings, for tests: the same names and argument
-conventions as the real module (NVIDIA/Fuser 81c4b22, ``python/nvfuser_direct/__init__.py`` and
-``python/python_direct/{ir,ops,bindings}.cpp``), recording each definition and evaluating it with
-torch on whatever device the inputs are.
+"""A CPU stand-in for nvFuser's ``nvfuser_direct`` bindings, for tests: the same names, argument
+conventions and type rules as the real module (NVIDIA/Fuser 81c4b22: ``python/python_direct/ops.cpp``
+binds each ``fd.ops`` name to a C++ op of ``csrc/ops/*.cpp``, whose dtypes ``csrc/type_promotion.cpp``
+decides), recording each definition and evaluating it with torch on whatever device the inputs are.
 
 Each value carries a meta tensor of its shape and dtype, computed as the op is defined, so that
-``tv.dtype()`` answers as nvFuser's does and shape errors surface at definition time, as
-nvFuser's do. ``execute`` checks that its inputs have the dtypes, shapes, contiguity and stride
-order the definition declared (nvFuser would reject or misread them), then replays the ops.
+``tv.dtype()`` answers as nvFuser's does and shape and dtype errors surface at definition time, as
+nvFuser's do. Ops compute as nvFuser's kernels do: operands are promoted to the op's common dtype
+first (Half and BFloat16 to Float for arithmetic), so a Half input gives a Float result unless the
+definition casts; a Double scalar in a Float op computes in double, as the generated code does.
+What nvFuser's generated code has no function for (a reduction, ``ceil`` or ``isnan`` of a half
+type: NVRTC errors on the H100) fails at the first ``execute``, where nvFuser compiles.
+``execute`` checks that its inputs have the dtypes, shapes, contiguity and stride order the
+definition declared (nvFuser would reject or misread them), then replays the ops.
 """
 
 import enum
+from typing import NamedTuple
 
 import torch
 
@@ -35,6 +41,8 @@ class DataType(enum.Enum):
 
 #: Every definition made, in order (tests count them).
 definitions: list = []
+
+HALF = (torch.float16, torch.bfloat16)
 
 
 def compute_tensor_descriptor(sizes, strides):
@@ -86,15 +94,89 @@ class Val:
     def is_tensor(self):
         return isinstance(self, TensorView)
 
-    def dtype(self):
-        return DataType(self.meta.dtype)
-
 
 class TensorView(Val):
     @property
     def ndim(self):
         return self.meta.ndim
 
+    def dtype(self):  # only a TensorView has one in the bindings (python_direct/ir.cpp)
+        return DataType(self.meta.dtype)
+
+
+# -- type promotion (csrc/type_promotion.cpp) --------------------------------------------------------
+
+class Config(NamedTuple):
+    """``TypePromotionConfig`` (csrc/type_promotion.h)."""
+
+    promote_integer_inputs_to_float: bool = False
+    require_full_precision_promoted: bool = False
+
+
+DEFAULT = Config()  # TypePromotion::default_op_config, also comparison_op_config
+FLOAT_OP = Config(promote_integer_inputs_to_float=True)  # float_op_config
+FLOAT_ONLY = Config(require_full_precision_promoted=True)  # float_only_op_config
+
+#: ``convertToVal`` (ops.cpp): a Python number becomes a constant of the PolymorphicValue's type.
+PYTHON_TYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+def _operand(x):
+    """``(is a tensor, dtype, rank)`` of an operand, as ``getValueType(Val*)`` sees it."""
+    if isinstance(x, TensorView):
+        return True, x.meta.dtype, x.meta.ndim
+    if isinstance(x, Val):
+        return False, x.meta.dtype, 0
+    return False, PYTHON_TYPES[type(x)], 0
+
+
+def _promote(a, b):
+    # promoteType (csrc/type.h): C++'s common_type for native types, float with half -> Float,
+    # double with half -> Double, half with integers -> half: torch.promote_types agrees on all of them.
+    if a is None:
+        return b
+    return a if b is None else torch.promote_types(a, b)
+
+
+def _combine_categories(higher, lower):
+    """``combineCategories`` for the dtypes without complex ones (thunder_rs sends none)."""
+    if higher is not None and higher.is_floating_point:
+        return higher
+    if higher == torch.bool or (lower is not None and lower.is_floating_point):
+        return _promote(higher, lower)
+    return higher if higher is not None else lower
+
+
+def compute_types(config, operands, cast_half_to_float=True):
+    """The dtype nvFuser computes an op of ``operands`` in (``computeTypes``): their common dtype
+    when they differ, by category as torch (dimensioned tensors over 0-dim ones over scalars,
+    a Half or BFloat16 scalar counting as Float); integers to Float under ``promote_integer_inputs_to_float``;
+    then Half and BFloat16 to Float unless ``cast_half_to_float`` is False (``where``)."""
+    types = [_operand(x) for x in operands]
+    dtypes = {dtype for _, dtype, _ in types}
+    if len(dtypes) == 1:
+        common = dtypes.pop()
+    else:
+        dim = zero = wrapped = None
+        for is_tensor, dtype, rank in types:
+            if is_tensor and rank > 0:
+                dim = _promote(dim, dtype)
+            elif is_tensor:
+                zero = _promote(zero, dtype)
+            else:
+                wrapped = _promote(wrapped, torch.float32 if dtype in HALF else dtype)
+        common = _combine_categories(dim, _combine_categories(zero, wrapped))
+    if config.promote_integer_inputs_to_float and not common.is_floating_point:
+        common = torch.float32
+    if config.require_full_precision_promoted:
+        assert common in (torch.float32, torch.float64), (
+            f"Promoted type must be single or double precision float but found {DataType(common).name}")
+    if cast_half_to_float and common in HALF:
+        common = torch.float32
+    return common
+
+
+# -- recording ----------------------------------------------------------------------------------------
 
 _current: list = []
 
@@ -104,19 +186,22 @@ def _fd():
     return _current[-1]
 
 
-def _record(name, fn, args, kwargs=None):
+def _record(name, fn, args, tensor_out=None):
     """Defines one op: checks its operands belong to this definition, computes its outputs'
-    metadata on meta tensors and records it for ``execute``."""
-    fd, kwargs = _fd(), kwargs or {}
-    for v in _vals((args, kwargs)):
+    metadata on meta tensors and records it for ``execute``. Its outputs are TensorViews when an
+    operand is one (``promoteType(ValType)``) unless ``tensor_out`` says otherwise."""
+    fd = _fd()
+    vals = list(_vals(args))
+    for v in vals:
         assert v.fd is fd, f"nvfuser_direct.ops.{name}: a value of another FusionDefinition"
-    out = fn(*_bind(args, lambda v: v.meta), **_bind(kwargs, lambda v: v.meta))
+    if tensor_out is None:
+        tensor_out = any(isinstance(v, TensorView) for v in vals)
+    out = fn(*_bind(args, lambda v: v.meta))
     outs = out if isinstance(out, tuple) else (out,)
-    vals = tuple((TensorView if isinstance(o, torch.Tensor) and o.ndim >= 0 and o.device.type == "meta" else Val)(fd, o)
-                 for o in outs)
-    fd._ops.append((fn, args, kwargs, vals))
+    made = tuple((TensorView if tensor_out else Val)(fd, torch.empty_like(o, device="meta")) for o in outs)
+    fd._ops.append((fn, args, made))
     fd.recorded.append(name)
-    return vals if isinstance(out, tuple) else vals[0]
+    return made if isinstance(out, tuple) else made[0]
 
 
 def _vals(x):
@@ -125,94 +210,175 @@ def _vals(x):
     elif isinstance(x, (tuple, list)):
         for y in x:
             yield from _vals(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _vals(y)
 
 
 def _bind(x, value_of):
     if isinstance(x, Val):
         return value_of(x)
-    if isinstance(x, dict):
-        return {k: _bind(v, value_of) for k, v in x.items()}
     if isinstance(x, (tuple, list)):
         return type(x)(_bind(v, value_of) for v in x)
     return x
 
 
-def _tensor(x, like):
-    """A Python scalar as the 0-dim tensor torch promotes like a scalar."""
+def _device(values):
+    return next((v.device for v in values if isinstance(v, torch.Tensor) and v.ndim > 0),
+                next((v.device for v in values if isinstance(v, torch.Tensor)), "cpu"))
+
+
+def _as(x, dtype, device):
+    """An operand as a tensor of ``dtype`` (a scalar as a 0-dim one, which torch promotes like a
+    scalar): what ``promoteValues`` casts it to."""
     if isinstance(x, torch.Tensor):
-        return x
-    device = like.device if isinstance(like, torch.Tensor) else "cpu"
-    return torch.tensor(x, device=device)
+        return x.to(dtype)
+    return torch.tensor(x, dtype=dtype, device=device)
+
+
+def _elementwise(name, fn, operands, dtype, out_dtype=None):
+    """Records ``fn`` of ``operands`` computed in ``dtype`` (each operand cast to it first, as
+    ``promoteValues`` does), its result of ``out_dtype`` (``dtype`` by default). A Double scalar
+    stays Double in a Float op (``optionalCast`` casts no floating scalar to another floating
+    type): the generated code computes ``float op double`` in double, and rounds the result."""
+    out_dtype = dtype if out_dtype is None else out_dtype
+    if dtype.is_floating_point and any(not t and d == torch.float64 for t, d, _ in map(_operand, operands)):
+        dtype = torch.float64
+
+    def run(*args):
+        device = _device(args)
+        return fn(*(_as(a, dtype, device) for a in args)).to(out_dtype)
+
+    return _record(name, run, tuple(operands))
+
+
+# -- unary, binary and ternary ops (csrc/ops/arith.cpp, csrc/ops/composite.cpp) ------------------------
+
+#: ``NVFUSER_DEFINE_UNARY_OP``, ``abs``, ``set``: unaryOp without promotion; the result has the input's dtype.
+SAME_DTYPE = {"abs": torch.abs, "ceil": torch.ceil, "floor": torch.floor, "round": torch.round,
+              "trunc": torch.trunc, "relu": torch.relu, "set": torch.clone, "segment_set": torch.clone}
+#: ``NVFUSER_DEFINE_UNARY_FLOAT_OP``: float_op_config, so integers and halves compute in Float.
+FLOAT_UNARY = {
+    "acos": torch.acos, "acosh": torch.acosh, "asin": torch.asin, "asinh": torch.asinh, "atan": torch.atan,
+    "atanh": torch.atanh, "cos": torch.cos, "cosh": torch.cosh, "exp": torch.exp, "exp2": torch.exp2,
+    "expm1": torch.expm1, "erf": torch.erf, "erfc": torch.erfc, "erfinv": torch.erfinv, "lgamma": torch.lgamma,
+    "log": torch.log, "log10": torch.log10, "log1p": torch.log1p, "log2": torch.log2,
+    "reciprocal": torch.reciprocal, "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid, "sin": torch.sin,
+    "sinh": torch.sinh, "sqrt": torch.sqrt, "tan": torch.tan, "tanh": torch.tanh,
+}
+#: ``NVFUSER_DEFINE_UNARY_IS_OP``: a Bool result, the input not promoted.
+IS_OPS = {"isfinite": torch.isfinite, "isinf": torch.isinf, "isnan": torch.isnan}
+#: ``NVFUSER_DEFINE_BINARY_CAST_OP``: default_op_config (halves compute in Float).
+DEFAULT_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "pow": torch.pow, "fmod": torch.fmod,
+    "remainder": torch.remainder, "maximum": torch.maximum, "minimum": torch.minimum,
+}
+#: ``NVFUSER_DEFINE_BINARY_COMPARE_OP`` and ``NVFUSER_DEFINE_LOGICAL_OP``: compared in the common
+#: dtype, a Bool result (``getOutputType``: ``isLogicalOp``).
+LOGICAL_BINARY = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
+                  "logical_and": torch.logical_and, "logical_or": torch.logical_or}
+#: ``NVFUSER_DEFINE_BITWISE_OP``: integers or bools only; two bools take the logical alternative.
+BITWISE = {"bitwise_and": (torch.bitwise_and, "logical_and"), "bitwise_or": (torch.bitwise_or, "logical_or"),
+           "bitwise_xor": (torch.bitwise_xor, "ne")}
 
 
 def _div(a, b):
-    if not any(isinstance(x, float) or (isinstance(x, torch.Tensor) and x.dtype.is_floating_point) for x in (a, b)):
-        return torch.div(_tensor(a, b), b, rounding_mode="trunc")  # nvFuser's integer div truncates
-    return torch.true_divide(a, b)
+    # ``div`` is C++'s operator /: integers truncate.
+    if a.dtype.is_floating_point:
+        return torch.true_divide(a, b)
+    return torch.div(a, b, rounding_mode="trunc")
 
 
-_UNARY = {
-    "abs": torch.abs, "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1, "log": torch.log,
-    "log1p": torch.log1p, "log2": torch.log2, "log10": torch.log10, "sin": torch.sin, "cos": torch.cos,
-    "tan": torch.tan, "tanh": torch.tanh, "sinh": torch.sinh, "cosh": torch.cosh, "asin": torch.asin,
-    "acos": torch.acos, "atan": torch.atan, "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh,
-    "erf": torch.erf, "erfc": torch.erfc, "erfinv": torch.erfinv, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
-    "reciprocal": torch.reciprocal, "sign": torch.sign, "signbit": torch.signbit, "floor": torch.floor,
-    "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc, "isfinite": torch.isfinite,
-    "bitwise_not": torch.bitwise_not, "lgamma": torch.lgamma, "relu": torch.relu, "sigmoid": torch.sigmoid,
-    "isnan": torch.isnan, "isinf": torch.isinf, "logical_not": torch.logical_not, "set": torch.clone,
-    "segment_set": torch.clone,
-}
-_BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": _div, "truediv": torch.true_divide,
-    "pow": torch.pow, "fmod": torch.fmod, "remainder": torch.remainder, "maximum": torch.maximum,
-    "minimum": torch.minimum, "atan2": torch.atan2, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
-    "gt": torch.gt, "ge": torch.ge, "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
-    "bitwise_xor": torch.bitwise_xor, "nextafter": torch.nextafter, "logical_and": torch.logical_and,
-    "logical_or": torch.logical_or,
-}
+#: Ops without promotion that nvFuser's generated code has no function of its Half or BFloat16
+#: for (on the H100: NVRTC "no instance of overloaded function ceil matches (nvf::__half)", and
+#: no ``!=`` of ``nvf::__half`` for isnan): a definition asking for one fails to compile.
+NO_HALF_KERNEL = {"ceil", "floor", "round", "trunc", "isfinite", "isinf", "isnan"}
 
 
-def _unary_op(name, fn):
+def _same_dtype_op(name, fn, out_dtype=None):
     def op(arg):
-        return _record(name, lambda a: fn(_tensor(a, a)) if not isinstance(a, torch.Tensor) else fn(a), (arg,))
+        dtype = _operand(arg)[1]
+        if name in NO_HALF_KERNEL and dtype in HALF:
+            _fd().unsupported.append(f"{name} of {DataType(dtype).name}")
+        return _elementwise(name, fn, (arg,), dtype, out_dtype)
 
-    op.__name__ = name
     return op
 
 
-def _binary_op(name, fn):
+def _promoting_unary(name, fn, config, out_dtype=None):
+    def op(arg):
+        return _elementwise(name, fn, (arg,), compute_types(config, (arg,)), out_dtype)
+
+    return op
+
+
+def _promoting_binary(name, fn, config, out_dtype=None):
     def op(lhs, rhs):
-        def run(a, b):
-            if name in ("maximum", "minimum", "atan2", "nextafter", "fmod", "remainder", "pow"):
-                if not isinstance(a, torch.Tensor):
-                    a = _tensor(a, b)
-                elif not isinstance(b, torch.Tensor):
-                    b = _tensor(b, a)
-            return fn(a, b)
+        return _elementwise(name, fn, (lhs, rhs), compute_types(config, (lhs, rhs)), out_dtype)
 
-        return _record(name, run, (lhs, rhs))
-
-    op.__name__ = name
     return op
 
 
-def _dims_of(arg, dims):
-    return [d % arg.ndim for d in ([dims] if isinstance(dims, int) else dims)]
+def _bitwise(name, fn, logical):
+    def op(lhs, rhs):
+        dtypes = [_operand(x)[1] for x in (lhs, rhs)]
+        for dtype in dtypes:
+            assert not dtype.is_floating_point, (
+                f"Integer or boolean input is required for {name} but found {DataType(dtype).name}")
+        if dtypes == [torch.bool, torch.bool]:
+            return getattr(ops, logical)(lhs, rhs)
+        return _elementwise(name, fn, (lhs, rhs), compute_types(DEFAULT, (lhs, rhs)))
+
+    return op
 
 
-def _reduction(name, fn):
+def _unary_ops(ops_):
+    for name, fn in SAME_DTYPE.items():
+        setattr(ops_, name, _same_dtype_op(name, fn))
+    for name, fn in FLOAT_UNARY.items():
+        setattr(ops_, name, _promoting_unary(name, fn, FLOAT_OP))
+    for name, fn in IS_OPS.items():
+        setattr(ops_, name, _same_dtype_op(name, fn, torch.bool))
+    # neg: default_op_config, "as a workaround to #1541" (halves to Float, integers kept).
+    ops_.neg = _promoting_unary("neg", torch.neg, DEFAULT)
+    ops_.signbit = _promoting_unary("signbit", torch.signbit, DEFAULT, torch.bool)
+
+
+def _binary_ops(ops_):
+    for name, fn in DEFAULT_BINARY.items():
+        setattr(ops_, name, _promoting_binary(name, fn, DEFAULT))
+    ops_.div = _promoting_binary("div", _div, DEFAULT)
+    ops_.truediv = _promoting_binary("truediv", torch.true_divide, FLOAT_OP)
+    ops_.atan2 = _promoting_binary("atan2", torch.atan2, FLOAT_OP)
+    # nextafter: float_only_op_config, checked before halves become Float: a Half one is an error.
+    ops_.nextafter = _promoting_binary("nextafter", torch.nextafter, FLOAT_ONLY)
+    for name, fn in LOGICAL_BINARY.items():
+        setattr(ops_, name, _promoting_binary(name, fn, DEFAULT, torch.bool))
+    for name, (fn, logical) in BITWISE.items():
+        setattr(ops_, name, _bitwise(name, fn, logical))
+
+
+# -- reductions, scans and normalization (csrc/ops/arith.cpp, csrc/ops/normalization.cpp) -----------------
+
+def _reduce_dims(rank, dims):
+    dims = range(rank) if dims is None else [dims] if isinstance(dims, int) else dims
+    return sorted({d % rank for d in dims}) if rank else []
+
+
+def _reduction(name, fn, identity_dtype):
+    """``NVFUSER_DEFINE_REDUCTION_OP``'s three overloads: ``(arg, dtype)``, ``(arg, dim, keepdim,
+    dtype)``, ``(arg, dims, keepdim, dtype)``. ``identity_dtype(input dtype, dtype)`` is the
+    result's dtype (``sum``/``prod``: the given dtype, else Int for integers and bools, else the
+    input's; ``max``/``min``: the input's, and no dtype may be given)."""
+
     def op(arg, dims=None, keepdim=False, dtype=DataType.Null):
-        if isinstance(dims, DataType):  # the (arg, dtype) overload: every dim
+        if isinstance(dims, DataType):
             dims, dtype = None, dims
+        out_dtype = identity_dtype(arg.meta.dtype, dtype.value)
+        axes = _reduce_dims(arg.ndim, dims)
+        if axes and out_dtype in HALF:  # no arithmetic of its half types (codegen.cpp; failed on the H100)
+            _fd().unsupported.append(f"a {name} ReductionOp of {DataType(out_dtype).name}")
 
         def run(a):
-            ds = list(range(a.ndim)) if dims is None else _dims_of(a, dims)
-            out = fn(a, ds, keepdim)
-            return out if dtype in (None, DataType.Null) else out.to(dtype.value)
+            a = a.to(out_dtype)  # optionalCastStrict before the reduction
+            return fn(a, axes, keepdim) if axes else a.clone()  # over no dims: reductionOpZeroDimTensor's set
 
         return _record(name, run, (arg,))
 
@@ -220,16 +386,58 @@ def _reduction(name, fn):
     return op
 
 
-def _sum(a, dims, keepdim):
-    return torch.sum(a, dims, keepdim=keepdim, dtype=a.dtype if a.dtype.is_floating_point else torch.int64)
+def _sum_dtype(arg_dtype, dtype):
+    if dtype is not None:
+        return dtype
+    return torch.int64 if not arg_dtype.is_floating_point else arg_dtype
+
+
+def _max_dtype(arg_dtype, dtype):
+    assert dtype is None, "A dtype other than Null is not currently supported."
+    return arg_dtype
 
 
 def _prod(a, dims, keepdim):
-    out = a if a.dtype.is_floating_point else a.to(torch.int64)
-    for d in sorted(dims, reverse=True):
-        out = torch.prod(out, d, keepdim=keepdim)
-    return out
+    for d in reversed(dims):
+        a = torch.prod(a, d, keepdim=keepdim)
+    return a
 
+
+def _variance_dtype(dtype):
+    # variance(): mean is sum(x) (in x's dtype) over a Double count, so halves give Float, integers Double.
+    return torch.float32 if dtype in HALF else dtype if dtype.is_floating_point else torch.float64
+
+
+def _var(arg, dims, correction=1, keepdim=False):
+    assert correction >= 0, f"correction must be non-negative, but got {correction}"
+    out_dtype, axes = _variance_dtype(arg.meta.dtype), _reduce_dims(arg.ndim, dims)
+    if arg.meta.dtype in HALF:  # its mean is a sum ReductionOp of the half dtype
+        _fd().unsupported.append(f"a sum ReductionOp of {arg.dtype().name} (variance's mean)")
+    return _record("var", lambda a: torch.var(a.to(out_dtype), axes, correction=correction, keepdim=keepdim), (arg,))
+
+
+def _var_mean(arg, dims, correction=1, keepdim=False):
+    assert correction >= 0, f"correction must be non-negative, but got {correction}"
+    dtype = arg.meta.dtype
+    assert dtype not in HALF, f"variance_mean is not supported for {DataType(dtype).name} please upcast to float"
+    axes = _reduce_dims(arg.ndim, dims)
+    return _record("var_mean", lambda a: tuple(torch.var_mean(a, axes, correction=correction, keepdim=keepdim)),
+                   (arg,))
+
+
+def _scan(name, fn):
+    """``scan``: the input's dtype, halves included ("unlike ReductionOp, low-precision input is
+    not upcast to float"), computed in it."""
+
+    def op(arg, dim, init=None):
+        assert -arg.ndim <= dim < arg.ndim, f"Expected dim >= 0 && dim < ndim . Tried to access out of boundary index {dim}"
+        return _record(name, lambda a: fn(a, dim).to(a.dtype), (arg,))
+
+    op.__name__ = name
+    return op
+
+
+# -- data movement and factories (csrc/ops/alias.cpp, indexing.cpp, arith.cpp) -------------------------
 
 def _broadcast_in_dim(a, shape, broadcast_dims):
     assert len(broadcast_dims) == a.ndim, "broadcast_in_dim: one broadcast dim per input dim"
@@ -244,34 +452,95 @@ def _slice(a, start, end, strides=None, manual_normalization=False):
     return a[tuple(slice(s, e, st) for s, e, st in zip(start, end, strides))]
 
 
-def _pad(a, pad_widths, value=None):
-    assert len(pad_widths) <= 2 * a.ndim, "Number of pad widths must be at most twice the input dimension"
-    return torch.nn.functional.pad(a, list(pad_widths), value=0 if value is None else value)
+def _same_category(a, b):
+    """``hasSimilarDtype`` (alias.cpp): both floating, both integral, or both bool."""
+    return a == b or (a.is_floating_point == b.is_floating_point and (a == torch.bool) == (b == torch.bool))
 
 
-def _iota(fd, length, start=None, step=None, dtype=DataType.Int):
-    start, step = 0 if start is None else start, 1 if step is None else step
-    return torch.arange(length, dtype=dtype.value, device=fd._device) * step + start
+def _pad(arg, pad_widths, value=None):
+    assert len(pad_widths) <= 2 * arg.ndim, "Number of pad widths must be at most twice the input dimension"
+    if value is not None:
+        assert _same_category(arg.meta.dtype, _operand(value)[1]), "Tensor arg and pad value must have the same dtype."
+
+    def run(a, v):
+        return torch.nn.functional.pad(a, list(pad_widths), value=0 if v is None else v)
+
+    return _record("pad", run, (arg, value))
+
+
+def _cat(tensors, dim=0, manual_padding=False):
+    dtypes = [t.meta.dtype for t in tensors]
+    assert all(d == dtypes[0] for d in dtypes), (
+        "Can't concatenate tensors with different data types: " + ", ".join(DataType(d).name for d in dtypes))
+    return _record("cat", lambda ts: torch.cat(ts, dim), (list(tensors),))
+
+
+def _iota(length, start=None, step=None, dtype=DataType.Int):
+    assert not _operand(length)[1].is_floating_point, f"length must be integer, but get dtype {_operand(length)[1]}"
+    for what, v in (("start", start), ("step", step)):
+        if v is not None:
+            got = _operand(v)[1]
+            assert got.is_floating_point == dtype.value.is_floating_point, (
+                f"iota: {what} dtype does not match specified dtype argument, should be {dtype.name} but get {got}")
+    fd = _fd()
+
+    def run(n, s, st):
+        # Index::iota: start + step * index in a scalar of dtype (a half one computes in Float).
+        compute = torch.float32 if dtype.value in HALF else dtype.value
+        index = torch.arange(int(n), dtype=compute, device=fd._device)
+        return (index * (1 if st is None else st) + (0 if s is None else s)).to(dtype.value)
+
+    return _record("iota", run, (length, start, step), tensor_out=True)
+
+
+def _full(shape, fill_value, dtype):
+    fd = _fd()
+    return _record("full", lambda s, v: torch.full(s, v, dtype=dtype.value, device=fd._device),
+                   (list(shape), fill_value), tensor_out=True)
+
+
+def _cast(arg, dtype):
+    return _record("cast", lambda a: _as(a, dtype.value, _device((a,))), (arg,))
+
+
+def _where(condition, x, y):
+    assert _operand(condition)[1] == torch.bool, f"Condition should be of DataType Bool, not {_operand(condition)[1]}"
+    # where computes its common dtype without turning halves into Float.
+    dtype = compute_types(DEFAULT, (x, y), cast_half_to_float=False)
+
+    def run(c, a, b):
+        device = _device((c, a, b))
+        return torch.where(c, _as(a, dtype, device), _as(b, dtype, device))
+
+    return _record("where", run, (condition, x, y))
+
+
+def _sign(arg):
+    # composite.cpp: where(gt(x, 0.), 1., where(lt(x, 0.), -1., 0.)) cast back to x's dtype.
+    return _elementwise("sign", torch.sign, (arg,), _operand(arg)[1])
+
+
+def _bitwise_not(arg):
+    dtype = _operand(arg)[1]
+    assert not dtype.is_floating_point, f"input must have integral or boolean type, but got {DataType(dtype).name}"
+    return _elementwise("bitwise_not", torch.bitwise_not, (arg,), dtype)
 
 
 class _Ops:
     """``fd.ops``: the ops of ``nvfuser_direct.ops`` the translators use, and a few more."""
 
     def __init__(self):
-        for name, fn in _UNARY.items():
-            setattr(self, name, _unary_op(name, fn))
-        for name, fn in _BINARY.items():
-            setattr(self, name, _binary_op(name, fn))
-        self.sum = _reduction("sum", _sum)
-        self.prod = _reduction("prod", _prod)
-        self.max = _reduction("max", lambda a, d, k: torch.amax(a, d, keepdim=k))
-        self.min = _reduction("min", lambda a, d, k: torch.amin(a, d, keepdim=k))
-
-    def where(self, condition, x, y):
-        return _record("where", lambda c, a, b: torch.where(c, a, b), (condition, x, y))
-
-    def cast(self, arg, dtype):
-        return _record("cast", lambda a: _tensor(a, a).to(dtype.value), (arg,))
+        _unary_ops(self)
+        _binary_ops(self)
+        self.sum = _reduction("sum", lambda a, d, k: torch.sum(a, d, keepdim=k), _sum_dtype)
+        self.prod = _reduction("prod", _prod, _sum_dtype)
+        self.max = _reduction("max", lambda a, d, k: torch.amax(a, d, keepdim=k), _max_dtype)
+        self.min = _reduction("min", lambda a, d, k: torch.amin(a, d, keepdim=k), _max_dtype)
+        self.var, self.var_mean = _var, _var_mean
+        self.cumsum, self.cumprod = _scan("cumsum", torch.cumsum), _scan("cumprod", torch.cumprod)
+        self.pad, self.cat, self.iota, self.full, self.cast = _pad, _cat, _iota, _full, _cast
+        self.where, self.sign, self.bitwise_not = _where, _sign, _bitwise_not
+        self.logical_not = lambda arg: _elementwise("logical_not", torch.logical_not, (arg,), torch.bool)
 
     def broadcast_in_dim(self, arg, shape, broadcast_dims):
         return _record("broadcast_in_dim", _broadcast_in_dim, (arg, list(shape), list(broadcast_dims)))
@@ -288,34 +557,6 @@ class _Ops:
 
     def squeeze(self, arg, dims, squeeze_expanded=False):
         return _record("squeeze", lambda a, d: a.squeeze(tuple(d)), (arg, list(dims)))
-
-    def cat(self, tensors, dim=0, manual_padding=False):
-        return _record("cat", lambda ts, d: torch.cat(ts, d), (list(tensors), dim))
-
-    def pad(self, arg, pad_widths, value=None):
-        return _record("pad", _pad, (arg, list(pad_widths), value))
-
-    def full(self, shape, fill_value, dtype):
-        fd = _fd()
-        return _record("full", lambda s, v: torch.full(s, v, dtype=dtype.value, device=fd._device),
-                       (list(shape), fill_value))
-
-    def iota(self, length, start=None, step=None, dtype=DataType.Int):
-        fd = _fd()
-        return _record("iota", lambda n, s, st: _iota(fd, n, s, st, dtype), (length, start, step))
-
-    def var(self, arg, dims, correction=1, keepdim=False):
-        return _record("var", lambda a: torch.var(a, dims, correction=correction, keepdim=keepdim), (arg,))
-
-    def var_mean(self, arg, dims, correction=1, keepdim=False):
-        return _record("var_mean", lambda a: tuple(torch.var_mean(a, dims, correction=correction, keepdim=keepdim)),
-                       (arg,))
-
-    def cumsum(self, arg, dim, init=None):
-        return _record("cumsum", lambda a: torch.cumsum(a, dim), (arg,))
-
-    def cumprod(self, arg, dim, init=None):
-        return _record("cumprod", lambda a: torch.cumprod(a, dim), (arg,))
 
     def index_select(self, arg, index, dim):
         return _record("index_select", lambda a, i: torch.index_select(a, dim, i), (arg, index))
@@ -339,6 +580,9 @@ class FusionDefinition:
     def __init__(self):
         self.ops = ops
         self._inputs, self._ops, self._outputs, self.recorded = [], [], [], []
+        #: What the definition asks that nvFuser's code generation has no kernel for: compiling
+        #: it (the first ``execute``) raises.
+        self.unsupported: list = []
         self._slots = 0
         self._device = "meta"
         self.executions = 0
@@ -358,16 +602,19 @@ class FusionDefinition:
             contiguity = [None if s == 1 else contiguity for s in shape]
         assert len(contiguity) == len(shape), "Length of contiguity argument must match that of shape argument"
         assert not stride_order or sorted(stride_order) == list(range(len(shape))), f"bad stride_order {stride_order}"
-        tv = TensorView(self, torch.empty([max(s, 1) for s in shape], dtype=dtype.value, device="meta"))
+        tv = TensorView(self, torch.empty([1 if s < 0 else s for s in shape], dtype=dtype.value, device="meta"))
         self._inputs.append((tv, (list(shape), list(contiguity), dtype, list(stride_order))))
         return tv
 
-    def define_scalar(self, value=None, dtype=DataType.Double):
-        if value is None:  # symbolic: an input of the fusion
+    def define_scalar(self, value=None, dtype=None):
+        if value is None:  # symbolic: an input of the fusion (of Double unless told)
+            dtype = dtype or DataType.Double
             v = Val(self, torch.ones((), dtype=dtype.value, device="meta"), symbolic=True)
             self._inputs.append((v, dtype))
             return v
-        return value
+        if dtype is None:
+            return value  # a constant of the number's own type, as a Python number operand is
+        return _record("define_scalar", lambda: torch.tensor(value, dtype=dtype.value), (), tensor_out=False)
 
     def add_output(self, output):
         assert isinstance(output, Val) and output.fd is self, "add_output: a value of this FusionDefinition"
@@ -387,14 +634,16 @@ class FusionDefinition:
     def execute(self, inputs, *, device=None, **options):
         assert self._outputs, "Fusion is empty!"
         assert len(inputs) == len(self._inputs), f"{len(inputs)} inputs for {len(self._inputs)} defined"
+        if self.unsupported:
+            raise RuntimeError(f"CUDA NVRTC compile error: nvFuser has no kernel for {self.unsupported[0]}")
         env = {}
         for (val, spec), arg in zip(self._inputs, inputs):
             self._check(spec, arg)
             env[val.slot] = arg
         devices = {a.device for a in inputs if isinstance(a, torch.Tensor)}
         self._device = next(iter(devices)) if devices else "cpu"
-        for fn, args, kwargs, vals in self._ops:
-            out = fn(*_bind(args, lambda v: env[v.slot]), **_bind(kwargs, lambda v: env[v.slot]))
+        for fn, args, vals in self._ops:
+            out = fn(*_bind(args, lambda v: env[v.slot]))
             for v, r in zip(vals, out if isinstance(out, tuple) else (out,)):
                 env[v.slot] = r
         self.executions += 1

@@ -48,9 +48,12 @@ class Trace:
     def regions(self) -> list[tuple[str, int, str, str, list[str], int, int]]:
         """The fusion regions of an execution trace: ``(name, executor_index, source, key,
         symbol_names, num_inputs, num_outputs)`` each."""
-    def region_calls(self) -> list[tuple[list[str], list[tuple[str, tuple, list[str]]], list[str]]]:
-        """Each fusion region's ``(inputs, calls, outputs)``, composites decomposed to prims,
-        values named as strings (``t12``)."""
+    def region_calls(
+        self,
+    ) -> list[tuple[list[str], list[tuple[str, tuple, list[str]]], list[str], dict[str, torch.dtype]]]:
+        """Each fusion region's ``(inputs, calls, outputs, dtypes)``, composites decomposed to prims,
+        values named as strings (``t12``); ``dtypes`` the torch dtype of each tensor among the
+        inputs and the calls' outputs."""
 
 @final
 class ExecutorTable:

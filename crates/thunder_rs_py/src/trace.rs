@@ -2,7 +2,7 @@
 
 use passes::Plan;
 use pyo3::prelude::*;
-use pyo3::types::{PyString, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock};
 use trace_ir::{Arg, Trace};
@@ -163,16 +163,18 @@ impl PyTrace {
             .collect()
     }
 
-    /// The decomposed calls of each fusion region, in order, as `(inputs, calls, outputs)` with
-    /// `calls` a list of `(name, args, outputs)`: `name` is `prims.add` (or the qualified name of
-    /// a symbol without decomposition), `args` the positional arguments as printed, and every
-    /// value (input, argument, output) named as the trace prints it (`t12`). Prims take no
-    /// string parameters, so a str in `args` is always a value.
+    /// The decomposed calls of each fusion region, in order, as `(inputs, calls, outputs, dtypes)`
+    /// with `calls` a list of `(name, args, outputs)`: `name` is `prims.add` (or the qualified name
+    /// of a symbol without decomposition), `args` the positional arguments as printed, and every
+    /// value (input, argument, output) named as the trace prints it (`t12`). Prims take no string
+    /// parameters, so a str in `args` is always a value. `dtypes` maps each tensor among the
+    /// inputs and the calls' outputs to its torch dtype.
     #[allow(clippy::type_complexity)]
     fn region_calls<'py>(
         &self,
         py: Python<'py>,
-    ) -> PyResult<Vec<(Vec<String>, Vec<(String, Bound<'py, PyTuple>, Vec<String>)>, Vec<String>)>> {
+    ) -> PyResult<Vec<(Vec<String>, Vec<(String, Bound<'py, PyTuple>, Vec<String>)>, Vec<String>, Bound<'py, PyDict>)>>
+    {
         let Some(plan) = &self.plan else { return Ok(Vec::new()) };
         let names = |values: &[trace_ir::ValueId]| values.iter().map(|v| v.to_string()).collect::<Vec<_>>();
         plan.regions
@@ -186,7 +188,13 @@ impl PyTrace {
                         Ok((c.name.clone(), PyTuple::new(py, args)?, names(&c.outputs)))
                     })
                     .collect::<PyResult<Vec<_>>>()?;
-                Ok((names(&r.inputs), calls, names(&r.outputs)))
+                let dtypes = PyDict::new(py);
+                for &v in r.inputs.iter().chain(r.calls.iter().flat_map(|c| c.outputs.iter())) {
+                    if let Some(meta) = self.trace.tensor(v) {
+                        dtypes.set_item(v.to_string(), dtype_to_py(py, meta.dtype)?)?;
+                    }
+                }
+                Ok((names(&r.inputs), calls, names(&r.outputs), dtypes))
             })
             .collect()
     }
@@ -227,6 +235,13 @@ impl PyTrace {
     fn __repr__(&self) -> String {
         format!("<thunder_rs Trace '{}': {} bound symbols>", self.label, self.trace.count_bsyms())
     }
+}
+
+/// A dtype as the torch dtype it stands for.
+fn dtype_to_py(py: Python<'_>, dtype: trace_ir::DType) -> PyResult<Bound<'_, PyAny>> {
+    crate::convert::to_py(py, &Arg::DType(dtype), &mut |leaf| {
+        Err(pyo3::exceptions::PyTypeError::new_err(format!("not a dtype: {leaf:?}")))
+    })
 }
 
 /// An argument as Python data, values by name (`t12`). Prims take no Python objects; a symbol

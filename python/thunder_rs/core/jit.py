@@ -1,9 +1,10 @@
 """Compiled callables: the cache, the per-call path, and compilation on a miss."""
 
 import threading
-import types
 import time
+import types
 import warnings
+import weakref
 from itertools import starmap
 from operator import attrgetter, getitem
 from dataclasses import dataclass, field
@@ -16,7 +17,8 @@ from thunder_rs.core.acquire import acquire
 from thunder_rs.core.input_names import trace_input_names
 from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.callflat import compile_spec, flatten_call
-from thunder_rs.core.cache import describe_change, fast_key_fn, global_key, input_names, leaf_key
+from thunder_rs.core.cache import (describe_change, fast_key_fn, global_key, has_dead, input_names, leaf_key,
+                                  stored_key)
 from thunder_rs.core.entry import Entry, make_check, make_post
 from thunder_rs.core.front import live_functions
 from thunder_rs.core.fsdp import FSDPCall
@@ -28,7 +30,9 @@ from thunder_rs.core.modules import ModuleBinding, hooks_version, write_epoch
 from thunder_rs.core.proxies import make_proxy
 from thunder_rs.core.recorder import active_recorder
 from thunder_rs.core.rng import check_generators
-from thunder_rs.core.wrapped_module import WRAPPED, present_state_dict_as_wrapped
+from thunder_rs.core.wrapped_module import (WRAPPED, calling_through, named_modules_as_wrapped,
+                                            named_tensors_as_wrapped, present_names_as_wrapped,
+                                            present_state_dict_as_wrapped)
 from thunder_rs.core.writeback import with_writebacks
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
 from thunder_rs.executors.extend import Region, default_executors, executor_table, resolve_executors, whole_runners
@@ -49,7 +53,10 @@ class CompileStats:
 
     cache_hits: int = 0
     cache_misses: int = 0
+    #: Why each recent miss compiled, oldest first: the last ``reasons_kept`` of them, so a
+    #: function recompiled without end does not hold every reason (``cache_misses`` counts all).
     miss_reasons: list = field(default_factory=list)
+    reasons_kept: int = DEFAULT_CACHE_SIZE
     last_compile_s: float = 0.0
     stage_s: dict = field(default_factory=dict)
     evictions: int = 0
@@ -85,9 +92,9 @@ def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
         scope = dict(namespace)
         exec(compile(source, f"{filename} {name}", "exec"), scope)
         executor = executors[index]
-        calls = decomposed[i] if decomposed is not None and executor.fuses_decompositions else ((), (), ())
+        calls = decomposed[i] if decomposed is not None and executor.fuses_decompositions else ((), (), (), {})
         region = Region(name, key, source, scope[name], tuple(symbol_names), num_inputs, num_outputs,
-                        tuple(calls[0]), tuple(calls[1]), tuple(calls[2]))
+                        tuple(calls[0]), tuple(calls[1]), tuple(calls[2]), calls[3])
         try:
             fused[name] = executor.fuse(region)
         except Exception as e:
@@ -149,7 +156,7 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
         computation = with_writebacks(computation, wb)
-    if acquired.captured:
+    if acquired.captured and acquired.tail is None:
         computation = _with_captured(computation, tuple(acquired.captured))
     end = time.perf_counter()
     stages = {"passes": passes_at - start, "codegen": end - passes_at - fuse_s, "fuse": fuse_s}
@@ -172,13 +179,15 @@ class ThunderFunction:
         self._cache: dict = {}
         self._variants: dict = {}
         self._cache_size = cache
-        self._stats = CompileStats()
+        self._stats = CompileStats(reasons_kept=max(cache, DEFAULT_CACHE_SIZE))
         self._last_key = None
         self._last_entry: Entry | None = None
         self._binding: ModuleBinding | None = None
         self._epoch = -1
         self._cleared_because: str | None = None
         self._lock = threading.RLock()
+        #: Set when an object some stored key holds by identity died: the next miss drops its entries.
+        self._dead_keys = False
         self.__wrapped__ = fn
         live_functions.add(self)
 
@@ -237,6 +246,8 @@ class ThunderFunction:
         inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
         if self._module is not None:
             inputs.extend(params)
+        if entry.tail is not None:  # tensors argument objects hold (a KV cache's), read per call
+            inputs.extend(entry.tail(flat))
         try:
             out = entry.fn(*inputs)
         except Exception as e:
@@ -296,6 +307,7 @@ class ThunderFunction:
         entry.guards = Guards(acquired.guards)
         entry.hook_modules = self._hook_modules(acquired)
         entry.captured = tuple(acquired.captured)
+        entry.tail = acquired.tail
         entry.check = make_check(entry, entry.guards)
         entry.post = make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         self._record_miss(key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason)
@@ -312,12 +324,23 @@ class ThunderFunction:
         return modules or None
 
     def _insert(self, key, entry: Entry) -> None:
+        if self._dead_keys:
+            self._drop_dead_keys()
+        key = stored_key(key, _key_death_marker(self))
         entry.last_used = self._stats.cache_hits
         self._variants.setdefault(key, []).insert(0, entry)
         self._cache[key] = entry
         self._last_entry = entry
         if sum(map(len, self._variants.values())) > self._cache_size:
             self._evict()
+
+    def _drop_dead_keys(self) -> None:
+        """Drops the entries of keys whose identity objects died (a KV cache of an earlier
+        ``generate``): their guards hold what those objects held."""
+        self._dead_keys = False
+        for key in [k for k in self._variants if has_dead(k)]:
+            del self._variants[key]
+            self._cache.pop(key, None)
 
     def _evict(self) -> None:
         """Drops the least recently used entry."""
@@ -347,9 +370,11 @@ class ThunderFunction:
         else:
             names = input_names(self._fn, flat, spec)
             reason = describe_change(self._last_key[:2] if self._last_key else None, key[:2], names)
-        self._last_key = key
+        self._last_key = stored_key(key, None)  # for the next miss's reason; it keeps no argument alive
         stats.cache_misses += 1
         stats.miss_reasons.append(reason)
+        if len(stats.miss_reasons) > stats.reasons_kept:
+            del stats.miss_reasons[0]
         stats.last_compile_s = time.perf_counter() - start
         stats.stage_s = dict(stages)
         # A stage that runs twice in one half (dce before and after the split) counts once, summed.
@@ -380,6 +405,19 @@ def _warn_recompiles(fn, misses: int, reason: str) -> None:
 _WRAPPER_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
+def _key_death_marker(jfn):
+    """The weak-reference callback of a stored key's identities: marks ``jfn``'s cache as holding
+    dead keys (dropped on its next miss, under its lock: the callback may run at any moment)."""
+    ref = weakref.ref(jfn)
+
+    def dead(_):
+        owner = ref()
+        if owner is not None:
+            owner._dead_keys = True
+
+    return dead
+
+
 def _jit_again(module, cache: int, passes: tuple, executors):
     return ThunderModule(module, cache=cache, passes=passes, executors=executors)
 
@@ -393,8 +431,8 @@ class ThunderModule(torch.nn.Module):
 
     Hooks registered on this wrapper run eagerly around the compiled call, as ``nn.Module``
     runs them; hooks on the wrapped module and its submodules are traced into the call.
-    Attributes it does not have come from the wrapped module (``jm.config``, ``jm.generate``), and
-    its state dict has the wrapped module's keys.
+    Attributes it does not have come from the wrapped module (``jm.config``, ``jm.generate``; its
+    methods call the module through this wrapper), and its state dict has the wrapped module's keys.
     """
 
     def __init__(self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
@@ -406,6 +444,7 @@ class ThunderModule(torch.nn.Module):
         #: how a module with fully_shard (FSDP2) modules is called, or None
         self._fsdp = FSDPCall.of(module)
         present_state_dict_as_wrapped(self)
+        present_names_as_wrapped(self)
 
     def __getattr__(self, name: str):
         try:
@@ -414,7 +453,17 @@ class ThunderModule(torch.nn.Module):
             modules = self.__dict__.get("_modules")
             if modules is None or WRAPPED not in modules or name == WRAPPED:
                 raise
-            return getattr(modules[WRAPPED], name)
+            return calling_through(self, getattr(modules[WRAPPED], name))
+
+    # Names as eager gives them, without ``_model.`` (``wrapped_module``).
+    def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
+        return named_modules_as_wrapped(self, memo, prefix, remove_duplicate)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return named_tensors_as_wrapped(self, "named_parameters", prefix, recurse, remove_duplicate)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return named_tensors_as_wrapped(self, "named_buffers", prefix, recurse, remove_duplicate)
 
     def __reduce_ex__(self, protocol):
         # A copy or a pickle (``copy.deepcopy(jmodel)``, ``AveragedModel(jmodel)``) is a fresh jit

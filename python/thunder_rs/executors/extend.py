@@ -8,8 +8,14 @@ The tables go to Rust once per change (``executor_table``); the Rust claim pass 
 Python only for entries with a checker.
 """
 
+import builtins
+import functools
 import importlib
-from dataclasses import dataclass
+import itertools
+import keyword
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from thunder_rs import _core
@@ -77,6 +83,9 @@ class Region:
     inputs: tuple = ()
     calls: tuple = ()
     outputs: tuple = ()
+    #: For the same executors: the torch dtype of each tensor among the inputs and the calls'
+    #: outputs, by name (eager's: an executor whose ops compute in other dtypes casts to them).
+    dtypes: Mapping[str, Any] = field(default_factory=dict)
 
 
 class FusionExecutor(Executor):
@@ -94,7 +103,7 @@ class FusionExecutor(Executor):
 
     def take_from(self, executor: Executor, keys=None) -> None:
         """Takes ``executor``'s implementations of ``keys`` (all of them by default) as its own."""
-        for key in executor.implmap if keys is None else keys:
+        for key in executor.implmap.copy() if keys is None else keys:
             self.implmap[key] = executor.implmap[key]
             if key in executor.methods:
                 self.methods[key] = executor.methods[key]
@@ -125,11 +134,14 @@ _named: dict[str, Executor] = {}
 #: takes seconds, which jit without it must not pay.
 _lazy: dict[str, str] = {"inductor": "thunder_rs.executors.inductor_ex", "nvfuser": "thunder_rs.executors.nvfuser_ex"}
 _version = [0]
+#: Versions are never reused: with ``+= 1``, two threads bumping at once could write back a
+#: version some table was already cached under, which would then be taken for current.
+_versions = itertools.count(1)
 _table_cache: dict = {}
 
 
 def _bump():
-    _version[0] += 1
+    _version[0] = next(_versions)
 
 
 def register_executor(executor: Executor, *, priority: int | None = None) -> Executor:
@@ -211,21 +223,58 @@ def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: 
     return executor
 
 
+#: Names generated code gives other meanings: its module and functions, its values (``t12``),
+#: hoisted constants (``_c0``, ``_dev0``) and fusion regions (``inductor_fusion0``), and the
+#: builtins and keywords of Python.
+_CODE_NAMES = frozenset({"torch", "computation", "backward", "saved", *dir(builtins), *keyword.kwlist})
+_CODE_NAME_FORMS = re.compile(r"[tv]\d+|_c\d+|_dev\d+|\w*_fusion\d+")
+
+
+def _identifier(name: str) -> str:
+    """``name`` with every character an identifier cannot hold as ``_`` (``my-ex_<lambda>`` is
+    ``my_ex__lambda_``), and ``_`` before a leading digit."""
+    name = re.sub(r"\W", "_", name)
+    return name if name[:1].isalpha() or name[:1] == "_" else f"_{name}"
+
+
+def _unique(name: str, taken: dict, owner, reserved=None) -> str:
+    """``name`` as an identifier that no other owner in ``taken`` has and that ``reserved`` (a
+    predicate) does not hold back: numbered ``name_2``, ``name_3``, ... where needed; then taken
+    by ``owner`` (two implementations under one name would both run the last one)."""
+    base = code = name if name.isidentifier() else _identifier(name)
+    n = 1
+    while taken.get(code, owner) is not owner or (reserved is not None and reserved(code)):
+        n += 1
+        code = f"{base}_{n}"
+    taken[code] = owner
+    return code
+
+
+@functools.cache  # tables are rebuilt whenever an implementation is registered: ~700 names each time
+def _reserved(code: str) -> bool:
+    return code in _CODE_NAMES or _CODE_NAME_FORMS.fullmatch(code) is not None
+
+
 def executor_table(executors: list[Executor]):
-    """The Rust table of ``executors`` and the implementations by generated-code name."""
+    """The Rust table of ``executors`` and the implementations by generated-code name. Another
+    thread may register implementations meanwhile (fallbacks, lazily imported executors): each
+    implmap is read as a copy, and a change bumps the version, so the next compile rebuilds."""
     key = (tuple(id(e) for e in executors), _version[0])
     cached = _table_cache.get("table")
     if cached is not None and cached[0] == key:
         return cached[1], cached[2]
-    rows, impls = [], {}
+    rows: list = []
+    impls: dict[str, Any] = {}
+    names: dict[str, Executor] = {}
     for executor in executors:
         entries = []
-        for sym_key, (impl_name, checker, impl) in executor.implmap.items():
-            entries.append((sym_key, impl_name, checker is not None, executor.methods.get(sym_key),
+        for sym_key, (impl_name, checker, impl) in executor.implmap.copy().items():
+            code = _unique(impl_name, impls, impl, _reserved)
+            entries.append((sym_key, code, checker is not None, executor.methods.get(sym_key),
                             executor.inplace_methods.get(sym_key)))
-            impls[impl_name] = impl
         decomposes = getattr(executor, "fuses_decompositions", False)
-        rows.append((executor.name, executor.fusion, entries, decomposes))
+        # Rust names the executor's regions after it: ``{name}_fusion0``.
+        rows.append((_unique(executor.name, names, executor), executor.fusion, entries, decomposes))
     table = _core.ExecutorTable(rows)
     _table_cache["table"] = (key, table, impls)
     return table, impls
@@ -239,8 +288,8 @@ def whole_runners(executors: list[Executor]) -> dict | None:
     if any(getattr(e, "fuses_decompositions", False) for e in executors):
         return None
     runners: dict = {}
-    for sid in KERNEL_IDS:
-        checkers = [e.implmap[sid][1] for e in executors if not e.fusion and sid in e.implmap]
+    for sid in KERNEL_IDS.copy():  # another thread may be importing symbols
+        checkers = [entry[1] for e in executors if not e.fusion and (entry := e.implmap.get(sid)) is not None]
         if checkers:
             runners[sid] = checkers
     return runners

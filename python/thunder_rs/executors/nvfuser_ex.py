@@ -20,9 +20,22 @@ stay with torch), the special functions nvFuser has no op for, ``flip``, ``argma
 ``sort``/``topk``, scatters, and pads with interior or negative widths. On the CPU it claims
 nothing, so CPU programs are unchanged.
 
+Dtypes: nvFuser computes Half and BFloat16 arithmetic in Float and its ops return Float (and
+Double for a Python float with an integer tensor, Int for an integer sum) unless the definition
+casts. The definition casts each prim's result to the dtype the trace gives it, which is eager's:
+torch's kernels also compute halves in float32 and round each op's result, so a region hands on
+eager's dtypes and, op for op, eager's values (the values the torch executor computes from the same
+decomposition). A decomposition that computes in float32 as torch's kernel does (softmax, layer
+norm) says so with its own conversions, and the region follows them. Python float operands of
+float tensors become Float constants, as torch computes ``t * 0.1`` in float32 where nvFuser would
+compute in double (rounded to the tensor's dtype where torch reads them so: comparisons,
+``maximum``...). Ops nvFuser has no half kernels for (reductions, ``floor``, ``isfinite``...) run on
+the operand cast to Float, exactly.
+
 A region's definition is built on its first call with each input layout (dtype, shape, strides),
-and kept; the per-call path is a comparison with the last layout and ``fd.execute``. A layout
-nvFuser cannot define or compile runs the region's eager torch calls, with a warning.
+and kept; the per-call path is a comparison with the last layout and ``fd.execute``, the casts
+being in the definition. A layout nvFuser cannot define or compile runs the region's eager torch
+calls, with a warning.
 """
 
 import os
@@ -42,8 +55,12 @@ DTYPES = {
     torch.float64: "Double", torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16",
     torch.int64: "Int", torch.int32: "Int32", torch.bool: "Bool",
 }
-#: ``DataType`` of a Python number input (``define_scalar``), as nvFuser's ``pytorch_utils``.
-SCALAR_TYPES = {bool: "Bool", int: "Int", float: "Double"}
+#: The dtype of a Python number input (``define_scalar``), as nvFuser's ``pytorch_utils``.
+SCALAR_TYPES = {bool: torch.bool, int: torch.int64, float: torch.float64}
+#: Reduced-precision floats: nvFuser computes their arithmetic in Float (``computeTypes`` with
+#: ``cast_half_to_float``, csrc/type_promotion.cpp), as torch's kernels do, and rounds only where
+#: the definition casts.
+HALF = (torch.float16, torch.bfloat16)
 
 UNARY = (
     "abs neg exp exp2 expm1 log log1p log2 log10 sin cos tan tanh sinh cosh asin acos atan asinh acosh atanh erf "
@@ -53,66 +70,98 @@ BINARY = (
     "add sub mul div pow fmod remainder maximum minimum atan2 eq ne lt le gt ge bitwise_and bitwise_or bitwise_xor "
     "nextafter"
 ).split()
+#: Unary ops nvFuser defines without promotion (``unaryOp`` with no config, the is-ops, in
+#: csrc/ops/arith.cpp): a Half operand stays Half, and nvFuser's half types have no such functions
+#: in generated code (on the H100 ``ceil`` and ``isnan`` of Half failed to compile: NVRTC found no
+#: overload for ``nvf::__half``). They run on Float, which is exact for them.
+KEEPS_HALF = {"floor", "ceil", "round", "trunc", "isfinite"}
 
 
 def _unary(name):
-    return lambda fd, a: getattr(fd.ops, name)(a)
+    if name in KEEPS_HALF:
+        return lambda cx, a: getattr(cx.ops, name)(cx.upcast(a))
+    return lambda cx, a: getattr(cx.ops, name)(a)
+
+
+#: Binary prims whose torch implementation reads a number operand in the tensor's dtype: the
+#: torch executor makes it a tensor of that dtype (``maximum``, ``minimum``, ``fmod``, ``atan2``),
+#: and torch's comparison kernels read it as one (``scalar_value<scalar_t>``, CompareKernels.cu).
+#: Their numbers are rounded to it (``x > 0.8`` of a bfloat16 0.8 is false).
+ROUNDED_NUMBER = {"maximum", "minimum", "fmod", "atan2", "eq", "ne", "lt", "le", "gt", "ge"}
 
 
 def _binary(name):
-    return lambda fd, a, b: getattr(fd.ops, name)(a, b)
+    rounded = name in ROUNDED_NUMBER
+    return lambda cx, a, b: getattr(cx.ops, name)(*cx.operands(a, b, rounded=rounded))
 
 
 def _copy_or(reduce):
     """A prim reduction over no dims reduces nothing: the result is a copy of its input."""
-    return lambda fd, a, dims, *rest: reduce(fd, a, list(dims), *rest) if dims else fd.ops.set(a)
+    return lambda cx, a, dims, *rest: reduce(cx, a, list(dims), *rest) if dims else cx.ops.set(a)
 
 
-def _dtype(fd_module, torch_dtype):
-    return getattr(fd_module.DataType, DTYPES[torch_dtype])
+def _pad(cx, a, value, config):
+    # nvFuser's pad_widths are torch's: (lo, hi) of the innermost dim first; its value must be of
+    # the tensor's kind (hasSimilarDtype, csrc/ops/alias.cpp: a float tensor takes no int 0).
+    kind = cx.kind(cx.dtype_of(a))
+    return cx.ops.pad(a, [w for lo, hi, _ in reversed(config) for w in (lo, hi)], kind(value))
 
 
-def _pad(fd, a, value, config):
-    # nvFuser's pad_widths are torch's: (lo, hi) of the innermost dim first.
-    return fd.ops.pad(a, [w for lo, hi, _ in reversed(config) for w in (lo, hi)], value)
+def _iota(cx, length, start, step, device, dtype):
+    # iota's start and step must be of its dtype's kind (csrc/ops/arith.cpp); a half one runs on
+    # Float and is rounded once, as torch's arange computes in float for halves.
+    computed = torch.float32 if dtype in HALF else dtype
+    kind = cx.kind(computed)
+    return cx.ops.iota(length, kind(start), kind(step), cx.data_type(computed))
 
 
-def _var_mean(fd, a, dims, correction):
-    return tuple(fd.ops.var_mean(a, list(dims), int(correction), False))
+def _sum(cx, a, dims):
+    # torch accumulates a half sum in float32; nvFuser casts to the given dtype first.
+    return cx.ops.sum(a, dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
 
 
-def _var(fd, a, dims, correction):
-    return fd.ops.var(a, list(dims), int(correction), False)
+def _prod(cx, a, dims):
+    return cx.ops.prod(a, dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
 
 
-#: prim name -> ``translate(fd, *args)``: the ``fd.ops`` calls computing the prim, with the
-#: prim's positional arguments (values as nvFuser tensors or scalars). ``fd.module`` is the
-#: ``nvfuser_direct`` module the definition belongs to.
+def _var_mean(cx, a, dims, correction):
+    # variance_mean refuses halves ("please upcast to float", csrc/ops/normalization.cpp).
+    return tuple(cx.ops.var_mean(cx.upcast(a), list(dims), int(correction), False))
+
+
+def _var(cx, a, dims, correction):
+    return cx.ops.var(cx.upcast(a), list(dims), int(correction), False)
+
+
+#: prim name -> ``translate(cx, *args)``: the ``fd.ops`` calls computing the prim, with the
+#: prim's positional arguments (values as nvFuser tensors or scalars); ``cx`` is the
+#: ``_Definition`` being built. A translation may return a dtype other than the prim's (nvFuser
+#: computes halves in Float): ``define`` casts each value to the dtype the region keeps it in.
 TRANSLATIONS = {
     **{name: _unary(name) for name in UNARY},
     **{name: _binary(name) for name in BINARY},
-    "where": lambda fd, pred, a, b: fd.ops.where(pred, a, b),
-    "convert_element_type": lambda fd, a, dtype: fd.ops.cast(a, _dtype(fd.module, dtype)),
-    "broadcast_in_dim": lambda fd, a, shape, dims: fd.ops.broadcast_in_dim(a, list(shape), list(dims)),
-    "reshape": lambda fd, a, shape: fd.ops.reshape(a, list(shape)),
-    "transpose": lambda fd, a, perm: fd.ops.permute(a, list(perm)),
-    "slice": lambda fd, a, start, end, strides: fd.ops.slice(a, list(start), list(end), list(strides)),
-    "squeeze": lambda fd, a, dims: fd.ops.squeeze(a, list(dims)) if dims else fd.ops.set(a),
-    "cat": lambda fd, tensors, dim: fd.ops.cat(list(tensors), dim),
+    "where": lambda cx, pred, a, b: cx.ops.where(pred, *cx.operands(a, b)),
+    "convert_element_type": lambda cx, a, dtype: cx.ops.cast(a, cx.data_type(dtype)),
+    "broadcast_in_dim": lambda cx, a, shape, dims: cx.ops.broadcast_in_dim(a, list(shape), list(dims)),
+    "reshape": lambda cx, a, shape: cx.ops.reshape(a, list(shape)),
+    "transpose": lambda cx, a, perm: cx.ops.permute(a, list(perm)),
+    "slice": lambda cx, a, start, end, strides: cx.ops.slice(a, list(start), list(end), list(strides)),
+    "squeeze": lambda cx, a, dims: cx.ops.squeeze(a, list(dims)) if dims else cx.ops.set(a),
+    "cat": lambda cx, tensors, dim: cx.ops.cat(list(tensors), dim),
     "pad": _pad,
-    "full": lambda fd, shape, fill, device, dtype: fd.ops.full(list(shape), fill, _dtype(fd.module, dtype)),
-    "iota": lambda fd, length, start, step, device, dtype: fd.ops.iota(length, start, step, _dtype(fd.module, dtype)),
-    "sum": _copy_or(lambda fd, a, dims: fd.ops.sum(a, dims, False, fd.tensor_dtype(a))),
-    "prod": _copy_or(lambda fd, a, dims: fd.ops.prod(a, dims, False, fd.tensor_dtype(a))),
-    "amax": _copy_or(lambda fd, a, dims: fd.ops.max(a, dims, False)),
-    "amin": _copy_or(lambda fd, a, dims: fd.ops.min(a, dims, False)),
+    "full": lambda cx, shape, fill, device, dtype: cx.ops.full(list(shape), fill, cx.data_type(dtype)),
+    "iota": _iota,
+    "sum": _copy_or(_sum),
+    "prod": _copy_or(_prod),
+    "amax": _copy_or(lambda cx, a, dims: cx.ops.max(cx.upcast(a), dims, False)),
+    "amin": _copy_or(lambda cx, a, dims: cx.ops.min(cx.upcast(a), dims, False)),
     "var": _var,
     "var_mean": _var_mean,
-    "cumsum": lambda fd, a, dim: fd.ops.cumsum(a, dim),
-    "cumprod": lambda fd, a, dim: fd.ops.cumprod(a, dim),
-    "take": lambda fd, a, index, dim: fd.ops.index_select(a, index, dim),
-    "take_along_axis": lambda fd, a, index, dim: fd.ops.take_along_axis(a, index, dim),
-    "gather": lambda fd, a, index, dim: fd.ops.gather(a, index, dim),
+    "cumsum": lambda cx, a, dim: cx.ops.cumsum(a, dim),
+    "cumprod": lambda cx, a, dim: cx.ops.cumprod(a, dim),
+    "take": lambda cx, a, index, dim: cx.ops.index_select(a, index, dim),
+    "take_along_axis": lambda cx, a, index, dim: cx.ops.take_along_axis(a, index, dim),
+    "gather": lambda cx, a, index, dim: cx.ops.gather(a, index, dim),
 }
 
 
@@ -152,15 +201,23 @@ def _not_bool(a, *params) -> bool:
     return a.dtype != torch.bool  # torch's bool sum is an any(); nvFuser's has no such reduction
 
 
+def _full_precision(a, b) -> bool:
+    # nextafter needs Float or Double operands (float_only_op_config, checked before halves
+    # become Float, csrc/type_promotion.cpp); a half one's neighbour is not a Float one's either.
+    return all(x.dtype in (torch.float32, torch.float64) for x in (a, b) if isinstance(x, torch.Tensor))
+
+
 def _float_scan(a, dim) -> bool:
-    return a.dtype.is_floating_point  # integer scans overflow as torch's do only in int64
+    # Integer scans overflow as torch's do only in int64; nvFuser's scan takes no 0-dim tensor
+    # ("Tried to access out of boundary index 0", seen on the H100).
+    return a.dtype.is_floating_point and a.ndim > 0
 
 
 #: Checks beyond the device and dtypes, by prim: what nvFuser's op requires or computes differently.
 EXTRA_CHECKS: dict[str, Callable[..., bool]] = {
     "pad": _plain_pad, "var": _integral_correction, "var_mean": _integral_correction,
     "take": _take_index, "take_along_axis": _same_but_dim, "gather": _int64_index,
-    "cumsum": _float_scan, "cumprod": _float_scan,
+    "cumsum": _float_scan, "cumprod": _float_scan, "nextafter": _full_precision,
     "sum": _not_bool, "prod": _not_bool, "amax": _not_bool, "amin": _not_bool,
     "convert_element_type": lambda a, dtype: dtype in DTYPES,
     "full": lambda shape, fill, device, dtype: dtype in DTYPES and not isinstance(fill, complex),
@@ -208,14 +265,81 @@ def import_nvfuser_direct():
 
 
 class _Definition:
-    """What the translators see while a definition is built: its ``ops``, the ``nvfuser_direct``
-    module (for ``DataType``) and the dtype of a defined tensor."""
+    """A definition being built, as the translators see it: its ``ops``, the dtype of each value
+    (``DataType`` and torch dtypes both ways) and the casts that make nvFuser compute as torch."""
 
-    def __init__(self, module, fd):
-        self.module, self.fd, self.ops = module, fd, fd.ops
+    def __init__(self, module, fd, region: Region):
+        self.module, self.fd, self.ops, self.region = module, fd, fd.ops, region
+        self._torch_dtypes = {getattr(module.DataType, name): dtype for dtype, name in DTYPES.items()}
+        #: id(nvFuser scalar) -> dtype, for the number inputs (only a TensorView has ``dtype()``).
+        self._scalars: dict = {}
 
-    def tensor_dtype(self, tv):
-        return tv.dtype()
+    def data_type(self, dtype):
+        return getattr(self.module.DataType, DTYPES[dtype])
+
+    def dtype_of(self, x) -> torch.dtype:
+        """The torch dtype of an operand: a tensor's, a number input's, a Python number's."""
+        if isinstance(x, (bool, int, float)):
+            return SCALAR_TYPES[type(x)]
+        return self._torch_dtypes[x.dtype()] if x.is_tensor() else self._scalars[id(x)]
+
+    @staticmethod
+    def computed(dtype: torch.dtype) -> torch.dtype:
+        """The dtype torch's kernels compute ``dtype`` in."""
+        return torch.float32 if dtype in HALF else dtype
+
+    @staticmethod
+    def kind(dtype: torch.dtype) -> type:
+        return float if dtype.is_floating_point else bool if dtype == torch.bool else int
+
+    def input(self, arg):
+        if isinstance(arg, torch.Tensor):
+            sizes, strides = list(arg.shape), list(arg.stride())
+            contiguity, stride_order = self.module.compute_tensor_descriptor(sizes, strides)
+            return self.fd.define_tensor(shape=sizes, contiguity=list(contiguity), dtype=self.data_type(arg.dtype),
+                                         is_cpu=False, stride_order=list(stride_order))
+        scalar = self.fd.define_scalar(dtype=self.data_type(SCALAR_TYPES[type(arg)]))
+        self._scalars[id(scalar)] = SCALAR_TYPES[type(arg)]
+        return scalar
+
+    def upcast(self, a):
+        """``a`` as Float if it is a half tensor: for the ops nvFuser would run in its dtype."""
+        return self.ops.cast(a, self.module.DataType.Float) if self.dtype_of(a) in HALF else a
+
+    def operands(self, *args, rounded: bool = False) -> tuple:
+        """``args`` with each floating number (a Python float, a float input) a Float scalar when
+        a float32 or half tensor is among them: torch computes ``t + 0.1`` in float32 (CUDA's
+        kernels read the number as float32 for halves too) where nvFuser would compute in double
+        and round. ``rounded``: the number rounded to the tensor's dtype first, as torch reads
+        it for the ``ROUNDED_NUMBER`` prims."""
+        floating = [self.dtype_of(a) for a in args if self._is_tensor(a) and self.dtype_of(a).is_floating_point]
+        if not floating or torch.float64 in floating:
+            return args
+        return tuple(self._as_float(a, floating[0] if rounded else torch.float32) for a in args)
+
+    @staticmethod
+    def _is_tensor(x) -> bool:
+        return not isinstance(x, (bool, int, float)) and x.is_tensor()
+
+    def _as_float(self, a, dtype: torch.dtype):
+        """A floating number ``a`` as a Float scalar of its value rounded to ``dtype``."""
+        if isinstance(a, float):
+            return self.fd.define_scalar(float(torch.tensor(a, dtype=dtype)), dtype=self.data_type(torch.float32))
+        if isinstance(a, (bool, int)) or a.is_tensor() or self.dtype_of(a) != torch.float64:
+            return a
+        if dtype != torch.float32:
+            a = self.ops.cast(a, self.data_type(dtype))
+        return self.ops.cast(a, self.data_type(torch.float32))
+
+    def kept(self, name: str, value):
+        """``value``, the translation of the region's value ``name``, in the trace's dtype: nvFuser
+        computes a half op in Float and would hand on Float; torch rounds each op's result to its
+        dtype, and so does the region, for the region's own later ops too (a decomposition that
+        computes in float32, as torch's kernel does, says so with its own conversions)."""
+        want = self.region.dtypes.get(name)
+        if want is None or not value.is_tensor() or self.dtype_of(value) == want:
+            return value
+        return self.ops.cast(value, self.data_type(want))
 
 
 def _resolve(arg, env):
@@ -226,28 +350,20 @@ def _resolve(arg, env):
     return arg
 
 
-def _define_input(module, fd, arg):
-    if isinstance(arg, torch.Tensor):
-        sizes, strides = list(arg.shape), list(arg.stride())
-        contiguity, stride_order = module.compute_tensor_descriptor(sizes, strides)
-        return fd.define_tensor(shape=sizes, contiguity=list(contiguity), dtype=_dtype(module, arg.dtype),
-                                is_cpu=False, stride_order=list(stride_order))
-    return fd.define_scalar(dtype=getattr(module.DataType, SCALAR_TYPES[type(arg)]))
-
-
 def define(module, region: Region, args):
-    """The ``FusionDefinition`` computing ``region`` on inputs laid out as ``args``."""
+    """The ``FusionDefinition`` computing ``region`` on inputs laid out as ``args``; each value
+    it hands on has the trace's dtype, which is eager's."""
     fd = module.FusionDefinition()
     with fd:
-        cx = _Definition(module, fd)
-        env = {name: _define_input(module, fd, a) for name, a in zip(region.inputs, args)}
+        cx = _Definition(module, fd, region)
+        env = {name: cx.input(a) for name, a in zip(region.inputs, args)}
         for name, call_args, outputs in region.calls:
             translate = TRANSLATIONS.get(name.removeprefix("prims."))
             if translate is None or not name.startswith("prims."):
                 raise ThunderNotImplementedError(f"nvfuser executor: no translation for {name} (region {region.name})")
             result = translate(cx, *_resolve(call_args, env))
             results = result if isinstance(result, tuple) else (result,)
-            env.update(zip(outputs, results))
+            env.update((out, cx.kept(out, value)) for out, value in zip(outputs, results))
         inputs = set(region.inputs)
         for name in region.outputs:
             # An output that is an input is copied: nvFuser would hand back the input itself.
@@ -295,17 +411,20 @@ class NvFuserRegion:
             run = self._define([a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args])
             return lambda args: run([a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args])
         try:
-            fd = define(executor.module, region, args)
-            outputs = fd.execute(list(args))  # compiles: a failure here falls back too
+            return self._compiled(args)
         except Exception as e:  # noqa: BLE001 (any nvFuser failure leaves the eager calls, which are exact)
             warnings.warn(f"thunder_rs nvfuser executor: {region.name} ({len(region.calls)} prims) runs eagerly: "
                           f"nvFuser could not define or compile it: {type(e).__name__}: {e}", stacklevel=4)
-            executor.stats["failures"] += 1
-            function = region.function
-            return lambda args: function(*args)
-        executor.stats["definitions"] += 1
+        executor.stats["failures"] += 1
+        function = region.function
+        return lambda args: function(*args)
+
+    def _compiled(self, args):
+        """The callable running the definition of ``args``' layout, compiled by running it on ``args``."""
+        fd = define(self.executor.module, self.region, args)
         execute = fd.execute
-        first = [tuple(outputs)]
+        first = [tuple(execute(list(args)))]  # compiles: a failure here falls back too
+        self.executor.stats["definitions"] += 1
 
         def run(args):
             if first:  # the compiling call's outputs serve the call that compiled
