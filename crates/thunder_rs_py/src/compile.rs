@@ -2,6 +2,7 @@
 //! `passes::pipeline` (which defines every stage).
 
 use passes::{ExecutorSpec, ImplSpec, Options, PassCx, SymKey};
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use trace_ir::pysrc::Callee;
@@ -75,23 +76,38 @@ pub fn compile(
     consts: Bound<'_, PyList>,
     passes: Vec<String>,
 ) -> PyResult<(Vec<PyTrace>, Vec<PyTrace>, Vec<usize>)> {
+    let py = checker.py();
     no_panic("compile", || {
         let cx = py_result(PassCx::from_env())?;
         let checker = Checker { checker: &checker, make_proxy: &make_proxy, consts: &consts };
+        let mut raised = None;
         let mut check = |i: usize, trace: &trace_ir::Trace, bsym: &BoundSymbol| -> trace_ir::Result<bool> {
             call_checker(&checker, trace, i, bsym).map_err(|e| {
-                trace_ir::IrError::new(
-                    trace_ir::ErrorKind::Runtime,
-                    bsym.symbol.qualified_name(),
-                    format!("checker failed: {e}"),
-                )
+                let message = format!("checker failed: {e}");
+                raised.get_or_insert(e);
+                trace_ir::IrError::new(trace_ir::ErrorKind::Runtime, bsym.symbol.qualified_name(), message)
             })
         };
         let options = Options { executors: &table.executors, passes: &passes };
-        let compiled = py_result(passes::compile(&acquired.trace, &options, &mut check, &cx))?;
+        let compiled = passes::compile(&acquired.trace, &options, &mut check, &cx);
+        let compiled = checked(py, py_result(compiled), raised)?;
         let convert = |records: Vec<passes::PassRecord>| records.into_iter().map(PyTrace::from).collect();
         Ok((convert(compiled.forward), convert(compiled.backward), compiled.grad_outputs))
     })
+}
+
+/// The compile's result given the first error a checker raised: that error itself when it is
+/// no `Exception` (Ctrl-C's `KeyboardInterrupt`, `SystemExit`), whatever the passes made of it;
+/// else the compile's error, caused by it (`raise ... from e`).
+fn checked<T>(py: Python<'_>, result: PyResult<T>, raised: Option<PyErr>) -> PyResult<T> {
+    match (result, raised) {
+        (_, Some(original)) if !original.is_instance_of::<PyException>(py) => Err(original),
+        (Err(err), Some(original)) => {
+            err.set_cause(py, Some(original));
+            Err(err)
+        }
+        (result, _) => result,
+    }
 }
 
 /// The names of the registered passes, which `jit(fn, passes=[...])` can name.

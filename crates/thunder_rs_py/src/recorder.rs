@@ -3,22 +3,45 @@
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use trace_ir::{Scalar, Symbol, SymbolId, TraceBuilder, ValueId, ValueKind};
+use std::thread::{self, ThreadId};
+use trace_ir::{ErrorKind, IrError, OpenCalls, Scalar, Symbol, SymbolId, TraceBuilder, ValueId, ValueKind};
 
 use crate::convert::{tensor_meta, to_arg, to_args, to_kwargs, types};
-use crate::errors::{no_panic, py_result};
+use crate::errors::{no_panic, py_result, PyIrError};
 use crate::trace::PyTrace;
 
 /// Records one trace. Python calls one method per prim, composite boundary or fallback.
-#[pyclass(unsendable, module = "thunder_rs._core", name = "Recorder")]
+///
+/// Not `unsendable`: the recording is found through a context variable, which a program may
+/// carry to worker threads (`contextvars.copy_context().run` in a thread pool), and a traced op
+/// there records into the same trace, as eager computes it there (an `unsendable` class would
+/// panic instead, in PyO3's own trampoline where no `no_panic` can catch it). Each thread's
+/// calls nest in the composite calls that thread opened: the builder holds those of the thread
+/// that recorded last, the others wait in `parked`.
+#[pyclass(module = "thunder_rs._core", name = "Recorder")]
 pub struct Recorder {
     builder: Option<TraceBuilder>,
     consts: Vec<Py<PyAny>>,
+    thread: ThreadId,
+    parked: Vec<(ThreadId, OpenCalls)>,
 }
 
 impl Recorder {
+    /// The builder, holding the calling thread's open composite calls.
     fn builder(&mut self) -> PyResult<&mut TraceBuilder> {
-        self.builder.as_mut().ok_or_else(|| PyRuntimeError::new_err("the recording is finished"))
+        let builder = self.builder.as_mut().ok_or_else(|| PyRuntimeError::new_err("the recording is finished"))?;
+        let me = thread::current().id();
+        if me != self.thread {
+            let open = builder.take_open();
+            if !open.is_empty() {
+                self.parked.push((self.thread, open));
+            }
+            if let Some(i) = self.parked.iter().position(|(t, _)| *t == me) {
+                py_result(builder.restore_open(self.parked.swap_remove(i).1))?;
+            }
+            self.thread = me;
+        }
+        Ok(builder)
     }
 
     /// `(vid, shape, dtype_code, device, requires_grad)` for each output, as Python builds proxies.
@@ -40,13 +63,19 @@ impl Recorder {
 impl Recorder {
     #[new]
     fn new() -> Self {
-        Recorder { builder: Some(TraceBuilder::new()), consts: Vec::new() }
+        Recorder {
+            builder: Some(TraceBuilder::new()),
+            consts: Vec::new(),
+            thread: thread::current().id(),
+            parked: Vec::new(),
+        }
     }
 
     /// Adds a tensor input; returns its value id.
     fn tensor_input(&mut self, dtype: u8, device: &str, shape: Vec<i64>, requires_grad: bool) -> PyResult<u32> {
         let meta = tensor_meta(dtype, device, shape, requires_grad)?;
-        Ok(self.builder()?.add_input(ValueKind::Tensor(meta)).0)
+        let builder = self.builder()?;
+        no_panic("tensor_input", || Ok(builder.add_input(ValueKind::Tensor(meta)).0))
     }
 
     /// Adds a number input, specialised on `value`.
@@ -56,7 +85,8 @@ impl Recorder {
             trace_ir::Arg::Scalar(s) => s,
             _ => Scalar::Float(value.extract()?),
         };
-        Ok(self.builder()?.add_input(ValueKind::Number(scalar)).0)
+        let builder = self.builder()?;
+        no_panic("number_input", || Ok(builder.add_input(ValueKind::Number(scalar)).0))
     }
 
     /// Records `prims.<name>(*args)` under torch's grad mode `grad_enabled` (read by the caller
@@ -77,13 +107,18 @@ impl Recorder {
 
     /// `tensor.requires_grad_(flag)` on the recorded value `value`.
     fn set_requires_grad(&mut self, value: u32, flag: bool) -> PyResult<()> {
-        py_result(self.builder()?.set_requires_grad(ValueId(value), flag))
+        let builder = self.builder()?;
+        no_panic("requires_grad_", || py_result(builder.set_requires_grad(ValueId(value), flag)))
     }
 
-    /// How many composite calls are open: 0 while the program itself calls torch.
+    /// How many composite calls the calling thread has open: 0 while the program itself calls torch.
     #[getter]
     fn depth(&self) -> usize {
-        self.builder.as_ref().map_or(0, TraceBuilder::depth)
+        let me = thread::current().id();
+        if me == self.thread {
+            return self.builder.as_ref().map_or(0, TraceBuilder::depth);
+        }
+        self.parked.iter().find(|(t, _)| *t == me).map_or(0, |(_, open)| open.len())
     }
 
     /// Opens a composite call of `symbol`.
@@ -98,8 +133,11 @@ impl Recorder {
         let types = types(py)?;
         let args = to_args(args, types, &mut self.consts)?;
         let kwargs = to_kwargs(kwargs, types, &mut self.consts)?;
-        self.builder()?.begin_composite(SymbolId(symbol), args, kwargs);
-        Ok(())
+        let builder = self.builder()?;
+        no_panic("begin", || {
+            builder.begin_composite(SymbolId(symbol), args, kwargs);
+            Ok(())
+        })
     }
 
     /// Closes the innermost composite call with the value ids of its outputs.
@@ -111,20 +149,25 @@ impl Recorder {
     /// `get_grad(value)` in a grad rule: the description of the cotangent placeholder. Calls
     /// recorded after it, until the composite ends, form the composite's backward.
     fn get_grad<'py>(&mut self, py: Python<'py>, value: u32) -> PyResult<Bound<'py, PyList>> {
-        let placeholder = py_result(self.builder()?.get_grad(ValueId(value)))?;
+        let builder = self.builder()?;
+        let placeholder = no_panic("get_grad", || py_result(builder.get_grad(ValueId(value))))?;
         self.describe(py, &[placeholder])
     }
 
     /// `put_grad(value, grad)` in a grad rule.
     fn put_grad(&mut self, value: u32, grad: &Bound<'_, PyAny>) -> PyResult<()> {
         let grad = to_arg(grad, types(grad.py())?, &mut self.consts)?;
-        py_result(self.builder()?.put_grad(ValueId(value), grad))
+        let builder = self.builder()?;
+        no_panic("put_grad", || py_result(builder.put_grad(ValueId(value), grad)))
     }
 
     /// Drops the innermost open composite call.
     fn abort(&mut self) -> PyResult<()> {
-        self.builder()?.abort_composite();
-        Ok(())
+        let builder = self.builder()?;
+        no_panic("abort", || {
+            builder.abort_composite();
+            Ok(())
+        })
     }
 
     /// Records a call of `symbol` whose outputs `(dtype, device, shape, requires_grad)` are
@@ -147,7 +190,8 @@ impl Recorder {
             .map(|(d, dev, shape, rg)| tensor_meta(d, &dev, shape, rg))
             .collect::<PyResult<Vec<_>>>()?;
         let symbol = if whole { Symbol::Composite(SymbolId(symbol)) } else { Symbol::Fallback(SymbolId(symbol)) };
-        let ids = self.builder()?.record_given(symbol, args, kwargs, metas);
+        let builder = self.builder()?;
+        let ids = no_panic("call", || Ok(builder.record_given(symbol, args, kwargs, metas)))?;
         self.describe(py, &ids)
     }
 
@@ -159,6 +203,11 @@ impl Recorder {
     /// Finishes the recording with the program's outputs (proxies, numbers, tuples, lists).
     fn finish(&mut self, py: Python<'_>, outputs: &Bound<'_, PyAny>) -> PyResult<PyTrace> {
         let outputs = to_arg(outputs, types(py)?, &mut self.consts)?;
+        self.builder()?;
+        if let Some((_, open)) = self.parked.first() {
+            let message = format!("{} composite call(s) still open on another thread", open.len());
+            return Err(PyIrError(IrError::new(ErrorKind::Runtime, "recorder", message)).into());
+        }
         let builder = self.builder.take().ok_or_else(|| PyRuntimeError::new_err("the recording is finished"))?;
         Ok(PyTrace::new(no_panic("finish", || py_result(builder.finish(outputs)))?, "acquired"))
     }

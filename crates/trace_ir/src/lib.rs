@@ -23,5 +23,5 @@ pub use error::{ErrorKind, IrError, Result};
 pub use ids::{SymbolId, ValueId};
 pub use prims::Prim;
 pub use symbols::{SymbolKind, SymbolTable};
-pub use trace::{BoundSymbol, GradRule, Symbol, Trace, TraceBuilder};
+pub use trace::{BoundSymbol, GradRule, OpenCalls, Symbol, Trace, TraceBuilder};
 pub use value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};

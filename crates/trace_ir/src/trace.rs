@@ -210,6 +210,22 @@ impl Frame {
     }
 }
 
+/// The composite calls one thread has open, innermost last, taken off a [`TraceBuilder`] while
+/// another thread records: a program's worker threads trace ops too, and each thread's calls
+/// belong in its own open calls, whatever another thread opened meanwhile. A composite reaches
+/// its caller when it ends, after whatever its inputs came from, so the trace stays in order.
+pub struct OpenCalls(Vec<Frame>);
+
+impl OpenCalls {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// Records a trace call by call, as Python acquisition runs the program on proxies.
 pub struct TraceBuilder {
     values: Vec<ValueKind>,
@@ -457,6 +473,20 @@ impl TraceBuilder {
 
     pub fn depth(&self) -> usize {
         self.stack.len() - 1
+    }
+
+    /// Takes the open composite calls off the builder, which then records at the top level.
+    pub fn take_open(&mut self) -> OpenCalls {
+        OpenCalls(self.stack.split_off(1))
+    }
+
+    /// Puts back calls [`TraceBuilder::take_open`] took; the builder must have none open.
+    pub fn restore_open(&mut self, open: OpenCalls) -> Result<()> {
+        if self.stack.len() != 1 {
+            bail!(Runtime, "recorder", "restore_open while {} composite call(s) are open", self.stack.len() - 1);
+        }
+        self.stack.extend(open.0);
+        Ok(())
     }
 
     /// Finishes the recording with the program's outputs.

@@ -118,7 +118,7 @@ def torch_function(func, args, kwargs):
     """What a torch call on proxies means. What runs meanwhile is not the program's own code, so
     its reads are not guarded (``observe``)."""
     state = thread_state
-    if state.inside == 0 and state.observer is not None and PAUSE_HOOK_PER_CALL:
+    if state.inside == 0 and _hook_set(state):
         return _observed(_torch_function, func, args, kwargs)
     state.inside += 1
     try:
@@ -132,6 +132,13 @@ def torch_function(func, args, kwargs):
 #: 3.12 the hook is built on ``sys.monitoring``, where each removal re-instruments the code run
 #: afterwards: there it stays on.
 PAUSE_HOOK_PER_CALL = sys.version_info < (3, 12)
+
+
+def _hook_set(state) -> bool:
+    """Whether this thread's observer hook may be set, to be paused around a torch call. A thread
+    whose profile hook another profiler holds (``python -m cProfile``, a debugger) observes
+    without it, and may never have made one."""
+    return PAUSE_HOOK_PER_CALL and state.observer is not None and state.hook is not None
 
 
 def _observed(handle, *call):
@@ -315,7 +322,7 @@ class LanguageMode(TorchFunctionMode):
         if kind == 2:
             return torch_function(func, args, kwargs)
         state = thread_state
-        if state.inside == 0 and state.observer is not None and PAUSE_HOOK_PER_CALL:
+        if state.inside == 0 and _hook_set(state):
             return _observed(_untraced_call, func, args, kind, kwargs)
         state.inside += 1
         try:

@@ -6,6 +6,7 @@ Composites run whole as the torch callable they stand for (``ltorch.softmax`` as
 
 import contextlib
 import operator
+import threading
 
 import torch
 
@@ -405,16 +406,22 @@ def decomposing():
         _bump()
 
 
+_fallbacks_lock = threading.Lock()
+
+
 def sync_fallbacks() -> None:
-    """Adds the fallback symbols recorded since the last call."""
-    added = False
-    for sid, func in list(FALLBACK_IMPLS.items()):  # another thread may be registering one
-        if sid not in torch_ex.implmap:
-            name = "eager_" + "".join(c if c.isalnum() else "_" for c in getattr(func, "__name__", "op"))
-            torch_ex.implmap[sid] = (f"{name}_{sid}", None, func)
-            added = True
-    if added:
-        _bump()
+    """Adds the fallback symbols recorded since the last call. Under a lock, and bumped before it
+    is released: a thread that finds its symbol added by another must also find the version the
+    other bumped, or it would compile with a table cached before the symbol was there."""
+    with _fallbacks_lock:
+        added = False
+        for sid, func in list(FALLBACK_IMPLS.items()):  # another thread may be registering one
+            if sid not in torch_ex.implmap:
+                name = "eager_" + "".join(c if c.isalnum() else "_" for c in getattr(func, "__name__", "op"))
+                torch_ex.implmap[sid] = (f"{name}_{sid}", None, func)
+                added = True
+        if added:
+            _bump()
 
 
 _register_prims()

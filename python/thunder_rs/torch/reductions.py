@@ -7,6 +7,7 @@ back to the input's rank with the reduced dims of size 1.
 
 import builtins
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -173,8 +174,9 @@ def _define_max(name: str, reduce_prim, arg_prim, elementwise, return_type):
     return extremum
 
 
-max = _define_max("max", prims.amax, prims.argmax, maximum, torch.return_types.max)
-min = _define_max("min", prims.amin, prims.argmin, minimum, torch.return_types.min)
+# Annotated: statistics_grads registers their grad rules while this import cycle is checked.
+max: Callable = _define_max("max", prims.amax, prims.argmax, maximum, torch.return_types.max)
+min: Callable = _define_max("min", prims.amin, prims.argmin, minimum, torch.return_types.min)
 
 
 def _define_argextremum(name: str, prim):

@@ -1,7 +1,9 @@
 """Grad rules of the order statistics whose decomposition routes the gradient elsewhere than eager:
-median and nanmedian of a whole tensor share it among every element equal to the result (NaN
-ones when it is NaN); along a dim they, mode and kthvalue send it to the index eager's kernel
-returns (for ties, kthvalue's and median's selection picks another than a stable sort's).
+median and nanmedian of a whole tensor, and max and min of a whole tensor, share it among every
+element equal to the result (NaN ones when it is NaN; amax's rule, which the decomposition of
+max would take, gives NaN everywhere then, as eager's amax does); along a dim median, mode and
+kthvalue send it to the index eager's kernel returns (for ties, kthvalue's and median's selection
+picks another than a stable sort's).
 """
 
 from thunder_rs import torch as ltorch
@@ -55,3 +57,21 @@ def mode_grad(input, dim=-1, keepdim=False):
 @register_grad(ltorch.kthvalue)
 def kthvalue_grad(input, k, dim=-1, keepdim=False):
     return _to_the_returned_index(ltorch.kthvalue(input, k, dim, keepdim), input, dim, keepdim)
+
+
+def _define_full_extremum_grad(symbol):
+    """``torch.max(x)``/``torch.min(x)``: eager's ``evenly_distribute_backward``. The other forms
+    (along a dim, elementwise) differentiate their decomposition."""
+    @register_grad(symbol)
+    def full_extremum_grad(input, dim=None, keepdim=False, *, other=None):
+        out = symbol(input, dim, keepdim, other=other)
+        if dim is not None or other is not None or not input.dtype.is_floating_point:
+            return out
+        put_grad(input, ltorch.to(_evenly_distributed(get_grad(out), input, out), input.dtype))
+        return out
+
+    return full_extremum_grad
+
+
+max_grad = _define_full_extremum_grad(ltorch.max)
+min_grad = _define_full_extremum_grad(ltorch.min)
