@@ -1,6 +1,7 @@
 """Python state a compiled call cannot keep is refused with the user's line: gradients read or
-set inside the program (a jitted optimizer step, ``zero_grad``), and writes to objects reached
-through a list or dict of the arguments (a cache layer counting its tokens)."""
+set inside the program (a jitted optimizer step, ``zero_grad``), and changes to lists and dicts
+reached through the arguments (an item appended to a cache's layers). Attributes set on objects
+reached through them (a cache layer counting its tokens) are set again by every call."""
 
 import pytest
 import torch
@@ -34,24 +35,62 @@ def test_an_optimizer_zero_grad_inside_a_program_is_refused():
         thunder_rs.jit(step)(torch.ones(1, 2))
 
 
-def test_a_write_to_an_object_reached_through_a_list_of_an_argument_is_refused_and_undone():
-    class Layer:
-        def __init__(self):
-            self.length = 0
+class _Layer:
+    def __init__(self):
+        self.length = 0
 
+
+class _Cache:
+    def __init__(self):
+        self.layers = [_Layer()]
+
+
+def test_a_write_to_an_object_reached_through_a_list_of_an_argument_is_repeated_by_every_call():
+    def program(x, cache):
+        cache.layers[0].length += 1  # as a Hugging Face sliding-window cache layer counts its tokens
+        return x + cache.layers[0].length
+
+    jf, cache, eager = thunder_rs.jit(program), _Cache(), _Cache()
+    for _ in range(3):
+        torch.testing.assert_close(jf(torch.ones(2), cache), program(torch.ones(2), eager))
+    assert cache.layers[0].length == eager.layers[0].length == 3
+    # Each count is a value the trace read: a new one recompiles, naming it.
+    assert thunder_rs.compile_stats(jf).miss_reasons[-1].startswith("cache.layers[0].length changed from 1 to 2")
+
+
+def test_a_list_reached_through_an_argument_changed_by_the_program_is_refused_and_undone():
+    def program(x, cache):
+        cache.layers.append(_Layer())  # as DynamicCache.update makes its layers on the first call
+        return x + 1
+
+    cache = _Cache()
+    layers = list(cache.layers)
+    with pytest.raises(ThunderNotImplementedError, match=r"changed the list cache\.layers, which it reached through "
+                                                           r"its arguments, leaving objects in it"):
+        thunder_rs.jit(program)(torch.ones(2), cache)
+    assert cache.layers == layers
+
+
+def test_items_set_in_a_dict_reached_through_an_argument_are_set_by_every_call():
+    # As an encoder-decoder cache marks a layer's cross-attention cache filled (is_updated[i] = True).
     class Cache:
         def __init__(self):
-            self.layers = [Layer()]
+            self.is_updated = {0: False}
+            self.counts = [0, 0]
 
     def program(x, cache):
-        y = x + 1
-        cache.layers[0].length += 1  # as a Hugging Face sliding-window cache layer counts its tokens
+        y = x * 2 if cache.is_updated[0] else x + 1
+        cache.is_updated[0] = True
+        cache.counts[1] = y.sum()  # a tensor: each call's own
         return y
 
-    cache = Cache()
-    with pytest.raises(ThunderNotImplementedError, match=r"set Layer\.length on an object it reached through a list"):
-        thunder_rs.jit(program)(torch.ones(2), cache)
-    assert cache.layers[0].length == 0
+    jf = thunder_rs.jit(program)
+    for _ in range(3):
+        cache, eager = Cache(), Cache()
+        x = torch.randn(2)
+        torch.testing.assert_close(jf(x, cache), program(x, eager))
+        assert cache.is_updated == eager.is_updated == {0: True}
+        torch.testing.assert_close(cache.counts[1], eager.counts[1])
 
 
 @pytest.mark.parametrize("program", [

@@ -11,7 +11,8 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs import torch as ltorch
-from thunder_rs.core.effects import PrintCall, attribute_writes, recording_prints, stop_recording_prints
+from thunder_rs.core.cache import input_names
+from thunder_rs.core.effects import PrintCall, attribute_writes, item_writes, recording_prints, stop_recording_prints
 from thunder_rs.core.escapes import check_no_escape
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.fsdp import refuse_dtensors
@@ -22,7 +23,7 @@ from thunder_rs.core.observe import Observer
 from thunder_rs.core.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.pydraws import recording_draws
-from thunder_rs.core.state import check_unrepeated_writes, reached_objects
+from thunder_rs.core.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.recorder import Captures, input_proxy, recording
 from thunder_rs.core.torch_overrides import tracing_overrides
 from thunder_rs.core.writeback import WriteBacks, plan
@@ -40,7 +41,8 @@ class Acquired:
     out_spec: object
     #: what the trace returns: "single" (one leaf), "tuple" or "list" (of leaves)
     out_kind: str
-    #: tensors read from outside the inputs: the trace's last inputs, in this order
+    #: tensors read from outside the inputs: the trace's last inputs, in this order (those that
+    #: argument objects hold are read per call: see ``tail``)
     captured: list
     #: the Python values the trace was specialised on
     guards: list = field(default_factory=list)
@@ -52,6 +54,9 @@ class Acquired:
     modules_called: list = field(default_factory=list)
     #: tensor inputs the program wrote and what the call copies back, or None
     writebacks: WriteBacks | None = None
+    #: ``tail(flat)``: the trace's captured inputs for a call, in order, when some are tensors that
+    #: argument objects hold (``reached.captured_inputs``); None when ``captured`` are all of them
+    tail: object = None
 
 
 def _reject_generators(fn, out) -> None:
@@ -61,30 +66,30 @@ def _reject_generators(fn, out) -> None:
             "only as it is iterated, after the call, so it cannot be traced. Jit the function that consumes it")
 
 
-def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole):
+def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects):
     """Runs the program on proxies. Returns its output, the observer of what it read, the
     attributes it set on modules and state objects (``(holder, name, value)``, undone), the
-    ``print`` calls and draws from Python's and NumPy's generators it made (effects to repeat),
-    and the positions of the flat inputs that are tensors."""
+    ``print`` calls, draws from Python's and NumPy's generators and items set in containers of
+    the arguments (effects to repeat), and the positions of the flat inputs that are tensors.
+    ``reached`` are the objects reachable from the arguments."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
-    reached = reached_objects([x for x in flat_inputs if not isinstance(x, torch.Tensor)])
     prints: list = []
     draws: list = []
     token = recording_prints(prints)
     try:
         with refusals_not_swallowed(), recording_draws(draws), recording(rec, captures, made, whole):
-            out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding)
+            out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached)
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
             out = _fresh(out, captures)
             out = _apart(out, inputs.args + inputs.params + captures.proxies)
             writes = [(holder, name, _fresh(value, captures)) for holder, name, value in writes]
+            items = [(source, key, _fresh(value, captures)) for source, key, value in reached.item_writes()]
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    check_unrepeated_writes(reached, observer.state)
-    return out, observer, writes, (prints, draws), inputs
+    return out, observer, writes, (prints, draws, items), inputs
 
 
 def _apart(out, inputs: list):
@@ -135,7 +140,7 @@ def _refuse_uninitialized(names, tensors) -> None:
                 "its shape on its first call); run one eager forward first, then call the jitted module")
 
 
-def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding):
+def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached):
     """Runs the program on proxies (while recording); returns its output, the observer of its
     reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
     leaves = list(flat_inputs)
@@ -146,12 +151,16 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding):
         refuse_dtensors(binding.qualified, binding.tensors())
         _refuse_uninitialized(binding.qualified, binding.tensors())
         params = [input_proxy(rec, t) for t in binding.tensors()]
-        fn, pairs = binding.clone(params)
+        clone, pairs = binding.clone(params)
+        # The module's own call (hooks, forward): calling the clone would go through the
+        # ``_compiled_call_impl`` it copied from the user's module (``compile_module``, or a jitted
+        # module's ``generate``), which leads back to the jit.
+        fn = clone._call_impl
         slots = [(o.__dict__[s], n, c.__dict__[s], v) for c, o in pairs for s in ("_parameters", "_buffers")
                  for n, v in c.__dict__[s].items()]
     inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
     args, kwargs = tree_unflatten(leaves, in_spec)
-    observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,))
+    observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
     with observer, tracing_overrides(), LanguageMode():
         observer.observe_statically(fn, [c for c, _ in pairs])
         out = fn(*args, **kwargs)
@@ -187,11 +196,12 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     """Ends the recording with the program's outputs, then the tensors it printed or set as
     attributes, then the tensor inputs it wrote (``writeback``). Returns the trace, how to rebuild
     the outputs, the effects to repeat after each call (prints in order, draws in order, then
-    attribute writes), and the write-backs. ``repeated`` is ``(prints, draws)``."""
+    attribute writes, then item writes), and the write-backs. ``repeated`` is ``(prints, draws,
+    items)``."""
     extras: list = []
-    prints, draws = repeated
+    prints, draws, items = repeated
     effects = [PrintCall(args, kwargs, extras) for args, kwargs in prints] + draws
-    effects += attribute_writes(writes, extras)
+    effects += attribute_writes(writes, extras) + item_writes(items, extras)
     out_spec, num_outputs = None, 0
     if effects or not is_plain(out):
         out, out_spec = flatten_output(out, flat_inputs)
@@ -214,13 +224,15 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     executors run whole be recorded without their decompositions."""
     rec = _core.Recorder()
     made: list = []
-    captures = Captures(rec)
+    reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
+    captures = Captures(rec, reached.tensors)
     try:
         out, observer, writes, repeated, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made,
-                                                                 binding, whole)
+                                                                 binding, whole, reached)
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
+    observer.guard_argument_tensors(captures.tensors)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     del observer
     trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
@@ -230,8 +242,9 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     captured = captures.release()
     _check_no_escape(made, trace)  # first: a stored tensor is the more precise reason
     _check_guards_still_hold(guards, flat_inputs)
-    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, captured, guards, effects, num_outputs,
-                    modules_called, writebacks)
+    fixed = [t for t in captured if isinstance(t, torch.Tensor)]
+    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, fixed, guards, effects, num_outputs,
+                    modules_called, writebacks, captured_inputs(captured))
 
 
 def _disabled_code():

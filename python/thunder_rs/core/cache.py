@@ -2,6 +2,7 @@
 
 import inspect
 import types
+import weakref
 from typing import cast
 
 import torch
@@ -13,27 +14,70 @@ from thunder_rs.core.recorder import refuse_unlike_strided
 from thunder_rs.core.autocast import state as autocast_state
 
 _Tensor = torch.Tensor
-#: Non-tensor inputs keyed by identity: code and modules, which the key keeps alive.
+#: Non-tensor inputs keyed by identity: code and modules.
 _BY_IDENTITY = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType,
                 torch.nn.Module)
 
 
 class _Identity:
-    """An object in a cache key by identity, kept alive by the key (so its id is never reused)."""
+    """An object in a cache key by identity. A lookup's key holds it; the key an entry is stored
+    under holds it weakly where it can (``stored_key``), so that a compiled entry never keeps a
+    program's argument alive (a KV cache and its tensors, one per ``generate``)."""
 
     __slots__ = ("obj",)
 
     def __init__(self, obj):
         self.obj = obj
 
+    def target(self):
+        return self.obj
+
     def __hash__(self):
         return id(self.obj)
 
     def __eq__(self, other):
-        return type(other) is _Identity and other.obj is self.obj
+        # A dead weak identity equals nothing: its id may be a new object's by now.
+        return isinstance(other, _Identity) and (target := self.target()) is not None and other.target() is target
 
     def __repr__(self):
-        return f"<{type(self.obj).__name__} object at {id(self.obj):#x}>"
+        target = self.target()
+        return f"<{type(target).__name__} object at {hash(self):#x}>" if target is not None else "<a dead object>"
+
+
+class _WeakIdentity(_Identity):
+    """An identity in a stored key: its object held weakly, ``on_death`` called when it dies."""
+
+    __slots__ = ("ref", "hash")
+
+    def __init__(self, obj, on_death):
+        self.ref, self.hash = weakref.ref(obj, on_death), id(obj)
+
+    def target(self):
+        return self.ref()
+
+    def __hash__(self):
+        return self.hash
+
+
+def stored_key(key, on_death):
+    """``key`` as an entry is stored under it: each identity whose object allows a weak reference
+    held weakly (``on_death`` called when the object dies). Equal to ``key``, and so found by
+    lookups with the keys of later calls."""
+    if type(key) is tuple:
+        return tuple(stored_key(k, on_death) for k in key)
+    if type(key) is _Identity:
+        try:
+            return _WeakIdentity(key.obj, on_death)
+        except TypeError:  # no weak references to it: the key keeps it alive, so its id is never reused
+            return key
+    return key
+
+
+def has_dead(key) -> bool:
+    """Whether an object ``key`` holds by identity has died: no later call can match it."""
+    if type(key) is tuple:
+        return any(has_dead(k) for k in key)
+    return type(key) is _WeakIdentity and key.ref() is None
 
 
 #: Protocols through which a program reads an object other than by attribute (``x in s``,

@@ -1,5 +1,6 @@
-"""Python side effects of a traced program that every call repeats: ``print``, and attributes it
-sets on its modules and on the Python objects it reads as state.
+"""Python side effects of a traced program that every call repeats: ``print``, attributes it
+sets on its modules and on the Python objects it reads as state, and items it sets in lists and
+dicts of its arguments.
 
 ``print`` cannot be seen through ``__torch_function__``. While a program is traced, the
 ``print`` it calls is recorded instead of run (``builtins.print`` is wrapped once, on the first
@@ -104,6 +105,31 @@ class AttributeWrite:
             delattr(holder, self.name)
         else:
             setattr(holder, self.name, self.value.get(extras))
+
+
+class ItemWrite:
+    """An item the program set (or removed) in a list or dict reached from its arguments
+    (``cache.is_updated[i] = True``), repeated after every call on that call's container, found
+    at ``source`` (an ``InputSource``); ``key`` a full slice for a list's new contents, ``value``
+    a ``TracedValue``, or None for a removal."""
+
+    __slots__ = ("source", "key", "value")
+
+    def __init__(self, source, key, value):
+        self.source, self.key, self.value = source, key, value
+
+    def apply(self, extras, flat) -> None:
+        container = self.source.object(flat)
+        if self.value is None:
+            del container[self.key]
+        else:
+            container[self.key] = self.value.get(extras)
+
+
+def item_writes(writes, extras: list) -> list:
+    """``ItemWrite`` for each ``(source, key, value)`` (MISSING: removed), as ``attribute_writes``."""
+    return [ItemWrite(source, key, None if value is MISSING else TracedValue(value, extras))
+            for source, key, value in writes]
 
 
 def attribute_writes(writes, extras: list) -> list:

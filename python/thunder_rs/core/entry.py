@@ -43,6 +43,9 @@ class Entry:
     #: tensors the program reads from outside its inputs, and their ``captured_meta`` when traced
     captured: tuple = ()
     captured_meta: tuple = ()
+    #: ``tail(flat)``: all captured inputs of a call, when argument objects hold some of them
+    #: (``Acquired.tail``); None when ``fn`` appends ``captured`` itself
+    tail: object = None
 
     def why_not(self, flat) -> str:
         """Why ``check`` failed, in words (slow path)."""

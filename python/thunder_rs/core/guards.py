@@ -51,6 +51,18 @@ def freeze(value):
     return (t, value)
 
 
+class Item(str):
+    """A step that reads an item by a constant key (``[key]``), among attribute names: in a read
+    chain (``cfg["sub"]``) and in the path of an argument object (``cache.layers[0]``)."""
+
+    key: object
+
+    def __new__(cls, key):
+        step = super().__new__(cls, f"[{key!r}]")
+        step.key = key
+        return step
+
+
 @functools.cache
 def slot_names(cls: type) -> tuple:
     """The slots of ``cls`` and its bases, but ``__dict__`` and ``__weakref__``."""
@@ -296,7 +308,7 @@ class _CellView:
 @dataclass(eq=False)
 class InputSource(Source):
     """The instance dict of the ``position``-th flat input, or of an object reached from it
-    through the attributes ``path``."""
+    through ``path``: attribute names, and ``Item`` steps into lists and dicts (``cache.layers[0]``)."""
 
     position: int
     path: tuple
@@ -306,8 +318,8 @@ class InputSource(Source):
 
     def object(self, flat):
         obj = flat[self.position]
-        for attr in self.path:
-            obj = attributes_of(obj)[attr]
+        for step in self.path:
+            obj = obj[step.key] if type(step) is Item else attributes_of(obj)[step]
         return obj
 
     def mapping(self, flat):
@@ -321,8 +333,8 @@ class InputSource(Source):
         # A plain ``.__dict__`` read where no object on the path has slots: this runs every call.
         read = "_attributes({})" if self.slotted else "{}.__dict__"
         expr = f"flat[{self.position}]"
-        for attr in self.path:
-            expr = f"{read.format(expr)}[{attr!r}]"
+        for step in self.path:
+            expr = f"{expr}[{step.key!r}]" if type(step) is Item else f"{read.format(expr)}[{str(step)!r}]"
         return read.format(expr)
 
 
@@ -422,6 +434,89 @@ class DictGuard:
         return f"_same_attributes({self.source.code(f'm{index}', scope)}, e{index})"
 
 
+def tensor_meta(t) -> tuple:
+    """What a trace specialises on of a tensor it takes as an input, as the cache key holds it for
+    arguments: dtype, device, shape, requires_grad, and the strides unless contiguous."""
+    return (t.dtype, t.device, t.shape, t.requires_grad, t.is_contiguous() or t.stride())
+
+
+def _tensor_text(meta) -> str:
+    if meta is MISSING:
+        return "no tensor"
+    dtype, device, shape, requires_grad, layout = meta
+    text = f"a {str(dtype).removeprefix('torch.')} tensor of shape {list(shape)} on {device}"
+    text += ", requiring grad" if requires_grad else ""
+    return text + ("" if layout is True else f", strides {layout}")
+
+
+def _read_meta(value):
+    return tensor_meta(value) if isinstance(value, torch.Tensor) else MISSING
+
+
+@dataclass(eq=False)
+class TensorGuard:
+    """A tensor that an argument object holds (``cache.layers[0].keys``): every call passes the
+    tensor found there then to the trace as an input (``Acquired.tail``), so the trace is
+    specialised on its metadata, not on the tensor."""
+
+    source: Source
+    name: str
+    expected: tuple
+    origin: str
+
+    @property
+    def per_call(self) -> bool:
+        return self.source.per_call
+
+    def holds(self, flat) -> bool:
+        try:
+            value = self.source.mapping(flat).get(self.name, MISSING)
+        except (KeyError, AttributeError, IndexError, TypeError):
+            return False
+        return _read_meta(value) == self.expected
+
+    def describe(self, flat) -> str:
+        try:
+            now = _read_meta(self.source.mapping(flat).get(self.name, MISSING))
+        except (KeyError, AttributeError, IndexError, TypeError):
+            now = MISSING
+        return (f"{self.source.describe(self.name)} changed from {_tensor_text(self.expected)} to "
+                f"{_tensor_text(now)} (read at {self.origin})")
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"e{index}"] = self.expected
+        return f"_read_meta({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) == e{index}"
+
+
+@dataclass(eq=False)
+class NamesGuard:
+    """The attribute names of an argument object guarded whole: an attribute the program did not
+    find (``hasattr(layer, "cumulative_length")``) must still be absent."""
+
+    source: Source
+    names: frozenset
+    origin: str
+
+    @property
+    def per_call(self) -> bool:
+        return self.source.per_call
+
+    def holds(self, flat) -> bool:
+        try:
+            return self.source.mapping(flat).keys() == self.names
+        except (KeyError, AttributeError, IndexError, TypeError):
+            return False
+
+    def describe(self, flat) -> str:
+        now = set(self.source.mapping(flat))
+        changed = sorted(now ^ self.names)
+        return f"{self.source.label} gained or lost attributes ({', '.join(changed)}) (read at {self.origin})"
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"e{index}"] = self.names
+        return f"{self.source.code(f'm{index}', scope)}.keys() == e{index}"
+
+
 _MUTABLE = (list, dict, set)
 
 
@@ -509,7 +604,8 @@ def compile_check(guards: list[Guard]):
     if not guards:
         return None
     scope = {"MISSING": MISSING, "_freeze": freeze, "_simple": is_simple, "_structure": module_structure,
-             "_same_attributes": _same_attributes, "_same_items": _same_items, "_attributes": attributes_of}
+             "_same_attributes": _same_attributes, "_same_items": _same_items, "_attributes": attributes_of,
+             "_read_meta": _read_meta}
     terms = "\n        and ".join(g.term(i, scope) for i, g in enumerate(guards))
     source = (f"def check(flat):\n  try:\n    return ({terms})\n"
               "  except (KeyError, AttributeError, IndexError, TypeError):\n    return False\n")

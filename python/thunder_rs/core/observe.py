@@ -29,6 +29,7 @@ from thunder_rs import _core
 from thunder_rs.core.guards import (MISSING, CellSource, ClassSource, GlobalsSource, Guard, InputSource, ItemSource,
                                     ModuleSource, ModuleStoreSource, ObjectSource, StructureGuard, attributes_of,
                                     is_simple)
+from thunder_rs.core.guards import Item as _Item
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.state import ProgramState
 from thunder_rs.errors import ThunderNotImplementedError
@@ -74,17 +75,6 @@ _CONST_LOADS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})
 #: key have no code of their own.
 _CONTAINERS = (dict, list, tuple)
 _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
-
-
-class _Item(str):
-    """A chain step that reads an item by a constant key (``[key]``), among attribute names."""
-
-    key: object
-
-    def __new__(cls, key):
-        step = super().__new__(cls, f"[{key!r}]")
-        step.key = key
-        return step
 
 
 def _is_subscript(ins) -> bool:
@@ -207,18 +197,21 @@ class Observer:
     read through :class:`InputSource`. ``originals`` maps ``id`` of each module clone being traced
     to the user's module, so reads of a clone become guards on the original. ``functions`` are
     functions whose closure cells may be read (the traced function; more are found as globals are
-    read).
+    read). ``reached`` (``reached.ArgumentObjects``) are the objects reachable from the inputs.
     """
 
-    def __init__(self, inputs: list, originals: dict, functions=()):
+    def __init__(self, inputs: list, originals: dict, functions=(), reached=None):
         self._originals = originals
         self._owned = {id(m) for m in originals.values()}
         #: objects known to be program state (configs, argument objects), with their attributes
         #: when first reached
-        self.state = ProgramState()
+        self.state = ProgramState(reached.tensors if reached is not None else None)
+        names = reached.names if reached is not None else [f"input {i}" for i in range(len(inputs))]
         for i, x in enumerate(inputs):
             if not isinstance(x, torch.Tensor) and not is_simple(x) and attributes_of(x) is not None:
-                self.state.add(x, InputSource(i, (), f"input {i}", not isinstance(attributes_of(x), dict)))
+                self.state.add(x, InputSource(i, (), names[i], not isinstance(attributes_of(x), dict)))
+        for obj, source, under_container in reached.objects if reached is not None else ():
+            self.state.add(obj, source, whole=under_container)
         self._functions: dict = {}
         for fn in functions:
             self._add_function(fn)
@@ -278,11 +271,19 @@ class Observer:
         """The guards: values read, and the structure of modules called that the program does not
         own (the jitted module's own structure is guarded by its binding). None of them is on a
         module the program made while traced."""
+        self.state.guard_whole_objects(self._guards)
         structure = [StructureGuard(m, type(m).__name__) for i, m in self.modules_called.items()
                      if i not in self._owned and not self._traced_module(m)]
         kept = [g for g in self._guards.values()
                 if not (isinstance(getattr(g.source, "obj", None), torch.nn.Module) and self._traced_module(g.source.obj))]
         return kept + structure
+
+    def guard_argument_tensors(self, captured: list) -> None:
+        """Guards the metadata of the tensors of argument objects that the trace takes as inputs
+        (``reached.ArgumentTensor`` among ``captured``), read or not in a way the observer saw."""
+        for c in captured:
+            if not isinstance(c, torch.Tensor):
+                self.state.read(c.holder, c.name, c.origin, self._guards)
 
     def _add_function(self, fn) -> None:
         fn = getattr(fn, "__func__", fn)
@@ -379,7 +380,10 @@ class Observer:
             return value if isinstance(value, torch.nn.Module) else MISSING
         parent = self.state.source_of(obj) if type(obj) in _CONTAINERS else None
         if not isinstance(parent, ObjectSource):
-            return MISSING
+            # An object a list or dict of the arguments holds (``cache.layers[0]``) is state of
+            # its own, found with its path before the program ran.
+            value = obj[key] if type(obj) in _CONTAINERS and _has_item(obj, key) else MISSING
+            return value if value is not MISSING and value in self.state else MISSING
         source = ItemSource(obj, parent.label)
         value = source.fixed().get(key, MISSING)
         return MISSING if value is MISSING else self._keep(source, key, value, origin)
@@ -625,12 +629,20 @@ def _child_source(source, name: str, value):
     """The source of the attributes of ``value``, read as ``name`` at ``source``."""
     if isinstance(source, ItemSource):
         label = f"{source.label}[{name!r}]"
+    elif type(name) is _Item:
+        label = f"{source.label}{name}"
     else:
         label = f"{source.label}.{name}" if not isinstance(source, (GlobalsSource, CellSource)) else name
     if isinstance(source, InputSource):
         slotted = source.slotted or not isinstance(attributes_of(value), dict)
         return InputSource(source.position, (*source.path, name), label, slotted)
     return ObjectSource(value, label)
+
+
+def _has_item(container, key) -> bool:
+    if type(container) is dict:
+        return key in container
+    return type(key) is int and -len(container) <= key < len(container)
 
 
 def _cell_value(cell):

@@ -96,12 +96,18 @@ class Captures:
     call takes it, and every call of the compiled function passes that same tensor object, so
     its current values are read (as eager reads them); rebinding the name to another tensor is
     not seen. Torch calls on such tensors alone run eagerly while tracing (they may steer
-    Python control flow), so a tensor derived from them there is captured as computed then."""
+    Python control flow), so a tensor derived from them there is captured as computed then.
 
-    def __init__(self, rec: "_core.Recorder"):
+    A tensor an argument object holds (``held``: id -> ``reached.ArgumentTensor``) is instead
+    read by every call where the call's arguments hold it: ``tensors`` then has that record in
+    its place."""
+
+    def __init__(self, rec: "_core.Recorder", held: dict | None = None):
         self._rec = rec
+        self._held = held or {}
         self._proxies: dict[int, TensorProxy] = {}
-        self.tensors: list[torch.Tensor] = []
+        #: the captured tensors, or the ``ArgumentTensor`` records of those read per call
+        self.tensors: list = []
         #: the trace inputs standing for ``tensors``, in the same order
         self.proxies: list[TensorProxy] = []
         #: tensors the program created from Python values while traced (``torch.tensor([1., 2.])``),
@@ -118,7 +124,7 @@ class Captures:
     def is_created(self, x) -> bool:
         return isinstance(x, torch.Tensor) and self._created.get(id(x)) is x
 
-    def release(self) -> list[torch.Tensor]:
+    def release(self) -> list:
         """The captured tensors, in trace-input order; drops the proxies standing for them."""
         self._proxies.clear()
         self.proxies = []
@@ -131,7 +137,8 @@ class Captures:
         p = self._proxies.get(id(t))
         if p is None:
             p = self._proxies[id(t)] = input_proxy(self._rec, t)
-            self.tensors.append(t)
+            held = self._held.get(id(t))
+            self.tensors.append(t if held is None else held.used())
             self.proxies.append(p)
             if self.is_created(t):
                 copy = torch.clone(p)

@@ -7,41 +7,50 @@ call (a flag it sets, reads and restores). A fixed object (a config reached from
 global) is guarded whole, so reads the observer cannot see (``getattr(config, name)``) are
 covered too; an argument object, new each call, is guarded on the attributes read.
 
+An object reached from an argument through a list or dict (``cache.layers[0]``, see
+``core.reached``) is guarded whole too, through its path in each call's arguments: the observer
+follows attribute chains, not loops over containers, so it may miss reads of it. A tensor an
+argument object holds is read anew on every call (``reached.ArgumentTensor``): its guard is on
+its metadata, not on the tensor.
+
 After tracing, the attributes the program set on these objects are found by comparing with the
 copies: they are undone (tracing must not leave its stand-ins in user objects) and become writes
-that every compiled call repeats (``config.problem_type = ...``, set once in eager too, then read).
+that every compiled call repeats (``config.problem_type = ...``, set once in eager too, then read;
+``layer.keys = torch.cat(...)`` in a KV cache, with each call's tensor).
 """
-
-import types
 
 import torch
 
-from thunder_rs.core.guards import MISSING, DictGuard, Guard, InputSource, ObjectSource, attributes_of, is_simple
-from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.core.guards import (MISSING, DictGuard, Guard, InputSource, NamesGuard, ObjectSource, TensorGuard,
+                                    attributes_of)
 
 
 class StateObject:
-    __slots__ = ("obj", "source", "found")
+    __slots__ = ("obj", "source", "found", "whole")
 
-    def __init__(self, obj, source):
-        self.obj, self.source = obj, source
+    def __init__(self, obj, source, whole: bool):
+        self.obj, self.source, self.whole = obj, source, whole
         #: the attributes when the program first reached the object
         attributes = attributes_of(obj)
         self.found = None if attributes is None else dict(attributes)
 
 
 class ProgramState:
-    """The state objects of one acquisition, and the guards on what was read from them."""
+    """The state objects of one acquisition, and the guards on what was read from them.
+    ``argument_tensors`` (``reached.ArgumentObjects.tensors``) are the tensors argument objects
+    hold that each call reads anew, by id."""
 
-    def __init__(self):
+    def __init__(self, argument_tensors: dict | None = None):
         self._objects: dict = {}
+        self._argument_tensors = argument_tensors or {}
 
     def __contains__(self, obj) -> bool:
         return id(obj) in self._objects
 
-    def add(self, obj, source) -> None:
+    def add(self, obj, source, whole: bool = False) -> None:
+        """Adds a state object; ``whole``: an argument object guarded on all its attributes."""
         if id(obj) not in self._objects:
-            self._objects[id(obj)] = StateObject(obj, source)
+            self._objects[id(obj)] = StateObject(obj, source, whole)
 
     def source_of(self, obj):
         known = self._objects.get(id(obj))
@@ -54,9 +63,32 @@ class ProgramState:
         found = known.found.get(name, MISSING)
         if isinstance(known.source, ObjectSource):
             guards.setdefault(("object", id(obj)), DictGuard(known.source, known.found, origin))
+        elif known.whole:
+            self._guard_whole(known, origin, guards)
         else:
-            guards.setdefault(("input", id(obj), name), Guard(known.source, name, found, origin))
+            guards.setdefault(("input", id(obj), name), self._input_guard(known.source, name, found, origin))
         return found
+
+    def guard_whole_objects(self, guards: dict) -> None:
+        """Guards every argument object reached through a container, whether or not the observer
+        saw the program read it."""
+        for known in self._objects.values():
+            if known.whole:
+                self._guard_whole(known, f"{known.source.label}, reached from the arguments", guards)
+
+    def _guard_whole(self, known: StateObject, origin: str, guards: dict) -> None:
+        if ("names", id(known.obj)) in guards:
+            return
+        assert known.found is not None  # whole objects are those with an instance dict
+        guards[("names", id(known.obj))] = NamesGuard(known.source, frozenset(known.found), origin)
+        for name, value in known.found.items():
+            guards.setdefault(("input", id(known.obj), name), self._input_guard(known.source, name, value, origin))
+
+    def _input_guard(self, source, name: str, value, origin: str):
+        held = self._argument_tensors.get(id(value)) if isinstance(value, torch.Tensor) else None
+        if held is not None:
+            return TensorGuard(source, name, held.meta, origin)
+        return Guard(source, name, value, origin)
 
     def writes(self) -> list:
         """The attributes the program set or deleted on state objects, undone here: ``(holder, name,
@@ -79,57 +111,3 @@ class ProgramState:
             for name in removed:
                 now[name] = known.found[name]
         return out
-
-
-# -- objects reached through containers -------------------------------------------------------------
-
-#: How deep ``reached_objects`` follows attributes and containers from an argument.
-_DEPTH = 4
-
-
-def reached_objects(inputs) -> dict:
-    """The Python objects reachable from the program's arguments through attributes, lists, tuples
-    and dicts (modules and tensors have their own tracking): id -> (object, a copy of its
-    attributes). The observer follows attribute chains only, so an object reached by a subscript
-    (``cache.layers[i]``) is compared afterwards instead: see ``check_unrepeated_writes``."""
-    found: dict = {}
-
-    def visit(x, depth: int) -> None:
-        if depth > _DEPTH or is_simple(x) or isinstance(x, (torch.Tensor, torch.nn.Module, type, types.ModuleType,
-                                                             types.FunctionType, types.MethodType)):
-            return
-        if type(x) in (list, tuple):
-            for y in x:
-                visit(y, depth + 1)
-            return
-        if type(x) is dict:
-            for y in x.values():
-                visit(y, depth + 1)
-            return
-        attributes = getattr(x, "__dict__", None)
-        if isinstance(attributes, dict) and id(x) not in found:
-            found[id(x)] = (x, dict(attributes))
-            for y in attributes.values():
-                visit(y, depth + 1)
-
-    for x in inputs:
-        visit(x, 0)
-    return found
-
-
-def check_unrepeated_writes(reached: dict, state: ProgramState) -> None:
-    """Refuses (after putting the attributes back) a write the program made to an object it reached
-    through a container and that no compiled call would repeat: ``self.layers[i].length += 1`` in a
-    Hugging Face cache."""
-    for obj, before in reached.values():
-        if obj in state:
-            continue  # a state object: its writes are repeated by every call
-        now = obj.__dict__
-        changed = [k for k in set(now) | set(before) if now.get(k, MISSING) is not before.get(k, MISSING)]
-        if changed:
-            now.clear()
-            now.update(before)
-            raise ThunderNotImplementedError(
-                f"thunder_rs.jit: the traced program set {type(obj).__name__}.{sorted(changed)[0]} on an object it "
-                "reached through a list or dict of its arguments (such as a cache's layers); a compiled call would "
-                "not set it again. Keep such state in a tensor the program updates in place")
