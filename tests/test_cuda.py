@@ -68,15 +68,7 @@ def test_op_matches_eager_on_cuda(op, dtype, index):
 @pytest.mark.parametrize(("op", "dtype", "index"), _params(grad=True))
 def test_op_grad_matches_eager_on_cuda(op, dtype, index):
     sample = _sample(op, dtype, index)
-    try:
-        expected = test_ops.grads(op, sample, op.op)
-    except (RuntimeError, NotImplementedError) as e:
-        pytest.skip(f"eager's backward fails here: {e}")
-    inputs = test_ops.tensors_of([sample.args, list(sample.kwargs.values())])
-    if not all(t.isfinite().all() for t in inputs if t.is_floating_point()):
-        pytest.skip("non-finite inputs")
-    if not all(g.isfinite().all() for g in test_ops.tensors_of([expected])):
-        pytest.skip("eager's own gradient is not finite here")
+    expected = test_ops.eager_grads_or_skip(op, sample, op.op)
     actual = test_ops.grads(op, sample, thunder_rs.jit(op.op))
     test_ops.assert_same(actual, expected, _tolerance(op, dtype), sample)
 

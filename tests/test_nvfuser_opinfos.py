@@ -31,9 +31,6 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Eager's half-precision kernels and the decompositions nvFuser computes in float32 round
 #: differently: a few units in the last place of bfloat16 (as ``test_cuda.py``).
 HALF = dict(rtol=3e-2, atol=3e-2)
-#: OpInfo ids whose gradient another change owns: at ties, the gradient of prims.maximum/minimum
-#: goes wholly to one side where eager splits it (the "ties" rows of issue 23).
-TIES = {"clamp_ties", "clamp_tensor_ties", "clamp_min_method_ties", "fmax_ties", "fmin_ties"}
 #: (op id, dtype) -> how far thunder_rs's decomposition or gradient rule is from eager in that
 #: dtype for some sample, where the torch executor running the same decomposition gives the
 #: region's values (checked): the test accepts those. Not the nvFuser executor's to fix.
@@ -181,19 +178,9 @@ def _check_forward(op, dtype, index, executor, device="cpu"):
 
 
 def _check_grad(op, dtype, index, executor, device="cpu"):
-    if op.id in TIES:
-        pytest.skip("ties: the gradient of prims.maximum/minimum at ties is another change's (issue 23, item 4)")
     sample = _sample(op, dtype, index, device)
     program = _in_a_region(op.op)
-    try:
-        expected = test_ops.grads(op, sample, program)
-    except (RuntimeError, NotImplementedError) as e:
-        pytest.skip(f"eager's backward fails here: {e}")
-    inputs = test_ops.tensors_of([sample.args, list(sample.kwargs.values())])
-    if not all(t.isfinite().all() for t in inputs if t.is_floating_point()):
-        pytest.skip("non-finite inputs")
-    if not all(g.isfinite().all() for g in test_ops.tensors_of([expected])):
-        pytest.skip("eager's own gradient is not finite here")
+    expected = test_ops.eager_grads_or_skip(op, sample, program)
     actual = test_ops.grads(op, sample, thunder_rs.jit(program, executors=[executor]))
     _assert_as_eager(op, dtype, sample, actual, expected, lambda: test_ops.grads(op, sample, _decomposed(program)))
     assert executor.stats["failures"] == 0, "a region ran eagerly: nvFuser could not define or compile it"
