@@ -107,7 +107,13 @@ def test_tie_grads_match_eager_with_the_torch_executor(case, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES)
 def test_tie_grads_match_eager_in_nvfuser_regions(case, dtype, nvfuser_stand_in):
-    fn = CASES[case][0]
+    op = CASES[case][0]
+
+    def fn(*args):
+        # A product after the op, so the backward has a region to fuse with where the op's own
+        # backward is one kernel (an activation's, which alone the torch executor runs).
+        return op(*args) * 3.0
+
     jfn = thunder_rs.jit(fn, executors=[nvfuser_stand_in])
     _assert_grads(fn, jfn, dtype, case)
     assert thunder_rs.last_backward_traces(jfn)[-1].regions(), "the backward ran in no nvFuser region"

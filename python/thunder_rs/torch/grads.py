@@ -37,6 +37,46 @@ def gelu_grad(input, approximate="none"):
     return out
 
 
+def _put_floating(input, grad) -> None:
+    if input.dtype.is_floating_point:
+        put_grad(input, grad)
+
+
+@register_grad(ltorch.relu)
+def relu_grad(input, inplace=False):
+    out = ltorch.relu(input, inplace)
+    _put_floating(input, kernels.threshold_backward(get_grad(out), out, 0))  # eager's: from the result
+    return out
+
+
+@register_grad(ltorch.threshold)
+def threshold_grad(input, threshold, value, inplace=False):
+    out = ltorch.threshold(input, threshold, value, inplace)
+    _put_floating(input, kernels.threshold_backward(get_grad(out), input, threshold))
+    return out
+
+
+@register_grad(ltorch.leaky_relu)
+def leaky_relu_grad(input, negative_slope=0.01, inplace=False):
+    out = ltorch.leaky_relu(input, negative_slope, inplace)
+    _put_floating(input, kernels.leaky_relu_backward(get_grad(out), input, negative_slope))
+    return out
+
+
+@register_grad(ltorch.hardtanh)
+def hardtanh_grad(input, min_val=-1.0, max_val=1.0, inplace=False):
+    out = ltorch.hardtanh(input, min_val, max_val, inplace)
+    _put_floating(input, kernels.hardtanh_backward(get_grad(out), input, min_val, max_val))
+    return out
+
+
+@register_grad(ltorch.relu6)
+def relu6_grad(input, inplace=False):
+    out = ltorch.relu6(input, inplace)
+    _put_floating(input, kernels.hardtanh_backward(get_grad(out), input, 0.0, 6.0))
+    return out
+
+
 @register_grad(ltorch.dropout)
 def dropout_grad(input, p=0.5, training=True, inplace=False):
     if not training or not 0 < p < 1 or not input.dtype.is_floating_point:
