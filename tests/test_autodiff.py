@@ -382,10 +382,12 @@ def test_writing_a_saved_tensor_after_the_backward_is_allowed():
     lambda x: torch.polar(x.abs(), x).real.sum(),
     lambda x: (torch.view_as_complex(x.reshape(4, 2, 2)) @ torch.ones(2, 2, dtype=torch.complex64)).abs().sum(),
 ])
-def test_a_complex_value_that_would_carry_a_gradient_is_refused(program):
+def test_a_complex_value_that_carries_a_gradient_gets_eagers(program):
+    # Calls differentiating complex values run as eager's ops (core/complex_calls.py).
     x = torch.randn(4, 4, requires_grad=True)
-    with pytest.raises(ThunderNotImplementedError, match="gradients of complex tensors are not supported"):
-        thunder_rs.jit(program)(x)
+    jfn = thunder_rs.jit(program)
+    torch.testing.assert_close(jfn(x), program(x))
+    torch.testing.assert_close(torch.autograd.grad(jfn(x), x), torch.autograd.grad(program(x), x))
     with torch.no_grad():
         torch.testing.assert_close(thunder_rs.jit(program)(x), program(x))
 

@@ -18,7 +18,6 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 import thunder_rs
-from thunder_rs.errors import ThunderError
 
 transformers = pytest.importorskip("transformers")
 from transformers import masking_utils  # noqa: E402
@@ -422,11 +421,17 @@ def test_outputs_hold_no_proxies():
 
 
 @pytest.mark.skipif(int(transformers.__version__.split(".")[0]) < 5, reason="transformers 5's rope_parameters")
-def test_dynamic_rope_is_refused_with_the_line():
-    """Dynamic RoPE picks its frequencies from the largest position id, a value: a trace cannot."""
+def test_dynamic_rope_matches_eager():
+    """Dynamic RoPE picks its frequencies from the largest position id, a value the trace is
+    specialised on (``core.values``), and grows or resets them in module state as eager does."""
     config = transformers.LlamaConfig(
         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64,
-        vocab_size=VOCAB, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+        vocab_size=VOCAB, max_position_embeddings=4,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
-    with pytest.raises(ThunderError, match=r"data-dependent.*modeling_rope_utils\.py:\d+"):
-        thunder_rs.jit(model)(padded_batch("llama", "left")["input_ids"])
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    ids = padded_batch("llama", "left")["input_ids"]
+    for n in (SEQ, 3, SEQ, 6):  # past the 4 positions (grows), under them (resets)
+        torch.testing.assert_close(jmodel(ids[:, :n]).logits, eager(ids[:, :n]).logits)

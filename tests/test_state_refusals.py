@@ -114,9 +114,10 @@ def test_sparse_embedding_gradients_are_refused():
         torch.testing.assert_close(thunder_rs.jit(embedding)(torch.tensor([1, 2])), embedding(torch.tensor([1, 2])))
 
 
-def test_where_with_only_a_condition_is_refused_as_data_dependent():
-    with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="data-dependent"):
-        thunder_rs.jit(lambda x: torch.where(x > 0))(torch.randn(3))
+def test_where_with_only_a_condition_is_sized_by_the_values():
+    # torch.where(condition) is condition.nonzero(as_tuple=True): the trace is specialised on its size.
+    x = torch.tensor([1.0, -2.0, 3.0])
+    torch.testing.assert_close(thunder_rs.jit(lambda x: torch.where(x > 0))(x), torch.where(x > 0))
 
 
 class _LazyWeight(torch.nn.Module):
@@ -209,6 +210,6 @@ def test_a_tensor_stored_in_a_global_cache_is_refused_naming_the_dict():
     lambda x: torch.nn.functional.one_hot(x.argmax(-1)),  # sizes itself from the values
     lambda x: torch._assert((x > -10).all(), "in range") or x * 2,
 ], ids=["one_hot", "_assert"])
-def test_ops_that_read_values_are_refused_as_data_dependent_with_the_line(program):
-    with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match=r"data-dependent: .*read at .*test_state_refusals"):
-        thunder_rs.jit(program)(torch.randn(3, 4))
+def test_ops_that_read_values_are_specialised_on_them(program):
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(thunder_rs.jit(program)(x), program(x))

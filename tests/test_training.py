@@ -370,14 +370,15 @@ def sin_product(x, w):
     return (x * w).sin().sum()  # sin saves its input, so eager frees something after a backward
 
 
-def test_a_differentiable_backward_is_refused_with_a_clear_error():
-    # Double backward would differentiate the generated backward, which thunder_rs does not do;
-    # rather than return gradients that silently carry no graph, create_graph=True is refused.
+def test_a_differentiable_backward_keeps_the_graph_for_a_plain_one():
+    # create_graph=True differentiates the program under autograd (tests/test_higher_order.py);
+    # the call's own residuals stay for a plain backward after it.
     x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True)
     out = thunder_rs.jit(sin_product)(x, w)
-    with pytest.raises(NotImplementedError, match="create_graph"):
-        torch.autograd.grad(out, (x, w), create_graph=True)
-    gx, gw = torch.autograd.grad(out, (x, w))  # the graph is intact: a plain backward still works
+    gx, _ = torch.autograd.grad(out, (x, w), create_graph=True)
+    assert gx.requires_grad
+    torch.testing.assert_close(gx, (x * w).cos() * w)
+    gx, gw = torch.autograd.grad(out, (x, w))
     torch.testing.assert_close(gx, (x * w).cos() * w)
     torch.testing.assert_close(gw, ((x * w).cos() * x).sum(0))
 

@@ -72,11 +72,6 @@ def runtime_error(exc: Exception, filename: str, source: str) -> Exception:
     """Re-labels an exception raised inside generated code with the call that raised it."""
     if isinstance(exc, ThunderError):
         return exc
-    if "must override the setup_context staticmethod" in str(exc):
-        return ThunderNotImplementedError(
-            "a thunder_rs-compiled call ran under a torch.func transform (grad, vjp, jacrev, hessian), which its "
-            "autograd.Function does not support; apply the transform to the function itself, or jit the function "
-            "that applies it")
     tb, lineno = exc.__traceback__, None
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == filename:

@@ -8,6 +8,7 @@
 pub mod claim;
 pub mod cse;
 pub mod dce;
+pub mod differentiable;
 pub mod lifetimes;
 pub mod manager;
 pub mod partition;

@@ -5,6 +5,7 @@
 //! that require grad, vjp → split → dce on the forward. Each executed half then goes
 //! views → claim → fuse (fusion regions, when a fusion executor is in the table) → lifetimes
 //! (which also picks in-place forms for dying intermediates and generates the Python source). The backward first runs dce → cse.
+//! A program compiled `differentiable` skips the VJP and the in-place forms (see [`crate::differentiable`]).
 
 use crate::claim::{claim, ExecutorSpec};
 use crate::lifetimes::del_last_used;
@@ -46,6 +47,9 @@ pub struct Options<'a> {
     pub executors: &'a [ExecutorSpec],
     /// Registered passes run after the program's `dce` and `cse`.
     pub passes: &'a [String],
+    /// Compile the program to run under torch's autograd (see [`crate::differentiable`]): no
+    /// VJP, no in-place forms, and values the trace computed without grad detached.
+    pub differentiable: bool,
 }
 
 /// Compiles an acquired trace.
@@ -55,7 +59,8 @@ pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, 
     let mut program = m.passes(PROGRAM, acquired)?;
     let user: Vec<&str> = options.passes.iter().map(String::as_str).collect();
     program = m.passes(&user, &program)?;
-    let Some(joint) = crate::vjp::joint(&program)? else {
+    let joint = if options.differentiable { None } else { crate::vjp::joint(&program)? };
+    let Some(joint) = joint else {
         execution(&mut m, &program, options, checker, Half::Program)?;
         return Ok(Compiled { forward: m.records, backward: Vec::new(), grad_outputs: Vec::new(), residuals: 0 });
     };
@@ -111,8 +116,14 @@ fn execution(m: &mut Manager, trace: &Trace, options: &Options, checker: &mut Cl
     let (exec, plan) = m.stage("lifetimes", || {
         let dels = del_last_used(&fused, packed.unwrap_or(0));
         let mut impls = impls;
-        let exec = reuse_receivers(&fused, &mut impls, &dels);
-        let plan = Plan::new(&exec, impls, dels, packed, name, &regions);
+        // Autograd saves values for its backward, which an in-place form would overwrite.
+        let (exec, detached) = if options.differentiable {
+            let detached = crate::differentiable::detached_outputs(&fused);
+            (fused, detached)
+        } else {
+            (reuse_receivers(&fused, &mut impls, &dels), Vec::new())
+        };
+        let plan = Plan::new(&exec, impls, dels, packed, name, &regions, detached);
         Ok((exec, plan))
     })?;
     debug_assert_eq!(exec.bsyms.len(), plan.impls.len());

@@ -12,6 +12,9 @@ pub struct Plan {
     pub impls: Vec<Callee>,
     /// For each top-level bound symbol, the values to delete after it runs.
     pub dels: Vec<Vec<ValueId>>,
+    /// For each top-level bound symbol, the outputs to detach after it runs (empty unless the
+    /// program runs under torch's autograd, see [`crate::differentiable`]).
+    pub detached: Vec<Vec<ValueId>>,
     /// Leading inputs passed packed in one list (see [`ExecPlan::packed`]).
     pub packed: Option<usize>,
     /// The generated function's name (`computation`, `backward`).
@@ -90,7 +93,7 @@ impl RegionCode {
 }
 
 impl Plan {
-    /// The plan for `trace` with `impls` and `dels`, its source and its regions' generated.
+    /// The plan for `trace` with `impls`, `dels` and `detached`, its source and its regions' generated.
     pub fn new(
         trace: &Trace,
         impls: Vec<Callee>,
@@ -98,9 +101,11 @@ impl Plan {
         packed: Option<usize>,
         name: &'static str,
         regions: &[RegionPlan],
+        detached: Vec<Vec<ValueId>>,
     ) -> Plan {
-        let source = python_source(trace, &ExecPlan { impls: &impls, dels: &dels, packed }, name);
+        let exec = ExecPlan { impls: &impls, dels: &dels, detached: &detached, packed };
+        let source = python_source(trace, &exec, name);
         let regions = regions.iter().map(|r| RegionCode::new(trace, r)).collect();
-        Plan { impls, dels, packed, name, source, regions }
+        Plan { impls, dels, detached, packed, name, source, regions }
     }
 }

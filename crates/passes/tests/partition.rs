@@ -342,7 +342,7 @@ fn region_code_returns_a_tuple_and_identical_regions_share_a_key() {
     assert!(key(first).ends_with("# input 0: cpu f32[4]\n"), "{}", key(first));
     let plan_source = trace_ir::pysrc::python_source(
         &out.trace,
-        &trace_ir::pysrc::ExecPlan { impls: &out.callees, dels: &[], packed: None },
+        &trace_ir::pysrc::ExecPlan { impls: &out.callees, dels: &[], detached: &[], packed: None },
         "computation",
     );
     assert!(plan_source.contains("  # fuser_fusion0: 2 symbols\n  (t2,) = fuser_fusion0(t0)"), "{plan_source}");

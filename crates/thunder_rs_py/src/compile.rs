@@ -62,12 +62,15 @@ impl ExecutorTable {
 /// (tensors as proxies made by `make_proxy`, constants from `consts`). `passes` names registered
 /// passes to run after the program's dce and cse.
 ///
+/// `differentiable` compiles the program to run under torch's autograd instead
+/// (`passes::differentiable`): no backward, no in-place forms, values computed without grad detached.
+///
 /// Returns `(traces, backward_traces, grad_outputs)`: the traces after each stage, the last
 /// being the execution trace whose `str()` is the Python source to exec; for a program with an
 /// output that requires grad, the backward's traces likewise (else an empty list), and the
 /// positions of the flat outputs that receive cotangents.
 #[pyfunction]
-#[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes=Vec::new()))]
+#[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes=Vec::new(), differentiable=false))]
 pub fn compile(
     acquired: &PyTrace,
     table: &ExecutorTable,
@@ -75,6 +78,7 @@ pub fn compile(
     make_proxy: Bound<'_, PyAny>,
     consts: Bound<'_, PyList>,
     passes: Vec<String>,
+    differentiable: bool,
 ) -> PyResult<(Vec<PyTrace>, Vec<PyTrace>, Vec<usize>)> {
     let py = checker.py();
     no_panic("compile", || {
@@ -88,7 +92,7 @@ pub fn compile(
                 trace_ir::IrError::new(trace_ir::ErrorKind::Runtime, bsym.symbol.qualified_name(), message)
             })
         };
-        let options = Options { executors: &table.executors, passes: &passes };
+        let options = Options { executors: &table.executors, passes: &passes, differentiable };
         let compiled = passes::compile(&acquired.trace, &options, &mut check, &cx);
         let compiled = checked(py, py_result(compiled), raised)?;
         let convert = |records: Vec<passes::PassRecord>| records.into_iter().map(PyTrace::from).collect();

@@ -200,6 +200,14 @@ impl Recorder {
         PyList::new(py, self.consts.iter().map(|c| c.bind(py)))
     }
 
+    /// What is recorded so far as a trace returning the values `outputs` (a tuple of them), no
+    /// gradient reaching them; the recording goes on (`core/values.py` evaluates it).
+    fn snapshot(&mut self, outputs: Vec<u32>) -> PyResult<PyTrace> {
+        let builder = self.builder()?;
+        let outputs: Vec<ValueId> = outputs.into_iter().map(ValueId).collect();
+        Ok(PyTrace::new(no_panic("snapshot", || py_result(builder.snapshot(&outputs)))?, "snapshot"))
+    }
+
     /// Finishes the recording with the program's outputs (proxies, numbers, tuples, lists).
     fn finish(&mut self, py: Python<'_>, outputs: &Bound<'_, PyAny>) -> PyResult<PyTrace> {
         let outputs = to_arg(outputs, types(py)?, &mut self.consts)?;

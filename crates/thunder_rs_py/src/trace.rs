@@ -127,6 +127,23 @@ impl PyTrace {
         out
     }
 
+    /// Whether a call of the trace has an effect (a random draw, a generator-state call).
+    fn has_effects(&self) -> bool {
+        self.trace.bsyms.iter().any(trace_ir::BoundSymbol::has_effect)
+    }
+
+    /// The positions of the inputs that the calls computing the flat outputs at `outputs` read
+    /// (`passes::differentiable::inputs_read`).
+    fn inputs_read(&self, outputs: Vec<usize>) -> Vec<usize> {
+        passes::differentiable::inputs_read(&self.trace, &outputs)
+    }
+
+    /// The positions of the inputs that the flat outputs at `outputs` hold as they are
+    /// (`passes::differentiable::inputs_returned`).
+    fn inputs_returned(&self, outputs: Vec<usize>) -> Vec<usize> {
+        passes::differentiable::inputs_returned(&self.trace, &outputs)
+    }
+
     /// The top-level symbol whose call computes value `vid` (inside its decomposition or as an
     /// output), or None for an input or an unknown value.
     fn producer(&self, vid: u32) -> Option<String> {

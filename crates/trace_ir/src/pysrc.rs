@@ -39,6 +39,10 @@ pub struct ExecPlan<'a> {
     pub impls: &'a [Callee],
     /// For each top-level bound symbol, the values to delete after it runs.
     pub dels: &'a [Vec<ValueId>],
+    /// For each top-level bound symbol (or none: empty), the outputs to cut from torch's autograd
+    /// right after it (`t3 = t3.detach()`): values the trace computed without grad, in code that
+    /// runs under autograd.
+    pub detached: &'a [Vec<ValueId>],
     /// For a backward: how many leading inputs arrive packed in one list, `saved`, which the
     /// function empties as it unpacks them so that each is freed after its last use.
     pub packed: Option<usize>,
@@ -123,6 +127,9 @@ pub fn python_source(trace: &Trace, plan: &ExecPlan, name: &str) -> String {
     }
     for (i, bsym) in trace.bsyms.iter().enumerate() {
         write_statement(&mut body, trace, &plan.impls[i], bsym, &mut devices);
+        for v in plan.detached.get(i).map_or(&[][..], Vec::as_slice) {
+            writeln!(body, "  {v} = {v}.detach()").unwrap();
+        }
         if let Some(dels) = plan.dels.get(i).filter(|d| !d.is_empty()) {
             let names: Vec<String> = dels.iter().map(|v| v.to_string()).collect();
             writeln!(body, "  del {}", names.join(", ")).unwrap();

@@ -26,6 +26,7 @@ from thunder_rs.core.pydraws import recording_draws
 from thunder_rs.core.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.recorder import Captures, input_proxy, recording
 from thunder_rs.core.torch_overrides import tracing_overrides
+from thunder_rs.core.values import ValueReads, reading
 from thunder_rs.core.writeback import WriteBacks, plan
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError
 
@@ -57,6 +58,9 @@ class Acquired:
     #: ``tail(flat)``: the trace's captured inputs for a call, in order, when some are tensors that
     #: argument objects hold (``reached.captured_inputs``); None when ``captured`` are all of them
     tail: object = None
+    #: the values the program read from traced tensors (``values.Read``), in order: the trace
+    #: checks each and is specialised on them
+    reads: list = field(default_factory=list)
 
 
 def _reject_generators(fn, out) -> None:
@@ -66,18 +70,18 @@ def _reject_generators(fn, out) -> None:
             "only as it is iterated, after the call, so it cannot be traced. Jit the function that consumes it")
 
 
-def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects):
+def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects, reads):
     """Runs the program on proxies. Returns its output, the observer of what it read, the
     attributes it set on modules and state objects (``(holder, name, value)``, undone), the
     ``print`` calls, draws from Python's and NumPy's generators and items set in containers of
     the arguments (effects to repeat), and the positions of the flat inputs that are tensors.
-    ``reached`` are the objects reachable from the arguments."""
+    ``reached`` are the objects reachable from the arguments; ``reads`` answers reads of values."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
     prints: list = []
     draws: list = []
     token = recording_prints(prints)
     try:
-        with refusals_not_swallowed(), recording_draws(draws), recording(rec, captures, made, whole):
+        with refusals_not_swallowed(), recording_draws(draws), recording(rec, captures, made, whole), reading(reads):
             out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached)
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
@@ -217,18 +221,19 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
 
 
 def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None,
-            whole: dict | None = None) -> Acquired:
+            whole: dict | None = None, reads: ValueReads | None = None) -> Acquired:
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
     parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
     captured tensors come last. ``whole`` (``extend.whole_runners``) lets kernels the jit's
-    executors run whole be recorded without their decompositions."""
+    executors run whole be recorded without their decompositions. ``reads`` answers the reads
+    of traced tensors' values (without it they are refused)."""
     rec = _core.Recorder()
     made: list = []
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
     try:
         out, observer, writes, repeated, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made,
-                                                                 binding, whole, reached)
+                                                                 binding, whole, reached, reads)
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
@@ -244,7 +249,7 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     _check_guards_still_hold(guards, flat_inputs)
     fixed = [t for t in captured if isinstance(t, torch.Tensor)]
     return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, fixed, guards, effects, num_outputs,
-                    modules_called, writebacks, captured_inputs(captured))
+                    modules_called, writebacks, captured_inputs(captured), [] if reads is None else reads.reads)
 
 
 def _disabled_code():

@@ -1,10 +1,13 @@
 """The runtime of a compiled training call: one ``torch.autograd.Function`` per entry connects
-the generated forward and backward to torch's autograd."""
+the generated forward and backward to torch's autograd. A backward that must itself be
+differentiated (``create_graph=True``) and torch.func transforms, which the function cannot
+serve, go to the entry's program as torch calls (``core.differentiable``)."""
 
 import operator
 
 import torch
 
+from thunder_rs.core.differentiable import transforms_active
 from thunder_rs.core.observe import thread_state
 from thunder_rs.core.recorder import active_recorder
 from thunder_rs.core.userframe import user_location
@@ -14,9 +17,6 @@ from thunder_rs.errors import ThunderNotImplementedError
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
 _FREED = ("Trying to backward through the graph a second time (or directly access saved tensors after they have "
           "already been freed). Specify retain_graph=True if you need to backward through the graph a second time.")
-#: The generated backward is not itself differentiated, so a graph of it cannot be made.
-_DOUBLE_BACKWARD = ("backward: create_graph=True (a differentiable backward, for double backward) is not supported "
-                    "by thunder_rs-compiled calls (argument create_graph)")
 
 
 _saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
@@ -88,7 +88,7 @@ def _unshared(residuals, inputs, overwritten) -> list:
 
 
 def grad_function(forward, backward, grad_positions: list[int], single: bool, as_list: bool,
-                  non_differentiable: frozenset = frozenset(), overwritten: tuple[int, ...] = ()):
+                  non_differentiable: frozenset = frozenset(), overwritten: tuple[int, ...] = (), *, program):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
     ``forward(*inputs)`` returns ``(outputs, residuals)``; ``backward(saved, *cotangents)`` takes
@@ -97,17 +97,23 @@ def grad_function(forward, backward, grad_positions: list[int], single: bool, as
     outputs that receive cotangents; the other tensor outputs, and ``non_differentiable`` ones
     (values written back without autograd), are marked non-differentiable and get zeros.
     ``overwritten`` inputs are written after the call: residuals sharing their memory are cloned.
+    ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True`` and
+    torch.func transforms run instead, torch's autograd differentiating it.
     """
     differentiable = frozenset(grad_positions) - non_differentiable
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
+            hooks = _saved_tensors_hooks(False)
+            if hooks is None:
+                program.keep(ctx, inputs)  # before the forward draws from the generators
+            else:
+                ctx.inputs = None  # see _differentiated
             outputs, residuals = forward(*inputs)
             flat = (outputs,) if single else tuple(outputs)
             ctx.residuals = _unshared(residuals, inputs, overwritten) if overwritten else list(residuals)
             ctx.unpack = None
-            hooks = _saved_tensors_hooks(False)
             if hooks is None:
                 ctx.versions = _versions(ctx.residuals)
             else:  # ``saved_tensors_hooks``/``save_on_cpu`` around the call pack what is saved, as eager's
@@ -120,11 +126,11 @@ def grad_function(forward, backward, grad_positions: list[int], single: bool, as
 
         @staticmethod
         def backward(ctx, *grads):
-            if torch.is_grad_enabled():
-                raise ThunderNotImplementedError(_DOUBLE_BACKWARD)
             saved = ctx.residuals
             if saved is None:
                 raise RuntimeError(_FREED)
+            if torch.is_grad_enabled():  # create_graph=True: a backward autograd records
+                return _differentiated(ctx, program, grads)
             if ctx.unpack is not None:
                 saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
             else:
@@ -132,12 +138,58 @@ def grad_function(forward, backward, grad_positions: list[int], single: bool, as
             if _keep_graph():
                 saved = list(saved)
             else:
-                ctx.residuals = None
+                ctx.residuals = ctx.inputs = None
             return backward(saved, *[grads[i] for i in grad_positions])
 
-    apply = CompiledFunction.apply
+    return _entry_call(CompiledFunction.apply, program, single, as_list, bool(overwritten))
+
+
+_HOOKED = ("backward: create_graph=True through a thunder_rs-compiled call made under saved_tensors_hooks (save_on_cpu, "
+           "activation checkpointing) is not supported: a differentiable backward computes the call again from its "
+           "inputs, which the call does not keep past such hooks; make the call outside them")
+
+
+def _differentiated(ctx, program, grads) -> tuple:
+    """The backward of a call under ``create_graph=True``: the gradients of the program computed
+    again as torch calls, which autograd records (``core.differentiable``)."""
+    if ctx.inputs is None:
+        raise ThunderNotImplementedError(_HOOKED)
+    _check_versions(ctx.residuals, ctx.versions)
+    grads = program.gradients(ctx, grads)
+    if not _keep_graph():
+        ctx.residuals = ctx.inputs = None
+    program.recording = program.may_record
+    return grads
+
+
+_WRITES_UNDER_TRANSFORM = (
+    "torch.func: a thunder_rs-compiled call that writes its inputs in place (BatchNorm's running statistics, a "
+    "buffer the program updates) ran under a torch.func transform, which cannot write transformed values into them "
+    "(eager refuses writes to the tensors a transformed function captures); put the module in eval mode, or stop "
+    "tracking running statistics (torch.func.replace_all_batch_norm_modules_)")
+
+
+def _entry_call(apply, program, single: bool, as_list: bool, writes: bool):
+    """``apply`` adapted to the forward's output form. The program as torch calls under autograd
+    (``program.flat``) instead: once a double backward went through the entry (``recording``),
+    and under a torch.func transform, which the autograd function does not support (torch refuses
+    it before its forward runs, at no cost to other calls) and which differentiates the torch
+    calls. ``writes``: the call writes its inputs after it runs, which is refused there."""
+
+    def call(*inputs):
+        if program.recording:
+            return program.flat(*inputs)
+        try:
+            return apply(*inputs)
+        except RuntimeError as e:
+            if "setup_context" not in str(e) or not transforms_active():
+                raise
+        if writes:
+            raise ThunderNotImplementedError(_WRITES_UNDER_TRANSFORM)
+        return program.flat(*inputs)
+
     if single:
-        return lambda *inputs: apply(*inputs)[0]
+        return lambda *inputs: call(*inputs)[0]
     if as_list:
-        return lambda *inputs: list(apply(*inputs))
-    return apply
+        return lambda *inputs: list(call(*inputs))
+    return call

@@ -62,6 +62,11 @@ class TraceContext:
                                          "thunder_rs.jit does not support")
 
 
+def function_symbols() -> list[tuple[type, int]]:
+    """Each Function class traced so far with its composite symbol id."""
+    return list(_SYMBOLS.items())
+
+
 def apply(cls, args: tuple, kwargs: dict):
     """``cls.apply(*args, **kwargs)`` recorded on traced tensors."""
     name = f"autograd_function.{cls.__qualname__}"

@@ -10,9 +10,13 @@ dtype. ``check`` is None when there is nothing to check, so such entries cost no
 
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modules import hook_snapshot, hook_stores_in_use, hooks_version, write_epoch
+
+if TYPE_CHECKING:
+    from thunder_rs.core.values import ValueTree
 
 
 @dataclass(eq=False)
@@ -46,6 +50,11 @@ class Entry:
     #: ``tail(flat)``: all captured inputs of a call, when argument objects hold some of them
     #: (``Acquired.tail``); None when ``fn`` appends ``captured`` itself
     tail: object = None
+    #: the values the program read from traced tensors (``values.Read``), which ``fn`` checks,
+    #: their ``values.decision`` keys, and the ``values.ValueTree`` of the variants of its key
+    reads: tuple = ()
+    decisions: tuple = ()
+    tree: "ValueTree | None" = None
 
     def why_not(self, flat) -> str:
         """Why ``check`` failed, in words (slow path)."""

@@ -11,7 +11,7 @@ draws again from the generator state the forward started from.
 import functools
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
@@ -192,10 +192,30 @@ def _device(in_leaves, kwargs) -> str:
     return str(torch.device(device) if device is not None else torch.get_default_device())
 
 
+#: Errors of fake tensors (under autocast) for calls whose output sizes depend on values.
+_DATA_DEPENDENT_ERRORS = (DynamicOutputShapeException, DataDependentOutputException)
+
+
+class _NeedsValues(Exception):
+    """A call whose output metadata torch cannot compute without data: its sizes depend on its
+    arguments' values (``nonzero``, ``one_hot`` sizing itself), or the op has no meta kernel.
+    ``refusal`` is the error to raise where values cannot be read."""
+
+    def __init__(self, refusal: Exception):
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
+def _data_dependent_error(name: str) -> ThunderRuntimeError:
+    return ThunderRuntimeError(f"{name}: data-dependent: its result depends on a traced tensor's values (read at "
+                               f"{user_location()}); only thunder_rs.jit reads them, outside torch.vmap")
+
+
 def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
     """Runs ``func`` on meta tensors, or on fake ones under autocast; a ``factory`` (a call that
     takes no tensor, such as ``torch.randint``) on the meta device, so that nothing is drawn. A
-    generator does not change what a call returns, so the call goes without it."""
+    generator does not change what a call returns, so the call goes without it. Raises
+    ``_NeedsValues`` where only the real values tell."""
     kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
     with torch._C.DisableTorchFunctionSubclass():
         try:
@@ -207,17 +227,42 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
             if factory:
                 meta_kwargs["device"] = "meta"
             return func(*meta_args, **meta_kwargs)
+        except _DATA_DEPENDENT_ERRORS as e:
+            raise _NeedsValues(_data_dependent_error(name)) from e
         except NotImplementedError as e:
-            raise ThunderNotImplementedError(
+            raise _NeedsValues(ThunderNotImplementedError(
                 f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta tensors ({e})"
-            ) from e
+            )) from e
         except Exception as e:
-            if "cannot be called on meta tensors" in str(e):  # the op reads values (``one_hot`` sizing itself)
-                raise ThunderRuntimeError(
-                    f"{name}: data-dependent: its result depends on a traced tensor's values (read at "
-                    f"{user_location()}); thunder_rs specialises on shapes, not values") from e
+            if "meta tensor" in str(e):  # the op reads values (``one_hot`` sizing itself, ``repeat_interleave``)
+                raise _NeedsValues(_data_dependent_error(name)) from e
             # Invalid arguments: what eager raises for them, with the op's name.
             raise thunder_error_like(e, f"{name}: {e}") from e
+
+
+#: Where the jit reads values (set by ``thunder_rs.core.values``; each returns None elsewhere):
+#: ``sized(impl, args, kwargs)``, for a call whose output metadata only its real values tell, its
+#: real outputs and ``checked(outs)``, which records the check of the traced outputs' sizes;
+#: ``read(impl, args, kwargs)``, for a call that returns Python values (``torch.equal``), ``(value,)``.
+_by_values = None
+
+
+def set_by_values(hooks) -> None:
+    global _by_values
+    _by_values = hooks
+
+
+def _metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
+    """The outputs ``func`` gives, as tensors of their metadata, and for a call sized by values
+    ``checked(outs)`` (else None)."""
+    try:
+        return _output_metadata(func, name, args, kwargs, autocast_state, factory), None
+    except _NeedsValues as e:
+        impl = func if autocast_state is None else _under_autocast(func, autocast_state)
+        sized = _by_values.sized(impl, args, kwargs) if _by_values is not None else None
+        if sized is None:
+            raise e.refusal from e.__cause__
+        return sized
 
 
 #: Tensor methods that act on the tensor's autograd node, which a traced tensor does not have.
@@ -245,28 +290,34 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         raise ThunderNotImplementedError(f"{name}: an in-place call thunder_rs has no functional form for")
     in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
-    out = _output_metadata(func, name, args, kwargs, autocast_state, factory=not in_leaves)
+    out, checked = _metadata(func, name, args, kwargs, autocast_state, factory=not in_leaves)
     structure, spec = tree_flatten(out)
     leaves = _tensor_leaves(out)
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+        # A call returning Python values (``torch.equal``) computes them from the tensors' values.
+        read = _by_values.read(func, args, kwargs) if _by_values is not None and in_leaves else None
+        if read is not None:
+            return read[0]
         raise ThunderNotImplementedError(f"{name}: fallback calls must return tensors, got {type(out).__name__}")
+    for t in leaves:
+        if t.dtype not in CODES:  # complex32 (``half_tensor * 1j``)
+            raise ThunderNotImplementedError(f"{name}: its result's dtype {t.dtype} is one thunder_rs cannot represent")
     device = _device(in_leaves, kwargs)
     if requires_grad is None:
         flags = [torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)] * len(leaves)
     else:
         flags = list(requires_grad) if isinstance(requires_grad, (tuple, list)) else [requires_grad] * len(leaves)
-    if any(flag and t.dtype.is_complex for t, flag in zip(leaves, flags)):
-        raise ThunderNotImplementedError(
-            f"{name}: gradients of complex tensors are not supported (its complex result would carry no gradient "
-            "of the inputs that require grad); call it under torch.no_grad() or outside the jitted function")
+    # Complex results carry gradients as eager's do: the backward is torch's (``complex_calls``).
     metas = [(CODES[t.dtype], str(t.device) if autocast_state is not None else device, tuple(t.shape),
-              flag and t.dtype.is_floating_point) for t, flag in zip(leaves, flags)]
+              flag and (t.dtype.is_floating_point or t.dtype.is_complex)) for t, flag in zip(leaves, flags)]
     replay = effect and requires_grad is None and any(m[3] for m in metas)
     if replay:
         state = _generator(args, kwargs).get_state()
         metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))
     sid = symbol_id(func, effect, autocast_state, replay)
     outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
+    if checked is not None:
+        checked(outs)
     if isinstance(out, torch.Tensor):
         return outs[0]
     bound = iter(outs)

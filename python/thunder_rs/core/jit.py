@@ -1,5 +1,6 @@
 """Compiled callables: the cache, the per-call path, and compilation on a miss."""
 
+import dataclasses
 import threading
 import time
 import types
@@ -17,6 +18,7 @@ from thunder_rs.core.acquire import acquire
 from thunder_rs.core.input_names import trace_input_names
 from thunder_rs.core.autograd import grad_function
 from thunder_rs.core.callflat import compile_spec, flatten_call
+from thunder_rs.core.differentiable import DifferentiableProgram, program_generators
 from thunder_rs.core.cache import (describe_change, fast_key_fn, global_key, has_dead, input_names, leaf_key,
                                   stored_key)
 from thunder_rs.core.entry import Entry, make_check, make_post
@@ -25,6 +27,7 @@ from thunder_rs.core.fsdp import FSDPCall
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modes import RecordedModes
 from thunder_rs.core.userframe import user_frame
+from thunder_rs.core.values import Diverged, ValueReads, ValueTree, abandonable, decision
 from thunder_rs.core.logs import checked_passes, log_compile, log_dumps
 from thunder_rs.core.modules import ModuleBinding, hooks_version, write_epoch
 from thunder_rs.core.proxies import make_proxy
@@ -36,9 +39,12 @@ from thunder_rs.core.wrapped_module import (WRAPPED, calling_through, named_modu
 from thunder_rs.core.writeback import with_writebacks
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
 from thunder_rs.executors.extend import Region, default_executors, executor_table, resolve_executors, whole_runners
+from thunder_rs.executors.autograd_ex import differentiable_executors
 from thunder_rs.executors.torch_ex import sync_fallbacks
 
 MISS_WARNING_THRESHOLD = 8
+#: How many variants one call may hand over to after its values diverged (``_other_path``).
+MAX_DIVERGENCES = 16
 #: What the cache key holds of each module parameter and buffer (C-level, no Python frame each).
 _METADATA = attrgetter("dtype", "device", "requires_grad")
 #: True only while Dynamo traces (it answers the call itself): eager returns False.
@@ -114,6 +120,42 @@ def _named_inputs(traces: list, acquired, names, taken: set) -> list:
     return [t.with_input_names(named) if t.num_inputs == inputs else t for t in traces]
 
 
+def _snapshot_runner(executors):
+    """``run(snapshot, consts, inputs)``: a snapshot of a recording (``values``) compiled for the
+    executors that run symbols one by one (a fusion executor would compile a region per value
+    read), and run."""
+    plain = [e for e in executors if not e.fusion]
+
+    def run(snapshot, consts: list, inputs: list):
+        sync_fallbacks()
+        table, impls = executor_table(plain)
+        traces, _, _ = _core.compile(snapshot, table, _checker(plain), make_proxy, consts)
+        namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
+        return _load(traces[-1], "computation", "<thunder_rs snapshot>", namespace, {})[1](*inputs)
+
+    return run
+
+
+def _differentiable_program(acquired, filename: str, grad_positions: list, forward_trace) -> DifferentiableProgram:
+    """The entry's program as torch calls under autograd (``core.differentiable``), compiled on
+    its first double backward or torch.func transform."""
+    trace, consts, wb = acquired.trace, acquired.consts, acquired.writebacks
+
+    def compile_program():
+        sync_fallbacks()
+        executors = differentiable_executors()
+        table, impls = executor_table(executors)
+        traces, _, _ = _core.compile(trace, table, _checker(executors), make_proxy, consts, differentiable=True)
+        namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
+        return _load(traces[-1], "computation", filename + " differentiable", namespace, {})
+
+    outputs = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
+    generators = program_generators(consts) if trace.has_effects() else None
+    return DifferentiableProgram(compile_program, wb is None and acquired.out_kind == "single", outputs,
+                                 trace.inputs_read(outputs), forward_trace.inputs_returned([1]),
+                                 wb.targets if wb is not None else (), generators)
+
+
 def _with_captured(fn, captured: tuple):
     """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
     return lambda *inputs: fn(*inputs, *captured)
@@ -147,12 +189,13 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     wb = acquired.writebacks
     if backward_traces:
         _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace, backward_regions)
+        program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
         if wb is None:
             computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single",
-                                        acquired.out_kind == "list")
+                                        acquired.out_kind == "list", program=program)
         else:
             computation = grad_function(computation, backward, grad_positions, False, False, wb.non_differentiable,
-                                        wb.targets)
+                                        wb.targets, program=program)
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
         computation = with_writebacks(computation, wb)
@@ -218,6 +261,9 @@ class ThunderFunction:
             entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
         try:
             out = entry.fn(*args) if module is None else entry.fn(*args, *params)
+        except Diverged as d:
+            run = (lambda e: e.fn(*args)) if module is None else (lambda e: e.fn(*args, *self._module_tensors()))
+            entry, out = self._other_path(d, entry, key, args, lambda: tree_flatten((args, {}))[1], run)
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.post is None else entry.post(out, args)
@@ -250,9 +296,61 @@ class ThunderFunction:
             inputs.extend(entry.tail(flat))
         try:
             out = entry.fn(*inputs)
+        except Diverged as d:
+            torch_spec = compile_spec(args, kwargs, flat)
+            if torch_spec is None:  # nothing of the call is visible yet: flattened anew, it runs again
+                return self._call_general(args, kwargs)
+            run = lambda e: e.fn(*self._inputs(e, flat))  # noqa: E731
+            entry, out = self._other_path(d, entry, key, flat, lambda: torch_spec, run)
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.post is None else entry.post(out, flat)
+
+    def _inputs(self, entry, flat):
+        """What ``entry``'s callable takes for the call of ``flat`` (as ``_call_general`` builds it)."""
+        inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
+        if self._module is not None:
+            inputs.extend(self._module_tensors())
+        if entry.tail is not None:
+            inputs.extend(entry.tail(flat))
+        return inputs
+
+    # -- values the program reads -----------------------------------------------------------------
+
+    def _other_path(self, diverged: Diverged, entry: Entry, key, flat, spec, run):
+        """After ``entry``'s call was abandoned at a check (a value it read differs from the one it
+        was specialised on), runs the variant for the values read (``run(variant)``); returns the
+        variant and its outputs. ``spec()`` is the call's spec, for a variant still to compile. A
+        variant that diverges in its turn hands over likewise, a bounded number of times (the
+        values are the call's own, so the second variant's checks hold unless its Python state
+        changed or numerics differ between variants)."""
+        for _ in range(MAX_DIVERGENCES):
+            entry = self._variant_after(diverged, entry, key, flat, spec)
+            try:
+                return entry, run(entry)
+            except Diverged as again:
+                diverged = again
+            except Exception as e:
+                raise runtime_error(e, entry.filename, entry.source) from e
+        raise ThunderRuntimeError(
+            f"thunder_rs.jit: {_name(self._fn)}: the values the program reads differ from one compiled variant to the "
+            f"next within one call ({diverged}); the variants compute them differently")
+
+    def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec) -> Entry:
+        """The variant of ``key`` whose reads agree with ``entry``'s up to the one that diverged
+        and read there what the call read: from the value tree, or compiled with those reads'
+        values given (the program makes them again, on the same values)."""
+        read = diverged.read
+        path = entry.decisions[:read.index] + (decision(diverged.value),)
+        with self._lock:
+            found = entry.tree.get(path) if entry.tree is not None else None
+            if found is not None and (found.check is None or found.check(flat)):
+                found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
+                if key in self._cache:
+                    self._cache[key] = found
+                return found
+            forced = (*entry.reads[:read.index], dataclasses.replace(read, value=diverged.value))
+            return self._compile(flat, spec(), key, str(diverged), forced)
 
     def _module_tensors(self) -> list:
         """The module's parameters and buffers as the trace takes them, read from their slots on
@@ -287,12 +385,15 @@ class ThunderFunction:
             failed = self._cache.get(key)
             return self._compile(flat, spec, key, failed.why_not(flat) if failed is not None else None)
 
-    def _compile(self, flat, spec, key, guard_reason=None) -> Entry:
+    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = ()) -> Entry:
+        """Compiles an entry for the call of ``flat``; ``forced`` are reads of values a divergence
+        settled (``values.ValueReads``)."""
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
+        reads = ValueReads(_snapshot_runner(executors), forced)
         acquired = acquire(self._fn, flat, spec, self._binding if self._module is not None else None,
-                           whole_runners(executors))
+                           whole_runners(executors), reads)
         modes.check_restored()
         check_generators(acquired.consts)
         acquired_at = time.perf_counter()
@@ -303,7 +404,11 @@ class ThunderFunction:
                                                                                    executors, names)
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
+        if acquired.reads:
+            computation = abandonable(computation, acquired.consts)
         entry = Entry(computation, source, filename, positions, traces, backward_traces)
+        entry.reads = tuple(acquired.reads)
+        entry.decisions = tuple(decision(r.value) for r in acquired.reads)
         entry.guards = Guards(acquired.guards)
         entry.hook_modules = self._hook_modules(acquired)
         entry.captured = tuple(acquired.captured)
@@ -328,6 +433,10 @@ class ThunderFunction:
             self._drop_dead_keys()
         key = stored_key(key, _key_death_marker(self))
         entry.last_used = self._stats.cache_hits
+        if entry.reads:
+            trees = (e.tree for e in self._variants.get(key, ()) if e.tree is not None)
+            entry.tree = next(trees, None) or ValueTree()
+            entry.tree.add(entry)
         self._variants.setdefault(key, []).insert(0, entry)
         self._cache[key] = entry
         self._last_entry = entry
@@ -347,6 +456,8 @@ class ThunderFunction:
         key, victim = min(((k, e) for k, es in self._variants.items() for e in es), key=lambda ke: ke[1].last_used)
         variants = self._variants[key]
         variants.remove(victim)
+        if victim.tree is not None:
+            victim.tree.remove(victim)
         if not variants:
             del self._variants[key]
         if self._cache.get(key) is victim:

@@ -2,9 +2,10 @@
 
 Calls with an ltorch mapping run that decomposition; real tensors they take alongside proxies
 (captured from outside the program's inputs) become trace inputs; metadata queries answer from the proxy;
-data-dependent calls (``bool(t)``, ``t.item()``) raise an error naming the user's line; anything
-else becomes an eager fallback symbol. While a program is traced, ``LanguageMode`` also sends torch
-calls that take no tensor at all (``torch.zeros(2, 3)``) to their ltorch symbols.
+data-dependent calls (``bool(t)``, ``t.item()``, ``nonzero``) get this call's value, on which the
+trace is specialised with a check (``values``); anything else becomes an eager fallback symbol.
+While a program is traced, ``LanguageMode`` also sends torch calls that take no tensor at all
+(``torch.zeros(2, 3)``) to their ltorch symbols.
 """
 
 import contextlib
@@ -16,7 +17,8 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
-from thunder_rs.core import problems
+from thunder_rs.core import problems, values
+from thunder_rs.core.complex_calls import complex_call, involves_complex
 from thunder_rs.core.fallback import qualified_name, user_fallback
 from thunder_rs.core.observe import thread_state
 from thunder_rs.core.proxies import TensorProxy, grad_error, set_language_context
@@ -93,19 +95,44 @@ def refusals_not_swallowed():
 
 
 def refuse_data_dependent(func) -> None:
-    """Raises when ``func`` reads a traced tensor's values (``bool(t)``, ``t.item()``)."""
+    """Raises when ``func`` reads a traced tensor's values where thunder_rs cannot answer it: a
+    read ``values`` has no reader for (``numpy()``, ``data_ptr()``), or a read of a batched
+    tensor under ``torch.vmap``, whose values differ per batch element."""
     if func in _DATA_DEPENDENT:
         name = getattr(func, "__name__", str(func))
         message = (f"{name}: data-dependent control flow or value access on a traced tensor at "
-                   f"{user_location()}; thunder_rs specialises on shapes, not values")
+                   f"{user_location()}; thunder_rs specialises a trace on values read through bool(), int(), float(), "
+                   "item(), tolist() and the sizes of nonzero-like calls, outside torch.vmap")
         refused = _refused.get()
         if refused is not None:
             refused.append(message)
         raise ThunderRuntimeError(message)
 
 
-def _data_dependent(func):
-    """Under ``examine``: notes the read and gives a stand-in value; otherwise raises."""
+#: Calls whose output sizes depend on values: eager fallbacks sized by the values (``values``).
+_SIZED_BY_VALUES = frozenset({_T.nonzero, torch.nonzero})
+
+
+def _assert(condition, message):
+    """``torch._assert`` of a traced condition: eager's ``assert condition, message``, whose
+    ``bool()`` reads the condition's value (``values``: the trace checks it on every call)."""
+    if not condition:
+        raise AssertionError(message)
+
+
+TORCH_TO_LTORCH[torch._assert] = _assert
+
+
+def _data_dependent(func, args, kwargs):
+    """A read of a traced tensor's values: answered with the value this call has, on which the
+    trace is specialised (``values``). Under ``examine``, or where values cannot be read, notes
+    the read and gives a stand-in value, or raises."""
+    reads = values.active()
+    if reads is not None and (func in values.READERS or func in _SIZED_BY_VALUES):
+        args, kwargs = lift_captured(args, kwargs)
+        if func in _SIZED_BY_VALUES:
+            return user_fallback(func, args, kwargs)
+        return reads.read(func, args, kwargs)
     name = getattr(func, "__name__", str(func))
     stand_in = problems.data_dependent_stand_in(name)
     if stand_in is not None and problems.note(problems.DATA_DEPENDENT, qualified_name(func),
@@ -171,6 +198,8 @@ def _torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))
+        if func not in MUTATING and involves_complex(args, kwargs):
+            return complex_call(func, ltorch_fn, args, kwargs)
         if problems.collecting():
             return _examined(func, ltorch_fn, args, kwargs)
         return ltorch_fn(*args, **kwargs)
@@ -181,7 +210,7 @@ def _torch_function(func, args, kwargs):
                 return func(*args, **kwargs)
         ltorch_fn = PROPERTY_TO_LTORCH.get(prop)
         if ltorch_fn is not None:
-            return ltorch_fn(*args)
+            return complex_call(func, ltorch_fn, args, {}) if involves_complex(args, {}) else ltorch_fn(*args)
     if func in _METADATA_METHODS:
         with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
@@ -190,7 +219,7 @@ def _torch_function(func, args, kwargs):
         if value is not None:
             return value
     if func in _DATA_DEPENDENT:
-        return _data_dependent(func)
+        return _data_dependent(func, args, kwargs)
     return user_fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
 
 

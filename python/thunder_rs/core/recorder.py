@@ -21,6 +21,9 @@ _current: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_recorder",
 _captures: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_captures", default=None)
 #: Every proxy the acquisition in progress made, so escapes into user state can be found after it.
 _made: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_made", default=None)
+#: Per acquisition that answers reads of values (``values``): the tensor each trace input stands
+#: for, in input order, on which a snapshot of the recording runs.
+_real_inputs: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_real_inputs", default=None)
 
 
 #: The recorder of the acquisition in progress in this thread, or None: ``active_recorder()``.
@@ -78,6 +81,9 @@ def input_proxy(rec: "_core.Recorder", t: torch.Tensor) -> TensorProxy:
     refuse_unlike_strided(t)
     requires_grad = t.requires_grad
     vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
+    real = _real_inputs.get()
+    if real is not None:
+        real.append(t)
     proxy = make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
     proxy._input_vid = vid
     if requires_grad and t.is_leaf:
@@ -213,6 +219,28 @@ def recording(rec: "_core.Recorder", captures: Captures | None = None, made: lis
         _current.reset(token)
 
 
+@contextlib.contextmanager
+def noting_inputs(inputs: list | None):
+    """Appends the tensor each new trace input stands for to ``inputs`` (when not None)."""
+    token = _real_inputs.set(inputs)
+    try:
+        yield
+    finally:
+        _real_inputs.reset(token)
+
+
+@contextlib.contextmanager
+def paused_recording():
+    """No recording in this context: real computation in the middle of an acquisition (a value
+    the program reads) runs as eager code runs."""
+    tokens = [(var, var.set(None)) for var in (_current, _captures, _made, _whole)]
+    try:
+        yield
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)
+
+
 def proxies(descriptions) -> list[TensorProxy]:
     out = [make_proxy(*d) for d in descriptions]
     made = _made.get()
@@ -276,6 +304,11 @@ class _RulesRunning(threading.local):
 
 
 _running = _RulesRunning()
+
+
+def recording_backward() -> bool:
+    """Whether a grad rule running in this thread records its backward (it asked for a cotangent)."""
+    return True in _running.in_backward
 
 
 def enter_backward() -> None:

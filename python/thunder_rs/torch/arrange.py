@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs.core import dtypes
+from thunder_rs.core import dtypes, values
+from thunder_rs.core.fallback import fallback
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import start_prim_log, stop_prim_log
@@ -409,3 +410,23 @@ def _register_views() -> None:
 
 
 _register_views()
+
+
+def _repeats_by_values(symbol):
+    """``repeat_interleave`` with tensor repeats (or of a tensor of repeats alone): its output's
+    size is the repeats' sum, which only their values tell. Where the jit reads values
+    (``core.values``) it is an eager fallback sized by them, recorded before the symbol opens (a
+    check inside a symbol an executor runs whole would not run)."""
+
+    def call(input, repeats=None, dim=None, *, output_size=None):
+        if values.active() is not None and (repeats is None or isinstance(repeats, torch.Tensor)):
+            if repeats is None:  # the repeats alone: each index as often as it says
+                return fallback(torch.repeat_interleave, (input,), {"output_size": output_size})
+            return fallback(torch.repeat_interleave, (input, repeats), {"dim": dim, "output_size": output_size})
+        return symbol(input, repeats, dim, output_size=output_size)
+
+    return call
+
+
+for _fn in repeat_interleave.torch_fns:
+    TORCH_TO_LTORCH[_fn] = _repeats_by_values(repeat_interleave)

@@ -6,6 +6,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, INT_TO_FLOAT
+from thunder_rs.core import values
 from thunder_rs.core.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.vmap import batch_as_elementwise
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
@@ -182,6 +183,18 @@ def _where_method(self, condition, other):
 
 
 TORCH_TO_LTORCH[T.where] = _where_method
+
+
+def _where_or_indices(condition, input=None, other=None):
+    """``torch.where(condition)`` alone is ``condition.nonzero(as_tuple=True)``: sized by the
+    condition's values where the jit reads them (``core.values``), and called before a ``where``
+    symbol opens, since what it records is read at the top level of the trace."""
+    if input is None and other is None and values.active() is not None:
+        return torch.nonzero(condition, as_tuple=True)
+    return where(condition, input, other)
+
+
+TORCH_TO_LTORCH[torch.where] = _where_or_indices
 
 
 @torchsymbol(torch.masked_fill, T.masked_fill)

@@ -5,7 +5,9 @@ slice and one reshape. Advanced indexing by integer tensors then flattens the in
 one, combines the indices into a linear index and takes along that dim; the broadcast index shape
 goes where the indexed dims were when they are adjacent, and in front otherwise. Index lists and
 non-traced tensors are values known while tracing: they are bounds-checked then and become
-constants. Boolean masks are data-dependent and are refused.
+constants. A traced boolean mask selects as many elements as it has true ones, which only its
+values tell: where the jit reads values (``core.values``) it is its ``nonzero`` indices, as in
+eager (``masks_as_indices``); elsewhere it is refused.
 """
 
 import math
@@ -13,6 +15,7 @@ import math
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.core import values
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.errors import (
     ThunderIndexError,
@@ -36,6 +39,21 @@ _MASK_DTYPES = (torch.bool, torch.uint8)
 
 
 # -- __getitem__ ----------------------------------------------------------------------------------
+
+
+def masks_as_indices(key):
+    """``key`` with each traced boolean mask of one or more dims replaced by its ``nonzero``
+    indices (one index tensor per dim), as eager indexes by a mask; ``key`` itself when it has
+    none, or when values cannot be read. Called before the indexing op is recorded: the mask's
+    true elements are counted on this call's values (``core.values``)."""
+    entries = key if _treat_as_tuple(key) else (key,)
+    is_mask = lambda k: isinstance(k, TensorProxy) and k.dtype in _MASK_DTYPES and k.ndim > 0  # noqa: E731
+    if values.active() is None or not any(map(is_mask, entries)):
+        return key
+    expanded: list = []
+    for k in entries:
+        expanded.extend(torch.nonzero(k, as_tuple=True) if is_mask(k) else (k,))
+    return tuple(expanded)
 
 
 class _Const:

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs.core import problems
+from thunder_rs.core import problems, values
+from thunder_rs.core.complex_calls import differentiates_complex
 from thunder_rs.core.fallback import fallback, user_fallback
 from thunder_rs.core.langctx import MUTATING, TORCH_TO_LTORCH, VALUE_READS, set_out_handler, torch_function, user_location
 from thunder_rs.core.proxies import TensorProxy
@@ -38,6 +39,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch import kernels, nn as ltorch_nn, views
 from thunder_rs.torch.elementwise import where
+from thunder_rs.torch.indexing import masks_as_indices
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.shape import reshape_to
 
@@ -95,6 +97,10 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     root = views.root_of(dst)
     with torch._C.DisableTorchFunctionSubclass():
         root_grad, value_grad = root.requires_grad, value.requires_grad
+    if root is not dst and root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled():
+        raise ThunderNotImplementedError(
+            f"{op}: writing in place into part of a complex tensor that carries a gradient is not supported (at "
+            f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)")
     if tracked and torch.is_grad_enabled():
         if copy and root_grad and dst.numel() == root.numel():
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
@@ -149,8 +155,10 @@ def _in_place(fn, name: str, outplace):
     symbol = IN_PLACE_SAMPLERS.get(fn) or TORCH_TO_LTORCH.get(outplace)
 
     def in_place(a, *args, **kwargs):
-        value = symbol(a, *args, **kwargs) if symbol is not None else user_fallback(on_copy(fn), (a, *args), kwargs,
-                                                                               effect=is_random(fn))
+        if symbol is not None and not differentiates_complex((a, *args), kwargs):
+            value = symbol(a, *args, **kwargs)
+        else:  # complex values carrying gradients are computed by eager's op (``core.complex_calls``)
+            value = user_fallback(on_copy(fn), (a, *args), kwargs, effect=is_random(fn))
         return assign(a, value, name)
 
     return in_place
@@ -303,10 +311,11 @@ def _drop_leading_ones(value, ndim: int):
     return reshape_to(value, value.shape[lead:]) if lead else value
 
 
-def _masked_assign(a, entries: tuple, at: int, value):
+def _masked_assign(a, entries: tuple, at: int, value) -> bool:
     """``a[entries] = value`` where ``entries[at]`` is a boolean mask and the others are basic:
     a ``where`` on the view the basic entries select. Only a ``value`` with one element per true
-    mask element would be data-dependent."""
+    mask element is data-dependent: where the jit reads values that assignment is left to the
+    caller (returns False), elsewhere it is refused."""
     op = "setitem"
     mask = entries[at]
     basic = entries[:at] + (slice(None),) * mask.ndim + entries[at + 1:]
@@ -322,12 +331,15 @@ def _masked_assign(a, entries: tuple, at: int, value):
         value = _drop_leading_ones(value, start + 1 + rest)
         at_mask = value.ndim - rest - 1  # the dim of value that lines up with the selected elements
         if at_mask >= 0:
+            if value.shape[at_mask] != 1 and values.active() is not None:
+                return False
             check(value.shape[at_mask] == 1, op, lambda: (
                 f"a value of shape {list(value.shape)} gives one element per true mask element, which is data-dependent; "
                 "assign a value that broadcasts (argument value)"), ThunderNotImplementedError)
             value = reshape_to(value, (*value.shape[:at_mask], *(1,) * mask.ndim, *value.shape[at_mask + 1:]))
     mask = reshape_to(clang.maybe_convert(mask, torch.bool), (1,) * start + tuple(mask.shape) + (1,) * rest)
     assign(view, where(mask, clang.maybe_convert(value, view.dtype), view), op, copy=True)
+    return True
 
 
 def setitem(a, key, value):
@@ -342,9 +354,11 @@ def setitem(a, key, value):
         return
     masks = [i for i, e in enumerate(entries) if _is_mask(e)]
     if len(masks) == 1 and all(_is_basic(e) for i, e in enumerate(entries) if i != masks[0]):
-        _masked_assign(a, entries, masks[0], value)
-        return
-    check(not masks, op, "a boolean mask together with other tensor or list indices is data-dependent (argument key)",
+        if _masked_assign(a, entries, masks[0], value):
+            return
+    key = masks_as_indices(key)  # the masks' nonzero indices, where the jit reads values
+    check(not any(map(_is_mask, key if type(key) is tuple else (key,))), op,
+          "a boolean mask together with other tensor or list indices is data-dependent (argument key)",
           ThunderNotImplementedError)
     assign(a, fallback(setitem_on_copy, (a, key, value), {}), op, copy=True)
 

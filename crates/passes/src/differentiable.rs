@@ -1,0 +1,152 @@
+//! A program compiled to run under torch's autograd rather than differentiated by the VJP pass
+//! (`Options::differentiable`): the path of a double backward through a compiled call and of
+//! torch.func transforms over one. Its generated code is plain torch calls that torch's autograd
+//! records; what the trace says about gradients must then be said to torch at run time.
+
+use trace_ir::{Arg, Trace, ValueId};
+
+/// Per top-level bound symbol, the outputs the generated code detaches right after it: values
+/// the trace computed without grad from a value that requires grad (calls recorded under
+/// `torch.no_grad()`, `detach()`), which autograd would otherwise record as it runs them, so
+/// that gradients would flow where eager's do not (a power iteration under `no_grad`).
+pub fn detached_outputs(trace: &Trace) -> Vec<Vec<ValueId>> {
+    let requires_grad = |v: ValueId| trace.tensor(v).is_some_and(|t| t.requires_grad);
+    trace
+        .bsyms
+        .iter()
+        .map(|bsym| {
+            let mut reads_grad = false;
+            bsym.for_each_input(|v| reads_grad |= requires_grad(v));
+            if !reads_grad {
+                return Vec::new();
+            }
+            let cut = |o: &&ValueId| trace.tensor(**o).is_some_and(|t| !t.requires_grad && t.dtype.is_inexact());
+            bsym.outputs.iter().filter(cut).copied().collect()
+        })
+        .collect()
+}
+
+/// The positions of the trace's inputs that the calls computing its flat outputs at `outputs`
+/// read (a single output is position 0). A compiled call that must compute those outputs again
+/// (a double backward) needs these inputs as they were.
+pub fn inputs_read(trace: &Trace, outputs: &[usize]) -> Vec<usize> {
+    let mut live = values_of(trace, outputs);
+    for bsym in trace.bsyms.iter().rev() {
+        if bsym.outputs.iter().any(|o| live[o.index()]) {
+            bsym.for_each_input(|v| live[v.index()] = true);
+        }
+    }
+    positions(trace, &live)
+}
+
+/// The positions of the trace's inputs that its flat outputs at `outputs` hold as they are, at
+/// any depth (the inputs a differentiated program's forward saves among its residuals).
+pub fn inputs_returned(trace: &Trace, outputs: &[usize]) -> Vec<usize> {
+    positions(trace, &values_of(trace, outputs))
+}
+
+/// Per value, whether the flat outputs at `outputs` hold it.
+fn values_of(trace: &Trace, outputs: &[usize]) -> Vec<bool> {
+    let items = match &trace.outputs {
+        Arg::Tuple(items) | Arg::List(items) => items.as_slice(),
+        single => std::slice::from_ref(single),
+    };
+    let mut held = vec![false; trace.values.len()];
+    for item in outputs.iter().filter_map(|&i| items.get(i)) {
+        item.for_each_value(&mut |v| held[v.index()] = true);
+    }
+    held
+}
+
+fn positions(trace: &Trace, marked: &[bool]) -> Vec<usize> {
+    trace.inputs.iter().enumerate().filter(|(_, v)| marked[v.index()]).map(|(i, _)| i).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trace_ir::{DType, Device, TensorMeta, TraceBuilder, ValueKind};
+
+    /// `(exp(x) * sin(x), cos(w))` with `sin` recorded under `no_grad`; `x` requires grad.
+    fn no_grad_scale() -> Trace {
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta::new(DType::F32, Device::CPU, vec![4]);
+        let x = b.add_input(ValueKind::Tensor(TensorMeta { requires_grad: true, ..meta.clone() }));
+        let w = b.add_input(ValueKind::Tensor(meta));
+        let prim = |b: &mut TraceBuilder, name: &str, args: &[ValueId]| {
+            b.record_prim(name, args.iter().map(|&v| Arg::Value(v)).collect()).unwrap()[0]
+        };
+        let e = prim(&mut b, "exp", &[x]);
+        b.set_grad_enabled(false);
+        let s = prim(&mut b, "sin", &[x]);
+        b.set_grad_enabled(true);
+        let c = prim(&mut b, "cos", &[w]);
+        let m = prim(&mut b, "mul", &[e, s]);
+        b.finish(Arg::Tuple(vec![Arg::Value(m), Arg::Value(c)])).unwrap()
+    }
+
+    #[test]
+    fn detaches_values_computed_without_grad_from_values_that_require_it() {
+        let trace = no_grad_scale();
+        let detached: Vec<Vec<String>> =
+            detached_outputs(&trace).iter().map(|d| d.iter().map(ValueId::to_string).collect()).collect();
+        // exp requires grad, sin ran under no_grad, cos reads nothing that requires grad.
+        assert_eq!(detached, [vec![], vec!["t3".to_string()], vec![], vec![]]);
+    }
+
+    /// The generated source of `trace` compiled for a torch-like executor with in-place forms.
+    fn source(trace: &Trace, differentiable: bool) -> String {
+        use crate::{ExecutorSpec, ImplSpec, Options, PassCx, SymKey};
+        use trace_ir::pysrc::Callee;
+        let impls = ["exp", "sin", "cos", "mul"]
+            .iter()
+            .map(|name| {
+                let callee = Callee {
+                    function: format!("torch_{name}").into(),
+                    method: Some((*name).into()),
+                    inplace: Some(format!("{name}_").into()),
+                };
+                (SymKey::Prim((*name).to_string()), ImplSpec { callee, has_checker: false })
+            })
+            .collect();
+        let executors = [ExecutorSpec { name: "torch".into(), impls, ..Default::default() }];
+        let options = Options { executors: &executors, passes: &[], differentiable };
+        let compiled = crate::compile(trace, &options, &mut |_, _, _| Ok(true), &PassCx::default()).unwrap();
+        let record = compiled.forward.last().unwrap();
+        assert_eq!(compiled.backward.is_empty(), differentiable);
+        record.plan.as_ref().unwrap().source.clone()
+    }
+
+    #[test]
+    fn a_differentiable_program_detaches_and_writes_nothing_in_place() {
+        let program = source(&no_grad_scale(), true);
+        assert!(program.contains("  t3 = t3.detach()\n"), "{program}");
+        assert!(program.contains("t5 = t2.mul(t3)"), "{program}");
+        assert!(!program.contains("_("), "{program}");
+        // Run with grad off, the forward writes exp's result, which autograd would have saved.
+        let forward = source(&no_grad_scale(), false);
+        assert!(!forward.contains("detach") && forward.contains("t5 = t2.mul_(t3)"), "{forward}");
+    }
+
+    #[test]
+    fn inputs_read_follows_only_the_outputs_asked_for() {
+        let trace = no_grad_scale();
+        assert_eq!(inputs_read(&trace, &[0]), [0]);
+        assert_eq!(inputs_read(&trace, &[1]), [1]);
+        assert_eq!(inputs_read(&trace, &[0, 1]), [0, 1]);
+        assert!(inputs_read(&trace, &[]).is_empty());
+    }
+
+    #[test]
+    fn inputs_returned_are_those_an_output_holds_as_they_are() {
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta::new(DType::F32, Device::CPU, vec![4]);
+        let x = b.add_input(ValueKind::Tensor(meta.clone()));
+        let w = b.add_input(ValueKind::Tensor(meta));
+        let y = b.record_prim("mul", vec![Arg::Value(x), Arg::Value(w)]).unwrap()[0];
+        let residuals = Arg::Tuple(vec![Arg::Value(y), Arg::Value(w)]);
+        let trace = b.finish(Arg::Tuple(vec![Arg::Value(y), residuals])).unwrap();
+        assert!(inputs_returned(&trace, &[0]).is_empty());
+        assert_eq!(inputs_returned(&trace, &[1]), [1]);
+    }
+}

@@ -1,0 +1,33 @@
+"""The executors of a program run under torch's autograd (``core.differentiable``: a double
+backward, torch.func transforms): the torch executor, after one that runs each custom
+``torch.autograd.Function`` whole as ``Fn.apply``. Its traced decomposition would be
+differentiated by autograd as plain torch calls, where eager calls the Function's own backward
+(a straight-through estimator's, a gradient reversal's)."""
+
+from thunder_rs.core.custom_function import function_symbols
+from thunder_rs.executors.extend import Executor, _bump, resolve_executors
+
+autograd_function_ex = Executor("autograd_function")
+
+
+def _applying(cls):
+    """``cls.apply`` returning its outputs as the trace binds them (a tuple of one is its tensor)."""
+
+    def apply(*args):
+        out = cls.apply(*args)
+        return out[0] if isinstance(out, tuple) and len(out) == 1 else out
+
+    apply.__name__ = f"apply_{cls.__name__}"
+    return apply
+
+
+def differentiable_executors() -> list[Executor]:
+    """The executors, in priority order, with every custom Function traced so far registered."""
+    for cls, sid in function_symbols():
+        if sid not in autograd_function_ex.implmap:
+            autograd_function_ex.implmap[sid] = (f"apply_{cls.__name__}", None, _applying(cls))
+            _bump()
+    return resolve_executors([autograd_function_ex])
+
+
+__all__ = ["autograd_function_ex", "differentiable_executors"]
