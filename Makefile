@@ -72,6 +72,7 @@ demo: build
 bench: build
 	$(PY) benchmarks/bench_forward.py
 	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/import_time.py
 
 # What the GPU check carries (benchmarks/gpu_carry.py, ../shared/GPU.md), in gpu-carry/: the abi3
 # thunder_rs wheel (manylinux_2_28 through zig, so that it loads wherever torch does; make wheel's

@@ -41,6 +41,14 @@ def targets(*shape, classes=5, ignored=-100):
     return t
 
 
+def at_bounds(*bounds, dtype):
+    """A (3, 4) leaf with entries exactly at each of ``bounds``, where the gradient is a convention."""
+    x = torch.randn(3, 4, dtype=dtype)
+    for i, b in enumerate(bounds):
+        x[i, :2] = b
+    return x.requires_grad_()
+
+
 @dataclass
 class Case:
     id: str
@@ -136,6 +144,15 @@ CASES = [
     Case("sdpa_flash_causal", sdpa(is_causal=True), lambda d: (randn(2, 2, 5, 8, dtype=d), randn(2, 2, 3, 8, dtype=d),
                                                                transposed(3, 8, dtype=d).expand(2, 2, 3, 8)),
          FLASH_CALLS, absent=("softmax", "tril")),
+    Case("relu", F.relu, lambda d: (at_bounds(0.0, dtype=d),), ("ltorch.threshold_backward",), absent=("where",)),
+    Case("threshold", lambda x: F.threshold(x, 0.5, -2.0), lambda d: (at_bounds(0.5, dtype=d),),
+         ("ltorch.threshold_backward",), absent=("where",)),
+    Case("leaky_relu", lambda x: F.leaky_relu(x, 0.2), lambda d: (at_bounds(0.0, dtype=d),),
+         ("ltorch.leaky_relu_backward",), absent=("where",)),
+    Case("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.5), lambda d: (at_bounds(-0.5, 0.5, dtype=d),),
+         ("ltorch.hardtanh_backward",), absent=("where",)),
+    Case("relu6", F.relu6, lambda d: (at_bounds(0.0, 6.0, dtype=d),), ("ltorch.hardtanh_backward",),
+         absent=("where",)),
     Case("linear", F.linear, lambda d: (randn(2, 3, 4, dtype=d), randn(5, 4, dtype=d), randn(5, dtype=d)),
          ("ltorch.matmul", "ltorch.sum")),
     Case("linear_vector_input", F.linear, lambda d: (randn(4, dtype=d), transposed(5, 4, dtype=d)), ("ltorch.matmul",)),

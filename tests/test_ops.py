@@ -20,7 +20,9 @@ from opinfos import OPINFOS, OpInfo, SampleInput
 
 SELF_CHECK = os.environ.get("OPINFO_SELF_CHECK") == "1"
 TESTED_DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool)
-DEVICES = ("cpu", pytest.param("cuda", marks=(pytest.mark.requires_cuda, pytest.mark.gpu)))
+# CUDA parameters only where CUDA is: 25,000 skipped ones cost the CPU run about a minute.
+DEVICES = ("cpu", *([pytest.param("cuda", marks=(pytest.mark.requires_cuda, pytest.mark.gpu))]
+                    if torch.cuda.is_available() else []))
 
 pytestmark = [
     # Some samples reduce over fewer elements than the correction (var of a 0-dim tensor is NaN, as in eager).
@@ -100,9 +102,16 @@ def count(items: Iterable[Any]) -> int:
     return sum(1 for _ in items)
 
 
+def grad_tested(op: OpInfo) -> bool:
+    return op.supports_grad and torch.float64 in op.dtypes
+
+
 def sample_params() -> list:
+    """Every sample in every tested dtype. The float64 forward of an op whose gradient is tested
+    is slow-only: the gradient test compares the same samples' float64 outputs too."""
     return [
-        pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{dtype_name(dtype)}")
+        pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{dtype_name(dtype)}",
+                     marks=pytest.mark.slow if dtype == torch.float64 and grad_tested(op) else ())
         for op in OPINFOS
         for dtype in op.dtypes
         if dtype in TESTED_DTYPES
@@ -118,7 +127,7 @@ def grad_params() -> list:
     return [
         pytest.param(op, i, id=f"{op.id}-sample{i}-float64")
         for op in OPINFOS
-        if op.supports_grad and torch.float64 in op.dtypes
+        if grad_tested(op)
         for i in range(count(op.sample_inputs(torch.float64, "cpu")))
     ]
 
@@ -267,7 +276,8 @@ def test_op_grad_matches_eager(op: OpInfo, index: int, device: str) -> None:
     # Which outputs require grad is part of the result: ops torch defines no derivative for give
     # outputs that do not.
     try:
-        expected_flags = [t.requires_grad for t in differentiable_call(op, sample, op.op)[1]]
+        expected_outputs = differentiable_call(op, sample, op.op)[1]
+        expected_flags = [t.requires_grad for t in expected_outputs]
         expected = grads(op, sample, op.op)
     except RuntimeError as e:
         # e.g. torch 2.9's mse_loss backward with a float64 input and a float32 target, or
@@ -275,8 +285,11 @@ def test_op_grad_matches_eager(op: OpInfo, index: int, device: str) -> None:
         pytest.skip(f"eager refuses inputs that require grad, or its own backward fails here: {e}")
     except pytest.skip.Exception:
         expected = None  # no output requires grad: only the flags below are compared
-    flags = [t.requires_grad for t in differentiable_call(op, sample, jit(op.op))[1]]
+    outputs = differentiable_call(op, sample, jit(op.op))[1]
+    flags = [t.requires_grad for t in outputs]
     assert flags == expected_flags, f"requires_grad of the outputs: {flags}, eager {expected_flags}"
+    assert_same([t.detach() for t in outputs], [t.detach() for t in expected_outputs],
+                op.tolerance(torch.float64), sample)
     if expected is None:
         pytest.skip("no differentiable input or output")
     inputs = tensors_of([sample.args, list(sample.kwargs.values())])
@@ -300,10 +313,11 @@ def test_dropout_keeps_expected_fraction(device: str) -> None:
     torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
 
 
-def test_every_ltorch_symbol_is_reached_by_an_opinfo_sample() -> None:
+def test_every_ltorch_symbol_is_reached_by_an_opinfo_sample(request: pytest.FixtureRequest) -> None:
     """Runs last: every registered ltorch symbol was recorded by some sample of the table (as the
     op itself, inside another's decomposition, or in a backward), so none goes untested."""
-    total = sum(1 for p in sample_params())
+    slow = request.config.getoption("--run-slow")
+    total = sum(1 for p in sample_params() if slow or not p.marks)
     if SELF_CHECK or len(PASSED_SAMPLES) < total:
         pytest.skip(f"needs every CPU sample test of the table to pass in this run ({len(PASSED_SAMPLES)} of {total})")
     from thunder_rs import ltorch
