@@ -425,3 +425,21 @@ def test_wav2vec2_ctc_with_labels_trains_as_eager_and_refuses_a_label_out_of_ran
     bad[0, 0] = 12
     with pytest.raises(ValueError, match="Label values must be <= vocab_size: 12"):
         thunder_rs.jit(model)(audio, labels=bad)
+
+
+def test_a_value_new_on_every_call_compiles_a_bounded_number_of_variants_then_runs_eagerly():
+    """``x / x.abs().max().item()``: each call reads another float. Past the limit of variants a key
+    compiles, calls with new values run eagerly (with one warning naming the read), with eager's
+    outputs and gradients; values a variant has still run compiled."""
+    from thunder_rs.core.jit import VALUE_VARIANT_LIMIT
+
+    torch.manual_seed(0)
+    xs = [torch.randn(4, 5, requires_grad=True) for _ in range(VALUE_VARIANT_LIMIT + 4)]
+    jfn = thunder_rs.jit(scaled_by_item)
+    with pytest.warns(UserWarning, match=r"runs calls with other values eagerly \(the value read by torch.Tensor.item"):
+        assert_calls_match(scaled_by_item, jfn, [(x,) for x in xs], grad_of=(0,))
+    stats = thunder_rs.compile_stats(jfn)
+    assert (stats.cache_misses, stats.eager_calls) == (VALUE_VARIANT_LIMIT, 4)
+    hits = stats.cache_hits
+    assert_calls_match(scaled_by_item, jfn, [(xs[0],)], grad_of=(0,))  # a compiled value: no eager call
+    assert thunder_rs.compile_stats(jfn).eager_calls == 4 and thunder_rs.compile_stats(jfn).cache_hits > hits

@@ -45,6 +45,10 @@ from thunder_rs.executors.torch_ex import sync_fallbacks
 MISS_WARNING_THRESHOLD = 8
 #: How many variants one call may hand over to after its values diverged (``_other_path``).
 MAX_DIVERGENCES = 16
+#: How many variants one cache key compiles for the values its calls read; past it a call whose
+#: values no variant has runs eagerly (torch.compile's recompile limit does the same): a value that
+#: differs on every call (``x.max().item()`` used as a number) would otherwise compile every call.
+VALUE_VARIANT_LIMIT = 16
 #: What the cache key holds of each module parameter and buffer (C-level, no Python frame each).
 _METADATA = attrgetter("dtype", "device", "requires_grad")
 #: True only while Dynamo traces (it answers the call itself): eager returns False.
@@ -66,6 +70,8 @@ class CompileStats:
     last_compile_s: float = 0.0
     stage_s: dict = field(default_factory=dict)
     evictions: int = 0
+    #: Calls run eagerly because their values took a path none of ``VALUE_VARIANT_LIMIT`` variants has.
+    eager_calls: int = 0
 
     @property
     def calls(self) -> int:
@@ -263,7 +269,10 @@ class ThunderFunction:
             out = entry.fn(*args) if module is None else entry.fn(*args, *params)
         except Diverged as d:
             run = (lambda e: e.fn(*args)) if module is None else (lambda e: e.fn(*args, *self._module_tensors()))
-            entry, out = self._other_path(d, entry, key, args, lambda: tree_flatten((args, {}))[1], run)
+            entry, out = self._other_path(d, entry, key, args, lambda: tree_flatten((args, {}))[1], run,
+                                          lambda: self._fn(*args))
+            if entry is None:
+                return out
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.post is None else entry.post(out, args)
@@ -301,7 +310,10 @@ class ThunderFunction:
             if torch_spec is None:  # nothing of the call is visible yet: flattened anew, it runs again
                 return self._call_general(args, kwargs)
             run = lambda e: e.fn(*self._inputs(e, flat))  # noqa: E731
-            entry, out = self._other_path(d, entry, key, flat, lambda: torch_spec, run)
+            entry, out = self._other_path(d, entry, key, flat, lambda: torch_spec, run,
+                                          lambda: self._fn(*args, **kwargs))
+            if entry is None:
+                return out
         except Exception as e:
             raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.post is None else entry.post(out, flat)
@@ -317,15 +329,19 @@ class ThunderFunction:
 
     # -- values the program reads -----------------------------------------------------------------
 
-    def _other_path(self, diverged: Diverged, entry: Entry, key, flat, spec, run):
+    def _other_path(self, diverged: Diverged, entry: Entry, key, flat, spec, run, eager):
         """After ``entry``'s call was abandoned at a check (a value it read differs from the one it
         was specialised on), runs the variant for the values read (``run(variant)``); returns the
-        variant and its outputs. ``spec()`` is the call's spec, for a variant still to compile. A
+        variant and its outputs, or None and ``eager()``'s outputs where the key has as many
+        variants as it may compile. ``spec()`` is the call's spec, for a variant still to compile. A
         variant that diverges in its turn hands over likewise, a bounded number of times (the
         values are the call's own, so the second variant's checks hold unless its Python state
         changed or numerics differ between variants)."""
         for _ in range(MAX_DIVERGENCES):
-            entry = self._variant_after(diverged, entry, key, flat, spec)
+            found = self._variant_after(diverged, entry, key, flat, spec)
+            if found is None:
+                return None, self._run_eagerly(diverged, eager)
+            entry = found
             try:
                 return entry, run(entry)
             except Diverged as again:
@@ -336,10 +352,11 @@ class ThunderFunction:
             f"thunder_rs.jit: {_name(self._fn)}: the values the program reads differ from one compiled variant to the "
             f"next within one call ({diverged}); the variants compute them differently")
 
-    def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec) -> Entry:
+    def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec) -> Entry | None:
         """The variant of ``key`` whose reads agree with ``entry``'s up to the one that diverged
         and read there what the call read: from the value tree, or compiled with those reads'
-        values given (the program makes them again, on the same values)."""
+        values given (the program makes them again, on the same values); None where the tree
+        holds ``VALUE_VARIANT_LIMIT`` variants already."""
         read = diverged.read
         path = entry.decisions[:read.index] + (decision(diverged.value),)
         with self._lock:
@@ -349,8 +366,21 @@ class ThunderFunction:
                 if key in self._cache:
                     self._cache[key] = found
                 return found
+            if entry.tree is not None and len(entry.tree) >= VALUE_VARIANT_LIMIT:
+                return None
             forced = (*entry.reads[:read.index], dataclasses.replace(read, value=diverged.value))
             return self._compile(flat, spec(), key, str(diverged), forced)
+
+    def _run_eagerly(self, diverged: Diverged, eager):
+        """A call whose values no variant has, once its key has all the variants it may compile:
+        the program runs as eager code (nothing of the abandoned call was visible). Warns once."""
+        self._stats.eager_calls += 1
+        if self._stats.eager_calls == 1:
+            _warn_at_user_frame(
+                f"thunder_rs: {_name(self._fn)} compiled {VALUE_VARIANT_LIMIT} variants for the values it reads and "
+                f"now runs calls with other values eagerly ({diverged}). A value that changes on every call is better "
+                "kept as a tensor (x / x.max() rather than x / x.max().item())")
+        return eager()
 
     def _module_tensors(self) -> list:
         """The module's parameters and buffers as the trace takes them, read from their slots on
@@ -503,10 +533,12 @@ def _name(fn) -> str:
 
 
 def _warn_recompiles(fn, misses: int, reason: str) -> None:
+    _warn_at_user_frame(f"thunder_rs: {_name(fn)} recompiled {misses} times; last change: {reason}")
+
+
+def _warn_at_user_frame(message: str) -> None:
     """Warns at the user's call site: the first frame outside thunder_rs and torch."""
     frame = user_frame()
-    message = (f"thunder_rs: {_name(fn)} recompiled {misses} times; "
-               f"last change: {reason}")
     if frame is None:
         warnings.warn(message, stacklevel=4)
     else:
