@@ -3,7 +3,8 @@
     python benchmarks/compile_models.py
 
 Builds the tiny Hugging Face models (GPT-2, Llama, BERT) and the ResNet-18 of the model tests
-(tests/test_hf_models.py, tests/test_cnn.py), and reports for each, single-threaded: the first
+(tests/test_hf_models.py, tests/test_cnn.py), and the data-dependent models of
+tests/test_data_dependent.py (DeBERTa-v2, Wav2Vec2-CTC, Qwen2-MoE), and reports for each, single-threaded: the first
 call (compile and run), the compile alone with its acquisition part (``compile_stats``), and a
 median of repeated cache hits, next to eager's median per call. One-time work (imports, the first
 trace) is paid before the timings. BERT's classifier sets ``config.problem_type`` on its first call
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import thunder_rs  # noqa: E402
 from test_cnn import ResNet18, images  # noqa: E402
+from test_data_dependent import deberta_v2_classifier, qwen2_moe_eager_experts, wav2vec2_ctc  # noqa: E402
 from test_hf_models import padded_batch, tiny_model  # noqa: E402
 
 
@@ -64,6 +66,13 @@ def main() -> None:
     x, _ = images(0)
     print(measure("resnet18 w16 train (running stats)", ResNet18().train(), x))
     print(measure("resnet18 w16 eval", ResNet18().eval(), x))
+    # Programs that read tensor values (tests/test_data_dependent.py): the trace is specialised on
+    # what they read, so the first call evaluates the program up to each read while tracing.
+    for label, build in (("deberta-v2 cls (nonzero labels)", deberta_v2_classifier),
+                         ("wav2vec2 ctc (label checks)", wav2vec2_ctc),
+                         ("qwen2-moe eager experts", qwen2_moe_eager_experts)):
+        model, batches = build()
+        print(measure(label, model, **batches[0]))
 
 
 if __name__ == "__main__":

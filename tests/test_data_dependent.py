@@ -375,8 +375,8 @@ def check_training(model, batches: list, steps: int, tol=dict(rtol=1e-4, atol=1e
     return jmodel
 
 
-def test_deberta_v2_classification_with_unlabelled_examples_trains_as_eager():
-    """The loss gathers the examples whose label is >= 0 (``nonzero``) and branches on how many."""
+def deberta_v2_classifier() -> tuple:
+    """A tiny DeBERTa-v2 classifier and batches with 1, 2, 0 and 2 labelled examples (label -1: none)."""
     torch.manual_seed(0)
     config = transformers.DebertaV2Config(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                           intermediate_size=64, max_position_embeddings=64, num_labels=3,
@@ -384,14 +384,11 @@ def test_deberta_v2_classification_with_unlabelled_examples_trains_as_eager():
     model = transformers.DebertaV2ForSequenceClassification(config).train()
     ids = torch.randint(3, 99, (2, 8), generator=torch.Generator().manual_seed(0))
     labels = [[1, -1], [2, 0], [-1, -1], [0, 2]]
-    batches = [dict(input_ids=ids, labels=torch.tensor(row)) for row in labels]
-    assert variants(check_training(model, batches, steps=5)) == 3  # 1, 2 and 0 labelled examples
+    return model, [dict(input_ids=ids, labels=torch.tensor(row)) for row in labels]
 
 
-def test_qwen2_moe_with_its_eager_experts_loop_matches_eager():
-    """transformers 5 runs Qwen2-MoE's experts as grouped matmuls by default (one static graph);
-    its "eager" implementation loops over the experts ``nonzero`` says were hit, each on the
-    tokens ``torch.where`` gives it."""
+def qwen2_moe_eager_experts() -> tuple:
+    """A tiny Qwen2-MoE causal LM with transformers' "eager" experts loop, and two batches."""
     torch.manual_seed(0)
     config = transformers.Qwen2MoeConfig(
         vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -400,13 +397,11 @@ def test_qwen2_moe_with_its_eager_experts_loop_matches_eager():
     config._experts_implementation = "eager"
     model = transformers.Qwen2MoeForCausalLM(config).train()
     g = torch.Generator().manual_seed(0)
-    batches = [dict(input_ids=ids, labels=ids) for ids in (torch.randint(0, 99, (2, 8), generator=g) for _ in range(2))]
-    # One variant per routing seen: each batch's, then the first batch's after two steps moved the router.
-    assert variants(check_training(model, batches, steps=3)) == 3
+    return model, [dict(input_ids=ids, labels=ids) for ids in (torch.randint(0, 99, (2, 8), generator=g) for _ in range(2))]
 
 
-def test_wav2vec2_ctc_with_labels_trains_as_eager_and_refuses_a_label_out_of_range():
-    """``if labels.max() >= vocab_size: raise``, then CTC over ``masked_select``ed targets."""
+def wav2vec2_ctc() -> tuple:
+    """A tiny Wav2Vec2 CTC model and two batches of audio with labels, the second with a shorter transcript."""
     torch.manual_seed(0)
     config = transformers.Wav2Vec2Config(
         vocab_size=12, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
@@ -417,7 +412,28 @@ def test_wav2vec2_ctc_with_labels_trains_as_eager_and_refuses_a_label_out_of_ran
     audio = torch.randn(2, 160, generator=g)
     labels = [torch.randint(1, 12, (2, 5), generator=g) for _ in range(2)]
     labels[1][1, 3:] = -100  # a shorter transcript
-    batches = [dict(input_values=audio, labels=lab) for lab in labels]
+    return model, [dict(input_values=audio, labels=lab) for lab in labels]
+
+
+def test_deberta_v2_classification_with_unlabelled_examples_trains_as_eager():
+    """The loss gathers the examples whose label is >= 0 (``nonzero``) and branches on how many."""
+    model, batches = deberta_v2_classifier()
+    assert variants(check_training(model, batches, steps=5)) == 3  # 1, 2 and 0 labelled examples
+
+
+def test_qwen2_moe_with_its_eager_experts_loop_matches_eager():
+    """transformers 5 runs Qwen2-MoE's experts as grouped matmuls by default (one static graph);
+    its "eager" implementation loops over the experts ``nonzero`` says were hit, each on the
+    tokens ``torch.where`` gives it."""
+    model, batches = qwen2_moe_eager_experts()
+    # One variant per routing seen: each batch's, then the first batch's after two steps moved the router.
+    assert variants(check_training(model, batches, steps=3)) == 3
+
+
+def test_wav2vec2_ctc_with_labels_trains_as_eager_and_refuses_a_label_out_of_range():
+    """``if labels.max() >= vocab_size: raise``, then CTC over ``masked_select``ed targets."""
+    model, batches = wav2vec2_ctc()
+    audio, labels = batches[0]["input_values"], [b["labels"] for b in batches]
     # LayerDrop (p=0.1) reads a draw (``torch.rand([]) < p``): one step skips the layer. Then 10
     # and 8 target tokens (``masked_select``): three variants.
     assert variants(check_training(model, batches, steps=3)) == 3
