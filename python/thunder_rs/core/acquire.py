@@ -12,7 +12,8 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from thunder_rs import _core
 from thunder_rs import torch as ltorch
 from thunder_rs.core.cache import input_names
-from thunder_rs.core.effects import PrintCall, attribute_writes, item_writes, recording_prints, stop_recording_prints
+from thunder_rs.core.effects import (attribute_writes, item_writes, print_effects, recording_prints,
+                                     stop_recording_prints)
 from thunder_rs.core.escapes import check_no_escape
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.fsdp import refuse_dtensors
@@ -25,6 +26,8 @@ from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.pydraws import recording_draws
 from thunder_rs.core.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.recorder import Captures, input_proxy, recording
+from thunder_rs.core.stdlib_state import consuming_iterators
+from thunder_rs.core.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.torch_overrides import tracing_overrides
 from thunder_rs.core.values import ValueReads, reading
 from thunder_rs.core.writeback import WriteBacks, plan
@@ -80,8 +83,10 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole
     prints: list = []
     draws: list = []
     token = recording_prints(prints)
+    install_stdlib_wrappers()
     try:
-        with refusals_not_swallowed(), recording_draws(draws), recording(rec, captures, made, whole), reading(reads):
+        with (refusals_not_swallowed(), recording_draws(draws), consuming_iterators(flat_inputs),
+              recording(rec, captures, made, whole), reading(reads)):
             out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached)
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
@@ -204,7 +209,7 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     items)``."""
     extras: list = []
     prints, draws, items = repeated
-    effects = [PrintCall(args, kwargs, extras) for args, kwargs in prints] + draws
+    effects = print_effects(prints, extras) + draws
     effects += attribute_writes(writes, extras) + item_writes(items, extras)
     out_spec, num_outputs = None, 0
     if effects or not is_plain(out):

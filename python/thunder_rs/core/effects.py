@@ -50,6 +50,18 @@ def stop_recording_prints(token) -> None:
     _prints.reset(token)
 
 
+def recorded_effects() -> list | None:
+    """The list the program's ``print`` calls are recorded into while it is traced (else None):
+    other effects made in program order (``stdlib_state``: logging, ``warnings.warn``) go there
+    too, as objects with ``effect(extras)`` giving what each call applies."""
+    return _prints.get()
+
+
+def print_effects(prints: list, extras: list) -> list:
+    """The effects of the recorded ``prints`` (and other effects recorded among them), in order."""
+    return [PrintCall(p[0], p[1], extras) if type(p) is tuple else p.effect(extras) for p in prints]
+
+
 class TracedValue:
     """A Python value that may hold tensors the trace computed (in lists, tuples, dicts): each
     such tensor is an extra output of the trace, and ``get(extras)`` rebuilds the value with a

@@ -582,6 +582,61 @@ class StateGuard:
         return f"r{index}() == e{index}"
 
 
+def _defaults_of(fn) -> tuple:
+    """``fn``'s default values, positional then keyword (names and values), as one tuple."""
+    kw = fn.__kwdefaults__
+    return (*(fn.__defaults__ or ()), *(x for item in kw.items() for x in item)) if kw else (fn.__defaults__ or ())
+
+
+class DefaultsGuard:
+    """The default arguments of the functions the program ran (``def f(x, scale=2.0)``; setting
+    ``f.__defaults__`` or an item of ``f.__kwdefaults__`` changes what a call computes): each
+    value must be the same object. One guard for all of a trace's functions; its check is, per
+    function, an identity test of its ``__defaults__`` tuple (which cannot change in place) and,
+    only where it has keyword-only defaults, of their dict and values."""
+
+    per_call = True
+    source = None
+
+    def __init__(self, entries: list):
+        #: ``(function, its __defaults__, its __kwdefaults__, _defaults_of(function))`` when traced
+        self.entries = entries
+
+    @staticmethod
+    def entry(fn) -> tuple:
+        return (fn, fn.__defaults__, fn.__kwdefaults__, _defaults_of(fn))
+
+    def _changed(self):
+        for fn, _, _, found in self.entries:
+            now = _defaults_of(fn)
+            if len(now) != len(found) or not all(map(operator.is_, now, found)):
+                return fn, found
+        return None, ()
+
+    def holds(self, flat) -> bool:
+        return self._changed()[0] is None
+
+    def describe(self, flat) -> str:
+        fn, found = self._changed()
+        return (f"the default arguments of {getattr(fn, '__qualname__', fn)} changed from {_short(found)} "
+                f"to {_short(_defaults_of(fn))}")
+
+    def term(self, index: int, scope: dict) -> str:
+        terms = []
+        for j, (fn, defaults, kwdefaults, found) in enumerate(self.entries):
+            name = f"d{index}_{j}"
+            scope[f"{name}f"], scope[f"{name}d"] = fn, defaults
+            terms.append(f"{name}f.__defaults__ is {name}d")
+            if kwdefaults:
+                # The dict changes in place (``f.__kwdefaults__["shift"] = 1.0``): each value too.
+                scope[f"{name}k"] = kwdefaults
+                terms.append(f"{name}f.__kwdefaults__ is {name}k and len({name}k) == {len(kwdefaults)}")
+                for i, (key, value) in enumerate(kwdefaults.items()):
+                    scope[f"{name}v{i}"] = value
+                    terms.append(f"{name}k.get({key!r}, MISSING) is {name}v{i}")
+        return "(" + " and ".join(terms) + ")"
+
+
 def _thawed(frozen):
     """The value a ``freeze`` result stands for (for messages)."""
     t, rest = frozen[0], frozen[1:]

@@ -11,6 +11,10 @@ a :class:`~thunder_rs.core.guards.Guard`. Chains on other locals (``config = sel
 Only *program state* is guarded: modules, the program's non-tensor inputs, globals, closure cells,
 and objects reached from them by attribute reads. Objects the program creates while it runs are
 rebuilt on every call and need no guard.
+
+The default arguments of the functions it runs (the jitted function, functions passed in or read
+as globals and cells, the methods whose code runs) are guarded as one ``DefaultsGuard``; chains on
+library modules are matched against torch's global flags (``torch_flags.py``).
 """
 
 import dis
@@ -26,12 +30,13 @@ import warnings
 import torch
 
 from thunder_rs import _core
-from thunder_rs.core.guards import (MISSING, CellSource, ClassSource, GlobalsSource, Guard, InputSource, ItemSource,
-                                    ModuleSource, ModuleStoreSource, ObjectSource, StructureGuard, attributes_of,
-                                    is_simple)
+from thunder_rs.core.guards import (MISSING, CellSource, ClassSource, DefaultsGuard, GlobalsSource, Guard, InputSource,
+                                    ItemSource, ModuleSource, ModuleStoreSource, ObjectSource, StructureGuard,
+                                    attributes_of, is_simple)
 from thunder_rs.core.guards import Item as _Item
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.state import ProgramState
+from thunder_rs.core.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -212,11 +217,20 @@ class Observer:
                 self.state.add(x, InputSource(i, (), names[i], not isinstance(attributes_of(x), dict)))
         for obj, source, under_container in reached.objects if reached is not None else ():
             self.state.add(obj, source, whole=under_container)
+        #: ids of the non-tensor inputs (an iterator passed in is not the program's to consume)
+        self._input_ids = {id(x) for x in inputs if not isinstance(x, torch.Tensor) and not is_simple(x)}
         self._functions: dict = {}
+        #: id -> (function, its defaults when first seen): their defaults are guarded as one
+        self._defaults: dict = {}
         for fn in functions:
             self._add_function(fn)
             for obj in _bound_objects(fn):
                 self.state.add(obj, ObjectSource(obj, type(obj).__name__))
+        # Functions passed in (``jf(x, fn)``): their closure cells and defaults are read as the
+        # jitted function's are.
+        for x in inputs:
+            if isinstance(x, (types.FunctionType, types.MethodType, functools.partial)):
+                self._add_function(x)
         self._guards: dict = {}
         self._outer = None
         self._hooked = False
@@ -276,7 +290,8 @@ class Observer:
                      if i not in self._owned and not self._traced_module(m)]
         kept = [g for g in self._guards.values()
                 if not (isinstance(getattr(g.source, "obj", None), torch.nn.Module) and self._traced_module(g.source.obj))]
-        return kept + structure
+        defaults = [DefaultsGuard(list(self._defaults.values()))] if self._defaults else []
+        return kept + structure + defaults
 
     def guard_argument_tensors(self, captured: list) -> None:
         """Guards the metadata of the tensors of argument objects that the trace takes as inputs
@@ -285,13 +300,28 @@ class Observer:
             if not isinstance(c, torch.Tensor):
                 self.state.read(c.holder, c.name, c.origin, self._guards)
 
+    def reached_from_outside(self, obj) -> bool:
+        """Whether the program reached ``obj`` from outside (an argument, a global, a closure cell,
+        an attribute of its state) rather than making it while it ran."""
+        return (id(obj) in self._input_ids or obj in self.state
+                or any(getattr(g, "expected", None) is obj for g in self._guards.values()))
+
     def _add_function(self, fn) -> None:
         fn = getattr(fn, "__func__", fn)
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        self._add_defaults(fn)
         code = getattr(fn, "__code__", None)
         if code is not None and code.co_freevars and getattr(fn, "__closure__", None):
             known = self._functions.setdefault(code, [])
             if fn not in known:
                 known.append(fn)
+
+    def _add_defaults(self, fn) -> None:
+        """Watches the default arguments of ``fn``: setting ``fn.__defaults__`` or
+        ``__kwdefaults__`` between calls changes what the program computes."""
+        if isinstance(fn, types.FunctionType) and (fn.__defaults__ or fn.__kwdefaults__) and id(fn) not in self._defaults:
+            self._defaults[id(fn)] = DefaultsGuard.entry(fn)
 
     def _add_hooks(self, module) -> None:
         """The forward of ``module`` and its forward hooks run in the call: their closure cells
@@ -461,6 +491,8 @@ class Observer:
             return MISSING
         if isinstance(value, types.FunctionType):
             self._add_function(value)
+        if callable(value):
+            library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
             # helper between calls changes what the program does.
@@ -494,7 +526,10 @@ class Observer:
         origin = reads.line
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
-            if value is MISSING or isinstance(value, types.ModuleType) and _library_module(value):
+            if value is MISSING:
+                continue
+            if isinstance(value, types.ModuleType) and _library_module(value):
+                library_read(self, value, attrs)  # torch's flags (torch.backends.cudnn.deterministic)
                 continue  # torch, math, F: their attributes are library code, not program state
             value = self._keep(self._globals_source(g), name, value, origin)
             if value is not MISSING and attrs:
@@ -502,6 +537,8 @@ class Observer:
         if reads.args or reads.cells or reads.receiver:
             local = frame.f_locals if live else frame
             receiver = local.get(reads.receiver) if reads.receiver else None
+            if receiver is not None and live:
+                self._add_method_defaults(receiver, code)
             if isinstance(receiver, torch.nn.Module) and live and code.co_name == "__init__":
                 self._made.add(id(receiver))
             if isinstance(receiver, torch.nn.Module):
@@ -517,6 +554,14 @@ class Observer:
                     self._follow(value, attrs, origin)
             if reads.cells and live:
                 self._read_cells(code, local, reads, origin)
+
+    def _add_method_defaults(self, receiver, code) -> None:
+        """The defaults of the method of ``receiver``'s class whose code runs (``forward(self, x,
+        scale=2.0)``)."""
+        fn = getattr(type(receiver), code.co_name, None)
+        fn = getattr(fn, "__func__", fn)
+        if getattr(fn, "__code__", None) is code:
+            self._add_defaults(fn)
 
     def _on_return(self, frame) -> None:
         reads = code_reads(frame.f_code)
