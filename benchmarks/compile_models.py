@@ -2,7 +2,7 @@
 
     python benchmarks/compile_models.py
 
-Builds the tiny Hugging Face models (GPT-2, Llama, BERT) and the ResNet-18 of the model tests
+Builds the tiny Hugging Face models (GPT-2, Llama, BERT, Mamba) and the ResNet-18 of the model tests
 (tests/test_hf_models.py, tests/test_cnn.py), and the data-dependent models of
 tests/test_data_dependent.py (DeBERTa-v2, Wav2Vec2-CTC, Qwen2-MoE), and reports for each, single-threaded: the first
 call (compile and run), the compile alone with its acquisition part (``compile_stats``), and a
@@ -59,7 +59,7 @@ def main() -> None:
     thunder_rs.jit(tiny_model("gpt2"))(**padded_batch("gpt2", "left"))
     print(f"{'model':36} {'first ms':>10} {'compile ms':>10} {'acquire ms':>10} {'compiles':>8} {'hit ms':>10} "
           f"{'eager ms':>10}")
-    for name in ("gpt2", "llama", "bert"):
+    for name in ("gpt2", "llama", "bert", "mamba"):
         for mode in ("train", "eval"):
             model = getattr(tiny_model(name), mode)()
             print(measure(f"{name} {mode}", model, **padded_batch(name, "left")))

@@ -286,3 +286,60 @@ def test_a_graph_with_a_torch_func_transform_runs_eagerly_from_the_start(transfo
         out = torch.compile(program, backend="thunder_rs")(x)
     torch.testing.assert_close(out, program(x))
     torch.testing.assert_close(func.jvp(g, (x,), (torch.ones_like(x),))[1], programs["jvp"](x))  # state intact
+
+
+def graphs_of(run) -> list:
+    """The graphs the backend was handed while ``run()`` ran, and its result."""
+    before = set(compiled_graphs())
+    result = run()
+    return [g for g in compiled_graphs() if g not in before], result
+
+
+def all_compiled(graphs) -> bool:
+    return bool(graphs) and all(g.jitted is not None and thunder_rs.cache_misses(g.jitted) > 0 for g in graphs)
+
+
+def test_a_vmap_in_a_graph_is_compiled_as_thunder_rss_vmap():
+    # Dynamo inlines torch.vmap as functorch's level calls (_vmap_increment_nesting, _add_batch_dim, ...).
+    def program(x, y, w):
+        inner = torch.vmap(lambda pair, s: pair[0] * pair[1] + s, in_dims=((0, 1), None), out_dims=1)
+        return torch.vmap(inner, in_dims=((0, 0), None))((x, y), w).sin()
+
+    x, y, w = torch.randn(2, 3, 4), torch.randn(2, 4, 3), torch.randn(4)
+    graphs, out = graphs_of(lambda: torch.compile(program, backend="thunder_rs")(x, y, w))
+    torch.testing.assert_close(out, program(x, y, w))
+    assert all_compiled(graphs)
+
+
+@pytest.mark.parametrize("mode", ["generic", "pointwise"])
+def test_an_associative_scan_in_a_graph_is_compiled_and_equals_the_recurrence(mode):
+    from torch._higher_order_ops.associative_scan import associative_scan
+    from test_vmap import selective_scan_combine, sequential_scan
+
+    def program(a, b):
+        products, states = associative_scan(selective_scan_combine, (a.sigmoid(), b), dim=1, combine_mode=mode)
+        return (products * states).sum()
+
+    a, b = torch.randn(2, 7, 3, requires_grad=True), torch.randn(2, 7, 3, requires_grad=True)
+    graphs, out = graphs_of(lambda: torch.compile(program, backend="thunder_rs")(a, b))
+    products, states = sequential_scan(a.sigmoid(), b)
+    expected = (products * states).sum()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out, (a, b)), torch.autograd.grad(expected, (a, b)))
+    assert all_compiled(graphs)
+
+
+@pytest.mark.slow  # ~22 s on 2 cores, most of it Dynamo; the two tests above are its fast representatives
+def test_hugging_face_mamba_compiles_every_graph_and_equals_eager():
+    model = tiny_model("mamba")
+    eager = copy.deepcopy(model)
+    batch = padded_batch("mamba", "right")
+    graphs, out = graphs_of(lambda: torch.compile(model, backend="thunder_rs")(**batch))
+    ref = eager(**batch)
+    tol = TOLERANCES[torch.float32]
+    torch.testing.assert_close((out.loss, out.logits), (ref.loss, ref.logits), **tol)
+    out.loss.backward()
+    ref.loss.backward()
+    assert_grads_equal(model, eager, tol)
+    # One graph (the selective scan's vmap no longer breaks it), compiled by thunder_rs.
+    assert len(graphs) == 1 and all_compiled(graphs)

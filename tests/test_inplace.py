@@ -333,6 +333,7 @@ VIEWS = [
     ("unsqueeze", lambda x: x.unsqueeze(1)),
     ("squeeze", lambda x: x[:1].squeeze(0)),
     ("narrow", lambda x: x.narrow(1, 1, 2)),
+    ("aten_slice", lambda x: torch.ops.aten.slice(x, 1, 1, None, 2)),
     ("diagonal", lambda x: x.diagonal()),
     ("diagonal_offset", lambda x: x.diagonal(-1)),
     ("split", lambda x: x.split(4)[1]),

@@ -24,6 +24,9 @@ What Dynamo hands a backend:
   to the ``cache`` bound, least recently used first out) rather than a symbolic program.
 - Outputs: Dynamo's graphs return a tuple (or list), which the jitted graph returns as it is.
 - A graph with no calls (it returns its inputs, or constants) runs as the GraphModule itself.
+- ``torch.vmap`` (Mamba's selective scan through torch's ``associative_scan``) arrives as
+  functorch's level calls, which thunder_rs traces as its own vmap; a graph that drives another
+  torch.func transform (``grad``, ``jvp``) runs eagerly, since tracing would change functorch's state.
 - A graph thunder_rs cannot trace (an op it refuses, a construct it cannot represent) runs eagerly
   as the GraphModule, with a warning that names the graph and the reason; torch calls thunder_rs
   has no decomposition for are eager fallbacks inside the compiled graph, as under ``jit``.
@@ -38,8 +41,10 @@ import warnings
 import weakref
 
 import torch
+from torch._functorch import predispatch
 
 from thunder_rs.core.jit import ThunderModule
+from thunder_rs.core.vmap import PREDISPATCH
 from thunder_rs.errors import ThunderError
 
 NAME = "thunder_rs"
@@ -88,13 +93,19 @@ class CompiledGraph:
 #: Modules of the calls Dynamo puts in a graph for torch.func transforms (``grad``, ``vjp``,
 #: ``jvp``, ``jacrev``): they change functorch's interpreter stack as they run.
 _TRANSFORM_MODULES = ("torch._C._functorch", "torch._functorch")
+#: ``torch.vmap``'s calls, which thunder_rs traces as its own vmap levels (``core/vmap.py``);
+#: loading functorch's batching decompositions changes nothing a trace sees.
+_TRACED_TRANSFORM_CALLS = frozenset((*PREDISPATCH.values(), *(getattr(predispatch, name) for name in PREDISPATCH),
+                                     predispatch.lazy_load_decompositions))
 
 
 def _transform_call(gm: torch.fx.GraphModule) -> str | None:
-    """The name of the first call in ``gm`` that drives a torch.func transform, or None."""
+    """The name of the first call in ``gm`` that drives a torch.func transform thunder_rs does
+    not trace, or None."""
     for node in gm.graph.nodes:
         module = getattr(node.target, "__module__", None) or ""
-        if node.op == "call_function" and module.startswith(_TRANSFORM_MODULES):
+        if (node.op == "call_function" and module.startswith(_TRANSFORM_MODULES)
+                and node.target not in _TRACED_TRANSFORM_CALLS):
             return f"{module}.{getattr(node.target, '__name__', node.target)}"
     return None
 

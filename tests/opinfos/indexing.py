@@ -152,6 +152,23 @@ def select_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), 2, 0), IndexError)
 
 
+SLICES = cases(
+    ((6, 4), 0, 1, 5, 2),
+    ((6, 4), 1, -3),
+    ((6, 4), -1, None, None, 3),
+    ((5, 3), 0, 4, 2),  # end before start: empty
+    ((5, 3), 0, -100, 100),  # out-of-range bounds clamp
+    (Transposed((3, 4)), 1, 0, 3),
+    (Strided((2, 3, 4)), 2, 1, None, 2),
+)
+
+
+def slice_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu(()), 0, 0, 1), IndexError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 2, 0, 1), IndexError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 0, 0, 3, 0), RuntimeError)
+
+
 UNBINDS = cases(((3, 4),), ((3, 4), 1), ((2, 3, 4), -1), ((0, 3), 0), ((3, 0), 0), (Transposed((3, 4)), 1))
 
 
@@ -271,6 +288,7 @@ def index_add_errors() -> Iterable[ErrorInput]:
 
 GATHER_OPS = [
     OpInfo("select", torch.select, SELECTS, select_errors, ALL),
+    OpInfo("slice", torch.ops.aten.slice.Tensor, SLICES, slice_errors, ALL),
     OpInfo("unbind", torch.unbind, UNBINDS, unbind_errors, ALL),
     OpInfo("index_select", torch.index_select, index_select_samples, index_select_errors, ALL),
     OpInfo("gather", torch.gather, gather_samples, gather_errors, ALL),

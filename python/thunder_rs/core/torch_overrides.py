@@ -1,5 +1,6 @@
 """What thunder_rs changes in torch while it traces a program: ``torch.compiler.is_compiling()``
-answers True, ``torch.vmap`` batches traced tensors (``thunder_rs.core.vmap``), and custom
+answers True, ``torch.vmap`` batches traced tensors (``thunder_rs.core.vmap``), a pointwise
+``associative_scan`` is traced rather than compiled by torch, and custom
 ``torch.autograd.Function``s on traced tensors are inlined (activation checkpointing) or traced
 with their own backward.
 
@@ -14,9 +15,19 @@ trace: it is a constant of tracing, not Python state that can change between cal
 guard. ``torch._dynamo.is_compiling`` and ``torch._utils.is_compiling`` read the same flag;
 ``torch.compiler.is_exporting()`` stays False.
 
+The flag also sends Mamba's selective scan (transformers) down its ``associative_scan`` path
+instead of a Python loop over the sequence. Both compute the same recurrence (in another order of
+sums: logits within 1e-7 relative of eager at 256 tokens); the scan is about 2 log2(n) rounds of a
+few ops where the loop is n rounds, so its trace stays small: at 256 tokens a first call of 0.3 s
+instead of 3.9 s and a training step of 51 ms instead of 334 ms (eager: 411 ms) on the CPU.
+
 **vmap.** functorch's vmap batches below ``__torch_function__``, where proxies cannot go;
-transformers 4.x builds every attention mask under ``torch.vmap``. thunder_rs's ``vmap`` batches
-calls on proxies itself and runs torch's own for everything else.
+transformers 4.x builds every attention mask under ``torch.vmap``, and torch's generic
+``associative_scan`` maps its combine function with it. thunder_rs's ``vmap`` batches calls on
+proxies itself and runs torch's own for everything else; the level calls Dynamo's graphs hold a
+vmap as (``torch._functorch.predispatch``) go to the same interpreter while a graph is traced.
+A pointwise ``associative_scan`` runs its higher-order op, which torch would compile, into the
+trace (decomposed in ``torch/scan.py``).
 
 Both are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
 ``torch.compile`` and ``torch.export`` set the same way). Acquisitions may run in several threads
@@ -26,9 +37,11 @@ the value-independent path, which computes the same results.
 """
 
 import contextlib
+import importlib
 import threading
 
 import torch
+import torch._functorch.predispatch
 import torch.compiler
 import torch.func
 import torch.utils.checkpoint
@@ -74,16 +87,33 @@ def _apply(cls, *args, **kwargs):
             "hooks on the jitted module itself, or compute what the hook does in the program")
     return custom_function.apply(cls, args, kwargs)
 
+#: The module (``torch._higher_order_ops.associative_scan`` names the function, not the module).
+associative_scan_module = importlib.import_module("torch._higher_order_ops.associative_scan")
+_compile_and_run = associative_scan_module._maybe_compile_and_run_fn
+
+
+def _scan_in_trace(fn, *args):
+    """How ``associative_scan(..., combine_mode="pointwise")`` runs its higher-order op: torch
+    compiles it to get a fused kernel, which on proxies cannot work; while tracing thunder_rs is
+    that compiler, so the op runs as under Dynamo, into the trace (``torch/scan.py``)."""
+    if active_recorder() is None or not any(isinstance(x, TensorProxy) for x in tree_leaves(args)):
+        return _compile_and_run(fn, *args)
+    return fn(*args)
+
+
 #: What tracing sets: (module, attribute) -> value. These are constants of tracing, the same in
 #: every acquisition: guards on Python state read while tracing must not record reads of them
 #: (outside tracing they hold torch's values, so a guard on them would never pass).
-OVERRIDES = {
+OVERRIDES: dict[tuple[object, str], object] = {
     (torch.compiler, "_is_compiling_flag"): True,
     (torch, "vmap"): thunder_vmap.vmap,
     (torch.func, "vmap"): thunder_vmap.vmap,
     # A vmap imported before tracing (``from torch.func import vmap``) still reaches this.
     (torch._functorch.apis, "vmap_impl"): thunder_vmap.vmap_entry,
     (Function, "apply"): classmethod(_apply),
+    # Dynamo's graphs hold a ``torch.vmap`` as these level calls (``thunder_rs.core.vmap``).
+    **{(torch._functorch.predispatch, name): fn for name, fn in thunder_vmap.PREDISPATCH.items()},
+    (associative_scan_module, "_maybe_compile_and_run_fn"): _scan_in_trace,
 }
 
 _lock = threading.Lock()
@@ -113,7 +143,8 @@ def tracing_overrides():
             _saved = _install()
         _active += 1
     try:
-        yield
+        with thunder_vmap.level_scope():
+            yield
     finally:
         with _lock:
             _active -= 1

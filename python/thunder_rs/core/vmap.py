@@ -16,14 +16,22 @@ computes on the physical proxies, so the trace records ordinary batched ops:
 
 any other op raises an error naming it and the user's line, rather than batching it wrongly.
 Calls that involve no proxy run torch's vmap.
+
+``in_dims`` and ``out_dims`` pair with the arguments and outputs as functorch pairs them: an int
+for every leaf, or a (nested) tuple that is a tree prefix of the arguments (torch's generic
+``associative_scan`` maps ``((0, 0), (0, 0))`` over two pairs of tensors); ``None`` leaves a leaf
+unmapped. Dynamo's graphs hold a ``torch.vmap`` as functorch's level calls, which open and close
+levels of this same interpreter while a graph is traced (the end of this module).
 """
 
+import contextlib
 import contextvars
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
+from torch._functorch import predispatch
 from torch._functorch.vmap import vmap_impl
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_unflatten
 
 from thunder_rs.core.langctx import is_metadata_query, refuse_data_dependent, user_location
 from thunder_rs.core.proxies import TensorProxy
@@ -179,40 +187,62 @@ def _traced(tree) -> bool:
     return any(isinstance(x, TensorProxy) for x in tree_flatten(tree)[0])
 
 
+def _flat_in_dims(args, in_dims) -> tuple[list, list, object]:
+    """The arguments' leaves and their in_dims, as functorch pairs them: ``in_dims`` is an int (or
+    None) for every leaf, or a tuple with one entry per argument, each a tree prefix of it (a
+    nested tuple for a tuple argument, ``0`` for all of its leaves)."""
+    if not isinstance(in_dims, (int, tuple)):
+        raise ThunderValueError(f"torch.vmap: in_dims must be an int or a (nested) tuple matching the arguments, "
+                                f"got {type(in_dims).__name__} at {user_location()}")
+    leaves, spec = tree_flatten(args)
+    dims = _broadcast_to_and_flatten(in_dims, spec)
+    if dims is None:
+        raise ThunderValueError(f"torch.vmap: in_dims {in_dims!r} is not compatible with the structure of the "
+                                f"{len(args)} arguments at {user_location()}")
+    return leaves, dims, spec
+
+
+def _batch(x, dim: int, depth: int, size: int | None) -> BatchedProxy:
+    """``x`` (seen at ``depth`` levels) mapped over its logical ``dim`` by level ``depth + 1``,
+    whose size is ``size`` when another argument has set it."""
+    if not -x.ndim <= dim < x.ndim:
+        raise ThunderValueError(f"torch.vmap: in_dim {dim} is out of range for a tensor of rank {x.ndim} "
+                                f"at {user_location()}")
+    dim %= x.ndim
+    if size is not None and x.shape[dim] != size:
+        raise ThunderValueError(f"torch.vmap: Expected all tensors to have the same size in the mapped "
+                                f"dimension, got sizes {size} and {x.shape[dim]} at {user_location()}")
+    return BatchedProxy(torch.movedim(_physical(x, depth), depth + dim, depth), depth + 1)
+
+
 def _enter(args, in_dims):
     """The arguments as seen inside a new level, and the level's size."""
-    if isinstance(in_dims, int) or in_dims is None:
-        in_dims = (in_dims,) * len(args)
-    if not isinstance(in_dims, (tuple, list)) or len(in_dims) != len(args):
-        raise ThunderValueError(f"torch.vmap: in_dims {in_dims!r} must be an int or one entry per argument "
-                                f"({len(args)} arguments) at {user_location()}")
+    leaves, dims, spec = _flat_in_dims(args, in_dims)
     depth = len(_levels.get())
     inner, size = [], None
-    for x, d in zip(args, in_dims):
+    for x, d in zip(leaves, dims):
         if d is None:
             inner.append(x)
             continue
         if not isinstance(x, torch.Tensor) or not isinstance(d, int):
-            raise ThunderNotImplementedError(f"torch.vmap: in_dims {d!r} for a {type(x).__name__}; thunder_rs maps "
-                                             f"tensor arguments over int dims only, at {user_location()}")
-        if not -x.ndim <= d < x.ndim:
-            raise ThunderValueError(f"torch.vmap: in_dim {d} is out of range for a tensor of rank {x.ndim} "
-                                    f"at {user_location()}")
-        d %= x.ndim
-        if size is not None and x.shape[d] != size:
-            raise ThunderValueError(f"torch.vmap: Expected all tensors to have the same size in the mapped "
-                                    f"dimension, got sizes {size} and {x.shape[d]} at {user_location()}")
-        size = x.shape[d]
-        phys = _physical(x, depth)
-        inner.append(BatchedProxy(torch.movedim(phys, depth + d, depth), depth + 1))
+            raise ThunderValueError(f"torch.vmap: in_dim {d!r} for a {type(x).__name__}; only tensors are mapped, "
+                                    f"over int dims (None for other arguments), at {user_location()}")
+        batched = _batch(x, d, depth, size)
+        size = batched.physical.shape[depth]
+        inner.append(batched)
     if size is None:
         raise ThunderValueError(f"torch.vmap: at least one argument must be mapped over (in_dims) at {user_location()}")
-    return inner, size
+    return tree_unflatten(inner, spec), size
 
 
-def _exit(out, out_dim: int, size: int, depth: int):
+def _exit(out, out_dim: int | None, size: int, depth: int):
     """An output of level ``depth`` (1-based) seen from the level outside it, its level dim moved
-    to logical dim ``out_dim``."""
+    to logical dim ``out_dim``; ``out_dim`` None returns an output that is not batched as it is."""
+    if out_dim is None:
+        if isinstance(out, BatchedProxy) and out.levels == depth:
+            raise ThunderValueError(f"torch.vmap: the function returns a batched tensor where out_dims is None "
+                                    f"at {user_location()}")
+        return out
     if not isinstance(out, torch.Tensor):
         raise ThunderValueError(f"torch.vmap: the function must return tensors, got {type(out).__name__} "
                                 f"at {user_location()}")
@@ -223,6 +253,21 @@ def _exit(out, out_dim: int, size: int, depth: int):
     logical_rank = phys.ndim - depth + 1
     out_dim = out_dim % logical_rank
     return _wrap(torch.movedim(phys, depth - 1, depth - 1 + out_dim), depth - 1)
+
+
+def _exit_all(out, out_dims, size: int, depth: int):
+    """The function's outputs (a tensor or a tree of them) seen from outside the level, with
+    ``out_dims`` paired to them as functorch pairs them."""
+    leaves, spec = tree_flatten(out)
+    dims: list | None
+    if isinstance(out, torch.Tensor):
+        dims = list(out_dims) if isinstance(out_dims, tuple) and len(out_dims) == 1 else [out_dims]
+    else:
+        dims = _broadcast_to_and_flatten(out_dims, spec)
+    if dims is None or not all(d is None or isinstance(d, int) for d in dims):
+        raise ThunderValueError(f"torch.vmap: out_dims {out_dims!r} is not compatible with the structure of the "
+                                f"outputs at {user_location()}")
+    return tree_unflatten([_exit(o, d, size, depth) for o, d in zip(leaves, dims)], spec)
 
 
 def vmap_entry(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs):
@@ -245,12 +290,102 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
             out = func(*inner, **kwargs)
         finally:
             _levels.reset(token)
-        depth = len(_levels.get()) + 1
-        if isinstance(out, tuple):
-            dims = out_dims if isinstance(out_dims, (tuple, list)) else (out_dims,) * len(out)
-            return tuple(_exit(o, d, size, depth) for o, d in zip(out, dims))
-        return _exit(out, out_dims, size, depth)
+        return _exit_all(out, out_dims, size, len(_levels.get()) + 1)
 
     return batched
 
 
+
+
+# -- functorch's vmap as Dynamo records it ---------------------------------------------------------
+#
+# Dynamo inlines ``torch.vmap`` into its graphs as functorch's level calls
+# (``torch._functorch.predispatch``): ``_vmap_increment_nesting(size, randomness)``, then
+# ``_add_batch_dim(x, in_dim, level)`` for each mapped input, the function's ops, then
+# ``_remove_batch_dim(y, level, size, out_dim)`` for each output and ``_vmap_decrement_nesting()``.
+# While thunder_rs traces such a graph they open and close a level of this module's vmap, so the
+# ops between them are batched by the same rules as a ``torch.vmap`` call in a program.
+
+#: functorch's level number for each active level (None until an ``_add_batch_dim`` names it):
+#: the graph's numbers are those Dynamo saw, which need not be this thread's.
+_level_ids: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_level_ids", default=())
+
+
+@contextlib.contextmanager
+def level_scope():
+    """No vmap level active inside, and none left behind: a graph that fails between
+    ``_vmap_increment_nesting`` and ``_vmap_decrement_nesting`` leaves its level open."""
+    tokens = _levels.set(()), _level_ids.set(())
+    try:
+        yield
+    finally:
+        _levels.reset(tokens[0])
+        _level_ids.reset(tokens[1])
+
+
+def _depth_of(level: int) -> int:
+    """The depth (1-based) of the level functorch numbered ``level``; the innermost level takes
+    the first number it is called by."""
+    ids = _level_ids.get()
+    if level in ids:
+        return ids.index(level) + 1
+    if not ids or ids[-1] is not None:
+        raise ThunderValueError(f"torch.vmap: vmap level {level} is not active at {user_location()}")
+    _level_ids.set((*ids[:-1], level))
+    return len(ids)
+
+
+def vmap_increment_nesting(batch_size: int, randomness: str) -> int:
+    """Opens a level of ``batch_size``; its number is the one the graph names it by next."""
+    _levels.set((*_levels.get(), batch_size))
+    _level_ids.set((*_level_ids.get(), None))
+    return len(_levels.get())
+
+
+def add_batch_dim(x, batch_dim: int, level: int):
+    """``x`` mapped over its dim ``batch_dim`` by the level numbered ``level``."""
+    depth = _depth_of(level)
+    if depth != len(_levels.get()):
+        raise ThunderNotImplementedError(f"torch.vmap: mapping a tensor over level {level}, which is not the innermost, "
+                                         f"at {user_location()}")
+    if active_recorder() is not None:
+        (x,), _ = lift_captured((x,), {})
+    return _batch(x, batch_dim, depth - 1, _levels.get()[-1])
+
+
+def remove_batch_dim(x, level: int, batch_size: int, out_dim: int):
+    """``x`` seen from outside the level numbered ``level``, its level dim at ``out_dim``."""
+    depth = _depth_of(level)
+    if depth != len(_levels.get()):
+        raise ThunderNotImplementedError(f"torch.vmap: leaving level {level}, which is not the innermost, "
+                                         f"at {user_location()}")
+    return _exit(x, out_dim, batch_size, depth)
+
+
+def vmap_decrement_nesting() -> int:
+    """Closes the innermost level."""
+    depth = len(_levels.get())
+    if depth == 0:
+        raise ThunderValueError(f"torch.vmap: no vmap level to close at {user_location()}")
+    _levels.set(_levels.get()[:-1])
+    _level_ids.set(_level_ids.get()[:-1])
+    return depth
+
+
+def _while_tracing(ours, functorchs):
+    """``ours`` while this thread traces, functorch's own otherwise (another thread running a
+    Dynamo graph eagerly while the override is installed)."""
+
+    def call(*args):
+        return (ours if active_recorder() is not None else functorchs)(*args)
+
+    call.__name__ = functorchs.__name__
+    return call
+
+
+#: What ``torch._functorch.predispatch``'s vmap calls are while thunder_rs traces.
+PREDISPATCH = {
+    name: _while_tracing(ours, getattr(predispatch, name)) for name, ours in (
+        ("_vmap_increment_nesting", vmap_increment_nesting), ("_vmap_decrement_nesting", vmap_decrement_nesting),
+        ("_add_batch_dim", add_batch_dim), ("_remove_batch_dim", remove_batch_dim))
+}

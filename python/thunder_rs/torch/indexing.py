@@ -30,7 +30,7 @@ from thunder_rs.torch.shape import reshape_to, slice_in_dim
 
 Tensor = torch.Tensor
 __all__ = [
-    "getitem", "select", "unbind", "index_select", "gather", "take_along_dim", "scatter_add", "index_add",
+    "getitem", "select", "slice_tensor", "unbind", "index_select", "gather", "take_along_dim", "scatter_add", "index_add",
     "topk", "sort", "argsort",
 ]
 
@@ -281,6 +281,18 @@ def select(a, dim, index):
         f"select(): index {index} out of range for tensor of size {list(a.shape)} at dimension {d} (argument index)"),
           ThunderIndexError)
     return prims.squeeze(slice_in_dim(a, d, index % size, index % size + 1), (d,))
+
+
+@torchsymbol(torch.ops.aten.slice.Tensor, torch.ops.aten.slice, name="slice")
+def slice_tensor(a, dim=0, start=None, end=None, step=1):
+    """``aten.slice``: ``a[..., start:end:step]`` along ``dim``, bounds clamped as Python's (what
+    torch's generic ``associative_scan`` slices its operands with)."""
+    op = "ltorch.slice"
+    check(a.ndim > 0, op, "slice() cannot be applied to a 0-dim tensor. (argument a)", ThunderIndexError)
+    d = clang.canonicalize_dim(a.ndim, dim, op)
+    check(step > 0, op, "slice step must be positive (argument step)", ThunderRuntimeError)
+    begin, stop, _ = slice(start, end, step).indices(a.shape[d])
+    return slice_in_dim(a, d, begin, max(begin, stop), step)
 
 
 @torchsymbol(torch.unbind, Tensor.unbind, sequence=True)

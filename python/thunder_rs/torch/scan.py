@@ -1,11 +1,13 @@
 """Scans: cumulative sums, products, extrema and log-sum-exp along one dim, over the scan prims;
-and the trapezoidal rule, plain and cumulative."""
+the trapezoidal rule, plain and cumulative; and torch's associative scan (Mamba's selective scan)."""
 
 import torch
+from torch._higher_order_ops.associative_scan import associative_scan_op, generic_associative_scan
 
 from thunder_rs import clang, prims
 from thunder_rs import torch as ltorch
 from thunder_rs.core import dtypes
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import torchsymbol
 
@@ -105,3 +107,17 @@ def cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
     if isinstance(widths, torch.Tensor):
         return ltorch.true_divide(cumsum(ltorch.mul(widths, heights), d), 2)
     return ltorch.mul(cumsum(heights, d), ltorch.true_divide(widths, 2) if isinstance(widths, torch.Tensor) else widths / 2)
+
+
+# -- associative scan ------------------------------------------------------------------------------
+
+
+def _associative_scan(combine_fn, xs, additional_inputs):
+    """``torch.ops.higher_order.associative_scan`` (``combine_mode="pointwise"``, and Dynamo's
+    graphs of either mode): its dense implementation, ``generic_associative_scan``, which calls
+    the pointwise ``combine_fn`` on strided halves of the operands about log2(n) times, so the
+    trace holds the scan's ops rather than an opaque call."""
+    return generic_associative_scan(combine_fn, list(xs), additional_inputs=tuple(additional_inputs))
+
+
+TORCH_TO_LTORCH[associative_scan_op] = _associative_scan

@@ -568,7 +568,7 @@ def _stop_gradient_grad(a):
 _PRIM_VIEWS = (
     "reshape", "view", "view_as", "reshape_as", "flatten", "ravel", "unflatten", "permute", "transpose", "swapaxes",
     "t", "movedim", "expand", "expand_as", "broadcast_to", "unsqueeze", "squeeze", "atleast_1d", "atleast_2d",
-    "split", "chunk", "tensor_split", "narrow", "select", "unbind", "getitem",
+    "split", "chunk", "tensor_split", "narrow", "select", "slice_tensor", "unbind", "getitem",
 )
 #: Copying ops that return their input when they have nothing to do (eager still copies).
 _COPIES = ("flip", "roll")
