@@ -23,13 +23,14 @@ from thunder_rs.core.front import check_options, reset  # noqa: E402
 from thunder_rs.core.compile_module import compile_module  # noqa: E402
 from thunder_rs.core.logs import configure_from_env as _configure_logs, set_logs  # noqa: E402
 from thunder_rs.core.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
+from thunder_rs.plugins import load_passes  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvfuser_on_cuda  # noqa: E402
 
 _use_nvfuser_on_cuda()
 
 __all__ = [
-    "jit", "reset", "compile_module", "registered_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "set_logs", "errors",
+    "jit", "reset", "compile_module", "registered_passes", "load_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "set_logs", "errors",
     "prims", "ltorch", "ThunderFunction", "ThunderModule", "CompileStats", "ExamineReport",
 ]
 __version__ = "0.1.0"

@@ -21,7 +21,10 @@ pub mod views;
 pub mod vjp;
 
 pub use claim::{claim, ExecutorSpec, ImplSpec, SymKey};
-pub use manager::{lookup, register_pass, registered, run_passes, Manager, Pass, PassCx, PassFn, PassRecord};
+pub use manager::{
+    lookup, register_dyn_pass, register_pass, registered, run_passes, DynPass, Manager, Pass, PassCx, PassFn,
+    PassRecord,
+};
 pub use pipeline::{compile, ClaimChecker, Compiled, Options};
 pub use plan::{LeafCall, Plan, RegionCode};
 pub use split::{split, Split};

@@ -55,9 +55,57 @@ pub fn lookup(name: &str) -> Result<PassFn> {
     }
 }
 
+/// A pass that carries state, such as a pass a plugin loaded at run time (a plain [`PassFn`]
+/// cannot hold the plugin's function table).
+pub type DynPass = Arc<dyn Fn(&Trace, &PassCx) -> Result<Trace> + Send + Sync>;
+
+fn dyn_registry() -> &'static RwLock<FxHashMap<String, DynPass>> {
+    static REGISTRY: OnceLock<RwLock<FxHashMap<String, DynPass>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| RwLock::new(FxHashMap::default()))
+}
+
+/// Registers the stateful pass `run` under `name`, like [`register_pass`]; registering a name
+/// again replaces the pass (reloading a plugin), but a name a [`PassFn`] holds is an error.
+pub fn register_dyn_pass(name: &str, run: DynPass) -> Result<()> {
+    if name.is_empty() || STAGES.contains(&name) || name == "all" {
+        bail!(Value, "register_pass", "name {name:?} is reserved for a pipeline stage (argument name)");
+    }
+    if registry().read().expect("pass registry poisoned").contains_key(name) {
+        bail!(Value, "register_pass", "a different pass is already registered as {name:?} (argument name)");
+    }
+    dyn_registry().write().expect("pass registry poisoned").insert(name.to_string(), run);
+    Ok(())
+}
+
+fn stage_registry() -> &'static RwLock<FxHashMap<String, String>> {
+    static REGISTRY: OnceLock<RwLock<FxHashMap<String, String>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| RwLock::new(FxHashMap::default()))
+}
+
+/// Declares that the pass `name` runs at `stage` (`program`, `forward` or `backward`; see
+/// [`crate::pipeline::compile`]) when a jit names it.
+pub fn set_stage(name: &str, stage: &str) {
+    stage_registry().write().expect("pass registry poisoned").insert(name.to_string(), stage.to_string());
+}
+
+/// The stage the pass `name` runs at when a jit names it: `program` unless declared otherwise.
+pub fn stage_of(name: &str) -> String {
+    stage_registry().read().expect("pass registry poisoned").get(name).cloned().unwrap_or_else(|| "program".into())
+}
+
+/// The pass registered as `name`, stateful or not.
+fn lookup_any(name: &str) -> Result<DynPass> {
+    if let Some(run) = dyn_registry().read().expect("pass registry poisoned").get(name) {
+        return Ok(run.clone());
+    }
+    let run = lookup(name)?;
+    Ok(Arc::new(run))
+}
+
 /// The registered passes' names, sorted.
 pub fn registered() -> Vec<String> {
     let mut names: Vec<String> = registry().read().expect("pass registry poisoned").keys().cloned().collect();
+    names.extend(dyn_registry().read().expect("pass registry poisoned").keys().cloned());
     names.sort();
     names
 }
@@ -169,7 +217,9 @@ impl<'a> Manager<'a> {
     pub fn passes(&mut self, names: &[&str], trace: &Trace) -> Result<Trace> {
         let mut current = trace.clone();
         for name in names {
-            current = self.pass(name, lookup(name)?, &current)?;
+            let run = lookup_any(name)?;
+            let cx = self.cx;
+            current = self.stage(name, || Ok((run(&current, cx)?, ())))?.0;
         }
         Ok(current)
     }

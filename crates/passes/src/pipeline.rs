@@ -57,24 +57,32 @@ pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, 
     let mut m = Manager::new(cx);
     m.stage("acquired", || verify(acquired).map(|()| (acquired.clone(), ())))?;
     let mut program = m.passes(PROGRAM, acquired)?;
-    let user: Vec<&str> = options.passes.iter().map(String::as_str).collect();
-    program = m.passes(&user, &program)?;
+    program = m.passes(&user_passes(options, "program"), &program)?;
     let joint = if options.differentiable { None } else { crate::vjp::joint(&program)? };
     let Some(joint) = joint else {
+        // Without a split the program is the forward: a forward-stage pass runs on it.
+        let program = m.passes(&user_passes(options, "forward"), &program)?;
         execution(&mut m, &program, options, checker, Half::Program)?;
         return Ok(Compiled { forward: m.records, backward: Vec::new(), grad_outputs: Vec::new(), residuals: 0 });
     };
     m.stage("vjp", || Ok((joint.trace.clone(), ())))?;
     let (forward, split) = m.stage("split", || crate::split::split(&joint).map(|s| (s.forward.clone(), s)))?;
     let forward = m.passes(FORWARD, &forward)?;
+    let forward = m.passes(&user_passes(options, "forward"), &forward)?;
     execution(&mut m, &forward, options, checker, Half::Forward)?;
     let forward_records = std::mem::take(&mut m.records);
 
     let (backward, _) = m.stage("split", || Ok((split.backward.clone(), ())))?;
     let backward = m.passes(BACKWARD, &backward)?;
+    let backward = m.passes(&user_passes(options, "backward"), &backward)?;
     execution(&mut m, &backward, options, checker, Half::Backward(split.residuals.len()))?;
     let grad_outputs = grad_output_positions(&program);
     Ok(Compiled { forward: forward_records, backward: m.records, grad_outputs, residuals: split.residuals.len() })
+}
+
+/// The jit's own passes that run at `stage` (see [`crate::manager::stage_of`]), in the jit's order.
+fn user_passes<'a>(options: &'a Options, stage: &str) -> Vec<&'a str> {
+    options.passes.iter().filter(|name| crate::manager::stage_of(name) == stage).map(String::as_str).collect()
 }
 
 /// Which executed half a trace is.

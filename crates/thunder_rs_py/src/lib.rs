@@ -5,6 +5,7 @@ mod compile;
 mod convert;
 mod errors;
 mod observe;
+mod plugin;
 mod recorder;
 mod trace;
 
@@ -40,6 +41,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
     m.add_function(wrap_pyfunction!(compile::prim_table, m)?)?;
     m.add_function(wrap_pyfunction!(compile::registered_passes, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::load_plugin_capsule, m)?)?;
     m.add_function(wrap_pyfunction!(register_symbol, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     Ok(())
