@@ -245,6 +245,7 @@ def run_case(work: Workload, variant: str, case: str, calls: int, profile_log) -
     if messages:
         row["warnings"] = messages[:5]
     row.update(_regions(step.fn))
+    row.update(_compile_stages(step.fn))
     row.update(_stats_since(before))
     if profile_log is not None:
         row.update(profile(step, work, f"{variant} {case}", profile_log))
@@ -260,6 +261,18 @@ def _regions(fn) -> dict:
     forward, backward = thunder_rs.last_traces(fn), thunder_rs.last_backward_traces(fn)
     return {"regions": {"forward": len(forward[-1].regions()) if forward else 0,
                         "backward": len(backward[-1].regions()) if backward else 0}}
+
+
+def _compile_stages(fn) -> dict:
+    """Where thunder_rs's last compile spent its time (acquiring the trace, the passes, code
+    generation, making the regions' callables); nvFuser's own define and compile times are in
+    its stats (``_stats_since``), so a first call splits into trace, passes, definition, compile."""
+    if not _is_thunder_rs(fn):
+        return {}
+    import thunder_rs  # noqa: PLC0415
+
+    stats = thunder_rs.compile_stats(fn)
+    return {"compile": {"last_compile_s": stats.last_compile_s, "stage_s": dict(stats.stage_s)}}
 
 
 def _is_thunder_rs(fn) -> bool:

@@ -24,7 +24,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import thunder_rs
 from thunder_rs.core import sdp_state
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
-from thunder_rs.executors.extend import _bump
 from thunder_rs.executors.torch_ex import _efficient_bias, _rng_as, torch_ex
 from thunder_rs.torch import fused_attention as fa
 
@@ -72,16 +71,13 @@ def observed_kernels():
     for name in ("flash_attention", "efficient_attention", "cudnn_attention"):
         for form in (name, f"{name}_dropout", f"{name}_backward"):
             sid = getattr(fa, form).symbol_id
-            saved[sid] = torch_ex.implmap[sid]
-            impl_name, checker, impl = saved[sid]
-            torch_ex.implmap[sid] = (impl_name, checker, running(form.removesuffix("_dropout"), impl))
-    _bump()
+            saved[sid] = torch_ex.registry[sid]
+            torch_ex.registry.update(sid, fn=running(form.removesuffix("_dropout"), saved[sid].fn))
     try:
         yield seen
     finally:
         fa._record = record
-        torch_ex.implmap.update(saved)
-        _bump()
+        torch_ex.registry.register(*saved.values())
 
 
 def fake_leaf(shape, dtype, grad=True, layout=None):
@@ -288,7 +284,9 @@ def test_a_changed_switch_compiles_again_with_the_kernel_then_chosen(fake, monke
         jfn(*inputs)
     stats = thunder_rs.compile_stats(jfn)
     assert (stats.cache_misses, stats.cache_hits) == (2, 3)
-    assert "attention kernel switches" in stats.miss_reasons[1] and "flash=False" in stats.miss_reasons[1]
+    reason = stats.miss_reasons[1]
+    assert "attention kernel switches" in reason and "flash True -> False" in reason, reason
+    assert "mem_efficient" not in reason.split("(traced under")[0], reason  # only the switches that changed
 
 
 def test_sdpa_kernel_inside_the_program_is_set_by_every_call(fake, monkeypatch):
@@ -406,3 +404,25 @@ def test_flash_philox_state_travels_as_int64_with_its_bits():
     carried = _rng_as(seed, torch.int64)
     assert carried.dtype == torch.int64 and torch.equal(_rng_as(carried, torch.uint64), seed)
     assert _rng_as(None, torch.int64) is None
+
+
+def test_a_gpt_block_on_fake_cuda_compiles_once_and_names_the_switch_that_changed(fake):
+    """The GPT steps on an H100 compiled twice with "the attention kernel switches changed": on
+    fake CUDA tensors the block's entry carries the switches' guard, equal calls hit it, and a
+    changed switch misses with a reason naming that switch and its two values (not the whole state)."""
+    import sys  # noqa: PLC0415 (only this test imports the example)
+    from pathlib import Path  # noqa: PLC0415
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from gpt import Block, GPTConfig  # noqa: PLC0415
+
+    with fake, torch.device("cuda"):
+        jblock = thunder_rs.jit(Block(GPTConfig(n_embd=64, n_head=4, block_size=32)), executors=["torch"])
+        for _ in range(3):
+            assert jblock(torch.empty(2, 32, 64, requires_grad=True)).requires_grad
+        assert thunder_rs.compile_stats(jblock).cache_misses == 1, thunder_rs.compile_stats(jblock).miss_reasons
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION]):
+            jblock(torch.empty(2, 32, 64, requires_grad=True))
+    reason = thunder_rs.compile_stats(jblock).miss_reasons[-1]
+    assert re.match(r"the attention kernel switches \(torch.backends.cuda \*_sdp\) changed: flash True -> False, "
+                    r"overrideable True -> False \(traced under \(flash=True, ", reason), reason

@@ -104,7 +104,7 @@ def test_nvfuser_regions_match_eager(dtype):
             torch.testing.assert_close(out, ref, **(HALF if dtype != torch.float32 else {}))
     assert thunder_rs.last_traces(jfn)[-1].regions()
     fallbacks = [str(w.message) for w in caught if "nvfuser executor" in str(w.message)]
-    assert executor.stats["failures"] == before["failures"], fallbacks
+    assert executor.stats["failures"] == before["failures"], fallbacks or executor.fallbacks
     assert executor.stats["definitions"] > before["definitions"]
 
 

@@ -1,9 +1,13 @@
 """The executor API: operator executors with checkers claim symbols before the torch executor."""
 
+import dataclasses
+
+import pytest
 import torch
 
 import thunder_rs
-from thunder_rs.executors import add_operator_executor, deregister_executor
+import thunder_rs.torch as ltorch
+from thunder_rs.executors import Executor, add_operator_executor, deregister_executor, register_executor
 
 
 def test_operator_executor_claims_only_what_its_checker_accepts():
@@ -53,3 +57,28 @@ def test_torch_executor_prims_agree_with_their_meta_rules():
     torch.testing.assert_close(var0, torch.zeros_like(v))
     assert vm_var.shape == v.shape and bool(vm_var.isnan().all())
     torch.testing.assert_close(vm_mean, v)
+
+
+def test_an_implementation_registered_after_a_compile_runs_in_the_next_compile():
+    """Each executor's registry draws a new version on registration, which rebuilds the table."""
+    ex = Executor("late_sin_ex")
+    calls = []
+
+    def my_sin(a):
+        calls.append(a.shape)
+        return torch.sin(a)
+
+    register_executor(ex)
+    try:
+        x = torch.randn(4)
+        torch.testing.assert_close(thunder_rs.jit(torch.sin)(x), torch.sin(x))
+        assert not calls
+        version = ex.registry.version
+        impl = ex.register_implementation(ltorch.sin, my_sin, impl_name="my.sin")
+        assert ex.registry.version > version and ex.registry[ltorch.sin.symbol_id] is impl and impl.name == "my_sin"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            impl.checker = None  # type: ignore[misc]
+        torch.testing.assert_close(thunder_rs.jit(torch.sin)(x), torch.sin(x))
+        assert calls == [(4,)]
+    finally:
+        deregister_executor(ex)

@@ -31,7 +31,7 @@ class CountingFuser(FusionExecutor):
 
     def __init__(self, name: str = "counting", fail: bool = False):
         super().__init__(name)
-        keys = [k for k, (impl_name, _, _) in torch_ex.implmap.items() if not any(p in impl_name for p in _PRODUCTS)]
+        keys = [k for k, impl in torch_ex.registry.items() if not any(p in impl.name for p in _PRODUCTS)]
         self.take_from(torch_ex, keys)
         self.fail = fail
         self.fused: list = []

@@ -36,13 +36,13 @@ import gpt  # examples/, on the path test_training sets
 pytestmark = pytest.mark.inductor
 
 #: What region sources call: every implementation of the torch executor, by its name.
-IMPLS = {"torch": torch, **{name: impl for name, _, impl in torch_ex.implmap.values()}}
+IMPLS = {"torch": torch, **{impl.name: impl.fn for impl in torch_ex.registry.values()}}
 _names = count()
 
 
 @dataclass(frozen=True)
 class Region:
-    """A stand-in for ``thunder_rs.executors.extend.Region`` with the fields ``fuse`` reads."""
+    """A stand-in for ``thunder_rs.core.executor_api.Region`` with the fields ``fuse`` reads."""
 
     name: str
     key: str
@@ -241,28 +241,28 @@ def _keys(*names):
 
 
 def test_claims_pure_compilable_keys_with_the_torch_executors_implementations():
-    implmap = inductor_ex.inductor_ex.implmap
+    registry = inductor_ex.inductor_ex.registry
     claimed = _keys("add", "sin", "sum", "matmul", "linear", "reshape", "transpose", "broadcast_in_dim", "full",
                     "ltorch.softmax", "ltorch.layer_norm", "ltorch.gelu", "ltorch.cross_entropy", "ltorch.getitem",
                     "ltorch.native_layer_norm", "ltorch.native_layer_norm_backward", "ltorch.softmax_backward",
                     "ltorch.gelu_backward", "ltorch.embedding_backward", "ltorch.nll_loss_backward")
     for key in claimed:
-        assert implmap[key][0] == torch_ex.implmap[key][0] and implmap[key][2] is torch_ex.implmap[key][2], key
+        assert registry[key].name == torch_ex.registry[key].name and registry[key].fn is torch_ex.registry[key].fn, key
     # Random ops, ops eager checks on values, ops writing inputs, torch's checked kernels, opaque
     # linear algebra and fallbacks stay with the torch executor.
     unclaimed = _keys("uniform", "device_put", "ltorch.randn", "ltorch.dropout", "ltorch.native_dropout",
                       "ltorch.bernoulli", "ltorch.binary_cross_entropy", "ltorch.gaussian_nll_loss",
                       "ltorch.quantile", "ltorch.masked_scatter", "ltorch.batch_norm", "ltorch.sdpa_flash",
                       "ltorch.native_batch_norm", "ltorch.linalg_inv", "ltorch.as_strided", "ltorch.empty")
-    assert not [key for key in unclaimed if key in implmap]
-    assert not any(torch_ex.implmap[key][1] is not None for key in implmap)
+    assert not [key for key in unclaimed if key in registry]
+    assert not any(torch_ex.registry[key].checker is not None for key in registry)
     # The tables name existing keys.
     names = {s.symbol_name for s in SYMBOLS} | set(prims.NAMES)
     assert set(inductor_claims.NOT_CLAIMED) <= names and set(inductor_claims.CHECKERS) <= names
 
 
 def test_integer_division_device_copies_and_masks_stay_eager():
-    checker = {name: inductor_ex.inductor_ex.implmap[key][1] for name, key in zip(
+    checker = {name: inductor_ex.inductor_ex.registry[key].checker for name, key in zip(
         ("div", "ltorch.div", "ltorch.floor_divide", "ltorch.to", "ltorch.getitem"),
         _keys("div", "ltorch.div", "ltorch.floor_divide", "ltorch.to", "ltorch.getitem"))}
     i, f = torch.ones(3, dtype=torch.int64), torch.ones(3)

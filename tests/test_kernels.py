@@ -19,7 +19,7 @@ import thunder_rs
 from thunder_rs import _core
 from thunder_rs.core import recorder
 from thunder_rs.core.recorder import input_proxy, recording
-from thunder_rs.executors.extend import _bump, default_executors, whole_runners
+from thunder_rs.core.executor_api import default_executors, whole_runners
 from thunder_rs.executors.torch_ex import torch_ex
 from thunder_rs.torch import kernels
 
@@ -30,13 +30,11 @@ TOLERANCE = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rt
 @contextlib.contextmanager
 def decomposed(symbol):
     """The torch executor without its implementation of ``symbol``: the decomposition runs."""
-    entry = torch_ex.implmap.pop(symbol.symbol_id)
-    _bump()
+    saved = torch_ex.registry.remove([symbol.symbol_id])
     try:
         yield
     finally:
-        torch_ex.implmap[symbol.symbol_id] = entry
-        _bump()
+        torch_ex.registry.register(*saved.values())
 
 
 def randn(*shape, dtype):
@@ -310,7 +308,7 @@ def _made_recording(call, tensors, whole, in_rule: bool) -> int:
     return len(made)
 
 
-class _Translator(thunder_rs.executors.extend.FusionExecutor):
+class _Translator(thunder_rs.executors.FusionExecutor):
     fuses_decompositions = True
 
 
@@ -332,7 +330,7 @@ def test_a_kernel_whose_runners_refuse_the_call_records_its_decomposition():
     x = randn(3, 4, dtype=torch.float32)
     call = lambda x: kernels.native_layer_norm(x, (4,), None, None, 1e-5)  # noqa: E731
     for accepts, whole in ((True, True), (False, False)):
-        executor = thunder_rs.executors.extend.Executor("picky")
+        executor = thunder_rs.executors.Executor("picky")
         executor.register_implementation(kernels.native_layer_norm, torch.native_layer_norm,
                                          checker=lambda *args, accepts=accepts: accepts)
         made = _made_recording(call, (x,), whole_runners([executor]), in_rule=True)

@@ -9,6 +9,7 @@ draws again from the generator state the forward started from.
 """
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
@@ -27,7 +28,7 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, t
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
 #: symbol id -> the torch callable a fallback symbol runs.
-FALLBACK_IMPLS: dict[int, object] = {}
+FALLBACK_IMPLS: dict[int, Callable] = {}
 _ids: dict[object, int] = {}
 #: fallback name -> the callables registered under it, in order.
 _names: dict[str, list] = {}

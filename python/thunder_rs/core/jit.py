@@ -38,7 +38,7 @@ from thunder_rs.core.wrapped_module import (WRAPPED, calling_through, named_modu
                                             present_state_dict_as_wrapped)
 from thunder_rs.core.writeback import with_writebacks
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
-from thunder_rs.executors.extend import Region, default_executors, executor_table, resolve_executors, whole_runners
+from thunder_rs.core.executor_api import Region, default_executors, executor_table, resolve_executors, whole_runners
 from thunder_rs.executors.autograd_ex import differentiable_executors
 from thunder_rs.executors.torch_ex import sync_fallbacks
 
@@ -82,7 +82,7 @@ def _checker(executors):
     """The callback the Rust claim pass calls for table entries that have a checker."""
 
     def check(index, key, args, kwargs):
-        return bool(executors[index].implmap[key][1](*args, **kwargs))
+        return bool(executors[index].registry[key].checker(*args, **kwargs))
 
     return check
 

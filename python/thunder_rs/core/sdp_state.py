@@ -55,13 +55,24 @@ def _show(value: tuple) -> str:
     return "(" + ", ".join(f"{name}={v!r}" for name, v in zip(FIELDS, value)) + ")"
 
 
+class SwitchesGuard(StateGuard):
+    """The guard on ``state()``; its miss reason names only the switches that changed, each with
+    the value traced under and the value now (a GPU run printed the whole tuple twice, and which
+    of ten fields differed had to be found by eye)."""
+
+    def describe(self, flat) -> str:
+        now = self.read()
+        changed = [f"{name} {was!r} -> {is_!r}" for name, was, is_ in zip(FIELDS, self.expected, now) if was != is_]
+        return f"{self.label} changed: {', '.join(changed) or _show(now)} (traced under {self.show(self.expected)})"
+
+
 def guard() -> tuple:
     """The switches now; while a program is traced, its entry also runs only while they are what
     they were when the call began."""
     value = state()
     observer = thread_state.observer
     if observer is not None:
-        observer.guard_state(StateGuard("the attention kernel switches (torch.backends.cuda *_sdp)", state, value, _show))
+        observer.guard_state(SwitchesGuard("the attention kernel switches (torch.backends.cuda *_sdp)", state, value, _show))
     return value
 
 

@@ -113,7 +113,7 @@ def _view_taker(steps):
     """A function taking, of a real tensor, the view ``steps`` take of its proxy."""
     from thunder_rs.executors.torch_ex import torch_ex  # noqa: PLC0415 (executors import core)
 
-    calls = [(torch_ex.implmap[step.name][2], step.params) for step in steps]
+    calls = [(torch_ex.registry[step.name].fn, step.params) for step in steps]
 
     def take(t):
         for call, params in calls:

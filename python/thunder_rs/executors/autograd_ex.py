@@ -5,7 +5,7 @@ differentiated by autograd as plain torch calls, where eager calls the Function'
 (a straight-through estimator's, a gradient reversal's)."""
 
 from thunder_rs.core.custom_function import function_symbols
-from thunder_rs.executors.extend import Executor, _bump, resolve_executors
+from thunder_rs.core.executor_api import Executor, resolve_executors
 
 autograd_function_ex = Executor("autograd_function")
 
@@ -24,9 +24,8 @@ def _applying(cls):
 def differentiable_executors() -> list[Executor]:
     """The executors, in priority order, with every custom Function traced so far registered."""
     for cls, sid in function_symbols():
-        if sid not in autograd_function_ex.implmap:
-            autograd_function_ex.implmap[sid] = (f"apply_{cls.__name__}", None, _applying(cls))
-            _bump()
+        if sid not in autograd_function_ex.registry:
+            autograd_function_ex.register_implementation(sid, _applying(cls), impl_name=f"apply_{cls.__name__}")
     return resolve_executors([autograd_function_ex])
 
 

@@ -6,6 +6,8 @@ A family is claimed only when listed, so that a new family (a new file of ltorch
 eager until someone has checked it against Inductor.
 """
 
+from collections.abc import Mapping
+
 import torch
 
 from thunder_rs.torch import SYMBOLS
@@ -123,9 +125,10 @@ CHECKERS = {
 }
 
 
-def claimed_keys(torch_implmap: dict, prim_table) -> dict:
-    """``{key: (impl_name, checker or None)}`` for the keys of ``torch_implmap`` (the torch
-    executor's) the Inductor executor claims: those whose torch implementation has no checker."""
+def claimed_keys(torch_impls: Mapping, prim_table) -> dict:
+    """``{key: checker or None}`` for the keys of ``torch_impls`` (the torch executor's
+    ``Implementation`` records) the Inductor executor claims: those whose torch implementation
+    has no checker."""
     names = {name for name, family, _ in prim_table if family in PRIM_FAMILIES} | PRIMS
     keys = {name: name for name in names}
     for sym in SYMBOLS:
@@ -133,8 +136,8 @@ def claimed_keys(torch_implmap: dict, prim_table) -> dict:
             keys[sym.symbol_id] = sym.symbol_name
     claimed = {}
     for key, name in keys.items():
-        entry = torch_implmap.get(key)
-        if entry is None or entry[1] is not None or name in NOT_CLAIMED:
+        impl = torch_impls.get(key)
+        if impl is None or impl.checker is not None or name in NOT_CLAIMED:
             continue
-        claimed[key] = (entry[0], CHECKERS.get(name))
+        claimed[key] = CHECKERS.get(name)
     return claimed

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from thunder_rs import prims
+from thunder_rs.core.executor_api import FusionExecutor, Region, register_named_executor
 from thunder_rs.core.front import process_caches
 from thunder_rs.core.logs import inductor_logger
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors import inductor_cache
-from thunder_rs.executors.extend import FusionExecutor, Region, _bump, register_named_executor
 from thunder_rs.executors.inductor_claims import claimed_keys
 from thunder_rs.executors.torch_ex import torch_ex
 
@@ -349,11 +349,11 @@ class InductorExecutor(FusionExecutor):
 
     def __init__(self, name: str = "inductor"):
         super().__init__(name)
-        for key, (impl_name, checker) in claimed_keys(torch_ex.implmap, prims.TABLE).items():
-            self.implmap[key] = (impl_name, checker, torch_ex.implmap[key][2])
-            if key in torch_ex.methods:
-                self.methods[key] = torch_ex.methods[key]
-        _bump()
+        # The torch executor's implementations (region code calls them) with Inductor's checkers,
+        # without in-place forms (regions are compiled whole).
+        torch_impls = torch_ex.registry.snapshot()
+        self.registry.register(*(replace(torch_impls[key], checker=checker, inplace_method=None)
+                                 for key, checker in claimed_keys(torch_impls, prims.TABLE).items()))
 
     def fuse(self, region: Region) -> CompiledRegion:
         return CompiledRegion(region)

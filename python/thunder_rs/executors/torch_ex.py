@@ -12,7 +12,7 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.core.fallback import FALLBACK_IMPLS
-from thunder_rs.executors.extend import Executor, _bump, register_executor
+from thunder_rs.core.executor_api import Executor, Implementation, register_executor
 from thunder_rs.torch import SYMBOLS, fused_attention, kernels, pool_kernels
 from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
 from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS
@@ -150,19 +150,20 @@ def _register_prims() -> None:
     for name in prims.NAMES:
         _direct(name, simple.get(name) or getattr(torch, name, None) or getattr(torch.special, name))
         if name not in simple and hasattr(torch.Tensor, name):
-            torch_ex.methods[name] = name
+            torch_ex.registry.update(name, method=name)
     # The operator-backed arithmetic prims (numbers on either side) are these methods when
     # their first operand is a tensor.
     for name in ("add", "sub", "mul"):
-        torch_ex.methods[name] = name
+        torch_ex.registry.update(name, method=name)
 
 
 def _declare_inplace_methods() -> None:
     """``m_`` for every method ``m`` that has one: ``passes::reuse`` calls it for elementwise
     compute calls whose receiver is a fresh intermediate dying there, where it computes the
     same values (it never picks random draws, whose in-place forms mean something else)."""
-    torch_ex.inplace_methods.update(
-        (key, f"{method}_") for key, method in torch_ex.methods.items() if hasattr(torch.Tensor, f"{method}_"))
+    for key, impl in torch_ex.registry.snapshot().items():
+        if impl.method is not None and hasattr(torch.Tensor, f"{impl.method}_"):
+            torch_ex.registry.update(key, inplace_method=f"{impl.method}_")
 
 
 def _defined(fn):
@@ -361,15 +362,14 @@ def _unpacked(torch_fn):
 
 
 def _register_composites() -> None:
+    impls = []
     for sym in SYMBOLS:
-        if sym.torch_fns and sym.symbol_id not in torch_ex.implmap:
+        if sym.torch_fns and sym.symbol_id not in torch_ex.registry:
             impl_name = "torch_" + sym.symbol_name.removeprefix("ltorch.")
             impl = _unpacked(sym.torch_fns[0]) if sym.returns_sequence else sym.torch_fns[0]
-            torch_ex.implmap[sym.symbol_id] = (impl_name, None, impl)
             method = None if sym.returns_sequence else _same_signature_method(sym.torch_fns)
-            if method is not None:
-                torch_ex.methods[sym.symbol_id] = method
-    _bump()
+            impls.append(Implementation(sym.symbol_id, impl_name, impl, method=method))
+    torch_ex.registry.register(*impls)
 
 
 # Same-named methods whose receiver is not the function's first argument:
@@ -395,18 +395,11 @@ def decomposing():
     fused kernels; opaque symbols have none): each runs as its prims, as a fusion executor would
     take it. Tests use it to check decompositions against eager; compiles made inside keep it
     (use a fresh jit)."""
-    keys = [sym.symbol_id for sym in SYMBOLS if not sym.opaque and sym.symbol_id in torch_ex.implmap]
-    saved = {key: torch_ex.implmap.pop(key) for key in keys}
-    methods = {key: torch_ex.methods.pop(key) for key in keys if key in torch_ex.methods}
-    inplace = {key: torch_ex.inplace_methods.pop(key) for key in keys if key in torch_ex.inplace_methods}
-    _bump()
+    saved = torch_ex.registry.remove([sym.symbol_id for sym in SYMBOLS if not sym.opaque])
     try:
         yield
     finally:
-        torch_ex.implmap.update(saved)
-        torch_ex.methods.update(methods)
-        torch_ex.inplace_methods.update(inplace)
-        _bump()
+        torch_ex.registry.register(*saved.values())
 
 
 _fallbacks_lock = threading.Lock()
@@ -417,14 +410,13 @@ def sync_fallbacks() -> None:
     is released: a thread that finds its symbol added by another must also find the version the
     other bumped, or it would compile with a table cached before the symbol was there."""
     with _fallbacks_lock:
-        added = False
+        added = []
         for sid, func in list(FALLBACK_IMPLS.items()):  # another thread may be registering one
-            if sid not in torch_ex.implmap:
+            if sid not in torch_ex.registry:
                 name = "eager_" + "".join(c if c.isalnum() else "_" for c in getattr(func, "__name__", "op"))
-                torch_ex.implmap[sid] = (f"{name}_{sid}", None, func)
-                added = True
+                added.append(Implementation(sid, f"{name}_{sid}", func))
         if added:
-            _bump()
+            torch_ex.registry.register(*added)
 
 
 _register_prims()
