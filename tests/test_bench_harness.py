@@ -136,3 +136,19 @@ def test_inductor_first_calls_compile_their_regions_afresh(monkeypatch):
     assert "inductor" not in harness.format_header(0.0, True, [harness.thunder_rs_backend()])
     monkeypatch.setenv("THUNDER_RS_CACHE_DIR", "")
     assert "thunder_rs's artifact cache off" in harness.format_header(0.0, True, [backend])
+
+
+
+def test_host_overhead_steps_equal_eager_and_time_their_parts():
+    import host_overhead  # noqa: PLC0415 (benchmarks/, on the path above)
+
+    workload = host_overhead.Workload("float32")
+    names = host_overhead.backends(with_compile=False)
+    phases = host_overhead.Counter()
+    eager = workload.step("train step", names["eager"])
+    with host_overhead.timing_generated_code(phases):
+        jitted = workload.step("train step", names["thunder_rs (torch)"], phases)
+        for _ in range(2):  # the second step also runs after an optimizer step on both sides
+            torch.testing.assert_close(jitted(), eager())
+    assert {"generated forward", "generated backward", "forward call", "backward"} <= set(phases)
+    assert host_overhead.count_ops(jitted)["aten._scaled_dot_product_flash_attention_for_cpu_backward"] == 1

@@ -119,3 +119,44 @@ def test_cuda_eval_backward_gets_empty_statistics():
         sample = SampleInput(torch.randn(6, 3, device="cuda"), *stats, torch.ones(3, device="cuda"), training=False)
         [args] = _backward_calls(thunder_rs.jit(F.batch_norm), sample)
     assert args[5].shape == (0,) and args[6].shape == (0,) and args[7] is False
+
+
+# -- numbers beside CUDA tensors -------------------------------------------------------------------
+
+
+class _HostToDevice(TorchDispatchMode):
+    """Records the aten calls that make a CUDA tensor from a CPU one (a copy to the device)."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        moved = isinstance(out, torch.Tensor) and out.device.type == "cuda" and any(
+            isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)
+        if moved and func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.copy_, torch.ops.aten.to):
+            self.copies.append(str(func))
+        return out
+
+
+_NUMBER_BINARIES = ("maximum", "minimum", "fmod", "atan2", "nextafter", "zeta", "chebyshev_polynomial_t")
+
+
+@pytest.mark.parametrize("name", _NUMBER_BINARIES)
+def test_a_number_beside_a_cuda_tensor_is_never_copied_to_the_device(name):
+    # A copy from pageable host memory waits for the CUDA stream: made on every call, it would
+    # keep the host from running ahead of the GPU (the training step is host-bound).
+    from thunder_rs.executors.torch_ex import torch_ex  # noqa: PLC0415 (the executor under test)
+
+    impl = next(i.fn for i in torch_ex.registry.values() if i.name == f"prim_{name}")
+    torch_fn = getattr(torch, name, None) or getattr(torch.special, name)
+    x = torch.rand(5) + 0.5
+    for a, b in ((x, 0.75), (0.75, x)):  # the values of a 0-dim tensor of the other operand's dtype
+        expected = torch_fn(*(t if isinstance(t, torch.Tensor) else torch.tensor(t) for t in (a, b)))
+        torch.testing.assert_close(impl(a, b), expected, rtol=0, atol=0, equal_nan=True)
+    with FakeTensorMode():
+        y = torch.empty(5, device="cuda")
+        with _HostToDevice() as seen:
+            outs = [impl(y, 0.75), impl(0.75, y)]
+    assert seen.copies == [] and all(o.device.type == "cuda" for o in outs)

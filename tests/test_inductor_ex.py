@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from itertools import count
@@ -195,6 +196,44 @@ def test_a_region_inductor_cannot_compile_runs_its_eager_calls_with_a_warning():
         out = inductor_ex.inductor_ex.fuse(r)(x)
     assert_same(out, r.function(x))
     assert inductor_ex.stats().failures == before + 1
+
+
+def test_a_long_compile_is_told_once_as_a_warning_while_it_runs(monkeypatch, caplog):
+    # A first compile on a GPU took 62 s with nothing shown: past SLOW_COMPILE_S it is told, as
+    # it runs, on the logger Python shows by default; later long compiles say nothing more.
+    spans = []
+
+    def slow_compile(function, args, region_key=None):
+        start = time.time()
+        time.sleep(0.3)
+        spans.append((start, time.time()))
+        return lambda args: function(*args)
+
+    monkeypatch.setattr(inductor_ex, "SLOW_COMPILE_S", 0.05)
+    monkeypatch.setattr(inductor_ex, "_slow_told", threading.Event())
+    monkeypatch.setattr(inductor_ex, "_compile_function", slow_compile)
+    monkeypatch.setattr(inductor_ex, "_stats", inductor_ex.InductorStats(startup_s={"cpu": 0.0}))
+    monkeypatch.setattr(inductor_ex, "_compiled", {})
+    x = torch.randn(3)
+    with caplog.at_level(logging.WARNING, logger="thunder_rs.inductor"):
+        first = region("t1 = torch.sin(t0)\nreturn (t1,)", "t0")
+        assert_same(inductor_ex.inductor_ex.fuse(first)(x), first.function(x))
+        second = region("t1 = torch.cos(t0)\nreturn (t1,)", "t0")
+        inductor_ex.inductor_ex.fuse(second)(x)
+    told = [r for r in caplog.records if r.name == "thunder_rs.inductor" and r.levelno == logging.WARNING]
+    assert len(told) == 1, [r.getMessage() for r in told]
+    assert re.match(rf"thunder_rs: the Inductor region {first.name} \(1 symbols, cpu\) has been compiling for over "
+                    r"0 s .*setLevel\(logging.ERROR\)", told[0].getMessage()), told[0].getMessage()
+    assert spans[0][0] <= told[0].created <= spans[0][1]  # while the compile ran, not after it
+
+    # Under the threshold nothing is said.
+    monkeypatch.setattr(inductor_ex, "SLOW_COMPILE_S", 10.0)
+    monkeypatch.setattr(inductor_ex, "_slow_told", threading.Event())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="thunder_rs.inductor"):
+        third = region("t1 = torch.tan(t0)\nreturn (t1,)", "t0")
+        inductor_ex.inductor_ex.fuse(third)(x)
+    assert not [r for r in caplog.records if r.name == "thunder_rs.inductor"]
 
 
 def test_a_view_after_an_op_inductor_decomposes_with_other_strides_compiles(one_thread):
@@ -629,13 +668,19 @@ def _in_a_region(op):
     return fn
 
 
-def _grad_case(param):
-    op, index = param.values
-    default = param.id in ("layer_norm-sample0-float64", "cross_entropy-sample0-float64")
-    return pytest.param(op, index, id=param.id, marks=() if default else pytest.mark.slow)
+#: The default run's cases of the sweep below; ``--run-slow`` runs every float64 sample.
+DEFAULT_GRAD_CASES = ("layer_norm-sample0-float64", "cross_entropy-sample0-float64")
 
 
-@pytest.mark.parametrize(("op", "index"), [_grad_case(p) for p in test_ops.grad_params()])
+def pytest_generate_tests(metafunc):
+    """The OpInfo gradient sweep's parameters for the run: a default run makes only its own
+    cases, not 4,600 to skip."""
+    if metafunc.function.__name__ == "test_op_grad_through_inductor_matches_eager":
+        full = metafunc.config.getoption("--run-slow")
+        params = [p for p in test_ops.grad_params(full=True) if full or p.id in DEFAULT_GRAD_CASES]
+        metafunc.parametrize(("op", "index"), params)
+
+
 def test_op_grad_through_inductor_matches_eager(op, index):
     sample = test_ops.sample_at(op, torch.float64, "cpu", index)
     try:

@@ -25,7 +25,7 @@ with warnings.catch_warnings():
     from thunder_rs.executors.nvfuser_ex import NvFuserExecutor
     from thunder_rs.executors.torch_ex import decomposing
 
-pytestmark = test_ops.pytestmark
+pytestmark = test_ops.WARNING_FILTERS
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Eager's half-precision kernels and the decompositions nvFuser computes in float32 round
@@ -79,7 +79,7 @@ def _params(grad: bool, subset: bool):
     for op in _ops(grad):
         if subset and op.id not in SUBSET:
             continue
-        samples = 1 if subset else test_ops.count(op.sample_inputs(torch.float32, "cpu"))
+        samples = 1 if subset else test_ops.sample_count(op, torch.float32)
         for dtype in DTYPES:
             params += [pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{test_ops.dtype_name(dtype)}")
                        for i in range(samples)]

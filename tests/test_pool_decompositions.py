@@ -1,7 +1,8 @@
 """The decompositions of the pooling, interpolation and normalisation symbols and of their
 backward kernels, against eager: every OpInfo sample of those families, in each dtype (and in
 float64 with gradients), runs under ``torch_ex.decomposing()``, so the prims of the
-decompositions run, backward kernels included.
+decompositions run, backward kernels included. The default run takes each op's representative
+samples (``opinfos.sampling``); ``--run-slow`` every sample.
 
 ``test_ops.py`` checks the same samples through the torch executor, which runs each symbol as
 its torch callable; this file checks what a fusion executor taking the decomposition would run.
@@ -15,16 +16,31 @@ import torch.nn.functional as F
 
 import thunder_rs
 from opinfos import interpolate, layers, normalization, pooling
+from opinfos.sampling import sample_indices
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.torch_ex import decomposing
 
 OPS = [*pooling.OPS, *interpolate.OPS, *normalization.OPS, *layers.OPS]
 
 
-def params(dtypes):
+def params(dtypes, full):
+    """The samples in ``dtypes``: the default run's (``opinfos.sampling``, every kind in an op's
+    first dtype here), every sample with ``full`` (``--run-slow``)."""
     return [pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{str(dtype).removeprefix('torch.')}")
-            for op in OPS for dtype in op.dtypes if dtype in dtypes
-            for i in range(sum(1 for _ in op.sample_inputs(dtype, "cpu")))]
+            for op in OPS for position, dtype in enumerate(d for d in op.dtypes if d in dtypes)
+            for i in sample_indices(op, dtype, full, every_kind=position == 0)]
+
+
+SWEEPS = {
+    "test_decomposition_matches_eager": (torch.float32, torch.float64, torch.int64),
+    "test_backward_kernel_decompositions_match_eager": (torch.float64,),
+}
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.function.__name__ in SWEEPS:
+        full = metafunc.config.getoption("--run-slow")
+        metafunc.parametrize(("op", "dtype", "index"), params(SWEEPS[metafunc.function.__name__], full))
 
 
 def sample(op, dtype, index):
@@ -44,7 +60,6 @@ def assert_close(actual, expected, op, dtype):
         torch.testing.assert_close(a, e, equal_nan=True, **op.tolerance(dtype))
 
 
-@pytest.mark.parametrize(("op", "dtype", "index"), params((torch.float32, torch.float64, torch.int64)))
 def test_decomposition_matches_eager(op, dtype, index):
     s = sample(op, dtype, index)
     expected = op.op(*s.args, **s.kwargs)
@@ -65,7 +80,6 @@ def _grads(fn, s):
     return torch.autograd.grad(out, inputs, cotangents, allow_unused=True, materialize_grads=True)
 
 
-@pytest.mark.parametrize(("op", "dtype", "index"), params((torch.float64,)))
 def test_backward_kernel_decompositions_match_eager(op, dtype, index):
     if not op.supports_grad:
         pytest.skip("not differentiable")

@@ -18,6 +18,10 @@ EXAMPLE = ROOT / "examples" / "rust_pass"
 # Under the tree's ignored target/, so the build is cached between sessions.
 TARGET = ROOT / "target" / "rust_pass_example"
 MODULE = "thunder_rs_example_pass"
+# One xdist worker builds and loads the plugin (make test-python's --dist loadgroup): cargo's lock
+# on the target directory would make a second worker's build wait and then find it done, only
+# costing a second load.
+pytestmark = pytest.mark.xdist_group("rust_plugin")
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +88,12 @@ def test_program_stage_pass_on_a_grad_rule_is_refused(plugin):
 def test_panic_in_plugin_names_the_pass(plugin):
     jfn = thunder_rs.jit(_silu_fn, passes=["example_explode"])
     with pytest.raises(ThunderRuntimeError, match="example_explode panicked: the example.s explode pass always panics"):
+        jfn(torch.randn(2))
+
+
+def test_a_rule_naming_no_prim_is_an_error_naming_the_rule(plugin):
+    jfn = thunder_rs.jit(_silu_fn, passes=["example_misspelt"])
+    with pytest.raises(ThunderRuntimeError, match=r'example_misspelt failed: .*rule mul-sigmoid-misspelt names "reciprocl"'):
         jfn(torch.randn(2))
 
 

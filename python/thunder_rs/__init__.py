@@ -25,6 +25,7 @@ from thunder_rs.core.logs import configure_from_env as _configure_logs, set_logs
 from thunder_rs.core.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.plugins import load_passes  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
+from thunder_rs.executors import autograd_ex as _autograd_ex  # noqa: E402,F401
 from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvfuser_on_cuda  # noqa: E402
 
 _use_nvfuser_on_cuda()

@@ -1,12 +1,14 @@
-//! The pass manager: the registry of named passes, and the [`Manager`] that runs every stage of a
-//! compilation, times it, verifies its output (in debug builds, and when `THUNDER_RS_VERIFY=1`)
-//! and keeps it for dumping.
+//! The pass manager: the registry of named passes, and the [`Manager`] that runs the pipeline's
+//! table ([`crate::pipeline::PIPELINE`]): it times each stage, verifies its output (in debug
+//! builds, and when `THUNDER_RS_VERIFY=1`) and keeps it for dumping.
 //!
 //! Nothing here prints: each [`PassRecord`] says whether `THUNDER_RS_DUMP` asked for it, and the
 //! caller (Python's `logging`, in the bindings) shows it, so dumps can be captured.
 
+use crate::pipeline::{ClaimChecker, Half, Options, Output, PassCx, Run, Stage, Unit, PIPELINE};
 use crate::plan::Plan;
-use crate::rewrite::{rewrite, Rule};
+use crate::rewrite::{check, rewrite, Rule};
+use crate::{cse::cse, dce::dce, views, vjp::vjp};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
@@ -19,23 +21,29 @@ pub type PassFn = fn(&Trace, &PassCx) -> Result<Trace>;
 /// A named pass.
 pub type Pass = (&'static str, PassFn);
 
-/// The stages of the compile pipeline that are not registered passes (see [`crate::pipeline`]).
-pub const STAGES: &[&str] = &["acquired", "split", "claim", "fuse", "lifetimes"];
+/// The passes registered in every process.
+pub const BUILTIN_PASSES: &[Pass] = &[("dce", dce), ("cse", cse), ("vjp", vjp), ("views", views::views)];
 
 fn registry() -> &'static RwLock<FxHashMap<String, PassFn>> {
     static REGISTRY: OnceLock<RwLock<FxHashMap<String, PassFn>>> = OnceLock::new();
-    REGISTRY
-        .get_or_init(|| RwLock::new(crate::pipeline::BUILTIN_PASSES.iter().map(|&(n, f)| (n.to_string(), f)).collect()))
+    REGISTRY.get_or_init(|| RwLock::new(BUILTIN_PASSES.iter().map(|&(n, f)| (n.to_string(), f)).collect()))
+}
+
+/// Refuses `name` when it names a pipeline stage that is no registered pass (`claim`), or is
+/// `all`: a jit and `THUNDER_RS_DUMP` could not tell the two apart.
+fn check_name(name: &str, passes: &FxHashMap<String, PassFn>) -> Result<()> {
+    if name.is_empty() || name == "all" || (crate::pipeline::is_stage(name) && !passes.contains_key(name)) {
+        bail!(Value, "register_pass", "name {name:?} is reserved for a pipeline stage (argument name)");
+    }
+    Ok(())
 }
 
 /// Registers `run` under `name`, so a `jit(fn, passes=[name])` runs it and `THUNDER_RS_DUMP`
 /// can name it. Registering the same function again is a no-op; another function under a taken
 /// name, or a pipeline stage's name, is an error.
 pub fn register_pass(name: &str, run: PassFn) -> Result<()> {
-    if name.is_empty() || STAGES.contains(&name) || name == "all" {
-        bail!(Value, "register_pass", "name {name:?} is reserved for a pipeline stage (argument name)");
-    }
     let mut passes = registry().write().expect("pass registry poisoned");
+    check_name(name, &passes)?;
     match passes.get(name) {
         Some(existing) if *existing as usize != run as usize => {
             bail!(Value, "register_pass", "a different pass is already registered as {name:?} (argument name)")
@@ -67,14 +75,24 @@ fn dyn_registry() -> &'static RwLock<FxHashMap<String, DynPass>> {
 /// Registers the stateful pass `run` under `name`, like [`register_pass`]; registering a name
 /// again replaces the pass (reloading a plugin), but a name a [`PassFn`] holds is an error.
 pub fn register_dyn_pass(name: &str, run: DynPass) -> Result<()> {
-    if name.is_empty() || STAGES.contains(&name) || name == "all" {
-        bail!(Value, "register_pass", "name {name:?} is reserved for a pipeline stage (argument name)");
-    }
-    if registry().read().expect("pass registry poisoned").contains_key(name) {
+    let passes = registry().read().expect("pass registry poisoned");
+    check_name(name, &passes)?;
+    if passes.contains_key(name) {
         bail!(Value, "register_pass", "a different pass is already registered as {name:?} (argument name)");
     }
     dyn_registry().write().expect("pass registry poisoned").insert(name.to_string(), run);
     Ok(())
+}
+
+/// Registers the rewrite rule set `rules` as the pass `name` (see [`register_dyn_pass`]), once
+/// every prim its patterns name is known: a misspelt prim would never match, and nothing would
+/// say so. The error names the rule and the name.
+pub fn register_rules(name: &str, rules: &'static [Rule]) -> Result<()> {
+    check(rules).map_err(|mut e| {
+        e.message = format!("rule set {name:?}: {}", e.message);
+        e
+    })?;
+    register_dyn_pass(name, Arc::new(move |trace, cx| Ok(rewrite(trace, rules, cx)?.0)))
 }
 
 fn stage_registry() -> &'static RwLock<FxHashMap<String, String>> {
@@ -82,8 +100,8 @@ fn stage_registry() -> &'static RwLock<FxHashMap<String, String>> {
     REGISTRY.get_or_init(|| RwLock::new(FxHashMap::default()))
 }
 
-/// Declares that the pass `name` runs at `stage` (`program`, `forward` or `backward`; see
-/// [`crate::pipeline::compile`]) when a jit names it.
+/// Declares that the pass `name` runs at `stage` (`program`, `forward` or `backward`: the half
+/// whose `jit passes` row runs it, see [`crate::pipeline::PIPELINE`]) when a jit names it.
 pub fn set_stage(name: &str, stage: &str) {
     stage_registry().write().expect("pass registry poisoned").insert(name.to_string(), stage.to_string());
 }
@@ -94,7 +112,7 @@ pub fn stage_of(name: &str) -> String {
 }
 
 /// The pass registered as `name`, stateful or not.
-fn lookup_any(name: &str) -> Result<DynPass> {
+pub(crate) fn lookup_any(name: &str) -> Result<DynPass> {
     if let Some(run) = dyn_registry().read().expect("pass registry poisoned").get(name) {
         return Ok(run.clone());
     }
@@ -110,22 +128,8 @@ pub fn registered() -> Vec<String> {
     names
 }
 
-/// Settings shared by the stages of one compilation.
-#[derive(Clone, Debug)]
-pub struct PassCx {
-    /// Verify the trace after every stage (always on in debug builds).
-    pub verify: bool,
-    /// Stages whose output is dumped (`all` for every one).
-    pub dump: Vec<String>,
-}
-
-impl Default for PassCx {
-    /// Verification as the build has it, no dumps; the environment is not read.
-    fn default() -> Self {
-        PassCx { verify: cfg!(debug_assertions), dump: Vec::new() }
-    }
-}
-
+// The settings type lives with the pipeline, whose stages take it; reading them from the
+// environment is the manager's, which owns dumps and verification and knows the registered names.
 impl PassCx {
     /// Settings from `THUNDER_RS_VERIFY=1` and `THUNDER_RS_DUMP=name,name` (or `all`). A name
     /// that is neither a stage nor a registered pass is an error listing the known ones.
@@ -135,16 +139,15 @@ impl PassCx {
             .map(|v| v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
             .unwrap_or_default();
         let known = if dump.is_empty() { Vec::new() } else { registered() };
-        if let Some(bad) = dump.iter().find(|d| *d != "all" && !STAGES.contains(&d.as_str()) && !known.contains(d)) {
-            let mut names: Vec<&str> = STAGES.iter().copied().chain(known.iter().map(String::as_str)).collect();
+        let is_known = |d: &str| d == "all" || crate::pipeline::is_stage(d) || known.iter().any(|k| k == d);
+        if let Some(bad) = dump.iter().find(|d| !is_known(d)) {
+            let stages = PIPELINE.iter().filter(|s| !matches!(s.run, Run::JitPasses)).map(|s| s.name);
+            let mut names: Vec<&str> = stages.chain(known.iter().map(String::as_str)).collect();
             names.sort();
+            names.dedup();
             bail!(Value, "THUNDER_RS_DUMP", "unknown stage {bad:?}; known: all, {}", names.join(", "));
         }
         Ok(PassCx { verify, dump })
-    }
-
-    fn dumps(&self, name: &str) -> bool {
-        self.dump.iter().any(|d| d == name || d == "all")
     }
 }
 
@@ -161,6 +164,45 @@ pub struct PassRecord {
     pub note: String,
 }
 
+/// What a compilation produced: every stage's record for the program (or forward) and, for a
+/// program with differentiable outputs, for the backward; the last record of each carries the
+/// execution plan.
+pub struct Compiled {
+    pub forward: Vec<PassRecord>,
+    pub backward: Vec<PassRecord>,
+    /// Positions of the flat outputs (a single output is position 0) that receive cotangents.
+    pub grad_outputs: Vec<usize>,
+    /// How many residuals the forward saves for the backward.
+    pub residuals: usize,
+}
+
+/// Compiles an acquired trace: runs every row of [`PIPELINE`] whose half exists and whose
+/// condition holds, in order, each as a stage of one [`Manager`].
+pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, cx: &PassCx) -> Result<Compiled> {
+    let mut unit = Unit::new(options, checker);
+    let mut m = Manager::new(cx);
+    // The backward half as the split made it, and the records before it once it begins.
+    let (mut backward, mut forward) = (None, None);
+    for stage in PIPELINE {
+        if stage.half == Half::Backward && forward.is_none() {
+            if backward.is_none() {
+                continue; // no split, no backward half
+            }
+            forward = Some(std::mem::take(&mut m.records));
+        }
+        unit.half = stage.half;
+        let start = if forward.is_some() { backward.as_ref().unwrap_or(acquired) } else { acquired };
+        if let Some(made) = m.run(stage, start, &mut unit)? {
+            backward = Some(made);
+        }
+    }
+    let (forward, backward) = match forward {
+        Some(forward) => (forward, m.records),
+        None => (m.records, Vec::new()),
+    };
+    Ok(Compiled { forward, backward, grad_outputs: unit.grad_outputs, residuals: unit.residuals.unwrap_or(0) })
+}
+
 /// Runs the stages of one compilation and keeps a record of each.
 pub struct Manager<'a> {
     cx: &'a PassCx,
@@ -172,74 +214,71 @@ impl<'a> Manager<'a> {
         Manager { cx, records: Vec::new() }
     }
 
-    /// Runs the stage `name`, which returns a trace and anything else; times it, verifies the
-    /// trace and records it.
-    pub fn stage<T>(&mut self, name: &str, run: impl FnOnce() -> Result<(Trace, T)>) -> Result<(Trace, T)> {
-        let start = Instant::now();
-        let (trace, extra) = run()?;
-        let seconds = start.elapsed().as_secs_f64();
+    /// The trace the next stage reads: the last record's, or `start` before the first.
+    fn input<'t>(&'t self, start: &'t Trace) -> &'t Trace {
+        self.records.last().map_or(start, |r| &r.trace)
+    }
+
+    /// Runs the pipeline row `stage` when its condition holds; returns the backward half when the
+    /// stage split the program.
+    fn run(&mut self, stage: &Stage, start: &Trace, unit: &mut Unit) -> Result<Option<Trace>> {
+        if !unit.holds(stage.when, self.input(start)) {
+            return Ok(None);
+        }
+        let cx = self.cx;
+        match stage.run {
+            Run::Pass(run) => self.stage(stage.name, start, |t| run(t, cx).map(Output::from)),
+            Run::Rewrite(rules) => self.stage(stage.name, start, |t| {
+                let (trace, report) = rewrite(t, rules, cx)?;
+                Ok(Output { note: report.to_string(), ..trace.into() })
+            }),
+            Run::Stateful(run) => self.stage(stage.name, start, |t| run(t, unit, cx)),
+            Run::JitPasses => {
+                let half = stage.half.name();
+                for name in unit.options().passes.iter().filter(|name| stage_of(name) == half) {
+                    let run = lookup_any(name)?;
+                    self.stage(name, start, |t| run(t, cx).map(Output::from))?;
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Runs the stage `name` on the last record's trace (or `start`), timing only `run`;
+    /// verifies what it made and records it. Returns the backward half it split off, if any.
+    pub fn stage(
+        &mut self,
+        name: &str,
+        start: &Trace,
+        run: impl FnOnce(&Trace) -> Result<Output>,
+    ) -> Result<Option<Trace>> {
+        let started = Instant::now();
+        let Output { trace, backward, note, plan } = run(self.input(start))?;
+        let seconds = started.elapsed().as_secs_f64();
         if self.cx.verify {
-            verify(&trace).map_err(|mut e| {
-                e.message = format!("after pass {name}: {}", e.message);
-                e
-            })?;
+            let halves = std::iter::once(("", &trace)).chain(backward.iter().map(|b| (" (backward)", b)));
+            for (half, t) in halves {
+                verify(t).map_err(|mut e| {
+                    e.message = format!("after pass {name}{half}: {}", e.message);
+                    e
+                })?;
+            }
         }
         let dump = self.cx.dumps(name);
-        self.records.push(PassRecord {
-            name: name.to_string(),
-            seconds,
-            trace: trace.clone(),
-            plan: None,
-            dump,
-            note: String::new(),
-        });
-        Ok((trace, extra))
-    }
-
-    /// Runs the pass `run` as the stage `name`.
-    pub fn pass(&mut self, name: &str, run: PassFn, trace: &Trace) -> Result<Trace> {
-        let cx = self.cx;
-        Ok(self.stage(name, || Ok((run(trace, cx)?, ())))?.0)
-    }
-
-    /// Applies the rewrite rule set `rules` as the stage `name`; its record notes which rules
-    /// fired and how often.
-    pub fn rewrite(&mut self, name: &str, rules: &[Rule], trace: &Trace) -> Result<Trace> {
-        let cx = self.cx;
-        let (out, report) = self.stage(name, || rewrite(trace, rules, cx))?;
-        if let Some(last) = self.records.last_mut() {
-            last.note = report.to_string();
-        }
-        Ok(out)
-    }
-
-    /// Runs the registered passes `names` in order.
-    pub fn passes(&mut self, names: &[&str], trace: &Trace) -> Result<Trace> {
-        let mut current = trace.clone();
-        for name in names {
-            let run = lookup_any(name)?;
-            let cx = self.cx;
-            current = self.stage(name, || Ok((run(&current, cx)?, ())))?.0;
-        }
-        Ok(current)
-    }
-
-    /// Attaches `plan` to the last record (the stage that produced the execution trace).
-    pub fn attach_plan(&mut self, plan: Plan) {
-        if let Some(last) = self.records.last_mut() {
-            last.plan = Some(Arc::new(plan));
-        }
+        let plan = plan.map(Arc::new);
+        self.records.push(PassRecord { name: name.to_string(), seconds, trace, plan, dump, note });
+        Ok(backward)
     }
 }
 
 /// Runs `passes` in order from `trace`, returning the final trace and a record per pass.
 pub fn run_passes(trace: &Trace, passes: &[Pass], cx: &PassCx) -> Result<(Trace, Vec<PassRecord>)> {
     let mut manager = Manager::new(cx);
-    let mut current = trace.clone();
     for (name, run) in passes {
-        current = manager.pass(name, *run, &current)?;
+        manager.stage(name, trace, |t| run(t, cx).map(Output::from))?;
     }
-    Ok((current, manager.records))
+    let last = manager.records.last().map_or_else(|| trace.clone(), |r| r.trace.clone());
+    Ok((last, manager.records))
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //! builds the [`Replacement`] from what the pattern bound (or declines, when a shape or
 //! parameter condition fails). Patterns match prims by name; a composite whose decomposition is
 //! a single prim call (`ltorch.reshape`, `ltorch.t`) matches as that prim, and a rule replacing
-//! it emits prims.
+//! it emits prims. A name that is no prim would never match, so [`check`] refuses it, naming the
+//! rule: [`crate::register_rules`] checks a rule set as it registers it, and [`rewrite`] checks
+//! every rule set it applies (a plugin's too) before its sweep.
 //!
 //! [`rewrite`] makes ONE forward sweep over the top-level calls. Each call, with its inputs
 //! renamed by the rewrites so far, is matched against the rules in order; when one fires, the
@@ -51,8 +53,9 @@
 //! assert_eq!(fold_reshapes(&trace, &PassCx::default()).unwrap().bsyms.len(), 1);
 //! ```
 //!
-//! The pipeline runs a built-in rule set as a stage with [`crate::Manager::rewrite`], whose
-//! record notes the [`RewriteReport`] (`# fired: reshape-reshape x2, ...` in the stage's dump).
+//! The pipeline runs a built-in rule set as a `Rewrite` row of its table
+//! ([`crate::pipeline::Run::Rewrite`]), whose record notes the [`RewriteReport`]
+//! (`# fired: reshape-reshape x2, ...` in the stage's dump).
 //!
 //! A fused pattern (TransformerEngine's layer norm followed by a linear, say) is a rule whose
 //! pattern nests the calls it fuses and whose replacement is a [`Replacement::Composite`]: the
@@ -60,7 +63,8 @@
 
 use crate::dce::live_calls;
 use crate::PassCx;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::OnceLock;
 use trace_ir::{
     bail, Arg, BoundSymbol, Prim, Result, Symbol, SymbolKind, SymbolTable, TensorMeta, Trace, TraceBuilder, ValueId,
     ValueKind,
@@ -176,6 +180,29 @@ impl std::fmt::Display for RewriteReport {
     }
 }
 
+/// Checks that every call in `rules`' patterns names a prim; the error names the rule and the
+/// name (and the prim meant, for a qualified `prims.mul`).
+pub fn check(rules: &[Rule]) -> Result<()> {
+    rules.iter().try_for_each(|rule| check_pattern(rule.name, &(rule.pattern)()))
+}
+
+fn check_pattern(rule: &str, pat: &Pat) -> Result<()> {
+    let Pat::Call { prim, operands, .. } = pat else { return Ok(()) };
+    if !is_prim(prim) {
+        let hint = match prim.rsplit_once('.') {
+            Some((_, bare)) if is_prim(bare) => format!("; patterns name prims without their prefix: {bare:?}"),
+            _ => "; patterns name prims (`mul`, `reshape`), and a single-prim composite matches as its prim".into(),
+        };
+        bail!(Value, "rewrite", "rule {rule} names {prim:?}, which is no prim{hint}");
+    }
+    operands.iter().try_for_each(|operand| check_pattern(rule, operand))
+}
+
+fn is_prim(name: &str) -> bool {
+    static NAMES: OnceLock<FxHashSet<&'static str>> = OnceLock::new();
+    NAMES.get_or_init(|| trace_ir::prims::all_names().into_iter().collect()).contains(name)
+}
+
 /// A prim call as patterns see it.
 #[derive(Clone, Debug)]
 struct CallView {
@@ -264,20 +291,23 @@ struct Sweep {
 const MAX_REWRITES_PER_CALL: usize = 64;
 
 impl Sweep {
-    fn new(trace: &Trace, rules: &[Rule]) -> Self {
+    /// The sweep's state, once every rule's pattern names known prims (see [`check`]).
+    fn new(trace: &Trace, rules: &[Rule]) -> Result<Self> {
+        let patterns: Vec<Pat> = rules.iter().map(|r| (r.pattern)()).collect();
+        rules.iter().zip(&patterns).try_for_each(|(rule, pat)| check_pattern(rule.name, pat))?;
         let mut uses: FxHashMap<ValueId, usize> = FxHashMap::default();
         let mut count = |v: ValueId| *uses.entry(v).or_default() += 1;
         trace.bsyms.iter().for_each(|b| b.for_each_input(&mut count));
         trace.outputs.for_each_value(&mut count);
-        Sweep {
+        Ok(Sweep {
             builder: TraceBuilder::resume(trace),
             emitted: Vec::with_capacity(trace.bsyms.len()),
             producers: FxHashMap::default(),
             uses,
             subst: FxHashMap::default(),
             fired: vec![0; rules.len()],
-            patterns: rules.iter().map(|r| (r.pattern)()).collect(),
-        }
+            patterns,
+        })
     }
 
     fn meta(&self, v: ValueId) -> Option<&TensorMeta> {
@@ -548,9 +578,10 @@ fn reads_any(bsym: &BoundSymbol, subst: &FxHashMap<ValueId, ValueId>) -> bool {
 }
 
 /// Applies `rules` to `trace` in one forward sweep (see the module docs), then removes the
-/// calls left dead. Returns the rewritten trace and how often each rule fired.
+/// calls left dead. Returns the rewritten trace and how often each rule fired. A rule whose
+/// pattern names no prim is an error (see [`check`]).
 pub fn rewrite(trace: &Trace, rules: &[Rule], _cx: &PassCx) -> Result<(Trace, RewriteReport)> {
-    let mut sweep = Sweep::new(trace, rules);
+    let mut sweep = Sweep::new(trace, rules)?;
     for bsym in &trace.bsyms {
         let renamed = if reads_any(bsym, &sweep.subst) { bsym.renamed(&sweep.subst) } else { bsym.clone() };
         sweep.visit(renamed, rules, 0)?;
@@ -643,6 +674,45 @@ mod tests {
         assert_eq!(out.bsyms.len(), 1);
         assert_eq!(out.bsyms[0].args, [Arg::Value(x)]);
         assert_eq!(report.fired, [("reshape-reshape", 1)]);
+    }
+
+    /// mul(x, 1) -> x, with the prim misspelt.
+    const MISSPELT: Rule = Rule {
+        name: "mul-one",
+        pattern: || call("add", [call("mull", [any("x"), any("one")])]),
+        rewrite: |m| m.value("x").map(Replacement::Value),
+    };
+
+    #[test]
+    fn a_pattern_naming_no_prim_is_an_error_naming_the_rule_and_the_name() {
+        let err = check(&[ADD_SELF, MISSPELT]).unwrap_err();
+        assert!(err.message.contains("rule mul-one names \"mull\", which is no prim"), "{err}");
+        static RULES: [Rule; 1] = [MISSPELT];
+        let err = crate::register_rules("test_misspelt", &RULES).unwrap_err();
+        assert!(err.message.contains("test_misspelt") && err.message.contains("\"mull\""), "{err}");
+        assert!(!crate::registered().contains(&"test_misspelt".to_string()));
+        let qualified = Rule { pattern: || call("prims.mul", [any("x"), any("y")]), ..MISSPELT };
+        let err = check(&[qualified]).unwrap_err();
+        assert!(err.message.contains("\"prims.mul\"") && err.message.contains("\"mul\""), "{err}");
+        // Applying a rule set checks it too (a plugin's rules are applied, never registered here).
+        let mut b = TraceBuilder::new();
+        let x = input(&mut b, &[3]);
+        let trace = b.finish(Arg::Value(x)).unwrap();
+        let err = rewrite(&trace, &[MISSPELT], &PassCx::default()).unwrap_err();
+        assert!(err.message.contains("mul-one") && err.message.contains("\"mull\""), "{err}");
+    }
+
+    #[test]
+    fn a_registered_rule_set_runs_as_a_pass() {
+        static RULES: [Rule; 1] = [ADD_SELF];
+        crate::register_rules("test_add_self", &RULES).unwrap();
+        let mut b = TraceBuilder::new();
+        let x = input(&mut b, &[3]);
+        let same = b.record_prim("add", vec![Arg::Value(x), Arg::Value(x)]).unwrap()[0];
+        let trace = b.finish(Arg::Value(same)).unwrap();
+        let run = crate::manager::lookup_any("test_add_self").unwrap();
+        let out = run(&trace, &PassCx::default()).unwrap();
+        assert_eq!(out.bsyms[0].symbol.as_prim().unwrap().name(), "mul");
     }
 
     #[test]

@@ -36,8 +36,8 @@ pub fn views_with_tensordot(trace: &Trace, cx: &PassCx) -> Result<Trace> {
     Ok(rewrite(trace, &rules, cx)?.0)
 }
 
-/// Applies [`RULES`] (the pipeline runs them through [`crate::Manager::rewrite`], whose record
-/// says which rules fired).
+/// Applies [`RULES`] (the pipeline runs them as a `Rewrite` row of its table, whose record says
+/// which rules fired).
 pub fn views(trace: &Trace, cx: &PassCx) -> Result<Trace> {
     Ok(rewrite(trace, RULES, cx)?.0)
 }

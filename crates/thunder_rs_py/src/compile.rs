@@ -1,5 +1,5 @@
 //! The compile entry point: converts the executors' tables and the checker callback, and runs
-//! `passes::pipeline` (which defines every stage).
+//! the pipeline's table (`passes::pipeline::PIPELINE`, every stage) through `passes::compile`.
 
 use passes::{ExecutorSpec, ImplSpec, Options, PassCx, SymKey};
 use pyo3::exceptions::PyException;
@@ -57,10 +57,11 @@ impl ExecutorTable {
     }
 }
 
-/// Runs the pipeline (`passes::pipeline`) on an acquired trace. For entries that have a checker,
-/// `checker(executor_index, symbol_key, args, kwargs)` is called with the bound symbol's arguments
-/// (tensors as proxies made by `make_proxy`, constants from `consts`). `passes` names registered
-/// passes to run after the program's dce and cse.
+/// Runs the pipeline (`passes::pipeline::PIPELINE`) on an acquired trace. For entries that have a
+/// checker, `checker(executor_index, symbol_key, args, kwargs)` is called with the bound symbol's
+/// arguments (tensors as proxies made by `make_proxy`, constants from `consts`). `passes` names
+/// registered passes, each run at the `jit passes` row of the half it declares (`program`, after
+/// the program's dce and cse, unless declared otherwise).
 ///
 /// `differentiable` compiles the program to run under torch's autograd instead
 /// (`passes::differentiable`): no backward, no in-place forms, values computed without grad detached.

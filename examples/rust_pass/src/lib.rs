@@ -1,6 +1,7 @@
 //! An example thunder_rs pass plugin: one rewrite rule (`x * sigmoid(x)` -> `silu(x)`, the
 //! `example_silu` pass), one custom pass (`example_inline_sigmoid`), an identity pass (what remains
-//! is the cost of crossing the boundary) and passes that fail on purpose for the tests, exported
+//! is the cost of crossing the boundary) and passes that fail on purpose for the tests (one of
+//! them applies a rule naming no prim, which thunder_rs refuses naming the rule), exported
 //! to thunder_rs as a `thunder_rs_passes` capsule:
 //!
 //! ```python
@@ -65,6 +66,19 @@ fn silu(trace: &Trace) -> Result<Trace> {
     Ok(rewrite(&inline_sigmoid(trace)?, &[MUL_SIGMOID_TO_SILU], &PassCx::default())?.0)
 }
 
+/// The silu rule's pattern with `reciprocal` misspelt: it could never match, so applying it is an
+/// error naming the rule and the name (for the tests).
+const MISSPELT: Rule = Rule {
+    name: "mul-sigmoid-misspelt",
+    pattern: || call("mul", [any("x"), call("reciprocl", [any("y")])]),
+    rewrite: |_| None,
+};
+
+/// Applies [`MISSPELT`], which thunder_rs refuses.
+fn misspelt(trace: &Trace) -> Result<Trace> {
+    Ok(rewrite(trace, &[MISSPELT], &PassCx::default())?.0)
+}
+
 /// Returns the trace unchanged: what remains is the cost of crossing the plugin boundary.
 fn identity(trace: &Trace) -> Result<Trace> {
     Ok(trace.clone())
@@ -80,12 +94,13 @@ fn breaks(trace: &Trace) -> Result<Trace> {
     Ok(trace.with_bsyms(Vec::new(), trace.outputs.clone()))
 }
 
-static PASSES: [PassEntry; 5] = [
+static PASSES: [PassEntry; 6] = [
     pass_entry!("example_silu", "forward", silu),
     pass_entry!("example_inline_sigmoid", "program", inline_sigmoid),
     pass_entry!("example_identity", "program", identity),
     pass_entry!("example_explode", "forward", explode),
     pass_entry!("example_breaks", "forward", breaks),
+    pass_entry!("example_misspelt", "forward", misspelt),
 ];
 static TABLE: PluginTable = plugin_table!(PASSES);
 

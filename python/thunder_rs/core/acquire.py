@@ -10,14 +10,13 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
-from thunder_rs import torch as ltorch
 from thunder_rs.core.cache import input_names
 from thunder_rs.core.effects import (attribute_writes, item_writes, print_effects, recording_prints,
                                      stop_recording_prints)
 from thunder_rs.core.escapes import check_no_escape
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.fsdp import refuse_dtensors
-from thunder_rs.core.langctx import LanguageMode, refusals_not_swallowed
+from thunder_rs.core.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.modules import ModuleBinding
 from thunder_rs.core.modules import attribute_writes as module_writes
 from thunder_rs.core.observe import Observer
@@ -116,7 +115,7 @@ def _apart(out, inputs: list):
         if leaf._copy_of:  # ``contiguous()`` of a view, which must come back contiguous
             leaves[i] = fallback(torch.clone, (leaf,), {"memory_format": torch.contiguous_format})
         elif holder is not leaf and leaf._view is None:
-            leaves[i] = ltorch.clone(leaf)
+            leaves[i] = torch_symbol(torch.clone)(leaf)
         else:
             continue
         holders[leaves[i]._vid] = leaves[i]

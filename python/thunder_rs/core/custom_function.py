@@ -16,14 +16,12 @@ import torch
 from torch.autograd.function import Function
 
 from thunder_rs import _core
-from thunder_rs import torch as ltorch
 from thunder_rs.core import autocast
 from thunder_rs.core.grad import get_grad, put_grad
-from thunder_rs.core.langctx import user_location
+from thunder_rs.core.langctx import torch_symbol, user_location
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import GRAD_RULES, record_composite
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
-from thunder_rs.torch.kernels import sum_to
 
 #: Function class -> its composite symbol id.
 _SYMBOLS: dict[type, int] = {}
@@ -106,7 +104,7 @@ def _forward(cls, ctx: TraceContext, args: tuple):
     # the Function, which its backward differentiates: a copy of it.
     inputs = {a._vid for a in args if isinstance(a, TensorProxy)}
     if any(o._vid in inputs for o in outs):
-        copied = tuple(ltorch.clone(o) if o._vid in inputs else o for o in outs)
+        copied = tuple(torch_symbol(torch.clone)(o) if o._vid in inputs else o for o in outs)
         return copied if isinstance(out, tuple) else copied[0]
     return out
 
@@ -146,19 +144,19 @@ def _mark_as_eager(out: TensorProxy, ctx: TraceContext) -> None:
     differentiable = (out.dtype.is_floating_point or out.dtype.is_complex) and not any(
         out is t for t in ctx.non_differentiable)
     if differentiable != out.requires_grad:
-        ltorch.requires_grad_(out, differentiable)
+        torch_symbol(torch.Tensor.requires_grad_)(out, differentiable)
 
 
 def _cotangent(out: TensorProxy, ctx: TraceContext):
     differentiable = out.dtype.is_floating_point or out.dtype.is_complex
     if differentiable and not any(out is t for t in ctx.non_differentiable):
         return get_grad(out)
-    return ltorch.zeros_like(out) if ctx.materialize_grads else None
+    return torch_symbol(torch.zeros_like)(out) if ctx.materialize_grads else None
 
 
 def _conform(cls, a: TensorProxy, g):
     """``g`` as autograd makes a Function's gradient: summed to the input's shape where it
-    broadcasts to it, cast to its dtype."""
+    broadcasts to it (``sum_to_size``, as autograd's ``validate_outputs``), cast to its dtype."""
     if not isinstance(g, TensorProxy):
         raise ThunderRuntimeError(f"torch.autograd.Function: {cls.__qualname__}.backward returned "
                                   f"{type(g).__name__} as a gradient; expected a tensor or None")
@@ -170,5 +168,5 @@ def _conform(cls, a: TensorProxy, g):
         if not expandable:
             raise ThunderRuntimeError(f"torch.autograd.Function: {cls.__qualname__}.backward returned a gradient of "
                                       f"shape {tuple(g.shape)} for an input of shape {tuple(a.shape)}")
-        g = sum_to(g, a.shape)
-    return g if g.dtype == a.dtype else ltorch.to(g, a.dtype)
+        g = torch_symbol(torch.Tensor.sum_to_size)(g, tuple(a.shape))
+    return g if g.dtype == a.dtype else torch_symbol(torch.Tensor.to)(g, a.dtype)

@@ -10,13 +10,10 @@ dtype. ``check`` is None when there is nothing to check, so such entries cost no
 
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING
 
 from thunder_rs.core.guards import Guards
 from thunder_rs.core.modules import hook_snapshot, hook_stores_in_use, hooks_version, write_epoch
-
-if TYPE_CHECKING:
-    from thunder_rs.core.values import ValueTree
+from thunder_rs.core.values import ValueTree
 
 
 @dataclass(eq=False)
@@ -54,7 +51,7 @@ class Entry:
     #: their ``values.decision`` keys, and the ``values.ValueTree`` of the variants of its key
     reads: tuple = ()
     decisions: tuple = ()
-    tree: "ValueTree | None" = None
+    tree: ValueTree | None = None
 
     def why_not(self, flat) -> str:
         """Why ``check`` failed, in words (slow path)."""

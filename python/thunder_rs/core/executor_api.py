@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from thunder_rs import _core
 from thunder_rs.core.fallback import qualified_name
+from thunder_rs.core.langctx import SYMBOLS
 from thunder_rs.core.recorder import KERNEL_IDS
 from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
 
@@ -107,10 +108,15 @@ class Executor:
 
     #: Whether the executor runs regions of symbols (``FusionExecutor``).
     fusion = False
+    #: Registers implementations of the symbols created since its last call (the torch
+    #: executor's fallbacks, the custom Functions traced so far); ``executor_table`` calls it
+    #: before reading the registry, so a compile sees every symbol its acquisition created.
+    sync: Callable[[], None] | None = None
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, sync: Callable[[], None] | None = None):
         self.name = name
         self.registry = Registry()
+        self.sync = sync
 
     def register_implementation(self, symbol, impl, *, impl_name: str | None = None, checker=None,
                                 method: str | None = None, inplace_method: str | None = None) -> Implementation:
@@ -194,6 +200,9 @@ def symbol_key(symbol) -> SymbolKey:
 
 
 _executors: list[Executor] = []
+#: Executors that run a program under torch's autograd (``core.differentiable``) before the
+#: torch executor: ``register_differentiable_executor``.
+_differentiable: list[Executor] = []
 #: Executors ``jit(fn, executors=[...])`` can name, by name.
 _named: dict[str, Executor] = {}
 #: Names whose executor a module registers at import, imported on first use (importing Inductor
@@ -233,6 +242,25 @@ def register_lazy_executor(name: str, module: str) -> None:
     _lazy[name] = module
 
 
+def register_differentiable_executor(executor: Executor) -> Executor:
+    """Adds ``executor`` to those a program runs under torch's autograd with (a double backward,
+    torch.func transforms), before the torch executor."""
+    if executor not in _differentiable:
+        _differentiable.append(executor)
+    return executor
+
+
+def differentiable_executors() -> list[Executor]:
+    """The executors, in priority order, that run a program under torch's autograd."""
+    return resolve_executors(_differentiable)
+
+
+def torch_executor() -> Executor:
+    """The executor that runs every symbol as torch calls, last in every list of executors
+    (``thunder_rs.executors.torch_ex`` registers it)."""
+    return _named_executor("torch")
+
+
 def known_executor_names() -> list[str]:
     return sorted(set(_named) | set(_lazy))
 
@@ -260,7 +288,7 @@ def resolve_executors(executors) -> list[Executor]:
                                     "(argument executors)")
         if item not in resolved:
             resolved.append(item)
-    torch_ex = _named_executor("torch")
+    torch_ex = torch_executor()
     if torch_ex in resolved:
         resolved.remove(torch_ex)
     return [*resolved, torch_ex]
@@ -268,8 +296,6 @@ def resolve_executors(executors) -> list[Executor]:
 
 def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: bool = True) -> Executor:
     """Registers an executor for torch ops by name: ``{"torch.nn.functional.gelu": (impl_name, checker, impl)}``."""
-    from thunder_rs.torch import SYMBOLS  # noqa: PLC0415 (the torch language imports core)
-
     by_name: dict[str, Any] = {}
     for sym in SYMBOLS:
         for fn in sym.torch_fns:
@@ -322,6 +348,9 @@ def executor_table(executors: list[Executor]):
     thread may register implementations meanwhile (fallbacks, lazily imported executors): the
     versions are read before the registries' snapshots, so a registration racing the build makes
     the next compile rebuild."""
+    for executor in executors:
+        if executor.sync is not None:
+            executor.sync()
     key = tuple((id(e), e.registry.version) for e in executors)
     cached = _table_cache.get("table")
     if cached is not None and cached[0] == key:

@@ -38,9 +38,8 @@ from thunder_rs.core.wrapped_module import (WRAPPED, calling_through, named_modu
                                             present_state_dict_as_wrapped)
 from thunder_rs.core.writeback import with_writebacks
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
-from thunder_rs.core.executor_api import Region, default_executors, executor_table, resolve_executors, whole_runners
-from thunder_rs.executors.autograd_ex import differentiable_executors
-from thunder_rs.executors.torch_ex import sync_fallbacks
+from thunder_rs.core.executor_api import (Region, default_executors, differentiable_executors, executor_table,
+                                         resolve_executors, whole_runners)
 
 MISS_WARNING_THRESHOLD = 8
 #: How many variants one call may hand over to after its values diverged (``_other_path``).
@@ -133,7 +132,6 @@ def _snapshot_runner(executors):
     plain = [e for e in executors if not e.fusion]
 
     def run(snapshot, consts: list, inputs: list):
-        sync_fallbacks()
         table, impls = executor_table(plain)
         traces, _, _ = _core.compile(snapshot, table, _checker(plain), make_proxy, consts)
         namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
@@ -148,7 +146,6 @@ def _differentiable_program(acquired, filename: str, grad_positions: list, forwa
     trace, consts, wb = acquired.trace, acquired.consts, acquired.writebacks
 
     def compile_program():
-        sync_fallbacks()
         executors = differentiable_executors()
         table, impls = executor_table(executors)
         traces, _, _ = _core.compile(trace, table, _checker(executors), make_proxy, consts, differentiable=True)
@@ -174,7 +171,6 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     passes; ``executors`` the jit's executors (the defaults when None); ``names`` ``(the user's
     name of each flat input, the module's qualified parameter names)`` name the traces' inputs."""
     start = time.perf_counter()
-    sync_fallbacks()
     executors = default_executors() if executors is None else executors
     table, impls = executor_table(executors)
     traces, backward_traces, grad_positions = _core.compile(acquired.trace, table, _checker(executors), make_proxy,

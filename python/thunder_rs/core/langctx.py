@@ -28,6 +28,9 @@ from thunder_rs.core.rng import RANDOM
 from thunder_rs.core.userframe import user_frame, user_location  # noqa: F401 (re-exported)
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
+#: Every ltorch symbol, in registration order: what the torch executor, the claim tables and
+#: ``add_operator_executor`` walk. Filled by ``@torchsymbol`` (``thunder_rs.torch.register``).
+SYMBOLS: list = []
 #: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
 TORCH_TO_LTORCH: dict = {}
 #: Tensor property names (``T``, ``mT``) -> ltorch symbols.
@@ -44,6 +47,13 @@ _out_handler = None
 def set_out_handler(handler) -> None:
     global _out_handler
     _out_handler = handler
+
+
+def torch_symbol(func):
+    """The ltorch symbol of the torch callable ``func`` (``torch_symbol(torch.clone)(p)``): how core
+    records a torch op itself, as the program's own call of ``func`` would, without importing the
+    torch language, which is built on core and registers its symbols when ``thunder_rs`` is imported."""
+    return TORCH_TO_LTORCH[func]
 
 _T = torch.Tensor
 _METADATA_METHODS = {

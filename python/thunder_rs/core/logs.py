@@ -4,7 +4,8 @@ Its children: ``thunder_rs.recompiles`` (each compilation and why the cache miss
 ``thunder_rs.fallbacks`` (each op recorded as an eager fallback, with the user's line),
 ``thunder_rs.passes`` (the seconds each compile stage took), ``thunder_rs.inductor`` (Inductor's
 start-up and each region it compiles, with its time and which cache answered) and
-``thunder_rs.dump`` (the traces ``THUNDER_RS_DUMP`` names). All log at INFO. By default their level
+``thunder_rs.dump`` (the traces ``THUNDER_RS_DUMP`` names). All log at INFO (but for one WARNING
+on ``thunder_rs.inductor`` when a compile runs long, shown by default). By default their level
 is unset, so nothing is shown unless the user configures them;
 ``THUNDER_RS_LOG=recompiles,fallbacks,passes,inductor`` (or ``all``), like
 ``TORCH_LOGS``, or ``thunder_rs.set_logs(recompiles=True)`` sets their level, and when no handler

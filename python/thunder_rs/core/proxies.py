@@ -28,7 +28,8 @@ class TensorProxy(torch.Tensor):
     _device: torch.device
     # Functionalisation state (``thunder_rs.torch.views``, ``thunder_rs.core.writeback``); class
     # defaults, so that proxies no in-place op touches carry nothing.
-    #: for a view: its ``ViewLink`` (root proxy, steps from the root, eager strides)
+    #: for a view: its ``ViewLink`` (root proxy, steps from the root, eager strides); a step
+    #: with ``is_prim`` is the shape prim ``name`` with ``params`` after the tensor
     _view = None
     #: for a root that views were taken of: weak references to them
     _views = None

@@ -198,9 +198,10 @@ _numpy: list = []
 
 
 def _numpy_generator():
-    """NumPy's legacy global generator, once ``numpy.random`` is imported."""
+    """NumPy's legacy global generator, once the program's process imported ``numpy.random``
+    (read from ``sys.modules``: importing NumPy here would cost every process that has none)."""
     if not _numpy and "numpy.random" in sys.modules:
-        import numpy.random as nr  # noqa: PLC0415 (only once the program's process has NumPy)
+        nr = sys.modules["numpy.random"]
 
         def fork(instance):
             copy = nr.RandomState()

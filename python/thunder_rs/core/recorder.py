@@ -10,6 +10,7 @@ import threading
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from thunder_rs import _core
 from thunder_rs.core.dtypes import CODES
@@ -44,17 +45,11 @@ def _overrides(cls, name: str):
     return getattr(impl, "__func__", impl)
 
 
-def _fake_tensor_dispatch():
-    from torch._subclasses.fake_tensor import FakeTensor  # noqa: PLC0415 (imports much of torch)
-
-    return _overrides(FakeTensor, "__torch_dispatch__")
-
-
 #: Overrides a traced input may have: a plain tensor's, a parameter's, and a fake tensor's (shapes
 #: without data: how the CUDA policies are checked without a GPU, and what Dynamo passes).
 _PLAIN_OVERRIDES = {
     "__torch_function__": {_overrides(torch.Tensor, "__torch_function__"), torch._C._disabled_torch_function_impl},
-    "__torch_dispatch__": {_overrides(torch.Tensor, "__torch_dispatch__"), _fake_tensor_dispatch()},
+    "__torch_dispatch__": {_overrides(torch.Tensor, "__torch_dispatch__"), _overrides(FakeTensor, "__torch_dispatch__")},
 }
 
 

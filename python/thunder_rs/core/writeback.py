@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from thunder_rs.core.executor_api import torch_executor
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -103,17 +104,14 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
 def _replayable_view(o):
     """``o``'s view link when ``o`` is a view through shape prims alone (which torch calls can take
     again of a real tensor), else None."""
-    from thunder_rs.torch.views import PrimStep  # noqa: PLC0415 (the torch language imports core)
-
     link = getattr(o, "_view", None) if isinstance(o, TensorProxy) else None
-    return link if link is not None and all(isinstance(step, PrimStep) for step in link.steps) else None
+    return link if link is not None and all(step.is_prim for step in link.steps) else None
 
 
 def _view_taker(steps):
     """A function taking, of a real tensor, the view ``steps`` take of its proxy."""
-    from thunder_rs.executors.torch_ex import torch_ex  # noqa: PLC0415 (executors import core)
-
-    calls = [(torch_ex.registry[step.name].fn, step.params) for step in steps]
+    registry = torch_executor().registry
+    calls = [(registry[step.name].fn, step.params) for step in steps]
 
     def take(t):
         for call, params in calls:

@@ -5,9 +5,7 @@ differentiated by autograd as plain torch calls, where eager calls the Function'
 (a straight-through estimator's, a gradient reversal's)."""
 
 from thunder_rs.core.custom_function import function_symbols
-from thunder_rs.core.executor_api import Executor, resolve_executors
-
-autograd_function_ex = Executor("autograd_function")
+from thunder_rs.core.executor_api import Executor, register_differentiable_executor
 
 
 def _applying(cls):
@@ -21,12 +19,13 @@ def _applying(cls):
     return apply
 
 
-def differentiable_executors() -> list[Executor]:
-    """The executors, in priority order, with every custom Function traced so far registered."""
+def _register_functions() -> None:
+    """Registers every custom Function traced so far (``Executor.sync``)."""
     for cls, sid in function_symbols():
         if sid not in autograd_function_ex.registry:
             autograd_function_ex.register_implementation(sid, _applying(cls), impl_name=f"apply_{cls.__name__}")
-    return resolve_executors([autograd_function_ex])
 
 
-__all__ = ["autograd_function_ex", "differentiable_executors"]
+autograd_function_ex = register_differentiable_executor(Executor("autograd_function", sync=_register_functions))
+
+__all__ = ["autograd_function_ex"]

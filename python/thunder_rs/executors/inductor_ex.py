@@ -13,7 +13,9 @@ compiled regions are shared process-wide by region key and layout. A later proce
 from thunder_rs's artifact cache (``inductor_cache``: no FX tracing, no Inductor cache key),
 and Inductor's own on-disk caches make the compile of a region missing there a cache load.
 ``stats()`` reports Inductor's one-time start-up apart from the per-region compile times, and the
-``thunder_rs.inductor`` logger (``THUNDER_RS_LOG=inductor``) tells each as it happens.
+``thunder_rs.inductor`` logger (``THUNDER_RS_LOG=inductor``) tells each as it happens. A compile
+still running after ``SLOW_COMPILE_S`` is told once per process as a WARNING on that logger, which
+Python shows without configuration: a first call that compiles for a minute must not look hung.
 
 On a GPU, Inductor compiles Triton kernels in its pool of compile workers only once the pool is
 ready, and each kernel (every autotuning configuration of a reduction) in the calling process,
@@ -21,6 +23,7 @@ one after the other, until then. ``torch.compile`` starts the pool when its back
 ``standalone_compile`` does not, so the start-up here starts it and waits for it (bounded).
 """
 
+import contextlib
 import functools
 import logging
 import os
@@ -230,6 +233,38 @@ TRITON_DEVICE_TYPES = ("cuda", "xpu")
 WORKERS_TIMEOUT_S = 90.0
 
 
+#: Seconds a start-up or region compile runs before it is told as a warning (once per process).
+SLOW_COMPILE_S = 10.0
+_slow_told = threading.Event()
+
+
+def _tell_slow(what: str) -> None:
+    _slow_told.set()
+    inductor_logger.warning(
+        "%s has been compiling for over %.0f s (a first Inductor compile in a process can take a minute on a GPU; "
+        "later processes load it from the caches). Silence with logging.getLogger(%r).setLevel(logging.ERROR); "
+        "THUNDER_RS_LOG=inductor tells every compile", what, SLOW_COMPILE_S, inductor_logger.name)
+
+
+@contextlib.contextmanager
+def _told_if_slow(what: str):
+    """Warns, while the compile inside is still running, once it has run ``SLOW_COMPILE_S``: a
+    WARNING record on the ``thunder_rs.inductor`` logger, shown on stderr by Python's last-resort
+    handler when nothing is configured (as torch's own warnings are), and silenced by that
+    logger's level. Once per process: later compiles are the same kind of wait."""
+    if _slow_told.is_set():
+        yield
+        return
+    timer = threading.Timer(SLOW_COMPILE_S, _tell_slow, (what,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()  # a warning already being written is out before the compile returns
+
+
 def _start_compile_workers(device_type: str):
     """Starts Inductor's pool of compile workers where its kernels are Triton's (unless
     ``TORCH_WARM_POOL=0`` says not to, as for ``torch.compile``); returns a function that waits
@@ -265,12 +300,13 @@ def _start(device_type: str) -> None:
         return
     inductor_logger.info("starting Inductor for %s (imports, compile workers, a first kernel)", device_type)
     start = time.perf_counter()
-    workers = _start_compile_workers(device_type)
-    device = torch.device(device_type)
-    _compile_function(lambda x: (x + 1,), [torch.zeros(8, device=device)])
-    if _artifacts_available():
-        inductor_cache.start()
-    workers_note = workers() if workers is not None else "none (kernels compile in this process)"
+    with _told_if_slow(f"thunder_rs: Inductor's start-up for {device_type} (imports, compile workers, a first kernel)"):
+        workers = _start_compile_workers(device_type)
+        device = torch.device(device_type)
+        _compile_function(lambda x: (x + 1,), [torch.zeros(8, device=device)])
+        if _artifacts_available():
+            inductor_cache.start()
+        workers_note = workers() if workers is not None else "none (kernels compile in this process)"
     _stats.startup_s[device_type] = time.perf_counter() - start
     inductor_logger.info("Inductor started for %s in %.2f s; compile workers: %s", device_type,
                          _stats.startup_s[device_type], workers_note)
@@ -287,7 +323,10 @@ def _compiled_or_eager(region, args):
         for device_type in _device_types(args) or ["cpu"]:
             _start(device_type)
         start, disk_hits, artifact_hits = time.perf_counter(), _disk_hits(), _stats.artifact_hits
-        run = _compile_function(region.function, args, region.key)
+        devices = "/".join(_device_types(args)) or "no tensors"
+        with _told_if_slow(f"thunder_rs: the Inductor region {region.name} ({len(region.symbol_names)} symbols, "
+                           f"{devices})"):
+            run = _compile_function(region.function, args, region.key)
     except Exception as e:  # noqa: BLE001 (any Inductor failure leaves the eager calls, which are exact)
         warnings.warn(f"thunder_rs inductor executor: {region.name} ({len(region.symbol_names)} symbols) runs "
                       f"eagerly: Inductor could not compile it: {type(e).__name__}: {e}", stacklevel=4)
@@ -302,7 +341,7 @@ def _compiled_or_eager(region, args):
         how = ("loaded from thunder_rs's artifact cache" if _stats.artifact_hits > artifact_hits else
                "loaded from Inductor's disk cache" if from_disk else "compiled by Inductor")
         inductor_logger.info("%s (%d symbols, %s): %s in %.2f s (region %d of this process)", region.name,
-                             len(region.symbol_names), "/".join(_device_types(args)) or "no tensors", how, seconds,
+                             len(region.symbol_names), devices, how, seconds,
                              len(_stats.compile_s))
     return run
 

@@ -25,13 +25,18 @@ def _direct(name: str, fn) -> None:
 
 
 def _number_safe(fn):
-    """Wraps a torch binary that needs tensor operands so numbers work on either side."""
+    """Wraps a torch binary that needs tensor operands so numbers work on either side, as a 0-dim
+    tensor of the other operand's dtype filled on its device (the values ``torch.tensor`` gives).
+    Never ``torch.tensor(number, device=...)``: on CUDA that copies from pageable host memory,
+    which waits for the stream on every call (the host idles until the GPU has caught up). A CPU
+    scalar would cost no kernel in eager calls, but Inductor regions trace these implementations,
+    and a fill is what every backend takes."""
 
     def impl(a, b):
         if not isinstance(a, torch.Tensor):
-            a = torch.tensor(a, dtype=b.dtype, device=b.device)
+            a = torch.full((), a, dtype=b.dtype, device=b.device)
         elif not isinstance(b, torch.Tensor):
-            b = torch.tensor(b, dtype=a.dtype, device=a.device)
+            b = torch.full((), b, dtype=a.dtype, device=a.device)
         return fn(a, b)
 
     return impl
@@ -423,4 +428,5 @@ _register_prims()
 _register_kernels()
 _register_composites()
 _declare_inplace_methods()
+torch_ex.sync = sync_fallbacks
 register_executor(torch_ex)

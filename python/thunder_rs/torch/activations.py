@@ -14,7 +14,7 @@ from thunder_rs.core.fallback import fallback
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.rng import is_random
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import abs as abs_, neg, sub, tanh, true_divide
 from thunder_rs.torch.nn import _float_op, _require_float, sigmoid, tensor_softmax
 from thunder_rs.torch.random import rrelu

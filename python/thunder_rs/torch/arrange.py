@@ -20,7 +20,7 @@ from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import start_prim_log, stop_prim_log
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import mul
 from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum

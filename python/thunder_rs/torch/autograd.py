@@ -13,7 +13,7 @@ from thunder_rs import prims
 from thunder_rs.core.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs.core.recorder import current
 from thunder_rs.errors import ThunderError
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["detach", "requires_grad_"]
 

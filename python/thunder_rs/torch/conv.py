@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from thunder_rs import prims
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution"]
 

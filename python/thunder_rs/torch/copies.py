@@ -10,7 +10,8 @@ import torch
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, check
-from thunder_rs.torch import arrange, diagonals, indexing, shape, torchsymbol, views
+from thunder_rs.torch import arrange, diagonals, indexing, shape, views
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.padding import fresh
 
 __all__: list[str] = []

@@ -16,7 +16,7 @@ from thunder_rs.core import dtypes
 from thunder_rs.core.fallback import user_fallback
 from thunder_rs.core.langctx import PROXY_CALLS
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 T = torch.Tensor
 __all__ = [

@@ -9,11 +9,11 @@ complex inputs with an error naming the op.
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core import dtypes
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import _device, _is_int
 
 T = torch.Tensor

@@ -13,7 +13,7 @@ from thunder_rs import clang, prims
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.fallback import fallback
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum
 from thunder_rs.torch.shape import _sizes, flatten, reshape_to, slice_in_dim

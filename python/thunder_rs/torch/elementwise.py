@@ -10,7 +10,7 @@ from thunder_rs.core import values
 from thunder_rs.core.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.vmap import batch_as_elementwise
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 T = torch.Tensor
 __all__ = ["where", "masked_fill", "clamp", "clamp_min", "clamp_max", "true_divide", "div", "floor_divide", "rsub"]

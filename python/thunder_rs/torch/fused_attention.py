@@ -35,7 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from thunder_rs import _core
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core import sdp_state
 from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.grad import get_grad, put_grad

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch import kernels
 from thunder_rs.torch.fused_attention import fused_attention

@@ -13,7 +13,7 @@ decomposition's logs are clamped at -100 there and pass none.
 import torch
 from torch.torch_version import TorchVersion
 
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.activations import _SELU_ALPHA, _SELU_SCALE
 from thunder_rs.torch.kernels import cast as _cast, sum_to as _sum_to

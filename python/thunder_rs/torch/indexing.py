@@ -25,7 +25,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
 
 Tensor = torch.Tensor

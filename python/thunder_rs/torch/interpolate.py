@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import prims
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["interpolate", "upsample_backward"]
 

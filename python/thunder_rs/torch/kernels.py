@@ -15,8 +15,8 @@ import math
 
 import torch
 
-from thunder_rs import torch as ltorch
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import ltorch
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.nn import _LOW_PRECISION, _target_weights, batch_norm_stats, batch_normalized, channel_dims, per_channel
 
 __all__ = [

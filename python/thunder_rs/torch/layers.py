@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from thunder_rs import prims
 from thunder_rs.core import autocast
 from thunder_rs.core.langctx import TORCH_TO_LTORCH, user_location
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["bilinear", "embedding_bag"]
 

@@ -15,7 +15,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 T = torch.Tensor
 __all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm", "flattened_product"]

@@ -23,7 +23,7 @@ from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
 from thunder_rs.errors import (ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check,
                                thunder_error_like)
-from thunder_rs.torch import register
+from thunder_rs.torch.symbols import register
 
 T = torch.Tensor
 LA = torch.linalg

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
 from thunder_rs.torch.autograd import with_zero_gradient
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
 from thunder_rs.torch.nn import _reduce, _reduction, _require_float, _sum_all, logsigmoid
 from thunder_rs.torch.special import xlogy

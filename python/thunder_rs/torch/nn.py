@@ -20,7 +20,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import tanh, where
 from thunder_rs.torch.linalg import matmul
 

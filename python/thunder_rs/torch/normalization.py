@@ -13,10 +13,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.langctx import MUTATING, TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
-from thunder_rs.torch import kernels, torchsymbol
+from thunder_rs.torch import kernels
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.inplace import assign
 from thunder_rs.torch.kernels import cast, upcast
 

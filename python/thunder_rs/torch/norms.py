@@ -12,11 +12,11 @@ import math
 import torch
 
 from thunder_rs import clang
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core import dtypes
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, sub
 from thunder_rs.torch.linalg_opaque import linalg_svdvals
 from thunder_rs.torch.reductions import _dims

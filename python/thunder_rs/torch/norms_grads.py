@@ -7,7 +7,7 @@ among the elements that attain the maximum (or are NaN).
 
 import math
 
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.reductions import _dims
 

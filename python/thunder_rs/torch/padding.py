@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from thunder_rs import prims
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.shape import clone, pad as constant_pad, slice_in_dim
 from thunder_rs.torch.views import copy_of
 

@@ -16,7 +16,7 @@ import math
 import torch
 
 from thunder_rs import prims
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.pooling import (
     adaptive_table,
     outer_product,

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import prims
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,
@@ -27,7 +27,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = [
     "max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",

@@ -11,11 +11,11 @@ import string
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core import dtypes
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation_extra import identity
 from thunder_rs.torch.elementwise import sub
 from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands, _prod

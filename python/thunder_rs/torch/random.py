@@ -28,7 +28,7 @@ from thunder_rs.core.fallback import fallback
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import _check_random_dtype, _device, _shape
 from thunder_rs.torch.nn import leaky_relu
 

@@ -16,7 +16,7 @@ from thunder_rs.core import dtypes
 from thunder_rs.errors import (
     ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check,
 )
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import maximum, minimum
 
 T = torch.Tensor

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import prims
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["affine_grid", "grid_sample"]
 

@@ -5,11 +5,11 @@ import torch
 from torch._higher_order_ops.associative_scan import associative_scan_op, generic_associative_scan
 
 from thunder_rs import clang, prims
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core import dtypes
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 T = torch.Tensor
 __all__ = ["cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "trapezoid", "cumulative_trapezoid"]

@@ -15,10 +15,10 @@ import math
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.indexing import _check_index, _check_no_larger
 from thunder_rs.torch.shape import reshape_to
 

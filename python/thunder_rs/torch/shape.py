@@ -23,7 +23,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 
 Tensor = torch.Tensor
 __all__ = [

@@ -17,7 +17,7 @@ from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
 from thunder_rs.core import dtypes
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import sign, sub
 
 T = torch.Tensor

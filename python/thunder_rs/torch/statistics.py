@@ -14,12 +14,12 @@ from typing import Any, Callable
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core import dtypes
 from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
-from thunder_rs.torch import torchsymbol
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, round as round_, sub
 
 T = torch.Tensor

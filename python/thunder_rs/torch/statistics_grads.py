@@ -6,7 +6,7 @@ kthvalue send it to the index eager's kernel returns (for ties, kthvalue's and m
 picks another than a stable sort's).
 """
 
-from thunder_rs import torch as ltorch
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 
 

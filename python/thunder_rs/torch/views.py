@@ -36,7 +36,8 @@ from thunder_rs.core.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LT
 from thunder_rs.core.proxies import TensorProxy, make_proxy
 from thunder_rs.core.recorder import start_prim_log, stop_prim_log
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, check
-from thunder_rs.torch import indexing as _indexing, shape as _shape, torchsymbol
+from thunder_rs.torch import indexing as _indexing, shape as _shape
+from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
 
 __all__ = ["slice_scatter", "select_scatter", "diagonal", "diagonal_scatter", "straight_through", "stop_gradient"]
@@ -213,6 +214,12 @@ class PrimStep(NamedTuple):
     name: str
     params: tuple
 
+    @property
+    def is_prim(self) -> bool:
+        """True: the torch executor's implementation of the prim takes the same view of a real
+        tensor (``core.writeback`` returns views of written inputs so)."""
+        return True
+
     def forward(self, parent):
         return getattr(prims, self.name)(parent, *self.params)
 
@@ -282,6 +289,7 @@ class OpaqueStep:
     refusal: str = ""
     detached: bool = False
     expands = False
+    is_prim = False
 
     def forward(self, parent):
         return self.take(parent)

@@ -1,0 +1,61 @@
+"""How an ltorch symbol is declared: ``@torchsymbol`` and ``register`` record it in core's registry
+(``core.langctx``: ``SYMBOLS``, ``TORCH_TO_LTORCH``) and in ``ltorch``, the namespace the op
+families call each other's symbols through (``ltorch.sum``).
+
+The families import this module, not the package: the package imports every family, so a family
+importing the package would close an import cycle.
+"""
+
+import functools
+import types
+
+from thunder_rs import _core
+from thunder_rs.core.langctx import PROPERTY_TO_LTORCH, SYMBOLS, TORCH_TO_LTORCH
+from thunder_rs.core.recorder import KERNEL_IDS, record_composite, record_kernel
+
+#: Every symbol as ``ltorch.<name>``, set as it is registered (``thunder_rs.torch`` exports the same).
+ltorch = types.SimpleNamespace()
+
+
+def register(symbol, sym_id: int, sym_name: str, torch_fns: tuple, *, properties: tuple[str, ...] = (),
+             sequence: bool = False, opaque: bool = False):
+    """Makes ``symbol`` ``ltorch.<name>`` for ``torch_fns`` (and tensor ``properties``): the one
+    registry the language context, the namespace and the torch executor read. ``sequence``: the
+    op returns a sequence of tensors (``unbind``), which may hold just one; ``opaque``: it has no
+    decomposition (``torch/linalg_opaque.py``)."""
+    symbol.symbol_id, symbol.symbol_name, symbol.torch_fns = sym_id, sym_name, torch_fns
+    symbol.returns_sequence, symbol.opaque = sequence, opaque
+    for torch_fn in torch_fns:
+        TORCH_TO_LTORCH[torch_fn] = symbol
+    for prop in properties:
+        PROPERTY_TO_LTORCH[prop] = symbol
+    SYMBOLS.append(symbol)
+    setattr(ltorch, sym_name.removeprefix("ltorch."), symbol)
+    return symbol
+
+
+def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False,
+                meta=None):
+    """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns`` (see ``register``).
+    A kernel (``kernels.py``) gives ``meta``, which describes its outputs as ``(shape, dtype)``
+    pairs (or returns None to have the decomposition recorded), so that it can be recorded
+    whole (``record_kernel``)."""
+
+    def decorate(fn):
+        sym_name = f"ltorch.{name or fn.__name__}"
+        sym_id = _core.register_symbol(sym_name)
+
+        if meta is None:
+            @functools.wraps(fn)
+            def symbol(*args, **kwargs):
+                return record_composite(sym_id, sym_name, fn, args, kwargs)
+        else:
+            KERNEL_IDS.add(sym_id)
+
+            @functools.wraps(fn)
+            def symbol(*args, **kwargs):
+                return record_kernel(sym_id, sym_name, fn, meta, args, kwargs)
+
+        return register(symbol, sym_id, sym_name, torch_fns, properties=properties, sequence=sequence)
+
+    return decorate
