@@ -1,5 +1,5 @@
 //! The trace parser: printing a recorded trace, parsing it and printing again gives the same text
-//! and the same trace, for every prim family; malformed text fails with the line that is wrong.
+//! and the same trace (and so does the binary form), for every prim family; malformed text fails with the line that is wrong.
 
 use trace_ir::parser::{parse_args, parse_trace, parse_value_type};
 use trace_ir::prims::{Binary, Unary};
@@ -33,6 +33,9 @@ fn assert_round_trip(trace: &Trace) {
     let parsed = parse_trace(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(print_trace(&parsed, "computation"), text);
     assert_eq!(&parsed, trace);
+    // The binary form crosses the plugin boundary: it must keep everything the text keeps.
+    let decoded = trace_ir::binary::decode(&trace_ir::binary::encode(trace)).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(&decoded, trace, "binary round trip of\n{text}");
 }
 
 #[test]
