@@ -4,11 +4,38 @@ use super::*;
 use crate::dtype::{DType, Device, DeviceKind};
 use crate::error::{ErrorKind, IrError, Result};
 use crate::ids::ValueId;
-use crate::prims::Prim;
+use crate::prims::{Operands, Prim};
 use crate::symbols::{SymbolKind, SymbolTable};
 use crate::trace::{BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
+
+/// The operands of a prim call with this signature, from its leading call arguments, when they
+/// are what the signature takes (else the arguments back, for the parser's error).
+fn operands(signature: Operands, mut call: Vec<Arg>) -> std::result::Result<Vec<Arg>, Vec<Arg>> {
+    let is_operand = |a: &Arg| matches!(a, Arg::Value(_) | Arg::Scalar(_));
+    match signature {
+        Operands::Fixed(k) if call.len() == k && call.iter().all(is_operand) => Ok(call),
+        Operands::List if call.len() == 1 => match call.pop() {
+            Some(Arg::List(items) | Arg::Tuple(items))
+                if !items.is_empty() && items.iter().all(|a| a.as_value().is_some()) =>
+            {
+                Ok(items)
+            }
+            other => Err(other.into_iter().collect()),
+        },
+        Operands::WithOptional(k) if call.len() == k + 1 && call[..k].iter().all(is_operand) => match call[k] {
+            Arg::None => {
+                call.pop();
+                Ok(call)
+            }
+            Arg::Value(_) => Ok(call),
+            _ => Err(call),
+        },
+        _ => Err(call),
+    }
+}
 
 /// The op name decode errors carry.
 const OP: &str = "trace decoder";
@@ -18,9 +45,9 @@ pub fn decode(bytes: &[u8]) -> Result<Trace> {
     let mut r = Reader { bytes, at: 0, names: Vec::new(), wire: Vec::new(), ids: Vec::new(), values: Vec::new() };
     r.header()?;
     let n = r.count()?;
-    r.names = (0..n).map(|_| r.name()).collect::<Result<_>>()?;
+    r.names = r.list(n, Reader::name)?;
     let n = r.count()?;
-    r.wire = (0..n).map(|_| r.value_kind().map(Some)).collect::<Result<_>>()?;
+    r.wire = r.list(n, |r| r.value_kind().map(Some))?;
     r.ids = vec![u32::MAX; n];
     r.values.reserve(n);
     let inputs = r.ids_list()?;
@@ -34,8 +61,18 @@ pub fn decode(bytes: &[u8]) -> Result<Trace> {
 
 /// What a name-table entry resolves to in this process.
 enum Name {
-    Prim(String),
+    Prim(PrimName),
     Symbol(Symbol),
+}
+
+/// A prim's name-table entry and what its calls decoded to so far: a trace calls few distinct
+/// prims, each with few distinct parameters, so each is decoded (by the parser's
+/// [`Prim::from_call`]) once and then found by its parameters' bytes.
+struct PrimName {
+    name: String,
+    /// The prim's signature, known once one call has decoded.
+    operands: Option<Operands>,
+    by_params: FxHashMap<Box<[u8]>, Prim>,
 }
 
 struct Reader<'a> {
@@ -69,6 +106,13 @@ impl Reader<'_> {
     }
 
     fn uint(&mut self) -> Result<u64> {
+        // Most varints (ids below 128, counts, tags) are one byte.
+        if let Some(&b) = self.bytes.get(self.at) {
+            if b < 0x80 {
+                self.at += 1;
+                return Ok(b as u64);
+            }
+        }
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
@@ -100,6 +144,16 @@ impl Reader<'_> {
         Ok(n as usize)
     }
 
+    /// `n` items read by `item` (`n` is a checked [`Reader::count`]: the allocation is bounded by
+    /// the buffer's size).
+    fn list<T>(&mut self, n: usize, mut item: impl FnMut(&mut Self) -> Result<T>) -> Result<Vec<T>> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(item(self)?);
+        }
+        Ok(out)
+    }
+
     fn str(&mut self) -> Result<String> {
         let n = self.count()?;
         let bytes = self.take(n)?;
@@ -126,14 +180,12 @@ impl Reader<'_> {
     fn name(&mut self) -> Result<Name> {
         let kind = self.byte()?;
         let name = self.str()?;
-        let symbol = |kind| Name::Symbol(Symbol::Composite(SymbolTable::register(&name, kind)));
+        let registered = |kind| SymbolTable::register(&name, kind);
         Ok(match kind {
-            NAME_PRIM => Name::Prim(name),
-            NAME_COMPOSITE => symbol(SymbolKind::Composite),
-            NAME_FALLBACK | NAME_EFFECT => {
-                let kind = if kind == NAME_EFFECT { SymbolKind::Effect } else { SymbolKind::Fallback };
-                Name::Symbol(Symbol::Fallback(SymbolTable::register(&name, kind)))
-            }
+            NAME_PRIM => Name::Prim(PrimName { name, operands: None, by_params: FxHashMap::default() }),
+            NAME_COMPOSITE => Name::Symbol(Symbol::Composite(registered(SymbolKind::Composite))),
+            NAME_FALLBACK => Name::Symbol(Symbol::Fallback(registered(SymbolKind::Fallback))),
+            NAME_EFFECT => Name::Symbol(Symbol::Fallback(registered(SymbolKind::Effect))),
             NAME_REGION => Name::Symbol(Symbol::Region(name.into())),
             other => return Err(self.error(format!("unknown name kind {other}"))),
         })
@@ -183,7 +235,7 @@ impl Reader<'_> {
                     other => return Err(self.error(format!("requires_grad is {other}, not 0 or 1"))),
                 };
                 let n = self.count()?;
-                let shape = (0..n).map(|_| self.int()).collect::<Result<_>>()?;
+                let shape = self.list(n, Reader::int)?;
                 Ok(ValueKind::Tensor(TensorMeta { dtype, device, shape, requires_grad }))
             }
             VALUE_NUMBER => {
@@ -215,7 +267,7 @@ impl Reader<'_> {
 
     fn ids_list(&mut self) -> Result<Vec<ValueId>> {
         let n = self.count()?;
-        (0..n).map(|_| self.id()).collect()
+        self.list(n, Reader::id)
     }
 
     fn arg(&mut self, depth: usize) -> Result<Arg> {
@@ -243,7 +295,7 @@ impl Reader<'_> {
 
     fn args(&mut self, depth: usize) -> Result<Vec<Arg>> {
         let n = self.count()?;
-        (0..n).map(|_| self.arg(depth)).collect()
+        self.list(n, |r| r.arg(depth))
     }
 
     fn bsyms(&mut self, depth: usize) -> Result<Vec<BoundSymbol>> {
@@ -251,7 +303,7 @@ impl Reader<'_> {
             return Err(self.error(format!("decompositions nested deeper than {MAX_DEPTH}")));
         }
         let n = self.count()?;
-        (0..n).map(|_| self.bsym(depth)).collect()
+        self.list(n, |r| r.bsym(depth))
     }
 
     fn bsym(&mut self, depth: usize) -> Result<BoundSymbol> {
@@ -259,18 +311,12 @@ impl Reader<'_> {
         if index >= self.names.len() {
             return Err(self.error(format!("name {index} is not in the table of {} names", self.names.len())));
         }
-        let args = self.args(depth)?;
         let (symbol, args) = match &self.names[index] {
-            Name::Symbol(symbol) => (symbol.clone(), args),
-            Name::Prim(name) => {
-                let at = self.at;
-                let (prim, operands) = Prim::from_call(name, args)
-                    .map_err(|e| IrError::new(e.kind, OP, format!("byte {at}: {}: {}", e.op, e.message)))?;
-                (Symbol::Prim(prim), operands)
-            }
+            Name::Symbol(symbol) => (symbol.clone(), self.args(depth)?),
+            Name::Prim(_) => self.prim_call(index, depth)?,
         };
         let n = self.count()?;
-        let kwargs = (0..n).map(|_| Ok((self.str()?, self.arg(depth)?))).collect::<Result<_>>()?;
+        let kwargs = self.list(n, |r| Ok((r.str()?, r.arg(depth)?)))?;
         let subsymbols = self.bsyms(depth + 1)?;
         let outputs = self.ids_list()?;
         let grad = match self.byte()? {
@@ -281,12 +327,57 @@ impl Reader<'_> {
         Ok(BoundSymbol { symbol, args, kwargs, outputs, subsymbols, grad })
     }
 
+    /// A prim call: its printed call arguments, decoded into the prim and its operands.
+    fn prim_call(&mut self, index: usize, depth: usize) -> Result<(Symbol, Vec<Arg>)> {
+        let n = self.count()?;
+        let Name::Prim(PrimName { operands: Some(signature), .. }) = &self.names[index] else {
+            let call = self.list(n, |r| r.arg(depth))?;
+            return self.prim_from_call(index, call, None);
+        };
+        let signature = *signature;
+        let leading = match signature {
+            Operands::Fixed(k) => k,
+            Operands::List => 1,
+            Operands::WithOptional(k) => k + 1,
+        };
+        let mut call = Vec::with_capacity(n);
+        for _ in 0..leading.min(n) {
+            call.push(self.arg(depth)?);
+        }
+        let start = self.at;
+        for _ in leading.min(n)..n {
+            call.push(self.arg(depth)?);
+        }
+        let Name::Prim(entry) = &self.names[index] else { unreachable!("checked above") };
+        let params = &self.bytes[start..self.at];
+        match entry.by_params.get(params) {
+            Some(prim) if n >= leading => match operands(signature, call) {
+                Ok(operands) => Ok((Symbol::Prim(prim.clone()), operands)),
+                Err(call) => self.prim_from_call(index, call, None),
+            },
+            _ => self.prim_from_call(index, call, Some(start)),
+        }
+    }
+
+    /// Decodes a prim call the parser's way (its errors are the parser's), and remembers the
+    /// prim by its parameters' bytes (from `params_at` to here) when they are known.
+    fn prim_from_call(&mut self, index: usize, call: Vec<Arg>, params_at: Option<usize>) -> Result<(Symbol, Vec<Arg>)> {
+        let Name::Prim(entry) = &mut self.names[index] else { unreachable!("only prim entries get here") };
+        let (prim, operands) = Prim::from_call(&entry.name, call)
+            .map_err(|e| IrError::new(e.kind, OP, format!("byte {}: {}: {}", self.at, e.op, e.message)))?;
+        entry.operands = Some(prim.operands());
+        if let Some(start) = params_at {
+            entry.by_params.insert(self.bytes[start..self.at].into(), prim.clone());
+        }
+        Ok((Symbol::Prim(prim), operands))
+    }
+
     fn grad_rule(&mut self, depth: usize) -> Result<GradRule> {
         let n = self.count()?;
-        let cotangents = (0..n).map(|_| Ok((self.id()?, self.id()?))).collect::<Result<_>>()?;
+        let cotangents = self.list(n, |r| Ok((r.id()?, r.id()?)))?;
         let bsyms = self.bsyms(depth)?;
         let n = self.count()?;
-        let grads = (0..n).map(|_| Ok((self.id()?, self.arg(depth)?))).collect::<Result<_>>()?;
+        let grads = self.list(n, |r| Ok((r.id()?, r.arg(depth)?)))?;
         Ok(GradRule { cotangents, bsyms, grads })
     }
 }

@@ -3,6 +3,7 @@
 use super::*;
 use crate::dtype::{Device, DeviceKind};
 use crate::ids::{SymbolId, ValueId};
+use crate::prims::{Operands, Prim};
 use crate::symbols::{SymbolKind, SymbolTable};
 use crate::trace::{BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
@@ -182,6 +183,29 @@ impl Writer {
         args.iter().for_each(|a| self.arg(a));
     }
 
+    /// A prim's parameters live in the `Prim`: they cross as its printed call arguments
+    /// ([`Prim::call_args`]), written without building them.
+    fn prim_call(&mut self, prim: &Prim, operands: &[Arg]) {
+        let params = prim.params();
+        match prim.operands() {
+            Operands::List => {
+                self.uint(1 + params.len() as u64);
+                self.out.push(ARG_LIST);
+                self.args(operands);
+            }
+            Operands::WithOptional(k) if operands.len() == k => {
+                self.uint((k + 1 + params.len()) as u64);
+                operands.iter().for_each(|a| self.arg(a));
+                self.out.push(ARG_NONE);
+            }
+            _ => {
+                self.uint((operands.len() + params.len()) as u64);
+                operands.iter().for_each(|a| self.arg(a));
+            }
+        }
+        params.iter().for_each(|a| self.arg(a));
+    }
+
     fn bsyms(&mut self, bsyms: &[BoundSymbol]) {
         self.uint(bsyms.len() as u64);
         bsyms.iter().for_each(|b| self.bsym(b));
@@ -192,8 +216,7 @@ impl Writer {
         let name = self.names.index(&bsym.symbol);
         self.uint(name as u64);
         match &bsym.symbol {
-            // A prim's parameters live in the `Prim`: they cross as its printed call arguments.
-            Symbol::Prim(p) => self.args(&p.call_args(&bsym.args)),
+            Symbol::Prim(p) => self.prim_call(p, &bsym.args),
             _ => self.args(&bsym.args),
         }
         self.uint(bsym.kwargs.len() as u64);
