@@ -63,8 +63,9 @@ fn everything() -> Trace {
         ..parse_value_type("cuda:1 f32[2, 3]").unwrap().as_tensor().unwrap().clone()
     }));
     let n = b.add_input(parse_value_type("float -2.5").unwrap());
-    let (args, kwargs) = parse_args("t0, 1, dim=-1, name='a\\'b', dtype=torch.bfloat16, s=slice(None, 3, ...), c=[1, (2.0, False)]")
-        .unwrap();
+    let (args, kwargs) =
+        parse_args("t0, 1, dim=-1, name='a\\'b', dtype=torch.bfloat16, s=slice(None, 3, ...), c=[1, (2.0, False)]")
+            .unwrap();
     b.begin_composite(SymbolTable::register("ltorch.binary_test_op", SymbolKind::Composite), args, kwargs);
     let e = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
     let cot = b.get_grad(e).unwrap();
@@ -96,8 +97,9 @@ fn every_kind_of_symbol_argument_and_grad_rule_round_trips() {
 
 #[test]
 fn values_are_renumbered_in_definition_order() {
-    let trace = parse_trace("def f(t0):\n  # t0: \"cpu f32[2]\"\n  t1 = prims.exp(t0)\n  t2 = prims.neg(t1)\n  return t2\n")
-        .unwrap();
+    let trace =
+        parse_trace("def f(t0):\n  # t0: \"cpu f32[2]\"\n  t1 = prims.exp(t0)\n  t2 = prims.neg(t1)\n  return t2\n")
+            .unwrap();
     // The same calls with the neg's output numbered first and an unused value left behind, as
     // a rewrite leaves them.
     let mut values = (*trace.values).clone();
@@ -105,7 +107,12 @@ fn values_are_renumbered_in_definition_order() {
     values.push(values[0].clone());
     let exp = BoundSymbol { outputs: vec![ValueId(2)], ..trace.bsyms[0].clone() };
     let neg = BoundSymbol { args: vec![Arg::Value(ValueId(2))], outputs: vec![ValueId(1)], ..trace.bsyms[1].clone() };
-    let shuffled = Trace { values: Arc::new(values), inputs: vec![ValueId(0)], bsyms: vec![exp, neg], outputs: Arg::Value(ValueId(1)) };
+    let shuffled = Trace {
+        values: Arc::new(values),
+        inputs: vec![ValueId(0)],
+        bsyms: vec![exp, neg],
+        outputs: Arg::Value(ValueId(1)),
+    };
     assert_eq!(decode(&encode(&shuffled)).unwrap(), trace);
 }
 
