@@ -69,23 +69,19 @@ impl PluginPass {
             unsafe { std::slice::from_raw_parts(out.ptr, out.len) }
         };
         let name = &self.name;
+        // What the plugin returned is its fault, whatever the kind of the error that finds it.
+        let misbehaved = |what: &str, e: IrError| {
+            IrError::new(ErrorKind::Runtime, "plugin pass", format!("pass {name} returned {what}: {e}"))
+        };
         let result = match status {
-            STATUS_OK => binary::decode(answer)
-                .map_err(|e| {
-                    IrError::new(
-                        e.kind,
-                        "plugin pass",
-                        format!("pass {name} returned a trace thunder_rs cannot read: {e}"),
-                    )
-                })
-                .and_then(|trace| {
+            STATUS_OK => {
+                binary::decode(answer).map_err(|e| misbehaved("a trace thunder_rs cannot read", e)).and_then(|trace| {
                     // Always, whatever `THUNDER_RS_VERIFY` says: the metadata crossed as the
                     // plugin computed it, and a wrong shape would run (0.25 us per symbol).
-                    verify(&trace).map_err(|e| {
-                        IrError::new(e.kind, "plugin pass", format!("pass {name} returned an invalid trace: {e}"))
-                    })?;
+                    verify(&trace).map_err(|e| misbehaved("an invalid trace", e))?;
                     Ok(trace)
-                }),
+                })
+            }
             STATUS_PANIC => Err(IrError::new(ErrorKind::Runtime, "plugin pass", String::from_utf8_lossy(answer))),
             _ => Err(IrError::new(
                 ErrorKind::Runtime,
