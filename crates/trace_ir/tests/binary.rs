@@ -83,7 +83,7 @@ fn everything() -> Trace {
     let mut bsyms = trace.bsyms.clone();
     let last = bsyms.pop().unwrap();
     let mut region = BoundSymbol::new(Symbol::Region(Arc::from("inductor_fusion0")), vec![Arg::Value(f)], vec![s]);
-    region.subsymbols = vec![last];
+    region.subsymbols = vec![last].into();
     bsyms.push(region);
     trace.with_bsyms(bsyms, trace.outputs.clone())
 }

@@ -321,10 +321,10 @@ impl Reader<'_> {
         let outputs = self.ids_list()?;
         let grad = match self.byte()? {
             0 => None,
-            1 => Some(Box::new(self.grad_rule(depth + 1)?)),
+            1 => Some(std::sync::Arc::new(self.grad_rule(depth + 1)?)),
             other => return Err(self.error(format!("grad rule flag {other}, not 0 or 1"))),
         };
-        Ok(BoundSymbol { symbol, args, kwargs, outputs, subsymbols, grad })
+        Ok(BoundSymbol { symbol, args, kwargs, outputs, subsymbols: subsymbols.into(), grad })
     }
 
     /// A prim call: its printed call arguments, decoded into the prim and its operands.
