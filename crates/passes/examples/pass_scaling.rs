@@ -1,13 +1,18 @@
 //! Pass-scaling benchmark: time of each pass on synthetic traces of 1k, 10k and 100k bound
 //! symbols, per bound symbol. Run with `cargo run --release -p passes --example pass_scaling`.
 //!
-//! The synthetic program is a chain of elementwise prims over two inputs in which every third
-//! step recomputes an earlier value (work for CSE) and every fifth step is never used (work for
+//! The synthetic program (`trace_ir::testing::synthetic_chain`) is a chain of elementwise prims over two
+//! inputs in which every third step recomputes an earlier value (work for CSE) and every fifth step is never used (work for
 //! DCE), so both passes do real rewriting at every size. Both inputs require grad, so the VJP
 //! pass differentiates the whole chain, and the split then chooses residuals over it (`split`
 //! times the split alone, from a joint trace built beforehand). `partition` groups the chain
 //! for a fusion executor that claims every symbol but each seventh (a stand-in for a matmul it
 //! leaves to torch), so regions are cut and placed around unfused symbols throughout.
+//!
+//! The `composite` rows run the same program with each step recorded as a composite call whose
+//! decomposition negates its first operand twice before the step's prim (as ltorch symbols
+//! carry their prims), and `clone` times cloning the whole trace: what every pass that keeps a
+//! bound symbol, and the manager at every stage, pays for decompositions.
 
 use passes::claim::Assignment;
 use passes::cse::cse;
@@ -16,30 +21,8 @@ use passes::vjp::vjp;
 use passes::{Pass, PassCx};
 use std::time::Instant;
 use trace_ir::pysrc::Callee;
-use trace_ir::{Arg, DType, Device, TensorMeta, Trace, TraceBuilder, ValueKind};
-
-fn synthetic(n: usize) -> Trace {
-    let mut b = TraceBuilder::new();
-    let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![16, 16]) };
-    let x = b.add_input(ValueKind::Tensor(meta.clone()));
-    let y = b.add_input(ValueKind::Tensor(meta));
-    let (mut live, mut previous) = (x, y);
-    for i in 0..n {
-        let out = match i % 5 {
-            0 => b.record_prim("exp", vec![Arg::Value(previous)]),
-            1 => b.record_prim("add", vec![Arg::Value(live), Arg::Value(y)]),
-            2 => b.record_prim("exp", vec![Arg::Value(previous)]), // duplicates step 0
-            3 => b.record_prim("mul", vec![Arg::Value(live), Arg::Value(live)]),
-            _ => b.record_prim("sin", vec![Arg::Value(x)]), // dead
-        }
-        .expect("synthetic prims are valid")[0];
-        if i % 5 != 4 {
-            previous = live;
-            live = out;
-        }
-    }
-    b.finish(Arg::Value(live)).expect("synthetic trace is complete")
-}
+use trace_ir::testing::synthetic_chain_of;
+use trace_ir::Trace;
 
 /// Every symbol but each seventh claimed by fusion executor 0.
 fn assignments(trace: &Trace) -> Vec<Assignment> {
@@ -65,12 +48,14 @@ fn main() {
     let passes: [Pass; 3] = [("dce", dce), ("cse", cse), ("vjp", vjp)];
     let cx = PassCx { verify: false, dump: Vec::new() };
     println!("{:>8}  {:>9}  {:>12}  {:>14}", "bsyms", "pass", "median (ms)", "per bsym (µs)");
-    for n in [1_000, 10_000, 100_000] {
-        let trace = synthetic(n);
+    for (n, composite) in [(1_000, false), (10_000, false), (100_000, false), (10_000, true)] {
+        let trace = synthetic_chain_of(n, composite);
         let repeats = if n >= 100_000 { 5 } else { 21 };
+        let label = if composite { "composite" } else { "" };
         let report = |name: &str, seconds: f64| {
-            println!("{:>8}  {:>9}  {:>12.3}  {:>14.3}", n, name, seconds * 1e3, seconds * 1e6 / n as f64)
+            println!("{:>8}  {:>9}  {:>12.3}  {:>14.3}  {label}", n, name, seconds * 1e3, seconds * 1e6 / n as f64)
         };
+        report("clone", median_seconds(repeats, || drop(std::hint::black_box(trace.clone()))));
         for pass in &passes {
             report(pass.0, median_seconds(repeats, || drop((pass.1)(&trace, &cx).expect("pass succeeds"))));
         }

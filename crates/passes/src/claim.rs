@@ -117,7 +117,7 @@ fn claim_one(
     if bsym.subsymbols.is_empty() {
         bail!(NotImplemented, bsym.symbol.qualified_name(), "no executor implements this symbol");
     }
-    for sub in &bsym.subsymbols {
+    for sub in bsym.subsymbols.iter() {
         claim_one(sub, executors, checker, bsyms, assignments)?;
     }
     Ok(())
@@ -134,7 +134,7 @@ fn decomposition_claimed(
     if !matches!(bsym.symbol, Symbol::Composite(_)) || bsym.subsymbols.is_empty() {
         return Ok(false);
     }
-    for sub in &bsym.subsymbols {
+    for sub in bsym.subsymbols.iter() {
         let claimed = match &sub.symbol {
             Symbol::Prim(_) => match executor.impls.get(&SymKey::of(&sub.symbol)) {
                 Some(spec) => !spec.has_checker || checker(index, sub)?,
@@ -199,7 +199,7 @@ mod tests {
         let prims = b.finish(Arg::Value(s)).unwrap();
         let id = SymbolTable::register("ltorch.test_exp_sin", SymbolKind::Composite);
         let mut composite = BoundSymbol::new(Symbol::Composite(id), vec![Arg::Value(x)], vec![s]);
-        composite.subsymbols = prims.bsyms.clone();
+        composite.subsymbols = prims.bsyms.as_slice().into();
         let trace = prims.with_bsyms(vec![composite], Arg::Value(s));
         let mut torch = executor("torch", false, &["exp", "sin"]);
         let whole = Callee::function("torch_exp_sin");

@@ -62,7 +62,7 @@ pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
     // gradients): eager gives separate memory, which a caller may write to one at a time.
     let returns = |b: &BoundSymbol| b.outputs.iter().any(|o| returned.contains(o));
     for bsym in &trace.bsyms {
-        let renamed = if subst.is_empty() { bsym.clone() } else { bsym.renamed(&subst) };
+        let renamed = bsym.renamed(&subst);
         if !is_pure_deep(&renamed) {
             kept.push(renamed);
             continue;

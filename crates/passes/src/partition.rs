@@ -356,7 +356,7 @@ impl RegionMarks {
             }
         }
         let mut region = BoundSymbol::new(Symbol::Region(name), inputs.into_iter().map(Arg::Value).collect(), outputs);
-        region.subsymbols = subsymbols;
+        region.subsymbols = subsymbols.into();
         region
     }
 }

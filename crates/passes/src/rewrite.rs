@@ -491,7 +491,7 @@ fn call_view(bsym: &BoundSymbol) -> Option<CallView> {
         return None;
     }
     let mut leaf = bsym;
-    while let [only] = leaf.subsymbols.as_slice() {
+    while let [only] = &leaf.subsymbols[..] {
         leaf = only;
     }
     match &leaf.symbol {
@@ -557,33 +557,13 @@ fn bind(bindings: &mut Vec<(&'static str, Binding)>, name: &'static str, binding
     }
 }
 
-/// Whether `bsym` reads any value of `subst` at any depth (renaming copies every argument, which
-/// costs more than the check).
-fn reads_any(bsym: &BoundSymbol, subst: &FxHashMap<ValueId, ValueId>) -> bool {
-    if subst.is_empty() {
-        return false;
-    }
-    let mut found = false;
-    bsym.for_each_input(|v| found |= subst.contains_key(&v));
-    found
-        || bsym.subsymbols.iter().any(|s| reads_any(s, subst))
-        || bsym.grad.as_ref().is_some_and(|rule| {
-            rule.bsyms.iter().any(|s| reads_any(s, subst))
-                || rule.grads.iter().any(|(_, g)| {
-                    let mut hit = false;
-                    g.for_each_value(&mut |v| hit |= subst.contains_key(&v));
-                    hit
-                })
-        })
-}
-
 /// Applies `rules` to `trace` in one forward sweep (see the module docs), then removes the
 /// calls left dead. Returns the rewritten trace and how often each rule fired. A rule whose
 /// pattern names no prim is an error (see [`check`]).
 pub fn rewrite(trace: &Trace, rules: &[Rule], _cx: &PassCx) -> Result<(Trace, RewriteReport)> {
     let mut sweep = Sweep::new(trace, rules)?;
     for bsym in &trace.bsyms {
-        let renamed = if reads_any(bsym, &sweep.subst) { bsym.renamed(&sweep.subst) } else { bsym.clone() };
+        let renamed = bsym.renamed(&sweep.subst);
         sweep.visit(renamed, rules, 0)?;
     }
     let subst = &sweep.subst;

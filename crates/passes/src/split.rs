@@ -182,7 +182,7 @@ fn choose_residuals(
                 heap.push(i);
             }
         });
-        recomputed.push(BoundSymbol { subsymbols: Vec::new(), grad: None, ..bsym.clone() });
+        recomputed.push(BoundSymbol { subsymbols: Default::default(), grad: None, ..bsym.clone() });
     }
     residuals.sort_unstable();
     (residuals, recomputed)

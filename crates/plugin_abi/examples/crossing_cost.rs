@@ -1,12 +1,15 @@
 //! The cost of crossing the plugin boundary: an identity pass run through a [`PluginTable`] the
-//! way `thunder_rs.load_passes` runs it (encode, the plugin's parse and print, parse again), on
-//! the synthetic traces of `make bench-passes` (its 10k-symbol size is the target: <= 1 us per
-//! bound symbol). Run with `cargo run --release -p plugin_abi --example crossing_cost`.
+//! way `thunder_rs.load_passes` runs it (the host encodes, the plugin decodes and encodes, the
+//! host decodes), on the synthetic traces of `make bench-passes` (its 10k-symbol size is the
+//! target: <= 1 us per bound symbol), with the text form's cost beside it. Run with
+//! `cargo run --release -p plugin_abi --example crossing_cost`.
 
-use plugin_abi::{encode, pass_entry, plugin_table, Buffer, PassEntry, PluginTable, STATUS_OK};
+use plugin_abi::{encode_text, pass_entry, plugin_table, Buffer, PassEntry, PluginTable, STATUS_OK};
 use std::time::Instant;
+use trace_ir::binary::{decode, encode};
 use trace_ir::parser::parse_trace;
-use trace_ir::{Arg, DType, Device, Result, TensorMeta, Trace, TraceBuilder, ValueKind};
+use trace_ir::testing::synthetic_chain;
+use trace_ir::{Result, Trace};
 
 fn identity(trace: &Trace) -> Result<Trace> {
     Ok(trace.clone())
@@ -15,76 +18,88 @@ fn identity(trace: &Trace) -> Result<Trace> {
 static PASSES: [PassEntry; 1] = [pass_entry!("identity", "program", identity)];
 static TABLE: PluginTable = plugin_table!(PASSES);
 
-/// The chain of `crates/passes/examples/pass_scaling.rs` (kept in step with it by hand), after
-/// DCE would have run there: the dead `sin`s are kept, as the acquired trace has them.
-fn synthetic(n: usize) -> Trace {
-    let mut b = TraceBuilder::new();
-    let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![16, 16]) };
-    let x = b.add_input(ValueKind::Tensor(meta.clone()));
-    let y = b.add_input(ValueKind::Tensor(meta));
-    let (mut live, mut previous) = (x, y);
-    for i in 0..n {
-        let out = match i % 5 {
-            0 => b.record_prim("exp", vec![Arg::Value(previous)]),
-            1 => b.record_prim("add", vec![Arg::Value(live), Arg::Value(y)]),
-            2 => b.record_prim("exp", vec![Arg::Value(previous)]),
-            3 => b.record_prim("mul", vec![Arg::Value(live), Arg::Value(live)]),
-            _ => b.record_prim("sin", vec![Arg::Value(x)]),
-        }
-        .expect("synthetic prims are valid")[0];
-        if i % 5 != 4 {
-            previous = live;
-            live = out;
-        }
-    }
-    b.finish(Arg::Value(live)).expect("synthetic trace is complete")
-}
-
 /// One crossing, as the host does it.
 fn cross(trace: &Trace) -> Trace {
-    let text = encode(trace);
+    let input = encode(trace);
     let mut out = Buffer::empty();
-    let entry = &PASSES[0];
     // SAFETY: the input is live for the call and `out` is writable.
-    let status = unsafe { (entry.run)(text.as_ptr(), text.len(), &mut out) };
+    let status = unsafe { (PASSES[0].run)(input.as_ptr(), input.len(), &mut out) };
     // SAFETY: the plugin hands back `len` bytes it owns until `free`.
-    let answer = std::str::from_utf8(unsafe { std::slice::from_raw_parts(out.ptr, out.len) }).unwrap().to_owned();
+    let answer = unsafe { std::slice::from_raw_parts(out.ptr, out.len) };
+    assert_eq!(status, STATUS_OK, "{}", String::from_utf8_lossy(answer));
+    let trace = decode(answer).expect("the host reads what the plugin encoded");
     // SAFETY: freed once, by the table that allocated it.
     unsafe { (TABLE.free)(out) };
-    assert_eq!(status, STATUS_OK, "{answer}");
-    parse_trace(&answer).expect("the host reads what the plugin printed")
+    trace
+}
+
+/// The CPU time this thread has run, in seconds (Linux's `CLOCK_THREAD_CPUTIME_ID`); `None`
+/// elsewhere.
+#[cfg(target_os = "linux")]
+fn cpu_seconds() -> Option<f64> {
+    #[repr(C)]
+    struct Timespec {
+        seconds: i64,
+        nanoseconds: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, time: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut time = Timespec { seconds: 0, nanoseconds: 0 };
+    // SAFETY: a valid clock id and a writable timespec (64-bit Linux's layout).
+    let ok = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut time) } == 0;
+    ok.then_some(time.seconds as f64 + time.nanoseconds as f64 * 1e-9)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn cpu_seconds() -> Option<f64> {
+    None
+}
+
+/// The fastest of `repeats` runs of `run`, in seconds of wall time and (where it can be read) of
+/// CPU time: on a shared machine the wall time counts the time other processes held the core.
+fn fastest(repeats: usize, mut run: impl FnMut()) -> (f64, f64) {
+    let mut times: Vec<(f64, f64)> = (0..repeats)
+        .map(|_| {
+            let (start, cpu) = (Instant::now(), cpu_seconds());
+            run();
+            let wall = start.elapsed().as_secs_f64();
+            (wall, cpu.zip(cpu_seconds()).map_or(wall, |(a, b)| b - a))
+        })
+        .collect();
+    let wall = times.iter().map(|t| t.0).fold(f64::INFINITY, f64::min);
+    times.sort_by(|a, b| a.1.total_cmp(&b.1));
+    (wall, times[0].1)
 }
 
 fn main() {
     for n in [1_000, 10_000, 100_000] {
-        let trace = synthetic(n);
-        let symbols = trace.bsyms.len();
+        let trace = synthetic_chain(n);
+        let symbols = trace.bsyms.len() as f64;
         assert_eq!(cross(&trace), trace, "an identity crossing returns the same trace");
-        let repeats = if n > 10_000 { 3 } else { 11 };
-        let mut times: Vec<f64> = (0..repeats)
-            .map(|_| {
-                let start = Instant::now();
-                std::hint::black_box(cross(&trace));
-                start.elapsed().as_secs_f64()
-            })
-            .collect();
-        times.sort_by(|a, b| a.total_cmp(b));
-        let median = times[times.len() / 2];
-        let text = encode(&trace);
-        let start = Instant::now();
-        std::hint::black_box(encode(&trace));
-        let encode_s = start.elapsed().as_secs_f64();
-        let start = Instant::now();
-        std::hint::black_box(parse_trace(&text).expect("round trip"));
-        let parse_s = start.elapsed().as_secs_f64();
+        let repeats = if n > 10_000 { 7 } else { 51 };
+        let (wall, cpu) = fastest(repeats, || drop(std::hint::black_box(cross(&trace))));
+        let bytes = encode(&trace);
+        let (_, encode_s) = fastest(repeats, || drop(std::hint::black_box(encode(&trace))));
+        let (_, decode_s) = fastest(repeats, || drop(std::hint::black_box(decode(&bytes).expect("round trip"))));
+        let (_, verify_s) = fastest(repeats, || trace_ir::verify::verify(&trace).expect("valid"));
+        let text = encode_text(&trace);
+        let (_, text_s) = fastest(3, || {
+            drop(std::hint::black_box(parse_trace(&encode_text(&trace)).expect("round trip")));
+        });
+        let us = |seconds: f64| seconds * 1e6 / symbols;
         println!(
-            "{symbols:>7} symbols: identity crossing {:8.3} ms, {:6.3} us/symbol ({} bytes of text; \
-             one encode {:.3} us/symbol, one parse {:.3} us/symbol)",
-            median * 1e3,
-            median * 1e6 / symbols as f64,
+            "{n:>7} symbols: identity crossing {:.3} us/symbol CPU ({:.3} wall), {} bytes; one encode {:.3}, one \
+             decode {:.3}, one verify {:.3} us/symbol; as text, one print+parse {:.3} us/symbol, {} bytes",
+            us(cpu),
+            us(wall),
+            bytes.len(),
+            us(encode_s),
+            us(decode_s),
+            us(verify_s),
+            us(text_s),
             text.len(),
-            encode_s * 1e6 / symbols as f64,
-            parse_s * 1e6 / symbols as f64
         );
     }
 }

@@ -3,10 +3,11 @@
 //! by `thunder_rs.load_passes`.
 //!
 //! Nothing Rust-specific crosses it, so the plugin and thunder_rs need not be built by the same
-//! compiler, share an allocator or link the same copy of `trace_ir`: a trace crosses as the text
-//! [`trace_ir::parser::parse_trace`] reads (the printer's form), every buffer is freed by the side
-//! that allocated it (the plugin's buffers through [`PluginTable::free`]), and a panic never
-//! unwinds across it ([`run_text_pass`] catches it on the plugin side).
+//! compiler, share an allocator or link the same copy of `trace_ir`: a trace crosses in the
+//! versioned binary form of [`trace_ir::binary`] (its values renumbered in definition order by the
+//! decoder; the printed text, [`encode_text`], stays for people), every buffer is freed by the
+//! side that allocated it (the plugin's buffers through [`PluginTable::free`]), and a panic never
+//! unwinds across it ([`run_pass`] catches it on the plugin side).
 //!
 //! A plugin declares its passes with [`pass_entry!`] and its table with [`plugin_table!`]:
 //!
@@ -22,17 +23,19 @@
 //! assert_eq!(TABLE.abi_version, plugin_abi::ABI_VERSION);
 //! ```
 
+#![deny(missing_docs)]
+
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use trace_ir::parser::parse_trace;
-use trace_ir::{Arg, BoundSymbol, ValueId};
+use trace_ir::{binary, Arg, BoundSymbol, ValueId};
 #[doc(hidden)]
 pub use trace_ir::{Result as IrResult, Trace};
 
 /// The version of the table's layout and of the trace encoding; bumped on any change to either.
-pub const ABI_VERSION: u32 = 1;
+/// Version 1 crossed as text; 2 crosses in [`trace_ir::binary`]'s format version 1.
+pub const ABI_VERSION: u32 = 2;
 
 /// The name of the capsule holding a `*const PluginTable`.
 pub const CAPSULE_NAME: &CStr = c"thunder_rs.plugin_table";
@@ -41,7 +44,7 @@ pub const CAPSULE_NAME: &CStr = c"thunder_rs.plugin_table";
 /// where `jit(fn, passes=[...])` runs passes), `forward` and `backward` on the halves after the split.
 pub const PLUGIN_STAGES: &[&str] = &["program", "forward", "backward"];
 
-/// What a pass run returns: the new trace's text, or an error.
+/// What a pass run returns: the new trace, encoded, or an error.
 pub const STATUS_OK: i32 = 0;
 /// The pass returned an error; the buffer holds its message.
 pub const STATUS_ERROR: i32 = 1;
@@ -52,7 +55,7 @@ pub const STATUS_PANIC: i32 = 2;
 #[repr(C)]
 #[derive(Debug)]
 pub struct Buffer {
-    /// The bytes (UTF-8); null when `len` is 0.
+    /// The bytes (an encoded trace, or a UTF-8 message); null when `len` is 0.
     pub ptr: *mut u8,
     /// Their count.
     pub len: usize,
@@ -61,7 +64,12 @@ pub struct Buffer {
 impl Buffer {
     /// A buffer owning `text`'s bytes, freed by [`free_buffer`] in the same library.
     pub fn from_string(text: String) -> Buffer {
-        let bytes = text.into_bytes().into_boxed_slice();
+        Buffer::from_bytes(text.into_bytes())
+    }
+
+    /// A buffer owning `bytes`, freed by [`free_buffer`] in the same library.
+    pub fn from_bytes(bytes: Vec<u8>) -> Buffer {
+        let bytes = bytes.into_boxed_slice();
         let len = bytes.len();
         Buffer { ptr: Box::into_raw(bytes).cast(), len }
     }
@@ -72,8 +80,8 @@ impl Buffer {
     }
 }
 
-/// Runs a pass: reads `len` bytes of trace text at `input`, writes the result (trace text or
-/// error message, per the returned status) to `*out`.
+/// Runs a pass: reads the `len` bytes of an encoded trace at `input`, writes the result (the
+/// encoded trace, or the error message, per the returned status) to `*out`.
 pub type RunFn = unsafe extern "C" fn(input: *const u8, len: usize, out: *mut Buffer) -> i32;
 
 /// Frees a [`Buffer`] the plugin allocated.
@@ -110,10 +118,10 @@ unsafe impl Sync for PassEntry {}
 // SAFETY: as above.
 unsafe impl Sync for PluginTable {}
 
-/// Frees a buffer made by [`Buffer::from_string`] in this copy of the crate.
+/// Frees a buffer made by [`Buffer::from_bytes`] in this copy of the crate.
 ///
 /// # Safety
-/// `buffer` came from [`Buffer::from_string`] in the same library and is freed once.
+/// `buffer` came from [`Buffer::from_bytes`] in the same library and is freed once.
 pub unsafe extern "C" fn free_buffer(buffer: Buffer) {
     if !buffer.ptr.is_null() {
         // SAFETY: per the contract, the pointer and length are those of a leaked boxed slice.
@@ -121,33 +129,36 @@ pub unsafe extern "C" fn free_buffer(buffer: Buffer) {
     }
 }
 
-/// The plugin side of a pass run: parses the input text, runs `pass` with panics caught, and
-/// writes the printed result or the error into `*out`.
+/// The plugin side of a pass run: decodes the input, runs `pass` with panics caught, and writes
+/// the encoded result or the error into `*out`.
 ///
 /// # Safety
 /// `input` points at `len` readable bytes; `out` is writable.
-pub unsafe fn run_text_pass(
+pub unsafe fn run_pass(
     name: &str,
     pass: fn(&Trace) -> trace_ir::Result<Trace>,
     input: *const u8,
     len: usize,
     out: *mut Buffer,
 ) -> i32 {
-    // SAFETY: per the contract.
-    let bytes = unsafe { std::slice::from_raw_parts(input, len) };
-    let result = catch_unwind(AssertUnwindSafe(|| -> Result<String, String> {
-        let text = std::str::from_utf8(bytes).map_err(|e| format!("the trace text is not UTF-8: {e}"))?;
-        let trace = parse_trace(text).map_err(|e| format!("the plugin could not read the trace: {e}"))?;
+    let bytes = if len == 0 {
+        &[][..]
+    } else {
+        // SAFETY: per the contract.
+        unsafe { std::slice::from_raw_parts(input, len) }
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| -> Result<Vec<u8>, String> {
+        let trace = binary::decode(bytes).map_err(|e| format!("the plugin could not read the trace: {e}"))?;
         let trace = pass(&trace).map_err(|e| e.to_string())?;
-        Ok(encode(&trace))
+        Ok(binary::encode(&trace))
     }));
-    let (status, text) = match result {
-        Ok(Ok(text)) => (STATUS_OK, text),
-        Ok(Err(message)) => (STATUS_ERROR, message),
-        Err(payload) => (STATUS_PANIC, panic_message(&*payload, name)),
+    let (status, bytes) = match result {
+        Ok(Ok(bytes)) => (STATUS_OK, bytes),
+        Ok(Err(message)) => (STATUS_ERROR, message.into_bytes()),
+        Err(payload) => (STATUS_PANIC, panic_message(&*payload, name).into_bytes()),
     };
     // SAFETY: per the contract.
-    unsafe { out.write(Buffer::from_string(text)) };
+    unsafe { out.write(Buffer::from_bytes(bytes)) };
     status
 }
 
@@ -169,7 +180,7 @@ macro_rules! pass_entry {
             const NAME: &str = $name;
             let pass: fn(&$crate::Trace) -> $crate::IrResult<$crate::Trace> = $pass;
             // SAFETY: thunder_rs passes the input it printed and a writable result slot.
-            unsafe { $crate::run_text_pass(NAME, pass, input, len, out) }
+            unsafe { $crate::run_pass(NAME, pass, input, len, out) }
         }
         $crate::PassEntry {
             name: concat!($name, "\0").as_ptr().cast(),
@@ -192,11 +203,12 @@ macro_rules! plugin_table {
     };
 }
 
-/// The text a trace crosses the boundary as: the printer's form of the trace with its values
-/// renumbered in the order they are defined, which the parser requires (a pass's output, a
-/// rewrite's say, defines new values with higher numbers before old ones). Values no call
-/// defines or reads are left out.
-pub fn encode(trace: &Trace) -> String {
+/// The printed text of a trace as [`trace_ir::parser::parse_trace`] reads it back, for reading
+/// what crosses (dumps, debugging a plugin); the crossing itself is binary ([`trace_ir::binary`]).
+/// Values are renumbered in the order they are defined, which the parser requires (a pass's
+/// output, a rewrite's say, defines new values with higher numbers before old ones); values no
+/// call defines or reads are left out, and grad rules, which the text does not carry.
+pub fn encode_text(trace: &Trace) -> String {
     let trace = canonical(trace);
     let text = trace.to_string();
     let grad_inputs: Vec<String> = trace
@@ -290,12 +302,12 @@ mod tests {
         b.finish(Arg::Value(y)).unwrap()
     }
 
-    fn run(entry: &PassEntry, text: &str) -> (i32, String) {
+    fn run(entry: &PassEntry, input: &[u8]) -> (i32, Vec<u8>) {
         let mut out = Buffer::empty();
         // SAFETY: a live input and a writable slot.
-        let status = unsafe { (entry.run)(text.as_ptr(), text.len(), &mut out) };
+        let status = unsafe { (entry.run)(input.as_ptr(), input.len(), &mut out) };
         // SAFETY: the buffer holds `len` bytes until freed.
-        let answer = String::from_utf8(unsafe { std::slice::from_raw_parts(out.ptr, out.len) }.to_vec()).unwrap();
+        let answer = unsafe { std::slice::from_raw_parts(out.ptr, out.len) }.to_vec();
         // SAFETY: freed once.
         unsafe { (TABLE.free)(out) };
         (status, answer)
@@ -304,16 +316,33 @@ mod tests {
     #[test]
     fn an_identity_crossing_keeps_the_trace() {
         let trace = sample();
-        let (status, answer) = run(&PASSES[0], &encode(&trace));
-        assert_eq!(status, STATUS_OK, "{answer}");
-        assert_eq!(parse_trace(&answer).unwrap(), trace);
+        let (status, answer) = run(&PASSES[0], &binary::encode(&trace));
+        assert_eq!(status, STATUS_OK, "{}", String::from_utf8_lossy(&answer));
+        assert_eq!(binary::decode(&answer).unwrap(), trace);
     }
 
     #[test]
     fn a_panic_is_caught_and_names_the_pass() {
-        let (status, answer) = run(&PASSES[1], &encode(&sample()));
+        let (status, answer) = run(&PASSES[1], &binary::encode(&sample()));
         assert_eq!(status, STATUS_PANIC);
-        assert_eq!(answer, "pass explode panicked: boom");
+        assert_eq!(answer, b"pass explode panicked: boom");
+    }
+
+    #[test]
+    fn a_corrupt_input_is_an_error_naming_the_byte() {
+        let mut input = binary::encode(&sample());
+        input.truncate(input.len() - 3);
+        let (status, answer) = run(&PASSES[0], &input);
+        assert_eq!(status, STATUS_ERROR);
+        let message = String::from_utf8(answer).unwrap();
+        assert!(message.starts_with("the plugin could not read the trace: trace decoder: byte"), "{message}");
+        assert_eq!(run(&PASSES[0], &[]).0, STATUS_ERROR);
+    }
+
+    #[test]
+    fn the_text_form_reads_back() {
+        let trace = sample();
+        assert_eq!(trace_ir::parser::parse_trace(&encode_text(&trace)).unwrap(), trace);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `load_passes`: reads a plugin's [`PluginTable`] from its capsule and registers each of its
-//! passes, so `jit(fn, passes=[name])` runs it like a built-in one. The trace crosses as text
-//! (see the `plugin_abi` crate); what comes back is parsed (which re-derives every prim's metadata)
-//! and then verified by the manager like any stage's output.
+//! passes, so `jit(fn, passes=[name])` runs it like a built-in one. The trace crosses in the
+//! binary form of `trace_ir::binary` (see the `plugin_abi` crate), grad rules included; what
+//! comes back is decoded (renumbered, its metadata as the plugin's meta rules computed it) and
+//! then always verified (every prim's meta rule re-run), before the manager sees it.
 
 use crate::errors::py_result;
 use plugin_abi::{Buffer, PluginTable, ABI_VERSION, CAPSULE_NAME, STATUS_OK, STATUS_PANIC};
@@ -9,77 +10,98 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods};
 use std::ffi::CStr;
 use std::sync::Arc;
-use trace_ir::parser::parse_trace;
-use trace_ir::{bail, IrError, Result, Trace};
+use trace_ir::verify::verify;
+use trace_ir::{bail, binary, ErrorKind, IrError, Result, Trace};
+
+/// What a failing plugin pass does to the compile that runs it (`load_passes(on_error=...)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnError {
+    /// The compile fails with the pass's error (the default).
+    Raise,
+    /// The compile goes on without the pass, with a warning naming it and its error.
+    Skip,
+}
+
+impl OnError {
+    fn parse(text: &str) -> Result<OnError> {
+        match text {
+            "raise" => Ok(OnError::Raise),
+            "skip" => Ok(OnError::Skip),
+            other => {
+                bail!(Value, "load_passes", "on_error is \"raise\" or \"skip\", got {other:?} (argument on_error)")
+            }
+        }
+    }
+}
 
 /// One plugin pass, as the registry holds it.
 struct PluginPass {
     name: String,
-    stage: String,
     entry: &'static plugin_abi::PassEntry,
     table: &'static PluginTable,
+    on_error: OnError,
 }
 
 impl PluginPass {
-    /// Prints `trace`, runs the plugin on the text and parses its answer.
-    fn run(&self, trace: &Trace) -> Result<Trace> {
-        // Grad rules are read by the VJP only, which has run before the forward and backward
-        // stages (and, without a split, never runs): there they are dropped; at the program
-        // stage, dropping one would change the gradient, and the text form does not carry them yet.
-        let stripped;
-        let trace = if self.stage == "program" {
-            trace
-        } else {
-            stripped = trace.with_bsyms(trace.bsyms.iter().map(without_grad_rules).collect(), trace.outputs.clone());
-            &stripped
-        };
-        if let Some(composite) = trace.bsyms.iter().find_map(with_grad_rule) {
-            bail!(
-                NotImplemented,
-                "plugin pass",
-                "pass {} cannot run on a trace holding the registered grad rule of {composite}: grad rules do not \
-                 cross the plugin boundary yet; declare the pass at the forward or backward stage, which run after \
-                 autodiff",
-                self.name
-            );
+    /// Runs the pass; when it fails (an error, a panic, a trace that does not decode or verify)
+    /// and its plugin was loaded with `on_error="skip"`, warns and returns `trace` unchanged.
+    fn run_or_skip(&self, trace: &Trace) -> Result<Trace> {
+        match (self.run(trace), self.on_error) {
+            (Ok(out), _) => Ok(out),
+            (Err(e), OnError::Raise) => Err(e),
+            (Err(e), OnError::Skip) => {
+                warn_skipped(&self.name, &e)?;
+                Ok(trace.clone())
+            }
         }
-        let text = plugin_abi::encode(trace);
+    }
+
+    /// Encodes `trace`, runs the plugin on the bytes and decodes its answer.
+    fn run(&self, trace: &Trace) -> Result<Trace> {
+        let input = binary::encode(trace);
         let mut out = Buffer::empty();
         // SAFETY: the table was checked at load time; the input is live for the call.
-        let status = unsafe { (self.entry.run)(text.as_ptr(), text.len(), &mut out) };
+        let status = unsafe { (self.entry.run)(input.as_ptr(), input.len(), &mut out) };
         let answer = if out.ptr.is_null() {
-            String::new()
+            &[][..]
         } else {
             // SAFETY: the plugin hands back `len` bytes it owns until `free`.
-            String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(out.ptr, out.len) }).into_owned()
+            unsafe { std::slice::from_raw_parts(out.ptr, out.len) }
         };
-        // SAFETY: the buffer came from this plugin and is freed once.
-        unsafe { (self.table.free)(out) };
         let name = &self.name;
-        match status {
-            STATUS_OK => parse_trace(&answer).map_err(|e| {
-                IrError::new(e.kind, "plugin pass", format!("pass {name} returned a trace thunder_rs cannot read: {e}"))
-            }),
-            STATUS_PANIC => bail!(Runtime, "plugin pass", "{answer}"),
-            _ => bail!(Runtime, "plugin pass", "pass {name} failed: {answer}"),
-        }
+        // What the plugin returned is its fault, whatever the kind of the error that finds it.
+        let misbehaved = |what: &str, e: IrError| {
+            IrError::new(ErrorKind::Runtime, "plugin pass", format!("pass {name} returned {what}: {e}"))
+        };
+        let result = match status {
+            STATUS_OK => {
+                binary::decode(answer).map_err(|e| misbehaved("a trace thunder_rs cannot read", e)).and_then(|trace| {
+                    // Always, whatever `THUNDER_RS_VERIFY` says: the metadata crossed as the
+                    // plugin computed it, and a wrong shape would run (0.25 us per symbol).
+                    verify(&trace).map_err(|e| misbehaved("an invalid trace", e))?;
+                    Ok(trace)
+                })
+            }
+            STATUS_PANIC => Err(IrError::new(ErrorKind::Runtime, "plugin pass", String::from_utf8_lossy(answer))),
+            _ => Err(IrError::new(
+                ErrorKind::Runtime,
+                "plugin pass",
+                format!("pass {name} failed: {}", String::from_utf8_lossy(answer)),
+            )),
+        };
+        // SAFETY: the buffer came from this plugin and is freed once, after its last read.
+        unsafe { (self.table.free)(out) };
+        result
     }
 }
 
-/// The name of the first composite at or under `bsym` that holds a grad rule.
-fn with_grad_rule(bsym: &trace_ir::BoundSymbol) -> Option<String> {
-    if bsym.grad.is_some() {
-        return Some(bsym.symbol.qualified_name());
-    }
-    bsym.subsymbols.iter().find_map(with_grad_rule)
-}
-
-/// `bsym` without grad rules at any depth.
-fn without_grad_rules(bsym: &trace_ir::BoundSymbol) -> trace_ir::BoundSymbol {
-    let mut out = bsym.clone();
-    out.grad = None;
-    out.subsymbols = bsym.subsymbols.iter().map(without_grad_rules).collect();
-    out
+/// Warns (a `RuntimeWarning`) that the pass `name` failed with `error` and was skipped. Under
+/// `-W error` the warning is raised: the compile then fails with it.
+fn warn_skipped(name: &str, error: &IrError) -> Result<()> {
+    let message = format!("thunder_rs: plugin pass {name} failed and was skipped (on_error=\"skip\"): {error}");
+    let message = std::ffi::CString::new(message.replace('\0', " ")).expect("NUL bytes were replaced");
+    Python::attach(|py| PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyRuntimeWarning>(), &message, 1))
+        .map_err(|e| IrError::new(ErrorKind::Runtime, "plugin pass", e.to_string()))
 }
 
 /// Reads the NUL-terminated string a table field points at.
@@ -94,11 +116,11 @@ unsafe fn field(ptr: *const std::ffi::c_char, what: &str) -> Result<String> {
     Ok(unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned())
 }
 
-/// Registers every pass of `table`; returns `(name, stage)` per pass.
+/// Registers every pass of `table`, failing as `on_error` says; returns `(name, stage)` per pass.
 ///
 /// # Safety
 /// `table` points at a table that lives as long as the process (a static of a loaded module).
-unsafe fn register_table(table: &'static PluginTable) -> Result<Vec<(String, String)>> {
+unsafe fn register_table(table: &'static PluginTable, on_error: OnError) -> Result<Vec<(String, String)>> {
     if table.abi_version != ABI_VERSION {
         bail!(
             Runtime,
@@ -123,21 +145,23 @@ unsafe fn register_table(table: &'static PluginTable) -> Result<Vec<(String, Str
         if !halves.contains(&stage.as_str()) {
             bail!(Value, "load_passes", "plugin pass {name} declares stage {stage:?}; stages: {}", halves.join(", "));
         }
-        let pass = PluginPass { name: name.clone(), stage: stage.clone(), entry, table };
-        passes::register_dyn_pass(&name, Arc::new(move |trace, _cx| pass.run(trace)))?;
+        let pass = PluginPass { name: name.clone(), entry, table, on_error };
+        passes::register_dyn_pass(&name, Arc::new(move |trace, _cx| pass.run_or_skip(trace)))?;
         passes::manager::set_stage(&name, &stage);
         loaded.push((name, stage));
     }
     Ok(loaded)
 }
 
-/// Registers the passes of the plugin table in `capsule` (named `thunder_rs.plugin_table`);
-/// returns `(name, stage)` per pass.
+/// Registers the passes of the plugin table in `capsule` (named `thunder_rs.plugin_table`), each
+/// failing as `on_error` (`"raise"` or `"skip"`) says; returns `(name, stage)` per pass.
 #[pyfunction]
-pub fn load_plugin_capsule(capsule: &Bound<'_, PyCapsule>) -> PyResult<Vec<(String, String)>> {
+#[pyo3(signature = (capsule, on_error = "raise"))]
+pub fn load_plugin_capsule(capsule: &Bound<'_, PyCapsule>, on_error: &str) -> PyResult<Vec<(String, String)>> {
+    let on_error = py_result(OnError::parse(on_error))?;
     let pointer = capsule.pointer_checked(Some(CAPSULE_NAME))?;
     // SAFETY: a capsule of this name holds a pointer to a static `PluginTable` of a module that
     // stays loaded (Python never unloads extension modules).
     let table: &'static PluginTable = unsafe { &*pointer.as_ptr().cast::<PluginTable>() };
-    py_result(unsafe { register_table(table) })
+    py_result(unsafe { register_table(table, on_error) })
 }

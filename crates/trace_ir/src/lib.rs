@@ -5,6 +5,7 @@
 //! symbols are registered by name from Python ([`symbols`]). Traces are immutable once built:
 //! passes build new traces. This crate has no Python dependency.
 
+pub mod binary;
 pub mod dtype;
 pub mod error;
 pub mod grad;
@@ -14,6 +15,8 @@ pub mod prims;
 pub mod printer;
 pub mod pysrc;
 pub mod symbols;
+#[doc(hidden)]
+pub mod testing;
 pub mod trace;
 pub mod value;
 pub mod verify;

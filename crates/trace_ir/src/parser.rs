@@ -4,9 +4,13 @@
 //! format: a `def` line, one type comment per input, one call per line (a composite's
 //! decomposition on the lines after it, one level deeper, as comments) and a `return`. Every
 //! call is re-recorded through a [`TraceBuilder`], so prims get their metadata from their meta
-//! rules; type comments are checked against it, never trusted. The builder numbers values in the
-//! order they are defined, so a printed trace must do the same: the output of a pass that removed
-//! values (names with gaps) is rejected with the line that breaks the numbering.
+//! rules; type comments are checked against it, never trusted.
+//!
+//! Value names in the text are only names: `t7` may follow `t12`, numbers may have gaps (the
+//! output of a pass that removed values, a hand-edited golden file). The parser maps each name
+//! to a dense id in the order the values are defined (inputs first), as the builder numbers
+//! them, so the trace it returns prints densely numbered. A name read before any line defines
+//! it is an error naming it and the line.
 
 use crate::dtype::{DType, Device};
 use crate::error::{ErrorKind, IrError, Result};
@@ -15,6 +19,7 @@ use crate::printer::describe_kind;
 use crate::symbols::{SymbolKind, SymbolTable};
 use crate::trace::{Trace, TraceBuilder};
 use crate::value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};
+use rustc_hash::FxHashMap;
 use std::fmt;
 
 /// The op name parse errors carry.
@@ -494,10 +499,8 @@ fn parse_def(line: usize, text: &str) -> Result<Vec<ValueId>> {
     }
     c.expect(':')?;
     c.finish()?;
-    for (i, v) in inputs.iter().enumerate() {
-        if v.index() != i {
-            return Err(error(line, format!("input {} is {v}, but inputs must be t0, t1, ... in order", i + 1)));
-        }
+    if let Some((i, v)) = inputs.iter().enumerate().find(|(i, v)| inputs[..*i].contains(v)) {
+        return Err(error(line, format!("input {} is {v}, which names an earlier input too", i + 1)));
     }
     Ok(inputs)
 }
@@ -595,8 +598,11 @@ struct OpenComposite {
 
 struct Parser {
     builder: TraceBuilder,
+    /// The inputs as the text names them, in order.
     inputs: Vec<ValueId>,
     input_types: Vec<Option<ValueKind>>,
+    /// Each name the text has defined so far, and the dense id its value got.
+    names: FxHashMap<ValueId, ValueId>,
     open: Vec<OpenComposite>,
     started: bool,
     outputs: Option<Arg>,
@@ -605,7 +611,53 @@ struct Parser {
 impl Parser {
     fn new(inputs: Vec<ValueId>) -> Self {
         let input_types = vec![None; inputs.len()];
-        Parser { builder: TraceBuilder::new(), inputs, input_types, open: Vec::new(), started: false, outputs: None }
+        let (builder, names) = (TraceBuilder::new(), FxHashMap::default());
+        Parser { builder, inputs, input_types, names, open: Vec::new(), started: false, outputs: None }
+    }
+
+    /// `arg` with each name replaced by its value's id; a name no earlier line defines is an
+    /// error naming it.
+    fn resolve(&self, line: usize, arg: &Arg) -> Result<Arg> {
+        let mut unknown = None;
+        let resolved = arg.map_values(&mut |v| match self.names.get(&v) {
+            Some(&id) => Arg::Value(id),
+            None => {
+                unknown.get_or_insert(v);
+                Arg::Value(v)
+            }
+        });
+        match unknown {
+            Some(v) => Err(error(line, format!("{v} is read here but no line above defines it"))),
+            None => Ok(resolved),
+        }
+    }
+
+    /// A call's arguments with their names resolved.
+    fn resolve_call(&self, call: &Call) -> Result<(Vec<Arg>, Kwargs)> {
+        let args = call.args.iter().map(|a| self.resolve(call.line, a)).collect::<Result<_>>()?;
+        let kwargs = call.kwargs.iter().map(|(k, a)| Ok((k.clone(), self.resolve(call.line, a)?)));
+        Ok((args, kwargs.collect::<Result<_>>()?))
+    }
+
+    /// The value a defined name refers to.
+    fn id(&self, name: ValueId) -> Option<ValueId> {
+        self.names.get(&name).copied()
+    }
+
+    /// Gives the names a call's line defines to the values the call recorded.
+    fn define(&mut self, call: &Call, values: &[ValueId]) -> Result<()> {
+        if values.len() != call.targets.len() {
+            let count = values.len();
+            let message =
+                format!("{} defines {count} value(s), but the line names {}", call.callee, names(&call.targets));
+            return Err(error(call.line, message));
+        }
+        for (&name, &id) in call.targets.iter().zip(values) {
+            if self.names.insert(name, id).is_some() {
+                return Err(error(call.line, format!("{name} is defined a second time")));
+            }
+        }
+        Ok(())
     }
 
     fn line(&mut self, number: usize, text: &str) -> Result<()> {
@@ -628,7 +680,7 @@ impl Parser {
             (_, Statement::Return(arg)) => {
                 self.start(number)?;
                 self.close_composites(0)?;
-                self.outputs = Some(arg);
+                self.outputs = Some(self.resolve(number, &arg)?);
                 Ok(())
             }
         }
@@ -636,10 +688,10 @@ impl Parser {
 
     fn input_types(&mut self, line: usize, types: Types) -> Result<()> {
         for (v, text) in types {
-            let Some(slot) = self.input_types.get_mut(v.index()) else {
+            let Some(i) = self.inputs.iter().position(|&input| input == v) else {
                 return Err(error(line, format!("{v} is not an input")));
             };
-            *slot = Some(parse_value_type(&text).map_err(at(line))?);
+            self.input_types[i] = Some(parse_value_type(&text).map_err(at(line))?);
         }
         Ok(())
     }
@@ -653,35 +705,37 @@ impl Parser {
             let Some(kind) = kind else {
                 return Err(error(line, format!("input {v} has no type comment (`# {v}: \"cpu f32[4]\"`)")));
             };
-            self.builder.add_input(kind.clone());
+            let id = self.builder.add_input(kind.clone());
+            self.names.insert(v, id);
         }
         Ok(())
     }
 
     fn call(&mut self, depth: usize, call: Call) -> Result<()> {
         let line = call.line;
+        let (args, kwargs) = self.resolve_call(&call)?;
         let outputs = match call.callee.split_once('.') {
             Some(("prims", name)) => {
-                if let Some((key, _)) = call.kwargs.first() {
+                if let Some((key, _)) = kwargs.first() {
                     return Err(error(line, format!("prims take no keyword arguments, got {key}=")));
                 }
-                self.builder.record_prim(name, call.args.clone()).map_err(at(line))?
+                self.builder.record_prim(name, args).map_err(at(line))?
             }
             Some(("ltorch", _)) => {
                 let symbol = SymbolTable::register(&call.callee, SymbolKind::Composite);
-                self.builder.begin_composite(symbol, call.args.clone(), call.kwargs.clone());
+                self.builder.begin_composite(symbol, args, kwargs);
                 let first_value = self.builder.num_values();
                 self.open.push(OpenComposite { depth, call, first_value });
                 return Ok(());
             }
-            _ => self.fallback(&call)?,
+            _ => self.fallback(&call, args, kwargs)?,
         };
-        self.check_outputs(&call, &outputs)?;
+        self.define(&call, &outputs)?;
         self.check_types(&call)
     }
 
     /// A call of anything but a prim or composite: its outputs' types come from its type comment.
-    fn fallback(&mut self, call: &Call) -> Result<Vec<ValueId>> {
+    fn fallback(&mut self, call: &Call, args: Vec<Arg>, kwargs: Kwargs) -> Result<Vec<ValueId>> {
         let mut metas = Vec::with_capacity(call.targets.len());
         for &v in &call.targets {
             let text = call.types.iter().find(|(t, _)| *t == v).map(|(_, text)| text.as_str());
@@ -694,7 +748,7 @@ impl Parser {
             }
         }
         let symbol = SymbolTable::register(&call.callee, SymbolKind::Fallback);
-        Ok(self.builder.record_fallback(symbol, call.args.clone(), call.kwargs.clone(), metas))
+        Ok(self.builder.record_fallback(symbol, args, kwargs, metas))
     }
 
     /// Closes the open composites at `depth` or deeper: the line just read is not part of them.
@@ -705,29 +759,16 @@ impl Parser {
             if call.targets.is_empty() {
                 return Err(error(call.line, format!("{} has no outputs", call.callee)));
             }
-            if let Some(v) = call.targets.iter().find(|v| !defined.contains(&v.index())) {
+            let inside = |v: &ValueId| self.id(*v).filter(|id| defined.contains(&id.index()));
+            if let Some(v) = call.targets.iter().find(|v| inside(v).is_none()) {
                 return Err(error(
                     call.line,
                     format!("{} returns {v}, which its decomposition does not define", call.callee),
                 ));
             }
-            self.builder.end_composite(call.targets.clone()).map_err(at(call.line))?;
+            let outputs = call.targets.iter().filter_map(inside).collect();
+            self.builder.end_composite(outputs).map_err(at(call.line))?;
             self.check_types(&call)?;
-        }
-        Ok(())
-    }
-
-    fn check_outputs(&self, call: &Call, outputs: &[ValueId]) -> Result<()> {
-        if outputs != call.targets {
-            return Err(error(
-                call.line,
-                format!(
-                    "{} defines {}, but the line names {} (values are numbered in the order they are defined)",
-                    call.callee,
-                    names(outputs),
-                    names(&call.targets)
-                ),
-            ));
         }
         Ok(())
     }
@@ -745,7 +786,7 @@ impl Parser {
             ));
         }
         for (v, text) in &call.types {
-            let actual = self.builder.value(*v).map(describe_kind).unwrap_or_default();
+            let actual = self.id(*v).and_then(|id| self.builder.value(id)).map(describe_kind).unwrap_or_default();
             if actual != *text {
                 return Err(error(call.line, format!("{v} is \"{actual}\" but its type comment says \"{text}\"")));
             }

@@ -154,7 +154,7 @@ fn write_bsym(out: &mut String, trace: &Trace, bsym: &BoundSymbol, depth: usize)
 
 /// A call's decomposition (or a region's calls) as comments at `depth`.
 pub fn write_subsymbol_comments(out: &mut String, trace: &Trace, bsym: &BoundSymbol, depth: usize) {
-    for sub in &bsym.subsymbols {
+    for sub in bsym.subsymbols.iter() {
         write_bsym(out, trace, sub, depth);
     }
 }

@@ -53,6 +53,10 @@ impl Symbol {
 }
 
 /// One recorded call: a symbol, its arguments and outputs, and for a composite its decomposition.
+///
+/// The decomposition and the grad rule are shared, immutable slices: cloning a bound symbol (every
+/// pass that keeps one, the manager at every stage) copies its call, never the calls under it. A
+/// pass that changes a decomposition builds a new one (`renamed`, `collect()` into the field).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BoundSymbol {
     pub symbol: Symbol,
@@ -61,9 +65,9 @@ pub struct BoundSymbol {
     pub args: Vec<Arg>,
     pub kwargs: Vec<(String, Arg)>,
     pub outputs: Vec<ValueId>,
-    pub subsymbols: Vec<BoundSymbol>,
+    pub subsymbols: Arc<[BoundSymbol]>,
     /// For a composite recorded through a registered grad rule: its backward.
-    pub grad: Option<Box<GradRule>>,
+    pub grad: Option<Arc<GradRule>>,
 }
 
 /// The backward of one composite call, recorded by its Python grad rule (`get_grad`/`put_grad`).
@@ -82,7 +86,7 @@ pub struct GradRule {
 impl BoundSymbol {
     /// A call without keyword arguments, decomposition or grad rule.
     pub fn new(symbol: Symbol, args: Vec<Arg>, outputs: Vec<ValueId>) -> Self {
-        BoundSymbol { symbol, args, kwargs: Vec::new(), outputs, subsymbols: Vec::new(), grad: None }
+        BoundSymbol { symbol, args, kwargs: Vec::new(), outputs, subsymbols: Arc::from([]), grad: None }
     }
 
     /// Whether this call, or any call in its decomposition, acts on state outside the trace
@@ -111,9 +115,33 @@ impl BoundSymbol {
         }
     }
 
+    /// Whether this call reads any value of `subst` at any depth (decomposition and grad rule
+    /// included).
+    pub fn reads_any(&self, subst: &FxHashMap<ValueId, ValueId>) -> bool {
+        if subst.is_empty() {
+            return false;
+        }
+        let mut found = false;
+        self.for_each_input(|v| found |= subst.contains_key(&v));
+        found
+            || self.subsymbols.iter().any(|s| s.reads_any(subst))
+            || self.grad.as_ref().is_some_and(|rule| {
+                rule.bsyms.iter().any(|s| s.reads_any(subst))
+                    || rule.grads.iter().any(|(_, g)| {
+                        let mut hit = false;
+                        g.for_each_value(&mut |v| hit |= subst.contains_key(&v));
+                        hit
+                    })
+            })
+    }
+
     /// The same call with its inputs renamed by `subst`, at every depth (decomposition and grad
-    /// rule included). Values not in `subst` keep their names.
+    /// rule included). Values not in `subst` keep their names; a call that reads none of them is
+    /// returned shared, not rebuilt (checking costs less than copying every argument).
     pub fn renamed(&self, subst: &FxHashMap<ValueId, ValueId>) -> BoundSymbol {
+        if !self.reads_any(subst) {
+            return self.clone();
+        }
         let mut f = |v: ValueId| Arg::Value(*subst.get(&v).unwrap_or(&v));
         let mut out = self.map_inputs(&mut f);
         out.subsymbols = self.subsymbols.iter().map(|s| s.renamed(subst)).collect();
@@ -121,7 +149,7 @@ impl BoundSymbol {
         // equal inputs, `linear(x[0], x[0])`, must send both gradients to the one kept).
         let rename = |v: &ValueId| *subst.get(v).unwrap_or(v);
         out.grad = self.grad.as_ref().map(|rule| {
-            Box::new(GradRule {
+            Arc::new(GradRule {
                 cotangents: rule.cotangents.iter().map(|(v, p)| (rename(v), *p)).collect(),
                 bsyms: rule.bsyms.iter().map(|b| b.renamed(subst)).collect(),
                 grads: rule.grads.iter().map(|(v, g)| (rename(v), g.map_values(&mut f))).collect(),
@@ -456,8 +484,9 @@ impl TraceBuilder {
         let parent = self.stack.last_mut().expect("checked above");
         let produced_inside = !outputs.is_empty() && outputs.iter().all(|o| o.0 >= frame.first_value);
         if produced_inside || frame.grad.is_some() {
-            let grad = frame.grad.map(Box::new);
-            parent.sink().push(BoundSymbol { symbol, args, kwargs, outputs, subsymbols: frame.bsyms, grad });
+            let grad = frame.grad.map(Arc::new);
+            let subsymbols = frame.bsyms.into();
+            parent.sink().push(BoundSymbol { symbol, args, kwargs, outputs, subsymbols, grad });
         } else {
             parent.sink().extend(frame.bsyms);
         }

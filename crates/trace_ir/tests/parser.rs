@@ -1,5 +1,5 @@
 //! The trace parser: printing a recorded trace, parsing it and printing again gives the same text
-//! and the same trace, for every prim family; malformed text fails with the line that is wrong.
+//! and the same trace (and so does the binary form), for every prim family; malformed text fails with the line that is wrong.
 
 use trace_ir::parser::{parse_args, parse_trace, parse_value_type};
 use trace_ir::prims::{Binary, Unary};
@@ -7,7 +7,7 @@ use trace_ir::printer::print_trace;
 use trace_ir::{
     Arg, DType, Device, ErrorKind, Scalar, SymbolKind, SymbolTable, TensorMeta, Trace, TraceBuilder, ValueId,
 };
-use ErrorKind::{Index, NotImplemented, Runtime, Value};
+use ErrorKind::{Index, NotImplemented, Value};
 
 fn input(b: &mut TraceBuilder, ty: &str) -> ValueId {
     b.add_input(parse_value_type(ty).unwrap())
@@ -33,6 +33,9 @@ fn assert_round_trip(trace: &Trace) {
     let parsed = parse_trace(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(print_trace(&parsed, "computation"), text);
     assert_eq!(&parsed, trace);
+    // The binary form crosses the plugin boundary: it must keep everything the text keeps.
+    let decoded = trace_ir::binary::decode(&trace_ir::binary::encode(trace)).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(&decoded, trace, "binary round trip of\n{text}");
 }
 
 #[test]
@@ -218,14 +221,43 @@ fn parses_hand_written_text_without_preamble_or_type_comments() {
     assert_eq!(trace.tensor(ValueId(2)).unwrap().describe(), "cpu f32[4]");
 }
 
+#[test]
+fn renumbers_names_with_gaps_and_in_any_order_densely_in_definition_order() {
+    let text = "def f(t9, t4):
+  # t9: \"cpu f32[2]\"
+  # t4: \"cpu f32[2]\"
+  t30 = ltorch.sigmoid(t4)  # t30: \"cpu f32[2]\"
+    # t12 = prims.neg(t4)  # t12: \"cpu f32[2]\"
+    # t30 = prims.exp(t12)  # t30: \"cpu f32[2]\"
+  t7 = prims.add(t9, t30)  # t7: \"cpu f32[2]\"
+  return (t7, t12)
+";
+    let trace = parse_trace(text).unwrap();
+    let dense = "def f(t0, t1):
+  # t0: \"cpu f32[2]\"
+  # t1: \"cpu f32[2]\"
+  t3 = ltorch.sigmoid(t1)  # t3: \"cpu f32[2]\"
+    # t2 = prims.neg(t1)  # t2: \"cpu f32[2]\"
+    # t3 = prims.exp(t2)  # t3: \"cpu f32[2]\"
+  t4 = prims.add(t0, t3)  # t4: \"cpu f32[2]\"
+  return (t4, t2)
+";
+    let printed = print_trace(&trace, "f");
+    assert!(printed.ends_with(dense), "{printed}");
+    assert_eq!(parse_trace(dense).unwrap(), trace);
+}
+
 const PARSER: &str = "trace parser";
 
 /// Malformed function bodies (after `def computation(t0):` and `# t0: "cpu f32[2, 3]"`, so the
 /// body starts at line 3): the error's kind and op, and what its message must contain.
 const MALFORMED: &[(&str, ErrorKind, &str, &[&str])] = &[
-    // Values are numbered in definition order.
-    ("  t5 = prims.exp(t0)\n  return t5\n", Value, PARSER, &["line 3", "defines (t1)", "names (t5)"]),
-    ("  t1 = prims.exp(t9)\n  return t1\n", Runtime, "prims.exp", &["line 3", "t9"]),
+    // A value is read after the line that defines it, and defined once.
+    ("  t1 = prims.exp(t9)\n  return t1\n", Value, PARSER, &["line 3", "t9 is read here but no line above defines it"]),
+    ("  t1 = prims.exp(t0)\n  return t7\n", Value, PARSER, &["line 4", "t7 is read here"]),
+    ("  t1 = prims.exp(t0)\n  t1 = prims.exp(t1)\n  return t1\n", Value, PARSER, &["line 4", "t1 is defined a second"]),
+    ("  t0 = prims.exp(t0)\n  return t0\n", Value, PARSER, &["line 3", "t0 is defined a second"]),
+    ("  (t1, t2) = prims.exp(t0)\n  return t1\n", Value, PARSER, &["line 3", "defines 1 value(s)", "(t1, t2)"]),
     // Type comments are checked against the meta rules.
     (
         "  t1 = prims.sum(t0, (1,))  # t1: \"cpu f32[3]\"\n  return t1\n",
@@ -285,7 +317,7 @@ fn rejects_malformed_bodies_with_their_line() {
 fn rejects_malformed_headers() {
     let cases = [
         ("import torch\n", "line 1", "expected `def"),
-        ("def f(t1):\n  # t1: \"cpu f32[2]\"\n  return t1\n", "line 1", "t0, t1, ... in order"),
+        ("def f(t1, t1):\n  # t1: \"cpu f32[2]\"\n  return t1\n", "line 1", "input 2 is t1, which names an earlier"),
         ("def f(t0, t1):\n  # t0: \"cpu f32[2]\"\n  return t0\n", "line 3", "t1 has no type comment"),
         ("def f(t0):\n  # t0: \"cpu q32[2]\"\n  return t0\n", "line 2", "q32"),
         ("def f(t0):\n  # t1: \"cpu f32[2]\"\n  return t0\n", "line 2", "t1 is not an input"),

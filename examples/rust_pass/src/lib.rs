@@ -89,18 +89,24 @@ fn explode(_trace: &Trace) -> Result<Trace> {
     panic!("the example's explode pass always panics")
 }
 
+/// Returns an error, so tests can check how a failing pass is reported or skipped.
+fn refuses(_trace: &Trace) -> Result<Trace> {
+    Err(trace_ir::IrError::new(trace_ir::ErrorKind::Value, "example_refuses", "this pass refuses every trace"))
+}
+
 /// Drops every call: the tests check that the verifier names a pass that breaks the trace.
 fn breaks(trace: &Trace) -> Result<Trace> {
     Ok(trace.with_bsyms(Vec::new(), trace.outputs.clone()))
 }
 
-static PASSES: [PassEntry; 6] = [
+static PASSES: [PassEntry; 7] = [
     pass_entry!("example_silu", "forward", silu),
     pass_entry!("example_inline_sigmoid", "program", inline_sigmoid),
     pass_entry!("example_identity", "program", identity),
     pass_entry!("example_explode", "forward", explode),
     pass_entry!("example_breaks", "forward", breaks),
     pass_entry!("example_misspelt", "forward", misspelt),
+    pass_entry!("example_refuses", "program", refuses),
 ];
 static TABLE: PluginTable = plugin_table!(PASSES);
 
