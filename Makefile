@@ -6,8 +6,11 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 DEPS    := $(VENV)/.deps-installed
 # Real models the tests run against eager (tiny configs, nothing downloaded); expecttest for
-# torch's own operator database (benchmarks/op_coverage.py).
-TEST_DEPS := "transformers>=4.55" torchvision expecttest
+# torch's own operator database (benchmarks/op_coverage.py); pytest-xdist for test-python's workers.
+TEST_DEPS := "transformers>=4.55" torchvision expecttest "pytest-xdist>=3.6"
+# test-python's worker processes: one per core, at most 4 (each imports torch and transformers,
+# 1-2 GiB). A plain `pytest` stays one process.
+TEST_WORKERS ?= $(shell python3 -c 'import os; print(min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4))')
 # Linters, bounded to a minor release so that a new release's checks do not fail a clean tree.
 LINT_DEPS := "ruff>=0.17,<0.18" "mypy>=2.4,<2.5"
 # zig links the release wheel against glibc 2.28 whatever the build machine's glibc (tested: 0.17.1).
@@ -61,8 +64,11 @@ lint: build $(RUST_TOOLS)
 test-rust:
 	cargo test --workspace --exclude thunder_rs_py
 
+# loadfile: each test file runs whole in one worker, as it does alone (tests/test_ops.py's coverage
+# check reads what the module's other tests reached; module fixtures are made once). loadgroup
+# schedules thousands of one-test units in quadratic time (14,500 empty tests: 145 s against 65 s).
 test-python: build
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test: build lint test-rust test-python
 
@@ -72,6 +78,7 @@ demo: build
 bench: build
 	$(PY) benchmarks/bench_forward.py
 	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/host_overhead.py --quick --no-compile
 	$(PY) benchmarks/import_time.py
 
 # What the GPU check carries (benchmarks/gpu_carry.py, ../shared/GPU.md), in gpu-carry/: the abi3

@@ -1,5 +1,8 @@
 """Markers for device-specific and slow tests, so that the default suite runs on a CPU-only machine
-in a short time. Slow tests (over ~20 s on a 2-core machine) run with ``--run-slow``."""
+in a short time. Slow tests (over ~20 s on a 2-core machine) run with ``--run-slow``. Under
+pytest-xdist (``make test-python``) each worker takes its share of the cores."""
+
+import os
 
 import pytest
 import torch
@@ -10,6 +13,8 @@ MARKERS = {
 }
 SLOW = "slow"
 SLOW_HELP = "takes over ~20 s on a 2-core machine; skipped unless --run-slow is given"
+# pytest-xdist registers it; without xdist the tests it groups run in one process anyway.
+XDIST_GROUP_HELP = "xdist_group(name): tests of one group run in the same xdist worker under --dist loadgroup"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -23,6 +28,17 @@ def pytest_configure(config: pytest.Config) -> None:
             config.addinivalue_line("markers", f"{name}: {help_text}")
     if SLOW not in registered:
         config.addinivalue_line("markers", f"{SLOW}: {SLOW_HELP}")
+    if not config.pluginmanager.hasplugin("xdist"):
+        config.addinivalue_line("markers", XDIST_GROUP_HELP)
+    share_cores_between_workers()
+
+
+def share_cores_between_workers() -> None:
+    """In an xdist worker, torch's intra-op threads are the worker's share of the cores: every
+    worker running torch's default (one thread per core) would oversubscribe them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,5 +1,5 @@
 """The autodiff runtime: fallbacks differentiated by torch.autograd, grad-rule errors, the
-forward-only path, and residuals freed by the backward."""
+forward-only path, the residuals the split saves, and their freeing by the backward."""
 
 import gc
 import weakref
@@ -102,6 +102,51 @@ def test_residuals_are_freed_by_the_backward():
     assert all(r() is None for r in intermediates)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         out.backward()
+
+
+def _saved_bytes(call, x, held):
+    """Bytes of the distinct storages ``call(x)`` saves for its backward under autocast, those in
+    ``held`` (the caller's own tensors) left out, and the output."""
+    saved = {}
+
+    def pack(t):
+        if (ptr := t.untyped_storage().data_ptr()) not in held:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = call(x)
+    return sum(saved.values()), out
+
+
+def test_autocast_weight_casts_are_saved_for_the_backward_as_eager_saves_them():
+    # Eager's autocast casts each float32 weight to bfloat16 once and its matmul backward reuses
+    # that copy; recomputing the casts would run one extra conversion kernel per weight and step.
+    import copy  # noqa: PLC0415
+    import sys  # noqa: PLC0415 (only this test imports the example)
+    from pathlib import Path  # noqa: PLC0415
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from gpt import Block, GPTConfig  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    block = Block(GPTConfig(n_embd=32, n_head=2, block_size=8, dropout=0.0))
+    x, g = torch.randn(2, 8, 32), torch.randn(2, 8, 32, dtype=torch.bfloat16)
+    results = []
+    for wrap in (lambda m: m, thunder_rs.jit):
+        model = copy.deepcopy(block)
+        call, leaf = wrap(model), x.clone().requires_grad_()
+        held = {t.untyped_storage().data_ptr() for t in (leaf, *model.parameters())}
+        nbytes, out = _saved_bytes(call, leaf, held)
+        out.backward(g)
+        results.append((nbytes, out.detach(), leaf.grad, [p.grad for p in model.parameters()]))
+    (eager_bytes, *expected), (our_bytes, *actual) = results
+    torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2)
+    assert our_bytes <= eager_bytes
+    weights = [tuple(m.weight.shape) for m in block.modules() if isinstance(m, torch.nn.Linear)]
+    backward = str(thunder_rs.last_backward_traces(call)[-1])
+    casts = [line for line in backward.splitlines() if "convert_element_type" in line]
+    assert not [c for c in casts if any(f"bf16[{', '.join(map(str, s))}]" in c for s in weights)], backward
 
 
 def test_grad_rule_api_errors_name_the_argument():

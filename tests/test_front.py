@@ -113,13 +113,13 @@ def test_import_loads_neither_dynamo_nor_fsdp():
 
 def test_import_costs_little_over_torch():
     """``import thunder_rs`` after ``import torch`` takes about 0.1 s (benchmarks/import_time.py);
-    the bound is generous for a loaded machine and catches a heavy import coming back (Dynamo
-    alone is about 2 s)."""
+    the bound is generous and catches a heavy import coming back (Dynamo alone is about 2 s). It
+    counts the process's CPU time, which other processes on the cores (test workers) leave alone."""
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    code = ("import time, torch\nt = time.perf_counter()\nimport thunder_rs\n"
-            "print(time.perf_counter() - t)")
+    code = ("import time, torch\nt = time.process_time()\nimport thunder_rs\n"
+            "print(time.process_time() - t)")
     seconds = min(float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                        check=True).stdout) for _ in range(2))
     assert seconds < 1.0, f"import thunder_rs took {seconds:.2f} s over import torch"

@@ -202,7 +202,9 @@ def test_a_command_out_of_time_is_interrupted_so_that_it_can_report(tmp_path):
               "    print('1 passed, 1 failed in 1.0s (interrupted)')\n")
     output = tmp_path / "out.txt"
     start = time.perf_counter()
-    rc, timed_out = gpu_check.run_bounded([sys.executable, "-c", script], output, 3)
+    # -S: no site import, so that the interpreter reaches the try block well within the 3 s even
+    # on loaded cores (an interrupt before it kills the process silently).
+    rc, timed_out = gpu_check.run_bounded([sys.executable, "-S", "-c", script], output, 3)
     assert timed_out and time.perf_counter() - start < 30
     summary = gpu_check.summarize_tests(output.read_text())
     assert summary["summary"] == "1 passed, 1 failed in 1.0s (interrupted)"

@@ -1,5 +1,9 @@
 """Every OpInfo against eager PyTorch: outputs, error inputs, and float64 gradients.
 
+The default run takes every op in every tested dtype on its representative samples (the first,
+and each one with an edge case the others lack: ``opinfos/sampling.py``), about 40% of the table;
+``--run-slow`` takes every sample. Every error input runs in both.
+
 With OPINFO_SELF_CHECK=1 the jit is the identity, so the run validates the table itself without the
 compiled package: every sample runs in eager and every error input raises exactly its listed type.
 """
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterable
 from itertools import islice
 from typing import Any
@@ -17,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from opinfos import OPINFOS, OpInfo, SampleInput
+from opinfos.sampling import kinds_of_samples, sample_indices
 
 SELF_CHECK = os.environ.get("OPINFO_SELF_CHECK") == "1"
 TESTED_DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool)
@@ -24,12 +30,16 @@ TESTED_DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool)
 DEVICES = ("cpu", *([pytest.param("cuda", marks=(pytest.mark.requires_cuda, pytest.mark.gpu))]
                     if torch.cuda.is_available() else []))
 
-pytestmark = [
+WARNING_FILTERS = [
     # Some samples reduce over fewer elements than the correction (var of a 0-dim tensor is NaN, as in eager).
     pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0:UserWarning"),
     # mse_loss warns before it raises on unbroadcastable shapes.
     pytest.mark.filterwarnings("ignore:Using a target size:UserWarning"),
 ]
+# One xdist worker runs the whole module (``make test-python``'s ``--dist loadfile``, or the group
+# under ``--dist loadgroup``): the coverage test at its end reads what the module's other tests
+# reached in the same process.
+pytestmark = [*WARNING_FILTERS, pytest.mark.xdist_group("opinfo_table")]
 
 
 #: The ltorch symbols that compiled samples reached (forward and backward, at every depth), and
@@ -45,8 +55,10 @@ def record_called_symbols():
     if SELF_CHECK:
         yield
         return
-    import thunder_rs.torch as ltorch_module
+    import thunder_rs.torch
 
+    # The module whose ``record_composite`` the symbols ``@torchsymbol`` makes call.
+    ltorch_module = sys.modules[thunder_rs.torch.torchsymbol.__module__]
     record = ltorch_module.record_composite
 
     def recording(symbol_id, name, fn, args, kwargs):
@@ -106,16 +118,24 @@ def grad_tested(op: OpInfo) -> bool:
     return op.supports_grad and torch.float64 in op.dtypes
 
 
-def sample_params() -> list:
-    """Every sample in every tested dtype. The float64 forward of an op whose gradient is tested
-    is slow-only: the gradient test compares the same samples' float64 outputs too."""
+def op_dtypes(op: OpInfo) -> list[torch.dtype]:
+    return [dtype for dtype in op.dtypes if dtype in TESTED_DTYPES]
+
+
+def sample_count(op: OpInfo, dtype: torch.dtype) -> int:
+    return len(kinds_of_samples(op, dtype))
+
+
+def sample_params(full: bool) -> list:
+    """Every op in every tested dtype, on its default-run samples or, with ``full``, on all. The
+    float64 forward of an op whose gradient is tested runs only in the full sweep: the gradient
+    test compares the same samples' float64 outputs too."""
     return [
-        pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{dtype_name(dtype)}",
-                     marks=pytest.mark.slow if dtype == torch.float64 and grad_tested(op) else ())
+        pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{dtype_name(dtype)}")
         for op in OPINFOS
-        for dtype in op.dtypes
-        if dtype in TESTED_DTYPES
-        for i in range(count(op.sample_inputs(dtype, "cpu")))
+        for position, dtype in enumerate(op_dtypes(op))
+        if full or not (dtype == torch.float64 and grad_tested(op))
+        for i in sample_indices(op, dtype, full, every_kind=position == 0)
     ]
 
 
@@ -123,13 +143,38 @@ def error_params() -> list:
     return [pytest.param(op, i, id=f"{op.id}-error{i}") for op in OPINFOS for i in range(count(op.error_inputs()))]
 
 
-def grad_params() -> list:
+def grad_params(full: bool) -> list:
     return [
         pytest.param(op, i, id=f"{op.id}-sample{i}-float64")
         for op in OPINFOS
         if grad_tested(op)
-        for i in range(count(op.sample_inputs(torch.float64, "cpu")))
+        for i in sample_indices(op, torch.float64, full, every_kind=True)
     ]
+
+
+def decomposition_params(full: bool) -> list:
+    """Each op's first tested dtype, on its default-run samples or, with ``full``, on all."""
+    return [
+        pytest.param(op, dtypes[0], i, id=f"{op.id}-sample{i}-{dtype_name(dtypes[0])}")
+        for op in OPINFOS
+        if (dtypes := op_dtypes(op))
+        for i in sample_indices(op, dtypes[0], full, every_kind=True)
+    ]
+
+
+#: The parameters of each sample test, made for the run's sweep (the default run's samples, or
+#: every sample under ``--run-slow``), so that a default run neither makes nor skips the rest.
+SWEEPS = {
+    "test_op_matches_eager": (("op", "dtype", "index"), sample_params),
+    "test_op_decomposition_matches_eager": (("op", "dtype", "index"), decomposition_params),
+    "test_op_grad_matches_eager": (("op", "index"), grad_params),
+}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.function.__name__ in SWEEPS:
+        names, params = SWEEPS[metafunc.function.__name__]
+        metafunc.parametrize(names, params(full=metafunc.config.getoption("--run-slow")))
 
 
 def assert_same(actual: Any, expected: Any, tolerance: dict, sample: SampleInput) -> None:
@@ -149,7 +194,6 @@ def assert_same(actual: Any, expected: Any, tolerance: dict, sample: SampleInput
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("op", "dtype", "index"), sample_params())
 def test_op_matches_eager(op: OpInfo, dtype: torch.dtype, index: int, device: str) -> None:
     sample = sample_at(op, dtype, device, index)
     expected = op.op(*sample.args, **sample.kwargs)
@@ -159,20 +203,8 @@ def test_op_matches_eager(op: OpInfo, dtype: torch.dtype, index: int, device: st
         PASSED_SAMPLES.append(f"{op.id}-{index}-{dtype}")
 
 
-def decomposition_params() -> list:
-    """Every sample of each op's first tested dtype."""
-    params = []
-    for op in OPINFOS:
-        dtype = next((d for d in op.dtypes if d in TESTED_DTYPES), None)
-        if dtype is not None:
-            params += [pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{dtype_name(dtype)}")
-                       for i in range(count(op.sample_inputs(dtype, "cpu")))]
-    return params
-
-
 # The torch executor runs a composite whole as its torch callable, so the test above checks the
 # symbol's metadata and plumbing; this one runs its decomposition into prims, as fusion will.
-@pytest.mark.parametrize(("op", "dtype", "index"), decomposition_params())
 def test_op_decomposition_matches_eager(op: OpInfo, dtype: torch.dtype, index: int) -> None:
     if SELF_CHECK:
         pytest.skip("checks thunder_rs's decompositions")
@@ -270,7 +302,6 @@ def eager_grads_or_skip(op: OpInfo, sample: SampleInput, fn) -> tuple[torch.Tens
 # Gradients come from the Rust VJP pass (prim rules, composite grad rules) through one
 # autograd.Function per call; eager autograd is the reference.
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("op", "index"), grad_params())
 def test_op_grad_matches_eager(op: OpInfo, index: int, device: str) -> None:
     sample = sample_at(op, torch.float64, device, index)
     # Which outputs require grad is part of the result: ops torch defines no derivative for give
@@ -316,8 +347,7 @@ def test_dropout_keeps_expected_fraction(device: str) -> None:
 def test_every_ltorch_symbol_is_reached_by_an_opinfo_sample(request: pytest.FixtureRequest) -> None:
     """Runs last: every registered ltorch symbol was recorded by some sample of the table (as the
     op itself, inside another's decomposition, or in a backward), so none goes untested."""
-    slow = request.config.getoption("--run-slow")
-    total = sum(1 for p in sample_params() if slow or not p.marks)
+    total = len(sample_params(full=request.config.getoption("--run-slow")))
     if SELF_CHECK or len(PASSED_SAMPLES) < total:
         pytest.skip(f"needs every CPU sample test of the table to pass in this run ({len(PASSED_SAMPLES)} of {total})")
     from thunder_rs import ltorch

@@ -19,7 +19,7 @@ EXAMPLE = ROOT / "examples" / "rust_pass"
 # Under the tree's ignored target/, so the build is cached between sessions.
 TARGET = ROOT / "target" / "rust_pass_example"
 MODULE = "thunder_rs_example_pass"
-# One xdist worker builds and loads the plugin (make test-python's --dist loadgroup): cargo's lock
+# One xdist worker builds and loads the plugin (also under --dist loadgroup): cargo's lock
 # on the target directory would make a second worker's build wait and then find it done, only
 # costing a second load.
 pytestmark = pytest.mark.xdist_group("rust_plugin")

@@ -5,7 +5,9 @@
 //! the last defined to the first, a value made by a cheap prim (elementwise, shape, creation) is
 //! recomputed in the backward instead of saved when the inputs that recomputing it needs, and
 //! that are not needed anyway, take no more bytes than it does. The forward's inputs cost
-//! nothing to save (the caller holds them). Random prims are never recomputed.
+//! nothing to save (the caller holds them). Random prims are never recomputed, and neither is a
+//! conversion of a forward input to a narrower dtype (autocast's bfloat16 copy of a float32
+//! weight): see [`narrows_input`].
 //!
 //! A composite in the forward stays whole (an executor may run it as one call) unless a
 //! residual is defined inside it; then it is replaced by its decomposition.
@@ -13,6 +15,7 @@
 use crate::vjp::Joint;
 use rustc_hash::FxHashMap;
 use std::collections::BinaryHeap;
+use trace_ir::prims::{Elementwise, Prim};
 use trace_ir::{bail, Arg, BoundSymbol, Result, Symbol, Trace, ValueId, ValueKind};
 
 /// The two halves of a joint trace.
@@ -136,6 +139,18 @@ fn recomputable(bsym: &BoundSymbol) -> bool {
     }
 }
 
+/// Whether `bsym` converts a forward input to a dtype of fewer bytes, such as the bfloat16 copy
+/// of a float32 weight that autocast makes for a matmul. Such a copy is saved rather than
+/// recomputed: recomputing reads the wider input, more bytes than loading the copy, in a kernel
+/// of its own (under autocast its consumer is a matmul, which no fusion region absorbs), and eager keeps the
+/// same copy alive until the backward anyway (autocast's weight cache holds it, and `mm` saves
+/// its operands, cast explicitly or not), so saving it holds what eager holds.
+fn narrows_input(t: &Trace, sources: &FxHashMap<ValueId, Source>, bsym: &BoundSymbol) -> bool {
+    let Symbol::Prim(Prim::Elementwise(Elementwise::ConvertElementType { .. })) = bsym.symbol else { return false };
+    let Some(&Arg::Value(x)) = bsym.args.first() else { return false };
+    matches!(sources.get(&x), Some(Source::Input)) && bytes(t, bsym.outputs[0]) < bytes(t, x)
+}
+
 fn bytes(t: &Trace, v: ValueId) -> i64 {
     match t.value(v) {
         ValueKind::Tensor(m) => m.numel() * m.dtype.itemsize() as i64,
@@ -160,7 +175,7 @@ fn choose_residuals(
     let (mut residuals, mut recomputed) = (Vec::new(), Vec::new());
     while let Some(v) = heap.pop() {
         let bsym = match sources.get(&v) {
-            Some(Source::Prim(b)) if recomputable(b) => *b,
+            Some(Source::Prim(b)) if recomputable(b) && !narrows_input(t, sources, b) => *b,
             _ => {
                 residuals.push(v);
                 continue;
