@@ -1,4 +1,4 @@
-"""Rearranging ops beyond `shape.py`: rotations and flips, fixed-dim splits, stacking, tiling,
+"""Rearranging ops beyond `shape.py` and `joins.py`: rotations and flips, fixed-dim splits, stacking, tiling,
 broadcasting several tensors, grids, block diagonals, Kronecker products, shuffles, diagonals,
 triangle indices, sliding windows, as_strided, and the `*_copy` ops."""
 

@@ -1,5 +1,5 @@
 """Padding: F.pad's reflect, replicate and circular modes (1 to 3 padded dims, with and without a
-batch dim, negative amounts that crop) and constant_pad_nd. Constant F.pad is in `shape.py`."""
+batch dim, negative amounts that crop) and constant_pad_nd. Constant F.pad is in `joins.py`."""
 
 from __future__ import annotations
 

@@ -18,10 +18,10 @@ PRIM_FAMILIES = frozenset({"Unary", "Binary", "Elementwise", "Shape", "Reduce", 
 PRIMS = frozenset({"full", "iota"})
 #: ltorch family files (``thunder_rs.torch.<name>``) whose symbols Inductor compiles.
 SYMBOL_FAMILIES = frozenset({
-    "elementwise", "reductions", "scan", "conv", "creation", "shape", "indexing", "linalg", "nn", "pooling",
-    "interpolate", "autograd", "special", "activations", "losses", "kernels", "views", "padding", "arrange",
-    "diagonals", "copies", "creation_extra", "products", "norms", "normalization", "layers", "sampling",
-    "pool_kernels",
+    "elementwise", "reductions", "scan", "conv", "creation", "shape", "joins", "conversions", "indexing", "linalg",
+    "nn", "base_losses", "attention", "pooling", "interpolate", "autograd", "special", "activations", "losses",
+    "kernels", "view_scatters", "padding", "arrange", "diagonals", "copies", "creation_extra", "products", "norms",
+    "normalization", "layers", "sampling", "pool_kernels",
 })
 
 #: Keys (prim names, ``ltorch.`` symbol names) of the families above left to the torch executor.

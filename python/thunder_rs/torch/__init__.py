@@ -25,9 +25,13 @@ from thunder_rs.torch.scan import *  # noqa: E402,F401,F403
 from thunder_rs.torch.conv import *  # noqa: E402,F401,F403
 from thunder_rs.torch.creation import *  # noqa: E402,F401,F403
 from thunder_rs.torch.shape import *  # noqa: E402,F401,F403
+from thunder_rs.torch.joins import *  # noqa: E402,F401,F403
+from thunder_rs.torch.conversions import *  # noqa: E402,F401,F403
 from thunder_rs.torch.indexing import *  # noqa: E402,F401,F403
-from thunder_rs.torch.nn import *  # noqa: E402,F401,F403
 from thunder_rs.torch.linalg import *  # noqa: E402,F401,F403
+from thunder_rs.torch.nn import *  # noqa: E402,F401,F403
+from thunder_rs.torch.base_losses import *  # noqa: E402,F401,F403
+from thunder_rs.torch.attention import *  # noqa: E402,F401,F403
 from thunder_rs.torch.pooling import *  # noqa: E402,F401,F403
 from thunder_rs.torch.interpolate import *  # noqa: E402,F401,F403
 from thunder_rs.torch.autograd import *  # noqa: E402,F401,F403
@@ -38,7 +42,8 @@ from thunder_rs.torch.losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch import kernels  # noqa: E402,F401
 from thunder_rs.torch import grads  # noqa: E402,F401
 from thunder_rs.torch import grads_elementwise  # noqa: E402,F401
-from thunder_rs.torch.views import *  # noqa: E402,F401,F403
+from thunder_rs.torch.view_scatters import *  # noqa: E402,F401,F403
+from thunder_rs.torch import views  # noqa: E402,F401
 from thunder_rs.torch.padding import *  # noqa: E402,F401,F403
 from thunder_rs.torch.arrange import *  # noqa: E402,F401,F403
 from thunder_rs.torch.diagonals import *  # noqa: E402,F401,F403

@@ -24,20 +24,8 @@ from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import mul
 from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum
-from thunder_rs.torch.shape import (
-    _one_of,
-    _sizes,
-    cat,
-    chunk,
-    flatten,
-    flip,
-    hstack,
-    repeat,
-    reshape_to,
-    split,
-    tensor_split,
-    transpose,
-)
+from thunder_rs.torch.joins import cat, chunk, hstack, repeat, split, tensor_split
+from thunder_rs.torch.shape import _one_of, _sizes, flatten, flip, reshape_to, transpose
 from thunder_rs.torch.views import PrimStep, attach, tracked
 
 Tensor = torch.Tensor

@@ -10,7 +10,7 @@ import torch
 from thunder_rs.core.fallback import fallback
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, check
-from thunder_rs.torch import arrange, diagonals, indexing, shape, views
+from thunder_rs.torch import arrange, diagonals, indexing, joins, shape, view_scatters
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.padding import fresh
 
@@ -20,8 +20,8 @@ __all__: list[str] = []
 _VIEWS = {
     "expand_copy": shape.expand, "permute_copy": shape.permute, "t_copy": shape.t, "transpose_copy": shape.transpose,
     "view_copy": shape.view, "squeeze_copy": shape.squeeze, "unsqueeze_copy": shape.unsqueeze,
-    "unbind_copy": indexing.unbind, "select_copy": indexing.select, "diagonal_copy": views.diagonal,
-    "narrow_copy": shape.narrow, "split_copy": shape.split, "split_with_sizes_copy": arrange.split_with_sizes,
+    "unbind_copy": indexing.unbind, "select_copy": indexing.select, "diagonal_copy": view_scatters.diagonal,
+    "narrow_copy": joins.narrow, "split_copy": joins.split, "split_with_sizes_copy": arrange.split_with_sizes,
     "unfold_copy": diagonals.unfold, "as_strided_copy": diagonals.as_strided, "alias_copy": lambda a: a,
 }
 

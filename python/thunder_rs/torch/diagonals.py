@@ -17,7 +17,9 @@ from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum
 from thunder_rs.torch.shape import _sizes, flatten, reshape_to, slice_in_dim
-from thunder_rs.torch.views import contiguous_strides, diagonal, opaque, strides_of
+from thunder_rs.torch.strides import contiguous_strides, strides_of
+from thunder_rs.torch.view_scatters import diagonal
+from thunder_rs.torch.views import opaque
 
 Tensor = torch.Tensor
 __all__ = ["diag", "diag_embed", "diagflat", "trace", "tril_indices", "triu_indices", "unfold", "as_strided"]

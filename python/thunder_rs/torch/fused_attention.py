@@ -43,7 +43,7 @@ from thunder_rs.core.proxies import TensorProxy
 from thunder_rs.core.recorder import current, proxies
 from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
 from thunder_rs.torch.kernels import cast, sum_to
-from thunder_rs.torch.views import contiguous_strides, strides_of
+from thunder_rs.torch.strides import contiguous_strides, strides_of
 
 SDPBackend = torch.nn.attention.SDPBackend
 MATH, FLASH, EFFICIENT, CUDNN = (b.value for b in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION,

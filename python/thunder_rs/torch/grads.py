@@ -23,7 +23,9 @@ from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch import kernels
 from thunder_rs.torch.fused_attention import fused_attention
 from thunder_rs.torch.kernels import REDUCTIONS, cast as _cast, sum_to as _sum_to, upcast as _upcast
-from thunder_rs.torch.nn import _LOW_PRECISION, _check_attention, _check_nll, _reduction
+from thunder_rs.torch.attention import _check_attention
+from thunder_rs.torch.base_losses import _check_nll, _reduction
+from thunder_rs.torch.nn import _LOW_PRECISION
 from thunder_rs.torch.reductions import _correction, _dims, _keep
 
 

@@ -17,7 +17,8 @@ from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.activations import _SELU_ALPHA, _SELU_SCALE
 from thunder_rs.torch.kernels import cast as _cast, sum_to as _sum_to
-from thunder_rs.torch.nn import _LOW_PRECISION, _reduction, _upcast
+from thunder_rs.torch.base_losses import _reduction
+from thunder_rs.torch.nn import _LOW_PRECISION, _upcast
 
 _BCE_EPSILON = 1e-12
 

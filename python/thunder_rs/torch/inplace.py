@@ -37,7 +37,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import kernels, nn as ltorch_nn, views
+from thunder_rs.torch import kernels, nn as ltorch_nn, view_scatters, views
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import masks_as_indices
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
@@ -109,8 +109,8 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
         views.write(op, dst, value, root_grad or value_grad)
         return dst
     if value_grad and not root_grad:
-        value = views.stop_gradient(value)
-    views.write(op, dst, value, root_grad, views.straight_through if root_grad else None)
+        value = view_scatters.stop_gradient(value)
+    views.write(op, dst, value, root_grad, view_scatters.straight_through if root_grad else None)
     return dst
 
 

@@ -17,7 +17,8 @@ import torch
 
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.nn import _LOW_PRECISION, _target_weights, batch_norm_stats, batch_normalized, channel_dims, per_channel
+from thunder_rs.torch.base_losses import _target_weights
+from thunder_rs.torch.nn import _LOW_PRECISION, batch_norm_stats, batch_normalized, channel_dims, per_channel
 
 __all__ = [
     "native_layer_norm", "native_layer_norm_backward", "native_dropout", "native_dropout_backward",

@@ -19,7 +19,8 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, T
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
-from thunder_rs.torch.nn import _reduce, _reduction, _require_float, _sum_all, logsigmoid
+from thunder_rs.torch.base_losses import _reduce, _reduction
+from thunder_rs.torch.nn import _require_float, _sum_all, logsigmoid
 from thunder_rs.torch.special import xlogy
 
 __all__ = [

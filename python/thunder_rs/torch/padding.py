@@ -1,6 +1,6 @@
 """Padding: ``F.pad`` in every mode and ``constant_pad_nd``.
 
-Constant padding is ``ltorch.pad`` (a pad prim, ``torch/shape.py``). Reflect, replicate and
+Constant padding is ``ltorch.pad`` (a pad prim, ``torch/joins.py``). Reflect, replicate and
 circular padding copy input elements: along each padded dim, output position ``j`` reads a
 source position known while tracing, so the padded dim is a concatenation of slices of the
 input (read forwards, or backwards where it reflects). Their gradient is the sum of the
@@ -14,7 +14,8 @@ from thunder_rs import prims
 from thunder_rs.core.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.shape import clone, pad as constant_pad, slice_in_dim
+from thunder_rs.torch.joins import pad as constant_pad
+from thunder_rs.torch.shape import clone, slice_in_dim
 from thunder_rs.torch.views import copy_of
 
 __all__ = ["constant_pad_nd", "reflection_pad", "replication_pad", "circular_pad"]

@@ -28,181 +28,29 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from thunder_rs import clang, prims
+from thunder_rs import prims
 from thunder_rs.core.dtypes import CODES
 from thunder_rs.core.fallback import fallback, qualified_name, user_fallback
-from thunder_rs.core.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
 from thunder_rs.core.proxies import TensorProxy, make_proxy
 from thunder_rs.core.recorder import start_prim_log, stop_prim_log
-from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, check
-from thunder_rs.torch import indexing as _indexing, shape as _shape
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
+from thunder_rs.torch import indexing as _indexing, joins as _joins, shape as _shape
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
+from thunder_rs.torch.strides import is_contiguous, overlaps, strides_of, viewed_strides
+from thunder_rs.torch.view_scatters import (
+    _diagonal_layout,
+    diagonal,
+    diagonal_scatter,
+    slice_scatter,
+    stop_gradient,
+    straight_through,
+)
 
-__all__ = ["slice_scatter", "select_scatter", "diagonal", "diagonal_scatter", "straight_through", "stop_gradient"]
+__all__: list[str] = []
 
 _OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
             "location. Please clone() the tensor before performing the operation.")
-
-
-# -- scatters: the inverses of slicing -------------------------------------------------------------
-
-
-def _slice_config(shape, dim: int, start: int, stop: int, step: int, length: int):
-    """Pad config placing ``length`` elements at start, start + step, ... of ``dim``."""
-    config = [(0, 0, 0)] * len(shape)
-    config[dim] = (start, shape[dim] - (start + (length - 1) * step + 1), step - 1)
-    return config
-
-
-@torchsymbol(torch.slice_scatter, torch.Tensor.slice_scatter)
-def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
-    """``input`` with ``input[..., start:end:step, ...]`` (along ``dim``) replaced by ``src``."""
-    op = "ltorch.slice_scatter"
-    check(input.ndim > 0, op, "slice() cannot be applied to a 0-dim tensor. (argument input)", ThunderRuntimeError)
-    d = clang.canonicalize_dim(input.ndim, dim, op)
-    check(step > 0, op, "slice step must be positive (argument step)", ThunderRuntimeError)
-    begin, stop, _ = slice(start, end, step).indices(input.shape[d])
-    stop = max(begin, stop)
-    length = (stop - begin + step - 1) // step
-    expected = (*input.shape[:d], length, *input.shape[d + 1:])
-    check(tuple(src.shape) == expected, op, lambda: (
-        f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
-        f"{list(expected)} (argument src)"), ThunderRuntimeError)
-    check(src.dtype == input.dtype, op, f"expected src dtype {input.dtype}, got {src.dtype} (argument src)",
-          ThunderRuntimeError)
-    if length == 0 or 0 in input.shape:
-        return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
-    config = _slice_config(input.shape, d, begin, stop, step, length)
-    placed = prims.pad(src, clang.maybe_convert(0, src.dtype), config)
-    written = prims.pad(prims.full(tuple(src.shape), True, src.device, torch.bool), False, config)
-    return prims.where(written, placed, input)
-
-
-@torchsymbol(torch.select_scatter, torch.Tensor.select_scatter)
-def select_scatter(input, src, dim, index):
-    """``input`` with ``input.select(dim, index)`` replaced by ``src``."""
-    op = "ltorch.select_scatter"
-    check(input.ndim > 0, op, "select_scatter() cannot be applied to a 0-dim tensor. (argument input)",
-          ThunderRuntimeError)
-    d = clang.canonicalize_dim(input.ndim, dim, op)
-    size = input.shape[d]
-    check(-size <= index < size, op, f"select(): index {index} out of range for tensor of size {list(input.shape)} "
-          f"at dimension {d} (argument index)", ThunderIndexError)
-    expected = (*input.shape[:d], *input.shape[d + 1:])
-    check(tuple(src.shape) == expected, op, lambda: (
-        f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
-        f"{list(expected)} (argument src)"), ThunderRuntimeError)
-    index %= size
-    return slice_scatter(input, reshape_to(src, (*input.shape[:d], 1, *input.shape[d + 1:])), d, index, index + 1)
-
-
-def _diagonal_layout(shape, offset: int, dim1: int, dim2: int, op: str):
-    """(permutation moving dim1, dim2 last, their sizes, the diagonal's length and first flat position)."""
-    ndim = len(shape)
-    d1 = clang.canonicalize_dim(ndim, dim1, op, "dim1")
-    d2 = clang.canonicalize_dim(ndim, dim2, op, "dim2")
-    check(d1 != d2, op, f"diagonal dimensions cannot be identical {dim1}, {dim2} (argument dim2)", ThunderRuntimeError)
-    rows, cols = shape[d1], shape[d2]
-    length = max(min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols), 0)
-    first = offset if offset >= 0 else -offset * cols
-    perm = (*[d for d in range(ndim) if d not in (d1, d2)], d1, d2)
-    return perm, rows, cols, length, first
-
-
-@torchsymbol(torch.diagonal, torch.Tensor.diagonal)
-def diagonal(input, offset=0, dim1=0, dim2=1):
-    op = "ltorch.diagonal"
-    perm, rows, cols, length, first = _diagonal_layout(tuple(input.shape), offset, dim1, dim2, op)
-    moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
-    batch = tuple(moved.shape[:-2])
-    flat = reshape_to(moved, (*batch, rows * cols))
-    if length == 0:  # an empty view of the input, as eager's (it requires grad as the input does)
-        return slice_in_dim(flat, len(batch), 0, 0, 1)
-    return slice_in_dim(flat, len(batch), first, first + (length - 1) * (cols + 1) + 1, cols + 1)
-
-
-@torchsymbol(torch.diagonal_scatter, torch.Tensor.diagonal_scatter)
-def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
-    """``input`` with ``input.diagonal(offset, dim1, dim2)`` replaced by ``src``."""
-    op = "ltorch.diagonal_scatter"
-    perm, rows, cols, length, first = _diagonal_layout(tuple(input.shape), offset, dim1, dim2, op)
-    batch = tuple(input.shape[d] for d in perm[:-2])
-    check(tuple(src.shape) == (*batch, length), op, lambda: (
-        f"expected src to have a size equal to the diagonal of self. src size = {list(src.shape)}, diagonal size = "
-        f"{[*batch, length]} (argument src)"), ThunderRuntimeError)
-    if length == 0:
-        return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
-    moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
-    flat = reshape_to(moved, (*batch, rows * cols))
-    src = clang.maybe_convert(src, input.dtype)
-    out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * (cols + 1) + 1, cols + 1)
-    out = reshape_to(out, moved.shape)
-    inverse = tuple(sorted(range(input.ndim), key=lambda i: perm[i]))
-    return prims.transpose(out, inverse) if perm != tuple(range(input.ndim)) else out
-
-
-# -- strides ---------------------------------------------------------------------------------------
-
-
-def contiguous_strides(shape) -> tuple[int, ...]:
-    strides, step = [1] * len(shape), 1
-    for d in range(len(shape) - 1, -1, -1):
-        strides[d] = step
-        if shape[d] > 1:
-            step *= shape[d]
-    return tuple(strides)
-
-
-def _is_contiguous(shape, strides) -> bool:
-    """torch's rule: sizes of one (and empty tensors) place no constraint on strides."""
-    if 0 in shape:
-        return True
-    expected = 1
-    for size, stride in zip(reversed(tuple(shape)), reversed(tuple(strides))):
-        if size != 1:
-            if stride != expected:
-                return False
-            expected *= size
-    return True
-
-
-def _overlaps(shape, strides) -> bool:
-    """Whether two elements share memory: an expanded dim (stride 0 over more than one element)."""
-    return any(size > 1 and stride == 0 for size, stride in zip(shape, strides))
-
-
-def _viewed_strides(shape, strides, new_shape):
-    """The strides of ``reshape(new_shape)`` as a view of a tensor with ``shape`` and ``strides``,
-    or None when eager must copy (ATen's ``computeStride``)."""
-    if math.prod(shape) == 0 or not shape:
-        return contiguous_strides(new_shape)
-    new_strides = [0] * len(new_shape)
-    view_d = len(new_shape) - 1
-    chunk_base = strides[-1]
-    tensor_numel = view_numel = 1
-    for d in range(len(shape) - 1, -1, -1):
-        tensor_numel *= shape[d]
-        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
-                new_strides[view_d] = view_numel * chunk_base
-                view_numel *= new_shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk_base = strides[d - 1]
-                tensor_numel = view_numel = 1
-    return tuple(new_strides) if view_d == -1 else None
-
-
-def strides_of(p) -> tuple[int, ...]:
-    """The strides eager's tensor for proxy ``p`` has (views follow their root's)."""
-    link = p._view
-    if link is not None:
-        return link.strides
-    return p._strides if p._strides is not None else contiguous_strides(p.shape)
 
 
 # -- steps -----------------------------------------------------------------------------------------
@@ -237,7 +85,7 @@ class PrimStep(NamedTuple):
         ``strides``; None when eager's op makes a copy."""
         if self.name == "reshape":
             new_shape = tuple(self.params[0])
-            new_strides = _viewed_strides(tuple(shape), tuple(strides), new_shape)
+            new_strides = viewed_strides(tuple(shape), tuple(strides), new_shape)
             return None if new_strides is None else (new_shape, new_strides)
         if self.name == "transpose":
             perm = self.params[0]
@@ -488,7 +336,7 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
         _rebind(dst, value if through is None else _unseen(through, value, dst), requires_grad)
         _refresh(dst, requires_grad)
         return
-    if _overlaps(dst.shape, link.strides):
+    if overlaps(dst.shape, link.strides):
         raise ThunderRuntimeError(f"{op}: {_OVERLAP} (at {user_location()})")
     if any(step.expands for step in link.steps):
         raise ThunderNotImplementedError(
@@ -525,49 +373,6 @@ def detached(p) -> bool:
 def root_of(p):
     link = p._view
     return p if link is None else link.root
-
-
-# -- writes autograd does not see ------------------------------------------------------------------
-
-
-def _value_of(value, like):
-    return value
-
-
-def _detached(a):
-    return a.detach()
-
-
-@torchsymbol(_value_of, name="straight_through")
-def straight_through(value, like):
-    """``value``, whose gradient goes to ``like`` as it is: a tensor written in place where
-    autograd does not see it (under ``torch.no_grad()``, through ``.data`` or ``.detach()``).
-    ``value`` itself may not require grad (computed under ``no_grad``): the decomposition reads
-    ``like`` too (an exact select of ``value``), so the result requires grad as ``like`` does."""
-    keep = prims.broadcast_in_dim(prims.full((), True, value.device, torch.bool), tuple(value.shape), ())
-    return prims.where(keep, value, like)
-
-
-@torchsymbol(_detached, name="stop_gradient")
-def stop_gradient(a):
-    """``a``, through which no gradient flows."""
-    return prims.convert_element_type(a, a.dtype)
-
-
-@register_grad(straight_through)
-def _straight_through_grad(value, like):
-    out = straight_through(value, like)
-    g = get_grad(out)
-    if like.requires_grad:
-        put_grad(like, g)
-    return out
-
-
-@register_grad(stop_gradient)
-def _stop_gradient_grad(a):
-    out = stop_gradient(a)
-    get_grad(out)
-    return out
 
 
 # -- which torch calls make views ------------------------------------------------------------------
@@ -614,11 +419,11 @@ def _in_format(a, memory_format) -> bool:
         return False  # eager's answer for a tensor of another rank
     if memory_format == torch.channels_last and a.ndim == 4:
         n, c, h, w = a.shape
-        return _is_contiguous((n, h, w, c), (strides[0], strides[2], strides[3], strides[1]))
+        return is_contiguous((n, h, w, c), (strides[0], strides[2], strides[3], strides[1]))
     if memory_format == torch.channels_last_3d and a.ndim == 5:
         n, c, d, h, w = a.shape
-        return _is_contiguous((n, d, h, w, c), (strides[0], strides[2], strides[3], strides[4], strides[1]))
-    return _is_contiguous(a.shape, strides)
+        return is_contiguous((n, d, h, w, c), (strides[0], strides[2], strides[3], strides[4], strides[1]))
+    return is_contiguous(a.shape, strides)
 
 
 def _eager_stride(a, dim=None):
@@ -746,7 +551,7 @@ def _checked_view(view_op):
     def view(a, *args, **kwargs):
         out = view_op(a, *args, **kwargs)
         if isinstance(a, TensorProxy) and isinstance(out, TensorProxy) and a.numel() > 0:
-            check(_viewed_strides(tuple(a.shape), strides_of(a), tuple(out.shape)) is not None, "ltorch.view",
+            check(viewed_strides(tuple(a.shape), strides_of(a), tuple(out.shape)) is not None, "ltorch.view",
                   "view size is not compatible with input tensor's size and stride (at least one dimension spans across "
                   "two contiguous subspaces). Use .reshape(...) instead.", ThunderRuntimeError)
         return out
@@ -756,7 +561,7 @@ def _checked_view(view_op):
 
 
 def _symbol(name: str):
-    return getattr(_shape, name, None) or getattr(_indexing, name)
+    return getattr(_shape, name, None) or getattr(_joins, name, None) or getattr(_indexing, name)
 
 
 def _register() -> None:

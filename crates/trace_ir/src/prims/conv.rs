@@ -125,6 +125,19 @@ fn convolution(
     w: &TensorMeta,
     bias: Option<&TensorMeta>,
 ) -> Result<TensorMeta> {
+    let spatial = check_operands(op, a, w, bias)?;
+    check_geometry(op, geo, spatial)?;
+    let out_channels = check_channels(op, geo, a, w, bias)?;
+    let mut shape = vec![a.shape[0], out_channels];
+    for i in 0..spatial {
+        shape.push(spatial_output(op, geo, a, w, i)?);
+    }
+    Ok(TensorMeta::new(a.dtype, a.device, shape))
+}
+
+/// The number of spatial dims of a convolution of `a` with `w`, checking their ranks, dtypes and
+/// devices.
+fn check_operands(op: &str, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -> Result<usize> {
     let spatial = w.ndim().saturating_sub(2);
     if !(1..=3).contains(&spatial) {
         bail!(Value, op, "expected a weight of rank 3, 4 or 5, got {:?} (argument weight)", w.shape);
@@ -144,6 +157,12 @@ fn convolution(
             bail!(Type, op, "a is {} but weight or bias is {}", a.describe(), other.describe());
         }
     }
+    Ok(spatial)
+}
+
+/// Checks that stride, padding, dilation and output padding hold one valid value per spatial
+/// dim, and that groups is positive.
+fn check_geometry(op: &str, geo: &Geometry, spatial: usize) -> Result<()> {
     let lists = [
         ("stride", geo.stride),
         ("padding", geo.padding),
@@ -167,10 +186,15 @@ fn convolution(
             geo.padding
         );
     }
-    let groups = geo.groups;
-    if groups < 1 {
-        bail!(Value, op, "non-positive groups is not supported (argument groups = {groups})");
+    if geo.groups < 1 {
+        bail!(Value, op, "non-positive groups is not supported (argument groups = {})", geo.groups);
     }
+    Ok(())
+}
+
+/// The output channels, checking the input's channels, the weight's groups and the bias's shape.
+fn check_channels(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -> Result<i64> {
+    let groups = geo.groups;
     let (in_channels, out_channels) =
         if geo.transposed { (w.shape[0], w.shape[1] * groups) } else { (w.shape[1] * groups, w.shape[0]) };
     if a.shape[1] != in_channels {
@@ -189,25 +213,26 @@ fn convolution(
             bail!(Runtime, op, "expected a bias of shape [{out_channels}], got {:?} (argument bias)", b.shape);
         }
     }
-    let mut shape = vec![a.shape[0], out_channels];
-    for i in 0..spatial {
-        let (size, k) = (a.shape[2 + i], w.shape[2 + i]);
-        let (s, p, d, op_) = (geo.stride[i], geo.padding[i], geo.dilation[i], geo.output_padding[i]);
-        let out = if geo.transposed {
-            (size - 1) * s - 2 * p + d * (k - 1) + op_ + 1
-        } else {
-            (size + 2 * p - d * (k - 1) - 1).div_euclid(s) + 1
-        };
-        if out < 1 {
-            bail!(
-                Runtime,
-                op,
-                "calculated output size {out} at spatial dim {i} is too small (input {:?}, kernel {:?}) (argument a)",
-                a.shape,
-                w.shape
-            );
-        }
-        shape.push(out);
+    Ok(out_channels)
+}
+
+/// The output size of spatial dim `i`.
+fn spatial_output(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, i: usize) -> Result<i64> {
+    let (size, k) = (a.shape[2 + i], w.shape[2 + i]);
+    let (s, p, d, op_) = (geo.stride[i], geo.padding[i], geo.dilation[i], geo.output_padding[i]);
+    let out = if geo.transposed {
+        (size - 1) * s - 2 * p + d * (k - 1) + op_ + 1
+    } else {
+        (size + 2 * p - d * (k - 1) - 1).div_euclid(s) + 1
+    };
+    if out < 1 {
+        bail!(
+            Runtime,
+            op,
+            "calculated output size {out} at spatial dim {i} is too small (input {:?}, kernel {:?}) (argument a)",
+            a.shape,
+            w.shape
+        );
     }
-    Ok(TensorMeta::new(a.dtype, a.device, shape))
+    Ok(out)
 }

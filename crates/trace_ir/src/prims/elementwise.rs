@@ -413,43 +413,94 @@ impl Family for Elementwise {
 /// `g * f'(x)` for a unary prim `y = f(x)`; `None` where the output carries no gradient.
 fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<Option<ValueId>> {
     use Unary::*;
-    let dtype = e.meta(x).dtype;
-    let c = |v: f64| Arg::Scalar(number(dtype, v));
-    let (one, two) = (c(1.0), c(2.0));
-    // `1 - x*x`, `x*x + 1` and friends: the shared pieces of the inverse trigonometric rules.
-    let square_plus = |e: &mut Emitter, v: ValueId, sign: f64, add: f64| -> Result<ValueId> {
-        let sq = e.mul(v, v)?;
-        let sq = if sign < 0.0 { e.neg(sq)? } else { sq };
-        e.add(sq, e.scalar(v, add))
-    };
     let grad = match prim {
+        Abs | Neg | Sqrt | Rsqrt | Reciprocal | Sign | Floor | Ceil | Round | Trunc => vjp_algebraic(prim, e, x, y, g)?,
+        Exp | Exp2 | Expm1 | Log | Log1p | Log2 | Log10 => vjp_exp_log(prim, e, x, y, g)?,
+        Sin | Cos | Tan | Tanh | Sinh | Cosh => vjp_trigonometric(prim, e, x, y, g)?,
+        Asin | Acos | Atan | Asinh | Acosh | Atanh => vjp_inverse_trigonometric(prim, e, x, g)?,
+        Erf | Erfc | Erfinv | Ndtri | Erfcx | LogNdtr => vjp_error_function(prim, e, x, y, g)?,
+        Lgamma | Digamma | I0 | I0e | I1 | I1e => vjp_gamma_bessel_i(prim, e, x, y, g)?,
+        BesselJ0 | BesselY0 | ModifiedBesselK0 | ModifiedBesselI0 | BesselJ1 | BesselY1 | ModifiedBesselI1
+        | ModifiedBesselK1 => vjp_bessel(prim, e, x, y, g)?,
+        ScaledModifiedBesselK0 | ScaledModifiedBesselK1 | AiryAi | SphericalBesselJ0 => return Ok(None),
+        Signbit | IsFinite | BitwiseNot => return Ok(None),
+    };
+    Ok(Some(grad))
+}
+
+// Each family's rule below is reached only through `vjp_unary`'s dispatch, which sends it the
+// prims of its family: the catch-all arm is that dispatch's invariant, not a case.
+
+/// `1 - v*v`, `v*v + 1` and friends: the shared pieces of the (inverse) trigonometric rules.
+fn square_plus(e: &mut Emitter, v: ValueId, sign: f64, add: f64) -> Result<ValueId> {
+    let sq = e.mul(v, v)?;
+    let sq = if sign < 0.0 { e.neg(sq)? } else { sq };
+    e.add(sq, e.scalar(v, add))
+}
+
+/// abs, neg, the roots and reciprocal, and the piecewise-constant rounding and sign (zero).
+fn vjp_algebraic(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<ValueId> {
+    use Unary::*;
+    Ok(match prim {
         Abs => {
             let s = e.unary(Sign, x)?;
             e.mul(g, s)?
         }
         Neg => e.neg(g)?,
+        Sqrt => {
+            let t = e.mul(y, e.scalar(x, 2.0))?;
+            e.div(g, t)?
+        }
+        Rsqrt => {
+            let t = e.mul(y, y)?;
+            let t = e.mul(t, y)?;
+            let t = e.mul(t, e.scalar(x, -0.5))?;
+            e.mul(g, t)?
+        }
+        Reciprocal => {
+            let t = e.mul(y, y)?;
+            let t = e.mul(g, t)?;
+            e.neg(t)?
+        }
+        Sign | Floor | Ceil | Round | Trunc => e.zeros_like(x)?,
+        _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),
+    })
+}
+
+/// The exponentials and logarithms.
+fn vjp_exp_log(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<ValueId> {
+    use Unary::*;
+    Ok(match prim {
         Exp => e.mul(g, y)?,
         Exp2 => {
             let t = e.mul(g, y)?;
-            e.mul(t, c(LN_2))?
+            e.mul(t, e.scalar(x, LN_2))?
         }
         Expm1 => {
-            let t = e.add(y, one)?;
+            let t = e.add(y, e.scalar(x, 1.0))?;
             e.mul(g, t)?
         }
         Log => e.div(g, x)?,
         Log1p => {
-            let t = e.add(x, one)?;
+            let t = e.add(x, e.scalar(x, 1.0))?;
             e.div(g, t)?
         }
         Log2 => {
-            let t = e.mul(x, c(LN_2))?;
+            let t = e.mul(x, e.scalar(x, LN_2))?;
             e.div(g, t)?
         }
         Log10 => {
-            let t = e.mul(x, c(LN_10))?;
+            let t = e.mul(x, e.scalar(x, LN_10))?;
             e.div(g, t)?
         }
+        _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),
+    })
+}
+
+/// The circular and hyperbolic functions.
+fn vjp_trigonometric(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<ValueId> {
+    use Unary::*;
+    Ok(match prim {
         Sin => {
             let t = e.unary(Cos, x)?;
             e.mul(g, t)?
@@ -475,6 +526,14 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
             let t = e.unary(Sinh, x)?;
             e.mul(g, t)?
         }
+        _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),
+    })
+}
+
+/// The inverse circular and hyperbolic functions, all of `x` alone.
+fn vjp_inverse_trigonometric(prim: Unary, e: &mut Emitter, x: ValueId, g: ValueId) -> Result<ValueId> {
+    use Unary::*;
+    Ok(match prim {
         Asin | Acos => {
             let t = square_plus(e, x, -1.0, 1.0)?;
             let r = e.unary(Rsqrt, t)?;
@@ -503,34 +562,57 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
             let t = square_plus(e, x, -1.0, 1.0)?;
             e.div(g, t)?
         }
+        _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),
+    })
+}
+
+/// The error function, its inverse and complement, and the normal distribution's functions.
+fn vjp_error_function(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<ValueId> {
+    use Unary::*;
+    Ok(match prim {
         Erf | Erfc => {
             let t = square_plus(e, x, -1.0, 0.0)?;
             let t = e.unary(Exp, t)?;
             let sign = if prim == Erf { 1.0 } else { -1.0 };
-            let t = e.mul(t, c(sign * 2.0 / PI.sqrt()))?;
+            let t = e.mul(t, e.scalar(x, sign * 2.0 / PI.sqrt()))?;
             e.mul(g, t)?
         }
         Erfinv => {
             let t = e.mul(y, y)?;
             let t = e.unary(Exp, t)?;
-            let t = e.mul(t, c(PI.sqrt() / 2.0))?;
+            let t = e.mul(t, e.scalar(x, PI.sqrt() / 2.0))?;
             e.mul(g, t)?
         }
-        Sqrt => {
-            let t = e.mul(y, two)?;
-            e.div(g, t)?
-        }
-        Rsqrt => {
+        Ndtri => {
             let t = e.mul(y, y)?;
-            let t = e.mul(t, y)?;
-            let t = e.mul(t, c(-0.5))?;
+            let t = e.mul(t, e.scalar(x, 0.5))?;
+            let t = e.unary(Exp, t)?;
+            let t = e.mul(t, e.scalar(x, (2.0 * PI).sqrt()))?;
             e.mul(g, t)?
         }
-        Reciprocal => {
-            let t = e.mul(y, y)?;
-            let t = e.mul(g, t)?;
-            e.neg(t)?
+        Erfcx => {
+            let t = e.mul(x, y)?;
+            let t = e.mul(t, e.scalar(x, 2.0))?;
+            let t = e.sub(t, e.scalar(x, 2.0 / PI.sqrt()))?;
+            e.mul(g, t)?
         }
+        LogNdtr => {
+            let t = e.mul(x, x)?;
+            let t = e.mul(t, e.scalar(x, -0.5))?;
+            let t = e.sub(t, y)?;
+            let t = e.unary(Exp, t)?;
+            let t = e.mul(t, e.scalar(x, 1.0 / (2.0 * PI).sqrt()))?;
+            e.mul(g, t)?
+        }
+        _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),
+    })
+}
+
+/// The gamma functions and the modified Bessel functions of the first kind `i0`, `i1` and their
+/// scaled forms (torch's `special.i0`...).
+fn vjp_gamma_bessel_i(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<ValueId> {
+    use Unary::*;
+    Ok(match prim {
         Lgamma => {
             let t = e.unary(Digamma, x)?;
             e.mul(g, t)?
@@ -561,31 +643,18 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
             }
             let b = e.unary(bessel, x)?;
             let t = e.sub(b, t)?;
-            let at_zero = e.binary(Binary::Eq, x, c(0.0))?;
-            let t = e.where_(at_zero, c(0.5), t)?;
+            let at_zero = e.binary(Binary::Eq, x, e.scalar(x, 0.0))?;
+            let t = e.where_(at_zero, e.scalar(x, 0.5), t)?;
             e.mul(g, t)?
         }
-        Ndtri => {
-            let t = e.mul(y, y)?;
-            let t = e.mul(t, c(0.5))?;
-            let t = e.unary(Exp, t)?;
-            let t = e.mul(t, c((2.0 * PI).sqrt()))?;
-            e.mul(g, t)?
-        }
-        Erfcx => {
-            let t = e.mul(x, y)?;
-            let t = e.mul(t, two)?;
-            let t = e.sub(t, c(2.0 / PI.sqrt()))?;
-            e.mul(g, t)?
-        }
-        LogNdtr => {
-            let t = e.mul(x, x)?;
-            let t = e.mul(t, c(-0.5))?;
-            let t = e.sub(t, y)?;
-            let t = e.unary(Exp, t)?;
-            let t = e.mul(t, c(1.0 / (2.0 * PI).sqrt()))?;
-            e.mul(g, t)?
-        }
+        _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),
+    })
+}
+
+/// The Bessel functions of orders 0 and 1 (torch's `special.bessel_j0`...).
+fn vjp_bessel(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -> Result<ValueId> {
+    use Unary::*;
+    Ok(match prim {
         BesselJ0 | BesselY0 | ModifiedBesselK0 => {
             // j0' = -j1, y0' = -y1, k0' = -k1.
             let first = match prim {
@@ -615,18 +684,15 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
             let t = e.sub(z, t)?;
             // j1 and i1 are 1/2 at 0, where y / x is 0 / 0 (as torch); y1 and k1 are singular there.
             let t = if matches!(prim, BesselJ1 | ModifiedBesselI1) {
-                let at_zero = e.binary(Binary::Eq, x, c(0.0))?;
-                e.where_(at_zero, c(0.5), t)?
+                let at_zero = e.binary(Binary::Eq, x, e.scalar(x, 0.0))?;
+                e.where_(at_zero, e.scalar(x, 0.5), t)?
             } else {
                 t
             };
             e.mul(g, t)?
         }
-        ScaledModifiedBesselK0 | ScaledModifiedBesselK1 | AiryAi | SphericalBesselJ0 => return Ok(None),
-        Sign | Floor | Ceil | Round | Trunc => e.zeros_like(x)?,
-        Signbit | IsFinite | BitwiseNot => return Ok(None),
-    };
-    Ok(Some(grad))
+        _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),
+    })
 }
 
 /// The gradients of a binary elementwise prim `y = f(a, b)`; `ta`/`tb` are the operands that
@@ -658,58 +724,14 @@ fn vjp_binary(
             let t = e.mul(g, q)?;
             (Some(g), Some(e.neg(t)?))
         }
-        Maximum | Minimum => {
-            // As torch: ties split the gradient in halves, and an operand gets none only where the
-            // other strictly wins (so both get it where either is NaN).
-            let half = e.mul(g, e.scalar(g, 0.5))?;
-            let tie = e.binary(Eq, a.clone(), b.clone())?;
-            let (a_loses, b_loses) = if prim == Maximum { (Lt, Gt) } else { (Gt, Lt) };
-            let a_loses = e.binary(a_loses, a.clone(), b.clone())?;
-            let b_loses = e.binary(b_loses, a.clone(), b.clone())?;
-            let ga = e.where_(a_loses, zero.clone(), g)?;
-            let ga = e.where_(tie, half, ga)?;
-            let gb = e.where_(b_loses, zero.clone(), g)?;
-            let gb = e.where_(tie, half, gb)?;
-            (Some(ga), Some(gb))
-        }
-        Atan2 => {
-            // As torch: g * b * recip and g * -a * recip, recip = 1 / (a^2 + b^2), 0 at the origin.
-            let aa = e.mul(a.clone(), a.clone())?;
-            let bb = e.mul(b.clone(), b.clone())?;
-            let denom = e.add(aa, bb)?;
-            let (zero, one) = (e.scalar(denom, 0.0), e.scalar(denom, 1.0));
-            let recip = e.div(one, denom)?;
-            let origin = e.binary(Binary::Eq, denom, zero.clone())?;
-            let recip = e.where_(origin, zero, recip)?;
-            let ga = e.mul(g, b.clone())?;
-            let ga = e.mul(ga, recip)?;
-            // -(g * a * recip) is g * -a * recip exactly: negation commutes with rounding.
-            let gb = e.mul(g, a.clone())?;
-            let gb = e.mul(gb, recip)?;
-            (Some(ga), Some(e.neg(gb)?))
-        }
+        Maximum | Minimum => vjp_extremum(prim, e, (a, b), g, zero)?,
+        Atan2 => vjp_atan2(e, (a, b), g)?,
         Nextafter => {
             // As torch: the gradient passes to a where a != b, and never to b.
             let equal = e.binary(Eq, a.clone(), b.clone())?;
             (Some(e.where_(equal, zero.clone(), g)?), Some(e.zeros_like(g)?))
         }
-        Zeta => {
-            // As torch: d/dq zeta(x, q) = -x zeta(x + 1, q); there is no derivative in x.
-            let x_requires_grad = a
-                .as_value()
-                .is_some_and(|v| matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad));
-            if x_requires_grad {
-                bail!(NotImplemented, "prims.zeta", "the derivative of zeta with respect to x is not implemented (in torch either); detach x (argument a)");
-            }
-            let x1 = match number_value(e, a) {
-                Some(x) => Arg::Scalar(number(e.meta(g).dtype, x + 1.0)),
-                None => Arg::Value(e.add(a.clone(), e.scalar(g, 1.0))?),
-            };
-            let z = e.binary(Zeta, x1, b.clone())?;
-            let t = e.mul(z, a.clone())?;
-            let t = e.mul(g, t)?;
-            (None, Some(e.neg(t)?))
-        }
+        Zeta => vjp_zeta(e, (a, b), g)?,
         Eq | Ne | Lt | Le | Gt | Ge | BitwiseAnd | BitwiseOr | BitwiseXor => (None, None),
         ChebyshevPolynomialT
         | ChebyshevPolynomialU
@@ -724,6 +746,66 @@ fn vjp_binary(
         | LaguerrePolynomialL
         | LegendrePolynomialP => (None, None),
     })
+}
+
+/// maximum and minimum: ties split the gradient in halves, and an operand gets none only where
+/// the other strictly wins (so both get it where either is NaN), as torch.
+fn vjp_extremum(
+    prim: Binary,
+    e: &mut Emitter,
+    (a, b): (&Arg, &Arg),
+    g: ValueId,
+    zero: Arg,
+) -> Result<(Option<ValueId>, Option<ValueId>)> {
+    use Binary::*;
+    let half = e.mul(g, e.scalar(g, 0.5))?;
+    let tie = e.binary(Eq, a.clone(), b.clone())?;
+    let (a_loses, b_loses) = if prim == Maximum { (Lt, Gt) } else { (Gt, Lt) };
+    let a_loses = e.binary(a_loses, a.clone(), b.clone())?;
+    let b_loses = e.binary(b_loses, a.clone(), b.clone())?;
+    let ga = e.where_(a_loses, zero.clone(), g)?;
+    let ga = e.where_(tie, half, ga)?;
+    let gb = e.where_(b_loses, zero.clone(), g)?;
+    let gb = e.where_(tie, half, gb)?;
+    Ok((Some(ga), Some(gb)))
+}
+
+/// atan2 as torch: g * b * recip and g * -a * recip, recip = 1 / (a^2 + b^2), 0 at the origin.
+fn vjp_atan2(e: &mut Emitter, (a, b): (&Arg, &Arg), g: ValueId) -> Result<(Option<ValueId>, Option<ValueId>)> {
+    let aa = e.mul(a.clone(), a.clone())?;
+    let bb = e.mul(b.clone(), b.clone())?;
+    let denom = e.add(aa, bb)?;
+    let (zero, one) = (e.scalar(denom, 0.0), e.scalar(denom, 1.0));
+    let recip = e.div(one, denom)?;
+    let origin = e.binary(Binary::Eq, denom, zero.clone())?;
+    let recip = e.where_(origin, zero, recip)?;
+    let ga = e.mul(g, b.clone())?;
+    let ga = e.mul(ga, recip)?;
+    // -(g * a * recip) is g * -a * recip exactly: negation commutes with rounding.
+    let gb = e.mul(g, a.clone())?;
+    let gb = e.mul(gb, recip)?;
+    Ok((Some(ga), Some(e.neg(gb)?)))
+}
+
+/// zeta as torch: d/dq zeta(x, q) = -x zeta(x + 1, q); there is no derivative in x.
+fn vjp_zeta(e: &mut Emitter, (a, b): (&Arg, &Arg), g: ValueId) -> Result<(Option<ValueId>, Option<ValueId>)> {
+    let x_requires_grad =
+        a.as_value().is_some_and(|v| matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad));
+    if x_requires_grad {
+        bail!(
+            NotImplemented,
+            "prims.zeta",
+            "the derivative of zeta with respect to x is not implemented (in torch either); detach x (argument a)"
+        );
+    }
+    let x1 = match number_value(e, a) {
+        Some(x) => Arg::Scalar(number(e.meta(g).dtype, x + 1.0)),
+        None => Arg::Value(e.add(a.clone(), e.scalar(g, 1.0))?),
+    };
+    let z = e.binary(Binary::Zeta, x1, b.clone())?;
+    let t = e.mul(z, a.clone())?;
+    let t = e.mul(g, t)?;
+    Ok((None, Some(e.neg(t)?)))
 }
 
 /// The value of a number operand (a literal or a number input); `None` for tensors.

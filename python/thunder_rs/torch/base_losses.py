@@ -1,0 +1,210 @@
+"""The base losses (``torch.nn.functional``): ``nll_loss``, ``cross_entropy`` and ``mse_loss``,
+with the reduction and target checks that the other losses (``losses.py``) and the grad rules
+(``grads.py``) share.
+
+Half-precision inputs are computed in float32 and converted back, as eager kernels do.
+"""
+
+
+import torch
+import torch.nn.functional as F
+
+from thunder_rs import clang, prims
+from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.errors import (
+    ThunderRuntimeError,
+    check,
+)
+from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.nn import _require_float, _sum_all, log_softmax
+
+T = torch.Tensor
+__all__ = ["nll_loss", "cross_entropy", "mse_loss"]
+
+
+# -- losses ----------------------------------------------------------------------------------------
+
+
+def _reduction(op: str, reduction: str, size_average, reduce) -> str:
+    """The reduction, from the deprecated size_average/reduce flags when either is given."""
+    if size_average is not None or reduce is not None:
+        size_average = True if size_average is None else size_average
+        reduce = True if reduce is None else reduce
+        reduction = "none" if not reduce else ("mean" if size_average else "sum")
+    check(reduction in ("none", "mean", "sum"), op, f"{reduction} is not a valid value for reduction (argument reduction)")
+    return reduction
+
+
+def _reduce(op: str, loss, reduction: str, divisor=None):
+    """``loss`` reduced: summed, or summed and divided by ``divisor`` (default: its element count)."""
+    if reduction == "none":
+        return loss
+    total = _sum_all(loss)
+    if reduction == "sum":
+        return total
+    if divisor is None:
+        divisor = float(loss.numel())
+    return clang.elementwise(prims.div, op, total, divisor)
+
+
+def _check_class_weight(op: str, weight, classes: int) -> None:
+    if weight is None:
+        return
+    check(weight.ndim == 1 and weight.shape[0] == classes, op,
+          lambda: f"weight tensor should be defined either for all {classes} classes or no classes but got weight "
+                  f"tensor of shape: {list(weight.shape)} (argument weight)", ThunderRuntimeError)
+
+
+def _check_targets(op: str, input, target) -> None:
+    """Class-index targets: an integer tensor shaped like ``input`` without its class dim."""
+    check(input.ndim >= 1, op, f"Expected 1 or more dimensions (got {input.ndim}) (argument input)")
+    batch = target.shape[0] if target.ndim else 0
+    check(input.ndim == 1 or input.shape[0] == batch, op,
+          f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({batch}) (argument target)")
+    check(target.dtype in (torch.int64, torch.uint8), op,
+          f"expected target dtype to be Long or Byte, but got {target.dtype} (argument target)", ThunderRuntimeError)
+    expected = tuple(input.shape[:1]) + tuple(input.shape[2:]) if input.ndim > 1 else ()
+    check(tuple(target.shape) == expected, op,
+          f"Expected target size {list(expected)}, got {list(target.shape)} (argument target)", ThunderRuntimeError)
+
+
+def _target_weights(target, weight, ignore_index: int, dtype):
+    """Each target's class weight (1 without weights) and 0 where it is ignored; the ignored
+    mask; and the targets as int64 indices with ignored ones replaced by 0 (they may be out of range)."""
+    target = clang.maybe_convert(target, torch.int64)
+    ignored = prims.eq(target, ignore_index)
+    safe = prims.where(ignored, 0, target)
+    if weight is None:
+        weights = prims.where(ignored, 0.0, prims.full(tuple(target.shape), 1.0, target.device, dtype))
+    else:
+        flat = prims.reshape(safe, (target.numel(),))
+        weights = prims.where(ignored, 0.0, prims.reshape(prims.take(weight, flat, 0), target.shape))
+    return weights, ignored, safe
+
+
+def _picked_log_probs(log_probs, target, weight, ignore_index: int):
+    """-log_probs at each target class times its weight (zero where ignored), and those weights."""
+    class_dim = 0 if log_probs.ndim == 1 else 1
+    weights, _, safe = _target_weights(target, weight, ignore_index, log_probs.dtype)
+    index_shape = (*target.shape[:class_dim], 1, *target.shape[class_dim:])
+    picked = prims.reshape(prims.take_along_axis(log_probs, prims.reshape(safe, index_shape), class_dim), target.shape)
+    return prims.mul(prims.neg(picked), weights), weights
+
+
+def _check_nll(op: str, log_probs, target, weight) -> None:
+    _require_float(op, log_probs)
+    _check_targets(op, log_probs, target)
+    _check_class_weight(op, weight, log_probs.shape[0 if log_probs.ndim == 1 else 1])
+    check(weight is None or weight.dtype == log_probs.dtype, op,
+          lambda: f"expected weight to have dtype {log_probs.dtype}, but got {weight.dtype} (argument weight)",
+          ThunderRuntimeError)
+
+
+def _refuse_weight_grad(op: str, weight) -> None:
+    """Eager's nll_loss has no derivative for its class weights: its forward raises."""
+    check(weight is None or not (weight.requires_grad and torch.is_grad_enabled()), op,
+          "the function 'nll_loss_forward' is not differentiable with respect to argument 'weight'; "
+          "detach the weight (argument weight)", ThunderRuntimeError)
+
+
+def _eager_nll_loss(input, target, weight=None, *args, **kwargs):
+    """``F.nll_loss`` as the program calls it (thunder_rs's own calls of ``ltorch.nll_loss``, in
+    kernels' decompositions, may differentiate the weight)."""
+    _refuse_weight_grad("ltorch.nll_loss", weight)
+    return nll_loss(input, target, weight, *args, **kwargs)
+
+
+def _nll(op: str, log_probs, target, weight, ignore_index: int, reduction: str):
+    _check_nll(op, log_probs, target, weight)
+    losses, weights = _picked_log_probs(log_probs, target, weight, ignore_index)
+    return _reduce(op, losses, reduction, _sum_all(weights) if reduction == "mean" else None)
+
+
+@torchsymbol(F.nll_loss)
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    op = "ltorch.nll_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    return _nll(op, input, target, weight, ignore_index, reduction)
+
+
+TORCH_TO_LTORCH[F.nll_loss] = _eager_nll_loss
+
+
+def _class_weight(weight, ndim: int, class_dim: int):
+    """``weight`` shaped to broadcast along ``class_dim`` of an ``ndim``-dim tensor."""
+    return prims.reshape(weight, tuple(weight.shape[0] if d == class_dim else 1 for d in range(ndim)))
+
+
+def _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothing):
+    """Cross entropy against class probabilities ``target`` (the same shape as the input)."""
+    class_dim = 0 if log_probs.ndim == 1 else 1
+    classes = log_probs.shape[class_dim]
+    _check_class_weight(op, weight, classes)
+    if label_smoothing > 0:
+        target = clang.elementwise(prims.add, op, clang.elementwise(prims.mul, op, target, 1 - label_smoothing),
+                                   label_smoothing / classes)
+    terms = clang.elementwise(prims.mul, op, log_probs, target)
+    if weight is not None:
+        terms = clang.elementwise(prims.mul, op, terms, _class_weight(weight, log_probs.ndim, class_dim))
+    if reduction == "none":
+        return prims.neg(prims.sum(terms, (class_dim,)))
+    total = prims.neg(_sum_all(terms))
+    if reduction == "sum":
+        return total
+    # The mean is over the batch elements, not the classes; an empty batch gives NaN as in eager.
+    return prims.div(total, float(log_probs.numel() // classes) if classes else 0.0)
+
+
+def _smoothing_term(op, log_probs, target, weight, ignore_index: int, reduction: str):
+    """The label-smoothing part of cross entropy with class-index targets (before its factor)."""
+    class_dim = 0 if log_probs.ndim == 1 else 1
+    weights, ignored, _ = _target_weights(target, weight, ignore_index, log_probs.dtype)
+    if weight is not None:
+        log_probs = prims.mul(log_probs, clang.expand_to(_class_weight(weight, log_probs.ndim, class_dim), log_probs.shape))
+    smooth = prims.where(ignored, 0.0, prims.neg(prims.sum(log_probs, (class_dim,))))
+    return _reduce(op, smooth, reduction, _sum_all(weights) if reduction == "mean" else None)
+
+
+@torchsymbol(F.cross_entropy)
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0):
+    op = "ltorch.cross_entropy"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    check(0.0 <= label_smoothing <= 1.0, op,
+          f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing} (argument label_smoothing)",
+          ThunderRuntimeError)
+    probabilities = tuple(input.shape) == tuple(target.shape)
+    check(not probabilities or target.dtype.is_floating_point, op,
+          f"Expected floating point type for target with class probabilities, got {target.dtype} (argument target)",
+          ThunderRuntimeError)
+    check(not probabilities or ignore_index == -100, op,
+          "ignore_index is not supported for floating point target (argument ignore_index)", ThunderRuntimeError)
+    _require_float(op, input)
+    class_dim = 0 if input.ndim <= 1 else 1
+    log_probs = log_softmax(input, class_dim)
+    if probabilities:
+        return _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothing)
+    # nll_loss as a symbol of its own, so that its grad rule (and kernel) differentiates it.
+    _check_nll(op, log_probs, target, weight)
+    _refuse_weight_grad(op, weight)
+    loss = nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
+    if label_smoothing == 0:
+        return loss
+    smooth = _smoothing_term(op, log_probs, target, weight, ignore_index, reduction)
+    classes = input.shape[class_dim]
+    return prims.add(prims.mul(loss, 1 - label_smoothing), prims.mul(smooth, label_smoothing / classes))
+
+
+@torchsymbol(F.mse_loss)
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    op = "ltorch.mse_loss"
+    reduction = _reduction(op, reduction, size_average, reduce)
+    clang.broadcast_shapes(op, input.shape, target.shape)
+    diff = clang.elementwise(prims.sub, op, input, target)
+    if weight is None:
+        _require_float(op, diff)
+        return _reduce(op, prims.mul(diff, diff), reduction)
+    check(tuple(weight.shape) == tuple(input.shape), op, "Weights and input must have the same size. (argument weight)")
+    weighted = clang.elementwise(prims.mul, op, prims.mul(diff, diff), weight)
+    return _reduce(op, weighted, reduction, _sum_all(weight) if reduction == "mean" else None)
+

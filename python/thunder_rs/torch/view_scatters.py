@@ -1,0 +1,156 @@
+"""The ops a write through a view records, as ltorch symbols: the scatters that invert slicing
+and taking a diagonal (``slice_scatter``, ``select_scatter``, ``diagonal_scatter``, beside
+``diagonal`` itself), and ``straight_through``/``stop_gradient`` for writes autograd does not
+see. ``views.py`` tracks which proxies alias which and records these on a write.
+"""
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
+from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.shape import reshape_to, slice_in_dim
+
+__all__ = ["slice_scatter", "select_scatter", "diagonal", "diagonal_scatter", "straight_through", "stop_gradient"]
+
+
+# -- scatters: the inverses of slicing -------------------------------------------------------------
+
+
+def _slice_config(shape, dim: int, start: int, stop: int, step: int, length: int):
+    """Pad config placing ``length`` elements at start, start + step, ... of ``dim``."""
+    config = [(0, 0, 0)] * len(shape)
+    config[dim] = (start, shape[dim] - (start + (length - 1) * step + 1), step - 1)
+    return config
+
+
+@torchsymbol(torch.slice_scatter, torch.Tensor.slice_scatter)
+def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
+    """``input`` with ``input[..., start:end:step, ...]`` (along ``dim``) replaced by ``src``."""
+    op = "ltorch.slice_scatter"
+    check(input.ndim > 0, op, "slice() cannot be applied to a 0-dim tensor. (argument input)", ThunderRuntimeError)
+    d = clang.canonicalize_dim(input.ndim, dim, op)
+    check(step > 0, op, "slice step must be positive (argument step)", ThunderRuntimeError)
+    begin, stop, _ = slice(start, end, step).indices(input.shape[d])
+    stop = max(begin, stop)
+    length = (stop - begin + step - 1) // step
+    expected = (*input.shape[:d], length, *input.shape[d + 1:])
+    check(tuple(src.shape) == expected, op, lambda: (
+        f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
+        f"{list(expected)} (argument src)"), ThunderRuntimeError)
+    check(src.dtype == input.dtype, op, f"expected src dtype {input.dtype}, got {src.dtype} (argument src)",
+          ThunderRuntimeError)
+    if length == 0 or 0 in input.shape:
+        return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
+    config = _slice_config(input.shape, d, begin, stop, step, length)
+    placed = prims.pad(src, clang.maybe_convert(0, src.dtype), config)
+    written = prims.pad(prims.full(tuple(src.shape), True, src.device, torch.bool), False, config)
+    return prims.where(written, placed, input)
+
+
+@torchsymbol(torch.select_scatter, torch.Tensor.select_scatter)
+def select_scatter(input, src, dim, index):
+    """``input`` with ``input.select(dim, index)`` replaced by ``src``."""
+    op = "ltorch.select_scatter"
+    check(input.ndim > 0, op, "select_scatter() cannot be applied to a 0-dim tensor. (argument input)",
+          ThunderRuntimeError)
+    d = clang.canonicalize_dim(input.ndim, dim, op)
+    size = input.shape[d]
+    check(-size <= index < size, op, f"select(): index {index} out of range for tensor of size {list(input.shape)} "
+          f"at dimension {d} (argument index)", ThunderIndexError)
+    expected = (*input.shape[:d], *input.shape[d + 1:])
+    check(tuple(src.shape) == expected, op, lambda: (
+        f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
+        f"{list(expected)} (argument src)"), ThunderRuntimeError)
+    index %= size
+    return slice_scatter(input, reshape_to(src, (*input.shape[:d], 1, *input.shape[d + 1:])), d, index, index + 1)
+
+
+def _diagonal_layout(shape, offset: int, dim1: int, dim2: int, op: str):
+    """(permutation moving dim1, dim2 last, their sizes, the diagonal's length and first flat position)."""
+    ndim = len(shape)
+    d1 = clang.canonicalize_dim(ndim, dim1, op, "dim1")
+    d2 = clang.canonicalize_dim(ndim, dim2, op, "dim2")
+    check(d1 != d2, op, f"diagonal dimensions cannot be identical {dim1}, {dim2} (argument dim2)", ThunderRuntimeError)
+    rows, cols = shape[d1], shape[d2]
+    length = max(min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols), 0)
+    first = offset if offset >= 0 else -offset * cols
+    perm = (*[d for d in range(ndim) if d not in (d1, d2)], d1, d2)
+    return perm, rows, cols, length, first
+
+
+@torchsymbol(torch.diagonal, torch.Tensor.diagonal)
+def diagonal(input, offset=0, dim1=0, dim2=1):
+    op = "ltorch.diagonal"
+    perm, rows, cols, length, first = _diagonal_layout(tuple(input.shape), offset, dim1, dim2, op)
+    moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
+    batch = tuple(moved.shape[:-2])
+    flat = reshape_to(moved, (*batch, rows * cols))
+    if length == 0:  # an empty view of the input, as eager's (it requires grad as the input does)
+        return slice_in_dim(flat, len(batch), 0, 0, 1)
+    return slice_in_dim(flat, len(batch), first, first + (length - 1) * (cols + 1) + 1, cols + 1)
+
+
+@torchsymbol(torch.diagonal_scatter, torch.Tensor.diagonal_scatter)
+def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
+    """``input`` with ``input.diagonal(offset, dim1, dim2)`` replaced by ``src``."""
+    op = "ltorch.diagonal_scatter"
+    perm, rows, cols, length, first = _diagonal_layout(tuple(input.shape), offset, dim1, dim2, op)
+    batch = tuple(input.shape[d] for d in perm[:-2])
+    check(tuple(src.shape) == (*batch, length), op, lambda: (
+        f"expected src to have a size equal to the diagonal of self. src size = {list(src.shape)}, diagonal size = "
+        f"{[*batch, length]} (argument src)"), ThunderRuntimeError)
+    if length == 0:
+        return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
+    moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
+    flat = reshape_to(moved, (*batch, rows * cols))
+    src = clang.maybe_convert(src, input.dtype)
+    out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * (cols + 1) + 1, cols + 1)
+    out = reshape_to(out, moved.shape)
+    inverse = tuple(sorted(range(input.ndim), key=lambda i: perm[i]))
+    return prims.transpose(out, inverse) if perm != tuple(range(input.ndim)) else out
+
+
+# -- writes autograd does not see ------------------------------------------------------------------
+
+
+def _value_of(value, like):
+    return value
+
+
+def _detached(a):
+    return a.detach()
+
+
+@torchsymbol(_value_of, name="straight_through")
+def straight_through(value, like):
+    """``value``, whose gradient goes to ``like`` as it is: a tensor written in place where
+    autograd does not see it (under ``torch.no_grad()``, through ``.data`` or ``.detach()``).
+    ``value`` itself may not require grad (computed under ``no_grad``): the decomposition reads
+    ``like`` too (an exact select of ``value``), so the result requires grad as ``like`` does."""
+    keep = prims.broadcast_in_dim(prims.full((), True, value.device, torch.bool), tuple(value.shape), ())
+    return prims.where(keep, value, like)
+
+
+@torchsymbol(_detached, name="stop_gradient")
+def stop_gradient(a):
+    """``a``, through which no gradient flows."""
+    return prims.convert_element_type(a, a.dtype)
+
+
+@register_grad(straight_through)
+def _straight_through_grad(value, like):
+    out = straight_through(value, like)
+    g = get_grad(out)
+    if like.requires_grad:
+        put_grad(like, g)
+    return out
+
+
+@register_grad(stop_gradient)
+def _stop_gradient_grad(a):
+    out = stop_gradient(a)
+    get_grad(out)
+    return out
+
