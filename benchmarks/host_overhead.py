@@ -145,7 +145,7 @@ def _part(file: str, name: str) -> str:
         return "generated backward" if name == "backward" else "generated forward"
     if file == "~":
         return "torch ops and builtins (C)"
-    for marker, part in (("thunder_rs/core/autograd.py", "autograd glue (core/autograd.py)"),
+    for marker, part in (("thunder_rs/core/run/autograd.py", "autograd glue (core/run/autograd.py)"),
                          ("torch/autograd/function.py", "autograd glue (torch.autograd.Function)"),
                          ("thunder_rs/executors", "executors' Python"), ("thunder_rs/", "jit: cache, guards, entry"),
                          ("torch/optim", "optimizer (eager in every column)")):
@@ -171,7 +171,7 @@ def profile_parts(step, steps: int) -> dict:
 def timing_generated_code(phases: Counter):
     """While active, jits compiled add the ns their generated forward and backward take to
     ``phases`` (wrapping what ``core.jit`` hands to ``core.autograd.grad_function``)."""
-    import thunder_rs.core.jit as jit_module  # noqa: PLC0415 (the benchmark reaches into the jit)
+    import thunder_rs.core.run.jit as jit_module  # noqa: PLC0415 (the benchmark reaches into the jit)
 
     original = jit_module.grad_function
 

@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunder_rs
-from thunder_rs.core import sdp_state
+from thunder_rs.core.lang import sdp_state
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 from thunder_rs.executors.torch_ex import _efficient_bias, _rng_as, torch_ex
 from thunder_rs.torch import fused_attention as fa

@@ -157,7 +157,7 @@ def test_grad_rule_api_errors_name_the_argument():
 
 
 def test_a_registered_rule_replaces_the_decomposition_and_is_checked():
-    from thunder_rs.core.recorder import GRAD_RULES
+    from thunder_rs.core.lang.recorder import GRAD_RULES
 
     calls = []
     builtin = GRAD_RULES.get(ltorch.silu.symbol_id)  # silu has a rule of its own: put back after
@@ -428,7 +428,7 @@ def test_writing_a_saved_tensor_after_the_backward_is_allowed():
     lambda x: (torch.view_as_complex(x.reshape(4, 2, 2)) @ torch.ones(2, 2, dtype=torch.complex64)).abs().sum(),
 ])
 def test_a_complex_value_that_carries_a_gradient_gets_eagers(program):
-    # Calls differentiating complex values run as eager's ops (core/complex_calls.py).
+    # Calls differentiating complex values run as eager's ops (core/lang/complex_calls.py).
     x = torch.randn(4, 4, requires_grad=True)
     jfn = thunder_rs.jit(program)
     torch.testing.assert_close(jfn(x), program(x))

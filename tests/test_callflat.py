@@ -9,7 +9,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunder_rs
-from thunder_rs.core import callflat
+from thunder_rs.core.run import callflat
 
 NT = collections.namedtuple("NT", "a b")
 

@@ -3,7 +3,7 @@ as a number, ``nonzero``/``where``/boolean-mask sizes, value checks that raise, 
 the Hugging Face models that do these (DeBERTa-v2's classification loss, Wav2Vec2's CTC loss).
 
 Each read is answered with the call's own value and the trace is specialised on it, with a check
-where it was read (``core/values.py``); a call whose values differ runs the variant for them, so
+where it was read (``core/lang/values.py``); a call whose values differ runs the variant for them, so
 every call computes what eager computes, gradients included, and its effects (generator draws,
 buffer updates, prints) happen once. Every test compares with eager over calls whose values change.
 """
@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import thunder_rs
-from thunder_rs.core.values import ValueTree
+from thunder_rs.core.lang.values import ValueTree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -447,7 +447,7 @@ def test_a_value_new_on_every_call_compiles_a_bounded_number_of_variants_then_ru
     """``x / x.abs().max().item()``: each call reads another float. Past the limit of variants a key
     compiles, calls with new values run eagerly (with one warning naming the read), with eager's
     outputs and gradients; values a variant has still run compiled."""
-    from thunder_rs.core.jit import VALUE_VARIANT_LIMIT
+    from thunder_rs.core.run.jit import VALUE_VARIANT_LIMIT
 
     torch.manual_seed(0)
     xs = [torch.randn(4, 5, requires_grad=True) for _ in range(VALUE_VARIANT_LIMIT + 4)]

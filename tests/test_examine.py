@@ -5,7 +5,7 @@ import pytest
 import thunder_rs
 import torch
 from custom_ops import running_sum
-from thunder_rs.core import problems as P
+from thunder_rs.core.base import problems as P
 
 RUNNING_SUM = "torch._ops.thunder_rs_tests.running_sum.default"
 

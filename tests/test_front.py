@@ -96,7 +96,7 @@ def test_jit_is_typed_to_keep_a_functions_signature_and_make_a_module_a_thunder_
         "reveal_type(thunder_rs.jit(f))\nreveal_type(thunder_rs.jit(torch.nn.Linear(2, 2)))\n")
     out, _, _ = api.run(["--follow-imports=silent", "--no-incremental", str(program)])
     assert 'Revealed type is "def (x: torch._tensor.Tensor, n: int) -> torch._tensor.Tensor"' in out
-    assert 'Revealed type is "thunder_rs.core.jit.ThunderModule"' in out
+    assert 'Revealed type is "thunder_rs.core.run.jit.ThunderModule"' in out
 
 
 def test_import_loads_neither_dynamo_nor_fsdp():

@@ -43,7 +43,7 @@ _names = count()
 
 @dataclass(frozen=True)
 class Region:
-    """A stand-in for ``thunder_rs.core.executor_api.Region`` with the fields ``fuse`` reads."""
+    """A stand-in for ``thunder_rs.core.lang.executor_api.Region`` with the fields ``fuse`` reads."""
 
     name: str
     key: str

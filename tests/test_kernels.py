@@ -17,9 +17,9 @@ import torch
 
 import thunder_rs
 from thunder_rs import _core
-from thunder_rs.core import recorder
-from thunder_rs.core.recorder import input_proxy, recording
-from thunder_rs.core.executor_api import default_executors, whole_runners
+from thunder_rs.core.lang import recorder
+from thunder_rs.core.lang.recorder import input_proxy, recording
+from thunder_rs.core.lang.executor_api import default_executors, whole_runners
 from thunder_rs.executors.torch_ex import torch_ex
 from thunder_rs.torch import kernels
 
@@ -341,7 +341,7 @@ def test_a_whole_kernel_the_vjp_must_differentiate_is_refused_naming_it():
     """A grad rule that records a kernel and then does not differentiate its call itself leaves
     the VJP pass a kernel without decomposition: a clear error, never a missing gradient."""
     from thunder_rs import torch as ltorch
-    from thunder_rs.core.recorder import GRAD_RULES
+    from thunder_rs.core.lang.recorder import GRAD_RULES
 
     builtin = GRAD_RULES.get(ltorch.silu.symbol_id)  # silu has a rule of its own: put back after
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import thunder_rs
-from thunder_rs.core.jit import DEFAULT_CACHE_SIZE
+from thunder_rs.core.run.jit import DEFAULT_CACHE_SIZE
 from thunder_rs.errors import ThunderNotImplementedError
 
 transformers = pytest.importorskip("transformers")

@@ -14,11 +14,16 @@ from typing import NamedTuple
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "thunder_rs"
 
 #: The layers, lowest first, each as the module prefixes it holds: a module may import its own
-#: layer and those below. The prim entry points record through core's recorder and core records
-#: prims, so they are core's layer; ``plugins`` and ``dynamo`` are front doors like the package.
+#: layer and those below. Core's sub-packages are layers of their own, in the order they stand on
+#: each other. The prim entry points record through core's recorder and core's language records
+#: prims, so they are that layer; ``plugins`` and ``dynamo`` are front doors like the package.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("thunder_rs._core", "thunder_rs.errors")),
-    ("core", ("thunder_rs.core", "thunder_rs.prims")),
+    ("core.base", ("thunder_rs.core", "thunder_rs.core.base")),
+    ("core.state", ("thunder_rs.core.state",)),
+    ("core.lang", ("thunder_rs.core.lang", "thunder_rs.prims")),
+    ("core.acquisition", ("thunder_rs.core.acquisition",)),
+    ("core.run", ("thunder_rs.core.run",)),
     ("clang", ("thunder_rs.clang",)),
     ("torch", ("thunder_rs.torch",)),
     ("executors", ("thunder_rs.executors",)),
@@ -119,9 +124,9 @@ def function_level_imports(found: Sequence[Import], in_functions: Sequence[tuple
     """Any import inside a core function not in ``CORE_LAZY_IMPORTS``, and imports of thunder_rs
     modules inside functions of the other layers (a cycle dodged)."""
     core = [f"{module}:{line}: {source}" for module, line, source in in_functions
-            if LAYERS[layer_of(module)][0] == "core" and (module, source) not in CORE_LAZY_IMPORTS]
+            if LAYERS[layer_of(module)][0].startswith("core") and (module, source) not in CORE_LAZY_IMPORTS]
     others = [f"{i.module}:{i.line} imports {i.target} inside a function" for i in found
-              if i.in_function and LAYERS[layer_of(i.module)][0] != "core"]
+              if i.in_function and not LAYERS[layer_of(i.module)][0].startswith("core")]
     return core + others
 
 
@@ -202,12 +207,17 @@ def test_the_checks_see_what_they_forbid(tmp_path):
         "core/b.py": "import json\n\n\ndef f():\n    import numpy\n",
         "torch/__init__.py": "from thunder_rs.core.a import ltorch\n\n\ndef g():\n    from . import shape\n",
         "torch/shape.py": "",
+        "core/state/__init__.py": "",
+        "core/state/c.py": "from thunder_rs.core.run import d\n",
+        "core/run/__init__.py": "",
+        "core/run/d.py": "",
     }
     for name, source in sources.items():
         (package / name).parent.mkdir(parents=True, exist_ok=True)
         (package / name).write_text(source)
     found, in_functions = imports(package)
-    assert upward_imports(found) == ["thunder_rs.core.a:2 imports thunder_rs.torch (core -> torch)"]
+    assert upward_imports(found) == ["thunder_rs.core.a:2 imports thunder_rs.torch (core.base -> torch)",
+                                     "thunder_rs.core.state.c:1 imports thunder_rs.core.run.d (core.state -> core.run)"]
     assert function_level_imports(found, in_functions) == [
         "thunder_rs.core.b:5: import numpy", "thunder_rs.torch:5 imports thunder_rs.torch.shape inside a function"]
     assert cycles(found) == [["thunder_rs.core.a", "thunder_rs.torch"]]

@@ -11,7 +11,7 @@ import pytest
 import thunder_rs
 import torch
 from custom_ops import running_sum
-from thunder_rs.core import logs
+from thunder_rs.core.base import logs
 from thunder_rs.errors import ThunderValueError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

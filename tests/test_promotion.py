@@ -8,7 +8,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 import thunder_rs
-from thunder_rs.core import dtypes
+from thunder_rs.core.base import dtypes
 from thunder_rs.errors import ThunderNotImplementedError
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import thunder_rs
-from thunder_rs.core.recorder import GRAD_RULES
+from thunder_rs.core.lang.recorder import GRAD_RULES
 from thunder_rs.errors import ThunderRuntimeError
 from thunder_rs.executors import FusionExecutor, add_operator_executor, deregister_executor
 from thunder_rs.executors.torch_ex import torch_ex

@@ -1,7 +1,7 @@
 """Python state a traced program reads through the standard library and torch's global flags,
 and the standard library's side effects it makes: each program runs compiled and eagerly side by
-side over several calls, with the state changed between calls (``core/stdlib_state.py``,
-``core/torch_flags.py``)."""
+side over several calls, with the state changed between calls (``core/acquisition/stdlib_state.py``,
+``core/state/torch_flags.py``)."""
 
 import functools
 import itertools

@@ -18,7 +18,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 import thunder_rs
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 
 _OPERATOR_NAMES = {"inv": "__invert__"}
 #: Methods returning uninitialised memory: their values are not defined.

@@ -10,19 +10,19 @@ from typing import Any as _Any, Callable as _Callable, ParamSpec as _ParamSpec, 
 import torch as _torch
 
 from thunder_rs import _core, errors
-from thunder_rs.core.proxies import TensorProxy
-from thunder_rs.core.dtypes import CODES as _CODES
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.dtypes import CODES as _CODES
 
 _core.configure(TensorProxy, _torch.dtype, _torch.device, _CODES)
 
 from thunder_rs import prims  # noqa: E402
 from thunder_rs import torch as ltorch  # noqa: E402
-from thunder_rs.core.examine import ExamineReport, examine  # noqa: E402
-from thunder_rs.core.grad import get_grad, put_grad, register_grad  # noqa: E402
-from thunder_rs.core.front import check_options, reset  # noqa: E402
-from thunder_rs.core.compile_module import compile_module  # noqa: E402
-from thunder_rs.core.logs import configure_from_env as _configure_logs, set_logs  # noqa: E402
-from thunder_rs.core.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
+from thunder_rs.core.run.examine import ExamineReport, examine  # noqa: E402
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad  # noqa: E402
+from thunder_rs.core.run.front import check_options, reset  # noqa: E402
+from thunder_rs.core.run.compile_module import compile_module  # noqa: E402
+from thunder_rs.core.base.logs import configure_from_env as _configure_logs, set_logs  # noqa: E402
+from thunder_rs.core.run.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.plugins import load_passes  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 from thunder_rs.executors import autograd_ex as _autograd_ex  # noqa: E402,F401

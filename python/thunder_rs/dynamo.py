@@ -43,8 +43,8 @@ import weakref
 import torch
 from torch._functorch import predispatch
 
-from thunder_rs.core.jit import ThunderModule
-from thunder_rs.core.vmap import PREDISPATCH
+from thunder_rs.core.run.jit import ThunderModule
+from thunder_rs.core.lang.vmap import PREDISPATCH
 from thunder_rs.errors import ThunderError
 
 NAME = "thunder_rs"
@@ -93,7 +93,7 @@ class CompiledGraph:
 #: Modules of the calls Dynamo puts in a graph for torch.func transforms (``grad``, ``vjp``,
 #: ``jvp``, ``jacrev``): they change functorch's interpreter stack as they run.
 _TRANSFORM_MODULES = ("torch._C._functorch", "torch._functorch")
-#: ``torch.vmap``'s calls, which thunder_rs traces as its own vmap levels (``core/vmap.py``);
+#: ``torch.vmap``'s calls, which thunder_rs traces as its own vmap levels (``core/lang/vmap.py``);
 #: loading functorch's batching decompositions changes nothing a trace sees.
 _TRACED_TRANSFORM_CALLS = frozenset((*PREDISPATCH.values(), *(getattr(predispatch, name) for name in PREDISPATCH),
                                      predispatch.lazy_load_decompositions))

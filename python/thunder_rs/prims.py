@@ -6,7 +6,7 @@ nor promote, and dims are non-negative.
 """
 
 from thunder_rs import _core
-from thunder_rs.core.recorder import record_prim
+from thunder_rs.core.lang.recorder import record_prim
 
 #: ``(name, family, promotion)`` of every prim, as the Rust declarations give them.
 TABLE: tuple[tuple[str, str, int | None], ...] = tuple(_core.prim_table())

@@ -7,7 +7,7 @@ appear as symbols in traces. Errors name the ltorch op that called them.
 import torch
 
 from thunder_rs import prims
-from thunder_rs.core import dtypes
+from thunder_rs.core.base import dtypes
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 
 Number = (bool, int, float)

@@ -3,7 +3,7 @@
 Executors are tried in priority order; the torch executor comes last and runs everything.
 """
 
-from thunder_rs.core.executor_api import (  # noqa: F401
+from thunder_rs.core.lang.executor_api import (  # noqa: F401
     Executor,
     FusionExecutor,
     Implementation,

@@ -4,8 +4,8 @@ backward, torch.func transforms): the torch executor, after one that runs each c
 differentiated by autograd as plain torch calls, where eager calls the Function's own backward
 (a straight-through estimator's, a gradient reversal's)."""
 
-from thunder_rs.core.custom_function import function_symbols
-from thunder_rs.core.executor_api import Executor, register_differentiable_executor
+from thunder_rs.core.lang.custom_function import function_symbols
+from thunder_rs.core.lang.executor_api import Executor, register_differentiable_executor
 
 
 def _applying(cls):

@@ -1,7 +1,7 @@
 """Thunder's ``extend`` names for the executor protocol, which lives in
-``thunder_rs.core.executor_api`` (core depends on the protocol, not on the executors)."""
+``thunder_rs.core.lang.executor_api`` (core depends on the protocol, not on the executors)."""
 
-from thunder_rs.core.executor_api import (  # noqa: F401
+from thunder_rs.core.lang.executor_api import (  # noqa: F401
     Executor,
     FusionExecutor,
     Implementation,

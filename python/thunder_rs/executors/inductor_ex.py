@@ -35,9 +35,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from thunder_rs import prims
-from thunder_rs.core.executor_api import FusionExecutor, Region, register_named_executor
-from thunder_rs.core.front import process_caches
-from thunder_rs.core.logs import inductor_logger
+from thunder_rs.core.lang.executor_api import FusionExecutor, Region, register_named_executor
+from thunder_rs.core.run.front import process_caches
+from thunder_rs.core.base.logs import inductor_logger
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors import inductor_cache
 from thunder_rs.executors.inductor_claims import claimed_keys

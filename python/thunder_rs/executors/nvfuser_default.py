@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from thunder_rs.core.executor_api import register_executor
+from thunder_rs.core.lang.executor_api import register_executor
 
 
 def use_nvfuser_on_cuda() -> bool:

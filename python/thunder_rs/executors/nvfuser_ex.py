@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 import torch
 
-from thunder_rs.core.executor_api import FusionExecutor, Region, register_named_executor
+from thunder_rs.core.lang.executor_api import FusionExecutor, Region, register_named_executor
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.torch_ex import torch_ex
 

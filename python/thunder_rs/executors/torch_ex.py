@@ -11,8 +11,8 @@ import threading
 import torch
 
 from thunder_rs import prims
-from thunder_rs.core.fallback import FALLBACK_IMPLS
-from thunder_rs.core.executor_api import Executor, Implementation, register_executor
+from thunder_rs.core.lang.fallback import FALLBACK_IMPLS
+from thunder_rs.core.lang.executor_api import Executor, Implementation, register_executor
 from thunder_rs.torch import SYMBOLS, fused_attention, kernels, pool_kernels
 from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
 from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS

@@ -8,7 +8,7 @@ arguments of that torch callable.
 
 from typing import TYPE_CHECKING
 
-from thunder_rs.core.langctx import SYMBOLS
+from thunder_rs.core.lang.langctx import SYMBOLS
 from thunder_rs.torch.symbols import register, torchsymbol  # noqa: F401 (the package's API)
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs.core.fallback import fallback
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
-from thunder_rs.core.rng import is_random
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.rng import is_random
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import abs as abs_, neg, sub, tanh, true_divide

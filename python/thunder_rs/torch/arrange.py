@@ -14,11 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs.core import dtypes, values
-from thunder_rs.core.fallback import fallback
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
-from thunder_rs.core.proxies import TensorProxy
-from thunder_rs.core.recorder import start_prim_log, stop_prim_log
+from thunder_rs.core.base import dtypes
+from thunder_rs.core.lang import values
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.recorder import start_prim_log, stop_prim_log
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import mul

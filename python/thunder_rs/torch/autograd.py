@@ -10,8 +10,8 @@ trace input would change the caller's tensor, which is refused.
 import torch
 
 from thunder_rs import prims
-from thunder_rs.core.langctx import TORCH_TO_LTORCH, user_location
-from thunder_rs.core.recorder import current
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, user_location
+from thunder_rs.core.lang.recorder import current
 from thunder_rs.errors import ThunderError
 from thunder_rs.torch.symbols import torchsymbol
 

@@ -11,7 +11,7 @@ kernels, on the input with a size-1 dim inserted before the last.
 import math
 
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch import pool_kernels as pk
 from thunder_rs.torch.interpolate import check_resize, upsample_backward
 from thunder_rs.torch.normalization import check_group_norm, native_group_norm, native_group_norm_backward

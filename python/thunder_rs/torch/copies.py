@@ -7,8 +7,8 @@ maps the view to) and returns a fresh value where that decomposition returns its
 
 import torch
 
-from thunder_rs.core.fallback import fallback
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, check
 from thunder_rs.torch import arrange, diagonals, indexing, joins, shape, view_scatters
 from thunder_rs.torch.symbols import torchsymbol

@@ -12,9 +12,9 @@ import math
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.core import dtypes
-from thunder_rs.core.fallback import user_fallback
-from thunder_rs.core.langctx import PROXY_CALLS
+from thunder_rs.core.base import dtypes
+from thunder_rs.core.lang.fallback import user_fallback
+from thunder_rs.core.lang.langctx import PROXY_CALLS
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
 

@@ -10,8 +10,8 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core import dtypes
-from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.core.base import dtypes
+from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import _device, _is_int

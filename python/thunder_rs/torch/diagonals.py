@@ -10,8 +10,8 @@ their gradients sum what the windows share, as eager's do.
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
-from thunder_rs.core.fallback import fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.padding import fresh

@@ -6,9 +6,9 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, INT_TO_FLOAT
-from thunder_rs.core import values
-from thunder_rs.core.langctx import TORCH_TO_LTORCH, refuse_data_dependent
-from thunder_rs.core.vmap import batch_as_elementwise
+from thunder_rs.core.lang import values
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
+from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
 

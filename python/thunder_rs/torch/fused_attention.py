@@ -36,11 +36,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from thunder_rs import _core
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core import sdp_state
-from thunder_rs.core.dtypes import CODES
-from thunder_rs.core.grad import get_grad, put_grad
-from thunder_rs.core.proxies import TensorProxy
-from thunder_rs.core.recorder import current, proxies
+from thunder_rs.core.lang import sdp_state
+from thunder_rs.core.base.dtypes import CODES
+from thunder_rs.core.lang.grad import get_grad, put_grad
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.recorder import current, proxies
 from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
 from thunder_rs.torch.kernels import cast, sum_to
 from thunder_rs.torch.strides import contiguous_strides, strides_of

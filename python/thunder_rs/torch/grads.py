@@ -19,7 +19,7 @@ import math
 import torch
 
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch import kernels
 from thunder_rs.torch.fused_attention import fused_attention
 from thunder_rs.torch.kernels import REDUCTIONS, cast as _cast, sum_to as _sum_to, upcast as _upcast

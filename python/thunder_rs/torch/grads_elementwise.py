@@ -14,7 +14,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.activations import _SELU_ALPHA, _SELU_SCALE
 from thunder_rs.torch.kernels import cast as _cast, sum_to as _sum_to
 from thunder_rs.torch.base_losses import _reduction

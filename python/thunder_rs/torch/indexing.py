@@ -15,8 +15,8 @@ import math
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.core import values
-from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.core.lang import values
+from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,

@@ -6,7 +6,7 @@ fallback of it) and ``assign``s it: converted to the written tensor's dtype and 
 shape as eager's in-place op does (refusing what eager refuses, with eager's error type), then
 written (``views.write``): the very ``TensorProxy`` the program holds stands for the new value
 from then on, and so do the tensors that share its memory. When the written tensor is a trace
-input, ``thunder_rs.core.writeback`` copies its final value back after each call. No executor
+input, ``thunder_rs.core.acquisition.writeback`` copies its final value back after each call. No executor
 ever receives an in-place call or ``inplace=True``.
 
 The mapping is one rule, applied to every in-place callable torch has (``Tensor.name_``,
@@ -24,12 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs.core import problems, values
-from thunder_rs.core.complex_calls import differentiates_complex
-from thunder_rs.core.fallback import fallback, user_fallback
-from thunder_rs.core.langctx import MUTATING, TORCH_TO_LTORCH, VALUE_READS, set_out_handler, torch_function, user_location
-from thunder_rs.core.proxies import TensorProxy
-from thunder_rs.core.rng import is_random
+from thunder_rs.core.base import problems
+from thunder_rs.core.lang import values
+from thunder_rs.core.lang.complex_calls import differentiates_complex
+from thunder_rs.core.lang.fallback import fallback, user_fallback
+from thunder_rs.core.lang.langctx import MUTATING, TORCH_TO_LTORCH, VALUE_READS, set_out_handler, torch_function, user_location
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.rng import is_random
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,

@@ -10,9 +10,9 @@ import math
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.core import dtypes
-from thunder_rs.core.fallback import fallback
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.base import dtypes
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import prims
-from thunder_rs.core import autocast
-from thunder_rs.core.langctx import TORCH_TO_LTORCH, user_location
+from thunder_rs.core.lang import autocast
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol

@@ -17,10 +17,10 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
-from thunder_rs.core.dtypes import CODES
-from thunder_rs.core.fallback import FALLBACK_IMPLS, _vjp_of, fallback
-from thunder_rs.core.proxies import TensorProxy
-from thunder_rs.core.recorder import current, proxies
+from thunder_rs.core.base.dtypes import CODES
+from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.recorder import current, proxies
 from thunder_rs.errors import (ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check,
                                thunder_error_like)
 from thunder_rs.torch.symbols import register

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.fallback import fallback
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
     ThunderAssertionError,
     ThunderNotImplementedError,

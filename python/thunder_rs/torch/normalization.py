@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.langctx import MUTATING, TORCH_TO_LTORCH
+from thunder_rs.core.lang.langctx import MUTATING, TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch import kernels
 from thunder_rs.torch.symbols import torchsymbol

@@ -13,7 +13,7 @@ import torch
 
 from thunder_rs import clang
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core import dtypes
+from thunder_rs.core.base import dtypes
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol

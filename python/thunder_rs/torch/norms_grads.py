@@ -8,7 +8,7 @@ among the elements that attain the maximum (or are NaN).
 import math
 
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.reductions import _dims
 
 

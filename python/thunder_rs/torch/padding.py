@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import prims
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.joins import pad as constant_pad

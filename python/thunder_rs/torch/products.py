@@ -12,7 +12,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core import dtypes
+from thunder_rs.core.base import dtypes
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs.core.fallback import fallback
-from thunder_rs.core.grad import get_grad, put_grad, register_grad
-from thunder_rs.core.proxies import TensorProxy
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import _check_random_dtype, _device, _shape

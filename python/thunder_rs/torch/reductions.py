@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.core import dtypes
+from thunder_rs.core.base import dtypes
 from thunder_rs.errors import (
     ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check,
 )

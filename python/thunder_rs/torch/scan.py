@@ -6,8 +6,8 @@ from torch._higher_order_ops.associative_scan import associative_scan_op, generi
 
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core import dtypes
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.base import dtypes
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
 

@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,

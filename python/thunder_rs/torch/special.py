@@ -14,8 +14,8 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
-from thunder_rs.core import dtypes
-from thunder_rs.core.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.base import dtypes
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import sign, sub

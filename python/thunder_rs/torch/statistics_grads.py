@@ -7,7 +7,7 @@ picks another than a stable sort's).
 """
 
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 
 
 def _evenly_distributed(g, x, value):

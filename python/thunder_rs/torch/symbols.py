@@ -10,8 +10,8 @@ import functools
 import types
 
 from thunder_rs import _core
-from thunder_rs.core.langctx import PROPERTY_TO_LTORCH, SYMBOLS, TORCH_TO_LTORCH
-from thunder_rs.core.recorder import KERNEL_IDS, record_composite, record_kernel
+from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, SYMBOLS, TORCH_TO_LTORCH
+from thunder_rs.core.lang.recorder import KERNEL_IDS, record_composite, record_kernel
 
 #: Every symbol as ``ltorch.<name>``, set as it is registered (``thunder_rs.torch`` exports the same).
 ltorch = types.SimpleNamespace()

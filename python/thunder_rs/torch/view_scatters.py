@@ -7,7 +7,7 @@ see. ``views.py`` tracks which proxies alias which and records these on a write.
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.core.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.shape import reshape_to, slice_in_dim

@@ -29,11 +29,11 @@ from typing import Callable, NamedTuple
 import torch
 
 from thunder_rs import prims
-from thunder_rs.core.dtypes import CODES
-from thunder_rs.core.fallback import fallback, qualified_name, user_fallback
-from thunder_rs.core.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
-from thunder_rs.core.proxies import TensorProxy, make_proxy
-from thunder_rs.core.recorder import start_prim_log, stop_prim_log
+from thunder_rs.core.base.dtypes import CODES
+from thunder_rs.core.lang.fallback import fallback, qualified_name, user_fallback
+from thunder_rs.core.lang.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
+from thunder_rs.core.base.proxies import TensorProxy, make_proxy
+from thunder_rs.core.lang.recorder import start_prim_log, stop_prim_log
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch import indexing as _indexing, joins as _joins, shape as _shape
 from thunder_rs.torch.shape import reshape_to, slice_in_dim

@@ -1,0 +1,1 @@
+"""Running the program on proxies into a trace, and what it did besides."""

@@ -1,0 +1,296 @@
+"""Acquisition: run a function (or module) on proxies and record its trace, the guards on the
+Python state it read, and the module state it wrote."""
+
+import functools
+import inspect
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from thunder_rs import _core
+from thunder_rs.core.acquisition.cache import input_names
+from thunder_rs.core.acquisition.effects import (attribute_writes, item_writes, print_effects, recording_prints,
+                                     stop_recording_prints)
+from thunder_rs.core.acquisition.escapes import check_no_escape
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.state.fsdp import refuse_dtensors
+from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
+from thunder_rs.core.state.modules import ModuleBinding
+from thunder_rs.core.state.modules import attribute_writes as module_writes
+from thunder_rs.core.state.observe import Observer
+from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.state.pydraws import recording_draws
+from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
+from thunder_rs.core.lang.recorder import Captures, input_proxy, recording
+from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
+from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
+from thunder_rs.core.lang.torch_overrides import tracing_overrides
+from thunder_rs.core.lang.values import ValueReads, reading
+from thunder_rs.core.acquisition.writeback import WriteBacks, plan
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError
+
+
+@dataclass
+class Acquired:
+    trace: "_core.Trace"
+    consts: list
+    #: positions in the flat inputs of the leaves that are trace inputs (tensors)
+    tensor_positions: tuple[int, ...]
+    #: how to rebuild the output structure from the flat outputs (``out_spec.unflatten(flat)``),
+    #: or None when returned as is
+    out_spec: object
+    #: what the trace returns: "single" (one leaf), "tuple" or "list" (of leaves)
+    out_kind: str
+    #: tensors read from outside the inputs: the trace's last inputs, in this order (those that
+    #: argument objects hold are read per call: see ``tail``)
+    captured: list
+    #: the Python values the trace was specialised on
+    guards: list = field(default_factory=list)
+    #: what every call repeats after running (``print`` calls, module attribute writes); the
+    #: tensors they take are the trace's outputs after the program's ``num_outputs`` flat outputs
+    effects: list = field(default_factory=list)
+    num_outputs: int = 0
+    #: modules (the user's) whose methods ran: their hooks are part of what a call does
+    modules_called: list = field(default_factory=list)
+    #: tensor inputs the program wrote and what the call copies back, or None
+    writebacks: WriteBacks | None = None
+    #: ``tail(flat)``: the trace's captured inputs for a call, in order, when some are tensors that
+    #: argument objects hold (``reached.captured_inputs``); None when ``captured`` are all of them
+    tail: object = None
+    #: the values the program read from traced tensors (``values.Read``), in order: the trace
+    #: checks each and is specialised on them
+    reads: list = field(default_factory=list)
+
+
+def _reject_generators(fn, out) -> None:
+    if inspect.isgenerator(out) or inspect.iscoroutine(out) or inspect.isasyncgen(out):
+        raise ThunderNotImplementedError(
+            f"thunder_rs.jit: {getattr(fn, '__qualname__', fn)} returns a {type(out).__name__}; its body runs "
+            "only as it is iterated, after the call, so it cannot be traced. Jit the function that consumes it")
+
+
+def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects, reads):
+    """Runs the program on proxies. Returns its output, the observer of what it read, the
+    attributes it set on modules and state objects (``(holder, name, value)``, undone), the
+    ``print`` calls, draws from Python's and NumPy's generators and items set in containers of
+    the arguments (effects to repeat), and the positions of the flat inputs that are tensors.
+    ``reached`` are the objects reachable from the arguments; ``reads`` answers reads of values."""
+    positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
+    prints: list = []
+    draws: list = []
+    token = recording_prints(prints)
+    install_stdlib_wrappers()
+    try:
+        with (refusals_not_swallowed(), recording_draws(draws), consuming_iterators(flat_inputs),
+              recording(rec, captures, made, whole), reading(reads)):
+            out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached)
+            writes = module_writes(pairs) + observer.state.writes()
+            # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
+            # keeps: a copy per call, as eager makes them anew.
+            out = _fresh(out, captures)
+            out = _apart(out, inputs.args + inputs.params + captures.proxies)
+            writes = [(holder, name, _fresh(value, captures)) for holder, name, value in writes]
+            items = [(source, key, _fresh(value, captures)) for source, key, value in reached.item_writes()]
+    finally:
+        stop_recording_prints(token)
+    _reject_generators(fn, out)
+    return out, observer, writes, (prints, draws, items), inputs
+
+
+def _apart(out, inputs: list):
+    """``out`` with a copy made for each returned tensor that eager returns as new memory but the
+    trace computed nothing for: a value an input or an earlier output already holds, in a proxy
+    that is neither that tensor nor a view of it (``x.t().contiguous()``, ``torch.empty_like(x)
+    .copy_(x)``, ``F.pad(x, (0, 0))``). Writing to it must not change the input."""
+    leaves, spec = tree_flatten(out, is_leaf=is_size)
+    holders = {p._vid: p for p in inputs}
+    changed = False
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, TensorProxy):
+            continue
+        holder = holders.setdefault(leaf._vid, leaf)
+        if leaf._copy_of:  # ``contiguous()`` of a view, which must come back contiguous
+            leaves[i] = fallback(torch.clone, (leaf,), {"memory_format": torch.contiguous_format})
+        elif holder is not leaf and leaf._view is None:
+            leaves[i] = torch_symbol(torch.clone)(leaf)
+        else:
+            continue
+        holders[leaves[i]._vid] = leaves[i]
+        changed = True
+    return tree_unflatten(leaves, spec) if changed else out
+
+
+def _fresh(value, captures: Captures):
+    return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value, is_leaf=is_size)
+
+
+class TracedInputs:
+    """The trace's tensor inputs: the arguments' proxies (at ``positions`` of the flat inputs),
+    then the module's parameters and buffers; and each parameter or buffer slot of the module
+    tree as ``(user's store, name, clone's store, proxy put there)``."""
+
+    def __init__(self, positions, args: list, params: list, slots: list):
+        self.positions, self.args, self.params, self.slots = tuple(positions), args, params, slots
+
+    def slot_values(self) -> list:
+        """``(user's store, name, input proxy, value in the clone's slot now)`` per slot."""
+        return [(store, name, put, clone_store.get(name)) for store, name, clone_store, put in self.slots]
+
+
+def _refuse_uninitialized(names, tensors) -> None:
+    for name, t in zip(names, tensors):
+        if torch.nn.parameter.is_lazy(t):
+            raise ThunderNotImplementedError(
+                f"jit: parameter or buffer {name} is not initialised yet (a lazy module such as nn.LazyLinear infers "
+                "its shape on its first call); run one eager forward first, then call the jitted module")
+
+
+def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached):
+    """Runs the program on proxies (while recording); returns its output, the observer of its
+    reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
+    leaves = list(flat_inputs)
+    for i in positions:
+        leaves[i] = input_proxy(rec, flat_inputs[i])
+    pairs, params, slots = [], [], []
+    if binding is not None:
+        refuse_dtensors(binding.qualified, binding.tensors())
+        _refuse_uninitialized(binding.qualified, binding.tensors())
+        params = [input_proxy(rec, t) for t in binding.tensors()]
+        clone, pairs = binding.clone(params)
+        # The module's own call (hooks, forward): calling the clone would go through the
+        # ``_compiled_call_impl`` it copied from the user's module (``compile_module``, or a jitted
+        # module's ``generate``), which leads back to the jit.
+        fn = clone._call_impl
+        slots = [(o.__dict__[s], n, c.__dict__[s], v) for c, o in pairs for s in ("_parameters", "_buffers")
+                 for n, v in c.__dict__[s].items()]
+    inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
+    args, kwargs = tree_unflatten(leaves, in_spec)
+    observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
+    with observer, tracing_overrides(), LanguageMode():
+        observer.observe_statically(fn, [c for c, _ in pairs])
+        out = fn(*args, **kwargs)
+    _check_arguments_unchanged(args, kwargs, leaves)
+    return out, observer, pairs, inputs
+
+
+def _check_arguments_unchanged(args, kwargs, leaves: list) -> None:
+    """Refuses a program that changed a list or dict it was given (``metrics["aux"] = loss``,
+    ``cache.append(k)``): tracing ran it on copies of the caller's containers, and no compiled
+    call would change them again."""
+    now = tree_flatten((args, kwargs))[0]  # (not the spec: torch's pytree rebuilds a torch.Size as a tuple)
+    if len(now) != len(leaves) or any(a is not b for a, b in zip(now, leaves)):
+        raise ThunderNotImplementedError(
+            "thunder_rs.jit: the traced program changed a list or dict it was given as an argument (set, added or "
+            "removed an item: metrics['aux'] = loss, cache.append(k)); a compiled call would not change it again. "
+            "Return the values instead")
+
+
+def _check_guards_still_hold(guards, flat_inputs) -> None:
+    """A program that changed Python state it read while being traced other than by setting
+    attributes (``calls.append(1)``, ``global n; n += 1``) would, compiled, not change it again:
+    refuse it. (Attribute writes were undone after tracing and are repeated by every call.)"""
+    for guard in guards:
+        if not guard.holds(flat_inputs):
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
+                "Writes to Python objects other than the jitted module's attributes cannot be replayed; "
+                "keep such state in a module attribute or a buffer")
+
+
+def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list):
+    """Ends the recording with the program's outputs, then the tensors it printed or set as
+    attributes, then the tensor inputs it wrote (``writeback``). Returns the trace, how to rebuild
+    the outputs, the effects to repeat after each call (prints in order, draws in order, then
+    attribute writes, then item writes), and the write-backs. ``repeated`` is ``(prints, draws,
+    items)``."""
+    extras: list = []
+    prints, draws, items = repeated
+    effects = print_effects(prints, extras) + draws
+    effects += attribute_writes(writes, extras) + item_writes(items, extras)
+    out_spec, num_outputs = None, 0
+    if effects or not is_plain(out):
+        out, out_spec = flatten_output(out, flat_inputs)
+        num_outputs = len(out)
+    if extras:
+        out = (*out, *extras)
+    out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
+    traced = inputs.args + inputs.params + captured
+    n_args, n_traced = len(inputs.args), len(traced)
+    separate = (*range(n_args), *range(n_traced - len(captured), n_traced))
+    writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate)
+    return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, writebacks
+
+
+def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None,
+            whole: dict | None = None, reads: ValueReads | None = None) -> Acquired:
+    """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
+    parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
+    captured tensors come last. ``whole`` (``extend.whole_runners``) lets kernels the jit's
+    executors run whole be recorded without their decompositions. ``reads`` answers the reads
+    of traced tensors' values (without it they are refused)."""
+    rec = _core.Recorder()
+    made: list = []
+    reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
+    captures = Captures(rec, reached.tensors)
+    try:
+        out, observer, writes, repeated, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made,
+                                                                 binding, whole, reached, reads)
+    except ThunderError as e:
+        _hint_compiler_disable(e)
+        raise
+    observer.guard_argument_tensors(captures.tensors)
+    guards, modules_called = observer.guards(), list(observer.modules_called.values())
+    del observer
+    trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
+        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies)
+    positions = inputs.positions
+    del out, writes, repeated, inputs
+    captured = captures.release()
+    _check_no_escape(made, trace)  # first: a stored tensor is the more precise reason
+    _check_guards_still_hold(guards, flat_inputs)
+    fixed = [t for t in captured if isinstance(t, torch.Tensor)]
+    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, fixed, guards, effects, num_outputs,
+                    modules_called, writebacks, captured_inputs(captured), [] if reads is None else reads.reads)
+
+
+def _disabled_code():
+    """The code of the wrapper ``torch.compiler.disable`` puts around every function it disables;
+    None while Dynamo is not imported (``disable`` imports it, so no function is disabled yet, and
+    importing it here would cost every ``import thunder_rs`` seconds)."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    return _wrapper_code()
+
+
+@functools.cache
+def _wrapper_code():
+    return getattr(torch.compiler.disable(lambda: None), "__code__", None)
+
+
+def _hint_compiler_disable(error: ThunderError) -> None:
+    """An error raised inside a ``torch.compiler.disable``d function says how to keep it eager:
+    ``thunder_rs.jit`` traces whole programs, Dynamo (``backend="thunder_rs"``) breaks around it."""
+    disabled = _disabled_code()
+    if disabled is None:
+        return
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not disabled:
+        tb = tb.tb_next
+    if tb is not None and error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}. The error is inside a torch.compiler.disable'd function, which "
+                      "thunder_rs.jit traces like any other; to run it eagerly, compile with "
+                      "torch.compile(fn, backend=\"thunder_rs\"), which keeps it out of the compiled graphs",
+                      *error.args[1:])
+
+
+def _check_no_escape(made: list, trace) -> None:
+    def producer(proxy) -> str:
+        name = trace.producer(proxy._vid)
+        shape = "x".join(map(str, proxy.shape)) or "scalar"
+        return f"the {shape} {str(proxy.dtype).removeprefix('torch.')} result of {name}" if name else f"input t{proxy._vid}"
+
+    check_no_escape(made, producer)
+

@@ -1,0 +1,228 @@
+"""Cache keys over flattened inputs and global state, and miss reasons."""
+
+import inspect
+import types
+import weakref
+from typing import cast
+
+import torch
+from torch.utils import _pytree as pytree
+
+from thunder_rs.core.state.guards import freeze, is_simple
+from thunder_rs.core.lang.recorder import refuse_unlike_strided
+
+from thunder_rs.core.lang.autocast import state as autocast_state
+
+_Tensor = torch.Tensor
+#: Non-tensor inputs keyed by identity: code and modules.
+_BY_IDENTITY = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType,
+                torch.nn.Module)
+
+
+class _Identity:
+    """An object in a cache key by identity. A lookup's key holds it; the key an entry is stored
+    under holds it weakly where it can (``stored_key``), so that a compiled entry never keeps a
+    program's argument alive (a KV cache and its tensors, one per ``generate``)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def target(self):
+        return self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        # A dead weak identity equals nothing: its id may be a new object's by now.
+        return isinstance(other, _Identity) and (target := self.target()) is not None and other.target() is target
+
+    def __repr__(self):
+        target = self.target()
+        return f"<{type(target).__name__} object at {hash(self):#x}>" if target is not None else "<a dead object>"
+
+
+class _WeakIdentity(_Identity):
+    """An identity in a stored key: its object held weakly, ``on_death`` called when it dies."""
+
+    __slots__ = ("ref", "hash")
+
+    def __init__(self, obj, on_death):
+        self.ref, self.hash = weakref.ref(obj, on_death), id(obj)
+
+    def target(self):
+        return self.ref()
+
+    def __hash__(self):
+        return self.hash
+
+
+def stored_key(key, on_death):
+    """``key`` as an entry is stored under it: each identity whose object allows a weak reference
+    held weakly (``on_death`` called when the object dies). Equal to ``key``, and so found by
+    lookups with the keys of later calls."""
+    if type(key) is tuple:
+        return tuple(stored_key(k, on_death) for k in key)
+    if type(key) is _Identity:
+        try:
+            return _WeakIdentity(key.obj, on_death)
+        except TypeError:  # no weak references to it: the key keeps it alive, so its id is never reused
+            return key
+    return key
+
+
+def has_dead(key) -> bool:
+    """Whether an object ``key`` holds by identity has died: no later call can match it."""
+    if type(key) is tuple:
+        return any(has_dead(k) for k in key)
+    return type(key) is _WeakIdentity and key.ref() is None
+
+
+#: Protocols through which a program reads an object other than by attribute (``x in s``,
+#: ``a[0]``, ``len(a)``, ``f()``): reads the guards do not see.
+_OPAQUE_READS = ("__getitem__", "__iter__", "__len__", "__contains__", "__call__", "__array__")
+_attribute_types: dict = {}
+
+
+def _read_by_attributes(x) -> bool:
+    """Whether the program can read ``x`` only through attributes (a config object, a dataclass),
+    which the observer guards; decided once per type."""
+    t = type(x)
+    known = _attribute_types.get(t)
+    if known is None:
+        known = _attribute_types[t] = not any(m in vars(c) for c in t.__mro__[:-1] for m in _OPAQUE_READS)
+    return known and isinstance(getattr(x, "__dict__", None), dict)
+
+
+def leaf_key(x):
+    """A tensor's metadata; a simple value itself (type-exact, NaN equal to NaN); an object read
+    only through attributes by its type alone, as the attributes the program reads from it are
+    guarded (a fresh config object each call hits the cache when its values are the same); any
+    other object (a function, a module, a set, a NumPy array) by identity."""
+    if isinstance(x, _Tensor):
+        if x.layout != torch.strided or x.is_nested:
+            refuse_unlike_strided(x)
+        return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous() or x.stride())
+    if is_simple(x):
+        return freeze(x)
+    if not isinstance(x, _BY_IDENTITY) and _read_by_attributes(x):
+        return (type(x),)
+    return (type(x), _Identity(x))
+
+
+def global_key(extra=None, _grad=torch.is_grad_enabled, _default_dtype=torch.get_default_dtype,
+               _any_autocast=torch._C._is_any_autocast_enabled, _autocast=autocast_state):
+    """Grad mode, default dtype, the CPU and CUDA autocast dtypes (None when autocast is off
+    everywhere, read with one call) and ``extra``."""
+    return (_grad(), _default_dtype(), _autocast() if _any_autocast() else None, extra)
+
+
+_fast_keys: dict = {}
+
+
+def fast_key_fn(arity: int):
+    """A key function for ``arity`` tensor arguments, unrolled so the hit path runs no loop.
+
+    It raises AttributeError when an argument is not a tensor; callers then take the general path.
+    """
+    fn = _fast_keys.get(arity)
+    if fn is None:
+        names = [f"a{i}" for i in range(arity)]
+        leaves = "".join(f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous() or {n}.stride()), "
+                         for n in names)
+        unpack = f"{', '.join(names)}, = args" if arity else "pass"
+        source = f"def key(args, extra):\n  {unpack}\n  return (global_key(extra), ({leaves}))\n"
+        namespace = {"global_key": global_key}
+        exec(source, namespace)
+        fn = _fast_keys[arity] = namespace["key"]
+    return fn
+
+
+def _parameters(fn) -> list[str]:
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def input_names(fn, flat, spec) -> list[str]:
+    """The user's name of each flat input: ``x``, ``batch['input_ids']``, ``args[3]`` (slow path);
+    positional (``args[i]``) where a pytree node type registered without ``flatten_with_keys_fn``
+    cannot name its children."""
+    args, kwargs = pytree.tree_unflatten(list(flat), spec)
+    params = _parameters(fn)
+    names = []
+    try:
+        paths = pytree.tree_flatten_with_path((args, kwargs))[0]
+    except ValueError:
+        return [f"args[{i}]" for i in range(len(flat))]
+    for path, _ in paths:
+        entry = path[1]  # the positional argument's index under args, or the keyword's under kwargs
+        if isinstance(entry, pytree.SequenceKey):
+            i = entry.idx
+            base = params[i] if i < len(params) else f"args[{i}]"
+        else:
+            base = str(cast(pytree.MappingKey, entry).key)
+        names.append(base + pytree.keystr(path[2:]))
+    return names
+
+
+def _show(key) -> str:
+    """A leaf key in words."""
+    if type(key) is tuple and len(key) == 2 and key[0] is float:
+        return repr(float.fromhex(key[1]))
+    if type(key) is tuple and len(key) in (1, 2) and isinstance(key[0], type):
+        return repr(key[-1]) if len(key) == 2 else f"a {key[0].__name__}"
+    return repr(key)
+
+
+def _layout(key) -> str:
+    """A tensor's layout in a key: True when contiguous, else its strides."""
+    return "contiguous" if key is True else f"strides {key}"
+
+
+def _state_change(old, new) -> str:
+    """Which part of ``global_key`` changed: grad mode, default dtype, autocast, or (for a module)
+    its training mode or its parameters' dtype, device and requires_grad."""
+    labels = ("grad mode", "default dtype", "autocast")
+    changes = [f"{label} {a} -> {b}" for label, a, b in zip(labels, old, new) if a != b]
+    old_extra, new_extra = old[3], new[3]
+    if old_extra != new_extra:
+        if type(old_extra) is tuple and type(new_extra) is tuple and len(old_extra) == len(new_extra) == 2:
+            if old_extra[0] != new_extra[0]:
+                changes.append(f"module training {old_extra[0]} -> {new_extra[0]}")
+            moved = [i for i, (a, b) in enumerate(zip(old_extra[1], new_extra[1])) if a != b]
+            if moved or len(old_extra[1]) != len(new_extra[1]):
+                first = moved[0] if moved else None
+                detail = (f" (the first: parameter {first}, (dtype, device, requires_grad) "
+                          f"{old_extra[1][first]} -> {new_extra[1][first]})") if first is not None else ""
+                changes.append(f"{len(moved)} of the module's parameters and buffers changed{detail}")
+        else:
+            changes.append(f"{old_extra} -> {new_extra}")
+    return "global state changed: " + "; ".join(changes)
+
+
+def describe_change(old, new, names) -> str:
+    """Says which input changed how between two keys (``names`` labels flat inputs)."""
+    if old is None:
+        return "first call"
+    (old_state, old_leaves), (new_state, new_leaves) = old, new
+    if old_state != new_state:
+        return _state_change(old_state, new_state)
+    if len(old_leaves) != len(new_leaves):
+        return f"number of inputs changed from {len(old_leaves)} to {len(new_leaves)}"
+    fields = ("dtype", "device", "shape", "requires_grad", "layout")
+    for i, (a, b) in enumerate(zip(old_leaves, new_leaves)):
+        if a == b:
+            continue
+        label = names[i] if i < len(names) else f"input {i}"
+        if len(a) == 5 and len(b) == 5:
+            a, b = (*a[:4], _layout(a[4])), (*b[:4], _layout(b[4]))
+            changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a, b) if x != y]
+            return f"{label}: " + ", ".join(changes)
+        return f"{label}: {_show(a)} -> {_show(b)}"
+    return "unknown"

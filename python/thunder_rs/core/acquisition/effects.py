@@ -1,0 +1,151 @@
+"""Python side effects of a traced program that every call repeats: ``print``, attributes it
+sets on its modules and on the Python objects it reads as state, and items it sets in lists and
+dicts of its arguments.
+
+``print`` cannot be seen through ``__torch_function__``. While a program is traced, the
+``print`` it calls is recorded instead of run (``builtins.print`` is wrapped once, on the first
+trace; the wrapper prints as before in every other case). Tensors among the arguments become
+extra outputs of the trace, and the compiled call prints after running, with that call's values.
+Text that already holds a formatted stand-in (``print(f"{loss}")``) cannot be printed with later
+values: that is refused with an error naming the line.
+"""
+
+import builtins
+import contextvars
+
+from torch.utils import _pytree as pytree
+
+from thunder_rs.core.state.guards import MISSING, InputSource
+from thunder_rs.core.lang.langctx import user_location
+from thunder_rs.core.state.observe import thread_state
+from thunder_rs.core.acquisition.outputs import is_size
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.errors import ThunderNotImplementedError
+
+_prints: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_prints", default=None)
+_builtin_print = builtins.print
+
+
+def _print(*args, **kwargs):
+    recorded = _prints.get()
+    if recorded is None or thread_state.inside:
+        return _builtin_print(*args, **kwargs)
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, str) and "TensorProxy(t" in leaf:
+            raise ThunderNotImplementedError(
+                f"print: the text printed at {user_location()} formats a traced tensor (an f-string or str() of it), "
+                "which a compiled call cannot print with later values; pass the tensor to print as an argument")
+    recorded.append((args, kwargs))
+    return None
+
+
+def recording_prints(prints: list):
+    """Records the program's ``print`` calls into ``prints`` while the returned token is set."""
+    if builtins.print is not _print:
+        builtins.print = _print
+    return _prints.set(prints)
+
+
+def stop_recording_prints(token) -> None:
+    _prints.reset(token)
+
+
+def recorded_effects() -> list | None:
+    """The list the program's ``print`` calls are recorded into while it is traced (else None):
+    other effects made in program order (``stdlib_state``: logging, ``warnings.warn``) go there
+    too, as objects with ``effect(extras)`` giving what each call applies."""
+    return _prints.get()
+
+
+def print_effects(prints: list, extras: list) -> list:
+    """The effects of the recorded ``prints`` (and other effects recorded among them), in order."""
+    return [PrintCall(p[0], p[1], extras) if type(p) is tuple else p.effect(extras) for p in prints]
+
+
+class TracedValue:
+    """A Python value that may hold tensors the trace computed (in lists, tuples, dicts): each
+    such tensor is an extra output of the trace, and ``get(extras)`` rebuilds the value with a
+    call's tensors."""
+
+    __slots__ = ("leaves", "spec", "outputs")
+
+    def __init__(self, value, extras: list):
+        leaves, self.spec = pytree.tree_flatten(value, is_leaf=is_size)
+        self.outputs = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, TensorProxy):
+                extras.append(leaf)
+                self.outputs.append((i, len(extras) - 1))
+                leaves[i] = None
+        self.leaves = leaves
+
+    def get(self, extras):
+        if not self.outputs:
+            return pytree.tree_unflatten(self.leaves, self.spec)
+        leaves = list(self.leaves)
+        for i, output in self.outputs:
+            leaves[i] = extras[output]
+        return pytree.tree_unflatten(leaves, self.spec)
+
+
+class PrintCall:
+    """One recorded ``print``, repeated with each call's tensors."""
+
+    __slots__ = ("arguments",)
+
+    def __init__(self, args, kwargs, extras: list):
+        self.arguments = TracedValue((args, kwargs), extras)
+
+    def apply(self, extras, flat) -> None:
+        args, kwargs = self.arguments.get(extras)
+        _builtin_print(*args, **kwargs)
+
+
+class AttributeWrite:
+    """An attribute the program set (or deleted) on a module or a state object, repeated after
+    every call. ``holder`` is the object, or an ``InputSource`` for an argument object (found in
+    each call's inputs); ``value`` is a ``TracedValue``, or None for a deletion."""
+
+    __slots__ = ("holder", "name", "value")
+
+    def __init__(self, holder, name, value):
+        self.holder, self.name, self.value = holder, name, value
+
+    def apply(self, extras, flat) -> None:
+        holder = self.holder.object(flat) if isinstance(self.holder, InputSource) else self.holder
+        if self.value is None:
+            delattr(holder, self.name)
+        else:
+            setattr(holder, self.name, self.value.get(extras))
+
+
+class ItemWrite:
+    """An item the program set (or removed) in a list or dict reached from its arguments
+    (``cache.is_updated[i] = True``), repeated after every call on that call's container, found
+    at ``source`` (an ``InputSource``); ``key`` a full slice for a list's new contents, ``value``
+    a ``TracedValue``, or None for a removal."""
+
+    __slots__ = ("source", "key", "value")
+
+    def __init__(self, source, key, value):
+        self.source, self.key, self.value = source, key, value
+
+    def apply(self, extras, flat) -> None:
+        container = self.source.object(flat)
+        if self.value is None:
+            del container[self.key]
+        else:
+            container[self.key] = self.value.get(extras)
+
+
+def item_writes(writes, extras: list) -> list:
+    """``ItemWrite`` for each ``(source, key, value)`` (MISSING: removed), as ``attribute_writes``."""
+    return [ItemWrite(source, key, None if value is MISSING else TracedValue(value, extras))
+            for source, key, value in writes]
+
+
+def attribute_writes(writes, extras: list) -> list:
+    """``AttributeWrite`` for each ``(holder, name, value)`` (MISSING: deleted); tensors the trace
+    computed among the values become extra outputs (appended to ``extras``)."""
+    return [AttributeWrite(holder, name, None if value is MISSING else TracedValue(value, extras))
+            for holder, name, value in writes]

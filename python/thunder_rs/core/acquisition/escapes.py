@@ -1,0 +1,147 @@
+"""Tracing stand-ins that outlive their trace: a proxy stored in user state is an error.
+
+A program that stores a tensor it computed somewhere that outlives the call (a global list, an
+attribute of an object that is not one of its modules, a hook's closure) would, compiled, keep
+the stand-in of the first trace there and never update it. After tracing, every proxy the
+acquisition made must be referenced only from thunder_rs's own list of them (and from other
+proxies, such as a view's base); a count above that means it escaped, and the error says where.
+"""
+
+import gc
+import sys
+import types
+import weakref
+
+import torch
+
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.errors import ThunderRuntimeError
+
+
+def _refcounts(proxies: list) -> list[int]:
+    return [sys.getrefcount(p) for p in proxies]
+
+
+def _baseline() -> int:
+    """References a proxy has when only one list holds it (depends on the torch version)."""
+    return _refcounts([TensorProxy(0, (1,), torch.float32, torch.device("cpu"), False)])[0]
+
+
+_BASELINE = _baseline()
+
+
+def _count_proxies(value, held: dict, depth: int) -> None:
+    """Counts in ``held`` the proxies ``value`` references: directly, in lists and tuples, and in
+    the attributes of small bookkeeping objects (a view's link to its root)."""
+    if isinstance(value, TensorProxy):
+        held[id(value)] = held.get(id(value), 0) + 1
+    elif depth == 0 or isinstance(value, (str, bytes, int, float, weakref.ref, torch.dtype, torch.device)):
+        return
+    elif type(value) in (tuple, list):
+        for item in value:
+            _count_proxies(item, held, depth - 1)
+    else:
+        for name in getattr(type(value), "__slots__", ()):
+            _count_proxies(getattr(value, name, None), held, depth - 1)
+        if isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, type):
+            for item in value.__dict__.values():
+                _count_proxies(item, held, depth - 1)
+
+
+#: Attribute values of a proxy that never hold another proxy (its id, shape, dtype, device).
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.Size, tuple, torch.dtype, torch.device})
+
+
+def _held_by_proxies(proxies: list) -> dict:
+    """``id(proxy) -> count`` of references from other proxies' bookkeeping (a view's root)."""
+    held: dict = {}
+    for p in proxies:
+        for value in p.__dict__.values():
+            if type(value) not in _PLAIN:
+                _count_proxies(value, held, 4)
+    return held
+
+
+def _suspects(proxies: list, held: dict) -> list[int]:
+    """Positions (not the proxies: a list of them would add a reference) of proxies with more
+    references than their bookkeeping explains."""
+    return [i for i, n in enumerate(_refcounts(proxies)) if n > _BASELINE + held.get(id(proxies[i]), 0)]
+
+
+def escaped(proxies: list) -> list:
+    """The proxies of ``proxies`` that something outside the trace still references."""
+    held = _held_by_proxies(proxies)
+    if _suspects(proxies, held):
+        gc.collect()  # cycles of garbage (the module clones, a frame and its locals) are not escapes
+    return [proxies[i] for i in _suspects(proxies, held)]
+
+
+def check_no_escape(proxies: list, producer) -> None:
+    """Raises when a proxy escaped; ``producer(proxy)`` names the op that made it."""
+    suspects = escaped(proxies)
+    if not suspects:
+        return
+    proxy = suspects[0]
+    del suspects  # its own reference would be found as the holder
+    raise ThunderRuntimeError(
+        f"thunder_rs.jit: the traced program stored a tensor it computed ({producer(proxy)}) in "
+        f"{describe_holder(proxy, proxies)}, which outlives the call. Compiled, it would keep the "
+        "value of the first call there. Return the tensor instead, register such hooks on the "
+        "jitted module (they then run eagerly around the compiled call), or use "
+        "torch.compile(backend=...) for programs with such side effects")
+
+
+def describe_holder(obj, ignore: list) -> str:
+    """Where ``obj`` is referenced from, in words (slow; error path only)."""
+    skip = {id(ignore), id(sys._getframe())}
+    for holder in gc.get_referrers(obj):
+        if id(holder) in skip or isinstance(holder, types.FrameType) or holder is ignore:
+            continue
+        if isinstance(holder, TensorProxy):
+            continue
+        where = _describe_container(holder, obj)
+        if where:
+            return where
+    return "Python state outside the trace"
+
+
+def _describe_container(holder, obj) -> str | None:
+    if isinstance(holder, list):
+        owner = _owner(holder)
+        return f"a list{owner}"
+    if isinstance(holder, dict):
+        if "__name__" in holder and "__builtins__" in holder:
+            name = next((k for k, v in holder.items() if v is obj), "?")
+            return f"global variable {name!r} of module {holder['__name__']}"
+        key = next((k for k, v in holder.items() if v is obj), None)
+        owner = _owner(holder)
+        return f"entry {key!r} of a dict{owner}" if key is not None else f"a dict{owner}"
+    if isinstance(holder, (tuple, set)):
+        return f"a {type(holder).__name__}{_owner(holder)}"
+    if type(holder).__name__ == "cell":
+        return f"a closure variable{_owner(holder)}"
+    return None
+
+
+def _owner(container, depth: int = 0) -> str:
+    """`` (global 'feats' of module m)`` or `` (attribute 'x' of Foo)`` for a container."""
+    if depth > 2:
+        return ""
+    for ref in gc.get_referrers(container):
+        if isinstance(ref, dict):
+            name = next((k for k, v in ref.items() if v is container), None)
+            if name is None:
+                continue
+            if "__name__" in ref and "__builtins__" in ref:
+                return f" (global {name!r} of module {ref['__name__']})"
+            for obj in gc.get_referrers(ref):
+                if getattr(obj, "__dict__", None) is ref:
+                    return f" (attribute {name!r} of a {type(obj).__name__})"
+        if isinstance(ref, tuple):
+            for fn in gc.get_referrers(ref):
+                if isinstance(fn, types.FunctionType) and fn.__closure__ is ref:
+                    code = fn.__code__
+                    return f" (captured by {fn.__qualname__} at {code.co_filename}:{code.co_firstlineno})"
+        if type(ref).__name__ == "cell":
+            return _owner(ref, depth + 1)
+    return ""

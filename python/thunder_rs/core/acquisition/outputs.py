@@ -1,0 +1,214 @@
+"""What a compiled call returns: the trace's flat outputs, rebuilt into the program's output.
+
+Registered pytree nodes (tuples, dicts, dataclasses, Hugging Face ``ModelOutput``) are flattened
+by torch's pytree and rebuilt per call. A leaf that is some other Python object holding traced
+tensors, such as the ``DynamicCache`` a Hugging Face decoder returns as ``past_key_values``, is
+rebuilt per call too: its tensors become outputs of the trace, and every call returns a new object
+of the same class whose attributes hold that call's tensors, as eager returns a new cache per call.
+Returning the trace-time object would hand the caller ``TensorProxy`` stand-ins, the same for
+every call.
+
+Only the objects and containers on a path to a traced tensor are rebuilt (``cls.__new__`` and the
+instance dict, as ``copy`` does); everything else they reference (ints, classes, configs,
+parameters) is shared, as it is in eager. An object the program was given (an argument) is
+returned as each call's own argument; what the program set on it is set again by every call
+(``thunder_rs.core.state.state``).
+"""
+
+import copy
+import types
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from thunder_rs.core.state.guards import slot_names
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.errors import ThunderNotImplementedError
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+#: What a rebuilt object shares with the trace-time one rather than copies.
+_SHARED = (*_PLAIN, torch.Tensor, torch.nn.Module, type, types.FunctionType, types.BuiltinFunctionType,
+           types.MethodType, types.ModuleType)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A traced tensor at position ``index`` of the trace's outputs."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class _Input:
+    """The call's own flat input at ``position`` (an object the program was given and returns)."""
+
+    position: int
+
+
+@dataclass(frozen=True)
+class _Rebuilt:
+    """A container or object rebuilt per call: ``kind`` says how, ``parts`` are its contents."""
+
+    kind: str
+    cls: type
+    parts: tuple
+
+
+class _Templater:
+    """Turns an output object into a template: traced tensors become ``_Slot``s (appended to
+    ``flat``), containers and objects holding them become ``_Rebuilt``, the rest stays shared.
+    An object reached twice gets one template (and is rebuilt once per call)."""
+
+    def __init__(self, flat: list, inputs: dict):
+        self.flat = flat
+        self._inputs = inputs
+        self._memo: dict = {}
+        self._open: set = set()  # objects being templated
+        self._cyclic: set = set()  # of those, the ones referred to from inside themselves
+
+    def __call__(self, x):
+        if isinstance(x, TensorProxy):
+            self.flat.append(x)
+            return _Slot(len(self.flat) - 1)
+        if isinstance(x, _SHARED):
+            return x
+        key = id(x)
+        if key in self._inputs:
+            return _Input(self._inputs[key])
+        if key in self._memo:
+            return self._memo[key]
+        if key in self._open:  # a cycle: fine unless x turns out to hold traced tensors
+            self._cyclic.add(key)
+            return x
+        self._open.add(key)
+        node = self._node(x)
+        self._open.discard(key)
+        if node is not x and key in self._cyclic:
+            raise ThunderNotImplementedError(f"jit: the program returns a {type(x).__name__} that refers to itself "
+                                             "and holds traced tensors; thunder_rs cannot rebuild cyclic outputs")
+        self._memo[key] = node
+        return node
+
+    def _node(self, x):
+        if type(x) in (list, tuple) or isinstance(x, tuple) and hasattr(x, "_fields"):
+            parts = tuple(map(self, x))
+            kind = "namedtuple" if hasattr(x, "_fields") else type(x).__name__
+            return _Rebuilt(kind, type(x), parts) if any(p is not y for p, y in zip(parts, x)) else x
+        if isinstance(x, dict):
+            parts = tuple((k, self(v)) for k, v in x.items())
+            return _Rebuilt("dict", type(x), parts) if any(p is not x[k] for k, p in parts) else x
+        for name in slot_names(type(x)):
+            if hasattr(x, name) and self(getattr(x, name)) is not getattr(x, name):
+                raise ThunderNotImplementedError(
+                    f"jit: the program returns a {type(x).__name__} whose __slots__ hold traced tensors; thunder_rs "
+                    "rebuilds returned objects through their instance dict and cannot rebuild this one")
+        state = getattr(x, "__dict__", None)
+        if state is None:
+            return x
+        parts = tuple((k, self(v)) for k, v in state.items())
+        if all(p is state[k] for k, p in parts):
+            return x
+        # Rebuilt per call, its own lists, dicts and sets are too (``info={}`` made by each eager call).
+        return _Rebuilt("object", type(x), tuple((k, _Copied(p) if type(p) in _MUTABLE else p) for k, p in parts))
+
+
+_MUTABLE = (list, dict, set)
+
+
+@dataclass(frozen=True)
+class _Copied:
+    """A list, dict or set without traced tensors in a rebuilt object: a shallow copy per call."""
+
+    value: object
+
+
+def _build(node, outputs, inputs, built: dict):
+    """The object ``node`` stands for, with this call's ``outputs`` and ``inputs``; ``built`` keeps
+    one object per template node, so an object shared in the trace-time output is shared in each
+    call's too."""
+    if isinstance(node, _Slot):
+        return outputs[node.index]
+    if isinstance(node, _Input):
+        return inputs[node.position]
+    if isinstance(node, _Copied):
+        return copy.copy(node.value)
+    if not isinstance(node, _Rebuilt):
+        return node
+    obj = built.get(id(node))
+    if obj is not None:
+        return obj
+    parts = node.parts
+    if node.kind in ("list", "tuple"):
+        obj = node.cls(_build(p, outputs, inputs, built) for p in parts)
+    elif node.kind == "namedtuple":
+        obj = node.cls(*(_build(p, outputs, inputs, built) for p in parts))
+    elif node.kind == "dict":
+        obj = node.cls((k, _build(p, outputs, inputs, built)) for k, p in parts)
+    else:
+        obj = node.cls.__new__(node.cls)  # type: ignore[call-overload]  # mypy takes it for type.__new__
+        obj.__dict__.update((k, _build(p, outputs, inputs, built)) for k, p in parts)
+    built[id(node)] = obj
+    return obj
+
+
+class PlainOutput:
+    """The output structure of a trace whose outputs are tensors and constants in containers."""
+
+    def __init__(self, spec):
+        self._spec = spec
+
+    def unflatten(self, flat, inputs):
+        return self._spec.unflatten(list(flat))
+
+
+class RebuiltOutput:
+    """The output structure of a trace whose outputs include objects rebuilt per call, or the
+    call's own input objects: ``unflatten(flat_outputs, inputs)`` gives what the program returned,
+    with this call's tensors and objects."""
+
+    def __init__(self, spec, leaves: list):
+        self._spec = spec
+        self._leaves = leaves
+
+    def unflatten(self, flat, inputs):
+        built: dict = {}
+        return self._spec.unflatten([_build(leaf, flat, inputs, built) for leaf in self._leaves])
+
+
+def is_size(x) -> bool:
+    return type(x) is torch.Size
+
+
+def _is_proxy_holder(leaf) -> bool:
+    return not isinstance(leaf, (torch.Tensor, *_PLAIN))
+
+
+def flatten_output(out, inputs: list):
+    """The trace's flat outputs for the program's output ``out``, and how to rebuild ``out`` from
+    them on each call (an object with ``unflatten(flat, inputs)``). ``inputs`` are the call's flat
+    inputs: an output object among them is returned as the later call's own input."""
+    # A torch.Size is kept whole (torch's pytree would rebuild it as a plain tuple); the shapes of
+    # a cache entry are fixed, so it is returned as the trace found it.
+    leaves, spec = tree_flatten(out, is_leaf=is_size)
+    if not any(_is_proxy_holder(leaf) or is_size(leaf) for leaf in leaves):
+        return tuple(leaves), PlainOutput(spec)
+    given = {id(x): i for i, x in enumerate(inputs) if _is_proxy_holder(x)}
+    flat: list = []
+    template = _Templater(flat, given)
+    templates = []
+    for leaf in leaves:
+        if is_size(leaf):
+            templates.append(leaf)
+        elif not _is_proxy_holder(leaf):
+            templates.append(_Slot(len(flat)))
+            flat.append(leaf)
+        else:
+            templates.append(template(leaf))
+    return tuple(flat), RebuiltOutput(spec, templates)
+
+
+def is_plain(out) -> bool:
+    """Outputs the generated code can return as they are: a leaf, or a flat tuple/list of leaves."""
+    leaf = lambda x: isinstance(x, (torch.Tensor, bool, int, float)) or x is None  # noqa: E731
+    return leaf(out) or (type(out) in (tuple, list) and all(leaf(x) for x in out))

@@ -1,0 +1,304 @@
+"""Python state a traced program reads through the standard library and torch's global flags, and
+the standard library's side effects it makes: guarded, or repeated by every call.
+
+Tracing runs the program once, so what it reads is baked into the trace and what it does happens
+once. The bytecode observer (``observe.py``) guards reads of the program's own objects; the state
+here lives behind library calls it does not follow, so it is handled by a table each:
+
+- **readers → guards.** ``os.environ`` (``[...]``, ``get``, ``in``, ``os.getenv``: all go through
+  ``os._Environ.__getitem__``, wrapped once) and the level of a logger (``isEnabledFor``,
+  ``getEffectiveLevel``: wrapped on ``logging.Logger``) are guarded when the program reads them
+  while it is traced, by name, so a changed value recompiles and the miss reason names it.
+  torch's global flags are found by the observer among the program's read chains instead
+  (``torch_flags.py``).
+- **effects → repeated.** ``logging`` calls (``log.info``, ``logging.warning``: all reach
+  ``Logger._log``) and ``warnings.warn`` made by program code are recorded, not run, like
+  ``print`` (``effects.py``): every compiled call makes them after running, with that call's
+  tensors among the arguments, attributed to the user's line as eager attributes them (the log
+  record's file, line and function; the warning's registry, so the ``default`` filter shows it once
+  per line as in eager). Text that already holds a formatted traced tensor is refused.
+- **iterators.** ``next(it)`` on an iterator the program did not create (an argument, a global, a
+  closure cell, an attribute of its state) consumes it once while tracing and never again:
+  refused, naming the line. ``builtins.next`` calls a checking wrapper only while some program is
+  traced (``consuming_iterators``), so eager code pays nothing otherwise. A generator passed in
+  and advanced another way (``for v in gen``, which no wrapper sees) is refused after tracing.
+  Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
+
+The closures and default arguments of the functions a program runs are watched by the observer
+(``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
+
+Only reads and calls made by program code (not thunder_rs's, torch's or the standard library's
+own) count, and nothing here runs for a program that makes none of them: their per-call cost is
+only in the entries that carry such guards.
+"""
+
+import builtins
+import contextlib
+import functools
+import logging
+import os
+import sys
+import threading
+import traceback
+import types
+import warnings
+from typing import Any
+
+from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
+from thunder_rs.core.state.guards import MISSING, StateGuard
+from thunder_rs.core.state.observe import _STDLIB_DIRS, _importing, interesting, thread_state
+from thunder_rs.errors import ThunderNotImplementedError
+
+# -- the program's frame ---------------------------------------------------------------------------
+
+
+def _in_stdlib(path: str) -> bool:
+    # A virtual environment's platstdlib holds its site-packages.
+    return path.startswith(_STDLIB_FILES) and "site-packages" not in path
+
+
+#: Where the standard library's code is (``os`` and ``_collections_abc`` are frozen modules).
+_STDLIB_FILES = (*_STDLIB_DIRS, "<frozen ")
+
+
+def _program_frame(frame, skip: int = 0):
+    """The first frame from ``frame`` outward that is not the standard library's (``os.getenv``,
+    ``Mapping.get``, ``Logger.info``), after ``skip`` more program frames (a ``stacklevel``), if
+    it is the program's; else None (thunder_rs's, torch's or the standard library's own reads)."""
+    while frame is not None and _in_stdlib(frame.f_code.co_filename):
+        frame = frame.f_back
+    for _ in range(skip):
+        if frame is None:
+            return None
+        frame = frame.f_back
+    return frame if frame is not None and _is_program(frame) else None
+
+
+def _is_program(frame) -> bool:
+    """Whether ``frame`` runs the program's code: not a library's, nor a module body's that the
+    program's first call imports (a library's setup at import happens once in eager too)."""
+    observer = thread_state.observer
+    return interesting(frame.f_code) and not (observer is not None and _importing(frame, observer.entry))
+
+
+def _tracing() -> bool:
+    return thread_state.observer is not None and not thread_state.inside
+
+
+def _where(frame) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _guard(label: str, read, show=repr) -> None:
+    observer: Any = thread_state.observer
+    observer.guard_state(StateGuard(label, read, read(), show))
+
+
+# -- os.environ ------------------------------------------------------------------------------------
+
+_environ_getitem = os._Environ.__getitem__
+
+
+def _environ_value(key):
+    try:
+        return _environ_getitem(os.environ, key)
+    except KeyError:
+        return MISSING
+
+
+def _unset(value) -> str:
+    return "unset" if value is MISSING else repr(value)
+
+
+def _getitem(self, key):
+    if self is os.environ and _tracing() and _program_frame(sys._getframe(1)) is not None:
+        _guard(f"os.environ[{key!r}]", functools.partial(_environ_value, key), _unset)
+    return _environ_getitem(self, key)
+
+
+# -- logger levels ---------------------------------------------------------------------------------
+
+_is_enabled_for = logging.Logger.isEnabledFor
+_effective_level = logging.Logger.getEffectiveLevel
+
+
+def _level_of(logger) -> tuple:
+    """What decides which records ``logger`` makes: ``logging.disable``'s level and its own."""
+    return (logger.manager.disable, _effective_level(logger))
+
+
+def _show_level(value: tuple) -> str:
+    disabled, level = value
+    text = logging.getLevelName(level)
+    return f"{text} (logging.disable({logging.getLevelName(disabled)}))" if disabled else text
+
+
+def _guard_level(logger) -> None:
+    if _tracing() and _program_frame(sys._getframe(2)) is not None:
+        _guard(f"the level of logger {logger.name!r}", functools.partial(_level_of, logger), _show_level)
+
+
+def _isEnabledFor(self, level):  # noqa: N802 (logging's name)
+    _guard_level(self)
+    return _is_enabled_for(self, level)
+
+
+def _getEffectiveLevel(self):  # noqa: N802 (logging's name)
+    _guard_level(self)
+    return _effective_level(self)
+
+
+# -- logging and warnings as effects ---------------------------------------------------------------
+
+_logger_log = logging.Logger._log
+
+
+def _refuse_formatted(texts, what: str, frame) -> None:
+    for text in texts:
+        if isinstance(text, str) and "TensorProxy(t" in text:
+            raise ThunderNotImplementedError(
+                f"{what}: the text at {_where(frame)} formats a traced tensor (an f-string or str() of it), which a "
+                f"compiled call cannot make with later values; pass the tensor as an argument (log.info('%s', x))")
+
+
+class LogCall:
+    """One record the program logged, made again by every call: the record eager makes, at the
+    user's line, with that call's tensors among its arguments."""
+
+    __slots__ = ("logger", "level", "msg", "arguments", "where", "extra", "sinfo")
+
+    def __init__(self, logger, level, msg, args, where, extra, sinfo):
+        self.logger, self.level, self.msg, self.where, self.extra, self.sinfo = logger, level, msg, where, extra, sinfo
+        self.arguments = args
+
+    def effect(self, extras: list):
+        self.arguments = TracedValue(self.arguments, extras)
+        return self
+
+    def apply(self, extras, flat) -> None:
+        path, line, function = self.where
+        record = self.logger.makeRecord(self.logger.name, self.level, path, line, self.msg,
+                                        self.arguments.get(extras), None, function, self.extra, self.sinfo)
+        self.logger.handle(record)
+
+
+def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, stacklevel=1):
+    recorded = recorded_effects()
+    frame = _program_frame(sys._getframe(1), max(stacklevel, 1) - 1) if recorded is not None and _tracing() else None
+    if frame is None:
+        return _logger_log(self, level, msg, args, exc_info, extra, stack_info, stacklevel + 1)
+    _refuse_formatted((msg,), f"logging ({self.name!r})", frame)
+    if exc_info:
+        raise ThunderNotImplementedError(
+            f"logging ({self.name!r}): the record logged at {_where(frame)} carries an exception (exc_info, "
+            "log.exception), which tracing raised once and a compiled call does not raise; log it outside the "
+            "jitted function")
+    sinfo = "Stack (most recent call last):\n" + "".join(traceback.format_stack(frame)).rstrip("\n") if stack_info else None
+    where = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    recorded.append(LogCall(self, level, msg, args, where, extra, sinfo))
+    return None
+
+
+_warn = warnings.warn
+
+
+class WarnCall:
+    """One ``warnings.warn`` the program made, made again by every call at the user's line: through
+    ``warn_explicit`` with that line's module registry, so filters (``default``: once per line,
+    ``always``, ``error``) act on each call as in eager."""
+
+    __slots__ = ("message", "category", "where", "source")
+
+    def __init__(self, message, category, where, source):
+        self.message, self.category, self.where, self.source = message, category, where, source
+
+    def effect(self, extras: list):
+        return self
+
+    def apply(self, extras, flat) -> None:
+        path, line, module, registry, module_globals = self.where
+        warnings.warn_explicit(self.message, self.category, path, line, module, registry, module_globals, self.source)
+
+
+def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
+    recorded = recorded_effects()
+    frame = sys._getframe(1) if recorded is not None and _tracing() and not kwargs else None
+    if frame is None or not _is_program(frame):
+        return _warn(message, category, stacklevel + 1, source, **kwargs)
+    for _ in range(max(stacklevel, 1) - 1):
+        frame = frame.f_back if frame.f_back is not None else frame
+    _refuse_formatted((str(message),), "warnings.warn", frame)
+    if isinstance(message, Warning):
+        category = type(message)
+    category = UserWarning if category is None else category
+    g = frame.f_globals
+    module = g.get("__name__", "<string>")
+    where = (frame.f_code.co_filename, frame.f_lineno, module, g.setdefault("__warningregistry__", {}), g)
+    recorded.append(WarnCall(message, category, where, source))
+    return None
+
+
+# -- iterators -------------------------------------------------------------------------------------
+
+_builtin_next = builtins.next
+_tracings = 0
+_tracings_lock = threading.Lock()
+
+
+def _next(iterator, *default):
+    observer = thread_state.observer
+    if observer is not None and not thread_state.inside:
+        frame = sys._getframe(1)
+        if _is_program(frame) and observer.reached_from_outside(iterator):
+            raise ThunderNotImplementedError(
+                f"next: the program consumes a {type(iterator).__name__} it did not create at {_where(frame)} (an "
+                "argument, a global or a closure cell); tracing takes its item once, and a compiled call would "
+                "neither take the next one nor see it. Take the item outside the jitted function and pass it in")
+    return _builtin_next(iterator, *default)
+
+
+def _generator_position(gen):
+    frame = gen.gi_frame
+    return None if frame is None else frame.f_lasti
+
+
+@contextlib.contextmanager
+def consuming_iterators(flat_inputs: list):
+    """While the ``with`` body traces a program, ``next`` refuses to consume iterators the program
+    did not create (process-wide, held by a count: several threads may trace at once). A generator
+    passed in that the program advanced another way (``for v in gen``) is refused after."""
+    global _tracings
+    generators = [(i, g, _generator_position(g)) for i, g in enumerate(flat_inputs) if isinstance(g, types.GeneratorType)]
+    with _tracings_lock:
+        _tracings += 1
+        builtins.next = _next
+    try:
+        yield
+    finally:
+        with _tracings_lock:
+            _tracings -= 1
+            if not _tracings:
+                builtins.next = _builtin_next
+    for i, gen, position in generators:
+        if _generator_position(gen) != position:
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: the program consumed the generator {gen.__qualname__} passed as its input {i} (a "
+                "for loop, list() or next() over it); tracing took its items once, and a compiled call would neither "
+                "take them again nor see them. Pass the items (a list or a tensor) instead")
+
+
+# -- installing ------------------------------------------------------------------------------------
+
+_installed: list = []
+
+
+def install() -> None:
+    """Puts the wrappers in, once (they call straight through outside tracing)."""
+    if _installed:
+        return
+    _installed.append(True)
+    os._Environ.__getitem__ = _getitem  # type: ignore[method-assign]
+    logging.Logger.isEnabledFor = _isEnabledFor  # type: ignore[method-assign]
+    logging.Logger.getEffectiveLevel = _getEffectiveLevel  # type: ignore[method-assign]
+    logging.Logger._log = _log  # type: ignore[method-assign]
+    warnings.warn = _warnings_warn

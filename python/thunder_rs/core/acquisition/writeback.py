@@ -1,0 +1,174 @@
+"""Write-backs: a compiled call leaves the caller's tensors as eager's in-place ops leave them.
+
+While tracing, an in-place op rebinds the proxy of the tensor it writes
+(``thunder_rs.torch.inplace``). When that tensor is a trace input (an argument, a module
+parameter or buffer, a captured tensor), its final value becomes an extra output of the trace,
+and the compiled call copies it into the caller's tensor after running: with autograd recording
+the copy when eager's in-place op would have given the tensor history (it requires grad and is
+not a leaf), under ``torch.no_grad()`` otherwise (buffers, tensors that do not require grad,
+leaves written under ``no_grad``). A module buffer reassigned in forward (``self.n = self.n + 1``,
+which ``nn.Module.__setattr__`` stores in ``_buffers``) gets the new tensor in its slot. An output
+that is a written input itself (``x.add_(1); return x``) is the caller's tensor, as in eager.
+
+A value the call computed may share memory with a tensor it is about to overwrite (an input
+read before the write, through ``contiguous()`` or a view the executor made); such values are
+cloned before the copies, so the order of the copies cannot change what they write.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from thunder_rs.core.lang.executor_api import torch_executor
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+@dataclass(frozen=True)
+class WriteBacks:
+    """What a compiled call does after running its trace, whose outputs are the program's
+    ``num_outputs`` flat outputs followed by the values written back."""
+
+    num_outputs: int
+    #: how the program's outputs are returned: "single", "tuple" or "list"
+    out_kind: str
+    #: (trace input index, trace output index, whether autograd records the copy)
+    copies: tuple
+    #: (store, name, trace output index or None for None, whether it carries autograd history):
+    #: module slots given a new value
+    slots: tuple
+    #: (output position, trace input index): outputs that are a written input itself
+    aliases: tuple
+    #: positions of the program's outputs that are tensors
+    tensor_outputs: tuple
+    #: trace inputs that must not share memory with a written one (the arguments and captured
+    #: tensors; parameters and buffers are the module's own)
+    separate: tuple = ()
+    #: (output position, trace input index, view steps): outputs that are a view of a written
+    #: input (``cache[pos] = new; return cache[: pos + 1]``), taken of the caller's tensor after
+    #: the copies, so they alias it as in eager
+    views: tuple = ()
+
+    @property
+    def targets(self) -> tuple[int, ...]:
+        """Trace inputs the call overwrites."""
+        return tuple(k for k, _, _ in self.copies)
+
+    @property
+    def non_differentiable(self) -> frozenset:
+        """Trace outputs written back without autograd: not differentiable outputs of the call."""
+        untracked = [j for _, j, grad in self.copies if not grad]
+        untracked += [j for _, _, j, grad in self.slots if j is not None and not grad]
+        return frozenset(untracked)
+
+
+def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = ()):
+    """The write-backs of a traced program, and the outputs its trace returns; ``(None, out)``
+    when it wrote no input.
+
+    ``inputs`` are the trace's input proxies in order; ``slot_values`` holds, for each module
+    parameter or buffer slot, ``(store, name, input proxy, value in the slot after tracing)``;
+    ``separate`` are the inputs (arguments, captured tensors) a call must not pass aliased with a
+    written one: the trace took them as distinct tensors.
+    """
+    written = [(k, p) for k, p in enumerate(inputs) if p._vid != p._input_vid]
+    reassigned = [(d, n, v) for d, n, p, v in slot_values if v is not p]
+    if not written and not reassigned:
+        return None, out
+    leaves = [out] if out_kind == "single" else list(out)
+    extra: list = []
+    copies = []
+    for k, p in written:
+        copies.append((k, len(leaves) + len(extra), bool(p.requires_grad) and not p._leaf))
+        extra.append(p)
+    slots: list = []
+    for d, n, v in reassigned:
+        if v is not None and not isinstance(v, TensorProxy):
+            raise ThunderNotImplementedError(
+                f"module state: buffer {n!r} was given a {type(v).__name__} while tracing; a buffer may be given a tensor "
+                "the program computes, or None")
+        if v is None:
+            slots.append((d, n, None, False))
+        else:
+            slots.append((d, n, len(leaves) + len(extra), bool(v.requires_grad)))
+            extra.append(v)
+    position = {id(p): k for k, p in written}
+    aliases = tuple((i, position[id(o)]) for i, o in enumerate(leaves) if id(o) in position)
+    views = tuple((i, position[id(link.root)], link.steps) for i, o in enumerate(leaves)
+                  if (link := _replayable_view(o)) is not None and id(link.root) in position and id(o) not in position)
+    tensors = tuple(i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor))
+    wb = WriteBacks(len(leaves), out_kind, tuple(copies), tuple(slots), aliases, tensors, tuple(separate), views)
+    return wb, tuple(leaves + extra)
+
+
+def _replayable_view(o):
+    """``o``'s view link when ``o`` is a view through shape prims alone (which torch calls can take
+    again of a real tensor), else None."""
+    link = getattr(o, "_view", None) if isinstance(o, TensorProxy) else None
+    return link if link is not None and all(step.is_prim for step in link.steps) else None
+
+
+def _view_taker(steps):
+    """A function taking, of a real tensor, the view ``steps`` take of its proxy."""
+    registry = torch_executor().registry
+    calls = [(registry[step.name].fn, step.params) for step in steps]
+
+    def take(t):
+        for call, params in calls:
+            t = call(t, *params)
+        return t
+
+    return take
+
+
+def root_id(t: torch.Tensor) -> int:
+    """The memory ``t`` uses: its storage's address, so that views, ``detach()`` and ``.data`` of a
+    tensor share it (a tensor with no memory is only itself)."""
+    return t.untyped_storage().data_ptr() or id(t)
+
+
+def _raise_aliased():
+    raise ThunderNotImplementedError(
+        "jit: a tensor the program writes in place was passed together with another argument that shares its "
+        "memory (the same tensor twice, or a view of it); the compiled program took them as separate tensors")
+
+
+def with_writebacks(fn, wb: WriteBacks):
+    """``fn`` (the trace's callable, returning a tuple) followed by ``wb``'s copies, returning the
+    program's outputs. The copies are generated code, so the per-call cost is a few lines."""
+    namespace = {"fn": fn, "no_grad": torch.no_grad, "root_id": root_id, "raise_aliased": _raise_aliased}
+    lines = ["def call(*inputs):", "    outs = fn(*inputs)"]
+    aliased = dict(wb.aliases)
+    viewed = {i for i, _, _ in wb.views}  # taken of the caller's tensor after the copies instead
+    values = [j for j in wb.tensor_outputs if j not in aliased and j not in viewed]
+    values += [j for _, j, _ in wb.copies] + [j for _, _, j, _ in wb.slots if j is not None]
+    for j in values:
+        lines.append(f"    o{j} = outs[{j}]")
+    if wb.copies:
+        lines.append(f"    bases = {{{', '.join(f'root_id(inputs[{k}])' for k in wb.targets)}}}")
+        others = [k for k in wb.separate if k not in wb.targets]
+        shared = " or ".join([f"len(bases) < {len(wb.targets)}", *(f"root_id(inputs[{k}]) in bases" for k in others)])
+        lines.append(f"    if {shared}: raise_aliased()")
+        for j in values:
+            lines.append(f"    if root_id(o{j}) in bases: o{j} = o{j}.clone()")
+    untracked = [(k, j) for k, j, grad in wb.copies if not grad]
+    if untracked:
+        lines.append("    with no_grad():")
+        lines.extend(f"        inputs[{k}].copy_(o{j})" for k, j in untracked)
+    lines.extend(f"    inputs[{k}].copy_(o{j})" for k, j, grad in wb.copies if grad)
+    for i, (store, name, j, _) in enumerate(wb.slots):
+        namespace[f"store{i}"] = store
+        lines.append(f"    store{i}[{name!r}] = {'None' if j is None else f'o{j}'}")
+    results = [f"inputs[{aliased[i]}]" if i in aliased else f"o{i}" if i in values else f"outs[{i}]"
+               for i in range(wb.num_outputs)]
+    for i, k, steps in wb.views:
+        namespace[f"view{i}"] = _view_taker(steps)
+        results[i] = f"view{i}(inputs[{k}])"
+    if wb.out_kind == "single":
+        lines.append(f"    return {results[0]}")
+    elif wb.out_kind == "list":
+        lines.append(f"    return [{', '.join(results)}]")
+    else:
+        lines.append(f"    return ({''.join(r + ', ' for r in results)})")
+    exec(compile("\n".join(lines), "<thunder_rs write-backs>", "exec"), namespace)
+    return namespace["call"]

@@ -1,0 +1,1 @@
+"""What everything stands on: the proxy, dtypes, the user's line, problems, logs."""

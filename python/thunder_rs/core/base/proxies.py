@@ -1,0 +1,102 @@
+"""``TensorProxy``: stands in for a tensor while a program is traced.
+
+A wrapper subclass with real metadata (shape, dtype, device) and no storage, so ordinary
+PyTorch code (``isinstance``, ``.shape``, ``torch.nn`` modules) runs on it unchanged. Every torch
+call on it arrives at ``__torch_function__`` and goes to the language context; nothing may reach
+``__torch_dispatch__``.
+"""
+
+import torch
+
+from thunder_rs.core.base.dtypes import DTYPES
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
+
+#: What torch calls on proxies mean; installed by ``thunder_rs.core.lang.langctx`` when it is imported.
+_language_context = None
+
+
+def set_language_context(torch_function) -> None:
+    global _language_context
+    _language_context = torch_function
+
+
+class TensorProxy(torch.Tensor):
+    _vid: int
+    _shape: torch.Size
+    _dtype: torch.dtype
+    _device: torch.device
+    # Functionalisation state (``thunder_rs.torch.views``, ``thunder_rs.core.acquisition.writeback``); class
+    # defaults, so that proxies no in-place op touches carry nothing.
+    #: for a view: its ``ViewLink`` (root proxy, steps from the root, eager strides); a step
+    #: with ``is_prim`` is the shape prim ``name`` with ``params`` after the tensor
+    _view = None
+    #: for a root that views were taken of: weak references to them
+    _views = None
+    #: for a trace input: the value id it had when made (it differs once the input is written)
+    _input_vid: int | None = None
+    #: for a trace input standing for a leaf tensor that requires grad (in-place is an error)
+    _leaf = False
+    #: for a trace input whose tensor is not contiguous: its strides (views follow eager's)
+    _strides: tuple[int, ...] | None = None
+    #: for a copy eager makes that the trace computes nothing for (``views.copy_of``)
+    _copy_of = False
+
+    @staticmethod
+    def __new__(cls, vid: int, shape, dtype: torch.dtype, device: torch.device, requires_grad: bool):
+        proxy = torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=dtype, device=device, requires_grad=requires_grad
+        )
+        proxy._vid = vid
+        proxy._shape = torch.Size(shape)
+        proxy._dtype = dtype
+        proxy._device = device
+        return proxy
+
+    # Tracing reads these all the time: plain attributes answer without a trip through
+    # __torch_function__ and the language context.
+    shape = property(lambda self: self._shape)
+    dtype = property(lambda self: self._dtype)
+    device = property(lambda self: self._device)
+    ndim = property(lambda self: len(self._shape))
+
+    @property
+    def grad(self):
+        raise grad_error("reads")
+
+    @grad.setter
+    def grad(self, value):
+        raise grad_error("sets")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _language_context(func, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise ThunderRuntimeError(
+            f"{func}: reached torch dispatch with a thunder_rs proxy; this call bypassed "
+            "__torch_function__ and cannot be traced"
+        )
+
+    def __repr__(self, *, tensor_contents=None):
+        dims = ", ".join(str(d) for d in self.shape)
+        return f'TensorProxy(t{self._vid}, "{self.device} {self.dtype}[{dims}]")'
+
+
+def grad_error(what: str) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"Tensor.grad: the program {what} the .grad of a tensor at {user_location()} while it is traced; a compiled "
+        "call cannot read or set gradients (it would see those of the first call). Run what uses .grad (an "
+        "optimizer step, zero_grad, gradient clipping) outside the jitted function, or pass the gradients as "
+        "arguments")
+
+
+_devices: dict[str, torch.device] = {}
+
+
+def make_proxy(vid: int, shape, dtype_code: int, device: str, requires_grad: bool) -> TensorProxy:
+    dev = _devices.get(device)
+    if dev is None:
+        dev = _devices[device] = torch.device(device)
+    return TensorProxy(vid, shape, DTYPES[dtype_code], dev, requires_grad)

@@ -1,0 +1,1 @@
+"""Language contexts and recording: what a call on proxies records."""

@@ -1,0 +1,271 @@
+"""torch's autocast policy, applied while a program is traced.
+
+Under ``torch.autocast`` eager PyTorch casts the floating inputs of some ops before running them
+(matmuls to the autocast dtype, precision-sensitive ops to float32). Tracing never reaches
+torch's dispatcher, so the language context applies the same policy to each torch call the
+program makes (``cast_inputs``): the casts are recorded as ``convert_element_type`` prims, so
+proxies carry the dtypes eager gives and the backward casts gradients back as eager's does.
+
+The table follows ``aten/src/ATen/autocast_mode.cpp`` (CPU lists, ``TORCH_LIBRARY_IMPL(aten,
+AutocastCPU, m)``) and ``aten/src/ATen/autocast_mode.h`` (the ``AT_FORALL_*`` lists registered for
+CUDA) of PyTorch 2.9 to 2.15; ``tests/test_contexts.py`` checks it op by op against the installed
+torch. Ops are named as aten names them; overloads share one policy, as they do there.
+"""
+
+import contextlib
+import contextvars
+from typing import NamedTuple
+
+import torch
+
+from thunder_rs import prims
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.recorder import current
+from thunder_rs.errors import ThunderRuntimeError
+
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+
+#: Cast every eligible input to the autocast dtype.
+LOWER = "lower_precision_fp"
+#: Cast every eligible input to float32.
+FP32 = "fp32"
+#: Cast the first input to float32 when it is eligible and no output dtype is given (aten sets
+#: the op's ``dtype`` argument instead, which computes the same); ``fp32_append_dtype`` (norm)
+#: behaves the same way.
+FP32_SET_OPT_DTYPE = "fp32_set_opt_dtype"
+#: Cast every eligible input to the widest eligible dtype (float32 over the autocast dtype).
+PROMOTE = "promote"
+
+_CUDA_LOWER = """
+    _convolution conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d
+    convolution cudnn_convolution cudnn_convolution_transpose prelu addmm addmv addr matmul einsum
+    mm mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul linalg_multi_dot
+    _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
+    _scaled_dot_product_flash_attention scaled_dot_product_attention
+"""
+_CUDA_FP32 = """
+    acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus
+    layer_norm native_layer_norm rms_norm group_norm frobenius_norm nuclear_norm cosine_similarity
+    poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss kl_div l1_loss
+    smooth_l1_loss huber_loss mse_loss margin_ranking_loss multilabel_margin_loss soft_margin_loss
+    triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits dist pdist cdist renorm
+    logsumexp upsample_nearest1d _upsample_nearest_exact1d upsample_nearest2d
+    _upsample_nearest_exact2d upsample_nearest3d _upsample_nearest_exact3d upsample_linear1d
+    upsample_bilinear2d _upsample_bilinear2d_aa upsample_trilinear3d upsample_bicubic2d
+    _upsample_bicubic2d_aa
+"""
+_CUDA_FP32_SET_OPT_DTYPE = """
+    prod softmax log_softmax cumprod cumsum linalg_vector_norm linalg_matrix_norm sum norm
+"""
+_CUDA_PROMOTE = """
+    addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add
+"""
+_CPU_LOWER = """
+    conv1d conv2d conv3d bmm mm linalg_vecdot baddbmm addmm _addmm_activation addbmm linear
+    _convolution matmul conv_tbc mkldnn_rnn_layer conv_transpose1d conv_transpose2d
+    conv_transpose3d prelu scaled_dot_product_attention _native_multi_head_attention
+"""
+_CPU_FP32 = """
+    avg_pool3d binary_cross_entropy grid_sampler polar prod quantile nanquantile stft cdist
+    grid_sampler_2d _grid_sampler_2d_cpu_fallback grid_sampler_3d trace view_as_complex cholesky
+    cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr pinverse max_pool3d max_unpool2d
+    max_unpool3d adaptive_avg_pool3d reflection_pad1d reflection_pad2d replication_pad1d
+    replication_pad2d replication_pad3d mse_loss cosine_embedding_loss nll_loss nll_loss2d
+    hinge_embedding_loss poisson_nll_loss smooth_l1_loss cross_entropy_loss l1_loss huber_loss
+    margin_ranking_loss soft_margin_loss triplet_margin_loss multi_margin_loss ctc_loss kl_div
+    multilabel_margin_loss binary_cross_entropy_with_logits fft_fft fft_ifft fft_fft2 fft_ifft2
+    fft_fftn fft_ifftn fft_rfft fft_irfft fft_rfft2 fft_irfft2 fft_rfftn fft_irfftn fft_hfft
+    fft_ihfft linalg_cond linalg_matrix_rank linalg_solve linalg_cholesky linalg_svdvals
+    linalg_eigvals linalg_eigvalsh linalg_inv linalg_householder_product linalg_tensorinv
+    linalg_tensorsolve fake_quantize_per_tensor_affine geqrf _lu_with_info qr svd
+    triangular_solve fractional_max_pool2d fractional_max_pool3d adaptive_max_pool3d
+    multilabel_margin_loss_forward linalg_qr linalg_cholesky_ex linalg_svd linalg_eig linalg_eigh
+    linalg_lstsq linalg_inv_ex
+"""
+_CPU_PROMOTE = "stack cat index_copy"
+
+# Composite ops run their decomposition under autocast, so they take the policy of the listed op
+# that decides their result: ``cross_entropy`` is ``log_softmax`` (float32 on CUDA) then
+# ``nll_loss`` (float32), ``hstack``/``vstack`` are ``cat``, ``inner`` is ``tensordot`` (on the
+# CPU an ``mm``), as are ``einsum`` and ``multi_dot`` on the CPU; ``matrix_power`` is ``matmul``;
+# ``affine_grid`` on the CPU a ``bmm``; except in the cases ``_runs_unlisted`` names.
+_CUDA_COMPOSITE = {"cross_entropy_loss": FP32, "inner": PROMOTE, "linalg_matrix_power": LOWER, "matrix_power": LOWER}
+_CPU_COMPOSITE = {
+    "inner": LOWER, "hstack": PROMOTE, "vstack": PROMOTE, "tensordot": LOWER, "einsum": LOWER, "linalg_multi_dot": LOWER,
+    "linalg_matrix_power": LOWER, "matrix_power": LOWER, "affine_grid": LOWER,
+}
+
+
+def _runs_unlisted(op: str, device_type: str, args) -> bool:
+    """Calls of composite ops that reach no listed op: ``inner`` with a 0-d operand is a product,
+    and on the CPU ``inner`` of two vectors a dot product and ``einsum`` of one operand a sum;
+    ``matrix_power`` to the power 0 or 1 (or a negative one, refused under autocast) multiplies
+    nothing."""
+    if op == "einsum" and device_type == "cpu":
+        return sum(isinstance(x, torch.Tensor) for x in args) + sum(
+            isinstance(y, torch.Tensor) for x in args if isinstance(x, (list, tuple)) for y in x) <= 1
+    if op in ("linalg_matrix_power", "matrix_power"):
+        return len(args) > 1 and isinstance(args[1], int) and args[1] < 2
+    if op != "inner":
+        return False
+    ndims = [x.ndim for x in args[:2] if isinstance(x, torch.Tensor)]
+    return 0 in ndims or (device_type == "cpu" and ndims == [1, 1])
+
+
+def _policies(**lists) -> dict[str, str]:
+    table: dict[str, str] = {}
+    for policy, names in lists.items():
+        table.update((name, policy) for name in names.split())
+    return table
+
+
+#: device type -> aten op name -> cast policy.
+POLICIES: dict[str, dict[str, str]] = {
+    "cuda": {**_policies(lower_precision_fp=_CUDA_LOWER, fp32=_CUDA_FP32, fp32_set_opt_dtype=_CUDA_FP32_SET_OPT_DTYPE,
+                         promote=_CUDA_PROMOTE), **_CUDA_COMPOSITE},
+    "cpu": {**_policies(lower_precision_fp=_CPU_LOWER, fp32=_CPU_FP32, promote=_CPU_PROMOTE), **_CPU_COMPOSITE},
+}
+
+#: Python names of torch callables whose aten op has another name.
+_ATEN_NAMES = {
+    "__matmul__": "matmul", "__rmatmul__": "matmul", "__pow__": "pow", "__rpow__": "pow",
+    "cross_entropy": "cross_entropy_loss", "concat": "cat", "concatenate": "cat",
+}
+
+
+class AutocastState(NamedTuple):
+    """The autocast dtype of the CPU and of CUDA, None where autocast is off; part of the cache
+    key, so that entering, leaving or changing autocast recompiles."""
+
+    cpu: torch.dtype | None
+    cuda: torch.dtype | None
+
+    def devices(self):
+        return [(d, dtype) for d, dtype in (("cpu", self.cpu), ("cuda", self.cuda)) if dtype is not None]
+
+
+def state() -> AutocastState | None:
+    """The current autocast state, None when autocast is off everywhere (the common, cheap case)."""
+    if not _is_any_autocast_enabled():
+        return None
+    dtypes = [torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None for d in ("cpu", "cuda")]
+    return AutocastState(*dtypes) if any(dtypes) else None
+
+
+def aten_name(func) -> str:
+    name = getattr(func, "__name__", "")
+    return _ATEN_NAMES.get(name, name)
+
+
+def _eligible(x, device_type: str) -> bool:
+    """Tensors autocast casts: floating, on the autocast's device, not float64."""
+    return (isinstance(x, TensorProxy) and x.device.type == device_type and x.dtype.is_floating_point
+            and x.dtype != torch.float64)
+
+
+def _tensors(args, kwargs):
+    for x in (*args, *kwargs.values()):
+        if type(x) in (list, tuple):
+            yield from x
+        else:
+            yield x
+
+
+def _promoted(op: str, device_type: str, lower: torch.dtype, args, kwargs) -> torch.dtype:
+    """The widest eligible dtype, as ``at::autocast::promote_type``."""
+    current = lower
+    for x in _tensors(args, kwargs):
+        if not _eligible(x, device_type):
+            continue
+        if torch.float32 in (current, x.dtype):
+            current = torch.float32
+        elif x.dtype != lower:
+            raise ThunderRuntimeError(f"{op}: Unexpected floating ScalarType in at::autocast::prioritize "
+                                      f"({x.dtype} under {device_type} autocast to {lower})")
+    return current
+
+
+def _cast_all(args, kwargs, device_type: str, dtype: torch.dtype):
+    def cast(x):
+        if type(x) in (list, tuple):
+            return type(x)(cast(y) for y in x)
+        if _eligible(x, device_type) and x.dtype != dtype:
+            return prims.convert_element_type(x, dtype)
+        return x
+
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+
+def _gives_dtype(args, kwargs) -> bool:
+    return kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in args)
+
+
+def _apply(op: str, policy: str, device_type: str, args, kwargs):
+    lower = torch.get_autocast_dtype(device_type)
+    if policy == LOWER:
+        return _cast_all(args, kwargs, device_type, lower)
+    if policy == FP32:
+        return _cast_all(args, kwargs, device_type, torch.float32)
+    if policy == PROMOTE:
+        return _cast_all(args, kwargs, device_type, _promoted(op, device_type, lower, args, kwargs))
+    key = None if args else "input" if "input" in kwargs else "self"
+    first = args[0] if args else kwargs.get(key)
+    if not _eligible(first, device_type) or _gives_dtype(args, kwargs) or first.dtype == torch.float32:
+        return args, kwargs
+    cast = prims.convert_element_type(first, torch.float32)
+    return ((cast, *args[1:]), kwargs) if args else (args, {**kwargs, key: cast})
+
+
+#: The composite depth at which the program's own code runs: 0, or inside a custom Function's
+#: composite, its forward's.
+_user_depth: contextvars.ContextVar[int] = contextvars.ContextVar("thunder_rs_user_depth", default=0)
+
+
+@contextlib.contextmanager
+def user_code():
+    """The block is the program's own code (a custom Function's forward), though it runs inside
+    a composite: autocast casts its calls, as eager's autocast does."""
+    token = _user_depth.set(current().depth)
+    try:
+        yield
+    finally:
+        _user_depth.reset(token)
+
+
+@contextlib.contextmanager
+def user_code_without_autocast():
+    """The block is the program's own code run as eager runs a custom Function's backward: with
+    autocast off (``torch.amp.custom_bwd`` turns the forward's state back on)."""
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        stack.enter_context(user_code())
+        yield
+
+
+def cast_inputs(func, args: tuple, kwargs: dict):
+    """``args`` and ``kwargs`` of a torch call as autocast passes them to the op: cast by the
+    policy of each device whose autocast is on. Only calls the program makes are cast; the calls
+    inside a decomposition (an open composite) run as aten kernels do, unautocast."""
+    if not _is_any_autocast_enabled() or current().depth != _user_depth.get():
+        return args, kwargs
+    op = aten_name(func)
+    for device_type in ("cpu", "cuda"):
+        policy = POLICIES[device_type].get(op)
+        if policy is not None and torch.is_autocast_enabled(device_type) and not _runs_unlisted(op, device_type, args):
+            args, kwargs = _apply(op, policy, device_type, args, kwargs)
+    return args, kwargs
+
+
+@contextlib.contextmanager
+def entered(recorded: AutocastState):
+    """Runs the block under the autocast state ``recorded``, whatever the caller's."""
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda"):
+            dtype = getattr(recorded, device_type)
+            if dtype is not None:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            elif torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield

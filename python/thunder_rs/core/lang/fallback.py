@@ -1,0 +1,343 @@
+"""Eager fallback symbols: torch calls with no ltorch mapping.
+
+The call is recorded as an opaque symbol named after the torch callable; its outputs' metadata
+come from running it on meta tensors (on fake tensors under autocast, which meta tensors escape).
+The torch executor runs it eagerly, under the autocast state it was traced under, and torch's
+autograd differentiates it. Random calls are effect symbols, drawn on every call; their backward
+draws again from the generator state the forward started from.
+``thunder_rs.examine`` counts fallbacks by name.
+"""
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from thunder_rs import _core
+from thunder_rs.core.lang import autocast
+from thunder_rs.core.base import problems
+from thunder_rs.core.lang.autocast import AutocastState
+from thunder_rs.core.base.dtypes import CODES
+from thunder_rs.core.base.logs import log_fallback
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.recorder import current, proxies
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, thunder_error_like
+
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+
+#: symbol id -> the torch callable a fallback symbol runs.
+FALLBACK_IMPLS: dict[int, Callable] = {}
+_ids: dict[object, int] = {}
+#: fallback name -> the callables registered under it, in order.
+_names: dict[str, list] = {}
+
+
+def qualified_name(func) -> str:
+    """``torch.cumsum``, ``torch.Tensor.cumsum``, ``torch.nn.functional.unfold``; a property
+    read as ``torch.Tensor.mH.__get__``."""
+    name = getattr(func, "__name__", None) or type(func).__name__
+    prop = getattr(getattr(func, "__self__", None), "__name__", None) if name == "__get__" else None
+    if prop is not None:
+        return f"torch.Tensor.{prop}.__get__"
+    owner = getattr(func, "__objclass__", None) or getattr(getattr(func, "__self__", None), "__class__", None)
+    if owner is not None and owner.__name__ in ("TensorBase", "Tensor"):
+        return f"torch.Tensor.{name}"
+    module = getattr(func, "__module__", None) or "torch"
+    if module.startswith("torch._C"):
+        module = "torch"
+    return f"{module}.{name}"
+
+
+def symbol_id(func, effect: bool = False, autocast_state: AutocastState | None = None, replay: bool = False) -> int:
+    """The fallback symbol of ``func`` (run under ``autocast_state`` when not None), registered
+    on first use with its ``<name>.vjp``. An effect (a random call) has a ``.vjp`` only as a
+    ``replay`` symbol: one that returns, last, the generator state its draws started from, from
+    which its backward draws the same numbers again."""
+    key = (func, autocast_state, replay)
+    sid = _ids.get(key)
+    if sid is None:
+        name, impl = qualified_name(func), func
+        if autocast_state is not None:
+            name += "".join(f".autocast_{d}_{str(t).removeprefix('torch.')}" for d, t in autocast_state.devices())
+            impl = _under_autocast(func, autocast_state)
+        if replay:
+            name += ".replayable"
+        # The registry is by name: two callables of one name must not share a symbol.
+        taken = sum(1 for other in _names.get(name, ()) if other is not func)
+        _names.setdefault(name, []).append(func)
+        name += f".{taken}" if taken else ""
+        sid = _ids[key] = _core.register_symbol(name, fallback=True, effect=effect)
+        FALLBACK_IMPLS[sid] = _returning_generator_state(impl) if replay else _flat_outputs(impl)
+        if replay or not effect:
+            vjp = _replaying(_vjp_of(impl)) if replay else _vjp_of(impl)
+            FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = vjp
+    return sid
+
+
+def _generator(args, kwargs) -> torch.Generator:
+    """The generator a random call draws from: its ``generator=``, else the default one of the
+    device of its first tensor (or of its ``device=``)."""
+    gen = kwargs.get("generator")
+    if gen is not None:
+        return gen
+    tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device(kwargs.get("device") or torch.get_default_device())
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.default_generator
+
+
+def _tensor_leaves(out) -> list:
+    """The outputs a fallback symbol binds: the leaves of ``out`` but its Nones (outputs not
+    asked for, such as ``multi_head_attention_forward``'s weights under ``need_weights=False``,
+    which the trace keeps as constants in the output's structure)."""
+    return [x for x in tree_flatten(out)[0] if x is not None]
+
+
+def _flat_outputs(func):
+    """``func`` returning its tensors as the trace binds a fallback's outputs: one alone, several
+    as a flat tuple (``torch.gradient`` of a 1-d tensor returns a tuple of one, which would
+    otherwise be bound whole to the output)."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            return out
+        leaves = _tensor_leaves(out)
+        return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+    return run
+
+
+def _returning_generator_state(func):
+    """``func``'s flat outputs followed by the state of the generator before it drew."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        state = _generator(args, kwargs).get_state()
+        return (*_tensor_leaves(func(*args, **kwargs)), state)
+
+    return run
+
+
+def _replaying(vjp):
+    """A random call's backward: reruns it from the generator state its forward started from (and
+    leaves the generator as it was), so that it draws the same numbers."""
+
+    @functools.wraps(vjp)
+    def run(args, cotangents, wanted, state, **kwargs):
+        gen = _generator(args, kwargs)
+        now = gen.get_state()
+        gen.set_state(state)
+        try:
+            return vjp(args, cotangents[:-1], wanted, **kwargs)
+        finally:
+            gen.set_state(now)
+
+    return run
+
+
+def _under_autocast(func, recorded: AutocastState):
+    """``func`` run under the autocast state it was traced under (the generated code runs with
+    autocast off), so that the casts torch's autocast makes inside it happen as in eager."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        with autocast.entered(recorded):
+            return func(*args, **kwargs)
+
+    return run
+
+
+def _vjp_of(func):
+    """The backward of a fallback: runs ``func`` again under torch.autograd on the saved inputs
+    and returns the gradients of ``wanted`` (inputs that require grad in the trace)."""
+
+    def vjp(args, cotangents, wanted, **kwargs):
+        copies = {id(w): w.detach().requires_grad_(True) for w in wanted}
+        swap = lambda x: copies.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        args, kwargs = tree_map(swap, (args, kwargs))
+        with torch.enable_grad():
+            outs = _tensor_leaves(func(*args, **kwargs))
+        pairs = [(o, c) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
+        inputs = [copies[id(w)] for w in wanted]
+        grads = torch.autograd.grad([o for o, _ in pairs], inputs, [c for _, c in pairs], allow_unused=True) if pairs else [None] * len(inputs)
+        grads = tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wanted, grads))
+        return grads[0] if len(grads) == 1 else grads
+
+    vjp.__name__ = f"{getattr(func, '__name__', 'op')}_vjp"
+    return vjp
+
+
+def _to_meta(x):
+    if isinstance(x, TensorProxy):
+        return torch.empty(x.shape, dtype=x.dtype, device="meta", requires_grad=False)
+    return x
+
+
+def _to_fake(x):
+    """A fake tensor on the proxy's device (fake CUDA tensors need no GPU), which torch's
+    autocast treats as it treats real ones."""
+    if isinstance(x, TensorProxy):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return x
+
+
+def _device(in_leaves, kwargs) -> str:
+    if in_leaves:
+        return str(in_leaves[0].device)
+    device = kwargs.get("device")
+    return str(torch.device(device) if device is not None else torch.get_default_device())
+
+
+#: Errors of fake tensors (under autocast) for calls whose output sizes depend on values.
+_DATA_DEPENDENT_ERRORS = (DynamicOutputShapeException, DataDependentOutputException)
+
+
+class _NeedsValues(Exception):
+    """A call whose output metadata torch cannot compute without data: its sizes depend on its
+    arguments' values (``nonzero``, ``one_hot`` sizing itself), or the op has no meta kernel.
+    ``refusal`` is the error to raise where values cannot be read."""
+
+    def __init__(self, refusal: Exception):
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
+def _data_dependent_error(name: str) -> ThunderRuntimeError:
+    return ThunderRuntimeError(f"{name}: data-dependent: its result depends on a traced tensor's values (read at "
+                               f"{user_location()}); only thunder_rs.jit reads them, outside torch.vmap")
+
+
+def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
+    """Runs ``func`` on meta tensors, or on fake ones under autocast; a ``factory`` (a call that
+    takes no tensor, such as ``torch.randint``) on the meta device, so that nothing is drawn. A
+    generator does not change what a call returns, so the call goes without it. Raises
+    ``_NeedsValues`` where only the real values tell."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+    with torch._C.DisableTorchFunctionSubclass():
+        try:
+            if autocast_state is not None:
+                with FakeTensorMode():
+                    fake_args, fake_kwargs = tree_map(_to_fake, (args, kwargs))
+                    return func(*fake_args, **fake_kwargs)
+            meta_args, meta_kwargs = tree_map(_to_meta, (args, kwargs))
+            if factory:
+                meta_kwargs["device"] = "meta"
+            return func(*meta_args, **meta_kwargs)
+        except _DATA_DEPENDENT_ERRORS as e:
+            raise _NeedsValues(_data_dependent_error(name)) from e
+        except NotImplementedError as e:
+            raise _NeedsValues(ThunderNotImplementedError(
+                f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta tensors ({e})"
+            )) from e
+        except Exception as e:
+            if "meta tensor" in str(e):  # the op reads values (``one_hot`` sizing itself, ``repeat_interleave``)
+                raise _NeedsValues(_data_dependent_error(name)) from e
+            # Invalid arguments: what eager raises for them, with the op's name.
+            raise thunder_error_like(e, f"{name}: {e}") from e
+
+
+#: Where the jit reads values (set by ``thunder_rs.core.lang.values``; each returns None elsewhere):
+#: ``sized(impl, args, kwargs)``, for a call whose output metadata only its real values tell, its
+#: real outputs and ``checked(outs)``, which records the check of the traced outputs' sizes;
+#: ``read(impl, args, kwargs)``, for a call that returns Python values (``torch.equal``), ``(value,)``.
+_by_values = None
+
+
+def set_by_values(hooks) -> None:
+    global _by_values
+    _by_values = hooks
+
+
+def _metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
+    """The outputs ``func`` gives, as tensors of their metadata, and for a call sized by values
+    ``checked(outs)`` (else None)."""
+    try:
+        return _output_metadata(func, name, args, kwargs, autocast_state, factory), None
+    except _NeedsValues as e:
+        impl = func if autocast_state is None else _under_autocast(func, autocast_state)
+        sized = _by_values.sized(impl, args, kwargs) if _by_values is not None else None
+        if sized is None:
+            raise e.refusal from e.__cause__
+        return sized
+
+
+#: Tensor methods that act on the tensor's autograd node, which a traced tensor does not have.
+_AUTOGRAD_NODE_METHODS = frozenset({"register_hook", "register_post_accumulate_grad_hook", "retain_grad"})
+
+
+def _refuse_autograd_node_methods(func, name: str) -> None:
+    if getattr(func, "__name__", None) in _AUTOGRAD_NODE_METHODS and name.startswith("torch."):
+        raise ThunderNotImplementedError(
+            f"{name} at {user_location()}: hooks and retained gradients on tensors inside the jitted program are not "
+            "supported (their gradients are computed inside the compiled backward); register them on the jitted "
+            "call's inputs or outputs outside it")
+
+
+def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
+    """Records ``func(*args, **kwargs)`` as an eager fallback; an effect (a random draw) when
+    ``effect``. ``requires_grad`` (a flag, or one per output) marks which floating outputs
+    require grad when a caller's grad rule differentiates the call; the fallback then gets no
+    backward of its own (no generator state is returned for one)."""
+    name = qualified_name(func)
+    _refuse_autograd_node_methods(func, name)
+    if (name.endswith("_") and not name.endswith("__")) or kwargs.get("inplace"):
+        # thunder_rs.torch.inplace functionalises in-place calls first: the executor runs only
+        # functions that write nothing.
+        raise ThunderNotImplementedError(f"{name}: an in-place call thunder_rs has no functional form for")
+    in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
+    autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
+    out, checked = _metadata(func, name, args, kwargs, autocast_state, factory=not in_leaves)
+    structure, spec = tree_flatten(out)
+    leaves = _tensor_leaves(out)
+    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+        # A call returning Python values (``torch.equal``) computes them from the tensors' values.
+        read = _by_values.read(func, args, kwargs) if _by_values is not None and in_leaves else None
+        if read is not None:
+            return read[0]
+        raise ThunderNotImplementedError(f"{name}: fallback calls must return tensors, got {type(out).__name__}")
+    for t in leaves:
+        if t.dtype not in CODES:  # complex32 (``half_tensor * 1j``)
+            raise ThunderNotImplementedError(f"{name}: its result's dtype {t.dtype} is one thunder_rs cannot represent")
+    device = _device(in_leaves, kwargs)
+    if requires_grad is None:
+        flags = [torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)] * len(leaves)
+    else:
+        flags = list(requires_grad) if isinstance(requires_grad, (tuple, list)) else [requires_grad] * len(leaves)
+    # Complex results carry gradients as eager's do: the backward is torch's (``complex_calls``).
+    metas = [(CODES[t.dtype], str(t.device) if autocast_state is not None else device, tuple(t.shape),
+              flag and (t.dtype.is_floating_point or t.dtype.is_complex)) for t, flag in zip(leaves, flags)]
+    replay = effect and requires_grad is None and any(m[3] for m in metas)
+    if replay:
+        state = _generator(args, kwargs).get_state()
+        metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))
+    sid = symbol_id(func, effect, autocast_state, replay)
+    outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
+    if checked is not None:
+        checked(outs)
+    if isinstance(out, torch.Tensor):
+        return outs[0]
+    bound = iter(outs)
+    return tree_unflatten([None if x is None else next(bound) for x in structure], spec)
+
+
+def user_fallback(func, args, kwargs, effect: bool = False):
+    """``fallback`` for a torch call of the user's program that thunder_rs has no symbol for (not
+    one a decomposition makes): logged on ``thunder_rs.fallbacks`` and noted for ``examine``."""
+    out = fallback(func, args, kwargs, effect)
+    name = qualified_name(func)
+    log_fallback(name, user_location)
+    problems.note(problems.FALLBACK, name)
+    return out
+
+
+def record_effect(func, args: tuple, kwargs: dict, outputs: list):
+    """Records ``func(*args, **kwargs)`` as an effect symbol (it acts on state outside the trace,
+    such as the random number generator) whose outputs are tensors like ``outputs``."""
+    metas = [(CODES[t.dtype], str(t.device), tuple(t.shape), False) for t in outputs]
+    return proxies(current().call(symbol_id(func, effect=True), tuple(args), kwargs or None, metas))

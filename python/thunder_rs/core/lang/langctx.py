@@ -1,0 +1,375 @@
+"""The torch language context: what a torch call on proxies means while tracing.
+
+Calls with an ltorch mapping run that decomposition; real tensors they take alongside proxies
+(captured from outside the program's inputs) become trace inputs; metadata queries answer from the proxy;
+data-dependent calls (``bool(t)``, ``t.item()``, ``nonzero``) get this call's value, on which the
+trace is specialised with a check (``values``); anything else becomes an eager fallback symbol.
+While a program is traced, ``LanguageMode`` also sends torch calls that take no tensor at all
+(``torch.zeros(2, 3)``) to their ltorch symbols.
+"""
+
+import contextlib
+import contextvars
+import sys
+import warnings
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+from torch.overrides import TorchFunctionMode
+
+from thunder_rs.core.base import problems
+
+from thunder_rs.core.lang import values
+from thunder_rs.core.lang.complex_calls import complex_call, involves_complex
+from thunder_rs.core.lang.fallback import qualified_name, user_fallback
+from thunder_rs.core.state.observe import thread_state
+from thunder_rs.core.base.proxies import TensorProxy, grad_error, set_language_context
+from thunder_rs.core.lang.recorder import active_captures, lift_captured
+from thunder_rs.core.lang.autocast import cast_inputs
+from thunder_rs.core.lang.rng import RANDOM
+from thunder_rs.core.base.userframe import user_frame, user_location  # noqa: F401 (re-exported)
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
+
+#: Every ltorch symbol, in registration order: what the torch executor, the claim tables and
+#: ``add_operator_executor`` walk. Filled by ``@torchsymbol`` (``thunder_rs.torch.register``).
+SYMBOLS: list = []
+#: torch callables (functions, methods, operators) -> ltorch symbols. Filled by ``@torchsymbol``.
+TORCH_TO_LTORCH: dict = {}
+#: Tensor property names (``T``, ``mT``) -> ltorch symbols.
+PROPERTY_TO_LTORCH: dict = {}
+#: torch callables that write a tensor argument in place (``thunder_rs.torch.inplace`` fills it).
+MUTATING: set = set()
+#: Data-dependent reads some callers make in ways thunder_rs can follow: func -> a handler
+#: returning the value to give instead, or None to raise as for any other data-dependent read.
+VALUE_READS: dict = {}
+#: What a call given ``out=`` means: ``handler(func, args, kwargs)``; set by ``thunder_rs.torch.inplace``.
+_out_handler = None
+
+
+def set_out_handler(handler) -> None:
+    global _out_handler
+    _out_handler = handler
+
+
+def torch_symbol(func):
+    """The ltorch symbol of the torch callable ``func`` (``torch_symbol(torch.clone)(p)``): how core
+    records a torch op itself, as the program's own call of ``func`` would, without importing the
+    torch language, which is built on core and registers its symbols when ``thunder_rs`` is imported."""
+    return TORCH_TO_LTORCH[func]
+
+_T = torch.Tensor
+_METADATA_METHODS = {
+    _T.size, _T.dim, _T.ndimension, _T.numel, _T.nelement, _T.stride, _T.is_contiguous,
+    _T.is_floating_point, _T.is_complex, _T.element_size, _T.__len__, _T.__hash__,
+    _T.get_device, _T.__format__, _T.__repr__, _T.storage_offset, _T.is_signed,
+}
+_METADATA_PROPERTIES = {
+    "shape", "dtype", "device", "ndim", "requires_grad", "is_leaf", "grad_fn", "layout",
+    "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_nested", "names", "grad",
+    "_base", "is_mkldnn", "is_mps", "is_xpu", "itemsize", "nbytes", "output_nr", "_version",
+}
+_DATA_DEPENDENT = {
+    _T.__bool__, _T.item, _T.tolist, _T.__int__, _T.__float__, _T.__index__, _T.__complex__,
+    _T.numpy, _T.__array__, _T.data_ptr, _T.nonzero, torch.nonzero,
+}
+
+
+def _property_name(func):
+    """The property a ``getset_descriptor.__get__`` reads, or None for other callables."""
+    if getattr(func, "__name__", None) != "__get__":
+        return None
+    return getattr(getattr(func, "__self__", None), "__name__", None)
+
+
+def is_metadata_query(func) -> bool:
+    """Whether ``func`` reads a tensor's metadata (``size()``, ``.shape``), which proxies answer."""
+    return func in _METADATA_METHODS or _property_name(func) in _METADATA_PROPERTIES
+
+
+#: Per acquisition: the data-dependent reads refused so far, so that one the program catches
+#: (``try: n = int(t.sum()) except Exception: n = 1``) still fails the trace.
+_refused: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_refused", default=None)
+
+
+@contextlib.contextmanager
+def refusals_not_swallowed():
+    """Raises, after the ``with`` body traced a program, a data-dependent refusal the program caught."""
+    refused: list = []
+    token = _refused.set(refused)
+    try:
+        yield
+    finally:
+        _refused.reset(token)
+    if refused:
+        raise ThunderRuntimeError(
+            f"{refused[0]}. The program caught this error (an except clause around that line) and went on, "
+            "so the trace would not compute what eager computes")
+
+
+def refuse_data_dependent(func) -> None:
+    """Raises when ``func`` reads a traced tensor's values where thunder_rs cannot answer it: a
+    read ``values`` has no reader for (``numpy()``, ``data_ptr()``), or a read of a batched
+    tensor under ``torch.vmap``, whose values differ per batch element."""
+    if func in _DATA_DEPENDENT:
+        name = getattr(func, "__name__", str(func))
+        message = (f"{name}: data-dependent control flow or value access on a traced tensor at "
+                   f"{user_location()}; thunder_rs specialises a trace on values read through bool(), int(), float(), "
+                   "item(), tolist() and the sizes of nonzero-like calls, outside torch.vmap")
+        refused = _refused.get()
+        if refused is not None:
+            refused.append(message)
+        raise ThunderRuntimeError(message)
+
+
+#: Calls whose output sizes depend on values: eager fallbacks sized by the values (``values``).
+_SIZED_BY_VALUES = frozenset({_T.nonzero, torch.nonzero})
+
+
+def _assert(condition, message):
+    """``torch._assert`` of a traced condition: eager's ``assert condition, message``, whose
+    ``bool()`` reads the condition's value (``values``: the trace checks it on every call)."""
+    if not condition:
+        raise AssertionError(message)
+
+
+TORCH_TO_LTORCH[torch._assert] = _assert
+
+
+def _data_dependent(func, args, kwargs):
+    """A read of a traced tensor's values: answered with the value this call has, on which the
+    trace is specialised (``values``). Under ``examine``, or where values cannot be read, notes
+    the read and gives a stand-in value, or raises."""
+    reads = values.active()
+    if reads is not None and (func in values.READERS or func in _SIZED_BY_VALUES):
+        args, kwargs = lift_captured(args, kwargs)
+        if func in _SIZED_BY_VALUES:
+            return user_fallback(func, args, kwargs)
+        return reads.read(func, args, kwargs)
+    name = getattr(func, "__name__", str(func))
+    stand_in = problems.data_dependent_stand_in(name)
+    if stand_in is not None and problems.note(problems.DATA_DEPENDENT, qualified_name(func),
+                                              f"{name} reads a traced tensor's value; examine went on with {stand_in!r}"):
+        return stand_in
+    refuse_data_dependent(func)
+
+
+def torch_function(func, args, kwargs):
+    """What a torch call on proxies means. What runs meanwhile is not the program's own code, so
+    its reads are not guarded (``observe``)."""
+    state = thread_state
+    if state.inside == 0 and _hook_set(state):
+        return _observed(_torch_function, func, args, kwargs)
+    state.inside += 1
+    try:
+        return _torch_function(func, args, kwargs)
+    finally:
+        state.inside -= 1
+
+
+#: CPython before 3.12 runs every instruction on a slower path while a profile hook is set, so the
+#: observer's hook is removed while thunder_rs handles a torch call (most of acquisition). From
+#: 3.12 the hook is built on ``sys.monitoring``, where each removal re-instruments the code run
+#: afterwards: there it stays on.
+PAUSE_HOOK_PER_CALL = sys.version_info < (3, 12)
+
+
+def _hook_set(state) -> bool:
+    """Whether this thread's observer hook may be set, to be paused around a torch call. A thread
+    whose profile hook another profiler holds (``python -m cProfile``, a debugger) observes
+    without it, and may never have made one."""
+    return PAUSE_HOOK_PER_CALL and state.observer is not None and state.hook is not None
+
+
+def _observed(handle, *call):
+    """``handle(*call)``, a torch call of the program, with the observer's profile hook paused."""
+    state = thread_state
+    state.inside += 1
+    state.hook.pause()
+    try:
+        return handle(*call)
+    finally:
+        state.inside -= 1
+        state.hook.resume()
+
+
+#: Calls whose first argument is a proxy, answered as eager answers for the tensor it stands for
+#: (``views`` fills it): ``Tensor.stride``/``is_contiguous`` (a proxy's own metadata is contiguous
+#: whatever that tensor's layout), ``torch.as_tensor``/``asarray`` of a tensor (the tensor itself).
+PROXY_CALLS: dict = {}
+_CONVERSIONS = (torch.as_tensor, torch.asarray)
+
+
+def _torch_function(func, args, kwargs):
+    if kwargs and kwargs.get("out") is not None:
+        return _out_handler(func, *lift_captured(args, kwargs))
+    by_proxy = PROXY_CALLS.get(func)
+    if by_proxy is not None and args and func in _CONVERSIONS and type(args[0]) is torch.Tensor:
+        args, kwargs = lift_captured(args, kwargs)  # ``torch.as_tensor(t, device=...)`` of a tensor the program made
+    if by_proxy is not None and args and isinstance(args[0], TensorProxy):
+        return by_proxy(*args, **kwargs)
+    ltorch_fn = TORCH_TO_LTORCH.get(func)
+    if ltorch_fn is not None:
+        args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))
+        if func not in MUTATING and involves_complex(args, kwargs):
+            return complex_call(func, ltorch_fn, args, kwargs)
+        if problems.collecting():
+            return _examined(func, ltorch_fn, args, kwargs)
+        return ltorch_fn(*args, **kwargs)
+    prop = _property_name(func)
+    if prop is not None:
+        if prop in _METADATA_PROPERTIES:
+            with DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        ltorch_fn = PROPERTY_TO_LTORCH.get(prop)
+        if ltorch_fn is not None:
+            return complex_call(func, ltorch_fn, args, {}) if involves_complex(args, {}) else ltorch_fn(*args)
+    if func in _METADATA_METHODS:
+        with DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    if func in VALUE_READS:
+        value = VALUE_READS[func](args)
+        if value is not None:
+            return value
+    if func in _DATA_DEPENDENT:
+        return _data_dependent(func, args, kwargs)
+    return user_fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
+
+
+def _examined(func, ltorch_fn, args, kwargs):
+    """Under ``examine``: a symbol that refuses its arguments is noted and recorded as an eager
+    fallback instead, when torch can compute its outputs' metadata."""
+    try:
+        return ltorch_fn(*args, **kwargs)
+    except ThunderNotImplementedError as e:
+        problems.note(problems.UNSUPPORTED, qualified_name(func), str(e))
+        return user_fallback(func, args, kwargs, effect=func in RANDOM)
+
+
+_functorch = torch._C._functorch
+
+
+def _wraps_proxy(x) -> bool:
+    """Whether ``x`` is a functorch wrapper (``torch.vmap``'s batched tensor) around a proxy."""
+    if not isinstance(x, torch.Tensor) or not _functorch.is_functorch_wrapped_tensor(x):
+        return False
+    while _functorch.is_functorch_wrapped_tensor(x):
+        x = _functorch.get_unwrapped(x)
+    return isinstance(x, TensorProxy)
+
+
+def _refuse_functorch_transform(func, args, kwargs) -> None:
+    """functorch's transforms wrap proxies in tensors that run below ``__torch_function__``, where a
+    proxy cannot go; refuse with the user's line instead of failing at dispatch. (While tracing,
+    ``torch.vmap`` is thunder_rs's own; this catches ``torch.func.grad``/``jacrev`` and a functorch
+    vmap bound before tracing began.)"""
+    if _functorch.peek_interpreter_stack() is None:
+        return
+    if any(_wraps_proxy(x) for x in (*args, *kwargs.values())):
+        name = getattr(func, "__name__", str(func))
+        raise ThunderNotImplementedError(
+            f"functorch: transforms over traced tensors are not supported ({name} at {user_location()}); "
+            "use torch.vmap, which thunder_rs batches, or run the function eagerly")
+
+
+def _tensor_kind(args, kwargs) -> int:
+    """0: the call takes no tensor; 1: only meta tensors (thunder_rs's own metadata queries);
+    2: a real tensor, directly or in a list (``torch.cat([a, b])``)."""
+    kind = 0
+    for x in (*args, *kwargs.values()):
+        for y in (x if type(x) in (list, tuple) else (x,)):
+            if isinstance(y, torch.Tensor):
+                if not y.is_meta:
+                    return 2
+                kind = 1
+    return kind
+
+
+_GRAD_DESCRIPTOR = vars(torch._C.TensorBase)["grad"]
+_GRAD_GET = _GRAD_DESCRIPTOR.__get__
+#: ``.grad`` of a tensor the program did not get as a proxy (a global, an optimizer's parameters):
+#: read or set while tracing, it would be the first call's.
+_GRAD_ACCESS = frozenset({_GRAD_GET, _GRAD_DESCRIPTOR.__set__})
+#: Differentiation the program runs itself (a gradient penalty, an inner optimisation step).
+_AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
+
+
+def _autograd_call_error(func) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"{qualified_name(func)}: the program differentiates at {user_location()} while it is traced; thunder_rs "
+        "differentiates the whole jitted call, not inside it (a gradient penalty or an inner training step). Call it "
+        "outside the jitted function, on the jitted call's outputs")
+
+
+def _untraced_call(func, args, kind: int, kwargs):
+    """A call without proxies or real tensors (``kind`` as ``_tensor_kind`` says): a creation op
+    (its ltorch symbol), or thunder_rs's own computation on meta tensors."""
+    ltorch_fn = TORCH_TO_LTORCH.get(func)
+    if ltorch_fn is not None and kind == 0:
+        return ltorch_fn(*args, **kwargs)
+    captures = active_captures()
+    if func is torch.tensor and captures is not None and args and _is_ndarray(args[0]) and set(kwargs) <= {"dtype"}:
+        return _copied_array(captures, args[0], kwargs.get("dtype"))
+    result = func(*args, **kwargs)
+    if kind == 0 and captures is not None and _python_values((*args, *kwargs.values())):
+        captures.note_created(result)
+    return result
+
+
+def _is_ndarray(x) -> bool:
+    return type(x).__name__ == "ndarray" and type(x).__module__ == "numpy"
+
+
+def _copied_array(captures, array, dtype):
+    """``torch.tensor(array)`` of a NumPy array: a copy made on every call of the array's memory
+    (captured as a tensor sharing it), so an array refilled between calls is read anew."""
+    with warnings.catch_warnings():  # a read-only array: the trace only reads it
+        warnings.simplefilter("ignore", UserWarning)
+        shared = torch.from_numpy(array)
+    copy = torch.clone(captures.proxy(shared))  # recorded: the proxy's call
+    return copy if dtype is None or dtype == copy.dtype else copy.to(dtype)
+
+
+def _python_values(values) -> bool:
+    """Whether ``values`` are plain Python data (numbers, strings, dtypes, nested lists): a tensor
+    made from them is new memory, where one made from a NumPy array or a buffer shares theirs."""
+    return all(_python_values(v) if type(v) in (list, tuple) else
+               v is None or isinstance(v, (bool, int, float, complex, str, torch.dtype, torch.device)) for v in values)
+
+
+class LanguageMode(TorchFunctionMode):
+    """Routes torch calls while a program is traced (``acquire`` enters it around the program).
+
+    A call that takes no proxy never reaches ``TensorProxy.__torch_function__``, so creation ops
+    (``torch.zeros(2, 3)``, ``torch.arange(n)``) reach their ltorch symbols here and give proxies.
+    Calls on proxies go to ``torch_function``, as the proxy would send them. So do calls on real
+    tensors the program captured (globals, closures, plain module attributes): they become trace
+    inputs, so what the program computes from them is computed again on every call, from their
+    values then (``x * w.sum()`` after ``w.mul_(2)``). Calls on meta tensors are thunder_rs's own.
+    Calls on a proxy subclass (vmap's ``BatchedProxy``) go to the subclass's own ``__torch_function__``.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _GRAD_ACCESS and thread_state.inside == 0:
+            raise grad_error("reads" if func == _GRAD_GET else "sets")
+        if func in _AUTOGRAD_CALLS and thread_state.inside == 0:
+            raise _autograd_call_error(func)
+        if any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
+            return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
+        if TensorProxy in types or func in RANDOM:  # random calls are recorded: eager draws on every call
+            return torch_function(func, args, kwargs)
+        _refuse_functorch_transform(func, args, kwargs)
+        kind = _tensor_kind(args, kwargs)
+        if kind == 2:
+            return torch_function(func, args, kwargs)
+        state = thread_state
+        if state.inside == 0 and _hook_set(state):
+            return _observed(_untraced_call, func, args, kind, kwargs)
+        state.inside += 1
+        try:
+            return _untraced_call(func, args, kind, kwargs)
+        finally:
+            state.inside -= 1
+
+
+set_language_context(torch_function)

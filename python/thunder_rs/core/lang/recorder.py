@@ -1,0 +1,410 @@
+"""The recording in progress, and how prims and composite symbols are recorded into it.
+
+The current ``Recorder`` (a Rust object) is held in a context variable set only while
+acquisition runs a program, so recording is explicit and re-entrant.
+"""
+
+import contextlib
+import contextvars
+import threading
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from thunder_rs import _core
+from thunder_rs.core.base.dtypes import CODES
+from thunder_rs.core.base.proxies import TensorProxy, make_proxy
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
+
+_is_grad_enabled = torch.is_grad_enabled
+_current: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_recorder", default=None)
+_captures: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_captures", default=None)
+#: Every proxy the acquisition in progress made, so escapes into user state can be found after it.
+_made: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_made", default=None)
+#: Per acquisition that answers reads of values (``values``): the tensor each trace input stands
+#: for, in input order, on which a snapshot of the recording runs.
+_real_inputs: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_real_inputs", default=None)
+
+
+#: The recorder of the acquisition in progress in this thread, or None: ``active_recorder()``.
+active_recorder = _current.get
+#: The ``Captures`` of the acquisition in progress in this thread, or None.
+active_captures = _captures.get
+
+
+def current() -> "_core.Recorder":
+    rec = _current.get()
+    if rec is None:
+        raise ThunderRuntimeError("recorder: thunder_rs symbols can only be called while thunder_rs traces a program")
+    return rec
+
+
+def _overrides(cls, name: str):
+    impl = getattr(cls, name)
+    return getattr(impl, "__func__", impl)
+
+
+#: Overrides a traced input may have: a plain tensor's, a parameter's, and a fake tensor's (shapes
+#: without data: how the CUDA policies are checked without a GPU, and what Dynamo passes).
+_PLAIN_OVERRIDES = {
+    "__torch_function__": {_overrides(torch.Tensor, "__torch_function__"), torch._C._disabled_torch_function_impl},
+    "__torch_dispatch__": {_overrides(torch.Tensor, "__torch_dispatch__"), _overrides(FakeTensor, "__torch_dispatch__")},
+}
+
+
+def refuse_unlike_strided(t: torch.Tensor) -> None:
+    """Inputs a trace of dense tensors cannot stand for: sparse and nested layouts, and tensor
+    subclasses that handle torch calls themselves (their handlers would not run)."""
+    if t.layout != torch.strided or t.is_nested:
+        kind = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+        raise ThunderNotImplementedError(f"jit: a {kind} tensor input is not supported; thunder_rs traces dense "
+                                         "(strided) tensors: pass it dense (to_dense(), to_padded_tensor())")
+    for name, plain in _PLAIN_OVERRIDES.items():
+        if _overrides(type(t), name) not in plain:
+            raise ThunderNotImplementedError(
+                f"jit: an input of tensor subclass {type(t).__qualname__} defines its own {name}, which a compiled "
+                "call would not run; pass a plain tensor, or run this part with torch.compile")
+
+
+def input_proxy(rec: "_core.Recorder", t: torch.Tensor) -> TensorProxy:
+    """A new trace input standing for the tensor ``t``. It requires grad as ``t`` does, whatever
+    the grad mode: the mode in effect as each op is recorded decides whether gradients flow."""
+    dtype = CODES.get(t.dtype)
+    if dtype is None:
+        raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
+    refuse_unlike_strided(t)
+    requires_grad = t.requires_grad
+    vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
+    real = _real_inputs.get()
+    if real is not None:
+        real.append(t)
+    proxy = make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
+    proxy._input_vid = vid
+    if requires_grad and t.is_leaf:
+        proxy._leaf = True
+    if not t.is_contiguous():
+        proxy._strides = t.stride()
+    made = _made.get()
+    if made is not None:
+        made.append(proxy)
+    return proxy
+
+
+class Captures:
+    """Tensors the program reads from outside its inputs (closures, globals, module attributes
+    that are not parameters or buffers). Each becomes a trace input the first time a traced
+    call takes it, and every call of the compiled function passes that same tensor object, so
+    its current values are read (as eager reads them); rebinding the name to another tensor is
+    not seen. Torch calls on such tensors alone run eagerly while tracing (they may steer
+    Python control flow), so a tensor derived from them there is captured as computed then.
+
+    A tensor an argument object holds (``held``: id -> ``reached.ArgumentTensor``) is instead
+    read by every call where the call's arguments hold it: ``tensors`` then has that record in
+    its place."""
+
+    def __init__(self, rec: "_core.Recorder", held: dict | None = None):
+        self._rec = rec
+        self._held = held or {}
+        self._proxies: dict[int, TensorProxy] = {}
+        #: the captured tensors, or the ``ArgumentTensor`` records of those read per call
+        self.tensors: list = []
+        #: the trace inputs standing for ``tensors``, in the same order
+        self.proxies: list[TensorProxy] = []
+        #: tensors the program created from Python values while traced (``torch.tensor([1., 2.])``),
+        #: by id: kept alive while the trace may still take them
+        self._created: dict[int, torch.Tensor] = {}
+
+    def note_created(self, result) -> None:
+        """Notes tensors a call without tensor arguments returned: eager makes them anew on every
+        call, so the trace takes a copy of them per call (``proxy``)."""
+        for t in result if type(result) in (list, tuple) else (result,):
+            if isinstance(t, torch.Tensor) and not isinstance(t, TensorProxy) and not t.is_meta:
+                self._created[id(t)] = t
+
+    def is_created(self, x) -> bool:
+        return isinstance(x, torch.Tensor) and self._created.get(id(x)) is x
+
+    def release(self) -> list:
+        """The captured tensors, in trace-input order; drops the proxies standing for them."""
+        self._proxies.clear()
+        self.proxies = []
+        return self.tensors
+
+    def proxy(self, t: torch.Tensor) -> TensorProxy:
+        """The proxy standing for ``t``: the trace input that captures it or, for a tensor the
+        program created while traced, a copy of that input made on every call, which the program's
+        outputs and writes may hold (eager gives each call a tensor of its own)."""
+        p = self._proxies.get(id(t))
+        if p is None:
+            p = self._proxies[id(t)] = input_proxy(self._rec, t)
+            held = self._held.get(id(t))
+            self.tensors.append(t if held is None else held.used())
+            self.proxies.append(p)
+            if self.is_created(t):
+                copy = torch.clone(p)
+                assert isinstance(copy, TensorProxy)  # recorded: the clone of a proxy is a proxy
+                copy._input_vid = copy._vid
+                self._proxies[id(t)] = copy
+                return copy
+        return p
+
+    def written_in(self, values) -> bool:
+        """Whether ``values`` (or lists of them) hold a captured tensor the program has written."""
+        if not self.proxies:
+            return False
+        for x in values:
+            for t in x if type(x) in (list, tuple) else (x,):
+                p = self._proxies.get(id(t)) if isinstance(t, torch.Tensor) else None
+                if p is not None and p._vid != p._input_vid:
+                    return True
+        return False
+
+
+def reads_written_capture(args: tuple, kwargs: dict) -> bool:
+    """Whether a call takes a captured tensor the program has written: its value while tracing
+    is stale, so the call must be traced rather than run eagerly."""
+    captures = _captures.get()
+    return captures is not None and captures.written_in((*args, *kwargs.values()))
+
+
+def _lift(x, captures: Captures):
+    if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy):
+        return captures.proxy(x)
+    if type(x) in (list, tuple):
+        return type(x)(_lift(y, captures) for y in x)
+    return x
+
+
+def _holds_real_tensor(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return not isinstance(x, TensorProxy)
+    return type(x) in (list, tuple) and any(isinstance(y, torch.Tensor) and not isinstance(y, TensorProxy) for y in x)
+
+
+def lift_captured(args: tuple, kwargs: dict):
+    """``args`` and ``kwargs`` with real tensors replaced by the trace inputs that capture them."""
+    captures = _captures.get()
+    if captures is None or not any(map(_holds_real_tensor, (*args, *kwargs.values()))):
+        return args, kwargs
+    return _lift(args, captures), {k: _lift(v, captures) for k, v in kwargs.items()}
+
+
+#: Per acquisition: symbol id -> the checkers (None: no checker) of the executors that can run
+#: that symbol whole (``extend.whole_runners``); None when every decomposition must be recorded.
+_whole: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_whole", default=None)
+
+
+@contextlib.contextmanager
+def recording(rec: "_core.Recorder", captures: Captures | None = None, made: list | None = None,
+              whole: dict | None = None):
+    """Records into ``rec``; real tensors become trace inputs through ``captures``; every proxy
+    made is appended to ``made``; kernels that ``whole`` says an executor runs whole are recorded
+    without their decompositions (``record_kernel``)."""
+    token = _current.set(rec)
+    captures_token = _captures.set(captures)
+    made_token = _made.set(made)
+    whole_token = _whole.set(whole)
+    try:
+        yield rec
+    finally:
+        _whole.reset(whole_token)
+        _made.reset(made_token)
+        _captures.reset(captures_token)
+        _current.reset(token)
+
+
+@contextlib.contextmanager
+def noting_inputs(inputs: list | None):
+    """Appends the tensor each new trace input stands for to ``inputs`` (when not None)."""
+    token = _real_inputs.set(inputs)
+    try:
+        yield
+    finally:
+        _real_inputs.reset(token)
+
+
+@contextlib.contextmanager
+def paused_recording():
+    """No recording in this context: real computation in the middle of an acquisition (a value
+    the program reads) runs as eager code runs."""
+    tokens = [(var, var.set(None)) for var in (_current, _captures, _made, _whole)]
+    try:
+        yield
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)
+
+
+def proxies(descriptions) -> list[TensorProxy]:
+    out = [make_proxy(*d) for d in descriptions]
+    made = _made.get()
+    if made is not None:
+        made.extend(out)
+    return out
+
+
+#: Per thread, the lists that each prim call it records is appended to as ``(name, args,
+#: outputs)``: views capture what a view op records (``thunder_rs.torch.views``).
+_prim_logs: dict[int, list[list]] = {}
+
+
+def start_prim_log(log: list) -> None:
+    """Appends the prims this thread records to ``log`` until ``stop_prim_log``; nests."""
+    _prim_logs.setdefault(threading.get_ident(), []).append(log)
+
+
+def stop_prim_log() -> None:
+    ident = threading.get_ident()
+    logs = _prim_logs[ident]
+    logs.pop()
+    if not logs:
+        del _prim_logs[ident]
+
+
+def record_prim(name: str, args: tuple):
+    """Records ``prims.<name>(*args)`` under the grad mode in effect now; returns one proxy or a
+    tuple of them."""
+    outs = proxies(current().prim(name, args, _is_grad_enabled()))
+    if _prim_logs:
+        for log in _prim_logs.get(threading.get_ident(), ()):
+            log.append((name, args, outs))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def output_vids(out) -> list[int]:
+    """Value ids of a composite's outputs; empty when an output is not a proxy."""
+    if isinstance(out, TensorProxy):
+        return [out._vid]
+    if isinstance(out, (tuple, list)) and out and all(isinstance(o, TensorProxy) for o in out):
+        return [o._vid for o in out]
+    return []
+
+
+#: symbol id -> the grad rule registered for it (``thunder_rs.register_grad``).
+GRAD_RULES: dict[int, Callable[..., Any]] = {}
+
+
+class _RulesRunning(threading.local):
+    """Per thread (programs may be traced in several threads at once): the grad rules running."""
+
+    def __init__(self):
+        #: symbol ids whose grad rule is running: a rule calling its own symbol records the plain
+        #: decomposition.
+        self.symbols: set[int] = set()
+        #: one flag per grad rule running, innermost last: whether it has asked for a cotangent.
+        #: What a rule records from then on is a backward, which nothing differentiates, so the
+        #: symbols it calls record their plain decompositions rather than rules of their own.
+        self.in_backward: list[bool] = []
+
+
+_running = _RulesRunning()
+
+
+def recording_backward() -> bool:
+    """Whether a grad rule running in this thread records its backward (it asked for a cotangent)."""
+    return True in _running.in_backward
+
+
+def enter_backward() -> None:
+    """Marks the innermost running grad rule as recording its backward (``get_grad``)."""
+    if _running.in_backward:
+        _running.in_backward[-1] = True
+
+
+def _requires_grad(args: tuple, kwargs: dict) -> bool:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, TensorProxy):
+            if a.requires_grad:
+                return True
+        elif isinstance(a, (tuple, list)) and any(isinstance(x, TensorProxy) and x.requires_grad for x in a):
+            return True
+    return False
+
+
+def _body(symbol_id: int, fn, args: tuple, kwargs: dict):
+    """The decomposition, or the grad rule when one is registered and a gradient may flow (grad
+    mode on and an input requires grad)."""
+    rule = GRAD_RULES.get(symbol_id)
+    if rule is None or not _is_grad_enabled():
+        return fn(*args, **kwargs)
+    running = _running
+    if symbol_id in running.symbols or True in running.in_backward or not _requires_grad(args, kwargs):
+        return fn(*args, **kwargs)
+    running.symbols.add(symbol_id)
+    running.in_backward.append(False)
+    try:
+        return rule(*args, **kwargs)
+    finally:
+        running.symbols.discard(symbol_id)
+        running.in_backward.pop()
+
+
+def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
+    """Runs the decomposition ``fn`` (or the symbol's grad rule) as the body of a composite call
+    of ``symbol_id``.
+
+    An error inside the decomposition is prefixed with ``name``, so it reads as a call path
+    from the op the user called (``ltorch.masked_fill: ltorch.where: ...``).
+    """
+    rec = current()
+    rec.begin(symbol_id, args, kwargs or None)
+    try:
+        out = _body(symbol_id, fn, args, kwargs)
+    except ThunderError as e:
+        rec.abort()
+        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(name + ":"):
+            e.args = (f"{name}: {e.args[0]}", *e.args[1:])
+        raise
+    except BaseException:
+        rec.abort()
+        raise
+    rec.end(output_vids(out))
+    return out
+
+
+#: The symbol ids of the kernels (symbols with a meta rule, which ``record_kernel`` records).
+KERNEL_IDS: set[int] = set()
+
+
+def record_kernel(symbol_id: int, name: str, fn, meta, args: tuple, kwargs: dict):
+    """Records a call of the kernel ``symbol_id`` (``kernels.py``): whole, its outputs described
+    by ``meta``, when an executor of the jit runs it whole and nothing will need its
+    decomposition; else as ``record_composite`` does.
+
+    Recording a decomposition is most of what a kernel costs at compile time (the GPT block's
+    layer-norm and attention kernels take about 6 ms), and the torch executor never runs it.
+    The decomposition is needed by an executor that translates prims (nvFuser), by the claim
+    pass when no executor takes the kernel (its checkers refuse the call), and by the VJP pass
+    when it differentiates the kernel, which only a grad rule's kernels escape.
+    """
+    outputs = _whole_outputs(symbol_id, meta, args, kwargs)
+    if outputs is None:
+        return record_composite(symbol_id, name, fn, args, kwargs)
+    outs = proxies(current().call(symbol_id, args, kwargs or None, outputs, whole=True))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _whole_outputs(symbol_id: int, meta, args: tuple, kwargs: dict) -> list | None:
+    """The outputs ``(dtype code, device, shape, requires_grad)`` of a whole kernel call, or
+    None when its decomposition must be recorded. ``meta`` describes each as ``(shape, dtype)``,
+    or ``(shape, dtype, flows)`` where ``flows`` says whether a gradient can reach it from the
+    inputs that require grad."""
+    runners = _whole.get()
+    checkers = None if runners is None else runners.get(symbol_id)
+    if checkers is None:
+        return None
+    differentiable = _is_grad_enabled() and _requires_grad(args, kwargs)
+    if differentiable and not _running.in_backward:
+        return None  # not inside a grad rule: the VJP pass may differentiate the decomposition
+    if not any(checker is None or checker(*args, **kwargs) for checker in checkers):
+        return None
+    described = meta(*args, **kwargs)
+    if described is None:
+        return None
+    device = str(next(a for a in args if isinstance(a, TensorProxy)).device)
+    outputs = []
+    for shape, dtype, *flows in described:
+        inexact = dtype.is_floating_point or dtype.is_complex
+        outputs.append((CODES[dtype], device, tuple(shape), differentiable and all(flows) and inexact))
+    return outputs

@@ -1,0 +1,391 @@
+"""``torch.vmap`` over traced tensors: a batching interpreter for the ops that index-based functions
+use (Hugging Face's attention-mask functions, which transformers 4.x always runs under vmap).
+
+functorch's own vmap batches below ``__torch_function__``, where a proxy cannot go. While
+thunder_rs traces, ``torch.vmap`` is this module's ``vmap``: a value inside it is a
+``BatchedProxy`` whose shape, dtype and device are the per-example (logical) ones the function
+sees, backed by a physical proxy with one leading dim per active vmap level (size 1 where the
+value is not batched over that level). Each op on a ``BatchedProxy`` has a batching rule that
+computes on the physical proxies, so the trace records ordinary batched ops:
+
+- elementwise ops (arithmetic, comparisons, bitwise, ``where``, dtype and device moves) broadcast
+  their operands' level dims, after giving every operand the same logical rank;
+- ``new_*`` creation methods give an unbatched tensor, as in functorch;
+- indexing an unbatched tensor with batched integer tensors (``mask[b, kv]``) is advanced
+  indexing with the batched indices;
+
+any other op raises an error naming it and the user's line, rather than batching it wrongly.
+Calls that involve no proxy run torch's vmap.
+
+``in_dims`` and ``out_dims`` pair with the arguments and outputs as functorch pairs them: an int
+for every leaf, or a (nested) tuple that is a tree prefix of the arguments (torch's generic
+``associative_scan`` maps ``((0, 0), (0, 0))`` over two pairs of tensors); ``None`` leaves a leaf
+unmapped. Dynamo's graphs hold a ``torch.vmap`` as functorch's level calls, which open and close
+levels of this same interpreter while a graph is traced (the end of this module).
+"""
+
+import contextlib
+import contextvars
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+from torch._functorch import predispatch
+from torch._functorch.vmap import vmap_impl
+from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_unflatten
+
+from thunder_rs.core.lang.langctx import is_metadata_query, refuse_data_dependent, user_location
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.recorder import active_recorder, lift_captured
+from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
+
+#: sizes of the active thunder_rs vmap levels, outermost first
+_levels: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_levels", default=())
+
+
+class BatchedProxy(TensorProxy):
+    """A traced value inside ``vmap``: logical metadata, and ``physical`` with ``levels`` leading
+    level dims."""
+
+    physical: torch.Tensor
+    levels: int
+
+    def __new__(cls, physical: torch.Tensor, levels: int):
+        logical = tuple(physical.shape[levels:])
+        # No trace value stands for a batched proxy (its ops are recorded on ``physical``).
+        proxy = TensorProxy.__new__(cls, None, logical,  # type: ignore[arg-type]
+                                     physical.dtype, physical.device, physical.requires_grad)
+        proxy.physical = physical
+        proxy.levels = levels
+        return proxy
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return batched_call(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents=None):
+        return f"BatchedProxy({self.physical!r}, levels={self.levels})"
+
+
+def _refuse(func, why: str):
+    name = getattr(func, "__name__", str(func))
+    return ThunderNotImplementedError(
+        f"torch.vmap: {name} has no thunder_rs batching rule ({why}) at {user_location()}; only elementwise "
+        "ops, new_* creation and indexing with batched integer indices are batched while tracing")
+
+
+def _levels_of(x) -> int:
+    return x.levels if isinstance(x, BatchedProxy) else 0
+
+
+def _physical(x, depth: int, rank: int | None = None):
+    """``x``'s physical tensor with ``depth`` level dims and, when ``rank`` is given, that many
+    logical dims (size-1 dims inserted after the level dims)."""
+    levels = _levels_of(x)
+    phys = x.physical if isinstance(x, BatchedProxy) else x
+    logical = tuple(phys.shape[levels:])
+    ones = (1,) * (depth - levels) + (1,) * (0 if rank is None else rank - len(logical))
+    if not ones:
+        return phys
+    return phys.reshape(tuple(phys.shape[:levels]) + ones + logical)
+
+
+def _wrap(physical, depth: int):
+    return BatchedProxy(physical, depth) if depth else physical
+
+
+def _meta(x, shape):
+    return torch.empty(shape, dtype=x.dtype, device="meta")
+
+
+def _elementwise(func, args, kwargs):
+    depth = len(_levels.get())
+    tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
+    rank = max(x.ndim for x in tensors)
+    # Batching changes ranks, and a 0-d tensor promotes differently from a dimensioned one:
+    # refuse where the physical call would compute in another dtype than the logical one.
+    for a in tensors:
+        for b in tensors:
+            logical = torch.result_type(_meta(a, a.shape), _meta(b, b.shape))
+            physical = torch.result_type(_meta(a, (1,) * (depth + rank)), _meta(b, (1,) * (depth + rank)))
+            if logical != physical:
+                raise _refuse(func, f"operands of dtypes {a.dtype} and {b.dtype} and ranks {a.ndim} and {b.ndim}")
+    lift = lambda x: _physical(x, depth, rank) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    out = func(*map(lift, args), **{k: lift(v) for k, v in kwargs.items()})
+    return _wrap(out, depth)
+
+
+def _conversion(func, args, kwargs):
+    """``x.to(...)``, ``x.bool()``: the receiver's physical tensor converted, at its levels."""
+    receiver, rest = args[0], args[1:]
+    unwrap = lambda x: x.physical if isinstance(x, BatchedProxy) else x  # noqa: E731
+    out = func(unwrap(receiver), *map(unwrap, rest), **{k: unwrap(v) for k, v in kwargs.items()})
+    return _wrap(out, _levels_of(receiver))
+
+
+def _creation(func, args, kwargs):
+    """``x.new_ones(...)``: only ``x``'s dtype and device matter, so the result is unbatched."""
+    return func(args[0].physical, *args[1:], **kwargs)
+
+
+def _index_entries(func, args):
+    if func is torch.Tensor.__getitem__:
+        key = args[1]
+        return args[0], key if isinstance(key, tuple) else (key,)
+    return args[0], tuple(args[1])
+
+
+def _indexing(func, args, kwargs):
+    """``x[i, j]`` with integer tensor (or int) indices for x's leading dims and ``x`` unbatched:
+    advanced indexing with the physical indices, whose level dims lead the result."""
+    x, entries = _index_entries(func, args)
+    if isinstance(x, BatchedProxy):
+        raise _refuse(func, "indexing a batched tensor")
+    for e in entries:
+        if not (isinstance(e, int) or isinstance(e, torch.Tensor) and not e.dtype.is_floating_point
+                and e.dtype != torch.bool):
+            raise _refuse(func, f"index {type(e).__name__}; only integer tensors and ints for the leading dims")
+    depth = len(_levels.get())
+    rank = max((e.ndim for e in entries if isinstance(e, torch.Tensor)), default=0)
+    key = tuple(_physical(e, depth, rank) if isinstance(e, torch.Tensor) else e for e in entries)
+    return _wrap(x[key], depth)
+
+
+#: torch callables -> batching rules; the elementwise family adds its ops (``batch_as_elementwise``).
+_RULES: dict = {}
+for _name in ("to", "bool", "long", "int", "float", "double", "contiguous", "clone", "type_as"):
+    _RULES[getattr(torch.Tensor, _name)] = _conversion
+for _name in ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor"):
+    _RULES[getattr(torch.Tensor, _name)] = _creation
+for _fn in (torch.Tensor.__getitem__, torch.ops.aten.index, torch.ops.aten.index.Tensor):
+    _RULES[_fn] = _indexing
+
+
+def batch_as_elementwise(*torch_fns) -> None:
+    """Batches calls of ``torch_fns`` on ``BatchedProxy`` operands by broadcasting their level
+    dims: right for ops whose every output element depends only on the operands' elements at the
+    same (broadcast) position."""
+    _RULES.update(dict.fromkeys(torch_fns, _elementwise))
+
+
+def batched_call(func, args, kwargs):
+    """A torch call that takes a ``BatchedProxy``: metadata queries answer logically; other calls
+    go to their batching rule."""
+    rule = _RULES.get(func)
+    if rule is not None:
+        return rule(func, args, kwargs)
+    if is_metadata_query(func):
+        with DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    refuse_data_dependent(func)
+    raise _refuse(func, "no rule")
+
+
+# -- vmap ------------------------------------------------------------------------------------------
+
+
+def _traced(tree) -> bool:
+    return any(isinstance(x, TensorProxy) for x in tree_flatten(tree)[0])
+
+
+def _flat_in_dims(args, in_dims) -> tuple[list, list, object]:
+    """The arguments' leaves and their in_dims, as functorch pairs them: ``in_dims`` is an int (or
+    None) for every leaf, or a tuple with one entry per argument, each a tree prefix of it (a
+    nested tuple for a tuple argument, ``0`` for all of its leaves)."""
+    if not isinstance(in_dims, (int, tuple)):
+        raise ThunderValueError(f"torch.vmap: in_dims must be an int or a (nested) tuple matching the arguments, "
+                                f"got {type(in_dims).__name__} at {user_location()}")
+    leaves, spec = tree_flatten(args)
+    dims = _broadcast_to_and_flatten(in_dims, spec)
+    if dims is None:
+        raise ThunderValueError(f"torch.vmap: in_dims {in_dims!r} is not compatible with the structure of the "
+                                f"{len(args)} arguments at {user_location()}")
+    return leaves, dims, spec
+
+
+def _batch(x, dim: int, depth: int, size: int | None) -> BatchedProxy:
+    """``x`` (seen at ``depth`` levels) mapped over its logical ``dim`` by level ``depth + 1``,
+    whose size is ``size`` when another argument has set it."""
+    if not -x.ndim <= dim < x.ndim:
+        raise ThunderValueError(f"torch.vmap: in_dim {dim} is out of range for a tensor of rank {x.ndim} "
+                                f"at {user_location()}")
+    dim %= x.ndim
+    if size is not None and x.shape[dim] != size:
+        raise ThunderValueError(f"torch.vmap: Expected all tensors to have the same size in the mapped "
+                                f"dimension, got sizes {size} and {x.shape[dim]} at {user_location()}")
+    return BatchedProxy(torch.movedim(_physical(x, depth), depth + dim, depth), depth + 1)
+
+
+def _enter(args, in_dims):
+    """The arguments as seen inside a new level, and the level's size."""
+    leaves, dims, spec = _flat_in_dims(args, in_dims)
+    depth = len(_levels.get())
+    inner, size = [], None
+    for x, d in zip(leaves, dims):
+        if d is None:
+            inner.append(x)
+            continue
+        if not isinstance(x, torch.Tensor) or not isinstance(d, int):
+            raise ThunderValueError(f"torch.vmap: in_dim {d!r} for a {type(x).__name__}; only tensors are mapped, "
+                                    f"over int dims (None for other arguments), at {user_location()}")
+        batched = _batch(x, d, depth, size)
+        size = batched.physical.shape[depth]
+        inner.append(batched)
+    if size is None:
+        raise ThunderValueError(f"torch.vmap: at least one argument must be mapped over (in_dims) at {user_location()}")
+    return tree_unflatten(inner, spec), size
+
+
+def _exit(out, out_dim: int | None, size: int, depth: int):
+    """An output of level ``depth`` (1-based) seen from the level outside it, its level dim moved
+    to logical dim ``out_dim``; ``out_dim`` None returns an output that is not batched as it is."""
+    if out_dim is None:
+        if isinstance(out, BatchedProxy) and out.levels == depth:
+            raise ThunderValueError(f"torch.vmap: the function returns a batched tensor where out_dims is None "
+                                    f"at {user_location()}")
+        return out
+    if not isinstance(out, torch.Tensor):
+        raise ThunderValueError(f"torch.vmap: the function must return tensors, got {type(out).__name__} "
+                                f"at {user_location()}")
+    phys = _physical(out, depth)
+    shape = list(phys.shape)
+    shape[depth - 1] = size
+    phys = phys.expand(shape)
+    logical_rank = phys.ndim - depth + 1
+    out_dim = out_dim % logical_rank
+    return _wrap(torch.movedim(phys, depth - 1, depth - 1 + out_dim), depth - 1)
+
+
+def _exit_all(out, out_dims, size: int, depth: int):
+    """The function's outputs (a tensor or a tree of them) seen from outside the level, with
+    ``out_dims`` paired to them as functorch pairs them."""
+    leaves, spec = tree_flatten(out)
+    dims: list | None
+    if isinstance(out, torch.Tensor):
+        dims = list(out_dims) if isinstance(out_dims, tuple) and len(out_dims) == 1 else [out_dims]
+    else:
+        dims = _broadcast_to_and_flatten(out_dims, spec)
+    if dims is None or not all(d is None or isinstance(d, int) for d in dims):
+        raise ThunderValueError(f"torch.vmap: out_dims {out_dims!r} is not compatible with the structure of the "
+                                f"outputs at {user_location()}")
+    return tree_unflatten([_exit(o, d, size, depth) for o, d in zip(leaves, dims)], spec)
+
+
+def vmap_entry(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs):
+    """functorch's ``vmap_impl`` while thunder_rs traces: what a ``vmap`` bound before tracing
+    (``from torch.func import vmap``) calls."""
+    return vmap(func, in_dims, out_dims, randomness, chunk_size=chunk_size)(*args, **kwargs)
+
+
+def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
+    """``torch.vmap`` while thunder_rs traces: batches calls on proxies with this module's rules."""
+
+    def batched(*args, **kwargs):
+        if active_recorder() is not None:  # real tensors the program captured are trace inputs too
+            args, kwargs = lift_captured(args, kwargs)
+        if not (_traced(args) or _traced(kwargs)):
+            return vmap_impl(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)  # functorch's
+        inner, size = _enter(args, in_dims)
+        token = _levels.set((*_levels.get(), size))
+        try:
+            out = func(*inner, **kwargs)
+        finally:
+            _levels.reset(token)
+        return _exit_all(out, out_dims, size, len(_levels.get()) + 1)
+
+    return batched
+
+
+
+
+# -- functorch's vmap as Dynamo records it ---------------------------------------------------------
+#
+# Dynamo inlines ``torch.vmap`` into its graphs as functorch's level calls
+# (``torch._functorch.predispatch``): ``_vmap_increment_nesting(size, randomness)``, then
+# ``_add_batch_dim(x, in_dim, level)`` for each mapped input, the function's ops, then
+# ``_remove_batch_dim(y, level, size, out_dim)`` for each output and ``_vmap_decrement_nesting()``.
+# While thunder_rs traces such a graph they open and close a level of this module's vmap, so the
+# ops between them are batched by the same rules as a ``torch.vmap`` call in a program.
+
+#: functorch's level number for each active level (None until an ``_add_batch_dim`` names it):
+#: the graph's numbers are those Dynamo saw, which need not be this thread's.
+_level_ids: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_level_ids", default=())
+
+
+@contextlib.contextmanager
+def level_scope():
+    """No vmap level active inside, and none left behind: a graph that fails between
+    ``_vmap_increment_nesting`` and ``_vmap_decrement_nesting`` leaves its level open."""
+    tokens = _levels.set(()), _level_ids.set(())
+    try:
+        yield
+    finally:
+        _levels.reset(tokens[0])
+        _level_ids.reset(tokens[1])
+
+
+def _depth_of(level: int) -> int:
+    """The depth (1-based) of the level functorch numbered ``level``; the innermost level takes
+    the first number it is called by."""
+    ids = _level_ids.get()
+    if level in ids:
+        return ids.index(level) + 1
+    if not ids or ids[-1] is not None:
+        raise ThunderValueError(f"torch.vmap: vmap level {level} is not active at {user_location()}")
+    _level_ids.set((*ids[:-1], level))
+    return len(ids)
+
+
+def vmap_increment_nesting(batch_size: int, randomness: str) -> int:
+    """Opens a level of ``batch_size``; its number is the one the graph names it by next."""
+    _levels.set((*_levels.get(), batch_size))
+    _level_ids.set((*_level_ids.get(), None))
+    return len(_levels.get())
+
+
+def add_batch_dim(x, batch_dim: int, level: int):
+    """``x`` mapped over its dim ``batch_dim`` by the level numbered ``level``."""
+    depth = _depth_of(level)
+    if depth != len(_levels.get()):
+        raise ThunderNotImplementedError(f"torch.vmap: mapping a tensor over level {level}, which is not the innermost, "
+                                         f"at {user_location()}")
+    if active_recorder() is not None:
+        (x,), _ = lift_captured((x,), {})
+    return _batch(x, batch_dim, depth - 1, _levels.get()[-1])
+
+
+def remove_batch_dim(x, level: int, batch_size: int, out_dim: int):
+    """``x`` seen from outside the level numbered ``level``, its level dim at ``out_dim``."""
+    depth = _depth_of(level)
+    if depth != len(_levels.get()):
+        raise ThunderNotImplementedError(f"torch.vmap: leaving level {level}, which is not the innermost, "
+                                         f"at {user_location()}")
+    return _exit(x, out_dim, batch_size, depth)
+
+
+def vmap_decrement_nesting() -> int:
+    """Closes the innermost level."""
+    depth = len(_levels.get())
+    if depth == 0:
+        raise ThunderValueError(f"torch.vmap: no vmap level to close at {user_location()}")
+    _levels.set(_levels.get()[:-1])
+    _level_ids.set(_level_ids.get()[:-1])
+    return depth
+
+
+def _while_tracing(ours, functorchs):
+    """``ours`` while this thread traces, functorch's own otherwise (another thread running a
+    Dynamo graph eagerly while the override is installed)."""
+
+    def call(*args):
+        return (ours if active_recorder() is not None else functorchs)(*args)
+
+    call.__name__ = functorchs.__name__
+    return call
+
+
+#: What ``torch._functorch.predispatch``'s vmap calls are while thunder_rs traces.
+PREDISPATCH = {
+    name: _while_tracing(ours, getattr(predispatch, name)) for name, ours in (
+        ("_vmap_increment_nesting", vmap_increment_nesting), ("_vmap_decrement_nesting", vmap_decrement_nesting),
+        ("_add_batch_dim", add_batch_dim), ("_remove_batch_dim", remove_batch_dim))
+}

@@ -1,0 +1,1 @@
+"""The jitted callable: cache, per-call path, compilation, autograd connection, reports."""

@@ -1,0 +1,195 @@
+"""The runtime of a compiled training call: one ``torch.autograd.Function`` per entry connects
+the generated forward and backward to torch's autograd. A backward that must itself be
+differentiated (``create_graph=True``) and torch.func transforms, which the function cannot
+serve, go to the entry's program as torch calls (``core.differentiable``)."""
+
+import operator
+
+import torch
+
+from thunder_rs.core.run.differentiable import transforms_active
+from thunder_rs.core.state.observe import thread_state
+from thunder_rs.core.lang.recorder import active_recorder
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.acquisition.writeback import root_id
+from thunder_rs.errors import ThunderNotImplementedError
+
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
+_FREED = ("Trying to backward through the graph a second time (or directly access saved tensors after they have "
+          "already been freed). Specify retain_graph=True if you need to backward through the graph a second time.")
+
+
+_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+
+def _refuse_hooks_inside_a_trace(enter):
+    """``saved_tensors_hooks.__enter__`` that refuses to run inside a traced program: the saved
+    tensors of a compiled call are its residuals, packed (or not) as the whole call is."""
+
+    def checked(self):
+        # Activation checkpointing's own hooks (torch.utils.checkpoint) only steer recomputation,
+        # which a trace has no use for.
+        ours = type(self).__module__.startswith("torch.utils.checkpoint")
+        if active_recorder() is not None and thread_state.inside == 0 and not ours:
+            raise ThunderNotImplementedError(
+                f"torch.autograd.graph.{type(self).__name__}: entered at {user_location()} inside a traced program; "
+                "thunder_rs applies saved-tensor hooks (save_on_cpu, offloading) to a whole compiled call: enter "
+                "them around the call")
+        return enter(self)
+
+    checked.__thunder_rs_checked__ = True
+    return checked
+
+
+_HOOKS = torch.autograd.graph.saved_tensors_hooks
+if not getattr(_HOOKS.__enter__, "__thunder_rs_checked__", False):
+    _HOOKS.__enter__ = _refuse_hooks_inside_a_trace(_HOOKS.__enter__)  # type: ignore[method-assign]
+
+
+class _Packed:
+    """A residual as a ``saved_tensors_hooks`` pack function returned it (any object)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+_version_of = operator.attrgetter("_version")
+
+
+def _versions(residuals) -> list:
+    try:
+        return list(map(_version_of, residuals))  # the common case: every residual is a tensor
+    except AttributeError:
+        return [r._version if isinstance(r, torch.Tensor) else -1 for r in residuals]
+
+
+def _check_versions(saved, versions) -> None:
+    """Raises eager's error when a tensor saved for the backward was written in place after the
+    forward (``opt.step()`` before ``loss.backward()``, ``out.add_(1)``): its gradient would be
+    computed from the new values."""
+    if _versions(saved) == versions:
+        return
+    for r, then in zip(saved, versions):
+        if then >= 0 and r._version != then:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{r.type()} {list(r.shape)}] is at version {r._version}; expected version {then} instead (a tensor "
+                "a thunder_rs-compiled call saved for its backward). Hint: change the in-place operation to an "
+                "out-of-place one, or run it after the backward")
+
+
+def _unshared(residuals, inputs, overwritten) -> list:
+    """``residuals`` with those that share memory with an ``overwritten`` input cloned, so that
+    the backward reads the values the forward saw."""
+    bases = {root_id(inputs[k]) for k in overwritten}
+    return [r.clone() if isinstance(r, torch.Tensor) and root_id(r) in bases else r for r in residuals]
+
+
+def grad_function(forward, backward, grad_positions: list[int], single: bool, as_list: bool,
+                  non_differentiable: frozenset = frozenset(), overwritten: tuple[int, ...] = (), *, program):
+    """A callable with the generated forward's signature whose outputs carry a grad_fn.
+
+    ``forward(*inputs)`` returns ``(outputs, residuals)``; ``backward(saved, *cotangents)`` takes
+    the residuals in a list, which it empties as it unpacks them, so each residual is freed after
+    its last use unless the graph is retained. ``grad_positions`` are the positions of the flat
+    outputs that receive cotangents; the other tensor outputs, and ``non_differentiable`` ones
+    (values written back without autograd), are marked non-differentiable and get zeros.
+    ``overwritten`` inputs are written after the call: residuals sharing their memory are cloned.
+    ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True`` and
+    torch.func transforms run instead, torch's autograd differentiating it.
+    """
+    differentiable = frozenset(grad_positions) - non_differentiable
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            hooks = _saved_tensors_hooks(False)
+            if hooks is None:
+                program.keep(ctx, inputs)  # before the forward draws from the generators
+            else:
+                ctx.inputs = None  # see _differentiated
+            outputs, residuals = forward(*inputs)
+            flat = (outputs,) if single else tuple(outputs)
+            ctx.residuals = _unshared(residuals, inputs, overwritten) if overwritten else list(residuals)
+            ctx.unpack = None
+            if hooks is None:
+                ctx.versions = _versions(ctx.residuals)
+            else:  # ``saved_tensors_hooks``/``save_on_cpu`` around the call pack what is saved, as eager's
+                ctx.versions, ctx.unpack = None, hooks[1]
+                ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
+            constant = [o for i, o in enumerate(flat) if i not in differentiable and isinstance(o, torch.Tensor)]
+            if constant:
+                ctx.mark_non_differentiable(*constant)
+            return flat
+
+        @staticmethod
+        def backward(ctx, *grads):
+            saved = ctx.residuals
+            if saved is None:
+                raise RuntimeError(_FREED)
+            if torch.is_grad_enabled():  # create_graph=True: a backward autograd records
+                return _differentiated(ctx, program, grads)
+            if ctx.unpack is not None:
+                saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
+            else:
+                _check_versions(saved, ctx.versions)
+            if _keep_graph():
+                saved = list(saved)
+            else:
+                ctx.residuals = ctx.inputs = None
+            return backward(saved, *[grads[i] for i in grad_positions])
+
+    return _entry_call(CompiledFunction.apply, program, single, as_list, bool(overwritten))
+
+
+_HOOKED = ("backward: create_graph=True through a thunder_rs-compiled call made under saved_tensors_hooks (save_on_cpu, "
+           "activation checkpointing) is not supported: a differentiable backward computes the call again from its "
+           "inputs, which the call does not keep past such hooks; make the call outside them")
+
+
+def _differentiated(ctx, program, grads) -> tuple:
+    """The backward of a call under ``create_graph=True``: the gradients of the program computed
+    again as torch calls, which autograd records (``core.differentiable``)."""
+    if ctx.inputs is None:
+        raise ThunderNotImplementedError(_HOOKED)
+    _check_versions(ctx.residuals, ctx.versions)
+    grads = program.gradients(ctx, grads)
+    if not _keep_graph():
+        ctx.residuals = ctx.inputs = None
+    program.recording = program.may_record
+    return grads
+
+
+_WRITES_UNDER_TRANSFORM = (
+    "torch.func: a thunder_rs-compiled call that writes its inputs in place (BatchNorm's running statistics, a "
+    "buffer the program updates) ran under a torch.func transform, which cannot write transformed values into them "
+    "(eager refuses writes to the tensors a transformed function captures); put the module in eval mode, or stop "
+    "tracking running statistics (torch.func.replace_all_batch_norm_modules_)")
+
+
+def _entry_call(apply, program, single: bool, as_list: bool, writes: bool):
+    """``apply`` adapted to the forward's output form. The program as torch calls under autograd
+    (``program.flat``) instead: once a double backward went through the entry (``recording``),
+    and under a torch.func transform, which the autograd function does not support (torch refuses
+    it before its forward runs, at no cost to other calls) and which differentiates the torch
+    calls. ``writes``: the call writes its inputs after it runs, which is refused there."""
+
+    def call(*inputs):
+        if program.recording:
+            return program.flat(*inputs)
+        try:
+            return apply(*inputs)
+        except RuntimeError as e:
+            if "setup_context" not in str(e) or not transforms_active():
+                raise
+        if writes:
+            raise ThunderNotImplementedError(_WRITES_UNDER_TRANSFORM)
+        return program.flat(*inputs)
+
+    if single:
+        return lambda *inputs: call(*inputs)[0]
+    if as_list:
+        return lambda *inputs: list(call(*inputs))
+    return call

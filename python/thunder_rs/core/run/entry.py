@@ -1,0 +1,129 @@
+"""A cache entry: one compiled trace, the conditions under which it may run, and what runs after it.
+
+An entry may run when its key matched (the flat inputs' metadata and global state) and its
+``check`` passes: the Python values it was specialised on are unchanged (guards), module
+attributes it read are unchanged (re-checked only after some module attribute was written), and
+the hooks of the modules it called are the same (re-checked only after a hook was registered or
+removed anywhere), and the tensors it read from outside its inputs keep their ``requires_grad`` and
+dtype. ``check`` is None when there is nothing to check, so such entries cost nothing.
+"""
+
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+from thunder_rs.core.state.guards import Guards
+from thunder_rs.core.state.modules import hook_snapshot, hook_stores_in_use, hooks_version, write_epoch
+from thunder_rs.core.lang.values import ValueTree
+
+
+@dataclass(eq=False)
+class Entry:
+    fn: object
+    #: the generated source and the file name it was compiled under, to label runtime errors
+    source: str
+    filename: str
+    #: when not None, positions of the flat inputs passed to ``fn``
+    positions: tuple | None
+    traces: list
+    #: the backward's traces, empty for a forward-only entry
+    backward_traces: list = field(default_factory=list)
+    guards: Guards | None = None
+    #: ``check(flat) -> bool``, or None when the entry may always run once its key matched
+    check: object = None
+    #: ``post(out, flat)`` turns the trace's outputs into the program's (rebuilding structures,
+    #: repeating prints and attribute writes), or None when the trace returns them as they are
+    post: object = None
+    #: the hit counter's value at the entry's last use, for least-recently-used eviction
+    last_used: int = 0
+    #: the write epoch at which module guards last held, and the hooks seen then
+    epoch: int = -1
+    hooks_id: int = -1
+    hooks: tuple = ()
+    #: the modules (the user's) whose hooks a call runs, or None when the program calls none
+    hook_modules: list | None = None
+    #: tensors the program reads from outside its inputs, and their ``captured_meta`` when traced
+    captured: tuple = ()
+    captured_meta: tuple = ()
+    #: ``tail(flat)``: all captured inputs of a call, when argument objects hold some of them
+    #: (``Acquired.tail``); None when ``fn`` appends ``captured`` itself
+    tail: object = None
+    #: the values the program read from traced tensors (``values.Read``), which ``fn`` checks,
+    #: their ``values.decision`` keys, and the ``values.ValueTree`` of the variants of its key
+    reads: tuple = ()
+    decisions: tuple = ()
+    tree: ValueTree | None = None
+
+    def why_not(self, flat) -> str:
+        """Why ``check`` failed, in words (slow path)."""
+        if self.guards is not None:
+            reason = self.guards.first_failure(flat)
+            if reason is not None:
+                return reason
+        if self.hook_modules is not None and hook_snapshot(self.hook_modules) != self.hooks:
+            return "hooks were registered or removed on the modules the program calls"
+        for t, then in zip(self.captured, self.captured_meta):
+            now = captured_meta(t)
+            if now != then:
+                fields = ("requires_grad", "dtype")
+                changes = ", ".join(f"{f} {a} -> {b}" for f, a, b in zip(fields, then, now) if a != b)
+                return f"a tensor the program reads from outside its inputs changed: {changes}"
+        return "unknown"
+
+
+#: What a compiled call specialised on for a tensor read from outside the inputs (a global, a
+#: closure's, a parameter of a module the program reaches): unfreezing it (``requires_grad_()``)
+#: must recompile, or it would get no gradient.
+captured_meta = attrgetter("requires_grad", "dtype")
+
+
+def make_check(entry: Entry, guards: Guards):
+    """The entry's ``check``: module guards when a module attribute was written, hooks when a hook
+    was registered anywhere, the metadata of captured tensors, then the per-call guards."""
+    per_call, modules, hooked = guards.check, guards.check_modules, entry.hook_modules
+    captured = entry.captured
+    if captured:
+        entry.captured_meta = tuple(map(captured_meta, captured))
+    if per_call is None and modules is None and hooked is None and not captured:
+        return None
+    epoch = write_epoch
+
+    def check(flat) -> bool:
+        if captured and tuple(map(captured_meta, captured)) != entry.captured_meta:
+            return False
+        if modules is not None and epoch[0] != entry.epoch:
+            if not modules(flat):
+                return False
+            entry.epoch = epoch[0]
+        if hooked is not None:
+            if hooks_version() != entry.hooks_id:
+                if hook_snapshot(hooked) != entry.hooks:
+                    return False
+                entry.hooks_id = hooks_version()
+            # A removal does not move the version: the stores that had hooks must keep them all.
+            for store, n in present:
+                if len(store) != n:
+                    return False
+        return per_call is None or per_call(flat)
+
+    entry.epoch = write_epoch[0]
+    present: tuple = ()
+    if hooked is not None:
+        entry.hooks, entry.hooks_id = hook_snapshot(hooked), hooks_version()
+        present = hook_stores_in_use(hooked)
+    return check
+
+
+def make_post(structure, effects: list, num_outputs: int):
+    """The entry's ``post``, or None when the trace's outputs are the program's. With ``effects``
+    the trace returns a tuple: the program's flat outputs, then the tensors the effects take."""
+    if not effects:
+        return None if structure is None else structure.unflatten
+    rebuild = structure.unflatten
+
+    def post(out, flat):
+        extras = out[num_outputs:]
+        for effect in effects:
+            effect.apply(extras, flat)
+        return rebuild(out[:num_outputs], flat)
+
+    return post

@@ -1,0 +1,647 @@
+"""Compiled callables: the cache, the per-call path, and compilation on a miss."""
+
+import dataclasses
+import threading
+import time
+import types
+import warnings
+import weakref
+from itertools import starmap
+from operator import attrgetter, getitem
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from thunder_rs import _core
+from thunder_rs.core.acquisition.acquire import acquire
+from thunder_rs.core.run.input_names import trace_input_names
+from thunder_rs.core.run.autograd import grad_function
+from thunder_rs.core.run.callflat import compile_spec, flatten_call
+from thunder_rs.core.run.differentiable import DifferentiableProgram, program_generators
+from thunder_rs.core.acquisition.cache import (describe_change, fast_key_fn, global_key, has_dead, input_names, leaf_key,
+                                  stored_key)
+from thunder_rs.core.run.entry import Entry, make_check, make_post
+from thunder_rs.core.run.front import live_functions
+from thunder_rs.core.state.fsdp import FSDPCall
+from thunder_rs.core.state.guards import Guards
+from thunder_rs.core.run.modes import RecordedModes
+from thunder_rs.core.base.userframe import user_frame
+from thunder_rs.core.lang.values import Diverged, ValueReads, ValueTree, abandonable, decision
+from thunder_rs.core.base.logs import checked_passes, log_compile, log_dumps
+from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
+from thunder_rs.core.base.proxies import make_proxy
+from thunder_rs.core.lang.recorder import active_recorder
+from thunder_rs.core.lang.rng import check_generators
+from thunder_rs.core.run.wrapped_module import (WRAPPED, calling_through, named_modules_as_wrapped,
+                                            named_tensors_as_wrapped, present_names_as_wrapped,
+                                            present_state_dict_as_wrapped)
+from thunder_rs.core.acquisition.writeback import with_writebacks
+from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
+from thunder_rs.core.lang.executor_api import (Region, default_executors, differentiable_executors, executor_table,
+                                         resolve_executors, whole_runners)
+
+MISS_WARNING_THRESHOLD = 8
+#: How many variants one call may hand over to after its values diverged (``_other_path``).
+MAX_DIVERGENCES = 16
+#: How many variants one cache key compiles for the values its calls read; past it a call whose
+#: values no variant has runs eagerly (torch.compile's recompile limit does the same): a value that
+#: differs on every call (``x.max().item()`` used as a number) would otherwise compile every call.
+VALUE_VARIANT_LIMIT = 16
+#: What the cache key holds of each module parameter and buffer (C-level, no Python frame each).
+_METADATA = attrgetter("dtype", "device", "requires_grad")
+#: True only while Dynamo traces (it answers the call itself): eager returns False.
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+#: Entries a jitted callable keeps before evicting the least recently used (``jit(fn, cache=N)``).
+DEFAULT_CACHE_SIZE = 128
+
+
+@dataclass
+class CompileStats:
+    """What ``thunder_rs.compile_stats(jfn)`` reports."""
+
+    cache_hits: int = 0
+    cache_misses: int = 0
+    #: Why each recent miss compiled, oldest first: the last ``reasons_kept`` of them, so a
+    #: function recompiled without end does not hold every reason (``cache_misses`` counts all).
+    miss_reasons: list = field(default_factory=list)
+    reasons_kept: int = DEFAULT_CACHE_SIZE
+    last_compile_s: float = 0.0
+    stage_s: dict = field(default_factory=dict)
+    evictions: int = 0
+    #: Calls run eagerly because their values took a path none of ``VALUE_VARIANT_LIMIT`` variants has.
+    eager_calls: int = 0
+
+    @property
+    def calls(self) -> int:
+        return self.cache_hits + self.cache_misses
+
+
+def _checker(executors):
+    """The callback the Rust claim pass calls for table entries that have a checker."""
+
+    def check(index, key, args, kwargs):
+        return bool(executors[index].registry[key].checker(*args, **kwargs))
+
+    return check
+
+
+def _load(trace, name: str, filename: str, namespace: dict, regions: dict):
+    """Execs the generated source of an execution trace, its fusion regions bound to the
+    callables ``regions`` holds by name; returns the source and its function."""
+    source, scope = str(trace), {**namespace, **regions}
+    exec(compile(source, filename, "exec"), scope)
+    return source, scope[name]
+
+
+def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
+    """Each region of ``trace`` by name: its executor's ``fuse`` of it, called once per region."""
+    fused = {}
+    regions = trace.regions()
+    decomposed = trace.region_calls() if any(e.fuses_decompositions for e in executors if e.fusion) else None
+    for i, (name, index, source, key, symbol_names, num_inputs, num_outputs) in enumerate(regions):
+        scope = dict(namespace)
+        exec(compile(source, f"{filename} {name}", "exec"), scope)
+        executor = executors[index]
+        calls = decomposed[i] if decomposed is not None and executor.fuses_decompositions else ((), (), (), {})
+        region = Region(name, key, source, scope[name], tuple(symbol_names), num_inputs, num_outputs,
+                        tuple(calls[0]), tuple(calls[1]), tuple(calls[2]), calls[3])
+        try:
+            fused[name] = executor.fuse(region)
+        except Exception as e:
+            raise ThunderRuntimeError(f"{executor.name} executor: fuse failed on region {name} "
+                                      f"({', '.join(symbol_names)}): {type(e).__name__}: {e}") from e
+        if not callable(fused[name]):
+            raise ThunderTypeError(f"{executor.name} executor: fuse returned {type(fused[name]).__name__} for region "
+                                   f"{name}, expected a callable")
+    return fused
+
+
+def _named_inputs(traces: list, acquired, names, taken: set) -> list:
+    """The forward traces showing (the execution trace taking) inputs under the user's names."""
+    user, params = names
+    inputs = traces[0].num_inputs
+    named = trace_input_names(user, acquired.tensor_positions, params, inputs, taken | {"computation"})
+    return [t.with_input_names(named) if t.num_inputs == inputs else t for t in traces]
+
+
+def _snapshot_runner(executors):
+    """``run(snapshot, consts, inputs)``: a snapshot of a recording (``values``) compiled for the
+    executors that run symbols one by one (a fusion executor would compile a region per value
+    read), and run."""
+    plain = [e for e in executors if not e.fusion]
+
+    def run(snapshot, consts: list, inputs: list):
+        table, impls = executor_table(plain)
+        traces, _, _ = _core.compile(snapshot, table, _checker(plain), make_proxy, consts)
+        namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
+        return _load(traces[-1], "computation", "<thunder_rs snapshot>", namespace, {})[1](*inputs)
+
+    return run
+
+
+def _differentiable_program(acquired, filename: str, grad_positions: list, forward_trace) -> DifferentiableProgram:
+    """The entry's program as torch calls under autograd (``core.differentiable``), compiled on
+    its first double backward or torch.func transform."""
+    trace, consts, wb = acquired.trace, acquired.consts, acquired.writebacks
+
+    def compile_program():
+        executors = differentiable_executors()
+        table, impls = executor_table(executors)
+        traces, _, _ = _core.compile(trace, table, _checker(executors), make_proxy, consts, differentiable=True)
+        namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
+        return _load(traces[-1], "computation", filename + " differentiable", namespace, {})
+
+    outputs = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
+    generators = program_generators(consts) if trace.has_effects() else None
+    return DifferentiableProgram(compile_program, wb is None and acquired.out_kind == "single", outputs,
+                                 trace.inputs_read(outputs), forward_trace.inputs_returned([1]),
+                                 wb.targets if wb is not None else (), generators)
+
+
+def _with_captured(fn, captured: tuple):
+    """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
+    return lambda *inputs: fn(*inputs, *captured)
+
+
+def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None, names=None):
+    """Runs the passes over an acquired trace and execs the result: the entry's callable, its
+    source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
+    the program was traced under, which the call runs in; ``passes`` the jit's own registered
+    passes; ``executors`` the jit's executors (the defaults when None); ``names`` ``(the user's
+    name of each flat input, the module's qualified parameter names)`` name the traces' inputs."""
+    start = time.perf_counter()
+    executors = default_executors() if executors is None else executors
+    table, impls = executor_table(executors)
+    traces, backward_traces, grad_positions = _core.compile(acquired.trace, table, _checker(executors), make_proxy,
+                                                            acquired.consts, list(passes))
+    log_dumps(name, traces, backward_traces)
+    passes_at = time.perf_counter()
+    namespace = {"torch": torch, **impls}
+    namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
+    if names is not None:
+        traces = _named_inputs(traces, acquired, names, {*namespace, *(r[0] for r in traces[-1].regions())})
+    filename = f"<thunder_rs {name}>"
+    fuse_at = time.perf_counter()
+    regions = _fused_regions(traces[-1], filename, namespace, executors)
+    if backward_traces:
+        backward_regions = _fused_regions(backward_traces[-1], filename + " backward", namespace, executors)
+    fuse_s = time.perf_counter() - fuse_at
+    source, computation = _load(traces[-1], "computation", filename, namespace, regions)
+    wb = acquired.writebacks
+    if backward_traces:
+        _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace, backward_regions)
+        program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
+        if wb is None:
+            computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single",
+                                        acquired.out_kind == "list", program=program)
+        else:
+            computation = grad_function(computation, backward, grad_positions, False, False, wb.non_differentiable,
+                                        wb.targets, program=program)
+    computation = modes.call(computation, bool(backward_traces), acquired.trace)
+    if wb is not None:
+        computation = with_writebacks(computation, wb)
+    if acquired.captured and acquired.tail is None:
+        computation = _with_captured(computation, tuple(acquired.captured))
+    end = time.perf_counter()
+    stages = {"passes": passes_at - start, "codegen": end - passes_at - fuse_s, "fuse": fuse_s}
+    return computation, source, filename, traces, backward_traces, stages
+
+
+class ThunderFunction:
+    """``thunder_rs.jit(fn)``: calls ``fn`` through a cache of compiled traces."""
+
+    def __init__(self, fn, module=None, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
+        if not isinstance(cache, int) or isinstance(cache, bool) or cache < 1:
+            raise ThunderValueError(f"jit: cache must be a positive number of entries, got {cache!r} (argument cache)")
+        self._passes = checked_passes(passes)
+        #: The jit's executors in priority order, or None for the defaults at each compilation.
+        self._executors = None if executors is None else resolve_executors(executors)
+        self._fn = fn
+        self._module = module
+        #: key -> the entry last used for it; every entry of a key (guards tell them apart) in
+        #: ``_variants``.
+        self._cache: dict = {}
+        self._variants: dict = {}
+        self._cache_size = cache
+        self._stats = CompileStats(reasons_kept=max(cache, DEFAULT_CACHE_SIZE))
+        self._last_key = None
+        self._last_entry: Entry | None = None
+        self._binding: ModuleBinding | None = None
+        self._epoch = -1
+        self._cleared_because: str | None = None
+        self._lock = threading.RLock()
+        #: Set when an object some stored key holds by identity died: the next miss drops its entries.
+        self._dead_keys = False
+        self.__wrapped__ = fn
+        live_functions.add(self)
+
+    def __get__(self, instance, owner=None):
+        """As a method (``@jit`` in a class body): bound to ``instance``, which is an input of the
+        call, so the attributes the program reads from it are guarded on every call."""
+        return self if instance is None else types.MethodType(self, instance)
+
+    # -- the per-call path -----------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        if kwargs or active_recorder() is not None or _is_dynamo_compiling():
+            return self._call_general(args, kwargs)
+        module = self._module
+        if module is not None:
+            params = self._module_tensors()
+            state = (module.training, tuple(map(_METADATA, params)))
+        try:
+            key = fast_key_fn(len(args))(args, None if module is None else state)
+        except (AttributeError, RuntimeError):  # a sparse tensor has no strides: the general path says why
+            return self._call_general(args, kwargs)
+        entry = self._cache.get(key)
+        if entry is None or (entry.check is not None and not entry.check(args)):
+            entry = self._miss(list(args), tree_flatten((args, {}))[1], key)
+            if module is not None:
+                params = self._module_tensors()  # compiling may have rebound the module
+        else:
+            entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
+        try:
+            out = entry.fn(*args) if module is None else entry.fn(*args, *params)
+        except Diverged as d:
+            run = (lambda e: e.fn(*args)) if module is None else (lambda e: e.fn(*args, *self._module_tensors()))
+            entry, out = self._other_path(d, entry, key, args, lambda: tree_flatten((args, {}))[1], run,
+                                          lambda: self._fn(*args))
+            if entry is None:
+                return out
+        except Exception as e:
+            raise runtime_error(e, entry.filename, entry.source) from e
+        return out if entry.post is None else entry.post(out, args)
+
+    def _call_general(self, args, kwargs):
+        # Called by a program being traced, by thunder_rs or by Dynamo (torch.compile of a model
+        # with a jitted part): part of that program's trace.
+        if active_recorder() is not None or _is_dynamo_compiling():
+            return self._fn(*args, **kwargs)
+        flat, spec = flatten_call(args, kwargs)
+        state = None
+        if self._module is not None:
+            params = self._module_tensors()
+            state = (self._module.training, tuple(map(_METADATA, params)))
+        key = (global_key(state), tuple(map(leaf_key, flat)), spec)
+        entry = self._cache.get(key)
+        if entry is None or (entry.check is not None and not entry.check(flat)):
+            torch_spec = compile_spec(args, kwargs, flat)
+            if torch_spec is None:  # a node type optree does not know: torch's pytree from now on
+                return self._call_general(args, kwargs)
+            entry = self._miss(flat, torch_spec, key)
+            if self._module is not None:
+                params = self._module_tensors()
+        else:
+            entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
+        inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
+        if self._module is not None:
+            inputs.extend(params)
+        if entry.tail is not None:  # tensors argument objects hold (a KV cache's), read per call
+            inputs.extend(entry.tail(flat))
+        try:
+            out = entry.fn(*inputs)
+        except Diverged as d:
+            torch_spec = compile_spec(args, kwargs, flat)
+            if torch_spec is None:  # nothing of the call is visible yet: flattened anew, it runs again
+                return self._call_general(args, kwargs)
+            run = lambda e: e.fn(*self._inputs(e, flat))  # noqa: E731
+            entry, out = self._other_path(d, entry, key, flat, lambda: torch_spec, run,
+                                          lambda: self._fn(*args, **kwargs))
+            if entry is None:
+                return out
+        except Exception as e:
+            raise runtime_error(e, entry.filename, entry.source) from e
+        return out if entry.post is None else entry.post(out, flat)
+
+    def _inputs(self, entry, flat):
+        """What ``entry``'s callable takes for the call of ``flat`` (as ``_call_general`` builds it)."""
+        inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
+        if self._module is not None:
+            inputs.extend(self._module_tensors())
+        if entry.tail is not None:
+            inputs.extend(entry.tail(flat))
+        return inputs
+
+    # -- values the program reads -----------------------------------------------------------------
+
+    def _other_path(self, diverged: Diverged, entry: Entry, key, flat, spec, run, eager):
+        """After ``entry``'s call was abandoned at a check (a value it read differs from the one it
+        was specialised on), runs the variant for the values read (``run(variant)``); returns the
+        variant and its outputs, or None and ``eager()``'s outputs where the key has as many
+        variants as it may compile. ``spec()`` is the call's spec, for a variant still to compile. A
+        variant that diverges in its turn hands over likewise, a bounded number of times (the
+        values are the call's own, so the second variant's checks hold unless its Python state
+        changed or numerics differ between variants)."""
+        for _ in range(MAX_DIVERGENCES):
+            found = self._variant_after(diverged, entry, key, flat, spec)
+            if found is None:
+                return None, self._run_eagerly(diverged, eager)
+            entry = found
+            try:
+                return entry, run(entry)
+            except Diverged as again:
+                diverged = again
+            except Exception as e:
+                raise runtime_error(e, entry.filename, entry.source) from e
+        raise ThunderRuntimeError(
+            f"thunder_rs.jit: {_name(self._fn)}: the values the program reads differ from one compiled variant to the "
+            f"next within one call ({diverged}); the variants compute them differently")
+
+    def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec) -> Entry | None:
+        """The variant of ``key`` whose reads agree with ``entry``'s up to the one that diverged
+        and read there what the call read: from the value tree, or compiled with those reads'
+        values given (the program makes them again, on the same values); None where the tree
+        holds ``VALUE_VARIANT_LIMIT`` variants already."""
+        read = diverged.read
+        path = entry.decisions[:read.index] + (decision(diverged.value),)
+        with self._lock:
+            found = entry.tree.get(path) if entry.tree is not None else None
+            if found is not None and (found.check is None or found.check(flat)):
+                found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
+                if key in self._cache:
+                    self._cache[key] = found
+                return found
+            if entry.tree is not None and len(entry.tree) >= VALUE_VARIANT_LIMIT:
+                return None
+            forced = (*entry.reads[:read.index], dataclasses.replace(read, value=diverged.value))
+            return self._compile(flat, spec(), key, str(diverged), forced)
+
+    def _run_eagerly(self, diverged: Diverged, eager):
+        """A call whose values no variant has, once its key has all the variants it may compile:
+        the program runs as eager code (nothing of the abandoned call was visible). Warns once."""
+        self._stats.eager_calls += 1
+        if self._stats.eager_calls == 1:
+            _warn_at_user_frame(
+                f"thunder_rs: {_name(self._fn)} compiled {VALUE_VARIANT_LIMIT} variants for the values it reads and "
+                f"now runs calls with other values eagerly ({diverged}). A value that changes on every call is better "
+                "kept as a tensor (x / x.max() rather than x / x.max().item())")
+        return eager()
+
+    def _module_tensors(self) -> list:
+        """The module's parameters and buffers as the trace takes them, read from their slots on
+        every call; the binding of slots is checked first when a module was written since. Their
+        dtype, device and requires_grad are part of the cache key (``model.half()`` or unfreezing
+        a layer recompiles), with the module's train/eval mode."""
+        if write_epoch[0] != self._epoch:
+            self._check_binding()
+        assert self._binding is not None  # _check_binding made it (the epoch starts unset)
+        return list(starmap(getitem, self._binding.unique))
+
+    def _check_binding(self) -> None:
+        """Rebinds the module's slots when its structure changed; its entries then no longer apply."""
+        with self._lock:
+            epoch = write_epoch[0]
+            if self._binding is None or not self._binding.same_structure():
+                if self._binding is not None:
+                    self._clear("the module's structure (submodules, parameters, buffers or a forward set on one) changed")
+                self._binding = ModuleBinding(self._module)
+            self._epoch = epoch
+
+    # -- misses ----------------------------------------------------------------------------------
+
+    def _miss(self, flat, spec, key) -> Entry:
+        """Finds an entry of ``key`` whose guards hold, or compiles one (one thread at a time)."""
+        with self._lock:
+            for entry in self._variants.get(key, ()):
+                if entry.check is None or entry.check(flat):
+                    self._cache[key] = entry
+                    entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
+                    return entry
+            failed = self._cache.get(key)
+            return self._compile(flat, spec, key, failed.why_not(flat) if failed is not None else None)
+
+    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = ()) -> Entry:
+        """Compiles an entry for the call of ``flat``; ``forced`` are reads of values a divergence
+        settled (``values.ValueReads``)."""
+        start = time.perf_counter()
+        modes = RecordedModes()
+        executors = default_executors() if self._executors is None else self._executors
+        reads = ValueReads(_snapshot_runner(executors), forced)
+        acquired = acquire(self._fn, flat, spec, self._binding if self._module is not None else None,
+                           whole_runners(executors), reads)
+        modes.check_restored()
+        check_generators(acquired.consts)
+        acquired_at = time.perf_counter()
+        name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
+        params = self._binding.qualified if self._module is not None and self._binding is not None else ()
+        names = (input_names(self._fn, flat, spec), params)
+        computation, source, filename, traces, backward_traces, stages = _generated(acquired, name, modes, self._passes,
+                                                                                   executors, names)
+        all_tensors = len(acquired.tensor_positions) == len(flat)
+        positions = None if all_tensors else acquired.tensor_positions
+        if acquired.reads:
+            computation = abandonable(computation, acquired.consts)
+        entry = Entry(computation, source, filename, positions, traces, backward_traces)
+        entry.reads = tuple(acquired.reads)
+        entry.decisions = tuple(decision(r.value) for r in acquired.reads)
+        entry.guards = Guards(acquired.guards)
+        entry.hook_modules = self._hook_modules(acquired)
+        entry.captured = tuple(acquired.captured)
+        entry.tail = acquired.tail
+        entry.check = make_check(entry, entry.guards)
+        entry.post = make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
+        self._record_miss(key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason)
+        self._insert(key, entry)
+        return entry
+
+    def _hook_modules(self, acquired) -> list | None:
+        """The modules whose hooks the entry's calls run: those the program called, and all of the
+        jitted module's (a hook added to any of them later is traced in on the next call)."""
+        modules = list(acquired.modules_called)
+        if self._module is not None:
+            assert self._binding is not None  # a module is bound on its first call
+            modules.extend(self._binding.modules)
+        return modules or None
+
+    def _insert(self, key, entry: Entry) -> None:
+        if self._dead_keys:
+            self._drop_dead_keys()
+        key = stored_key(key, _key_death_marker(self))
+        entry.last_used = self._stats.cache_hits
+        if entry.reads:
+            trees = (e.tree for e in self._variants.get(key, ()) if e.tree is not None)
+            entry.tree = next(trees, None) or ValueTree()
+            entry.tree.add(entry)
+        self._variants.setdefault(key, []).insert(0, entry)
+        self._cache[key] = entry
+        self._last_entry = entry
+        if sum(map(len, self._variants.values())) > self._cache_size:
+            self._evict()
+
+    def _drop_dead_keys(self) -> None:
+        """Drops the entries of keys whose identity objects died (a KV cache of an earlier
+        ``generate``): their guards hold what those objects held."""
+        self._dead_keys = False
+        for key in [k for k in self._variants if has_dead(k)]:
+            del self._variants[key]
+            self._cache.pop(key, None)
+
+    def _evict(self) -> None:
+        """Drops the least recently used entry."""
+        key, victim = min(((k, e) for k, es in self._variants.items() for e in es), key=lambda ke: ke[1].last_used)
+        variants = self._variants[key]
+        variants.remove(victim)
+        if victim.tree is not None:
+            victim.tree.remove(victim)
+        if not variants:
+            del self._variants[key]
+        if self._cache.get(key) is victim:
+            if variants:
+                self._cache[key] = variants[0]
+            else:
+                del self._cache[key]
+        self._stats.evictions += 1
+
+    def _clear(self, reason: str) -> None:
+        self._cache.clear()
+        self._variants.clear()
+        self._cleared_because = reason
+
+    def _record_miss(self, key, flat, spec, start, stages, traces, backward_traces, guard_reason):
+        stats = self._stats
+        if guard_reason is not None:
+            reason = guard_reason
+        elif self._cleared_because is not None:
+            reason, self._cleared_because = self._cleared_because, None
+        else:
+            names = input_names(self._fn, flat, spec)
+            reason = describe_change(self._last_key[:2] if self._last_key else None, key[:2], names)
+        self._last_key = stored_key(key, None)  # for the next miss's reason; it keeps no argument alive
+        stats.cache_misses += 1
+        stats.miss_reasons.append(reason)
+        if len(stats.miss_reasons) > stats.reasons_kept:
+            del stats.miss_reasons[0]
+        stats.last_compile_s = time.perf_counter() - start
+        stats.stage_s = dict(stages)
+        # A stage that runs twice in one half (dce before and after the split) counts once, summed.
+        for prefix, stage_traces in (("pass", traces), ("backward", backward_traces)):
+            for t in stage_traces:
+                key = f"{prefix}:{t.label}"
+                stats.stage_s[key] = stats.stage_s.get(key, 0.0) + t.seconds
+        log_compile(_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
+        if stats.cache_misses == MISS_WARNING_THRESHOLD:
+            _warn_recompiles(self._fn, stats.cache_misses, reason)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def _warn_recompiles(fn, misses: int, reason: str) -> None:
+    _warn_at_user_frame(f"thunder_rs: {_name(fn)} recompiled {misses} times; last change: {reason}")
+
+
+def _warn_at_user_frame(message: str) -> None:
+    """Warns at the user's call site: the first frame outside thunder_rs and torch."""
+    frame = user_frame()
+    if frame is None:
+        warnings.warn(message, stacklevel=4)
+    else:
+        warnings.warn_explicit(message, UserWarning, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__"))
+
+
+_WRAPPER_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _key_death_marker(jfn):
+    """The weak-reference callback of a stored key's identities: marks ``jfn``'s cache as holding
+    dead keys (dropped on its next miss, under its lock: the callback may run at any moment)."""
+    ref = weakref.ref(jfn)
+
+    def dead(_):
+        owner = ref()
+        if owner is not None:
+            owner._dead_keys = True
+
+    return dead
+
+
+def _jit_again(module, cache: int, passes: tuple, executors):
+    return ThunderModule(module, cache=cache, passes=passes, executors=executors)
+
+
+#: Attributes of the wrapper itself; every other attribute set on it goes to the wrapped module.
+_WRAPPER_OWN = frozenset({WRAPPED, "_jfn", "_hooks_seen", "_has_hooks", "_fsdp"})
+
+
+class ThunderModule(torch.nn.Module):
+    """``thunder_rs.jit(module)``: a module whose calls go through a ``ThunderFunction``.
+
+    Hooks registered on this wrapper run eagerly around the compiled call, as ``nn.Module``
+    runs them; hooks on the wrapped module and its submodules are traced into the call.
+    Attributes it does not have come from the wrapped module (``jm.config``, ``jm.generate``; its
+    methods call the module through this wrapper), and its state dict has the wrapped module's keys.
+    """
+
+    def __init__(self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
+        super().__init__()
+        self._model = module
+        self._jfn = ThunderFunction(module, module=module, cache=cache, passes=passes, executors=executors)
+        self._hooks_seen = -1
+        self._has_hooks = False
+        #: how a module with fully_shard (FSDP2) modules is called, or None
+        self._fsdp = FSDPCall.of(module)
+        present_state_dict_as_wrapped(self)
+        present_names_as_wrapped(self)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules")
+            if modules is None or WRAPPED not in modules or name == WRAPPED:
+                raise
+            return calling_through(self, getattr(modules[WRAPPED], name))
+
+    # Names as eager gives them, without ``_model.`` (``wrapped_module``).
+    def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
+        return named_modules_as_wrapped(self, memo, prefix, remove_duplicate)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return named_tensors_as_wrapped(self, "named_parameters", prefix, recurse, remove_duplicate)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return named_tensors_as_wrapped(self, "named_buffers", prefix, recurse, remove_duplicate)
+
+    def __reduce_ex__(self, protocol):
+        # A copy or a pickle (``copy.deepcopy(jmodel)``, ``AveragedModel(jmodel)``) is a fresh jit
+        # of a copy of the wrapped module: compiled entries belong to the process and the module.
+        jfn = self._jfn
+        return (_jit_again, (self._model, jfn._cache_size, jfn._passes, jfn._executors))
+
+    def _wrapped_for(self, name: str):
+        """The wrapped module when ``name`` is its attribute, None when it is the wrapper's own
+        (nn.Module's state included, which its ``__init__`` put in the instance dict)."""
+        wrapped = self.__dict__.get("_modules", {}).get(WRAPPED)
+        own = name in _WRAPPER_OWN or name in self.__dict__ or hasattr(type(self), name)
+        return None if own else wrapped
+
+    def __setattr__(self, name: str, value) -> None:
+        # ``jmodel.scale = 5`` or ``jmodel.lin = nn.Linear(...)`` change the wrapped module, as
+        # torch.compile's wrapper does: the next call reads them (guards and bindings are on it).
+        wrapped = self._wrapped_for(name)
+        if wrapped is None:
+            super().__setattr__(name, value)
+        else:
+            setattr(wrapped, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        wrapped = self._wrapped_for(name)
+        if wrapped is None:
+            super().__delattr__(name)
+        else:
+            delattr(wrapped, name)
+
+    def forward(self, *args, **kwargs):
+        if self._fsdp is not None:
+            return self._fsdp(self._jfn, args, kwargs)
+        return self._jfn._call_general(args, kwargs)
+
+    def __call__(self, *args, **kwargs):
+        if self._hooks_seen != hooks_version():
+            self._has_hooks = self._fsdp is not None or any(getattr(self, s) for s in _WRAPPER_HOOKS)
+            self._hooks_seen = hooks_version()
+        if self._has_hooks:
+            return super().__call__(*args, **kwargs)
+        return self._jfn(*args, **kwargs)

@@ -1,0 +1,213 @@
+"""Modules under ``thunder_rs.jit``: their parameters and buffers as trace inputs, tracing without
+touching the user's module, and what a traced forward writes to module state.
+
+Tracing runs a *clone* of the module tree: each module is copied shallowly (same class, a copy of
+its instance dict) with its own parameter, buffer and submodule stores, which hold the proxies.
+The user's modules are never changed while tracing, so other threads (tracing or running eagerly)
+see them as they are, and what the forward writes to module state is found by comparing each
+clone with its original afterwards.
+
+``write_epoch`` counts writes to module attributes and structure (``nn.Module.__setattr__``,
+``__delattr__``, ``register_buffer``, ``register_parameter``, ``add_module``): guards on module
+attributes are re-checked only when it moved.
+"""
+
+import functools
+import types
+
+import torch
+from torch.nn.modules import module as _nn_module
+from torch.utils.hooks import RemovableHandle
+
+from thunder_rs.core.state.fsdp import without_fsdp_hooks
+from thunder_rs.core.state.guards import MISSING
+from thunder_rs.errors import ThunderNotImplementedError
+
+_Module = torch.nn.Module
+
+#: Incremented by every module attribute or structure write, in any thread.
+write_epoch = [0]
+
+
+def _counting(method):
+    @functools.wraps(method)
+    def counted(self, *args, **kwargs):
+        write_epoch[0] += 1
+        return method(self, *args, **kwargs)
+
+    counted._thunder_rs_counted = True
+    return counted
+
+
+def _count_module_writes() -> None:
+    """Makes module writes move ``write_epoch`` (once per process; eager code pays one increment)."""
+    for name in ("__setattr__", "__delattr__", "register_buffer", "register_parameter", "add_module"):
+        method = getattr(_Module, name)
+        if not getattr(method, "_thunder_rs_counted", False):
+            setattr(_Module, name, _counting(method))
+
+
+_count_module_writes()
+
+#: Hook stores of a module whose contents change what a call does.
+_HOOK_STORES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOK_STORES = tuple(getattr(_nn_module, f"_global{name}") for name in
+                            ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                             "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+
+
+def _hook_stores(modules) -> list:
+    return [getattr(m, s) for m in modules for s in _HOOK_STORES if hasattr(m, s)] + list(_GLOBAL_HOOK_STORES)
+
+
+def hook_snapshot(modules) -> tuple:
+    """Which hooks calls of ``modules`` run (with the global ones): compared when any hook was
+    registered since the entry last checked."""
+    return tuple((id(d), tuple(d)) for d in _hook_stores(modules) if d)
+
+
+def hook_stores_in_use(modules) -> tuple:
+    """``(store, size)`` of the hook stores of ``modules`` that hold hooks now: removing a hook
+    shrinks one of them."""
+    return tuple((d, len(d)) for d in _hook_stores(modules) if d)
+
+
+def hooks_version() -> int:
+    """Moves whenever a hook is registered anywhere (each registration makes a ``RemovableHandle``)."""
+    return RemovableHandle.next_id
+
+
+class ModuleBinding:
+    """The parameter and buffer slots of a module tree, bound once per structure.
+
+    ``unique`` lists ``(store, name)`` per distinct tensor (tied weights share one trace input),
+    read on every call; ``names`` gives each one's qualified name for traces and messages.
+    """
+
+    def __init__(self, root: _Module):
+        self.root = root
+        self.modules = list(root.modules())
+        self.names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+        unique: list[tuple[dict, str]] = []
+        index_of: dict[int, int] = {}
+        qualified: list[str] = []
+        for mod in self.modules:
+            prefix = self.names[id(mod)]
+            for store in (mod._parameters, mod._buffers):
+                for name, value in store.items():
+                    if value is not None and id(value) not in index_of:
+                        index_of[id(value)] = len(unique)
+                        unique.append((store, name))
+                        qualified.append(f"{prefix}.{name}" if prefix else name)
+        self.unique = tuple(unique)
+        self.qualified = tuple(qualified)
+        self._index_of = index_of
+        self.structure = self._structure()
+
+    def tensors(self) -> list:
+        return [d[n] for d, n in self.unique]
+
+    def _structure(self):
+        """The modules, their slots, forwards set on instances, and which slots share one tensor
+        (tied weights): a slot given another tensor is read on the next call, but a change of
+        tying changes the trace inputs."""
+        first: dict = {}
+        tying = tuple(first.setdefault(id(v), len(first)) for m in self.modules for store in (m._parameters, m._buffers)
+                      for v in store.values() if v is not None)
+        # A forward set on an instance (``module.forward = patched``, as Accelerate's hooks do)
+        # changes what a call runs.
+        return tying, tuple((id(m), tuple(m._parameters), tuple(m._buffers),
+                             tuple((n, id(v)) for n, v in m._modules.items()), id(m.__dict__.get("forward")))
+                            for m in self.modules)
+
+    def same_structure(self) -> bool:
+        """Whether the tree still has these modules, parameters and buffers (slow path)."""
+        return list(self.root.modules()) == self.modules and self._structure() == self.structure
+
+    def clone(self, proxies: list):
+        """A copy of the tree whose parameter and buffer slots hold ``proxies`` (by unique index).
+
+        Returns the root's clone and ``(clone, original)`` for every module.
+        """
+        # By the tensors the slots hold now: one given another tensor (a reloaded or swapped
+        # parameter, ``module.double()``) keeps its slot's index, as the tying is unchanged.
+        index_of = {id(d[n]): i for i, (d, n) in enumerate(self.unique)}
+        clones = {}
+        for mod in self.modules:
+            copy = _Module.__new__(type(mod))
+            copy.__dict__.update(mod.__dict__)
+            copy.__dict__["_parameters"] = _rebound(mod._parameters, proxies, index_of)
+            copy.__dict__["_buffers"] = _rebound(mod._buffers, proxies, index_of)
+            _hide_fsdp_hooks(copy)
+            clones[id(mod)] = copy
+        for mod in self.modules:
+            subs = mod._modules
+            clones[id(mod)].__dict__["_modules"] = type(subs)((n, clones[id(s)] if s is not None else None) for n, s in subs.items())
+        return clones[id(self.root)], [(clones[id(m)], m) for m in self.modules]
+
+
+#: The clone's forward hook stores that leave FSDP's hooks out: those run eagerly (``core.fsdp``).
+_HIDDEN_HOOKS = "_thunder_rs_hidden_hooks"
+_FORWARD_HOOK_STORES = ("_forward_pre_hooks", "_forward_hooks")
+
+
+def _hide_fsdp_hooks(clone) -> None:
+    hidden = []
+    for name in _FORWARD_HOOK_STORES:
+        store = clone.__dict__.get(name)
+        if store:
+            kept = without_fsdp_hooks(store)
+            if kept is not store:
+                clone.__dict__[name] = kept
+                hidden.append(name)
+    if hidden:
+        clone.__dict__[_HIDDEN_HOOKS] = (_HIDDEN_HOOKS, *hidden)
+
+
+def _rebound(store: dict, proxies: list, index_of: dict) -> dict:
+    return type(store)((n, proxies[index_of[id(v)]] if v is not None else None) for n, v in store.items())
+
+
+def attribute_writes(pairs: list) -> list:
+    """What the forward changed on module instance dicts, from ``(clone, original)`` pairs:
+    ``(original, name, value)`` with MISSING for removed attributes. Changes to the submodule,
+    parameter and buffer stores (which entries they hold) are refused."""
+    writes = []
+    originals = {id(c): o for c, o in pairs}
+    for clone, original in pairs:
+        now, before = clone.__dict__, original.__dict__
+        hidden = now.get(_HIDDEN_HOOKS, ())
+        for name, value in now.items():
+            if name in ("_parameters", "_buffers", "_modules") or name in hidden:
+                continue
+            if before.get(name, MISSING) is not value:
+                writes.append((original, name, _original_of(value, originals)))
+        writes.extend((original, name, MISSING) for name in before if name not in now)
+        _check_structure(clone, original, originals)
+    return writes
+
+
+def _original_of(value, originals):
+    """``value`` with the clones it stands for replaced by the user's modules: a clone, or a method
+    bound to one (``module.forward = original_forward`` after patching it, as Hugging Face does)."""
+    if isinstance(value, _Module):
+        return originals.get(id(value), value)
+    if isinstance(value, types.MethodType) and id(value.__self__) in originals:
+        return types.MethodType(value.__func__, originals[id(value.__self__)])
+    return value
+
+
+def _check_structure(clone, original, originals) -> None:
+    for store, what in (("_parameters", "parameters"), ("_buffers", "buffers")):
+        added = set(clone.__dict__[store]) ^ set(original.__dict__[store])
+        if added:
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: {type(original).__name__}.forward registers or removes {what} ({sorted(added)[0]!r}); "
+                "a traced forward cannot change the module structure. Create them in __init__, or run one eager "
+                "call first (lazy initialisation)")
+    subs = clone.__dict__["_modules"]
+    if [(n, originals.get(id(s), s)) for n, s in subs.items()] != list(original._modules.items()):
+        raise ThunderNotImplementedError(
+            f"thunder_rs.jit: {type(original).__name__}.forward adds, removes or replaces submodules; "
+            "a traced forward cannot change the module structure")

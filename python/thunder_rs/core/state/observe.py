@@ -1,0 +1,697 @@
+"""Which Python state a traced program reads: the guards of a trace.
+
+While a program is traced, a C-level profile hook (``_core.CallObserver``) reports each call of a
+function outside thunder_rs, torch's internals and the standard library. For each such function,
+the reads it can make are found once from its bytecode (:class:`CodeReads`): globals, closure
+cells, and attribute chains on its arguments (``self.config.hidden_size``, ``cfg.scale``). At the
+call they are evaluated against the frame's arguments, globals and cells, and each value becomes
+a :class:`~thunder_rs.core.state.guards.Guard`. Chains on other locals (``config = self.config`` then
+``config.x``) are evaluated when the function returns, for objects already known as program state.
+
+Only *program state* is guarded: modules, the program's non-tensor inputs, globals, closure cells,
+and objects reached from them by attribute reads. Objects the program creates while it runs are
+rebuilt on every call and need no guard.
+
+The default arguments of the functions it runs (the jitted function, functions passed in or read
+as globals and cells, the methods whose code runs) are guarded as one ``DefaultsGuard``; chains on
+library modules are matched against torch's global flags (``torch_flags.py``).
+"""
+
+import dis
+import functools
+import inspect
+import os
+import sys
+import sysconfig
+import threading
+import types
+import warnings
+
+import torch
+
+from thunder_rs import _core
+from thunder_rs.core.state.guards import (MISSING, CellSource, ClassSource, DefaultsGuard, GlobalsSource, Guard, InputSource,
+                                    ItemSource, ModuleSource, ModuleStoreSource, ObjectSource, StructureGuard,
+                                    attributes_of, is_simple)
+from thunder_rs.core.state.guards import Item as _Item
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.userframe import PACKAGE_DIR
+from thunder_rs.core.state.state import ProgramState
+from thunder_rs.core.state.torch_flags import library_read
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+def _dir(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path)) + os.sep
+
+
+_TORCH_DIR = _dir(torch.__file__)
+#: torch code whose reads are the program's: the standard modules' forwards (``self.p``, ``self.eps``)
+#: and the distributions' methods (``self.loc`` of a prior the program keeps).
+_TORCH_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
+_TORCH_DISTRIBUTIONS_DIR = os.path.join(_TORCH_DIR, "distributions") + os.sep
+_TORCH_MODULES_SKIPPED = ("module.py", "lazy.py", "_functions.py")
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+#: Attributes of a bare ``nn.Module`` (parameter/buffer/submodule stores, hooks, ``training`` is
+#: not among them): the module's structure and hooks have guards of their own.
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
+#: Where a module keeps its submodules, parameters and buffers (read through ``__getattr__``).
+_MODULE_STORES = ("_modules", "_parameters", "_buffers")
+_MODULE_GETATTR = torch.nn.Module.__getattr__
+#: A module's forward hook stores: the hooks a call of it runs.
+_FORWARD_HOOK_STORES = ("_forward_pre_hooks", "_forward_hooks")
+#: Code and types: guarded by identity, never followed as state objects.
+_CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+               types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)
+_LOAD_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+#: Methods that change a generator's state: inside a traced program they would run only once.
+_GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
+_LOAD_ROOT = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLASSDEREF",
+                        "LOAD_GLOBAL", "LOAD_NAME"})
+_LOAD_LOCAL = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
+_LOAD_TWO = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
+#: Stack copies that keep a chain going (``self.steps += 1`` copies ``self`` before reading ``steps``).
+_COPIES = frozenset({"COPY", "DUP_TOP"})
+#: Builtins that read an attribute named by a string: ``getattr(config, "scale", 1.0)``.
+_READS_BY_NAME = frozenset({"getattr", "hasattr"})
+#: Loads of a constant key before a subscript (``cfg["scale"]``, ``scales[0]``).
+_CONST_LOADS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})
+#: Containers whose items a chain follows by constant key: exactly these types, whose reads by
+#: key have no code of their own.
+_CONTAINERS = (dict, list, tuple)
+_MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+
+
+def _is_subscript(ins) -> bool:
+    # BINARY_SUBSCR up to Python 3.13; BINARY_OP with the subscript operator from 3.14.
+    return ins is not None and (ins.opname == "BINARY_SUBSCR" or (ins.opname == "BINARY_OP" and ins.argrepr == "[]"))
+
+
+def _in_library(path: str) -> bool:
+    """torch's internals, thunder_rs and the standard library: their reads are not the program's."""
+    if path.startswith(PACKAGE_DIR):
+        return True
+    if path.startswith(_TORCH_DIR):
+        if path.startswith(_TORCH_DISTRIBUTIONS_DIR):
+            return False
+        return not (path.startswith(_TORCH_MODULES_DIR) and not path.endswith(_TORCH_MODULES_SKIPPED))
+    return path.startswith(_STDLIB_DIRS) and "site-packages" not in path
+
+
+_library_modules: dict = {}
+
+
+def _library_module(module) -> bool:
+    """Whether ``module`` is torch, thunder_rs or the standard library (cached by id; modules live
+    as long as the process)."""
+    known = _library_modules.get(id(module))
+    if known is None:
+        path = getattr(module, "__file__", None)
+        known = _library_modules[id(module)] = path is None or _in_library(os.path.abspath(path))
+    return known
+
+
+def interesting(code) -> bool:
+    """Whether the reads of ``code`` are the program's (user code, other libraries, torch.nn modules).
+    Module and class bodies (code without fast locals) run at import, not as the program."""
+    if not code.co_flags & inspect.CO_OPTIMIZED:
+        return False
+    path = code.co_filename
+    if path.startswith("<"):
+        return not path.startswith(("<thunder_rs", "<frozen"))
+    return not _in_library(os.path.abspath(path))
+
+
+class CodeReads:
+    """The read chains of one code object, by kind of root: ``(root name, (attr, ...))``."""
+
+    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver")
+
+    def __init__(self, code):
+        chains = _chains(code)
+        n_args = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
+        args, free = frozenset(code.co_varnames[:n_args]), frozenset(code.co_freevars)
+        self.globals = sorted({(n, a) for (op, n), a in chains if op in ("LOAD_GLOBAL", "LOAD_NAME")})
+        self.cells = sorted({(n, a) for (op, n), a in chains if op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and n in free})
+        local = {(n, a) for (op, n), a in chains if op not in ("LOAD_GLOBAL", "LOAD_NAME") and n not in free and a}
+        self.args = sorted((n, a) for n, a in local if n in args)
+        self.locals = sorted((n, a) for n, a in local if n not in args)
+        self.line = f"{code.co_filename}:{code.co_firstlineno}"
+        #: the first argument's name (``self`` of a method), to tell which modules run
+        self.receiver = code.co_varnames[0] if code.co_argcount else None
+
+
+def _chains(code) -> set:
+    """``((load op, root name), (attr, ...))`` for each load followed by attribute reads and
+    subscripts by a constant key (an ``_Item`` step: ``cfg["sub"]["scale"]``). A read by name,
+    ``getattr(chain, "name"[, default])`` or ``hasattr(chain, "name")``, ends its chain with that
+    name."""
+    chains, root, attrs = set(), None, []
+    by_name = False  # the chain being read is getattr's or hasattr's first argument
+    after_by_name = False  # the last instruction loaded the builtin getattr or hasattr
+    instructions = list(dis.get_instructions(code))
+    subscripted = False  # the instruction is the subscript of a constant key already taken
+    for ins, after in zip(instructions, [*instructions[1:], None]):
+        op = ins.opname
+        if subscripted:
+            subscripted = False
+            continue
+        if op in _LOAD_ATTR and root is not None:
+            attrs.append(ins.argval)
+            continue
+        # A subscript right on a local (``kwargs["x"]``) is not followed: a local is state only
+        # through attribute reads, and reading locals has a cost (``frame.f_locals``).
+        if (op in _CONST_LOADS and root is not None and (attrs or root[0] not in _LOAD_LOCAL)
+                and type(ins.argval) in (str, int) and not by_name and _is_subscript(after)):
+            attrs.append(_Item(ins.argval))
+            subscripted = True
+            continue
+        if op in _COPIES and root is not None:
+            continue
+        if root is not None:
+            if by_name and op == "LOAD_CONST" and type(ins.argval) is str:
+                attrs.append(ins.argval)
+            chains.add((root, tuple(attrs)))
+            root, attrs = None, []
+        by_name, after_by_name = after_by_name, op == "LOAD_GLOBAL" and ins.argval in _READS_BY_NAME
+        if op in _LOAD_ROOT:
+            root = (op, ins.argval)
+        elif op in _LOAD_TWO:
+            root = ("LOAD_FAST", ins.argval[1])
+    if root is not None:
+        chains.add((root, tuple(attrs)))
+    return chains
+
+
+#: id(code) -> (code, its reads). By id: hashing a code object hashes its whole contents; the
+#: code object is kept so that its id is not reused.
+_code_reads: dict = {}
+
+
+def code_reads(code) -> CodeReads:
+    known = _code_reads.get(id(code))
+    if known is None:
+        known = _code_reads[id(code)] = (code, CodeReads(code))
+    return known[1]
+
+
+class Observer:
+    """Collects the guards of one acquisition (a context manager around running the program).
+
+    ``inputs`` are the program's flat inputs: its non-tensor, non-simple leaves are program state
+    read through :class:`InputSource`. ``originals`` maps ``id`` of each module clone being traced
+    to the user's module, so reads of a clone become guards on the original. ``functions`` are
+    functions whose closure cells may be read (the traced function; more are found as globals are
+    read). ``reached`` (``reached.ArgumentObjects``) are the objects reachable from the inputs.
+    """
+
+    def __init__(self, inputs: list, originals: dict, functions=(), reached=None):
+        self._originals = originals
+        self._owned = {id(m) for m in originals.values()}
+        #: objects known to be program state (configs, argument objects), with their attributes
+        #: when first reached
+        self.state = ProgramState(reached.tensors if reached is not None else None)
+        names = reached.names if reached is not None else [f"input {i}" for i in range(len(inputs))]
+        for i, x in enumerate(inputs):
+            if not isinstance(x, torch.Tensor) and not is_simple(x) and attributes_of(x) is not None:
+                self.state.add(x, InputSource(i, (), names[i], not isinstance(attributes_of(x), dict)))
+        for obj, source, under_container in reached.objects if reached is not None else ():
+            self.state.add(obj, source, whole=under_container)
+        #: ids of the non-tensor inputs (an iterator passed in is not the program's to consume)
+        self._input_ids = {id(x) for x in inputs if not isinstance(x, torch.Tensor) and not is_simple(x)}
+        self._functions: dict = {}
+        #: id -> (function, its defaults when first seen): their defaults are guarded as one
+        self._defaults: dict = {}
+        for fn in functions:
+            self._add_function(fn)
+            for obj in _bound_objects(fn):
+                self.state.add(obj, ObjectSource(obj, type(obj).__name__))
+        # Functions passed in (``jf(x, fn)``): their closure cells and defaults are read as the
+        # jitted function's are.
+        for x in inputs:
+            if isinstance(x, (types.FunctionType, types.MethodType, functools.partial)):
+                self._add_function(x)
+        self._guards: dict = {}
+        self._outer = None
+        self._hooked = False
+        #: the frame that started observing: the program's frames are below it
+        self.entry = None
+        #: id -> the (original) modules whose methods the program called, for their hooks
+        self.modules_called: dict = {}
+        #: ids of modules whose ``__init__`` ran while tracing: made by the program
+        self._made: set = set()
+        #: id(module or clone) -> the source of its attributes
+        self._module_sources: dict = {}
+
+    def __enter__(self):
+        self._outer = _thread.observer
+        self.entry = sys._getframe(1)
+        _thread.observer = self
+        if self._outer is None and sys.getprofile() is None:
+            _thread_hook().start()
+            self._hooked = True
+        return self
+
+    def __exit__(self, *exc):
+        self.entry = None
+        _thread.observer = self._outer
+        if self._hooked:
+            _thread_hook().stop()
+
+    def observe_statically(self, fn, modules) -> None:
+        """Reads of ``fn`` and of the modules' ``forward`` found without running them, for when
+        another profiler (cProfile, a debugger) holds this thread's profile hook: functions they
+        call are not seen."""
+        if self._hooked:
+            return
+        _warn_profiler_once()
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            self._on_code(code, getattr(fn, "__globals__", {}), {}, 0)
+            if code.co_freevars and fn.__closure__:
+                self._read_cells_of(fn, code, code_reads(code), code_reads(code).line)
+        for module in modules:
+            forward = getattr(type(module).forward, "__code__", None)
+            if forward is not None and forward.co_argcount:
+                self._on_code(forward, type(module).forward.__globals__, {forward.co_varnames[0]: module}, 0)
+
+    def guard_state(self, guard) -> None:
+        """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
+        first: the first read of the acquisition is what the state was when the call began."""
+        self._guards.setdefault(("state", guard.label), guard)
+
+    def guards(self) -> list:
+        """The guards: values read, and the structure of modules called that the program does not
+        own (the jitted module's own structure is guarded by its binding). None of them is on a
+        module the program made while traced."""
+        self.state.guard_whole_objects(self._guards)
+        structure = [StructureGuard(m, type(m).__name__) for i, m in self.modules_called.items()
+                     if i not in self._owned and not self._traced_module(m)]
+        kept = [g for g in self._guards.values()
+                if not (isinstance(getattr(g.source, "obj", None), torch.nn.Module) and self._traced_module(g.source.obj))]
+        defaults = [DefaultsGuard(list(self._defaults.values()))] if self._defaults else []
+        return kept + structure + defaults
+
+    def guard_argument_tensors(self, captured: list) -> None:
+        """Guards the metadata of the tensors of argument objects that the trace takes as inputs
+        (``reached.ArgumentTensor`` among ``captured``), read or not in a way the observer saw."""
+        for c in captured:
+            if not isinstance(c, torch.Tensor):
+                self.state.read(c.holder, c.name, c.origin, self._guards)
+
+    def reached_from_outside(self, obj) -> bool:
+        """Whether the program reached ``obj`` from outside (an argument, a global, a closure cell,
+        an attribute of its state) rather than making it while it ran."""
+        return (id(obj) in self._input_ids or obj in self.state
+                or any(getattr(g, "expected", None) is obj for g in self._guards.values()))
+
+    def _add_function(self, fn) -> None:
+        fn = getattr(fn, "__func__", fn)
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        self._add_defaults(fn)
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_freevars and getattr(fn, "__closure__", None):
+            known = self._functions.setdefault(code, [])
+            if fn not in known:
+                known.append(fn)
+
+    def _add_defaults(self, fn) -> None:
+        """Watches the default arguments of ``fn``: setting ``fn.__defaults__`` or
+        ``__kwdefaults__`` between calls changes what the program computes."""
+        if isinstance(fn, types.FunctionType) and (fn.__defaults__ or fn.__kwdefaults__) and id(fn) not in self._defaults:
+            self._defaults[id(fn)] = DefaultsGuard.entry(fn)
+
+    def _add_hooks(self, module) -> None:
+        """The forward of ``module`` and its forward hooks run in the call: their closure cells
+        (a module class defined in a function) and, for a hook object (``steer.alpha``), its
+        attributes are the program's state like a traced function's."""
+        self._add_function(getattr(type(module), "forward", None))
+        for store in _FORWARD_HOOK_STORES:
+            for hook in getattr(module, store, {}).values():
+                hook = getattr(hook, "__func__", hook)
+                if isinstance(hook, types.FunctionType):
+                    self._add_function(hook)
+                elif isinstance(getattr(hook, "__dict__", None), dict) and not isinstance(hook, torch.nn.Module):
+                    self.state.add(hook, ObjectSource(hook, type(hook).__name__))
+
+    # -- one attribute read ----------------------------------------------------------------------
+
+    def _traced_module(self, module) -> bool:
+        """Whether ``module`` was made while tracing (``self.layers[:n]`` builds a new
+        ``ModuleList`` of the clones): the program's own temporary, which no guard may keep."""
+        if id(module) in self._originals:
+            return False
+        if id(module) in self._made:
+            return True
+        d = module.__dict__
+        return (any(isinstance(v, TensorProxy) for store in ("_parameters", "_buffers") for v in d.get(store, {}).values())
+                or any(id(m) in self._originals for m in d.get("_modules", {}).values()))
+
+    def _attr_source(self, obj):
+        """Where a guard on an attribute of ``obj`` applies, or None when ``obj`` is not state."""
+        if isinstance(obj, torch.nn.Module):
+            source = self._module_sources.get(id(obj))
+            if source is None:
+                original = self._originals.get(id(obj))
+                if original is None and self._traced_module(obj):
+                    return None
+                original = original or obj
+                source = self._module_sources[id(obj)] = ModuleSource(original, type(original).__name__)
+            return source
+        return self.state.source_of(obj)
+
+    def _step(self, obj, attr: str, origin: str):
+        """Reads ``obj.attr`` as the program did and guards it; returns the value to follow, or
+        MISSING where the chain stops (not state, not a plain attribute, or a leaf value)."""
+        if type(attr) is _Item:
+            return self._item_step(obj, attr.key, origin)
+        if isinstance(obj, torch.Generator):
+            if attr in _GENERATOR_WRITES:
+                raise ThunderNotImplementedError(
+                    f"torch.Generator.{attr}: the traced program at {origin} changes the state of a generator it "
+                    "does not create; that would run once, while tracing. Seed it outside the jitted call, or use "
+                    "torch.manual_seed inside (which every call repeats)")
+            return MISSING
+        if isinstance(obj, (type, types.ModuleType)):
+            return self._module_global(obj, attr, origin)
+        mapping = attributes_of(obj)
+        if mapping is None:
+            return MISSING
+        if isinstance(obj, torch.nn.Module):
+            if attr in _MODULE_INTERNALS:
+                return MISSING
+            if any(attr in mapping.get(store, ()) for store in _MODULE_STORES):
+                return self._module_store_read(obj, mapping, attr, origin)
+        source = self._attr_source(obj)
+        if source is None:
+            return MISSING
+        value = mapping.get(attr, MISSING)
+        if value is MISSING:
+            return self._class_attribute(obj, source, attr, origin)
+        if isinstance(obj, torch.nn.Module):
+            if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
+                return MISSING  # the program set it earlier in this call (a write replayed after each call)
+            return self._keep(source, attr, value, origin)
+        self.state.read(obj, attr, origin, self._guards)
+        return self._keep(source, attr, value, origin, guard=False)
+
+    def _item_step(self, obj, key, origin: str):
+        """``obj[key]`` for a dict, list or tuple kept as state (reached from a module, a global or
+        a closure, not from an argument: ``self.cfg["sub"]``, ``SCALES[0]``), guarded like an
+        attribute; for a module container (``self.blocks[0]``), its submodule, whose attributes
+        are guarded as a module's."""
+        if isinstance(obj, _MODULE_CONTAINERS):
+            try:
+                value = obj[key]
+            except (IndexError, KeyError, TypeError):
+                return MISSING
+            return value if isinstance(value, torch.nn.Module) else MISSING
+        parent = self.state.source_of(obj) if type(obj) in _CONTAINERS else None
+        if not isinstance(parent, ObjectSource):
+            # An object a list or dict of the arguments holds (``cache.layers[0]``) is state of
+            # its own, found with its path before the program ran.
+            value = obj[key] if type(obj) in _CONTAINERS and _has_item(obj, key) else MISSING
+            return value if value is not MISSING and value in self.state else MISSING
+        source = ItemSource(obj, parent.label)
+        value = source.fixed().get(key, MISSING)
+        return MISSING if value is MISSING else self._keep(source, key, value, origin)
+
+    def _class_attribute(self, obj, source, attr: str, origin: str):
+        """``obj.attr`` where ``obj`` has no attribute of its own by that name: guards that it
+        still has none and what its class holds (``class Config: scale = 2.0``; setting
+        ``config.scale`` or ``Config.scale`` later changes what the program reads). Methods,
+        properties and other descriptors give MISSING: their own code is observed."""
+        value = ClassSource(type(obj)).fixed().get(attr, MISSING)
+        if value is MISSING and getattr(type(obj), "__getattr__", _MODULE_GETATTR) is _MODULE_GETATTR:
+            # Absent: ``getattr(self, "scale", 1.0)`` or ``hasattr(config, "w")`` read the absence,
+            # which setting the attribute later changes.
+            self._guard_absent(obj, source, attr, origin)
+        if value is MISSING or hasattr(type(value), "__get__"):
+            return MISSING
+        if isinstance(obj, torch.nn.Module):
+            self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
+        else:
+            self.state.read(obj, attr, origin, self._guards)
+        return self._keep(ClassSource(type(obj)), attr, value, origin)
+
+    def _guard_absent(self, obj, source, attr: str, origin: str) -> None:
+        if isinstance(obj, torch.nn.Module):
+            self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
+        else:
+            self.state.read(obj, attr, origin, self._guards)
+
+    def _module_store_read(self, module, mapping, attr, origin):
+        """``module.attr`` for a submodule, parameter or buffer: followed (a submodule) and, for a
+        module the program does not own (a global model a function calls), guarded by identity.
+        The jitted module's own stores are guarded by its binding."""
+        for store in _MODULE_STORES:
+            value = mapping.get(store, {}).get(attr, MISSING)
+            if value is MISSING:
+                continue
+            if id(module) not in self._originals and not isinstance(value, TensorProxy) and not self._traced_module(module):
+                key = ((id(module), store), attr)  # ModuleStoreSource.key, as ``_keep`` keys guards
+                if key not in self._guards:
+                    self._guards[key] = Guard(ModuleStoreSource(module, store, type(module).__name__), attr, value, origin)
+            return value if isinstance(value, torch.nn.Module) else MISSING
+        return MISSING
+
+    def _module_global(self, module, attr, origin):
+        """``settings.SCALE`` for a user module ``settings``: a global of that module; ``Config.scale``
+        for a user class: what its class attributes hold (a method or property: its own code)."""
+        if isinstance(module, type):
+            return self._class_read(module, attr, origin)
+        if _library_module(module):
+            return MISSING
+        value = module.__dict__.get(attr, MISSING)
+        if value is MISSING:
+            return MISSING
+        return self._keep(self._globals_source(module.__dict__), attr, value, origin)
+
+    def _class_read(self, cls: type, attr: str, origin: str):
+        home = sys.modules.get(getattr(cls, "__module__", ""), None)
+        if home is None or _library_module(home):
+            return MISSING
+        value = ClassSource(cls).fixed().get(attr, MISSING)
+        if value is MISSING or hasattr(type(value), "__get__"):
+            return MISSING
+        return self._keep(ClassSource(cls), attr, value, origin)
+
+    def _globals_source(self, g: dict):
+        source = self._module_sources.get(id(g))
+        if source is None:
+            source = self._module_sources[id(g)] = GlobalsSource(g, g.get("__name__", "?"))
+        return source
+
+    def _keep(self, source, name: str, value, origin: str, guard: bool = True):
+        """Guards ``value``, read as ``name`` at ``source`` (unless the source guards it another
+        way); returns it if reads may go on from it."""
+        if isinstance(value, TensorProxy):
+            return MISSING
+        if isinstance(value, types.FunctionType):
+            self._add_function(value)
+        if callable(value):
+            library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
+        if guard and not isinstance(value, types.ModuleType):
+            # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
+            # helper between calls changes what the program does.
+            key = (source.key, name)
+            if key not in self._guards:
+                self._guards[key] = Guard(source, name, value, origin)
+        if is_simple(value) or isinstance(value, torch.Tensor):
+            return MISSING
+        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
+            self.state.add(value, _child_source(source, name, value))
+        return value
+
+    def _follow(self, value, attrs: tuple, origin: str) -> None:
+        for attr in attrs:
+            value = self._step(value, attr, origin)
+            if value is MISSING:
+                return
+
+    def _is_state(self, value) -> bool:
+        return isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator)) or value in self.state
+
+    # -- profile events --------------------------------------------------------------------------
+
+    def _on_call(self, frame) -> None:
+        self._on_code(frame.f_code, frame.f_globals, frame, 1)
+
+    def _on_code(self, code, g, frame, live: int) -> None:
+        """Evaluates the reads of ``code`` against its globals and, when ``live``, the frame's
+        locals (else ``frame`` is a dict of the locals known)."""
+        reads = code_reads(code)
+        origin = reads.line
+        for name, attrs in reads.globals:
+            value = g.get(name, MISSING)
+            if value is MISSING:
+                continue
+            if isinstance(value, types.ModuleType) and _library_module(value):
+                library_read(self, value, attrs)  # torch's flags (torch.backends.cudnn.deterministic)
+                continue  # torch, math, F: their attributes are library code, not program state
+            value = self._keep(self._globals_source(g), name, value, origin)
+            if value is not MISSING and attrs:
+                self._follow(value, attrs, origin)
+        if reads.args or reads.cells or reads.receiver:
+            local = frame.f_locals if live else frame
+            receiver = local.get(reads.receiver) if reads.receiver else None
+            if receiver is not None and live:
+                self._add_method_defaults(receiver, code)
+            if isinstance(receiver, torch.nn.Module) and live and code.co_name == "__init__":
+                self._made.add(id(receiver))
+            if isinstance(receiver, torch.nn.Module):
+                original = self._originals.get(id(receiver))
+                if original is not None or not self._traced_module(receiver):
+                    original = original or receiver
+                    if id(original) not in self.modules_called:
+                        self._add_hooks(original)
+                    self.modules_called[id(original)] = original
+            for name, attrs in reads.args:
+                value = local.get(name, MISSING)
+                if value is not MISSING and self._is_state(value):
+                    self._follow(value, attrs, origin)
+            if reads.cells and live:
+                self._read_cells(code, local, reads, origin)
+
+    def _add_method_defaults(self, receiver, code) -> None:
+        """The defaults of the method of ``receiver``'s class whose code runs (``forward(self, x,
+        scale=2.0)``)."""
+        fn = getattr(type(receiver), code.co_name, None)
+        fn = getattr(fn, "__func__", fn)
+        if getattr(fn, "__code__", None) is code:
+            self._add_defaults(fn)
+
+    def _on_return(self, frame) -> None:
+        reads = code_reads(frame.f_code)
+        if reads.locals:
+            local = frame.f_locals
+            for name, attrs in reads.locals:
+                value = local.get(name, MISSING)
+                if value is not MISSING and self._is_state(value):
+                    self._follow(value, attrs, reads.line)
+
+    def _read_cells(self, code, local, reads, origin) -> None:
+        fn = self._function_for(code, local)
+        if fn is not None:
+            self._read_cells_of(fn, code, reads, origin)
+
+    def _read_cells_of(self, fn, code, reads, origin) -> None:
+        cells = dict(zip(code.co_freevars, fn.__closure__))
+        for name, attrs in reads.cells:
+            cell = cells.get(name)
+            value = _cell_value(cell) if cell is not None else MISSING
+            if value is not MISSING:
+                value = self._keep(CellSource(cell, name), "cell_contents", value, origin)
+                if value is not MISSING and attrs:
+                    self._follow(value, attrs, origin)
+
+    def _function_for(self, code, local):
+        """The function whose call made this frame: among the known functions of ``code``, the
+        one whose cells hold what the frame sees."""
+        for fn in self._functions.get(code, ()):
+            if all(_cell_value(c) is local.get(n, MISSING) for n, c in zip(code.co_freevars, fn.__closure__)):
+                return fn
+        return None
+
+
+class _ThreadState(threading.local):
+    """Per thread: the profile hook (it keeps which code objects are interesting across compiles),
+    the observer of the acquisition in progress, and how deep the thread is inside thunder_rs's
+    handling of a torch call (functions run there, such as torch's internals or modules they
+    import, are not the program's)."""
+
+    hook = None
+    observer = None
+    inside = 0
+
+
+_thread = thread_state = _ThreadState()
+
+
+def _thread_hook():
+    if _thread.hook is None:
+        _thread.hook = _core.CallObserver(interesting, _dispatch_call, _dispatch_return)
+    return _thread.hook
+
+
+def _importing(frame, entry) -> bool:
+    """Whether ``frame`` runs for a module being imported (a module body between it and the
+    observer's entry): a library imported lazily on the first call (``torch.utils.checkpoint``
+    imports numpy, sympy, Dynamo) fills its registries then, which is not the program's state."""
+    f = frame.f_back
+    while f is not None and f is not entry:
+        if f.f_code.co_name == "<module>":
+            return True
+        f = f.f_back
+    return False
+
+
+def _dispatch_call(frame):
+    observer = _thread.observer
+    if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
+        observer._on_call(frame)
+
+
+def _dispatch_return(frame):
+    observer = _thread.observer
+    if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
+        observer._on_return(frame)
+
+
+_warned: list = []
+
+
+def _warn_profiler_once() -> None:
+    if not _warned:
+        _warned.append(True)
+        warnings.warn("thunder_rs.jit: a profiler holds this thread's profile hook (sys.setprofile), so only the "
+                      "reads of the jitted function and of module forwards are guarded, not those of functions they "
+                      "call; compile before profiling for full guards", stacklevel=5)
+
+
+def _bound_objects(fn) -> list:
+    """The objects a call of ``fn`` reads beyond its arguments: the instance of a bound method or
+    of a callable object, a ``functools.partial``'s arguments, and objects among its default
+    arguments (``def f(x, cfg=DEFAULT)``): program state like a module's attributes."""
+    found = []
+    if isinstance(fn, functools.partial):
+        found += [*fn.args, *fn.keywords.values()]
+        fn = fn.func
+    receiver = getattr(fn, "__self__", None)
+    if receiver is not None:
+        found.append(receiver)
+    elif not isinstance(fn, (types.FunctionType, *_CODE_TYPES)):
+        found.append(fn)  # a callable object: its __call__ reads ``self``
+    fn = getattr(fn, "__func__", fn)
+    found += [*(getattr(fn, "__defaults__", None) or ()), *(getattr(fn, "__kwdefaults__", None) or {}).values()]
+    return [o for o in found if attributes_of(o) is not None and not is_simple(o)
+            and not isinstance(o, (torch.Tensor, torch.nn.Module, *_CODE_TYPES))]
+
+
+def _child_source(source, name: str, value):
+    """The source of the attributes of ``value``, read as ``name`` at ``source``."""
+    if isinstance(source, ItemSource):
+        label = f"{source.label}[{name!r}]"
+    elif type(name) is _Item:
+        label = f"{source.label}{name}"
+    else:
+        label = f"{source.label}.{name}" if not isinstance(source, (GlobalsSource, CellSource)) else name
+    if isinstance(source, InputSource):
+        slotted = source.slotted or not isinstance(attributes_of(value), dict)
+        return InputSource(source.position, (*source.path, name), label, slotted)
+    return ObjectSource(value, label)
+
+
+def _has_item(container, key) -> bool:
+    if type(container) is dict:
+        return key in container
+    return type(key) is int and -len(container) <= key < len(container)
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return MISSING

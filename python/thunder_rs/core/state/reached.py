@@ -1,0 +1,214 @@
+"""The Python objects a program can reach from its arguments: state each compiled call finds anew.
+
+An argument such as a Hugging Face ``DynamicCache`` holds its state in objects reached through
+lists (``cache.layers[i]``), whose tensors grow every decoding step (``layer.keys =
+torch.cat([layer.keys, k], -2)``). Before a program is traced, every object reachable from its
+non-tensor arguments through attributes, lists, tuples and dicts is found with its path
+(``past_key_values.layers[0]``) and becomes program state (``core.state``): what the program reads from it
+is guarded through that path, what it sets on it is set again by every call, on that call's
+object (tensors the trace computes among the values are outputs of the trace).
+
+A tensor such an object holds as an attribute is not captured by identity: every call passes the
+tensor found at its path then as a trace input (``captured_inputs``), and the entry is guarded on
+its metadata. A tensor held in several places, or in a list, is captured as other tensors read from
+outside the inputs are.
+
+Items the program sets in a list or dict reached this way (``cache.is_updated[i] = True``) are
+set again by every call, when they are plain values or tensors. Changes no compiled call would
+repeat are refused after tracing (and undone): objects the program made put into such a container
+(a cache making its layers in the call), and writes to objects reached under a key that is no path
+(a dict keyed by a tuple).
+"""
+
+import types
+from dataclasses import dataclass
+
+import torch
+
+from thunder_rs.core.state.guards import MISSING, InputSource, Item, is_simple, tensor_meta
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.errors import ThunderNotImplementedError
+
+#: How deep objects are followed from an argument, in attribute and item steps.
+_DEPTH = 4
+#: Values never followed: tensors (handled apart), modules (bound as modules), code and types.
+_NOT_FOLLOWED = (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.FunctionType, types.MethodType,
+                 types.BuiltinFunctionType)
+_CONTAINERS = (list, tuple, dict)
+
+
+@dataclass(eq=False)
+class ArgumentTensor:
+    """A tensor an argument object holds as ``holder.name``, at ``source`` in each call's arguments:
+    a trace input that every call reads there. ``origin`` is the user's line that first used it."""
+
+    source: InputSource
+    name: str
+    holder: object
+    #: its ``guards.tensor_meta`` when found (before the program runs, outside torch function modes)
+    meta: tuple
+    origin: str = ""
+
+    def used(self) -> "ArgumentTensor":
+        """Marks the tensor as taken by the trace, noting the line that took it."""
+        self.origin = self.origin or user_location()
+        return self
+
+
+class ArgumentObjects:
+    """The objects reachable from the flat inputs, found before the program runs.
+
+    ``objects``: ``(object, source, under a container)``; ``tensors``: id -> ``ArgumentTensor``
+    for tensors held as an attribute in one place; ``containers``: the lists and dicts on the way,
+    with a copy of their items and their source; ``unsourced``: objects under keys that are no
+    path, with a copy of their attributes.
+    """
+
+    def __init__(self, flat_inputs: list, names: list):
+        #: the user's name of each flat input (``past_key_values``, ``cache``), for guards and errors
+        self.names = names
+        self.objects: list = []
+        self.tensors: dict = {}
+        self.containers: list = []
+        self.unsourced: list = []
+        self._seen: set = set()
+        self._shared: set = set()
+        for i, x in enumerate(flat_inputs):
+            if not isinstance(x, torch.Tensor):
+                self._visit(x, i, (), names[i], 0, False)
+
+    def _visit(self, x, position: int, path: tuple, label: str, depth: int, under: bool) -> None:
+        if depth > _DEPTH or id(x) in self._seen or isinstance(x, _NOT_FOLLOWED):
+            return
+        if type(x) in _CONTAINERS:
+            self._seen.add(id(x))
+            if type(x) is not tuple:
+                self.containers.append((x, _items(x), InputSource(position, path, label)))
+            if not is_simple(x):
+                for key, y in (x.items() if type(x) is dict else enumerate(x)):
+                    step = Item(key) if type(key) in (int, str) else None
+                    if step is None:
+                        self._unsourced(y)
+                    else:
+                        self._visit(y, position, (*path, step), f"{label}{step}", depth + 1, True)
+            return
+        attributes = getattr(x, "__dict__", None)
+        if is_simple(x) or not isinstance(attributes, dict):
+            return
+        self._seen.add(id(x))
+        source = InputSource(position, path, label)
+        self.objects.append((x, source, under))
+        for name, y in attributes.items():
+            if isinstance(y, torch.Tensor):
+                self._tensor(y, source, name, x)
+            else:
+                self._visit(y, position, (*path, name), f"{label}.{name}", depth + 1, under)
+
+    def _tensor(self, t, source: InputSource, name: str, holder) -> None:
+        if id(t) in self._shared:
+            return
+        if id(t) in self.tensors:  # held twice: which place a call's tensor comes from would be a guess
+            del self.tensors[id(t)]
+            self._shared.add(id(t))
+            return
+        self.tensors[id(t)] = ArgumentTensor(source, name, holder, tensor_meta(t))
+
+    def _unsourced(self, x) -> None:
+        attributes = getattr(x, "__dict__", None)
+        if id(x) not in self._seen and isinstance(attributes, dict) and not isinstance(x, _NOT_FOLLOWED):
+            self._seen.add(id(x))
+            self.unsourced.append((x, dict(attributes)))
+
+    def item_writes(self) -> list:
+        """The items the program set in lists and dicts reached from the arguments, undone here:
+        ``(container's source, key, value)``, with ``value`` MISSING for a removed key and ``key``
+        a full slice for a list's new contents. Every call sets them again; values must be plain
+        values or tensors (``cache.is_updated[i] = True``). Other changes are refused (after all
+        are undone): new objects in a container (a cache's layers made in the call), and writes to
+        objects reached under keys that are no path."""
+        writes, refused = [], None
+        for container, before, source in self.containers:
+            if not _changed(container, before):
+                continue
+            found = _changes(container, before, source)
+            _restore(container, before)
+            if found is None:
+                refused = refused or _container_error(container, source)
+            writes += found or []
+        for obj, before in self.unsourced:
+            now = obj.__dict__
+            changed = [k for k in set(now) | set(before) if now.get(k, MISSING) is not before.get(k, MISSING)]
+            if changed:
+                now.clear()
+                now.update(before)
+                refused = refused or ThunderNotImplementedError(
+                    f"thunder_rs.jit: the traced program set {type(obj).__name__}.{sorted(changed)[0]} on an object it "
+                    "reached through a dict of its arguments under a key that is not a string or an integer; a "
+                    "compiled call would not set it again")
+        if refused is not None:
+            raise refused
+        return writes
+
+
+def _items(container) -> tuple:
+    return tuple(container.items()) if type(container) is dict else tuple(container)
+
+
+def _changed(container, before: tuple) -> bool:
+    """Whether ``container`` holds other items than ``before`` (its ``_items`` then), by identity."""
+    now = _items(container)
+    if len(now) != len(before):
+        return True
+    if type(container) is dict:
+        return any(a[0] is not b[0] or a[1] is not b[1] for a, b in zip(now, before))
+    return any(a is not b for a, b in zip(now, before))
+
+
+def _repeatable(value) -> bool:
+    """Values a compiled call can set again: plain values and tensors (each call's own)."""
+    return is_simple(value) or isinstance(value, torch.Tensor)
+
+
+def _changes(container, before: tuple, source: InputSource) -> list | None:
+    """The writes that make ``container`` (reached at ``source``) what the program left; None
+    when one puts a value no call can set again."""
+    if type(container) is list:
+        return [(source, slice(None), list(container))] if all(map(_repeatable, container)) else None
+    old = dict(before)
+    writes = [(source, k, v) for k, v in container.items() if old.get(k, MISSING) is not v]
+    writes += [(source, k, MISSING) for k in old if k not in container]
+    return writes if all(v is MISSING or _repeatable(v) for _, _, v in writes) else None
+
+
+def _container_error(container, source: InputSource) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"thunder_rs.jit: the traced program changed the {type(container).__name__} {source.label}, which it reached "
+        "through its arguments, leaving objects in it (not plain values or tensors) that a compiled call would not "
+        "put there again. Make such objects before the call (a cache's layers: DynamicCache(config=model.config))")
+
+
+def _restore(container, before: tuple) -> None:
+    if type(container) is dict:
+        container.clear()
+        container.update(before)
+    else:
+        container[:] = before
+
+
+def captured_inputs(captured: list):
+    """``inputs(flat)``: the trace's captured inputs for a call with flat inputs ``flat``, fixed
+    tensors and each ``ArgumentTensor`` read at its path, in the trace's order; None when all are
+    fixed (``jit`` then appends them itself)."""
+    if all(isinstance(c, torch.Tensor) for c in captured):
+        return None
+    scope: dict = {}
+    parts = []
+    for i, c in enumerate(captured):
+        if isinstance(c, torch.Tensor):
+            scope[f"c{i}"] = c
+            parts.append(f"c{i}")
+        else:
+            parts.append(f"{c.source.code(f'm{i}', scope)}[{c.name!r}]")
+    source = f"def inputs(flat):\n  return ({', '.join(parts)},)\n"
+    exec(compile(source, "<thunder_rs argument tensors>", "exec"), scope)
+    return scope["inputs"]

@@ -1,0 +1,113 @@
+"""Python objects a traced program reads as state: configs, argument objects, objects reached from
+modules and globals.
+
+Each is recorded the first time the program reaches it, with a copy of its attributes then: the
+state the call found. Guards hold those values, not ones the program itself wrote earlier in the
+call (a flag it sets, reads and restores). A fixed object (a config reached from a module or a
+global) is guarded whole, so reads the observer cannot see (``getattr(config, name)``) are
+covered too; an argument object, new each call, is guarded on the attributes read.
+
+An object reached from an argument through a list or dict (``cache.layers[0]``, see
+``core.reached``) is guarded whole too, through its path in each call's arguments: the observer
+follows attribute chains, not loops over containers, so it may miss reads of it. A tensor an
+argument object holds is read anew on every call (``reached.ArgumentTensor``): its guard is on
+its metadata, not on the tensor.
+
+After tracing, the attributes the program set on these objects are found by comparing with the
+copies: they are undone (tracing must not leave its stand-ins in user objects) and become writes
+that every compiled call repeats (``config.problem_type = ...``, set once in eager too, then read;
+``layer.keys = torch.cat(...)`` in a KV cache, with each call's tensor).
+"""
+
+import torch
+
+from thunder_rs.core.state.guards import (MISSING, DictGuard, Guard, InputSource, NamesGuard, ObjectSource, TensorGuard,
+                                    attributes_of)
+
+
+class StateObject:
+    __slots__ = ("obj", "source", "found", "whole")
+
+    def __init__(self, obj, source, whole: bool):
+        self.obj, self.source, self.whole = obj, source, whole
+        #: the attributes when the program first reached the object
+        attributes = attributes_of(obj)
+        self.found = None if attributes is None else dict(attributes)
+
+
+class ProgramState:
+    """The state objects of one acquisition, and the guards on what was read from them.
+    ``argument_tensors`` (``reached.ArgumentObjects.tensors``) are the tensors argument objects
+    hold that each call reads anew, by id."""
+
+    def __init__(self, argument_tensors: dict | None = None):
+        self._objects: dict = {}
+        self._argument_tensors = argument_tensors or {}
+
+    def __contains__(self, obj) -> bool:
+        return id(obj) in self._objects
+
+    def add(self, obj, source, whole: bool = False) -> None:
+        """Adds a state object; ``whole``: an argument object guarded on all its attributes."""
+        if id(obj) not in self._objects:
+            self._objects[id(obj)] = StateObject(obj, source, whole)
+
+    def source_of(self, obj):
+        known = self._objects.get(id(obj))
+        return known.source if known is not None else None
+
+    def read(self, obj, name: str, origin: str, guards: dict):
+        """Guards the read of ``obj.name`` (a state object's attribute) in ``guards``; returns the
+        value the call found, or MISSING when it had no such attribute then."""
+        known = self._objects[id(obj)]
+        found = known.found.get(name, MISSING)
+        if isinstance(known.source, ObjectSource):
+            guards.setdefault(("object", id(obj)), DictGuard(known.source, known.found, origin))
+        elif known.whole:
+            self._guard_whole(known, origin, guards)
+        else:
+            guards.setdefault(("input", id(obj), name), self._input_guard(known.source, name, found, origin))
+        return found
+
+    def guard_whole_objects(self, guards: dict) -> None:
+        """Guards every argument object reached through a container, whether or not the observer
+        saw the program read it."""
+        for known in self._objects.values():
+            if known.whole:
+                self._guard_whole(known, f"{known.source.label}, reached from the arguments", guards)
+
+    def _guard_whole(self, known: StateObject, origin: str, guards: dict) -> None:
+        if ("names", id(known.obj)) in guards:
+            return
+        assert known.found is not None  # whole objects are those with an instance dict
+        guards[("names", id(known.obj))] = NamesGuard(known.source, frozenset(known.found), origin)
+        for name, value in known.found.items():
+            guards.setdefault(("input", id(known.obj), name), self._input_guard(known.source, name, value, origin))
+
+    def _input_guard(self, source, name: str, value, origin: str):
+        held = self._argument_tensors.get(id(value)) if isinstance(value, torch.Tensor) else None
+        if held is not None:
+            return TensorGuard(source, name, held.meta, origin)
+        return Guard(source, name, value, origin)
+
+    def writes(self) -> list:
+        """The attributes the program set or deleted on state objects, undone here: ``(holder, name,
+        value)`` with ``holder`` an object or an ``InputSource``, ``value`` MISSING for a deletion."""
+        out = []
+        for known in self._objects.values():
+            if known.found is None:
+                continue
+            now = attributes_of(known.obj)
+            changed = [k for k in now if known.found.get(k, MISSING) is not now[k]]
+            removed = [k for k in known.found if k not in now]
+            for name in changed + removed:
+                out.append((known.obj if not isinstance(known.source, InputSource) else known.source, name,
+                            now.get(name, MISSING)))
+            for name in changed:
+                if name in known.found:
+                    now[name] = known.found[name]
+                else:
+                    del now[name]
+            for name in removed:
+                now[name] = known.found[name]
+        return out

@@ -1,0 +1,70 @@
+"""torch's global flags a traced program reads, as guards: a changed flag recompiles, naming it.
+
+The observer (``observe.py``) finds the program's read chains from its bytecode but does not follow
+library modules (``torch.nn.functional``'s attributes are code, not state). torch's global switches
+are read through them, so those chains are matched here against a table: a zero-argument reader
+(``torch.are_deterministic_algorithms_enabled()``, also when imported as a bare name), or any plain
+value under ``torch.backends`` (``torch.backends.cudnn.deterministic``,
+``torch.backends.cuda.matmul.allow_tf32``). Each becomes a ``StateGuard`` that re-reads it per call.
+Grad mode, autocast and ``torch.get_default_dtype()`` are in every cache key already. A chain in a
+branch the program did not take is guarded too: a needless recompile when that flag changes, never
+a stale trace.
+"""
+
+import functools
+import types
+
+import torch
+
+from thunder_rs.core.state.guards import MISSING, Item, StateGuard
+
+#: Zero-argument readers of torch's global flags, by the name a program calls them by.
+_TORCH_READERS = {
+    f"torch.{name}": getattr(torch, name) for name in (
+        "are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
+        "get_deterministic_debug_mode", "get_float32_matmul_precision", "is_warn_always_enabled",
+        "get_num_threads", "get_num_interop_threads", "is_anomaly_enabled", "is_anomaly_check_nan_enabled",
+        "is_inference_mode_enabled")
+    if hasattr(torch, name)
+}
+if hasattr(torch.backends, "mha"):
+    _TORCH_READERS["torch.backends.mha.get_fastpath_enabled"] = torch.backends.mha.get_fastpath_enabled
+_READER_NAMES = {id(fn): name for name, fn in _TORCH_READERS.items()}
+#: Modules whose plain attributes are flags (``torch.backends.cudnn.deterministic``).
+_FLAG_MODULES = ("torch.backends", "torch.utils.deterministic")
+
+
+def _resolve(root, path: tuple):
+    value = root
+    for name in path:
+        value = getattr(value, name)
+    return value
+
+
+def library_read(observer, root, attrs: tuple) -> None:
+    """Guards what a read chain of the program on a library module (``torch.backends.cudnn
+    .deterministic``, ``torch.are_deterministic_algorithms_enabled``) or on a function it imported
+    from one (``from torch import are_deterministic_algorithms_enabled``) reads of torch's flags."""
+    if not isinstance(root, types.ModuleType):
+        reader = _READER_NAMES.get(id(root))
+        if reader is not None:
+            observer.guard_state(StateGuard(f"{reader}()", root, root()))
+        return
+    name = root.__name__
+    value = root
+    for i, attr in enumerate(attrs):
+        if type(attr) is Item:
+            return
+        reader = _TORCH_READERS.get(f"{name}.{attr}")
+        if reader is not None:
+            observer.guard_state(StateGuard(f"{name}.{attr}()", reader, reader()))
+            return
+        value = getattr(value, attr, MISSING)
+        if value is MISSING:
+            return
+        if type(value) in (bool, int, float, str):
+            if name.startswith(_FLAG_MODULES):
+                read = functools.partial(_resolve, root, tuple(attrs[: i + 1]))
+                observer.guard_state(StateGuard(f"{name}.{attr}", read, value))
+            return
+        name = f"{name}.{attr}"
