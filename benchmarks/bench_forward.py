@@ -38,9 +38,12 @@ def tiny_fn(a, b):
 def make_mlp(width: int = 64) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Linear(width, width), nn.GELU(),
-        nn.Linear(width, width), nn.GELU(),
-        nn.Linear(width, width), nn.GELU(),
+        nn.Linear(width, width),
+        nn.GELU(),
+        nn.Linear(width, width),
+        nn.GELU(),
+        nn.Linear(width, width),
+        nn.GELU(),
     ).eval()
 
 
@@ -98,17 +101,43 @@ def _randn(*shape, seed=0):
 def build_cases() -> list[harness.Case]:
     chain_fn = make_chain_fn()
     return [
-        harness.Case("tiny_5op_4x4", lambda: tiny_fn, lambda: (_randn(4, 4), _randn(4, 4, seed=1)),
-                     inner=400, description="5 elementwise ops on 4x4 (per-call overhead)"),
-        harness.Case("mlp_3x64_b32", make_mlp, lambda: (_randn(32, 64),), inner=200, no_grad=True,
-                     description="3 x (Linear 64->64 + GELU), batch 32, eval, no_grad"),
-        harness.Case("softmax_matmul_64", lambda: softmax_matmul,
-                     lambda: (_randn(64, 64), _randn(64, 64, seed=1), _randn(64, 64, seed=2)),
-                     inner=200, description="softmax(a @ b) @ c, 64x64"),
-        harness.Case("gpt_block_b4_t32", make_gpt_block, lambda: (_randn(4, 32, 64),), inner=50,
-                     no_grad=True, description="GPT block n_embd 64, 4 heads, seq 32, batch 4, eval, no_grad"),
-        harness.Case("chain_200op_16x16", lambda: chain_fn, lambda: (_randn(16, 16), _randn(16, 16, seed=1)),
-                     inner=20, description=f"{CHAIN_LENGTH} elementwise ops on 16x16"),
+        harness.Case(
+            "tiny_5op_4x4",
+            lambda: tiny_fn,
+            lambda: (_randn(4, 4), _randn(4, 4, seed=1)),
+            inner=400,
+            description="5 elementwise ops on 4x4 (per-call overhead)",
+        ),
+        harness.Case(
+            "mlp_3x64_b32",
+            make_mlp,
+            lambda: (_randn(32, 64),),
+            inner=200,
+            no_grad=True,
+            description="3 x (Linear 64->64 + GELU), batch 32, eval, no_grad",
+        ),
+        harness.Case(
+            "softmax_matmul_64",
+            lambda: softmax_matmul,
+            lambda: (_randn(64, 64), _randn(64, 64, seed=1), _randn(64, 64, seed=2)),
+            inner=200,
+            description="softmax(a @ b) @ c, 64x64",
+        ),
+        harness.Case(
+            "gpt_block_b4_t32",
+            make_gpt_block,
+            lambda: (_randn(4, 32, 64),),
+            inner=50,
+            no_grad=True,
+            description="GPT block n_embd 64, 4 heads, seq 32, batch 4, eval, no_grad",
+        ),
+        harness.Case(
+            "chain_200op_16x16",
+            lambda: chain_fn,
+            lambda: (_randn(16, 16), _randn(16, 16, seed=1)),
+            inner=20,
+            description=f"{CHAIN_LENGTH} elementwise ops on 16x16",
+        ),
     ]
 
 

@@ -98,11 +98,17 @@ def per_call_rows(settings: harness.Settings) -> list[dict]:
         with torch.no_grad():
             torch.testing.assert_close(jfn(*args), fn(*args))
             results, errors = harness.measure_per_call_interleaved(
-                {"eager": fn, "thunder_rs": jfn}, args, repeats=settings.repeats, inner=max(1, int(200 * settings.inner_scale)))
+                {"eager": fn, "thunder_rs": jfn},
+                args,
+                repeats=settings.repeats,
+                inner=max(1, int(200 * settings.inner_scale)),
+            )
         if errors:
             raise next(iter(errors.values()))
         eager, jit = results["eager"].median_us, results["thunder_rs"].median_us
-        rows.append({"case": name, "eager_us": eager, "thunder_rs_us": jit, "overhead_us": jit - eager, "ratio": jit / eager})
+        rows.append(
+            {"case": name, "eager_us": eager, "thunder_rs_us": jit, "overhead_us": jit - eager, "ratio": jit / eager}
+        )
     return rows
 
 
@@ -125,7 +131,9 @@ def first_call_rows(repeats: int) -> list[dict]:
                     jm(idx, targets)
             samples.append((time.perf_counter() - start) * 1e3)
             acquire.append(thunder_rs.compile_stats(jm).stage_s.get("acquire", 0.0) * 1e3)
-        rows.append({"case": label, "first_call_ms": statistics.median(samples), "acquire_ms": statistics.median(acquire)})
+        rows.append(
+            {"case": label, "first_call_ms": statistics.median(samples), "acquire_ms": statistics.median(acquire)}
+        )
     return rows
 
 
@@ -140,13 +148,17 @@ def main(argv=None) -> None:
     first = first_call_rows(3 if args.quick else 11)
     print(f"{'case':40} {'eager us':>9} {'thunder_rs us':>14} {'overhead us':>12} {'ratio':>6}")
     for r in per_call:
-        print(f"{r['case']:40} {r['eager_us']:9.2f} {r['thunder_rs_us']:14.2f} {r['overhead_us']:12.2f} {r['ratio']:6.2f}")
+        print(
+            f"{r['case']:40} {r['eager_us']:9.2f} {r['thunder_rs_us']:14.2f} {r['overhead_us']:12.2f} {r['ratio']:6.2f}"
+        )
     print(f"\n{'case':40} {'first call ms':>14} {'acquire ms':>11}")
     for r in first:
         print(f"{r['case']:40} {r['first_call_ms']:14.2f} {r['acquire_ms']:11.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"per_call": per_call, "first_call": first, "environment": harness.environment_info()}, f, indent=2)
+            json.dump(
+                {"per_call": per_call, "first_call": first, "environment": harness.environment_info()}, f, indent=2
+            )
 
 
 if __name__ == "__main__":

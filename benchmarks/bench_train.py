@@ -89,8 +89,9 @@ def module_backend(backend: harness.Backend) -> harness.Backend:
     def wrap(step: TrainStep):
         return step.around(backend.wrap(step.module))
 
-    return harness.Backend(backend.name, wrap=wrap, note=backend.note, reset=backend.reset,
-                           max_first_repeats=backend.max_first_repeats)
+    return harness.Backend(
+        backend.name, wrap=wrap, note=backend.note, reset=backend.reset, max_first_repeats=backend.max_first_repeats
+    )
 
 
 # ----------------------------------------------------------------------------- cases
@@ -100,8 +101,9 @@ def _randn(*shape, seed=0, requires_grad=False):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).requires_grad_(requires_grad)
 
 
-def build_cases(block_config: GPTConfig = BLOCK_CONFIG, gpt_config: GPTConfig = GPT_CONFIG,
-                batch: int = BATCH) -> list[harness.Case]:
+def build_cases(
+    block_config: GPTConfig = BLOCK_CONFIG, gpt_config: GPTConfig = GPT_CONFIG, batch: int = BATCH
+) -> list[harness.Case]:
     def make_block_step():
         torch.manual_seed(0)
         return TrainStep(Block(block_config).train(), block_mse_step)
@@ -122,14 +124,29 @@ def build_cases(block_config: GPTConfig = BLOCK_CONFIG, gpt_config: GPTConfig = 
 
     b, g = block_config, gpt_config
     return [
-        harness.Case("gpt_block_train", make_block_step, block_args, inner=20,
-                     description=f"GPT block n_embd {b.n_embd}, {b.n_head} heads, seq {b.block_size}, batch {batch}: "
-                                 "forward, mse loss, backward (input requires grad)"),
-        harness.Case("nanogpt_train", make_gpt_step, gpt_args, inner=10,
-                     description=f"GPT {g.n_layer} layers, n_embd {g.n_embd}, vocab {g.vocab_size}, "
-                                 f"seq {g.block_size}, batch {batch}: forward with targets, backward, AdamW step"),
-        harness.Case("nanogpt_dropout_train", make_gpt_dropout_step, gpt_args, inner=10,
-                     description="the same GPT with dropout 0.1 (embeddings, attention, residuals, MLP)"),
+        harness.Case(
+            "gpt_block_train",
+            make_block_step,
+            block_args,
+            inner=20,
+            description=f"GPT block n_embd {b.n_embd}, {b.n_head} heads, seq {b.block_size}, batch {batch}: "
+            "forward, mse loss, backward (input requires grad)",
+        ),
+        harness.Case(
+            "nanogpt_train",
+            make_gpt_step,
+            gpt_args,
+            inner=10,
+            description=f"GPT {g.n_layer} layers, n_embd {g.n_embd}, vocab {g.vocab_size}, "
+            f"seq {g.block_size}, batch {batch}: forward with targets, backward, AdamW step",
+        ),
+        harness.Case(
+            "nanogpt_dropout_train",
+            make_gpt_dropout_step,
+            gpt_args,
+            inner=10,
+            description="the same GPT with dropout 0.1 (embeddings, attention, residuals, MLP)",
+        ),
     ]
 
 

@@ -48,8 +48,10 @@ def measure(label: str, model, *args, **kwargs) -> str:
     jmodel(*args, **kwargs)  # a second compile where the first call changed the config
     hit = _per_call_ms(jmodel, args, kwargs)
     eager_ms = _per_call_ms(eager, args, kwargs)
-    return (f"{label:36} {first * 1e3:10.1f} {compile_s * 1e3:10.1f} {acquire_s * 1e3:10.1f} {stats.cache_misses:8d} "
-            f"{hit:10.2f} {eager_ms:10.2f}")
+    return (
+        f"{label:36} {first * 1e3:10.1f} {compile_s * 1e3:10.1f} {acquire_s * 1e3:10.1f} {stats.cache_misses:8d} "
+        f"{hit:10.2f} {eager_ms:10.2f}"
+    )
 
 
 def main() -> None:
@@ -57,8 +59,10 @@ def main() -> None:
     # One-time work outside the timings: torch._decomp's import (meta batch norm), the first trace.
     thunder_rs.jit(torch.nn.BatchNorm2d(2).eval())(torch.randn(2, 2, 3, 3))
     thunder_rs.jit(tiny_model("gpt2"))(**padded_batch("gpt2", "left"))
-    print(f"{'model':36} {'first ms':>10} {'compile ms':>10} {'acquire ms':>10} {'compiles':>8} {'hit ms':>10} "
-          f"{'eager ms':>10}")
+    print(
+        f"{'model':36} {'first ms':>10} {'compile ms':>10} {'acquire ms':>10} {'compiles':>8} {'hit ms':>10} "
+        f"{'eager ms':>10}"
+    )
     for name in ("gpt2", "llama", "bert", "mamba"):
         for mode in ("train", "eval"):
             model = getattr(tiny_model(name), mode)()
@@ -68,9 +72,11 @@ def main() -> None:
     print(measure("resnet18 w16 eval", ResNet18().eval(), x))
     # Programs that read tensor values (tests/test_data_dependent.py): the trace is specialised on
     # what they read, so the first call evaluates the program up to each read while tracing.
-    for label, build in (("deberta-v2 cls (nonzero labels)", deberta_v2_classifier),
-                         ("wav2vec2 ctc (label checks)", wav2vec2_ctc),
-                         ("qwen2-moe eager experts", qwen2_moe_eager_experts)):
+    for label, build in (
+        ("deberta-v2 cls (nonzero labels)", deberta_v2_classifier),
+        ("wav2vec2 ctc (label checks)", wav2vec2_ctc),
+        ("qwen2-moe eager experts", qwen2_moe_eager_experts),
+    ):
         model, batches = build()
         print(measure(label, model, **batches[0]))
 

@@ -30,8 +30,14 @@ import torch  # noqa: E402
 from gpt import Block, GPTConfig  # noqa: E402
 
 CASES = ("forward", "train_step")
-VARIANTS = ("eager", "thunder_rs:torch", "thunder_rs:default", "thunder_rs:inductor", "torch.compile",
-            "lightning-thunder")
+VARIANTS = (
+    "eager",
+    "thunder_rs:torch",
+    "thunder_rs:default",
+    "thunder_rs:inductor",
+    "torch.compile",
+    "lightning-thunder",
+)
 #: nvFuser's host overhead per region call (``region_overhead``), run as a case of its own.
 OVERHEAD = "nvfuser-overhead:host"
 #: (n_embd, n_head, sequence, batch): the benchmark's GPT block, and the CPU dry run's.
@@ -108,6 +114,7 @@ def _stand_in_removed_torch_attributes(source: str) -> list[str]:
         owner = torch
         for part in path.split(".")[1:]:
             if not hasattr(owner, part):
+
                 def missing(*args, _name=path, **kwargs):
                     raise NotImplementedError(f"{_name} is not in torch {torch.__version__}")
 
@@ -165,6 +172,7 @@ class Workload:
         ``captured``."""
         fn, x, captured = wrap(block), self.x, []
         if case == "forward":
+
             def forward():
                 with torch.no_grad():
                     out = fn(x)
@@ -182,8 +190,9 @@ class Workload:
             out.backward(self.g)
             if not captured:
                 grads = [xg.grad] + [p.grad for p in block.parameters()]
-                captured.append({"out": out.detach().clone(),
-                                 "grads": [None if t is None else t.clone() for t in grads]})
+                captured.append(
+                    {"out": out.detach().clone(), "grads": [None if t is None else t.clone() for t in grads]}
+                )
             opt.step()
             opt.zero_grad(set_to_none=True)
             xg.grad = None
@@ -206,8 +215,9 @@ def relative_difference(actual, expected) -> float:
 
 def check(captured: dict, reference: dict) -> dict:
     out = relative_difference(captured["out"], reference["out"])
-    grads = max((relative_difference(a, e) for a, e in zip(captured.get("grads", []), reference.get("grads", []))),
-                default=0.0)
+    grads = max(
+        (relative_difference(a, e) for a, e in zip(captured.get("grads", []), reference.get("grads", []))), default=0.0
+    )
     return {"out_rel_diff": out, "grad_rel_diff": grads, "matches_eager": max(out, grads) <= BF16_REL_TOL}
 
 
@@ -259,8 +269,12 @@ def _regions(fn) -> dict:
     import thunder_rs  # noqa: PLC0415
 
     forward, backward = thunder_rs.last_traces(fn), thunder_rs.last_backward_traces(fn)
-    return {"regions": {"forward": len(forward[-1].regions()) if forward else 0,
-                        "backward": len(backward[-1].regions()) if backward else 0}}
+    return {
+        "regions": {
+            "forward": len(forward[-1].regions()) if forward else 0,
+            "backward": len(backward[-1].regions()) if backward else 0,
+        }
+    }
 
 
 def _compile_stages(fn) -> dict:
@@ -298,10 +312,13 @@ def _stats_since(before: dict) -> dict:
         done = len(old.compile_s) if old else 0
         startup = {k: v for k, v in new.startup_s.items() if not old or k not in old.startup_s}
         if startup or new.compile_s[done:]:
-            found["inductor"] = {"startup_s": startup, "compile_s": new.compile_s[done:],
-                                 "disk_hits": new.disk_hits - (old.disk_hits if old else 0),
-                                 "artifact_hits": new.artifact_hits - (old.artifact_hits if old else 0),
-                                 "failures": new.failures - (old.failures if old else 0)}
+            found["inductor"] = {
+                "startup_s": startup,
+                "compile_s": new.compile_s[done:],
+                "disk_hits": new.disk_hits - (old.disk_hits if old else 0),
+                "artifact_hits": new.artifact_hits - (old.artifact_hits if old else 0),
+                "failures": new.failures - (old.failures if old else 0),
+            }
     if "nvfuser" in after:
         old = before.get("nvfuser", {})
         delta = {k: v - old.get(k, 0) for k, v in after["nvfuser"].items()}
@@ -339,7 +356,10 @@ def profile(step, work: Workload, title: str, log, steps: int = 3) -> dict:
         import thunder_rs  # noqa: PLC0415
 
         fn = step.fn
-        for half, traces in (("forward", thunder_rs.last_traces(fn)), ("backward", thunder_rs.last_backward_traces(fn))):
+        for half, traces in (
+            ("forward", thunder_rs.last_traces(fn)),
+            ("backward", thunder_rs.last_backward_traces(fn)),
+        ):
             if traces:
                 log(f"---- {title}: last {half} execution trace\n{str(traces[-1])[:12000]}")
     return {"kernels_per_call": kernels, "device_ms_per_call": device_ms}
@@ -379,8 +399,12 @@ def region_overhead(log, device: str = "cuda", calls: int = 2000, executor=None)
     fd = run.fd
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     measures = {}
-    for name, fn in (("fd_execute", lambda: fd.execute([a, b])), ("region_call", lambda: region(a, b)),
-                     ("jit_call", lambda: jfn(a, b)), ("eager_one_op", lambda: torch.sin(a))):
+    for name, fn in (
+        ("fd_execute", lambda: fd.execute([a, b])),
+        ("region_call", lambda: region(a, b)),
+        ("jit_call", lambda: jfn(a, b)),
+        ("eager_one_op", lambda: torch.sin(a)),
+    ):
         fn()
         sync()
         start = time.perf_counter()
@@ -429,8 +453,10 @@ def run_cases(args, log: Log) -> None:
                 row = region_overhead(log, args.device, args.overhead_calls)
             else:
                 row = run_case(work, variant, case, args.calls, profile_log)
-                log(f"{variant:22s} {case:10s} first {row['first_s']:8.3f} s   per call {row['per_call_ms']:8.3f} ms"
-                    f"   vs eager: out {row['out_rel_diff']:.3g}, grads {row['grad_rel_diff']:.3g} (relative)")
+                log(
+                    f"{variant:22s} {case:10s} first {row['first_s']:8.3f} s   per call {row['per_call_ms']:8.3f} ms"
+                    f"   vs eager: out {row['out_rel_diff']:.3g}, grads {row['grad_rel_diff']:.3g} (relative)"
+                )
         except Exception as e:  # noqa: BLE001 (one variant's failure is a result, not the end of the check)
             row = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
             log(f"{variant:22s} {case:10s} FAILED {row['error'][:300]}")
@@ -444,14 +470,26 @@ def run_cases(args, log: Log) -> None:
 def _breaks_the_context(message: str) -> bool:
     """Whether a CUDA error is sticky (an illegal address, a launch failure): every later CUDA call
     of the process fails with it, so the remaining cases need a fresh process."""
-    return any(text in message for text in ("illegal memory access", "illegal instruction", "unspecified launch failure",
-                                            "misaligned address", "device-side assert", "CUDA_ERROR_ILLEGAL"))
+    return any(
+        text in message
+        for text in (
+            "illegal memory access",
+            "illegal instruction",
+            "unspecified launch failure",
+            "misaligned address",
+            "device-side assert",
+            "CUDA_ERROR_ILLEGAL",
+        )
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", required=True, help="variant:case,... (cases: forward, train_step; "
-                        f"variants: {', '.join(VARIANTS)}; and {OVERHEAD})")
+    parser.add_argument(
+        "--cases",
+        required=True,
+        help=f"variant:case,... (cases: forward, train_step; variants: {', '.join(VARIANTS)}; and {OVERHEAD})",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help=f"the block at {TINY} (the CPU dry run)")
     parser.add_argument("--calls", type=int, default=20)

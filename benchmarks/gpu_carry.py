@@ -28,15 +28,41 @@ from pathlib import Path
 NVFUSER = "nvfuser-cu130-torch210"
 LIGHTNING_THUNDER = "lightning-thunder==0.2.6"
 #: The GPU machine's interpreter and platform, for ``pip download``.
-PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-            "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64",
-            "--platform", "manylinux2014_x86_64"]
+PLATFORM = [
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_27_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+]
 #: Distributions the GPU machine's image already holds (the workplace's list of its packages, read
 #: 2026-11-17) among those Lightning Thunder's wheels require: not carried.
-ON_THE_GPU_MACHINE = frozenset({
-    "torch", "numpy", "networkx", "opt-einsum", "mpmath", "lightning-utilities", "packaging", "typing-extensions",
-    "setuptools", "sympy", "filelock", "jinja2", "fsspec", "triton", "markupsafe",
-})
+ON_THE_GPU_MACHINE = frozenset(
+    {
+        "torch",
+        "numpy",
+        "networkx",
+        "opt-einsum",
+        "mpmath",
+        "lightning-utilities",
+        "packaging",
+        "typing-extensions",
+        "setuptools",
+        "sympy",
+        "filelock",
+        "jinja2",
+        "fsspec",
+        "triton",
+        "markupsafe",
+    }
+)
 #: What the carried folder may weigh: the GPU session carries 64 MiB with the working tree.
 LIMIT_BYTES = 56 << 20
 MANIFEST = "carry.json"
@@ -78,9 +104,17 @@ def requirements(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as z:
         metadata = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         lines = z.read(metadata).decode().splitlines()
-    environment = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
-                   "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
-                   "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    environment = {
+        "python_version": "3.12",
+        "python_full_version": "3.12.3",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "os_name": "posix",
+        "extra": "",
+    }
     needed = []
     for line in lines:
         if line.startswith("Requires-Dist:"):
@@ -92,8 +126,22 @@ def requirements(wheel: Path) -> list[str]:
 
 def _download(specs: list[str], folder: Path) -> list[Path]:
     before = set(folder.glob("*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *PLATFORM,
-                    "-d", str(folder), *specs], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            *PLATFORM,
+            "-d",
+            str(folder),
+            *specs,
+        ],
+        check=True,
+    )
     return sorted(set(folder.glob("*.whl")) - before)
 
 
@@ -129,8 +177,10 @@ def prepare(folder: Path, lightning_thunder: bool = True) -> dict:
     manifest: dict = {"nvrtc": [], "lightning_thunder": []}
     for wheel in _download([NVFUSER], download):
         manifest["nvrtc"] += strip_nvrtc(wheel, folder / wheel.name)
-        print(f"{wheel.name}: {wheel.stat().st_size >> 20} MiB -> {(folder / wheel.name).stat().st_size >> 20} MiB "
-              f"without {manifest['nvrtc']}")
+        print(
+            f"{wheel.name}: {wheel.stat().st_size >> 20} MiB -> {(folder / wheel.name).stat().st_size >> 20} MiB "
+            f"without {manifest['nvrtc']}"
+        )
     shutil.rmtree(download)
     if lightning_thunder:
         manifest["lightning_thunder"] = carry_lightning_thunder(folder)
@@ -202,8 +252,23 @@ def already_installed(wheels: list[str]) -> list[str]:
 
 
 def _pip_install(wheels: list, target: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                           "--upgrade", "--target", str(target), *wheels], capture_output=True, text=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--upgrade",
+            "--target",
+            str(target),
+            *wheels,
+        ],
+        capture_output=True,
+        text=True,
+    )
 
 
 def machine_nvrtc() -> list[str]:
@@ -211,8 +276,9 @@ def machine_nvrtc() -> list[str]:
     import torch  # noqa: PLC0415 (the machine's torch locates its NVRTC)
 
     site = Path(torch.__file__).parents[1]
-    return sorted(glob.glob(str(site / "nvidia" / "**" / "libnvrtc.so*"), recursive=True)) + \
-        sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
+    return sorted(glob.glob(str(site / "nvidia" / "**" / "libnvrtc.so*"), recursive=True)) + sorted(
+        glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*")
+    )
 
 
 def link_nvrtc(names: list[str], target: Path, found: list[str], log) -> dict:

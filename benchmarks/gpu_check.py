@@ -45,8 +45,12 @@ import gpu_report  # noqa: E402
 #: and its OpInfo subset with the real ``nvfuser_direct``; the Inductor executor on CUDA. About 3,800
 #: tests, 2 minutes with 12 workers on an H100 machine. test_ops.py's 20,000 CUDA parameters are
 #: left out: collecting its 47,000 items costs each worker 40 s, running them 10 minutes.
-TESTS = ["tests/test_cuda.py", "tests/test_nvfuser_ex.py", "tests/test_nvfuser_opinfos.py",
-         "tests/test_inductor_ex.py::test_cuda_region_equals_its_eager_calls"]
+TESTS = [
+    "tests/test_cuda.py",
+    "tests/test_nvfuser_ex.py",
+    "tests/test_nvfuser_opinfos.py",
+    "tests/test_inductor_ex.py::test_cuda_region_equals_its_eager_calls",
+]
 #: Seconds the benchmark keeps for itself out of the budget when the tests run first.
 BENCH_RESERVE_S = 150
 #: Seconds kept at the end for the report and the JSON.
@@ -91,8 +95,13 @@ def versions(log) -> dict:
 
     import torch  # noqa: PLC0415
 
-    info = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-            "platform": platform.platform(), "cpus": os.cpu_count()}
+    info = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
     info["glibc"] = subprocess.run(["ldd", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     info["cuda_available"] = torch.cuda.is_available()
     if info["cuda_available"]:
@@ -125,8 +134,10 @@ def inductor_settings() -> str:
         from torch._inductor.runtime.cache_dir_utils import cache_dir  # noqa: PLC0415
     except ImportError as e:
         return f"unknown ({e})"
-    return (f"fx_graph_cache={config.fx_graph_cache} autograd_cache={functorch_config.enable_autograd_cache} "
-            f"cache_dir={cache_dir()} max_autotune={config.max_autotune} compile_threads={get_compile_threads()}")
+    return (
+        f"fx_graph_cache={config.fx_graph_cache} autograd_cache={functorch_config.enable_autograd_cache} "
+        f"cache_dir={cache_dir()} max_autotune={config.max_autotune} compile_threads={get_compile_threads()}"
+    )
 
 
 # -- the CUDA tests ----------------------------------------------------------------------------------------
@@ -137,8 +148,20 @@ def pytest_command(tests: list[str], workers: int) -> list[str]:
     tracebacks, a summary line per failure, a time limit per test where pytest-timeout is there."""
     import importlib.util  # noqa: PLC0415
 
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--run-slow", "-p", "no:cacheprovider", "--tb=short",
-           "-rfE", "--durations=10"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "gpu",
+        "--run-slow",
+        "-p",
+        "no:cacheprovider",
+        "--tb=short",
+        "-rfE",
+        "--durations=10",
+    ]
     if workers > 1 and importlib.util.find_spec("xdist") is not None:
         cmd += ["-n", str(workers)]
     if importlib.util.find_spec("pytest_timeout") is not None:
@@ -151,8 +174,9 @@ def run_bounded(cmd: list[str], output: Path | None, seconds: float, env=None, l
     ``seconds`` sends it SIGINT (pytest then prints what it has), and after ``PYTEST_GRACE_S`` more
     kills the group. Returns (exit status, whether it ran out of time)."""
     with output.open("w") if output else contextlib.nullcontext() as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if output else None, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if output else None, env=env, start_new_session=True
+        )
         try:
             return proc.wait(timeout=max(seconds, 1)), False
         except subprocess.TimeoutExpired:
@@ -173,8 +197,14 @@ def run_bounded(cmd: list[str], output: Path | None, seconds: float, env=None, l
 def summarize_tests(text: str) -> dict:
     """pytest's summary line and the failures' summary lines."""
     lines = text.strip().split("\n") if text.strip() else []
-    summary = next((line.strip("= ") for line in reversed(lines) if " in " in line and (
-        "passed" in line or "failed" in line or "error" in line or "no tests ran" in line)), lines[-1] if lines else "")
+    summary = next(
+        (
+            line.strip("= ")
+            for line in reversed(lines)
+            if " in " in line and ("passed" in line or "failed" in line or "error" in line or "no tests ran" in line)
+        ),
+        lines[-1] if lines else "",
+    )
     failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
     return {"summary": summary, "failed": failed}
 
@@ -192,8 +222,12 @@ def run_tests(results: Results, args) -> dict:
     results.log("running", " ".join(cmd[1:]), f"(at most {seconds:.0f} s)")
     start = time.perf_counter()
     rc, timed_out = run_bounded(cmd, output, seconds, env, results.log)
-    found = {"rc": rc, "timed_out": timed_out, "seconds": round(time.perf_counter() - start, 1),
-             **summarize_tests(output.read_text(errors="replace"))}
+    found = {
+        "rc": rc,
+        "timed_out": timed_out,
+        "seconds": round(time.perf_counter() - start, 1),
+        **summarize_tests(output.read_text(errors="replace")),
+    }
     results.log(f"tests: rc={rc} in {found['seconds']:.0f} s: {found['summary']}")
     for line in found["failed"][:60]:
         results.log(" ", line[:300])
@@ -235,9 +269,22 @@ def run_benchmark(results: Results, args) -> dict:
             progress = Path(scratch) / f"progress{process}.jsonl"
             if process:  # a fresh process times eager again: ratios are of one process
                 cases = [c for c in bench_cases([], overhead=False) if c not in cases] + cases
-            cmd = [sys.executable, str(HERE / "gpu_bench.py"), "--cases", ",".join(cases), "--device", args.device,
-                   "--calls", str(args.calls), "--progress", str(progress), "--log", str(results.log.file.name),
-                   "--deadline", str(results.deadline - CLOSING_S)]
+            cmd = [
+                sys.executable,
+                str(HERE / "gpu_bench.py"),
+                "--cases",
+                ",".join(cases),
+                "--device",
+                args.device,
+                "--calls",
+                str(args.calls),
+                "--progress",
+                str(progress),
+                "--log",
+                str(results.log.file.name),
+                "--deadline",
+                str(results.deadline - CLOSING_S),
+            ]
             cmd += ["--tiny"] if args.tiny else []
             cmd += [] if args.no_profile else ["--profile", str(results.folder / "profile.txt")]
             results.log.file.flush()
@@ -251,8 +298,14 @@ def run_benchmark(results: Results, args) -> dict:
                 # Nothing done: the process cannot start (its error is in the log); another would not either.
                 for case in cases:
                     variant, _, name = case.rpartition(":")
-                    rows.append({"process": process, "variant": variant, "case": name,
-                                 "error": f"the benchmark process failed before its first case (exit status {rc})"})
+                    rows.append(
+                        {
+                            "process": process,
+                            "variant": variant,
+                            "case": name,
+                            "error": f"the benchmark process failed before its first case (exit status {rc})",
+                        }
+                    )
                 cases = []
     for case in cases:
         variant, _, name = case.rpartition(":")
@@ -293,8 +346,10 @@ def run(args) -> int:
     results.save(versions=versions(results.log))
     results.phase("versions", started)
     if not results.report["versions"]["cuda_available"] and args.device == "cuda":
-        results.log("CUDA is not available on this machine (torch.cuda.is_available() is False): "
-                    "no CUDA tests, no GPU benchmark. Run this on the GPU machine (or --device cpu for the dry run).")
+        results.log(
+            "CUDA is not available on this machine (torch.cuda.is_available() is False): "
+            "no CUDA tests, no GPU benchmark. Run this on the GPU machine (or --device cpu for the dry run)."
+        )
         results.save(status="no-cuda")
         return 2
     if not args.skip_tests:
@@ -307,7 +362,9 @@ def run(args) -> int:
         results.phase("benchmark", started)
     results.save(status="done")
     (results.folder / "cuda.md").write_text(gpu_report.markdown(results.report))
-    results.log("wrote", results.json, "and", results.folder / "cuda.md", f"({results.left():.0f} s of the budget left)")
+    results.log(
+        "wrote", results.json, "and", results.folder / "cuda.md", f"({results.left():.0f} s of the budget left)"
+    )
     return 0
 
 
@@ -317,8 +374,12 @@ def _install_then_continue(results: Results, args) -> int:
     target = Path(args.target)
     results.save(install=gpu_carry.install(Path(args.carried), target, results.log))
     results.phase("install", started)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(target), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(target), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
     forwarded = [a for a in args.argv[1:] if a not in ("--carried", args.carried)]
     child = [sys.executable, __file__, "run", "--installed", "--deadline", str(results.deadline), *forwarded]
     return subprocess.run(child, env=env).returncode
@@ -347,8 +408,12 @@ def main(argv=None) -> int:
     r.add_argument("--workers", type=int, default=12, help="xdist workers for the CUDA tests")
     r.add_argument("--tests", nargs="+", help=f"pytest selection instead of {' '.join(TESTS)}")
     r.add_argument("--calls", type=int, default=20, help="timed calls per benchmark case")
-    r.add_argument("--variant", action="append", choices=gpu_bench.VARIANTS,
-                   help="benchmark only these (repeatable; eager always runs)")
+    r.add_argument(
+        "--variant",
+        action="append",
+        choices=gpu_bench.VARIANTS,
+        help="benchmark only these (repeatable; eager always runs)",
+    )
     r.add_argument("--no-profile", action="store_true", help="no profile.txt (kernels and traces per case)")
     r.add_argument("--no-overhead", action="store_true", help="no nvFuser host-overhead measurement")
     r.add_argument("--skip-tests", action="store_true")

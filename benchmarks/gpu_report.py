@@ -61,9 +61,12 @@ def benchmark_table(bench: dict) -> list[str]:
     rows = [r for r in bench.get("rows", []) if r["variant"] in gpu_bench.VARIANTS]
     processes = _by_process(rows)
     several = len([p for p in processes if p is not None]) > 1
-    lines = ["| variant | forward first call | forward per call | forward / eager | train step first call "
-             "| train step per call | train step / eager | vs eager: forward; train out / grads | kernels per "
-             "train step |", "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| variant | forward first call | forward per call | forward / eager | train step first call "
+        "| train step per call | train step / eager | vs eager: forward; train out / grads | kernels per "
+        "train step |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for process, variants in processes.items():
         eager = variants.get("eager", {})
         for variant in sorted(variants, key=gpu_bench.VARIANTS.index):
@@ -71,10 +74,19 @@ def benchmark_table(bench: dict) -> list[str]:
             forward, train = cases.get("forward"), cases.get("train_step")
             name = variant if not several else f"{variant} (process {process})"
             kernels = (train or {}).get("kernels_per_call") or None  # none counted on the CPU
-            lines.append("| " + " | ".join([name, *_cells(forward, eager.get("forward")),
-                                            *_cells(train, eager.get("train_step")),
-                                            _check({"forward": forward, "train_step": train}),
-                                            "—" if kernels is None else f"{kernels:.0f}"]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        name,
+                        *_cells(forward, eager.get("forward")),
+                        *_cells(train, eager.get("train_step")),
+                        _check({"forward": forward, "train_step": train}),
+                        "—" if kernels is None else f"{kernels:.0f}",
+                    ]
+                )
+                + " |"
+            )
     return lines
 
 
@@ -96,15 +108,18 @@ def compile_notes(bench: dict) -> list[str]:
     for row in bench.get("rows", []):
         what = f"{row['variant']} {CASE_TITLES.get(row['case'], row['case'])}"
         if "regions" in row:
-            lines.append(f"- {what}: {row['regions']['forward']} forward and {row['regions']['backward']} "
-                         "backward regions")
+            lines.append(
+                f"- {what}: {row['regions']['forward']} forward and {row['regions']['backward']} backward regions"
+            )
         inductor = row.get("inductor")
         if inductor:
             startup = ", ".join(f"{k} {v:.1f} s" for k, v in inductor["startup_s"].items()) or "already done"
             times = ", ".join(f"{t:.1f}" for t in inductor["compile_s"])
-            lines.append(f"  - Inductor: start-up {startup}; region compiles [{times}] s; "
-                         f"{inductor['disk_hits']} from Inductor's disk cache, {inductor['artifact_hits']} from "
-                         f"thunder_rs's artifact cache, {inductor['failures']} failed")
+            lines.append(
+                f"  - Inductor: start-up {startup}; region compiles [{times}] s; "
+                f"{inductor['disk_hits']} from Inductor's disk cache, {inductor['artifact_hits']} from "
+                f"thunder_rs's artifact cache, {inductor['failures']} failed"
+            )
         if row.get("nvfuser"):
             lines.append(f"  - nvFuser: {row['nvfuser']}")
     return lines
@@ -116,10 +131,12 @@ def overhead(bench: dict) -> list[str]:
         return []
     if "fd_execute_us" not in row:
         return [f"nvFuser host overhead: {row.get('error') or row.get('skipped')}"]
-    return [f"nvFuser host overhead (tiny inputs): `fd.execute` {row['fd_execute_us']:.1f} µs, thunder_rs's "
-            f"region call {row['region_call_us']:.1f} µs ({row['thunder_rs_region_overhead_us']:.1f} µs of "
-            f"thunder_rs), the whole jitted call {row['jit_call_us']:.1f} µs, one eager op "
-            f"{row['eager_one_op_us']:.1f} µs."]
+    return [
+        f"nvFuser host overhead (tiny inputs): `fd.execute` {row['fd_execute_us']:.1f} µs, thunder_rs's "
+        f"region call {row['region_call_us']:.1f} µs ({row['thunder_rs_region_overhead_us']:.1f} µs of "
+        f"thunder_rs), the whole jitted call {row['jit_call_us']:.1f} µs, one eager op "
+        f"{row['eager_one_op_us']:.1f} µs."
+    ]
 
 
 def tests_section(tests: dict) -> list[str]:
@@ -127,9 +144,13 @@ def tests_section(tests: dict) -> list[str]:
         return []
     if "skipped" in tests:
         return ["## CUDA tests", "", f"Not run: {tests['skipped']}."]
-    lines = ["## CUDA tests", "", f"`{tests.get('summary', '')}` (exit status {tests.get('rc')}, "
-             f"{tests.get('seconds', 0):.0f} s{', stopped at its time limit' if tests.get('timed_out') else ''}; "
-             "tracebacks in `tests.txt`)."]
+    lines = [
+        "## CUDA tests",
+        "",
+        f"`{tests.get('summary', '')}` (exit status {tests.get('rc')}, "
+        f"{tests.get('seconds', 0):.0f} s{', stopped at its time limit' if tests.get('timed_out') else ''}; "
+        "tracebacks in `tests.txt`).",
+    ]
     failed = tests.get("failed", [])
     if failed:
         lines += ["", *[f"- `{line[:250]}`" for line in failed[:80]]]
@@ -142,21 +163,30 @@ def markdown(report: dict) -> str:
     v = report.get("versions", {})
     bench = report.get("benchmark", {})
     size = next((r.get("size") for r in bench.get("rows", []) if r.get("size")), None) or gpu_bench.SIZE
-    lines = [f"# thunder_rs on {v.get('gpu', bench.get('device', 'CUDA'))} ({report.get('date', '')})", "",
-             f"Python {v.get('python')}, torch {v.get('torch')} (CUDA {v.get('cuda')}), Triton {v.get('triton')}, "
-             f"nvFuser {v.get('nvfuser')}, Lightning Thunder {v.get('lightning-thunder')}; thunder_rs's default "
-             f"executors: {v.get('default_executors')}; Inductor: {v.get('inductor')}. Made by "
-             "`benchmarks/gpu_check.py`.", ""]
+    lines = [
+        f"# thunder_rs on {v.get('gpu', bench.get('device', 'CUDA'))} ({report.get('date', '')})",
+        "",
+        f"Python {v.get('python')}, torch {v.get('torch')} (CUDA {v.get('cuda')}), Triton {v.get('triton')}, "
+        f"nvFuser {v.get('nvfuser')}, Lightning Thunder {v.get('lightning-thunder')}; thunder_rs's default "
+        f"executors: {v.get('default_executors')}; Inductor: {v.get('inductor')}. Made by "
+        "`benchmarks/gpu_check.py`.",
+        "",
+    ]
     if bench:
         n_embd, n_head, seq, batch = size
-        lines += [f"GPT block (`examples/gpt.py`) in bfloat16: n_embd {n_embd}, {n_head} heads, sequence {seq}, "
-                  f"batch {batch}. Forward under `no_grad`; the training step is forward, `backward(g)`, AdamW "
-                  f"step, `zero_grad` (the optimizer runs eagerly in every row). Medians of {bench.get('calls')} "
-                  "calls; each ratio to eager is to eager measured in the same process. \"vs eager\" is the "
-                  "largest difference from eager's output (and gradients) after the first call, relative to "
-                  "eager's largest magnitude. The first variant that compiles with Inductor in a process pays "
-                  "Inductor's start-up (thunder_rs:inductor runs before torch.compile); its compile notes below "
-                  "give it apart.", "", *benchmark_table(bench), ""]
+        lines += [
+            f"GPT block (`examples/gpt.py`) in bfloat16: n_embd {n_embd}, {n_head} heads, sequence {seq}, "
+            f"batch {batch}. Forward under `no_grad`; the training step is forward, `backward(g)`, AdamW "
+            f"step, `zero_grad` (the optimizer runs eagerly in every row). Medians of {bench.get('calls')} "
+            'calls; each ratio to eager is to eager measured in the same process. "vs eager" is the '
+            "largest difference from eager's output (and gradients) after the first call, relative to "
+            "eager's largest magnitude. The first variant that compiles with Inductor in a process pays "
+            "Inductor's start-up (thunder_rs:inductor runs before torch.compile); its compile notes below "
+            "give it apart.",
+            "",
+            *benchmark_table(bench),
+            "",
+        ]
         for section in (problems(bench), compile_notes(bench), overhead(bench)):
             if section:
                 lines += [*section, ""]

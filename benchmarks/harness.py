@@ -88,8 +88,11 @@ def thunder_rs_backend(executors: tuple[str, ...] = ()) -> Backend:
         return Backend(name, None, note=f"import thunder_rs failed ({_import_error(exc)})")
     if not executors:
         return Backend(name, wrap=thunder_rs.jit)
-    return Backend(name, wrap=lambda fn: thunder_rs.jit(fn, executors=list(executors)),
-                   reset=_forget_compiled_regions if "inductor" in executors else lambda: None)
+    return Backend(
+        name,
+        wrap=lambda fn: thunder_rs.jit(fn, executors=list(executors)),
+        reset=_forget_compiled_regions if "inductor" in executors else lambda: None,
+    )
 
 
 def _forget_compiled_regions() -> None:
@@ -109,8 +112,10 @@ def inductor_cache_note() -> str:
 
     graphs = config.fx_graph_cache and torch._functorch.config.enable_autograd_cache
     artifacts = inductor_cache.directory() is not None
-    return (f"thunder_rs+inductor first call: regions compiled afresh per jit; Inductor's graph caches "
-            f"{'on' if graphs else 'off'}, thunder_rs's artifact cache {'on' if artifacts else 'off'}")
+    return (
+        f"thunder_rs+inductor first call: regions compiled afresh per jit; Inductor's graph caches "
+        f"{'on' if graphs else 'off'}, thunder_rs's artifact cache {'on' if artifacts else 'off'}"
+    )
 
 
 def thunder_backend() -> Backend:
@@ -134,8 +139,9 @@ def torch_compile_backend(enabled: bool) -> Backend:
     return Backend("torch.compile", wrap=torch.compile, reset=torch._dynamo.reset, max_first_repeats=3)
 
 
-def default_backends(with_compile: bool = False, names: set[str] | None = None,
-                     executor_sets: list[tuple[str, ...]] | None = None) -> list[Backend]:
+def default_backends(
+    with_compile: bool = False, names: set[str] | None = None, executor_sets: list[tuple[str, ...]] | None = None
+) -> list[Backend]:
     """eager always comes first; ``names`` limits the others (unselected ones are not even
     imported). ``executor_sets`` makes one thunder_rs backend per set of executor names (``()``
     is the default executors)."""
@@ -202,8 +208,9 @@ def measure_per_call(fn: Callable, args: tuple, warmup: int = 10, repeats: int =
     return results["fn"]
 
 
-def measure_per_call_interleaved(fns: dict[str, Callable], args: tuple, warmup: int = 10, repeats: int = 21,
-                                 inner: int = 100) -> tuple[dict[str, PerCall], dict[str, Exception]]:
+def measure_per_call_interleaved(
+    fns: dict[str, Callable], args: tuple, warmup: int = 10, repeats: int = 21, inner: int = 100
+) -> tuple[dict[str, PerCall], dict[str, Exception]]:
     """Like ``measure_per_call`` for several callables, alternating them within each repeat so that
     drift on a noisy machine hits all of them alike. A callable that raises is dropped and its
     exception returned in the second dict."""
@@ -304,8 +311,9 @@ def run_case(case: Case, backends: list[Backend], settings: Settings, log=progre
                 warm[backend.name] = fn
         log(f"  {case.name:<22} per call     {', '.join(warm)}")
         inner = max(1, int(case.inner * settings.inner_scale))
-        per, errors = measure_per_call_interleaved(warm, args, warmup=max(3, inner // 2),
-                                                   repeats=settings.repeats, inner=inner)
+        per, errors = measure_per_call_interleaved(
+            warm, args, warmup=max(3, inner // 2), repeats=settings.repeats, inner=inner
+        )
     for name, exc in errors.items():
         _set_error(rows[name], exc)
     eager = per.get("eager")
@@ -336,8 +344,7 @@ def format_table(rows: list[Row], per_label: str = "per call") -> str:
             lines.append(f"{r.case:<22} {r.backend:<20}  ERROR: {r.error}")
             continue
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
-        lines.append(f"{r.case:<22} {r.backend:<20} {_fmt(r.first_ms, '16.2f')} "
-                     f"{_fmt(r.per_us, '14.1f')} {ratio:>9}")
+        lines.append(f"{r.case:<22} {r.backend:<20} {_fmt(r.first_ms, '16.2f')} {_fmt(r.per_us, '14.1f')} {ratio:>9}")
     errors = [r for r in rows if r.error]
     if errors:
         lines.append("")
@@ -368,8 +375,9 @@ def evaluate_targets(targets: list[tuple], rows: list[Row], backend: str = "thun
         else:
             ok = value <= limit if metric == "ratio" else value < limit
             status = "PASS" if ok else "FAIL"
-        results.append({"target": label, "case": case, "metric": metric, "limit": limit,
-                        "measured": value, "status": status})
+        results.append(
+            {"target": label, "case": case, "metric": metric, "limit": limit, "measured": value, "status": status}
+        )
     return results
 
 
@@ -396,11 +404,18 @@ def parse_args(description: str, argv=None):
     p.add_argument("--with-compile", action="store_true", help="also run torch.compile (slow)")
     p.add_argument("--json", metavar="PATH", help="write rows, targets and environment as JSON")
     p.add_argument("--cases", help="comma-separated case names to run (default: all)")
-    p.add_argument("--backends", help="comma-separated backends besides eager: thunder_rs, thunder, torch.compile "
-                   "(default: all available; naming torch.compile enables it)")
-    p.add_argument("--executors", action="append", metavar="NAMES",
-                   help="a comma-separated executor set for thunder_rs (e.g. inductor); repeat the flag for "
-                   "several columns, 'default' for the default executors (default: default only)")
+    p.add_argument(
+        "--backends",
+        help="comma-separated backends besides eager: thunder_rs, thunder, torch.compile "
+        "(default: all available; naming torch.compile enables it)",
+    )
+    p.add_argument(
+        "--executors",
+        action="append",
+        metavar="NAMES",
+        help="a comma-separated executor set for thunder_rs (e.g. inductor); repeat the flag for "
+        "several columns, 'default' for the default executors (default: default only)",
+    )
     return p.parse_args(argv)
 
 
@@ -431,17 +446,20 @@ def select(items, names: str | None):
 def backends_from_args(args) -> list[Backend]:
     names = set(args.backends.split(",")) if args.backends else None
     try:
-        return default_backends(with_compile=args.with_compile, names=names,
-                                executor_sets=executor_sets(getattr(args, "executors", None)))
+        return default_backends(
+            with_compile=args.with_compile, names=names, executor_sets=executor_sets(getattr(args, "executors", None))
+        )
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
 
 
 def format_header(load_before: float, quick: bool, backends: list[Backend] = ()) -> str:
     env = environment_info()
-    header = (f"torch {env['torch']}, python {env['python']}, {env['num_threads']} thread "
-              f"({env['cpu_count']} cpus, load {load_before:.2f} before / {env['load_average'][0]:.2f} after), "
-              f"{'quick' if quick else 'full'} run")
+    header = (
+        f"torch {env['torch']}, python {env['python']}, {env['num_threads']} thread "
+        f"({env['cpu_count']} cpus, load {load_before:.2f} before / {env['load_average'][0]:.2f} after), "
+        f"{'quick' if quick else 'full'} run"
+    )
     if any("inductor" in b.name.split("+") and b.available for b in backends):
         header += "\n" + inductor_cache_note()
     return header

@@ -70,9 +70,11 @@ class Workload:
         block = copy.deepcopy(self.block)
         fn, x, g = wrap(block), self.x, self.g
         if case == "forward":
+
             def forward():
                 with torch.no_grad(), self._autocast():
                     return fn(x)
+
             return forward
         # foreach, as AdamW chooses on CUDA: its per-parameter Python loop is not the GPU's cost.
         opt = torch.optim.AdamW(block.parameters(), lr=1e-4, foreach=True)
@@ -91,9 +93,11 @@ class Workload:
             t3 = clock()
             opt.zero_grad(set_to_none=True)
             xg.grad = None
-            spent.update({"forward call": t1 - t0, "backward": t2 - t1, "optimizer step": t3 - t2,
-                          "zero_grad": clock() - t3})
+            spent.update(
+                {"forward call": t1 - t0, "backward": t2 - t1, "optimizer step": t3 - t2, "zero_grad": clock() - t3}
+            )
             return out
+
         return train_step
 
 
@@ -145,10 +149,13 @@ def _part(file: str, name: str) -> str:
         return "generated backward" if name == "backward" else "generated forward"
     if file == "~":
         return "torch ops and builtins (C)"
-    for marker, part in (("thunder_rs/core/run/autograd.py", "autograd glue (core/run/autograd.py)"),
-                         ("torch/autograd/function.py", "autograd glue (torch.autograd.Function)"),
-                         ("thunder_rs/executors", "executors' Python"), ("thunder_rs/", "jit: cache, guards, entry"),
-                         ("torch/optim", "optimizer (eager in every column)")):
+    for marker, part in (
+        ("thunder_rs/core/run/autograd.py", "autograd glue (core/run/autograd.py)"),
+        ("torch/autograd/function.py", "autograd glue (torch.autograd.Function)"),
+        ("thunder_rs/executors", "executors' Python"),
+        ("thunder_rs/", "jit: cache, guards, entry"),
+        ("torch/optim", "optimizer (eager in every column)"),
+    ):
         if marker in file:
             return part
     return "other Python"
@@ -182,6 +189,7 @@ def timing_generated_code(phases: Counter):
                 return fn(*args)
             finally:
                 phases[part] += time.perf_counter_ns() - start
+
         return run
 
     def grad_function(forward, backward, *args, **kwargs):
@@ -220,30 +228,39 @@ def run_case(workload: Workload, case: str, names: dict, settings) -> dict:
             step()
     times = time_interleaved(steps, settings.inner, settings.repeats)
     ops = {name: count_ops(step) for name, step in steps.items()}
-    result = {"times": times, "ops": {n: sum(c.values()) for n, c in ops.items()},
-              "extra_ops": dict(ops["thunder_rs (torch)"] - ops["eager"]),
-              "missing_ops": dict(ops["eager"] - ops["thunder_rs (torch)"])}
+    result = {
+        "times": times,
+        "ops": {n: sum(c.values()) for n, c in ops.items()},
+        "extra_ops": dict(ops["thunder_rs (torch)"] - ops["eager"]),
+        "missing_ops": dict(ops["eager"] - ops["thunder_rs (torch)"]),
+    }
     if case == "train step":
         result["phases"] = phase_breakdown(workload, names, settings)
     if settings.profile:
-        result["parts"] = {n: profile_parts(steps[n], settings.inner * 4)
-                           for n in ("eager", "thunder_rs (torch)")}
+        result["parts"] = {n: profile_parts(steps[n], settings.inner * 4) for n in ("eager", "thunder_rs (torch)")}
     return result
 
 
 def report(precision: str, case: str, result: dict) -> str:
     eager_cpu = result["times"]["eager"][0]
-    lines = [f"\n## {case}, {precision}\n", "| backend | host µs/step | wall µs/step | / eager (host) | aten ops/step |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"\n## {case}, {precision}\n",
+        "| backend | host µs/step | wall µs/step | / eager (host) | aten ops/step |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, (cpu, wall) in result["times"].items():
         lines.append(f"| {name} | {cpu:.0f} | {wall:.0f} | {cpu / eager_cpu:.2f}x | {result['ops'][name]} |")
-    lines.append(f"\nthunder_rs (torch) ops beyond eager: {result['extra_ops'] or 'none'}; "
-                 f"eager's not run: {result['missing_ops'] or 'none'}")
+    lines.append(
+        f"\nthunder_rs (torch) ops beyond eager: {result['extra_ops'] or 'none'}; "
+        f"eager's not run: {result['missing_ops'] or 'none'}"
+    )
     for name, phases in result.get("phases", {}).items():
         lines.append(f"\nwall µs per step, {name}: " + ", ".join(f"{part} {us:.0f}" for part, us in phases.items()))
     for name, parts in result.get("parts", {}).items():
-        lines.append(f"\ncProfile own time per step, {name}: " +
-                     ", ".join(f"{part} {us:.0f} µs" for part, us in parts.items() if us >= 1))
+        lines.append(
+            f"\ncProfile own time per step, {name}: "
+            + ", ".join(f"{part} {us:.0f} µs" for part, us in parts.items() if us >= 1)
+        )
     return "\n".join(lines)
 
 

@@ -37,9 +37,14 @@ def measure(runs: int) -> dict:
     samples = [one_run() for _ in range(runs)]
     torch_s = [s[0] for s in samples]
     ours = [s[1] for s in samples]
-    return {"runs": runs, "torch_ms": 1e3 * statistics.median(torch_s), "thunder_rs_ms": 1e3 * statistics.median(ours),
-            "thunder_rs_min_ms": 1e3 * min(ours), "thunder_rs_max_ms": 1e3 * max(ours),
-            "heavy_loaded": sorted({m for s in samples for m in s[2]})}
+    return {
+        "runs": runs,
+        "torch_ms": 1e3 * statistics.median(torch_s),
+        "thunder_rs_ms": 1e3 * statistics.median(ours),
+        "thunder_rs_min_ms": 1e3 * min(ours),
+        "thunder_rs_max_ms": 1e3 * max(ours),
+        "heavy_loaded": sorted({m for s in samples for m in s[2]}),
+    }
 
 
 def main() -> None:
@@ -49,8 +54,10 @@ def main() -> None:
     args = parser.parse_args()
     result = measure(args.runs)
     print(f"import torch:                {result['torch_ms']:8.1f} ms (median of {args.runs})")
-    print(f"import thunder_rs after it:  {result['thunder_rs_ms']:8.1f} ms "
-          f"(min {result['thunder_rs_min_ms']:.1f}, max {result['thunder_rs_max_ms']:.1f}; target <= 100 ms)")
+    print(
+        f"import thunder_rs after it:  {result['thunder_rs_ms']:8.1f} ms "
+        f"(min {result['thunder_rs_min_ms']:.1f}, max {result['thunder_rs_max_ms']:.1f}; target <= 100 ms)"
+    )
     print(f"optional heavy modules loaded: {result['heavy_loaded'] or 'none'}")
     if args.json:
         with open(args.json, "w") as f:

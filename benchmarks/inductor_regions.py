@@ -64,14 +64,20 @@ def child() -> None:
     stats = inductor_ex.stats()
     times = [1e3 * t for t in stats.compile_s]
     print(f"  start-up: {stats.startup_s['cpu']:.2f} s (imports and a first one-op compile)")
-    print(f"  {stats.misses} region compiles: {stats.artifact_hits} loaded from thunder_rs's artifact cache, "
-          f"{stats.disk_hits} from Inductor's disk caches; {stats.hits} shared in-process")
-    print(f"  per region: median {statistics.median(times):.0f} ms, min {min(times):.0f} ms, max {max(times):.0f} ms "
-          f"(in order: {', '.join(f'{t:.0f}' for t in times)} ms)")
+    print(
+        f"  {stats.misses} region compiles: {stats.artifact_hits} loaded from thunder_rs's artifact cache, "
+        f"{stats.disk_hits} from Inductor's disk caches; {stats.hits} shared in-process"
+    )
+    print(
+        f"  per region: median {statistics.median(times):.0f} ms, min {min(times):.0f} ms, max {max(times):.0f} ms "
+        f"(in order: {', '.join(f'{t:.0f}' for t in times)} ms)"
+    )
     if "--call-overhead" in sys.argv:
         region_call, artifact_call = call_overhead_us()
-        print(f"  per call: compiled region {region_call:.1f} µs, its Inductor artifact {artifact_call:.1f} µs "
-              f"(overhead {region_call - artifact_call:.1f} µs)")
+        print(
+            f"  per call: compiled region {region_call:.1f} µs, its Inductor artifact {artifact_call:.1f} µs "
+            f"(overhead {region_call - artifact_call:.1f} µs)"
+        )
 
 
 RUNS = (
@@ -86,8 +92,11 @@ def main() -> None:
         child()
         return
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
-               "THUNDER_RS_CACHE_DIR": os.path.join(cache, "thunder_rs")}
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
+            "THUNDER_RS_CACHE_DIR": os.path.join(cache, "thunder_rs"),
+        }
         for label, overrides, flags in RUNS:
             print(label)
             subprocess.run([sys.executable, __file__, "--child", *flags], env={**env, **overrides}, check=True)

@@ -63,8 +63,10 @@ def print_trace(trace, max_lines: int, title: str = "last execution trace") -> N
 
 
 def print_compile_stats(stats) -> None:
-    print(f"compile: {stats.last_compile_s * 1e3:.1f} ms "
-          f"(calls {stats.calls}, cache hits {stats.cache_hits}, misses {stats.cache_misses})")
+    print(
+        f"compile: {stats.last_compile_s * 1e3:.1f} ms "
+        f"(calls {stats.calls}, cache hits {stats.cache_hits}, misses {stats.cache_misses})"
+    )
     for stage, seconds in stats.stage_s.items():
         print(f"  {stage:<24} {seconds * 1e3:8.2f} ms")
     for reason in stats.miss_reasons:
@@ -81,8 +83,10 @@ def fresh_compile_ms(thunder_rs, model, idx) -> float:
 def inference_demo(thunder_rs, max_lines: int) -> None:
     model = GPT(CONFIG, seed=0).eval()
     idx = random_tokens(CONFIG, batch=BATCH, seq=CONFIG.block_size, seed=1)
-    print(f"GPT: {model.num_params()} parameters, {CONFIG.n_layer} layers, {CONFIG.n_head} heads, "
-          f"n_embd {CONFIG.n_embd}; input tokens {tuple(idx.shape)}")
+    print(
+        f"GPT: {model.num_params()} parameters, {CONFIG.n_layer} layers, {CONFIG.n_head} heads, "
+        f"n_embd {CONFIG.n_embd}; input tokens {tuple(idx.shape)}"
+    )
 
     jmodel = thunder_rs.jit(model)
     with torch.no_grad():
@@ -96,14 +100,18 @@ def inference_demo(thunder_rs, max_lines: int) -> None:
 
     print_trace(thunder_rs.last_traces(jmodel)[-1], max_lines)
     print_compile_stats(thunder_rs.compile_stats(jmodel))
-    print(f"compile of a second, fresh jit of the model (one-time process costs paid): "
-          f"{fresh_compile_ms(thunder_rs, model, idx):.1f} ms")
+    print(
+        f"compile of a second, fresh jit of the model (one-time process costs paid): "
+        f"{fresh_compile_ms(thunder_rs, model, idx):.1f} ms"
+    )
 
     with torch.no_grad():
         times = median_call_us({"eager": model, "thunder_rs": jmodel}, (idx,))
     ratio = times["thunder_rs"] / times["eager"]
-    print(f"per call (median): eager {times['eager']:.1f} us, thunder_rs {times['thunder_rs']:.1f} us "
-          f"({ratio:.2f}x eager)")
+    print(
+        f"per call (median): eager {times['eager']:.1f} us, thunder_rs {times['thunder_rs']:.1f} us "
+        f"({ratio:.2f}x eager)"
+    )
     print(f"cache: {thunder_rs.cache_hits(jmodel)} hits, {thunder_rs.cache_misses(jmodel)} misses")
 
 
@@ -123,8 +131,10 @@ def training_demo(thunder_rs, max_lines: int) -> None:
         "eager": (eager, torch.optim.AdamW(eager.parameters(), lr=TRAIN_LR)),
         "thunder_rs": (jmodel, torch.optim.AdamW(model.parameters(), lr=TRAIN_LR)),
     }
-    print(f"\ntraining: {TRAIN_STEPS} AdamW steps (lr {TRAIN_LR}) on random tokens, thunder_rs.jit next to an "
-          f"eager copy of the model")
+    print(
+        f"\ntraining: {TRAIN_STEPS} AdamW steps (lr {TRAIN_LR}) on random tokens, thunder_rs.jit next to an "
+        f"eager copy of the model"
+    )
     print(f"  {'step':>4} {'eager loss':>12} {'thunder_rs loss':>16}")
     losses = {name: [] for name in steps}
     for step in range(TRAIN_STEPS):
@@ -146,12 +156,16 @@ def training_demo(thunder_rs, max_lines: int) -> None:
         print("(gradients flow through torch autograd over the generated forward; no backward trace)")
     print_compile_stats(thunder_rs.compile_stats(jmodel))
 
-    step_fns = {name: (lambda i, t, f=forward, o=optimizer: adamw_step(f, o, i, t))
-                for name, (forward, optimizer) in steps.items()}
+    step_fns = {
+        name: (lambda i, t, f=forward, o=optimizer: adamw_step(f, o, i, t))
+        for name, (forward, optimizer) in steps.items()
+    }
     times = median_call_us(step_fns, (idx, targets), repeats=7, inner=5)
     ratio = times["thunder_rs"] / times["eager"]
-    print(f"per training step (median): eager {times['eager'] / 1e3:.2f} ms, thunder_rs "
-          f"{times['thunder_rs'] / 1e3:.2f} ms ({ratio:.2f}x eager)")
+    print(
+        f"per training step (median): eager {times['eager'] / 1e3:.2f} ms, thunder_rs "
+        f"{times['thunder_rs'] / 1e3:.2f} ms ({ratio:.2f}x eager)"
+    )
     print(f"cache: {thunder_rs.cache_hits(jmodel)} hits, {thunder_rs.cache_misses(jmodel)} misses")
 
 

@@ -10,15 +10,18 @@ STEPS, BATCH, WIDTH = 3, 4, 8
 
 def make_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(WIDTH, 16), torch.nn.GELU(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 4))
+    return torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, 16), torch.nn.GELU(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)
+    )
 
 
 def batches(world: int):
     """Each step's inputs and targets for every rank: rank r trains on rows r*BATCH:(r+1)*BATCH."""
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(world * BATCH, WIDTH, generator=g), torch.randn(world * BATCH, 4, generator=g))
-            for _ in range(STEPS)]
+    return [
+        (torch.randn(world * BATCH, WIDTH, generator=g), torch.randn(world * BATCH, 4, generator=g))
+        for _ in range(STEPS)
+    ]
 
 
 def train(model, params, steps, rows=slice(None)):

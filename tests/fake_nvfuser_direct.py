@@ -49,8 +49,9 @@ def compute_tensor_descriptor(sizes, strides):
     """``(contiguity, stride_order)`` of a tensor, a port of nvFuser's computeTensorDescriptor:
     contiguity in allocation order (None for broadcast dims), stride order per logical dim."""
     assert len(sizes) == len(strides), "compute_tensor_descriptor: Sizes and strides must have the same length"
-    dims = [dict(index=i, size=s, stride=st, order=-1, contiguity=None)
-            for i, (s, st) in enumerate(zip(sizes, strides))]
+    dims = [
+        dict(index=i, size=s, stride=st, order=-1, contiguity=None) for i, (s, st) in enumerate(zip(sizes, strides))
+    ]
     assert all(d["stride"] >= 0 for d in dims), "negative stride on tensor is not supported"
     ordered = sorted((d for d in dims if d["stride"] != 0), key=lambda d: -d["stride"])
     for d in dims:
@@ -105,6 +106,7 @@ class TensorView(Val):
 
 
 # -- type promotion (csrc/type_promotion.cpp) --------------------------------------------------------
+
 
 class Config(NamedTuple):
     """``TypePromotionConfig`` (csrc/type_promotion.h)."""
@@ -170,7 +172,8 @@ def compute_types(config, operands, cast_half_to_float=True):
         common = torch.float32
     if config.require_full_precision_promoted:
         assert common in (torch.float32, torch.float64), (
-            f"Promoted type must be single or double precision float but found {DataType(common).name}")
+            f"Promoted type must be single or double precision float but found {DataType(common).name}"
+        )
     if cast_half_to_float and common in HALF:
         common = torch.float32
     return common
@@ -221,8 +224,10 @@ def _bind(x, value_of):
 
 
 def _device(values):
-    return next((v.device for v in values if isinstance(v, torch.Tensor) and v.ndim > 0),
-                next((v.device for v in values if isinstance(v, torch.Tensor)), "cpu"))
+    return next(
+        (v.device for v in values if isinstance(v, torch.Tensor) and v.ndim > 0),
+        next((v.device for v in values if isinstance(v, torch.Tensor)), "cpu"),
+    )
 
 
 def _as(x, dtype, device):
@@ -252,31 +257,77 @@ def _elementwise(name, fn, operands, dtype, out_dtype=None):
 # -- unary, binary and ternary ops (csrc/ops/arith.cpp, csrc/ops/composite.cpp) ------------------------
 
 #: ``NVFUSER_DEFINE_UNARY_OP``, ``abs``, ``set``: unaryOp without promotion; the result has the input's dtype.
-SAME_DTYPE = {"abs": torch.abs, "ceil": torch.ceil, "floor": torch.floor, "round": torch.round,
-              "trunc": torch.trunc, "relu": torch.relu, "set": torch.clone, "segment_set": torch.clone}
+SAME_DTYPE = {
+    "abs": torch.abs,
+    "ceil": torch.ceil,
+    "floor": torch.floor,
+    "round": torch.round,
+    "trunc": torch.trunc,
+    "relu": torch.relu,
+    "set": torch.clone,
+    "segment_set": torch.clone,
+}
 #: ``NVFUSER_DEFINE_UNARY_FLOAT_OP``: float_op_config, so integers and halves compute in Float.
 FLOAT_UNARY = {
-    "acos": torch.acos, "acosh": torch.acosh, "asin": torch.asin, "asinh": torch.asinh, "atan": torch.atan,
-    "atanh": torch.atanh, "cos": torch.cos, "cosh": torch.cosh, "exp": torch.exp, "exp2": torch.exp2,
-    "expm1": torch.expm1, "erf": torch.erf, "erfc": torch.erfc, "erfinv": torch.erfinv, "lgamma": torch.lgamma,
-    "log": torch.log, "log10": torch.log10, "log1p": torch.log1p, "log2": torch.log2,
-    "reciprocal": torch.reciprocal, "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid, "sin": torch.sin,
-    "sinh": torch.sinh, "sqrt": torch.sqrt, "tan": torch.tan, "tanh": torch.tanh,
+    "acos": torch.acos,
+    "acosh": torch.acosh,
+    "asin": torch.asin,
+    "asinh": torch.asinh,
+    "atan": torch.atan,
+    "atanh": torch.atanh,
+    "cos": torch.cos,
+    "cosh": torch.cosh,
+    "exp": torch.exp,
+    "exp2": torch.exp2,
+    "expm1": torch.expm1,
+    "erf": torch.erf,
+    "erfc": torch.erfc,
+    "erfinv": torch.erfinv,
+    "lgamma": torch.lgamma,
+    "log": torch.log,
+    "log10": torch.log10,
+    "log1p": torch.log1p,
+    "log2": torch.log2,
+    "reciprocal": torch.reciprocal,
+    "rsqrt": torch.rsqrt,
+    "sigmoid": torch.sigmoid,
+    "sin": torch.sin,
+    "sinh": torch.sinh,
+    "sqrt": torch.sqrt,
+    "tan": torch.tan,
+    "tanh": torch.tanh,
 }
 #: ``NVFUSER_DEFINE_UNARY_IS_OP``: a Bool result, the input not promoted.
 IS_OPS = {"isfinite": torch.isfinite, "isinf": torch.isinf, "isnan": torch.isnan}
 #: ``NVFUSER_DEFINE_BINARY_CAST_OP``: default_op_config (halves compute in Float).
 DEFAULT_BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "pow": torch.pow, "fmod": torch.fmod,
-    "remainder": torch.remainder, "maximum": torch.maximum, "minimum": torch.minimum,
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "pow": torch.pow,
+    "fmod": torch.fmod,
+    "remainder": torch.remainder,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
 }
 #: ``NVFUSER_DEFINE_BINARY_COMPARE_OP`` and ``NVFUSER_DEFINE_LOGICAL_OP``: compared in the common
 #: dtype, a Bool result (``getOutputType``: ``isLogicalOp``).
-LOGICAL_BINARY = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
-                  "logical_and": torch.logical_and, "logical_or": torch.logical_or}
+LOGICAL_BINARY = {
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+    "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or,
+}
 #: ``NVFUSER_DEFINE_BITWISE_OP``: integers or bools only; two bools take the logical alternative.
-BITWISE = {"bitwise_and": (torch.bitwise_and, "logical_and"), "bitwise_or": (torch.bitwise_or, "logical_or"),
-           "bitwise_xor": (torch.bitwise_xor, "ne")}
+BITWISE = {
+    "bitwise_and": (torch.bitwise_and, "logical_and"),
+    "bitwise_or": (torch.bitwise_or, "logical_or"),
+    "bitwise_xor": (torch.bitwise_xor, "ne"),
+}
 
 
 def _div(a, b):
@@ -321,7 +372,8 @@ def _bitwise(name, fn, logical):
         dtypes = [_operand(x)[1] for x in (lhs, rhs)]
         for dtype in dtypes:
             assert not dtype.is_floating_point, (
-                f"Integer or boolean input is required for {name} but found {DataType(dtype).name}")
+                f"Integer or boolean input is required for {name} but found {DataType(dtype).name}"
+            )
         if dtypes == [torch.bool, torch.bool]:
             return getattr(ops, logical)(lhs, rhs)
         return _elementwise(name, fn, (lhs, rhs), compute_types(DEFAULT, (lhs, rhs)))
@@ -356,6 +408,7 @@ def _binary_ops(ops_):
 
 
 # -- reductions, scans and normalization (csrc/ops/arith.cpp, csrc/ops/normalization.cpp) -----------------
+
 
 def _reduce_dims(rank, dims):
     dims = range(rank) if dims is None else [dims] if isinstance(dims, int) else dims
@@ -421,8 +474,7 @@ def _var_mean(arg, dims, correction=1, keepdim=False):
     dtype = arg.meta.dtype
     assert dtype not in HALF, f"variance_mean is not supported for {DataType(dtype).name} please upcast to float"
     axes = _reduce_dims(arg.ndim, dims)
-    return _record("var_mean", lambda a: tuple(torch.var_mean(a, axes, correction=correction, keepdim=keepdim)),
-                   (arg,))
+    return _record("var_mean", lambda a: tuple(torch.var_mean(a, axes, correction=correction, keepdim=keepdim)), (arg,))
 
 
 def _scan(name, fn):
@@ -430,7 +482,9 @@ def _scan(name, fn):
     not upcast to float"), computed in it."""
 
     def op(arg, dim, init=None):
-        assert -arg.ndim <= dim < arg.ndim, f"Expected dim >= 0 && dim < ndim . Tried to access out of boundary index {dim}"
+        assert -arg.ndim <= dim < arg.ndim, (
+            f"Expected dim >= 0 && dim < ndim . Tried to access out of boundary index {dim}"
+        )
         return _record(name, lambda a: fn(a, dim).to(a.dtype), (arg,))
 
     op.__name__ = name
@@ -438,6 +492,7 @@ def _scan(name, fn):
 
 
 # -- data movement and factories (csrc/ops/alias.cpp, indexing.cpp, arith.cpp) -------------------------
+
 
 def _broadcast_in_dim(a, shape, broadcast_dims):
     assert len(broadcast_dims) == a.ndim, "broadcast_in_dim: one broadcast dim per input dim"
@@ -470,8 +525,9 @@ def _pad(arg, pad_widths, value=None):
 
 def _cat(tensors, dim=0, manual_padding=False):
     dtypes = [t.meta.dtype for t in tensors]
-    assert all(d == dtypes[0] for d in dtypes), (
-        "Can't concatenate tensors with different data types: " + ", ".join(DataType(d).name for d in dtypes))
+    assert all(d == dtypes[0] for d in dtypes), "Can't concatenate tensors with different data types: " + ", ".join(
+        DataType(d).name for d in dtypes
+    )
     return _record("cat", lambda ts: torch.cat(ts, dim), (list(tensors),))
 
 
@@ -481,7 +537,8 @@ def _iota(length, start=None, step=None, dtype=DataType.Int):
         if v is not None:
             got = _operand(v)[1]
             assert got.is_floating_point == dtype.value.is_floating_point, (
-                f"iota: {what} dtype does not match specified dtype argument, should be {dtype.name} but get {got}")
+                f"iota: {what} dtype does not match specified dtype argument, should be {dtype.name} but get {got}"
+            )
     fd = _fd()
 
     def run(n, s, st):
@@ -495,8 +552,12 @@ def _iota(length, start=None, step=None, dtype=DataType.Int):
 
 def _full(shape, fill_value, dtype):
     fd = _fd()
-    return _record("full", lambda s, v: torch.full(s, v, dtype=dtype.value, device=fd._device),
-                   (list(shape), fill_value), tensor_out=True)
+    return _record(
+        "full",
+        lambda s, v: torch.full(s, v, dtype=dtype.value, device=fd._device),
+        (list(shape), fill_value),
+        tensor_out=True,
+    )
 
 
 def _cast(arg, dtype):
@@ -627,7 +688,8 @@ class FusionDefinition:
         shape, contiguity, dtype, stride_order = spec
         assert isinstance(arg, torch.Tensor) and arg.dtype == dtype.value, f"input dtype {arg.dtype}, defined {dtype}"
         assert all(s == -1 or s == n for s, n in zip(shape, arg.shape)) and len(shape) == arg.ndim, (
-            f"input shape {list(arg.shape)}, defined {shape}")
+            f"input shape {list(arg.shape)}, defined {shape}"
+        )
         got = compute_tensor_descriptor(list(arg.shape), list(arg.stride()))
         assert got == (contiguity, stride_order or got[1]), f"input layout {got}, defined {(contiguity, stride_order)}"
 
@@ -648,5 +710,7 @@ class FusionDefinition:
                 env[v.slot] = r
         self.executions += 1
         # nvFuser's outputs are fresh tensors laid out contiguously.
-        return [env[o.slot].contiguous().clone() if isinstance(env[o.slot], torch.Tensor) else env[o.slot]
-                for o in self._outputs]
+        return [
+            env[o.slot].contiguous().clone() if isinstance(env[o.slot], torch.Tensor) else env[o.slot]
+            for o in self._outputs
+        ]

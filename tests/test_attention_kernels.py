@@ -65,6 +65,7 @@ def observed_kernels():
             out = impl(*args)
             seen["ran"].setdefault(name, []).append(out if isinstance(out, tuple) else (out,))
             return out
+
         return run
 
     fa._record = describing
@@ -221,6 +222,7 @@ def test_the_math_choice_keeps_the_decomposition(fake, monkeypatch):
 
 def test_without_gradients_eager_attention_runs_and_nothing_is_chosen(fake, monkeypatch):
     """Inference runs eager's own attention (its dispatcher picks the kernel at run time)."""
+
     def refuse(*args):
         raise AssertionError("no choice is made without gradients")
 
@@ -271,8 +273,9 @@ def test_a_forward_with_dropout_draws_on_every_call(fake, monkeypatch):
 
 
 def test_a_changed_switch_compiles_again_with_the_kernel_then_chosen(fake, monkeypatch):
-    monkeypatch.setattr(fa, "fused_sdp_choice",
-                        lambda *a: FLASH if torch.backends.cuda.flash_sdp_enabled() else EFFICIENT)
+    monkeypatch.setattr(
+        fa, "fused_sdp_choice", lambda *a: FLASH if torch.backends.cuda.flash_sdp_enabled() else EFFICIENT
+    )
     jfn = thunder_rs.jit(attention({}))
     with fake:
         inputs = Case("", FLASH, QKV).inputs()
@@ -293,8 +296,9 @@ def test_sdpa_kernel_inside_the_program_is_set_by_every_call(fake, monkeypatch):
     """The switches a program sets are set again by each call (the eager attention an
     inference trace runs sees them), and the choice made while tracing saw them."""
     asked = []
-    monkeypatch.setattr(fa, "fused_sdp_choice",
-                        lambda *a: asked.append(torch.backends.cuda.flash_sdp_enabled()) or EFFICIENT)
+    monkeypatch.setattr(
+        fa, "fused_sdp_choice", lambda *a: asked.append(torch.backends.cuda.flash_sdp_enabled()) or EFFICIENT
+    )
 
     def program(q, k, v):
         with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
@@ -381,8 +385,11 @@ def test_without_a_gpu_torch_chooses_the_math_path_or_none(fake):
         inputs = Case("", MATH, QKV).inputs()
         jfn(*inputs)
         assert "torch_scaled_dot_product_attention(" in str(thunder_rs.last_traces(jfn)[-1])
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.warns(UserWarning), \
-                pytest.raises(ThunderRuntimeError, match="No available kernel"):
+        with (
+            sdpa_kernel(SDPBackend.FLASH_ATTENTION),
+            pytest.warns(UserWarning),
+            pytest.raises(ThunderRuntimeError, match="No available kernel"),
+        ):
             thunder_rs.jit(attention({}))(*inputs)
 
 
@@ -424,5 +431,8 @@ def test_a_gpt_block_on_fake_cuda_compiles_once_and_names_the_switch_that_change
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION]):
             jblock(torch.empty(2, 32, 64, requires_grad=True))
     reason = thunder_rs.compile_stats(jblock).miss_reasons[-1]
-    assert re.match(r"the attention kernel switches \(torch.backends.cuda \*_sdp\) changed: flash True -> False, "
-                    r"overrideable True -> False \(traced under \(flash=True, ", reason), reason
+    assert re.match(
+        r"the attention kernel switches \(torch.backends.cuda \*_sdp\) changed: flash True -> False, "
+        r"overrideable True -> False \(traced under \(flash=True, ",
+        reason,
+    ), reason

@@ -30,8 +30,11 @@ def _both_differentiated(fn, inputs, generator=None):
         leaves = [x.clone().requires_grad_() for x in inputs]
         out = call(*leaves)
         if cotangent is None:
-            cotangent = (torch.ones_like(out) if generator is None
-                         else torch.randn(out.shape, dtype=out.dtype, generator=generator))
+            cotangent = (
+                torch.ones_like(out)
+                if generator is None
+                else torch.randn(out.shape, dtype=out.dtype, generator=generator)
+            )
         out.backward(cotangent)
         results.append((out.detach(), [x.grad for x in leaves]))
     return results
@@ -43,7 +46,10 @@ def test_fallback_ops_are_differentiated_through_torch_autograd():
     def fn(x, w):
         return running_sum(x * w).sin()
 
-    x, w = torch.randn(3, 5, dtype=torch.float64, requires_grad=True), torch.randn(5, dtype=torch.float64, requires_grad=True)
+    x, w = (
+        torch.randn(3, 5, dtype=torch.float64, requires_grad=True),
+        torch.randn(5, dtype=torch.float64, requires_grad=True),
+    )
     jfn = thunder_rs.jit(fn)
     out, grads = _grads(jfn, x, w)
     expected_out, expected = _grads(fn, x, w)
@@ -221,10 +227,19 @@ def test_unfreezing_or_retyping_parameters_recompiles():
     assert out.dtype == torch.float64 and thunder_rs.cache_misses(jm) == 3
 
 
-@pytest.mark.parametrize("fn", [
-    lambda a: torch.unbind(a), lambda a: a.unbind(0), lambda a: torch.split(a, 1), lambda a: a.chunk(1),
-    lambda a: torch.tensor_split(a, 1), lambda a: torch.broadcast_tensors(a), lambda a: torch.unbind_copy(a),
-], ids=["unbind", "unbind_method", "split", "chunk", "tensor_split", "broadcast_tensors", "unbind_copy"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a: torch.unbind(a),
+        lambda a: a.unbind(0),
+        lambda a: torch.split(a, 1),
+        lambda a: a.chunk(1),
+        lambda a: torch.tensor_split(a, 1),
+        lambda a: torch.broadcast_tensors(a),
+        lambda a: torch.unbind_copy(a),
+    ],
+    ids=["unbind", "unbind_method", "split", "chunk", "tensor_split", "broadcast_tensors", "unbind_copy"],
+)
 def test_ops_returning_one_tensor_in_a_sequence_keep_the_sequence(fn):
     # Run whole by the torch executor, a sequence of one tensor is bound to the single output:
     # it must not come back wrapped twice.
@@ -255,26 +270,35 @@ def test_requires_grad_on_an_input_changed_in_place_is_refused():
         thunder_rs.jit(fn)(torch.zeros(3))
 
 
-@pytest.mark.parametrize("fn", [
-    lambda t: torch.max(t, 1).values,
-    lambda t: t.min(0, keepdim=True).values,
-    lambda t: torch.relu(t).max(-1)[0],
-    lambda t: t.max(1)[0] * t.min(1)[0],
-], ids=["max", "min_keepdim", "relu_then_max", "both"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: torch.max(t, 1).values,
+        lambda t: t.min(0, keepdim=True).values,
+        lambda t: torch.relu(t).max(-1)[0],
+        lambda t: t.max(1)[0] * t.min(1)[0],
+    ],
+    ids=["max", "min_keepdim", "relu_then_max", "both"],
+)
 def test_max_and_min_along_a_dim_give_the_gradient_to_the_returned_index_alone(fn):
     """Eager's backward scatters the gradient to the index it returns; differentiating amax
     split it among ties (zeros after a ReLU, equal logits)."""
-    x = torch.tensor([[1.0, 3.0, 3.0, 2.0, 0.0], [0.0, 0.0, 0.0, -1.0, -2.0], [-1.0, -1.0, 5.0, 5.0, 5.0]],
-                     dtype=torch.float64)
+    x = torch.tensor(
+        [[1.0, 3.0, 3.0, 2.0, 0.0], [0.0, 0.0, 0.0, -1.0, -2.0], [-1.0, -1.0, 5.0, 5.0, 5.0]], dtype=torch.float64
+    )
     ours, theirs = _grads(thunder_rs.jit(fn), x.requires_grad_()), _grads(fn, x)
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1][0], theirs[1][0])
 
 
-@pytest.mark.parametrize("fn", [
-    lambda t: t.prod(),
-    lambda t: t.prod(1),
-    lambda t: t.prod(0, keepdim=True),
-], ids=["all", "dim", "keepdim"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: t.prod(),
+        lambda t: t.prod(1),
+        lambda t: t.prod(0, keepdim=True),
+    ],
+    ids=["all", "dim", "keepdim"],
+)
 def test_prod_gradient_at_zeros_is_the_product_of_the_others(fn):
     """prod / x gave NaN at zeros; eager gives each element the product of the others: at a
     lone zero the product of the nonzero elements, 0 everywhere else once a zero is present."""
@@ -299,6 +323,7 @@ def test_euclidean_cdist_gradient_at_zero_distance_is_zero_as_eagers(rows):
 @pytest.mark.parametrize("mode", ["trunc", "floor"])
 def test_rounded_division_has_eagers_zero_gradients_even_by_zero(mode):
     """Differentiating the rounding gave zeros, but NaN where the divisor is 0."""
+
     def fn(a, b):
         return torch.div(a, b, rounding_mode=mode) + a * b
 
@@ -337,12 +362,16 @@ def test_grid_sample_of_an_identity_grid_has_eagers_gradients_at_the_edges(paddi
     torch.testing.assert_close(grads, eager_grads)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda t: torch.kthvalue(t, 3),
-    lambda t: torch.kthvalue(t, 20, 1, True),
-    lambda t: torch.median(t, 1),
-    lambda t: torch.nanmedian(t, 0, keepdim=True),
-], ids=["kthvalue", "kthvalue_keepdim", "median", "nanmedian"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: torch.kthvalue(t, 3),
+        lambda t: torch.kthvalue(t, 20, 1, True),
+        lambda t: torch.median(t, 1),
+        lambda t: torch.nanmedian(t, 0, keepdim=True),
+    ],
+    ids=["kthvalue", "kthvalue_keepdim", "median", "nanmedian"],
+)
 def test_selections_along_a_dim_return_eagers_indices_when_differentiated(fn):
     """With ties, kthvalue's selection picks another index than a stable sort: differentiated
     through its decomposition, the returned indices (and the gradient) were the sort's."""
@@ -421,12 +450,15 @@ def test_writing_a_saved_tensor_after_the_backward_is_allowed():
     torch.testing.assert_close(w.grad, torch.full((3, 1), 6.0))
 
 
-@pytest.mark.parametrize("program", [
-    lambda x: torch.fft.rfft(x).abs().sum() + (x ** 2).sum(),
-    lambda x: torch.complex(x, x * 2).abs().sum(),
-    lambda x: torch.polar(x.abs(), x).real.sum(),
-    lambda x: (torch.view_as_complex(x.reshape(4, 2, 2)) @ torch.ones(2, 2, dtype=torch.complex64)).abs().sum(),
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: torch.fft.rfft(x).abs().sum() + (x**2).sum(),
+        lambda x: torch.complex(x, x * 2).abs().sum(),
+        lambda x: torch.polar(x.abs(), x).real.sum(),
+        lambda x: (torch.view_as_complex(x.reshape(4, 2, 2)) @ torch.ones(2, 2, dtype=torch.complex64)).abs().sum(),
+    ],
+)
 def test_a_complex_value_that_carries_a_gradient_gets_eagers(program):
     # Calls differentiating complex values run as eager's ops (core/lang/complex_calls.py).
     x = torch.randn(4, 4, requires_grad=True)

@@ -72,7 +72,10 @@ def test_train_cases_run_eagerly_on_tiny_sizes():
     backends = [bench_train.module_backend(harness.eager_backend())]
     rows = harness.run_all(tiny_train_cases(), backends, harness.Settings(1, 2, 0.02), log=lambda msg: None)
     assert [(r.case, r.backend) for r in rows] == [
-        ("gpt_block_train", "eager"), ("nanogpt_train", "eager"), ("nanogpt_dropout_train", "eager")]
+        ("gpt_block_train", "eager"),
+        ("nanogpt_train", "eager"),
+        ("nanogpt_dropout_train", "eager"),
+    ]
     assert all(r.error is None and r.per_us > 0 and r.ratio == 1.0 for r in rows)
     assert "per step (us)" in harness.format_table(rows, per_label="per step")
     assert all(t["status"] == "n/a" for t in harness.evaluate_targets(bench_train.TARGETS, rows))
@@ -117,9 +120,13 @@ def test_train_benchmark_runs_thunder_rs_on_tiny_sizes():
     rows = harness.run_all(tiny_train_cases(), backends, harness.Settings(1, 2, 0.02), log=lambda msg: None)
     # A thunder_rs row has numbers only if its first step's loss matched eager's (else: "mismatch").
     assert [(r.case, r.backend, r.error) for r in rows] == [
-        ("gpt_block_train", "eager", None), ("gpt_block_train", "thunder_rs", None),
-        ("nanogpt_train", "eager", None), ("nanogpt_train", "thunder_rs", None),
-        ("nanogpt_dropout_train", "eager", None), ("nanogpt_dropout_train", "thunder_rs", None)]
+        ("gpt_block_train", "eager", None),
+        ("gpt_block_train", "thunder_rs", None),
+        ("nanogpt_train", "eager", None),
+        ("nanogpt_train", "thunder_rs", None),
+        ("nanogpt_dropout_train", "eager", None),
+        ("nanogpt_dropout_train", "thunder_rs", None),
+    ]
     assert all(r.first_ms > 0 and r.per_us > 0 and r.ratio > 0 for r in rows)
 
 
@@ -136,7 +143,6 @@ def test_inductor_first_calls_compile_their_regions_afresh(monkeypatch):
     assert "inductor" not in harness.format_header(0.0, True, [harness.thunder_rs_backend()])
     monkeypatch.setenv("THUNDER_RS_CACHE_DIR", "")
     assert "thunder_rs's artifact cache off" in harness.format_header(0.0, True, [backend])
-
 
 
 def test_host_overhead_steps_equal_eager_and_time_their_parts():

@@ -34,8 +34,11 @@ def _with_default(x, cfg=DEFAULT):
     return x * cfg.scale + cfg.shift
 
 
-@pytest.mark.parametrize("make", [lambda s: s.apply, lambda s: s, lambda s: functools.partial(_scaled, cfg=s)],
-                         ids=["bound_method", "callable_object", "partial"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda s: s.apply, lambda s: s, lambda s: functools.partial(_scaled, cfg=s)],
+    ids=["bound_method", "callable_object", "partial"],
+)
 def test_changes_to_bound_objects_recompile(make):
     scaler = Scaler()
     fn = make(scaler)
@@ -121,8 +124,11 @@ def test_a_slots_object_inside_an_argument_is_guarded_as_either_kind_of_object()
 
     jprogram, x = thunder_rs.jit(program), torch.ones(2)
     cfg = types.SimpleNamespace(sub=SlotsConfig(2.0, False))
-    for change in (lambda: setattr(cfg.sub, "scale", 5.0), lambda: setattr(cfg, "sub", types.SimpleNamespace(scale=7.0)),
-                   lambda: setattr(cfg, "sub", SlotsConfig(9.0, False))):
+    for change in (
+        lambda: setattr(cfg.sub, "scale", 5.0),
+        lambda: setattr(cfg, "sub", types.SimpleNamespace(scale=7.0)),
+        lambda: setattr(cfg, "sub", SlotsConfig(9.0, False)),
+    ):
         torch.testing.assert_close(jprogram(x, cfg), program(x, cfg))
         change()
     torch.testing.assert_close(jprogram(x, cfg), program(x, cfg))

@@ -99,9 +99,13 @@ def test_type_only_torch_knows_falls_back(monkeypatch):
     the contents, through torch's pytree from then on."""
     monkeypatch.setattr(callflat, "_fast", [True])
     pytree._private_register_pytree_node(
-        _Box, lambda b: ([b.t], None), lambda xs, _: _Box(xs[0]),
-        flatten_with_keys_fn=lambda b: ([(pytree.GetAttrKey("t"), b.t)], None))
+        _Box,
+        lambda b: ([b.t], None),
+        lambda xs, _: _Box(xs[0]),
+        flatten_with_keys_fn=lambda b: ([(pytree.GetAttrKey("t"), b.t)], None),
+    )
     try:
+
         def f(x, *, box):
             return x + box.t
 

@@ -63,8 +63,12 @@ class ResNet18(nn.Module):
         stages, cin = [], width
         for i, cout in enumerate((width, 2 * width, 4 * width, 8 * width)):
             stride = 1 if i == 0 else 2
-            stages.append(nn.Sequential(BasicBlock(cin, cout, stride, inplace, track_running_stats),
-                                        BasicBlock(cout, cout, 1, inplace, track_running_stats)))
+            stages.append(
+                nn.Sequential(
+                    BasicBlock(cin, cout, stride, inplace, track_running_stats),
+                    BasicBlock(cout, cout, 1, inplace, track_running_stats),
+                )
+            )
             cin = cout
         self.layers = nn.Sequential(*stages)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
@@ -127,8 +131,12 @@ def test_torchvision_resnet18_train_steps_with_inductor_match_eager_in_float64()
     differences of 1e-3 in the logits, as under torch.compile. A batch of eight in float64 is
     well conditioned: gradients agree with eager to 1e-13, as torch.compile's do."""
     torch.manual_seed(0)
-    train_steps(torchvision.models.resnet18(weights=None, num_classes=10).double().train(), steps=2, batch=8,
-                executors=["inductor"])
+    train_steps(
+        torchvision.models.resnet18(weights=None, num_classes=10).double().train(),
+        steps=2,
+        batch=8,
+        executors=["inductor"],
+    )
 
 
 def test_torchvision_mobilenet_v3_gradients_match_eager_in_float64():

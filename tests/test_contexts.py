@@ -456,6 +456,7 @@ def test_cuda_autocast_policy_matches_eager_for_every_op(op):
     except Exception:
         pytest.skip("the samples cannot be made on fake CUDA tensors")
     for sample in samples:
+
         def eager():
             with mode:
                 return op.op(*sample.args, **sample.kwargs)
@@ -553,8 +554,9 @@ def test_generator_arguments(dtype):
     gen = torch.Generator().manual_seed(7)
 
     def fn(x):
-        return x + torch.rand(3, generator=gen, dtype=dtype) + torch.randn(3, generator=gen, dtype=dtype), \
-            torch.randint(0, 9, (4,), generator=gen)
+        return x + torch.rand(3, generator=gen, dtype=dtype) + torch.randn(
+            3, generator=gen, dtype=dtype
+        ), torch.randint(0, 9, (4,), generator=gen)
 
     jfn = thunder_rs.jit(fn)
     x = torch.zeros(3, dtype=dtype)

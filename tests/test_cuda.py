@@ -78,6 +78,7 @@ def test_op_grad_matches_eager_on_cuda(op, dtype, index):
 
 # -- nvFuser with the real nvfuser_direct -------------------------------------------------------------
 
+
 def _nvfuser():
     from thunder_rs.executors import nvfuser_ex  # noqa: PLC0415 (imports nvFuser: only these tests pay it)
 
@@ -117,6 +118,7 @@ def test_nvfuser_is_a_default_executor_on_cuda():
 
 
 # -- the GPT block and the demo training step under bfloat16 autocast ----------------------------------
+
 
 def _autocast():
     return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -221,7 +223,9 @@ def _attention_inputs(case: str, dtype):
         return (q, k, v), dict(attn_mask=mask)
     if case == "float_mask":
         return (q, k, v), dict(attn_mask=torch.randn(1, 4, 48, keys, device="cuda", dtype=dtype, requires_grad=True))
-    return (q, k, v), {"causal": dict(is_causal=True), "gqa": dict(enable_gqa=True), "dropout": dict(dropout_p=0.25)}[case]
+    return (q, k, v), {"causal": dict(is_causal=True), "gqa": dict(enable_gqa=True), "dropout": dict(dropout_p=0.25)}[
+        case
+    ]
 
 
 @pytest.mark.parametrize("case", ["causal", "gqa", "dropout", "bool_mask", "float_mask"])

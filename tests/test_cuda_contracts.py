@@ -51,11 +51,13 @@ def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
 def _check_backward_contract(args) -> None:
     grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask = args
     assert input.is_cuda
-    assert isinstance(save_mean, torch.Tensor) and isinstance(save_invstd, torch.Tensor), \
+    assert isinstance(save_mean, torch.Tensor) and isinstance(save_invstd, torch.Tensor), (
         "TORCH_INTERNAL_ASSERT(save_mean->defined()) / (save_invstd->defined())"
+    )
     if save_mean.numel() == 0 or save_invstd.numel() == 0:
-        assert not train and running_mean is not None and running_var is not None, \
+        assert not train and running_mean is not None and running_var is not None, (
             "TORCH_CHECK(!train && running_mean->defined())"
+        )
     for saved in (save_mean, save_invstd):
         assert saved.dtype == _accumulate_dtype(input.dtype)
         assert saved.numel() in (0, input.shape[1])
@@ -65,8 +67,9 @@ def _backward_calls(fn, sample) -> list:
     """The ``native_batch_norm_backward`` calls of ``fn``'s backward on ``sample``, whose floating
     tensors other than the running statistics require grad."""
     running = {id(sample.kwargs.get(k)) for k in ("running_mean", "running_var")} | {id(a) for a in sample.args[1:3]}
-    leaves = [t for t in (*sample.args, *sample.kwargs.values())
-              if isinstance(t, torch.Tensor) and id(t) not in running]
+    leaves = [
+        t for t in (*sample.args, *sample.kwargs.values()) if isinstance(t, torch.Tensor) and id(t) not in running
+    ]
     for t in leaves:
         t.requires_grad_(True)
     out = fn(*sample.args, **sample.kwargs)
@@ -133,8 +136,11 @@ class _HostToDevice(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        moved = isinstance(out, torch.Tensor) and out.device.type == "cuda" and any(
-            isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)
+        moved = (
+            isinstance(out, torch.Tensor)
+            and out.device.type == "cuda"
+            and any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)
+        )
         if moved and func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.copy_, torch.ops.aten.to):
             self.copies.append(str(func))
         return out

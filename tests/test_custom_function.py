@@ -206,11 +206,14 @@ class _Identity(torch.autograd.Function):
         return g * 3
 
 
-@pytest.mark.parametrize("program", [
-    lambda x: _GradReverse.apply(x.sin(), 0.5).cos().sum(),
-    lambda x: _GradReverse.apply(x, 2.0).sum(),
-    lambda x: _Identity.apply(x * 2).sum(),
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: _GradReverse.apply(x.sin(), 0.5).cos().sum(),
+        lambda x: _GradReverse.apply(x, 2.0).sum(),
+        lambda x: _Identity.apply(x * 2).sum(),
+    ],
+)
 def test_a_function_that_returns_its_input_is_differentiated_by_its_backward(program):
     x = torch.randn(3, requires_grad=True)
     program(x).backward()
@@ -254,8 +257,11 @@ class _GradModeInForward(torch.autograd.Function):
         return g
 
 
-@pytest.mark.parametrize("fn", [_SignStraightThrough, _ScaledUnderNoGrad, _GradModeInForward],
-                         ids=["sign_ste", "no_grad_forward", "grad_mode_read"])
+@pytest.mark.parametrize(
+    "fn",
+    [_SignStraightThrough, _ScaledUnderNoGrad, _GradModeInForward],
+    ids=["sign_ste", "no_grad_forward", "grad_mode_read"],
+)
 def test_a_functions_outputs_require_grad_and_its_forward_runs_without_grad_as_in_eager(fn):
     def program(x):
         y = fn.apply(x)
@@ -344,8 +350,11 @@ class _ScaledProduct(torch.autograd.Function):
         return g @ w.T * ctx.scale, x.T @ g * ctx.scale, None, None  # a trailing None more than inputs
 
 
-@pytest.mark.parametrize("call", [lambda x, w: _ScaledProduct.apply(x, w), lambda x, w: _ScaledProduct.apply(x, w, scale=3.0)],
-                         ids=["default", "keyword"])
+@pytest.mark.parametrize(
+    "call",
+    [lambda x, w: _ScaledProduct.apply(x, w), lambda x, w: _ScaledProduct.apply(x, w, scale=3.0)],
+    ids=["default", "keyword"],
+)
 def test_setup_context_sees_bound_defaults_and_trailing_none_gradients_are_accepted(call):
     x, w = torch.randn(2, 3, requires_grad=True), torch.randn(3, 2, requires_grad=True)
     ex, ew = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()

@@ -120,12 +120,16 @@ def test_a_value_check_that_raises_raises_as_eager_and_the_valid_variant_runs_on
         thunder_rs.jit(program)(logits, bad)  # on the first call too
 
 
-@pytest.mark.parametrize("test", [
-    lambda x: torch.equal(x, x.abs()),
-    lambda x: torch.allclose(x, x.abs(), atol=0.5),
-    lambda x: x.sum().is_nonzero(),
-    lambda x: 1.0 in x,
-], ids=["equal", "allclose", "is_nonzero", "contains"])
+@pytest.mark.parametrize(
+    "test",
+    [
+        lambda x: torch.equal(x, x.abs()),
+        lambda x: torch.allclose(x, x.abs(), atol=0.5),
+        lambda x: x.sum().is_nonzero(),
+        lambda x: 1.0 in x,
+    ],
+    ids=["equal", "allclose", "is_nonzero", "contains"],
+)
 def test_calls_that_return_python_values_steer_the_program(test):
     def program(x):
         return x * 2 if test(x) else x - 1
@@ -241,8 +245,9 @@ def counted(x, w):
 def test_unique_bincount_and_repeat_interleave_by_counts():
     xs = [torch.tensor([1, 2, 2, 5]), torch.tensor([3, 3, 3, 0]), torch.tensor([1, 2, 2, 5])]
     jfn = thunder_rs.jit(counted)
-    assert_calls_match(counted, jfn, [(x, torch.randn(len(x.unique()), 2, requires_grad=True)) for x in xs],
-                       grad_of=(1,))
+    assert_calls_match(
+        counted, jfn, [(x, torch.randn(len(x.unique()), 2, requires_grad=True)) for x in xs], grad_of=(1,)
+    )
     assert variants(jfn) == 2
 
 
@@ -265,8 +270,9 @@ class TopKMoE(nn.Module):
         super().__init__()
         self.k = k
         self.gate = nn.Linear(dim, experts, bias=False)
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(dim, 16), nn.SiLU(), nn.Linear(16, dim))
-                                     for _ in range(experts))
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, 16), nn.SiLU(), nn.Linear(16, dim)) for _ in range(experts)
+        )
 
     def forward(self, x):
         h = x.reshape(-1, x.shape[-1])
@@ -378,9 +384,16 @@ def check_training(model, batches: list, steps: int, tol=dict(rtol=1e-4, atol=1e
 def deberta_v2_classifier() -> tuple:
     """A tiny DeBERTa-v2 classifier and batches with 1, 2, 0 and 2 labelled examples (label -1: none)."""
     torch.manual_seed(0)
-    config = transformers.DebertaV2Config(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                          intermediate_size=64, max_position_embeddings=64, num_labels=3,
-                                          pad_token_id=0)
+    config = transformers.DebertaV2Config(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=3,
+        pad_token_id=0,
+    )
     model = transformers.DebertaV2ForSequenceClassification(config).train()
     ids = torch.randint(3, 99, (2, 8), generator=torch.Generator().manual_seed(0))
     labels = [[1, -1], [2, 0], [-1, -1], [0, 2]]
@@ -391,22 +404,43 @@ def qwen2_moe_eager_experts() -> tuple:
     """A tiny Qwen2-MoE causal LM with transformers' "eager" experts loop, and two batches."""
     torch.manual_seed(0)
     config = transformers.Qwen2MoeConfig(
-        vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-        shared_expert_intermediate_size=32)
+        vocab_size=99,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+    )
     config._experts_implementation = "eager"
     model = transformers.Qwen2MoeForCausalLM(config).train()
     g = torch.Generator().manual_seed(0)
-    return model, [dict(input_ids=ids, labels=ids) for ids in (torch.randint(0, 99, (2, 8), generator=g) for _ in range(2))]
+    return model, [
+        dict(input_ids=ids, labels=ids) for ids in (torch.randint(0, 99, (2, 8), generator=g) for _ in range(2))
+    ]
 
 
 def wav2vec2_ctc() -> tuple:
     """A tiny Wav2Vec2 CTC model and two batches of audio with labels, the second with a shorter transcript."""
     torch.manual_seed(0)
     config = transformers.Wav2Vec2Config(
-        vocab_size=12, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        conv_dim=(8, 8), conv_stride=(4, 2), conv_kernel=(8, 4), num_conv_pos_embeddings=8,
-        num_conv_pos_embedding_groups=2, mask_time_prob=0.0, pad_token_id=0, ctc_loss_reduction="mean")
+        vocab_size=12,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        conv_dim=(8, 8),
+        conv_stride=(4, 2),
+        conv_kernel=(8, 4),
+        num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=2,
+        mask_time_prob=0.0,
+        pad_token_id=0,
+        ctc_loss_reduction="mean",
+    )
     model = transformers.Wav2Vec2ForCTC(config).train()
     g = torch.Generator().manual_seed(0)
     audio = torch.randn(2, 160, generator=g)

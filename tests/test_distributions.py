@@ -42,10 +42,17 @@ def test_samples_and_their_gradients_are_eagers(name):
         torch.testing.assert_close(torch.autograd.grad(got.sum(), p), torch.autograd.grad(expected.sum(), p))
 
 
-@pytest.mark.parametrize("make", [
-    lambda x: x.new(torch.Size([2, 3])).fill_(1.0), lambda x: x.new(2, 3).fill_(2.0), lambda x: x.new(),
-    lambda x: x.new([1.0, 2.0]), lambda x: x.new((4.0, 5.0)),
-], ids=["size", "ints", "empty", "list", "tuple"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: x.new(torch.Size([2, 3])).fill_(1.0),
+        lambda x: x.new(2, 3).fill_(2.0),
+        lambda x: x.new(),
+        lambda x: x.new([1.0, 2.0]),
+        lambda x: x.new((4.0, 5.0)),
+    ],
+    ids=["size", "ints", "empty", "list", "tuple"],
+)
 def test_tensor_new_takes_sizes_or_data_as_eager(make):
     x = torch.randn(3)
     torch.testing.assert_close(thunder_rs.jit(make)(x), make(x))
@@ -61,11 +68,15 @@ class WithPrior(nn.Module):
         return self.prior.log_prob(self.squash(z))
 
 
-@pytest.mark.parametrize("change", [
-    lambda m: setattr(m.prior, "scale", torch.full((3,), 2.0)),
-    lambda m: setattr(m.prior, "loc", torch.ones(3)),
-    lambda m: setattr(m.squash, "scale", 3.0),
-], ids=["scale", "loc", "transform"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: setattr(m.prior, "scale", torch.full((3,), 2.0)),
+        lambda m: setattr(m.prior, "loc", torch.ones(3)),
+        lambda m: setattr(m.squash, "scale", 3.0),
+    ],
+    ids=["scale", "loc", "transform"],
+)
 def test_attributes_of_a_kept_distribution_are_guarded(change):
     model = WithPrior()
     jmodel = thunder_rs.jit(model)

@@ -127,8 +127,11 @@ def test_dynamic_shapes_across_calls_equal_eager():
     graphs = compiled_by_thunder_rs()
     # Dynamo marks the batch dim dynamic after the second shape: one graph takes the size as an int,
     # and thunder_rs compiles it per shape.
-    dynamic = [g for g in graphs if any(isinstance(n.meta.get("example_value"), torch.SymInt)
-                                        for n in g.gm.graph.nodes if n.op == "placeholder")]
+    dynamic = [
+        g
+        for g in graphs
+        if any(isinstance(n.meta.get("example_value"), torch.SymInt) for n in g.gm.graph.nodes if n.op == "placeholder")
+    ]
     assert dynamic
     assert max(thunder_rs.cache_misses(g.jitted) for g in dynamic) >= 2
 

@@ -86,6 +86,9 @@ def test_a_symbol_refusing_its_arguments_is_a_row_and_tracing_goes_on():
     assert report.completed
     rows = report.rows()
     assert [(k, n, at) for k, _, n, at in rows] == [
-        (P.UNSUPPORTED, 1, _line(f, 1)), (P.FALLBACK, 1, _line(f, 1)), (P.FALLBACK, 1, _line(f, 2))]
+        (P.UNSUPPORTED, 1, _line(f, 1)),
+        (P.FALLBACK, 1, _line(f, 1)),
+        (P.FALLBACK, 1, _line(f, 2)),
+    ]
     assert rows[0][1] == rows[1][1] == "torch.Tensor.__getitem__"
     assert "indexing with False" in str(report)

@@ -25,6 +25,7 @@ def test_operator_executor_claims_only_what_its_checker_accepts():
         "my_softmax_ex", {"torch.nn.functional.softmax": ("my_softmax", last_dim_only, my_softmax)}
     )
     try:
+
         def f(x):
             return torch.nn.functional.softmax(x, dim=-1) + torch.nn.functional.softmax(x, dim=0)
 

@@ -93,7 +93,8 @@ def test_jit_is_typed_to_keep_a_functions_signature_and_make_a_module_a_thunder_
     program.write_text(
         "import torch\nimport thunder_rs\n\n"
         "def f(x: torch.Tensor, n: int) -> torch.Tensor:\n    return x * n\n\n"
-        "reveal_type(thunder_rs.jit(f))\nreveal_type(thunder_rs.jit(torch.nn.Linear(2, 2)))\n")
+        "reveal_type(thunder_rs.jit(f))\nreveal_type(thunder_rs.jit(torch.nn.Linear(2, 2)))\n"
+    )
     out, _, _ = api.run(["--follow-imports=silent", "--no-incremental", str(program)])
     assert 'Revealed type is "def (x: torch._tensor.Tensor, n: int) -> torch._tensor.Tensor"' in out
     assert 'Revealed type is "thunder_rs.core.run.jit.ThunderModule"' in out
@@ -118,8 +119,9 @@ def test_import_costs_little_over_torch():
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    code = ("import time, torch\nt = time.process_time()\nimport thunder_rs\n"
-            "print(time.process_time() - t)")
-    seconds = min(float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                       check=True).stdout) for _ in range(2))
+    code = "import time, torch\nt = time.process_time()\nimport thunder_rs\nprint(time.process_time() - t)"
+    seconds = min(
+        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+        for _ in range(2)
+    )
     assert seconds < 1.0, f"import thunder_rs took {seconds:.2f} s over import torch"

@@ -84,7 +84,7 @@ def test_an_elementwise_chain_is_one_region_each_way_called_once_per_call():
     forward, backward = thunder_rs.last_traces(jfn)[-1], thunder_rs.last_backward_traces(jfn)[-1]
     assert forward.symbol_names() == ["counting_fusion0"]
     assert _region_names(backward) == ["counting_fusion0"]
-    (name, index, source, key, symbols, num_inputs, num_outputs), = forward.regions()
+    ((name, index, source, key, symbols, num_inputs, num_outputs),) = forward.regions()
     assert index == 0 and num_inputs == 2 and source.startswith("def counting_fusion0(")
     assert "ltorch.sin" in symbols and "ltorch.sigmoid" in symbols
     assert "# counting_fusion0: " in str(forward) and "#   t" not in str(forward)
@@ -157,8 +157,10 @@ def test_gpt_with_dropout_trains_as_eager_with_the_same_draws():
     model = GPT(config, seed=0).train()
     eager = copy.deepcopy(model)
     fuser = CountingFuser()
-    sides = [(thunder_rs.jit(model, executors=[fuser]), torch.optim.AdamW(model.parameters(), lr=1e-3)),
-             (eager, torch.optim.AdamW(eager.parameters(), lr=1e-3))]
+    sides = [
+        (thunder_rs.jit(model, executors=[fuser]), torch.optim.AdamW(model.parameters(), lr=1e-3)),
+        (eager, torch.optim.AdamW(eager.parameters(), lr=1e-3)),
+    ]
     for step in range(3):
         idx, targets = random_tokens(config, 2, 16, seed=step), random_tokens(config, 2, 16, seed=100 + step)
         losses = []

@@ -112,6 +112,7 @@ def test_a_class_attribute_read_through_the_class_is_guarded():
 
 
 def test_a_program_writing_a_class_attribute_is_refused():
-    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match="class attribute 'calls' of _CountsOnItsClass"):
+    with pytest.raises(
+        thunder_rs.errors.ThunderNotImplementedError, match="class attribute 'calls' of _CountsOnItsClass"
+    ):
         thunder_rs.jit(_CountsOnItsClass())(torch.ones(2))
-

@@ -25,10 +25,17 @@ import gpu_report  # noqa: E402
 def make_wheel(folder: Path, name: str, files: dict, requires=()) -> Path:
     """A minimal wheel of ``files`` (path -> text) with a RECORD and METADATA naming ``requires``."""
     info = f"{name}-1.0.dist-info"
-    metadata = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", "Version: 1.0",
-                          *[f"Requires-Dist: {r}" for r in requires]]) + "\n"
-    contents = {**files, f"{info}/METADATA": metadata,
-                f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    metadata = (
+        "\n".join(
+            ["Metadata-Version: 2.1", f"Name: {name}", "Version: 1.0", *[f"Requires-Dist: {r}" for r in requires]]
+        )
+        + "\n"
+    )
+    contents = {
+        **files,
+        f"{info}/METADATA": metadata,
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     records = [gpu_carry._record_line(path, text.encode()) for path, text in contents.items()]
     wheel = folder / f"{name}-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
@@ -68,12 +75,25 @@ def test_a_stripped_wheel_installs_offline_and_the_machines_nvrtc_is_linked_unde
     assert done["nvrtc_links"] == {dropped[0]: str(machine)}
 
 
-def test_lightning_thunders_requirements_are_carried_transitively_unless_the_gpu_machine_has_them(tmp_path, monkeypatch):
+def test_lightning_thunders_requirements_are_carried_transitively_unless_the_gpu_machine_has_them(
+    tmp_path, monkeypatch
+):
     index = tmp_path / "index"
     index.mkdir()
-    make_wheel(index, "lightning_thunder", {}, requires=[
-        "torch>=2.7.1", "looseversion==1.3.0", "numpy", "optree>=0.12.1", "dill>=0.3.8",
-        'pytest; extra == "test"', 'tomli; python_version < "3.11"'])
+    make_wheel(
+        index,
+        "lightning_thunder",
+        {},
+        requires=[
+            "torch>=2.7.1",
+            "looseversion==1.3.0",
+            "numpy",
+            "optree>=0.12.1",
+            "dill>=0.3.8",
+            'pytest; extra == "test"',
+            'tomli; python_version < "3.11"',
+        ],
+    )
     make_wheel(index, "optree", {}, requires=["typing-extensions>=4.6.0", "helper"])
     for name in ("looseversion", "dill", "helper"):
         make_wheel(index, name, {})
@@ -106,8 +126,17 @@ def test_the_carry_folder_stays_under_its_limit(tmp_path, capsys):
 
 
 def bench_args(tmp_path, cases, **overrides):
-    values = {"cases": cases, "device": "cpu", "tiny": True, "calls": 1, "overhead_calls": 10,
-              "progress": str(tmp_path / "progress.jsonl"), "log": None, "profile": None, "deadline": None}
+    values = {
+        "cases": cases,
+        "device": "cpu",
+        "tiny": True,
+        "calls": 1,
+        "overhead_calls": 10,
+        "progress": str(tmp_path / "progress.jsonl"),
+        "log": None,
+        "profile": None,
+        "deadline": None,
+    }
     return argparse.Namespace(**{**values, **overrides})
 
 
@@ -147,8 +176,9 @@ def test_a_result_that_differs_from_eager_is_no_match():
 
 
 def test_no_case_starts_after_the_deadline(tmp_path):
-    gpu_bench.run_cases(bench_args(tmp_path, "eager:forward,thunder_rs:torch:forward", deadline=time.time()),
-                        lambda *a: None)
+    gpu_bench.run_cases(
+        bench_args(tmp_path, "eager:forward,thunder_rs:torch:forward", deadline=time.time()), lambda *a: None
+    )
     rows = results_of(tmp_path)
     assert all("budget" in row["skipped"] for row in rows.values()) and len(rows) == 2
 
@@ -163,7 +193,8 @@ def test_nvfuser_overhead_is_measured_on_the_stand_in(tmp_path, monkeypatch):
     executor = NvFuserExecutor("nvfuser_fake_overhead", module=fake, allow_cpu=True)
     found = gpu_bench.region_overhead(lambda *a: None, device="cpu", calls=5, executor=executor)
     assert found["fd_execute_us"] > 0 and found["thunder_rs_region_overhead_us"] == pytest.approx(
-        found["region_call_us"] - found["fd_execute_us"])
+        found["region_call_us"] - found["fd_execute_us"]
+    )
 
 
 def test_lightning_thunders_import_gives_removed_torch_attributes_stand_ins_that_raise():
@@ -183,23 +214,36 @@ def test_lightning_thunders_import_gives_removed_torch_attributes_stand_ins_that
 
 def test_a_crashed_process_loses_only_its_case_and_a_timed_out_one_ends_the_benchmark():
     cases = ["eager:forward", "a:forward", "b:forward", "c:forward"]
-    entries = [{"event": "process", "size": [1, 2, 3, 4]},
-               {"event": "start", "variant": "eager", "case": "forward"},
-               {"event": "result", "variant": "eager", "case": "forward", "per_call_ms": 1.0},
-               {"event": "start", "variant": "a", "case": "forward"}]
+    entries = [
+        {"event": "process", "size": [1, 2, 3, 4]},
+        {"event": "start", "variant": "eager", "case": "forward"},
+        {"event": "result", "variant": "eager", "case": "forward", "per_call_ms": 1.0},
+        {"event": "start", "variant": "a", "case": "forward"},
+    ]
     rows: list = []
     left = gpu_check._collect(entries, 0, -11, False, cases, rows)
     assert left == ["b:forward", "c:forward"]
-    assert rows[1] == {"process": 0, "variant": "a", "case": "forward",
-                       "error": "the process died (exit status -11) during this case"}
+    assert rows[1] == {
+        "process": 0,
+        "variant": "a",
+        "case": "forward",
+        "error": "the process died (exit status -11) during this case",
+    }
     assert gpu_check._collect(entries, 1, -9, True, cases, []) == []
     assert gpu_check.bench_cases(["torch.compile"], overhead=True) == [
-        "eager:forward", "eager:train_step", "torch.compile:forward", "torch.compile:train_step", gpu_bench.OVERHEAD]
+        "eager:forward",
+        "eager:train_step",
+        "torch.compile:forward",
+        "torch.compile:train_step",
+        gpu_bench.OVERHEAD,
+    ]
 
 
 def test_a_command_out_of_time_is_interrupted_so_that_it_can_report(tmp_path):
-    script = ("import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
-              "    print('1 passed, 1 failed in 1.0s (interrupted)')\n")
+    script = (
+        "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+        "    print('1 passed, 1 failed in 1.0s (interrupted)')\n"
+    )
     output = tmp_path / "out.txt"
     start = time.perf_counter()
     # -S: no site import, so that the interpreter reaches the try block well within the 3 s even
@@ -224,18 +268,46 @@ def test_the_report_gives_each_ratio_to_eager_of_the_same_process():
         {"process": 0, "variant": "eager", "case": "forward", "first_s": 1.0, "per_call_ms": 0.4, **row},
         {"process": 0, "variant": "eager", "case": "train_step", "first_s": 1.0, "per_call_ms": 2.0, **row},
         {"process": 0, "variant": "thunder_rs:default", "case": "forward", "first_s": 0.5, "per_call_ms": 0.3, **row},
-        {"process": 0, "variant": "thunder_rs:default", "case": "train_step",
-         "error": "the process died (exit status -11) during this case"},
+        {
+            "process": 0,
+            "variant": "thunder_rs:default",
+            "case": "train_step",
+            "error": "the process died (exit status -11) during this case",
+        },
         {"process": 1, "variant": "eager", "case": "forward", "first_s": 1.0, "per_call_ms": 0.8, **row},
-        {"process": 1, "variant": "torch.compile", "case": "forward", "first_s": 3.0, "per_call_ms": 0.4,
-         **row, "matches_eager": False},
+        {
+            "process": 1,
+            "variant": "torch.compile",
+            "case": "forward",
+            "first_s": 3.0,
+            "per_call_ms": 0.4,
+            **row,
+            "matches_eager": False,
+        },
         {"process": 1, "variant": "lightning-thunder", "case": "train_step", "skipped": "the budget ran out"},
-        {"process": 1, "variant": "nvfuser-overhead", "case": "host", "fd_execute_us": 18.5, "region_call_us": 22.5,
-         "jit_call_us": 22.9, "eager_one_op_us": 7.4, "thunder_rs_region_overhead_us": 4.0},
+        {
+            "process": 1,
+            "variant": "nvfuser-overhead",
+            "case": "host",
+            "fd_execute_us": 18.5,
+            "region_call_us": 22.5,
+            "jit_call_us": 22.9,
+            "eager_one_op_us": 7.4,
+            "thunder_rs_region_overhead_us": 4.0,
+        },
     ]
-    text = gpu_report.markdown({"versions": {"gpu": "NVIDIA H100"}, "benchmark": {"calls": 20, "rows": rows},
-                                "tests": {"rc": 1, "summary": "2 failed, 3 passed in 100s", "seconds": 100,
-                                          "failed": ["FAILED tests/test_cuda.py::x - boom"]}})
+    text = gpu_report.markdown(
+        {
+            "versions": {"gpu": "NVIDIA H100"},
+            "benchmark": {"calls": 20, "rows": rows},
+            "tests": {
+                "rc": 1,
+                "summary": "2 failed, 3 passed in 100s",
+                "seconds": 100,
+                "failed": ["FAILED tests/test_cuda.py::x - boom"],
+            },
+        }
+    )
     assert "| thunder_rs:default (process 0) | 0.50 s | 0.300 ms | 0.75x | **fails** |" in text
     assert "| torch.compile (process 1) | 3.00 s | 0.400 ms | 0.50x |" in text and "**differs**" in text
     assert "lightning-thunder train step: not run (the budget ran out)" in text
@@ -249,14 +321,32 @@ def test_the_dry_run_on_the_cpu_writes_every_result_file(tmp_path):
     and the markdown."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nvfuser_direct is absent here
-        rc = gpu_check.main(["run", "--device", "cpu", "--tiny", "--skip-tests", "--results", str(tmp_path),
-                             "--calls", "1", "--variant", "thunder_rs:torch", "--variant", "lightning-thunder",
-                             "--no-overhead", "--budget", "300"])
+        rc = gpu_check.main(
+            [
+                "run",
+                "--device",
+                "cpu",
+                "--tiny",
+                "--skip-tests",
+                "--results",
+                str(tmp_path),
+                "--calls",
+                "1",
+                "--variant",
+                "thunder_rs:torch",
+                "--variant",
+                "lightning-thunder",
+                "--no-overhead",
+                "--budget",
+                "300",
+            ]
+        )
     assert rc == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     rows = {(r["variant"], r["case"]): r for r in report["benchmark"]["rows"]}
-    assert set(rows) == {(v, c) for v in ("eager", "thunder_rs:torch", "lightning-thunder")
-                         for c in ("forward", "train_step")}
+    assert set(rows) == {
+        (v, c) for v in ("eager", "thunder_rs:torch", "lightning-thunder") for c in ("forward", "train_step")
+    }
     assert rows[("thunder_rs:torch", "train_step")]["matches_eager"]
     assert {p.name for p in tmp_path.iterdir()} == {"gpu_check.json", "gpu_check.log", "profile.txt", "cuda.md"}
     assert "| thunder_rs:torch |" in (tmp_path / "cuda.md").read_text()
@@ -266,8 +356,9 @@ def test_a_benchmark_process_that_cannot_start_fails_every_case_once_with_its_er
     """Here the benchmark asks for CUDA on a machine without it: the child process fails before its
     first case; the check records that for each case and starts no other."""
     results = gpu_check.Results(tmp_path, budget=300)
-    args = argparse.Namespace(variant=["thunder_rs:torch"], no_overhead=True, calls=1, device="cuda", tiny=True,
-                              no_profile=True)
+    args = argparse.Namespace(
+        variant=["thunder_rs:torch"], no_overhead=True, calls=1, device="cuda", tiny=True, no_profile=True
+    )
     bench = gpu_check.run_benchmark(results, args)
     assert len(bench["rows"]) == 4 and all("before its first case" in row["error"] for row in bench["rows"])
     assert "failed outside its cases" in (tmp_path / "gpu_check.log").read_text()
@@ -288,18 +379,38 @@ def test_after_a_crash_a_fresh_process_times_eager_again_and_runs_the_cases_left
                 progress.write(json.dumps({"event": "start", "variant": variant, "case": name}) + "\n")
                 if case == "thunder_rs:default:train_step" and len(commands) == 1:
                     return -11, False
-                progress.write(json.dumps({"event": "result", "variant": variant, "case": name,
-                                           "first_s": 1.0, "per_call_ms": 1.0}) + "\n")
+                progress.write(
+                    json.dumps(
+                        {"event": "result", "variant": variant, "case": name, "first_s": 1.0, "per_call_ms": 1.0}
+                    )
+                    + "\n"
+                )
         return 0, False
 
     monkeypatch.setattr(gpu_check, "run_bounded", child)
-    args = argparse.Namespace(variant=["thunder_rs:default", "torch.compile"], no_overhead=True, calls=1,
-                              device="cuda", tiny=False, no_profile=True)
+    args = argparse.Namespace(
+        variant=["thunder_rs:default", "torch.compile"],
+        no_overhead=True,
+        calls=1,
+        device="cuda",
+        tiny=False,
+        no_profile=True,
+    )
     bench = gpu_check.run_benchmark(gpu_check.Results(tmp_path, budget=300), args)
     assert commands[1] == ["eager:forward", "eager:train_step", "torch.compile:forward", "torch.compile:train_step"]
     crashed = [r for r in bench["rows"] if "error" in r]
-    assert crashed == [{"process": 0, "variant": "thunder_rs:default", "case": "train_step",
-                        "error": "the process died (exit status -11) during this case"}]
+    assert crashed == [
+        {
+            "process": 0,
+            "variant": "thunder_rs:default",
+            "case": "train_step",
+            "error": "the process died (exit status -11) during this case",
+        }
+    ]
     assert {(r["process"], r["variant"]) for r in bench["rows"] if "error" not in r} == {
-        (0, "eager"), (0, "thunder_rs:default"), (1, "eager"), (1, "torch.compile")}
+        (0, "eager"),
+        (0, "thunder_rs:default"),
+        (1, "eager"),
+        (1, "torch.compile"),
+    }
     assert json.loads((tmp_path / "gpu_check.json").read_text())["benchmark"]["rows"] == bench["rows"]

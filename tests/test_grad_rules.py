@@ -71,8 +71,18 @@ NORM_PRIMS = ("prims.broadcast_in_dim", "prims.add", "prims.div", "prims.rsqrt",
 LOSS_CALLS = ("ltorch.nll_loss_backward",)
 CROSS_ENTROPY_CALLS = ("ltorch.nll_loss_backward", "ltorch.log_softmax_backward")
 #: Label smoothing's extra term is differentiated prim by prim.
-SMOOTHING_PRIMS = ("prims.where", "prims.neg", "prims.mul", "prims.broadcast_in_dim", "prims.div", "prims.eq",
-                   "prims.reshape", "prims.add", "prims.sum", "prims.convert_element_type")
+SMOOTHING_PRIMS = (
+    "prims.where",
+    "prims.neg",
+    "prims.mul",
+    "prims.broadcast_in_dim",
+    "prims.div",
+    "prims.eq",
+    "prims.reshape",
+    "prims.add",
+    "prims.sum",
+    "prims.convert_element_type",
+)
 FLASH_CALLS = ("ltorch.sdpa_flash_backward",)
 
 
@@ -81,101 +91,273 @@ def sdpa(**kwargs):
 
 
 CASES = [
-    Case("softmax", lambda x: F.softmax(x, -1), lambda d: (randn(3, 4, dtype=d),), SOFTMAX_CALLS, absent=("amax", "exp")),
+    Case(
+        "softmax", lambda x: F.softmax(x, -1), lambda d: (randn(3, 4, dtype=d),), SOFTMAX_CALLS, absent=("amax", "exp")
+    ),
     Case("softmax_noncontiguous", lambda x: F.softmax(x, 0), lambda d: (transposed(3, 4, dtype=d),), SOFTMAX_CALLS),
     Case("softmax_implicit_dim", lambda x: F.softmax(x), lambda d: (randn(2, 3, 4, dtype=d),), SOFTMAX_CALLS),
     Case("tensor_softmax", lambda x: x.softmax(1), lambda d: (randn(2, 3, 4, dtype=d),), SOFTMAX_CALLS),
-    Case("softmax_dtype", lambda x: torch.softmax(x, -1, torch.float64), lambda d: (randn(3, 4, dtype=d),), SOFTMAX_CALLS),
-    Case("log_softmax", lambda x: F.log_softmax(x, -1), lambda d: (randn(3, 4, dtype=d),), LOG_SOFTMAX_CALLS,
-         absent=("amax", "log")),
-    Case("tensor_log_softmax", lambda x: torch.log_softmax(x, 0), lambda d: (transposed(4, 3, dtype=d),), LOG_SOFTMAX_CALLS),
-    Case("layer_norm", lambda x, w, b: F.layer_norm(x, (3, 4), w, b),
-         lambda d: (randn(2, 3, 4, dtype=d), randn(3, 4, dtype=d), randn(3, 4, dtype=d)),
-         LAYER_NORM_CALLS, absent=("var_mean",)),
-    Case("layer_norm_plain", lambda x: F.layer_norm(x, (4,)), lambda d: (transposed(3, 4, dtype=d),),
-         LAYER_NORM_CALLS, absent=("var_mean",)),
-    Case("layer_norm_weight", lambda x, w: F.layer_norm(x, (4,), w, eps=1e-2),
-         lambda d: (randn(5, 4, dtype=d), randn(4, dtype=d)), LAYER_NORM_CALLS, absent=("var_mean",)),
-    Case("rms_norm", lambda x, w: F.rms_norm(x, (4,), w), lambda d: (randn(2, 3, 4, dtype=d), randn(4, dtype=d)),
-         ("ltorch.mean", "ltorch.sum", "ltorch.mul"), NORM_PRIMS),
-    Case("rms_norm_plain", lambda x: F.rms_norm(x, (3, 4), eps=1e-3), lambda d: (randn(2, 3, 4, dtype=d),),
-         ("ltorch.mean", "ltorch.mul"), NORM_PRIMS),
+    Case(
+        "softmax_dtype", lambda x: torch.softmax(x, -1, torch.float64), lambda d: (randn(3, 4, dtype=d),), SOFTMAX_CALLS
+    ),
+    Case(
+        "log_softmax",
+        lambda x: F.log_softmax(x, -1),
+        lambda d: (randn(3, 4, dtype=d),),
+        LOG_SOFTMAX_CALLS,
+        absent=("amax", "log"),
+    ),
+    Case(
+        "tensor_log_softmax",
+        lambda x: torch.log_softmax(x, 0),
+        lambda d: (transposed(4, 3, dtype=d),),
+        LOG_SOFTMAX_CALLS,
+    ),
+    Case(
+        "layer_norm",
+        lambda x, w, b: F.layer_norm(x, (3, 4), w, b),
+        lambda d: (randn(2, 3, 4, dtype=d), randn(3, 4, dtype=d), randn(3, 4, dtype=d)),
+        LAYER_NORM_CALLS,
+        absent=("var_mean",),
+    ),
+    Case(
+        "layer_norm_plain",
+        lambda x: F.layer_norm(x, (4,)),
+        lambda d: (transposed(3, 4, dtype=d),),
+        LAYER_NORM_CALLS,
+        absent=("var_mean",),
+    ),
+    Case(
+        "layer_norm_weight",
+        lambda x, w: F.layer_norm(x, (4,), w, eps=1e-2),
+        lambda d: (randn(5, 4, dtype=d), randn(4, dtype=d)),
+        LAYER_NORM_CALLS,
+        absent=("var_mean",),
+    ),
+    Case(
+        "rms_norm",
+        lambda x, w: F.rms_norm(x, (4,), w),
+        lambda d: (randn(2, 3, 4, dtype=d), randn(4, dtype=d)),
+        ("ltorch.mean", "ltorch.sum", "ltorch.mul"),
+        NORM_PRIMS,
+    ),
+    Case(
+        "rms_norm_plain",
+        lambda x: F.rms_norm(x, (3, 4), eps=1e-3),
+        lambda d: (randn(2, 3, 4, dtype=d),),
+        ("ltorch.mean", "ltorch.mul"),
+        NORM_PRIMS,
+    ),
     Case("nll_loss", lambda x, t: F.nll_loss(x, t), lambda d: (randn(4, 5, dtype=d), targets(4)), LOSS_CALLS),
-    Case("nll_loss_weight_sum", lambda x, t, w: F.nll_loss(x, t, w, reduction="sum"),
-         lambda d: (randn(4, 5, dtype=d), targets(4), torch.rand(5, dtype=d) + 0.1), LOSS_CALLS),
-    Case("nll_loss_extra_dims", lambda x, t, w: F.nll_loss(x, t, w, ignore_index=2, reduction="none"),
-         lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3, ignored=2), torch.rand(5, dtype=d) + 0.1), LOSS_CALLS),
-    Case("nll_loss_byte_targets", lambda x, t: F.nll_loss(x, t.to(torch.uint8), ignore_index=1, reduction="sum"),
-         lambda d: (randn(4, 5, dtype=d), targets(4, ignored=1)), LOSS_CALLS),
-    Case("nll_loss_unbatched", lambda x, t: F.nll_loss(x, t), lambda d: (randn(5, dtype=d), torch.tensor(3)), LOSS_CALLS),
-    Case("cross_entropy", lambda x, t: F.cross_entropy(x, t), lambda d: (randn(4, 5, dtype=d), targets(4)),
-         CROSS_ENTROPY_CALLS, absent=("log", "log_softmax")),
-    Case("cross_entropy_weight", lambda x, t, w: F.cross_entropy(x, t, w),
-         lambda d: (transposed(4, 5, dtype=d), targets(4), torch.rand(5, dtype=d) + 0.1),
-         CROSS_ENTROPY_CALLS),
-    Case("cross_entropy_extra_dims", lambda x, t: F.cross_entropy(x, t, ignore_index=1, reduction="sum"),
-         lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3, ignored=1)), CROSS_ENTROPY_CALLS),
-    Case("cross_entropy_smoothing", lambda x, t: F.cross_entropy(x, t, label_smoothing=0.2),
-         lambda d: (randn(4, 5, dtype=d), targets(4)), CROSS_ENTROPY_CALLS, SMOOTHING_PRIMS),
-    Case("cross_entropy_smoothing_weight", lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1, reduction="none"),
-         lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3), torch.rand(5, dtype=d) + 0.1),
-         CROSS_ENTROPY_CALLS, SMOOTHING_PRIMS),
-    Case("cross_entropy_smoothing_weight_mean", lambda x, t, w: F.cross_entropy(x, t, w, ignore_index=2, label_smoothing=0.3),
-         lambda d: (randn(5, dtype=d), torch.tensor(1), torch.rand(5, dtype=d) + 0.1), CROSS_ENTROPY_CALLS,
-         SMOOTHING_PRIMS),
-    Case("sdpa", sdpa(), lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 6, dtype=d)),
-         ("ltorch.matmul", "ltorch.tensor_softmax", "ltorch.sum")),
-    Case("sdpa_causal_scale", sdpa(is_causal=True, scale=0.3),
-         lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 8, dtype=d)),
-         ("ltorch.matmul", "ltorch.tril", "ltorch.where")),
-    Case("sdpa_bool_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-         lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 8, dtype=d),
-                    torch.tensor([[True, False, True, False, True], [False] * 5, [True] * 5])),
-         ("ltorch.matmul", "ltorch.where", "ltorch.all")),
-    Case("sdpa_float_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-         lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 8, dtype=d),
-                    randn(2, 1, 3, 5, dtype=d)), ("ltorch.matmul", "ltorch.add", "ltorch.sum")),
-    Case("sdpa_gqa_broadcast", sdpa(enable_gqa=True),
-         lambda d: (randn(2, 4, 3, 8, dtype=d), randn(1, 2, 5, 8, dtype=d), randn(1, 2, 5, 8, dtype=d)),
-         ("ltorch.matmul", "ltorch.expand", "ltorch.sum")),
-    Case("sdpa_noncontiguous", sdpa(), lambda d: (randn(2, 3, 2, 8, dtype=d).transpose(1, 2),
-                                                  randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 8, dtype=d)),
-         FLASH_CALLS, absent=("softmax", "exp")),
-    Case("sdpa_flash_causal", sdpa(is_causal=True), lambda d: (randn(2, 2, 5, 8, dtype=d), randn(2, 2, 3, 8, dtype=d),
-                                                               transposed(3, 8, dtype=d).expand(2, 2, 3, 8)),
-         FLASH_CALLS, absent=("softmax", "tril")),
+    Case(
+        "nll_loss_weight_sum",
+        lambda x, t, w: F.nll_loss(x, t, w, reduction="sum"),
+        lambda d: (randn(4, 5, dtype=d), targets(4), torch.rand(5, dtype=d) + 0.1),
+        LOSS_CALLS,
+    ),
+    Case(
+        "nll_loss_extra_dims",
+        lambda x, t, w: F.nll_loss(x, t, w, ignore_index=2, reduction="none"),
+        lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3, ignored=2), torch.rand(5, dtype=d) + 0.1),
+        LOSS_CALLS,
+    ),
+    Case(
+        "nll_loss_byte_targets",
+        lambda x, t: F.nll_loss(x, t.to(torch.uint8), ignore_index=1, reduction="sum"),
+        lambda d: (randn(4, 5, dtype=d), targets(4, ignored=1)),
+        LOSS_CALLS,
+    ),
+    Case(
+        "nll_loss_unbatched", lambda x, t: F.nll_loss(x, t), lambda d: (randn(5, dtype=d), torch.tensor(3)), LOSS_CALLS
+    ),
+    Case(
+        "cross_entropy",
+        lambda x, t: F.cross_entropy(x, t),
+        lambda d: (randn(4, 5, dtype=d), targets(4)),
+        CROSS_ENTROPY_CALLS,
+        absent=("log", "log_softmax"),
+    ),
+    Case(
+        "cross_entropy_weight",
+        lambda x, t, w: F.cross_entropy(x, t, w),
+        lambda d: (transposed(4, 5, dtype=d), targets(4), torch.rand(5, dtype=d) + 0.1),
+        CROSS_ENTROPY_CALLS,
+    ),
+    Case(
+        "cross_entropy_extra_dims",
+        lambda x, t: F.cross_entropy(x, t, ignore_index=1, reduction="sum"),
+        lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3, ignored=1)),
+        CROSS_ENTROPY_CALLS,
+    ),
+    Case(
+        "cross_entropy_smoothing",
+        lambda x, t: F.cross_entropy(x, t, label_smoothing=0.2),
+        lambda d: (randn(4, 5, dtype=d), targets(4)),
+        CROSS_ENTROPY_CALLS,
+        SMOOTHING_PRIMS,
+    ),
+    Case(
+        "cross_entropy_smoothing_weight",
+        lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1, reduction="none"),
+        lambda d: (randn(2, 5, 3, dtype=d), targets(2, 3), torch.rand(5, dtype=d) + 0.1),
+        CROSS_ENTROPY_CALLS,
+        SMOOTHING_PRIMS,
+    ),
+    Case(
+        "cross_entropy_smoothing_weight_mean",
+        lambda x, t, w: F.cross_entropy(x, t, w, ignore_index=2, label_smoothing=0.3),
+        lambda d: (randn(5, dtype=d), torch.tensor(1), torch.rand(5, dtype=d) + 0.1),
+        CROSS_ENTROPY_CALLS,
+        SMOOTHING_PRIMS,
+    ),
+    Case(
+        "sdpa",
+        sdpa(),
+        lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 6, dtype=d)),
+        ("ltorch.matmul", "ltorch.tensor_softmax", "ltorch.sum"),
+    ),
+    Case(
+        "sdpa_causal_scale",
+        sdpa(is_causal=True, scale=0.3),
+        lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 8, dtype=d)),
+        ("ltorch.matmul", "ltorch.tril", "ltorch.where"),
+    ),
+    Case(
+        "sdpa_bool_mask",
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        lambda d: (
+            randn(2, 2, 3, 8, dtype=d),
+            randn(2, 2, 5, 8, dtype=d),
+            randn(2, 2, 5, 8, dtype=d),
+            torch.tensor([[True, False, True, False, True], [False] * 5, [True] * 5]),
+        ),
+        ("ltorch.matmul", "ltorch.where", "ltorch.all"),
+    ),
+    Case(
+        "sdpa_float_mask",
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        lambda d: (
+            randn(2, 2, 3, 8, dtype=d),
+            randn(2, 2, 5, 8, dtype=d),
+            randn(2, 2, 5, 8, dtype=d),
+            randn(2, 1, 3, 5, dtype=d),
+        ),
+        ("ltorch.matmul", "ltorch.add", "ltorch.sum"),
+    ),
+    Case(
+        "sdpa_gqa_broadcast",
+        sdpa(enable_gqa=True),
+        lambda d: (randn(2, 4, 3, 8, dtype=d), randn(1, 2, 5, 8, dtype=d), randn(1, 2, 5, 8, dtype=d)),
+        ("ltorch.matmul", "ltorch.expand", "ltorch.sum"),
+    ),
+    Case(
+        "sdpa_noncontiguous",
+        sdpa(),
+        lambda d: (randn(2, 3, 2, 8, dtype=d).transpose(1, 2), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 8, dtype=d)),
+        FLASH_CALLS,
+        absent=("softmax", "exp"),
+    ),
+    Case(
+        "sdpa_flash_causal",
+        sdpa(is_causal=True),
+        lambda d: (
+            randn(2, 2, 5, 8, dtype=d),
+            randn(2, 2, 3, 8, dtype=d),
+            transposed(3, 8, dtype=d).expand(2, 2, 3, 8),
+        ),
+        FLASH_CALLS,
+        absent=("softmax", "tril"),
+    ),
     Case("relu", F.relu, lambda d: (at_bounds(0.0, dtype=d),), ("ltorch.threshold_backward",), absent=("where",)),
-    Case("threshold", lambda x: F.threshold(x, 0.5, -2.0), lambda d: (at_bounds(0.5, dtype=d),),
-         ("ltorch.threshold_backward",), absent=("where",)),
-    Case("leaky_relu", lambda x: F.leaky_relu(x, 0.2), lambda d: (at_bounds(0.0, dtype=d),),
-         ("ltorch.leaky_relu_backward",), absent=("where",)),
-    Case("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.5), lambda d: (at_bounds(-0.5, 0.5, dtype=d),),
-         ("ltorch.hardtanh_backward",), absent=("where",)),
-    Case("relu6", F.relu6, lambda d: (at_bounds(0.0, 6.0, dtype=d),), ("ltorch.hardtanh_backward",),
-         absent=("where",)),
-    Case("linear", F.linear, lambda d: (randn(2, 3, 4, dtype=d), randn(5, 4, dtype=d), randn(5, dtype=d)),
-         ("ltorch.matmul", "ltorch.sum")),
+    Case(
+        "threshold",
+        lambda x: F.threshold(x, 0.5, -2.0),
+        lambda d: (at_bounds(0.5, dtype=d),),
+        ("ltorch.threshold_backward",),
+        absent=("where",),
+    ),
+    Case(
+        "leaky_relu",
+        lambda x: F.leaky_relu(x, 0.2),
+        lambda d: (at_bounds(0.0, dtype=d),),
+        ("ltorch.leaky_relu_backward",),
+        absent=("where",),
+    ),
+    Case(
+        "hardtanh",
+        lambda x: F.hardtanh(x, -0.5, 0.5),
+        lambda d: (at_bounds(-0.5, 0.5, dtype=d),),
+        ("ltorch.hardtanh_backward",),
+        absent=("where",),
+    ),
+    Case("relu6", F.relu6, lambda d: (at_bounds(0.0, 6.0, dtype=d),), ("ltorch.hardtanh_backward",), absent=("where",)),
+    Case(
+        "linear",
+        F.linear,
+        lambda d: (randn(2, 3, 4, dtype=d), randn(5, 4, dtype=d), randn(5, dtype=d)),
+        ("ltorch.matmul", "ltorch.sum"),
+    ),
     Case("linear_vector_input", F.linear, lambda d: (randn(4, dtype=d), transposed(5, 4, dtype=d)), ("ltorch.matmul",)),
-    Case("linear_vector_weight", F.linear, lambda d: (randn(3, 4, dtype=d), randn(4, dtype=d)), ("ltorch.mul", "ltorch.sum")),
-    Case("linear_broadcast_bias", F.linear, lambda d: (randn(3, 4, dtype=d), randn(5, 4, dtype=d), randn(1, dtype=d)),
-         ("ltorch.matmul", "ltorch.sum")),
+    Case(
+        "linear_vector_weight",
+        F.linear,
+        lambda d: (randn(3, 4, dtype=d), randn(4, dtype=d)),
+        ("ltorch.mul", "ltorch.sum"),
+    ),
+    Case(
+        "linear_broadcast_bias",
+        F.linear,
+        lambda d: (randn(3, 4, dtype=d), randn(5, 4, dtype=d), randn(1, dtype=d)),
+        ("ltorch.matmul", "ltorch.sum"),
+    ),
     Case("matmul_dot", torch.matmul, lambda d: (randn(4, dtype=d), randn(4, dtype=d)), ("ltorch.matmul",)),
-    Case("matmul_matrix_vector", torch.matmul, lambda d: (randn(2, 3, 4, dtype=d), randn(4, dtype=d)), ("ltorch.matmul",)),
-    Case("matmul_vector_batch", torch.matmul, lambda d: (randn(4, dtype=d), randn(2, 4, 3, dtype=d)),
-         ("ltorch.matmul", "ltorch.sum")),
-    Case("matmul_batch_broadcast", torch.matmul, lambda d: (randn(2, 1, 3, 4, dtype=d), randn(5, 4, 2, dtype=d)),
-         ("ltorch.matmul", "ltorch.sum")),
-    Case("matmul_weight", lambda a, b: a @ b, lambda d: (randn(2, 3, 4, dtype=d), transposed(4, 5, dtype=d)),
-         ("ltorch.matmul", "ltorch.t")),
-    Case("embedding", F.embedding, lambda d: (torch.randint(0, 6, (2, 3)), randn(6, 3, dtype=d)),
-         ("ltorch.embedding_backward",)),
-    Case("embedding_padding", lambda i, w: F.embedding(i, w, padding_idx=-2),
-         lambda d: (torch.tensor([[4, 1, 4], [0, 1, 1]], dtype=torch.int32), randn(6, 3, dtype=d)),
-         ("ltorch.embedding_backward",)),
-    Case("embedding_scale_grad_by_freq", lambda i, w: F.embedding(i, w, padding_idx=0, scale_grad_by_freq=True),
-         lambda d: (torch.tensor([0, 2, 2, 5, 2, 0]), randn(6, 3, dtype=d)), ("ltorch.embedding_backward",)),
+    Case(
+        "matmul_matrix_vector", torch.matmul, lambda d: (randn(2, 3, 4, dtype=d), randn(4, dtype=d)), ("ltorch.matmul",)
+    ),
+    Case(
+        "matmul_vector_batch",
+        torch.matmul,
+        lambda d: (randn(4, dtype=d), randn(2, 4, 3, dtype=d)),
+        ("ltorch.matmul", "ltorch.sum"),
+    ),
+    Case(
+        "matmul_batch_broadcast",
+        torch.matmul,
+        lambda d: (randn(2, 1, 3, 4, dtype=d), randn(5, 4, 2, dtype=d)),
+        ("ltorch.matmul", "ltorch.sum"),
+    ),
+    Case(
+        "matmul_weight",
+        lambda a, b: a @ b,
+        lambda d: (randn(2, 3, 4, dtype=d), transposed(4, 5, dtype=d)),
+        ("ltorch.matmul", "ltorch.t"),
+    ),
+    Case(
+        "embedding",
+        F.embedding,
+        lambda d: (torch.randint(0, 6, (2, 3)), randn(6, 3, dtype=d)),
+        ("ltorch.embedding_backward",),
+    ),
+    Case(
+        "embedding_padding",
+        lambda i, w: F.embedding(i, w, padding_idx=-2),
+        lambda d: (torch.tensor([[4, 1, 4], [0, 1, 1]], dtype=torch.int32), randn(6, 3, dtype=d)),
+        ("ltorch.embedding_backward",),
+    ),
+    Case(
+        "embedding_scale_grad_by_freq",
+        lambda i, w: F.embedding(i, w, padding_idx=0, scale_grad_by_freq=True),
+        lambda d: (torch.tensor([0, 2, 2, 5, 2, 0]), randn(6, 3, dtype=d)),
+        ("ltorch.embedding_backward",),
+    ),
     Case("gelu", F.gelu, lambda d: (transposed(3, 4, dtype=d),), ("ltorch.gelu_backward",), absent=("erf",)),
-    Case("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda d: (randn(2, 3, 4, dtype=d),), ("ltorch.gelu_backward",), absent=("tanh",)),
+    Case(
+        "gelu_tanh",
+        lambda x: F.gelu(x, approximate="tanh"),
+        lambda d: (randn(2, 3, 4, dtype=d),),
+        ("ltorch.gelu_backward",),
+        absent=("tanh",),
+    ),
 ]
 
 
@@ -275,8 +457,11 @@ def smoothed_cross_entropy(x, t, w):
     return F.cross_entropy(x, t, w, label_smoothing=0.1)
 
 
-@pytest.mark.parametrize("loss", [F.nll_loss, F.cross_entropy, smoothed_cross_entropy],
-                         ids=["nll_loss", "cross_entropy", "smoothed_cross_entropy"])
+@pytest.mark.parametrize(
+    "loss",
+    [F.nll_loss, F.cross_entropy, smoothed_cross_entropy],
+    ids=["nll_loss", "cross_entropy", "smoothed_cross_entropy"],
+)
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_all_targets_ignored_gives_zero_gradients(loss, weighted: bool):
     x, t = randn(4, 5, dtype=torch.float64), torch.full((4,), -100)
@@ -303,7 +488,9 @@ def test_cross_entropy_with_class_probabilities_is_left_to_the_decomposition(kwa
     assert "ltorch.log_softmax_backward" in calls and "ltorch.nll_loss_backward" not in calls
 
 
-@pytest.mark.parametrize("loss", [F.nll_loss, F.cross_entropy, lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1)])
+@pytest.mark.parametrize(
+    "loss", [F.nll_loss, F.cross_entropy, lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1)]
+)
 def test_class_weights_that_require_grad_raise_eagers_error(loss):
     # Eager's nll_loss has no derivative for its class weights: its forward raises.
     x, t, w = randn(4, 5, dtype=torch.float64), targets(4), randn(5, dtype=torch.float64).abs().requires_grad_()
@@ -332,8 +519,13 @@ def test_attention_with_dropout_is_left_to_the_decomposition():
     h = 1e-6
     for i, g in enumerate(grads):
         direction = torch.randn_like(g)
-        shifted = [[(x.detach() + s * h * direction if j == i else x.detach()).requires_grad_()
-                    for j, x in enumerate((q, k, v))] for s in (1, -1)]
+        shifted = [
+            [
+                (x.detach() + s * h * direction if j == i else x.detach()).requires_grad_()
+                for j, x in enumerate((q, k, v))
+            ]
+            for s in (1, -1)
+        ]
         numeric = (loss(*shifted[0]) - loss(*shifted[1])) / (2 * h)
         torch.testing.assert_close((g * direction).sum(), numeric, rtol=1e-6, atol=1e-6)
 
@@ -344,6 +536,7 @@ def test_hardsigmoid_gradient_is_eagers_to_the_bit(dtype: torch.dtype, inplace: 
     """Eager's backward multiplies by 1/6 rounded to float32 in every dtype; dividing by 6, as
     differentiating the forward's ``(x + 3) / 6`` does, put float64 gradients 3e-8 apart
     (MobileNetV3's and EfficientNet's squeeze-excitation gates)."""
+
     def fn(x):
         y = x * 1.0
         return F.hardsigmoid(y, inplace=True) * 2 if inplace else F.hardsigmoid(y) * 2
@@ -357,14 +550,18 @@ def test_hardsigmoid_gradient_is_eagers_to_the_bit(dtype: torch.dtype, inplace: 
     assert torch.equal(ours.grad, theirs.grad)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda t: t.std(-1),
-    lambda t: t.std(0, keepdim=True, unbiased=False),
-    lambda t: t.std(),
-    lambda t: torch.std(t, (0, 1), correction=2),
-    lambda t: sum(torch.std_mean(t, -1)),
-    lambda t: torch.std_mean(t, 0, keepdim=True)[0],
-], ids=["dim", "keepdim_biased", "all", "correction", "std_mean", "std_mean_std_only"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: t.std(-1),
+        lambda t: t.std(0, keepdim=True, unbiased=False),
+        lambda t: t.std(),
+        lambda t: torch.std(t, (0, 1), correction=2),
+        lambda t: sum(torch.std_mean(t, -1)),
+        lambda t: torch.std_mean(t, 0, keepdim=True)[0],
+    ],
+    ids=["dim", "keepdim_biased", "all", "correction", "std_mean", "std_mean_std_only"],
+)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_std_of_constant_slices_has_eagers_zero_gradient(fn, dtype: torch.dtype):
     """Eager's std backward is 0 where the std is 0; differentiating sqrt(var) gave NaN there
@@ -463,6 +660,6 @@ def test_gradients_in_half_precision_are_eagers_bit_for_bit(fn, dtype):
     x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) * 8
     x = x.to(dtype).requires_grad_()
     g = torch.randn(64, 8, generator=torch.Generator().manual_seed(1)).to(dtype)
-    expected, = torch.autograd.grad(fn(x), x, g)
-    got, = torch.autograd.grad(thunder_rs.jit(fn)(x), x, g)
+    (expected,) = torch.autograd.grad(fn(x), x, g)
+    (got,) = torch.autograd.grad(thunder_rs.jit(fn)(x), x, g)
     assert torch.equal(got, expected)

@@ -16,14 +16,28 @@ import thunder_rs
 
 transformers = pytest.importorskip("transformers")
 from test_hf_models import assert_grads_close  # noqa: E402
+
 T = transformers
 
 VOCAB, PAD = 99, 0
 COMMON = dict(vocab_size=VOCAB, pad_token_id=PAD)
-DECODER = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
-               max_position_embeddings=64, **COMMON)
-ENCODER = dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64,
-               max_position_embeddings=64, num_labels=3, **COMMON)
+DECODER = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    hidden_size=32,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    **COMMON,
+)
+ENCODER = dict(
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    hidden_size=32,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    num_labels=3,
+    **COMMON,
+)
 TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,32 +47,84 @@ def _families():
     """name -> (model class, config, kind of batch, dtype)."""
     f64 = torch.float64
     return {
-        "mistral": (T.MistralForCausalLM, T.MistralConfig(num_key_value_heads=2, sliding_window=4, **DECODER), "lm", f64),
+        "mistral": (
+            T.MistralForCausalLM,
+            T.MistralConfig(num_key_value_heads=2, sliding_window=4, **DECODER),
+            "lm",
+            f64,
+        ),
         "qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config(num_key_value_heads=2, **DECODER), "lm", f64),
         "phi": (T.PhiForCausalLM, T.PhiConfig(**DECODER), "lm", f64),
         "gemma": (T.GemmaForCausalLM, T.GemmaConfig(num_key_value_heads=1, head_dim=8, **DECODER), "lm", f64),
         "gpt_neox": (T.GPTNeoXForCausalLM, T.GPTNeoXConfig(**DECODER), "lm", f64),
         "stablelm": (T.StableLmForCausalLM, T.StableLmConfig(num_key_value_heads=2, **DECODER), "lm", f64),
-        "opt": (T.OPTForCausalLM, T.OPTConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64,
-                                              max_position_embeddings=64, word_embed_proj_dim=32, **COMMON), "lm", f64),
+        "opt": (
+            T.OPTForCausalLM,
+            T.OPTConfig(
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                hidden_size=32,
+                ffn_dim=64,
+                max_position_embeddings=64,
+                word_embed_proj_dim=32,
+                **COMMON,
+            ),
+            "lm",
+            f64,
+        ),
         "bloom": (T.BloomForCausalLM, T.BloomConfig(n_layer=2, n_head=4, hidden_size=32, **COMMON), "lm", f64),
-        "falcon": (T.FalconForCausalLM, T.FalconConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32,
-                                                       **COMMON), "lm", f64),
-        "gptj": (T.GPTJForCausalLM, T.GPTJConfig(n_layer=2, n_head=4, n_embd=32, rotary_dim=4, n_positions=64,
-                                                 bos_token_id=1, eos_token_id=2, **COMMON), "lm", f64),
-        "mixtral": (T.MixtralForCausalLM, T.MixtralConfig(num_key_value_heads=2, num_local_experts=4,
-                                                           num_experts_per_tok=2, **DECODER), "lm", torch.float32),
+        "falcon": (
+            T.FalconForCausalLM,
+            T.FalconConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, **COMMON),
+            "lm",
+            f64,
+        ),
+        "gptj": (
+            T.GPTJForCausalLM,
+            T.GPTJConfig(
+                n_layer=2, n_head=4, n_embd=32, rotary_dim=4, n_positions=64, bos_token_id=1, eos_token_id=2, **COMMON
+            ),
+            "lm",
+            f64,
+        ),
+        "mixtral": (
+            T.MixtralForCausalLM,
+            T.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **DECODER),
+            "lm",
+            torch.float32,
+        ),
         "roberta": (T.RobertaForSequenceClassification, T.RobertaConfig(**{**ENCODER, "pad_token_id": 1}), "cls", f64),
-        "distilbert": (T.DistilBertForSequenceClassification,
-                       T.DistilBertConfig(n_layers=2, n_heads=2, dim=32, hidden_dim=64, max_position_embeddings=64,
-                                          num_labels=3, **COMMON), "cls", f64),
+        "distilbert": (
+            T.DistilBertForSequenceClassification,
+            T.DistilBertConfig(
+                n_layers=2, n_heads=2, dim=32, hidden_dim=64, max_position_embeddings=64, num_labels=3, **COMMON
+            ),
+            "cls",
+            f64,
+        ),
         "albert": (T.AlbertForSequenceClassification, T.AlbertConfig(embedding_size=16, **ENCODER), "cls", f64),
-        "t5": (T.T5ForConditionalGeneration, T.T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64,
-                                                        decoder_start_token_id=0, **COMMON), "seq2seq", f64),
-        "bart": (T.BartForConditionalGeneration,
-                 T.BartConfig(encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
-                              d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, **COMMON),
-                 "seq2seq", f64),
+        "t5": (
+            T.T5ForConditionalGeneration,
+            T.T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64, decoder_start_token_id=0, **COMMON),
+            "seq2seq",
+            f64,
+        ),
+        "bart": (
+            T.BartForConditionalGeneration,
+            T.BartConfig(
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                d_model=32,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                max_position_embeddings=64,
+                **COMMON,
+            ),
+            "seq2seq",
+            f64,
+        ),
     }
 
 
@@ -69,7 +135,7 @@ def _tokens(seed: int, length: int):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (2, length), generator=g)
     mask = torch.ones(2, length, dtype=torch.long)
-    mask[1, length - 3:] = 0  # the second text is padded on the right
+    mask[1, length - 3 :] = 0  # the second text is padded on the right
     return ids, mask
 
 

@@ -44,21 +44,44 @@ def tiny_model(name: str, dtype: torch.dtype = torch.float32, attn: str = "sdpa"
     torch.manual_seed(0)
     common = dict(vocab_size=VOCAB, pad_token_id=PAD, attn_implementation=attn)
     if name == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, bos_token_id=1,
-                                         eos_token_id=2, **common)
+        config = transformers.GPT2Config(
+            n_layer=2, n_head=2, n_embd=32, n_positions=64, bos_token_id=1, eos_token_id=2, **common
+        )
         model = transformers.GPT2LMHeadModel(config)
     elif name == "llama":
-        config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                          hidden_size=32, intermediate_size=64, max_position_embeddings=64,
-                                          bos_token_id=1, eos_token_id=2, **common)
+        config = transformers.LlamaConfig(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            hidden_size=32,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            bos_token_id=1,
+            eos_token_id=2,
+            **common,
+        )
         model = transformers.LlamaForCausalLM(config)
     elif name == "mamba":
-        config = transformers.MambaConfig(num_hidden_layers=2, hidden_size=16, state_size=8, expand=2, conv_kernel=4,
-                                          vocab_size=VOCAB, pad_token_id=PAD)
+        config = transformers.MambaConfig(
+            num_hidden_layers=2,
+            hidden_size=16,
+            state_size=8,
+            expand=2,
+            conv_kernel=4,
+            vocab_size=VOCAB,
+            pad_token_id=PAD,
+        )
         model = transformers.MambaForCausalLM(config)
     else:
-        config = transformers.BertConfig(num_hidden_layers=2, num_attention_heads=2, hidden_size=32,
-                                         intermediate_size=64, max_position_embeddings=64, num_labels=3, **common)
+        config = transformers.BertConfig(
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            hidden_size=32,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            num_labels=3,
+            **common,
+        )
         model = transformers.BertForSequenceClassification(config)
     return model.to(dtype).train()
 
@@ -70,7 +93,7 @@ def padded_batch(name: str, side: str, seed: int = 0) -> dict:
     mask = torch.zeros(BATCH, SEQ, dtype=torch.long)
     for row, length in enumerate(LENGTHS):
         if side == "left":
-            mask[row, SEQ - length:] = 1
+            mask[row, SEQ - length :] = 1
         else:
             mask[row, :length] = 1
     ids = ids.masked_fill(mask == 0, PAD)
@@ -219,7 +242,7 @@ def exact_zero_grad(name: str, model) -> torch.Tensor | None:
     mask = torch.zeros_like(param, dtype=torch.bool)
     if name.endswith("attn.c_attn.bias"):  # GPT-2: q, k, v biases in one vector
         n = model.config.n_embd
-        mask[n:2 * n] = True
+        mask[n : 2 * n] = True
     elif name.endswith("attention.self.key.bias"):  # BERT
         mask[:] = True
     return mask if mask.any() else None
@@ -236,9 +259,16 @@ def assert_params_close(name: str, model, eager, tol: dict, steps: int) -> None:
         torch.testing.assert_close(actual, expected, **tol, msg=lambda m: f"{name} {pname} after {steps} steps: {m}")
 
 
-@pytest.mark.parametrize("name,dtype", [
-    ("gpt2", torch.float32), ("llama", torch.float32), ("bert", torch.float32), ("llama", torch.float64),
-], ids=["gpt2", "llama", "bert", "llama-float64"])
+@pytest.mark.parametrize(
+    "name,dtype",
+    [
+        ("gpt2", torch.float32),
+        ("llama", torch.float32),
+        ("bert", torch.float32),
+        ("llama", torch.float64),
+    ],
+    ids=["gpt2", "llama", "bert", "llama-float64"],
+)
 def test_adamw_steps_match_eager(name, dtype):
     model = tiny_model(name, dtype)
     eager = copy.deepcopy(model)
@@ -305,8 +335,10 @@ def test_returned_cache_holds_this_calls_tensors(name):
     for t, e, old in zip(tensors, expected, cache_tensors(first.past_key_values)):
         assert type(t) is torch.Tensor and t is not old
         torch.testing.assert_close(t, e)
-    step = dict(input_ids=torch.tensor([[5], [7]]), attention_mask=torch.cat([batch["attention_mask"],
-                                                                               torch.ones(BATCH, 1, dtype=torch.long)], 1))
+    step = dict(
+        input_ids=torch.tensor([[5], [7]]),
+        attention_mask=torch.cat([batch["attention_mask"], torch.ones(BATCH, 1, dtype=torch.long)], 1),
+    )
     with torch.no_grad():
         continued = model(**step, past_key_values=cache).logits
         expected = model(**step, past_key_values=ref.past_key_values).logits
@@ -353,7 +385,9 @@ def test_the_jitted_module_forwards_attributes_and_generate():
     # generate() is the wrapped model's own, calling the model through the jit: eager's tokens,
     # from compiled forwards (tests/test_kv_cache.py).
     kwargs = dict(attention_mask=batch["attention_mask"], max_new_tokens=3, do_sample=False, pad_token_id=PAD)
-    torch.testing.assert_close(jmodel.generate(batch["input_ids"], **kwargs), model.generate(batch["input_ids"], **kwargs))
+    torch.testing.assert_close(
+        jmodel.generate(batch["input_ids"], **kwargs), model.generate(batch["input_ids"], **kwargs)
+    )
     assert thunder_rs.compile_stats(jmodel).calls == 3
     with pytest.raises(AttributeError):
         jmodel.no_such_attribute
@@ -379,22 +413,41 @@ def test_is_compiling_is_true_while_tracing_only():
 
 
 MASK_BUILDERS = {
-    "sdpa_causal": lambda mask: masking_utils.sdpa_mask(batch_size=BATCH, q_length=SEQ, kv_length=SEQ,
-                                                         attention_mask=mask.bool()),
-    "eager_causal": lambda mask: masking_utils.eager_mask(batch_size=BATCH, q_length=SEQ, kv_length=SEQ,
-                                                          attention_mask=mask.bool(), dtype=torch.float32),
+    "sdpa_causal": lambda mask: masking_utils.sdpa_mask(
+        batch_size=BATCH, q_length=SEQ, kv_length=SEQ, attention_mask=mask.bool()
+    ),
+    "eager_causal": lambda mask: masking_utils.eager_mask(
+        batch_size=BATCH, q_length=SEQ, kv_length=SEQ, attention_mask=mask.bool(), dtype=torch.float32
+    ),
     "sdpa_bidirectional": lambda mask: masking_utils.sdpa_mask(
-        batch_size=BATCH, q_length=SEQ, kv_length=SEQ, attention_mask=mask.bool(), allow_is_causal_skip=False,
-        mask_function=masking_utils.bidirectional_mask_function),
+        batch_size=BATCH,
+        q_length=SEQ,
+        kv_length=SEQ,
+        attention_mask=mask.bool(),
+        allow_is_causal_skip=False,
+        mask_function=masking_utils.bidirectional_mask_function,
+    ),
     "sdpa_sliding_window": lambda mask: masking_utils.sdpa_mask(
-        batch_size=BATCH, q_length=SEQ, kv_length=SEQ, attention_mask=mask.bool(),
-        mask_function=masking_utils.sliding_window_causal_mask_function(3), local_size=3),
+        batch_size=BATCH,
+        q_length=SEQ,
+        kv_length=SEQ,
+        attention_mask=mask.bool(),
+        mask_function=masking_utils.sliding_window_causal_mask_function(3),
+        local_size=3,
+    ),
     # use_vmap=True: what 5.x does for custom mask functions, and 4.x for every mask.
-    "sdpa_causal_vmap": lambda mask: masking_utils.sdpa_mask(batch_size=BATCH, q_length=SEQ, kv_length=SEQ,
-                                                              attention_mask=mask.bool(), use_vmap=True),
+    "sdpa_causal_vmap": lambda mask: masking_utils.sdpa_mask(
+        batch_size=BATCH, q_length=SEQ, kv_length=SEQ, attention_mask=mask.bool(), use_vmap=True
+    ),
     "sdpa_chunked_vmap": lambda mask: masking_utils.sdpa_mask(
-        batch_size=BATCH, q_length=SEQ, kv_length=SEQ, attention_mask=mask.bool(), use_vmap=True,
-        allow_is_causal_skip=False, mask_function=masking_utils.chunked_causal_mask_function(3, mask.argmax(-1))),
+        batch_size=BATCH,
+        q_length=SEQ,
+        kv_length=SEQ,
+        attention_mask=mask.bool(),
+        use_vmap=True,
+        allow_is_causal_skip=False,
+        mask_function=masking_utils.chunked_causal_mask_function(3, mask.argmax(-1)),
+    ),
 }
 
 
@@ -430,9 +483,15 @@ def test_dynamic_rope_matches_eager():
     """Dynamic RoPE picks its frequencies from the largest position id, a value the trace is
     specialised on (``core.values``), and grows or resets them in module state as eager does."""
     config = transformers.LlamaConfig(
-        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64,
-        vocab_size=VOCAB, max_position_embeddings=4,
-        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=4,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     eager = copy.deepcopy(model)

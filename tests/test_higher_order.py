@@ -23,6 +23,7 @@ def assert_grads_close(got, expected):
 
 # -- double backward -------------------------------------------------------------------------------
 
+
 class StraightThrough(torch.autograd.Function):
     """Rounds, passing the gradient straight through: its own backward, not round's zero."""
 
@@ -60,16 +61,25 @@ class NoGradScale(nn.Module):
 
 CRITICS = {
     # R1 / WGAN-GP on a small conv critic.
-    "conv": lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.LeakyReLU(0.2), nn.Conv2d(4, 4, 3, stride=2),
-                                  nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(4, 1)),
-    "mlp_layernorm_gelu": lambda: nn.Sequential(nn.Flatten(), nn.Linear(108, 16), nn.LayerNorm(16), nn.GELU(),
-                                                nn.Linear(16, 1)),
+    "conv": lambda: nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(4, 4, 3, stride=2),
+        nn.LeakyReLU(0.2),
+        nn.Flatten(),
+        nn.Linear(4, 1),
+    ),
+    "mlp_layernorm_gelu": lambda: nn.Sequential(
+        nn.Flatten(), nn.Linear(108, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 1)
+    ),
     # Running statistics written once per call, as eager writes them.
-    "batchnorm": lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
-                                       nn.Linear(64, 1)),
+    "batchnorm": lambda: nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 1)
+    ),
     # A power iteration under no_grad from a vector the call overwrites.
-    "spectral_norm": lambda: nn.Sequential(nn.Flatten(), nn.utils.parametrizations.spectral_norm(nn.Linear(108, 16)),
-                                           nn.Tanh(), nn.Linear(16, 1)),
+    "spectral_norm": lambda: nn.Sequential(
+        nn.Flatten(), nn.utils.parametrizations.spectral_norm(nn.Linear(108, 16)), nn.Tanh(), nn.Linear(16, 1)
+    ),
     "dropout": lambda: nn.Sequential(nn.Flatten(), nn.Linear(108, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1)),
     "custom_function": QuantizedCritic,
     "no_grad_scale": NoGradScale,
@@ -210,18 +220,23 @@ def test_a_double_backward_under_autocast_is_eagers():
 
 # -- torch.func transforms -------------------------------------------------------------------------
 
+
 def sin_times(x):
     return (x.sin() * x).sum()
 
 
-@pytest.mark.parametrize("transform", [
-    lambda f, x: grad(f)(x),
-    lambda f, x: vjp(f, x)[1](torch.tensor(1.0)),
-    lambda f, x: jacrev(f)(x),
-    lambda f, x: jacfwd(f)(x),
-    lambda f, x: hessian(f)(x),
-    lambda f, x: vmap(grad(f))(torch.stack([x, 2 * x])),
-], ids=["grad", "vjp", "jacrev", "jacfwd", "hessian", "vmap_grad"])
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda f, x: grad(f)(x),
+        lambda f, x: vjp(f, x)[1](torch.tensor(1.0)),
+        lambda f, x: jacrev(f)(x),
+        lambda f, x: jacfwd(f)(x),
+        lambda f, x: hessian(f)(x),
+        lambda f, x: vmap(grad(f))(torch.stack([x, 2 * x])),
+    ],
+    ids=["grad", "vjp", "jacrev", "jacfwd", "hessian", "vmap_grad"],
+)
 def test_torch_func_over_a_jitted_function_is_eagers(transform):
     x = torch.randn(3)
     jf = thunder_rs.jit(sin_times)
@@ -292,6 +307,7 @@ def test_a_module_writing_its_buffers_under_a_transform_is_refused_clearly():
 
 # -- complex values --------------------------------------------------------------------------------
 
+
 def rope(q, freqs):
     """Llama's rotary embedding: pairs of features as complex numbers, rotated by ``freqs``."""
     qc = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
@@ -311,18 +327,26 @@ def cplx(*shape):
 
 #: name -> (program, its inputs)
 COMPLEX_PROGRAMS = {
-    "polar": (lambda r, t: torch.polar(r, t).real.sum() + torch.polar(r, t).imag.pow(2).sum(),
-              lambda: (torch.rand(4, 3, requires_grad=True), real(4, 3))),
+    "polar": (
+        lambda r, t: torch.polar(r, t).real.sum() + torch.polar(r, t).imag.pow(2).sum(),
+        lambda: (torch.rand(4, 3, requires_grad=True), real(4, 3)),
+    ),
     "view_as_complex": (lambda a: (torch.view_as_complex(a.reshape(4, 3, 2)) ** 2).abs().sum(), lambda: (real(4, 6),)),
-    "mul_abs_angle_conj": (lambda z, w: ((z * w).abs().sum() + z.angle().sum() + (z * z.conj()).real.sum()
-                                         + (w.conj() * z).imag.sum()), lambda: (cplx(4, 3), cplx(4, 3))),
-    "complex_matmul": (lambda z: (z @ z.mH).real.sum() + torch.exp(z).imag.sum() + z[1:, 0].abs().sum(),
-                       lambda: (cplx(3, 3),)),
+    "mul_abs_angle_conj": (
+        lambda z, w: (z * w).abs().sum() + z.angle().sum() + (z * z.conj()).real.sum() + (w.conj() * z).imag.sum(),
+        lambda: (cplx(4, 3), cplx(4, 3)),
+    ),
+    "complex_matmul": (
+        lambda z: (z @ z.mH).real.sum() + torch.exp(z).imag.sum() + z[1:, 0].abs().sum(),
+        lambda: (cplx(3, 3),),
+    ),
     "real_times_imaginary_unit": (lambda x: (x * 1j + x.exp()).abs().sum(), lambda: (real(4, 3),)),
     "torch_complex": (lambda x: torch.complex(x, x.exp()).abs().sum(), lambda: (real(4, 3),)),
     "rfft_magnitude": (lambda x: torch.fft.rfft(x).abs().log1p().sum(), lambda: (real(4, 16),)),
-    "rfft_irfft": (lambda x: torch.fft.irfft(torch.fft.rfft(x) * torch.linspace(0, 1, 9), n=16).pow(2).sum(),
-                   lambda: (real(4, 16),)),
+    "rfft_irfft": (
+        lambda x: torch.fft.irfft(torch.fft.rfft(x) * torch.linspace(0, 1, 9), n=16).pow(2).sum(),
+        lambda: (real(4, 16),),
+    ),
     "rope": (lambda q: rope(q, FREQS).pow(2).sum() + rope(q, FREQS)[..., 0].sum(), lambda: (real(2, 5, 8),)),
 }
 
@@ -360,7 +384,7 @@ class RotaryAttention(nn.Module):
 
     def forward(self, h):
         q, k = rope(self.q(h), self.freqs_cis), rope(self.k(h), self.freqs_cis)
-        return torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1).sum()
+        return torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, -1).sum()
 
 
 def test_complex_rotary_embedding_in_a_module_trains_and_double_backpropagates_as_eager():
@@ -377,8 +401,11 @@ def test_complex_rotary_embedding_in_a_module_trains_and_double_backpropagates_a
 
     assert_grads_close(penalty_grads(compiled), penalty_grads(model))
     # The complex calls are eager's ops, which examine shows as fallbacks.
-    assert thunder_rs.examine(model, h).fallbacks == {"torch.view_as_complex": 2, "torch.Tensor.mul": 2,
-                                                      "torch.view_as_real": 2}
+    assert thunder_rs.examine(model, h).fallbacks == {
+        "torch.view_as_complex": 2,
+        "torch.Tensor.mul": 2,
+        "torch.view_as_real": 2,
+    }
 
 
 def test_in_place_updates_of_complex_values_with_gradients_are_eagers():
@@ -402,8 +429,10 @@ def test_a_write_into_part_of_a_complex_tensor_with_gradients_is_refused_with_th
         thunder_rs.jit(f)(torch.randn(6, requires_grad=True))
 
 
-@pytest.mark.parametrize("fn", [torch.angle, torch.conj, torch.conj_physical, torch.real,
-                                lambda z: z.mH @ z, lambda z: torch.sgn(z) * z.abs()])
+@pytest.mark.parametrize(
+    "fn",
+    [torch.angle, torch.conj, torch.conj_physical, torch.real, lambda z: z.mH @ z, lambda z: torch.sgn(z) * z.abs()],
+)
 def test_complex_values_without_gradients_are_eagers(fn):
     z = torch.randn(3, 3, dtype=torch.complex64)
     torch.testing.assert_close(thunder_rs.jit(fn)(z), fn(z))

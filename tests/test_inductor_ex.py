@@ -111,8 +111,14 @@ def test_region_equals_its_eager_calls_and_compiles_once_per_layout(one_thread, 
         thunder_rs.set_logs()
     # Each region compiled says so as it happens (a cold compile takes seconds, minutes on a GPU).
     said = [record.getMessage() for record in caplog.records if record.name == "thunder_rs.inductor"]
-    assert any(re.fullmatch(rf"{r.name} \(\d+ symbols, cpu\): (compiled by Inductor|loaded from .+) in [\d.]+ s "
-                            r"\(region \d+ of this process\)", line) for line in said), said
+    assert any(
+        re.fullmatch(
+            rf"{r.name} \(\d+ symbols, cpu\): (compiled by Inductor|loaded from .+) in [\d.]+ s "
+            r"\(region \d+ of this process\)",
+            line,
+        )
+        for line in said
+    ), said
     check_again = inductor_ex.stats()
     assert check_again.misses == before.misses + 1 and "cpu" in check_again.startup_s
     assert_same(compiled(a + 1, b, 2.0), r.function(a + 1, b, 2.0))  # same layout: no compile
@@ -222,8 +228,11 @@ def test_a_long_compile_is_told_once_as_a_warning_while_it_runs(monkeypatch, cap
         inductor_ex.inductor_ex.fuse(second)(x)
     told = [r for r in caplog.records if r.name == "thunder_rs.inductor" and r.levelno == logging.WARNING]
     assert len(told) == 1, [r.getMessage() for r in told]
-    assert re.match(rf"thunder_rs: the Inductor region {first.name} \(1 symbols, cpu\) has been compiling for over "
-                    r"0 s .*setLevel\(logging.ERROR\)", told[0].getMessage()), told[0].getMessage()
+    assert re.match(
+        rf"thunder_rs: the Inductor region {first.name} \(1 symbols, cpu\) has been compiling for over "
+        r"0 s .*setLevel\(logging.ERROR\)",
+        told[0].getMessage(),
+    ), told[0].getMessage()
     assert spans[0][0] <= told[0].created <= spans[0][1]  # while the compile ran, not after it
 
     # Under the threshold nothing is said.
@@ -241,11 +250,14 @@ def test_a_view_after_an_op_inductor_decomposes_with_other_strides_compiles(one_
     a transposed view is contiguous, Inductor's is a copy keeping the view's strides. The
     ``matmul`` then reshapes the transposed result: traced through aten, that reshape was a view,
     which Inductor's strides refuse, and the region ran eagerly with a warning."""
-    r = region("""
+    r = region(
+        """
         t2 = torch.cat([t0, t1.transpose(1, 2)], -2)
         t3 = torch.matmul(t2, t2.transpose(-1, -2))
         return (t3,)
-    """, "t0, t1")
+    """,
+        "t0, t1",
+    )
     empty, heads = torch.empty(0), torch.randn(2, 8, 32).view(2, 8, 2, 16)
     before = inductor_ex.stats().failures
     with warnings.catch_warnings():
@@ -261,8 +273,10 @@ def test_masked_norm_backwards_compile_when_the_input_needs_no_gradient(one_thre
     number of outputs and ran eagerly."""
     torch.manual_seed(0)
     # float64: Inductor's norms sum in another order than aten's, which float32 shows over a small batch.
-    models = [torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).double(),
-              torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).double()]
+    models = [
+        torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).double(),
+        torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).double(),
+    ]
     inputs = [torch.randn(2, 3, 8, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)]
     before = inductor_ex.stats().failures
     for model, x in zip(models, inputs):
@@ -281,18 +295,50 @@ def _keys(*names):
 
 def test_claims_pure_compilable_keys_with_the_torch_executors_implementations():
     registry = inductor_ex.inductor_ex.registry
-    claimed = _keys("add", "sin", "sum", "matmul", "linear", "reshape", "transpose", "broadcast_in_dim", "full",
-                    "ltorch.softmax", "ltorch.layer_norm", "ltorch.gelu", "ltorch.cross_entropy", "ltorch.getitem",
-                    "ltorch.native_layer_norm", "ltorch.native_layer_norm_backward", "ltorch.softmax_backward",
-                    "ltorch.gelu_backward", "ltorch.embedding_backward", "ltorch.nll_loss_backward")
+    claimed = _keys(
+        "add",
+        "sin",
+        "sum",
+        "matmul",
+        "linear",
+        "reshape",
+        "transpose",
+        "broadcast_in_dim",
+        "full",
+        "ltorch.softmax",
+        "ltorch.layer_norm",
+        "ltorch.gelu",
+        "ltorch.cross_entropy",
+        "ltorch.getitem",
+        "ltorch.native_layer_norm",
+        "ltorch.native_layer_norm_backward",
+        "ltorch.softmax_backward",
+        "ltorch.gelu_backward",
+        "ltorch.embedding_backward",
+        "ltorch.nll_loss_backward",
+    )
     for key in claimed:
         assert registry[key].name == torch_ex.registry[key].name and registry[key].fn is torch_ex.registry[key].fn, key
     # Random ops, ops eager checks on values, ops writing inputs, torch's checked kernels, opaque
     # linear algebra and fallbacks stay with the torch executor.
-    unclaimed = _keys("uniform", "device_put", "ltorch.randn", "ltorch.dropout", "ltorch.native_dropout",
-                      "ltorch.bernoulli", "ltorch.binary_cross_entropy", "ltorch.gaussian_nll_loss",
-                      "ltorch.quantile", "ltorch.masked_scatter", "ltorch.batch_norm", "ltorch.sdpa_flash",
-                      "ltorch.native_batch_norm", "ltorch.linalg_inv", "ltorch.as_strided", "ltorch.empty")
+    unclaimed = _keys(
+        "uniform",
+        "device_put",
+        "ltorch.randn",
+        "ltorch.dropout",
+        "ltorch.native_dropout",
+        "ltorch.bernoulli",
+        "ltorch.binary_cross_entropy",
+        "ltorch.gaussian_nll_loss",
+        "ltorch.quantile",
+        "ltorch.masked_scatter",
+        "ltorch.batch_norm",
+        "ltorch.sdpa_flash",
+        "ltorch.native_batch_norm",
+        "ltorch.linalg_inv",
+        "ltorch.as_strided",
+        "ltorch.empty",
+    )
     assert not [key for key in unclaimed if key in registry]
     assert not any(torch_ex.registry[key].checker is not None for key in registry)
     # The tables name existing keys.
@@ -301,9 +347,13 @@ def test_claims_pure_compilable_keys_with_the_torch_executors_implementations():
 
 
 def test_integer_division_device_copies_and_masks_stay_eager():
-    checker = {name: inductor_ex.inductor_ex.registry[key].checker for name, key in zip(
-        ("div", "ltorch.div", "ltorch.floor_divide", "ltorch.to", "ltorch.getitem"),
-        _keys("div", "ltorch.div", "ltorch.floor_divide", "ltorch.to", "ltorch.getitem"))}
+    checker = {
+        name: inductor_ex.inductor_ex.registry[key].checker
+        for name, key in zip(
+            ("div", "ltorch.div", "ltorch.floor_divide", "ltorch.to", "ltorch.getitem"),
+            _keys("div", "ltorch.div", "ltorch.floor_divide", "ltorch.to", "ltorch.getitem"),
+        )
+    }
     i, f = torch.ones(3, dtype=torch.int64), torch.ones(3)
     assert not checker["div"](i, i) and checker["div"](f, f)
     assert checker["ltorch.div"](i, i) and not checker["ltorch.div"](i, 2, rounding_mode="floor")
@@ -316,7 +366,8 @@ def test_integer_division_device_copies_and_masks_stay_eager():
 # -- slow: more region shapes ----------------------------------------------------------------------
 
 REGIONS = {
-    "matmul_and_views": ("""
+    "matmul_and_views": (
+        """
         t3 = prim_reshape(t0, (4, 2, 16))
         t4 = prim_transpose(t3, (1, 0, 2))
         t5 = prim_reshape(t4, (2, 64))
@@ -324,39 +375,63 @@ REGIONS = {
         t7 = prim_matmul(t6, prim_transpose(t6, (1, 0)))
         t8 = torch_gelu(t7)
         return (t6, t8)
-    """, "t0, t1, t2", lambda: (torch.randn(8, 16), torch.randn(5, 64), torch.randn(5))),
-    "layer_norm_forward_backward": ("""
+    """,
+        "t0, t1, t2",
+        lambda: (torch.randn(8, 16), torch.randn(5, 64), torch.randn(5)),
+    ),
+    "layer_norm_forward_backward": (
+        """
         (t3, t4, t5) = torch_native_layer_norm(t0, (16,), t1, t2, 1e-5)
         (t6, t7, t8) = torch_native_layer_norm_backward(t3, t0, (16,), t4, t5, t1, t2, (True, True, True))
         return (t3, t4, t5, t6, t7, t8)
-    """, "t0, t1, t2", lambda: (torch.randn(4, 8, 16), torch.randn(16), torch.randn(16))),
-    "softmax_and_gelu_backward": ("""
+    """,
+        "t0, t1, t2",
+        lambda: (torch.randn(4, 8, 16), torch.randn(16), torch.randn(16)),
+    ),
+    "softmax_and_gelu_backward": (
+        """
         t2 = torch_softmax(t0, -1)
         t3 = torch_softmax_backward(t1, t2, 1)
         t4 = torch_gelu_backward(t1, t0, approximate="tanh")
         t5 = torch_log_softmax(t0, 0)
         t6 = torch_log_softmax_backward(t1, t5, 0)
         return (t3, t4, t6)
-    """, "t0, t1", lambda: (torch.randn(6, 10), torch.randn(6, 10))),
-    "non_contiguous_and_broadcast_inputs": ("""
+    """,
+        "t0, t1",
+        lambda: (torch.randn(6, 10), torch.randn(6, 10)),
+    ),
+    "non_contiguous_and_broadcast_inputs": (
+        """
         t3 = prim_broadcast_in_dim(t1, (6, 5), (1,))
         t4 = prim_mul(t0, t3)
         t5 = prim_add(t4, t2)
         t6 = prim_amax(t5, (0,))
         return (t5, t6)
-    """, "t0, t1, t2", lambda: (torch.randn(5, 6).t(), torch.randn(10)[::2], torch.randn(1, 5).expand(6, 5))),
-    "storage_offset": ("""
+    """,
+        "t0, t1, t2",
+        lambda: (torch.randn(5, 6).t(), torch.randn(10)[::2], torch.randn(1, 5).expand(6, 5)),
+    ),
+    "storage_offset": (
+        """
         t1 = prim_exp(t0)
         return (prim_mul(t1, t0),)
-    """, "t0", lambda: (torch.randn(40)[3:35].view(4, 8),)),
-    "zero_dim_and_empty": ("""
+    """,
+        "t0",
+        lambda: (torch.randn(40)[3:35].view(4, 8),),
+    ),
+    "zero_dim_and_empty": (
+        """
         t2 = prim_broadcast_in_dim(t0, (0, 3), ())
         t3 = prim_add(t1, t2)
         t4 = prim_sum(t3, (0,))
         t5 = prim_mul(t0, t0)
         return (t3, t4, t5)
-    """, "t0, t1", lambda: (torch.tensor(1.5), torch.randn(0, 3))),
-    "integer_and_bool": ("""
+    """,
+        "t0, t1",
+        lambda: (torch.tensor(1.5), torch.randn(0, 3)),
+    ),
+    "integer_and_bool": (
+        """
         t2 = prim_add(t0, t1)
         t3 = prim_mul(t2, 3)
         t4 = prim_gt(t3, t1)
@@ -365,17 +440,28 @@ REGIONS = {
         t7 = prim_sum(t6, (1,))
         t8 = prim_convert_element_type(t5, torch.float32)
         return (t6, t7, t8, t5)
-    """, "t0, t1", lambda: (torch.randint(-5, 5, (4, 6)), torch.randint(-5, 5, (4, 6)))),
-    "number_inputs": ("""
+    """,
+        "t0, t1",
+        lambda: (torch.randint(-5, 5, (4, 6)), torch.randint(-5, 5, (4, 6))),
+    ),
+    "number_inputs": (
+        """
         t3 = prim_mul(t0, a)
         t4 = prim_add(t3, b)
         t5 = prim_mul(t4, c)
         return (t5, prim_pow(t0, 2))
-    """, "t0, a, b, c", lambda: (torch.randn(3, 4), 3, -0.25, True)),
-    "output_is_an_input": ("""
+    """,
+        "t0, a, b, c",
+        lambda: (torch.randn(3, 4), 3, -0.25, True),
+    ),
+    "output_is_an_input": (
+        """
         t1 = prim_neg(t0)
         return (t0, t1, t1)
-    """, "t0", lambda: (torch.randn(3),)),
+    """,
+        "t0",
+        lambda: (torch.randn(3),),
+    ),
 }
 
 
@@ -449,6 +535,7 @@ def test_artifact_keys_change_with_layout_callees_and_settings(tmp_path, monkeyp
     # its closure holds.
     def user_impl(factor):
         return lambda x: x * factor
+
     keys = set()
     for impl in (user_impl(2.0), user_impl(3.0), lambda x: x + 2.0):
         source = "def inductor_fusion_user(t0):\n    t1 = user_op(t0)\n    return (prim_sin(t1),)\n"
@@ -459,6 +546,7 @@ def test_artifact_keys_change_with_layout_callees_and_settings(tmp_path, monkeyp
 
     # Inductor's config and the thread count are in the key.
     from torch._inductor import config
+
     with config.patch(max_autotune=not config.max_autotune):
         assert _entry(r, a, b, 2.0).key != key
     threads = torch.get_num_threads()
@@ -593,7 +681,6 @@ def test_a_later_process_loads_regions_from_the_artifact_cache_and_never_runs_a_
     assert finish(start()) == [1, 1, 0, 0]
 
 
-
 # -- end to end: jit(fn, executors=["inductor"]) ---------------------------------------------------
 
 
@@ -639,9 +726,15 @@ def test_repeated_layers_make_regions_with_one_key(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype,explicit_attention", [
-    (torch.float32, False), (torch.float32, True), (torch.float64, False),
-], ids=["float32-sdpa", "float32-masked_softmax", "float64-sdpa"])
+@pytest.mark.parametrize(
+    "dtype,explicit_attention",
+    [
+        (torch.float32, False),
+        (torch.float32, True),
+        (torch.float64, False),
+    ],
+    ids=["float32-sdpa", "float32-masked_softmax", "float64-sdpa"],
+)
 def test_nanogpt_adamw_training_with_inductor_matches_eager(dtype, explicit_attention, one_thread):
     assert_nanogpt_trains_like_eager(dtype, explicit_attention, executors=["inductor"])
 
@@ -662,6 +755,7 @@ def _in_a_region(op):
     """``op`` called on its inputs times 1: the partitioner leaves a single op to the torch
     executor, so alone the op would not reach Inductor; with its inputs' products it makes a
     region forward, and its gradient with theirs one backward."""
+
     def fn(*args, **kwargs):
         return op(*_scaled(args), **{k: _scaled(v) for k, v in kwargs.items()})
 
@@ -736,6 +830,7 @@ def test_avg_pool_gradient_with_overhanging_ceil_mode_windows_equals_eager(dims,
 @pytest.mark.parametrize("mode", ["nearest", "bilinear"])
 def test_upsample_gradient_with_a_scale_factor_that_is_not_the_sizes_ratio_equals_eager(mode, one_thread):
     """Inductor's upsample backward maps indices by the sizes' ratio, eager by the scale factor."""
+
     def fn(x):
         return torch.nn.functional.interpolate(x * 2.0, scale_factor=1.7, mode=mode).exp()
 
@@ -753,8 +848,11 @@ def test_convolution_gradient_of_an_empty_batch_equals_eager(one_thread):
     def fn(x, w, b):
         return torch.nn.functional.conv2d(x * 2.0, w * 1.0, b).sin()
 
-    args = [torch.randn(0, 3, 5, 5, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64),
-            torch.randn(4, dtype=torch.float64)]
+    args = [
+        torch.randn(0, 3, 5, 5, dtype=torch.float64),
+        torch.randn(4, 3, 3, 3, dtype=torch.float64),
+        torch.randn(4, dtype=torch.float64),
+    ]
     args = [a.requires_grad_() for a in args]
     expected = torch.autograd.grad(fn(*args).sum(), args)
     actual = torch.autograd.grad(thunder_rs.jit(fn, executors=["inductor"])(*args).sum(), args)

@@ -173,7 +173,8 @@ def test_returning_a_written_input_returns_the_callers_tensor():
 
 
 @pytest.mark.parametrize(
-    "op", ["__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__"])
+    "op", ["__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__"]
+)
 @pytest.mark.parametrize("dtype", [*DTYPES, pytest.param(torch.int64, id="int64")])
 def test_augmented_assignment(op, dtype):
     if dtype == torch.int64 and op == "__itruediv__":
@@ -564,8 +565,10 @@ def test_casts_eager_refuses(fn, exc):
 
 
 @pytest.mark.parametrize(
-    "call", [lambda x: x.unsqueeze_(0), lambda x: x.t_(), lambda x: x.resize_(12), lambda x: x.detach_()],
-    ids=["unsqueeze_", "t_", "resize_", "detach_"])
+    "call",
+    [lambda x: x.unsqueeze_(0), lambda x: x.t_(), lambda x: x.resize_(12), lambda x: x.detach_()],
+    ids=["unsqueeze_", "t_", "resize_", "detach_"],
+)
 def test_in_place_changes_of_what_a_tensor_is_are_refused(call):
     with pytest.raises(NotImplementedError, match=r"test_inplace.py:\d+") as info:
         thunder_rs.jit(lambda x: call(x * 1))(torch.randn(3, 4))

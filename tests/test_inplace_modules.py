@@ -154,14 +154,21 @@ def test_batch_norm_with_one_value_per_channel_is_eagers_error():
 
 
 ACTIVATIONS = [
-    lambda: nn.ReLU(inplace=True), lambda: nn.ReLU6(inplace=True), lambda: nn.SiLU(inplace=True),
-    lambda: nn.Hardtanh(-0.3, 0.4, inplace=True), lambda: nn.ELU(inplace=True), lambda: nn.LeakyReLU(0.1, inplace=True),
-    lambda: nn.Threshold(0.1, -1.0, inplace=True), lambda: nn.Dropout(0.0, inplace=True),
+    lambda: nn.ReLU(inplace=True),
+    lambda: nn.ReLU6(inplace=True),
+    lambda: nn.SiLU(inplace=True),
+    lambda: nn.Hardtanh(-0.3, 0.4, inplace=True),
+    lambda: nn.ELU(inplace=True),
+    lambda: nn.LeakyReLU(0.1, inplace=True),
+    lambda: nn.Threshold(0.1, -1.0, inplace=True),
+    lambda: nn.Dropout(0.0, inplace=True),
 ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("make", ACTIVATIONS, ids=["relu", "relu6", "silu", "hardtanh", "elu", "leaky_relu", "threshold", "dropout"])
+@pytest.mark.parametrize(
+    "make", ACTIVATIONS, ids=["relu", "relu6", "silu", "hardtanh", "elu", "leaky_relu", "threshold", "dropout"]
+)
 def test_inplace_activation_after_linear(make, dtype):
     """The activation's input is the Linear's output, which its backward needs: computed out of
     place, the gradients are eager's (overwriting it in place gave gradients off by up to 0.6)."""
@@ -212,8 +219,13 @@ class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True),
+            nn.Conv2d(3, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1, bias=False),
+            nn.BatchNorm2d(16),
+            nn.ReLU(inplace=True),
             nn.AdaptiveAvgPool2d(1),
         )
         self.head = nn.Linear(16, 5)
@@ -240,13 +252,20 @@ def test_small_cnn_trains_like_eager():
 #: own gradient at NaN differs between float32 and float64 for hardtanh, relu6 and elu.
 TIES = [-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 6.0, 7.0, 0.0]
 TIE_OPS = [
-    ("relu", F.relu), ("relu6", F.relu6), ("hardtanh", lambda x: F.hardtanh(x, -1.0, 1.0)),
-    ("leaky_relu", lambda x: F.leaky_relu(x, 0.2)), ("elu", F.elu), ("threshold", lambda x: F.threshold(x, 0.5, -3.0)),
-    ("clamp", lambda x: x.clamp(-1.0, 1.0)), ("clamp_min", lambda x: x.clamp_min(0.5)),
-    ("clamp_max", lambda x: torch.clamp_max(x, 0.5)), ("clamp_int_bounds", lambda x: x.clamp(0, 6)),
+    ("relu", F.relu),
+    ("relu6", F.relu6),
+    ("hardtanh", lambda x: F.hardtanh(x, -1.0, 1.0)),
+    ("leaky_relu", lambda x: F.leaky_relu(x, 0.2)),
+    ("elu", F.elu),
+    ("threshold", lambda x: F.threshold(x, 0.5, -3.0)),
+    ("clamp", lambda x: x.clamp(-1.0, 1.0)),
+    ("clamp_min", lambda x: x.clamp_min(0.5)),
+    ("clamp_max", lambda x: torch.clamp_max(x, 0.5)),
+    ("clamp_int_bounds", lambda x: x.clamp(0, 6)),
     ("clamp_tensor", lambda x: x.clamp(torch.full_like(x, -1.0), torch.full_like(x, 1.0))),
     ("clamp_min_tensor", lambda x: x.clamp(min=torch.zeros_like(x))),
-    ("maximum", lambda x: torch.maximum(x, torch.zeros_like(x))), ("minimum", lambda x: torch.minimum(x, torch.ones_like(x))),
+    ("maximum", lambda x: torch.maximum(x, torch.zeros_like(x))),
+    ("minimum", lambda x: torch.minimum(x, torch.ones_like(x))),
     ("relu_inplace", lambda x: F.relu(x * 1, inplace=True)),
 ]
 
@@ -346,10 +365,17 @@ def test_torchvision_resnet18_trains_like_eager():
     assert thunder_rs.cache_misses(jmodule) == 1
 
 
-@pytest.mark.parametrize("overwrite", [
-    lambda y: y.fill_(2.0), lambda y: y.zero_(), lambda y: y.copy_(torch.ones(3)), lambda y: y.__setitem__(slice(None), 2.0),
-    lambda y: y.__setitem__(Ellipsis, 3.0),
-], ids=["fill_", "zero_", "copy_", "full_slice", "ellipsis"])
+@pytest.mark.parametrize(
+    "overwrite",
+    [
+        lambda y: y.fill_(2.0),
+        lambda y: y.zero_(),
+        lambda y: y.copy_(torch.ones(3)),
+        lambda y: y.__setitem__(slice(None), 2.0),
+        lambda y: y.__setitem__(Ellipsis, 3.0),
+    ],
+    ids=["fill_", "zero_", "copy_", "full_slice", "ellipsis"],
+)
 def test_a_tensor_overwritten_whole_keeps_its_history_with_a_zero_gradient(overwrite):
     # Eager's in-place copy leaves the tensor requiring grad; its inputs get a zero gradient,
     # which an optimizer with weight decay treats otherwise than no gradient.

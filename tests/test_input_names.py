@@ -44,7 +44,8 @@ def test_module_parameters_are_named_by_their_qualified_names():
     out = jm(x)
     out.sum().backward()
     assert _signature(thunder_rs.last_traces(jm)[-1]) == (
-        "l_hidden, layers_0_weight, layers_0_bias, layers_1_weight, head_0_weight, head_0_bias")
+        "l_hidden, layers_0_weight, layers_0_bias, layers_1_weight, head_0_weight, head_0_bias"
+    )
     torch.testing.assert_close(out, model(x))
     assert model.layers[0].weight.grad is not None
 
@@ -86,6 +87,7 @@ pytree.register_pytree_node(_Pair, lambda p: ([p.a, p.b], None), lambda leaves, 
 
 def test_a_pytree_node_without_key_paths_gets_positional_names():
     """A node registered without ``flatten_with_keys_fn`` cannot name its children."""
+
     def f(pair):
         return pair.a * pair.b
 

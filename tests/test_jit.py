@@ -45,7 +45,7 @@ def test_traces_are_readable_and_runnable_text():
     jf(torch.randn(4, 4), torch.randn(4, 4))
     traces = thunder_rs.last_traces(jf)
     acquired, execution = str(traces[0]), str(traces[-1])
-    assert 'ltorch.sin(' in acquired and '# t' in acquired and 'prims.sin(' in acquired
+    assert "ltorch.sin(" in acquired and "# t" in acquired and "prims.sin(" in acquired
     assert "def computation(" in execution and (".sin()" in execution or ".sin_()" in execution)
     assert [t.label for t in traces] == ["acquired", "dce", "cse", "views", "claim", "lifetimes"]
 
@@ -326,6 +326,7 @@ def test_a_data_dependent_refusal_the_program_catches_still_fails_the_trace():
             n = 1
         return x * n
 
-    with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="numpy: data-dependent .*The program caught "
-                                                                      "this error"):
+    with pytest.raises(
+        thunder_rs.errors.ThunderRuntimeError, match="numpy: data-dependent .*The program caught this error"
+    ):
         thunder_rs.jit(program)(torch.ones(2))

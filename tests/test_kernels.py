@@ -23,8 +23,11 @@ from thunder_rs.core.lang.executor_api import default_executors, whole_runners
 from thunder_rs.executors.torch_ex import torch_ex
 from thunder_rs.torch import kernels
 
-TOLERANCE = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-5),
-             torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+TOLERANCE = {
+    torch.float64: dict(rtol=1e-10, atol=1e-10),
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+}
 
 
 @contextlib.contextmanager
@@ -97,7 +100,11 @@ def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_valu
     def inputs(dtype):
         q, k = randn(2, 3, query_len, 8, dtype=dtype), randn(2, 3, key_len, 8, dtype=dtype)
         # A value whose last dim is not dense: torch 2.9's kernel needs it made so.
-        v = randn(2, 3, 8, key_len, dtype=dtype).transpose(-1, -2) if strided_value else randn(2, 3, key_len, 8, dtype=dtype)
+        v = (
+            randn(2, 3, 8, key_len, dtype=dtype).transpose(-1, -2)
+            if strided_value
+            else randn(2, 3, key_len, 8, dtype=dtype)
+        )
         if not backward:
             return (q, k, v), lambda q, k, v: kernels.sdpa_flash(q, k, v, causal, 0.3)
         out, lse = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=0.3)
@@ -119,29 +126,60 @@ def softmax_backward(symbol, log: bool, dim: int):
 def embedding(padding_idx: int, by_freq: bool):
     def inputs(dtype):
         indices = torch.tensor([[0, 2, 2], [5, 2, 0]])
-        return (randn(2, 3, 4, dtype=dtype), indices), lambda g, i: kernels.embedding_backward(g, i, 6, padding_idx, by_freq)
+        return (randn(2, 3, 4, dtype=dtype), indices), lambda g, i: kernels.embedding_backward(
+            g, i, 6, padding_idx, by_freq
+        )
 
     return inputs
 
 
 CASES = [
-    Case("native_layer_norm", kernels.native_layer_norm,
-         lambda d: ((randn(3, 4, 5, dtype=d), randn(4, 5, dtype=d), randn(4, 5, dtype=d)),
-                    lambda x, w, b: kernels.native_layer_norm(x, (4, 5), w, b, 1e-5))),
-    Case("native_layer_norm_plain", kernels.native_layer_norm,
-         lambda d: ((randn(3, 4, 5, dtype=d),), lambda x: kernels.native_layer_norm(x, (5,), None, None, 1e-2))),
+    Case(
+        "native_layer_norm",
+        kernels.native_layer_norm,
+        lambda d: (
+            (randn(3, 4, 5, dtype=d), randn(4, 5, dtype=d), randn(4, 5, dtype=d)),
+            lambda x, w, b: kernels.native_layer_norm(x, (4, 5), w, b, 1e-5),
+        ),
+    ),
+    Case(
+        "native_layer_norm_plain",
+        kernels.native_layer_norm,
+        lambda d: ((randn(3, 4, 5, dtype=d),), lambda x: kernels.native_layer_norm(x, (5,), None, None, 1e-2)),
+    ),
     Case("native_layer_norm_backward", kernels.native_layer_norm_backward, layer_norm_backward([True, True, True])),
-    Case("native_layer_norm_backward_input", kernels.native_layer_norm_backward,
-         layer_norm_backward([True, False, False], params=False)),
-    Case("native_layer_norm_backward_weight", kernels.native_layer_norm_backward, layer_norm_backward([False, True, False])),
-    Case("native_dropout_backward", kernels.native_dropout_backward,
-         lambda d: ((randn(3, 4, dtype=d), torch.rand(3, 4) < 0.7), lambda g, m: kernels.native_dropout_backward(g, m, 1 / 0.7))),
-    Case("gelu_backward", kernels.gelu_backward,
-         lambda d: ((randn(3, 4, dtype=d), randn(4, 3, dtype=d).t()), lambda g, x: kernels.gelu_backward(g, x))),
-    Case("gelu_backward_tanh", kernels.gelu_backward,
-         lambda d: ((randn(3, 4, dtype=d), randn(3, 4, dtype=d)), lambda g, x: kernels.gelu_backward(g, x, "tanh"))),
+    Case(
+        "native_layer_norm_backward_input",
+        kernels.native_layer_norm_backward,
+        layer_norm_backward([True, False, False], params=False),
+    ),
+    Case(
+        "native_layer_norm_backward_weight",
+        kernels.native_layer_norm_backward,
+        layer_norm_backward([False, True, False]),
+    ),
+    Case(
+        "native_dropout_backward",
+        kernels.native_dropout_backward,
+        lambda d: (
+            (randn(3, 4, dtype=d), torch.rand(3, 4) < 0.7),
+            lambda g, m: kernels.native_dropout_backward(g, m, 1 / 0.7),
+        ),
+    ),
+    Case(
+        "gelu_backward",
+        kernels.gelu_backward,
+        lambda d: ((randn(3, 4, dtype=d), randn(4, 3, dtype=d).t()), lambda g, x: kernels.gelu_backward(g, x)),
+    ),
+    Case(
+        "gelu_backward_tanh",
+        kernels.gelu_backward,
+        lambda d: ((randn(3, 4, dtype=d), randn(3, 4, dtype=d)), lambda g, x: kernels.gelu_backward(g, x, "tanh")),
+    ),
     Case("softmax_backward", kernels.softmax_backward, softmax_backward(kernels.softmax_backward, False, 1)),
-    Case("log_softmax_backward", kernels.log_softmax_backward, softmax_backward(kernels.log_softmax_backward, True, -1)),
+    Case(
+        "log_softmax_backward", kernels.log_softmax_backward, softmax_backward(kernels.log_softmax_backward, True, -1)
+    ),
     Case("embedding_backward", kernels.embedding_backward, embedding(-1, False)),
     Case("embedding_backward_padding_by_freq", kernels.embedding_backward, embedding(2, True)),
     Case("nll_loss_forward_mean", kernels.nll_loss_forward, nll("mean", weighted=True)),
@@ -156,7 +194,11 @@ CASES = [
     Case("sdpa_flash_strided_value", kernels.sdpa_flash, attention(True, strided_value=True)),
     Case("sdpa_flash_backward", kernels.sdpa_flash_backward, attention(False, backward=True)),
     Case("sdpa_flash_backward_strided_value", kernels.sdpa_flash_backward, attention(False, True, strided_value=True)),
-    Case("sdpa_flash_backward_causal", kernels.sdpa_flash_backward, attention(True, backward=True, query_len=3, key_len=5)),
+    Case(
+        "sdpa_flash_backward_causal",
+        kernels.sdpa_flash_backward,
+        attention(True, backward=True, query_len=3, key_len=5),
+    ),
 ]
 
 
@@ -331,8 +373,9 @@ def test_a_kernel_whose_runners_refuse_the_call_records_its_decomposition():
     call = lambda x: kernels.native_layer_norm(x, (4,), None, None, 1e-5)  # noqa: E731
     for accepts, whole in ((True, True), (False, False)):
         executor = thunder_rs.executors.Executor("picky")
-        executor.register_implementation(kernels.native_layer_norm, torch.native_layer_norm,
-                                         checker=lambda *args, accepts=accepts: accepts)
+        executor.register_implementation(
+            kernels.native_layer_norm, torch.native_layer_norm, checker=lambda *args, accepts=accepts: accepts
+        )
         made = _made_recording(call, (x,), whole_runners([executor]), in_rule=True)
         assert (made == 3) == whole
 
@@ -351,8 +394,10 @@ def test_a_whole_kernel_the_vjp_must_differentiate_is_refused_naming_it():
 
     try:
         fn = thunder_rs.jit(lambda x: torch.nn.functional.silu(x) * 2)
-        with pytest.raises(thunder_rs.errors.ThunderNotImplementedError,
-                           match="ltorch.native_layer_norm: was recorded without its decomposition"):
+        with pytest.raises(
+            thunder_rs.errors.ThunderNotImplementedError,
+            match="ltorch.native_layer_norm: was recorded without its decomposition",
+        ):
             fn(randn(3, 4, dtype=torch.float32).requires_grad_())
     finally:
         GRAD_RULES[ltorch.silu.symbol_id] = builtin

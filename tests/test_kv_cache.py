@@ -31,22 +31,37 @@ PROMPT = 5
 STEPS = 8
 WINDOW = 4  # Gemma-2's sliding window: shorter than the prompt, so its layers drop tokens
 COMMON = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-DECODER = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
-               intermediate_size=64, max_position_embeddings=64, **COMMON)
+DECODER = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=32,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    **COMMON,
+)
 TOL = dict(rtol=1e-4, atol=1e-5)
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              # Each decoding step recompiles (a new cache length): the warning at the 8th is expected.
-              pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled"),
-              pytest.mark.filterwarnings("ignore:.*past_key_values.* is deprecated:FutureWarning")]
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    # Each decoding step recompiles (a new cache length): the warning at the 8th is expected.
+    pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled"),
+    pytest.mark.filterwarnings("ignore:.*past_key_values.* is deprecated:FutureWarning"),
+]
 
 FAMILIES = {
     "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(head_dim=8, **DECODER)),
     "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**DECODER)),
     "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(head_dim=8, sliding_window=WINDOW, **DECODER)),
-    "qwen2_moe": lambda: T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2,
-                                                                moe_intermediate_size=16,
-                                                                shared_expert_intermediate_size=32, **DECODER)),
+    "qwen2_moe": lambda: T.Qwen2MoeForCausalLM(
+        T.Qwen2MoeConfig(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=32,
+            **DECODER,
+        )
+    ),
     "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**DECODER)),
     "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, **COMMON)),
 }
@@ -208,12 +223,14 @@ def test_generate_of_an_encoder_decoder_runs_compiled_forwards():
     # T5's EncoderDecoderCache marks each layer's cross-attention cache filled on the first step
     # (``cache.is_updated[i] = True``, an item of a dict of the argument): every call sets it again.
     torch.manual_seed(0)
-    model = T.T5ForConditionalGeneration(T.T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64,
-                                                    decoder_start_token_id=0, **COMMON)).eval()
+    model = T.T5ForConditionalGeneration(
+        T.T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64, decoder_start_token_id=0, **COMMON)
+    ).eval()
     eager = copy.deepcopy(model)
     jmodel = thunder_rs.jit(model)
-    torch.testing.assert_close(jmodel.generate(**padded_prompt(), **GENERATE), eager.generate(**padded_prompt(),
-                                                                                               **GENERATE))
+    torch.testing.assert_close(
+        jmodel.generate(**padded_prompt(), **GENERATE), eager.generate(**padded_prompt(), **GENERATE)
+    )
     assert_generate_ran_compiled(jmodel)
 
 
@@ -222,8 +239,11 @@ def test_a_cache_that_makes_its_layers_in_the_call_is_refused_and_left_as_it_was
     # compiled call would not append them again. DynamicCache(config=model.config) makes them first.
     model = tiny("llama")
     cache = T.DynamicCache()
-    with pytest.raises(ThunderNotImplementedError, match=r"changed the list (cache|past_key_values)\.layers, which it "
-                                                           r"reached through its arguments, leaving objects in it"):
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=r"changed the list (cache|past_key_values)\.layers, which it "
+        r"reached through its arguments, leaving objects in it",
+    ):
         with torch.no_grad():
             thunder_rs.jit(model)(input_ids=prompt(), **{cache_keyword(model): cache})
     assert cache.layers == []

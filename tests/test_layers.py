@@ -116,17 +116,26 @@ def layer_of(module: str) -> int:
 
 
 def upward_imports(found: Sequence[Import]) -> list[str]:
-    return [f"{i.module}:{i.line} imports {i.target} ({LAYERS[layer_of(i.module)][0]} -> "
-            f"{LAYERS[layer_of(i.target)][0]})" for i in found if layer_of(i.target) > layer_of(i.module)]
+    return [
+        f"{i.module}:{i.line} imports {i.target} ({LAYERS[layer_of(i.module)][0]} -> {LAYERS[layer_of(i.target)][0]})"
+        for i in found
+        if layer_of(i.target) > layer_of(i.module)
+    ]
 
 
 def function_level_imports(found: Sequence[Import], in_functions: Sequence[tuple[str, int, str]]) -> list[str]:
     """Any import inside a core function not in ``CORE_LAZY_IMPORTS``, and imports of thunder_rs
     modules inside functions of the other layers (a cycle dodged)."""
-    core = [f"{module}:{line}: {source}" for module, line, source in in_functions
-            if LAYERS[layer_of(module)][0].startswith("core") and (module, source) not in CORE_LAZY_IMPORTS]
-    others = [f"{i.module}:{i.line} imports {i.target} inside a function" for i in found
-              if i.in_function and not LAYERS[layer_of(i.module)][0].startswith("core")]
+    core = [
+        f"{module}:{line}: {source}"
+        for module, line, source in in_functions
+        if LAYERS[layer_of(module)][0].startswith("core") and (module, source) not in CORE_LAZY_IMPORTS
+    ]
+    others = [
+        f"{i.module}:{i.line} imports {i.target} inside a function"
+        for i in found
+        if i.in_function and not LAYERS[layer_of(i.module)][0].startswith("core")
+    ]
     return core + others
 
 
@@ -216,8 +225,12 @@ def test_the_checks_see_what_they_forbid(tmp_path):
         (package / name).parent.mkdir(parents=True, exist_ok=True)
         (package / name).write_text(source)
     found, in_functions = imports(package)
-    assert upward_imports(found) == ["thunder_rs.core.a:2 imports thunder_rs.torch (core.base -> torch)",
-                                     "thunder_rs.core.state.c:1 imports thunder_rs.core.run.d (core.state -> core.run)"]
+    assert upward_imports(found) == [
+        "thunder_rs.core.a:2 imports thunder_rs.torch (core.base -> torch)",
+        "thunder_rs.core.state.c:1 imports thunder_rs.core.run.d (core.state -> core.run)",
+    ]
     assert function_level_imports(found, in_functions) == [
-        "thunder_rs.core.b:5: import numpy", "thunder_rs.torch:5 imports thunder_rs.torch.shape inside a function"]
+        "thunder_rs.core.b:5: import numpy",
+        "thunder_rs.torch:5 imports thunder_rs.torch.shape inside a function",
+    ]
     assert cycles(found) == [["thunder_rs.core.a", "thunder_rs.torch"]]

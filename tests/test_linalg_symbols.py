@@ -18,7 +18,9 @@ def test_opaque_linalg_is_supported_not_fallback():
 
     report = thunder_rs.examine(f, a, b)
     assert not report.fallbacks
-    assert {"ltorch.linalg_svd", "ltorch.linalg_solve", "ltorch.linalg_det", "ltorch.linalg_lstsq"} <= set(report.supported)
+    assert {"ltorch.linalg_svd", "ltorch.linalg_solve", "ltorch.linalg_det", "ltorch.linalg_lstsq"} <= set(
+        report.supported
+    )
 
 
 def test_opaque_linalg_backward_runs_torch_derivative():

@@ -40,8 +40,10 @@ def test_recompiles_are_logged_with_their_reason(caplog):
         jf(torch.ones(3), 2.0)
     assert _messages(caplog, "thunder_rs.recompiles") == [
         "test_recompiles_are_logged_with_their_reason.<locals>.scaled compiled: first call",
-        ("test_recompiles_are_logged_with_their_reason.<locals>.scaled recompiled (compilation 2): "
-         "x: shape torch.Size([2]) -> torch.Size([3])"),
+        (
+            "test_recompiles_are_logged_with_their_reason.<locals>.scaled recompiled (compilation 2): "
+            "x: shape torch.Size([2]) -> torch.Size([3])"
+        ),
     ]
     assert caplog.records[0].levelno == logging.INFO
 
@@ -102,7 +104,9 @@ def test_set_logs_rejects_a_non_level():
 
 
 def test_unknown_log_names_list_the_valid_ones():
-    with pytest.raises(ThunderValueError, match="unknown log name 'recompile'; valid names: all, recompiles, fallbacks, passes"):
+    with pytest.raises(
+        ThunderValueError, match="unknown log name 'recompile'; valid names: all, recompiles, fallbacks, passes"
+    ):
         logs.parse_log_setting("recompile,passes")
     assert logs.parse_log_setting(" recompiles, passes ") == {"recompiles": True, "passes": True}
 
@@ -121,7 +125,9 @@ def _run(env_value):
     env.pop("THUNDER_RS_LOG", None)
     if env_value is not None:
         env["THUNDER_RS_LOG"] = env_value
-    return subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", _PROGRAM], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_the_environment_switch_prints_to_stderr():
@@ -130,7 +136,9 @@ def test_the_environment_switch_prints_to_stderr():
     assert result.stdout == "done\n"
     lines = result.stderr.splitlines()
     assert [line.split(":")[0] for line in lines if line.startswith("[thunder_rs.recompiles]")] == [
-        "[thunder_rs.recompiles] <lambda> compiled", "[thunder_rs.recompiles] <lambda> recompiled (compilation 2)"]
+        "[thunder_rs.recompiles] <lambda> compiled",
+        "[thunder_rs.recompiles] <lambda> recompiled (compilation 2)",
+    ]
     assert sum(line.startswith("[thunder_rs.fallbacks]") for line in lines) == 2
     assert not any(line.startswith("[thunder_rs.passes]") for line in lines)
 

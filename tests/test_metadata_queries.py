@@ -8,7 +8,9 @@ import torch
 import thunder_rs
 
 
-@pytest.mark.parametrize("other", [torch.tensor(2), 2.5, torch.ones(2, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)])
+@pytest.mark.parametrize(
+    "other", [torch.tensor(2), 2.5, torch.ones(2, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bfloat16])
 def test_result_type_and_numel_are_eagers(dtype, other):
     def program(x):
@@ -20,9 +22,16 @@ def test_result_type_and_numel_are_eagers(dtype, other):
     torch.testing.assert_close(out, expected)
 
 
-@pytest.mark.parametrize("program", [
-    lambda x: x.t().view(12), lambda x: x.t().view(-1), lambda x: x[:, :2].view(6), lambda x: x[:1].expand(3, 4).view(12),
-], ids=["transposed", "inferred", "sliced", "expanded"])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: x.t().view(12),
+        lambda x: x.t().view(-1),
+        lambda x: x[:, :2].view(6),
+        lambda x: x[:1].expand(3, 4).view(12),
+    ],
+    ids=["transposed", "inferred", "sliced", "expanded"],
+)
 def test_a_view_of_a_layout_eager_cannot_view_raises_eagers_error(program):
     x = torch.randn(3, 4)
     with pytest.raises(RuntimeError, match="view size is not compatible"):
@@ -31,10 +40,16 @@ def test_a_view_of_a_layout_eager_cannot_view_raises_eagers_error(program):
         thunder_rs.jit(program)(x)
 
 
-@pytest.mark.parametrize("program", [
-    lambda x: x.view(12), lambda x: x.t().view(4, 1, 3), lambda x: x[1:].view(8),
-    lambda x: x[:, None].expand(3, 2, 4).view(3, 2, 2, 2),
-], ids=["contiguous", "size_one_dim", "row_slice", "expanded_middle"])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: x.view(12),
+        lambda x: x.t().view(4, 1, 3),
+        lambda x: x[1:].view(8),
+        lambda x: x[:, None].expand(3, 2, 4).view(3, 2, 2, 2),
+    ],
+    ids=["contiguous", "size_one_dim", "row_slice", "expanded_middle"],
+)
 def test_views_eager_can_make_still_alias(program):
     x = torch.randn(3, 4)
     out = thunder_rs.jit(program)(x)

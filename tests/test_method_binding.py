@@ -6,13 +6,16 @@ import torch
 import thunder_rs
 
 
-@pytest.mark.parametrize("call", [
-    lambda c, x, y: x.where(c, y),
-    lambda c, x, y: x.where(condition=c, other=y),
-    lambda c, x, y: x.where(c, 2.5),
-    lambda c, x, y: torch.where(c, x, y),
-    lambda c, x, y: y.where(c, x) * x.where(~c, y),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c, x, y: x.where(c, y),
+        lambda c, x, y: x.where(condition=c, other=y),
+        lambda c, x, y: x.where(c, 2.5),
+        lambda c, x, y: torch.where(c, x, y),
+        lambda c, x, y: y.where(c, x) * x.where(~c, y),
+    ],
+)
 def test_where_method_binds_receiver_as_values(call):
     x, y = torch.randn(4, 3), torch.randn(3)
     c = torch.randn(4, 3) > 0

@@ -19,20 +19,28 @@ def _layers():
     image = torch.randn(2, 3, 8, 8)
     return {
         "multihead_attention": (nn.MultiheadAttention(16, 4, batch_first=True), (x, x, x), {}),
-        "multihead_attention_without_weights": (nn.MultiheadAttention(16, 4, batch_first=True), (x, x, x),
-                                                {"need_weights": False}),
+        "multihead_attention_without_weights": (
+            nn.MultiheadAttention(16, 4, batch_first=True),
+            (x, x, x),
+            {"need_weights": False},
+        ),
         "lstm": (nn.LSTM(16, 8, batch_first=True), (x,), {}),
         "gru_two_layers": (nn.GRU(16, 8, num_layers=2, batch_first=True), (x,), {}),
         "rnn_relu": (nn.RNN(16, 8, batch_first=True, nonlinearity="relu"), (x,), {}),
         "transformer_encoder_layer": (nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True), (x,), {}),
-        "transformer_decoder_layer": (nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, batch_first=True), (x, x),
-                                      {}),
+        "transformer_decoder_layer": (nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, batch_first=True), (x, x), {}),
         "transformer": (nn.Transformer(16, 2, 1, 1, 32, dropout=0.0, batch_first=True), (x, x), {}),
-        "conv_batchnorm_inplace_silu": (nn.Sequential(nn.Conv1d(5, 8, 3), nn.BatchNorm1d(8), nn.SiLU(inplace=True)),
-                                        (x,), {}),
+        "conv_batchnorm_inplace_silu": (
+            nn.Sequential(nn.Conv1d(5, 8, 3), nn.BatchNorm1d(8), nn.SiLU(inplace=True)),
+            (x,),
+            {},
+        ),
         "groupnorm_mish": (nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.Mish()), (image,), {}),
-        "pixel_shuffle_upsample": (nn.Sequential(nn.Conv2d(3, 12, 1), nn.PixelShuffle(2),
-                                                 nn.Upsample(scale_factor=2, mode="bilinear")), (image,), {}),
+        "pixel_shuffle_upsample": (
+            nn.Sequential(nn.Conv2d(3, 12, 1), nn.PixelShuffle(2), nn.Upsample(scale_factor=2, mode="bilinear")),
+            (image,),
+            {},
+        ),
         "embedding_bag": (nn.EmbeddingBag(10, 4, mode="mean"), (torch.randint(0, 10, (3, 4)),), {}),
     }
 
@@ -89,6 +97,7 @@ def test_packing_a_padded_batch_inside_a_program_is_refused_naming_the_line():
         packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         return lstm(packed)[1][0]
 
-    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError,
-                       match=r"pack_padded_sequence: packing at .*test_nn_layers\.py:\d+"):
+    with pytest.raises(
+        thunder_rs.errors.ThunderNotImplementedError, match=r"pack_padded_sequence: packing at .*test_nn_layers\.py:\d+"
+    ):
         thunder_rs.jit(program)(torch.randn(2, 5, 4), torch.tensor([5, 3]))

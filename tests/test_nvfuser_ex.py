@@ -80,8 +80,13 @@ ALT = {"acosh": X + 1, "bitwise_not": IX}
 #: (prim, dtype) the executor leaves to torch: nvFuser has no such op.
 REFUSED = {("nextafter", torch.bfloat16), ("nextafter", torch.float16)}
 #: The ``fd.ops`` name each prim becomes, where it is not the prim's own.
-OP_NAMES = {"convert_element_type": "cast", "transpose": "permute", "amax": "max", "amin": "min",
-            "take": "index_select"}
+OP_NAMES = {
+    "convert_element_type": "cast",
+    "transpose": "permute",
+    "amax": "max",
+    "amin": "min",
+    "take": "index_select",
+}
 #: Reduced-precision floats as eager computes them: each op in float32, rounded at its output.
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 FLOAT_DTYPES = (torch.float32, *HALF_DTYPES)
@@ -285,6 +290,7 @@ def test_the_real_bindings_compile_no_such_half_function(what, op, dtypes, resul
 
 # -- regions hand on eager's dtypes and compute as torch does ----------------------------------------
 
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_ID)
 def test_regions_match_eager_in_each_dtype_and_layout(dtype, fake_ex):
     # test_cuda.py's region test (which failed on the H100 in each dtype) on the stand-in.
@@ -370,6 +376,7 @@ def test_gpt_training_steps_under_autocast_match_eager(dtype, fake_ex):
 
 # -- refusals ---------------------------------------------------------------------------------------
 
+
 def test_cpu_tensors_are_not_claimed_without_the_test_switch():
     ex = NvFuserExecutor("nvfuser_cpu_refused", module=fake)
     jfn = thunder_rs.jit(lambda x: (x.sin() + 1).exp(), executors=[ex])
@@ -438,13 +445,15 @@ def test_nvfuser_becomes_a_default_on_cuda_when_it_imports(monkeypatch):
 
 
 def test_unknown_prims_in_a_region_are_an_error_of_the_definition():
-    region = nvfuser_ex.Region("r", "k", "", lambda x: (x,), ("prims.flip",), 1, 1, ("t0",),
-                               (("prims.flip", ("t0", (0,)), ("t1",)),), ("t1",))
+    region = nvfuser_ex.Region(
+        "r", "k", "", lambda x: (x,), ("prims.flip",), 1, 1, ("t0",), (("prims.flip", ("t0", (0,)), ("t1",)),), ("t1",)
+    )
     with pytest.raises(ThunderNotImplementedError, match="no translation for prims.flip"):
         nvfuser_ex.define(fake, region, [torch.randn(3)])
 
 
 # -- the definition cache ---------------------------------------------------------------------------
+
 
 class Capturing(NvFuserExecutor):
     """Keeps the regions it fuses."""
@@ -490,6 +499,7 @@ def test_a_lazily_negated_input_is_resolved(fake_ex):
 
 
 # -- gradients through regions -----------------------------------------------------------------------
+
 
 def test_gpt_block_forward_and_gradients_match_eager(fake_ex):
     config = GPTConfig()

@@ -55,17 +55,73 @@ DIFFERS_FROM_EAGER = {
 #: op's first sample.
 SUBSET = {
     # elementwise, in-place and creation inside programs (H100: float32 returned for halves)
-    "add", "mul", "div", "sub", "neg", "abs", "exp", "sigmoid", "tanh", "pow", "where", "clamp", "lerp",
-    "addcmul", "maximum", "fmod", "remainder", "round", "sign", "isnan", "arange_in_fn", "zeros_in_fn",
-    "dropout_scaling", "mul__data", "mul__no_grad", "requires_grad_", "as_strided_computed",
+    "add",
+    "mul",
+    "div",
+    "sub",
+    "neg",
+    "abs",
+    "exp",
+    "sigmoid",
+    "tanh",
+    "pow",
+    "where",
+    "clamp",
+    "lerp",
+    "addcmul",
+    "maximum",
+    "fmod",
+    "remainder",
+    "round",
+    "sign",
+    "isnan",
+    "arange_in_fn",
+    "zeros_in_fn",
+    "dropout_scaling",
+    "mul__data",
+    "mul__no_grad",
+    "requires_grad_",
+    "as_strided_computed",
     # reductions, scans, statistics, norms
-    "sum", "mean", "prod", "amax", "var", "std", "var_mean", "logsumexp", "cumsum", "norm",
+    "sum",
+    "mean",
+    "prod",
+    "amax",
+    "var",
+    "std",
+    "var_mean",
+    "logsumexp",
+    "cumsum",
+    "norm",
     # shape, indexing, padding
-    "cat", "stack", "transpose", "getitem_mixed", "getitem_tensor", "gather", "index_select", "take_along_dim", "pad", "flip",
+    "cat",
+    "stack",
+    "transpose",
+    "getitem_mixed",
+    "getitem_tensor",
+    "gather",
+    "index_select",
+    "take_along_dim",
+    "pad",
+    "flip",
     # nn: activations, softmax, losses, normalization, pooling, sampling (H100: bf16 backward errors)
-    "gelu", "silu", "softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "cross_entropy",
-    "mse_loss", "multi_margin_loss", "local_response_norm", "lp_pool1d", "lp_pool2d", "avg_pool2d",
-    "grid_sample_nearest", "interpolate_nearest", "linear",
+    "gelu",
+    "silu",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "group_norm",
+    "rms_norm",
+    "cross_entropy",
+    "mse_loss",
+    "multi_margin_loss",
+    "local_response_norm",
+    "lp_pool1d",
+    "lp_pool2d",
+    "avg_pool2d",
+    "grid_sample_nearest",
+    "interpolate_nearest",
+    "linear",
 }
 
 
@@ -81,8 +137,9 @@ def _params(grad: bool, subset: bool):
             continue
         samples = 1 if subset else test_ops.sample_count(op, torch.float32)
         for dtype in DTYPES:
-            params += [pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{test_ops.dtype_name(dtype)}")
-                       for i in range(samples)]
+            params += [
+                pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{test_ops.dtype_name(dtype)}") for i in range(samples)
+            ]
     return params
 
 
@@ -172,8 +229,7 @@ def _check_forward(op, dtype, index, executor, device="cpu"):
     except (RuntimeError, NotImplementedError) as e:
         pytest.skip(f"eager has no {device} {dtype} kernel here: {e}")
     actual = thunder_rs.jit(program, executors=[executor])(*sample.args, **sample.kwargs)
-    _assert_as_eager(op, dtype, sample, actual, expected,
-                     lambda: _decomposed(program)(*sample.args, **sample.kwargs))
+    _assert_as_eager(op, dtype, sample, actual, expected, lambda: _decomposed(program)(*sample.args, **sample.kwargs))
     assert executor.stats["failures"] == 0, "a region ran eagerly: nvFuser could not define or compile it"
 
 

@@ -27,8 +27,10 @@ from opinfos.sampling import kinds_of_samples, sample_indices
 SELF_CHECK = os.environ.get("OPINFO_SELF_CHECK") == "1"
 TESTED_DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool)
 # CUDA parameters only where CUDA is: 25,000 skipped ones cost the CPU run about a minute.
-DEVICES = ("cpu", *([pytest.param("cuda", marks=(pytest.mark.requires_cuda, pytest.mark.gpu))]
-                    if torch.cuda.is_available() else []))
+DEVICES = (
+    "cpu",
+    *([pytest.param("cuda", marks=(pytest.mark.requires_cuda, pytest.mark.gpu))] if torch.cuda.is_available() else []),
+)
 
 WARNING_FILTERS = [
     # Some samples reduce over fewer elements than the correction (var of a 0-dim tensor is NaN, as in eager).
@@ -319,8 +321,9 @@ def test_op_grad_matches_eager(op: OpInfo, index: int, device: str) -> None:
     outputs = differentiable_call(op, sample, jit(op.op))[1]
     flags = [t.requires_grad for t in outputs]
     assert flags == expected_flags, f"requires_grad of the outputs: {flags}, eager {expected_flags}"
-    assert_same([t.detach() for t in outputs], [t.detach() for t in expected_outputs],
-                op.tolerance(torch.float64), sample)
+    assert_same(
+        [t.detach() for t in outputs], [t.detach() for t in expected_outputs], op.tolerance(torch.float64), sample
+    )
     if expected is None:
         pytest.skip("no differentiable input or output")
     inputs = tensors_of([sample.args, list(sample.kwargs.values())])

@@ -58,13 +58,16 @@ def test_a_literal_kept_as_a_module_attribute_is_new_on_every_call():
     assert values == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("program", [
-    lambda x: (torch.zeros(2, 3), torch.zeros(2, 3)),
-    lambda x: (x.new_zeros(3), x.new_zeros(3)),
-    lambda x: (x * 2, x * 2),
-    lambda x: (x.relu(), x.relu()),
-    lambda x: (torch.full((3,), 1.5), torch.ones(3) * 1.5, torch.full((3,), 1.5)),
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: (torch.zeros(2, 3), torch.zeros(2, 3)),
+        lambda x: (x.new_zeros(3), x.new_zeros(3)),
+        lambda x: (x * 2, x * 2),
+        lambda x: (x.relu(), x.relu()),
+        lambda x: (torch.full((3,), 1.5), torch.ones(3) * 1.5, torch.full((3,), 1.5)),
+    ],
+)
 def test_equal_results_are_separate_tensors(program):
     outputs = thunder_rs.jit(program)(torch.ones(3))
     expected = program(torch.ones(3))
@@ -83,13 +86,16 @@ def test_a_literal_read_by_the_program_keeps_its_value():
         torch.testing.assert_close(jprogram(torch.ones(3)), program(torch.ones(3)))
 
 
-@pytest.mark.parametrize("program", [
-    lambda x: torch.empty_like(x).copy_(x),
-    lambda x: x.t().contiguous(),
-    lambda x: torch.nn.functional.pad(x, (0, 0)),
-    lambda x: x.roll(0, 0),
-    lambda x: x[True],
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: torch.empty_like(x).copy_(x),
+        lambda x: x.t().contiguous(),
+        lambda x: torch.nn.functional.pad(x, (0, 0)),
+        lambda x: x.roll(0, 0),
+        lambda x: x[True],
+    ],
+)
 def test_a_copy_eager_makes_is_a_copy_even_when_the_trace_computes_nothing(program):
     x = torch.zeros(2, 2)
     out = thunder_rs.jit(program)(x)
@@ -99,9 +105,16 @@ def test_a_copy_eager_makes_is_a_copy_even_when_the_trace_computes_nothing(progr
     assert torch.equal(x, torch.zeros(2, 2))
 
 
-@pytest.mark.parametrize("program", [
-    lambda x: x.detach(), lambda x: x.view_as(x), lambda x: x[:], lambda x: x.view(-1), lambda x: x.contiguous(),
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: x.detach(),
+        lambda x: x.view_as(x),
+        lambda x: x[:],
+        lambda x: x.view(-1),
+        lambda x: x.contiguous(),
+    ],
+)
 def test_a_view_or_the_input_itself_still_aliases_the_input(program):
     x = torch.zeros(4)
     thunder_rs.jit(program)(x).add_(1.0)
@@ -140,15 +153,20 @@ def test_a_view_of_a_written_input_is_a_view_of_the_callers_tensor():
     torch.testing.assert_close(first, expected_first)
 
 
-@pytest.mark.parametrize("view", [lambda x: x[:, 1], lambda x: x.t(), lambda x: x.view(4)[1:], lambda x: x[None]],
-                         ids=["column", "transpose", "flat_slice", "unsqueeze"])
+@pytest.mark.parametrize(
+    "view",
+    [lambda x: x[:, 1], lambda x: x.t(), lambda x: x.view(4)[1:], lambda x: x[None]],
+    ids=["column", "transpose", "flat_slice", "unsqueeze"],
+)
 def test_views_of_a_written_input_carry_gradients_as_in_eager(view):
     def program(x):
         x.mul_(2)
         return view(x)
 
-    base, eager_base = (torch.randn(2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-                        .requires_grad_() for _ in range(2))
+    base, eager_base = (
+        torch.randn(2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        for _ in range(2)
+    )
     x = base * 1
     out, expected = thunder_rs.jit(program)(x), program(eager_base * 1)
     torch.testing.assert_close(out, expected)

@@ -76,7 +76,12 @@ def test_bad_pass_names_are_refused(passes):
 
 def test_verify_on_request_in_release_builds():
     code = "import thunder_rs, torch; f = thunder_rs.jit(lambda x: x.exp() * 2); print(repr(f(torch.ones(2)).tolist()))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"THUNDER_RS_VERIFY": "1", "THUNDER_RS_DUMP": "lifetimes"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"THUNDER_RS_VERIFY": "1", "THUNDER_RS_DUMP": "lifetimes"},
+    )
     assert out.stdout.strip() == repr((torch.ones(2).exp() * 2).tolist())
     assert "after lifetimes" in out.stderr

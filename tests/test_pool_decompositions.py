@@ -26,9 +26,12 @@ OPS = [*pooling.OPS, *interpolate.OPS, *normalization.OPS, *layers.OPS]
 def params(dtypes, full):
     """The samples in ``dtypes``: the default run's (``opinfos.sampling``, every kind in an op's
     first dtype here), every sample with ``full`` (``--run-slow``)."""
-    return [pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{str(dtype).removeprefix('torch.')}")
-            for op in OPS for position, dtype in enumerate(d for d in op.dtypes if d in dtypes)
-            for i in sample_indices(op, dtype, full, every_kind=position == 0)]
+    return [
+        pytest.param(op, dtype, i, id=f"{op.id}-sample{i}-{str(dtype).removeprefix('torch.')}")
+        for op in OPS
+        for position, dtype in enumerate(d for d in op.dtypes if d in dtypes)
+        for i in sample_indices(op, dtype, full, every_kind=position == 0)
+    ]
 
 
 SWEEPS = {
@@ -69,8 +72,9 @@ def test_decomposition_matches_eager(op, dtype, index):
 
 
 def _grads(fn, s):
-    leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-              for a in s.args]
+    leaves = [
+        a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in s.args
+    ]
     out = fn(*leaves, **s.kwargs)
     out = [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
     torch.manual_seed(1)

@@ -11,8 +11,20 @@ import thunder_rs
 from thunder_rs.core.base import dtypes
 from thunder_rs.errors import ThunderNotImplementedError
 
-DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-          torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+]
 NUMBERS = [True, 2, 2.5, 2 + 1j]
 
 
@@ -40,8 +52,12 @@ def test_many_operands_promote_as_torch():
     rng = random.Random(0)
     checked = 0
     for _ in range(2000):
-        operands = [torch.zeros((2,) * rng.randint(0, 1), dtype=rng.choice(DTYPES)) if rng.random() < 0.6
-                    else rng.choice(NUMBERS) for _ in range(rng.randint(2, 4))]
+        operands = [
+            torch.zeros((2,) * rng.randint(0, 1), dtype=rng.choice(DTYPES))
+            if rng.random() < 0.6
+            else rng.choice(NUMBERS)
+            for _ in range(rng.randint(2, 4))
+        ]
         if not any(isinstance(o, torch.Tensor) for o in operands):
             continue
         expected = elementwise_dtypes(*operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
@@ -50,8 +66,10 @@ def test_many_operands_promote_as_torch():
     assert checked > 1000
 
 
-@pytest.mark.parametrize("dim_dtype,zero_dtype", [(torch.float64, torch.complex64), (torch.float32, torch.complex128),
-                                                  (torch.int32, torch.complex64)])
+@pytest.mark.parametrize(
+    "dim_dtype,zero_dtype",
+    [(torch.float64, torch.complex64), (torch.float32, torch.complex128), (torch.int32, torch.complex64)],
+)
 def test_complex_zero_dim_operand_keeps_the_tensor_precision(dim_dtype, zero_dtype):
     """A float64 tensor times a complex64 scalar tensor is complex128 in torch (not complex64)."""
     x = torch.arange(6, dtype=dim_dtype).reshape(2, 3)
@@ -80,10 +98,16 @@ def test_a_promotion_first_met_while_tracing_works(dtype):
     torch.testing.assert_close(fn(x), torch.where(x > 0, 0.5, x) * 2 + 1.0)
 
 
-@pytest.mark.parametrize("fill", [
-    lambda x: x.masked_fill(x > 0, float("-inf")), lambda x: x.clone().fill_(float("nan")),
-    lambda x: torch.full_like(x, float("inf")), lambda x: x.clone().__setitem__(0, float("nan")),
-], ids=["masked_fill", "fill_", "full_like", "setitem"])
+@pytest.mark.parametrize(
+    "fill",
+    [
+        lambda x: x.masked_fill(x > 0, float("-inf")),
+        lambda x: x.clone().fill_(float("nan")),
+        lambda x: torch.full_like(x, float("inf")),
+        lambda x: x.clone().__setitem__(0, float("nan")),
+    ],
+    ids=["masked_fill", "fill_", "full_like", "setitem"],
+)
 def test_non_finite_values_into_integer_tensors_raise_eagers_error(fill):
     x = torch.arange(3)
     with pytest.raises(RuntimeError, match="cannot be converted to type"):

@@ -80,8 +80,11 @@ def test_layerdrop_that_never_drops_draws_as_eager_on_every_call(module_type, tr
 
 def test_layerdrop_that_drops_is_refused_with_the_comparison_and_its_line():
     jmodel = thunder_rs.jit(LayerDrop(0.5).train())
-    with pytest.raises(ThunderNotImplementedError, match=r"random\.uniform: the number it drew at .*test_python_random"
-                                                           r"\.py:\d+ is used \(compared with 0\.5\)"):
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=r"random\.uniform: the number it drew at .*test_python_random"
+        r"\.py:\d+ is used \(compared with 0\.5\)",
+    ):
         jmodel(_x())
 
 
@@ -92,21 +95,24 @@ def test_adapter_layerdrop_in_training_is_refused():
         jmodel(_x())
 
 
-@pytest.mark.parametrize("expression, decided", [
-    (lambda: random.random() < 1.0, True),
-    (lambda: random.random() >= 0, True),
-    (lambda: random.random() == 1.0, False),
-    (lambda: random.uniform(2, 3) > 3.5, False),
-    (lambda: random.uniform(3, 2) <= 3, True),
-    (lambda: random.randint(1, 6) != 7, True),
-    (lambda: random.getrandbits(4) < 16, True),
-    (lambda: np.random.uniform(-1, 1) > 1.5, False),
-    (lambda: np.random.randint(0, 5) < 5, True),
-    (lambda: random.random() < 0.5, None),
-    (lambda: random.uniform(2, 3) >= 3, None),
-    (lambda: random.gauss(0, 1) < 100.0, None),
-    (lambda: np.random.randint(0, 5) <= 3, None),
-])
+@pytest.mark.parametrize(
+    "expression, decided",
+    [
+        (lambda: random.random() < 1.0, True),
+        (lambda: random.random() >= 0, True),
+        (lambda: random.random() == 1.0, False),
+        (lambda: random.uniform(2, 3) > 3.5, False),
+        (lambda: random.uniform(3, 2) <= 3, True),
+        (lambda: random.randint(1, 6) != 7, True),
+        (lambda: random.getrandbits(4) < 16, True),
+        (lambda: np.random.uniform(-1, 1) > 1.5, False),
+        (lambda: np.random.randint(0, 5) < 5, True),
+        (lambda: random.random() < 0.5, None),
+        (lambda: random.uniform(2, 3) >= 3, None),
+        (lambda: random.gauss(0, 1) < 100.0, None),
+        (lambda: np.random.randint(0, 5) <= 3, None),
+    ],
+)
 def test_comparisons_of_a_drawn_number_run_only_when_every_number_gives_the_same_result(expression, decided):
     def program(x):
         return x + 1 if expression() else x - 1
@@ -119,27 +125,33 @@ def test_comparisons_of_a_drawn_number_run_only_when_every_number_gives_the_same
         torch.testing.assert_close(thunder_rs.jit(program)(x), x + 1 if decided else x - 1)
 
 
-@pytest.mark.parametrize("use, how", [
-    (lambda x: x * random.random(), "as a float"),
-    (lambda x: x[:random.randint(1, 3)], "as an index"),
-    (lambda x: x + (random.random() + 1.0), "in arithmetic"),
-    (lambda x: torch.full((2,), random.uniform(0, 1)) + x[:2], "as a float"),
-    (lambda x: x if random.random() else -x, "as a truth value"),
-    (lambda x: x.sum() * int(np.random.randint(3)), "as an int"),
-])
+@pytest.mark.parametrize(
+    "use, how",
+    [
+        (lambda x: x * random.random(), "as a float"),
+        (lambda x: x[: random.randint(1, 3)], "as an index"),
+        (lambda x: x + (random.random() + 1.0), "in arithmetic"),
+        (lambda x: torch.full((2,), random.uniform(0, 1)) + x[:2], "as a float"),
+        (lambda x: x if random.random() else -x, "as a truth value"),
+        (lambda x: x.sum() * int(np.random.randint(3)), "as an int"),
+    ],
+)
 def test_a_drawn_number_used_by_the_program_is_refused(use, how):
     with pytest.raises(ThunderNotImplementedError, match=f"the number it drew at .* is used \\({how}\\)"):
         thunder_rs.jit(use)(torch.randn(4))
 
 
-@pytest.mark.parametrize("draw, site, why", [
-    (lambda: np.random.rand(1), "numpy.random.rand", "it returns a ndarray"),
-    (lambda: np.random.choice(4), "numpy.random.choice", "only draws of one number"),
-    (lambda: np.random.permutation(4), "numpy.random.permutation", "only draws of one number"),
-    (lambda: random.choice([1, 2]), "random.choice", "only draws of one number"),
-    (lambda: random.shuffle([1, 2, 3]), "random.shuffle", "only draws of one number"),
-    (lambda: random.uniform(torch.tensor(0.0), 1), "random.uniform", "not plain numbers"),
-])
+@pytest.mark.parametrize(
+    "draw, site, why",
+    [
+        (lambda: np.random.rand(1), "numpy.random.rand", "it returns a ndarray"),
+        (lambda: np.random.choice(4), "numpy.random.choice", "only draws of one number"),
+        (lambda: np.random.permutation(4), "numpy.random.permutation", "only draws of one number"),
+        (lambda: random.choice([1, 2]), "random.choice", "only draws of one number"),
+        (lambda: random.shuffle([1, 2, 3]), "random.shuffle", "only draws of one number"),
+        (lambda: random.uniform(torch.tensor(0.0), 1), "random.uniform", "not plain numbers"),
+    ],
+)
 def test_draws_that_cannot_be_repeated_are_refused_and_leave_the_generators_as_they_were(draw, site, why):
     def program(x):
         draw()
@@ -147,8 +159,10 @@ def test_draws_that_cannot_be_repeated_are_refused_and_leave_the_generators_as_t
 
     _seed(7)
     before = _generator_states()
-    with pytest.raises(ThunderNotImplementedError, match=f"{site}: the program uses .* at .*test_python_random.py"
-                                                           f":\\d+ while it is traced \\(.*{why}"):
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=f"{site}: the program uses .* at .*test_python_random.py:\\d+ while it is traced \\(.*{why}",
+    ):
         thunder_rs.jit(program)(torch.randn(2))
     assert _generator_states() == before
 
@@ -176,8 +190,9 @@ def test_a_draw_the_wrappers_do_not_see_is_refused():
         unwrapped()
         return x + 1
 
-    with pytest.raises(ThunderNotImplementedError, match="changed the state of Python's global random generator "
-                                                           ".* while it was traced"):
+    with pytest.raises(
+        ThunderNotImplementedError, match="changed the state of Python's global random generator .* while it was traced"
+    ):
         thunder_rs.jit(program)(torch.randn(2))
 
 
@@ -187,16 +202,31 @@ def test_eager_code_calls_the_generators_as_before():
     _seed(3)
     drawn = (random.random(), random.uniform(1, 2), np.random.rand(2).tolist(), np.random.randint(0, 9))
     _seed(3)
-    assert drawn == (random._inst.random(), random._inst.uniform(1, 2), np.random.mtrand._rand.rand(2).tolist(),
-                     np.random.mtrand._rand.randint(0, 9))
+    assert drawn == (
+        random._inst.random(),
+        random._inst.uniform(1, 2),
+        np.random.mtrand._rand.rand(2).tolist(),
+        np.random.mtrand._rand.randint(0, 9),
+    )
 
 
 def test_wav2vec2_spec_augment_in_training_is_refused_and_its_inference_matches_eager():
     transformers = pytest.importorskip("transformers")
     config = transformers.Wav2Vec2Config(
-        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, conv_dim=(8, 8),
-        conv_stride=(4, 4), conv_kernel=(8, 4), num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2,
-        num_labels=3, layerdrop=0.0, mask_time_prob=0.3, mask_time_length=2)
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        conv_dim=(8, 8),
+        conv_stride=(4, 4),
+        conv_kernel=(8, 4),
+        num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2,
+        num_labels=3,
+        layerdrop=0.0,
+        mask_time_prob=0.3,
+        mask_time_length=2,
+    )
     torch.manual_seed(0)
     model = transformers.Wav2Vec2ForSequenceClassification(config)
     values = torch.randn(2, 400, generator=torch.Generator().manual_seed(1))

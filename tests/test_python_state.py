@@ -134,13 +134,19 @@ class MoreScaled(WithClassScale):
 def test_class_attributes_read_through_an_instance_are_guarded():
     """``obj.scale`` found on the class: shadowing it on the instance, rebinding it on the class
     or on a subclass changes what eager reads, so each recompiles."""
+
     def f(x, obj):
         return x * obj.scale
 
     jf, x = thunder_rs.jit(f), torch.ones(3)
     obj = MoreScaled()
-    for change in (lambda: None, lambda: setattr(obj, "scale", 4.0), lambda: delattr(obj, "scale"),
-                   lambda: setattr(WithClassScale, "scale", 8.0), lambda: setattr(MoreScaled, "scale", 16.0)):
+    for change in (
+        lambda: None,
+        lambda: setattr(obj, "scale", 4.0),
+        lambda: delattr(obj, "scale"),
+        lambda: setattr(WithClassScale, "scale", 8.0),
+        lambda: setattr(MoreScaled, "scale", 16.0),
+    ):
         change()
         torch.testing.assert_close(jf(x, obj), f(x, obj))
     del MoreScaled.scale
@@ -548,6 +554,7 @@ def test_a_module_reading_state_it_wrote_earlier_in_the_call():
 
 def test_a_running_profiler_keeps_its_hook_and_globals_are_still_guarded():
     import cProfile
+
     global SCALE
     profiler = cProfile.Profile()
     jf, x = thunder_rs.jit(scaled), torch.ones(2)
@@ -747,6 +754,7 @@ def test_a_global_function_rebound_between_calls():
 def test_tensor_hooks_inside_the_program_are_refused_naming_the_line(method):
     """Eager would call the hook (or keep .grad) on the autograd node of a tensor the program
     computes; a traced tensor has none, so the call is refused rather than ignored."""
+
     def f(x):
         y = x * 2
         getattr(y, method)(*(() if method == "retain_grad" else (lambda g: None,)))
@@ -766,7 +774,9 @@ def test_module_backward_hooks_are_refused_inside_and_run_on_the_jitted_module()
         thunder_rs.jit(inner)(x)
     seen = []
     jitted = thunder_rs.jit(model)
-    jitted.register_full_backward_hook(lambda module, grad_in, grad_out: (seen.append(grad_out[0]), (grad_in[0] * 3,))[1])
+    jitted.register_full_backward_hook(
+        lambda module, grad_in, grad_out: (seen.append(grad_out[0]), (grad_in[0] * 3,))[1]
+    )
     jitted(x).sum().backward()
     xe = x.detach().clone().requires_grad_()
     eager = nn.Sequential(nn.Linear(4, 4), nn.ReLU())

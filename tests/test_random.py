@@ -44,7 +44,10 @@ CASES = {
     "normal_tf": (lambda m: torch.normal(m, 2.0) * m, lambda: (_x(3, 4, grad=True),)),
     "normal_ft": (lambda s: torch.normal(1.0, s, generator=GEN), lambda: (_x(17, grad=True, positive=True),)),
     "normal_ff": (lambda x: torch.normal(0.5, 2.0, (3, 5)) + x, lambda: (_x(3, 5, grad=True),)),
-    "normal_ff_gen": (lambda x: torch.normal(0.5, 2.0, size=(3, 5), generator=GEN, dtype=torch.float64), lambda: (_x(1),)),
+    "normal_ff_gen": (
+        lambda x: torch.normal(0.5, 2.0, size=(3, 5), generator=GEN, dtype=torch.float64),
+        lambda: (_x(1),),
+    ),
     "bernoulli": (lambda p: torch.bernoulli(p), lambda: (_probs(4, 5, grad=True),)),
     "bernoulli_gen": (lambda p: torch.bernoulli(p, generator=GEN), lambda: (_probs(4, 5),)),
     "bernoulli_float": (lambda x: torch.bernoulli(x, 0.3), lambda: (_x(4, 5),)),
@@ -84,16 +87,25 @@ CASES = {
     "alpha_dropout_transposed": (lambda x: F.alpha_dropout(x, 0.3, True), lambda: (_x(4, 3, grad=True).mT,)),
     "dropout2d_bf16": (lambda x: F.dropout2d(x, 0.3), lambda: (_x(2, 3, 4, 4, dtype=torch.bfloat16, grad=True),)),
     "alpha_dropout_f16": (lambda x: F.alpha_dropout(x, 0.3, True), lambda: (_x(4, 5, dtype=torch.float16, grad=True),)),
-    "feature_alpha_dropout_f64": (lambda x: F.feature_alpha_dropout(x, 0.6, True),
-                                  lambda: (_x(3, 4, 2, dtype=torch.float64, grad=True),)),
+    "feature_alpha_dropout_f64": (
+        lambda x: F.feature_alpha_dropout(x, 0.6, True),
+        lambda: (_x(3, 4, 2, dtype=torch.float64, grad=True),),
+    ),
     "rrelu_bf16": (lambda x: F.rrelu(x, training=True), lambda: (_x(40, dtype=torch.bfloat16, grad=True),)),
     "dropout_inplace": (lambda x: F.dropout2d(x * 1, 0.5, inplace=True), lambda: (_x(2, 3, 4, grad=True),)),
     "gumbel_softmax": (lambda x: F.gumbel_softmax(x, 0.5) * torch.arange(6.0), lambda: (_x(4, 6, grad=True),)),
-    "gumbel_softmax_hard": (lambda x: F.gumbel_softmax(x, hard=True, dim=1) * torch.arange(5.0)[:, None],
-                            lambda: (_x(3, 5, 2, grad=True).mT.mT,)),
-    "mixed_program": (lambda x, m: (F.dropout(x, 0.2) * F.rrelu(x, training=True) + torch.normal(m, 0.5)).sum()
-                      + F.dropout3d(x.unsqueeze(0), 0.5).sum() + torch.rand_like(m).sum(),
-                      lambda: (_x(2, 3, 4, 4, grad=True), _x(2, 3, 4, 4, grad=True))),
+    "gumbel_softmax_hard": (
+        lambda x: F.gumbel_softmax(x, hard=True, dim=1) * torch.arange(5.0)[:, None],
+        lambda: (_x(3, 5, 2, grad=True).mT.mT,),
+    ),
+    "mixed_program": (
+        lambda x, m: (
+            (F.dropout(x, 0.2) * F.rrelu(x, training=True) + torch.normal(m, 0.5)).sum()
+            + F.dropout3d(x.unsqueeze(0), 0.5).sum()
+            + torch.rand_like(m).sum()
+        ),
+        lambda: (_x(2, 3, 4, 4, grad=True), _x(2, 3, 4, 4, grad=True)),
+    ),
 }
 
 
@@ -108,8 +120,9 @@ def _run(fn, inputs, calls):
         diff = [o for o in outs if o.requires_grad]
         if diff:
             sum(o.sum() for o in diff).backward()
-        results.append(([o.detach() for o in outs], [o.requires_grad for o in outs],
-                        [x.grad for x in inputs if x.requires_grad]))
+        results.append(
+            ([o.detach() for o in outs], [o.requires_grad for o in outs], [x.grad for x in inputs if x.requires_grad])
+        )
     return results
 
 
@@ -161,8 +174,13 @@ def test_two_dropouts_on_one_input_are_both_kept():
 
     x = _x(2, 3, 4, 4)
     execution = _execution(fn, x)
-    assert execution.count(".bernoulli_(") + execution.count("bernoulli_on_fresh") + execution.count("torch_dropout2d") \
-        + execution.count("torch_alpha_dropout") == 4
+    assert (
+        execution.count(".bernoulli_(")
+        + execution.count("bernoulli_on_fresh")
+        + execution.count("torch_dropout2d")
+        + execution.count("torch_alpha_dropout")
+        == 4
+    )
     outs = thunder_rs.jit(fn)(x)
     assert all((o != 0).any() for o in outs)
 
@@ -180,7 +198,9 @@ def test_unused_draws_still_advance_the_generator(name):
 
 def test_equal_draws_are_not_merged():
     def fn(p, x):
-        return torch.multinomial(p, 3, True) - torch.multinomial(p, 3, True), torch.normal(x, 1.0) - torch.normal(x, 1.0)
+        return torch.multinomial(p, 3, True) - torch.multinomial(p, 3, True), torch.normal(x, 1.0) - torch.normal(
+            x, 1.0
+        )
 
     outs = thunder_rs.jit(fn)(_probs(4), _x(5))
     assert all((o != 0).any() for o in outs)
@@ -203,7 +223,9 @@ def test_bernoulli_with_a_float_p_has_no_gradient_as_in_eager():
         thunder_rs.jit(lambda a: torch.bernoulli(a, 0.5))(x)
 
 
-@pytest.mark.parametrize("factory", [lambda x: torch.rand(3, requires_grad=True), lambda x: torch.randn_like(x, requires_grad=True)])
+@pytest.mark.parametrize(
+    "factory", [lambda x: torch.rand(3, requires_grad=True), lambda x: torch.randn_like(x, requires_grad=True)]
+)
 def test_factories_refuse_to_create_leaves(factory):
     with pytest.raises(NotImplementedError, match="requires_grad=True would create a leaf"):
         thunder_rs.jit(factory)(_x(3))
@@ -225,15 +247,28 @@ def test_examine_counts_generator_state_calls_as_supported():
 
     report = thunder_rs.examine(fn, _x(3))
     assert not report.fallbacks
-    assert {"torch.random.manual_seed", "torch.random.get_rng_state", "torch.random.set_rng_state"} <= set(report.supported)
+    assert {"torch.random.manual_seed", "torch.random.get_rng_state", "torch.random.set_rng_state"} <= set(
+        report.supported
+    )
 
 
 @pytest.mark.requires_cuda
 def test_cuda_draws_as_eager():
     def fn(x, p):
-        return (F.dropout(x, 0.3) + F.dropout2d(x, 0.5) + F.alpha_dropout(x, 0.2, True) + F.rrelu(x, training=True)
-                + torch.normal(x, 1.0) + torch.randn_like(x) + x.clone().exponential_()).sum(), \
-            torch.multinomial(p, 2), torch.randint(0, 9, (5,), device="cuda"), torch.bernoulli(p)
+        return (
+            (
+                F.dropout(x, 0.3)
+                + F.dropout2d(x, 0.5)
+                + F.alpha_dropout(x, 0.2, True)
+                + F.rrelu(x, training=True)
+                + torch.normal(x, 1.0)
+                + torch.randn_like(x)
+                + x.clone().exponential_()
+            ).sum(),
+            torch.multinomial(p, 2),
+            torch.randint(0, 9, (5,), device="cuda"),
+            torch.bernoulli(p),
+        )
 
     assert_draws_as_eager(fn, lambda: (_x(2, 3, 4, 4).cuda().requires_grad_(), _probs(3, 4).cuda()))
 
@@ -241,15 +276,27 @@ def test_cuda_draws_as_eager():
 def _layer_cases():
     torch.manual_seed(0)
     return {
-        "multihead_attention_dropout": (torch.nn.MultiheadAttention(8, 2, dropout=0.3, batch_first=True),
-                                        lambda m, x: m(x, x, x)[0], (2, 5, 8)),
-        "transformer_encoder_layer": (torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
-                                      lambda m, x: m(x), (2, 5, 8)),
-        "stacked_lstm_dropout": (torch.nn.LSTM(4, 6, num_layers=2, dropout=0.5, batch_first=True),
-                                 lambda m, x: m(x)[0], (2, 5, 4)),
+        "multihead_attention_dropout": (
+            torch.nn.MultiheadAttention(8, 2, dropout=0.3, batch_first=True),
+            lambda m, x: m(x, x, x)[0],
+            (2, 5, 8),
+        ),
+        "transformer_encoder_layer": (
+            torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+            lambda m, x: m(x),
+            (2, 5, 8),
+        ),
+        "stacked_lstm_dropout": (
+            torch.nn.LSTM(4, 6, num_layers=2, dropout=0.5, batch_first=True),
+            lambda m, x: m(x)[0],
+            (2, 5, 4),
+        ),
         "stacked_gru_dropout": (torch.nn.GRU(4, 6, num_layers=2, dropout=0.5), lambda m, x: m(x)[0], (5, 2, 4)),
-        "fractional_max_pool_indices": (torch.nn.FractionalMaxPool2d(2, output_size=3, return_indices=True),
-                                        lambda m, x: m(x)[0], (1, 2, 7, 7)),
+        "fractional_max_pool_indices": (
+            torch.nn.FractionalMaxPool2d(2, output_size=3, return_indices=True),
+            lambda m, x: m(x)[0],
+            (1, 2, 7, 7),
+        ),
     }
 
 

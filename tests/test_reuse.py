@@ -41,15 +41,19 @@ def test_an_elementwise_chain_reuses_its_intermediates_and_leaves_its_inputs_alo
     assert out.stride() == chain(a, b).stride()
 
 
-@pytest.mark.parametrize("make", [
-    lambda: (torch.randn(5, 4).t(), torch.randn(4, 5)),            # non-contiguous receiver source
-    lambda: (torch.randn(4, 5), torch.randn(5)),                    # broadcast second operand
-    lambda: (torch.randn(1, 5), torch.randn(4, 1)),                 # both broadcast: the first call grows
-    lambda: (torch.randn(()), torch.randn(())),                     # 0-d
-    lambda: (torch.randn(0, 5), torch.randn(0, 5)),                 # empty
-    lambda: (torch.randn(4, 5), torch.randn(4, 5, dtype=torch.float64)),  # promotion to float64
-    lambda: (torch.randn(4, 5), torch.tensor(2.0, dtype=torch.float64)),  # 0-d tensors do not promote
-], ids=["noncontiguous", "broadcast", "outer", "zero_dim", "empty", "promotion", "zero_dim_f64"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (torch.randn(5, 4).t(), torch.randn(4, 5)),  # non-contiguous receiver source
+        lambda: (torch.randn(4, 5), torch.randn(5)),  # broadcast second operand
+        lambda: (torch.randn(1, 5), torch.randn(4, 1)),  # both broadcast: the first call grows
+        lambda: (torch.randn(()), torch.randn(())),  # 0-d
+        lambda: (torch.randn(0, 5), torch.randn(0, 5)),  # empty
+        lambda: (torch.randn(4, 5), torch.randn(4, 5, dtype=torch.float64)),  # promotion to float64
+        lambda: (torch.randn(4, 5), torch.tensor(2.0, dtype=torch.float64)),  # 0-d tensors do not promote
+    ],
+    ids=["noncontiguous", "broadcast", "outer", "zero_dim", "empty", "promotion", "zero_dim_f64"],
+)
 @pytest.mark.parametrize("fn", [chain, grows], ids=["chain", "grows"])
 def test_layouts_broadcasts_and_promotion_match_eager(make, fn):
     a, b = make()
@@ -60,9 +64,9 @@ def test_layouts_broadcasts_and_promotion_match_eager(make, fn):
 
 def test_integer_and_boolean_chains_keep_their_dtypes():
     def fn(i, j):
-        k = (i * j + 3) // 2          # int64 throughout: reused
-        q = k / 4                     # true division makes floats: allocates
-        m = (k > 2) & (j < 5)         # bools
+        k = (i * j + 3) // 2  # int64 throughout: reused
+        q = k / 4  # true division makes floats: allocates
+        m = (k > 2) & (j < 5)  # bools
         return q.sqrt().neg(), m.logical_not(), (k - 1).abs()
 
     i, j = torch.arange(12).reshape(3, 4), torch.arange(12, 0, -1).reshape(3, 4)
@@ -72,12 +76,12 @@ def test_integer_and_boolean_chains_keep_their_dtypes():
 def test_values_returned_viewed_or_read_later_are_not_overwritten():
     def fn(x):
         a = x.exp()
-        v = a.view(-1)                # a is viewed: never reused
+        v = a.view(-1)  # a is viewed: never reused
         b = a.sin()
-        c = b.cos()                   # b is returned: never reused
+        c = b.cos()  # b is returned: never reused
         d = (c * 2).tanh()
         e = d.neg()
-        f = d.sigmoid()               # d read after e: e's call must not reuse it
+        f = d.sigmoid()  # d read after e: e's call must not reuse it
         return v, b, e + f
 
     check_against_eager(fn, torch.randn(3, 4))
@@ -86,9 +90,9 @@ def test_values_returned_viewed_or_read_later_are_not_overwritten():
 def test_user_in_place_ops_and_aliases_keep_eager_meaning():
     def fn(x, y):
         a = x.exp()
-        a.mul_(2)                     # the program's own in-place op on a local
+        a.mul_(2)  # the program's own in-place op on a local
         b = a + 1
-        c = b.t()                     # a view of b, then b's last use
+        c = b.t()  # a view of b, then b's last use
         d = b.sin()
         return c * 3, d, a
 
@@ -98,7 +102,7 @@ def test_user_in_place_ops_and_aliases_keep_eager_meaning():
 def test_random_draws_are_eagers():
     def fn(x):
         p = torch.sigmoid(x * 2)
-        draws = torch.bernoulli(p)    # Tensor.bernoulli_ means something else: never picked
+        draws = torch.bernoulli(p)  # Tensor.bernoulli_ means something else: never picked
         return draws * 3 + F.dropout(p.exp(), 0.5)
 
     x = torch.randn(6, 6)

@@ -99,7 +99,8 @@ def test_a_first_call_while_a_profiler_holds_the_threads_hook_computes_as_eager(
 @pytest.mark.slow  # about 20 s: the profiler slows importing torch tenfold
 def test_a_first_call_under_cprofile_computes_as_eager(tmp_path):
     script = tmp_path / "profiled.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import warnings
         import torch
         import thunder_rs
@@ -113,9 +114,11 @@ def test_a_first_call_under_cprofile_computes_as_eager(tmp_path):
         torch.testing.assert_close(thunder_rs.jit(f)(x), f(x))
         torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))
         print("same as eager")
-    """))
-    run = subprocess.run([sys.executable, "-m", "cProfile", "-s", "time", str(script)], capture_output=True,
-                         text=True, timeout=300)
+    """)
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-s", "time", str(script)], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "same as eager" in run.stdout
 
@@ -124,23 +127,37 @@ def test_a_first_call_under_cprofile_computes_as_eager(tmp_path):
 
 
 def test_lambdas_and_names_that_are_no_identifiers_run_their_own_implementation():
-    ex = add_operator_executor("my-ex", {
-        "torch.sin": ("my sin", None, lambda x: torch.sin(x) + 1),
-        "torch.cos": (None, None, lambda x: torch.cos(x) + 2),  # named my-ex_<lambda>
-        "torch.tanh": (None, None, lambda x: torch.tanh(x) + 3),  # the same name again
-        "torch.exp": ("t0", None, lambda x: torch.exp(x) + 4),  # a value's name in generated code
-        "torch.abs": ("torch", None, lambda x: torch.abs(x) + 5),
-        "torch.neg": ("if", None, lambda x: torch.neg(x) + 6),
-        "torch.sigmoid": ("1st", None, lambda x: torch.sigmoid(x) + 7),
-    })
+    ex = add_operator_executor(
+        "my-ex",
+        {
+            "torch.sin": ("my sin", None, lambda x: torch.sin(x) + 1),
+            "torch.cos": (None, None, lambda x: torch.cos(x) + 2),  # named my-ex_<lambda>
+            "torch.tanh": (None, None, lambda x: torch.tanh(x) + 3),  # the same name again
+            "torch.exp": ("t0", None, lambda x: torch.exp(x) + 4),  # a value's name in generated code
+            "torch.abs": ("torch", None, lambda x: torch.abs(x) + 5),
+            "torch.neg": ("if", None, lambda x: torch.neg(x) + 6),
+            "torch.sigmoid": ("1st", None, lambda x: torch.sigmoid(x) + 7),
+        },
+    )
     try:
+
         def f(x):
-            return torch.sin(x) * torch.cos(x) - torch.tanh(x) + torch.exp(x) * torch.abs(x) - torch.neg(x) \
+            return (
+                torch.sin(x) * torch.cos(x)
+                - torch.tanh(x)
+                + torch.exp(x) * torch.abs(x)
+                - torch.neg(x)
                 + torch.sigmoid(x)
+            )
 
         x = torch.randn(5)
-        expected = (torch.sin(x) + 1) * (torch.cos(x) + 2) - (torch.tanh(x) + 3) + (torch.exp(x) + 4) * (
-            torch.abs(x) + 5) - (torch.neg(x) + 6) + (torch.sigmoid(x) + 7)
+        expected = (
+            (torch.sin(x) + 1) * (torch.cos(x) + 2)
+            - (torch.tanh(x) + 3)
+            + (torch.exp(x) + 4) * (torch.abs(x) + 5)
+            - (torch.neg(x) + 6)
+            + (torch.sigmoid(x) + 7)
+        )
         torch.testing.assert_close(thunder_rs.jit(f)(x), expected)
     finally:
         deregister_executor(ex)
@@ -310,7 +327,10 @@ def test_a_jitted_module_names_parameters_and_buffers_as_eager():
         assert _names(jm.named_buffers(recurse=recurse)) == _names(model.named_buffers(recurse=recurse))
     assert _names(jm.named_parameters(prefix="m")) == _names(model.named_parameters(prefix="m"))
     assert list(jm.state_dict()) == list(model.state_dict())
-    bigger, bigger_jitted = torch.nn.Sequential(torch.nn.Linear(3, 3), model), torch.nn.Sequential(torch.nn.Linear(3, 3), jm)
+    bigger, bigger_jitted = (
+        torch.nn.Sequential(torch.nn.Linear(3, 3), model),
+        torch.nn.Sequential(torch.nn.Linear(3, 3), jm),
+    )
     assert _names(bigger_jitted.named_parameters()) == _names(bigger.named_parameters())
     assert _names(bigger_jitted.named_buffers()) == _names(bigger.named_buffers())
     assert [p for p in jm.parameters()] == [p for p in model.parameters()]
@@ -365,6 +385,6 @@ def test_extremum_gradient_goes_where_eager_sends_it(op, values, dtype):
     out, expected = thunder_rs.jit(fn)(x), fn(x_eager)
     torch.testing.assert_close(out, expected, equal_nan=True)
     cotangent = torch.rand_like(expected) + 0.5
-    grad, = torch.autograd.grad(out, x, cotangent)
-    expected_grad, = torch.autograd.grad(expected, x_eager, cotangent)
+    (grad,) = torch.autograd.grad(out, x, cotangent)
+    (expected_grad,) = torch.autograd.grad(expected, x_eager, cotangent)
     torch.testing.assert_close(grad, expected_grad, equal_nan=True)

@@ -31,8 +31,11 @@ def plugin(tmp_path_factory):
     cargo = shutil.which("cargo")
     if cargo is None:
         pytest.skip("cargo is not installed: the example plugin cannot be built")
-    build = subprocess.run([cargo, "build", "--release", "--manifest-path", str(EXAMPLE / "Cargo.toml"),
-                            "--target-dir", str(TARGET)], capture_output=True, text=True)
+    build = subprocess.run(
+        [cargo, "build", "--release", "--manifest-path", str(EXAMPLE / "Cargo.toml"), "--target-dir", str(TARGET)],
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, build.stderr[-4000:]
     suffix = {"darwin": "dylib", "win32": "dll"}.get(sys.platform, "so")
     built = TARGET / "release" / f"lib{MODULE}.{suffix}"
@@ -99,7 +102,9 @@ def test_panic_in_plugin_names_the_pass(plugin):
 
 def test_a_rule_naming_no_prim_is_an_error_naming_the_rule(plugin):
     jfn = thunder_rs.jit(_silu_fn, passes=["example_misspelt"])
-    with pytest.raises(ThunderRuntimeError, match=r'example_misspelt failed: .*rule mul-sigmoid-misspelt names "reciprocl"'):
+    with pytest.raises(
+        ThunderRuntimeError, match=r'example_misspelt failed: .*rule mul-sigmoid-misspelt names "reciprocl"'
+    ):
         jfn(torch.randn(2))
 
 
@@ -124,11 +129,14 @@ def skipping(plugin):
     thunder_rs.load_passes(plugin)
 
 
-@pytest.mark.parametrize("name, error", [
-    ("example_refuses", "failed: example_refuses: this pass refuses every trace"),
-    ("example_explode", "panicked: the example.s explode pass always panics"),
-    ("example_breaks", "returned an invalid trace: verify: output t. is never defined"),
-])
+@pytest.mark.parametrize(
+    "name, error",
+    [
+        ("example_refuses", "failed: example_refuses: this pass refuses every trace"),
+        ("example_explode", "panicked: the example.s explode pass always panics"),
+        ("example_breaks", "returned an invalid trace: verify: output t. is never defined"),
+    ],
+)
 def test_on_error_skip_compiles_without_the_pass_with_one_warning(skipping, name, error):
     jfn = thunder_rs.jit(_silu_fn, passes=[name, "example_silu"])
     x = torch.randn(3, 5)
@@ -175,8 +183,12 @@ def test_abi_version_mismatch_names_both_versions():
     ctypes = pytest.importorskip("ctypes")
 
     class Table(ctypes.Structure):
-        _fields_ = [("abi_version", ctypes.c_uint32), ("n_passes", ctypes.c_size_t),
-                    ("passes", ctypes.c_void_p), ("free", ctypes.c_void_p)]
+        _fields_ = [
+            ("abi_version", ctypes.c_uint32),
+            ("n_passes", ctypes.c_size_t),
+            ("passes", ctypes.c_void_p),
+            ("free", ctypes.c_void_p),
+        ]
 
     table = Table(999, 0, None, None)
     new_capsule = ctypes.pythonapi.PyCapsule_New

@@ -10,15 +10,21 @@ import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
 
 
-@pytest.mark.parametrize("program", [
-    lambda params, x: [p.sub_(0.1 * p.grad) for p in params if p.grad is not None] and x,
-    lambda params, x: setattr(params[0], "grad", None) or x,
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda params, x: [p.sub_(0.1 * p.grad) for p in params if p.grad is not None] and x,
+        lambda params, x: setattr(params[0], "grad", None) or x,
+    ],
+)
 def test_reading_or_setting_grad_inside_a_program_is_refused(program):
     params = [torch.ones(3, requires_grad=True)]
     (params[0] * 2).sum().backward()
-    with pytest.raises(ThunderNotImplementedError, match=r"Tensor\.grad: the program (reads|sets) the \.grad of a "
-                                                           r"tensor at .*test_state_refusals\.py:\d+"):
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=r"Tensor\.grad: the program (reads|sets) the \.grad of a "
+        r"tensor at .*test_state_refusals\.py:\d+",
+    ):
         thunder_rs.jit(program)(params, torch.ones(2))
 
 
@@ -65,8 +71,11 @@ def test_a_list_reached_through_an_argument_changed_by_the_program_is_refused_an
 
     cache = _Cache()
     layers = list(cache.layers)
-    with pytest.raises(ThunderNotImplementedError, match=r"changed the list cache\.layers, which it reached through "
-                                                           r"its arguments, leaving objects in it"):
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=r"changed the list cache\.layers, which it reached through "
+        r"its arguments, leaving objects in it",
+    ):
         thunder_rs.jit(program)(torch.ones(2), cache)
     assert cache.layers == layers
 
@@ -93,15 +102,21 @@ def test_items_set_in_a_dict_reached_through_an_argument_are_set_by_every_call()
         torch.testing.assert_close(cache.counts[1], eager.counts[1])
 
 
-@pytest.mark.parametrize("program", [
-    lambda x: torch.autograd.grad((x * x).sum(), x, create_graph=True)[0].norm(),
-    lambda x: (x * x).sum().backward() or x,
-], ids=["autograd.grad", "backward"])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: torch.autograd.grad((x * x).sum(), x, create_graph=True)[0].norm(),
+        lambda x: (x * x).sum().backward() or x,
+    ],
+    ids=["autograd.grad", "backward"],
+)
 def test_differentiating_inside_a_program_is_refused_with_the_line(program):
     # A gradient penalty (WGAN-GP) differentiates inside the step: thunder_rs differentiates the
     # whole call instead, and says so rather than failing on its stand-ins.
     x = torch.randn(3, requires_grad=True)
-    with pytest.raises(ThunderNotImplementedError, match=r"the program differentiates at .*test_state_refusals\.py:\d+"):
+    with pytest.raises(
+        ThunderNotImplementedError, match=r"the program differentiates at .*test_state_refusals\.py:\d+"
+    ):
         thunder_rs.jit(program)(x)
 
 
@@ -159,11 +174,15 @@ def test_a_lazy_module_asks_for_one_eager_call_first():
     torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))
 
 
-@pytest.mark.parametrize("program", [
-    lambda x, metrics: metrics.__setitem__("aux", x.sum()) or x * 2,
-    lambda x, cache: cache.append(x * 2) or x,
-    lambda x, metrics: metrics.pop("old") * x,
-], ids=["dict_item_set", "list_append", "dict_item_removed"])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x, metrics: metrics.__setitem__("aux", x.sum()) or x * 2,
+        lambda x, cache: cache.append(x * 2) or x,
+        lambda x, metrics: metrics.pop("old") * x,
+    ],
+    ids=["dict_item_set", "list_append", "dict_item_removed"],
+)
 def test_changing_a_container_given_as_an_argument_is_refused(program):
     container = [] if "cache" in program.__code__.co_varnames else {"old": 1.0}
     with pytest.raises(ThunderNotImplementedError, match="changed a list or dict it was given as an argument"):
@@ -184,11 +203,16 @@ class _Scaled(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-@pytest.mark.parametrize("make", [
-    lambda: torch.eye(2).to_sparse(), lambda: torch.eye(2).to_sparse_csr(),
-    lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
-    lambda: torch.eye(2).as_subclass(_Scaled),
-], ids=["sparse_coo", "sparse_csr", "nested", "torch_function_subclass"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.eye(2).to_sparse(),
+        lambda: torch.eye(2).to_sparse_csr(),
+        lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+        lambda: torch.eye(2).as_subclass(_Scaled),
+    ],
+    ids=["sparse_coo", "sparse_csr", "nested", "torch_function_subclass"],
+)
 def test_tensors_a_dense_trace_cannot_stand_for_are_refused(make):
     with pytest.raises(ThunderNotImplementedError, match="is not supported|defines its own __torch_function__"):
         thunder_rs.jit(lambda x: x * 2)(make())
@@ -206,10 +230,14 @@ def test_a_tensor_stored_in_a_global_cache_is_refused_naming_the_dict():
         thunder_rs.jit(program)(torch.ones(3))
 
 
-@pytest.mark.parametrize("program", [
-    lambda x: torch.nn.functional.one_hot(x.argmax(-1)),  # sizes itself from the values
-    lambda x: torch._assert((x > -10).all(), "in range") or x * 2,
-], ids=["one_hot", "_assert"])
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: torch.nn.functional.one_hot(x.argmax(-1)),  # sizes itself from the values
+        lambda x: torch._assert((x > -10).all(), "in range") or x * 2,
+    ],
+    ids=["one_hot", "_assert"],
+)
 def test_ops_that_read_values_are_specialised_on_them(program):
     x = torch.randn(3, 4)
     torch.testing.assert_close(thunder_rs.jit(program)(x), program(x))

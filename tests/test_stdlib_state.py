@@ -90,17 +90,36 @@ def _default_dtype(x):
     return x.to(torch.get_default_dtype())
 
 
-@pytest.mark.parametrize("program, flip, reason", [
-    (_deterministic, lambda on: torch.use_deterministic_algorithms(on), "torch.are_deterministic_algorithms_enabled()"),
-    (_cudnn, lambda on: setattr(torch.backends.cudnn, "deterministic", on), "torch.backends.cudnn.deterministic"),
-    (_tf32, lambda on: setattr(torch.backends.cuda.matmul, "allow_tf32", on), "torch.backends.cuda.matmul.allow_tf32"),
-    (_precision, lambda on: torch.set_float32_matmul_precision("highest" if on else "high"),
-     "torch.get_float32_matmul_precision()"),
-    (_default_dtype, lambda on: torch.set_default_dtype(torch.float64 if on else torch.float32), None),
-])
+@pytest.mark.parametrize(
+    "program, flip, reason",
+    [
+        (
+            _deterministic,
+            lambda on: torch.use_deterministic_algorithms(on),
+            "torch.are_deterministic_algorithms_enabled()",
+        ),
+        (_cudnn, lambda on: setattr(torch.backends.cudnn, "deterministic", on), "torch.backends.cudnn.deterministic"),
+        (
+            _tf32,
+            lambda on: setattr(torch.backends.cuda.matmul, "allow_tf32", on),
+            "torch.backends.cuda.matmul.allow_tf32",
+        ),
+        (
+            _precision,
+            lambda on: torch.set_float32_matmul_precision("highest" if on else "high"),
+            "torch.get_float32_matmul_precision()",
+        ),
+        (_default_dtype, lambda on: torch.set_default_dtype(torch.float64 if on else torch.float32), None),
+    ],
+)
 def test_torch_global_flags_changed_between_calls(program, flip, reason):
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-             torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision(), torch.get_default_dtype())
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.get_float32_matmul_precision(),
+        torch.get_default_dtype(),
+    )
     jf, x = thunder_rs.jit(program), torch.randn(3)
     # torch's own test utilities, once imported by another test, freeze the backend flags.
     with getattr(torch.backends, "__allow_nonbracketed_mutation")():
@@ -163,8 +182,11 @@ def _logs(x):
 def _run_logging(caplog, program, x) -> tuple:
     caplog.clear()
     out = program(x)
-    return out, [(r.name, r.levelname, r.getMessage(), r.funcName, r.lineno) for r in caplog.records
-                 if r.name.startswith("thunder_rs_test_program")]
+    return out, [
+        (r.name, r.levelname, r.getMessage(), r.funcName, r.lineno)
+        for r in caplog.records
+        if r.name.startswith("thunder_rs_test_program")
+    ]
 
 
 def test_logging_calls_and_levels_behave_as_in_eager(caplog):
@@ -228,7 +250,8 @@ def test_warnings_warn_happens_on_every_call_as_in_eager():
             for n in (1, 1, 1):
                 _warns(x, n)
         assert [(str(w.message), w.filename, w.lineno) for w in got] == [
-            (str(w.message), w.filename, w.lineno) for w in want]
+            (str(w.message), w.filename, w.lineno) for w in want
+        ]
         assert len(want) == (3 if action == "always" else 1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -253,7 +276,10 @@ def test_a_warning_with_a_stacklevel_names_the_callers_line():
         jf(x)
         _calls_deprecated(x)
     assert [w.category for w in got] == [DeprecationWarning] * 3
-    assert len({(w.filename, w.lineno) for w in got}) == 1 and got[0].lineno == _calls_deprecated.__code__.co_firstlineno + 1
+    assert (
+        len({(w.filename, w.lineno) for w in got}) == 1
+        and got[0].lineno == _calls_deprecated.__code__.co_firstlineno + 1
+    )
 
 
 # -- iterators -------------------------------------------------------------------------------------
@@ -330,11 +356,14 @@ def _calls_helper(x, bias=1.0):
     return _helper(x) + bias
 
 
-@pytest.mark.parametrize("change", [
-    lambda: setattr(_calls_helper, "__defaults__", (5.0,)),
-    lambda: setattr(_helper, "__defaults__", (3.0,)),
-    lambda: _helper.__kwdefaults__.update(shift=1.0),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda: setattr(_calls_helper, "__defaults__", (5.0,)),
+        lambda: setattr(_helper, "__defaults__", (3.0,)),
+        lambda: _helper.__kwdefaults__.update(shift=1.0),
+    ],
+)
 def test_defaults_of_the_jitted_function_and_of_functions_it_calls_are_watched(change):
     saved = (_calls_helper.__defaults__, _helper.__defaults__, dict(_helper.__kwdefaults__))
     jf, x = thunder_rs.jit(_calls_helper), torch.randn(3)

@@ -25,8 +25,10 @@ _OPERATOR_NAMES = {"inv": "__invert__"}
 UNINITIALISED = frozenset({"new_empty", "new_empty_strided"})
 #: Bound methods with no check here, and why.
 UNCHECKED = {
-    "indices": "sparse tensors only", "values": "sparse tensors only",
-    "resize_as_sparse_": "sparse tensors only", "sparse_resize_": "sparse tensors only",
+    "indices": "sparse tensors only",
+    "values": "sparse tensors only",
+    "resize_as_sparse_": "sparse tensors only",
+    "sparse_resize_": "sparse tensors only",
     "sparse_resize_and_clear_": "sparse tensors only",
     "apply_": "refused in a trace: runs a Python callable per element",
     "map_": "refused in a trace: runs a Python callable per element",
@@ -37,8 +39,9 @@ UNCHECKED = {
 
 
 def _is_method(fn) -> bool:
-    return getattr(fn, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor) or \
-        getattr(fn, "__qualname__", "").startswith(("Tensor.", "TensorBase."))
+    return getattr(fn, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor) or getattr(
+        fn, "__qualname__", ""
+    ).startswith(("Tensor.", "TensorBase."))
 
 
 @functools.cache
@@ -133,7 +136,16 @@ def _variant_params(every_sample: bool) -> list:
             count = sum(1 for _ in op.sample_inputs("cpu", _dtype(op))) if every_sample else 1
             for index in range(count):
                 marks = (pytest.mark.slow,) if index else ()
-                params.append(pytest.param(name, op, fn, index, id=f"{name}-{op.name}.{op.variant_test_name}-{index}".replace(".-", "-"), marks=marks))
+                params.append(
+                    pytest.param(
+                        name,
+                        op,
+                        fn,
+                        index,
+                        id=f"{name}-{op.name}.{op.variant_test_name}-{index}".replace(".-", "-"),
+                        marks=marks,
+                    )
+                )
     return params
 
 
@@ -158,7 +170,9 @@ def test_bound_method_with_opinfo_samples_equals_eager(name, op, variant, index)
 
 
 def _metadata_of(fn):
-    return lambda *args, **kwargs: (lambda t: torch.tensor([*t.shape, t.dtype.itemsize, *t.stride()]))(fn(*args, **kwargs))
+    return lambda *args, **kwargs: (lambda t: torch.tensor([*t.shape, t.dtype.itemsize, *t.stride()]))(
+        fn(*args, **kwargs)
+    )
 
 
 def _x(*shape, dtype=torch.float64):
@@ -235,13 +249,22 @@ CALLS = [
     ("softmax", lambda x: x.softmax(1, dtype=torch.float32), (_x(3, 4),)),
     ("add", lambda x, y: x.add(y, alpha=2) + x.add(3) + x.add(other=y), (_x(3, 4), _x(4))),
     ("sub", lambda x, y: x.sub(y, alpha=0.5), (_x(3, 4), _x(4))),
-    ("div", lambda x, y: x.div(y, rounding_mode="floor") + x.div(y, rounding_mode="trunc") + x.div(y),
-     (_x(3, 4), _x(4) + 3)),
-    ("masked_fill", lambda x, m: x.masked_fill(m, -1.0) + x.masked_fill(mask=m, value=torch.tensor(2.0)),
-     (_x(3, 4), _x(3, 4) > 0)),
+    (
+        "div",
+        lambda x, y: x.div(y, rounding_mode="floor") + x.div(y, rounding_mode="trunc") + x.div(y),
+        (_x(3, 4), _x(4) + 3),
+    ),
+    (
+        "masked_fill",
+        lambda x, m: x.masked_fill(m, -1.0) + x.masked_fill(mask=m, value=torch.tensor(2.0)),
+        (_x(3, 4), _x(3, 4) > 0),
+    ),
     ("index_select", lambda x, i: x.index_select(1, i) + x.index_select(dim=1, index=i), (_x(3, 4), _ints(2) % 4)),
-    ("new_zeros", lambda x: x.new_zeros(2, 3) + x.new_zeros((2, 3)) + x.new_zeros([2, 3], dtype=torch.float64),
-     (_x(3, 4),)),
+    (
+        "new_zeros",
+        lambda x: x.new_zeros(2, 3) + x.new_zeros((2, 3)) + x.new_zeros([2, 3], dtype=torch.float64),
+        (_x(3, 4),),
+    ),
     ("new_ones", lambda x: x.new_ones((2,), dtype=torch.int32), (_x(3, 4),)),
     ("new_full", lambda x: x.new_full((2, 2), 7), (_ints(3, 4),)),
     ("clamp", lambda x: x.clamp(min=-0.5) + x.clamp(max=0.5) + x.clamp(-0.2, 0.2), (_x(3, 4),)),
@@ -250,8 +273,11 @@ CALLS = [
     ("gather", lambda x, i: x.gather(0, i), (_x(5), torch.zeros(2, 0, dtype=torch.uint8))),  # empty: unchecked
     ("gather", lambda x, i: x.gather(0, i), (_x(), torch.tensor([0]))),  # 0-dim input
     ("scatter", lambda x, i: x.scatter(0, i, 2.0), (_x(4, 2), torch.tensor([[0, 3]], dtype=torch.int32))),
-    ("squeeze", lambda x: x.squeeze() + x.squeeze(1).unsqueeze(1) + x.squeeze((1, 3)).unsqueeze(1).unsqueeze(3),
-     (_x(3, 1, 4, 1),)),
+    (
+        "squeeze",
+        lambda x: x.squeeze() + x.squeeze(1).unsqueeze(1) + x.squeeze((1, 3)).unsqueeze(1).unsqueeze(3),
+        (_x(3, 1, 4, 1),),
+    ),
     ("std", lambda x: x.std(1, unbiased=False) + x.std(dim=1, correction=0) + x.std(1, keepdim=False), (_x(3, 4),)),
     ("var", lambda x: x.var(0) + x.var(0, True), (_x(3, 4),)),
     ("norm", lambda x: x.norm() + x.norm(1) + x.norm(p=2, dim=1).sum() + x.norm("fro"), (_x(3, 4),)),

@@ -26,7 +26,9 @@ LR = 1e-3
 
 needs_backward_traces = pytest.mark.xfail(
     not hasattr(thunder_rs, "last_backward_traces"),
-    reason="thunder_rs.last_backward_traces arrives with the Rust VJP pass", strict=False)
+    reason="thunder_rs.last_backward_traces arrives with the Rust VJP pass",
+    strict=False,
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,8 +36,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def batch(step: int, config: GPTConfig = CONFIG):
     """A fresh batch per step, so the cache is hit with new data and not only with new weights."""
-    return (random_tokens(config, BATCH, config.block_size, seed=2 * step),
-            random_tokens(config, BATCH, config.block_size, seed=2 * step + 1))
+    return (
+        random_tokens(config, BATCH, config.block_size, seed=2 * step),
+        random_tokens(config, BATCH, config.block_size, seed=2 * step + 1),
+    )
 
 
 def grads(model: nn.Module) -> dict:
@@ -50,8 +54,10 @@ def train_side_by_side(model: nn.Module, steps: int = STEPS, executors=None):
     both losses and models."""
     eager = copy.deepcopy(model)
     jmodel = thunder_rs.jit(model, executors=executors)
-    sides = [(jmodel, torch.optim.AdamW(model.parameters(), lr=LR), []),
-             (eager, torch.optim.AdamW(eager.parameters(), lr=LR), [])]
+    sides = [
+        (jmodel, torch.optim.AdamW(model.parameters(), lr=LR), []),
+        (eager, torch.optim.AdamW(eager.parameters(), lr=LR), []),
+    ]
     for step in range(steps):
         idx, targets = batch(step)
         for fn, opt, losses in sides:
@@ -78,9 +84,15 @@ def key_bias_slice(name: str, config: GPTConfig) -> slice | None:
 TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
 
-@pytest.mark.parametrize("dtype,explicit_attention", [
-    (torch.float32, False), (torch.float32, True), (torch.float64, False),
-], ids=["float32-sdpa", "float32-masked_softmax", "float64-sdpa"])
+@pytest.mark.parametrize(
+    "dtype,explicit_attention",
+    [
+        (torch.float32, False),
+        (torch.float32, True),
+        (torch.float64, False),
+    ],
+    ids=["float32-sdpa", "float32-masked_softmax", "float64-sdpa"],
+)
 def test_nanogpt_adamw_training_matches_eager(dtype, explicit_attention):
     assert_nanogpt_trains_like_eager(dtype, explicit_attention)
 

@@ -141,10 +141,15 @@ def test_the_views_dump_says_which_rules_fired(monkeypatch, capsys):
     assert len(calls(thunder_rs.last_traces(jfn)[-1])) == 1
 
 
-@pytest.mark.parametrize("make", [
-    lambda: torch.randn(3, 4).t(), lambda: torch.randn(4, 6)[:, ::2], lambda: torch.randn(4, 3),
-    lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(3, 4).t(),
+        lambda: torch.randn(4, 6)[:, ::2],
+        lambda: torch.randn(4, 3),
+        lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+    ],
+)
 def test_stride_and_is_contiguous_answer_for_the_eager_tensor(make):
     def program(x):
         y = x * 2 if x.is_contiguous() else x * 3
@@ -159,11 +164,18 @@ def test_stride_and_is_contiguous_answer_for_the_eager_tensor(make):
         assert out[1:] == expected[1:]
 
 
-@pytest.mark.parametrize("write", [
-    lambda x: torch.as_tensor(x).add_(1), lambda x: torch.asarray(x).mul_(3), lambda x: x.real.add_(1),
-    lambda x: torch.real(x).sub_(1), lambda x: x.H.add_(2), lambda x: x.mH.add_(2),
-    lambda x: torch.as_tensor(x, dtype=torch.float64).add_(1),
-])
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda x: torch.as_tensor(x).add_(1),
+        lambda x: torch.asarray(x).mul_(3),
+        lambda x: x.real.add_(1),
+        lambda x: torch.real(x).sub_(1),
+        lambda x: x.H.add_(2),
+        lambda x: x.mH.add_(2),
+        lambda x: torch.as_tensor(x, dtype=torch.float64).add_(1),
+    ],
+)
 def test_writes_through_aliases_of_a_real_input_reach_it_as_in_eager(write):
     x, y = torch.arange(6.0).reshape(2, 3), torch.arange(6.0).reshape(2, 3)
     torch.testing.assert_close(thunder_rs.jit(write)(y), write(x))

@@ -44,7 +44,9 @@ def test_nested_vmaps_over_index_vectors_match_eager():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_elementwise_ops_with_in_dims_and_out_dims(dtype):
     def f(x, y, w):
-        return torch.vmap(lambda a, b: torch.where(a > 0, a * b - 1, (a + 2) / b), in_dims=(1, None), out_dims=1)(x, y) + w
+        return (
+            torch.vmap(lambda a, b: torch.where(a > 0, a * b - 1, (a + 2) / b), in_dims=(1, None), out_dims=1)(x, y) + w
+        )
 
     x, y, w = torch.randn(3, 4, dtype=dtype), torch.rand(3, dtype=dtype) + 1, torch.randn(3, 4, dtype=dtype)
     same_as_eager(f, x, y, w)
@@ -72,7 +74,9 @@ def test_ops_without_a_batching_rule_are_refused_with_the_line():
     def f(x):
         return torch.vmap(lambda row: row.sum())(x)
 
-    with pytest.raises(NotImplementedError, match=r"torch\.vmap: sum has no thunder_rs batching rule.*test_vmap\.py:\d+"):
+    with pytest.raises(
+        NotImplementedError, match=r"torch\.vmap: sum has no thunder_rs batching rule.*test_vmap\.py:\d+"
+    ):
         thunder_rs.jit(f)(torch.randn(3, 4))
 
 

@@ -5,7 +5,13 @@ Rust-owned trace, optimises it, and from then on runs generated code with almost
 """
 
 import inspect as _inspect
-from typing import Any as _Any, Callable as _Callable, ParamSpec as _ParamSpec, TypeVar as _TypeVar, overload as _overload
+from typing import (
+    Any as _Any,
+    Callable as _Callable,
+    ParamSpec as _ParamSpec,
+    TypeVar as _TypeVar,
+    overload as _overload,
+)
 
 import torch as _torch
 
@@ -31,8 +37,28 @@ from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvf
 _use_nvfuser_on_cuda()
 
 __all__ = [
-    "jit", "reset", "compile_module", "registered_passes", "load_passes", "last_traces", "last_backward_traces", "register_grad", "get_grad", "put_grad", "cache_hits", "cache_misses", "compile_stats", "examine", "set_logs", "errors",
-    "prims", "ltorch", "ThunderFunction", "ThunderModule", "CompileStats", "ExamineReport",
+    "jit",
+    "reset",
+    "compile_module",
+    "registered_passes",
+    "load_passes",
+    "last_traces",
+    "last_backward_traces",
+    "register_grad",
+    "get_grad",
+    "put_grad",
+    "cache_hits",
+    "cache_misses",
+    "compile_stats",
+    "examine",
+    "set_logs",
+    "errors",
+    "prims",
+    "ltorch",
+    "ThunderFunction",
+    "ThunderModule",
+    "CompileStats",
+    "ExamineReport",
 ]
 __version__ = "0.1.0"
 
@@ -62,14 +88,21 @@ def jit(fn_or_module: _Any, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), execu
     check_options(unknown)
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):
         return fn_or_module
-    if _inspect.isgeneratorfunction(fn_or_module) or _inspect.iscoroutinefunction(fn_or_module) or _inspect.isasyncgenfunction(fn_or_module):
+    if (
+        _inspect.isgeneratorfunction(fn_or_module)
+        or _inspect.iscoroutinefunction(fn_or_module)
+        or _inspect.isasyncgenfunction(fn_or_module)
+    ):
         raise errors.ThunderTypeError(
             f"jit: {getattr(fn_or_module, '__qualname__', fn_or_module)} is a generator or coroutine function; its body runs "
-            "only as the result is iterated or awaited, after the call, so it cannot be traced (argument fn_or_module)")
+            "only as the result is iterated or awaited, after the call, so it cannot be traced (argument fn_or_module)"
+        )
     if isinstance(fn_or_module, _torch.nn.Module):
         return ThunderModule(fn_or_module, cache=cache, passes=passes, executors=executors)
     if not callable(fn_or_module):
-        raise errors.ThunderTypeError(f"jit: expected a function or torch.nn.Module, got {type(fn_or_module).__name__} (argument fn_or_module)")
+        raise errors.ThunderTypeError(
+            f"jit: expected a function or torch.nn.Module, got {type(fn_or_module).__name__} (argument fn_or_module)"
+        )
     return ThunderFunction(fn_or_module, cache=cache, passes=passes, executors=executors)
 
 

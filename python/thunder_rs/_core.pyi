@@ -6,8 +6,17 @@ import torch
 
 # The extension's own __all__ (PyO3 lists what the module adds).
 __all__ = [
-    "Recorder", "Trace", "ExecutorTable", "CallObserver", "configure", "compile", "prim_table",
-    "registered_passes", "register_symbol", "dtype_names", "load_plugin_capsule",
+    "Recorder",
+    "Trace",
+    "ExecutorTable",
+    "CallObserver",
+    "configure",
+    "compile",
+    "prim_table",
+    "registered_passes",
+    "register_symbol",
+    "dtype_names",
+    "load_plugin_capsule",
 ]
 
 def configure(proxy: type, dtype: type, device: type, dtype_codes: dict[torch.dtype, int]) -> None: ...

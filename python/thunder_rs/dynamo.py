@@ -60,14 +60,16 @@ class CompiledGraph:
     def __init__(self, gm: torch.fx.GraphModule, jit_options: dict):
         self.gm = gm
         transform = _transform_call(gm)
-        self.jitted: ThunderModule | None = (ThunderModule(gm, **jit_options) if _has_calls(gm) and transform is None
-                                             else None)
+        self.jitted: ThunderModule | None = (
+            ThunderModule(gm, **jit_options) if _has_calls(gm) and transform is None else None
+        )
         self.eager_because: str | None = None
         if transform is not None:
             # Tracing would run the transform's state changes for real and leave them half done.
             self.eager_because = f"it calls {transform}, a torch.func transform's state change"
-            warnings.warn(f"thunder_rs backend: graph {gm._get_name()} runs eagerly: {self.eager_because}",
-                          stacklevel=2)
+            warnings.warn(
+                f"thunder_rs backend: graph {gm._get_name()} runs eagerly: {self.eager_because}", stacklevel=2
+            )
         elif self.jitted is None:
             self.eager_because = "the graph makes no calls"
         _graphs.add(self)
@@ -85,8 +87,9 @@ class CompiledGraph:
                 raise  # compiled (or found) and failed while running: eager would have run it
             # Tracing runs on proxies, so nothing has run yet: the graph runs eagerly from now on.
             self.jitted, self.eager_because = None, f"{type(e).__name__}: {e}"
-            warnings.warn(f"thunder_rs backend: graph {self.gm._get_name()} runs eagerly: {self.eager_because}",
-                          stacklevel=2)
+            warnings.warn(
+                f"thunder_rs backend: graph {self.gm._get_name()} runs eagerly: {self.eager_because}", stacklevel=2
+            )
             return self.gm(*args)
 
 
@@ -95,8 +98,9 @@ class CompiledGraph:
 _TRANSFORM_MODULES = ("torch._C._functorch", "torch._functorch")
 #: ``torch.vmap``'s calls, which thunder_rs traces as its own vmap levels (``core/lang/vmap.py``);
 #: loading functorch's batching decompositions changes nothing a trace sees.
-_TRACED_TRANSFORM_CALLS = frozenset((*PREDISPATCH.values(), *(getattr(predispatch, name) for name in PREDISPATCH),
-                                     predispatch.lazy_load_decompositions))
+_TRACED_TRANSFORM_CALLS = frozenset(
+    (*PREDISPATCH.values(), *(getattr(predispatch, name) for name in PREDISPATCH), predispatch.lazy_load_decompositions)
+)
 
 
 def _transform_call(gm: torch.fx.GraphModule) -> str | None:
@@ -104,8 +108,11 @@ def _transform_call(gm: torch.fx.GraphModule) -> str | None:
     not trace, or None."""
     for node in gm.graph.nodes:
         module = getattr(node.target, "__module__", None) or ""
-        if (node.op == "call_function" and module.startswith(_TRANSFORM_MODULES)
-                and node.target not in _TRACED_TRANSFORM_CALLS):
+        if (
+            node.op == "call_function"
+            and module.startswith(_TRANSFORM_MODULES)
+            and node.target not in _TRACED_TRANSFORM_CALLS
+        ):
             return f"{module}.{getattr(node.target, '__name__', node.target)}"
     return None
 
@@ -145,5 +152,6 @@ def register() -> None:
     if _installed_as_entry_point():
         return
     import torch._dynamo  # deferred: it takes seconds to import and is needed only here
+
     if NAME not in torch._dynamo.list_backends(exclude_tags=()):
         torch._dynamo.register_backend(backend, name=NAME)

@@ -42,8 +42,11 @@ def check(condition: bool, op: str, message, exc=ThunderValueError) -> None:
 #: Built-in exception type -> its thunder_rs subclass; the declared ones first, so that a
 #: ``RuntimeError`` raised in generated code becomes ``ThunderRuntimeError`` itself.
 _runtime_classes: dict[type, type] = {
-    ValueError: ThunderValueError, TypeError: ThunderTypeError, IndexError: ThunderIndexError,
-    RuntimeError: ThunderRuntimeError, NotImplementedError: ThunderNotImplementedError,
+    ValueError: ThunderValueError,
+    TypeError: ThunderTypeError,
+    IndexError: ThunderIndexError,
+    RuntimeError: ThunderRuntimeError,
+    NotImplementedError: ThunderNotImplementedError,
     AssertionError: ThunderAssertionError,
 }
 

@@ -31,11 +31,13 @@ def load_passes(module_or_capsule: ModuleType | Any, on_error: str = "raise") ->
         if capsule is None:
             raise ThunderTypeError(
                 f"load_passes: module {module_or_capsule.__name__} has no {CAPSULE_ATTRIBUTE!r} capsule; a plugin "
-                f"exports its plugin_abi table under that name (argument module_or_capsule)")
+                f"exports its plugin_abi table under that name (argument module_or_capsule)"
+            )
     if type(capsule).__name__ != "PyCapsule":
         raise ThunderTypeError(
             f"load_passes: expected a plugin module or its capsule, got {type(capsule).__name__} "
-            f"(argument module_or_capsule)")
+            f"(argument module_or_capsule)"
+        )
     if on_error not in ("raise", "skip"):
         raise ThunderValueError(f'load_passes: on_error is "raise" or "skip", got {on_error!r} (argument on_error)')
     return dict(_core.load_plugin_capsule(capsule, on_error))

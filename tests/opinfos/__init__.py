@@ -3,7 +3,34 @@
 `tests/test_ops.py` walks `OPINFOS`. To add an op, add one entry to its family's `OPS` list.
 """
 
-from . import activations, arrange, autograd, conv, creation, creation_extra, elementwise, indexing, interpolate, layers, linalg, linalg_opaque, losses, nn, normalization, norms, padding, pooling, products, random, reductions, scan, scatter, shape, special, statistics
+from . import (
+    activations,
+    arrange,
+    autograd,
+    conv,
+    creation,
+    creation_extra,
+    elementwise,
+    indexing,
+    interpolate,
+    layers,
+    linalg,
+    linalg_opaque,
+    losses,
+    nn,
+    normalization,
+    norms,
+    padding,
+    pooling,
+    products,
+    random,
+    reductions,
+    scan,
+    scatter,
+    shape,
+    special,
+    statistics,
+)
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
 
 OPINFOS: list[OpInfo] = [

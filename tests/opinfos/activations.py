@@ -8,7 +8,20 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from .core import ACCUMULATING, FLOATS, NUMERIC, ErrorInput, OpInfo, SampleInput, Strided, Transposed, cases, cpu, make, with_kwargs
+from .core import (
+    ACCUMULATING,
+    FLOATS,
+    NUMERIC,
+    ErrorInput,
+    OpInfo,
+    SampleInput,
+    Strided,
+    Transposed,
+    cases,
+    cpu,
+    make,
+    with_kwargs,
+)
 from .elementwise import rejects, tie_samples, unary, unary_samples
 from .nn import SOFTMAX_CASES
 
@@ -124,19 +137,27 @@ OPS = [
     OpInfo("rrelu", rrelu_eval, tie_samples(((), {})), variant="ties"),
     OpInfo("prelu", F.prelu, prelu_samples, prelu_errors),
     OpInfo("softmin", F.softmin, SOFTMAX_CASES, softmin_errors, tolerances=ACCUMULATING),
-    OpInfo("softmin", F.softmin, with_kwargs(SOFTMAX_CASES, dtype=torch.float64), dtypes=(*FLOATS, torch.int64),
-           variant="dtype", tolerances=ACCUMULATING),
+    OpInfo(
+        "softmin",
+        F.softmin,
+        with_kwargs(SOFTMAX_CASES, dtype=torch.float64),
+        dtypes=(*FLOATS, torch.int64),
+        variant="dtype",
+        tolerances=ACCUMULATING,
+    ),
     # inplace=True and the in-place functions write into their input; gradients are eager's.
-    *(OpInfo(name, in_place(fn, **kw), unary_samples, variant="inplace" if kw else "in_place")
-      for name, fn, kw in (
-          ("hardswish", F.hardswish, {"inplace": True}),
-          ("hardsigmoid", F.hardsigmoid, {"inplace": True}),
-          ("mish", F.mish, {"inplace": True}),
-          ("selu", F.selu, {"inplace": True}),
-          ("celu", F.celu, {"inplace": True}),
-          ("rrelu", F.rrelu, {"inplace": True}),
-          ("selu", torch.selu_, {}),
-          ("celu", torch.celu_, {}),
-          ("rrelu", torch.rrelu_, {}),
-      )),
+    *(
+        OpInfo(name, in_place(fn, **kw), unary_samples, variant="inplace" if kw else "in_place")
+        for name, fn, kw in (
+            ("hardswish", F.hardswish, {"inplace": True}),
+            ("hardsigmoid", F.hardsigmoid, {"inplace": True}),
+            ("mish", F.mish, {"inplace": True}),
+            ("selu", F.selu, {"inplace": True}),
+            ("celu", F.celu, {"inplace": True}),
+            ("rrelu", F.rrelu, {"inplace": True}),
+            ("selu", torch.selu_, {}),
+            ("celu", torch.celu_, {}),
+            ("rrelu", torch.rrelu_, {}),
+        )
+    ),
 ]

@@ -9,7 +9,20 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from .core import ALL, FLOATS, NUMERIC, PROMOTION_PARTNER, ErrorInput, OpInfo, SampleInput, Strided, Transposed, cases, cpu, tensor
+from .core import (
+    ALL,
+    FLOATS,
+    NUMERIC,
+    PROMOTION_PARTNER,
+    ErrorInput,
+    OpInfo,
+    SampleInput,
+    Strided,
+    Transposed,
+    cases,
+    cpu,
+    tensor,
+)
 
 ROT90 = cases(
     ((3, 4),),
@@ -84,8 +97,13 @@ def listed(*rows):
 
 
 ATLEAST_3D = several(
-    (((),), {}), (((3,),), {}), (((2, 3),), {}), (((2, 3, 4),), {}), (((1, 2, 3, 4),), {}),
-    (((), (3,), (2, 3)), {}), ((Transposed((3, 4)),), {}),
+    (((),), {}),
+    (((3,),), {}),
+    (((2, 3),), {}),
+    (((2, 3, 4),), {}),
+    (((1, 2, 3, 4),), {}),
+    (((), (3,), (2, 3)), {}),
+    ((Transposed((3, 4)),), {}),
 )
 COLUMN_STACK = listed([(3,), (3, 2), (3,)], [(4,)], [(1,), ()], [Transposed((3, 2)), (3,)])
 DSTACK = listed([(3,), (3,)], [(2, 3), (2, 3, 2)], [(), ()], [Strided((2, 3, 4)), (2, 3, 1)])
@@ -95,7 +113,9 @@ def stack_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput([]), RuntimeError)
 
 
-TILE = cases(((3, 4), (2,)), ((3, 4), (2, 1, 3)), ((), ()), ((), (2, 2)), ((0, 2), (2, 2)), (Transposed((3, 4)), (1, 2)))
+TILE = cases(
+    ((3, 4), (2,)), ((3, 4), (2, 1, 3)), ((), ()), ((), (2, 2)), ((0, 2), (2, 2)), (Transposed((3, 4)), (1, 2))
+)
 TILE_METHOD = cases(((3, 4), 2, 1), ((3,), 2, 2), (Strided((2, 3, 4)), 2))
 
 REPEAT_INTERLEAVE = cases(
@@ -113,7 +133,9 @@ def repeat_interleave_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3,)), 2, output_size=5), RuntimeError)
 
 
-SUM_TO_SIZE = cases(((2, 3, 4), 3, 1), ((2, 3, 4), (1, 1, 4)), ((3, 4), 3, 4), ((3, 1), 1), ((0, 3), 1, 3), (Transposed((3, 4)), 1, 4))
+SUM_TO_SIZE = cases(
+    ((2, 3, 4), 3, 1), ((2, 3, 4), (1, 1, 4)), ((3, 4), 3, 4), ((3, 1), 1), ((0, 3), 1, 3), (Transposed((3, 4)), 1, 4)
+)
 
 
 def sum_to_size_errors() -> Iterable[ErrorInput]:
@@ -122,7 +144,10 @@ def sum_to_size_errors() -> Iterable[ErrorInput]:
 
 
 BROADCAST_TENSORS = several(
-    (((3, 1), (4,)), {}), (((2, 1, 3), (1, 4, 1), ()), {}), (((3,),), {}), (((0, 1), (3,)), {}),
+    (((3, 1), (4,)), {}),
+    (((2, 1, 3), (1, 4, 1), ()), {}),
+    (((3,),), {}),
+    (((0, 1), (3,)), {}),
     ((Transposed((3, 4)), (1, 4)), {}),
 )
 
@@ -132,8 +157,12 @@ def broadcast_tensors_errors() -> Iterable[ErrorInput]:
 
 
 MESHGRID = several(
-    (((3,), (4,)), {"indexing": "ij"}), (((3,), (4,), (2,)), {"indexing": "xy"}), (((3,), ()), {"indexing": "ij"}),
-    (((3,),), {"indexing": "xy"}), (((0,), (2,)), {"indexing": "ij"}), ((Strided((3,)), (2,)), {"indexing": "xy"}),
+    (((3,), (4,)), {"indexing": "ij"}),
+    (((3,), (4,), (2,)), {"indexing": "xy"}),
+    (((3,), ()), {"indexing": "ij"}),
+    (((3,),), {"indexing": "xy"}),
+    (((0,), (2,)), {"indexing": "ij"}),
+    ((Strided((3,)), (2,)), {"indexing": "xy"}),
 )
 
 
@@ -177,7 +206,9 @@ def kron_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(t((2, 3)), t((2,), PROMOTION_PARTNER[dtype]))
 
 
-PIXEL_SHUFFLE = cases(((1, 8, 2, 3), 2), ((2, 3, 9, 2, 2), 3), ((4, 2, 2), 1), ((0, 4, 1, 1), 2), (Transposed((1, 4, 2, 3)), 2))
+PIXEL_SHUFFLE = cases(
+    ((1, 8, 2, 3), 2), ((2, 3, 9, 2, 2), 3), ((4, 2, 2), 1), ((0, 4, 1, 1), 2), (Transposed((1, 4, 2, 3)), 2)
+)
 PIXEL_UNSHUFFLE = cases(((1, 2, 4, 6), 2), ((2, 3, 1, 6, 3), 3), ((1, 2, 2), 1), (Strided((1, 2, 4, 6)), 2))
 CHANNEL_SHUFFLE = cases(((2, 6, 3), 2), ((1, 6, 2, 2), 3), ((2, 4, 1), 4), (Transposed((2, 4, 3)), 2))
 
@@ -198,9 +229,17 @@ def channel_shuffle_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((2, 5, 2)), 2), RuntimeError)
 
 
-DIAG = cases(((3,),), ((3,), 2), ((3,), -1), ((3, 4),), ((3, 4), 1), ((3, 4), -2), ((3, 4), 5), ((0,),), (Transposed((3, 4)), 1))
+DIAG = cases(
+    ((3,),), ((3,), 2), ((3,), -1), ((3, 4),), ((3, 4), 1), ((3, 4), -2), ((3, 4), 5), ((0,),), (Transposed((3, 4)), 1)
+)
 DIAG_EMBED = cases(
-    ((2, 3),), ((2, 3), 1), ((2, 3), -2, 0, 2), ((2, 3), 1, 2, 0), ((3,), 0, -1, 0), ((2, 0),), (Strided((2, 3, 4)), 1, 1, 3),
+    ((2, 3),),
+    ((2, 3), 1),
+    ((2, 3), -2, 0, 2),
+    ((2, 3), 1, 2, 0),
+    ((3,), 0, -1, 0),
+    ((2, 0),),
+    (Strided((2, 3, 4)), 1, 1, 3),
 )
 DIAGFLAT = cases(((2, 3),), ((2, 3), 1), ((), -2), ((0,),), (Transposed((2, 3)), -1))
 TRACE = cases(((3, 4),), ((4, 3),), ((0, 2),), (Transposed((3, 4)),))
@@ -233,7 +272,12 @@ def triangle_errors() -> Iterable[ErrorInput]:
 
 
 UNFOLD = cases(
-    ((2, 5, 3), 1, 2, 1), ((2, 5, 7), -1, 3, 2), ((6,), 0, 6, 1), ((6,), 0, 0, 4), ((), 0, 1, 1), ((0, 3), 1, 2, 1),
+    ((2, 5, 3), 1, 2, 1),
+    ((2, 5, 7), -1, 3, 2),
+    ((6,), 0, 6, 1),
+    ((6,), 0, 0, 4),
+    ((), 0, 1, 1),
+    ((0, 3), 1, 2, 1),
     (Transposed((3, 5)), 1, 2, 2),
 )
 
@@ -247,8 +291,12 @@ def unfold_errors() -> Iterable[ErrorInput]:
 # Contiguous inputs; an explicit storage offset of an input tensor runs eagerly (its memory may
 # start before it), so samples of it are in the `scatter` table's as_strided entry.
 AS_STRIDED = cases(
-    ((3, 3), (2, 2), (1, 2)), ((3, 3), (3, 3), (0, 1)), ((6,), (2, 3), (3, 1)), ((6,), (2, 2), (1, 1)),
-    ((6,), (0, 2), (1, 1)), ((), (), ()),
+    ((3, 3), (2, 2), (1, 2)),
+    ((3, 3), (3, 3), (0, 1)),
+    ((6,), (2, 3), (3, 1)),
+    ((6,), (2, 2), (1, 1)),
+    ((6,), (0, 2), (1, 1)),
+    ((), (), ()),
 )
 
 
@@ -270,23 +318,39 @@ def copy_errors(*rows):
 
 
 COPY_OPS = [
-    OpInfo("expand_copy", torch.expand_copy, cases(((3, 1), (2, 3, 4)), ((3, 1), (3, -1)), ((), (2,)), (Transposed((1, 3)), (2, 2, 3))),
-           copy_errors(((3, 4), ((5, 4),), RuntimeError, "expand")), ALL),
+    OpInfo(
+        "expand_copy",
+        torch.expand_copy,
+        cases(((3, 1), (2, 3, 4)), ((3, 1), (3, -1)), ((), (2,)), (Transposed((1, 3)), (2, 2, 3))),
+        copy_errors(((3, 4), ((5, 4),), RuntimeError, "expand")),
+        ALL,
+    ),
     OpInfo("permute_copy", torch.permute_copy, cases(((3, 4), (1, 0)), ((2, 3, 4), (2, 0, 1)), ((), ())), dtypes=ALL),
-    OpInfo("t_copy", torch.t_copy, cases(((3, 4),), ((3,),), ((),)), copy_errors(((2, 3, 4), (), RuntimeError, "t")), ALL),
+    OpInfo(
+        "t_copy", torch.t_copy, cases(((3, 4),), ((3,),), ((),)), copy_errors(((2, 3, 4), (), RuntimeError, "t")), ALL
+    ),
     OpInfo("transpose_copy", torch.transpose_copy, cases(((3, 4), 0, 1), ((2, 3, 4), -1, 0), ((), 0, 0)), dtypes=ALL),
     OpInfo("view_copy", torch.view_copy, cases(((3, 4), (12,)), ((3, 4), (2, -1)), ((), (1,))), dtypes=ALL),
-    OpInfo("squeeze_copy", torch.squeeze_copy, cases(((1, 3, 1),), ((1, 3, 1), 0), ((1, 3, 1), [0, 2]), ((3,), 0)), dtypes=ALL),
+    OpInfo(
+        "squeeze_copy",
+        torch.squeeze_copy,
+        cases(((1, 3, 1),), ((1, 3, 1), 0), ((1, 3, 1), [0, 2]), ((3,), 0)),
+        dtypes=ALL,
+    ),
     OpInfo("unsqueeze_copy", torch.unsqueeze_copy, cases(((3, 4), 1), ((), 0)), dtypes=ALL),
     OpInfo("unbind_copy", torch.unbind_copy, cases(((3, 4),), ((3, 4), 1), ((1, 4), 0)), dtypes=ALL),
     OpInfo("select_copy", torch.select_copy, cases(((3, 4), 0, 1), ((3, 4), 1, -1)), dtypes=ALL),
     OpInfo("diagonal_copy", torch.diagonal_copy, cases(((3, 4),), ((3, 4), 1), ((2, 3, 4), -1, 2, 0)), dtypes=ALL),
     OpInfo("alias_copy", torch.alias_copy, cases(((3, 4),), ((),), (Transposed((3, 4)),)), dtypes=ALL),
-    OpInfo("narrow_copy", torch.narrow_copy, cases(((3, 4), 0, 1, 2), ((3, 4), 1, 0, 4), ((3, 4), -1, -2, 1)), dtypes=ALL),
+    OpInfo(
+        "narrow_copy", torch.narrow_copy, cases(((3, 4), 0, 1, 2), ((3, 4), 1, 0, 4), ((3, 4), -1, -2, 1)), dtypes=ALL
+    ),
     OpInfo("split_copy", torch.split_copy, cases(((5, 4), 2), ((3, 4), 3), ((3, 4), 2, 1)), dtypes=ALL),
     OpInfo("split_with_sizes_copy", torch.split_with_sizes_copy, cases(((5, 4), [2, 3]), ((3, 4), [4], 1)), dtypes=ALL),
     OpInfo("unfold_copy", torch.unfold_copy, cases(((2, 5), 1, 2, 1), ((6,), 0, 3, 3)), dtypes=ALL),
-    OpInfo("as_strided_copy", torch.as_strided_copy, cases(((3, 3), (2, 2), (1, 2)), ((6,), (3, 2), (1, 1))), dtypes=ALL),
+    OpInfo(
+        "as_strided_copy", torch.as_strided_copy, cases(((3, 3), (2, 2), (1, 2)), ((6,), (3, 2), (1, 1))), dtypes=ALL
+    ),
 ]
 
 OPS = [

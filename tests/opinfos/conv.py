@@ -65,8 +65,11 @@ def conv_errors(n: int):
         spatial = (5,) * n
         yield ErrorInput(SampleInput(cpu((1, 3, *spatial)), cpu((4, 2, *(3,) * n))), RuntimeError, "channels")
         yield ErrorInput(SampleInput(cpu((1, 3, *spatial)), cpu((4, 3))), RuntimeError, "weight")
-        yield ErrorInput(SampleInput(cpu((1, 3, *spatial)), cpu((4, 3, *(3,) * n)), stride=2, padding="same"),
-                         RuntimeError, "strided")
+        yield ErrorInput(
+            SampleInput(cpu((1, 3, *spatial)), cpu((4, 3, *(3,) * n)), stride=2, padding="same"),
+            RuntimeError,
+            "strided",
+        )
         yield ErrorInput(SampleInput(cpu((1, 3, *spatial)), cpu((4, 3, *(9,) * n))), RuntimeError, "too small")
         yield ErrorInput(SampleInput(cpu((1, 3, *(0,) * n)), cpu((4, 3, *(1,) * n))), RuntimeError, "too small")
 
@@ -85,9 +88,20 @@ def convolution_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput
 
 
 OPS = [
-    *(OpInfo(f"conv{n}d", getattr(F, f"conv{n}d"), conv_samples(CONV_CASES[n]), conv_errors(n),
-             tolerances=ACCUMULATING) for n in (1, 2, 3)),
-    *(OpInfo(f"conv_transpose{n}d", getattr(F, f"conv_transpose{n}d"), conv_samples(TRANSPOSE_CASES[n], transpose=True),
-             tolerances=ACCUMULATING) for n in (1, 2, 3)),
+    *(
+        OpInfo(
+            f"conv{n}d", getattr(F, f"conv{n}d"), conv_samples(CONV_CASES[n]), conv_errors(n), tolerances=ACCUMULATING
+        )
+        for n in (1, 2, 3)
+    ),
+    *(
+        OpInfo(
+            f"conv_transpose{n}d",
+            getattr(F, f"conv_transpose{n}d"),
+            conv_samples(TRANSPOSE_CASES[n], transpose=True),
+            tolerances=ACCUMULATING,
+        )
+        for n in (1, 2, 3)
+    ),
     OpInfo("convolution", _convolution, convolution_samples, tolerances=ACCUMULATING),
 ]

@@ -110,12 +110,33 @@ UNARY_OPS = [
     unary("ndtri", torch.special.ndtri, dtypes=FLOATS, low=0.05, high=0.95, tolerances=SPECIAL),
     unary("erfcx", torch.special.erfcx, tolerances=SPECIAL),
     unary("log_ndtr", torch.special.log_ndtr, tolerances=SPECIAL),
-    unary("frexp", dtypes=FLOATS, error_inputs=lambda: iter([ErrorInput(SampleInput(cpu((3,), torch.int64)), RuntimeError)])),
-    *(unary(name, getattr(torch.special, name), tolerances=SPECIAL)
-      for name in ("bessel_j0", "bessel_j1", "modified_bessel_i0", "modified_bessel_i1", "airy_ai", "spherical_bessel_j0")),
-    *(unary(name, getattr(torch.special, name), low=0.1, tolerances=SPECIAL)
-      for name in ("bessel_y0", "bessel_y1", "modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k0",
-                   "scaled_modified_bessel_k1")),
+    unary(
+        "frexp",
+        dtypes=FLOATS,
+        error_inputs=lambda: iter([ErrorInput(SampleInput(cpu((3,), torch.int64)), RuntimeError)]),
+    ),
+    *(
+        unary(name, getattr(torch.special, name), tolerances=SPECIAL)
+        for name in (
+            "bessel_j0",
+            "bessel_j1",
+            "modified_bessel_i0",
+            "modified_bessel_i1",
+            "airy_ai",
+            "spherical_bessel_j0",
+        )
+    ),
+    *(
+        unary(name, getattr(torch.special, name), low=0.1, tolerances=SPECIAL)
+        for name in (
+            "bessel_y0",
+            "bessel_y1",
+            "modified_bessel_k0",
+            "modified_bessel_k1",
+            "scaled_modified_bessel_k0",
+            "scaled_modified_bessel_k1",
+        )
+    ),
     # Sign and rounding keep the input dtype; rounding has no bool kernel.
     unary("sign"),
     unary("signbit", supports_grad=False),
@@ -302,17 +323,29 @@ BINARY = {
     "bitwise_or": Binary(torch.bitwise_or, operator.or_, **BITWISE_OP),
     "bitwise_xor": Binary(torch.bitwise_xor, operator.xor, **BITWISE_OP),
     # No integer kernel; the gradient goes to the first operand whole.
-    "nextafter": Binary(torch.nextafter, dtypes=FLOATS, samples=NO_SCALARS, rejected=(torch.int64,),
-                        errors=(scalar_rejected,)),
+    "nextafter": Binary(
+        torch.nextafter, dtypes=FLOATS, samples=NO_SCALARS, rejected=(torch.int64,), errors=(scalar_rejected,)
+    ),
 }
 
 # zeta(x, q): no derivative in x (eager's backward raises, thunder_rs refuses to trace it), so the
 # gradient in q is checked with a number x.
 ZETA_OPS = [
-    OpInfo("zeta", torch.special.zeta, partial(binary_samples, scalars=(), partner=None, rhs={"low": 0.5}), dtypes=ALL,
-           tolerances=SPECIAL),
-    OpInfo("zeta", lambda q: torch.special.zeta(2.5, q), partial(unary_samples, low=0.5), dtypes=FLOATS,
-           variant="number_x", tolerances=SPECIAL),
+    OpInfo(
+        "zeta",
+        torch.special.zeta,
+        partial(binary_samples, scalars=(), partner=None, rhs={"low": 0.5}),
+        dtypes=ALL,
+        tolerances=SPECIAL,
+    ),
+    OpInfo(
+        "zeta",
+        lambda q: torch.special.zeta(2.5, q),
+        partial(unary_samples, low=0.5),
+        dtypes=FLOATS,
+        variant="number_x",
+        tolerances=SPECIAL,
+    ),
 ]
 
 BINARY_OPS = [entry for name, binary in BINARY.items() for entry in binary.entries(name)] + ZETA_OPS

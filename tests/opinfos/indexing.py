@@ -266,7 +266,13 @@ def scatter_add_errors() -> Iterable[ErrorInput]:
 
 def index_add_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     """`source` has the input's shape but for the indexed dim, one slice per index (repeats add up)."""
-    for spec, dim, count in (((5, 3), 0, 4), ((5, 3), 1, 2), ((2, 3, 4), -1, 6), (Transposed((5, 3)), 0, 3), ((5, 3), 0, 0)):
+    for spec, dim, count in (
+        ((5, 3), 0, 4),
+        ((5, 3), 1, 2),
+        ((2, 3, 4), -1, 6),
+        (Transposed((5, 3)), 0, 3),
+        ((5, 3), 0, 0),
+    ):
         x = tensor(spec, dtype, device)
         shape = list(x.shape)
         shape[dim] = count

@@ -68,8 +68,16 @@ def _entries() -> list[OpInfo]:
         corners = (None,) if MODES[mode] is None else (False, True)
         for align in corners:
             variant = mode.replace("-", "_") + ("" if align is None else f"_align{int(align)}")
-            ops.append(OpInfo("interpolate", F.interpolate, resize_samples(mode, align), dtypes=FLOATS, variant=variant,
-                              tolerances=ACCUMULATING))
+            ops.append(
+                OpInfo(
+                    "interpolate",
+                    F.interpolate,
+                    resize_samples(mode, align),
+                    dtypes=FLOATS,
+                    variant=variant,
+                    tolerances=ACCUMULATING,
+                )
+            )
     ops[0] = OpInfo("interpolate", F.interpolate, resize_samples("nearest"), resize_errors, FLOATS, variant="nearest")
     return ops
 
@@ -108,11 +116,22 @@ def grid_sample_samples(mode: str):
             for align in (False, True):
                 grid = make((2, 4, 7, 2), dtype, device, low=-1.2, high=1.2)
                 yield SampleInput(make((2, 3, 5, 6), dtype, device), grid, mode, padding, align)
-        yield SampleInput(tensor(Transposed((2, 3, 6, 5)), dtype, device),
-                          tensor(Strided((2, 3, 4, 2)), dtype, device, low=-1, high=1), mode, align_corners=False)
-        yield SampleInput(make((0, 3, 5, 6), dtype, device), make((0, 4, 7, 2), dtype, device), mode, align_corners=True)
-        yield SampleInput(make((2, 3, 1, 1), dtype, device), make((2, 2, 2, 2), dtype, device, low=-1, high=1), mode,
-                          "reflection", True)
+        yield SampleInput(
+            tensor(Transposed((2, 3, 6, 5)), dtype, device),
+            tensor(Strided((2, 3, 4, 2)), dtype, device, low=-1, high=1),
+            mode,
+            align_corners=False,
+        )
+        yield SampleInput(
+            make((0, 3, 5, 6), dtype, device), make((0, 4, 7, 2), dtype, device), mode, align_corners=True
+        )
+        yield SampleInput(
+            make((2, 3, 1, 1), dtype, device),
+            make((2, 2, 2, 2), dtype, device, low=-1, high=1),
+            mode,
+            "reflection",
+            True,
+        )
 
     return generate
 
@@ -128,7 +147,13 @@ def grid_sample_errors() -> Iterable[ErrorInput]:
 
 OPS += [
     OpInfo("affine_grid", F.affine_grid, affine_grid_samples, affine_grid_errors, tolerances=ACCUMULATING),
-    OpInfo("grid_sample", F.grid_sample, grid_sample_samples("bilinear"), grid_sample_errors, variant="bilinear",
-           tolerances=ACCUMULATING),
+    OpInfo(
+        "grid_sample",
+        F.grid_sample,
+        grid_sample_samples("bilinear"),
+        grid_sample_errors,
+        variant="bilinear",
+        tolerances=ACCUMULATING,
+    ),
     OpInfo("grid_sample", F.grid_sample, grid_sample_samples("nearest"), variant="nearest", tolerances=ACCUMULATING),
 ]

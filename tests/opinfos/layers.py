@@ -39,8 +39,9 @@ def embedding_bag_samples(mode: str):
         weight = make((10, 3), dtype, device)
         yield SampleInput(indices, weight, offsets, mode=mode)  # one bag empty
         yield SampleInput(indices.reshape(2, 5), weight, mode=mode)
-        yield SampleInput(indices, weight, torch.tensor([0, 4, 4, 7, 10], device=device), mode=mode,
-                          include_last_offset=True)
+        yield SampleInput(
+            indices, weight, torch.tensor([0, 4, 4, 7, 10], device=device), mode=mode, include_last_offset=True
+        )
         yield SampleInput(indices, weight, offsets, mode=mode, padding_idx=2)
         yield SampleInput(indices.int(), tensor(Transposed((10, 3)), dtype, device), offsets.int(), mode=mode)
         yield SampleInput(indices, weight.round(), offsets, mode=mode)  # ties
@@ -65,8 +66,23 @@ OPS = [
     # Sums of products of three values in [-9, 9]: float32 rounding in another order is near 1e-4.
     # float64 only: under autocast eager lowers float32 inside aten's _trilinear, which thunder_rs
     # refuses (tests/test_pool_decompositions.py checks that it says so).
-    OpInfo("bilinear", F.bilinear, bilinear_samples, bilinear_errors, (torch.float64,),
-           tolerances={torch.float32: Tolerance(1e-4, 1e-4)}),
-    *(OpInfo("embedding_bag", F.embedding_bag, embedding_bag_samples(mode), embedding_bag_errors if mode == "sum" else
-             (lambda: ()), variant=mode, tolerances=ACCUMULATING) for mode in ("sum", "mean", "max")),
+    OpInfo(
+        "bilinear",
+        F.bilinear,
+        bilinear_samples,
+        bilinear_errors,
+        (torch.float64,),
+        tolerances={torch.float32: Tolerance(1e-4, 1e-4)},
+    ),
+    *(
+        OpInfo(
+            "embedding_bag",
+            F.embedding_bag,
+            embedding_bag_samples(mode),
+            embedding_bag_errors if mode == "sum" else (lambda: ()),
+            variant=mode,
+            tolerances=ACCUMULATING,
+        )
+        for mode in ("sum", "mean", "max")
+    ),
 ]

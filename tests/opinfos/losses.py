@@ -30,8 +30,9 @@ REDUCTIONS = ("mean", "sum", "none")
 LOSS_TOLERANCE = {**ACCUMULATING, torch.float64: ACCUMULATING[torch.float32]._replace(rtol=1e-7, atol=1e-7)}
 
 
-def pair_samples(dtype: torch.dtype, device: str, *, lhs: dict | None = None, rhs: dict | None = None,
-                 **kwargs) -> Iterable[SampleInput]:
+def pair_samples(
+    dtype: torch.dtype, device: str, *, lhs: dict | None = None, rhs: dict | None = None, **kwargs
+) -> Iterable[SampleInput]:
     """(input, target) pairs: each reduction, 0-d, empty, non-contiguous, and the legacy flags."""
     lhs, rhs = lhs or {}, rhs or {}
 
@@ -47,10 +48,12 @@ def pair_samples(dtype: torch.dtype, device: str, *, lhs: dict | None = None, rh
 
 
 def legacy_flags(dtype: torch.dtype, device: str, *, lhs: dict | None = None, rhs: dict | None = None):
-    yield SampleInput(make((3, 4), dtype, device, **(lhs or {})), make((3, 4), dtype, device, **(rhs or {})),
-                      size_average=False)
-    yield SampleInput(make((3, 4), dtype, device, **(lhs or {})), make((3, 4), dtype, device, **(rhs or {})),
-                      reduce=False)
+    yield SampleInput(
+        make((3, 4), dtype, device, **(lhs or {})), make((3, 4), dtype, device, **(rhs or {})), size_average=False
+    )
+    yield SampleInput(
+        make((3, 4), dtype, device, **(lhs or {})), make((3, 4), dtype, device, **(rhs or {})), reduce=False
+    )
 
 
 def bad_reduction(*args: Callable) -> Callable:
@@ -77,8 +80,12 @@ def huber_errors() -> Iterable[ErrorInput]:
 
 def huber_weighted(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     for reduction in REDUCTIONS:
-        yield SampleInput(make((3, 4), dtype, device), make((3, 4), dtype, device),
-                          weight=make((3, 4), dtype, device, low=0, high=1), reduction=reduction)
+        yield SampleInput(
+            make((3, 4), dtype, device),
+            make((3, 4), dtype, device),
+            weight=make((3, 4), dtype, device, low=0, high=1),
+            reduction=reduction,
+        )
 
 
 PROBABILITIES = {"low": 0.05, "high": 0.95}
@@ -88,8 +95,12 @@ UNIT = {"low": 0.0, "high": 1.0}
 def bce_weighted(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     for reduction in REDUCTIONS:
         for weight_shape in ((3, 4), (4,)):
-            yield SampleInput(make((3, 4), dtype, device, **PROBABILITIES), make((3, 4), dtype, device, **UNIT),
-                              weight=make(weight_shape, dtype, device, **UNIT), reduction=reduction)
+            yield SampleInput(
+                make((3, 4), dtype, device, **PROBABILITIES),
+                make((3, 4), dtype, device, **UNIT),
+                weight=make(weight_shape, dtype, device, **UNIT),
+                reduction=reduction,
+            )
 
 
 def bce_edges(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
@@ -118,8 +129,9 @@ def bce_logits_weighted(dtype: torch.dtype, device: str) -> Iterable[SampleInput
         return make(shape, dtype, device, **domain)
 
     for reduction in REDUCTIONS:
-        yield SampleInput(x(3, 4), x(3, 4, **UNIT), weight=x(4, **UNIT), pos_weight=x(4, low=0.5, high=2),
-                          reduction=reduction)
+        yield SampleInput(
+            x(3, 4), x(3, 4, **UNIT), weight=x(4, **UNIT), pos_weight=x(4, low=0.5, high=2), reduction=reduction
+        )
     yield SampleInput(x(3, 4), x(3, 4, **UNIT), pos_weight=x(3, 4, low=0.5, high=2))
     yield SampleInput(x(), x(**UNIT), weight=x(**UNIT))
 
@@ -184,8 +196,13 @@ def signs(shape, dtype, device):
 
 def margin_ranking_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     for reduction in REDUCTIONS:
-        yield SampleInput(make((5,), dtype, device), make((5,), dtype, device), signs((5,), dtype, device),
-                          margin=0.3, reduction=reduction)
+        yield SampleInput(
+            make((5,), dtype, device),
+            make((5,), dtype, device),
+            signs((5,), dtype, device),
+            margin=0.3,
+            reduction=reduction,
+        )
     yield SampleInput(make((3, 4), dtype, device), make((3, 4), dtype, device), signs((3, 4), dtype, device))
     yield SampleInput(make((), dtype, device), make((), dtype, device), signs((), dtype, device))
 
@@ -199,8 +216,9 @@ def hinge_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
         yield SampleInput(make((3, 4), dtype, device), signs((3, 4), dtype, device), reduction=reduction)
     yield SampleInput(make((3, 4), dtype, device), signs((4,), dtype, device), margin=0.5)
     yield SampleInput(make((), dtype, device), signs((), dtype, device))
-    yield SampleInput(make((3,), dtype, device), torch.tensor([1.0, -1.0, 0.0], dtype=dtype, device=device),
-                      reduction="none")
+    yield SampleInput(
+        make((3,), dtype, device), torch.tensor([1.0, -1.0, 0.0], dtype=dtype, device=device), reduction="none"
+    )
 
 
 def soft_margin_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
@@ -223,8 +241,13 @@ def multilabel_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]
 
 def cosine_embedding_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     for reduction in REDUCTIONS:
-        yield SampleInput(make((3, 4), dtype, device), make((3, 4), dtype, device), signs((3,), dtype, device),
-                          margin=0.2, reduction=reduction)
+        yield SampleInput(
+            make((3, 4), dtype, device),
+            make((3, 4), dtype, device),
+            signs((3,), dtype, device),
+            margin=0.2,
+            reduction=reduction,
+        )
     yield SampleInput(make((4,), dtype, device), make((4,), dtype, device), signs((), dtype, device))
     yield SampleInput(transposed((3, 4), dtype, device), make((3, 4), dtype, device), signs((3,), dtype, device))
 
@@ -395,16 +418,23 @@ def ctc_loss_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     flat = torch.cat([targets[i, :n] for i, n in enumerate(target_lengths.tolist())])
     yield SampleInput(log_probs, flat, [12, 10, 7], [4, 2, 3])
     yield SampleInput(log_probs, targets.clamp(max=classes - 2), input_lengths, target_lengths, blank=classes - 1)
-    yield SampleInput(log_probs, targets, torch.tensor([2, 10, 7], device=device), target_lengths,
-                      reduction="none", zero_infinity=True)
+    yield SampleInput(
+        log_probs,
+        targets,
+        torch.tensor([2, 10, 7], device=device),
+        target_lengths,
+        reduction="none",
+        zero_infinity=True,
+    )
     yield SampleInput(log_probs[:, 0], targets[0], torch.tensor(12, device=device), torch.tensor(4, device=device))
 
 
 def ctc_loss_errors() -> Iterable[ErrorInput]:
     log_probs = cpu((6, 2, 4)).log_softmax(2)
     targets, lengths = torch.ones(2, 3, dtype=torch.long), torch.tensor([6, 6])
-    yield ErrorInput(SampleInput(log_probs, targets, lengths, torch.tensor([3, 3]), reduction="bogus"), ValueError,
-                     "reduction")
+    yield ErrorInput(
+        SampleInput(log_probs, targets, lengths, torch.tensor([3, 3]), reduction="bogus"), ValueError, "reduction"
+    )
 
 
 OPS = [
@@ -418,13 +448,24 @@ OPS = [
     loss("huber_loss", F.huber_loss, pair_samples, huber_errors),
     loss("huber_loss", F.huber_loss, partial(pair_samples, delta=0.4), variant="delta"),
     loss("huber_loss", F.huber_loss, huber_weighted, variant="weight"),
-    loss("binary_cross_entropy", F.binary_cross_entropy, partial(pair_samples, lhs=PROBABILITIES, rhs=UNIT), bce_errors),
+    loss(
+        "binary_cross_entropy", F.binary_cross_entropy, partial(pair_samples, lhs=PROBABILITIES, rhs=UNIT), bce_errors
+    ),
     loss("binary_cross_entropy", F.binary_cross_entropy, bce_weighted, variant="weight", nondifferentiable=("weight",)),
     loss("binary_cross_entropy", F.binary_cross_entropy, bce_edges, variant="edges", supports_grad=False),
-    loss("binary_cross_entropy", F.binary_cross_entropy, bce_saturated, variant="saturated",
-         nondifferentiable=("target", "weight")),
-    loss("binary_cross_entropy_with_logits", F.binary_cross_entropy_with_logits, partial(pair_samples, rhs=UNIT),
-         bce_logits_errors),
+    loss(
+        "binary_cross_entropy",
+        F.binary_cross_entropy,
+        bce_saturated,
+        variant="saturated",
+        nondifferentiable=("target", "weight"),
+    ),
+    loss(
+        "binary_cross_entropy_with_logits",
+        F.binary_cross_entropy_with_logits,
+        partial(pair_samples, rhs=UNIT),
+        bce_logits_errors,
+    ),
     loss("binary_cross_entropy_with_logits", F.binary_cross_entropy_with_logits, bce_logits_weighted, variant="weight"),
     loss("kl_div", F.kl_div, kl_samples, bad_reduction(x34, x34)),
     loss("poisson_nll_loss", F.poisson_nll_loss, poisson_samples, bad_reduction(x34, x34)),
@@ -436,8 +477,12 @@ OPS = [
     loss("cosine_embedding_loss", F.cosine_embedding_loss, cosine_embedding_samples, cosine_embedding_errors),
     loss("multi_margin_loss", F.multi_margin_loss, multi_margin_samples, multi_margin_errors),
     loss("triplet_margin_loss", F.triplet_margin_loss, triplet_samples, triplet_errors),
-    loss("triplet_margin_with_distance_loss", F.triplet_margin_with_distance_loss, triplet_distance_samples,
-         triplet_distance_errors),
+    loss(
+        "triplet_margin_with_distance_loss",
+        F.triplet_margin_with_distance_loss,
+        triplet_distance_samples,
+        triplet_distance_errors,
+    ),
     loss("pairwise_distance", F.pairwise_distance, distance_samples),
     loss("cosine_similarity", F.cosine_similarity, cosine_similarity_samples, cosine_similarity_errors),
     loss("normalize", F.normalize, normalize_samples, normalize_errors),

@@ -51,8 +51,13 @@ ACTIVATION_OPS = [
     unary("silu", F.silu, dtypes=FLOATS, error_inputs=rejects(torch.int64, torch.bool)),
     # Sample 7 holds +-inf: eager's AVX-512 kernel gives NaN there, its scalar path (and AVX2's) inf
     # and 0, so which eager's decomposition must match depends on the machine.
-    unary("gelu", F.gelu, dtypes=FLOATS, error_inputs=chain_errors(rejects(torch.int64), bad_approximate),
-          decomposition_skips=(7,)),
+    unary(
+        "gelu",
+        F.gelu,
+        dtypes=FLOATS,
+        error_inputs=chain_errors(rejects(torch.int64), bad_approximate),
+        decomposition_skips=(7,),
+    ),
     OpInfo("gelu", F.gelu, with_kwargs(unary_samples, approximate="tanh"), variant="tanh"),
     unary("sigmoid", torch.sigmoid, variant="torch"),
     unary("relu", torch.relu, dtypes=NUMERIC, variant="torch"),
@@ -119,8 +124,14 @@ def softmax_entries(name: str, op) -> list[OpInfo]:
         OpInfo(name, op, SOFTMAX_SAMPLES, softmax_errors, tolerances=ACCUMULATING),
         OpInfo(name, op, to_float64, dtypes=ALL, variant="dtype", tolerances=ACCUMULATING),
         OpInfo(name, getattr(torch, name), SOFTMAX_SAMPLES, softmax_errors, variant="torch", tolerances=ACCUMULATING),
-        OpInfo(name, getattr(torch.Tensor, name), positional_dtype, dtypes=ALL, variant="method_dtype",
-               tolerances=ACCUMULATING),
+        OpInfo(
+            name,
+            getattr(torch.Tensor, name),
+            positional_dtype,
+            dtypes=ALL,
+            variant="method_dtype",
+            tolerances=ACCUMULATING,
+        ),
     ]
 
 
@@ -169,8 +180,9 @@ def _dropout_scaling(a, p=0.5):
 
 
 DROPOUT_OPS = [
-    OpInfo("dropout", _dropout_scaling, partial(unary_samples, exclude_zero=True, extremal_values=False),
-           variant="scaling"),
+    OpInfo(
+        "dropout", _dropout_scaling, partial(unary_samples, exclude_zero=True, extremal_values=False), variant="scaling"
+    ),
     OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=0.0, training=True), dropout_errors, variant="p0"),
     OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=0.5, training=False), variant="eval"),
     OpInfo("dropout", F.dropout, with_kwargs(unary_samples, p=1.0, training=True), variant="p1"),
@@ -346,8 +358,14 @@ OPS = [
     *softmax_entries("log_softmax", F.log_softmax),
     OpInfo("layer_norm", F.layer_norm, partial(norm_samples, bias=True), norm_errors, tolerances=ACCUMULATING),
     OpInfo("rms_norm", F.rms_norm, partial(norm_samples, bias=False), norm_errors, tolerances=ACCUMULATING),
-    OpInfo("batch_norm", F.batch_norm, batch_norm_samples, batch_norm_errors, tolerances=ACCUMULATING,
-           nondifferentiable=("running_mean", "running_var")),
+    OpInfo(
+        "batch_norm",
+        F.batch_norm,
+        batch_norm_samples,
+        batch_norm_errors,
+        tolerances=ACCUMULATING,
+        nondifferentiable=("running_mean", "running_var"),
+    ),
     *DROPOUT_OPS,
     OpInfo("embedding", F.embedding, embedding_samples, embedding_errors, NUMERIC),
     OpInfo(

@@ -56,8 +56,14 @@ def instance_norm_errors() -> Iterable[ErrorInput]:
 def running_stats_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     """Running statistics with input statistics, which eager updates in place."""
     yield SampleInput(make((2, 4, 5, 3), dtype, device), make((4,), dtype, device), make((4,), dtype, device, low=0.5))
-    yield SampleInput(make((3, 4, 6), dtype, device), make((4,), dtype, device), make((4,), dtype, device, low=0.5),
-                      make((4,), dtype, device), make((4,), dtype, device), momentum=0.3)
+    yield SampleInput(
+        make((3, 4, 6), dtype, device),
+        make((4,), dtype, device),
+        make((4,), dtype, device, low=0.5),
+        make((4,), dtype, device),
+        make((4,), dtype, device),
+        momentum=0.3,
+    )
 
 
 def instance_norm_with_stats(input, running_mean, running_var, *args, **kwargs):
@@ -85,8 +91,19 @@ OPS = [
     OpInfo("native_group_norm", torch.native_group_norm, native_group_norm_samples, tolerances=NORM_TOLERANCE),
     OpInfo("instance_norm", F.instance_norm, instance_norm_samples, instance_norm_errors, tolerances=NORM_TOLERANCE),
     # The statistics are not differentiable; the input, weight and bias are.
-    OpInfo("instance_norm", instance_norm_with_stats, running_stats_samples, variant="running_stats",
-           tolerances=NORM_TOLERANCE, supports_grad=False),
-    OpInfo("local_response_norm", F.local_response_norm, local_response_norm_samples, local_response_norm_errors,
-           tolerances=NORM_TOLERANCE),
+    OpInfo(
+        "instance_norm",
+        instance_norm_with_stats,
+        running_stats_samples,
+        variant="running_stats",
+        tolerances=NORM_TOLERANCE,
+        supports_grad=False,
+    ),
+    OpInfo(
+        "local_response_norm",
+        F.local_response_norm,
+        local_response_norm_samples,
+        local_response_norm_errors,
+        tolerances=NORM_TOLERANCE,
+    ),
 ]

@@ -161,7 +161,9 @@ OPS = [
     OpInfo("linalg_matrix_norm", LA.matrix_norm, matrix_norm_samples, matrix_norm_errors, tolerances=ACCUMULATING),
     OpInfo("linalg_norm", LA.norm, linalg_norm_samples, linalg_norm_errors, tolerances=ACCUMULATING),
     OpInfo("norm", torch.norm, torch_norm_samples, tolerances=ACCUMULATING),
-    OpInfo("tensor_norm", lambda a, *args, **kwargs: a.norm(*args, **kwargs), torch_norm_samples, tolerances=ACCUMULATING),
+    OpInfo(
+        "tensor_norm", lambda a, *args, **kwargs: a.norm(*args, **kwargs), torch_norm_samples, tolerances=ACCUMULATING
+    ),
     OpInfo("dist", torch.dist, dist_samples, dist_errors, tolerances=ACCUMULATING),
     OpInfo("renorm", torch.renorm, renorm_samples, renorm_errors, tolerances=ACCUMULATING),
     OpInfo("nansum", torch.nansum, nan_reduction_samples, dtypes=ALL, tolerances=ACCUMULATING),

@@ -79,10 +79,24 @@ def constant_pad_nd_errors() -> Iterable[ErrorInput]:
 
 
 OPS = [
-    OpInfo("reflection_pad", F.pad, mode_samples("reflect"), reflect_errors, FLOATS + (torch.int64,), variant="reflect"),
-    OpInfo("replication_pad", F.pad, mode_samples("replicate", (((2, 3, 4), (-5, 2)),)), replicate_errors,
-           FLOATS + (torch.int64,), variant="replicate"),
-    OpInfo("circular_pad", F.pad, mode_samples("circular", (((2, 3, 4), (4, 0)), ((2, 3, 4), (-4, 0)), ((2, 3, 4), (-2, 2)))),
-           circular_errors, ALL, variant="circular"),
+    OpInfo(
+        "reflection_pad", F.pad, mode_samples("reflect"), reflect_errors, FLOATS + (torch.int64,), variant="reflect"
+    ),
+    OpInfo(
+        "replication_pad",
+        F.pad,
+        mode_samples("replicate", (((2, 3, 4), (-5, 2)),)),
+        replicate_errors,
+        FLOATS + (torch.int64,),
+        variant="replicate",
+    ),
+    OpInfo(
+        "circular_pad",
+        F.pad,
+        mode_samples("circular", (((2, 3, 4), (4, 0)), ((2, 3, 4), (-4, 0)), ((2, 3, 4), (-2, 2)))),
+        circular_errors,
+        ALL,
+        variant="circular",
+    ),
     OpInfo("constant_pad_nd", torch.constant_pad_nd, PAD_CONSTANT_ND, constant_pad_nd_errors, ALL),
 ]

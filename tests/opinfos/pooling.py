@@ -188,17 +188,40 @@ def _pool_ops(n: int) -> list[OpInfo]:
     long_ok = FLOATS_AND_LONG if n > 1 else FLOATS
     return [
         OpInfo(f"max_pool{d}", max_pool, max_pool_samples(n), max_pool_errors(max_pool, n), long_ok),
-        OpInfo(f"max_pool{d}", getattr(F, f"max_pool{d}_with_indices"), max_pool_samples(n, True), dtypes=FLOATS,
-               variant="with_indices"),
-        OpInfo(f"avg_pool{d}", getattr(F, f"avg_pool{d}"), avg_pool_samples(n), avg_pool_errors(n), FLOATS_AND_LONG,
-               tolerances=ACCUMULATING),
-        OpInfo(f"adaptive_avg_pool{d}", getattr(F, f"adaptive_avg_pool{d}"), adaptive_samples(n, False),
-               adaptive_errors(n), tolerances=ACCUMULATING),
-        OpInfo(f"adaptive_max_pool{d}", getattr(F, f"adaptive_max_pool{d}"), adaptive_samples(n, True),
-               adaptive_errors(n)),
-        OpInfo(f"adaptive_max_pool{d}", getattr(F, f"adaptive_max_pool{d}_with_indices"), adaptive_samples(n, False),
-               variant="with_indices"),
-        OpInfo(f"lp_pool{d}", getattr(F, f"lp_pool{d}"), lp_pool_samples(n), lp_pool_errors(n), tolerances=ACCUMULATING),
+        OpInfo(
+            f"max_pool{d}",
+            getattr(F, f"max_pool{d}_with_indices"),
+            max_pool_samples(n, True),
+            dtypes=FLOATS,
+            variant="with_indices",
+        ),
+        OpInfo(
+            f"avg_pool{d}",
+            getattr(F, f"avg_pool{d}"),
+            avg_pool_samples(n),
+            avg_pool_errors(n),
+            FLOATS_AND_LONG,
+            tolerances=ACCUMULATING,
+        ),
+        OpInfo(
+            f"adaptive_avg_pool{d}",
+            getattr(F, f"adaptive_avg_pool{d}"),
+            adaptive_samples(n, False),
+            adaptive_errors(n),
+            tolerances=ACCUMULATING,
+        ),
+        OpInfo(
+            f"adaptive_max_pool{d}", getattr(F, f"adaptive_max_pool{d}"), adaptive_samples(n, True), adaptive_errors(n)
+        ),
+        OpInfo(
+            f"adaptive_max_pool{d}",
+            getattr(F, f"adaptive_max_pool{d}_with_indices"),
+            adaptive_samples(n, False),
+            variant="with_indices",
+        ),
+        OpInfo(
+            f"lp_pool{d}", getattr(F, f"lp_pool{d}"), lp_pool_samples(n), lp_pool_errors(n), tolerances=ACCUMULATING
+        ),
         OpInfo(f"max_unpool{d}", getattr(F, f"max_unpool{d}"), unpool_samples(n), unpool_errors(n)),
     ]
 

@@ -10,7 +10,20 @@ import torch
 
 from thunder_rs.torch.linalg import _flattened_mm
 
-from .core import ACCUMULATING, ALL, FLOATS, NUMERIC, ErrorInput, OpInfo, SampleInput, Strided, Transposed, cpu, make, tensor
+from .core import (
+    ACCUMULATING,
+    ALL,
+    FLOATS,
+    NUMERIC,
+    ErrorInput,
+    OpInfo,
+    SampleInput,
+    Strided,
+    Transposed,
+    cpu,
+    make,
+    tensor,
+)
 
 LA = torch.linalg
 
@@ -26,19 +39,51 @@ def specs(*rows) -> Callable:
     return generate
 
 
-ADDMV = specs(((3,), (3, 4), (4,)), ((1,), (3, 4), (4,)), ((), (3, 4), Strided((4,))), ((3,), Transposed((3, 4)), (4,), {"beta": 2, "alpha": 3}),
-              ((0,), (0, 4), (4,)), ((3,), (3, 0), (0,)))
-ADDBMM = specs(((3, 5), (2, 3, 4), (2, 4, 5)), ((5,), (2, 3, 4), (2, 4, 5), {"beta": 0}), ((3, 5), (0, 3, 4), (0, 4, 5)),
-               ((3, 1), Transposed((2, 3, 4)), (2, 4, 5), {"alpha": 2}))
-ADDR = specs(((3, 4), (3,), (4,)), ((4,), (3,), (4,)), ((), Strided((3,)), (4,)), ((3, 4), (3,), (4,), {"beta": 2, "alpha": 3}),
-             ((0, 4), (0,), (4,)), (Transposed((3, 4)), (3,), (4,), {"beta": 0}))
-FLATTENED = specs(((4, 8, 3), (4, 8, 5)), ((2, 3, 4, 6), (2, 3, 4, 2)), ((6, 3), (6, 5)), ((0, 8, 3), (0, 8, 5)),
-                  (Transposed((3, 5, 4)), (3, 5, 2)), ((2, 4, 3), Strided((2, 4, 5))))
+ADDMV = specs(
+    ((3,), (3, 4), (4,)),
+    ((1,), (3, 4), (4,)),
+    ((), (3, 4), Strided((4,))),
+    ((3,), Transposed((3, 4)), (4,), {"beta": 2, "alpha": 3}),
+    ((0,), (0, 4), (4,)),
+    ((3,), (3, 0), (0,)),
+)
+ADDBMM = specs(
+    ((3, 5), (2, 3, 4), (2, 4, 5)),
+    ((5,), (2, 3, 4), (2, 4, 5), {"beta": 0}),
+    ((3, 5), (0, 3, 4), (0, 4, 5)),
+    ((3, 1), Transposed((2, 3, 4)), (2, 4, 5), {"alpha": 2}),
+)
+ADDR = specs(
+    ((3, 4), (3,), (4,)),
+    ((4,), (3,), (4,)),
+    ((), Strided((3,)), (4,)),
+    ((3, 4), (3,), (4,), {"beta": 2, "alpha": 3}),
+    ((0, 4), (0,), (4,)),
+    (Transposed((3, 4)), (3,), (4,), {"beta": 0}),
+)
+FLATTENED = specs(
+    ((4, 8, 3), (4, 8, 5)),
+    ((2, 3, 4, 6), (2, 3, 4, 2)),
+    ((6, 3), (6, 5)),
+    ((0, 8, 3), (0, 8, 5)),
+    (Transposed((3, 5, 4)), (3, 5, 2)),
+    ((2, 4, 3), Strided((2, 4, 5))),
+)
 VDOT = specs(((4,), (4,)), ((0,), (0,)), (Strided((4,)), (4,)))
-CROSS = specs(((3,), (3,)), ((2, 3), (1, 3)), ((4, 3), (4, 3), {"dim": -1}), ((3, 2), (3, 2), {"dim": 0}),
-              (Transposed((3, 3)), (3, 3)), ((0, 3), (0, 3)))
-LINALG_CROSS = specs(((3,), (3,)), ((2, 3), (1, 3)), ((3, 2), (3, 2), {"dim": 0}), (Transposed((2, 3)), (2, 3)), ((0, 3), (0, 3)))
-VECDOT = specs(((3,), (3,)), ((2, 3), (1, 3)), ((3, 2), (3, 2), {"dim": 0}), ((2, 0), (2, 0)), (Transposed((2, 3)), (2, 3)))
+CROSS = specs(
+    ((3,), (3,)),
+    ((2, 3), (1, 3)),
+    ((4, 3), (4, 3), {"dim": -1}),
+    ((3, 2), (3, 2), {"dim": 0}),
+    (Transposed((3, 3)), (3, 3)),
+    ((0, 3), (0, 3)),
+)
+LINALG_CROSS = specs(
+    ((3,), (3,)), ((2, 3), (1, 3)), ((3, 2), (3, 2), {"dim": 0}), (Transposed((2, 3)), (2, 3)), ((0, 3), (0, 3))
+)
+VECDOT = specs(
+    ((3,), (3,)), ((2, 3), (1, 3)), ((3, 2), (3, 2), {"dim": 0}), ((2, 0), (2, 0)), (Transposed((2, 3)), (2, 3))
+)
 
 
 def tensordot_samples(dtype, device) -> Iterable[SampleInput]:
@@ -114,7 +159,9 @@ def matrix_power_samples(dtype, device) -> Iterable[SampleInput]:
     yield SampleInput(make((3, 3), dtype, device, low=-1, high=1).mT, 4)
     yield SampleInput(make((0, 2, 2), dtype, device), 3)
     if dtype.is_floating_point:
-        yield SampleInput(make((3, 3), dtype, device, low=-1, high=1) + 3 * torch.eye(3, dtype=dtype, device=device), -2)
+        yield SampleInput(
+            make((3, 3), dtype, device, low=-1, high=1) + 3 * torch.eye(3, dtype=dtype, device=device), -2
+        )
 
 
 def matrix_power_errors() -> Iterable[ErrorInput]:
@@ -141,7 +188,9 @@ def same_dtype_errors(*shapes) -> Callable[[], Iterable[ErrorInput]]:
 
     def errors() -> Iterable[ErrorInput]:
         yield ErrorInput(SampleInput(*(cpu(s) for s in shapes[:-1]), cpu(shapes[-1], torch.float64)), RuntimeError)
-        yield ErrorInput(SampleInput(*(cpu(s) for s in shapes[:-1]), cpu((*shapes[-1][:-1], shapes[-1][-1] + 1))), RuntimeError)
+        yield ErrorInput(
+            SampleInput(*(cpu(s) for s in shapes[:-1]), cpu((*shapes[-1][:-1], shapes[-1][-1] + 1))), RuntimeError
+        )
 
     return errors
 
@@ -154,8 +203,9 @@ def cross_errors() -> Iterable[ErrorInput]:
 
 def addr_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 5)), cpu((3,)), cpu((4,))), RuntimeError)
-    yield ErrorInput(SampleInput(cpu((3, 4), torch.int64), cpu((3,), torch.int64), cpu((4,), torch.int64), alpha=0.5),
-                     RuntimeError)
+    yield ErrorInput(
+        SampleInput(cpu((3, 4), torch.int64), cpu((3,), torch.int64), cpu((4,), torch.int64), alpha=0.5), RuntimeError
+    )
 
 
 def vecdot_errors() -> Iterable[ErrorInput]:
@@ -165,16 +215,37 @@ def vecdot_errors() -> Iterable[ErrorInput]:
 
 OPS = [
     OpInfo("addmv", torch.addmv, ADDMV, same_dtype_errors((3,), (3, 4), (4,)), NUMERIC, tolerances=ACCUMULATING),
-    OpInfo("addbmm", torch.addbmm, ADDBMM, same_dtype_errors((3, 5), (2, 3, 4), (2, 4, 5)), NUMERIC, tolerances=ACCUMULATING),
+    OpInfo(
+        "addbmm",
+        torch.addbmm,
+        ADDBMM,
+        same_dtype_errors((3, 5), (2, 3, 4), (2, 4, 5)),
+        NUMERIC,
+        tolerances=ACCUMULATING,
+    ),
     OpInfo("addr", torch.addr, ADDR, addr_errors, ALL),
     OpInfo("flattened_product", _flattened_mm, FLATTENED, dtypes=NUMERIC, tolerances=ACCUMULATING),
     OpInfo("vdot", torch.vdot, VDOT, same_dtype_errors((4,), (4,)), NUMERIC, tolerances=ACCUMULATING),
-    OpInfo("tensordot", torch.tensordot, tensordot_samples, same_dtype_errors((3, 4), (4, 5)), NUMERIC, tolerances=ACCUMULATING),
+    OpInfo(
+        "tensordot",
+        torch.tensordot,
+        tensordot_samples,
+        same_dtype_errors((3, 4), (4, 5)),
+        NUMERIC,
+        tolerances=ACCUMULATING,
+    ),
     OpInfo("einsum", torch.einsum, einsum_samples, einsum_errors, NUMERIC, tolerances=ACCUMULATING),
     OpInfo("cross", torch.cross, CROSS, cross_errors, NUMERIC),
     OpInfo("linalg_cross", LA.cross, LINALG_CROSS, cross_errors, NUMERIC),
     OpInfo("linalg_vecdot", LA.vecdot, VECDOT, vecdot_errors, FLOATS, tolerances=ACCUMULATING),
     OpInfo("linalg_multi_dot", LA.multi_dot, multi_dot_samples, multi_dot_errors, NUMERIC, tolerances=ACCUMULATING),
-    OpInfo("linalg_matrix_power", LA.matrix_power, matrix_power_samples, matrix_power_errors, NUMERIC, tolerances=ACCUMULATING),
+    OpInfo(
+        "linalg_matrix_power",
+        LA.matrix_power,
+        matrix_power_samples,
+        matrix_power_errors,
+        NUMERIC,
+        tolerances=ACCUMULATING,
+    ),
     OpInfo("linalg_vander", LA.vander, vander_samples, vander_errors, NUMERIC),
 ]

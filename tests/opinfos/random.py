@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from .core import ErrorInput, OpInfo, SampleInput, Strided, Transposed, cpu, make, tensor
 
+
 def seeded(fn):
     """``fn`` drawing from the default generator seeded at the start of each call. (``generator=``
     arguments are tested in ``tests/test_random.py``: a compiled program may not reseed one.)"""
@@ -91,7 +92,7 @@ def feature_samples(ranks: tuple[int, ...]):
                 yield SampleInput(make(shape, dtype, device), p)
             yield SampleInput(tensor(Transposed(shape), dtype, device), 0.5, training=True)
             yield SampleInput(make(shape, dtype, device), 0.5, training=False)
-        yield SampleInput(make((0, 5, 3)[:max(ranks[0], 2)], dtype, device), 0.5)
+        yield SampleInput(make((0, 5, 3)[: max(ranks[0], 2)], dtype, device), 0.5)
 
     return generate
 
@@ -208,6 +209,8 @@ OPS = [
     OpInfo("geometric_", _method_on_copy("geometric_"), sampler_samples((0.3,))),
     OpInfo("cauchy_", _method_on_copy("cauchy_"), sampler_samples((), (0.5, 2.0))),
     OpInfo("log_normal_", _method_on_copy("log_normal_"), sampler_samples((), (0.2, 0.5))),
-    OpInfo("random_", _method_on_copy("random_"), sampler_samples((), (7,), (-3, 7)), dtypes=(torch.float32, torch.int64)),
+    OpInfo(
+        "random_", _method_on_copy("random_"), sampler_samples((), (7,), (-3, 7)), dtypes=(torch.float32, torch.int64)
+    ),
     OpInfo("bernoulli_", _method_on_copy("bernoulli_"), sampler_samples((0.3,))),
 ]

@@ -192,8 +192,14 @@ OPS = [
     ),
     # prod takes one int dim (or none); integers and bools multiply in int64.
     OpInfo("prod", torch.prod, PROD_SAMPLES, INT_DIM_ERRORS, ALL, tolerances=ACCUMULATING),
-    OpInfo("prod", torch.prod, with_kwargs(PROD_SAMPLES, dtype=torch.float64), dtypes=NUMERIC, variant="dtype",
-           tolerances=ACCUMULATING),
+    OpInfo(
+        "prod",
+        torch.prod,
+        with_kwargs(PROD_SAMPLES, dtype=torch.float64),
+        dtypes=NUMERIC,
+        variant="dtype",
+        tolerances=ACCUMULATING,
+    ),
     OpInfo("mean", torch.mean, reduction_samples, FLOAT_ONLY_ERRORS, tolerances=ACCUMULATING),
     OpInfo("var", torch.var, var_samples, FLOAT_ONLY_ERRORS, tolerances=ACCUMULATING),
     OpInfo("std", torch.std, var_samples, FLOAT_ONLY_ERRORS, tolerances=ACCUMULATING),
@@ -243,7 +249,10 @@ OPS = [
         for name in ("argmax", "argmin")
     ),
     # all/any give bool (uint8 for uint8 input) whatever the input dtype, and have an identity.
-    *(OpInfo(name, getattr(torch, name), reduction_samples, dim_errors, ALL, supports_grad=False) for name in ("all", "any")),
+    *(
+        OpInfo(name, getattr(torch, name), reduction_samples, dim_errors, ALL, supports_grad=False)
+        for name in ("all", "any")
+    ),
     OpInfo("count_nonzero", torch.count_nonzero, count_nonzero_samples, dim_errors, ALL, supports_grad=False),
     OpInfo("logsumexp", torch.logsumexp, logsumexp_samples, dim_errors, NUMERIC, tolerances=ACCUMULATING),
 ]

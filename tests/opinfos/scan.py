@@ -74,7 +74,11 @@ def trapezoid_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     """Unit and scalar spacing along each dim, sample points as a 1-d and a full tensor, an empty
     dim, a 0-d spacing tensor and a non-contiguous input."""
     y = make((3, 5), dtype, device)
-    points = make((5,), dtype, device, low=0, high=1).cumsum(0) if dtype.is_floating_point else torch.arange(5, device=device)
+    points = (
+        make((5,), dtype, device, low=0, high=1).cumsum(0)
+        if dtype.is_floating_point
+        else torch.arange(5, device=device)
+    )
     yield SampleInput(y)
     yield SampleInput(y, dx=0.5, dim=0)
     yield SampleInput(y, points)
@@ -91,15 +95,33 @@ def trapezoid_errors() -> Iterable[ErrorInput]:
 OPS = [
     OpInfo("trapezoid", torch.trapezoid, trapezoid_samples, trapezoid_errors, dtypes=ALL[:3], tolerances=ACCUMULATING),
     OpInfo("trapezoid", torch.trapz, trapezoid_samples, dtypes=FLOATS, variant="trapz", tolerances=ACCUMULATING),
-    OpInfo("cumulative_trapezoid", torch.cumulative_trapezoid, trapezoid_samples, trapezoid_errors, dtypes=ALL[:3],
-           tolerances=ACCUMULATING),
-    OpInfo("cumsum", torch.cumsum, chain_samples(SCAN_CASES, with_dtype), dim_errors(torch.cumsum),
-           dtypes=ALL, tolerances=ACCUMULATING, nondifferentiable=("dtype",)),
+    OpInfo(
+        "cumulative_trapezoid",
+        torch.cumulative_trapezoid,
+        trapezoid_samples,
+        trapezoid_errors,
+        dtypes=ALL[:3],
+        tolerances=ACCUMULATING,
+    ),
+    OpInfo(
+        "cumsum",
+        torch.cumsum,
+        chain_samples(SCAN_CASES, with_dtype),
+        dim_errors(torch.cumsum),
+        dtypes=ALL,
+        tolerances=ACCUMULATING,
+        nondifferentiable=("dtype",),
+    ),
     OpInfo("cumsum", torch.Tensor.cumsum, SCAN_CASES, dtypes=ALL, variant="method", tolerances=ACCUMULATING),
-    OpInfo("cumprod", torch.cumprod, chain_samples(SCAN_CASES, with_zeros), dim_errors(torch.cumprod),
-           dtypes=ALL, tolerances=ACCUMULATING),
+    OpInfo(
+        "cumprod",
+        torch.cumprod,
+        chain_samples(SCAN_CASES, with_zeros),
+        dim_errors(torch.cumprod),
+        dtypes=ALL,
+        tolerances=ACCUMULATING,
+    ),
     OpInfo("cummax", torch.cummax, chain_samples(SCAN_CASES, ties), dim_errors(torch.cummax), dtypes=ALL),
     OpInfo("cummin", torch.cummin, chain_samples(SCAN_CASES, ties), dim_errors(torch.cummin), dtypes=ALL),
-    OpInfo("logcumsumexp", torch.logcumsumexp, SCAN_CASES, logcumsumexp_errors, dtypes=FLOATS,
-           tolerances=ACCUMULATING),
+    OpInfo("logcumsumexp", torch.logcumsumexp, SCAN_CASES, logcumsumexp_errors, dtypes=FLOATS, tolerances=ACCUMULATING),
 ]

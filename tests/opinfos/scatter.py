@@ -29,10 +29,14 @@ def _ties(dtype, device, shape, values):
 def scatter_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     a, src = make((2, 4), dtype, device), make((2, 3), dtype, device)
     yield SampleInput(a, 1, _index(((3, 0, 1), (2, 1, 0)), device), src)
-    yield SampleInput(make((3, 2), dtype, device), 0, _index(((2, 0),), device), make((2, 2), dtype, device))  # src larger
+    yield SampleInput(
+        make((3, 2), dtype, device), 0, _index(((2, 0),), device), make((2, 2), dtype, device)
+    )  # src larger
     yield SampleInput(a, -1, _index(((1,), (3,)), device), value=1)
     yield SampleInput(make((), dtype, device), 0, _index(0, device), make((), dtype, device))
-    yield SampleInput(make((0, 3), dtype, device), 0, torch.zeros(0, 3, dtype=torch.int64, device=device), make((0, 3), dtype, device))
+    yield SampleInput(
+        make((0, 3), dtype, device), 0, torch.zeros(0, 3, dtype=torch.int64, device=device), make((0, 3), dtype, device)
+    )
     yield SampleInput(tensor(Transposed((4, 2)), dtype, device), 0, _index(((3, 0), (1, 2)), device), src.mT[:2])
     if dtype != torch.bool:
         yield SampleInput(a, 1, _index(REPEATED, device), src, reduce="add")
@@ -54,12 +58,26 @@ def scatter_reduce_samples(reduce: str):
             a = _ties(dtype, device, (2, 4), (1, 0, 2, 5, 0, 3, 3, 1))
             src = _ties(dtype, device, (2, 3), (1, 2, 1, 3, 3, 0))
             yield SampleInput(a, 1, _index(REPEATED, device), src, reduce, include_self=include_self)
-            yield SampleInput(make((2, 4), dtype, device), 1, _index(REPEATED, device), make((2, 3), dtype, device), reduce,
-                              include_self=include_self)
-        yield SampleInput(make((4, 3), dtype, device), 0, _index(((0, 3, 0), (0, 0, 2)), device), make((2, 3), dtype, device), reduce)
+            yield SampleInput(
+                make((2, 4), dtype, device),
+                1,
+                _index(REPEATED, device),
+                make((2, 3), dtype, device),
+                reduce,
+                include_self=include_self,
+            )
+        yield SampleInput(
+            make((4, 3), dtype, device), 0, _index(((0, 3, 0), (0, 0, 2)), device), make((2, 3), dtype, device), reduce
+        )
         yield SampleInput(make((3,), dtype, device), 0, _index((2, 2, 0, 2), device), make((5,), dtype, device), reduce)
-        yield SampleInput(tensor(Transposed((2, 4)), dtype, device), -1, _index(REPEATED, device), make((2, 3), dtype, device),
-                          reduce, include_self=False)
+        yield SampleInput(
+            tensor(Transposed((2, 4)), dtype, device),
+            -1,
+            _index(REPEATED, device),
+            make((2, 3), dtype, device),
+            reduce,
+            include_self=False,
+        )
 
     return generate
 
@@ -76,7 +94,9 @@ def index_reduce_samples(reduce: str):
             a = _ties(dtype, device, (4, 2), (1, 0, 2, 5, 0, 3, 3, 1))
             src = _ties(dtype, device, (3, 2), (1, 2, 1, 3, 3, 0))
             yield SampleInput(a, 0, _index((0, 2, 0), device), src, reduce, include_self=include_self)
-        yield SampleInput(make((2, 4), dtype, device), 1, _index((3, 1, 0), device), make((2, 3), dtype, device), reduce)
+        yield SampleInput(
+            make((2, 4), dtype, device), 1, _index((3, 1, 0), device), make((2, 3), dtype, device), reduce
+        )
         yield SampleInput(make((), dtype, device), 0, _index((0,), device), make((), dtype, device), reduce)
 
     return generate
@@ -134,16 +154,26 @@ def put_errors() -> Iterable[ErrorInput]:
 
 
 def index_put_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
-    yield SampleInput(make((2, 4, 3), dtype, device), (_index((0, 1), device), _index(((2,), (-1,)), device)),
-                      make((3,), dtype, device))
+    yield SampleInput(
+        make((2, 4, 3), dtype, device),
+        (_index((0, 1), device), _index(((2,), (-1,)), device)),
+        make((3,), dtype, device),
+    )
     yield SampleInput(make((5, 5), dtype, device), (_index((2, 4), device),), make((2, 5), dtype, device))
-    yield SampleInput(make((5, 5), dtype, device), (torch.tensor([True, True, False, True, False], device=device),),
-                      make((5,), dtype, device))
+    yield SampleInput(
+        make((5, 5), dtype, device),
+        (torch.tensor([True, True, False, True, False], device=device),),
+        make((5,), dtype, device),
+    )
     yield SampleInput(make((3, 2), dtype, device), (torch.rand(3, 2, device=device) > 0.5,), make((), dtype, device))
     if dtype != torch.bool:
         yield SampleInput(make((5, 5), dtype, device), (_index((2, 1, 2), device),), make((3, 5), dtype, device), True)
-        yield SampleInput(make((5, 2), dtype, device), (torch.tensor([True, False, True, True, False], device=device),),
-                          make((1, 2), dtype, device), True)
+        yield SampleInput(
+            make((5, 2), dtype, device),
+            (torch.tensor([True, False, True, True, False], device=device),),
+            make((1, 2), dtype, device),
+            True,
+        )
 
 
 def index_put_errors() -> Iterable[ErrorInput]:
@@ -167,14 +197,17 @@ def as_strided_input_samples(dtype: torch.dtype, device: str) -> Iterable[Sample
 def masked_scatter_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     """Masks of the input's shape, broadcast from a row or broadcasting the input, all-false and
     all-true, a longer source, non-contiguous operands and empty tensors."""
-    mask = torch.tensor([[True, False, True, True], [False, False, True, False], [True, True, False, False]],
-                        device=device)
+    mask = torch.tensor(
+        [[True, False, True, True], [False, False, True, False], [True, True, False, False]], device=device
+    )
     yield SampleInput(make((3, 4), dtype, device), mask, make((6,), dtype, device))
     yield SampleInput(make((3, 4), dtype, device), mask[0], make((2, 5), dtype, device))
     yield SampleInput(make((4,), dtype, device), mask, make((7,), dtype, device))
     yield SampleInput(make((3, 4), dtype, device), torch.zeros_like(mask), make((2,), dtype, device))
     yield SampleInput(transposed((4, 3), dtype, device), mask.mT.contiguous().mT.mT, make((12,), dtype, device))
-    yield SampleInput(make((2, 0), dtype, device), torch.ones(2, 0, dtype=torch.bool, device=device), make((0,), dtype, device))
+    yield SampleInput(
+        make((2, 0), dtype, device), torch.ones(2, 0, dtype=torch.bool, device=device), make((0,), dtype, device)
+    )
     yield SampleInput(make((), dtype, device), torch.tensor(True, device=device), make((3,), dtype, device))
 
 
@@ -187,10 +220,28 @@ def masked_scatter_errors() -> Iterable[ErrorInput]:
 
 OPS = [
     OpInfo("scatter", torch.scatter, scatter_samples, scatter_errors, ALL),
-    *(OpInfo("scatter_reduce", torch.scatter_reduce, scatter_reduce_samples(r), scatter_reduce_errors if r == "sum" else
-             lambda: iter(()), NUMERIC, variant=r) for r in ("sum", "prod", "mean", "amax", "amin")),
-    *(OpInfo("index_reduce", torch.index_reduce, index_reduce_samples(r), index_reduce_errors if r == "prod" else
-             lambda: iter(()), NUMERIC, variant=r) for r in ("prod", "mean", "amax", "amin")),
+    *(
+        OpInfo(
+            "scatter_reduce",
+            torch.scatter_reduce,
+            scatter_reduce_samples(r),
+            scatter_reduce_errors if r == "sum" else lambda: iter(()),
+            NUMERIC,
+            variant=r,
+        )
+        for r in ("sum", "prod", "mean", "amax", "amin")
+    ),
+    *(
+        OpInfo(
+            "index_reduce",
+            torch.index_reduce,
+            index_reduce_samples(r),
+            index_reduce_errors if r == "prod" else lambda: iter(()),
+            NUMERIC,
+            variant=r,
+        )
+        for r in ("prod", "mean", "amax", "amin")
+    ),
     OpInfo("index_copy", torch.index_copy, index_copy_samples, index_copy_errors, ALL),
     OpInfo("index_fill", torch.index_fill, index_fill_samples, index_fill_errors, ALL),
     OpInfo("take", torch.take, take_samples, dtypes=ALL),

@@ -29,13 +29,23 @@ def ternary_samples(dtype: torch.dtype, device: str, *, value=None, rhs: dict | 
     """(input, tensor1, tensor2): equal shapes, broadcasting, 0-d, empty, non-contiguous, mixed dtypes."""
     rhs = rhs or {}
     kw = {} if value is None else {"value": value}
-    shapes = (((3, 4), (3, 4), (3, 4)), ((3, 4), (4,), (3, 1)), ((), (), ()), ((0, 3), (3,), (0, 3)), ((4,), (3, 4), ()))
+    shapes = (
+        ((3, 4), (3, 4), (3, 4)),
+        ((3, 4), (4,), (3, 1)),
+        ((), (), ()),
+        ((0, 3), (3,), (0, 3)),
+        ((4,), (3, 4), ()),
+    )
     for a, b, c in shapes:
         yield SampleInput(make(a, dtype, device), make(b, dtype, device), make(c, dtype, device, **rhs), **kw)
-    yield SampleInput(transposed((3, 4), dtype, device), strided((3, 4), dtype, device), make((3, 4), dtype, device, **rhs), **kw)
+    yield SampleInput(
+        transposed((3, 4), dtype, device), strided((3, 4), dtype, device), make((3, 4), dtype, device, **rhs), **kw
+    )
     if dtype.is_floating_point:
         other = torch.float64 if dtype == torch.float32 else torch.float32
-        yield SampleInput(make((3, 4), dtype, device), make((3, 4), other, device), make((), other, device, **rhs), **kw)
+        yield SampleInput(
+            make((3, 4), dtype, device), make((3, 4), other, device), make((), other, device, **rhs), **kw
+        )
 
 
 def addcmul_errors() -> Iterable[ErrorInput]:
@@ -87,7 +97,9 @@ BINARY = {
     "fmin": Binary(torch.fmin, **MINMAX),
     "hypot": Binary(torch.hypot, **FLOAT_BINARY, **MINMAX),
     "ldexp": Binary(torch.ldexp, samples={"rhs": {"low": -3, "high": 3}, "scalars": ()}),
-    "float_power": Binary(torch.float_power, dtypes=NUMERIC, samples={"lhs": {"low": 0.5, "high": 3}, "rhs": {"low": 0, "high": 3}}),
+    "float_power": Binary(
+        torch.float_power, dtypes=NUMERIC, samples={"lhs": {"low": 0.5, "high": 3}, "rhs": {"low": 0, "high": 3}}
+    ),
     "sub": Binary(torch.subtract, dtypes=NUMERIC, rejected=(torch.bool,), samples={"scalars": (2, 2.5)}),
     "logical_and": Binary(torch.logical_and, grad=False, **MINMAX),
     "logical_or": Binary(torch.logical_or, grad=False, **MINMAX),
@@ -165,7 +177,9 @@ UNARY_OPS = [
     OpInfo("logit", torch.logit, with_kwargs(unary_samples, eps=1e-2), variant="eps"),
     OpInfo("logit", torch.logit, logit_ties, variant="ties"),
     unary("nan_to_num"),
-    OpInfo("nan_to_num", torch.nan_to_num, with_kwargs(unary_samples, nan=1.5, posinf=2.0, neginf=-3.0), variant="values"),
+    OpInfo(
+        "nan_to_num", torch.nan_to_num, with_kwargs(unary_samples, nan=1.5, posinf=2.0, neginf=-3.0), variant="values"
+    ),
     unary("isnan", **NO_GRAD),
     unary("isinf", **NO_GRAD),
     unary("isposinf", **NO_GRAD),
@@ -178,18 +192,37 @@ UNARY_OPS = [
     unary("ndtr", torch.special.ndtr, tolerances=SPECIAL),
     unary("angle"),
     unary("real", dtypes=NUMERIC),
-    *(OpInfo("polygamma", torch.polygamma, partial(polygamma_samples, n), dtypes=NUMERIC, variant=f"n{n}", tolerances=SPECIAL)
-      for n in range(4)),
+    *(
+        OpInfo(
+            "polygamma",
+            torch.polygamma,
+            partial(polygamma_samples, n),
+            dtypes=NUMERIC,
+            variant=f"n{n}",
+            tolerances=SPECIAL,
+        )
+        for n in range(4)
+    ),
     OpInfo("polygamma", torch.Tensor.polygamma, tensor_polygamma_samples, variant="method", tolerances=SPECIAL),
     unary("is_floating_point", branch_on_floating, dtypes=NUMERIC),
     unary("is_complex", branch_on_complex, dtypes=NUMERIC),
     unary("is_same_size", branch_on_same_size, dtypes=NUMERIC),
 ]
 
-POLYNOMIALS = ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
-               "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
-               "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l",
-               "legendre_polynomial_p")
+POLYNOMIALS = (
+    "chebyshev_polynomial_t",
+    "chebyshev_polynomial_u",
+    "chebyshev_polynomial_v",
+    "chebyshev_polynomial_w",
+    "shifted_chebyshev_polynomial_t",
+    "shifted_chebyshev_polynomial_u",
+    "shifted_chebyshev_polynomial_v",
+    "shifted_chebyshev_polynomial_w",
+    "hermite_polynomial_h",
+    "hermite_polynomial_he",
+    "laguerre_polynomial_l",
+    "legendre_polynomial_p",
+)
 
 
 def polynomial_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
@@ -216,17 +249,34 @@ def mvlgamma_errors() -> Iterable[ErrorInput]:
 
 
 OPS = [
-    *(OpInfo(name, getattr(torch.special, name), polynomial_samples, dtypes=FLOATS + (torch.int64,), tolerances=SPECIAL)
-      for name in POLYNOMIALS),
-    OpInfo("mvlgamma", torch.mvlgamma, mvlgamma_samples, mvlgamma_errors, dtypes=FLOATS + (torch.int64,), tolerances=SPECIAL),
+    *(
+        OpInfo(
+            name, getattr(torch.special, name), polynomial_samples, dtypes=FLOATS + (torch.int64,), tolerances=SPECIAL
+        )
+        for name in POLYNOMIALS
+    ),
+    OpInfo(
+        "mvlgamma",
+        torch.mvlgamma,
+        mvlgamma_samples,
+        mvlgamma_errors,
+        dtypes=FLOATS + (torch.int64,),
+        tolerances=SPECIAL,
+    ),
     *UNARY_OPS,
     *BINARY_OPS,
     OpInfo("fmax", torch.fmax, tensor_tie_samples(1), variant="ties"),
     OpInfo("fmin", torch.fmin, tensor_tie_samples(1), variant="ties"),
     OpInfo("logaddexp", torch.logaddexp, logaddexp_ties, variant="ties"),
     OpInfo("logaddexp2", torch.logaddexp2, logaddexp_ties, variant="ties"),
-    OpInfo("heaviside", torch.heaviside, partial(binary_samples, scalars=(), partner=None), heaviside_errors, ALL,
-           supports_grad=False),
+    OpInfo(
+        "heaviside",
+        torch.heaviside,
+        partial(binary_samples, scalars=(), partner=None),
+        heaviside_errors,
+        ALL,
+        supports_grad=False,
+    ),
     OpInfo("isclose", torch.isclose, isclose_samples, isclose_errors, ALL, supports_grad=False),
     OpInfo("addcmul", torch.addcmul, ternary_samples, addcmul_errors, NUMERIC),
     OpInfo("addcmul", torch.addcmul, partial(ternary_samples, value=0.5), variant="value"),

@@ -65,13 +65,22 @@ def median_errors() -> Iterable[ErrorInput]:
 def quantile_samples(dtype, device) -> Iterable[SampleInput]:
     for interpolation in ("linear", "lower", "higher", "midpoint", "nearest"):
         yield SampleInput(distinct((3, 5), dtype, device), 0.3, 1, interpolation=interpolation)
-        yield SampleInput(distinct((4, 3), dtype, device), torch.tensor([0.0, 0.25, 0.5, 1.0], dtype=dtype, device=device),
-                          0, True, interpolation=interpolation)
+        yield SampleInput(
+            distinct((4, 3), dtype, device),
+            torch.tensor([0.0, 0.25, 0.5, 1.0], dtype=dtype, device=device),
+            0,
+            True,
+            interpolation=interpolation,
+        )
     yield SampleInput(distinct((3, 5), dtype, device), 0.75)
-    yield SampleInput(distinct((2, 3), dtype, device), torch.tensor([0.2, 0.9], dtype=dtype, device=device), keepdim=True)
+    yield SampleInput(
+        distinct((2, 3), dtype, device), torch.tensor([0.2, 0.9], dtype=dtype, device=device), keepdim=True
+    )
     yield SampleInput(distinct((), dtype, device), 0.5)
     yield SampleInput(with_nans(dtype, device), 0.4, 1)
-    yield SampleInput(with_nans(dtype, device), torch.tensor(0.6, dtype=dtype, device=device), -1, interpolation="nearest")
+    yield SampleInput(
+        with_nans(dtype, device), torch.tensor(0.6, dtype=dtype, device=device), -1, interpolation="nearest"
+    )
     yield SampleInput(strided((3, 4), dtype, device), 0.5, 0)
 
 
@@ -137,7 +146,9 @@ def searchsorted_samples(dtype, device) -> Iterable[SampleInput]:
     rows = torch.tensor([[1, 2, 3, 5], [-2, 0, 6, 7]], device=device).to(dtype)
     yield SampleInput(rows, values)
     yield SampleInput(rows, values, side="left")
-    yield SampleInput(torch.tensor([4, -3, 1, 0], device=device).to(dtype), values, sorter=torch.tensor([1, 3, 2, 0], device=device))
+    yield SampleInput(
+        torch.tensor([4, -3, 1, 0], device=device).to(dtype), values, sorter=torch.tensor([1, 3, 2, 0], device=device)
+    )
 
 
 def searchsorted_errors() -> Iterable[ErrorInput]:

@@ -8,7 +8,13 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.core.base import dtypes
-from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
+from thunder_rs.errors import (
+    ThunderIndexError,
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderValueError,
+    check,
+)
 
 Number = (bool, int, float)
 
@@ -18,9 +24,12 @@ def canonicalize_dim(ndim: int, dim: int, op: str, arg: str = "dim") -> int:
     rank = max(ndim, 1)
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise ThunderValueError(f"{op}: expected an int for {arg}, got {dim!r}")
-    check(-rank <= dim < rank, op,
-          f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim}) (argument {arg})",
-          ThunderIndexError)
+    check(
+        -rank <= dim < rank,
+        op,
+        f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim}) (argument {arg})",
+        ThunderIndexError,
+    )
     return dim % rank
 
 
@@ -31,7 +40,9 @@ def canonicalize_dims(ndim: int, dims, op: str, arg: str = "dim") -> tuple[int, 
     if isinstance(dims, int):
         dims = (dims,)
     out = tuple(canonicalize_dim(ndim, d, op, arg) for d in dims)
-    check(len(set(out)) == len(out), op, f"dim {tuple(dims)} appears multiple times in the list of dims (argument {arg})")
+    check(
+        len(set(out)) == len(out), op, f"dim {tuple(dims)} appears multiple times in the list of dims (argument {arg})"
+    )
     return out
 
 
@@ -42,9 +53,15 @@ def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
         for i, size in enumerate(shape, ndim - len(shape)):
             if size == out[i] or size == 1:
                 continue
-            check(out[i] == 1, op, lambda: (
-                f"The size of tensor a ({out[i]}) must match the size of tensor b ({size}) at non-singleton "
-                f"dimension {i} (shapes {', '.join(str(list(s)) for s in shapes)})"), ThunderRuntimeError)
+            check(
+                out[i] == 1,
+                op,
+                lambda: (
+                    f"The size of tensor a ({out[i]}) must match the size of tensor b ({size}) at non-singleton "
+                    f"dimension {i} (shapes {', '.join(str(list(s)) for s in shapes)})"
+                ),
+                ThunderRuntimeError,
+            )
             out[i] = size
     return tuple(out)
 
@@ -81,8 +98,14 @@ DEFAULT, INT_TO_FLOAT, ALWAYS_BOOL, COMPLEX_TO_FLOAT, NUMBER_TO_INT = range(5)
 def promote(op: str, operands, kind=DEFAULT) -> tuple[torch.dtype, torch.dtype]:
     """(computation dtype, result dtype) of an elementwise op over ``operands``."""
     result = dtypes.result_type(*operands)
-    check(result in dtypes.CODES, op, lambda: f"the operands promote to {result}, a dtype thunder_rs does not support "
-          f"(operands: {_dtypes_of(operands)})", ThunderNotImplementedError)
+    check(
+        result in dtypes.CODES,
+        op,
+        lambda: (
+            f"the operands promote to {result}, a dtype thunder_rs does not support (operands: {_dtypes_of(operands)})"
+        ),
+        ThunderNotImplementedError,
+    )
     compute = result
     if kind == INT_TO_FLOAT and not dtypes.is_inexact(result):
         compute = result = torch.get_default_dtype()
@@ -110,7 +133,9 @@ def elementwise(prim, op: str, *operands, kind=DEFAULT):
     _device_of(op, operands)
     compute, result = promote(op, operands, kind)
     shape = broadcast_shapes(op, *(t.shape for t in tensors))
-    args = [expand_to(maybe_convert(x, compute), shape) if isinstance(x, torch.Tensor) else maybe_convert(x, compute)
-            for x in operands]
+    args = [
+        expand_to(maybe_convert(x, compute), shape) if isinstance(x, torch.Tensor) else maybe_convert(x, compute)
+        for x in operands
+    ]
     out = prim(*args)
     return maybe_convert(out, result) if kind not in (ALWAYS_BOOL,) else out

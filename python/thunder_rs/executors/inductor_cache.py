@@ -181,8 +181,14 @@ def _process_fingerprint() -> tuple[str, ...] | None:
         isa, source = str(pick_vec_isa()), torch_key().hex()
     except Exception:  # noqa: BLE001 (Inductor's internals differ between versions: no cache then)
         return None
-    return (FORMAT, f"torch {torch.__version__} {source}", f"python {sys.version}", f"machine {platform.machine()} {isa}",
-            f"system {system}", f"thunder_rs {_package_digest()}")
+    return (
+        FORMAT,
+        f"torch {torch.__version__} {source}",
+        f"python {sys.version}",
+        f"machine {platform.machine()} {isa}",
+        f"system {system}",
+        f"thunder_rs {_package_digest()}",
+    )
 
 
 def _settings() -> tuple[str, ...]:
@@ -190,13 +196,23 @@ def _settings() -> tuple[str, ...]:
     from torch._inductor import config  # noqa: PLC0415 (as above)
 
     matmul = torch.backends.cuda.matmul
-    deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                     getattr(torch.utils.deterministic, "fill_uninitialized_memory", None))
-    precision = (getattr(matmul, "fp32_precision", None), matmul.allow_tf32,
-                 matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction)
-    return (f"inductor config {config.get_hash().hex()} {torch._functorch.config.get_hash().hex()}",
-            f"default dtype {torch.get_default_dtype()}, threads {torch.get_num_threads()}",
-            f"deterministic {deterministic}", f"matmul {precision}")
+    deterministic = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        getattr(torch.utils.deterministic, "fill_uninitialized_memory", None),
+    )
+    precision = (
+        getattr(matmul, "fp32_precision", None),
+        matmul.allow_tf32,
+        matmul.allow_fp16_reduced_precision_reduction,
+        matmul.allow_bf16_reduced_precision_reduction,
+    )
+    return (
+        f"inductor config {config.get_hash().hex()} {torch._functorch.config.get_hash().hex()}",
+        f"default dtype {torch.get_default_dtype()}, threads {torch.get_num_threads()}",
+        f"deterministic {deterministic}",
+        f"matmul {precision}",
+    )
 
 
 @functools.cache
@@ -252,16 +268,22 @@ def _describe(value, depth: int) -> str | None:
     if isinstance(value, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
         return f"{getattr(value, '__module__', None)}.{value.__qualname__}"
     if isinstance(value, functools.partial):
-        parts = [_describe(value.func, depth + 1), *(_describe(a, depth + 1) for a in value.args),
-                 *(_describe(v, depth + 1) for v in value.keywords.values())]
+        parts = [
+            _describe(value.func, depth + 1),
+            *(_describe(a, depth + 1) for a in value.args),
+            *(_describe(v, depth + 1) for v in value.keywords.values()),
+        ]
         return None if None in parts else f"partial({', '.join(map(str, parts))}, {sorted(value.keywords)})"
     if not isinstance(value, types.FunctionType) or depth > 4:
         return None
     module = (value.__module__ or "").split(".")[0]
     if module == "torch":
         return f"{value.__module__}.{value.__qualname__}"
-    head = f"{value.__module__}.{value.__qualname__}" if module == "thunder_rs" else \
-        hashlib.sha256(marshal.dumps(value.__code__)).hexdigest()
+    head = (
+        f"{value.__module__}.{value.__qualname__}"
+        if module == "thunder_rs"
+        else hashlib.sha256(marshal.dumps(value.__code__)).hexdigest()
+    )
     held = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values(), *_cells(value)]
     parts = [_describe(v, depth + 1) for v in held]
     return None if None in parts else f"{head}({', '.join(map(str, parts))})"

@@ -17,12 +17,42 @@ PRIM_FAMILIES = frozenset({"Unary", "Binary", "Elementwise", "Shape", "Reduce", 
 #: Prims claimed from other families.
 PRIMS = frozenset({"full", "iota"})
 #: ltorch family files (``thunder_rs.torch.<name>``) whose symbols Inductor compiles.
-SYMBOL_FAMILIES = frozenset({
-    "elementwise", "reductions", "scan", "conv", "creation", "shape", "joins", "conversions", "indexing", "linalg",
-    "nn", "base_losses", "attention", "pooling", "interpolate", "autograd", "special", "activations", "losses",
-    "kernels", "view_scatters", "padding", "arrange", "diagonals", "copies", "creation_extra", "products", "norms",
-    "normalization", "layers", "sampling", "pool_kernels",
-})
+SYMBOL_FAMILIES = frozenset(
+    {
+        "elementwise",
+        "reductions",
+        "scan",
+        "conv",
+        "creation",
+        "shape",
+        "joins",
+        "conversions",
+        "indexing",
+        "linalg",
+        "nn",
+        "base_losses",
+        "attention",
+        "pooling",
+        "interpolate",
+        "autograd",
+        "special",
+        "activations",
+        "losses",
+        "kernels",
+        "view_scatters",
+        "padding",
+        "arrange",
+        "diagonals",
+        "copies",
+        "creation_extra",
+        "products",
+        "norms",
+        "normalization",
+        "layers",
+        "sampling",
+        "pool_kernels",
+    }
+)
 
 #: Keys (prim names, ``ltorch.`` symbol names) of the families above left to the torch executor.
 NOT_CLAIMED = {
@@ -35,20 +65,27 @@ NOT_CLAIMED = {
     "ltorch.linalg_matrix_norm": "the 2-norm and nuclear norm are SVDs (opaque linear algebra)",
     "ltorch.linalg_norm": "matrix orders are SVDs (opaque linear algebra)",
     # Random ops draw from eager's generator in program order.
-    "ltorch.dropout": "random", "ltorch.native_dropout": "random",
+    "ltorch.dropout": "random",
+    "ltorch.native_dropout": "random",
     "ltorch.scaled_dot_product_attention": "dropout_p draws random numbers; the CPU flash kernel runs eagerly",
     # They write their inputs.
-    "ltorch.batch_norm": "writes running_mean and running_var", "ltorch.instance_norm": "writes running statistics",
+    "ltorch.batch_norm": "writes running_mean and running_var",
+    "ltorch.instance_norm": "writes running statistics",
     "ltorch.embedding_bag": "max_norm writes weight",
     # The result depends on tensor values beyond what a layout fixes, or on memory.
     "ltorch.repeat_interleave": "a tensor of repeats sets the output's shape",
     "ltorch.as_strided": "reads storage as laid out in memory, which a compiled graph need not keep",
     "ltorch.as_strided_copy": "reads storage as laid out in memory",
-    "ltorch.max_unpool1d": "scatters to indices from the data", "ltorch.max_unpool2d": "scatters to indices from the data",
+    "ltorch.max_unpool1d": "scatters to indices from the data",
+    "ltorch.max_unpool2d": "scatters to indices from the data",
     "ltorch.max_unpool3d": "scatters to indices from the data",
     # Uninitialised memory, complex conjugation views: nothing for Inductor to compute.
-    "ltorch.empty": "uninitialised", "ltorch.empty_like": "uninitialised", "ltorch.new_empty": "uninitialised",
-    "ltorch.conj": "a conjugate view", "ltorch.resolve_conj": "a conjugate view", "ltorch.resolve_neg": "a negative view",
+    "ltorch.empty": "uninitialised",
+    "ltorch.empty_like": "uninitialised",
+    "ltorch.new_empty": "uninitialised",
+    "ltorch.conj": "a conjugate view",
+    "ltorch.resolve_conj": "a conjugate view",
+    "ltorch.resolve_neg": "a negative view",
     "ltorch.conj_physical": "complex",
 }
 
@@ -90,8 +127,9 @@ def _no_mask(a, key) -> bool:
     return not any(isinstance(e, torch.Tensor) and e.dtype in (torch.bool, torch.uint8) for e in entries)
 
 
-def _avg_pool_backward_divisor_exact(grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                                     divisor_override=None) -> bool:
+def _avg_pool_backward_divisor_exact(
+    grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None
+) -> bool:
     """Inductor's avg_pool backward divides a window that ``ceil_mode`` lets overhang the input by
     the whole kernel size where eager divides by the clipped window when ``count_include_pad``
     (pytorch/pytorch#198119, open in torch 2.15): those stay eager."""

@@ -140,7 +140,8 @@ def _inductor():
     if compile_graph is None:
         raise ThunderNotImplementedError(
             f"the Inductor executor needs torch._inductor.standalone_compile (torch >= 2.8); torch {torch.__version__} "
-            "has none (argument executors)")
+            "has none (argument executors)"
+        )
     return make_fx, compile_graph
 
 
@@ -243,7 +244,11 @@ def _tell_slow(what: str) -> None:
     inductor_logger.warning(
         "%s has been compiling for over %.0f s (a first Inductor compile in a process can take a minute on a GPU; "
         "later processes load it from the caches). Silence with logging.getLogger(%r).setLevel(logging.ERROR); "
-        "THUNDER_RS_LOG=inductor tells every compile", what, SLOW_COMPILE_S, inductor_logger.name)
+        "THUNDER_RS_LOG=inductor tells every compile",
+        what,
+        SLOW_COMPILE_S,
+        inductor_logger.name,
+    )
 
 
 @contextlib.contextmanager
@@ -308,8 +313,12 @@ def _start(device_type: str) -> None:
             inductor_cache.start()
         workers_note = workers() if workers is not None else "none (kernels compile in this process)"
     _stats.startup_s[device_type] = time.perf_counter() - start
-    inductor_logger.info("Inductor started for %s in %.2f s; compile workers: %s", device_type,
-                         _stats.startup_s[device_type], workers_note)
+    inductor_logger.info(
+        "Inductor started for %s in %.2f s; compile workers: %s",
+        device_type,
+        _stats.startup_s[device_type],
+        workers_note,
+    )
 
 
 def _device_types(args) -> list[str]:
@@ -324,12 +333,16 @@ def _compiled_or_eager(region, args):
             _start(device_type)
         start, disk_hits, artifact_hits = time.perf_counter(), _disk_hits(), _stats.artifact_hits
         devices = "/".join(_device_types(args)) or "no tensors"
-        with _told_if_slow(f"thunder_rs: the Inductor region {region.name} ({len(region.symbol_names)} symbols, "
-                           f"{devices})"):
+        with _told_if_slow(
+            f"thunder_rs: the Inductor region {region.name} ({len(region.symbol_names)} symbols, {devices})"
+        ):
             run = _compile_function(region.function, args, region.key)
     except Exception as e:  # noqa: BLE001 (any Inductor failure leaves the eager calls, which are exact)
-        warnings.warn(f"thunder_rs inductor executor: {region.name} ({len(region.symbol_names)} symbols) runs "
-                      f"eagerly: Inductor could not compile it: {type(e).__name__}: {e}", stacklevel=4)
+        warnings.warn(
+            f"thunder_rs inductor executor: {region.name} ({len(region.symbol_names)} symbols) runs "
+            f"eagerly: Inductor could not compile it: {type(e).__name__}: {e}",
+            stacklevel=4,
+        )
         _stats.failures += 1
         function = region.function
         return lambda args: function(*args)
@@ -338,11 +351,22 @@ def _compiled_or_eager(region, args):
     from_disk = _stats.artifact_hits == artifact_hits and _disk_hits() > disk_hits
     _stats.disk_hits += from_disk
     if inductor_logger.isEnabledFor(logging.INFO):
-        how = ("loaded from thunder_rs's artifact cache" if _stats.artifact_hits > artifact_hits else
-               "loaded from Inductor's disk cache" if from_disk else "compiled by Inductor")
-        inductor_logger.info("%s (%d symbols, %s): %s in %.2f s (region %d of this process)", region.name,
-                             len(region.symbol_names), devices, how, seconds,
-                             len(_stats.compile_s))
+        how = (
+            "loaded from thunder_rs's artifact cache"
+            if _stats.artifact_hits > artifact_hits
+            else "loaded from Inductor's disk cache"
+            if from_disk
+            else "compiled by Inductor"
+        )
+        inductor_logger.info(
+            "%s (%d symbols, %s): %s in %.2f s (region %d of this process)",
+            region.name,
+            len(region.symbol_names),
+            devices,
+            how,
+            seconds,
+            len(_stats.compile_s),
+        )
     return run
 
 
@@ -391,8 +415,12 @@ class InductorExecutor(FusionExecutor):
         # The torch executor's implementations (region code calls them) with Inductor's checkers,
         # without in-place forms (regions are compiled whole).
         torch_impls = torch_ex.registry.snapshot()
-        self.registry.register(*(replace(torch_impls[key], checker=checker, inplace_method=None)
-                                 for key, checker in claimed_keys(torch_impls, prims.TABLE).items()))
+        self.registry.register(
+            *(
+                replace(torch_impls[key], checker=checker, inplace_method=None)
+                for key, checker in claimed_keys(torch_impls, prims.TABLE).items()
+            )
+        )
 
     def fuse(self, region: Region) -> CompiledRegion:
         return CompiledRegion(region)

@@ -54,8 +54,13 @@ from thunder_rs.executors.torch_ex import torch_ex
 
 #: torch dtypes nvFuser's ``DataType`` has, by name (complex and 8-bit types stay with torch).
 DTYPES = {
-    torch.float64: "Double", torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16",
-    torch.int64: "Int", torch.int32: "Int32", torch.bool: "Bool",
+    torch.float64: "Double",
+    torch.float32: "Float",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Int",
+    torch.int32: "Int32",
+    torch.bool: "Bool",
 }
 #: The dtype of a Python number input (``define_scalar``), as nvFuser's ``pytorch_utils``.
 SCALAR_TYPES = {bool: torch.bool, int: torch.int64, float: torch.float64}
@@ -169,6 +174,7 @@ TRANSLATIONS = {
 
 # -- claims ----------------------------------------------------------------------------------------
 
+
 def _tensors(args):
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -186,8 +192,11 @@ def _take_index(a, index, dim) -> bool:
 
 
 def _same_but_dim(a, index, dim) -> bool:
-    return index.dtype == torch.int64 and a.ndim == index.ndim and all(
-        i == dim or x == y for i, (x, y) in enumerate(zip(a.shape, index.shape)))
+    return (
+        index.dtype == torch.int64
+        and a.ndim == index.ndim
+        and all(i == dim or x == y for i, (x, y) in enumerate(zip(a.shape, index.shape)))
+    )
 
 
 def _plain_pad(a, value, config) -> bool:
@@ -217,10 +226,19 @@ def _float_scan(a, dim) -> bool:
 
 #: Checks beyond the device and dtypes, by prim: what nvFuser's op requires or computes differently.
 EXTRA_CHECKS: dict[str, Callable[..., bool]] = {
-    "pad": _plain_pad, "var": _integral_correction, "var_mean": _integral_correction,
-    "take": _take_index, "take_along_axis": _same_but_dim, "gather": _int64_index,
-    "cumsum": _float_scan, "cumprod": _float_scan, "nextafter": _full_precision,
-    "sum": _not_bool, "prod": _not_bool, "amax": _not_bool, "amin": _not_bool,
+    "pad": _plain_pad,
+    "var": _integral_correction,
+    "var_mean": _integral_correction,
+    "take": _take_index,
+    "take_along_axis": _same_but_dim,
+    "gather": _int64_index,
+    "cumsum": _float_scan,
+    "cumprod": _float_scan,
+    "nextafter": _full_precision,
+    "sum": _not_bool,
+    "prod": _not_bool,
+    "amax": _not_bool,
+    "amin": _not_bool,
     "convert_element_type": lambda a, dtype: dtype in DTYPES,
     "full": lambda shape, fill, device, dtype: dtype in DTYPES and not isinstance(fill, complex),
     "iota": lambda length, start, step, device, dtype: dtype in DTYPES,
@@ -253,6 +271,7 @@ def make_checker(name: str, allow_cpu: bool):
 
 
 # -- definitions -----------------------------------------------------------------------------------
+
 
 def import_nvfuser_direct():
     """``nvfuser_direct``, imported after torch with lazily bound symbols: a wheel built for an
@@ -298,8 +317,13 @@ class _Definition:
         if isinstance(arg, torch.Tensor):
             sizes, strides = list(arg.shape), list(arg.stride())
             contiguity, stride_order = self.module.compute_tensor_descriptor(sizes, strides)
-            return self.fd.define_tensor(shape=sizes, contiguity=list(contiguity), dtype=self.data_type(arg.dtype),
-                                         is_cpu=False, stride_order=list(stride_order))
+            return self.fd.define_tensor(
+                shape=sizes,
+                contiguity=list(contiguity),
+                dtype=self.data_type(arg.dtype),
+                is_cpu=False,
+                stride_order=list(stride_order),
+            )
         scalar = self.fd.define_scalar(dtype=self.data_type(SCALAR_TYPES[type(arg)]))
         self._scalars[id(scalar)] = SCALAR_TYPES[type(arg)]
         return scalar
@@ -415,8 +439,10 @@ class NvFuserRegion:
         try:
             return self._compiled(args)
         except Exception as e:  # noqa: BLE001 (any nvFuser failure leaves the eager calls, which are exact)
-            message = (f"thunder_rs nvfuser executor: {region.name} ({len(region.calls)} prims) runs eagerly: "
-                       f"nvFuser could not define or compile it: {type(e).__name__}: {e}")
+            message = (
+                f"thunder_rs nvfuser executor: {region.name} ({len(region.calls)} prims) runs eagerly: "
+                f"nvFuser could not define or compile it: {type(e).__name__}: {e}"
+            )
             # Kept as well as warned: an H100 run counted a fallback whose warning a filter hid.
             del executor.fallbacks[:-7]
             executor.fallbacks.append(message)
@@ -471,8 +497,12 @@ class NvFuserExecutor(FusionExecutor):
             return  # claims nothing: every symbol runs on the torch executor
         # The torch executor's implementations (region code calls them), with nvFuser's checkers;
         # without in-place forms, which the region's translation does not use.
-        self.registry.register(*(dataclasses.replace(torch_ex.registry[prim], checker=make_checker(prim, allow_cpu),
-                                                     inplace_method=None) for prim in TRANSLATIONS))
+        self.registry.register(
+            *(
+                dataclasses.replace(torch_ex.registry[prim], checker=make_checker(prim, allow_cpu), inplace_method=None)
+                for prim in TRANSLATIONS
+            )
+        )
 
     @property
     def available(self) -> bool:
@@ -492,8 +522,11 @@ def nvfuser_executor() -> NvFuserExecutor:
         if not _named:
             executor = NvFuserExecutor()
             if not executor.available:
-                warnings.warn(f"thunder_rs nvfuser executor: nvfuser_direct does not import ({executor.unavailable}); "
-                              "the torch executor runs everything", stacklevel=3)
+                warnings.warn(
+                    f"thunder_rs nvfuser executor: nvfuser_direct does not import ({executor.unavailable}); "
+                    "the torch executor runs everything",
+                    stacklevel=3,
+                )
             _named.append(register_named_executor(executor))
         return _named[0]
 

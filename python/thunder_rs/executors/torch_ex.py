@@ -110,32 +110,65 @@ def _over_one_sample(fn):
 
 def _convolution_backward(g, a, weight, stride, padding, dilation, transposed, output_padding, groups, *mask):
     channels = weight.shape[1] * groups if transposed else weight.shape[0]
-    grads = _aten.convolution_backward.default(g, a, weight, [channels], stride, padding, dilation, transposed,
-                                               output_padding, groups, list(mask))
+    grads = _aten.convolution_backward.default(
+        g, a, weight, [channels], stride, padding, dilation, transposed, output_padding, groups, list(mask)
+    )
     kept = [x for x, wanted in zip(grads, mask) if wanted]
     return kept[0] if len(kept) == 1 else tuple(kept)
 
 
 def _register_prims() -> None:
     simple = {
-        "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": _div, "pow": operator.pow,
-        "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
-        "ge": operator.ge, "bitwise_and": operator.and_, "bitwise_or": operator.or_,
-        "bitwise_xor": operator.xor, "fmod": _number_safe(torch.fmod), "remainder": operator.mod,
-        "maximum": _number_safe(torch.maximum), "minimum": _number_safe(torch.minimum),
-        "atan2": _number_safe(torch.atan2), "where": torch.where,
-        "convert_element_type": lambda a, dtype: a.to(dtype), "device_put": lambda a, device: a.to(device),
-        "broadcast_in_dim": broadcast_in_dim, "reshape": torch.reshape, "transpose": torch.permute,
-        "slice": slice_prim, "squeeze": lambda a, dims: a.squeeze(dims) if dims else a, "cat": torch.cat,
-        "pad": pad, "flip": lambda a, dims: torch.flip(a, dims) if dims else a,
+        "add": operator.add,
+        "sub": operator.sub,
+        "mul": operator.mul,
+        "div": _div,
+        "pow": operator.pow,
+        "eq": operator.eq,
+        "ne": operator.ne,
+        "lt": operator.lt,
+        "le": operator.le,
+        "gt": operator.gt,
+        "ge": operator.ge,
+        "bitwise_and": operator.and_,
+        "bitwise_or": operator.or_,
+        "bitwise_xor": operator.xor,
+        "fmod": _number_safe(torch.fmod),
+        "remainder": operator.mod,
+        "maximum": _number_safe(torch.maximum),
+        "minimum": _number_safe(torch.minimum),
+        "atan2": _number_safe(torch.atan2),
+        "where": torch.where,
+        "convert_element_type": lambda a, dtype: a.to(dtype),
+        "device_put": lambda a, device: a.to(device),
+        "broadcast_in_dim": broadcast_in_dim,
+        "reshape": torch.reshape,
+        "transpose": torch.permute,
+        "slice": slice_prim,
+        "squeeze": lambda a, dims: a.squeeze(dims) if dims else a,
+        "cat": torch.cat,
+        "pad": pad,
+        "flip": lambda a, dims: torch.flip(a, dims) if dims else a,
         "full": lambda shape, fill, device, dtype: torch.full(shape, fill, device=device, dtype=dtype),
-        "iota": lambda length, start, step, device, dtype: torch.arange(start, start + length * step, step, device=device, dtype=dtype),
-        "uniform": lambda shape, low, high, device, dtype: torch.empty(shape, device=device, dtype=dtype).uniform_(low, high),
-        "sum": _sum, "prod": _prod, "amax": _reduce(torch.amax), "amin": _reduce(torch.amin),
-        "var": _over_one_sample(torch.var), "var_mean": _over_one_sample(torch.var_mean),
-        "argmax": lambda a, dim: torch.argmax(a, dim), "argmin": lambda a, dim: torch.argmin(a, dim),
-        "matmul": torch.matmul, "linear": torch.nn.functional.linear, "embedding": torch.nn.functional.embedding,
-        "take": lambda a, index, dim: torch.index_select(a, dim, index), "take_along_axis": torch.take_along_dim,
+        "iota": lambda length, start, step, device, dtype: torch.arange(
+            start, start + length * step, step, device=device, dtype=dtype
+        ),
+        "uniform": lambda shape, low, high, device, dtype: torch.empty(shape, device=device, dtype=dtype).uniform_(
+            low, high
+        ),
+        "sum": _sum,
+        "prod": _prod,
+        "amax": _reduce(torch.amax),
+        "amin": _reduce(torch.amin),
+        "var": _over_one_sample(torch.var),
+        "var_mean": _over_one_sample(torch.var_mean),
+        "argmax": lambda a, dim: torch.argmax(a, dim),
+        "argmin": lambda a, dim: torch.argmin(a, dim),
+        "matmul": torch.matmul,
+        "linear": torch.nn.functional.linear,
+        "embedding": torch.nn.functional.embedding,
+        "take": lambda a, index, dim: torch.index_select(a, dim, index),
+        "take_along_axis": torch.take_along_dim,
         "gather": lambda a, index, dim: torch.gather(a, dim, index),
         "scatter_add": lambda a, index, src, dim: torch.scatter_add(a, dim, index, src),
         "scatter": lambda a, index, src, dim: torch.scatter(a, dim, index, src),
@@ -145,11 +178,15 @@ def _register_prims() -> None:
         "polygamma": lambda a, n: torch.polygamma(n, a),
         "cumsum": lambda a, dim: torch.cumsum(a, dim, dtype=a.dtype),
         "cumprod": lambda a, dim: torch.cumprod(a, dim, dtype=a.dtype),
-        "cummax": lambda a, dim: tuple(torch.cummax(a, dim)), "cummin": lambda a, dim: tuple(torch.cummin(a, dim)),
+        "cummax": lambda a, dim: tuple(torch.cummax(a, dim)),
+        "cummin": lambda a, dim: tuple(torch.cummin(a, dim)),
         "convolution_backward": _convolution_backward,
         "frexp": lambda a: tuple(torch.frexp(a)),
-        "nextafter": _number_safe(torch.nextafter), "zeta": _number_safe(torch.special.zeta),
-        **{name: _number_safe(getattr(torch.special, name)) for name in prims.DERIVED["Binary"] if "polynomial" in name},
+        "nextafter": _number_safe(torch.nextafter),
+        "zeta": _number_safe(torch.special.zeta),
+        **{
+            name: _number_safe(getattr(torch.special, name)) for name in prims.DERIVED["Binary"] if "polynomial" in name
+        },
     }
     # Every other prim runs as the torch function of its name, with the prim's arguments.
     for name in prims.NAMES:
@@ -204,7 +241,8 @@ def _sdpa_flash(q, k, v, is_causal, scale):
 def _sdpa_flash_backward(g, q, k, v, out, lse, is_causal, scale):
     g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
     return _aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
-        g, q, k, v, out, lse, 0.0, is_causal, scale=scale)
+        g, q, k, v, out, lse, 0.0, is_causal, scale=scale
+    )
 
 
 # The CUDA attention kernels of ``thunder_rs.torch.fused_attention``, called as eager's composite
@@ -223,15 +261,32 @@ def _rng_as(t, dtype):
 def _flash_attention(q, k, v, dropout_p, is_causal, scale):
     q, k, v = _last_dim_dense(q, k, v)
     out, lse, _, _, _, _, seed, offset, _ = _aten._scaled_dot_product_flash_attention.default(
-        q, k, v, dropout_p, is_causal, False, scale=scale)
+        q, k, v, dropout_p, is_causal, False, scale=scale
+    )
     return out, lse, _rng_as(seed, torch.int64), _rng_as(offset, torch.int64)
 
 
 def _flash_attention_backward(g, q, k, v, out, lse, seed, offset, dropout_p, is_causal, scale):
     g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
-    return tuple(_aten._scaled_dot_product_flash_attention_backward.default(
-        g, q, k, v, out, lse, None, None, q.shape[2], k.shape[2], dropout_p, is_causal,
-        _rng_as(seed, _FLASH_RNG_DTYPE), _rng_as(offset, _FLASH_RNG_DTYPE), scale=scale))
+    return tuple(
+        _aten._scaled_dot_product_flash_attention_backward.default(
+            g,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            None,
+            None,
+            q.shape[2],
+            k.shape[2],
+            dropout_p,
+            is_causal,
+            _rng_as(seed, _FLASH_RNG_DTYPE),
+            _rng_as(offset, _FLASH_RNG_DTYPE),
+            scale=scale,
+        )
+    )
 
 
 def _efficient_bias(bias, q, k):
@@ -249,16 +304,32 @@ def _efficient_bias(bias, q, k):
 
 def _efficient_attention(q, k, v, bias, dropout_p, is_causal, scale):
     q, k, v = _last_dim_dense(q, k, v)
-    return tuple(_aten._scaled_dot_product_efficient_attention.default(
-        q, k, v, _efficient_bias(bias, q, k), True, dropout_p, is_causal, scale=scale))
+    return tuple(
+        _aten._scaled_dot_product_efficient_attention.default(
+            q, k, v, _efficient_bias(bias, q, k), True, dropout_p, is_causal, scale=scale
+        )
+    )
 
 
-def _efficient_attention_backward(g, q, k, v, bias, out, lse, seed, offset, dropout_p, grad_input_mask, is_causal,
-                                  scale):
+def _efficient_attention_backward(
+    g, q, k, v, bias, out, lse, seed, offset, dropout_p, grad_input_mask, is_causal, scale
+):
     g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
     grads = _aten._scaled_dot_product_efficient_attention_backward.default(
-        g, q, k, v, _efficient_bias(bias, q, k), out, lse, seed, offset, dropout_p, list(grad_input_mask), is_causal,
-        scale=scale)
+        g,
+        q,
+        k,
+        v,
+        _efficient_bias(bias, q, k),
+        out,
+        lse,
+        seed,
+        offset,
+        dropout_p,
+        list(grad_input_mask),
+        is_causal,
+        scale=scale,
+    )
     kept = [x for x, wanted in zip(grads, grad_input_mask) if wanted]
     return kept[0] if len(kept) == 1 else tuple(kept)
 
@@ -266,32 +337,56 @@ def _efficient_attention_backward(g, q, k, v, bias, out, lse, seed, offset, drop
 def _cudnn_attention(q, k, v, bias, dropout_p, is_causal, scale):
     q, k, v = _last_dim_dense(q, k, v)
     out, lse, _, _, _, _, seed, offset, _ = _aten._scaled_dot_product_cudnn_attention.default(
-        q, k, v, bias, True, dropout_p, is_causal, False, scale=scale)
+        q, k, v, bias, True, dropout_p, is_causal, False, scale=scale
+    )
     return out, lse, seed, offset
 
 
 def _cudnn_attention_backward(g, q, k, v, out, lse, seed, offset, bias, dropout_p, is_causal, scale):
     g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
-    return tuple(_aten._scaled_dot_product_cudnn_attention_backward.default(
-        g, q, k, v, out, lse, seed, offset, bias, None, None, q.shape[2], k.shape[2], dropout_p, is_causal,
-        scale=scale))
+    return tuple(
+        _aten._scaled_dot_product_cudnn_attention_backward.default(
+            g,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            seed,
+            offset,
+            bias,
+            None,
+            None,
+            q.shape[2],
+            k.shape[2],
+            dropout_p,
+            is_causal,
+            scale=scale,
+        )
+    )
 
 
 #: The kernels of ``thunder_rs.torch.fused_attention``, each one aten call (a forward's
 #: ``_dropout`` form is the same call).
 _FUSED_ATTENTION = {
-    "flash_attention": _flash_attention, "flash_attention_dropout": _flash_attention,
+    "flash_attention": _flash_attention,
+    "flash_attention_dropout": _flash_attention,
     "flash_attention_backward": _flash_attention_backward,
-    "efficient_attention": _efficient_attention, "efficient_attention_dropout": _efficient_attention,
+    "efficient_attention": _efficient_attention,
+    "efficient_attention_dropout": _efficient_attention,
     "efficient_attention_backward": _efficient_attention_backward,
-    "cudnn_attention": _cudnn_attention, "cudnn_attention_dropout": _cudnn_attention,
+    "cudnn_attention": _cudnn_attention,
+    "cudnn_attention_dropout": _cudnn_attention,
     "cudnn_attention_backward": _cudnn_attention_backward,
 }
 
 
 def _batch_norm_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    return tuple(_aten._native_batch_norm_legit_functional.default(input, weight, bias, running_mean, running_var,
-                                                                  training, momentum, eps))
+    return tuple(
+        _aten._native_batch_norm_legit_functional.default(
+            input, weight, bias, running_mean, running_var, training, momentum, eps
+        )
+    )
 
 
 def _numeric_momentum(input, weight, bias, running_mean, running_var, training, momentum, eps) -> bool:
@@ -303,8 +398,9 @@ def _batch_norm_no_stats(input, weight, bias, eps):
     return tuple(_aten._native_batch_norm_legit.no_stats(input, weight, bias, True, 0.0, eps))
 
 
-def _batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
-                         output_mask):
+def _batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     """aten's batch-norm backward. In eval mode thunder_rs saves no statistics (None), which the
     CPU kernel takes; CUDA's ``batch_norm_backward_cuda`` (aten/src/ATen/native/cuda/Normalization.cu)
     asserts ``save_mean->defined()`` and ``save_invstd->defined()`` where it does not take its fused
@@ -315,8 +411,9 @@ def _batch_norm_backward(grad_out, input, weight, running_mean, running_var, sav
     if save_mean is None and input.is_cuda:
         stats_dtype = torch.float64 if input.dtype == torch.float64 else torch.float32
         save_mean = save_invstd = input.new_empty((0,), dtype=stats_dtype)
-    return _aten.native_batch_norm_backward.default(grad_out, input, weight, running_mean, running_var, save_mean,
-                                                    save_invstd, train, eps, output_mask)
+    return _aten.native_batch_norm_backward.default(
+        grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+    )
 
 
 #: The fused kernels of ``thunder_rs.torch.kernels``, each one aten call (with its checker).
@@ -325,7 +422,10 @@ _KERNELS = {
     "native_layer_norm_backward": (_defined(_aten.native_layer_norm_backward.default), None),
     "native_dropout": (torch.native_dropout, None),
     "native_dropout_backward": (_aten.native_dropout_backward.default, None),
-    "gelu_backward": (lambda g, x, approximate="none": _aten.gelu_backward.default(g, x, approximate=approximate), None),
+    "gelu_backward": (
+        lambda g, x, approximate="none": _aten.gelu_backward.default(g, x, approximate=approximate),
+        None,
+    ),
     "threshold_backward": (_aten.threshold_backward.default, None),
     "leaky_relu_backward": (lambda g, x, slope: _aten.leaky_relu_backward.default(g, x, slope, False), None),
     "hardtanh_backward": (_aten.hardtanh_backward.default, None),

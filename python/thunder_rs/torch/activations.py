@@ -21,8 +21,18 @@ from thunder_rs.torch.random import rrelu
 
 T = torch.Tensor
 __all__ = [
-    "glu", "hardshrink", "softshrink", "tanhshrink", "mish", "hardswish", "hardsigmoid", "selu", "celu",
-    "prelu", "softsign", "softmin",
+    "glu",
+    "hardshrink",
+    "softshrink",
+    "tanhshrink",
+    "mish",
+    "hardswish",
+    "hardsigmoid",
+    "selu",
+    "celu",
+    "prelu",
+    "softsign",
+    "softmin",
 ]
 
 # SELU's constants, as eager's kernel spells them.
@@ -33,12 +43,20 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 @torchsymbol(F.glu)
 def glu(input, dim=-1):
     op = "ltorch.glu"
-    check(input.ndim > 0, op, "glu does not support scalars because halving size must be even (argument input)",
-          ThunderRuntimeError)
+    check(
+        input.ndim > 0,
+        op,
+        "glu does not support scalars because halving size must be even (argument input)",
+        ThunderRuntimeError,
+    )
     dim = clang.canonicalize_dim(input.ndim, dim, op)
     size = input.shape[dim]
-    check(size % 2 == 0, op, f"Halving dimension must be even, but dimension {dim} is size {size} (argument dim)",
-          ThunderRuntimeError)
+    check(
+        size % 2 == 0,
+        op,
+        f"Halving dimension must be even, but dimension {dim} is size {size} (argument dim)",
+        ThunderRuntimeError,
+    )
     _require_float(op, input)
 
     def half(start):
@@ -64,8 +82,12 @@ def softshrink(input, lambd=0.5):
     op = "ltorch.softshrink"
     _require_float(op, input)
     high = torch.finfo(input.dtype).max
-    check(0 <= lambd <= high, op, f"lambda must be in range [0, {high:g}] for input dtype {input.dtype}, but found "
-          f"{lambd} (argument lambd)", ThunderRuntimeError)
+    check(
+        0 <= lambd <= high,
+        op,
+        f"lambda must be in range [0, {high:g}] for input dtype {input.dtype}, but found {lambd} (argument lambd)",
+        ThunderRuntimeError,
+    )
 
     def body(x):
         shrunk = prims.where(prims.lt(x, -lambd), prims.add(x, lambd), clang.maybe_convert(0.0, x.dtype))
@@ -115,8 +137,15 @@ def hardsigmoid(input, inplace=False):
 
 def _elu(op: str, input, negative_coef: float, positive_coef: float, input_scale: float):
     """Eager's elu kernel: x <= 0 ? expm1(x * input_scale) * negative_coef : x * positive_coef."""
-    return _float_op(op, input, lambda x: prims.where(
-        prims.le(x, 0.0), prims.mul(prims.expm1(prims.mul(x, input_scale)), negative_coef), prims.mul(x, positive_coef)))
+    return _float_op(
+        op,
+        input,
+        lambda x: prims.where(
+            prims.le(x, 0.0),
+            prims.mul(prims.expm1(prims.mul(x, input_scale)), negative_coef),
+            prims.mul(x, positive_coef),
+        ),
+    )
 
 
 @torchsymbol(F.selu, torch.selu)
@@ -152,14 +181,27 @@ TORCH_TO_LTORCH[torch.rrelu] = _rrelu_call(torch.rrelu)
 def prelu(input, weight):
     op = "ltorch.prelu"
     check(isinstance(weight, torch.Tensor), op, "expected a tensor for weight (argument weight)", ThunderTypeError)
-    check(weight.ndim <= 1, op, f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = {weight.ndim} "
-          "(argument weight)", ThunderRuntimeError)
+    check(
+        weight.ndim <= 1,
+        op,
+        f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = {weight.ndim} (argument weight)",
+        ThunderRuntimeError,
+    )
     channels = input.shape[1] if input.ndim >= 2 else 1
     count = weight.numel()
-    check(count == 1 or count == channels, op, f"Mismatch of parameter numbers and input channel size. Found parameter "
-          f"numbers = {count} and channel size = {channels}. (argument weight)", ThunderRuntimeError)
-    check(weight.dtype == input.dtype, op, f"prelu: Type promoting not supported. Got {input.dtype} and {weight.dtype} "
-          "(argument weight)", ThunderRuntimeError)
+    check(
+        count == 1 or count == channels,
+        op,
+        f"Mismatch of parameter numbers and input channel size. Found parameter "
+        f"numbers = {count} and channel size = {channels}. (argument weight)",
+        ThunderRuntimeError,
+    )
+    check(
+        weight.dtype == input.dtype,
+        op,
+        f"prelu: Type promoting not supported. Got {input.dtype} and {weight.dtype} (argument weight)",
+        ThunderRuntimeError,
+    )
     _require_float(op, input)
     if count == 1:
         w = clang.expand_to(prims.reshape(weight, ()), tuple(input.shape))
@@ -172,7 +214,10 @@ def prelu(input, weight):
 @torchsymbol(F.softmin)
 def softmin(input, dim=None, _stacklevel=3, dtype=None):
     # Eager negates first, then casts to dtype inside softmax.
-    check(input.dtype != torch.bool, "ltorch.softmin", "Negation, the `-` operator, on a bool tensor is not supported. "
-          "(argument input)", ThunderNotImplementedError)
+    check(
+        input.dtype != torch.bool,
+        "ltorch.softmin",
+        "Negation, the `-` operator, on a bool tensor is not supported. (argument input)",
+        ThunderNotImplementedError,
+    )
     return tensor_softmax(neg(input), dim, dtype)
-

@@ -20,7 +20,13 @@ from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import start_prim_log, stop_prim_log
-from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.errors import (
+    ThunderIndexError,
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    check,
+)
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import mul
 from thunder_rs.torch.padding import fresh
@@ -31,9 +37,29 @@ from thunder_rs.torch.views import PrimStep, attach, tracked
 
 Tensor = torch.Tensor
 __all__ = [
-    "rot90", "fliplr", "flipud", "split_with_sizes", "unsafe_split", "unsafe_chunk", "hsplit", "vsplit", "dsplit",
-    "atleast_3d", "column_stack", "dstack", "tile", "repeat_interleave", "sum_to_size", "broadcast_tensors",
-    "meshgrid", "cartesian_prod", "block_diag", "kron", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
+    "rot90",
+    "fliplr",
+    "flipud",
+    "split_with_sizes",
+    "unsafe_split",
+    "unsafe_chunk",
+    "hsplit",
+    "vsplit",
+    "dsplit",
+    "atleast_3d",
+    "column_stack",
+    "dstack",
+    "tile",
+    "repeat_interleave",
+    "sum_to_size",
+    "broadcast_tensors",
+    "meshgrid",
+    "cartesian_prod",
+    "block_diag",
+    "kron",
+    "pixel_shuffle",
+    "pixel_unshuffle",
+    "channel_shuffle",
 ]
 
 
@@ -49,13 +75,25 @@ def _permuted(a, perm):
 def rot90(input, k=1, dims=(0, 1)):
     op = "ltorch.rot90"
     dims = tuple(dims)
-    check(len(dims) == 2, op, f"expected total rotation dims == 2, but got dims = {len(dims)} (argument dims)",
-          ThunderRuntimeError)
-    check(input.ndim >= 2, op, f"expected total dims >= 2, but got total dims = {input.ndim} (argument input)",
-          ThunderRuntimeError)
+    check(
+        len(dims) == 2,
+        op,
+        f"expected total rotation dims == 2, but got dims = {len(dims)} (argument dims)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.ndim >= 2,
+        op,
+        f"expected total dims >= 2, but got total dims = {input.ndim} (argument input)",
+        ThunderRuntimeError,
+    )
     d0, d1 = (clang.canonicalize_dim(input.ndim, d, op, "dims") for d in dims)
-    check(d0 != d1, op, f"expected rotation dims to be different, but got dim0 = {dims[0]} and dim1 = {dims[1]} "
-          "(argument dims)", ThunderRuntimeError)
+    check(
+        d0 != d1,
+        op,
+        f"expected rotation dims to be different, but got dim0 = {dims[0]} and dim1 = {dims[1]} (argument dims)",
+        ThunderRuntimeError,
+    )
     k %= 4
     if k == 1:
         out = transpose(flip(input, d1), d0, d1)
@@ -91,8 +129,12 @@ def split_with_sizes(input, split_sizes, dim=0):
 
 @torchsymbol(torch.unsafe_split, Tensor.unsafe_split, sequence=True)
 def unsafe_split(input, split_size, dim=0):
-    check(isinstance(split_size, int) and not isinstance(split_size, bool), "ltorch.unsafe_split",
-          f"argument 'split_size' must be int, not {type(split_size).__name__} (argument split_size)", ThunderTypeError)
+    check(
+        isinstance(split_size, int) and not isinstance(split_size, bool),
+        "ltorch.unsafe_split",
+        f"argument 'split_size' must be int, not {type(split_size).__name__} (argument split_size)",
+        ThunderTypeError,
+    )
     return split(input, split_size, dim)
 
 
@@ -106,15 +148,27 @@ def _define_directional_split(name: str, min_ndim: int, dim_of):
 
     @torchsymbol(getattr(torch, name), getattr(Tensor, name), name=name, sequence=True)
     def directional_split(input, indices_or_sections):
-        check(input.ndim >= min_ndim, op, lambda: (
-            f"torch.{name} requires a tensor with at least {min_ndim} dimension, but got a tensor with {input.ndim} "
-            "dimensions! (argument input)"), ThunderRuntimeError)
+        check(
+            input.ndim >= min_ndim,
+            op,
+            lambda: (
+                f"torch.{name} requires a tensor with at least {min_ndim} dimension, but got a tensor with {input.ndim} "
+                "dimensions! (argument input)"
+            ),
+            ThunderRuntimeError,
+        )
         d = dim_of(input)
         if isinstance(indices_or_sections, int) and not isinstance(indices_or_sections, bool):
             n = indices_or_sections
-            check(n != 0 and input.shape[d] % n == 0, op, lambda: (
-                f"torch.{name} attempted to split along dimension {d}, but the size of the dimension {input.shape[d]} "
-                f"is not divisible by the split_size {n}! (argument indices_or_sections)"), ThunderRuntimeError)
+            check(
+                n != 0 and input.shape[d] % n == 0,
+                op,
+                lambda: (
+                    f"torch.{name} attempted to split along dimension {d}, but the size of the dimension {input.shape[d]} "
+                    f"is not divisible by the split_size {n}! (argument indices_or_sections)"
+                ),
+                ThunderRuntimeError,
+            )
         return tensor_split(input, indices_or_sections, d)
 
     return directional_split
@@ -129,7 +183,9 @@ dsplit = _define_directional_split("dsplit", 3, lambda a: 2)
 
 
 def _at_least_3d(a):
-    check(isinstance(a, torch.Tensor), "ltorch.atleast_3d", f"expected a tensor, got {type(a).__name__}", ThunderTypeError)
+    check(
+        isinstance(a, torch.Tensor), "ltorch.atleast_3d", f"expected a tensor, got {type(a).__name__}", ThunderTypeError
+    )
     shape = {0: (1, 1, 1), 1: (1, *a.shape, 1), 2: (*a.shape, 1)}.get(a.ndim, tuple(a.shape))
     return reshape_to(a, shape)
 
@@ -144,8 +200,12 @@ def atleast_3d(*tensors):
 
 
 def _tensors(op: str, tensors, what: str):
-    check(isinstance(tensors, (tuple, list)), op, f"expected a sequence of tensors, got {type(tensors).__name__} "
-          "(argument tensors)", ThunderTypeError)
+    check(
+        isinstance(tensors, (tuple, list)),
+        op,
+        f"expected a sequence of tensors, got {type(tensors).__name__} (argument tensors)",
+        ThunderTypeError,
+    )
     check(len(tensors) > 0, op, f"{what} expects a non-empty TensorList (argument tensors)", ThunderRuntimeError)
     return list(tensors)
 
@@ -177,20 +237,34 @@ def tile(input, *args, dims=None):
 @torchsymbol(torch.repeat_interleave, Tensor.repeat_interleave)
 def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
     op = "ltorch.repeat_interleave"
-    check(isinstance(repeats, int) and not isinstance(repeats, bool), op, lambda: (
-        "repeats given as a tensor make the output's shape depend on their values, which a trace cannot; pass an int "
-        "(argument repeats)"), ThunderNotImplementedError)
+    check(
+        isinstance(repeats, int) and not isinstance(repeats, bool),
+        op,
+        lambda: (
+            "repeats given as a tensor make the output's shape depend on their values, which a trace cannot; pass an int "
+            "(argument repeats)"
+        ),
+        ThunderNotImplementedError,
+    )
     check(repeats >= 0, op, "Repeats must be non-negative (argument repeats)", ThunderRuntimeError)
-    check(dim is None or input.ndim > 0, op, f"Dimension out of range (expected to be in range of [-1, 0], but got {dim}) "
-          "(argument dim)", ThunderIndexError)
+    check(
+        dim is None or input.ndim > 0,
+        op,
+        f"Dimension out of range (expected to be in range of [-1, 0], but got {dim}) (argument dim)",
+        ThunderIndexError,
+    )
     a = flatten(input) if dim is None else input
     d = 0 if dim is None else clang.canonicalize_dim(a.ndim, dim, op)
     size = a.shape[d] * repeats
-    check(output_size is None or output_size == size, op, f"repeat_interleave: Invalid output_size, expected {size} but "
-          f"got {output_size} (argument output_size)", ThunderRuntimeError)
-    shape = (*a.shape[:d + 1], repeats, *a.shape[d + 1:])
+    check(
+        output_size is None or output_size == size,
+        op,
+        f"repeat_interleave: Invalid output_size, expected {size} but got {output_size} (argument output_size)",
+        ThunderRuntimeError,
+    )
+    shape = (*a.shape[: d + 1], repeats, *a.shape[d + 1 :])
     dims = tuple(i for i in range(len(shape)) if i != d + 1)
-    out = reshape_to(prims.broadcast_in_dim(a, shape, dims), (*a.shape[:d], size, *a.shape[d + 1:]))
+    out = reshape_to(prims.broadcast_in_dim(a, shape, dims), (*a.shape[:d], size, *a.shape[d + 1 :]))
     return fresh(out, input)
 
 
@@ -200,8 +274,12 @@ def sum_to_size(a, *size):
     size = _sizes(op, size, "size")
     lead = a.ndim - len(size)
     fits = lead >= 0 and all(s == n or s == 1 for s, n in zip(size, a.shape[lead:]))
-    check(fits, op, f"size {{{list(size)}}} is not expandable to size {{{list(a.shape)}}}. (argument size)",
-          ThunderRuntimeError)
+    check(
+        fits,
+        op,
+        f"size {{{list(size)}}} is not expandable to size {{{list(a.shape)}}}. (argument size)",
+        ThunderRuntimeError,
+    )
     dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(size) if s == 1 and a.shape[lead + i] != 1)
     if not dims:
         return a
@@ -243,8 +321,12 @@ def _linked_views(symbol):
 def broadcast_tensors(*tensors):
     op = "ltorch.broadcast_tensors"
     for i, t in enumerate(tensors):
-        check(isinstance(t, torch.Tensor), op, f"expected a tensor at position {i}, got {type(t).__name__} (argument tensors)",
-              ThunderTypeError)
+        check(
+            isinstance(t, torch.Tensor),
+            op,
+            f"expected a tensor at position {i}, got {type(t).__name__} (argument tensors)",
+            ThunderTypeError,
+        )
     shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
     return tuple(_broadcast_view(t, shape, range(len(shape) - t.ndim, len(shape))) for t in tensors)
 
@@ -254,14 +336,31 @@ def _grid_inputs(op: str, tensors):
         tensors = tuple(tensors[0])
     check(len(tensors) > 0, op, "meshgrid expects a non-empty TensorList (argument tensors)", ThunderRuntimeError)
     for i, t in enumerate(tensors):
-        check(isinstance(t, torch.Tensor), op, f"expected a tensor at position {i}, got {type(t).__name__} (argument tensors)",
-              ThunderTypeError)
-        check(t.ndim <= 1, op, f"torch.meshgrid: Expected 0D or 1D tensor in the tensor list but got a {t.ndim}D tensor "
-              f"at position {i} (argument tensors)", ThunderRuntimeError)
-        check(t.dtype == tensors[0].dtype, op, "meshgrid expects all tensors to have the same dtype (argument tensors)",
-              ThunderRuntimeError)
-        check(t.device == tensors[0].device, op, "meshgrid expects all tensors to have the same device (argument tensors)",
-              ThunderRuntimeError)
+        check(
+            isinstance(t, torch.Tensor),
+            op,
+            f"expected a tensor at position {i}, got {type(t).__name__} (argument tensors)",
+            ThunderTypeError,
+        )
+        check(
+            t.ndim <= 1,
+            op,
+            f"torch.meshgrid: Expected 0D or 1D tensor in the tensor list but got a {t.ndim}D tensor "
+            f"at position {i} (argument tensors)",
+            ThunderRuntimeError,
+        )
+        check(
+            t.dtype == tensors[0].dtype,
+            op,
+            "meshgrid expects all tensors to have the same dtype (argument tensors)",
+            ThunderRuntimeError,
+        )
+        check(
+            t.device == tensors[0].device,
+            op,
+            "meshgrid expects all tensors to have the same device (argument tensors)",
+            ThunderRuntimeError,
+        )
     return tensors
 
 
@@ -270,11 +369,18 @@ def meshgrid(*tensors, indexing=None):
     op = "ltorch.meshgrid"
     tensors = _grid_inputs(op, tensors)
     if indexing is None:
-        warnings.warn("torch.meshgrid: in an upcoming release, it will be required to pass the indexing argument.",
-                      UserWarning, stacklevel=2)
+        warnings.warn(
+            "torch.meshgrid: in an upcoming release, it will be required to pass the indexing argument.",
+            UserWarning,
+            stacklevel=2,
+        )
         indexing = "ij"
-    check(indexing in ("ij", "xy"), op, f'torch.meshgrid: indexing must be one of "xy" or "ij", but received: {indexing} '
-          "(argument indexing)", ThunderRuntimeError)
+    check(
+        indexing in ("ij", "xy"),
+        op,
+        f'torch.meshgrid: indexing must be one of "xy" or "ij", but received: {indexing} (argument indexing)',
+        ThunderRuntimeError,
+    )
     place = list(range(len(tensors)))
     if indexing == "xy" and len(tensors) >= 2:
         place[0], place[1] = 1, 0
@@ -288,8 +394,12 @@ def meshgrid(*tensors, indexing=None):
 def cartesian_prod(*tensors):
     op = "ltorch.cartesian_prod"
     for t in tensors:
-        check(isinstance(t, torch.Tensor) and t.ndim == 1, op, lambda: (
-            f"Expect a 1D vector, but got shape {list(getattr(t, 'shape', ()))} (argument tensors)"), ThunderRuntimeError)
+        check(
+            isinstance(t, torch.Tensor) and t.ndim == 1,
+            op,
+            lambda: f"Expect a 1D vector, but got shape {list(getattr(t, 'shape', ()))} (argument tensors)",
+            ThunderRuntimeError,
+        )
     if len(tensors) == 1:
         return tensors[0]
     grids = meshgrid(*tensors, indexing="ij")
@@ -301,16 +411,29 @@ def block_diag(*tensors):
     op = "ltorch.block_diag"
     blocks = []
     for i, t in enumerate(tensors):
-        check(isinstance(t, torch.Tensor), op, f"expected a tensor at position {i}, got {type(t).__name__} (argument tensors)",
-              ThunderTypeError)
-        check(t.ndim <= 2, op, f"torch.block_diag: Input tensors must have 2 or fewer dimensions. Input {i} has {t.ndim} "
-              "dimensions (argument tensors)", ThunderRuntimeError)
+        check(
+            isinstance(t, torch.Tensor),
+            op,
+            f"expected a tensor at position {i}, got {type(t).__name__} (argument tensors)",
+            ThunderTypeError,
+        )
+        check(
+            t.ndim <= 2,
+            op,
+            f"torch.block_diag: Input tensors must have 2 or fewer dimensions. Input {i} has {t.ndim} "
+            "dimensions (argument tensors)",
+            ThunderRuntimeError,
+        )
         blocks.append(reshape_to(t, {0: (1, 1), 1: (1, t.numel())}.get(t.ndim, tuple(t.shape))))
     if not blocks:
         return prims.full((1, 0), 0.0, torch.get_default_device(), torch.get_default_dtype())
     devices = {str(t.device) for t in blocks}
-    check(len(devices) == 1, op, f"torch.block_diag: input tensors must all be on the same device, got {sorted(devices)} "
-          "(argument tensors)", ThunderRuntimeError)
+    check(
+        len(devices) == 1,
+        op,
+        f"torch.block_diag: input tensors must all be on the same device, got {sorted(devices)} (argument tensors)",
+        ThunderRuntimeError,
+    )
     dtype = dtypes.result_type(*tensors)
     width = sum(b.shape[1] for b in blocks)
     rows, left = [], 0
@@ -340,14 +463,29 @@ def kron(input, other, *, out=None):
 def pixel_shuffle(input, upscale_factor):
     op = "ltorch.pixel_shuffle"
     r = upscale_factor
-    check(input.ndim >= 3, op, f"pixel_shuffle expects input to have at least 3 dimensions, but got input with "
-          f"{input.ndim} dimension(s) (argument input)", ThunderRuntimeError)
-    check(r > 0, op, f"pixel_shuffle expects a positive upscale_factor, but got {r} (argument upscale_factor)",
-          ThunderRuntimeError)
+    check(
+        input.ndim >= 3,
+        op,
+        f"pixel_shuffle expects input to have at least 3 dimensions, but got input with "
+        f"{input.ndim} dimension(s) (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        r > 0,
+        op,
+        f"pixel_shuffle expects a positive upscale_factor, but got {r} (argument upscale_factor)",
+        ThunderRuntimeError,
+    )
     *batch, c, h, w = input.shape
-    check(c % (r * r) == 0, op, lambda: (
-        f"pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of upscale_factor, but "
-        f"input.size(-3)={c} is not divisible by {r * r} (argument input)"), ThunderRuntimeError)
+    check(
+        c % (r * r) == 0,
+        op,
+        lambda: (
+            f"pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of upscale_factor, but "
+            f"input.size(-3)={c} is not divisible by {r * r} (argument input)"
+        ),
+        ThunderRuntimeError,
+    )
     n = len(batch)
     split_ = reshape_to(input, (*batch, c // (r * r), r, r, h, w))
     moved = _permuted(split_, (*range(n), n, n + 3, n + 1, n + 4, n + 2))
@@ -358,14 +496,28 @@ def pixel_shuffle(input, upscale_factor):
 def pixel_unshuffle(input, downscale_factor):
     op = "ltorch.pixel_unshuffle"
     r = downscale_factor
-    check(input.ndim >= 3, op, f"pixel_unshuffle expects input to have at least 3 dimensions, but got input with "
-          f"{input.ndim} dimension(s) (argument input)", ThunderRuntimeError)
-    check(r > 0, op, f"pixel_unshuffle expects a positive downscale_factor, but got {r} (argument downscale_factor)",
-          ThunderRuntimeError)
+    check(
+        input.ndim >= 3,
+        op,
+        f"pixel_unshuffle expects input to have at least 3 dimensions, but got input with "
+        f"{input.ndim} dimension(s) (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        r > 0,
+        op,
+        f"pixel_unshuffle expects a positive downscale_factor, but got {r} (argument downscale_factor)",
+        ThunderRuntimeError,
+    )
     *batch, c, h, w = input.shape
     for name, size, at in (("height", h, -2), ("width", w, -1)):
-        check(size % r == 0, op, f"pixel_unshuffle expects {name} to be divisible by downscale_factor, but "
-              f"input.size({at})={size} is not divisible by {r} (argument input)", ThunderRuntimeError)
+        check(
+            size % r == 0,
+            op,
+            f"pixel_unshuffle expects {name} to be divisible by downscale_factor, but "
+            f"input.size({at})={size} is not divisible by {r} (argument input)",
+            ThunderRuntimeError,
+        )
     n = len(batch)
     split_ = reshape_to(input, (*batch, c, h // r, r, w // r, r))
     moved = _permuted(split_, (*range(n), n, n + 2, n + 4, n + 1, n + 3))
@@ -375,13 +527,25 @@ def pixel_unshuffle(input, downscale_factor):
 @torchsymbol(torch.channel_shuffle, torch.native_channel_shuffle)
 def channel_shuffle(input, groups):
     op = "ltorch.channel_shuffle"
-    check(input.ndim > 2, op, f"channel_shuffle expects input with > 2 dims, but got input with sizes {list(input.shape)} "
-          "(argument input)", ThunderRuntimeError)
-    check(groups > 0, op, f"Number of groups to divide channels in must be positive. Value of groups:{groups} "
-          "(argument groups)", ThunderRuntimeError)
+    check(
+        input.ndim > 2,
+        op,
+        f"channel_shuffle expects input with > 2 dims, but got input with sizes {list(input.shape)} (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        groups > 0,
+        op,
+        f"Number of groups to divide channels in must be positive. Value of groups:{groups} (argument groups)",
+        ThunderRuntimeError,
+    )
     n, c, *rest = input.shape
-    check(c % groups == 0, op, f"Number of channels must be divisible by groups. Got {c} channels and {groups} groups. "
-          "(argument groups)", ThunderRuntimeError)
+    check(
+        c % groups == 0,
+        op,
+        f"Number of channels must be divisible by groups. Got {c} channels and {groups} groups. (argument groups)",
+        ThunderRuntimeError,
+    )
     split_ = reshape_to(input, (n, groups, c // groups, *rest))
     moved = _permuted(split_, (0, 2, 1, *range(3, split_.ndim)))
     return fresh(reshape_to(moved, tuple(input.shape)), input)

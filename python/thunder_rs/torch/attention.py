@@ -26,31 +26,69 @@ __all__ = ["scaled_dot_product_attention"]
 
 def _check_attention(op, query, key, value, attn_mask, dropout_p, is_causal):
     for x, name in ((query, "query"), (key, "key"), (value, "value")):
-        check(x.ndim >= 2, op, f"Expected query, key, and value to all be at least 2 dimensional, but got "
-              f"{name}.dim: {x.ndim} (argument {name})", ThunderRuntimeError)
-        check(x.dtype == query.dtype, op, f"Expected query, key, and value to have the same dtype, but got "
-              f"query.dtype: {query.dtype} and {name}.dtype: {x.dtype} (argument {name})", ThunderRuntimeError)
-    check(query.dtype.is_floating_point, op, f"expected a floating-point query, got {query.dtype} (argument query)",
-          ThunderRuntimeError)
-    check(key.shape[-1] == query.shape[-1], op, f"query's embedding size {query.shape[-1]} differs from key's "
-          f"{key.shape[-1]} (argument key)", ThunderRuntimeError)
-    check(key.shape[-2] == value.shape[-2], op, f"key has {key.shape[-2]} positions but value has {value.shape[-2]} "
-          "(argument value)", ThunderRuntimeError)
-    check(0.0 <= dropout_p <= 1.0, op, f"dropout probability has to be between 0 and 1, but got {dropout_p} "
-          "(argument dropout_p)", ThunderRuntimeError)
+        check(
+            x.ndim >= 2,
+            op,
+            f"Expected query, key, and value to all be at least 2 dimensional, but got "
+            f"{name}.dim: {x.ndim} (argument {name})",
+            ThunderRuntimeError,
+        )
+        check(
+            x.dtype == query.dtype,
+            op,
+            f"Expected query, key, and value to have the same dtype, but got "
+            f"query.dtype: {query.dtype} and {name}.dtype: {x.dtype} (argument {name})",
+            ThunderRuntimeError,
+        )
+    check(
+        query.dtype.is_floating_point,
+        op,
+        f"expected a floating-point query, got {query.dtype} (argument query)",
+        ThunderRuntimeError,
+    )
+    check(
+        key.shape[-1] == query.shape[-1],
+        op,
+        f"query's embedding size {query.shape[-1]} differs from key's {key.shape[-1]} (argument key)",
+        ThunderRuntimeError,
+    )
+    check(
+        key.shape[-2] == value.shape[-2],
+        op,
+        f"key has {key.shape[-2]} positions but value has {value.shape[-2]} (argument value)",
+        ThunderRuntimeError,
+    )
+    check(
+        0.0 <= dropout_p <= 1.0,
+        op,
+        f"dropout probability has to be between 0 and 1, but got {dropout_p} (argument dropout_p)",
+        ThunderRuntimeError,
+    )
     if attn_mask is not None:
-        check(not is_causal, op, "Explicit attn_mask should not be set when is_causal=True (argument attn_mask)",
-              ThunderRuntimeError)
-        check(attn_mask.dtype in (torch.bool, query.dtype), op, f"Expected attn_mask dtype to be bool or to match "
-              f"query dtype, but got {attn_mask.dtype} and {query.dtype} (argument attn_mask)", ThunderRuntimeError)
+        check(
+            not is_causal,
+            op,
+            "Explicit attn_mask should not be set when is_causal=True (argument attn_mask)",
+            ThunderRuntimeError,
+        )
+        check(
+            attn_mask.dtype in (torch.bool, query.dtype),
+            op,
+            f"Expected attn_mask dtype to be bool or to match "
+            f"query dtype, but got {attn_mask.dtype} and {query.dtype} (argument attn_mask)",
+            ThunderRuntimeError,
+        )
 
 
 def _repeat_heads(op, x, query_heads: int, arg: str):
     """``x`` with each of its heads (dim -3) repeated to make ``query_heads``, as repeat_interleave does."""
     heads = x.shape[-3]
-    check(query_heads % heads == 0, op,
-          f"Number of heads in key and value must divide the number of heads in query (argument {arg})",
-          ThunderRuntimeError)
+    check(
+        query_heads % heads == 0,
+        op,
+        f"Number of heads in key and value must divide the number of heads in query (argument {arg})",
+        ThunderRuntimeError,
+    )
     groups = query_heads // heads
     if groups == 1:
         return x
@@ -80,8 +118,9 @@ def _safe_softmax(scores):
 
 
 @torchsymbol(F.scaled_dot_product_attention)
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     op = "ltorch.scaled_dot_product_attention"
     _check_attention(op, query, key, value, attn_mask, dropout_p, is_causal)
     if enable_gqa and query.ndim >= 3:

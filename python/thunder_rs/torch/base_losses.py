@@ -5,7 +5,6 @@ with the reduction and target checks that the other losses (``losses.py``) and t
 Half-precision inputs are computed in float32 and converted back, as eager kernels do.
 """
 
-
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +30,9 @@ def _reduction(op: str, reduction: str, size_average, reduce) -> str:
         size_average = True if size_average is None else size_average
         reduce = True if reduce is None else reduce
         reduction = "none" if not reduce else ("mean" if size_average else "sum")
-    check(reduction in ("none", "mean", "sum"), op, f"{reduction} is not a valid value for reduction (argument reduction)")
+    check(
+        reduction in ("none", "mean", "sum"), op, f"{reduction} is not a valid value for reduction (argument reduction)"
+    )
     return reduction
 
 
@@ -50,22 +51,39 @@ def _reduce(op: str, loss, reduction: str, divisor=None):
 def _check_class_weight(op: str, weight, classes: int) -> None:
     if weight is None:
         return
-    check(weight.ndim == 1 and weight.shape[0] == classes, op,
-          lambda: f"weight tensor should be defined either for all {classes} classes or no classes but got weight "
-                  f"tensor of shape: {list(weight.shape)} (argument weight)", ThunderRuntimeError)
+    check(
+        weight.ndim == 1 and weight.shape[0] == classes,
+        op,
+        lambda: (
+            f"weight tensor should be defined either for all {classes} classes or no classes but got weight "
+            f"tensor of shape: {list(weight.shape)} (argument weight)"
+        ),
+        ThunderRuntimeError,
+    )
 
 
 def _check_targets(op: str, input, target) -> None:
     """Class-index targets: an integer tensor shaped like ``input`` without its class dim."""
     check(input.ndim >= 1, op, f"Expected 1 or more dimensions (got {input.ndim}) (argument input)")
     batch = target.shape[0] if target.ndim else 0
-    check(input.ndim == 1 or input.shape[0] == batch, op,
-          f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({batch}) (argument target)")
-    check(target.dtype in (torch.int64, torch.uint8), op,
-          f"expected target dtype to be Long or Byte, but got {target.dtype} (argument target)", ThunderRuntimeError)
+    check(
+        input.ndim == 1 or input.shape[0] == batch,
+        op,
+        f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({batch}) (argument target)",
+    )
+    check(
+        target.dtype in (torch.int64, torch.uint8),
+        op,
+        f"expected target dtype to be Long or Byte, but got {target.dtype} (argument target)",
+        ThunderRuntimeError,
+    )
     expected = tuple(input.shape[:1]) + tuple(input.shape[2:]) if input.ndim > 1 else ()
-    check(tuple(target.shape) == expected, op,
-          f"Expected target size {list(expected)}, got {list(target.shape)} (argument target)", ThunderRuntimeError)
+    check(
+        tuple(target.shape) == expected,
+        op,
+        f"Expected target size {list(expected)}, got {list(target.shape)} (argument target)",
+        ThunderRuntimeError,
+    )
 
 
 def _target_weights(target, weight, ignore_index: int, dtype):
@@ -95,16 +113,23 @@ def _check_nll(op: str, log_probs, target, weight) -> None:
     _require_float(op, log_probs)
     _check_targets(op, log_probs, target)
     _check_class_weight(op, weight, log_probs.shape[0 if log_probs.ndim == 1 else 1])
-    check(weight is None or weight.dtype == log_probs.dtype, op,
-          lambda: f"expected weight to have dtype {log_probs.dtype}, but got {weight.dtype} (argument weight)",
-          ThunderRuntimeError)
+    check(
+        weight is None or weight.dtype == log_probs.dtype,
+        op,
+        lambda: f"expected weight to have dtype {log_probs.dtype}, but got {weight.dtype} (argument weight)",
+        ThunderRuntimeError,
+    )
 
 
 def _refuse_weight_grad(op: str, weight) -> None:
     """Eager's nll_loss has no derivative for its class weights: its forward raises."""
-    check(weight is None or not (weight.requires_grad and torch.is_grad_enabled()), op,
-          "the function 'nll_loss_forward' is not differentiable with respect to argument 'weight'; "
-          "detach the weight (argument weight)", ThunderRuntimeError)
+    check(
+        weight is None or not (weight.requires_grad and torch.is_grad_enabled()),
+        op,
+        "the function 'nll_loss_forward' is not differentiable with respect to argument 'weight'; "
+        "detach the weight (argument weight)",
+        ThunderRuntimeError,
+    )
 
 
 def _eager_nll_loss(input, target, weight=None, *args, **kwargs):
@@ -141,8 +166,9 @@ def _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothi
     classes = log_probs.shape[class_dim]
     _check_class_weight(op, weight, classes)
     if label_smoothing > 0:
-        target = clang.elementwise(prims.add, op, clang.elementwise(prims.mul, op, target, 1 - label_smoothing),
-                                   label_smoothing / classes)
+        target = clang.elementwise(
+            prims.add, op, clang.elementwise(prims.mul, op, target, 1 - label_smoothing), label_smoothing / classes
+        )
     terms = clang.elementwise(prims.mul, op, log_probs, target)
     if weight is not None:
         terms = clang.elementwise(prims.mul, op, terms, _class_weight(weight, log_probs.ndim, class_dim))
@@ -160,25 +186,38 @@ def _smoothing_term(op, log_probs, target, weight, ignore_index: int, reduction:
     class_dim = 0 if log_probs.ndim == 1 else 1
     weights, ignored, _ = _target_weights(target, weight, ignore_index, log_probs.dtype)
     if weight is not None:
-        log_probs = prims.mul(log_probs, clang.expand_to(_class_weight(weight, log_probs.ndim, class_dim), log_probs.shape))
+        log_probs = prims.mul(
+            log_probs, clang.expand_to(_class_weight(weight, log_probs.ndim, class_dim), log_probs.shape)
+        )
     smooth = prims.where(ignored, 0.0, prims.neg(prims.sum(log_probs, (class_dim,))))
     return _reduce(op, smooth, reduction, _sum_all(weights) if reduction == "mean" else None)
 
 
 @torchsymbol(F.cross_entropy)
-def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
-                  label_smoothing=0.0):
+def cross_entropy(
+    input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean", label_smoothing=0.0
+):
     op = "ltorch.cross_entropy"
     reduction = _reduction(op, reduction, size_average, reduce)
-    check(0.0 <= label_smoothing <= 1.0, op,
-          f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing} (argument label_smoothing)",
-          ThunderRuntimeError)
+    check(
+        0.0 <= label_smoothing <= 1.0,
+        op,
+        f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing} (argument label_smoothing)",
+        ThunderRuntimeError,
+    )
     probabilities = tuple(input.shape) == tuple(target.shape)
-    check(not probabilities or target.dtype.is_floating_point, op,
-          f"Expected floating point type for target with class probabilities, got {target.dtype} (argument target)",
-          ThunderRuntimeError)
-    check(not probabilities or ignore_index == -100, op,
-          "ignore_index is not supported for floating point target (argument ignore_index)", ThunderRuntimeError)
+    check(
+        not probabilities or target.dtype.is_floating_point,
+        op,
+        f"Expected floating point type for target with class probabilities, got {target.dtype} (argument target)",
+        ThunderRuntimeError,
+    )
+    check(
+        not probabilities or ignore_index == -100,
+        op,
+        "ignore_index is not supported for floating point target (argument ignore_index)",
+        ThunderRuntimeError,
+    )
     _require_float(op, input)
     class_dim = 0 if input.ndim <= 1 else 1
     log_probs = log_softmax(input, class_dim)
@@ -207,4 +246,3 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
     check(tuple(weight.shape) == tuple(input.shape), op, "Weights and input must have the same size. (argument weight)")
     weighted = clang.elementwise(prims.mul, op, prims.mul(diff, diff), weight)
     return _reduce(op, weighted, reduction, _sum_all(weight) if reduction == "mean" else None)
-

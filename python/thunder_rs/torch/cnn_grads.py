@@ -31,8 +31,11 @@ def _window_args(op: str, n: int, kernel_size, stride, padding, dilation):
     """Kernel, stride, padding and dilation as the aten backwards take them: n ints each (1-d
     pools as 2-d ones with a size-1 window along the inserted dim)."""
     kernel = spatial_tuple(op, kernel_size, n, "kernel_size")
-    strides = kernel if stride is None or (not isinstance(stride, int) and len(stride) == 0) else \
-        spatial_tuple(op, stride, n, "stride")
+    strides = (
+        kernel
+        if stride is None or (not isinstance(stride, int) and len(stride) == 0)
+        else spatial_tuple(op, stride, n, "stride")
+    )
     args = [kernel, strides, spatial_tuple(op, padding, n, "padding"), spatial_tuple(op, dilation, n, "dilation")]
     if n == 1:
         args = [(fill, *a) for fill, a in zip((1, 1, 0, 1), args)]
@@ -57,24 +60,29 @@ def _max_pool_grad(n: int, symbol, input, kernel_size, stride, padding, dilation
 
 @register_grad(ltorch.max_pool1d)
 def max_pool1d_grad(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    return _max_pool_grad(1, ltorch.max_pool1d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    return _max_pool_grad(
+        1, ltorch.max_pool1d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices
+    )
 
 
 @register_grad(ltorch.max_pool2d)
 def max_pool2d_grad(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    return _max_pool_grad(2, ltorch.max_pool2d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    return _max_pool_grad(
+        2, ltorch.max_pool2d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices
+    )
 
 
 @register_grad(ltorch.max_pool3d)
 def max_pool3d_grad(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    return _max_pool_grad(3, ltorch.max_pool3d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    return _max_pool_grad(
+        3, ltorch.max_pool3d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices
+    )
 
 
 # -- average pooling -------------------------------------------------------------------------------
 
 
-def _avg_pool_grad(n: int, symbol, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                   divisor_override):
+def _avg_pool_grad(n: int, symbol, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     extra = () if n == 1 else (divisor_override,)
     out = symbol(input, kernel_size, stride, padding, ceil_mode, count_include_pad, *extra)
     kernel, strides, pads, _ = _window_args(symbol.symbol_name, n, kernel_size, stride, padding, 1)
@@ -94,17 +102,21 @@ def avg_pool1d_grad(input, kernel_size, stride=None, padding=0, ceil_mode=False,
 
 
 @register_grad(ltorch.avg_pool2d)
-def avg_pool2d_grad(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                    divisor_override=None):
-    return _avg_pool_grad(2, ltorch.avg_pool2d, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                          divisor_override)
+def avg_pool2d_grad(
+    input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    return _avg_pool_grad(
+        2, ltorch.avg_pool2d, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
 
 
 @register_grad(ltorch.avg_pool3d)
-def avg_pool3d_grad(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                    divisor_override=None):
-    return _avg_pool_grad(3, ltorch.avg_pool3d, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                          divisor_override)
+def avg_pool3d_grad(
+    input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    return _avg_pool_grad(
+        3, ltorch.avg_pool3d, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
 
 
 # -- adaptive pooling ------------------------------------------------------------------------------
@@ -201,16 +213,27 @@ def _resize_grad(op: str, forward, input, size, scale_factor, mode, align_corner
     sizes, scales = check_resize(op, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
     n = input.ndim - 2
     if mode == "area":  # adaptive average pooling, as F.interpolate computes it
-        return _adaptive_avg_grad(n, (None, ltorch.adaptive_avg_pool1d, ltorch.adaptive_avg_pool2d,
-                                      ltorch.adaptive_avg_pool3d)[n], input, sizes)
+        return _adaptive_avg_grad(
+            n,
+            (None, ltorch.adaptive_avg_pool1d, ltorch.adaptive_avg_pool2d, ltorch.adaptive_avg_pool3d)[n],
+            input,
+            sizes,
+        )
     out = forward()
     put_grad(input, upsample_backward(get_grad(out), tuple(input.shape), mode, bool(align_corners), scales))
     return out
 
 
 @register_grad(ltorch.interpolate)
-def interpolate_grad(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
-                     recompute_scale_factor=None, antialias=False):
+def interpolate_grad(
+    input,
+    size=None,
+    scale_factor=None,
+    mode="nearest",
+    align_corners=None,
+    recompute_scale_factor=None,
+    antialias=False,
+):
     args = (input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
     return _resize_grad("ltorch.interpolate", lambda: ltorch.interpolate(*args), *args)
 

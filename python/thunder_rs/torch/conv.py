@@ -16,34 +16,64 @@ def _ints(value, n: int, op: str, arg: str) -> tuple[int, ...]:
     """An int-or-sequence argument as ``n`` ints (a one-element sequence is repeated, as torch does)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * n
-    check(isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value), op,
-          lambda: f"expected an int or a sequence of ints for {arg}, got {value!r}", ThunderTypeError)
+    check(
+        isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        op,
+        lambda: f"expected an int or a sequence of ints for {arg}, got {value!r}",
+        ThunderTypeError,
+    )
     value = tuple(value)
     if len(value) == 1:
         return value * n
-    check(len(value) == n, op, f"expected {arg} to be a single integer value or a list of {n} values to match the "
-          f"convolution dimensions, but got {arg}={list(value)}", ThunderRuntimeError)
+    check(
+        len(value) == n,
+        op,
+        f"expected {arg} to be a single integer value or a list of {n} values to match the "
+        f"convolution dimensions, but got {arg}={list(value)}",
+        ThunderRuntimeError,
+    )
     return value
 
 
 def _check_operands(op: str, input, weight, bias, n: int) -> None:
-    check(isinstance(input, torch.Tensor) and isinstance(weight, torch.Tensor), op,
-          "expected tensors for input and weight", ThunderTypeError)
-    check(weight.ndim == n + 2, op, f"expected a {n + 2}-D weight, got {tuple(weight.shape)} (argument weight)",
-          ThunderRuntimeError)
-    check(input.ndim in (n + 1, n + 2), op, f"Expected {n + 1}D (unbatched) or {n + 2}D (batched) input to conv{n}d, "
-          f"but got input of size: {list(input.shape)} (argument input)", ThunderRuntimeError)
+    check(
+        isinstance(input, torch.Tensor) and isinstance(weight, torch.Tensor),
+        op,
+        "expected tensors for input and weight",
+        ThunderTypeError,
+    )
+    check(
+        weight.ndim == n + 2,
+        op,
+        f"expected a {n + 2}-D weight, got {tuple(weight.shape)} (argument weight)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.ndim in (n + 1, n + 2),
+        op,
+        f"Expected {n + 1}D (unbatched) or {n + 2}D (batched) input to conv{n}d, "
+        f"but got input of size: {list(input.shape)} (argument input)",
+        ThunderRuntimeError,
+    )
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None:
-            check(t.dtype == input.dtype, op, f"Input type ({input.dtype}) and {name} type ({t.dtype}) should be the same "
-                  f"(argument {name})", ThunderRuntimeError)
+            check(
+                t.dtype == input.dtype,
+                op,
+                f"Input type ({input.dtype}) and {name} type ({t.dtype}) should be the same (argument {name})",
+                ThunderRuntimeError,
+            )
 
 
 def _same_padding(input, weight, dilation, stride, op: str):
     """``padding="same"``: torch pads ``d * (k - 1)`` in all, the odd element at the end, which
     the prim's symmetric padding cannot say; that element is padded here first."""
-    check(all(s == 1 for s in stride), op, "padding='same' is not supported for strided convolutions (argument padding)",
-          ThunderRuntimeError)
+    check(
+        all(s == 1 for s in stride),
+        op,
+        "padding='same' is not supported for strided convolutions (argument padding)",
+        ThunderRuntimeError,
+    )
     totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
     extra = [t % 2 for t in totals]
     if any(extra):
@@ -56,14 +86,22 @@ def _conv(op: str, n: int, input, weight, bias, stride, padding, dilation, group
     _check_operands(op, input, weight, bias, n)
     stride, dilation = _ints(stride, n, op, "stride"), _ints(dilation, n, op, "dilation")
     output_padding = _ints(output_padding, n, op, "output_padding")
-    check(isinstance(groups, int) and groups > 0, op, f"non-positive groups is not supported (argument groups={groups})",
-          ThunderRuntimeError)
+    check(
+        isinstance(groups, int) and groups > 0,
+        op,
+        f"non-positive groups is not supported (argument groups={groups})",
+        ThunderRuntimeError,
+    )
     unbatched = input.ndim == n + 1
     if unbatched:
         input = prims.reshape(input, (1, *input.shape))
     if isinstance(padding, str):
-        check(padding in ("same", "valid") and not transposed, op,
-              f"Invalid padding string '{padding}', should be one of ['valid', 'same'] (argument padding)", ThunderValueError)
+        check(
+            padding in ("same", "valid") and not transposed,
+            op,
+            f"Invalid padding string '{padding}', should be one of ['valid', 'same'] (argument padding)",
+            ThunderValueError,
+        )
         input, padding = _same_padding(input, weight, dilation, stride, op) if padding == "same" else (input, (0,) * n)
     padding = _ints(padding, n, op, "padding")
     out = prims.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -85,8 +123,19 @@ def _define_conv_transpose(n: int):
 
     @torchsymbol(torch_fn, getattr(torch, f"conv_transpose{n}d"), name=f"conv_transpose{n}d")
     def conv_transpose(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-        return _conv(f"ltorch.conv_transpose{n}d", n, input, weight, bias, stride, padding, dilation, groups,
-                     transposed=True, output_padding=output_padding)
+        return _conv(
+            f"ltorch.conv_transpose{n}d",
+            n,
+            input,
+            weight,
+            bias,
+            stride,
+            padding,
+            dilation,
+            groups,
+            transposed=True,
+            output_padding=output_padding,
+        )
 
     return conv_transpose
 
@@ -98,7 +147,22 @@ conv_transpose1d, conv_transpose2d, conv_transpose3d = (_define_conv_transpose(n
 @torchsymbol(torch.convolution)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     n = weight.ndim - 2
-    check(n in (1, 2, 3) and input.ndim == n + 2, "ltorch.convolution",
-          f"expected a batched input and a weight of rank 3 to 5, got {tuple(input.shape)} and {tuple(weight.shape)}",
-          ThunderRuntimeError)
-    return _conv("ltorch.convolution", n, input, weight, bias, stride, padding, dilation, groups, bool(transposed), output_padding)
+    check(
+        n in (1, 2, 3) and input.ndim == n + 2,
+        "ltorch.convolution",
+        f"expected a batched input and a weight of rank 3 to 5, got {tuple(input.shape)} and {tuple(weight.shape)}",
+        ThunderRuntimeError,
+    )
+    return _conv(
+        "ltorch.convolution",
+        n,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        bool(transposed),
+        output_padding,
+    )

@@ -6,7 +6,13 @@ composite dissolves from the trace.
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
+from thunder_rs.errors import (
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    ThunderValueError,
+    check,
+)
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.shape import clone
 
@@ -70,15 +76,27 @@ def type_as(a, other):
 
 
 _TENSOR_TYPES = {
-    "FloatTensor": torch.float32, "DoubleTensor": torch.float64, "HalfTensor": torch.float16,
-    "BFloat16Tensor": torch.bfloat16, "ByteTensor": torch.uint8, "CharTensor": torch.int8,
-    "ShortTensor": torch.int16, "IntTensor": torch.int32, "LongTensor": torch.int64, "BoolTensor": torch.bool,
+    "FloatTensor": torch.float32,
+    "DoubleTensor": torch.float64,
+    "HalfTensor": torch.float16,
+    "BFloat16Tensor": torch.bfloat16,
+    "ByteTensor": torch.uint8,
+    "CharTensor": torch.int8,
+    "ShortTensor": torch.int16,
+    "IntTensor": torch.int32,
+    "LongTensor": torch.int64,
+    "BoolTensor": torch.bool,
 }
 
 
 def _type_name(a) -> str:
     name = next((n for n, d in _TENSOR_TYPES.items() if d == a.dtype), None)
-    check(name is not None, "ltorch.type", f"no legacy tensor type name for {a.dtype} (argument a)", ThunderNotImplementedError)
+    check(
+        name is not None,
+        "ltorch.type",
+        f"no legacy tensor type name for {a.dtype} (argument a)",
+        ThunderNotImplementedError,
+    )
     return f"torch.cuda.{name}" if a.device.type == "cuda" else f"torch.{name}"
 
 
@@ -92,8 +110,12 @@ def tensor_type(a, dtype=None, non_blocking=False, **kwargs):
     if isinstance(dtype, torch.dtype):
         return clang.maybe_convert(a, dtype)
     *prefix, name = dtype.split(".")
-    check(name in _TENSOR_TYPES and prefix in (["torch"], ["torch", "cuda"]), "ltorch.type",
-          f"invalid type: '{dtype}' (argument dtype)", ThunderValueError)
+    check(
+        name in _TENSOR_TYPES and prefix in (["torch"], ["torch", "cuda"]),
+        "ltorch.type",
+        f"invalid type: '{dtype}' (argument dtype)",
+        ThunderValueError,
+    )
     out = clang.maybe_convert(a, _TENSOR_TYPES[name])
     device = torch.device("cuda" if "cuda" in prefix else "cpu")
     return out if _same_device(a, device) else prims.device_put(out, device)
@@ -111,8 +133,15 @@ def _define_conversion(method: str, dtype: torch.dtype):
 CONVERSIONS = {
     method: _define_conversion(method, dtype)
     for method, dtype in {
-        "float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16,
-        "int": torch.int32, "long": torch.int64, "short": torch.int16, "char": torch.int8, "byte": torch.uint8,
+        "float": torch.float32,
+        "double": torch.float64,
+        "half": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "int": torch.int32,
+        "long": torch.int64,
+        "short": torch.int16,
+        "char": torch.int8,
+        "byte": torch.uint8,
         "bool": torch.bool,
     }.items()
 }

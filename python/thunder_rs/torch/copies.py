@@ -18,11 +18,22 @@ __all__: list[str] = []
 
 #: copy op -> the symbol of the view op it copies.
 _VIEWS = {
-    "expand_copy": shape.expand, "permute_copy": shape.permute, "t_copy": shape.t, "transpose_copy": shape.transpose,
-    "view_copy": shape.view, "squeeze_copy": shape.squeeze, "unsqueeze_copy": shape.unsqueeze,
-    "unbind_copy": indexing.unbind, "select_copy": indexing.select, "diagonal_copy": view_scatters.diagonal,
-    "narrow_copy": joins.narrow, "split_copy": joins.split, "split_with_sizes_copy": arrange.split_with_sizes,
-    "unfold_copy": diagonals.unfold, "as_strided_copy": diagonals.as_strided, "alias_copy": lambda a: a,
+    "expand_copy": shape.expand,
+    "permute_copy": shape.permute,
+    "t_copy": shape.t,
+    "transpose_copy": shape.transpose,
+    "view_copy": shape.view,
+    "squeeze_copy": shape.squeeze,
+    "unsqueeze_copy": shape.unsqueeze,
+    "unbind_copy": indexing.unbind,
+    "select_copy": indexing.select,
+    "diagonal_copy": view_scatters.diagonal,
+    "narrow_copy": joins.narrow,
+    "split_copy": joins.split,
+    "split_with_sizes_copy": arrange.split_with_sizes,
+    "unfold_copy": diagonals.unfold,
+    "as_strided_copy": diagonals.as_strided,
+    "alias_copy": lambda a: a,
 }
 
 #: copy ops returning a sequence of tensors.
@@ -54,9 +65,15 @@ def _as_strided_copy(input, size, stride, storage_offset=None, *, out=None):
     otherwise an eager fallback of an input tensor, whose memory it reads."""
     if out is not None or diagonals.reads_own_memory(input, size, stride, storage_offset):
         return COPIES["as_strided_copy"](input, size, stride, storage_offset, out=out)
-    check(input._view is None and getattr(input, "_input_vid", None) is not None, "ltorch.as_strided_copy", lambda: (
-        "as_strided_copy of a view, or of a non-contiguous tensor computed in the program, reads memory whose layout "
-        "thunder_rs does not reproduce; clone() it first (argument input)"), ThunderNotImplementedError)
+    check(
+        input._view is None and getattr(input, "_input_vid", None) is not None,
+        "ltorch.as_strided_copy",
+        lambda: (
+            "as_strided_copy of a view, or of a non-contiguous tensor computed in the program, reads memory whose layout "
+            "thunder_rs does not reproduce; clone() it first (argument input)"
+        ),
+        ThunderNotImplementedError,
+    )
     return fallback(torch.as_strided_copy, (input, size, stride, storage_offset), {})
 
 

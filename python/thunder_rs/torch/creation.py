@@ -20,8 +20,21 @@ from thunder_rs.torch.symbols import torchsymbol
 
 T = torch.Tensor
 __all__ = [
-    "arange", "full", "zeros", "ones", "empty", "full_like", "zeros_like", "ones_like", "empty_like",
-    "new_full", "new_zeros", "new_ones", "new_empty", "tril", "triu",
+    "arange",
+    "full",
+    "zeros",
+    "ones",
+    "empty",
+    "full_like",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "new_full",
+    "new_zeros",
+    "new_ones",
+    "new_empty",
+    "tril",
+    "triu",
 ]
 
 _CPU = torch.device("cpu")
@@ -35,10 +48,18 @@ def _shape(size, op: str) -> tuple[int, ...]:
     """The shape of varargs ``size``: ints, or one sequence of ints."""
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = size[0]
-    check(all(_is_int(s) for s in size), op, lambda: f"expected a sequence of ints for size, got {tuple(size)!r} (argument size)",
-          ThunderTypeError)
-    check(all(s >= 0 for s in size), op, lambda: f"Dimension size must be non-negative, got {list(size)} (argument size)",
-          ThunderRuntimeError)
+    check(
+        all(_is_int(s) for s in size),
+        op,
+        lambda: f"expected a sequence of ints for size, got {tuple(size)!r} (argument size)",
+        ThunderTypeError,
+    )
+    check(
+        all(s >= 0 for s in size),
+        op,
+        lambda: f"Dimension size must be non-negative, got {list(size)} (argument size)",
+        ThunderRuntimeError,
+    )
     return tuple(size)
 
 
@@ -61,8 +82,12 @@ def _fill_dtype(fill_value) -> torch.dtype:
 
 @torchsymbol(torch.full)
 def full(size, fill_value, *, out=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
-    check(isinstance(size, (tuple, list, torch.Size)), "ltorch.full",
-          f"expected a sequence of ints for size, got {type(size).__name__} (argument size)", ThunderTypeError)
+    check(
+        isinstance(size, (tuple, list, torch.Size)),
+        "ltorch.full",
+        f"expected a sequence of ints for size, got {type(size).__name__} (argument size)",
+        ThunderTypeError,
+    )
     shape = _shape((size,), "ltorch.full")
     return _fill(shape, fill_value, _device(device), dtype or _fill_dtype(fill_value))
 
@@ -72,8 +97,17 @@ def _define_constant(name: str, value):
     op = f"ltorch.{name}"
 
     @torchsymbol(getattr(torch, name), name=name)
-    def constant(*sizes, size=None, out=None, dtype=None, layout=None, device=None, requires_grad=False,
-                 pin_memory=False, memory_format=None):
+    def constant(
+        *sizes,
+        size=None,
+        out=None,
+        dtype=None,
+        layout=None,
+        device=None,
+        requires_grad=False,
+        pin_memory=False,
+        memory_format=None,
+    ):
         dtype = dtype or torch.get_default_dtype()
         shape = _shape(sizes if size is None else (size,), op)
         return prims.full(shape, clang.maybe_convert(value, dtype), _device(device), dtype)
@@ -114,8 +148,9 @@ def _define_new_constant(name: str, value):
     op = f"ltorch.{name}"
 
     @torchsymbol(getattr(T, name), name=name)
-    def new_constant(self, *sizes, size=None, dtype=None, layout=None, device=None, requires_grad=False,
-                     pin_memory=False):
+    def new_constant(
+        self, *sizes, size=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False
+    ):
         dtype = dtype or self.dtype
         shape = _shape(sizes if size is None else (size,), op)
         return prims.full(shape, clang.maybe_convert(value, dtype), _device(device, self), dtype)
@@ -143,17 +178,26 @@ PROXY_CALLS[T.new] = _legacy_new
 
 def _check_arange(start, end, step, op: str):
     for name, value in (("start", start), ("end", end), ("step", step)):
-        check(isinstance(value, (int, float)) and not isinstance(value, bool), op,
-              f"expected a number for {name}, got {type(value).__name__} (argument {name})", ThunderTypeError)
+        check(
+            isinstance(value, (int, float)) and not isinstance(value, bool),
+            op,
+            f"expected a number for {name}, got {type(value).__name__} (argument {name})",
+            ThunderTypeError,
+        )
         check(math.isfinite(value), op, f"unsupported range: {start} -> {end} (argument {name})", ThunderRuntimeError)
     check(step != 0, op, "step must be nonzero (argument step)", ThunderRuntimeError)
-    check((step > 0 and end >= start) or (step < 0 and end <= start), op,
-          "upper bound and lower bound inconsistent with step sign (argument step)", ThunderRuntimeError)
+    check(
+        (step > 0 and end >= start) or (step < 0 and end <= start),
+        op,
+        "upper bound and lower bound inconsistent with step sign (argument step)",
+        ThunderRuntimeError,
+    )
 
 
 @torchsymbol(torch.arange)
-def arange(start=0, end=None, step=1, *, out=None, dtype=None, layout=None, device=None, requires_grad=False,
-           pin_memory=False):
+def arange(
+    start=0, end=None, step=1, *, out=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False
+):
     """``start + i * step`` for ``i < ceil((end - start) / step)``. Integer dtypes step in integers
     (``start`` and ``step`` truncated, as torch does); floating ones compute in float64 and round once."""
     op = "ltorch.arange"
@@ -161,8 +205,12 @@ def arange(start=0, end=None, step=1, *, out=None, dtype=None, layout=None, devi
         start, end = 0, start
     if dtype is None:
         dtype = torch.int64 if all(_is_int(x) for x in (start, end, step)) else torch.get_default_dtype()
-    check(dtypes.is_int(dtype) or dtypes.is_float(dtype), op, f'"arange" not implemented for {dtype} (argument dtype)',
-          ThunderNotImplementedError)
+    check(
+        dtypes.is_int(dtype) or dtypes.is_float(dtype),
+        op,
+        f'"arange" not implemented for {dtype} (argument dtype)',
+        ThunderNotImplementedError,
+    )
     _check_arange(start, end, step, op)
     length, device = math.ceil((end - start) / step), _device(device)
     if dtypes.is_int(dtype) or (_is_int(start) and _is_int(step)):
@@ -174,7 +222,12 @@ def arange(start=0, end=None, step=1, *, out=None, dtype=None, layout=None, devi
 
 
 def _check_random_dtype(dtype, op: str):
-    check(dtypes.is_float(dtype), op, f"expected a floating dtype, got {dtype} (argument dtype)", ThunderNotImplementedError)
+    check(
+        dtypes.is_float(dtype),
+        op,
+        f"expected a floating dtype, got {dtype} (argument dtype)",
+        ThunderNotImplementedError,
+    )
 
 
 def _define_triangle(name: str, keep):
@@ -184,7 +237,12 @@ def _define_triangle(name: str, keep):
     @torchsymbol(getattr(torch, name), getattr(T, name), name=name)
     def triangle(input, diagonal=0):
         check(input.ndim >= 2, op, "input tensor must have at least 2 dimensions (argument input)", ThunderRuntimeError)
-        check(_is_int(diagonal), op, f"expected an int for diagonal, got {diagonal!r} (argument diagonal)", ThunderTypeError)
+        check(
+            _is_int(diagonal),
+            op,
+            f"expected an int for diagonal, got {diagonal!r} (argument diagonal)",
+            ThunderTypeError,
+        )
         rows, cols = input.shape[-2:]
         row = prims.broadcast_in_dim(prims.iota(rows, 0, 1, input.device, torch.int64), (rows, cols), (0,))
         col = prims.broadcast_in_dim(prims.iota(cols, 0, 1, input.device, torch.int64), (rows, cols), (1,))

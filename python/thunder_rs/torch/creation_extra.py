@@ -32,23 +32,43 @@ def identity(n: int, dtype, device, m: int | None = None):
 def eye(n, m=None, *, out=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
     op = "ltorch.eye"
     for value, name in ((n, "n"), (m, "m")):
-        check(value is None or _is_int(value), op, f"expected an int, got {type(value).__name__} (argument {name})",
-              ThunderTypeError)
-        check(value is None or value >= 0, op, f"{name} must be greater or equal to 0, got {value} (argument {name})",
-              ThunderRuntimeError)
+        check(
+            value is None or _is_int(value),
+            op,
+            f"expected an int, got {type(value).__name__} (argument {name})",
+            ThunderTypeError,
+        )
+        check(
+            value is None or value >= 0,
+            op,
+            f"{name} must be greater or equal to 0, got {value} (argument {name})",
+            ThunderRuntimeError,
+        )
     return identity(n, dtype or torch.get_default_dtype(), _device(device), m)
 
 
 def _endpoint(op: str, value, name: str, dtype, device):
     """``start``/``end`` as a 0-d tensor of ``dtype``: a number, or a 0-d tensor (its value traced)."""
     if isinstance(value, TensorProxy):
-        check(value.ndim == 0, op, f"linspace only supports 0-dimensional start and end tensors, but got {name} with {value.ndim} dimension(s).",
-              ThunderRuntimeError)
-        check(not value.dtype.is_complex, op, f"complex endpoints are not supported by thunder_rs (argument {name})",
-              ThunderNotImplementedError)
+        check(
+            value.ndim == 0,
+            op,
+            f"linspace only supports 0-dimensional start and end tensors, but got {name} with {value.ndim} dimension(s).",
+            ThunderRuntimeError,
+        )
+        check(
+            not value.dtype.is_complex,
+            op,
+            f"complex endpoints are not supported by thunder_rs (argument {name})",
+            ThunderNotImplementedError,
+        )
         return clang.maybe_convert(value, dtype)
-    check(isinstance(value, (int, float)) and not isinstance(value, complex), op,
-          f"expected a real number or a 0-d tensor, got {type(value).__name__} (argument {name})", ThunderTypeError)
+    check(
+        isinstance(value, (int, float)) and not isinstance(value, complex),
+        op,
+        f"expected a real number or a 0-d tensor, got {type(value).__name__} (argument {name})",
+        ThunderTypeError,
+    )
     return prims.full((), clang.maybe_convert(value, dtype), device, dtype)
 
 
@@ -56,10 +76,16 @@ def _spaced(op: str, start, end, steps, dtype, device):
     """``steps`` points from ``start`` to ``end``, computed as eager's kernel does: the first half
     as ``start + i * step``, the second as ``end - (steps - 1 - i) * step``, in ``dtype`` (in float64
     for integer dtypes)."""
-    check(_is_int(steps), op, f"expected an int for steps, got {type(steps).__name__} (argument steps)", ThunderTypeError)
+    check(
+        _is_int(steps), op, f"expected an int for steps, got {type(steps).__name__} (argument steps)", ThunderTypeError
+    )
     check(steps >= 0, op, "number of steps must be non-negative (argument steps)", ThunderRuntimeError)
-    check(not dtypes.is_complex(dtype) and dtype != torch.bool, op, f"not supported for dtype {dtype} (argument dtype)",
-          ThunderNotImplementedError)
+    check(
+        not dtypes.is_complex(dtype) and dtype != torch.bool,
+        op,
+        f"not supported for dtype {dtype} (argument dtype)",
+        ThunderNotImplementedError,
+    )
     compute = dtype if dtypes.is_float(dtype) else torch.float64
     first = _endpoint(op, start, "start", compute, device)
     last = _endpoint(op, end, "end", compute, device)
@@ -68,9 +94,13 @@ def _spaced(op: str, start, end, steps, dtype, device):
     step = prims.div(prims.sub(last, first), clang.maybe_convert(steps - 1, compute))
     index = prims.iota(steps, 0, 1, device, compute)
     half = steps // 2
-    below = prims.add(prims.broadcast_in_dim(first, (steps,), ()), prims.mul(index, prims.broadcast_in_dim(step, (steps,), ())))
+    below = prims.add(
+        prims.broadcast_in_dim(first, (steps,), ()), prims.mul(index, prims.broadcast_in_dim(step, (steps,), ()))
+    )
     from_end = prims.iota(steps, steps - 1, -1, device, compute)
-    above = prims.sub(prims.broadcast_in_dim(last, (steps,), ()), prims.mul(from_end, prims.broadcast_in_dim(step, (steps,), ())))
+    above = prims.sub(
+        prims.broadcast_in_dim(last, (steps,), ()), prims.mul(from_end, prims.broadcast_in_dim(step, (steps,), ()))
+    )
     lower_half = prims.lt(prims.iota(steps, 0, 1, device, torch.int64), clang.maybe_convert(half, torch.int64))
     return prims.where(lower_half, below, above), compute
 
@@ -88,8 +118,12 @@ def linspace(start, end, steps, *, out=None, dtype=None, layout=None, device=Non
 def logspace(start, end, steps, base=10.0, *, out=None, dtype=None, layout=None, device=None, requires_grad=False):
     """``base ** linspace(start, end, steps)``, the power taken in the computing dtype."""
     op = "ltorch.logspace"
-    check(isinstance(base, (int, float)), op, f"expected a real number for base, got {type(base).__name__} (argument base)",
-          ThunderTypeError)
+    check(
+        isinstance(base, (int, float)),
+        op,
+        f"expected a real number for base, got {type(base).__name__} (argument base)",
+        ThunderTypeError,
+    )
     dtype = dtype or torch.get_default_dtype()
     device = _device(device, start if isinstance(start, TensorProxy) else None)
     exponents, compute = _spaced(op, start, end, steps, dtype, device)
@@ -98,9 +132,18 @@ def logspace(start, end, steps, base=10.0, *, out=None, dtype=None, layout=None,
 
 
 def _real_only(op: str, input):
-    check(isinstance(input, torch.Tensor), op, f"expected a tensor, got {type(input).__name__} (argument input)", ThunderTypeError)
-    check(not input.dtype.is_complex, op, "complex tensors are not supported by thunder_rs (argument input)",
-          ThunderNotImplementedError)
+    check(
+        isinstance(input, torch.Tensor),
+        op,
+        f"expected a tensor, got {type(input).__name__} (argument input)",
+        ThunderTypeError,
+    )
+    check(
+        not input.dtype.is_complex,
+        op,
+        "complex tensors are not supported by thunder_rs (argument input)",
+        ThunderNotImplementedError,
+    )
     return input
 
 

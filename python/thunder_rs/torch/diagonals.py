@@ -58,8 +58,12 @@ def diag_embed(input, offset=0, dim1=-2, dim2=-1):
 def diag(input, diagonal=0, *, out=None):
     op = "ltorch.diag"
     check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
-    check(input.ndim in (1, 2), op, f"diag(): Supports 1D or 2D tensors. Got {input.ndim}D (argument input)",
-          ThunderRuntimeError)
+    check(
+        input.ndim in (1, 2),
+        op,
+        f"diag(): Supports 1D or 2D tensors. Got {input.ndim}D (argument input)",
+        ThunderRuntimeError,
+    )
     if input.ndim == 1:
         return _embed(input, diagonal)
     return fresh(_diagonal(input, diagonal), input)
@@ -78,9 +82,18 @@ def diagflat(input, offset=0):
 @torchsymbol(torch.trace, Tensor.trace)
 def trace(input):
     op = "ltorch.trace"
-    check(input.ndim == 2, op, f"trace: expected a matrix, but got tensor with dim {input.ndim} (argument input)",
-          ThunderRuntimeError)
-    check(input.dtype != torch.bool, op, "\"trace\" not implemented for 'Bool' (argument input)", ThunderNotImplementedError)
+    check(
+        input.ndim == 2,
+        op,
+        f"trace: expected a matrix, but got tensor with dim {input.ndim} (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.dtype != torch.bool,
+        op,
+        "\"trace\" not implemented for 'Bool' (argument input)",
+        ThunderNotImplementedError,
+    )
     return _sum(_diagonal(input, 0))
 
 
@@ -108,11 +121,22 @@ def known_ints(values, device, dtype):
 def _triangle_indices(op: str, row, col, offset, dtype, device, layout, lower: bool):
     check(row >= 0, op, f"row must be non-negative, got{row} (argument row)", ThunderRuntimeError)
     check(col >= 0, op, f"col must be non-negative, got{col} (argument col)", ThunderRuntimeError)
-    check(layout in (None, torch.strided), op, f"layout {layout} is not supported (argument layout)", ThunderNotImplementedError)
+    check(
+        layout in (None, torch.strided),
+        op,
+        f"layout {layout} is not supported (argument layout)",
+        ThunderNotImplementedError,
+    )
     dtype = torch.int64 if dtype is None else dtype
-    check(dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8), op, lambda: (
-        f"\"{op.removeprefix('ltorch.')}\" not implemented for '{str(dtype).removeprefix('torch.').capitalize()}' "
-        "(argument dtype)"), ThunderNotImplementedError)
+    check(
+        dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8),
+        op,
+        lambda: (
+            f"\"{op.removeprefix('ltorch.')}\" not implemented for '{str(dtype).removeprefix('torch.').capitalize()}' "
+            "(argument dtype)"
+        ),
+        ThunderNotImplementedError,
+    )
     rows: list[int] = []
     cols: list[int] = []
     for r in range(row):
@@ -157,16 +181,20 @@ def unfold(a, dimension, size, step):
     op = "ltorch.unfold"
     d = clang.canonicalize_dim(a.ndim, dimension, op, "dimension")
     length = a.shape[d] if a.ndim else 1
-    check(size <= length, op, f"maximum size for tensor at dimension {d} is {length} but size is {size} (argument size)",
-          ThunderRuntimeError)
+    check(
+        size <= length,
+        op,
+        f"maximum size for tensor at dimension {d} is {length} but size is {size} (argument size)",
+        ThunderRuntimeError,
+    )
     check(size >= 0, op, f"size is {size} but must be >= 0 (argument size)", ThunderRuntimeError)
     check(step > 0, op, f"step is {step} but must be > 0 (argument step)", ThunderRuntimeError)
     if a.ndim == 0:
         return slice_in_dim(reshape_to(a, (1,)), 0, 0, size)
     windows = (length - size) // step + 1
-    shape = (*a.shape[:d], windows, *a.shape[d + 1:], size)
+    shape = (*a.shape[:d], windows, *a.shape[d + 1 :], size)
     strides = list(contiguous_strides(a.shape))
-    strides = (*strides[:d], strides[d] * step, *strides[d + 1:], strides[d])
+    strides = (*strides[:d], strides[d] * step, *strides[d + 1 :], strides[d])
     return _gathered(a, _positions(shape, strides, 0, a.device))
 
 
@@ -178,16 +206,28 @@ def _needed(size, stride, offset: int) -> int:
 def _as_strided_positions(op: str, a, size, stride, storage_offset):
     size = _sizes(op, (size,), "size")
     stride = _sizes(op, (stride,), "stride")
-    check(len(size) == len(stride), op, "mismatch in length of strides and shape (argument stride)", ThunderRuntimeError)
-    check(all(s >= 0 for s in stride), op, "as_strided: Negative strides are not supported at the moment, got strides: "
-          f"{list(stride)} (argument stride)", ThunderRuntimeError)
+    check(
+        len(size) == len(stride), op, "mismatch in length of strides and shape (argument stride)", ThunderRuntimeError
+    )
+    check(
+        all(s >= 0 for s in stride),
+        op,
+        f"as_strided: Negative strides are not supported at the moment, got strides: {list(stride)} (argument stride)",
+        ThunderRuntimeError,
+    )
     offset = storage_offset or 0
     check(offset >= 0, op, f"Tensor: invalid storage offset {offset} (argument storage_offset)", ThunderRuntimeError)
     needed = _needed(size, stride, offset)
-    check(needed <= a.numel(), op, lambda: (
-        f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
-        f"{a.element_size()} requiring a storage size of {needed * a.element_size()} are out of bounds for storage of "
-        f"size {a.numel() * a.element_size()} (argument size)"), ThunderRuntimeError)
+    check(
+        needed <= a.numel(),
+        op,
+        lambda: (
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
+            f"{a.element_size()} requiring a storage size of {needed * a.element_size()} are out of bounds for storage of "
+            f"size {a.numel() * a.element_size()} (argument size)"
+        ),
+        ThunderRuntimeError,
+    )
     return _positions(size, stride, offset, a.device)
 
 
@@ -221,9 +261,15 @@ def _as_strided_view(native, eager):
     def as_strided_view(input, size, stride, storage_offset=None):
         if reads_own_memory(input, size, stride, storage_offset):
             return native(input, size, stride, storage_offset)
-        check(input._view is None and getattr(input, "_input_vid", None) is not None, "ltorch.as_strided", lambda: (
-            "as_strided of a view, or of a non-contiguous tensor computed in the program, reads memory whose layout "
-            "thunder_rs does not reproduce; clone() it first (argument input)"), ThunderNotImplementedError)
+        check(
+            input._view is None and getattr(input, "_input_vid", None) is not None,
+            "ltorch.as_strided",
+            lambda: (
+                "as_strided of a view, or of a non-contiguous tensor computed in the program, reads memory whose layout "
+                "thunder_rs does not reproduce; clone() it first (argument input)"
+            ),
+            ThunderNotImplementedError,
+        )
         return eager(input, size, stride, storage_offset)
 
     return as_strided_view
@@ -239,7 +285,9 @@ def _register() -> None:
     refusal = "{}: writing through its output, a view, is not supported; clone() it first"
     unfold_view = opaque(unfold, None, refusal=refusal.format("Tensor.unfold"))
     TORCH_TO_LTORCH[Tensor.unfold] = unfold_view
-    native, eager = (opaque(fn, None, refusal=refusal.format("torch.as_strided")) for fn in (as_strided, _eager_as_strided))
+    native, eager = (
+        opaque(fn, None, refusal=refusal.format("torch.as_strided")) for fn in (as_strided, _eager_as_strided)
+    )
     for fn in as_strided.torch_fns:
         TORCH_TO_LTORCH[fn] = _as_strided_view(native, eager)
 

@@ -37,15 +37,19 @@ def _define_binary(name: str, kind: int, dunders=(), reflected=()):
 
     # Parameters named as torch's schemas name them, for keyword calls (``x.maximum(other=y)``).
     if name == "pow":
+
         def binary(input, exponent):
             return clang.elementwise(prim, "ltorch.pow", input, exponent, kind=kind)
     else:
+
         def binary(input, other):
             return clang.elementwise(prim, f"ltorch.{name}", input, other, kind=kind)
+
     binary.__name__ = binary.__qualname__ = name
     binary = torchsymbol(*_torch_fns(name, dunders), name=name)(binary)
 
     if reflected:
+
         @torchsymbol(*(getattr(T, r) for r in reflected), name=f"r{name}")
         def reflected_binary(a, b):
             return clang.elementwise(prim, f"ltorch.{name}", b, a, kind=kind)
@@ -60,11 +64,21 @@ def _define_binary(name: str, kind: int, dunders=(), reflected=()):
 #: ``__rand__``, ``__ror__`` and ``__rxor__`` are C methods that dispatch as ``Tensor.add(a, 2)``
 #: and so on, which the forward symbols take, so they have no symbol of their own.
 _OPERATORS = {
-    "neg": (("__neg__",), ()), "abs": (("__abs__",), ()), "bitwise_not": (("__invert__",), ()),
-    "mul": (("__mul__",), ()), "pow": (("__pow__",), ("__rpow__",)),
-    "remainder": (("__mod__",), ("__rmod__",)), "eq": (("__eq__",), ()), "ne": (("__ne__",), ()),
-    "lt": (("__lt__",), ()), "le": (("__le__",), ()), "gt": (("__gt__",), ()), "ge": (("__ge__",), ()),
-    "bitwise_and": (("__and__",), ()), "bitwise_or": (("__or__",), ()), "bitwise_xor": (("__xor__",), ()),
+    "neg": (("__neg__",), ()),
+    "abs": (("__abs__",), ()),
+    "bitwise_not": (("__invert__",), ()),
+    "mul": (("__mul__",), ()),
+    "pow": (("__pow__",), ("__rpow__",)),
+    "remainder": (("__mod__",), ("__rmod__",)),
+    "eq": (("__eq__",), ()),
+    "ne": (("__ne__",), ()),
+    "lt": (("__lt__",), ()),
+    "le": (("__le__",), ()),
+    "gt": (("__gt__",), ()),
+    "ge": (("__ge__",), ()),
+    "bitwise_and": (("__and__",), ()),
+    "bitwise_or": (("__or__",), ()),
+    "bitwise_xor": (("__xor__",), ()),
 }
 
 # One ltorch symbol per parameterless elementwise prim whose Rust declaration gives a promotion.
@@ -86,14 +100,21 @@ if TYPE_CHECKING:
 def round(a, *, decimals=0):
     if decimals == 0:
         return clang.elementwise(prims.round, "ltorch.round", a)
-    scale = 10.0 ** decimals
-    return clang.elementwise(prims.div, "ltorch.round", clang.elementwise(prims.round, "ltorch.round", a * scale), scale)
+    scale = 10.0**decimals
+    return clang.elementwise(
+        prims.div, "ltorch.round", clang.elementwise(prims.round, "ltorch.round", a * scale), scale
+    )
 
 
 def _scaled(b, alpha, op):
     if alpha == 1:
         return b
-    check(isinstance(alpha, (bool, int, float)), op, f"expected a number for alpha, got {type(alpha).__name__}", ThunderTypeError)
+    check(
+        isinstance(alpha, (bool, int, float)),
+        op,
+        f"expected a number for alpha, got {type(alpha).__name__}",
+        ThunderTypeError,
+    )
     if not isinstance(b, torch.Tensor):
         return b * alpha
     return clang.elementwise(prims.mul, op, b, alpha)
@@ -130,6 +151,7 @@ def _floor_div(a, b, op):
         return clang.elementwise(prims.floor, op, clang.elementwise(prims.div, op, a, b))
     quotient = clang.elementwise(prims.div, op, a, b)
     remainder = clang.elementwise(prims.fmod, op, a, b)
+
     def negative(x):
         return clang.elementwise(prims.lt, op, x, 0, kind=ALWAYS_BOOL) if isinstance(x, torch.Tensor) else x < 0
 
@@ -150,7 +172,9 @@ def div(input, other, *, rounding_mode=None):
         return clang.elementwise(prims.trunc, op, quotient) if compute.is_floating_point else quotient
     if rounding_mode == "floor":
         return _floor_div(a, b, op)
-    raise ThunderRuntimeError(f"{op}: div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r} (argument rounding_mode)")
+    raise ThunderRuntimeError(
+        f"{op}: div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r} (argument rounding_mode)"
+    )
 
 
 @torchsymbol(torch.floor_divide, T.floor_divide, T.__floordiv__)
@@ -163,14 +187,23 @@ def where(condition, input=None, other=None):
     op = "ltorch.where"
     if input is None and other is None:
         refuse_data_dependent(torch.nonzero)  # torch.where(condition) is condition.nonzero(as_tuple=True)
-    check(isinstance(condition, torch.Tensor) and condition.dtype == torch.bool, op,
-          lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype {getattr(condition, 'dtype', type(condition).__name__)} (argument condition)",
-          ThunderRuntimeError)
+    check(
+        isinstance(condition, torch.Tensor) and condition.dtype == torch.bool,
+        op,
+        lambda: (
+            f"where expected condition to be a boolean tensor, but got a tensor with dtype {getattr(condition, 'dtype', type(condition).__name__)} (argument condition)"
+        ),
+        ThunderRuntimeError,
+    )
     compute, _ = clang.promote(op, (input, other))
     tensors = [x for x in (condition, input, other) if isinstance(x, torch.Tensor)]
     shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
-    args = [clang.expand_to(clang.maybe_convert(x, compute), shape) if isinstance(x, torch.Tensor) else clang.maybe_convert(x, compute)
-            for x in (input, other)]
+    args = [
+        clang.expand_to(clang.maybe_convert(x, compute), shape)
+        if isinstance(x, torch.Tensor)
+        else clang.maybe_convert(x, compute)
+        for x in (input, other)
+    ]
     if not any(isinstance(x, torch.Tensor) for x in args):
         args[0] = clang.expand_to(prims.full((), args[0], condition.device, compute), shape)
     return prims.where(clang.expand_to(condition, shape), *args)
@@ -200,17 +233,28 @@ TORCH_TO_LTORCH[torch.where] = _where_or_indices
 @torchsymbol(torch.masked_fill, T.masked_fill)
 def masked_fill(a, mask, value):
     op = "ltorch.masked_fill"
-    check(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, op,
-          "masked_fill_ only supports boolean masks (argument mask)", ThunderRuntimeError)
+    check(
+        isinstance(mask, torch.Tensor) and mask.dtype == torch.bool,
+        op,
+        "masked_fill_ only supports boolean masks (argument mask)",
+        ThunderRuntimeError,
+    )
     if isinstance(value, torch.Tensor):
-        check(value.ndim == 0, op, f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} dimension(s) (argument value)", ThunderRuntimeError)
+        check(
+            value.ndim == 0,
+            op,
+            f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} dimension(s) (argument value)",
+            ThunderRuntimeError,
+        )
     return where(mask, clang.maybe_convert(value, a.dtype), a)
 
 
 @torchsymbol(torch.clamp, T.clamp, torch.clip, T.clip)
 def clamp(a, min=None, max=None):
     op = "ltorch.clamp"
-    check(min is not None or max is not None, op, "At least one of 'min' or 'max' must not be None", ThunderRuntimeError)
+    check(
+        min is not None or max is not None, op, "At least one of 'min' or 'max' must not be None", ThunderRuntimeError
+    )
     out = a
     if min is not None:
         out = clang.elementwise(prims.maximum, op, out, min)

@@ -46,8 +46,10 @@ from thunder_rs.torch.kernels import cast, sum_to
 from thunder_rs.torch.strides import contiguous_strides, strides_of
 
 SDPBackend = torch.nn.attention.SDPBackend
-MATH, FLASH, EFFICIENT, CUDNN = (b.value for b in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION,
-                                                   SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION))
+MATH, FLASH, EFFICIENT, CUDNN = (
+    b.value
+    for b in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION)
+)
 
 #: What eager's composite fills the False places of a bool mask with for cuDNN's kernel
 #: (``convert_boolean_attn_mask_cudnn`` in aten/src/ATen/native/transformers/attention.cpp, from
@@ -64,15 +66,18 @@ _OP = "ltorch.scaled_dot_product_attention"
 def _fake(x):
     """A fake tensor with the proxy's metadata, strides as eager's tensor has them."""
     differentiable = x.requires_grad and x.dtype.is_floating_point
-    return torch.empty_strided(tuple(x.shape), strides_of(x), dtype=x.dtype, device=x.device,
-                               requires_grad=differentiable)
+    return torch.empty_strided(
+        tuple(x.shape), strides_of(x), dtype=x.dtype, device=x.device, requires_grad=differentiable
+    )
 
 
 _aten = torch.ops.aten
 #: The fused kernels eager's composite calls, by the backend each is.
-_BACKEND_OF = {_aten._scaled_dot_product_flash_attention.default: FLASH,
-               _aten._scaled_dot_product_efficient_attention.default: EFFICIENT,
-               _aten._scaled_dot_product_cudnn_attention.default: CUDNN}
+_BACKEND_OF = {
+    _aten._scaled_dot_product_flash_attention.default: FLASH,
+    _aten._scaled_dot_product_efficient_attention.default: EFFICIENT,
+    _aten._scaled_dot_product_cudnn_attention.default: CUDNN,
+}
 
 
 class _KernelSeen(TorchDispatchMode):
@@ -92,8 +97,9 @@ def eager_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bool
     the tensors seen as meta ones, and the CUDA ``select_sdp_backend`` refuses every fused kernel
     for them. The composite asks it directly, with the fake tensors on their CUDA device."""
     with _KernelSeen() as seen:
-        _aten.scaled_dot_product_attention.default(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                                                   enable_gqa=enable_gqa)
+        _aten.scaled_dot_product_attention.default(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
     return seen.backend
 
 
@@ -114,8 +120,9 @@ def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: 
         try:
             with torch._C.DisableTorchFunction(), FakeTensorMode(), torch.enable_grad():
                 mask = None if attn_mask is None else _fake(attn_mask)
-                backend = eager_choice(_fake(query), _fake(key), _fake(value), mask, dropout_p, is_causal, scale,
-                                       enable_gqa)
+                backend = eager_choice(
+                    _fake(query), _fake(key), _fake(value), mask, dropout_p, is_causal, scale, enable_gqa
+                )
         except RuntimeError as e:
             raise thunder_error_like(e, f"{_OP}: {e}") from e
         if len(_choices) > 4096:
@@ -139,7 +146,9 @@ def _record(sid: int, meta, args: tuple):
     device = str(next(a for a in args if isinstance(a, TensorProxy)).device)
     flows = any(isinstance(a, TensorProxy) and a.requires_grad for a in args)
     described = meta(*args)
-    metas = [(CODES[dtype], device, tuple(shape), flows and differentiable) for shape, dtype, differentiable, _ in described]
+    metas = [
+        (CODES[dtype], device, tuple(shape), flows and differentiable) for shape, dtype, differentiable, _ in described
+    ]
     outs = proxies(current().call(sid, args, None, metas))
     for out, (*_, strides) in zip(outs, described):
         if strides is not None:
@@ -199,8 +208,12 @@ _FLASH_RNG = ((), ()) if torch.version.hip else ((2,), ())
 def _flash_meta(query, key, value, dropout_p, is_causal, scale):
     shape = (*query.shape[:-1], value.shape[-1])
     seed, offset = _FLASH_RNG
-    return [_output(query, shape, _matching_layout(query, shape)), _residual(_rows(query), torch.float32),
-            _residual(seed, torch.int64), _residual(offset, torch.int64)]
+    return [
+        _output(query, shape, _matching_layout(query, shape)),
+        _residual(_rows(query), torch.float32),
+        _residual(seed, torch.int64),
+        _residual(offset, torch.int64),
+    ]
 
 
 def _efficient_meta(query, key, value, attn_bias, dropout_p, is_causal, scale):
@@ -210,14 +223,22 @@ def _efficient_meta(query, key, value, attn_bias, dropout_p, is_causal, scale):
     # a multiple of 32 (not on ROCm).
     strides = (rows * heads * shape[3], shape[3], heads * shape[3], 1)
     padded = rows if torch.version.hip else -(-rows // 32) * 32
-    return [_output(query, shape, strides), _residual((batch, heads, padded), torch.float32),
-            _residual((), torch.int64), _residual((), torch.int64)]
+    return [
+        _output(query, shape, strides),
+        _residual((batch, heads, padded), torch.float32),
+        _residual((), torch.int64),
+        _residual((), torch.int64),
+    ]
 
 
 def _cudnn_meta(query, key, value, attn_bias, dropout_p, is_causal, scale):
     shape = (*_rows(query), value.shape[-1])
-    return [_output(query, shape, _matching_layout(query, shape)), _residual((*_rows(query), 1), torch.float32),
-            _residual((), torch.int64), _residual((), torch.int64)]
+    return [
+        _output(query, shape, _matching_layout(query, shape)),
+        _residual((*_rows(query), 1), torch.float32),
+        _residual((), torch.int64),
+        _residual((), torch.int64),
+    ]
 
 
 def _gradient(x):
@@ -228,8 +249,9 @@ def _flash_backward_meta(grad_out, query, key, value, out, logsumexp, seed, offs
     return [_gradient(query), _gradient(key), _gradient(value)]
 
 
-def _efficient_backward_meta(grad_out, query, key, value, attn_bias, out, logsumexp, seed, offset, dropout_p,
-                             grad_input_mask, is_causal, scale):
+def _efficient_backward_meta(
+    grad_out, query, key, value, attn_bias, out, logsumexp, seed, offset, dropout_p, grad_input_mask, is_causal, scale
+):
     """The gradients ``grad_input_mask`` asks for; the bias's has the [B, H, L, S] shape the
     kernel saw it expanded to."""
     bias = None if attn_bias is None else ((*_rows(query), key.shape[2]), attn_bias.dtype, True, None)
@@ -237,8 +259,9 @@ def _efficient_backward_meta(grad_out, query, key, value, attn_bias, out, logsum
     return [g for g, wanted in zip(grads, grad_input_mask) if wanted]
 
 
-def _cudnn_backward_meta(grad_out, query, key, value, out, logsumexp, seed, offset, attn_bias, dropout_p, is_causal,
-                         scale):
+def _cudnn_backward_meta(
+    grad_out, query, key, value, out, logsumexp, seed, offset, attn_bias, dropout_p, is_causal, scale
+):
     return [_gradient(query), _gradient(key), _gradient(value)]
 
 
@@ -309,8 +332,9 @@ def _efficient(query, key, value, attn_mask, dropout_p, is_causal, scale):
     forward = efficient_attention_dropout if dropout_p > 0 else efficient_attention
     out, lse, seed, offset = forward(query, key, value, bias, dropout_p, is_causal, scale)
     wanted = [x.requires_grad for x in (query, key, value)] + [bias is not None and bias.requires_grad]
-    grads = efficient_attention_backward(get_grad(out), query, key, value, bias, out, lse, seed, offset, dropout_p,
-                                         wanted, is_causal, scale)
+    grads = efficient_attention_backward(
+        get_grad(out), query, key, value, bias, out, lse, seed, offset, dropout_p, wanted, is_causal, scale
+    )
     grads = iter(grads)
     _put_grads((query, key, value), (next(grads) if w else None for w in wanted[:3]))
     if wanted[3]:  # the kernel's [B, H, L, S] gradient, summed as autograd sums an expanded mask's
@@ -323,12 +347,14 @@ def _cudnn(query, key, value, attn_mask, dropout_p, is_causal, scale):
         raise ThunderNotImplementedError(
             f"{_OP}: torch chooses the cuDNN attention kernel for this call, whose backward gives no gradient for "
             "attn_mask, which requires grad (eager's backward has none either). Switch it off for the call: "
-            "torch.backends.cuda.enable_cudnn_sdp(False) or torch.nn.attention.sdpa_kernel (argument attn_mask)")
+            "torch.backends.cuda.enable_cudnn_sdp(False) or torch.nn.attention.sdpa_kernel (argument attn_mask)"
+        )
     bias = _additive(attn_mask, query.dtype, CUDNN_MASK_FILL)
     forward = cudnn_attention_dropout if dropout_p > 0 else cudnn_attention
     out, lse, seed, offset = forward(query, key, value, bias, dropout_p, is_causal, scale)
-    grads = cudnn_attention_backward(get_grad(out), query, key, value, out, lse, seed, offset, bias, dropout_p,
-                                     is_causal, scale)
+    grads = cudnn_attention_backward(
+        get_grad(out), query, key, value, out, lse, seed, offset, bias, dropout_p, is_causal, scale
+    )
     _put_grads((query, key, value), grads)
     return out
 
@@ -348,5 +374,7 @@ def fused_attention(query, key, value, attn_mask, dropout_p: float, is_causal: b
         return _efficient(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if backend == CUDNN:
         return _cudnn(query, key, value, attn_mask, dropout_p, is_causal, scale)
-    raise ThunderNotImplementedError(f"{_OP}: torch chooses the attention backend {SDPBackend(backend).name} for this "
-                                     "call, which thunder_rs does not record")
+    raise ThunderNotImplementedError(
+        f"{_OP}: torch chooses the attention backend {SDPBackend(backend).name} for this "
+        "call, which thunder_rs does not record"
+    )

@@ -205,7 +205,7 @@ def _normalized_dims(input, normalized_shape, *params):
     if not isinstance(normalized_shape, (tuple, list, torch.Size)) or not input.dtype.is_floating_point:
         return None
     shape = tuple(normalized_shape)
-    if not 1 <= len(shape) <= input.ndim or tuple(input.shape[input.ndim - len(shape):]) != shape:
+    if not 1 <= len(shape) <= input.ndim or tuple(input.shape[input.ndim - len(shape) :]) != shape:
         return None
     present = [p for p in params if p is not None]
     dtypes = (input.dtype, torch.float32) if input.dtype in _LOW_PRECISION else (input.dtype,)
@@ -273,8 +273,9 @@ def _put_batch_norm_grads(g, input, weight, bias, running_mean, running_var, sav
     wanted = [(x, _wants_grad(x)) for x in (input, weight, bias)]
     if not any(w for _, w in wanted):
         return
-    grads = kernels.native_batch_norm_backward(g, input, weight, running_mean, running_var, save_mean, save_invstd, train,
-                                               eps, [w for _, w in wanted])
+    grads = kernels.native_batch_norm_backward(
+        g, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, [w for _, w in wanted]
+    )
     for x, grad in zip([x for x, w in wanted if w], grads if isinstance(grads, tuple) else (grads,)):
         put_grad(x, grad)
 
@@ -393,8 +394,9 @@ def matmul_grad(input, other):
 
 
 @register_grad(ltorch.embedding)
-def embedding_grad(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
-                   sparse=False):
+def embedding_grad(
+    input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False
+):
     out = ltorch.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
     rows = weight.shape[0]
     padding = -1 if padding_idx is None else padding_idx % rows
@@ -426,7 +428,9 @@ def chunk_grad(a, chunks, dim=0):
 
 @register_grad(ltorch.tensor_split)
 def tensor_split_grad(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sections=None):
-    pieces = ltorch.tensor_split(a, sections, dim, indices=indices, tensor_indices_or_sections=tensor_indices_or_sections)
+    pieces = ltorch.tensor_split(
+        a, sections, dim, indices=indices, tensor_indices_or_sections=tensor_indices_or_sections
+    )
     return _tiles_grad(a, pieces, dim)
 
 
@@ -494,8 +498,9 @@ _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 @register_grad(ltorch.scaled_dot_product_attention)
-def scaled_dot_product_attention_grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                      enable_gqa=False):
+def scaled_dot_product_attention_grad(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     if _flash_on_cpu(query, key, value, attn_mask, dropout_p):
         _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
         scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale

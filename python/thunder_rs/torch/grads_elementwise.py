@@ -35,7 +35,9 @@ def binary_cross_entropy_grad(input, target, weight=None, size_average=None, red
     out = ltorch.binary_cross_entropy(input, target, weight, size_average, reduce, reduction)
     if weight is not None and weight.requires_grad:
         return out  # eager has no derivative for weight; the decomposition's is used
-    g = _loss_cotangent(get_grad(out), _reduction("ltorch.binary_cross_entropy", reduction, size_average, reduce), input)
+    g = _loss_cotangent(
+        get_grad(out), _reduction("ltorch.binary_cross_entropy", reduction, size_average, reduce), input
+    )
     if weight is not None:
         g = g * weight
     if input.requires_grad:
@@ -205,12 +207,18 @@ def _clamp_tensors_grads_split(g, a, min, max):
     gets none."""
     if max is None:  # maximum(a, min)
         tie, half = a == min, g * 0.5
-        return (ltorch.where(tie, half, ltorch.where(a < min, 0.0, g)),
-                ltorch.where(tie, half, ltorch.where(a > min, 0.0, g)), None)
+        return (
+            ltorch.where(tie, half, ltorch.where(a < min, 0.0, g)),
+            ltorch.where(tie, half, ltorch.where(a > min, 0.0, g)),
+            None,
+        )
     if min is None:  # minimum(a, max)
         tie, half = a == max, g * 0.5
-        return (ltorch.where(tie, half, ltorch.where(a > max, 0.0, g)), None,
-                ltorch.where(tie, half, ltorch.where(a < max, 0.0, g)))
+        return (
+            ltorch.where(tie, half, ltorch.where(a > max, 0.0, g)),
+            None,
+            ltorch.where(tie, half, ltorch.where(a < max, 0.0, g)),
+        )
     ordered, below, above = min <= max, a < min, a > max
     tie_low = ltorch.bitwise_and(ltorch.bitwise_and(a == min, a != max), ordered)
     tie_high = ltorch.bitwise_and(ltorch.bitwise_and(a == max, a != min), ordered)
@@ -218,8 +226,9 @@ def _clamp_tensors_grads_split(g, a, min, max):
     inside = ltorch.bitwise_not(ltorch.bitwise_or(below, above))
     grad_a = ltorch.where(inside, ltorch.where(ltorch.bitwise_or(tie_low, tie_high), half, g), 0.0)
     grad_min = ltorch.where(ordered, ltorch.where(below, g, ltorch.where(tie_low, half, 0.0)), 0.0)
-    grad_max = ltorch.where(ordered, ltorch.where(above, g, ltorch.where(tie_high, half, 0.0)),
-                            ltorch.where(min > max, g, 0.0))
+    grad_max = ltorch.where(
+        ordered, ltorch.where(above, g, ltorch.where(tie_high, half, 0.0)), ltorch.where(min > max, g, 0.0)
+    )
     return grad_a, grad_min, grad_max
 
 
@@ -253,10 +262,14 @@ def _fmax_grads(g, a, b, wins):
         return ltorch.where(a_selected, g, 0.0), ltorch.where(a_selected, 0.0, g)
     tie, half = a == b, g * 0.5
     if not NAN_SELECTING_FMAX:  # maximum's rule: where neither wins (a NaN), both get the gradient
-        return (ltorch.where(tie, half, ltorch.where(wins(b, a), 0.0, g)),
-                ltorch.where(tie, half, ltorch.where(wins(a, b), 0.0, g)))
+        return (
+            ltorch.where(tie, half, ltorch.where(wins(b, a), 0.0, g)),
+            ltorch.where(tie, half, ltorch.where(wins(a, b), 0.0, g)),
+        )
     a_selected = ltorch.bitwise_or(wins(a, b), ltorch.isnan(b))
-    return ltorch.where(tie, half, ltorch.where(a_selected, g, 0.0)), ltorch.where(tie, half, ltorch.where(a_selected, 0.0, g))
+    return ltorch.where(tie, half, ltorch.where(a_selected, g, 0.0)), ltorch.where(
+        tie, half, ltorch.where(a_selected, 0.0, g)
+    )
 
 
 def _fmax_grad(symbol, wins, input, other):

@@ -30,8 +30,18 @@ from thunder_rs.torch.shape import reshape_to, slice_in_dim
 
 Tensor = torch.Tensor
 __all__ = [
-    "getitem", "select", "slice_tensor", "unbind", "index_select", "gather", "take_along_dim", "scatter_add", "index_add",
-    "topk", "sort", "argsort",
+    "getitem",
+    "select",
+    "slice_tensor",
+    "unbind",
+    "index_select",
+    "gather",
+    "take_along_dim",
+    "scatter_add",
+    "index_add",
+    "topk",
+    "sort",
+    "argsort",
 ]
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
@@ -99,8 +109,12 @@ def _const_of(op: str, values, mask: bool = False):
                 coord.append(c)
             coords.append(coord[::-1])
         return [_Const([c[j] for c in coords], (len(coords),), size) for j, size in enumerate(shape)]
-    check(all(isinstance(v, int) for v in flat), op,
-          "tensors used as indices must be long, int, byte or bool tensors (argument key)", ThunderIndexError)
+    check(
+        all(isinstance(v, int) for v in flat),
+        op,
+        "tensors used as indices must be long, int, byte or bool tensors (argument key)",
+        ThunderIndexError,
+    )
     return _Const([int(v) for v in flat], shape)
 
 
@@ -111,16 +125,23 @@ def _entry(op: str, k):
     if k is True:
         return None
     if isinstance(k, bool):
-        raise ThunderNotImplementedError(f"{op}: indexing with False gives an empty tensor; it is not supported (argument key)")
+        raise ThunderNotImplementedError(
+            f"{op}: indexing with False gives an empty tensor; it is not supported (argument key)"
+        )
     if isinstance(k, int):
         return k
     if isinstance(k, TensorProxy):
         if k.dtype in _MASK_DTYPES:
             raise ThunderNotImplementedError(
                 f"{op}: indexing with a boolean mask is data-dependent (its result's shape depends on the mask's values); "
-                "use torch.where or masked_fill instead (argument key)")
-        check(k.dtype in _INDEX_DTYPES, op, "tensors used as indices must be long, int, byte or bool tensors (argument key)",
-              ThunderIndexError)
+                "use torch.where or masked_fill instead (argument key)"
+            )
+        check(
+            k.dtype in _INDEX_DTYPES,
+            op,
+            "tensors used as indices must be long, int, byte or bool tensors (argument key)",
+            ThunderIndexError,
+        )
         return k
     if isinstance(k, torch.Tensor):
         return _const_of(op, k.tolist(), mask=k.dtype in _MASK_DTYPES)
@@ -128,7 +149,8 @@ def _entry(op: str, k):
         return _const_of(op, list(k))
     raise ThunderIndexError(
         f"{op}: only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are valid indices "
-        f"(got {type(k).__name__}) (argument key)")
+        f"(got {type(k).__name__}) (argument key)"
+    )
 
 
 #: A full slice standing for a dim an Ellipsis covers (told apart by identity).
@@ -144,10 +166,21 @@ def _entries(op: str, a, key) -> list:
     used = sum(1 for e in entries if e is not None and e is not Ellipsis)
     if a.ndim == 0 and used:
         first = next(e for e in entries if e is not None and e is not Ellipsis)
-        check(not isinstance(first, int), op, lambda: (
-            "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or `tensor.item<T>()` in C++ to convert a 0-dim "
-            "tensor to a number (argument key)"), ThunderIndexError)
-        check(not isinstance(first, slice), op, "slice() cannot be applied to a 0-dim tensor. (argument key)", ThunderIndexError)
+        check(
+            not isinstance(first, int),
+            op,
+            lambda: (
+                "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or `tensor.item<T>()` in C++ to convert a 0-dim "
+                "tensor to a number (argument key)"
+            ),
+            ThunderIndexError,
+        )
+        check(
+            not isinstance(first, slice),
+            op,
+            "slice() cannot be applied to a 0-dim tensor. (argument key)",
+            ThunderIndexError,
+        )
     check(used <= a.ndim, op, f"too many indices for tensor of dimension {a.ndim} (argument key)", ThunderIndexError)
     # Like torch, every Ellipsis skips the dims no other entry uses, so a second one runs past the end.
     expanded = []
@@ -160,8 +193,12 @@ def _bound(op: str, part):
     """A slice bound as an int; a tensor that is not traced (a captured constant) gives its value."""
     if isinstance(part, torch.Tensor) and not isinstance(part, TensorProxy) and part.ndim == 0:
         return int(part)
-    check(part is None or isinstance(part, int), op, lambda: (
-        f"slice bounds must be ints or None while tracing, got {part!r} (argument key)"), ThunderNotImplementedError)
+    check(
+        part is None or isinstance(part, int),
+        op,
+        lambda: f"slice bounds must be ints or None while tracing, got {part!r} (argument key)",
+        ThunderNotImplementedError,
+    )
     return part
 
 
@@ -182,15 +219,24 @@ def _basic_index(op: str, a, entries):
             shape.append(1)
             continue
         if dim >= a.ndim:
-            check(e is _ELLIPSIS_DIM, op, lambda: (
-                f"Dimension out of range (expected to be in range of [{-a.ndim}, {a.ndim - 1}], but got {dim}) (argument key)"),
-                  ThunderIndexError)
+            check(
+                e is _ELLIPSIS_DIM,
+                op,
+                lambda: (
+                    f"Dimension out of range (expected to be in range of [{-a.ndim}, {a.ndim - 1}], but got {dim}) (argument key)"
+                ),
+                ThunderIndexError,
+            )
             dim += 1
             continue
         size = a.shape[dim]
         if isinstance(e, int):
-            check(-size <= e < size, op, f"index {e} is out of bounds for dimension {dim} with size {size} (argument key)",
-                  ThunderIndexError)
+            check(
+                -size <= e < size,
+                op,
+                f"index {e} is out of bounds for dimension {dim} with size {size} (argument key)",
+                ThunderIndexError,
+            )
             start, stop, step = e % size, e % size + 1, 1
         elif isinstance(e, slice):
             start, stop, step = _slice_bounds(op, e, size)
@@ -211,12 +257,22 @@ def _basic_index(op: str, a, entries):
 def _index_tensor(op: str, index, dim: int, size: int, device):
     """``index`` as an int64 proxy with non-negative values."""
     if isinstance(index, _Const):
-        check(index.mask_size in (None, size), op, lambda: (
-            f"The shape of the mask [{index.mask_size}] at index {dim} does not match the shape of the indexed tensor "
-            f"at index {dim} (size {size}) (argument key)"), ThunderIndexError)
+        check(
+            index.mask_size in (None, size),
+            op,
+            lambda: (
+                f"The shape of the mask [{index.mask_size}] at index {dim} does not match the shape of the indexed tensor "
+                f"at index {dim} (size {size}) (argument key)"
+            ),
+            ThunderIndexError,
+        )
         for v in index.values:
-            check(-size <= v < size, op, f"index {v} is out of bounds for dimension {dim} with size {size} (argument key)",
-                  ThunderIndexError)
+            check(
+                -size <= v < size,
+                op,
+                f"index {v} is out of bounds for dimension {dim} with size {size} (argument key)",
+                ThunderIndexError,
+            )
         return _constant([v % size for v in index.values], index.shape, device)
     index = clang.maybe_convert(index, torch.int64)
     return prims.where(prims.lt(index, 0), prims.add(index, size), index)
@@ -243,7 +299,8 @@ def _advanced_index(op: str, a, advanced):
     except ThunderRuntimeError:
         shapes = ", ".join(str(list(i.shape)) for i in indices)
         raise ThunderIndexError(
-            f"{op}: shape mismatch: indexing tensors could not be broadcast together with shapes {shapes} (argument key)") from None
+            f"{op}: shape mismatch: indexing tensors could not be broadcast together with shapes {shapes} (argument key)"
+        ) from None
     linear = indices[-1]
     stride = a.shape[dims[-1]]
     for d, index in zip(reversed(dims[:-1]), reversed(indices[:-1])):
@@ -253,7 +310,7 @@ def _advanced_index(op: str, a, advanced):
     rest = [d for d in range(a.ndim) if d not in dims]
     if dims == list(range(dims[0], dims[0] + len(dims))):
         at = dims[0]
-        before, after = tuple(a.shape[:at]), tuple(a.shape[dims[-1] + 1:])
+        before, after = tuple(a.shape[:at]), tuple(a.shape[dims[-1] + 1 :])
     else:
         at, before, after = 0, (), tuple(a.shape[d] for d in rest)
         a = prims.transpose(a, (*dims, *rest))
@@ -277,9 +334,14 @@ def select(a, dim, index):
     check(a.ndim > 0, op, "select() cannot be applied to a 0-dim tensor. (argument a)", ThunderIndexError)
     d = clang.canonicalize_dim(a.ndim, dim, op)
     size = a.shape[d]
-    check(-size <= index < size, op, lambda: (
-        f"select(): index {index} out of range for tensor of size {list(a.shape)} at dimension {d} (argument index)"),
-          ThunderIndexError)
+    check(
+        -size <= index < size,
+        op,
+        lambda: (
+            f"select(): index {index} out of range for tensor of size {list(a.shape)} at dimension {d} (argument index)"
+        ),
+        ThunderIndexError,
+    )
     return prims.squeeze(slice_in_dim(a, d, index % size, index % size + 1), (d,))
 
 
@@ -305,9 +367,18 @@ def unbind(a, dim=0):
 
 def _check_index(op: str, index, like, dtypes=_INDEX_DTYPES, what="int32 or int64"):
     """A checked index tensor; one that is not traced (a captured tensor) becomes a constant."""
-    check(isinstance(index, torch.Tensor), op, f"expected a tensor for index, got {type(index).__name__} (argument index)",
-          ThunderTypeError)
-    check(index.dtype in dtypes, op, f"Expected dtype {what} for index, got {index.dtype} (argument index)", ThunderRuntimeError)
+    check(
+        isinstance(index, torch.Tensor),
+        op,
+        f"expected a tensor for index, got {type(index).__name__} (argument index)",
+        ThunderTypeError,
+    )
+    check(
+        index.dtype in dtypes,
+        op,
+        f"Expected dtype {what} for index, got {index.dtype} (argument index)",
+        ThunderRuntimeError,
+    )
     if isinstance(index, TensorProxy):
         return index
     return _constant(index.flatten().tolist(), tuple(index.shape), like.device)
@@ -328,9 +399,15 @@ def index_select(a, dim, index, *, out=None):
 
 def _check_no_larger(op: str, index, a, d: int, what: str):
     bad = next((k for k in range(index.ndim) if k != d and index.shape[k] > a.shape[k]), None)
-    check(bad is None, op, lambda: (
-        f"Size does not match at dimension {bad} expected index {list(index.shape)} to be no larger than {what} "
-        f"{list(a.shape)} apart from dimension {d} (argument index)"), ThunderRuntimeError)
+    check(
+        bad is None,
+        op,
+        lambda: (
+            f"Size does not match at dimension {bad} expected index {list(index.shape)} to be no larger than {what} "
+            f"{list(a.shape)} apart from dimension {d} (argument index)"
+        ),
+        ThunderRuntimeError,
+    )
 
 
 @torchsymbol(torch.gather, Tensor.gather)
@@ -338,8 +415,12 @@ def gather(a, dim, index, *, sparse_grad=False, out=None):
     op = "ltorch.gather"
     check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
     d = clang.canonicalize_dim(a.ndim, dim, op)
-    check(isinstance(index, torch.Tensor), op, f"expected a tensor for index, got {type(index).__name__} (argument index)",
-          ThunderTypeError)
+    check(
+        isinstance(index, torch.Tensor),
+        op,
+        f"expected a tensor for index, got {type(index).__name__} (argument index)",
+        ThunderTypeError,
+    )
     if index.numel() == 0:  # eager reads nothing and checks nothing else: an empty view of a
         none = slice_in_dim(reshape_to(a, (a.numel(),)), 0, 0, 0)
         return reshape_to(none, tuple(index.shape))
@@ -347,8 +428,12 @@ def gather(a, dim, index, *, sparse_grad=False, out=None):
     if a.ndim == 0 and index.ndim <= 1:  # a 0-dim tensor gathers as one of one element
         out = gather(reshape_to(a, (1,)), 0, reshape_to(index, (1,)))
         return reshape_to(out, tuple(index.shape))
-    check(index.ndim == a.ndim, op, "Index tensor must have the same number of dimensions as input tensor (argument index)",
-          ThunderRuntimeError)
+    check(
+        index.ndim == a.ndim,
+        op,
+        "Index tensor must have the same number of dimensions as input tensor (argument index)",
+        ThunderRuntimeError,
+    )
     _check_no_larger(op, index, a, d, "self")
     return prims.gather(a, clang.maybe_convert(index, torch.int64), d)
 
@@ -357,20 +442,32 @@ def gather(a, dim, index, *, sparse_grad=False, out=None):
 def take_along_dim(a, indices, dim=None, *, out=None):
     op = "ltorch.take_along_dim"
     check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
-    check(isinstance(indices, torch.Tensor) and indices.dtype == torch.int64, op, lambda: (
-        f"torch.take_along_dim(): dtype of indices should be Long but got {getattr(indices, 'dtype', type(indices).__name__)} "
-        "(argument indices)"), ThunderRuntimeError)
+    check(
+        isinstance(indices, torch.Tensor) and indices.dtype == torch.int64,
+        op,
+        lambda: (
+            f"torch.take_along_dim(): dtype of indices should be Long but got {getattr(indices, 'dtype', type(indices).__name__)} "
+            "(argument indices)"
+        ),
+        ThunderRuntimeError,
+    )
     indices = _check_index(op, indices, a)
     if dim is None:
         return prims.take_along_axis(reshape_to(a, (a.numel(),)), reshape_to(indices, (indices.numel(),)), 0)
     d = clang.canonicalize_dim(a.ndim, dim, op)
-    check(indices.ndim == a.ndim, op, lambda: (
-        f"torch.take_along_dim(): input and indices should have the same number of dimensions, but got {a.ndim} "
-        f"dimensions for input, and {indices.ndim} dimensions for indices (argument indices)"), ThunderRuntimeError)
+    check(
+        indices.ndim == a.ndim,
+        op,
+        lambda: (
+            f"torch.take_along_dim(): input and indices should have the same number of dimensions, but got {a.ndim} "
+            f"dimensions for input, and {indices.ndim} dimensions for indices (argument indices)"
+        ),
+        ThunderRuntimeError,
+    )
     if a.ndim == 0:
         return prims.take_along_axis(a, indices, 0)
-    shape = list(clang.broadcast_shapes(op, [*a.shape[:d], indices.shape[d], *a.shape[d + 1:]], indices.shape))
-    a_shape = [*shape[:d], a.shape[d], *shape[d + 1:]]
+    shape = list(clang.broadcast_shapes(op, [*a.shape[:d], indices.shape[d], *a.shape[d + 1 :]], indices.shape))
+    a_shape = [*shape[:d], a.shape[d], *shape[d + 1 :]]
     return prims.take_along_axis(clang.expand_to(a, a_shape), clang.expand_to(indices, shape), d)
 
 
@@ -379,14 +476,26 @@ def scatter_add(a, dim, index, src):
     op = "ltorch.scatter_add"
     d = clang.canonicalize_dim(a.ndim, dim, op)
     index = _check_index(op, index, a)
-    check(isinstance(src, torch.Tensor) and src.dtype == a.dtype, op,
-          "scatter(): Expected self.dtype to be equal to src.dtype (argument src)", ThunderRuntimeError)
-    check(index.ndim == a.ndim == src.ndim, op, "Index tensor must have the same number of dimensions as self tensor (argument index)",
-          ThunderRuntimeError)
+    check(
+        isinstance(src, torch.Tensor) and src.dtype == a.dtype,
+        op,
+        "scatter(): Expected self.dtype to be equal to src.dtype (argument src)",
+        ThunderRuntimeError,
+    )
+    check(
+        index.ndim == a.ndim == src.ndim,
+        op,
+        "Index tensor must have the same number of dimensions as self tensor (argument index)",
+        ThunderRuntimeError,
+    )
     _check_no_larger(op, index, a, d, "self")
     bad = next((k for k in range(index.ndim) if index.shape[k] > src.shape[k]), None)
-    check(bad is None, op, lambda: (
-        f"Expected index {list(index.shape)} to be no larger size than src {list(src.shape)} (argument index)"), ThunderRuntimeError)
+    check(
+        bad is None,
+        op,
+        lambda: f"Expected index {list(index.shape)} to be no larger size than src {list(src.shape)} (argument index)",
+        ThunderRuntimeError,
+    )
     return prims.scatter_add(a, clang.maybe_convert(index, torch.int64), src, d)
 
 
@@ -396,19 +505,41 @@ def index_add(a, dim, index, source, *, alpha=1, out=None):
     check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
     d = clang.canonicalize_dim(a.ndim, dim, op)
     index = _check_index(op, index, a, what="int32/int64")
-    check(index.ndim <= 1, op, f"index_add_(): Index is supposed to be a vector, but got dim: {index.ndim} (argument index)",
-          ThunderIndexError)
-    check(isinstance(source, torch.Tensor) and source.dtype == a.dtype, op, lambda: (
-        f"index_add_(): self ({a.dtype}) and source ({getattr(source, 'dtype', None)}) must have the same scalar type "
-        "(argument source)"), ThunderRuntimeError)
+    check(
+        index.ndim <= 1,
+        op,
+        f"index_add_(): Index is supposed to be a vector, but got dim: {index.ndim} (argument index)",
+        ThunderIndexError,
+    )
+    check(
+        isinstance(source, torch.Tensor) and source.dtype == a.dtype,
+        op,
+        lambda: (
+            f"index_add_(): self ({a.dtype}) and source ({getattr(source, 'dtype', None)}) must have the same scalar type "
+            "(argument source)"
+        ),
+        ThunderRuntimeError,
+    )
     if a.ndim > 0 and source.ndim > 0:
-        check(source.shape[d] == index.numel(), op, lambda: (
-            f"index_add_(): Number of indices ({index.numel()}) should be equal to source.size(dim): ({source.shape[d]}), "
-            f"for dim: {d} (argument source)"), ThunderRuntimeError)
+        check(
+            source.shape[d] == index.numel(),
+            op,
+            lambda: (
+                f"index_add_(): Number of indices ({index.numel()}) should be equal to source.size(dim): ({source.shape[d]}), "
+                f"for dim: {d} (argument source)"
+            ),
+            ThunderRuntimeError,
+        )
         same = source.ndim == a.ndim and all(k == d or source.shape[k] == a.shape[k] for k in range(a.ndim))
-        check(same, op, lambda: (
-            "source tensor shape must match self tensor shape, excluding the specified dimension. "
-            f"Got self.shape = {list(a.shape)} source.shape = {list(source.shape)} (argument source)"), ThunderRuntimeError)
+        check(
+            same,
+            op,
+            lambda: (
+                "source tensor shape must match self tensor shape, excluding the specified dimension. "
+                f"Got self.shape = {list(a.shape)} source.shape = {list(source.shape)} (argument source)"
+            ),
+            ThunderRuntimeError,
+        )
     if alpha != 1:
         source = clang.maybe_convert(clang.elementwise(prims.mul, op, source, alpha), a.dtype)
     return prims.index_add(a, index, source, d)

@@ -28,7 +28,14 @@ from thunder_rs.core.base import problems
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.complex_calls import differentiates_complex
 from thunder_rs.core.lang.fallback import fallback, user_fallback
-from thunder_rs.core.lang.langctx import MUTATING, TORCH_TO_LTORCH, VALUE_READS, set_out_handler, torch_function, user_location
+from thunder_rs.core.lang.langctx import (
+    MUTATING,
+    TORCH_TO_LTORCH,
+    VALUE_READS,
+    set_out_handler,
+    torch_function,
+    user_location,
+)
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.rng import is_random
 from thunder_rs.errors import (
@@ -46,9 +53,18 @@ from thunder_rs.torch.shape import reshape_to
 
 #: Eager's names of dtypes in its casting errors.
 _SCALAR_NAMES = {
-    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
 }
 
 
@@ -60,22 +76,34 @@ def _leaf_check(op: str, dst) -> None:
         if problems.note(problems.INPLACE_LEAF, op, f"{what} that requires grad is written in place"):
             return
         raise ThunderRuntimeError(
-            f"{op}: {what} that requires grad is being used in an in-place operation. (at {user_location()})")
+            f"{op}: {what} that requires grad is being used in an in-place operation. (at {user_location()})"
+        )
 
 
 def _as_value(op: str, dst, value, copy: bool):
     """``value`` as a tensor of ``dst``'s dtype, device and shape, as eager's in-place op converts it."""
     if not isinstance(value, torch.Tensor):
-        check(isinstance(value, (bool, int, float)), op, lambda: f"expected a tensor or a number, got {type(value).__name__}",
-              ThunderTypeError)
+        check(
+            isinstance(value, (bool, int, float)),
+            op,
+            lambda: f"expected a tensor or a number, got {type(value).__name__}",
+            ThunderTypeError,
+        )
         return prims.full(tuple(dst.shape), clang.maybe_convert(value, dst.dtype), dst.device, dst.dtype)
     if not copy and not torch.can_cast(value.dtype, dst.dtype):
         have, want = (_SCALAR_NAMES.get(d, str(d)) for d in (value.dtype, dst.dtype))
-        raise ThunderRuntimeError(f"{op}: result type {have} can't be cast to the desired output type {want} (at {user_location()})")
+        raise ThunderRuntimeError(
+            f"{op}: result type {have} can't be cast to the desired output type {want} (at {user_location()})"
+        )
     shape = clang.broadcast_shapes(op, dst.shape, value.shape)
-    check(shape == tuple(dst.shape), op, lambda: (
-        f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(shape)} (at {user_location()})"),
-          ThunderRuntimeError)
+    check(
+        shape == tuple(dst.shape),
+        op,
+        lambda: (
+            f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(shape)} (at {user_location()})"
+        ),
+        ThunderRuntimeError,
+    )
     if value.device != dst.device:
         value = prims.device_put(value, dst.device)
     return clang.expand_to(clang.maybe_convert(value, dst.dtype), dst.shape)
@@ -88,7 +116,12 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     to a dtype eager may cast their result to. ``tracked=False`` writes a value autograd does not
     see (BatchNorm's running statistics), as a write under ``torch.no_grad()`` does.
     """
-    check(isinstance(dst, TensorProxy), op, lambda: f"expected a tensor to write, got {type(dst).__name__}", ThunderTypeError)
+    check(
+        isinstance(dst, TensorProxy),
+        op,
+        lambda: f"expected a tensor to write, got {type(dst).__name__}",
+        ThunderTypeError,
+    )
     if views.same_memory(dst, value):  # ``y[1:] *= 2`` assigns the updated view to itself
         return dst
     value = _as_value(op, dst, value, copy)
@@ -101,7 +134,8 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     if root is not dst and root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled():
         raise ThunderNotImplementedError(
             f"{op}: writing in place into part of a complex tensor that carries a gradient is not supported (at "
-            f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)")
+            f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
+        )
     if tracked and torch.is_grad_enabled():
         if copy and root_grad and dst.numel() == root.numel():
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
@@ -121,18 +155,43 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
 #: autograd identity are fixed.
 _REFUSED = {
     **dict.fromkeys(
-        ("unsqueeze_", "squeeze_", "t_", "transpose_", "swapaxes_", "swapdims_", "as_strided_", "resize_", "resize_as_",
-         "set_", "sparse_resize_", "sparse_resize_and_clear_", "resize_as_sparse_"),
-        "changes the tensor's shape or storage in place; use the out-of-place form"),
-    **dict.fromkeys(("detach_", "share_memory_"),
-                    "changes the tensor's autograd state or sharing in place, which a traced tensor cannot"),
+        (
+            "unsqueeze_",
+            "squeeze_",
+            "t_",
+            "transpose_",
+            "swapaxes_",
+            "swapdims_",
+            "as_strided_",
+            "resize_",
+            "resize_as_",
+            "set_",
+            "sparse_resize_",
+            "sparse_resize_and_clear_",
+            "resize_as_sparse_",
+        ),
+        "changes the tensor's shape or storage in place; use the out-of-place form",
+    ),
+    **dict.fromkeys(
+        ("detach_", "share_memory_"),
+        "changes the tensor's autograd state or sharing in place, which a traced tensor cannot",
+    ),
     **dict.fromkeys(("apply_", "map_", "map2_"), "runs a Python callable on each element, which a trace cannot"),
 }
 #: Augmented assignment operators and the operators they update with.
 _AUGMENTED = {
-    "__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__", "__itruediv__": "__truediv__",
-    "__idiv__": "__truediv__", "__ifloordiv__": "__floordiv__", "__imod__": "__mod__", "__ipow__": "__pow__",
-    "__iand__": "__and__", "__ior__": "__or__", "__ixor__": "__xor__", "__ilshift__": "__lshift__",
+    "__iadd__": "__add__",
+    "__isub__": "__sub__",
+    "__imul__": "__mul__",
+    "__itruediv__": "__truediv__",
+    "__idiv__": "__truediv__",
+    "__ifloordiv__": "__floordiv__",
+    "__imod__": "__mod__",
+    "__ipow__": "__pow__",
+    "__iand__": "__and__",
+    "__ior__": "__or__",
+    "__ixor__": "__xor__",
+    "__ilshift__": "__lshift__",
     "__irshift__": "__rshift__",
 }
 _on_copies: dict = {}
@@ -143,6 +202,7 @@ def on_copy(fn):
     eager fallback (the same function object each time, so one fallback symbol)."""
     functional = _on_copies.get(fn)
     if functional is None:
+
         def functional(a, *args, **kwargs):
             return fn(a.clone(), *args, **kwargs)
 
@@ -178,9 +238,14 @@ def copy_(a, src, non_blocking=False):
 
 def fill_(a, value):
     if isinstance(value, torch.Tensor):
-        check(value.ndim == 0, "fill_", lambda: (
-            f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} dimensions. (at {user_location()})"),
-              ThunderRuntimeError)
+        check(
+            value.ndim == 0,
+            "fill_",
+            lambda: (
+                f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} dimensions. (at {user_location()})"
+            ),
+            ThunderRuntimeError,
+        )
     return assign(a, value, "fill_", copy=True)
 
 
@@ -263,14 +328,28 @@ def write_out(func, args, kwargs):
     value = torch_function(func, args, kwargs)
     targets = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-    check(len(targets) == len(values), name, f"expected {len(values)} tensors for out=, got {len(targets)} (argument out)",
-          ThunderTypeError)
+    check(
+        len(targets) == len(values),
+        name,
+        f"expected {len(values)} tensors for out=, got {len(targets)} (argument out)",
+        ThunderTypeError,
+    )
     for target, v in zip(targets, values):
-        check(isinstance(target, TensorProxy), name, f"expected a tensor for out=, got {type(target).__name__} (argument out)",
-              ThunderTypeError)
-        check(tuple(target.shape) == tuple(v.shape), name, lambda: (
-            f"out= has shape {list(target.shape)} but the result has shape {list(v.shape)}; eager would resize it, which a "
-            "traced tensor cannot (argument out)"), ThunderNotImplementedError)
+        check(
+            isinstance(target, TensorProxy),
+            name,
+            f"expected a tensor for out=, got {type(target).__name__} (argument out)",
+            ThunderTypeError,
+        )
+        check(
+            tuple(target.shape) == tuple(v.shape),
+            name,
+            lambda: (
+                f"out= has shape {list(target.shape)} but the result has shape {list(v.shape)}; eager would resize it, which a "
+                "traced tensor cannot (argument out)"
+            ),
+            ThunderNotImplementedError,
+        )
         assign(target, v, f"{name}(out=)")
     if not isinstance(out, (tuple, list)):
         return out
@@ -283,7 +362,12 @@ _MASKS = (torch.bool, torch.uint8)
 
 
 def _is_basic(entry) -> bool:
-    return entry is None or entry is Ellipsis or isinstance(entry, slice) or (isinstance(entry, int) and not isinstance(entry, bool))
+    return (
+        entry is None
+        or entry is Ellipsis
+        or isinstance(entry, slice)
+        or (isinstance(entry, int) and not isinstance(entry, bool))
+    )
 
 
 def _is_mask(entry) -> bool:
@@ -319,14 +403,20 @@ def _masked_assign(a, entries: tuple, at: int, value) -> bool:
     caller (returns False), elsewhere it is refused."""
     op = "setitem"
     mask = entries[at]
-    basic = entries[:at] + (slice(None),) * mask.ndim + entries[at + 1:]
+    basic = entries[:at] + (slice(None),) * mask.ndim + entries[at + 1 :]
     view = TORCH_TO_LTORCH[torch.Tensor.__getitem__](a, basic)
     ellipsis = a.ndim - sum(1 for e in basic if e is not None and e is not Ellipsis)
     start = sum(1 if e is None or isinstance(e, slice) else ellipsis if e is Ellipsis else 0 for e in entries[:at])
-    indexed = tuple(view.shape[start:start + mask.ndim])
-    check(tuple(mask.shape) == indexed, op, lambda: (
-        f"The shape of the mask {list(mask.shape)} at index {start} does not match the shape of the indexed tensor "
-        f"{list(indexed)} at index {start} (argument key)"), ThunderIndexError)
+    indexed = tuple(view.shape[start : start + mask.ndim])
+    check(
+        tuple(mask.shape) == indexed,
+        op,
+        lambda: (
+            f"The shape of the mask {list(mask.shape)} at index {start} does not match the shape of the indexed tensor "
+            f"{list(indexed)} at index {start} (argument key)"
+        ),
+        ThunderIndexError,
+    )
     rest = view.ndim - start - mask.ndim
     if isinstance(value, torch.Tensor):
         value = _drop_leading_ones(value, start + 1 + rest)
@@ -334,10 +424,16 @@ def _masked_assign(a, entries: tuple, at: int, value) -> bool:
         if at_mask >= 0:
             if value.shape[at_mask] != 1 and values.active() is not None:
                 return False
-            check(value.shape[at_mask] == 1, op, lambda: (
-                f"a value of shape {list(value.shape)} gives one element per true mask element, which is data-dependent; "
-                "assign a value that broadcasts (argument value)"), ThunderNotImplementedError)
-            value = reshape_to(value, (*value.shape[:at_mask], *(1,) * mask.ndim, *value.shape[at_mask + 1:]))
+            check(
+                value.shape[at_mask] == 1,
+                op,
+                lambda: (
+                    f"a value of shape {list(value.shape)} gives one element per true mask element, which is data-dependent; "
+                    "assign a value that broadcasts (argument value)"
+                ),
+                ThunderNotImplementedError,
+            )
+            value = reshape_to(value, (*value.shape[:at_mask], *(1,) * mask.ndim, *value.shape[at_mask + 1 :]))
     mask = reshape_to(clang.maybe_convert(mask, torch.bool), (1,) * start + tuple(mask.shape) + (1,) * rest)
     assign(view, where(mask, clang.maybe_convert(value, view.dtype), view), op, copy=True)
     return True
@@ -358,9 +454,12 @@ def setitem(a, key, value):
         if _masked_assign(a, entries, masks[0], value):
             return
     key = masks_as_indices(key)  # the masks' nonzero indices, where the jit reads values
-    check(not any(map(_is_mask, key if type(key) is tuple else (key,))), op,
-          "a boolean mask together with other tensor or list indices is data-dependent (argument key)",
-          ThunderNotImplementedError)
+    check(
+        not any(map(_is_mask, key if type(key) is tuple else (key,))),
+        op,
+        "a boolean mask together with other tensor or list indices is data-dependent (argument key)",
+        ThunderNotImplementedError,
+    )
     assign(a, fallback(setitem_on_copy, (a, key, value), {}), op, copy=True)
 
 
@@ -371,7 +470,9 @@ def setitem(a, key, value):
 #: answered with a stand-in number, and the factor it becomes is mapped back to the buffer here.
 _count_factors: dict[float, TensorProxy] = {}
 _stand_ins = itertools.count(1)
-_COUNTING_FORWARDS = frozenset(cls.forward.__code__ for cls in (torch.nn.modules.batchnorm._BatchNorm, torch.nn.SyncBatchNorm))
+_COUNTING_FORWARDS = frozenset(
+    cls.forward.__code__ for cls in (torch.nn.modules.batchnorm._BatchNorm, torch.nn.SyncBatchNorm)
+)
 
 
 def _batch_count(args):
@@ -383,7 +484,7 @@ def _batch_count(args):
         frame = frame.f_back
     if frame is None or frame.f_code not in _COUNTING_FORWARDS or not isinstance(args[0], TensorProxy):
         return None
-    stand_in = float(2 ** 52 + next(_stand_ins))
+    stand_in = float(2**52 + next(_stand_ins))
     _count_factors[1.0 / stand_in] = args[0]
     return stand_in
 
@@ -403,7 +504,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if not training or running_mean is None:
         return ltorch_nn.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     ltorch_nn.check_batch_norm("batch_norm", input, running_mean, running_var, weight, bias, training)
-    out, _, _, new_mean, new_var = kernels.native_batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)
+    out, _, _, new_mean, new_var = kernels.native_batch_norm(
+        input, weight, bias, running_mean, running_var, True, momentum, eps
+    )
     assign(running_mean, new_mean, "batch_norm", tracked=False)
     assign(running_var, new_var, "batch_norm", tracked=False)
     return out

@@ -16,7 +16,13 @@ import torch.nn.functional as F
 
 from thunder_rs import prims
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
+from thunder_rs.errors import (
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    ThunderValueError,
+    check,
+)
 from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["interpolate", "upsample_backward"]
@@ -30,22 +36,43 @@ _CUBIC_A = -0.75
 
 
 def _check_mode(op: str, input, mode: str, align_corners, antialias) -> None:
-    check(mode in _MODES, op, f"unsupported mode {mode!r}; thunder_rs supports {', '.join(_MODES)} (argument mode)",
-          ThunderNotImplementedError)
+    check(
+        mode in _MODES,
+        op,
+        f"unsupported mode {mode!r}; thunder_rs supports {', '.join(_MODES)} (argument mode)",
+        ThunderNotImplementedError,
+    )
     check(not antialias, op, "antialias=True is not supported (argument antialias)", ThunderNotImplementedError)
-    check(mode in _LINEAR_MODES or align_corners is None, op, "align_corners option can only be set with the "
-          "interpolating modes: linear | bilinear | bicubic | trilinear (argument align_corners)", ThunderValueError)
-    check(input.ndim in (3, 4, 5), op, f"Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) for the modes: "
-          "nearest | linear | bilinear | bicubic | trilinear | area | nearest-exact (argument input)",
-          ThunderNotImplementedError)
+    check(
+        mode in _LINEAR_MODES or align_corners is None,
+        op,
+        "align_corners option can only be set with the "
+        "interpolating modes: linear | bilinear | bicubic | trilinear (argument align_corners)",
+        ThunderValueError,
+    )
+    check(
+        input.ndim in (3, 4, 5),
+        op,
+        f"Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) for the modes: "
+        "nearest | linear | bilinear | bicubic | trilinear | area | nearest-exact (argument input)",
+        ThunderNotImplementedError,
+    )
     wanted = _LINEAR_MODES.get(mode)
     needed = None if wanted is None else wanted + 2
-    check(needed is None or needed == input.ndim, op, lambda: f"Got {input.ndim}D input, but {mode} mode needs "
-          f"{needed}D input (argument mode)", ThunderNotImplementedError)
+    check(
+        needed is None or needed == input.ndim,
+        op,
+        lambda: f"Got {input.ndim}D input, but {mode} mode needs {needed}D input (argument mode)",
+        ThunderNotImplementedError,
+    )
     floats_only = mode not in ("nearest", "nearest-exact")
     ok = input.dtype.is_floating_point or (not floats_only and input.dtype == torch.uint8)
-    check(ok, op, lambda: f"{mode} interpolation is not implemented for {input.dtype} (argument input)",
-          ThunderNotImplementedError)
+    check(
+        ok,
+        op,
+        lambda: f"{mode} interpolation is not implemented for {input.dtype} (argument input)",
+        ThunderNotImplementedError,
+    )
 
 
 def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_factor):
@@ -53,31 +80,66 @@ def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_
     F.interpolate computes them."""
     n = input.ndim - 2
     spatial = tuple(input.shape[2:])
-    check(size is None or scale_factor is None, op, "only one of size or scale_factor should be defined "
-          "(argument scale_factor)", ThunderValueError)
-    check(size is not None or scale_factor is not None, op, "either size or scale_factor should be defined "
-          "(argument size)", ThunderValueError)
+    check(
+        size is None or scale_factor is None,
+        op,
+        "only one of size or scale_factor should be defined (argument scale_factor)",
+        ThunderValueError,
+    )
+    check(
+        size is not None or scale_factor is not None,
+        op,
+        "either size or scale_factor should be defined (argument size)",
+        ThunderValueError,
+    )
     if size is not None:
-        check(not recompute_scale_factor, op, "recompute_scale_factor is not meaningful with an explicit size "
-              "(argument recompute_scale_factor)", ThunderValueError)
+        check(
+            not recompute_scale_factor,
+            op,
+            "recompute_scale_factor is not meaningful with an explicit size (argument recompute_scale_factor)",
+            ThunderValueError,
+        )
         sizes = tuple(size) if isinstance(size, (list, tuple)) else (size,) * n
-        check(len(sizes) == n, op, f"Input and output must have the same number of spatial dimensions, but got input "
-              f"with spatial dimensions of {list(spatial)} and output size of {size} (argument size)", ThunderValueError)
-        check(all(isinstance(s, int) for s in sizes), op, f"expected size to be ints, got {size} (argument size)",
-              ThunderTypeError)
+        check(
+            len(sizes) == n,
+            op,
+            f"Input and output must have the same number of spatial dimensions, but got input "
+            f"with spatial dimensions of {list(spatial)} and output size of {size} (argument size)",
+            ThunderValueError,
+        )
+        check(
+            all(isinstance(s, int) for s in sizes),
+            op,
+            f"expected size to be ints, got {size} (argument size)",
+            ThunderTypeError,
+        )
         scales = (None,) * n
     else:
         scales = tuple(scale_factor) if isinstance(scale_factor, (list, tuple)) else (scale_factor,) * n
-        check(len(scales) == n, op, f"Input and scale_factor must have the same number of spatial dimensions, but "
-              f"got input with spatial dimensions of {list(spatial)} and scale_factor of shape {scale_factor} "
-              "(argument scale_factor)", ThunderValueError)
+        check(
+            len(scales) == n,
+            op,
+            f"Input and scale_factor must have the same number of spatial dimensions, but "
+            f"got input with spatial dimensions of {list(spatial)} and scale_factor of shape {scale_factor} "
+            "(argument scale_factor)",
+            ThunderValueError,
+        )
         sizes = tuple(int(math.floor(float(s) * f)) for s, f in zip(spatial, scales))
         if recompute_scale_factor or mode == "area":
             scales = (None,) * n
-    check(all(s > 0 for s in spatial) and all(o > 0 for o in sizes), op, f"Input and output sizes should be greater "
-          f"than 0, but got input {list(spatial)} and output {list(sizes)} (argument size)", ThunderRuntimeError)
-    check(input.shape[1] > 0, op, f"Non-empty data tensor expected but got a tensor with sizes {list(input.shape)} "
-          "(argument input)", ThunderRuntimeError)
+    check(
+        all(s > 0 for s in spatial) and all(o > 0 for o in sizes),
+        op,
+        f"Input and output sizes should be greater "
+        f"than 0, but got input {list(spatial)} and output {list(sizes)} (argument size)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.shape[1] > 0,
+        op,
+        f"Non-empty data tensor expected but got a tensor with sizes {list(input.shape)} (argument input)",
+        ThunderRuntimeError,
+    )
     return sizes, scales
 
 
@@ -154,7 +216,9 @@ def _cubic_taps(device, dtype, in_size: int, out_size: int, scale, align_corners
     base = prims.convert_element_type(base, torch.int64)
     index = _stack([prims.maximum(prims.minimum(prims.add(base, j - 1), in_size - 1), 0) for j in range(4)])
     rest = prims.sub(1.0, t)
-    weights = _stack([_cubic_far(prims.add(t, 1.0)), _cubic_near(t), _cubic_near(rest), _cubic_far(prims.add(rest, 1.0))])
+    weights = _stack(
+        [_cubic_far(prims.add(t, 1.0)), _cubic_near(t), _cubic_near(rest), _cubic_far(prims.add(rest, 1.0))]
+    )
     return index, weights
 
 
@@ -180,7 +244,7 @@ def _resample(x, sizes, mode, align_corners, scales):
         index, weights = _taps(x.device, dtype, out.shape[axis], size, mode, align_corners, scale)
         taps = index.shape[1]
         taken = prims.take(out, prims.reshape(index, (size * taps,)), axis)
-        taken = prims.reshape(taken, (*taken.shape[:axis], size, taps, *taken.shape[axis + 1:]))
+        taken = prims.reshape(taken, (*taken.shape[:axis], size, taps, *taken.shape[axis + 1 :]))
         if weights is None:
             out = prims.squeeze(taken, (axis + 1,))
             continue
@@ -210,10 +274,18 @@ def resize(op: str, input, size, scale_factor, mode, align_corners, recompute_sc
 
 
 @torchsymbol(F.interpolate)
-def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
-                antialias=False):
-    return resize("ltorch.interpolate", input, size, scale_factor, mode, align_corners, recompute_scale_factor,
-                  antialias)
+def interpolate(
+    input,
+    size=None,
+    scale_factor=None,
+    mode="nearest",
+    align_corners=None,
+    recompute_scale_factor=None,
+    antialias=False,
+):
+    return resize(
+        "ltorch.interpolate", input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias
+    )
 
 
 # ``F.upsample``, ``F.upsample_nearest`` and ``F.upsample_bilinear`` reach no
@@ -232,12 +304,12 @@ def _unresample(grad, input_size, mode, align_corners, scales):
         size, in_size = g.shape[axis], input_size[axis]
         index, weights = _taps(grad.device, dtype, in_size, size, mode, align_corners, scales[i])
         taps = index.shape[1]
-        spread_shape = (*g.shape[:axis], size, taps, *g.shape[axis + 1:])
+        spread_shape = (*g.shape[:axis], size, taps, *g.shape[axis + 1 :])
         spread = prims.broadcast_in_dim(g, spread_shape, tuple(d if d <= axis else d + 1 for d in range(g.ndim)))
         if weights is not None:
             spread = prims.mul(spread, prims.broadcast_in_dim(weights, spread_shape, (axis, axis + 1)))
-        merged = prims.reshape(spread, (*g.shape[:axis], size * taps, *g.shape[axis + 1:]))
-        zeros = prims.full((*g.shape[:axis], in_size, *g.shape[axis + 1:]), 0.0, g.device, dtype)
+        merged = prims.reshape(spread, (*g.shape[:axis], size * taps, *g.shape[axis + 1 :]))
+        zeros = prims.full((*g.shape[:axis], in_size, *g.shape[axis + 1 :]), 0.0, g.device, dtype)
         g = prims.index_add(zeros, prims.reshape(index, (size * taps,)), merged, axis)
     return g if g.dtype == grad.dtype else prims.convert_element_type(g, grad.dtype)
 
@@ -251,9 +323,14 @@ def upsample_backward(grad_output, input_size, mode, align_corners, scales):
 
 def _aten_upsample_backward(grad_output, input_size, mode, align_corners, scales):
     n = len(scales)
-    name = {"nearest": f"upsample_nearest{n}d_backward", "nearest-exact": f"_upsample_nearest_exact{n}d_backward",
-            "linear": "upsample_linear1d_backward", "bilinear": "upsample_bilinear2d_backward",
-            "trilinear": "upsample_trilinear3d_backward", "bicubic": "upsample_bicubic2d_backward"}[mode]
+    name = {
+        "nearest": f"upsample_nearest{n}d_backward",
+        "nearest-exact": f"_upsample_nearest_exact{n}d_backward",
+        "linear": "upsample_linear1d_backward",
+        "bilinear": "upsample_bilinear2d_backward",
+        "trilinear": "upsample_trilinear3d_backward",
+        "bicubic": "upsample_bicubic2d_backward",
+    }[mode]
     corners = () if mode.startswith("nearest") else (align_corners,)
     fn = getattr(torch.ops.aten, name).default
     return fn(grad_output, list(grad_output.shape[2:]), list(input_size), *corners, *scales)

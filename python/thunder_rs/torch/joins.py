@@ -26,7 +26,17 @@ from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_
 
 Tensor = torch.Tensor
 __all__ = [
-    "cat", "concatenate", "stack", "hstack", "vstack", "repeat", "split", "chunk", "tensor_split", "narrow", "pad",
+    "cat",
+    "concatenate",
+    "stack",
+    "hstack",
+    "vstack",
+    "repeat",
+    "split",
+    "chunk",
+    "tensor_split",
+    "narrow",
+    "pad",
 ]
 
 
@@ -34,36 +44,62 @@ __all__ = [
 
 
 def _tensor_list(op: str, tensors, empty_exc=ThunderRuntimeError, empty_msg="expected a non-empty list of Tensors"):
-    check(isinstance(tensors, (tuple, list)), op, lambda: (
-        f"expected a tuple or list of tensors, got {type(tensors).__name__} (argument tensors)"), ThunderTypeError)
+    check(
+        isinstance(tensors, (tuple, list)),
+        op,
+        lambda: f"expected a tuple or list of tensors, got {type(tensors).__name__} (argument tensors)",
+        ThunderTypeError,
+    )
     check(len(tensors) > 0, op, f"{empty_msg} (argument tensors)", empty_exc)
     for i, x in enumerate(tensors):
-        check(isinstance(x, torch.Tensor), op, f"expected a tensor at position {i}, got {type(x).__name__} (argument tensors)",
-              ThunderTypeError)
+        check(
+            isinstance(x, torch.Tensor),
+            op,
+            f"expected a tensor at position {i}, got {type(x).__name__} (argument tensors)",
+            ThunderTypeError,
+        )
     return list(tensors)
 
 
 def _cat(op: str, tensors, dim):
     tensors = _tensor_list(op, tensors, ThunderValueError, "torch.cat(): expected a non-empty list of Tensors")
     for i, x in enumerate(tensors):
-        check(x.ndim > 0, op, f"zero-dimensional tensor (at position {i}) cannot be concatenated (argument tensors)",
-              ThunderRuntimeError)
+        check(
+            x.ndim > 0,
+            op,
+            f"zero-dimensional tensor (at position {i}) cannot be concatenated (argument tensors)",
+            ThunderRuntimeError,
+        )
     dtype = dtypes.result_type(*tensors)
     # torch still skips legacy empty tensors of shape (0,) whatever the other tensors' rank.
     kept = [(i, x) for i, x in enumerate(tensors) if tuple(x.shape) != (0,)] or [(0, tensors[0])]
     first = kept[0][1]
     d = clang.canonicalize_dim(first.ndim, dim, op)
     for i, x in kept:
-        check(x.ndim == first.ndim, op, f"Tensors must have same number of dimensions: got {first.ndim} and {x.ndim} (argument tensors)",
-              ThunderRuntimeError)
+        check(
+            x.ndim == first.ndim,
+            op,
+            f"Tensors must have same number of dimensions: got {first.ndim} and {x.ndim} (argument tensors)",
+            ThunderRuntimeError,
+        )
         bad = next((k for k in range(x.ndim) if k != d and x.shape[k] != first.shape[k]), None)
-        check(bad is None, op, lambda: (
-            f"Sizes of tensors must match except in dimension {d}. Expected size {first.shape[bad]} but got size "
-            f"{x.shape[bad]} for tensor number {i} in the list. (argument tensors)"), ThunderRuntimeError)
+        check(
+            bad is None,
+            op,
+            lambda: (
+                f"Sizes of tensors must match except in dimension {d}. Expected size {first.shape[bad]} but got size "
+                f"{x.shape[bad]} for tensor number {i} in the list. (argument tensors)"
+            ),
+            ThunderRuntimeError,
+        )
     kept_tensors = [x for _, x in kept]
     devices = {str(x.device) for x in kept_tensors}
-    check(len(devices) == 1, op, f"Expected all tensors to be on the same device, but found {sorted(devices)} (argument tensors)",
-          ThunderRuntimeError)
+    check(
+        len(devices) == 1,
+        op,
+        f"Expected all tensors to be on the same device, but found {sorted(devices)} (argument tensors)",
+        ThunderRuntimeError,
+    )
     return prims.cat([clang.maybe_convert(x, dtype) for x in kept_tensors], d)
 
 
@@ -87,9 +123,15 @@ def stack(tensors, dim=0, *, out=None):
     first = tensors[0]
     d = clang.canonicalize_dim(first.ndim + 1, dim, op)
     for i, x in enumerate(tensors):
-        check(tuple(x.shape) == tuple(first.shape), op, lambda: (
-            f"stack expects each tensor to be equal size, but got {list(first.shape)} at entry 0 and "
-            f"{list(x.shape)} at entry {i} (argument tensors)"), ThunderRuntimeError)
+        check(
+            tuple(x.shape) == tuple(first.shape),
+            op,
+            lambda: (
+                f"stack expects each tensor to be equal size, but got {list(first.shape)} at entry 0 and "
+                f"{list(x.shape)} at entry {i} (argument tensors)"
+            ),
+            ThunderRuntimeError,
+        )
     return _cat(op, [unsqueeze(x, d) for x in tensors], d)
 
 
@@ -113,11 +155,20 @@ def vstack(tensors, *, out=None):
 def repeat(a, *args, repeats=None):
     op = "ltorch.repeat"
     reps = _one_of(op, args, repeats, "repeats")
-    check(len(reps) >= a.ndim, op, lambda: (
-        "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor (argument repeats)"),
-          ThunderRuntimeError)
-    check(all(r >= 0 for r in reps), op, f"Trying to create tensor with negative dimension: {list(reps)} (argument repeats)",
-          ThunderRuntimeError)
+    check(
+        len(reps) >= a.ndim,
+        op,
+        lambda: (
+            "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor (argument repeats)"
+        ),
+        ThunderRuntimeError,
+    )
+    check(
+        all(r >= 0 for r in reps),
+        op,
+        f"Trying to create tensor with negative dimension: {list(reps)} (argument repeats)",
+        ThunderRuntimeError,
+    )
     shape = (1,) * (len(reps) - a.ndim) + tuple(a.shape)
     # Interleave a size-r broadcast dim before each dim of size s, then merge each pair.
     paired = tuple(x for r, s in zip(reps, shape) for x in (r, s))
@@ -149,21 +200,42 @@ def split(a, split_size_or_sections, dim=0):
     size = a.shape[d]
     if isinstance(split_size_or_sections, int):
         step = split_size_or_sections
-        check(step >= 0, op, f"split expects split_size be non-negative, but got split_size={step} (argument split_size_or_sections)",
-              ThunderRuntimeError)
-        check(step > 0 or size == 0, op, lambda: (
-            f"split_size can only be 0 if dimension size is 0, but got dimension size of {size} (argument split_size_or_sections)"),
-              ThunderRuntimeError)
+        check(
+            step >= 0,
+            op,
+            f"split expects split_size be non-negative, but got split_size={step} (argument split_size_or_sections)",
+            ThunderRuntimeError,
+        )
+        check(
+            step > 0 or size == 0,
+            op,
+            lambda: (
+                f"split_size can only be 0 if dimension size is 0, but got dimension size of {size} (argument split_size_or_sections)"
+            ),
+            ThunderRuntimeError,
+        )
         count = max(-(-size // step) if step else 1, 1)
         sizes = [min(step, size - i * step) for i in range(count)]
     else:
         sizes = list(_sizes(op, (split_size_or_sections,), "split_size_or_sections"))
-        check(all(s >= 0 for s in sizes), op, lambda: (
-            f"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes={sizes} "
-            "(argument split_size_or_sections)"), ThunderRuntimeError)
-        check(sum(sizes) == size, op, lambda: (
-            f"split_with_sizes expects split_sizes to sum exactly to {size} (input tensor's size at dimension {d}), "
-            f"but got split_sizes={sizes} (argument split_size_or_sections)"), ThunderRuntimeError)
+        check(
+            all(s >= 0 for s in sizes),
+            op,
+            lambda: (
+                f"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes={sizes} "
+                "(argument split_size_or_sections)"
+            ),
+            ThunderRuntimeError,
+        )
+        check(
+            sum(sizes) == size,
+            op,
+            lambda: (
+                f"split_with_sizes expects split_sizes to sum exactly to {size} (input tensor's size at dimension {d}), "
+                f"but got split_sizes={sizes} (argument split_size_or_sections)"
+            ),
+            ThunderRuntimeError,
+        )
     return _split_sizes(a, sizes, d)
 
 
@@ -171,7 +243,12 @@ def split(a, split_size_or_sections, dim=0):
 def chunk(a, chunks, dim=0):
     op = "ltorch.chunk"
     d = _split_dim(op, a, dim, "chunk")
-    check(chunks > 0, op, f"chunk expects `chunks` to be greater than 0, got: {chunks} (argument chunks)", ThunderRuntimeError)
+    check(
+        chunks > 0,
+        op,
+        f"chunk expects `chunks` to be greater than 0, got: {chunks} (argument chunks)",
+        ThunderRuntimeError,
+    )
     size = a.shape[d]
     step = -(-size // chunks)
     if step == 0:
@@ -184,15 +261,26 @@ def chunk(a, chunks, dim=0):
 def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sections=None):
     op = "ltorch.tensor_split"
     indices_or_sections = next((x for x in (sections, indices, tensor_indices_or_sections) if x is not None), None)
-    check(a.ndim > 0, op, f"tensor_split expected at least a 1-dimensional tensor, but got a tensor with {a.ndim} dims (argument a)",
-          ThunderRuntimeError)
+    check(
+        a.ndim > 0,
+        op,
+        f"tensor_split expected at least a 1-dimensional tensor, but got a tensor with {a.ndim} dims (argument a)",
+        ThunderRuntimeError,
+    )
     d = clang.canonicalize_dim(a.ndim, dim, op)
     size = a.shape[d]
     if isinstance(indices_or_sections, torch.Tensor):
-        raise ThunderNotImplementedError(f"{op}: split points given as a tensor are data-dependent; pass ints (argument indices_or_sections)")
+        raise ThunderNotImplementedError(
+            f"{op}: split points given as a tensor are data-dependent; pass ints (argument indices_or_sections)"
+        )
     if isinstance(indices_or_sections, int):
         n = indices_or_sections
-        check(n > 0, op, f"number of sections must be larger than 0, got {n} (argument indices_or_sections)", ThunderRuntimeError)
+        check(
+            n > 0,
+            op,
+            f"number of sections must be larger than 0, got {n} (argument indices_or_sections)",
+            ThunderRuntimeError,
+        )
         small, extra = divmod(size, n)
         bounds = [i * small + min(i, extra) for i in range(n + 1)]
     else:
@@ -208,16 +296,28 @@ def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sec
 def narrow(a, dim, start, length):
     op = "ltorch.narrow"
     check(a.ndim > 0, op, "narrow() cannot be applied to a 0-dim tensor. (argument a)", ThunderRuntimeError)
-    check(not isinstance(start, torch.Tensor), op, "a tensor start is data-dependent; pass an int (argument start)",
-          ThunderNotImplementedError)
+    check(
+        not isinstance(start, torch.Tensor),
+        op,
+        "a tensor start is data-dependent; pass an int (argument start)",
+        ThunderNotImplementedError,
+    )
     d = clang.canonicalize_dim(a.ndim, dim, op)
     size = a.shape[d]
-    check(-size <= start <= size, op, f"start out of range (expected to be in range of [{-size}, {size}], but got {start}) (argument start)",
-          ThunderIndexError)
+    check(
+        -size <= start <= size,
+        op,
+        f"start out of range (expected to be in range of [{-size}, {size}], but got {start}) (argument start)",
+        ThunderIndexError,
+    )
     start = start + size if start < 0 else start
     check(length >= 0, op, "narrow(): length must be non-negative. (argument length)", ThunderRuntimeError)
-    check(start + length <= size, op, f"start ({start}) + length ({length}) exceeds dimension size ({size}). (argument length)",
-          ThunderRuntimeError)
+    check(
+        start + length <= size,
+        op,
+        f"start ({start}) + length ({length}) exceeds dimension size ({size}). (argument length)",
+        ThunderRuntimeError,
+    )
     return slice_in_dim(a, d, start, start + length)
 
 
@@ -231,8 +331,12 @@ def _pad_value(value, dtype: torch.dtype):
     if dtype == torch.bool:
         return bool(value)
     if not (dtype.is_floating_point or dtype.is_complex):
-        check(math.isfinite(value), "ltorch.pad", f"value cannot be converted to type {dtype} without overflow "
-              f"(argument value)", ThunderRuntimeError)
+        check(
+            math.isfinite(value),
+            "ltorch.pad",
+            f"value cannot be converted to type {dtype} without overflow (argument value)",
+            ThunderRuntimeError,
+        )
         return int(value)
     return value
 
@@ -242,21 +346,38 @@ def pad(input, pad, mode="constant", value=None):
     """Constant padding of the last ``len(pad) // 2`` dims (``pad`` lists (left, right) pairs from
     the last dim backwards); negative amounts crop."""
     op = "ltorch.pad"
-    check(mode == "constant", op, f"only mode='constant' has a decomposition, got {mode!r} (argument mode)",
-          ThunderNotImplementedError)
+    check(
+        mode == "constant",
+        op,
+        f"only mode='constant' has a decomposition, got {mode!r} (argument mode)",
+        ThunderNotImplementedError,
+    )
     pad = tuple(pad)
-    check(all(isinstance(p, int) and not isinstance(p, bool) for p in pad), op,
-          f"argument 'pad' must be tuple of ints, got {pad!r} (argument pad)", ThunderTypeError)
+    check(
+        all(isinstance(p, int) and not isinstance(p, bool) for p in pad),
+        op,
+        f"argument 'pad' must be tuple of ints, got {pad!r} (argument pad)",
+        ThunderTypeError,
+    )
     check(len(pad) % 2 == 0, op, "Padding length must be divisible by 2 (argument pad)", ThunderRuntimeError)
-    check(len(pad) // 2 <= input.ndim, op, f"Padding length should be less than or equal to two times the input "
-          f"dimension but got padding length {len(pad)} and input of dimension {input.ndim} (argument pad)",
-          ThunderRuntimeError)
+    check(
+        len(pad) // 2 <= input.ndim,
+        op,
+        f"Padding length should be less than or equal to two times the input "
+        f"dimension but got padding length {len(pad)} and input of dimension {input.ndim} (argument pad)",
+        ThunderRuntimeError,
+    )
     config = [(0, 0, 0)] * input.ndim
     for i in range(len(pad) // 2):
         d = input.ndim - 1 - i
         lo, hi = pad[2 * i], pad[2 * i + 1]
-        check(input.shape[d] + lo + hi >= 0, op, f"narrow(): length must be non-negative: padding ({lo}, {hi}) "
-              f"of dimension {d} of size {input.shape[d]} (argument pad)", ThunderRuntimeError)
+        check(
+            input.shape[d] + lo + hi >= 0,
+            op,
+            f"narrow(): length must be non-negative: padding ({lo}, {hi}) "
+            f"of dimension {d} of size {input.shape[d]} (argument pad)",
+            ThunderRuntimeError,
+        )
         config[d] = (lo, hi, 0)
     if all(c == (0, 0, 0) for c in config):
         return input

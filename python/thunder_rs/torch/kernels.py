@@ -21,10 +21,24 @@ from thunder_rs.torch.base_losses import _target_weights
 from thunder_rs.torch.nn import _LOW_PRECISION, batch_norm_stats, batch_normalized, channel_dims, per_channel
 
 __all__ = [
-    "native_layer_norm", "native_layer_norm_backward", "native_dropout", "native_dropout_backward",
-    "gelu_backward", "threshold_backward", "leaky_relu_backward", "hardtanh_backward", "softmax_backward",
-    "log_softmax_backward", "embedding_backward", "nll_loss_forward", "nll_loss_backward",
-    "sdpa_flash", "sdpa_flash_backward", "native_batch_norm", "native_batch_norm_no_stats", "native_batch_norm_backward",
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "native_dropout",
+    "native_dropout_backward",
+    "gelu_backward",
+    "threshold_backward",
+    "leaky_relu_backward",
+    "hardtanh_backward",
+    "softmax_backward",
+    "log_softmax_backward",
+    "embedding_backward",
+    "nll_loss_forward",
+    "nll_loss_backward",
+    "sdpa_flash",
+    "sdpa_flash_backward",
+    "native_batch_norm",
+    "native_batch_norm_no_stats",
+    "native_batch_norm_backward",
 ]
 
 #: aten's reduction codes, as nll_loss_forward takes them.
@@ -101,7 +115,7 @@ def _trailing(input, normalized_shape) -> tuple[int, ...]:
 
 
 def _native_layer_norm_meta(input, normalized_shape, weight, bias, eps):
-    stats = (*input.shape[:input.ndim - len(normalized_shape)], *(1,) * len(normalized_shape))
+    stats = (*input.shape[: input.ndim - len(normalized_shape)], *(1,) * len(normalized_shape))
     dtype = _norm_stats_dtype(input, weight, bias)
     return [_like(input), (stats, dtype, input.requires_grad), (stats, dtype, input.requires_grad)]
 
@@ -124,11 +138,14 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
 
 
 def _native_layer_norm_backward_meta(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
-    params = tuple(input.shape[input.ndim - len(normalized_shape):])
+    params = tuple(input.shape[input.ndim - len(normalized_shape) :])
     xhat = (grad_out, input, mean, rstd)
-    return _masked_meta(output_mask, (*_like(input), _flows(*xhat, weight)),
-                        (params, getattr(weight, "dtype", None), _flows(*xhat)),
-                        (params, getattr(bias, "dtype", None), _flows(grad_out)))
+    return _masked_meta(
+        output_mask,
+        (*_like(input), _flows(*xhat, weight)),
+        (params, getattr(weight, "dtype", None), _flows(*xhat)),
+        (params, getattr(bias, "dtype", None), _flows(grad_out)),
+    )
 
 
 @torchsymbol(name="native_layer_norm_backward", meta=_native_layer_norm_backward_meta)
@@ -161,9 +178,12 @@ def _batch_stats_meta(input):
 
 
 def _native_batch_norm_meta(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    return [(*_like(input), _flows(input, weight, bias)), *_batch_stats_meta(input),
-            (*_like(running_mean), _flows(input, running_mean, momentum)),
-            (*_like(running_var), _flows(input, running_var, momentum))]
+    return [
+        (*_like(input), _flows(input, weight, bias)),
+        *_batch_stats_meta(input),
+        (*_like(running_mean), _flows(input, running_mean, momentum)),
+        (*_like(running_var), _flows(input, running_var, momentum)),
+    ]
 
 
 @torchsymbol(name="native_batch_norm", meta=_native_batch_norm_meta)
@@ -195,20 +215,25 @@ def native_batch_norm_no_stats(input, weight, bias, eps):
     return batch_normalized(input, x, mean, invstd, weight, bias), mean, invstd
 
 
-def _native_batch_norm_backward_meta(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train,
-                                     eps, output_mask):
+def _native_batch_norm_backward_meta(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     channels = (input.shape[1],)
     param_dtype = input.dtype if weight is None else weight.dtype
     stats = (save_mean, save_invstd) if train else (running_mean, running_var)
     scale = (input, *stats) if train else (running_var,)
-    return _masked_meta(output_mask, (*_like(input), _flows(grad_out, weight, *scale)),
-                        (channels, getattr(weight, "dtype", None), _flows(grad_out, input, *stats)),
-                        (channels, param_dtype, _flows(grad_out)))
+    return _masked_meta(
+        output_mask,
+        (*_like(input), _flows(grad_out, weight, *scale)),
+        (channels, getattr(weight, "dtype", None), _flows(grad_out, input, *stats)),
+        (channels, param_dtype, _flows(grad_out)),
+    )
 
 
 @torchsymbol(name="native_batch_norm_backward", meta=_native_batch_norm_backward_meta)
-def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
-                               output_mask):
+def native_batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     """The gradients of batch norm's input, weight and bias that ``output_mask`` asks for: in
     training mode from the batch statistics saved by the forward, in eval mode from the running
     ones."""
@@ -255,8 +280,9 @@ def _native_dropout_backward_meta(grad_output, mask, scale):
     return [(tuple(torch.broadcast_shapes(grad_output.shape, mask.shape)), grad_output.dtype)]
 
 
-@torchsymbol(torch.ops.aten.native_dropout_backward.default, name="native_dropout_backward",
-             meta=_native_dropout_backward_meta)
+@torchsymbol(
+    torch.ops.aten.native_dropout_backward.default, name="native_dropout_backward", meta=_native_dropout_backward_meta
+)
 def native_dropout_backward(grad_output, mask, scale):
     return grad_output * mask * scale
 
@@ -425,8 +451,11 @@ def sdpa_flash(query, key, value, is_causal, scale):
 
 def _sdpa_flash_backward_meta(grad_out, query, key, value, out, logsumexp, is_causal, scale):
     batch, dtype = tuple(query.shape[:-2]), query.dtype
-    return [((*batch, query.shape[-2], key.shape[-1]), dtype), ((*batch, key.shape[-2], query.shape[-1]), dtype),
-            ((*batch, value.shape[-2], grad_out.shape[-1]), dtype)]
+    return [
+        ((*batch, query.shape[-2], key.shape[-1]), dtype),
+        ((*batch, key.shape[-2], query.shape[-1]), dtype),
+        ((*batch, value.shape[-2], grad_out.shape[-1]), dtype),
+    ]
 
 
 @torchsymbol(name="sdpa_flash_backward", meta=_sdpa_flash_backward_meta)

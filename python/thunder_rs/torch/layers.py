@@ -27,22 +27,55 @@ __all__ = ["bilinear", "embedding_bag"]
 
 
 def _check_bilinear(op: str, input1, input2, weight, bias) -> None:
-    check(input1.ndim == input2.ndim, op, f"bilinear(): input dimensions do not match: got {input1.ndim} and "
-          f"{input2.ndim} (argument input2)", ThunderRuntimeError)
-    check(tuple(input1.shape[:-1]) == tuple(input2.shape[:-1]), op, f"bilinear(): input batch dimensions do not match:"
-          f" got {list(input1.shape[:-1])} and {list(input2.shape[:-1])} (argument input2)", ThunderRuntimeError)
-    check(weight.ndim == 3, op, f"bilinear(): weight must be 3-D, got {weight.ndim}-D (argument weight)",
-          ThunderRuntimeError)
-    check(input1.shape[-1] == weight.shape[1], op, f"bilinear(): input1 size does not match weight size: got "
-          f"{input1.shape[-1]} but expected {weight.shape[1]} (argument input1)", ThunderRuntimeError)
-    check(input2.shape[-1] == weight.shape[2], op, f"bilinear(): input2 size does not match weight size: got "
-          f"{input2.shape[-1]} but expected {weight.shape[2]} (argument input2)", ThunderRuntimeError)
-    check(bias is None or (bias.ndim == 1 and bias.shape[0] == weight.shape[0]), op, lambda: f"bilinear(): bias size "
-          f"does not match weight size: got {list(bias.shape)} but expected [{weight.shape[0]}] (argument bias)",
-          ThunderRuntimeError)
+    check(
+        input1.ndim == input2.ndim,
+        op,
+        f"bilinear(): input dimensions do not match: got {input1.ndim} and {input2.ndim} (argument input2)",
+        ThunderRuntimeError,
+    )
+    check(
+        tuple(input1.shape[:-1]) == tuple(input2.shape[:-1]),
+        op,
+        f"bilinear(): input batch dimensions do not match:"
+        f" got {list(input1.shape[:-1])} and {list(input2.shape[:-1])} (argument input2)",
+        ThunderRuntimeError,
+    )
+    check(
+        weight.ndim == 3,
+        op,
+        f"bilinear(): weight must be 3-D, got {weight.ndim}-D (argument weight)",
+        ThunderRuntimeError,
+    )
+    check(
+        input1.shape[-1] == weight.shape[1],
+        op,
+        f"bilinear(): input1 size does not match weight size: got "
+        f"{input1.shape[-1]} but expected {weight.shape[1]} (argument input1)",
+        ThunderRuntimeError,
+    )
+    check(
+        input2.shape[-1] == weight.shape[2],
+        op,
+        f"bilinear(): input2 size does not match weight size: got "
+        f"{input2.shape[-1]} but expected {weight.shape[2]} (argument input2)",
+        ThunderRuntimeError,
+    )
+    check(
+        bias is None or (bias.ndim == 1 and bias.shape[0] == weight.shape[0]),
+        op,
+        lambda: (
+            f"bilinear(): bias size "
+            f"does not match weight size: got {list(bias.shape)} but expected [{weight.shape[0]}] (argument bias)"
+        ),
+        ThunderRuntimeError,
+    )
     for name, t in (("input2", input2), ("weight", weight), ("bias", bias)):
-        check(t is None or t.dtype == input1.dtype, op, lambda: f"expected {name} to have dtype {input1.dtype}, but "
-              f"got {t.dtype} (argument {name})", ThunderRuntimeError)
+        check(
+            t is None or t.dtype == input1.dtype,
+            op,
+            lambda: f"expected {name} to have dtype {input1.dtype}, but got {t.dtype} (argument {name})",
+            ThunderRuntimeError,
+        )
 
 
 @torchsymbol(F.bilinear, torch.bilinear)
@@ -53,14 +86,19 @@ def bilinear(input1, input2, weight, bias=None):
     _check_bilinear(op, input1, input2, weight, bias)
     active = autocast.state()
     lowered = active is not None and input1.dtype == torch.float32 and input1.device.type in dict(active.devices())
-    check(not lowered, op, "under autocast eager computes bilinear's inner products in lower precision inside aten's "
-          "_trilinear, which thunder_rs does not reproduce; call it outside autocast or in float64 (argument input1)",
-          ThunderNotImplementedError)
+    check(
+        not lowered,
+        op,
+        "under autocast eager computes bilinear's inner products in lower precision inside aten's "
+        "_trilinear, which thunder_rs does not reproduce; call it outside autocast or in float64 (argument input1)",
+        ThunderNotImplementedError,
+    )
     outs, ins1, ins2 = weight.shape
     lead = tuple(input1.shape[:-1])
     rows = math.prod(lead)
-    left = prims.matmul(ltorch.reshape(input1, (rows, ins1)),
-                        ltorch.reshape(ltorch.permute(weight, (1, 0, 2)), (ins1, outs * ins2)))
+    left = prims.matmul(
+        ltorch.reshape(input1, (rows, ins1)), ltorch.reshape(ltorch.permute(weight, (1, 0, 2)), (ins1, outs * ins2))
+    )
     right = ltorch.unsqueeze(ltorch.reshape(input2, (rows, ins2)), 1)
     out = ltorch.sum(ltorch.reshape(left, (rows, outs, ins2)) * right, -1)
     if bias is not None:
@@ -77,47 +115,102 @@ def _bags(op: str, input, offsets, per_sample_weights, include_last_offset):
     """The flat indices, the offsets, the flat per-sample weights and the bag count, as
     F.embedding_bag reads a 1-D input with offsets or a 2-D input of equal bags."""
     if input.ndim == 2:
-        check(offsets is None, op, "if input is 2D, then offsets has to be None, as input is treated is a mini-batch "
-              "of fixed length sequences (argument offsets)", ThunderValueError)
+        check(
+            offsets is None,
+            op,
+            "if input is 2D, then offsets has to be None, as input is treated is a mini-batch "
+            "of fixed length sequences (argument offsets)",
+            ThunderValueError,
+        )
         flat = ltorch.reshape(input, (input.numel(),))
         starts = prims.iota(input.shape[0], 0, input.shape[1], input.device, input.dtype)
         weights = None if per_sample_weights is None else ltorch.reshape(per_sample_weights, (input.numel(),))
         return flat, starts, weights, input.shape[0]
-    check(input.ndim == 1, op, f"input has to be 1D or 2D Tensor, but got Tensor of dimension {input.ndim} "
-          "(argument input)", ThunderValueError)
+    check(
+        input.ndim == 1,
+        op,
+        f"input has to be 1D or 2D Tensor, but got Tensor of dimension {input.ndim} (argument input)",
+        ThunderValueError,
+    )
     check(offsets is not None, op, "offsets has to be a 1D Tensor but got None (argument offsets)", ThunderValueError)
     check(offsets.ndim == 1, op, "offsets has to be a 1D Tensor (argument offsets)", ThunderValueError)
-    check(offsets.dtype == input.dtype, op, f"expected input and offsets to have the same dtype, got {input.dtype} and "
-          f"{offsets.dtype} (argument offsets)", ThunderRuntimeError)
+    check(
+        offsets.dtype == input.dtype,
+        op,
+        f"expected input and offsets to have the same dtype, got {input.dtype} and {offsets.dtype} (argument offsets)",
+        ThunderRuntimeError,
+    )
     count = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
-    check(count >= 0, op, "include_last_offset: number of offsets should be at least 1 (argument offsets)",
-          ThunderRuntimeError)
+    check(
+        count >= 0,
+        op,
+        "include_last_offset: number of offsets should be at least 1 (argument offsets)",
+        ThunderRuntimeError,
+    )
     starts = ltorch.narrow(offsets, 0, 0, count) if include_last_offset else offsets
     return input, starts, per_sample_weights, count
 
 
 def _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, sparse, per_sample_weights):
-    check(input.dtype in (torch.int64, torch.int32), op, f"Expected tensor for argument #1 'indices' to have one of the "
-          f"following scalar types: Long, Int; but got {input.dtype} instead (argument input)", ThunderRuntimeError)
-    check(per_sample_weights is None or tuple(input.shape) == tuple(per_sample_weights.shape), op, lambda: "If "
-          f"per_sample_weights ({list(per_sample_weights.shape)}) is not None, then it must have the same shape as the "
-          f"input ({list(input.shape)}) (argument per_sample_weights)", ThunderValueError)
-    check(weight.ndim == 2, op, f"weight has to be a 2D Tensor, but got Tensor of dimension {weight.ndim} "
-          "(argument weight)", ThunderValueError)
+    check(
+        input.dtype in (torch.int64, torch.int32),
+        op,
+        f"Expected tensor for argument #1 'indices' to have one of the "
+        f"following scalar types: Long, Int; but got {input.dtype} instead (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        per_sample_weights is None or tuple(input.shape) == tuple(per_sample_weights.shape),
+        op,
+        lambda: (
+            "If "
+            f"per_sample_weights ({list(per_sample_weights.shape)}) is not None, then it must have the same shape as the "
+            f"input ({list(input.shape)}) (argument per_sample_weights)"
+        ),
+        ThunderValueError,
+    )
+    check(
+        weight.ndim == 2,
+        op,
+        f"weight has to be a 2D Tensor, but got Tensor of dimension {weight.ndim} (argument weight)",
+        ThunderValueError,
+    )
     check(mode in _MODES, op, "mode has to be one of sum, mean or max (argument mode)", ThunderValueError)
-    check(mode != "max" or not scale_grad_by_freq, op, "max mode does not support scaling the gradient by the "
-          "frequency (argument scale_grad_by_freq)", ThunderValueError)
-    check(mode != "max" or not sparse, op, "max mode does not support sparse weights (argument sparse)",
-          ThunderValueError)
-    check(per_sample_weights is None or mode == "sum", op, f"per_sample_weights was not None. per_sample_weights is "
-          f"only supported for mode='sum' (got mode='{mode}') (argument per_sample_weights)", ThunderNotImplementedError)
-    check(max_norm is None, op, "max_norm renormalises weight in place, which is not supported (argument max_norm)",
-          ThunderNotImplementedError)
+    check(
+        mode != "max" or not scale_grad_by_freq,
+        op,
+        "max mode does not support scaling the gradient by the frequency (argument scale_grad_by_freq)",
+        ThunderValueError,
+    )
+    check(
+        mode != "max" or not sparse, op, "max mode does not support sparse weights (argument sparse)", ThunderValueError
+    )
+    check(
+        per_sample_weights is None or mode == "sum",
+        op,
+        f"per_sample_weights was not None. per_sample_weights is "
+        f"only supported for mode='sum' (got mode='{mode}') (argument per_sample_weights)",
+        ThunderNotImplementedError,
+    )
+    check(
+        max_norm is None,
+        op,
+        "max_norm renormalises weight in place, which is not supported (argument max_norm)",
+        ThunderNotImplementedError,
+    )
     check(not sparse, op, "sparse gradients are not supported (argument sparse)", ThunderNotImplementedError)
-    check(not scale_grad_by_freq, op, "scale_grad_by_freq is not supported (argument scale_grad_by_freq)",
-          ThunderNotImplementedError)
-    check(weight.dtype.is_floating_point, op, f"expected a floating weight, got {weight.dtype} (argument weight)",
-          ThunderRuntimeError)
+    check(
+        not scale_grad_by_freq,
+        op,
+        "scale_grad_by_freq is not supported (argument scale_grad_by_freq)",
+        ThunderNotImplementedError,
+    )
+    check(
+        weight.dtype.is_floating_point,
+        op,
+        f"expected a floating weight, got {weight.dtype} (argument weight)",
+        ThunderRuntimeError,
+    )
 
 
 def _bag_of_each(flat, starts, count: int):
@@ -131,8 +224,10 @@ def _bag_of_each(flat, starts, count: int):
 def _max_of_bags(rows, bag, valid, count: int):
     """Each bag's elementwise maximum row, taken as the first maximum (empty bags give zeros)."""
     length, features = rows.shape
-    member = prims.eq(prims.broadcast_in_dim(bag, (length, count), (0,)),
-                      prims.broadcast_in_dim(prims.iota(count, 0, 1, rows.device, torch.int64), (length, count), (1,)))
+    member = prims.eq(
+        prims.broadcast_in_dim(bag, (length, count), (0,)),
+        prims.broadcast_in_dim(prims.iota(count, 0, 1, rows.device, torch.int64), (length, count), (1,)),
+    )
     if valid is not None:
         member = prims.bitwise_and(member, prims.broadcast_in_dim(valid, (length, count), (0,)))
     cube = (length, count, features)
@@ -145,14 +240,29 @@ def _max_of_bags(rows, bag, valid, count: int):
 
 
 @torchsymbol(F.embedding_bag)
-def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False, mode="mean",
-                  sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+def embedding_bag(
+    input,
+    weight,
+    offsets=None,
+    max_norm=None,
+    norm_type=2,
+    scale_grad_by_freq=False,
+    mode="mean",
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=None,
+):
     op = "ltorch.embedding_bag"
     _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, sparse, per_sample_weights)
     flat, starts, sample_weights, count = _bags(op, input, offsets, per_sample_weights, include_last_offset)
     if padding_idx is not None:
-        check(-weight.shape[0] <= padding_idx < weight.shape[0], op, "padding_idx must be within the number of "
-              "embeddings (argument padding_idx)", ThunderRuntimeError)
+        check(
+            -weight.shape[0] <= padding_idx < weight.shape[0],
+            op,
+            "padding_idx must be within the number of embeddings (argument padding_idx)",
+            ThunderRuntimeError,
+        )
         padding_idx %= weight.shape[0]
     rows = ltorch.embedding(flat, weight)
     bag = _bag_of_each(flat, starts, count)
@@ -177,7 +287,8 @@ def _packed_sequences(*args, **kwargs):
     raise ThunderNotImplementedError(
         f"torch.nn.utils.rnn.pack_padded_sequence: packing at {user_location()} inside a traced program; a packed "
         "sequence's layout follows the values of its lengths. Run the RNN on the padded batch, or pack outside the "
-        "jitted function")
+        "jitted function"
+    )
 
 
 TORCH_TO_LTORCH[torch._pack_padded_sequence] = _packed_sequences

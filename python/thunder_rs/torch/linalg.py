@@ -24,18 +24,36 @@ __all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "add
 def _check_operands(op: str, a, b, names: tuple[str, str], ranks=None) -> None:
     """Both are tensors of one dtype and device (not bool), of the ``ranks`` given."""
     for x, name in zip((a, b), names):
-        check(isinstance(x, torch.Tensor), op, lambda: f"expected a tensor, got {type(x).__name__} (argument {name})",
-              ThunderTypeError)
+        check(
+            isinstance(x, torch.Tensor),
+            op,
+            lambda: f"expected a tensor, got {type(x).__name__} (argument {name})",
+            ThunderTypeError,
+        )
     if ranks is not None:
         for x, name, rank in zip((a, b), names, ranks):
-            check(x.ndim == rank, op, f"expected a {rank}-D tensor, got a {x.ndim}-D tensor (argument {name})",
-                  ThunderRuntimeError)
-    check(a.dtype == b.dtype, op,
-          lambda: f"expected {names[0]} and {names[1]} to have the same dtype, but got {a.dtype} and {b.dtype} (argument {names[1]})",
-          ThunderRuntimeError)
-    check(a.device == b.device, op,
-          lambda: f"expected all tensors to be on the same device, but got {a.device} and {b.device} (argument {names[1]})",
-          ThunderRuntimeError)
+            check(
+                x.ndim == rank,
+                op,
+                f"expected a {rank}-D tensor, got a {x.ndim}-D tensor (argument {name})",
+                ThunderRuntimeError,
+            )
+    check(
+        a.dtype == b.dtype,
+        op,
+        lambda: (
+            f"expected {names[0]} and {names[1]} to have the same dtype, but got {a.dtype} and {b.dtype} (argument {names[1]})"
+        ),
+        ThunderRuntimeError,
+    )
+    check(
+        a.device == b.device,
+        op,
+        lambda: (
+            f"expected all tensors to be on the same device, but got {a.device} and {b.device} (argument {names[1]})"
+        ),
+        ThunderRuntimeError,
+    )
     check(a.dtype != torch.bool, op, "not implemented for 'Bool' (argument input)", ThunderNotImplementedError)
 
 
@@ -43,9 +61,14 @@ def _check_inner(op: str, a, b, names: tuple[str, str]) -> None:
     """The contracted dims agree: ``a``'s last with ``b``'s first (1-D) or second-to-last."""
     k_a = a.shape[-1]
     k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
-    check(k_a == k_b, op,
-          lambda: f"{names[0]} {list(a.shape)} and {names[1]} {list(b.shape)} cannot be multiplied ({k_a} != {k_b}) (argument {names[1]})",
-          ThunderRuntimeError)
+    check(
+        k_a == k_b,
+        op,
+        lambda: (
+            f"{names[0]} {list(a.shape)} and {names[1]} {list(b.shape)} cannot be multiplied ({k_a} != {k_b}) (argument {names[1]})"
+        ),
+        ThunderRuntimeError,
+    )
 
 
 @torchsymbol(torch.matmul, T.matmul, T.__matmul__, torch.linalg.matmul)
@@ -53,9 +76,12 @@ def matmul(input, other):
     op = "ltorch.matmul"
     names = ("input", "other")
     _check_operands(op, input, other, names)
-    check(input.ndim >= 1 and other.ndim >= 1, op,
-          f"both arguments to matmul need to be at least 1D, but they are {input.ndim}D and {other.ndim}D",
-          ThunderRuntimeError)
+    check(
+        input.ndim >= 1 and other.ndim >= 1,
+        op,
+        f"both arguments to matmul need to be at least 1D, but they are {input.ndim}D and {other.ndim}D",
+        ThunderRuntimeError,
+    )
     _check_inner(op, input, other, names)
     clang.broadcast_shapes(op, input.shape[:-2], other.shape[:-2])
     return prims.matmul(input, other)
@@ -78,8 +104,12 @@ def mm(input, mat2):
 def bmm(input, mat2):
     op = "ltorch.bmm"
     _check_operands(op, input, mat2, ("input", "mat2"), ranks=(3, 3))
-    check(input.shape[0] == mat2.shape[0], op,
-          f"batch sizes differ: {input.shape[0]} and {mat2.shape[0]} (argument mat2)", ThunderRuntimeError)
+    check(
+        input.shape[0] == mat2.shape[0],
+        op,
+        f"batch sizes differ: {input.shape[0]} and {mat2.shape[0]} (argument mat2)",
+        ThunderRuntimeError,
+    )
     _check_inner(op, input, mat2, ("input", "mat2"))
     return prims.matmul(input, mat2)
 
@@ -96,9 +126,12 @@ def mv(input, vec):
 def dot(input, tensor):
     op = "ltorch.dot"
     _check_operands(op, input, tensor, ("input", "tensor"), ranks=(1, 1))
-    check(input.shape[0] == tensor.shape[0], op,
-          f"inconsistent tensor size: {input.shape[0]} and {tensor.shape[0]} elements (argument tensor)",
-          ThunderRuntimeError)
+    check(
+        input.shape[0] == tensor.shape[0],
+        op,
+        f"inconsistent tensor size: {input.shape[0]} and {tensor.shape[0]} elements (argument tensor)",
+        ThunderRuntimeError,
+    )
     return prims.matmul(input, tensor)
 
 
@@ -109,9 +142,12 @@ def inner(input, other):
         return clang.elementwise(prims.mul, op, input, other)
     _check_operands(op, input, other, ("input", "other"))
     k = input.shape[-1]
-    check(k == other.shape[-1], op,
-          f"the last dimension must match on both input tensors but got shapes {list(input.shape)} and {list(other.shape)} (argument other)",
-          ThunderRuntimeError)
+    check(
+        k == other.shape[-1],
+        op,
+        f"the last dimension must match on both input tensors but got shapes {list(input.shape)} and {list(other.shape)} (argument other)",
+        ThunderRuntimeError,
+    )
     # Contract the last dims as one matrix product: (A, k) @ (k, B), then restore both leading shapes.
     a = prims.reshape(input, (_prod(input.shape[:-1]), k))
     b = prims.reshape(other, (_prod(other.shape[:-1]), k))
@@ -130,8 +166,18 @@ def _prod(sizes) -> int:
 def outer(input, vec2):
     op = "ltorch.outer"
     for x, name in ((input, "input"), (vec2, "vec2")):
-        check(isinstance(x, torch.Tensor), op, f"expected a tensor, got {type(x).__name__} (argument {name})", ThunderTypeError)
-        check(x.ndim == 1, op, f"expected a 1-D tensor, but got a {x.ndim}-D tensor (argument {name})", ThunderRuntimeError)
+        check(
+            isinstance(x, torch.Tensor),
+            op,
+            f"expected a tensor, got {type(x).__name__} (argument {name})",
+            ThunderTypeError,
+        )
+        check(
+            x.ndim == 1,
+            op,
+            f"expected a 1-D tensor, but got a {x.ndim}-D tensor (argument {name})",
+            ThunderRuntimeError,
+        )
     column = prims.reshape(input, (input.shape[0], 1))
     row = prims.reshape(vec2, (1, vec2.shape[0]))
     return clang.elementwise(prims.mul, op, column, row)
@@ -139,12 +185,19 @@ def outer(input, vec2):
 
 def _add_scaled(op: str, product, input, beta, alpha):
     """``beta * input + alpha * product``; ``beta == 0`` ignores ``input`` (NaN included), as torch does."""
-    check(input.dtype == product.dtype, op,
-          f"expected input to have dtype {product.dtype}, but got {input.dtype} (argument input)", ThunderRuntimeError)
+    check(
+        input.dtype == product.dtype,
+        op,
+        f"expected input to have dtype {product.dtype}, but got {input.dtype} (argument input)",
+        ThunderRuntimeError,
+    )
     broadcast = clang.broadcast_shapes(op, input.shape, product.shape)
-    check(tuple(broadcast) == tuple(product.shape), op,
-          f"input of shape {list(input.shape)} does not broadcast to the product's shape {list(product.shape)} (argument input)",
-          ThunderRuntimeError)
+    check(
+        tuple(broadcast) == tuple(product.shape),
+        op,
+        f"input of shape {list(input.shape)} does not broadcast to the product's shape {list(product.shape)} (argument input)",
+        ThunderRuntimeError,
+    )
     if alpha != 1:
         product = prims.mul(product, clang.maybe_convert(alpha, product.dtype))
     if beta == 0:
@@ -167,8 +220,12 @@ def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     op = "ltorch.baddbmm"
     check(isinstance(input, torch.Tensor), op, "expected a tensor (argument input)", ThunderTypeError)
     _check_operands(op, batch1, batch2, ("batch1", "batch2"), ranks=(3, 3))
-    check(batch1.shape[0] == batch2.shape[0], op,
-          f"batch sizes differ: {batch1.shape[0]} and {batch2.shape[0]} (argument batch2)", ThunderRuntimeError)
+    check(
+        batch1.shape[0] == batch2.shape[0],
+        op,
+        f"batch sizes differ: {batch1.shape[0]} and {batch2.shape[0]} (argument batch2)",
+        ThunderRuntimeError,
+    )
     _check_inner(op, batch1, batch2, ("batch1", "batch2"))
     return _add_scaled(op, prims.matmul(batch1, batch2), input, beta, alpha)
 

@@ -21,8 +21,14 @@ from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, proxies
-from thunder_rs.errors import (ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check,
-                               thunder_error_like)
+from thunder_rs.errors import (
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    ThunderValueError,
+    check,
+    thunder_error_like,
+)
 from thunder_rs.torch.symbols import register
 
 T = torch.Tensor
@@ -41,17 +47,33 @@ def _lstsq_meta(A, B, rcond=None, *, driver=None):
     for full-rank inputs, which a meta rule cannot know: they are refused."""
     op = "ltorch.linalg_lstsq"
     driver = driver or ("gelsy" if A.device.type == "cpu" else "gels")
-    check(driver in ("gelsy", "gels"), op, f"driver {driver!r} is not supported, only 'gelsy' and 'gels' (argument driver)",
-          ThunderNotImplementedError)
+    check(
+        driver in ("gelsy", "gels"),
+        op,
+        f"driver {driver!r} is not supported, only 'gelsy' and 'gels' (argument driver)",
+        ThunderNotImplementedError,
+    )
     check(A.ndim >= 2, op, f"input must have at least 2 dimensions, got {A.ndim} (argument A)", ThunderRuntimeError)
-    check(A.dtype == B.dtype, op, f"expected A and B to have the same dtype, got {A.dtype} and {B.dtype} (argument B)",
-          ThunderRuntimeError)
-    check(0 <= A.ndim - B.ndim <= 1, op, "input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1 (argument B)",
-          ThunderRuntimeError)
+    check(
+        A.dtype == B.dtype,
+        op,
+        f"expected A and B to have the same dtype, got {A.dtype} and {B.dtype} (argument B)",
+        ThunderRuntimeError,
+    )
+    check(
+        0 <= A.ndim - B.ndim <= 1,
+        op,
+        "input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1 (argument B)",
+        ThunderRuntimeError,
+    )
     vector = B.ndim == A.ndim - 1
     b_shape = (*B.shape, 1) if vector else tuple(B.shape)
-    check(len(b_shape) >= 2 and A.shape[-2] == b_shape[-2], op,
-          f"A {list(A.shape)} and B {list(B.shape)} have different numbers of rows (argument B)", ThunderRuntimeError)
+    check(
+        len(b_shape) >= 2 and A.shape[-2] == b_shape[-2],
+        op,
+        f"A {list(A.shape)} and B {list(B.shape)} have different numbers of rows (argument B)",
+        ThunderRuntimeError,
+    )
     batch = torch.broadcast_shapes(A.shape[:-2], b_shape[:-2])
     solution = (*batch, A.shape[-1]) if vector else (*batch, A.shape[-1], b_shape[-1])
     differentiable = A.requires_grad or B.requires_grad
@@ -59,26 +81,46 @@ def _lstsq_meta(A, B, rcond=None, *, driver=None):
         residuals, rank = (0,), A.shape[:-2]
     else:
         residuals, rank = ((*batch, b_shape[-1]) if A.shape[-2] > A.shape[-1] else (0,)), (0,)
-    return torch.return_types.linalg_lstsq((_meta(solution, A.dtype, differentiable), _meta(residuals, A.dtype, differentiable),
-                                            _meta(rank, torch.int64), _meta((0,), A.dtype)))
+    return torch.return_types.linalg_lstsq(
+        (
+            _meta(solution, A.dtype, differentiable),
+            _meta(residuals, A.dtype, differentiable),
+            _meta(rank, torch.int64),
+            _meta((0,), A.dtype),
+        )
+    )
 
 
 def _geqrf_meta(input):
     """geqrf: the packed factorization (the input's shape) and the Householder scalars."""
-    check(input.ndim >= 2, "ltorch.geqrf", f"input must have at least 2 dimensions, got {input.ndim} (argument input)",
-          ThunderRuntimeError)
+    check(
+        input.ndim >= 2,
+        "ltorch.geqrf",
+        f"input must have at least 2 dimensions, got {input.ndim} (argument input)",
+        ThunderRuntimeError,
+    )
     m, n = input.shape[-2:]
-    return torch.return_types.geqrf((_meta(input.shape, input.dtype), _meta((*input.shape[:-2], min(m, n)), input.dtype)))
+    return torch.return_types.geqrf(
+        (_meta(input.shape, input.dtype), _meta((*input.shape[:-2], min(m, n)), input.dtype))
+    )
 
 
 def _ctc_loss_meta(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False):
     """ctc_loss (torch has no meta kernel): the per-sequence losses with reduction='none', else
     one number; its dynamic program has no decomposition into prims, so it is run whole."""
     op = "ltorch.ctc_loss"
-    check(log_probs.ndim in (2, 3), op, f"expected log_probs of rank 2 or 3, got {log_probs.ndim} (argument log_probs)",
-          ThunderRuntimeError)
-    check(reduction in ("none", "mean", "sum"), op, f"{reduction} is not a valid value for reduction (argument reduction)",
-          ThunderValueError)
+    check(
+        log_probs.ndim in (2, 3),
+        op,
+        f"expected log_probs of rank 2 or 3, got {log_probs.ndim} (argument log_probs)",
+        ThunderRuntimeError,
+    )
+    check(
+        reduction in ("none", "mean", "sum"),
+        op,
+        f"{reduction} is not a valid value for reduction (argument reduction)",
+        ThunderValueError,
+    )
     shape = (log_probs.shape[1],) if reduction == "none" and log_probs.ndim == 3 else ()
     return _meta(shape, log_probs.dtype, log_probs.requires_grad)
 
@@ -103,7 +145,9 @@ def _metadata(func, meta, name: str, args, kwargs):
         with torch._C.DisableTorchFunctionSubclass(), torch.enable_grad():
             return func(*meta_args, **meta_kwargs)
     except NotImplementedError as e:
-        raise ThunderNotImplementedError(f"{name}: torch cannot compute its output metadata on meta tensors ({e})") from e
+        raise ThunderNotImplementedError(
+            f"{name}: torch cannot compute its output metadata on meta tensors ({e})"
+        ) from e
     except AssertionError as e:
         raise ThunderRuntimeError(f"{name}: {e}") from e
     except Exception as e:
@@ -113,9 +157,12 @@ def _metadata(func, meta, name: str, args, kwargs):
 def _check_dtype(name: str, a, integers_rejected: bool) -> None:
     """Meta kernels reject an integer input with a RuntimeError where eager's kernels raise
     NotImplementedError (``integers_rejected``): the check is made here, with eager's type."""
-    check(not integers_rejected or a.dtype.is_floating_point or a.dtype.is_complex, name,
-          lambda: f"Expected a floating point or complex tensor as input. Got {a.dtype} (argument input)",
-          ThunderNotImplementedError)
+    check(
+        not integers_rejected or a.dtype.is_floating_point or a.dtype.is_complex,
+        name,
+        lambda: f"Expected a floating point or complex tensor as input. Got {a.dtype} (argument input)",
+        ThunderNotImplementedError,
+    )
 
 
 def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers_rejected: bool):

@@ -15,7 +15,13 @@ from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
-from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
+from thunder_rs.errors import (
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    ThunderValueError,
+    check,
+)
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
@@ -24,11 +30,27 @@ from thunder_rs.torch.nn import _require_float, _sum_all, logsigmoid
 from thunder_rs.torch.special import xlogy
 
 __all__ = [
-    "pdist", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
-    "poisson_nll_loss", "gaussian_nll_loss", "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
-    "multilabel_soft_margin_loss", "cosine_embedding_loss", "multi_margin_loss", "triplet_margin_loss",
+    "pdist",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "kl_div",
+    "poisson_nll_loss",
+    "gaussian_nll_loss",
+    "margin_ranking_loss",
+    "hinge_embedding_loss",
+    "soft_margin_loss",
+    "multilabel_soft_margin_loss",
+    "cosine_embedding_loss",
+    "multi_margin_loss",
+    "triplet_margin_loss",
     "triplet_margin_with_distance_loss",
-    "pairwise_distance", "cosine_similarity", "normalize", "cdist",
+    "pairwise_distance",
+    "cosine_similarity",
+    "normalize",
+    "cdist",
 ]
 
 
@@ -47,8 +69,12 @@ def _difference(op: str, input, target):
 
 
 def _check_weight_size(op: str, weight, input) -> None:
-    check(tuple(weight.shape) == tuple(input.shape), op, "Weights and input must have the same size. (argument weight)",
-          ThunderValueError)
+    check(
+        tuple(weight.shape) == tuple(input.shape),
+        op,
+        "Weights and input must have the same size. (argument weight)",
+        ThunderValueError,
+    )
 
 
 def _weighted_reduce(op: str, loss, weight, reduction: str, mean_by_weight: bool):
@@ -77,8 +103,11 @@ def _vector_norm(x, p, dims: tuple[int, ...], keepdim: bool):
         zero = prims.eq(total, 0.0)
         out = prims.where(zero, 0.0, prims.pow(prims.where(zero, 1.0, total), 1.0 / p))
     if keepdim:
-        out = prims.broadcast_in_dim(out, tuple(1 if d in dims else s for d, s in enumerate(x.shape)),
-                                     tuple(d for d in range(x.ndim) if d not in dims))
+        out = prims.broadcast_in_dim(
+            out,
+            tuple(1 if d in dims else s for d, s in enumerate(x.shape)),
+            tuple(d for d in range(x.ndim) if d not in dims),
+        )
     return out
 
 
@@ -90,9 +119,15 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     op = "ltorch.l1_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
     errors = prims.abs(_difference(op, input, target))
-    check(reduction != "mean" or errors.dtype.is_floating_point, op, lambda: (
-        f"mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: "
-        f"{errors.dtype} (argument input)"), ThunderNotImplementedError)
+    check(
+        reduction != "mean" or errors.dtype.is_floating_point,
+        op,
+        lambda: (
+            f"mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: "
+            f"{errors.dtype} (argument input)"
+        ),
+        ThunderNotImplementedError,
+    )
     if weight is None:
         return _reduce(op, errors, reduction)
     _check_weight_size(op, weight, input)
@@ -103,7 +138,9 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     op = "ltorch.smooth_l1_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
-    check(beta >= 0, op, "smooth_l1_loss does not support negative values for beta. (argument beta)", ThunderRuntimeError)
+    check(
+        beta >= 0, op, "smooth_l1_loss does not support negative values for beta. (argument beta)", ThunderRuntimeError
+    )
     z = prims.abs(_difference(op, input, target))
     if beta == 0:
         return _reduce(op, z, reduction)
@@ -115,8 +152,12 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     op = "ltorch.huber_loss"
     reduction = _reduction(op, reduction, None, None)
-    check(delta > 0, op, "huber_loss does not support non-positive values for delta. (argument delta)",
-          ThunderRuntimeError)
+    check(
+        delta > 0,
+        op,
+        "huber_loss does not support non-positive values for delta. (argument delta)",
+        ThunderRuntimeError,
+    )
     z = prims.abs(_difference(op, input, target))
     loss = prims.where(prims.lt(z, delta), prims.mul(prims.mul(z, z), 0.5), prims.mul(prims.sub(z, 0.5 * delta), delta))
     if weight is None:
@@ -129,19 +170,32 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
 
 
 def _same_size(op: str, input, target, message: str) -> None:
-    check(tuple(target.shape) == tuple(input.shape), op, lambda: message.format(list(target.shape), list(input.shape)),
-          ThunderValueError)
+    check(
+        tuple(target.shape) == tuple(input.shape),
+        op,
+        lambda: message.format(list(target.shape), list(input.shape)),
+        ThunderValueError,
+    )
 
 
 @torchsymbol(F.binary_cross_entropy)
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     op = "ltorch.binary_cross_entropy"
     reduction = _reduction(op, reduction, size_average, reduce)
-    _same_size(op, input, target, "Using a target size ({}) that is different to the input size ({}) is deprecated. "
-               "Please ensure they have the same size. (argument target)")
+    _same_size(
+        op,
+        input,
+        target,
+        "Using a target size ({}) that is different to the input size ({}) is deprecated. "
+        "Please ensure they have the same size. (argument target)",
+    )
     _require_float(op, input)
-    check(target.dtype == input.dtype, op, lambda: f"expected target to have dtype {input.dtype}, got {target.dtype} "
-          "(argument target)", ThunderRuntimeError)
+    check(
+        target.dtype == input.dtype,
+        op,
+        lambda: f"expected target to have dtype {input.dtype}, got {target.dtype} (argument target)",
+        ThunderRuntimeError,
+    )
     # Eager clamps each log at -100 so that a probability of exactly 0 or 1 gives a finite loss.
     log_p = prims.maximum(prims.log(input), -100.0)
     log_1mp = prims.maximum(prims.log1p(prims.neg(input)), -100.0)
@@ -153,17 +207,23 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
 
 
 @torchsymbol(F.binary_cross_entropy_with_logits)
-def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
-                                     pos_weight=None):
+def binary_cross_entropy_with_logits(
+    input, target, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None
+):
     op = "ltorch.binary_cross_entropy_with_logits"
     reduction = _reduction(op, reduction, size_average, reduce)
     _same_size(op, input, target, "Target size ({}) must be the same as input size ({}) (argument target)")
-    check(target.dtype.is_floating_point, op, lambda: f"result type Float can't be cast to the desired output type "
-          f"{target.dtype} (argument target)", ThunderRuntimeError)
+    check(
+        target.dtype.is_floating_point,
+        op,
+        lambda: f"result type Float can't be cast to the desired output type {target.dtype} (argument target)",
+        ThunderRuntimeError,
+    )
     log_sigmoid = logsigmoid(input)
     if pos_weight is not None:
-        log_weight = clang.elementwise(prims.add, op, clang.elementwise(
-            prims.mul, op, clang.elementwise(prims.sub, op, pos_weight, 1), target), 1)
+        log_weight = clang.elementwise(
+            prims.add, op, clang.elementwise(prims.mul, op, clang.elementwise(prims.sub, op, pos_weight, 1), target), 1
+        )
         log_sigmoid = clang.elementwise(prims.mul, op, log_sigmoid, log_weight)
     one_minus = clang.elementwise(prims.sub, op, 1, target)
     loss = clang.elementwise(prims.sub, op, clang.elementwise(prims.mul, op, one_minus, input), log_sigmoid)
@@ -188,8 +248,9 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
 
 
 @torchsymbol(F.poisson_nll_loss)
-def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-08, reduce=None,
-                     reduction="mean"):
+def poisson_nll_loss(
+    input, target, log_input=True, full=False, size_average=None, eps=1e-08, reduce=None, reduction="mean"
+):
     op = "ltorch.poisson_nll_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
     if log_input:
@@ -200,7 +261,9 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
     if full:
         # Stirling's approximation of log(target!), masked where target <= 1.
         t = target
-        stirling = prims.add(prims.sub(prims.mul(t, prims.log(t)), t), prims.mul(prims.log(prims.mul(t, 2 * math.pi)), 0.5))
+        stirling = prims.add(
+            prims.sub(prims.mul(t, prims.log(t)), t), prims.mul(prims.log(prims.mul(t, 2 * math.pi)), 0.5)
+        )
         loss = clang.elementwise(prims.add, op, loss, where(prims.le(t, 1.0), 0.0, stirling))
     return _reduce(op, loss, reduction)
 
@@ -222,8 +285,12 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-06, reduction="mean
     if isinstance(var, float):
         check(var >= 0, op, "var has negative entry/entries (argument var)", ThunderValueError)
         var = prims.full(tuple(input.shape), var, input.device, input.dtype)
-    check(isinstance(var, torch.Tensor), op, lambda: f"expected a tensor or a float for var, got {type(var).__name__} "
-          "(argument var)", ThunderTypeError)
+    check(
+        isinstance(var, torch.Tensor),
+        op,
+        lambda: f"expected a tensor or a float for var, got {type(var).__name__} (argument var)",
+        ThunderTypeError,
+    )
     var = _gaussian_var(op, input, var)
     check(reduction in ("none", "mean", "sum"), op, f"{reduction} is not valid (argument reduction)", ThunderValueError)
     # Eager clamps a copy of var under no_grad: the clamped value, with var's gradient passing.
@@ -245,9 +312,15 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-06, reduction="mean
 def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, reduce=None, reduction="mean"):
     op = "ltorch.margin_ranking_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
-    check(input1.ndim == input2.ndim == target.ndim, op, lambda: (
-        f"margin_ranking_loss : All input tensors should have same dimension but got sizes: input1: {list(input1.shape)}, "
-        f"input2: {list(input2.shape)}, target: {list(target.shape)} (argument target)"), ThunderRuntimeError)
+    check(
+        input1.ndim == input2.ndim == target.ndim,
+        op,
+        lambda: (
+            f"margin_ranking_loss : All input tensors should have same dimension but got sizes: input1: {list(input1.shape)}, "
+            f"input2: {list(input2.shape)}, target: {list(target.shape)} (argument target)"
+        ),
+        ThunderRuntimeError,
+    )
     gap = clang.elementwise(prims.mul, op, clang.elementwise(prims.neg, op, target), _difference(op, input1, input2))
     return _reduce(op, clamp_min(clang.elementwise(prims.add, op, gap, margin), 0), reduction)
 
@@ -276,8 +349,9 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     op = "ltorch.multilabel_soft_margin_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
     positive = clang.elementwise(prims.mul, op, target, logsigmoid(input))
-    negative = clang.elementwise(prims.mul, op, clang.elementwise(prims.sub, op, 1, target),
-                                 logsigmoid(clang.elementwise(prims.neg, op, input)))
+    negative = clang.elementwise(
+        prims.mul, op, clang.elementwise(prims.sub, op, 1, target), logsigmoid(clang.elementwise(prims.neg, op, input))
+    )
     loss = clang.elementwise(prims.neg, op, clang.elementwise(prims.add, op, positive, negative))
     if weight is not None:
         loss = clang.elementwise(prims.mul, op, loss, weight)
@@ -290,12 +364,22 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
 def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, reduce=None, reduction="mean"):
     op = "ltorch.cosine_embedding_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
-    check(target.ndim in (0, 1), op, "0D or 1D target tensor expected, multi-target not supported (argument target)",
-          ThunderRuntimeError)
+    check(
+        target.ndim in (0, 1),
+        op,
+        "0D or 1D target tensor expected, multi-target not supported (argument target)",
+        ThunderRuntimeError,
+    )
     expected = target.ndim + 1
-    check(input1.ndim == expected and input2.ndim == expected, op, lambda: (
-        f"{target.ndim}D target tensor expects {expected}D input tensors, but found inputs with sizes "
-        f"{list(input1.shape)} and {list(input2.shape)}. (argument input1)"), ThunderRuntimeError)
+    check(
+        input1.ndim == expected and input2.ndim == expected,
+        op,
+        lambda: (
+            f"{target.ndim}D target tensor expects {expected}D input tensors, but found inputs with sizes "
+            f"{list(input1.shape)} and {list(input2.shape)}. (argument input1)"
+        ),
+        ThunderRuntimeError,
+    )
     dim = (target.ndim,)
 
     def total(a, b):
@@ -305,10 +389,16 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
     squares = prims.mul(prims.add(total(input1, input1), 1e-12), prims.add(total(input2, input2), 1e-12))
     cos = prims.div(total(input1, input2), prims.sqrt(squares))
     zero = clang.maybe_convert(0, cos.dtype)
-    pos = where(clang.elementwise(prims.eq, op, target, 1, kind=clang.ALWAYS_BOOL), clang.elementwise(prims.sub, op, 1, cos),
-                zero)
-    neg = where(clang.elementwise(prims.eq, op, target, -1, kind=clang.ALWAYS_BOOL),
-                clamp_min(clang.elementwise(prims.sub, op, cos, margin), 0), zero)
+    pos = where(
+        clang.elementwise(prims.eq, op, target, 1, kind=clang.ALWAYS_BOOL),
+        clang.elementwise(prims.sub, op, 1, cos),
+        zero,
+    )
+    neg = where(
+        clang.elementwise(prims.eq, op, target, -1, kind=clang.ALWAYS_BOOL),
+        clamp_min(clang.elementwise(prims.sub, op, cos, margin), 0),
+        zero,
+    )
     return _reduce(op, clang.elementwise(prims.add, op, pos, neg), reduction)
 
 
@@ -317,13 +407,23 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     op = "ltorch.multi_margin_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
     check(p in (1, 2), op, "only p == 1 and p == 2 supported (argument p)", ThunderValueError)
-    check(input.ndim <= 2 and (input.ndim == 0 or input.shape[-1] > 0), op, lambda: (
-        f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {list(input.shape)} "
-        "(argument input)"), ThunderRuntimeError)
+    check(
+        input.ndim <= 2 and (input.ndim == 0 or input.shape[-1] > 0),
+        op,
+        lambda: (
+            f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {list(input.shape)} "
+            "(argument input)"
+        ),
+        ThunderRuntimeError,
+    )
     x = input if input.ndim == 2 else prims.reshape(input, (1, input.numel()))
     batch, classes = x.shape
-    check(target.numel() == batch and target.ndim <= 1, op, lambda: (
-        f"inconsistent target size, expected {batch} but got {list(target.shape)} (argument target)"), ThunderRuntimeError)
+    check(
+        target.numel() == batch and target.ndim <= 1,
+        op,
+        lambda: f"inconsistent target size, expected {batch} but got {list(target.shape)} (argument target)",
+        ThunderRuntimeError,
+    )
     index = prims.reshape(clang.maybe_convert(target, torch.int64), (batch, 1))
     picked = prims.take_along_axis(x, index, 1)
     z = clang.elementwise(prims.add, op, prims.sub(x, clang.expand_to(picked, x.shape)), margin)
@@ -360,28 +460,42 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-06, keepdim=False):
 def pdist(input, p=2):
     """The ``p``-norm distances of every pair of rows ``i < j``, in row-major order of the pairs."""
     op = "ltorch.pdist"
-    check(input.ndim == 2, op, f"pdist only supports 2D tensors, got: {input.ndim}D (argument input)", ThunderRuntimeError)
+    check(
+        input.ndim == 2, op, f"pdist only supports 2D tensors, got: {input.ndim}D (argument input)", ThunderRuntimeError
+    )
     check(p >= 0, op, "pdist only supports non-negative p values (argument p)", ThunderRuntimeError)
-    check(input.dtype.is_floating_point, op, "pdist only supports floating-point dtypes (argument input)", ThunderRuntimeError)
+    check(
+        input.dtype.is_floating_point,
+        op,
+        "pdist only supports floating-point dtypes (argument input)",
+        ThunderRuntimeError,
+    )
     n = input.shape[0]
     if n < 2:
         return with_zero_gradient(prims.full((0,), 0.0, input.device, input.dtype), input)
     pairs = ltorch.triu_indices(n, n, 1, device=input.device)
-    first, second = (prims.reshape(prims.slice(pairs, (k, 0), (k + 1, pairs.shape[1]), (1, 1)), (pairs.shape[1],))
-                     for k in (0, 1))
+    first, second = (
+        prims.reshape(prims.slice(pairs, (k, 0), (k + 1, pairs.shape[1]), (1, 1)), (pairs.shape[1],)) for k in (0, 1)
+    )
     diff = prims.sub(prims.take(input, first, 0), prims.take(input, second, 0))
     return _vector_norm(diff, p, (1,), False)
 
 
 @torchsymbol(F.triplet_margin_loss)
-def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-06, swap=False, size_average=None,
-                        reduce=None, reduction="mean"):
+def triplet_margin_loss(
+    anchor, positive, negative, margin=1.0, p=2, eps=1e-06, swap=False, size_average=None, reduce=None, reduction="mean"
+):
     op = "ltorch.triplet_margin_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
-    check(anchor.ndim == positive.ndim == negative.ndim, op, lambda: (
-        "The anchor, positive, and negative tensors are expected to have the same number of dimensions, but got: "
-        f"anchor {anchor.ndim}D, positive {positive.ndim}D, and negative {negative.ndim}D inputs (argument anchor)"),
-          ThunderRuntimeError)
+    check(
+        anchor.ndim == positive.ndim == negative.ndim,
+        op,
+        lambda: (
+            "The anchor, positive, and negative tensors are expected to have the same number of dimensions, but got: "
+            f"anchor {anchor.ndim}D, positive {positive.ndim}D, and negative {negative.ndim}D inputs (argument anchor)"
+        ),
+        ThunderRuntimeError,
+    )
     dist_pos = pairwise_distance(anchor, positive, p, eps)
     dist_neg = pairwise_distance(anchor, negative, p, eps)
     if swap:
@@ -391,12 +505,19 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-06, 
 
 
 @torchsymbol(F.triplet_margin_with_distance_loss)
-def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin=1.0, swap=False,
-                                      reduction="mean"):
+def triplet_margin_with_distance_loss(
+    anchor, positive, negative, *, distance_function=None, margin=1.0, swap=False, reduction="mean"
+):
     op = "ltorch.triplet_margin_with_distance_loss"
-    check(distance_function is None, op, "a distance_function runs as an eager call (argument distance_function)",
-          ThunderTypeError)
-    check(reduction in ("mean", "sum", "none"), op, f"{reduction} is not a valid value for reduction (argument reduction)")
+    check(
+        distance_function is None,
+        op,
+        "a distance_function runs as an eager call (argument distance_function)",
+        ThunderTypeError,
+    )
+    check(
+        reduction in ("mean", "sum", "none"), op, f"{reduction} is not a valid value for reduction (argument reduction)"
+    )
     check(margin > 0, op, f"margin must be greater than 0, got {margin} (argument margin)")
     # With the default distance (torch.pairwise_distance), it is triplet_margin_loss with p=2, eps=1e-6.
     return triplet_margin_loss(anchor, positive, negative, margin, 2, 1e-06, swap, reduction=reduction)
@@ -405,8 +526,11 @@ def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_fu
 def _triplet_with_distance_call(anchor, positive, negative, *, distance_function=None, **kwargs):
     """The symbol with the default distance; a user's distance function keeps the whole call eager."""
     if distance_function is not None:
-        return fallback(F.triplet_margin_with_distance_loss, (anchor, positive, negative),
-                        {"distance_function": distance_function, **kwargs})
+        return fallback(
+            F.triplet_margin_with_distance_loss,
+            (anchor, positive, negative),
+            {"distance_function": distance_function, **kwargs},
+        )
     return triplet_margin_with_distance_loss(anchor, positive, negative, **kwargs)
 
 
@@ -417,8 +541,12 @@ TORCH_TO_LTORCH[F.triplet_margin_with_distance_loss] = _triplet_with_distance_ca
 def cosine_similarity(x1, x2, dim=1, eps=1e-08):
     op = "ltorch.cosine_similarity"
     compute, _ = clang.promote(op, (x1, x2))
-    check(compute.is_floating_point, op, f"expected common dtype to be floating point, yet common dtype is {compute} "
-          "(argument x1)", ThunderRuntimeError)
+    check(
+        compute.is_floating_point,
+        op,
+        f"expected common dtype to be floating point, yet common dtype is {compute} (argument x1)",
+        ThunderRuntimeError,
+    )
     a, b = _pair(op, clang.maybe_convert(x1, compute), clang.maybe_convert(x2, compute))
     dims = (clang.canonicalize_dim(a.ndim, dim, op),) if a.ndim else ()
     # Eager normalises each operand by its norm clamped to eps, the clamp invisible to autograd.
@@ -441,11 +569,16 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     return prims.div(input, clang.expand_to(denom, input.shape))
 
 
-_CDIST_MODES = {"use_mm_for_euclid_dist_if_necessary": 0, "use_mm_for_euclid_dist": 1, "donot_use_mm_for_euclid_dist": 2}
+_CDIST_MODES = {
+    "use_mm_for_euclid_dist_if_necessary": 0,
+    "use_mm_for_euclid_dist": 1,
+    "donot_use_mm_for_euclid_dist": 2,
+}
 
 
 def _euclidean_dist(x1, x2):
     """Eager's matmul form of p=2 distances: |a|^2 - 2 a.b + |b|^2, clamped at 0 before the root."""
+
     def padded(x, first):
         squares = prims.sum(prims.mul(x, x), (x.ndim - 1,))
         squares = prims.broadcast_in_dim(squares, (*x.shape[:-1], 1), tuple(range(x.ndim - 1)))
@@ -464,16 +597,38 @@ def _euclidean_dist(x1, x2):
 @torchsymbol(torch.cdist)
 def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     op = "ltorch.cdist"
-    check(x1.ndim >= 2, op, f"cdist only supports at least 2D tensors, X1 got: {x1.ndim}D (argument x1)", ThunderRuntimeError)
-    check(x2.ndim >= 2, op, f"cdist only supports at least 2D tensors, X2 got: {x2.ndim}D (argument x2)", ThunderRuntimeError)
-    check(x1.shape[-1] == x2.shape[-1], op, f"X1 and X2 must have the same number of columns. X1: {x1.shape[-1]} "
-          f"X2: {x2.shape[-1]} (argument x2)", ThunderRuntimeError)
+    check(
+        x1.ndim >= 2,
+        op,
+        f"cdist only supports at least 2D tensors, X1 got: {x1.ndim}D (argument x1)",
+        ThunderRuntimeError,
+    )
+    check(
+        x2.ndim >= 2,
+        op,
+        f"cdist only supports at least 2D tensors, X2 got: {x2.ndim}D (argument x2)",
+        ThunderRuntimeError,
+    )
+    check(
+        x1.shape[-1] == x2.shape[-1],
+        op,
+        f"X1 and X2 must have the same number of columns. X1: {x1.shape[-1]} X2: {x2.shape[-1]} (argument x2)",
+        ThunderRuntimeError,
+    )
     check(p >= 0, op, "cdist only supports non-negative p values (argument p)", ThunderRuntimeError)
-    check(compute_mode in _CDIST_MODES, op, f"{compute_mode} is not a valid value for compute_mode (argument compute_mode)")
+    check(
+        compute_mode in _CDIST_MODES,
+        op,
+        f"{compute_mode} is not a valid value for compute_mode (argument compute_mode)",
+    )
     for x, arg in ((x1, "x1"), (x2, "x2")):
         _require_float(op, x, arg)
-    check(x1.dtype == x2.dtype, op, f"X1 and X2 must have the same dtype, but got {x1.dtype} and {x2.dtype} (argument x2)",
-          ThunderRuntimeError)
+    check(
+        x1.dtype == x2.dtype,
+        op,
+        f"X1 and X2 must have the same dtype, but got {x1.dtype} and {x2.dtype} (argument x2)",
+        ThunderRuntimeError,
+    )
     batch = clang.broadcast_shapes(op, x1.shape[:-2], x2.shape[:-2])
     a = clang.expand_to(x1, (*batch, *x1.shape[-2:]))
     b = clang.expand_to(x2, (*batch, *x2.shape[-2:]))

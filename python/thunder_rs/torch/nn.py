@@ -26,9 +26,27 @@ from thunder_rs.torch.elementwise import tanh, where
 
 T = torch.Tensor
 __all__ = [
-    "sigmoid", "relu", "relu6", "hardtanh", "threshold", "leaky_relu", "elu", "softplus", "logsigmoid", "gelu", "silu",
-    "softmax", "log_softmax", "tensor_softmax", "tensor_log_softmax", "layer_norm", "rms_norm", "batch_norm", "dropout",
-    "linear", "embedding",
+    "sigmoid",
+    "relu",
+    "relu6",
+    "hardtanh",
+    "threshold",
+    "leaky_relu",
+    "elu",
+    "softplus",
+    "logsigmoid",
+    "gelu",
+    "silu",
+    "softmax",
+    "log_softmax",
+    "tensor_softmax",
+    "tensor_log_softmax",
+    "layer_norm",
+    "rms_norm",
+    "batch_norm",
+    "dropout",
+    "linear",
+    "embedding",
 ]
 
 
@@ -43,10 +61,18 @@ def _upcast(a):
 
 
 def _require_float(op: str, a, arg: str = "input") -> None:
-    check(isinstance(a, torch.Tensor), op, lambda: f"expected a tensor, got {type(a).__name__} (argument {arg})",
-          ThunderTypeError)
-    check(a.dtype.is_floating_point, op, lambda: f"not implemented for {a.dtype} (argument {arg})",
-          ThunderNotImplementedError)
+    check(
+        isinstance(a, torch.Tensor),
+        op,
+        lambda: f"expected a tensor, got {type(a).__name__} (argument {arg})",
+        ThunderTypeError,
+    )
+    check(
+        a.dtype.is_floating_point,
+        op,
+        lambda: f"not implemented for {a.dtype} (argument {arg})",
+        ThunderNotImplementedError,
+    )
 
 
 def _float_op(op: str, a, body):
@@ -89,8 +115,12 @@ def sigmoid(input):
 
 @torchsymbol(F.relu, torch.relu, T.relu)
 def relu(input, inplace=False):
-    check(input.dtype != torch.bool, "ltorch.relu", "Boolean inputs not supported for relu (argument input)",
-          ThunderNotImplementedError)
+    check(
+        input.dtype != torch.bool,
+        "ltorch.relu",
+        "Boolean inputs not supported for relu (argument input)",
+        ThunderNotImplementedError,
+    )
     zero = clang.maybe_convert(0, input.dtype)
     return prims.where(prims.le(input, zero), zero, input)
 
@@ -98,7 +128,9 @@ def relu(input, inplace=False):
 def _clamp(op: str, a, low, high):
     """``a`` clamped to [low, high], the bounds cast to ``a``'s dtype (NaN stays NaN); the gradient
     is zero at the bounds, as eager's hardtanh_backward gives."""
-    check(a.dtype != torch.bool, op, "Bool inputs not supported for hardtanh (argument input)", ThunderNotImplementedError)
+    check(
+        a.dtype != torch.bool, op, "Bool inputs not supported for hardtanh (argument input)", ThunderNotImplementedError
+    )
     low, high = clang.maybe_convert(low, a.dtype), clang.maybe_convert(high, a.dtype)
     return prims.where(prims.le(a, low), low, prims.where(prims.ge(a, high), high, a))
 
@@ -106,10 +138,17 @@ def _clamp(op: str, a, low, high):
 @torchsymbol(F.threshold, torch.threshold)
 def threshold(input, threshold, value, inplace=False):
     op = "ltorch.threshold"
-    check(input.dtype != torch.bool, op, "\"threshold_cpu\" not implemented for 'Bool' (argument input)",
-          ThunderNotImplementedError)
-    return where(clang.elementwise(prims.le, op, input, threshold, kind=clang.ALWAYS_BOOL),
-                 clang.maybe_convert(value, input.dtype), input)
+    check(
+        input.dtype != torch.bool,
+        op,
+        "\"threshold_cpu\" not implemented for 'Bool' (argument input)",
+        ThunderNotImplementedError,
+    )
+    return where(
+        clang.elementwise(prims.le, op, input, threshold, kind=clang.ALWAYS_BOOL),
+        clang.maybe_convert(value, input.dtype),
+        input,
+    )
 
 
 @torchsymbol(F.hardtanh)
@@ -125,8 +164,9 @@ def relu6(input, inplace=False):
 
 @torchsymbol(F.leaky_relu)
 def leaky_relu(input, negative_slope=0.01, inplace=False):
-    return _float_op("ltorch.leaky_relu", input,
-                     lambda x: prims.where(prims.gt(x, 0.0), x, prims.mul(x, negative_slope)))
+    return _float_op(
+        "ltorch.leaky_relu", input, lambda x: prims.where(prims.gt(x, 0.0), x, prims.mul(x, negative_slope))
+    )
 
 
 @torchsymbol(F.elu)
@@ -147,16 +187,22 @@ def softplus(input, beta=1.0, threshold=20.0):
 @torchsymbol(F.logsigmoid)
 def logsigmoid(input):
     # log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)), which neither overflows nor loses small values.
-    return _float_op("ltorch.logsigmoid", input,
-                     lambda x: prims.sub(prims.minimum(x, 0.0), prims.log1p(prims.exp(prims.neg(prims.abs(x))))))
+    return _float_op(
+        "ltorch.logsigmoid",
+        input,
+        lambda x: prims.sub(prims.minimum(x, 0.0), prims.log1p(prims.exp(prims.neg(prims.abs(x))))),
+    )
 
 
 @torchsymbol(F.gelu)
 def gelu(input, approximate="none"):
     op = "ltorch.gelu"
-    check(approximate in ("none", "tanh"), op,
-          f"approximate argument must be either none or tanh, got {approximate!r} (argument approximate)",
-          ThunderRuntimeError)
+    check(
+        approximate in ("none", "tanh"),
+        op,
+        f"approximate argument must be either none or tanh, got {approximate!r} (argument approximate)",
+        ThunderRuntimeError,
+    )
 
     def body(x):
         if approximate == "tanh":
@@ -223,15 +269,29 @@ def tensor_log_softmax(input, dim, dtype=None):
 
 def _normalized_dims(op: str, a, normalized_shape) -> tuple[int, ...]:
     """The trailing dims of ``a`` that ``normalized_shape`` names, checked as torch checks them."""
-    check(isinstance(normalized_shape, (tuple, list, torch.Size)), op,
-          f"normalized_shape must be a tuple of ints, not {type(normalized_shape).__name__} (argument normalized_shape)",
-          ThunderTypeError)
+    check(
+        isinstance(normalized_shape, (tuple, list, torch.Size)),
+        op,
+        f"normalized_shape must be a tuple of ints, not {type(normalized_shape).__name__} (argument normalized_shape)",
+        ThunderTypeError,
+    )
     shape = tuple(normalized_shape)
-    check(len(shape) >= 1, op, "Expected normalized_shape to be at least 1-dimensional, but got normalized_shape = [] "
-          "(argument normalized_shape)", ThunderRuntimeError)
-    check(a.ndim >= len(shape) and tuple(a.shape[a.ndim - len(shape):]) == shape, op,
-          lambda: f"Given normalized_shape={list(shape)}, expected input with shape [*, {str(list(shape))[1:-1]}], "
-                  f"but got input of size {list(a.shape)} (argument normalized_shape)", ThunderRuntimeError)
+    check(
+        len(shape) >= 1,
+        op,
+        "Expected normalized_shape to be at least 1-dimensional, but got normalized_shape = [] "
+        "(argument normalized_shape)",
+        ThunderRuntimeError,
+    )
+    check(
+        a.ndim >= len(shape) and tuple(a.shape[a.ndim - len(shape) :]) == shape,
+        op,
+        lambda: (
+            f"Given normalized_shape={list(shape)}, expected input with shape [*, {str(list(shape))[1:-1]}], "
+            f"but got input of size {list(a.shape)} (argument normalized_shape)"
+        ),
+        ThunderRuntimeError,
+    )
     return tuple(range(a.ndim - len(shape), a.ndim))
 
 
@@ -239,12 +299,22 @@ def _affine(op: str, a, x, param, shape, arg: str, combine):
     """``combine(x, param)`` with ``param`` (of ``shape``) broadcast over ``x``; None leaves ``x`` as is."""
     if param is None:
         return x
-    check(tuple(param.shape) == tuple(shape), op,
-          lambda: f"Expected {arg} to be of same shape as normalized_shape, but got {arg} of shape "
-                  f"{list(param.shape)} and normalized_shape = {list(shape)} (argument {arg})", ThunderRuntimeError)
+    check(
+        tuple(param.shape) == tuple(shape),
+        op,
+        lambda: (
+            f"Expected {arg} to be of same shape as normalized_shape, but got {arg} of shape "
+            f"{list(param.shape)} and normalized_shape = {list(shape)} (argument {arg})"
+        ),
+        ThunderRuntimeError,
+    )
     mixed_ok = a.dtype in _LOW_PRECISION and param.dtype == torch.float32
-    check(param.dtype == a.dtype or mixed_ok, op,
-          lambda: f"expected {arg} to have dtype {a.dtype}, but got {param.dtype} (argument {arg})", ThunderRuntimeError)
+    check(
+        param.dtype == a.dtype or mixed_ok,
+        op,
+        lambda: f"expected {arg} to have dtype {a.dtype}, but got {param.dtype} (argument {arg})",
+        ThunderRuntimeError,
+    )
     return combine(x, clang.expand_to(clang.maybe_convert(param, x.dtype), x.shape))
 
 
@@ -274,10 +344,15 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     mean_square = prims.div(prims.sum(prims.mul(x, x), dims), float(count))
     out = prims.mul(x, _keepdim(prims.rsqrt(prims.add(mean_square, eps)), x.shape, dims))
     if weight is not None:
-        check(tuple(weight.shape) == tuple(normalized_shape), op,
-              lambda: f"Expected weight to be of same shape as normalized_shape, but got weight of shape "
-                      f"{list(weight.shape)} and normalized_shape = {list(normalized_shape)} (argument weight)",
-              ThunderRuntimeError)
+        check(
+            tuple(weight.shape) == tuple(normalized_shape),
+            op,
+            lambda: (
+                f"Expected weight to be of same shape as normalized_shape, but got weight of shape "
+                f"{list(weight.shape)} and normalized_shape = {list(normalized_shape)} (argument weight)"
+            ),
+            ThunderRuntimeError,
+        )
         out = clang.elementwise(prims.mul, op, out, weight)
     return clang.maybe_convert(out, input.dtype)
 
@@ -288,18 +363,32 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
 def check_batch_norm(op: str, input, running_mean, running_var, weight, bias, training: bool) -> None:
     """eager's checks of batch norm's arguments: a floating (N, C, ...) input, (C,) statistics and parameters."""
     _require_float(op, input)
-    check(input.ndim >= 2, op, f"Expected 2D or more input, got {input.ndim}D input (argument input)", ThunderValueError)
+    check(
+        input.ndim >= 2, op, f"Expected 2D or more input, got {input.ndim}D input (argument input)", ThunderValueError
+    )
     channels = input.shape[1]
     if training:
         count = math.prod(input.shape) // max(channels, 1)
-        check(count != 1, op, f"Expected more than 1 value per channel when training, got input size {input.shape}",
-              ThunderValueError)
+        check(
+            count != 1,
+            op,
+            f"Expected more than 1 value per channel when training, got input size {input.shape}",
+            ThunderValueError,
+        )
     else:
-        check(running_mean is not None and running_var is not None, op,
-              "running_mean and running_var must be defined in evaluation mode (argument running_mean)", ThunderRuntimeError)
+        check(
+            running_mean is not None and running_var is not None,
+            op,
+            "running_mean and running_var must be defined in evaluation mode (argument running_mean)",
+            ThunderRuntimeError,
+        )
     for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
-        check(t is None or tuple(t.shape) == (channels,), op, lambda: (
-            f"{name} should contain {channels} elements not {t.numel()} (argument {name})"), ThunderRuntimeError)
+        check(
+            t is None or tuple(t.shape) == (channels,),
+            op,
+            lambda: f"{name} should contain {channels} elements not {t.numel()} (argument {name})",
+            ThunderRuntimeError,
+        )
 
 
 def channel_dims(input) -> tuple[int, ...]:
@@ -327,8 +416,10 @@ def batch_normalized(input, x, mean, invstd, weight, bias):
     beta = prims.neg(prims.mul(mean, alpha))
     if bias is not None:
         beta = prims.add(clang.maybe_convert(bias, dtype), beta)
-    out = prims.add(prims.mul(x, clang.expand_to(per_channel(alpha, x.ndim), x.shape)),
-                    clang.expand_to(per_channel(beta, x.ndim), x.shape))
+    out = prims.add(
+        prims.mul(x, clang.expand_to(per_channel(alpha, x.ndim), x.shape)),
+        clang.expand_to(per_channel(beta, x.ndim), x.shape),
+    )
     return clang.maybe_convert(out, input.dtype)
 
 
@@ -339,9 +430,12 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     place: ``thunder_rs.torch.inplace`` traces it through ``kernels.native_batch_norm``."""
     op = "ltorch.batch_norm"
     check_batch_norm(op, input, running_mean, running_var, weight, bias, training)
-    check(not training or running_mean is None, op,
-          "training with running statistics updates them in place; call torch.nn.functional.batch_norm (argument training)",
-          ThunderNotImplementedError)
+    check(
+        not training or running_mean is None,
+        op,
+        "training with running statistics updates them in place; call torch.nn.functional.batch_norm (argument training)",
+        ThunderNotImplementedError,
+    )
     x = _upcast(input)
     if training:
         mean, invstd, _ = batch_norm_stats(x, eps)
@@ -362,9 +456,12 @@ def dropout(input, p=0.5, training=True, inplace=False):
         return input
     if p == 1:  # eager multiplies by zero, so NaN and inf stay NaN
         return prims.mul(input, 0)
-    check(input.dtype.is_floating_point, op,
-          f"result type Float can't be cast to the desired output type {input.dtype} (argument input)",
-          ThunderRuntimeError)
+    check(
+        input.dtype.is_floating_point,
+        op,
+        f"result type Float can't be cast to the desired output type {input.dtype} (argument input)",
+        ThunderRuntimeError,
+    )
     noise = prims.uniform(tuple(input.shape), 0.0, 1.0, input.device, _upcast(input).dtype)
     keep = prims.convert_element_type(prims.lt(noise, 1.0 - p), input.dtype)
     # input * (keep / (1 - p)), as eager computes it: dropped NaNs stay NaN.
@@ -374,43 +471,79 @@ def dropout(input, p=0.5, training=True, inplace=False):
 @torchsymbol(F.linear)
 def linear(input, weight, bias=None):
     op = "ltorch.linear"
-    check(input.ndim >= 1, op, f"both arguments to linear need to be at least 1D, but they are {input.ndim}D and "
-          f"{weight.ndim}D (argument input)", ThunderRuntimeError)
-    check(weight.ndim in (1, 2), op, f"expected a 1-D or 2-D weight, got {weight.ndim}-D (argument weight)",
-          ThunderRuntimeError)
-    check(input.dtype == weight.dtype, op,
-          f"expected input and weight to have the same dtype, but got {input.dtype} and {weight.dtype} (argument weight)",
-          ThunderRuntimeError)
-    check(input.shape[-1] == weight.shape[-1], op,
-          f"input {list(input.shape)} and weight {list(weight.shape)}^T cannot be multiplied "
-          f"({input.shape[-1]} != {weight.shape[-1]}) (argument weight)", ThunderRuntimeError)
+    check(
+        input.ndim >= 1,
+        op,
+        f"both arguments to linear need to be at least 1D, but they are {input.ndim}D and "
+        f"{weight.ndim}D (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        weight.ndim in (1, 2),
+        op,
+        f"expected a 1-D or 2-D weight, got {weight.ndim}-D (argument weight)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.dtype == weight.dtype,
+        op,
+        f"expected input and weight to have the same dtype, but got {input.dtype} and {weight.dtype} (argument weight)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.shape[-1] == weight.shape[-1],
+        op,
+        f"input {list(input.shape)} and weight {list(weight.shape)}^T cannot be multiplied "
+        f"({input.shape[-1]} != {weight.shape[-1]}) (argument weight)",
+        ThunderRuntimeError,
+    )
     if bias is not None:
         check(weight.ndim == 2, op, "a 1-D weight takes no bias (argument bias)", ThunderRuntimeError)
-        check(bias.dtype == input.dtype, op,
-              f"expected bias to have dtype {input.dtype}, but got {bias.dtype} (argument bias)", ThunderRuntimeError)
+        check(
+            bias.dtype == input.dtype,
+            op,
+            f"expected bias to have dtype {input.dtype}, but got {bias.dtype} (argument bias)",
+            ThunderRuntimeError,
+        )
         out_shape = (*input.shape[:-1], weight.shape[0])
-        check(clang.broadcast_shapes(op, bias.shape, out_shape) == out_shape, op,
-              f"bias of shape {list(bias.shape)} does not broadcast to the output shape {list(out_shape)} (argument bias)",
-              ThunderRuntimeError)
+        check(
+            clang.broadcast_shapes(op, bias.shape, out_shape) == out_shape,
+            op,
+            f"bias of shape {list(bias.shape)} does not broadcast to the output shape {list(out_shape)} (argument bias)",
+            ThunderRuntimeError,
+        )
     return prims.linear(input, weight, bias)
 
 
 @torchsymbol(F.embedding)
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
     op = "ltorch.embedding"
-    check(max_norm is None, op, "max_norm renormalises weight in place, which is not supported (argument max_norm)",
-          ThunderNotImplementedError)
-    check(input.dtype in (torch.int64, torch.int32), op,
-          f"Expected indices to have one of the following scalar types: Long, Int; but got {input.dtype} (argument input)",
-          ThunderRuntimeError)
+    check(
+        max_norm is None,
+        op,
+        "max_norm renormalises weight in place, which is not supported (argument max_norm)",
+        ThunderNotImplementedError,
+    )
+    check(
+        input.dtype in (torch.int64, torch.int32),
+        op,
+        f"Expected indices to have one of the following scalar types: Long, Int; but got {input.dtype} (argument input)",
+        ThunderRuntimeError,
+    )
     check(weight.ndim == 2, op, f"'weight' must be 2-D, got {weight.ndim}-D (argument weight)", ThunderRuntimeError)
     # Eager's weight gradient would be a sparse tensor (for SparseAdam); thunder_rs's are dense.
-    check(not (sparse and weight.requires_grad and torch.is_grad_enabled()), op,
-          "sparse gradients are not supported; use sparse=False (a dense gradient) (argument sparse)",
-          ThunderNotImplementedError)
+    check(
+        not (sparse and weight.requires_grad and torch.is_grad_enabled()),
+        op,
+        "sparse gradients are not supported; use sparse=False (a dense gradient) (argument sparse)",
+        ThunderNotImplementedError,
+    )
     if padding_idx is not None:
         # padding_idx only changes the gradient; eager checks its range with assertions.
-        check(-weight.shape[0] <= padding_idx < weight.shape[0], op,
-              "Padding_idx must be within num_embeddings (argument padding_idx)", ThunderAssertionError)
+        check(
+            -weight.shape[0] <= padding_idx < weight.shape[0],
+            op,
+            "Padding_idx must be within num_embeddings (argument padding_idx)",
+            ThunderAssertionError,
+        )
     return prims.embedding(input, weight)
-

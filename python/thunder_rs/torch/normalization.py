@@ -25,8 +25,12 @@ __all__ = ["group_norm", "native_group_norm", "native_group_norm_backward", "ins
 
 
 def _require_float(op: str, input) -> None:
-    check(input.dtype.is_floating_point, op, lambda: f"not implemented for {input.dtype} (argument input)",
-          ThunderNotImplementedError)
+    check(
+        input.dtype.is_floating_point,
+        op,
+        lambda: f"not implemented for {input.dtype} (argument input)",
+        ThunderNotImplementedError,
+    )
 
 
 # -- group norm ------------------------------------------------------------------------------------
@@ -46,8 +50,13 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     """group_norm's output, with the mean and reciprocal standard deviation of each (sample,
     group), shaped (N, group), in the input's dtype."""
     op = "ltorch.native_group_norm"
-    check(C % group == 0, op, f"Expected number of channels in input to be divisible by num_groups, but got input of "
-          f"shape {list(input.shape)} and num_groups={group} (argument group)", ThunderRuntimeError)
+    check(
+        C % group == 0,
+        op,
+        f"Expected number of channels in input to be divisible by num_groups, but got input of "
+        f"shape {list(input.shape)} and num_groups={group} (argument group)",
+        ThunderRuntimeError,
+    )
     x = upcast(input)
     grouped = _grouped(x, N, group)
     var, mean = ltorch.var_mean(grouped, 2, correction=0, keepdim=True)
@@ -58,8 +67,11 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     if bias is not None:
         out = out + _per_channel(upcast(bias), x.ndim)
     stats = (N, group)
-    return cast(out, input.dtype), cast(ltorch.reshape(mean, stats), input.dtype), cast(ltorch.reshape(rstd, stats),
-                                                                                         input.dtype)
+    return (
+        cast(out, input.dtype),
+        cast(ltorch.reshape(mean, stats), input.dtype),
+        cast(ltorch.reshape(rstd, stats), input.dtype),
+    )
 
 
 @torchsymbol(name="native_group_norm_backward")
@@ -84,20 +96,39 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
 
 
 def check_group_norm(op: str, input, num_groups: int, weight, bias) -> None:
-    check(input.ndim >= 2, op, f"Expected at least 2 dimensions for input tensor but received {input.ndim} "
-          "(argument input)", ThunderRuntimeError)
+    check(
+        input.ndim >= 2,
+        op,
+        f"Expected at least 2 dimensions for input tensor but received {input.ndim} (argument input)",
+        ThunderRuntimeError,
+    )
     _require_float(op, input)
     channels = input.shape[1]
     per_group = [input.shape[0] * channels // num_groups, num_groups, *input.shape[2:]]
-    check(math.prod(per_group[:1] + per_group[2:]) != 1, op, f"Expected more than 1 value per channel when training, "
-          f"got input size {per_group} (argument input)", ThunderValueError)
-    check(num_groups > 0 and channels % num_groups == 0, op, f"Expected number of channels in input to be divisible "
-          f"by num_groups, but got input of shape {list(input.shape)} and num_groups={num_groups} (argument num_groups)",
-          ThunderRuntimeError)
+    check(
+        math.prod(per_group[:1] + per_group[2:]) != 1,
+        op,
+        f"Expected more than 1 value per channel when training, got input size {per_group} (argument input)",
+        ThunderValueError,
+    )
+    check(
+        num_groups > 0 and channels % num_groups == 0,
+        op,
+        f"Expected number of channels in input to be divisible "
+        f"by num_groups, but got input of shape {list(input.shape)} and num_groups={num_groups} (argument num_groups)",
+        ThunderRuntimeError,
+    )
     for name, t in (("weight", weight), ("bias", bias)):
-        check(t is None or (t.ndim == 1 and t.shape[0] == channels), op, lambda: f"Expected {name} to be a vector of "
-              f"size equal to the number of channels in input, but got {name} of shape {list(t.shape)} and input of "
-              f"shape {list(input.shape)} (argument {name})", ThunderRuntimeError)
+        check(
+            t is None or (t.ndim == 1 and t.shape[0] == channels),
+            op,
+            lambda: (
+                f"Expected {name} to be a vector of "
+                f"size equal to the number of channels in input, but got {name} of shape {list(t.shape)} and input of "
+                f"shape {list(input.shape)} (argument {name})"
+            ),
+            ThunderRuntimeError,
+        )
 
 
 @torchsymbol(F.group_norm)
@@ -111,17 +142,30 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-05):
 
 
 def _check_instance_norm(op: str, input, running_mean, running_var, weight, bias, use_input_stats: bool) -> None:
-    check(input.ndim >= 3, op, f"Expected 3D or more input, got {input.ndim}D input (argument input)",
-          ThunderValueError)
+    check(
+        input.ndim >= 3, op, f"Expected 3D or more input, got {input.ndim}D input (argument input)", ThunderValueError
+    )
     _require_float(op, input)
-    check(not use_input_stats or math.prod(input.shape[2:]) != 1, op, f"Expected more than 1 spatial element when "
-          f"training, got input size {list(input.shape)} (argument input)", ThunderValueError)
-    check(use_input_stats or (running_mean is not None and running_var is not None), op, "Expected running_mean "
-          "and running_var to be defined when use_input_stats is false (argument use_input_stats)", ThunderRuntimeError)
+    check(
+        not use_input_stats or math.prod(input.shape[2:]) != 1,
+        op,
+        f"Expected more than 1 spatial element when training, got input size {list(input.shape)} (argument input)",
+        ThunderValueError,
+    )
+    check(
+        use_input_stats or (running_mean is not None and running_var is not None),
+        op,
+        "Expected running_mean and running_var to be defined when use_input_stats is false (argument use_input_stats)",
+        ThunderRuntimeError,
+    )
     channels = input.shape[1]
     for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
-        check(t is None or tuple(t.shape) == (channels,), op, lambda: f"{name} should contain {channels} elements not "
-              f"{t.numel()} (argument {name})", ThunderRuntimeError)
+        check(
+            t is None or tuple(t.shape) == (channels,),
+            op,
+            lambda: f"{name} should contain {channels} elements not {t.numel()} (argument {name})",
+            ThunderRuntimeError,
+        )
 
 
 def _as_batch(input, *per_channel):
@@ -132,16 +176,21 @@ def _as_batch(input, *per_channel):
 
 
 @torchsymbol(F.instance_norm)
-def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
-                  momentum=0.1, eps=1e-05):
+def instance_norm(
+    input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True, momentum=0.1, eps=1e-05
+):
     """Instance norm that writes nothing: normalised by each instance's statistics, or by the
     running ones (use_input_stats=False). With running statistics and use_input_stats, eager
     updates them in place: ``instance_norm_updating`` traces that call."""
     op = "ltorch.instance_norm"
     _check_instance_norm(op, input, running_mean, running_var, weight, bias, use_input_stats)
-    check(not use_input_stats or running_mean is None, op, "with running statistics and use_input_stats the "
-          "statistics are updated in place; call torch.nn.functional.instance_norm (argument running_mean)",
-          ThunderNotImplementedError)
+    check(
+        not use_input_stats or running_mean is None,
+        op,
+        "with running statistics and use_input_stats the "
+        "statistics are updated in place; call torch.nn.functional.instance_norm (argument running_mean)",
+        ThunderNotImplementedError,
+    )
     if input.numel() == 0:  # nothing to normalise (batch norm's kernels divide by the channel count)
         return ltorch.clone(input)
     if use_input_stats:
@@ -153,8 +202,9 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     return ltorch.reshape(out, input.shape)
 
 
-def instance_norm_updating(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
-                           momentum=0.1, eps=1e-05):
+def instance_norm_updating(
+    input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True, momentum=0.1, eps=1e-05
+):
     """``F.instance_norm``: with running statistics and input statistics, the output and the
     statistics updated as aten updates them (batch norm's update of the N repeated copies,
     averaged over N), written where autograd does not see."""
@@ -182,8 +232,12 @@ def local_response_norm(input, size, alpha=0.0001, beta=0.75, k=1.0):
     """As F.local_response_norm computes it: each element over (k + alpha * the mean of the
     squares of ``size`` neighbouring channels) ** beta."""
     op = "ltorch.local_response_norm"
-    check(input.ndim >= 3, op, f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions) "
-          "(argument input)", ThunderValueError)
+    check(
+        input.ndim >= 3,
+        op,
+        f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions) (argument input)",
+        ThunderValueError,
+    )
     if input.numel() == 0:
         return input
     _require_float(op, input)

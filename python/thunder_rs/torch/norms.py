@@ -14,7 +14,13 @@ import torch
 from thunder_rs import clang
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.base import dtypes
-from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.errors import (
+    ThunderIndexError,
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    check,
+)
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, sub
@@ -24,35 +30,68 @@ from thunder_rs.torch.reductions import _dims
 T = torch.Tensor
 LA = torch.linalg
 __all__ = [
-    "linalg_vector_norm", "linalg_matrix_norm", "linalg_norm", "norm", "tensor_norm", "dist", "renorm", "nansum", "nanmean",
-    "aminmax", "msort", "diff",
+    "linalg_vector_norm",
+    "linalg_matrix_norm",
+    "linalg_norm",
+    "norm",
+    "tensor_norm",
+    "dist",
+    "renorm",
+    "nansum",
+    "nanmean",
+    "aminmax",
+    "msort",
+    "diff",
 ]
 
 
 def _check_floating(op: str, x, name: str = "input", exc=ThunderNotImplementedError) -> None:
-    check(isinstance(x, torch.Tensor), op, lambda: f"expected a tensor, got {type(x).__name__} (argument {name})",
-          ThunderTypeError)
-    check(dtypes.is_inexact(x.dtype), op,
-          lambda: f"Expected a floating point or complex tensor as input. Got {x.dtype} (argument {name})", exc)
-    check(not x.dtype.is_complex, op, f"complex inputs are not supported by thunder_rs (argument {name})",
-          ThunderNotImplementedError)
+    check(
+        isinstance(x, torch.Tensor),
+        op,
+        lambda: f"expected a tensor, got {type(x).__name__} (argument {name})",
+        ThunderTypeError,
+    )
+    check(
+        dtypes.is_inexact(x.dtype),
+        op,
+        lambda: f"Expected a floating point or complex tensor as input. Got {x.dtype} (argument {name})",
+        exc,
+    )
+    check(
+        not x.dtype.is_complex,
+        op,
+        f"complex inputs are not supported by thunder_rs (argument {name})",
+        ThunderNotImplementedError,
+    )
 
 
 def _norm_dtype(op: str, x, dtype):
     """The dtype a norm computes in: ``dtype`` when given, which must widen ``x``'s."""
     if dtype is None:
         return x.dtype
-    check(dtypes.is_inexact(dtype), op, f"dtype should be floating point or complex, but got {dtype} (argument dtype)",
-          ThunderRuntimeError)
-    check(torch.promote_types(x.dtype, dtype) == dtype, op,
-          f"the dtype of the input ({x.dtype}) should be convertible without narrowing to the specified dtype ({dtype}) (argument dtype)",
-          ThunderRuntimeError)
+    check(
+        dtypes.is_inexact(dtype),
+        op,
+        f"dtype should be floating point or complex, but got {dtype} (argument dtype)",
+        ThunderRuntimeError,
+    )
+    check(
+        torch.promote_types(x.dtype, dtype) == dtype,
+        op,
+        f"the dtype of the input ({x.dtype}) should be convertible without narrowing to the specified dtype ({dtype}) (argument dtype)",
+        ThunderRuntimeError,
+    )
     return dtype
 
 
 def _check_ord(op: str, ord) -> float:
-    check(isinstance(ord, (int, float)) and not isinstance(ord, bool), op,
-          lambda: f"expected a number for ord, got {type(ord).__name__} (argument ord)", ThunderTypeError)
+    check(
+        isinstance(ord, (int, float)) and not isinstance(ord, bool),
+        op,
+        lambda: f"expected a number for ord, got {type(ord).__name__} (argument ord)",
+        ThunderTypeError,
+    )
     return float(ord)
 
 
@@ -64,9 +103,12 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=Non
     dims = _dims(x, dim, op)
     if p < 0 or math.isinf(p):
         reduced = math.prod(x.shape[d] for d in dims) if x.ndim else 1
-        check(reduced != 0, op,
-              f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor because the operation does not have an identity",
-              ThunderRuntimeError)
+        check(
+            reduced != 0,
+            op,
+            f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor because the operation does not have an identity",
+            ThunderRuntimeError,
+        )
     a = ltorch.abs(clang.maybe_convert(x, _norm_dtype(op, x, dtype)))
     if p == 0:
         return with_zero_gradient(ltorch.sum(clang.maybe_convert(ltorch.ne(a, 0), a.dtype), dims, keepdim), x)
@@ -82,8 +124,12 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=Non
 
 
 def _matrix_dims(op: str, A, dim):
-    check(isinstance(dim, (tuple, list)) and len(dim) == 2, op, f"dim must be a 2-tuple. Got {dim!r} (argument dim)",
-          ThunderRuntimeError)
+    check(
+        isinstance(dim, (tuple, list)) and len(dim) == 2,
+        op,
+        f"dim must be a 2-tuple. Got {dim!r} (argument dim)",
+        ThunderRuntimeError,
+    )
     check(A.ndim >= 2, op, "The input tensor A must have at least 2 dimensions.", ThunderRuntimeError)
     d0, d1 = (clang.canonicalize_dim(A.ndim, d, op) for d in dim)
     check(d0 != d1, op, f"dims must be different. Got ({dim[0]}, {dim[1]}) (argument dim)", ThunderRuntimeError)
@@ -133,11 +179,20 @@ def linalg_norm(A, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
     check(isinstance(A, torch.Tensor), op, f"expected a tensor, got {type(A).__name__} (argument A)", ThunderTypeError)
     if dim is not None:
         dims = [dim] if isinstance(dim, int) else list(dim)
-        check(len(dims) in (1, 2), op, f"If dim is specified, it must be of length 1 or 2. Got {dims}", ThunderRuntimeError)
+        check(
+            len(dims) in (1, 2),
+            op,
+            f"If dim is specified, it must be of length 1 or 2. Got {dims}",
+            ThunderRuntimeError,
+        )
     else:
         dims = None
-        check(ord is None or A.ndim in (1, 2), op,
-              f"If dim is not specified but ord is, the input must be 1D or 2D. Got {A.ndim}D.", ThunderRuntimeError)
+        check(
+            ord is None or A.ndim in (1, 2),
+            op,
+            f"If dim is not specified but ord is, the input must be 1D or 2D. Got {A.ndim}D.",
+            ThunderRuntimeError,
+        )
     if isinstance(ord, str) or (ord is not None and (len(dims) == 2 if dims is not None else A.ndim == 2)):
         return linalg_matrix_norm(A, ord, dims if dims is not None else (0, 1), keepdim, dtype=dtype)
     return linalg_vector_norm(A, 2 if ord is None else ord, dims, keepdim, dtype=dtype)
@@ -148,7 +203,12 @@ def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
     """torch.functional.norm for strided tensors: 'fro' (over at most two dims) and numbers are
     vector norms, other strings matrix norms."""
     op = "ltorch.norm"
-    check(isinstance(input, torch.Tensor), op, f"expected a tensor, got {type(input).__name__} (argument input)", ThunderTypeError)
+    check(
+        isinstance(input, torch.Tensor),
+        op,
+        f"expected a tensor, got {type(input).__name__} (argument input)",
+        ThunderTypeError,
+    )
     dims = None if dim is None else ([dim] if isinstance(dim, int) else list(dim))
     if isinstance(p, str):
         if p == "fro" and (dims is None or len(dims) <= 2):
@@ -168,11 +228,19 @@ def dist(input, other, p=2):
     """The ``p``-norm of ``input - other`` (broadcast, promoted)."""
     op = "ltorch.dist"
     for x, name in ((input, "input"), (other, "other")):
-        check(isinstance(x, torch.Tensor), op, f"expected a tensor, got {type(x).__name__} (argument {name})", ThunderTypeError)
+        check(
+            isinstance(x, torch.Tensor),
+            op,
+            f"expected a tensor, got {type(x).__name__} (argument {name})",
+            ThunderTypeError,
+        )
     difference = sub(input, other)
-    check(dtypes.is_inexact(difference.dtype), op,
-          f"norm(): input dtype should be either floating point or complex. Got {difference.dtype} instead.",
-          ThunderNotImplementedError)
+    check(
+        dtypes.is_inexact(difference.dtype),
+        op,
+        f"norm(): input dtype should be either floating point or complex. Got {difference.dtype} instead.",
+        ThunderNotImplementedError,
+    )
     return linalg_vector_norm(difference, p)
 
 
@@ -184,7 +252,12 @@ def renorm(input, p, dim, maxnorm):
     _check_floating(op, input)
     check(p > 0, op, "non-positive-norm not supported (argument p)", ThunderRuntimeError)
     check(maxnorm >= 0, op, f"expected maxnorm to be >= 0 but got {maxnorm} (argument maxnorm)", ThunderRuntimeError)
-    check(input.ndim > 1, op, f"renorm: input needs at least 2 dimensions, got {input.ndim} dimensions", ThunderRuntimeError)
+    check(
+        input.ndim > 1,
+        op,
+        f"renorm: input needs at least 2 dimensions, got {input.ndim} dimensions",
+        ThunderRuntimeError,
+    )
     d = clang.canonicalize_dim(input.ndim, dim, op)
     norms = linalg_vector_norm(input, p, [i for i in range(input.ndim) if i != d], True)
     factor = ltorch.where(ltorch.gt(norms, maxnorm), ltorch.true_divide(maxnorm, add(norms, 1e-7)), 1.0)
@@ -206,8 +279,12 @@ def nansum(input, dim=None, keepdim=False, *, dtype=None):
 def nanmean(input, dim=None, keepdim=False, *, dtype=None):
     """``nansum`` divided by the number of elements that are not NaN."""
     op = "ltorch.nanmean"
-    check(dtypes.is_inexact(input.dtype), op,
-          f"nanmean(): expected input to have floating point or complex dtype but got {input.dtype}", ThunderNotImplementedError)
+    check(
+        dtypes.is_inexact(input.dtype),
+        op,
+        f"nanmean(): expected input to have floating point or complex dtype but got {input.dtype}",
+        ThunderNotImplementedError,
+    )
     count = ltorch.sum(_not_nan(input), dim, keepdim)
     return ltorch.div(nansum(input, dim, keepdim, dtype=dtype), count)
 
@@ -217,10 +294,16 @@ def aminmax(input, *, dim=None, keepdim=False):
     op = "ltorch.aminmax"
     dims = _dims(input, dim, op, sequences=False)
     empty = any(input.shape[d] == 0 for d in dims) if input.ndim else False
-    check(not empty, op, "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.",
-          ThunderIndexError if dim is not None else ThunderRuntimeError)
+    check(
+        not empty,
+        op,
+        "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.",
+        ThunderIndexError if dim is not None else ThunderRuntimeError,
+    )
     reduce_dims = () if dim is None else dims
-    return torch.return_types.aminmax((ltorch.amin(input, reduce_dims, keepdim), ltorch.amax(input, reduce_dims, keepdim)))
+    return torch.return_types.aminmax(
+        (ltorch.amin(input, reduce_dims, keepdim), ltorch.amax(input, reduce_dims, keepdim))
+    )
 
 
 @torchsymbol(torch.msort, T.msort)
@@ -239,13 +322,24 @@ def _difference(x, d: int):
 def diff(input, n=1, dim=-1, prepend=None, append=None):
     """The ``n``-th forward difference along ``dim``, after ``prepend`` and ``append``."""
     op = "ltorch.diff"
-    check(isinstance(input, torch.Tensor), op, f"expected a tensor, got {type(input).__name__} (argument input)", ThunderTypeError)
+    check(
+        isinstance(input, torch.Tensor),
+        op,
+        f"expected a tensor, got {type(input).__name__} (argument input)",
+        ThunderTypeError,
+    )
     check(input.ndim >= 1, op, "diff expects input to be at least one-dimensional", ThunderRuntimeError)
-    check(isinstance(n, int) and n >= 0, op, f"order must be non-negative but got {n} (argument n)", ThunderRuntimeError)
+    check(
+        isinstance(n, int) and n >= 0, op, f"order must be non-negative but got {n} (argument n)", ThunderRuntimeError
+    )
     d = clang.canonicalize_dim(input.ndim, dim, op)
     for extra, name in ((prepend, "prepend"), (append, "append")):
-        check(extra is None or (isinstance(extra, torch.Tensor) and extra.ndim == input.ndim), op,
-              f"diff expects {name} to be a tensor with as many dims as input (argument {name})", ThunderRuntimeError)
+        check(
+            extra is None or (isinstance(extra, torch.Tensor) and extra.ndim == input.ndim),
+            op,
+            f"diff expects {name} to be a tensor with as many dims as input (argument {name})",
+            ThunderRuntimeError,
+        )
     parts = [t for t in (prepend, input, append) if t is not None]
     x = ltorch.cat(parts, d) if len(parts) > 1 else input
     for _ in range(min(n, x.shape[d])):

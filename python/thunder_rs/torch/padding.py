@@ -62,20 +62,40 @@ _RANKS = {2: (2, 3), 4: (3, 4), 6: (4, 5)}
 
 def _check_modes(op: str, mode: str, a, pad) -> list[tuple[int, int, int]]:
     """(dim, left, right) for each dim padded, last dim first, after eager's checks."""
-    check(isinstance(pad, (tuple, list)) and all(isinstance(p, int) and not isinstance(p, bool) for p in pad), op,
-          f"argument 'pad' must be tuple of ints, got {pad!r} (argument pad)", ThunderTypeError)
+    check(
+        isinstance(pad, (tuple, list)) and all(isinstance(p, int) and not isinstance(p, bool) for p in pad),
+        op,
+        f"argument 'pad' must be tuple of ints, got {pad!r} (argument pad)",
+        ThunderTypeError,
+    )
     check(len(pad) % 2 == 0, op, "Padding length must be divisible by 2 (argument pad)", ThunderRuntimeError)
-    check(a.ndim in _RANKS.get(len(pad), ()), op, lambda: (
-        f"Padding size {len(pad)} is not supported for {a.ndim}D input tensor: {mode} padding pads 1 to 3 trailing "
-        "dims of a 2D to 5D input, with one or two leading dims (argument pad)"), ThunderNotImplementedError)
+    check(
+        a.ndim in _RANKS.get(len(pad), ()),
+        op,
+        lambda: (
+            f"Padding size {len(pad)} is not supported for {a.ndim}D input tensor: {mode} padding pads 1 to 3 trailing "
+            "dims of a 2D to 5D input, with one or two leading dims (argument pad)"
+        ),
+        ThunderNotImplementedError,
+    )
     k = len(pad) // 2
     if mode != "circular":
-        check(a.dtype != torch.bool, op, f"{mode} padding is not implemented for 'Bool' (argument input)",
-              ThunderNotImplementedError)
+        check(
+            a.dtype != torch.bool,
+            op,
+            f"{mode} padding is not implemented for 'Bool' (argument input)",
+            ThunderNotImplementedError,
+        )
         lead = 1 if a.ndim == k + 2 else 0
-        check(all(s != 0 for s in a.shape[lead:]), op, lambda: (
-            f"Expected {k + 1}D or {k + 2}D (batch mode) tensor with possibly 0 batch size and other non-zero dimensions "
-            f"for input, but got: {list(a.shape)} (argument input)"), ThunderRuntimeError)
+        check(
+            all(s != 0 for s in a.shape[lead:]),
+            op,
+            lambda: (
+                f"Expected {k + 1}D or {k + 2}D (batch mode) tensor with possibly 0 batch size and other non-zero dimensions "
+                f"for input, but got: {list(a.shape)} (argument input)"
+            ),
+            ThunderRuntimeError,
+        )
     return [(a.ndim - 1 - i, pad[2 * i], pad[2 * i + 1]) for i in range(k)]
 
 
@@ -83,11 +103,21 @@ def _index_pad(op: str, mode: str, a, pad, source):
     for d, lo, hi in _check_modes(op, mode, a, pad):
         size = a.shape[d]
         if mode == "reflect":
-            check(lo < size and hi < size, op, lambda: (
-                f"Argument #4: Padding size should be less than the corresponding input dimension, but got: padding "
-                f"({lo}, {hi}) at dimension {d} of input {list(a.shape)} (argument pad)"), ThunderRuntimeError)
-        check(size + lo + hi >= 1, op, f"input (W: {size}) is too small. Calculated output W: {size + lo + hi} "
-              "(argument pad)", ThunderRuntimeError)
+            check(
+                lo < size and hi < size,
+                op,
+                lambda: (
+                    f"Argument #4: Padding size should be less than the corresponding input dimension, but got: padding "
+                    f"({lo}, {hi}) at dimension {d} of input {list(a.shape)} (argument pad)"
+                ),
+                ThunderRuntimeError,
+            )
+        check(
+            size + lo + hi >= 1,
+            op,
+            f"input (W: {size}) is too small. Calculated output W: {size + lo + hi} (argument pad)",
+            ThunderRuntimeError,
+        )
         if (lo, hi) != (0, 0):
             a = take_positions(a, d, [source(j - lo, size) for j in range(size + lo + hi)])
     return a
@@ -126,14 +156,28 @@ def circular_pad(input, pad):
     out = input
     for d, lo, hi in _check_modes(op, "circular", input, pad):
         size = input.shape[d]
-        check(lo <= size and hi <= size, op, "Padding value causes wrapping around more than once. (argument pad)",
-              ThunderRuntimeError)
-        check(size + lo + hi >= 0, op, "Negative padding value is resulting in an empty dimension. (argument pad)",
-              ThunderRuntimeError)
+        check(
+            lo <= size and hi <= size,
+            op,
+            "Padding value causes wrapping around more than once. (argument pad)",
+            ThunderRuntimeError,
+        )
+        check(
+            size + lo + hi >= 0,
+            op,
+            "Negative padding value is resulting in an empty dimension. (argument pad)",
+            ThunderRuntimeError,
+        )
         cropped = size - max(-lo, 0) - max(-hi, 0)
-        check(max(lo, hi, 0) <= cropped, op, lambda: (
-            f"padding ({lo}, {hi}) of dimension {d} wraps around the {cropped} elements left after cropping more than "
-            "once; eager reads memory it never wrote there (argument pad)"), ThunderRuntimeError)
+        check(
+            max(lo, hi, 0) <= cropped,
+            op,
+            lambda: (
+                f"padding ({lo}, {hi}) of dimension {d} wraps around the {cropped} elements left after cropping more than "
+                "once; eager reads memory it never wrote there (argument pad)"
+            ),
+            ThunderRuntimeError,
+        )
         first, left = max(-lo, 0), max(lo, 0)
         positions = [first + (j - left) % cropped for j in range(size + lo + hi)] if cropped else []
         if positions != list(range(size)):
@@ -150,8 +194,12 @@ def _pad(input, pad, mode="constant", value=None):
         out = constant_pad(input, pad, mode, value)
         return copy_of(out) if out is input else out
     check(mode in _MODES, "ltorch.pad", f"Unrecognised padding mode {mode} (argument mode)", ThunderNotImplementedError)
-    check(value is None or value == 0, "ltorch.pad", f'Padding mode "{mode}" doesn\'t take in value argument (argument value)',
-          ThunderRuntimeError)
+    check(
+        value is None or value == 0,
+        "ltorch.pad",
+        f'Padding mode "{mode}" doesn\'t take in value argument (argument value)',
+        ThunderRuntimeError,
+    )
     return _MODES[mode](input, pad)
 
 
@@ -161,7 +209,13 @@ TORCH_TO_LTORCH[F.pad] = _pad
 @torchsymbol(torch.constant_pad_nd)
 def constant_pad_nd(input, pad, value=0):
     op = "ltorch.constant_pad_nd"
-    check(len(pad) // 2 <= input.ndim, op, lambda: (
-        f"Length of pad should be no more than twice the number of dimensions of the input. Pad length is {len(pad)} "
-        f"while the input has {input.ndim} dimensions. (argument pad)"), ThunderRuntimeError)
+    check(
+        len(pad) // 2 <= input.ndim,
+        op,
+        lambda: (
+            f"Length of pad should be no more than twice the number of dimensions of the input. Pad length is {len(pad)} "
+            f"while the input has {input.ndim} dimensions. (argument pad)"
+        ),
+        ThunderRuntimeError,
+    )
     return fresh(constant_pad(input, list(pad), "constant", value), input)

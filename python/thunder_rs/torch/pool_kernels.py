@@ -30,8 +30,13 @@ from thunder_rs.torch.pooling import (
 )
 
 __all__ = [
-    "max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward", "adaptive_max_pool2d_backward",
-    "adaptive_max_pool3d_backward", "avg_pool2d_backward", "avg_pool3d_backward", "adaptive_avg_pool2d_backward",
+    "max_pool2d_with_indices_backward",
+    "max_pool3d_with_indices_backward",
+    "adaptive_max_pool2d_backward",
+    "adaptive_max_pool3d_backward",
+    "avg_pool2d_backward",
+    "avg_pool3d_backward",
+    "adaptive_avg_pool2d_backward",
     "adaptive_avg_pool3d_backward",
 ]
 
@@ -73,13 +78,16 @@ def adaptive_max_pool3d_backward(grad_output, input, indices):
 # -- average pooling -------------------------------------------------------------------------------
 
 
-def _avg_pool_backward(n: int, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                       divisor_override):
+def _avg_pool_backward(
+    n: int, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
     kernel, pads = tuple(kernel_size), tuple(padding)
     strides = tuple(stride) if len(stride) else kernel
     sizes = tuple(input.shape[-n:])
-    geometry = [(size, k, s, p, 1, pool_out_size(size, k, s, p, 1, ceil_mode))
-                for size, k, s, p in zip(sizes, kernel, strides, pads)]
+    geometry = [
+        (size, k, s, p, 1, pool_out_size(size, k, s, p, 1, ceil_mode))
+        for size, k, s, p in zip(sizes, kernel, strides, pads)
+    ]
     if divisor_override is not None:
         g = prims.div(grad_output, float(divisor_override))
     else:
@@ -87,22 +95,27 @@ def _avg_pool_backward(n: int, grad_output, input, kernel_size, stride, padding,
         g = prims.div(grad_output, prims.convert_element_type(counts, grad_output.dtype))
     # Each window element gets its window's share.
     spread = prims.broadcast_in_dim(g, (*g.shape, math.prod(kernel)), tuple(range(g.ndim)))
-    return unpad_spatial(scatter_windows(spread, window_tables(input.device, geometry), padded_lengths(geometry)),
-                         geometry)
+    return unpad_spatial(
+        scatter_windows(spread, window_tables(input.device, geometry), padded_lengths(geometry)), geometry
+    )
 
 
 @torchsymbol(_aten.avg_pool2d_backward.default, name="avg_pool2d_backward")
-def avg_pool2d_backward(grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override):
-    return _avg_pool_backward(2, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                              divisor_override)
+def avg_pool2d_backward(
+    grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    return _avg_pool_backward(
+        2, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
 
 
 @torchsymbol(_aten.avg_pool3d_backward.default, name="avg_pool3d_backward")
-def avg_pool3d_backward(grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override):
-    return _avg_pool_backward(3, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                              divisor_override)
+def avg_pool3d_backward(
+    grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    return _avg_pool_backward(
+        3, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
 
 
 def _adaptive_avg_backward(n: int, grad_output, input):
@@ -114,10 +127,12 @@ def _adaptive_avg_backward(n: int, grad_output, input):
         table, lengths = adaptive_table(input.device, size, out)
         longest = table.shape[1]
         share = prims.div(g, prims.broadcast_in_dim(prims.convert_element_type(lengths, g.dtype), g.shape, (axis,)))
-        spread_shape = (*g.shape[:axis], out, longest, *g.shape[axis + 1:])
+        spread_shape = (*g.shape[:axis], out, longest, *g.shape[axis + 1 :])
         spread = prims.broadcast_in_dim(share, spread_shape, tuple(d if d <= axis else d + 1 for d in range(g.ndim)))
-        inside = prims.lt(prims.broadcast_in_dim(prims.iota(longest, 0, 1, input.device, torch.int64), table.shape, (1,)),
-                          prims.broadcast_in_dim(lengths, table.shape, (0,)))
+        inside = prims.lt(
+            prims.broadcast_in_dim(prims.iota(longest, 0, 1, input.device, torch.int64), table.shape, (1,)),
+            prims.broadcast_in_dim(lengths, table.shape, (0,)),
+        )
         spread = prims.where(prims.broadcast_in_dim(inside, spread_shape, (axis, axis + 1)), spread, 0.0)
         g = scatter_along(spread, axis, table, size)
     return g

@@ -30,11 +30,32 @@ from thunder_rs.errors import (
 from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = [
-    "max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",
-    "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-    "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "lp_pool1d",
-    "lp_pool2d", "lp_pool3d", "max_unpool1d", "max_unpool2d", "max_unpool3d", "adaptive_max_pool1d_with_indices",
-    "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "im2col", "col2im",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "max_pool1d_with_indices",
+    "max_pool2d_with_indices",
+    "max_pool3d_with_indices",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "adaptive_max_pool3d",
+    "lp_pool1d",
+    "lp_pool2d",
+    "lp_pool3d",
+    "max_unpool1d",
+    "max_unpool2d",
+    "max_unpool3d",
+    "adaptive_max_pool1d_with_indices",
+    "adaptive_max_pool2d_with_indices",
+    "adaptive_max_pool3d_with_indices",
+    "im2col",
+    "col2im",
 ]
 
 
@@ -46,18 +67,35 @@ def spatial_tuple(op: str, value, n: int, arg: str) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,) * n
     values = tuple(value)
-    check(len(values) in (1, n), op,
-          lambda: f"{arg} must either be a single int, or a tuple of {n} ints (argument {arg})", ThunderRuntimeError)
+    check(
+        len(values) in (1, n),
+        op,
+        lambda: f"{arg} must either be a single int, or a tuple of {n} ints (argument {arg})",
+        ThunderRuntimeError,
+    )
     return values * n if len(values) == 1 else values
 
 
 def check_pool_input(op: str, input, n: int, allow_empty_batch: bool = True) -> None:
     """A (C, s1..sn) or (N, C, s1..sn) input with nonzero sizes after the batch dim."""
-    check(input.ndim in (n + 1, n + 2), op, lambda: f"Expected {n + 1}D or {n + 2}D (batch mode) tensor for input, "
-          f"but got {input.ndim}D input of shape {list(input.shape)} (argument input)", ThunderRuntimeError)
+    check(
+        input.ndim in (n + 1, n + 2),
+        op,
+        lambda: (
+            f"Expected {n + 1}D or {n + 2}D (batch mode) tensor for input, "
+            f"but got {input.ndim}D input of shape {list(input.shape)} (argument input)"
+        ),
+        ThunderRuntimeError,
+    )
     inner = input.shape[1:] if input.ndim == n + 2 and allow_empty_batch else input.shape
-    check(all(s > 0 for s in inner), op, lambda: f"expected non-empty dims (optional 0 batch size) for input, got "
-          f"shape {list(input.shape)} (argument input)", ThunderRuntimeError)
+    check(
+        all(s > 0 for s in inner),
+        op,
+        lambda: (
+            f"expected non-empty dims (optional 0 batch size) for input, got shape {list(input.shape)} (argument input)"
+        ),
+        ThunderRuntimeError,
+    )
 
 
 def _require_dtype(op: str, input, floats_only: bool) -> None:
@@ -82,25 +120,49 @@ def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) ->
 def pool_geometry(op: str, input, n: int, kernel_size, stride, padding, dilation, ceil_mode):
     """Per spatial dim: (size, kernel, stride, padding, dilation, out), checked as aten checks them."""
     kernel = spatial_tuple(op, kernel_size, n, "kernel_size")
-    strides = kernel if stride is None or (not isinstance(stride, int) and len(stride) == 0) else \
-        spatial_tuple(op, stride, n, "stride")
+    strides = (
+        kernel
+        if stride is None or (not isinstance(stride, int) and len(stride) == 0)
+        else spatial_tuple(op, stride, n, "stride")
+    )
     pads, dils = spatial_tuple(op, padding, n, "padding"), spatial_tuple(op, dilation, n, "dilation")
-    check(all(k > 0 for k in kernel), op,
-          f"kernel size should be greater than zero, but got {kernel} (argument kernel_size)",
-          ThunderRuntimeError)
-    check(all(s > 0 for s in strides), op, f"stride should be greater than zero, but got {strides} (argument stride)",
-          ThunderRuntimeError)
-    check(all(d > 0 for d in dils), op, f"dilation should be greater than zero, but got {dils} (argument dilation)",
-          ThunderRuntimeError)
-    check(all(0 <= p <= (d * (k - 1) + 1) // 2 for k, p, d in zip(kernel, pads, dils)), op,
-          f"pad should be at most half of effective kernel size, but got pad={pads}, kernel_size={kernel} and "
-          f"dilation={dils} (argument padding)", ThunderRuntimeError)
+    check(
+        all(k > 0 for k in kernel),
+        op,
+        f"kernel size should be greater than zero, but got {kernel} (argument kernel_size)",
+        ThunderRuntimeError,
+    )
+    check(
+        all(s > 0 for s in strides),
+        op,
+        f"stride should be greater than zero, but got {strides} (argument stride)",
+        ThunderRuntimeError,
+    )
+    check(
+        all(d > 0 for d in dils),
+        op,
+        f"dilation should be greater than zero, but got {dils} (argument dilation)",
+        ThunderRuntimeError,
+    )
+    check(
+        all(0 <= p <= (d * (k - 1) + 1) // 2 for k, p, d in zip(kernel, pads, dils)),
+        op,
+        f"pad should be at most half of effective kernel size, but got pad={pads}, kernel_size={kernel} and "
+        f"dilation={dils} (argument padding)",
+        ThunderRuntimeError,
+    )
     sizes = tuple(input.shape[-n:])
-    geometry = [(size, k, s, p, d, pool_out_size(size, k, s, p, d, ceil_mode))
-                for size, k, s, p, d in zip(sizes, kernel, strides, pads, dils)]
+    geometry = [
+        (size, k, s, p, d, pool_out_size(size, k, s, p, d, ceil_mode))
+        for size, k, s, p, d in zip(sizes, kernel, strides, pads, dils)
+    ]
     outs = tuple(g[-1] for g in geometry)
-    check(all(o > 0 for o in outs), op, f"Given input size {sizes}, the calculated output size {outs} is too small "
-          "(argument kernel_size)", ThunderRuntimeError)
+    check(
+        all(o > 0 for o in outs),
+        op,
+        f"Given input size {sizes}, the calculated output size {outs} is too small (argument kernel_size)",
+        ThunderRuntimeError,
+    )
     return geometry
 
 
@@ -125,8 +187,10 @@ def adaptive_table(device, size: int, out: int):
     start = prims.div(prims.mul(o, size), out)
     end = prims.div(prims.add(prims.mul(o, size), size + out - 1), out)
     grid = (out, longest)
-    table = prims.add(prims.broadcast_in_dim(start, grid, (0,)),
-                      prims.broadcast_in_dim(prims.iota(longest, 0, 1, device, torch.int64), grid, (1,)))
+    table = prims.add(
+        prims.broadcast_in_dim(start, grid, (0,)),
+        prims.broadcast_in_dim(prims.iota(longest, 0, 1, device, torch.int64), grid, (1,)),
+    )
     last = prims.broadcast_in_dim(prims.sub(end, 1), grid, (0,))
     return prims.minimum(table, last), prims.sub(end, start)
 
@@ -140,18 +204,18 @@ def gather_windows(x, tables):
         axis = lead + 2 * i  # each earlier dim is now (o, k)
         out, k = table.shape
         taken = prims.take(x, prims.reshape(table, (out * k,)), axis)
-        x = prims.reshape(taken, (*taken.shape[:axis], out, k, *taken.shape[axis + 1:]))
+        x = prims.reshape(taken, (*taken.shape[:axis], out, k, *taken.shape[axis + 1 :]))
     order = (*range(lead), *(lead + 2 * i for i in range(n)), *(lead + 2 * i + 1 for i in range(n)))
     x = prims.transpose(x, order)
-    return prims.reshape(x, (*x.shape[:lead + n], math.prod(x.shape[lead + n:])))
+    return prims.reshape(x, (*x.shape[: lead + n], math.prod(x.shape[lead + n :])))
 
 
 def scatter_along(grad, axis: int, table, length: int):
     """The transpose of taking ``table``'s (out, k) positions along ``axis``: ``grad``'s
     (out, k) dims at ``axis`` added into ``length`` positions."""
     out, k = table.shape
-    merged = prims.reshape(grad, (*grad.shape[:axis], out * k, *grad.shape[axis + 2:]))
-    zeros = prims.full((*merged.shape[:axis], length, *merged.shape[axis + 1:]), 0, grad.device, grad.dtype)
+    merged = prims.reshape(grad, (*grad.shape[:axis], out * k, *grad.shape[axis + 2 :]))
+    zeros = prims.full((*merged.shape[:axis], length, *merged.shape[axis + 1 :]), 0, grad.device, grad.dtype)
     return prims.index_add(zeros, prims.reshape(table, (out * k,)), merged, axis)
 
 
@@ -181,7 +245,7 @@ def unpad_spatial(x, geometry):
     """``x`` (lead..., padded spatial dims) without the padding ``padded_lengths`` added."""
     n = len(geometry)
     start = (0,) * (x.ndim - n) + tuple(p for size, k, s, p, d, out in geometry)
-    end = tuple(x.shape[:x.ndim - n]) + tuple(p + size for size, k, s, p, d, out in geometry)
+    end = tuple(x.shape[: x.ndim - n]) + tuple(p + size for size, k, s, p, d, out in geometry)
     return prims.slice(x, start, end, (1,) * x.ndim)
 
 
@@ -221,8 +285,9 @@ def _max_pool(op: str, n: int, input, kernel_size, stride, padding, dilation, ce
     if not return_indices:
         return out
     positions = _pad_spatial(flat_positions(input.device, [g[0] for g in geometry]), geometry, -1)
-    position_windows = prims.broadcast_in_dim(gather_windows(positions, tables), windows.shape,
-                                              tuple(range(last - n, last + 1)))
+    position_windows = prims.broadcast_in_dim(
+        gather_windows(positions, tables), windows.shape, tuple(range(last - n, last + 1))
+    )
     which = eager_argmax(windows, out, prims.ge(position_windows, 0))
     return out, prims.reshape(prims.take_along_axis(position_windows, which, last), out.shape)
 
@@ -246,8 +311,12 @@ def eager_argmax(windows, maxima, valid):
 @torchsymbol(F.max_pool1d, torch.max_pool1d)
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     op = "ltorch.max_pool1d"
-    check(return_indices or input.dtype.is_floating_point, op,
-          lambda: f"\"max_pool1d_impl\" not implemented for {input.dtype} (argument input)", ThunderNotImplementedError)
+    check(
+        return_indices or input.dtype.is_floating_point,
+        op,
+        lambda: f'"max_pool1d_impl" not implemented for {input.dtype} (argument input)',
+        ThunderNotImplementedError,
+    )
     return _max_pool(op, 1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
@@ -263,20 +332,23 @@ def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 
 # F.max_poolNd_with_indices return the indices whatever return_indices says.
 @torchsymbol(F.max_pool1d_with_indices)
-def max_pool1d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-                            return_indices=False):
+def max_pool1d_with_indices(
+    input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False
+):
     return max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
 @torchsymbol(F.max_pool2d_with_indices)
-def max_pool2d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-                            return_indices=False):
+def max_pool2d_with_indices(
+    input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False
+):
     return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
 @torchsymbol(F.max_pool3d_with_indices)
-def max_pool3d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-                            return_indices=False):
+def max_pool3d_with_indices(
+    input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False
+):
     return max_pool3d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
@@ -307,12 +379,20 @@ def outer_product(vectors, shape):
 
 def _avg_pool(op: str, n: int, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     # aten's avg_pool2d reads the channel dim before it checks the input's dims.
-    check(n != 2 or input.ndim >= 3, op, f"Dimension out of range: expected a 3-D or 4-D input, got {input.ndim}-D "
-          "(argument input)", ThunderIndexError)
+    check(
+        n != 2 or input.ndim >= 3,
+        op,
+        f"Dimension out of range: expected a 3-D or 4-D input, got {input.ndim}-D (argument input)",
+        ThunderIndexError,
+    )
     check_pool_input(op, input, n)
     _require_dtype(op, input, floats_only=False)
-    check(divisor_override is None or divisor_override != 0, op, "divisor must be not zero (argument divisor_override)",
-          ThunderRuntimeError)
+    check(
+        divisor_override is None or divisor_override != 0,
+        op,
+        "divisor must be not zero (argument divisor_override)",
+        ThunderRuntimeError,
+    )
     geometry = pool_geometry(op, input, n, kernel_size, stride, padding, 1, ceil_mode)
     tables = [window_table(input.device, out, k, s, d) for size, k, s, p, d, out in geometry]
     windows = gather_windows(_pad_spatial(input, geometry, 0), tables)
@@ -329,17 +409,21 @@ def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
 
 
 @torchsymbol(F.avg_pool2d)
-def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
-    return _avg_pool("ltorch.avg_pool2d", 2, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                     divisor_override)
+def avg_pool2d(
+    input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    return _avg_pool(
+        "ltorch.avg_pool2d", 2, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
 
 
 @torchsymbol(F.avg_pool3d)
-def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
-    return _avg_pool("ltorch.avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                     divisor_override)
+def avg_pool3d(
+    input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    return _avg_pool(
+        "ltorch.avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
 
 
 # -- adaptive pooling ------------------------------------------------------------------------------
@@ -347,15 +431,27 @@ def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
 
 def adaptive_sizes(op: str, input, n: int, output_size) -> tuple[int, ...]:
     """The output's spatial sizes; None keeps the input's size along that dim."""
-    check(n > 1 or output_size is not None, op, "output_size must be an int or a tuple of one int, not None "
-          "(argument output_size)", ThunderTypeError)
+    check(
+        n > 1 or output_size is not None,
+        op,
+        "output_size must be an int or a tuple of one int, not None (argument output_size)",
+        ThunderTypeError,
+    )
     sizes: tuple = (output_size,) * n if output_size is None or isinstance(output_size, int) else tuple(output_size)
-    check(len(sizes) in (1, n), op, f"output_size must be {n} ints, got {output_size} (argument output_size)",
-          ThunderRuntimeError)
+    check(
+        len(sizes) in (1, n),
+        op,
+        f"output_size must be {n} ints, got {output_size} (argument output_size)",
+        ThunderRuntimeError,
+    )
     sizes = sizes * n if len(sizes) == 1 else sizes
     sizes = tuple(input.shape[input.ndim - n + i] if s is None else s for i, s in enumerate(sizes))
-    check(all(s >= 0 for s in sizes), op, f"output_size must be non-negative, got {sizes} (argument output_size)",
-          ThunderRuntimeError)
+    check(
+        all(s >= 0 for s in sizes),
+        op,
+        f"output_size must be non-negative, got {sizes} (argument output_size)",
+        ThunderRuntimeError,
+    )
     return sizes
 
 
@@ -372,9 +468,11 @@ def _adaptive_avg(op: str, n: int, input, output_size):
         table, lengths = adaptive_table(input.device, x.shape[axis], out)
         longest = table.shape[1]
         taken = prims.take(x, prims.reshape(table, (out * longest,)), axis)
-        taken = prims.reshape(taken, (*taken.shape[:axis], out, longest, *taken.shape[axis + 1:]))
-        inside = prims.lt(prims.broadcast_in_dim(prims.iota(longest, 0, 1, input.device, torch.int64), table.shape, (1,)),
-                          prims.broadcast_in_dim(lengths, table.shape, (0,)))
+        taken = prims.reshape(taken, (*taken.shape[:axis], out, longest, *taken.shape[axis + 1 :]))
+        inside = prims.lt(
+            prims.broadcast_in_dim(prims.iota(longest, 0, 1, input.device, torch.int64), table.shape, (1,)),
+            prims.broadcast_in_dim(lengths, table.shape, (0,)),
+        )
         mask = prims.broadcast_in_dim(inside, taken.shape, (axis, axis + 1))
         total = prims.sum(prims.where(mask, taken, 0.0), (axis + 1,))
         count = prims.broadcast_in_dim(prims.convert_element_type(lengths, input.dtype), total.shape, (axis,))
@@ -401,8 +499,12 @@ def _adaptive_max(op: str, n: int, input, output_size, return_indices):
     check_pool_input(op, input, n)
     _require_dtype(op, input, floats_only=True)
     outs = adaptive_sizes(op, input, n, output_size)
-    check(all(o > 0 for o in outs), op, f"output_size must be positive, got {outs} (argument output_size)",
-          ThunderRuntimeError)
+    check(
+        all(o > 0 for o in outs),
+        op,
+        f"output_size must be positive, got {outs} (argument output_size)",
+        ThunderRuntimeError,
+    )
     sizes = tuple(input.shape[-n:])
     tables = [adaptive_table(input.device, size, out)[0] for size, out in zip(sizes, outs)]
     windows = gather_windows(input, tables)
@@ -411,8 +513,9 @@ def _adaptive_max(op: str, n: int, input, output_size, return_indices):
     if not return_indices:
         return out
     which = eager_argmax(windows, out, None)
-    positions = prims.broadcast_in_dim(gather_windows(flat_positions(input.device, sizes), tables), windows.shape,
-                                       tuple(range(last - n, last + 1)))
+    positions = prims.broadcast_in_dim(
+        gather_windows(flat_positions(input.device, sizes), tables), windows.shape, tuple(range(last - n, last + 1))
+    )
     return out, prims.reshape(prims.take_along_axis(positions, which, last), out.shape)
 
 
@@ -452,8 +555,12 @@ def adaptive_max_pool3d_with_indices(input, output_size, return_indices=False):
 
 def _lp_pool(op: str, n: int, max_pool, avg_pool, input, norm_type, kernel_size, stride, ceil_mode):
     """F.lp_poolNd as torch writes it: the p-th root of the windows' sum of p-th powers."""
-    check(norm_type != 0, op, f"norm_type must be a non-zero value, but got {norm_type} (argument norm_type)",
-          ThunderValueError)
+    check(
+        norm_type != 0,
+        op,
+        f"norm_type must be a non-zero value, but got {norm_type} (argument norm_type)",
+        ThunderValueError,
+    )
     if norm_type == math.inf:
         return max_pool(ltorch.abs(input), kernel_size, stride, 0, 1, ceil_mode)
     if norm_type == -math.inf:
@@ -493,25 +600,51 @@ def unpool_sizes(op: str, input, n: int, kernel_size, stride, padding, output_si
     else:
         sizes = tuple(output_size)
         sizes = sizes[2:] if len(sizes) == n + 2 else sizes
-        check(len(sizes) == n, op, f"output_size should be a sequence containing {n} or {n + 2} elements, but it has "
-              f"a length of '{len(sizes)}' (argument output_size)", ThunderValueError)
+        check(
+            len(sizes) == n,
+            op,
+            f"output_size should be a sequence containing {n} or {n + 2} elements, but it has "
+            f"a length of '{len(sizes)}' (argument output_size)",
+            ThunderValueError,
+        )
         for d in range(n):
             low, high = default[d] - strides[d], default[d] + strides[d]
-            check(low < sizes[d] < high, op, f'invalid output_size "{list(sizes)}" (dim {d} must be between {low} and '
-                  f"{high}) (argument output_size)", ThunderValueError)
-    check(all(s >= 0 for s in sizes), op, f"output_size must contain non-negative spatial dimensions, but got "
-          f"{list(sizes)} (argument output_size)", ThunderValueError)
+            check(
+                low < sizes[d] < high,
+                op,
+                f'invalid output_size "{list(sizes)}" (dim {d} must be between {low} and '
+                f"{high}) (argument output_size)",
+                ThunderValueError,
+            )
+    check(
+        all(s >= 0 for s in sizes),
+        op,
+        f"output_size must contain non-negative spatial dimensions, but got {list(sizes)} (argument output_size)",
+        ThunderValueError,
+    )
     return sizes
 
 
 def _max_unpool(op: str, n: int, input, indices, kernel_size, stride, padding, output_size):
-    check(input.ndim in (n + 1, n + 2), op, f"Expected {n + 1}D or {n + 2}D tensor for input, but got "
-          f"{input.ndim}D (argument input)", ThunderRuntimeError)
-    check(indices.dtype == torch.int64, op, f"elements in indices should be type int64 but got: {indices.dtype} "
-          "(argument indices)", ThunderRuntimeError)
-    check(tuple(indices.shape) == tuple(input.shape), op, f"Expected shape of indices to be same as that of the input "
-          f"tensor ({list(input.shape)}) but got indices tensor with shape: {list(indices.shape)} (argument indices)",
-          ThunderRuntimeError)
+    check(
+        input.ndim in (n + 1, n + 2),
+        op,
+        f"Expected {n + 1}D or {n + 2}D tensor for input, but got {input.ndim}D (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        indices.dtype == torch.int64,
+        op,
+        f"elements in indices should be type int64 but got: {indices.dtype} (argument indices)",
+        ThunderRuntimeError,
+    )
+    check(
+        tuple(indices.shape) == tuple(input.shape),
+        op,
+        f"Expected shape of indices to be same as that of the input "
+        f"tensor ({list(input.shape)}) but got indices tensor with shape: {list(indices.shape)} (argument indices)",
+        ThunderRuntimeError,
+    )
     sizes = unpool_sizes(op, input, n, kernel_size, stride, padding, output_size)
     lead = tuple(input.shape[:-n])
     count = math.prod(input.shape[-n:])
@@ -548,25 +681,45 @@ def max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_siz
 
 def _check_block_dtype(op: str, input) -> None:
     """im2col and col2im take floating and bool tensors, not integers."""
-    check(input.dtype.is_floating_point or input.dtype == torch.bool, op,
-          lambda: f"not implemented for {input.dtype} (argument input)", ThunderNotImplementedError)
+    check(
+        input.dtype.is_floating_point or input.dtype == torch.bool,
+        op,
+        lambda: f"not implemented for {input.dtype} (argument input)",
+        ThunderNotImplementedError,
+    )
 
 
 def block_geometry(op: str, sizes, kernel_size, dilation, padding, stride):
     """Per spatial dim of unfold and fold: (size, kernel, stride, padding, dilation, blocks)."""
     kernel, dils = spatial_tuple(op, kernel_size, 2, "kernel_size"), spatial_tuple(op, dilation, 2, "dilation")
     pads, strides = spatial_tuple(op, padding, 2, "padding"), spatial_tuple(op, stride, 2, "stride")
-    for name, values, low in (("kernel size", kernel, 1), ("dilation", dils, 1), ("padding", pads, 0),
-                              ("stride", strides, 1)):
+    for name, values, low in (
+        ("kernel size", kernel, 1),
+        ("dilation", dils, 1),
+        ("padding", pads, 0),
+        ("stride", strides, 1),
+    ):
         arg = name.replace(" ", "_")
-        check(all(v >= low for v in values), op, f"{name} should be {'non-negative' if low == 0 else 'greater than zero'}"
-              f", but got {values} (argument {arg})", ThunderRuntimeError)
-    geometry = [(size, k, s, p, d, pool_out_size(size, k, s, p, d, False))
-                for size, k, s, p, d in zip(sizes, kernel, strides, pads, dils)]
+        check(
+            all(v >= low for v in values),
+            op,
+            f"{name} should be {'non-negative' if low == 0 else 'greater than zero'}"
+            f", but got {values} (argument {arg})",
+            ThunderRuntimeError,
+        )
+    geometry = [
+        (size, k, s, p, d, pool_out_size(size, k, s, p, d, False))
+        for size, k, s, p, d in zip(sizes, kernel, strides, pads, dils)
+    ]
     blocks = tuple(g[-1] for g in geometry)
-    check(all(b > 0 for b in blocks), op, f"Given spatial size {tuple(sizes)}, kernel_size={kernel}, dilation={dils}, "
-          f"padding={pads}, the calculated shape of the array of sliding blocks is {blocks}, which is too small "
-          "(argument kernel_size)", ThunderRuntimeError)
+    check(
+        all(b > 0 for b in blocks),
+        op,
+        f"Given spatial size {tuple(sizes)}, kernel_size={kernel}, dilation={dils}, "
+        f"padding={pads}, the calculated shape of the array of sliding blocks is {blocks}, which is too small "
+        "(argument kernel_size)",
+        ThunderRuntimeError,
+    )
     return geometry
 
 
@@ -575,40 +728,61 @@ def block_geometry(op: str, sizes, kernel_size, dilation, padding, stride):
 def im2col(input, kernel_size, dilation=1, padding=0, stride=1):
     """Each sliding block of a (N, C, H, W) or (C, H, W) input as a column: (N, C * kh * kw, L)."""
     op = "ltorch.im2col (F.unfold)"
-    check(input.ndim in (3, 4), op, f"Input Error: Only 3D or 4D input Tensors are supported (got {input.ndim}D) "
-          "(argument input)", ThunderNotImplementedError if input.ndim > 4 else ThunderIndexError)
+    check(
+        input.ndim in (3, 4),
+        op,
+        f"Input Error: Only 3D or 4D input Tensors are supported (got {input.ndim}D) (argument input)",
+        ThunderNotImplementedError if input.ndim > 4 else ThunderIndexError,
+    )
     check_pool_input(op, input, 2)
     _check_block_dtype(op, input)
     geometry = block_geometry(op, input.shape[-2:], kernel_size, dilation, padding, stride)
-    windows = gather_windows(_pad_spatial(input, geometry, False if input.dtype == torch.bool else 0),
-                             window_tables(input.device, geometry))
+    windows = gather_windows(
+        _pad_spatial(input, geometry, False if input.dtype == torch.bool else 0), window_tables(input.device, geometry)
+    )
     lead = input.ndim - 2  # (lead..., oh, ow, K) -> (lead[:-1]..., C * K, oh * ow)
     moved = prims.transpose(windows, (*range(lead), lead + 2, lead, lead + 1))
     channels = input.shape[lead - 1] * windows.shape[-1]
-    return prims.reshape(moved, (*input.shape[:lead - 1], channels, windows.shape[lead] * windows.shape[lead + 1]))
+    return prims.reshape(moved, (*input.shape[: lead - 1], channels, windows.shape[lead] * windows.shape[lead + 1]))
 
 
 @torchsymbol(F.fold)
 def col2im(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
     """Sums sliding-block columns (N, C * kh * kw, L) or (C * kh * kw, L) into (N, C, H, W)."""
     op = "ltorch.col2im (F.fold)"
-    check(input.ndim in (2, 3), op, f"Input Error: Only unbatched (2D) or batched (3D) input Tensors are supported "
-          f"(got {input.ndim}D) (argument input)", ThunderNotImplementedError)
+    check(
+        input.ndim in (2, 3),
+        op,
+        f"Input Error: Only unbatched (2D) or batched (3D) input Tensors are supported "
+        f"(got {input.ndim}D) (argument input)",
+        ThunderNotImplementedError,
+    )
     _check_block_dtype(op, input)
     sizes = spatial_tuple(op, output_size, 2, "output_size")
     geometry = block_geometry(op, sizes, kernel_size, dilation, padding, stride)
     window = geometry[0][1] * geometry[1][1]
     columns, blocks = input.shape[-2:]
-    check(columns % window == 0, op, f"Expected size of input's dimension {input.ndim - 2} to be divisible by the "
-          f"product of kernel_size, but got input.size({input.ndim - 2})={columns} and kernel_size="
-          f"{(geometry[0][1], geometry[1][1])} (argument input)", ThunderRuntimeError)
+    check(
+        columns % window == 0,
+        op,
+        f"Expected size of input's dimension {input.ndim - 2} to be divisible by the "
+        f"product of kernel_size, but got input.size({input.ndim - 2})={columns} and kernel_size="
+        f"{(geometry[0][1], geometry[1][1])} (argument input)",
+        ThunderRuntimeError,
+    )
     outs = (geometry[0][-1], geometry[1][-1])
-    check(blocks == outs[0] * outs[1], op, f"Given output_size={sizes}, expected size of input's dimension "
-          f"{input.ndim - 1} to match the calculated number of sliding blocks {outs[0]} * {outs[1]} = "
-          f"{outs[0] * outs[1]}, but got input.size({input.ndim - 1})={blocks} (argument input)", ThunderRuntimeError)
+    check(
+        blocks == outs[0] * outs[1],
+        op,
+        f"Given output_size={sizes}, expected size of input's dimension "
+        f"{input.ndim - 1} to match the calculated number of sliding blocks {outs[0]} * {outs[1]} = "
+        f"{outs[0] * outs[1]}, but got input.size({input.ndim - 1})={blocks} (argument input)",
+        ThunderRuntimeError,
+    )
     lead = tuple(input.shape[:-2])
     split = prims.reshape(input, (*lead, columns // window, window, *outs))
     n = len(lead) + 1  # the channel dim's index after lead
     windows = prims.transpose(split, (*range(n), n + 1, n + 2, n))
-    return unpad_spatial(scatter_windows(windows, window_tables(input.device, geometry), padded_lengths(geometry)),
-                         geometry)
+    return unpad_spatial(
+        scatter_windows(windows, window_tables(input.device, geometry), padded_lengths(geometry)), geometry
+    )

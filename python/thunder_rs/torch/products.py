@@ -23,25 +23,47 @@ from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands, 
 T = torch.Tensor
 LA = torch.linalg
 __all__ = [
-    "addmv", "addbmm", "addr", "vdot", "tensordot", "einsum", "cross", "linalg_cross", "linalg_vecdot",
-    "linalg_multi_dot", "linalg_matrix_power", "linalg_vander",
+    "addmv",
+    "addbmm",
+    "addr",
+    "vdot",
+    "tensordot",
+    "einsum",
+    "cross",
+    "linalg_cross",
+    "linalg_vecdot",
+    "linalg_multi_dot",
+    "linalg_matrix_power",
+    "linalg_vander",
 ]
 
 
 def _check_tensor(op: str, x, name: str) -> None:
-    check(isinstance(x, torch.Tensor), op, lambda: f"expected a tensor, got {type(x).__name__} (argument {name})",
-          ThunderTypeError)
+    check(
+        isinstance(x, torch.Tensor),
+        op,
+        lambda: f"expected a tensor, got {type(x).__name__} (argument {name})",
+        ThunderTypeError,
+    )
 
 
 def _same_dtype(op: str, tensors, message: str) -> None:
     for t in tensors[1:]:
-        check(t.dtype == tensors[0].dtype, op, lambda: f"{message}, but found {tensors[0].dtype} and {t.dtype}",
-              ThunderRuntimeError)
+        check(
+            t.dtype == tensors[0].dtype,
+            op,
+            lambda: f"{message}, but found {tensors[0].dtype} and {t.dtype}",
+            ThunderRuntimeError,
+        )
 
 
 def _real(op: str, x, name: str) -> None:
-    check(not x.dtype.is_complex, op, f"complex inputs are not supported by thunder_rs (argument {name})",
-          ThunderNotImplementedError)
+    check(
+        not x.dtype.is_complex,
+        op,
+        f"complex inputs are not supported by thunder_rs (argument {name})",
+        ThunderNotImplementedError,
+    )
 
 
 # -- add-and-multiply ------------------------------------------------------------------------------
@@ -62,9 +84,12 @@ def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     op = "ltorch.addbmm"
     _check_tensor(op, input, "input")
     _check_operands(op, batch1, batch2, ("batch1", "batch2"), ranks=(3, 3))
-    check(batch1.shape[0] == batch2.shape[0], op,
-          f"batch1 and batch2 must have same number of batches, got {batch1.shape[0]} and {batch2.shape[0]} (argument batch2)",
-          ThunderRuntimeError)
+    check(
+        batch1.shape[0] == batch2.shape[0],
+        op,
+        f"batch1 and batch2 must have same number of batches, got {batch1.shape[0]} and {batch2.shape[0]} (argument batch2)",
+        ThunderRuntimeError,
+    )
     _check_inner(op, batch1, batch2, ("batch1", "batch2"))
     product = ltorch.sum(prims.matmul(batch1, batch2), 0)
     return _add_scaled(op, product, input, beta, alpha)
@@ -72,11 +97,19 @@ def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
 
 def _check_scale(op: str, value, name: str, dtype) -> None:
     """Eager's rules for beta and alpha: bools only for bool tensors, no floats for integer ones."""
-    check(not isinstance(value, bool) or dtype == torch.bool, op,
-          f"Boolean {name} only supported for Boolean results (argument {name})", ThunderRuntimeError)
+    check(
+        not isinstance(value, bool) or dtype == torch.bool,
+        op,
+        f"Boolean {name} only supported for Boolean results (argument {name})",
+        ThunderRuntimeError,
+    )
     if not dtypes.is_inexact(dtype):
-        check(not isinstance(value, float), op, f"For integral input tensors, argument {name} must not be a floating point number.",
-              ThunderRuntimeError)
+        check(
+            not isinstance(value, float),
+            op,
+            f"For integral input tensors, argument {name} must not be a floating point number.",
+            ThunderRuntimeError,
+        )
 
 
 @torchsymbol(torch.addr, T.addr)
@@ -91,9 +124,12 @@ def addr(input, vec1, vec2, *, beta=1, alpha=1):
     outer = ltorch.mul(prims.reshape(vec1, (vec1.shape[0], 1)), prims.reshape(vec2, (1, vec2.shape[0])))
     out_dtype = torch.promote_types(input.dtype, outer.dtype)
     shape = clang.broadcast_shapes(op, input.shape, outer.shape)
-    check(tuple(shape) == tuple(outer.shape), op,
-          f"input of shape {list(input.shape)} does not broadcast to the outer product's shape {list(outer.shape)} (argument input)",
-          ThunderRuntimeError)
+    check(
+        tuple(shape) == tuple(outer.shape),
+        op,
+        f"input of shape {list(input.shape)} does not broadcast to the outer product's shape {list(outer.shape)} (argument input)",
+        ThunderRuntimeError,
+    )
     for value, name in ((beta, "beta"), (alpha, "alpha")):
         _check_scale(op, value, name, out_dtype)
     outer = clang.maybe_convert(outer, out_dtype)
@@ -115,8 +151,12 @@ def vdot(input, other):
     op = "ltorch.vdot"
     _check_operands(op, input, other, ("input", "other"), ranks=(1, 1))
     _real(op, input, "input")
-    check(input.shape[0] == other.shape[0], op,
-          f"inconsistent tensor size: {input.shape[0]} and {other.shape[0]} elements (argument other)", ThunderRuntimeError)
+    check(
+        input.shape[0] == other.shape[0],
+        op,
+        f"inconsistent tensor size: {input.shape[0]} and {other.shape[0]} elements (argument other)",
+        ThunderRuntimeError,
+    )
     return prims.matmul(input, other)
 
 
@@ -138,26 +178,46 @@ def _contract(op: str, a, b, a_dims, b_dims):
 def _tensordot_dims(op: str, a, b, dims):
     if isinstance(dims, int) and not isinstance(dims, bool):
         check(dims >= 0, op, f"tensordot expects dims >= 0, but got dims={dims} (argument dims)", ThunderRuntimeError)
-        check(dims <= a.ndim and dims <= b.ndim, op, f"tensordot expects dims < ndim_a or ndim_b, but got dims={dims} (argument dims)",
-              ThunderRuntimeError)
+        check(
+            dims <= a.ndim and dims <= b.ndim,
+            op,
+            f"tensordot expects dims < ndim_a or ndim_b, but got dims={dims} (argument dims)",
+            ThunderRuntimeError,
+        )
         a_dims, b_dims = list(range(a.ndim - dims, a.ndim)), list(range(dims))
     else:
         a_dims, b_dims = _dims_lists(op, a, b, dims)
     for da, db in zip(a_dims, b_dims):
-        check(a.shape[da] == b.shape[db] or 1 in (a.shape[da], b.shape[db]), op,
-              f"contracted dimensions need to match, but first has size {a.shape[da]} in dim {da} and second has size {b.shape[db]} in dim {db}",
-              ThunderRuntimeError)
+        check(
+            a.shape[da] == b.shape[db] or 1 in (a.shape[da], b.shape[db]),
+            op,
+            f"contracted dimensions need to match, but first has size {a.shape[da]} in dim {da} and second has size {b.shape[db]} in dim {db}",
+            ThunderRuntimeError,
+        )
     return a_dims, b_dims
 
 
 def _dims_lists(op: str, a, b, dims):
     """``dims`` given as a pair of dim lists (or of single dims), canonicalised."""
-    check(not isinstance(dims, torch.Tensor), op, "dims given as a tensor are not supported (argument dims)",
-          ThunderNotImplementedError)
-    check(isinstance(dims, (list, tuple)) and len(dims) == 2, op, "expected dims to be an int or a pair of lists (argument dims)",
-          ThunderRuntimeError)
+    check(
+        not isinstance(dims, torch.Tensor),
+        op,
+        "dims given as a tensor are not supported (argument dims)",
+        ThunderNotImplementedError,
+    )
+    check(
+        isinstance(dims, (list, tuple)) and len(dims) == 2,
+        op,
+        "expected dims to be an int or a pair of lists (argument dims)",
+        ThunderRuntimeError,
+    )
     a_dims, b_dims = ([d] if isinstance(d, int) else list(d) for d in dims)
-    check(len(a_dims) == len(b_dims), op, "both dimension lists should have same length (argument dims)", ThunderRuntimeError)
+    check(
+        len(a_dims) == len(b_dims),
+        op,
+        "both dimension lists should have same length (argument dims)",
+        ThunderRuntimeError,
+    )
     a_dims = [clang.canonicalize_dim(a.ndim, d, op, "dims") for d in a_dims]
     b_dims = [clang.canonicalize_dim(b.ndim, d, op, "dims") for d in b_dims]
     return a_dims, b_dims
@@ -186,11 +246,19 @@ def tensordot(a, b, dims=2, out=None):
 
 
 def _sublist_term(op: str, sublist) -> str:
-    check(isinstance(sublist, (list, tuple)), op, "expected a list of ints or ... as a sublist (argument operands)",
-          ThunderTypeError)
+    check(
+        isinstance(sublist, (list, tuple)),
+        op,
+        "expected a list of ints or ... as a sublist (argument operands)",
+        ThunderTypeError,
+    )
     for s in sublist:
-        check(s is Ellipsis or (isinstance(s, int) and 0 <= s < 52), op,
-              f"subscript in subscript list is not within the valid range [0, 52), got {s!r} (argument operands)", ThunderRuntimeError)
+        check(
+            s is Ellipsis or (isinstance(s, int) and 0 <= s < 52),
+            op,
+            f"subscript in subscript list is not within the valid range [0, 52), got {s!r} (argument operands)",
+            ThunderRuntimeError,
+        )
     return "".join("..." if s is Ellipsis else string.ascii_letters[s] for s in sublist)
 
 
@@ -212,17 +280,27 @@ def _equation_and_operands(op: str, args):
 def _term_labels(op: str, term: str, x, index: int, ellipsis_dims: int | None):
     """The labels of one operand's term; ``ellipsis_dims`` is None while they are being counted."""
     letters = term.replace("...", "")
-    check(term.count("...") <= 1 and all(c in string.ascii_letters for c in letters), op,
-          f"invalid subscript term {term!r} for operand {index} (argument equation)", ThunderRuntimeError)
+    check(
+        term.count("...") <= 1 and all(c in string.ascii_letters for c in letters),
+        op,
+        f"invalid subscript term {term!r} for operand {index} (argument equation)",
+        ThunderRuntimeError,
+    )
     if "..." not in term:
-        check(x.ndim == len(letters), op,
-              f"the number of subscripts in the equation ({len(letters)}) does not match the number of dimensions ({x.ndim}) for operand {index} and no ellipsis was given",
-              ThunderRuntimeError)
+        check(
+            x.ndim == len(letters),
+            op,
+            f"the number of subscripts in the equation ({len(letters)}) does not match the number of dimensions ({x.ndim}) for operand {index} and no ellipsis was given",
+            ThunderRuntimeError,
+        )
         return list(letters)
     own = x.ndim - len(letters)
-    check(own >= 0, op,
-          f"the number of subscripts in the equation ({len(letters)}) is more than the number of dimensions ({x.ndim}) for operand {index}",
-          ThunderRuntimeError)
+    check(
+        own >= 0,
+        op,
+        f"the number of subscripts in the equation ({len(letters)}) is more than the number of dimensions ({x.ndim}) for operand {index}",
+        ThunderRuntimeError,
+    )
     head, tail = term.split("...")
     total = own if ellipsis_dims is None else ellipsis_dims
     return [*head, *(("...", total - own + i) for i in range(own)), *tail]
@@ -232,9 +310,12 @@ def _parse_einsum(op: str, equation: str, operands):
     """Labels of each operand and of the output."""
     lhs, arrow, rhs = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
-    check(len(terms) == len(operands), op,
-          f"the equation has {len(terms)} operand terms but {len(operands)} operands were given (argument operands)",
-          ThunderRuntimeError)
+    check(
+        len(terms) == len(operands),
+        op,
+        f"the equation has {len(terms)} operand terms but {len(operands)} operands were given (argument operands)",
+        ThunderRuntimeError,
+    )
     counted = [_term_labels(op, t, x, i, None) for i, (t, x) in enumerate(zip(terms, operands))]
     ellipsis_dims = max((sum(isinstance(lab, tuple) for lab in labels) for labels in counted), default=0)
     labels = [_term_labels(op, t, x, i, ellipsis_dims) for i, (t, x) in enumerate(zip(terms, operands))]
@@ -243,13 +324,21 @@ def _parse_einsum(op: str, equation: str, operands):
     if not arrow:
         once = sorted(c for c in set(present) if isinstance(c, str) and present.count(c) == 1)
         return labels, [*ellipsis, *once]
-    check(rhs.count("...") <= 1 and all(c in string.ascii_letters for c in rhs.replace("...", "")), op,
-          f"invalid output subscripts {rhs!r} (argument equation)", ThunderRuntimeError)
+    check(
+        rhs.count("...") <= 1 and all(c in string.ascii_letters for c in rhs.replace("...", "")),
+        op,
+        f"invalid output subscripts {rhs!r} (argument equation)",
+        ThunderRuntimeError,
+    )
     head, _, tail = rhs.partition("...")
     out = [*head, *(ellipsis if "..." in rhs else ()), *tail]
     for c in out:
-        check(isinstance(c, tuple) or c in present, op, f"output subscript {c} does not appear in the equation for any input operand",
-              ThunderRuntimeError)
+        check(
+            isinstance(c, tuple) or c in present,
+            op,
+            f"output subscript {c} does not appear in the equation for any input operand",
+            ThunderRuntimeError,
+        )
         check(out.count(c) == 1, op, f"output subscript {c} appears more than once in the output", ThunderRuntimeError)
     return labels, out
 
@@ -260,8 +349,12 @@ def _sizes(op: str, labelled) -> dict:
     for x, labels in labelled:
         for lab, n in zip(labels, x.shape):
             known = sizes.setdefault(lab, n)
-            check(n == known or n == 1 or known == 1, op,
-                  f"operands do not broadcast with remapped shapes: subscript {lab} has sizes {known} and {n}", ThunderRuntimeError)
+            check(
+                n == known or n == 1 or known == 1,
+                op,
+                f"operands do not broadcast with remapped shapes: subscript {lab} has sizes {known} and {n}",
+                ThunderRuntimeError,
+            )
             if known == 1:
                 sizes[lab] = n
     return sizes
@@ -273,8 +366,12 @@ def _take_diagonals(op: str, x, labels):
         lab = next(c for c in labels if labels.count(c) > 1)
         i = labels.index(lab)
         j = labels.index(lab, i + 1)
-        check(x.shape[i] == x.shape[j], op,
-              f"subscript {lab} is repeated for operand but the sizes don't match, {x.shape[i]} != {x.shape[j]}", ThunderRuntimeError)
+        check(
+            x.shape[i] == x.shape[j],
+            op,
+            f"subscript {lab} is repeated for operand but the sizes don't match, {x.shape[i]} != {x.shape[j]}",
+            ThunderRuntimeError,
+        )
         x = ltorch.diagonal(x, 0, i, j)
         labels = [c for k, c in enumerate(labels) if k not in (i, j)] + [lab]
     return x, labels
@@ -303,11 +400,19 @@ def _contract_pair(a, la, b, lb, keep, sizes):
     a = _expand_labels(a, la, sizes, batch + summed)
     b = _expand_labels(b, lb, sizes, batch + summed)
     size = lambda labels: _prod(sizes[c] for c in labels)  # noqa: E731
-    lhs = ltorch.reshape(ltorch.permute(a, [la.index(c) for c in batch + a_only + summed]),
-                         (size(batch), _prod(a.shape[la.index(c)] for c in a_only), size(summed)))
-    rhs = ltorch.reshape(ltorch.permute(b, [lb.index(c) for c in batch + summed + b_only]),
-                         (size(batch), size(summed), _prod(b.shape[lb.index(c)] for c in b_only)))
-    out_shape = (*(sizes[c] for c in batch), *(a.shape[la.index(c)] for c in a_only), *(b.shape[lb.index(c)] for c in b_only))
+    lhs = ltorch.reshape(
+        ltorch.permute(a, [la.index(c) for c in batch + a_only + summed]),
+        (size(batch), _prod(a.shape[la.index(c)] for c in a_only), size(summed)),
+    )
+    rhs = ltorch.reshape(
+        ltorch.permute(b, [lb.index(c) for c in batch + summed + b_only]),
+        (size(batch), size(summed), _prod(b.shape[lb.index(c)] for c in b_only)),
+    )
+    out_shape = (
+        *(sizes[c] for c in batch),
+        *(a.shape[la.index(c)] for c in a_only),
+        *(b.shape[lb.index(c)] for c in b_only),
+    )
     return ltorch.reshape(prims.matmul(lhs, rhs), out_shape), batch + a_only + b_only
 
 
@@ -330,7 +435,7 @@ def einsum(*args):
     labelled = [_sum_labels(x, ls, lone) for x, ls in labelled]
     out, out_l = labelled[0]
     for i, (x, ls) in enumerate(labelled[1:], start=1):
-        keep = set(out_labels).union(*(set(later) for _, later in labelled[i + 1:]))
+        keep = set(out_labels).union(*(set(later) for _, later in labelled[i + 1 :]))
         out, out_l = _contract_pair(out, out_l, x, ls, keep, sizes)
     out, out_l = _sum_labels(out, out_l, set(out_l) - set(out_labels))
     out = _expand_labels(out, out_l, sizes, out_labels)
@@ -346,18 +451,29 @@ def _cross(op: str, input, other, dim):
     """``a[i+1] * b[i+2] - a[i+2] * b[i+1]`` along ``dim`` (indices mod 3), as eager computes it."""
     _check_tensor(op, input, "input")
     _check_tensor(op, other, "other")
-    check(input.ndim == other.ndim, op,
-          f"inputs must have the same number of dimensions, got {input.ndim} and {other.ndim} (argument other)", ThunderRuntimeError)
+    check(
+        input.ndim == other.ndim,
+        op,
+        f"inputs must have the same number of dimensions, got {input.ndim} and {other.ndim} (argument other)",
+        ThunderRuntimeError,
+    )
     _same_dtype(op, (input, other), "expected both inputs to have the same dtype")
     shape = clang.broadcast_shapes(op, input.shape, other.shape)
     if dim is None:  # the first dim of size 3 (deprecated in eager)
         check(3 in shape, op, "no dimension of size 3 in input (argument dim)", ThunderRuntimeError)
         dim = list(shape).index(3)
     d = clang.canonicalize_dim(len(shape), dim, op)
-    check(shape[d] == 3, op, f"inputs dimension {dim} must have length 3, got {shape[d]} (argument dim)", ThunderRuntimeError)
+    check(
+        shape[d] == 3,
+        op,
+        f"inputs dimension {dim} must have length 3, got {shape[d]} (argument dim)",
+        ThunderRuntimeError,
+    )
     a, b = clang.expand_to(input, shape), clang.expand_to(other, shape)
-    return sub(ltorch.mul(ltorch.roll(a, -1, d), ltorch.roll(b, -2, d)),
-               ltorch.mul(ltorch.roll(a, -2, d), ltorch.roll(b, -1, d)))
+    return sub(
+        ltorch.mul(ltorch.roll(a, -1, d), ltorch.roll(b, -2, d)),
+        ltorch.mul(ltorch.roll(a, -2, d), ltorch.roll(b, -1, d)),
+    )
 
 
 @torchsymbol(torch.cross, T.cross)
@@ -377,8 +493,12 @@ def linalg_vecdot(x, y, *, dim=-1, out=None):
     _check_tensor(op, x, "x")
     _check_tensor(op, y, "y")
     _same_dtype(op, (x, y), "Expected x and y to have the same dtype")
-    check(dtypes.is_inexact(x.dtype), op, f"Expected a floating point or complex tensor as input. Got {x.dtype} (argument x)",
-          ThunderNotImplementedError)
+    check(
+        dtypes.is_inexact(x.dtype),
+        op,
+        f"Expected a floating point or complex tensor as input. Got {x.dtype} (argument x)",
+        ThunderNotImplementedError,
+    )
     _real(op, x, "x")
     shape = clang.broadcast_shapes(op, x.shape, y.shape)
     d = clang.canonicalize_dim(len(shape), dim, op)
@@ -418,15 +538,25 @@ def linalg_multi_dot(tensors, *, out=None):
     """Matrix products in the order eager chooses: the cheapest for three or more; a 1-D first
     (last) operand is a row (column) vector, dropped from the result."""
     op = "ltorch.linalg_multi_dot"
-    check(isinstance(tensors, (list, tuple)) and len(tensors) >= 2, op, "expected at least 2 tensors (argument tensors)",
-          ThunderRuntimeError)
+    check(
+        isinstance(tensors, (list, tuple)) and len(tensors) >= 2,
+        op,
+        "expected at least 2 tensors (argument tensors)",
+        ThunderRuntimeError,
+    )
     for i, t in enumerate(tensors):
         _check_tensor(op, t, f"tensors[{i}]")
         rank = "1D or 2D" if i in (0, len(tensors) - 1) else "2D"
-        check(t.ndim == 2 or (t.ndim == 1 and i in (0, len(tensors) - 1)), op,
-              f"tensor {i} must be {rank} but got {t.ndim}D (argument tensors)", ThunderRuntimeError)
+        check(
+            t.ndim == 2 or (t.ndim == 1 and i in (0, len(tensors) - 1)),
+            op,
+            f"tensor {i} must be {rank} but got {t.ndim}D (argument tensors)",
+            ThunderRuntimeError,
+        )
     _same_dtype(op, tensors, "all tensors must have the same dtype")
-    check(tensors[0].dtype != torch.bool, op, "not implemented for 'Bool' (argument tensors)", ThunderNotImplementedError)
+    check(
+        tensors[0].dtype != torch.bool, op, "not implemented for 'Bool' (argument tensors)", ThunderNotImplementedError
+    )
     first, last = tensors[0], tensors[-1]
     mats = list(tensors)
     if first.ndim == 1:
@@ -434,9 +564,12 @@ def linalg_multi_dot(tensors, *, out=None):
     if last.ndim == 1:
         mats[-1] = prims.reshape(last, (last.shape[0], 1))
     for i in range(len(mats) - 1):
-        check(mats[i].shape[1] == mats[i + 1].shape[0], op,
-              f"tensors[{i}] and tensors[{i + 1}] cannot be multiplied ({mats[i].shape[0]}x{mats[i].shape[1]} and {mats[i + 1].shape[0]}x{mats[i + 1].shape[1]})",
-              ThunderRuntimeError)
+        check(
+            mats[i].shape[1] == mats[i + 1].shape[0],
+            op,
+            f"tensors[{i}] and tensors[{i + 1}] cannot be multiplied ({mats[i].shape[0]}x{mats[i].shape[1]} and {mats[i + 1].shape[0]}x{mats[i + 1].shape[1]})",
+            ThunderRuntimeError,
+        )
     if len(mats) == 3:  # eager compares the two orders directly, preferring (AB)C on ties
         a, b, c = (m.shape for m in mats)
         split = [[0, 0, 1 if a[0] * a[1] * b[1] + a[0] * b[1] * c[1] > a[1] * b[1] * c[1] + a[0] * a[1] * c[1] else 0]]
@@ -453,19 +586,30 @@ def linalg_matrix_power(A, n, *, out=None):
     """Repeated squaring, multiplying the squares as eager does; ``n < 0`` inverts first."""
     op = "ltorch.linalg_matrix_power"
     _check_tensor(op, A, "A")
-    check(isinstance(n, int) and not isinstance(n, bool), op, f"expected an int for n, got {type(n).__name__} (argument n)",
-          ThunderTypeError)
-    check(A.ndim >= 2 and A.shape[-1] == A.shape[-2], op,
-          f"A must be batches of square matrices, but they are {A.shape[-2] if A.ndim >= 2 else '?'} by {A.shape[-1] if A.ndim else '?'} matrices",
-          ThunderRuntimeError)
+    check(
+        isinstance(n, int) and not isinstance(n, bool),
+        op,
+        f"expected an int for n, got {type(n).__name__} (argument n)",
+        ThunderTypeError,
+    )
+    check(
+        A.ndim >= 2 and A.shape[-1] == A.shape[-2],
+        op,
+        f"A must be batches of square matrices, but they are {A.shape[-2] if A.ndim >= 2 else '?'} by {A.shape[-1] if A.ndim else '?'} matrices",
+        ThunderRuntimeError,
+    )
     if n == 0:
         return with_zero_gradient(ltorch.expand(identity(A.shape[-1], A.dtype, A.device), A.shape), A)
     check(A.dtype != torch.bool or n == 1, op, "not implemented for 'Bool' (argument A)", ThunderNotImplementedError)
     if n < 0:
         # Under autocast eager inverts in float32 and multiplies in lower precision, which a
         # call run whole with its inputs cast (as autocast.py does for n > 1) cannot give.
-        check(not torch._C._is_any_autocast_enabled(), op, "negative powers are not supported under autocast (argument n)",
-              ThunderNotImplementedError)
+        check(
+            not torch._C._is_any_autocast_enabled(),
+            op,
+            "negative powers are not supported under autocast (argument n)",
+            ThunderNotImplementedError,
+        )
         A, n = ltorch.linalg_inv(A), -n
     if n == 1:
         return ltorch.clone(A)
@@ -487,8 +631,12 @@ def linalg_vander(x, *, N=None):
     """Columns ``x**0, x**1, ..., x**(N-1)``, each the previous times ``x`` (eager's cumprod)."""
     op = "ltorch.linalg_vander"
     _check_tensor(op, x, "x")
-    check(x.dtype != torch.bool, op, f"linalg.vander supports floating point, complex, and integer tensors, but got {x.dtype}",
-          ThunderNotImplementedError)
+    check(
+        x.dtype != torch.bool,
+        op,
+        f"linalg.vander supports floating point, complex, and integer tensors, but got {x.dtype}",
+        ThunderNotImplementedError,
+    )
     if x.ndim == 0:  # one point
         x = ltorch.reshape(x, (1,))
     n = x.shape[-1] if N is None else N

@@ -34,10 +34,33 @@ from thunder_rs.torch.nn import leaky_relu
 
 T = torch.Tensor
 __all__ = [
-    "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "normal", "bernoulli",
-    "poisson", "multinomial", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "gumbel_softmax",
-    "rrelu", "rrelu_with_noise", "uniform_", "normal_", "exponential_", "geometric_", "cauchy_", "log_normal_",
-    "random_", "bernoulli_",
+    "rand",
+    "randn",
+    "rand_like",
+    "randn_like",
+    "randint",
+    "randint_like",
+    "randperm",
+    "normal",
+    "bernoulli",
+    "poisson",
+    "multinomial",
+    "dropout1d",
+    "dropout2d",
+    "dropout3d",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+    "gumbel_softmax",
+    "rrelu",
+    "rrelu_with_noise",
+    "uniform_",
+    "normal_",
+    "exponential_",
+    "geometric_",
+    "cauchy_",
+    "log_normal_",
+    "random_",
+    "bernoulli_",
 ]
 
 
@@ -52,9 +75,13 @@ def _requires_grad(*tensors) -> bool:
 
 
 def _check_no_leaf(op: str, requires_grad) -> None:
-    check(not requires_grad, op, "requires_grad=True would create a leaf inside the compiled program, which thunder_rs "
-          "does not support; create the tensor outside and pass it in (argument requires_grad)",
-          ThunderNotImplementedError)
+    check(
+        not requires_grad,
+        op,
+        "requires_grad=True would create a leaf inside the compiled program, which thunder_rs "
+        "does not support; create the tensor outside and pass it in (argument requires_grad)",
+        ThunderNotImplementedError,
+    )
 
 
 def _zero_grads(*inputs) -> None:
@@ -150,8 +177,12 @@ def bernoulli(input, *args, **kwargs):
 
 @register_grad(bernoulli)
 def bernoulli_grad(input, *args, **kwargs):
-    check(not args and "p" not in kwargs, "ltorch.bernoulli", "derivative for bernoulli with a float p is not "
-          "implemented in eager (argument input requires grad)", ThunderNotImplementedError)
+    check(
+        not args and "p" not in kwargs,
+        "ltorch.bernoulli",
+        "derivative for bernoulli with a float p is not implemented in eager (argument input requires grad)",
+        ThunderNotImplementedError,
+    )
     out = bernoulli(input, **kwargs)
     get_grad(out)
     _zero_grads(input)
@@ -250,10 +281,18 @@ def _dropout(op: str, input, p, training, feature: bool, alpha: bool, unbatched:
         return input
     if p == 1:
         return prims.mul(input, clang.maybe_convert(0, input.dtype))
-    check(not feature or input.ndim >= 2, op, "Feature dropout requires at least 2 dimensions in the input "
-          "(argument input)", ThunderRuntimeError)
-    check(input.dtype.is_floating_point, op, f"result type Float can't be cast to the desired output type "
-          f"{input.dtype} (argument input)", ThunderRuntimeError)
+    check(
+        not feature or input.ndim >= 2,
+        op,
+        "Feature dropout requires at least 2 dimensions in the input (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.dtype.is_floating_point,
+        op,
+        f"result type Float can't be cast to the desired output type {input.dtype} (argument input)",
+        ThunderRuntimeError,
+    )
     with torch.no_grad():  # the mask is a constant of the gradient, as in eager
         noise = bernoulli_(_noise_like(input, feature, unbatched), 1.0 - p)
     if alpha:
@@ -265,8 +304,12 @@ def _dropout(op: str, input, p, training, feature: bool, alpha: bool, unbatched:
 
 
 def _check_rank(op: str, input, ranks: tuple[int, int]) -> None:
-    check(input.ndim in ranks, op, f"Expected {ranks[0]}D or {ranks[1]}D input, but received a {input.ndim}D input "
-          "(argument input)", ThunderRuntimeError)
+    check(
+        input.ndim in ranks,
+        op,
+        f"Expected {ranks[0]}D or {ranks[1]}D input, but received a {input.ndim}D input (argument input)",
+        ThunderRuntimeError,
+    )
 
 
 @torchsymbol(F.dropout1d)
@@ -280,9 +323,12 @@ def dropout1d(input, p=0.5, training=True, inplace=False):
 def _warn_rank(name: str, input, ranks: tuple[int, int]) -> None:
     """Eager's deprecation warnings for channel-wise dropout of unexpected ranks."""
     if input.ndim not in ranks:
-        warnings.warn(f"{name}: Received a {input.ndim}-D input to {name}, which is deprecated and will result in an "
-                      f"error in a future release. To retain the behavior and silence this warning, please use "
-                      f"dropout instead.", stacklevel=4)
+        warnings.warn(
+            f"{name}: Received a {input.ndim}-D input to {name}, which is deprecated and will result in an "
+            f"error in a future release. To retain the behavior and silence this warning, please use "
+            f"dropout instead.",
+            stacklevel=4,
+        )
 
 
 @torchsymbol(F.dropout2d)
@@ -291,8 +337,11 @@ def dropout2d(input, p=0.5, training=True, inplace=False):
     _check_p(op, p)
     _warn_rank("dropout2d", input, (3, 4))
     if input.ndim == 3:
-        warnings.warn("dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout behavior "
-                      "is desired - input is interpreted as shape (N, C, L), where C is the channel dim.", stacklevel=3)
+        warnings.warn(
+            "dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout behavior "
+            "is desired - input is interpreted as shape (N, C, L), where C is the channel dim.",
+            stacklevel=3,
+        )
     return _dropout(op, input, p, training, feature=True, alpha=False)
 
 
@@ -329,8 +378,13 @@ def gumbel_softmax(logits, tau=1, hard=False, eps=1e-10, dim=-1):
         return y_soft
     index = y_soft.max(dim, keepdim=True)[1]
     dim = dim % max(logits.ndim, 1)
-    positions = prims.broadcast_in_dim(prims.iota(logits.shape[dim], 0, 1, logits.device, torch.int64),
-                                       tuple(logits.shape), (dim,)) if logits.ndim else index
+    positions = (
+        prims.broadcast_in_dim(
+            prims.iota(logits.shape[dim], 0, 1, logits.device, torch.int64), tuple(logits.shape), (dim,)
+        )
+        if logits.ndim
+        else index
+    )
     y_hard = clang.maybe_convert(positions == index, logits.dtype)  # eager scatters 1.0 at the index
     return y_hard - y_soft.detach() + y_soft
 
@@ -356,10 +410,18 @@ def rrelu(input, lower=1.0 / 8.0, upper=1.0 / 3.0, training=False, inplace=False
     """Training: each non-positive element times a slope drawn from U(lower, upper); otherwise
     leaky_relu with the mean slope."""
     op = "ltorch.rrelu"
-    check(input.dtype.is_floating_point, op, f'"rrelu_with_noise" not implemented for {input.dtype} (argument input)',
-          ThunderNotImplementedError)
-    check(lower <= upper, op, f"Lower bound should be less than or equal to the upper bound, got {lower} and {upper} "
-          "(argument lower)", ThunderRuntimeError)
+    check(
+        input.dtype.is_floating_point,
+        op,
+        f'"rrelu_with_noise" not implemented for {input.dtype} (argument input)',
+        ThunderNotImplementedError,
+    )
+    check(
+        lower <= upper,
+        op,
+        f"Lower bound should be less than or equal to the upper bound, got {lower} and {upper} (argument lower)",
+        ThunderRuntimeError,
+    )
     if not training:
         return leaky_relu(input, (lower + upper) / 2)
     return rrelu_with_noise(input, lower, upper)[0]

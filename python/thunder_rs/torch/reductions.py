@@ -14,15 +14,34 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.core.base import dtypes
 from thunder_rs.errors import (
-    ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check,
+    ThunderIndexError,
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    check,
 )
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import maximum, minimum
 
 T = torch.Tensor
 __all__ = [
-    "sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std",
-    "var_mean", "std_mean", "all", "any", "logsumexp", "count_nonzero",
+    "sum",
+    "mean",
+    "prod",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "argmax",
+    "argmin",
+    "var",
+    "std",
+    "var_mean",
+    "std_mean",
+    "all",
+    "any",
+    "logsumexp",
+    "count_nonzero",
 ]
 
 
@@ -36,15 +55,24 @@ def _dims(a, dim, op: str, *, sequences: bool = True) -> tuple[int, ...]:
         return tuple(range(a.ndim))
     if _is_int(dim):
         return (clang.canonicalize_dim(a.ndim, dim, op),)
-    check(sequences and isinstance(dim, (tuple, list, torch.Size)) and builtins.all(_is_int(d) for d in dim), op,
-          lambda: f"expected {'an int or a sequence of ints' if sequences else 'an int'} for dim, got {dim!r} (argument dim)",
-          ThunderTypeError)
+    check(
+        sequences and isinstance(dim, (tuple, list, torch.Size)) and builtins.all(_is_int(d) for d in dim),
+        op,
+        lambda: (
+            f"expected {'an int or a sequence of ints' if sequences else 'an int'} for dim, got {dim!r} (argument dim)"
+        ),
+        ThunderTypeError,
+    )
     if len(dim) == 0:
         return tuple(range(a.ndim))
     out = tuple(clang.canonicalize_dim(a.ndim, d, op) for d in dim)
     for i, d in enumerate(out):
-        check(d not in out[:i], op, f"dim {d} appears multiple times in the list of dims (argument dim)",
-              ThunderRuntimeError)
+        check(
+            d not in out[:i],
+            op,
+            f"dim {d} appears multiple times in the list of dims (argument dim)",
+            ThunderRuntimeError,
+        )
     return out
 
 
@@ -105,9 +133,14 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
 def mean(input, dim=None, keepdim=False, *, dtype=None):
     op = "ltorch.mean"
     target, arg = (input.dtype, "input") if dtype is None else (dtype, "dtype")
-    check(dtypes.is_inexact(target), op,
-          lambda: f"could not infer output dtype; {arg} must be a floating point or complex dtype, got {target} (argument {arg})",
-          ThunderNotImplementedError)
+    check(
+        dtypes.is_inexact(target),
+        op,
+        lambda: (
+            f"could not infer output dtype; {arg} must be a floating point or complex dtype, got {target} (argument {arg})"
+        ),
+        ThunderNotImplementedError,
+    )
     dims = _dims(input, dim, op)
     # Half precision accumulates in float32, as torch does.
     compute = torch.float32 if target in (torch.float16, torch.bfloat16) else target
@@ -119,9 +152,16 @@ def _check_nonempty(a, dims, full: bool, op: str):
     """Reductions without an identity (amax, max, argmax) reject zero-size reduced dims."""
     if math.prod(a.shape) != 0:
         return
-    check(not full, op, "Expected reduction dim to be specified for input.numel() == 0 (argument dim)", ThunderRuntimeError)
+    check(
+        not full,
+        op,
+        "Expected reduction dim to be specified for input.numel() == 0 (argument dim)",
+        ThunderRuntimeError,
+    )
     for d in dims:
-        check(a.shape[d] != 0, op, f"Expected reduction dim {d} to have non-zero size (argument dim)", ThunderIndexError)
+        check(
+            a.shape[d] != 0, op, f"Expected reduction dim {d} to have non-zero size (argument dim)", ThunderIndexError
+        )
 
 
 def _define_extremum(name: str, prim):
@@ -186,8 +226,12 @@ def _define_argextremum(name: str, prim):
     def argextremum(input, dim=None, keepdim=False):
         check(input.dtype != torch.bool, op, "does not support bool input (argument input)", ThunderNotImplementedError)
         if dim is None:
-            check(math.prod(input.shape) != 0, op, "Expected reduction dim to be specified for input.numel() == 0 (argument dim)",
-                  ThunderIndexError)
+            check(
+                math.prod(input.shape) != 0,
+                op,
+                "Expected reduction dim to be specified for input.numel() == 0 (argument dim)",
+                ThunderIndexError,
+            )
             out = prim(input, None)
             return prims.broadcast_in_dim(out, (1,) * input.ndim, ()) if keepdim and input.ndim else out
         dims = _dims(input, dim, op, sequences=False)
@@ -208,8 +252,12 @@ def _correction(dim, unbiased, correction, op: str):
     if isinstance(dim, bool):
         check(unbiased is None, op, "got unbiased twice (argument unbiased)", ThunderTypeError)
         dim, unbiased = None, dim
-    check(unbiased is None or correction is None, op, "cannot take both unbiased and correction (argument correction)",
-          ThunderTypeError)
+    check(
+        unbiased is None or correction is None,
+        op,
+        "cannot take both unbiased and correction (argument correction)",
+        ThunderTypeError,
+    )
     if correction is None:
         correction = 0 if unbiased is False else 1
     return dim, correction
@@ -217,9 +265,12 @@ def _correction(dim, unbiased, correction, op: str):
 
 def _variance(name: str, input, dim, unbiased, keepdim, correction, prim):
     op = f"ltorch.{name}"
-    check(dtypes.is_inexact(input.dtype), op,
-          lambda: f"std and var only support floating point and complex dtypes, got {input.dtype} (argument input)",
-          ThunderNotImplementedError)
+    check(
+        dtypes.is_inexact(input.dtype),
+        op,
+        lambda: f"std and var only support floating point and complex dtypes, got {input.dtype} (argument input)",
+        ThunderNotImplementedError,
+    )
     dim, correction = _correction(dim, unbiased, correction, op)
     return _reduce(prim, input, _dims(input, dim, op), keepdim, correction)
 

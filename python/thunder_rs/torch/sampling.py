@@ -41,13 +41,27 @@ def _linspace_from_neg_one(theta, steps: int, align_corners: bool):
 
 
 def _check_affine_grid(op: str, theta, size) -> int:
-    check(theta.dtype.is_floating_point, op, f"Expected theta to have floating point type, but got {theta.dtype} "
-          "(argument theta)", ThunderValueError)
-    check(len(size) in (4, 5), op, f"affine_grid only supports 4D and 5D sizes, for 2D and 3D affine transforms, "
-          f"respectively. Got size {list(size)} (argument size)", ThunderNotImplementedError)
+    check(
+        theta.dtype.is_floating_point,
+        op,
+        f"Expected theta to have floating point type, but got {theta.dtype} (argument theta)",
+        ThunderValueError,
+    )
+    check(
+        len(size) in (4, 5),
+        op,
+        f"affine_grid only supports 4D and 5D sizes, for 2D and 3D affine transforms, "
+        f"respectively. Got size {list(size)} (argument size)",
+        ThunderNotImplementedError,
+    )
     n = len(size) - 2
-    check(theta.ndim == 3 and tuple(theta.shape[-2:]) == (n, n + 1), op, f"Expected a batch of {n}D affine matrices "
-          f"of shape Nx{n}x{n + 1} for size {list(size)}. Got {list(theta.shape)} (argument theta)", ThunderValueError)
+    check(
+        theta.ndim == 3 and tuple(theta.shape[-2:]) == (n, n + 1),
+        op,
+        f"Expected a batch of {n}D affine matrices "
+        f"of shape Nx{n}x{n + 1} for size {list(size)}. Got {list(theta.shape)} (argument theta)",
+        ThunderValueError,
+    )
     return n
 
 
@@ -58,14 +72,19 @@ def affine_grid(theta, size, align_corners=None):
     align_corners = bool(align_corners)
     spatial = tuple(size[2:])
     # F.affine_grid only warns about unit sizes with align_corners (and then skips the size check).
-    check((align_corners and min(spatial) == 1) or min(size) > 0, op,
-          f"Expected non-zero, positive output size. Got {list(size)} (argument size)",
-          ThunderValueError)
+    check(
+        (align_corners and min(spatial) == 1) or min(size) > 0,
+        op,
+        f"Expected non-zero, positive output size. Got {list(size)} (argument size)",
+        ThunderValueError,
+    )
     batch = size[0]
     grid_shape = (batch, *spatial)
     # Coordinate k of the base grid runs along spatial dim n - 1 - k (x along the last); then 1.
-    columns = [prims.broadcast_in_dim(_linspace_from_neg_one(theta, spatial[n - 1 - k], align_corners), grid_shape,
-                                      (n - k,)) for k in range(n)]
+    columns = [
+        prims.broadcast_in_dim(_linspace_from_neg_one(theta, spatial[n - 1 - k], align_corners), grid_shape, (n - k,))
+        for k in range(n)
+    ]
     columns.append(prims.full(grid_shape, 1.0, theta.device, theta.dtype))
     base = prims.cat([prims.reshape(c, (*grid_shape, 1)) for c in columns], n + 1)
     points = prims.reshape(base, (batch, math.prod(spatial), n + 1))
@@ -76,25 +95,63 @@ def affine_grid(theta, size, align_corners=None):
 
 
 def _check_grid_sample(op: str, input, grid, mode: str, padding_mode: str) -> None:
-    check(mode in ("bilinear", "nearest", "bicubic"), op, f"expected mode to be 'bilinear', 'nearest' or 'bicubic', "
-          f"but got: '{mode}' (argument mode)", ThunderValueError)
-    check(padding_mode in ("zeros", "border", "reflection"), op, "expected padding_mode to be 'zeros', 'border', or "
-          f"'reflection', but got: '{padding_mode}' (argument padding_mode)", ThunderValueError)
-    check(input.dtype == grid.dtype, op, f"expected input and grid to have same dtype, but input has {input.dtype} and "
-          f"grid has {grid.dtype} (argument grid)", ThunderRuntimeError)
-    check(input.ndim in (4, 5) and input.ndim == grid.ndim, op, f"expected 4D or 5D input and grid with same number "
-          f"of dimensions, but got input with sizes {list(input.shape)} and grid with sizes {list(grid.shape)} "
-          "(argument grid)", ThunderRuntimeError)
-    check(input.shape[0] == grid.shape[0], op, f"expected grid and input to have same batch size, but got input with "
-          f"sizes {list(input.shape)} and grid with sizes {list(grid.shape)} (argument grid)", ThunderRuntimeError)
-    check(grid.shape[-1] == input.ndim - 2, op, f"expected grid to have size {input.ndim - 2} in last dimension, but "
-          f"got grid with sizes {list(grid.shape)} (argument grid)", ThunderRuntimeError)
-    check(all(s > 0 for s in input.shape[2:]), op, f"expected input to have non-empty spatial dimensions, but input "
-          f"has sizes {list(input.shape)} (argument input)", ThunderRuntimeError)
+    check(
+        mode in ("bilinear", "nearest", "bicubic"),
+        op,
+        f"expected mode to be 'bilinear', 'nearest' or 'bicubic', but got: '{mode}' (argument mode)",
+        ThunderValueError,
+    )
+    check(
+        padding_mode in ("zeros", "border", "reflection"),
+        op,
+        "expected padding_mode to be 'zeros', 'border', or "
+        f"'reflection', but got: '{padding_mode}' (argument padding_mode)",
+        ThunderValueError,
+    )
+    check(
+        input.dtype == grid.dtype,
+        op,
+        f"expected input and grid to have same dtype, but input has {input.dtype} and "
+        f"grid has {grid.dtype} (argument grid)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.ndim in (4, 5) and input.ndim == grid.ndim,
+        op,
+        f"expected 4D or 5D input and grid with same number "
+        f"of dimensions, but got input with sizes {list(input.shape)} and grid with sizes {list(grid.shape)} "
+        "(argument grid)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.shape[0] == grid.shape[0],
+        op,
+        f"expected grid and input to have same batch size, but got input with "
+        f"sizes {list(input.shape)} and grid with sizes {list(grid.shape)} (argument grid)",
+        ThunderRuntimeError,
+    )
+    check(
+        grid.shape[-1] == input.ndim - 2,
+        op,
+        f"expected grid to have size {input.ndim - 2} in last dimension, but "
+        f"got grid with sizes {list(grid.shape)} (argument grid)",
+        ThunderRuntimeError,
+    )
+    check(
+        all(s > 0 for s in input.shape[2:]),
+        op,
+        f"expected input to have non-empty spatial dimensions, but input "
+        f"has sizes {list(input.shape)} (argument input)",
+        ThunderRuntimeError,
+    )
     check(input.ndim == 4, op, "3-D (5-D input) sampling is not supported (argument input)", ThunderNotImplementedError)
     check(mode != "bicubic", op, "bicubic sampling is not supported (argument mode)", ThunderNotImplementedError)
-    check(input.dtype.is_floating_point, op, f"not implemented for {input.dtype} (argument input)",
-          ThunderNotImplementedError)
+    check(
+        input.dtype.is_floating_point,
+        op,
+        f"not implemented for {input.dtype} (argument input)",
+        ThunderNotImplementedError,
+    )
 
 
 def _reflect(x, twice_low: int, twice_high: int):
@@ -129,8 +186,10 @@ def _read(flat, width: int, height: int, iy, ix, weight):
     """``flat`` (N, C, H * W) read at integer points (iy, ix) of shape (N, Ho, Wo), times
     ``weight``; points outside the input read zero."""
     n, c, _ = flat.shape
-    inside = prims.bitwise_and(prims.bitwise_and(prims.ge(ix, 0.0), prims.le(ix, float(width - 1))),
-                               prims.bitwise_and(prims.ge(iy, 0.0), prims.le(iy, float(height - 1))))
+    inside = prims.bitwise_and(
+        prims.bitwise_and(prims.ge(ix, 0.0), prims.le(ix, float(width - 1))),
+        prims.bitwise_and(prims.ge(iy, 0.0), prims.le(iy, float(height - 1))),
+    )
     x = prims.convert_element_type(prims.minimum(prims.maximum(ix, 0.0), float(width - 1)), torch.int64)
     y = prims.convert_element_type(prims.minimum(prims.maximum(iy, 0.0), float(height - 1)), torch.int64)
     points = ix.shape[1] * ix.shape[2]
@@ -147,8 +206,10 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     align_corners = bool(align_corners)
     n, c, height, width = input.shape
     out_h, out_w = grid.shape[1:3]
-    coords = [prims.reshape(prims.slice(grid, (0, 0, 0, k), (n, out_h, out_w, k + 1), (1, 1, 1, 1)), (n, out_h, out_w))
-              for k in range(2)]
+    coords = [
+        prims.reshape(prims.slice(grid, (0, 0, 0, k), (n, out_h, out_w, k + 1), (1, 1, 1, 1)), (n, out_h, out_w))
+        for k in range(2)
+    ]
     x = _source_coordinate(coords[0], width, padding_mode, align_corners)
     y = _source_coordinate(coords[1], height, padding_mode, align_corners)
     flat = prims.reshape(input, (n, c, height * width))
@@ -161,8 +222,12 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
         east, south = prims.add(west, 1.0), prims.add(north, 1.0)
         w, nn = prims.sub(x, west), prims.sub(y, north)
         e, s = prims.sub(1.0, w), prims.sub(1.0, nn)
-        corners = ((north, west, prims.mul(s, e)), (north, east, prims.mul(s, w)),
-                   (south, west, prims.mul(nn, e)), (south, east, prims.mul(nn, w)))
+        corners = (
+            (north, west, prims.mul(s, e)),
+            (north, east, prims.mul(s, w)),
+            (south, west, prims.mul(nn, e)),
+            (south, east, prims.mul(nn, w)),
+        )
         out = None
         for iy, ix, weight in corners:
             term = _read(flat, width, height, iy, ix, weight)

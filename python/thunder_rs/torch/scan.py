@@ -54,8 +54,12 @@ def cummin(input, dim, *, out=None):
 def logcumsumexp(input, dim, *, out=None):
     op = "ltorch.logcumsumexp"
     d = _scan_dim(input, dim, op, out)
-    check(dtypes.is_inexact(input.dtype), op, f'"logcumsumexp_out_cpu" not implemented for {input.dtype} (argument input)',
-          ThunderNotImplementedError)
+    check(
+        dtypes.is_inexact(input.dtype),
+        op,
+        f'"logcumsumexp_out_cpu" not implemented for {input.dtype} (argument input)',
+        ThunderNotImplementedError,
+    )
     return prims.logcumsumexp(input, d)
 
 
@@ -77,10 +81,19 @@ def _trapezoids(op: str, y, x, dx, dim):
     heights = ltorch.add(ltorch.narrow(y, d, min(n, 1), pairs), ltorch.narrow(y, d, 0, pairs))
     if x is None:
         return (1 if dx is None else dx), heights, d
-    check(isinstance(x, torch.Tensor), op, f"expected a tensor for x, got {type(x).__name__} (argument x)", ThunderTypeError)
+    check(
+        isinstance(x, torch.Tensor),
+        op,
+        f"expected a tensor for x, got {type(x).__name__} (argument x)",
+        ThunderTypeError,
+    )
     if x.ndim == 1:
-        check(x.shape[0] == n, op, "trapezoid: There must be one `x` value for each sample point (argument x)",
-              ThunderRuntimeError)
+        check(
+            x.shape[0] == n,
+            op,
+            "trapezoid: There must be one `x` value for each sample point (argument x)",
+            ThunderRuntimeError,
+        )
         x = ltorch.reshape(x, tuple(n if k == d else 1 for k in range(y.ndim)))
     xd = clang.canonicalize_dim(x.ndim, d - y.ndim, op)
     widths = ltorch.sub(ltorch.narrow(x, xd, min(n, 1), pairs), ltorch.narrow(x, xd, 0, pairs))
@@ -106,7 +119,9 @@ def cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
     widths, heights, d = _trapezoids(op, y, x, dx, dim)
     if isinstance(widths, torch.Tensor):
         return ltorch.true_divide(cumsum(ltorch.mul(widths, heights), d), 2)
-    return ltorch.mul(cumsum(heights, d), ltorch.true_divide(widths, 2) if isinstance(widths, torch.Tensor) else widths / 2)
+    return ltorch.mul(
+        cumsum(heights, d), ltorch.true_divide(widths, 2) if isinstance(widths, torch.Tensor) else widths / 2
+    )
 
 
 # -- associative scan ------------------------------------------------------------------------------

@@ -17,14 +17,30 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.errors import (
+    ThunderIndexError,
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    check,
+)
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.indexing import _check_index, _check_no_larger
 from thunder_rs.torch.shape import reshape_to
 
 Tensor = torch.Tensor
-__all__ = ["scatter", "scatter_reduce", "index_reduce", "index_copy", "index_fill", "index_put", "put", "take", "fill",
-           "masked_scatter"]
+__all__ = [
+    "scatter",
+    "scatter_reduce",
+    "index_reduce",
+    "index_copy",
+    "index_fill",
+    "index_put",
+    "put",
+    "take",
+    "fill",
+    "masked_scatter",
+]
 
 _REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 #: Names eager's scatter_reduce also accepts.
@@ -128,16 +144,34 @@ _SCATTER_INDEX_DTYPES, _SCATTER_INDEX_WHAT = _scatter_index_dtypes()
 def _check_scatter(op: str, input, dim, index, src):
     d = clang.canonicalize_dim(input.ndim, dim, op)
     index = clang.maybe_convert(_check_index(op, index, input, _SCATTER_INDEX_DTYPES, _SCATTER_INDEX_WHAT), torch.int64)
-    check(index.ndim == input.ndim or (index.ndim <= 1 and input.ndim <= 1), op,
-          "Index tensor must have the same number of dimensions as self tensor (argument index)", ThunderRuntimeError)
+    check(
+        index.ndim == input.ndim or (index.ndim <= 1 and input.ndim <= 1),
+        op,
+        "Index tensor must have the same number of dimensions as self tensor (argument index)",
+        ThunderRuntimeError,
+    )
     if isinstance(src, torch.Tensor):
-        check(src.dtype == input.dtype, op, "Expected self.dtype to be equal to src.dtype (argument src)", ThunderRuntimeError)
-        check(src.ndim == index.ndim or (index.ndim <= 1 and src.ndim <= 1), op,
-              "Index tensor must have the same number of dimensions as src tensor (argument src)", ThunderRuntimeError)
+        check(
+            src.dtype == input.dtype,
+            op,
+            "Expected self.dtype to be equal to src.dtype (argument src)",
+            ThunderRuntimeError,
+        )
+        check(
+            src.ndim == index.ndim or (index.ndim <= 1 and src.ndim <= 1),
+            op,
+            "Index tensor must have the same number of dimensions as src tensor (argument src)",
+            ThunderRuntimeError,
+        )
         bad = next((k for k in range(index.ndim) if index.shape[k] > src.shape[k]), None)
-        check(bad is None, op, lambda: (
-            f"Expected index {list(index.shape)} to be no larger size than src {list(src.shape)} (argument index)"),
-              ThunderRuntimeError)
+        check(
+            bad is None,
+            op,
+            lambda: (
+                f"Expected index {list(index.shape)} to be no larger size than src {list(src.shape)} (argument index)"
+            ),
+            ThunderRuntimeError,
+        )
     _check_no_larger(op, index, input, d, "self")
     return d, index
 
@@ -153,13 +187,22 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None):
     src = value if src is None else src
     check(src is not None, op, "expected a src tensor or a value (argument src)", ThunderTypeError)
     d, index = _check_scatter(op, input, dim, index, src)
-    check(reduce in (None, "add", "multiply"), op, f"reduce argument must be either add or multiply, got {reduce} "
-          "(argument reduce)", ThunderRuntimeError)
+    check(
+        reduce in (None, "add", "multiply"),
+        op,
+        f"reduce argument must be either add or multiply, got {reduce} (argument reduce)",
+        ThunderRuntimeError,
+    )
     # Eager has no derivative for scatter with reduce= (its backward raises): refused rather than
     # differentiated, as scatter_reduce, which has one, is not.
     wants_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (input, src))
-    check(reduce is None or not wants_grad, op, "the derivative of scatter with reduce= is not implemented (in torch "
-          "either); use scatter_reduce, or detach the inputs (argument reduce)", ThunderNotImplementedError)
+    check(
+        reduce is None or not wants_grad,
+        op,
+        "the derivative of scatter with reduce= is not implemented (in torch "
+        "either); use scatter_reduce, or detach the inputs (argument reduce)",
+        ThunderNotImplementedError,
+    )
     if not isinstance(src, torch.Tensor):
         src = prims.full(tuple(index.shape), clang.maybe_convert(src, input.dtype), input.device, input.dtype)
     if index.numel() == 0:
@@ -177,10 +220,18 @@ def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
     op = "ltorch.scatter_reduce"
     d, index = _check_scatter(op, input, dim, index, src)
     reduce = _ALIASES.get(reduce, reduce)
-    check(reduce in _REDUCTIONS, op, f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce} "
-          "(argument reduce)", ThunderRuntimeError)
-    check(input.dtype != torch.bool, op, "\"scatter_reduce\" is not implemented for 'Bool' (argument input)",
-          ThunderNotImplementedError)
+    check(
+        reduce in _REDUCTIONS,
+        op,
+        f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce} (argument reduce)",
+        ThunderRuntimeError,
+    )
+    check(
+        input.dtype != torch.bool,
+        op,
+        "\"scatter_reduce\" is not implemented for 'Bool' (argument input)",
+        ThunderNotImplementedError,
+    )
     if index.numel() == 0:
         return prims.convert_element_type(input, input.dtype)
     a, index_, src_ = _as_1d(input, index, src)
@@ -213,10 +264,14 @@ def _prod_grads(g, input, d, index, src, out, include_self):
     src_zero = ltorch.eq(src_, 0)
     zeros = ltorch.scatter_add(ltorch.zeros_like(input), d, index, clang.maybe_convert(src_zero, input.dtype))
     single_zero = ltorch.bitwise_and(src_zero, ltorch.eq(ltorch.gather(zeros, d, index), 1))
-    masked_src_result = scatter_reduce(input, d, index, ltorch.masked_fill(src_, single_zero, 1), "prod",
-                                       include_self=include_self)
-    grad_src = ltorch.where(single_zero, ltorch.gather(ltorch.mul(g, masked_src_result), d, index),
-                            ltorch.div(ltorch.gather(ltorch.mul(g, out), d, index), ltorch.masked_fill(src_, src_zero, 1)))
+    masked_src_result = scatter_reduce(
+        input, d, index, ltorch.masked_fill(src_, single_zero, 1), "prod", include_self=include_self
+    )
+    grad_src = ltorch.where(
+        single_zero,
+        ltorch.gather(ltorch.mul(g, masked_src_result), d, index),
+        ltorch.div(ltorch.gather(ltorch.mul(g, out), d, index), ltorch.masked_fill(src_, src_zero, 1)),
+    )
     return grad_self, grad_src
 
 
@@ -231,8 +286,12 @@ def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
     if reduce == "sum":
         grad_self, grad_src = g, ltorch.gather(g, d, index)
     elif reduce == "mean":
-        n = ltorch.scatter_add(ltorch.ones_like(g) if include_self else ltorch.zeros_like(g), d, index,
-                               ltorch.ones_like(_sliced_to(src, index.shape)))
+        n = ltorch.scatter_add(
+            ltorch.ones_like(g) if include_self else ltorch.zeros_like(g),
+            d,
+            index,
+            ltorch.ones_like(_sliced_to(src, index.shape)),
+        )
         n = ltorch.masked_fill(n, ltorch.eq(n, 0), 1)
         grad_self = ltorch.div(g, n)
         grad_src = ltorch.div(ltorch.gather(g, d, index), ltorch.gather(n, d, index))
@@ -256,25 +315,50 @@ def _along(op: str, input, dim, index, source, count_exc=ThunderRuntimeError):
     """(dim, index as a scatter index of ``source``'s shape) for ops that index one dim with a vector."""
     d = clang.canonicalize_dim(input.ndim, dim, op)
     index = _check_index(op, index, input, (torch.int64, torch.int32), "int64 or int32")
-    check(index.ndim <= 1, op, f"Index is supposed to be a vector, but got dim: {index.ndim} (argument index)",
-          ThunderIndexError)
+    check(
+        index.ndim <= 1,
+        op,
+        f"Index is supposed to be a vector, but got dim: {index.ndim} (argument index)",
+        ThunderIndexError,
+    )
     if source.ndim:
-        check(source.ndim == input.ndim, op, lambda: (
-            f"source and self must have the same number of dimensions, got {source.ndim} and {input.ndim} (argument source)"),
-              ThunderRuntimeError)
-        check(source.shape[d] == index.numel(), op, lambda: (
-            f"Number of indices ({index.numel()}) should be equal to source.size(dim) ({source.shape[d]}) (argument index)"),
-              count_exc)
+        check(
+            source.ndim == input.ndim,
+            op,
+            lambda: (
+                f"source and self must have the same number of dimensions, got {source.ndim} and {input.ndim} (argument source)"
+            ),
+            ThunderRuntimeError,
+        )
+        check(
+            source.shape[d] == index.numel(),
+            op,
+            lambda: (
+                f"Number of indices ({index.numel()}) should be equal to source.size(dim) ({source.shape[d]}) (argument index)"
+            ),
+            count_exc,
+        )
         same = all(k == d or source.shape[k] == input.shape[k] for k in range(input.ndim))
-        check(same, op, lambda: ("source tensor shape must match self tensor shape, excluding the specified dimension. "
-                                 f"Got self.shape = {list(input.shape)} source.shape = {list(source.shape)} (argument source)"),
-              ThunderRuntimeError)
+        check(
+            same,
+            op,
+            lambda: (
+                "source tensor shape must match self tensor shape, excluding the specified dimension. "
+                f"Got self.shape = {list(input.shape)} source.shape = {list(source.shape)} (argument source)"
+            ),
+            ThunderRuntimeError,
+        )
     else:
-        check(index.numel() == 1, op, f"Number of indices ({index.numel()}) should be equal to source.size(dim) (1) "
-              "(argument index)", count_exc)
+        check(
+            index.numel() == 1,
+            op,
+            f"Number of indices ({index.numel()}) should be equal to source.size(dim) (1) (argument index)",
+            count_exc,
+        )
     shape = tuple(source.shape) if source.ndim else (1,)
-    wide = prims.broadcast_in_dim(reshape_to(clang.maybe_convert(index, torch.int64), (index.numel(),)), shape,
-                                  (d if input.ndim else 0,))
+    wide = prims.broadcast_in_dim(
+        reshape_to(clang.maybe_convert(index, torch.int64), (index.numel(),)), shape, (d if input.ndim else 0,)
+    )
     wrapped = prims.where(prims.lt(wide, 0), prims.add(wide, input.shape[d] if input.ndim else 1), wide)
     return d, wrapped
 
@@ -282,8 +366,13 @@ def _along(op: str, input, dim, index, source, count_exc=ThunderRuntimeError):
 @torchsymbol(torch.index_copy, Tensor.index_copy)
 def index_copy(input, dim, index, source):
     op = "ltorch.index_copy"
-    check(source.dtype == input.dtype, op, f"index_copy_(): self and source expected to have the same dtype, but got "
-          f"(self) {input.dtype} and (source) {source.dtype} (argument source)", ThunderRuntimeError)
+    check(
+        source.dtype == input.dtype,
+        op,
+        f"index_copy_(): self and source expected to have the same dtype, but got "
+        f"(self) {input.dtype} and (source) {source.dtype} (argument source)",
+        ThunderRuntimeError,
+    )
     d, wide = _along(op, input, dim, index, source, ThunderIndexError)
     a, src = _as_1d(input, source)
     return reshape_to(_written(a, d, wide, src), tuple(input.shape))
@@ -292,10 +381,19 @@ def index_copy(input, dim, index, source):
 @torchsymbol(torch.index_reduce, Tensor.index_reduce)
 def index_reduce(input, dim, index, source, reduce, *, include_self=True):
     op = "ltorch.index_reduce"
-    check(reduce in ("prod", "mean", "amax", "amin"), op, f"index_reduce(): Expected reduce to be one of prod, mean, "
-          f"amax or amin but got {reduce}. (argument reduce)", ThunderRuntimeError)
-    check(source.dtype == input.dtype, op, f"index_reduce_(): self ({input.dtype}) and source ({source.dtype}) must "
-          "have the same scalar type (argument source)", ThunderRuntimeError)
+    check(
+        reduce in ("prod", "mean", "amax", "amin"),
+        op,
+        f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}. (argument reduce)",
+        ThunderRuntimeError,
+    )
+    check(
+        source.dtype == input.dtype,
+        op,
+        f"index_reduce_(): self ({input.dtype}) and source ({source.dtype}) must "
+        "have the same scalar type (argument source)",
+        ThunderRuntimeError,
+    )
     d, wide = _along(op, input, dim, index, source)
     a, src = _as_1d(input, source)
     return reshape_to(scatter_reduce(a, d, wide, src, reduce, include_self=include_self), tuple(input.shape))
@@ -308,13 +406,22 @@ def index_fill(input, dim, index, value):
     index = _check_index(op, index, input, (torch.int64,), "int64")
     check(index.ndim <= 1, op, "Index has to be a vector/scalar (argument index)", ThunderIndexError)
     if isinstance(value, torch.Tensor):
-        check(value.ndim == 0, op, f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} "
-              "dimension(s). (argument value)", ThunderRuntimeError)
+        check(
+            value.ndim == 0,
+            op,
+            f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} "
+            "dimension(s). (argument value)",
+            ThunderRuntimeError,
+        )
     n = input.shape[d] if input.ndim else 1
     flat = reshape_to(index, (index.numel(),))
     flat = prims.where(prims.lt(flat, 0), prims.add(flat, n), flat)
-    hits = prims.index_add(prims.full((n,), 0, input.device, torch.int64), flat,
-                           prims.full((index.numel(),), 1, input.device, torch.int64), 0)
+    hits = prims.index_add(
+        prims.full((n,), 0, input.device, torch.int64),
+        flat,
+        prims.full((index.numel(),), 1, input.device, torch.int64),
+        0,
+    )
     hit = prims.gt(hits, 0)
     mask = prims.broadcast_in_dim(hit, tuple(input.shape), (d,)) if input.ndim else reshape_to(hit, ())
     return ltorch.where(mask, clang.maybe_convert(value, input.dtype), input)
@@ -333,18 +440,32 @@ def _flat_index(op: str, input, index):
 def take(input, index):
     op = "ltorch.take"
     flat = _flat_index(op, input, index)
-    check(input.numel() > 0 or index.numel() == 0, op, "cannot do a non-empty take from an empty axes. (argument index)",
-          ThunderIndexError)
+    check(
+        input.numel() > 0 or index.numel() == 0,
+        op,
+        "cannot do a non-empty take from an empty axes. (argument index)",
+        ThunderIndexError,
+    )
     return reshape_to(prims.take(reshape_to(input, (input.numel(),)), flat, 0), tuple(index.shape))
 
 
 @torchsymbol(torch.put, Tensor.put)
 def put(input, index, source, accumulate=False):
     op = "ltorch.put"
-    check(source.dtype == input.dtype, op, f"put_(): self and source expected to have the same dtype, but got "
-          f"self.dtype = {input.dtype} and source.dtype = {source.dtype} (argument source)", ThunderRuntimeError)
-    check(index.numel() == source.numel(), op, f"put_(): Expected source and index to have the same number of elements, "
-          f"but got source.numel() = {source.numel()}, index.numel() = {index.numel()} (argument source)", ThunderIndexError)
+    check(
+        source.dtype == input.dtype,
+        op,
+        f"put_(): self and source expected to have the same dtype, but got "
+        f"self.dtype = {input.dtype} and source.dtype = {source.dtype} (argument source)",
+        ThunderRuntimeError,
+    )
+    check(
+        index.numel() == source.numel(),
+        op,
+        f"put_(): Expected source and index to have the same number of elements, "
+        f"but got source.numel() = {source.numel()}, index.numel() = {index.numel()} (argument source)",
+        ThunderIndexError,
+    )
     flat_index = _flat_index(op, input, index)
     flat = reshape_to(input, (input.numel(),))
     values = reshape_to(source, (source.numel(),))
@@ -358,17 +479,34 @@ def index_put(input, indices, values, accumulate=False):
     leading dims, broadcast together."""
     op = "ltorch.index_put"
     indices = tuple(indices)
-    check(0 < len(indices) <= input.ndim, op, f"too many indices for tensor of dimension {input.ndim} (got {len(indices)}) "
-          "(argument indices)", ThunderIndexError)
+    check(
+        0 < len(indices) <= input.ndim,
+        op,
+        f"too many indices for tensor of dimension {input.ndim} (got {len(indices)}) (argument indices)",
+        ThunderIndexError,
+    )
     for i, idx in enumerate(indices):
-        check(isinstance(idx, torch.Tensor), op, f"index {i} is {type(idx).__name__}: only index tensors are supported "
-              "(argument indices)", ThunderNotImplementedError)
-    check(values.dtype == input.dtype, op, f"Index put requires the source and destination dtypes match, got "
-          f"{input.dtype} for the destination and {values.dtype} for the source. (argument values)", ThunderRuntimeError)
+        check(
+            isinstance(idx, torch.Tensor),
+            op,
+            f"index {i} is {type(idx).__name__}: only index tensors are supported (argument indices)",
+            ThunderNotImplementedError,
+        )
+    check(
+        values.dtype == input.dtype,
+        op,
+        f"Index put requires the source and destination dtypes match, got "
+        f"{input.dtype} for the destination and {values.dtype} for the source. (argument values)",
+        ThunderRuntimeError,
+    )
     if len(indices) == 1 and indices[0].dtype == torch.bool:
         return _put_masked(op, input, indices[0], values, accumulate)
-    check(all(idx.dtype != torch.bool for idx in indices), op, "boolean mask indices mixed with other indices are not "
-          "supported (argument indices)", ThunderNotImplementedError)
+    check(
+        all(idx.dtype != torch.bool for idx in indices),
+        op,
+        "boolean mask indices mixed with other indices are not supported (argument indices)",
+        ThunderNotImplementedError,
+    )
     k = len(indices)
     wrapped = [_check_index(op, idx, input) for idx in indices]
     shape = clang.broadcast_shapes(op, *(idx.shape for idx in wrapped))
@@ -376,14 +514,24 @@ def index_put(input, indices, values, accumulate=False):
     for size, idx in zip(input.shape[:k], wrapped):
         idx = clang.maybe_convert(idx, torch.int64)
         idx = prims.where(prims.lt(idx, 0), prims.add(idx, size), idx)
-        linear = idx if linear is None else clang.elementwise(prims.add, op, clang.elementwise(prims.mul, op, linear, size), idx)
+        linear = (
+            idx
+            if linear is None
+            else clang.elementwise(prims.add, op, clang.elementwise(prims.mul, op, linear, size), idx)
+        )
     rest = tuple(input.shape[k:])
     count = math.prod(shape)
     linear = reshape_to(clang.expand_to(linear, shape), (count,))
     target = (*shape, *rest)
-    check(clang.broadcast_shapes(op, target, values.shape) == target, op, lambda: (
-        f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of shape "
-        f"{list(target)} (argument values)"), ThunderRuntimeError)
+    check(
+        clang.broadcast_shapes(op, target, values.shape) == target,
+        op,
+        lambda: (
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of shape "
+            f"{list(target)} (argument values)"
+        ),
+        ThunderRuntimeError,
+    )
     flat_values = reshape_to(clang.expand_to(values, target), (count, *rest))
     flat = reshape_to(input, (math.prod(input.shape[:k]), *rest))
     out = prims.index_add(flat, linear, flat_values, 0) if accumulate else _written_rows(flat, linear, flat_values)
@@ -395,19 +543,36 @@ def _put_masked(op: str, input, mask, values, accumulate: bool):
     broadcasts from one row): a select, whatever the mask holds. Values per masked position
     would be placed by a running count of the mask, which the trace has no prim for."""
     m = mask.ndim
-    check(tuple(mask.shape) == tuple(input.shape[:m]), op, lambda: (
-        f"The shape of the mask {list(mask.shape)} at index 0 does not match the shape of the indexed tensor "
-        f"{list(input.shape)} at index 0 (argument indices)"), ThunderIndexError)
+    check(
+        tuple(mask.shape) == tuple(input.shape[:m]),
+        op,
+        lambda: (
+            f"The shape of the mask {list(mask.shape)} at index 0 does not match the shape of the indexed tensor "
+            f"{list(input.shape)} at index 0 (argument indices)"
+        ),
+        ThunderIndexError,
+    )
     rest = tuple(input.shape[m:])
-    lead = values.shape[:max(values.ndim - len(rest), 0)]
-    check(all(s == 1 for s in lead), op, lambda: (
-        f"values of shape {list(values.shape)} give each masked position its own value: placing them depends on the "
-        "mask's values (a running count), which thunder_rs does not trace; use torch.where (argument values)"),
-          ThunderNotImplementedError)
-    tail = tuple(values.shape[len(lead):])
-    check(all(t in (r, 1) for t, r in zip(reversed(tail), reversed(rest))), op, lambda: (
-        f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of shape "
-        f"[N, {', '.join(map(str, rest))}] (argument values)"), ThunderRuntimeError)
+    lead = values.shape[: max(values.ndim - len(rest), 0)]
+    check(
+        all(s == 1 for s in lead),
+        op,
+        lambda: (
+            f"values of shape {list(values.shape)} give each masked position its own value: placing them depends on the "
+            "mask's values (a running count), which thunder_rs does not trace; use torch.where (argument values)"
+        ),
+        ThunderNotImplementedError,
+    )
+    tail = tuple(values.shape[len(lead) :])
+    check(
+        all(t in (r, 1) for t, r in zip(reversed(tail), reversed(rest))),
+        op,
+        lambda: (
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of shape "
+            f"[N, {', '.join(map(str, rest))}] (argument values)"
+        ),
+        ThunderRuntimeError,
+    )
     row = clang.expand_to(reshape_to(values, tail), tuple(input.shape))
     wide = prims.broadcast_in_dim(mask, tuple(input.shape), tuple(range(m)))
     if accumulate:
@@ -427,12 +592,19 @@ def masked_scatter(input, mask, source):
     the k-th true position reads ``source.flatten()[k]``, its index a running count of the mask.
     Too short a source fails when the op runs (the count is data), as in eager."""
     op = "ltorch.masked_scatter"
-    check(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, op,
-          f"masked_scatter_ only supports boolean masks, but got mask with dtype {getattr(mask, 'dtype', None)} (argument mask)",
-          ThunderRuntimeError)
-    check(isinstance(source, torch.Tensor) and source.dtype == input.dtype, op,
-          f"masked_scatter: expected self and source to have same dtypes but got {input.dtype} and "
-          f"{getattr(source, 'dtype', None)} (argument source)", ThunderRuntimeError)
+    check(
+        isinstance(mask, torch.Tensor) and mask.dtype == torch.bool,
+        op,
+        f"masked_scatter_ only supports boolean masks, but got mask with dtype {getattr(mask, 'dtype', None)} (argument mask)",
+        ThunderRuntimeError,
+    )
+    check(
+        isinstance(source, torch.Tensor) and source.dtype == input.dtype,
+        op,
+        f"masked_scatter: expected self and source to have same dtypes but got {input.dtype} and "
+        f"{getattr(source, 'dtype', None)} (argument source)",
+        ThunderRuntimeError,
+    )
     shape = clang.broadcast_shapes(op, input.shape, mask.shape)
     input, mask = clang.expand_to(input, shape), clang.expand_to(mask, shape)
     n = math.prod(shape)
@@ -451,8 +623,13 @@ def fill(input, value):
     does (its gradient is zero), so it selects the value everywhere rather than building it anew."""
     op = "ltorch.fill"
     if isinstance(value, torch.Tensor):
-        check(value.ndim == 0, op, f"fill only supports 0-dimension value tensor but got tensor with {value.ndim} "
-              "dimensions. (argument value)", ThunderRuntimeError)
+        check(
+            value.ndim == 0,
+            op,
+            f"fill only supports 0-dimension value tensor but got tensor with {value.ndim} "
+            "dimensions. (argument value)",
+            ThunderRuntimeError,
+        )
         filled = clang.expand_to(clang.maybe_convert(value, input.dtype), tuple(input.shape))
     else:
         filled = prims.full(tuple(input.shape), clang.maybe_convert(value, input.dtype), input.device, input.dtype)

@@ -26,9 +26,31 @@ from thunder_rs.torch.symbols import torchsymbol
 
 Tensor = torch.Tensor
 __all__ = [
-    "reshape", "view", "view_as", "reshape_as", "permute", "transpose", "swapaxes", "t", "T", "mT",
-    "contiguous", "clone", "expand", "expand_as", "broadcast_to", "unsqueeze", "squeeze", "flatten",
-    "ravel", "unflatten", "movedim", "flip", "roll", "atleast_1d", "atleast_2d",
+    "reshape",
+    "view",
+    "view_as",
+    "reshape_as",
+    "permute",
+    "transpose",
+    "swapaxes",
+    "t",
+    "T",
+    "mT",
+    "contiguous",
+    "clone",
+    "expand",
+    "expand_as",
+    "broadcast_to",
+    "unsqueeze",
+    "squeeze",
+    "flatten",
+    "ravel",
+    "unflatten",
+    "movedim",
+    "flip",
+    "roll",
+    "atleast_1d",
+    "atleast_2d",
 ]
 
 
@@ -40,8 +62,12 @@ def _sizes(op: str, args, arg: str = "shape") -> tuple[int, ...]:
     if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
         args = tuple(args[0])
     for s in args:
-        check(isinstance(s, int) and not isinstance(s, bool), op,
-              lambda: f"expected a sequence of ints for {arg}, got {list(args)!r} (argument {arg})", ThunderTypeError)
+        check(
+            isinstance(s, int) and not isinstance(s, bool),
+            op,
+            lambda: f"expected a sequence of ints for {arg}, got {list(args)!r} (argument {arg})",
+            ThunderTypeError,
+        )
     return tuple(args)
 
 
@@ -58,15 +84,36 @@ def infer_shape(op: str, shape, numel: int) -> tuple[int, ...]:
     shape = list(shape)
     check(shape.count(-1) <= 1, op, "only one dimension can be inferred (argument shape)", ThunderRuntimeError)
     for i, s in enumerate(shape):
-        check(s >= -1, op, f"invalid shape dimension {s} at index {i} of shape {shape} (argument shape)", ThunderRuntimeError)
+        check(
+            s >= -1,
+            op,
+            f"invalid shape dimension {s} at index {i} of shape {shape} (argument shape)",
+            ThunderRuntimeError,
+        )
     known = math.prod(s for s in shape if s != -1)
     if -1 in shape:
-        check(known != 0, op, lambda: (
-            f"cannot reshape tensor of 0 elements into shape {shape} because the unspecified dimension "
-            "size -1 can be any value and is ambiguous (argument shape)"), ThunderRuntimeError)
-        check(numel % known == 0, op, f"shape '{shape}' is invalid for input of size {numel} (argument shape)", ThunderRuntimeError)
+        check(
+            known != 0,
+            op,
+            lambda: (
+                f"cannot reshape tensor of 0 elements into shape {shape} because the unspecified dimension "
+                "size -1 can be any value and is ambiguous (argument shape)"
+            ),
+            ThunderRuntimeError,
+        )
+        check(
+            numel % known == 0,
+            op,
+            f"shape '{shape}' is invalid for input of size {numel} (argument shape)",
+            ThunderRuntimeError,
+        )
         shape[shape.index(-1)] = numel // known
-    check(math.prod(shape) == numel, op, f"shape '{shape}' is invalid for input of size {numel} (argument shape)", ThunderRuntimeError)
+    check(
+        math.prod(shape) == numel,
+        op,
+        f"shape '{shape}' is invalid for input of size {numel} (argument shape)",
+        ThunderRuntimeError,
+    )
     return tuple(shape)
 
 
@@ -94,7 +141,9 @@ def _unique_dims(op: str, ndim: int, dims, arg: str = "dim") -> tuple[int, ...]:
     """Canonical dims; a repeated dim is a RuntimeError, as torch raises it."""
     out = tuple(clang.canonicalize_dim(ndim, d, op, arg) for d in dims)
     dup = next((d for i, d in enumerate(out) if d in out[:i]), None)
-    check(dup is None, op, f"dim {dup} appears multiple times in the list of dims (argument {arg})", ThunderRuntimeError)
+    check(
+        dup is None, op, f"dim {dup} appears multiple times in the list of dims (argument {arg})", ThunderRuntimeError
+    )
     return out
 
 
@@ -122,7 +171,8 @@ def _view_as_as_reshape_as(a, other):
 def view(a, *args, size=None, dtype=None):
     if dtype is not None or (len(args) == 1 and isinstance(args[0], torch.dtype)):
         raise ThunderNotImplementedError(
-            "ltorch.view: reinterpreting a tensor's bytes as another dtype (Tensor.view(dtype)) is not supported (argument dtype)")
+            "ltorch.view: reinterpreting a tensor's bytes as another dtype (Tensor.view(dtype)) is not supported (argument dtype)"
+        )
     shape = _one_of("ltorch.view", args, size, "size")
     return reshape_to(a, infer_shape("ltorch.view", shape, a.numel()))
 
@@ -142,10 +192,15 @@ def flatten(a, start_dim=0, end_dim=-1):
     op = "ltorch.flatten"
     start = clang.canonicalize_dim(a.ndim, start_dim, op, "start_dim")
     end = clang.canonicalize_dim(a.ndim, end_dim, op, "end_dim")
-    check(start <= end, op, "flatten() has invalid args: start_dim cannot come after end_dim (argument start_dim)", ThunderRuntimeError)
+    check(
+        start <= end,
+        op,
+        "flatten() has invalid args: start_dim cannot come after end_dim (argument start_dim)",
+        ThunderRuntimeError,
+    )
     if a.ndim == 0:
         return reshape_to(a, (1,))
-    shape = (*a.shape[:start], math.prod(a.shape[start:end + 1]), *a.shape[end + 1:])
+    shape = (*a.shape[:start], math.prod(a.shape[start : end + 1]), *a.shape[end + 1 :])
     return reshape_to(a, shape)
 
 
@@ -164,21 +219,39 @@ def unflatten(a, dim, sizes):
     check(sizes.count(-1) <= 1, op, "only one dimension can be inferred (argument sizes)", ThunderRuntimeError)
     known = math.prod(s for s in sizes if s != -1)
     fits = a.shape[d] % known == 0 if -1 in sizes and known else known == a.shape[d]
-    check(fits, op, lambda: (f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of dim {dim} "
-                             f"({a.shape[d]}) in the input tensor (argument sizes)"), ThunderRuntimeError)
+    check(
+        fits,
+        op,
+        lambda: (
+            f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of dim {dim} "
+            f"({a.shape[d]}) in the input tensor (argument sizes)"
+        ),
+        ThunderRuntimeError,
+    )
     sizes = infer_shape(op, sizes, a.shape[d])
-    return reshape_to(a, (*a.shape[:d], *sizes, *a.shape[d + 1:]))
+    return reshape_to(a, (*a.shape[:d], *sizes, *a.shape[d + 1 :]))
 
 
 @torchsymbol(Tensor.permute, torch.permute)
 def permute(a, *args, dims=None):
     op = "ltorch.permute"
     dims = _one_of(op, args, dims, "dims")
-    check(len(dims) == a.ndim, op, lambda: (
-        "number of dimensions in the tensor input does not match the length of the desired ordering of "
-        f"dimensions i.e. input.dim() = {a.ndim} is not equal to len(dims) = {len(dims)} (argument dims)"), ThunderRuntimeError)
+    check(
+        len(dims) == a.ndim,
+        op,
+        lambda: (
+            "number of dimensions in the tensor input does not match the length of the desired ordering of "
+            f"dimensions i.e. input.dim() = {a.ndim} is not equal to len(dims) = {len(dims)} (argument dims)"
+        ),
+        ThunderRuntimeError,
+    )
     perm = tuple(clang.canonicalize_dim(a.ndim, d, op, "dims") for d in dims)
-    check(len(set(perm)) == len(perm), op, "permute(): duplicate dims are not allowed. (argument dims)", ThunderRuntimeError)
+    check(
+        len(set(perm)) == len(perm),
+        op,
+        "permute(): duplicate dims are not allowed. (argument dims)",
+        ThunderRuntimeError,
+    )
     return _permute_to(a, perm)
 
 
@@ -200,25 +273,36 @@ def swapaxes(a, axis0, axis1):
 
 @torchsymbol(torch.t, Tensor.t)
 def t(a):
-    check(a.ndim <= 2, "ltorch.t", f"t() expects a tensor with <= 2 dimensions, but self is {a.ndim}D (argument a)",
-          ThunderRuntimeError)
+    check(
+        a.ndim <= 2,
+        "ltorch.t",
+        f"t() expects a tensor with <= 2 dimensions, but self is {a.ndim}D (argument a)",
+        ThunderRuntimeError,
+    )
     return transpose(a, 0, 1) if a.ndim == 2 else a
 
 
 @torchsymbol(properties=("T",))
 def T(a):
     if a.ndim not in (0, 2):
-        warnings.warn("The use of `x.T` on tensors of dimension other than 2 to reverse their shape is deprecated and "
-                      "it will throw an error in a future release. Consider `x.mT` to transpose batches of matrices "
-                      "or `x.permute(*torch.arange(x.ndim - 1, -1, -1))` to reverse the dimensions of a tensor.",
-                      UserWarning, stacklevel=2)
+        warnings.warn(
+            "The use of `x.T` on tensors of dimension other than 2 to reverse their shape is deprecated and "
+            "it will throw an error in a future release. Consider `x.mT` to transpose batches of matrices "
+            "or `x.permute(*torch.arange(x.ndim - 1, -1, -1))` to reverse the dimensions of a tensor.",
+            UserWarning,
+            stacklevel=2,
+        )
     return _permute_to(a, range(a.ndim - 1, -1, -1))
 
 
 @torchsymbol(properties=("mT",))
 def mT(a):
-    check(a.ndim >= 2, "ltorch.mT", f"tensor.mT is only supported on matrices or batches of matrices. Got {a.ndim}-D tensor.",
-          ThunderRuntimeError)
+    check(
+        a.ndim >= 2,
+        "ltorch.mT",
+        f"tensor.mT is only supported on matrices or batches of matrices. Got {a.ndim}-D tensor.",
+        ThunderRuntimeError,
+    )
     return transpose(a, -2, -1)
 
 
@@ -227,14 +311,24 @@ def movedim(a, source, destination):
     op = "ltorch.movedim"
     source = (source,) if isinstance(source, int) else tuple(source)
     destination = (destination,) if isinstance(destination, int) else tuple(destination)
-    check(len(source) == len(destination), op, lambda: (
-        f"movedim: Invalid source or destination dims: source ({list(source)} dims) should contain the same number "
-        f"of dims as destination ({list(destination)} dims)"), ThunderRuntimeError)
+    check(
+        len(source) == len(destination),
+        op,
+        lambda: (
+            f"movedim: Invalid source or destination dims: source ({list(source)} dims) should contain the same number "
+            f"of dims as destination ({list(destination)} dims)"
+        ),
+        ThunderRuntimeError,
+    )
     src = tuple(clang.canonicalize_dim(a.ndim, d, op, "source") for d in source)
     dst = tuple(clang.canonicalize_dim(a.ndim, d, op, "destination") for d in destination)
     for name, dims in (("source", src), ("destination", dst)):
-        check(len(set(dims)) == len(dims), op, f"movedim: repeated dim in `{name}` ({list(dims)}) (argument {name})",
-              ThunderRuntimeError)
+        check(
+            len(set(dims)) == len(dims),
+            op,
+            f"movedim: repeated dim in `{name}` ({list(dims)}) (argument {name})",
+            ThunderRuntimeError,
+        )
     perm = [-1] * max(a.ndim, 1)
     for s, d in zip(src, dst):
         perm[d] = s
@@ -262,22 +356,38 @@ def clone(a, *, memory_format=torch.preserve_format):
 
 
 def _expand(op: str, a, sizes):
-    check(len(sizes) >= a.ndim, op, lambda: (
-        f"the number of sizes provided ({len(sizes)}) must be greater or equal to the number of dimensions in the "
-        f"tensor ({a.ndim}) (argument size)"), ThunderRuntimeError)
+    check(
+        len(sizes) >= a.ndim,
+        op,
+        lambda: (
+            f"the number of sizes provided ({len(sizes)}) must be greater or equal to the number of dimensions in the "
+            f"tensor ({a.ndim}) (argument size)"
+        ),
+        ThunderRuntimeError,
+    )
     lead = len(sizes) - a.ndim
     shape = []
     for i, size in enumerate(sizes):
         if i < lead:
-            check(size >= 0, op, f"The expanded size of the tensor ({size}) isn't allowed in a leading, non-existing dimension {i} (argument size)",
-                  ThunderRuntimeError)
+            check(
+                size >= 0,
+                op,
+                f"The expanded size of the tensor ({size}) isn't allowed in a leading, non-existing dimension {i} (argument size)",
+                ThunderRuntimeError,
+            )
             shape.append(size)
             continue
         have = a.shape[i - lead]
         size = have if size == -1 else size
-        check(size == have or have == 1, op, lambda: (
-            f"The expanded size of the tensor ({sizes[i]}) must match the existing size ({have}) at non-singleton "
-            f"dimension {i}.  Target sizes: {list(sizes)}.  Tensor sizes: {list(a.shape)} (argument size)"), ThunderRuntimeError)
+        check(
+            size == have or have == 1,
+            op,
+            lambda: (
+                f"The expanded size of the tensor ({sizes[i]}) must match the existing size ({have}) at non-singleton "
+                f"dimension {i}.  Target sizes: {list(sizes)}.  Tensor sizes: {list(a.shape)} (argument size)"
+            ),
+            ThunderRuntimeError,
+        )
         check(size >= 0, op, f"invalid expanded size {size} at dimension {i} (argument size)", ThunderRuntimeError)
         shape.append(size)
     return clang.expand_to(a, shape)
@@ -357,12 +467,20 @@ def roll(a, shifts, dims=None):
     shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
     check(len(shifts) > 0, op, "`shifts` required (argument shifts)", ThunderRuntimeError)
     if dims is None:
-        check(len(shifts) == 1, op, f"shifts and dimensions must align. shifts: {len(shifts)}, dims:0 (argument dims)",
-              ThunderRuntimeError)
+        check(
+            len(shifts) == 1,
+            op,
+            f"shifts and dimensions must align. shifts: {len(shifts)}, dims:0 (argument dims)",
+            ThunderRuntimeError,
+        )
         return reshape_to(roll(flatten(a), shifts, 0), a.shape)
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    check(len(shifts) == len(dims), op, f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)} (argument dims)",
-          ThunderRuntimeError)
+    check(
+        len(shifts) == len(dims),
+        op,
+        f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)} (argument dims)",
+        ThunderRuntimeError,
+    )
     check(a.ndim > 0, op, "Dimension specified as 0 but tensor has no dimensions (argument dims)", ThunderIndexError)
     out = a
     for shift, dim in zip(shifts, dims):
@@ -373,5 +491,3 @@ def roll(a, shifts, dims=None):
         cut = size - shift % size
         out = prims.cat([slice_in_dim(out, d, cut, size), slice_in_dim(out, d, 0, cut)], d)
     return out
-
-

@@ -22,10 +22,46 @@ from thunder_rs.torch.elementwise import sign, sub
 
 T = torch.Tensor
 __all__ = [
-    "addcmul", "addcdiv", "lerp", "logaddexp", "logaddexp2", "xlogy", "xlog1py", "copysign", "frac", "deg2rad",
-    "rad2deg", "fmax", "fmin", "hypot", "heaviside", "ldexp", "float_power", "square", "sgn", "positive", "logit",
-    "nan_to_num", "isnan", "isinf", "isposinf", "isneginf", "isreal", "isclose", "logical_and", "logical_or",
-    "logical_xor", "logical_not", "sinc", "entr", "ndtr", "polygamma", "tensor_polygamma", "angle", "real", "frexp",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "logaddexp",
+    "logaddexp2",
+    "xlogy",
+    "xlog1py",
+    "copysign",
+    "frac",
+    "deg2rad",
+    "rad2deg",
+    "fmax",
+    "fmin",
+    "hypot",
+    "heaviside",
+    "ldexp",
+    "float_power",
+    "square",
+    "sgn",
+    "positive",
+    "logit",
+    "nan_to_num",
+    "isnan",
+    "isinf",
+    "isposinf",
+    "isneginf",
+    "isreal",
+    "isclose",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "logical_not",
+    "sinc",
+    "entr",
+    "ndtr",
+    "polygamma",
+    "tensor_polygamma",
+    "angle",
+    "real",
+    "frexp",
     "mvlgamma",
 ]
 
@@ -39,27 +75,43 @@ def _operands(op: str, *operands, kind=DEFAULT):
     tensors = [x for x in operands if isinstance(x, torch.Tensor)]
     check(bool(tensors), op, "expected at least one tensor argument", ThunderTypeError)
     for x in operands:
-        check(isinstance(x, (torch.Tensor, bool, int, float)), op, lambda: f"expected a tensor or a number, got "
-              f"{type(x).__name__}", ThunderTypeError)
+        check(
+            isinstance(x, (torch.Tensor, bool, int, float)),
+            op,
+            lambda: f"expected a tensor or a number, got {type(x).__name__}",
+            ThunderTypeError,
+        )
     compute, result = clang.promote(op, operands, kind)
     shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
     device = tensors[0].device
-    converted = [clang.expand_to(clang.maybe_convert(x, compute), shape) if isinstance(x, torch.Tensor)
-                 else prims.full(shape, clang.maybe_convert(x, compute), device, compute) for x in operands]
+    converted = [
+        clang.expand_to(clang.maybe_convert(x, compute), shape)
+        if isinstance(x, torch.Tensor)
+        else prims.full(shape, clang.maybe_convert(x, compute), device, compute)
+        for x in operands
+    ]
     return converted, compute, result
 
 
 def _float_only(op: str, dtype, arg: str = "input") -> None:
     """Eager has these kernels for floating dtypes only."""
-    check(dtype.is_floating_point or dtype.is_complex, op, lambda: f"not implemented for {dtype} (argument {arg})",
-          ThunderNotImplementedError)
+    check(
+        dtype.is_floating_point or dtype.is_complex,
+        op,
+        lambda: f"not implemented for {dtype} (argument {arg})",
+        ThunderNotImplementedError,
+    )
 
 
 def _real_only(op: str, *operands) -> None:
     for x in operands:
         if isinstance(x, torch.Tensor):
-            check(not x.dtype.is_complex, op, lambda: f"complex inputs are not supported, got {x.dtype}",
-                  ThunderNotImplementedError)
+            check(
+                not x.dtype.is_complex,
+                op,
+                lambda: f"complex inputs are not supported, got {x.dtype}",
+                ThunderNotImplementedError,
+            )
 
 
 def _full_like(a, value, dtype):
@@ -80,16 +132,24 @@ def _safe(mask, x, value):
 
 
 def _check_value(op: str, value) -> None:
-    check(isinstance(value, (bool, int, float)), op, lambda: f"expected a number for value, got {type(value).__name__} "
-          "(argument value)", ThunderTypeError)
+    check(
+        isinstance(value, (bool, int, float)),
+        op,
+        lambda: f"expected a number for value, got {type(value).__name__} (argument value)",
+        ThunderTypeError,
+    )
 
 
 @torchsymbol(torch.addcmul, T.addcmul)
 def addcmul(input, tensor1, tensor2, *, value=1):
     op = "ltorch.addcmul"
     (a, t1, t2), compute, _ = _operands(op, input, tensor1, tensor2)
-    check(compute != torch.bool, op, "\"addcmul_cpu_out\" not implemented for 'Bool' (argument input)",
-          ThunderNotImplementedError)
+    check(
+        compute != torch.bool,
+        op,
+        "\"addcmul_cpu_out\" not implemented for 'Bool' (argument input)",
+        ThunderNotImplementedError,
+    )
     _check_value(op, value)
     # Eager's kernel: self + value * t1 * t2, with value in the computation dtype.
     return prims.add(a, prims.mul(prims.mul(t1, clang.maybe_convert(value, compute)), t2))
@@ -98,10 +158,13 @@ def addcmul(input, tensor1, tensor2, *, value=1):
 @torchsymbol(torch.addcdiv, T.addcdiv)
 def addcdiv(input, tensor1, tensor2, *, value=1):
     op = "ltorch.addcdiv"
-    check(all(x.dtype.is_floating_point or x.dtype.is_complex for x in (tensor1, tensor2)), op,
-          "Integer division with addcdiv is no longer supported, and in a future release addcdiv will perform a true "
-          "division of tensor1 and tensor2. Use torch.div and torch.addcmul instead (argument tensor1)",
-          ThunderRuntimeError)
+    check(
+        all(x.dtype.is_floating_point or x.dtype.is_complex for x in (tensor1, tensor2)),
+        op,
+        "Integer division with addcdiv is no longer supported, and in a future release addcdiv will perform a true "
+        "division of tensor1 and tensor2. Use torch.div and torch.addcmul instead (argument tensor1)",
+        ThunderRuntimeError,
+    )
     (a, t1, t2), compute, _ = _operands(op, input, tensor1, tensor2)
     _check_value(op, value)
     return prims.add(a, prims.div(prims.mul(t1, clang.maybe_convert(value, compute)), t2))
@@ -110,11 +173,19 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
 @torchsymbol(torch.lerp, T.lerp)
 def lerp(input, end, weight):
     op = "ltorch.lerp"
-    check(end.dtype == input.dtype, op, lambda: f"expected dtype {input.dtype} for `end` but got dtype {end.dtype} "
-          "(argument end)", ThunderRuntimeError)
+    check(
+        end.dtype == input.dtype,
+        op,
+        lambda: f"expected dtype {input.dtype} for `end` but got dtype {end.dtype} (argument end)",
+        ThunderRuntimeError,
+    )
     if isinstance(weight, torch.Tensor):
-        check(weight.dtype == input.dtype or weight.ndim == 0, op, lambda: f"expected dtype {input.dtype} for `weight` "
-              f"but got dtype {weight.dtype} (argument weight)", ThunderRuntimeError)
+        check(
+            weight.dtype == input.dtype or weight.ndim == 0,
+            op,
+            lambda: f"expected dtype {input.dtype} for `weight` but got dtype {weight.dtype} (argument weight)",
+            ThunderRuntimeError,
+        )
     _float_only(op, input.dtype)
     tensors = [x for x in (input, end, weight) if isinstance(x, torch.Tensor)]
     shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
@@ -151,8 +222,9 @@ def logaddexp(input, other):
 
 @torchsymbol(torch.logaddexp2, T.logaddexp2)
 def logaddexp2(input, other):
-    return _logaddexp("ltorch.logaddexp2", input, other,
-                      lambda d: prims.mul(prims.log1p(prims.exp2(d)), 1.0 / math.log(2.0)))
+    return _logaddexp(
+        "ltorch.logaddexp2", input, other, lambda d: prims.mul(prims.log1p(prims.exp2(d)), 1.0 / math.log(2.0))
+    )
 
 
 def _xlog(op: str, a, b, log):
@@ -234,8 +306,12 @@ def hypot(input, other):
 def heaviside(input, values):
     op = "ltorch.heaviside"
     check(isinstance(values, torch.Tensor), op, "expected a tensor for values (argument values)", ThunderTypeError)
-    check(input.dtype == values.dtype, op, "heaviside is not yet implemented for tensors with different dtypes. "
-          "(argument values)", ThunderRuntimeError)
+    check(
+        input.dtype == values.dtype,
+        op,
+        "heaviside is not yet implemented for tensors with different dtypes. (argument values)",
+        ThunderRuntimeError,
+    )
     _real_only(op, input)
     (x, v), compute, _ = _operands(op, input, values)
     step = clang.maybe_convert(prims.gt(x, clang.maybe_convert(0, compute)), compute)
@@ -274,8 +350,12 @@ def sgn(input):
 
 @torchsymbol(torch.positive, T.positive)
 def positive(input):
-    check(input.dtype != torch.bool, "ltorch.positive", "The `+` operator, on a bool tensor is not supported. "
-          "(argument input)", ThunderNotImplementedError)
+    check(
+        input.dtype != torch.bool,
+        "ltorch.positive",
+        "The `+` operator, on a bool tensor is not supported. (argument input)",
+        ThunderNotImplementedError,
+    )
     return input
 
 
@@ -344,10 +424,24 @@ def isreal(input):
 @torchsymbol(torch.isclose, T.isclose)
 def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     op = "ltorch.isclose"
-    check(input.dtype == other.dtype, op, lambda: f"{input.dtype} did not match {other.dtype} (argument other)",
-          ThunderRuntimeError)
-    check(rtol >= 0, op, f"rtol must be greater than or equal to zero, but got {rtol} (argument rtol)", ThunderRuntimeError)
-    check(atol >= 0, op, f"atol must be greater than or equal to zero, but got {atol} (argument atol)", ThunderRuntimeError)
+    check(
+        input.dtype == other.dtype,
+        op,
+        lambda: f"{input.dtype} did not match {other.dtype} (argument other)",
+        ThunderRuntimeError,
+    )
+    check(
+        rtol >= 0,
+        op,
+        f"rtol must be greater than or equal to zero, but got {rtol} (argument rtol)",
+        ThunderRuntimeError,
+    )
+    check(
+        atol >= 0,
+        op,
+        f"atol must be greater than or equal to zero, but got {atol} (argument atol)",
+        ThunderRuntimeError,
+    )
     _real_only(op, input)
     (x, y), _, _ = _operands(op, input, other)
     close = prims.eq(x, y)
@@ -358,8 +452,9 @@ def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     # As eager: bools are compared in the default float dtype; rtol * other is floating.
     if x.dtype == torch.bool:
         x, y = (clang.maybe_convert(t, torch.get_default_dtype()) for t in (x, y))
-    allowed = clang.elementwise(prims.add, op, clang.elementwise(prims.abs, op, clang.elementwise(prims.mul, op, y, rtol)),
-                                atol)
+    allowed = clang.elementwise(
+        prims.add, op, clang.elementwise(prims.abs, op, clang.elementwise(prims.mul, op, y, rtol)), atol
+    )
     actual = prims.abs(prims.sub(x, y))
     within = clang.elementwise(prims.le, op, actual, allowed, kind=ALWAYS_BOOL)
     finite = prims.isfinite(actual) if actual.dtype.is_floating_point else _full_like(actual, True, torch.bool)
@@ -374,8 +469,12 @@ def _truth(a):
 
 
 def _logical(op: str, a, b, prim):
-    check(isinstance(b, torch.Tensor), op, lambda: f"argument 'other' must be Tensor, not {type(b).__name__}",
-          ThunderTypeError)
+    check(
+        isinstance(b, torch.Tensor),
+        op,
+        lambda: f"argument 'other' must be Tensor, not {type(b).__name__}",
+        ThunderTypeError,
+    )
     shape = clang.broadcast_shapes(op, a.shape, b.shape)
     return prim(*(clang.expand_to(_truth(x), shape) for x in (a, b)))
 
@@ -428,8 +527,12 @@ def ndtr(input):
 
 
 def _polygamma(op: str, n, input):
-    check(isinstance(n, int) and not isinstance(n, bool), op, lambda: f"expected an int for n, got {type(n).__name__} "
-          "(argument n)", ThunderTypeError)
+    check(
+        isinstance(n, int) and not isinstance(n, bool),
+        op,
+        lambda: f"expected an int for n, got {type(n).__name__} (argument n)",
+        ThunderTypeError,
+    )
     check(n >= 0, op, "polygamma(n, x) does not support negative n. (argument n)", ThunderRuntimeError)
     (x,), _, _ = _operands(op, input, kind=INT_TO_FLOAT)
     return prims.digamma(x) if n == 0 else prims.polygamma(x, n)
@@ -463,23 +566,29 @@ def real(input):
 # -- metadata predicates ---------------------------------------------------------------------------
 # Answered from the proxy's metadata: they return Python values, never a traced tensor.
 
-TORCH_TO_LTORCH.update({
-    torch.is_floating_point: lambda input: input.dtype.is_floating_point,
-    torch.is_complex: lambda input: input.dtype.is_complex,
-    torch.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
-    T.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
-    torch.is_signed: lambda input: input.dtype.is_signed,
-    torch.numel: lambda input: input.numel(),
-    torch.result_type: lambda tensor, other: dtypes.result_type(tensor, other),
-})
+TORCH_TO_LTORCH.update(
+    {
+        torch.is_floating_point: lambda input: input.dtype.is_floating_point,
+        torch.is_complex: lambda input: input.dtype.is_complex,
+        torch.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
+        T.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
+        torch.is_signed: lambda input: input.dtype.is_signed,
+        torch.numel: lambda input: input.numel(),
+        torch.result_type: lambda tensor, other: dtypes.result_type(tensor, other),
+    }
+)
 
 
 @torchsymbol(torch.frexp, T.frexp)
 def frexp(input, *, out=None):
     op = "ltorch.frexp"
     check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
-    check(input.dtype.is_floating_point, op, "torch.frexp() only supports floating-point dtypes (argument input)",
-          ThunderRuntimeError)
+    check(
+        input.dtype.is_floating_point,
+        op,
+        "torch.frexp() only supports floating-point dtypes (argument input)",
+        ThunderRuntimeError,
+    )
     return torch.return_types.frexp(prims.frexp(input))
 
 
@@ -491,5 +600,7 @@ def mvlgamma(input, p):
     x = clang.maybe_convert(input, input.dtype if input.dtype.is_floating_point else torch.get_default_dtype())
     total = clang.elementwise(prims.lgamma, op, x)
     for i in range(1, p):
-        total = clang.elementwise(prims.add, op, total, clang.elementwise(prims.lgamma, op, clang.elementwise(prims.sub, op, x, i / 2)))
+        total = clang.elementwise(
+            prims.add, op, total, clang.elementwise(prims.lgamma, op, clang.elementwise(prims.sub, op, x, i / 2))
+        )
     return clang.elementwise(prims.add, op, total, p * (p - 1) / 4 * math.log(math.pi))

@@ -17,14 +17,29 @@ from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.errors import (
+    ThunderIndexError,
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    check,
+)
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, round as round_, sub
 
 T = torch.Tensor
 __all__ = [
-    "kthvalue", "median", "nanmedian", "quantile", "nanquantile", "mode", "histc", "bucketize", "searchsorted", "isin",
+    "kthvalue",
+    "median",
+    "nanmedian",
+    "quantile",
+    "nanquantile",
+    "mode",
+    "histc",
+    "bucketize",
+    "searchsorted",
+    "isin",
 ]
 
 
@@ -59,21 +74,38 @@ def _select(x, dim, keepdim: bool, position, op: str):
 
 
 def _check_reducible(op: str, x, dim) -> None:
-    check(isinstance(x, torch.Tensor), op, f"expected a tensor, got {type(x).__name__} (argument input)", ThunderTypeError)
-    check(x.dtype != torch.bool and not x.dtype.is_complex, op, f"not implemented for {x.dtype} (argument input)",
-          ThunderNotImplementedError)
+    check(
+        isinstance(x, torch.Tensor), op, f"expected a tensor, got {type(x).__name__} (argument input)", ThunderTypeError
+    )
+    check(
+        x.dtype != torch.bool and not x.dtype.is_complex,
+        op,
+        f"not implemented for {x.dtype} (argument input)",
+        ThunderNotImplementedError,
+    )
     if x.ndim:
         d = clang.canonicalize_dim(x.ndim, dim, op)
-        check(x.shape[d] != 0, op, f"Expected reduction dim {d} to have non-zero size. (argument dim)", ThunderIndexError)
+        check(
+            x.shape[d] != 0, op, f"Expected reduction dim {d} to have non-zero size. (argument dim)", ThunderIndexError
+        )
 
 
 @torchsymbol(torch.kthvalue, T.kthvalue)
 def kthvalue(input, k, dim=-1, keepdim=False):
     op = "ltorch.kthvalue"
-    check(isinstance(input, torch.Tensor), op, f"expected a tensor, got {type(input).__name__} (argument input)", ThunderTypeError)
+    check(
+        isinstance(input, torch.Tensor),
+        op,
+        f"expected a tensor, got {type(input).__name__} (argument input)",
+        ThunderTypeError,
+    )
     size = input.shape[clang.canonicalize_dim(input.ndim, dim, op)] if input.ndim else 1
-    check(isinstance(k, int) and 1 <= k <= size, op,
-          f"kthvalue(): selected number k out of range for dimension {dim} (argument k)", ThunderRuntimeError)
+    check(
+        isinstance(k, int) and 1 <= k <= size,
+        op,
+        f"kthvalue(): selected number k out of range for dimension {dim} (argument k)",
+        ThunderRuntimeError,
+    )
     _check_reducible(op, input, dim)
     return torch.return_types.kthvalue(_select(input, dim, keepdim, k - 1, op))
 
@@ -111,7 +143,12 @@ def _define_median(name: str, position, return_type):
     @torchsymbol(getattr(torch, name), getattr(T, name), name=name)
     def median_(input, dim=None, keepdim=False):
         if dim is None:
-            check(input.dtype != torch.bool, op, f"not implemented for {input.dtype} (argument input)", ThunderNotImplementedError)
+            check(
+                input.dtype != torch.bool,
+                op,
+                f"not implemented for {input.dtype} (argument input)",
+                ThunderNotImplementedError,
+            )
             return _full_median(op, input, position)
         _check_reducible(op, input, dim)
         return return_type(_select(input, dim, keepdim, position, op))
@@ -132,11 +169,19 @@ def _quantile_q(op: str, input, q):
     """``q`` as a tensor of ``input``'s dtype (eager makes a number one) and whether it was 0-d."""
     if isinstance(q, TensorProxy):
         check(q.ndim <= 1, op, "quantile() q must be a scalar or 1D tensor (argument q)", ThunderRuntimeError)
-        check(q.dtype == input.dtype, op, "quantile() q tensor must be same dtype as the input tensor (argument q)",
-              ThunderRuntimeError)
+        check(
+            q.dtype == input.dtype,
+            op,
+            "quantile() q tensor must be same dtype as the input tensor (argument q)",
+            ThunderRuntimeError,
+        )
         return q, q.ndim == 0
-    check(isinstance(q, (int, float)) and not isinstance(q, bool), op, f"expected a number or a tensor for q, got {type(q).__name__}",
-          ThunderTypeError)
+    check(
+        isinstance(q, (int, float)) and not isinstance(q, bool),
+        op,
+        f"expected a number or a tensor for q, got {type(q).__name__}",
+        ThunderTypeError,
+    )
     check(0 <= q <= 1, op, f"quantile() q must be in the range [0, 1] but got {q} (argument q)", ThunderRuntimeError)
     return ltorch.full((), q, dtype=input.dtype, device=input.device), True
 
@@ -154,16 +199,30 @@ def _ranks(q, values, ignore_nan: bool):
 def _lerp(start, end, weight):
     """torch.lerp's formula, which is exact at both ends."""
     diff = sub(end, start)
-    return ltorch.where(ltorch.lt(weight, 0.5), add(start, ltorch.mul(weight, diff)), sub(end, ltorch.mul(diff, sub(1, weight))))
+    return ltorch.where(
+        ltorch.lt(weight, 0.5), add(start, ltorch.mul(weight, diff)), sub(end, ltorch.mul(diff, sub(1, weight)))
+    )
 
 
 def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool):
-    check(isinstance(input, torch.Tensor), op, f"expected a tensor, got {type(input).__name__} (argument input)", ThunderTypeError)
-    check(input.dtype in (torch.float32, torch.float64), op, "quantile() input tensor must be either float or double dtype",
-          ThunderRuntimeError)
-    check(interpolation in _INTERPOLATIONS, op,
-          f"quantile() interpolation must be one of linear, lower, higher, midpoint or nearest. Got {interpolation}",
-          ThunderRuntimeError)
+    check(
+        isinstance(input, torch.Tensor),
+        op,
+        f"expected a tensor, got {type(input).__name__} (argument input)",
+        ThunderTypeError,
+    )
+    check(
+        input.dtype in (torch.float32, torch.float64),
+        op,
+        "quantile() input tensor must be either float or double dtype",
+        ThunderRuntimeError,
+    )
+    check(
+        interpolation in _INTERPOLATIONS,
+        op,
+        f"quantile() interpolation must be one of linear, lower, higher, midpoint or nearest. Got {interpolation}",
+        ThunderRuntimeError,
+    )
     check(input.numel() > 0, op, "quantile() input tensor must be non-empty", ThunderRuntimeError)
     q, scalar_q = _quantile_q(op, input, q)
     flat = dim is None
@@ -177,7 +236,9 @@ def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_
     below = ltorch.to(ranks, torch.int64)
     out = ltorch.take_along_dim(values, below, -1)
     if interpolation in ("linear", "midpoint"):
-        weights = ltorch.full_like(ranks, 0.5) if interpolation == "midpoint" else sub(ranks, ltorch.to(below, ranks.dtype))
+        weights = (
+            ltorch.full_like(ranks, 0.5) if interpolation == "midpoint" else sub(ranks, ltorch.to(below, ranks.dtype))
+        )
         out = _lerp(out, ltorch.take_along_dim(values, ltorch.to(ltorch.ceil(ranks), torch.int64), -1), weights)
     out = ltorch.movedim(out, -1, 0)  # quantiles first, then the reduced shape
     if keepdim:
@@ -208,8 +269,12 @@ def mode(input, dim=-1, keepdim=False):
     n = moved.shape[-1]
     ordered = ltorch.sort(moved, dim=-1, stable=True)[0]
     same = ltorch.eq(ltorch.unsqueeze(ordered, -1), ltorch.unsqueeze(ordered, -2))
-    same = ltorch.bitwise_or(same, prims.broadcast_in_dim(ltorch.eye(n, dtype=torch.bool, device=input.device), same.shape,
-                                                          (same.ndim - 2, same.ndim - 1)))
+    same = ltorch.bitwise_or(
+        same,
+        prims.broadcast_in_dim(
+            ltorch.eye(n, dtype=torch.bool, device=input.device), same.shape, (same.ndim - 2, same.ndim - 1)
+        ),
+    )
     counts = ltorch.sum(same, -1)
     value = ltorch.take_along_dim(ordered, ltorch.argmax(counts, -1, True), -1)
     positions = ltorch.expand(ltorch.arange(n, device=input.device), moved.shape)
@@ -227,11 +292,24 @@ def histc(input, bins=100, min=0, max=0, *, out=None):
     the last bin, as eager's kernel computes. Eager's errors for a non-finite data range depend
     on values and are not raised."""
     op = "ltorch.histc"
-    check(isinstance(input, torch.Tensor), op, f"expected a tensor, got {type(input).__name__} (argument input)", ThunderTypeError)
-    check(dtypes.is_float(input.dtype), op, f'"histogram_cpu" not implemented for {input.dtype} (argument input)',
-          ThunderNotImplementedError)
-    check(isinstance(bins, int) and bins > 0, op, f"bins must be > 0, but got {bins} for dimension 0 (argument bins)",
-          ThunderRuntimeError)
+    check(
+        isinstance(input, torch.Tensor),
+        op,
+        f"expected a tensor, got {type(input).__name__} (argument input)",
+        ThunderTypeError,
+    )
+    check(
+        dtypes.is_float(input.dtype),
+        op,
+        f'"histogram_cpu" not implemented for {input.dtype} (argument input)',
+        ThunderNotImplementedError,
+    )
+    check(
+        isinstance(bins, int) and bins > 0,
+        op,
+        f"bins must be > 0, but got {bins} for dimension 0 (argument bins)",
+        ThunderRuntimeError,
+    )
     check(not min > max, op, "max must be larger than min (argument max)", ThunderRuntimeError)
     flat = ltorch.reshape(input, (-1,))
     if min == max and flat.numel() > 0:
@@ -243,8 +321,9 @@ def histc(input, bins=100, min=0, max=0, *, out=None):
     inside = ltorch.bitwise_and(ltorch.ge(flat, low), ltorch.le(flat, high))
     position = ltorch.to(ltorch.true_divide(ltorch.mul(sub(flat, low), bins), sub(high, low)), torch.int64)
     position = ltorch.where(inside, ltorch.clamp(position, max=bins - 1), bins)  # outside: a bin dropped below
-    counts = ltorch.scatter_add(ltorch.zeros(bins + 1, dtype=input.dtype, device=input.device), 0, position,
-                                ltorch.ones_like(flat))
+    counts = ltorch.scatter_add(
+        ltorch.zeros(bins + 1, dtype=input.dtype, device=input.device), 0, position, ltorch.ones_like(flat)
+    )
     return ltorch.narrow(counts, 0, 0, bins)
 
 
@@ -258,16 +337,24 @@ def _count_below(boundaries, values, right: bool, out_int32: bool):
 def _search_operand(op: str, x, like):
     if isinstance(x, TensorProxy):
         return x
-    check(isinstance(x, (int, float)) and not isinstance(x, bool), op, f"expected a tensor or a number, got {type(x).__name__}",
-          ThunderTypeError)
+    check(
+        isinstance(x, (int, float)) and not isinstance(x, bool),
+        op,
+        f"expected a tensor or a number, got {type(x).__name__}",
+        ThunderTypeError,
+    )
     return ltorch.full((), x, dtype=like.dtype, device=like.device)
 
 
 @torchsymbol(torch.bucketize)
 def bucketize(input, boundaries, *, out_int32=False, right=False, out=None):
     op = "ltorch.bucketize"
-    check(isinstance(boundaries, TensorProxy) and boundaries.ndim == 1, op,
-          "boundaries tensor must be 1 dimension (argument boundaries)", ThunderRuntimeError)
+    check(
+        isinstance(boundaries, TensorProxy) and boundaries.ndim == 1,
+        op,
+        "boundaries tensor must be 1 dimension (argument boundaries)",
+        ThunderRuntimeError,
+    )
     values = _search_operand(op, input, boundaries)
     return _count_below(boundaries, ltorch.unsqueeze(values, -1), right, out_int32)
 
@@ -275,23 +362,41 @@ def bucketize(input, boundaries, *, out_int32=False, right=False, out=None):
 @torchsymbol(torch.searchsorted)
 def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None, sorter=None, out=None):
     op = "ltorch.searchsorted"
-    check(isinstance(sorted_sequence, TensorProxy), op, "expected a tensor (argument sorted_sequence)", ThunderTypeError)
-    check(side in (None, "left", "right"), op, f"side can only be 'left' or 'right' but got {side!r} (argument side)",
-          ThunderRuntimeError)
-    check(side is None or not right or side == "right", op,
-          "side and right can't be set to opposites, got side of left while right was True (argument side)", ThunderRuntimeError)
+    check(
+        isinstance(sorted_sequence, TensorProxy), op, "expected a tensor (argument sorted_sequence)", ThunderTypeError
+    )
+    check(
+        side in (None, "left", "right"),
+        op,
+        f"side can only be 'left' or 'right' but got {side!r} (argument side)",
+        ThunderRuntimeError,
+    )
+    check(
+        side is None or not right or side == "right",
+        op,
+        "side and right can't be set to opposites, got side of left while right was True (argument side)",
+        ThunderRuntimeError,
+    )
     right = right or side == "right"
     sequence = sorted_sequence
     if sorter is not None:
-        check(isinstance(sorter, TensorProxy) and tuple(sorter.shape) == tuple(sequence.shape), op,
-              "boundaries and sorter must have the same size (argument sorter)", ThunderRuntimeError)
+        check(
+            isinstance(sorter, TensorProxy) and tuple(sorter.shape) == tuple(sequence.shape),
+            op,
+            "boundaries and sorter must have the same size (argument sorter)",
+            ThunderRuntimeError,
+        )
         sequence = ltorch.take_along_dim(sequence, sorter, -1)
     values = _search_operand(op, input, sequence)
     if sequence.ndim == 1:
         return _count_below(sequence, ltorch.unsqueeze(values, -1), right, out_int32)
-    check(values.ndim == sequence.ndim and tuple(values.shape[:-1]) == tuple(sequence.shape[:-1]), op,
-          f"boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries tensor and input value tensor must match, "
-          f"but we got boundaries tensor {list(sequence.shape)} and input value tensor {list(values.shape)}", ThunderRuntimeError)
+    check(
+        values.ndim == sequence.ndim and tuple(values.shape[:-1]) == tuple(sequence.shape[:-1]),
+        op,
+        f"boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries tensor and input value tensor must match, "
+        f"but we got boundaries tensor {list(sequence.shape)} and input value tensor {list(values.shape)}",
+        ThunderRuntimeError,
+    )
     return _count_below(ltorch.unsqueeze(sequence, -2), ltorch.unsqueeze(values, -1), right, out_int32)
 
 
@@ -299,12 +404,20 @@ def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=N
 def isin(elements, test_elements, *, assume_unique=False, invert=False):
     """Whether each element equals some test element; compares every pair."""
     op = "ltorch.isin"
-    check(isinstance(elements, TensorProxy) or isinstance(test_elements, TensorProxy), op,
-          "expected elements or test_elements to be a tensor", ThunderTypeError)
+    check(
+        isinstance(elements, TensorProxy) or isinstance(test_elements, TensorProxy),
+        op,
+        "expected elements or test_elements to be a tensor",
+        ThunderTypeError,
+    )
     like = elements if isinstance(elements, TensorProxy) else test_elements
     elements, test_elements = _search_operand(op, elements, like), _search_operand(op, test_elements, like)
     for x in (elements, test_elements):
-        check(x.dtype != torch.bool and not x.dtype.is_complex, op, f"Unsupported input type encountered for isin(): {x.dtype}",
-              ThunderNotImplementedError)
+        check(
+            x.dtype != torch.bool and not x.dtype.is_complex,
+            op,
+            f"Unsupported input type encountered for isin(): {x.dtype}",
+            ThunderNotImplementedError,
+        )
     found = ltorch.any(ltorch.eq(ltorch.unsqueeze(elements, -1), ltorch.reshape(test_elements, (-1,))), -1)
     return ltorch.bitwise_not(found) if invert else found

@@ -62,6 +62,7 @@ def kthvalue_grad(input, k, dim=-1, keepdim=False):
 def _define_full_extremum_grad(symbol):
     """``torch.max(x)``/``torch.min(x)``: eager's ``evenly_distribute_backward``. The other forms
     (along a dim, elementwise) differentiate their decomposition."""
+
     @register_grad(symbol)
     def full_extremum_grad(input, dim=None, keepdim=False, *, other=None):
         out = symbol(input, dim, keepdim, other=other)

@@ -63,4 +63,3 @@ def strides_of(p) -> tuple[int, ...]:
     if link is not None:
         return link.strides
     return p._strides if p._strides is not None else contiguous_strides(p.shape)
-

@@ -17,8 +17,16 @@ from thunder_rs.core.lang.recorder import KERNEL_IDS, record_composite, record_k
 ltorch = types.SimpleNamespace()
 
 
-def register(symbol, sym_id: int, sym_name: str, torch_fns: tuple, *, properties: tuple[str, ...] = (),
-             sequence: bool = False, opaque: bool = False):
+def register(
+    symbol,
+    sym_id: int,
+    sym_name: str,
+    torch_fns: tuple,
+    *,
+    properties: tuple[str, ...] = (),
+    sequence: bool = False,
+    opaque: bool = False,
+):
     """Makes ``symbol`` ``ltorch.<name>`` for ``torch_fns`` (and tensor ``properties``): the one
     registry the language context, the namespace and the torch executor read. ``sequence``: the
     op returns a sequence of tensors (``unbind``), which may hold just one; ``opaque``: it has no
@@ -34,8 +42,9 @@ def register(symbol, sym_id: int, sym_name: str, torch_fns: tuple, *, properties
     return symbol
 
 
-def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False,
-                meta=None):
+def torchsymbol(
+    *torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False, meta=None
+):
     """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns`` (see ``register``).
     A kernel (``kernels.py``) gives ``meta``, which describes its outputs as ``(shape, dtype)``
     pairs (or returns None to have the decomposition recorded), so that it can be recorded
@@ -46,6 +55,7 @@ def torchsymbol(*torch_fns, name: str | None = None, properties: tuple[str, ...]
         sym_id = _core.register_symbol(sym_name)
 
         if meta is None:
+
             @functools.wraps(fn)
             def symbol(*args, **kwargs):
                 return record_composite(sym_id, sym_name, fn, args, kwargs)

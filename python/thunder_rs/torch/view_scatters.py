@@ -35,12 +35,22 @@ def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
     begin, stop, _ = slice(start, end, step).indices(input.shape[d])
     stop = max(begin, stop)
     length = (stop - begin + step - 1) // step
-    expected = (*input.shape[:d], length, *input.shape[d + 1:])
-    check(tuple(src.shape) == expected, op, lambda: (
-        f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
-        f"{list(expected)} (argument src)"), ThunderRuntimeError)
-    check(src.dtype == input.dtype, op, f"expected src dtype {input.dtype}, got {src.dtype} (argument src)",
-          ThunderRuntimeError)
+    expected = (*input.shape[:d], length, *input.shape[d + 1 :])
+    check(
+        tuple(src.shape) == expected,
+        op,
+        lambda: (
+            f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
+            f"{list(expected)} (argument src)"
+        ),
+        ThunderRuntimeError,
+    )
+    check(
+        src.dtype == input.dtype,
+        op,
+        f"expected src dtype {input.dtype}, got {src.dtype} (argument src)",
+        ThunderRuntimeError,
+    )
     if length == 0 or 0 in input.shape:
         return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
     config = _slice_config(input.shape, d, begin, stop, step, length)
@@ -53,18 +63,33 @@ def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
 def select_scatter(input, src, dim, index):
     """``input`` with ``input.select(dim, index)`` replaced by ``src``."""
     op = "ltorch.select_scatter"
-    check(input.ndim > 0, op, "select_scatter() cannot be applied to a 0-dim tensor. (argument input)",
-          ThunderRuntimeError)
+    check(
+        input.ndim > 0,
+        op,
+        "select_scatter() cannot be applied to a 0-dim tensor. (argument input)",
+        ThunderRuntimeError,
+    )
     d = clang.canonicalize_dim(input.ndim, dim, op)
     size = input.shape[d]
-    check(-size <= index < size, op, f"select(): index {index} out of range for tensor of size {list(input.shape)} "
-          f"at dimension {d} (argument index)", ThunderIndexError)
-    expected = (*input.shape[:d], *input.shape[d + 1:])
-    check(tuple(src.shape) == expected, op, lambda: (
-        f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
-        f"{list(expected)} (argument src)"), ThunderRuntimeError)
+    check(
+        -size <= index < size,
+        op,
+        f"select(): index {index} out of range for tensor of size {list(input.shape)} "
+        f"at dimension {d} (argument index)",
+        ThunderIndexError,
+    )
+    expected = (*input.shape[:d], *input.shape[d + 1 :])
+    check(
+        tuple(src.shape) == expected,
+        op,
+        lambda: (
+            f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
+            f"{list(expected)} (argument src)"
+        ),
+        ThunderRuntimeError,
+    )
     index %= size
-    return slice_scatter(input, reshape_to(src, (*input.shape[:d], 1, *input.shape[d + 1:])), d, index, index + 1)
+    return slice_scatter(input, reshape_to(src, (*input.shape[:d], 1, *input.shape[d + 1 :])), d, index, index + 1)
 
 
 def _diagonal_layout(shape, offset: int, dim1: int, dim2: int, op: str):
@@ -98,9 +123,15 @@ def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
     op = "ltorch.diagonal_scatter"
     perm, rows, cols, length, first = _diagonal_layout(tuple(input.shape), offset, dim1, dim2, op)
     batch = tuple(input.shape[d] for d in perm[:-2])
-    check(tuple(src.shape) == (*batch, length), op, lambda: (
-        f"expected src to have a size equal to the diagonal of self. src size = {list(src.shape)}, diagonal size = "
-        f"{[*batch, length]} (argument src)"), ThunderRuntimeError)
+    check(
+        tuple(src.shape) == (*batch, length),
+        op,
+        lambda: (
+            f"expected src to have a size equal to the diagonal of self. src size = {list(src.shape)}, diagonal size = "
+            f"{[*batch, length]} (argument src)"
+        ),
+        ThunderRuntimeError,
+    )
     if length == 0:
         return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
     moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
@@ -153,4 +184,3 @@ def _stop_gradient_grad(a):
     out = stop_gradient(a)
     get_grad(out)
     return out
-

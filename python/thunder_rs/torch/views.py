@@ -49,8 +49,10 @@ from thunder_rs.torch.view_scatters import (
 
 __all__: list[str] = []
 
-_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
-            "location. Please clone() the tensor before performing the operation.")
+_OVERLAP = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single memory "
+    "location. Please clone() the tensor before performing the operation."
+)
 
 
 # -- steps -----------------------------------------------------------------------------------------
@@ -107,8 +109,11 @@ class PrimStep(NamedTuple):
     @property
     def expands(self) -> bool:
         """Whether elements of the view share memory because this prim broadcasts."""
-        return self.name == "broadcast_in_dim" and math.prod(self.params[0]) > 0 and any(
-            size > 1 for d, size in enumerate(self.params[0]) if d not in self.params[1])
+        return (
+            self.name == "broadcast_in_dim"
+            and math.prod(self.params[0]) > 0
+            and any(size > 1 for d, size in enumerate(self.params[0]) if d not in self.params[1])
+        )
 
 
 def _slice_back(parent, new, start, stop, step):
@@ -120,7 +125,11 @@ def _slice_back(parent, new, start, stop, step):
     d, rest = dims[0], dims[1:]
     if rest:
         outer = slice_in_dim(parent, d, start[d], stop[d], step[d])
-        narrowed = (*start[:d], 0, *start[d + 1:]), (*stop[:d], outer.shape[d], *stop[d + 1:]), (*step[:d], 1, *step[d + 1:])
+        narrowed = (
+            (*start[:d], 0, *start[d + 1 :]),
+            (*stop[:d], outer.shape[d], *stop[d + 1 :]),
+            (*step[:d], 1, *step[d + 1 :]),
+        )
         new = _slice_back(outer, new, *narrowed)
     return slice_scatter(parent, new, d, start[d], stop[d], step[d])
 
@@ -340,7 +349,8 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
         raise ThunderRuntimeError(f"{op}: {_OVERLAP} (at {user_location()})")
     if any(step.expands for step in link.steps):
         raise ThunderNotImplementedError(
-            f"{op}: writing through a view of an expanded tensor is not supported; clone() it first (at {user_location()})")
+            f"{op}: writing through a view of an expanded tensor is not supported; clone() it first (at {user_location()})"
+        )
     root = link.root
     parents = [root]
     for step in link.steps[:-1]:
@@ -379,18 +389,56 @@ def root_of(p):
 
 #: View ops whose outputs are chains of shape prims from their input.
 _PRIM_VIEWS = (
-    "reshape", "view", "view_as", "reshape_as", "flatten", "ravel", "unflatten", "permute", "transpose", "swapaxes",
-    "t", "movedim", "expand", "expand_as", "broadcast_to", "unsqueeze", "squeeze", "atleast_1d", "atleast_2d",
-    "split", "chunk", "tensor_split", "narrow", "select", "slice_tensor", "unbind", "getitem",
+    "reshape",
+    "view",
+    "view_as",
+    "reshape_as",
+    "flatten",
+    "ravel",
+    "unflatten",
+    "permute",
+    "transpose",
+    "swapaxes",
+    "t",
+    "movedim",
+    "expand",
+    "expand_as",
+    "broadcast_to",
+    "unsqueeze",
+    "squeeze",
+    "atleast_1d",
+    "atleast_2d",
+    "split",
+    "chunk",
+    "tensor_split",
+    "narrow",
+    "select",
+    "slice_tensor",
+    "unbind",
+    "getitem",
 )
 #: Copying ops that return their input when they have nothing to do (eager still copies).
 _COPIES = ("flip", "roll")
 #: Eager view ops thunder_rs runs as fallbacks: a write through their output is refused.
 _FALLBACK_VIEWS = (
-    torch.Tensor.as_strided, torch.as_strided, torch.Tensor.unfold, torch.view_as_real, torch.view_as_complex,
-    torch.Tensor.split_with_sizes, torch.split_with_sizes, torch.hsplit, torch.vsplit, torch.dsplit,
-    torch.Tensor.hsplit, torch.Tensor.vsplit, torch.Tensor.dsplit, torch.Tensor.adjoint, torch.adjoint,
-    torch.Tensor.indices, torch.Tensor.values, torch.alias_copy,
+    torch.Tensor.as_strided,
+    torch.as_strided,
+    torch.Tensor.unfold,
+    torch.view_as_real,
+    torch.view_as_complex,
+    torch.Tensor.split_with_sizes,
+    torch.split_with_sizes,
+    torch.hsplit,
+    torch.vsplit,
+    torch.dsplit,
+    torch.Tensor.hsplit,
+    torch.Tensor.vsplit,
+    torch.Tensor.dsplit,
+    torch.Tensor.adjoint,
+    torch.adjoint,
+    torch.Tensor.indices,
+    torch.Tensor.values,
+    torch.alias_copy,
 )
 
 
@@ -415,7 +463,8 @@ def _contiguous_or_copy(symbol):
 def _in_format(a, memory_format) -> bool:
     strides = strides_of(a)
     if memory_format in (torch.channels_last, torch.channels_last_3d) and a.ndim != (
-            4 if memory_format == torch.channels_last else 5):
+        4 if memory_format == torch.channels_last else 5
+    ):
         return False  # eager's answer for a tensor of another rank
     if memory_format == torch.channels_last and a.ndim == 4:
         n, c, h, w = a.shape
@@ -463,7 +512,8 @@ for _fn in (torch.as_tensor, torch.asarray):
 def _storage_offset(a):
     raise ThunderNotImplementedError(
         f"Tensor.storage_offset: read at {user_location()} on a traced tensor; a compiled call does not "
-        "specialise on where a tensor starts in its storage, so the value could be another call's")
+        "specialise on where a tensor starts in its storage, so the value could be another call's"
+    )
 
 
 PROXY_CALLS[torch.Tensor.storage_offset] = _storage_offset
@@ -478,8 +528,10 @@ def _fresh(symbol):
 
 
 def _refused_view(fn, call):
-    refusal = (f"{qualified_name(fn)}: writing through its output, a view, is not supported; "
-               "clone() it first, or write to the tensor it views")
+    refusal = (
+        f"{qualified_name(fn)}: writing through its output, a view, is not supported; "
+        "clone() it first, or write to the tensor it views"
+    )
     return opaque(call, None, refusal=refusal)
 
 
@@ -506,9 +558,12 @@ def _eager_property(name: str):
     """The tensor property ``name`` as eager computes it: a view a write through is refused
     (``z.real``/``z.imag`` of a complex tensor)."""
     getter = vars(torch._C.TensorBase)[name].__get__
-    return opaque(lambda a: user_fallback(getter, (a,), {}), None,
-                  refusal=f"Tensor.{name}: writing through it, a view of a complex tensor, is not supported; "
-                          "write the whole tensor (torch.complex(re, im))")
+    return opaque(
+        lambda a: user_fallback(getter, (a,), {}),
+        None,
+        refusal=f"Tensor.{name}: writing through it, a view of a complex tensor, is not supported; "
+        "write the whole tensor (torch.complex(re, im))",
+    )
 
 
 def _of_real(name: str, alias, min_ndim: int, exact: bool = False):
@@ -551,9 +606,13 @@ def _checked_view(view_op):
     def view(a, *args, **kwargs):
         out = view_op(a, *args, **kwargs)
         if isinstance(a, TensorProxy) and isinstance(out, TensorProxy) and a.numel() > 0:
-            check(viewed_strides(tuple(a.shape), strides_of(a), tuple(out.shape)) is not None, "ltorch.view",
-                  "view size is not compatible with input tensor's size and stride (at least one dimension spans across "
-                  "two contiguous subspaces). Use .reshape(...) instead.", ThunderRuntimeError)
+            check(
+                viewed_strides(tuple(a.shape), strides_of(a), tuple(out.shape)) is not None,
+                "ltorch.view",
+                "view size is not compatible with input tensor's size and stride (at least one dimension spans across "
+                "two contiguous subspaces). Use .reshape(...) instead.",
+                ThunderRuntimeError,
+            )
         return out
 
     view.__wrapped__ = view_op
@@ -568,8 +627,11 @@ def _register() -> None:
     for name in _PRIM_VIEWS:
         _rewrap(TORCH_TO_LTORCH, _symbol(name), tracked(_symbol(name)))
     TORCH_TO_LTORCH[torch.Tensor.view] = _checked_view(TORCH_TO_LTORCH[torch.Tensor.view])
-    _rewrap(TORCH_TO_LTORCH, TORCH_TO_LTORCH[torch.Tensor.__getitem__],
-            _bool_key_copies(TORCH_TO_LTORCH[torch.Tensor.__getitem__]))
+    _rewrap(
+        TORCH_TO_LTORCH,
+        TORCH_TO_LTORCH[torch.Tensor.__getitem__],
+        _bool_key_copies(TORCH_TO_LTORCH[torch.Tensor.__getitem__]),
+    )
     for name in ("T", "mT"):
         PROPERTY_TO_LTORCH[name] = tracked(PROPERTY_TO_LTORCH[name])
     # Of a real tensor, eager's ``real`` is the tensor itself and ``mH``/``H`` are ``mT``/``T``:

@@ -11,8 +11,13 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquisition.cache import input_names
-from thunder_rs.core.acquisition.effects import (attribute_writes, item_writes, print_effects, recording_prints,
-                                     stop_recording_prints)
+from thunder_rs.core.acquisition.effects import (
+    attribute_writes,
+    item_writes,
+    print_effects,
+    recording_prints,
+    stop_recording_prints,
+)
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
@@ -69,7 +74,8 @@ def _reject_generators(fn, out) -> None:
     if inspect.isgenerator(out) or inspect.iscoroutine(out) or inspect.isasyncgen(out):
         raise ThunderNotImplementedError(
             f"thunder_rs.jit: {getattr(fn, '__qualname__', fn)} returns a {type(out).__name__}; its body runs "
-            "only as it is iterated, after the call, so it cannot be traced. Jit the function that consumes it")
+            "only as it is iterated, after the call, so it cannot be traced. Jit the function that consumes it"
+        )
 
 
 def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects, reads):
@@ -84,8 +90,13 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole
     token = recording_prints(prints)
     install_stdlib_wrappers()
     try:
-        with (refusals_not_swallowed(), recording_draws(draws), consuming_iterators(flat_inputs),
-              recording(rec, captures, made, whole), reading(reads)):
+        with (
+            refusals_not_swallowed(),
+            recording_draws(draws),
+            consuming_iterators(flat_inputs),
+            recording(rec, captures, made, whole),
+            reading(reads),
+        ):
             out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached)
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
@@ -145,7 +156,8 @@ def _refuse_uninitialized(names, tensors) -> None:
         if torch.nn.parameter.is_lazy(t):
             raise ThunderNotImplementedError(
                 f"jit: parameter or buffer {name} is not initialised yet (a lazy module such as nn.LazyLinear infers "
-                "its shape on its first call); run one eager forward first, then call the jitted module")
+                "its shape on its first call); run one eager forward first, then call the jitted module"
+            )
 
 
 def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached):
@@ -164,8 +176,12 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached):
         # ``_compiled_call_impl`` it copied from the user's module (``compile_module``, or a jitted
         # module's ``generate``), which leads back to the jit.
         fn = clone._call_impl
-        slots = [(o.__dict__[s], n, c.__dict__[s], v) for c, o in pairs for s in ("_parameters", "_buffers")
-                 for n, v in c.__dict__[s].items()]
+        slots = [
+            (o.__dict__[s], n, c.__dict__[s], v)
+            for c, o in pairs
+            for s in ("_parameters", "_buffers")
+            for n, v in c.__dict__[s].items()
+        ]
     inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
     args, kwargs = tree_unflatten(leaves, in_spec)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
@@ -185,7 +201,8 @@ def _check_arguments_unchanged(args, kwargs, leaves: list) -> None:
         raise ThunderNotImplementedError(
             "thunder_rs.jit: the traced program changed a list or dict it was given as an argument (set, added or "
             "removed an item: metrics['aux'] = loss, cache.append(k)); a compiled call would not change it again. "
-            "Return the values instead")
+            "Return the values instead"
+        )
 
 
 def _check_guards_still_hold(guards, flat_inputs) -> None:
@@ -197,7 +214,8 @@ def _check_guards_still_hold(guards, flat_inputs) -> None:
             raise ThunderNotImplementedError(
                 f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
                 "Writes to Python objects other than the jitted module's attributes cannot be replayed; "
-                "keep such state in a module attribute or a buffer")
+                "keep such state in a module attribute or a buffer"
+            )
 
 
 def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list):
@@ -224,8 +242,14 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, writebacks
 
 
-def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None,
-            whole: dict | None = None, reads: ValueReads | None = None) -> Acquired:
+def acquire(
+    fn,
+    flat_inputs: list,
+    in_spec,
+    binding: ModuleBinding | None = None,
+    whole: dict | None = None,
+    reads: ValueReads | None = None,
+) -> Acquired:
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
     parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
     captured tensors come last. ``whole`` (``extend.whole_runners``) lets kernels the jit's
@@ -236,8 +260,9 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
     try:
-        out, observer, writes, repeated, inputs = _trace_program(fn, flat_inputs, in_spec, rec, captures, made,
-                                                                 binding, whole, reached, reads)
+        out, observer, writes, repeated, inputs = _trace_program(
+            fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads
+        )
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
@@ -245,15 +270,29 @@ def acquire(fn, flat_inputs: list, in_spec, binding: ModuleBinding | None = None
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     del observer
     trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
-        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies)
+        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies
+    )
     positions = inputs.positions
     del out, writes, repeated, inputs
     captured = captures.release()
     _check_no_escape(made, trace)  # first: a stored tensor is the more precise reason
     _check_guards_still_hold(guards, flat_inputs)
     fixed = [t for t in captured if isinstance(t, torch.Tensor)]
-    return Acquired(trace, list(rec.consts()), positions, out_spec, out_kind, fixed, guards, effects, num_outputs,
-                    modules_called, writebacks, captured_inputs(captured), [] if reads is None else reads.reads)
+    return Acquired(
+        trace,
+        list(rec.consts()),
+        positions,
+        out_spec,
+        out_kind,
+        fixed,
+        guards,
+        effects,
+        num_outputs,
+        modules_called,
+        writebacks,
+        captured_inputs(captured),
+        [] if reads is None else reads.reads,
+    )
 
 
 def _disabled_code():
@@ -280,17 +319,22 @@ def _hint_compiler_disable(error: ThunderError) -> None:
     while tb is not None and tb.tb_frame.f_code is not disabled:
         tb = tb.tb_next
     if tb is not None and error.args and isinstance(error.args[0], str):
-        error.args = (f"{error.args[0]}. The error is inside a torch.compiler.disable'd function, which "
-                      "thunder_rs.jit traces like any other; to run it eagerly, compile with "
-                      "torch.compile(fn, backend=\"thunder_rs\"), which keeps it out of the compiled graphs",
-                      *error.args[1:])
+        error.args = (
+            f"{error.args[0]}. The error is inside a torch.compiler.disable'd function, which "
+            "thunder_rs.jit traces like any other; to run it eagerly, compile with "
+            'torch.compile(fn, backend="thunder_rs"), which keeps it out of the compiled graphs',
+            *error.args[1:],
+        )
 
 
 def _check_no_escape(made: list, trace) -> None:
     def producer(proxy) -> str:
         name = trace.producer(proxy._vid)
         shape = "x".join(map(str, proxy.shape)) or "scalar"
-        return f"the {shape} {str(proxy.dtype).removeprefix('torch.')} result of {name}" if name else f"input t{proxy._vid}"
+        return (
+            f"the {shape} {str(proxy.dtype).removeprefix('torch.')} result of {name}"
+            if name
+            else f"input t{proxy._vid}"
+        )
 
     check_no_escape(made, producer)
-

@@ -15,8 +15,14 @@ from thunder_rs.core.lang.autocast import state as autocast_state
 
 _Tensor = torch.Tensor
 #: Non-tensor inputs keyed by identity: code and modules.
-_BY_IDENTITY = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType,
-                torch.nn.Module)
+_BY_IDENTITY = (
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    type,
+    types.ModuleType,
+    torch.nn.Module,
+)
 
 
 class _Identity:
@@ -112,8 +118,13 @@ def leaf_key(x):
     return (type(x), _Identity(x))
 
 
-def global_key(extra=None, _grad=torch.is_grad_enabled, _default_dtype=torch.get_default_dtype,
-               _any_autocast=torch._C._is_any_autocast_enabled, _autocast=autocast_state):
+def global_key(
+    extra=None,
+    _grad=torch.is_grad_enabled,
+    _default_dtype=torch.get_default_dtype,
+    _any_autocast=torch._C._is_any_autocast_enabled,
+    _autocast=autocast_state,
+):
     """Grad mode, default dtype, the CPU and CUDA autocast dtypes (None when autocast is off
     everywhere, read with one call) and ``extra``."""
     return (_grad(), _default_dtype(), _autocast() if _any_autocast() else None, extra)
@@ -130,8 +141,10 @@ def fast_key_fn(arity: int):
     fn = _fast_keys.get(arity)
     if fn is None:
         names = [f"a{i}" for i in range(arity)]
-        leaves = "".join(f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous() or {n}.stride()), "
-                         for n in names)
+        leaves = "".join(
+            f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous() or {n}.stride()), "
+            for n in names
+        )
         unpack = f"{', '.join(names)}, = args" if arity else "pass"
         source = f"def key(args, extra):\n  {unpack}\n  return (global_key(extra), ({leaves}))\n"
         namespace = {"global_key": global_key}
@@ -198,8 +211,14 @@ def _state_change(old, new) -> str:
             moved = [i for i, (a, b) in enumerate(zip(old_extra[1], new_extra[1])) if a != b]
             if moved or len(old_extra[1]) != len(new_extra[1]):
                 first = moved[0] if moved else None
-                detail = (f" (the first: parameter {first}, (dtype, device, requires_grad) "
-                          f"{old_extra[1][first]} -> {new_extra[1][first]})") if first is not None else ""
+                detail = (
+                    (
+                        f" (the first: parameter {first}, (dtype, device, requires_grad) "
+                        f"{old_extra[1][first]} -> {new_extra[1][first]})"
+                    )
+                    if first is not None
+                    else ""
+                )
                 changes.append(f"{len(moved)} of the module's parameters and buffers changed{detail}")
         else:
             changes.append(f"{old_extra} -> {new_extra}")

@@ -34,7 +34,8 @@ def _print(*args, **kwargs):
         if isinstance(leaf, str) and "TensorProxy(t" in leaf:
             raise ThunderNotImplementedError(
                 f"print: the text printed at {user_location()} formats a traced tensor (an f-string or str() of it), "
-                "which a compiled call cannot print with later values; pass the tensor to print as an argument")
+                "which a compiled call cannot print with later values; pass the tensor to print as an argument"
+            )
     recorded.append((args, kwargs))
     return None
 
@@ -140,12 +141,16 @@ class ItemWrite:
 
 def item_writes(writes, extras: list) -> list:
     """``ItemWrite`` for each ``(source, key, value)`` (MISSING: removed), as ``attribute_writes``."""
-    return [ItemWrite(source, key, None if value is MISSING else TracedValue(value, extras))
-            for source, key, value in writes]
+    return [
+        ItemWrite(source, key, None if value is MISSING else TracedValue(value, extras))
+        for source, key, value in writes
+    ]
 
 
 def attribute_writes(writes, extras: list) -> list:
     """``AttributeWrite`` for each ``(holder, name, value)`` (MISSING: deleted); tensors the trace
     computed among the values become extra outputs (appended to ``extras``)."""
-    return [AttributeWrite(holder, name, None if value is MISSING else TracedValue(value, extras))
-            for holder, name, value in writes]
+    return [
+        AttributeWrite(holder, name, None if value is MISSING else TracedValue(value, extras))
+        for holder, name, value in writes
+    ]

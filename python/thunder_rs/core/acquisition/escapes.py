@@ -88,7 +88,8 @@ def check_no_escape(proxies: list, producer) -> None:
         f"{describe_holder(proxy, proxies)}, which outlives the call. Compiled, it would keep the "
         "value of the first call there. Return the tensor instead, register such hooks on the "
         "jitted module (they then run eagerly around the compiled call), or use "
-        "torch.compile(backend=...) for programs with such side effects")
+        "torch.compile(backend=...) for programs with such side effects"
+    )
 
 
 def describe_holder(obj, ignore: list) -> str:

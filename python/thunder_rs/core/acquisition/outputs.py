@@ -28,8 +28,16 @@ from thunder_rs.errors import ThunderNotImplementedError
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 #: What a rebuilt object shares with the trace-time one rather than copies.
-_SHARED = (*_PLAIN, torch.Tensor, torch.nn.Module, type, types.FunctionType, types.BuiltinFunctionType,
-           types.MethodType, types.ModuleType)
+_SHARED = (
+    *_PLAIN,
+    torch.Tensor,
+    torch.nn.Module,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.ModuleType,
+)
 
 
 @dataclass(frozen=True)
@@ -85,8 +93,10 @@ class _Templater:
         node = self._node(x)
         self._open.discard(key)
         if node is not x and key in self._cyclic:
-            raise ThunderNotImplementedError(f"jit: the program returns a {type(x).__name__} that refers to itself "
-                                             "and holds traced tensors; thunder_rs cannot rebuild cyclic outputs")
+            raise ThunderNotImplementedError(
+                f"jit: the program returns a {type(x).__name__} that refers to itself "
+                "and holds traced tensors; thunder_rs cannot rebuild cyclic outputs"
+            )
         self._memo[key] = node
         return node
 
@@ -102,7 +112,8 @@ class _Templater:
             if hasattr(x, name) and self(getattr(x, name)) is not getattr(x, name):
                 raise ThunderNotImplementedError(
                     f"jit: the program returns a {type(x).__name__} whose __slots__ hold traced tensors; thunder_rs "
-                    "rebuilds returned objects through their instance dict and cannot rebuild this one")
+                    "rebuilds returned objects through their instance dict and cannot rebuild this one"
+                )
         state = getattr(x, "__dict__", None)
         if state is None:
             return x

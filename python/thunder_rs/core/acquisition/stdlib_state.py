@@ -158,7 +158,8 @@ def _refuse_formatted(texts, what: str, frame) -> None:
         if isinstance(text, str) and "TensorProxy(t" in text:
             raise ThunderNotImplementedError(
                 f"{what}: the text at {_where(frame)} formats a traced tensor (an f-string or str() of it), which a "
-                f"compiled call cannot make with later values; pass the tensor as an argument (log.info('%s', x))")
+                f"compiled call cannot make with later values; pass the tensor as an argument (log.info('%s', x))"
+            )
 
 
 class LogCall:
@@ -177,8 +178,18 @@ class LogCall:
 
     def apply(self, extras, flat) -> None:
         path, line, function = self.where
-        record = self.logger.makeRecord(self.logger.name, self.level, path, line, self.msg,
-                                        self.arguments.get(extras), None, function, self.extra, self.sinfo)
+        record = self.logger.makeRecord(
+            self.logger.name,
+            self.level,
+            path,
+            line,
+            self.msg,
+            self.arguments.get(extras),
+            None,
+            function,
+            self.extra,
+            self.sinfo,
+        )
         self.logger.handle(record)
 
 
@@ -192,8 +203,11 @@ def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, st
         raise ThunderNotImplementedError(
             f"logging ({self.name!r}): the record logged at {_where(frame)} carries an exception (exc_info, "
             "log.exception), which tracing raised once and a compiled call does not raise; log it outside the "
-            "jitted function")
-    sinfo = "Stack (most recent call last):\n" + "".join(traceback.format_stack(frame)).rstrip("\n") if stack_info else None
+            "jitted function"
+        )
+    sinfo = (
+        "Stack (most recent call last):\n" + "".join(traceback.format_stack(frame)).rstrip("\n") if stack_info else None
+    )
     where = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     recorded.append(LogCall(self, level, msg, args, where, extra, sinfo))
     return None
@@ -253,7 +267,8 @@ def _next(iterator, *default):
             raise ThunderNotImplementedError(
                 f"next: the program consumes a {type(iterator).__name__} it did not create at {_where(frame)} (an "
                 "argument, a global or a closure cell); tracing takes its item once, and a compiled call would "
-                "neither take the next one nor see it. Take the item outside the jitted function and pass it in")
+                "neither take the next one nor see it. Take the item outside the jitted function and pass it in"
+            )
     return _builtin_next(iterator, *default)
 
 
@@ -268,7 +283,9 @@ def consuming_iterators(flat_inputs: list):
     did not create (process-wide, held by a count: several threads may trace at once). A generator
     passed in that the program advanced another way (``for v in gen``) is refused after."""
     global _tracings
-    generators = [(i, g, _generator_position(g)) for i, g in enumerate(flat_inputs) if isinstance(g, types.GeneratorType)]
+    generators = [
+        (i, g, _generator_position(g)) for i, g in enumerate(flat_inputs) if isinstance(g, types.GeneratorType)
+    ]
     with _tracings_lock:
         _tracings += 1
         builtins.next = _next
@@ -284,7 +301,8 @@ def consuming_iterators(flat_inputs: list):
             raise ThunderNotImplementedError(
                 f"thunder_rs.jit: the program consumed the generator {gen.__qualname__} passed as its input {i} (a "
                 "for loop, list() or next() over it); tracing took its items once, and a compiled call would neither "
-                "take them again nor see them. Pass the items (a list or a tensor) instead")
+                "take them again nor see them. Pass the items (a list or a tensor) instead"
+            )
 
 
 # -- installing ------------------------------------------------------------------------------------

@@ -86,7 +86,8 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
         if v is not None and not isinstance(v, TensorProxy):
             raise ThunderNotImplementedError(
                 f"module state: buffer {n!r} was given a {type(v).__name__} while tracing; a buffer may be given a tensor "
-                "the program computes, or None")
+                "the program computes, or None"
+            )
         if v is None:
             slots.append((d, n, None, False))
         else:
@@ -94,8 +95,11 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
             extra.append(v)
     position = {id(p): k for k, p in written}
     aliases = tuple((i, position[id(o)]) for i, o in enumerate(leaves) if id(o) in position)
-    views = tuple((i, position[id(link.root)], link.steps) for i, o in enumerate(leaves)
-                  if (link := _replayable_view(o)) is not None and id(link.root) in position and id(o) not in position)
+    views = tuple(
+        (i, position[id(link.root)], link.steps)
+        for i, o in enumerate(leaves)
+        if (link := _replayable_view(o)) is not None and id(link.root) in position and id(o) not in position
+    )
     tensors = tuple(i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor))
     wb = WriteBacks(len(leaves), out_kind, tuple(copies), tuple(slots), aliases, tensors, tuple(separate), views)
     return wb, tuple(leaves + extra)
@@ -130,7 +134,8 @@ def root_id(t: torch.Tensor) -> int:
 def _raise_aliased():
     raise ThunderNotImplementedError(
         "jit: a tensor the program writes in place was passed together with another argument that shares its "
-        "memory (the same tensor twice, or a view of it); the compiled program took them as separate tensors")
+        "memory (the same tensor twice, or a view of it); the compiled program took them as separate tensors"
+    )
 
 
 def with_writebacks(fn, wb: WriteBacks):
@@ -159,8 +164,10 @@ def with_writebacks(fn, wb: WriteBacks):
     for i, (store, name, j, _) in enumerate(wb.slots):
         namespace[f"store{i}"] = store
         lines.append(f"    store{i}[{name!r}] = {'None' if j is None else f'o{j}'}")
-    results = [f"inputs[{aliased[i]}]" if i in aliased else f"o{i}" if i in values else f"outs[{i}]"
-               for i in range(wb.num_outputs)]
+    results = [
+        f"inputs[{aliased[i]}]" if i in aliased else f"o{i}" if i in values else f"outs[{i}]"
+        for i in range(wb.num_outputs)
+    ]
     for i, k, steps in wb.views:
         namespace[f"view{i}"] = _view_taker(steps)
         results[i] = f"view{i}(inputs[{k}])"

@@ -59,8 +59,9 @@ def _promote(dtypes):
 
 
 @functools.cache
-def _combine(dim: torch.dtype | None, zero: torch.dtype | None, number: type | None,
-             default: torch.dtype) -> torch.dtype:
+def _combine(
+    dim: torch.dtype | None, zero: torch.dtype | None, number: type | None, default: torch.dtype
+) -> torch.dtype:
     """Torch's own combination of the three tiers (``default`` keys the cache: numbers depend on it).
 
     ``torch.result_type`` of one tensor and one number or 0-dim tensor applies exactly the rule
@@ -106,8 +107,9 @@ def result_type(*operands) -> torch.dtype:
     if not (dims or zeros or numbers):
         return torch.get_default_dtype()
     number = _promote_kinds(numbers) if numbers else None
-    return _combine(_promote(dims) if dims else None, _promote(zeros) if zeros else None, number,
-                    torch.get_default_dtype())
+    return _combine(
+        _promote(dims) if dims else None, _promote(zeros) if zeros else None, number, torch.get_default_dtype()
+    )
 
 
 def _promote_kinds(kinds: list[type]) -> type:

@@ -32,8 +32,12 @@ inductor_logger = logging.getLogger("thunder_rs.inductor")
 dump_logger = logging.getLogger("thunder_rs.dump")
 
 #: The names ``THUNDER_RS_LOG`` and ``set_logs`` take, and their loggers.
-LOG_NAMES = {"recompiles": recompiles_logger, "fallbacks": fallbacks_logger, "passes": passes_logger,
-             "inductor": inductor_logger}
+LOG_NAMES = {
+    "recompiles": recompiles_logger,
+    "fallbacks": fallbacks_logger,
+    "passes": passes_logger,
+    "inductor": inductor_logger,
+}
 LOG_ENV = "THUNDER_RS_LOG"
 
 
@@ -56,9 +60,14 @@ class _StderrHandler(logging.StreamHandler):
 _handler = _StderrHandler()
 
 
-def set_logs(*, all: bool | int | None = None, recompiles: bool | int | None = None,
-             fallbacks: bool | int | None = None, passes: bool | int | None = None,
-             inductor: bool | int | None = None) -> None:
+def set_logs(
+    *,
+    all: bool | int | None = None,
+    recompiles: bool | int | None = None,
+    fallbacks: bool | int | None = None,
+    passes: bool | int | None = None,
+    inductor: bool | int | None = None,
+) -> None:
     """Turns thunder_rs's log records on or off, as ``torch._logging.set_logs`` does torch's.
 
     Each argument is True (INFO), a ``logging`` level, or False/None (the logger's level unset:
@@ -70,7 +79,9 @@ def set_logs(*, all: bool | int | None = None, recompiles: bool | int | None = N
         if value is None:
             value = all
         if value is not None and (not isinstance(value, (bool, int))):
-            raise ThunderValueError(f"set_logs: {name} must be a bool or a logging level, got {value!r} (argument {name})")
+            raise ThunderValueError(
+                f"set_logs: {name} must be a bool or a logging level, got {value!r} (argument {name})"
+            )
         level = logging.INFO if value is True else (logging.NOTSET if value in (None, False) else value)
         LOG_NAMES[name].setLevel(level)
     _install_handler()
@@ -141,9 +152,13 @@ def checked_passes(passes) -> tuple:
     """``passes`` as a tuple of registered pass names; anything else is an error naming the
     registered ones."""
     if isinstance(passes, str) or not all(isinstance(p, str) for p in passes):
-        raise ThunderValueError(f"jit: passes must be a list of registered pass names, got {passes!r} (argument passes)")
+        raise ThunderValueError(
+            f"jit: passes must be a list of registered pass names, got {passes!r} (argument passes)"
+        )
     known = _core.registered_passes()
     for name in passes:
         if name not in known:
-            raise ThunderValueError(f"jit: no pass is registered as {name!r}; registered: {', '.join(known)} (argument passes)")
+            raise ThunderValueError(
+                f"jit: no pass is registered as {name!r}; registered: {', '.join(known)} (argument passes)"
+            )
     return tuple(passes)

@@ -44,9 +44,7 @@ class TensorProxy(torch.Tensor):
 
     @staticmethod
     def __new__(cls, vid: int, shape, dtype: torch.dtype, device: torch.device, requires_grad: bool):
-        proxy = torch.Tensor._make_wrapper_subclass(
-            cls, shape, dtype=dtype, device=device, requires_grad=requires_grad
-        )
+        proxy = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=requires_grad)
         proxy._vid = vid
         proxy._shape = torch.Size(shape)
         proxy._dtype = dtype
@@ -89,7 +87,8 @@ def grad_error(what: str) -> ThunderNotImplementedError:
         f"Tensor.grad: the program {what} the .grad of a tensor at {user_location()} while it is traced; a compiled "
         "call cannot read or set gradients (it would see those of the first call). Run what uses .grad (an "
         "optimizer step, zero_grad, gradient clipping) outside the jitted function, or pass the gradients as "
-        "arguments")
+        "arguments"
+    )
 
 
 _devices: dict[str, torch.device] = {}

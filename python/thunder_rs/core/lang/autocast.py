@@ -91,8 +91,15 @@ _CPU_PROMOTE = "stack cat index_copy"
 # ``affine_grid`` on the CPU a ``bmm``; except in the cases ``_runs_unlisted`` names.
 _CUDA_COMPOSITE = {"cross_entropy_loss": FP32, "inner": PROMOTE, "linalg_matrix_power": LOWER, "matrix_power": LOWER}
 _CPU_COMPOSITE = {
-    "inner": LOWER, "hstack": PROMOTE, "vstack": PROMOTE, "tensordot": LOWER, "einsum": LOWER, "linalg_multi_dot": LOWER,
-    "linalg_matrix_power": LOWER, "matrix_power": LOWER, "affine_grid": LOWER,
+    "inner": LOWER,
+    "hstack": PROMOTE,
+    "vstack": PROMOTE,
+    "tensordot": LOWER,
+    "einsum": LOWER,
+    "linalg_multi_dot": LOWER,
+    "linalg_matrix_power": LOWER,
+    "matrix_power": LOWER,
+    "affine_grid": LOWER,
 }
 
 
@@ -102,8 +109,11 @@ def _runs_unlisted(op: str, device_type: str, args) -> bool:
     ``matrix_power`` to the power 0 or 1 (or a negative one, refused under autocast) multiplies
     nothing."""
     if op == "einsum" and device_type == "cpu":
-        return sum(isinstance(x, torch.Tensor) for x in args) + sum(
-            isinstance(y, torch.Tensor) for x in args if isinstance(x, (list, tuple)) for y in x) <= 1
+        return (
+            sum(isinstance(x, torch.Tensor) for x in args)
+            + sum(isinstance(y, torch.Tensor) for x in args if isinstance(x, (list, tuple)) for y in x)
+            <= 1
+        )
     if op in ("linalg_matrix_power", "matrix_power"):
         return len(args) > 1 and isinstance(args[1], int) and args[1] < 2
     if op != "inner":
@@ -121,15 +131,27 @@ def _policies(**lists) -> dict[str, str]:
 
 #: device type -> aten op name -> cast policy.
 POLICIES: dict[str, dict[str, str]] = {
-    "cuda": {**_policies(lower_precision_fp=_CUDA_LOWER, fp32=_CUDA_FP32, fp32_set_opt_dtype=_CUDA_FP32_SET_OPT_DTYPE,
-                         promote=_CUDA_PROMOTE), **_CUDA_COMPOSITE},
+    "cuda": {
+        **_policies(
+            lower_precision_fp=_CUDA_LOWER,
+            fp32=_CUDA_FP32,
+            fp32_set_opt_dtype=_CUDA_FP32_SET_OPT_DTYPE,
+            promote=_CUDA_PROMOTE,
+        ),
+        **_CUDA_COMPOSITE,
+    },
     "cpu": {**_policies(lower_precision_fp=_CPU_LOWER, fp32=_CPU_FP32, promote=_CPU_PROMOTE), **_CPU_COMPOSITE},
 }
 
 #: Python names of torch callables whose aten op has another name.
 _ATEN_NAMES = {
-    "__matmul__": "matmul", "__rmatmul__": "matmul", "__pow__": "pow", "__rpow__": "pow",
-    "cross_entropy": "cross_entropy_loss", "concat": "cat", "concatenate": "cat",
+    "__matmul__": "matmul",
+    "__rmatmul__": "matmul",
+    "__pow__": "pow",
+    "__rpow__": "pow",
+    "cross_entropy": "cross_entropy_loss",
+    "concat": "cat",
+    "concatenate": "cat",
 }
 
 
@@ -159,8 +181,12 @@ def aten_name(func) -> str:
 
 def _eligible(x, device_type: str) -> bool:
     """Tensors autocast casts: floating, on the autocast's device, not float64."""
-    return (isinstance(x, TensorProxy) and x.device.type == device_type and x.dtype.is_floating_point
-            and x.dtype != torch.float64)
+    return (
+        isinstance(x, TensorProxy)
+        and x.device.type == device_type
+        and x.dtype.is_floating_point
+        and x.dtype != torch.float64
+    )
 
 
 def _tensors(args, kwargs):
@@ -180,8 +206,10 @@ def _promoted(op: str, device_type: str, lower: torch.dtype, args, kwargs) -> to
         if torch.float32 in (current, x.dtype):
             current = torch.float32
         elif x.dtype != lower:
-            raise ThunderRuntimeError(f"{op}: Unexpected floating ScalarType in at::autocast::prioritize "
-                                      f"({x.dtype} under {device_type} autocast to {lower})")
+            raise ThunderRuntimeError(
+                f"{op}: Unexpected floating ScalarType in at::autocast::prioritize "
+                f"({x.dtype} under {device_type} autocast to {lower})"
+            )
     return current
 
 

@@ -55,7 +55,7 @@ def _differentiates(args, kwargs) -> bool:
     if not torch.is_grad_enabled():
         return False
     for x in (*args, *kwargs.values()):
-        for y in (x if type(x) in (list, tuple) else (x,)):
+        for y in x if type(x) in (list, tuple) else (x,):
             if isinstance(y, TensorProxy) and y.requires_grad:
                 return True
     return False

@@ -53,11 +53,13 @@ class TraceContext:
     def mark_dirty(self, *tensors) -> None:
         raise ThunderNotImplementedError(
             f"torch.autograd.Function: {self._name}.forward marks its inputs dirty (writes them in place), which "
-            "thunder_rs.jit does not trace; return new tensors instead")
+            "thunder_rs.jit does not trace; return new tensors instead"
+        )
 
     def save_for_forward(self, *tensors) -> None:
-        raise ThunderNotImplementedError(f"torch.autograd.Function: {self._name} saves for forward-mode AD, which "
-                                         "thunder_rs.jit does not support")
+        raise ThunderNotImplementedError(
+            f"torch.autograd.Function: {self._name} saves for forward-mode AD, which thunder_rs.jit does not support"
+        )
 
 
 def function_symbols() -> list[tuple[type, int]]:
@@ -73,8 +75,10 @@ def apply(cls, args: tuple, kwargs: dict):
         bound.apply_defaults()
         args, kwargs = bound.args, {}
     if kwargs:
-        raise ThunderNotImplementedError(f"torch.autograd.Function: {cls.__qualname__}.apply at {user_location()} "
-                                         "takes keyword arguments; pass them positionally")
+        raise ThunderNotImplementedError(
+            f"torch.autograd.Function: {cls.__qualname__}.apply at {user_location()} "
+            "takes keyword arguments; pass them positionally"
+        )
     sid = _SYMBOLS.get(cls)
     if sid is None:
         sid = _SYMBOLS[cls] = _core.register_symbol(f"{name}.{len(_SYMBOLS)}")
@@ -84,7 +88,8 @@ def apply(cls, args: tuple, kwargs: dict):
 
 def _has_setup_context(cls) -> bool:
     return getattr(cls.setup_context, "__func__", cls.setup_context) is not getattr(
-        Function.setup_context, "__func__", Function.setup_context)
+        Function.setup_context, "__func__", Function.setup_context
+    )
 
 
 def _forward(cls, ctx: TraceContext, args: tuple):
@@ -99,7 +104,8 @@ def _forward(cls, ctx: TraceContext, args: tuple):
     if not outs or not all(isinstance(o, TensorProxy) for o in outs):
         raise ThunderNotImplementedError(
             f"torch.autograd.Function: {cls.__qualname__}.forward returns {type(out).__name__} values other than "
-            "tensors of the traced program, which thunder_rs.jit does not trace")
+            "tensors of the traced program, which thunder_rs.jit does not trace"
+        )
     # An input returned as it is (``x.view_as(x)``, a gradient reversal layer) is a new value of
     # the Function, which its backward differentiates: a copy of it.
     inputs = {a._vid for a in args if isinstance(a, TensorProxy)}
@@ -124,11 +130,13 @@ def _grad_rule(cls):
         with autocast.user_code_without_autocast():
             grads = cls.backward(ctx, *cotangents)
         grads = grads if isinstance(grads, tuple) else (grads,)
-        if len(grads) > len(args) and all(g is None for g in grads[len(args):]):
-            grads = grads[:len(args)]  # eager accepts extra trailing Nones
+        if len(grads) > len(args) and all(g is None for g in grads[len(args) :]):
+            grads = grads[: len(args)]  # eager accepts extra trailing Nones
         if len(grads) != len(args):
-            raise ThunderRuntimeError(f"torch.autograd.Function: {cls.__qualname__}.backward returned an incorrect "
-                                      f"number of gradients (expected {len(args)}, got {len(grads)})")
+            raise ThunderRuntimeError(
+                f"torch.autograd.Function: {cls.__qualname__}.backward returned an incorrect "
+                f"number of gradients (expected {len(args)}, got {len(grads)})"
+            )
         for a, g in zip(args, grads):
             if isinstance(a, TensorProxy) and a.requires_grad and g is not None:
                 put_grad(a, _conform(cls, a, g))
@@ -142,7 +150,8 @@ def _mark_as_eager(out: TensorProxy, ctx: TraceContext) -> None:
     grad here): a floating-point output not marked non-differentiable requires grad whatever its
     forward computed it from (a straight-through ``sign``, a forward under ``no_grad``)."""
     differentiable = (out.dtype.is_floating_point or out.dtype.is_complex) and not any(
-        out is t for t in ctx.non_differentiable)
+        out is t for t in ctx.non_differentiable
+    )
     if differentiable != out.requires_grad:
         torch_symbol(torch.Tensor.requires_grad_)(out, differentiable)
 
@@ -158,15 +167,19 @@ def _conform(cls, a: TensorProxy, g):
     """``g`` as autograd makes a Function's gradient: summed to the input's shape where it
     broadcasts to it (``sum_to_size``, as autograd's ``validate_outputs``), cast to its dtype."""
     if not isinstance(g, TensorProxy):
-        raise ThunderRuntimeError(f"torch.autograd.Function: {cls.__qualname__}.backward returned "
-                                  f"{type(g).__name__} as a gradient; expected a tensor or None")
+        raise ThunderRuntimeError(
+            f"torch.autograd.Function: {cls.__qualname__}.backward returned "
+            f"{type(g).__name__} as a gradient; expected a tensor or None"
+        )
     if tuple(g.shape) != tuple(a.shape):
         try:
             expandable = torch.broadcast_shapes(tuple(a.shape), tuple(g.shape)) == tuple(g.shape)
         except RuntimeError:
             expandable = False
         if not expandable:
-            raise ThunderRuntimeError(f"torch.autograd.Function: {cls.__qualname__}.backward returned a gradient of "
-                                      f"shape {tuple(g.shape)} for an input of shape {tuple(a.shape)}")
+            raise ThunderRuntimeError(
+                f"torch.autograd.Function: {cls.__qualname__}.backward returned a gradient of "
+                f"shape {tuple(g.shape)} for an input of shape {tuple(a.shape)}"
+            )
         g = torch_symbol(torch.Tensor.sum_to_size)(g, tuple(a.shape))
     return g if g.dtype == a.dtype else torch_symbol(torch.Tensor.to)(g, a.dtype)

@@ -118,8 +118,16 @@ class Executor:
         self.registry = Registry()
         self.sync = sync
 
-    def register_implementation(self, symbol, impl, *, impl_name: str | None = None, checker=None,
-                                method: str | None = None, inplace_method: str | None = None) -> Implementation:
+    def register_implementation(
+        self,
+        symbol,
+        impl,
+        *,
+        impl_name: str | None = None,
+        checker=None,
+        method: str | None = None,
+        inplace_method: str | None = None,
+    ) -> Implementation:
         """Runs ``symbol`` (an ltorch symbol, a prim entry point or a prim name) with ``impl``."""
         name = impl_name or f"{self.name}_{getattr(impl, '__name__', 'impl')}"
         record = Implementation(symbol_key(symbol), name.replace(".", "_"), impl, checker, method, inplace_method)
@@ -269,8 +277,9 @@ def _named_executor(name: str) -> Executor:
     if name not in _named and name in _lazy:
         importlib.import_module(_lazy[name])  # registers its executor (register_named_executor)
     if name not in _named:
-        raise ThunderValueError(f"jit: unknown executor {name!r}; known executors: {', '.join(known_executor_names())} "
-                                "(argument executors)")
+        raise ThunderValueError(
+            f"jit: unknown executor {name!r}; known executors: {', '.join(known_executor_names())} (argument executors)"
+        )
     return _named[name]
 
 
@@ -284,8 +293,9 @@ def resolve_executors(executors) -> list[Executor]:
         if isinstance(item, str):
             item = _named_executor(item)
         elif not isinstance(item, Executor):
-            raise ThunderValueError(f"jit: executors must be executor objects or names, got {type(item).__name__} "
-                                    "(argument executors)")
+            raise ThunderValueError(
+                f"jit: executors must be executor objects or names, got {type(item).__name__} (argument executors)"
+            )
         if item not in resolved:
             resolved.append(item)
     torch_ex = torch_executor()
@@ -304,7 +314,9 @@ def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: 
     for torch_name, (impl_name, checker, impl) in op_map.items():
         sym = by_name.get(torch_name)
         if sym is None:
-            raise ThunderValueError(f"add_operator_executor: thunder_rs has no symbol for {torch_name!r} (argument op_map)")
+            raise ThunderValueError(
+                f"add_operator_executor: thunder_rs has no symbol for {torch_name!r} (argument op_map)"
+            )
         executor.register_implementation(sym, impl, impl_name=impl_name, checker=checker)
     if add_to_default_executors:
         register_executor(executor)

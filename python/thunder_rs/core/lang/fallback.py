@@ -165,7 +165,11 @@ def _vjp_of(func):
             outs = _tensor_leaves(func(*args, **kwargs))
         pairs = [(o, c) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
         inputs = [copies[id(w)] for w in wanted]
-        grads = torch.autograd.grad([o for o, _ in pairs], inputs, [c for _, c in pairs], allow_unused=True) if pairs else [None] * len(inputs)
+        grads = (
+            torch.autograd.grad([o for o, _ in pairs], inputs, [c for _, c in pairs], allow_unused=True)
+            if pairs
+            else [None] * len(inputs)
+        )
         grads = tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wanted, grads))
         return grads[0] if len(grads) == 1 else grads
 
@@ -209,8 +213,10 @@ class _NeedsValues(Exception):
 
 
 def _data_dependent_error(name: str) -> ThunderRuntimeError:
-    return ThunderRuntimeError(f"{name}: data-dependent: its result depends on a traced tensor's values (read at "
-                               f"{user_location()}); only thunder_rs.jit reads them, outside torch.vmap")
+    return ThunderRuntimeError(
+        f"{name}: data-dependent: its result depends on a traced tensor's values (read at "
+        f"{user_location()}); only thunder_rs.jit reads them, outside torch.vmap"
+    )
 
 
 def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
@@ -232,9 +238,11 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
         except _DATA_DEPENDENT_ERRORS as e:
             raise _NeedsValues(_data_dependent_error(name)) from e
         except NotImplementedError as e:
-            raise _NeedsValues(ThunderNotImplementedError(
-                f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta tensors ({e})"
-            )) from e
+            raise _NeedsValues(
+                ThunderNotImplementedError(
+                    f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta tensors ({e})"
+                )
+            ) from e
         except Exception as e:
             if "meta tensor" in str(e):  # the op reads values (``one_hot`` sizing itself, ``repeat_interleave``)
                 raise _NeedsValues(_data_dependent_error(name)) from e
@@ -276,7 +284,8 @@ def _refuse_autograd_node_methods(func, name: str) -> None:
         raise ThunderNotImplementedError(
             f"{name} at {user_location()}: hooks and retained gradients on tensors inside the jitted program are not "
             "supported (their gradients are computed inside the compiled backward); register them on the jitted "
-            "call's inputs or outputs outside it")
+            "call's inputs or outputs outside it"
+        )
 
 
 def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
@@ -310,14 +319,21 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     else:
         flags = list(requires_grad) if isinstance(requires_grad, (tuple, list)) else [requires_grad] * len(leaves)
     # Complex results carry gradients as eager's do: the backward is torch's (``complex_calls``).
-    metas = [(CODES[t.dtype], str(t.device) if autocast_state is not None else device, tuple(t.shape),
-              flag and (t.dtype.is_floating_point or t.dtype.is_complex)) for t, flag in zip(leaves, flags)]
+    metas = [
+        (
+            CODES[t.dtype],
+            str(t.device) if autocast_state is not None else device,
+            tuple(t.shape),
+            flag and (t.dtype.is_floating_point or t.dtype.is_complex),
+        )
+        for t, flag in zip(leaves, flags)
+    ]
     replay = effect and requires_grad is None and any(m[3] for m in metas)
     if replay:
         state = _generator(args, kwargs).get_state()
         metas.append((CODES[state.dtype], str(state.device), tuple(state.shape), False))
     sid = symbol_id(func, effect, autocast_state, replay)
-    outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))[:len(leaves)]
+    outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))[: len(leaves)]
     if checked is not None:
         checked(outs)
     if isinstance(out, torch.Tensor):

@@ -39,7 +39,9 @@ def register_grad(symbol, rule=None):
 
 def _proxy(x, fn: str, arg: str) -> TensorProxy:
     if not isinstance(x, TensorProxy):
-        raise ThunderTypeError(f"{fn}: expected a tensor of the traced program, got {type(x).__name__} (argument {arg})")
+        raise ThunderTypeError(
+            f"{fn}: expected a tensor of the traced program, got {type(x).__name__} (argument {arg})"
+        )
     return x
 
 
@@ -57,5 +59,7 @@ def put_grad(x, grad) -> None:
     if x.dtype.is_complex:
         raise ThunderNotImplementedError("put_grad: gradients of complex tensors are not supported (argument x)")
     if tuple(grad.shape) != tuple(x.shape):
-        raise ThunderValueError(f"put_grad: the gradient's shape {tuple(grad.shape)} differs from x's {tuple(x.shape)} (argument grad)")
+        raise ThunderValueError(
+            f"put_grad: the gradient's shape {tuple(grad.shape)} differs from x's {tuple(x.shape)} (argument grad)"
+        )
     current().put_grad(x._vid, grad)

@@ -57,20 +57,66 @@ def torch_symbol(func):
     torch language, which is built on core and registers its symbols when ``thunder_rs`` is imported."""
     return TORCH_TO_LTORCH[func]
 
+
 _T = torch.Tensor
 _METADATA_METHODS = {
-    _T.size, _T.dim, _T.ndimension, _T.numel, _T.nelement, _T.stride, _T.is_contiguous,
-    _T.is_floating_point, _T.is_complex, _T.element_size, _T.__len__, _T.__hash__,
-    _T.get_device, _T.__format__, _T.__repr__, _T.storage_offset, _T.is_signed,
+    _T.size,
+    _T.dim,
+    _T.ndimension,
+    _T.numel,
+    _T.nelement,
+    _T.stride,
+    _T.is_contiguous,
+    _T.is_floating_point,
+    _T.is_complex,
+    _T.element_size,
+    _T.__len__,
+    _T.__hash__,
+    _T.get_device,
+    _T.__format__,
+    _T.__repr__,
+    _T.storage_offset,
+    _T.is_signed,
 }
 _METADATA_PROPERTIES = {
-    "shape", "dtype", "device", "ndim", "requires_grad", "is_leaf", "grad_fn", "layout",
-    "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_nested", "names", "grad",
-    "_base", "is_mkldnn", "is_mps", "is_xpu", "itemsize", "nbytes", "output_nr", "_version",
+    "shape",
+    "dtype",
+    "device",
+    "ndim",
+    "requires_grad",
+    "is_leaf",
+    "grad_fn",
+    "layout",
+    "is_cuda",
+    "is_cpu",
+    "is_meta",
+    "is_sparse",
+    "is_quantized",
+    "is_nested",
+    "names",
+    "grad",
+    "_base",
+    "is_mkldnn",
+    "is_mps",
+    "is_xpu",
+    "itemsize",
+    "nbytes",
+    "output_nr",
+    "_version",
 }
 _DATA_DEPENDENT = {
-    _T.__bool__, _T.item, _T.tolist, _T.__int__, _T.__float__, _T.__index__, _T.__complex__,
-    _T.numpy, _T.__array__, _T.data_ptr, _T.nonzero, torch.nonzero,
+    _T.__bool__,
+    _T.item,
+    _T.tolist,
+    _T.__int__,
+    _T.__float__,
+    _T.__index__,
+    _T.__complex__,
+    _T.numpy,
+    _T.__array__,
+    _T.data_ptr,
+    _T.nonzero,
+    torch.nonzero,
 }
 
 
@@ -103,7 +149,8 @@ def refusals_not_swallowed():
     if refused:
         raise ThunderRuntimeError(
             f"{refused[0]}. The program caught this error (an except clause around that line) and went on, "
-            "so the trace would not compute what eager computes")
+            "so the trace would not compute what eager computes"
+        )
 
 
 def refuse_data_dependent(func) -> None:
@@ -112,9 +159,11 @@ def refuse_data_dependent(func) -> None:
     tensor under ``torch.vmap``, whose values differ per batch element."""
     if func in _DATA_DEPENDENT:
         name = getattr(func, "__name__", str(func))
-        message = (f"{name}: data-dependent control flow or value access on a traced tensor at "
-                   f"{user_location()}; thunder_rs specialises a trace on values read through bool(), int(), float(), "
-                   "item(), tolist() and the sizes of nonzero-like calls, outside torch.vmap")
+        message = (
+            f"{name}: data-dependent control flow or value access on a traced tensor at "
+            f"{user_location()}; thunder_rs specialises a trace on values read through bool(), int(), float(), "
+            "item(), tolist() and the sizes of nonzero-like calls, outside torch.vmap"
+        )
         refused = _refused.get()
         if refused is not None:
             refused.append(message)
@@ -147,8 +196,11 @@ def _data_dependent(func, args, kwargs):
         return reads.read(func, args, kwargs)
     name = getattr(func, "__name__", str(func))
     stand_in = problems.data_dependent_stand_in(name)
-    if stand_in is not None and problems.note(problems.DATA_DEPENDENT, qualified_name(func),
-                                              f"{name} reads a traced tensor's value; examine went on with {stand_in!r}"):
+    if stand_in is not None and problems.note(
+        problems.DATA_DEPENDENT,
+        qualified_name(func),
+        f"{name} reads a traced tensor's value; examine went on with {stand_in!r}",
+    ):
         return stand_in
     refuse_data_dependent(func)
 
@@ -268,7 +320,8 @@ def _refuse_functorch_transform(func, args, kwargs) -> None:
         name = getattr(func, "__name__", str(func))
         raise ThunderNotImplementedError(
             f"functorch: transforms over traced tensors are not supported ({name} at {user_location()}); "
-            "use torch.vmap, which thunder_rs batches, or run the function eagerly")
+            "use torch.vmap, which thunder_rs batches, or run the function eagerly"
+        )
 
 
 def _tensor_kind(args, kwargs) -> int:
@@ -276,7 +329,7 @@ def _tensor_kind(args, kwargs) -> int:
     2: a real tensor, directly or in a list (``torch.cat([a, b])``)."""
     kind = 0
     for x in (*args, *kwargs.values()):
-        for y in (x if type(x) in (list, tuple) else (x,)):
+        for y in x if type(x) in (list, tuple) else (x,):
             if isinstance(y, torch.Tensor):
                 if not y.is_meta:
                     return 2
@@ -297,7 +350,8 @@ def _autograd_call_error(func) -> ThunderNotImplementedError:
     return ThunderNotImplementedError(
         f"{qualified_name(func)}: the program differentiates at {user_location()} while it is traced; thunder_rs "
         "differentiates the whole jitted call, not inside it (a gradient penalty or an inner training step). Call it "
-        "outside the jitted function, on the jitted call's outputs")
+        "outside the jitted function, on the jitted call's outputs"
+    )
 
 
 def _untraced_call(func, args, kind: int, kwargs):
@@ -332,8 +386,12 @@ def _copied_array(captures, array, dtype):
 def _python_values(values) -> bool:
     """Whether ``values`` are plain Python data (numbers, strings, dtypes, nested lists): a tensor
     made from them is new memory, where one made from a NumPy array or a buffer shares theirs."""
-    return all(_python_values(v) if type(v) in (list, tuple) else
-               v is None or isinstance(v, (bool, int, float, complex, str, torch.dtype, torch.device)) for v in values)
+    return all(
+        _python_values(v)
+        if type(v) in (list, tuple)
+        else v is None or isinstance(v, (bool, int, float, complex, str, torch.dtype, torch.device))
+        for v in values
+    )
 
 
 class LanguageMode(TorchFunctionMode):

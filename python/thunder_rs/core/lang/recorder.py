@@ -49,7 +49,10 @@ def _overrides(cls, name: str):
 #: without data: how the CUDA policies are checked without a GPU, and what Dynamo passes).
 _PLAIN_OVERRIDES = {
     "__torch_function__": {_overrides(torch.Tensor, "__torch_function__"), torch._C._disabled_torch_function_impl},
-    "__torch_dispatch__": {_overrides(torch.Tensor, "__torch_dispatch__"), _overrides(FakeTensor, "__torch_dispatch__")},
+    "__torch_dispatch__": {
+        _overrides(torch.Tensor, "__torch_dispatch__"),
+        _overrides(FakeTensor, "__torch_dispatch__"),
+    },
 }
 
 
@@ -58,13 +61,16 @@ def refuse_unlike_strided(t: torch.Tensor) -> None:
     subclasses that handle torch calls themselves (their handlers would not run)."""
     if t.layout != torch.strided or t.is_nested:
         kind = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
-        raise ThunderNotImplementedError(f"jit: a {kind} tensor input is not supported; thunder_rs traces dense "
-                                         "(strided) tensors: pass it dense (to_dense(), to_padded_tensor())")
+        raise ThunderNotImplementedError(
+            f"jit: a {kind} tensor input is not supported; thunder_rs traces dense "
+            "(strided) tensors: pass it dense (to_dense(), to_padded_tensor())"
+        )
     for name, plain in _PLAIN_OVERRIDES.items():
         if _overrides(type(t), name) not in plain:
             raise ThunderNotImplementedError(
                 f"jit: an input of tensor subclass {type(t).__qualname__} defines its own {name}, which a compiled "
-                "call would not run; pass a plain tensor, or run this part with torch.compile")
+                "call would not run; pass a plain tensor, or run this part with torch.compile"
+            )
 
 
 def input_proxy(rec: "_core.Recorder", t: torch.Tensor) -> TensorProxy:
@@ -196,8 +202,9 @@ _whole: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_whole", defa
 
 
 @contextlib.contextmanager
-def recording(rec: "_core.Recorder", captures: Captures | None = None, made: list | None = None,
-              whole: dict | None = None):
+def recording(
+    rec: "_core.Recorder", captures: Captures | None = None, made: list | None = None, whole: dict | None = None
+):
     """Records into ``rec``; real tensors become trace inputs through ``captures``; every proxy
     made is appended to ``made``; kernels that ``whole`` says an executor runs whole are recorded
     without their decompositions (``record_kernel``)."""

@@ -35,14 +35,22 @@ def _callables(owner, names: str) -> set:
 
 #: torch callables that draw random numbers.
 RANDOM: frozenset = frozenset(
-    _callables(torch, "rand randn randint randperm rand_like randn_like randint_like normal bernoulli multinomial "
-                      "poisson binomial _standard_gamma _sample_dirichlet dropout feature_dropout alpha_dropout "
-                      "feature_alpha_dropout native_dropout rrelu rrelu_ _fused_dropout")
-    | _callables(torch.Tensor, "bernoulli bernoulli_ multinomial uniform_ normal_ random_ exponential_ cauchy_ "
-                               "log_normal_ geometric_")
-    | _callables(F, "dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout rrelu "
-                    "gumbel_softmax fractional_max_pool2d fractional_max_pool3d fractional_max_pool2d_with_indices "
-                    "fractional_max_pool3d_with_indices multi_head_attention_forward")
+    _callables(
+        torch,
+        "rand randn randint randperm rand_like randn_like randint_like normal bernoulli multinomial "
+        "poisson binomial _standard_gamma _sample_dirichlet dropout feature_dropout alpha_dropout "
+        "feature_alpha_dropout native_dropout rrelu rrelu_ _fused_dropout",
+    )
+    | _callables(
+        torch.Tensor,
+        "bernoulli bernoulli_ multinomial uniform_ normal_ random_ exponential_ cauchy_ log_normal_ geometric_",
+    )
+    | _callables(
+        F,
+        "dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout rrelu "
+        "gumbel_softmax fractional_max_pool2d fractional_max_pool3d fractional_max_pool2d_with_indices "
+        "fractional_max_pool3d_with_indices multi_head_attention_forward",
+    )
     # Kernels that draw inside (the dropout between stacked RNN layers): their backward must draw
     # the forward's numbers again, and an unused call must still draw.
     | _callables(torch, "lstm gru rnn_tanh rnn_relu")
@@ -63,7 +71,8 @@ def check_generators(consts: list) -> None:
             raise ThunderNotImplementedError(
                 "thunder_rs.jit: the traced program draws from a torch.Generator it creates; a compiled program "
                 "would create it once and go on drawing from it across calls. Create the generator outside the "
-                "function (and seed it there) and pass it in or read it from a module attribute")
+                "function (and seed it there) and pass it in or read it from a module attribute"
+            )
 
 
 def _record(func, args: tuple, kwargs: dict, outputs: list):

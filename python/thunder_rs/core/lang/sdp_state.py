@@ -36,19 +36,40 @@ def _enabled(backend: str):
 
 
 _flash, _efficient, _math, _cudnn, _overrideable, _fa3, _fa4 = map(
-    _enabled, ("flash", "mem_efficient", "math", "cudnn", "overrideable", "fa3", "fa4"))
+    _enabled, ("flash", "mem_efficient", "math", "cudnn", "overrideable", "fa3", "fa4")
+)
 _priority = getattr(_C, "_get_sdp_priority_order", tuple)
 _deterministic, _warn_only = _C._get_deterministic_algorithms, _C._get_deterministic_algorithms_warn_only
 
 #: What ``state()`` holds, in order (for miss reasons).
-FIELDS = ("flash", "mem_efficient", "math", "cudnn", "overrideable", "fa3", "fa4", "priority", "deterministic",
-          "deterministic_warn_only")
+FIELDS = (
+    "flash",
+    "mem_efficient",
+    "math",
+    "cudnn",
+    "overrideable",
+    "fa3",
+    "fa4",
+    "priority",
+    "deterministic",
+    "deterministic_warn_only",
+)
 
 
 def state() -> tuple:
     """The switches, read with one C call each (about 1 µs: a guard runs it on every call)."""
-    return (_flash(), _efficient(), _math(), _cudnn(), _overrideable(), _fa3(), _fa4(), tuple(_priority()),
-            _deterministic(), _warn_only())
+    return (
+        _flash(),
+        _efficient(),
+        _math(),
+        _cudnn(),
+        _overrideable(),
+        _fa3(),
+        _fa4(),
+        tuple(_priority()),
+        _deterministic(),
+        _warn_only(),
+    )
 
 
 def _show(value: tuple) -> str:
@@ -72,7 +93,9 @@ def guard() -> tuple:
     value = state()
     observer = thread_state.observer
     if observer is not None:
-        observer.guard_state(SwitchesGuard("the attention kernel switches (torch.backends.cuda *_sdp)", state, value, _show))
+        observer.guard_state(
+            SwitchesGuard("the attention kernel switches (torch.backends.cuda *_sdp)", state, value, _show)
+        )
     return value
 
 
@@ -88,8 +111,16 @@ def _guarded_setter(original):
     return set_while_tracing
 
 
-_SETTERS = ("_set_sdp_use_flash", "_set_sdp_use_mem_efficient", "_set_sdp_use_math", "_set_sdp_use_cudnn",
-            "_set_sdp_use_overrideable", "_set_sdp_use_fa3", "_set_sdp_use_fa4", "_set_sdp_priority_order")
+_SETTERS = (
+    "_set_sdp_use_flash",
+    "_set_sdp_use_mem_efficient",
+    "_set_sdp_use_math",
+    "_set_sdp_use_cudnn",
+    "_set_sdp_use_overrideable",
+    "_set_sdp_use_fa3",
+    "_set_sdp_use_fa4",
+    "_set_sdp_priority_order",
+)
 
 
 def _install() -> None:

@@ -64,7 +64,10 @@ _function_apply = Function.__dict__["apply"]
 #: tensor, which ``TransformGetItemToIndex`` (Hugging Face masks under vmap) makes of ``t[i]``.
 _GRADIENT_OF_FORWARD = {("torch._dynamo._trace_wrapped_higher_order_op", "ModIndex")}
 #: The Function module backward hooks wrap a module's inputs and outputs in (where torch keeps it).
-_BACKWARD_HOOKS = {("torch.utils.hooks", "BackwardHookFunction"), ("torch.nn.modules._functions", "BackwardHookFunction")}
+_BACKWARD_HOOKS = {
+    ("torch.utils.hooks", "BackwardHookFunction"),
+    ("torch.nn.modules._functions", "BackwardHookFunction"),
+}
 
 
 def _apply(cls, *args, **kwargs):
@@ -84,8 +87,10 @@ def _apply(cls, *args, **kwargs):
         raise ThunderNotImplementedError(
             f"register_full_backward_hook: a module called at {user_location()} has backward hooks, which hook the "
             "autograd nodes of its inputs and outputs; inside the jitted program these have none. Register backward "
-            "hooks on the jitted module itself, or compute what the hook does in the program")
+            "hooks on the jitted module itself, or compute what the hook does in the program"
+        )
     return custom_function.apply(cls, args, kwargs)
+
 
 #: The module (``torch._higher_order_ops.associative_scan`` names the function, not the module).
 associative_scan_module = importlib.import_module("torch._higher_order_ops.associative_scan")

@@ -66,8 +66,10 @@ class Read:
     reader: Callable[..., Any] = dataclasses.field(repr=False, default=_T.__bool__)
 
     def describe(self, value) -> str:
-        return (f"the value read by {self.what} at {self.where} was {_shown(value)} where the compiled variant "
-                f"has {_shown(self.value)}")
+        return (
+            f"the value read by {self.what} at {self.where} was {_shown(value)} where the compiled variant "
+            f"has {_shown(self.value)}"
+        )
 
 
 def _shown(value) -> str:
@@ -177,11 +179,13 @@ class ValueReads:
             raise ThunderNotImplementedError(
                 f"data-dependent control flow or value access at {user_location()} in a backward (a custom "
                 "autograd.Function's backward or a grad rule): a compiled call's backward runs after its forward has "
-                "returned, too late to choose the variant for the value; read it in the forward and save the result")
+                "returned, too late to choose the variant for the value; read it in the forward and save the result"
+            )
         if any(t.is_meta or type(t).__name__ == "FakeTensor" for t in self.inputs):
             raise ThunderRuntimeError(
                 f"data-dependent control flow or value access at {user_location()} on inputs without data (meta or "
-                "fake tensors); thunder_rs reads the values of real inputs")
+                "fake tensors); thunder_rs reads the values of real inputs"
+            )
         snapshot = rec.snapshot([p._vid for p in proxies])
         with _outside_the_trace():
             return list(self._evaluate(snapshot, list(rec.consts()), self.inputs))

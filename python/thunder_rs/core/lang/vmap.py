@@ -52,8 +52,14 @@ class BatchedProxy(TensorProxy):
     def __new__(cls, physical: torch.Tensor, levels: int):
         logical = tuple(physical.shape[levels:])
         # No trace value stands for a batched proxy (its ops are recorded on ``physical``).
-        proxy = TensorProxy.__new__(cls, None, logical,  # type: ignore[arg-type]
-                                     physical.dtype, physical.device, physical.requires_grad)
+        proxy = TensorProxy.__new__(
+            cls,
+            None,  # type: ignore[arg-type]
+            logical,
+            physical.dtype,
+            physical.device,
+            physical.requires_grad,
+        )
         proxy.physical = physical
         proxy.levels = levels
         return proxy
@@ -70,7 +76,8 @@ def _refuse(func, why: str):
     name = getattr(func, "__name__", str(func))
     return ThunderNotImplementedError(
         f"torch.vmap: {name} has no thunder_rs batching rule ({why}) at {user_location()}; only elementwise "
-        "ops, new_* creation and indexing with batched integer indices are batched while tracing")
+        "ops, new_* creation and indexing with batched integer indices are batched while tracing"
+    )
 
 
 def _levels_of(x) -> int:
@@ -141,8 +148,12 @@ def _indexing(func, args, kwargs):
     if isinstance(x, BatchedProxy):
         raise _refuse(func, "indexing a batched tensor")
     for e in entries:
-        if not (isinstance(e, int) or isinstance(e, torch.Tensor) and not e.dtype.is_floating_point
-                and e.dtype != torch.bool):
+        if not (
+            isinstance(e, int)
+            or isinstance(e, torch.Tensor)
+            and not e.dtype.is_floating_point
+            and e.dtype != torch.bool
+        ):
             raise _refuse(func, f"index {type(e).__name__}; only integer tensors and ints for the leading dims")
     depth = len(_levels.get())
     rank = max((e.ndim for e in entries if isinstance(e, torch.Tensor)), default=0)
@@ -192,13 +203,17 @@ def _flat_in_dims(args, in_dims) -> tuple[list, list, object]:
     None) for every leaf, or a tuple with one entry per argument, each a tree prefix of it (a
     nested tuple for a tuple argument, ``0`` for all of its leaves)."""
     if not isinstance(in_dims, (int, tuple)):
-        raise ThunderValueError(f"torch.vmap: in_dims must be an int or a (nested) tuple matching the arguments, "
-                                f"got {type(in_dims).__name__} at {user_location()}")
+        raise ThunderValueError(
+            f"torch.vmap: in_dims must be an int or a (nested) tuple matching the arguments, "
+            f"got {type(in_dims).__name__} at {user_location()}"
+        )
     leaves, spec = tree_flatten(args)
     dims = _broadcast_to_and_flatten(in_dims, spec)
     if dims is None:
-        raise ThunderValueError(f"torch.vmap: in_dims {in_dims!r} is not compatible with the structure of the "
-                                f"{len(args)} arguments at {user_location()}")
+        raise ThunderValueError(
+            f"torch.vmap: in_dims {in_dims!r} is not compatible with the structure of the "
+            f"{len(args)} arguments at {user_location()}"
+        )
     return leaves, dims, spec
 
 
@@ -206,12 +221,15 @@ def _batch(x, dim: int, depth: int, size: int | None) -> BatchedProxy:
     """``x`` (seen at ``depth`` levels) mapped over its logical ``dim`` by level ``depth + 1``,
     whose size is ``size`` when another argument has set it."""
     if not -x.ndim <= dim < x.ndim:
-        raise ThunderValueError(f"torch.vmap: in_dim {dim} is out of range for a tensor of rank {x.ndim} "
-                                f"at {user_location()}")
+        raise ThunderValueError(
+            f"torch.vmap: in_dim {dim} is out of range for a tensor of rank {x.ndim} at {user_location()}"
+        )
     dim %= x.ndim
     if size is not None and x.shape[dim] != size:
-        raise ThunderValueError(f"torch.vmap: Expected all tensors to have the same size in the mapped "
-                                f"dimension, got sizes {size} and {x.shape[dim]} at {user_location()}")
+        raise ThunderValueError(
+            f"torch.vmap: Expected all tensors to have the same size in the mapped "
+            f"dimension, got sizes {size} and {x.shape[dim]} at {user_location()}"
+        )
     return BatchedProxy(torch.movedim(_physical(x, depth), depth + dim, depth), depth + 1)
 
 
@@ -225,8 +243,10 @@ def _enter(args, in_dims):
             inner.append(x)
             continue
         if not isinstance(x, torch.Tensor) or not isinstance(d, int):
-            raise ThunderValueError(f"torch.vmap: in_dim {d!r} for a {type(x).__name__}; only tensors are mapped, "
-                                    f"over int dims (None for other arguments), at {user_location()}")
+            raise ThunderValueError(
+                f"torch.vmap: in_dim {d!r} for a {type(x).__name__}; only tensors are mapped, "
+                f"over int dims (None for other arguments), at {user_location()}"
+            )
         batched = _batch(x, d, depth, size)
         size = batched.physical.shape[depth]
         inner.append(batched)
@@ -240,12 +260,14 @@ def _exit(out, out_dim: int | None, size: int, depth: int):
     to logical dim ``out_dim``; ``out_dim`` None returns an output that is not batched as it is."""
     if out_dim is None:
         if isinstance(out, BatchedProxy) and out.levels == depth:
-            raise ThunderValueError(f"torch.vmap: the function returns a batched tensor where out_dims is None "
-                                    f"at {user_location()}")
+            raise ThunderValueError(
+                f"torch.vmap: the function returns a batched tensor where out_dims is None at {user_location()}"
+            )
         return out
     if not isinstance(out, torch.Tensor):
-        raise ThunderValueError(f"torch.vmap: the function must return tensors, got {type(out).__name__} "
-                                f"at {user_location()}")
+        raise ThunderValueError(
+            f"torch.vmap: the function must return tensors, got {type(out).__name__} at {user_location()}"
+        )
     phys = _physical(out, depth)
     shape = list(phys.shape)
     shape[depth - 1] = size
@@ -265,8 +287,10 @@ def _exit_all(out, out_dims, size: int, depth: int):
     else:
         dims = _broadcast_to_and_flatten(out_dims, spec)
     if dims is None or not all(d is None or isinstance(d, int) for d in dims):
-        raise ThunderValueError(f"torch.vmap: out_dims {out_dims!r} is not compatible with the structure of the "
-                                f"outputs at {user_location()}")
+        raise ThunderValueError(
+            f"torch.vmap: out_dims {out_dims!r} is not compatible with the structure of the "
+            f"outputs at {user_location()}"
+        )
     return tree_unflatten([_exit(o, d, size, depth) for o, d in zip(leaves, dims)], spec)
 
 
@@ -293,8 +317,6 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         return _exit_all(out, out_dims, size, len(_levels.get()) + 1)
 
     return batched
-
-
 
 
 # -- functorch's vmap as Dynamo records it ---------------------------------------------------------
@@ -346,8 +368,9 @@ def add_batch_dim(x, batch_dim: int, level: int):
     """``x`` mapped over its dim ``batch_dim`` by the level numbered ``level``."""
     depth = _depth_of(level)
     if depth != len(_levels.get()):
-        raise ThunderNotImplementedError(f"torch.vmap: mapping a tensor over level {level}, which is not the innermost, "
-                                         f"at {user_location()}")
+        raise ThunderNotImplementedError(
+            f"torch.vmap: mapping a tensor over level {level}, which is not the innermost, at {user_location()}"
+        )
     if active_recorder() is not None:
         (x,), _ = lift_captured((x,), {})
     return _batch(x, batch_dim, depth - 1, _levels.get()[-1])
@@ -357,8 +380,9 @@ def remove_batch_dim(x, level: int, batch_size: int, out_dim: int):
     """``x`` seen from outside the level numbered ``level``, its level dim at ``out_dim``."""
     depth = _depth_of(level)
     if depth != len(_levels.get()):
-        raise ThunderNotImplementedError(f"torch.vmap: leaving level {level}, which is not the innermost, "
-                                         f"at {user_location()}")
+        raise ThunderNotImplementedError(
+            f"torch.vmap: leaving level {level}, which is not the innermost, at {user_location()}"
+        )
     return _exit(x, out_dim, batch_size, depth)
 
 
@@ -385,7 +409,11 @@ def _while_tracing(ours, functorchs):
 
 #: What ``torch._functorch.predispatch``'s vmap calls are while thunder_rs traces.
 PREDISPATCH = {
-    name: _while_tracing(ours, getattr(predispatch, name)) for name, ours in (
-        ("_vmap_increment_nesting", vmap_increment_nesting), ("_vmap_decrement_nesting", vmap_decrement_nesting),
-        ("_add_batch_dim", add_batch_dim), ("_remove_batch_dim", remove_batch_dim))
+    name: _while_tracing(ours, getattr(predispatch, name))
+    for name, ours in (
+        ("_vmap_increment_nesting", vmap_increment_nesting),
+        ("_vmap_decrement_nesting", vmap_decrement_nesting),
+        ("_add_batch_dim", add_batch_dim),
+        ("_remove_batch_dim", remove_batch_dim),
+    )
 }

@@ -15,8 +15,10 @@ from thunder_rs.core.acquisition.writeback import root_id
 from thunder_rs.errors import ThunderNotImplementedError
 
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
-_FREED = ("Trying to backward through the graph a second time (or directly access saved tensors after they have "
-          "already been freed). Specify retain_graph=True if you need to backward through the graph a second time.")
+_FREED = (
+    "Trying to backward through the graph a second time (or directly access saved tensors after they have "
+    "already been freed). Specify retain_graph=True if you need to backward through the graph a second time."
+)
 
 
 _saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
@@ -34,7 +36,8 @@ def _refuse_hooks_inside_a_trace(enter):
             raise ThunderNotImplementedError(
                 f"torch.autograd.graph.{type(self).__name__}: entered at {user_location()} inside a traced program; "
                 "thunder_rs applies saved-tensor hooks (save_on_cpu, offloading) to a whole compiled call: enter "
-                "them around the call")
+                "them around the call"
+            )
         return enter(self)
 
     checked.__thunder_rs_checked__ = True
@@ -77,7 +80,8 @@ def _check_versions(saved, versions) -> None:
                 "one of the variables needed for gradient computation has been modified by an inplace operation: "
                 f"[{r.type()} {list(r.shape)}] is at version {r._version}; expected version {then} instead (a tensor "
                 "a thunder_rs-compiled call saved for its backward). Hint: change the in-place operation to an "
-                "out-of-place one, or run it after the backward")
+                "out-of-place one, or run it after the backward"
+            )
 
 
 def _unshared(residuals, inputs, overwritten) -> list:
@@ -87,8 +91,17 @@ def _unshared(residuals, inputs, overwritten) -> list:
     return [r.clone() if isinstance(r, torch.Tensor) and root_id(r) in bases else r for r in residuals]
 
 
-def grad_function(forward, backward, grad_positions: list[int], single: bool, as_list: bool,
-                  non_differentiable: frozenset = frozenset(), overwritten: tuple[int, ...] = (), *, program):
+def grad_function(
+    forward,
+    backward,
+    grad_positions: list[int],
+    single: bool,
+    as_list: bool,
+    non_differentiable: frozenset = frozenset(),
+    overwritten: tuple[int, ...] = (),
+    *,
+    program,
+):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
     ``forward(*inputs)`` returns ``(outputs, residuals)``; ``backward(saved, *cotangents)`` takes
@@ -144,9 +157,11 @@ def grad_function(forward, backward, grad_positions: list[int], single: bool, as
     return _entry_call(CompiledFunction.apply, program, single, as_list, bool(overwritten))
 
 
-_HOOKED = ("backward: create_graph=True through a thunder_rs-compiled call made under saved_tensors_hooks (save_on_cpu, "
-           "activation checkpointing) is not supported: a differentiable backward computes the call again from its "
-           "inputs, which the call does not keep past such hooks; make the call outside them")
+_HOOKED = (
+    "backward: create_graph=True through a thunder_rs-compiled call made under saved_tensors_hooks (save_on_cpu, "
+    "activation checkpointing) is not supported: a differentiable backward computes the call again from its "
+    "inputs, which the call does not keep past such hooks; make the call outside them"
+)
 
 
 def _differentiated(ctx, program, grads) -> tuple:
@@ -166,7 +181,8 @@ _WRITES_UNDER_TRANSFORM = (
     "torch.func: a thunder_rs-compiled call that writes its inputs in place (BatchNorm's running statistics, a "
     "buffer the program updates) ran under a torch.func transform, which cannot write transformed values into them "
     "(eager refuses writes to the tensors a transformed function captures); put the module in eval mode, or stop "
-    "tracking running statistics (torch.func.replace_all_batch_norm_modules_)")
+    "tracking running statistics (torch.func.replace_all_batch_norm_modules_)"
+)
 
 
 def _entry_call(apply, program, single: bool, as_list: bool, writes: bool):

@@ -99,8 +99,9 @@ class DifferentiableProgram:
         out = self._function()(*inputs)
         flat = (out,) if self._single else tuple(out)
         if any(isinstance(o, torch.Tensor) and o.requires_grad and i not in self.outputs for i, o in enumerate(flat)):
-            flat = tuple(o.detach() if isinstance(o, torch.Tensor) and i not in self.outputs else o
-                         for i, o in enumerate(flat))
+            flat = tuple(
+                o.detach() if isinstance(o, torch.Tensor) and i not in self.outputs else o for i, o in enumerate(flat)
+            )
         return flat
 
     def keep(self, ctx, inputs: tuple) -> None:
@@ -118,14 +119,16 @@ class DifferentiableProgram:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace operation: an "
                 "input of a thunder_rs-compiled call, which a double backward (create_graph=True) computes the call "
-                "again from, was written in place after the call. Hint: run the in-place operation after the backward")
+                "again from, was written in place after the call. Hint: run the in-place operation after the backward"
+            )
         wanted = [i for i, needed in enumerate(ctx.needs_input_grad) if needed]
         for k, copy in (ctx.copies or {}).items():
             if k in wanted:
                 raise ThunderNotImplementedError(
                     "backward: create_graph=True through a thunder_rs-compiled call that writes in place into an input "
                     "that requires grad and reads it is not supported (its value before the call is not kept with its "
-                    "graph); write a new tensor instead")
+                    "graph); write a new tensor instead"
+                )
             inputs[k] = copy
         for k in self._unread_writes:
             inputs[k] = inputs[k].detach().clone()
@@ -133,12 +136,20 @@ class DifferentiableProgram:
             for i in wanted:  # one alias per argument: an input passed twice gets each use's gradient
                 inputs[i] = inputs[i].view_as(inputs[i])
             outs = self.flat(*inputs)
-        pairs = [(outs[i], cotangents[i]) for i in self.outputs
-                 if cotangents[i] is not None and isinstance(outs[i], torch.Tensor) and outs[i].requires_grad]
+        pairs = [
+            (outs[i], cotangents[i])
+            for i in self.outputs
+            if cotangents[i] is not None and isinstance(outs[i], torch.Tensor) and outs[i].requires_grad
+        ]
         grads: list = [None] * len(inputs)
         if pairs and wanted:
-            found = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted], [c for _, c in pairs],
-                                        create_graph=True, allow_unused=True)
+            found = torch.autograd.grad(
+                [o for o, _ in pairs],
+                [inputs[i] for i in wanted],
+                [c for _, c in pairs],
+                create_graph=True,
+                allow_unused=True,
+            )
             for i, g in zip(wanted, found):
                 grads[i] = g
         return tuple(grads)

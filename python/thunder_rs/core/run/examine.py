@@ -43,13 +43,17 @@ class ExamineReport:
         grouped: dict = {}
         for p in self.problems:
             grouped.setdefault((p.kind, p.what), []).append(p)
-        return [(kind, what, len(ps), ", ".join(dict.fromkeys(p.where for p in ps))) for (kind, what), ps in grouped.items()]
+        return [
+            (kind, what, len(ps), ", ".join(dict.fromkeys(p.where for p in ps))) for (kind, what), ps in grouped.items()
+        ]
 
     def __str__(self) -> str:
         blocking = [p for p in self.problems if p.kind != P.FALLBACK]
-        head = (f"thunder_rs.examine: {sum(self.supported.values())} supported calls, "
-                f"{sum(self.fallbacks.values())} eager fallbacks, {len(blocking)} problems"
-                + ("" if self.completed else " (tracing stopped at an error)"))
+        head = (
+            f"thunder_rs.examine: {sum(self.supported.values())} supported calls, "
+            f"{sum(self.fallbacks.values())} eager fallbacks, {len(blocking)} problems"
+            + ("" if self.completed else " (tracing stopped at an error)")
+        )
         rows = [("kind", "op / construct", "count", "where")] + [(k, w, str(n), at) for k, w, n, at in self.rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = [head]
@@ -61,7 +65,9 @@ class ExamineReport:
         if details:
             lines += ["details:", *dict.fromkeys(details)]
         if self.supported:
-            lines.append("supported: " + ", ".join(f"{n} x{c}" for n, c in sorted(self.supported.items(), key=lambda kv: -kv[1])))
+            lines.append(
+                "supported: " + ", ".join(f"{n} x{c}" for n, c in sorted(self.supported.items(), key=lambda kv: -kv[1]))
+            )
         return "\n".join(lines)
 
 

@@ -31,4 +31,3 @@ def reset() -> None:
         with jfn._lock:
             jfn._clear("thunder_rs.reset() cleared the cache")
             jfn._last_entry = None
-

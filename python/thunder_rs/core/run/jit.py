@@ -19,8 +19,15 @@ from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.autograd import grad_function
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
 from thunder_rs.core.run.differentiable import DifferentiableProgram, program_generators
-from thunder_rs.core.acquisition.cache import (describe_change, fast_key_fn, global_key, has_dead, input_names, leaf_key,
-                                  stored_key)
+from thunder_rs.core.acquisition.cache import (
+    describe_change,
+    fast_key_fn,
+    global_key,
+    has_dead,
+    input_names,
+    leaf_key,
+    stored_key,
+)
 from thunder_rs.core.run.entry import Entry, make_check, make_post
 from thunder_rs.core.run.front import live_functions
 from thunder_rs.core.state.fsdp import FSDPCall
@@ -33,13 +40,24 @@ from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_ep
 from thunder_rs.core.base.proxies import make_proxy
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.lang.rng import check_generators
-from thunder_rs.core.run.wrapped_module import (WRAPPED, calling_through, named_modules_as_wrapped,
-                                            named_tensors_as_wrapped, present_names_as_wrapped,
-                                            present_state_dict_as_wrapped)
+from thunder_rs.core.run.wrapped_module import (
+    WRAPPED,
+    calling_through,
+    named_modules_as_wrapped,
+    named_tensors_as_wrapped,
+    present_names_as_wrapped,
+    present_state_dict_as_wrapped,
+)
 from thunder_rs.core.acquisition.writeback import with_writebacks
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
-from thunder_rs.core.lang.executor_api import (Region, default_executors, differentiable_executors, executor_table,
-                                         resolve_executors, whole_runners)
+from thunder_rs.core.lang.executor_api import (
+    Region,
+    default_executors,
+    differentiable_executors,
+    executor_table,
+    resolve_executors,
+    whole_runners,
+)
 
 MISS_WARNING_THRESHOLD = 8
 #: How many variants one call may hand over to after its values diverged (``_other_path``).
@@ -104,16 +122,31 @@ def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
         exec(compile(source, f"{filename} {name}", "exec"), scope)
         executor = executors[index]
         calls = decomposed[i] if decomposed is not None and executor.fuses_decompositions else ((), (), (), {})
-        region = Region(name, key, source, scope[name], tuple(symbol_names), num_inputs, num_outputs,
-                        tuple(calls[0]), tuple(calls[1]), tuple(calls[2]), calls[3])
+        region = Region(
+            name,
+            key,
+            source,
+            scope[name],
+            tuple(symbol_names),
+            num_inputs,
+            num_outputs,
+            tuple(calls[0]),
+            tuple(calls[1]),
+            tuple(calls[2]),
+            calls[3],
+        )
         try:
             fused[name] = executor.fuse(region)
         except Exception as e:
-            raise ThunderRuntimeError(f"{executor.name} executor: fuse failed on region {name} "
-                                      f"({', '.join(symbol_names)}): {type(e).__name__}: {e}") from e
+            raise ThunderRuntimeError(
+                f"{executor.name} executor: fuse failed on region {name} "
+                f"({', '.join(symbol_names)}): {type(e).__name__}: {e}"
+            ) from e
         if not callable(fused[name]):
-            raise ThunderTypeError(f"{executor.name} executor: fuse returned {type(fused[name]).__name__} for region "
-                                   f"{name}, expected a callable")
+            raise ThunderTypeError(
+                f"{executor.name} executor: fuse returned {type(fused[name]).__name__} for region "
+                f"{name}, expected a callable"
+            )
     return fused
 
 
@@ -154,9 +187,15 @@ def _differentiable_program(acquired, filename: str, grad_positions: list, forwa
 
     outputs = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
     generators = program_generators(consts) if trace.has_effects() else None
-    return DifferentiableProgram(compile_program, wb is None and acquired.out_kind == "single", outputs,
-                                 trace.inputs_read(outputs), forward_trace.inputs_returned([1]),
-                                 wb.targets if wb is not None else (), generators)
+    return DifferentiableProgram(
+        compile_program,
+        wb is None and acquired.out_kind == "single",
+        outputs,
+        trace.inputs_read(outputs),
+        forward_trace.inputs_returned([1]),
+        wb.targets if wb is not None else (),
+        generators,
+    )
 
 
 def _with_captured(fn, captured: tuple):
@@ -173,8 +212,9 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     start = time.perf_counter()
     executors = default_executors() if executors is None else executors
     table, impls = executor_table(executors)
-    traces, backward_traces, grad_positions = _core.compile(acquired.trace, table, _checker(executors), make_proxy,
-                                                            acquired.consts, list(passes))
+    traces, backward_traces, grad_positions = _core.compile(
+        acquired.trace, table, _checker(executors), make_proxy, acquired.consts, list(passes)
+    )
     log_dumps(name, traces, backward_traces)
     passes_at = time.perf_counter()
     namespace = {"torch": torch, **impls}
@@ -193,11 +233,18 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
         _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace, backward_regions)
         program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
         if wb is None:
-            computation = grad_function(computation, backward, grad_positions, acquired.out_kind == "single",
-                                        acquired.out_kind == "list", program=program)
+            computation = grad_function(
+                computation,
+                backward,
+                grad_positions,
+                acquired.out_kind == "single",
+                acquired.out_kind == "list",
+                program=program,
+            )
         else:
-            computation = grad_function(computation, backward, grad_positions, False, False, wb.non_differentiable,
-                                        wb.targets, program=program)
+            computation = grad_function(
+                computation, backward, grad_positions, False, False, wb.non_differentiable, wb.targets, program=program
+            )
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
         computation = with_writebacks(computation, wb)
@@ -265,8 +312,9 @@ class ThunderFunction:
             out = entry.fn(*args) if module is None else entry.fn(*args, *params)
         except Diverged as d:
             run = (lambda e: e.fn(*args)) if module is None else (lambda e: e.fn(*args, *self._module_tensors()))
-            entry, out = self._other_path(d, entry, key, args, lambda: tree_flatten((args, {}))[1], run,
-                                          lambda: self._fn(*args))
+            entry, out = self._other_path(
+                d, entry, key, args, lambda: tree_flatten((args, {}))[1], run, lambda: self._fn(*args)
+            )
             if entry is None:
                 return out
         except Exception as e:
@@ -306,8 +354,9 @@ class ThunderFunction:
             if torch_spec is None:  # nothing of the call is visible yet: flattened anew, it runs again
                 return self._call_general(args, kwargs)
             run = lambda e: e.fn(*self._inputs(e, flat))  # noqa: E731
-            entry, out = self._other_path(d, entry, key, flat, lambda: torch_spec, run,
-                                          lambda: self._fn(*args, **kwargs))
+            entry, out = self._other_path(
+                d, entry, key, flat, lambda: torch_spec, run, lambda: self._fn(*args, **kwargs)
+            )
             if entry is None:
                 return out
         except Exception as e:
@@ -346,7 +395,8 @@ class ThunderFunction:
                 raise runtime_error(e, entry.filename, entry.source) from e
         raise ThunderRuntimeError(
             f"thunder_rs.jit: {_name(self._fn)}: the values the program reads differ from one compiled variant to the "
-            f"next within one call ({diverged}); the variants compute them differently")
+            f"next within one call ({diverged}); the variants compute them differently"
+        )
 
     def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec) -> Entry | None:
         """The variant of ``key`` whose reads agree with ``entry``'s up to the one that diverged
@@ -354,7 +404,7 @@ class ThunderFunction:
         values given (the program makes them again, on the same values); None where the tree
         holds ``VALUE_VARIANT_LIMIT`` variants already."""
         read = diverged.read
-        path = entry.decisions[:read.index] + (decision(diverged.value),)
+        path = entry.decisions[: read.index] + (decision(diverged.value),)
         with self._lock:
             found = entry.tree.get(path) if entry.tree is not None else None
             if found is not None and (found.check is None or found.check(flat)):
@@ -364,7 +414,7 @@ class ThunderFunction:
                 return found
             if entry.tree is not None and len(entry.tree) >= VALUE_VARIANT_LIMIT:
                 return None
-            forced = (*entry.reads[:read.index], dataclasses.replace(read, value=diverged.value))
+            forced = (*entry.reads[: read.index], dataclasses.replace(read, value=diverged.value))
             return self._compile(flat, spec(), key, str(diverged), forced)
 
     def _run_eagerly(self, diverged: Diverged, eager):
@@ -375,7 +425,8 @@ class ThunderFunction:
             _warn_at_user_frame(
                 f"thunder_rs: {_name(self._fn)} compiled {VALUE_VARIANT_LIMIT} variants for the values it reads and "
                 f"now runs calls with other values eagerly ({diverged}). A value that changes on every call is better "
-                "kept as a tensor (x / x.max() rather than x / x.max().item())")
+                "kept as a tensor (x / x.max() rather than x / x.max().item())"
+            )
         return eager()
 
     def _module_tensors(self) -> list:
@@ -394,7 +445,9 @@ class ThunderFunction:
             epoch = write_epoch[0]
             if self._binding is None or not self._binding.same_structure():
                 if self._binding is not None:
-                    self._clear("the module's structure (submodules, parameters, buffers or a forward set on one) changed")
+                    self._clear(
+                        "the module's structure (submodules, parameters, buffers or a forward set on one) changed"
+                    )
                 self._binding = ModuleBinding(self._module)
             self._epoch = epoch
 
@@ -418,16 +471,18 @@ class ThunderFunction:
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
         reads = ValueReads(_snapshot_runner(executors), forced)
-        acquired = acquire(self._fn, flat, spec, self._binding if self._module is not None else None,
-                           whole_runners(executors), reads)
+        acquired = acquire(
+            self._fn, flat, spec, self._binding if self._module is not None else None, whole_runners(executors), reads
+        )
         modes.check_restored()
         check_generators(acquired.consts)
         acquired_at = time.perf_counter()
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
         params = self._binding.qualified if self._module is not None and self._binding is not None else ()
         names = (input_names(self._fn, flat, spec), params)
-        computation, source, filename, traces, backward_traces, stages = _generated(acquired, name, modes, self._passes,
-                                                                                   executors, names)
+        computation, source, filename, traces, backward_traces, stages = _generated(
+            acquired, name, modes, self._passes, executors, names
+        )
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
         if acquired.reads:
@@ -441,7 +496,9 @@ class ThunderFunction:
         entry.tail = acquired.tail
         entry.check = make_check(entry, entry.guards)
         entry.post = make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
-        self._record_miss(key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason)
+        self._record_miss(
+            key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
+        )
         self._insert(key, entry)
         return entry
 
@@ -538,7 +595,9 @@ def _warn_at_user_frame(message: str) -> None:
     if frame is None:
         warnings.warn(message, stacklevel=4)
     else:
-        warnings.warn_explicit(message, UserWarning, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__"))
+        warnings.warn_explicit(
+            message, UserWarning, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__")
+        )
 
 
 _WRAPPER_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")

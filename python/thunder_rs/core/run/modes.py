@@ -76,7 +76,8 @@ class RecordedModes:
             f"thunder_rs.jit: the traced program changed grad mode or autocast (grad mode, autocast: "
             f"{(self.grad_enabled, self.autocast)} -> {now}) without restoring them; a compiled program is traced "
             "once, so later calls would not change them as eager's calls do. Use torch.no_grad(), "
-            "torch.set_grad_enabled(...) or torch.autocast(...) as context managers or decorators")
+            "torch.set_grad_enabled(...) or torch.autocast(...) as context managers or decorators"
+        )
 
     def call(self, fn, differentiable: bool, acquired_trace):
         """The compiled call, ``fn`` being the autograd function's apply when ``differentiable``."""

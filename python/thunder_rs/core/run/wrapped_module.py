@@ -27,12 +27,12 @@ def _strip(state_dict: dict, prefix: str) -> None:
     """Renames ``{prefix}_model.{key}`` to ``{prefix}{key}`` in place, keeping the order."""
     inner = f"{prefix}{WRAPPED}."
     entries = [(k, state_dict.pop(k)) for k in list(state_dict) if k.startswith(inner)]
-    state_dict.update((prefix + k[len(inner):], v) for k, v in entries)
+    state_dict.update((prefix + k[len(inner) :], v) for k, v in entries)
     metadata = getattr(state_dict, "_metadata", None)
     if metadata is not None:
         inner_module = inner[:-1]
         for k in [k for k in metadata if k == inner_module or k.startswith(inner)]:
-            metadata[prefix + k[len(inner):] if k != inner_module else prefix[:-1]] = metadata.pop(k)
+            metadata[prefix + k[len(inner) :] if k != inner_module else prefix[:-1]] = metadata.pop(k)
 
 
 def _save_hook(module, state_dict, prefix, local_metadata) -> None:
@@ -44,12 +44,12 @@ def _add_prefix(state_dict: dict, prefix: str) -> None:
     inner = f"{prefix}{WRAPPED}."
     keys = [k for k in list(state_dict) if k.startswith(prefix) and not k.startswith(inner)]
     for k in keys:
-        state_dict[inner + k[len(prefix):]] = state_dict.pop(k)
+        state_dict[inner + k[len(prefix) :]] = state_dict.pop(k)
     metadata = getattr(state_dict, "_metadata", None)
     if metadata is not None:
         own = prefix[:-1]
         for k in [k for k in metadata if (k == own or k.startswith(prefix)) and not k.startswith(inner)]:
-            metadata[inner + k[len(prefix):] if k != own else inner[:-1]] = metadata.pop(k)
+            metadata[inner + k[len(prefix) :] if k != own else inner[:-1]] = metadata.pop(k)
 
 
 def _load_hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs) -> None:
@@ -157,8 +157,7 @@ def named_modules_as_wrapped(wrapper: torch.nn.Module, memo, prefix: str, remove
             yield from sub.named_modules(memo, sub_prefix, remove_duplicate)
 
 
-def named_tensors_as_wrapped(wrapper: torch.nn.Module, method: str, prefix: str, recurse: bool,
-                             remove_duplicate: bool):
+def named_tensors_as_wrapped(wrapper: torch.nn.Module, method: str, prefix: str, recurse: bool, remove_duplicate: bool):
     """``wrapper.named_parameters(...)`` or ``named_buffers`` (``method``) under the names eager
     gives them: with ``recurse=False`` the wrapped module's own, as the wrapper's."""
     named = getattr(torch.nn.Module, method)(wrapper, prefix, recurse, remove_duplicate)

@@ -65,18 +65,21 @@ class FSDPCall:
         if states[0][0] is not module:
             raise ThunderNotImplementedError(
                 f"jit: {type(module).__name__} has fully_shard (FSDP2) submodules but is not sharded itself; "
-                f"{_WORKAROUND}")
+                f"{_WORKAROUND}"
+            )
         for mod, state in states:
             if len(state._modules) > 1:
                 raise ThunderNotImplementedError(
                     f"jit: fully_shard of a group of modules ({type(mod).__name__} and {len(state._modules) - 1} more) "
-                    f"is not supported under thunder_rs.jit; {_WORKAROUND}")
+                    f"is not supported under thunder_rs.jit; {_WORKAROUND}"
+                )
             policy = state._mp_policy
             if mod is not module and (policy.param_dtype is not None or policy.output_dtype is not None):
                 raise ThunderNotImplementedError(
                     f"jit: fully_shard of {type(mod).__name__} inside the jitted module has a MixedPrecisionPolicy "
                     "casting inputs or outputs, which thunder_rs would not apply inside the compiled program; "
-                    "give the policy to the outermost fully_shard only")
+                    "give the policy to the outermost fully_shard only"
+                )
         return cls(module, states)
 
     def __call__(self, jfn, args: tuple, kwargs: dict):
@@ -102,7 +105,8 @@ def refuse_dtensors(names, tensors) -> None:
             raise ThunderNotImplementedError(
                 f"jit: parameter or buffer {name} is a DTensor; thunder_rs traces plain tensors only. For FSDP2, "
                 "apply fully_shard before thunder_rs.jit(model): its hooks then gather the parameters around the "
-                f"compiled call ({_WORKAROUND})")
+                f"compiled call ({_WORKAROUND})"
+            )
 
 
 def _rebind_unsharded(jfn) -> None:

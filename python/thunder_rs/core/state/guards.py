@@ -22,7 +22,9 @@ import torch
 #: Stands for "no such attribute" in guard checks.
 MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
 
-_SIMPLE_TYPES = frozenset({bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, type(None), type(Ellipsis)})
+_SIMPLE_TYPES = frozenset(
+    {bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, type(None), type(Ellipsis)}
+)
 _IDENTITY_TYPES = (bool, type(None), type(Ellipsis), enum.Enum, torch.dtype)
 
 
@@ -376,8 +378,10 @@ class Guard:
         if self.items is not None and now is self.expected:
             return f"the contents of {self.source.describe(self.name)} changed (read at {self.origin})"
         expected = _thawed(self.frozen) if self.frozen is not None else self.expected
-        return (f"{self.source.describe(self.name)} changed from {_short(expected)} "
-                f"to {_short(now)} (read at {self.origin})")
+        return (
+            f"{self.source.describe(self.name)} changed from {_short(expected)} "
+            f"to {_short(now)} (read at {self.origin})"
+        )
 
     def term(self, index: int, scope: dict) -> str:
         """A Python expression that is True while the guard holds."""
@@ -390,7 +394,9 @@ class Guard:
             scope[f"i{index}"] = self.items
             return f"((v := {read}) is e{index} and _same_items(v, i{index}))"
         t = type(expected)
-        if t in (int, str, bytes) or (t is float and isinstance(expected, float) and math.isfinite(expected) and expected != 0.0):
+        if t in (int, str, bytes) or (
+            t is float and isinstance(expected, float) and math.isfinite(expected) and expected != 0.0
+        ):
             return f"(type(v := {read}) is {t.__name__} and v == {expected!r})"
         scope[f"e{index}"] = self.frozen
         return f"(_simple(v := {read}) and _freeze(v) == e{index})"
@@ -480,8 +486,10 @@ class TensorGuard:
             now = _read_meta(self.source.mapping(flat).get(self.name, MISSING))
         except (KeyError, AttributeError, IndexError, TypeError):
             now = MISSING
-        return (f"{self.source.describe(self.name)} changed from {_tensor_text(self.expected)} to "
-                f"{_tensor_text(now)} (read at {self.origin})")
+        return (
+            f"{self.source.describe(self.name)} changed from {_tensor_text(self.expected)} to "
+            f"{_tensor_text(now)} (read at {self.origin})"
+        )
 
     def term(self, index: int, scope: dict) -> str:
         scope[f"e{index}"] = self.expected
@@ -552,7 +560,9 @@ class StructureGuard:
         return module_structure(self.module) == self.expected
 
     def describe(self, flat) -> str:
-        return f"the submodules, parameters or buffers of a {type(self.module).__name__} changed (called at {self.origin})"
+        return (
+            f"the submodules, parameters or buffers of a {type(self.module).__name__} changed (called at {self.origin})"
+        )
 
     def term(self, index: int, scope: dict) -> str:
         scope[f"m{index}"], scope[f"e{index}"] = self.module, self.expected
@@ -618,8 +628,10 @@ class DefaultsGuard:
 
     def describe(self, flat) -> str:
         fn, found = self._changed()
-        return (f"the default arguments of {getattr(fn, '__qualname__', fn)} changed from {_short(found)} "
-                f"to {_short(_defaults_of(fn))}")
+        return (
+            f"the default arguments of {getattr(fn, '__qualname__', fn)} changed from {_short(found)} "
+            f"to {_short(_defaults_of(fn))}"
+        )
 
     def term(self, index: int, scope: dict) -> str:
         terms = []
@@ -658,12 +670,21 @@ def compile_check(guards: list[Guard]):
     """One function ``check(flat) -> bool`` over ``guards``, or None when there are none."""
     if not guards:
         return None
-    scope = {"MISSING": MISSING, "_freeze": freeze, "_simple": is_simple, "_structure": module_structure,
-             "_same_attributes": _same_attributes, "_same_items": _same_items, "_attributes": attributes_of,
-             "_read_meta": _read_meta}
+    scope = {
+        "MISSING": MISSING,
+        "_freeze": freeze,
+        "_simple": is_simple,
+        "_structure": module_structure,
+        "_same_attributes": _same_attributes,
+        "_same_items": _same_items,
+        "_attributes": attributes_of,
+        "_read_meta": _read_meta,
+    }
     terms = "\n        and ".join(g.term(i, scope) for i, g in enumerate(guards))
-    source = (f"def check(flat):\n  try:\n    return ({terms})\n"
-              "  except (KeyError, AttributeError, IndexError, TypeError):\n    return False\n")
+    source = (
+        f"def check(flat):\n  try:\n    return ({terms})\n"
+        "  except (KeyError, AttributeError, IndexError, TypeError):\n    return False\n"
+    )
     exec(compile(source, "<thunder_rs guards>", "exec"), scope)
     return scope["check"]
 

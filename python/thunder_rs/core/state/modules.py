@@ -50,11 +50,26 @@ def _count_module_writes() -> None:
 _count_module_writes()
 
 #: Hook stores of a module whose contents change what a call does.
-_HOOK_STORES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOK_STORES = tuple(getattr(_nn_module, f"_global{name}") for name in
-                            ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                             "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+_HOOK_STORES = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+_GLOBAL_HOOK_STORES = tuple(
+    getattr(_nn_module, f"_global{name}")
+    for name in (
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+    )
+)
 
 
 def _hook_stores(modules) -> list:
@@ -113,13 +128,25 @@ class ModuleBinding:
         (tied weights): a slot given another tensor is read on the next call, but a change of
         tying changes the trace inputs."""
         first: dict = {}
-        tying = tuple(first.setdefault(id(v), len(first)) for m in self.modules for store in (m._parameters, m._buffers)
-                      for v in store.values() if v is not None)
+        tying = tuple(
+            first.setdefault(id(v), len(first))
+            for m in self.modules
+            for store in (m._parameters, m._buffers)
+            for v in store.values()
+            if v is not None
+        )
         # A forward set on an instance (``module.forward = patched``, as Accelerate's hooks do)
         # changes what a call runs.
-        return tying, tuple((id(m), tuple(m._parameters), tuple(m._buffers),
-                             tuple((n, id(v)) for n, v in m._modules.items()), id(m.__dict__.get("forward")))
-                            for m in self.modules)
+        return tying, tuple(
+            (
+                id(m),
+                tuple(m._parameters),
+                tuple(m._buffers),
+                tuple((n, id(v)) for n, v in m._modules.items()),
+                id(m.__dict__.get("forward")),
+            )
+            for m in self.modules
+        )
 
     def same_structure(self) -> bool:
         """Whether the tree still has these modules, parameters and buffers (slow path)."""
@@ -143,7 +170,9 @@ class ModuleBinding:
             clones[id(mod)] = copy
         for mod in self.modules:
             subs = mod._modules
-            clones[id(mod)].__dict__["_modules"] = type(subs)((n, clones[id(s)] if s is not None else None) for n, s in subs.items())
+            clones[id(mod)].__dict__["_modules"] = type(subs)(
+                (n, clones[id(s)] if s is not None else None) for n, s in subs.items()
+            )
         return clones[id(self.root)], [(clones[id(m)], m) for m in self.modules]
 
 
@@ -205,9 +234,11 @@ def _check_structure(clone, original, originals) -> None:
             raise ThunderNotImplementedError(
                 f"thunder_rs.jit: {type(original).__name__}.forward registers or removes {what} ({sorted(added)[0]!r}); "
                 "a traced forward cannot change the module structure. Create them in __init__, or run one eager "
-                "call first (lazy initialisation)")
+                "call first (lazy initialisation)"
+            )
     subs = clone.__dict__["_modules"]
     if [(n, originals.get(id(s), s)) for n, s in subs.items()] != list(original._modules.items()):
         raise ThunderNotImplementedError(
             f"thunder_rs.jit: {type(original).__name__}.forward adds, removes or replaces submodules; "
-            "a traced forward cannot change the module structure")
+            "a traced forward cannot change the module structure"
+        )

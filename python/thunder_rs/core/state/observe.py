@@ -30,9 +30,22 @@ import warnings
 import torch
 
 from thunder_rs import _core
-from thunder_rs.core.state.guards import (MISSING, CellSource, ClassSource, DefaultsGuard, GlobalsSource, Guard, InputSource,
-                                    ItemSource, ModuleSource, ModuleStoreSource, ObjectSource, StructureGuard,
-                                    attributes_of, is_simple)
+from thunder_rs.core.state.guards import (
+    MISSING,
+    CellSource,
+    ClassSource,
+    DefaultsGuard,
+    GlobalsSource,
+    Guard,
+    InputSource,
+    ItemSource,
+    ModuleSource,
+    ModuleStoreSource,
+    ObjectSource,
+    StructureGuard,
+    attributes_of,
+    is_simple,
+)
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import PACKAGE_DIR
@@ -61,13 +74,21 @@ _MODULE_GETATTR = torch.nn.Module.__getattr__
 #: A module's forward hook stores: the hooks a call of it runs.
 _FORWARD_HOOK_STORES = ("_forward_pre_hooks", "_forward_hooks")
 #: Code and types: guarded by identity, never followed as state objects.
-_CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-               types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)
+_CODE_TYPES = (
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    type,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.ModuleType,
+)
 _LOAD_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 #: Methods that change a generator's state: inside a traced program they would run only once.
 _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
-_LOAD_ROOT = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLASSDEREF",
-                        "LOAD_GLOBAL", "LOAD_NAME"})
+_LOAD_ROOT = frozenset(
+    {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_GLOBAL", "LOAD_NAME"}
+)
 _LOAD_LOCAL = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
 _LOAD_TWO = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
 #: Stack copies that keep a chain going (``self.steps += 1`` copies ``self`` before reading ``steps``).
@@ -161,8 +182,14 @@ def _chains(code) -> set:
             continue
         # A subscript right on a local (``kwargs["x"]``) is not followed: a local is state only
         # through attribute reads, and reading locals has a cost (``frame.f_locals``).
-        if (op in _CONST_LOADS and root is not None and (attrs or root[0] not in _LOAD_LOCAL)
-                and type(ins.argval) in (str, int) and not by_name and _is_subscript(after)):
+        if (
+            op in _CONST_LOADS
+            and root is not None
+            and (attrs or root[0] not in _LOAD_LOCAL)
+            and type(ins.argval) in (str, int)
+            and not by_name
+            and _is_subscript(after)
+        ):
             attrs.append(_Item(ins.argval))
             subscripted = True
             continue
@@ -286,10 +313,16 @@ class Observer:
         own (the jitted module's own structure is guarded by its binding). None of them is on a
         module the program made while traced."""
         self.state.guard_whole_objects(self._guards)
-        structure = [StructureGuard(m, type(m).__name__) for i, m in self.modules_called.items()
-                     if i not in self._owned and not self._traced_module(m)]
-        kept = [g for g in self._guards.values()
-                if not (isinstance(getattr(g.source, "obj", None), torch.nn.Module) and self._traced_module(g.source.obj))]
+        structure = [
+            StructureGuard(m, type(m).__name__)
+            for i, m in self.modules_called.items()
+            if i not in self._owned and not self._traced_module(m)
+        ]
+        kept = [
+            g
+            for g in self._guards.values()
+            if not (isinstance(getattr(g.source, "obj", None), torch.nn.Module) and self._traced_module(g.source.obj))
+        ]
         defaults = [DefaultsGuard(list(self._defaults.values()))] if self._defaults else []
         return kept + structure + defaults
 
@@ -303,8 +336,11 @@ class Observer:
     def reached_from_outside(self, obj) -> bool:
         """Whether the program reached ``obj`` from outside (an argument, a global, a closure cell,
         an attribute of its state) rather than making it while it ran."""
-        return (id(obj) in self._input_ids or obj in self.state
-                or any(getattr(g, "expected", None) is obj for g in self._guards.values()))
+        return (
+            id(obj) in self._input_ids
+            or obj in self.state
+            or any(getattr(g, "expected", None) is obj for g in self._guards.values())
+        )
 
     def _add_function(self, fn) -> None:
         fn = getattr(fn, "__func__", fn)
@@ -320,7 +356,11 @@ class Observer:
     def _add_defaults(self, fn) -> None:
         """Watches the default arguments of ``fn``: setting ``fn.__defaults__`` or
         ``__kwdefaults__`` between calls changes what the program computes."""
-        if isinstance(fn, types.FunctionType) and (fn.__defaults__ or fn.__kwdefaults__) and id(fn) not in self._defaults:
+        if (
+            isinstance(fn, types.FunctionType)
+            and (fn.__defaults__ or fn.__kwdefaults__)
+            and id(fn) not in self._defaults
+        ):
             self._defaults[id(fn)] = DefaultsGuard.entry(fn)
 
     def _add_hooks(self, module) -> None:
@@ -346,8 +386,9 @@ class Observer:
         if id(module) in self._made:
             return True
         d = module.__dict__
-        return (any(isinstance(v, TensorProxy) for store in ("_parameters", "_buffers") for v in d.get(store, {}).values())
-                or any(id(m) in self._originals for m in d.get("_modules", {}).values()))
+        return any(
+            isinstance(v, TensorProxy) for store in ("_parameters", "_buffers") for v in d.get(store, {}).values()
+        ) or any(id(m) in self._originals for m in d.get("_modules", {}).values())
 
     def _attr_source(self, obj):
         """Where a guard on an attribute of ``obj`` applies, or None when ``obj`` is not state."""
@@ -372,7 +413,8 @@ class Observer:
                 raise ThunderNotImplementedError(
                     f"torch.Generator.{attr}: the traced program at {origin} changes the state of a generator it "
                     "does not create; that would run once, while tracing. Seed it outside the jitted call, or use "
-                    "torch.manual_seed inside (which every call repeats)")
+                    "torch.manual_seed inside (which every call repeats)"
+                )
             return MISSING
         if isinstance(obj, (type, types.ModuleType)):
             return self._module_global(obj, attr, origin)
@@ -450,10 +492,16 @@ class Observer:
             value = mapping.get(store, {}).get(attr, MISSING)
             if value is MISSING:
                 continue
-            if id(module) not in self._originals and not isinstance(value, TensorProxy) and not self._traced_module(module):
+            if (
+                id(module) not in self._originals
+                and not isinstance(value, TensorProxy)
+                and not self._traced_module(module)
+            ):
                 key = ((id(module), store), attr)  # ModuleStoreSource.key, as ``_keep`` keys guards
                 if key not in self._guards:
-                    self._guards[key] = Guard(ModuleStoreSource(module, store, type(module).__name__), attr, value, origin)
+                    self._guards[key] = Guard(
+                        ModuleStoreSource(module, store, type(module).__name__), attr, value, origin
+                    )
             return value if isinstance(value, torch.nn.Module) else MISSING
         return MISSING
 
@@ -646,9 +694,12 @@ _warned: list = []
 def _warn_profiler_once() -> None:
     if not _warned:
         _warned.append(True)
-        warnings.warn("thunder_rs.jit: a profiler holds this thread's profile hook (sys.setprofile), so only the "
-                      "reads of the jitted function and of module forwards are guarded, not those of functions they "
-                      "call; compile before profiling for full guards", stacklevel=5)
+        warnings.warn(
+            "thunder_rs.jit: a profiler holds this thread's profile hook (sys.setprofile), so only the "
+            "reads of the jitted function and of module forwards are guarded, not those of functions they "
+            "call; compile before profiling for full guards",
+            stacklevel=5,
+        )
 
 
 def _bound_objects(fn) -> list:
@@ -666,8 +717,13 @@ def _bound_objects(fn) -> list:
         found.append(fn)  # a callable object: its __call__ reads ``self``
     fn = getattr(fn, "__func__", fn)
     found += [*(getattr(fn, "__defaults__", None) or ()), *(getattr(fn, "__kwdefaults__", None) or {}).values()]
-    return [o for o in found if attributes_of(o) is not None and not is_simple(o)
-            and not isinstance(o, (torch.Tensor, torch.nn.Module, *_CODE_TYPES))]
+    return [
+        o
+        for o in found
+        if attributes_of(o) is not None
+        and not is_simple(o)
+        and not isinstance(o, (torch.Tensor, torch.nn.Module, *_CODE_TYPES))
+    ]
 
 
 def _child_source(source, name: str, value):

@@ -53,10 +53,23 @@ _PYTHON_SCALARS = {
     "random": _unit,
     "uniform": _closed,
     "randint": _closed,
-    "getrandbits": lambda k: (0, 2 ** k - 1, True),
-    **{name: _unbounded for name in (
-        "gauss", "normalvariate", "lognormvariate", "expovariate", "vonmisesvariate", "gammavariate",
-        "betavariate", "paretovariate", "weibullvariate", "triangular", "randrange")},
+    "getrandbits": lambda k: (0, 2**k - 1, True),
+    **{
+        name: _unbounded
+        for name in (
+            "gauss",
+            "normalvariate",
+            "lognormvariate",
+            "expovariate",
+            "vonmisesvariate",
+            "gammavariate",
+            "betavariate",
+            "paretovariate",
+            "weibullvariate",
+            "triangular",
+            "randrange",
+        )
+    },
 }
 
 
@@ -82,7 +95,8 @@ def _use_error(number, use: str):
         f"{number._site}: the number it drew at {number._where} is used ({use}) at {user_location()} while the "
         "program is traced. A compiled call draws it again but cannot rerun Python that depends on its value; "
         "draw with torch (torch.rand, torch.randint), which thunder_rs records, or keep the number out of the "
-        "jitted program")
+        "jitted program"
+    )
 
 
 def _refuse(use: str):
@@ -102,8 +116,12 @@ def _decided(span, op: str, other):
     above = low > other  # every x > other
     at_least = low >= other  # every x >= other
     table = {
-        "lt": (below, at_least), "le": (at_most, above), "gt": (above, at_most), "ge": (at_least, below),
-        "eq": (False, below or above), "ne": (below or above, False),
+        "lt": (below, at_least),
+        "le": (at_most, above),
+        "gt": (above, at_most),
+        "ge": (at_least, below),
+        "eq": (False, below or above),
+        "ne": (below or above, False),
     }
     always, never = table[op]
     return True if always else False if never else None
@@ -120,20 +138,55 @@ def _compare(op: str):
 
 
 _USES = {
-    "__bool__": "as a truth value", "__hash__": "as a key", "__index__": "as an index", "__int__": "as an int",
-    "__float__": "as a float", "__complex__": "as a complex", "__str__": "as text", "__repr__": "as text",
-    "__format__": "as text", "__round__": "rounded", "__trunc__": "truncated", "__floor__": "floored",
-    "__ceil__": "rounded up", "__neg__": "in arithmetic", "__pos__": "in arithmetic", "__abs__": "in arithmetic",
-    "__invert__": "in arithmetic", "__getnewargs__": "copied", "__reduce__": "copied", "__reduce_ex__": "copied",
-    "as_integer_ratio": "as a ratio", "is_integer": "as a number", "hex": "as text", "conjugate": "as a number",
-    "bit_length": "as a number", "to_bytes": "as bytes",
+    "__bool__": "as a truth value",
+    "__hash__": "as a key",
+    "__index__": "as an index",
+    "__int__": "as an int",
+    "__float__": "as a float",
+    "__complex__": "as a complex",
+    "__str__": "as text",
+    "__repr__": "as text",
+    "__format__": "as text",
+    "__round__": "rounded",
+    "__trunc__": "truncated",
+    "__floor__": "floored",
+    "__ceil__": "rounded up",
+    "__neg__": "in arithmetic",
+    "__pos__": "in arithmetic",
+    "__abs__": "in arithmetic",
+    "__invert__": "in arithmetic",
+    "__getnewargs__": "copied",
+    "__reduce__": "copied",
+    "__reduce_ex__": "copied",
+    "as_integer_ratio": "as a ratio",
+    "is_integer": "as a number",
+    "hex": "as text",
+    "conjugate": "as a number",
+    "bit_length": "as a number",
+    "to_bytes": "as bytes",
 }
-_ARITHMETIC = ("add", "sub", "mul", "truediv", "floordiv", "mod", "divmod", "pow", "lshift", "rshift", "and",
-               "or", "xor")
+_ARITHMETIC = (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "divmod",
+    "pow",
+    "lshift",
+    "rshift",
+    "and",
+    "or",
+    "xor",
+)
 
 
 def _stand_in(base: type) -> type:
-    namespace = {"__module__": __name__, "__doc__": f"A {base.__name__} a traced program drew: only its range is known."}
+    namespace = {
+        "__module__": __name__,
+        "__doc__": f"A {base.__name__} a traced program drew: only its range is known.",
+    }
     for name, use in _USES.items():
         if hasattr(base, name):
             namespace[name] = _refuse(use)
@@ -173,8 +226,11 @@ class _Generator:
 
     def __init__(self, name: str, module, instance, scalars: dict, fork, state):
         self.name, self.module, self.instance, self.scalars = name, module, instance, scalars
-        self.functions = {n: f for n, f in vars(module).items() if n not in _STATE_FUNCTIONS
-                          and (getattr(f, "__self__", None) is instance or n in _MODULE_FUNCTIONS)}
+        self.functions = {
+            n: f
+            for n, f in vars(module).items()
+            if n not in _STATE_FUNCTIONS and (getattr(f, "__self__", None) is instance or n in _MODULE_FUNCTIONS)
+        }
         self._fork, self.state = fork, state
         self.installed = False
 
@@ -192,8 +248,14 @@ def _python_fork(instance):
     return copy
 
 
-_PYTHON = _Generator("Python's global random generator (random)", _random, _random._inst, _PYTHON_SCALARS,
-                     _python_fork, _random._inst.getstate)
+_PYTHON = _Generator(
+    "Python's global random generator (random)",
+    _random,
+    _random._inst,
+    _PYTHON_SCALARS,
+    _python_fork,
+    _random._inst.getstate,
+)
 _numpy: list = []
 
 
@@ -212,8 +274,11 @@ def _numpy_generator():
             name, key, *rest = nr.mtrand._rand.get_state()
             return (name, key.tobytes(), *rest)
 
-        _numpy.append(_Generator("NumPy's global random generator (numpy.random)", nr, nr.mtrand._rand,
-                                 _NUMPY_SCALARS, fork, state))
+        _numpy.append(
+            _Generator(
+                "NumPy's global random generator (numpy.random)", nr, nr.mtrand._rand, _NUMPY_SCALARS, fork, state
+            )
+        )
     return _numpy[0] if _numpy else None
 
 
@@ -247,7 +312,8 @@ def _draw_error(site: str, generator: _Generator, where: str, why: str):
     return ThunderNotImplementedError(
         f"{site}: the program uses {generator.name} at {where} while it is traced ({why}); a compiled call "
         "would not repeat what it does. Draw with torch (torch.rand, torch.randint, torch.randperm), which "
-        "thunder_rs draws on every call")
+        "thunder_rs draws on every call"
+    )
 
 
 def _span(range_of, args, kwargs):
@@ -313,4 +379,5 @@ def recording_draws(draws: list):
                 f"it, or drawing through a function imported from {generator.module.__name__} before tracing, or a "
                 "draw in another thread); a compiled call would not do it again. Seed outside the jitted function, "
                 "and draw with torch (torch.rand, torch.randint, torch.randperm), which thunder_rs draws on every "
-                "call")
+                "call"
+            )

@@ -32,8 +32,15 @@ from thunder_rs.errors import ThunderNotImplementedError
 #: How deep objects are followed from an argument, in attribute and item steps.
 _DEPTH = 4
 #: Values never followed: tensors (handled apart), modules (bound as modules), code and types.
-_NOT_FOLLOWED = (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.FunctionType, types.MethodType,
-                 types.BuiltinFunctionType)
+_NOT_FOLLOWED = (
+    torch.Tensor,
+    torch.nn.Module,
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+)
 _CONTAINERS = (list, tuple, dict)
 
 
@@ -85,7 +92,7 @@ class ArgumentObjects:
             if type(x) is not tuple:
                 self.containers.append((x, _items(x), InputSource(position, path, label)))
             if not is_simple(x):
-                for key, y in (x.items() if type(x) is dict else enumerate(x)):
+                for key, y in x.items() if type(x) is dict else enumerate(x):
                     step = Item(key) if type(key) in (int, str) else None
                     if step is None:
                         self._unsourced(y)
@@ -144,7 +151,8 @@ class ArgumentObjects:
                 refused = refused or ThunderNotImplementedError(
                     f"thunder_rs.jit: the traced program set {type(obj).__name__}.{sorted(changed)[0]} on an object it "
                     "reached through a dict of its arguments under a key that is not a string or an integer; a "
-                    "compiled call would not set it again")
+                    "compiled call would not set it again"
+                )
         if refused is not None:
             raise refused
         return writes
@@ -184,7 +192,8 @@ def _container_error(container, source: InputSource) -> ThunderNotImplementedErr
     return ThunderNotImplementedError(
         f"thunder_rs.jit: the traced program changed the {type(container).__name__} {source.label}, which it reached "
         "through its arguments, leaving objects in it (not plain values or tensors) that a compiled call would not "
-        "put there again. Make such objects before the call (a cache's layers: DynamicCache(config=model.config))")
+        "put there again. Make such objects before the call (a cache's layers: DynamicCache(config=model.config))"
+    )
 
 
 def _restore(container, before: tuple) -> None:

@@ -21,8 +21,16 @@ that every compiled call repeats (``config.problem_type = ...``, set once in eag
 
 import torch
 
-from thunder_rs.core.state.guards import (MISSING, DictGuard, Guard, InputSource, NamesGuard, ObjectSource, TensorGuard,
-                                    attributes_of)
+from thunder_rs.core.state.guards import (
+    MISSING,
+    DictGuard,
+    Guard,
+    InputSource,
+    NamesGuard,
+    ObjectSource,
+    TensorGuard,
+    attributes_of,
+)
 
 
 class StateObject:
@@ -101,8 +109,13 @@ class ProgramState:
             changed = [k for k in now if known.found.get(k, MISSING) is not now[k]]
             removed = [k for k in known.found if k not in now]
             for name in changed + removed:
-                out.append((known.obj if not isinstance(known.source, InputSource) else known.source, name,
-                            now.get(name, MISSING)))
+                out.append(
+                    (
+                        known.obj if not isinstance(known.source, InputSource) else known.source,
+                        name,
+                        now.get(name, MISSING),
+                    )
+                )
             for name in changed:
                 if name in known.found:
                     now[name] = known.found[name]

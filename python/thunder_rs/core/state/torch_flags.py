@@ -20,11 +20,19 @@ from thunder_rs.core.state.guards import MISSING, Item, StateGuard
 
 #: Zero-argument readers of torch's global flags, by the name a program calls them by.
 _TORCH_READERS = {
-    f"torch.{name}": getattr(torch, name) for name in (
-        "are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
-        "get_deterministic_debug_mode", "get_float32_matmul_precision", "is_warn_always_enabled",
-        "get_num_threads", "get_num_interop_threads", "is_anomaly_enabled", "is_anomaly_check_nan_enabled",
-        "is_inference_mode_enabled")
+    f"torch.{name}": getattr(torch, name)
+    for name in (
+        "are_deterministic_algorithms_enabled",
+        "is_deterministic_algorithms_warn_only_enabled",
+        "get_deterministic_debug_mode",
+        "get_float32_matmul_precision",
+        "is_warn_always_enabled",
+        "get_num_threads",
+        "get_num_interop_threads",
+        "is_anomaly_enabled",
+        "is_anomaly_check_nan_enabled",
+        "is_inference_mode_enabled",
+    )
     if hasattr(torch, name)
 }
 if hasattr(torch.backends, "mha"):
