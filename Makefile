@@ -58,6 +58,7 @@ lint: build $(RUST_TOOLS)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy.stubtest thunder_rs._core --mypy-config-file .ci/stubtest.ini
 	$(VENV)/bin/mypy -p thunder_rs
 

@@ -58,7 +58,8 @@ def test_fallbacks_are_logged_with_the_user_line(caplog):
         torch.testing.assert_close(thunder_rs.jit(f)(a), f(a))
     line = f.__code__.co_firstlineno + 1
     assert _messages(caplog, "thunder_rs.fallbacks") == [
-        f"torch._ops.thunder_rs_tests.running_sum.default runs eagerly (no thunder_rs decomposition) at {__file__}:{line}"
+        "torch._ops.thunder_rs_tests.running_sum.default runs eagerly (no thunder_rs decomposition) at "
+        f"{__file__}:{line}"
     ]
 
 

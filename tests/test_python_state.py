@@ -552,9 +552,13 @@ def test_a_module_reading_state_it_wrote_earlier_in_the_call():
     assert model.child.flag is True
 
 
-def test_a_running_profiler_keeps_its_hook_and_globals_are_still_guarded():
+def test_a_running_profiler_keeps_its_hook_and_globals_are_still_guarded(monkeypatch):
     import cProfile
 
+    from thunder_rs.core.state import observe
+
+    # The warning is once per process: another test of this worker may have had it already.
+    monkeypatch.setattr(observe, "_warned", [])
     global SCALE
     profiler = cProfile.Profile()
     jf, x = thunder_rs.jit(scaled), torch.ones(2)

@@ -94,8 +94,9 @@ def jit(fn_or_module: _Any, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), execu
         or _inspect.isasyncgenfunction(fn_or_module)
     ):
         raise errors.ThunderTypeError(
-            f"jit: {getattr(fn_or_module, '__qualname__', fn_or_module)} is a generator or coroutine function; its body runs "
-            "only as the result is iterated or awaited, after the call, so it cannot be traced (argument fn_or_module)"
+            f"jit: {getattr(fn_or_module, '__qualname__', fn_or_module)} is a generator or coroutine function; its "
+            "body runs only as the result is iterated or awaited, after the call, so it cannot be traced "
+            "(argument fn_or_module)"
         )
     if isinstance(fn_or_module, _torch.nn.Module):
         return ThunderModule(fn_or_module, cache=cache, passes=passes, executors=executors)

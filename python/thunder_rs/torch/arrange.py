@@ -152,8 +152,8 @@ def _define_directional_split(name: str, min_ndim: int, dim_of):
             input.ndim >= min_ndim,
             op,
             lambda: (
-                f"torch.{name} requires a tensor with at least {min_ndim} dimension, but got a tensor with {input.ndim} "
-                "dimensions! (argument input)"
+                f"torch.{name} requires a tensor with at least {min_ndim} dimension, but got a tensor with "
+                f"{input.ndim} dimensions! (argument input)"
             ),
             ThunderRuntimeError,
         )
@@ -164,8 +164,8 @@ def _define_directional_split(name: str, min_ndim: int, dim_of):
                 n != 0 and input.shape[d] % n == 0,
                 op,
                 lambda: (
-                    f"torch.{name} attempted to split along dimension {d}, but the size of the dimension {input.shape[d]} "
-                    f"is not divisible by the split_size {n}! (argument indices_or_sections)"
+                    f"torch.{name} attempted to split along dimension {d}, but the size of the dimension "
+                    f"{input.shape[d]} is not divisible by the split_size {n}! (argument indices_or_sections)"
                 ),
                 ThunderRuntimeError,
             )
@@ -241,8 +241,8 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
         isinstance(repeats, int) and not isinstance(repeats, bool),
         op,
         lambda: (
-            "repeats given as a tensor make the output's shape depend on their values, which a trace cannot; pass an int "
-            "(argument repeats)"
+            "repeats given as a tensor make the output's shape depend on their values, which a trace cannot; pass an "
+            "int (argument repeats)"
         ),
         ThunderNotImplementedError,
     )
@@ -481,8 +481,8 @@ def pixel_shuffle(input, upscale_factor):
         c % (r * r) == 0,
         op,
         lambda: (
-            f"pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of upscale_factor, but "
-            f"input.size(-3)={c} is not divisible by {r * r} (argument input)"
+            "pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of upscale_factor, "
+            f"but input.size(-3)={c} is not divisible by {r * r} (argument input)"
         ),
         ThunderRuntimeError,
     )

@@ -69,8 +69,8 @@ def _as_strided_copy(input, size, stride, storage_offset=None, *, out=None):
         input._view is None and getattr(input, "_input_vid", None) is not None,
         "ltorch.as_strided_copy",
         lambda: (
-            "as_strided_copy of a view, or of a non-contiguous tensor computed in the program, reads memory whose layout "
-            "thunder_rs does not reproduce; clone() it first (argument input)"
+            "as_strided_copy of a view, or of a non-contiguous tensor computed in the program, reads memory whose "
+            "layout thunder_rs does not reproduce; clone() it first (argument input)"
         ),
         ThunderNotImplementedError,
     )

@@ -53,7 +53,8 @@ def _endpoint(op: str, value, name: str, dtype, device):
         check(
             value.ndim == 0,
             op,
-            f"linspace only supports 0-dimensional start and end tensors, but got {name} with {value.ndim} dimension(s).",
+            f"linspace only supports 0-dimensional start and end tensors, but got {name} with {value.ndim} "
+            "dimension(s).",
             ThunderRuntimeError,
         )
         check(

@@ -223,8 +223,8 @@ def _as_strided_positions(op: str, a, size, stride, storage_offset):
         op,
         lambda: (
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
-            f"{a.element_size()} requiring a storage size of {needed * a.element_size()} are out of bounds for storage of "
-            f"size {a.numel() * a.element_size()} (argument size)"
+            f"{a.element_size()} requiring a storage size of {needed * a.element_size()} are out of bounds for storage "
+            f"of size {a.numel() * a.element_size()} (argument size)"
         ),
         ThunderRuntimeError,
     )
@@ -265,8 +265,8 @@ def _as_strided_view(native, eager):
             input._view is None and getattr(input, "_input_vid", None) is not None,
             "ltorch.as_strided",
             lambda: (
-                "as_strided of a view, or of a non-contiguous tensor computed in the program, reads memory whose layout "
-                "thunder_rs does not reproduce; clone() it first (argument input)"
+                "as_strided of a view, or of a non-contiguous tensor computed in the program, reads memory whose "
+                "layout thunder_rs does not reproduce; clone() it first (argument input)"
             ),
             ThunderNotImplementedError,
         )

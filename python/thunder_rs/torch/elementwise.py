@@ -173,7 +173,8 @@ def div(input, other, *, rounding_mode=None):
     if rounding_mode == "floor":
         return _floor_div(a, b, op)
     raise ThunderRuntimeError(
-        f"{op}: div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r} (argument rounding_mode)"
+        f"{op}: div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r} "
+        "(argument rounding_mode)"
     )
 
 
@@ -191,7 +192,8 @@ def where(condition, input=None, other=None):
         isinstance(condition, torch.Tensor) and condition.dtype == torch.bool,
         op,
         lambda: (
-            f"where expected condition to be a boolean tensor, but got a tensor with dtype {getattr(condition, 'dtype', type(condition).__name__)} (argument condition)"
+            "where expected condition to be a boolean tensor, but got a tensor with dtype "
+            f"{getattr(condition, 'dtype', type(condition).__name__)} (argument condition)"
         ),
         ThunderRuntimeError,
     )
@@ -243,7 +245,8 @@ def masked_fill(a, mask, value):
         check(
             value.ndim == 0,
             op,
-            f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} dimension(s) (argument value)",
+            f"only supports a 0-dimensional value tensor, but got tensor with {value.ndim} dimension(s) "
+            "(argument value)",
             ThunderRuntimeError,
         )
     return where(mask, clang.maybe_convert(value, a.dtype), a)

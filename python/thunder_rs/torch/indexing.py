@@ -133,8 +133,8 @@ def _entry(op: str, k):
     if isinstance(k, TensorProxy):
         if k.dtype in _MASK_DTYPES:
             raise ThunderNotImplementedError(
-                f"{op}: indexing with a boolean mask is data-dependent (its result's shape depends on the mask's values); "
-                "use torch.where or masked_fill instead (argument key)"
+                f"{op}: indexing with a boolean mask is data-dependent (its result's shape depends on the mask's "
+                "values); use torch.where or masked_fill instead (argument key)"
             )
         check(
             k.dtype in _INDEX_DTYPES,
@@ -170,8 +170,8 @@ def _entries(op: str, a, key) -> list:
             not isinstance(first, int),
             op,
             lambda: (
-                "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or `tensor.item<T>()` in C++ to convert a 0-dim "
-                "tensor to a number (argument key)"
+                "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or `tensor.item<T>()` in C++ to "
+                "convert a 0-dim tensor to a number (argument key)"
             ),
             ThunderIndexError,
         )
@@ -223,7 +223,8 @@ def _basic_index(op: str, a, entries):
                 e is _ELLIPSIS_DIM,
                 op,
                 lambda: (
-                    f"Dimension out of range (expected to be in range of [{-a.ndim}, {a.ndim - 1}], but got {dim}) (argument key)"
+                    f"Dimension out of range (expected to be in range of [{-a.ndim}, {a.ndim - 1}], but got {dim}) "
+                    "(argument key)"
                 ),
                 ThunderIndexError,
             )
@@ -261,8 +262,8 @@ def _index_tensor(op: str, index, dim: int, size: int, device):
             index.mask_size in (None, size),
             op,
             lambda: (
-                f"The shape of the mask [{index.mask_size}] at index {dim} does not match the shape of the indexed tensor "
-                f"at index {dim} (size {size}) (argument key)"
+                f"The shape of the mask [{index.mask_size}] at index {dim} does not match the shape of the indexed "
+                f"tensor at index {dim} (size {size}) (argument key)"
             ),
             ThunderIndexError,
         )
@@ -299,7 +300,8 @@ def _advanced_index(op: str, a, advanced):
     except ThunderRuntimeError:
         shapes = ", ".join(str(list(i.shape)) for i in indices)
         raise ThunderIndexError(
-            f"{op}: shape mismatch: indexing tensors could not be broadcast together with shapes {shapes} (argument key)"
+            f"{op}: shape mismatch: indexing tensors could not be broadcast together with shapes {shapes} "
+            "(argument key)"
         ) from None
     linear = indices[-1]
     stride = a.shape[dims[-1]]
@@ -446,8 +448,8 @@ def take_along_dim(a, indices, dim=None, *, out=None):
         isinstance(indices, torch.Tensor) and indices.dtype == torch.int64,
         op,
         lambda: (
-            f"torch.take_along_dim(): dtype of indices should be Long but got {getattr(indices, 'dtype', type(indices).__name__)} "
-            "(argument indices)"
+            "torch.take_along_dim(): dtype of indices should be Long but got "
+            f"{getattr(indices, 'dtype', type(indices).__name__)} (argument indices)"
         ),
         ThunderRuntimeError,
     )
@@ -515,8 +517,8 @@ def index_add(a, dim, index, source, *, alpha=1, out=None):
         isinstance(source, torch.Tensor) and source.dtype == a.dtype,
         op,
         lambda: (
-            f"index_add_(): self ({a.dtype}) and source ({getattr(source, 'dtype', None)}) must have the same scalar type "
-            "(argument source)"
+            f"index_add_(): self ({a.dtype}) and source ({getattr(source, 'dtype', None)}) must have the same scalar "
+            "type (argument source)"
         ),
         ThunderRuntimeError,
     )
@@ -525,8 +527,8 @@ def index_add(a, dim, index, source, *, alpha=1, out=None):
             source.shape[d] == index.numel(),
             op,
             lambda: (
-                f"index_add_(): Number of indices ({index.numel()}) should be equal to source.size(dim): ({source.shape[d]}), "
-                f"for dim: {d} (argument source)"
+                f"index_add_(): Number of indices ({index.numel()}) should be equal to source.size(dim): "
+                f"({source.shape[d]}), for dim: {d} (argument source)"
             ),
             ThunderRuntimeError,
         )

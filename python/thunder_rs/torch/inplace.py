@@ -100,7 +100,8 @@ def _as_value(op: str, dst, value, copy: bool):
         shape == tuple(dst.shape),
         op,
         lambda: (
-            f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(shape)} (at {user_location()})"
+            f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(shape)} "
+            f"(at {user_location()})"
         ),
         ThunderRuntimeError,
     )
@@ -242,7 +243,8 @@ def fill_(a, value):
             value.ndim == 0,
             "fill_",
             lambda: (
-                f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} dimensions. (at {user_location()})"
+                f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} dimensions. "
+                f"(at {user_location()})"
             ),
             ThunderRuntimeError,
         )
@@ -345,8 +347,8 @@ def write_out(func, args, kwargs):
             tuple(target.shape) == tuple(v.shape),
             name,
             lambda: (
-                f"out= has shape {list(target.shape)} but the result has shape {list(v.shape)}; eager would resize it, which a "
-                "traced tensor cannot (argument out)"
+                f"out= has shape {list(target.shape)} but the result has shape {list(v.shape)}; eager would resize it, "
+                "which a traced tensor cannot (argument out)"
             ),
             ThunderNotImplementedError,
         )
@@ -428,8 +430,8 @@ def _masked_assign(a, entries: tuple, at: int, value) -> bool:
                 value.shape[at_mask] == 1,
                 op,
                 lambda: (
-                    f"a value of shape {list(value.shape)} gives one element per true mask element, which is data-dependent; "
-                    "assign a value that broadcasts (argument value)"
+                    f"a value of shape {list(value.shape)} gives one element per true mask element, which is "
+                    "data-dependent; assign a value that broadcasts (argument value)"
                 ),
                 ThunderNotImplementedError,
             )

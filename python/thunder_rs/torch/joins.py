@@ -159,7 +159,8 @@ def repeat(a, *args, repeats=None):
         len(reps) >= a.ndim,
         op,
         lambda: (
-            "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor (argument repeats)"
+            "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor "
+            "(argument repeats)"
         ),
         ThunderRuntimeError,
     )
@@ -210,7 +211,8 @@ def split(a, split_size_or_sections, dim=0):
             step > 0 or size == 0,
             op,
             lambda: (
-                f"split_size can only be 0 if dimension size is 0, but got dimension size of {size} (argument split_size_or_sections)"
+                f"split_size can only be 0 if dimension size is 0, but got dimension size of {size} "
+                "(argument split_size_or_sections)"
             ),
             ThunderRuntimeError,
         )
@@ -231,8 +233,8 @@ def split(a, split_size_or_sections, dim=0):
             sum(sizes) == size,
             op,
             lambda: (
-                f"split_with_sizes expects split_sizes to sum exactly to {size} (input tensor's size at dimension {d}), "
-                f"but got split_sizes={sizes} (argument split_size_or_sections)"
+                f"split_with_sizes expects split_sizes to sum exactly to {size} (input tensor's size at dimension "
+                f"{d}), but got split_sizes={sizes} (argument split_size_or_sections)"
             ),
             ThunderRuntimeError,
         )

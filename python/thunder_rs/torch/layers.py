@@ -164,8 +164,8 @@ def _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, 
         op,
         lambda: (
             "If "
-            f"per_sample_weights ({list(per_sample_weights.shape)}) is not None, then it must have the same shape as the "
-            f"input ({list(input.shape)}) (argument per_sample_weights)"
+            f"per_sample_weights ({list(per_sample_weights.shape)}) is not None, then it must have the same shape as "
+            f"the input ({list(input.shape)}) (argument per_sample_weights)"
         ),
         ThunderValueError,
     )

@@ -42,7 +42,8 @@ def _check_operands(op: str, a, b, names: tuple[str, str], ranks=None) -> None:
         a.dtype == b.dtype,
         op,
         lambda: (
-            f"expected {names[0]} and {names[1]} to have the same dtype, but got {a.dtype} and {b.dtype} (argument {names[1]})"
+            f"expected {names[0]} and {names[1]} to have the same dtype, but got {a.dtype} and {b.dtype} "
+            f"(argument {names[1]})"
         ),
         ThunderRuntimeError,
     )
@@ -65,7 +66,8 @@ def _check_inner(op: str, a, b, names: tuple[str, str]) -> None:
         k_a == k_b,
         op,
         lambda: (
-            f"{names[0]} {list(a.shape)} and {names[1]} {list(b.shape)} cannot be multiplied ({k_a} != {k_b}) (argument {names[1]})"
+            f"{names[0]} {list(a.shape)} and {names[1]} {list(b.shape)} cannot be multiplied ({k_a} != {k_b}) "
+            f"(argument {names[1]})"
         ),
         ThunderRuntimeError,
     )
@@ -145,7 +147,8 @@ def inner(input, other):
     check(
         k == other.shape[-1],
         op,
-        f"the last dimension must match on both input tensors but got shapes {list(input.shape)} and {list(other.shape)} (argument other)",
+        f"the last dimension must match on both input tensors but got shapes {list(input.shape)} and "
+        f"{list(other.shape)} (argument other)",
         ThunderRuntimeError,
     )
     # Contract the last dims as one matrix product: (A, k) @ (k, B), then restore both leading shapes.
@@ -195,7 +198,8 @@ def _add_scaled(op: str, product, input, beta, alpha):
     check(
         tuple(broadcast) == tuple(product.shape),
         op,
-        f"input of shape {list(input.shape)} does not broadcast to the product's shape {list(product.shape)} (argument input)",
+        f"input of shape {list(input.shape)} does not broadcast to the product's shape {list(product.shape)} "
+        "(argument input)",
         ThunderRuntimeError,
     )
     if alpha != 1:

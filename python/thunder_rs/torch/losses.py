@@ -316,8 +316,8 @@ def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, red
         input1.ndim == input2.ndim == target.ndim,
         op,
         lambda: (
-            f"margin_ranking_loss : All input tensors should have same dimension but got sizes: input1: {list(input1.shape)}, "
-            f"input2: {list(input2.shape)}, target: {list(target.shape)} (argument target)"
+            "margin_ranking_loss : All input tensors should have same dimension but got sizes: input1: "
+            f"{list(input1.shape)}, input2: {list(input2.shape)}, target: {list(target.shape)} (argument target)"
         ),
         ThunderRuntimeError,
     )

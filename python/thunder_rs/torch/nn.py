@@ -433,7 +433,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     check(
         not training or running_mean is None,
         op,
-        "training with running statistics updates them in place; call torch.nn.functional.batch_norm (argument training)",
+        "training with running statistics updates them in place; call torch.nn.functional.batch_norm "
+        "(argument training)",
         ThunderNotImplementedError,
     )
     x = _upcast(input)
@@ -509,7 +510,8 @@ def linear(input, weight, bias=None):
         check(
             clang.broadcast_shapes(op, bias.shape, out_shape) == out_shape,
             op,
-            f"bias of shape {list(bias.shape)} does not broadcast to the output shape {list(out_shape)} (argument bias)",
+            f"bias of shape {list(bias.shape)} does not broadcast to the output shape {list(out_shape)} "
+            "(argument bias)",
             ThunderRuntimeError,
         )
     return prims.linear(input, weight, bias)
@@ -527,7 +529,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     check(
         input.dtype in (torch.int64, torch.int32),
         op,
-        f"Expected indices to have one of the following scalar types: Long, Int; but got {input.dtype} (argument input)",
+        f"Expected indices to have one of the following scalar types: Long, Int; but got {input.dtype} "
+        "(argument input)",
         ThunderRuntimeError,
     )
     check(weight.ndim == 2, op, f"'weight' must be 2-D, got {weight.ndim}-D (argument weight)", ThunderRuntimeError)

@@ -79,7 +79,8 @@ def _norm_dtype(op: str, x, dtype):
     check(
         torch.promote_types(x.dtype, dtype) == dtype,
         op,
-        f"the dtype of the input ({x.dtype}) should be convertible without narrowing to the specified dtype ({dtype}) (argument dtype)",
+        f"the dtype of the input ({x.dtype}) should be convertible without narrowing to the specified dtype ({dtype}) "
+        "(argument dtype)",
         ThunderRuntimeError,
     )
     return dtype
@@ -106,7 +107,8 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=Non
         check(
             reduced != 0,
             op,
-            f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor because the operation does not have an identity",
+            f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor because the operation does not have "
+            "an identity",
             ThunderRuntimeError,
         )
     a = ltorch.abs(clang.maybe_convert(x, _norm_dtype(op, x, dtype)))

@@ -91,8 +91,8 @@ def _check_modes(op: str, mode: str, a, pad) -> list[tuple[int, int, int]]:
             all(s != 0 for s in a.shape[lead:]),
             op,
             lambda: (
-                f"Expected {k + 1}D or {k + 2}D (batch mode) tensor with possibly 0 batch size and other non-zero dimensions "
-                f"for input, but got: {list(a.shape)} (argument input)"
+                f"Expected {k + 1}D or {k + 2}D (batch mode) tensor with possibly 0 batch size and other non-zero "
+                f"dimensions for input, but got: {list(a.shape)} (argument input)"
             ),
             ThunderRuntimeError,
         )
@@ -107,7 +107,7 @@ def _index_pad(op: str, mode: str, a, pad, source):
                 lo < size and hi < size,
                 op,
                 lambda: (
-                    f"Argument #4: Padding size should be less than the corresponding input dimension, but got: padding "
+                    "Argument #4: Padding size should be less than the corresponding input dimension, but got: padding "
                     f"({lo}, {hi}) at dimension {d} of input {list(a.shape)} (argument pad)"
                 ),
                 ThunderRuntimeError,
@@ -173,8 +173,8 @@ def circular_pad(input, pad):
             max(lo, hi, 0) <= cropped,
             op,
             lambda: (
-                f"padding ({lo}, {hi}) of dimension {d} wraps around the {cropped} elements left after cropping more than "
-                "once; eager reads memory it never wrote there (argument pad)"
+                f"padding ({lo}, {hi}) of dimension {d} wraps around the {cropped} elements left after cropping more "
+                "than once; eager reads memory it never wrote there (argument pad)"
             ),
             ThunderRuntimeError,
         )
@@ -213,8 +213,8 @@ def constant_pad_nd(input, pad, value=0):
         len(pad) // 2 <= input.ndim,
         op,
         lambda: (
-            f"Length of pad should be no more than twice the number of dimensions of the input. Pad length is {len(pad)} "
-            f"while the input has {input.ndim} dimensions. (argument pad)"
+            "Length of pad should be no more than twice the number of dimensions of the input. Pad length is "
+            f"{len(pad)} while the input has {input.ndim} dimensions. (argument pad)"
         ),
         ThunderRuntimeError,
     )

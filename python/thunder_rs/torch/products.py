@@ -87,7 +87,8 @@ def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     check(
         batch1.shape[0] == batch2.shape[0],
         op,
-        f"batch1 and batch2 must have same number of batches, got {batch1.shape[0]} and {batch2.shape[0]} (argument batch2)",
+        f"batch1 and batch2 must have same number of batches, got {batch1.shape[0]} and {batch2.shape[0]} "
+        "(argument batch2)",
         ThunderRuntimeError,
     )
     _check_inner(op, batch1, batch2, ("batch1", "batch2"))
@@ -127,7 +128,8 @@ def addr(input, vec1, vec2, *, beta=1, alpha=1):
     check(
         tuple(shape) == tuple(outer.shape),
         op,
-        f"input of shape {list(input.shape)} does not broadcast to the outer product's shape {list(outer.shape)} (argument input)",
+        f"input of shape {list(input.shape)} does not broadcast to the outer product's shape {list(outer.shape)} "
+        "(argument input)",
         ThunderRuntimeError,
     )
     for value, name in ((beta, "beta"), (alpha, "alpha")):
@@ -191,7 +193,8 @@ def _tensordot_dims(op: str, a, b, dims):
         check(
             a.shape[da] == b.shape[db] or 1 in (a.shape[da], b.shape[db]),
             op,
-            f"contracted dimensions need to match, but first has size {a.shape[da]} in dim {da} and second has size {b.shape[db]} in dim {db}",
+            f"contracted dimensions need to match, but first has size {a.shape[da]} in dim {da} and second has size "
+            f"{b.shape[db]} in dim {db}",
             ThunderRuntimeError,
         )
     return a_dims, b_dims
@@ -290,7 +293,8 @@ def _term_labels(op: str, term: str, x, index: int, ellipsis_dims: int | None):
         check(
             x.ndim == len(letters),
             op,
-            f"the number of subscripts in the equation ({len(letters)}) does not match the number of dimensions ({x.ndim}) for operand {index} and no ellipsis was given",
+            f"the number of subscripts in the equation ({len(letters)}) does not match the number of dimensions "
+            f"({x.ndim}) for operand {index} and no ellipsis was given",
             ThunderRuntimeError,
         )
         return list(letters)
@@ -298,7 +302,8 @@ def _term_labels(op: str, term: str, x, index: int, ellipsis_dims: int | None):
     check(
         own >= 0,
         op,
-        f"the number of subscripts in the equation ({len(letters)}) is more than the number of dimensions ({x.ndim}) for operand {index}",
+        f"the number of subscripts in the equation ({len(letters)}) is more than the number of dimensions ({x.ndim}) "
+        f"for operand {index}",
         ThunderRuntimeError,
     )
     head, tail = term.split("...")
@@ -567,7 +572,8 @@ def linalg_multi_dot(tensors, *, out=None):
         check(
             mats[i].shape[1] == mats[i + 1].shape[0],
             op,
-            f"tensors[{i}] and tensors[{i + 1}] cannot be multiplied ({mats[i].shape[0]}x{mats[i].shape[1]} and {mats[i + 1].shape[0]}x{mats[i + 1].shape[1]})",
+            f"tensors[{i}] and tensors[{i + 1}] cannot be multiplied ({mats[i].shape[0]}x{mats[i].shape[1]} and "
+            f"{mats[i + 1].shape[0]}x{mats[i + 1].shape[1]})",
             ThunderRuntimeError,
         )
     if len(mats) == 3:  # eager compares the two orders directly, preferring (AB)C on ties
@@ -595,7 +601,8 @@ def linalg_matrix_power(A, n, *, out=None):
     check(
         A.ndim >= 2 and A.shape[-1] == A.shape[-2],
         op,
-        f"A must be batches of square matrices, but they are {A.shape[-2] if A.ndim >= 2 else '?'} by {A.shape[-1] if A.ndim else '?'} matrices",
+        f"A must be batches of square matrices, but they are {A.shape[-2] if A.ndim >= 2 else '?'} by "
+        f"{A.shape[-1] if A.ndim else '?'} matrices",
         ThunderRuntimeError,
     )
     if n == 0:

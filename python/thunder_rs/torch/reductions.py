@@ -137,7 +137,8 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
         dtypes.is_inexact(target),
         op,
         lambda: (
-            f"could not infer output dtype; {arg} must be a floating point or complex dtype, got {target} (argument {arg})"
+            f"could not infer output dtype; {arg} must be a floating point or complex dtype, got {target} "
+            f"(argument {arg})"
         ),
         ThunderNotImplementedError,
     )

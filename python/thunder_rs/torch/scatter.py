@@ -326,7 +326,8 @@ def _along(op: str, input, dim, index, source, count_exc=ThunderRuntimeError):
             source.ndim == input.ndim,
             op,
             lambda: (
-                f"source and self must have the same number of dimensions, got {source.ndim} and {input.ndim} (argument source)"
+                f"source and self must have the same number of dimensions, got {source.ndim} and {input.ndim} "
+                "(argument source)"
             ),
             ThunderRuntimeError,
         )
@@ -334,7 +335,8 @@ def _along(op: str, input, dim, index, source, count_exc=ThunderRuntimeError):
             source.shape[d] == index.numel(),
             op,
             lambda: (
-                f"Number of indices ({index.numel()}) should be equal to source.size(dim) ({source.shape[d]}) (argument index)"
+                f"Number of indices ({index.numel()}) should be equal to source.size(dim) ({source.shape[d]}) "
+                "(argument index)"
             ),
             count_exc,
         )
@@ -527,8 +529,8 @@ def index_put(input, indices, values, accumulate=False):
         clang.broadcast_shapes(op, target, values.shape) == target,
         op,
         lambda: (
-            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of shape "
-            f"{list(target)} (argument values)"
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of "
+            f"shape {list(target)} (argument values)"
         ),
         ThunderRuntimeError,
     )
@@ -558,8 +560,8 @@ def _put_masked(op: str, input, mask, values, accumulate: bool):
         all(s == 1 for s in lead),
         op,
         lambda: (
-            f"values of shape {list(values.shape)} give each masked position its own value: placing them depends on the "
-            "mask's values (a running count), which thunder_rs does not trace; use torch.where (argument values)"
+            f"values of shape {list(values.shape)} give each masked position its own value: placing them depends on "
+            "the mask's values (a running count), which thunder_rs does not trace; use torch.where (argument values)"
         ),
         ThunderNotImplementedError,
     )
@@ -568,8 +570,8 @@ def _put_masked(op: str, input, mask, values, accumulate: bool):
         all(t in (r, 1) for t, r in zip(reversed(tail), reversed(rest))),
         op,
         lambda: (
-            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of shape "
-            f"[N, {', '.join(map(str, rest))}] (argument values)"
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result of "
+            f"shape [N, {', '.join(map(str, rest))}] (argument values)"
         ),
         ThunderRuntimeError,
     )
@@ -595,7 +597,8 @@ def masked_scatter(input, mask, source):
     check(
         isinstance(mask, torch.Tensor) and mask.dtype == torch.bool,
         op,
-        f"masked_scatter_ only supports boolean masks, but got mask with dtype {getattr(mask, 'dtype', None)} (argument mask)",
+        f"masked_scatter_ only supports boolean masks, but got mask with dtype {getattr(mask, 'dtype', None)} "
+        "(argument mask)",
         ThunderRuntimeError,
     )
     check(

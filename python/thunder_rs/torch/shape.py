@@ -171,7 +171,8 @@ def _view_as_as_reshape_as(a, other):
 def view(a, *args, size=None, dtype=None):
     if dtype is not None or (len(args) == 1 and isinstance(args[0], torch.dtype)):
         raise ThunderNotImplementedError(
-            "ltorch.view: reinterpreting a tensor's bytes as another dtype (Tensor.view(dtype)) is not supported (argument dtype)"
+            "ltorch.view: reinterpreting a tensor's bytes as another dtype (Tensor.view(dtype)) is not supported "
+            "(argument dtype)"
         )
     shape = _one_of("ltorch.view", args, size, "size")
     return reshape_to(a, infer_shape("ltorch.view", shape, a.numel()))
@@ -372,7 +373,8 @@ def _expand(op: str, a, sizes):
             check(
                 size >= 0,
                 op,
-                f"The expanded size of the tensor ({size}) isn't allowed in a leading, non-existing dimension {i} (argument size)",
+                f"The expanded size of the tensor ({size}) isn't allowed in a leading, non-existing dimension {i} "
+                "(argument size)",
                 ThunderRuntimeError,
             )
             shape.append(size)

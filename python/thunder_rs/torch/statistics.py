@@ -393,8 +393,9 @@ def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=N
     check(
         values.ndim == sequence.ndim and tuple(values.shape[:-1]) == tuple(sequence.shape[:-1]),
         op,
-        f"boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries tensor and input value tensor must match, "
-        f"but we got boundaries tensor {list(sequence.shape)} and input value tensor {list(values.shape)}",
+        "boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries tensor and input value "
+        f"tensor must match, but we got boundaries tensor {list(sequence.shape)} and input value tensor "
+        f"{list(values.shape)}",
         ThunderRuntimeError,
     )
     return _count_below(ltorch.unsqueeze(sequence, -2), ltorch.unsqueeze(values, -1), right, out_int32)

@@ -349,7 +349,8 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
         raise ThunderRuntimeError(f"{op}: {_OVERLAP} (at {user_location()})")
     if any(step.expands for step in link.steps):
         raise ThunderNotImplementedError(
-            f"{op}: writing through a view of an expanded tensor is not supported; clone() it first (at {user_location()})"
+            f"{op}: writing through a view of an expanded tensor is not supported; clone() it first "
+            f"(at {user_location()})"
         )
     root = link.root
     parents = [root]

@@ -85,8 +85,8 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
     for d, n, v in reassigned:
         if v is not None and not isinstance(v, TensorProxy):
             raise ThunderNotImplementedError(
-                f"module state: buffer {n!r} was given a {type(v).__name__} while tracing; a buffer may be given a tensor "
-                "the program computes, or None"
+                f"module state: buffer {n!r} was given a {type(v).__name__} while tracing; a buffer may be given a "
+                "tensor the program computes, or None"
             )
         if v is None:
             slots.append((d, n, None, False))

@@ -240,7 +240,8 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
         except NotImplementedError as e:
             raise _NeedsValues(
                 ThunderNotImplementedError(
-                    f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta tensors ({e})"
+                    f"{name}: no thunder_rs decomposition, and torch cannot compute its output metadata on meta "
+                    f"tensors ({e})"
                 )
             ) from e
         except Exception as e:

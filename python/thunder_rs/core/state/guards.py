@@ -432,7 +432,10 @@ class DictGuard:
         for name in (*self.found, *now):
             before, after = self.found.get(name, MISSING), now.get(name, MISSING)
             if before is not after and not _same_attributes({0: before}, {0: after}):
-                return f"{self.source.describe(name)} changed from {_short(before)} to {_short(after)} (read at {self.origin})"
+                return (
+                    f"{self.source.describe(name)} changed from {_short(before)} to {_short(after)} "
+                    f"(read at {self.origin})"
+                )
         return f"{self.source.label} changed (read at {self.origin})"
 
     def term(self, index: int, scope: dict) -> str:

@@ -232,9 +232,9 @@ def _check_structure(clone, original, originals) -> None:
         added = set(clone.__dict__[store]) ^ set(original.__dict__[store])
         if added:
             raise ThunderNotImplementedError(
-                f"thunder_rs.jit: {type(original).__name__}.forward registers or removes {what} ({sorted(added)[0]!r}); "
-                "a traced forward cannot change the module structure. Create them in __init__, or run one eager "
-                "call first (lazy initialisation)"
+                f"thunder_rs.jit: {type(original).__name__}.forward registers or removes {what} "
+                f"({sorted(added)[0]!r}); a traced forward cannot change the module structure. Create them in "
+                "__init__, or run one eager call first (lazy initialisation)"
             )
     subs = clone.__dict__["_modules"]
     if [(n, originals.get(id(s), s)) for n, s in subs.items()] != list(original._modules.items()):
