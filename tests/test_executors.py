@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import thunder_rs
+from thunder_rs import _core
 import thunder_rs.torch as ltorch
 from thunder_rs.executors import Executor, add_operator_executor, deregister_executor, register_executor
 
@@ -83,3 +84,33 @@ def test_an_implementation_registered_after_a_compile_runs_in_the_next_compile()
         assert calls == [(4,)]
     finally:
         deregister_executor(ex)
+
+
+def test_an_implementation_of_a_misspelt_prim_fails_when_the_table_is_built():
+    """A prim name no prim has is an error at table build naming the executor and the name, not a
+    registration that silently never claims anything."""
+    ex = Executor("misspelt_ex")
+    ex.register_implementation("sinn", torch.sin)
+    register_executor(ex)
+    try:
+        with pytest.raises(ValueError, match="executor `misspelt_ex` registers an implementation of `sinn`"):
+            thunder_rs.jit(torch.sin)(torch.randn(4))
+    finally:
+        deregister_executor(ex)
+
+
+def test_executor_tables_cross_as_frozen_records():
+    entry = _core.ImplEntry(symbol="sin", function="torch_sin", has_checker=False, method="sin")
+    row = _core.ExecutorRow(name="torch", fusion=False, impls=[entry])
+    assert (entry.symbol, entry.function, entry.has_checker, entry.method, entry.inplace) == (
+        "sin",
+        "torch_sin",
+        False,
+        "sin",
+        None,
+    )
+    assert row.impls == (entry,) and not row.fuses_decompositions
+    assert repr(entry) == "ImplEntry(symbol='sin', function='torch_sin', has_checker=False, method='sin', inplace=None)"
+    with pytest.raises(AttributeError):
+        entry.function = "other"  # type: ignore[misc]
+    _core.ExecutorTable([row])

@@ -9,6 +9,8 @@ __all__ = [
     "Recorder",
     "Trace",
     "ExecutorTable",
+    "ExecutorRow",
+    "ImplEntry",
     "CallObserver",
     "configure",
     "compile",
@@ -70,15 +72,54 @@ class Trace:
         inputs and the calls' outputs."""
 
 @final
-class ExecutorTable:
-    """The executors' tables in priority order: ``(name, is_fusion, [(symbol, impl_name, has_checker,
-    method, inplace), ...], fuses_decompositions)`` per executor, ``symbol`` a prim name or a
-    registered symbol id."""
+class ImplEntry:
+    """One implementation an executor offers: ``symbol`` a prim name or a registered symbol id,
+    ``function`` the global generated code calls, ``method`` a tensor method with the same
+    signature, ``inplace`` one computing the same values into its receiver."""
 
     def __new__(
         cls,
-        executors: Sequence[tuple[str, bool, Sequence[tuple[int | str, str, bool, str | None, str | None]], bool]],
-    ) -> ExecutorTable: ...
+        *,
+        symbol: int | str,
+        function: str,
+        has_checker: bool,
+        method: str | None = None,
+        inplace: str | None = None,
+    ) -> ImplEntry: ...
+    @property
+    def symbol(self) -> int | str: ...
+    @property
+    def function(self) -> str: ...
+    @property
+    def has_checker(self) -> bool: ...
+    @property
+    def method(self) -> str | None: ...
+    @property
+    def inplace(self) -> str | None: ...
+
+@final
+class ExecutorRow:
+    """One executor's table: ``fusion`` whether it runs regions, ``fuses_decompositions`` whether it
+    claims composites whose whole decomposition it claims."""
+
+    def __new__(
+        cls, *, name: str, fusion: bool, impls: Sequence[ImplEntry], fuses_decompositions: bool = False
+    ) -> ExecutorRow: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def fusion(self) -> bool: ...
+    @property
+    def impls(self) -> tuple[ImplEntry, ...]: ...
+    @property
+    def fuses_decompositions(self) -> bool: ...
+
+@final
+class ExecutorTable:
+    """The executors' tables in priority order; a prim name that names no prim raises
+    ``ThunderValueError`` naming the executor and the name."""
+
+    def __new__(cls, executors: Sequence[ExecutorRow]) -> ExecutorTable: ...
 
 @final
 class Recorder:

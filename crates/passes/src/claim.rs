@@ -10,25 +10,25 @@
 
 use rustc_hash::FxHashMap;
 use trace_ir::pysrc::Callee;
-use trace_ir::{bail, BoundSymbol, Result, Symbol, SymbolId, Trace};
+use trace_ir::{bail, BoundSymbol, PrimId, Result, Symbol, SymbolId, Trace};
 
 /// How an executor's table names a symbol.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SymKey {
-    /// A prim, by name (`add`).
-    Prim(String),
+    /// A prim, whatever its parameters (`add`, `sum`).
+    Prim(PrimId),
     /// A composite or fallback symbol.
     Symbol(SymbolId),
 }
 
 impl SymKey {
-    pub fn of(symbol: &Symbol) -> SymKey {
+    /// The key tables name `symbol` by; `None` for a region, which exists only after claiming
+    /// and which no table names.
+    pub fn of(symbol: &Symbol) -> Option<SymKey> {
         match symbol {
-            Symbol::Prim(p) => SymKey::Prim(p.name().to_string()),
-            Symbol::Composite(id) | Symbol::Fallback(id) => SymKey::Symbol(*id),
-            // Regions exist only after claiming and no table names them: claiming one fails
-            // with "no executor implements this symbol".
-            Symbol::Region(name) => SymKey::Prim(name.to_string()),
+            Symbol::Prim(p) => Some(SymKey::Prim(p.id())),
+            Symbol::Composite(id) | Symbol::Fallback(id) => Some(SymKey::Symbol(*id)),
+            Symbol::Region(_) => None,
         }
     }
 }
@@ -90,7 +90,7 @@ fn claim_one(
     // fallback's implementation of the composite.
     let mut by_decomposition = None;
     for (i, executor) in executors.iter().enumerate() {
-        let Some(spec) = executor.impls.get(&key) else {
+        let Some(spec) = key.and_then(|key| executor.impls.get(&key)) else {
             if executor.fuses_decompositions
                 && fusion.is_none()
                 && by_decomposition.is_none()
@@ -136,7 +136,7 @@ fn decomposition_claimed(
     }
     for sub in bsym.subsymbols.iter() {
         let claimed = match &sub.symbol {
-            Symbol::Prim(_) => match executor.impls.get(&SymKey::of(&sub.symbol)) {
+            Symbol::Prim(p) => match executor.impls.get(&SymKey::Prim(p.id())) {
                 Some(spec) => !spec.has_checker || checker(index, sub)?,
                 None => false,
             },
@@ -154,12 +154,16 @@ mod tests {
     use super::*;
     use trace_ir::{Arg, BoundSymbol, DType, Device, SymbolKind, SymbolTable, TensorMeta, TraceBuilder, ValueKind};
 
+    fn prim(name: &str) -> SymKey {
+        SymKey::Prim(PrimId::from_name(name).unwrap())
+    }
+
     fn executor(name: &str, fusion: bool, prims: &[&str]) -> ExecutorSpec {
         let impls = prims
             .iter()
             .map(|p| {
                 let callee = Callee::function(format!("{name}_{p}"));
-                (SymKey::Prim(p.to_string()), ImplSpec { callee, has_checker: false })
+                (prim(p), ImplSpec { callee, has_checker: false })
             })
             .collect();
         ExecutorSpec { name: name.to_string(), impls, fusion, fuses_decompositions: false }
@@ -213,12 +217,12 @@ mod tests {
         assert_eq!(claimed.bsyms.len(), 1, "the composite stays whole, its region code calls the fallback");
         assert_eq!(got[0].fusion.as_ref().map(|f| (f.0, &*f.1.function)), Some((0, "torch_exp_sin")));
         // A checker refusing one prim of the decomposition keeps the composite out.
-        fuser.impls.get_mut(&SymKey::Prim("sin".into())).unwrap().has_checker = true;
+        fuser.impls.get_mut(&prim("sin")).unwrap().has_checker = true;
         let (_, got) =
             claim(&trace, &[fuser.clone(), torch.clone()], &mut |_, b| Ok(b.symbol != prims.bsyms[1].symbol)).unwrap();
         assert!(got[0].fusion.is_none());
         // A prim the fuser lacks keeps it out too.
-        fuser.impls.remove(&SymKey::Prim("sin".into()));
+        fuser.impls.remove(&prim("sin"));
         let (_, got) = claim(&trace, &[fuser, torch], &mut |_, _| Ok(true)).unwrap();
         assert!(got[0].fusion.is_none());
     }

@@ -106,7 +106,7 @@ mod tests {
                     method: Some((*name).into()),
                     inplace: Some(format!("{name}_").into()),
                 };
-                (SymKey::Prim((*name).to_string()), ImplSpec { callee, has_checker: false })
+                (SymKey::Prim(trace_ir::PrimId::from_name(name).unwrap()), ImplSpec { callee, has_checker: false })
             })
             .collect();
         let executors = [ExecutorSpec { name: "torch".into(), impls, ..Default::default() }];

@@ -40,7 +40,7 @@ use std::path::Path;
 use trace_ir::parser::parse_trace;
 use trace_ir::printer::print_trace;
 use trace_ir::pysrc::Callee;
-use trace_ir::{BoundSymbol, Symbol, SymbolTable, Trace};
+use trace_ir::{BoundSymbol, PrimId, Symbol, SymbolTable, Trace};
 
 /// The passes a golden file can name.
 const PASSES: &[Pass] =
@@ -179,15 +179,15 @@ fn executor_specs(executors: &[Executor], trace: &Trace) -> Result<Vec<ExecutorS
     all_symbols(&trace.bsyms, &mut every);
     let key = |name: &str| match name.contains('.') {
         true => SymbolTable::lookup(name).map(SymKey::Symbol).ok_or(format!("no symbol `{name}` in the trace")),
-        false => Ok(SymKey::Prim(name.to_string())),
+        false => PrimId::from_name(name).map(SymKey::Prim).ok_or(format!("no prim `{name}`")),
     };
     let short = |key: &SymKey| match key {
-        SymKey::Prim(name) => name.clone(),
+        SymKey::Prim(prim) => prim.name().to_string(),
         SymKey::Symbol(id) => SymbolTable::name(*id).rsplit('.').next().unwrap_or_default().to_string(),
     };
     let spec = |e: &Executor| -> Result<ExecutorSpec, String> {
         let keys: Vec<SymKey> = match e.symbols.as_slice() {
-            [all] if all == "*" => every.iter().map(SymKey::of).collect(),
+            [all] if all == "*" => every.iter().filter_map(SymKey::of).collect(),
             names => names.iter().map(|n| key(n)).collect::<Result<_, _>>()?,
         };
         let impls = keys.into_iter().map(|k| {

@@ -1,61 +1,16 @@
-//! The compile entry point: converts the executors' tables and the checker callback, and runs
+//! The compile entry point: converts the checker callback, and runs
 //! the pipeline's table (`passes::pipeline::PIPELINE`, every stage) through `passes::compile`.
 
-use passes::{ExecutorSpec, ImplSpec, Options, PassCx, SymKey};
+use passes::{Options, PassCx, SymKey};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use trace_ir::pysrc::Callee;
-use trace_ir::{BoundSymbol, SymbolId};
+use trace_ir::BoundSymbol;
 
 use crate::convert::from_arg;
 use crate::errors::{no_panic, py_result};
+use crate::table::ExecutorTable;
 use crate::trace::PyTrace;
-
-/// One executor's table as Python sends it: `(name, is_fusion, [(symbol, impl_name, has_checker,
-/// method, inplace), ...], fuses_decompositions)`.
-type ExecutorRow<'py> = (String, bool, Vec<(Bound<'py, PyAny>, String, bool, Option<String>, Option<String>)>, bool);
-
-/// The executors' tables in priority order, built once from Python.
-#[pyclass(frozen, module = "thunder_rs._core", name = "ExecutorTable")]
-pub struct ExecutorTable {
-    executors: Vec<ExecutorSpec>,
-}
-
-#[pymethods]
-impl ExecutorTable {
-    /// `executors` is `[(name, is_fusion, [(symbol, impl_name, has_checker, method, inplace),
-    /// ...], fuses_decompositions), ...]`, where `symbol` is a prim name (str) or a registered
-    /// symbol id (int), `method` names a tensor method with the same signature, `inplace` one
-    /// computing the same values into its receiver (either may be None), and
-    /// `fuses_decompositions` says whether a fusion executor claims composites whose whole
-    /// decomposition it claims.
-    #[new]
-    fn new(executors: Vec<ExecutorRow<'_>>) -> PyResult<Self> {
-        let executors = executors
-            .into_iter()
-            .map(|(name, fusion, entries, fuses_decompositions)| {
-                let impls = entries
-                    .into_iter()
-                    .map(|(sym, function, has_checker, method, inplace)| {
-                        let key = match sym.extract::<u32>() {
-                            Ok(id) => SymKey::Symbol(SymbolId(id)),
-                            Err(_) => SymKey::Prim(sym.extract::<String>()?),
-                        };
-                        let callee = Callee {
-                            function: function.into(),
-                            method: method.map(Into::into),
-                            inplace: inplace.map(Into::into),
-                        };
-                        Ok((key, ImplSpec { callee, has_checker }))
-                    })
-                    .collect::<PyResult<_>>()?;
-                Ok(ExecutorSpec { name, impls, fusion, fuses_decompositions })
-            })
-            .collect::<PyResult<_>>()?;
-        Ok(ExecutorTable { executors })
-    }
-}
 
 /// Runs the pipeline (`passes::pipeline::PIPELINE`) on an acquired trace. For entries that have a
 /// checker, `checker(executor_index, symbol_key, args, kwargs)` is called with the bound symbol's
@@ -137,9 +92,11 @@ fn call_checker(cx: &Checker, trace: &trace_ir::Trace, executor: usize, bsym: &B
     for (k, v) in &bsym.kwargs {
         kwargs.set_item(k, convert(v)?)?;
     }
+    // Python's registries key a prim by its name.
     let key = match SymKey::of(&bsym.symbol) {
-        SymKey::Prim(name) => name.into_pyobject(py)?.into_any(),
-        SymKey::Symbol(id) => id.0.into_pyobject(py)?.into_any(),
+        Some(SymKey::Prim(prim)) => prim.name().into_pyobject(py)?.into_any(),
+        Some(SymKey::Symbol(id)) => id.0.into_pyobject(py)?.into_any(),
+        None => bsym.symbol.qualified_name().into_pyobject(py)?.into_any(),
     };
     cx.checker.call1((executor, key, args, kwargs))?.extract()
 }

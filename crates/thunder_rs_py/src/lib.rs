@@ -7,6 +7,7 @@ mod errors;
 mod observe;
 mod plugin;
 mod recorder;
+mod table;
 mod trace;
 
 use pyo3::prelude::*;
@@ -35,7 +36,9 @@ fn dtype_names() -> Vec<&'static str> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<recorder::Recorder>()?;
     m.add_class::<trace::PyTrace>()?;
-    m.add_class::<compile::ExecutorTable>()?;
+    m.add_class::<table::ExecutorTable>()?;
+    m.add_class::<table::ExecutorRow>()?;
+    m.add_class::<table::ImplEntry>()?;
     m.add_class::<observe::CallObserver>()?;
     m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;

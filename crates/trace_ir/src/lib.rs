@@ -24,7 +24,7 @@ pub mod verify;
 pub use dtype::{DType, Device, DeviceKind};
 pub use error::{ErrorKind, IrError, Result};
 pub use ids::{SymbolId, ValueId};
-pub use prims::Prim;
+pub use prims::{Prim, PrimId};
 pub use symbols::{SymbolKind, SymbolTable};
 pub use trace::{BoundSymbol, GradRule, OpenCalls, Symbol, Trace, TraceBuilder};
 pub use value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};

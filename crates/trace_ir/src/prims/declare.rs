@@ -191,6 +191,16 @@ macro_rules! declare_family {
                 }
             }
 
+            /// The prim's position in [`Self::NAMES`].
+            pub fn index(&self) -> usize {
+                // A fieldless twin of the variants numbers them in declaration order.
+                #[allow(dead_code)]
+                enum Position { $($var),* }
+                match self {
+                    $($fam::$var { .. } => Position::$var as usize,)*
+                }
+            }
+
             pub fn operands(&self) -> $crate::prims::Operands {
                 #[allow(unused_imports)]
                 use $crate::prims::Operands;
@@ -244,6 +254,11 @@ macro_rules! elementwise_table {
                 match self {
                     $($fam::$var => $name,)*
                 }
+            }
+
+            /// The prim's position in [`Self::NAMES`].
+            pub fn index(&self) -> usize {
+                *self as usize
             }
 
             pub fn operands(&self) -> $crate::prims::Operands {

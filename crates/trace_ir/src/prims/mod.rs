@@ -25,6 +25,8 @@ use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
 use args::CallArgs;
 use declare::Family;
+use rustc_hash::FxHashMap;
+use std::sync::LazyLock;
 
 pub use conv::Conv;
 pub use creation::Creation;
@@ -53,6 +55,27 @@ pub struct PrimInfo {
     pub promotion: Option<u8>,
 }
 
+/// A prim without its parameters (`sum`, whatever its dims): its position in [`all_names`].
+/// Executors' tables claim by it, so a prim name is resolved once, when a table is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PrimId(u32);
+
+static NAMES: LazyLock<Vec<&'static str>> = LazyLock::new(all_names);
+static IDS: LazyLock<FxHashMap<&'static str, PrimId>> =
+    LazyLock::new(|| NAMES.iter().enumerate().map(|(i, &name)| (name, PrimId(i as u32))).collect());
+
+impl PrimId {
+    /// The prim named `name` (`add`), if there is one.
+    pub fn from_name(name: &str) -> Option<PrimId> {
+        IDS.get(name).copied()
+    }
+
+    /// The prim's name as printed after `prims.`.
+    pub fn name(self) -> &'static str {
+        NAMES[self.0 as usize]
+    }
+}
+
 macro_rules! families {
     ($($fam:ident),* $(,)?) => {
         /// A primitive operation with its parameters: one variant per family.
@@ -73,6 +96,17 @@ macro_rules! families {
                 match self {
                     $(Prim::$fam(p) => p.name(),)*
                 }
+            }
+
+            /// The prim without its parameters.
+            pub fn id(&self) -> PrimId {
+                #[allow(dead_code)]
+                enum Position { $($fam),* }
+                const COUNTS: &[usize] = &[$($fam::NAMES.len()),*];
+                let (family, index) = match self {
+                    $(Prim::$fam(p) => (Position::$fam as usize, p.index()),)*
+                };
+                PrimId((COUNTS[..family].iter().sum::<usize>() + index) as u32)
             }
 
             /// The family's name (`Unary`, `Shape`, ...).
@@ -213,5 +247,21 @@ impl Prim {
     /// Prims cheap enough to recompute in the backward instead of saving their output.
     pub fn is_cheap_to_recompute(&self) -> bool {
         self.is_elementwise() || self.is_shape_op() || matches!(self, Prim::Creation(c) if !c.is_random())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prims_id_is_its_names_position() {
+        for (name, args) in [("sin", vec![]), ("reshape", vec![Arg::Value(ValueId(0)), Arg::ints(&[2])])] {
+            let (prim, _) = Prim::from_call(name, args).unwrap();
+            assert_eq!(PrimId::from_name(name), Some(prim.id()));
+            assert_eq!(prim.id().name(), name);
+        }
+        assert!(all_names().iter().all(|&name| PrimId::from_name(name).map(PrimId::name) == Some(name)));
+        assert_eq!(PrimId::from_name("sinn"), None);
     }
 }

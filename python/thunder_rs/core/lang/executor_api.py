@@ -7,8 +7,9 @@ that runs each region.
 It lives in core so that core (the jit, writeback, custom functions) depends on the protocol, not
 on the executors: ``thunder_rs.executors`` registers into it. Each executor's implementations are
 ``Implementation`` records in its ``Registry``, whose ``version`` changes on every registration:
-the tables go to Rust once per change of a version (``executor_table``), and the Rust claim pass
-calls back into Python only for entries with a checker.
+the tables go to Rust once per change of a version (``executor_table``, as ``_core.ExecutorRow``
+records, where a prim name that names no prim is an error), and the Rust claim pass calls back
+into Python only for entries with a checker.
 """
 
 import builtins
@@ -355,6 +356,17 @@ def _reserved(code: str) -> bool:
     return code in _CODE_NAMES or _CODE_NAME_FORMS.fullmatch(code) is not None
 
 
+def _entry(impl: Implementation, code: str) -> _core.ImplEntry:
+    """``impl``'s row in the Rust table, called by the generated-code name ``code``."""
+    return _core.ImplEntry(
+        symbol=impl.key,
+        function=code,
+        has_checker=impl.checker is not None,
+        method=impl.method,
+        inplace=impl.inplace_method,
+    )
+
+
 def executor_table(executors: list[Executor]):
     """The Rust table of ``executors`` and the implementations by generated-code name. Another
     thread may register implementations meanwhile (fallbacks, lazily imported executors): the
@@ -367,17 +379,20 @@ def executor_table(executors: list[Executor]):
     cached = _table_cache.get("table")
     if cached is not None and cached[0] == key:
         return cached[1], cached[2]
-    rows: list = []
+    rows: list[_core.ExecutorRow] = []
     impls: dict[str, Any] = {}
     names: dict[str, Executor] = {}
     for executor in executors:
-        entries = []
-        for impl in executor.registry.snapshot().values():
-            code = _unique(impl.name, impls, impl.fn, _reserved)
-            entries.append((impl.key, code, impl.checker is not None, impl.method, impl.inplace_method))
-        decomposes = getattr(executor, "fuses_decompositions", False)
+        entries = [
+            _entry(impl, _unique(impl.name, impls, impl.fn, _reserved))
+            for impl in executor.registry.snapshot().values()
+        ]
         # Rust names the executor's regions after it: ``{name}_fusion0``.
-        rows.append((_unique(executor.name, names, executor), executor.fusion, entries, decomposes))
+        name = _unique(executor.name, names, executor)
+        decomposes = getattr(executor, "fuses_decompositions", False)
+        rows.append(
+            _core.ExecutorRow(name=name, fusion=executor.fusion, impls=entries, fuses_decompositions=decomposes)
+        )
     table = _core.ExecutorTable(rows)
     _table_cache["table"] = (key, table, impls)
     return table, impls
