@@ -256,7 +256,9 @@ mod tests {
 
     #[test]
     fn a_prims_id_is_its_names_position() {
-        for (name, args) in [("sin", vec![]), ("reshape", vec![Arg::Value(ValueId(0)), Arg::ints(&[2])])] {
+        for (name, args) in
+            [("sin", vec![Arg::Value(ValueId(0))]), ("reshape", vec![Arg::Value(ValueId(0)), Arg::ints(&[2])])]
+        {
             let (prim, _) = Prim::from_call(name, args).unwrap();
             assert_eq!(PrimId::from_name(name), Some(prim.id()));
             assert_eq!(prim.id().name(), name);
