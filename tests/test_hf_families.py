@@ -45,6 +45,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _families():
     """name -> (model class, config, kind of batch, dtype)."""
+    return {**_decoders(), **_encoders()}
+
+
+def _decoders():
     f64 = torch.float64
     return {
         "mistral": (
@@ -93,6 +97,13 @@ def _families():
             "lm",
             torch.float32,
         ),
+    }
+
+
+def _encoders():
+    """Sequence classifiers and encoder-decoders."""
+    f64 = torch.float64
+    return {
         "roberta": (T.RobertaForSequenceClassification, T.RobertaConfig(**{**ENCODER, "pad_token_id": 1}), "cls", f64),
         "distilbert": (
             T.DistilBertForSequenceClassification,

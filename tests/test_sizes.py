@@ -14,7 +14,9 @@ RS_NOISE = re.compile(r'"(\\.|[^"\\])*"|\'(\\.|[^\'\\])\'|//.*')
 
 
 def python_files():
-    return sorted((ROOT / "python" / "thunder_rs").rglob("*.py"))
+    """The package, its tests, benchmarks and examples."""
+    folders = (ROOT / "python" / "thunder_rs", ROOT / "tests", ROOT / "benchmarks", ROOT / "examples")
+    return sorted(p for folder in folders for p in folder.rglob("*.py") if "target" not in p.parts)
 
 
 def rust_files():
