@@ -81,6 +81,7 @@ bench: build
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/host_overhead.py --quick --no-compile
 	$(PY) benchmarks/import_time.py
+	$(PY) benchmarks/dynamic_shapes.py
 
 # What the GPU check carries (benchmarks/gpu_carry.py, ../shared/GPU.md), in gpu-carry/: the abi3
 # thunder_rs wheel (manylinux_2_28 through zig, so that it loads wherever torch does; make wheel's

@@ -1,0 +1,181 @@
+"""Shapes that change between calls (issue 26): compile counts and time against eager, one process.
+
+    python benchmarks/dynamic_shapes.py [--steps 40] [--json out.json]
+
+Three runs, each against eager on the same weights and inputs:
+
+  padding   a tiny Hugging Face GPT-2 trained with dynamic padding: each step's batch of 8 is padded
+            to a length drawn from 16..128 (seeded; 36 distinct lengths in 40 steps), AdamW.
+            Target: at most 1.1x eager's wall time, at most 3 compiles.
+  batch     the demo GPT (examples/gpt.py) at batch sizes 1..32, no_grad: compiles, and per-call time
+            at a few sizes. Target: at most 3 compiles, per-call within 5% of a static compile's.
+  decode    a 64-token greedy decode with a growing KV cache through the jitted GPT-2.
+            Target: at most 3 compiles.
+
+Wall times include the compiles (that is the user's cost). torch.compile is not run here (its
+recompiles and automatic dynamic shapes are what the targets compare with: `--with-compile` adds it).
+"""
+
+import argparse
+import copy
+import inspect
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+import gpt  # noqa: E402
+import thunder_rs  # noqa: E402
+
+VOCAB = 1000
+BATCH = 8
+
+
+def tiny_gpt2():
+    import transformers  # noqa: PLC0415 (optional: only this benchmark's HF runs need it)
+
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=4, n_embd=64, n_positions=256, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2
+    )
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def padded_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each step: token ids and an attention mask, padded (on the right) to the step's longest row."""
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(steps):
+        length = rng.randint(16, 128)
+        lengths = torch.randint(max(1, length // 2), length + 1, (BATCH,), generator=gen)
+        lengths[0] = length
+        mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+        ids = torch.randint(3, VOCAB, (BATCH, length), generator=gen) * mask
+        batches.append((ids, mask))
+    return batches
+
+
+def train(model, call, batches) -> float:
+    """Seconds for the training steps (loss on the unpadded tokens, backward, AdamW)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    start = time.perf_counter()
+    for ids, mask in batches:
+        labels = ids.masked_fill(mask == 0, -100)
+        loss = call(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def run_padding(steps: int, backends: dict) -> dict:
+    batches = padded_batches(steps)
+    result = {"steps": steps, "distinct_lengths": len({ids.shape[1] for ids, _ in batches})}
+    for name, make in backends.items():
+        model = tiny_gpt2()
+        call = make(model)
+        result[f"{name}_s"] = train(model, call, batches)
+        result[f"{name}_compiles"] = compiles(call)
+    result["ratio"] = result["thunder_rs_s"] / result["eager_s"]
+    return result
+
+
+def compiles(call) -> int | None:
+    """How many times a thunder_rs callable compiled (None for the others)."""
+    try:
+        return thunder_rs.compile_stats(call).cache_misses
+    except Exception:  # noqa: BLE001 (not a thunder_rs callable: eager or torch.compile)
+        return None
+
+
+def per_call_us(call, x, repeats: int = 15) -> float:
+    with torch.no_grad():
+        call(x)
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            call(x)
+            samples.append((time.perf_counter_ns() - start) / 1e3)
+    return statistics.median(samples)
+
+
+def run_batch(backends: dict) -> dict:
+    config = gpt.GPTConfig()
+    model = gpt.GPT(config)
+    gpt.init_weights(model, 0)
+    result = {}
+    for name, make in backends.items():
+        call = make(model)
+        start = time.perf_counter()
+        with torch.no_grad():
+            for batch in range(1, 33):
+                call(gpt.random_tokens(config, batch, 32))
+        result[f"{name}_s"] = time.perf_counter() - start
+        result[f"{name}_compiles"] = compiles(call)
+        for batch in (1, 8, 32):
+            result[f"{name}_us_at_{batch}"] = per_call_us(call, gpt.random_tokens(config, batch, 32))
+    return result
+
+
+def greedy(call, keyword: str, ids: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The prompt, then one call per token with the cache the last call returned."""
+    produced = []
+    with torch.no_grad():
+        out = call(input_ids=ids, use_cache=True)
+        for _ in range(tokens):
+            produced.append(out.logits[:, -1].argmax(-1, keepdim=True))
+            cache = out["cache"] if "cache" in out else out["past_key_values"]
+            out = call(input_ids=produced[-1], use_cache=True, **{keyword: cache})
+    return torch.cat(produced, 1)
+
+
+def run_decode(tokens: int, backends: dict) -> dict:
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    result, outputs = {"tokens": tokens}, {}
+    for name, make in backends.items():
+        model = tiny_gpt2().eval()
+        keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        call = make(model)
+        start = time.perf_counter()
+        outputs[name] = greedy(call, keyword, ids, tokens)
+        result[f"{name}_s"] = time.perf_counter() - start
+        result[f"{name}_compiles"] = compiles(call)
+    result["same_tokens"] = all(torch.equal(out, outputs["eager"]) for out in outputs.values())
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--with-compile", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="thunder_rs.*recompiled")
+    backends = {"eager": lambda m: m, "thunder_rs": lambda m: thunder_rs.jit(m, cache=512)}
+    if args.with_compile:
+        backends["torch.compile"] = lambda m: torch.compile(copy.copy(m))
+    results = {
+        "padding": run_padding(args.steps, backends),
+        "batch": run_batch(backends),
+        "decode": run_decode(args.tokens, backends),
+    }
+    for name, result in results.items():
+        print(
+            f"{name:8s} " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
