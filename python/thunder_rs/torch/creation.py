@@ -1,5 +1,6 @@
-"""Creation ops: arange, zeros/ones/full/empty and their ``like`` and ``Tensor.new_`` forms,
-and tril/triu (random ones are in ``random.py``).
+"""Creation ops: arange, zeros/ones/full/empty and their ``_like`` and ``Tensor.new_`` forms,
+tril/triu, eye, linspace and logspace, and the conjugation ops, which for real tensors return their
+input (random ones are in ``random.py``).
 
 Sizes come as varargs or one sequence (``zeros(2, 3)``, ``zeros((2, 3))``, ``zeros(x.shape)``).
 ``layout``, ``pin_memory``, ``memory_format`` and ``generator`` are accepted and ignored: the

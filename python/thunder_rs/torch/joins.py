@@ -1,5 +1,6 @@
 """Shape ops that join tensors or split, narrow and pad one along a dim: cat, stack, repeat,
-split, chunk, tensor_split, narrow and constant pad.
+split, chunk, tensor_split, narrow and constant pad; and the splits' grad rules (one cat of the
+pieces' gradients).
 
 Each is a composite of the cat, slice, broadcast_in_dim and pad prims; see ``shape.py`` for the
 conventions the shape ops share.

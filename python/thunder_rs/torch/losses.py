@@ -1,5 +1,6 @@
 """Losses and distances (``torch.nn.functional``): regression, binary and KL losses, margin and
-embedding losses, Poisson and Gaussian likelihoods; p-norm distances and normalisation.
+embedding losses, Poisson and Gaussian likelihoods, CTC (an opaque symbol); p-norm distances and
+normalisation; and binary_cross_entropy's grad rule (eager's backward kernel).
 
 Each follows eager's kernel formula (its clamps, epsilons and masks) and eager's argument checks.
 Value checks eager makes on data (``binary_cross_entropy``'s inputs in [0, 1],

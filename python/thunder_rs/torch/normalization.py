@@ -1,5 +1,5 @@
 """Normalisation layers beyond layer and batch norm (``torch.nn.functional``): group norm,
-instance norm and local response norm.
+instance norm and local response norm, and group norm's grad rule.
 
 Group norm is its own kernel pair (``native_group_norm`` and its backward), as in eager's
 autograd. Instance norm is batch norm over a (1, N * C, ...) view, as aten computes it, so

@@ -1,5 +1,5 @@
 """Order statistics and searches: kthvalue, median, nanmedian, quantile, nanquantile, mode, histc,
-bucketize, searchsorted and isin.
+bucketize, searchsorted and isin; and the grad rules of median, nanmedian, mode and kthvalue.
 
 Order statistics sort (stably, NaN last, as torch.sort does) along the reduced dim and select a
 position, so their indices are the first of equal values in input order where eager's selection
