@@ -1,4 +1,5 @@
-"""The grad rules of the nn and linalg composites (thunder_rs/torch/grads.py).
+"""The grad rules of the nn, linalg and shape composites (``register_grad`` beside each op in its
+ltorch family file).
 
 For each case of a table: the gradients match eager autograd in float64 and float32, the backward
 is the rule's (its ltorch calls, no prims beyond the few the split recomputes, none of the

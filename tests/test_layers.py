@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from thunder_rs.core.lang.recorder import GRAD_RULES, KERNEL_IDS
+from thunder_rs.torch import SYMBOLS
+
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "thunder_rs"
 
 #: The layers, lowest first, each as the module prefixes it holds: a module may import its own
@@ -234,3 +237,182 @@ def test_the_checks_see_what_they_forbid(tmp_path):
         "thunder_rs.torch:5 imports thunder_rs.torch.shape inside a function",
     ]
     assert cycles(found) == [["thunder_rs.core.a", "thunder_rs.torch"]]
+
+
+# -- ltorch by op family ---------------------------------------------------------------------------
+# A reader finds an op, its decomposition, its grad rule and its kernels in one file: the module
+# that declares the op's ``@torchsymbol`` (issue 25). Declarations come from the registry (a
+# family declares some symbols in loops over tables, which the source names only as variables);
+# grad rules and kernels from the source.
+
+#: Names an ltorch module may not have: files named for holding an op's pieces apart from the op
+#: (its grad rules, its kernels) or for being more of another family.
+SPLIT_SUFFIXES = ("_grads", "_kernels", "_extra", "_opaque")
+
+
+class Site(NamedTuple):
+    module: str
+    line: int
+    symbol: str
+
+
+def _is_call_of(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func).rpartition(".")[2] == name
+
+
+def _symbol_named(node: ast.expr) -> str | None:
+    """``ltorch.X`` or a bare ``X`` as the symbol name ``X``; None for anything else."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ltorch":
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+
+
+def _grad_targets(tree: ast.AST, call: ast.Call, parents: dict) -> list[str]:
+    """The symbols ``register_grad(target)`` registers: the target's name, or where the target is
+    a parameter of an enclosing helper (``_define_full_median_grad(symbol)``), what each call of
+    that helper in the module passes for it. A target made by a ``@torchsymbol`` def of the same
+    module (``sampler``, one per row of a table) sits beside its rule by construction: ``""``."""
+    target = call.args[0]
+    if isinstance(target, ast.Name):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == target.id:
+                for decorator in node.decorator_list:
+                    if _is_call_of(decorator, "torchsymbol"):
+                        named = [k.value for k in decorator.keywords if k.arg == "name"]
+                        if not named:
+                            return [node.name]
+                        return [named[0].value if isinstance(named[0], ast.Constant) else ""]
+        child, scope = call, parents.get(call)
+        while scope is not None:
+            # The function a rule decorates is not its scope: its parameters are the rule's.
+            if isinstance(scope, ast.FunctionDef) and child not in scope.decorator_list:
+                params = [a.arg for a in scope.args.args]
+                if target.id in params:
+                    index = params.index(target.id)
+                    calls = [n for n in ast.walk(tree) if _is_call_of(n, scope.name) and len(n.args) > index]
+                    return [t for n in calls if (t := _symbol_named(n.args[index])) is not None]
+            child, scope = scope, parents.get(scope)
+    return [_symbol_named(target) or ast.unparse(target)]
+
+
+def _kernel_name(node: ast.FunctionDef) -> str | None:
+    """The symbol a ``@torchsymbol(..., meta=...)`` decorator makes of ``node``, else None."""
+    for decorator in node.decorator_list:
+        if _is_call_of(decorator, "torchsymbol") and any(k.arg == "meta" for k in decorator.keywords):
+            named = [k.value.value for k in decorator.keywords if k.arg == "name" and isinstance(k.value, ast.Constant)]
+            return named[0] if named else node.name
+    return None
+
+
+def _referenced(tree: ast.AST, name: str, skip: ast.AST) -> bool:
+    """Whether ``name`` (bare or as ``ltorch.name``) is read anywhere in ``tree`` but ``skip``."""
+    inside = {id(n) for n in ast.walk(skip)}
+    return any(
+        _symbol_named(n) == name and id(n) not in inside and isinstance(getattr(n, "ctx", None), ast.Load)
+        for n in ast.walk(tree)
+    )
+
+
+@functools.cache
+def family_sites(package: Path = PACKAGE) -> tuple[tuple[Site, ...], tuple[Site, ...], frozenset[str]]:
+    """Every grad rule registration of ltorch (``register_grad``) as the symbol it registers, every
+    kernel, and the modules that register a grad rule, read from ``<package>/torch``. A kernel's
+    site names the kernel when its module reads it outside its definition, else ``?<kernel>``."""
+    grads, kernels, with_rules = [], [], set()
+    for module, path in modules(package).items():
+        if not module.startswith(f"{package.name}.torch.") or path.suffix != ".py":
+            continue
+        tree = ast.parse(path.read_text())
+        parents = _parents(tree)
+        for node in ast.walk(tree):
+            if _is_call_of(node, "register_grad") and node.args:
+                with_rules.add(module)
+                grads += [Site(module, node.lineno, target) for target in _grad_targets(tree, node, parents)]
+            elif isinstance(node, ast.FunctionDef) and (kernel := _kernel_name(node)) is not None:
+                used = _referenced(tree, node.name, node) or _referenced(tree, kernel, node)
+                kernels.append(Site(module, node.lineno, kernel if used else f"?{kernel}"))
+    return tuple(grads), tuple(kernels), frozenset(with_rules)
+
+
+def misplaced(
+    grads: Sequence[Site], kernels: Sequence[Site], with_rules: frozenset[str], declared: dict[str, str]
+) -> list[str]:
+    """Grad rules registered away from the module that declares their symbol (``declared``: symbol
+    name to module), and kernels that no grad rule of their own module calls."""
+    out = [
+        f"{g.module}:{g.line} registers the grad rule of {g.symbol}, declared in {declared.get(g.symbol)}"
+        for g in grads
+        if g.symbol and declared.get(g.symbol) != g.module
+    ]
+    out += [
+        f"{k.module}:{k.line} declares the kernel {k.symbol.lstrip('?')}, which no grad rule of its module calls"
+        for k in kernels
+        if k.symbol.startswith("?") or k.module not in with_rules
+    ]
+    return out
+
+
+def split_modules(package: Path = PACKAGE) -> list[str]:
+    """Modules of ``<package>.torch`` named for a piece held apart from its family."""
+    return sorted(m for m in modules(package) if m.startswith(f"{package.name}.torch.") and m.endswith(SPLIT_SUFFIXES))
+
+
+def declaring_modules() -> dict[str, str]:
+    """Each registered ltorch symbol's name (``tanh``) and the module its ``@torchsymbol`` is in."""
+    return {s.symbol_name.removeprefix("ltorch."): s.__module__ for s in SYMBOLS}
+
+
+def test_each_grad_rule_and_kernel_sits_beside_its_op():
+    grads, kernels, with_rules = family_sites()
+    declared = declaring_modules()
+    # The source shows every rule the registry holds: each symbol with a rule is a site's, or
+    # declared in a module whose rule is made per row of a table (a ``""`` site).
+    with_rule = {s.symbol_name.removeprefix("ltorch.") for s in SYMBOLS if s.symbol_id in GRAD_RULES}
+    per_row = {g.module for g in grads if not g.symbol}
+    assert {name for name in with_rule - {g.symbol for g in grads} if declared[name] not in per_row} == set()
+    assert {k.symbol.lstrip("?") for k in kernels} == {
+        s.symbol_name.removeprefix("ltorch.") for s in SYMBOLS if s.symbol_id in KERNEL_IDS
+    }
+    assert misplaced(grads, kernels, with_rules, declared) == []
+
+
+def test_no_ltorch_module_holds_pieces_apart_from_their_family():
+    assert split_modules() == []
+
+
+def test_the_family_checks_see_what_they_forbid(tmp_path):
+    """A grad rule in another module than its op's (directly, and through a helper's parameter), a
+    kernel in a module without the rule that calls it, and a ``*_grads`` module are each found."""
+    package = tmp_path / "thunder_rs"
+    sources = {
+        "__init__.py": "",
+        "_core.pyi": "",
+        "torch/__init__.py": "",
+        "torch/nn.py": (
+            "@torchsymbol(F.gelu)\ndef gelu(input):\n    return input\n\n\n"
+            "@register_grad(ltorch.gelu)\ndef gelu_grad(input):\n    return gelu_backward(input)\n\n\n"
+            "@torchsymbol(name='gelu_backward', meta=_meta)\ndef gelu_backward(g):\n    return g\n"
+        ),
+        "torch/nn_grads.py": (
+            "@register_grad(ltorch.relu)\ndef relu_grad(input):\n    return input\n\n\n"
+            "def _define(symbol):\n    @register_grad(symbol)\n    def rule(input):\n        return input\n\n\n"
+            "_define(ltorch.median)\n"
+        ),
+        "torch/kernels.py": (
+            "@torchsymbol(name='softmax_backward', meta=_meta)\ndef softmax_backward(g):\n    return g\n"
+        ),
+    }
+    for name, source in sources.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(source)
+    declared = {"gelu": "thunder_rs.torch.nn", "relu": "thunder_rs.torch.nn", "median": "thunder_rs.torch.statistics"}
+    assert misplaced(*family_sites(package), declared) == [
+        "thunder_rs.torch.nn_grads:1 registers the grad rule of relu, declared in thunder_rs.torch.nn",
+        "thunder_rs.torch.nn_grads:7 registers the grad rule of median, declared in thunder_rs.torch.statistics",
+        "thunder_rs.torch.kernels:2 declares the kernel softmax_backward, which no grad rule of its module calls",
+    ]
+    assert split_modules(package) == ["thunder_rs.torch.nn_grads"]

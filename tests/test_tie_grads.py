@@ -2,7 +2,7 @@
 operands) equal eager's, whichever executor runs the backward: the torch executor, and the nvFuser
 executor on the stand-in ``nvfuser_direct``, where the grad rules' prims are fused.
 
-Eager's convention at ties changed in torch 2.14 and 2.15 (``grads_elementwise.SPLIT_TIES``); the
+Eager's convention at ties changed in torch 2.14 and 2.15 (``elementwise.SPLIT_TIES``); the
 H100 run of issue 23 had torch 2.11, where clamp passes the gradient at its bounds and fmax gives a
 tie to ``self``. These tests compare against the installed torch's eager, so they check whichever
 convention it has; the last one checks that the rules chose the installed torch's.
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import thunder_rs
-from thunder_rs.torch import grads_elementwise
+from thunder_rs.torch import elementwise
 
 import fake_nvfuser_direct as fake
 
@@ -127,8 +127,8 @@ def _eager_grad(fn, *values):
 def test_tie_conventions_are_the_installed_torchs():
     """The rules' choice by torch version is eager's: a scalar bound's tie, a tensor tie of fmax,
     and fmax with a NaN ``self``."""
-    split = grads_elementwise.SPLIT_TIES
+    split = elementwise.SPLIT_TIES
     assert _eager_grad(lambda x: torch.clamp(x, 0.0, 1.0), 0.0) == [0.0 if split else 1.0]
     assert _eager_grad(torch.fmax, 1.0, 1.0) == ([0.5, 0.5] if split else [1.0, 0.0])
-    nan_selecting = grads_elementwise.NAN_SELECTING_FMAX
+    nan_selecting = elementwise.NAN_SELECTING_FMAX
     assert _eager_grad(torch.fmax, NAN, 1.0) == ([0.0, 1.0] if nan_selecting or not split else [1.0, 1.0])

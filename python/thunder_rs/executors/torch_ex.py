@@ -13,9 +13,10 @@ import torch
 from thunder_rs import prims
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS
 from thunder_rs.core.lang.executor_api import Executor, Implementation, register_executor
-from thunder_rs.torch import SYMBOLS, fused_attention, kernels, pool_kernels
+from thunder_rs.torch import SYMBOLS, fused_attention
 from thunder_rs.torch.interpolate import TORCH_IMPLS as RESIZE_IMPLS
 from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS
+from thunder_rs.torch.symbols import ltorch
 
 torch_ex = Executor("torch")
 
@@ -416,7 +417,7 @@ def _batch_norm_backward(
     )
 
 
-#: The fused kernels of ``thunder_rs.torch.kernels``, each one aten call (with its checker).
+#: The fused kernels of ltorch's families (``layer_norms``, ``nn``, ...), each one aten call (with its checker).
 _KERNELS = {
     "native_layer_norm": (torch.native_layer_norm, None),
     "native_layer_norm_backward": (_defined(_aten.native_layer_norm_backward.default), None),
@@ -444,10 +445,10 @@ _KERNELS = {
 
 def _register_kernels() -> None:
     for name, (impl, checker) in _KERNELS.items():
-        torch_ex.register_implementation(getattr(kernels, name), impl, impl_name=f"torch_{name}", checker=checker)
+        torch_ex.register_implementation(getattr(ltorch, name), impl, impl_name=f"torch_{name}", checker=checker)
     for name, impl in _FUSED_ATTENTION.items():
         torch_ex.register_implementation(getattr(fused_attention, name), impl, impl_name=f"torch_{name}")
-    for table in (pool_kernels.TORCH_IMPLS, RESIZE_IMPLS, NORM_IMPLS):
+    for table in (RESIZE_IMPLS, NORM_IMPLS):
         for symbol, impl in table.items():
             name = symbol.symbol_name.removeprefix("ltorch.")
             torch_ex.register_implementation(symbol, impl, impl_name=f"torch_{name}")

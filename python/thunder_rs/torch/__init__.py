@@ -1,5 +1,8 @@
 """ltorch: the torch language. Each ``@torchsymbol`` function is a composite symbol whose body is
-its decomposition into clang helpers and prims, one family of ops per file.
+its decomposition into clang helpers and prims, one family of ops per file: beside each op its
+grad rule (``register_grad``) and the backward kernels of eager's autograd it calls, so that an
+op, its decomposition, its gradient and its kernels read in one file. Helpers several families
+share are ``common.py``'s.
 
 The torch callables a symbol stands for are listed in its decorator; the first is also what the
 torch executor runs when it claims the symbol whole, so an ltorch function takes exactly the
@@ -30,18 +33,19 @@ from thunder_rs.torch.conversions import *  # noqa: E402,F401,F403
 from thunder_rs.torch.indexing import *  # noqa: E402,F401,F403
 from thunder_rs.torch.linalg import *  # noqa: E402,F401,F403
 from thunder_rs.torch.nn import *  # noqa: E402,F401,F403
+from thunder_rs.torch.layer_norms import *  # noqa: E402,F401,F403
+from thunder_rs.torch.batch_norms import *  # noqa: E402,F401,F403
 from thunder_rs.torch.base_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.attention import *  # noqa: E402,F401,F403
 from thunder_rs.torch.pooling import *  # noqa: E402,F401,F403
+from thunder_rs.torch.adaptive_pooling import *  # noqa: E402,F401,F403
+from thunder_rs.torch.sliding_blocks import *  # noqa: E402,F401,F403
 from thunder_rs.torch.interpolate import *  # noqa: E402,F401,F403
 from thunder_rs.torch.autograd import *  # noqa: E402,F401,F403
 from thunder_rs.torch.random import *  # noqa: E402,F401,F403
 from thunder_rs.torch.special import *  # noqa: E402,F401,F403
 from thunder_rs.torch.activations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.losses import *  # noqa: E402,F401,F403
-from thunder_rs.torch import kernels  # noqa: E402,F401
-from thunder_rs.torch import grads  # noqa: E402,F401
-from thunder_rs.torch import grads_elementwise  # noqa: E402,F401
 from thunder_rs.torch.view_scatters import *  # noqa: E402,F401,F403
 from thunder_rs.torch import views  # noqa: E402,F401
 from thunder_rs.torch.padding import *  # noqa: E402,F401,F403
@@ -61,14 +65,9 @@ def _export_symbols() -> None:
 
 _export_symbols()
 
-from thunder_rs.torch.linalg_opaque import *  # noqa: E402,F401,F403
-from thunder_rs.torch.creation_extra import *  # noqa: E402,F401,F403
 from thunder_rs.torch.products import *  # noqa: E402,F401,F403
 from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
-from thunder_rs.torch import norms_grads  # noqa: E402,F401
 from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
-from thunder_rs.torch import statistics_grads  # noqa: E402,F401
 from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
 from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
-from thunder_rs.torch import pool_kernels, cnn_grads  # noqa: E402,F401

@@ -1,26 +1,53 @@
-"""More activations (``torch.nn.functional``): shrinkage, gated, hard and smooth variants of relu
-and sigmoid, SELU/CELU, PReLU, RReLU in evaluation, softsign and softmin.
+"""Activations (``torch.nn.functional``): sigmoid, the relu family and its hard and leaky
+variants, elu/selu/celu, softplus, logsigmoid, gelu, silu, mish; shrinkage, gated and smooth
+variants, PReLU, RReLU in evaluation, softsign and softmin. Beside them the backward kernels of
+eager's autograd they differentiate with (``gelu_backward``, ``threshold_backward``, ...) and
+their grad rules.
 
-As in ``nn.py``, cuts select with ``where`` on eager's own comparison so that the gradient at the
-cut is eager's, and half-precision inputs are computed in float32. Their ``inplace=True`` forms
-and ``torch.selu_``-style in-place calls come from ``inplace.py``, which maps each to these.
+Half-precision inputs are computed in float32 and converted back, as eager kernels do. Where
+eager has a kernel only for floating dtypes, an integer input raises NotImplementedError as there.
+Cuts select with ``where`` on eager's own comparison so that the gradient at the cut is eager's.
+Their ``inplace=True`` forms and ``torch.selu_``-style in-place calls come from ``inplace.py``,
+which maps each to these.
+
+Differentiated through their decompositions, some give NaN where eager's kernels give 0 or the
+cotangent: sigmoid's exp(-x) is inf below about -89 (float32), and elu's and softplus's unused
+``where`` branch overflows above about 89, which ``0 * inf`` carries into the gradient. Their
+rules are eager's backward kernels, computed in float32 for half-precision inputs.
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.rng import is_random
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.elementwise import abs as abs_, neg, sub, tanh, true_divide
-from thunder_rs.torch.nn import _float_op, _require_float, sigmoid, tensor_softmax
+from thunder_rs.torch.common import cast, in_opmath, require_float, rounded, to_compute_dtype, upcast
+from thunder_rs.torch.elementwise import abs as abs_, neg, sub, tanh, true_divide, where
+from thunder_rs.torch.nn import tensor_softmax
 from thunder_rs.torch.random import rrelu
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
+
+
 __all__ = [
+    "sigmoid",
+    "relu",
+    "relu6",
+    "hardtanh",
+    "threshold",
+    "leaky_relu",
+    "elu",
+    "softplus",
+    "logsigmoid",
+    "gelu",
+    "silu",
     "glu",
     "hardshrink",
     "softshrink",
@@ -33,7 +60,141 @@ __all__ = [
     "prelu",
     "softsign",
     "softmin",
+    "gelu_backward",
+    "threshold_backward",
+    "leaky_relu_backward",
+    "hardtanh_backward",
 ]
+
+
+def _float_op(op: str, a, body):
+    """``body`` applied to ``a`` in its compute dtype, converted back; floating inputs only."""
+    require_float(op, a)
+    return clang.maybe_convert(body(upcast(a)), a.dtype)
+
+
+# -- activations -----------------------------------------------------------------------------------
+# ``F.tanh`` is ``ltorch.tanh``'s, declared with the elementwise prims.
+
+
+@torchsymbol(torch.sigmoid, T.sigmoid, F.sigmoid)
+def sigmoid(input):
+    x = input if input.dtype.is_floating_point else clang.maybe_convert(input, torch.get_default_dtype())
+    out = prims.reciprocal(prims.add(prims.exp(prims.neg(upcast(x))), 1.0))
+    return clang.maybe_convert(out, x.dtype)
+
+
+# Activations that cut at a threshold select with ``where`` on eager's comparison, so that their
+# gradient at the threshold itself (and at NaN) is eager's: 0 for relu at 0, not maximum's 1/2.
+
+
+@torchsymbol(F.relu, torch.relu, T.relu)
+def relu(input, inplace=False):
+    check(
+        input.dtype != torch.bool,
+        "ltorch.relu",
+        "Boolean inputs not supported for relu (argument input)",
+        ThunderNotImplementedError,
+    )
+    zero = clang.maybe_convert(0, input.dtype)
+    return prims.where(prims.le(input, zero), zero, input)
+
+
+def _clamp(op: str, a, low, high):
+    """``a`` clamped to [low, high], the bounds cast to ``a``'s dtype (NaN stays NaN); the gradient
+    is zero at the bounds, as eager's hardtanh_backward gives."""
+    check(
+        a.dtype != torch.bool, op, "Bool inputs not supported for hardtanh (argument input)", ThunderNotImplementedError
+    )
+    low, high = clang.maybe_convert(low, a.dtype), clang.maybe_convert(high, a.dtype)
+    return prims.where(prims.le(a, low), low, prims.where(prims.ge(a, high), high, a))
+
+
+@torchsymbol(F.threshold, torch.threshold)
+def threshold(input, threshold, value, inplace=False):
+    op = "ltorch.threshold"
+    check(
+        input.dtype != torch.bool,
+        op,
+        "\"threshold_cpu\" not implemented for 'Bool' (argument input)",
+        ThunderNotImplementedError,
+    )
+    return where(
+        clang.elementwise(prims.le, op, input, threshold, kind=clang.ALWAYS_BOOL),
+        clang.maybe_convert(value, input.dtype),
+        input,
+    )
+
+
+@torchsymbol(F.hardtanh)
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    check(min_val <= max_val, "ltorch.hardtanh", "min_val cannot be greater than max_val (argument min_val)")
+    return _clamp("ltorch.hardtanh", input, min_val, max_val)
+
+
+@torchsymbol(F.relu6)
+def relu6(input, inplace=False):
+    return _clamp("ltorch.relu6", input, 0, 6)
+
+
+@torchsymbol(F.leaky_relu)
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    return _float_op(
+        "ltorch.leaky_relu", input, lambda x: prims.where(prims.gt(x, 0.0), x, prims.mul(x, negative_slope))
+    )
+
+
+@torchsymbol(F.elu)
+def elu(input, alpha=1.0, inplace=False):
+    return _float_op("ltorch.elu", input, lambda x: prims.where(prims.le(x, 0.0), prims.mul(prims.expm1(x), alpha), x))
+
+
+@torchsymbol(F.softplus)
+def softplus(input, beta=1.0, threshold=20.0):
+    def body(x):
+        scaled = prims.mul(x, beta)
+        soft = prims.div(prims.log1p(prims.exp(scaled)), beta)
+        return prims.where(prims.gt(scaled, threshold), x, soft)
+
+    return _float_op("ltorch.softplus", input, body)
+
+
+@torchsymbol(F.logsigmoid)
+def logsigmoid(input):
+    # log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)), which neither overflows nor loses small values.
+    return _float_op(
+        "ltorch.logsigmoid",
+        input,
+        lambda x: prims.sub(prims.minimum(x, 0.0), prims.log1p(prims.exp(prims.neg(prims.abs(x))))),
+    )
+
+
+@torchsymbol(F.gelu)
+def gelu(input, approximate="none"):
+    op = "ltorch.gelu"
+    check(
+        approximate in ("none", "tanh"),
+        op,
+        f"approximate argument must be either none or tanh, got {approximate!r} (argument approximate)",
+        ThunderRuntimeError,
+    )
+
+    def body(x):
+        if approximate == "tanh":
+            cubic = prims.mul(prims.mul(prims.mul(x, x), x), 0.044715)
+            inner = prims.mul(prims.add(x, cubic), math.sqrt(2 / math.pi))
+            cdf = prims.mul(prims.add(prims.tanh(inner), 1.0), 0.5)
+        else:
+            cdf = prims.mul(prims.add(prims.erf(prims.mul(x, math.sqrt(0.5))), 1.0), 0.5)
+        return prims.mul(x, cdf)
+
+    return _float_op(op, input, body)
+
+
+@torchsymbol(F.silu)
+def silu(input, inplace=False):
+    return _float_op("ltorch.silu", input, lambda x: prims.div(x, prims.add(prims.exp(prims.neg(x)), 1.0)))
+
 
 # SELU's constants, as eager's kernel spells them.
 _SELU_ALPHA = 1.6732632423543772848170429916717
@@ -57,7 +218,7 @@ def glu(input, dim=-1):
         f"Halving dimension must be even, but dimension {dim} is size {size} (argument dim)",
         ThunderRuntimeError,
     )
-    _require_float(op, input)
+    require_float(op, input)
 
     def half(start):
         starts, stops = [0] * input.ndim, list(input.shape)
@@ -80,7 +241,7 @@ def hardshrink(input, lambd=0.5):
 @torchsymbol(F.softshrink)
 def softshrink(input, lambd=0.5):
     op = "ltorch.softshrink"
-    _require_float(op, input)
+    require_float(op, input)
     high = torch.finfo(input.dtype).max
     check(
         0 <= lambd <= high,
@@ -202,7 +363,7 @@ def prelu(input, weight):
         f"prelu: Type promoting not supported. Got {input.dtype} and {weight.dtype} (argument weight)",
         ThunderRuntimeError,
     )
-    _require_float(op, input)
+    require_float(op, input)
     if count == 1:
         w = clang.expand_to(prims.reshape(weight, ()), tuple(input.shape))
     else:
@@ -221,3 +382,211 @@ def softmin(input, dim=None, _stacklevel=3, dtype=None):
         ThunderNotImplementedError,
     )
     return tensor_softmax(neg(input), dim, dtype)
+
+
+# -- backward kernels ------------------------------------------------------------------------------
+
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_TANH_CUBIC = 0.044715
+
+
+def _gelu_backward_meta(grad_output, input, approximate="none"):
+    shape = tuple(torch.broadcast_shapes(grad_output.shape, input.shape))
+    return [(shape, input.dtype)]
+
+
+@torchsymbol(name="gelu_backward", meta=_gelu_backward_meta)
+def gelu_backward(grad_output, input, approximate="none"):
+    x = to_compute_dtype(input)
+    if approximate == "tanh":
+        # d/dx [x (1 + t) / 2] with t = tanh(u), u = k (x + c x^3):
+        # (1 + t) / 2 + x (1 - t)(1 + t) k (1 + 3 c x^2) / 2 = (1 + t)(1 + x (1 - t) u') / 2
+        x2 = x * x
+        t = ltorch.tanh(x * (_SQRT_2_OVER_PI + _SQRT_2_OVER_PI * _TANH_CUBIC * x2))
+        du = _SQRT_2_OVER_PI + 3 * _SQRT_2_OVER_PI * _TANH_CUBIC * x2
+        slope = (0.5 + 0.5 * t) * (1 + x * (1 - t) * du)
+    else:
+        # d/dx [x Phi(x)] = Phi(x) + x phi(x)
+        cdf = 0.5 + 0.5 * ltorch.erf(x * math.sqrt(0.5))
+        slope = cdf + x * ltorch.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+    return cast(to_compute_dtype(grad_output) * slope, input.dtype)
+
+
+def _elementwise_backward_meta(grad_output, input, *params):
+    shape = tuple(torch.broadcast_shapes(grad_output.shape, input.shape))
+    return [(shape, grad_output.dtype)]
+
+
+# The piecewise activations' backward kernels, one aten call each on the torch executor (on the
+# CPU, torch.where with a number runs about 18x slower than leaky_relu_backward); the
+# decompositions select on eager's comparisons, so the gradient at the kinks and at NaN is eager's.
+
+
+@torchsymbol(name="threshold_backward", meta=_elementwise_backward_meta)
+def threshold_backward(grad_output, input, threshold):
+    """``grad_output`` where ``input > threshold``, else 0 (NaN passes nothing, as eager's)."""
+    return ltorch.where(ltorch.le(input, threshold), 0.0, grad_output)
+
+
+@torchsymbol(name="leaky_relu_backward", meta=_elementwise_backward_meta)
+def leaky_relu_backward(grad_output, input, negative_slope):
+    """``grad_output`` where ``input > 0``, else ``grad_output * negative_slope``."""
+    return ltorch.where(ltorch.gt(input, 0.0), grad_output, grad_output * negative_slope)
+
+
+@torchsymbol(name="hardtanh_backward", meta=_elementwise_backward_meta)
+def hardtanh_backward(grad_output, input, min_val, max_val):
+    """``grad_output`` strictly inside (min_val, max_val) and at NaN, else 0."""
+    outside = ltorch.bitwise_or(ltorch.le(input, min_val), ltorch.ge(input, max_val))
+    return ltorch.where(outside, 0.0, grad_output)
+
+
+# -- grad rules ------------------------------------------------------------------------------------
+
+
+@register_grad(ltorch.gelu)
+def gelu_grad(input, approximate="none"):
+    out = ltorch.gelu(input, approximate)
+    put_grad(input, gelu_backward(get_grad(out), input, approximate))
+    return out
+
+
+def _put_floating(input, grad) -> None:
+    if input.dtype.is_floating_point:
+        put_grad(input, grad)
+
+
+@register_grad(ltorch.relu)
+def relu_grad(input, inplace=False):
+    out = ltorch.relu(input, inplace)
+    _put_floating(input, threshold_backward(get_grad(out), out, 0))  # eager's: from the result
+    return out
+
+
+@register_grad(ltorch.threshold)
+def threshold_grad(input, threshold, value, inplace=False):
+    out = ltorch.threshold(input, threshold, value, inplace)
+    _put_floating(input, threshold_backward(get_grad(out), input, threshold))
+    return out
+
+
+@register_grad(ltorch.leaky_relu)
+def leaky_relu_grad(input, negative_slope=0.01, inplace=False):
+    out = ltorch.leaky_relu(input, negative_slope, inplace)
+    _put_floating(input, leaky_relu_backward(get_grad(out), input, negative_slope))
+    return out
+
+
+@register_grad(ltorch.hardtanh)
+def hardtanh_grad(input, min_val=-1.0, max_val=1.0, inplace=False):
+    out = ltorch.hardtanh(input, min_val, max_val, inplace)
+    _put_floating(input, hardtanh_backward(get_grad(out), input, min_val, max_val))
+    return out
+
+
+@register_grad(ltorch.relu6)
+def relu6_grad(input, inplace=False):
+    out = ltorch.relu6(input, inplace)
+    _put_floating(input, hardtanh_backward(get_grad(out), input, 0.0, 6.0))
+    return out
+
+
+#: Eager's hardsigmoid backward multiplies by 1/6 rounded to float32 (``1.0f / 6.0f``), in
+#: every dtype: dividing by 6 gives float64 gradients 3e-8 apart from eager's.
+_ONE_SIXTH_F32 = torch.tensor(1.0 / 6.0, dtype=torch.float32).item()
+
+
+@register_grad(ltorch.hardsigmoid)
+def hardsigmoid_grad(input, inplace=False):
+    out = ltorch.hardsigmoid(input, inplace)
+    inside = ltorch.bitwise_and(ltorch.gt(input, -3.0), ltorch.lt(input, 3.0))
+    put_grad(input, ltorch.where(inside, ltorch.mul(get_grad(out), _ONE_SIXTH_F32), 0.0))
+    return out
+
+
+def _sigmoid_of(x):
+    return ltorch.reciprocal(ltorch.exp(-x) + 1.0)
+
+
+@register_grad(ltorch.sigmoid)
+def sigmoid_grad(input):
+    out = ltorch.sigmoid(input)
+    if input.dtype.is_floating_point:
+        g, dtype = in_opmath(get_grad(out), out)
+        s = upcast(out)
+        put_grad(input, rounded(g * (1.0 - s) * s, dtype))
+    return out
+
+
+@register_grad(ltorch.silu)
+def silu_grad(input, inplace=False):
+    out = ltorch.silu(input, inplace)
+    g, dtype = in_opmath(get_grad(out), input)
+    x = upcast(input)
+    s = _sigmoid_of(x)
+    put_grad(input, rounded(g * s * (1.0 + x * (1.0 - s)), dtype))
+    return out
+
+
+@register_grad(ltorch.softplus)
+def softplus_grad(input, beta=1.0, threshold=20.0):
+    out = ltorch.softplus(input, beta, threshold)
+    g, dtype = in_opmath(get_grad(out), input)
+    scaled = upcast(input) * beta
+    z = ltorch.exp(scaled)
+    put_grad(input, rounded(ltorch.where(scaled > threshold, g, g * z / (z + 1.0)), dtype))
+    return out
+
+
+def _elu_grad(out, input, negative_coef: float, positive_coef: float, input_scale: float):
+    g, dtype = in_opmath(get_grad(out), input)
+    x = upcast(input)
+    negative = g * (input_scale * negative_coef) * ltorch.exp(x * input_scale)
+    put_grad(input, rounded(ltorch.where(x <= 0.0, negative, g * positive_coef), dtype))
+    return out
+
+
+@register_grad(ltorch.elu)
+def elu_grad(input, alpha=1.0, inplace=False):
+    return _elu_grad(ltorch.elu(input, alpha, inplace), input, alpha, 1.0, 1.0)
+
+
+@register_grad(ltorch.selu)
+def selu_grad(input, inplace=False):
+    return _elu_grad(ltorch.selu(input, inplace), input, _SELU_ALPHA * _SELU_SCALE, _SELU_SCALE, 1.0)
+
+
+@register_grad(ltorch.celu)
+def celu_grad(input, alpha=1.0, inplace=False):
+    # Eager's derivative takes 1 / alpha with alpha rounded to float32 (``alpha.toFloat()``).
+    input_scale = 1.0 / torch.tensor(alpha, dtype=torch.float32).item()
+    return _elu_grad(ltorch.celu(input, alpha, inplace), input, alpha, 1.0, input_scale)
+
+
+@register_grad(ltorch.mish)
+def mish_grad(input, inplace=False):
+    out = ltorch.mish(input, inplace)
+    g, dtype = in_opmath(get_grad(out), input)
+    x = upcast(input)
+    tanh_softplus = ltorch.tanh(ltorch.log1p(ltorch.exp(x)))
+    put_grad(input, rounded(g * (tanh_softplus + x * _sigmoid_of(x) * (1.0 - tanh_softplus * tanh_softplus)), dtype))
+    return out
+
+
+@register_grad(ltorch.logsigmoid)
+def logsigmoid_grad(input):
+    # Eager's logsigmoid_backward: g * (max_deriv - sign * z / (1 + z)) with z = exp(-|x|) the
+    # buffer its forward kept in the input's dtype, computed in float32 for half precision
+    # (DPO-style losses call it on bfloat16 logits).
+    out = ltorch.logsigmoid(input)
+    g, dtype = in_opmath(get_grad(out), input)
+    x = upcast(input)
+    negative = x < 0.0
+    z = ltorch.exp(-ltorch.abs(x))
+    if dtype is not None:
+        z = upcast(ltorch.to(z, dtype))
+    max_deriv = ltorch.where(negative, 1.0, 0.0)
+    sign = ltorch.where(negative, 1.0, -1.0)
+    put_grad(input, rounded(g * (max_deriv - sign * (z / (1.0 + z))), dtype))
+    return out

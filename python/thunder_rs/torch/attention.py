@@ -1,5 +1,11 @@
-"""Scaled dot-product attention (``F.scaled_dot_product_attention``) as its decomposition: the
-scores, their mask and softmax, and the weighted sum of the values.
+"""Scaled dot-product attention (``F.scaled_dot_product_attention``): its decomposition (the
+scores, their mask and softmax, and the weighted sum of the values), the flash-attention kernel
+eager's CPU autograd runs (``sdpa_flash`` and its backward) and the grad rule.
+
+The rule calls the kernel eager's autograd would: on the CPU ``sdpa_flash``, on CUDA a symbol of
+``fused_attention.py`` (the kernel torch chooses), whose forward also returns the statistics the
+backward reuses. It returns the plain forward without asking for a cotangent for calls it does
+not handle (attention with dropout); the VJP pass then differentiates the decomposition.
 """
 
 import math
@@ -8,17 +14,31 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
     ThunderRuntimeError,
     check,
 )
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.common import (
+    LOW_PRECISION,
+    broadcast_back,
+    cast,
+    compute_dtype,
+    flows,
+    sum_to,
+    to_compute_dtype,
+    upcast,
+)
 from thunder_rs.torch.elementwise import where
+from thunder_rs.torch.fused_attention import fused_attention
 from thunder_rs.torch.linalg import matmul
-from thunder_rs.torch.nn import _LOW_PRECISION, _keepdim, _upcast, dropout, tensor_softmax
+from thunder_rs.torch.nn import dropout, tensor_softmax
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
-__all__ = ["scaled_dot_product_attention"]
+
+
+__all__ = ["scaled_dot_product_attention", "sdpa_flash", "sdpa_flash_backward"]
 
 
 # -- attention -------------------------------------------------------------------------------------
@@ -110,10 +130,10 @@ def _safe_softmax(scores):
     """Softmax over the last dim; rows that are entirely -inf give zeros, as eager attention does."""
     dims = (scores.ndim - 1,)
     row_max = prims.amax(scores, dims)
-    masked_row = _keepdim(prims.eq(row_max, float("-inf")), scores.shape, dims)
-    shift = prims.where(masked_row, 0.0, _keepdim(row_max, scores.shape, dims))
+    masked_row = broadcast_back(prims.eq(row_max, float("-inf")), scores.shape, dims)
+    shift = prims.where(masked_row, 0.0, broadcast_back(row_max, scores.shape, dims))
     exps = prims.exp(prims.sub(scores, shift))
-    probs = prims.div(exps, _keepdim(prims.sum(exps, dims), scores.shape, dims))
+    probs = prims.div(exps, broadcast_back(prims.sum(exps, dims), scores.shape, dims))
     return prims.where(masked_row, 0.0, probs)
 
 
@@ -142,10 +162,170 @@ def scaled_dot_product_attention(
     if scores.shape[-1] > 0 and attn_mask is None:
         # Every row sees a key: softmax as a symbol, whose grad rule differentiates it when the
         # decomposition is (attention with dropout).
-        compute = torch.float32 if query.dtype in _LOW_PRECISION else None
+        compute = torch.float32 if query.dtype in LOW_PRECISION else None
         scores = clang.maybe_convert(tensor_softmax(scores, -1, compute), query.dtype)
     elif scores.shape[-1] > 0:  # no key positions: the product below is zeros anyway
-        scores = clang.maybe_convert(_safe_softmax(_upcast(scores)), query.dtype)
+        scores = clang.maybe_convert(_safe_softmax(upcast(scores)), query.dtype)
     if dropout_p > 0:
         scores = dropout(scores, dropout_p)
     return matmul(scores, value)
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+
+def _scores(query, key, is_causal: bool, scale: float):
+    """query @ key^T * scale in the compute dtype, -inf above the diagonal when causal."""
+    scores = to_compute_dtype(ltorch.matmul(query, ltorch.transpose(key, -1, -2))) * scale
+    if not is_causal:
+        return scores
+    rows, cols = scores.shape[-2:]
+    visible = ltorch.tril(ltorch.ones(rows, cols, dtype=torch.bool, device=query.device))
+    return ltorch.where(visible, scores, float("-inf"))
+
+
+def _sdpa_flash_meta(query, key, value, is_causal, scale):
+    rows = tuple(query.shape[:-1])
+    return [((*rows, value.shape[-1]), query.dtype), (rows, compute_dtype(query.dtype), flows(query, key))]
+
+
+@torchsymbol(name="sdpa_flash", meta=_sdpa_flash_meta)
+def sdpa_flash(query, key, value, is_causal, scale):
+    """Attention of 4-D query, key and value (one batch and head count, one head size) without
+    mask or dropout, and the logsumexp of each row's scores (float32 for half precision)."""
+    scores = _scores(query, key, is_causal, scale)
+    lse = ltorch.logsumexp(scores, -1)
+    probs = ltorch.exp(scores - ltorch.unsqueeze(lse, -1))
+    return ltorch.matmul(cast(probs, query.dtype), value), lse
+
+
+def _sdpa_flash_backward_meta(grad_out, query, key, value, out, logsumexp, is_causal, scale):
+    batch, dtype = tuple(query.shape[:-2]), query.dtype
+    return [
+        ((*batch, query.shape[-2], key.shape[-1]), dtype),
+        ((*batch, key.shape[-2], query.shape[-1]), dtype),
+        ((*batch, value.shape[-2], grad_out.shape[-1]), dtype),
+    ]
+
+
+@torchsymbol(name="sdpa_flash_backward", meta=_sdpa_flash_backward_meta)
+def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale):
+    """The gradients of ``sdpa_flash``'s query, key and value; the probabilities are recomputed
+    from the saved logsumexp."""
+    dtype = query.dtype
+    probs = ltorch.exp(_scores(query, key, is_causal, scale) - ltorch.unsqueeze(logsumexp, -1))
+    grad_value = ltorch.matmul(ltorch.transpose(cast(probs, dtype), -1, -2), grad_out)
+    dprobs = to_compute_dtype(ltorch.matmul(grad_out, ltorch.transpose(value, -1, -2)))
+    row = ltorch.sum(to_compute_dtype(grad_out) * to_compute_dtype(out), -1, keepdim=True)  # = sum(probs * dprobs)
+    dscores = cast(probs * (dprobs - row) * scale, dtype)
+    grad_query = ltorch.matmul(dscores, key)
+    grad_key = ltorch.matmul(ltorch.transpose(dscores, -1, -2), query)
+    return grad_query, grad_key, grad_value
+
+
+# -- grad rule -------------------------------------------------------------------------------------
+
+
+def _softmax_in_compute_dtype(a, dim: int):
+    """softmax(a) along ``dim``, in float32 for a half-precision ``a`` (one call either way)."""
+    return ltorch.tensor_softmax(a, dim, torch.float32 if a.dtype in LOW_PRECISION else None)
+
+
+def _grouped_heads(x, heads: int):
+    """``x`` with each of its heads (dim -3) repeated to make ``heads``, as repeat_interleave does."""
+    groups = heads // x.shape[-3]
+    if groups == 1:
+        return x
+    *batch, kv_heads, length, size = x.shape
+    grouped = ltorch.expand(ltorch.unsqueeze(x, -3), (*batch, kv_heads, groups, length, size))
+    return ltorch.reshape(grouped, (*batch, heads, length, size))
+
+
+def _unrepeat(grad, like, grouped: bool):
+    """The gradient of ``like`` from that of its use broadcast against the other operands and,
+    when ``grouped``, with its heads repeated by ``_repeat_heads``."""
+    groups = grad.shape[-3] // like.shape[-3] if grouped else 1
+    if groups > 1:
+        grad = sum_to(grad, (*like.shape[:-3], grad.shape[-3], *like.shape[-2:]))
+        *batch, _, length, size = grad.shape
+        grad = ltorch.sum(ltorch.reshape(grad, (*batch, like.shape[-3], groups, length, size)), -3)
+    return sum_to(grad, like.shape)
+
+
+def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
+    """softmax(query @ key^T * scale + mask) in the compute dtype; rows that see no key give
+    zeros, as eager's attention does."""
+    scores = ltorch.matmul(query, ltorch.transpose(key, -1, -2)) * scale
+    rows, cols = scores.shape[-2:]
+    if is_causal:
+        visible = ltorch.tril(ltorch.ones(rows, cols, dtype=torch.bool, device=query.device))
+        scores = ltorch.where(visible, scores, float("-inf"))
+    elif attn_mask is not None and attn_mask.dtype == torch.bool:
+        scores = ltorch.where(attn_mask, scores, float("-inf"))
+    elif attn_mask is not None:
+        scores = scores + attn_mask
+    probs = _softmax_in_compute_dtype(scores, -1)
+    if attn_mask is None or cols == 0:
+        return probs
+    blind = ltorch.all(attn_mask == float("-inf") if attn_mask.dtype != torch.bool else ~attn_mask, -1, keepdim=True)
+    return ltorch.where(blind, 0.0, probs)
+
+
+def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
+    """Whether eager's CPU flash kernels take the call: 4-D query, key and value on the CPU with
+    one batch and head count and one head size, positions on both sides, no mask, no dropout."""
+    if query.device.type != "cpu" or attn_mask is not None or dropout_p != 0 or query.dtype not in _FLASH_DTYPES:
+        return False
+    if not all(x.ndim == 4 for x in (query, key, value)):
+        return False
+    batch_heads, size = tuple(query.shape[:2]), query.shape[-1]
+    same = all(tuple(x.shape[:2]) == batch_heads and x.shape[-1] == size for x in (key, value))
+    return same and key.shape[2] == value.shape[2] and min(query.shape[2], key.shape[2], size) > 0
+
+
+_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+@register_grad(ltorch.scaled_dot_product_attention)
+def scaled_dot_product_attention_grad(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    if _flash_on_cpu(query, key, value, attn_mask, dropout_p):
+        _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
+        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+        out, lse = sdpa_flash(query, key, value, is_causal, scale)
+        grads = sdpa_flash_backward(get_grad(out), query, key, value, out, lse, is_causal, scale)
+        for x, grad in zip((query, key, value), grads):
+            if x.requires_grad:
+                put_grad(x, grad)
+        return out
+    if query.device.type == "cuda":  # the fused kernel torch chooses, unless it chooses the math path
+        _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
+        out = fused_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if out is not None:
+            return out
+    out = ltorch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if dropout_p > 0:
+        return out
+    g = get_grad(out)
+    grouped = enable_gqa and query.ndim >= 3
+    k = _grouped_heads(key, query.shape[-3]) if grouped else key
+    v = _grouped_heads(value, query.shape[-3]) if grouped else value
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    probs = _attention_probs(query, k, attn_mask, is_causal, scale)
+    dtype = query.dtype
+    if value.requires_grad:
+        grad = ltorch.matmul(ltorch.transpose(cast(probs, dtype), -1, -2), g)
+        put_grad(value, _unrepeat(grad, value, grouped))
+    dprobs = to_compute_dtype(ltorch.matmul(g, ltorch.transpose(v, -1, -2)))
+    dscores = probs * (dprobs - ltorch.sum(probs * dprobs, -1, keepdim=True))
+    if attn_mask is not None and attn_mask.requires_grad:
+        put_grad(attn_mask, cast(sum_to(dscores, attn_mask.shape), attn_mask.dtype))
+    dscores = cast(dscores * scale, dtype)
+    if query.requires_grad:
+        put_grad(query, sum_to(ltorch.matmul(dscores, k), query.shape))
+    if key.requires_grad:
+        grad = ltorch.matmul(ltorch.transpose(dscores, -1, -2), query)
+        put_grad(key, _unrepeat(grad, key, grouped))
+    return out

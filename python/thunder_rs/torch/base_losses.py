@@ -1,24 +1,35 @@
 """The base losses (``torch.nn.functional``): ``nll_loss``, ``cross_entropy`` and ``mse_loss``,
-with the reduction and target checks that the other losses (``losses.py``) and the grad rules
-(``grads.py``) share.
+with the reduction and target checks that the other losses (``losses.py``) share, and nll_loss's
+fused kernels (``nll_loss_forward``, ``nll_loss_backward``), which eager's autograd runs and its
+grad rule calls.
 
 Half-precision inputs are computed in float32 and converted back, as eager kernels do.
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
     ThunderRuntimeError,
     check,
 )
-from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.nn import _require_float, _sum_all, log_softmax
+from thunder_rs.torch.common import flows, like, require_float, sum_all
+from thunder_rs.torch.nn import log_softmax
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
-__all__ = ["nll_loss", "cross_entropy", "mse_loss"]
+
+
+__all__ = ["nll_loss", "cross_entropy", "mse_loss", "nll_loss_forward", "nll_loss_backward"]
+
+
+#: aten's reduction codes, as nll_loss_forward takes them.
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
 
 # -- losses ----------------------------------------------------------------------------------------
@@ -40,7 +51,7 @@ def _reduce(op: str, loss, reduction: str, divisor=None):
     """``loss`` reduced: summed, or summed and divided by ``divisor`` (default: its element count)."""
     if reduction == "none":
         return loss
-    total = _sum_all(loss)
+    total = sum_all(loss)
     if reduction == "sum":
         return total
     if divisor is None:
@@ -110,7 +121,7 @@ def _picked_log_probs(log_probs, target, weight, ignore_index: int):
 
 
 def _check_nll(op: str, log_probs, target, weight) -> None:
-    _require_float(op, log_probs)
+    require_float(op, log_probs)
     _check_targets(op, log_probs, target)
     _check_class_weight(op, weight, log_probs.shape[0 if log_probs.ndim == 1 else 1])
     check(
@@ -142,7 +153,7 @@ def _eager_nll_loss(input, target, weight=None, *args, **kwargs):
 def _nll(op: str, log_probs, target, weight, ignore_index: int, reduction: str):
     _check_nll(op, log_probs, target, weight)
     losses, weights = _picked_log_probs(log_probs, target, weight, ignore_index)
-    return _reduce(op, losses, reduction, _sum_all(weights) if reduction == "mean" else None)
+    return _reduce(op, losses, reduction, sum_all(weights) if reduction == "mean" else None)
 
 
 @torchsymbol(F.nll_loss)
@@ -174,7 +185,7 @@ def _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothi
         terms = clang.elementwise(prims.mul, op, terms, _class_weight(weight, log_probs.ndim, class_dim))
     if reduction == "none":
         return prims.neg(prims.sum(terms, (class_dim,)))
-    total = prims.neg(_sum_all(terms))
+    total = prims.neg(sum_all(terms))
     if reduction == "sum":
         return total
     # The mean is over the batch elements, not the classes; an empty batch gives NaN as in eager.
@@ -190,7 +201,7 @@ def _smoothing_term(op, log_probs, target, weight, ignore_index: int, reduction:
             log_probs, clang.expand_to(_class_weight(weight, log_probs.ndim, class_dim), log_probs.shape)
         )
     smooth = prims.where(ignored, 0.0, prims.neg(prims.sum(log_probs, (class_dim,))))
-    return _reduce(op, smooth, reduction, _sum_all(weights) if reduction == "mean" else None)
+    return _reduce(op, smooth, reduction, sum_all(weights) if reduction == "mean" else None)
 
 
 @torchsymbol(F.cross_entropy)
@@ -218,7 +229,7 @@ def cross_entropy(
         "ignore_index is not supported for floating point target (argument ignore_index)",
         ThunderRuntimeError,
     )
-    _require_float(op, input)
+    require_float(op, input)
     class_dim = 0 if input.ndim <= 1 else 1
     log_probs = log_softmax(input, class_dim)
     if probabilities:
@@ -241,8 +252,80 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
     clang.broadcast_shapes(op, input.shape, target.shape)
     diff = clang.elementwise(prims.sub, op, input, target)
     if weight is None:
-        _require_float(op, diff)
+        require_float(op, diff)
         return _reduce(op, prims.mul(diff, diff), reduction)
     check(tuple(weight.shape) == tuple(input.shape), op, "Weights and input must have the same size. (argument weight)")
     weighted = clang.elementwise(prims.mul, op, prims.mul(diff, diff), weight)
-    return _reduce(op, weighted, reduction, _sum_all(weight) if reduction == "mean" else None)
+    return _reduce(op, weighted, reduction, sum_all(weight) if reduction == "mean" else None)
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+
+def _nll_loss_forward_meta(input, target, weight, reduction: int, ignore_index: int):
+    out = tuple(target.shape) if reduction == REDUCTIONS["none"] else ()
+    weighted = weight is not None and weight.requires_grad and reduction != REDUCTIONS["none"]
+    return [(out, input.dtype), ((), input.dtype, weighted)]
+
+
+@torchsymbol(name="nll_loss_forward", meta=_nll_loss_forward_meta)
+def nll_loss_forward(input, target, weight, reduction: int, ignore_index: int):
+    """nll_loss of a 1-D or 2-D input, and the total weight of the targets it counted (zero for
+    reduction none), which a mean divides by."""
+    name = next(k for k, v in REDUCTIONS.items() if v == reduction)
+    out = ltorch.nll_loss(input, target, weight, ignore_index=ignore_index, reduction=name)
+    if reduction == REDUCTIONS["none"]:
+        return out, ltorch.zeros((), dtype=input.dtype, device=input.device)
+    return out, ltorch.sum(_target_weights(target, weight, ignore_index, input.dtype)[0])
+
+
+def _nll_loss_backward_meta(grad_output, input, target, weight, reduction: int, ignore_index: int, total_weight):
+    mean = reduction == REDUCTIONS["mean"]
+    return [(*like(input), flows(grad_output, weight, total_weight if mean else None))]
+
+
+@torchsymbol(name="nll_loss_backward", meta=_nll_loss_backward_meta)
+def nll_loss_backward(grad_output, input, target, weight, reduction: int, ignore_index: int, total_weight):
+    """The gradient of nll_loss's 1-D or 2-D input: minus each picked element's weight times
+    the cotangent (over the total weight for a mean), zero elsewhere."""
+    picked, ignored, safe = _target_weights(target, weight, ignore_index, input.dtype)
+    scale = grad_output / total_weight if reduction == REDUCTIONS["mean"] else grad_output
+    # where rather than a product: when every target is ignored, a mean's 0 / 0 stays out.
+    values = ltorch.where(ignored, 0.0, -(picked * scale))
+    class_dim = 0 if input.ndim == 1 else 1
+    zeros = ltorch.zeros(input.shape, dtype=input.dtype, device=input.device)
+    return ltorch.scatter_add(zeros, class_dim, ltorch.unsqueeze(safe, class_dim), ltorch.unsqueeze(values, class_dim))
+
+
+# -- grad rules ------------------------------------------------------------------------------------
+
+
+def _as_rows(input, target):
+    """An (N, C, d1, ...) input as (N * d1 * ..., C) rows and its targets as (N * d1 * ...),
+    as nll_loss's kernel takes them; 1-D and 2-D inputs as they are."""
+    if input.ndim <= 2:
+        return input, target
+    count = math.prod(target.shape)
+    rows = ltorch.reshape(ltorch.movedim(input, 1, -1), (count, input.shape[1]))
+    return rows, ltorch.reshape(target, (count,))
+
+
+@register_grad(ltorch.nll_loss)
+def nll_loss_grad(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    if weight is not None and weight.requires_grad:
+        return ltorch.nll_loss(input, target, weight, size_average, ignore_index, reduce, reduction)
+    code = REDUCTIONS[_reduction("ltorch.nll_loss", reduction, size_average, reduce)]
+    _check_nll("ltorch.nll_loss", input, target, weight)
+    rows, flat_target = _as_rows(input, target)
+    out, total_weight = nll_loss_forward(rows, flat_target, weight, code, ignore_index)
+    if code == REDUCTIONS["none"] and input.ndim > 2:
+        out = ltorch.reshape(out, target.shape)
+    g = get_grad(out)
+    if code == REDUCTIONS["none"] and input.ndim > 2:
+        g = ltorch.reshape(g, flat_target.shape)
+    grad = nll_loss_backward(g, rows, flat_target, weight, code, ignore_index, total_weight)
+    if input.ndim > 2:
+        moved = (input.shape[0], *input.shape[2:], input.shape[1])
+        grad = ltorch.movedim(ltorch.reshape(grad, moved), -1, 1)
+    put_grad(input, grad)
+    return out

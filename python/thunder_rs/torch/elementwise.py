@@ -1,23 +1,31 @@
-"""Elementwise ops: unary math, binary arithmetic and comparisons, where, clamp, masked_fill."""
+"""Elementwise ops: unary math, binary arithmetic and comparisons, where, clamp, masked_fill; and
+the grad rules of those whose decomposition's gradient differs from eager's (a rounded ``div``,
+half-precision ``tanh``, ``clamp`` at ties, whose conventions ``special.py``'s fmax and fmin share).
+"""
 
 from typing import TYPE_CHECKING
 
 import torch
+from torch.torch_version import TorchVersion
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, INT_TO_FLOAT
 from thunder_rs.core.lang import values
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, rounded, sum_to, upcast
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
 __all__ = ["where", "masked_fill", "clamp", "clamp_min", "clamp_max", "true_divide", "div", "floor_divide", "rsub"]
 
 
 def _torch_fns(name: str, dunders: tuple[str, ...] = ()):
-    owners = (torch, T, torch.special)
+    """The torch callables the prim ``name`` stands for: the functions, methods and functionals
+    of that name (``torch.tanh``, ``Tensor.tanh``, ``F.tanh``), then the operators ``dunders``."""
+    owners = (torch, T, torch.special, torch.nn.functional)
     fns = [f for f in dict.fromkeys(getattr(o, name, None) for o in owners) if f is not None]
     return (*fns, *(getattr(T, d) for d in dunders))
 
@@ -279,3 +287,125 @@ def clamp_max(a, max):
 # torch.vmap over traced tensors batches every op of this family by broadcasting.
 batch_as_elementwise(*(fn for symbol in list(globals().values()) for fn in getattr(symbol, "torch_fns", ())))
 batch_as_elementwise(T.where)  # registered apart from the where symbol (its receiver binds differently)
+
+
+# -- grad rules ------------------------------------------------------------------------------------
+
+
+@register_grad(ltorch.div)
+def div_grad(input, other, *, rounding_mode=None):
+    """A rounded division has eager's zero gradients: differentiating the rounding gave zeros
+    too, but NaN where ``other`` is 0 (zero times the infinite quotient's derivative)."""
+    out = ltorch.div(input, other, rounding_mode=rounding_mode)
+    if rounding_mode is None or not out.dtype.is_floating_point:
+        return out  # the decomposition's VJP
+    get_grad(out)
+    for x in (input, other):
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            put_grad(x, ltorch.zeros_like(x))
+    return out
+
+
+@register_grad(ltorch.tanh)
+def tanh_grad(input):
+    # Eager's tanh_backward computes g * (1 - y²) in float32 for half precision; rounding after
+    # each op of the prim's VJP differs in a third of bfloat16 elements.
+    out = ltorch.tanh(input)
+    if input.dtype in LOW_PRECISION:
+        g, dtype = in_opmath(get_grad(out), out)
+        y = upcast(out)
+        put_grad(input, rounded(g * (1.0 - y * y), dtype))
+    elif input.dtype.is_floating_point:
+        g = get_grad(out)
+        put_grad(input, g * (1.0 - out * out))
+    return out
+
+
+# -- ties: clamp, fmax, fmin ----------------------------------------------------------------------
+# Eager's formulas (derivatives.yaml, the same on every device), compared with the eager of torch
+# 2.11 to 2.15 on the CPU (2.9 and 2.10 have 2.11's formulas). Up to torch 2.13 a value at a clamp
+# bound keeps the whole gradient and fmax/fmin give a tie to ``self``. From 2.14 a scalar bound
+# passes none at a tie, and tensor ties split the gradient in halves as maximum's does; in 2.14
+# fmax/fmin are maximum/minimum's formula, which gives a NaN operand's gradient to both operands,
+# and from 2.15 the operand fmax selects gets it. A nightly of 2.14 (``2.14.0.dev``) counts as 2.13.
+_TORCH = TorchVersion(torch.__version__)
+SPLIT_TIES = _TORCH >= "2.14"
+NAN_SELECTING_FMAX = _TORCH >= "2.15"
+
+
+def _clamp_numbers_grad(g, a, min, max):
+    """Scalar bounds: the gradient passes inside them (and at them, up to torch 2.13), not at NaN."""
+    above, below = (ltorch.gt, ltorch.lt) if SPLIT_TIES else (ltorch.ge, ltorch.le)
+    keep = None
+    for bound, compare in ((min, above), (max, below)):
+        if bound is not None:
+            inside = compare(a, bound)
+            keep = inside if keep is None else ltorch.bitwise_and(keep, inside)
+    return ltorch.where(keep, g, 0.0)
+
+
+def _clamp_tensors_grads_inclusive(g, a, min, max):
+    """Tensor bounds up to torch 2.13: ``a`` keeps the gradient inside its bounds and at them; a
+    bound gets it where it clamps strictly, ``max`` also wherever ``max < min``; a NaN gets none."""
+    if max is None:
+        return ltorch.where(a >= min, g, 0.0), ltorch.where(a < min, g, 0.0), None
+    if min is None:
+        return ltorch.where(a <= max, g, 0.0), None, ltorch.where(a > max, g, 0.0)
+    inside = ltorch.bitwise_and(a >= min, a <= max)
+    grad_min = ltorch.where(ltorch.bitwise_and(a < min, min < max), g, 0.0)
+    grad_max = ltorch.where(ltorch.bitwise_or(a > max, max < min), g, 0.0)
+    return ltorch.where(inside, g, 0.0), grad_min, grad_max
+
+
+def _clamp_tensors_grads_split(g, a, min, max):
+    """Tensor bounds from torch 2.14: ties with a bound split the gradient in halves; a NaN operand
+    passes it to ``a``; with ``min > max`` the result, and the gradient, is ``max``'s; a NaN bound
+    gets none."""
+    if max is None:  # maximum(a, min)
+        tie, half = a == min, g * 0.5
+        return (
+            ltorch.where(tie, half, ltorch.where(a < min, 0.0, g)),
+            ltorch.where(tie, half, ltorch.where(a > min, 0.0, g)),
+            None,
+        )
+    if min is None:  # minimum(a, max)
+        tie, half = a == max, g * 0.5
+        return (
+            ltorch.where(tie, half, ltorch.where(a > max, 0.0, g)),
+            None,
+            ltorch.where(tie, half, ltorch.where(a < max, 0.0, g)),
+        )
+    ordered, below, above = min <= max, a < min, a > max
+    tie_low = ltorch.bitwise_and(ltorch.bitwise_and(a == min, a != max), ordered)
+    tie_high = ltorch.bitwise_and(ltorch.bitwise_and(a == max, a != min), ordered)
+    half = g * 0.5
+    inside = ltorch.bitwise_not(ltorch.bitwise_or(below, above))
+    grad_a = ltorch.where(inside, ltorch.where(ltorch.bitwise_or(tie_low, tie_high), half, g), 0.0)
+    grad_min = ltorch.where(ordered, ltorch.where(below, g, ltorch.where(tie_low, half, 0.0)), 0.0)
+    grad_max = ltorch.where(
+        ordered, ltorch.where(above, g, ltorch.where(tie_high, half, 0.0)), ltorch.where(min > max, g, 0.0)
+    )
+    return grad_a, grad_min, grad_max
+
+
+def put_operand_grads(operands, grads) -> None:
+    """Each gradient, computed in the result's shape and dtype, reduced to its operand's shape and
+    cast to its dtype, as eager's engine does for broadcast or promoted inputs."""
+    for x, grad in zip(operands, grads):
+        if grad is not None and isinstance(x, torch.Tensor) and x.requires_grad:
+            put_grad(x, cast(sum_to(grad, x.shape), x.dtype))
+
+
+@register_grad(ltorch.clamp)
+def clamp_grad(a, min=None, max=None):
+    out = ltorch.clamp(a, min, max)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    if not any(isinstance(b, torch.Tensor) for b in (min, max)):
+        put_operand_grads((a,), (_clamp_numbers_grad(g, a, min, max),))
+        return out
+    bounds = [b if b is None or isinstance(b, torch.Tensor) else ltorch.full_like(a, b) for b in (min, max)]
+    tensor_grads = _clamp_tensors_grads_split if SPLIT_TIES else _clamp_tensors_grads_inclusive
+    put_operand_grads((a, *bounds), tensor_grads(g, a, *bounds))
+    return out

@@ -42,7 +42,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, proxies
 from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
-from thunder_rs.torch.kernels import cast, sum_to
+from thunder_rs.torch.common import cast, sum_to
 from thunder_rs.torch.strides import contiguous_strides, strides_of
 
 SDPBackend = torch.nn.attention.SDPBackend

@@ -45,7 +45,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import kernels, nn as ltorch_nn, view_scatters, views
+from thunder_rs.torch import batch_norms, view_scatters, views
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import masks_as_indices
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
@@ -504,9 +504,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     statistics, written into ``running_mean`` and ``running_var`` where autograd does not see."""
     momentum = _momentum(momentum)
     if not training or running_mean is None:
-        return ltorch_nn.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
-    ltorch_nn.check_batch_norm("batch_norm", input, running_mean, running_var, weight, bias, training)
-    out, _, _, new_mean, new_var = kernels.native_batch_norm(
+        return batch_norms.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    batch_norms.check_batch_norm("batch_norm", input, running_mean, running_var, weight, bias, training)
+    out, _, _, new_mean, new_var = batch_norms.native_batch_norm(
         input, weight, bias, running_mean, running_var, True, momentum, eps
     )
     assign(running_mean, new_mean, "batch_norm", tracked=False)

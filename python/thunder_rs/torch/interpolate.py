@@ -1,5 +1,6 @@
 """Interpolation (``F.interpolate``, which the ``upsample`` aliases call): nearest, nearest-exact,
-(bi/tri)linear, bicubic and area resizing of 1 to 3 spatial dims.
+(bi/tri)linear, bicubic and area resizing of 1 to 3 spatial dims, with its backward kernel
+``upsample_backward`` and its grad rule.
 
 Except area (adaptive average pooling), each mode is separable: along each spatial dim an
 output element is a weighted sum of a few input elements ("taps"), whose positions and weights
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import prims
+from thunder_rs.torch.adaptive_pooling import _adaptive_avg_grad
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import (
     ThunderNotImplementedError,
@@ -23,6 +25,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["interpolate", "upsample_backward"]
@@ -334,6 +337,38 @@ def _aten_upsample_backward(grad_output, input_size, mode, align_corners, scales
     corners = () if mode.startswith("nearest") else (align_corners,)
     fn = getattr(torch.ops.aten, name).default
     return fn(grad_output, list(grad_output.shape[2:]), list(input_size), *corners, *scales)
+
+
+# -- grad rule -------------------------------------------------------------------------------------
+
+
+def _resize_grad(op: str, forward, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
+    sizes, scales = check_resize(op, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+    n = input.ndim - 2
+    if mode == "area":  # adaptive average pooling, as F.interpolate computes it
+        return _adaptive_avg_grad(
+            n,
+            (None, ltorch.adaptive_avg_pool1d, ltorch.adaptive_avg_pool2d, ltorch.adaptive_avg_pool3d)[n],
+            input,
+            sizes,
+        )
+    out = forward()
+    put_grad(input, upsample_backward(get_grad(out), tuple(input.shape), mode, bool(align_corners), scales))
+    return out
+
+
+@register_grad(ltorch.interpolate)
+def interpolate_grad(
+    input,
+    size=None,
+    scale_factor=None,
+    mode="nearest",
+    align_corners=None,
+    recompute_scale_factor=None,
+    antialias=False,
+):
+    args = (input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+    return _resize_grad("ltorch.interpolate", lambda: ltorch.interpolate(*args), *args)
 
 
 #: The aten call the torch executor runs for the backward kernel.

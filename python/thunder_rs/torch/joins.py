@@ -1,5 +1,6 @@
 """Shape ops that join tensors or split, narrow and pad one along a dim: cat, stack, repeat,
-split, chunk, tensor_split, narrow and constant pad.
+split, chunk, tensor_split, narrow and constant pad; and the splits' grad rules (one cat of the
+pieces' gradients).
 
 Each is a composite of the cat, slice, broadcast_in_dim and pad prims; see ``shape.py`` for the
 conventions the shape ops share.
@@ -21,7 +22,8 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
 
 Tensor = torch.Tensor
@@ -395,3 +397,33 @@ def _pad_or_fallback(input, pad_, mode="constant", value=None):
 
 
 TORCH_TO_LTORCH[torch.nn.functional.pad] = _pad_or_fallback
+
+
+# -- grad rules of the splits ----------------------------------------------------------------------
+
+
+def _tiles_grad(a, pieces, dim: int):
+    """Puts the gradient of ``a`` from those of ``pieces``, which tile it along ``dim``: one cat
+    instead of a pad per piece. Pieces that are ``a`` itself (one whole piece) take no rule."""
+    if any(p is a for p in pieces):
+        return pieces
+    put_grad(a, ltorch.cat([get_grad(p) for p in pieces], dim))
+    return pieces
+
+
+@register_grad(ltorch.split)
+def split_grad(a, split_size_or_sections, dim=0):
+    return _tiles_grad(a, ltorch.split(a, split_size_or_sections, dim), dim)
+
+
+@register_grad(ltorch.chunk)
+def chunk_grad(a, chunks, dim=0):
+    return _tiles_grad(a, ltorch.chunk(a, chunks, dim), dim)
+
+
+@register_grad(ltorch.tensor_split)
+def tensor_split_grad(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sections=None):
+    pieces = ltorch.tensor_split(
+        a, sections, dim, indices=indices, tensor_indices_or_sections=tensor_indices_or_sections
+    )
+    return _tiles_grad(a, pieces, dim)

@@ -3,33 +3,50 @@ and the weight-gradient product view folding makes (flattened_product).
 
 Products do not promote: torch requires both operands to have one dtype and raises RuntimeError
 otherwise, as it does for shape mismatches. The checks here run before ``prims.matmul`` so that
-errors have eager's types; the prim's own meta errors are the backstop.
+errors have eager's types; the prim's own meta errors are the backstop. The grad rule of
+matmul is a few whole torch calls.
+
+The factorizations and solvers (svd, qr, eigh, cholesky, lu, solve, inv, det, ...) have no
+sensible decomposition into prims: each is an opaque symbol (``opaque``) rather than an eager
+fallback. It has a name and a meta rule (torch's own meta kernel, or one written here where torch
+has none), the torch executor runs it as one call of its first torch callable, and its backward
+``ltorch.<name>.vjp`` differentiates that call with torch's own derivative formula
+(``torch.autograd.grad`` on the saved inputs). They are one table, ``OPAQUE``; adding an op is one
+row. In the trace an opaque symbol has no subsymbols, so no pass looks inside it; its outputs'
+metadata are what eager's kernels return (int32 pivots and infos included).
 """
 
-import torch
+import math
+from typing import TYPE_CHECKING
 
-from thunder_rs import clang, prims
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from thunder_rs import _core, clang, prims
+from thunder_rs.core.base.dtypes import CODES
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.recorder import current, proxies
 from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
     ThunderTypeError,
     check,
+    thunder_error_like,
 )
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.common import require_tensor, sum_to
+from thunder_rs.torch.symbols import ltorch, register, torchsymbol
 
 T = torch.Tensor
 __all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm", "flattened_product"]
+LA = torch.linalg
 
 
 def _check_operands(op: str, a, b, names: tuple[str, str], ranks=None) -> None:
     """Both are tensors of one dtype and device (not bool), of the ``ranks`` given."""
     for x, name in zip((a, b), names):
-        check(
-            isinstance(x, torch.Tensor),
-            op,
-            lambda: f"expected a tensor, got {type(x).__name__} (argument {name})",
-            ThunderTypeError,
-        )
+        require_tensor(op, x, name)
     if ranks is not None:
         for x, name, rank in zip((a, b), names, ranks):
             check(
@@ -152,29 +169,17 @@ def inner(input, other):
         ThunderRuntimeError,
     )
     # Contract the last dims as one matrix product: (A, k) @ (k, B), then restore both leading shapes.
-    a = prims.reshape(input, (_prod(input.shape[:-1]), k))
-    b = prims.reshape(other, (_prod(other.shape[:-1]), k))
+    a = prims.reshape(input, (math.prod(input.shape[:-1]), k))
+    b = prims.reshape(other, (math.prod(other.shape[:-1]), k))
     out = prims.matmul(a, prims.transpose(b, (1, 0)))
     return prims.reshape(out, (*input.shape[:-1], *other.shape[:-1]))
-
-
-def _prod(sizes) -> int:
-    out = 1
-    for s in sizes:
-        out *= s
-    return out
 
 
 @torchsymbol(torch.outer, T.outer, torch.ger, T.ger)
 def outer(input, vec2):
     op = "ltorch.outer"
     for x, name in ((input, "input"), (vec2, "vec2")):
-        check(
-            isinstance(x, torch.Tensor),
-            op,
-            f"expected a tensor, got {type(x).__name__} (argument {name})",
-            ThunderTypeError,
-        )
+        require_tensor(op, x, name)
         check(
             x.ndim == 1,
             op,
@@ -244,6 +249,246 @@ def flattened_product(g, x):
     ``g.flatten(0, -2).t() @ x.flatten(0, -2)``, a linear layer's weight gradient over a batch.
     Not a torch op: the view-folding pass makes it of the four calls this decomposition makes,
     and the torch executor runs it as one."""
-    rows = _prod(g.shape[:-1])
+    rows = math.prod(g.shape[:-1])
     flat_g = prims.transpose(prims.reshape(g, (rows, g.shape[-1])), (1, 0))
     return prims.matmul(flat_g, prims.reshape(x, (rows, x.shape[-1])))
+
+
+# -- grad rule of matmul ---------------------------------------------------------------------------
+
+
+@register_grad(ltorch.matmul)
+def matmul_grad(input, other):
+    out = ltorch.matmul(input, other)
+    g = get_grad(out)
+    # As matrices: a 1-D input is a row, a 1-D other a column; the cotangent gets the same dims.
+    a = input if input.ndim > 1 else ltorch.unsqueeze(input, 0)
+    b = other if other.ndim > 1 else ltorch.unsqueeze(other, -1)
+    if other.ndim == 1:
+        g = ltorch.unsqueeze(g, -1)
+    if input.ndim == 1:
+        g = ltorch.unsqueeze(g, -2)
+    if input.requires_grad:
+        grad = sum_to(ltorch.matmul(g, ltorch.transpose(b, -1, -2)), a.shape)
+        put_grad(input, ltorch.reshape(grad, input.shape))
+    if other.requires_grad:
+        if b.ndim == 2 and a.ndim > 2:
+            # A matrix against a batch: one product over the flattened batch, no sum after it.
+            rows, k = math.prod(a.shape[:-1]), a.shape[-1]
+            a2 = ltorch.reshape(a, (rows, k))
+            grad = ltorch.matmul(ltorch.t(a2), ltorch.reshape(g, (rows, b.shape[-1])))
+        else:
+            grad = sum_to(ltorch.matmul(ltorch.transpose(a, -1, -2), g), b.shape)
+        put_grad(other, ltorch.reshape(grad, other.shape))
+    return out
+
+
+# -- opaque symbols: factorizations and solvers ----------------------------------------------------
+
+
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+
+
+def _meta(shape, dtype, requires_grad: bool = False):
+    return torch.empty(shape, dtype=dtype, device="meta", requires_grad=requires_grad)
+
+
+def _lstsq_meta(A, B, rcond=None, *, driver=None):
+    """linalg.lstsq (torch has no meta kernel): the solution, and what the driver computes, as
+    eager returns it. gelsy (CPU's default) gives the rank of each matrix of A; gels (CUDA's
+    only) the residuals when A has more rows than columns. gelsd and gelss give residuals only
+    for full-rank inputs, which a meta rule cannot know: they are refused."""
+    op = "ltorch.linalg_lstsq"
+    driver = driver or ("gelsy" if A.device.type == "cpu" else "gels")
+    check(
+        driver in ("gelsy", "gels"),
+        op,
+        f"driver {driver!r} is not supported, only 'gelsy' and 'gels' (argument driver)",
+        ThunderNotImplementedError,
+    )
+    check(A.ndim >= 2, op, f"input must have at least 2 dimensions, got {A.ndim} (argument A)", ThunderRuntimeError)
+    check(
+        A.dtype == B.dtype,
+        op,
+        f"expected A and B to have the same dtype, got {A.dtype} and {B.dtype} (argument B)",
+        ThunderRuntimeError,
+    )
+    check(
+        0 <= A.ndim - B.ndim <= 1,
+        op,
+        "input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1 (argument B)",
+        ThunderRuntimeError,
+    )
+    vector = B.ndim == A.ndim - 1
+    b_shape = (*B.shape, 1) if vector else tuple(B.shape)
+    check(
+        len(b_shape) >= 2 and A.shape[-2] == b_shape[-2],
+        op,
+        f"A {list(A.shape)} and B {list(B.shape)} have different numbers of rows (argument B)",
+        ThunderRuntimeError,
+    )
+    batch = torch.broadcast_shapes(A.shape[:-2], b_shape[:-2])
+    solution = (*batch, A.shape[-1]) if vector else (*batch, A.shape[-1], b_shape[-1])
+    differentiable = A.requires_grad or B.requires_grad
+    if driver == "gelsy":
+        residuals, rank = (0,), A.shape[:-2]
+    else:
+        residuals, rank = ((*batch, b_shape[-1]) if A.shape[-2] > A.shape[-1] else (0,)), (0,)
+    return torch.return_types.linalg_lstsq(
+        (
+            _meta(solution, A.dtype, differentiable),
+            _meta(residuals, A.dtype, differentiable),
+            _meta(rank, torch.int64),
+            _meta((0,), A.dtype),
+        )
+    )
+
+
+def _geqrf_meta(input):
+    """geqrf: the packed factorization (the input's shape) and the Householder scalars."""
+    check(
+        input.ndim >= 2,
+        "ltorch.geqrf",
+        f"input must have at least 2 dimensions, got {input.ndim} (argument input)",
+        ThunderRuntimeError,
+    )
+    m, n = input.shape[-2:]
+    return torch.return_types.geqrf(
+        (_meta(input.shape, input.dtype), _meta((*input.shape[:-2], min(m, n)), input.dtype))
+    )
+
+
+def _as_meta(x):
+    """A meta tensor like the proxy ``x``, requiring grad as it does, so that the meta kernel's
+    outputs say which of them eager's autograd differentiates."""
+    if not isinstance(x, TensorProxy):
+        return x
+    differentiable = x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
+    return torch.empty(x.shape, dtype=x.dtype, device="meta", requires_grad=differentiable)
+
+
+def _metadata(func, meta, name: str, args, kwargs):
+    """The outputs of ``func`` as meta tensors: ``meta`` (given the proxies) when there is one,
+    else torch's meta kernel. Invalid arguments raise what eager raises, with the op's name;
+    torch's Python meta kernels assert where eager's kernels raise RuntimeError."""
+    if meta is not None:
+        return meta(*args, **kwargs)
+    meta_args, meta_kwargs = tree_map(_as_meta, (args, kwargs))
+    try:
+        with torch._C.DisableTorchFunctionSubclass(), torch.enable_grad():
+            return func(*meta_args, **meta_kwargs)
+    except NotImplementedError as e:
+        raise ThunderNotImplementedError(
+            f"{name}: torch cannot compute its output metadata on meta tensors ({e})"
+        ) from e
+    except AssertionError as e:
+        raise ThunderRuntimeError(f"{name}: {e}") from e
+    except Exception as e:
+        raise thunder_error_like(e, f"{name}: {e}") from e
+
+
+def _check_dtype(name: str, a, integers_rejected: bool) -> None:
+    """Meta kernels reject an integer input with a RuntimeError where eager's kernels raise
+    NotImplementedError (``integers_rejected``): the check is made here, with eager's type."""
+    check(
+        not integers_rejected or a.dtype.is_floating_point or a.dtype.is_complex,
+        name,
+        lambda: f"Expected a floating point or complex tensor as input. Got {a.dtype} (argument input)",
+        ThunderNotImplementedError,
+    )
+
+
+def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers_rejected: bool):
+    """Records one call of the opaque symbol ``sid``; its outputs' metadata come from ``meta``."""
+    in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
+    check(bool(in_leaves), name, "expected a tensor argument", ThunderTypeError)
+    _check_dtype(name, in_leaves[0], integers_rejected)
+    out = _metadata(func, meta, name, args, kwargs)
+    leaves, spec = tree_flatten(out)
+    device = str(in_leaves[0].device)
+    requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
+    metas = [(CODES[t.dtype], device, tuple(t.shape), requires_grad and t.requires_grad) for t in leaves]
+    outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))
+    return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
+
+
+def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
+    """Registers ``ltorch.<name>`` for ``torch_fns``: an opaque symbol the torch executor runs as
+    ``torch_fns[0]``, with ``meta`` (or torch's meta kernel) for its outputs, and a backward that
+    runs torch's derivative of ``torch_fns[0]``. ``integers_rejected``: eager raises
+    NotImplementedError for an integer input (else a RuntimeError, as its meta kernel does)."""
+    sym_name = f"ltorch.{name}"
+    sid = _core.register_symbol(sym_name, fallback=True)
+    func = torch_fns[0]
+    FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.vjp", fallback=True)] = _vjp_of(func)
+
+    def symbol(*args, **kwargs):
+        if "out" in kwargs and kwargs["out"] is None:  # torch.functional's wrappers pass it on
+            del kwargs["out"]
+        if meta is None and _is_any_autocast_enabled():
+            # Eager's composites (pinv, ...) autocast the ops inside them: the call runs as an
+            # eager fallback under the traced autocast state. (Those with a meta rule here are
+            # kernels that autocast casts whole, as the language context has.)
+            return fallback(func, args, kwargs)
+        return _record(sid, func, meta, sym_name, args, kwargs, integers_rejected)
+
+    symbol.__name__ = symbol.__qualname__ = name
+    symbol.__doc__ = f"Records {sym_name}, run whole as {getattr(func, '__name__', name)}."
+    return register(symbol, sid, sym_name, torch_fns, opaque=True)
+
+
+#: (ltorch name, the torch callables it stands for (the first is what runs), meta rule or None
+#: for torch's own, whether eager rejects integer inputs with NotImplementedError).
+OPAQUE = (
+    ("linalg_solve", (LA.solve,), None, True),
+    ("linalg_solve_ex", (LA.solve_ex,), None, True),
+    ("linalg_lstsq", (LA.lstsq,), _lstsq_meta, False),
+    ("linalg_svd", (LA.svd,), None, True),
+    ("linalg_svdvals", (LA.svdvals,), None, True),
+    ("svd", (torch.svd, T.svd), None, True),
+    ("linalg_qr", (LA.qr,), None, True),
+    ("geqrf", (torch.geqrf, T.geqrf), _geqrf_meta, True),
+    ("ormqr", (torch.ormqr, T.ormqr), None, False),
+    ("linalg_householder_product", (LA.householder_product,), None, False),
+    ("orgqr", (torch.orgqr, T.orgqr), None, False),
+    ("linalg_eigh", (LA.eigh,), None, True),
+    ("linalg_eigvalsh", (LA.eigvalsh,), None, True),
+    ("linalg_cholesky", (LA.cholesky,), None, True),
+    ("linalg_cholesky_ex", (LA.cholesky_ex,), None, True),
+    ("cholesky_solve", (torch.cholesky_solve, T.cholesky_solve), None, False),
+    ("cholesky_inverse", (torch.cholesky_inverse, T.cholesky_inverse), None, True),
+    ("linalg_pinv", (LA.pinv,), None, False),
+    ("pinverse", (torch.pinverse, T.pinverse), None, False),
+    ("linalg_matrix_rank", (LA.matrix_rank,), None, False),
+    ("linalg_det", (LA.det,), None, True),
+    ("det", (torch.det, T.det), None, True),
+    ("linalg_slogdet", (LA.slogdet,), None, True),
+    ("slogdet", (torch.slogdet, T.slogdet), None, True),
+    ("logdet", (torch.logdet, T.logdet), None, True),
+    ("linalg_inv", (LA.inv,), None, True),
+    ("inverse", (torch.inverse, T.inverse), None, True),
+    ("linalg_inv_ex", (LA.inv_ex,), None, True),
+    ("linalg_solve_triangular", (LA.solve_triangular,), None, True),
+    ("triangular_solve", (torch.triangular_solve, T.triangular_solve), None, False),
+    ("linalg_lu_factor", (LA.lu_factor,), None, True),
+    ("linalg_lu_factor_ex", (LA.lu_factor_ex,), None, True),
+    ("linalg_lu", (LA.lu,), None, True),
+    ("lu", (torch.functional.lu, T.lu), None, True),
+    ("linalg_lu_solve", (LA.lu_solve,), None, True),
+    ("lu_solve", (torch.lu_solve, T.lu_solve), None, False),
+    ("linalg_ldl_factor", (LA.ldl_factor,), None, True),
+    ("linalg_ldl_factor_ex", (LA.ldl_factor_ex,), None, True),
+    ("linalg_ldl_solve", (LA.ldl_solve,), None, True),
+    ("linalg_matrix_exp", (LA.matrix_exp,), None, True),
+    ("matrix_exp", (torch.matrix_exp, T.matrix_exp), None, True),
+)
+
+
+globals().update({name: opaque(name, *fns, meta=meta, integers_rejected=ints) for name, fns, meta, ints in OPAQUE})
+__all__ += [row[0] for row in OPAQUE]
+
+if TYPE_CHECKING:
+    # The symbols above are made from ``OPAQUE`` at import, which type checkers cannot follow.
+    # Unannotated on purpose: an annotated return type is left unanalyzed by mypy inside the
+    # ltorch import cycle (python/mypy#5345), whereas an unannotated one is plain Any.
+    def __getattr__(name): ...

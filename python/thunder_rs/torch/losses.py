@@ -1,5 +1,6 @@
 """Losses and distances (``torch.nn.functional``): regression, binary and KL losses, margin and
-embedding losses, Poisson and Gaussian likelihoods; p-norm distances and normalisation.
+embedding losses, Poisson and Gaussian likelihoods, CTC (an opaque symbol); p-norm distances and
+normalisation; and binary_cross_entropy's grad rule (eager's backward kernel).
 
 Each follows eager's kernel formula (its clamps, epsilons and masks) and eager's argument checks.
 Value checks eager makes on data (``binary_cross_entropy``'s inputs in [0, 1],
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
     ThunderNotImplementedError,
@@ -26,7 +28,9 @@ from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
 from thunder_rs.torch.base_losses import _reduce, _reduction
-from thunder_rs.torch.nn import _require_float, _sum_all, logsigmoid
+from thunder_rs.torch.activations import logsigmoid
+from thunder_rs.torch.common import require_float, sum_all
+from thunder_rs.torch.linalg import _meta, opaque
 from thunder_rs.torch.special import xlogy
 
 __all__ = [
@@ -81,7 +85,7 @@ def _weighted_reduce(op: str, loss, weight, reduction: str, mean_by_weight: bool
     """``loss * weight`` reduced; ``mean_by_weight`` divides the mean by the weights' sum."""
     weighted = clang.elementwise(prims.mul, op, loss, weight)
     if reduction == "mean" and mean_by_weight:
-        return clang.elementwise(prims.div, op, _sum_all(weighted), _sum_all(weight))
+        return clang.elementwise(prims.div, op, sum_all(weighted), sum_all(weight))
     return _reduce(op, weighted, reduction)
 
 
@@ -189,7 +193,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
         "Using a target size ({}) that is different to the input size ({}) is deprecated. "
         "Please ensure they have the same size. (argument target)",
     )
-    _require_float(op, input)
+    require_float(op, input)
     check(
         target.dtype == input.dtype,
         op,
@@ -564,7 +568,7 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     op = "ltorch.normalize"
     check(out is None, op, "out= is handled before the symbol (argument out)", ThunderTypeError)
     dims = (clang.canonicalize_dim(input.ndim, dim, op),) if input.ndim else ()
-    _require_float(op, input)
+    require_float(op, input)
     denom = clamp_min(_vector_norm(input, p, dims, keepdim=True), eps)
     return prims.div(input, clang.expand_to(denom, input.shape))
 
@@ -622,7 +626,7 @@ def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
         f"{compute_mode} is not a valid value for compute_mode (argument compute_mode)",
     )
     for x, arg in ((x1, "x1"), (x2, "x2")):
-        _require_float(op, x, arg)
+        require_float(op, x, arg)
     check(
         x1.dtype == x2.dtype,
         op,
@@ -641,3 +645,66 @@ def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     left = prims.broadcast_in_dim(a, shape, (*range(n), n, n + 2))
     right = prims.broadcast_in_dim(b, shape, (*range(n), n + 1, n + 2))
     return _vector_norm(prims.sub(left, right), p, (n + 2,), keepdim=False)
+
+
+# -- connectionist temporal classification ---------------------------------------------------------
+
+
+def _ctc_loss_meta(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False):
+    """ctc_loss (torch has no meta kernel): the per-sequence losses with reduction='none', else
+    one number; its dynamic program has no decomposition into prims, so it is run whole."""
+    op = "ltorch.ctc_loss"
+    check(
+        log_probs.ndim in (2, 3),
+        op,
+        f"expected log_probs of rank 2 or 3, got {log_probs.ndim} (argument log_probs)",
+        ThunderRuntimeError,
+    )
+    check(
+        reduction in ("none", "mean", "sum"),
+        op,
+        f"{reduction} is not a valid value for reduction (argument reduction)",
+        ThunderValueError,
+    )
+    shape = (log_probs.shape[1],) if reduction == "none" and log_probs.ndim == 3 else ()
+    return _meta(shape, log_probs.dtype, log_probs.requires_grad)
+
+
+# No decomposition: a dynamic program over the sequences, run whole as an opaque symbol.
+ctc_loss = opaque("ctc_loss", F.ctc_loss, meta=_ctc_loss_meta, integers_rejected=False)
+__all__.append("ctc_loss")
+
+
+# -- grad rule of binary_cross_entropy -------------------------------------------------------------
+
+
+# Eager's backward divides by ``max(p * (1 - p), 1e-12)``, so a probability of exactly 0 or 1 (a
+# saturated float32 sigmoid) still gets a gradient; the decomposition's logs are clamped at -100
+# there and pass none.
+
+
+_BCE_EPSILON = 1e-12
+
+
+def _loss_cotangent(g, reduction: str, like):
+    """The cotangent of a reduced loss, spread over the elements of ``like``."""
+    if reduction == "mean":
+        g = g / max(like.numel(), 1)
+    return ltorch.expand(g, like.shape) if reduction != "none" else g
+
+
+@register_grad(ltorch.binary_cross_entropy)
+def binary_cross_entropy_grad(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    out = ltorch.binary_cross_entropy(input, target, weight, size_average, reduce, reduction)
+    if weight is not None and weight.requires_grad:
+        return out  # eager has no derivative for weight; the decomposition's is used
+    g = _loss_cotangent(
+        get_grad(out), _reduction("ltorch.binary_cross_entropy", reduction, size_average, reduce), input
+    )
+    if weight is not None:
+        g = g * weight
+    if input.requires_grad:
+        put_grad(input, g * (input - target) / ltorch.clamp_min((1 - input) * input, _BCE_EPSILON))
+    if target.requires_grad:
+        put_grad(target, g * (ltorch.log1p(-input) - ltorch.log(input)))  # unclamped, as eager's
+    return out

@@ -1,5 +1,5 @@
 """Normalisation layers beyond layer and batch norm (``torch.nn.functional``): group norm,
-instance norm and local response norm.
+instance norm and local response norm, and group norm's grad rule.
 
 Group norm is its own kernel pair (``native_group_norm`` and its backward), as in eager's
 autograd. Instance norm is batch norm over a (1, N * C, ...) view, as aten computes it, so
@@ -16,21 +16,13 @@ import torch.nn.functional as F
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang.langctx import MUTATING, TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
-from thunder_rs.torch import kernels
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.batch_norms import check_per_channel, native_batch_norm
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.inplace import assign
-from thunder_rs.torch.kernels import cast, upcast
+from thunder_rs.torch.common import cast, require_float, to_compute_dtype
 
 __all__ = ["group_norm", "native_group_norm", "native_group_norm_backward", "instance_norm", "local_response_norm"]
-
-
-def _require_float(op: str, input) -> None:
-    check(
-        input.dtype.is_floating_point,
-        op,
-        lambda: f"not implemented for {input.dtype} (argument input)",
-        ThunderNotImplementedError,
-    )
 
 
 # -- group norm ------------------------------------------------------------------------------------
@@ -57,15 +49,15 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
         f"shape {list(input.shape)} and num_groups={group} (argument group)",
         ThunderRuntimeError,
     )
-    x = upcast(input)
+    x = to_compute_dtype(input)
     grouped = _grouped(x, N, group)
     var, mean = ltorch.var_mean(grouped, 2, correction=0, keepdim=True)
     rstd = ltorch.rsqrt(var + eps)
     out = ltorch.reshape((grouped - mean) * rstd, x.shape)
     if weight is not None:
-        out = out * _per_channel(upcast(weight), x.ndim)
+        out = out * _per_channel(to_compute_dtype(weight), x.ndim)
     if bias is not None:
-        out = out + _per_channel(upcast(bias), x.ndim)
+        out = out + _per_channel(to_compute_dtype(bias), x.ndim)
     stats = (N, group)
     return (
         cast(out, input.dtype),
@@ -77,13 +69,16 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 @torchsymbol(name="native_group_norm_backward")
 def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
     """The gradients of group_norm's input, weight and bias that ``output_mask`` asks for."""
-    x, g = upcast(input), upcast(grad_out)
+    x, g = to_compute_dtype(input), to_compute_dtype(grad_out)
     stats_shape = (N, group, 1)
-    mean, rstd = ltorch.reshape(upcast(mean), stats_shape), ltorch.reshape(upcast(rstd), stats_shape)
+    mean, rstd = (
+        ltorch.reshape(to_compute_dtype(mean), stats_shape),
+        ltorch.reshape(to_compute_dtype(rstd), stats_shape),
+    )
     xhat = ltorch.reshape((_grouped(x, N, group) - mean) * rstd, x.shape)
     grads = []
     if output_mask[0]:
-        gxhat = g if weight is None else g * _per_channel(upcast(weight), x.ndim)
+        gxhat = g if weight is None else g * _per_channel(to_compute_dtype(weight), x.ndim)
         gx, xh = _grouped(gxhat, N, group), _grouped(xhat, N, group)
         centred = gx - ltorch.mean(gx, 2, keepdim=True) - xh * ltorch.mean(gx * xh, 2, keepdim=True)
         grads.append(cast(ltorch.reshape(rstd * centred, x.shape), input.dtype))
@@ -102,7 +97,7 @@ def check_group_norm(op: str, input, num_groups: int, weight, bias) -> None:
         f"Expected at least 2 dimensions for input tensor but received {input.ndim} (argument input)",
         ThunderRuntimeError,
     )
-    _require_float(op, input)
+    require_float(op, input)
     channels = input.shape[1]
     per_group = [input.shape[0] * channels // num_groups, num_groups, *input.shape[2:]]
     check(
@@ -145,7 +140,7 @@ def _check_instance_norm(op: str, input, running_mean, running_var, weight, bias
     check(
         input.ndim >= 3, op, f"Expected 3D or more input, got {input.ndim}D input (argument input)", ThunderValueError
     )
-    _require_float(op, input)
+    require_float(op, input)
     check(
         not use_input_stats or math.prod(input.shape[2:]) != 1,
         op,
@@ -158,14 +153,7 @@ def _check_instance_norm(op: str, input, running_mean, running_var, weight, bias
         "Expected running_mean and running_var to be defined when use_input_stats is false (argument use_input_stats)",
         ThunderRuntimeError,
     )
-    channels = input.shape[1]
-    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
-        check(
-            t is None or tuple(t.shape) == (channels,),
-            op,
-            lambda: f"{name} should contain {channels} elements not {t.numel()} (argument {name})",
-            ThunderRuntimeError,
-        )
+    check_per_channel(op, input.shape[1], running_mean, running_var, weight, bias)
 
 
 def _as_batch(input, *per_channel):
@@ -214,7 +202,7 @@ def instance_norm_updating(
     _check_instance_norm(op, input, running_mean, running_var, weight, bias, use_input_stats)
     n, c = input.shape[:2]
     flat, rm, rv, w, b = _as_batch(input, running_mean, running_var, weight, bias)
-    out, _, _, new_mean, new_var = kernels.native_batch_norm(flat, w, b, rm, rv, True, momentum, eps)
+    out, _, _, new_mean, new_var = native_batch_norm(flat, w, b, rm, rv, True, momentum, eps)
     assign(running_mean, ltorch.mean(ltorch.reshape(new_mean, (n, c)), 0), op, tracked=False)
     assign(running_var, ltorch.mean(ltorch.reshape(new_var, (n, c)), 0), op, tracked=False)
     return ltorch.reshape(out, input.shape)
@@ -240,7 +228,7 @@ def local_response_norm(input, size, alpha=0.0001, beta=0.75, k=1.0):
     )
     if input.numel() == 0:
         return input
-    _require_float(op, input)
+    require_float(op, input)
     div = input * input
     if input.ndim == 3:
         div = ltorch.pad(ltorch.unsqueeze(div, 1), (0, 0, size // 2, (size - 1) // 2))
@@ -256,6 +244,25 @@ def local_response_norm(input, size, alpha=0.0001, beta=0.75, k=1.0):
 def _aten_group_norm_backward(*args):
     outs = [o for o in torch.ops.aten.native_group_norm_backward.default(*args) if o is not None]
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# -- grad rule of group norm -----------------------------------------------------------------------
+
+
+@register_grad(ltorch.group_norm)
+def group_norm_grad(input, num_groups, weight=None, bias=None, eps=1e-05):
+    check_group_norm("ltorch.group_norm", input, num_groups, weight, bias)
+    n, c = input.shape[:2]
+    hxw = math.prod(input.shape[2:])
+    out, mean, rstd = native_group_norm(input, weight, bias, n, c, hxw, num_groups, eps)
+    wanted = [x for x in (input, weight, bias) if x is not None and x.requires_grad]
+    if not wanted:
+        return out
+    mask = [x is not None and x.requires_grad for x in (input, weight, bias)]
+    grads = native_group_norm_backward(get_grad(out), input, mean, rstd, weight, n, c, hxw, num_groups, mask)
+    for x, grad in zip(wanted, grads if isinstance(grads, tuple) else (grads,)):
+        put_grad(x, grad)
+    return out
 
 
 #: The aten call the torch executor runs for the backward kernel.

@@ -3,8 +3,8 @@ dist, renorm, nansum, nanmean, aminmax, msort, and diff.
 
 Norms follow eager's ATen definitions (``LinearAlgebra.cpp``): matrix norms reduce to vector norms
 and to the singular values (``ltorch.linalg_svdvals``, an opaque symbol). The gradient of
-vector_norm is eager's ``norm_backward`` (``norms_grads.py``), which is zero where the norm is,
-rather than the NaN that differentiating ``sqrt(sum(x * x))`` gives there.
+vector_norm is eager's ``norm_backward`` (its grad rule, at the end of this file), which is zero
+where the norm is, rather than the NaN that differentiating ``sqrt(sum(x * x))`` gives there.
 """
 
 import math
@@ -22,9 +22,11 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.autograd import with_zero_gradient
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.common import require_tensor, kept
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, sub
-from thunder_rs.torch.linalg_opaque import linalg_svdvals
+from thunder_rs.torch.linalg import linalg_svdvals
 from thunder_rs.torch.reductions import _dims
 
 T = torch.Tensor
@@ -46,12 +48,7 @@ __all__ = [
 
 
 def _check_floating(op: str, x, name: str = "input", exc=ThunderNotImplementedError) -> None:
-    check(
-        isinstance(x, torch.Tensor),
-        op,
-        lambda: f"expected a tensor, got {type(x).__name__} (argument {name})",
-        ThunderTypeError,
-    )
+    require_tensor(op, x, name)
     check(
         dtypes.is_inexact(x.dtype),
         op,
@@ -178,7 +175,7 @@ def linalg_matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None,
 def linalg_norm(A, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
     """A matrix norm for a 2-D input or two dims with ``ord`` given, else a vector norm."""
     op = "ltorch.linalg_norm"
-    check(isinstance(A, torch.Tensor), op, f"expected a tensor, got {type(A).__name__} (argument A)", ThunderTypeError)
+    require_tensor(op, A, "A")
     if dim is not None:
         dims = [dim] if isinstance(dim, int) else list(dim)
         check(
@@ -205,12 +202,7 @@ def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
     """torch.functional.norm for strided tensors: 'fro' (over at most two dims) and numbers are
     vector norms, other strings matrix norms."""
     op = "ltorch.norm"
-    check(
-        isinstance(input, torch.Tensor),
-        op,
-        f"expected a tensor, got {type(input).__name__} (argument input)",
-        ThunderTypeError,
-    )
+    require_tensor(op, input)
     dims = None if dim is None else ([dim] if isinstance(dim, int) else list(dim))
     if isinstance(p, str):
         if p == "fro" and (dims is None or len(dims) <= 2):
@@ -230,12 +222,7 @@ def dist(input, other, p=2):
     """The ``p``-norm of ``input - other`` (broadcast, promoted)."""
     op = "ltorch.dist"
     for x, name in ((input, "input"), (other, "other")):
-        check(
-            isinstance(x, torch.Tensor),
-            op,
-            f"expected a tensor, got {type(x).__name__} (argument {name})",
-            ThunderTypeError,
-        )
+        require_tensor(op, x, name)
     difference = sub(input, other)
     check(
         dtypes.is_inexact(difference.dtype),
@@ -324,12 +311,7 @@ def _difference(x, d: int):
 def diff(input, n=1, dim=-1, prepend=None, append=None):
     """The ``n``-th forward difference along ``dim``, after ``prepend`` and ``append``."""
     op = "ltorch.diff"
-    check(
-        isinstance(input, torch.Tensor),
-        op,
-        f"expected a tensor, got {type(input).__name__} (argument input)",
-        ThunderTypeError,
-    )
+    require_tensor(op, input)
     check(input.ndim >= 1, op, "diff expects input to be at least one-dimensional", ThunderRuntimeError)
     check(
         isinstance(n, int) and n >= 0, op, f"order must be non-negative but got {n} (argument n)", ThunderRuntimeError
@@ -347,3 +329,48 @@ def diff(input, n=1, dim=-1, prepend=None, append=None):
     for _ in range(min(n, x.shape[d])):
         x = _difference(x, d)
     return x
+
+
+# -- grad rule of vector_norm ----------------------------------------------------------------------
+
+
+# Differentiating the decomposition gives NaN where the norm is zero (``x / sqrt(0)``) and splits
+# ties of the inf-norm differently; eager's formula is zero there and divides the gradient evenly
+# among the elements that attain the maximum (or are NaN).
+
+
+def _norm_backward(g, x, p: float, norm, dims):
+    """Eager's ``norm_backward`` for real ``x``: ``g`` and ``norm`` have ``x``'s rank."""
+    if p == 0:
+        return ltorch.zeros_like(x)
+    if p == 1:
+        return ltorch.mul(ltorch.sign(x), g)
+    if p == 2:
+        return ltorch.mul(g, ltorch.where(ltorch.eq(norm, 0), 0.0, ltorch.true_divide(x, norm)))
+    if math.isinf(p):
+        magnitude = ltorch.abs(x)
+        attains = ltorch.bitwise_or(ltorch.eq(magnitude, norm), ltorch.ne(magnitude, magnitude))
+        share = ltorch.true_divide(g, ltorch.sum(attains, dims, True))
+        return ltorch.mul(ltorch.sign(x), ltorch.where(attains, share, 0.0))
+    if p < 1:
+        scaled = ltorch.where(ltorch.eq(x, 0), 0.0, ltorch.mul(ltorch.sign(x), ltorch.pow(ltorch.abs(x), p - 1)))
+        return ltorch.mul(ltorch.mul(scaled, g), ltorch.pow(norm, 1 - p))
+    if p < 2:
+        scaled = ltorch.mul(ltorch.sign(x), ltorch.pow(ltorch.abs(x), p - 1))
+    else:
+        scaled = ltorch.mul(x, ltorch.pow(ltorch.abs(x), p - 2))
+    scale = ltorch.where(ltorch.eq(norm, 0), 0.0, ltorch.true_divide(g, ltorch.pow(norm, p - 1)))
+    return ltorch.mul(scaled, scale)
+
+
+@register_grad(ltorch.linalg_vector_norm)
+def vector_norm_grad(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    result = ltorch.linalg_vector_norm(x, ord, dim, keepdim, dtype=dtype)
+    g = get_grad(result)
+    dims = _dims(x, dim, "ltorch.linalg_vector_norm")
+    norm = result
+    if not keepdim and x.ndim:
+        g, norm = kept(g, x.shape, dims), kept(norm, x.shape, dims)
+    wide = ltorch.to(x, result.dtype)
+    put_grad(x, ltorch.to(_norm_backward(g, wide, float(ord), norm, dims), x.dtype))
+    return result

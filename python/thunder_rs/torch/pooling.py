@@ -1,5 +1,6 @@
-"""Pooling (``torch.nn.functional``): max, average, power-average, adaptive and un-pooling over
-1 to 3 spatial dims.
+"""Pooling (``torch.nn.functional``): max, average and power-average pooling and max un-pooling over
+1 to 3 spatial dims, with the window geometry the adaptive pools and sliding blocks share
+(``adaptive_pooling.py``, ``sliding_blocks.py``).
 
 A pool gathers its windows with one ``take`` per spatial dim, from index tables built with
 ``iota`` (``window_table``): the input of shape (lead..., s1, ..., sn) becomes
@@ -8,8 +9,16 @@ reduction then pools. Padding is a ``pad`` with -inf (max) or 0 (average) in fro
 indices that ``return_indices`` asks for are gathered the same way from a table of each input
 element's flat spatial position.
 
-The torch executor runs each symbol whole as its torch callable; ``cnn_grads`` differentiates
-them with eager's backward kernels, so a window's gradient goes where eager's goes at ties.
+The torch executor runs each symbol whole as its torch callable; the grad rules here differentiate
+them with eager's backward kernels, symbols here too whose body, written with prims, is what that
+kernel computes (the torch executor runs it as that one aten call, its torch callable), so a window's
+gradient goes where eager's goes at ties. A pool's backward is the transpose of its window
+gathering (``gather_windows``): one ``index_add`` per spatial dim, in reverse order. Max pooling's
+goes straight to the saved indices with a ``scatter_add``, which is what eager's kernels do.
+
+Max pooling's forward is asked for its indices (one aten call, as eager's forward with grad
+makes). One-dimensional pools run as eager runs them: through the 2-d kernels, on the input with a
+size-1 dim inserted before the last.
 """
 
 import math
@@ -18,16 +27,16 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import prims
-from thunder_rs.torch.symbols import ltorch
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,
     ThunderRuntimeError,
-    ThunderTypeError,
     ThunderValueError,
     check,
 )
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.symbols import ltorch, torchsymbol
+
 
 __all__ = [
     "max_pool1d",
@@ -39,24 +48,20 @@ __all__ = [
     "avg_pool1d",
     "avg_pool2d",
     "avg_pool3d",
-    "adaptive_avg_pool1d",
-    "adaptive_avg_pool2d",
-    "adaptive_avg_pool3d",
-    "adaptive_max_pool1d",
-    "adaptive_max_pool2d",
-    "adaptive_max_pool3d",
     "lp_pool1d",
     "lp_pool2d",
     "lp_pool3d",
     "max_unpool1d",
     "max_unpool2d",
     "max_unpool3d",
-    "adaptive_max_pool1d_with_indices",
-    "adaptive_max_pool2d_with_indices",
-    "adaptive_max_pool3d_with_indices",
-    "im2col",
-    "col2im",
+    "max_pool2d_with_indices_backward",
+    "max_pool3d_with_indices_backward",
+    "avg_pool2d_backward",
+    "avg_pool3d_backward",
 ]
+
+
+_aten = torch.ops.aten
 
 
 # -- arguments -------------------------------------------------------------------------------------
@@ -426,130 +431,6 @@ def avg_pool3d(
     )
 
 
-# -- adaptive pooling ------------------------------------------------------------------------------
-
-
-def adaptive_sizes(op: str, input, n: int, output_size) -> tuple[int, ...]:
-    """The output's spatial sizes; None keeps the input's size along that dim."""
-    check(
-        n > 1 or output_size is not None,
-        op,
-        "output_size must be an int or a tuple of one int, not None (argument output_size)",
-        ThunderTypeError,
-    )
-    sizes: tuple = (output_size,) * n if output_size is None or isinstance(output_size, int) else tuple(output_size)
-    check(
-        len(sizes) in (1, n),
-        op,
-        f"output_size must be {n} ints, got {output_size} (argument output_size)",
-        ThunderRuntimeError,
-    )
-    sizes = sizes * n if len(sizes) == 1 else sizes
-    sizes = tuple(input.shape[input.ndim - n + i] if s is None else s for i, s in enumerate(sizes))
-    check(
-        all(s >= 0 for s in sizes),
-        op,
-        f"output_size must be non-negative, got {sizes} (argument output_size)",
-        ThunderRuntimeError,
-    )
-    return sizes
-
-
-def _adaptive_avg(op: str, n: int, input, output_size):
-    check_pool_input(op, input, n)
-    _require_dtype(op, input, floats_only=True)
-    outs = adaptive_sizes(op, input, n, output_size)
-    x = input
-    # An average over a box is the average along each dim in turn.
-    for i, out in enumerate(outs):
-        axis = input.ndim - n + i
-        if out == 0:
-            return prims.full((*input.shape[:-n], *outs), 0.0, input.device, input.dtype)
-        table, lengths = adaptive_table(input.device, x.shape[axis], out)
-        longest = table.shape[1]
-        taken = prims.take(x, prims.reshape(table, (out * longest,)), axis)
-        taken = prims.reshape(taken, (*taken.shape[:axis], out, longest, *taken.shape[axis + 1 :]))
-        inside = prims.lt(
-            prims.broadcast_in_dim(prims.iota(longest, 0, 1, input.device, torch.int64), table.shape, (1,)),
-            prims.broadcast_in_dim(lengths, table.shape, (0,)),
-        )
-        mask = prims.broadcast_in_dim(inside, taken.shape, (axis, axis + 1))
-        total = prims.sum(prims.where(mask, taken, 0.0), (axis + 1,))
-        count = prims.broadcast_in_dim(prims.convert_element_type(lengths, input.dtype), total.shape, (axis,))
-        x = prims.div(total, count)
-    return x
-
-
-@torchsymbol(F.adaptive_avg_pool1d, torch.adaptive_avg_pool1d)
-def adaptive_avg_pool1d(input, output_size):
-    return _adaptive_avg("ltorch.adaptive_avg_pool1d", 1, input, output_size)
-
-
-@torchsymbol(F.adaptive_avg_pool2d)
-def adaptive_avg_pool2d(input, output_size):
-    return _adaptive_avg("ltorch.adaptive_avg_pool2d", 2, input, output_size)
-
-
-@torchsymbol(F.adaptive_avg_pool3d)
-def adaptive_avg_pool3d(input, output_size):
-    return _adaptive_avg("ltorch.adaptive_avg_pool3d", 3, input, output_size)
-
-
-def _adaptive_max(op: str, n: int, input, output_size, return_indices):
-    check_pool_input(op, input, n)
-    _require_dtype(op, input, floats_only=True)
-    outs = adaptive_sizes(op, input, n, output_size)
-    check(
-        all(o > 0 for o in outs),
-        op,
-        f"output_size must be positive, got {outs} (argument output_size)",
-        ThunderRuntimeError,
-    )
-    sizes = tuple(input.shape[-n:])
-    tables = [adaptive_table(input.device, size, out)[0] for size, out in zip(sizes, outs)]
-    windows = gather_windows(input, tables)
-    last = windows.ndim - 1
-    out = prims.amax(windows, (last,))
-    if not return_indices:
-        return out
-    which = eager_argmax(windows, out, None)
-    positions = prims.broadcast_in_dim(
-        gather_windows(flat_positions(input.device, sizes), tables), windows.shape, tuple(range(last - n, last + 1))
-    )
-    return out, prims.reshape(prims.take_along_axis(positions, which, last), out.shape)
-
-
-@torchsymbol(F.adaptive_max_pool1d)
-def adaptive_max_pool1d(input, output_size, return_indices=False):
-    return _adaptive_max("ltorch.adaptive_max_pool1d", 1, input, output_size, return_indices)
-
-
-@torchsymbol(F.adaptive_max_pool2d)
-def adaptive_max_pool2d(input, output_size, return_indices=False):
-    return _adaptive_max("ltorch.adaptive_max_pool2d", 2, input, output_size, return_indices)
-
-
-@torchsymbol(F.adaptive_max_pool3d)
-def adaptive_max_pool3d(input, output_size, return_indices=False):
-    return _adaptive_max("ltorch.adaptive_max_pool3d", 3, input, output_size, return_indices)
-
-
-# F.adaptive_max_poolNd_with_indices return the indices whatever return_indices says.
-@torchsymbol(F.adaptive_max_pool1d_with_indices)
-def adaptive_max_pool1d_with_indices(input, output_size, return_indices=False):
-    return adaptive_max_pool1d(input, output_size, True)
-
-
-@torchsymbol(F.adaptive_max_pool2d_with_indices)
-def adaptive_max_pool2d_with_indices(input, output_size, return_indices=False):
-    return adaptive_max_pool2d(input, output_size, True)
-
-
-@torchsymbol(F.adaptive_max_pool3d_with_indices)
-def adaptive_max_pool3d_with_indices(input, output_size, return_indices=False):
-    return adaptive_max_pool3d(input, output_size, True)
-
-
 # -- power-average pooling -------------------------------------------------------------------------
 
 
@@ -676,113 +557,199 @@ def max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_siz
     return _max_unpool("ltorch.max_unpool3d", 3, input, indices, kernel_size, stride, padding, output_size)
 
 
-# -- sliding blocks (im2col and col2im) ------------------------------------------------------------
+# -- backward kernels ------------------------------------------------------------------------------
 
 
-def _check_block_dtype(op: str, input) -> None:
-    """im2col and col2im take floating and bool tensors, not integers."""
-    check(
-        input.dtype.is_floating_point or input.dtype == torch.bool,
-        op,
-        lambda: f"not implemented for {input.dtype} (argument input)",
-        ThunderNotImplementedError,
-    )
+def _scatter_to_indices(grad_output, input, indices, n: int):
+    """``grad_output`` added into a zero gradient of ``input`` at the flat spatial ``indices``."""
+    lead = tuple(input.shape[:-n])
+    grads = prims.reshape(grad_output, (*lead, math.prod(grad_output.shape[-n:])))
+    targets = prims.reshape(indices, grads.shape)
+    zeros = prims.full((*lead, math.prod(input.shape[-n:])), 0.0, input.device, input.dtype)
+    return prims.reshape(prims.scatter_add(zeros, targets, grads, len(lead)), tuple(input.shape))
 
 
-def block_geometry(op: str, sizes, kernel_size, dilation, padding, stride):
-    """Per spatial dim of unfold and fold: (size, kernel, stride, padding, dilation, blocks)."""
-    kernel, dils = spatial_tuple(op, kernel_size, 2, "kernel_size"), spatial_tuple(op, dilation, 2, "dilation")
-    pads, strides = spatial_tuple(op, padding, 2, "padding"), spatial_tuple(op, stride, 2, "stride")
-    for name, values, low in (
-        ("kernel size", kernel, 1),
-        ("dilation", dils, 1),
-        ("padding", pads, 0),
-        ("stride", strides, 1),
-    ):
-        arg = name.replace(" ", "_")
-        check(
-            all(v >= low for v in values),
-            op,
-            f"{name} should be {'non-negative' if low == 0 else 'greater than zero'}"
-            f", but got {values} (argument {arg})",
-            ThunderRuntimeError,
-        )
+@torchsymbol(_aten.max_pool2d_with_indices_backward.default, name="max_pool2d_with_indices_backward")
+def max_pool2d_with_indices_backward(grad_output, input, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_indices(grad_output, input, indices, 2)
+
+
+@torchsymbol(_aten.max_pool3d_with_indices_backward.default, name="max_pool3d_with_indices_backward")
+def max_pool3d_with_indices_backward(grad_output, input, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_indices(grad_output, input, indices, 3)
+
+
+# -- average pooling -------------------------------------------------------------------------------
+
+
+def _avg_pool_backward(
+    n: int, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    kernel, pads = tuple(kernel_size), tuple(padding)
+    strides = tuple(stride) if len(stride) else kernel
+    sizes = tuple(input.shape[-n:])
     geometry = [
-        (size, k, s, p, d, pool_out_size(size, k, s, p, d, False))
-        for size, k, s, p, d in zip(sizes, kernel, strides, pads, dils)
+        (size, k, s, p, 1, pool_out_size(size, k, s, p, 1, ceil_mode))
+        for size, k, s, p in zip(sizes, kernel, strides, pads)
     ]
-    blocks = tuple(g[-1] for g in geometry)
-    check(
-        all(b > 0 for b in blocks),
-        op,
-        f"Given spatial size {tuple(sizes)}, kernel_size={kernel}, dilation={dils}, "
-        f"padding={pads}, the calculated shape of the array of sliding blocks is {blocks}, which is too small "
-        "(argument kernel_size)",
-        ThunderRuntimeError,
-    )
-    return geometry
-
-
-# im2col and col2im, not unfold and fold: Tensor.unfold is another op.
-@torchsymbol(F.unfold)
-def im2col(input, kernel_size, dilation=1, padding=0, stride=1):
-    """Each sliding block of a (N, C, H, W) or (C, H, W) input as a column: (N, C * kh * kw, L)."""
-    op = "ltorch.im2col (F.unfold)"
-    check(
-        input.ndim in (3, 4),
-        op,
-        f"Input Error: Only 3D or 4D input Tensors are supported (got {input.ndim}D) (argument input)",
-        ThunderNotImplementedError if input.ndim > 4 else ThunderIndexError,
-    )
-    check_pool_input(op, input, 2)
-    _check_block_dtype(op, input)
-    geometry = block_geometry(op, input.shape[-2:], kernel_size, dilation, padding, stride)
-    windows = gather_windows(
-        _pad_spatial(input, geometry, False if input.dtype == torch.bool else 0), window_tables(input.device, geometry)
-    )
-    lead = input.ndim - 2  # (lead..., oh, ow, K) -> (lead[:-1]..., C * K, oh * ow)
-    moved = prims.transpose(windows, (*range(lead), lead + 2, lead, lead + 1))
-    channels = input.shape[lead - 1] * windows.shape[-1]
-    return prims.reshape(moved, (*input.shape[: lead - 1], channels, windows.shape[lead] * windows.shape[lead + 1]))
-
-
-@torchsymbol(F.fold)
-def col2im(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
-    """Sums sliding-block columns (N, C * kh * kw, L) or (C * kh * kw, L) into (N, C, H, W)."""
-    op = "ltorch.col2im (F.fold)"
-    check(
-        input.ndim in (2, 3),
-        op,
-        f"Input Error: Only unbatched (2D) or batched (3D) input Tensors are supported "
-        f"(got {input.ndim}D) (argument input)",
-        ThunderNotImplementedError,
-    )
-    _check_block_dtype(op, input)
-    sizes = spatial_tuple(op, output_size, 2, "output_size")
-    geometry = block_geometry(op, sizes, kernel_size, dilation, padding, stride)
-    window = geometry[0][1] * geometry[1][1]
-    columns, blocks = input.shape[-2:]
-    check(
-        columns % window == 0,
-        op,
-        f"Expected size of input's dimension {input.ndim - 2} to be divisible by the "
-        f"product of kernel_size, but got input.size({input.ndim - 2})={columns} and kernel_size="
-        f"{(geometry[0][1], geometry[1][1])} (argument input)",
-        ThunderRuntimeError,
-    )
-    outs = (geometry[0][-1], geometry[1][-1])
-    check(
-        blocks == outs[0] * outs[1],
-        op,
-        f"Given output_size={sizes}, expected size of input's dimension "
-        f"{input.ndim - 1} to match the calculated number of sliding blocks {outs[0]} * {outs[1]} = "
-        f"{outs[0] * outs[1]}, but got input.size({input.ndim - 1})={blocks} (argument input)",
-        ThunderRuntimeError,
-    )
-    lead = tuple(input.shape[:-2])
-    split = prims.reshape(input, (*lead, columns // window, window, *outs))
-    n = len(lead) + 1  # the channel dim's index after lead
-    windows = prims.transpose(split, (*range(n), n + 1, n + 2, n))
+    if divisor_override is not None:
+        g = prims.div(grad_output, float(divisor_override))
+    else:
+        counts = outer_product(window_counts(input.device, geometry, count_include_pad), tuple(grad_output.shape))
+        g = prims.div(grad_output, prims.convert_element_type(counts, grad_output.dtype))
+    # Each window element gets its window's share.
+    spread = prims.broadcast_in_dim(g, (*g.shape, math.prod(kernel)), tuple(range(g.ndim)))
     return unpad_spatial(
-        scatter_windows(windows, window_tables(input.device, geometry), padded_lengths(geometry)), geometry
+        scatter_windows(spread, window_tables(input.device, geometry), padded_lengths(geometry)), geometry
     )
+
+
+@torchsymbol(_aten.avg_pool2d_backward.default, name="avg_pool2d_backward")
+def avg_pool2d_backward(
+    grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    return _avg_pool_backward(
+        2, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
+
+
+@torchsymbol(_aten.avg_pool3d_backward.default, name="avg_pool3d_backward")
+def avg_pool3d_backward(
+    grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    return _avg_pool_backward(
+        3, grad_output, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
+
+
+# -- grad rules ------------------------------------------------------------------------------------
+
+
+_MAX_BACKWARD = {2: max_pool2d_with_indices_backward, 3: max_pool3d_with_indices_backward}
+_AVG_BACKWARD = {2: avg_pool2d_backward, 3: avg_pool3d_backward}
+
+
+def _as_2d(*tensors):
+    return [ltorch.unsqueeze(t, -2) for t in tensors]
+
+
+def _window_args(op: str, n: int, kernel_size, stride, padding, dilation):
+    """Kernel, stride, padding and dilation as the aten backwards take them: n ints each (1-d
+    pools as 2-d ones with a size-1 window along the inserted dim)."""
+    kernel = spatial_tuple(op, kernel_size, n, "kernel_size")
+    strides = (
+        kernel
+        if stride is None or (not isinstance(stride, int) and len(stride) == 0)
+        else spatial_tuple(op, stride, n, "stride")
+    )
+    args = [kernel, strides, spatial_tuple(op, padding, n, "padding"), spatial_tuple(op, dilation, n, "dilation")]
+    if n == 1:
+        args = [(fill, *a) for fill, a in zip((1, 1, 0, 1), args)]
+    return args
+
+
+# -- max pooling -----------------------------------------------------------------------------------
+
+
+def _max_pool_grad(n: int, symbol, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
+    out, indices = symbol(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+    kernel, strides, pads, dils = _window_args(symbol.symbol_name, n, kernel_size, stride, padding, dilation)
+    g = get_grad(out)
+    if n == 1:
+        g2, x2, i2 = _as_2d(g, input, indices)
+        grad = ltorch.squeeze(_MAX_BACKWARD[2](g2, x2, kernel, strides, pads, dils, ceil_mode, i2), -2)
+    else:
+        grad = _MAX_BACKWARD[n](g, input, kernel, strides, pads, dils, ceil_mode, indices)
+    put_grad(input, grad)
+    return (out, indices) if return_indices else out
+
+
+@register_grad(ltorch.max_pool1d)
+def max_pool1d_grad(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool_grad(
+        1, ltorch.max_pool1d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices
+    )
+
+
+@register_grad(ltorch.max_pool2d)
+def max_pool2d_grad(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool_grad(
+        2, ltorch.max_pool2d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices
+    )
+
+
+@register_grad(ltorch.max_pool3d)
+def max_pool3d_grad(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool_grad(
+        3, ltorch.max_pool3d, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices
+    )
+
+
+# -- average pooling -------------------------------------------------------------------------------
+
+
+def _avg_pool_grad(n: int, symbol, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    extra = () if n == 1 else (divisor_override,)
+    out = symbol(input, kernel_size, stride, padding, ceil_mode, count_include_pad, *extra)
+    kernel, strides, pads, _ = _window_args(symbol.symbol_name, n, kernel_size, stride, padding, 1)
+    g = get_grad(out)
+    if n == 1:
+        g2, x2 = _as_2d(g, input)
+        grad = ltorch.squeeze(_AVG_BACKWARD[2](g2, x2, kernel, strides, pads, ceil_mode, count_include_pad, None), -2)
+    else:
+        grad = _AVG_BACKWARD[n](g, input, kernel, strides, pads, ceil_mode, count_include_pad, divisor_override)
+    put_grad(input, grad)
+    return out
+
+
+@register_grad(ltorch.avg_pool1d)
+def avg_pool1d_grad(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    return _avg_pool_grad(1, ltorch.avg_pool1d, input, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+@register_grad(ltorch.avg_pool2d)
+def avg_pool2d_grad(
+    input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    return _avg_pool_grad(
+        2, ltorch.avg_pool2d, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
+
+
+@register_grad(ltorch.avg_pool3d)
+def avg_pool3d_grad(
+    input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    return _avg_pool_grad(
+        3, ltorch.avg_pool3d, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
+
+
+# -- unpooling -------------------------------------------------------------------------------------
+
+
+def _max_unpool_grad(n: int, symbol, input, indices, kernel_size, stride, padding, output_size):
+    """Eager's: each input element gets the gradient at its index, also where a later equal
+    index overwrote it in the forward."""
+    out = symbol(input, indices, kernel_size, stride, padding, output_size)
+    g = get_grad(out)
+    lead = tuple(input.shape[:-n])
+    flat = ltorch.reshape(g, (*lead, math.prod(g.shape[-n:])))
+    picked = ltorch.gather(flat, len(lead), ltorch.reshape(indices, (*lead, math.prod(input.shape[-n:]))))
+    put_grad(input, ltorch.reshape(picked, input.shape))
+    return out
+
+
+@register_grad(ltorch.max_unpool1d)
+def max_unpool1d_grad(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool_grad(1, ltorch.max_unpool1d, input, indices, kernel_size, stride, padding, output_size)
+
+
+@register_grad(ltorch.max_unpool2d)
+def max_unpool2d_grad(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool_grad(2, ltorch.max_unpool2d, input, indices, kernel_size, stride, padding, output_size)
+
+
+@register_grad(ltorch.max_unpool3d)
+def max_unpool3d_grad(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool_grad(3, ltorch.max_unpool3d, input, indices, kernel_size, stride, padding, output_size)

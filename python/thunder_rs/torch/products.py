@@ -8,17 +8,20 @@ the torch executor still runs each symbol whole. As in ``linalg.py``, products d
 
 import string
 
+import math
+
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.torch.common import require_tensor
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.base import dtypes
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.creation_extra import identity
+from thunder_rs.torch.creation import identity
 from thunder_rs.torch.elementwise import sub
-from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands, _prod
+from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands
 
 T = torch.Tensor
 LA = torch.linalg
@@ -39,12 +42,7 @@ __all__ = [
 
 
 def _check_tensor(op: str, x, name: str) -> None:
-    check(
-        isinstance(x, torch.Tensor),
-        op,
-        lambda: f"expected a tensor, got {type(x).__name__} (argument {name})",
-        ThunderTypeError,
-    )
+    require_tensor(op, x, name)
 
 
 def _same_dtype(op: str, tensors, message: str) -> None:
@@ -170,9 +168,9 @@ def _contract(op: str, a, b, a_dims, b_dims):
     has ``a``'s free dims, then ``b``'s, as one matrix product."""
     a_free = [d for d in range(a.ndim) if d not in a_dims]
     b_free = [d for d in range(b.ndim) if d not in b_dims]
-    k = _prod(a.shape[d] for d in a_dims)
-    lhs = prims.reshape(ltorch.permute(a, (*a_free, *a_dims)), (_prod(a.shape[d] for d in a_free), k))
-    rhs = prims.reshape(ltorch.permute(b, (*b_dims, *b_free)), (k, _prod(b.shape[d] for d in b_free)))
+    k = math.prod(a.shape[d] for d in a_dims)
+    lhs = prims.reshape(ltorch.permute(a, (*a_free, *a_dims)), (math.prod(a.shape[d] for d in a_free), k))
+    rhs = prims.reshape(ltorch.permute(b, (*b_dims, *b_free)), (k, math.prod(b.shape[d] for d in b_free)))
     out = prims.matmul(lhs, rhs)
     return prims.reshape(out, (*(a.shape[d] for d in a_free), *(b.shape[d] for d in b_free)))
 
@@ -404,14 +402,14 @@ def _contract_pair(a, la, b, lb, keep, sizes):
     b_only = [c for c in lb if c not in la]
     a = _expand_labels(a, la, sizes, batch + summed)
     b = _expand_labels(b, lb, sizes, batch + summed)
-    size = lambda labels: _prod(sizes[c] for c in labels)  # noqa: E731
+    size = lambda labels: math.prod(sizes[c] for c in labels)  # noqa: E731
     lhs = ltorch.reshape(
         ltorch.permute(a, [la.index(c) for c in batch + a_only + summed]),
-        (size(batch), _prod(a.shape[la.index(c)] for c in a_only), size(summed)),
+        (size(batch), math.prod(a.shape[la.index(c)] for c in a_only), size(summed)),
     )
     rhs = ltorch.reshape(
         ltorch.permute(b, [lb.index(c) for c in batch + summed + b_only]),
-        (size(batch), size(summed), _prod(b.shape[lb.index(c)] for c in b_only)),
+        (size(batch), size(summed), math.prod(b.shape[lb.index(c)] for c in b_only)),
     )
     out_shape = (
         *(sizes[c] for c in batch),

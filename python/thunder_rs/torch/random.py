@@ -28,9 +28,8 @@ from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.creation import _check_random_dtype, _device, _shape
-from thunder_rs.torch.nn import leaky_relu
 
 T = torch.Tensor
 __all__ = [
@@ -423,7 +422,7 @@ def rrelu(input, lower=1.0 / 8.0, upper=1.0 / 3.0, training=False, inplace=False
         ThunderRuntimeError,
     )
     if not training:
-        return leaky_relu(input, (lower + upper) / 2)
+        return ltorch.leaky_relu(input, (lower + upper) / 2)
     return rrelu_with_noise(input, lower, upper)[0]
 
 

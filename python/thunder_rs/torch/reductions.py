@@ -1,4 +1,5 @@
-"""Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp.
+"""Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp; the
+grad rules of std and std_mean (eager's std backward) and of max/min of a whole tensor.
 
 Each op canonicalises its dims once, reshapes a 0-dim input to one element (prims reduce only
 over dims that exist), calls the reduction prim and, for ``keepdim``, broadcasts the result
@@ -20,7 +21,9 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.common import is_int, kept
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.elementwise import maximum, minimum
 
 T = torch.Tensor
@@ -45,18 +48,14 @@ __all__ = [
 ]
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _dims(a, dim, op: str, *, sequences: bool = True) -> tuple[int, ...]:
     """Canonical reduction dims: ``None`` (or an empty sequence) means every dim."""
     if dim is None:
         return tuple(range(a.ndim))
-    if _is_int(dim):
+    if is_int(dim):
         return (clang.canonicalize_dim(a.ndim, dim, op),)
     check(
-        sequences and isinstance(dim, (tuple, list, torch.Size)) and builtins.all(_is_int(d) for d in dim),
+        sequences and isinstance(dim, (tuple, list, torch.Size)) and builtins.all(is_int(d) for d in dim),
         op,
         lambda: (
             f"expected {'an int or a sequence of ints' if sequences else 'an int'} for dim, got {dim!r} (argument dim)"
@@ -107,7 +106,7 @@ def _numel(a, dims) -> int:
 
 def _is_full(dim) -> bool:
     """Whether ``dim`` asks for a reduction over every dim without naming one."""
-    return dim is None or (not _is_int(dim) and len(dim) == 0)
+    return dim is None or (not is_int(dim) and len(dim) == 0)
 
 
 def _accumulate(prim, a, dims, keepdim: bool, dtype):
@@ -215,7 +214,7 @@ def _define_max(name: str, reduce_prim, arg_prim, elementwise, return_type):
     return extremum
 
 
-# Annotated: statistics_grads registers their grad rules while this import cycle is checked.
+# Annotated: the grad rules at the end of this file register on them while this import cycle is checked.
 max: Callable = _define_max("max", prims.amax, prims.argmax, maximum, torch.return_types.max)
 min: Callable = _define_max("min", prims.amin, prims.argmin, minimum, torch.return_types.min)
 
@@ -341,3 +340,72 @@ def logsumexp(input, dim, keepdim=False):
     shifted = prims.sub(operand, prims.broadcast_in_dim(peak, operand.shape, kept))
     out = prims.add(prims.log(prims.sum(prims.exp(shifted), prim_dims)), peak)
     return _keep(out, a.shape, dims, keepdim)
+
+
+# -- grad rules ------------------------------------------------------------------------------------
+
+
+def _kept(t, input, dims, keepdim: bool):
+    """``t``, reduced over ``dims`` of ``input`` (``keepdim`` as the forward had it), with those dims as size 1."""
+    return t if keepdim else kept(t, input.shape, dims)
+
+
+def _std_input_grad(g, std, input, dim, unbiased, keepdim, correction, op: str):
+    """Eager's std backward: the variance's gradient is ``g / (2 std)``, 0 where std is 0 (a
+    constant slice), where differentiating ``sqrt(var)`` gave NaN there; then var's backward.
+    Also returns the reduced dims and their element count."""
+    dim, correction = _correction(dim, unbiased, correction, op)
+    dims = _dims(input, dim, op)
+    count = math.prod(input.shape[d] for d in dims) if input.ndim else 1
+    g_var = _kept(ltorch.where(ltorch.eq(std, 0), 0.0, ltorch.true_divide(g, ltorch.mul(std, 2))), input, dims, keepdim)
+    freedom = count - correction
+    scale = 2.0 / freedom if freedom else math.inf  # eager's double division
+    centered = ltorch.sub(input, ltorch.mean(input, dims, keepdim=True))
+    return ltorch.mul(ltorch.mul(g_var, scale), centered), dims, count
+
+
+@register_grad(ltorch.std)
+def std_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    out = ltorch.std(input, dim, unbiased, keepdim, correction=correction)
+    if input.dtype.is_complex:
+        return out  # the decomposition's VJP
+    grad, _, _ = _std_input_grad(get_grad(out), out, input, dim, unbiased, keepdim, correction, "ltorch.std")
+    put_grad(input, grad)
+    return out
+
+
+@register_grad(ltorch.std_mean)
+def std_mean_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    std, mean = ltorch.std_mean(input, dim, unbiased, keepdim, correction=correction)
+    if input.dtype.is_complex:
+        return std, mean  # the decomposition's VJP
+    g_std, g_mean = get_grad(std), get_grad(mean)
+    grad, dims, count = _std_input_grad(g_std, std, input, dim, unbiased, keepdim, correction, "ltorch.std_mean")
+    put_grad(input, ltorch.add(grad, ltorch.true_divide(_kept(g_mean, input, dims, keepdim), count)))
+    return std, mean
+
+
+def _evenly_distributed(g, x, value):
+    """Eager's ``evenly_distribute_backward``."""
+    value_is_nan = ltorch.ne(value, value)
+    mask = ltorch.where(value_is_nan, ltorch.ne(x, x), ltorch.eq(x, value))
+    return ltorch.where(mask, ltorch.true_divide(g, ltorch.sum(mask)), 0.0)
+
+
+def _define_full_extremum_grad(symbol):
+    """``torch.max(x)``/``torch.min(x)``: eager's ``evenly_distribute_backward``. The other forms
+    (along a dim, elementwise) differentiate their decomposition."""
+
+    @register_grad(symbol)
+    def full_extremum_grad(input, dim=None, keepdim=False, *, other=None):
+        out = symbol(input, dim, keepdim, other=other)
+        if dim is not None or other is not None or not input.dtype.is_floating_point:
+            return out
+        put_grad(input, ltorch.to(_evenly_distributed(get_grad(out), input, out), input.dtype))
+        return out
+
+    return full_extremum_grad
+
+
+max_grad = _define_full_extremum_grad(ltorch.max)
+min_grad = _define_full_extremum_grad(ltorch.min)

@@ -5,7 +5,9 @@ the metadata predicates (``torch.is_floating_point``) that answer in Python.
 Each decomposition mirrors eager's kernel formula (its branch order, its treatment of NaN and
 infinities) and selects with ``where`` on eager's own comparison, so that the gradient at ties and
 edges is eager's. A value computed only to be masked out is computed on a safe operand, so that its
-NaN gradient cannot leak through the mask.
+NaN gradient cannot leak through the mask. fmax and fmin have grad rules of their own: at ties and
+NaN operands eager's subgradient is a convention that changed across torch releases
+(``elementwise.SPLIT_TIES``), which the VJP of the decompositions' prims follows in none or only some.
 """
 
 import math
@@ -15,10 +17,11 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
 from thunder_rs.core.base import dtypes
+from thunder_rs.core.lang.grad import get_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.elementwise import sign, sub
+from thunder_rs.torch.elementwise import NAN_SELECTING_FMAX, SPLIT_TIES, put_operand_grads, sign, sub
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
 __all__ = [
@@ -604,3 +607,40 @@ def mvlgamma(input, p):
             prims.add, op, total, clang.elementwise(prims.lgamma, op, clang.elementwise(prims.sub, op, x, i / 2))
         )
     return clang.elementwise(prims.add, op, total, p * (p - 1) / 4 * math.log(math.pi))
+
+
+# -- grad rules of fmax and fmin (at ties: see elementwise.py) -------------------------------------
+
+
+def _fmax_grads(g, a, b, wins):
+    """The gradients of fmax (``wins`` is ``ltorch.gt``) or fmin (``ltorch.lt``) of ``a`` and ``b``."""
+    if not SPLIT_TIES:  # a tie, and a NaN ``b``, give ``a`` the gradient
+        a_selected = ltorch.bitwise_or(ltorch.bitwise_or(wins(a, b), a == b), ltorch.isnan(b))
+        return ltorch.where(a_selected, g, 0.0), ltorch.where(a_selected, 0.0, g)
+    tie, half = a == b, g * 0.5
+    if not NAN_SELECTING_FMAX:  # maximum's rule: where neither wins (a NaN), both get the gradient
+        return (
+            ltorch.where(tie, half, ltorch.where(wins(b, a), 0.0, g)),
+            ltorch.where(tie, half, ltorch.where(wins(a, b), 0.0, g)),
+        )
+    a_selected = ltorch.bitwise_or(wins(a, b), ltorch.isnan(b))
+    return ltorch.where(tie, half, ltorch.where(a_selected, g, 0.0)), ltorch.where(
+        tie, half, ltorch.where(a_selected, 0.0, g)
+    )
+
+
+def _fmax_grad(symbol, wins, input, other):
+    out = symbol(input, other)
+    if out.dtype.is_floating_point and isinstance(input, torch.Tensor) and isinstance(other, torch.Tensor):
+        put_operand_grads((input, other), _fmax_grads(get_grad(out), input, other, wins))
+    return out
+
+
+@register_grad(ltorch.fmax)
+def fmax_grad(input, other):
+    return _fmax_grad(ltorch.fmax, ltorch.gt, input, other)
+
+
+@register_grad(ltorch.fmin)
+def fmin_grad(input, other):
+    return _fmax_grad(ltorch.fmin, ltorch.lt, input, other)

@@ -1,5 +1,5 @@
 """Order statistics and searches: kthvalue, median, nanmedian, quantile, nanquantile, mode, histc,
-bucketize, searchsorted and isin.
+bucketize, searchsorted and isin; and the grad rules of median, nanmedian, mode and kthvalue.
 
 Order statistics sort (stably, NaN last, as torch.sort does) along the reduced dim and select a
 position, so their indices are the first of equal values in input order where eager's selection
@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.torch.common import require_tensor
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.base.proxies import TensorProxy
@@ -25,6 +26,8 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.autograd import with_zero_gradient
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.reductions import _evenly_distributed
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, round as round_, sub
 
@@ -74,9 +77,7 @@ def _select(x, dim, keepdim: bool, position, op: str):
 
 
 def _check_reducible(op: str, x, dim) -> None:
-    check(
-        isinstance(x, torch.Tensor), op, f"expected a tensor, got {type(x).__name__} (argument input)", ThunderTypeError
-    )
+    require_tensor(op, x)
     check(
         x.dtype != torch.bool and not x.dtype.is_complex,
         op,
@@ -93,12 +94,7 @@ def _check_reducible(op: str, x, dim) -> None:
 @torchsymbol(torch.kthvalue, T.kthvalue)
 def kthvalue(input, k, dim=-1, keepdim=False):
     op = "ltorch.kthvalue"
-    check(
-        isinstance(input, torch.Tensor),
-        op,
-        f"expected a tensor, got {type(input).__name__} (argument input)",
-        ThunderTypeError,
-    )
+    require_tensor(op, input)
     size = input.shape[clang.canonicalize_dim(input.ndim, dim, op)] if input.ndim else 1
     check(
         isinstance(k, int) and 1 <= k <= size,
@@ -205,12 +201,7 @@ def _lerp(start, end, weight):
 
 
 def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool):
-    check(
-        isinstance(input, torch.Tensor),
-        op,
-        f"expected a tensor, got {type(input).__name__} (argument input)",
-        ThunderTypeError,
-    )
+    require_tensor(op, input)
     check(
         input.dtype in (torch.float32, torch.float64),
         op,
@@ -292,12 +283,7 @@ def histc(input, bins=100, min=0, max=0, *, out=None):
     the last bin, as eager's kernel computes. Eager's errors for a non-finite data range depend
     on values and are not raised."""
     op = "ltorch.histc"
-    check(
-        isinstance(input, torch.Tensor),
-        op,
-        f"expected a tensor, got {type(input).__name__} (argument input)",
-        ThunderTypeError,
-    )
+    require_tensor(op, input)
     check(
         dtypes.is_float(input.dtype),
         op,
@@ -422,3 +408,52 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
         )
     found = ltorch.any(ltorch.eq(ltorch.unsqueeze(elements, -1), ltorch.reshape(test_elements, (-1,))), -1)
     return ltorch.bitwise_not(found) if invert else found
+
+
+# -- grad rules ------------------------------------------------------------------------------------
+# Median and nanmedian of a whole tensor share the gradient among every element equal to the result
+# (NaN ones when it is NaN; eager's ``evenly_distribute_backward``, as max and min in
+# ``reductions.py``); along a dim median, mode and kthvalue send it to the index eager's kernel
+# returns (for ties, kthvalue's and median's selection picks another than a stable sort's).
+
+
+def _to_the_returned_index(out, input, dim, keepdim):
+    """``out`` (values, indices) of a selection along ``dim``, run as eager's kernel, with the
+    gradient of its values scattered to its indices (eager's value_selecting_reduction_backward)."""
+    g = get_grad(out.values)
+    if input.ndim == 0:
+        put_grad(input, g)
+        return out
+    indices = out.indices
+    if not keepdim:
+        g, indices = ltorch.unsqueeze(g, dim), ltorch.unsqueeze(indices, dim)
+    put_grad(input, ltorch.scatter_add(ltorch.zeros_like(input), dim, indices, g))
+    return out
+
+
+def _define_full_median_grad(symbol):
+    @register_grad(symbol)
+    def full_median_grad(input, dim=None, keepdim=False):
+        out = symbol(input, dim, keepdim)
+        if input.numel() == 0:
+            return out
+        if dim is not None:
+            return _to_the_returned_index(out, input, dim, keepdim)
+        put_grad(input, ltorch.to(_evenly_distributed(get_grad(out), input, out), input.dtype))
+        return out
+
+    return full_median_grad
+
+
+median_grad = _define_full_median_grad(ltorch.median)
+nanmedian_grad = _define_full_median_grad(ltorch.nanmedian)
+
+
+@register_grad(ltorch.mode)
+def mode_grad(input, dim=-1, keepdim=False):
+    return _to_the_returned_index(ltorch.mode(input, dim, keepdim), input, dim, keepdim)
+
+
+@register_grad(ltorch.kthvalue)
+def kthvalue_grad(input, k, dim=-1, keepdim=False):
+    return _to_the_returned_index(ltorch.kthvalue(input, k, dim, keepdim), input, dim, keepdim)

@@ -30,7 +30,7 @@ def register(
     """Makes ``symbol`` ``ltorch.<name>`` for ``torch_fns`` (and tensor ``properties``): the one
     registry the language context, the namespace and the torch executor read. ``sequence``: the
     op returns a sequence of tensors (``unbind``), which may hold just one; ``opaque``: it has no
-    decomposition (``torch/linalg_opaque.py``)."""
+    decomposition (``linalg.opaque``)."""
     symbol.symbol_id, symbol.symbol_name, symbol.torch_fns = sym_id, sym_name, torch_fns
     symbol.returns_sequence, symbol.opaque = sequence, opaque
     for torch_fn in torch_fns:
@@ -46,7 +46,7 @@ def torchsymbol(
     *torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False, meta=None
 ):
     """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns`` (see ``register``).
-    A kernel (``kernels.py``) gives ``meta``, which describes its outputs as ``(shape, dtype)``
+    A kernel (``layer_norms.native_layer_norm``) gives ``meta``, which describes its outputs as ``(shape, dtype)``
     pairs (or returns None to have the decomposition recorded), so that it can be recorded
     whole (``record_kernel``)."""
 

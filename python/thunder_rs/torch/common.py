@@ -1,0 +1,132 @@
+"""Helpers the op families share: argument predicates, the compute dtype of half-precision values,
+the casts and reshapes grad rules write with ltorch ops, and the pieces of a kernel's meta rule.
+
+Each helper is written once here; a family keeps the helpers only it uses.
+"""
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, check
+from thunder_rs.torch.symbols import ltorch
+
+#: The floating dtypes eager kernels compute in float32 (their opmath type).
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def is_int(x) -> bool:
+    """Whether ``x`` is a Python int, which ``bool`` is not for torch's argument parsing."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def require_tensor(op: str, a, arg: str = "input") -> None:
+    """Raises TypeError, naming ``op`` and the argument, unless ``a`` is a tensor."""
+    check(
+        isinstance(a, torch.Tensor),
+        op,
+        lambda: f"expected a tensor, got {type(a).__name__} (argument {arg})",
+        ThunderTypeError,
+    )
+
+
+def require_float(op: str, a, arg: str = "input") -> None:
+    """Raises as eager does where it has a kernel only for floating dtypes: TypeError for a
+    non-tensor ``a``, NotImplementedError for an integer or bool one."""
+    require_tensor(op, a, arg)
+    check(
+        a.dtype.is_floating_point,
+        op,
+        lambda: f"not implemented for {a.dtype} (argument {arg})",
+        ThunderNotImplementedError,
+    )
+
+
+def broadcast_back(x, shape, dims):
+    """Broadcasts ``x``, reduced over ``dims`` of ``shape``, back to ``shape``."""
+    return prims.broadcast_in_dim(x, tuple(shape), tuple(d for d in range(len(shape)) if d not in dims))
+
+
+def sum_all(a):
+    """The sum of every element of ``a``, by one prim."""
+    return prims.sum(a, tuple(range(a.ndim)))
+
+
+# -- grad rules ------------------------------------------------------------------------------------
+# Grad rules record ltorch calls, which an executor runs whole (``ltorch.to``, ``ltorch.sum``).
+
+
+def upcast(a):
+    """``a`` in the dtype eager kernels compute in, float32 for half-precision floats, by a prim
+    (decompositions, and grad rules whose rounding must follow eager's kernel op by op)."""
+    return clang.maybe_convert(a, torch.float32) if a.dtype in LOW_PRECISION else a
+
+
+def in_opmath(g, like):
+    """``g`` and the dtype to round the gradient back to (float32 math for half precision)."""
+    return (ltorch.to(g, torch.float32), like.dtype) if like.dtype in LOW_PRECISION else (g, None)
+
+
+def rounded(grad, dtype):
+    """``grad`` rounded back to ``dtype`` (``in_opmath``'s), or as it is for None."""
+    return grad if dtype is None else ltorch.to(grad, dtype)
+
+
+def compute_dtype(dtype):
+    """The dtype eager kernels compute ``dtype`` values in: float32 for half-precision floats."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def cast(a, dtype):
+    """``a`` in ``dtype``, by a recorded ``ltorch.to`` only when it is not already."""
+    return a if a.dtype == dtype else ltorch.to(a, dtype)
+
+
+def to_compute_dtype(a):
+    """``a`` in the dtype eager kernels compute in, float32 for half-precision floats, by a
+    recorded ``ltorch.to`` (grad rules and kernels, whose casts an executor runs whole)."""
+    return cast(a, compute_dtype(a.dtype))
+
+
+def sum_to(grad, shape):
+    """``grad`` summed over the dims that broadcasting added in front of ``shape`` or expanded
+    from size 1, so that it has ``shape``."""
+    shape = tuple(shape)
+    lead = grad.ndim - len(shape)
+    expanded = tuple(lead + i for i, s in enumerate(shape) if s == 1 and grad.shape[lead + i] != 1)
+    if not expanded:
+        return ltorch.sum(grad, tuple(range(lead))) if lead else grad
+    total = ltorch.sum(grad, (*range(lead), *expanded), keepdim=True)
+    return ltorch.reshape(total, shape) if lead else total
+
+
+def kept(t, shape, dims):
+    """``t``, reduced over ``dims`` of ``shape`` without keepdim, with those dims back as size 1
+    (the shape keepdim gives), so that it broadcasts against ``shape``."""
+    return ltorch.reshape(t, tuple(1 if i in dims else s for i, s in enumerate(shape)))
+
+
+# -- kernels' meta rules ---------------------------------------------------------------------------
+# Each kernel's meta rule describes the outputs its decomposition records, as ``(shape, dtype)``
+# or ``(shape, dtype, flows)`` where ``flows`` is False for an output that no input requiring
+# grad reaches, so that it can be recorded whole (``recorder.record_kernel``). tests/test_kernels.py
+# checks each against its decomposition.
+
+
+def one_or_tuple(values: list):
+    """A symbol's outputs: one tensor alone, several as a tuple."""
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def like(t):
+    """The ``(shape, dtype)`` of ``t``."""
+    return tuple(t.shape), t.dtype
+
+
+def flows(*tensors) -> bool:
+    """Whether one of ``tensors`` (numbers and None allowed) requires grad."""
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def masked_meta(output_mask, *outputs):
+    """The outputs that ``output_mask`` asks for."""
+    return [o for wanted, o in zip(output_mask, outputs) if wanted]
