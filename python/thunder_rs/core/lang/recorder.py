@@ -375,9 +375,9 @@ KERNEL_IDS: set[int] = set()
 
 
 def record_kernel(symbol_id: int, name: str, fn, meta, args: tuple, kwargs: dict):
-    """Records a call of the kernel ``symbol_id`` (``kernels.py``): whole, its outputs described
-    by ``meta``, when an executor of the jit runs it whole and nothing will need its
-    decomposition; else as ``record_composite`` does.
+    """Records a call of the kernel ``symbol_id`` (a ``torchsymbol`` declared with ``meta=``, beside
+    its op): whole, its outputs described by ``meta``, when an executor of the jit runs it whole and
+    nothing will need its decomposition; else as ``record_composite`` does.
 
     Recording a decomposition is most of what a kernel costs at compile time (the GPT block's
     layer-norm and attention kernels take about 6 ms), and the torch executor never runs it.
