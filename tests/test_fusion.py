@@ -53,7 +53,7 @@ class CountingFuser(FusionExecutor):
 
 
 def _region_names(trace) -> list[str]:
-    return [name for name, *_ in trace.regions()]
+    return [region.name for region in trace.regions()]
 
 
 def _chain(x, y):
@@ -84,9 +84,11 @@ def test_an_elementwise_chain_is_one_region_each_way_called_once_per_call():
     forward, backward = thunder_rs.last_traces(jfn)[-1], thunder_rs.last_backward_traces(jfn)[-1]
     assert forward.symbol_names() == ["counting_fusion0"]
     assert _region_names(backward) == ["counting_fusion0"]
-    ((name, index, source, key, symbols, num_inputs, num_outputs),) = forward.regions()
-    assert index == 0 and num_inputs == 2 and source.startswith("def counting_fusion0(")
-    assert "ltorch.sin" in symbols and "ltorch.sigmoid" in symbols
+    (region,) = forward.regions()
+    assert region.executor == 0 and region.num_inputs == 2 and region.source.startswith("def counting_fusion0(")
+    assert "ltorch.sin" in region.symbol_names and "ltorch.sigmoid" in region.symbol_names
+    assert region == thunder_rs.last_traces(jfn)[-1].regions()[0] and region != backward.regions()[0]
+    assert repr(region).startswith("RegionCode(name='counting_fusion0', executor=0, symbol_names=[")
     assert "# counting_fusion0: " in str(forward) and "#   t" not in str(forward)
     assert [r.name for r in fuser.fused] == ["counting_fusion0", "counting_fusion0"]  # forward, backward
     assert fuser.calls["counting_fusion0"] == 2
@@ -212,8 +214,8 @@ def test_random_draws_stay_outside_regions_and_match_eager():
     torch.manual_seed(8)
     torch.testing.assert_close(out, fn(x))
     trace = thunder_rs.last_traces(jfn)[-1]
-    for *_, symbols, _, _ in trace.regions():
-        assert not any("rand" in s or "uniform" in s for s in symbols)
+    for region in trace.regions():
+        assert not any("rand" in s or "uniform" in s for s in region.symbol_names)
     assert trace.regions()
 
 
@@ -230,11 +232,11 @@ def test_identical_regions_have_equal_keys_and_distinct_names():
     x, w = torch.randn(4, 4), torch.randn(4, 4)
     torch.testing.assert_close(jfn(x, w), fn(x, w))
     regions = thunder_rs.last_traces(jfn)[-1].regions()
-    assert [r[0] for r in regions] == ["counting_fusion0", "counting_fusion1"]
-    assert regions[0][3] == regions[1][3] and regions[0][2] != regions[1][2]
+    assert [r.name for r in regions] == ["counting_fusion0", "counting_fusion1"]
+    assert regions[0].key == regions[1].key and regions[0].source != regions[1].source
     other = thunder_rs.jit(fn, executors=[CountingFuser()])
     other(torch.randn(4, 5), torch.randn(5, 5))
-    assert thunder_rs.last_traces(other)[-1].regions()[0][3] != regions[0][3]  # other shapes
+    assert thunder_rs.last_traces(other)[-1].regions()[0].key != regions[0].key  # other shapes
 
 
 def test_a_failing_fuse_leaves_the_cache_as_it_was():

@@ -504,7 +504,7 @@ def test_jit_with_inductor_runs_regions_compiled_by_inductor_with_eagers_outputs
     torch.testing.assert_close((x.grad, y.grad), (xe.grad, ye.grad))
     # One region each way, matmuls and views inside, compiled once each.
     for trace in (thunder_rs.last_traces(jfn)[-1], thunder_rs.last_backward_traces(jfn)[-1]):
-        assert [name for name, *_ in trace.regions()] == ["inductor_fusion0"]
+        assert [region.name for region in trace.regions()] == ["inductor_fusion0"]
     assert inductor_ex.stats().misses == before + 2
     jfn(x, y)
     assert inductor_ex.stats().misses == before + 2
@@ -522,7 +522,7 @@ def test_repeated_layers_make_regions_with_one_key(monkeypatch):
     jmodel = thunder_rs.jit(model, executors=["inductor"])
     jmodel(idx, idx)[1].backward()
     for trace in (thunder_rs.last_traces(jmodel)[-1], thunder_rs.last_backward_traces(jmodel)[-1]):
-        keys = [key for _, _, _, key, *_ in trace.regions()]
+        keys = [region.key for region in trace.regions()]
         assert len(keys) == 5 and len(set(keys[1:4])) == 1 and len(set(keys)) == 3
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import thunder_rs
+from thunder_rs import _core
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +62,15 @@ def test_rewrite_rule_fires_and_matches_eager(plugin):
     torch.testing.assert_close(jfn(x), _silu_fn(x))
     final = str(thunder_rs.last_traces(jfn)[-1])
     assert "silu" in final and "sigmoid" not in final, final
+
+
+def test_the_capsule_loader_names_each_pass_and_its_stage(plugin):
+    loaded = _core.load_plugin_capsule(plugin.thunder_rs_passes)
+    assert _core.LoadedPass in {type(p) for p in loaded} and len({type(p) for p in loaded}) == 1
+    by_name = {p.name: p for p in loaded}
+    assert by_name["example_silu"].stage == "forward" and by_name["example_refuses"].stage == "program"
+    assert repr(by_name["example_silu"]) == "LoadedPass(name='example_silu', stage='forward')"
+    assert loaded == _core.load_plugin_capsule(plugin.thunder_rs_passes)  # loading again replaces them
 
 
 def test_rewrite_rule_under_autograd(plugin):

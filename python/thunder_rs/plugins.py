@@ -40,4 +40,4 @@ def load_passes(module_or_capsule: ModuleType | Any, on_error: str = "raise") ->
         )
     if on_error not in ("raise", "skip"):
         raise ThunderValueError(f'load_passes: on_error is "raise" or "skip", got {on_error!r} (argument on_error)')
-    return dict(_core.load_plugin_capsule(capsule, on_error))
+    return {loaded.name: loaded.stage for loaded in _core.load_plugin_capsule(capsule, on_error)}

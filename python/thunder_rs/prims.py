@@ -8,13 +8,13 @@ nor promote, and dims are non-negative.
 from thunder_rs import _core
 from thunder_rs.core.lang.recorder import record_prim
 
-#: ``(name, family, promotion)`` of every prim, as the Rust declarations give them.
-TABLE: tuple[tuple[str, str, int | None], ...] = tuple(_core.prim_table())
-NAMES: tuple[str, ...] = tuple(name for name, _, _ in TABLE)
+#: Every prim's ``_core.PrimInfo`` (name, family, promotion), as the Rust declarations give them.
+TABLE: tuple[_core.PrimInfo, ...] = tuple(_core.prim_table())
+NAMES: tuple[str, ...] = tuple(info.name for info in TABLE)
 #: The parameterless elementwise prims whose ltorch symbols are derived, by family
 #: (``Unary``/``Binary``), with the ``clang`` type promotion kind of each.
 DERIVED: dict[str, dict[str, int]] = {
-    family: {name: kind for name, fam, kind in TABLE if fam == family and kind is not None}
+    family: {info.name: info.promotion for info in TABLE if info.family == family and info.promotion is not None}
     for family in ("Unary", "Binary")
 }
 

@@ -9,6 +9,7 @@ use trace_ir::BoundSymbol;
 
 use crate::convert::from_arg;
 use crate::errors::{no_panic, py_result};
+use crate::records::{Compiled, PrimInfo};
 use crate::table::ExecutorTable;
 use crate::trace::PyTrace;
 
@@ -21,10 +22,10 @@ use crate::trace::PyTrace;
 /// `differentiable` compiles the program to run under torch's autograd instead
 /// (`passes::differentiable`): no backward, no in-place forms, values computed without grad detached.
 ///
-/// Returns `(traces, backward_traces, grad_outputs)`: the traces after each stage, the last
-/// being the execution trace whose `str()` is the Python source to exec; for a program with an
-/// output that requires grad, the backward's traces likewise (else an empty list), and the
-/// positions of the flat outputs that receive cotangents.
+/// Returns a `Compiled`: the traces after each stage, the last being the execution trace whose
+/// `str()` is the Python source to exec; for a program with an output that requires grad, the
+/// backward's traces likewise (else none), and the positions of the flat outputs that receive
+/// cotangents.
 #[pyfunction]
 #[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes=Vec::new(), differentiable=false))]
 pub fn compile(
@@ -35,7 +36,7 @@ pub fn compile(
     consts: Bound<'_, PyList>,
     passes: Vec<String>,
     differentiable: bool,
-) -> PyResult<(Vec<PyTrace>, Vec<PyTrace>, Vec<usize>)> {
+) -> PyResult<Compiled> {
     let py = checker.py();
     no_panic("compile", || {
         let cx = py_result(PassCx::from_env())?;
@@ -52,7 +53,7 @@ pub fn compile(
         let compiled = passes::compile(&acquired.trace, &options, &mut check, &cx);
         let compiled = checked(py, py_result(compiled), raised)?;
         let convert = |records: Vec<passes::PassRecord>| records.into_iter().map(PyTrace::from).collect();
-        Ok((convert(compiled.forward), convert(compiled.backward), compiled.grad_outputs))
+        Compiled::new(py, convert(compiled.forward), convert(compiled.backward), compiled.grad_outputs)
     })
 }
 
@@ -101,9 +102,9 @@ fn call_checker(cx: &Checker, trace: &trace_ir::Trace, executor: usize, bsym: &B
     cx.checker.call1((executor, key, args, kwargs))?.extract()
 }
 
-/// Every prim as `(name, family, promotion)`: Python derives the prim entry points, the
-/// elementwise ltorch symbols (those with a promotion code) and the torch executor's table.
+/// Every prim's `PrimInfo`: Python derives the prim entry points, the elementwise ltorch
+/// symbols (those with a promotion code) and the torch executor's table.
 #[pyfunction]
-pub fn prim_table() -> Vec<(&'static str, &'static str, Option<u8>)> {
-    trace_ir::prims::table().into_iter().map(|p| (p.name, p.family, p.promotion)).collect()
+pub fn prim_table() -> Vec<PrimInfo> {
+    trace_ir::prims::table().into_iter().map(PrimInfo::from).collect()
 }

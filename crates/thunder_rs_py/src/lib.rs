@@ -7,6 +7,8 @@ mod errors;
 mod observe;
 mod plugin;
 mod recorder;
+mod records;
+mod region;
 mod table;
 mod trace;
 
@@ -40,6 +42,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<table::ExecutorRow>()?;
     m.add_class::<table::ImplEntry>()?;
     m.add_class::<observe::CallObserver>()?;
+    m.add_class::<records::RecordedTensor>()?;
+    m.add_class::<records::PyTensorMeta>()?;
+    m.add_class::<records::Compiled>()?;
+    m.add_class::<records::PrimInfo>()?;
+    m.add_class::<records::LoadedPass>()?;
+    m.add_class::<region::PyRegionCode>()?;
+    m.add_class::<region::LeafCall>()?;
     m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
     m.add_function(wrap_pyfunction!(compile::prim_table, m)?)?;

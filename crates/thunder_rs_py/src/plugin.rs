@@ -5,6 +5,7 @@
 //! then always verified (every prim's meta rule re-run), before the manager sees it.
 
 use crate::errors::py_result;
+use crate::records::LoadedPass;
 use plugin_abi::{Buffer, PluginTable, ABI_VERSION, CAPSULE_NAME, STATUS_OK, STATUS_PANIC};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods};
@@ -154,14 +155,15 @@ unsafe fn register_table(table: &'static PluginTable, on_error: OnError) -> Resu
 }
 
 /// Registers the passes of the plugin table in `capsule` (named `thunder_rs.plugin_table`), each
-/// failing as `on_error` (`"raise"` or `"skip"`) says; returns `(name, stage)` per pass.
+/// failing as `on_error` (`"raise"` or `"skip"`) says; returns each pass's name and stage.
 #[pyfunction]
 #[pyo3(signature = (capsule, on_error = "raise"))]
-pub fn load_plugin_capsule(capsule: &Bound<'_, PyCapsule>, on_error: &str) -> PyResult<Vec<(String, String)>> {
+pub fn load_plugin_capsule(capsule: &Bound<'_, PyCapsule>, on_error: &str) -> PyResult<Vec<LoadedPass>> {
     let on_error = py_result(OnError::parse(on_error))?;
     let pointer = capsule.pointer_checked(Some(CAPSULE_NAME))?;
     // SAFETY: a capsule of this name holds a pointer to a static `PluginTable` of a module that
     // stays loaded (Python never unloads extension modules).
     let table: &'static PluginTable = unsafe { &*pointer.as_ptr().cast::<PluginTable>() };
-    py_result(unsafe { register_table(table, on_error) })
+    let loaded = py_result(unsafe { register_table(table, on_error) })?;
+    Ok(loaded.into_iter().map(|(name, stage)| LoadedPass::new(name, stage)).collect())
 }

@@ -8,6 +8,7 @@ use trace_ir::{ErrorKind, IrError, OpenCalls, Scalar, Symbol, SymbolId, TraceBui
 
 use crate::convert::{tensor_meta, to_arg, to_args, to_kwargs, types};
 use crate::errors::{no_panic, py_result, PyIrError};
+use crate::records::{PyTensorMeta, RecordedTensor};
 use crate::trace::PyTrace;
 
 /// Records one trace. Python calls one method per prim, composite boundary or fallback.
@@ -44,18 +45,14 @@ impl Recorder {
         Ok(builder)
     }
 
-    /// `(vid, shape, dtype_code, device, requires_grad)` for each output, as Python builds proxies.
-    fn describe<'py>(&self, py: Python<'py>, outputs: &[ValueId]) -> PyResult<Bound<'py, PyList>> {
+    /// What Python builds each output's proxy from.
+    fn describe(&self, outputs: &[ValueId]) -> PyResult<Vec<RecordedTensor>> {
         let builder = self.builder.as_ref().expect("describe runs while recording");
-        let items = outputs.iter().map(|&v| match builder.value(v) {
-            Some(ValueKind::Tensor(t)) => {
-                (v.0, PyTuple::new(py, &t.shape)?, t.dtype.code(), t.device.to_string(), t.requires_grad)
-                    .into_pyobject(py)
-                    .map(|o| o.into_any())
-            }
+        let describe = |&v: &ValueId| match builder.value(v) {
+            Some(ValueKind::Tensor(t)) => Ok(RecordedTensor::new(v, t.clone())),
             _ => Err(PyRuntimeError::new_err(format!("{v} is not a tensor"))),
-        });
-        PyList::new(py, items.collect::<PyResult<Vec<_>>>()?)
+        };
+        outputs.iter().map(describe).collect()
     }
 }
 
@@ -90,19 +87,19 @@ impl Recorder {
     }
 
     /// Records `prims.<name>(*args)` under torch's grad mode `grad_enabled` (read by the caller
-    /// as the call is made, so `no_grad` regions are seen); returns the outputs' descriptions.
-    fn prim<'py>(
+    /// as the call is made, so `no_grad` regions are seen); returns its outputs.
+    fn prim(
         &mut self,
-        py: Python<'py>,
+        py: Python<'_>,
         name: &str,
-        args: &Bound<'py, PyTuple>,
+        args: &Bound<'_, PyTuple>,
         grad_enabled: bool,
-    ) -> PyResult<Bound<'py, PyList>> {
+    ) -> PyResult<Vec<RecordedTensor>> {
         let args = to_args(args, types(py)?, &mut self.consts)?;
         let builder = self.builder()?;
         builder.set_grad_enabled(grad_enabled);
         let outputs = no_panic(&format!("prims.{name}"), || py_result(builder.record_prim(name, args)))?;
-        self.describe(py, &outputs)
+        self.describe(&outputs)
     }
 
     /// `tensor.requires_grad_(flag)` on the recorded value `value`.
@@ -146,12 +143,12 @@ impl Recorder {
         no_panic("end", || py_result(builder.end_composite(outputs.into_iter().map(ValueId).collect())))
     }
 
-    /// `get_grad(value)` in a grad rule: the description of the cotangent placeholder. Calls
-    /// recorded after it, until the composite ends, form the composite's backward.
-    fn get_grad<'py>(&mut self, py: Python<'py>, value: u32) -> PyResult<Bound<'py, PyList>> {
+    /// `get_grad(value)` in a grad rule: the cotangent placeholder. Calls recorded after it,
+    /// until the composite ends, form the composite's backward.
+    fn get_grad(&mut self, value: u32) -> PyResult<Vec<RecordedTensor>> {
         let builder = self.builder()?;
         let placeholder = no_panic("get_grad", || py_result(builder.get_grad(ValueId(value))))?;
-        self.describe(py, &[placeholder])
+        self.describe(&[placeholder])
     }
 
     /// `put_grad(value, grad)` in a grad rule.
@@ -170,29 +167,26 @@ impl Recorder {
         })
     }
 
-    /// Records a call of `symbol` whose outputs `(dtype, device, shape, requires_grad)` are
-    /// given: an eager fallback, or with `whole` a composite recorded without its decomposition.
+    /// Records a call of `symbol` whose outputs' metadata are given: an eager fallback, or
+    /// with `whole` a composite recorded without its decomposition.
     #[pyo3(signature = (symbol, args, kwargs, outputs, whole=false))]
-    fn call<'py>(
+    fn call(
         &mut self,
-        py: Python<'py>,
+        py: Python<'_>,
         symbol: u32,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-        outputs: Vec<(u8, String, Vec<i64>, bool)>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        outputs: Vec<Bound<'_, PyTensorMeta>>,
         whole: bool,
-    ) -> PyResult<Bound<'py, PyList>> {
+    ) -> PyResult<Vec<RecordedTensor>> {
         let types = types(py)?;
         let args = to_args(args, types, &mut self.consts)?;
         let kwargs = to_kwargs(kwargs, types, &mut self.consts)?;
-        let metas = outputs
-            .into_iter()
-            .map(|(d, dev, shape, rg)| tensor_meta(d, &dev, shape, rg))
-            .collect::<PyResult<Vec<_>>>()?;
+        let metas = outputs.iter().map(|meta| meta.get().meta.clone()).collect();
         let symbol = if whole { Symbol::Composite(SymbolId(symbol)) } else { Symbol::Fallback(SymbolId(symbol)) };
         let builder = self.builder()?;
         let ids = no_panic("call", || Ok(builder.record_given(symbol, args, kwargs, metas)))?;
-        self.describe(py, &ids)
+        self.describe(&ids)
     }
 
     /// The constants that arguments referred to (`_c0`, `_c1`, ...).

@@ -2,10 +2,11 @@
 
 use passes::Plan;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString, PyTuple};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock};
-use trace_ir::{Arg, Trace};
+use trace_ir::Trace;
+
+use crate::region::PyRegionCode;
 
 #[pyclass(frozen, module = "thunder_rs._core", name = "Trace")]
 pub struct PyTrace {
@@ -159,61 +160,9 @@ impl PyTrace {
             .map(|b| b.symbol.qualified_name())
     }
 
-    /// The fusion regions of an execution trace, in order, as
-    /// `(name, executor_index, source, key, symbol_names, num_inputs, num_outputs)`.
-    #[allow(clippy::type_complexity)]
-    fn regions(&self) -> Vec<(String, usize, String, String, Vec<String>, usize, usize)> {
-        let Some(plan) = &self.plan else { return Vec::new() };
-        plan.regions
-            .iter()
-            .map(|r| {
-                (
-                    r.name.clone(),
-                    r.executor,
-                    r.source.clone(),
-                    r.key.clone(),
-                    r.symbol_names.clone(),
-                    r.num_inputs,
-                    r.num_outputs,
-                )
-            })
-            .collect()
-    }
-
-    /// The decomposed calls of each fusion region, in order, as `(inputs, calls, outputs, dtypes)`
-    /// with `calls` a list of `(name, args, outputs)`: `name` is `prims.add` (or the qualified name
-    /// of a symbol without decomposition), `args` the positional arguments as printed, and every
-    /// value (input, argument, output) named as the trace prints it (`t12`). Prims take no string
-    /// parameters, so a str in `args` is always a value. `dtypes` maps each tensor among the
-    /// inputs and the calls' outputs to its torch dtype.
-    #[allow(clippy::type_complexity)]
-    fn region_calls<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Vec<(Vec<String>, Vec<(String, Bound<'py, PyTuple>, Vec<String>)>, Vec<String>, Bound<'py, PyDict>)>>
-    {
-        let Some(plan) = &self.plan else { return Ok(Vec::new()) };
-        let names = |values: &[trace_ir::ValueId]| values.iter().map(|v| v.to_string()).collect::<Vec<_>>();
-        plan.regions
-            .iter()
-            .map(|r| {
-                let calls = r
-                    .calls
-                    .iter()
-                    .map(|c| {
-                        let args = c.args.iter().map(|a| named_arg(py, a)).collect::<PyResult<Vec<_>>>()?;
-                        Ok((c.name.clone(), PyTuple::new(py, args)?, names(&c.outputs)))
-                    })
-                    .collect::<PyResult<Vec<_>>>()?;
-                let dtypes = PyDict::new(py);
-                for &v in r.inputs.iter().chain(r.calls.iter().flat_map(|c| c.outputs.iter())) {
-                    if let Some(meta) = self.trace.tensor(v) {
-                        dtypes.set_item(v.to_string(), dtype_to_py(py, meta.dtype)?)?;
-                    }
-                }
-                Ok((names(&r.inputs), calls, names(&r.outputs), dtypes))
-            })
-            .collect()
+    /// The fusion regions of an execution trace, in order (none for a trace without a plan).
+    fn regions(&self) -> Vec<PyRegionCode> {
+        self.plan.as_ref().map_or_else(Vec::new, |plan| PyRegionCode::all(plan, &self.trace))
     }
 
     /// Whether each input requires grad.
@@ -252,24 +201,4 @@ impl PyTrace {
     fn __repr__(&self) -> String {
         format!("<thunder_rs Trace '{}': {} bound symbols>", self.label, self.trace.count_bsyms())
     }
-}
-
-/// A dtype as the torch dtype it stands for.
-fn dtype_to_py(py: Python<'_>, dtype: trace_ir::DType) -> PyResult<Bound<'_, PyAny>> {
-    crate::convert::to_py(py, &Arg::DType(dtype), &mut |leaf| {
-        Err(pyo3::exceptions::PyTypeError::new_err(format!("not a dtype: {leaf:?}")))
-    })
-}
-
-/// An argument as Python data, values by name (`t12`). Prims take no Python objects; a symbol
-/// without decomposition may, but it is never translated: its constants show as their names.
-fn named_arg<'py>(py: Python<'py>, arg: &Arg) -> PyResult<Bound<'py, PyAny>> {
-    crate::convert::to_py(py, arg, &mut |leaf| {
-        let name = match leaf {
-            Arg::Value(v) => v.to_string(),
-            Arg::PyConst(i) => format!("_c{i}"),
-            other => return Err(pyo3::exceptions::PyTypeError::new_err(format!("not a leaf argument: {other:?}"))),
-        };
-        Ok(PyString::new(py, &name).into_any())
-    })
 }

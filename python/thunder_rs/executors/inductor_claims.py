@@ -168,7 +168,7 @@ def claimed_keys(torch_impls: Mapping, prim_table) -> dict:
     """``{key: checker or None}`` for the keys of ``torch_impls`` (the torch executor's
     ``Implementation`` records) the Inductor executor claims: those whose torch implementation
     has no checker."""
-    names = {name for name, family, _ in prim_table if family in PRIM_FAMILIES} | PRIMS
+    names = {info.name for info in prim_table if info.family in PRIM_FAMILIES} | PRIMS
     keys = {name: name for name in names}
     for sym in SYMBOLS:
         if sym.__module__.removeprefix("thunder_rs.torch.") in SYMBOL_FAMILIES and not sym.opaque:

@@ -383,13 +383,14 @@ def define(module, region: Region, args):
     with fd:
         cx = _Definition(module, fd, region)
         env = {name: cx.input(a) for name, a in zip(region.inputs, args)}
-        for name, call_args, outputs in region.calls:
+        for call in region.calls:
+            name = call.name
             translate = TRANSLATIONS.get(name.removeprefix("prims."))
             if translate is None or not name.startswith("prims."):
                 raise ThunderNotImplementedError(f"nvfuser executor: no translation for {name} (region {region.name})")
-            result = translate(cx, *_resolve(call_args, env))
+            result = translate(cx, *_resolve(call.args, env))
             results = result if isinstance(result, tuple) else (result,)
-            env.update((out, cx.kept(out, value)) for out, value in zip(outputs, results))
+            env.update((out, cx.kept(out, value)) for out, value in zip(call.outputs, results))
         inputs = set(region.inputs)
         for name in region.outputs:
             # An output that is an input is copied: nvFuser would hand back the input itself.

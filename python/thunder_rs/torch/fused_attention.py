@@ -147,7 +147,10 @@ def _record(sid: int, meta, args: tuple):
     flows = any(isinstance(a, TensorProxy) and a.requires_grad for a in args)
     described = meta(*args)
     metas = [
-        (CODES[dtype], device, tuple(shape), flows and differentiable) for shape, dtype, differentiable, _ in described
+        _core.TensorMeta(
+            dtype_code=CODES[dtype], device=device, shape=tuple(shape), requires_grad=flows and differentiable
+        )
+        for shape, dtype, differentiable, _ in described
     ]
     outs = proxies(current().call(sid, args, None, metas))
     for out, (*_, strides) in zip(outs, described):

@@ -407,7 +407,15 @@ def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers
     leaves, spec = tree_flatten(out)
     device = str(in_leaves[0].device)
     requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
-    metas = [(CODES[t.dtype], device, tuple(t.shape), requires_grad and t.requires_grad) for t in leaves]
+    metas = [
+        _core.TensorMeta(
+            dtype_code=CODES[t.dtype],
+            device=device,
+            shape=tuple(t.shape),
+            requires_grad=requires_grad and t.requires_grad,
+        )
+        for t in leaves
+    ]
     outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
 

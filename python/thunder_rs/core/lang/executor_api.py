@@ -161,9 +161,10 @@ class Region:
     num_outputs: int
     #: For executors that translate prims (``fuses_decompositions``): the region's input and
     #: output value names (``t12``), in the function's order, and its calls with every composite
-    #: replaced by its decomposition, as ``(name, args, outputs)``: ``name`` is ``prims.add``
+    #: replaced by its decomposition, as ``_core.LeafCall`` records: ``name`` is ``prims.add``
     #: (or the qualified name of a symbol without decomposition), ``args`` the positional
-    #: arguments as printed, values named as strings (prims take no string parameters).
+    #: arguments as printed, values named as strings (prims take no string parameters), and
+    #: ``outputs`` the names of the values it computes.
     #: Empty for the other executors.
     inputs: tuple = ()
     calls: tuple = ()

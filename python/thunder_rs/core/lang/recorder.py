@@ -243,8 +243,9 @@ def paused_recording():
             var.reset(token)
 
 
-def proxies(descriptions) -> list[TensorProxy]:
-    out = [make_proxy(*d) for d in descriptions]
+def proxies(recorded: list) -> list[TensorProxy]:
+    """The proxies of the tensors the recorder made (``_core.RecordedTensor`` each)."""
+    out = [make_proxy(r.vid, r.shape, r.dtype_code, r.device, r.requires_grad) for r in recorded]
     made = _made.get()
     if made is not None:
         made.extend(out)
@@ -277,6 +278,13 @@ def record_prim(name: str, args: tuple):
         for log in _prim_logs.get(threading.get_ident(), ()):
             log.append((name, args, outs))
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def output_meta(t, requires_grad: bool) -> "_core.TensorMeta":
+    """The metadata of a call's output that is a tensor like ``t`` (a tensor or a proxy)."""
+    return _core.TensorMeta(
+        dtype_code=CODES[t.dtype], device=str(t.device), shape=tuple(t.shape), requires_grad=requires_grad
+    )
 
 
 def output_vids(out) -> list[int]:
@@ -393,8 +401,8 @@ def record_kernel(symbol_id: int, name: str, fn, meta, args: tuple, kwargs: dict
 
 
 def _whole_outputs(symbol_id: int, meta, args: tuple, kwargs: dict) -> list | None:
-    """The outputs ``(dtype code, device, shape, requires_grad)`` of a whole kernel call, or
-    None when its decomposition must be recorded. ``meta`` describes each as ``(shape, dtype)``,
+    """The outputs' ``_core.TensorMeta`` of a whole kernel call, or None when its
+    decomposition must be recorded. ``meta`` describes each as ``(shape, dtype)``,
     or ``(shape, dtype, flows)`` where ``flows`` says whether a gradient can reach it from the
     inputs that require grad."""
     runners = _whole.get()
@@ -413,5 +421,8 @@ def _whole_outputs(symbol_id: int, meta, args: tuple, kwargs: dict) -> list | No
     outputs = []
     for shape, dtype, *flows in described:
         inexact = dtype.is_floating_point or dtype.is_complex
-        outputs.append((CODES[dtype], device, tuple(shape), differentiable and all(flows) and inexact))
+        requires_grad = differentiable and all(flows) and inexact
+        outputs.append(
+            _core.TensorMeta(dtype_code=CODES[dtype], device=device, shape=tuple(shape), requires_grad=requires_grad)
+        )
     return outputs

@@ -115,25 +115,14 @@ def _load(trace, name: str, filename: str, namespace: dict, regions: dict):
 def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
     """Each region of ``trace`` by name: its executor's ``fuse`` of it, called once per region."""
     fused = {}
-    regions = trace.regions()
-    decomposed = trace.region_calls() if any(e.fuses_decompositions for e in executors if e.fusion) else None
-    for i, (name, index, source, key, symbol_names, num_inputs, num_outputs) in enumerate(regions):
-        scope = dict(namespace)
-        exec(compile(source, f"{filename} {name}", "exec"), scope)
-        executor = executors[index]
-        calls = decomposed[i] if decomposed is not None and executor.fuses_decompositions else ((), (), (), {})
+    for code in trace.regions():
+        name, symbol_names, scope = code.name, tuple(code.symbol_names), dict(namespace)
+        exec(compile(code.source, f"{filename} {name}", "exec"), scope)
+        executor = executors[code.executor]
+        # Read only for an executor that translates prims: each call of a decomposition converts.
+        decomposed = _decomposed(code) if executor.fuses_decompositions else {}
         region = Region(
-            name,
-            key,
-            source,
-            scope[name],
-            tuple(symbol_names),
-            num_inputs,
-            num_outputs,
-            tuple(calls[0]),
-            tuple(calls[1]),
-            tuple(calls[2]),
-            calls[3],
+            name, code.key, code.source, scope[name], symbol_names, code.num_inputs, code.num_outputs, **decomposed
         )
         try:
             fused[name] = executor.fuse(region)
@@ -148,6 +137,16 @@ def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
                 f"{name}, expected a callable"
             )
     return fused
+
+
+def _decomposed(code: "_core.RegionCode") -> dict:
+    """The fields of a ``Region`` that carry its decomposition."""
+    return {
+        "inputs": tuple(code.inputs),
+        "calls": tuple(code.calls),
+        "outputs": tuple(code.outputs),
+        "dtypes": code.dtypes,
+    }
 
 
 def _named_inputs(traces: list, acquired, names, taken: set) -> list:
@@ -166,7 +165,7 @@ def _snapshot_runner(executors):
 
     def run(snapshot, consts: list, inputs: list):
         table, impls = executor_table(plain)
-        traces, _, _ = _core.compile(snapshot, table, _checker(plain), make_proxy, consts)
+        traces = _core.compile(snapshot, table, _checker(plain), make_proxy, consts).forward
         namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
         return _load(traces[-1], "computation", "<thunder_rs snapshot>", namespace, {})[1](*inputs)
 
@@ -181,7 +180,7 @@ def _differentiable_program(acquired, filename: str, grad_positions: list, forwa
     def compile_program():
         executors = differentiable_executors()
         table, impls = executor_table(executors)
-        traces, _, _ = _core.compile(trace, table, _checker(executors), make_proxy, consts, differentiable=True)
+        traces = _core.compile(trace, table, _checker(executors), make_proxy, consts, differentiable=True).forward
         namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
         return _load(traces[-1], "computation", filename + " differentiable", namespace, {})
 
@@ -212,15 +211,14 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     start = time.perf_counter()
     executors = default_executors() if executors is None else executors
     table, impls = executor_table(executors)
-    traces, backward_traces, grad_positions = _core.compile(
-        acquired.trace, table, _checker(executors), make_proxy, acquired.consts, list(passes)
-    )
+    compiled = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts, list(passes))
+    traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
     log_dumps(name, traces, backward_traces)
     passes_at = time.perf_counter()
     namespace = {"torch": torch, **impls}
     namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
     if names is not None:
-        traces = _named_inputs(traces, acquired, names, {*namespace, *(r[0] for r in traces[-1].regions())})
+        traces = _named_inputs(traces, acquired, names, {*namespace, *(r.name for r in traces[-1].regions())})
     filename = f"<thunder_rs {name}>"
     fuse_at = time.perf_counter()
     regions = _fused_regions(traces[-1], filename, namespace, executors)
