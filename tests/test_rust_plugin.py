@@ -1,7 +1,9 @@
-"""Rust pass plugins (issue 27): the example crate in examples/rust_pass, built once per session
-with cargo and loaded through ``thunder_rs.load_passes``, against eager PyTorch."""
+"""Rust pass plugins (issue 27): the example crate in examples/rust_pass, copied out of the source
+tree and built once per session with cargo against the installed package's crates (as a user of
+the wheel builds it), loaded through ``thunder_rs.load_passes``, against eager PyTorch."""
 
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -16,7 +18,8 @@ from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValu
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "rust_pass"
-# Under the tree's ignored target/, so the build is cached between sessions.
+# Under the tree's ignored target/, so the build is cached between sessions: the dependencies'
+# artifacts are reused, and only the copied crate itself compiles again (about a second).
 TARGET = ROOT / "target" / "rust_pass_example"
 MODULE = "thunder_rs_example_pass"
 # One xdist worker builds and loads the plugin (also under --dist loadgroup): cargo's lock
@@ -26,13 +29,32 @@ pytestmark = pytest.mark.xdist_group("rust_plugin")
 
 
 @pytest.fixture(scope="session")
-def plugin(tmp_path_factory):
-    """The example plugin module, built with cargo (a release build: the crossing is timed)."""
-    cargo = shutil.which("cargo")
-    if cargo is None:
+def cargo():
+    """The cargo executable."""
+    found = shutil.which("cargo")
+    if found is None:
         pytest.skip("cargo is not installed: the example plugin cannot be built")
+    return found
+
+
+@pytest.fixture(scope="session")
+def example_project(tmp_path_factory):
+    """The example crate copied outside the source tree, with the ``.cargo/config.toml`` the
+    README has a user write from ``thunder_rs.cargo_config()``."""
+    project = tmp_path_factory.mktemp("plugin_project") / "rust_pass"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("target", ".cargo"))
+    (project / ".cargo").mkdir()
+    (project / ".cargo" / "config.toml").write_text(thunder_rs.cargo_config())
+    return project
+
+
+@pytest.fixture(scope="session")
+def plugin(tmp_path_factory, cargo, example_project):
+    """The example plugin module, built with cargo (a release build: the crossing is timed)."""
+    # cargo reads .cargo/config.toml from the directory it runs in.
     build = subprocess.run(
-        [cargo, "build", "--release", "--manifest-path", str(EXAMPLE / "Cargo.toml"), "--target-dir", str(TARGET)],
+        [cargo, "build", "--release", "--target-dir", str(TARGET)],
+        cwd=example_project,
         capture_output=True,
         text=True,
     )
@@ -53,6 +75,32 @@ def plugin(tmp_path_factory):
 
 def _silu_fn(x):
     return x * torch.sigmoid(x) + 1.0
+
+
+def test_the_example_builds_outside_the_tree_against_the_packages_crates_only(cargo, example_project, plugin):
+    assert not example_project.is_relative_to(ROOT), example_project
+    crates = thunder_rs.rust_crates_dir()
+    config = (example_project / ".cargo" / "config.toml").read_text()
+    for name in ["trace_ir", "passes", "plugin_abi"]:
+        assert f'{name} = {{ path = "{(crates / name).as_posix()}" }}' in config, config
+    # What cargo resolved: each thunder_rs crate from the package's folder, none from a registry.
+    metadata = subprocess.run(
+        [cargo, "metadata", "--format-version", "1", "--offline"],
+        cwd=example_project,
+        capture_output=True,
+        text=True,
+    )
+    assert metadata.returncode == 0, metadata.stderr[-4000:]
+    packages = {p["name"]: p for p in json.loads(metadata.stdout)["packages"]}
+    for name in ["trace_ir", "passes", "plugin_abi"]:
+        assert packages[name]["source"] is None, packages[name]
+        assert Path(packages[name]["manifest_path"]) == crates / name / "Cargo.toml"
+        assert packages[name]["version"] == thunder_rs.__version__
+    # Built against them, the plugin loads, its rule fires, and the result is eager's.
+    jfn = thunder_rs.jit(_silu_fn, passes=["example_silu"])
+    x = torch.randn(6)
+    torch.testing.assert_close(jfn(x), _silu_fn(x))
+    assert "silu" in str(thunder_rs.last_traces(jfn)[-1])
 
 
 def test_rewrite_rule_fires_and_matches_eager(plugin):

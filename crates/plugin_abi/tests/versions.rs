@@ -27,6 +27,17 @@ fn the_crates_version_is_the_wheels() {
 }
 
 #[test]
+fn the_example_plugin_requires_the_workspace_version() {
+    // It names the crates as crates.io dependencies that `thunder_rs.cargo_config()` patches to
+    // the installed package's sources; a patch of another version would be ignored.
+    let example = root_file("examples/rust_pass/Cargo.toml");
+    let version = value(&root_file("Cargo.toml"), "workspace.package", "version").to_string();
+    for name in ["trace_ir", "passes", "plugin_abi"] {
+        assert_eq!(value(&example, "dependencies", name), format!("={version}"), "examples/rust_pass: {name}");
+    }
+}
+
+#[test]
 fn internal_dependencies_require_the_workspace_version() {
     let cargo = root_file("Cargo.toml");
     let version = value(&cargo, "workspace.package", "version");
