@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import thunder_rs
+from thunder_rs import plugins
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,6 +226,23 @@ def test_a_failed_compile_leaves_the_cache_as_it_was(plugin):
 def test_load_passes_rejects_an_unknown_on_error(plugin):
     with pytest.raises(ThunderValueError, match='on_error is "raise" or "skip", got .ignore.'):
         thunder_rs.load_passes(plugin, on_error="ignore")
+
+
+def test_an_installed_package_finds_its_crates_and_cargo_config_points_at_them(tmp_path, monkeypatch):
+    # As installed from the wheel: no checkout around the package, the crates in its rust_crates.
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11's
+
+    monkeypatch.setattr(plugins, "__file__", str(tmp_path / "site" / "thunder_rs" / "plugins.py"))
+    packaged = tmp_path / 'we"ird site' / "rust_crates"
+    monkeypatch.setattr(plugins, "PACKAGED_CRATES", packaged)
+    with pytest.raises(ThunderRuntimeError, match="this thunder_rs has no Rust crate sources"):
+        thunder_rs.rust_crates_dir()
+    for name in ["trace_ir", "passes", "plugin_abi"]:
+        (packaged / name).mkdir(parents=True)
+        (packaged / name / "Cargo.toml").write_text("")
+    assert thunder_rs.rust_crates_dir() == packaged
+    patch = tomllib.loads(thunder_rs.cargo_config())["patch"]["crates-io"]
+    assert patch == {name: {"path": (packaged / name).as_posix()} for name in ["trace_ir", "passes", "plugin_abi"]}
 
 
 def test_abi_version_mismatch_names_both_versions():
