@@ -55,7 +55,8 @@ pub enum Scalar {
 }
 
 impl Scalar {
-    /// The number as a float, `True` as 1.0; for meta rules that compare magnitudes.
+    /// The number as a float, `True` as 1.0: for rules that compute with it (`uniform`'s bounds
+    /// check, `var`'s gradient scale).
     pub fn as_f64(self) -> f64 {
         match self {
             Scalar::Bool(b) => b as i64 as f64,
