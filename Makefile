@@ -50,14 +50,15 @@ build: $(DEPS)
 # The crates a pass plugin builds against, as `cargo package` makes them for crates.io (workspace
 # settings written into each Cargo.toml; it refuses, among others, an internal dependency without
 # a version), unpacked into the package, whose wheel carries them (pyproject's include;
-# thunder_rs.rust_crates_dir() and cargo_config() point a plugin's build at them).
+# thunder_rs.rust_crates_dir() and cargo_config() point a plugin's build at them). The folder
+# crates/<name> is the package thunder_rs_<name>, unpacked into rust_crates/<name>.
 RUST_CRATES := trace_ir passes plugin_abi
 RUST_CRATES_DIR := python/thunder_rs/rust_crates
 rust-crates:
 	rm -rf $(RUST_CRATES_DIR) target/package/thunder_rs
-	cargo package -q --no-verify --allow-dirty $(addprefix -p ,$(RUST_CRATES)) --target-dir target/package/thunder_rs
+	cargo package -q --no-verify --allow-dirty $(addprefix -p thunder_rs_,$(RUST_CRATES)) --target-dir target/package/thunder_rs
 	for c in $(RUST_CRATES); do mkdir -p $(RUST_CRATES_DIR)/$$c && \
-		tar -xzf target/package/thunder_rs/package/$$c-*.crate --strip-components=1 -C $(RUST_CRATES_DIR)/$$c || exit 1; done
+		tar -xzf target/package/thunder_rs/package/thunder_rs_$$c-*.crate --strip-components=1 -C $(RUST_CRATES_DIR)/$$c || exit 1; done
 
 # Its own target directory, so that the zig-linked build and `make build`'s do not rebuild each other.
 wheel: $(WHEEL_TOOLS) rust-crates
@@ -107,7 +108,7 @@ gpu-wheels: $(WHEEL_TOOLS) rust-crates
 	du -sh gpu-carry
 
 bench-passes:
-	cargo run --release -p passes --example pass_scaling
+	cargo run --release -p thunder_rs_passes --example pass_scaling
 
 clean:
 	cargo clean

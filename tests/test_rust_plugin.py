@@ -23,6 +23,9 @@ EXAMPLE = ROOT / "examples" / "rust_pass"
 # artifacts are reused, and only the copied crate itself compiles again (about a second).
 TARGET = ROOT / "target" / "rust_pass_example"
 MODULE = "thunder_rs_example_pass"
+# The thunder_rs packages a plugin depends on, as crates.io names them, and their folders (the
+# folders' names are the libraries': `use passes::...`).
+CRATES = {"thunder_rs_trace_ir": "trace_ir", "thunder_rs_passes": "passes", "thunder_rs_plugin_abi": "plugin_abi"}
 # One xdist worker builds and loads the plugin (also under --dist loadgroup): cargo's lock
 # on the target directory would make a second worker's build wait and then find it done, only
 # costing a second load.
@@ -82,8 +85,8 @@ def test_the_example_builds_outside_the_tree_against_the_packages_crates_only(ca
     assert not example_project.is_relative_to(ROOT), example_project
     crates = thunder_rs.rust_crates_dir()
     config = (example_project / ".cargo" / "config.toml").read_text()
-    for name in ["trace_ir", "passes", "plugin_abi"]:
-        assert f'{name} = {{ path = "{(crates / name).as_posix()}" }}' in config, config
+    for package, folder in CRATES.items():
+        assert f'{package} = {{ path = "{(crates / folder).as_posix()}" }}' in config, config
     # What cargo resolved: each thunder_rs crate from the package's folder, none from a registry.
     metadata = subprocess.run(
         [cargo, "metadata", "--format-version", "1", "--offline"],
@@ -93,10 +96,11 @@ def test_the_example_builds_outside_the_tree_against_the_packages_crates_only(ca
     )
     assert metadata.returncode == 0, metadata.stderr[-4000:]
     packages = {p["name"]: p for p in json.loads(metadata.stdout)["packages"]}
-    for name in ["trace_ir", "passes", "plugin_abi"]:
-        assert packages[name]["source"] is None, packages[name]
-        assert Path(packages[name]["manifest_path"]) == crates / name / "Cargo.toml"
-        assert packages[name]["version"] == thunder_rs.__version__
+    for package, folder in CRATES.items():
+        assert packages[package]["source"] is None, packages[package]
+        assert Path(packages[package]["manifest_path"]) == crates / folder / "Cargo.toml"
+        assert packages[package]["version"] == thunder_rs.__version__
+        assert [t["name"] for t in packages[package]["targets"] if "lib" in t["kind"]] == [folder]
     # Built against them, the plugin loads, its rule fires, and the result is eager's.
     jfn = thunder_rs.jit(_silu_fn, passes=["example_silu"])
     x = torch.randn(6)
@@ -237,12 +241,12 @@ def test_an_installed_package_finds_its_crates_and_cargo_config_points_at_them(t
     monkeypatch.setattr(plugins, "PACKAGED_CRATES", packaged)
     with pytest.raises(ThunderRuntimeError, match="this thunder_rs has no Rust crate sources"):
         thunder_rs.rust_crates_dir()
-    for name in ["trace_ir", "passes", "plugin_abi"]:
-        (packaged / name).mkdir(parents=True)
-        (packaged / name / "Cargo.toml").write_text("")
+    for folder in CRATES.values():
+        (packaged / folder).mkdir(parents=True)
+        (packaged / folder / "Cargo.toml").write_text("")
     assert thunder_rs.rust_crates_dir() == packaged
     patch = tomllib.loads(thunder_rs.cargo_config())["patch"]["crates-io"]
-    assert patch == {name: {"path": (packaged / name).as_posix()} for name in ["trace_ir", "passes", "plugin_abi"]}
+    assert patch == {package: {"path": (packaged / folder).as_posix()} for package, folder in CRATES.items()}
 
 
 def test_abi_version_mismatch_names_both_versions():

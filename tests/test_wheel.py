@@ -40,7 +40,8 @@ final = str(thunder_rs.last_traces(jfn)[-1])
 assert "silu" in final and "sigmoid" not in final, final
 print("ok")
 """
-RUST_CRATES = ["trace_ir", "passes", "plugin_abi"]
+# The thunder_rs packages a plugin depends on (crates.io names) and their folders in the wheel.
+RUST_CRATES = {"thunder_rs_trace_ir": "trace_ir", "thunder_rs_passes": "passes", "thunder_rs_plugin_abi": "plugin_abi"}
 
 
 @pytest.mark.slow
@@ -54,8 +55,8 @@ def test_wheel_installs_and_runs(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"thunder_rs/_core.pyi", "thunder_rs/py.typed", "thunder_rs/_core.abi3.so"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
-    for crate in RUST_CRATES:
-        assert {f"thunder_rs/rust_crates/{crate}/Cargo.toml", f"thunder_rs/rust_crates/{crate}/src/lib.rs"} <= names
+    for folder in RUST_CRATES.values():
+        assert {f"thunder_rs/rust_crates/{folder}/Cargo.toml", f"thunder_rs/rust_crates/{folder}/src/lib.rs"} <= names
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
     subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(wheel)], check=True)
@@ -78,7 +79,7 @@ def _builds_and_loads_the_example_plugin(python, tmp_path):
         check=True,
     ).stdout
     site = str(python.parent.parent)
-    assert all(f'{c} = {{ path = "{site}' in config for c in RUST_CRATES), config
+    assert all(f'{package} = {{ path = "{site}' in config for package in RUST_CRATES), config
     project = tmp_path / "rust_pass"
     shutil.copytree(ROOT / "examples" / "rust_pass", project, ignore=shutil.ignore_patterns("target", ".cargo"))
     (project / ".cargo").mkdir()

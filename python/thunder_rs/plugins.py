@@ -47,9 +47,10 @@ def load_passes(module_or_capsule: ModuleType | Any, on_error: str = "raise") ->
     return dict(_core.load_plugin_capsule(capsule, on_error))
 
 
-# The crates a plugin builds against, released with the wheel at its version (its Cargo.toml
-# names them as crates.io dependencies, `plugin_abi = "=0.1.0"`, and cargo_config() points them here).
-RUST_CRATES = ("trace_ir", "passes", "plugin_abi")
+# The crates a plugin builds against, released with the wheel at its version: each package's
+# crates.io name (a plugin's Cargo.toml names it, `thunder_rs_plugin_abi = "=0.1.0"`, and
+# cargo_config() patches it) and its folder, which is also its library's name (`use plugin_abi::...`).
+RUST_CRATES = {"thunder_rs_trace_ir": "trace_ir", "thunder_rs_passes": "passes", "thunder_rs_plugin_abi": "plugin_abi"}
 # Where the wheel carries them: `make wheel` unpacks each crate's `cargo package` (the sources a
 # crates.io release would hold) into this folder of the package.
 PACKAGED_CRATES = Path(__file__).parent / "rust_crates"
@@ -57,13 +58,14 @@ CARGO_CONFIG_HEADER = "# Written by thunder_rs.cargo_config(): build against the
 
 
 def rust_crates_dir() -> Path:
-    """The folder holding the Rust crates a pass plugin builds against (``trace_ir``, ``passes``,
-    ``plugin_abi``, one sub-folder each), of this thunder_rs's version, as ``numpy.get_include()``
-    names numpy's headers: the copy the wheel ships, or in a source checkout the tree's
-    ``crates/``, which the installed extension was built from. See ``cargo_config``."""
+    """The folder holding the Rust crates a pass plugin builds against (the packages
+    ``thunder_rs_trace_ir``, ``thunder_rs_passes`` and ``thunder_rs_plugin_abi``, in the sub-folders
+    ``trace_ir``, ``passes`` and ``plugin_abi``), of this thunder_rs's version, as
+    ``numpy.get_include()`` names numpy's headers: the copy the wheel ships, or in a source checkout
+    the tree's ``crates/``, which the installed extension was built from. See ``cargo_config``."""
     checkout = Path(__file__).resolve().parents[2] / "crates"
     for folder in (checkout, PACKAGED_CRATES):
-        if all((folder / name / "Cargo.toml").is_file() for name in RUST_CRATES):
+        if all((folder / name / "Cargo.toml").is_file() for name in RUST_CRATES.values()):
             return folder
     raise ThunderRuntimeError(
         f"rust_crates_dir: this thunder_rs has no Rust crate sources ({PACKAGED_CRATES} is missing or "
@@ -73,8 +75,9 @@ def rust_crates_dir() -> Path:
 
 def cargo_config() -> str:
     """The cargo configuration that builds a pass plugin against this thunder_rs's crates: a
-    ``[patch.crates-io]`` table pointing ``trace_ir``, ``passes`` and ``plugin_abi`` at
-    ``rust_crates_dir()``. Write it to the plugin project's ``.cargo/config.toml``::
+    ``[patch.crates-io]`` table pointing the packages ``thunder_rs_trace_ir``, ``thunder_rs_passes``
+    and ``thunder_rs_plugin_abi`` at their folders in ``rust_crates_dir()``. Write it to the plugin
+    project's ``.cargo/config.toml``::
 
         python -c "import thunder_rs; print(thunder_rs.cargo_config())" > .cargo/config.toml
 
@@ -82,5 +85,7 @@ def cargo_config() -> str:
     plugin and the extension it loads into must agree on the plugin ABI and the trace format)."""
     folder = rust_crates_dir()
     # json.dumps writes a TOML basic string (quotes and backslashes escaped).
-    lines = [f"{name} = {{ path = {json.dumps((folder / name).as_posix())} }}" for name in RUST_CRATES]
+    lines = [
+        f"{package} = {{ path = {json.dumps((folder / sub).as_posix())} }}" for package, sub in RUST_CRATES.items()
+    ]
     return "\n".join([CARGO_CONFIG_HEADER, "[patch.crates-io]", *lines]) + "\n"
