@@ -23,7 +23,7 @@ MANYLINUX := manylinux_2_28
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all build wheel lint test test-rust test-python demo bench bench-passes clean gpu-wheels
+.PHONY: all build wheel rust-crates lint test test-rust test-python demo bench bench-passes clean gpu-wheels
 
 all: build
 
@@ -47,8 +47,21 @@ $(WHEEL_TOOLS): $(DEPS)
 build: $(DEPS)
 	$(VENV)/bin/maturin develop --release --uv -q
 
+# The crates a pass plugin builds against, as `cargo package` makes them for crates.io (workspace
+# settings written into each Cargo.toml; it refuses, among others, an internal dependency without
+# a version), unpacked into the package, whose wheel carries them (pyproject's include;
+# thunder_rs.rust_crates_dir() and cargo_config() point a plugin's build at them). The folder
+# crates/<name> is the package thunder_rs_<name>, unpacked into rust_crates/<name>.
+RUST_CRATES := trace_ir passes plugin_abi
+RUST_CRATES_DIR := python/thunder_rs/rust_crates
+rust-crates:
+	rm -rf $(RUST_CRATES_DIR) target/package/thunder_rs
+	cargo package -q --no-verify --allow-dirty $(addprefix -p thunder_rs_,$(RUST_CRATES)) --target-dir target/package/thunder_rs
+	for c in $(RUST_CRATES); do mkdir -p $(RUST_CRATES_DIR)/$$c && \
+		tar -xzf target/package/thunder_rs/package/thunder_rs_$$c-*.crate --strip-components=1 -C $(RUST_CRATES_DIR)/$$c || exit 1; done
+
 # Its own target directory, so that the zig-linked build and `make build`'s do not rebuild each other.
-wheel: $(WHEEL_TOOLS)
+wheel: $(WHEEL_TOOLS) rust-crates
 	$(VENV)/bin/maturin build --release --compatibility $(MANYLINUX) --zig --auditwheel check \
 		--target-dir target/$(MANYLINUX) --out $(WHEEL_DIR)
 
@@ -62,7 +75,8 @@ lint: build $(RUST_TOOLS)
 	$(PY) -m mypy.stubtest thunder_rs._core --mypy-config-file .ci/stubtest.ini
 	$(VENV)/bin/mypy -p thunder_rs
 
-test-rust:
+# rust-crates: the crates still package (under a second).
+test-rust: rust-crates
 	cargo test --workspace --exclude thunder_rs_py
 
 # loadfile: each test file runs whole in one worker, as it does alone (tests/test_ops.py's coverage
@@ -88,15 +102,15 @@ bench: build
 # build directory), nvFuser's wheel for torch 2.10 / CUDA 13 without its vendored NVRTC, and Lightning
 # Thunder 0.2.6 with the requirements the GPU machine lacks. Prints its size: a GPU session carries
 # 64 MiB with the working tree.
-gpu-wheels: $(WHEEL_TOOLS)
+gpu-wheels: $(WHEEL_TOOLS) rust-crates
 	rm -rf gpu-carry && mkdir -p gpu-carry
 	$(VENV)/bin/maturin build --release -q --compatibility $(MANYLINUX) --zig --target-dir target/$(MANYLINUX) -o $(abspath gpu-carry)
 	$(PY) benchmarks/gpu_check.py prepare gpu-carry
 	du -sh gpu-carry
 
 bench-passes:
-	cargo run --release -p passes --example pass_scaling
+	cargo run --release -p thunder_rs_passes --example pass_scaling
 
 clean:
 	cargo clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(RUST_CRATES_DIR)

@@ -1,7 +1,9 @@
-"""Rust pass plugins (issue 27): the example crate in examples/rust_pass, built once per session
-with cargo and loaded through ``thunder_rs.load_passes``, against eager PyTorch."""
+"""Rust pass plugins (issue 27): the example crate in examples/rust_pass, copied out of the source
+tree and built once per session with cargo against the installed package's crates (as a user of
+the wheel builds it), loaded through ``thunder_rs.load_passes``, against eager PyTorch."""
 
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -12,14 +14,18 @@ import pytest
 import torch
 
 import thunder_rs
-from thunder_rs import _core
+from thunder_rs import _core, plugins
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "rust_pass"
-# Under the tree's ignored target/, so the build is cached between sessions.
+# Under the tree's ignored target/, so the build is cached between sessions: the dependencies'
+# artifacts are reused, and only the copied crate itself compiles again (about a second).
 TARGET = ROOT / "target" / "rust_pass_example"
 MODULE = "thunder_rs_example_pass"
+# The thunder_rs packages a plugin depends on, as crates.io names them, and their folders (the
+# folders' names are the libraries': `use passes::...`).
+CRATES = {"thunder_rs_trace_ir": "trace_ir", "thunder_rs_passes": "passes", "thunder_rs_plugin_abi": "plugin_abi"}
 # One xdist worker builds and loads the plugin (also under --dist loadgroup): cargo's lock
 # on the target directory would make a second worker's build wait and then find it done, only
 # costing a second load.
@@ -27,13 +33,32 @@ pytestmark = pytest.mark.xdist_group("rust_plugin")
 
 
 @pytest.fixture(scope="session")
-def plugin(tmp_path_factory):
-    """The example plugin module, built with cargo (a release build: the crossing is timed)."""
-    cargo = shutil.which("cargo")
-    if cargo is None:
+def cargo():
+    """The cargo executable."""
+    found = shutil.which("cargo")
+    if found is None:
         pytest.skip("cargo is not installed: the example plugin cannot be built")
+    return found
+
+
+@pytest.fixture(scope="session")
+def example_project(tmp_path_factory):
+    """The example crate copied outside the source tree, with the ``.cargo/config.toml`` the
+    README has a user write from ``thunder_rs.cargo_config()``."""
+    project = tmp_path_factory.mktemp("plugin_project") / "rust_pass"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("target", ".cargo"))
+    (project / ".cargo").mkdir()
+    (project / ".cargo" / "config.toml").write_text(thunder_rs.cargo_config())
+    return project
+
+
+@pytest.fixture(scope="session")
+def plugin(tmp_path_factory, cargo, example_project):
+    """The example plugin module, built with cargo (a release build: the crossing is timed)."""
+    # cargo reads .cargo/config.toml from the directory it runs in.
     build = subprocess.run(
-        [cargo, "build", "--release", "--manifest-path", str(EXAMPLE / "Cargo.toml"), "--target-dir", str(TARGET)],
+        [cargo, "build", "--release", "--target-dir", str(TARGET)],
+        cwd=example_project,
         capture_output=True,
         text=True,
     )
@@ -54,6 +79,33 @@ def plugin(tmp_path_factory):
 
 def _silu_fn(x):
     return x * torch.sigmoid(x) + 1.0
+
+
+def test_the_example_builds_outside_the_tree_against_the_packages_crates_only(cargo, example_project, plugin):
+    assert not example_project.is_relative_to(ROOT), example_project
+    crates = thunder_rs.rust_crates_dir()
+    config = (example_project / ".cargo" / "config.toml").read_text()
+    for package, folder in CRATES.items():
+        assert f'{package} = {{ path = "{(crates / folder).as_posix()}" }}' in config, config
+    # What cargo resolved: each thunder_rs crate from the package's folder, none from a registry.
+    metadata = subprocess.run(
+        [cargo, "metadata", "--format-version", "1", "--offline"],
+        cwd=example_project,
+        capture_output=True,
+        text=True,
+    )
+    assert metadata.returncode == 0, metadata.stderr[-4000:]
+    packages = {p["name"]: p for p in json.loads(metadata.stdout)["packages"]}
+    for package, folder in CRATES.items():
+        assert packages[package]["source"] is None, packages[package]
+        assert Path(packages[package]["manifest_path"]) == crates / folder / "Cargo.toml"
+        assert packages[package]["version"] == thunder_rs.__version__
+        assert [t["name"] for t in packages[package]["targets"] if "lib" in t["kind"]] == [folder]
+    # Built against them, the plugin loads, its rule fires, and the result is eager's.
+    jfn = thunder_rs.jit(_silu_fn, passes=["example_silu"])
+    x = torch.randn(6)
+    torch.testing.assert_close(jfn(x), _silu_fn(x))
+    assert "silu" in str(thunder_rs.last_traces(jfn)[-1])
 
 
 def test_rewrite_rule_fires_and_matches_eager(plugin):
@@ -187,6 +239,23 @@ def test_a_failed_compile_leaves_the_cache_as_it_was(plugin):
 def test_load_passes_rejects_an_unknown_on_error(plugin):
     with pytest.raises(ThunderValueError, match='on_error is "raise" or "skip", got .ignore.'):
         thunder_rs.load_passes(plugin, on_error="ignore")
+
+
+def test_an_installed_package_finds_its_crates_and_cargo_config_points_at_them(tmp_path, monkeypatch):
+    # As installed from the wheel: no checkout around the package, the crates in its rust_crates.
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11's
+
+    monkeypatch.setattr(plugins, "__file__", str(tmp_path / "site" / "thunder_rs" / "plugins.py"))
+    packaged = tmp_path / 'we"ird site' / "rust_crates"
+    monkeypatch.setattr(plugins, "PACKAGED_CRATES", packaged)
+    with pytest.raises(ThunderRuntimeError, match="this thunder_rs has no Rust crate sources"):
+        thunder_rs.rust_crates_dir()
+    for folder in CRATES.values():
+        (packaged / folder).mkdir(parents=True)
+        (packaged / folder / "Cargo.toml").write_text("")
+    assert thunder_rs.rust_crates_dir() == packaged
+    patch = tomllib.loads(thunder_rs.cargo_config())["patch"]["crates-io"]
+    assert patch == {package: {"path": (packaged / folder).as_posix()} for package, folder in CRATES.items()}
 
 
 def test_abi_version_mismatch_names_both_versions():

@@ -1,5 +1,5 @@
 //! Pass-scaling benchmark: time of each pass on synthetic traces of 1k, 10k and 100k bound
-//! symbols, per bound symbol. Run with `cargo run --release -p passes --example pass_scaling`.
+//! symbols, per bound symbol. Run with `cargo run --release -p thunder_rs_passes --example pass_scaling`.
 //!
 //! The synthetic program (`trace_ir::testing::synthetic_chain`) is a chain of elementwise prims over two
 //! inputs in which every third step recomputes an earlier value (work for CSE) and every fifth step is never used (work for

@@ -45,7 +45,9 @@ pub struct ImplSpec {
 /// An executor's table, sent once from Python.
 #[derive(Clone, Debug, Default)]
 pub struct ExecutorSpec {
+    /// The executor's name (`torch`, `inductor`), as errors and `examine` show it.
     pub name: String,
+    /// What it implements: one entry per prim or symbol it can run.
     pub impls: FxHashMap<SymKey, ImplSpec>,
     /// Whether the executor runs regions of symbols (`fuse`) rather than single symbols.
     pub fusion: bool,

@@ -41,6 +41,22 @@ fn check_name(name: &str, passes: &FxHashMap<String, PassFn>) -> Result<()> {
 /// Registers `run` under `name`, so a `jit(fn, passes=[name])` runs it and `THUNDER_RS_DUMP`
 /// can name it. Registering the same function again is a no-op; another function under a taken
 /// name, or a pipeline stage's name, is an error.
+///
+/// ```
+/// use passes::{register_pass, PassCx};
+/// use trace_ir::{Result, Trace};
+///
+/// /// Moves nothing: the identity, which a plugin's pass-through stage starts from.
+/// fn pass_through(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
+///     Ok(trace.clone())
+/// }
+/// register_pass("pass_through", pass_through)?;
+/// register_pass("pass_through", pass_through)?; // the same function again: a no-op
+/// assert!(passes::registered().contains(&"pass_through".to_string()));
+/// assert!(register_pass("dce", pass_through).is_err()); // a built-in's name is taken
+/// assert!(register_pass("lifetimes", pass_through).is_err()); // a stage's name is reserved
+/// # Ok::<(), trace_ir::IrError>(())
+/// ```
 pub fn register_pass(name: &str, run: PassFn) -> Result<()> {
     let mut passes = registry().write().expect("pass registry poisoned");
     check_name(name, &passes)?;
@@ -87,6 +103,24 @@ pub fn register_dyn_pass(name: &str, run: DynPass) -> Result<()> {
 /// Registers the rewrite rule set `rules` as the pass `name` (see [`register_dyn_pass`]), once
 /// every prim its patterns name is known: a misspelt prim would never match, and nothing would
 /// say so. The error names the rule and the name.
+///
+/// ```
+/// use passes::rewrite::{any, call, Replacement, Rule};
+///
+/// /// neg(neg(x)) -> x
+/// const NEG_NEG: Rule = Rule {
+///     name: "neg-neg",
+///     pattern: || call("neg", [call("neg", [any("x")])]),
+///     rewrite: |m| m.value("x").map(Replacement::Value),
+/// };
+/// passes::register_rules("fold_negations", &[NEG_NEG])?;
+///
+/// /// A misspelt prim is refused at registration, naming the rule.
+/// const TYPO: Rule = Rule { name: "typo", pattern: || call("nge", [any("x")]), rewrite: |_| None };
+/// let error = passes::register_rules("typos", &[TYPO]).unwrap_err();
+/// assert!(error.message.contains("typo"), "{error}");
+/// # Ok::<(), trace_ir::IrError>(())
+/// ```
 pub fn register_rules(name: &str, rules: &'static [Rule]) -> Result<()> {
     check(rules).map_err(|mut e| {
         e.message = format!("rule set {name:?}: {}", e.message);
@@ -154,11 +188,15 @@ impl PassCx {
 /// One stage's result: its output, how long it took, and whether it is to be dumped.
 #[derive(Clone, Debug)]
 pub struct PassRecord {
+    /// The stage's name (`dce`, `claim`, a jit pass's registered name), as `THUNDER_RS_DUMP` names it.
     pub name: String,
+    /// Wall time of the stage, verification excluded.
     pub seconds: f64,
+    /// The stage's output, which the next stage of its half reads.
     pub trace: Trace,
     /// For an execution trace: how to run it, and its generated source.
     pub plan: Option<Arc<Plan>>,
+    /// Whether `THUNDER_RS_DUMP` asked for this stage.
     pub dump: bool,
     /// What the stage reports besides its trace (which rewrite rules fired), shown in its dump.
     pub note: String,
@@ -168,7 +206,9 @@ pub struct PassRecord {
 /// program with differentiable outputs, for the backward; the last record of each carries the
 /// execution plan.
 pub struct Compiled {
+    /// The records of the program half's stages and then the forward's, in order.
     pub forward: Vec<PassRecord>,
+    /// The backward's records; empty when the program was not split.
     pub backward: Vec<PassRecord>,
     /// Positions of the flat outputs (a single output is position 0) that receive cotangents.
     pub grad_outputs: Vec<usize>,
@@ -178,6 +218,41 @@ pub struct Compiled {
 
 /// Compiles an acquired trace: runs every row of [`PIPELINE`] whose half exists and whose
 /// condition holds, in order, each as a stage of one [`Manager`].
+///
+/// `checker` is asked about each call whose executor entry has a checker; the error of any
+/// stage (a pass's, a plugin's, the verifier's) ends the compilation and names the stage.
+///
+/// ```
+/// use passes::{compile, ExecutorSpec, ImplSpec, Options, PassCx, SymKey};
+/// use trace_ir::{parser::parse_trace, pysrc::Callee, PrimId};
+///
+/// // An executor that runs `exp` and `mul` by calling `torch_exp` and `torch_mul`.
+/// let impls = ["exp", "mul"]
+///     .map(|name| {
+///         let callee = Callee::function(format!("torch_{name}"));
+///         (SymKey::Prim(PrimId::from_name(name).unwrap()), ImplSpec { callee, has_checker: false })
+///     })
+///     .into_iter()
+///     .collect();
+/// let executors = [ExecutorSpec { name: "torch".into(), impls, ..Default::default() }];
+/// let options = Options { executors: &executors, passes: &[], differentiable: false };
+///
+/// let acquired = parse_trace(concat!(
+///     "def computation(t0):\n",
+///     "  # t0: \"cpu f32[4]\"\n",
+///     "  t1 = prims.exp(t0)  # t1: \"cpu f32[4]\"\n",
+///     "  t2 = prims.mul(t1, t0)  # t2: \"cpu f32[4]\"\n",
+///     "  return t2\n",
+/// ))?;
+/// let compiled = compile(&acquired, &options, &mut |_, _, _| Ok(true), &PassCx::default())?;
+/// // No input requires grad: one half, no backward.
+/// assert!(compiled.backward.is_empty());
+/// let stages: Vec<&str> = compiled.forward.iter().map(|r| r.name.as_str()).collect();
+/// assert_eq!(stages, ["acquired", "dce", "cse", "views", "claim", "lifetimes"]);
+/// let plan = compiled.forward.last().unwrap().plan.as_ref().unwrap();
+/// assert!(plan.source.contains("torch_exp(t0)"), "{}", plan.source);
+/// # Ok::<(), trace_ir::IrError>(())
+/// ```
 pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, cx: &PassCx) -> Result<Compiled> {
     let mut unit = Unit::new(options, checker);
     let mut m = Manager::new(cx);
@@ -206,10 +281,12 @@ pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, 
 /// Runs the stages of one compilation and keeps a record of each.
 pub struct Manager<'a> {
     cx: &'a PassCx,
+    /// A record per stage run so far, in order.
     pub records: Vec<PassRecord>,
 }
 
 impl<'a> Manager<'a> {
+    /// A manager with no stages run yet, verifying and dumping as `cx` says.
     pub fn new(cx: &'a PassCx) -> Self {
         Manager { cx, records: Vec::new() }
     }

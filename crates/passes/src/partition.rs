@@ -44,9 +44,12 @@ pub struct RegionPlan {
 /// A partitioned execution trace.
 #[derive(Clone, Debug)]
 pub struct Partition {
+    /// The execution trace: each region one bound symbol ([`trace_ir::Symbol::Region`]) whose
+    /// decomposition is its members.
     pub trace: Trace,
     /// How the generated code calls each top-level bound symbol (a region: by its name).
     pub callees: Vec<Callee>,
+    /// The regions, in the trace's order.
     pub regions: Vec<RegionPlan>,
 }
 

@@ -49,6 +49,7 @@ impl Half {
 /// When a stage runs, beyond its half being compiled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum When {
+    /// Whenever the half is compiled.
     Always,
     /// The program has an output that requires grad and is not compiled `differentiable`.
     GradOutputs,
@@ -89,9 +90,13 @@ pub enum Run {
 /// One row of the pipeline.
 #[derive(Clone, Copy)]
 pub struct Stage {
+    /// The stage's name: what `THUNDER_RS_DUMP` and the records call it.
     pub name: &'static str,
+    /// The half whose trace it reads and writes.
     pub half: Half,
+    /// Its condition, beyond its half existing.
     pub when: When,
+    /// What it does to the trace.
     pub run: Run,
     /// What the stage does, in a few words, for the printed table.
     pub what: &'static str,
@@ -176,6 +181,7 @@ pub type ClaimChecker<'a> = dyn FnMut(usize, &Trace, &BoundSymbol) -> Result<boo
 
 /// The executors and the jit's own passes one compilation uses.
 pub struct Options<'a> {
+    /// The executors' tables in priority order (the torch executor last), as sent from Python.
     pub executors: &'a [ExecutorSpec],
     /// Registered passes, each run at the half it declares (`program` unless declared otherwise).
     pub passes: &'a [String],
@@ -186,6 +192,7 @@ pub struct Options<'a> {
 
 /// What a stage made: the trace the next stage of its half reads (and its record keeps).
 pub struct Output {
+    /// The trace the stage made.
     pub trace: Trace,
     /// The backward half, from the stage that splits the program.
     pub backward: Option<Trace>,

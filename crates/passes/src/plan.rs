@@ -38,10 +38,13 @@ pub struct RegionCode {
     pub key: String,
     /// The qualified names of its calls, in order.
     pub symbol_names: Vec<String>,
+    /// How many inputs the region's function takes.
     pub num_inputs: usize,
+    /// How many values the region's function returns.
     pub num_outputs: usize,
     /// The region's inputs and outputs, in its function's order.
     pub inputs: Vec<ValueId>,
+    /// The values the region defines that something outside it reads, in its function's order.
     pub outputs: Vec<ValueId>,
     /// Its calls with every composite replaced by its decomposition, for executors that
     /// translate prims (nvFuser).
@@ -55,6 +58,7 @@ pub struct LeafCall {
     pub name: String,
     /// The positional arguments as printed (a prim's operands, then its parameters).
     pub args: Vec<Arg>,
+    /// The values the call defines.
     pub outputs: Vec<ValueId>,
 }
 

@@ -82,7 +82,10 @@ pub enum Pat {
     /// A value that is the single output of a call of the prim named `prim`, whose operands
     /// match `operands` (as many as it has).
     Call {
+        /// The prim's name as printed after `prims.` (`mul`); [`check`] refuses one that names no prim.
         prim: &'static str,
+        /// Patterns for the call's operands, in order; a call with another number of operands does not
+        /// match (unless the last pattern is [`Pat::Rest`]).
         operands: Vec<Pat>,
         /// The name the call is bound to (its output and its prim).
         bind: Option<&'static str>,
@@ -123,7 +126,9 @@ impl Pat {
 /// the same replacement (by position).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
+    /// A value of the trace (one the pattern bound, from [`Match::arg`]) or a literal.
     Arg(Arg),
+    /// The output of the replacement's call at this position (0 for its first).
     Result(usize),
 }
 
@@ -147,7 +152,15 @@ pub enum Replacement {
     /// One call of the composite symbol named `symbol` (`ltorch.tensordot`) on `args`, with
     /// `decomposition` as its decomposition: the executors run the composite whole, and its
     /// meaning is its decomposition's. This is how a fused kernel replaces what it fuses.
-    Composite { symbol: &'static str, args: Vec<Arg>, decomposition: Vec<NewCall> },
+    Composite {
+        /// The composite's registered name; a name not yet registered is registered as a
+        /// composite.
+        symbol: &'static str,
+        /// The call's arguments, as the composite's Python function takes them.
+        args: Vec<Arg>,
+        /// Prim calls computing what the composite computes, the last one's result its output.
+        decomposition: Vec<NewCall>,
+    },
 }
 
 impl Replacement {
@@ -161,8 +174,12 @@ impl Replacement {
 /// the replacement from a match, or returns `None` where it does not apply.
 #[derive(Clone, Copy)]
 pub struct Rule {
+    /// The rule's name: what [`RewriteReport`] counts and errors name (`mul-sigmoid-silu`).
     pub name: &'static str,
+    /// Builds the pattern the defining call of each value is matched against.
     pub pattern: fn() -> Pat,
+    /// Builds the replacement from what the pattern bound, or `None` to leave the match as it is
+    /// (a condition on shapes or parameters that the pattern cannot say).
     pub rewrite: fn(&Match) -> Option<Replacement>,
 }
 
@@ -170,6 +187,7 @@ pub struct Rule {
 /// that never fired are left out).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RewriteReport {
+    /// `(rule name, times fired)`, in the rule set's order.
     pub fired: Vec<(&'static str, usize)>,
 }
 

@@ -7,7 +7,7 @@
 //! that are not needed anyway, take no more bytes than it does. The forward's inputs cost
 //! nothing to save (the caller holds them). Random prims are never recomputed, and neither is a
 //! conversion of a forward input to a narrower dtype (autocast's bfloat16 copy of a float32
-//! weight): see [`narrows_input`].
+//! weight): see `narrows_input`.
 //!
 //! A composite in the forward stays whole (an executor may run it as one call) unless a
 //! residual is defined inside it; then it is replaced by its decomposition.
@@ -25,6 +25,7 @@ pub struct Split {
     pub forward: Trace,
     /// Takes `(residuals..., cotangents...)` and returns one gradient or None per forward input.
     pub backward: Trace,
+    /// The forward values the backward reads, in the order the forward returns them.
     pub residuals: Vec<ValueId>,
 }
 
@@ -39,6 +40,12 @@ enum Source<'a> {
     Opaque,
 }
 
+/// Splits `joint` (from [`crate::vjp::joint`]) at its forward's end into the two halves,
+/// choosing the residuals as the module doc says: cheap prims the backward needs are
+/// recomputed there when that saves bytes, other values are saved.
+///
+/// Errors (`RuntimeError`) when `joint` does not return `(outputs, grads)`, the form
+/// [`crate::vjp::joint`] builds.
 pub fn split(joint: &Joint) -> Result<Split> {
     let t = &joint.trace;
     let (forward, backward) = t.bsyms.split_at(joint.num_forward);

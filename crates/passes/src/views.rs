@@ -29,7 +29,7 @@ pub const RULES: &[Rule] = &[
     CAT_OF_TRANSPOSES,
 ];
 
-/// [`RULES`] with [`FLATTENED_PRODUCT_AS_TENSORDOT`] before [`FLATTENED_PRODUCT`]: the weight
+/// [`RULES`] with [`FLATTENED_PRODUCT_AS_TENSORDOT`] before `FLATTENED_PRODUCT`: the weight
 /// gradient as torch's tensordot, which is slower on the CPU (kept as a rewrite example).
 pub fn views_with_tensordot(trace: &Trace, cx: &PassCx) -> Result<Trace> {
     let rules: Vec<Rule> = [FLATTENED_PRODUCT_AS_TENSORDOT].into_iter().chain(RULES.iter().copied()).collect();
@@ -183,7 +183,7 @@ const FLATTENED_PRODUCT: Rule = Rule {
     rewrite: |m| flattened_product(m, "ltorch.flattened_product", |_| vec![m.arg("g"), m.arg("x")]),
 };
 
-/// [`flattened_product_pattern`] -> tensordot(g, x, over the leading dims): torch's tensordot
+/// `flattened_product_pattern` -> tensordot(g, x, over the leading dims): torch's tensordot
 /// makes the same product on the same layouts, but takes longer than the calls it replaces
 /// (about 16 µs more per call for [4, 32, 64] operands, one CPU thread).
 pub const FLATTENED_PRODUCT_AS_TENSORDOT: Rule = Rule {

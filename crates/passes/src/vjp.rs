@@ -1,7 +1,7 @@
 //! Reverse-mode autodiff: one joint forward+backward trace from a forward trace.
 //!
 //! The backward walks the forward's bound symbols in reverse. A prim uses its Rust rule
-//! ([`Prim::vjp`]); a composite recorded through a Python grad rule emits the backward the rule
+//! ([`trace_ir::Prim::vjp`]); a composite recorded through a Python grad rule emits the backward the rule
 //! recorded; any other composite is differentiated through its decomposition (one recorded
 //! without it is refused); a fallback gets a
 //! `<name>.vjp` call that torch.autograd differentiates at run time. Only tensors that require
@@ -21,6 +21,7 @@ use trace_ir::{
 /// outputs are `(forward outputs, (gradient or None per forward input))`.
 #[derive(Clone, Debug)]
 pub struct Joint {
+    /// The joint program: the forward's calls, then the backward's.
     pub trace: Trace,
     /// How many leading bound symbols are the forward's.
     pub num_forward: usize,

@@ -2,7 +2,7 @@
 //! way `thunder_rs.load_passes` runs it (the host encodes, the plugin decodes and encodes, the
 //! host decodes), on the synthetic traces of `make bench-passes` (its 10k-symbol size is the
 //! target: <= 1 us per bound symbol), with the text form's cost beside it. Run with
-//! `cargo run --release -p plugin_abi --example crossing_cost`.
+//! `cargo run --release -p thunder_rs_plugin_abi --example crossing_cost`.
 
 use plugin_abi::{encode_text, pass_entry, plugin_table, Buffer, PassEntry, PluginTable, STATUS_OK};
 use std::time::Instant;

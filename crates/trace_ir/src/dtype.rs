@@ -7,21 +7,34 @@ use std::fmt;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum DType {
+    /// `torch.bool`, printed `b8`.
     Bool = 0,
+    /// `torch.uint8`.
     U8,
+    /// `torch.int8`.
     I8,
+    /// `torch.int16`.
     I16,
+    /// `torch.int32`.
     I32,
+    /// `torch.int64`, the type of integer indices and of `torch.arange` with integer bounds.
     I64,
+    /// `torch.float16`.
     F16,
+    /// `torch.bfloat16`.
     BF16,
+    /// `torch.float32`, torch's default floating type.
     F32,
+    /// `torch.float64`.
     F64,
+    /// `torch.complex64` (two `f32`).
     C64,
+    /// `torch.complex128` (two `f64`).
     C128,
 }
 
 impl DType {
+    /// Every dtype in code order: `ALL[d.code() as usize] == d`.
     pub const ALL: [DType; 12] = [
         DType::Bool,
         DType::U8,
@@ -37,10 +50,12 @@ impl DType {
         DType::C128,
     ];
 
+    /// The dtype whose [`code`](Self::code) is `code`; `None` for a code past the last.
     pub fn from_code(code: u8) -> Option<DType> {
         DType::ALL.get(code as usize).copied()
     }
 
+    /// The number Python and the binary trace form use for this dtype (`thunder_rs.core`'s `CODES`).
     pub fn code(self) -> u8 {
         self as u8
     }
@@ -83,18 +98,22 @@ impl DType {
         }
     }
 
+    /// Reads either spelling, torch's (`float32`) or the trace comments' (`f32`); `None` for others.
     pub fn from_torch_name(name: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.torch_name() == name || d.short_name() == name)
     }
 
+    /// `torch.bool`, which type promotion ranks below every integer type.
     pub fn is_bool(self) -> bool {
         self == DType::Bool
     }
 
+    /// Real floating types (`f16`, `bf16`, `f32`, `f64`), not complex ones.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
+    /// `c64` and `c128`.
     pub fn is_complex(self) -> bool {
         matches!(self, DType::C64 | DType::C128)
     }
@@ -118,6 +137,7 @@ impl DType {
         }
     }
 
+    /// Bytes per element, as `torch.dtype.itemsize` (the split pass weighs residuals by it).
     pub fn itemsize(self) -> usize {
         use DType::*;
         match self {
@@ -139,19 +159,25 @@ impl fmt::Display for DType {
 /// The kind of device a tensor lives on.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum DeviceKind {
+    /// The host (`cpu`); torch gives it no index.
     Cpu,
+    /// An NVIDIA GPU (`cuda`, `cuda:1`).
     Cuda,
+    /// torch's `meta` device: metadata without storage, where fallbacks compute output shapes.
     Meta,
 }
 
 /// A device as torch names it: `cpu`, `cuda:0`, `meta`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Device {
+    /// What kind of device it is.
     pub kind: DeviceKind,
+    /// The ordinal after the colon (`cuda:1` is `Some(1)`); `None` when torch's spelling has none.
     pub index: Option<u16>,
 }
 
 impl Device {
+    /// `cpu`, the device of every tensor not placed elsewhere.
     pub const CPU: Device = Device { kind: DeviceKind::Cpu, index: None };
 
     /// Parses torch's spelling of a device (`"cuda:1"`).

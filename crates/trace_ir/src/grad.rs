@@ -14,6 +14,8 @@ use crate::ValueId;
 
 /// Records the prims of a backward into a [`TraceBuilder`].
 pub struct Emitter<'a> {
+    /// The builder of the joint trace: a rule's prims are recorded after the forward, with their
+    /// meta rules run like any recorded prim's.
     pub builder: &'a mut TraceBuilder,
 }
 
@@ -21,6 +23,7 @@ pub struct Emitter<'a> {
 pub type Grads = Vec<Option<ValueId>>;
 
 impl<'a> Emitter<'a> {
+    /// An emitter recording into `builder`.
     pub fn new(builder: &'a mut TraceBuilder) -> Self {
         Emitter { builder }
     }
@@ -44,34 +47,42 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// Records a parameterless unary prim on `a`.
     pub fn unary(&mut self, prim: Unary, a: ValueId) -> Result<ValueId> {
         self.emit(prim, vec![Arg::Value(a)])
     }
 
+    /// Records a parameterless binary prim; either operand may be a number.
     pub fn binary(&mut self, prim: Binary, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
         self.emit(prim, vec![a.into(), b.into()])
     }
 
+    /// `a + b`.
     pub fn add(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
         self.binary(Binary::Add, a, b)
     }
 
+    /// `a - b`.
     pub fn sub(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
         self.binary(Binary::Sub, a, b)
     }
 
+    /// `a * b`.
     pub fn mul(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
         self.binary(Binary::Mul, a, b)
     }
 
+    /// `a / b` (true division).
     pub fn div(&mut self, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
         self.binary(Binary::Div, a, b)
     }
 
+    /// `-a`.
     pub fn neg(&mut self, a: ValueId) -> Result<ValueId> {
         self.unary(Unary::Neg, a)
     }
 
+    /// `pred ? a : b` elementwise (`prims.where`).
     pub fn where_(&mut self, pred: impl Into<Arg>, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<ValueId> {
         self.emit(Elementwise::Where {}, vec![pred.into(), a.into(), b.into()])
     }
@@ -83,10 +94,12 @@ impl<'a> Emitter<'a> {
         self.emit(Creation::Full { shape: m.shape, fill, device: m.device, dtype: m.dtype }, vec![])
     }
 
+    /// A tensor of zeros with `v`'s shape, dtype and device.
     pub fn zeros_like(&mut self, v: ValueId) -> Result<ValueId> {
         self.full_like(v, 0.0)
     }
 
+    /// `v` converted to `dtype`; `v` itself when it already has that dtype, so no call is recorded.
     pub fn convert(&mut self, v: ValueId, dtype: DType) -> Result<ValueId> {
         if self.meta(v).dtype == dtype {
             return Ok(v);
@@ -94,6 +107,7 @@ impl<'a> Emitter<'a> {
         self.emit(Elementwise::ConvertElementType { dtype }, vec![Arg::Value(v)])
     }
 
+    /// `v` reshaped to `shape`; `v` itself when it already has that shape.
     pub fn reshape(&mut self, v: ValueId, shape: &[i64]) -> Result<ValueId> {
         if self.meta(v).shape == shape {
             return Ok(v);

@@ -26,6 +26,36 @@ use std::fmt;
 const OP: &str = "trace parser";
 
 /// Parses a whole printed trace.
+///
+/// Every call is re-recorded, so its outputs get their prim's meta rule's metadata. Errors (a
+/// [`ErrorKind::Value`] with op `trace parser`) name the line: a syntax error, an unknown prim
+/// or symbol, a value read before it is defined, a type comment that disagrees with the meta
+/// rule, or the meta rule's own error.
+///
+/// ```
+/// use trace_ir::parser::parse_trace;
+///
+/// let trace = parse_trace(concat!(
+///     "def computation(t0, t1):\n",
+///     "  # t0: \"cpu f32[2, 3]\"\n",
+///     "  # t1: \"cpu f32[2, 3]\"\n",
+///     "  t2 = prims.mul(t0, t1)  # t2: \"cpu f32[2, 3]\"\n",
+///     "  t3 = prims.sum(t2, (1,))  # t3: \"cpu f32[2]\"\n",
+///     "  return t3\n",
+/// ))?;
+/// assert_eq!(trace.bsyms.len(), 2);
+///
+/// // A type comment is checked against the meta rule, never trusted.
+/// let error = parse_trace(concat!(
+///     "def computation(t0):\n",
+///     "  # t0: \"cpu f32[2, 3]\"\n",
+///     "  t1 = prims.sum(t0, (1,))  # t1: \"cpu f32[3]\"\n",
+///     "  return t1\n",
+/// ))
+/// .unwrap_err();
+/// assert!(error.message.contains("line 3"), "{error}");
+/// # Ok::<(), trace_ir::IrError>(())
+/// ```
 pub fn parse_trace(text: &str) -> Result<Trace> {
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !is_preamble(l));
     let Some((number, def)) = lines.next() else {

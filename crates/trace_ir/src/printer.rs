@@ -8,6 +8,8 @@ use std::fmt::Write;
 
 /// How literals that need names in generated code are spelled.
 pub trait ArgStyle {
+    /// The Python expression for `device`: inline in printed traces, a name bound once in the
+    /// generated module's globals in the Python-source printer.
     fn device(&mut self, device: crate::Device) -> String;
 }
 
@@ -184,7 +186,28 @@ pub fn write_header(out: &mut String, trace: &Trace, name: &str) {
     }
 }
 
-/// Prints a trace in Thunder's format.
+/// Prints a trace in Thunder's format: a header of imports, `def name(inputs):`, a type comment
+/// per input, one line per top-level call with its outputs' types as a comment, each
+/// composite's decomposition as nested comments under it, and `return`. The text reads back
+/// with [`crate::parser::parse_trace`]; `trace.to_string()` prints it as `computation`.
+///
+/// ```
+/// use trace_ir::{Arg, DType, Device, TensorMeta, TraceBuilder, ValueKind};
+///
+/// let mut b = TraceBuilder::new();
+/// let x = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![4])));
+/// let y = b.record_prim("exp", vec![Arg::Value(x)])?[0];
+/// let trace = b.finish(Arg::Value(y))?;
+/// let text = trace_ir::printer::print_trace(&trace, "f");
+/// assert!(text.ends_with(concat!(
+///     "def f(t0):\n",
+///     "  # t0: \"cpu f32[4]\"\n",
+///     "  t1 = prims.exp(t0)  # t1: \"cpu f32[4]\"\n",
+///     "  return t1\n",
+/// )));
+/// assert_eq!(trace_ir::parser::parse_trace(&text)?, trace);
+/// # Ok::<(), trace_ir::IrError>(())
+/// ```
 pub fn print_trace(trace: &Trace, name: &str) -> String {
     let mut out = String::from("# Constructed by thunder_rs\nimport torch\nfrom thunder_rs import prims, ltorch\n\n");
     write_header(&mut out, trace, name);

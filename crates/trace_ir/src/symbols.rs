@@ -53,14 +53,24 @@ impl SymbolTable {
         id
     }
 
+    /// The name `id` was registered under, as printed in traces (`ltorch.softmax`).
+    ///
+    /// # Panics
+    /// If `id` was not returned by [`register`](Self::register) in this process.
     pub fn name(id: SymbolId) -> Arc<str> {
         table().read().expect("symbol table poisoned").names[id.index()].clone()
     }
 
+    /// The kind `id` was first registered with.
+    ///
+    /// # Panics
+    /// If `id` was not returned by [`register`](Self::register) in this process.
     pub fn kind(id: SymbolId) -> SymbolKind {
         table().read().expect("symbol table poisoned").kinds[id.index()]
     }
 
+    /// The id of `name` if it was registered, without registering it (the parser and the binary
+    /// decoder use it to tell a known symbol from an unknown one).
     pub fn lookup(name: &str) -> Option<SymbolId> {
         table().read().expect("symbol table poisoned").by_name.get(name).copied()
     }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 /// What a bound symbol calls.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Symbol {
+    /// A prim with its parameters: its outputs come from the prim's meta rule.
     Prim(Prim),
     /// A registered Python decomposition; its bound symbols carry the decomposition.
     Composite(SymbolId),
@@ -32,6 +33,7 @@ impl Symbol {
         }
     }
 
+    /// The prim, if this symbol is one (passes that match on prims start here).
     pub fn as_prim(&self) -> Option<&Prim> {
         match self {
             Symbol::Prim(p) => Some(p),
@@ -59,12 +61,17 @@ impl Symbol {
 /// pass that changes a decomposition builds a new one (`renamed`, `collect()` into the field).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BoundSymbol {
+    /// What is called.
     pub symbol: Symbol,
     /// For prims, the operands only (parameters live in the [`Prim`]); otherwise the positional
     /// arguments as the caller gave them.
     pub args: Vec<Arg>,
+    /// Keyword arguments in the order given (composites and fallbacks only; a prim has none).
     pub kwargs: Vec<(String, Arg)>,
+    /// The values this call defines, each defined by no other call of the trace.
     pub outputs: Vec<ValueId>,
+    /// A composite's decomposition: the calls it made, printed as nested comments under it. Empty
+    /// for prims and fallbacks, and for a composite recorded whole.
     pub subsymbols: Arc<[BoundSymbol]>,
     /// For a composite recorded through a registered grad rule: its backward.
     pub grad: Option<Arc<GradRule>>,
@@ -78,6 +85,7 @@ pub struct BoundSymbol {
 pub struct GradRule {
     /// `(forward value, placeholder)`: `get_grad(value)` returned the placeholder.
     pub cotangents: Vec<(ValueId, ValueId)>,
+    /// The calls of the backward, recorded after `get_grad`, reading the placeholders.
     pub bsyms: Vec<BoundSymbol>,
     /// `(forward value, gradient)`: `put_grad(value, gradient)`.
     pub grads: Vec<(ValueId, Arg)>,
@@ -101,6 +109,8 @@ impl BoundSymbol {
         self.kwargs.iter().for_each(|(_, a)| a.for_each_value(&mut f));
     }
 
+    /// The values this call reads, in argument order, repeats kept (see
+    /// [`for_each_input`](Self::for_each_input) to avoid the allocation).
     pub fn inputs(&self) -> Vec<ValueId> {
         let mut out = Vec::new();
         self.for_each_input(|v| out.push(v));
@@ -183,19 +193,47 @@ impl BoundSymbol {
 }
 
 /// A recorded program: values, inputs, top-level bound symbols in topological order, outputs.
+///
+/// A trace is immutable once built: a pass reads one and returns a new one (cloning shares the
+/// value arena and every decomposition). It prints in Thunder's format ([`std::fmt::Display`],
+/// [`crate::printer::print_trace`]), reads back with [`crate::parser::parse_trace`], and
+/// [`crate::verify::verify`] checks it.
+///
+/// ```
+/// use trace_ir::parser::parse_trace;
+///
+/// let text = "def computation(t0):\n  # t0: \"cpu f32[4]\"\n  t1 = prims.exp(t0)  # t1: \"cpu f32[4]\"\n  return t1\n";
+/// let trace = parse_trace(text)?;
+/// assert_eq!(trace.inputs.len(), 1);
+/// assert_eq!(trace.bsyms[0].symbol.qualified_name(), "prims.exp");
+/// assert_eq!(trace.tensor(trace.bsyms[0].outputs[0]).unwrap().shape, vec![4]);
+/// assert!(trace.to_string().ends_with(text)); // after a header of imports
+/// # Ok::<(), trace_ir::IrError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Trace {
+    /// The arena of values, indexed by [`ValueId`]: inputs and every output at every depth. Shared
+    /// between a trace and the traces passes derive from it (`Arc`), so a pass that only drops or
+    /// reorders calls copies no metadata.
     pub values: Arc<Vec<ValueKind>>,
+    /// The program's parameters, in order (printed as the `def` line's arguments).
     pub inputs: Vec<ValueId>,
+    /// The top-level calls in topological order: each reads only inputs and values defined above.
     pub bsyms: Vec<BoundSymbol>,
+    /// What the program returns: a value, or a tuple or list of them and literals.
     pub outputs: Arg,
 }
 
 impl Trace {
+    /// The metadata of `id`.
+    ///
+    /// # Panics
+    /// If `id` is not a value of this trace.
     pub fn value(&self, id: ValueId) -> &ValueKind {
         &self.values[id.index()]
     }
 
+    /// The metadata of `id` if it is a tensor of this trace; `None` for a number or an unknown id.
     pub fn tensor(&self, id: ValueId) -> Option<&TensorMeta> {
         self.values.get(id.index()).and_then(ValueKind::as_tensor)
     }
@@ -245,16 +283,43 @@ impl Frame {
 pub struct OpenCalls(Vec<Frame>);
 
 impl OpenCalls {
+    /// Whether no composite call is open.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// How many composite calls are open, outermost included.
     pub fn len(&self) -> usize {
         self.0.len()
     }
 }
 
 /// Records a trace call by call, as Python acquisition runs the program on proxies.
+///
+/// Each recorded prim's outputs come from its meta rule, so a builder never holds a call whose
+/// shapes or dtypes disagree with its operands: [`record`](Self::record) returns the meta
+/// rule's error instead. Passes that emit new calls resume a builder over an existing trace
+/// ([`resume`](Self::resume)).
+///
+/// ```
+/// use trace_ir::{Arg, DType, Device, TensorMeta, TraceBuilder, ValueKind};
+///
+/// let mut b = TraceBuilder::new();
+/// let x = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![2, 3])));
+/// let e = b.record_prim("exp", vec![Arg::Value(x)])?[0];
+/// let y = b.record_prim("add", vec![Arg::Value(e), Arg::Value(x)])?[0];
+/// let trace = b.finish(Arg::Value(y))?;
+/// trace_ir::verify::verify(&trace)?;
+/// assert_eq!(trace.bsyms.len(), 2);
+///
+/// // A meta rule refuses operands that disagree, naming the prim.
+/// let mut b = TraceBuilder::new();
+/// let x = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![2])));
+/// let z = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![3])));
+/// let error = b.record_prim("add", vec![Arg::Value(x), Arg::Value(z)]).unwrap_err();
+/// assert_eq!(error.op, "prims.add");
+/// # Ok::<(), trace_ir::IrError>(())
+/// ```
 pub struct TraceBuilder {
     values: Vec<ValueKind>,
     inputs: Vec<ValueId>,
@@ -271,6 +336,7 @@ impl Default for TraceBuilder {
 }
 
 impl TraceBuilder {
+    /// An empty builder recording at top level with grad mode on.
     pub fn new() -> Self {
         Self::default()
     }
@@ -291,6 +357,8 @@ impl TraceBuilder {
         self.grad_enabled = enabled;
     }
 
+    /// The grad mode calls are being recorded under (see
+    /// [`set_grad_enabled`](Self::set_grad_enabled)).
     pub fn grad_enabled(&self) -> bool {
         self.grad_enabled
     }
@@ -328,6 +396,7 @@ impl TraceBuilder {
         }
     }
 
+    /// The metadata of a value recorded so far; `None` for an id the builder has not given out.
     pub fn value(&self, id: ValueId) -> Option<&ValueKind> {
         self.values.get(id.index())
     }
@@ -342,6 +411,7 @@ impl TraceBuilder {
         ValueId(self.values.len() as u32 - 1)
     }
 
+    /// Adds a parameter of the program (in `def` order) and returns its value.
     pub fn add_input(&mut self, kind: ValueKind) -> ValueId {
         let id = self.push_value(kind);
         self.inputs.push(id);
@@ -500,6 +570,7 @@ impl TraceBuilder {
         }
     }
 
+    /// How many composite calls are open: 0 while recording at top level.
     pub fn depth(&self) -> usize {
         self.stack.len() - 1
     }

@@ -8,21 +8,30 @@ use std::hash::{Hash, Hasher};
 /// The metadata of a tensor value: what meta rules compute and what the cache key holds.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorMeta {
+    /// The element type.
     pub dtype: DType,
+    /// Where the storage lives; prims require their tensor operands on one device.
     pub device: Device,
+    /// The size of each dimension, outermost first; empty for a 0-d tensor. Sizes are static: a
+    /// size that changes between calls is a cache miss.
     pub shape: Vec<i64>,
+    /// Whether autodiff flows through this value: set on inputs by the caller and propagated by
+    /// the recorder to outputs of differentiable calls, as torch's `requires_grad`.
     pub requires_grad: bool,
 }
 
 impl TensorMeta {
+    /// A tensor that does not require grad.
     pub fn new(dtype: DType, device: Device, shape: Vec<i64>) -> Self {
         TensorMeta { dtype, device, shape, requires_grad: false }
     }
 
+    /// The number of dimensions (`Tensor.ndim`).
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
 
+    /// The number of elements: the product of the sizes, 1 for a 0-d tensor.
     pub fn numel(&self) -> i64 {
         self.shape.iter().product()
     }
@@ -37,12 +46,17 @@ impl TensorMeta {
 /// A Python number constant. Floats hash and compare by bits so that CSE can key on them.
 #[derive(Clone, Copy, Debug)]
 pub enum Scalar {
+    /// A Python `bool`.
     Bool(bool),
+    /// A Python `int` (in `i64` range).
     Int(i64),
+    /// A Python `float`.
     Float(f64),
 }
 
 impl Scalar {
+    /// The number as a float, `True` as 1.0: for rules that compute with it (`uniform`'s bounds
+    /// check, `var`'s gradient scale).
     pub fn as_f64(self) -> f64 {
         match self {
             Scalar::Bool(b) => b as i64 as f64,
@@ -102,12 +116,14 @@ impl fmt::Display for Scalar {
 /// What a value of a trace is.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ValueKind {
+    /// A tensor with its metadata.
     Tensor(TensorMeta),
     /// A number input. Numbers are specialised on their value (the value is in the cache key).
     Number(Scalar),
 }
 
 impl ValueKind {
+    /// The tensor's metadata; `None` for a number.
     pub fn as_tensor(&self) -> Option<&TensorMeta> {
         match self {
             ValueKind::Tensor(t) => Some(t),
@@ -125,15 +141,26 @@ pub type Kwargs = Vec<(String, Arg)>;
 /// number operands; composites and fallbacks keep their arguments as the caller gave them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Arg {
+    /// A value of the trace, printed by its name (`t3`).
     Value(ValueId),
+    /// A number literal, printed as Python prints it.
     Scalar(Scalar),
+    /// Python's `None`.
     None,
+    /// Python's `...` (in indexing arguments).
     Ellipsis,
+    /// A string literal (`reduction="mean"`).
     Str(String),
+    /// A dtype literal, printed `torch.float32`.
     DType(DType),
+    /// A device literal, printed `torch.device('cuda:0')` (or by name in generated code).
     Device(Device),
+    /// A Python tuple of arguments (shapes, dims, several tensors).
     Tuple(Vec<Arg>),
+    /// A Python list of arguments, kept apart from a tuple because torch functions can tell them
+    /// apart (`torch.cat` takes either; an index list is not an index tuple).
     List(Vec<Arg>),
+    /// A Python `slice(start, stop, step)`, each part `None`, a number or a value.
     Slice(Box<[Arg; 3]>),
     /// A Python object that is not representable as data, held by the Python side in a constant
     /// table of the recording and printed as `_c3`.
@@ -141,6 +168,7 @@ pub enum Arg {
 }
 
 impl Arg {
+    /// A tuple of int literals: how shapes and dims are passed to composites.
     pub fn ints(values: &[i64]) -> Arg {
         Arg::Tuple(values.iter().map(|&i| Arg::Scalar(Scalar::Int(i))).collect())
     }
@@ -168,6 +196,7 @@ impl Arg {
         }
     }
 
+    /// The value this argument is, if it is one (not one nested in a tuple).
     pub fn as_value(&self) -> Option<ValueId> {
         match self {
             Arg::Value(v) => Some(*v),

@@ -10,6 +10,22 @@ use crate::ValueId;
 /// Checks that every value is defined once before it is used, that every prim has as many
 /// operands as its signature allows and outputs that agree with its meta rule, and that the
 /// trace's outputs are defined.
+///
+/// The pass manager runs it after every pass in tests and under `THUNDER_RS_VERIFY=1`, and
+/// always on what a plugin pass returns. The error is a [`crate::ErrorKind::Runtime`] naming
+/// the offending value or call.
+///
+/// ```
+/// use trace_ir::{parser::parse_trace, verify::verify};
+///
+/// let trace = parse_trace("def f(t0):\n  # t0: \"cpu f32[4]\"\n  t1 = prims.neg(t0)\n  return t1")?;
+/// verify(&trace)?;
+///
+/// // A pass that drops the call defining the output breaks SSA.
+/// let broken = trace.with_bsyms(vec![], trace.outputs.clone());
+/// assert!(verify(&broken).unwrap_err().message.contains("t1"));
+/// # Ok::<(), trace_ir::IrError>(())
+/// ```
 pub fn verify(trace: &Trace) -> Result<()> {
     let mut defined = vec![false; trace.values.len()];
     for &v in &trace.inputs {

@@ -12,6 +12,7 @@ use crate::ValueId;
 declare_family! {
     /// Creation prims.
     pub enum Creation {
+        /// A tensor of `shape` filled with `fill`.
         Full = "full", Operands::Fixed(0),
             { shape: Vec<i64> = "shape", fill: Scalar = "fill_value", device: Device = "device", dtype: DType = "dtype" };
         /// `start, start + step, ...`, `length` values.
@@ -24,6 +25,7 @@ declare_family! {
 }
 
 impl Creation {
+    /// Whether the prim draws from torch's generator (see [`Prim::is_random`](super::Prim::is_random)).
     pub fn is_random(&self) -> bool {
         match self {
             Creation::Uniform { .. } => true,

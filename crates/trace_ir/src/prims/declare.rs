@@ -178,13 +178,19 @@ macro_rules! declare_family {
         $(#[$m])*
         #[derive(Clone, Debug, PartialEq, Eq, Hash)]
         pub enum $fam {
-            $($(#[$vm])* $var { $($field: $ty),* },)*
+            // Each prim's doc ends with its printed call, generated so that no prim goes
+            // without one; the fields' docs say how each parameter prints and parses.
+            $($(#[$vm])*
+            #[doc = ""]
+            #[doc = concat!("In traces: `prims.", $name, "(<operands>", $(", <", $what, ">",)* ")`.")]
+            $var { $(#[doc = concat!("The `", $what, "` parameter of `prims.", $name, "`, printed after the operands.")] $field: $ty),* },)*
         }
 
         impl $fam {
             /// The names of this family's prims.
             pub const NAMES: &'static [&'static str] = &[$($name),*];
 
+            /// The prim's name as printed after `prims.`.
             pub fn name(&self) -> &'static str {
                 match self {
                     $($fam::$var { .. } => $name,)*
@@ -201,6 +207,7 @@ macro_rules! declare_family {
                 }
             }
 
+            /// How many operands the prim takes (tensors and numbers, before its parameters).
             pub fn operands(&self) -> $crate::prims::Operands {
                 #[allow(unused_imports)]
                 use $crate::prims::Operands;
@@ -243,13 +250,23 @@ macro_rules! elementwise_table {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum $fam {
-            $($(#[$vm])* $var,)*
+            // Each prim's doc is its row of the table, generated so that no prim goes without one.
+            $($(#[$vm])*
+            #[doc = concat!(
+                "`prims.", $name, "`: elementwise over ", $arity, " operand(s) of one shape. Element types: [`Accepts::",
+                stringify!($accepts), "`]; output dtype: [`Output::", stringify!($output),
+                "`]; the derived ltorch symbol's type promotion: [`Promotion::", stringify!($promotion), "`]."
+            )]
+            $var,)*
         }
 
         impl $fam {
+            /// Every prim of the family, in declaration order.
             pub const ALL: &'static [$fam] = &[$($fam::$var),*];
+            /// The names of this family's prims, in declaration order.
             pub const NAMES: &'static [&'static str] = &[$($name),*];
 
+            /// The prim's name as printed after `prims.`.
             pub fn name(&self) -> &'static str {
                 match self {
                     $($fam::$var => $name,)*
@@ -261,22 +278,26 @@ macro_rules! elementwise_table {
                 *self as usize
             }
 
+            /// How many operands the prim takes: the family's arity.
             pub fn operands(&self) -> $crate::prims::Operands {
                 $crate::prims::Operands::Fixed($arity)
             }
 
+            /// The element types the meta rule accepts; others are a `TypeError` naming the prim.
             pub fn accepts(self) -> Accepts {
                 match self {
                     $($fam::$var => Accepts::$accepts,)*
                 }
             }
 
+            /// The output's dtype, given the operands' (which are equal).
             pub fn output(self) -> Output {
                 match self {
                     $($fam::$var => Output::$output,)*
                 }
             }
 
+            /// The type promotion of the ltorch symbol Python derives from this prim.
             pub fn promotion(self) -> Promotion {
                 match self {
                     $($fam::$var => Promotion::$promotion,)*
@@ -291,6 +312,7 @@ macro_rules! elementwise_table {
                 Some(c.operands($arity).map(|operands| (prim, operands)))
             }
 
+            /// The parameters as call arguments: none, for these prims.
             pub fn params(&self) -> Vec<$crate::value::Arg> {
                 vec![]
             }

@@ -18,6 +18,7 @@ use std::f64::consts::{LN_10, LN_2, PI};
 /// Which element types an elementwise prim accepts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Accepts {
+    /// Every dtype, bool included (`add`, `eq`).
     Any,
     /// Floating or complex (`exp`, `sin`): integer inputs must be converted first.
     Inexact,
@@ -38,7 +39,9 @@ pub enum Accepts {
 /// The output dtype of an elementwise prim, given its inputs' dtype.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Output {
+    /// The operands' dtype.
     Same,
+    /// `bool` (comparisons, `isfinite`, `signbit`).
     Bool,
     /// The real counterpart of a complex dtype (`abs`).
     Real,
@@ -48,10 +51,16 @@ pub enum Output {
 /// `Custom` where the ltorch symbol is written by hand (`add` takes `alpha`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Promotion {
+    /// The operands' promoted dtype.
     Default = 0,
+    /// As `Default`, with bool and integer results computed in the default float dtype (`exp` of an
+    /// int tensor is float).
     IntToFloat = 1,
+    /// `bool`, whatever the operands.
     AlwaysBool = 2,
+    /// As `Default`, with a complex result replaced by its real counterpart (`abs`).
     ComplexToFloat = 3,
+    /// No derived symbol: ltorch writes this one by hand.
     Custom = 255,
 }
 
@@ -163,7 +172,10 @@ declare_family! {
     pub enum Elementwise {
         /// `where(pred, a, b)`.
         Where = "where", Operands::Fixed(3), {};
+        /// `a.to(dtype)`: each element converted as torch converts it.
         ConvertElementType = "convert_element_type", Operands::Fixed(1), { dtype: DType = "dtype" };
+        /// `a.to(device)`: the same elements on `device` (not elementwise for executors: it moves
+        /// memory).
         DevicePut = "device_put", Operands::Fixed(1), { device: Device = "device" };
         /// The `order`-th derivative of digamma (`torch.polygamma(order, a)`).
         Polygamma = "polygamma", Operands::Fixed(1), { order: i64 = "n" };

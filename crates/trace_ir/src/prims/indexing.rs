@@ -18,12 +18,19 @@ declare_family! {
         Embedding = "embedding", Operands::Fixed(2), {};
         /// `index_select(a, dim, index)`.
         Take = "take", Operands::Fixed(2), { dim: usize = "dim" };
+        /// Elements of `a` at `index` along `dim`, as [`Index::Gather`]: the prim behind
+        /// `torch.take_along_dim`, whose broadcasting the decomposition does first.
         TakeAlongAxis = "take_along_axis", Operands::Fixed(2), { dim: usize = "dim" };
+        /// `torch.gather(a, dim, index)`: `out[i][j] = a[index[i][j]][j]` for `dim == 0`.
         Gather = "gather", Operands::Fixed(2), { dim: usize = "dim" };
+        /// `torch.scatter_add(a, dim, index, source)`: `a` with each `source` element added where
+        /// `index` points.
         ScatterAdd = "scatter_add", Operands::Fixed(3), { dim: usize = "dim" };
         /// torch's scatter: `a` with `source` written where `index` points (one of the values
         /// where indices repeat, as in torch).
         Scatter = "scatter", Operands::Fixed(3), { dim: usize = "dim" };
+        /// `torch.index_add(a, dim, index, source)`: `a` with the slices of `source` added at the
+        /// positions `index` lists along `dim`.
         IndexAdd = "index_add", Operands::Fixed(3), { dim: usize = "dim" };
         /// `(values, indices)`.
         Topk = "topk", Operands::Fixed(1), { k: i64 = "k", dim: usize = "dim", largest: bool = "largest", sorted: bool = "sorted" };

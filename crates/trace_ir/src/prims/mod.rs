@@ -41,14 +41,20 @@ pub use shape::Shape;
 /// An operand of a prim as its meta rule sees it.
 #[derive(Clone, Copy, Debug)]
 pub enum Operand<'a> {
+    /// A tensor operand, by its metadata.
     Tensor(&'a TensorMeta),
+    /// A number operand: a literal, or a number value of the trace (its value is known, since
+    /// numbers are specialised).
     Number(Scalar),
 }
 
 /// One row of the table Python derives its prim entry points and torch implementations from.
 #[derive(Clone, Debug)]
 pub struct PrimInfo {
+    /// The prim's name as printed after `prims.` (the Python entry point's name).
     pub name: &'static str,
+    /// The family it is declared in (`Unary`, `Shape`, ...), which tells Python how to build its
+    /// entry point.
     pub family: &'static str,
     /// The ltorch type promotion code of a parameterless elementwise prim whose ltorch symbol
     /// is derived (`clang`'s DEFAULT, INT_TO_FLOAT, ...); `None` for the others.
@@ -81,7 +87,7 @@ macro_rules! families {
         /// A primitive operation with its parameters: one variant per family.
         #[derive(Clone, Debug, PartialEq, Eq, Hash)]
         pub enum Prim {
-            $($fam($fam),)*
+            $(#[doc = concat!("A prim of the [`", stringify!($fam), "`] family.")] $fam($fam),)*
         }
 
         $(impl From<$fam> for Prim {
@@ -116,6 +122,7 @@ macro_rules! families {
                 }
             }
 
+            /// How many operands the prim takes (tensors and numbers, before its parameters).
             pub fn operands(&self) -> Operands {
                 match self {
                     $(Prim::$fam(p) => p.operands(),)*

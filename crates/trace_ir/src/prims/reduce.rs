@@ -14,14 +14,22 @@ use crate::ValueId;
 declare_family! {
     /// Reductions over canonical dims (no dims: nothing is reduced).
     pub enum Reduce {
+        /// `torch.sum(a, dims)`.
         Sum = "sum", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        /// The product over `dims`.
         Prod = "prod", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        /// `torch.amax(a, dims)`: the maximum over `dims` (NaN if any element is).
         Amax = "amax", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        /// `torch.amin(a, dims)`: the minimum over `dims`.
         Amin = "amin", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        /// `torch.var(a, dims, correction=correction)`: the mean squared deviation, its divisor the
+        /// count minus `correction`.
         Var = "var", Operands::Fixed(1), { dims: Vec<usize> = "dims", correction: Scalar = "correction" };
         /// `(var, mean)`.
         VarMean = "var_mean", Operands::Fixed(1), { dims: Vec<usize> = "dims", correction: Scalar = "correction" };
+        /// The index of the maximum along `dim`, or in the flattened tensor when `dim` is `None`.
         Argmax = "argmax", Operands::Fixed(1), { dim: Option<usize> = "dim" };
+        /// The index of the minimum along `dim`, or in the flattened tensor when `dim` is `None`.
         Argmin = "argmin", Operands::Fixed(1), { dim: Option<usize> = "dim" };
     }
 }

@@ -14,12 +14,15 @@ use crate::ValueId;
 declare_family! {
     /// Inclusive scans along `dim` (0 for a 0-d tensor), keeping the input's dtype.
     pub enum Scan {
+        /// `torch.cumsum`: the running sum along `dim`.
         Cumsum = "cumsum", Operands::Fixed(1), { dim: usize = "dim" };
+        /// `torch.cumprod`: the running product along `dim`.
         Cumprod = "cumprod", Operands::Fixed(1), { dim: usize = "dim" };
         /// `(values, indices)`: the running maximum and the last index where it was reached.
         Cummax = "cummax", Operands::Fixed(1), { dim: usize = "dim" };
         /// `(values, indices)`: the running minimum and the last index where it was reached.
         Cummin = "cummin", Operands::Fixed(1), { dim: usize = "dim" };
+        /// `torch.logcumsumexp`: `log(cumsum(exp(a)))`, computed without overflow.
         Logcumsumexp = "logcumsumexp", Operands::Fixed(1), { dim: usize = "dim" };
     }
 }

@@ -15,15 +15,21 @@ declare_family! {
         /// `a`'s dims placed at `dims` of `shape`, size-1 dims stretched.
         BroadcastInDim = "broadcast_in_dim", Operands::Fixed(1),
             { shape: Vec<i64> = "shape", dims: Vec<usize> = "broadcast_dimensions" };
+        /// The same elements in row-major order under `shape` (same number of elements).
         Reshape = "reshape", Operands::Fixed(1), { shape: Vec<i64> = "shape" };
+        /// The dims permuted: output dim `i` is input dim `perm[i]` (`torch.permute`).
         Transpose = "transpose", Operands::Fixed(1), { perm: Vec<usize> = "permutation" };
+        /// Elements `start[d]..end[d]` step `strides[d]` along every dim `d`.
         Slice = "slice", Operands::Fixed(1),
             { start: Vec<i64> = "start_indices", end: Vec<i64> = "end_indices", strides: Vec<i64> = "strides" };
+        /// `a` without its size-1 dims `dims`.
         Squeeze = "squeeze", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
+        /// The operands (a list) joined along `dim`; they agree in every other dim.
         Cat = "cat", Operands::List, { dim: usize = "dim" };
         /// `(lo, hi, interior)` padding per dim with `value`; negative `lo`/`hi` crop.
         Pad = "pad", Operands::Fixed(1),
             { value: Scalar = "padding_value", config: Vec<(i64, i64, i64)> = "padding_config" };
+        /// `a` with the order of elements reversed along each of `dims`.
         Flip = "flip", Operands::Fixed(1), { dims: Vec<usize> = "dims" };
     }
 }
