@@ -7,6 +7,7 @@ mod errors;
 mod observe;
 mod plugin;
 mod recorder;
+mod rules;
 mod table;
 mod trace;
 
@@ -45,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile::prim_table, m)?)?;
     m.add_function(wrap_pyfunction!(compile::registered_passes, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::load_plugin_capsule, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::register_rule_set, m)?)?;
     m.add_function(wrap_pyfunction!(register_symbol, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     Ok(())

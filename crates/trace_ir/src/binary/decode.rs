@@ -6,7 +6,7 @@ use crate::error::{ErrorKind, IrError, Result};
 use crate::ids::ValueId;
 use crate::prims::{Operands, Prim};
 use crate::symbols::{SymbolKind, SymbolTable};
-use crate::trace::{BoundSymbol, GradRule, Symbol, Trace};
+use crate::trace::{no_subsymbols, BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -324,7 +324,8 @@ impl Reader<'_> {
             1 => Some(std::sync::Arc::new(self.grad_rule(depth + 1)?)),
             other => return Err(self.error(format!("grad rule flag {other}, not 0 or 1"))),
         };
-        Ok(BoundSymbol { symbol, args, kwargs, outputs, subsymbols: subsymbols.into(), grad })
+        let subsymbols = if subsymbols.is_empty() { no_subsymbols() } else { subsymbols.into() };
+        Ok(BoundSymbol { symbol, args, kwargs, outputs, subsymbols, grad })
     }
 
     /// A prim call: its printed call arguments, decoded into the prim and its operands.
