@@ -91,6 +91,7 @@ impl Reader<'_> {
         IrError::new(ErrorKind::Value, OP, format!("byte {}: {message}", self.at))
     }
 
+    #[inline]
     fn byte(&mut self) -> Result<u8> {
         let b = *self.bytes.get(self.at).ok_or_else(|| self.error("the buffer ends inside the trace"))?;
         self.at += 1;
@@ -105,14 +106,21 @@ impl Reader<'_> {
         Ok(&self.bytes[self.at - n..self.at])
     }
 
+    #[inline(always)]
     fn uint(&mut self) -> Result<u64> {
-        // Most varints (ids below 128, counts, tags) are one byte.
-        if let Some(&b) = self.bytes.get(self.at) {
-            if b < 0x80 {
+        // Most varints (ids below 128, counts, tags) are one byte: that path is inlined at each
+        // of the ten or so reads per call (through a call it cost a tenth of a decode).
+        match self.bytes.get(self.at) {
+            Some(&b) if b < 0x80 => {
                 self.at += 1;
-                return Ok(b as u64);
+                Ok(b as u64)
             }
+            _ => self.long_uint(),
         }
+    }
+
+    #[cold]
+    fn long_uint(&mut self) -> Result<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
@@ -136,6 +144,7 @@ impl Reader<'_> {
 
     /// A count of items that each take at least one byte: more than the bytes left is corrupt
     /// (and must not reach `Vec::with_capacity`).
+    #[inline]
     fn count(&mut self) -> Result<usize> {
         let n = self.uint()?;
         if n > (self.bytes.len() - self.at) as u64 {
@@ -250,6 +259,7 @@ impl Reader<'_> {
     }
 
     /// A value id, renumbered: the first mention of a wire value gives it the next new id.
+    #[inline]
     fn id(&mut self) -> Result<ValueId> {
         let wire = self.u32("value id")? as usize;
         let Some(&new) = self.ids.get(wire) else {
