@@ -273,12 +273,7 @@ fn check_counts(rule: &str, prim: &str, operands: &[Pat], params: &[(usize, Pat)
         Operands::WithOptional(k) => n == k || n == k + 1 || (rest && n <= k + 1),
     };
     if !fits {
-        let takes = match sig.operands {
-            Operands::Fixed(k) => format!("{k}"),
-            Operands::List => "a list of".into(),
-            Operands::WithOptional(k) => format!("{k} or {}", k + 1),
-        };
-        bail!(Value, "rewrite", "rule {rule}: {prim} takes {takes} operands, the pattern gives it {n}");
+        bail!(Value, "rewrite", "rule {rule}: {prim} takes {} operands, the pattern gives it {n}", takes(sig.operands));
     }
     if let Some((i, _)) = params.iter().find(|(i, _)| *i >= sig.params.len()) {
         bail!(
@@ -294,6 +289,15 @@ fn check_counts(rule: &str, prim: &str, operands: &[Pat], params: &[(usize, Pat)
 fn is_prim(name: &str) -> bool {
     static NAMES: OnceLock<FxHashSet<&'static str>> = OnceLock::new();
     NAMES.get_or_init(|| trace_ir::prims::all_names().into_iter().collect()).contains(name)
+}
+
+/// How many operands a prim takes, in words (`2`, `a list of`).
+pub(crate) fn takes(operands: Operands) -> String {
+    match operands {
+        Operands::Fixed(k) => format!("{k}"),
+        Operands::List => "a list of".into(),
+        Operands::WithOptional(k) => format!("{k} or {}", k + 1),
+    }
 }
 
 /// A call as patterns see it: the prim call it makes, and the composite it is when the sweep's
@@ -481,7 +485,10 @@ impl<'r> Sweep<'r> {
                 continue;
             }
             let replacement = rule.rewrite(&Match { bindings, sweep: self })?;
-            let Some(replacement) = replacement else { continue };
+            // A value replaced by itself is no rewrite (and dropping its call would lose it).
+            let Some(replacement) = replacement.filter(|r| *r != Replacement::Value(bsym.outputs[0])) else {
+                continue;
+            };
             if depth >= MAX_REWRITES_PER_CALL {
                 bail!(Runtime, "rewrite", "rule {} keeps rewriting its own result at {}", rule.name(), bsym.outputs[0]);
             }
@@ -609,15 +616,19 @@ fn call_view(bsym: &BoundSymbol, symbols: bool) -> Option<CallView> {
         leaf = only;
     }
     let symbol = || match bsym.symbol {
-        Symbol::Composite(id) if symbols && bsym.kwargs.is_empty() => Some(SymbolTable::name(id)),
+        Symbol::Composite(id) if bsym.kwargs.is_empty() => Some(SymbolTable::name(id)),
         _ => None,
     };
     match &leaf.symbol {
         Symbol::Prim(prim) if leaf.subsymbols.is_empty() && leaf.outputs == bsym.outputs && leaf.kwargs.is_empty() => {
-            let symbol = if leaf.args == bsym.args { symbol() } else { None };
+            let composite = symbols && !std::ptr::eq(leaf, bsym) && leaf.args == bsym.args;
+            let symbol = if composite { symbol() } else { None };
             Some(CallView { prim: Some(prim.clone()), symbol, operands: leaf.args.clone() })
         }
-        _ => symbol().map(|symbol| CallView { prim: None, symbol: Some(symbol), operands: bsym.args.clone() }),
+        _ if symbols => {
+            symbol().map(|symbol| CallView { prim: None, symbol: Some(symbol), operands: bsym.args.clone() })
+        }
+        _ => None,
     }
 }
 

@@ -25,11 +25,12 @@ enum Node {
     Composite { symbol: String, args: Vec<Node>, decomposition: Box<Node> },
 }
 
-/// Reads a node; a literal that is not data (an arbitrary object) is an error naming it.
-fn node<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Node> {
+/// Reads a node; a literal that is not data (an arbitrary object) is an error naming it, after
+/// `rule` (the rule set and the rule).
+fn node<'py>(obj: &Bound<'py, PyAny>, rule: &str) -> PyResult<Node> {
     let tuple = obj.cast::<PyTuple>()?;
     let tag: String = tuple.get_item(0)?.extract()?;
-    let nodes = |i: usize| -> PyResult<Vec<Node>> { tuple.get_item(i)?.try_iter()?.map(|x| node(&x?)).collect() };
+    let nodes = |i: usize| -> PyResult<Vec<Node>> { tuple.get_item(i)?.try_iter()?.map(|x| node(&x?, rule)).collect() };
     Ok(match tag.as_str() {
         "var" => Node::Var(tuple.get_item(1)?.extract()?),
         "rest" => Node::Rest,
@@ -40,7 +41,9 @@ fn node<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Node> {
             let arg = to_arg(&value, types(obj.py())?, &mut consts)?;
             if !consts.is_empty() {
                 let text = value.repr()?.to_string();
-                return Err(py_error(format!("a literal is a number, a tuple of ints, a dtype or None, got {text}")));
+                return Err(py_error(format!(
+                    "{rule}: a literal is a number, a tuple of ints, a dtype or None, got {text}"
+                )));
             }
             Node::Literal(arg)
         }
@@ -52,7 +55,7 @@ fn node<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Node> {
                 .try_iter()?
                 .map(|kv| {
                     let (key, value): (String, Bound<'py, PyAny>) = kv?.extract()?;
-                    Ok((key, node(&value)?))
+                    Ok((key, node(&value, rule)?))
                 })
                 .collect::<PyResult<_>>()?,
             bind: tuple.get_item(4)?.extract()?,
@@ -61,7 +64,7 @@ fn node<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Node> {
         "composite" => Node::Composite {
             symbol: tuple.get_item(1)?.extract()?,
             args: nodes(2)?,
-            decomposition: Box::new(node(&tuple.get_item(3)?)?),
+            decomposition: Box::new(node(&tuple.get_item(3)?, rule)?),
         },
         other => return Err(py_error(format!("unknown rule node {other:?}"))),
     })
@@ -212,7 +215,9 @@ pub fn register_rule_set(
     }
     let mut made = Vec::with_capacity(rules.len());
     for (rule_name, pat, replacement) in &rules {
-        made.push(py_result(rule(name, rule_name, &node(pat)?, &node(replacement)?))?);
+        let context = format!("rule set {name:?}: rule {rule_name}");
+        let (pat, replacement) = (node(pat, &context)?, node(replacement, &context)?);
+        made.push(py_result(rule(name, rule_name, &pat, &replacement))?);
     }
     py_result(passes::register_rules(name, made))?;
     passes::manager::set_stage(name, stage);
