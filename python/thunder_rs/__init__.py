@@ -30,6 +30,8 @@ from thunder_rs.core.run.compile_module import compile_module  # noqa: E402
 from thunder_rs.core.base.logs import configure_from_env as _configure_logs, set_logs  # noqa: E402
 from thunder_rs.core.run.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.plugins import load_passes  # noqa: E402
+from thunder_rs import rules  # noqa: E402
+from thunder_rs.rules import Rule, register_rules  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 from thunder_rs.executors import autograd_ex as _autograd_ex  # noqa: E402,F401
 from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvfuser_on_cuda  # noqa: E402
@@ -42,6 +44,9 @@ __all__ = [
     "compile_module",
     "registered_passes",
     "load_passes",
+    "rules",
+    "Rule",
+    "register_rules",
     "last_traces",
     "last_backward_traces",
     "register_grad",
