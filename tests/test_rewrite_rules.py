@@ -195,3 +195,16 @@ def test_registering_a_name_again_recompiles_the_jits_that_run_it():
     torch.testing.assert_close(jfn(x), fn(x))
     assert thunder_rs.cache_misses(jfn) == 2
     assert _notes(thunder_rs.last_traces(jfn))["test_again"] == "fired: nothing"
+
+
+def test_a_rule_set_is_a_stage_timed_and_dumped_with_what_fired(monkeypatch, capsys):
+    monkeypatch.setenv("THUNDER_RS_DUMP", "test_swish")
+
+    def fn(x):
+        return x * torch.sigmoid(x)
+
+    jfn = thunder_rs.jit(fn, passes=["test_swish"])
+    jfn(torch.randn(3))
+    err = capsys.readouterr().err
+    assert "after test_swish" in err and "fired: swish x1" in err and "ltorch.silu" in err, err
+    assert "pass:test_swish" in thunder_rs.compile_stats(jfn).stage_s
