@@ -4,9 +4,13 @@
 //! builds the [`Replacement`] from what the pattern bound (or declines, when a shape or
 //! parameter condition fails). Patterns match prims by name; a composite whose decomposition is
 //! a single prim call (`ltorch.reshape`, `ltorch.t`) matches as that prim, and a rule replacing
-//! it emits prims. A name that is no prim would never match, so [`check`] refuses it, naming the
-//! rule: [`crate::register_rules`] checks a rule set as it registers it, and [`rewrite`] checks
-//! every rule set it applies (a plugin's too) before its sweep.
+//! it emits prims. A pattern may also name a registered composite (`ltorch.sigmoid`), matching
+//! its calls by their positional arguments. A name that is no prim would never match, nor would
+//! a call with the wrong number of operands, so [`check`] refuses them, naming the rule:
+//! [`crate::register_rules`] checks a rule set as it registers it, and [`rewrite`] checks every
+//! rule set it applies (a plugin's too) before its sweep. Rules given as data (from Python) are
+//! [`crate::data_rules::DataRule`]s: the driver is generic over [`RewriteRule`], so the
+//! compiled-in rule sets pay nothing for them.
 //!
 //! [`rewrite`] makes ONE forward sweep over the top-level calls. Each call, with its inputs
 //! renamed by the rewrites so far, is matched against the rules in order; when one fires, the
