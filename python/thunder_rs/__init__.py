@@ -31,6 +31,8 @@ from thunder_rs.core.base.logs import configure_from_env as _configure_logs, set
 from thunder_rs.core.run.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.plugins import load_passes  # noqa: E402
 from thunder_rs.plugins import cargo_config, rust_crates_dir  # noqa: E402
+from thunder_rs import rules  # noqa: E402
+from thunder_rs.rules import Rule, register_rules  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 from thunder_rs.executors import autograd_ex as _autograd_ex  # noqa: E402,F401
 from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvfuser_on_cuda  # noqa: E402
@@ -45,6 +47,9 @@ __all__ = [
     "load_passes",
     "rust_crates_dir",
     "cargo_config",
+    "rules",
+    "Rule",
+    "register_rules",
     "last_traces",
     "last_backward_traces",
     "register_grad",

@@ -9,6 +9,9 @@
 //! for a fusion executor that claims every symbol but each seventh (a stand-in for a matmul it
 //! leaves to torch), so regions are cut and placed around unfused symbols throughout.
 //!
+//! `views` is the rewrite driver applying the view-folding rule set, which matches nothing here:
+//! what trying a rule set costs each symbol.
+//!
 //! The `composite` rows run the same program with each step recorded as a composite call whose
 //! decomposition negates its first operand twice before the step's prim (as ltorch symbols
 //! carry their prims), and `clone` times cloning the whole trace: what every pass that keeps a
@@ -17,6 +20,7 @@
 use passes::claim::Assignment;
 use passes::cse::cse;
 use passes::dce::dce;
+use passes::views::views;
 use passes::vjp::vjp;
 use passes::{Pass, PassCx};
 use std::time::Instant;
@@ -45,7 +49,7 @@ fn median_seconds(repeats: usize, mut run: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let passes: [Pass; 3] = [("dce", dce), ("cse", cse), ("vjp", vjp)];
+    let passes: [Pass; 4] = [("dce", dce), ("cse", cse), ("views", views), ("vjp", vjp)];
     let cx = PassCx { verify: false, dump: Vec::new() };
     println!("{:>8}  {:>9}  {:>12}  {:>14}", "bsyms", "pass", "median (ms)", "per bsym (µs)");
     for (n, composite) in [(1_000, false), (10_000, false), (100_000, false), (10_000, true)] {

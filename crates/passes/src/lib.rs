@@ -59,6 +59,7 @@
 
 pub mod claim;
 pub mod cse;
+pub mod data_rules;
 pub mod dce;
 pub mod differentiable;
 pub mod lifetimes;

@@ -7,7 +7,7 @@
 
 use crate::pipeline::{ClaimChecker, Half, Options, Output, PassCx, Run, Stage, Unit, PIPELINE};
 use crate::plan::Plan;
-use crate::rewrite::{check, rewrite, Rule};
+use crate::rewrite::{check, rewrite, RewriteRule};
 use crate::{cse::cse, dce::dce, views, vjp::vjp};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -83,14 +83,22 @@ pub fn lookup(name: &str) -> Result<PassFn> {
 /// cannot hold the plugin's function table).
 pub type DynPass = Arc<dyn Fn(&Trace, &PassCx) -> Result<Trace> + Send + Sync>;
 
-fn dyn_registry() -> &'static RwLock<FxHashMap<String, DynPass>> {
-    static REGISTRY: OnceLock<RwLock<FxHashMap<String, DynPass>>> = OnceLock::new();
+/// A registered stage of a jit's own: a stateful pass, or a rule set whose output notes which
+/// rules fired.
+pub(crate) type DynStage = Arc<dyn Fn(&Trace, &PassCx) -> Result<Output> + Send + Sync>;
+
+fn dyn_registry() -> &'static RwLock<FxHashMap<String, DynStage>> {
+    static REGISTRY: OnceLock<RwLock<FxHashMap<String, DynStage>>> = OnceLock::new();
     REGISTRY.get_or_init(|| RwLock::new(FxHashMap::default()))
 }
 
 /// Registers the stateful pass `run` under `name`, like [`register_pass`]; registering a name
 /// again replaces the pass (reloading a plugin), but a name a [`PassFn`] holds is an error.
 pub fn register_dyn_pass(name: &str, run: DynPass) -> Result<()> {
+    register_dyn_stage(name, Arc::new(move |trace, cx| run(trace, cx).map(Output::from)))
+}
+
+fn register_dyn_stage(name: &str, run: DynStage) -> Result<()> {
     let passes = registry().read().expect("pass registry poisoned");
     check_name(name, &passes)?;
     if passes.contains_key(name) {
@@ -100,9 +108,11 @@ pub fn register_dyn_pass(name: &str, run: DynPass) -> Result<()> {
     Ok(())
 }
 
-/// Registers the rewrite rule set `rules` as the pass `name` (see [`register_dyn_pass`]), once
-/// every prim its patterns name is known: a misspelt prim would never match, and nothing would
-/// say so. The error names the rule and the name.
+/// Registers the rewrite rule set `rules` (compiled-in [`crate::rewrite::Rule`]s, or rules
+/// given as data) as the pass `name` (see [`register_dyn_pass`]), once every prim its patterns
+/// name is known: a misspelt prim would never match, and nothing would say so. The error names
+/// the rule set, the rule and the name. The stage's record notes which rules fired, and its
+/// output is always verified, as a plugin's is: the rules are the user's.
 ///
 /// ```
 /// use passes::rewrite::{any, call, Replacement, Rule};
@@ -121,12 +131,25 @@ pub fn register_dyn_pass(name: &str, run: DynPass) -> Result<()> {
 /// assert!(error.message.contains("typo"), "{error}");
 /// # Ok::<(), trace_ir::IrError>(())
 /// ```
-pub fn register_rules(name: &str, rules: &'static [Rule]) -> Result<()> {
-    check(rules).map_err(|mut e| {
+pub fn register_rules<R, S>(name: &str, rules: S) -> Result<()>
+where
+    R: RewriteRule,
+    S: AsRef<[R]> + Send + Sync + 'static,
+{
+    check(rules.as_ref()).map_err(|mut e| {
         e.message = format!("rule set {name:?}: {}", e.message);
         e
     })?;
-    register_dyn_pass(name, Arc::new(move |trace, cx| Ok(rewrite(trace, rules, cx)?.0)))
+    register_dyn_stage(
+        name,
+        Arc::new(move |trace, cx| {
+            let (trace, report) = rewrite(trace, rules.as_ref(), cx)?;
+            if !cx.verify {
+                verify(&trace)?;
+            }
+            Ok(Output { note: report.to_string(), ..trace.into() })
+        }),
+    )
 }
 
 fn stage_registry() -> &'static RwLock<FxHashMap<String, String>> {
@@ -146,12 +169,12 @@ pub fn stage_of(name: &str) -> String {
 }
 
 /// The pass registered as `name`, stateful or not.
-pub(crate) fn lookup_any(name: &str) -> Result<DynPass> {
+pub(crate) fn lookup_any(name: &str) -> Result<DynStage> {
     if let Some(run) = dyn_registry().read().expect("pass registry poisoned").get(name) {
         return Ok(run.clone());
     }
     let run = lookup(name)?;
-    Ok(Arc::new(run))
+    Ok(Arc::new(move |trace, cx| run(trace, cx).map(Output::from)))
 }
 
 /// The registered passes' names, sorted.
@@ -314,7 +337,7 @@ impl<'a> Manager<'a> {
                 let half = stage.half.name();
                 for name in unit.options().passes.iter().filter(|name| stage_of(name) == half) {
                     let run = lookup_any(name)?;
-                    self.stage(name, start, |t| run(t, cx).map(Output::from))?;
+                    self.stage(name, start, |t| run(t, cx))?;
                 }
                 Ok(None)
             }

@@ -4,9 +4,13 @@
 //! builds the [`Replacement`] from what the pattern bound (or declines, when a shape or
 //! parameter condition fails). Patterns match prims by name; a composite whose decomposition is
 //! a single prim call (`ltorch.reshape`, `ltorch.t`) matches as that prim, and a rule replacing
-//! it emits prims. A name that is no prim would never match, so [`check`] refuses it, naming the
-//! rule: [`crate::register_rules`] checks a rule set as it registers it, and [`rewrite`] checks
-//! every rule set it applies (a plugin's too) before its sweep.
+//! it emits prims. A pattern may also name a registered composite (`ltorch.sigmoid`), matching
+//! its calls by their positional arguments. A name that is no prim would never match, nor would
+//! a call with the wrong number of operands, so [`check`] refuses them, naming the rule:
+//! [`crate::register_rules`] checks a rule set as it registers it, and [`rewrite`] checks every
+//! rule set it applies (a plugin's too) before its sweep. Rules given as data (from Python) are
+//! [`crate::data_rules::DataRule`]s: the driver is generic over [`RewriteRule`], so the
+//! compiled-in rule sets pay nothing for them.
 //!
 //! [`rewrite`] makes ONE forward sweep over the top-level calls. Each call, with its inputs
 //! renamed by the rewrites so far, is matched against the rules in order; when one fires, the
@@ -64,31 +68,43 @@
 use crate::dce::live_calls;
 use crate::PassCx;
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::sync::OnceLock;
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
+use trace_ir::prims::{signature, Operands};
 use trace_ir::{
-    bail, Arg, BoundSymbol, Prim, Result, Symbol, SymbolKind, SymbolTable, TensorMeta, Trace, TraceBuilder, ValueId,
-    ValueKind,
+    bail, Arg, BoundSymbol, IrError, Prim, Result, Symbol, SymbolKind, SymbolTable, TensorMeta, Trace, TraceBuilder,
+    ValueId, ValueKind,
 };
 
+/// A name in a pattern: a literal in the rules written in Rust, owned in rules given as data
+/// (from Python, see [`crate::data_rules`]).
+pub type Name = Cow<'static, str>;
+
 /// A pattern over the call that defines a value.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Pat {
     /// The remaining operands of a call, whatever they are (last in a `Call`'s operands; for
     /// prims taking a list, such as `cat`).
     Rest,
     /// Any operand (a value or a number), bound to the name. A name bound twice in one
     /// pattern must bind equal operands.
-    Any(&'static str),
-    /// A value that is the single output of a call of the prim named `prim`, whose operands
-    /// match `operands` (as many as it has).
+    Any(Name),
+    /// An operand or parameter equal to this one (`1.0` in `mul(x, 1.0)`: a float, not an int).
+    Literal(Arg),
+    /// A value that is the single output of a call of the prim named `prim` (or of the
+    /// composite symbol so named, `ltorch.sigmoid`), whose operands match `operands` (as many
+    /// as it has).
     Call {
         /// The prim's name as printed after `prims.` (`mul`); [`check`] refuses one that names no prim.
-        prim: &'static str,
+        prim: Name,
         /// Patterns for the call's operands, in order; a call with another number of operands does not
         /// match (unless the last pattern is [`Pat::Rest`]).
         operands: Vec<Pat>,
+        /// Patterns over some of the prim's parameters, by position (`sum`'s `dims` is 0);
+        /// the others match whatever they are.
+        params: Vec<(usize, Pat)>,
         /// The name the call is bound to (its output and its prim).
-        bind: Option<&'static str>,
+        bind: Option<Name>,
         /// The value has no use but the matched one (so rewriting leaves the call dead).
         single_use: bool,
     },
@@ -96,30 +112,49 @@ pub enum Pat {
 
 /// `Pat::Any(name)`.
 pub fn any(name: &'static str) -> Pat {
-    Pat::Any(name)
+    Pat::Any(Cow::Borrowed(name))
 }
 
 /// A call of `prim` on operands matching `operands`.
 pub fn call<const N: usize>(prim: &'static str, operands: [Pat; N]) -> Pat {
-    Pat::Call { prim, operands: operands.into(), bind: None, single_use: false }
+    Pat::Call {
+        prim: Cow::Borrowed(prim),
+        operands: operands.into(),
+        params: Vec::new(),
+        bind: None,
+        single_use: false,
+    }
 }
 
 impl Pat {
     /// Binds the call to `name`.
-    pub fn bind(self, name: &'static str) -> Pat {
-        match self {
-            Pat::Call { prim, operands, single_use, .. } => Pat::Call { prim, operands, bind: Some(name), single_use },
-            any => any,
+    pub fn bind(mut self, name: impl Into<Name>) -> Pat {
+        if let Pat::Call { bind, .. } = &mut self {
+            *bind = Some(name.into());
         }
+        self
     }
 
     /// Requires the call's output to have no other use.
-    pub fn single_use(self) -> Pat {
+    pub fn single_use(mut self) -> Pat {
+        if let Pat::Call { single_use, .. } = &mut self {
+            *single_use = true;
+        }
+        self
+    }
+
+    /// Whether the pattern names a composite symbol anywhere (then the sweep views composites).
+    fn names_symbols(&self) -> bool {
         match self {
-            Pat::Call { prim, operands, bind, .. } => Pat::Call { prim, operands, bind, single_use: true },
-            any => any,
+            Pat::Call { prim, operands, .. } => is_symbol_name(prim) || operands.iter().any(Pat::names_symbols),
+            _ => false,
         }
     }
+}
+
+/// Whether a pattern's callee names a composite symbol (`ltorch.sigmoid`) rather than a prim.
+fn is_symbol_name(name: &str) -> bool {
+    name.contains('.')
 }
 
 /// An operand of a call a replacement makes: an argument, or the result of an earlier call of
@@ -155,7 +190,7 @@ pub enum Replacement {
     Composite {
         /// The composite's registered name; a name not yet registered is registered as a
         /// composite.
-        symbol: &'static str,
+        symbol: Name,
         /// The call's arguments, as the composite's Python function takes them.
         args: Vec<Arg>,
         /// Prim calls computing what the composite computes, the last one's result its output.
@@ -183,37 +218,94 @@ pub struct Rule {
     pub rewrite: fn(&Match) -> Option<Replacement>,
 }
 
+/// What the driver needs of a rule: the compiled-in [`Rule`], and a rule given as data
+/// ([`crate::data_rules::DataRule`]), whose replacement the driver interprets. [`rewrite`] is
+/// generic over it, so a rule set of one kind pays nothing for the other.
+pub trait RewriteRule {
+    /// The name reports and errors use.
+    fn name(&self) -> &str;
+    /// The pattern, built once per sweep.
+    fn pattern(&self) -> Cow<'_, Pat>;
+    /// The replacement of a match, `None` where the rule does not apply; an error names the rule.
+    fn rewrite(&self, m: &Match) -> Result<Option<Replacement>>;
+}
+
+impl RewriteRule for Rule {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn pattern(&self) -> Cow<'_, Pat> {
+        Cow::Owned((self.pattern)())
+    }
+
+    fn rewrite(&self, m: &Match) -> Result<Option<Replacement>> {
+        Ok((self.rewrite)(m))
+    }
+}
+
 /// How often each rule fired in one application of a rule set, in the rule set's order (rules
 /// that never fired are left out).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RewriteReport {
+pub struct RewriteReport<'r> {
     /// `(rule name, times fired)`, in the rule set's order.
-    pub fired: Vec<(&'static str, usize)>,
+    pub fired: Vec<(&'r str, usize)>,
 }
 
-impl std::fmt::Display for RewriteReport {
+impl std::fmt::Display for RewriteReport<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let fired: Vec<String> = self.fired.iter().map(|(name, n)| format!("{name} x{n}")).collect();
         write!(f, "fired: {}", if fired.is_empty() { "nothing".into() } else { fired.join(", ") })
     }
 }
 
-/// Checks that every call in `rules`' patterns names a prim; the error names the rule and the
+/// Checks that every call in `rules`' patterns names a prim (or a registered composite symbol)
+/// with as many operands as it takes, and parameters it has; the error names the rule and the
 /// name (and the prim meant, for a qualified `prims.mul`).
-pub fn check(rules: &[Rule]) -> Result<()> {
-    rules.iter().try_for_each(|rule| check_pattern(rule.name, &(rule.pattern)()))
+pub fn check<R: RewriteRule>(rules: &[R]) -> Result<()> {
+    rules.iter().try_for_each(|rule| check_pattern(rule.name(), &rule.pattern()))
 }
 
-fn check_pattern(rule: &str, pat: &Pat) -> Result<()> {
-    let Pat::Call { prim, operands, .. } = pat else { return Ok(()) };
-    if !is_prim(prim) {
+pub(crate) fn check_pattern(rule: &str, pat: &Pat) -> Result<()> {
+    let Pat::Call { prim, operands, params, .. } = pat else { return Ok(()) };
+    if is_symbol_name(prim) && SymbolTable::lookup(prim).is_some() {
+        if !params.is_empty() {
+            bail!(Value, "rewrite", "rule {rule}: {prim} is a composite symbol, whose arguments are all operands");
+        }
+    } else if !is_prim(prim) {
         let hint = match prim.rsplit_once('.') {
             Some((_, bare)) if is_prim(bare) => format!("; patterns name prims without their prefix: {bare:?}"),
-            _ => "; patterns name prims (`mul`, `reshape`), and a single-prim composite matches as its prim".into(),
+            _ => "; patterns name prims (`mul`, `reshape`) or registered composite symbols (`ltorch.sigmoid`)".into(),
         };
         bail!(Value, "rewrite", "rule {rule} names {prim:?}, which is no prim{hint}");
+    } else {
+        check_counts(rule, prim, operands, params)?;
     }
-    operands.iter().try_for_each(|operand| check_pattern(rule, operand))
+    operands.iter().chain(params.iter().map(|(_, p)| p)).try_for_each(|operand| check_pattern(rule, operand))
+}
+
+/// A prim call's operands are as many as the prim takes, and its parameters some it has.
+fn check_counts(rule: &str, prim: &str, operands: &[Pat], params: &[(usize, Pat)]) -> Result<()> {
+    let sig = signature(prim).expect("a prim has a signature");
+    let rest = matches!(operands.last(), Some(Pat::Rest));
+    let n = operands.len() - rest as usize;
+    let fits = match sig.operands {
+        Operands::Fixed(k) => n == k || (rest && n <= k),
+        Operands::List => n >= 1 || rest,
+        Operands::WithOptional(k) => n == k || n == k + 1 || (rest && n <= k + 1),
+    };
+    if !fits {
+        bail!(Value, "rewrite", "rule {rule}: {prim} takes {} operands, the pattern gives it {n}", takes(sig.operands));
+    }
+    if let Some((i, _)) = params.iter().find(|(i, _)| *i >= sig.params.len()) {
+        bail!(
+            Value,
+            "rewrite",
+            "rule {rule}: {prim} has {} parameters, the pattern names parameter {i}",
+            sig.params.len()
+        );
+    }
+    Ok(())
 }
 
 fn is_prim(name: &str) -> bool {
@@ -221,10 +313,23 @@ fn is_prim(name: &str) -> bool {
     NAMES.get_or_init(|| trace_ir::prims::all_names().into_iter().collect()).contains(name)
 }
 
-/// A prim call as patterns see it.
+/// How many operands a prim takes, in words (`2`, `a list of`).
+pub(crate) fn takes(operands: Operands) -> String {
+    match operands {
+        Operands::Fixed(k) => format!("{k}"),
+        Operands::List => "a list of".into(),
+        Operands::WithOptional(k) => format!("{k} or {}", k + 1),
+    }
+}
+
+/// A call as patterns see it: the prim call it makes, and the composite it is when the sweep's
+/// patterns name composites.
 #[derive(Clone, Debug)]
 struct CallView {
-    prim: Prim,
+    /// The prim called (directly, or as a single-prim composite's decomposition).
+    prim: Option<Prim>,
+    /// The composite's name, for a composite whose positional arguments are these operands.
+    symbol: Option<Arc<str>>,
     operands: Vec<Arg>,
 }
 
@@ -237,8 +342,8 @@ struct Binding {
 
 /// The bindings of one match, with the trace's metadata.
 pub struct Match<'a> {
-    bindings: Vec<(&'static str, Binding)>,
-    sweep: &'a Sweep,
+    bindings: Vec<(&'a str, Binding)>,
+    sweep: &'a Sweep<'a>,
 }
 
 impl Match<'_> {
@@ -254,6 +359,11 @@ impl Match<'_> {
         self.binding(name).unwrap_or_else(|| panic!("pattern binds no `{name}`")).arg.clone()
     }
 
+    /// The operand bound to `name`, if the pattern binds it.
+    pub fn bound(&self, name: &str) -> Option<&Arg> {
+        Some(&self.binding(name)?.arg)
+    }
+
     /// The value bound to `name`, if it is a value.
     pub fn value(&self, name: &str) -> Option<ValueId> {
         self.binding(name)?.arg.as_value()
@@ -264,9 +374,9 @@ impl Match<'_> {
         self.sweep.meta(self.value(name)?)
     }
 
-    /// The prim of the call bound to `name`.
+    /// The prim of the call bound to `name` (`None` for a composite that is no single prim).
     pub fn prim(&self, name: &str) -> Option<&Prim> {
-        Some(&self.binding(name)?.call.as_ref()?.prim)
+        self.binding(name)?.call.as_ref()?.prim.as_ref()
     }
 
     /// The operands of the call bound to `name`.
@@ -277,7 +387,7 @@ impl Match<'_> {
     /// The prim call defining `value` (seen through single-prim composites), for rules that
     /// look further than their pattern (over a list of operands, say).
     pub fn producer(&self, value: ValueId) -> Option<(&Prim, &[Arg])> {
-        self.sweep.producer(value).map(|c| (&c.prim, c.operands.as_slice()))
+        self.sweep.producer(value).and_then(|c| Some((c.prim.as_ref()?, c.operands.as_slice())))
     }
 
     /// Whether `value` has exactly one use.
@@ -292,7 +402,7 @@ impl Match<'_> {
 }
 
 /// The state of one sweep: the calls emitted so far and what patterns need to know of them.
-struct Sweep {
+struct Sweep<'r> {
     builder: TraceBuilder,
     emitted: Vec<BoundSymbol>,
     /// The call (as patterns see it) that defines each value emitted so far.
@@ -301,18 +411,21 @@ struct Sweep {
     subst: FxHashMap<ValueId, ValueId>,
     fired: Vec<usize>,
     /// Each rule's pattern, built once per sweep.
-    patterns: Vec<Pat>,
+    patterns: Vec<Cow<'r, Pat>>,
+    /// Some pattern names a composite symbol: calls are viewed as composites too.
+    symbols: bool,
 }
 
 /// Rewrites per call at most this many times: a rule set that keeps rewriting its own output
 /// is a bug, reported rather than looping.
 const MAX_REWRITES_PER_CALL: usize = 64;
 
-impl Sweep {
+impl<'r> Sweep<'r> {
     /// The sweep's state, once every rule's pattern names known prims (see [`check`]).
-    fn new(trace: &Trace, rules: &[Rule]) -> Result<Self> {
-        let patterns: Vec<Pat> = rules.iter().map(|r| (r.pattern)()).collect();
-        rules.iter().zip(&patterns).try_for_each(|(rule, pat)| check_pattern(rule.name, pat))?;
+    fn new<R: RewriteRule>(trace: &Trace, rules: &'r [R]) -> Result<Self> {
+        let patterns: Vec<Cow<'r, Pat>> = rules.iter().map(|r| r.pattern()).collect();
+        rules.iter().zip(&patterns).try_for_each(|(rule, pat)| check_pattern(rule.name(), pat))?;
+        let symbols = patterns.iter().any(|p| p.names_symbols());
         let mut uses: FxHashMap<ValueId, usize> = FxHashMap::default();
         let mut count = |v: ValueId| *uses.entry(v).or_default() += 1;
         trace.bsyms.iter().for_each(|b| b.for_each_input(&mut count));
@@ -325,6 +438,7 @@ impl Sweep {
             subst: FxHashMap::default(),
             fired: vec![0; rules.len()],
             patterns,
+            symbols,
         })
     }
 
@@ -368,7 +482,7 @@ impl Sweep {
 
     /// Emits `bsym` as is and records what defines its output.
     fn keep(&mut self, bsym: BoundSymbol) {
-        let view = call_view(&bsym);
+        let view = call_view(&bsym, self.symbols);
         self.keep_viewed(bsym, view);
     }
 
@@ -381,8 +495,8 @@ impl Sweep {
     }
 
     /// Matches `bsym` against the rules; emits it, or its replacement (matched again in turn).
-    fn visit(&mut self, bsym: BoundSymbol, rules: &[Rule], depth: usize) -> Result<()> {
-        let Some(view) = call_view(&bsym) else {
+    fn visit<R: RewriteRule>(&mut self, bsym: BoundSymbol, rules: &[R], depth: usize) -> Result<()> {
+        let Some(view) = call_view(&bsym, self.symbols) else {
             self.keep_viewed(bsym, None);
             return Ok(());
         };
@@ -392,29 +506,32 @@ impl Sweep {
             if !matches_call(self, &self.patterns[i], &view, &root, &mut bindings) {
                 continue;
             }
-            let replacement = (rule.rewrite)(&Match { bindings, sweep: self });
-            let Some(replacement) = replacement else { continue };
+            let replacement = rule.rewrite(&Match { bindings, sweep: self })?;
+            // A value replaced by itself is no rewrite (and dropping its call would lose it).
+            let Some(replacement) = replacement.filter(|r| *r != Replacement::Value(bsym.outputs[0])) else {
+                continue;
+            };
             if depth >= MAX_REWRITES_PER_CALL {
-                bail!(Runtime, "rewrite", "rule {} keeps rewriting its own result at {}", rule.name, bsym.outputs[0]);
+                bail!(Runtime, "rewrite", "rule {} keeps rewriting its own result at {}", rule.name(), bsym.outputs[0]);
             }
             self.fired[i] += 1;
             // Count what the replacement reads before releasing what the call read, so that
             // counts never drop to zero on the way (releasing a value's producer for nothing).
             self.retain(&replacement, bsym.outputs[0]);
             bsym.for_each_input(|v| self.release(v));
-            return self.replace(&bsym, rule, replacement, rules, depth);
+            return self.replace(&bsym, rule.name(), replacement, rules, depth);
         }
         self.keep_viewed(bsym, Some(view));
         Ok(())
     }
 
     /// Emits `replacement` for `bsym`'s output and renames the output's later uses.
-    fn replace(
+    fn replace<R: RewriteRule>(
         &mut self,
         bsym: &BoundSymbol,
-        rule: &Rule,
+        rule: &str,
         replacement: Replacement,
-        rules: &[Rule],
+        rules: &[R],
         depth: usize,
     ) -> Result<()> {
         let old = bsym.outputs[0];
@@ -426,9 +543,9 @@ impl Sweep {
             }
             Replacement::Calls(calls) => self.emit_calls(rule, calls, Some((rules, depth)))?,
             Replacement::Composite { symbol, args, decomposition } => {
-                let id = SymbolTable::register(symbol, SymbolKind::Composite);
+                let id = SymbolTable::register(&symbol, SymbolKind::Composite);
                 self.builder.begin_composite(id, args, Vec::new());
-                let result = self.emit_calls(rule, decomposition, None);
+                let result = self.emit_calls::<R>(rule, decomposition, None);
                 let end = result.and_then(|r| self.builder.end_composite(vec![r]).map(|()| r));
                 if end.is_err() {
                     self.builder.abort_composite();
@@ -448,7 +565,12 @@ impl Sweep {
     /// Records `calls` and returns the last one's result. With `visit`, each call is matched
     /// against the rules as it is emitted (at top level); without, they stay in the builder (a
     /// composite's decomposition).
-    fn emit_calls(&mut self, rule: &Rule, calls: Vec<NewCall>, visit: Option<(&[Rule], usize)>) -> Result<ValueId> {
+    fn emit_calls<R: RewriteRule>(
+        &mut self,
+        rule: &str,
+        calls: Vec<NewCall>,
+        visit: Option<(&[R], usize)>,
+    ) -> Result<ValueId> {
         let mut results: Vec<ValueId> = Vec::with_capacity(calls.len());
         for (prim, inputs) in calls {
             let mut operands = Vec::with_capacity(inputs.len());
@@ -462,13 +584,14 @@ impl Sweep {
                             }
                             Arg::Value(v)
                         }
-                        None => bail!(Runtime, "rewrite", "rule {} reads result {i} before it is made", rule.name),
+                        None => bail!(Runtime, "rewrite", "rule {rule} reads result {i} before it is made"),
                     },
                 });
             }
-            let outputs = self.builder.record(prim, operands)?;
+            // A call the meta rule refuses is the rule's error: say which rule made it.
+            let outputs = self.builder.record(prim, operands).map_err(|e| named(rule, e))?;
             let [result] = outputs[..] else {
-                bail!(Runtime, "rewrite", "rule {} emitted a call with {} outputs", rule.name, outputs.len());
+                bail!(Runtime, "rewrite", "rule {rule} emitted a call with {} outputs", outputs.len());
             };
             if let Some((rules, depth)) = visit {
                 for emitted in self.builder.take_bsyms() {
@@ -479,32 +602,34 @@ impl Sweep {
         }
         match results.last() {
             Some(&last) => Ok(last),
-            None => bail!(Runtime, "rewrite", "rule {} replaced a value by no call", rule.name),
+            None => bail!(Runtime, "rewrite", "rule {rule} replaced a value by no call"),
         }
     }
 
-    fn check_same_meta(&self, rule: &Rule, old: ValueId, new: ValueId) -> Result<()> {
+    fn check_same_meta(&self, rule: &str, old: ValueId, new: ValueId) -> Result<()> {
         let (Some(a), Some(b)) = (self.meta(old), self.meta(new)) else {
-            bail!(Runtime, "rewrite", "rule {} replaced {old} by {new}, which is not a tensor", rule.name);
+            bail!(Runtime, "rewrite", "rule {rule} replaced {old} by {new}, which is not a tensor");
         };
         if (a.dtype, a.device, &a.shape) != (b.dtype, b.device, &b.shape) {
-            bail!(
-                Runtime,
-                "rewrite",
-                "rule {} replaced {old} ({}) by {new} ({})",
-                rule.name,
-                a.describe(),
-                b.describe()
-            );
+            bail!(Runtime, "rewrite", "rule {rule} replaced {old} ({}) by {new} ({})", a.describe(), b.describe());
         }
         Ok(())
     }
 }
 
-/// The prim call a bound symbol makes, as patterns see it: a prim call, or a composite whose
-/// decomposition is exactly one prim call computing the composite's single output. Calls with
-/// an effect and calls with several outputs match nothing.
-fn call_view(bsym: &BoundSymbol) -> Option<CallView> {
+/// `error` as the rule `rule`'s.
+fn named(rule: &str, mut error: IrError) -> IrError {
+    error.message = format!("rule {rule}: {}", error.message);
+    error
+}
+
+/// The call a bound symbol makes, as patterns see it: a prim call, or a composite whose
+/// decomposition is exactly one prim call computing the composite's single output. With
+/// `symbols` (some pattern names a composite), a composite without keyword arguments is also
+/// seen by its name, its positional arguments as operands (a single-prim composite only when
+/// they are its prim's operands). Calls with an effect and calls with several outputs match
+/// nothing.
+fn call_view(bsym: &BoundSymbol, symbols: bool) -> Option<CallView> {
     if bsym.outputs.len() != 1 || bsym.has_effect() {
         return None;
     }
@@ -512,19 +637,29 @@ fn call_view(bsym: &BoundSymbol) -> Option<CallView> {
     while let [only] = &leaf.subsymbols[..] {
         leaf = only;
     }
+    let symbol = || match bsym.symbol {
+        Symbol::Composite(id) if bsym.kwargs.is_empty() => Some(SymbolTable::name(id)),
+        _ => None,
+    };
     match &leaf.symbol {
         Symbol::Prim(prim) if leaf.subsymbols.is_empty() && leaf.outputs == bsym.outputs && leaf.kwargs.is_empty() => {
-            Some(CallView { prim: prim.clone(), operands: leaf.args.clone() })
+            let composite = symbols && !std::ptr::eq(leaf, bsym) && leaf.args == bsym.args;
+            let symbol = if composite { symbol() } else { None };
+            Some(CallView { prim: Some(prim.clone()), symbol, operands: leaf.args.clone() })
+        }
+        _ if symbols => {
+            symbol().map(|symbol| CallView { prim: None, symbol: Some(symbol), operands: bsym.args.clone() })
         }
         _ => None,
     }
 }
 
 /// Matches `pat` against `operand`, adding to `bindings`.
-fn matches_arg(sweep: &Sweep, pat: &Pat, operand: &Arg, bindings: &mut Vec<(&'static str, Binding)>) -> bool {
+fn matches_arg<'p>(sweep: &Sweep, pat: &'p Pat, operand: &Arg, bindings: &mut Vec<(&'p str, Binding)>) -> bool {
     match pat {
         Pat::Rest => true,
         Pat::Any(name) => bind(bindings, name, Binding { arg: operand.clone(), call: None }),
+        Pat::Literal(literal) => literal == operand,
         Pat::Call { single_use, .. } => {
             let Some(v) = operand.as_value() else { return false };
             if *single_use && sweep.uses.get(&v).copied().unwrap_or(0) != 1 {
@@ -537,15 +672,19 @@ fn matches_arg(sweep: &Sweep, pat: &Pat, operand: &Arg, bindings: &mut Vec<(&'st
 }
 
 /// Matches a `Pat::Call` against `view`, the call defining `output`.
-fn matches_call(
+fn matches_call<'p>(
     sweep: &Sweep,
-    pat: &Pat,
+    pat: &'p Pat,
     view: &CallView,
     output: &Arg,
-    bindings: &mut Vec<(&'static str, Binding)>,
+    bindings: &mut Vec<(&'p str, Binding)>,
 ) -> bool {
-    let Pat::Call { prim, operands, bind: name, .. } = pat else { return false };
-    if view.prim.name() != *prim {
+    let Pat::Call { prim, operands, params, bind: name, .. } = pat else { return false };
+    let named = match &view.prim {
+        Some(p) if p.name() == prim.as_ref() => true,
+        _ => view.symbol.as_deref() == Some(prim.as_ref()),
+    };
+    if !named {
         return false;
     }
     let fixed = match operands.last() {
@@ -559,13 +698,20 @@ fn matches_call(
     if !operands.iter().zip(&view.operands).all(|(p, a)| matches_arg(sweep, p, a, bindings)) {
         return false;
     }
+    if !params.is_empty() {
+        // Only data rules constrain parameters; built-in rules read them in their rewrite.
+        let actual = view.prim.as_ref().map(Prim::params).unwrap_or_default();
+        if !params.iter().all(|(i, p)| actual.get(*i).is_some_and(|a| matches_arg(sweep, p, a, bindings))) {
+            return false;
+        }
+    }
     match name {
         Some(name) => bind(bindings, name, Binding { arg: output.clone(), call: Some(view.clone()) }),
         None => true,
     }
 }
 
-fn bind(bindings: &mut Vec<(&'static str, Binding)>, name: &'static str, binding: Binding) -> bool {
+fn bind<'p>(bindings: &mut Vec<(&'p str, Binding)>, name: &'p str, binding: Binding) -> bool {
     match bindings.iter().find(|(n, _)| *n == name) {
         Some((_, earlier)) => earlier.arg == binding.arg,
         None => {
@@ -578,7 +724,7 @@ fn bind(bindings: &mut Vec<(&'static str, Binding)>, name: &'static str, binding
 /// Applies `rules` to `trace` in one forward sweep (see the module docs), then removes the
 /// calls left dead. Returns the rewritten trace and how often each rule fired. A rule whose
 /// pattern names no prim is an error (see [`check`]).
-pub fn rewrite(trace: &Trace, rules: &[Rule], _cx: &PassCx) -> Result<(Trace, RewriteReport)> {
+pub fn rewrite<'r, R: RewriteRule>(trace: &Trace, rules: &'r [R], _cx: &PassCx) -> Result<(Trace, RewriteReport<'r>)> {
     let mut sweep = Sweep::new(trace, rules)?;
     for bsym in &trace.bsyms {
         let renamed = bsym.renamed(&sweep.subst);
@@ -586,7 +732,7 @@ pub fn rewrite(trace: &Trace, rules: &[Rule], _cx: &PassCx) -> Result<(Trace, Re
     }
     let subst = &sweep.subst;
     let outputs = trace.outputs.map_values(&mut |v| Arg::Value(*subst.get(&v).unwrap_or(&v)));
-    let fired = rules.iter().zip(&sweep.fired).filter(|(_, &n)| n > 0).map(|(r, &n)| (r.name, n)).collect();
+    let fired = rules.iter().zip(&sweep.fired).filter(|(_, &n)| n > 0).map(|(r, &n)| (r.name(), n)).collect();
     let Sweep { builder, mut emitted, .. } = sweep;
     let (values, _) = builder.into_parts();
     // What the rewrites left dead goes, as DCE removes it (without copying the calls again).
@@ -677,7 +823,7 @@ mod tests {
     /// mul(x, 1) -> x, with the prim misspelt.
     const MISSPELT: Rule = Rule {
         name: "mul-one",
-        pattern: || call("add", [call("mull", [any("x"), any("one")])]),
+        pattern: || call("add", [call("mull", [any("x"), any("one")]), any("y")]),
         rewrite: |m| m.value("x").map(Replacement::Value),
     };
 
@@ -685,8 +831,7 @@ mod tests {
     fn a_pattern_naming_no_prim_is_an_error_naming_the_rule_and_the_name() {
         let err = check(&[ADD_SELF, MISSPELT]).unwrap_err();
         assert!(err.message.contains("rule mul-one names \"mull\", which is no prim"), "{err}");
-        static RULES: [Rule; 1] = [MISSPELT];
-        let err = crate::register_rules("test_misspelt", &RULES).unwrap_err();
+        let err = crate::register_rules("test_misspelt", [MISSPELT]).unwrap_err();
         assert!(err.message.contains("test_misspelt") && err.message.contains("\"mull\""), "{err}");
         assert!(!crate::registered().contains(&"test_misspelt".to_string()));
         let qualified = Rule { pattern: || call("prims.mul", [any("x"), any("y")]), ..MISSPELT };
@@ -702,15 +847,15 @@ mod tests {
 
     #[test]
     fn a_registered_rule_set_runs_as_a_pass() {
-        static RULES: [Rule; 1] = [ADD_SELF];
-        crate::register_rules("test_add_self", &RULES).unwrap();
+        crate::register_rules("test_add_self", [ADD_SELF]).unwrap();
         let mut b = TraceBuilder::new();
         let x = input(&mut b, &[3]);
         let same = b.record_prim("add", vec![Arg::Value(x), Arg::Value(x)]).unwrap()[0];
         let trace = b.finish(Arg::Value(same)).unwrap();
         let run = crate::manager::lookup_any("test_add_self").unwrap();
         let out = run(&trace, &PassCx::default()).unwrap();
-        assert_eq!(out.bsyms[0].symbol.as_prim().unwrap().name(), "mul");
+        assert_eq!(out.trace.bsyms[0].symbol.as_prim().unwrap().name(), "mul");
+        assert_eq!(out.note, "fired: add-self x1");
     }
 
     #[test]

@@ -171,7 +171,7 @@ fn flattened_product(m: &Match, symbol: &'static str, args: impl FnOnce(usize) -
         (Shape::Reshape { shape: x2.shape.clone() }.into(), vec![m.arg("x").into()]),
         (Linalg::Matmul {}.into(), vec![r(1), r(2)]),
     ];
-    Some(Replacement::Composite { symbol, args: args(lead), decomposition })
+    Some(Replacement::Composite { symbol: symbol.into(), args: args(lead), decomposition })
 }
 
 /// [`flattened_product_pattern`] -> `ltorch.flattened_product(g, x)`: one call (the torch

@@ -9,6 +9,7 @@ mod plugin;
 mod recorder;
 mod records;
 mod region;
+mod rules;
 mod table;
 mod trace;
 
@@ -54,6 +55,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile::prim_table, m)?)?;
     m.add_function(wrap_pyfunction!(compile::registered_passes, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::load_plugin_capsule, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::register_rule_set, m)?)?;
     m.add_function(wrap_pyfunction!(register_symbol, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     Ok(())

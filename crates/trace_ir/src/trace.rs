@@ -7,7 +7,7 @@ use crate::prims::{Operand, Prim};
 use crate::symbols::{SymbolKind, SymbolTable};
 use crate::value::{Arg, Kwargs, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// What a bound symbol calls.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -77,6 +77,13 @@ pub struct BoundSymbol {
     pub grad: Option<Arc<GradRule>>,
 }
 
+/// The empty decomposition, one shared allocation: most calls are prims, and an `Arc<[_]>` of
+/// nothing still allocates its counts (a decoded trace paid one allocation per call for it).
+pub fn no_subsymbols() -> Arc<[BoundSymbol]> {
+    static EMPTY: OnceLock<Arc<[BoundSymbol]>> = OnceLock::new();
+    EMPTY.get_or_init(|| Arc::from([])).clone()
+}
+
 /// The backward of one composite call, recorded by its Python grad rule (`get_grad`/`put_grad`).
 ///
 /// Its bound symbols read the composite's values and one placeholder per cotangent; the VJP pass
@@ -94,7 +101,7 @@ pub struct GradRule {
 impl BoundSymbol {
     /// A call without keyword arguments, decomposition or grad rule.
     pub fn new(symbol: Symbol, args: Vec<Arg>, outputs: Vec<ValueId>) -> Self {
-        BoundSymbol { symbol, args, kwargs: Vec::new(), outputs, subsymbols: Arc::from([]), grad: None }
+        BoundSymbol { symbol, args, kwargs: Vec::new(), outputs, subsymbols: no_subsymbols(), grad: None }
     }
 
     /// Whether this call, or any call in its decomposition, acts on state outside the trace
@@ -154,7 +161,9 @@ impl BoundSymbol {
         }
         let mut f = |v: ValueId| Arg::Value(*subst.get(&v).unwrap_or(&v));
         let mut out = self.map_inputs(&mut f);
-        out.subsymbols = self.subsymbols.iter().map(|s| s.renamed(subst)).collect();
+        if !self.subsymbols.is_empty() {
+            out.subsymbols = self.subsymbols.iter().map(|s| s.renamed(subst)).collect();
+        }
         // A rule's gradients go to the composite's inputs: renamed with them (CSE merging two
         // equal inputs, `linear(x[0], x[0])`, must send both gradients to the one kept).
         let rename = |v: &ValueId| *subst.get(v).unwrap_or(v);

@@ -49,7 +49,7 @@ const MUL_SIGMOID_TO_SILU: Rule = Rule {
         }
         let x = Arg::Value(x);
         Some(Replacement::Composite {
-            symbol: "ltorch.silu",
+            symbol: "ltorch.silu".into(),
             args: vec![x.clone()],
             decomposition: vec![
                 (Unary::Neg.into(), vec![Input::Arg(x.clone())]),

@@ -6,7 +6,7 @@ use crate::error::{ErrorKind, IrError, Result};
 use crate::ids::ValueId;
 use crate::prims::{Operands, Prim};
 use crate::symbols::{SymbolKind, SymbolTable};
-use crate::trace::{BoundSymbol, GradRule, Symbol, Trace};
+use crate::trace::{no_subsymbols, BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -91,6 +91,7 @@ impl Reader<'_> {
         IrError::new(ErrorKind::Value, OP, format!("byte {}: {message}", self.at))
     }
 
+    #[inline]
     fn byte(&mut self) -> Result<u8> {
         let b = *self.bytes.get(self.at).ok_or_else(|| self.error("the buffer ends inside the trace"))?;
         self.at += 1;
@@ -105,14 +106,21 @@ impl Reader<'_> {
         Ok(&self.bytes[self.at - n..self.at])
     }
 
+    #[inline(always)]
     fn uint(&mut self) -> Result<u64> {
-        // Most varints (ids below 128, counts, tags) are one byte.
-        if let Some(&b) = self.bytes.get(self.at) {
-            if b < 0x80 {
+        // Most varints (ids below 128, counts, tags) are one byte: that path is inlined at each
+        // of the ten or so reads per call (through a call it cost a tenth of a decode).
+        match self.bytes.get(self.at) {
+            Some(&b) if b < 0x80 => {
                 self.at += 1;
-                return Ok(b as u64);
+                Ok(b as u64)
             }
+            _ => self.long_uint(),
         }
+    }
+
+    #[cold]
+    fn long_uint(&mut self) -> Result<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
@@ -136,6 +144,7 @@ impl Reader<'_> {
 
     /// A count of items that each take at least one byte: more than the bytes left is corrupt
     /// (and must not reach `Vec::with_capacity`).
+    #[inline]
     fn count(&mut self) -> Result<usize> {
         let n = self.uint()?;
         if n > (self.bytes.len() - self.at) as u64 {
@@ -250,6 +259,7 @@ impl Reader<'_> {
     }
 
     /// A value id, renumbered: the first mention of a wire value gives it the next new id.
+    #[inline]
     fn id(&mut self) -> Result<ValueId> {
         let wire = self.u32("value id")? as usize;
         let Some(&new) = self.ids.get(wire) else {
@@ -324,7 +334,8 @@ impl Reader<'_> {
             1 => Some(std::sync::Arc::new(self.grad_rule(depth + 1)?)),
             other => return Err(self.error(format!("grad rule flag {other}, not 0 or 1"))),
         };
-        Ok(BoundSymbol { symbol, args, kwargs, outputs, subsymbols: subsymbols.into(), grad })
+        let subsymbols = if subsymbols.is_empty() { no_subsymbols() } else { subsymbols.into() };
+        Ok(BoundSymbol { symbol, args, kwargs, outputs, subsymbols, grad })
     }
 
     /// A prim call: its printed call arguments, decoded into the prim and its operands.

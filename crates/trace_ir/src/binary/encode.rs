@@ -3,7 +3,7 @@
 use super::*;
 use crate::dtype::{Device, DeviceKind};
 use crate::ids::{SymbolId, ValueId};
-use crate::prims::{Operands, Prim};
+use crate::prims::{Operands, Prim, PrimId};
 use crate::symbols::{SymbolKind, SymbolTable};
 use crate::trace::{BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
@@ -35,7 +35,8 @@ pub fn encode(trace: &Trace) -> Vec<u8> {
 #[derive(Default)]
 struct Names {
     entries: Vec<(u8, String)>,
-    prims: FxHashMap<&'static str, u32>,
+    /// By prim id, not name: hashing a `u32` per call costs less than hashing its name.
+    prims: FxHashMap<PrimId, u32>,
     symbols: FxHashMap<SymbolId, u32>,
     regions: FxHashMap<std::sync::Arc<str>, u32>,
 }
@@ -44,7 +45,7 @@ impl Names {
     fn index(&mut self, symbol: &Symbol) -> u32 {
         let next = self.entries.len() as u32;
         let (index, new) = match symbol {
-            Symbol::Prim(p) => Self::slot(&mut self.prims, p.name(), next),
+            Symbol::Prim(p) => Self::slot(&mut self.prims, p.id(), next),
             Symbol::Composite(id) | Symbol::Fallback(id) => Self::slot(&mut self.symbols, *id, next),
             Symbol::Region(name) => Self::slot(&mut self.regions, name.clone(), next),
         };

@@ -216,6 +216,17 @@ macro_rules! declare_family {
                 }
             }
 
+            /// The operands and parameter names of the prim named `name`; `None` when it is not
+            /// in this family.
+            pub fn signature(name: &str) -> Option<$crate::prims::Signature> {
+                #[allow(unused_imports)]
+                use $crate::prims::Operands;
+                match name {
+                    $($name => Some($crate::prims::Signature { operands: $operands, params: &[$($what),*] }),)*
+                    _ => None,
+                }
+            }
+
             /// Decodes `prims.<name>(*args)`; `None` when `name` is not in this family.
             pub(crate) fn parse(name: &str, c: &mut $crate::prims::args::CallArgs) -> Option<$crate::error::Result<(Self, Vec<$crate::value::Arg>)>> {
                 #[allow(unused_imports)]
@@ -302,6 +313,13 @@ macro_rules! elementwise_table {
                 match self {
                     $($fam::$var => Promotion::$promotion,)*
                 }
+            }
+
+            /// The operands of the prim named `name` (it has no parameters); `None` when it is
+            /// not in this family.
+            pub fn signature(name: &str) -> Option<$crate::prims::Signature> {
+                Self::NAMES.contains(&name)
+                    .then_some($crate::prims::Signature { operands: $crate::prims::Operands::Fixed($arity), params: &[] })
             }
 
             pub(crate) fn parse(name: &str, c: &mut $crate::prims::args::CallArgs) -> Option<$crate::error::Result<(Self, Vec<$crate::value::Arg>)>> {

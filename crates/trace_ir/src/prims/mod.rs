@@ -61,6 +61,15 @@ pub struct PrimInfo {
     pub promotion: Option<u8>,
 }
 
+/// What a call of a prim takes, known from its name alone (patterns and rewrite rules given as
+/// data are checked against it before any trace exists).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Signature {
+    pub operands: Operands,
+    /// The parameters' names, in the order a call prints them after the operands.
+    pub params: &'static [&'static str],
+}
+
 /// A prim without its parameters (`sum`, whatever its dims): its position in [`all_names`].
 /// Executors' tables claim by it, so a prim name is resolved once, when a table is built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -154,6 +163,11 @@ macro_rules! families {
                     $(Prim::$fam(p) => p.vjp(e, operands, outputs, cots),)*
                 }
             }
+        }
+
+        /// The operands and parameter names of the prim named `name` (`sum`: one operand, `dims`).
+        pub fn signature(name: &str) -> Option<Signature> {
+            None$(.or_else(|| $fam::signature(name)))*
         }
 
         /// Every prim name, in family order.
@@ -272,5 +286,9 @@ mod tests {
         }
         assert!(all_names().iter().all(|&name| PrimId::from_name(name).map(PrimId::name) == Some(name)));
         assert_eq!(PrimId::from_name("sinn"), None);
+        assert_eq!(signature("sum"), Some(Signature { operands: Operands::Fixed(1), params: &["dims"] }));
+        assert_eq!(signature("add").map(|s| s.operands), Some(Operands::Fixed(2)));
+        assert!(all_names().iter().all(|name| signature(name).is_some()));
+        assert_eq!(signature("sinn"), None);
     }
 }

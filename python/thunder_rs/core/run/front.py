@@ -31,3 +31,13 @@ def reset() -> None:
         with jfn._lock:
             jfn._clear("thunder_rs.reset() cleared the cache")
             jfn._last_entry = None
+
+
+def clear_jits_running(pass_name: str, reason: str) -> None:
+    """Clears the compile cache of every live jitted function whose passes include ``pass_name``
+    (its code was compiled with what the name held before): each compiles again at its next call."""
+    for jfn in list(live_functions):
+        if pass_name in jfn._passes:
+            with jfn._lock:
+                jfn._clear(reason)
+                jfn._last_entry = None
