@@ -43,11 +43,25 @@ pub enum Template {
     Literal(Arg),
     /// A call of the prim `prim`: its operands (calls are emitted operands first), then every
     /// parameter, in the order a call prints them.
-    Call { prim: Name, operands: Vec<Template>, params: Vec<Template> },
+    Call {
+        /// The prim's name as printed after `prims.` (`mul`).
+        prim: Name,
+        /// Its operands, as many as the prim takes.
+        operands: Vec<Template>,
+        /// Its parameters, every one, in the order a call prints them.
+        params: Vec<Template>,
+    },
     /// One call of the registered composite `symbol` on `args` (bound values or literals), with
     /// the prim calls of `decomposition` (on the same values) as its meaning: executors that
     /// know the composite run it whole (`ltorch.silu` as `torch.nn.functional.silu`).
-    Composite { symbol: Name, args: Vec<Template>, decomposition: Box<Template> },
+    Composite {
+        /// The composite's registered name (`ltorch.silu`).
+        symbol: Name,
+        /// Its arguments, as the composite's Python function takes them.
+        args: Vec<Template>,
+        /// The prim calls computing what the composite computes, the outermost its output.
+        decomposition: Box<Template>,
+    },
 }
 
 impl Template {

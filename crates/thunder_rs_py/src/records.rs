@@ -125,7 +125,12 @@ pub struct Compiled {
 }
 
 impl Compiled {
-    pub fn new(py: Python<'_>, forward: Vec<PyTrace>, backward: Vec<PyTrace>, grad_outputs: Vec<usize>) -> PyResult<Self> {
+    pub fn new(
+        py: Python<'_>,
+        forward: Vec<PyTrace>,
+        backward: Vec<PyTrace>,
+        grad_outputs: Vec<usize>,
+    ) -> PyResult<Self> {
         let handles = |traces: Vec<PyTrace>| traces.into_iter().map(|t| Py::new(py, t)).collect::<PyResult<Vec<_>>>();
         Ok(Compiled { forward: handles(forward)?, backward: handles(backward)?, grad_outputs })
     }

@@ -65,6 +65,7 @@ pub struct PrimInfo {
 /// data are checked against it before any trace exists).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Signature {
+    /// How many operands (tensors or numbers) come before the parameters.
     pub operands: Operands,
     /// The parameters' names, in the order a call prints them after the operands.
     pub params: &'static [&'static str],
