@@ -185,10 +185,14 @@ def _register_prims() -> None:
             name: _number_safe(getattr(torch.special, name)) for name in prims.DERIVED["Binary"] if "polynomial" in name
         },
     }
-    # Every other prim runs as the torch function of its name, with the prim's arguments, and as
-    # the tensor method of its name where there is one. The operator-backed arithmetic prims
-    # (numbers on either side) are these methods when their first operand is a tensor. One
-    # registration for all (each one is a new registry version).
+    _register_prim_table(simple)
+
+
+def _register_prim_table(simple: dict) -> None:
+    """Every prim as ``simple`` runs it, the others as the torch function of their name with the
+    prim's arguments, and as the tensor method of that name where there is one. The
+    operator-backed arithmetic prims (numbers on either side) are these methods when their first
+    operand is a tensor. One registration for all (each one is a new registry version)."""
     methods = {"add", "sub", "mul"}
     torch_ex.registry.register(
         *(
