@@ -5,8 +5,8 @@ are needed only by some programs or only once a program runs: optree (``torch.ut
 about 20 ms to import) flattens keyword calls on the per-call path. A module declares such a
 dependency where its imports stand, ``_CXX = LazyModule("torch.utils._cxx_pytree")``, and calls
 ``_CXX.load()`` where it is first needed; the hot path then keeps what ``load`` returned rather
-than asking again. This is the one place core imports inside a function, and it takes no
-thunder_rs module: a layer of the package never hides an import from the layering test
+than asking again. It takes no thunder_rs module, and declarations stand at module level, so a
+dependency between the package's layers is never hidden from the layering test
 (``tests/test_layers.py`` checks both).
 """
 
