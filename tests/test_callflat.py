@@ -77,7 +77,7 @@ def test_registered_dataclass_through_jit(monkeypatch):
     falls back to torch's pytree rather than keying a dataclass object as one leaf."""
     if not hasattr(pytree, "register_dataclass"):
         pytest.skip("torch without pytree.register_dataclass")
-    monkeypatch.setattr(callflat, "_fast", [True])
+    monkeypatch.setattr(callflat, "_flatten", [callflat._first_flatten])
 
     def f(x, *, p):
         return x * p.x + p.y
@@ -97,7 +97,7 @@ class _Box:
 def test_type_only_torch_knows_falls_back(monkeypatch):
     """A node type registered with torch's pytree alone (optree sees a leaf): the call still binds
     the contents, through torch's pytree from then on."""
-    monkeypatch.setattr(callflat, "_fast", [True])
+    monkeypatch.setattr(callflat, "_flatten", [callflat._first_flatten])
     pytree._private_register_pytree_node(
         _Box,
         lambda b: ([b.t], None),
@@ -114,6 +114,25 @@ def test_type_only_torch_knows_falls_back(monkeypatch):
         for _ in range(2):
             box = _Box(torch.randn(3))
             torch.testing.assert_close(jf(x, box=box), f(x, box=box))
-        assert callflat._fast == [False]
+        assert callflat._flatten == [pytree.tree_flatten]
     finally:
         pytree.SUPPORTED_NODES.pop(_Box, None)
+
+
+def test_optree_loads_at_the_first_keyword_call():
+    """``import thunder_rs`` leaves optree unloaded (about 20 ms, issue 25); the first keyword call
+    loads it, and from then on keyword calls flatten through it."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    code = (
+        "import sys, torch, thunder_rs\n"
+        "from thunder_rs.core.run import callflat\n"
+        "before = 'optree' in sys.modules\n"
+        "f = thunder_rs.jit(lambda x, *, y: x + y)\n"
+        "x = torch.randn(3)\n"
+        "torch.testing.assert_close(f(x, y=x), x + x)\n"
+        "print(before, 'optree' in sys.modules, callflat._flatten[0].__module__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True", "torch.utils._cxx_pytree"], out

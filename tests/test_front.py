@@ -112,16 +112,37 @@ def test_import_loads_neither_dynamo_nor_fsdp():
     assert out.strip() == "[]", out
 
 
+#: The bound on ``import thunder_rs``'s CPU time after ``import torch``: 2.5 times what it takes
+#: (about 0.1 s, benchmarks/import_time.py), so a loaded machine passes, while a heavy import
+#: coming back fails (optree alone was 0.02 s, Dynamo is about 2 s).
+IMPORT_CPU_BOUND_S = 0.25
+
+
 def test_import_costs_little_over_torch():
-    """``import thunder_rs`` after ``import torch`` takes about 0.1 s (benchmarks/import_time.py);
-    the bound is generous and catches a heavy import coming back (Dynamo alone is about 2 s). It
-    counts the process's CPU time, which other processes on the cores (test workers) leave alone."""
+    """``import thunder_rs`` after ``import torch`` stays near 0.1 s (issue 25). It counts the
+    process's CPU time, which other processes on the cores (test workers) leave alone, the least
+    of three runs, with bytecode read as an installed package reads it (a first run writes it)."""
+    import os  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    code = "import time, torch\nt = time.process_time()\nimport thunder_rs\nprint(time.process_time() - t)"
-    seconds = min(
-        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-        for _ in range(2)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    code = (
+        "import importlib.util, os, time, torch\n"
+        "t = time.process_time()\n"
+        "import thunder_rs\n"
+        "print(time.process_time() - t, os.path.exists(importlib.util.cache_from_source(thunder_rs.__file__)))"
     )
-    assert seconds < 1.0, f"import thunder_rs took {seconds:.2f} s over import torch"
+
+    def run() -> tuple[float, bool]:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+        seconds, cached = out.stdout.split()
+        return float(seconds), cached == "True"
+
+    if not run()[1]:
+        pytest.skip("the package's bytecode cannot be written here: each import would compile its sources")
+    seconds = min(run()[0] for _ in range(3))
+    assert seconds < IMPORT_CPU_BOUND_S, (
+        f"import thunder_rs took {seconds:.3f} s of CPU over import torch (bound {IMPORT_CPU_BOUND_S} s; "
+        "python -X importtime -c 'import thunder_rs' shows where)"
+    )

@@ -208,6 +208,36 @@ def test_no_import_cycle_between_modules():
     assert cycles(found) == []
 
 
+def lazy_modules(package: Path = PACKAGE) -> list[tuple[str, int, str, bool]]:
+    """Every ``LazyModule("name")`` declaration (``core.base.lazy``) as ``(module, line, name,
+    at module level)``."""
+    found = []
+    for module, path in modules(package).items():
+        if path.suffix != ".py":
+            continue
+        tree = ast.parse(path.read_text())
+        in_functions = {
+            id(node)
+            for function in ast.walk(tree)
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            for node in ast.walk(function)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LazyModule":
+                name = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else "?"
+                found.append((module, node.lineno, name, id(node) not in in_functions))
+    return found
+
+
+def test_lazy_modules_are_third_party_and_declared_at_module_level():
+    """A module loaded when first needed (``LazyModule``) is declared where imports stand and is
+    never a thunder_rs module, so no dependency between the package's modules is hidden from the
+    checks above."""
+    found = lazy_modules()
+    assert found, "core.run.callflat declares optree lazily"
+    assert [f for f in found if f[2] == "?" or f[2].split(".")[0] == "thunder_rs" or not f[3]] == []
+
+
 def test_the_checks_see_what_they_forbid(tmp_path):
     """Each check finds a planted violation: an upward import, imports inside functions, a cycle."""
     package = tmp_path / "thunder_rs"

@@ -5,6 +5,7 @@ Composites run whole as the torch callable they stand for (``ltorch.softmax`` as
 """
 
 import contextlib
+import dataclasses
 import operator
 import threading
 
@@ -19,10 +20,6 @@ from thunder_rs.torch.normalization import TORCH_IMPLS as NORM_IMPLS
 from thunder_rs.torch.symbols import ltorch
 
 torch_ex = Executor("torch")
-
-
-def _direct(name: str, fn) -> None:
-    torch_ex.register_implementation(name, fn, impl_name=f"prim_{name}")
 
 
 def _number_safe(fn):
@@ -189,24 +186,39 @@ def _register_prims() -> None:
             name: _number_safe(getattr(torch.special, name)) for name in prims.DERIVED["Binary"] if "polynomial" in name
         },
     }
-    # Every other prim runs as the torch function of its name, with the prim's arguments.
-    for name in prims.NAMES:
-        _direct(name, simple.get(name) or getattr(torch, name, None) or getattr(torch.special, name))
-        if name not in simple and hasattr(torch.Tensor, name):
-            torch_ex.registry.update(name, method=name)
-    # The operator-backed arithmetic prims (numbers on either side) are these methods when
-    # their first operand is a tensor.
-    for name in ("add", "sub", "mul"):
-        torch_ex.registry.update(name, method=name)
+    _register_prim_table(simple)
+
+
+def _register_prim_table(simple: dict) -> None:
+    """Every prim as ``simple`` runs it, the others as the torch function of their name with the
+    prim's arguments, and as the tensor method of that name where there is one. The
+    operator-backed arithmetic prims (numbers on either side) are these methods when their first
+    operand is a tensor. One registration for all (each one is a new registry version)."""
+    methods = {"add", "sub", "mul"}
+    torch_ex.registry.register(
+        *(
+            Implementation(
+                name,
+                f"prim_{name}",
+                simple.get(name) or getattr(torch, name, None) or getattr(torch.special, name),
+                method=name if name in methods or (name not in simple and hasattr(torch.Tensor, name)) else None,
+            )
+            for name in prims.NAMES
+        )
+    )
 
 
 def _declare_inplace_methods() -> None:
     """``m_`` for every method ``m`` that has one: ``passes::reuse`` calls it for elementwise
     compute calls whose receiver is a fresh intermediate dying there, where it computes the
     same values (it never picks random draws, whose in-place forms mean something else)."""
-    for key, impl in torch_ex.registry.snapshot().items():
-        if impl.method is not None and hasattr(torch.Tensor, f"{impl.method}_"):
-            torch_ex.registry.update(key, inplace_method=f"{impl.method}_")
+    torch_ex.registry.register(
+        *(
+            dataclasses.replace(impl, inplace_method=f"{impl.method}_")
+            for impl in torch_ex.registry.snapshot().values()
+            if impl.method is not None and hasattr(torch.Tensor, f"{impl.method}_")
+        )
+    )
 
 
 def _defined(fn):
@@ -481,6 +493,10 @@ def _register_composites() -> None:
 # Same-named methods whose receiver is not the function's first argument:
 # ``x.where(cond, y)`` is ``torch.where(cond, x, y)``.
 _RECEIVER_IS_NOT_FIRST = {"where"}
+#: torch's namespace as its module dict: a name not in it goes through torch's module
+#: ``__getattr__`` (lazy submodules, deprecated names: never a symbol's function), whose
+#: AttributeError for each name that is no torch function was 2 ms of ``import thunder_rs``.
+_TORCH_NAMESPACE = vars(torch)
 
 
 def _same_signature_method(torch_fns):
@@ -489,7 +505,7 @@ def _same_signature_method(torch_fns):
     name = getattr(torch_fns[0], "__name__", None)
     if name is None or name.startswith("_") or name in _RECEIVER_IS_NOT_FIRST:
         return None
-    if torch_fns[0] is not getattr(torch, name, None):
+    if torch_fns[0] is not _TORCH_NAMESPACE.get(name):
         return None
     method = getattr(torch.Tensor, name, None)
     return name if method is not None and method in torch_fns else None

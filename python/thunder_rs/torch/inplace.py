@@ -19,6 +19,7 @@ change a tensor's shape, storage or autograd flags (``unsqueeze_``, ``resize_``,
 import inspect
 import itertools
 import sys
+import types
 
 import torch
 import torch.nn.functional as F
@@ -308,9 +309,26 @@ def _inplace_argument(fn, index: int):
     return call
 
 
+def _may_take_inplace(fn) -> bool:
+    """False where ``inspect.signature(fn)`` could not show an ``inplace`` parameter, told without
+    building it: a plain function without that local name (nor ``__wrapped__`` or ``__signature__``
+    to change what its signature shows), a builtin without a text signature, or no callable at
+    all. Building every name's signature in ``F`` was a tenth of ``import thunder_rs`` (issue 25)."""
+    if not callable(fn):
+        return False
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return "inplace" in code.co_varnames or hasattr(fn, "__wrapped__") or hasattr(fn, "__signature__")
+    if isinstance(fn, types.BuiltinFunctionType):
+        return getattr(fn, "__text_signature__", None) is not None
+    return True
+
+
 def _register_inplace_arguments() -> None:
     for name in dir(F):
         fn = getattr(F, name)
+        if not _may_take_inplace(fn):
+            continue
         try:
             parameters = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):

@@ -74,6 +74,9 @@ class Registry(Mapping):
     def __getitem__(self, key: SymbolKey) -> Implementation:
         return self._impls[key]
 
+    def __contains__(self, key) -> bool:  # Mapping's goes through __getitem__ and a KeyError
+        return key in self._impls
+
     def __iter__(self) -> Iterator[SymbolKey]:
         return iter(self._impls.copy())
 

@@ -5,23 +5,39 @@ is optree under torch's namespace, which sees every node type registered through
 ``register_pytree_node`` (Hugging Face ``ModelOutput`` included) and keeps dict insertion order.
 Its spec is only the cache key; compiling still takes torch's own ``TreeSpec``, and a type known to
 torch's pytree but not to optree (leaves differing) switches this process back to torch's pytree.
+
+optree takes about 20 ms to import, a fifth of what ``import thunder_rs`` may cost (issue 25), and
+only keyword calls use it: the first one loads it (torch queues the node types registered before
+then and hands them to optree as it loads), and from then on ``_flatten`` holds optree's flatten
+itself, so a call costs what it did with optree imported up front.
 """
 
 from torch.utils import _pytree as pytree
 
-try:
-    from torch.utils import _cxx_pytree as cxx_pytree
-except ImportError:  # optree missing: torch's pure-Python pytree only
-    cxx_pytree = None  # type: ignore[assignment]  # None marks "no optree"
+from thunder_rs.core.base.lazy import LazyModule
 
-_fast = [cxx_pytree is not None]
+#: None where torch found no usable optree (missing, or older than torch needs): torch's pytree only.
+_CXX_PYTREE = LazyModule("torch.utils._cxx_pytree") if pytree._cxx_pytree_exists else None
+
+
+def _first_flatten(tree):
+    """Loads optree and flattens with it from then on (with torch's pytree if it fails to load)."""
+    try:
+        flatten = _CXX_PYTREE.load().tree_flatten
+    except ImportError:
+        flatten = pytree.tree_flatten
+    if _flatten[0] is _first_flatten:  # another thread may have switched to torch's pytree meanwhile
+        _flatten[0] = flatten
+    return _flatten[0](tree)
+
+
+#: The flatten keyword calls take: optree's once loaded, torch's pytree after a fallback.
+_flatten = [_first_flatten if _CXX_PYTREE is not None else pytree.tree_flatten]
 
 
 def flatten_call(args, kwargs):
     """The call's leaves and a hashable spec that keys the cache."""
-    if _fast[0]:
-        return cxx_pytree.tree_flatten((args, kwargs))
-    return pytree.tree_flatten((args, kwargs))
+    return _flatten[0]((args, kwargs))
 
 
 def compile_spec(args, kwargs, flat):
@@ -30,6 +46,6 @@ def compile_spec(args, kwargs, flat):
     torch's pytree, and the caller must flatten this call again."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     if len(leaves) != len(flat) or any(a is not b for a, b in zip(leaves, flat)):
-        _fast[0] = False
+        _flatten[0] = pytree.tree_flatten
         return None
     return spec
