@@ -39,6 +39,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: ``core.pydraws``), which costs nothing and needs no import.
 CORE_LAZY_IMPORTS: dict[tuple[str, str], str] = {}
 
+#: Front-door attributes resolved at first use (PEP 562 ``__getattr__``), so that ``import
+#: thunder_rs`` does not pay for what only some programs use; each names why. Nothing imports the
+#: package back from these modules, so no cycle hides behind them (test_no_import_cycle would
+#: not see one: keep the list short).
+FRONT_LAZY_IMPORTS: dict[tuple[str, str], str] = {
+    ("thunder_rs", "thunder_rs.rules"): "rewrite rules as data: 4 frozen dataclasses, ~4-9 ms at import",
+}
+
 
 class Import(NamedTuple):
     module: str
@@ -137,7 +145,9 @@ def function_level_imports(found: Sequence[Import], in_functions: Sequence[tuple
     others = [
         f"{i.module}:{i.line} imports {i.target} inside a function"
         for i in found
-        if i.in_function and not LAYERS[layer_of(i.module)][0].startswith("core")
+        if i.in_function
+        and not LAYERS[layer_of(i.module)][0].startswith("core")
+        and (i.module, i.target) not in FRONT_LAZY_IMPORTS
     ]
     return core + others
 

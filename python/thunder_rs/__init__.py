@@ -31,8 +31,6 @@ from thunder_rs.core.base.logs import configure_from_env as _configure_logs, set
 from thunder_rs.core.run.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.plugins import load_passes  # noqa: E402
 from thunder_rs.plugins import cargo_config, rust_crates_dir  # noqa: E402
-from thunder_rs import rules  # noqa: E402
-from thunder_rs.rules import Rule, register_rules  # noqa: E402
 from thunder_rs.executors import torch_ex as _torch_ex  # noqa: E402,F401
 from thunder_rs.executors import autograd_ex as _autograd_ex  # noqa: E402,F401
 from thunder_rs.executors.nvfuser_default import use_nvfuser_on_cuda as _use_nvfuser_on_cuda  # noqa: E402
@@ -69,6 +67,21 @@ __all__ = [
     "ExamineReport",
 ]
 __version__ = "0.1.0"
+
+#: Names the package resolves at their first use (PEP 562), so that ``import thunder_rs`` does not
+#: pay for them: rewrite rules as data are for the programs that register some.
+_LAZY = {"rules": None, "Rule": "Rule", "register_rules": "register_rules"}
+
+
+def __getattr__(name: str) -> _Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'thunder_rs' has no attribute {name!r}")
+    import thunder_rs.rules as rules_module  # noqa: PLC0415 (the lazy front-door names above)
+
+    value = rules_module if _LAZY[name] is None else getattr(rules_module, _LAZY[name])
+    globals()[name] = value
+    return value
+
 
 _configure_logs()
 
