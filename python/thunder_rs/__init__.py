@@ -70,15 +70,15 @@ __version__ = "0.1.0"
 
 #: Names the package resolves at their first use (PEP 562), so that ``import thunder_rs`` does not
 #: pay for them: rewrite rules as data are for the programs that register some.
-_LAZY = {"rules": None, "Rule": "Rule", "register_rules": "register_rules"}
+_LAZY_RULES = frozenset({"rules", "Rule", "register_rules"})
 
 
 def __getattr__(name: str) -> _Any:
-    if name not in _LAZY:
+    if name not in _LAZY_RULES:
         raise AttributeError(f"module 'thunder_rs' has no attribute {name!r}")
     import thunder_rs.rules as rules_module  # noqa: PLC0415 (the lazy front-door names above)
 
-    value = rules_module if _LAZY[name] is None else getattr(rules_module, _LAZY[name])
+    value = rules_module if name == "rules" else getattr(rules_module, name)
     globals()[name] = value
     return value
 
