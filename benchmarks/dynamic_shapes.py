@@ -95,32 +95,37 @@ def compiles(call) -> int | None:
         return None
 
 
-def per_call_us(call, x, repeats: int = 15) -> float:
+def per_call_us(calls: dict, x, repeats: int = 41) -> dict:
+    """Median per-call time of each callable on ``x``, the callables alternating within each repeat
+    so that load from other processes hits them alike."""
+    samples: dict = {name: [] for name in calls}
     with torch.no_grad():
-        call(x)
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter_ns()
+        for call in calls.values():
             call(x)
-            samples.append((time.perf_counter_ns() - start) / 1e3)
-    return statistics.median(samples)
+        for _ in range(repeats):
+            for name, call in calls.items():
+                start = time.perf_counter_ns()
+                call(x)
+                samples[name].append((time.perf_counter_ns() - start) / 1e3)
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def run_batch(backends: dict) -> dict:
     config = gpt.GPTConfig()
     model = gpt.GPT(config)
     gpt.init_weights(model, 0)
-    result = {}
+    result, calls = {}, {}
     for name, make in backends.items():
-        call = make(model)
+        calls[name] = call = make(model)
         start = time.perf_counter()
         with torch.no_grad():
             for batch in range(1, 33):
                 call(gpt.random_tokens(config, batch, 32))
         result[f"{name}_s"] = time.perf_counter() - start
         result[f"{name}_compiles"] = compiles(call)
-        for batch in (1, 8, 32):
-            result[f"{name}_us_at_{batch}"] = per_call_us(call, gpt.random_tokens(config, batch, 32))
+    for batch in (1, 8, 32):
+        for name, us in per_call_us(calls, gpt.random_tokens(config, batch, 32)).items():
+            result[f"{name}_us_at_{batch}"] = us
     return result
 
 
