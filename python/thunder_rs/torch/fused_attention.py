@@ -37,10 +37,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from thunder_rs import _core
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang import sdp_state
-from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current, proxies
+from thunder_rs.core.lang.recorder import current, output_meta, proxies
 from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
 from thunder_rs.torch.common import cast, sum_to
 from thunder_rs.torch.strides import contiguous_strides, strides_of
@@ -147,10 +146,7 @@ def _record(sid: int, meta, args: tuple):
     flows = any(isinstance(a, TensorProxy) and a.requires_grad for a in args)
     described = meta(*args)
     metas = [
-        _core.TensorMeta(
-            dtype_code=CODES[dtype], device=device, shape=tuple(shape), requires_grad=flows and differentiable
-        )
-        for shape, dtype, differentiable, _ in described
+        output_meta(shape, dtype, device, flows and differentiable) for shape, dtype, differentiable, _ in described
     ]
     outs = proxies(current().call(sid, args, None, metas))
     for out, (*_, strides) in zip(outs, described):

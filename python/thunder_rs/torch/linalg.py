@@ -23,11 +23,10 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core, clang, prims
-from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.core.lang.recorder import current, proxies
+from thunder_rs.core.lang.recorder import current, output_meta, proxies
 from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
@@ -407,15 +406,7 @@ def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers
     leaves, spec = tree_flatten(out)
     device = str(in_leaves[0].device)
     requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
-    metas = [
-        _core.TensorMeta(
-            dtype_code=CODES[t.dtype],
-            device=device,
-            shape=tuple(t.shape),
-            requires_grad=requires_grad and t.requires_grad,
-        )
-        for t in leaves
-    ]
+    metas = [output_meta(t.shape, t.dtype, device, requires_grad and t.requires_grad) for t in leaves]
     outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
 

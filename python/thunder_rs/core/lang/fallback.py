@@ -321,17 +321,18 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         flags = list(requires_grad) if isinstance(requires_grad, (tuple, list)) else [requires_grad] * len(leaves)
     # Complex results carry gradients as eager's do: the backward is torch's (``complex_calls``).
     metas = [
-        _core.TensorMeta(
-            dtype_code=CODES[t.dtype],
-            device=str(t.device) if autocast_state is not None else device,
-            shape=tuple(t.shape),
-            requires_grad=flag and (t.dtype.is_floating_point or t.dtype.is_complex),
+        output_meta(
+            t.shape,
+            t.dtype,
+            t.device if autocast_state is not None else device,
+            flag and (t.dtype.is_floating_point or t.dtype.is_complex),
         )
         for t, flag in zip(leaves, flags)
     ]
     replay = effect and requires_grad is None and any(m.requires_grad for m in metas)
     if replay:
-        metas.append(output_meta(_generator(args, kwargs).get_state(), False))
+        state = _generator(args, kwargs).get_state()
+        metas.append(output_meta(state.shape, state.dtype, state.device, False))
     sid = symbol_id(func, effect, autocast_state, replay)
     outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))[: len(leaves)]
     if checked is not None:
@@ -355,5 +356,5 @@ def user_fallback(func, args, kwargs, effect: bool = False):
 def record_effect(func, args: tuple, kwargs: dict, outputs: list):
     """Records ``func(*args, **kwargs)`` as an effect symbol (it acts on state outside the trace,
     such as the random number generator) whose outputs are tensors like ``outputs``."""
-    metas = [output_meta(t, False) for t in outputs]
+    metas = [output_meta(t.shape, t.dtype, t.device, False) for t in outputs]
     return proxies(current().call(symbol_id(func, effect=True), tuple(args), kwargs or None, metas))

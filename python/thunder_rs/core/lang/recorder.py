@@ -280,10 +280,11 @@ def record_prim(name: str, args: tuple):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def output_meta(t, requires_grad: bool) -> "_core.TensorMeta":
-    """The metadata of a call's output that is a tensor like ``t`` (a tensor or a proxy)."""
+def output_meta(shape, dtype: torch.dtype, device, requires_grad: bool) -> "_core.TensorMeta":
+    """The metadata of a call's output whose values Python describes (a fallback run on fake
+    tensors, a kernel recorded whole): ``device`` a ``torch.device`` or its name."""
     return _core.TensorMeta(
-        dtype_code=CODES[t.dtype], device=str(t.device), shape=tuple(t.shape), requires_grad=requires_grad
+        dtype_code=CODES[dtype], device=str(device), shape=tuple(shape), requires_grad=requires_grad
     )
 
 
@@ -421,8 +422,5 @@ def _whole_outputs(symbol_id: int, meta, args: tuple, kwargs: dict) -> list | No
     outputs = []
     for shape, dtype, *flows in described:
         inexact = dtype.is_floating_point or dtype.is_complex
-        requires_grad = differentiable and all(flows) and inexact
-        outputs.append(
-            _core.TensorMeta(dtype_code=CODES[dtype], device=device, shape=tuple(shape), requires_grad=requires_grad)
-        )
+        outputs.append(output_meta(shape, dtype, device, differentiable and all(flows) and inexact))
     return outputs
