@@ -734,12 +734,13 @@ pub fn rewrite<'r, R: RewriteRule>(trace: &Trace, rules: &'r [R], _cx: &PassCx) 
     let outputs = trace.outputs.map_values(&mut |v| Arg::Value(*subst.get(&v).unwrap_or(&v)));
     let fired = rules.iter().zip(&sweep.fired).filter(|(_, &n)| n > 0).map(|(r, &n)| (r.name(), n)).collect();
     let Sweep { builder, mut emitted, .. } = sweep;
+    let facts = std::sync::Arc::new(builder.facts().clone());
     let (values, _) = builder.into_parts();
     // What the rewrites left dead goes, as DCE removes it (without copying the calls again).
     let live = live_calls(&emitted, &outputs, values.len());
     let mut flags = live.into_iter();
     emitted.retain(|_| flags.next().unwrap_or(true));
-    let rewritten = Trace { values: values.into(), inputs: trace.inputs.clone(), bsyms: emitted, outputs };
+    let rewritten = Trace { values: values.into(), inputs: trace.inputs.clone(), bsyms: emitted, outputs, facts };
     Ok((rewritten, RewriteReport { fired }))
 }
 
@@ -809,9 +810,10 @@ mod tests {
         let x = input(&mut b, &[2, 3]);
         let id = SymbolTable::register("ltorch.reshape", SymbolKind::Composite);
         b.begin_composite(id, vec![Arg::Value(x), Arg::ints(&[6])], Vec::new());
-        let inner = b.record(Shape::Reshape { shape: vec![6] }.into(), vec![Arg::Value(x)]).unwrap()[0];
+        let inner = b.record(Shape::Reshape { shape: vec![6.into()] }.into(), vec![Arg::Value(x)]).unwrap()[0];
         b.end_composite(vec![inner]).unwrap();
-        let outer = b.record(Shape::Reshape { shape: vec![3, 2] }.into(), vec![Arg::Value(inner)]).unwrap()[0];
+        let outer =
+            b.record(Shape::Reshape { shape: vec![3.into(), 2.into()] }.into(), vec![Arg::Value(inner)]).unwrap()[0];
         let trace = b.finish(Arg::Value(outer)).unwrap();
         let rules = crate::views::RULES;
         let (out, report) = rewrite(&trace, rules, &PassCx::default()).unwrap();

@@ -63,6 +63,17 @@ pub fn split(joint: &Joint) -> Result<Split> {
     backward.iter().for_each(|b| b.for_each_input(|v| needed.push(v)));
     grads.for_each_value(&mut |v| needed.push(v));
     needed.retain(|v| !in_backward[v.index()]);
+    // The backward computes its symbolic sizes from the size values they read: those are saved.
+    let mut sizes = Vec::new();
+    let backward_values =
+        needed.iter().chain(cot_inputs).copied().chain(backward.iter().flat_map(|b| b.outputs.clone()));
+    backward_values.for_each(|v| {
+        t.tensor(v).iter().for_each(|m| m.shape.iter().for_each(|d| d.for_each_value(&mut |s| sizes.push(s))))
+    });
+    sizes.retain(|s| !needed.contains(s));
+    sizes.sort_unstable();
+    sizes.dedup();
+    needed.extend(sizes);
 
     let (residuals, mut recomputed) = choose_residuals(t, &sources, needed);
     recomputed.sort_by_key(|b| b.outputs[0]);
@@ -78,6 +89,7 @@ pub fn split(joint: &Joint) -> Result<Split> {
         inputs: primal_inputs.to_vec(),
         bsyms: fwd_bsyms,
         outputs: Arg::Tuple(vec![outputs.clone(), residual_args]),
+        facts: t.facts.clone(),
     };
     let mut bwd_bsyms = recomputed;
     bwd_bsyms.extend(backward.iter().cloned());
@@ -86,6 +98,7 @@ pub fn split(joint: &Joint) -> Result<Split> {
         inputs: residuals.iter().chain(cot_inputs).copied().collect(),
         bsyms: bwd_bsyms,
         outputs: grads.clone(),
+        facts: t.facts.clone(),
     };
     Ok(Split { forward: fwd, backward: bwd, residuals })
 }
@@ -160,8 +173,8 @@ fn narrows_input(t: &Trace, sources: &FxHashMap<ValueId, Source>, bsym: &BoundSy
 
 fn bytes(t: &Trace, v: ValueId) -> i64 {
     match t.value(v) {
-        ValueKind::Tensor(m) => m.numel() * m.dtype.itemsize() as i64,
-        ValueKind::Number(_) => 0,
+        ValueKind::Tensor(m) => m.numel_hint() * m.dtype.itemsize() as i64,
+        ValueKind::Number(_) | ValueKind::Size(_) => 0,
     }
 }
 

@@ -11,7 +11,7 @@
 use crate::rewrite::{any, call, rewrite, Input, Match, NewCall, Pat, Replacement, Rule};
 use crate::PassCx;
 use trace_ir::prims::{Linalg, Shape};
-use trace_ir::{Arg, Prim, Result, Scalar, Trace};
+use trace_ir::{Arg, Dim, Prim, Result, Scalar, Trace};
 
 /// The view-folding rule set, in the order the driver tries it.
 pub const RULES: &[Rule] = &[
@@ -86,8 +86,8 @@ const UNSQUEEZE_AS_RESHAPE: Rule = Rule {
     rewrite: |m| {
         let Prim::Shape(Shape::BroadcastInDim { shape, dims }) = m.prim("b")? else { return None };
         let x = m.meta("x")?;
-        let kept = dims.iter().zip(&x.shape).all(|(&d, &s)| shape[d] == s);
-        let added_are_ones = (0..shape.len()).filter(|d| !dims.contains(d)).all(|d| shape[d] == 1);
+        let kept = dims.iter().zip(&x.shape).all(|(&d, s)| shape[d] == *s);
+        let added_are_ones = (0..shape.len()).filter(|d| !dims.contains(d)).all(|d| shape[d] == Dim::Const(1));
         (kept && added_are_ones).then(|| reshape_to(m, "x", "b")).flatten()
     },
 };
@@ -99,7 +99,7 @@ const TRANSPOSE_AS_RESHAPE: Rule = Rule {
     rewrite: |m| {
         let perm = perm_of(m, "t")?;
         let x = m.meta("x")?;
-        let moved: Vec<usize> = perm.iter().copied().filter(|&p| x.shape[p] != 1).collect();
+        let moved: Vec<usize> = perm.iter().copied().filter(|&p| x.shape[p] != Dim::Const(1)).collect();
         moved.windows(2).all(|w| w[0] < w[1]).then(|| reshape_to(m, "x", "t")).flatten()
     },
 };
@@ -159,8 +159,8 @@ fn flattened_product(m: &Match, symbol: &'static str, args: impl FnOnce(usize) -
         && lead >= 2
         && x.ndim() == g.ndim()
         && g.shape[..lead] == x.shape[..lead]
-        && g2.shape == [g.shape[..lead].iter().product(), g.shape[lead]]
-        && x2.shape == [g2.shape[0], x.shape[lead]];
+        && g2.shape == [Dim::product(&g.shape[..lead]), g.shape[lead].clone()]
+        && x2.shape == [g2.shape[0].clone(), x.shape[lead].clone()];
     if !fits {
         return None;
     }

@@ -66,13 +66,14 @@ pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
         backprop(&mut e, &mut cots, &trace.bsyms)?;
     }
     let backward = builder.take_bsyms();
+    let facts = Arc::new(builder.facts().clone());
     let (values, inputs) = builder.into_parts();
     let grads = trace.inputs.iter().map(|i| cots.get(*i).map_or(Arg::None, Arg::Value)).collect();
     let mut bsyms = trace.bsyms.clone();
     let num_forward = bsyms.len();
     bsyms.extend(backward);
     let outputs_joint = Arg::Tuple(vec![trace.outputs.clone(), Arg::Tuple(grads)]);
-    let trace = Trace { values: Arc::new(values), inputs, bsyms, outputs: outputs_joint };
+    let trace = Trace { values: Arc::new(values), inputs, bsyms, outputs: outputs_joint, facts };
     Ok(Some(Joint { trace, num_forward, num_cotangents: outputs.len() }))
 }
 

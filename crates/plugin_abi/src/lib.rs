@@ -256,11 +256,13 @@ pub fn canonical(trace: &Trace) -> Trace {
     }
     let subst: rustc_hash::FxHashMap<ValueId, ValueId> = map.into_iter().collect();
     let outputs = trace.outputs.map_values(&mut |v| Arg::Value(*subst.get(&v).unwrap_or(&v)));
+    let rename = |v: ValueId| *subst.get(&v).unwrap_or(&v);
     Trace {
-        values: Arc::new(values),
+        values: Arc::new(values.iter().map(|k| k.renamed(&rename)).collect()),
         inputs: trace.inputs.iter().map(|v| subst[v]).collect(),
         bsyms: trace.bsyms.iter().map(|b| renamed_everywhere(b, &subst)).collect(),
         outputs,
+        facts: Arc::new(trace.facts.renamed(&rename)),
     }
 }
 

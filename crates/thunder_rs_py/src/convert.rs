@@ -121,7 +121,7 @@ pub fn to_kwargs(
 pub fn tensor_meta(code: u8, device: &str, shape: Vec<i64>, requires_grad: bool) -> PyResult<TensorMeta> {
     let dtype = DType::from_code(code).ok_or_else(|| PyTypeError::new_err(format!("bad dtype code {code}")))?;
     let device = py_result(Device::parse(device))?;
-    Ok(TensorMeta { dtype, device, shape, requires_grad })
+    Ok(TensorMeta { dtype, device, shape: trace_ir::sym::consts(&shape), requires_grad })
 }
 
 /// Converts an argument back to Python for a checker: tensor values become proxies made by
@@ -137,12 +137,15 @@ pub fn from_arg<'py>(
         Arg::Value(v) => match trace.value(*v) {
             ValueKind::Tensor(t) => make_proxy.call1((
                 v.0,
-                PyTuple::new(py, &t.shape)?,
+                PyTuple::new(py, t.hints())?,
                 t.dtype.code(),
                 t.device.to_string(),
                 t.requires_grad,
             )),
             ValueKind::Number(n) => from_arg(py, &Arg::Scalar(*n), trace, make_proxy, consts),
+            ValueKind::Size(_) => {
+                Err(PyTypeError::new_err(format!("{v} is a symbolic size, which Python cannot see yet")))
+            }
         },
         Arg::PyConst(i) => consts.get_item(*i as usize),
         other => Err(PyTypeError::new_err(format!("not a leaf argument: {other:?}"))),
@@ -176,5 +179,9 @@ pub fn to_py<'py>(
         Arg::Tuple(items) => PyTuple::new(py, seq(items)?)?.into_any(),
         Arg::List(items) => PyList::new(py, seq(items)?)?.into_any(),
         Arg::Slice(parts) => py.get_type::<PySlice>().call1(PyTuple::new(py, seq(&parts[..])?)?)?,
+        // Python has no symbolic ints yet: none reaches a trace it can read.
+        Arg::Sym(s) => {
+            return Err(PyTypeError::new_err(format!("the symbolic size {} cannot cross to Python yet", s.expr)))
+        }
     })
 }

@@ -46,7 +46,8 @@ impl RecordedTensor {
 
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.meta.shape)
+        // Hints: Python records constant sizes only (symbolic sizes are Rust-side so far).
+        PyTuple::new(py, self.meta.hints())
     }
 
     /// The dtype's code (an index into `dtype_names()`).
@@ -101,7 +102,8 @@ impl PyTensorMeta {
 
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.meta.shape)
+        // Hints: Python records constant sizes only (symbolic sizes are Rust-side so far).
+        PyTuple::new(py, self.meta.hints())
     }
 
     #[getter]

@@ -8,6 +8,7 @@ use crate::bail;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::prims::{Binary, Creation, Elementwise, Prim, Reduce, Shape, Unary};
+use crate::sym::Dim;
 use crate::trace::TraceBuilder;
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
@@ -108,7 +109,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// `v` reshaped to `shape`; `v` itself when it already has that shape.
-    pub fn reshape(&mut self, v: ValueId, shape: &[i64]) -> Result<ValueId> {
+    pub fn reshape(&mut self, v: ValueId, shape: &[Dim]) -> Result<ValueId> {
         if self.meta(v).shape == shape {
             return Ok(v);
         }
@@ -124,7 +125,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// Broadcasts `v` to `shape`, its dimensions mapped to `dims`.
-    pub fn broadcast(&mut self, v: ValueId, shape: &[i64], dims: Vec<usize>) -> Result<ValueId> {
+    pub fn broadcast(&mut self, v: ValueId, shape: &[Dim], dims: Vec<usize>) -> Result<ValueId> {
         if self.meta(v).shape == shape {
             return Ok(v);
         }
@@ -132,17 +133,20 @@ impl<'a> Emitter<'a> {
     }
 
     /// Expands a reduction's result over `dims` back to `shape` (the input's shape).
-    pub fn unreduce(&mut self, v: ValueId, shape: &[i64], dims: &[usize]) -> Result<ValueId> {
+    pub fn unreduce(&mut self, v: ValueId, shape: &[Dim], dims: &[usize]) -> Result<ValueId> {
         let kept: Vec<usize> = (0..shape.len()).filter(|d| !dims.contains(d)).collect();
         self.broadcast(v, shape, kept)
     }
 
     /// Undoes a broadcast of a value of `shape` to `g`'s shape (numpy rules: trailing dims line
     /// up): sums the added leading dims and the dims that were 1, then restores `shape`.
-    pub fn sum_to(&mut self, g: ValueId, shape: &[i64]) -> Result<ValueId> {
+    pub fn sum_to(&mut self, g: ValueId, shape: &[Dim]) -> Result<ValueId> {
         let g_shape = self.meta(g).shape;
         let lead = g_shape.len() - shape.len();
-        let dims = (0..g_shape.len()).filter(|&d| d < lead || (shape[d - lead] == 1 && g_shape[d] != 1)).collect();
+        let facts = self.builder.facts_mut();
+        let dims = (0..g_shape.len())
+            .filter(|&d| d < lead || (facts.is(&shape[d - lead], 1) && !facts.is(&g_shape[d], 1)))
+            .collect();
         let summed = self.sum(g, dims)?;
         self.reshape(summed, shape)
     }

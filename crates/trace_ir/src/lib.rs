@@ -58,6 +58,7 @@ pub mod parser;
 pub mod prims;
 pub mod printer;
 pub mod pysrc;
+pub mod sym;
 pub mod symbols;
 #[doc(hidden)]
 pub mod testing;
@@ -69,6 +70,7 @@ pub use dtype::{DType, Device, DeviceKind};
 pub use error::{ErrorKind, IrError, Result};
 pub use ids::{SymbolId, ValueId};
 pub use prims::{Prim, PrimId};
+pub use sym::{Dim, Facts};
 pub use symbols::{SymbolKind, SymbolTable};
 pub use trace::{BoundSymbol, GradRule, OpenCalls, Symbol, Trace, TraceBuilder};
 pub use value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};

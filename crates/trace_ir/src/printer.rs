@@ -51,6 +51,7 @@ pub fn write_arg(out: &mut String, arg: &Arg, style: &mut dyn ArgStyle) {
             out.push(')');
         }
         Arg::PyConst(i) => write!(out, "_c{i}").unwrap(),
+        Arg::Sym(s) => write!(out, "{}", s.expr).unwrap(),
     }
 }
 
@@ -111,6 +112,7 @@ pub fn describe_kind(kind: &ValueKind) -> String {
     match kind {
         ValueKind::Tensor(t) => t.describe(),
         ValueKind::Number(n) => format!("{} {n}", n.type_name()),
+        ValueKind::Size(hint) => format!("size {hint}"),
     }
 }
 
@@ -183,6 +185,9 @@ pub fn write_header(out: &mut String, trace: &Trace, name: &str) {
     writeln!(out, "def {name}({}):", params.join(", ")).unwrap();
     for &v in &trace.inputs {
         writeln!(out, "  # {}", describe_value(trace, v)).unwrap();
+    }
+    for guard in trace.facts.guards() {
+        writeln!(out, "  # guard {guard}").unwrap();
     }
 }
 

@@ -4,8 +4,9 @@ use crate::bail;
 use crate::error::Result;
 use crate::ids::{SymbolId, ValueId};
 use crate::prims::{Operand, Prim};
+use crate::sym::{Dim, Facts};
 use crate::symbols::{SymbolKind, SymbolTable};
-use crate::value::{Arg, Kwargs, TensorMeta, ValueKind};
+use crate::value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock};
 
@@ -215,7 +216,7 @@ impl BoundSymbol {
 /// let trace = parse_trace(text)?;
 /// assert_eq!(trace.inputs.len(), 1);
 /// assert_eq!(trace.bsyms[0].symbol.qualified_name(), "prims.exp");
-/// assert_eq!(trace.tensor(trace.bsyms[0].outputs[0]).unwrap().shape, vec![4]);
+/// assert_eq!(trace.tensor(trace.bsyms[0].outputs[0]).unwrap().hints(), vec![4]);
 /// assert!(trace.to_string().ends_with(text)); // after a header of imports
 /// # Ok::<(), trace_ir::IrError>(())
 /// ```
@@ -231,6 +232,9 @@ pub struct Trace {
     pub bsyms: Vec<BoundSymbol>,
     /// What the program returns: a value, or a tuple or list of them and literals.
     pub outputs: Arg,
+    /// The relations between symbolic sizes that recording and passes decided on hints alone:
+    /// guards the compiled program checks on each call. Empty for a trace of constant sizes.
+    pub facts: Arc<Facts>,
 }
 
 impl Trace {
@@ -249,7 +253,7 @@ impl Trace {
 
     /// The same program with other bound symbols (values and inputs shared).
     pub fn with_bsyms(&self, bsyms: Vec<BoundSymbol>, outputs: Arg) -> Trace {
-        Trace { values: self.values.clone(), inputs: self.inputs.clone(), bsyms, outputs }
+        Trace { values: self.values.clone(), inputs: self.inputs.clone(), bsyms, outputs, facts: self.facts.clone() }
     }
 
     /// Number of bound symbols, counting decompositions.
@@ -336,11 +340,22 @@ pub struct TraceBuilder {
     /// torch's grad mode while the calls being recorded ran: when it is off, their outputs do
     /// not require grad, so the VJP pass stops there (`torch.no_grad()` regions).
     grad_enabled: bool,
+    /// What meta and VJP rules decided on symbolic sizes' hints alone.
+    facts: Facts,
+    /// Whether some value is a size (only then are arguments searched for sizes).
+    has_sizes: bool,
 }
 
 impl Default for TraceBuilder {
     fn default() -> Self {
-        TraceBuilder { values: Vec::new(), inputs: Vec::new(), stack: vec![Frame::new(None, 0)], grad_enabled: true }
+        TraceBuilder {
+            values: Vec::new(),
+            inputs: Vec::new(),
+            stack: vec![Frame::new(None, 0)],
+            grad_enabled: true,
+            facts: Facts::default(),
+            has_sizes: false,
+        }
     }
 }
 
@@ -358,7 +373,19 @@ impl TraceBuilder {
             inputs: trace.inputs.clone(),
             stack: vec![Frame::new(None, trace.values.len() as u32)],
             grad_enabled: true,
+            facts: trace.facts.as_ref().clone(),
+            has_sizes: trace.values.iter().any(|k| matches!(k, ValueKind::Size(_))),
         }
+    }
+
+    /// The guards recorded so far (see [`Trace::facts`]).
+    pub fn facts(&self) -> &Facts {
+        &self.facts
+    }
+
+    /// The guards, for rules that decide on symbolic sizes (see [`Facts`]).
+    pub fn facts_mut(&mut self) -> &mut Facts {
+        &mut self.facts
     }
 
     /// Sets the grad mode under which the following calls are recorded.
@@ -416,6 +443,7 @@ impl TraceBuilder {
     }
 
     fn push_value(&mut self, kind: ValueKind) -> ValueId {
+        self.has_sizes |= matches!(kind, ValueKind::Size(_));
         self.values.push(kind);
         ValueId(self.values.len() as u32 - 1)
     }
@@ -432,15 +460,31 @@ impl TraceBuilder {
             Arg::Value(v) => match self.value(*v) {
                 Some(ValueKind::Tensor(t)) => Ok(Operand::Tensor(t)),
                 Some(ValueKind::Number(n)) => Ok(Operand::Number(*n)),
+                Some(ValueKind::Size(hint)) => Ok(Operand::Number(Scalar::Int(*hint))),
                 None => bail!(Runtime, op, "unknown value {v}"),
             },
             Arg::Scalar(s) => Ok(Operand::Number(*s)),
+            Arg::Sym(s) => Ok(Operand::Number(Scalar::Int(s.hint))),
             other => bail!(Type, op, "expected a tensor or number operand, got {other:?}"),
+        }
+    }
+
+    /// `Arg::Value(v)`, or the symbolic int `v` when `v` is a size value: sizes are written as
+    /// symbolic ints wherever they are arguments, so one form is matched and decoded.
+    pub fn sized(&self, v: ValueId) -> Arg {
+        match self.value(v) {
+            Some(ValueKind::Size(hint)) => Arg::dim(&Dim::size(v, *hint)),
+            _ => Arg::Value(v),
         }
     }
 
     /// Records `prims.<name>(*args)`, computing its outputs with the prim's meta rule.
     pub fn record_prim(&mut self, name: &str, args: Vec<Arg>) -> Result<Vec<ValueId>> {
+        // Only a trace with size values pays for looking for them.
+        let args = match self.has_sizes {
+            true => args.iter().map(|a| a.map_values(&mut |v| self.sized(v))).collect(),
+            false => args,
+        };
         let (prim, operands) = Prim::from_call(name, args)?;
         self.record(prim, operands)
     }
@@ -453,7 +497,10 @@ impl TraceBuilder {
         let requires_grad = self.grad_enabled
             && prim.is_differentiable()
             && resolved.iter().any(|o| matches!(o, Operand::Tensor(t) if t.requires_grad));
-        let metas = prim.meta(&resolved)?;
+        // A failed call leaves the guards as they were.
+        let mut facts = self.facts.clone();
+        let metas = prim.meta(&resolved, &mut facts)?;
+        self.facts = facts;
         let outputs = metas
             .into_iter()
             .map(|mut m| {
@@ -616,7 +663,13 @@ impl TraceBuilder {
         }
         let outputs = Arg::Tuple(outputs.iter().map(|&v| Arg::Value(v)).collect());
         let bsyms = self.stack.iter().flat_map(|frame| frame.bsyms.iter().cloned()).collect();
-        Ok(Trace { values: Arc::new(values), inputs: self.inputs.clone(), bsyms, outputs })
+        Ok(Trace {
+            values: Arc::new(values),
+            inputs: self.inputs.clone(),
+            bsyms,
+            outputs,
+            facts: Arc::new(self.facts.clone()),
+        })
     }
 
     /// Finishes the recording with the program's outputs.
@@ -625,6 +678,12 @@ impl TraceBuilder {
             bail!(Runtime, "recorder", "{} composite call(s) still open at the end of the trace", self.stack.len() - 1);
         }
         let top = self.stack.pop().expect("checked above");
-        Ok(Trace { values: Arc::new(self.values), inputs: self.inputs, bsyms: top.bsyms, outputs })
+        Ok(Trace {
+            values: Arc::new(self.values),
+            inputs: self.inputs,
+            bsyms: top.bsyms,
+            outputs,
+            facts: Arc::new(self.facts),
+        })
     }
 }

@@ -2,8 +2,10 @@
 
 use crate::dtype::{DType, Device};
 use crate::ids::ValueId;
+use crate::sym::{Dim, SymDim};
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 /// The metadata of a tensor value: what meta rules compute and what the cache key holds.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -12,18 +14,34 @@ pub struct TensorMeta {
     pub dtype: DType,
     /// Where the storage lives; prims require their tensor operands on one device.
     pub device: Device,
-    /// The size of each dimension, outermost first; empty for a 0-d tensor. Sizes are static: a
-    /// size that changes between calls is a cache miss.
-    pub shape: Vec<i64>,
+    /// The size of each dimension, outermost first; empty for a 0-d tensor. A size is a constant
+    /// (a different size is a cache miss) or symbolic: an expression over the trace's size values,
+    /// computed when the program runs (see [`crate::sym`]).
+    pub shape: Vec<Dim>,
     /// Whether autodiff flows through this value: set on inputs by the caller and propagated by
     /// the recorder to outputs of differentiable calls, as torch's `requires_grad`.
     pub requires_grad: bool,
 }
 
 impl TensorMeta {
-    /// A tensor that does not require grad.
+    /// A tensor of constant sizes that does not require grad.
     pub fn new(dtype: DType, device: Device, shape: Vec<i64>) -> Self {
+        TensorMeta::with_dims(dtype, device, crate::sym::consts(&shape))
+    }
+
+    /// A tensor of these sizes, constant or symbolic, that does not require grad.
+    pub fn with_dims(dtype: DType, device: Device, shape: Vec<Dim>) -> Self {
         TensorMeta { dtype, device, shape, requires_grad: false }
+    }
+
+    /// The sizes as they were when the trace was recorded (each symbolic size's hint).
+    pub fn hints(&self) -> Vec<i64> {
+        crate::sym::hints(&self.shape)
+    }
+
+    /// Whether some size is symbolic.
+    pub fn is_symbolic(&self) -> bool {
+        self.shape.iter().any(Dim::is_sym)
     }
 
     /// The number of dimensions (`Tensor.ndim`).
@@ -32,8 +50,13 @@ impl TensorMeta {
     }
 
     /// The number of elements: the product of the sizes, 1 for a 0-d tensor.
-    pub fn numel(&self) -> i64 {
-        self.shape.iter().product()
+    pub fn numel(&self) -> Dim {
+        Dim::product(&self.shape)
+    }
+
+    /// The number of elements when the trace was recorded.
+    pub fn numel_hint(&self) -> i64 {
+        self.shape.iter().map(Dim::hint).product()
     }
 
     /// `cpu f32[8, 8]`: the type comment of traces.
@@ -120,14 +143,29 @@ pub enum ValueKind {
     Tensor(TensorMeta),
     /// A number input. Numbers are specialised on their value (the value is in the cache key).
     Number(Scalar),
+    /// An int that is a size read from the inputs and may change between calls (the symbolic
+    /// sizes of [`crate::sym`] are expressions over these), with its value when recorded.
+    Size(i64),
 }
 
 impl ValueKind {
+    /// The same kind with the size values its symbolic sizes read renamed by `f` (a pass that
+    /// renumbers values).
+    pub fn renamed(&self, f: &impl Fn(ValueId) -> ValueId) -> ValueKind {
+        match self {
+            ValueKind::Tensor(t) if t.is_symbolic() => {
+                let shape = t.shape.iter().map(|d| d.renamed(f)).collect();
+                ValueKind::Tensor(TensorMeta { shape, ..t.clone() })
+            }
+            other => other.clone(),
+        }
+    }
+
     /// The tensor's metadata; `None` for a number.
     pub fn as_tensor(&self) -> Option<&TensorMeta> {
         match self {
             ValueKind::Tensor(t) => Some(t),
-            ValueKind::Number(_) => None,
+            ValueKind::Number(_) | ValueKind::Size(_) => None,
         }
     }
 }
@@ -145,6 +183,8 @@ pub enum Arg {
     Value(ValueId),
     /// A number literal, printed as Python prints it.
     Scalar(Scalar),
+    /// A symbolic int: an expression over size values, printed as Python (`2*t3 + 1`).
+    Sym(Arc<SymDim>),
     /// Python's `None`.
     None,
     /// Python's `...` (in indexing arguments).
@@ -173,10 +213,24 @@ impl Arg {
         Arg::Tuple(values.iter().map(|&i| Arg::Scalar(Scalar::Int(i))).collect())
     }
 
+    /// A size as an argument: an int literal, or a symbolic int.
+    pub fn dim(d: &Dim) -> Arg {
+        match d {
+            Dim::Const(c) => Arg::Scalar(Scalar::Int(*c)),
+            Dim::Sym(s) => Arg::Sym(s.clone()),
+        }
+    }
+
+    /// A tuple of sizes: how symbolic shapes are passed to composites.
+    pub fn dims(dims: &[Dim]) -> Arg {
+        Arg::Tuple(dims.iter().map(Arg::dim).collect())
+    }
+
     /// Calls `f` on every value this argument refers to, in order.
     pub fn for_each_value(&self, f: &mut impl FnMut(ValueId)) {
         match self {
             Arg::Value(v) => f(*v),
+            Arg::Sym(s) => s.expr.for_each_value(f),
             Arg::Tuple(items) | Arg::List(items) => items.iter().for_each(|a| a.for_each_value(f)),
             Arg::Slice(parts) => parts.iter().for_each(|a| a.for_each_value(f)),
             _ => {}
@@ -191,6 +245,9 @@ impl Arg {
             Arg::List(items) => Arg::List(items.iter().map(|a| a.map_values(f)).collect()),
             Arg::Slice(parts) => {
                 Arg::Slice(Box::new([parts[0].map_values(f), parts[1].map_values(f), parts[2].map_values(f)]))
+            }
+            Arg::Sym(s) => {
+                Arg::dim(&Dim::from_poly(s.expr.substitute(&mut |v| crate::sym::arg_poly(&f(v), v)), s.hint))
             }
             other => other.clone(),
         }

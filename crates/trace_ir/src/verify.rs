@@ -3,8 +3,9 @@
 use crate::bail;
 use crate::error::Result;
 use crate::prims::Operand;
+use crate::sym::Facts;
 use crate::trace::{BoundSymbol, Symbol, Trace};
-use crate::value::{Arg, ValueKind};
+use crate::value::{Arg, Scalar, ValueKind};
 use crate::ValueId;
 
 /// Checks that every value is defined once before it is used, that every prim has as many
@@ -31,6 +32,9 @@ pub fn verify(trace: &Trace) -> Result<()> {
     for &v in &trace.inputs {
         define(&mut defined, v, "input")?;
     }
+    for &v in &trace.inputs {
+        check_sizes(trace, v, "input")?;
+    }
     for bsym in &trace.bsyms {
         check_uses(trace, &defined, bsym)?;
         let mut result = Ok(());
@@ -40,6 +44,9 @@ pub fn verify(trace: &Trace) -> Result<()> {
             }
         });
         result?;
+        for &v in &bsym.outputs {
+            check_sizes(trace, v, &bsym.symbol.qualified_name())?;
+        }
         check_prim(trace, bsym)?;
     }
     let mut missing = None;
@@ -59,6 +66,26 @@ fn define(defined: &mut [bool], v: ValueId, by: &str) -> Result<()> {
         None => bail!(Runtime, "verify", "{by} defines {v}, which is not in the value table"),
         Some(true) => bail!(Runtime, "verify", "{by} redefines {v}"),
         Some(slot) => *slot = true,
+    }
+    Ok(())
+}
+
+/// A value's symbolic sizes read only size values that are inputs of the trace: the program
+/// computes its sizes from what it is called with.
+fn check_sizes(trace: &Trace, v: ValueId, by: &str) -> Result<()> {
+    let Some(t) = trace.tensor(v) else { return Ok(()) };
+    let mut bad = None;
+    for d in &t.shape {
+        d.for_each_value(&mut |s| {
+            let is_size_input =
+                matches!(trace.values.get(s.index()), Some(ValueKind::Size(_))) && trace.inputs.contains(&s);
+            if !is_size_input {
+                bad.get_or_insert(s);
+            }
+        });
+    }
+    if let Some(s) = bad {
+        bail!(Runtime, "verify", "{by}: {v} is {}, whose size reads {s}, which is no size input", t.describe());
     }
     Ok(())
 }
@@ -90,12 +117,20 @@ fn check_prim(trace: &Trace, bsym: &BoundSymbol) -> Result<()> {
             Arg::Value(v) => match trace.value(*v) {
                 ValueKind::Tensor(t) => Ok(Operand::Tensor(t)),
                 ValueKind::Number(n) => Ok(Operand::Number(*n)),
+                ValueKind::Size(hint) => Ok(Operand::Number(Scalar::Int(*hint))),
             },
             Arg::Scalar(s) => Ok(Operand::Number(*s)),
+            Arg::Sym(s) => Ok(Operand::Number(Scalar::Int(s.hint))),
             other => bail!(Runtime, &op, "operand {other:?} is not a value or number"),
         })
         .collect::<Result<_>>()?;
-    let metas = prim.meta(&operands)?;
+    let mut relied = Facts::default();
+    let metas = prim.meta(&operands, &mut relied)?;
+    // What the call relies on must be checked by the compiled program: a pass that dropped the
+    // trace's guards would run it where it computes something else.
+    if let Some(g) = relied.guards().iter().find(|g| !trace.facts.guards().contains(g)) {
+        bail!(Runtime, &op, "relies on `{g}`, which is not among the trace's guards");
+    }
     if metas.len() != bsym.outputs.len() {
         bail!(Runtime, &op, "has {} outputs but its meta rule gives {}", bsym.outputs.len(), metas.len());
     }

@@ -112,6 +112,7 @@ fn values_are_renumbered_in_definition_order() {
         inputs: vec![ValueId(0)],
         bsyms: vec![exp, neg],
         outputs: Arg::Value(ValueId(1)),
+        facts: trace.facts.clone(),
     };
     assert_eq!(decode(&encode(&shuffled)).unwrap(), trace);
 }

@@ -81,7 +81,7 @@ fn rejects_a_wrong_recorded_meta() {
     let mut trace = sample();
     let mut values = (*trace.values).clone();
     let ValueKind::Tensor(t1) = &mut values[1] else { unreachable!() };
-    t1.shape = vec![5];
+    t1.shape = vec![5.into()];
     trace.values = Arc::new(values);
     assert_fails(&trace, "prims.exp", &["output t1 is cpu f32[5] but its meta rule gives cpu f32[4]"]);
 }

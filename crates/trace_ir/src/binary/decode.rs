@@ -5,6 +5,7 @@ use crate::dtype::{DType, Device, DeviceKind};
 use crate::error::{ErrorKind, IrError, Result};
 use crate::ids::ValueId;
 use crate::prims::{Operands, Prim};
+use crate::sym::{Atom, Dim, Poly};
 use crate::symbols::{SymbolKind, SymbolTable};
 use crate::trace::{no_subsymbols, BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
@@ -53,10 +54,11 @@ pub fn decode(bytes: &[u8]) -> Result<Trace> {
     let inputs = r.ids_list()?;
     let bsyms = r.bsyms(0)?;
     let outputs = r.arg(0)?;
+    let facts = r.facts()?;
     if r.at != bytes.len() {
         return Err(r.error(format!("{} bytes follow the trace", bytes.len() - r.at)));
     }
-    Ok(Trace { values: Arc::new(r.values), inputs, bsyms, outputs })
+    Ok(Trace { values: Arc::new(r.values), inputs, bsyms, outputs, facts: Arc::new(facts) })
 }
 
 /// What a name-table entry resolves to in this process.
@@ -75,7 +77,7 @@ struct PrimName {
     by_params: FxHashMap<Box<[u8]>, Prim>,
 }
 
-struct Reader<'a> {
+pub(super) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
     names: Vec<Name>,
@@ -87,12 +89,12 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn error(&self, message: impl std::fmt::Display) -> IrError {
+    pub(super) fn error(&self, message: impl std::fmt::Display) -> IrError {
         IrError::new(ErrorKind::Value, OP, format!("byte {}: {message}", self.at))
     }
 
     #[inline]
-    fn byte(&mut self) -> Result<u8> {
+    pub(super) fn byte(&mut self) -> Result<u8> {
         let b = *self.bytes.get(self.at).ok_or_else(|| self.error("the buffer ends inside the trace"))?;
         self.at += 1;
         Ok(b)
@@ -107,7 +109,7 @@ impl Reader<'_> {
     }
 
     #[inline(always)]
-    fn uint(&mut self) -> Result<u64> {
+    pub(super) fn uint(&mut self) -> Result<u64> {
         // Most varints (ids below 128, counts, tags) are one byte: that path is inlined at each
         // of the ten or so reads per call (through a call it cost a tenth of a decode).
         match self.bytes.get(self.at) {
@@ -132,12 +134,12 @@ impl Reader<'_> {
         Err(self.error("a varint longer than 64 bits"))
     }
 
-    fn int(&mut self) -> Result<i64> {
+    pub(super) fn int(&mut self) -> Result<i64> {
         let v = self.uint()?;
         Ok((v >> 1) as i64 ^ -((v & 1) as i64))
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32> {
+    pub(super) fn u32(&mut self, what: &str) -> Result<u32> {
         let v = self.uint()?;
         u32::try_from(v).map_err(|_| self.error(format!("{what} {v} does not fit 32 bits")))
     }
@@ -145,7 +147,7 @@ impl Reader<'_> {
     /// A count of items that each take at least one byte: more than the bytes left is corrupt
     /// (and must not reach `Vec::with_capacity`).
     #[inline]
-    fn count(&mut self) -> Result<usize> {
+    pub(super) fn count(&mut self) -> Result<usize> {
         let n = self.uint()?;
         if n > (self.bytes.len() - self.at) as u64 {
             return Err(self.error(format!("a count of {n} items with {} bytes left", self.bytes.len() - self.at)));
@@ -244,7 +246,7 @@ impl Reader<'_> {
                     other => return Err(self.error(format!("requires_grad is {other}, not 0 or 1"))),
                 };
                 let n = self.count()?;
-                let shape = self.list(n, Reader::int)?;
+                let shape = self.list(n, |r| r.wire_dim(0))?;
                 Ok(ValueKind::Tensor(TensorMeta { dtype, device, shape, requires_grad }))
             }
             VALUE_NUMBER => {
@@ -254,6 +256,7 @@ impl Reader<'_> {
                     None => Err(self.error(format!("a number value with tag {tag}"))),
                 }
             }
+            VALUE_SIZE => Ok(ValueKind::Size(self.int()?)),
             other => Err(self.error(format!("unknown value kind {other}"))),
         }
     }
@@ -261,14 +264,30 @@ impl Reader<'_> {
     /// A value id, renumbered: the first mention of a wire value gives it the next new id.
     #[inline]
     fn id(&mut self) -> Result<ValueId> {
-        let wire = self.u32("value id")? as usize;
+        let wire = self.u32("value id")?;
+        self.mention(wire)
+    }
+
+    /// The new id of wire value `wire`, given when first mentioned; a tensor's symbolic sizes
+    /// mention the size values they read.
+    pub(super) fn mention(&mut self, wire: u32) -> Result<ValueId> {
+        let wire = wire as usize;
         let Some(&new) = self.ids.get(wire) else {
             return Err(self.error(format!("value t{wire} is not in the table of {} values", self.ids.len())));
         };
         if new != u32::MAX {
             return Ok(ValueId(new));
         }
-        let kind = self.wire[wire].take().expect("a value is taken once, when first mentioned");
+        let Some(mut kind) = self.wire[wire].take() else {
+            return Err(self.error(format!("value t{wire}'s sizes read itself")));
+        };
+        if let ValueKind::Tensor(t) = &mut kind {
+            for d in t.shape.iter_mut().filter(|d| d.is_sym()) {
+                let expr =
+                    d.poly().substitute_fallible(&mut |v| self.mention(v.0).map(|id| Poly::atom(Atom::Value(id))))?;
+                *d = Dim::from_poly(expr, d.hint());
+            }
+        }
         let new = self.values.len() as u32;
         self.values.push(kind);
         self.ids[wire] = new;
@@ -299,6 +318,10 @@ impl Reader<'_> {
             ARG_LIST => Arg::List(self.args(depth + 1)?),
             ARG_SLICE => Arg::Slice(Box::new([self.arg(depth + 1)?, self.arg(depth + 1)?, self.arg(depth + 1)?])),
             ARG_PYCONST => Arg::PyConst(self.u32("constant index")?),
+            ARG_SYM => {
+                let expr = self.body_poly()?;
+                Arg::dim(&Dim::from_poly(expr, self.int()?))
+            }
             other => return Err(self.error(format!("unknown argument tag {other}"))),
         })
     }

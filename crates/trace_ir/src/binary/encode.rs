@@ -18,6 +18,7 @@ pub fn encode(trace: &Trace) -> Vec<u8> {
     body.ids(&trace.inputs);
     body.bsyms(&trace.bsyms);
     body.arg(&trace.outputs);
+    body.facts(&trace.facts);
     let mut out = Vec::with_capacity(body.out.len() + 16 * body.names.entries.len() + 8);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -74,13 +75,13 @@ fn entry(symbol: &Symbol) -> (u8, String) {
     }
 }
 
-struct Writer {
-    out: Vec<u8>,
+pub(super) struct Writer {
+    pub(super) out: Vec<u8>,
     names: Names,
 }
 
 impl Writer {
-    fn uint(&mut self, mut v: u64) {
+    pub(super) fn uint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.out.push((v as u8) | 0x80);
             v >>= 7;
@@ -88,7 +89,7 @@ impl Writer {
         self.out.push(v as u8);
     }
 
-    fn int(&mut self, v: i64) {
+    pub(super) fn int(&mut self, v: i64) {
         self.uint(((v << 1) ^ (v >> 63)) as u64);
     }
 
@@ -135,6 +136,10 @@ impl Writer {
                 self.out.push(VALUE_NUMBER);
                 self.scalar(*s);
             }
+            ValueKind::Size(hint) => {
+                self.out.push(VALUE_SIZE);
+                self.int(*hint);
+            }
         }
     }
 
@@ -143,7 +148,7 @@ impl Writer {
         self.device(t.device);
         self.out.push(t.requires_grad as u8);
         self.uint(t.shape.len() as u64);
-        t.shape.iter().for_each(|&d| self.int(d));
+        t.shape.iter().for_each(|d| self.dim(d));
     }
 
     fn arg(&mut self, arg: &Arg) {
@@ -175,6 +180,11 @@ impl Writer {
             Arg::PyConst(i) => {
                 self.out.push(ARG_PYCONST);
                 self.uint(*i as u64);
+            }
+            Arg::Sym(s) => {
+                self.out.push(ARG_SYM);
+                self.poly(&s.expr);
+                self.int(s.hint);
             }
         }
     }

@@ -7,11 +7,17 @@
 //! ```text
 //! magic  b"TRB\0", format version (u16, little-endian: FORMAT_VERSION)
 //! names  count, then per name: kind (u8: prim, composite, fallback, effect, region), UTF-8 bytes
-//! values count, then per value: its kind (tensor: dtype, device, requires_grad, shape; number)
+//! values count, then per value: its kind (tensor: dtype, device, requires_grad, shape; number;
+//!        size: hint)
 //! inputs count, value ids
 //! bsyms  count, then per bound symbol: name index, args, kwargs, subsymbols, outputs, grad rule
 //! output one argument
+//! guards count, then per guard: relation (u8), expression
 //! ```
+//!
+//! A size is a tag (constant: the int; symbolic: expression and hint); an expression is its terms'
+//! count, then per term its coefficient and atoms (count; each a value id, or a floor division or
+//! remainder: expression and divisor). Value ids in expressions are wire ids like any other.
 //!
 //! Symbols are named once per trace in the name table, never by a process-local id: a plugin's
 //! copy of `trace_ir` has its own [`crate::SymbolTable`], and prims' names are stable where their
@@ -28,6 +34,7 @@
 
 mod decode;
 mod encode;
+mod sizes;
 
 pub use decode::decode;
 pub use encode::encode;
@@ -36,7 +43,7 @@ pub use encode::encode;
 pub const MAGIC: [u8; 4] = *b"TRB\0";
 
 /// The version of the layout above; bumped on any change to it (and with it the plugin ABI).
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
 /// The kinds of entries of the name table.
 const NAME_PRIM: u8 = 0;
@@ -60,10 +67,12 @@ const ARG_TUPLE: u8 = 10;
 const ARG_LIST: u8 = 11;
 const ARG_SLICE: u8 = 12;
 const ARG_PYCONST: u8 = 13;
+const ARG_SYM: u8 = 14;
 
 /// Value kind tags.
 const VALUE_TENSOR: u8 = 0;
 const VALUE_NUMBER: u8 = 1;
+const VALUE_SIZE: u8 = 2;
 
 /// How deeply arguments and decompositions may nest: deeper is a corrupt buffer (the decoder
 /// recurses, and a crafted buffer must not overflow its stack).

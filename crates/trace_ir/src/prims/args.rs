@@ -5,6 +5,7 @@ use super::Operands;
 use crate::bail;
 use crate::dtype::{DType, Device};
 use crate::error::Result;
+use crate::sym::Dim;
 use crate::value::{Arg, Scalar};
 
 /// The positional arguments of one prim call, consumed left to right.
@@ -36,7 +37,7 @@ impl CallArgs {
 
     pub fn operand(&mut self, what: &str) -> Result<Arg> {
         match self.next(what)? {
-            arg @ (Arg::Value(_) | Arg::Scalar(_)) => Ok(arg),
+            arg @ (Arg::Value(_) | Arg::Scalar(_) | Arg::Sym(_)) => Ok(arg),
             other => bail!(Type, &self.op, "expected a tensor or number for {what}, got {other:?}"),
         }
     }
@@ -80,6 +81,31 @@ impl CallArgs {
                 })
                 .collect(),
             other => bail!(Type, &self.op, "expected a sequence of ints for {what}, got {other:?}"),
+        }
+    }
+
+    /// Takes a sequence of sizes: int literals or symbolic ints.
+    pub fn sizes(&mut self, what: &str) -> Result<Vec<Dim>> {
+        match self.next(what)? {
+            Arg::Tuple(items) | Arg::List(items) => items.iter().map(|a| self.size_item(what, a)).collect(),
+            other => bail!(Type, &self.op, "expected a sequence of ints for {what}, got {other:?}"),
+        }
+    }
+
+    /// Takes one size: an int literal or a symbolic int.
+    pub fn size(&mut self, what: &str) -> Result<Dim> {
+        match self.next(what)? {
+            Arg::Scalar(Scalar::Int(i)) => Ok(Dim::Const(i)),
+            Arg::Sym(s) => Ok(Dim::Sym(s)),
+            other => bail!(Type, &self.op, "expected an int for {what}, got {other:?}"),
+        }
+    }
+
+    fn size_item(&self, what: &str, a: &Arg) -> Result<Dim> {
+        match a {
+            Arg::Scalar(Scalar::Int(i)) => Ok(Dim::Const(*i)),
+            Arg::Sym(s) => Ok(Dim::Sym(s.clone())),
+            other => bail!(Type, &self.op, "expected ints in {what}, got {other:?}"),
         }
     }
 
@@ -136,15 +162,15 @@ impl CallArgs {
         }
     }
 
-    pub fn pad_config(&mut self, what: &str) -> Result<Vec<(i64, i64, i64)>> {
+    pub fn pad_config(&mut self, what: &str) -> Result<Vec<(Dim, Dim, i64)>> {
         let op = self.op.clone();
         match self.next(what)? {
             Arg::Tuple(items) | Arg::List(items) => items
                 .iter()
                 .map(|item| match item {
                     Arg::Tuple(t) | Arg::List(t) => match t.as_slice() {
-                        [Arg::Scalar(Scalar::Int(lo)), Arg::Scalar(Scalar::Int(hi)), Arg::Scalar(Scalar::Int(dil))] => {
-                            Ok((*lo, *hi, *dil))
+                        [lo, hi, Arg::Scalar(Scalar::Int(dil))] => {
+                            Ok((self.size_item(what, lo)?, self.size_item(what, hi)?, *dil))
                         }
                         _ => bail!(Type, &op, "expected (lo, hi, dilation) in padding_config, got {item:?}"),
                     },

@@ -9,6 +9,7 @@ use super::Operand;
 use crate::bail;
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
+use crate::sym::Facts;
 use crate::value::{Arg, TensorMeta, ValueKind};
 use crate::ValueId;
 
@@ -52,7 +53,7 @@ impl Conv {
 }
 
 impl Family for Conv {
-    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+    fn meta(&self, op: &str, operands: &[Operand], _facts: &mut Facts) -> Result<Vec<TensorMeta>> {
         let geometry = self.geometry();
         match self {
             Conv::Convolution { .. } => {
@@ -69,7 +70,7 @@ impl Family for Conv {
                 if out.shape != g.shape || out.dtype != g.dtype {
                     bail!(Value, op, "grad is {} but the convolution gives {}", g.describe(), out.describe());
                 }
-                let bias = TensorMeta::new(g.dtype, g.device, vec![out.shape[1]]);
+                let bias = TensorMeta::new(g.dtype, g.device, vec![out.shape[1].hint()]);
                 let wanted = [(*input_grad, a.clone()), (*weight_grad, w.clone()), (*bias_grad, bias)];
                 Ok(wanted.into_iter().filter(|(want, _)| *want).map(|(_, m)| m).collect())
             }
@@ -128,7 +129,7 @@ fn convolution(
     let spatial = check_operands(op, a, w, bias)?;
     check_geometry(op, geo, spatial)?;
     let out_channels = check_channels(op, geo, a, w, bias)?;
-    let mut shape = vec![a.shape[0], out_channels];
+    let mut shape = vec![a.shape[0].hint(), out_channels];
     for i in 0..spatial {
         shape.push(spatial_output(op, geo, a, w, i)?);
     }
@@ -195,12 +196,15 @@ fn check_geometry(op: &str, geo: &Geometry, spatial: usize) -> Result<()> {
 /// The output channels, checking the input's channels, the weight's groups and the bias's shape.
 fn check_channels(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -> Result<i64> {
     let groups = geo.groups;
-    let (in_channels, out_channels) =
-        if geo.transposed { (w.shape[0], w.shape[1] * groups) } else { (w.shape[1] * groups, w.shape[0]) };
-    if a.shape[1] != in_channels {
-        bail!(Runtime, op, "expected input {:?} to have {in_channels} channels (weight {:?}, groups {groups}), but got {} channels instead (argument a)", a.shape, w.shape, a.shape[1]);
+    let (in_channels, out_channels) = if geo.transposed {
+        (w.shape[0].hint(), w.shape[1].hint() * groups)
+    } else {
+        (w.shape[1].hint() * groups, w.shape[0].hint())
+    };
+    if a.shape[1].hint() != in_channels {
+        bail!(Runtime, op, "expected input {:?} to have {in_channels} channels (weight {:?}, groups {groups}), but got {} channels instead (argument a)", a.shape, w.shape, a.shape[1].hint());
     }
-    if w.shape[0] % groups != 0 {
+    if w.shape[0].hint() % groups != 0 {
         bail!(
             Runtime,
             op,
@@ -209,7 +213,7 @@ fn check_channels(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias
         );
     }
     if let Some(b) = bias {
-        if b.shape != [out_channels] {
+        if b.hints() != [out_channels] {
             bail!(Runtime, op, "expected a bias of shape [{out_channels}], got {:?} (argument bias)", b.shape);
         }
     }
@@ -218,7 +222,7 @@ fn check_channels(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias
 
 /// The output size of spatial dim `i`.
 fn spatial_output(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, i: usize) -> Result<i64> {
-    let (size, k) = (a.shape[2 + i], w.shape[2 + i]);
+    let (size, k) = (a.shape[2 + i].hint(), w.shape[2 + i].hint());
     let (s, p, d, op_) = (geo.stride[i], geo.padding[i], geo.dilation[i], geo.output_padding[i]);
     let out = if geo.transposed {
         (size - 1) * s - 2 * p + d * (k - 1) + op_ + 1

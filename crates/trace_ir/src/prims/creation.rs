@@ -6,6 +6,7 @@ use crate::bail;
 use crate::dtype::{DType, Device};
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
+use crate::sym::{show, Dim, Facts};
 use crate::value::{Arg, Scalar, TensorMeta};
 use crate::ValueId;
 
@@ -14,13 +15,13 @@ declare_family! {
     pub enum Creation {
         /// A tensor of `shape` filled with `fill`.
         Full = "full", Operands::Fixed(0),
-            { shape: Vec<i64> = "shape", fill: Scalar = "fill_value", device: Device = "device", dtype: DType = "dtype" };
+            { shape: Vec<Dim> = "shape", fill: Scalar = "fill_value", device: Device = "device", dtype: DType = "dtype" };
         /// `start, start + step, ...`, `length` values.
         Iota = "iota", Operands::Fixed(0),
-            { length: i64 = "length", start: i64 = "start", step: i64 = "step", device: Device = "device", dtype: DType = "dtype" };
+            { length: Dim = "length", start: i64 = "start", step: i64 = "step", device: Device = "device", dtype: DType = "dtype" };
         /// Uniform samples in `[low, high)` from torch's generator.
         Uniform = "uniform", Operands::Fixed(0),
-            { shape: Vec<i64> = "shape", low: Scalar = "minval", high: Scalar = "maxval", device: Device = "device", dtype: DType = "dtype" };
+            { shape: Vec<Dim> = "shape", low: Scalar = "minval", high: Scalar = "maxval", device: Device = "device", dtype: DType = "dtype" };
     }
 }
 
@@ -35,8 +36,8 @@ impl Creation {
 }
 
 impl Family for Creation {
-    fn meta(&self, op: &str, _operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-        meta(self, op)
+    fn meta(&self, op: &str, _operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
+        meta(self, op, facts)
     }
 
     fn vjp(
@@ -50,17 +51,17 @@ impl Family for Creation {
     }
 }
 
-fn meta(prim: &Creation, op: &str) -> Result<Vec<TensorMeta>> {
+fn meta(prim: &Creation, op: &str, facts: &mut Facts) -> Result<Vec<TensorMeta>> {
     let (shape, device, dtype) = match prim {
         Creation::Full { shape, device, dtype, .. } => (shape.clone(), *device, *dtype),
         Creation::Iota { length, device, dtype, .. } => {
-            if *length < 0 {
+            if !facts.le(&Dim::Const(0), length) {
                 bail!(Value, op, "length must be non-negative, got {length}");
             }
             if !(dtype.is_int() || dtype.is_float()) {
                 bail!(Type, op, "expected an integer or floating dtype, got {dtype}");
             }
-            (vec![*length], *device, *dtype)
+            (vec![length.clone()], *device, *dtype)
         }
         Creation::Uniform { shape, low, high, device, dtype } => {
             if !dtype.is_float() {
@@ -72,8 +73,8 @@ fn meta(prim: &Creation, op: &str) -> Result<Vec<TensorMeta>> {
             (shape.clone(), *device, *dtype)
         }
     };
-    if let Some(bad) = shape.iter().find(|&&s| s < 0) {
-        bail!(Value, op, "shape {shape:?} has a negative size {bad}");
+    if let Some(bad) = shape.iter().find(|s| !facts.le(&Dim::Const(0), s)) {
+        bail!(Value, op, "shape {} has a negative size {bad}", show(&shape));
     }
-    Ok(vec![TensorMeta::new(dtype, device, shape)])
+    Ok(vec![TensorMeta::with_dims(dtype, device, shape)])
 }

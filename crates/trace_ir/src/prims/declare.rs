@@ -11,6 +11,7 @@ use super::Operand;
 use crate::dtype::{DType, Device};
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
+use crate::sym::{Dim, Facts};
 use crate::value::{Arg, Scalar, TensorMeta};
 use crate::ValueId;
 
@@ -138,20 +139,40 @@ impl Param for Device {
     }
 }
 
-/// `pad`'s `(lo, hi, interior dilation)` per dim.
-impl Param for Vec<(i64, i64, i64)> {
+/// `pad`'s `(lo, hi, interior dilation)` per dim; `lo` and `hi` may be symbolic.
+impl Param for Vec<(Dim, Dim, i64)> {
     fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
         c.pad_config(what)
     }
     fn to_arg(&self) -> Arg {
-        Arg::Tuple(self.iter().map(|&(l, h, d)| Arg::ints(&[l, h, d])).collect())
+        Arg::Tuple(self.iter().map(|(l, h, d)| Arg::Tuple(vec![Arg::dim(l), Arg::dim(h), int(*d)])).collect())
+    }
+}
+
+/// Sizes: int literals or symbolic ints.
+impl Param for Vec<Dim> {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.sizes(what)
+    }
+    fn to_arg(&self) -> Arg {
+        Arg::dims(self)
+    }
+}
+
+/// One size: an int literal or a symbolic int.
+impl Param for Dim {
+    fn take(c: &mut CallArgs, what: &str) -> Result<Self> {
+        c.size(what)
+    }
+    fn to_arg(&self) -> Arg {
+        Arg::dim(self)
     }
 }
 
 /// What every family provides beyond its declaration: the rules.
 pub trait Family: Sized {
     /// The outputs' metadata, or a precise error naming `op` and the argument.
-    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>>;
+    fn meta(&self, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>>;
 
     /// The gradients of one call (reverse mode): `cots` holds the cotangent of each output
     /// (`None` where no gradient flows); the result has one entry per operand.

@@ -11,6 +11,7 @@ use crate::bail;
 use crate::dtype::{DType, Device};
 use crate::error::Result;
 use crate::grad::{number, Emitter, Grads};
+use crate::sym::{show, Facts};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
 use std::f64::consts::{LN_10, LN_2, PI};
@@ -272,10 +273,10 @@ pub(super) fn tensor<'a>(op: &str, what: &str, operand: &Operand<'a>) -> Result<
 }
 
 impl Family for Unary {
-    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+    fn meta(&self, op: &str, operands: &[Operand], _facts: &mut Facts) -> Result<Vec<TensorMeta>> {
         let a = tensor(op, "a", &operands[0])?;
         check_dtype(op, "a", a.dtype, self.accepts())?;
-        Ok(vec![TensorMeta::new(self.output().dtype(a.dtype), a.device, a.shape.clone())])
+        Ok(vec![TensorMeta::with_dims(self.output().dtype(a.dtype), a.device, a.shape.clone())])
     }
 
     fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
@@ -299,7 +300,12 @@ fn check_number(op: &str, what: &str, n: Scalar, dtype: DType) -> Result<()> {
 
 /// Checks that all tensor operands agree in shape and device; returns the first tensor and its
 /// name.
-fn common_tensor<'a, 'n>(op: &str, names: &[&'n str], operands: &[Operand<'a>]) -> Result<(&'n str, &'a TensorMeta)> {
+fn common_tensor<'a, 'n>(
+    op: &str,
+    names: &[&'n str],
+    operands: &[Operand<'a>],
+    facts: &mut Facts,
+) -> Result<(&'n str, &'a TensorMeta)> {
     let mut first: Option<(&str, &TensorMeta)> = None;
     for (name, operand) in names.iter().zip(operands) {
         let Operand::Tensor(t) = operand else { continue };
@@ -307,13 +313,13 @@ fn common_tensor<'a, 'n>(op: &str, names: &[&'n str], operands: &[Operand<'a>]) 
             first = Some((name, t));
             continue;
         };
-        if t.shape != f.shape {
+        if !facts.same_shape(&t.shape, &f.shape) {
             bail!(
                 Value,
                 op,
-                "shapes of {first_name} {:?} and {name} {:?} differ (prims do not broadcast)",
-                f.shape,
-                t.shape
+                "shapes of {first_name} {} and {name} {} differ (prims do not broadcast)",
+                show(&f.shape),
+                show(&t.shape)
             );
         }
         if t.device != f.device {
@@ -327,9 +333,9 @@ fn common_tensor<'a, 'n>(op: &str, names: &[&'n str], operands: &[Operand<'a>]) 
 }
 
 impl Family for Binary {
-    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+    fn meta(&self, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
         let names = ["a", "b"];
-        let (name_t, t) = common_tensor(op, &names, operands)?;
+        let (name_t, t) = common_tensor(op, &names, operands, facts)?;
         let dtype = t.dtype;
         for (name, operand) in names.iter().zip(operands) {
             match operand {
@@ -341,7 +347,7 @@ impl Family for Binary {
             }
         }
         check_dtype(op, name_t, dtype, self.accepts())?;
-        Ok(vec![TensorMeta::new(self.output().dtype(dtype), t.device, t.shape.clone())])
+        Ok(vec![TensorMeta::with_dims(self.output().dtype(dtype), t.device, t.shape.clone())])
     }
 
     fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
@@ -351,9 +357,9 @@ impl Family for Binary {
     }
 }
 
-fn where_(op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+fn where_(op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
     let names = ["pred", "a", "b"];
-    let (_, t) = common_tensor(op, &names, operands)?;
+    let (_, t) = common_tensor(op, &names, operands, facts)?;
     match &operands[0] {
         Operand::Tensor(p) if p.dtype != DType::Bool => {
             bail!(Type, op, "expected a bool tensor for pred, got {}", p.dtype)
@@ -373,23 +379,23 @@ fn where_(op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
         }
         _ => bail!(Type, op, "expected a tensor for a or b, got only numbers"),
     };
-    Ok(vec![TensorMeta::new(value_dtype, t.device, t.shape.clone())])
+    Ok(vec![TensorMeta::with_dims(value_dtype, t.device, t.shape.clone())])
 }
 
 impl Family for Elementwise {
-    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+    fn meta(&self, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
         if let Elementwise::Where {} = self {
-            return where_(op, operands);
+            return where_(op, operands, facts);
         }
         let a = tensor(op, "a", &operands[0])?;
-        let mut out = TensorMeta::new(a.dtype, a.device, a.shape.clone());
+        let mut out = TensorMeta::with_dims(a.dtype, a.device, a.shape.clone());
         match self {
             Elementwise::ConvertElementType { dtype } => out.dtype = *dtype,
             Elementwise::DevicePut { device } => out.device = *device,
             Elementwise::Polygamma { .. } => check_dtype(op, "a", a.dtype, Accepts::Float)?,
             Elementwise::Frexp {} => {
                 check_dtype(op, "a", a.dtype, Accepts::Float)?;
-                return Ok(vec![out, TensorMeta::new(DType::I32, a.device, a.shape.clone())]);
+                return Ok(vec![out, TensorMeta::with_dims(DType::I32, a.device, a.shape.clone())]);
             }
             Elementwise::Where {} => unreachable!("where is handled above"),
         }

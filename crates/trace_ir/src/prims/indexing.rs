@@ -8,6 +8,7 @@ use crate::bail;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
+use crate::sym::{Dim, Facts};
 use crate::value::{Arg, TensorMeta};
 use crate::ValueId;
 
@@ -40,8 +41,8 @@ declare_family! {
 }
 
 impl Family for Index {
-    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-        meta(self, op, operands)
+    fn meta(&self, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
+        meta(self, op, operands, facts)
     }
 
     fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
@@ -62,12 +63,19 @@ fn check_dim(op: &str, dim: usize, a: &TensorMeta) -> Result<()> {
 }
 
 /// torch's scatter_add: index has a's rank, fits in source everywhere and in a outside `dim`.
-fn check_scatter(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src: &TensorMeta) -> Result<()> {
+fn check_scatter(
+    op: &str,
+    dim: usize,
+    a: &TensorMeta,
+    index: &TensorMeta,
+    src: &TensorMeta,
+    facts: &mut Facts,
+) -> Result<()> {
     if index.ndim() != a.ndim() {
         bail!(Value, op, "index {:?} must have the rank of a {:?}", index.shape, a.shape);
     }
     for d in 0..a.ndim() {
-        if index.shape[d] > src.shape[d] {
+        if !facts.le(&index.shape[d], &src.shape[d]) {
             bail!(
                 Value,
                 op,
@@ -76,7 +84,7 @@ fn check_scatter(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src: 
                 src.shape[d]
             );
         }
-        if d != dim && index.shape[d] > a.shape[d] {
+        if d != dim && !facts.le(&index.shape[d], &a.shape[d]) {
             bail!(Value, op, "size {} of index at dimension {d} exceeds a's size {}", index.shape[d], a.shape[d]);
         }
     }
@@ -84,13 +92,20 @@ fn check_scatter(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src: 
 }
 
 /// torch's index_add: source is a with dimension `dim` resized to the number of indices.
-fn check_index_add(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src: &TensorMeta) -> Result<()> {
+fn check_index_add(
+    op: &str,
+    dim: usize,
+    a: &TensorMeta,
+    index: &TensorMeta,
+    src: &TensorMeta,
+    facts: &mut Facts,
+) -> Result<()> {
     if index.ndim() > 1 {
         bail!(Value, op, "expected index of rank 0 or 1, got {:?}", index.shape);
     }
     for d in 0..a.ndim() {
-        let expected = if d == dim { index.numel() } else { a.shape[d] };
-        if src.shape[d] != expected {
+        let expected = if d == dim { index.numel() } else { a.shape[d].clone() };
+        if !facts.equal(&src.shape[d], &expected) {
             let (shape, n) = (&a.shape, index.numel());
             bail!(
                 Value,
@@ -103,8 +118,8 @@ fn check_index_add(op: &str, dim: usize, a: &TensorMeta, index: &TensorMeta, src
     Ok(())
 }
 
-fn meta(prim: &Index, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-    let out = |like: &TensorMeta, dtype: DType, shape: Vec<i64>| TensorMeta::new(dtype, like.device, shape);
+fn meta(prim: &Index, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
+    let out = |like: &TensorMeta, dtype: DType, shape: Vec<Dim>| TensorMeta::with_dims(dtype, like.device, shape);
     match prim {
         Index::Embedding {} => {
             let indices = index_tensor(op, "indices", &operands[0])?;
@@ -113,7 +128,7 @@ fn meta(prim: &Index, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>>
                 bail!(Value, op, "expected weight of rank 2, got {:?}", weight.shape);
             }
             let mut shape = indices.shape.clone();
-            shape.push(weight.shape[1]);
+            shape.push(weight.shape[1].clone());
             Ok(vec![out(weight, weight.dtype, shape)])
         }
         Index::Take { dim } => {
@@ -136,7 +151,7 @@ fn meta(prim: &Index, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>>
             if index.ndim() != a.ndim() {
                 bail!(Value, op, "index {:?} must have the rank of a {:?}", index.shape, a.shape);
             }
-            let bad = |d: usize| d != *dim && index.shape[d] > a.shape[d];
+            let mut bad = |d: usize| d != *dim && !facts.le(&index.shape[d], &a.shape[d]);
             if let Some(d) = (0..a.ndim()).find(|&d| bad(d)) {
                 bail!(Value, op, "size {} of index at dimension {d} exceeds a's size {}", index.shape[d], a.shape[d]);
             }
@@ -154,21 +169,21 @@ fn meta(prim: &Index, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>>
                 bail!(Value, op, "source {:?} must have the rank of a {:?}", src.shape, a.shape);
             }
             match prim {
-                Index::ScatterAdd { .. } | Index::Scatter { .. } => check_scatter(op, *dim, a, index, src)?,
-                _ => check_index_add(op, *dim, a, index, src)?,
+                Index::ScatterAdd { .. } | Index::Scatter { .. } => check_scatter(op, *dim, a, index, src, facts)?,
+                _ => check_index_add(op, *dim, a, index, src, facts)?,
             }
             Ok(vec![out(a, a.dtype, a.shape.clone())])
         }
         Index::Topk { k, dim, .. } => {
             let a = tensor(op, "a", &operands[0])?;
             check_dim(op, *dim, a)?;
-            let size = a.shape.get(*dim).copied().unwrap_or(1);
-            if *k < 0 || *k > size {
+            let size = a.shape.get(*dim).cloned().unwrap_or(Dim::Const(1));
+            if *k < 0 || !facts.le(&Dim::Const(*k), &size) {
                 bail!(Index, op, "k = {k} is out of range for dimension {dim} of size {size}");
             }
             let mut shape = a.shape.clone();
             if !shape.is_empty() {
-                shape[*dim] = *k;
+                shape[*dim] = Dim::Const(*k);
             }
             Ok(vec![out(a, a.dtype, shape.clone()), out(a, DType::I64, shape)])
         }
@@ -199,7 +214,7 @@ fn vjp(
     Ok(match prim {
         Index::Embedding {} => {
             let (indices, weight) = (operand(0), operand(1));
-            let dim = e.meta(weight).shape[1];
+            let dim = e.meta(weight).shape[1].clone();
             let flat_index = e.reshape(indices, &[e.meta(indices).numel()])?;
             let rows = e.reshape(g.expect("one cotangent"), &[e.meta(indices).numel(), dim])?;
             vec![None, Some(scatter(e, Index::IndexAdd { dim: 0 }, weight, flat_index, rows)?)]
@@ -247,11 +262,11 @@ fn vjp(
 
 /// Pads `v` with zeros at the end of each dim up to `shape` (scatter sources larger than their
 /// index get no gradient past it).
-fn pad_to(e: &mut Emitter, v: ValueId, shape: &[i64]) -> Result<ValueId> {
+fn pad_to(e: &mut Emitter, v: ValueId, shape: &[Dim]) -> Result<ValueId> {
     let m = e.meta(v);
     if m.shape == shape {
         return Ok(v);
     }
-    let config = m.shape.iter().zip(shape).map(|(&have, &want)| (0, want - have, 0)).collect();
+    let config = m.shape.iter().zip(shape).map(|(have, want)| (Dim::Const(0), want.sub(have), 0)).collect();
     e.emit(Shape::Pad { value: crate::grad::number(m.dtype, 0.0), config }, vec![Arg::Value(v)])
 }

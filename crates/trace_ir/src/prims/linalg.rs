@@ -6,6 +6,7 @@ use super::Operand;
 use crate::bail;
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
+use crate::sym::{show, Dim, Facts};
 use crate::value::{Arg, TensorMeta};
 use crate::ValueId;
 
@@ -20,8 +21,8 @@ declare_family! {
 }
 
 impl Family for Linalg {
-    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-        meta(self, op, operands)
+    fn meta(&self, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
+        meta(self, op, operands, facts)
     }
 
     fn vjp(&self, e: &mut Emitter, operands: &[Arg], _outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
@@ -46,87 +47,99 @@ fn same_kind(op: &str, a: &TensorMeta, b: &TensorMeta, b_name: &str) -> Result<(
 }
 
 /// Broadcasts two batch shapes by torch's rules.
-pub(super) fn broadcast_shapes(op: &str, a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
+pub(super) fn broadcast_shapes(op: &str, a: &[Dim], b: &[Dim], facts: &mut Facts) -> Result<Vec<Dim>> {
     let n = a.len().max(b.len());
-    let at = |s: &[i64], i: usize| if i + s.len() >= n { s[i + s.len() - n] } else { 1 };
+    let one = Dim::Const(1);
+    let at = |s: &[Dim], i: usize| if i + s.len() >= n { s[i + s.len() - n].clone() } else { Dim::Const(1) };
     (0..n)
-        .map(|i| match (at(a, i), at(b, i)) {
-            (x, y) if x == y || y == 1 => Ok(x),
-            (1, y) => Ok(y),
-            (x, y) => bail!(Value, op, "batch dimensions of a {a:?} and b {b:?} do not broadcast ({x} vs {y})"),
+        .map(|i| {
+            let (x, y) = (at(a, i), at(b, i));
+            if facts.equal(&x, &y) || facts.equal(&y, &one) {
+                Ok(x)
+            } else if facts.equal(&x, &one) {
+                Ok(y)
+            } else {
+                bail!(Value, op, "batch dimensions of a {} and b {} do not broadcast ({x} vs {y})", show(a), show(b))
+            }
         })
         .collect()
 }
 
-fn matmul(op: &str, a: &TensorMeta, b: &TensorMeta) -> Result<Vec<i64>> {
+fn matmul(op: &str, a: &TensorMeta, b: &TensorMeta, facts: &mut Facts) -> Result<Vec<Dim>> {
     same_kind(op, a, b, "b")?;
     if a.ndim() == 0 || b.ndim() == 0 {
-        bail!(Value, op, "both arguments need to be at least 1D, got a {:?} and b {:?}", a.shape, b.shape);
+        bail!(Value, op, "both arguments need to be at least 1D, got a {} and b {}", show(&a.shape), show(&b.shape));
     }
-    let k_a = a.shape[a.ndim() - 1];
-    let k_b = if b.ndim() == 1 { b.shape[0] } else { b.shape[b.ndim() - 2] };
-    if k_a != k_b {
+    let k_a = &a.shape[a.ndim() - 1];
+    let k_b = if b.ndim() == 1 { &b.shape[0] } else { &b.shape[b.ndim() - 2] };
+    if !facts.equal(k_a, k_b) {
         bail!(
             Value,
             op,
-            "a {:?} and b {:?} cannot be multiplied (inner dimensions {k_a} and {k_b} differ)",
-            a.shape,
-            b.shape
+            "a {} and b {} cannot be multiplied (inner dimensions {k_a} and {k_b} differ)",
+            show(&a.shape),
+            show(&b.shape)
         );
     }
     let a_batch = if a.ndim() > 2 { &a.shape[..a.ndim() - 2] } else { &[][..] };
     let b_batch = if b.ndim() > 2 { &b.shape[..b.ndim() - 2] } else { &[][..] };
-    let mut shape = broadcast_shapes(op, a_batch, b_batch)?;
+    let mut shape = broadcast_shapes(op, a_batch, b_batch, facts)?;
     if a.ndim() >= 2 {
-        shape.push(a.shape[a.ndim() - 2]);
+        shape.push(a.shape[a.ndim() - 2].clone());
     }
     if b.ndim() >= 2 {
-        shape.push(b.shape[b.ndim() - 1]);
+        shape.push(b.shape[b.ndim() - 1].clone());
     }
     Ok(shape)
 }
 
-fn linear(op: &str, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -> Result<Vec<i64>> {
+fn linear(op: &str, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>, facts: &mut Facts) -> Result<Vec<Dim>> {
     same_kind(op, a, w, "weight")?;
     if a.ndim() == 0 || w.ndim() == 0 || w.ndim() > 2 {
         bail!(
             Value,
             op,
-            "expected a of rank >= 1 and weight of rank 1 or 2, got a {:?} and weight {:?}",
-            a.shape,
-            w.shape
+            "expected a of rank >= 1 and weight of rank 1 or 2, got a {} and weight {}",
+            show(&a.shape),
+            show(&w.shape)
         );
     }
-    let k = a.shape[a.ndim() - 1];
-    let k_w = w.shape[w.ndim() - 1];
-    if k != k_w {
-        bail!(Value, op, "a {:?} and weight {:?} cannot be multiplied ({k} vs {k_w} in features)", a.shape, w.shape);
+    let k = &a.shape[a.ndim() - 1];
+    let k_w = &w.shape[w.ndim() - 1];
+    if !facts.equal(k, k_w) {
+        bail!(
+            Value,
+            op,
+            "a {} and weight {} cannot be multiplied ({k} vs {k_w} in features)",
+            show(&a.shape),
+            show(&w.shape)
+        );
     }
     let mut shape = a.shape[..a.ndim() - 1].to_vec();
     if w.ndim() == 2 {
-        shape.push(w.shape[0]);
+        shape.push(w.shape[0].clone());
     }
     if let Some(bias) = bias {
         same_kind(op, a, bias, "bias")?;
-        let fits = broadcast_shapes(op, &shape, &bias.shape).is_ok_and(|out| out == shape);
+        let fits = broadcast_shapes(op, &shape, &bias.shape, facts).is_ok_and(|out| facts.same_shape(&out, &shape));
         if !fits {
-            bail!(Value, op, "bias {:?} does not broadcast to the output shape {shape:?}", bias.shape);
+            bail!(Value, op, "bias {} does not broadcast to the output shape {}", show(&bias.shape), show(&shape));
         }
     }
     Ok(shape)
 }
 
-fn meta(prim: &Linalg, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+fn meta(prim: &Linalg, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
     let a = tensor(op, "a", &operands[0])?;
     let b = tensor(op, if *prim == (Linalg::Matmul {}) { "b" } else { "weight" }, &operands[1])?;
     let shape = match prim {
-        Linalg::Matmul {} => matmul(op, a, b)?,
+        Linalg::Matmul {} => matmul(op, a, b, facts)?,
         Linalg::Linear {} => {
             let bias = operands.get(2).map(|o| tensor(op, "bias", o)).transpose()?;
-            linear(op, a, b, bias)?
+            linear(op, a, b, bias, facts)?
         }
     };
-    Ok(vec![TensorMeta::new(a.dtype, a.device, shape)])
+    Ok(vec![TensorMeta::with_dims(a.dtype, a.device, shape)])
 }
 
 // ---------------------------------------------------------------------------------- VJP rules
@@ -156,15 +169,16 @@ fn vjp_matmul(e: &mut Emitter, a: ValueId, b: ValueId, g: ValueId) -> Result<Gra
         let gb = e.broadcast(g, &sb, vec![])?;
         return Ok(vec![Some(e.mul(ga, b)?), Some(e.mul(gb, a)?)]);
     }
-    let a2 = if sa.len() == 1 { e.reshape(a, &[1, sa[0]])? } else { a };
-    let b2 = if sb.len() == 1 { e.reshape(b, &[sb[0], 1])? } else { b };
+    let one = Dim::Const(1);
+    let a2 = if sa.len() == 1 { e.reshape(a, &[one.clone(), sa[0].clone()])? } else { a };
+    let b2 = if sb.len() == 1 { e.reshape(b, &[sb[0].clone(), one.clone()])? } else { b };
     let (sa2, sb2) = (e.meta(a2).shape, e.meta(b2).shape);
     let mut g_shape = e.meta(g).shape;
     if sa.len() == 1 {
-        g_shape.insert(g_shape.len() - usize::from(sb.len() > 1), 1);
+        g_shape.insert(g_shape.len() - usize::from(sb.len() > 1), one.clone());
     }
     if sb.len() == 1 {
-        g_shape.push(1);
+        g_shape.push(one);
     }
     let g2 = e.reshape(g, &g_shape)?;
     let bt = e.swap_last(b2)?;
@@ -189,9 +203,9 @@ fn vjp_linear(e: &mut Emitter, x: ValueId, w: ValueId, g: ValueId) -> Result<Gra
         return Ok(vec![Some(gx), Some(gw)]);
     }
     let gx = e.emit(Linalg::Matmul {}, vec![g.into(), w.into()])?;
-    let rows: i64 = sx[..r - 1].iter().product();
-    let g2 = e.reshape(g, &[rows, sw[0]])?;
-    let x2 = e.reshape(x, &[rows, sw[1]])?;
+    let rows = Dim::product(&sx[..r - 1]);
+    let g2 = e.reshape(g, &[rows.clone(), sw[0].clone()])?;
+    let x2 = e.reshape(x, &[rows, sw[1].clone()])?;
     let gt = e.swap_last(g2)?;
     let gw = e.emit(Linalg::Matmul {}, vec![gt.into(), x2.into()])?;
     Ok(vec![Some(gx), Some(gw)])

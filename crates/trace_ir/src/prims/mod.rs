@@ -21,6 +21,7 @@ mod shape;
 
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
+use crate::sym::{Dim, Facts};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
 use args::CallArgs;
@@ -46,6 +47,29 @@ pub enum Operand<'a> {
     /// A number operand: a literal, or a number value of the trace (its value is known, since
     /// numbers are specialised).
     Number(Scalar),
+}
+
+impl Operand<'_> {
+    /// Whether the operand is a tensor with a symbolic size.
+    pub fn is_symbolic(&self) -> bool {
+        matches!(self, Operand::Tensor(t) if t.is_symbolic())
+    }
+
+    /// A symbolic tensor with each size at its hint, the assumption recorded in `facts`; `None`
+    /// for an operand of constant sizes.
+    fn specialised(&self, facts: &mut Facts) -> Option<TensorMeta> {
+        let Operand::Tensor(t) = self else { return None };
+        if !t.is_symbolic() {
+            return None;
+        }
+        let mut constant = (*t).clone();
+        for d in &mut constant.shape {
+            let hint = Dim::Const(d.hint());
+            facts.equal(d, &hint);
+            *d = hint;
+        }
+        Some(constant)
+    }
 }
 
 /// One row of the table Python derives its prim entry points and torch implementations from.
@@ -153,9 +177,9 @@ macro_rules! families {
                 crate::bail!(NotImplemented, &format!("prims.{name}"), "unknown prim")
             }
 
-            fn family_meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+            fn family_meta(&self, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
                 match self {
-                    $(Prim::$fam(p) => p.meta(op, operands),)*
+                    $(Prim::$fam(p) => p.meta(op, operands, facts),)*
                 }
             }
 
@@ -214,9 +238,27 @@ impl Prim {
         out
     }
 
-    /// Computes the outputs' metadata from the operands, or a precise error.
-    pub fn meta(&self, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-        self.family_meta(&self.qualified_name(), operands)
+    /// Computes the outputs' metadata from the operands, or a precise error; what it decided on
+    /// symbolic sizes' hints alone goes into `facts`.
+    ///
+    /// A prim whose meta rule does not compute with symbolic sizes ([`Prim::has_symbolic_meta`])
+    /// is specialised: each symbolic size of its operands is assumed equal to its hint (a guard in
+    /// `facts`) and the rule sees constants.
+    pub fn meta(&self, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
+        let op = self.qualified_name();
+        if self.has_symbolic_meta() || !operands.iter().any(Operand::is_symbolic) {
+            return self.family_meta(&op, operands, facts);
+        }
+        let constant: Vec<Option<TensorMeta>> = operands.iter().map(|o| o.specialised(facts)).collect();
+        let operands: Vec<Operand> =
+            operands.iter().zip(&constant).map(|(o, c)| c.as_ref().map_or(*o, Operand::Tensor)).collect();
+        self.family_meta(&op, &operands, facts)
+    }
+
+    /// Whether the prim's meta rule computes with symbolic sizes; the others' operands are
+    /// specialised to their hints (see [`Prim::meta`]).
+    pub fn has_symbolic_meta(&self) -> bool {
+        !matches!(self, Prim::Conv(_))
     }
 
     /// The gradients of one call of this prim (reverse mode): `cots` holds the cotangent of each

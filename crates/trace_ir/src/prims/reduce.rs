@@ -8,6 +8,7 @@ use crate::bail;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
+use crate::sym::{show, Dim, Facts};
 use crate::value::{Arg, Scalar, TensorMeta};
 use crate::ValueId;
 
@@ -35,8 +36,8 @@ declare_family! {
 }
 
 impl Family for Reduce {
-    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
-        meta(self, op, operands)
+    fn meta(&self, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
+        meta(self, op, operands, facts)
     }
 
     fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
@@ -47,18 +48,18 @@ impl Family for Reduce {
     }
 }
 
-fn meta(prim: &Reduce, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+fn meta(prim: &Reduce, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
     let a = tensor(op, "a", &operands[0])?;
-    let reduced_over = |what: &str, dims: &[usize]| -> Result<Vec<i64>> {
+    let reduced_over = |what: &str, dims: &[usize]| -> Result<Vec<Dim>> {
         check_dims(op, what, dims, a.ndim())?;
-        Ok(a.shape.iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &s)| s).collect())
+        Ok(a.shape.iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, s)| s.clone()).collect())
     };
     let reduced = |dims: &[usize]| reduced_over("dims", dims);
-    let out = |dtype: DType, shape: Vec<i64>| TensorMeta::new(dtype, a.device, shape);
+    let out = |dtype: DType, shape: Vec<Dim>| TensorMeta::with_dims(dtype, a.device, shape);
     match prim {
         Reduce::Sum { dims } | Reduce::Prod { dims } => Ok(vec![out(a.dtype, reduced(dims)?)]),
         Reduce::Amax { dims } | Reduce::Amin { dims } => {
-            if let Some(&d) = dims.iter().find(|&&d| d < a.ndim() && a.shape[d] == 0) {
+            if let Some(&d) = dims.iter().find(|&&d| d < a.ndim() && facts.is(&a.shape[d], 0)) {
                 bail!(Index, op, "cannot reduce dimension {d} of size 0 (argument dims)");
             }
             Ok(vec![out(a.dtype, reduced(dims)?)])
@@ -78,13 +79,13 @@ fn meta(prim: &Reduce, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>
             let shape = match dim {
                 Some(d) => {
                     let shape = reduced_over("dim", &[*d])?;
-                    if a.shape[*d] == 0 {
+                    if facts.is(&a.shape[*d], 0) {
                         bail!(Index, op, "cannot reduce dimension {d} of size 0 (argument dim)");
                     }
                     shape
                 }
-                None if a.numel() == 0 => {
-                    bail!(Index, op, "cannot reduce a, an empty tensor {:?}, with dim=None", a.shape)
+                None if facts.is(&a.numel(), 0) => {
+                    bail!(Index, op, "cannot reduce a, an empty tensor {}, with dim=None", show(&a.shape))
                 }
                 None => vec![],
             };
@@ -98,7 +99,7 @@ fn meta(prim: &Reduce, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>
 /// d prod / d x_i, the product of the other elements, as eager computes it: `prod / x_i` where
 /// no element is zero (eager's `grad * (result / input)`); with zeros, at a zero the product of
 /// the nonzero elements when it is the only zero, and 0 everywhere else (prod / x gave NaN).
-fn product_of_the_others(e: &mut Emitter, x: ValueId, y: ValueId, shape: &[i64], dims: &[usize]) -> Result<ValueId> {
+fn product_of_the_others(e: &mut Emitter, x: ValueId, y: ValueId, shape: &[Dim], dims: &[usize]) -> Result<ValueId> {
     let (zero, one) = (e.scalar(x, 0.0), e.scalar(x, 1.0));
     let is_zero = e.binary(Binary::Eq, x, zero.clone())?;
     let zeros = e.convert(is_zero, e.meta(x).dtype)?;
@@ -137,7 +138,8 @@ fn vjp(prim: &Reduce, e: &mut Emitter, x: ValueId, outputs: &[ValueId], cots: &[
             e.mul(g, hit)?
         }
         Reduce::Var { dims, correction } | Reduce::VarMean { dims, correction } => {
-            let n: i64 = dims.iter().map(|&d| shape[d]).product();
+            // The scale is a literal: a symbolic count is taken at its hint (a guard).
+            let n = e.builder.facts_mut().specialise(&Dim::product(dims.iter().map(|&d| &shape[d])));
             let mut grad = None;
             if let Some(g) = cots[0] {
                 // d var / dx = 2 (x - mean) / (n - correction)

@@ -8,6 +8,7 @@ use crate::bail;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::grad::{number, Emitter, Grads};
+use crate::sym::Facts;
 use crate::value::{Arg, Scalar, TensorMeta};
 use crate::ValueId;
 
@@ -28,7 +29,7 @@ declare_family! {
 }
 
 impl Family for Scan {
-    fn meta(&self, op: &str, operands: &[Operand]) -> Result<Vec<TensorMeta>> {
+    fn meta(&self, op: &str, operands: &[Operand], _facts: &mut Facts) -> Result<Vec<TensorMeta>> {
         let a = tensor(op, "a", &operands[0])?;
         let dim = match self {
             Scan::Cumsum { dim }
@@ -38,7 +39,7 @@ impl Family for Scan {
             | Scan::Logcumsumexp { dim } => *dim,
         };
         check_dims(op, "dim", &[dim], a.ndim().max(1))?;
-        let same = TensorMeta::new(a.dtype, a.device, a.shape.clone());
+        let same = TensorMeta::with_dims(a.dtype, a.device, a.shape.clone());
         match self {
             Scan::Cumsum { .. } | Scan::Cumprod { .. } if a.dtype.is_bool() => {
                 bail!(Type, op, "expected a numeric tensor for a, got bool (convert it first)")
@@ -48,7 +49,7 @@ impl Family for Scan {
                 bail!(NotImplemented, op, "not implemented for {}: expected a real tensor (argument a)", a.dtype)
             }
             Scan::Cummax { .. } | Scan::Cummin { .. } => {
-                Ok(vec![same, TensorMeta::new(DType::I64, a.device, a.shape.clone())])
+                Ok(vec![same, TensorMeta::with_dims(DType::I64, a.device, a.shape.clone())])
             }
             Scan::Logcumsumexp { .. } if !a.dtype.is_inexact() => {
                 bail!(Type, op, "expected a floating-point or complex tensor for a, got {}", a.dtype)

@@ -85,13 +85,16 @@ pub fn parse_value_type(text: &str) -> Result<ValueKind> {
     if let Some(tensor) = text.strip_suffix(" requires_grad") {
         return match parse_value_type(tensor)? {
             ValueKind::Tensor(t) => Ok(ValueKind::Tensor(TensorMeta { requires_grad: true, ..t })),
-            ValueKind::Number(_) => {
+            ValueKind::Number(_) | ValueKind::Size(_) => {
                 Err(IrError::new(ErrorKind::Value, OP, format!("a number cannot require grad: \"{text}\"")))
             }
         };
     }
     let bad = || IrError::new(ErrorKind::Value, OP, format!("cannot read the type \"{text}\""));
     let (head, rest) = text.split_once(' ').ok_or_else(bad)?;
+    if head == "size" {
+        return rest.parse().map(ValueKind::Size).map_err(|_| bad());
+    }
     if let "int" | "float" | "bool" = head {
         let tokens = lex(NO_LINE, rest)?.tokens;
         let mut cursor = Cursor::new(&tokens, NO_LINE);
@@ -105,14 +108,12 @@ pub fn parse_value_type(text: &str) -> Result<ValueKind> {
     let device = parse_device(head)?;
     let (dtype, dims) = rest.strip_suffix(']').and_then(|r| r.split_once('[')).ok_or_else(bad)?;
     let dtype = DType::ALL.into_iter().find(|d| d.short_name() == dtype).ok_or_else(bad)?;
-    let shape = dims
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty())
-        .map(|d| d.parse::<i64>().map_err(|_| bad()))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(ValueKind::Tensor(TensorMeta::new(dtype, device, shape)))
+    let shape =
+        dims.split(',').map(str::trim).filter(|d| !d.is_empty()).map(sizes::parse_dim).collect::<Result<Vec<_>>>()?;
+    Ok(ValueKind::Tensor(TensorMeta::with_dims(dtype, device, shape)))
 }
+
+mod sizes;
 
 /// The line number of text parsed out of context ([`parse_args`], [`parse_value_type`]).
 const NO_LINE: usize = 0;
@@ -206,7 +207,7 @@ fn lex(line: usize, text: &str) -> Result<Lexed> {
                 }
                 tokens.push(Token::Name(chars[start..i].iter().collect()));
             }
-            '(' | ')' | '[' | ']' | ',' | '=' | ':' | '.' | '-' => tokens.push(Token::Punct(c)),
+            '(' | ')' | '[' | ']' | ',' | '=' | ':' | '.' | '-' | '+' | '*' | '/' | '%' => tokens.push(Token::Punct(c)),
             other => return Err(error(line, format!("unexpected character {other:?}"))),
         }
     }
@@ -368,8 +369,15 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// One argument, written as [`crate::printer::write_arg`] writes it.
+    /// One argument, written as [`crate::printer::write_arg`] writes it: a literal, a value, or
+    /// an int expression over size values (`2*t0 + 1`, see [`sizes`]).
     fn arg(&mut self) -> Result<Arg> {
+        let first = self.primary()?;
+        self.expression_after(first)
+    }
+
+    /// An argument without the operators that may follow it.
+    fn primary(&mut self) -> Result<Arg> {
         match self.bump() {
             Some(Token::Number(text)) => self.number(text).map(Arg::Scalar),
             Some(Token::Punct('-')) => match self.bump() {
@@ -508,6 +516,8 @@ enum Statement {
     Return(Arg),
     /// A comment line of its own at the top level: the type of an input.
     Types(Types),
+    /// `# guard t0 - t1 == 0`: a relation between sizes the trace relies on.
+    Guard(crate::sym::Guard),
 }
 
 /// `def computation(t0, t1):` -> the inputs.
@@ -547,7 +557,11 @@ fn parse_line(line: usize, text: &str) -> Result<(usize, Statement)> {
     if depth == 0 {
         let lexed = lex(line, body)?;
         if lexed.tokens.is_empty() {
-            let types = parse_types(line, lexed.comment.as_deref().unwrap_or(""))?;
+            let comment = lexed.comment.as_deref().unwrap_or("");
+            if let Some(guard) = comment.strip_prefix("guard ") {
+                return Ok((0, Statement::Guard(sizes::parse_guard(line, guard)?)));
+            }
+            let types = parse_types(line, comment)?;
             return Ok((0, Statement::Types(types)));
         }
         return Ok((0, parse_statement(line, lexed)?));
@@ -636,13 +650,24 @@ struct Parser {
     open: Vec<OpenComposite>,
     started: bool,
     outputs: Option<Arg>,
+    /// The guards the text states, over the names it uses.
+    guards: Vec<crate::sym::Guard>,
 }
 
 impl Parser {
     fn new(inputs: Vec<ValueId>) -> Self {
         let input_types = vec![None; inputs.len()];
         let (builder, names) = (TraceBuilder::new(), FxHashMap::default());
-        Parser { builder, inputs, input_types, names, open: Vec::new(), started: false, outputs: None }
+        Parser {
+            builder,
+            inputs,
+            input_types,
+            names,
+            open: Vec::new(),
+            started: false,
+            outputs: None,
+            guards: Vec::new(),
+        }
     }
 
     /// `arg` with each name replaced by its value's id; a name no earlier line defines is an
@@ -658,7 +683,7 @@ impl Parser {
         });
         match unknown {
             Some(v) => Err(error(line, format!("{v} is read here but no line above defines it"))),
-            None => Ok(resolved),
+            None => sizes::with_hints(&resolved, &self.builder).map_err(at(line)),
         }
     }
 
@@ -699,6 +724,11 @@ impl Parser {
             (_, Statement::Types(_)) => {
                 Err(error(number, "type comments of inputs must come right after the `def` line"))
             }
+            (_, Statement::Guard(guard)) if !self.started => {
+                self.guards.push(guard);
+                Ok(())
+            }
+            (_, Statement::Guard(_)) => Err(error(number, "guards must come right after the `def` line")),
             (depth, Statement::Call(call)) => {
                 self.start(number)?;
                 self.close_composites(depth)?;
@@ -735,8 +765,13 @@ impl Parser {
             let Some(kind) = kind else {
                 return Err(error(line, format!("input {v} has no type comment (`# {v}: \"cpu f32[4]\"`)")));
             };
-            let id = self.builder.add_input(kind.clone());
+            let kind = self.resolve_kind(line, kind)?;
+            let id = self.builder.add_input(kind);
             self.names.insert(v, id);
+        }
+        for guard in std::mem::take(&mut self.guards) {
+            let guard = self.resolve_guard(line, &guard)?;
+            self.builder.facts_mut().assume(guard);
         }
         Ok(())
     }
@@ -769,7 +804,8 @@ impl Parser {
         let mut metas = Vec::with_capacity(call.targets.len());
         for &v in &call.targets {
             let text = call.types.iter().find(|(t, _)| *t == v).map(|(_, text)| text.as_str());
-            match text.map(parse_value_type).transpose().map_err(at(call.line))? {
+            let kind = text.map(parse_value_type).transpose().map_err(at(call.line))?;
+            match kind.map(|k| self.resolve_kind(call.line, &k)).transpose()? {
                 Some(ValueKind::Tensor(meta)) => metas.push(meta),
                 _ => {
                     let why = "is not a prim or composite, so its output";
@@ -816,7 +852,8 @@ impl Parser {
             ));
         }
         for (v, text) in &call.types {
-            let actual = self.id(*v).and_then(|id| self.builder.value(id)).map(describe_kind).unwrap_or_default();
+            let actual = self.id(*v).and_then(|id| self.builder.value(id)).map(|k| describe_kind(&self.named_kind(k)));
+            let actual = actual.unwrap_or_default();
             if actual != *text {
                 return Err(error(call.line, format!("{v} is \"{actual}\" but its type comment says \"{text}\"")));
             }
