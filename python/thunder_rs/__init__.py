@@ -18,8 +18,9 @@ import torch as _torch
 from thunder_rs import _core, errors
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.dtypes import CODES as _CODES
+from thunder_rs.core.lang.symint import SymInt as _SymInt
 
-_core.configure(TensorProxy, _torch.dtype, _torch.device, _CODES)
+_core.configure(TensorProxy, _torch.dtype, _torch.device, _CODES, _SymInt)
 
 from thunder_rs import prims  # noqa: E402
 from thunder_rs import torch as ltorch  # noqa: E402
@@ -91,12 +92,18 @@ _R = _TypeVar("_R")
 
 
 @_overload
-def jit(fn_or_module: _torch.nn.Module, *, cache: int = ..., passes=..., executors=...) -> ThunderModule: ...
+def jit(
+    fn_or_module: _torch.nn.Module, *, cache: int = ..., passes=..., executors=..., dynamic: bool | None = ...
+) -> ThunderModule: ...
 @_overload
-def jit(fn_or_module: _Callable[_P, _R], *, cache: int = ..., passes=..., executors=...) -> _Callable[_P, _R]: ...
+def jit(
+    fn_or_module: _Callable[_P, _R], *, cache: int = ..., passes=..., executors=..., dynamic: bool | None = ...
+) -> _Callable[_P, _R]: ...
 
 
-def jit(fn_or_module: _Any, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None, **unknown) -> _Any:
+def jit(
+    fn_or_module: _Any, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None, dynamic=None, **unknown
+) -> _Any:
     """Compiles ``fn_or_module`` lazily: the first call with each input signature traces it.
 
     ``cache`` bounds how many compiled entries are kept; beyond it the least recently used is
@@ -105,6 +112,10 @@ def jit(fn_or_module: _Any, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), execu
     common-subexpression elimination, in order. ``executors`` are executor objects or names
     (``thunder_rs.executors.known_executor_names()``) in priority order, the torch executor last
     whether named or not; by default, ``thunder_rs.executors.get_default_executors()``.
+    ``dynamic`` says which sizes of tensor arguments are traced as symbolic, so that one compile
+    serves calls of other sizes: None (the default) those seen to change between calls (as
+    torch.compile's automatic dynamic shapes), True all from the first call, False none (a
+    compile per size). Sizes 0 and 1 are never symbolic.
     """
     check_options(unknown)
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):
@@ -120,12 +131,12 @@ def jit(fn_or_module: _Any, *, cache: int = DEFAULT_CACHE_SIZE, passes=(), execu
             "(argument fn_or_module)"
         )
     if isinstance(fn_or_module, _torch.nn.Module):
-        return ThunderModule(fn_or_module, cache=cache, passes=passes, executors=executors)
+        return ThunderModule(fn_or_module, cache=cache, passes=passes, executors=executors, dynamic=dynamic)
     if not callable(fn_or_module):
         raise errors.ThunderTypeError(
             f"jit: expected a function or torch.nn.Module, got {type(fn_or_module).__name__} (argument fn_or_module)"
         )
-    return ThunderFunction(fn_or_module, cache=cache, passes=passes, executors=executors)
+    return ThunderFunction(fn_or_module, cache=cache, passes=passes, executors=executors, dynamic=dynamic)
 
 
 def registered_passes() -> list[str]:

@@ -19,21 +19,25 @@ pub struct Types {
     device: Py<PyType>,
     /// `{torch.float32: code, ...}`.
     dtype_codes: Py<PyDict>,
+    /// Python's wrapper of a symbolic size (`SymInt`, holding a `SymExpr` as `expr`).
+    symint: Option<Py<PyType>>,
 }
 
 static TYPES: PyOnceLock<Types> = PyOnceLock::new();
 
 /// Registers the proxy class and torch's dtype/device types; called once by `thunder_rs`.
 #[pyfunction]
+#[pyo3(signature = (proxy, dtype, device, dtype_codes, symint=None))]
 pub fn configure(
     py: Python<'_>,
     proxy: Py<PyType>,
     dtype: Py<PyType>,
     device: Py<PyType>,
     dtype_codes: Py<PyDict>,
+    symint: Option<Py<PyType>>,
 ) -> PyResult<()> {
     TYPES
-        .set(py, Types { proxy, dtype, device, dtype_codes })
+        .set(py, Types { proxy, dtype, device, dtype_codes, symint })
         .map_err(|_| PyRuntimeError::new_err("thunder_rs._core.configure was called twice"))
 }
 
@@ -49,6 +53,9 @@ pub fn to_arg(obj: &Bound<'_, PyAny>, types: &Types, consts: &mut Vec<Py<PyAny>>
     }
     if obj.is_none() {
         return Ok(Arg::None);
+    }
+    if let Ok(s) = obj.cast::<crate::sizes::PySymExpr>() {
+        return Ok(Arg::dim(&trace_ir::Dim::Sym(s.get().dim.clone())));
     }
     if let Ok(b) = obj.cast::<PyBool>() {
         return Ok(Arg::Scalar(Scalar::Bool(b.is_true())));
@@ -89,6 +96,11 @@ pub fn to_arg(obj: &Bound<'_, PyAny>, types: &Types, consts: &mut Vec<Py<PyAny>>
     }
     if obj.is_instance(types.device.bind(py))? {
         return Ok(Arg::Device(py_result(Device::parse(&obj.str()?.to_string()))?));
+    }
+    if let Some(symint) = &types.symint {
+        if obj.is_instance(symint.bind(py))? {
+            return to_arg(&obj.getattr("expr")?, types, consts);
+        }
     }
     consts.push(obj.clone().unbind());
     Ok(Arg::PyConst(consts.len() as u32 - 1))
@@ -137,15 +149,13 @@ pub fn from_arg<'py>(
         Arg::Value(v) => match trace.value(*v) {
             ValueKind::Tensor(t) => make_proxy.call1((
                 v.0,
-                PyTuple::new(py, t.hints())?,
+                crate::sizes::shape_to_py(py, &t.shape)?,
                 t.dtype.code(),
                 t.device.to_string(),
                 t.requires_grad,
             )),
             ValueKind::Number(n) => from_arg(py, &Arg::Scalar(*n), trace, make_proxy, consts),
-            ValueKind::Size(_) => {
-                Err(PyTypeError::new_err(format!("{v} is a symbolic size, which Python cannot see yet")))
-            }
+            ValueKind::Size(hint) => crate::sizes::dim_to_py(py, &trace_ir::Dim::size(*v, *hint)),
         },
         Arg::PyConst(i) => consts.get_item(*i as usize),
         other => Err(PyTypeError::new_err(format!("not a leaf argument: {other:?}"))),
@@ -179,9 +189,6 @@ pub fn to_py<'py>(
         Arg::Tuple(items) => PyTuple::new(py, seq(items)?)?.into_any(),
         Arg::List(items) => PyList::new(py, seq(items)?)?.into_any(),
         Arg::Slice(parts) => py.get_type::<PySlice>().call1(PyTuple::new(py, seq(&parts[..])?)?)?,
-        // Python has no symbolic ints yet: none reaches a trace it can read.
-        Arg::Sym(s) => {
-            return Err(PyTypeError::new_err(format!("the symbolic size {} cannot cross to Python yet", s.expr)))
-        }
+        Arg::Sym(s) => crate::sizes::dim_to_py(py, &trace_ir::Dim::Sym(s.clone()))?,
     })
 }

@@ -10,6 +10,7 @@ mod recorder;
 mod records;
 mod region;
 mod rules;
+mod sizes;
 mod table;
 mod trace;
 
@@ -50,6 +51,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<records::LoadedPass>()?;
     m.add_class::<region::PyRegionCode>()?;
     m.add_class::<region::LeafCall>()?;
+    m.add_class::<sizes::PySymExpr>()?;
     m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
     m.add_function(wrap_pyfunction!(compile::prim_table, m)?)?;

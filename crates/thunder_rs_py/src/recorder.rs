@@ -9,6 +9,7 @@ use trace_ir::{ErrorKind, IrError, OpenCalls, Scalar, Symbol, SymbolId, TraceBui
 use crate::convert::{tensor_meta, to_arg, to_args, to_kwargs, types};
 use crate::errors::{no_panic, py_result, PyIrError};
 use crate::records::{PyTensorMeta, RecordedTensor};
+use crate::sizes::{dim_of, dim_to_py};
 use crate::trace::PyTrace;
 
 /// Records one trace. Python calls one method per prim, composite boundary or fallback.
@@ -68,11 +69,54 @@ impl Recorder {
         }
     }
 
-    /// Adds a tensor input; returns its value id.
-    fn tensor_input(&mut self, dtype: u8, device: &str, shape: Vec<i64>, requires_grad: bool) -> PyResult<u32> {
-        let meta = tensor_meta(dtype, device, shape, requires_grad)?;
+    /// Adds a tensor input; returns its value id. Its sizes are ints or `SymExpr`s of size
+    /// inputs added before it.
+    fn tensor_input(
+        &mut self,
+        dtype: u8,
+        device: &str,
+        shape: Vec<Bound<'_, PyAny>>,
+        requires_grad: bool,
+    ) -> PyResult<u32> {
+        let mut meta = tensor_meta(dtype, device, Vec::new(), requires_grad)?;
+        meta.shape = shape.iter().map(dim_of).collect::<PyResult<_>>()?;
         let builder = self.builder()?;
         no_panic("tensor_input", || Ok(builder.add_input(ValueKind::Tensor(meta)).0))
+    }
+
+    /// Adds a size input: an int read from the inputs when the program runs, `hint` now. Sizes
+    /// are the trace's last inputs, in the order made, whenever they are made.
+    fn size_input(&mut self, py: Python<'_>, hint: i64) -> PyResult<Py<PyAny>> {
+        if hint < 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!("a size is never negative, got {hint}")));
+        }
+        let builder = self.builder()?;
+        let v = builder.add_size(hint);
+        Ok(dim_to_py(py, &trace_ir::Dim::size(v, hint))?.unbind())
+    }
+
+    /// Decides `a <op> b` (`eq`, `ne`, `lt`, `le`, `gt`, `ge`) for sizes (ints or `SymExpr`s)
+    /// on their hints, recording the guard the answer relies on.
+    fn decide(&mut self, op: &str, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let (a, b) = (dim_of(a)?, dim_of(b)?);
+        let facts = self.builder()?.facts_mut();
+        Ok(match op {
+            "eq" => facts.equal(&a, &b),
+            "ne" => !facts.equal(&a, &b),
+            "lt" => facts.lt(&a, &b),
+            "le" => facts.le(&a, &b),
+            "gt" => facts.lt(&b, &a),
+            "ge" => facts.le(&b, &a),
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!("decide: unknown comparison {other}")))
+            }
+        })
+    }
+
+    /// The hint of a size, assumed from now on (a guard): where the program needs a plain int.
+    fn specialise(&mut self, a: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let a = dim_of(a)?;
+        Ok(self.builder()?.facts_mut().specialise(&a))
     }
 
     /// Adds a number input, specialised on `value`.

@@ -46,8 +46,7 @@ impl RecordedTensor {
 
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        // Hints: Python records constant sizes only (symbolic sizes are Rust-side so far).
-        PyTuple::new(py, self.meta.hints())
+        crate::sizes::shape_to_py(py, &self.meta.shape)
     }
 
     /// The dtype's code (an index into `dtype_names()`).
@@ -85,8 +84,10 @@ pub struct PyTensorMeta {
 impl PyTensorMeta {
     #[new]
     #[pyo3(signature = (*, dtype_code, device, shape, requires_grad))]
-    fn new(dtype_code: u8, device: &str, shape: Vec<i64>, requires_grad: bool) -> PyResult<Self> {
-        Ok(PyTensorMeta { meta: tensor_meta(dtype_code, device, shape, requires_grad)? })
+    fn new(dtype_code: u8, device: &str, shape: Vec<Bound<'_, PyAny>>, requires_grad: bool) -> PyResult<Self> {
+        let mut meta = tensor_meta(dtype_code, device, Vec::new(), requires_grad)?;
+        meta.shape = shape.iter().map(crate::sizes::dim_of).collect::<PyResult<_>>()?;
+        Ok(PyTensorMeta { meta })
     }
 
     /// The dtype's code (an index into `dtype_names()`).
@@ -102,8 +103,7 @@ impl PyTensorMeta {
 
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        // Hints: Python records constant sizes only (symbolic sizes are Rust-side so far).
-        PyTuple::new(py, self.meta.hints())
+        crate::sizes::shape_to_py(py, &self.meta.shape)
     }
 
     #[getter]

@@ -174,6 +174,18 @@ impl PyTrace {
         self.source()
     }
 
+    /// The relations between sizes the trace relies on, as Python conditions over the size
+    /// inputs' names (`t0 - 1 >= 0`); empty for a trace of constant sizes.
+    fn guards(&self) -> Vec<String> {
+        self.trace.facts.guards().iter().map(|g| g.to_string()).collect()
+    }
+
+    /// The value ids of the size inputs (`ValueKind::Size`), in input order.
+    fn size_inputs(&self) -> Vec<u32> {
+        let is_size = |v: &&trace_ir::ValueId| matches!(self.trace.value(**v), trace_ir::ValueKind::Size(_));
+        self.trace.inputs.iter().filter(is_size).map(|v| v.0).collect()
+    }
+
     /// This trace showing (and, as an execution trace, taking) its inputs under `names`, one per
     /// input; an empty name keeps the input's own. The names must be distinct identifiers that
     /// no generated name (`t12`, `_c0`, the executors' callables) takes: the caller ensures it.

@@ -87,6 +87,11 @@ impl Poly {
         Poly { terms: merged }
     }
 
+    /// The constant term.
+    pub fn as_constant_term(&self) -> i64 {
+        self.terms.iter().find(|(m, _)| m.is_empty()).map_or(0, |(_, c)| *c)
+    }
+
     /// The value when the polynomial has no atom.
     pub fn as_constant(&self) -> Option<i64> {
         match self.terms.as_slice() {
@@ -101,6 +106,25 @@ impl Poly {
     /// is not when what it divides is not).
     pub fn is_nonnegative(&self) -> bool {
         self.terms.iter().all(|(m, c)| *c >= 0 && m.iter().all(Atom::is_nonnegative))
+    }
+
+    /// `self / other` when `other` is one term (`c * atoms`) dividing every term of `self`
+    /// exactly (`B*T*C / (B*T)` is `C`); `None` otherwise.
+    pub fn exact_div(&self, other: &Poly) -> Option<Poly> {
+        let [(atoms, c)] = other.terms.as_slice() else { return None };
+        let mut terms = Vec::with_capacity(self.terms.len());
+        for (m, k) in &self.terms {
+            if k % c != 0 {
+                return None;
+            }
+            let mut rest = m.clone();
+            for a in atoms {
+                let at = rest.iter().position(|x| x == a)?;
+                rest.remove(at);
+            }
+            terms.push((rest, k / c));
+        }
+        Some(Poly::from_terms(terms))
     }
 
     /// `self + other`.
@@ -124,28 +148,33 @@ impl Poly {
         Poly::from_terms(terms)
     }
 
-    /// `self // k` for `k > 0`: exact when every coefficient is a multiple of `k`.
-    pub fn floordiv(&self, k: i64) -> Poly {
-        assert!(k > 0, "floordiv by {k}");
-        if let Some(c) = self.as_constant() {
-            return Poly::constant(c.div_euclid(k));
-        }
-        if self.terms.iter().all(|(_, c)| c % k == 0) {
-            return Poly::from_terms(self.terms.iter().map(|(m, c)| (m.clone(), c / k)).collect());
-        }
-        Poly::atom(Atom::FloorDiv(Arc::new(self.clone()), k))
+    /// `self` as `k*q + r` with every coefficient of `r` in `0..k` (atoms are ints, so
+    /// `self // k == q + r // k` and `self % k == r % k`).
+    fn divide(&self, k: i64) -> (Poly, Poly) {
+        let q = self.terms.iter().map(|(m, c)| (m.clone(), c.div_euclid(k))).collect();
+        let r = self.terms.iter().map(|(m, c)| (m.clone(), c.rem_euclid(k))).collect();
+        (Poly::from_terms(q), Poly::from_terms(r))
     }
 
-    /// `self % k` for `k > 0`: zero when every coefficient is a multiple of `k`.
+    /// `self // k` for `k > 0` (Python's floor division): the multiples of `k` come out
+    /// (`(2*t0 + 1) // 2` is `t0`), what is left is an atom.
+    pub fn floordiv(&self, k: i64) -> Poly {
+        assert!(k > 0, "floordiv by {k}");
+        let (q, r) = self.divide(k);
+        match r.as_constant() {
+            Some(c) => q.add(&Poly::constant(c.div_euclid(k))),
+            None => q.add(&Poly::atom(Atom::FloorDiv(Arc::new(r), k))),
+        }
+    }
+
+    /// `self % k` for `k > 0` (Python's remainder, never negative).
     pub fn rem(&self, k: i64) -> Poly {
         assert!(k > 0, "rem by {k}");
-        if let Some(c) = self.as_constant() {
-            return Poly::constant(c.rem_euclid(k));
+        let (_, r) = self.divide(k);
+        match r.as_constant() {
+            Some(c) => Poly::constant(c.rem_euclid(k)),
+            None => Poly::atom(Atom::Mod(Arc::new(r), k)),
         }
-        if self.terms.iter().all(|(_, c)| c % k == 0) {
-            return Poly::default();
-        }
-        Poly::atom(Atom::Mod(Arc::new(self.clone()), k))
     }
 
     /// The value with every size value `v` set to `value(v)`.
@@ -530,7 +559,11 @@ impl Facts {
         }
         // A constant relation needs no check on calls (rules only assume what held for hints),
         // nor does `p >= 0` of a `p` that is never negative.
-        if guard.expr.as_constant().is_some() || (guard.rel == Rel::Ge && guard.expr.is_nonnegative()) {
+        let positive = guard.expr.is_nonnegative() && guard.expr.as_constant_term() > 0;
+        if guard.expr.as_constant().is_some()
+            || (guard.rel == Rel::Ge && guard.expr.is_nonnegative())
+            || (guard.rel == Rel::Ne && positive)
+        {
             return;
         }
         if !self.guards.contains(&guard) {
@@ -630,6 +663,11 @@ mod tests {
         assert_eq!((half.to_string(), half.hint()), ("(t1 // 2)".to_string(), 4));
         assert_eq!(a.rem(2).hint(), 1);
         assert_eq!(a.mul(&Dim::Const(4)).rem(2), Dim::Const(0));
+        assert_eq!(a.mul(&Dim::Const(2)).add(&Dim::Const(1)).floordiv(2), a);
+        assert_eq!(a.mul(&Dim::Const(2)).add(&Dim::Const(1)).rem(2), Dim::Const(1));
+        let b = t(2, 5);
+        assert_eq!(a.mul(&Dim::Const(4)).add(&b).floordiv(4).to_string(), "t1 + (t2 // 4)");
+        assert_eq!(a.sub(&Dim::Const(1)).floordiv(2).to_string(), "((t1 + 1) // 2) - 1");
         assert_eq!(Dim::Const(-7).floordiv(2), Dim::Const(-4)); // Python's floor
         let p = a.add(&Dim::Const(1)).floordiv(2).poly();
         assert_eq!(p.eval(&|_| 10), 5);

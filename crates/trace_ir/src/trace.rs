@@ -344,6 +344,8 @@ pub struct TraceBuilder {
     facts: Facts,
     /// Whether some value is a size (only then are arguments searched for sizes).
     has_sizes: bool,
+    /// Size values made by [`TraceBuilder::add_size`]: the trace's last inputs.
+    sizes: Vec<ValueId>,
 }
 
 impl Default for TraceBuilder {
@@ -355,6 +357,7 @@ impl Default for TraceBuilder {
             grad_enabled: true,
             facts: Facts::default(),
             has_sizes: false,
+            sizes: Vec::new(),
         }
     }
 }
@@ -375,6 +378,7 @@ impl TraceBuilder {
             grad_enabled: true,
             facts: trace.facts.as_ref().clone(),
             has_sizes: trace.values.iter().any(|k| matches!(k, ValueKind::Size(_))),
+            sizes: Vec::new(),
         }
     }
 
@@ -446,6 +450,20 @@ impl TraceBuilder {
         self.has_sizes |= matches!(kind, ValueKind::Size(_));
         self.values.push(kind);
         ValueId(self.values.len() as u32 - 1)
+    }
+
+    /// Adds a size read from the program's inputs when it runs (`hint` now): a parameter that
+    /// comes after all those [`TraceBuilder::add_input`] adds, whenever it is made, so that the
+    /// other inputs keep their positions (the caller appends the sizes to its arguments).
+    pub fn add_size(&mut self, hint: i64) -> ValueId {
+        let v = self.push_value(ValueKind::Size(hint));
+        self.sizes.push(v);
+        v
+    }
+
+    /// The inputs, the sizes of [`TraceBuilder::add_size`] last.
+    fn all_inputs(&self) -> Vec<ValueId> {
+        self.inputs.iter().chain(&self.sizes).copied().collect()
     }
 
     /// Adds a parameter of the program (in `def` order) and returns its value.
@@ -665,7 +683,7 @@ impl TraceBuilder {
         let bsyms = self.stack.iter().flat_map(|frame| frame.bsyms.iter().cloned()).collect();
         Ok(Trace {
             values: Arc::new(values),
-            inputs: self.inputs.clone(),
+            inputs: self.all_inputs(),
             bsyms,
             outputs,
             facts: Arc::new(self.facts.clone()),
@@ -678,12 +696,7 @@ impl TraceBuilder {
             bail!(Runtime, "recorder", "{} composite call(s) still open at the end of the trace", self.stack.len() - 1);
         }
         let top = self.stack.pop().expect("checked above");
-        Ok(Trace {
-            values: Arc::new(self.values),
-            inputs: self.inputs,
-            bsyms: top.bsyms,
-            outputs,
-            facts: Arc::new(self.facts),
-        })
+        let inputs = self.all_inputs();
+        Ok(Trace { values: Arc::new(self.values), inputs, bsyms: top.bsyms, outputs, facts: Arc::new(self.facts) })
     }
 }

@@ -6,6 +6,7 @@ Each helper is written once here; a family keeps the helpers only it uses.
 
 import torch
 
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs import clang, prims
 from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, check
 from thunder_rs.torch.symbols import ltorch
@@ -15,8 +16,9 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def is_int(x) -> bool:
-    """Whether ``x`` is a Python int, which ``bool`` is not for torch's argument parsing."""
-    return isinstance(x, int) and not isinstance(x, bool)
+    """Whether ``x`` is a Python int (which ``bool`` is not for torch's argument parsing) or a
+    symbolic size (``SymInt``)."""
+    return (isinstance(x, int) and not isinstance(x, bool)) or type(x) is SymInt
 
 
 def require_tensor(op: str, a, arg: str = "input") -> None:

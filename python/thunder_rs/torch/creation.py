@@ -178,12 +178,15 @@ PROXY_CALLS[T.new] = _legacy_new
 def _check_arange(start, end, step, op: str):
     for name, value in (("start", start), ("end", end), ("step", step)):
         check(
-            isinstance(value, (int, float)) and not isinstance(value, bool),
+            is_int(value) or (isinstance(value, float)),
             op,
             f"expected a number for {name}, got {type(value).__name__} (argument {name})",
             ThunderTypeError,
         )
-        check(math.isfinite(value), op, f"unsupported range: {start} -> {end} (argument {name})", ThunderRuntimeError)
+        if isinstance(value, float):
+            check(
+                math.isfinite(value), op, f"unsupported range: {start} -> {end} (argument {name})", ThunderRuntimeError
+            )
     check(step != 0, op, "step must be nonzero (argument step)", ThunderRuntimeError)
     check(
         (step > 0 and end >= start) or (step < 0 and end <= start),
@@ -211,7 +214,11 @@ def arange(
         ThunderNotImplementedError,
     )
     _check_arange(start, end, step, op)
-    length, device = math.ceil((end - start) / step), _device(device)
+    # In integers where it can be (``(end - start + step - 1) // step``): a symbolic end keeps
+    # the length symbolic (``arange(T)``).
+    whole = is_int(start) and is_int(end) and type(step) is int and step > 0
+    length = (end - start + step - 1) // step if whole else math.ceil((end - start) / step)
+    device = _device(device)
     if dtypes.is_int(dtype) or (is_int(start) and is_int(step)):
         if int(step) == 0:  # a fractional step truncates to 0 for integer dtypes
             return prims.full((length,), int(start), device, dtype)

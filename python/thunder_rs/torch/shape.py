@@ -22,6 +22,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
+from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import torchsymbol
 
 Tensor = torch.Tensor
@@ -63,7 +64,7 @@ def _sizes(op: str, args, arg: str = "shape") -> tuple[int, ...]:
         args = tuple(args[0])
     for s in args:
         check(
-            isinstance(s, int) and not isinstance(s, bool),
+            is_int(s),
             op,
             lambda: f"expected a sequence of ints for {arg}, got {list(args)!r} (argument {arg})",
             ThunderTypeError,

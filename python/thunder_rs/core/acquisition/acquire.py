@@ -30,6 +30,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.recorder import Captures, input_proxy, recording
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
@@ -68,6 +69,9 @@ class Acquired:
     #: the values the program read from traced tensors (``values.Read``), in order: the trace
     #: checks each and is specialised on them
     reads: list = field(default_factory=list)
+    #: where each symbolic size is read, in the order of the trace's size inputs (its last):
+    #: ``(flat input position, dim)``; empty for a trace of constant sizes
+    sizes: list = field(default_factory=list)
 
 
 def _reject_generators(fn, out) -> None:
@@ -78,12 +82,15 @@ def _reject_generators(fn, out) -> None:
         )
 
 
-def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects, reads):
+def _trace_program(
+    fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects, reads, sizes
+):
     """Runs the program on proxies. Returns its output, the observer of what it read, the
     attributes it set on modules and state objects (``(holder, name, value)``, undone), the
     ``print`` calls, draws from Python's and NumPy's generators and items set in containers of
     the arguments (effects to repeat), and the positions of the flat inputs that are tensors.
-    ``reached`` are the objects reachable from the arguments; ``reads`` answers reads of values."""
+    ``reached`` are the objects reachable from the arguments; ``reads`` answers reads of values;
+    ``sizes`` are the ``(flat position, dim)`` of the inputs' symbolic sizes."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
     prints: list = []
     draws: list = []
@@ -97,14 +104,18 @@ def _trace_program(fn, flat_inputs, in_spec, rec, captures, made, binding, whole
             recording(rec, captures, made, whole),
             reading(reads),
         ):
-            out, observer, pairs, inputs = _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached)
+            out, observer, pairs, inputs = _run_on_proxies(
+                fn, flat_inputs, in_spec, rec, positions, binding, reached, sizes
+            )
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
             out = _fresh(out, captures)
             out = _apart(out, inputs.args + inputs.params + captures.proxies)
-            writes = [(holder, name, _fresh(value, captures)) for holder, name, value in writes]
-            items = [(source, key, _fresh(value, captures)) for source, key, value in reached.item_writes()]
+            # What every call writes again holds sizes as ints: such a size is specialised.
+            writes = [(holder, name, _ints(_fresh(value, captures))) for holder, name, value in writes]
+            items = [(source, key, _ints(_fresh(value, captures))) for source, key, value in reached.item_writes()]
+            prints[:] = [_ints(p) for p in prints]
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
@@ -134,6 +145,11 @@ def _apart(out, inputs: list):
     return tree_unflatten(leaves, spec) if changed else out
 
 
+def _ints(value):
+    """``value`` with each symbolic size specialised to an int (a guard)."""
+    return tree_map(lambda leaf: int(leaf) if type(leaf) is SymInt else leaf, value, is_leaf=is_size)
+
+
 def _fresh(value, captures: Captures):
     return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value, is_leaf=is_size)
 
@@ -160,12 +176,21 @@ def _refuse_uninitialized(names, tensors) -> None:
             )
 
 
-def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached):
+def _symbolic_sizes(rec, flat_inputs, sizes) -> dict:
+    """A size input per ``(flat position, dim)`` of ``sizes``, by position then dim."""
+    made: dict = {}
+    for i, d in sizes:
+        made.setdefault(i, {})[d] = rec.size_input(flat_inputs[i].shape[d])
+    return made
+
+
+def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, sizes=()):
     """Runs the program on proxies (while recording); returns its output, the observer of its
     reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
     leaves = list(flat_inputs)
+    symbolic = _symbolic_sizes(rec, flat_inputs, sizes)
     for i in positions:
-        leaves[i] = input_proxy(rec, flat_inputs[i])
+        leaves[i] = input_proxy(rec, flat_inputs[i], symbolic.get(i))
     pairs, params, slots = [], [], []
     if binding is not None:
         refuse_dtensors(binding.qualified, binding.tensors())
@@ -249,19 +274,21 @@ def acquire(
     binding: ModuleBinding | None = None,
     whole: dict | None = None,
     reads: ValueReads | None = None,
+    sizes: tuple = (),
 ) -> Acquired:
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
     parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
     captured tensors come last. ``whole`` (``extend.whole_runners``) lets kernels the jit's
     executors run whole be recorded without their decompositions. ``reads`` answers the reads
-    of traced tensors' values (without it they are refused)."""
+    of traced tensors' values (without it they are refused). ``sizes`` are the ``(flat position,
+    dim)`` of the tensor inputs' sizes to trace as symbolic (see ``core.acquisition.dynamic``)."""
     rec = _core.Recorder()
     made: list = []
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
     try:
         out, observer, writes, repeated, inputs = _trace_program(
-            fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads
+            fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, sizes
         )
     except ThunderError as e:
         _hint_compiler_disable(e)
@@ -292,6 +319,7 @@ def acquire(
         writebacks,
         captured_inputs(captured),
         [] if reads is None else reads.reads,
+        list(sizes),
     )
 
 

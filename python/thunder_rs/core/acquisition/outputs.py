@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.state.guards import slot_names
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
@@ -76,9 +77,11 @@ class _Templater:
         self._cyclic: set = set()  # of those, the ones referred to from inside themselves
 
     def __call__(self, x):
-        if isinstance(x, TensorProxy):
+        if isinstance(x, TensorProxy) or type(x) is SymInt:  # a size computed per call is an output too
             self.flat.append(x)
             return _Slot(len(self.flat) - 1)
+        if type(x) is torch.Size and any(type(s) is SymInt for s in x):
+            return _Rebuilt("tuple", torch.Size, tuple(map(self, x)))
         if isinstance(x, _SHARED):
             return x
         key = id(x)
@@ -209,7 +212,9 @@ def flatten_output(out, inputs: list):
     template = _Templater(flat, given)
     templates = []
     for leaf in leaves:
-        if is_size(leaf):
+        if is_size(leaf) and any(type(s) is SymInt for s in leaf):
+            templates.append(template(leaf))
+        elif is_size(leaf):
             templates.append(leaf)
         elif not _is_proxy_holder(leaf):
             templates.append(_Slot(len(flat)))

@@ -124,6 +124,13 @@ def log_compile(fn_name: str, misses: int, reason: str, seconds: float, stages: 
         passes_logger.info("%s compiled in %.3f ms: %s", fn_name, seconds * 1e3, parts)
 
 
+def log_dynamic_off(fn_name: str, why: str) -> None:
+    """A record that ``fn_name`` compiles with constant sizes from now on: a compile with
+    symbolic sizes failed (``recompiles``)."""
+    if recompiles_logger.isEnabledFor(logging.INFO):
+        recompiles_logger.info("%s: symbolic sizes failed, compiling for each size from now on: %s", fn_name, why)
+
+
 def log_fallback(name: str, location) -> None:
     """A record that ``name`` runs as an eager fallback; ``location()`` gives the user's line
     (called only when the record is made)."""

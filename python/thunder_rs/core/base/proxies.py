@@ -14,11 +14,27 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 #: What torch calls on proxies mean; installed by ``thunder_rs.core.lang.langctx`` when it is imported.
 _language_context = None
+#: Makes a symbolic size (``_core.SymExpr``) the ``SymInt`` programs see; installed by
+#: ``thunder_rs.core.lang.symint`` when it is imported.
+_size = None
 
 
 def set_language_context(torch_function) -> None:
     global _language_context
     _language_context = torch_function
+
+
+def set_size_wrapper(wrap) -> None:
+    global _size
+    _size = wrap
+
+
+def numel(shape):
+    """The number of elements of a shape of ints and ``SymInt``s (symbolic when a size is)."""
+    n = 1
+    for s in shape:
+        n = n * s
+    return n
 
 
 class TensorProxy(torch.Tensor):
@@ -41,12 +57,21 @@ class TensorProxy(torch.Tensor):
     _strides: tuple[int, ...] | None = None
     #: for a copy eager makes that the trace computes nothing for (``views.copy_of``)
     _copy_of = False
+    #: whether a size of ``_shape`` is a ``SymInt`` (``core.lang.symint``)
+    _symbolic = False
 
     @staticmethod
     def __new__(cls, vid: int, shape, dtype: torch.dtype, device: torch.device, requires_grad: bool):
-        proxy = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=requires_grad)
+        symbolic = not all(type(s) is int for s in shape)
+        sizes = [_size(s) for s in shape] if symbolic else shape
+        # A symbolic size is at its hint in torch's own metadata, which nothing of the program
+        # reads: ``shape``, ``size()`` and ``numel()`` answer from ``_shape``.
+        hints = [s if type(s) is int else s.hint for s in sizes] if symbolic else shape
+        proxy = torch.Tensor._make_wrapper_subclass(cls, hints, dtype=dtype, device=device, requires_grad=requires_grad)
         proxy._vid = vid
-        proxy._shape = torch.Size(shape)
+        proxy._shape = torch.Size(sizes)
+        if symbolic:
+            proxy._symbolic = True
         proxy._dtype = dtype
         proxy._device = device
         return proxy

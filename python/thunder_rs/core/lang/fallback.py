@@ -23,6 +23,7 @@ from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.logs import log_fallback
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, output_meta, proxies
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, thunder_error_like
 
@@ -177,18 +178,25 @@ def _vjp_of(func):
     return vjp
 
 
+def _concrete(shape):
+    """A proxy's shape in ints: a fallback runs torch itself, so its symbolic sizes are
+    specialised (``int()`` records the guard)."""
+    return tuple(map(int, shape))
+
+
 def _to_meta(x):
     if isinstance(x, TensorProxy):
-        return torch.empty(x.shape, dtype=x.dtype, device="meta", requires_grad=False)
-    return x
+        shape = _concrete(x.shape) if x._symbolic else x.shape
+        return torch.empty(shape, dtype=x.dtype, device="meta", requires_grad=False)
+    return int(x) if type(x) is SymInt else x
 
 
 def _to_fake(x):
     """A fake tensor on the proxy's device (fake CUDA tensors need no GPU), which torch's
     autocast treats as it treats real ones."""
     if isinstance(x, TensorProxy):
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return x
+        return torch.empty(_concrete(x.shape) if x._symbolic else x.shape, dtype=x.dtype, device=x.device)
+    return int(x) if type(x) is SymInt else x
 
 
 def _device(in_leaves, kwargs) -> str:

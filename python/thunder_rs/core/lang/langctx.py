@@ -23,7 +23,7 @@ from thunder_rs.core.lang import values
 from thunder_rs.core.lang.complex_calls import complex_call, involves_complex
 from thunder_rs.core.lang.fallback import qualified_name, user_fallback
 from thunder_rs.core.state.observe import thread_state
-from thunder_rs.core.base.proxies import TensorProxy, grad_error, set_language_context
+from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_language_context
 from thunder_rs.core.lang.recorder import active_captures, lift_captured
 from thunder_rs.core.lang.autocast import cast_inputs
 from thunder_rs.core.lang.rng import RANDOM
@@ -77,6 +77,24 @@ _METADATA_METHODS = {
     _T.__repr__,
     _T.storage_offset,
     _T.is_signed,
+}
+
+
+def _symbolic(args) -> bool:
+    return bool(args) and getattr(args[0], "_symbolic", False)
+
+
+def _size(t, dim=None):
+    return t._shape if dim is None else t._shape[dim]
+
+
+#: What a proxy with a symbolic size answers from its ``SymShape`` (torch's own implementations
+#: would answer the hints, with nothing recording that the program relied on them).
+_SIZE_METHODS = {
+    _T.size: _size,
+    _T.numel: lambda t: numel(t._shape),
+    _T.nelement: lambda t: numel(t._shape),
+    _T.__len__: lambda t: t._shape[0],
 }
 _METADATA_PROPERTIES = {
     "shape",
@@ -269,12 +287,16 @@ def _torch_function(func, args, kwargs):
         return ltorch_fn(*args, **kwargs)
     prop = _property_name(func)
     if prop is not None:
+        if prop == "nbytes" and _symbolic(args):
+            return int(numel(args[0]._shape)) * args[0].element_size()
         if prop in _METADATA_PROPERTIES:
             with DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         ltorch_fn = PROPERTY_TO_LTORCH.get(prop)
         if ltorch_fn is not None:
             return complex_call(func, ltorch_fn, args, {}) if involves_complex(args, {}) else ltorch_fn(*args)
+    if func in _SIZE_METHODS and _symbolic(args):
+        return _SIZE_METHODS[func](*args, **kwargs)
     if func in _METADATA_METHODS:
         with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)

@@ -73,19 +73,21 @@ def refuse_unlike_strided(t: torch.Tensor) -> None:
             )
 
 
-def input_proxy(rec: "_core.Recorder", t: torch.Tensor) -> TensorProxy:
+def input_proxy(rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = None) -> TensorProxy:
     """A new trace input standing for the tensor ``t``. It requires grad as ``t`` does, whatever
-    the grad mode: the mode in effect as each op is recorded decides whether gradients flow."""
+    the grad mode: the mode in effect as each op is recorded decides whether gradients flow.
+    ``sizes`` holds the size inputs (``_core.SymExpr``) of its symbolic dims, by dim."""
     dtype = CODES.get(t.dtype)
     if dtype is None:
         raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
     refuse_unlike_strided(t)
     requires_grad = t.requires_grad
-    vid = rec.tensor_input(dtype, str(t.device), tuple(t.shape), requires_grad)
+    shape = tuple(t.shape) if not sizes else tuple(sizes.get(d, s) for d, s in enumerate(t.shape))
+    vid = rec.tensor_input(dtype, str(t.device), shape, requires_grad)
     real = _real_inputs.get()
     if real is not None:
         real.append(t)
-    proxy = make_proxy(vid, tuple(t.shape), dtype, str(t.device), requires_grad)
+    proxy = make_proxy(vid, shape, dtype, str(t.device), requires_grad)
     proxy._input_vid = vid
     if requires_grad and t.is_leaf:
         proxy._leaf = True

@@ -6,7 +6,7 @@ import weakref
 from thunder_rs.errors import ThunderTypeError
 
 #: The options ``thunder_rs.jit`` takes.
-JIT_OPTIONS = ("cache", "passes", "executors")
+JIT_OPTIONS = ("cache", "passes", "executors", "dynamic")
 #: Every live ``ThunderFunction`` (a module's included), so that ``reset`` reaches them all.
 live_functions: "weakref.WeakSet" = weakref.WeakSet()
 #: Process-wide caches of compiled code outside the jits (an executor's compiled regions), cleared

@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquisition.acquire import acquire
+from thunder_rs.core.acquisition.dynamic import SymbolicEntry, size_readers, wanted_sizes, with_sizes
 from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.autograd import grad_function
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
@@ -35,7 +36,7 @@ from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.base.userframe import user_frame
 from thunder_rs.core.lang.values import Diverged, ValueReads, ValueTree, abandonable, decision
-from thunder_rs.core.base.logs import checked_passes, log_compile, log_dumps
+from thunder_rs.core.base.logs import checked_passes, log_compile, log_dumps, log_dynamic_off
 from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
 from thunder_rs.core.base.proxies import make_proxy
 from thunder_rs.core.lang.recorder import active_recorder
@@ -49,7 +50,13 @@ from thunder_rs.core.run.wrapped_module import (
     present_state_dict_as_wrapped,
 )
 from thunder_rs.core.acquisition.writeback import with_writebacks
-from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, runtime_error
+from thunder_rs.errors import (
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    ThunderValueError,
+    runtime_error,
+)
 from thunder_rs.core.lang.executor_api import (
     Region,
     default_executors,
@@ -186,15 +193,29 @@ def _differentiable_program(acquired, filename: str, grad_positions: list, forwa
 
     outputs = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
     generators = program_generators(consts) if trace.has_effects() else None
+    tensors = trace.num_inputs - len(acquired.sizes)  # size inputs are ints, and last
     return DifferentiableProgram(
         compile_program,
         wb is None and acquired.out_kind == "single",
         outputs,
-        trace.inputs_read(outputs),
+        [k for k in trace.inputs_read(outputs) if k < tensors],
         forward_trace.inputs_returned([1]),
         wb.targets if wb is not None else (),
         generators,
     )
+
+
+def _refuse_symbolic_regions(forward, backward_traces) -> None:
+    """Fusion executors compile a region for the sizes of its first call (nvFuser's definitions,
+    Inductor's kernels): a trace with symbolic sizes is refused there, and compiles for each
+    size instead, until they define symbolic extents."""
+    for trace in (forward, *backward_traces[-1:]):
+        regions = trace.regions()
+        if regions:
+            raise ThunderNotImplementedError(
+                f"jit: fusion regions with symbolic sizes are not supported yet ({regions[0].name}, executor "
+                f"{regions[0].executor})"
+            )
 
 
 def _with_captured(fn, captured: tuple):
@@ -220,6 +241,8 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     if names is not None:
         traces = _named_inputs(traces, acquired, names, {*namespace, *(r.name for r in traces[-1].regions())})
     filename = f"<thunder_rs {name}>"
+    if acquired.sizes:
+        _refuse_symbolic_regions(traces[-1], backward_traces)
     fuse_at = time.perf_counter()
     regions = _fused_regions(traces[-1], filename, namespace, executors)
     if backward_traces:
@@ -246,8 +269,11 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
         computation = with_writebacks(computation, wb)
-    if acquired.captured and acquired.tail is None:
-        computation = _with_captured(computation, tuple(acquired.captured))
+    captured = tuple(acquired.captured) if acquired.tail is None else ()
+    if acquired.sizes:
+        computation = with_sizes(computation, size_readers(acquired.sizes, acquired.tensor_positions), captured)
+    elif captured:
+        computation = _with_captured(computation, captured)
     end = time.perf_counter()
     stages = {"passes": passes_at - start, "codegen": end - passes_at - fuse_s, "fuse": fuse_s}
     return computation, source, filename, traces, backward_traces, stages
@@ -256,9 +282,15 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
 class ThunderFunction:
     """``thunder_rs.jit(fn)``: calls ``fn`` through a cache of compiled traces."""
 
-    def __init__(self, fn, module=None, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
+    def __init__(self, fn, module=None, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None, dynamic=None):
         if not isinstance(cache, int) or isinstance(cache, bool) or cache < 1:
             raise ThunderValueError(f"jit: cache must be a positive number of entries, got {cache!r} (argument cache)")
+        if dynamic not in (None, True, False):
+            raise ThunderValueError(f"jit: dynamic must be None, True or False, got {dynamic!r} (argument dynamic)")
+        #: ``jit(dynamic=)``; the sizes seen to change (``core.acquisition.dynamic``); the entries
+        #: compiled with symbolic sizes; why symbolic compiles stopped (one failed), or None.
+        self._dynamic, self._marked, self._symbolic = dynamic, set(), []
+        self._dynamic_off: str | None = None
         self._passes = checked_passes(passes)
         #: The jit's executors in priority order, or None for the defaults at each compilation.
         self._executors = None if executors is None else resolve_executors(executors)
@@ -459,19 +491,33 @@ class ThunderFunction:
                     self._cache[key] = entry
                     entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                     return entry
+            for symbolic in self._symbolic:
+                entry = symbolic.entry
+                if symbolic.serves(key, flat) and (entry.check is None or entry.check(flat)):
+                    self._insert(key, entry)
+                    self._stats.cache_hits += 1
+                    return entry
             failed = self._cache.get(key)
-            return self._compile(flat, spec, key, failed.why_not(flat) if failed is not None else None)
+            reason = failed.why_not(flat) if failed is not None else None
+            mode = self._dynamic if self._dynamic_off is None else False
+            sizes = wanted_sizes(mode, key, flat, [self._last_key, *self._variants], self._marked)
+            if sizes:
+                try:
+                    return self._compile(flat, spec, key, reason, sizes=sizes)
+                except Exception as e:  # the program does something symbolic sizes do not support yet
+                    self._dynamic_off = f"{type(e).__name__}: {e}"
+                    log_dynamic_off(_name(self._fn), self._dynamic_off)
+            return self._compile(flat, spec, key, reason)
 
-    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = ()) -> Entry:
+    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = (), sizes: tuple = ()) -> Entry:
         """Compiles an entry for the call of ``flat``; ``forced`` are reads of values a divergence
-        settled (``values.ValueReads``)."""
+        settled (``values.ValueReads``); ``sizes`` the ``(flat position, dim)`` traced as symbolic."""
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
         reads = ValueReads(_snapshot_runner(executors), forced)
-        acquired = acquire(
-            self._fn, flat, spec, self._binding if self._module is not None else None, whole_runners(executors), reads
-        )
+        binding = self._binding if self._module is not None else None
+        acquired = acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes)
         modes.check_restored()
         check_generators(acquired.consts)
         acquired_at = time.perf_counter()
@@ -498,6 +544,10 @@ class ThunderFunction:
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )
         self._insert(key, entry)
+        if sizes:
+            guards = {*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())}
+            names = [f"t{v}" for v in traces[-1].size_inputs()]
+            self._symbolic.append(SymbolicEntry(entry, stored_key(key, None), sizes, names, sorted(guards)))
         return entry
 
     def _hook_modules(self, acquired) -> list | None:
@@ -614,8 +664,8 @@ def _key_death_marker(jfn):
     return dead
 
 
-def _jit_again(module, cache: int, passes: tuple, executors):
-    return ThunderModule(module, cache=cache, passes=passes, executors=executors)
+def _jit_again(module, cache: int, passes: tuple, executors, dynamic=None):
+    return ThunderModule(module, cache=cache, passes=passes, executors=executors, dynamic=dynamic)
 
 
 #: Attributes of the wrapper itself; every other attribute set on it goes to the wrapped module.
@@ -631,10 +681,14 @@ class ThunderModule(torch.nn.Module):
     methods call the module through this wrapper), and its state dict has the wrapped module's keys.
     """
 
-    def __init__(self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None):
+    def __init__(
+        self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None, dynamic=None
+    ):
         super().__init__()
         self._model = module
-        self._jfn = ThunderFunction(module, module=module, cache=cache, passes=passes, executors=executors)
+        self._jfn = ThunderFunction(
+            module, module=module, cache=cache, passes=passes, executors=executors, dynamic=dynamic
+        )
         self._hooks_seen = -1
         self._has_hooks = False
         #: how a module with fully_shard (FSDP2) modules is called, or None
@@ -665,7 +719,7 @@ class ThunderModule(torch.nn.Module):
         # A copy or a pickle (``copy.deepcopy(jmodel)``, ``AveragedModel(jmodel)``) is a fresh jit
         # of a copy of the wrapped module: compiled entries belong to the process and the module.
         jfn = self._jfn
-        return (_jit_again, (self._model, jfn._cache_size, jfn._passes, jfn._executors))
+        return (_jit_again, (self._model, jfn._cache_size, jfn._passes, jfn._executors, jfn._dynamic))
 
     def _wrapped_for(self, name: str):
         """The wrapped module when ``name`` is its attribute, None when it is the wrapper's own

@@ -1,0 +1,207 @@
+"""``SymInt``: a size that may change between calls, as the traced program sees it.
+
+When a dimension of an input is symbolic (see ``thunder_rs.core.acquisition.dynamic``), the
+proxy's ``shape`` holds a ``SymInt`` there instead of an int. Arithmetic on it (``T * 2``,
+``T // heads``, ``B * T``) gives another ``SymInt``, computed in Rust in the trace's canonical
+form, and reaches prims as a symbolic int, so the compiled program computes the size from its
+inputs on every call.
+
+Anything that needs a plain answer is a decision taken on the size's value at compile time (its
+*hint*), and what the answer relied on becomes a guard the compiled program checks on each call:
+comparisons and ``bool`` record the relation (``T > 1``, ``T == S``); ``int(T)``, ``range(T)``,
+indexing with it, hashing it, mixing it with floats specialise it (the program is compiled for
+this value only: ``T == hint``). A call where a guard fails misses the cache and compiles again,
+so no decision taken on the hint is ever reused where it would not hold.
+
+Not an ``int`` subclass on purpose: C code reads an int subclass's value directly, without any
+hook, so a size used that way would be baked into the trace silently. A ``torch.SymInt``
+subclass instead, so that torch's argument parser passes it on to the language context as it is
+(``x.view(B, T, -1)``, ``torch.arange(T)``, ``torch.Size``) rather than reading it as an int.
+It has no ``node``: a ``torch.SymInt`` method it does not override fails loudly.
+"""
+
+import sys
+
+import torch
+
+from thunder_rs import _core
+from thunder_rs.core.base.proxies import set_size_wrapper
+from thunder_rs.core.lang.recorder import current
+
+_SymExpr = _core.SymExpr
+
+
+def _internal(frame) -> bool:
+    return frame.f_globals.get("__name__", "").startswith("thunder_rs.")
+
+
+def wrap(value):
+    """A ``SymInt`` for a symbolic expression, the int itself for a constant one."""
+    return SymInt(value) if type(value) is _SymExpr else value
+
+
+def _operand(other):
+    if type(other) is SymInt:
+        return other.expr
+    if type(other) is int:
+        return other
+    return None
+
+
+class _Node:
+    """What torch's own shape code asks a ``torch.SymInt``'s node (``torch.broadcast_shapes``
+    asks whether a size is a nested int); anything else fails naming it."""
+
+    __slots__ = ()
+
+    def is_nested_int(self) -> bool:
+        return False
+
+    def __getattr__(self, name):
+        raise AttributeError(f"thunder_rs symbolic sizes do not support torch's SymNode.{name} yet")
+
+
+_NODE = _Node()
+
+
+class SymInt(torch.SymInt):
+    """An int size whose value is read from the inputs on each call (see the module doc)."""
+
+    node = _NODE
+
+    def __init__(self, expr: "_core.SymExpr"):
+        self.expr = expr
+
+    @property
+    def hint(self) -> int:
+        """The value when the program was traced."""
+        return self.expr.hint
+
+    # Arithmetic stays symbolic with ints and other sizes; with anything else (a float, a
+    # tensor) the size is specialised first.
+    def _arith(self, other, op):
+        o = _operand(other)
+        if o is None:
+            return getattr(self.__index__(), f"__{op}__")(other)
+        return wrap(getattr(self.expr, f"__{op}__")(o))
+
+    def __add__(self, other):
+        return self._arith(other, "add")
+
+    def __radd__(self, other):
+        return self._arith(other, "radd")
+
+    def __sub__(self, other):
+        return self._arith(other, "sub")
+
+    def __rsub__(self, other):
+        return self._arith(other, "rsub")
+
+    def __mul__(self, other):
+        return self._arith(other, "mul")
+
+    def __rmul__(self, other):
+        return self._arith(other, "rmul")
+
+    def __floordiv__(self, other):
+        if type(other) is int and other > 0:
+            return wrap(self.expr // other)
+        if type(other) is SymInt:
+            exact = self.expr.exact_div(other.expr)
+            if exact is not None:
+                return wrap(exact)
+        return self.__index__() // other
+
+    def __rfloordiv__(self, other):
+        return other // self.__index__()
+
+    def __mod__(self, other):
+        if type(other) is int and other > 0:
+            return wrap(self.expr % other)
+        if type(other) is SymInt and self.expr.exact_div(other.expr) is not None:
+            return 0
+        return self.__index__() % other
+
+    def __rmod__(self, other):
+        return other % self.__index__()
+
+    def __truediv__(self, other):
+        return self.__index__() / other
+
+    def __rtruediv__(self, other):
+        return other / self.__index__()
+
+    def __neg__(self):
+        return wrap(-self.expr)
+
+    def __pos__(self):
+        return self
+
+    # Decisions: answered on the hint, the relation recorded as a guard.
+    def _decide(self, op, other):
+        o = _operand(other)
+        if o is None:
+            return NotImplemented
+        return current().decide(op, self.expr, o)
+
+    def __eq__(self, other):
+        return self._decide("eq", other)
+
+    def __ne__(self, other):
+        return self._decide("ne", other)
+
+    def __lt__(self, other):
+        return self._decide("lt", other)
+
+    def __le__(self, other):
+        return self._decide("le", other)
+
+    def __gt__(self, other):
+        return self._decide("gt", other)
+
+    def __ge__(self, other):
+        return self._decide("ge", other)
+
+    def __bool__(self):
+        return current().decide("ne", self.expr, 0)
+
+    # A plain int: the program is specialised to the hint.
+    def __index__(self):
+        return current().specialise(self.expr)
+
+    __int__ = __index__
+
+    def __float__(self):
+        return float(self.__index__())
+
+    def __hash__(self):
+        return hash(self.__index__())
+
+    def __abs__(self):
+        return self if self >= 0 else -self
+
+    def __repr__(self):
+        return f"SymInt({self.expr}, hint={self.expr.hint})"
+
+    # Text the program makes from a size (``f"{T} tokens"``) holds its value: specialised. Text
+    # thunder_rs makes (the messages of its checks, formatted whether they fail or not) shows
+    # the expression and specialises nothing.
+    def __str__(self):
+        return str(self.expr) if _internal(sys._getframe(1)) else str(self.__index__())
+
+    def __format__(self, spec):
+        return str(self.expr) if _internal(sys._getframe(1)) else format(self.__index__(), spec)
+
+
+set_size_wrapper(wrap)
+
+
+def hint(size) -> int:
+    """The value of a size when traced, without a guard: for heuristics only (an estimate of
+    work, a choice that is correct for every value), never for what the program computes."""
+    return size.expr.hint if type(size) is SymInt else size
+
+
+def is_symbolic(shape) -> bool:
+    """Whether some size of ``shape`` is symbolic."""
+    return any(type(s) is SymInt for s in shape)
