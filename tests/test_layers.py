@@ -43,13 +43,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: ``core.pydraws``), which costs nothing and needs no import.
 CORE_LAZY_IMPORTS: dict[tuple[str, str], str] = {}
 
-#: Front-door attributes resolved at first use (PEP 562 ``__getattr__``), so that ``import
-#: thunder_rs`` does not pay for what only some programs use; each names why. Nothing imports the
-#: package back from these modules, so no cycle hides behind them (test_no_import_cycle would
-#: not see one: keep the list short).
-FRONT_LAZY_IMPORTS: dict[tuple[str, str], str] = {
-    ("thunder_rs", "thunder_rs.rules"): "rewrite rules as data: 4 frozen dataclasses, ~4-9 ms at import",
-}
+#: Imports of thunder_rs modules the layers above core may make inside a function, as ``(module,
+#: imported module)`` with the reason (test_no_import_cycle does not see them). None: a module
+#: loaded when first needed is declared at module level (``LAZY_MODULES``), where it does.
+FRONT_LAZY_IMPORTS: dict[tuple[str, str], str] = {}
 
 
 #: The package's modules that another loads when first needed (``LazyModule`` declarations,
@@ -69,6 +66,9 @@ LAZY_MODULES: dict[tuple[str, str], str] = {
     ("thunder_rs.core.run.autograd", "thunder_rs.core.acquisition.writeback"): (
         "residuals are unshared from inputs only by an entry with write-backs, which a compile loaded"
     ),
+    # Front-door names resolved at their first use (PEP 562 ``__getattr__``).
+    ("thunder_rs", "thunder_rs.rules"): "rewrite rules as data (4 frozen dataclasses), for programs that register some",
+    ("thunder_rs", "thunder_rs.core.run.examine"): "thunder_rs.examine and its report (a dataclass), when called",
 }
 
 
@@ -245,7 +245,8 @@ def test_no_import_cycle_between_modules():
 
 def lazy_modules(package: Path = PACKAGE) -> list[tuple[str, int, str, bool]]:
     """Every ``LazyModule("name")`` declaration (``core.base.lazy``) as ``(module, line, name,
-    at module level)``."""
+    at module level)``; the class under any name a module imports it as (``_LazyModule`` in the
+    package's ``__init__``, which keeps its namespace to the public API)."""
     found = []
     for module, path in modules(package).items():
         if path.suffix != ".py":
@@ -257,8 +258,15 @@ def lazy_modules(package: Path = PACKAGE) -> list[tuple[str, int, str, bool]]:
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             for node in ast.walk(function)
         }
+        names = {"LazyModule"} | {
+            alias.asname
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+            if alias.name == "LazyModule" and alias.asname
+        }
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LazyModule":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in names:
                 name = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else "?"
                 found.append((module, node.lineno, name, id(node) not in in_functions))
     return found
@@ -276,10 +284,10 @@ def test_lazy_modules_are_declared_at_module_level_and_each_of_ours_says_why():
     assert ours <= {(i.module, i.target) for i in imports()[0] if not i.in_function}
 
 
-def test_our_lazy_modules_load_at_the_first_compile_not_at_import():
+def test_our_lazy_modules_load_at_first_use_not_at_import():
     """``import thunder_rs`` loads none of ``LAZY_MODULES``' lazy modules (one that another module
-    imports outright waits for nothing, and its reason no longer holds), and a program's first
-    compile loads them."""
+    imports outright waits for nothing, and its reason no longer holds); a program's first
+    compile and the first read of the lazy front-door names load them."""
     lazy = sorted({target for _, target in LAZY_MODULES})
     code = (
         "import sys, torch, thunder_rs\n"
@@ -287,6 +295,7 @@ def test_our_lazy_modules_load_at_the_first_compile_not_at_import():
         "before = [m for m in lazy if m in sys.modules]\n"
         "x = torch.randn(3)\n"
         "assert torch.equal(thunder_rs.jit(lambda t: t.sin() * 2)(x), x.sin() * 2)\n"
+        "assert thunder_rs.examine(torch.sin, x).supported and thunder_rs.Rule is thunder_rs.rules.Rule\n"
         "print(before, [m for m in lazy if m not in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
