@@ -147,6 +147,10 @@ class FixedSource(Source):
         return var
 
 
+# Sources and guards are plain classes, not dataclasses: nothing compares, hashes or copies them
+# by field, and generating the methods of eleven dataclasses cost ``import thunder_rs`` 3-4 ms.
+
+
 class ObjectSource(FixedSource):
     """The instance dict of an object the entry keeps alive (a config, a global object)."""
 
