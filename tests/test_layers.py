@@ -51,9 +51,10 @@ FRONT_LAZY_IMPORTS: dict[tuple[str, str], str] = {}
 
 #: The package's modules that another loads when first needed (``LazyModule`` declarations,
 #: ``core.base.lazy``), as ``(module, lazy module)`` with the reason. The checks above read each as
-#: an import; this table says why the import waits. Acquisition and what only it uses (effects,
-#: escapes, outputs, reached Python state, stdlib state, torch overrides, Python draws: 10 modules,
-#: 8 dataclasses, about 15 ms of ``import thunder_rs``) run at a program's first call, never before.
+#: an import; this table says why the import waits. Acquisition and what only a compile uses
+#: (effects, escapes, outputs, reached Python state, stdlib state, torch overrides, Python draws,
+#: write-backs, the cache entry: 10 modules, about 12 ms of ``import thunder_rs``) load at a
+#: program's first compile, never before.
 LAZY_MODULES: dict[tuple[str, str], str] = {
     ("thunder_rs.core.run.jit", "thunder_rs.core.acquisition.acquire"): "acquisition runs at the first compile",
     ("thunder_rs.core.run.jit", "thunder_rs.core.run.entry"): "a cache entry is made by the first compile",

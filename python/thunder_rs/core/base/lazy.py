@@ -3,15 +3,15 @@
 ``import thunder_rs`` should cost little over ``import torch`` (issue 25), and some modules are
 needed only by some programs or only once a program runs. A third-party one: optree
 (``torch.utils._cxx_pytree``, about 20 ms to import) flattens keyword calls. One of the package's:
-acquisition (``core.acquisition.acquire`` and the modules only it uses, a fifth of the package's
-import) runs at a program's first call, never at import. A module declares such a dependency
+acquisition (``core.acquisition.acquire`` and the modules only a compile uses: ten, about 12 ms to
+import) runs at a program's first compile, never at import. A module declares such a dependency
 where its imports stand, ``_ACQUIRE = LazyModule("thunder_rs.core.acquisition.acquire")``, and
 calls ``_ACQUIRE.load()`` where it is first needed.
 
 A declaration is an import that runs later, nothing less: the layering test
 (``tests/test_layers.py``) reads each one as an import of its module for the layer and cycle
 checks, so laziness never hides an upward import or a cycle, and it asks why each of the package's
-modules is lazy. Declarations stand at module level, where that test reads them.
+modules is lazy (``LAZY_MODULES``). Declarations stand at module level, where that test reads them.
 """
 
 import importlib
