@@ -2,11 +2,15 @@
 with ``ast``: no layer imports one above it, core imports nothing inside its functions, no
 thunder_rs module is imported inside a function to dodge a cycle, and no import cycle exists
 between thunder_rs modules. A lower layer owns a protocol and its registry (``core.langctx``'s
-symbols, ``core.executor_api``'s executors); the layers above register into it at import.
+symbols, ``core.executor_api``'s executors); the layers above register into it at import. A
+module loaded when first needed (``core.base.lazy.LazyModule``) is imported as far as these checks
+go: laziness defers the cost, never a dependency.
 """
 
 import ast
 import functools
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -39,12 +43,33 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: ``core.pydraws``), which costs nothing and needs no import.
 CORE_LAZY_IMPORTS: dict[tuple[str, str], str] = {}
 
-#: Front-door attributes resolved at first use (PEP 562 ``__getattr__``), so that ``import
-#: thunder_rs`` does not pay for what only some programs use; each names why. Nothing imports the
-#: package back from these modules, so no cycle hides behind them (test_no_import_cycle would
-#: not see one: keep the list short).
-FRONT_LAZY_IMPORTS: dict[tuple[str, str], str] = {
-    ("thunder_rs", "thunder_rs.rules"): "rewrite rules as data: 4 frozen dataclasses, ~4-9 ms at import",
+#: Imports of thunder_rs modules the layers above core may make inside a function, as ``(module,
+#: imported module)`` with the reason (test_no_import_cycle does not see them). None: a module
+#: loaded when first needed is declared at module level (``LAZY_MODULES``), where it does.
+FRONT_LAZY_IMPORTS: dict[tuple[str, str], str] = {}
+
+
+#: The package's modules that another loads when first needed (``LazyModule`` declarations,
+#: ``core.base.lazy``), as ``(module, lazy module)`` with the reason. The checks above read each as
+#: an import; this table says why the import waits. Acquisition and what only a compile uses
+#: (effects, escapes, outputs, reached Python state, stdlib state, torch overrides, Python draws,
+#: write-backs, the cache entry: 10 modules, about 12 ms of ``import thunder_rs``) load at a
+#: program's first compile, never before.
+LAZY_MODULES: dict[tuple[str, str], str] = {
+    ("thunder_rs.core.run.jit", "thunder_rs.core.acquisition.acquire"): "acquisition runs at the first compile",
+    ("thunder_rs.core.run.jit", "thunder_rs.core.run.entry"): "a cache entry is made by the first compile",
+    ("thunder_rs.core.run.jit", "thunder_rs.core.acquisition.writeback"): (
+        "write-backs wrap an entry whose program writes its inputs, made by a compile"
+    ),
+    ("thunder_rs.core.run.examine", "thunder_rs.core.acquisition.acquire"): (
+        "examine acquires the program it reports on, when called"
+    ),
+    ("thunder_rs.core.run.autograd", "thunder_rs.core.acquisition.writeback"): (
+        "residuals are unshared from inputs only by an entry with write-backs, which a compile loaded"
+    ),
+    # Front-door names resolved at their first use (PEP 562 ``__getattr__``).
+    ("thunder_rs", "thunder_rs.rules"): "rewrite rules as data (4 frozen dataclasses), for programs that register some",
+    ("thunder_rs", "thunder_rs.core.run.examine"): "thunder_rs.examine and its report (a dataclass), when called",
 }
 
 
@@ -112,6 +137,7 @@ def imports(package: Path = PACKAGE) -> tuple[tuple[Import, ...], tuple[tuple[st
             if in_function:
                 in_functions.append((module, node.lineno, ast.unparse(node)))
             found += [Import(module, target, node.lineno, in_function) for target in _targets(module, node, known)]
+    found += [Import(m, name, line, not at_top) for m, line, name, at_top in lazy_modules(package) if name in known]
     return tuple(found), tuple(in_functions)
 
 
@@ -220,7 +246,8 @@ def test_no_import_cycle_between_modules():
 
 def lazy_modules(package: Path = PACKAGE) -> list[tuple[str, int, str, bool]]:
     """Every ``LazyModule("name")`` declaration (``core.base.lazy``) as ``(module, line, name,
-    at module level)``."""
+    at module level)``; the class under any name a module imports it as (``_LazyModule`` in the
+    package's ``__init__``, which keeps its namespace to the public API)."""
     found = []
     for module, path in modules(package).items():
         if path.suffix != ".py":
@@ -232,24 +259,53 @@ def lazy_modules(package: Path = PACKAGE) -> list[tuple[str, int, str, bool]]:
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             for node in ast.walk(function)
         }
+        names = {"LazyModule"} | {
+            alias.asname
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+            if alias.name == "LazyModule" and alias.asname
+        }
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LazyModule":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in names:
                 name = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else "?"
                 found.append((module, node.lineno, name, id(node) not in in_functions))
     return found
 
 
-def test_lazy_modules_are_third_party_and_declared_at_module_level():
-    """A module loaded when first needed (``LazyModule``) is declared where imports stand and is
-    never a thunder_rs module, so no dependency between the package's modules is hidden from the
-    checks above."""
+def test_lazy_modules_are_declared_at_module_level_and_each_of_ours_says_why():
+    """A module loaded when first needed (``LazyModule``) is named by a constant where imports
+    stand, so the checks above read it as an import; each of the package's is in
+    ``LAZY_MODULES`` with its reason, and the table lists no declaration that is gone."""
     found = lazy_modules()
-    assert found, "core.run.callflat declares optree lazily"
-    assert [f for f in found if f[2] == "?" or f[2].split(".")[0] == "thunder_rs" or not f[3]] == []
+    assert ("thunder_rs.core.run.callflat", "torch.utils._cxx_pytree") in {(f[0], f[2]) for f in found}
+    assert [f for f in found if f[2] == "?" or not f[3]] == []
+    ours = {(f[0], f[2]) for f in found if f[2].split(".")[0] == "thunder_rs"}
+    assert ours == set(LAZY_MODULES)
+    assert ours <= {(i.module, i.target) for i in imports()[0] if not i.in_function}
+
+
+def test_our_lazy_modules_load_at_first_use_not_at_import():
+    """``import thunder_rs`` loads none of ``LAZY_MODULES``' lazy modules (one that another module
+    imports outright waits for nothing, and its reason no longer holds); a program's first
+    compile and the first read of the lazy front-door names load them."""
+    lazy = sorted({target for _, target in LAZY_MODULES})
+    code = (
+        "import sys, torch, thunder_rs\n"
+        f"lazy = {lazy!r}\n"
+        "before = [m for m in lazy if m in sys.modules]\n"
+        "x = torch.randn(3)\n"
+        "assert torch.equal(thunder_rs.jit(lambda t: t.sin() * 2)(x), x.sin() * 2)\n"
+        "assert thunder_rs.examine(torch.sin, x).supported and thunder_rs.Rule is thunder_rs.rules.Rule\n"
+        "print(before, [m for m in lazy if m not in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] []", out
 
 
 def test_the_checks_see_what_they_forbid(tmp_path):
-    """Each check finds a planted violation: an upward import, imports inside functions, a cycle."""
+    """Each check finds a planted violation: an upward import, imports inside functions, a cycle,
+    and an upward import and a cycle made through a lazy declaration."""
     package = tmp_path / "thunder_rs"
     sources = {
         "__init__.py": "",
@@ -263,6 +319,10 @@ def test_the_checks_see_what_they_forbid(tmp_path):
         "core/state/c.py": "from thunder_rs.core.run import d\n",
         "core/run/__init__.py": "",
         "core/run/d.py": "",
+        "core/state/e.py": (
+            "from thunder_rs.core.base.lazy import LazyModule\n\n_F = LazyModule('thunder_rs.core.run.f')\n"
+        ),
+        "core/run/f.py": "from thunder_rs.core.state import e\n",
     }
     for name, source in sources.items():
         (package / name).parent.mkdir(parents=True, exist_ok=True)
@@ -271,12 +331,16 @@ def test_the_checks_see_what_they_forbid(tmp_path):
     assert upward_imports(found) == [
         "thunder_rs.core.a:2 imports thunder_rs.torch (core.base -> torch)",
         "thunder_rs.core.state.c:1 imports thunder_rs.core.run.d (core.state -> core.run)",
+        "thunder_rs.core.state.e:3 imports thunder_rs.core.run.f (core.state -> core.run)",
     ]
     assert function_level_imports(found, in_functions) == [
         "thunder_rs.core.b:5: import numpy",
         "thunder_rs.torch:5 imports thunder_rs.torch.shape inside a function",
     ]
-    assert cycles(found) == [["thunder_rs.core.a", "thunder_rs.torch"]]
+    assert cycles(found) == [
+        ["thunder_rs.core.a", "thunder_rs.torch"],
+        ["thunder_rs.core.run.f", "thunder_rs.core.state.e"],
+    ]
 
 
 # -- ltorch by op family ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ Rust-owned trace, optimises it, and from then on runs generated code with almost
 
 import inspect as _inspect
 from typing import (
+    TYPE_CHECKING as _TYPE_CHECKING,
     Any as _Any,
     Callable as _Callable,
     ParamSpec as _ParamSpec,
@@ -24,10 +25,10 @@ _core.configure(TensorProxy, _torch.dtype, _torch.device, _CODES, _SymInt)
 
 from thunder_rs import prims  # noqa: E402
 from thunder_rs import torch as ltorch  # noqa: E402
-from thunder_rs.core.run.examine import ExamineReport, examine  # noqa: E402
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad  # noqa: E402
 from thunder_rs.core.run.front import check_options, reset  # noqa: E402
 from thunder_rs.core.run.compile_module import compile_module  # noqa: E402
+from thunder_rs.core.base.lazy import LazyModule as _LazyModule  # noqa: E402
 from thunder_rs.core.base.logs import configure_from_env as _configure_logs, set_logs  # noqa: E402
 from thunder_rs.core.run.jit import DEFAULT_CACHE_SIZE, CompileStats, ThunderFunction, ThunderModule  # noqa: E402
 from thunder_rs.plugins import load_passes  # noqa: E402
@@ -70,16 +71,25 @@ __all__ = [
 __version__ = "0.1.0"
 
 #: Names the package resolves at their first use (PEP 562), so that ``import thunder_rs`` does not
-#: pay for them: rewrite rules as data are for the programs that register some.
-_LAZY_RULES = frozenset({"rules", "Rule", "register_rules"})
+#: pay for them, with the module that has them: rewrite rules as data are for the programs that
+#: register some, ``examine`` (and its report, a dataclass) for the programs examined.
+_RULES = _LazyModule("thunder_rs.rules")
+_EXAMINE = _LazyModule("thunder_rs.core.run.examine")
+_LAZY_NAMES = {"Rule": _RULES, "register_rules": _RULES, "examine": _EXAMINE, "ExamineReport": _EXAMINE}
+
+if _TYPE_CHECKING:
+    from thunder_rs import rules
+    from thunder_rs.core.run.examine import ExamineReport, examine
+    from thunder_rs.rules import Rule, register_rules
 
 
 def __getattr__(name: str) -> _Any:
-    if name not in _LAZY_RULES:
+    if name == "rules":
+        value = _RULES.load()
+    elif name in _LAZY_NAMES:
+        value = getattr(_LAZY_NAMES[name].load(), name)
+    else:
         raise AttributeError(f"module 'thunder_rs' has no attribute {name!r}")
-    import thunder_rs.rules as rules_module  # noqa: PLC0415 (the lazy front-door names above)
-
-    value = rules_module if name == "rules" else getattr(rules_module, name)
     globals()[name] = value
     return value
 

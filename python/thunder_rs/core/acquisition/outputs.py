@@ -17,7 +17,6 @@ returned as each call's own argument; what the program set on it is set again by
 
 import copy
 import types
-from dataclasses import dataclass
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -41,27 +40,36 @@ _SHARED = (
 )
 
 
-@dataclass(frozen=True)
+# Template nodes are plain slotted classes, not dataclasses: nothing compares or hashes them
+# (templating and ``_build`` go by identity), and a dataclass costs the first compile about 1 ms
+# each to generate its methods.
+
+
 class _Slot:
     """A traced tensor at position ``index`` of the trace's outputs."""
 
-    index: int
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
 
 
-@dataclass(frozen=True)
 class _Input:
     """The call's own flat input at ``position`` (an object the program was given and returns)."""
 
-    position: int
+    __slots__ = ("position",)
+
+    def __init__(self, position: int):
+        self.position = position
 
 
-@dataclass(frozen=True)
 class _Rebuilt:
     """A container or object rebuilt per call: ``kind`` says how, ``parts`` are its contents."""
 
-    kind: str
-    cls: type
-    parts: tuple
+    __slots__ = ("kind", "cls", "parts")
+
+    def __init__(self, kind: str, cls: type, parts: tuple):
+        self.kind, self.cls, self.parts = kind, cls, parts
 
 
 class _Templater:
@@ -130,11 +138,13 @@ class _Templater:
 _MUTABLE = (list, dict, set)
 
 
-@dataclass(frozen=True)
 class _Copied:
     """A list, dict or set without traced tensors in a rebuilt object: a shallow copy per call."""
 
-    value: object
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
 
 
 def _build(node, outputs, inputs, built: dict):

@@ -1,13 +1,17 @@
-"""Third-party modules core loads when a program first needs them, declared at module level.
+"""Modules loaded when a program first needs them, declared at module level.
 
-``import thunder_rs`` should cost little over ``import torch`` (issue 25), and some dependencies
-are needed only by some programs or only once a program runs: optree (``torch.utils._cxx_pytree``,
-about 20 ms to import) flattens keyword calls on the per-call path. A module declares such a
-dependency where its imports stand, ``_CXX = LazyModule("torch.utils._cxx_pytree")``, and calls
-``_CXX.load()`` where it is first needed; the hot path then keeps what ``load`` returned rather
-than asking again. It takes no thunder_rs module, and declarations stand at module level, so a
-dependency between the package's layers is never hidden from the layering test
-(``tests/test_layers.py`` checks both).
+``import thunder_rs`` should cost little over ``import torch`` (issue 25), and some modules are
+needed only by some programs or only once a program runs. A third-party one: optree
+(``torch.utils._cxx_pytree``, about 20 ms to import) flattens keyword calls. One of the package's:
+acquisition (``core.acquisition.acquire`` and the modules only a compile uses: ten, about 12 ms to
+import) runs at a program's first compile, never at import. A module declares such a dependency
+where its imports stand, ``_ACQUIRE = LazyModule("thunder_rs.core.acquisition.acquire")``, and
+calls ``_ACQUIRE.load()`` where it is first needed.
+
+A declaration is an import that runs later, nothing less: the layering test
+(``tests/test_layers.py``) reads each one as an import of its module for the layer and cycle
+checks, so laziness never hides an upward import or a cycle, and it asks why each of the package's
+modules is lazy (``LAZY_MODULES``). Declarations stand at module level, where that test reads them.
 """
 
 import importlib
@@ -16,18 +20,21 @@ from types import ModuleType
 
 class LazyModule:
     """A module by name, imported at the first ``load()``; Python's import lock makes concurrent
-    first loads from several threads import it once."""
+    first loads from several threads import it once. Later loads return the module kept then, so
+    a load on a per-call path costs an attribute read."""
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "_module")
 
     def __init__(self, name: str):
-        if name.split(".")[0] == "thunder_rs":
-            raise ValueError(f"LazyModule is for third-party modules, got {name!r} (argument name)")
         self.name = name
+        self._module: ModuleType | None = None
 
     def load(self) -> ModuleType:
         """The module, imported now if no one has yet (``ImportError`` as ``import`` raises it)."""
-        return importlib.import_module(self.name)
+        module = self._module
+        if module is None:
+            module = self._module = importlib.import_module(self.name)
+        return module
 
     def __repr__(self) -> str:
         return f"LazyModule({self.name!r})"

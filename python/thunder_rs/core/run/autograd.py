@@ -10,9 +10,12 @@ import torch
 from thunder_rs.core.run.differentiable import transforms_active
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang.recorder import active_recorder
+from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.acquisition.writeback import root_id
 from thunder_rs.errors import ThunderNotImplementedError
+
+#: Write-backs, which only a program that writes its inputs in place has: acquiring it loaded them.
+_WRITEBACK = LazyModule("thunder_rs.core.acquisition.writeback")
 
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
 _FREED = (
@@ -87,6 +90,7 @@ def _check_versions(saved, versions) -> None:
 def _unshared(residuals, inputs, overwritten) -> list:
     """``residuals`` with those that share memory with an ``overwritten`` input cloned, so that
     the backward reads the values the forward saw."""
+    root_id = _WRITEBACK.load().root_id
     bases = {root_id(inputs[k]) for k in overwritten}
     return [r.clone() if isinstance(r, torch.Tensor) and root_id(r) in bases else r for r in residuals]
 

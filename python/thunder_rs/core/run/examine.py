@@ -16,10 +16,13 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.base import problems as P
-from thunder_rs.core.acquisition.acquire import acquire
+from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.lang.rng import STATE_CALLS
 from thunder_rs.core.base.userframe import is_user_file
+
+#: Acquisition, loaded at the first ``examine`` (``core.run.jit`` loads it at the first compile).
+_ACQUIRE = LazyModule("thunder_rs.core.acquisition.acquire")
 
 
 @dataclass
@@ -85,7 +88,7 @@ def examine(fn, *args, **kwargs) -> ExamineReport:
     report = ExamineReport()
     with P.collect() as found:
         try:
-            trace = acquire(fn, flat, spec, binding).trace
+            trace = _ACQUIRE.load().acquire(fn, flat, spec, binding).trace
         except Exception as e:  # noqa: BLE001 (anything tracing raises is reported, not raised)
             found.append(P.Problem(P.STOPPED, type(e).__name__, _where(e), str(e)))
             trace = None

@@ -1,5 +1,7 @@
 """Compiled callables: the cache, the per-call path, and compilation on a miss."""
 
+from __future__ import annotations
+
 import dataclasses
 import threading
 import time
@@ -9,12 +11,12 @@ import weakref
 from itertools import starmap
 from operator import attrgetter, getitem
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs import _core
-from thunder_rs.core.acquisition.acquire import acquire
 from thunder_rs.core.acquisition.dynamic import SymbolicEntry, size_readers, wanted_sizes, with_sizes
 from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.autograd import grad_function
@@ -29,13 +31,13 @@ from thunder_rs.core.acquisition.cache import (
     leaf_key,
     stored_key,
 )
-from thunder_rs.core.run.entry import Entry, make_check, make_post
 from thunder_rs.core.run.front import live_functions
 from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.base.userframe import user_frame
 from thunder_rs.core.lang.values import Diverged, ValueReads, ValueTree, abandonable, decision
+from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dumps, log_dynamic_off
 from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
 from thunder_rs.core.base.proxies import make_proxy
@@ -49,7 +51,6 @@ from thunder_rs.core.run.wrapped_module import (
     present_names_as_wrapped,
     present_state_dict_as_wrapped,
 )
-from thunder_rs.core.acquisition.writeback import with_writebacks
 from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
@@ -65,6 +66,14 @@ from thunder_rs.core.lang.executor_api import (
     resolve_executors,
     whole_runners,
 )
+
+if TYPE_CHECKING:
+    from thunder_rs.core.run.entry import Entry
+
+#: Compilation's modules, loaded at the first compile: ``import thunder_rs`` does not pay for them.
+_ACQUIRE = LazyModule("thunder_rs.core.acquisition.acquire")
+_ENTRY = LazyModule("thunder_rs.core.run.entry")
+_WRITEBACK = LazyModule("thunder_rs.core.acquisition.writeback")
 
 MISS_WARNING_THRESHOLD = 8
 #: How many variants one call may hand over to after its values diverged (``_other_path``).
@@ -268,7 +277,7 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
             )
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
-        computation = with_writebacks(computation, wb)
+        computation = _WRITEBACK.load().with_writebacks(computation, wb)
     captured = tuple(acquired.captured) if acquired.tail is None else ()
     if acquired.sizes:
         computation = with_sizes(computation, size_readers(acquired.sizes, acquired.tensor_positions), captured)
@@ -517,7 +526,7 @@ class ThunderFunction:
         executors = default_executors() if self._executors is None else self._executors
         reads = ValueReads(_snapshot_runner(executors), forced)
         binding = self._binding if self._module is not None else None
-        acquired = acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes)
+        acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes)
         modes.check_restored()
         check_generators(acquired.consts)
         acquired_at = time.perf_counter()
@@ -531,15 +540,16 @@ class ThunderFunction:
         positions = None if all_tensors else acquired.tensor_positions
         if acquired.reads:
             computation = abandonable(computation, acquired.consts)
-        entry = Entry(computation, source, filename, positions, traces, backward_traces)
+        entries = _ENTRY.load()
+        entry = entries.Entry(computation, source, filename, positions, traces, backward_traces)
         entry.reads = tuple(acquired.reads)
         entry.decisions = tuple(decision(r.value) for r in acquired.reads)
         entry.guards = Guards(acquired.guards)
         entry.hook_modules = self._hook_modules(acquired)
         entry.captured = tuple(acquired.captured)
         entry.tail = acquired.tail
-        entry.check = make_check(entry, entry.guards)
-        entry.post = make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
+        entry.check = entries.make_check(entry, entry.guards)
+        entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         self._record_miss(
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )

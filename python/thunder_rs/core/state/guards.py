@@ -15,7 +15,6 @@ import functools
 import math
 import operator
 from collections.abc import MutableMapping
-from dataclasses import dataclass
 
 import torch
 
@@ -148,12 +147,15 @@ class FixedSource(Source):
         return var
 
 
-@dataclass(eq=False)
+# Sources and guards are plain classes, not dataclasses: nothing compares, hashes or copies them
+# by field, and generating the methods of eleven dataclasses cost ``import thunder_rs`` 3-4 ms.
+
+
 class ObjectSource(FixedSource):
     """The instance dict of an object the entry keeps alive (a config, a global object)."""
 
-    obj: object
-    label: str
+    def __init__(self, obj, label: str):
+        self.obj, self.label = obj, label
 
     def fixed(self):
         return attributes_of(self.obj)
@@ -163,21 +165,19 @@ class ObjectSource(FixedSource):
         return id(self.obj)
 
 
-@dataclass(eq=False)
 class ModuleSource(ObjectSource):
     """The instance dict of an ``nn.Module`` of the program."""
 
     per_call = False
 
 
-@dataclass(eq=False)
 class ModuleStoreSource(FixedSource):
     """A module's parameter, buffer or submodule store (``store`` names it)."""
 
     per_call = False
-    obj: object
-    store: str
-    label: str
+
+    def __init__(self, obj, store: str, label: str):
+        self.obj, self.store, self.label = obj, store, label
 
     def fixed(self):
         return self.obj.__dict__[self.store]
@@ -187,12 +187,11 @@ class ModuleStoreSource(FixedSource):
         return (id(self.obj), self.store)
 
 
-@dataclass(eq=False)
 class GlobalsSource(FixedSource):
     """A module's globals."""
 
-    globals: dict
-    label: str
+    def __init__(self, globals: dict, label: str):
+        self.globals, self.label = globals, label
 
     def fixed(self):
         return self.globals
@@ -205,12 +204,11 @@ class GlobalsSource(FixedSource):
         return f"global {name!r} of {self.label}"
 
 
-@dataclass(eq=False)
 class CellSource(FixedSource):
     """A closure cell, seen as a mapping with the one name ``cell_contents``."""
 
-    cell: object
-    label: str
+    def __init__(self, cell, label: str):
+        self.cell, self.label = cell, label
 
     def fixed(self):
         return _CellView(self.cell)
@@ -223,13 +221,13 @@ class CellSource(FixedSource):
         return f"closure variable {self.label!r}"
 
 
-@dataclass(eq=False)
 class ClassSource(FixedSource):
     """What an instance of ``cls`` without its own attribute finds on its class, through the MRO
     (``class Config: scale = 2.0``): a class-level constant, which a program reading
     ``config.scale`` depends on as much as on an instance attribute."""
 
-    cls: type
+    def __init__(self, cls: type):
+        self.cls = cls
 
     def fixed(self):
         return _ClassView(self.cls)
@@ -242,14 +240,13 @@ class ClassSource(FixedSource):
         return f"class attribute {name!r} of {self.cls.__qualname__}"
 
 
-@dataclass(eq=False)
 class ItemSource(FixedSource):
     """The items of a dict, list or tuple the entry keeps alive (``self.cfg`` in
     ``self.cfg["sub"]["scale"]``), read by key or index; checked on every call, since a
     container changes in place without any write counter seeing it."""
 
-    container: object
-    label: str
+    def __init__(self, container, label: str):
+        self.container, self.label = container, label
 
     def fixed(self):
         return self.container if isinstance(self.container, dict) else _SequenceView(self.container)
@@ -307,16 +304,14 @@ class _CellView:
             return default
 
 
-@dataclass(eq=False)
 class InputSource(Source):
     """The instance dict of the ``position``-th flat input, or of an object reached from it
     through ``path``: attribute names, and ``Item`` steps into lists and dicts (``cache.layers[0]``)."""
 
-    position: int
-    path: tuple
-    label: str
-    #: an object on the path has ``__slots__`` (read through ``attributes_of``), not an instance dict
-    slotted: bool = False
+    def __init__(self, position: int, path: tuple, label: str, slotted: bool = False):
+        self.position, self.path, self.label = position, path, label
+        #: an object on the path has ``__slots__`` (read through ``attributes_of``), not an instance dict
+        self.slotted = slotted
 
     def object(self, flat):
         obj = flat[self.position]
@@ -340,15 +335,14 @@ class InputSource(Source):
         return read.format(expr)
 
 
-@dataclass(eq=False)
 class Guard:
-    source: Source
-    name: str
-    expected: object
-    #: ``file:line`` of the code that read the value, for miss reasons.
-    origin: str
+    """A value the program read by ``name`` from ``source``: holds while it is still ``expected``
+    (equal for simple values, the same object for others)."""
 
-    def __post_init__(self):
+    def __init__(self, source: Source, name: str, expected, origin: str):
+        self.source, self.name, self.expected = source, name, expected
+        #: ``file:line`` of the code that read the value, for miss reasons.
+        self.origin = origin
         self.by_identity = not is_simple(self.expected) or isinstance(self.expected, _IDENTITY_TYPES)
         # A list read then appended to must still compare with what was read.
         self.frozen = None if self.by_identity else freeze(self.expected)
@@ -462,16 +456,13 @@ def _read_meta(value):
     return tensor_meta(value) if isinstance(value, torch.Tensor) else MISSING
 
 
-@dataclass(eq=False)
 class TensorGuard:
     """A tensor that an argument object holds (``cache.layers[0].keys``): every call passes the
     tensor found there then to the trace as an input (``Acquired.tail``), so the trace is
     specialised on its metadata, not on the tensor."""
 
-    source: Source
-    name: str
-    expected: tuple
-    origin: str
+    def __init__(self, source: Source, name: str, expected: tuple, origin: str):
+        self.source, self.name, self.expected, self.origin = source, name, expected, origin
 
     @property
     def per_call(self) -> bool:
@@ -499,14 +490,12 @@ class TensorGuard:
         return f"_read_meta({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) == e{index}"
 
 
-@dataclass(eq=False)
 class NamesGuard:
     """The attribute names of an argument object guarded whole: an attribute the program did not
     find (``hasattr(layer, "cumulative_length")``) must still be absent."""
 
-    source: Source
-    names: frozenset
-    origin: str
+    def __init__(self, source: Source, names: frozenset, origin: str):
+        self.source, self.names, self.origin = source, names, origin
 
     @property
     def per_call(self) -> bool:
