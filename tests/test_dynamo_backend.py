@@ -172,7 +172,9 @@ def test_a_graph_thunder_rs_refuses_runs_eagerly_with_a_warning(monkeypatch):
     def refuse(*args, **kwargs):
         raise thunder_rs.errors.ThunderNotImplementedError("refused for the test")
 
-    monkeypatch.setattr(thunder_rs.core.run.jit, "acquire", refuse)
+    import thunder_rs.core.acquisition.acquire as acquisition  # loaded at the first compile otherwise
+
+    monkeypatch.setattr(acquisition, "acquire", refuse)
     x = torch.randn(4, requires_grad=True)
     compiled = torch.compile(lambda x: torch.sin(x) * 2, backend="thunder_rs")
     with pytest.warns(UserWarning, match="runs eagerly: ThunderNotImplementedError: refused for the test"):
