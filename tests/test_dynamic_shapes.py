@@ -165,31 +165,31 @@ def test_an_mlp_trains_with_every_batch_size():
     assert misses(jm) == 2
 
 
-def test_hf_gpt2_with_padding_lengths():
+def test_hf_gpt2_trains_with_padding_lengths_dropout_included():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=32,
-        vocab_size=100,
-        n_positions=64,
-        attn_implementation="eager",
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
+        n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64, attn_implementation="eager"
     )
-    model = transformers.GPT2LMHeadModel(config)
+    model = transformers.GPT2LMHeadModel(config)  # training mode: dropout draws a mask of the length
     jm = thunder_rs.jit(model)
     for n in [8, 12, 20, 9, 27]:
         ids = torch.randint(0, 100, (2, n))
-        out, ref = jm(ids, labels=ids), model(ids, labels=ids)
+        mask = (torch.arange(n)[None, :] < torch.tensor([[n], [n - 3]])).long()
+        labels = ids.masked_fill(mask == 0, -100)
+        torch.manual_seed(n)
+        out = jm(input_ids=ids, attention_mask=mask, labels=labels)
+        torch.manual_seed(n)
+        ref = model(input_ids=ids, attention_mask=mask, labels=labels)
         torch.testing.assert_close(out.logits, ref.logits)
         got = torch.autograd.grad(out.loss, list(model.parameters()))
         want = torch.autograd.grad(ref.loss, list(model.parameters()))
         for g, e in zip(got, want):
             torch.testing.assert_close(g, e)
     assert misses(jm) == 2
+    (entry,) = symbolic(jm)
+    assert len(entry.dims) == 3  # ids, mask and labels share one length (one size input)
+    assert entry.entry.traces[-1].size_inputs() == [entry.entry.traces[-1].size_inputs()[0]]
 
 
 class Config:

@@ -691,6 +691,19 @@ mod tests {
     }
 
     #[test]
+    fn exact_division_and_relations_that_always_hold() {
+        let (b, t) = (t(1, 2), t(2, 7));
+        let n = b.mul(&t).mul(&Dim::Const(32)).poly();
+        assert_eq!(n.exact_div(&b.mul(&t).poly()), Some(Poly::constant(32)));
+        assert_eq!(n.exact_div(&Dim::Const(32).poly()).map(|p| p.to_string()), Some("t1*t2".to_string()));
+        assert_eq!(n.exact_div(&t.add(&Dim::Const(1)).poly()), None);
+        let mut facts = Facts::default();
+        assert!(!facts.is(&t, -1)); // t + 1 != 0 holds for every size
+        assert!(facts.le(&Dim::Const(0), &t.mul(&Dim::Const(3)))); // 3*t >= 0 likewise
+        assert!(facts.is_empty(), "{:?}", facts.guards());
+    }
+
+    #[test]
     fn substitution_renames_and_specialises() {
         let e = t(1, 4).mul(&t(2, 3)).add(&t(1, 4).floordiv(3)).poly();
         let renamed = e.substitute(&mut |v| Poly::atom(Atom::Value(ValueId(v.0 + 10))));

@@ -122,6 +122,10 @@ def _define_like(name: str):
         _check_random_dtype(dtype or input.dtype, op)
         _check_no_leaf(op, requires_grad)
         kwargs = {"generator": generator, "dtype": dtype, "device": device, "memory_format": memory_format}
+        if name == "rand_like" and input._symbolic and input._strides is None and generator is memory_format is None:
+            # A symbolic size stays symbolic (dropout's mask): the draw as ``rand``'s, which draws
+            # what eager's does for a contiguous tensor.
+            return prims.uniform(tuple(input.shape), 0.0, 1.0, _device(device or input.device), dtype or input.dtype)
         return _draw(fn, (input,), {k: v for k, v in kwargs.items() if v is not None})
 
     return like

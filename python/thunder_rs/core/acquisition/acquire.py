@@ -18,6 +18,7 @@ from thunder_rs.core.acquisition.effects import (
     recording_prints,
     stop_recording_prints,
 )
+from thunder_rs.core.acquisition.dynamic import size_sources
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
@@ -177,10 +178,17 @@ def _refuse_uninitialized(names, tensors) -> None:
 
 
 def _symbolic_sizes(rec, flat_inputs, sizes) -> dict:
-    """A size input per ``(flat position, dim)`` of ``sizes``, by position then dim."""
+    """The size inputs of ``sizes`` (``(flat position, dim)``), by position then dim: one per
+    distinct value, as torch.compile's duck sizing (the ids, labels and mask of a batch share
+    their length, so ``ids.numel() // labels.size(1)`` divides as data); the entry checks that
+    the sizes that share one are equal on each call (``core.acquisition.dynamic``)."""
     made: dict = {}
+    by_value: dict = {}
     for i, d in sizes:
-        made.setdefault(i, {})[d] = rec.size_input(flat_inputs[i].shape[d])
+        n = flat_inputs[i].shape[d]
+        if n not in by_value:
+            by_value[n] = rec.size_input(n)
+        made.setdefault(i, {})[d] = by_value[n]
     return made
 
 
@@ -319,7 +327,7 @@ def acquire(
         writebacks,
         captured_inputs(captured),
         [] if reads is None else reads.reads,
-        list(sizes),
+        size_sources(flat_inputs, sizes),
     )
 
 

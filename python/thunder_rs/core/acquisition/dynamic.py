@@ -78,17 +78,33 @@ def with_sizes(fn, readers, captured: tuple = ()):
     return scope["call"]
 
 
+def size_sources(flat, sizes) -> list:
+    """For each size input, in order, the ``(flat position, dim)`` it is read from: sizes of
+    one value share a size input (see ``acquire._symbolic_sizes``), read from the first."""
+    first: dict = {}
+    for i, d in sizes:
+        first.setdefault(flat[i].shape[d], (i, d))
+    return list(first.values())
+
+
 class SymbolicEntry:
     """An entry compiled with symbolic sizes: its key, its symbolic ``(flat position, dim)``,
     and ``check(flat)``, whether the guards its traces rely on hold for a call's sizes."""
 
     __slots__ = ("entry", "key", "dims", "check", "guards")
 
-    def __init__(self, entry, key, sizes, names, guards):
+    def __init__(self, entry, key, flat, sizes, names, guards):
         self.entry, self.key, self.dims, self.guards = entry, key, frozenset(sizes), tuple(guards)
-        binds = "".join(f"    {n} = flat[{i}].shape[{d}]\n" for n, (i, d) in zip(names, sizes))
-        # 0 and 1 stay constant (see the module doc): a size is symbolic from 2 up.
-        conditions = [f"{n} >= 2" for n in names] + [f"({g})" for g in guards]
+        sources = size_sources(flat, sizes)
+        name_of = {flat[i].shape[d]: n for n, (i, d) in zip(names, sources)}
+        binds = "".join(f"    {n} = flat[{i}].shape[{d}]\n" for n, (i, d) in zip(names, sources))
+        # 0 and 1 stay constant (see the module doc): a size is symbolic from 2 up. Sizes that
+        # share a size input must be equal.
+        conditions = [f"{n} >= 2" for n in names]
+        conditions += [
+            f"flat[{i}].shape[{d}] == {name_of[flat[i].shape[d]]}" for i, d in sizes if (i, d) not in sources
+        ]
+        conditions += [f"({g})" for g in guards]
         source = f"def check(flat):\n{binds}    return {' and '.join(conditions) or 'True'}\n"
         scope: dict = {}
         exec(compile(source, "<thunder_rs size guards>", "exec"), scope)

@@ -280,7 +280,8 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
         computation = _WRITEBACK.load().with_writebacks(computation, wb)
     captured = tuple(acquired.captured) if acquired.tail is None else ()
     if acquired.sizes:
-        computation = with_sizes(computation, size_readers(acquired.sizes, acquired.tensor_positions), captured)
+        readers = size_readers(acquired.sizes, acquired.tensor_positions)
+        computation = with_sizes(computation, readers, captured)
     elif captured:
         computation = _with_captured(computation, captured)
     end = time.perf_counter()
@@ -557,7 +558,7 @@ class ThunderFunction:
         if sizes:
             guards = {*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())}
             names = [f"t{v}" for v in traces[-1].size_inputs()]
-            self._symbolic.append(SymbolicEntry(entry, stored_key(key, None), sizes, names, sorted(guards)))
+            self._symbolic.append(SymbolicEntry(entry, stored_key(key, None), flat, sizes, names, sorted(guards)))
         return entry
 
     def _hook_modules(self, acquired) -> list | None:
