@@ -117,8 +117,8 @@ const TEXT: &str = "def computation(t0, t1):
   # t0: \"size 9\"
   # t1: \"cpu f32[t0, 4]\"
   t2 = prims.reshape(t1, (t0 // 2*2 + t0 % 2, 2, 2))  # t2: \"cpu f32[2*(t0 // 2) + (t0 % 2), 2, 2]\"
-  t3 = prims.slice(t1, (0, 0), ((t0 - 1) // 2, 4), (1, 1))  # t3: \"cpu f32[((t0 - 1) // 2), 4]\"
-  t4 = prims.mul(t3, t0)  # t4: \"cpu f32[((t0 - 1) // 2), 4]\"
+  t3 = prims.slice(t1, (0, 0), ((t0 - 1) // 2, 4), (1, 1))  # t3: \"cpu f32[((t0 + 1) // 2) - 1, 4]\"
+  t4 = prims.mul(t3, t0)  # t4: \"cpu f32[((t0 + 1) // 2) - 1, 4]\"
   return (t2, t4)
 ";
 

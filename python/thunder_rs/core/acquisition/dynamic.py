@@ -31,7 +31,7 @@ def changed_dims(old_key, new_key) -> list | None:
         return None
     if old_key[2:] != new_key[2:] or len(old_key[1]) != len(new_key[1]):
         return None
-    changed = []
+    changed: list[tuple[int, int]] = []
     for i, (a, b) in enumerate(zip(old_key[1], new_key[1])):
         if a == b:
             continue

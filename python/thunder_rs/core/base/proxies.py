@@ -6,6 +6,8 @@ call on it arrives at ``__torch_function__`` and goes to the language context; n
 ``__torch_dispatch__``.
 """
 
+from typing import Callable
+
 import torch
 
 from thunder_rs.core.base.dtypes import DTYPES
@@ -16,7 +18,7 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 _language_context = None
 #: Makes a symbolic size (``_core.SymExpr``) the ``SymInt`` programs see; installed by
 #: ``thunder_rs.core.lang.symint`` when it is imported.
-_size = None
+_size: Callable = int  # replaced when symint is imported (always, by thunder_rs)
 
 
 def set_language_context(torch_function) -> None:

@@ -67,7 +67,7 @@ _NODE = _Node()
 class SymInt(torch.SymInt):
     """An int size whose value is read from the inputs on each call (see the module doc)."""
 
-    node = _NODE
+    node = _NODE  # type: ignore[assignment]  # not torch's SymNode: what torch asks of one, answered
 
     def __init__(self, expr: "_core.SymExpr"):
         self.expr = expr

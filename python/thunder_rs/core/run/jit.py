@@ -299,7 +299,9 @@ class ThunderFunction:
             raise ThunderValueError(f"jit: dynamic must be None, True or False, got {dynamic!r} (argument dynamic)")
         #: ``jit(dynamic=)``; the sizes seen to change (``core.acquisition.dynamic``); the entries
         #: compiled with symbolic sizes; why symbolic compiles stopped (one failed), or None.
-        self._dynamic, self._marked, self._symbolic = dynamic, set(), []
+        self._dynamic = dynamic
+        self._marked: set[tuple[int, int]] = set()
+        self._symbolic: list[SymbolicEntry] = []
         self._dynamic_off: str | None = None
         self._passes = checked_passes(passes)
         #: The jit's executors in priority order, or None for the defaults at each compilation.
@@ -557,8 +559,8 @@ class ThunderFunction:
         self._insert(key, entry)
         if sizes:
             guards = {*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())}
-            names = [f"t{v}" for v in traces[-1].size_inputs()]
-            self._symbolic.append(SymbolicEntry(entry, stored_key(key, None), flat, sizes, names, sorted(guards)))
+            size_names = [f"t{v}" for v in traces[-1].size_inputs()]
+            self._symbolic.append(SymbolicEntry(entry, stored_key(key, None), flat, sizes, size_names, sorted(guards)))
         return entry
 
     def _hook_modules(self, acquired) -> list | None:
