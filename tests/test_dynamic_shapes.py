@@ -212,3 +212,16 @@ def test_sizes_written_to_python_state_or_printed_are_this_calls(capsys):
         assert vars(compiled) == vars(eager) == {"last": (n, 2), "text": f"{n} rows"}
     assert capsys.readouterr().out == "rows 3\nrows 3\nrows 8\nrows 8\n"
     assert misses(jf) == 2  # each specialised: the text holds the size
+
+
+def compares_with_floats(x):
+    n = x.shape[0]
+    return x * (1.0 if n == 6.0 else 2.0)
+
+
+def test_a_size_compared_with_a_float_is_compared_as_eager_compares_it():
+    jf = thunder_rs.jit(compares_with_floats, dynamic=True)
+    for n in [6, 7, 6]:
+        x = torch.randn(n)
+        torch.testing.assert_close(jf(x), compares_with_floats(x))
+    assert all("==" in g for e in symbolic(jf) for g in e.guards if "t0 - 6" in g)

@@ -68,6 +68,7 @@ impl PySymExpr {
     fn values(&self) -> Vec<u32> {
         let mut out = Vec::new();
         self.dim.expr.for_each_value(&mut |v| out.push(v.0));
+        out.sort_unstable();
         out.dedup();
         out
     }

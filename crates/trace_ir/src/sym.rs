@@ -544,6 +544,11 @@ impl Facts {
         self.guards.is_empty()
     }
 
+    /// Drops the guards recorded after the first `n` (a call that failed relied on nothing).
+    pub fn truncate(&mut self, n: usize) {
+        self.guards.truncate(n);
+    }
+
     /// Records `guard` unless it is already recorded or holds as data. An equality or
     /// inequality is kept with its first term positive, so `a == b` and `b == a` are one guard.
     pub fn assume(&mut self, mut guard: Guard) {

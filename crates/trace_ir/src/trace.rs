@@ -6,7 +6,7 @@ use crate::ids::{SymbolId, ValueId};
 use crate::prims::{Operand, Prim};
 use crate::sym::{Dim, Facts};
 use crate::symbols::{SymbolKind, SymbolTable};
-use crate::value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};
+use crate::value::{Arg, Kwargs, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock};
 
@@ -473,20 +473,6 @@ impl TraceBuilder {
         id
     }
 
-    fn operand(&self, op: &str, arg: &Arg) -> Result<Operand<'_>> {
-        match arg {
-            Arg::Value(v) => match self.value(*v) {
-                Some(ValueKind::Tensor(t)) => Ok(Operand::Tensor(t)),
-                Some(ValueKind::Number(n)) => Ok(Operand::Number(*n)),
-                Some(ValueKind::Size(hint)) => Ok(Operand::Number(Scalar::Int(*hint))),
-                None => bail!(Runtime, op, "unknown value {v}"),
-            },
-            Arg::Scalar(s) => Ok(Operand::Number(*s)),
-            Arg::Sym(s) => Ok(Operand::Number(Scalar::Int(s.hint))),
-            other => bail!(Type, op, "expected a tensor or number operand, got {other:?}"),
-        }
-    }
-
     /// `Arg::Value(v)`, or the symbolic int `v` when `v` is a size value: sizes are written as
     /// symbolic ints wherever they are arguments, so one form is matched and decoded.
     pub fn sized(&self, v: ValueId) -> Arg {
@@ -511,14 +497,18 @@ impl TraceBuilder {
     /// require grad when grad mode is on, an operand requires grad and their dtype is inexact.
     pub fn record(&mut self, prim: Prim, operands: Vec<Arg>) -> Result<Vec<ValueId>> {
         let op = prim.qualified_name();
-        let resolved: Vec<Operand> = operands.iter().map(|a| self.operand(&op, a)).collect::<Result<_>>()?;
+        let resolved: Vec<Operand> =
+            operands.iter().map(|a| Operand::of(&self.values, &op, a)).collect::<Result<_>>()?;
         let requires_grad = self.grad_enabled
             && prim.is_differentiable()
             && resolved.iter().any(|o| matches!(o, Operand::Tensor(t) if t.requires_grad));
         // A failed call leaves the guards as they were.
-        let mut facts = self.facts.clone();
-        let metas = prim.meta(&resolved, &mut facts)?;
-        self.facts = facts;
+        let before = self.facts.guards().len();
+        let metas = prim.meta(&resolved, &mut self.facts);
+        if metas.is_err() {
+            self.facts.truncate(before);
+        }
+        let metas = metas?;
         let outputs = metas
             .into_iter()
             .map(|mut m| {

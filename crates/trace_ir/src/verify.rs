@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::prims::Operand;
 use crate::sym::Facts;
 use crate::trace::{BoundSymbol, Symbol, Trace};
-use crate::value::{Arg, Scalar, ValueKind};
+use crate::value::{Arg, ValueKind};
 use crate::ValueId;
 
 /// Checks that every value is defined once before it is used, that every prim has as many
@@ -110,20 +110,10 @@ fn check_prim(trace: &Trace, bsym: &BoundSymbol) -> Result<()> {
     if !prim.operands().allows(bsym.args.len()) {
         bail!(Runtime, &op, "has {} operand(s), which its signature does not allow", bsym.args.len());
     }
-    let operands: Vec<Operand> = bsym
-        .args
-        .iter()
-        .map(|a| match a {
-            Arg::Value(v) => match trace.value(*v) {
-                ValueKind::Tensor(t) => Ok(Operand::Tensor(t)),
-                ValueKind::Number(n) => Ok(Operand::Number(*n)),
-                ValueKind::Size(hint) => Ok(Operand::Number(Scalar::Int(*hint))),
-            },
-            Arg::Scalar(s) => Ok(Operand::Number(*s)),
-            Arg::Sym(s) => Ok(Operand::Number(Scalar::Int(s.hint))),
-            other => bail!(Runtime, &op, "operand {other:?} is not a value or number"),
-        })
-        .collect::<Result<_>>()?;
+    if let Some(bad) = bsym.args.iter().find(|a| !matches!(a, Arg::Value(_) | Arg::Scalar(_) | Arg::Sym(_))) {
+        bail!(Runtime, &op, "operand {bad:?} is not a value or number");
+    }
+    let operands: Vec<Operand> = bsym.args.iter().map(|a| Operand::of(&trace.values, &op, a)).collect::<Result<_>>()?;
     let mut relied = Facts::default();
     let metas = prim.meta(&operands, &mut relied)?;
     // What the call relies on must be checked by the compiled program: a pass that dropped the

@@ -49,7 +49,23 @@ pub enum Operand<'a> {
     Number(Scalar),
 }
 
-impl Operand<'_> {
+impl<'v> Operand<'v> {
+    /// The operand `arg` stands for among `values`: a tensor's metadata, or a number (a size
+    /// value or symbolic int at its hint); an error naming `op` for anything else.
+    pub fn of(values: &'v [ValueKind], op: &str, arg: &Arg) -> Result<Operand<'v>> {
+        match arg {
+            Arg::Value(v) => match values.get(v.index()) {
+                Some(ValueKind::Tensor(t)) => Ok(Operand::Tensor(t)),
+                Some(ValueKind::Number(n)) => Ok(Operand::Number(*n)),
+                Some(ValueKind::Size(hint)) => Ok(Operand::Number(Scalar::Int(*hint))),
+                None => crate::bail!(Runtime, op, "unknown value {v}"),
+            },
+            Arg::Scalar(s) => Ok(Operand::Number(*s)),
+            Arg::Sym(s) => Ok(Operand::Number(Scalar::Int(s.hint))),
+            other => crate::bail!(Type, op, "expected a tensor or number operand, got {other:?}"),
+        }
+    }
+
     /// Whether the operand is a tensor with a symbolic size.
     pub fn is_symbolic(&self) -> bool {
         matches!(self, Operand::Tensor(t) if t.is_symbolic())

@@ -20,6 +20,7 @@ subclass instead, so that torch's argument parser passes it on to the language c
 It has no ``node``: a ``torch.SymInt`` method it does not override fails loudly.
 """
 
+import operator
 import sys
 
 import torch
@@ -79,29 +80,32 @@ class SymInt(torch.SymInt):
 
     # Arithmetic stays symbolic with ints and other sizes; with anything else (a float, a
     # tensor) the size is specialised first.
-    def _arith(self, other, op):
+    # (Through ``operator``, so that an int meeting a float or a tensor takes Python's whole
+    # protocol, reflected methods included, as it does in eager.)
+    def _arith(self, other, op, reflected=False):
         o = _operand(other)
         if o is None:
-            return getattr(self.__index__(), f"__{op}__")(other)
-        return wrap(getattr(self.expr, f"__{op}__")(o))
+            value = self.__index__()
+            return op(other, value) if reflected else op(value, other)
+        return wrap(op(o, self.expr) if reflected else op(self.expr, o))
 
     def __add__(self, other):
-        return self._arith(other, "add")
+        return self._arith(other, operator.add)
 
     def __radd__(self, other):
-        return self._arith(other, "radd")
+        return self._arith(other, operator.add, reflected=True)
 
     def __sub__(self, other):
-        return self._arith(other, "sub")
+        return self._arith(other, operator.sub)
 
     def __rsub__(self, other):
-        return self._arith(other, "rsub")
+        return self._arith(other, operator.sub, reflected=True)
 
     def __mul__(self, other):
-        return self._arith(other, "mul")
+        return self._arith(other, operator.mul)
 
     def __rmul__(self, other):
-        return self._arith(other, "rmul")
+        return self._arith(other, operator.mul, reflected=True)
 
     def __floordiv__(self, other):
         if type(other) is int and other > 0:
@@ -137,11 +141,12 @@ class SymInt(torch.SymInt):
     def __pos__(self):
         return self
 
-    # Decisions: answered on the hint, the relation recorded as a guard.
+    # Decisions: answered on the hint, the relation recorded as a guard; against anything else
+    # (a float, a tensor) the size is specialised and compared as an int would be.
     def _decide(self, op, other):
         o = _operand(other)
         if o is None:
-            return NotImplemented
+            return getattr(operator, op)(self.__index__(), other)
         return current().decide(op, self.expr, o)
 
     def __eq__(self, other):

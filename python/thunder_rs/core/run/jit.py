@@ -557,7 +557,9 @@ class ThunderFunction:
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )
         self._insert(key, entry)
-        if sizes:
+        # An entry specialised on values read from tensors stays its key's: its variants live in
+        # that key's value tree.
+        if sizes and not entry.reads:
             guards = {*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())}
             size_names = [f"t{v}" for v in traces[-1].size_inputs()]
             self._symbolic.append(SymbolicEntry(entry, stored_key(key, None), flat, sizes, size_names, sorted(guards)))
