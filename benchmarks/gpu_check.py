@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -158,6 +159,8 @@ def pytest_command(tests: list[str], workers: int) -> list[str]:
         "--run-slow",
         "-p",
         "no:cacheprovider",
+        "-p",
+        "no:hypothesispytest",  # its summary hook imports hypothesis: seconds past the last test
         "--tb=short",
         "-rfE",
         "--durations=10",
@@ -194,17 +197,20 @@ def run_bounded(cmd: list[str], output: Path | None, seconds: float, env=None, l
                 proc.wait()
 
 
+_SUMMARY = re.compile(r"^=* ?(\d+ (passed|failed|skipped|errors?)|no tests ran)\b.* in [\d.]+s")
+_PROGRESS = re.compile(r"^([.sxXFE]+)\s+\[\s*\d+%\]$")
+
+
 def summarize_tests(text: str) -> dict:
-    """pytest's summary line and the failures' summary lines."""
+    """pytest's summary line (or, where pytest was stopped before printing it, the outcomes its
+    progress lines show) and the failures' summary lines."""
     lines = text.strip().split("\n") if text.strip() else []
-    summary = next(
-        (
-            line.strip("= ")
-            for line in reversed(lines)
-            if " in " in line and ("passed" in line or "failed" in line or "error" in line or "no tests ran" in line)
-        ),
-        lines[-1] if lines else "",
-    )
+    summary = next((line.strip("= ") for line in reversed(lines) if _SUMMARY.match(line)), None)
+    if summary is None:
+        marks = "".join(m.group(1) for m in map(_PROGRESS.match, lines) if m)
+        names = {".": "passed", "s": "skipped", "F": "failed", "E": "errors", "x": "xfailed", "X": "xpassed"}
+        counted = ", ".join(f"{marks.count(c)} {n}" for c, n in names.items() if c in marks)
+        summary = f"no summary; progress lines show {counted}" if marks else (lines[-1] if lines else "")
     failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
     return {"summary": summary, "failed": failed}
 

@@ -436,3 +436,36 @@ def test_a_gpt_block_on_fake_cuda_compiles_once_and_names_the_switch_that_change
         r"overrideable True -> False \(traced under \(flash=True, ",
         reason,
     ), reason
+
+
+def test_the_first_choice_of_a_process_may_set_the_priority_order(fake, monkeypatch):
+    """On GPUs where torch prefers cuDNN's kernel (sm90 and newer) its first choice in a process
+    puts cuDNN first in the priority order (``priority_order`` in ``sdp_utils.cpp``). The entry is
+    guarded on the order after the choice: the first call compiles and the next one hits (on an
+    H200 the first traced attention failed as a program that changed the state it read)."""
+    setter = torch._C._set_sdp_priority_order
+    setter = getattr(setter, "__thunder_rs_original__", setter)
+    before = list(torch._C._get_sdp_priority_order())
+    cudnn_first = [CUDNN, *[b for b in before if b != CUDNN]]
+    asked = []
+
+    def first_sets_the_order(*args, **kwargs):
+        if not asked:
+            setter(cudnn_first)
+        asked.append(1)
+        return CUDNN
+
+    monkeypatch.setattr(fa, "eager_choice", first_sets_the_order)
+    fa._choices.clear()
+    jfn = thunder_rs.jit(attention({}))
+    try:
+        with fake:
+            inputs = Case("", CUDNN, QKV).inputs()
+            jfn(*inputs), jfn(*inputs)
+        assert "torch_cudnn_attention(" in str(thunder_rs.last_traces(jfn)[-1])
+        stats = thunder_rs.compile_stats(jfn)
+        assert (stats.cache_misses, stats.cache_hits) == (1, 1), stats.miss_reasons
+        assert len(asked) == 1  # the second call's choice is the stored one, under the new order
+    finally:
+        setter(before)
+        fa._choices.clear()

@@ -20,6 +20,8 @@ import torch
 import thunder_rs
 import test_ops
 from opinfos import OPINFOS
+from opinfos.core import SampleInput
+from torch.utils._pytree import tree_map
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gpt import GPT, Block, GPTConfig, random_tokens  # noqa: E402
@@ -57,6 +59,45 @@ def _sample(op, dtype, index):
         pytest.skip(f"no {dtype} sample on CUDA: {e}")
 
 
+def _upcast(x):
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.detach().double().requires_grad_(x.requires_grad)
+    return x
+
+
+def _float64_result(op, sample, dtype, grad: bool):
+    """The op (or its gradients, for the cotangents ``test_ops.grads`` draws in ``dtype``) on
+    the sample computed in float64: what both half-precision results approximate."""
+    sample = SampleInput(*tree_map(_upcast, sample.args), **tree_map(_upcast, dict(sample.kwargs)))
+    if not grad:
+        return op.op(*sample.args, **sample.kwargs)
+    leaves, outputs = test_ops.differentiable_call(op, sample, op.op)
+    outputs = [t for t in outputs if t.requires_grad]
+    torch.manual_seed(1)
+    cotangents = [torch.randn(t.shape, dtype=dtype, device=t.device).double() for t in outputs]
+    return torch.autograd.grad(outputs, leaves, cotangents, allow_unused=True, materialize_grads=True)
+
+
+def _assert_like_eager(op, sample, dtype, actual, expected, grad: bool = False):
+    """Eager's result within the dtype's tolerance; in half precision, where an element is not,
+    thunder_rs's result may be no farther from the float64 result than twice eager's distance
+    from it (thunder_rs's decompositions, and nvFuser, compute in float32 where eager's kernels
+    round in half precision: an addr gradient on an H200 differed from eager's by 0.057, 1 ulp
+    of bfloat16 at the terms' size after cancellation)."""
+    try:
+        test_ops.assert_same(actual, expected, _tolerance(op, dtype), sample)
+    except AssertionError:
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise
+        reference = _float64_result(op, sample, dtype, grad)
+        for a, e, r in zip(*map(test_ops.tensors_of, ([actual], [expected], [reference])), strict=True):
+            finite = r.isfinite()
+            if not finite.any():
+                continue
+            ours, eagers = ((x.double() - r)[finite].abs().max().item() for x in (a, e))
+            assert ours <= 2 * eagers + 1e-3, f"{ours} from float64 where eager is {eagers} from it\n{sample}"
+
+
 @pytest.mark.parametrize(("op", "dtype", "index"), _params(grad=False))
 def test_op_matches_eager_on_cuda(op, dtype, index):
     sample = _sample(op, dtype, index)
@@ -65,7 +106,7 @@ def test_op_matches_eager_on_cuda(op, dtype, index):
     except (RuntimeError, NotImplementedError) as e:
         pytest.skip(f"eager has no CUDA {dtype} kernel here: {e}")
     actual = thunder_rs.jit(op.op)(*sample.args, **sample.kwargs)
-    test_ops.assert_same(actual, expected, _tolerance(op, dtype), sample)
+    _assert_like_eager(op, sample, dtype, actual, expected)
 
 
 @pytest.mark.parametrize(("op", "dtype", "index"), _params(grad=True))
@@ -73,7 +114,7 @@ def test_op_grad_matches_eager_on_cuda(op, dtype, index):
     sample = _sample(op, dtype, index)
     expected = test_ops.eager_grads_or_skip(op, sample, op.op)
     actual = test_ops.grads(op, sample, thunder_rs.jit(op.op))
-    test_ops.assert_same(actual, expected, _tolerance(op, dtype), sample)
+    _assert_like_eager(op, sample, dtype, actual, expected, grad=True)
 
 
 # -- nvFuser with the real nvfuser_direct -------------------------------------------------------------
@@ -258,3 +299,60 @@ def test_attention_under_each_backend_is_eagers(backend, case):
         assert _fused_attention_ops(lambda: run(jfn)) == expected_ops
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e, equal_nan=True, **HALF)
+
+
+# -- shapes that change between calls ------------------------------------------------------------------
+
+
+def test_gpt_trains_with_changing_lengths_under_autocast():
+    """The demo GPT trained at a new length each step on CUDA (torch's attention kernels, nvFuser
+    among the executors): every loss and gradient is eager's, and the lengths share few compiles."""
+    config = GPTConfig()
+    model = GPT(config, seed=0).cuda()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for step, n in enumerate([16, 24, 20, 32, 12, 27]):
+        idx = random_tokens(config, 4, n, seed=step).cuda()
+        targets = random_tokens(config, 4, n, seed=100 + step).cuda()
+        with _autocast():
+            loss, loss_e = jmodel(idx, targets)[1], eager(idx, targets)[1]
+        torch.testing.assert_close(loss, loss_e, **HALF)
+        got = torch.autograd.grad(loss, list(model.parameters()))
+        want = torch.autograd.grad(loss_e, list(eager.parameters()))
+        for (name, _), g, e in zip(model.named_parameters(), got, want):
+            torch.testing.assert_close(g, e, rtol=5e-2, atol=5e-2, msg=lambda m: f"grad of {name}: {m}")
+    stats = thunder_rs.compile_stats(jmodel)
+    assert stats.cache_misses <= 3, stats.miss_reasons
+
+
+def test_hf_gpt2_sdpa_with_padding_lengths_on_cuda():
+    """HF GPT-2 with torch's attention (sdpa) and padding masks at several lengths, float32 on
+    CUDA: outputs and gradients equal eager's, in few compiles."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        vocab_size=100,
+        n_positions=128,
+        attn_implementation="sdpa",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    model = transformers.GPT2LMHeadModel(config).cuda()
+    jm = thunder_rs.jit(model)
+    for n in [16, 24, 40, 17, 33]:
+        ids = torch.randint(0, 100, (2, n), device="cuda")
+        mask = (torch.arange(n, device="cuda")[None, :] < torch.tensor([[n], [n - 3]], device="cuda")).long()
+        labels = ids.masked_fill(mask == 0, -100)
+        out = jm(input_ids=ids, attention_mask=mask, labels=labels)
+        ref = model(input_ids=ids, attention_mask=mask, labels=labels)
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+        got = torch.autograd.grad(out.loss, list(model.parameters()))
+        want = torch.autograd.grad(ref.loss, list(model.parameters()))
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+    stats = thunder_rs.compile_stats(jm)
+    assert stats.cache_misses <= 3, stats.miss_reasons

@@ -126,14 +126,22 @@ def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: 
             raise thunder_error_like(e, f"{_OP}: {e}") from e
         if len(_choices) > 4096:
             _choices.clear()
-        _choices[call] = backend
+        # Stored under the switches as they are after the choice: the first one of a process may
+        # set the priority order (see ``chosen_backend``).
+        _choices[(*call[:-1], sdp_state.state())] = backend
     return backend
 
 
 def chosen_backend(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
-    """``fused_sdp_choice`` for a CUDA call, with the switches it depends on guarded."""
+    """``fused_sdp_choice`` for a CUDA call, with the switches it depends on guarded.
+
+    The choice comes first, the guard after: torch's first choice in a process sets the priority
+    order on GPUs where it prefers cuDNN's kernel (``priority_order`` in ``sdp_utils.cpp``, sm90 and
+    newer: cuDNN first), so switches read before it would be stale; on an H200 the first traced
+    attention of a process failed as a program that changed state it read."""
+    backend = fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     sdp_state.guard()
-    return fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return backend
 
 
 # -- kernel symbols --------------------------------------------------------------------------------
