@@ -1,6 +1,6 @@
 """Shapes that change between calls (issue 26): compile counts and time against eager, one process.
 
-    python benchmarks/dynamic_shapes.py [--steps 40] [--json out.json]
+    python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch] [--json out.json]
 
 Three runs, each against eager on the same weights and inputs:
 
@@ -36,6 +36,14 @@ import thunder_rs  # noqa: E402
 
 VOCAB = 1000
 BATCH = 8
+#: Where the models and inputs live (``--device``).
+DEVICE = torch.device("cpu")
+
+
+def sync() -> None:
+    """Waits for the device's queued work, so that wall times include it."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def tiny_gpt2():
@@ -45,7 +53,7 @@ def tiny_gpt2():
         n_layer=2, n_head=4, n_embd=64, n_positions=256, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2
     )
     torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(config)
+    return transformers.GPT2LMHeadModel(config).to(DEVICE)
 
 
 def padded_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -58,7 +66,7 @@ def padded_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         lengths[0] = length
         mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
         ids = torch.randint(3, VOCAB, (BATCH, length), generator=gen) * mask
-        batches.append((ids, mask))
+        batches.append((ids.to(DEVICE), mask.to(DEVICE)))
     return batches
 
 
@@ -72,6 +80,7 @@ def train(model, call, batches) -> float:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    sync()
     return time.perf_counter() - start
 
 
@@ -104,8 +113,10 @@ def per_call_us(calls: dict, x, repeats: int = 41) -> dict:
             call(x)
         for _ in range(repeats):
             for name, call in calls.items():
+                sync()
                 start = time.perf_counter_ns()
                 call(x)
+                sync()
                 samples[name].append((time.perf_counter_ns() - start) / 1e3)
     return {name: statistics.median(times) for name, times in samples.items()}
 
@@ -114,17 +125,19 @@ def run_batch(backends: dict) -> dict:
     config = gpt.GPTConfig()
     model = gpt.GPT(config)
     gpt.init_weights(model, 0)
+    model.to(DEVICE)
     result, calls = {}, {}
     for name, make in backends.items():
         calls[name] = call = make(model)
         start = time.perf_counter()
         with torch.no_grad():
             for batch in range(1, 33):
-                call(gpt.random_tokens(config, batch, 32))
+                call(gpt.random_tokens(config, batch, 32).to(DEVICE))
+        sync()
         result[f"{name}_s"] = time.perf_counter() - start
         result[f"{name}_compiles"] = compiles(call)
     for batch in (1, 8, 32):
-        for name, us in per_call_us(calls, gpt.random_tokens(config, batch, 32)).items():
+        for name, us in per_call_us(calls, gpt.random_tokens(config, batch, 32).to(DEVICE)).items():
             result[f"{name}_us_at_{batch}"] = us
     return result
 
@@ -142,7 +155,7 @@ def greedy(call, keyword: str, ids: torch.Tensor, tokens: int) -> torch.Tensor:
 
 
 def run_decode(tokens: int, backends: dict) -> dict:
-    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     result, outputs = {"tokens": tokens}, {}
     for name, make in backends.items():
         model = tiny_gpt2().eval()
@@ -150,6 +163,7 @@ def run_decode(tokens: int, backends: dict) -> dict:
         call = make(model)
         start = time.perf_counter()
         outputs[name] = greedy(call, keyword, ids, tokens)
+        sync()
         result[f"{name}_s"] = time.perf_counter() - start
         result[f"{name}_compiles"] = compiles(call)
     result["same_tokens"] = all(torch.equal(out, outputs["eager"]) for out in outputs.values())
@@ -161,19 +175,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--with-compile", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--runs", default="padding,batch,decode", help="which runs, comma-separated")
     parser.add_argument("--json")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="thunder_rs.*recompiled")
     backends = {"eager": lambda m: m, "thunder_rs": lambda m: thunder_rs.jit(m, cache=512)}
     if args.with_compile:
         backends["torch.compile"] = lambda m: torch.compile(copy.copy(m))
-    results = {
-        "padding": run_padding(args.steps, backends),
-        "batch": run_batch(backends),
-        "decode": run_decode(args.tokens, backends),
+    runs = {
+        "padding": lambda: run_padding(args.steps, backends),
+        "batch": lambda: run_batch(backends),
+        "decode": lambda: run_decode(args.tokens, backends),
     }
+    results = {"device": str(DEVICE)} | {name: runs[name]() for name in args.runs.split(",")}
     for name, result in results.items():
+        if not isinstance(result, dict):
+            continue
         print(
             f"{name:8s} " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
         )
