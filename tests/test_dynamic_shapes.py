@@ -225,3 +225,67 @@ def test_a_size_compared_with_a_float_is_compared_as_eager_compares_it():
         x = torch.randn(n)
         torch.testing.assert_close(jf(x), compares_with_floats(x))
     assert all("==" in g for e in symbolic(jf) for g in e.guards if "t0 - 6" in g)
+
+
+def _llama(transformers):
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+def _bert(transformers):
+    config = transformers.BertConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=100,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return transformers.BertForMaskedLM(config)
+
+
+@pytest.mark.parametrize("make", [_llama, _bert], ids=["llama", "bert"])
+def test_hf_models_train_with_padding_lengths(make):
+    """Llama (rotary positions, grouped keys) and BERT (absolute positions, a padding mask over
+    its tokens) trained at several padded lengths: eager's logits and gradients, two compiles.
+    BERT indexed a buffer with an int whose bound was a size (``e % size`` specialised the
+    length)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = make(transformers)
+    jm = thunder_rs.jit(model)
+    for n in [8, 12, 20, 9, 27]:
+        ids = torch.randint(0, 100, (2, n))
+        mask = (torch.arange(n)[None, :] < torch.tensor([[n], [n - 3]])).long()
+        labels = ids.masked_fill(mask == 0, -100)
+        out = jm(input_ids=ids, attention_mask=mask, labels=labels)
+        ref = model(input_ids=ids, attention_mask=mask, labels=labels)
+        torch.testing.assert_close(out.logits, ref.logits)
+        got = torch.autograd.grad(out.loss, list(model.parameters()))
+        want = torch.autograd.grad(ref.loss, list(model.parameters()))
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+    assert misses(jm) == 2, thunder_rs.compile_stats(jm).miss_reasons
+    (entry,) = symbolic(jm)
+    assert len(entry.dims) == 3  # ids, mask and labels share one length
+
+
+def test_an_int_index_into_a_symbolic_dim_stays_symbolic():
+    def last_and_first(x):
+        return x[:, -1] * 2 + x[:, 0]
+
+    jf = thunder_rs.jit(last_and_first)
+    for n in [4, 6, 9]:
+        x = torch.randn(3, n)
+        torch.testing.assert_close(jf(x), last_and_first(x))
+    assert misses(jf) == 2

@@ -1,14 +1,16 @@
 //! Value lifetimes: where each intermediate value is last used, so the generated code can free
 //! it at once (`del t3`).
 
-use trace_ir::{Trace, ValueId};
+use trace_ir::{Trace, ValueId, ValueKind};
 
 /// For each top-level bound symbol, the values to delete right after it: intermediates whose
 /// last use it is, and outputs nobody reads. The trace's outputs are never deleted, nor are its
-/// inputs except the first `owned` ones (a backward's residuals, which it alone holds).
+/// inputs except the first `owned` ones (a backward's residuals, which it alone holds), nor its
+/// size values: a prim's size parameters (a reshape to `(t0, t1, 1)`) read them where no
+/// operand shows it, and an int costs nothing to keep.
 pub fn del_last_used(trace: &Trace, owned: usize) -> Vec<Vec<ValueId>> {
     let n = trace.values.len();
-    let mut keep = vec![false; n];
+    let mut keep: Vec<bool> = trace.values.iter().map(|k| matches!(k, ValueKind::Size(_))).collect();
     trace.inputs.iter().skip(owned).for_each(|v| keep[v.index()] = true);
     trace.outputs.for_each_value(&mut |v| keep[v.index()] = true);
     let mut last_use: Vec<Option<usize>> = vec![None; n];
@@ -36,6 +38,23 @@ mod tests {
         let text = format!("def computation(t0, t1):\n  # t0: \"cpu f32[4]\"\n  # t1: \"cpu f32[4]\"\n{body}");
         let trace = parse_trace(&text).unwrap();
         del_last_used(&trace, 0).iter().map(|d| d.iter().map(ValueId::to_string).collect()).collect()
+    }
+
+    #[test]
+    fn keeps_size_values_that_prim_parameters_read() {
+        let text = "def backward(t0, t1):
+  # t0: \"size 3\"
+  # t1: \"cpu f32[t0, 4]\"
+  t2 = ltorch.reshape(t1, (t0, 2, 2))
+    # t2 = prims.reshape(t1, (t0, 2, 2))
+  t3 = prims.sum(t2, (1,))
+  t4 = prims.reshape(t3, (t0, 2, 1))
+  return t4
+";
+        let trace = parse_trace(text).unwrap();
+        let got: Vec<Vec<String>> =
+            del_last_used(&trace, 2).iter().map(|d| d.iter().map(ValueId::to_string).collect()).collect();
+        assert_eq!(got, [vec!["t1"], vec!["t2"], vec!["t3"]]);
     }
 
     #[test]

@@ -256,7 +256,8 @@ def _basic_index(op: str, a, entries):
                 f"index {e} is out of bounds for dimension {dim} with size {size} (argument key)",
                 ThunderIndexError,
             )
-            start, stop, step = e % size, e % size + 1, 1
+            start = e if e >= 0 else e + size  # e % size, which a symbolic size keeps symbolic
+            stop, step = start + 1, 1
         elif isinstance(e, slice):
             start, stop, step = _slice_bounds(op, e, size)
             shape.append((stop - start + step - 1) // step)
