@@ -10,9 +10,10 @@
 //!
 //! Meta rules decide on hints. A decision that holds for the expressions themselves (`t3 == t3`,
 //! `2*t3 >= t3`... as data, not as proofs: only structural equality is used) needs nothing; a
-//! decision that held only for the hints (`t3 == t5` because both were 7, `t3 != 1`) is recorded
+//! decision that held only for the hints (`t3 == t5` because both were 7, `t3 != 4`) is recorded
 //! in [`Facts`] as a [`Guard`] that the compiled program checks on every call, so a call where it
 //! does not hold misses the cache instead of running a program that would compute something else.
+//! Sizes are at least 2 (0 and 1 stay constant), so `t3 != 1` needs no guard either.
 //!
 //! ```
 //! use trace_ir::sym::{Dim, Facts, Rel};
@@ -27,9 +28,11 @@
 //! let mut facts = Facts::default();
 //! assert!(facts.equal(&t, &t)); // holds as data: nothing to check
 //! assert!(facts.is_empty());
-//! assert!(!facts.equal(&t, &Dim::Const(1))); // held for the hint only
+//! assert!(!facts.equal(&t, &Dim::Const(1))); // sizes are at least 2: nothing to check
+//! assert!(facts.is_empty());
+//! assert!(!facts.equal(&t, &Dim::Const(4))); // held for the hint only
 //! assert_eq!(facts.guards()[0].rel, Rel::Ne);
-//! assert_eq!(facts.guards()[0].to_string(), "t3 - 1 != 0");
+//! assert_eq!(facts.guards()[0].to_string(), "t3 - 4 != 0");
 //! ```
 
 use crate::ValueId;
@@ -106,6 +109,26 @@ impl Poly {
     /// is not when what it divides is not).
     pub fn is_nonnegative(&self) -> bool {
         self.terms.iter().all(|(m, c)| *c >= 0 && m.iter().all(Atom::is_nonnegative))
+    }
+
+    /// A lower bound of the polynomial over sizes of at least 2 (0 and 1 are never symbolic: the
+    /// entry checks each size input is at least 2), where every non-constant term's coefficient
+    /// is positive; `None` otherwise. Remainders and floor divisions count as at least 0.
+    pub fn lower_bound(&self) -> Option<i64> {
+        let mut bound = 0i64;
+        for (m, c) in &self.terms {
+            if m.is_empty() {
+                bound = bound.checked_add(*c)?;
+                continue;
+            }
+            if *c < 0 {
+                return None;
+            }
+            let least =
+                m.iter().try_fold(1i64, |p, a| p.checked_mul(if matches!(a, Atom::Value(_)) { 2 } else { 0 }))?;
+            bound = bound.checked_add(c.checked_mul(least)?)?;
+        }
+        Some(bound)
     }
 
     /// `self / other` when `other` is one term (`c * atoms`) dividing every term of `self`
@@ -563,10 +586,12 @@ impl Facts {
             guard.expr = Poly::from_terms(guard.expr.terms.iter().map(|(m, c)| (m.clone(), c / k)).collect());
         }
         // A constant relation needs no check on calls (rules only assume what held for hints),
-        // nor does `p >= 0` of a `p` that is never negative.
-        let positive = guard.expr.is_nonnegative() && guard.expr.as_constant_term() > 0;
+        // nor does `p >= 0` or `p != 0` of a `p` that sizes of at least 2 keep non-negative or
+        // positive (`16*t0 - 1 != 0`: ResNet's shapes recorded five such guards).
+        let least = guard.expr.lower_bound();
+        let positive = least.is_some_and(|b| b > 0);
         if guard.expr.as_constant().is_some()
-            || (guard.rel == Rel::Ge && guard.expr.is_nonnegative())
+            || (guard.rel == Rel::Ge && (guard.expr.is_nonnegative() || least.is_some_and(|b| b >= 0)))
             || (guard.rel == Rel::Ne && positive)
         {
             return;

@@ -9,7 +9,7 @@ use super::Operand;
 use crate::bail;
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
-use crate::sym::Facts;
+use crate::sym::{Dim, Facts};
 use crate::value::{Arg, TensorMeta, ValueKind};
 use crate::ValueId;
 
@@ -42,6 +42,14 @@ struct Geometry<'a> {
 }
 
 impl Conv {
+    /// The leading operands whose batch size (dim 0) the meta rule computes with symbolically.
+    pub(crate) fn batched_operands(&self) -> usize {
+        match self {
+            Conv::Convolution { .. } => 1,
+            Conv::ConvolutionBackward { .. } => 2,
+        }
+    }
+
     fn geometry(&self) -> Geometry<'_> {
         match self {
             Conv::Convolution { stride, padding, dilation, transposed, output_padding, groups }
@@ -53,7 +61,7 @@ impl Conv {
 }
 
 impl Family for Conv {
-    fn meta(&self, op: &str, operands: &[Operand], _facts: &mut Facts) -> Result<Vec<TensorMeta>> {
+    fn meta(&self, op: &str, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
         let geometry = self.geometry();
         match self {
             Conv::Convolution { .. } => {
@@ -67,7 +75,7 @@ impl Family for Conv {
                 let a = tensor(op, "a", &operands[1])?;
                 let w = tensor(op, "weight", &operands[2])?;
                 let out = convolution(op, &geometry, a, w, None)?;
-                if out.shape != g.shape || out.dtype != g.dtype {
+                if !facts.same_shape(&out.shape, &g.shape) || out.dtype != g.dtype {
                     bail!(Value, op, "grad is {} but the convolution gives {}", g.describe(), out.describe());
                 }
                 let bias = TensorMeta::new(g.dtype, g.device, vec![out.shape[1].hint()]);
@@ -129,11 +137,12 @@ fn convolution(
     let spatial = check_operands(op, a, w, bias)?;
     check_geometry(op, geo, spatial)?;
     let out_channels = check_channels(op, geo, a, w, bias)?;
-    let mut shape = vec![a.shape[0].hint(), out_channels];
+    // The batch size may be symbolic (see `Conv::batched_operands`); the other sizes are constant.
+    let mut shape = vec![a.shape[0].clone(), Dim::Const(out_channels)];
     for i in 0..spatial {
-        shape.push(spatial_output(op, geo, a, w, i)?);
+        shape.push(Dim::Const(spatial_output(op, geo, a, w, i)?));
     }
-    Ok(TensorMeta::new(a.dtype, a.device, shape))
+    Ok(TensorMeta::with_dims(a.dtype, a.device, shape))
 }
 
 /// The number of spatial dims of a convolution of `a` with `w`, checking their ranks, dtypes and

@@ -71,15 +71,15 @@ impl<'v> Operand<'v> {
         matches!(self, Operand::Tensor(t) if t.is_symbolic())
     }
 
-    /// A symbolic tensor with each size at its hint, the assumption recorded in `facts`; `None`
-    /// for an operand of constant sizes.
-    fn specialised(&self, facts: &mut Facts) -> Option<TensorMeta> {
+    /// A symbolic tensor with each size from dim `from` on at its hint, the assumption recorded
+    /// in `facts`; `None` where those sizes are constant.
+    fn specialised(&self, facts: &mut Facts, from: usize) -> Option<TensorMeta> {
         let Operand::Tensor(t) = self else { return None };
-        if !t.is_symbolic() {
+        if !t.shape.iter().skip(from).any(Dim::is_sym) {
             return None;
         }
         let mut constant = (*t).clone();
-        for d in &mut constant.shape {
+        for d in constant.shape.iter_mut().skip(from) {
             let hint = Dim::Const(d.hint());
             facts.equal(d, &hint);
             *d = hint;
@@ -265,7 +265,9 @@ impl Prim {
         if self.has_symbolic_meta() || !operands.iter().any(Operand::is_symbolic) {
             return self.family_meta(&op, operands, facts);
         }
-        let constant: Vec<Option<TensorMeta>> = operands.iter().map(|o| o.specialised(facts)).collect();
+        let batched = self.symbolic_batch_operands();
+        let constant: Vec<Option<TensorMeta>> =
+            operands.iter().enumerate().map(|(i, o)| o.specialised(facts, usize::from(i < batched))).collect();
         let operands: Vec<Operand> =
             operands.iter().zip(&constant).map(|(o, c)| c.as_ref().map_or(*o, Operand::Tensor)).collect();
         self.family_meta(&op, &operands, facts)
@@ -275,6 +277,17 @@ impl Prim {
     /// specialised to their hints (see [`Prim::meta`]).
     pub fn has_symbolic_meta(&self) -> bool {
         !matches!(self, Prim::Conv(_))
+    }
+
+    /// How many leading operands of a prim without a symbolic meta rule keep a symbolic batch
+    /// size (dim 0) when the rest is specialised: a convolution's input, and its backward's
+    /// gradient and input (a CNN trained with a last, smaller batch compiles once more, not once
+    /// per batch size).
+    fn symbolic_batch_operands(&self) -> usize {
+        match self {
+            Prim::Conv(c) => c.batched_operands(),
+            _ => 0,
+        }
     }
 
     /// The gradients of one call of this prim (reverse mode): `cots` holds the cotangent of each
