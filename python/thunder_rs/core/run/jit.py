@@ -532,6 +532,11 @@ class ThunderFunction:
         acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes)
         modes.check_restored()
         check_generators(acquired.consts)
+        if sizes and acquired.reads:
+            # Its calls would take sizes that only a symbolic entry reads (``SymbolicEntry``).
+            raise ThunderNotImplementedError(
+                f"values read from tensors ({len(acquired.reads)}) specialise {_name(self._fn)}: no symbolic sizes"
+            )
         acquired_at = time.perf_counter()
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
         params = self._binding.qualified if self._module is not None and self._binding is not None else ()
@@ -557,9 +562,7 @@ class ThunderFunction:
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )
         self._insert(key, entry)
-        # An entry specialised on values read from tensors stays its key's: its variants live in
-        # that key's value tree.
-        if sizes and not entry.reads:
+        if sizes:
             guards = {*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())}
             size_names = [f"t{v}" for v in traces[-1].size_inputs()]
             self._symbolic.append(SymbolicEntry(entry, stored_key(key, None), flat, sizes, size_names, sorted(guards)))
