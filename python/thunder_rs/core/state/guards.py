@@ -447,7 +447,8 @@ def _tensor_text(meta) -> str:
     if meta is MISSING:
         return "no tensor"
     dtype, device, shape, requires_grad, layout = meta
-    text = f"a {str(dtype).removeprefix('torch.')} tensor of shape {list(shape)} on {device}"
+    sizes = ", ".join("s" if n is None else str(n) for n in shape)
+    text = f"a {str(dtype).removeprefix('torch.')} tensor of shape [{sizes}] on {device}"
     text += ", requiring grad" if requires_grad else ""
     return text + ("" if layout is True else f", strides {layout}")
 
@@ -456,30 +457,45 @@ def _read_meta(value):
     return tensor_meta(value) if isinstance(value, torch.Tensor) else MISSING
 
 
+def masked_meta(meta, dims: frozenset):
+    """``meta`` (``tensor_meta``) with the sizes at ``dims`` left out (None): what a guard checks
+    of a tensor whose sizes there are symbolic (read per call into the trace's size inputs)."""
+    if meta is MISSING or not dims:
+        return meta
+    dtype, device, shape, requires_grad, layout = meta
+    return (dtype, device, tuple(None if d in dims else n for d, n in enumerate(shape)), requires_grad, layout)
+
+
+def _read_masked(value, dims: frozenset):
+    return masked_meta(_read_meta(value), dims)
+
+
 class TensorGuard:
     """A tensor that an argument object holds (``cache.layers[0].keys``): every call passes the
     tensor found there then to the trace as an input (``Acquired.tail``), so the trace is
-    specialised on its metadata, not on the tensor."""
+    specialised on its metadata, not on the tensor. Its sizes at ``symbolic`` dims are left to the
+    trace's size inputs (a KV cache's length), so the guard checks everything else."""
 
-    def __init__(self, source: Source, name: str, expected: tuple, origin: str):
-        self.source, self.name, self.expected, self.origin = source, name, expected, origin
+    def __init__(self, source: Source, name: str, expected: tuple, origin: str, symbolic: frozenset = frozenset()):
+        self.source, self.name, self.origin, self.symbolic = source, name, origin, symbolic
+        self.expected = masked_meta(expected, symbolic)
 
     @property
     def per_call(self) -> bool:
         return self.source.per_call
 
-    def holds(self, flat) -> bool:
+    def found(self, flat):
+        """The metadata of the tensor the call's arguments hold there, all of it."""
         try:
-            value = self.source.mapping(flat).get(self.name, MISSING)
+            return _read_meta(self.source.mapping(flat).get(self.name, MISSING))
         except (KeyError, AttributeError, IndexError, TypeError):
-            return False
-        return _read_meta(value) == self.expected
+            return MISSING
+
+    def holds(self, flat) -> bool:
+        return masked_meta(self.found(flat), self.symbolic) == self.expected
 
     def describe(self, flat) -> str:
-        try:
-            now = _read_meta(self.source.mapping(flat).get(self.name, MISSING))
-        except (KeyError, AttributeError, IndexError, TypeError):
-            now = MISSING
+        now = masked_meta(self.found(flat), self.symbolic)
         return (
             f"{self.source.describe(self.name)} changed from {_tensor_text(self.expected)} to "
             f"{_tensor_text(now)} (read at {self.origin})"
@@ -487,7 +503,11 @@ class TensorGuard:
 
     def term(self, index: int, scope: dict) -> str:
         scope[f"e{index}"] = self.expected
-        return f"_read_meta({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) == e{index}"
+        read = f"{self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)"
+        if not self.symbolic:
+            return f"_read_meta({read}) == e{index}"
+        scope[f"d{index}"] = self.symbolic
+        return f"_read_masked({read}, d{index}) == e{index}"
 
 
 class NamesGuard:
@@ -671,6 +691,7 @@ def compile_check(guards: list[Guard]):
         "_same_items": _same_items,
         "_attributes": attributes_of,
         "_read_meta": _read_meta,
+        "_read_masked": _read_masked,
     }
     terms = "\n        and ".join(g.term(i, scope) for i, g in enumerate(guards))
     source = (

@@ -55,6 +55,9 @@ class ArgumentTensor:
     #: its ``guards.tensor_meta`` when found (before the program runs, outside torch function modes)
     meta: tuple
     origin: str = ""
+    #: its dims whose sizes the trace takes as size inputs (``core.acquisition.dynamic``): the
+    #: guard on its metadata leaves them out
+    symbolic: frozenset = frozenset()
 
     def used(self) -> "ArgumentTensor":
         """Marks the tensor as taken by the trace, noting the line that took it."""

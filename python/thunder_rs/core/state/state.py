@@ -95,7 +95,7 @@ class ProgramState:
     def _input_guard(self, source, name: str, value, origin: str):
         held = self._argument_tensors.get(id(value)) if isinstance(value, torch.Tensor) else None
         if held is not None:
-            return TensorGuard(source, name, held.meta, origin)
+            return TensorGuard(source, name, held.meta, origin, held.symbolic)
         return Guard(source, name, value, origin)
 
     def writes(self) -> list:
