@@ -3,6 +3,7 @@ next compile, and that entry serves later calls of other sizes where the guards 
 on hold; every call computes what eager computes (outputs, gradients), a decision taken on a size
 recompiles when it would go the other way, and sizes 0 and 1 stay constant."""
 
+import copy
 import inspect
 import math
 import re
@@ -350,3 +351,50 @@ def test_a_cache_tensor_changed_in_more_than_its_sizes_recompiles():
     # 3, 4 (symbolic), then the float64 cache (its length still symbolic: the next step hits).
     assert len(reasons) == 3 and "float32 tensor of shape [2, s, 8]" in reasons[2], reasons
     assert "to a float64 tensor of shape [2, s, 8]" in reasons[2], reasons
+
+
+class ListCache:
+    def __init__(self, n: int, layers: int = 2):
+        self.keys = [torch.randn(2, n, 8) for _ in range(layers)]
+        self.values = {f"layer{i}": torch.randn(2, n, 8) for i in range(layers)}
+
+
+class ListCachedAttention(torch.nn.Module):
+    """Attention over a cache that keeps its tensors in a list and a dict, items that every call
+    replaces by a longer ``torch.cat``."""
+
+    def __init__(self, layers: int = 2, width: int = 8):
+        super().__init__()
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(width, 3 * width) for _ in range(layers))
+
+    def forward(self, x, cache):
+        for i, lin in enumerate(self.qkv):
+            q, k, v = lin(x).chunk(3, -1)
+            cache.keys[i] = torch.cat([cache.keys[i], k], 1)
+            cache.values[f"layer{i}"] = torch.cat([cache.values[f"layer{i}"], v], 1)
+            n = cache.keys[i].shape[1]
+            scores = q @ cache.keys[i].transpose(1, 2) + torch.arange(n) / n
+            x = scores.softmax(-1) @ cache.values[f"layer{i}"]
+        return x
+
+
+def test_a_cache_of_tensors_in_a_list_and_a_dict_is_read_per_call_with_a_symbolic_length():
+    torch.manual_seed(0)
+    model = ListCachedAttention()
+    jm = thunder_rs.jit(model)
+    cache = ListCache(3)
+    eager = copy.deepcopy(cache)
+    with torch.no_grad():
+        for _ in range(8):
+            x = torch.randn(2, 1, 8)
+            torch.testing.assert_close(jm(x, cache), model(x, eager))
+            assert all(type(t) is torch.Tensor for t in (*cache.keys, *cache.values.values()))
+            torch.testing.assert_close((cache.keys, cache.values), (eager.keys, eager.values))
+    reasons = thunder_rs.compile_stats(jm).miss_reasons
+    assert len(reasons) == 2 and reasons[1].startswith("cache.keys[0] changed from"), reasons
+    # Another tensor in the list's place is read as well: the same entry runs.
+    cache.keys[1], eager.keys[1] = cache.keys[1] * 2, eager.keys[1] * 2
+    x = torch.randn(2, 1, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(jm(x, cache), model(x, eager))
+    assert misses(jm) == 2

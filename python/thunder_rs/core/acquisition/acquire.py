@@ -22,7 +22,7 @@ from thunder_rs.core.acquisition.dynamic import HeldDim
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
-from thunder_rs.core.state.guards import attributes_of
+from thunder_rs.core.state.guards import attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes
@@ -118,7 +118,10 @@ def _trace_program(
             out = _apart(out, inputs.args + inputs.params + captures.proxies)
             # What every call writes again holds sizes as ints: such a size is specialised.
             writes = [(holder, name, _ints(_fresh(value, captures))) for holder, name, value in writes]
-            items = [(source, key, _ints(_fresh(value, captures))) for source, key, value in reached.item_writes()]
+            items = [
+                (source, key, _ints(_fresh(_held(value, reached, captures), captures)))
+                for source, key, value in reached.item_writes()
+            ]
             prints[:] = [_ints(p) for p in prints]
     finally:
         stop_recording_prints(token)
@@ -152,6 +155,16 @@ def _apart(out, inputs: list):
 def _ints(value):
     """``value`` with each symbolic size specialised to an int (a guard)."""
     return tree_map(lambda leaf: int(leaf) if type(leaf) is SymInt else leaf, value, is_leaf=is_size)
+
+
+def _held(value, reached: ArgumentObjects, captures: Captures):
+    """``value`` with the argument objects' tensors read per call as their proxies: a list that
+    keeps such a tensor, set again by every call, holds that call's tensor."""
+
+    def proxy(leaf):
+        return captures.proxy(leaf) if isinstance(leaf, torch.Tensor) and id(leaf) in reached.tensors else leaf
+
+    return tree_map(proxy, value, is_leaf=is_size)
 
 
 def _fresh(value, captures: Captures):
@@ -218,11 +231,13 @@ def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeIn
     """Puts in place of each argument object's tensor that has symbolic dims a proxy of those
     sizes, so that the program reads them as sizes (``cache.get_seq_length()``); the trace takes
     it as a captured input (the ``first_input``-th trace input is the first captured). Returns
-    ``(attributes, name, tensor, proxy)`` for ``_put_back``. Sizes 0 and 1 stay constant."""
+    ``(attributes, ArgumentTensor, tensor)`` for ``_put_back``. Sizes 0 and 1 stay constant."""
     placed: list = []
     for at in list(reached.tensors.values()) if size_inputs.held else ():
         dims = size_inputs.held.get((at.source.key, at.name))
-        attributes = attributes_of(at.holder) if dims else None
+        attributes = (
+            (items_of(at.holder) if type(at.holder) in (list, dict) else attributes_of(at.holder)) if dims else None
+        )
         t = attributes.get(at.name) if attributes is not None else None
         if not isinstance(t, torch.Tensor) or not t.is_contiguous():
             continue
@@ -231,18 +246,18 @@ def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeIn
             continue
         index = first_input + len(captures.tensors)
         sizes = {d: size_inputs.of(t.shape[d], HeldDim(at.source, at.name, d, index)) for d in sorted(at.symbolic)}
-        proxy = captures.proxy(t, sizes)
-        attributes[at.name] = proxy
-        placed.append((attributes, at.name, t, proxy))
+        at.stand_in = attributes[at.name] = captures.proxy(t, sizes)
+        placed.append((attributes, at, t))
     return placed
 
 
-def _put_back(placed: list) -> None:
+def _put_back(placed: list, failed: bool = False) -> None:
     """Puts the tensors back where ``_stand_ins`` put proxies the program did not replace (what
-    it set there instead is one of its writes)."""
-    for attributes, name, t, proxy in placed:
-        if attributes.get(name) is proxy:
-            attributes[name] = t
+    it set there instead is one of its writes); everywhere when tracing ``failed``."""
+    for attributes, at, t in placed:
+        if failed or attributes.get(at.name) is at.stand_in:
+            attributes[at.name] = t
+        at.stand_in = None
 
 
 def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures):
@@ -277,8 +292,10 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
             out = fn(*args, **kwargs)
-    finally:
-        _put_back(placed)
+    except BaseException:
+        _put_back(placed, failed=True)
+        raise
+    _put_back(placed)
     _check_arguments_unchanged(args, kwargs, leaves)
     return out, observer, pairs, inputs
 

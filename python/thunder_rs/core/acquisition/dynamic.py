@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from thunder_rs.core.state.guards import MISSING, TensorGuard, attributes_of
+from thunder_rs.core.state.guards import MISSING, TensorGuard
 
 _Size = torch.Size
 
@@ -142,11 +142,11 @@ def with_sizes(fn, readers, captured: tuple = ()):
     return scope["call"]
 
 
-def size_read(at) -> str:
+def size_read(at, scope: dict) -> str:
     """An expression for the size at ``at`` (``(flat position, dim)`` or ``HeldDim``) in a call's
-    flat inputs ``flat`` (``_attributes`` is ``guards.attributes_of``)."""
+    flat inputs ``flat``; binds what it uses in ``scope``."""
     if type(at) is HeldDim:
-        return f"{at.source.code('', {})}[{at.name!r}].shape[{at.dim}]"
+        return f"{at.source.code('', scope)}[{at.name!r}].shape[{at.dim}]"
     return f"flat[{at[0]}].shape[{at[1]}]"
 
 
@@ -162,14 +162,14 @@ class SymbolicEntry:
     def __init__(self, entry, key, sources, shared, names, guards):
         self.entry, self.key, self.guards = entry, key, tuple(guards)
         self.dims = frozenset(at for at in (*sources, *(at for at, _ in shared)) if type(at) is not HeldDim)
-        binds = "".join(f"    {n} = {size_read(at)}\n" for n, at in zip(names, sources))
+        scope: dict = {}
+        binds = "".join(f"    {n} = {size_read(at, scope)}\n" for n, at in zip(names, sources))
         # 0 and 1 stay constant (see the module doc): a size is symbolic from 2 up. Sizes that
         # share a size input must be equal.
         conditions = [f"{n} >= 2" for n in names]
-        conditions += [f"{size_read(at)} == {names[j]}" for at, j in shared]
+        conditions += [f"{size_read(at, scope)} == {names[j]}" for at, j in shared]
         conditions += [f"({g})" for g in guards]
         source = f"def check(flat):\n{binds}    return {' and '.join(conditions) or 'True'}\n"
-        scope: dict = {"_attributes": attributes_of}
         exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
         self.check = scope["check"]
 

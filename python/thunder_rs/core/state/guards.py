@@ -267,11 +267,22 @@ class _SequenceView:
     def __init__(self, items):
         self.items = items
 
-    def get(self, index, default):
+    def get(self, index, default=None):
         try:
             return self.items[index]
         except IndexError:
             return default
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+    def __setitem__(self, index, value):
+        self.items[index] = value
+
+
+def items_of(container):
+    """A dict, or a list or tuple as a mapping from index to item."""
+    return container if type(container) is dict else _SequenceView(container)
 
 
 class _ClassView:
@@ -327,19 +338,45 @@ class InputSource(Source):
         return ("input", self.position, self.path)
 
     def code(self, var, scope):
+        return self._read().format(self.object_code(scope))
+
+    def _read(self) -> str:
         # A plain ``.__dict__`` read where no object on the path has slots: this runs every call.
-        read = "_attributes({})" if self.slotted else "{}.__dict__"
+        return "_attributes({})" if self.slotted else "{}.__dict__"
+
+    def object_code(self, scope) -> str:
+        """An expression for the object at the path (``flat`` the call's flat inputs)."""
+        scope.setdefault("_attributes", attributes_of)
         expr = f"flat[{self.position}]"
         for step in self.path:
-            expr = f"{expr}[{step.key!r}]" if type(step) is Item else f"{read.format(expr)}[{str(step)!r}]"
-        return read.format(expr)
+            expr = f"{expr}[{step.key!r}]" if type(step) is Item else f"{self._read().format(expr)}[{str(step)!r}]"
+        return expr
+
+
+class InputItemsSource(InputSource):
+    """The items of a list or dict reached from the ``position``-th flat input through ``path``,
+    read by index or key (``cache.keys[0]``)."""
+
+    def mapping(self, flat):
+        return items_of(self.object(flat))
+
+    @property
+    def key(self):
+        return ("input items", self.position, self.path)
+
+    def code(self, var, scope):
+        scope["_items_of"] = items_of
+        return f"_items_of({self.object_code(scope)})"
+
+    def describe(self, name):
+        return f"{self.label}[{name!r}]"
 
 
 class Guard:
     """A value the program read by ``name`` from ``source``: holds while it is still ``expected``
     (equal for simple values, the same object for others)."""
 
-    def __init__(self, source: Source, name: str, expected, origin: str):
+    def __init__(self, source: Source, name: str, expected, origin: str, held: frozenset = frozenset()):
         self.source, self.name, self.expected = source, name, expected
         #: ``file:line`` of the code that read the value, for miss reasons.
         self.origin = origin
@@ -350,6 +387,12 @@ class Guard:
         # call; one of objects compares its items by identity with a copy of them.
         self.mutable = type(self.expected) in _MUTABLE
         self.items = _members(self.expected) if self.mutable and self.by_identity else None
+        # Tensors a list or dict of an argument object holds are read per call (``held``, by id):
+        # any tensor may take their place, whose metadata a ``TensorGuard`` checks.
+        self.same_items = _same_items
+        if self.items is not None and held:
+            self.items = tuple(ANY_TENSOR if id(x) in held else x for x in self.items)
+            self.same_items = _same_held_items
 
     @property
     def per_call(self) -> bool:
@@ -364,7 +407,7 @@ class Guard:
     def holds(self, flat) -> bool:
         value = self.read(flat)
         if self.by_identity:
-            return value is self.expected and (self.items is None or _same_items(value, self.items))
+            return value is self.expected and (self.items is None or self.same_items(value, self.items))
         return is_simple(value) and freeze(value) == self.frozen
 
     def describe(self, flat) -> str:
@@ -385,8 +428,8 @@ class Guard:
             scope[f"e{index}"] = expected
             if self.items is None:
                 return f"{read} is e{index}"
-            scope[f"i{index}"] = self.items
-            return f"((v := {read}) is e{index} and _same_items(v, i{index}))"
+            scope[f"i{index}"], scope[f"f{index}"] = self.items, self.same_items
+            return f"((v := {read}) is e{index} and f{index}(v, i{index}))"
         t = type(expected)
         if t in (int, str, bytes) or (
             t is float and isinstance(expected, float) and math.isfinite(expected) and expected != 0.0
@@ -551,6 +594,18 @@ def _same_items(container, members: tuple) -> bool:
     """Whether ``container`` holds the very objects ``members`` (compared by identity)."""
     now = _members(container)
     return len(now) == len(members) and all(map(operator.is_, now, members))
+
+
+#: Stands for a tensor read per call among a container's items (``Guard``'s ``held``).
+ANY_TENSOR = type("AnyTensor", (), {"__repr__": lambda self: "<any tensor>"})()
+
+
+def _same_held_items(container, members: tuple) -> bool:
+    """``_same_items``, where ``ANY_TENSOR`` among ``members`` matches any tensor."""
+    now = _members(container)
+    return len(now) == len(members) and all(
+        a is b or (b is ANY_TENSOR and isinstance(a, torch.Tensor)) for a, b in zip(now, members)
+    )
 
 
 def module_structure(module) -> tuple:
