@@ -235,9 +235,7 @@ def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeIn
     placed: list = []
     for at in list(reached.tensors.values()) if size_inputs.held else ():
         dims = size_inputs.held.get((at.source.key, at.name))
-        attributes = (
-            (items_of(at.holder) if type(at.holder) in (list, dict) else attributes_of(at.holder)) if dims else None
-        )
+        attributes = _slots_of(at.holder) if dims else None
         t = attributes.get(at.name) if attributes is not None else None
         if not isinstance(t, torch.Tensor) or not t.is_contiguous():
             continue
@@ -249,6 +247,11 @@ def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeIn
         at.stand_in = attributes[at.name] = captures.proxy(t, sizes)
         placed.append((attributes, at, t))
     return placed
+
+
+def _slots_of(holder):
+    """Where ``holder`` keeps its tensors by name: its attributes, or a list's or dict's items."""
+    return items_of(holder) if type(holder) in (list, dict) else attributes_of(holder)
 
 
 def _put_back(placed: list, failed: bool = False) -> None:

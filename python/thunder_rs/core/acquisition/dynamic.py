@@ -73,11 +73,11 @@ def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
 
 class HeldDim(NamedTuple):
     """Where a symbolic size is read from a tensor an argument object holds: dim ``dim`` of the
-    tensor at ``source``'s attribute ``name`` (``guards.InputSource``), which is the trace's
-    input number ``input``."""
+    tensor at ``source``'s attribute ``name`` (``guards.InputSource``; an index or key of
+    ``guards.InputItemsSource``), which is the trace's input number ``input``."""
 
     source: object
-    name: str
+    name: object
     dim: int
     input: int
 
