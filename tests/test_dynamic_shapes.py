@@ -398,3 +398,28 @@ def test_a_cache_of_tensors_in_a_list_and_a_dict_is_read_per_call_with_a_symboli
     with torch.no_grad():
         torch.testing.assert_close(jm(x, cache), model(x, eager))
     assert misses(jm) == 2
+
+
+class RefusesSymbolicLengths(CachedAttention):
+    def forward(self, x, cache):
+        first = cache.layers[0]
+        first.k = first.k * 1  # set before the refusal below
+        if type(first.k.shape[1]) is not int:
+            raise NotImplementedError("this program takes plain ints only")
+        return super().forward(x, cache)
+
+
+def test_a_failed_symbolic_compile_leaves_the_cache_as_it_was_and_compiles_per_length():
+    torch.manual_seed(0)
+    model = RefusesSymbolicLengths()
+    jm = thunder_rs.jit(model)
+    cache, eager = Cache(3), Cache(3)
+    for mine, theirs in zip(eager.layers, cache.layers):
+        mine.k, mine.v = theirs.k.clone(), theirs.v.clone()
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(2, 1, 8)
+            torch.testing.assert_close(jm(x, cache), model(x, eager))
+            same_caches(cache, eager)
+    assert misses(jm) == 4
+    assert "this program takes plain ints only" in jm._jfn._dynamic_off
