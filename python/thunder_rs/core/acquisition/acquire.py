@@ -18,10 +18,11 @@ from thunder_rs.core.acquisition.effects import (
     recording_prints,
     stop_recording_prints,
 )
-from thunder_rs.core.acquisition.dynamic import size_sources
+from thunder_rs.core.acquisition.dynamic import HeldDim
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
+from thunder_rs.core.state.guards import attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes
@@ -71,8 +72,10 @@ class Acquired:
     #: checks each and is specialised on them
     reads: list = field(default_factory=list)
     #: where each symbolic size is read, in the order of the trace's size inputs (its last):
-    #: ``(flat input position, dim)``; empty for a trace of constant sizes
+    #: ``(flat input position, dim)`` or a ``dynamic.HeldDim``; empty for a trace of constant sizes
     sizes: list = field(default_factory=list)
+    #: the other places that hold a size input's value (duck sizing): ``(where, its index)``
+    shared_sizes: list = field(default_factory=list)
 
 
 def _reject_generators(fn, out) -> None:
@@ -84,14 +87,14 @@ def _reject_generators(fn, out) -> None:
 
 
 def _trace_program(
-    fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects, reads, sizes
+    fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects, reads, size_inputs
 ):
     """Runs the program on proxies. Returns its output, the observer of what it read, the
     attributes it set on modules and state objects (``(holder, name, value)``, undone), the
     ``print`` calls, draws from Python's and NumPy's generators and items set in containers of
     the arguments (effects to repeat), and the positions of the flat inputs that are tensors.
     ``reached`` are the objects reachable from the arguments; ``reads`` answers reads of values;
-    ``sizes`` are the ``(flat position, dim)`` of the inputs' symbolic sizes."""
+    ``size_inputs`` makes the symbolic sizes (``SizeInputs``)."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
     prints: list = []
     draws: list = []
@@ -106,7 +109,7 @@ def _trace_program(
             reading(reads),
         ):
             out, observer, pairs, inputs = _run_on_proxies(
-                fn, flat_inputs, in_spec, rec, positions, binding, reached, sizes
+                fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures
             )
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
@@ -115,7 +118,10 @@ def _trace_program(
             out = _apart(out, inputs.args + inputs.params + captures.proxies)
             # What every call writes again holds sizes as ints: such a size is specialised.
             writes = [(holder, name, _ints(_fresh(value, captures))) for holder, name, value in writes]
-            items = [(source, key, _ints(_fresh(value, captures))) for source, key, value in reached.item_writes()]
+            items = [
+                (source, key, _ints(_fresh(_held(value, reached, captures), captures)))
+                for source, key, value in reached.item_writes()
+            ]
             prints[:] = [_ints(p) for p in prints]
     finally:
         stop_recording_prints(token)
@@ -151,6 +157,16 @@ def _ints(value):
     return tree_map(lambda leaf: int(leaf) if type(leaf) is SymInt else leaf, value, is_leaf=is_size)
 
 
+def _held(value, reached: ArgumentObjects, captures: Captures):
+    """``value`` with the argument objects' tensors read per call as their proxies: a list that
+    keeps such a tensor, set again by every call, holds that call's tensor."""
+
+    def proxy(leaf):
+        return captures.proxy(leaf) if isinstance(leaf, torch.Tensor) and id(leaf) in reached.tensors else leaf
+
+    return tree_map(proxy, value, is_leaf=is_size)
+
+
 def _fresh(value, captures: Captures):
     return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value, is_leaf=is_size)
 
@@ -177,26 +193,81 @@ def _refuse_uninitialized(names, tensors) -> None:
             )
 
 
-def _symbolic_sizes(rec, flat_inputs, sizes) -> dict:
-    """The size inputs of ``sizes`` (``(flat position, dim)``), by position then dim: one per
-    distinct value, as torch.compile's duck sizing (the ids, labels and mask of a batch share
-    their length, so ``ids.numel() // labels.size(1)`` divides as data); the entry checks that
-    the sizes that share one are equal on each call (``core.acquisition.dynamic``)."""
-    made: dict = {}
-    by_value: dict = {}
-    for i, d in sizes:
-        n = flat_inputs[i].shape[d]
-        if n not in by_value:
-            by_value[n] = rec.size_input(n)
-        made.setdefault(i, {})[d] = by_value[n]
-    return made
+class SizeInputs:
+    """The size inputs of one acquisition: the ``sizes`` (``(flat position, dim)``) of the flat
+    inputs and the ``held`` dims of argument objects' tensors (``{(source key, name): dims}``) to
+    trace as symbolic. One size input per distinct value, as torch.compile's duck sizing (the
+    ids, labels and mask of a batch share their length, so ``ids.numel() // labels.size(1)``
+    divides as data); the entry checks that the sizes that share one are equal on each call
+    (``core.acquisition.dynamic``)."""
+
+    def __init__(self, rec, sizes, held):
+        self._rec, self.flat, self.held = rec, sizes, held or {}
+        self._by_value: dict = {}
+        #: where each size input is read, in the order made (the trace's order)
+        self.sources: list = []
+        #: ``(where, index of the size input)`` of the other places holding its value
+        self.shared: list = []
+
+    def of(self, n: int, at):
+        """The size input for the size ``n`` read at ``at``."""
+        found = self._by_value.get(n)
+        if found is None:
+            found = self._by_value[n] = (len(self.sources), self._rec.size_input(n))
+            self.sources.append(at)
+        else:
+            self.shared.append((at, found[0]))
+        return found[1]
+
+    def of_inputs(self, flat_inputs) -> dict:
+        """The size inputs of the flat inputs' symbolic dims: ``{position: {dim: size}}``."""
+        made: dict = {}
+        for i, d in self.flat:
+            made.setdefault(i, {})[d] = self.of(flat_inputs[i].shape[d], (i, d))
+        return made
 
 
-def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, sizes=()):
+def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeInputs, first_input: int) -> list:
+    """Puts in place of each argument object's tensor that has symbolic dims a proxy of those
+    sizes, so that the program reads them as sizes (``cache.get_seq_length()``); the trace takes
+    it as a captured input (the ``first_input``-th trace input is the first captured). Returns
+    ``(attributes, ArgumentTensor, tensor)`` for ``_put_back``. Sizes 0 and 1 stay constant."""
+    placed: list = []
+    for at in list(reached.tensors.values()) if size_inputs.held else ():
+        dims = size_inputs.held.get((at.source.key, at.name))
+        attributes = _slots_of(at.holder) if dims else None
+        t = attributes.get(at.name) if attributes is not None else None
+        if not isinstance(t, torch.Tensor) or not t.is_contiguous():
+            continue
+        at.symbolic = frozenset(d for d in dims if d < t.dim() and t.shape[d] >= 2)
+        if not at.symbolic:
+            continue
+        index = first_input + len(captures.tensors)
+        sizes = {d: size_inputs.of(t.shape[d], HeldDim(at.source, at.name, d, index)) for d in sorted(at.symbolic)}
+        at.stand_in = attributes[at.name] = captures.proxy(t, sizes)
+        placed.append((attributes, at, t))
+    return placed
+
+
+def _slots_of(holder):
+    """Where ``holder`` keeps its tensors by name: its attributes, or a list's or dict's items."""
+    return items_of(holder) if type(holder) in (list, dict) else attributes_of(holder)
+
+
+def _put_back(placed: list, failed: bool = False) -> None:
+    """Puts the tensors back where ``_stand_ins`` put proxies the program did not replace (what
+    it set there instead is one of its writes); everywhere when tracing ``failed``."""
+    for attributes, at, t in placed:
+        if failed or attributes.get(at.name) is at.stand_in:
+            attributes[at.name] = t
+        at.stand_in = None
+
+
+def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures):
     """Runs the program on proxies (while recording); returns its output, the observer of its
     reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
     leaves = list(flat_inputs)
-    symbolic = _symbolic_sizes(rec, flat_inputs, sizes)
+    symbolic = size_inputs.of_inputs(flat_inputs)
     for i in positions:
         leaves[i] = input_proxy(rec, flat_inputs[i], symbolic.get(i))
     pairs, params, slots = [], [], []
@@ -218,9 +289,16 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
     args, kwargs = tree_unflatten(leaves, in_spec)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
-    with observer, tracing_overrides(), LanguageMode():
-        observer.observe_statically(fn, [c for c, _ in pairs])
-        out = fn(*args, **kwargs)
+    # After the observer noted the argument objects' attributes: what the call found.
+    placed = _stand_ins(reached, captures, size_inputs, len(positions) + len(params))
+    try:
+        with observer, tracing_overrides(), LanguageMode():
+            observer.observe_statically(fn, [c for c, _ in pairs])
+            out = fn(*args, **kwargs)
+    except BaseException:
+        _put_back(placed, failed=True)
+        raise
+    _put_back(placed)
     _check_arguments_unchanged(args, kwargs, leaves)
     return out, observer, pairs, inputs
 
@@ -283,20 +361,23 @@ def acquire(
     whole: dict | None = None,
     reads: ValueReads | None = None,
     sizes: tuple = (),
+    held: dict | None = None,
 ) -> Acquired:
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
     parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
     captured tensors come last. ``whole`` (``extend.whole_runners``) lets kernels the jit's
     executors run whole be recorded without their decompositions. ``reads`` answers the reads
     of traced tensors' values (without it they are refused). ``sizes`` are the ``(flat position,
-    dim)`` of the tensor inputs' sizes to trace as symbolic (see ``core.acquisition.dynamic``)."""
+    dim)`` of the tensor inputs' sizes to trace as symbolic, ``held`` the dims of argument objects'
+    tensors (``{(source key, name): dims}``; see ``core.acquisition.dynamic``)."""
     rec = _core.Recorder()
     made: list = []
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
+    size_inputs = SizeInputs(rec, sizes, held)
     try:
         out, observer, writes, repeated, inputs = _trace_program(
-            fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, sizes
+            fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
         )
     except ThunderError as e:
         _hint_compiler_disable(e)
@@ -327,7 +408,8 @@ def acquire(
         writebacks,
         captured_inputs(captured),
         [] if reads is None else reads.reads,
-        size_sources(flat_inputs, sizes),
+        size_inputs.sources,
+        size_inputs.shared,
     )
 
 

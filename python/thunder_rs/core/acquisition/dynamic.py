@@ -12,9 +12,20 @@ An entry compiled with symbolic sizes (``SymbolicEntry``) serves a later call wh
 from its own only at its symbolic dims, when every guard its trace relied on holds for the call's
 sizes; the call's key is then stored for that entry, so the next call with those sizes is an
 ordinary cache hit.
+
+Tensors that argument objects hold (a KV cache's ``cache.layers[i].keys``, see
+``core.state.reached``) are not in the key: their metadata is guarded (``TensorGuard``). When a
+call fails only such guards, on sizes alone, those dims (``held_changes``, by the holder's path
+and the attribute's name) become symbolic in the next compile too: the program reads a proxy of
+symbolic sizes there, the guard leaves those dims out, and the entry checks its size guards on
+every call (``SizesGuard``), since the key does not see the sizes change.
 """
 
+from typing import NamedTuple
+
 import torch
+
+from thunder_rs.core.state.guards import MISSING, TensorGuard
 
 _Size = torch.Size
 
@@ -60,12 +71,65 @@ def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
     return tuple(sorted((i, d) for i, d in dims if i in contiguous and flat[i].shape[d] >= 2))
 
 
+class HeldDim(NamedTuple):
+    """Where a symbolic size is read from a tensor an argument object holds: dim ``dim`` of the
+    tensor at ``source``'s attribute ``name`` (``guards.InputSource``; an index or key of
+    ``guards.InputItemsSource``), which is the trace's input number ``input``."""
+
+    source: object
+    name: object
+    dim: int
+    input: int
+
+
+def held_changes(guards, flat) -> dict | None:
+    """The dims of argument objects' tensors whose sizes alone make ``guards`` (an entry's
+    ``Guards``) fail for the call of ``flat``: ``{(source key, name): dims}``; None when another
+    guard fails, or a tensor changed more than sizes (dtype, rank, strides...)."""
+    changed: dict = {}
+    for guard in (*guards.per_call, *guards.modules):
+        if guard.holds(flat):
+            continue
+        if type(guard) is not TensorGuard:
+            return None
+        now = guard.found(flat)
+        if now is MISSING or guard.expected is MISSING:
+            return None
+        (dtype, device, shape, grad, layout), old = now, guard.expected
+        if (dtype, device, grad) != (old[0], old[1], old[3]) or layout is not True or old[4] is not True:
+            return None
+        if len(shape) != len(old[2]):
+            return None
+        dims = {d for d, (a, b) in enumerate(zip(old[2], shape)) if a is not None and a != b}
+        changed.setdefault((guard.source.key, guard.name), set()).update(dims)
+    return changed or None
+
+
+def wanted_held(mode, failed, flat, marked: dict) -> dict:
+    """The dims of argument objects' tensors to trace as symbolic, ``{(source key, name): dims}``;
+    ``marked`` (updated) holds those an earlier call changed: a call of ``flat`` that fails only
+    the guards of ``failed`` (its key's entry, or the entry compiled last) on such sizes marks them."""
+    if mode is False:
+        return {}
+    changes = held_changes(failed.guards, flat) if failed is not None and failed.guards is not None else None
+    for at, dims in (changes or {}).items():
+        marked.setdefault(at, set()).update(dims)
+    return {at: frozenset(dims) for at, dims in marked.items() if dims}
+
+
+def has_held(acquired) -> bool:
+    """Whether some size input of ``acquired`` is read from an argument object's tensor."""
+    return any(type(at) is HeldDim for at in (*acquired.sizes, *(at for at, _ in acquired.shared_sizes)))
+
+
 def size_readers(sizes, positions) -> list:
-    """For each symbolic size ``(flat position, dim)``, ``(index of the tensor among the
-    entry's inputs, dim)``: the entry's callable takes the tensors at ``positions`` (all flat
-    inputs when None) first."""
+    """For each size input, ``(index of the tensor among the entry's inputs, dim)``: a flat
+    input's ``(flat position, dim)`` maps to its place among the entry's inputs, which take the
+    tensors at ``positions`` (all flat inputs when None) first; a ``HeldDim`` names its input."""
     index = {p: k for k, p in enumerate(positions)} if positions is not None else None
-    return [(i if index is None else index[i], d) for i, d in sizes]
+    return [
+        (at.input, at.dim) if type(at) is HeldDim else (at[0] if index is None else index[at[0]], at[1]) for at in sizes
+    ]
 
 
 def with_sizes(fn, readers, captured: tuple = ()):
@@ -78,38 +142,73 @@ def with_sizes(fn, readers, captured: tuple = ()):
     return scope["call"]
 
 
-def size_sources(flat, sizes) -> list:
-    """For each size input, in order, the ``(flat position, dim)`` it is read from: sizes of
-    one value share a size input (see ``acquire._symbolic_sizes``), read from the first."""
-    first: dict = {}
-    for i, d in sizes:
-        first.setdefault(flat[i].shape[d], (i, d))
-    return list(first.values())
+def size_read(at, scope: dict) -> str:
+    """An expression for the size at ``at`` (``(flat position, dim)`` or ``HeldDim``) in a call's
+    flat inputs ``flat``; binds what it uses in ``scope``."""
+    if type(at) is HeldDim:
+        return f"{at.source.code('', scope)}[{at.name!r}].shape[{at.dim}]"
+    return f"flat[{at[0]}].shape[{at[1]}]"
 
 
 class SymbolicEntry:
     """An entry compiled with symbolic sizes: its key, its symbolic ``(flat position, dim)``,
-    and ``check(flat)``, whether the guards its traces rely on hold for a call's sizes."""
+    and ``check(flat)``, whether the guards its traces rely on hold for a call's sizes.
+    ``sources`` are where each size input is read (``Acquired.sizes``), ``shared`` the other
+    places that must hold the same size (``(where, index of the size input)``), ``names`` the
+    size inputs' names in ``guards``."""
 
     __slots__ = ("entry", "key", "dims", "check", "guards")
 
-    def __init__(self, entry, key, flat, sizes, names, guards):
-        self.entry, self.key, self.dims, self.guards = entry, key, frozenset(sizes), tuple(guards)
-        sources = size_sources(flat, sizes)
-        name_of = {flat[i].shape[d]: n for n, (i, d) in zip(names, sources)}
-        binds = "".join(f"    {n} = flat[{i}].shape[{d}]\n" for n, (i, d) in zip(names, sources))
+    def __init__(self, entry, key, sources, shared, names, guards):
+        self.entry, self.key, self.guards = entry, key, tuple(guards)
+        self.dims = frozenset(at for at in (*sources, *(at for at, _ in shared)) if type(at) is not HeldDim)
+        scope: dict = {}
+        binds = "".join(f"    {n} = {size_read(at, scope)}\n" for n, at in zip(names, sources))
         # 0 and 1 stay constant (see the module doc): a size is symbolic from 2 up. Sizes that
         # share a size input must be equal.
         conditions = [f"{n} >= 2" for n in names]
-        conditions += [
-            f"flat[{i}].shape[{d}] == {name_of[flat[i].shape[d]]}" for i, d in sizes if (i, d) not in sources
-        ]
+        conditions += [f"{size_read(at, scope)} == {names[j]}" for at, j in shared]
         conditions += [f"({g})" for g in guards]
         source = f"def check(flat):\n{binds}    return {' and '.join(conditions) or 'True'}\n"
-        scope: dict = {}
         exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
         self.check = scope["check"]
 
     def serves(self, key, flat) -> bool:
         changed = changed_dims(self.key, key)
         return changed is not None and self.dims.issuperset(changed) and self.check(flat)
+
+
+def symbolic_entry(entry, key, acquired, traces, backward_traces) -> SymbolicEntry | None:
+    """The ``SymbolicEntry`` of ``entry``, compiled for ``key`` from ``acquired`` into ``traces``
+    (forward) and ``backward_traces``; None when its sizes are all constant."""
+    if not acquired.sizes:
+        return None
+    guards = {*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())}
+    names = [f"t{v}" for v in traces[-1].size_inputs()]
+    return SymbolicEntry(entry, key, acquired.sizes, acquired.shared_sizes, names, sorted(guards))
+
+
+class SizesGuard:
+    """The size guards of an entry whose sizes are read from argument objects' tensors
+    (``SymbolicEntry.check``), among its guards: the cache key does not see those sizes change,
+    so every call checks them."""
+
+    per_call = True
+    source = None
+
+    def __init__(self, symbolic: SymbolicEntry):
+        self.symbolic = symbolic
+
+    def holds(self, flat) -> bool:
+        try:
+            return self.symbolic.check(flat)
+        except (KeyError, AttributeError, IndexError, TypeError):
+            return False
+
+    def describe(self, flat) -> str:
+        guards = ", ".join(self.symbolic.guards)
+        return f"the sizes read from argument objects' tensors fail a guard of the trace ({guards})"
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"s{index}"] = self.symbolic.check
+        return f"s{index}(flat)"

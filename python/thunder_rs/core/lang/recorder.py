@@ -139,13 +139,14 @@ class Captures:
         self.proxies = []
         return self.tensors
 
-    def proxy(self, t: torch.Tensor) -> TensorProxy:
+    def proxy(self, t: torch.Tensor, sizes: dict | None = None) -> TensorProxy:
         """The proxy standing for ``t``: the trace input that captures it or, for a tensor the
         program created while traced, a copy of that input made on every call, which the program's
-        outputs and writes may hold (eager gives each call a tensor of its own)."""
+        outputs and writes may hold (eager gives each call a tensor of its own). ``sizes`` are the
+        size inputs of its symbolic dims, by dim, for the first take."""
         p = self._proxies.get(id(t))
         if p is None:
-            p = self._proxies[id(t)] = input_proxy(self._rec, t)
+            p = self._proxies[id(t)] = input_proxy(self._rec, t, sizes)
             held = self._held.get(id(t))
             self.tensors.append(t if held is None else held.used())
             self.proxies.append(p)

@@ -17,7 +17,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs import _core
-from thunder_rs.core.acquisition.dynamic import SymbolicEntry, size_readers, wanted_sizes, with_sizes
+from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, size_readers, symbolic_entry
+from thunder_rs.core.acquisition.dynamic import wanted_held, wanted_sizes, with_sizes
 from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.autograd import grad_function
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
@@ -301,6 +302,8 @@ class ThunderFunction:
         #: compiled with symbolic sizes; why symbolic compiles stopped (one failed), or None.
         self._dynamic = dynamic
         self._marked: set[tuple[int, int]] = set()
+        #: the dims of argument objects' tensors seen to change, ``{(source key, name): dims}``
+        self._marked_held: dict = {}
         self._symbolic: list[SymbolicEntry] = []
         self._dynamic_off: str | None = None
         self._passes = checked_passes(passes)
@@ -513,23 +516,28 @@ class ThunderFunction:
             reason = failed.why_not(flat) if failed is not None else None
             mode = self._dynamic if self._dynamic_off is None else False
             sizes = wanted_sizes(mode, key, flat, [self._last_key, *self._variants], self._marked)
-            if sizes:
+            # A new key (a mask grown with the cache) compares with the entry compiled last.
+            held = wanted_held(mode, failed or self._last_entry, flat, self._marked_held)
+            if sizes or held:
                 try:
-                    return self._compile(flat, spec, key, reason, sizes=sizes)
+                    return self._compile(flat, spec, key, reason, sizes=sizes, held=held)
                 except Exception as e:  # the program does something symbolic sizes do not support yet
                     self._dynamic_off = f"{type(e).__name__}: {e}"
                     log_dynamic_off(_name(self._fn), self._dynamic_off)
             return self._compile(flat, spec, key, reason)
 
-    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = (), sizes: tuple = ()) -> Entry:
+    def _compile(
+        self, flat, spec, key, guard_reason=None, forced: tuple = (), sizes: tuple = (), held: dict | None = None
+    ) -> Entry:
         """Compiles an entry for the call of ``flat``; ``forced`` are reads of values a divergence
-        settled (``values.ValueReads``); ``sizes`` the ``(flat position, dim)`` traced as symbolic."""
+        settled (``values.ValueReads``); ``sizes`` the ``(flat position, dim)`` traced as symbolic,
+        ``held`` the dims of argument objects' tensors (``dynamic.wanted_held``)."""
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
         reads = ValueReads(_snapshot_runner(executors), forced)
         binding = self._binding if self._module is not None else None
-        acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes)
+        acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
         modes.check_restored()
         check_generators(acquired.consts)
         if sizes and acquired.reads:
@@ -552,7 +560,9 @@ class ThunderFunction:
         entry = entries.Entry(computation, source, filename, positions, traces, backward_traces)
         entry.reads = tuple(acquired.reads)
         entry.decisions = tuple(decision(r.value) for r in acquired.reads)
-        entry.guards = Guards(acquired.guards)
+        symbolic = symbolic_entry(entry, stored_key(key, None), acquired, traces, backward_traces)
+        # Sizes read from argument objects' tensors are not in the key: every call checks them.
+        entry.guards = Guards(acquired.guards + ([SizesGuard(symbolic)] if has_held(acquired) else []))
         entry.hook_modules = self._hook_modules(acquired)
         entry.captured = tuple(acquired.captured)
         entry.tail = acquired.tail
@@ -562,10 +572,8 @@ class ThunderFunction:
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )
         self._insert(key, entry)
-        if sizes:
-            guards = {*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())}
-            size_names = [f"t{v}" for v in traces[-1].size_inputs()]
-            self._symbolic.append(SymbolicEntry(entry, stored_key(key, None), flat, sizes, size_names, sorted(guards)))
+        if symbolic is not None:
+            self._symbolic.append(symbolic)
         return entry
 
     def _hook_modules(self, acquired) -> list | None:

@@ -267,11 +267,22 @@ class _SequenceView:
     def __init__(self, items):
         self.items = items
 
-    def get(self, index, default):
+    def get(self, index, default=None):
         try:
             return self.items[index]
         except IndexError:
             return default
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+    def __setitem__(self, index, value):
+        self.items[index] = value
+
+
+def items_of(container):
+    """A dict, or a list or tuple as a mapping from index to item."""
+    return container if type(container) is dict else _SequenceView(container)
 
 
 class _ClassView:
@@ -327,19 +338,45 @@ class InputSource(Source):
         return ("input", self.position, self.path)
 
     def code(self, var, scope):
+        return self._read().format(self.object_code(scope))
+
+    def _read(self) -> str:
         # A plain ``.__dict__`` read where no object on the path has slots: this runs every call.
-        read = "_attributes({})" if self.slotted else "{}.__dict__"
+        return "_attributes({})" if self.slotted else "{}.__dict__"
+
+    def object_code(self, scope) -> str:
+        """An expression for the object at the path (``flat`` the call's flat inputs)."""
+        scope.setdefault("_attributes", attributes_of)
         expr = f"flat[{self.position}]"
         for step in self.path:
-            expr = f"{expr}[{step.key!r}]" if type(step) is Item else f"{read.format(expr)}[{str(step)!r}]"
-        return read.format(expr)
+            expr = f"{expr}[{step.key!r}]" if type(step) is Item else f"{self._read().format(expr)}[{str(step)!r}]"
+        return expr
+
+
+class InputItemsSource(InputSource):
+    """The items of a list or dict reached from the ``position``-th flat input through ``path``,
+    read by index or key (``cache.keys[0]``)."""
+
+    def mapping(self, flat):
+        return items_of(self.object(flat))
+
+    @property
+    def key(self):
+        return ("input items", self.position, self.path)
+
+    def code(self, var, scope):
+        scope["_items_of"] = items_of
+        return f"_items_of({self.object_code(scope)})"
+
+    def describe(self, name):
+        return f"{self.label}[{name!r}]"
 
 
 class Guard:
     """A value the program read by ``name`` from ``source``: holds while it is still ``expected``
     (equal for simple values, the same object for others)."""
 
-    def __init__(self, source: Source, name: str, expected, origin: str):
+    def __init__(self, source: Source, name: str, expected, origin: str, held: frozenset = frozenset()):
         self.source, self.name, self.expected = source, name, expected
         #: ``file:line`` of the code that read the value, for miss reasons.
         self.origin = origin
@@ -350,6 +387,12 @@ class Guard:
         # call; one of objects compares its items by identity with a copy of them.
         self.mutable = type(self.expected) in _MUTABLE
         self.items = _members(self.expected) if self.mutable and self.by_identity else None
+        # Tensors a list or dict of an argument object holds are read per call (``held``, by id):
+        # any tensor may take their place, whose metadata a ``TensorGuard`` checks.
+        self.same_items = _same_items
+        if self.items is not None and held:
+            self.items = tuple(ANY_TENSOR if id(x) in held else x for x in self.items)
+            self.same_items = _same_held_items
 
     @property
     def per_call(self) -> bool:
@@ -364,7 +407,7 @@ class Guard:
     def holds(self, flat) -> bool:
         value = self.read(flat)
         if self.by_identity:
-            return value is self.expected and (self.items is None or _same_items(value, self.items))
+            return value is self.expected and (self.items is None or self.same_items(value, self.items))
         return is_simple(value) and freeze(value) == self.frozen
 
     def describe(self, flat) -> str:
@@ -385,8 +428,8 @@ class Guard:
             scope[f"e{index}"] = expected
             if self.items is None:
                 return f"{read} is e{index}"
-            scope[f"i{index}"] = self.items
-            return f"((v := {read}) is e{index} and _same_items(v, i{index}))"
+            scope[f"i{index}"], scope[f"f{index}"] = self.items, self.same_items
+            return f"((v := {read}) is e{index} and f{index}(v, i{index}))"
         t = type(expected)
         if t in (int, str, bytes) or (
             t is float and isinstance(expected, float) and math.isfinite(expected) and expected != 0.0
@@ -447,7 +490,8 @@ def _tensor_text(meta) -> str:
     if meta is MISSING:
         return "no tensor"
     dtype, device, shape, requires_grad, layout = meta
-    text = f"a {str(dtype).removeprefix('torch.')} tensor of shape {list(shape)} on {device}"
+    sizes = ", ".join("s" if n is None else str(n) for n in shape)
+    text = f"a {str(dtype).removeprefix('torch.')} tensor of shape [{sizes}] on {device}"
     text += ", requiring grad" if requires_grad else ""
     return text + ("" if layout is True else f", strides {layout}")
 
@@ -456,30 +500,45 @@ def _read_meta(value):
     return tensor_meta(value) if isinstance(value, torch.Tensor) else MISSING
 
 
+def masked_meta(meta, dims: frozenset):
+    """``meta`` (``tensor_meta``) with the sizes at ``dims`` left out (None): what a guard checks
+    of a tensor whose sizes there are symbolic (read per call into the trace's size inputs)."""
+    if meta is MISSING or not dims:
+        return meta
+    dtype, device, shape, requires_grad, layout = meta
+    return (dtype, device, tuple(None if d in dims else n for d, n in enumerate(shape)), requires_grad, layout)
+
+
+def _read_masked(value, dims: frozenset):
+    return masked_meta(_read_meta(value), dims)
+
+
 class TensorGuard:
     """A tensor that an argument object holds (``cache.layers[0].keys``): every call passes the
     tensor found there then to the trace as an input (``Acquired.tail``), so the trace is
-    specialised on its metadata, not on the tensor."""
+    specialised on its metadata, not on the tensor. Its sizes at ``symbolic`` dims are left to the
+    trace's size inputs (a KV cache's length), so the guard checks everything else."""
 
-    def __init__(self, source: Source, name: str, expected: tuple, origin: str):
-        self.source, self.name, self.expected, self.origin = source, name, expected, origin
+    def __init__(self, source: Source, name: str, expected: tuple, origin: str, symbolic: frozenset = frozenset()):
+        self.source, self.name, self.origin, self.symbolic = source, name, origin, symbolic
+        self.expected = masked_meta(expected, symbolic)
 
     @property
     def per_call(self) -> bool:
         return self.source.per_call
 
-    def holds(self, flat) -> bool:
+    def found(self, flat):
+        """The metadata of the tensor the call's arguments hold there, all of it."""
         try:
-            value = self.source.mapping(flat).get(self.name, MISSING)
+            return _read_meta(self.source.mapping(flat).get(self.name, MISSING))
         except (KeyError, AttributeError, IndexError, TypeError):
-            return False
-        return _read_meta(value) == self.expected
+            return MISSING
+
+    def holds(self, flat) -> bool:
+        return masked_meta(self.found(flat), self.symbolic) == self.expected
 
     def describe(self, flat) -> str:
-        try:
-            now = _read_meta(self.source.mapping(flat).get(self.name, MISSING))
-        except (KeyError, AttributeError, IndexError, TypeError):
-            now = MISSING
+        now = masked_meta(self.found(flat), self.symbolic)
         return (
             f"{self.source.describe(self.name)} changed from {_tensor_text(self.expected)} to "
             f"{_tensor_text(now)} (read at {self.origin})"
@@ -487,7 +546,11 @@ class TensorGuard:
 
     def term(self, index: int, scope: dict) -> str:
         scope[f"e{index}"] = self.expected
-        return f"_read_meta({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) == e{index}"
+        read = f"{self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)"
+        if not self.symbolic:
+            return f"_read_meta({read}) == e{index}"
+        scope[f"d{index}"] = self.symbolic
+        return f"_read_masked({read}, d{index}) == e{index}"
 
 
 class NamesGuard:
@@ -531,6 +594,18 @@ def _same_items(container, members: tuple) -> bool:
     """Whether ``container`` holds the very objects ``members`` (compared by identity)."""
     now = _members(container)
     return len(now) == len(members) and all(map(operator.is_, now, members))
+
+
+#: Stands for a tensor read per call among a container's items (``Guard``'s ``held``).
+ANY_TENSOR = type("AnyTensor", (), {"__repr__": lambda self: "<any tensor>"})()
+
+
+def _same_held_items(container, members: tuple) -> bool:
+    """``_same_items``, where ``ANY_TENSOR`` among ``members`` matches any tensor."""
+    now = _members(container)
+    return len(now) == len(members) and all(
+        a is b or (b is ANY_TENSOR and isinstance(a, torch.Tensor)) for a, b in zip(now, members)
+    )
 
 
 def module_structure(module) -> tuple:
@@ -671,6 +746,7 @@ def compile_check(guards: list[Guard]):
         "_same_items": _same_items,
         "_attributes": attributes_of,
         "_read_meta": _read_meta,
+        "_read_masked": _read_masked,
     }
     terms = "\n        and ".join(g.term(i, scope) for i, g in enumerate(guards))
     source = (

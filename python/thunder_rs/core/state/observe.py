@@ -330,7 +330,11 @@ class Observer:
         """Guards the metadata of the tensors of argument objects that the trace takes as inputs
         (``reached.ArgumentTensor`` among ``captured``), read or not in a way the observer saw."""
         for c in captured:
-            if not isinstance(c, torch.Tensor):
+            if isinstance(c, torch.Tensor):
+                continue
+            if type(c.holder) in (list, dict):  # an item of a list or dict
+                self.state.guard_held(c, c.origin, self._guards)
+            else:
                 self.state.read(c.holder, c.name, c.origin, self._guards)
 
     def reached_from_outside(self, obj) -> bool:

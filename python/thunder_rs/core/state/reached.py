@@ -8,10 +8,10 @@ non-tensor arguments through attributes, lists, tuples and dicts is found with i
 is guarded through that path, what it sets on it is set again by every call, on that call's
 object (tensors the trace computes among the values are outputs of the trace).
 
-A tensor such an object holds as an attribute is not captured by identity: every call passes the
-tensor found at its path then as a trace input (``captured_inputs``), and the entry is guarded on
-its metadata. A tensor held in several places, or in a list, is captured as other tensors read from
-outside the inputs are.
+A tensor such an object holds as an attribute, or as an item of a list or dict (``cache.keys[i]``),
+is not captured by identity: every call passes the tensor found at its path then as a trace input
+(``captured_inputs``), and the entry is guarded on its metadata. A tensor held in several places,
+or in a tuple, is captured as other tensors read from outside the inputs are.
 
 Items the program sets in a list or dict reached this way (``cache.is_updated[i] = True``) are
 set again by every call, when they are plain values or tensors. Changes no compiled call would
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from thunder_rs.core.state.guards import MISSING, InputSource, Item, is_simple, tensor_meta
+from thunder_rs.core.state.guards import MISSING, InputItemsSource, InputSource, Item, is_simple, tensor_meta
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -46,7 +46,8 @@ _CONTAINERS = (list, tuple, dict)
 
 @dataclass(eq=False)
 class ArgumentTensor:
-    """A tensor an argument object holds as ``holder.name``, at ``source`` in each call's arguments:
+    """A tensor an argument object holds as ``holder.name`` (or a list or dict as ``holder[name]``),
+    at ``source`` in each call's arguments:
     a trace input that every call reads there. ``origin`` is the user's line that first used it."""
 
     source: InputSource
@@ -55,6 +56,11 @@ class ArgumentTensor:
     #: its ``guards.tensor_meta`` when found (before the program runs, outside torch function modes)
     meta: tuple
     origin: str = ""
+    #: its dims whose sizes the trace takes as size inputs (``core.acquisition.dynamic``): the
+    #: guard on its metadata leaves them out
+    symbolic: frozenset = frozenset()
+    #: the proxy put in its place while the program is traced (``acquire._stand_ins``), or None
+    stand_in: object = None
 
     def used(self) -> "ArgumentTensor":
         """Marks the tensor as taken by the trace, noting the line that took it."""
@@ -92,10 +98,13 @@ class ArgumentObjects:
             if type(x) is not tuple:
                 self.containers.append((x, _items(x), InputSource(position, path, label)))
             if not is_simple(x):
+                items = InputItemsSource(position, path, label)
                 for key, y in x.items() if type(x) is dict else enumerate(x):
                     step = Item(key) if type(key) in (int, str) else None
                     if step is None:
                         self._unsourced(y)
+                    elif isinstance(y, torch.Tensor) and type(x) is not tuple:
+                        self._tensor(y, items, key, x)
                     else:
                         self._visit(y, position, (*path, step), f"{label}{step}", depth + 1, True)
             return

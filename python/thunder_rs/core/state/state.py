@@ -75,6 +75,7 @@ class ProgramState:
             self._guard_whole(known, origin, guards)
         else:
             guards.setdefault(("input", id(obj), name), self._input_guard(known.source, name, found, origin))
+            self._guard_held_items(found, origin, guards)
         return found
 
     def guard_whole_objects(self, guards: dict) -> None:
@@ -91,12 +92,39 @@ class ProgramState:
         guards[("names", id(known.obj))] = NamesGuard(known.source, frozenset(known.found), origin)
         for name, value in known.found.items():
             guards.setdefault(("input", id(known.obj), name), self._input_guard(known.source, name, value, origin))
+            self._guard_held_items(value, origin, guards)
 
     def _input_guard(self, source, name: str, value, origin: str):
         held = self._argument_tensors.get(id(value)) if isinstance(value, torch.Tensor) else None
         if held is not None:
-            return TensorGuard(source, name, held.meta, origin)
-        return Guard(source, name, value, origin)
+            return TensorGuard(source, name, held.meta, origin, held.symbolic)
+        return Guard(source, name, value, origin, self._held_items(value))
+
+    def _held_items(self, value) -> frozenset:
+        """The ids of the tensors among the items of ``value`` (a list or dict) that are read per
+        call (``reached.ArgumentTensor``)."""
+        if type(value) not in (list, dict) or not self._argument_tensors:
+            return frozenset()
+        # A tensor of symbolic sizes has a proxy in its place while the program runs.
+        held = {
+            *self._argument_tensors,
+            *(id(a.stand_in) for a in self._argument_tensors.values() if a.stand_in is not None),
+        }
+        return frozenset(id(x) for x in (value.values() if type(value) is dict else value) if id(x) in held)
+
+    def guard_held(self, held, origin: str, guards: dict) -> None:
+        """Guards the metadata of an argument object's tensor read per call (``held``)."""
+        guards.setdefault(
+            ("held", id(held.holder), held.name), TensorGuard(held.source, held.name, held.meta, origin, held.symbolic)
+        )
+
+    def _guard_held_items(self, value, origin: str, guards: dict) -> None:
+        """Guards the tensors a list or dict holds that are read per call: its guard lets any
+        tensor take their place."""
+        if self._held_items(value):
+            for held in self._argument_tensors.values():
+                if held.holder is value:
+                    self.guard_held(held, origin, guards)
 
     def writes(self) -> list:
         """The attributes the program set or deleted on state objects, undone here: ``(holder, name,
