@@ -525,3 +525,36 @@ def test_a_failed_symbolic_compile_leaves_the_cache_as_it_was_and_compiles_per_l
             same_caches(cache, eager)
     assert misses(jm) == 4
     assert "this program takes plain ints only" in jm._jfn._dynamic_off
+
+
+def _slice_write(x):
+    y = x.clone()
+    y[:, : x.shape[1] // 2] = 0.0
+    return y
+
+
+LENGTH_PROGRAMS = {
+    "chunk": lambda x: torch.cat(x.transpose(0, 1).chunk(2, dim=0)[::-1], 0),
+    "split_half": lambda x: x.split(x.shape[1] // 2, dim=1)[-1].sum(1),
+    "roll": lambda x: x.roll(3, 1),
+    "slice_write": _slice_write,
+    "pad_to_64": lambda x: torch.nn.functional.pad(x, (0, 0, 0, 64 - x.shape[1])),
+    "index_last": lambda x: x[:, -1] + x[:, 1],
+}
+
+
+@pytest.mark.parametrize("name", list(LENGTH_PROGRAMS))
+def test_programs_over_a_length_stay_symbolic(name):
+    """Splits, chunks, rolls, slice writes and pads whose amounts come from the length keep it
+    symbolic: eager's results at every length, two compiles; what their piece counts and
+    remainders relied on is guarded (an odd length makes ``split(T // 2)`` three pieces, and
+    compiles for it)."""
+    fn = LENGTH_PROGRAMS[name]
+    jf = thunder_rs.jit(fn)
+    for n in [6, 8, 10, 12]:
+        x = torch.randn(2, n, 4)
+        torch.testing.assert_close(jf(x), fn(x))
+    assert misses(jf) == 2
+    x = torch.randn(2, 7, 4)
+    torch.testing.assert_close(jf(x), fn(x))
+    assert misses(jf) == (3 if name == "split_half" else 2)

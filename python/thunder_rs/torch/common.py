@@ -6,7 +6,7 @@ Each helper is written once here; a family keeps the helpers only it uses.
 
 import torch
 
-from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.core.lang.symint import SymInt, hint
 from thunder_rs import clang, prims
 from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, check
 from thunder_rs.torch.symbols import ltorch
@@ -132,3 +132,45 @@ def flows(*tensors) -> bool:
 def masked_meta(output_mask, *outputs):
     """The outputs that ``output_mask`` asks for."""
     return [o for wanted, o in zip(output_mask, outputs) if wanted]
+
+
+def slice_indices(s: slice, size):
+    """``s.indices(size)`` for a positive step, in comparisons a symbolic size or bound records
+    as guards (``slice.indices`` takes ints only)."""
+    if all(type(x) is int for x in (s.start, s.stop, size) if x is not None):
+        return s.indices(size)
+
+    def clamp(v, default):
+        if v is None:
+            return default
+        if v < 0:
+            v = v + size
+            return v if v >= 0 else 0
+        return v if v <= size else size
+
+    return clamp(s.start, 0), clamp(s.stop, size), 1 if s.step is None else s.step
+
+
+def pieces(size, step) -> list:
+    """The lengths of ``size`` cut every ``step`` (at least one piece; the last may be shorter),
+    as ``split`` and ``chunk`` cut. With symbolic sizes, the number of pieces is decided on the
+    hints and the bounds it relies on, ``(count - 1) * step < size <= count * step``, recorded as
+    guards: the lengths stay symbolic (``x.split(T // 2)``: two pieces while T is even)."""
+    if type(size) is not SymInt and type(step) is not SymInt:
+        count = max(-(-size // step) if step else 1, 1)
+        return [min(step, size - i * step) for i in range(count)]
+    count = max(-(-hint(size) // hint(step)), 1)
+    if not (count - 1) * step < size <= count * step:
+        raise AssertionError("the pieces' count was decided on the hints")  # the guards hold for them
+    return [step] * (count - 1) + [size - (count - 1) * step]
+
+
+def remainder(n: int, size):
+    """``n % size`` (a Python int and a size); symbolic for a symbolic size, with the quotient
+    decided on the hint and guarded (``q * size <= n < (q + 1) * size``)."""
+    if type(size) is not SymInt:
+        return n % size
+    q = n // hint(size)
+    if not q * size <= n < (q + 1) * size:
+        raise AssertionError("the quotient was decided on the hint")  # the guards hold for it
+    return n - q * size

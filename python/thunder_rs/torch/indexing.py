@@ -25,7 +25,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.torch.common import is_int
+from thunder_rs.torch.common import is_int, slice_indices
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
 
@@ -207,25 +207,8 @@ def _slice_bounds(op: str, s: slice, size: int) -> tuple[int, int, int]:
     s = slice(*(_bound(op, part) for part in (s.start, s.stop, s.step)))
     check(s.step != 0, op, "slice step cannot be zero (argument key)", ThunderValueError)
     check(s.step is None or s.step > 0, op, "step must be greater than zero (argument key)", ThunderValueError)
-    start, stop, step = _indices(s, size)
+    start, stop, step = slice_indices(s, size)
     return start, max(start, stop), step
-
-
-def _indices(s: slice, size):
-    """``s.indices(size)`` for a positive step, in comparisons a symbolic size or bound records
-    as guards (``slice.indices`` takes ints only)."""
-    if all(type(x) is int for x in (s.start, s.stop, size) if x is not None):
-        return s.indices(size)
-
-    def clamp(v, default):
-        if v is None:
-            return default
-        if v < 0:
-            v = v + size
-            return v if v >= 0 else 0
-        return v if v <= size else size
-
-    return clamp(s.start, 0), clamp(s.stop, size), 1 if s.step is None else s.step
 
 
 def _basic_index(op: str, a, entries):

@@ -23,6 +23,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.common import is_int, pieces
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
 
@@ -201,7 +202,7 @@ def split(a, split_size_or_sections, dim=0):
     op = "ltorch.split"
     d = _split_dim(op, a, dim, "split")
     size = a.shape[d]
-    if isinstance(split_size_or_sections, int):
+    if is_int(split_size_or_sections):
         step = split_size_or_sections
         check(
             step >= 0,
@@ -218,8 +219,7 @@ def split(a, split_size_or_sections, dim=0):
             ),
             ThunderRuntimeError,
         )
-        count = max(-(-size // step) if step else 1, 1)
-        sizes = [min(step, size - i * step) for i in range(count)]
+        sizes = pieces(size, step)
     else:
         sizes = list(_sizes(op, (split_size_or_sections,), "split_size_or_sections"))
         check(
@@ -257,8 +257,7 @@ def chunk(a, chunks, dim=0):
     step = -(-size // chunks)
     if step == 0:
         return _split_sizes(a, [0] * chunks, d)
-    count = -(-size // step)
-    return _split_sizes(a, [min(step, size - i * step) for i in range(count)], d)
+    return _split_sizes(a, pieces(size, step), d)
 
 
 @torchsymbol(torch.tensor_split, Tensor.tensor_split, sequence=True)
@@ -358,7 +357,7 @@ def pad(input, pad, mode="constant", value=None):
     )
     pad = tuple(pad)
     check(
-        all(isinstance(p, int) and not isinstance(p, bool) for p in pad),
+        all(is_int(p) for p in pad),
         op,
         f"argument 'pad' must be tuple of ints, got {pad!r} (argument pad)",
         ThunderTypeError,

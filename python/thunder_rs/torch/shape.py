@@ -22,7 +22,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch.common import is_int
+from thunder_rs.torch.common import is_int, remainder
 from thunder_rs.torch.symbols import torchsymbol
 
 Tensor = torch.Tensor
@@ -489,8 +489,8 @@ def roll(a, shifts, dims=None):
     for shift, dim in zip(shifts, dims):
         d = clang.canonicalize_dim(a.ndim, dim, op, "dims")
         size = a.shape[d]
-        if size == 0 or shift % size == 0:
+        if size == 0 or remainder(shift, size) == 0:
             continue
-        cut = size - shift % size
+        cut = size - remainder(shift, size)
         out = prims.cat([slice_in_dim(out, d, cut, size), slice_in_dim(out, d, 0, cut)], d)
     return out

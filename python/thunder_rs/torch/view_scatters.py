@@ -10,6 +10,7 @@ from thunder_rs import clang, prims
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
 from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.common import slice_indices
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
 
 __all__ = ["slice_scatter", "select_scatter", "diagonal", "diagonal_scatter", "straight_through", "stop_gradient"]
@@ -32,7 +33,7 @@ def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
     check(input.ndim > 0, op, "slice() cannot be applied to a 0-dim tensor. (argument input)", ThunderRuntimeError)
     d = clang.canonicalize_dim(input.ndim, dim, op)
     check(step > 0, op, "slice step must be positive (argument step)", ThunderRuntimeError)
-    begin, stop, _ = slice(start, end, step).indices(input.shape[d])
+    begin, stop, _ = slice_indices(slice(start, end, step), input.shape[d])
     stop = max(begin, stop)
     length = (stop - begin + step - 1) // step
     expected = (*input.shape[:d], length, *input.shape[d + 1 :])
