@@ -376,9 +376,11 @@ class _Definition:
         an elementwise prim's whose tensor operands all may (an operand's iteration dim makes the
         result's one: ``ops::newOutputDomain``); any other's with an operand that may, save the
         ``MATERIALIZED`` prims'."""
-        flagged = [id(a) in self._expanded for a in _tensors_of(args) if a.is_tensor()]
-        if name in ELEMENTWISE:
-            expanded = bool(flagged) and all(flagged)
+        tensors = [a for a in _values_of(args) if a.is_tensor()]
+        flagged = [id(a) in self._expanded for a in tensors]
+        if name in ELEMENTWISE:  # a 0-dim operand broadcasts: only those of the result's rank count
+            rank = max((t.ndim for t in tensors), default=0)
+            expanded = any(flagged) and all(f for f, t in zip(flagged, tensors) if t.ndim == rank)
         else:
             expanded = name == "broadcast_in_dim" or (name not in MATERIALIZED and any(flagged))
         if expanded:
@@ -438,11 +440,11 @@ def _tuple(result) -> tuple:
     return result if isinstance(result, tuple) else (result,)
 
 
-def _tensors_of(args):
+def _values_of(args):
     """The nvFuser values among a call's resolved arguments (nested in lists for ``cat``)."""
     for a in args:
         if isinstance(a, (tuple, list)):
-            yield from _tensors_of(a)
+            yield from _values_of(a)
         elif not isinstance(a, (bool, int, float, str, torch.dtype, torch.device)) and a is not None:
             yield a
 
