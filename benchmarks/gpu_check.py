@@ -43,13 +43,15 @@ import gpu_report  # noqa: E402
 
 #: The CUDA tests (``-m gpu``): the OpInfo table on CUDA in float32, bfloat16 and float16 with the
 #: default executors, attention and the GPT block and training (test_cuda.py); nvFuser's type rules
-#: and its OpInfo subset with the real ``nvfuser_direct``; the Inductor executor on CUDA. About 3,800
+#: and its OpInfo subset with the real ``nvfuser_direct``, and the definitions it refused on the H200
+#: (test_nvfuser_refusals.py); the Inductor executor on CUDA. About 3,800
 #: tests, 2 minutes with 12 workers on an H100 machine. test_ops.py's 20,000 CUDA parameters are
 #: left out: collecting its 47,000 items costs each worker 40 s, running them 10 minutes.
 TESTS = [
     "tests/test_cuda.py",
     "tests/test_nvfuser_ex.py",
     "tests/test_nvfuser_opinfos.py",
+    "tests/test_nvfuser_refusals.py",
     "tests/test_inductor_ex.py::test_cuda_region_equals_its_eager_calls",
 ]
 #: Seconds the benchmark keeps for itself out of the budget when the tests run first.

@@ -11,13 +11,20 @@ definition casts; a Double scalar in a Float op computes in double, as the gener
 What nvFuser's generated code has no function for (a reduction, ``ceil`` or ``isnan`` of a half
 type: NVRTC errors on the H100) fails at the first ``execute``, where nvFuser compiles.
 ``execute`` checks that its inputs have the dtypes, shapes, contiguity and stride order the
-definition declared (nvFuser would reject or misread them), then replays the ops.
+definition declared (nvFuser would reject or misread them), then replays the ops. Layouts follow
+nvFuser's too (``fake_nvfuser_layouts``): each value knows which of its dims are expanded
+broadcasts, outputs have stride 0 there, and what nvFuser's segments and schedulers refused on a
+GPU for a layout (a gather whose result has such a dim, a column-major normalization) fails to
+compile.
 """
 
 import enum
 from typing import NamedTuple
 
 import torch
+
+import fake_nvfuser_layouts as layouts
+from fake_nvfuser_layouts import compute_tensor_descriptor
 
 __version__ = "0.2.36+fake"
 
@@ -45,49 +52,15 @@ definitions: list = []
 HALF = (torch.float16, torch.bfloat16)
 
 
-def compute_tensor_descriptor(sizes, strides):
-    """``(contiguity, stride_order)`` of a tensor, a port of nvFuser's computeTensorDescriptor:
-    contiguity in allocation order (None for broadcast dims), stride order per logical dim."""
-    assert len(sizes) == len(strides), "compute_tensor_descriptor: Sizes and strides must have the same length"
-    dims = [
-        dict(index=i, size=s, stride=st, order=-1, contiguity=None) for i, (s, st) in enumerate(zip(sizes, strides))
-    ]
-    assert all(d["stride"] >= 0 for d in dims), "negative stride on tensor is not supported"
-    ordered = sorted((d for d in dims if d["stride"] != 0), key=lambda d: -d["stride"])
-    for d in dims:
-        if d["stride"] == 0:
-            ordered.insert(d["index"], d)
-
-    def broadcast(d):
-        return d["stride"] == 0 or d["size"] == 1
-
-    n, i = len(sizes), 0
-    while i < n:
-        ordered[i]["order"] = n - 1 - i
-        if not broadcast(ordered[i]):
-            left, expected = i, 1
-            i += 1
-            while i < n:
-                ordered[i]["order"] = n - 1 - i
-                if not broadcast(ordered[i]):
-                    expected = ordered[i]["stride"] * ordered[i]["size"]
-                    break
-                i += 1
-            ordered[left]["contiguity"] = ordered[left]["stride"] == expected
-        else:
-            i += 1
-    stride_order = [-1] * n
-    for d in ordered:
-        stride_order[d["index"]] = d["order"]
-    return [d["contiguity"] for d in ordered], stride_order
-
-
 class Val:
-    """A scalar or tensor value of a definition: ``meta`` has its dtype and shape."""
+    """A scalar or tensor value of a definition: ``meta`` has its dtype and shape; ``expanded``
+    says of each dim whether it is an expanded broadcast (``bS{1 ex n}``): extent 1 in the
+    IterDomain, n in the tensor, which nvFuser allocates with stride 0."""
 
     def __init__(self, fd, meta, symbolic=False):
         self.fd, self.meta, self.symbolic = fd, meta, symbolic
         self.slot = fd._slots = fd._slots + 1
+        self.expanded = (False,) * meta.ndim
 
     def is_symbolic(self):
         return self.symbolic
@@ -103,6 +76,9 @@ class TensorView(Val):
 
     def dtype(self):  # only a TensorView has one in the bindings (python_direct/ir.cpp)
         return DataType(self.meta.dtype)
+
+    def shape(self):  # the real one's are the (maybe expanded) extents as Vals
+        return list(self.meta.shape)
 
 
 # -- type promotion (csrc/type_promotion.cpp) --------------------------------------------------------
@@ -120,7 +96,10 @@ FLOAT_OP = Config(promote_integer_inputs_to_float=True)  # float_op_config
 FLOAT_ONLY = Config(require_full_precision_promoted=True)  # float_only_op_config
 
 #: ``convertToVal`` (ops.cpp): a Python number becomes a constant of the PolymorphicValue's type.
-PYTHON_TYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+#: A Python bool is an Int: pybind11 converts to the first alternative of the variant that takes
+#: it without conversion (``complex``, ``double``, ``int64_t``, ``bool``), and its int64_t caster
+#: takes any ``PyLong``, bools included. A Bool constant is ``define_scalar(v, dtype=DataType.Bool)``.
+PYTHON_TYPES = {bool: torch.int64, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
 def _operand(x):
@@ -189,10 +168,12 @@ def _fd():
     return _current[-1]
 
 
-def _record(name, fn, args, tensor_out=None):
+def _record(name, fn, args, tensor_out=None, expanded=None):
     """Defines one op: checks its operands belong to this definition, computes its outputs'
     metadata on meta tensors and records it for ``execute``. Its outputs are TensorViews when an
-    operand is one (``promoteType(ValType)``) unless ``tensor_out`` says otherwise."""
+    operand is one (``promoteType(ValType)``) unless ``tensor_out`` says otherwise. ``expanded(out
+    meta)``: which dims of an output are expanded broadcasts; by default an elementwise op's rule
+    (``ops::newOutputDomain``: a dim is expanded where every operand of the output's rank has it so)."""
     fd = _fd()
     vals = list(_vals(args))
     for v in vals:
@@ -202,9 +183,26 @@ def _record(name, fn, args, tensor_out=None):
     out = fn(*_bind(args, lambda v: v.meta))
     outs = out if isinstance(out, tuple) else (out,)
     made = tuple((TensorView if tensor_out else Val)(fd, torch.empty_like(o, device="meta")) for o in outs)
+    for v in made:
+        v.expanded = tuple(expanded(v.meta) if expanded else layouts.elementwise_expansion(vals, v.meta))
     fd._ops.append((fn, args, made))
     fd.recorded.append(name)
     return made if isinstance(out, tuple) else made[0]
+
+
+def _evaluated_by_aten(name, out):
+    """A gather's result is computed by ATen in a segment of its own (``ExprEval``), which hands it
+    on laid out densely; a dim of it that is an expanded broadcast in the definition makes the
+    next segment refuse it (seen on the H200 for gathers whose index came from a broadcast)."""
+    for i, (size, expanded) in enumerate(zip(out.meta.shape, out.expanded)):
+        if expanded:
+            out.fd.compile_errors.append(
+                " INTERNAL ASSERT FAILED at /workspace/Fuser/csrc/expr_evaluator.cpp:156, please report a bug with "
+                f"repro script to NVFuser at https://github.com/NVIDIA/Fuser/issues. Expected logical_sizes[i] == 1 "
+                f"|| t.stride(i) == 0 . IterDomain of the {name} result has expanded extent but input tensor has "
+                f"size {size} and stride 1 in dimension {i}"
+            )
+    return out
 
 
 def _vals(x):
@@ -415,6 +413,21 @@ def _reduce_dims(rank, dims):
     return sorted({d % rank for d in dims}) if rank else []
 
 
+def _reduced(arg, axes, keepdim):
+    """The expansion rule of a reduction of ``arg`` over ``axes`` (its other dims are ``arg``'s), and
+    what its scheduling refuses: on the H100 and the H200, nvFuser's normalization scheduler
+    vectorized the innermost logical dim of a column-major input's cached copy, whose innermost
+    allocated dim is the other one, and lowering refused it (a layer norm, test_cuda.py)."""
+    fd = _fd()
+    if arg.ndim - 1 in axes and any(layouts.innermost_permuted(spec) for _, spec in fd._inputs):
+        fd.compile_errors.append(
+            "Expected last_alloc_dim == vec_alloc_id . Vectorized dim for producer has to be from an inner most "
+            "position. (Exception raised from validateAllocationVectorizedId at csrc/device_lower/validation.cpp)"
+        )
+    kept = [False if d in axes else e for d, e in enumerate(arg.expanded) if keepdim or d not in axes]
+    return lambda out: kept
+
+
 def _reduction(name, fn, identity_dtype):
     """``NVFUSER_DEFINE_REDUCTION_OP``'s three overloads: ``(arg, dtype)``, ``(arg, dim, keepdim,
     dtype)``, ``(arg, dims, keepdim, dtype)``. ``identity_dtype(input dtype, dtype)`` is the
@@ -433,7 +446,7 @@ def _reduction(name, fn, identity_dtype):
             a = a.to(out_dtype)  # optionalCastStrict before the reduction
             return fn(a, axes, keepdim) if axes else a.clone()  # over no dims: reductionOpZeroDimTensor's set
 
-        return _record(name, run, (arg,))
+        return _record(name, run, (arg,), expanded=_reduced(arg, axes, keepdim))
 
     op.__name__ = name
     return op
@@ -466,7 +479,12 @@ def _var(arg, dims, correction=1, keepdim=False):
     out_dtype, axes = _variance_dtype(arg.meta.dtype), _reduce_dims(arg.ndim, dims)
     if arg.meta.dtype in HALF:  # its mean is a sum ReductionOp of the half dtype
         _fd().unsupported.append(f"a sum ReductionOp of {arg.dtype().name} (variance's mean)")
-    return _record("var", lambda a: torch.var(a.to(out_dtype), axes, correction=correction, keepdim=keepdim), (arg,))
+    return _record(
+        "var",
+        lambda a: torch.var(a.to(out_dtype), axes, correction=correction, keepdim=keepdim),
+        (arg,),
+        expanded=_reduced(arg, axes, keepdim),
+    )
 
 
 def _var_mean(arg, dims, correction=1, keepdim=False):
@@ -474,7 +492,12 @@ def _var_mean(arg, dims, correction=1, keepdim=False):
     dtype = arg.meta.dtype
     assert dtype not in HALF, f"variance_mean is not supported for {DataType(dtype).name} please upcast to float"
     axes = _reduce_dims(arg.ndim, dims)
-    return _record("var_mean", lambda a: tuple(torch.var_mean(a, axes, correction=correction, keepdim=keepdim)), (arg,))
+    return _record(
+        "var_mean",
+        lambda a: tuple(torch.var_mean(a, axes, correction=correction, keepdim=keepdim)),
+        (arg,),
+        expanded=_reduced(arg, axes, keepdim),
+    )
 
 
 def _scan(name, fn):
@@ -518,9 +541,11 @@ def _pad(arg, pad_widths, value=None):
         assert _same_category(arg.meta.dtype, _operand(value)[1]), "Tensor arg and pad value must have the same dtype."
 
     def run(a, v):
+        if isinstance(v, torch.Tensor):  # a scalar Val: its value (none yet while defining, on meta)
+            v = 0 if v.device.type == "meta" else v.item()
         return torch.nn.functional.pad(a, list(pad_widths), value=0 if v is None else v)
 
-    return _record("pad", run, (arg, value))
+    return _record("pad", run, (arg, value), expanded=layouts.none_expanded)
 
 
 def _cat(tensors, dim=0, manual_padding=False):
@@ -528,7 +553,7 @@ def _cat(tensors, dim=0, manual_padding=False):
     assert all(d == dtypes[0] for d in dtypes), "Can't concatenate tensors with different data types: " + ", ".join(
         DataType(d).name for d in dtypes
     )
-    return _record("cat", lambda ts: torch.cat(ts, dim), (list(tensors),))
+    return _record("cat", lambda ts: torch.cat(ts, dim), (list(tensors),), expanded=layouts.none_expanded)
 
 
 def _iota(length, start=None, step=None, dtype=DataType.Int):
@@ -547,16 +572,21 @@ def _iota(length, start=None, step=None, dtype=DataType.Int):
         index = torch.arange(int(n), dtype=compute, device=fd._device)
         return (index * (1 if st is None else st) + (0 if s is None else s)).to(dtype.value)
 
-    return _record("iota", run, (length, start, step), tensor_out=True)
+    return _record("iota", run, (length, start, step), tensor_out=True, expanded=layouts.none_expanded)
 
 
 def _full(shape, fill_value, dtype):
     fd = _fd()
     return _record(
         "full",
-        lambda s, v: torch.full(s, v, dtype=dtype.value, device=fd._device),
+        lambda s, v: (
+            v.to(dtype.value).expand(s).to(fd._device)
+            if isinstance(v, torch.Tensor)
+            else torch.full(s, v, dtype=dtype.value, device=fd._device)
+        ),
         (list(shape), fill_value),
         tensor_out=True,
+        expanded=layouts.none_expanded,
     )
 
 
@@ -604,31 +634,62 @@ class _Ops:
         self.logical_not = lambda arg: _elementwise("logical_not", torch.logical_not, (arg,), torch.bool)
 
     def broadcast_in_dim(self, arg, shape, broadcast_dims):
-        return _record("broadcast_in_dim", _broadcast_in_dim, (arg, list(shape), list(broadcast_dims)))
+        return _record(
+            "broadcast_in_dim",
+            _broadcast_in_dim,
+            (arg, list(shape), list(broadcast_dims)),
+            expanded=layouts.broadcast_in_dim_expansion(arg, shape, broadcast_dims),
+        )
 
     def reshape(self, arg, new_shape):
-        return _record("reshape", lambda a, s: a.reshape(s), (arg, list(new_shape)))
+        return _record("reshape", lambda a, s: a.reshape(s), (arg, list(new_shape)), expanded=layouts.none_expanded)
 
     def permute(self, arg, dims):
         assert len(dims) == arg.ndim, "Operator permute expects `dims` argument to have the same length as input!"
-        return _record("permute", lambda a, d: a.permute(d), (arg, list(dims)))
+        return _record(
+            "permute",
+            lambda a, d: a.permute(d),
+            (arg, list(dims)),
+            expanded=lambda out: [arg.expanded[d] for d in dims],
+        )
 
     def slice(self, arg, start_indices, end_indices, strides=None, manual_normalization=False):
-        return _record("slice", _slice, (arg, list(start_indices), list(end_indices), strides, manual_normalization))
+        assert all(step == 1 for step in strides or ()), (
+            "Expected stride_idx->isConstInt() && stride_idx->evaluate().as<int64_t>() == 1 . "
+            "nvFuser Limitation: All slice operation strides must be of const size 1."
+        )
+        return _record(
+            "slice",
+            _slice,
+            (arg, list(start_indices), list(end_indices), strides, manual_normalization),
+            expanded=layouts.none_expanded,
+        )
 
     def squeeze(self, arg, dims, squeeze_expanded=False):
-        return _record("squeeze", lambda a, d: a.squeeze(tuple(d)), (arg, list(dims)))
+        kept = [e for d, e in enumerate(arg.expanded) if d not in [d % arg.ndim for d in dims]]
+        return _record("squeeze", lambda a, d: a.squeeze(tuple(d)), (arg, list(dims)), expanded=lambda out: kept)
 
     def index_select(self, arg, index, dim):
-        return _record("index_select", lambda a, i: torch.index_select(a, dim, i), (arg, index))
+        # indexing.cpp indexSelect: the index's IterDomain at dim, arg's elsewhere.
+        expanded = [index.expanded[0] if d == dim % arg.ndim else e for d, e in enumerate(arg.expanded)]
+        out = _record("index_select", lambda a, i: torch.index_select(a, dim, i), (arg, index), lambda o: expanded)
+        return _evaluated_by_aten("index_select", out)
 
     def take_along_axis(self, arg, index, dim):
         assert arg.ndim == index.ndim, "Tensor arguments have different dimensions"
-        return _record("take_along_axis", lambda a, i: torch.take_along_dim(a, i, dim), (arg, index))
+        out = _record(
+            "take_along_axis",
+            lambda a, i: torch.take_along_dim(a, i, dim),
+            (arg, index),
+            expanded=layouts.take_along_axis_expansion(arg, index, dim),
+        )
+        return _evaluated_by_aten("take_along_axis", out)
 
     def gather(self, arg, index, dim):
         assert arg.ndim == index.ndim, "Tensor arguments have different dimensions"
-        return _record("gather", lambda a, i: torch.gather(a, dim, i), (arg, index))
+        # indexing.cpp gather: the index's IterDomains.
+        out = _record("gather", lambda a, i: torch.gather(a, dim, i), (arg, index), expanded=lambda o: index.expanded)
+        return _evaluated_by_aten("gather", out)
 
 
 ops = _Ops()
@@ -644,6 +705,8 @@ class FusionDefinition:
         #: What the definition asks that nvFuser's code generation has no kernel for: compiling
         #: it (the first ``execute``) raises.
         self.unsupported: list = []
+        #: The messages of what nvFuser's scheduling or segments refuse: compiling raises the first.
+        self.compile_errors: list = []
         self._slots = 0
         self._device = "meta"
         self.executions = 0
@@ -664,7 +727,10 @@ class FusionDefinition:
         assert len(contiguity) == len(shape), "Length of contiguity argument must match that of shape argument"
         assert not stride_order or sorted(stride_order) == list(range(len(shape))), f"bad stride_order {stride_order}"
         tv = TensorView(self, torch.empty([1 if s < 0 else s for s in shape], dtype=dtype.value, device="meta"))
-        self._inputs.append((tv, (list(shape), list(contiguity), dtype, list(stride_order))))
+        spec = (list(shape), list(contiguity), dtype, list(stride_order))
+        # getExpanded (python_utils.cpp): a broadcast (contiguity None) of extent other than 1.
+        tv.expanded = tuple(size != 1 and layouts.broadcast_at(spec, d) for d, size in enumerate(shape))
+        self._inputs.append((tv, spec))
         return tv
 
     def define_scalar(self, value=None, dtype=None):
@@ -698,6 +764,8 @@ class FusionDefinition:
         assert len(inputs) == len(self._inputs), f"{len(inputs)} inputs for {len(self._inputs)} defined"
         if self.unsupported:
             raise RuntimeError(f"CUDA NVRTC compile error: nvFuser has no kernel for {self.unsupported[0]}")
+        if self.compile_errors:
+            raise RuntimeError(self.compile_errors[0])
         env = {}
         for (val, spec), arg in zip(self._inputs, inputs):
             self._check(spec, arg)
@@ -709,8 +777,4 @@ class FusionDefinition:
             for v, r in zip(vals, out if isinstance(out, tuple) else (out,)):
                 env[v.slot] = r
         self.executions += 1
-        # nvFuser's outputs are fresh tensors laid out contiguously.
-        return [
-            env[o.slot].contiguous().clone() if isinstance(env[o.slot], torch.Tensor) else env[o.slot]
-            for o in self._outputs
-        ]
+        return [layouts.allocated(env[o.slot], o.expanded) for o in self._outputs]

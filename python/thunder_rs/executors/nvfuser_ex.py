@@ -17,8 +17,14 @@ What it claims: the prims of ``TRANSLATIONS`` on CUDA tensors of the dtypes nvFu
 (``fuses_decompositions``). It leaves to the torch executor what nvFuser cannot compute as eager
 does: random prims (nvFuser's Philox stream is not eager's), matmuls (cuBLAS and flash attention
 stay with torch), the special functions nvFuser has no op for, ``flip``, ``argmax``/``argmin``,
-``sort``/``topk``, scatters, and pads with interior or negative widths. On the CPU it claims
-nothing, so CPU programs are unchanged.
+``sort``/``topk``, scatters, pads with interior or negative widths, and slices with steps. On the
+CPU it claims nothing, so CPU programs are unchanged.
+
+Layouts: nvFuser keeps a broadcast of extent > 1 as an expanded IterDomain, hands such a result on
+with stride 0, and lets a gather's result inherit its index's; ATen evaluates gathers in segments
+of their own and hands their results on densely, which the next segment then refuses. The
+definition materializes the gathers' operands and its outputs that may be expanded (eager's results
+have no stride-0 dims either).
 
 Dtypes: nvFuser computes Half and BFloat16 arithmetic in Float and its ops return Float (and
 Double for a Python float with an integer tensor, Int for an integer sum) unless the definition
@@ -34,8 +40,8 @@ the operand cast to Float, exactly.
 
 A region's definition is built on its first call with each input layout (dtype, shape, strides),
 and kept; the per-call path is a comparison with the last layout and ``fd.execute``, the casts
-being in the definition. A layout nvFuser cannot define or compile runs the region's eager torch
-calls, with a warning.
+being in the definition. A layout nvFuser cannot define or compile runs on its inputs copied
+row-major where they are not, and if that fails too, the region's eager torch calls, with a warning.
 """
 
 import dataclasses
@@ -109,9 +115,10 @@ def _copy_or(reduce):
 
 def _pad(cx, a, value, config):
     # nvFuser's pad_widths are torch's: (lo, hi) of the innermost dim first; its value must be of
-    # the tensor's kind (hasSimilarDtype, csrc/ops/alias.cpp: a float tensor takes no int 0).
+    # the tensor's kind (hasSimilarDtype, csrc/ops/alias.cpp: a float tensor takes no int 0, a
+    # Bool one no Python bool, which the bindings read as an Int: ``constant``).
     kind = cx.kind(cx.dtype_of(a))
-    return cx.ops.pad(a, [w for lo, hi, _ in reversed(config) for w in (lo, hi)], kind(value))
+    return cx.ops.pad(a, [w for lo, hi, _ in reversed(config) for w in (lo, hi)], cx.constant(kind(value)))
 
 
 def _iota(cx, length, start, step, device, dtype):
@@ -156,7 +163,7 @@ TRANSLATIONS = {
     "squeeze": lambda cx, a, dims: cx.ops.squeeze(a, list(dims)) if dims else cx.ops.set(a),
     "cat": lambda cx, tensors, dim: cx.ops.cat(list(tensors), dim),
     "pad": _pad,
-    "full": lambda cx, shape, fill, device, dtype: cx.ops.full(list(shape), fill, cx.data_type(dtype)),
+    "full": lambda cx, shape, fill, device, dtype: cx.ops.full(list(shape), cx.constant(fill), cx.data_type(dtype)),
     "iota": _iota,
     "sum": _copy_or(_sum),
     "prod": _copy_or(_prod),
@@ -166,10 +173,19 @@ TRANSLATIONS = {
     "var_mean": _var_mean,
     "cumsum": lambda cx, a, dim: cx.ops.cumsum(a, dim),
     "cumprod": lambda cx, a, dim: cx.ops.cumprod(a, dim),
-    "take": lambda cx, a, index, dim: cx.ops.index_select(a, index, dim),
-    "take_along_axis": lambda cx, a, index, dim: cx.ops.take_along_axis(a, index, dim),
-    "gather": lambda cx, a, index, dim: cx.ops.gather(a, index, dim),
+    # nvFuser evaluates these with ATen in a segment of their own, which hands on its result laid
+    # out densely; the result's dims taken from an expanded operand dim stay expanded in the
+    # definition, and the next segment refuses the dense tensor (expr_evaluator.cpp:156, seen on
+    # the H200): their operands are materialized first.
+    "take": lambda cx, a, index, dim: cx.ops.index_select(cx.materialized(a), cx.materialized(index), dim),
+    "take_along_axis": lambda cx, a, index, dim: cx.ops.take_along_axis(
+        cx.materialized(a), cx.materialized(index), dim
+    ),
+    "gather": lambda cx, a, index, dim: cx.ops.gather(a, cx.materialized(index), dim),
 }
+#: Prims whose results have no expanded dims: factories, and the gathers (operands materialized).
+MATERIALIZED = {"full", "iota", "take", "take_along_axis", "gather"}
+ELEMENTWISE = {*UNARY, *BINARY, "where", "convert_element_type"}
 
 
 # -- claims ----------------------------------------------------------------------------------------
@@ -218,6 +234,12 @@ def _full_precision(a, b) -> bool:
     return all(x.dtype in (torch.float32, torch.float64) for x in (a, b) if isinstance(x, torch.Tensor))
 
 
+def _unit_steps(a, start, end, strides) -> bool:
+    # "nvFuser Limitation: All slice operation strides must be of const size 1" (python_direct
+    # ops.cpp slice_fn; diagonal_scatter's gradient on the H200).
+    return all(step == 1 for step in strides)
+
+
 def _float_scan(a, dim) -> bool:
     # Integer scans overflow as torch's do only in int64; nvFuser's scan takes no 0-dim tensor
     # ("Tried to access out of boundary index 0", seen on the H100).
@@ -227,6 +249,7 @@ def _float_scan(a, dim) -> bool:
 #: Checks beyond the device and dtypes, by prim: what nvFuser's op requires or computes differently.
 EXTRA_CHECKS: dict[str, Callable[..., bool]] = {
     "pad": _plain_pad,
+    "slice": _unit_steps,
     "var": _integral_correction,
     "var_mean": _integral_correction,
     "take": _take_index,
@@ -292,8 +315,13 @@ class _Definition:
     def __init__(self, module, fd, region: Region):
         self.module, self.fd, self.ops, self.region = module, fd, fd.ops, region
         self._torch_dtypes = {getattr(module.DataType, name): dtype for dtype, name in DTYPES.items()}
-        #: id(nvFuser scalar) -> dtype, for the number inputs (only a TensorView has ``dtype()``).
+        #: id(nvFuser scalar) -> (the scalar, kept alive so that its id stays its own; its dtype),
+        #: for the number inputs and constants (only a TensorView has ``dtype()``).
         self._scalars: dict = {}
+        #: id(TensorView) -> the TensorView, for the values that may have an expanded dim (a
+        #: broadcast of extent > 1, which nvFuser keeps with stride 0): an input with a stride-0
+        #: dim, a broadcast_in_dim, and what is computed from them.
+        self._expanded: dict = {}
 
     def data_type(self, dtype):
         return getattr(self.module.DataType, DTYPES[dtype])
@@ -302,7 +330,7 @@ class _Definition:
         """The torch dtype of an operand: a tensor's, a number input's, a Python number's."""
         if isinstance(x, (bool, int, float)):
             return SCALAR_TYPES[type(x)]
-        return self._torch_dtypes[x.dtype()] if x.is_tensor() else self._scalars[id(x)]
+        return self._torch_dtypes[x.dtype()] if x.is_tensor() else self._scalars[id(x)][1]
 
     @staticmethod
     def computed(dtype: torch.dtype) -> torch.dtype:
@@ -317,16 +345,56 @@ class _Definition:
         if isinstance(arg, torch.Tensor):
             sizes, strides = list(arg.shape), list(arg.stride())
             contiguity, stride_order = self.module.compute_tensor_descriptor(sizes, strides)
-            return self.fd.define_tensor(
+            tv = self.fd.define_tensor(
                 shape=sizes,
                 contiguity=list(contiguity),
                 dtype=self.data_type(arg.dtype),
                 is_cpu=False,
                 stride_order=list(stride_order),
             )
-        scalar = self.fd.define_scalar(dtype=self.data_type(SCALAR_TYPES[type(arg)]))
-        self._scalars[id(scalar)] = SCALAR_TYPES[type(arg)]
+            if any(stride == 0 and size != 1 for size, stride in zip(sizes, strides)):
+                self._expanded[id(tv)] = tv  # defined as an expanded broadcast (getExpanded)
+            return tv
+        return self._scalar(self.fd.define_scalar(dtype=self.data_type(SCALAR_TYPES[type(arg)])), type(arg))
+
+    def _scalar(self, scalar, kind: type):
+        self._scalars[id(scalar)] = (scalar, SCALAR_TYPES[kind])
         return scalar
+
+    def constant(self, value):
+        """A Python number as an operand of ``fd.ops``: a bool as a Bool scalar. The bindings read
+        a Python bool as an Int (pybind11 converts to the first alternative of nvFuser's scalar
+        variant that takes it, and ``int64_t`` takes a bool before ``bool`` is tried): a Bool
+        tensor's pad value would be an Int, which ``pad`` refuses (the H200's select_scatter and
+        slice_scatter gradients)."""
+        if isinstance(value, bool):
+            return self._scalar(self.fd.define_scalar(value, dtype=self.module.DataType.Bool), bool)
+        return value
+
+    def note_expanded(self, name: str, args, results) -> None:
+        """Marks the results of prim ``name`` that may have an expanded dim: a broadcast_in_dim's;
+        an elementwise prim's whose tensor operands all may (an operand's iteration dim makes the
+        result's one: ``ops::newOutputDomain``); any other's with an operand that may, save the
+        ``MATERIALIZED`` prims'."""
+        tensors = [a for a in _values_of(args) if a.is_tensor()]
+        flagged = [id(a) in self._expanded for a in tensors]
+        if name in ELEMENTWISE:  # a 0-dim operand broadcasts: only those of the result's rank count
+            rank = max((t.ndim for t in tensors), default=0)
+            expanded = any(flagged) and all(f for f, t in zip(flagged, tensors) if t.ndim == rank)
+        else:
+            expanded = name == "broadcast_in_dim" or (name not in MATERIALIZED and any(flagged))
+        if expanded:
+            self._expanded.update(
+                (id(r), r) for r in results if not isinstance(r, (bool, int, float)) and r.is_tensor()
+            )
+
+    def materialized(self, a):
+        """``a`` with no expanded dim: a ``where`` of it with a ``full`` of its shape, whose dims
+        are iterations, where it may have one."""
+        if id(a) not in self._expanded:
+            return a
+        everywhere = self.ops.full(a.shape(), self.constant(True), self.module.DataType.Bool)
+        return self.ops.where(everywhere, a, a)
 
     def upcast(self, a):
         """``a`` as Float if it is a half tensor: for the ops nvFuser would run in its dtype."""
@@ -339,9 +407,9 @@ class _Definition:
         and round. ``rounded``: the number rounded to the tensor's dtype first, as torch reads
         it for the ``ROUNDED_NUMBER`` prims."""
         floating = [self.dtype_of(a) for a in args if self._is_tensor(a) and self.dtype_of(a).is_floating_point]
-        if not floating or torch.float64 in floating:
-            return args
-        return tuple(self._as_float(a, floating[0] if rounded else torch.float32) for a in args)
+        if floating and torch.float64 not in floating:
+            args = tuple(self._as_float(a, floating[0] if rounded else torch.float32) for a in args)
+        return tuple(self.constant(a) for a in args)
 
     @staticmethod
     def _is_tensor(x) -> bool:
@@ -368,6 +436,19 @@ class _Definition:
         return self.ops.cast(value, self.data_type(want))
 
 
+def _tuple(result) -> tuple:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _values_of(args):
+    """The nvFuser values among a call's resolved arguments (nested in lists for ``cat``)."""
+    for a in args:
+        if isinstance(a, (tuple, list)):
+            yield from _values_of(a)
+        elif not isinstance(a, (bool, int, float, str, torch.dtype, torch.device)) and a is not None:
+            yield a
+
+
 def _resolve(arg, env):
     if isinstance(arg, str):
         return env[arg]
@@ -388,13 +469,17 @@ def define(module, region: Region, args):
             translate = TRANSLATIONS.get(name.removeprefix("prims."))
             if translate is None or not name.startswith("prims."):
                 raise ThunderNotImplementedError(f"nvfuser executor: no translation for {name} (region {region.name})")
-            result = translate(cx, *_resolve(call.args, env))
-            results = result if isinstance(result, tuple) else (result,)
-            env.update((out, cx.kept(out, value)) for out, value in zip(call.outputs, results))
+            args = _resolve(call.args, env)
+            result = translate(cx, *args)
+            results = tuple(cx.kept(out, value) for out, value in zip(call.outputs, _tuple(result)))
+            cx.note_expanded(name.removeprefix("prims."), args, results)
+            env.update(zip(call.outputs, results))
         inputs = set(region.inputs)
         for name in region.outputs:
-            # An output that is an input is copied: nvFuser would hand back the input itself.
-            fd.add_output(fd.ops.set(env[name]) if name in inputs else env[name])
+            # An output that is an input is copied: nvFuser would hand back the input itself. One
+            # with an expanded dim is materialized: nvFuser would hand it on with stride 0 there,
+            # which eager's result has not (an in-place write to it would fail).
+            fd.add_output(fd.ops.set(env[name]) if name in inputs else cx.materialized(env[name]))
     return fd
 
 
@@ -408,6 +493,11 @@ def layout(args) -> tuple:
         else:
             key.append(type(a))
     return tuple(key)
+
+
+def _dense(args) -> list:
+    """``args`` with each tensor that is not row-major contiguous copied into one that is."""
+    return [a.contiguous() if isinstance(a, torch.Tensor) and not a.is_contiguous() else a for a in args]
 
 
 class NvFuserRegion:
@@ -433,21 +523,36 @@ class NvFuserRegion:
         return run(args)
 
     def _define(self, args):
-        region, executor = self.region, self.executor
         if any(isinstance(a, torch.Tensor) and a.is_neg() for a in args):
             run = self._define([a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args])
             return lambda args: run([a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args])
         try:
             return self._compiled(args)
         except Exception as e:  # noqa: BLE001 (any nvFuser failure leaves the eager calls, which are exact)
-            message = (
-                f"thunder_rs nvfuser executor: {region.name} ({len(region.calls)} prims) runs eagerly: "
-                f"nvFuser could not define or compile it: {type(e).__name__}: {e}"
-            )
-            # Kept as well as warned: an H100 run counted a fallback whose warning a filter hid.
-            del executor.fallbacks[:-7]
-            executor.fallbacks.append(message)
-            warnings.warn(message, stacklevel=4)
+            error = f"{type(e).__name__}: {e}"
+        if any(d is not a for d, a in zip(_dense(args), args)):
+            # nvFuser's schedulers fail on some layouts they define (on the H100 and H200, the
+            # layer norm of a column-major input: "Vectorized dim for producer has to be from an
+            # inner most position"); the region then runs on its inputs copied row-major.
+            try:
+                run = self._compiled(_dense(args))
+            except Exception as e:  # noqa: BLE001
+                error += f" (and with its inputs copied row-major: {type(e).__name__}: {e})"
+            else:
+                self.executor.stats["dense_copies"] += 1
+                return lambda args: run(_dense(args))
+        return self._fallback(error)
+
+    def _fallback(self, error: str):
+        region, executor = self.region, self.executor
+        message = (
+            f"thunder_rs nvfuser executor: {region.name} ({len(region.calls)} prims) runs eagerly: "
+            f"nvFuser could not define or compile it: {error}"
+        )
+        # Kept as well as warned: an H100 run counted a fallback whose warning a filter hid.
+        del executor.fallbacks[:-7]
+        executor.fallbacks.append(message)
+        warnings.warn(message, stacklevel=5)
         executor.stats["failures"] += 1
         function = region.function
         return lambda args: function(*args)
@@ -484,7 +589,8 @@ class NvFuserExecutor(FusionExecutor):
 
     def __init__(self, name: str = "nvfuser", *, module=None, allow_cpu: bool = False):
         super().__init__(name)
-        self.stats = {"definitions": 0, "failures": 0, "define_s": 0.0, "compile_s": 0.0}
+        #: ``dense_copies``: layouts whose definition failed and that run on row-major copies.
+        self.stats = {"definitions": 0, "failures": 0, "dense_copies": 0, "define_s": 0.0, "compile_s": 0.0}
         #: The last few fallbacks' messages (the warnings'), newest last.
         self.fallbacks: list[str] = []
         self.unavailable = None
