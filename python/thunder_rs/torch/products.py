@@ -120,7 +120,15 @@ def addr(input, vec1, vec2, *, beta=1, alpha=1):
         _check_tensor(op, x, name)
     for x, name in ((vec1, "vec1"), (vec2, "vec2")):
         check(x.ndim == 1, op, f"{name} must be a 1-D tensor, got {x.ndim}-D (argument {name})", ThunderRuntimeError)
-    outer = ltorch.mul(prims.reshape(vec1, (vec1.shape[0], 1)), prims.reshape(vec2, (1, vec2.shape[0])))
+    column, row = prims.reshape(vec1, (vec1.shape[0], 1)), prims.reshape(vec2, (1, vec2.shape[0]))
+    common = torch.promote_types(vec1.dtype, vec2.dtype)
+    if dtypes.is_inexact(common):
+        # A product of one term, as exact as the multiplication; its gradients are matrix
+        # products that accumulate in float32 as eager's ``grad.mv(vec2)`` does (a multiplication
+        # rounded each product to bfloat16 first: 6x eager's error from float64 on an H200).
+        outer = prims.matmul(clang.maybe_convert(column, common), clang.maybe_convert(row, common))
+    else:
+        outer = ltorch.mul(column, row)
     out_dtype = torch.promote_types(input.dtype, outer.dtype)
     shape = clang.broadcast_shapes(op, input.shape, outer.shape)
     check(
