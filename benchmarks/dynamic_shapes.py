@@ -191,13 +191,12 @@ def main() -> None:
         "batch": lambda: run_batch(backends),
         "decode": lambda: run_decode(args.tokens, backends),
     }
-    results = {"device": str(DEVICE)} | {name: runs[name]() for name in args.runs.split(",")}
-    for name, result in results.items():
-        if not isinstance(result, dict):
-            continue
-        print(
-            f"{name:8s} " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
-        )
+    results: dict = {"device": str(DEVICE)}
+    for name in args.runs.split(","):
+        # Printed as each run ends: a run cut short by a time limit still shows the ones before.
+        result = results[name] = runs[name]()
+        line = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
+        print(f"{name:8s} {line}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
