@@ -52,12 +52,14 @@ def test_gpt_training_step_matches_eager_with_the_backward_folded():
     for (name, p), e in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, e.grad, rtol=1e-5, atol=1e-6, msg=name)
     backward = str(thunder_rs.last_backward_traces(jmodel)[-1])
-    # 92 calls without view folding: in each layer the q/k/v gradients are joined by one cat,
-    # transpose and reshape instead of 3 transposes, 3 reshapes and a cat, and each linear
-    # layer's weight gradient is one call instead of reshape, t, reshape and matmul.
-    assert len(calls(backward)) <= 60, backward
+    # 92 calls without view folding: in each layer the q/k/v gradients are joined by 3
+    # transposes, a cat and a reshape (a view of the cat's output) instead of 3 transposes, 3
+    # reshapes (copies) and a cat, and each linear layer's weight gradient is one call instead
+    # of reshape, t, reshape and matmul. The transposes stay before the cat: after it, the
+    # reshape would copy what the cat wrote.
+    assert len(calls(backward)) <= 62, backward
     note = views_note(thunder_rs.last_backward_traces(jmodel))
-    assert "flattened-product x9, cat-of-reshapes x2, cat-of-transposes x2" in note, note
+    assert "flattened-product x9, cat-of-reshapes x2" in note and "cat-of-transposes" not in note, note
 
 
 def views_note(traces) -> str:
