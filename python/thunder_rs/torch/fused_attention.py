@@ -128,7 +128,7 @@ def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: 
             _choices.clear()
         # Stored under the switches as they are after the choice: the first one of a process may
         # set the priority order (see ``chosen_backend``).
-        _choices[(*call[:-1], sdp_state.state())] = backend
+        _choices[call[:-1] + (sdp_state.state(),)] = backend
     return backend
 
 

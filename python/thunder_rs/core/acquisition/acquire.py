@@ -2,6 +2,7 @@
 Python state it read, and the module state it wrote."""
 
 import functools
+from typing import Any
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -235,7 +236,7 @@ def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeIn
     placed: list = []
     for at in list(reached.tensors.values()) if size_inputs.held else ():
         dims = size_inputs.held.get((at.source.key, at.name))
-        attributes = _slots_of(at.holder) if dims else None
+        attributes: Any = _slots_of(at.holder) if dims else None
         t = attributes.get(at.name) if attributes is not None else None
         if not isinstance(t, torch.Tensor) or not t.is_contiguous():
             continue

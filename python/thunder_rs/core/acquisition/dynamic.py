@@ -21,7 +21,7 @@ symbolic sizes there, the guard leaves those dims out, and the entry checks its 
 every call (``SizesGuard``), since the key does not see the sizes change.
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -76,8 +76,8 @@ class HeldDim(NamedTuple):
     tensor at ``source``'s attribute ``name`` (``guards.InputSource``; an index or key of
     ``guards.InputItemsSource``), which is the trace's input number ``input``."""
 
-    source: object
-    name: object
+    source: Any
+    name: str | int
     dim: int
     input: int
 

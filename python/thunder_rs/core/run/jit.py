@@ -562,7 +562,8 @@ class ThunderFunction:
         entry.decisions = tuple(decision(r.value) for r in acquired.reads)
         symbolic = symbolic_entry(entry, stored_key(key, None), acquired, traces, backward_traces)
         # Sizes read from argument objects' tensors are not in the key: every call checks them.
-        entry.guards = Guards(acquired.guards + ([SizesGuard(symbolic)] if has_held(acquired) else []))
+        sizes_guard = [SizesGuard(symbolic)] if symbolic is not None and has_held(acquired) else []
+        entry.guards = Guards(acquired.guards + sizes_guard)
         entry.hook_modules = self._hook_modules(acquired)
         entry.captured = tuple(acquired.captured)
         entry.tail = acquired.tail

@@ -51,7 +51,7 @@ class ArgumentTensor:
     a trace input that every call reads there. ``origin`` is the user's line that first used it."""
 
     source: InputSource
-    name: str
+    name: str | int
     holder: object
     #: its ``guards.tensor_meta`` when found (before the program runs, outside torch function modes)
     meta: tuple
@@ -120,7 +120,7 @@ class ArgumentObjects:
             else:
                 self._visit(y, position, (*path, name), f"{label}.{name}", depth + 1, under)
 
-    def _tensor(self, t, source: InputSource, name: str, holder) -> None:
+    def _tensor(self, t, source: InputSource, name: str | int, holder) -> None:
         if id(t) in self._shared:
             return
         if id(t) in self.tensors:  # held twice: which place a call's tensor comes from would be a guess
