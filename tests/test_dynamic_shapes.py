@@ -230,30 +230,23 @@ def test_a_size_compared_with_a_float_is_compared_as_eager_compares_it():
     assert all("==" in g for e in symbolic(jf) for g in e.guards if "t0 - 6" in g)
 
 
+#: The sizes of the small HF configs below.
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=100,
+    max_position_embeddings=64,
+)
+
+
 def _llama(transformers):
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=100,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=2, **SMALL))
 
 
 def _bert(transformers):
-    config = transformers.BertConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        vocab_size=100,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    config = transformers.BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **SMALL)
     return transformers.BertForMaskedLM(config)
 
 
