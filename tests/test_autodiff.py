@@ -524,3 +524,31 @@ def test_addr_half_gradients_accumulate_as_eagers(dtype):
     exact = torch.autograd.grad(out, leaves, torch.randn(out.shape, dtype=dtype).double())
     for a, e, r in zip(ours, eager, exact, strict=True):
         assert (a.double() - r).abs().max() <= (e.double() - r).abs().max() + 1e-6
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_masked_attention_runs_torchs_safe_softmax_with_eagers_gradients(mask_dtype):
+    """Attention with a mask and dropout softmaxes through ``aten._safe_softmax`` (one kernel, as
+    eager's math path), and a row the mask hides entirely gives zeros and zero gradients, as in
+    eager."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8, requires_grad=True) for _ in range(3))
+    keep = torch.rand(2, 1, 5, 5) > 0.3
+    keep[:, :, 2] = False  # query 2 sees no key
+    mask = keep if mask_dtype == torch.bool else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+
+    def attention(q, k, v):  # with dropout: the decomposition runs, as in training
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.25)
+
+    jf = thunder_rs.jit(attention)
+    torch.manual_seed(1)
+    out = jf(q, k, v)
+    torch.manual_seed(1)
+    ref = attention(q, k, v)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(ref)
+    got, want = torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)
+    for a, e in zip(got, want):
+        assert a.isfinite().all()
+        torch.testing.assert_close(a, e)
+    assert "safe_softmax" in str(thunder_rs.last_traces(jf)[-1])
