@@ -1,7 +1,7 @@
 """The whole GPU check of thunder_rs in one process tree (see ../shared/GPU.md for the machine).
 
     make gpu-wheels      # on the CPU machine: gpu-carry/ (git-ignored; carry it), about 37 MiB
-    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py run --carried gpu-carry --results $OUT --budget 440
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py run --carried gpu-carry --results $OUT --budget 520
     python benchmarks/gpu_check.py report RESULTS > benchmarks/results/cuda.md      # back on the CPU machine
 
 ``run`` works through its phases in priority order, each within what is left of ``--budget``
@@ -12,9 +12,10 @@ the CUDA test files, never test_ops.py's 47,000 CPU and CUDA parameters) with th
 short tracebacks in ``tests.txt``; the benchmark (``gpu_bench``: eager, thunder_rs with the torch
 executor, thunder_rs's defaults, thunder_rs with Inductor, torch.compile and Lightning Thunder 0.2.6,
 forward and training step of the bf16 GPT block, each checked against eager), profiled into
-``profile.txt`` unless ``--no-profile``; nvFuser's host overhead per region; ``cuda.md``, the
-page ``report`` makes. The results folder holds five files: ``gpu_check.log``, ``gpu_check.json``,
-``tests.txt``, ``profile.txt`` and ``cuda.md``.
+``profile.txt`` unless ``--no-profile``; nvFuser's host overhead per region; ``dynamic_shapes.py``
+on the device (padding lengths, batch sizes, a KV-cache decode; ``dynamic.txt``) unless
+``--skip-dynamic``; ``cuda.md``, the page ``report`` makes. The results folder holds six files:
+``gpu_check.log``, ``gpu_check.json``, ``tests.txt``, ``profile.txt``, ``dynamic.txt`` and ``cuda.md``.
 
 Without CUDA ``run`` says so and stops (exit 2), unless ``--device cpu`` asks for the dry run
 (the benchmark's code path on the CPU, ``--tiny`` sizes; what the unit tests run).
@@ -44,9 +45,9 @@ import gpu_report  # noqa: E402
 #: The CUDA tests (``-m gpu``): the OpInfo table on CUDA in float32, bfloat16 and float16 with the
 #: default executors, attention and the GPT block and training (test_cuda.py); nvFuser's type rules
 #: and its OpInfo subset with the real ``nvfuser_direct``, and the definitions it refused on the H200
-#: (test_nvfuser_refusals.py); the Inductor executor on CUDA. About 3,800
-#: tests, 2 minutes with 12 workers on an H100 machine. test_ops.py's 20,000 CUDA parameters are
-#: left out: collecting its 47,000 items costs each worker 40 s, running them 10 minutes.
+#: (test_nvfuser_refusals.py); the Inductor executor on CUDA. About 3,800 tests, 3.5 minutes with 12
+#: workers on an H200 machine (2026-11-28). test_ops.py's 20,000 CUDA parameters are left out:
+#: collecting its 47,000 items costs each worker 40 s, running them 10 minutes.
 TESTS = [
     "tests/test_cuda.py",
     "tests/test_nvfuser_ex.py",
@@ -343,6 +344,40 @@ def _collect(entries: list[dict], process: int, rc: int, timed_out: bool, cases:
     return [] if timed_out else [c for c in cases if c not in done]
 
 
+# -- shapes that change between calls ---------------------------------------------------------------
+
+
+def run_dynamic(results: Results, args) -> dict:
+    """``dynamic_shapes.py`` on the device (padding lengths, batch sizes, a KV-cache decode),
+    within what is left of the budget; each run's result line as it ends (a run cut short keeps
+    the ones before)."""
+    seconds = results.left() - CLOSING_S
+    if seconds < 20:
+        results.log(f"dynamic shapes: skipped, {seconds:.0f} s left")
+        return {"skipped": "the check's time budget ran out"}
+    output = results.folder / "dynamic.txt"
+    steps, tokens = map(str, args.dynamic_sizes)
+    cmd = [
+        sys.executable,
+        str(HERE / "dynamic_shapes.py"),
+        "--device",
+        args.device,
+        "--steps",
+        steps,
+        "--tokens",
+        tokens,
+    ]
+    results.log("running", " ".join(cmd[1:]), f"(at most {seconds:.0f} s)")
+    rc, timed_out = run_bounded(cmd, output, seconds, log=results.log)
+    runs = {}
+    for line in output.read_text(errors="replace").splitlines():
+        name, _, rest = line.partition(" ")
+        if name in ("padding", "batch", "decode"):
+            runs[name] = dict(kv.split("=", 1) for kv in rest.split())
+    results.log(f"dynamic shapes: rc={rc}" + (" (out of time)" if timed_out else ""), runs)
+    return {"rc": rc, "timed_out": timed_out, "runs": runs}
+
+
 # -- run ---------------------------------------------------------------------------------------------------
 
 
@@ -368,6 +403,10 @@ def run(args) -> int:
         started = time.perf_counter()
         run_benchmark(results, args)
         results.phase("benchmark", started)
+    if not args.skip_dynamic:
+        started = time.perf_counter()
+        results.save(dynamic=run_dynamic(results, args))
+        results.phase("dynamic", started)
     results.save(status="done")
     (results.folder / "cuda.md").write_text(gpu_report.markdown(results.report))
     results.log(
@@ -411,8 +450,8 @@ def main(argv=None) -> int:
     r.add_argument("--carried", help="folder of wheels to install (prepare's output)")
     r.add_argument("--target", default="/tmp/thunder_rs_site", help="where to install the carried wheels")
     r.add_argument("--results", required=True)
-    r.add_argument("--budget", type=float, default=420, help="seconds for the whole check (default 420)")
-    r.add_argument("--test-budget", type=float, default=170, help="seconds at most for the CUDA tests")
+    r.add_argument("--budget", type=float, default=520, help="seconds for the whole check (default 520)")
+    r.add_argument("--test-budget", type=float, default=230, help="seconds at most for the CUDA tests")
     r.add_argument("--workers", type=int, default=12, help="xdist workers for the CUDA tests")
     r.add_argument("--tests", nargs="+", help=f"pytest selection instead of {' '.join(TESTS)}")
     r.add_argument("--calls", type=int, default=20, help="timed calls per benchmark case")
@@ -426,6 +465,10 @@ def main(argv=None) -> int:
     r.add_argument("--no-overhead", action="store_true", help="no nvFuser host-overhead measurement")
     r.add_argument("--skip-tests", action="store_true")
     r.add_argument("--skip-bench", action="store_true")
+    r.add_argument("--skip-dynamic", action="store_true", help="no dynamic_shapes.py run on the device")
+    r.add_argument(
+        "--dynamic-sizes", nargs=2, type=int, default=(40, 64), help="dynamic_shapes.py's --steps and --tokens"
+    )
     r.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the dry run of the code path")
     r.add_argument("--tiny", action="store_true", help="the benchmark at tiny sizes (with --device cpu)")
     r.add_argument("--installed", action="store_true", help=argparse.SUPPRESS)

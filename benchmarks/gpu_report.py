@@ -191,4 +191,19 @@ def markdown(report: dict) -> str:
             if section:
                 lines += [*section, ""]
     lines += tests_section(report.get("tests", {}))
+    lines += dynamic_section(report.get("dynamic", {}))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def dynamic_section(dynamic: dict) -> list[str]:
+    """``dynamic_shapes.py`` on the device: each run's figures as it printed them."""
+    if not dynamic:
+        return []
+    lines = ["", "## Shapes that change between calls (`benchmarks/dynamic_shapes.py`)", ""]
+    if "skipped" in dynamic:
+        return [*lines, f"Skipped: {dynamic['skipped']}."]
+    for name, figures in dynamic.get("runs", {}).items():
+        lines.append(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+    if dynamic.get("timed_out"):
+        lines.append("- stopped at the check's time limit: the runs not listed did not finish")
+    return lines

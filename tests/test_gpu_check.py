@@ -337,18 +337,30 @@ def test_the_dry_run_on_the_cpu_writes_every_result_file(tmp_path):
                 "--variant",
                 "lightning-thunder",
                 "--no-overhead",
+                "--dynamic-sizes",
+                "2",
+                "2",
                 "--budget",
                 "300",
             ]
         )
     assert rc == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert set(report["dynamic"]["runs"]) == {"padding", "batch", "decode"}, report["dynamic"]
+    assert report["dynamic"]["runs"]["decode"]["same_tokens"] == "True"
+    assert "## Shapes that change between calls" in (tmp_path / "cuda.md").read_text()
     rows = {(r["variant"], r["case"]): r for r in report["benchmark"]["rows"]}
     assert set(rows) == {
         (v, c) for v in ("eager", "thunder_rs:torch", "lightning-thunder") for c in ("forward", "train_step")
     }
     assert rows[("thunder_rs:torch", "train_step")]["matches_eager"]
-    assert {p.name for p in tmp_path.iterdir()} == {"gpu_check.json", "gpu_check.log", "profile.txt", "cuda.md"}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "gpu_check.json",
+        "gpu_check.log",
+        "profile.txt",
+        "cuda.md",
+        "dynamic.txt",
+    }
     assert "| thunder_rs:torch |" in (tmp_path / "cuda.md").read_text()
 
 
