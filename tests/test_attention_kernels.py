@@ -469,3 +469,32 @@ def test_the_first_choice_of_a_process_may_set_the_priority_order(fake, monkeypa
     finally:
         setter(before)
         fa._choices.clear()
+
+
+@pytest.mark.parametrize("odd_lengths_math", [False, True], ids=["same_choice", "choice_changes"])
+def test_attention_over_changing_lengths_asks_torchs_choice_per_length(fake, monkeypatch, odd_lengths_math):
+    """With symbolic lengths the kernel is chosen at the hints, and the symbolic entry serves
+    another length only where torch chooses the same kernel for it: a choice that changes for
+    odd lengths compiles them apart (each entry records its own kernel), never served wrongly."""
+    asked = []
+
+    def choice(q, *args, **kwargs):
+        asked.append(q.shape[2])
+        return MATH if odd_lengths_math and q.shape[2] % 2 else EFFICIENT
+
+    monkeypatch.setattr(fa, "eager_choice", choice)
+    fa._choices.clear()
+    jfn = thunder_rs.jit(attention(dict(is_causal=True)))
+    kernels = {}
+    with fake:
+        for n in (16, 24, 32, 17, 40, 19):
+            jfn(*(fake_leaf((2, 4, n, 64), torch.bfloat16) for _ in range(3)))
+            kernels[n] = "torch_efficient_attention(" in str(thunder_rs.last_traces(jfn)[-1])
+    fa._choices.clear()
+    stats = thunder_rs.compile_stats(jfn)
+    if odd_lengths_math:
+        assert stats.cache_misses == 3, stats.miss_reasons  # 16, then 24 symbolic, then 17 symbolic
+        assert not kernels[17] and 40 in asked and 19 in asked
+    else:
+        assert stats.cache_misses == 2, stats.miss_reasons
+    assert kernels[24]

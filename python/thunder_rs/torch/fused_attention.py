@@ -37,6 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from thunder_rs import _core
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang import sdp_state
+from thunder_rs.core.lang.symint import SymInt, hint
+from thunder_rs.core.state.observe import check_sizes
 from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, output_meta, proxies
@@ -62,12 +64,11 @@ _OP = "ltorch.scaled_dot_product_attention"
 # -- torch's choice --------------------------------------------------------------------------------
 
 
-def _fake(x):
-    """A fake tensor with the proxy's metadata, strides as eager's tensor has them."""
-    differentiable = x.requires_grad and x.dtype.is_floating_point
-    return torch.empty_strided(
-        tuple(x.shape), strides_of(x), dtype=x.dtype, device=x.device, requires_grad=differentiable
-    )
+def _fake(meta):
+    """A fake tensor of ``meta`` (``_metadata``'s, at concrete sizes), strides as eager's are."""
+    shape, strides, dtype, device, requires_grad = meta
+    differentiable = requires_grad and dtype.is_floating_point
+    return torch.empty_strided(shape, strides, dtype=dtype, device=device, requires_grad=differentiable)
 
 
 _aten = torch.ops.aten
@@ -103,25 +104,42 @@ def eager_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bool
 
 
 def _metadata(x):
-    return None if x is None else (tuple(x.shape), strides_of(x), x.dtype, x.device, x.requires_grad)
+    return None if x is None else (tuple(x.shape), tuple(strides_of(x)), x.dtype, x.device, x.requires_grad)
+
+
+def _symbolic(meta) -> bool:
+    return meta is not None and any(type(s) is SymInt for s in (*meta[0], *meta[1]))
+
+
+def _at(meta, env: dict | None):
+    """``meta`` with its sizes at their hints (``env`` None) or at the values ``env`` gives the
+    size inputs (``{"t0": 17}``), without specialising them."""
+    if meta is None:
+        return None
+
+    def value(s):
+        if type(s) is not SymInt:
+            return s
+        return hint(s) if env is None else eval(str(s.expr), {"__builtins__": {}}, env)  # noqa: S307
+
+    shape, strides, *rest = meta
+    return (tuple(map(value, shape)), tuple(map(value, strides)), *rest)
 
 
 #: Choices made, by the calls' metadata and the switches: the layers of a model ask once.
 _choices: dict = {}
 
 
-def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
-    """The backend (an ``SDPBackend`` value) eager's dispatcher runs this call with, grad mode on;
-    torch's error where it has none (every backend switched off or unable)."""
-    call = (*map(_metadata, (query, key, value, attn_mask)), dropout_p, is_causal, scale, enable_gqa, sdp_state.state())
+def _choose(metas: list, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
+    """The backend eager's dispatcher runs a call of concrete ``metas`` (query, key, value, mask)
+    with, grad mode on; torch's error where it has none."""
+    call = (*metas, dropout_p, is_causal, scale, enable_gqa, sdp_state.state())
     backend = _choices.get(call)
     if backend is None:
         try:
             with torch._C.DisableTorchFunction(), FakeTensorMode(), torch.enable_grad():
-                mask = None if attn_mask is None else _fake(attn_mask)
-                backend = eager_choice(
-                    _fake(query), _fake(key), _fake(value), mask, dropout_p, is_causal, scale, enable_gqa
-                )
+                q, k, v, mask = (None if m is None else _fake(m) for m in metas)
+                backend = eager_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
         except RuntimeError as e:
             raise thunder_error_like(e, f"{_OP}: {e}") from e
         if len(_choices) > 4096:
@@ -129,6 +147,28 @@ def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: 
         # Stored under the switches as they are after the choice: the first one of a process may
         # set the priority order (see ``chosen_backend``).
         _choices[call[:-1] + (sdp_state.state(),)] = backend
+    return backend
+
+
+def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
+    """The backend (an ``SDPBackend`` value) eager's dispatcher runs this call with, grad mode on;
+    torch's error where it has none (every backend switched off or unable).
+
+    With symbolic sizes the choice is made at their hints, and the trace's symbolic entry serves
+    another call's sizes only where torch makes the same choice for them (a size check that asks
+    again, on the miss path only): which sizes each kernel accepts is torch's to say."""
+    metas = [_metadata(x) for x in (query, key, value, attn_mask)]
+    args = (dropout_p, is_causal, scale, enable_gqa)
+    backend = _choose([_at(m, None) for m in metas], *args)
+    if any(map(_symbolic, metas)):
+
+        def same_choice(env: dict) -> bool:
+            try:
+                return _choose([_at(m, env) for m in metas], *args) == backend
+            except Exception:  # noqa: BLE001 (no kernel for those sizes: not this entry's call)
+                return False
+
+        check_sizes(same_choice)
     return backend
 
 

@@ -77,6 +77,8 @@ class Acquired:
     sizes: list = field(default_factory=list)
     #: the other places that hold a size input's value (duck sizing): ``(where, its index)``
     shared_sizes: list = field(default_factory=list)
+    #: ``check(env)`` callables the symbolic entry also passes (``observe.check_sizes``)
+    size_checks: list = field(default_factory=list)
 
 
 def _reject_generators(fn, out) -> None:
@@ -385,6 +387,7 @@ def acquire(
         raise
     observer.guard_argument_tensors(captures.tensors)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
+    size_checks = observer.size_checks
     del observer
     trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies
@@ -411,6 +414,7 @@ def acquire(
         [] if reads is None else reads.reads,
         size_inputs.sources,
         size_inputs.shared,
+        size_checks,
     )
 
 

@@ -159,7 +159,7 @@ class SymbolicEntry:
 
     __slots__ = ("entry", "key", "dims", "check", "guards")
 
-    def __init__(self, entry, key, sources, shared, names, guards):
+    def __init__(self, entry, key, sources, shared, names, guards, checks=()):
         self.entry, self.key, self.guards = entry, key, tuple(guards)
         self.dims = frozenset(at for at in (*sources, *(at for at, _ in shared)) if type(at) is not HeldDim)
         scope: dict = {}
@@ -169,6 +169,11 @@ class SymbolicEntry:
         conditions = [f"{n} >= 2" for n in names]
         conditions += [f"{size_read(at, scope)} == {names[j]}" for at, j in shared]
         conditions += [f"({g})" for g in guards]
+        # Decisions no guard expresses (``observe.check_sizes``), asked with the sizes by name.
+        env = "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"
+        for i, check in enumerate(checks):
+            scope[f"_size_check{i}"] = check
+            conditions.append(f"_size_check{i}({env})")
         source = f"def check(flat):\n{binds}    return {' and '.join(conditions) or 'True'}\n"
         exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
         self.check = scope["check"]
@@ -185,7 +190,7 @@ def symbolic_entry(entry, key, acquired, traces, backward_traces) -> SymbolicEnt
         return None
     guards = {*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())}
     names = [f"t{v}" for v in traces[-1].size_inputs()]
-    return SymbolicEntry(entry, key, acquired.sizes, acquired.shared_sizes, names, sorted(guards))
+    return SymbolicEntry(entry, key, acquired.sizes, acquired.shared_sizes, names, sorted(guards), acquired.size_checks)
 
 
 class SizesGuard:

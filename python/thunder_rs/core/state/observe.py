@@ -259,6 +259,9 @@ class Observer:
             if isinstance(x, (types.FunctionType, types.MethodType, functools.partial)):
                 self._add_function(x)
         self._guards: dict = {}
+        #: ``check(env)`` callables a symbolic entry must also pass to serve a call's sizes
+        #: (``check_sizes``)
+        self.size_checks: list = []
         self._outer = None
         self._hooked = False
         #: the frame that started observing: the program's frames are below it
@@ -755,3 +758,13 @@ def _cell_value(cell):
         return cell.cell_contents
     except ValueError:
         return MISSING
+
+
+def check_sizes(check) -> None:
+    """While a program is traced: ``check(env)``, given the values of the trace's size inputs by
+    name (``{"t0": 17}``), must hold for its symbolic entry to serve a call of those sizes
+    (``dynamic.SymbolicEntry``): a decision on the sizes' hints that no guard expresses (which
+    fused attention kernel torch runs for them)."""
+    observer = _thread.observer
+    if observer is not None:
+        observer.size_checks.append(check)
