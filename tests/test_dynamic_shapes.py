@@ -375,6 +375,14 @@ class Cache:
     def __init__(self, n: int, layers: int = 2):
         self.layers = [Layer(n) for _ in range(layers)]
 
+    def twin(self) -> "Cache":
+        """A cache of the same tensors' copies, for eager to grow beside this one."""
+        other = Cache(1, 0)
+        other.layers = [Layer(1) for _ in self.layers]
+        for mine, theirs in zip(other.layers, self.layers):
+            mine.k, mine.v = theirs.k.clone(), theirs.v.clone()
+        return other
+
 
 class CachedAttention(torch.nn.Module):
     """Attention over a cache of user objects that every call grows by ``torch.cat`` (and stores
@@ -408,10 +416,7 @@ def test_a_cache_of_user_objects_grown_by_cat_compiles_few_times_with_eager_grad
     model = CachedAttention()
     jm = thunder_rs.jit(model)
     cache = Cache(3)
-    eager_cache = Cache(1)
-    eager_cache.layers = [Layer(1) for _ in cache.layers]
-    for mine, theirs in zip(eager_cache.layers, cache.layers):
-        mine.k, mine.v = theirs.k.clone(), theirs.v.clone()
+    eager_cache = cache.twin()
     for step in range(9):  # cache lengths 3..11: the branch on n > 7 turns at length 8 (n = 8)
         x = torch.randn(2, 1, 8)
         out, want = jm(x, cache), model(x, eager_cache)
@@ -430,9 +435,8 @@ def test_a_cache_tensor_changed_in_more_than_its_sizes_recompiles():
     torch.manual_seed(0)
     model = CachedAttention()
     jm = thunder_rs.jit(model)
-    cache, eager_cache = Cache(3), Cache(3)
-    for mine, theirs in zip(eager_cache.layers, cache.layers):
-        mine.k, mine.v = theirs.k.clone(), theirs.v.clone()
+    cache = Cache(3)
+    eager_cache = cache.twin()
     with torch.no_grad():
         for step in range(6):
             if step == 4:  # a float64 cache from now on (its length symbolic since step 1)
@@ -508,9 +512,8 @@ def test_a_failed_symbolic_compile_leaves_the_cache_as_it_was_and_compiles_per_l
     torch.manual_seed(0)
     model = RefusesSymbolicLengths()
     jm = thunder_rs.jit(model)
-    cache, eager = Cache(3), Cache(3)
-    for mine, theirs in zip(eager.layers, cache.layers):
-        mine.k, mine.v = theirs.k.clone(), theirs.v.clone()
+    cache = Cache(3)
+    eager = cache.twin()
     with torch.no_grad():
         for _ in range(4):
             x = torch.randn(2, 1, 8)
