@@ -658,3 +658,23 @@ def test_convolution_gradient_of_an_empty_batch_equals_eager(one_thread):
     expected = torch.autograd.grad(fn(*args).sum(), args)
     actual = torch.autograd.grad(thunder_rs.jit(fn, executors=["inductor"])(*args).sum(), args)
     torch.testing.assert_close(actual, expected)
+
+
+def test_a_trace_with_symbolic_sizes_runs_without_inductor_regions():
+    """Inductor compiles a region for its first call's sizes: the first (static) compile fuses,
+    and once a length changes the symbolic compile runs on the torch executor, one entry for
+    every later length instead of an Inductor compile per length."""
+
+    def fn(x):
+        return (x.sin() * 2 + 1).exp().sum(0)
+
+    jf = thunder_rs.jit(fn, executors=["inductor"])
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(jf(x), fn(x))
+    assert thunder_rs.last_traces(jf)[-1].regions()
+    for n in [6, 8, 10, 13]:
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(jf(x), fn(x))
+    assert thunder_rs.compile_stats(jf).cache_misses == 2
+    assert not thunder_rs.last_traces(jf)[-1].regions()
+    assert jf._dynamic_off is None

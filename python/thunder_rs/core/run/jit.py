@@ -60,6 +60,7 @@ from thunder_rs.errors import (
     runtime_error,
 )
 from thunder_rs.core.lang.executor_api import (
+    FusionExecutor,
     Region,
     default_executors,
     differentiable_executors,
@@ -215,19 +216,6 @@ def _differentiable_program(acquired, filename: str, grad_positions: list, forwa
     )
 
 
-def _refuse_symbolic_regions(forward, backward_traces) -> None:
-    """Fusion executors compile a region for the sizes of its first call (nvFuser's definitions,
-    Inductor's kernels): a trace with symbolic sizes is refused there, and compiles for each
-    size instead, until they define symbolic extents."""
-    for trace in (forward, *backward_traces[-1:]):
-        regions = trace.regions()
-        if regions:
-            raise ThunderNotImplementedError(
-                f"jit: fusion regions with symbolic sizes are not supported yet ({regions[0].name}, executor "
-                f"{regions[0].executor})"
-            )
-
-
 def _with_captured(fn, captured: tuple):
     """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
     return lambda *inputs: fn(*inputs, *captured)
@@ -241,6 +229,11 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     name of each flat input, the module's qualified parameter names)`` name the traces' inputs."""
     start = time.perf_counter()
     executors = default_executors() if executors is None else executors
+    if acquired.sizes:
+        # Fusion executors compile a region for the sizes of its first call (nvFuser's definitions,
+        # Inductor's kernels, seconds each): a trace with symbolic sizes runs without them, one
+        # compile for every size, rather than a fusion compile per size.
+        executors = [e for e in executors if not isinstance(e, FusionExecutor)]
     table, impls = executor_table(executors)
     compiled = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts, list(passes))
     traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
@@ -251,8 +244,6 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     if names is not None:
         traces = _named_inputs(traces, acquired, names, {*namespace, *(r.name for r in traces[-1].regions())})
     filename = f"<thunder_rs {name}>"
-    if acquired.sizes:
-        _refuse_symbolic_regions(traces[-1], backward_traces)
     fuse_at = time.perf_counter()
     regions = _fused_regions(traces[-1], filename, namespace, executors)
     if backward_traces:
