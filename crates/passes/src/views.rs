@@ -249,30 +249,3 @@ const CAT_OF_RESHAPES: Rule = Rule {
         ]))
     },
 };
-
-/// cat([transpose(x_i, p), ...], d) -> transpose(cat([x_i, ...], p[d]), p)
-///
-/// Not in [`RULES`]: it saves calls but costs a copy where the result is then reshaped, as the
-/// q/k/v gradients of attention are (`reshape(transpose(cat(...)))` copies what `cat` of the
-/// transposed gradients writes in place: 2x the time of the backward's join on the CPU, an extra
-/// 75 µs kernel per layer and step in a bf16 GPT block on an H200).
-pub const CAT_OF_TRANSPOSES: Rule = Rule {
-    name: "cat-of-transposes",
-    pattern: || call("cat", [Pat::Rest]).bind("cat"),
-    rewrite: |m| {
-        let d = cat_dim(m)?;
-        let parts = list_of(m, "cat", "transpose")?;
-        let perm = match &parts[0].1 {
-            Prim::Shape(Shape::Transpose { perm }) => perm.clone(),
-            _ => return None,
-        };
-        if parts.len() < 2 || parts.iter().any(|(_, p)| *p != parts[0].1) {
-            return None;
-        }
-        let inputs = parts.into_iter().map(|(x, _)| Input::Arg(x)).collect();
-        Some(Replacement::Calls(vec![
-            (Shape::Cat { dim: perm[d] }.into(), inputs),
-            (Shape::Transpose { perm }.into(), vec![Input::Result(0)]),
-        ]))
-    },
-};

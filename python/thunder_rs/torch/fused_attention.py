@@ -29,6 +29,7 @@ replays those draws from the seed and offset it returned.
 """
 
 import math
+import types
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -111,18 +112,36 @@ def _symbolic(meta) -> bool:
     return meta is not None and any(type(s) is SymInt for s in (*meta[0], *meta[1]))
 
 
-def _at(meta, env: dict | None):
-    """``meta`` with its sizes at their hints (``env`` None) or at the values ``env`` gives the
-    size inputs (``{"t0": 17}``), without specialising them."""
+def _at_hints(meta):
+    """``meta`` with its sizes at their hints, none of them specialised."""
+    if meta is None:
+        return None
+    shape, strides, *rest = meta
+    return (tuple(map(hint, shape)), tuple(map(hint, strides)), *rest)
+
+
+def _sized(meta):
+    """``meta`` with each symbolic size as its expression compiled once (no recording's value is
+    kept), for ``_at(sized, env)`` to evaluate at other sizes."""
     if meta is None:
         return None
 
-    def value(s):
-        if type(s) is not SymInt:
-            return s
-        return hint(s) if env is None else eval(str(s.expr), {"__builtins__": {}}, env)  # noqa: S307
+    def code(s):
+        return compile(str(s.expr), "<thunder_rs size>", "eval") if type(s) is SymInt else s
 
     shape, strides, *rest = meta
+    return (tuple(map(code, shape)), tuple(map(code, strides)), *rest)
+
+
+def _at(sized, env: dict):
+    """``sized`` (``_sized``'s) at the values ``env`` gives the size inputs (``{"t0": 17}``)."""
+    if sized is None:
+        return None
+
+    def value(s):
+        return eval(s, {"__builtins__": {}}, env) if isinstance(s, types.CodeType) else s  # noqa: S307
+
+    shape, strides, *rest = sized
     return (tuple(map(value, shape)), tuple(map(value, strides)), *rest)
 
 
@@ -159,12 +178,13 @@ def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: 
     again, on the miss path only): which sizes each kernel accepts is torch's to say."""
     metas = [_metadata(x) for x in (query, key, value, attn_mask)]
     args = (dropout_p, is_causal, scale, enable_gqa)
-    backend = _choose([_at(m, None) for m in metas], *args)
+    backend = _choose([_at_hints(m) for m in metas], *args)
     if any(map(_symbolic, metas)):
+        sized = [_sized(m) for m in metas]
 
         def same_choice(env: dict) -> bool:
             try:
-                return _choose([_at(m, env) for m in metas], *args) == backend
+                return _choose([_at(m, env) for m in sized], *args) == backend
             except Exception:  # noqa: BLE001 (no kernel for those sizes: not this entry's call)
                 return False
 
