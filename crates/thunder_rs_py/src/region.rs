@@ -86,6 +86,19 @@ impl PyRegionCode {
         names(&self.code().inputs)
     }
 
+    /// Each input's sizes as the trace knows them, in the function's order: a tensor's shape
+    /// (ints, and `SymExpr`s where a dimension is symbolic), a size value's own `SymExpr`, and
+    /// `None` for a number. Fusion executors read which extents may change between calls here.
+    #[getter]
+    fn input_shapes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let shapes = self.code().inputs.iter().map(|&v| match self.trace.values.get(v.index()) {
+            Some(trace_ir::ValueKind::Tensor(t)) => Ok(crate::sizes::shape_to_py(py, &t.shape)?.into_any()),
+            Some(trace_ir::ValueKind::Size(hint)) => crate::sizes::dim_to_py(py, &trace_ir::Dim::size(v, *hint)),
+            _ => Ok(py.None().into_bound(py)),
+        });
+        PyTuple::new(py, shapes.collect::<PyResult<Vec<_>>>()?)
+    }
+
     /// The outputs' value names, in the function's order.
     #[getter]
     fn outputs(&self) -> Vec<String> {

@@ -175,6 +175,12 @@ class Region:
     #: For the same executors: the torch dtype of each tensor among the inputs and the calls'
     #: outputs, by name (eager's: an executor whose ops compute in other dtypes casts to them).
     dtypes: Mapping[str, Any] = field(default_factory=dict)
+    #: For executors that fuse symbolic sizes (``fuses_symbolic``): each input's sizes as the
+    #: trace knows them, in the function's order: a tensor's shape (ints, and ``_core.SymExpr``
+    #: where a dimension may change between calls: ``str`` of it is a Python expression over the
+    #: size values' names, ``values()`` their numbers), a size value's own ``SymExpr`` (an int
+    #: input that may change between calls), None for a number. Empty for the other executors.
+    input_shapes: tuple = ()
 
 
 class FusionExecutor(Executor):
@@ -189,6 +195,10 @@ class FusionExecutor(Executor):
     #: composite's decomposition (an executor that translates prims); its regions then carry
     #: their decomposed ``calls``.
     fuses_decompositions = False
+    #: Whether its regions may have symbolic sizes (the same region called with other extents
+    #: where ``Region.input_shapes`` says they may change): a trace with symbolic sizes runs
+    #: without the fusion executors that do not (they compile per shape, seconds each).
+    fuses_symbolic = False
 
     def take_from(self, executor: Executor, keys=None) -> None:
         """Takes ``executor``'s implementations of ``keys`` (all of them by default) as its own."""

@@ -139,6 +139,8 @@ def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
         executor = executors[code.executor]
         # Read only for an executor that translates prims: each call of a decomposition converts.
         decomposed = _decomposed(code) if executor.fuses_decompositions else {}
+        if executor.fuses_symbolic:
+            decomposed["input_shapes"] = tuple(code.input_shapes)
         region = Region(
             name, code.key, code.source, scope[name], symbol_names, code.num_inputs, code.num_outputs, **decomposed
         )
@@ -230,10 +232,10 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     start = time.perf_counter()
     executors = default_executors() if executors is None else executors
     if acquired.sizes:
-        # Fusion executors compile a region for the sizes of its first call (nvFuser's definitions,
-        # Inductor's kernels, seconds each): a trace with symbolic sizes runs without them, one
-        # compile for every size, rather than a fusion compile per size.
-        executors = [e for e in executors if not isinstance(e, FusionExecutor)]
+        # A fusion executor that compiles a region for the sizes of its first call (a definition
+        # or kernels per shape, seconds each) is left out: a trace with symbolic sizes runs
+        # without it, one compile for every size, rather than a fusion compile per size.
+        executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_symbolic]
     table, impls = executor_table(executors)
     compiled = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts, list(passes))
     traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
