@@ -4,6 +4,7 @@ Each test is a program that was silently different from eager before guards: it 
 and eagerly side by side, with the state changed between calls.
 """
 
+import collections.abc
 import dataclasses
 import threading
 import warnings
@@ -700,6 +701,55 @@ def test_arguments_read_other_than_by_attributes_are_keyed_by_identity():
         torch.testing.assert_close(jm(x, s), member(x, s))
     for a in (np.ones(2, dtype=np.float32), np.full(2, 5, dtype=np.float32)):
         torch.testing.assert_close(ja(x, a), from_array(x, a))
+
+
+class Scales:
+    """A container whose protocols are Python methods reading its attributes (as a KV cache's
+    ``__getitem__`` and ``__len__`` are): a call of them is seen with its reads."""
+
+    def __init__(self, *values):
+        self.values = list(values)
+
+    def __getitem__(self, i):
+        return self.values[i]
+
+    def __len__(self):
+        return len(self.values)
+
+
+class ScaleMap(collections.abc.Mapping):
+    """``__contains__`` and ``get`` are ``collections.abc``'s, which read through ``__getitem__``
+    in the standard library, where the observer does not look."""
+
+    def __init__(self, **values):
+        self.data = values
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self):
+        return len(self.data)
+
+
+def test_a_fresh_argument_read_through_its_own_python_methods_each_call():
+    # Keyed by its type (a new object each call, as generate's new KV cache, reuses the trace);
+    # the reads its methods make are guarded, so other values compile again.
+    def f(x, s):
+        return x * s[0] + len(s)
+
+    def g(x, m):
+        return x + (m["a"] if "a" in m else 0.0)
+
+    jf, jg, x = thunder_rs.jit(f), thunder_rs.jit(g), torch.ones(3)
+    for values in ((2.0, 1.0), (2.0, 1.0), (3.0, 1.0), (3.0, 1.0, 4.0), (3.0, 1.0, 4.0)):
+        torch.testing.assert_close(jf(x, Scales(*values)), f(x, Scales(*values)))
+    assert thunder_rs.cache_misses(jf) == 3
+    for values in ({"a": 1.0}, {"b": 1.0}, {"a": 2.0}, {"b": 3.0}):
+        torch.testing.assert_close(jg(x, ScaleMap(**values)), g(x, ScaleMap(**values)))
+    assert thunder_rs.cache_misses(jg) == 4  # by identity: the mixin's reads are not seen
 
 
 def test_a_module_list_attribute_changed_in_place_between_calls():

@@ -9,6 +9,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.state.guards import freeze, is_simple
+from thunder_rs.core.state.observe import interesting
 from thunder_rs.core.lang.recorder import refuse_unlike_strided
 
 from thunder_rs.core.lang.autocast import state as autocast_state
@@ -92,13 +93,22 @@ _OPAQUE_READS = ("__getitem__", "__iter__", "__len__", "__contains__", "__call__
 _attribute_types: dict = {}
 
 
+def _observed(method) -> bool:
+    """Whether a call of ``method`` is seen by the observer with the reads its body makes: a
+    Python function of the program or another library, not C code and not torch's or the
+    standard library's (``collections.abc``'s mixins read through ``__getitem__`` unseen)."""
+    return type(method) is types.FunctionType and interesting(method.__code__)
+
+
 def _read_by_attributes(x) -> bool:
-    """Whether the program can read ``x`` only through attributes (a config object, a dataclass),
+    """Whether the program can read ``x`` only through attributes (a config object, a dataclass,
+    a KV cache whose ``__getitem__`` and ``__len__`` are Python methods reading its attributes),
     which the observer guards; decided once per type."""
     t = type(x)
     known = _attribute_types.get(t)
     if known is None:
-        known = _attribute_types[t] = not any(m in vars(c) for c in t.__mro__[:-1] for m in _OPAQUE_READS)
+        opaque = (c.__dict__[m] for c in t.__mro__[:-1] for m in _OPAQUE_READS if m in c.__dict__)
+        known = _attribute_types[t] = all(_observed(method) for method in opaque)
     return known and isinstance(getattr(x, "__dict__", None), dict)
 
 
