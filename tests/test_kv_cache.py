@@ -144,9 +144,10 @@ def test_greedy_decoding_with_the_returned_cache_matches_eager(name):
 
 
 def test_compiled_entries_keep_no_finished_cache_alive():
-    # A cache is in the key by identity; the stored keys hold it weakly, so a decode's cache (and
-    # the tensors of its layers) is freed when the program drops it, and the next miss drops the
-    # entries keyed by it, as eager frees it. Held strongly, 128 entries kept up to 128 caches.
+    # A compiled entry must not keep a decode's cache (and the tensors of its layers) alive: it is
+    # freed when the program drops it, as eager frees it (held by entries, 128 of them kept up to
+    # 128 caches). A cache is keyed by its type, its layers guarded through their paths: a new
+    # cache reuses the entries of the first.
     import gc  # noqa: PLC0415
     import weakref  # noqa: PLC0415
 
@@ -160,9 +161,9 @@ def test_compiled_entries_keep_no_finished_cache_alive():
     gc.collect()
     assert [ref() for ref in caches] == [None, None, None]
     stats = thunder_rs.compile_stats(jmodel)
-    # The prompt compiles once; the first decode step of each cache once (keyed by the cache), the
-    # first cache's second step with the cache's length symbolic, which the later caches' use.
-    assert (stats.cache_misses, stats.cache_hits) == (5, 4) and len(jmodel._jfn._variants) < 5
+    # The prompt, the first decode step, and the first cache's second step with the cache's length
+    # symbolic, which the later caches use (each cache compiled its first step before).
+    assert (stats.cache_misses, stats.cache_hits) == (3, 6) and len(jmodel._jfn._variants) < 5
     tokens, _, _ = decode(jmodel, model, prompt(0), steps=2)
     torch.testing.assert_close(tokens, decode(model, model, prompt(0), steps=2)[0])
 
@@ -219,6 +220,23 @@ def test_generate_on_a_jitted_module_runs_compiled_forwards(name):
     with torch.no_grad():
         model(**padded_prompt())
     assert thunder_rs.compile_stats(jmodel).calls == GENERATE["max_new_tokens"]
+
+
+def test_generate_again_reuses_the_compiled_forwards():
+    # Each generate makes a new cache: keyed by its type and guarded through its layers' paths,
+    # it runs the entries the first generate compiled (it compiled twice more per generate when
+    # the cache was keyed by identity).
+    model = tiny("llama")
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for seed in (1, 2, 3):
+        ids = prompt(seed)
+        mask = torch.ones_like(ids)
+        mask[0, :seed] = 0
+        expected = eager.generate(input_ids=ids, attention_mask=mask, **GENERATE)
+        torch.testing.assert_close(jmodel.generate(input_ids=ids, attention_mask=mask, **GENERATE), expected)
+    stats = thunder_rs.compile_stats(jmodel)
+    assert (stats.calls, stats.cache_misses) == (3 * GENERATE["max_new_tokens"], 3)
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gpt2"])

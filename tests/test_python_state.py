@@ -752,6 +752,52 @@ def test_a_fresh_argument_read_through_its_own_python_methods_each_call():
     assert thunder_rs.cache_misses(jg) == 4  # by identity: the mixin's reads are not seen
 
 
+class Layer:
+    def __init__(self, scale, keys):
+        self.scale, self.keys = scale, keys
+
+
+class ShiftedLayer(Layer):
+    pass
+
+
+class Layers:
+    def __init__(self, *layers):
+        self.layers = list(layers)
+
+
+def test_a_fresh_argument_holding_its_objects_in_a_list_each_call():
+    # A new holder each call (a new KV cache): its list of layers is compared by type and length,
+    # each layer guarded whole through its path (``h.layers[1].scale``): the same values reuse the
+    # trace, another value, another length or another layer type compiles again.
+    def f(x, h):
+        for layer in h.layers:
+            x = x * layer.scale + layer.keys.sum()
+            if isinstance(layer, ShiftedLayer):
+                x = x - 1
+        return x
+
+    jf, x = thunder_rs.jit(f), torch.ones(3)
+
+    def holder(scales, kinds=None):
+        kinds = kinds or [Layer] * len(scales)
+        return Layers(*(kind(s, torch.full((2,), s)) for kind, s in zip(kinds, scales)))
+
+    calls = [
+        holder([2.0, 3.0]),
+        holder([2.0, 3.0]),
+        holder([2.0, 4.0]),
+        holder([2.0, 4.0, 5.0]),
+        holder([2.0, 4.0], [Layer, ShiftedLayer]),
+        holder([2.0, 4.0]),
+    ]
+    for h in calls:
+        torch.testing.assert_close(jf(x, h), f(x, h))
+    stats = thunder_rs.compile_stats(jf)
+    assert (stats.cache_misses, stats.cache_hits) == (4, 2)
+    assert "h.layers[1].scale changed from 3.0 to 4.0" in stats.miss_reasons[1]
+
+
 def test_a_module_list_attribute_changed_in_place_between_calls():
     # list.append does not go through nn.Module.__setattr__: the list is compared on every call.
     class Skipping(nn.Module):

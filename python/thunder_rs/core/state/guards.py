@@ -376,7 +376,15 @@ class Guard:
     """A value the program read by ``name`` from ``source``: holds while it is still ``expected``
     (equal for simple values, the same object for others)."""
 
-    def __init__(self, source: Source, name: str, expected, origin: str, held: frozenset = frozenset()):
+    def __init__(
+        self,
+        source: Source,
+        name: str,
+        expected,
+        origin: str,
+        held: frozenset = frozenset(),
+        reached: frozenset = frozenset(),
+    ):
         self.source, self.name, self.expected = source, name, expected
         #: ``file:line`` of the code that read the value, for miss reasons.
         self.origin = origin
@@ -390,8 +398,15 @@ class Guard:
         # Tensors a list or dict of an argument object holds are read per call (``held``, by id):
         # any tensor may take their place, whose metadata a ``TensorGuard`` checks.
         self.same_items = _same_items
-        if self.items is not None and held:
-            self.items = tuple(ANY_TENSOR if id(x) in held else x for x in self.items)
+        # Objects such a container holds that are guarded whole through their own path in each
+        # call's arguments (``reached``, by id: ``cache.layers[0]``) may be other objects of
+        # their type. The container is then compared by type and items, not identity: a new
+        # call's argument (``generate``'s new KV cache) holds new lists.
+        self.fresh = bool(held or reached) and self.items is not None
+        if self.fresh:
+            self.items = tuple(
+                ANY_TENSOR if id(x) in held else _SameType(type(x)) if id(x) in reached else x for x in self.items
+            )
             self.same_items = _same_held_items
 
     @property
@@ -406,13 +421,15 @@ class Guard:
 
     def holds(self, flat) -> bool:
         value = self.read(flat)
+        if self.fresh:
+            return type(value) is type(self.expected) and self.same_items(value, self.items)
         if self.by_identity:
             return value is self.expected and (self.items is None or self.same_items(value, self.items))
         return is_simple(value) and freeze(value) == self.frozen
 
     def describe(self, flat) -> str:
         now = self.read(flat)
-        if self.items is not None and now is self.expected:
+        if self.items is not None and (now is self.expected or (self.fresh and type(now) is type(self.expected))):
             return f"the contents of {self.source.describe(self.name)} changed (read at {self.origin})"
         expected = _thawed(self.frozen) if self.frozen is not None else self.expected
         return (
@@ -424,6 +441,9 @@ class Guard:
         """A Python expression that is True while the guard holds."""
         read = f"{self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)"
         expected = self.expected
+        if self.fresh:
+            scope[f"e{index}"], scope[f"i{index}"], scope[f"f{index}"] = type(expected), self.items, self.same_items
+            return f"(type(v := {read}) is e{index} and f{index}(v, i{index}))"
         if self.by_identity:
             scope[f"e{index}"] = expected
             if self.items is None:
@@ -600,11 +620,29 @@ def _same_items(container, members: tuple) -> bool:
 ANY_TENSOR = type("AnyTensor", (), {"__repr__": lambda self: "<any tensor>"})()
 
 
+class _SameType:
+    """Stands for an object among a container's items that is guarded through its own path:
+    matches any object of exactly its type (``Guard``'s ``reached``)."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, t: type):
+        self.type = t
+
+    def __repr__(self):
+        return f"<any {self.type.__name__}>"
+
+
 def _same_held_items(container, members: tuple) -> bool:
-    """``_same_items``, where ``ANY_TENSOR`` among ``members`` matches any tensor."""
+    """``_same_items``, where ``ANY_TENSOR`` among ``members`` matches any tensor, a
+    ``_SameType`` any object of its type, and a string or int an equal one."""
     now = _members(container)
     return len(now) == len(members) and all(
-        a is b or (b is ANY_TENSOR and isinstance(a, torch.Tensor)) for a, b in zip(now, members)
+        a is b
+        or (b is ANY_TENSOR and isinstance(a, torch.Tensor))
+        or (type(b) is _SameType and type(a) is b.type)
+        or (type(b) in (str, int) and type(a) is type(b) and a == b)  # a new dict's keys
+        for a, b in zip(now, members)
     )
 
 

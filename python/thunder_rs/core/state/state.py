@@ -9,7 +9,9 @@ covered too; an argument object, new each call, is guarded on the attributes rea
 
 An object reached from an argument through a list or dict (``cache.layers[0]``, see
 ``core.reached``) is guarded whole too, through its path in each call's arguments: the observer
-follows attribute chains, not loops over containers, so it may miss reads of it. A tensor an
+follows attribute chains, not loops over containers, so it may miss reads of it. The list or
+dict holding it is then compared by type and items, such an object matching any object of its
+type (a new call's cache holds new layers, each guarded through its path). A tensor an
 argument object holds is read anew on every call (``reached.ArgumentTensor``): its guard is on
 its metadata, not on the tensor.
 
@@ -98,7 +100,7 @@ class ProgramState:
         held = self._argument_tensors.get(id(value)) if isinstance(value, torch.Tensor) else None
         if held is not None:
             return TensorGuard(source, name, held.meta, origin, held.symbolic)
-        return Guard(source, name, value, origin, self._held_items(value))
+        return Guard(source, name, value, origin, self._held_items(value), self._reached_items(value))
 
     def _held_items(self, value) -> frozenset:
         """The ids of the tensors among the items of ``value`` (a list or dict) that are read per
@@ -111,6 +113,14 @@ class ProgramState:
             *(id(a.stand_in) for a in self._argument_tensors.values() if a.stand_in is not None),
         }
         return frozenset(id(x) for x in (value.values() if type(value) is dict else value) if id(x) in held)
+
+    def _reached_items(self, value) -> frozenset:
+        """The ids of the objects among the items of ``value`` (a list or dict) that are guarded
+        whole through their path in each call's arguments (``core.reached``)."""
+        if type(value) not in (list, dict):
+            return frozenset()
+        items = value.values() if type(value) is dict else value
+        return frozenset(id(x) for x in items if (known := self._objects.get(id(x))) is not None and known.whole)
 
     def guard_held(self, held, origin: str, guards: dict) -> None:
         """Guards the metadata of an argument object's tensor read per call (``held``)."""
