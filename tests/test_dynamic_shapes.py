@@ -52,6 +52,47 @@ def test_dynamic_false_compiles_per_size_and_true_from_the_first_call():
         thunder_rs.jit(softmax_rows, dynamic="auto")
 
 
+def test_slices_of_a_fixed_buffer_stay_symbolic():
+    # A strided input whose strides do not change with its sizes (``buf[:, :T]``, a preallocated
+    # cache read up to its length): its length is symbolic too, with eager's results and gradients.
+    def f(x, w):
+        return (x.transpose(0, 1) @ w).softmax(-1).sum(0) + x.reshape(-1)[:3].sum()
+
+    buf, w = torch.randn(4, 64, dtype=torch.float64, requires_grad=True), torch.randn(4, 3, dtype=torch.float64)
+    jf = thunder_rs.jit(f)
+    for n in [5, 7, 9, 64, 13, 30]:
+        (actual,) = torch.autograd.grad(jf(buf[:, :n], w).sum(), buf)
+        (expected,) = torch.autograd.grad(f(buf[:, :n], w).sum(), buf)
+        torch.testing.assert_close(actual, expected)
+    assert misses(jf) == 3  # 5, then 7 symbolic (serving 9, 13, 30); 64 is contiguous
+
+
+def test_a_strided_view_decided_at_one_size_is_not_reused_where_eager_decides_otherwise():
+    # Dims 0 and 1 of buf[:, :T, :8] (buf of 4x128x16) merge into a view only at T = 128, where
+    # the slice is still not contiguous (the same strides at every T): the entry traced there
+    # must not serve other lengths, where eager refuses the view and ``reshape`` copies.
+    def viewed(x):
+        return x.view(-1, 8)
+
+    def reshaped(x):
+        y = x.reshape(-1, 8)
+        y.mul_(2)  # writes through to x where reshape viewed
+        return x.sum()
+
+    buf = torch.randn(4, 128, 16)
+    jv, jr = thunder_rs.jit(viewed, dynamic=True), thunder_rs.jit(reshaped, dynamic=True)
+    torch.testing.assert_close(jv(buf[:, :128, :8]), viewed(buf[:, :128, :8]))
+    for n in [100, 50]:
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            viewed(buf[:, :n, :8])
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            jv(buf[:, :n, :8])
+    for n in [128, 100, 50, 128]:
+        eager_buf, jit_buf = buf.clone(), buf.clone()
+        torch.testing.assert_close(jr(jit_buf[:, :n, :8]), reshaped(eager_buf[:, :n, :8]))
+        torch.testing.assert_close(jit_buf, eager_buf)
+
+
 def test_sizes_0_and_1_stay_constant():
     jf = thunder_rs.jit(lambda x: (x * 2).sum(0), dynamic=True)
     for n in [4, 1, 0, 6, 1]:

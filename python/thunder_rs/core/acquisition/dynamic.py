@@ -2,9 +2,9 @@
 serves a call whose sizes it was not compiled for.
 
 As torch.compile does, a function is compiled for the sizes of its first call. When a later call
-misses the cache and its key differs from an earlier one only in sizes of contiguous tensor
-arguments (same dtypes, devices, ranks, everything else), those dims become symbolic in the next
-compile (``jit(dynamic=None)``, the default); ``dynamic=True`` makes every dim of the tensor
+misses the cache and its key differs from an earlier one only in sizes of tensor arguments (same
+dtypes, devices, ranks, strides where not contiguous, everything else), those dims become
+symbolic in the next compile (``jit(dynamic=None)``, the default); ``dynamic=True`` makes every dim of the tensor
 arguments symbolic from the first compile, ``dynamic=False`` never. Sizes 0 and 1 stay constant:
 programs branch on them (broadcasting, squeezing), so a call with such a size compiles for it.
 
@@ -36,8 +36,8 @@ def _is_tensor_key(k) -> bool:
 
 def changed_dims(old_key, new_key) -> list | None:
     """The ``(flat position, dim)`` of the sizes that differ between two cache keys otherwise
-    equal, where those tensors are contiguous (a strided tensor's strides change with its sizes);
-    None when anything else differs."""
+    equal (a strided tensor's strides too: a slice of a fixed buffer, ``buf[:, :T]``, keeps them
+    while a transpose's change with its sizes); None when anything else differs."""
     if type(old_key) is not tuple or len(old_key) != len(new_key) or old_key[0] != new_key[0]:
         return None
     if old_key[2:] != new_key[2:] or len(old_key[1]) != len(new_key[1]):
@@ -48,7 +48,7 @@ def changed_dims(old_key, new_key) -> list | None:
             continue
         if not (_is_tensor_key(a) and _is_tensor_key(b)) or a[:2] != b[:2] or a[3] != b[3]:
             return None
-        if a[4] is not True or b[4] is not True or len(a[2]) != len(b[2]):
+        if a[4] != b[4] or len(a[2]) != len(b[2]):
             return None
         changed.extend((i, d) for d, (x, y) in enumerate(zip(a[2], b[2])) if x != y)
     return changed
@@ -67,8 +67,8 @@ def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
             if changed:
                 marked.update(changed)
         dims = marked
-    contiguous = {i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.is_contiguous()}
-    return tuple(sorted((i, d) for i, d in dims if i in contiguous and flat[i].shape[d] >= 2))
+    tensors = {i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)}
+    return tuple(sorted((i, d) for i, d in dims if i in tensors and flat[i].shape[d] >= 2))
 
 
 class HeldDim(NamedTuple):
@@ -180,7 +180,24 @@ class SymbolicEntry:
 
     def serves(self, key, flat) -> bool:
         changed = changed_dims(self.key, key)
-        return changed is not None and self.dims.issuperset(changed) and self.check(flat)
+        return (
+            changed is not None
+            and self.dims.issuperset(changed)
+            and all(_chunks(self.key[1][i]) == _chunks(key[1][i]) for i in {i for i, _ in changed})
+            and self.check(flat)
+        )
+
+
+def _chunks(tensor_key) -> frozenset | None:
+    """For a strided tensor's key, the pairs of dims ``(i, j)`` where dim ``i`` steps over all of
+    dim ``j`` (``stride[i] == size[j] * stride[j]``): what decides whether a view may merge dims,
+    whether ``reshape`` views or copies, and whether the tensor is contiguous in some order. A
+    trace of a strided tensor decided those at its sizes then (None: contiguous)."""
+    shape, strides = tensor_key[2], tensor_key[4]
+    if strides is True:
+        return None
+    n = len(shape)
+    return frozenset((i, j) for i in range(n) for j in range(n) if i != j and strides[i] == shape[j] * strides[j])
 
 
 def symbolic_entry(entry, key, acquired, traces, backward_traces) -> SymbolicEntry | None:

@@ -18,6 +18,8 @@ from collections.abc import MutableMapping
 
 import torch
 
+from thunder_rs.core.state.items import ANY_TENSOR, MUTABLE, SameType, members, same_held_items, same_items
+
 #: Stands for "no such attribute" in guard checks.
 MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
 
@@ -393,11 +395,11 @@ class Guard:
         self.frozen = None if self.by_identity else freeze(self.expected)
         # A list, dict or set changes in place, which no write counter sees: checked on every
         # call; one of objects compares its items by identity with a copy of them.
-        self.mutable = type(self.expected) in _MUTABLE
-        self.items = _members(self.expected) if self.mutable and self.by_identity else None
+        self.mutable = type(self.expected) in MUTABLE
+        self.items = members(self.expected) if self.mutable and self.by_identity else None
         # Tensors a list or dict of an argument object holds are read per call (``held``, by id):
         # any tensor may take their place, whose metadata a ``TensorGuard`` checks.
-        self.same_items = _same_items
+        self.same_items = same_items
         # Objects such a container holds that are guarded whole through their own path in each
         # call's arguments (``reached``, by id: ``cache.layers[0]``) may be other objects of
         # their type. The container is then compared by type and items, not identity: a new
@@ -405,9 +407,9 @@ class Guard:
         self.fresh = bool(held or reached) and self.items is not None
         if self.fresh:
             self.items = tuple(
-                ANY_TENSOR if id(x) in held else _SameType(type(x)) if id(x) in reached else x for x in self.items
+                ANY_TENSOR if id(x) in held else SameType(type(x)) if id(x) in reached else x for x in self.items
             )
-            self.same_items = _same_held_items
+            self.same_items = same_held_items
 
     @property
     def per_call(self) -> bool:
@@ -600,52 +602,6 @@ class NamesGuard:
         return f"{self.source.code(f'm{index}', scope)}.keys() == e{index}"
 
 
-_MUTABLE = (list, dict, set)
-
-
-def _members(container) -> tuple:
-    """A container's elements (a dict's keys and values, in order)."""
-    if type(container) is dict:
-        return tuple(x for item in container.items() for x in item)
-    return tuple(container)
-
-
-def _same_items(container, members: tuple) -> bool:
-    """Whether ``container`` holds the very objects ``members`` (compared by identity)."""
-    now = _members(container)
-    return len(now) == len(members) and all(map(operator.is_, now, members))
-
-
-#: Stands for a tensor read per call among a container's items (``Guard``'s ``held``).
-ANY_TENSOR = type("AnyTensor", (), {"__repr__": lambda self: "<any tensor>"})()
-
-
-class _SameType:
-    """Stands for an object among a container's items that is guarded through its own path:
-    matches any object of exactly its type (``Guard``'s ``reached``)."""
-
-    __slots__ = ("type",)
-
-    def __init__(self, t: type):
-        self.type = t
-
-    def __repr__(self):
-        return f"<any {self.type.__name__}>"
-
-
-def _same_held_items(container, members: tuple) -> bool:
-    """``_same_items``, where ``ANY_TENSOR`` among ``members`` matches any tensor, a
-    ``_SameType`` any object of its type, and a string or int an equal one."""
-    now = _members(container)
-    return len(now) == len(members) and all(
-        a is b
-        or (b is ANY_TENSOR and isinstance(a, torch.Tensor))
-        or (type(b) is _SameType and type(a) is b.type)
-        or (type(b) in (str, int) and type(a) is type(b) and a == b)  # a new dict's keys
-        for a, b in zip(now, members)
-    )
-
-
 def module_structure(module) -> tuple:
     """The identities of a module's submodules, parameters and buffers, by name."""
     d = module.__dict__
@@ -781,7 +737,7 @@ def compile_check(guards: list[Guard]):
         "_simple": is_simple,
         "_structure": module_structure,
         "_same_attributes": _same_attributes,
-        "_same_items": _same_items,
+        "_same_items": same_items,
         "_attributes": attributes_of,
         "_read_meta": _read_meta,
         "_read_masked": _read_masked,

@@ -1,0 +1,53 @@
+"""How a guard compares the items of a list, dict or set the program read (``guards.Guard``):
+by identity, save tensors read per call and objects guarded through their own paths, which
+other tensors and other objects of the type may replace."""
+
+import operator
+
+import torch
+
+#: Containers that change in place, which no write counter sees: their guards check every call.
+MUTABLE = (list, dict, set)
+
+
+def members(container) -> tuple:
+    """A container's elements (a dict's keys and values, in order)."""
+    if type(container) is dict:
+        return tuple(x for item in container.items() for x in item)
+    return tuple(container)
+
+
+def same_items(container, expected: tuple) -> bool:
+    """Whether ``container`` holds the very objects ``expected`` (compared by identity)."""
+    now = members(container)
+    return len(now) == len(expected) and all(map(operator.is_, now, expected))
+
+
+#: Stands for a tensor read per call among a container's items (``Guard``'s ``held``).
+ANY_TENSOR = type("AnyTensor", (), {"__repr__": lambda self: "<any tensor>"})()
+
+
+class SameType:
+    """Stands for an object among a container's items that is guarded through its own path:
+    matches any object of exactly its type (``Guard``'s ``reached``)."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, t: type):
+        self.type = t
+
+    def __repr__(self):
+        return f"<any {self.type.__name__}>"
+
+
+def same_held_items(container, expected: tuple) -> bool:
+    """``same_items``, where ``ANY_TENSOR`` among ``expected`` matches any tensor, a
+    ``SameType`` any object of its type, and a string or int an equal one."""
+    now = members(container)
+    return len(now) == len(expected) and all(
+        a is b
+        or (b is ANY_TENSOR and isinstance(a, torch.Tensor))
+        or (type(b) is SameType and type(a) is b.type)
+        or (type(b) in (str, int) and type(a) is type(b) and a == b)  # a new dict's keys
+        for a, b in zip(now, expected)
+    )
