@@ -93,6 +93,27 @@ def test_a_strided_view_decided_at_one_size_is_not_reused_where_eager_decides_ot
         torch.testing.assert_close(jit_buf, eager_buf)
 
 
+def test_dims_marked_with_torchs_own_calls():
+    # mark_dynamic (and maybe_mark_dynamic): symbolic from the first call; mark_static: constant
+    # even where every dim is symbolic (dynamic=True).
+    w = torch.randn(4, 4)
+    marked, weak, pinned = (
+        thunder_rs.jit(softmax_rows),
+        thunder_rs.jit(softmax_rows),
+        thunder_rs.jit(softmax_rows, dynamic=True),
+    )
+    for n in [3, 5, 7]:
+        x, y, z = torch.randn(n, 4), torch.randn(n, 4), torch.randn(n, 4)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.maybe_mark_dynamic(y, 0)
+        torch._dynamo.mark_static(z, 0)
+        torch.testing.assert_close(marked(x, w), softmax_rows(x, w))
+        torch.testing.assert_close(weak(y, w), softmax_rows(y, w))
+        torch.testing.assert_close(pinned(z, w), softmax_rows(z, w))
+    assert (misses(marked), misses(weak), misses(pinned)) == (1, 1, 3)
+    assert symbolic(marked)[0].dims == {(0, 0)}
+
+
 def test_sizes_0_and_1_stay_constant():
     jf = thunder_rs.jit(lambda x: (x * 2).sum(0), dynamic=True)
     for n in [4, 1, 0, 6, 1]:

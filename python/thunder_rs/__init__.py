@@ -125,7 +125,9 @@ def jit(
     ``dynamic`` says which sizes of tensor arguments are traced as symbolic, so that one compile
     serves calls of other sizes: None (the default) those seen to change between calls (as
     torch.compile's automatic dynamic shapes), True all from the first call, False none (a
-    compile per size). Sizes 0 and 1 are never symbolic.
+    compile per size). As for torch.compile, ``torch._dynamo.mark_dynamic(x, dim)`` makes a dim
+    symbolic from the first call and ``torch._dynamo.mark_static(x, dim)`` keeps it constant.
+    Sizes 0 and 1 are never symbolic.
     """
     check_options(unknown)
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):

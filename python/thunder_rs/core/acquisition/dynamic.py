@@ -5,7 +5,9 @@ As torch.compile does, a function is compiled for the sizes of its first call. W
 misses the cache and its key differs from an earlier one only in sizes of tensor arguments (same
 dtypes, devices, ranks, strides where not contiguous, everything else), those dims become
 symbolic in the next compile (``jit(dynamic=None)``, the default); ``dynamic=True`` makes every dim of the tensor
-arguments symbolic from the first compile, ``dynamic=False`` never. Sizes 0 and 1 stay constant:
+arguments symbolic from the first compile, ``dynamic=False`` never. Dims marked with torch's own
+``torch._dynamo.mark_dynamic`` (or ``maybe_mark_dynamic``) are symbolic from the first compile in
+the default mode, dims marked with ``mark_static`` never. Sizes 0 and 1 stay constant:
 programs branch on them (broadcasting, squeezing), so a call with such a size compiles for it.
 
 An entry compiled with symbolic sizes (``SymbolicEntry``) serves a later call whose key differs
@@ -59,16 +61,25 @@ def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
     ``marked`` (updated) holds those an earlier compile saw change."""
     if mode is False:
         return ()
+    tensors = {i: x for i, x in enumerate(flat) if isinstance(x, torch.Tensor)}
     if mode is True:
-        dims = {(i, d) for i, x in enumerate(flat) if isinstance(x, torch.Tensor) for d in range(x.dim())}
+        dims = {(i, d) for i, x in tensors.items() for d in range(x.dim())}
     else:
         for old in earlier_keys:
             changed = changed_dims(old, key)
             if changed:
                 marked.update(changed)
+        marked.update(_marked_by_torch(tensors, "_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices"))
         dims = marked
-    tensors = {i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)}
-    return tuple(sorted((i, d) for i, d in dims if i in tensors and flat[i].shape[d] >= 2))
+    static = _marked_by_torch(tensors, "_dynamo_static_indices")
+    return tuple(sorted((i, d) for i, d in dims if i in tensors and flat[i].shape[d] >= 2 and (i, d) not in static))
+
+
+def _marked_by_torch(tensors: dict, *marks: str) -> set:
+    """The ``(flat position, dim)`` marked on the tensors by torch's own calls for torch.compile:
+    ``torch._dynamo.mark_dynamic`` and ``maybe_mark_dynamic`` (symbolic from the first compile),
+    ``mark_static`` (never symbolic)."""
+    return {(i, d) for i, x in tensors.items() for mark in marks for d in getattr(x, mark, ()) if d < x.dim()}
 
 
 class HeldDim(NamedTuple):
