@@ -35,6 +35,9 @@ def test_a_changing_length_compiles_once_more():
         x = torch.randn(n, 4)
         torch.testing.assert_close(jf(x, w), softmax_rows(x, w))
     assert misses(jf) == 2
+    assert thunder_rs.compile_stats(jf).miss_reasons[1] == (
+        "x: shape torch.Size([3, 4]) -> torch.Size([5, 4]); compiled with symbolic sizes x.shape[0]"
+    )
     (entry,) = symbolic(jf)
     assert entry.dims == {(0, 0)}
     assert '"size 5"' in entry.entry.source, entry.entry.source

@@ -153,6 +153,20 @@ def with_sizes(fn, readers, captured: tuple = ()):
     return scope["call"]
 
 
+def symbolic_labels(sizes, names: list) -> str:
+    """The symbolic sizes of a compile as the user names them (``x.shape[1]``,
+    ``cache.layers[0].keys.shape[2]``), for its miss reason; ``names`` labels flat inputs."""
+    labels = [
+        f"{at.source.label}.{at.name}.shape[{at.dim}]"
+        if type(at) is HeldDim and isinstance(at.name, str)
+        else f"{at.source.label}[{at.name!r}].shape[{at.dim}]"
+        if type(at) is HeldDim
+        else f"{names[at[0]]}.shape[{at[1]}]"
+        for at in sizes
+    ]
+    return ", ".join(labels)
+
+
 def size_read(at, scope: dict) -> str:
     """An expression for the size at ``at`` (``(flat position, dim)`` or ``HeldDim``) in a call's
     flat inputs ``flat``; binds what it uses in ``scope``."""

@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, size_readers, symbolic_entry
-from thunder_rs.core.acquisition.dynamic import wanted_held, wanted_sizes, with_sizes
+from thunder_rs.core.acquisition.dynamic import symbolic_labels, wanted_held, wanted_sizes, with_sizes
 from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.autograd import grad_function
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
@@ -565,6 +565,10 @@ class ThunderFunction:
         self._record_miss(
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )
+        if acquired.sizes:
+            labels = symbolic_labels(acquired.sizes, names[0])
+            shared = f" (and {len(acquired.shared_sizes)} sizes equal to them)" if acquired.shared_sizes else ""
+            self._stats.miss_reasons[-1] += f"; compiled with symbolic sizes {labels}{shared}"
         self._insert(key, entry)
         if symbolic is not None:
             self._symbolic.append(symbolic)
