@@ -117,6 +117,62 @@ def test_dims_marked_with_torchs_own_calls():
     assert symbolic(marked)[0].dims == {(0, 0)}
 
 
+def test_a_symbolic_size_is_an_int_to_the_program():
+    # In eager a size is an int: a program asking so takes the same branch when it is symbolic.
+    def f(x):
+        n = x.shape[0]
+        return x * 2 if isinstance(n, int) and not isinstance(n, (bool, float)) else x
+
+    jf = thunder_rs.jit(f, dynamic=True)
+    for n in [3, 5]:
+        x = torch.randn(n)
+        torch.testing.assert_close(jf(x), f(x))
+
+
+class Window:
+    """A cache that counts the tokens it saw in a Python int and keeps the last few, as Gemma-2's
+    sliding layers do."""
+
+    def __init__(self, size):
+        self.size, self.seen, self.keys = size, 0, torch.zeros(1, 0, 4)
+
+    def twin(self):
+        other = Window(self.size)
+        other.seen, other.keys = self.seen, self.keys.clone()
+        return other
+
+
+def window_step(x, cache):
+    positions = torch.arange(cache.seen, cache.seen + x.shape[1])
+    cache.seen += x.shape[1]
+    keys = torch.cat([cache.keys, x], 1)
+    cache.keys = keys[:, -cache.size :]
+    offset = max(cache.seen - cache.size, 0)
+    late = 2.0 if cache.seen > 9 else 1.0
+    return keys.sum(1) * late + positions.float().sum() + offset, cache.seen
+
+
+def test_an_int_a_cache_counts_with_is_a_size_once_seen_changing():
+    # The count (an int attribute set one higher each step) becomes a size input: the step's
+    # positions and offset are computed from it, the count it sets is that call's, a branch on it
+    # is guarded (recompiles when it flips).
+    jf = thunder_rs.jit(window_step)
+    compiled, eager = Window(4), Window(4)
+    prompt = torch.randn(1, 5, 4)
+    for step in range(10):
+        x = prompt if step == 0 else torch.randn(1, 1, 4)
+        (actual, seen), (expected, eager_seen) = jf(x, compiled), window_step(x, eager)
+        torch.testing.assert_close(actual, expected)
+        assert seen == eager_seen == compiled.seen == eager.seen
+        torch.testing.assert_close(compiled.keys, eager.keys)
+    stats = thunder_rs.compile_stats(jf)
+    # the prompt; a step; the count seen changing (symbolic); the branch at 10
+    assert stats.cache_misses == 4, stats.miss_reasons
+    assert "cache.seen changed from 5 to 6" in stats.miss_reasons[2]
+    assert "fail a guard of the trace (-t1 + 8 >= 0" in stats.miss_reasons[3]
+    assert "cache.seen" in stats.miss_reasons[2].split("compiled with symbolic sizes")[1]
+
+
 def test_sizes_0_and_1_stay_constant():
     jf = thunder_rs.jit(lambda x: (x * 2).sum(0), dynamic=True)
     for n in [4, 1, 0, 6, 1]:
@@ -492,7 +548,7 @@ def test_a_cache_of_user_objects_grown_by_cat_compiles_few_times_with_eager_grad
         torch.testing.assert_close(got, expected)
     # length 3 (static), 4 (symbolic, n <= 7 guarded: serves 5, 6), 7 (n > 7: symbolic again).
     assert misses(jm) == 3, thunder_rs.compile_stats(jm).miss_reasons
-    assert "the sizes read from argument objects' tensors" in thunder_rs.compile_stats(jm).miss_reasons[2]
+    assert "the sizes read from argument objects fail" in thunder_rs.compile_stats(jm).miss_reasons[2]
     assert all(not e.dims for e in symbolic(jm))  # no size of a flat input: all read from the cache
 
 

@@ -222,7 +222,8 @@ def arange(
     if dtypes.is_int(dtype) or (is_int(start) and is_int(step)):
         if int(step) == 0:  # a fractional step truncates to 0 for integer dtypes
             return prims.full((length,), int(start), device, dtype)
-        return prims.iota(length, int(start), int(step), device, dtype)
+        # A symbolic start stays symbolic (``arange(T, T + 2)``, positions after a cache's length).
+        return prims.iota(length, start if is_int(start) else int(start), int(step), device, dtype)
     index = prims.iota(length, 0, 1, device, torch.float64)
     return clang.maybe_convert(prims.add(prims.mul(index, float(step)), float(start)), dtype)
 

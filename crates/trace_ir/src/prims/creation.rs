@@ -18,7 +18,7 @@ declare_family! {
             { shape: Vec<Dim> = "shape", fill: Scalar = "fill_value", device: Device = "device", dtype: DType = "dtype" };
         /// `start, start + step, ...`, `length` values.
         Iota = "iota", Operands::Fixed(0),
-            { length: Dim = "length", start: i64 = "start", step: i64 = "step", device: Device = "device", dtype: DType = "dtype" };
+            { length: Dim = "length", start: Dim = "start", step: i64 = "step", device: Device = "device", dtype: DType = "dtype" };
         /// Uniform samples in `[low, high)` from torch's generator.
         Uniform = "uniform", Operands::Fixed(0),
             { shape: Vec<Dim> = "shape", low: Scalar = "minval", high: Scalar = "maxval", device: Device = "device", dtype: DType = "dtype" };

@@ -19,7 +19,7 @@ from thunder_rs.core.acquisition.effects import (
     recording_prints,
     stop_recording_prints,
 )
-from thunder_rs.core.acquisition.dynamic import HeldDim
+from thunder_rs.core.acquisition.dynamic import INT, HeldDim, HeldInt
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
@@ -33,7 +33,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.recorder import Captures, input_proxy, recording
-from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.core.lang import symint
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
@@ -79,6 +79,8 @@ class Acquired:
     shared_sizes: list = field(default_factory=list)
     #: ``check(env)`` callables the symbolic entry also passes (``observe.check_sizes``)
     size_checks: list = field(default_factory=list)
+    #: the ints argument objects hold that are sizes (``dynamic.HeldInt``): ``tail`` reads them last
+    ints: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -119,13 +121,12 @@ def _trace_program(
             # keeps: a copy per call, as eager makes them anew.
             out = _fresh(out, captures)
             out = _apart(out, inputs.args + inputs.params + captures.proxies)
-            # What every call writes again holds sizes as ints: such a size is specialised.
-            writes = [(holder, name, _ints(_fresh(value, captures))) for holder, name, value in writes]
+            # What every call writes again or prints holds sizes as that call's (``TracedValue``).
+            writes = [(holder, name, _fresh(value, captures)) for holder, name, value in writes]
             items = [
-                (source, key, _ints(_fresh(_held(value, reached, captures), captures)))
+                (source, key, _fresh(_held(value, reached, captures), captures))
                 for source, key, value in reached.item_writes()
             ]
-            prints[:] = [_ints(p) for p in prints]
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
@@ -153,11 +154,6 @@ def _apart(out, inputs: list):
         holders[leaves[i]._vid] = leaves[i]
         changed = True
     return tree_unflatten(leaves, spec) if changed else out
-
-
-def _ints(value):
-    """``value`` with each symbolic size specialised to an int (a guard)."""
-    return tree_map(lambda leaf: int(leaf) if type(leaf) is SymInt else leaf, value, is_leaf=is_size)
 
 
 def _held(value, reached: ArgumentObjects, captures: Captures):
@@ -242,7 +238,7 @@ def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeIn
         t = attributes.get(at.name) if attributes is not None else None
         if not isinstance(t, torch.Tensor) or not t.is_contiguous():
             continue
-        at.symbolic = frozenset(d for d in dims if d < t.dim() and t.shape[d] >= 2)
+        at.symbolic = frozenset(d for d in dims if type(d) is int and d < t.dim() and t.shape[d] >= 2)
         if not at.symbolic:
             continue
         index = first_input + len(captures.tensors)
@@ -250,6 +246,35 @@ def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeIn
         at.stand_in = attributes[at.name] = captures.proxy(t, sizes)
         placed.append((attributes, at, t))
     return placed
+
+
+def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs) -> list:
+    """Puts in place of each argument object's int marked symbolic (``dynamic.HeldInt``: a count
+    a KV cache keeps) a ``SymInt`` of a size input, so that the program computes with it as a
+    size and what it sets there (``count += 1``) is that call's. Returns what ``_put_back``
+    takes; the entry reads the ints in this order after its tensors."""
+    placed: list = []
+    holders = {source.key: (obj, source) for obj, source, _ in reached.objects}
+    for (key, name), dims in size_inputs.held.items():
+        found = holders.get(key) if INT in dims else None
+        attributes = attributes_of(found[0]) if found is not None else None
+        value = attributes.get(name) if attributes is not None else None
+        if type(value) is not int or value < 2:
+            continue
+        at = HeldInt(found[1], name, len(placed))
+        stand_in = symint.wrap(size_inputs.of(value, at))
+        attributes[name] = stand_in
+        placed.append((attributes, _PlacedInt(name, stand_in, at), value))
+    return placed
+
+
+@dataclass
+class _PlacedInt:
+    """An int ``_int_stand_ins`` replaced, as ``_put_back`` reads it."""
+
+    name: str
+    stand_in: object
+    at: HeldInt
 
 
 def _slots_of(holder):
@@ -294,6 +319,9 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
     # After the observer noted the argument objects' attributes: what the call found.
     placed = _stand_ins(reached, captures, size_inputs, len(positions) + len(params))
+    ints = _int_stand_ins(reached, size_inputs)
+    observer.state.symbolic_ints = {(id(attributes), p.name) for attributes, p, _ in ints}
+    placed += ints
     try:
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
@@ -398,6 +426,8 @@ def acquire(
     _check_no_escape(made, trace)  # first: a stored tensor is the more precise reason
     _check_guards_still_hold(guards, flat_inputs)
     fixed = [t for t in captured if isinstance(t, torch.Tensor)]
+    at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
+    ints = tuple(sorted((at for at in at_sizes if type(at) is HeldInt), key=lambda at: at.input))
     return Acquired(
         trace,
         list(rec.consts()),
@@ -410,11 +440,12 @@ def acquire(
         num_outputs,
         modules_called,
         writebacks,
-        captured_inputs(captured),
+        captured_inputs(captured, ints),
         [] if reads is None else reads.reads,
         size_inputs.sources,
         size_inputs.shared,
         size_checks,
+        ints,
     )
 
 

@@ -21,13 +21,18 @@ call fails only such guards, on sizes alone, those dims (``held_changes``, by th
 and the attribute's name) become symbolic in the next compile too: the program reads a proxy of
 symbolic sizes there, the guard leaves those dims out, and the entry checks its size guards on
 every call (``SizesGuard``), since the key does not see the sizes change.
+
+An int an argument object holds that a call finds changed (a count of tokens a KV cache keeps,
+Gemma-2's sliding layers' ``cumulative_length``) becomes a size input the same way (``HeldInt``):
+the program reads a ``SymInt`` there, what it sets there (``count += 1``) is written back with
+each call's value, and the entry reads it from that path on every call.
 """
 
 from typing import Any, NamedTuple
 
 import torch
 
-from thunder_rs.core.state.guards import MISSING, TensorGuard
+from thunder_rs.core.state.guards import MISSING, Guard, InputSource, TensorGuard
 
 _Size = torch.Size
 
@@ -93,6 +98,30 @@ class HeldDim(NamedTuple):
     input: int
 
 
+class HeldInt(NamedTuple):
+    """Where a symbolic size is read from an int an argument object holds: its attribute ``name``
+    at ``source`` (``guards.InputSource``); the entry takes it among its last inputs, the
+    ``input``-th of the ints after the tensors (``tail``). A count of tokens a KV cache keeps (Gemma-2's sliding layers'
+    ``cumulative_length``), which each step sets one higher."""
+
+    source: Any
+    name: str
+    input: int
+
+
+#: Marks, among ``held_changes``' dims, an int attribute (``HeldInt``) rather than a tensor's dim.
+INT = "int"
+
+
+def _int_changed(guard, flat) -> bool:
+    """Whether ``guard`` (failing) read an int of an argument object that is another int now,
+    both from 2 up (0 and 1 stay constant, as sizes do)."""
+    if type(guard) is not Guard or not isinstance(guard.source, InputSource) or type(guard.expected) is not int:
+        return False
+    now = guard.read(flat)
+    return type(now) is int and guard.expected >= 2 and now >= 2
+
+
 def held_changes(guards, flat) -> dict | None:
     """The dims of argument objects' tensors whose sizes alone make ``guards`` (an entry's
     ``Guards``) fail for the call of ``flat``: ``{(source key, name): dims}``; None when another
@@ -100,6 +129,9 @@ def held_changes(guards, flat) -> dict | None:
     changed: dict = {}
     for guard in (*guards.per_call, *guards.modules):
         if guard.holds(flat):
+            continue
+        if _int_changed(guard, flat):
+            changed.setdefault((guard.source.key, guard.name), set()).add(INT)
             continue
         if type(guard) is not TensorGuard:
             return None
@@ -129,8 +161,8 @@ def wanted_held(mode, failed, flat, marked: dict) -> dict:
 
 
 def has_held(acquired) -> bool:
-    """Whether some size input of ``acquired`` is read from an argument object's tensor."""
-    return any(type(at) is HeldDim for at in (*acquired.sizes, *(at for at, _ in acquired.shared_sizes)))
+    """Whether some size input of ``acquired`` is read from an argument object (a tensor's dim or an int)."""
+    return any(type(at) in (HeldDim, HeldInt) for at in (*acquired.sizes, *(at for at, _ in acquired.shared_sizes)))
 
 
 def size_readers(sizes, positions) -> list:
@@ -139,15 +171,22 @@ def size_readers(sizes, positions) -> list:
     tensors at ``positions`` (all flat inputs when None) first; a ``HeldDim`` names its input."""
     index = {p: k for k, p in enumerate(positions)} if positions is not None else None
     return [
-        (at.input, at.dim) if type(at) is HeldDim else (at[0] if index is None else index[at[0]], at[1]) for at in sizes
+        (at.input, at.dim)
+        if type(at) is HeldDim
+        else (at.input, None)
+        if type(at) is HeldInt
+        else (at[0] if index is None else index[at[0]], at[1])
+        for at in sizes
     ]
 
 
-def with_sizes(fn, readers, captured: tuple = ()):
+def with_sizes(fn, readers, captured: tuple = (), ints: int = 0):
     """``fn`` given, after the caller's inputs, the ``captured`` tensors and then the symbolic
-    sizes read from the inputs, as a trace with size inputs takes them (its last)."""
-    reads = ", ".join(f"inputs[{k}].shape[{d}]" for k, d in readers)
-    source = f"def call(*inputs):\n    return fn(*inputs, *captured, {reads})\n"
+    sizes read from the inputs, as a trace with size inputs takes them (its last). The last
+    ``ints`` inputs are ints argument objects hold (``HeldInt``), sizes themselves."""
+    reads = ", ".join(f"inputs[{k}].shape[{d}]" if d is not None else f"inputs[{k - ints}]" for k, d in readers)
+    passed = f"inputs[:-{ints}]" if ints else "inputs"
+    source = f"def call(*inputs):\n    return fn(*{passed}, *captured, {reads})\n"
     scope = {"fn": fn, "captured": captured}
     exec(compile(source, "<thunder_rs sizes>", "exec"), scope)
     return scope["call"]
@@ -157,7 +196,9 @@ def symbolic_labels(sizes, names: list) -> str:
     """The symbolic sizes of a compile as the user names them (``x.shape[1]``,
     ``cache.layers[0].keys.shape[2]``), for its miss reason; ``names`` labels flat inputs."""
     labels = [
-        f"{at.source.label}.{at.name}.shape[{at.dim}]"
+        f"{at.source.label}.{at.name}"
+        if type(at) is HeldInt
+        else f"{at.source.label}.{at.name}.shape[{at.dim}]"
         if type(at) is HeldDim and isinstance(at.name, str)
         else f"{at.source.label}[{at.name!r}].shape[{at.dim}]"
         if type(at) is HeldDim
@@ -172,6 +213,8 @@ def size_read(at, scope: dict) -> str:
     flat inputs ``flat``; binds what it uses in ``scope``."""
     if type(at) is HeldDim:
         return f"{at.source.code('', scope)}[{at.name!r}].shape[{at.dim}]"
+    if type(at) is HeldInt:
+        return f"{at.source.code('', scope)}[{at.name!r}]"
     return f"flat[{at[0]}].shape[{at[1]}]"
 
 
@@ -186,7 +229,7 @@ class SymbolicEntry:
 
     def __init__(self, entry, key, sources, shared, names, guards, checks=()):
         self.entry, self.key, self.guards = entry, key, tuple(guards)
-        self.dims = frozenset(at for at in (*sources, *(at for at, _ in shared)) if type(at) is not HeldDim)
+        self.dims = frozenset(at for at in (*sources, *(at for at, _ in shared)) if type(at) not in (HeldDim, HeldInt))
         scope: dict = {}
         binds = "".join(f"    {n} = {size_read(at, scope)}\n" for n, at in zip(names, sources))
         # 0 and 1 stay constant (see the module doc): a size is symbolic from 2 up. Sizes that
@@ -254,7 +297,7 @@ class SizesGuard:
 
     def describe(self, flat) -> str:
         guards = ", ".join(self.symbolic.guards)
-        return f"the sizes read from argument objects' tensors fail a guard of the trace ({guards})"
+        return f"the sizes read from argument objects fail a guard of the trace ({guards})"
 
     def term(self, index: int, scope: dict) -> str:
         scope[f"s{index}"] = self.symbolic.check

@@ -20,6 +20,7 @@ from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.acquisition.outputs import is_size
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
 
 _prints: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_prints", default=None)
@@ -64,9 +65,9 @@ def print_effects(prints: list, extras: list) -> list:
 
 
 class TracedValue:
-    """A Python value that may hold tensors the trace computed (in lists, tuples, dicts): each
-    such tensor is an extra output of the trace, and ``get(extras)`` rebuilds the value with a
-    call's tensors."""
+    """A Python value that may hold tensors the trace computed and symbolic sizes (in lists,
+    tuples, dicts): each is an extra output of the trace, and ``get(extras)`` rebuilds the value
+    with a call's tensors and sizes."""
 
     __slots__ = ("leaves", "spec", "outputs")
 
@@ -74,7 +75,7 @@ class TracedValue:
         leaves, self.spec = pytree.tree_flatten(value, is_leaf=is_size)
         self.outputs = []
         for i, leaf in enumerate(leaves):
-            if isinstance(leaf, TensorProxy):
+            if isinstance(leaf, TensorProxy) or type(leaf) is SymInt:  # a size: this call's value
                 extras.append(leaf)
                 self.outputs.append((i, len(extras) - 1))
                 leaves[i] = None

@@ -73,6 +73,13 @@ class SymInt(torch.SymInt):
     def __init__(self, expr: "_core.SymExpr"):
         self.expr = expr
 
+    # ``isinstance(T, int)`` is True in eager, where a size is an int: the program sees ``int``
+    # as the class (``isinstance`` asks ``__class__`` where the type is no subclass), thunder_rs
+    # its own. ``type(T)`` and C code's checks are the type's.
+    @property  # type: ignore[misc]
+    def __class__(self):
+        return SymInt if _internal(sys._getframe(1)) else int
+
     @property
     def hint(self) -> int:
         """The value when the program was traced."""

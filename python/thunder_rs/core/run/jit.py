@@ -275,7 +275,7 @@ def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), ex
     captured = tuple(acquired.captured) if acquired.tail is None else ()
     if acquired.sizes:
         readers = size_readers(acquired.sizes, acquired.tensor_positions)
-        computation = with_sizes(computation, readers, captured)
+        computation = with_sizes(computation, readers, captured, len(acquired.ints))
     elif captured:
         computation = _with_captured(computation, captured)
     end = time.perf_counter()

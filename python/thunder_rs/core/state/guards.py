@@ -435,8 +435,7 @@ class Guard:
             return f"the contents of {self.source.describe(self.name)} changed (read at {self.origin})"
         expected = _thawed(self.frozen) if self.frozen is not None else self.expected
         return (
-            f"{self.source.describe(self.name)} changed from {_short(expected)} "
-            f"to {_short(now)} (read at {self.origin})"
+            f"{self.source.describe(self.name)} changed from {short(expected)} to {short(now)} (read at {self.origin})"
         )
 
     def term(self, index: int, scope: dict) -> str:
@@ -492,7 +491,7 @@ class DictGuard:
             before, after = self.found.get(name, MISSING), now.get(name, MISSING)
             if before is not after and not _same_attributes({0: before}, {0: after}):
                 return (
-                    f"{self.source.describe(name)} changed from {_short(before)} to {_short(after)} "
+                    f"{self.source.describe(name)} changed from {short(before)} to {short(after)} "
                     f"(read at {self.origin})"
                 )
         return f"{self.source.label} changed (read at {self.origin})"
@@ -690,8 +689,8 @@ class DefaultsGuard:
     def describe(self, flat) -> str:
         fn, found = self._changed()
         return (
-            f"the default arguments of {getattr(fn, '__qualname__', fn)} changed from {_short(found)} "
-            f"to {_short(_defaults_of(fn))}"
+            f"the default arguments of {getattr(fn, '__qualname__', fn)} changed from {short(found)} "
+            f"to {short(_defaults_of(fn))}"
         )
 
     def term(self, index: int, scope: dict) -> str:
@@ -722,7 +721,7 @@ def _thawed(frozen):
     return rest[0]
 
 
-def _short(value) -> str:
+def short(value) -> str:
     text = repr(value) if is_simple(value) or value is MISSING else f"<{type(value).__name__} object at {id(value):#x}>"
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -554,7 +554,7 @@ class Observer:
             key = (source.key, name)
             if key not in self._guards:
                 self._guards[key] = Guard(source, name, value, origin)
-        if is_simple(value) or isinstance(value, torch.Tensor):
+        if is_simple(value) or isinstance(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
             return MISSING
         if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
             self.state.add(value, _child_source(source, name, value))

@@ -32,7 +32,37 @@ from thunder_rs.core.state.guards import (
     ObjectSource,
     TensorGuard,
     attributes_of,
+    short,
 )
+
+
+class IntGuard:
+    """An int an argument object holds that the trace takes as a size input (``dynamic.HeldInt``:
+    a count a KV cache keeps): any int may be there; the entry's size checks (``SizesGuard``)
+    check its value against what the trace relied on."""
+
+    def __init__(self, source: InputSource, name: str, origin: str):
+        self.source, self.name, self.origin = source, name, origin
+
+    @property
+    def per_call(self) -> bool:
+        return self.source.per_call
+
+    def read(self, flat):
+        try:
+            return self.source.mapping(flat).get(self.name, MISSING)
+        except (KeyError, AttributeError, IndexError):
+            return MISSING
+
+    def holds(self, flat) -> bool:
+        return type(self.read(flat)) is int
+
+    def describe(self, flat) -> str:
+        now = self.read(flat)
+        return f"{self.source.describe(self.name)} is no longer an int: {short(now)} (read at {self.origin})"
+
+    def term(self, index: int, scope: dict) -> str:
+        return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is int"
 
 
 class StateObject:
@@ -53,6 +83,9 @@ class ProgramState:
     def __init__(self, argument_tensors: dict | None = None):
         self._objects: dict = {}
         self._argument_tensors = argument_tensors or {}
+        #: ``(id of the holder's attributes, name)`` of the ints the trace takes as size inputs
+        #: (``acquire._int_stand_ins``): any int may be there
+        self.symbolic_ints: set = set()
 
     def __contains__(self, obj) -> bool:
         return id(obj) in self._objects
@@ -76,7 +109,7 @@ class ProgramState:
         elif known.whole:
             self._guard_whole(known, origin, guards)
         else:
-            guards.setdefault(("input", id(obj), name), self._input_guard(known.source, name, found, origin))
+            guards.setdefault(("input", id(obj), name), self._input_guard(known, name, found, origin))
             self._guard_held_items(found, origin, guards)
         return found
 
@@ -93,10 +126,13 @@ class ProgramState:
         assert known.found is not None  # whole objects are those with an instance dict
         guards[("names", id(known.obj))] = NamesGuard(known.source, frozenset(known.found), origin)
         for name, value in known.found.items():
-            guards.setdefault(("input", id(known.obj), name), self._input_guard(known.source, name, value, origin))
+            guards.setdefault(("input", id(known.obj), name), self._input_guard(known, name, value, origin))
             self._guard_held_items(value, origin, guards)
 
-    def _input_guard(self, source, name: str, value, origin: str):
+    def _input_guard(self, known: StateObject, name: str, value, origin: str):
+        source = known.source
+        if self.symbolic_ints and (id(attributes_of(known.obj)), name) in self.symbolic_ints:
+            return IntGuard(source, name, origin)
         held = self._argument_tensors.get(id(value)) if isinstance(value, torch.Tensor) else None
         if held is not None:
             return TensorGuard(source, name, held.meta, origin, held.symbolic)
