@@ -47,6 +47,7 @@ class Region:
     symbol_names: tuple
     num_inputs: int
     num_outputs: int
+    input_shapes: tuple = ()
 
 
 def region(body: str, params: str, inputs: str = "") -> Region:
@@ -660,21 +661,63 @@ def test_convolution_gradient_of_an_empty_batch_equals_eager(one_thread):
     torch.testing.assert_close(actual, expected)
 
 
-def test_a_trace_with_symbolic_sizes_runs_without_inductor_regions():
-    """Inductor compiles a region for its first call's sizes: the first (static) compile fuses,
-    and once a length changes the symbolic compile runs on the torch executor, one entry for
-    every later length instead of an Inductor compile per length."""
+def test_a_region_with_symbolic_sizes_compiles_once_for_every_length():
+    """The symbolic compile's regions compile with their sizes symbolic: one Inductor compile
+    (per region) serves every later length where its guards hold, outputs and gradients equal to
+    eager; a region that reads a size in its parameters (a view to ``(B, T, 2, -1)``, a ``T x T``
+    mask, a backward's broadcast) takes the size as an input."""
 
-    def fn(x):
-        return (x.sin() * 2 + 1).exp().sum(0)
+    def fn(x, w):
+        t = x.shape[1]
+        mask = torch.ones(t, t).tril()
+        y = (x.exp() * 2).view(x.shape[0], t, 2, -1).sum(2) + mask[:t, :4]
+        return (y.softmax(-1) @ w).sum()
 
     jf = thunder_rs.jit(fn, executors=["inductor"])
-    x = torch.randn(4, 8)
-    torch.testing.assert_close(jf(x), fn(x))
-    assert thunder_rs.last_traces(jf)[-1].regions()
-    for n in [6, 8, 10, 13]:
-        x = torch.randn(n, 8)
-        torch.testing.assert_close(jf(x), fn(x))
+    w = torch.randn(4, 4, requires_grad=True)
+    before = inductor_ex.stats()
+    for n in [4, 6, 9, 12, 5, 16]:
+        x = torch.randn(3, n, 8, requires_grad=True)
+        actual, expected = jf(x, w), fn(x, w)
+        torch.testing.assert_close(actual, expected)
+        for a, e in zip(torch.autograd.grad(actual, (x, w)), torch.autograd.grad(expected, (x, w))):
+            torch.testing.assert_close(a, e)
     assert thunder_rs.compile_stats(jf).cache_misses == 2
-    assert not thunder_rs.last_traces(jf)[-1].regions()
+    assert thunder_rs.last_traces(jf)[-1].regions()
+    after = inductor_ex.stats()
+    # the static compile's forward and backward regions, then the symbolic ones: four compiles
+    # for six lengths, the other lengths served by the symbolic compiles
+    assert (after.misses - before.misses, after.failures - before.failures) == (4, 0)
+    assert after.symbolic_reuses - before.symbolic_reuses == 8
     assert jf._dynamic_off is None
+
+
+def test_a_symbolic_artifact_serves_only_sizes_its_guards_hold_for():
+    """What tracing and Inductor assumed of the symbolic sizes (equal sizes sharing a symbol, 0
+    and 1 kept apart, ranges) is checked before an artifact serves a call; a size input is its
+    own symbol; a number the graph holds as a constant must be the same."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    from thunder_rs.executors.inductor_ex import _inductor
+    from thunder_rs.executors.inductor_symbolic import compile_symbolic
+
+    def region(x, y, n, scale):
+        return ((x + y) * scale).sum(0) * n, x.exp()
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    shapes = (("T", 8), ("T", 8), "T", None)
+    make_fx, compile_graph = _inductor()
+    artifact = compile_symbolic(region, [x, y, 4, 2.0], shapes, make_fx, compile_graph, select_decomp_table())
+    for n, m, size, scale, serves in [
+        (6, 6, 6, 2.0, True),
+        (9, 9, 9, 2.0, True),
+        (6, 5, 6, 2.0, False),  # the sizes shared a symbol
+        (6, 6, 5, 2.0, True),  # the size input computes as itself
+        (1, 1, 1, 2.0, False),  # 1 is kept apart
+        (6, 6, 6, 3.0, False),  # another constant
+    ]:
+        args = [torch.randn(n, 8), torch.randn(m, 8), size, scale]
+        assert artifact.serves(args) is serves, (n, m, size, scale)
+        if serves:
+            for a, e in zip(artifact.run(args), region(*args)):
+                torch.testing.assert_close(a, e)

@@ -26,7 +26,7 @@ use crate::claim::Assignment;
 use std::sync::Arc;
 use trace_ir::prims::{Elementwise, Prim};
 use trace_ir::pysrc::Callee;
-use trace_ir::{Arg, BoundSymbol, Result, Symbol, Trace, ValueId};
+use trace_ir::{Arg, BoundSymbol, Result, Symbol, Trace, ValueId, ValueKind};
 
 /// One region of a partitioned trace, for code generation.
 #[derive(Clone, Debug, PartialEq)]
@@ -329,6 +329,23 @@ fn values_read_outside(trace: &Trace, group_of: &[u32], producer: &[u32]) -> Vec
     read
 }
 
+/// Calls `f` on the size values the prims of `bsym` read through their parameters (a reshape to
+/// `(t0, 4)`, a broadcast to `(t0, t1)`), at every depth of its decomposition: the region's code
+/// reads them where no operand shows it, and an executor that translates the decomposition needs
+/// them as inputs too.
+fn for_each_param_size(trace: &Trace, bsym: &BoundSymbol, f: &mut impl FnMut(ValueId)) {
+    if let Symbol::Prim(p) = &bsym.symbol {
+        for arg in p.params() {
+            arg.for_each_value(&mut |v| {
+                if matches!(trace.values.get(v.index()), Some(ValueKind::Size(_))) {
+                    f(v)
+                }
+            });
+        }
+    }
+    bsym.subsymbols.iter().for_each(|s| for_each_param_size(trace, s, f));
+}
+
 /// Per value, the last region that saw it (stamps, so no set is cleared between regions).
 struct RegionMarks {
     stamp: Vec<u32>,
@@ -345,12 +362,14 @@ impl RegionMarks {
         let mut inputs: Vec<ValueId> = Vec::new();
         let mut outputs: Vec<ValueId> = Vec::new();
         for sub in &subsymbols {
-            sub.for_each_input(|v| {
+            let mut read = |v: ValueId| {
                 if stamp[v.index()] != current {
                     stamp[v.index()] = current;
                     inputs.push(v);
                 }
-            });
+            };
+            sub.for_each_input(&mut read);
+            for_each_param_size(trace, sub, &mut read);
             for &v in &sub.outputs {
                 stamp[v.index()] = current;
                 if read_outside[v.index()] {

@@ -348,3 +348,23 @@ fn region_code_returns_a_tuple_and_identical_regions_share_a_key() {
     assert!(plan_source.contains("  # fuser_fusion0: 2 symbols\n  (t2,) = fuser_fusion0(t0)"), "{plan_source}");
     assert!(plan_source.contains("    # t1 = prims.sin(t0)"), "{plan_source}");
 }
+
+#[test]
+fn a_region_takes_the_size_values_its_prims_parameters_read() {
+    // The broadcast's shape reads t0, which no operand shows: the region's code reads it, so it
+    // is one of the region's inputs.
+    let text = "def backward(t0, t1):
+  # t0: \"size 3\"
+  # t1: \"cpu f32[t0, 4]\"
+  t2 = prims.exp(t1)
+  t3 = prims.sum(t2, (1,))
+  t4 = prims.broadcast_in_dim(t3, (t0, 4), (0,))
+  t5 = prims.mul(t4, t2)
+  return t5
+";
+    let trace = trace_ir::parser::parse_trace(text).unwrap();
+    let out = run(&trace, |_, _| true);
+    assert_eq!(names(&out.trace), ["fuser_fusion0"]);
+    let region = &out.trace.bsyms[0];
+    assert_eq!(region.args, [Arg::Value(ValueId(1)), Arg::Value(ValueId(0))]);
+}

@@ -41,6 +41,7 @@ from thunder_rs.core.base.logs import inductor_logger
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors import inductor_cache
 from thunder_rs.executors.inductor_claims import claimed_keys
+from thunder_rs.executors.inductor_symbolic import compile_symbolic, is_symbolic
 from thunder_rs.executors.torch_ex import torch_ex
 
 
@@ -70,6 +71,9 @@ class InductorStats:
     artifact_problem: str | None = None
     #: regions Inductor could not compile, which run as their eager torch calls
     failures: int = 0
+    #: input layouts of regions with symbolic sizes served by a compile for other sizes (whose
+    #: guards hold for them): no compile, not in ``misses``
+    symbolic_reuses: int = 0
 
     @property
     def disk_misses(self) -> int:
@@ -79,6 +83,8 @@ class InductorStats:
 _stats = InductorStats()
 #: (region key, input layout) -> the compiled region, shared by every region with that key
 _compiled: dict = {}
+#: region key -> the ``inductor_symbolic.SymbolicArtifact``s compiled for it, newest last
+_symbolic: dict = {}
 _lock = threading.RLock()
 
 
@@ -93,6 +99,7 @@ def clear_compiled() -> None:
     call of every region compiles again."""
     with _lock:
         _compiled.clear()
+        _symbolic.clear()
 
 
 process_caches.append(clear_compiled)
@@ -227,6 +234,31 @@ def _compile_function(function, args, region_key: str | None = None):
     return lambda args: tuple(compiled(*[args[i] for i in positions]))
 
 
+def _with_resolved(run):
+    return lambda args: run(_resolved(args))
+
+
+def _symbolic_run(region, args):
+    """``run(args) -> tuple``: the region compiled with its symbolic sizes (``inductor_symbolic``),
+    for the sizes its guards hold for."""
+    if _lazy_bits(args):
+        return _with_resolved(_symbolic_run(region, _resolved(args)))
+    make_fx, compile_graph = _inductor()
+    artifact = compile_symbolic(region.function, args, region.input_shapes, make_fx, compile_graph, _decompositions())
+    _symbolic.setdefault(region.key, []).append(artifact)
+    return artifact.run
+
+
+def _symbolic_reused(region, args):
+    """The ``run`` of an artifact compiled with the region's symbolic sizes whose guards hold for
+    ``args``, or None."""
+    resolved = _resolved(args) if _lazy_bits(args) else None
+    for artifact in reversed(_symbolic.get(region.key, ())):
+        if artifact.serves(args if resolved is None else resolved):
+            return artifact.run if resolved is None else _with_resolved(artifact.run)
+    return None
+
+
 #: Device types whose kernels Inductor compiles with Triton, in its pool of compile workers.
 TRITON_DEVICE_TYPES = ("cuda", "xpu")
 #: Seconds the start-up waits at most for the compile workers (they start in a few seconds; a
@@ -336,7 +368,10 @@ def _compiled_or_eager(region, args):
         with _told_if_slow(
             f"thunder_rs: the Inductor region {region.name} ({len(region.symbol_names)} symbols, {devices})"
         ):
-            run = _compile_function(region.function, args, region.key)
+            if is_symbolic(region.input_shapes):
+                run = _symbolic_run(region, args)
+            else:
+                run = _compile_function(region.function, args, region.key)
     except Exception as e:  # noqa: BLE001 (any Inductor failure leaves the eager calls, which are exact)
         warnings.warn(
             f"thunder_rs inductor executor: {region.name} ({len(region.symbol_names)} symbols) runs "
@@ -377,6 +412,12 @@ def _compile_region(region, args, key):
         if run is not None:
             _stats.hits += 1
             return run
+        if is_symbolic(region.input_shapes):
+            run = _symbolic_reused(region, args)
+            if run is not None:
+                _stats.symbolic_reuses += 1
+                _compiled[key] = run
+                return run
         run = _compiled[key] = _compiled_or_eager(region, args)
         _stats.misses += 1
         return run
@@ -409,6 +450,8 @@ class CompiledRegion:
 class InductorExecutor(FusionExecutor):
     """Claims the torch executor's pure, Inductor-compilable keys (``inductor_claims``); ``fuse``
     makes a region's callable."""
+
+    fuses_symbolic = True
 
     def __init__(self, name: str = "inductor"):
         super().__init__(name)
