@@ -1,6 +1,7 @@
 """Shapes that change between calls (issue 26): compile counts and time against eager, one process.
 
-    python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch] [--json out.json]
+    python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch] [--executors inductor]
+        [--json out.json]
 
 Three runs, each against eager on the same weights and inputs:
 
@@ -41,6 +42,8 @@ VOCAB = 1000
 BATCH = 8
 #: Where the models and inputs live (``--device``).
 DEVICE = torch.device("cpu")
+#: thunder_rs's executors (``--executors``; None: the defaults).
+EXECUTORS = None
 
 
 def sync() -> None:
@@ -142,7 +145,7 @@ def run_batch(backends: dict) -> dict:
     for batch in (1, 8, 32):
         x = gpt.random_tokens(config, batch, 32).to(DEVICE)
         if "thunder_rs" in calls:  # the symbolic entry against a compile for this batch size alone
-            calls["static"] = thunder_rs.jit(model, dynamic=False)
+            calls["static"] = thunder_rs.jit(model, dynamic=False, executors=EXECUTORS)
         for name, us in per_call_us(calls, x).items():
             result[f"{name}_us_at_{batch}"] = us
         if "thunder_rs" in calls:
@@ -168,10 +171,10 @@ def first_calls(model, config, repeats: int = 5) -> dict:
     small, x = gpt.random_tokens(config, 1, 32).to(DEVICE), gpt.random_tokens(config, 2, 32).to(DEVICE)
     symbolic, static = [], []
     for _ in range(repeats):
-        jfn = thunder_rs.jit(model)
+        jfn = thunder_rs.jit(model, executors=EXECUTORS)
         first_call_s(jfn, small)
         symbolic.append(first_call_s(jfn, x))
-        static.append(first_call_s(thunder_rs.jit(model, dynamic=False), x))
+        static.append(first_call_s(thunder_rs.jit(model, dynamic=False, executors=EXECUTORS), x))
     result = {"symbolic_first_call_s": statistics.median(symbolic), "static_first_call_s": statistics.median(static)}
     result["first_call_ratio"] = result["symbolic_first_call_s"] / result["static_first_call_s"]
     return result
@@ -212,13 +215,15 @@ def main() -> None:
     parser.add_argument("--with-compile", action="store_true")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--runs", default="padding,batch,decode", help="which runs, comma-separated")
+    parser.add_argument("--executors", help="thunder_rs's executors, comma-separated (default: the defaults)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    global DEVICE
+    global DEVICE, EXECUTORS
     DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="thunder_rs.*recompiled")
-    backends = {"eager": lambda m: m, "thunder_rs": lambda m: thunder_rs.jit(m, cache=512)}
+    EXECUTORS = args.executors.split(",") if args.executors else None
+    backends = {"eager": lambda m: m, "thunder_rs": lambda m: thunder_rs.jit(m, cache=512, executors=EXECUTORS)}
     if args.with_compile:
         backends["torch.compile"] = lambda m: torch.compile(copy.copy(m))
     runs = {

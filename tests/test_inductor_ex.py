@@ -693,9 +693,9 @@ def test_a_region_with_symbolic_sizes_compiles_once_for_every_length():
 
 
 def test_a_symbolic_artifact_serves_only_sizes_its_guards_hold_for():
-    """What tracing and Inductor assumed of the symbolic sizes (equal sizes sharing a symbol, 0
-    and 1 kept apart, ranges) is checked before an artifact serves a call; a size input is its
-    own symbol; a number the graph holds as a constant must be the same."""
+    """What tracing and Inductor assumed of the symbolic sizes (equal sizes, a size input among
+    them, sharing a symbol; 0 and 1 kept apart; ranges) is checked before an artifact serves a
+    call; a number the graph holds as a constant must be the same."""
     from torch._inductor.decomposition import select_decomp_table
 
     from thunder_rs.executors.inductor_ex import _inductor
@@ -712,7 +712,7 @@ def test_a_symbolic_artifact_serves_only_sizes_its_guards_hold_for():
         (6, 6, 6, 2.0, True),
         (9, 9, 9, 2.0, True),
         (6, 5, 6, 2.0, False),  # the sizes shared a symbol
-        (6, 6, 5, 2.0, True),  # the size input computes as itself
+        (6, 6, 5, 2.0, False),  # the size input shared the dim's symbol (equal sizes do)
         (1, 1, 1, 2.0, False),  # 1 is kept apart
         (6, 6, 6, 3.0, False),  # another constant
     ]:

@@ -77,11 +77,11 @@ def _fake_inputs(args, input_shapes, positions):
     for i in positions:
         a, shape, source = args[i], input_shapes[i], ConstantSource(f"input{i}")
         if isinstance(a, _Tensor):
-            dynamic = [DimDynamic.STATIC if type(d) is int else DimDynamic.DYNAMIC for d in shape]
+            dynamic = [DimDynamic.STATIC if type(d) is int else DimDynamic.DUCK for d in shape]
             context = StatelessSymbolicContext(dynamic_sizes=dynamic)
             fakes.append(mode.from_tensor(a, source=source, symbolic_context=context))
         else:
-            symbol = env.create_symbol(a, source, DimDynamic.DYNAMIC)
+            symbol = env.create_symbol(a, source, DimDynamic.DUCK)
             fakes.append(env.create_symintnode(symbol, hint=a, source=source))
     return env, mode, fakes
 
@@ -99,10 +99,13 @@ def compile_symbolic(function, args, input_shapes, make_fx, compile_graph, decom
             full[i] = x
         return tuple(function(*full))
 
-    # The execution traces run with grad mode and autocast off; the graph is traced so too.
+    # The execution traces run with grad mode and autocast off; the graph is traced so too. In
+    # symbolic mode make_fx traces on the fake inputs' own mode and runs composite ops through
+    # their Python decompositions (in "real" mode, ``constant_pad_nd``'s C++ kernel read the
+    # sizes as ints: every size specialised).
     with torch.no_grad(), torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
         with mode:
-            graph = make_fx(on_graph_inputs, decomposition_table=decompositions, tracing_mode="real")(*fakes)
+            graph = make_fx(on_graph_inputs, decomposition_table=decompositions, tracing_mode="symbolic")(*fakes)
         compiled = compile_graph(graph, fakes, dynamic_shapes="from_graph", options={})
     guards = env.produce_guards_expression(fakes, ignore_static=False)
 
