@@ -15,6 +15,7 @@ artifacts are not stored there (Inductor's own on-disk caches still serve a late
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -49,8 +50,9 @@ def _constants(args, positions) -> tuple:
 class SymbolicArtifact:
     """One compile of a region for all sizes its guards hold for: ``run(args) -> tuple``."""
 
-    run: object
-    env: object
+    run: Any
+    #: the ShapeEnv the guards are over
+    env: Any
     guards: str | None
     positions: list
     constants: tuple

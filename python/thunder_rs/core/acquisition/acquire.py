@@ -257,7 +257,9 @@ def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs) -> list:
     holders = {source.key: (obj, source) for obj, source, _ in reached.objects}
     for (key, name), dims in size_inputs.held.items():
         found = holders.get(key) if INT in dims else None
-        attributes = attributes_of(found[0]) if found is not None else None
+        if found is None:
+            continue
+        attributes: Any = attributes_of(found[0])
         value = attributes.get(name) if attributes is not None else None
         if type(value) is not int or value < 2:
             continue

@@ -404,10 +404,11 @@ class Guard:
         # call's arguments (``reached``, by id: ``cache.layers[0]``) may be other objects of
         # their type. The container is then compared by type and items, not identity: a new
         # call's argument (``generate``'s new KV cache) holds new lists.
-        self.fresh = bool(held or reached) and self.items is not None
-        if self.fresh:
+        items = self.items
+        self.fresh = bool(held or reached) and items is not None
+        if self.fresh and items is not None:
             self.items = tuple(
-                ANY_TENSOR if id(x) in held else SameType(type(x)) if id(x) in reached else x for x in self.items
+                ANY_TENSOR if id(x) in held else SameType(type(x)) if id(x) in reached else x for x in items
             )
             self.same_items = same_held_items
 
@@ -424,7 +425,7 @@ class Guard:
     def holds(self, flat) -> bool:
         value = self.read(flat)
         if self.fresh:
-            return type(value) is type(self.expected) and self.same_items(value, self.items)
+            return type(value) is type(self.expected) and self.same_items(value, self.items or ())
         if self.by_identity:
             return value is self.expected and (self.items is None or self.same_items(value, self.items))
         return is_simple(value) and freeze(value) == self.frozen
