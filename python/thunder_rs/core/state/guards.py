@@ -374,6 +374,14 @@ class InputItemsSource(InputSource):
         return f"{self.label}[{name!r}]"
 
 
+def read_at(source, name: str, flat):
+    """The value ``name`` at ``source`` in a call's flat inputs, MISSING where there is none."""
+    try:
+        return source.mapping(flat).get(name, MISSING)
+    except (KeyError, AttributeError, IndexError):
+        return MISSING
+
+
 class Guard:
     """A value the program read by ``name`` from ``source``: holds while it is still ``expected``
     (equal for simple values, the same object for others)."""
@@ -417,10 +425,7 @@ class Guard:
         return self.source.per_call or self.mutable
 
     def read(self, flat):
-        try:
-            return self.source.mapping(flat).get(self.name, MISSING)
-        except (KeyError, AttributeError, IndexError):
-            return MISSING
+        return read_at(self.source, self.name, flat)
 
     def holds(self, flat) -> bool:
         value = self.read(flat)

@@ -32,6 +32,7 @@ from thunder_rs.core.state.guards import (
     ObjectSource,
     TensorGuard,
     attributes_of,
+    read_at,
     short,
 )
 
@@ -49,10 +50,7 @@ class IntGuard:
         return self.source.per_call
 
     def read(self, flat):
-        try:
-            return self.source.mapping(flat).get(self.name, MISSING)
-        except (KeyError, AttributeError, IndexError):
-            return MISSING
+        return read_at(self.source, self.name, flat)
 
     def holds(self, flat) -> bool:
         return type(self.read(flat)) is int
