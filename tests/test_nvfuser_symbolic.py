@@ -181,12 +181,14 @@ def test_a_static_region_keeps_its_layout_with_sizes(fake_ex):
 
 
 def _symbolic_definition(module):
-    """A definition over an [n, 8] tensor (n symbolic) and an Int scalar k (= n): reshape to
-    [n * 8], an iota of n, a full of [k, 2], x[: k - 1] padded back by one row, and (n - 9) // 4
-    as Python floors it (a negative dividend) through div and mod."""
+    """A definition over an [n, 8] tensor (n symbolic), an Int scalar k (= n) and an [n // 2]
+    tensor h: reshape to [n * 8], an iota of n, a full of [k, 2], x[: k - 1] padded back by one
+    row, (n - 9) // 4 as Python floors it (a negative dividend) through div and mod, and the first
+    k // 2 of x's first column plus h (extents nvFuser relates only when it executes)."""
     with module.FusionDefinition() as fd:
         x = fd.define_tensor(shape=[-1, 8], contiguity=[True, True], dtype=module.DataType.Float)
         k = fd.define_scalar(dtype=module.DataType.Int)
+        h = fd.define_tensor(shape=[-1], contiguity=[True], dtype=module.DataType.Float)
         n = fd.ops.size(x, 0)
         fd.add_output(fd.ops.reshape(x, [fd.ops.mul(n, 8)]))
         fd.add_output(fd.ops.iota(n, 0, 1, module.DataType.Int))
@@ -196,19 +198,23 @@ def _symbolic_definition(module):
         p = fd.ops.sub(n, 9)
         remainder = fd.ops.mod(fd.ops.add(fd.ops.mod(p, 4), 4), 4)
         fd.add_output(fd.ops.iota(fd.ops.add(fd.ops.div(fd.ops.sub(p, remainder), 4), 3), 0, 1, module.DataType.Int))
+        column = fd.ops.reshape(fd.ops.slice(x, [0, 0], [fd.ops.div(k, 2), 1]), [fd.ops.div(k, 2)])
+        fd.add_output(fd.ops.add(column, h))
     return fd
 
 
 def _check_symbolic_definition(module, device):
     fd = _symbolic_definition(module)
-    for n in (3, 6, 11):
+    for n in (4, 6, 11):
         x = torch.randn(n, 8, device=device)
-        flat, iota, full, padded, floored = fd.execute([x, n])
+        h = torch.randn(n // 2, device=device)
+        flat, iota, full, padded, floored, added = fd.execute([x, n, h])
         torch.testing.assert_close(flat, x.reshape(-1))
         torch.testing.assert_close(iota, torch.arange(n, device=device))
         torch.testing.assert_close(full, torch.full((n, 2), 1.5, device=device))
         torch.testing.assert_close(padded, torch.cat([x[: n - 1], torch.zeros(1, 8, device=device)]))
         assert floored.shape == ((n - 9) // 4 + 3,)
+        torch.testing.assert_close(added, x[: n // 2, 0] + h)
 
 
 def _check_symbolic_misuse(module, device):
@@ -217,7 +223,7 @@ def _check_symbolic_misuse(module, device):
     with pytest.raises(Exception, match="Inputs were not set up correctly"):
         fd.execute([x])
     with pytest.raises(Exception, match="is not compatible with the expected data type"):
-        fd.execute([x, 4.0])
+        fd.execute([x, 4.0, torch.randn(2, device=device)])
     with module.FusionDefinition() as fd:
         y = fd.define_tensor(shape=[-1, 8], contiguity=[True, True], dtype=module.DataType.Float)
         fd.add_output(fd.ops.mul(y, 2.0))
