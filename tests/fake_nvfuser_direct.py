@@ -16,6 +16,14 @@ nvFuser's too (``fake_nvfuser_layouts``): each value knows which of its dims are
 broadcasts, outputs have stride 0 there, and what nvFuser's segments and schedulers refused on a
 GPU for a layout (a gather whose result has such a dim, a column-major normalization) fails to
 compile.
+
+Symbolic extents are nvFuser's too: ``define_tensor`` takes -1 for a dim of any extent (1 is a
+broadcast, other numbers constants: ``TensorViewBuilder::shape``), ``define_scalar(dtype=...)``
+makes a scalar input, ``ops.size``/``ops.shape``/``tv.shape()`` give a tensor's extents as scalar
+values, scalar arithmetic (``add``, ``mul``, ``div`` truncating, ``mod`` C++'s remainder) builds
+more, and shapes, slice bounds, pad widths and iota lengths take them. While defining, a symbolic
+extent stands as ``SYMBOLIC_EXTENT`` (only ranks and dtypes are checked against it, as nvFuser
+concretizes symbolic extents when it executes); ``execute`` computes the real ones.
 """
 
 import enum
@@ -46,6 +54,12 @@ class DataType(enum.Enum):
     Null = None
 
 
+#: What a symbolic extent (a -1 dim, an Int scalar input and what is computed from them) stands as
+#: while defining: a number most small divisors divide, so that shapes computed from it agree.
+SYMBOLIC_EXTENT = 2 * 3 * 4 * 5 * 7
+#: What the other scalar inputs stand as while defining, by dtype kind.
+SYMBOLIC_SAMPLE = {True: 1.0, False: SYMBOLIC_EXTENT}
+
 #: Every definition made, in order (tests count them).
 definitions: list = []
 
@@ -57,8 +71,9 @@ class Val:
     says of each dim whether it is an expanded broadcast (``bS{1 ex n}``): extent 1 in the
     IterDomain, n in the tensor, which nvFuser allocates with stride 0."""
 
-    def __init__(self, fd, meta, symbolic=False):
-        self.fd, self.meta, self.symbolic = fd, meta, symbolic
+    def __init__(self, fd, meta, symbolic=False, sample=None):
+        #: ``sample``: a scalar's value while defining (a constant's own, a symbolic one's stand-in).
+        self.fd, self.meta, self.symbolic, self.sample = fd, meta, symbolic, sample
         self.slot = fd._slots = fd._slots + 1
         self.expanded = (False,) * meta.ndim
 
@@ -77,8 +92,8 @@ class TensorView(Val):
     def dtype(self):  # only a TensorView has one in the bindings (python_direct/ir.cpp)
         return DataType(self.meta.dtype)
 
-    def shape(self):  # the real one's are the (maybe expanded) extents as Vals
-        return list(self.meta.shape)
+    def shape(self):  # the (maybe expanded) extents as scalar values (python_direct ir.cpp)
+        return ops.shape(self)
 
 
 # -- type promotion (csrc/type_promotion.cpp) --------------------------------------------------------
@@ -180,14 +195,55 @@ def _record(name, fn, args, tensor_out=None, expanded=None):
         assert v.fd is fd, f"nvfuser_direct.ops.{name}: a value of another FusionDefinition"
     if tensor_out is None:
         tensor_out = any(isinstance(v, TensorView) for v in vals)
-    out = fn(*_bind(args, lambda v: v.meta))
+    try:
+        out = fn(*_bind(args, _defining))
+    except RuntimeError:
+        if not fd.symbolic:
+            raise
+        out = fn(*_bind(args, _leniently))
     outs = out if isinstance(out, tuple) else (out,)
-    made = tuple((TensorView if tensor_out else Val)(fd, torch.empty_like(o, device="meta")) for o in outs)
+    made = tuple(
+        TensorView(fd, torch.empty_like(o, device="meta"))
+        if tensor_out
+        else Val(fd, torch.empty_like(o, device="meta"), sample=None if o.is_meta else o.item())
+        for o in outs
+    )
     for v in made:
         v.expanded = tuple(expanded(v.meta) if expanded else layouts.elementwise_expansion(vals, v.meta))
     fd._ops.append((fn, args, made))
     fd.recorded.append(name)
     return made if isinstance(out, tuple) else made[0]
+
+
+def _defining(v):
+    """What a value stands as while defining: a tensor's meta tensor, a scalar's sample as a CPU
+    0-dim tensor (so that shapes computed from it have extents)."""
+    if v.sample is None:
+        return v.meta
+    return torch.tensor(v.sample, dtype=v.meta.dtype)
+
+
+def _leniently(v):
+    """What a value stands as while defining, where its stand-in shapes disagree: a tensor's
+    extents other than 1 all ``SYMBOLIC_EXTENT``. nvFuser relates no symbolic extents while
+    defining (an input's -1 dim of ``t // 2`` stands as ``SYMBOLIC_EXTENT`` as one of ``t`` does);
+    ``execute`` computes with the real ones and fails where they disagree."""
+    meta = _defining(v)
+    if not v.is_tensor():
+        return meta
+    return meta.new_empty([1 if size == 1 else SYMBOLIC_EXTENT for size in meta.shape])
+
+
+def _defined_by_scalars(a, params) -> bool:
+    """Whether a shape op is being defined (``a`` a meta tensor) with scalar values among its
+    shape ``params``: nvFuser relates them to ``a``'s extents only when it executes, so the
+    stand-in takes the result's shape from them (its stand-in extents may disagree with ``a``'s)."""
+    return a.is_meta and any(isinstance(p, torch.Tensor) for p in params)
+
+
+def _ints(values):
+    """A shape's extents as Python ints (scalar values evaluate to 0-dim tensors)."""
+    return [int(v) for v in values]
 
 
 def _evaluated_by_aten(name, out):
@@ -305,6 +361,7 @@ DEFAULT_BINARY = {
     "pow": torch.pow,
     "fmod": torch.fmod,
     "remainder": torch.remainder,
+    "mod": torch.fmod,  # C++'s %: the remainder has the dividend's sign
     "maximum": torch.maximum,
     "minimum": torch.minimum,
 }
@@ -519,15 +576,23 @@ def _scan(name, fn):
 
 def _broadcast_in_dim(a, shape, broadcast_dims):
     assert len(broadcast_dims) == a.ndim, "broadcast_in_dim: one broadcast dim per input dim"
+    if _defined_by_scalars(a, shape):
+        return a.new_empty(_ints(shape))
     view = [1] * len(shape)
     for i, d in enumerate(broadcast_dims):
         view[d] = a.shape[i]
-    return a.reshape(view).expand(list(shape))
+    return a.reshape(view).expand(_ints(shape))
 
 
 def _slice(a, start, end, strides=None, manual_normalization=False):
     strides = strides or [1] * a.ndim
-    return a[tuple(slice(s, e, st) for s, e, st in zip(start, end, strides))]
+    if _defined_by_scalars(a, (*start, *end)):  # the bounds taken as in range
+        return a.new_empty([int(e) - int(s) for s, e in zip(start, end)])
+    return a[tuple(slice(int(s), int(e), st) for s, e, st in zip(start, end, strides))]
+
+
+def _reshape(a, shape):
+    return a.new_empty(_ints(shape)) if _defined_by_scalars(a, shape) else a.reshape(_ints(shape))
 
 
 def _same_category(a, b):
@@ -540,12 +605,12 @@ def _pad(arg, pad_widths, value=None):
     if value is not None:
         assert _same_category(arg.meta.dtype, _operand(value)[1]), "Tensor arg and pad value must have the same dtype."
 
-    def run(a, v):
+    def run(a, widths, v):
         if isinstance(v, torch.Tensor):  # a scalar Val: its value (none yet while defining, on meta)
             v = 0 if v.device.type == "meta" else v.item()
-        return torch.nn.functional.pad(a, list(pad_widths), value=0 if v is None else v)
+        return torch.nn.functional.pad(a, _ints(widths), value=0 if v is None else v)
 
-    return _record("pad", run, (arg, value), expanded=layouts.none_expanded)
+    return _record("pad", run, (arg, list(pad_widths), value), expanded=layouts.none_expanded)
 
 
 def _cat(tensors, dim=0, manual_padding=False):
@@ -580,9 +645,9 @@ def _full(shape, fill_value, dtype):
     return _record(
         "full",
         lambda s, v: (
-            v.to(dtype.value).expand(s).to(fd._device)
+            v.to(dtype.value).expand(_ints(s)).to(fd._device)
             if isinstance(v, torch.Tensor)
-            else torch.full(s, v, dtype=dtype.value, device=fd._device)
+            else torch.full(_ints(s), v, dtype=dtype.value, device=fd._device)
         ),
         (list(shape), fill_value),
         tensor_out=True,
@@ -642,7 +707,14 @@ class _Ops:
         )
 
     def reshape(self, arg, new_shape):
-        return _record("reshape", lambda a, s: a.reshape(s), (arg, list(new_shape)), expanded=layouts.none_expanded)
+        return _record("reshape", _reshape, (arg, list(new_shape)), expanded=layouts.none_expanded)
+
+    def size(self, arg, dim):
+        """``size``: the (maybe expanded) extent of ``arg`` at ``dim`` (csrc/ops/arith.cpp), an Int scalar."""
+        return _record("size", lambda a: torch.tensor(a.shape[dim]), (arg,), tensor_out=False)
+
+    def shape(self, arg):
+        return [self.size(arg, d) for d in range(arg.ndim)]
 
     def permute(self, arg, dims):
         assert len(dims) == arg.ndim, "Operator permute expects `dims` argument to have the same length as input!"
@@ -695,6 +767,11 @@ class _Ops:
 ops = _Ops()
 
 
+def _kind(dtype):
+    """A dtype's class for ``isCompatibleDataType``: floating, complex, bool or integral."""
+    return "float" if dtype.is_floating_point else "complex" if dtype.is_complex else dtype == torch.bool
+
+
 class FusionDefinition:
     """Records ``define_tensor`` / ``define_scalar`` / ``ops.*`` / ``add_output`` inside its
     ``with`` block; ``execute(inputs)`` evaluates them with torch."""
@@ -708,6 +785,8 @@ class FusionDefinition:
         #: The messages of what nvFuser's scheduling or segments refuse: compiling raises the first.
         self.compile_errors: list = []
         self._slots = 0
+        #: Whether it has a symbolic extent or scalar input: its stand-in shapes may disagree.
+        self.symbolic = False
         self._device = "meta"
         self.executions = 0
         definitions.append(self)
@@ -720,13 +799,19 @@ class FusionDefinition:
         _current.remove(self)
 
     def define_tensor(self, shape, contiguity=False, dtype=DataType.Float, is_cpu=False, stride_order=()):
-        assert all(s >= -1 for s in shape), f"define_tensor: bad shape {shape}"
+        for i, s in enumerate(shape):  # verifyShape (python_common/python_utils.cpp)
+            assert s >= -1, (
+                f"The value {s} at index {i} was neither symbolic(-1), zero_element(0), broadcast(1), or static(>1)."
+            )
         assert not (is_cpu and shape), "CPU non-scalar tensor is not supported!"
         if isinstance(contiguity, bool):
             contiguity = [None if s == 1 else contiguity for s in shape]
         assert len(contiguity) == len(shape), "Length of contiguity argument must match that of shape argument"
         assert not stride_order or sorted(stride_order) == list(range(len(shape))), f"bad stride_order {stride_order}"
-        tv = TensorView(self, torch.empty([1 if s < 0 else s for s in shape], dtype=dtype.value, device="meta"))
+        self.symbolic = self.symbolic or -1 in shape
+        tv = TensorView(
+            self, torch.empty([SYMBOLIC_EXTENT if s < 0 else s for s in shape], dtype=dtype.value, device="meta")
+        )
         spec = (list(shape), list(contiguity), dtype, list(stride_order))
         # getExpanded (python_utils.cpp): a broadcast (contiguity None) of extent other than 1.
         tv.expanded = tuple(size != 1 and layouts.broadcast_at(spec, d) for d, size in enumerate(shape))
@@ -736,7 +821,9 @@ class FusionDefinition:
     def define_scalar(self, value=None, dtype=None):
         if value is None:  # symbolic: an input of the fusion (of Double unless told)
             dtype = dtype or DataType.Double
-            v = Val(self, torch.ones((), dtype=dtype.value, device="meta"), symbolic=True)
+            sample = SYMBOLIC_SAMPLE[dtype.value.is_floating_point] if dtype != DataType.Bool else True
+            v = Val(self, torch.ones((), dtype=dtype.value, device="meta"), symbolic=True, sample=sample)
+            self.symbolic = True
             self._inputs.append((v, dtype))
             return v
         if dtype is None:
@@ -747,28 +834,41 @@ class FusionDefinition:
         assert isinstance(output, Val) and output.fd is self, "add_output: a value of this FusionDefinition"
         self._outputs.append(output)
 
-    def _check(self, spec, arg):
+    def _check(self, spec, arg, i):
+        """What binding input ``i`` checks (``validateValWithConcreteValue``, ``bindTensorDomain`` and
+        ``bind_``, csrc/expr_evaluator.cpp): a scalar of a compatible dtype (both integral, both
+        floating, or equal: ``isCompatibleDataType``, csrc/type.h; a Python bool is a Bool, which is
+        not integral), a tensor of its rank whose constant extents are the tensor's sizes."""
         if isinstance(spec, DataType):
-            assert not isinstance(arg, torch.Tensor), "a scalar input was given a tensor"
+            assert not isinstance(arg, torch.Tensor), (
+                f"Expected input {i}, to be a scalar but got {DataType(arg.dtype).name} tensor of rank {arg.ndim}"
+            )
+            got = torch.bool if isinstance(arg, bool) else PYTHON_TYPES[type(arg)]
+            assert _kind(got) == _kind(spec.value), (
+                f"Scalar value {arg} is not compatible with the expected data type: {spec.name}."
+            )
             return
         shape, contiguity, dtype, stride_order = spec
         assert isinstance(arg, torch.Tensor) and arg.dtype == dtype.value, f"input dtype {arg.dtype}, defined {dtype}"
-        assert all(s == -1 or s == n for s, n in zip(shape, arg.shape)) and len(shape) == arg.ndim, (
-            f"input shape {list(arg.shape)}, defined {shape}"
-        )
+        assert len(shape) == arg.ndim, f"Expected input {i}, to be bound to a tensor of equal rank."
+        for s, n in zip(shape, arg.shape):
+            assert s == -1 or s == n, f"Tried to bind to a constant value: {s} as {n}"
         got = compute_tensor_descriptor(list(arg.shape), list(arg.stride()))
         assert got == (contiguity, stride_order or got[1]), f"input layout {got}, defined {(contiguity, stride_order)}"
 
     def execute(self, inputs, *, device=None, **options):
         assert self._outputs, "Fusion is empty!"
-        assert len(inputs) == len(self._inputs), f"{len(inputs)} inputs for {len(self._inputs)} defined"
+        # FusionKernelRuntime::runWithInputs (csrc/runtime/fusion_kernel_runtime.cpp)
+        assert len(inputs) == len(self._inputs), (
+            f"Expected {len(inputs)} == {len(self._inputs)}. Inputs were not set up correctly."
+        )
         if self.unsupported:
             raise RuntimeError(f"CUDA NVRTC compile error: nvFuser has no kernel for {self.unsupported[0]}")
         if self.compile_errors:
             raise RuntimeError(self.compile_errors[0])
         env = {}
-        for (val, spec), arg in zip(self._inputs, inputs):
-            self._check(spec, arg)
+        for i, ((val, spec), arg) in enumerate(zip(self._inputs, inputs)):
+            self._check(spec, arg, i)
             env[val.slot] = arg
         devices = {a.device for a in inputs if isinstance(a, torch.Tensor)}
         self._device = next(iter(devices)) if devices else "cpu"

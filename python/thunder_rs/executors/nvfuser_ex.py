@@ -39,9 +39,11 @@ compute in double (rounded to the tensor's dtype where torch reads them so: comp
 the operand cast to Float, exactly.
 
 A region's definition is built on its first call with each input layout (dtype, shape, strides),
-and kept; the per-call path is a comparison with the last layout and ``fd.execute``, the casts
-being in the definition. A layout nvFuser cannot define or compile runs on its inputs copied
-row-major where they are not, and if that fails too, the region's eager torch calls, with a warning.
+and kept; a region of a symbolic trace has one for all the extents of its symbolic sizes
+(``nvfuser_symbolic``), its layouts holding the rest. The per-call path is a comparison with the
+last layout and ``fd.execute``, the casts being in the definition. A layout nvFuser cannot define
+or compile runs on its inputs copied row-major where they are not, and if that fails too, the
+region's eager torch calls, with a warning.
 """
 
 import dataclasses
@@ -54,8 +56,10 @@ from collections.abc import Callable
 
 import torch
 
+from thunder_rs._core import SymExpr
 from thunder_rs.core.lang.executor_api import FusionExecutor, Region, register_named_executor
 from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.executors.nvfuser_symbolic import Extents, symbolic_dims, symbolic_layout
 from thunder_rs.executors.torch_ex import torch_ex
 
 #: torch dtypes nvFuser's ``DataType`` has, by name (complex and 8-bit types stay with torch).
@@ -123,10 +127,14 @@ def _pad(cx, a, value, config):
 
 def _iota(cx, length, start, step, device, dtype):
     # iota's start and step must be of its dtype's kind (csrc/ops/arith.cpp); a half one runs on
-    # Float and is rounded once, as torch's arange computes in float for halves.
+    # Float and is rounded once, as torch's arange computes in float for halves. A symbolic start
+    # is an Int scalar: cast for a floating iota.
     computed = torch.float32 if dtype in HALF else dtype
     kind = cx.kind(computed)
-    return cx.ops.iota(length, kind(start), kind(step), cx.data_type(computed))
+    start, step = (
+        kind(v) if isinstance(v, (bool, int, float)) else cx.ops.cast(v, cx.data_type(computed)) for v in (start, step)
+    )
+    return cx.ops.iota(length, start, step, cx.data_type(computed))
 
 
 def _sum(cx, a, dims):
@@ -341,12 +349,13 @@ class _Definition:
     def kind(dtype: torch.dtype) -> type:
         return float if dtype.is_floating_point else bool if dtype == torch.bool else int
 
-    def input(self, arg):
+    def input(self, arg, symbolic: tuple = ()):
+        """A definition input for ``arg``; a tensor's ``symbolic`` dims have extent -1 (any)."""
         if isinstance(arg, torch.Tensor):
             sizes, strides = list(arg.shape), list(arg.stride())
             contiguity, stride_order = self.module.compute_tensor_descriptor(sizes, strides)
             tv = self.fd.define_tensor(
-                shape=sizes,
+                shape=[-1 if d in symbolic else size for d, size in enumerate(sizes)],
                 contiguity=list(contiguity),
                 dtype=self.data_type(arg.dtype),
                 is_cpu=False,
@@ -356,6 +365,10 @@ class _Definition:
                 self._expanded[id(tv)] = tv  # defined as an expanded broadcast (getExpanded)
             return tv
         return self._scalar(self.fd.define_scalar(dtype=self.data_type(SCALAR_TYPES[type(arg)])), type(arg))
+
+    def extent(self, scalar):
+        """A symbolic size as an operand: an Int scalar (a Python int where it is constant)."""
+        return scalar if isinstance(scalar, int) else self._scalar(scalar, int)
 
     def _scalar(self, scalar, kind: type):
         self._scalars[id(scalar)] = (scalar, SCALAR_TYPES[kind])
@@ -449,11 +462,14 @@ def _values_of(args):
             yield a
 
 
-def _resolve(arg, env):
+def _resolve(arg, env, extent):
+    """A call's argument with the values it names from ``env`` and each SymExpr as ``extent`` builds it."""
     if isinstance(arg, str):
         return env[arg]
+    if isinstance(arg, SymExpr):
+        return extent(arg)
     if isinstance(arg, (tuple, list)):
-        return type(arg)(_resolve(a, env) for a in arg)
+        return type(arg)(_resolve(a, env, extent) for a in arg)
     return arg
 
 
@@ -463,13 +479,16 @@ def define(module, region: Region, args):
     fd = module.FusionDefinition()
     with fd:
         cx = _Definition(module, fd, region)
-        env = {name: cx.input(a) for name, a in zip(region.inputs, args)}
+        shapes = region.input_shapes or (None,) * len(args)
+        inputs = [cx.input(a, dims) for a, dims in zip(args, symbolic_dims(shapes))]
+        env = dict(zip(region.inputs, inputs))
+        extents = Extents(fd.ops, region.name, shapes, inputs)
         for call in region.calls:
             name = call.name
             translate = TRANSLATIONS.get(name.removeprefix("prims."))
             if translate is None or not name.startswith("prims."):
                 raise ThunderNotImplementedError(f"nvfuser executor: no translation for {name} (region {region.name})")
-            args = _resolve(call.args, env)
+            args = _resolve(call.args, env, lambda e: cx.extent(extents.of(e)))
             result = translate(cx, *args)
             results = tuple(cx.kept(out, value) for out, value in zip(call.outputs, _tuple(result)))
             cx.note_expanded(name.removeprefix("prims."), args, results)
@@ -504,16 +523,20 @@ class NvFuserRegion:
     """The callable ``fuse`` returns: the region run by the ``FusionDefinition`` of its inputs'
     layout, defined on the first call with each layout."""
 
-    __slots__ = ("region", "executor", "definitions", "_last")
+    __slots__ = ("region", "executor", "definitions", "_last", "_layout")
 
     def __init__(self, region: Region, executor):
         self.region, self.executor = region, executor
         #: layout -> run(args) -> tuple
         self.definitions: dict = {}
         self._last = (None, None)
+        dims = symbolic_dims(region.input_shapes)
+        descriptor = executor.module.compute_tensor_descriptor
+        #: A region with symbolic dims has one definition for all their extents: its layouts hold none.
+        self._layout = (lambda args: symbolic_layout(args, dims, descriptor)) if any(dims) else layout
 
     def __call__(self, *args):
-        key = layout(args)
+        key = self._layout(args)
         last_key, run = self._last
         if key != last_key:
             run = self.definitions.get(key)
@@ -586,6 +609,7 @@ class NvFuserExecutor(FusionExecutor):
     CPU stand-in module."""
 
     fuses_decompositions = True
+    fuses_symbolic = True
 
     def __init__(self, name: str = "nvfuser", *, module=None, allow_cpu: bool = False):
         super().__init__(name)

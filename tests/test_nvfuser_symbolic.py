@@ -1,0 +1,269 @@
+"""Regions of a symbolic trace in the nvFuser executor: one definition per region serves every
+length (``nvfuser_symbolic``), outputs and gradients equal to eager; the bindings' symbolic
+extents, scalar inputs and their errors, the stand-in's against the real module's (``gpu``)."""
+
+import dataclasses
+import sys
+import warnings
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs._core import SymExpr
+
+import fake_nvfuser_direct as fake
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the named executor warns that the real nvfuser_direct is absent
+    from thunder_rs.executors import nvfuser_ex
+    from thunder_rs.executors.nvfuser_ex import NvFuserExecutor, NvFuserRegion
+    from thunder_rs.executors.nvfuser_symbolic import symbolic_dims
+
+LENGTHS = (3, 5, 7, 9, 4)
+
+
+@pytest.fixture
+def fake_ex(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
+    fake.definitions.clear()
+    return NvFuserExecutor("nvfuser_fake", module=fake, allow_cpu=True)
+
+
+@pytest.fixture
+def real_nvfuser():
+    try:
+        return nvfuser_ex.import_nvfuser_direct()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"nvfuser_direct does not import: {type(e).__name__}: {e}")
+
+
+@pytest.fixture
+def real_ex(real_nvfuser):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return NvFuserExecutor("nvfuser_real", module=real_nvfuser)
+
+
+def _recording(executor) -> list:
+    """The ``NvFuserRegion``s ``executor`` makes from now on."""
+    fused, fuse = [], executor.fuse
+    executor.fuse = lambda region: fused.append(fuse(region)) or fused[-1]
+    return fused
+
+
+def _symbolic(fused) -> list:
+    return [r for r in fused if any(symbolic_dims(r.region.input_shapes))]
+
+
+def gelu_softmax(x, w):
+    y = torch.nn.functional.gelu(x @ w) * 2 + x.sum(-1, keepdim=True)
+    return y.reshape(x.shape[0], -1).softmax(-1)
+
+
+MASK = torch.ones(16, 16, dtype=torch.bool).tril()
+
+
+def causal_attention(x, wq, wv):
+    """A causal attention block whose T x T mask is built in the program (iota, broadcasts) and
+    sliced from a buffer (slice bounds T)."""
+    b, t, c = x.shape
+    q = (x @ wq).view(b, t, 2, c // 2).transpose(1, 2)
+    v = (x @ wv).view(b, t, 2, c // 2).transpose(1, 2)
+    pos = torch.arange(t, device=x.device)
+    mask = (pos[:, None] >= pos[None, :]) & MASK.to(x.device)[:t, :t]
+    scores = (q @ q.transpose(-1, -2) / 2.0).masked_fill(~mask, float("-inf")).softmax(-1)
+    return torch.nn.functional.layer_norm((scores @ v).transpose(1, 2).reshape(b, t, c), (c,)) + x
+
+
+def _check_against_eager(fn, shapes, params, executor, device="cpu", **jit_options) -> object:
+    """``fn`` jitted with ``executor`` at each of ``shapes`` (the first argument's), outputs and
+    gradients of every input equal to eager's, no region falling back; returns the jitted function."""
+    jfn = thunder_rs.jit(fn, executors=[executor, "torch"], **jit_options)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a region running eagerly warns
+        for shape in shapes:
+            x = torch.randn(*shape, device=device, requires_grad=True)
+            inputs = [x, *params]
+            expected = fn(*inputs)
+            grads = torch.autograd.grad(expected.square().sum(), inputs)
+            actual = jfn(*inputs)
+            torch.testing.assert_close(actual, expected)
+            # Gradients are sums in another order than eager's (the decomposed layer norm's).
+            torch.testing.assert_close(torch.autograd.grad(actual.square().sum(), inputs), grads, rtol=1e-4, atol=1e-4)
+    assert executor.stats["failures"] == 0, executor.fallbacks
+    return jfn
+
+
+def _params(*shapes, device="cpu"):
+    return [torch.randn(*s, device=device, requires_grad=True) for s in shapes]
+
+
+def test_a_changing_length_defines_each_region_once(fake_ex):
+    fused = _recording(fake_ex)
+    jfn = _check_against_eager(gelu_softmax, [(n, 8) for n in LENGTHS], _params((8, 8)), fake_ex)
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2  # a static compile, then the symbolic one
+    symbolic = _symbolic(fused)
+    assert len(symbolic) >= 2, [r.region.name for r in fused]  # forward and backward
+    assert [len(r.definitions) for r in symbolic] == [1] * len(symbolic)
+    # The static compile's regions and the symbolic ones', each defined once.
+    assert fake_ex.stats["definitions"] == len(fused)
+
+
+def test_a_causal_attention_block_defines_each_region_once(fake_ex):
+    fused = _recording(fake_ex)
+    jfn = _check_against_eager(
+        causal_attention, [(2, n, 8) for n in LENGTHS], _params((8, 8), (8, 8)), fake_ex, dynamic=True
+    )
+    assert thunder_rs.compile_stats(jfn).cache_misses == 1
+    assert fused and _symbolic(fused) == fused
+    assert fake_ex.stats["definitions"] == len(fused)
+    calls = [call for r in fused for call in r.region.calls]
+    for prim in ("prims.iota", "prims.slice", "prims.broadcast_in_dim", "prims.reshape"):
+        assert any(c.name == prim and _has_symbolic(c.args) for c in calls), prim
+
+
+def _has_symbolic(args) -> bool:
+    return any(isinstance(a, SymExpr) or (isinstance(a, (tuple, list)) and _has_symbolic(a)) for a in args)
+
+
+def test_a_region_reading_a_size_it_cannot_bind_runs_eagerly_and_exactly(fake_ex):
+    # The partition gives a region the size values its prims read, so a region built by jit binds
+    # all of them: this one is made so, its inputs' shapes naming only 2*t0 where its calls read t0.
+    fused = _recording(fake_ex)
+    jfn = thunder_rs.jit(gelu_softmax, executors=[fake_ex, "torch"], dynamic=True)
+    x, w = torch.randn(5, 8), torch.randn(8, 8)
+    jfn(x, w)
+    region = next(r.region for r in fused if any(isinstance(s, SymExpr) for s in r.region.input_shapes))
+
+    def doubled(shape):
+        if isinstance(shape, SymExpr):
+            return None
+        return shape if shape is None else tuple(2 * s if isinstance(s, SymExpr) else s for s in shape)
+
+    unbound = NvFuserRegion(dataclasses.replace(region, input_shapes=tuple(map(doubled, region.input_shapes))), fake_ex)
+    args = [torch.randn(5, 8) if isinstance(s, tuple) else 5 for s in region.input_shapes]
+    with pytest.warns(UserWarning, match="reads the size t0, which is neither"):
+        actual = unbound(*args)
+    torch.testing.assert_close(actual, region.function(*args), rtol=0, atol=0)
+    assert fake_ex.stats["failures"] == 1
+
+
+def test_another_layout_at_a_new_length_is_defined_again(fake_ex):
+    # The layout of a symbolic region holds no extents but where its inputs' broadcasts are and how
+    # their dims are laid out: a column-major input at another length gets a definition of its own.
+    fused = _recording(fake_ex)
+    jfn = thunder_rs.jit(gelu_softmax, executors=[fake_ex, "torch"])
+    for n in (3, 5):  # the second compile is symbolic in x.shape[0] only: its regions take (n, 8) tensors
+        jfn(torch.randn(n, 8), torch.randn(8, 8))
+    region = next(r for r in fused if any(symbolic_dims(r.region.input_shapes)))
+    assert all(s == (s[0], 8) for s in region.region.input_shapes if isinstance(s, tuple))
+    for n, column_major in ((6, False), (7, True), (9, True)):
+        args = [
+            (torch.randn(8, n).t() if column_major else torch.randn(n, 8)) if isinstance(s, tuple) else n
+            for s in region.region.input_shapes
+        ]
+        torch.testing.assert_close(region(*args), region.region.function(*args))
+    assert len(region.definitions) == 2 and fake_ex.stats["failures"] == 0
+
+
+def test_a_static_region_keeps_its_layout_with_sizes(fake_ex):
+    fused = _recording(fake_ex)
+    jfn = thunder_rs.jit(gelu_softmax, executors=[fake_ex, "torch"])
+    jfn(torch.randn(3, 8), torch.randn(8, 8))
+    (region,) = fused
+    (key,) = region.definitions
+    assert torch.Size([3, 8]) in key
+
+
+# -- the bindings: symbolic extents, scalar inputs and their errors ------------------------------------
+
+
+def _symbolic_definition(module):
+    """A definition over an [n, 8] tensor (n symbolic), an Int scalar k (= n) and an [n // 2]
+    tensor h: reshape to [n * 8], an iota of n, a full of [k, 2], x[: k - 1] padded back by one
+    row, (n - 9) // 4 as Python floors it (a negative dividend) through div and mod, and the first
+    k // 2 of x's first column plus h (extents nvFuser relates only when it executes)."""
+    with module.FusionDefinition() as fd:
+        x = fd.define_tensor(shape=[-1, 8], contiguity=[True, True], dtype=module.DataType.Float)
+        k = fd.define_scalar(dtype=module.DataType.Int)
+        h = fd.define_tensor(shape=[-1], contiguity=[True], dtype=module.DataType.Float)
+        n = fd.ops.size(x, 0)
+        fd.add_output(fd.ops.reshape(x, [fd.ops.mul(n, 8)]))
+        fd.add_output(fd.ops.iota(n, 0, 1, module.DataType.Int))
+        fd.add_output(fd.ops.full([k, 2], 1.5, module.DataType.Float))
+        head = fd.ops.slice(x, [0, 0], [fd.ops.sub(k, 1), 8])
+        fd.add_output(fd.ops.pad(head, [0, 0, 0, fd.ops.sub(n, fd.ops.sub(k, 1))]))
+        p = fd.ops.sub(n, 9)
+        remainder = fd.ops.mod(fd.ops.add(fd.ops.mod(p, 4), 4), 4)
+        fd.add_output(fd.ops.iota(fd.ops.add(fd.ops.div(fd.ops.sub(p, remainder), 4), 3), 0, 1, module.DataType.Int))
+        column = fd.ops.reshape(fd.ops.slice(x, [0, 0], [fd.ops.div(k, 2), 1]), [fd.ops.div(k, 2)])
+        fd.add_output(fd.ops.add(column, h))
+    return fd
+
+
+def _check_symbolic_definition(module, device):
+    fd = _symbolic_definition(module)
+    for n in (4, 6, 11):
+        x = torch.randn(n, 8, device=device)
+        h = torch.randn(n // 2, device=device)
+        flat, iota, full, padded, floored, added = fd.execute([x, n, h])
+        torch.testing.assert_close(flat, x.reshape(-1))
+        torch.testing.assert_close(iota, torch.arange(n, device=device))
+        torch.testing.assert_close(full, torch.full((n, 2), 1.5, device=device))
+        torch.testing.assert_close(padded, torch.cat([x[: n - 1], torch.zeros(1, 8, device=device)]))
+        assert floored.shape == ((n - 9) // 4 + 3,)
+        torch.testing.assert_close(added, x[: n // 2, 0] + h)
+
+
+def _check_symbolic_misuse(module, device):
+    fd = _symbolic_definition(module)
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(Exception, match="Inputs were not set up correctly"):
+        fd.execute([x])
+    with pytest.raises(Exception, match="is not compatible with the expected data type"):
+        fd.execute([x, 4.0, torch.randn(2, device=device)])
+    with module.FusionDefinition() as fd:
+        y = fd.define_tensor(shape=[-1, 8], contiguity=[True, True], dtype=module.DataType.Float)
+        fd.add_output(fd.ops.mul(y, 2.0))
+    with pytest.raises(Exception, match="Tried to bind to a constant value: 8 as 9"):
+        fd.execute([torch.randn(4, 9, device=device)])
+    with pytest.raises(Exception, match="was neither symbolic"), module.FusionDefinition() as fd:
+        fd.define_tensor(shape=[-2, 8], contiguity=[True, True], dtype=module.DataType.Float)
+
+
+def test_the_stand_in_takes_symbolic_extents_and_scalar_inputs():
+    _check_symbolic_definition(fake, "cpu")
+
+
+def test_the_stand_in_refuses_symbolic_misuse_as_nvfuser_does():
+    _check_symbolic_misuse(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_take_symbolic_extents_and_scalar_inputs(real_nvfuser):
+    _check_symbolic_definition(real_nvfuser, "cuda")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_refuse_the_same_symbolic_misuse(real_nvfuser):
+    _check_symbolic_misuse(real_nvfuser, "cuda")
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_changing_length_defines_each_region_once(real_ex):
+    fused = _recording(real_ex)
+    params = _params((8, 8), device="cuda")
+    jfn = _check_against_eager(gelu_softmax, [(n, 8) for n in LENGTHS], params, real_ex, device="cuda")
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2
+    symbolic = _symbolic(fused)
+    assert symbolic and [len(r.definitions) for r in symbolic] == [1] * len(symbolic)
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_causal_attention_block_defines_each_region_once(real_ex):
+    fused = _recording(real_ex)
+    params = _params((8, 8), (8, 8), device="cuda")
+    _check_against_eager(causal_attention, [(2, n, 8) for n in LENGTHS], params, real_ex, device="cuda", dynamic=True)
+    assert fused and real_ex.stats["definitions"] == len(fused)
