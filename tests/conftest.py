@@ -56,3 +56,28 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def fake_ex(monkeypatch):
+    """An nvFuser executor on the stand-in module (``fake_nvfuser_direct``), allowed CPU tensors;
+    the stand-in is also what ``import nvfuser_direct`` finds."""
+    import sys  # noqa: PLC0415 (the nvFuser tests' fixtures: imported where used)
+
+    import fake_nvfuser_direct as fake  # noqa: PLC0415
+    from thunder_rs.executors.nvfuser_ex import NvFuserExecutor  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
+    fake.definitions.clear()
+    return NvFuserExecutor("nvfuser_fake", module=fake, allow_cpu=True)
+
+
+@pytest.fixture
+def real_nvfuser():
+    """The installed ``nvfuser_direct``; the test is skipped where it does not import."""
+    from thunder_rs.executors import nvfuser_ex  # noqa: PLC0415
+
+    try:
+        return nvfuser_ex.import_nvfuser_direct()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"nvfuser_direct does not import: {type(e).__name__}: {e}")

@@ -30,15 +30,6 @@ with warnings.catch_warnings():
     from thunder_rs.executors.nvfuser_ex import TRANSLATIONS, NvFuserExecutor, NvFuserRegion
 
 
-@pytest.fixture
-def fake_ex(monkeypatch):
-    """An nvFuser executor on the stand-in module, allowed CPU tensors; the stand-in is also
-    what ``import nvfuser_direct`` finds."""
-    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
-    fake.definitions.clear()
-    return NvFuserExecutor("nvfuser_fake", module=fake, allow_cpu=True)
-
-
 def _regions(jfn):
     return [region.name for region in thunder_rs.last_traces(jfn)[-1].regions()]
 
@@ -248,14 +239,6 @@ def _check_type_error(module, op, dtype_names, match):
 
 
 TORCH_DTYPES = {name: dtype for dtype, name in nvfuser_ex.DTYPES.items()}
-
-
-@pytest.fixture
-def real_nvfuser():
-    try:
-        return nvfuser_ex.import_nvfuser_direct()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"nvfuser_direct does not import: {type(e).__name__}: {e}")
 
 
 @pytest.mark.parametrize(("what", "op", "dtypes", "result"), TYPE_RULES, ids=[r[0] for r in TYPE_RULES])

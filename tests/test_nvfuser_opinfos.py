@@ -8,7 +8,6 @@ Each op runs with its result also multiplied by one, so that even a single op ma
 used inside the region.
 """
 
-import sys
 import warnings
 
 import pytest
@@ -18,11 +17,9 @@ import thunder_rs
 import test_ops
 from opinfos import OPINFOS
 
-import fake_nvfuser_direct as fake
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # the named executor warns that the real nvfuser_direct is absent
-    from thunder_rs.executors.nvfuser_ex import NvFuserExecutor
     from thunder_rs.executors.torch_ex import decomposing
 
 pytestmark = test_ops.WARNING_FILTERS
@@ -156,13 +153,6 @@ def _with_subset_checked(params):
     ids = {op.id for op in OPINFOS}
     assert SUBSET <= ids, f"not OpInfo ids: {sorted(SUBSET - ids)}"
     return params
-
-
-@pytest.fixture
-def fake_ex(monkeypatch):
-    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
-    fake.definitions.clear()
-    return NvFuserExecutor("nvfuser_fake", module=fake, allow_cpu=True)
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ OpInfo gradients that ran eagerly there run in regions here, through the stand-i
   on row-major copies.
 """
 
-import sys
 import warnings
 
 import pytest
@@ -32,27 +31,11 @@ import fake_nvfuser_direct as fake
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # the named executor warns that the real nvfuser_direct is absent
     from thunder_rs.executors import nvfuser_ex
-    from thunder_rs.executors.nvfuser_ex import NvFuserExecutor
 
 pytestmark = test_ops.WARNING_FILTERS
 
 OPS = {op.id: op for op in OPINFOS}
 HALF = dict(rtol=3e-2, atol=3e-2)
-
-
-@pytest.fixture
-def fake_ex(monkeypatch):
-    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
-    fake.definitions.clear()
-    return NvFuserExecutor("nvfuser_fake", module=fake, allow_cpu=True)
-
-
-@pytest.fixture
-def real_nvfuser():
-    try:
-        return nvfuser_ex.import_nvfuser_direct()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"nvfuser_direct does not import: {type(e).__name__}: {e}")
 
 
 # -- what the bindings refuse ----------------------------------------------------------------------

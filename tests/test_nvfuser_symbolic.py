@@ -3,7 +3,6 @@ length (``nvfuser_symbolic``), outputs and gradients equal to eager; the binding
 extents, scalar inputs and their errors, the stand-in's against the real module's (``gpu``)."""
 
 import dataclasses
-import sys
 import warnings
 
 import pytest
@@ -16,26 +15,10 @@ import fake_nvfuser_direct as fake
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # the named executor warns that the real nvfuser_direct is absent
-    from thunder_rs.executors import nvfuser_ex
     from thunder_rs.executors.nvfuser_ex import NvFuserExecutor, NvFuserRegion
     from thunder_rs.executors.nvfuser_symbolic import symbolic_dims
 
 LENGTHS = (3, 5, 7, 9, 4)
-
-
-@pytest.fixture
-def fake_ex(monkeypatch):
-    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
-    fake.definitions.clear()
-    return NvFuserExecutor("nvfuser_fake", module=fake, allow_cpu=True)
-
-
-@pytest.fixture
-def real_nvfuser():
-    try:
-        return nvfuser_ex.import_nvfuser_direct()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"nvfuser_direct does not import: {type(e).__name__}: {e}")
 
 
 @pytest.fixture

@@ -493,12 +493,12 @@ def define(module, region: Region, args):
             results = tuple(cx.kept(out, value) for out, value in zip(call.outputs, _tuple(result)))
             cx.note_expanded(name.removeprefix("prims."), args, results)
             env.update(zip(call.outputs, results))
-        inputs = set(region.inputs)
+        given = set(region.inputs)
         for name in region.outputs:
             # An output that is an input is copied: nvFuser would hand back the input itself. One
             # with an expanded dim is materialized: nvFuser would hand it on with stride 0 there,
             # which eager's result has not (an in-place write to it would fail).
-            fd.add_output(fd.ops.set(env[name]) if name in inputs else cx.materialized(env[name]))
+            fd.add_output(fd.ops.set(env[name]) if name in given else cx.materialized(env[name]))
     return fd
 
 
