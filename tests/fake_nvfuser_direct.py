@@ -3,19 +3,13 @@ conventions and type rules as the real module (NVIDIA/Fuser 81c4b22: ``python/py
 binds each ``fd.ops`` name to a C++ op of ``csrc/ops/*.cpp``, whose dtypes ``csrc/type_promotion.cpp``
 decides), recording each definition and evaluating it with torch on whatever device the inputs are.
 
-Each value carries a meta tensor of its shape and dtype, computed as the op is defined, so that
-``tv.dtype()`` answers as nvFuser's does and shape and dtype errors surface at definition time, as
-nvFuser's do. Ops compute as nvFuser's kernels do: operands are promoted to the op's common dtype
-first (Half and BFloat16 to Float for arithmetic), so a Half input gives a Float result unless the
-definition casts; a Double scalar in a Float op computes in double, as the generated code does.
-What nvFuser's generated code has no function for (a reduction, ``ceil`` or ``isnan`` of a half
-type: NVRTC errors on the H100) fails at the first ``execute``, where nvFuser compiles.
-``execute`` checks that its inputs have the dtypes, shapes, contiguity and stride order the
-definition declared (nvFuser would reject or misread them), then replays the ops. Layouts follow
-nvFuser's too (``fake_nvfuser_layouts``): each value knows which of its dims are expanded
-broadcasts, outputs have stride 0 there, and what nvFuser's segments and schedulers refused on a
-GPU for a layout (a gather whose result has such a dim, a column-major normalization) fails to
-compile.
+Each value carries a meta tensor of its shape and dtype, computed as the op is defined: dtype and
+shape errors surface at definition time, as nvFuser's do. Ops compute as nvFuser's kernels do, in
+the op's common dtype (``fake_nvfuser_promotion``: Half and BFloat16 in Float for arithmetic).
+What nvFuser's generated code has no function for (a half ``ceil``: NVRTC errors on the H100)
+fails at the first ``execute``, which checks its inputs against the declared layouts and replays
+the ops. Layouts follow nvFuser's (``fake_nvfuser_layouts``): expanded broadcasts have stride 0,
+and what nvFuser's schedulers refused on a GPU (a column-major normalization) fails to compile.
 
 Symbolic extents are nvFuser's too: ``define_tensor`` takes -1 for a dim of any extent (1 is a
 broadcast, other numbers constants: ``TensorViewBuilder::shape``), ``define_scalar(dtype=...)``
@@ -26,32 +20,18 @@ extent stands as ``SYMBOLIC_EXTENT`` (only ranks and dtypes are checked against 
 concretizes symbolic extents when it executes); ``execute`` computes the real ones.
 """
 
-import enum
-from typing import NamedTuple
-
 import torch
 
 import fake_nvfuser_layouts as layouts
+import fake_nvfuser_promotion as promotion
 from fake_nvfuser_layouts import compute_tensor_descriptor
+from fake_nvfuser_promotion import DEFAULT, FLOAT_ONLY, FLOAT_OP, HALF, PYTHON_TYPES, DataType
 
 __version__ = "0.2.36+fake"
 
 
 def version():
     return __version__
-
-
-class DataType(enum.Enum):
-    Double = torch.float64
-    Float = torch.float32
-    Half = torch.float16
-    Int = torch.int64
-    Int32 = torch.int32
-    Bool = torch.bool
-    BFloat16 = torch.bfloat16
-    ComplexFloat = torch.complex64
-    ComplexDouble = torch.complex128
-    Null = None
 
 
 #: What a symbolic extent (a -1 dim, an Int scalar input and what is computed from them) stands as
@@ -62,8 +42,6 @@ SYMBOLIC_SAMPLE = {True: 1.0, False: SYMBOLIC_EXTENT}
 
 #: Every definition made, in order (tests count them).
 definitions: list = []
-
-HALF = (torch.float16, torch.bfloat16)
 
 
 class Val:
@@ -96,25 +74,7 @@ class TensorView(Val):
         return ops.shape(self)
 
 
-# -- type promotion (csrc/type_promotion.cpp) --------------------------------------------------------
-
-
-class Config(NamedTuple):
-    """``TypePromotionConfig`` (csrc/type_promotion.h)."""
-
-    promote_integer_inputs_to_float: bool = False
-    require_full_precision_promoted: bool = False
-
-
-DEFAULT = Config()  # TypePromotion::default_op_config, also comparison_op_config
-FLOAT_OP = Config(promote_integer_inputs_to_float=True)  # float_op_config
-FLOAT_ONLY = Config(require_full_precision_promoted=True)  # float_only_op_config
-
-#: ``convertToVal`` (ops.cpp): a Python number becomes a constant of the PolymorphicValue's type.
-#: A Python bool is an Int: pybind11 converts to the first alternative of the variant that takes
-#: it without conversion (``complex``, ``double``, ``int64_t``, ``bool``), and its int64_t caster
-#: takes any ``PyLong``, bools included. A Bool constant is ``define_scalar(v, dtype=DataType.Bool)``.
-PYTHON_TYPES = {bool: torch.int64, int: torch.int64, float: torch.float64, complex: torch.complex128}
+# -- type promotion (csrc/type_promotion.cpp: ``fake_nvfuser_promotion``) ------------------------------
 
 
 def _operand(x):
@@ -126,51 +86,9 @@ def _operand(x):
     return False, PYTHON_TYPES[type(x)], 0
 
 
-def _promote(a, b):
-    # promoteType (csrc/type.h): C++'s common_type for native types, float with half -> Float,
-    # double with half -> Double, half with integers -> half: torch.promote_types agrees on all of them.
-    if a is None:
-        return b
-    return a if b is None else torch.promote_types(a, b)
-
-
-def _combine_categories(higher, lower):
-    """``combineCategories`` for the dtypes without complex ones (thunder_rs sends none)."""
-    if higher is not None and higher.is_floating_point:
-        return higher
-    if higher == torch.bool or (lower is not None and lower.is_floating_point):
-        return _promote(higher, lower)
-    return higher if higher is not None else lower
-
-
 def compute_types(config, operands, cast_half_to_float=True):
-    """The dtype nvFuser computes an op of ``operands`` in (``computeTypes``): their common dtype
-    when they differ, by category as torch (dimensioned tensors over 0-dim ones over scalars,
-    a Half or BFloat16 scalar counting as Float); integers to Float under ``promote_integer_inputs_to_float``;
-    then Half and BFloat16 to Float unless ``cast_half_to_float`` is False (``where``)."""
-    types = [_operand(x) for x in operands]
-    dtypes = {dtype for _, dtype, _ in types}
-    if len(dtypes) == 1:
-        common = dtypes.pop()
-    else:
-        dim = zero = wrapped = None
-        for is_tensor, dtype, rank in types:
-            if is_tensor and rank > 0:
-                dim = _promote(dim, dtype)
-            elif is_tensor:
-                zero = _promote(zero, dtype)
-            else:
-                wrapped = _promote(wrapped, torch.float32 if dtype in HALF else dtype)
-        common = _combine_categories(dim, _combine_categories(zero, wrapped))
-    if config.promote_integer_inputs_to_float and not common.is_floating_point:
-        common = torch.float32
-    if config.require_full_precision_promoted:
-        assert common in (torch.float32, torch.float64), (
-            f"Promoted type must be single or double precision float but found {DataType(common).name}"
-        )
-    if cast_half_to_float and common in HALF:
-        common = torch.float32
-    return common
+    """The dtype nvFuser computes an op of ``operands`` in (``computeTypes``)."""
+    return promotion.compute_types(config, [_operand(x) for x in operands], cast_half_to_float)
 
 
 # -- recording ----------------------------------------------------------------------------------------

@@ -1,0 +1,88 @@
+"""The type promotion of the ``nvfuser_direct`` stand-in (``fake_nvfuser_direct``), as nvFuser's
+``csrc/type_promotion.cpp`` decides it, and the ``DataType`` names of the bindings."""
+
+import enum
+from typing import NamedTuple
+
+import torch
+
+
+class DataType(enum.Enum):
+    Double = torch.float64
+    Float = torch.float32
+    Half = torch.float16
+    Int = torch.int64
+    Int32 = torch.int32
+    Bool = torch.bool
+    BFloat16 = torch.bfloat16
+    ComplexFloat = torch.complex64
+    ComplexDouble = torch.complex128
+    Null = None
+
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+class Config(NamedTuple):
+    """``TypePromotionConfig`` (csrc/type_promotion.h)."""
+
+    promote_integer_inputs_to_float: bool = False
+    require_full_precision_promoted: bool = False
+
+
+DEFAULT = Config()  # TypePromotion::default_op_config, also comparison_op_config
+FLOAT_OP = Config(promote_integer_inputs_to_float=True)  # float_op_config
+FLOAT_ONLY = Config(require_full_precision_promoted=True)  # float_only_op_config
+
+#: ``convertToVal`` (ops.cpp): a Python number becomes a constant of the PolymorphicValue's type.
+#: A Python bool is an Int: pybind11 converts to the first alternative of the variant that takes
+#: it without conversion (``complex``, ``double``, ``int64_t``, ``bool``), and its int64_t caster
+#: takes any ``PyLong``, bools included. A Bool constant is ``define_scalar(v, dtype=DataType.Bool)``.
+PYTHON_TYPES = {bool: torch.int64, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+def _promote(a, b):
+    # promoteType (csrc/type.h): C++'s common_type for native types, float with half -> Float,
+    # double with half -> Double, half with integers -> half: torch.promote_types agrees on all of them.
+    if a is None:
+        return b
+    return a if b is None else torch.promote_types(a, b)
+
+
+def _combine_categories(higher, lower):
+    """``combineCategories`` for the dtypes without complex ones (thunder_rs sends none)."""
+    if higher is not None and higher.is_floating_point:
+        return higher
+    if higher == torch.bool or (lower is not None and lower.is_floating_point):
+        return _promote(higher, lower)
+    return higher if higher is not None else lower
+
+
+def compute_types(config, types, cast_half_to_float=True):
+    """The dtype nvFuser computes an op in (``computeTypes``), its operands being ``types``
+    (``(is a tensor, dtype, rank)`` each, as ``getValueType`` sees them): their common dtype
+    when they differ, by category as torch (dimensioned tensors over 0-dim ones over scalars,
+    a Half or BFloat16 scalar counting as Float); integers to Float under ``promote_integer_inputs_to_float``;
+    then Half and BFloat16 to Float unless ``cast_half_to_float`` is False (``where``)."""
+    dtypes = {dtype for _, dtype, _ in types}
+    if len(dtypes) == 1:
+        common = dtypes.pop()
+    else:
+        dim = zero = wrapped = None
+        for is_tensor, dtype, rank in types:
+            if is_tensor and rank > 0:
+                dim = _promote(dim, dtype)
+            elif is_tensor:
+                zero = _promote(zero, dtype)
+            else:
+                wrapped = _promote(wrapped, torch.float32 if dtype in HALF else dtype)
+        common = _combine_categories(dim, _combine_categories(zero, wrapped))
+    if config.promote_integer_inputs_to_float and not common.is_floating_point:
+        common = torch.float32
+    if config.require_full_precision_promoted:
+        assert common in (torch.float32, torch.float64), (
+            f"Promoted type must be single or double precision float but found {DataType(common).name}"
+        )
+    if cast_half_to_float and common in HALF:
+        common = torch.float32
+    return common
