@@ -259,14 +259,13 @@ def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs) -> list:
         found = holders.get(key) if INT in dims else None
         if found is None:
             continue
-        attributes: Any = attributes_of(found[0])
-        value = attributes.get(name) if attributes is not None else None
+        attributes: Any = attributes_of(found[0])  # reached objects have an instance dict
+        value = attributes.get(name)
         if type(value) is not int or value < 2:
             continue
-        at = HeldInt(found[1], name, len(placed))
-        stand_in = symint.wrap(size_inputs.of(value, at))
+        stand_in = symint.wrap(size_inputs.of(value, HeldInt(found[1], name, len(placed))))
         attributes[name] = stand_in
-        placed.append((attributes, _PlacedInt(name, stand_in, at), value))
+        placed.append((attributes, _PlacedInt(name, stand_in), value))
     return placed
 
 
@@ -276,7 +275,6 @@ class _PlacedInt:
 
     name: str
     stand_in: object
-    at: HeldInt
 
 
 def _slots_of(holder):
