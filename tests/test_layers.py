@@ -67,6 +67,9 @@ LAZY_MODULES: dict[tuple[str, str], str] = {
     ("thunder_rs.core.run.autograd", "thunder_rs.core.acquisition.writeback"): (
         "residuals are unshared from inputs only by an entry with write-backs, which a compile loaded"
     ),
+    ("thunder_rs.core.lang.fallback", "thunder_rs.core.lang.fallback_sizes"): (
+        "symbolic output sizes of fallbacks (sympy, a ShapeEnv), for symbolic compiles only"
+    ),
     # Front-door names resolved at their first use (PEP 562 ``__getattr__``).
     ("thunder_rs", "thunder_rs.rules"): "rewrite rules as data (4 frozen dataclasses), for programs that register some",
     ("thunder_rs", "thunder_rs.core.run.examine"): "thunder_rs.examine and its report (a dataclass), when called",
@@ -288,7 +291,8 @@ def test_lazy_modules_are_declared_at_module_level_and_each_of_ours_says_why():
 def test_our_lazy_modules_load_at_first_use_not_at_import():
     """``import thunder_rs`` loads none of ``LAZY_MODULES``' lazy modules (one that another module
     imports outright waits for nothing, and its reason no longer holds); a program's first
-    compile and the first read of the lazy front-door names load them."""
+    compile, a symbolic one with a fallback and the first read of the lazy front-door names load
+    them."""
     lazy = sorted({target for _, target in LAZY_MODULES})
     code = (
         "import sys, torch, thunder_rs\n"
@@ -297,6 +301,10 @@ def test_our_lazy_modules_load_at_first_use_not_at_import():
         "x = torch.randn(3)\n"
         "assert torch.equal(thunder_rs.jit(lambda t: t.sin() * 2)(x), x.sin() * 2)\n"
         "assert thunder_rs.examine(torch.sin, x).supported and thunder_rs.Rule is thunder_rs.rules.Rule\n"
+        # A fallback (an index_put) with symbolic sizes.
+        "def inverse(t):\n    p = t.argsort()\n    i = torch.empty_like(p)\n"
+        "    i[p] = torch.arange(p.size(0))\n    return i\n"
+        "assert torch.equal(thunder_rs.jit(inverse, dynamic=True)(x), inverse(x))\n"
         "print(before, [m for m in lazy if m not in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

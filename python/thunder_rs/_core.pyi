@@ -259,6 +259,8 @@ class Recorder:
     def tensor_input(self, dtype: int, device: str, shape: Sequence[int | SymExpr], requires_grad: bool) -> int: ...
     def size_input(self, hint: int) -> SymExpr:
         """A size read from the inputs on each call, ``hint`` now."""
+    def size_value(self, value: int) -> SymExpr:
+        """The size value ``t{value}`` alone, with its hint (``SymExpr.values()`` names them)."""
     def decide(self, op: str, a: int | SymExpr, b: int | SymExpr) -> bool:
         """``a <op> b`` on the hints, the relation it relies on recorded as a guard."""
     def specialise(self, a: int | SymExpr) -> int:

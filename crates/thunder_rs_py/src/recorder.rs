@@ -95,6 +95,18 @@ impl Recorder {
         Ok(dim_to_py(py, &trace_ir::Dim::size(v, hint))?.unbind())
     }
 
+    /// The size value `value` alone, with the size it was traced at: what `SymExpr.values()`
+    /// names, for code that rebuilds a size from its values (a fallback's symbolic metadata).
+    fn size_value(&mut self, py: Python<'_>, value: u32) -> PyResult<Py<PyAny>> {
+        let v = ValueId(value);
+        match self.builder()?.value(v) {
+            Some(ValueKind::Size(hint)) => Ok(dim_to_py(py, &trace_ir::Dim::size(v, *hint))?.unbind()),
+            _ => {
+                Err(pyo3::exceptions::PyValueError::new_err(format!("t{value} is not a size value of this recording")))
+            }
+        }
+    }
+
     /// Decides `a <op> b` (`eq`, `ne`, `lt`, `le`, `gt`, `ge`) for sizes (ints or `SymExpr`s)
     /// on their hints, recording the guard the answer relies on.
     fn decide(&mut self, op: &str, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<bool> {

@@ -293,7 +293,9 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
         return False
     batch_heads, size = tuple(query.shape[:2]), query.shape[-1]
     same = all(tuple(x.shape[:2]) == batch_heads and x.shape[-1] == size for x in (key, value))
-    return same and key.shape[2] == value.shape[2] and min(query.shape[2], key.shape[2], size) > 0
+    # Each compared with 0 on its own: ``min`` of symbolic lengths would compare them with each
+    # other (a guard ``T <= head size`` that a longer sequence fails: a compile more).
+    return same and key.shape[2] == value.shape[2] and all(d > 0 for d in (query.shape[2], key.shape[2], size))
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)

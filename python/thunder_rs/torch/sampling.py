@@ -73,7 +73,7 @@ def affine_grid(theta, size, align_corners=None):
     spatial = tuple(size[2:])
     # F.affine_grid only warns about unit sizes with align_corners (and then skips the size check).
     check(
-        (align_corners and min(spatial) == 1) or min(size) > 0,
+        (align_corners and any(d == 1 for d in spatial)) or all(d > 0 for d in size),
         op,
         f"Expected non-zero, positive output size. Got {list(size)} (argument size)",
         ThunderValueError,

@@ -225,10 +225,10 @@ class SymbolicEntry:
     places that must hold the same size (``(where, index of the size input)``), ``names`` the
     size inputs' names in ``guards``."""
 
-    __slots__ = ("entry", "key", "dims", "check", "guards")
+    __slots__ = ("entry", "key", "dims", "check", "guards", "_sources", "_explained")
 
     def __init__(self, entry, key, sources, shared, names, guards, checks=()):
-        self.entry, self.key, self.guards = entry, key, tuple(guards)
+        self.entry, self.key, self.guards, self._sources = entry, key, tuple(guards), tuple(sources)
         self.dims = frozenset(at for at in (*sources, *(at for at, _ in shared)) if type(at) not in (HeldDim, HeldInt))
         scope: dict = {}
         binds = "".join(f"    {n} = {size_read(at, scope)}\n" for n, at in zip(names, sources))
@@ -245,6 +245,9 @@ class SymbolicEntry:
         source = f"def check(flat):\n{binds}    return {' and '.join(conditions) or 'True'}\n"
         exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
         self.check = scope["check"]
+        # For miss reasons only: the first condition a call fails, and the sizes it read.
+        tests = "".join(f"    if not ({c}):\n        return {c!r}, {env}\n" for c in conditions)
+        self._explained = (f"def explain(flat):\n{binds}{tests}    return None, None\n", scope)
 
     def serves(self, key, flat) -> bool:
         changed = changed_dims(self.key, key)
@@ -254,6 +257,29 @@ class SymbolicEntry:
             and all(_chunks(self.key[1][i]) == _chunks(key[1][i]) for i in {i for i, _ in changed})
             and self.check(flat)
         )
+
+    def why_not(self, key, flat, names: list) -> str | None:
+        """Why the entry does not serve a call of ``key`` and ``flat`` (``serves`` is False), for
+        its miss reason; ``names`` labels the flat inputs. None when the key differs in more than
+        sizes."""
+        changed = changed_dims(self.key, key)
+        if changed is None:
+            return None
+        constant = [at for at in changed if at not in self.dims]
+        if constant:
+            return f"the entry with symbolic sizes holds {symbolic_labels(constant, names)} constant"
+        strided = sorted({i for i, _ in changed if _chunks(self.key[1][i]) != _chunks(key[1][i])})
+        if strided:
+            return f"{', '.join(names[i] for i in strided)}: its dims step over each other differently (strides)"
+        source, scope = self._explained
+        exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
+        failed, sizes = scope["explain"](flat)
+        if failed is None:
+            return None
+        failed = "a decision taken at the traced sizes" if failed.startswith("_size_check") else failed.strip("()")
+        labels = (symbolic_labels([at], names) for at in self._sources)
+        values = ", ".join(f"{n} = {label} = {v}" for (n, v), label in zip(sizes.items(), labels))
+        return f"the entry with symbolic sizes does not serve it: {failed} fails ({values})"
 
 
 def _chunks(tensor_key) -> frozenset | None:

@@ -20,12 +20,16 @@ from thunder_rs.core.lang import autocast
 from thunder_rs.core.base import problems
 from thunder_rs.core.lang.autocast import AutocastState
 from thunder_rs.core.base.dtypes import CODES
+from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, output_meta, proxies
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, thunder_error_like
+
+#: Symbolic output sizes of fallbacks (sympy and torch's ShapeEnv): for symbolic compiles only.
+_SIZES = LazyModule("thunder_rs.core.lang.fallback_sizes")
 
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
@@ -272,16 +276,32 @@ def set_by_values(hooks) -> None:
 
 
 def _metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
-    """The outputs ``func`` gives, as tensors of their metadata, and for a call sized by values
+    """The outputs ``func`` gives, as tensors of their metadata, ``shape(t)`` of such an output
+    (symbolic where the inputs' sizes are, ``fallback_sizes``), and for a call sized by values
     ``checked(outs)`` (else None)."""
+    if _has_symbolic(args, kwargs):
+        kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+        found = _SIZES.load().symbolic_metadata(func, args, kwargs, factory)
+        if found is not None:
+            return found[0], found[1], None
     try:
-        return _output_metadata(func, name, args, kwargs, autocast_state, factory), None
+        return _output_metadata(func, name, args, kwargs, autocast_state, factory), _shape, None
     except _NeedsValues as e:
         impl = func if autocast_state is None else _under_autocast(func, autocast_state)
         sized = _by_values.sized(impl, args, kwargs) if _by_values is not None else None
         if sized is None:
             raise e.refusal from e.__cause__
-        return sized
+        return sized[0], _shape, sized[1]
+
+
+def _shape(t):
+    return t.shape
+
+
+def _has_symbolic(args, kwargs) -> bool:
+    """Whether a call's arguments hold a symbolic size (a tensor's or an int's)."""
+    leaves = tree_flatten((args, kwargs))[0]
+    return any(type(x) is SymInt or (isinstance(x, TensorProxy) and x._symbolic) for x in leaves)
 
 
 #: Tensor methods that act on the tensor's autograd node, which a traced tensor does not have.
@@ -310,7 +330,7 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         raise ThunderNotImplementedError(f"{name}: an in-place call thunder_rs has no functional form for")
     in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
-    out, checked = _metadata(func, name, args, kwargs, autocast_state, factory=not in_leaves)
+    out, shape, checked = _metadata(func, name, args, kwargs, autocast_state, factory=not in_leaves)
     structure, spec = tree_flatten(out)
     leaves = _tensor_leaves(out)
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
@@ -330,7 +350,7 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     # Complex results carry gradients as eager's do: the backward is torch's (``complex_calls``).
     metas = [
         output_meta(
-            t.shape,
+            shape(t),
             t.dtype,
             t.device if autocast_state is not None else device,
             flag and (t.dtype.is_floating_point or t.dtype.is_complex),

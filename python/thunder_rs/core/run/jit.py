@@ -299,6 +299,8 @@ class ThunderFunction:
         self._marked_held: dict = {}
         self._symbolic: list[SymbolicEntry] = []
         self._dynamic_off: str | None = None
+        #: why the last symbolic entry did not serve the call compiling now (its miss reason)
+        self._declined: str | None = None
         self._passes = checked_passes(passes)
         #: The jit's executors in priority order, or None for the defaults at each compilation.
         self._executors = None if executors is None else resolve_executors(executors)
@@ -507,6 +509,7 @@ class ThunderFunction:
                     return entry
             failed = self._cache.get(key)
             reason = failed.why_not(flat) if failed is not None else None
+            self._declined = self._why_not_symbolic(key, flat, spec)
             mode = self._dynamic if self._dynamic_off is None else False
             sizes = wanted_sizes(mode, key, flat, [self._last_key, *self._variants], self._marked)
             # A new key (a mask grown with the cache) compares with the entry compiled last.
@@ -565,6 +568,9 @@ class ThunderFunction:
         self._record_miss(
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )
+        if self._declined:
+            self._stats.miss_reasons[-1] += f"; {self._declined}"
+            self._declined = None
         if acquired.sizes:
             labels = symbolic_labels(acquired.sizes, names[0])
             shared = f" (and {len(acquired.shared_sizes)} sizes equal to them)" if acquired.shared_sizes else ""
@@ -573,6 +579,12 @@ class ThunderFunction:
         if symbolic is not None:
             self._symbolic.append(symbolic)
         return entry
+
+    def _why_not_symbolic(self, key, flat, spec) -> str | None:
+        """Why the last entry with symbolic sizes does not serve this call, for the miss reason."""
+        if not self._symbolic:
+            return None
+        return self._symbolic[-1].why_not(key, flat, input_names(self._fn, flat, spec))
 
     def _hook_modules(self, acquired) -> list | None:
         """The modules whose hooks the entry's calls run: those the program called, and all of the

@@ -1,0 +1,162 @@
+"""The output metadata of a fallback whose inputs have symbolic sizes, kept symbolic.
+
+A fallback runs torch itself, so its output sizes come from torch's meta kernels. With symbolic
+inputs they are computed on fake tensors of a ``ShapeEnv`` whose symbols are the recording's
+size values (each with its hint): an input's size expression (``t0 * 4``, ``t1 // 2``) becomes
+the same expression over those symbols, and the sizes the kernel returns are read back as
+expressions over the size values (sums, products, floor division and remainder by constants).
+What the kernel decided on the way (``t0 > 16``, ``t0 == 11``) are the ShapeEnv's guards, each
+recorded as the recording's own decision, so the compiled program checks it on each call.
+
+A ShapeEnv imports ``torch._dynamo`` (seconds, once per process, unless the program has: Hugging
+Face models do); finding the user's frame for torch's own messages would import Inductor too, so
+it is not looked for.
+
+Where that cannot be followed (a size torch makes from the data, a size expression or a guard
+thunder_rs has no form for) the call's sizes are specialised, as before: ``symbolic_metadata``
+returns None and the caller goes the static way.
+"""
+
+import sympy  # type: ignore[import-untyped]
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+from thunder_rs.core.base.lazy import LazyModule
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.recorder import current
+from thunder_rs.core.lang.symint import SymInt, wrap
+
+#: A symbol's source (``ConstantSource``); a ShapeEnv imports torch._dynamo when made anyway.
+_DYNAMO_SOURCES = LazyModule("torch._dynamo.source")
+
+
+class _Unfollowed(Exception):
+    """A size or a guard with no thunder_rs form: the call is specialised instead."""
+
+
+class _Sizes:
+    """The ShapeEnv whose symbols stand for the recording's size values, and the two ways
+    between the recording's sizes and torch's."""
+
+    def __init__(self):
+        self.env = ShapeEnv()
+        # Where a symbol or guard came from is for torch's messages (see the module doc).
+        self.env._get_user_frame = lambda: None
+        self._by_value: dict = {}  # size value id -> torch.SymInt
+        self._by_symbol: dict = {}  # sympy symbol -> the recording's SymExpr
+
+    def to_torch(self, size):
+        """A torch int for one of the recording's sizes (an int, a ``SymInt`` or a ``SymExpr``)."""
+        expr = size.expr if type(size) is SymInt else size
+        if type(expr) is int:
+            return expr
+        scope = {f"t{v}": self._symbol(v) for v in expr.values()}
+        return eval(str(expr), {"__builtins__": {}}, scope)  # noqa: S307 (the printer's own arithmetic)
+
+    def _symbol(self, value: int):
+        found = self._by_value.get(value)
+        if found is None:
+            atom = current().size_value(value)
+            source = _source(f"t{value}")
+            symbol = self.env.create_symbol(atom.hint, source, DimDynamic.DYNAMIC)
+            found = self._by_value[value] = self.env.create_symintnode(symbol, hint=atom.hint, source=source)
+            self._by_symbol[symbol] = atom
+        return found
+
+    def from_torch(self, size):
+        """The recording's size for a torch int: an int, or a ``SymInt``."""
+        if type(size) is int:
+            return size
+        if not isinstance(size, torch.SymInt):
+            raise _Unfollowed(f"a size of type {type(size).__name__}")
+        return wrap(self.from_sympy(size.node.expr))
+
+    def from_sympy(self, e):
+        if isinstance(e, sympy.Integer):
+            return int(e)
+        if isinstance(e, sympy.Symbol):
+            if e not in self._by_symbol:
+                raise _Unfollowed(f"a size from the data ({e})")
+            return self._by_symbol[e]
+        if isinstance(e, sympy.Add):
+            return _fold(map(self.from_sympy, e.args), lambda a, b: a + b)
+        if isinstance(e, sympy.Mul):
+            return _fold(map(self.from_sympy, e.args), lambda a, b: a * b)
+        if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and int(e.exp) > 0:
+            return _fold([self.from_sympy(e.base)] * int(e.exp), lambda a, b: a * b)
+        if isinstance(e, (FloorDiv, Mod, PythonMod)):
+            a, b = map(self.from_sympy, e.args)
+            if type(b) is not int or b <= 0:
+                raise _Unfollowed(f"{e}")
+            return a // b if isinstance(e, FloorDiv) else a % b
+        raise _Unfollowed(f"{e}")
+
+    def record_guards(self) -> None:
+        """Records what torch decided on the symbols as the recording's decisions."""
+        for guard in self.env.guards:
+            self._record(guard.expr)
+        for symbol, value in self.env.replacements.items():
+            if symbol in self._by_symbol and value != symbol:
+                self._record(sympy.Eq(symbol, value))
+
+    def _record(self, relation) -> None:
+        ops = {
+            sympy.Eq: "eq",
+            sympy.Ne: "ne",
+            sympy.StrictLessThan: "lt",
+            sympy.LessThan: "le",
+            sympy.StrictGreaterThan: "gt",
+            sympy.GreaterThan: "ge",
+        }
+        op = ops.get(type(relation))
+        if op is None:
+            raise _Unfollowed(f"the guard {relation}")
+        a, b = (self.from_sympy(side) for side in relation.args)
+        if not current().decide(op, a, b):
+            raise _Unfollowed(f"the guard {relation} fails at the traced sizes")
+
+
+def _fold(items, op):
+    items = iter(items)
+    out = next(items)
+    for x in items:
+        out = op(out, x)
+    return out
+
+
+def _source(name: str):
+    return _DYNAMO_SOURCES.load().ConstantSource(name)
+
+
+def symbolic_metadata(func, args, kwargs, factory: bool):
+    """``func``'s outputs computed on fake tensors with symbolic sizes, their sizes the
+    recording's (``SymInt`` where symbolic), as ``(outputs, sizes)``: ``sizes(t)`` gives an
+    output's shape. None where the call's sizes cannot be followed (see the module doc)."""
+    sizes = _Sizes()
+    mode = FakeTensorMode(shape_env=sizes.env)
+
+    def fake(x):
+        if isinstance(x, TensorProxy):
+            shape = [sizes.to_torch(d) for d in x.shape]
+            return torch.empty(shape, dtype=x.dtype, device=x.device)
+        return sizes.to_torch(x) if type(x) is SymInt else x
+
+    with torch._C.DisableTorchFunctionSubclass():
+        try:
+            with mode:
+                fake_args, fake_kwargs = tree_map(fake, (args, kwargs))
+                if factory:
+                    fake_kwargs["device"] = "meta"
+                out = func(*fake_args, **fake_kwargs)
+            shapes = {
+                id(t): tuple(sizes.from_torch(d) for d in t.shape)
+                for t in tree_flatten(out)[0]
+                if isinstance(t, torch.Tensor)
+            }
+            sizes.record_guards()
+        except Exception:  # noqa: BLE001 (unfollowed, or the op's own error: the static way raises it)
+            return None
+    return out, lambda t: shapes[id(t)]
