@@ -92,7 +92,8 @@ def test_a_strided_view_decided_at_one_size_is_not_reused_where_eager_decides_ot
             jv(buf[:, :n, :8])
     for n in [128, 100, 50, 128]:
         eager_buf, jit_buf = buf.clone(), buf.clone()
-        torch.testing.assert_close(jr(jit_buf[:, :n, :8]), reshaped(eager_buf[:, :n, :8]))
+        # A sum of up to 4096 floats, in another order than eager's: float32 rounding apart.
+        torch.testing.assert_close(jr(jit_buf[:, :n, :8]), reshaped(eager_buf[:, :n, :8]), rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(jit_buf, eager_buf)
 
 

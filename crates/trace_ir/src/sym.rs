@@ -113,7 +113,8 @@ impl Poly {
 
     /// A lower bound of the polynomial over sizes of at least 2 (0 and 1 are never symbolic: the
     /// entry checks each size input is at least 2), where every non-constant term's coefficient
-    /// is positive; `None` otherwise. Remainders and floor divisions count as at least 0.
+    /// is positive; `None` otherwise. A remainder counts as at least 0, a floor division as its
+    /// dividend's bound divided (`(t0 + 1) // 2` is at least 1).
     pub fn lower_bound(&self) -> Option<i64> {
         let mut bound = 0i64;
         for (m, c) in &self.terms {
@@ -124,8 +125,12 @@ impl Poly {
             if *c < 0 {
                 return None;
             }
-            let least =
-                m.iter().try_fold(1i64, |p, a| p.checked_mul(if matches!(a, Atom::Value(_)) { 2 } else { 0 }))?;
+            let atoms = m.iter().map(Atom::lower_bound).collect::<Option<Vec<i64>>>()?;
+            // A product's bound is the product of its factors' only where none can be negative.
+            if atoms.len() > 1 && atoms.iter().any(|&b| b < 0) {
+                return None;
+            }
+            let least = atoms.iter().try_fold(1i64, |p, &b| p.checked_mul(b))?;
             bound = bound.checked_add(c.checked_mul(least)?)?;
         }
         Some(bound)
@@ -245,6 +250,15 @@ impl Poly {
 }
 
 impl Atom {
+    /// A lower bound over sizes of at least 2 (see `Poly::lower_bound`).
+    fn lower_bound(&self) -> Option<i64> {
+        match self {
+            Atom::Value(_) => Some(2),
+            Atom::Mod(..) => Some(0),
+            Atom::FloorDiv(p, k) => p.lower_bound().map(|b| b.div_euclid(*k)),
+        }
+    }
+
     fn is_nonnegative(&self) -> bool {
         match self {
             Atom::Value(_) | Atom::Mod(..) => true,
@@ -730,7 +744,11 @@ mod tests {
         let mut facts = Facts::default();
         assert!(!facts.is(&t, -1)); // t + 1 != 0 holds for every size
         assert!(facts.le(&Dim::Const(0), &t.mul(&Dim::Const(3)))); // 3*t >= 0 likewise
+        assert!(facts.le(&Dim::Const(1), &t.add(&Dim::Const(1)).floordiv(2))); // (t + 1) // 2 >= 1 likewise
         assert!(facts.is_empty(), "{:?}", facts.guards());
+        // (t - 5) // 2 >= 0 held at t = 7, not at t = 3: a guard (a floor division is no size).
+        assert!(facts.le(&Dim::Const(0), &t.sub(&Dim::Const(5)).floordiv(2)));
+        assert_eq!(facts.guards().len(), 1);
     }
 
     #[test]

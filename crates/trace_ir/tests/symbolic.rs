@@ -91,26 +91,52 @@ fn a_reshape_relies_on_its_element_count() {
     assert!(err.message.contains("shape [t0, 17] is invalid for input of size 32*t0"), "{err}");
 }
 
-#[test]
-fn prims_without_symbolic_rules_specialise_their_operands() {
-    let (mut b, t, _, _) = builder();
-    let image = b.add_input(tensor(vec![1.into(), 3.into(), t.clone(), t.clone()]));
-    let weight = b.add_input(tensor(vec![4.into(), 3.into(), 3.into(), 3.into()]));
-    let conv = vec![
+fn conv_args(image: ValueId, weight: ValueId, kernel_stride: i64, padding: i64) -> Vec<Arg> {
+    vec![
         Arg::Value(image),
         Arg::Value(weight),
         Arg::None,
-        Arg::ints(&[1, 1]),
-        Arg::ints(&[0, 0]),
+        Arg::ints(&[kernel_stride, kernel_stride]),
+        Arg::ints(&[padding, padding]),
         Arg::ints(&[1, 1]),
         Arg::Scalar(trace_ir::Scalar::Bool(false)),
         Arg::ints(&[0, 0]),
         Arg::Scalar(trace_ir::Scalar::Int(1)),
-    ];
-    let out = b.record_prim("convolution", conv).unwrap()[0];
-    assert_eq!(shape_of(&b, out), vec![1.into(), 4.into(), 5.into(), 5.into()]);
+    ]
+}
+
+#[test]
+fn a_convolution_keeps_batch_and_spatial_sizes_symbolic_and_specialises_channels() {
+    let (mut b, t, s, _) = builder();
+    // [1, 3, t0, t0] by a 3x3 kernel, stride 2, padding 1: (t0 - 1) // 2 + 1 rows and columns.
+    let image = b.add_input(tensor(vec![1.into(), 3.into(), t.clone(), t.clone()]));
+    let weight = b.add_input(tensor(vec![4.into(), 3.into(), 3.into(), 3.into()]));
+    let out = b.record_prim("convolution", conv_args(image, weight, 2, 1)).unwrap()[0];
+    let shape = shape_of(&b, out);
+    assert_eq!((shape[1].clone(), shape[2].to_string(), shape[2].hint()), (4.into(), "((t0 + 1) // 2)".into(), 4));
+    assert!(b.facts().guards().is_empty(), "{:?}", b.facts().guards());
+    // Channels are the weight's: a symbolic channel count is taken at its hint (t1 is 5).
+    let image = b.add_input(tensor(vec![t.clone(), s.clone(), 9.into(), 9.into()]));
+    let weight = b.add_input(tensor(vec![4.into(), 5.into(), 3.into(), 3.into()]));
+    let out = b.record_prim("convolution", conv_args(image, weight, 1, 0)).unwrap()[0];
+    assert_eq!(shape_of(&b, out), vec![t.clone(), 4.into(), 7.into(), 7.into()]);
     let guards: Vec<String> = b.facts().guards().iter().map(|g| g.to_string()).collect();
-    assert_eq!(guards, vec!["t0 - 7 == 0"]);
+    assert_eq!(guards, vec!["t1 - 5 == 0"]);
+}
+
+#[test]
+fn a_convolution_too_small_for_its_kernel_fails_and_one_that_fits_is_guarded() {
+    let (mut b, t, _, _) = builder();
+    let image = b.add_input(tensor(vec![1.into(), 3.into(), t.clone(), t.clone()]));
+    let big = b.add_input(tensor(vec![4.into(), 3.into(), 9.into(), 9.into()]));
+    let err = b.record_prim("convolution", conv_args(image, big, 1, 0)).unwrap_err();
+    assert!(err.message.contains("calculated output size t0 - 8 at spatial dim 0 is too small"), "{err}");
+    let fits = b.add_input(tensor(vec![4.into(), 3.into(), 5.into(), 5.into()]));
+    b.facts_mut().truncate(0);
+    let out = b.record_prim("convolution", conv_args(image, fits, 1, 0)).unwrap()[0];
+    assert_eq!(shape_of(&b, out)[2].to_string(), "t0 - 4");
+    let guards: Vec<String> = b.facts().guards().iter().map(|g| g.to_string()).collect();
+    assert_eq!(guards, vec!["t0 - 5 >= 0"]);
 }
 
 const TEXT: &str = "def computation(t0, t1):

@@ -26,6 +26,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["interpolate", "upsample_backward"]
@@ -103,6 +104,9 @@ def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_
             ThunderValueError,
         )
         sizes = tuple(size) if isinstance(size, (list, tuple)) else (size,) * n
+        # The taps' positions come from float scales of the sizes: a symbolic size is taken at
+        # its value (a guard), as ``_scale`` takes the input's.
+        sizes = tuple(int(s) if type(s) is SymInt else s for s in sizes)
         check(
             len(sizes) == n,
             op,

@@ -42,14 +42,6 @@ struct Geometry<'a> {
 }
 
 impl Conv {
-    /// The leading operands whose batch size (dim 0) the meta rule computes with symbolically.
-    pub(crate) fn batched_operands(&self) -> usize {
-        match self {
-            Conv::Convolution { .. } => 1,
-            Conv::ConvolutionBackward { .. } => 2,
-        }
-    }
-
     fn geometry(&self) -> Geometry<'_> {
         match self {
             Conv::Convolution { stride, padding, dilation, transposed, output_padding, groups }
@@ -65,16 +57,16 @@ impl Family for Conv {
         let geometry = self.geometry();
         match self {
             Conv::Convolution { .. } => {
-                let a = tensor(op, "a", &operands[0])?;
-                let w = tensor(op, "weight", &operands[1])?;
-                let bias = operands.get(2).map(|b| tensor(op, "bias", b)).transpose()?;
-                Ok(vec![convolution(op, &geometry, a, w, bias)?])
+                let a = &batched(tensor(op, "a", &operands[0])?, facts);
+                let w = &constant(tensor(op, "weight", &operands[1])?, facts);
+                let bias = operands.get(2).map(|b| tensor(op, "bias", b)).transpose()?.map(|b| constant(b, facts));
+                Ok(vec![convolution(op, &geometry, a, w, bias.as_ref(), facts)?])
             }
             Conv::ConvolutionBackward { input_grad, weight_grad, bias_grad, .. } => {
-                let g = tensor(op, "grad", &operands[0])?;
-                let a = tensor(op, "a", &operands[1])?;
-                let w = tensor(op, "weight", &operands[2])?;
-                let out = convolution(op, &geometry, a, w, None)?;
+                let g = &batched(tensor(op, "grad", &operands[0])?, facts);
+                let a = &batched(tensor(op, "a", &operands[1])?, facts);
+                let w = &constant(tensor(op, "weight", &operands[2])?, facts);
+                let out = convolution(op, &geometry, a, w, None, facts)?;
                 if !facts.same_shape(&out.shape, &g.shape) || out.dtype != g.dtype {
                     bail!(Value, op, "grad is {} but the convolution gives {}", g.describe(), out.describe());
                 }
@@ -126,21 +118,42 @@ impl Family for Conv {
     }
 }
 
-/// The output of a convolution of `a` with `w` (torch's shape rules), checking every argument.
+/// `t` with its channels (dim 1) constant: its batch and spatial sizes may stay symbolic (a CNN
+/// over batches or images of several sizes), its channels are the weight's; a symbolic one is
+/// taken at its hint (a guard).
+fn batched(t: &TensorMeta, facts: &mut Facts) -> TensorMeta {
+    let mut t = t.clone();
+    if let Some(c) = t.shape.get_mut(1) {
+        *c = Dim::Const(facts.specialise(c));
+    }
+    t
+}
+
+/// `t` with every size constant (a weight or bias), symbolic ones taken at their hints.
+fn constant(t: &TensorMeta, facts: &mut Facts) -> TensorMeta {
+    let mut t = t.clone();
+    for d in &mut t.shape {
+        *d = Dim::Const(facts.specialise(d));
+    }
+    t
+}
+
+/// The output of a convolution of `a` with `w` (torch's shape rules), checking every argument;
+/// `w` and `bias` are constant, `a`'s channels too (`batched`, `constant`).
 fn convolution(
     op: &str,
     geo: &Geometry,
     a: &TensorMeta,
     w: &TensorMeta,
     bias: Option<&TensorMeta>,
+    facts: &mut Facts,
 ) -> Result<TensorMeta> {
     let spatial = check_operands(op, a, w, bias)?;
     check_geometry(op, geo, spatial)?;
     let out_channels = check_channels(op, geo, a, w, bias)?;
-    // The batch size may be symbolic (see `Conv::batched_operands`); the other sizes are constant.
     let mut shape = vec![a.shape[0].clone(), Dim::Const(out_channels)];
     for i in 0..spatial {
-        shape.push(Dim::Const(spatial_output(op, geo, a, w, i)?));
+        shape.push(spatial_output(op, geo, a, w, i, facts)?);
     }
     Ok(TensorMeta::with_dims(a.dtype, a.device, shape))
 }
@@ -229,16 +242,23 @@ fn check_channels(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias
     Ok(out_channels)
 }
 
-/// The output size of spatial dim `i`.
-fn spatial_output(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, i: usize) -> Result<i64> {
-    let (size, k) = (a.shape[2 + i].hint(), w.shape[2 + i].hint());
+/// The output size of spatial dim `i`: an expression of the input's size where it is symbolic.
+fn spatial_output(
+    op: &str,
+    geo: &Geometry,
+    a: &TensorMeta,
+    w: &TensorMeta,
+    i: usize,
+    facts: &mut Facts,
+) -> Result<Dim> {
+    let (size, k) = (&a.shape[2 + i], w.shape[2 + i].hint());
     let (s, p, d, op_) = (geo.stride[i], geo.padding[i], geo.dilation[i], geo.output_padding[i]);
     let out = if geo.transposed {
-        (size - 1) * s - 2 * p + d * (k - 1) + op_ + 1
+        size.sub(&Dim::Const(1)).mul(&Dim::Const(s)).add(&Dim::Const(-2 * p + d * (k - 1) + op_ + 1))
     } else {
-        (size + 2 * p - d * (k - 1) - 1).div_euclid(s) + 1
+        size.add(&Dim::Const(2 * p - d * (k - 1) - 1)).floordiv(s).add(&Dim::Const(1))
     };
-    if out < 1 {
+    if !facts.le(&Dim::Const(1), &out) {
         bail!(
             Runtime,
             op,

@@ -21,7 +21,7 @@ mod shape;
 
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
-use crate::sym::{Dim, Facts};
+use crate::sym::Facts;
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
 use args::CallArgs;
@@ -69,22 +69,6 @@ impl<'v> Operand<'v> {
     /// Whether the operand is a tensor with a symbolic size.
     pub fn is_symbolic(&self) -> bool {
         matches!(self, Operand::Tensor(t) if t.is_symbolic())
-    }
-
-    /// A symbolic tensor with each size from dim `from` on at its hint, the assumption recorded
-    /// in `facts`; `None` where those sizes are constant.
-    fn specialised(&self, facts: &mut Facts, from: usize) -> Option<TensorMeta> {
-        let Operand::Tensor(t) = self else { return None };
-        if !t.shape.iter().skip(from).any(Dim::is_sym) {
-            return None;
-        }
-        let mut constant = (*t).clone();
-        for d in constant.shape.iter_mut().skip(from) {
-            let hint = Dim::Const(d.hint());
-            facts.equal(d, &hint);
-            *d = hint;
-        }
-        Some(constant)
     }
 }
 
@@ -255,39 +239,10 @@ impl Prim {
     }
 
     /// Computes the outputs' metadata from the operands, or a precise error; what it decided on
-    /// symbolic sizes' hints alone goes into `facts`.
-    ///
-    /// A prim whose meta rule does not compute with symbolic sizes ([`Prim::has_symbolic_meta`])
-    /// is specialised: each symbolic size of its operands is assumed equal to its hint (a guard in
-    /// `facts`) and the rule sees constants.
+    /// symbolic sizes' hints alone goes into `facts`. Every meta rule computes with symbolic
+    /// sizes (a rule that needs a number where a size is symbolic specialises it: a guard).
     pub fn meta(&self, operands: &[Operand], facts: &mut Facts) -> Result<Vec<TensorMeta>> {
-        let op = self.qualified_name();
-        if self.has_symbolic_meta() || !operands.iter().any(Operand::is_symbolic) {
-            return self.family_meta(&op, operands, facts);
-        }
-        let batched = self.symbolic_batch_operands();
-        let constant: Vec<Option<TensorMeta>> =
-            operands.iter().enumerate().map(|(i, o)| o.specialised(facts, usize::from(i < batched))).collect();
-        let operands: Vec<Operand> =
-            operands.iter().zip(&constant).map(|(o, c)| c.as_ref().map_or(*o, Operand::Tensor)).collect();
-        self.family_meta(&op, &operands, facts)
-    }
-
-    /// Whether the prim's meta rule computes with symbolic sizes; the others' operands are
-    /// specialised to their hints (see [`Prim::meta`]).
-    pub fn has_symbolic_meta(&self) -> bool {
-        !matches!(self, Prim::Conv(_))
-    }
-
-    /// How many leading operands of a prim without a symbolic meta rule keep a symbolic batch
-    /// size (dim 0) when the rest is specialised: a convolution's input, and its backward's
-    /// gradient and input (a CNN trained with a last, smaller batch compiles once more, not once
-    /// per batch size).
-    fn symbolic_batch_operands(&self) -> usize {
-        match self {
-            Prim::Conv(c) => c.batched_operands(),
-            _ => 0,
-        }
+        self.family_meta(&self.qualified_name(), operands, facts)
     }
 
     /// The gradients of one call of this prim (reverse mode): `cots` holds the cotangent of each

@@ -245,9 +245,10 @@ class SymbolicEntry:
         source = f"def check(flat):\n{binds}    return {' and '.join(conditions) or 'True'}\n"
         exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
         self.check = scope["check"]
-        # For miss reasons only: the first condition a call fails, and the sizes it read.
-        tests = "".join(f"    if not ({c}):\n        return {c!r}, {env}\n" for c in conditions)
-        self._explained = (f"def explain(flat):\n{binds}{tests}    return None, None\n", scope)
+        # For miss reasons only: the first condition a call fails (its index), and the sizes it read.
+        tests = "".join(f"    if not ({c}):\n        return {i}, {env}\n" for i, c in enumerate(conditions))
+        shown = [f"{n} >= 2" for n in names] + [(at, names[j]) for at, j in shared] + list(guards)
+        self._explained = (f"def explain(flat):\n{binds}{tests}    return None, None\n", scope, shown)
 
     def serves(self, key, flat) -> bool:
         changed = changed_dims(self.key, key)
@@ -271,12 +272,14 @@ class SymbolicEntry:
         strided = sorted({i for i, _ in changed if _chunks(self.key[1][i]) != _chunks(key[1][i])})
         if strided:
             return f"{', '.join(names[i] for i in strided)}: its dims step over each other differently (strides)"
-        source, scope = self._explained
+        source, scope, shown = self._explained
         exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
-        failed, sizes = scope["explain"](flat)
-        if failed is None:
+        index, sizes = scope["explain"](flat)
+        if index is None:
             return None
-        failed = "a decision taken at the traced sizes" if failed.startswith("_size_check") else failed.strip("()")
+        failed = shown[index] if index < len(shown) else "a decision taken at the traced sizes"
+        if type(failed) is tuple:  # a size that shares a size input: equal to it
+            failed = f"{symbolic_labels([failed[0]], names)} == {failed[1]}"
         labels = (symbolic_labels([at], names) for at in self._sources)
         values = ", ".join(f"{n} = {label} = {v}" for (n, v), label in zip(sizes.items(), labels))
         return f"the entry with symbolic sizes does not serve it: {failed} fails ({values})"

@@ -1,0 +1,122 @@
+"""Images and sequences of changing sizes through convolutions (issue 26): a convolution's meta
+rule computes its output's spatial sizes from symbolic input sizes (``(H + 2p - d(k - 1) - 1) // s
++ 1``, transposed ``(H - 1) s - 2p + d(k - 1) + op + 1``), so a CNN over images of several sizes
+compiles twice, not once per size; channels stay constant (the weight's). Every call is checked
+against eager: outputs, gradients, and the error of an input too small for its kernel.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+
+torchvision = pytest.importorskip("torchvision")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def misses(jfn) -> int:
+    return thunder_rs.compile_stats(jfn).cache_misses
+
+
+def train_like_eager(model, inputs, **tol) -> thunder_rs.ThunderModule:
+    """Trains ``model`` jitted next to an eager copy on each input: outputs and gradients equal."""
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for x in inputs:
+        out, expected = jmodel(x), eager(x)
+        torch.testing.assert_close(out, expected, **tol)
+        out.square().mean().backward()
+        expected.square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name, **tol)
+        model.zero_grad()
+        eager.zero_grad()
+    return jmodel
+
+
+def test_resnet_trains_on_images_of_several_sizes_in_two_compiles():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).train()
+    sizes = [(64, 64), (80, 96), (96, 64), (72, 72), (65, 97)]
+    inputs = [torch.randn(2, 3, h, w) for h, w in sizes]
+    jmodel = train_like_eager(model, inputs, rtol=1e-4, atol=1e-5)
+    assert misses(jmodel) == 2
+    assert "compiled with symbolic sizes x.shape[2], x.shape[3]" in thunder_rs.compile_stats(jmodel).miss_reasons[1]
+
+
+class TextCNN(torch.nn.Module):
+    """A 1-D CNN over token embeddings of any length: strided, padded and dilated convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+        self.conv1 = torch.nn.Conv1d(8, 16, 5, stride=2, padding=2)
+        self.conv2 = torch.nn.Conv1d(16, 16, 3, dilation=2)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, ids):
+        h = self.embed(ids).transpose(1, 2)
+        h = F.relu(self.conv2(F.relu(self.conv1(h))))
+        return self.head(h.amax(-1))
+
+
+def test_a_text_cnn_trains_over_every_sequence_length():
+    torch.manual_seed(0)
+    model = TextCNN()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for n in [12, 17, 30, 41, 64, 13]:
+        ids = torch.randint(0, 50, (3, n))
+        out, expected = jmodel(ids), eager(ids)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert misses(jmodel) == 2
+
+
+def test_a_transposed_convolution_upsamples_every_size():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.ConvTranspose2d(8, 3, 3, stride=2, padding=1, output_padding=1),
+    )
+    inputs = [torch.randn(1, 3, h, w) for h, w in [(8, 8), (10, 14), (16, 12), (22, 6)]]
+    jmodel = train_like_eager(model, inputs)
+    assert misses(jmodel) == 2
+    assert jmodel(torch.randn(1, 3, 9, 9)).shape == (1, 3, 10, 10)
+
+
+def test_an_image_too_small_for_the_kernel_fails_as_eager_fails():
+    conv = torch.nn.Conv2d(3, 4, 5)
+    jconv = thunder_rs.jit(conv)
+    with torch.no_grad():
+        for n in [8, 12, 16]:
+            x = torch.randn(1, 3, n, n)
+            torch.testing.assert_close(jconv(x), conv(x))
+        assert misses(jconv) == 2
+        x = torch.randn(1, 3, 4, 4)
+        with pytest.raises(RuntimeError) as eager_error:
+            conv(x)
+        with pytest.raises(RuntimeError, match="too small"):
+            jconv(x)
+    assert type(eager_error.value) is RuntimeError
+
+
+def test_a_size_that_shared_a_symbol_and_no_longer_does_is_named_in_the_miss_reason():
+    # Square images first: height and width share one size (duck sizing, as torch.compile).
+    conv = torch.nn.Conv2d(3, 4, 3)
+    jconv = thunder_rs.jit(conv)
+    with torch.no_grad():
+        for h, w in [(8, 8), (10, 10), (12, 12), (12, 16)]:
+            x = torch.randn(1, 3, h, w)
+            torch.testing.assert_close(jconv(x), conv(x))
+    assert misses(jconv) == 3
+    reason = thunder_rs.compile_stats(jconv).miss_reasons[-1]
+    assert "does not serve it: input.shape[3] == t0 fails (t0 = input.shape[2] = 12)" in reason
