@@ -1,7 +1,9 @@
 """Images and sequences of changing sizes through convolutions (issue 26): a convolution's meta
 rule computes its output's spatial sizes from symbolic input sizes (``(H + 2p - d(k - 1) - 1) // s
 + 1``, transposed ``(H - 1) s - 2p + d(k - 1) + op + 1``), so a CNN over images of several sizes
-compiles twice, not once per size; channels stay constant (the weight's). Every call is checked
+compiles twice, not once per size; channels stay constant (the weight's). A mean over symbolic
+sizes divides by them as sizes (group norm, mean pooling), and a view's ``-1`` divides a multiple
+of a length less one (wav2vec2's feature encoder over audio of any length). Every call is checked
 against eager: outputs, gradients, and the error of an input too small for its kernel.
 """
 
@@ -120,3 +122,72 @@ def test_a_size_that_shared_a_symbol_and_no_longer_does_is_named_in_the_miss_rea
     assert misses(jconv) == 3
     reason = thunder_rs.compile_stats(jconv).miss_reasons[-1]
     assert "does not serve it: input.shape[3] == t0 fails (t0 = input.shape[2] = 12)" in reason
+
+
+class GroupNormCNN(torch.nn.Module):
+    """Convolutions with group norm (statistics over the spatial sizes) and mean pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(2, 8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(F.gelu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+def test_group_norm_and_mean_pooling_over_image_sizes_in_two_compiles():
+    torch.manual_seed(0)
+    inputs = [torch.randn(2, 3, h, w) for h, w in [(8, 8), (10, 14), (16, 12), (7, 9)]]
+    jmodel = train_like_eager(GroupNormCNN(), inputs, rtol=1e-4, atol=1e-5)
+    assert misses(jmodel) == 2
+
+
+def test_a_view_of_a_length_less_one_into_heads_stays_symbolic():
+    # (T - 1) tokens viewed as heads with -1: the -1 divides 16*(T - 1) by 8*(T - 1).
+    def fn(x):
+        y = x[:, 1:] * 2
+        return y.view(2, x.shape[1] - 1, -1, 4).transpose(1, 2).sum(-1)
+
+    jf = thunder_rs.jit(fn)
+    for n in [5, 8, 13, 21]:
+        x = torch.randn(2, n, 8)
+        torch.testing.assert_close(jf(x), fn(x))
+    assert misses(jf) == 2
+
+
+def test_wav2vec2_trains_over_audio_lengths_in_two_compiles():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        mask_time_prob=0.0,
+        layerdrop=0.0,
+    )
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2Model(config).train()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for i, n in enumerate([400, 560, 720, 1001]):
+        audio = torch.randn(2, n)
+        torch.manual_seed(i)
+        out = jmodel(input_values=audio).last_hidden_state
+        torch.manual_seed(i)
+        expected = eager(input_values=audio).last_hidden_state
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+        out.square().mean().backward()
+        expected.square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            if q.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+        model.zero_grad()
+        eager.zero_grad()
+    assert misses(jmodel) == 2

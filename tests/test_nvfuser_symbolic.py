@@ -107,6 +107,19 @@ def test_a_causal_attention_block_defines_each_region_once(fake_ex):
         assert any(c.name == prim and _has_symbolic(c.args) for c in calls), prim
 
 
+def mean_pooled(x, w):
+    """Mean pooling over a length: the mean divides by the symbolic length, a size input."""
+    return (x @ w).tanh().mean(1) * x.shape[1]
+
+
+def test_a_mean_over_a_changing_length_divides_by_the_size_input(fake_ex):
+    fused = _recording(fake_ex)
+    jfn = _check_against_eager(mean_pooled, [(2, n, 8) for n in LENGTHS], _params((8, 8)), fake_ex, dynamic=True)
+    assert thunder_rs.compile_stats(jfn).cache_misses == 1
+    calls = [call for r in fused for call in r.region.calls]
+    assert any(c.name == "prims.div" and _has_symbolic(c.args) for c in calls)
+
+
 def _has_symbolic(args) -> bool:
     return any(isinstance(a, SymExpr) or (isinstance(a, (tuple, list)) and _has_symbolic(a)) for a in args)
 
@@ -249,4 +262,12 @@ def test_on_cuda_a_causal_attention_block_defines_each_region_once(real_ex):
     fused = _recording(real_ex)
     params = _params((8, 8), (8, 8), device="cuda")
     _check_against_eager(causal_attention, [(2, n, 8) for n in LENGTHS], params, real_ex, device="cuda", dynamic=True)
+    assert fused and real_ex.stats["definitions"] == len(fused)
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_mean_over_a_changing_length_divides_by_the_size_input(real_ex):
+    fused = _recording(real_ex)
+    params = _params((8, 8), device="cuda")
+    _check_against_eager(mean_pooled, [(2, n, 8) for n in LENGTHS], params, real_ex, device="cuda", dynamic=True)
     assert fused and real_ex.stats["definitions"] == len(fused)

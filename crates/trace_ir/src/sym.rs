@@ -137,8 +137,13 @@ impl Poly {
     }
 
     /// `self / other` when `other` is one term (`c * atoms`) dividing every term of `self`
-    /// exactly (`B*T*C / (B*T)` is `C`); `None` otherwise.
+    /// exactly (`B*T*C / (B*T)` is `C`), or when `self` is `other` times one term
+    /// (`(64*T - 64) / (32*T - 32)` is `2`: a view's `-1` over a length less one); `None`
+    /// otherwise.
     pub fn exact_div(&self, other: &Poly) -> Option<Poly> {
+        if other.terms.len() > 1 {
+            return self.divide_by_a_multiple(other);
+        }
         let [(atoms, c)] = other.terms.as_slice() else { return None };
         let mut terms = Vec::with_capacity(self.terms.len());
         for (m, k) in &self.terms {
@@ -153,6 +158,24 @@ impl Poly {
             terms.push((rest, k / c));
         }
         Some(Poly::from_terms(terms))
+    }
+
+    /// The one term `q` with `other * q == self`, if there is one: `other`'s first term times
+    /// `q` is one of `self`'s terms.
+    fn divide_by_a_multiple(&self, other: &Poly) -> Option<Poly> {
+        let (first, c) = other.terms.first()?;
+        self.terms.iter().find_map(|(m, k)| {
+            if k % c != 0 {
+                return None;
+            }
+            let mut rest = m.clone();
+            for a in first {
+                let at = rest.iter().position(|x| x == a)?;
+                rest.remove(at);
+            }
+            let q = Poly::from_terms(vec![(rest, k / c)]);
+            (other.mul(&q) == *self).then_some(q)
+        })
     }
 
     /// `self + other`.
@@ -741,6 +764,13 @@ mod tests {
         assert_eq!(n.exact_div(&b.mul(&t).poly()), Some(Poly::constant(32)));
         assert_eq!(n.exact_div(&Dim::Const(32).poly()).map(|p| p.to_string()), Some("t1*t2".to_string()));
         assert_eq!(n.exact_div(&t.add(&Dim::Const(1)).poly()), None);
+        // A multiple of a sum: (64*t - 64) / (32*t - 32) and / (t - 1), as a view's -1 divides.
+        let less_one = t.sub(&Dim::Const(1));
+        let numel = less_one.mul(&Dim::Const(64)).poly();
+        assert_eq!(numel.exact_div(&less_one.mul(&Dim::Const(32)).poly()), Some(Poly::constant(2)));
+        assert_eq!(numel.exact_div(&less_one.mul(&b).poly()), None);
+        let rows = b.mul(&less_one).mul(&Dim::Const(4)).poly();
+        assert_eq!(rows.exact_div(&less_one.poly()).map(|p| p.to_string()), Some("4*t1".to_string()));
         let mut facts = Facts::default();
         assert!(!facts.is(&t, -1)); // t + 1 != 0 holds for every size
         assert!(facts.le(&Dim::Const(0), &t.mul(&Dim::Const(3)))); // 3*t >= 0 likewise

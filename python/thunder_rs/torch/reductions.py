@@ -22,6 +22,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.torch.common import is_int, kept
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.elementwise import maximum, minimum
@@ -145,7 +146,9 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
     # Half precision accumulates in float32, as torch does.
     compute = torch.float32 if target in (torch.float16, torch.bfloat16) else target
     total = _reduce(prims.sum, clang.maybe_convert(input, compute), dims, keepdim)
-    return clang.maybe_convert(prims.div(total, float(_numel(input, dims))), target)
+    # A symbolic count divides as the size it is, computed each call (``float`` would specialise it).
+    count = _numel(input, dims)
+    return clang.maybe_convert(prims.div(total, count if type(count) is SymInt else float(count)), target)
 
 
 def _check_nonempty(a, dims, full: bool, op: str):
