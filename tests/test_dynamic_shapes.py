@@ -676,3 +676,47 @@ def test_programs_over_a_length_stay_symbolic(name):
     x = torch.randn(2, 7, 4)
     torch.testing.assert_close(jf(x), fn(x))
     assert misses(jf) == (3 if name == "split_half" else 2)
+
+
+TRAINED_OVER_A_LENGTH = {
+    "var": lambda x: x.var(1),
+    "std": lambda x: x.std(1, unbiased=False),
+    "var_mean": lambda x: torch.var_mean(x, 1)[0] * torch.var_mean(x, 1)[1],
+    "mean": lambda x: x.mean(1),
+    "reflect": lambda x: torch.nn.functional.pad(x.transpose(1, 2), (2, 3), mode="reflect"),
+    "replicate": lambda x: torch.nn.functional.pad(x.transpose(1, 2), (0, 2), mode="replicate"),
+    "circular": lambda x: torch.nn.functional.pad(x.transpose(1, 2), (3, 1), mode="circular"),
+    "unfold": lambda x: x.unfold(1, 3, 2).sum(-1),
+    "power": lambda x: x.reshape(-1)[: x.shape[1] ** 2 // 4] * torch.sym_max(x.shape[1] - 6, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAINED_OVER_A_LENGTH))
+def test_reductions_pads_and_windows_over_a_length_train_with_two_compiles(name):
+    """Variances divide by a symbolic count, pads of a symbolic length are slices of it, windows
+    step by symbolic strides, int powers of a size stay sizes: eager's outputs and gradients at
+    every length, nothing specialised."""
+    fn = TRAINED_OVER_A_LENGTH[name]
+    jf = thunder_rs.jit(fn)
+    for n in [6, 8, 10, 12, 7]:
+        x = torch.randn(3, n, 4, requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        out, expected = jf(x), fn(y)
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        torch.testing.assert_close(x.grad, y.grad)
+    assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+def test_a_size_to_a_float_power_is_its_value_and_recompiles():
+    # Eager computes T ** 0.5 as a float: the size is specialised (no RecursionError through
+    # torch.SymInt's own power), each length compiles.
+    def fn(x):
+        return x / x.shape[1] ** 0.5
+
+    jf = thunder_rs.jit(fn)
+    for n in [6, 8, 10]:
+        x = torch.randn(2, n)
+        torch.testing.assert_close(jf(x), fn(x))
+    assert misses(jf) == 3 and symbolic(jf)

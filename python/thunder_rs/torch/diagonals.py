@@ -13,6 +13,7 @@ from thunder_rs import clang, prims
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum
@@ -165,7 +166,11 @@ def _positions(shape, strides, offset: int, device):
     total = prims.full(tuple(shape), offset, device, torch.int64)
     for d, (size, stride) in enumerate(zip(shape, strides)):
         if size > 1 and stride != 0:
-            along = prims.iota(size, 0, stride, device, torch.int64)
+            # A symbolic stride (a window over a changing length) multiplies the positions: iota's
+            # step is an int.
+            symbolic = type(stride) is SymInt
+            along = prims.iota(size, 0, 1 if symbolic else stride, device, torch.int64)
+            along = prims.mul(along, stride) if symbolic else along
             total = prims.add(total, prims.broadcast_in_dim(along, tuple(shape), (d,)))
     return total
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from thunder_rs import prims
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.joins import pad as constant_pad
@@ -119,8 +120,29 @@ def _index_pad(op: str, mode: str, a, pad, source):
             ThunderRuntimeError,
         )
         if (lo, hi) != (0, 0):
-            a = take_positions(a, d, [source(j - lo, size) for j in range(size + lo + hi)])
+            symbolic = type(size) is SymInt and lo >= 0 and hi >= 0
+            a = _pad_by_slices(a, d, lo, hi, mode) if symbolic else _pad_by_positions(a, d, lo, hi, source)
     return a
+
+
+def _pad_by_positions(a, d: int, lo: int, hi: int, source):
+    size = a.shape[d]
+    return take_positions(a, d, [source(j - lo, size) for j in range(size + lo + hi)])
+
+
+def _pad_by_slices(a, d: int, lo: int, hi: int, mode: str):
+    """Padding of a symbolic length (no position list to read runs from): the borders are slices
+    of the input, flipped where they reflect, repeated where they replicate."""
+    size = a.shape[d]
+    if mode == "reflect":
+        left, right = (slice_in_dim(a, d, 1, lo + 1), slice_in_dim(a, d, size - 1 - hi, size - 1))
+        left, right = (prims.flip(part, (d,)) for part in (left, right))
+    elif mode == "circular":
+        left, right = slice_in_dim(a, d, size - lo, size), slice_in_dim(a, d, 0, hi)
+    else:  # replicate
+        first, last = slice_in_dim(a, d, 0, 1), slice_in_dim(a, d, size - 1, size)
+        left, right = (prims.cat([edge] * n, d) if n else None for edge, n in ((first, lo), (last, hi)))
+    return prims.cat([part for part in (left, a, right) if part is not None and part.shape[d] != 0], d)
 
 
 def _reflect_pad(input, pad):
@@ -178,6 +200,9 @@ def circular_pad(input, pad):
             ),
             ThunderRuntimeError,
         )
+        if type(size) is SymInt and lo >= 0 and hi >= 0:
+            out = _pad_by_slices(out, d, lo, hi, "circular") if (lo, hi) != (0, 0) else out
+            continue
         first, left = max(-lo, 0), max(lo, 0)
         positions = [first + (j - left) % cropped for j in range(size + lo + hi)] if cropped else []
         if positions != list(range(size)):

@@ -362,8 +362,10 @@ def _std_input_grad(g, std, input, dim, unbiased, keepdim, correction, op: str):
     count = math.prod(input.shape[d] for d in dims) if input.ndim else 1
     g_var = _kept(ltorch.where(ltorch.eq(std, 0), 0.0, ltorch.true_divide(g, ltorch.mul(std, 2))), input, dims, keepdim)
     freedom = count - correction
-    scale = 2.0 / freedom if freedom else math.inf  # eager's double division
     centered = ltorch.sub(input, ltorch.mean(input, dims, keepdim=True))
+    if type(freedom) is SymInt and freedom != 0:  # a changing count divides as a size (a guard: not 0)
+        return ltorch.mul(ltorch.true_divide(ltorch.mul(g_var, 2.0), freedom), centered), dims, count
+    scale = 2.0 / freedom if freedom else math.inf  # eager's double division
     return ltorch.mul(ltorch.mul(g_var, scale), centered), dims, count
 
 

@@ -115,7 +115,9 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
     flat = reshape_to(moved, (*batch, rows * cols))
     if length == 0:  # an empty view of the input, as eager's (it requires grad as the input does)
         return slice_in_dim(flat, len(batch), 0, 0, 1)
-    return slice_in_dim(flat, len(batch), first, first + (length - 1) * (cols + 1) + 1, cols + 1)
+    # A slice's step is an int: a symbolic row length is taken at its value (a guard).
+    step = int(cols + 1)
+    return slice_in_dim(flat, len(batch), first, first + (length - 1) * step + 1, step)
 
 
 @torchsymbol(torch.diagonal_scatter, torch.Tensor.diagonal_scatter)
@@ -138,7 +140,8 @@ def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
     moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
     flat = reshape_to(moved, (*batch, rows * cols))
     src = clang.maybe_convert(src, input.dtype)
-    out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * (cols + 1) + 1, cols + 1)
+    step = int(cols + 1)  # as in ``diagonal``
+    out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * step + 1, step)
     out = reshape_to(out, moved.shape)
     inverse = tuple(sorted(range(input.ndim), key=lambda i: perm[i]))
     return prims.transpose(out, inverse) if perm != tuple(range(input.ndim)) else out

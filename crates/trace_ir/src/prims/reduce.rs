@@ -138,31 +138,53 @@ fn vjp(prim: &Reduce, e: &mut Emitter, x: ValueId, outputs: &[ValueId], cots: &[
             e.mul(g, hit)?
         }
         Reduce::Var { dims, correction } | Reduce::VarMean { dims, correction } => {
-            // The scale is a literal: a symbolic count is taken at its hint (a guard).
-            let n = e.builder.facts_mut().specialise(&Dim::product(dims.iter().map(|&d| &shape[d])));
-            let mut grad = None;
-            if let Some(g) = cots[0] {
-                // d var / dx = 2 (x - mean) / (n - correction)
-                let mean = e.sum(x, dims.clone())?;
-                let mean = e.div(mean, e.scalar(x, n as f64))?;
-                let mean = e.unreduce(mean, &shape, dims)?;
-                let centered = e.sub(x, mean)?;
-                let scale = 2.0 / (n as f64 - correction.as_f64());
-                let g = e.unreduce(g, &shape, dims)?;
-                let t = e.mul(centered, e.scalar(x, scale))?;
-                grad = Some(e.mul(g, t)?);
-            }
-            if let Some(g_mean) = cots.get(1).copied().flatten() {
-                let t = e.div(g_mean, e.scalar(x, n as f64))?;
-                let t = e.unreduce(t, &shape, dims)?;
-                grad = Some(match grad {
-                    Some(g) => e.add(g, t)?,
-                    None => t,
-                });
-            }
-            return Ok(vec![grad]);
+            let count = Dim::product(dims.iter().map(|&d| &shape[d]));
+            return var_grads(e, x, &shape, dims, &count, correction.as_f64(), cots);
         }
         Reduce::Argmax { .. } | Reduce::Argmin { .. } => return Ok(vec![None]),
     };
     Ok(vec![Some(grad)])
+}
+
+/// The gradient of `var` (and `var_mean`) of `x` over `dims`, which hold `count` elements. A
+/// symbolic count divides as the size it is (an int correction keeps `count - correction` one);
+/// a constant one, or a fractional correction, scales by a literal (the count at its hint).
+fn var_grads(
+    e: &mut Emitter,
+    x: ValueId,
+    shape: &[Dim],
+    dims: &[usize],
+    count: &Dim,
+    correction: f64,
+    cots: &[Option<ValueId>],
+) -> Result<Grads> {
+    let whole = correction.fract() == 0.0;
+    let n = if count.is_sym() && whole { None } else { Some(e.builder.facts_mut().specialise(count) as f64) };
+    let by_count = |e: &Emitter, v: ValueId| n.map_or_else(|| Arg::dim(count), |n| e.scalar(v, n));
+    let mut grad = None;
+    if let Some(g) = cots[0] {
+        // d var / dx = 2 (x - mean) / (n - correction)
+        let mean = e.sum(x, dims.to_vec())?;
+        let mean = e.div(mean, by_count(e, x))?;
+        let mean = e.unreduce(mean, shape, dims)?;
+        let centered = e.sub(x, mean)?;
+        let g = e.unreduce(g, shape, dims)?;
+        let t = match n {
+            Some(n) => e.mul(centered, e.scalar(x, 2.0 / (n - correction)))?,
+            None => {
+                let twice = e.mul(centered, e.scalar(x, 2.0))?;
+                e.div(twice, Arg::dim(&count.sub(&Dim::Const(correction as i64))))?
+            }
+        };
+        grad = Some(e.mul(g, t)?);
+    }
+    if let Some(g_mean) = cots.get(1).copied().flatten() {
+        let t = e.div(g_mean, by_count(e, x))?;
+        let t = e.unreduce(t, shape, dims)?;
+        grad = Some(match grad {
+            Some(g) => e.add(g, t)?,
+            None => t,
+        });
+    }
+    Ok(vec![grad])
 }

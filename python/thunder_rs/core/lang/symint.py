@@ -20,6 +20,7 @@ subclass instead, so that torch's argument parser passes it on to the language c
 It has no ``node``: a ``torch.SymInt`` method it does not override fails loudly.
 """
 
+import math
 import operator
 import sys
 
@@ -192,6 +193,34 @@ class SymInt(torch.SymInt):
     def __abs__(self):
         return self if self >= 0 else -self
 
+    # An int power stays symbolic; any other power, and what torch.SymInt would answer through
+    # its SymNode (bit operations, ``torch.sym_sqrt``...), is an int's: the size specialised.
+    def __pow__(self, other, modulo=None):
+        if type(other) is int and 0 <= other <= 8 and modulo is None:
+            out = 1
+            for _ in range(other):
+                out = out * self
+            return out
+        return pow(self.__index__(), other, modulo)
+
+    def __rpow__(self, other):
+        return other ** self.__index__()
+
+    # ``round``, ``math.trunc``, ``floor`` and ``ceil`` of an int are the int.
+    def __round__(self, ndigits=None):
+        return self if ndigits is None or ndigits >= 0 else round(self.__index__(), ndigits)
+
+    def __trunc__(self):
+        return self
+
+    __floor__ = __ceil__ = __trunc__
+
+    def __sym_max__(self, other):
+        return self if self >= other else other
+
+    def __sym_min__(self, other):
+        return self if self <= other else other
+
     def __repr__(self):
         return f"SymInt({self.expr}, hint={self.expr.hint})"
 
@@ -204,6 +233,22 @@ class SymInt(torch.SymInt):
     def __format__(self, spec):
         return str(self.expr) if _internal(sys._getframe(1)) else format(self.__index__(), spec)
 
+
+def _specialising(name: str):
+    def method(self, *args):
+        return getattr(self.__index__(), name)(*args)
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__", "__rlshift__"):
+    setattr(SymInt, _name, _specialising(_name))
+for _name in ("__rshift__", "__rrshift__", "as_integer_ratio", "bit_length", "conjugate"):
+    setattr(SymInt, _name, _specialising(_name))
+for _name in ("sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh"):
+    setattr(SymInt, f"__sym_{_name}__", lambda self, _f=getattr(math, _name): _f(self.__index__()))
+SymInt.__sym_float__ = SymInt.__float__  # type: ignore[method-assign,assignment]
 
 set_size_wrapper(wrap)
 
