@@ -191,3 +191,27 @@ def test_wav2vec2_trains_over_audio_lengths_in_two_compiles():
         model.zero_grad()
         eager.zero_grad()
     assert misses(jmodel) == 2
+
+
+class UpsamplingDecoder(torch.nn.Module):
+    """An FPN-like decoder: features downsampled by a strided convolution, upsampled by 2
+    (nearest and bilinear) and added back."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = torch.nn.Conv2d(3, 6, 3, stride=2, padding=1)
+        self.lateral = torch.nn.Conv2d(3, 6, 1)
+        self.up = torch.nn.Upsample(scale_factor=2, mode="nearest")
+
+    def forward(self, x):
+        coarse = self.down(x)
+        smooth = F.interpolate(coarse, scale_factor=2, mode="bilinear", align_corners=False)
+        return self.lateral(x) + self.up(coarse) + smooth
+
+
+def test_upsampling_by_a_whole_factor_keeps_image_sizes_symbolic():
+    torch.manual_seed(0)
+    # Even sizes: the strided convolution halves them exactly, so the upsampled map fits again.
+    inputs = [torch.randn(2, 3, h, w) for h, w in [(8, 8), (10, 14), (16, 12), (22, 6)]]
+    jmodel = train_like_eager(UpsamplingDecoder(), inputs, rtol=1e-4, atol=1e-5)
+    assert misses(jmodel) == 2

@@ -131,7 +131,7 @@ def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_
             "(argument scale_factor)",
             ThunderValueError,
         )
-        sizes = tuple(int(math.floor(float(s) * f)) for s, f in zip(spatial, scales))
+        sizes = tuple(_scaled(s, f) for s, f in zip(spatial, scales))
         if recompute_scale_factor or mode == "area":
             scales = (None,) * n
     check(
@@ -148,6 +148,14 @@ def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_
         ThunderRuntimeError,
     )
     return sizes, scales
+
+
+def _scaled(size, factor) -> int:
+    """``floor(size * factor)``, as F.interpolate sizes its output; a symbolic size by a whole
+    factor stays symbolic (upsampling by 2), by any other it is taken at its value (a guard)."""
+    if type(size) is SymInt and float(factor).is_integer() and factor > 0:
+        return size * int(factor)
+    return int(math.floor(float(size) * factor))
 
 
 # -- taps ------------------------------------------------------------------------------------------
