@@ -1,9 +1,10 @@
 """Shapes that change between calls (issue 26): compile counts and time against eager, one process.
 
-    python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch] [--executors inductor]
+    python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch,decode,images]
+        [--executors inductor]
         [--json out.json]
 
-Three runs, each against eager on the same weights and inputs:
+Four runs, each against eager on the same weights and inputs:
 
   padding   a tiny Hugging Face GPT-2 trained with dynamic padding: each step's batch of 8 is padded
             to a length drawn from 16..128 (seeded; 36 distinct lengths in 40 steps), AdamW.
@@ -15,6 +16,9 @@ Three runs, each against eager on the same weights and inputs:
             most 1.5x.
   decode    a 64-token greedy decode with a growing KV cache through the jitted GPT-2.
             Target: at most 3 compiles.
+  images    torchvision's ResNet-18 trained (SGD) on batches of 4 images whose height and width
+            are drawn from 64..160 in steps of 16 (seeded; `--steps` // 2 steps): compiles and
+            wall time against eager (no target in the issue; a compile per size before).
 
 Wall times include the compiles (that is the user's cost). torch.compile is not run here (its
 recompiles and automatic dynamic shapes are what the targets compare with: `--with-compile` adds it).
@@ -208,13 +212,37 @@ def run_decode(tokens: int, backends: dict) -> dict:
     return result
 
 
+def run_images(steps: int, backends: dict) -> dict:
+    import torchvision  # noqa: PLC0415 (optional: only this run needs it)
+
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    sizes = [(rng.randrange(64, 161, 16), rng.randrange(64, 161, 16)) for _ in range(steps)]
+    images = [torch.randn(4, 3, h, w, generator=gen).to(DEVICE) for h, w in sizes]
+    result = {"steps": steps, "distinct_sizes": len(set(sizes))}
+    for name, make in backends.items():
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18(num_classes=10).to(DEVICE).train()
+        call = make(model)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        start = time.perf_counter()
+        for x in images:
+            call(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        result[f"{name}_s"] = time.perf_counter() - start
+        result[f"{name}_compiles"] = compiles(call)
+    result["ratio"] = result["thunder_rs_s"] / result["eager_s"]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--with-compile", action="store_true")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--runs", default="padding,batch,decode", help="which runs, comma-separated")
+    parser.add_argument("--runs", default="padding,batch,decode,images", help="which runs, comma-separated")
     parser.add_argument("--executors", help="thunder_rs's executors, comma-separated (default: the defaults)")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -230,6 +258,7 @@ def main() -> None:
         "padding": lambda: run_padding(args.steps, backends),
         "batch": lambda: run_batch(backends),
         "decode": lambda: run_decode(args.tokens, backends),
+        "images": lambda: run_images(args.steps // 2, backends),
     }
     results: dict = {"device": str(DEVICE)}
     for name in args.runs.split(","):
