@@ -348,7 +348,7 @@ def _collect(entries: list[dict], process: int, rc: int, timed_out: bool, cases:
 
 
 def run_dynamic(results: Results, args) -> dict:
-    """``dynamic_shapes.py`` on the device (padding lengths, batch sizes, a KV-cache decode),
+    """``dynamic_shapes.py`` on the device (padding lengths, batch sizes, a KV-cache decode, images),
     within what is left of the budget; each run's result line as it ends (a run cut short keeps
     the ones before)."""
     seconds = results.left() - CLOSING_S
@@ -372,7 +372,7 @@ def run_dynamic(results: Results, args) -> dict:
     runs = {}
     for line in output.read_text(errors="replace").splitlines():
         name, _, rest = line.partition(" ")
-        if name in ("padding", "batch", "decode"):
+        if name in ("padding", "batch", "decode", "images"):
             runs[name] = dict(kv.split("=", 1) for kv in rest.split())
     results.log(f"dynamic shapes: rc={rc}" + (" (out of time)" if timed_out else ""), runs)
     return {"rc": rc, "timed_out": timed_out, "runs": runs}

@@ -346,7 +346,7 @@ def test_the_dry_run_on_the_cpu_writes_every_result_file(tmp_path):
         )
     assert rc == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert set(report["dynamic"]["runs"]) == {"padding", "batch", "decode"}, report["dynamic"]
+    assert set(report["dynamic"]["runs"]) == {"padding", "batch", "decode", "images"}, report["dynamic"]
     assert report["dynamic"]["runs"]["decode"]["same_tokens"] == "True"
     assert "## Shapes that change between calls" in (tmp_path / "cuda.md").read_text()
     rows = {(r["variant"], r["case"]): r for r in report["benchmark"]["rows"]}
