@@ -9,12 +9,11 @@ in training; BART compiled once more past its head size (CPU flash attention's c
 length with the head size through ``min``).
 """
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
 from custom_ops import fold_pairs, head_rows, pool_long_rows
+from twin_training import train_like_eager
 
 import thunder_rs
 
@@ -134,16 +133,6 @@ def test_a_mixture_of_experts_trains_with_padding_lengths_in_two_compiles():
     )
     torch.manual_seed(0)
     model = T.MixtralForCausalLM(config).train()
-    eager = copy.deepcopy(model)
-    jmodel = thunder_rs.jit(model)
-    for i, length in enumerate([8, 11, 14, 9]):
-        batch = _lm_batch(i, length)
-        loss, expected = jmodel(**batch).loss, eager(**batch).loss
-        torch.testing.assert_close(loss, expected)
-        loss.backward()
-        expected.backward()
-        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
-        model.zero_grad()
-        eager.zero_grad()
+    batches = [_lm_batch(i, length) for i, length in enumerate([8, 11, 14, 9])]
+    jmodel = train_like_eager(model, batches, lambda out: out.loss, rtol=1e-4, atol=1e-5)
     assert misses(jmodel) == 2

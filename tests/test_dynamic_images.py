@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import thunder_rs
+from twin_training import train_like_eager
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -22,22 +23,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def misses(jfn) -> int:
     return thunder_rs.compile_stats(jfn).cache_misses
-
-
-def train_like_eager(model, inputs, **tol) -> thunder_rs.ThunderModule:
-    """Trains ``model`` jitted next to an eager copy on each input: outputs and gradients equal."""
-    eager = copy.deepcopy(model)
-    jmodel = thunder_rs.jit(model)
-    for x in inputs:
-        out, expected = jmodel(x), eager(x)
-        torch.testing.assert_close(out, expected, **tol)
-        out.square().mean().backward()
-        expected.square().mean().backward()
-        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=name, **tol)
-        model.zero_grad()
-        eager.zero_grad()
-    return jmodel
 
 
 def test_resnet_trains_on_images_of_several_sizes_in_two_compiles():
@@ -174,22 +159,8 @@ def test_wav2vec2_trains_over_audio_lengths_in_two_compiles():
     )
     torch.manual_seed(0)
     model = transformers.Wav2Vec2Model(config).train()
-    eager = copy.deepcopy(model)
-    jmodel = thunder_rs.jit(model)
-    for i, n in enumerate([400, 560, 720, 1001]):
-        audio = torch.randn(2, n)
-        torch.manual_seed(i)
-        out = jmodel(input_values=audio).last_hidden_state
-        torch.manual_seed(i)
-        expected = eager(input_values=audio).last_hidden_state
-        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
-        out.square().mean().backward()
-        expected.square().mean().backward()
-        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-            if q.grad is not None:
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
-        model.zero_grad()
-        eager.zero_grad()
+    batches = [dict(input_values=torch.randn(2, n)) for n in [400, 560, 720, 1001]]
+    jmodel = train_like_eager(model, batches, lambda out: out.last_hidden_state, rtol=1e-4, atol=1e-5)
     assert misses(jmodel) == 2
 
 

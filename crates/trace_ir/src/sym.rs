@@ -144,36 +144,17 @@ impl Poly {
         if other.terms.len() > 1 {
             return self.divide_by_a_multiple(other);
         }
-        let [(atoms, c)] = other.terms.as_slice() else { return None };
-        let mut terms = Vec::with_capacity(self.terms.len());
-        for (m, k) in &self.terms {
-            if k % c != 0 {
-                return None;
-            }
-            let mut rest = m.clone();
-            for a in atoms {
-                let at = rest.iter().position(|x| x == a)?;
-                rest.remove(at);
-            }
-            terms.push((rest, k / c));
-        }
+        let [divisor] = other.terms.as_slice() else { return None };
+        let terms = self.terms.iter().map(|term| divide_term(term, divisor)).collect::<Option<Vec<_>>>()?;
         Some(Poly::from_terms(terms))
     }
 
     /// The one term `q` with `other * q == self`, if there is one: `other`'s first term times
     /// `q` is one of `self`'s terms.
     fn divide_by_a_multiple(&self, other: &Poly) -> Option<Poly> {
-        let (first, c) = other.terms.first()?;
-        self.terms.iter().find_map(|(m, k)| {
-            if k % c != 0 {
-                return None;
-            }
-            let mut rest = m.clone();
-            for a in first {
-                let at = rest.iter().position(|x| x == a)?;
-                rest.remove(at);
-            }
-            let q = Poly::from_terms(vec![(rest, k / c)]);
+        let first = other.terms.first()?;
+        self.terms.iter().find_map(|term| {
+            let q = Poly::from_terms(vec![divide_term(term, first)?]);
             (other.mul(&q) == *self).then_some(q)
         })
     }
@@ -270,6 +251,19 @@ impl Poly {
         }
         Ok(out)
     }
+}
+
+/// `term / divisor` when it divides exactly: the coefficient and every atom of the divisor's.
+fn divide_term((m, k): &(Monomial, i64), (atoms, c): &(Monomial, i64)) -> Option<(Monomial, i64)> {
+    if k % c != 0 {
+        return None;
+    }
+    let mut rest = m.clone();
+    for a in atoms {
+        let at = rest.iter().position(|x| x == a)?;
+        rest.remove(at);
+    }
+    Some((rest, k / c))
 }
 
 impl Atom {

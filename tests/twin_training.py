@@ -1,0 +1,32 @@
+"""Training a jitted module next to an eager copy of it, for the tests of shapes that change
+between calls (``test_dynamic_images``, ``test_dynamic_fallbacks``)."""
+
+import copy
+
+import torch
+
+import thunder_rs
+
+
+def train_like_eager(model, batches, read=lambda out: out, **tol) -> thunder_rs.ThunderModule:
+    """Trains ``model`` jitted next to an eager copy, one call per batch (a tensor, or a dict of
+    keyword arguments), the random state seeded alike for both calls (dropout): what ``read``
+    takes from the outputs, and every gradient of ``read(out).square().mean()``, equal to eager's.
+    Returns the jitted module."""
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for i, batch in enumerate(batches):
+        args, kwargs = ((), batch) if isinstance(batch, dict) else ((batch,), {})
+        torch.manual_seed(i)
+        out = read(jmodel(*args, **kwargs))
+        torch.manual_seed(i)
+        expected = read(eager(*args, **kwargs))
+        torch.testing.assert_close(out, expected, **tol)
+        out.square().mean().backward()
+        expected.square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            if q.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, msg=name, **tol)
+        model.zero_grad()
+        eager.zero_grad()
+    return jmodel
