@@ -16,13 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils._pytree import tree_flatten
 
-from thunder_rs import _core
-from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, size_readers, symbolic_entry
-from thunder_rs.core.acquisition.dynamic import symbolic_labels, wanted_held, wanted_sizes, with_sizes
-from thunder_rs.core.run.input_names import trace_input_names
-from thunder_rs.core.run.autograd import grad_function
+from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry
+from thunder_rs.core.acquisition.dynamic import symbolic_labels, wanted_held, wanted_sizes
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
-from thunder_rs.core.run.differentiable import DifferentiableProgram, program_generators
 from thunder_rs.core.acquisition.cache import (
     describe_change,
     fast_key_fn,
@@ -33,15 +29,15 @@ from thunder_rs.core.acquisition.cache import (
     stored_key,
 )
 from thunder_rs.core.run.front import live_functions
+from thunder_rs.core.run.generate import generated, snapshot_runner
 from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.base.userframe import user_frame
 from thunder_rs.core.lang.values import Diverged, ValueReads, ValueTree, abandonable, decision
 from thunder_rs.core.base.lazy import LazyModule
-from thunder_rs.core.base.logs import checked_passes, log_compile, log_dumps, log_dynamic_off
+from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
 from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
-from thunder_rs.core.base.proxies import make_proxy
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.lang.rng import check_generators
 from thunder_rs.core.run.wrapped_module import (
@@ -55,16 +51,11 @@ from thunder_rs.core.run.wrapped_module import (
 from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
-    ThunderTypeError,
     ThunderValueError,
     runtime_error,
 )
 from thunder_rs.core.lang.executor_api import (
-    FusionExecutor,
-    Region,
     default_executors,
-    differentiable_executors,
-    executor_table,
     resolve_executors,
     whole_runners,
 )
@@ -75,7 +66,6 @@ if TYPE_CHECKING:
 #: Compilation's modules, loaded at the first compile: ``import thunder_rs`` does not pay for them.
 _ACQUIRE = LazyModule("thunder_rs.core.acquisition.acquire")
 _ENTRY = LazyModule("thunder_rs.core.run.entry")
-_WRITEBACK = LazyModule("thunder_rs.core.acquisition.writeback")
 
 MISS_WARNING_THRESHOLD = 8
 #: How many variants one call may hand over to after its values diverged (``_other_path``).
@@ -111,176 +101,6 @@ class CompileStats:
     @property
     def calls(self) -> int:
         return self.cache_hits + self.cache_misses
-
-
-def _checker(executors):
-    """The callback the Rust claim pass calls for table entries that have a checker."""
-
-    def check(index, key, args, kwargs):
-        return bool(executors[index].registry[key].checker(*args, **kwargs))
-
-    return check
-
-
-def _load(trace, name: str, filename: str, namespace: dict, regions: dict):
-    """Execs the generated source of an execution trace, its fusion regions bound to the
-    callables ``regions`` holds by name; returns the source and its function."""
-    source, scope = str(trace), {**namespace, **regions}
-    exec(compile(source, filename, "exec"), scope)
-    return source, scope[name]
-
-
-def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
-    """Each region of ``trace`` by name: its executor's ``fuse`` of it, called once per region."""
-    fused = {}
-    for code in trace.regions():
-        name, symbol_names, scope = code.name, tuple(code.symbol_names), dict(namespace)
-        exec(compile(code.source, f"{filename} {name}", "exec"), scope)
-        executor = executors[code.executor]
-        # Read only for an executor that translates prims: each call of a decomposition converts.
-        decomposed = _decomposed(code) if executor.fuses_decompositions else {}
-        if executor.fuses_symbolic:
-            decomposed["input_shapes"] = tuple(code.input_shapes)
-        region = Region(
-            name, code.key, code.source, scope[name], symbol_names, code.num_inputs, code.num_outputs, **decomposed
-        )
-        try:
-            fused[name] = executor.fuse(region)
-        except Exception as e:
-            raise ThunderRuntimeError(
-                f"{executor.name} executor: fuse failed on region {name} "
-                f"({', '.join(symbol_names)}): {type(e).__name__}: {e}"
-            ) from e
-        if not callable(fused[name]):
-            raise ThunderTypeError(
-                f"{executor.name} executor: fuse returned {type(fused[name]).__name__} for region "
-                f"{name}, expected a callable"
-            )
-    return fused
-
-
-def _decomposed(code: "_core.RegionCode") -> dict:
-    """The fields of a ``Region`` that carry its decomposition."""
-    return {
-        "inputs": tuple(code.inputs),
-        "calls": tuple(code.calls),
-        "outputs": tuple(code.outputs),
-        "dtypes": code.dtypes,
-    }
-
-
-def _named_inputs(traces: list, acquired, names, taken: set) -> list:
-    """The forward traces showing (the execution trace taking) inputs under the user's names."""
-    user, params = names
-    inputs = traces[0].num_inputs
-    named = trace_input_names(user, acquired.tensor_positions, params, inputs, taken | {"computation"})
-    return [t.with_input_names(named) if t.num_inputs == inputs else t for t in traces]
-
-
-def _snapshot_runner(executors):
-    """``run(snapshot, consts, inputs)``: a snapshot of a recording (``values``) compiled for the
-    executors that run symbols one by one (a fusion executor would compile a region per value
-    read), and run."""
-    plain = [e for e in executors if not e.fusion]
-
-    def run(snapshot, consts: list, inputs: list):
-        table, impls = executor_table(plain)
-        traces = _core.compile(snapshot, table, _checker(plain), make_proxy, consts).forward
-        namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
-        return _load(traces[-1], "computation", "<thunder_rs snapshot>", namespace, {})[1](*inputs)
-
-    return run
-
-
-def _differentiable_program(acquired, filename: str, grad_positions: list, forward_trace) -> DifferentiableProgram:
-    """The entry's program as torch calls under autograd (``core.differentiable``), compiled on
-    its first double backward or torch.func transform."""
-    trace, consts, wb = acquired.trace, acquired.consts, acquired.writebacks
-
-    def compile_program():
-        executors = differentiable_executors()
-        table, impls = executor_table(executors)
-        traces = _core.compile(trace, table, _checker(executors), make_proxy, consts, differentiable=True).forward
-        namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
-        return _load(traces[-1], "computation", filename + " differentiable", namespace, {})
-
-    outputs = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
-    generators = program_generators(consts) if trace.has_effects() else None
-    tensors = trace.num_inputs - len(acquired.sizes)  # size inputs are ints, and last
-    return DifferentiableProgram(
-        compile_program,
-        wb is None and acquired.out_kind == "single",
-        outputs,
-        [k for k in trace.inputs_read(outputs) if k < tensors],
-        forward_trace.inputs_returned([1]),
-        wb.targets if wb is not None else (),
-        generators,
-    )
-
-
-def _with_captured(fn, captured: tuple):
-    """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
-    return lambda *inputs: fn(*inputs, *captured)
-
-
-def _generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None, names=None):
-    """Runs the passes over an acquired trace and execs the result: the entry's callable, its
-    source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
-    the program was traced under, which the call runs in; ``passes`` the jit's own registered
-    passes; ``executors`` the jit's executors (the defaults when None); ``names`` ``(the user's
-    name of each flat input, the module's qualified parameter names)`` name the traces' inputs."""
-    start = time.perf_counter()
-    executors = default_executors() if executors is None else executors
-    if acquired.sizes:
-        # A fusion executor that compiles a region for the sizes of its first call (a definition
-        # or kernels per shape, seconds each) is left out: a trace with symbolic sizes runs
-        # without it, one compile for every size, rather than a fusion compile per size.
-        executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_symbolic]
-    table, impls = executor_table(executors)
-    compiled = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts, list(passes))
-    traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
-    log_dumps(name, traces, backward_traces)
-    passes_at = time.perf_counter()
-    namespace = {"torch": torch, **impls}
-    namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
-    if names is not None:
-        traces = _named_inputs(traces, acquired, names, {*namespace, *(r.name for r in traces[-1].regions())})
-    filename = f"<thunder_rs {name}>"
-    fuse_at = time.perf_counter()
-    regions = _fused_regions(traces[-1], filename, namespace, executors)
-    if backward_traces:
-        backward_regions = _fused_regions(backward_traces[-1], filename + " backward", namespace, executors)
-    fuse_s = time.perf_counter() - fuse_at
-    source, computation = _load(traces[-1], "computation", filename, namespace, regions)
-    wb = acquired.writebacks
-    if backward_traces:
-        _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace, backward_regions)
-        program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
-        if wb is None:
-            computation = grad_function(
-                computation,
-                backward,
-                grad_positions,
-                acquired.out_kind == "single",
-                acquired.out_kind == "list",
-                program=program,
-            )
-        else:
-            computation = grad_function(
-                computation, backward, grad_positions, False, False, wb.non_differentiable, wb.targets, program=program
-            )
-    computation = modes.call(computation, bool(backward_traces), acquired.trace)
-    if wb is not None:
-        computation = _WRITEBACK.load().with_writebacks(computation, wb)
-    captured = tuple(acquired.captured) if acquired.tail is None else ()
-    if acquired.sizes:
-        readers = size_readers(acquired.sizes, acquired.tensor_positions)
-        computation = with_sizes(computation, readers, captured, len(acquired.ints))
-    elif captured:
-        computation = _with_captured(computation, captured)
-    end = time.perf_counter()
-    stages = {"passes": passes_at - start, "codegen": end - passes_at - fuse_s, "fuse": fuse_s}
-    return computation, source, filename, traces, backward_traces, stages
 
 
 class ThunderFunction:
@@ -531,7 +351,7 @@ class ThunderFunction:
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
-        reads = ValueReads(_snapshot_runner(executors), forced)
+        reads = ValueReads(snapshot_runner(executors), forced)
         binding = self._binding if self._module is not None else None
         acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
         modes.check_restored()
@@ -545,7 +365,7 @@ class ThunderFunction:
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
         params = self._binding.qualified if self._module is not None and self._binding is not None else ()
         names = (input_names(self._fn, flat, spec), params)
-        computation, source, filename, traces, backward_traces, stages = _generated(
+        computation, source, filename, traces, backward_traces, stages = generated(
             acquired, name, modes, self._passes, executors, names
         )
         all_tensors = len(acquired.tensor_positions) == len(flat)
