@@ -177,8 +177,8 @@ def profile_parts(step, steps: int) -> dict:
 @contextlib.contextmanager
 def timing_generated_code(phases: Counter):
     """While active, jits compiled add the ns their generated forward and backward take to
-    ``phases`` (wrapping what ``core.jit`` hands to ``core.autograd.grad_function``)."""
-    import thunder_rs.core.run.jit as jit_module  # noqa: PLC0415 (the benchmark reaches into the jit)
+    ``phases`` (wrapping what ``core.run.generate`` hands to ``core.run.autograd.grad_function``)."""
+    import thunder_rs.core.run.generate as jit_module  # noqa: PLC0415 (the benchmark reaches into the jit)
 
     original = jit_module.grad_function
 
