@@ -131,3 +131,17 @@ def test_a_mixture_of_experts_trains_with_padding_lengths_in_two_compiles():
     batches = [_lm_batch(i, length) for i, length in enumerate([8, 11, 14, 9])]
     jmodel = train_like_eager(model, batches, lambda out: out.loss, rtol=1e-4, atol=1e-5)
     assert misses(jmodel) == 2
+
+
+def test_a_fallback_under_autocast_keeps_eagers_dtypes_with_symbolic_sizes():
+    def fn(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fold_pairs(x @ w).float().sin()
+
+    jf, w = thunder_rs.jit(fn), torch.randn(5, 5)
+    for n in [4, 6, 8, 10]:
+        x = torch.randn(n, 5)
+        out, expected = jf(x, w), fn(x, w)
+        assert out.dtype == expected.dtype
+        torch.testing.assert_close(out, expected)
+    assert misses(jf) == 2

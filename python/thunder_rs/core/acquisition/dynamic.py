@@ -273,7 +273,8 @@ class SymbolicEntry:
         if strided:
             return f"{', '.join(names[i] for i in strided)}: its dims step over each other differently (strides)"
         source, scope, shown = self._explained
-        exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
+        if "explain" not in scope:  # compiled at the first miss that asks
+            exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
         index, sizes = scope["explain"](flat)
         if index is None:
             return None

@@ -275,11 +275,11 @@ def set_by_values(hooks) -> None:
     _by_values = hooks
 
 
-def _metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
+def _metadata(func, name: str, args, kwargs, autocast_state, factory: bool, symbolic: bool):
     """The outputs ``func`` gives, as tensors of their metadata, ``shape(t)`` of such an output
-    (symbolic where the inputs' sizes are, ``fallback_sizes``), and for a call sized by values
-    ``checked(outs)`` (else None)."""
-    if _has_symbolic(args, kwargs):
+    (symbolic where the inputs' sizes are, when ``symbolic``: ``fallback_sizes``), and for a call
+    sized by values ``checked(outs)`` (else None)."""
+    if symbolic:
         kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
         found = _SIZES.load().symbolic_metadata(func, args, kwargs, factory)
         if found is not None:
@@ -298,9 +298,8 @@ def _shape(t):
     return t.shape
 
 
-def _has_symbolic(args, kwargs) -> bool:
-    """Whether a call's arguments hold a symbolic size (a tensor's or an int's)."""
-    leaves = tree_flatten((args, kwargs))[0]
+def _has_symbolic(leaves) -> bool:
+    """Whether a call's argument leaves hold a symbolic size (a tensor's or an int's)."""
     return any(type(x) is SymInt or (isinstance(x, TensorProxy) and x._symbolic) for x in leaves)
 
 
@@ -328,9 +327,11 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         # thunder_rs.torch.inplace functionalises in-place calls first: the executor runs only
         # functions that write nothing.
         raise ThunderNotImplementedError(f"{name}: an in-place call thunder_rs has no functional form for")
-    in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
+    arg_leaves = tree_flatten((args, kwargs))[0]
+    in_leaves = [x for x in arg_leaves if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
-    out, shape, checked = _metadata(func, name, args, kwargs, autocast_state, factory=not in_leaves)
+    symbolic = _has_symbolic(arg_leaves)
+    out, shape, checked = _metadata(func, name, args, kwargs, autocast_state, not in_leaves, symbolic)
     structure, spec = tree_flatten(out)
     leaves = _tensor_leaves(out)
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):

@@ -242,9 +242,9 @@ def _specialising(name: str):
     return method
 
 
-for _name in ("__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__", "__rlshift__"):
-    setattr(SymInt, _name, _specialising(_name))
-for _name in ("__rshift__", "__rrshift__", "as_integer_ratio", "bit_length", "conjugate"):
+for _name in ("and", "rand", "or", "ror", "xor", "rxor", "lshift", "rlshift", "rshift", "rrshift"):
+    setattr(SymInt, f"__{_name}__", _specialising(f"__{_name}__"))
+for _name in ("as_integer_ratio", "bit_length", "conjugate"):
     setattr(SymInt, _name, _specialising(_name))
 for _name in ("sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh"):
     setattr(SymInt, f"__sym_{_name}__", lambda self, _f=getattr(math, _name): _f(self.__index__()))

@@ -119,8 +119,6 @@ class ThunderFunction:
         self._marked_held: dict = {}
         self._symbolic: list[SymbolicEntry] = []
         self._dynamic_off: str | None = None
-        #: why the last symbolic entry did not serve the call compiling now (its miss reason)
-        self._declined: str | None = None
         self._passes = checked_passes(passes)
         #: The jit's executors in priority order, or None for the defaults at each compilation.
         self._executors = None if executors is None else resolve_executors(executors)
@@ -329,25 +327,34 @@ class ThunderFunction:
                     return entry
             failed = self._cache.get(key)
             reason = failed.why_not(flat) if failed is not None else None
-            self._declined = self._why_not_symbolic(key, flat, spec)
+            declined = self._why_not_symbolic(key, flat, spec)
             mode = self._dynamic if self._dynamic_off is None else False
             sizes = wanted_sizes(mode, key, flat, [self._last_key, *self._variants], self._marked)
             # A new key (a mask grown with the cache) compares with the entry compiled last.
             held = wanted_held(mode, failed or self._last_entry, flat, self._marked_held)
             if sizes or held:
                 try:
-                    return self._compile(flat, spec, key, reason, sizes=sizes, held=held)
+                    return self._compile(flat, spec, key, reason, sizes=sizes, held=held, declined=declined)
                 except Exception as e:  # the program does something symbolic sizes do not support yet
                     self._dynamic_off = f"{type(e).__name__}: {e}"
                     log_dynamic_off(_name(self._fn), self._dynamic_off)
-            return self._compile(flat, spec, key, reason)
+            return self._compile(flat, spec, key, reason, declined=declined)
 
     def _compile(
-        self, flat, spec, key, guard_reason=None, forced: tuple = (), sizes: tuple = (), held: dict | None = None
+        self,
+        flat,
+        spec,
+        key,
+        guard_reason=None,
+        forced: tuple = (),
+        sizes: tuple = (),
+        held: dict | None = None,
+        declined: str | None = None,
     ) -> Entry:
         """Compiles an entry for the call of ``flat``; ``forced`` are reads of values a divergence
         settled (``values.ValueReads``); ``sizes`` the ``(flat position, dim)`` traced as symbolic,
-        ``held`` the dims of argument objects' tensors (``dynamic.wanted_held``)."""
+        ``held`` the dims of argument objects' tensors (``dynamic.wanted_held``); ``declined`` why
+        the last symbolic entry did not serve the call (for the miss reason)."""
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
@@ -388,9 +395,8 @@ class ThunderFunction:
         self._record_miss(
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )
-        if self._declined:
-            self._stats.miss_reasons[-1] += f"; {self._declined}"
-            self._declined = None
+        if declined:
+            self._stats.miss_reasons[-1] += f"; {declined}"
         if acquired.sizes:
             labels = symbolic_labels(acquired.sizes, names[0])
             shared = f" (and {len(acquired.shared_sizes)} sizes equal to them)" if acquired.shared_sizes else ""
