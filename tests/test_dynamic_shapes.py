@@ -720,18 +720,3 @@ def test_a_size_to_a_float_power_is_its_value_and_recompiles():
         x = torch.randn(2, n)
         torch.testing.assert_close(jf(x), fn(x))
     assert misses(jf) == 3 and symbolic(jf)
-
-
-def test_a_branch_on_tensor_values_compiles_per_size_and_says_why():
-    # Values are read by running the program so far at the traced sizes: a function that reads
-    # them compiles per size, with eager's branch each call, and says so (was: a TypeError).
-    def fn(x):
-        return x * 2 if x.sum() > 0 else x - 1
-
-    jf = thunder_rs.jit(fn)
-    for n, sign in [(4, 1), (6, 1), (8, -1), (5, 1)]:
-        x = torch.rand(n) * sign
-        torch.testing.assert_close(jf(x), fn(x))
-    assert misses(jf) == 4
-    assert "data-dependent control flow or value access" in jf._dynamic_off
-    assert "with symbolic sizes" in jf._dynamic_off

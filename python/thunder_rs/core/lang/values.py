@@ -187,14 +187,10 @@ class ValueReads:
                 "fake tensors); thunder_rs reads the values of real inputs"
             )
         snapshot = rec.snapshot([p._vid for p in proxies])
-        if snapshot.size_inputs():
-            # The program so far would run at one call's sizes only: the jit compiles per size.
-            raise ThunderNotImplementedError(
-                f"data-dependent control flow or value access at {user_location()} with symbolic sizes: values are "
-                "read at the traced sizes only"
-            )
+        # A trace with symbolic sizes takes them last: this call's are the values they were traced at.
+        sizes = [rec.size_value(v).hint for v in snapshot.size_inputs()]
         with _outside_the_trace():
-            return list(self._evaluate(snapshot, list(rec.consts()), self.inputs))
+            return list(self._evaluate(snapshot, list(rec.consts()), [*self.inputs, *sizes]))
 
 
 def _proxies_in(args, kwargs) -> list:

@@ -52,6 +52,10 @@ class Entry:
     reads: tuple = ()
     decisions: tuple = ()
     tree: ValueTree | None = None
+    #: for an entry compiled with symbolic sizes, its ``dynamic.SymbolicEntry`` and the ``(sizes,
+    #: held)`` it was compiled with: a variant for other values read is compiled with them too
+    symbolic: object = None
+    symbolic_args: tuple = ()
 
     def why_not(self, flat) -> str:
         """Why ``check`` failed, in words (slow path)."""

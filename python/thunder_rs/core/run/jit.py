@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 import types
@@ -49,7 +50,6 @@ from thunder_rs.core.run.wrapped_module import (
     present_state_dict_as_wrapped,
 )
 from thunder_rs.errors import (
-    ThunderNotImplementedError,
     ThunderRuntimeError,
     ThunderValueError,
     runtime_error,
@@ -265,7 +265,7 @@ class ThunderFunction:
         path = entry.decisions[: read.index] + (decision(diverged.value),)
         with self._lock:
             found = entry.tree.get(path) if entry.tree is not None else None
-            if found is not None and (found.check is None or found.check(flat)):
+            if found is not None and _serves(found, key, flat):
                 found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                 if key in self._cache:
                     self._cache[key] = found
@@ -273,7 +273,12 @@ class ThunderFunction:
             if entry.tree is not None and len(entry.tree) >= VALUE_VARIANT_LIMIT:
                 return None
             forced = (*entry.reads[: read.index], dataclasses.replace(read, value=diverged.value))
-            return self._compile(flat, spec(), key, str(diverged), forced)
+            static = functools.partial(self._compile, flat, spec(), key, str(diverged), forced)
+            if entry.symbolic is not None and self._dynamic_off is None:
+                # A variant of a symbolic entry is symbolic too: it serves the sizes the entry does.
+                sizes, held = entry.symbolic_args
+                return self._symbolic_first(functools.partial(static, sizes=sizes, held=held, tree=entry.tree), static)
+            return static()
 
     def _run_eagerly(self, diverged: Diverged, eager):
         """A call whose values no variant has, once its key has all the variants it may compile:
@@ -332,13 +337,23 @@ class ThunderFunction:
             sizes = wanted_sizes(mode, key, flat, [self._last_key, *self._variants], self._marked)
             # A new key (a mask grown with the cache) compares with the entry compiled last.
             held = wanted_held(mode, failed or self._last_entry, flat, self._marked_held)
+            static = functools.partial(self._compile, flat, spec, key, reason, declined=declined)
             if sizes or held:
-                try:
-                    return self._compile(flat, spec, key, reason, sizes=sizes, held=held, declined=declined)
-                except Exception as e:  # the program does something symbolic sizes do not support yet
-                    self._dynamic_off = f"{type(e).__name__}: {e}"
-                    log_dynamic_off(_name(self._fn), self._dynamic_off)
-            return self._compile(flat, spec, key, reason, declined=declined)
+                return self._symbolic_first(functools.partial(static, sizes=sizes, held=held), static)
+            return static()
+
+    def _symbolic_first(self, symbolic, static) -> Entry:
+        """``symbolic()``, a compile with symbolic sizes, or ``static()`` where it fails: symbolic
+        compiles then stop for the function (the program does something they do not support yet),
+        unless the static compile fails too (the program's own error, raised as eager raises it)."""
+        try:
+            return symbolic()
+        except Exception as e:
+            failure = f"{type(e).__name__}: {e}"
+        entry = static()
+        self._dynamic_off = failure
+        log_dynamic_off(_name(self._fn), failure)
+        return entry
 
     def _compile(
         self,
@@ -350,11 +365,13 @@ class ThunderFunction:
         sizes: tuple = (),
         held: dict | None = None,
         declined: str | None = None,
+        tree: ValueTree | None = None,
     ) -> Entry:
         """Compiles an entry for the call of ``flat``; ``forced`` are reads of values a divergence
         settled (``values.ValueReads``); ``sizes`` the ``(flat position, dim)`` traced as symbolic,
         ``held`` the dims of argument objects' tensors (``dynamic.wanted_held``); ``declined`` why
-        the last symbolic entry did not serve the call (for the miss reason)."""
+        the last symbolic entry did not serve the call (for the miss reason); ``tree`` the value tree
+        of the symbolic entry whose variant this is."""
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
@@ -363,11 +380,6 @@ class ThunderFunction:
         acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
         modes.check_restored()
         check_generators(acquired.consts)
-        if sizes and acquired.reads:
-            # Its calls would take sizes that only a symbolic entry reads (``SymbolicEntry``).
-            raise ThunderNotImplementedError(
-                f"values read from tensors ({len(acquired.reads)}) specialise {_name(self._fn)}: no symbolic sizes"
-            )
         acquired_at = time.perf_counter()
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
         params = self._binding.qualified if self._module is not None and self._binding is not None else ()
@@ -384,6 +396,8 @@ class ThunderFunction:
         entry.reads = tuple(acquired.reads)
         entry.decisions = tuple(decision(r.value) for r in acquired.reads)
         symbolic = symbolic_entry(entry, stored_key(key, None), acquired, traces, backward_traces)
+        if symbolic is not None:
+            entry.symbolic, entry.symbolic_args = symbolic, (sizes, held)
         # Sizes read from argument objects' tensors are not in the key: every call checks them.
         sizes_guard = [SizesGuard(symbolic)] if symbolic is not None and has_held(acquired) else []
         entry.guards = Guards(acquired.guards + sizes_guard)
@@ -401,7 +415,7 @@ class ThunderFunction:
             labels = symbolic_labels(acquired.sizes, names[0])
             shared = f" (and {len(acquired.shared_sizes)} sizes equal to them)" if acquired.shared_sizes else ""
             self._stats.miss_reasons[-1] += f"; compiled with symbolic sizes {labels}{shared}"
-        self._insert(key, entry)
+        self._insert(key, entry, tree)
         if symbolic is not None:
             self._symbolic.append(symbolic)
         return entry
@@ -421,14 +435,16 @@ class ThunderFunction:
             modules.extend(self._binding.modules)
         return modules or None
 
-    def _insert(self, key, entry: Entry) -> None:
+    def _insert(self, key, entry: Entry, tree: ValueTree | None = None) -> None:
+        """Stores ``entry`` for ``key``. An entry that reads values joins ``tree``, or its key's value
+        tree, or a new one; a symbolic entry's variants share its tree, whatever key they serve."""
         if self._dead_keys:
             self._drop_dead_keys()
         key = stored_key(key, _key_death_marker(self))
         entry.last_used = self._stats.cache_hits
-        if entry.reads:
-            trees = (e.tree for e in self._variants.get(key, ()) if e.tree is not None)
-            entry.tree = next(trees, None) or ValueTree()
+        if entry.reads and entry.tree is None:
+            trees = (e.tree for e in self._variants.get(key, ()) if e.tree is not None and e.symbolic is None)
+            entry.tree = tree or (next(trees, None) if entry.symbolic is None else None) or ValueTree()
             entry.tree.add(entry)
         self._variants.setdefault(key, []).insert(0, entry)
         self._cache[key] = entry
@@ -449,7 +465,7 @@ class ThunderFunction:
         key, victim = min(((k, e) for k, es in self._variants.items() for e in es), key=lambda ke: ke[1].last_used)
         variants = self._variants[key]
         variants.remove(victim)
-        if victim.tree is not None:
+        if victim.tree is not None and victim.symbolic is None:  # (a symbolic one serves other keys still)
             victim.tree.remove(victim)
         if not variants:
             del self._variants[key]
@@ -489,6 +505,13 @@ class ThunderFunction:
         log_compile(_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
             _warn_recompiles(self._fn, stats.cache_misses, reason)
+
+
+def _serves(entry, key, flat) -> bool:
+    """Whether ``entry`` may run the call of ``key`` and ``flat``: its guards hold and, compiled with
+    symbolic sizes, its sizes' guards."""
+    symbolic = entry.symbolic
+    return (entry.check is None or entry.check(flat)) and (symbolic is None or symbolic.serves(key, flat))
 
 
 def _name(fn) -> str:

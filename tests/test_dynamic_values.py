@@ -1,0 +1,107 @@
+"""Values read from tensors (data-dependent branches, ``.item()``) in a trace with symbolic sizes
+(issue 26): the program so far runs at the call's sizes to answer the read, the trace checks the
+value on each call, and a call that reads another value runs the variant for it, which is symbolic
+too: a branch on values over a changing length compiles once per branch, not per length. Every
+call is checked against eager (outputs, gradients, errors)."""
+
+import pytest
+import torch
+
+import thunder_rs
+from twin_training import train_like_eager
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def stats(jfn):
+    return thunder_rs.compile_stats(jfn)
+
+
+def dynamic_off(jfn):
+    return (jfn._jfn if isinstance(jfn, thunder_rs.ThunderModule) else jfn)._dynamic_off
+
+
+def branch_on_sum(x):
+    return x * 2 if x.sum() > 0 else x - 1
+
+
+def test_a_branch_on_values_over_lengths_compiles_once_per_branch():
+    jf = thunder_rs.jit(branch_on_sum)
+    calls = [(4, 1), (6, 1), (8, -1), (5, 1), (7, -1), (9, 1), (3, -1), (4, -1)]
+    for n, sign in calls:
+        x = torch.rand(n) * sign
+        torch.testing.assert_close(jf(x), branch_on_sum(x))
+    # static at 4, symbolic at 6, its variant for the other branch at 8 (symbolic too); the
+    # static entry of length 4 gets its own variant for the other branch.
+    assert stats(jf).cache_misses == 4, stats(jf).miss_reasons
+    assert dynamic_off(jf) is None
+    reason = stats(jf).miss_reasons[2]
+    assert reason.endswith("where the compiled variant has True; compiled with symbolic sizes x.shape[0]")
+
+
+def guarded_view(x):
+    if x.sum() > 0:
+        return x.view(2, -1) * 2  # needs an even length: a guard of this branch only
+    return x - 1
+
+
+def test_a_variant_with_guards_of_its_own_serves_only_where_they_hold():
+    jf = thunder_rs.jit(guarded_view)
+    for n, sign in [(4, 1), (6, 1), (8, -1), (7, -1), (10, 1), (12, -1), (14, 1)]:
+        x = torch.rand(n) * sign
+        torch.testing.assert_close(jf(x), guarded_view(x))
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    # An odd length taking the view's branch: eager's error, and symbolic compiles go on.
+    with pytest.raises(RuntimeError, match=r"shape '\[2, -1\]' is invalid for input of size 9"):
+        jf(torch.rand(9))
+    assert dynamic_off(jf) is None
+    x = torch.rand(16)
+    torch.testing.assert_close(jf(x), guarded_view(x))
+    assert stats(jf).cache_misses == 3
+
+
+def scaled_by_item(x, w):
+    h = torch.tanh(x @ w)
+    return h * h.abs().max().item() + h.mean(0)
+
+
+def test_an_item_read_over_lengths_trains_like_eager():
+    # The value changes every call: one variant per value, up to the limit, then eager calls;
+    # gradients as eager's each call.
+    jf = thunder_rs.jit(scaled_by_item)
+    w = torch.randn(4, 4, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    for n in [3, 5, 7, 6]:
+        x = torch.randn(n, 4)
+        out, expected = jf(x, w), scaled_by_item(x, w2)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(w.grad, w2.grad)
+    assert dynamic_off(jf) is None
+
+
+def test_wav2vec2_with_layerdrop_trains_over_audio_lengths_in_one_compile_per_path():
+    # Layerdrop draws a random number per layer each call and skips the layer on it (a value read):
+    # 2 layers, 4 paths, each one symbolic compile whatever the length (was: a compile per length).
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        mask_time_prob=0.0,
+        layerdrop=0.4,
+    )
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2Model(config).train()
+    lengths = [400, 560, 720, 1001, 480, 640, 800, 900, 1100, 700]
+    batches = [dict(input_values=torch.randn(2, n)) for n in lengths]
+    jmodel = train_like_eager(model, batches, lambda out: out.last_hidden_state, rtol=1e-4, atol=1e-5)
+    assert dynamic_off(jmodel) is None
+    assert stats(jmodel).cache_misses <= 1 + 4, stats(jmodel).miss_reasons
