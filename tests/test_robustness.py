@@ -294,7 +294,7 @@ def test_miss_reasons_keep_the_most_recent_as_many_as_the_cache_holds():
     x = torch.randn(2)
     kept = thunder_rs.compile_stats(jf).reasons_kept
     for n in range(kept + 12):
-        jf(x, n)
+        jf(x, float(n))  # (a float: an int seen changing would be a symbolic size)
     stats = thunder_rs.compile_stats(jf)
     assert stats.cache_misses == kept + 12
     assert len(stats.miss_reasons) == kept

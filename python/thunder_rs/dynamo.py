@@ -19,9 +19,10 @@ What Dynamo hands a backend:
   ``jit(gm)`` reads as module state.
 - Dynamic shapes: once Dynamo sees a size change it marks the dim dynamic and the graph takes the
   size as an ``int`` input (a ``SymInt`` placeholder). The backend compiles nothing at that point:
-  the graph is compiled at its first call, on real tensors and Python ints, and thunder_rs's cache
-  keys on shapes and int values, so each new shape is one more compilation of the same graph (up
-  to the ``cache`` bound, least recently used first out) rather than a symbolic program.
+  the graph is compiled at its first call, on real tensors and Python ints, with the sizes that
+  Dynamo's example inputs hold as symbols (and the ``SymInt`` inputs) traced as symbolic from that
+  first compile (``ThunderFunction.mark_dynamic``): one compile serves every size where the guards
+  of thunder_rs's trace hold, as for ``thunder_rs.jit``'s own automatic dynamic shapes.
 - Outputs: Dynamo's graphs return a tuple (or list), which the jitted graph returns as it is.
 - A graph with no calls (it returns its inputs, or constants) runs as the GraphModule itself.
 - ``torch.vmap`` (Mamba's selective scan through torch's ``associative_scan``) arrives as
@@ -59,12 +60,14 @@ class CompiledGraph:
     """One Dynamo graph: its ``thunder_rs.jit`` module, or the GraphModule itself once thunder_rs
     could not trace it."""
 
-    def __init__(self, gm: torch.fx.GraphModule, jit_options: dict):
+    def __init__(self, gm: torch.fx.GraphModule, jit_options: dict, example_inputs: list | tuple = ()):
         self.gm = gm
         transform = _transform_call(gm)
         self.jitted: ThunderModule | None = (
             ThunderModule(gm, **jit_options) if _has_calls(gm) and transform is None else None
         )
+        if self.jitted is not None:
+            self.jitted._jfn.mark_dynamic(_symbolic_places(gm, example_inputs))
         self.eager_because: str | None = None
         if transform is not None:
             # Tracing would run the transform's state changes for real and leave them half done.
@@ -105,6 +108,22 @@ _TRACED_TRANSFORM_CALLS = frozenset(
 )
 
 
+def _symbolic_places(gm: torch.fx.GraphModule, example_inputs) -> list:
+    """Where the graph's inputs are symbolic: ``(position, dim)`` of a tensor's symbolic size,
+    ``(position, None)`` of a ``SymInt`` input, as the placeholders' fake values (Dynamo's
+    ``example_value``; the example inputs are real tensors) hold them."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    places: list = []
+    for i, x in enumerate(example_inputs):
+        if i < len(placeholders):
+            x = placeholders[i].meta.get("example_value", x)
+        if isinstance(x, torch.SymInt):
+            places.append((i, None))
+        elif isinstance(x, torch.Tensor):
+            places.extend((i, d) for d, s in enumerate(x.shape) if isinstance(s, torch.SymInt))
+    return places
+
+
 def _transform_call(gm: torch.fx.GraphModule) -> str | None:
     """The name of the first call in ``gm`` that drives a torch.func transform thunder_rs does
     not trace, or None."""
@@ -133,7 +152,7 @@ def make_backend(**jit_options):
     ``passes=``): ``torch.compile(model, backend=thunder_rs.dynamo.make_backend(executors=[...]))``."""
 
     def thunder_rs_backend(gm: torch.fx.GraphModule, example_inputs: list):
-        return CompiledGraph(gm, jit_options)
+        return CompiledGraph(gm, jit_options, example_inputs)
 
     return thunder_rs_backend
 

@@ -15,6 +15,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
+from thunder_rs.core.lang.symint import same_shape
 
 Number = (bool, int, float)
 
@@ -69,7 +70,7 @@ def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
 def expand_to(a, shape):
     """Broadcasts ``a`` to ``shape`` (a no-op when it already has it)."""
     shape = tuple(shape)
-    if tuple(a.shape) == shape:
+    if same_shape(a.shape, shape):
         return a
     offset = len(shape) - a.ndim
     return prims.broadcast_in_dim(a, shape, tuple(range(offset, len(shape))))

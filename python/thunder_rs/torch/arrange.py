@@ -34,6 +34,7 @@ from thunder_rs.torch.reductions import sum as _sum
 from thunder_rs.torch.joins import cat, chunk, hstack, repeat, split, tensor_split
 from thunder_rs.torch.shape import _one_of, _sizes, flatten, flip, reshape_to, transpose
 from thunder_rs.torch.views import PrimStep, attach, tracked
+from thunder_rs.core.lang.symint import same_shape
 
 Tensor = torch.Tensor
 __all__ = [
@@ -291,7 +292,7 @@ def sum_to_size(a, *size):
 
 def _broadcast_view(a, shape, dims):
     """``a`` broadcast to ``shape`` (``dims``: where its dims go); ``a`` itself when it has that shape."""
-    if tuple(a.shape) == tuple(shape):
+    if same_shape(a.shape, shape):
         return a
     return prims.broadcast_in_dim(a, tuple(shape), tuple(dims))
 

@@ -34,6 +34,7 @@ from thunder_rs.torch.fused_attention import fused_attention
 from thunder_rs.torch.linalg import matmul
 from thunder_rs.torch.nn import dropout, softmax_backward, tensor_softmax
 from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
 
@@ -292,7 +293,7 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
     if not all(x.ndim == 4 for x in (query, key, value)):
         return False
     batch_heads, size = tuple(query.shape[:2]), query.shape[-1]
-    same = all(tuple(x.shape[:2]) == batch_heads and x.shape[-1] == size for x in (key, value))
+    same = all(same_shape(x.shape[:2], batch_heads) and x.shape[-1] == size for x in (key, value))
     # Each compared with 0 on its own: ``min`` of symbolic lengths would compare them with each
     # other (a guard ``T <= head size`` that a longer sequence fails: a compile more).
     return same and key.shape[2] == value.shape[2] and all(d > 0 for d in (query.shape[2], key.shape[2], size))

@@ -21,6 +21,7 @@ from thunder_rs.errors import (
 from thunder_rs.torch.common import flows, like, require_float, sum_all
 from thunder_rs.torch.nn import log_softmax
 from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
 
@@ -90,7 +91,7 @@ def _check_targets(op: str, input, target) -> None:
     )
     expected = tuple(input.shape[:1]) + tuple(input.shape[2:]) if input.ndim > 1 else ()
     check(
-        tuple(target.shape) == expected,
+        same_shape(target.shape, expected),
         op,
         f"Expected target size {list(expected)}, got {list(target.shape)} (argument target)",
         ThunderRuntimeError,
@@ -216,7 +217,7 @@ def cross_entropy(
         f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing} (argument label_smoothing)",
         ThunderRuntimeError,
     )
-    probabilities = tuple(input.shape) == tuple(target.shape)
+    probabilities = same_shape(input.shape, target.shape)
     check(
         not probabilities or target.dtype.is_floating_point,
         op,
@@ -254,7 +255,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
     if weight is None:
         require_float(op, diff)
         return _reduce(op, prims.mul(diff, diff), reduction)
-    check(tuple(weight.shape) == tuple(input.shape), op, "Weights and input must have the same size. (argument weight)")
+    check(same_shape(weight.shape, input.shape), op, "Weights and input must have the same size. (argument weight)")
     weighted = clang.elementwise(prims.mul, op, prims.mul(diff, diff), weight)
     return _reduce(op, weighted, reduction, sum_all(weight) if reduction == "mean" else None)
 

@@ -24,6 +24,7 @@ from thunder_rs.torch.common import (
 )
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.layer_norms import _wants_grad
+from thunder_rs.core.lang.symint import same_shape
 
 
 __all__ = ["batch_norm", "native_batch_norm", "native_batch_norm_no_stats", "native_batch_norm_backward"]
@@ -61,7 +62,7 @@ def check_per_channel(op: str, channels: int, running_mean, running_var, weight,
     """eager's check that the statistics and parameters given (None: absent) are (C,) tensors."""
     for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
         check(
-            t is None or tuple(t.shape) == (channels,),
+            t is None or same_shape(t.shape, (channels,)),
             op,
             lambda: f"{name} should contain {channels} elements not {t.numel()} (argument {name})",
             ThunderRuntimeError,

@@ -17,6 +17,7 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.core.lang import values
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,
@@ -252,7 +253,8 @@ def _basic_index(op: str, a, entries):
         stops.append(stop)
         steps.append(step)
         dim += 1
-    if (starts, stops, steps) != ([0] * a.ndim, list(a.shape), [1] * a.ndim):
+    # (Compared as data: a symbolic stop that may equal its dim's size slices, with no guard.)
+    if not all(map(identical, (*starts, *stops, *steps), (*[0] * a.ndim, *a.shape, *[1] * a.ndim))):
         a = prims.slice(a, starts, stops, steps)
     return reshape_to(a, shape), advanced
 

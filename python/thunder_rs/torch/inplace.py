@@ -51,6 +51,7 @@ from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import masks_as_indices
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.shape import reshape_to
+from thunder_rs.core.lang.symint import same_shape
 
 #: Eager's names of dtypes in its casting errors.
 _SCALAR_NAMES = {
@@ -362,7 +363,7 @@ def write_out(func, args, kwargs):
             ThunderTypeError,
         )
         check(
-            tuple(target.shape) == tuple(v.shape),
+            same_shape(target.shape, v.shape),
             name,
             lambda: (
                 f"out= has shape {list(target.shape)} but the result has shape {list(v.shape)}; eager would resize it, "
@@ -429,7 +430,7 @@ def _masked_assign(a, entries: tuple, at: int, value) -> bool:
     start = sum(1 if e is None or isinstance(e, slice) else ellipsis if e is Ellipsis else 0 for e in entries[:at])
     indexed = tuple(view.shape[start : start + mask.ndim])
     check(
-        tuple(mask.shape) == indexed,
+        same_shape(mask.shape, indexed),
         op,
         lambda: (
             f"The shape of the mask {list(mask.shape)} at index {start} does not match the shape of the indexed tensor "

@@ -26,6 +26,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.common import is_int, pieces
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
+from thunder_rs.core.lang.symint import same_shape
 
 Tensor = torch.Tensor
 __all__ = [
@@ -75,7 +76,7 @@ def _cat(op: str, tensors, dim):
         )
     dtype = dtypes.result_type(*tensors)
     # torch still skips legacy empty tensors of shape (0,) whatever the other tensors' rank.
-    kept = [(i, x) for i, x in enumerate(tensors) if tuple(x.shape) != (0,)] or [(0, tensors[0])]
+    kept = [(i, x) for i, x in enumerate(tensors) if not same_shape(x.shape, (0,))] or [(0, tensors[0])]
     first = kept[0][1]
     d = clang.canonicalize_dim(first.ndim, dim, op)
     for i, x in kept:
@@ -127,7 +128,7 @@ def stack(tensors, dim=0, *, out=None):
     d = clang.canonicalize_dim(first.ndim + 1, dim, op)
     for i, x in enumerate(tensors):
         check(
-            tuple(x.shape) == tuple(first.shape),
+            same_shape(x.shape, first.shape),
             op,
             lambda: (
                 f"stack expects each tensor to be equal size, but got {list(first.shape)} at entry 0 and "

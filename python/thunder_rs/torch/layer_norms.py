@@ -29,6 +29,7 @@ from thunder_rs.torch.common import (
     upcast,
 )
 from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 
 __all__ = ["layer_norm", "rms_norm", "native_layer_norm", "native_layer_norm_backward"]
@@ -54,7 +55,7 @@ def _normalized_dims(op: str, a, normalized_shape) -> tuple[int, ...]:
         ThunderRuntimeError,
     )
     check(
-        a.ndim >= len(shape) and tuple(a.shape[a.ndim - len(shape) :]) == shape,
+        a.ndim >= len(shape) and same_shape(a.shape[a.ndim - len(shape) :], shape),
         op,
         lambda: (
             f"Given normalized_shape={list(shape)}, expected input with shape [*, {str(list(shape))[1:-1]}], "
@@ -70,7 +71,7 @@ def _affine(op: str, a, x, param, shape, arg: str, combine):
     if param is None:
         return x
     check(
-        tuple(param.shape) == tuple(shape),
+        same_shape(param.shape, shape),
         op,
         lambda: (
             f"Expected {arg} to be of same shape as normalized_shape, but got {arg} of shape "
@@ -115,7 +116,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     out = prims.mul(x, broadcast_back(prims.rsqrt(prims.add(mean_square, eps)), x.shape, dims))
     if weight is not None:
         check(
-            tuple(weight.shape) == tuple(normalized_shape),
+            same_shape(weight.shape, normalized_shape),
             op,
             lambda: (
                 f"Expected weight to be of same shape as normalized_shape, but got weight of shape "
@@ -208,11 +209,11 @@ def _rule_dims(input, normalized_shape, *params):
     if not isinstance(normalized_shape, (tuple, list, torch.Size)) or not input.dtype.is_floating_point:
         return None
     shape = tuple(normalized_shape)
-    if not 1 <= len(shape) <= input.ndim or tuple(input.shape[input.ndim - len(shape) :]) != shape:
+    if not 1 <= len(shape) <= input.ndim or not same_shape(input.shape[input.ndim - len(shape) :], shape):
         return None
     present = [p for p in params if p is not None]
     dtypes = (input.dtype, torch.float32) if input.dtype in LOW_PRECISION else (input.dtype,)
-    if not all(isinstance(p, torch.Tensor) and tuple(p.shape) == shape for p in present):
+    if not all(isinstance(p, torch.Tensor) and same_shape(p.shape, shape) for p in present):
         return None
     if len({p.dtype for p in present}) > 1 or any(p.dtype not in dtypes for p in present):
         return None

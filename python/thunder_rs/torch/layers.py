@@ -19,6 +19,7 @@ from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 __all__ = ["bilinear", "embedding_bag"]
 
@@ -34,7 +35,7 @@ def _check_bilinear(op: str, input1, input2, weight, bias) -> None:
         ThunderRuntimeError,
     )
     check(
-        tuple(input1.shape[:-1]) == tuple(input2.shape[:-1]),
+        same_shape(input1.shape[:-1], input2.shape[:-1]),
         op,
         f"bilinear(): input batch dimensions do not match:"
         f" got {list(input1.shape[:-1])} and {list(input2.shape[:-1])} (argument input2)",
@@ -160,7 +161,7 @@ def _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, 
         ThunderRuntimeError,
     )
     check(
-        per_sample_weights is None or tuple(input.shape) == tuple(per_sample_weights.shape),
+        per_sample_weights is None or same_shape(input.shape, per_sample_weights.shape),
         op,
         lambda: (
             "If "

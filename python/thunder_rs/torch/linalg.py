@@ -36,6 +36,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.common import require_tensor, sum_to
 from thunder_rs.torch.symbols import ltorch, register, torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
 __all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm", "flattened_product"]
@@ -200,7 +201,7 @@ def _add_scaled(op: str, product, input, beta, alpha):
     )
     broadcast = clang.broadcast_shapes(op, input.shape, product.shape)
     check(
-        tuple(broadcast) == tuple(product.shape),
+        same_shape(broadcast, product.shape),
         op,
         f"input of shape {list(input.shape)} does not broadcast to the product's shape {list(product.shape)} "
         "(argument input)",

@@ -32,6 +32,7 @@ from thunder_rs.torch.activations import logsigmoid
 from thunder_rs.torch.common import require_float, sum_all
 from thunder_rs.torch.linalg import _meta, opaque
 from thunder_rs.torch.special import xlogy
+from thunder_rs.core.lang.symint import same_shape
 
 __all__ = [
     "pdist",
@@ -74,7 +75,7 @@ def _difference(op: str, input, target):
 
 def _check_weight_size(op: str, weight, input) -> None:
     check(
-        tuple(weight.shape) == tuple(input.shape),
+        same_shape(weight.shape, input.shape),
         op,
         "Weights and input must have the same size. (argument weight)",
         ThunderValueError,
@@ -175,7 +176,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
 
 def _same_size(op: str, input, target, message: str) -> None:
     check(
-        tuple(target.shape) == tuple(input.shape),
+        same_shape(target.shape, input.shape),
         op,
         lambda: message.format(list(target.shape), list(input.shape)),
         ThunderValueError,
@@ -274,9 +275,9 @@ def poisson_nll_loss(
 
 def _gaussian_var(op: str, input, var):
     """``var`` shaped for the loss as eager's checks allow (one dim short, or one mismatched dim)."""
-    if tuple(var.shape) == tuple(input.shape):
+    if same_shape(var.shape, input.shape):
         return var
-    if tuple(input.shape[:-1]) == tuple(var.shape):
+    if same_shape(input.shape[:-1], var.shape):
         return prims.broadcast_in_dim(var, (*var.shape, 1), tuple(range(var.ndim)))
     mismatched = input.ndim == var.ndim and sum(y for x, y in zip(input.shape, var.shape) if x != y) == 1
     check(mismatched, op, "var is of incorrect size (argument var)", ThunderValueError)

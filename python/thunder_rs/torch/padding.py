@@ -229,6 +229,8 @@ def _pad(input, pad, mode="constant", value=None):
 
 
 TORCH_TO_LTORCH[F.pad] = _pad
+# F.pad's own kernel, which the graphs torch.compile hands a backend call (Dynamo inlines F.pad).
+TORCH_TO_LTORCH[torch._C._nn.pad] = _pad
 
 
 @torchsymbol(torch.constant_pad_nd)

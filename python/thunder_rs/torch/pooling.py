@@ -36,6 +36,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 
 __all__ = [
@@ -267,7 +268,7 @@ def _pad_spatial(x, geometry, fill):
         ends.append((out - 1) * s + d * (k - 1) + 1)
         config.append((p, max(ends[-1] - size - p, 0), 0))
     padded = prims.pad(x, fill, tuple(config))
-    if tuple(ends) == tuple(padded.shape):
+    if same_shape(ends, padded.shape):
         return padded
     return prims.slice(padded, (0,) * x.ndim, tuple(ends), (1,) * x.ndim)
 
@@ -520,7 +521,7 @@ def _max_unpool(op: str, n: int, input, indices, kernel_size, stride, padding, o
         ThunderRuntimeError,
     )
     check(
-        tuple(indices.shape) == tuple(input.shape),
+        same_shape(indices.shape, input.shape),
         op,
         f"Expected shape of indices to be same as that of the input "
         f"tensor ({list(input.shape)}) but got indices tensor with shape: {list(indices.shape)} (argument indices)",

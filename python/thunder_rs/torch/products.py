@@ -22,6 +22,7 @@ from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import identity
 from thunder_rs.torch.elementwise import sub
 from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands
+from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
 LA = torch.linalg
@@ -132,7 +133,7 @@ def addr(input, vec1, vec2, *, beta=1, alpha=1):
     out_dtype = torch.promote_types(input.dtype, outer.dtype)
     shape = clang.broadcast_shapes(op, input.shape, outer.shape)
     check(
-        tuple(shape) == tuple(outer.shape),
+        same_shape(shape, outer.shape),
         op,
         f"input of shape {list(input.shape)} does not broadcast to the outer product's shape {list(outer.shape)} "
         "(argument input)",
@@ -590,7 +591,7 @@ def linalg_multi_dot(tensors, *, out=None):
         split = _chain_order([m.shape for m in mats])
     result = _chain(mats, split, 0, len(mats) - 1)
     shape = (*(result.shape[:1] if first.ndim == 2 else ()), *(result.shape[1:] if last.ndim == 2 else ()))
-    return prims.reshape(result, shape) if tuple(shape) != tuple(result.shape) else result
+    return prims.reshape(result, shape) if not same_shape(shape, result.shape) else result
 
 
 @torchsymbol(LA.matrix_power, torch.matrix_power, T.matrix_power)

@@ -17,6 +17,7 @@ from thunder_rs import prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 __all__ = ["affine_grid", "grid_sample"]
 
@@ -56,7 +57,7 @@ def _check_affine_grid(op: str, theta, size) -> int:
     )
     n = len(size) - 2
     check(
-        theta.ndim == 3 and tuple(theta.shape[-2:]) == (n, n + 1),
+        theta.ndim == 3 and same_shape(theta.shape[-2:], (n, n + 1)),
         op,
         f"Expected a batch of {n}D affine matrices "
         f"of shape Nx{n}x{n + 1} for size {list(size)}. Got {list(theta.shape)} (argument theta)",

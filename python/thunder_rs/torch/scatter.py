@@ -27,6 +27,7 @@ from thunder_rs.errors import (
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.indexing import _check_index, _check_no_larger
 from thunder_rs.torch.shape import reshape_to
+from thunder_rs.core.lang.symint import same_shape
 
 Tensor = torch.Tensor
 __all__ = [
@@ -62,7 +63,7 @@ def _identity(reduce: str, dtype):
 
 
 def _sliced_to(src, shape):
-    if tuple(src.shape) == tuple(shape):
+    if same_shape(src.shape, shape):
         return src
     return prims.slice(src, (0,) * src.ndim, tuple(shape), (1,) * src.ndim)
 
@@ -240,7 +241,7 @@ def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
 
 def _padded_to(grad, shape):
     """The gradient of a ``src`` larger than its index: zero past the index."""
-    if tuple(grad.shape) == tuple(shape):
+    if same_shape(grad.shape, shape):
         return grad
     return prims.pad(grad, 0.0, tuple((0, s - i, 0) for s, i in zip(shape, grad.shape)))
 
@@ -546,7 +547,7 @@ def _put_masked(op: str, input, mask, values, accumulate: bool):
     would be placed by a running count of the mask, which the trace has no prim for."""
     m = mask.ndim
     check(
-        tuple(mask.shape) == tuple(input.shape[:m]),
+        same_shape(mask.shape, input.shape[:m]),
         op,
         lambda: (
             f"The shape of the mask {list(mask.shape)} at index 0 does not match the shape of the indexed tensor "

@@ -24,6 +24,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.common import is_int, remainder
 from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 Tensor = torch.Tensor
 __all__ = [
@@ -121,7 +122,7 @@ def infer_shape(op: str, shape, numel: int) -> tuple[int, ...]:
 def reshape_to(a, shape):
     """``a`` with ``shape`` (same number of elements); ``a`` itself when it has it already."""
     shape = tuple(shape)
-    return a if tuple(a.shape) == shape else prims.reshape(a, shape)
+    return a if same_shape(a.shape, shape) else prims.reshape(a, shape)
 
 
 def slice_in_dim(a, dim: int, start: int, stop: int, step: int = 1):

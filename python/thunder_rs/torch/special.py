@@ -22,6 +22,7 @@ from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.elementwise import NAN_SELECTING_FMAX, SPLIT_TIES, put_operand_grads, sign, sub
 from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
 __all__ = [
@@ -573,8 +574,8 @@ TORCH_TO_LTORCH.update(
     {
         torch.is_floating_point: lambda input: input.dtype.is_floating_point,
         torch.is_complex: lambda input: input.dtype.is_complex,
-        torch.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
-        T.is_same_size: lambda input, other: tuple(input.shape) == tuple(other.shape),
+        torch.is_same_size: lambda input, other: same_shape(input.shape, other.shape),
+        T.is_same_size: lambda input, other: same_shape(input.shape, other.shape),
         torch.is_signed: lambda input: input.dtype.is_signed,
         torch.numel: lambda input: input.numel(),
         torch.result_type: lambda tensor, other: dtypes.result_type(tensor, other),

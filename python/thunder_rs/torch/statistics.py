@@ -30,6 +30,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.reductions import _evenly_distributed
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, round as round_, sub
+from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
 __all__ = [
@@ -367,7 +368,7 @@ def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=N
     sequence = sorted_sequence
     if sorter is not None:
         check(
-            isinstance(sorter, TensorProxy) and tuple(sorter.shape) == tuple(sequence.shape),
+            isinstance(sorter, TensorProxy) and same_shape(sorter.shape, sequence.shape),
             op,
             "boundaries and sorter must have the same size (argument sorter)",
             ThunderRuntimeError,
@@ -377,7 +378,7 @@ def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=N
     if sequence.ndim == 1:
         return _count_below(sequence, ltorch.unsqueeze(values, -1), right, out_int32)
     check(
-        values.ndim == sequence.ndim and tuple(values.shape[:-1]) == tuple(sequence.shape[:-1]),
+        values.ndim == sequence.ndim and same_shape(values.shape[:-1], sequence.shape[:-1]),
         op,
         "boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries tensor and input value "
         f"tensor must match, but we got boundaries tensor {list(sequence.shape)} and input value tensor "

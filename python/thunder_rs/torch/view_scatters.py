@@ -12,6 +12,7 @@ from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.common import slice_indices
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
+from thunder_rs.core.lang.symint import same_shape
 
 __all__ = ["slice_scatter", "select_scatter", "diagonal", "diagonal_scatter", "straight_through", "stop_gradient"]
 
@@ -38,7 +39,7 @@ def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
     length = (stop - begin + step - 1) // step
     expected = (*input.shape[:d], length, *input.shape[d + 1 :])
     check(
-        tuple(src.shape) == expected,
+        same_shape(src.shape, expected),
         op,
         lambda: (
             f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
@@ -81,7 +82,7 @@ def select_scatter(input, src, dim, index):
     )
     expected = (*input.shape[:d], *input.shape[d + 1 :])
     check(
-        tuple(src.shape) == expected,
+        same_shape(src.shape, expected),
         op,
         lambda: (
             f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = "
@@ -127,7 +128,7 @@ def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
     perm, rows, cols, length, first = _diagonal_layout(tuple(input.shape), offset, dim1, dim2, op)
     batch = tuple(input.shape[d] for d in perm[:-2])
     check(
-        tuple(src.shape) == (*batch, length),
+        same_shape(src.shape, (*batch, length)),
         op,
         lambda: (
             f"expected src to have a size equal to the diagonal of self. src size = {list(src.shape)}, diagonal size = "

@@ -19,7 +19,7 @@ from thunder_rs.core.acquisition.effects import (
     recording_prints,
     stop_recording_prints,
 )
-from thunder_rs.core.acquisition.dynamic import INT, HeldDim, HeldInt
+from thunder_rs.core.acquisition.dynamic import INT, ArgInt, HeldDim, HeldInt
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
@@ -207,6 +207,8 @@ class SizeInputs:
         self.sources: list = []
         #: ``(where, index of the size input)`` of the other places holding its value
         self.shared: list = []
+        #: the ints read as sizes (``ArgInt``, then ``HeldInt``), numbered in the order made
+        self.ints = 0
 
     def of(self, n: int, at):
         """The size input for the size ``n`` read at ``at``."""
@@ -219,11 +221,20 @@ class SizeInputs:
         return found[1]
 
     def of_inputs(self, flat_inputs) -> dict:
-        """The size inputs of the flat inputs' symbolic dims: ``{position: {dim: size}}``."""
+        """The size inputs of the flat inputs' symbolic dims: ``{position: {dim: size}}`` (dim
+        None: the int argument at that position)."""
         made: dict = {}
         for i, d in self.flat:
-            made.setdefault(i, {})[d] = self.of(flat_inputs[i].shape[d], (i, d))
+            if d is None:
+                made[i] = {None: self.of(flat_inputs[i], ArgInt(i, self.next_int()))}
+            else:
+                made.setdefault(i, {})[d] = self.of(flat_inputs[i].shape[d], (i, d))
         return made
+
+    def next_int(self) -> int:
+        """The number of the next int read as a size among the entry's last inputs."""
+        self.ints += 1
+        return self.ints - 1
 
 
 def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeInputs, first_input: int) -> list:
@@ -263,7 +274,7 @@ def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs) -> list:
         value = attributes.get(name)
         if type(value) is not int or value < 2:
             continue
-        stand_in = symint.wrap(size_inputs.of(value, HeldInt(found[1], name, len(placed))))
+        stand_in = symint.wrap(size_inputs.of(value, HeldInt(found[1], name, size_inputs.next_int())))
         attributes[name] = stand_in
         placed.append((attributes, _PlacedInt(name, stand_in), value))
     return placed
@@ -298,6 +309,9 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     symbolic = size_inputs.of_inputs(flat_inputs)
     for i in positions:
         leaves[i] = input_proxy(rec, flat_inputs[i], symbolic.get(i))
+    for i, dims in symbolic.items():
+        if None in dims:  # an int argument read as a size
+            leaves[i] = symint.wrap(dims[None])
     pairs, params, slots = [], [], []
     if binding is not None:
         refuse_dtensors(binding.qualified, binding.tensors())
@@ -427,7 +441,7 @@ def acquire(
     _check_guards_still_hold(guards, flat_inputs)
     fixed = [t for t in captured if isinstance(t, torch.Tensor)]
     at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
-    ints = tuple(sorted((at for at in at_sizes if type(at) is HeldInt), key=lambda at: at.input))
+    ints = tuple(sorted((at for at in at_sizes if type(at) in (HeldInt, ArgInt)), key=lambda at: at.input))
     return Acquired(
         trace,
         list(rec.consts()),

@@ -41,17 +41,25 @@ def _is_tensor_key(k) -> bool:
     return type(k) is tuple and len(k) == 5 and type(k[2]) is _Size
 
 
+def _is_int_key(k) -> bool:
+    return type(k) is tuple and len(k) == 2 and k[0] is int
+
+
 def changed_dims(old_key, new_key) -> list | None:
     """The ``(flat position, dim)`` of the sizes that differ between two cache keys otherwise
     equal (a strided tensor's strides too: a slice of a fixed buffer, ``buf[:, :T]``, keeps them
-    while a transpose's change with its sizes); None when anything else differs."""
+    while a transpose's change with its sizes), ``(flat position, None)`` of the int arguments
+    that differ; None when anything else differs."""
     if type(old_key) is not tuple or len(old_key) != len(new_key) or old_key[0] != new_key[0]:
         return None
     if old_key[2:] != new_key[2:] or len(old_key[1]) != len(new_key[1]):
         return None
-    changed: list[tuple[int, int]] = []
+    changed: list[tuple[int, int | None]] = []
     for i, (a, b) in enumerate(zip(old_key[1], new_key[1])):
         if a == b:
+            continue
+        if _is_int_key(a) and _is_int_key(b):
+            changed.append((i, None))
             continue
         if not (_is_tensor_key(a) and _is_tensor_key(b)) or a[:2] != b[:2] or a[3] != b[3]:
             return None
@@ -62,13 +70,15 @@ def changed_dims(old_key, new_key) -> list | None:
 
 
 def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
-    """The ``(flat position, dim)`` to trace as symbolic for the call of ``flat`` with ``key``;
-    ``marked`` (updated) holds those an earlier compile saw change."""
+    """The ``(flat position, dim)`` to trace as symbolic for the call of ``flat`` with ``key``
+    (``(flat position, None)`` for an int argument, ``ArgInt``); ``marked`` (updated) holds those
+    an earlier compile saw change."""
     if mode is False:
         return ()
     tensors = {i: x for i, x in enumerate(flat) if isinstance(x, torch.Tensor)}
     if mode is True:
-        dims = {(i, d) for i, x in tensors.items() for d in range(x.dim())}
+        dims: set[tuple[int, int | None]] = {(i, d) for i, x in tensors.items() for d in range(x.dim())}
+        dims.update((i, None) for i, x in enumerate(flat) if type(x) is int)
     else:
         for old in earlier_keys:
             changed = changed_dims(old, key)
@@ -77,7 +87,9 @@ def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
         marked.update(_marked_by_torch(tensors, "_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices"))
         dims = marked
     static = _marked_by_torch(tensors, "_dynamo_static_indices")
-    return tuple(sorted((i, d) for i, d in dims if i in tensors and flat[i].shape[d] >= 2 and (i, d) not in static))
+    ints = [(i, None) for i, d in dims if d is None and i < len(flat) and type(flat[i]) is int and flat[i] >= 2]
+    sized = [(i, d) for i, d in dims if i in tensors and d is not None and flat[i].shape[d] >= 2]
+    return (*sorted(at for at in sized if at not in static), *sorted(ints))
 
 
 def _marked_by_torch(tensors: dict, *marks: str) -> set:
@@ -107,6 +119,24 @@ class HeldInt(NamedTuple):
     source: Any
     name: str
     input: int
+
+    def code(self, j: int, scope: dict) -> str:
+        """An expression reading it from a call's flat inputs ``flat``; binds what it uses in ``scope``."""
+        return f"{self.source.code(f'n{j}', scope)}[{self.name!r}]"
+
+
+class ArgInt(NamedTuple):
+    """Where a symbolic size is read from an int argument of the call (a length passed as an int,
+    the ``SymInt`` inputs of torch.compile's dynamic graphs): flat input ``position``; the entry
+    takes it among its last inputs as a ``HeldInt``, the ``input``-th of the ints after the
+    tensors."""
+
+    position: int
+    input: int
+
+    def code(self, j: int, scope: dict) -> str:
+        """An expression reading it from a call's flat inputs ``flat``."""
+        return f"flat[{self.position}]"
 
 
 #: Marks, among ``held_changes``' dims, an int attribute (``HeldInt``) rather than a tensor's dim.
@@ -174,7 +204,7 @@ def size_readers(sizes, positions) -> list:
         (at.input, at.dim)
         if type(at) is HeldDim
         else (at.input, None)
-        if type(at) is HeldInt
+        if type(at) in (HeldInt, ArgInt)
         else (at[0] if index is None else index[at[0]], at[1])
         for at in sizes
     ]
@@ -202,6 +232,10 @@ def symbolic_labels(sizes, names: list) -> str:
         if type(at) is HeldDim and isinstance(at.name, str)
         else f"{at.source.label}[{at.name!r}].shape[{at.dim}]"
         if type(at) is HeldDim
+        else names[at.position]
+        if type(at) is ArgInt
+        else names[at[0]]
+        if at[1] is None
         else f"{names[at[0]]}.shape[{at[1]}]"
         for at in sizes
     ]
@@ -215,6 +249,8 @@ def size_read(at, scope: dict) -> str:
         return f"{at.source.code('', scope)}[{at.name!r}].shape[{at.dim}]"
     if type(at) is HeldInt:
         return f"{at.source.code('', scope)}[{at.name!r}]"
+    if type(at) is ArgInt:
+        return f"flat[{at.position}]"
     return f"flat[{at[0]}].shape[{at[1]}]"
 
 
@@ -229,7 +265,11 @@ class SymbolicEntry:
 
     def __init__(self, entry, key, sources, shared, names, guards, checks=()):
         self.entry, self.key, self.guards, self._sources = entry, key, tuple(guards), tuple(sources)
-        self.dims = frozenset(at for at in (*sources, *(at for at, _ in shared)) if type(at) not in (HeldDim, HeldInt))
+        self.dims = frozenset(
+            (at.position, None) if type(at) is ArgInt else at
+            for at in (*sources, *(at for at, _ in shared))
+            if type(at) not in (HeldDim, HeldInt)
+        )
         scope: dict = {}
         binds = "".join(f"    {n} = {size_read(at, scope)}\n" for n, at in zip(names, sources))
         # 0 and 1 stay constant (see the module doc): a size is symbolic from 2 up. Sizes that
@@ -255,7 +295,7 @@ class SymbolicEntry:
         return (
             changed is not None
             and self.dims.issuperset(changed)
-            and all(_chunks(self.key[1][i]) == _chunks(key[1][i]) for i in {i for i, _ in changed})
+            and all(_chunks(self.key[1][i]) == _chunks(key[1][i]) for i in {i for i, d in changed if d is not None})
             and self.check(flat)
         )
 
@@ -269,7 +309,7 @@ class SymbolicEntry:
         constant = [at for at in changed if at not in self.dims]
         if constant:
             return f"the entry with symbolic sizes holds {symbolic_labels(constant, names)} constant"
-        strided = sorted({i for i, _ in changed if _chunks(self.key[1][i]) != _chunks(key[1][i])})
+        strided = sorted({i for i, d in changed if d is not None and _chunks(self.key[1][i]) != _chunks(key[1][i])})
         if strided:
             return f"{', '.join(names[i] for i in strided)}: its dims step over each other differently (strides)"
         source, scope, shown = self._explained

@@ -22,6 +22,7 @@ from thunder_rs.core.lang.langctx import torch_symbol, user_location
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import GRAD_RULES, record_composite
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
+from thunder_rs.core.lang.symint import same_shape
 
 #: Function class -> its composite symbol id.
 _SYMBOLS: dict[type, int] = {}
@@ -171,7 +172,7 @@ def _conform(cls, a: TensorProxy, g):
             f"torch.autograd.Function: {cls.__qualname__}.backward returned "
             f"{type(g).__name__} as a gradient; expected a tensor or None"
         )
-    if tuple(g.shape) != tuple(a.shape):
+    if not same_shape(g.shape, a.shape):
         try:
             expandable = torch.broadcast_shapes(tuple(a.shape), tuple(g.shape)) == tuple(g.shape)
         except RuntimeError:

@@ -20,6 +20,7 @@ which the Rust VJP pass emits in place of differentiating the decomposition.
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import GRAD_RULES, current, enter_backward, proxies
 from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, ThunderValueError
+from thunder_rs.core.lang.symint import same_shape
 
 
 def register_grad(symbol, rule=None):
@@ -58,7 +59,7 @@ def put_grad(x, grad) -> None:
     _proxy(grad, "put_grad", "grad")
     if x.dtype.is_complex:
         raise ThunderNotImplementedError("put_grad: gradients of complex tensors are not supported (argument x)")
-    if tuple(grad.shape) != tuple(x.shape):
+    if not same_shape(grad.shape, x.shape):
         raise ThunderValueError(
             f"put_grad: the gradient's shape {tuple(grad.shape)} differs from x's {tuple(x.shape)} (argument grad)"
         )

@@ -262,3 +262,21 @@ def hint(size) -> int:
 def is_symbolic(shape) -> bool:
     """Whether some size of ``shape`` is symbolic."""
     return any(type(s) is SymInt for s in shape)
+
+
+def same_shape(a, b) -> bool:
+    """Whether two shapes are equal, their lengths compared first: a tuple comparison compares
+    items before lengths, so ``(32,) == (2*T, 32)`` would decide ``32 == 2*T`` and guard ``T != 16``,
+    a relation no program relies on. Sizes of shapes of one length are compared until one differs."""
+    return len(a) == len(b) and all(x == y for x, y in zip(a, b))
+
+
+def identical(a, b) -> bool:
+    """Whether two sizes are one expression, as data: no decision on their values is taken (a
+    constant and a symbolic size differ whatever the hint). For choices that change only how the
+    trace computes a value (skipping a slice of a whole dim), not what the program sees."""
+    if type(a) is SymInt:
+        return a.expr.same(b.expr if type(b) is SymInt else b)
+    if type(b) is SymInt:
+        return b.expr.same(a)
+    return a == b

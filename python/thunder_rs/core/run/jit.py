@@ -114,7 +114,7 @@ class ThunderFunction:
         #: ``jit(dynamic=)``; the sizes seen to change (``core.acquisition.dynamic``); the entries
         #: compiled with symbolic sizes; why symbolic compiles stopped (one failed), or None.
         self._dynamic = dynamic
-        self._marked: set[tuple[int, int]] = set()
+        self._marked: set[tuple[int, int | None]] = set()
         #: the dims of argument objects' tensors seen to change, ``{(source key, name): dims}``
         self._marked_held: dict = {}
         self._symbolic: list[SymbolicEntry] = []
@@ -140,6 +140,12 @@ class ThunderFunction:
         self._dead_keys = False
         self.__wrapped__ = fn
         live_functions.add(self)
+
+    def mark_dynamic(self, places) -> None:
+        """Traces the sizes at ``places`` as symbolic from the next compile on, as if a call had seen
+        them change (in the default mode, ``dynamic=None``): ``(flat position, dim)`` of a tensor
+        argument, ``(flat position, None)`` of an int argument."""
+        self._marked.update(places)
 
     def __get__(self, instance, owner=None):
         """As a method (``@jit`` in a class body): bound to ``instance``, which is an input of the

@@ -216,7 +216,7 @@ def _restore(container, before: tuple) -> None:
 def captured_inputs(captured: list, ints: tuple = ()):
     """``inputs(flat)``: the trace's captured inputs for a call with flat inputs ``flat``, fixed
     tensors and each ``ArgumentTensor`` read at its path, in the trace's order, then the ``ints``
-    (``dynamic.HeldInt``) read at theirs; None when all are fixed tensors (``jit`` then appends
+    (``dynamic.HeldInt``, ``dynamic.ArgInt``) read at theirs; None when all are fixed tensors (``jit`` then appends
     them itself)."""
     if all(isinstance(c, torch.Tensor) for c in captured) and not ints:
         return None
@@ -228,7 +228,7 @@ def captured_inputs(captured: list, ints: tuple = ()):
             parts.append(f"c{i}")
         else:
             parts.append(f"{c.source.code(f'm{i}', scope)}[{c.name!r}]")
-    parts += [f"{at.source.code(f'n{j}', scope)}[{at.name!r}]" for j, at in enumerate(ints)]
+    parts += [at.code(j, scope) for j, at in enumerate(ints)]
     source = f"def inputs(flat):\n  return ({', '.join(parts)},)\n"
     exec(compile(source, "<thunder_rs argument tensors>", "exec"), scope)
     return scope["inputs"]

@@ -1,0 +1,120 @@
+"""Int arguments as sizes (issue 26): an int argument a later call passes changed (a length, a
+number of tokens, the ``SymInt`` inputs of torch.compile's dynamic graphs) is traced as a symbolic
+size in the next compile, as torch.compile treats ints; what the program decides on it is a guard.
+Ints 0 and 1, negative ints and bools stay constants. Every call is checked against eager."""
+
+import pytest
+import torch
+
+import thunder_rs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def stats(jfn):
+    return thunder_rs.compile_stats(jfn)
+
+
+def first_n(x, n):
+    return x[:, :n].sum(1) * 2 + torch.arange(n).sum()
+
+
+def test_an_int_argument_seen_changing_is_a_symbolic_size():
+    jf = thunder_rs.jit(first_n)
+    x = torch.randn(4, 12)
+    for n in [3, 5, 7, 9, 11, 4]:
+        torch.testing.assert_close(jf(x, n), first_n(x, n))
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+    assert stats(jf).miss_reasons[1] == "n: 3 -> 5; compiled with symbolic sizes n"
+    assert jf._dynamic_off is None
+
+
+def scaled(x, n):
+    return x[: max(n, 0) + 1] * n
+
+
+@pytest.mark.parametrize("n", [1, 0, -3])
+def test_ints_below_two_stay_constants(n):
+    jf = thunder_rs.jit(scaled)
+    x = torch.randn(12)
+    for m in [3, 5, 7, n, n]:
+        torch.testing.assert_close(jf(x, m), scaled(x, m))
+    assert stats(jf).cache_misses == 3
+    assert stats(jf).miss_reasons[2].startswith(f"n: 5 -> {n}; the entry with symbolic sizes does not serve it")
+
+
+def scale_and_branch(x, n):
+    y = x * n + x / n  # a size as a scalar operand: true division is a float
+    return y.relu() if n > 6 else y.sigmoid()
+
+
+def test_arithmetic_with_an_int_and_a_branch_on_it_equal_eager():
+    jf = thunder_rs.jit(scale_and_branch)
+    x = torch.randn(3, 5)
+    for n in [2, 3, 4, 7, 9, 5]:
+        torch.testing.assert_close(jf(x, n), scale_and_branch(x, n))
+    # static at 2, symbolic at 3 (n <= 6), served at 4, again at 7 (n > 6), served at 9 and 5
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    assert "-t0 + 6 >= 0 fails (t0 = n = 7)" in stats(jf).miss_reasons[2]
+
+
+def test_an_int_equal_to_a_tensor_size_shares_its_symbol_and_must_stay_equal():
+    def fn(x, n):
+        return x.reshape(n, -1).sum(0)
+
+    jf = thunder_rs.jit(fn)
+    for rows, n in [(4, 4), (6, 6), (8, 8), (8, 4), (10, 10)]:
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(jf(x, n), fn(x, n))
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    assert "(and 1 sizes equal to them)" in stats(jf).miss_reasons[1]
+
+
+def test_bools_are_not_sizes_and_dynamic_false_keeps_ints_constant():
+    def fn(x, n, flag):
+        return x[:n] * 2 if flag else x[:n]
+
+    jf = thunder_rs.jit(fn, dynamic=False)
+    x = torch.randn(9)
+    for n, flag in [(3, True), (5, True), (7, False), (5, False)]:
+        torch.testing.assert_close(jf(x, n, flag), fn(x, n, flag))
+    assert stats(jf).cache_misses == 4
+    jd = thunder_rs.jit(fn, dynamic=True)
+    for n, flag in [(3, True), (5, True), (7, False), (5, False)]:
+        torch.testing.assert_close(jd(x, n, flag), fn(x, n, flag))
+    assert stats(jd).cache_misses == 2  # one per flag, symbolic n from the first compile
+    assert stats(jd).miss_reasons[0] == "first call; compiled with symbolic sizes x.shape[0], n"
+
+
+def test_an_int_length_trains_like_eager():
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+
+    def step(x, w, n):
+        h = torch.tanh(x[:, :n] @ w[:n])
+        return h.softmax(-1).mean()
+
+    jf = thunder_rs.jit(step)
+    for n in [3, 5, 8, 6]:
+        x = torch.randn(4, 8)
+        out, expected = jf(x, w, n), step(x, w2, n)
+        torch.testing.assert_close(out, expected)
+        out.backward()
+        expected.backward()
+        torch.testing.assert_close(w.grad, w2.grad)
+    assert stats(jf).cache_misses == 2
+
+
+def broadcast_bias(x, w, b):
+    return torch.addmm(b, x.reshape(-1, 32), w)
+
+
+def test_shapes_of_different_ranks_are_not_compared_size_by_size():
+    # (32,) == (2*T, 32) compared 32 with 2*T first: a guard T != 16 that recompiled at T = 16.
+    jf = thunder_rs.jit(broadcast_bias)
+    w, b = torch.randn(32, 8), torch.randn(8)
+    for t in [8, 12, 16, 20]:
+        x = torch.randn(2, t, 32)
+        torch.testing.assert_close(jf(x, w, b), broadcast_bias(x, w, b))
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
