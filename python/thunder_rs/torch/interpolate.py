@@ -8,6 +8,11 @@ output element is a weighted sum of a few input elements ("taps"), whose positio
 dtype otherwise). The decomposition takes the taps with one ``take`` per dim; the backward,
 ``upsample_backward``, adds the weighted gradients back with one ``index_add`` per dim, and the
 torch executor runs it as the aten backward eager's autograd calls.
+
+Sizes may be symbolic (an FPN resizing to its skip connection's shape): a scale aten computes
+from the sizes is then a 0-d tensor the trace computes from them on each call, in the dtype aten
+divides them in, and nearest's branches on the sizes (out == in, out == 2 * in) are taken per
+call by a ``where``, not by a guard; where the sizes are constants, the scales are constants.
 """
 
 import math
@@ -26,7 +31,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.core.lang.symint import SymInt, is_symbolic
 from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["interpolate", "upsample_backward"]
@@ -34,6 +39,9 @@ __all__ = ["interpolate", "upsample_backward"]
 _LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
 _MODES = ("nearest", "nearest-exact", "area", *_LINEAR_MODES)
 _CUBIC_A = -0.75
+#: The bound on a scale factor's numerator and denominator below which a symbolic size is scaled
+#: as a fraction (``_scaled``).
+_SHORT = 2**20
 
 
 # -- arguments -------------------------------------------------------------------------------------
@@ -104,9 +112,6 @@ def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_
             ThunderValueError,
         )
         sizes = tuple(size) if isinstance(size, (list, tuple)) else (size,) * n
-        # The taps' positions come from float scales of the sizes: a symbolic size is taken at
-        # its value (a guard), as ``_scale`` takes the input's.
-        sizes = tuple(int(s) if type(s) is SymInt else s for s in sizes)
         check(
             len(sizes) == n,
             op,
@@ -115,7 +120,7 @@ def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_
             ThunderValueError,
         )
         check(
-            all(isinstance(s, int) for s in sizes),
+            all(isinstance(s, (int, SymInt)) for s in sizes),
             op,
             f"expected size to be ints, got {size} (argument size)",
             ThunderTypeError,
@@ -150,53 +155,106 @@ def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_
     return sizes, scales
 
 
-def _scaled(size, factor) -> int:
-    """``floor(size * factor)``, as F.interpolate sizes its output; a symbolic size by a whole
-    factor stays symbolic (upsampling by 2), by any other it is taken at its value (a guard)."""
-    if type(size) is SymInt and float(factor).is_integer() and factor > 0:
-        return size * int(factor)
+def _scaled(size, factor):
+    """``floor(float(size) * factor)``, as F.interpolate sizes its output. A symbolic size stays
+    symbolic by a whole factor (upsampling by 2), and by a short binary fraction ``m / d`` (1.5 is
+    3 / 2): the double product is then exactly ``size * m / d`` wherever ``size * m < 2**53`` (a
+    guard), so its floor is ``size * m // d``. By any other factor (0.1 has no short fraction) the
+    size is taken at its value (a guard)."""
+    if type(size) is SymInt and factor > 0:
+        m, d = float(factor).as_integer_ratio()
+        if d == 1:  # an output of 2**53 elements or more is never made
+            return size * m
+        if m < _SHORT and d < _SHORT and size * m < 2**53:
+            return size * m // d
     return int(math.floor(float(size) * factor))
 
 
 # -- taps ------------------------------------------------------------------------------------------
 
 
-def _float32(x: float) -> float:
-    """``x`` rounded to float32, as aten's ``compute_scales_value<float>`` gives it."""
-    return float(torch.tensor(x, dtype=torch.float32))
+def _rounded(x: float, dtype) -> float:
+    """``x`` in ``dtype``: rounded to float32 as aten's ``compute_scales_value<float>`` gives it."""
+    return float(torch.tensor(x, dtype=torch.float32)) if dtype == torch.float32 else x
 
 
-def _scale(in_size: int, out_size: int, scale, align_corners: bool, dtype) -> float:
-    """aten's ``area_pixel_compute_scale`` in ``dtype``: input elements per output element."""
+def _size_value(device, dtype, size):
+    """A 0-d tensor of ``dtype`` holding ``size`` (read on each call where it is symbolic),
+    converted as aten converts an ``int64_t`` size: the one element of an iota starting at it."""
+    value = prims.reshape(prims.iota(1, size, 1, device, torch.int64), ())
+    return value if dtype == torch.int64 else prims.convert_element_type(value, dtype)
+
+
+def _scale(device, in_size, out_size, scale, align_corners: bool, dtype):
+    """aten's ``area_pixel_compute_scale`` in ``dtype``: input elements per output element. A
+    Python float where it is a constant; a ratio of symbolic sizes is a 0-d tensor, the sizes
+    converted to ``dtype`` and divided in it on each call, as aten divides them."""
     if align_corners:
-        value = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        if out_size <= 1:
+            return 0.0
+        num, den = in_size - 1, out_size - 1
+    elif scale is not None and scale > 0:
+        return _rounded(1.0 / scale, dtype)
     else:
-        value = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
-    return _float32(value) if dtype == torch.float32 else value
+        num, den = in_size, out_size
+    if is_symbolic((num, den)):
+        return prims.div(_size_value(device, dtype, num), _size_value(device, dtype, den))
+    return _rounded(num / den, dtype)
 
 
-def _positions(device, dtype, out_size: int, scale: float, offset: float):
-    """(o + offset) * scale for each output index o, in ``dtype``."""
+def _positions(device, dtype, out_size, scale, offset: float):
+    """(o + offset) * scale for each output index o, in ``dtype``; ``scale`` a number or a 0-d tensor."""
     o = prims.convert_element_type(prims.iota(out_size, 0, 1, device, torch.int64), dtype)
+    if not isinstance(scale, (int, float)):
+        scale = prims.broadcast_in_dim(scale, (out_size,), ())
     return prims.mul(prims.add(o, offset) if offset else o, scale)
 
 
-def _nearest_taps(device, in_size: int, out_size: int, scale, exact: bool):
-    """min(floor((o [+ 0.5]) * scale), in - 1), in float32 as aten computes it for every dtype."""
-    if not exact and out_size == in_size:
+def _equal(a, b):
+    """``a == b`` for sizes: a bool where ints or one expression tell, None where only each call's
+    sizes do (no guard: a guard would flip where a decoder's sizes are sometimes twice the input's)."""
+    d = a - b
+    return d == 0 if type(d) is int else None
+
+
+def _shortcuts(in_size, out_size, scale):
+    """Whether aten's nearest copies the index (out == in) and halves it (out == 2 * in): bools,
+    or None where only each call's sizes tell. A whole scale factor made ``out == in * scale``."""
+    if scale is not None and float(scale).is_integer() and _equal(out_size, in_size * int(scale)):
+        return scale == 1, scale == 2
+    return _equal(out_size, in_size), _equal(out_size, 2 * in_size)
+
+
+def _per_call(device, out_size, a, b, selected, otherwise):
+    """``selected`` where ``a == b`` in this call, else ``otherwise``: aten's branch on its sizes."""
+    same = prims.eq(_size_value(device, torch.int64, a - b), 0)
+    return prims.where(prims.broadcast_in_dim(same, (out_size,), ()), selected, otherwise)
+
+
+def _nearest_taps(device, in_size, out_size, scale, exact: bool):
+    """min(floor((o [+ 0.5]) * scale), in - 1), in float32 as aten computes it for every dtype,
+    save that nearest (not exact) copies the index where out == in and halves it where out == 2 * in
+    (``nearest_idx``, UpSampleKernel.cpp)."""
+    copy, halve = (False, False) if exact else _shortcuts(in_size, out_size, scale)
+    if copy is True:
         return prims.reshape(prims.iota(out_size, 0, 1, device, torch.int64), (out_size, 1)), None
-    if not exact and out_size == 2 * in_size:  # aten halves the index exactly
+    if halve is True:  # aten halves the index exactly
         source = prims.div(prims.iota(out_size, 0, 1, device, torch.int64), 2)
     else:
-        s = _scale(in_size, out_size, scale, False, torch.float32)
+        s = _scale(device, in_size, out_size, scale, False, torch.float32)
         positions = _positions(device, torch.float32, out_size, s, 0.5 if exact else 0)
         source = prims.convert_element_type(prims.floor(positions), torch.int64)
+        index = prims.iota(out_size, 0, 1, device, torch.int64) if None in (copy, halve) else None
+        if halve is None:
+            source = _per_call(device, out_size, out_size, 2 * in_size, prims.div(index, 2), source)
+        if copy is None:
+            source = _per_call(device, out_size, out_size, in_size, index, source)
     return prims.reshape(prims.minimum(source, in_size - 1), (out_size, 1)), None
 
 
-def _source(device, dtype, in_size: int, out_size: int, scale, align_corners: bool, cubic: bool):
+def _source(device, dtype, in_size, out_size, scale, align_corners: bool, cubic: bool):
     """aten's ``area_pixel_compute_source_index``: each output element's position in the input."""
-    s = _scale(in_size, out_size, scale, align_corners, dtype)
+    s = _scale(device, in_size, out_size, scale, align_corners, dtype)
     if align_corners:
         return _positions(device, dtype, out_size, s, 0)
     src = prims.sub(_positions(device, dtype, out_size, s, 0.5), 0.5)
@@ -207,7 +265,11 @@ def _stack(columns):
     return prims.cat([prims.reshape(c, (c.shape[0], 1)) for c in columns], 1)
 
 
-def _linear_taps(device, dtype, in_size: int, out_size: int, scale, align_corners: bool):
+def _linear_taps(device, dtype, in_size, out_size, scale, align_corners: bool):
+    # Where the sizes are equal aten takes each element at its own index whatever scale it is
+    # given (``compute_source_index_and_lambda``), as the scale 1 does.
+    if scale is not None and not align_corners and out_size == in_size:
+        scale = 1.0
     src = _source(device, dtype, in_size, out_size, scale, align_corners, cubic=False)
     low = prims.minimum(prims.convert_element_type(prims.floor(src), torch.int64), in_size - 1)
     lam = prims.minimum(prims.maximum(prims.sub(src, prims.convert_element_type(low, dtype)), 0.0), 1.0)
@@ -224,7 +286,7 @@ def _cubic_far(x):  # 1 < |x| < 2
     return prims.sub(prims.mul(inner, x), 4 * _CUBIC_A)
 
 
-def _cubic_taps(device, dtype, in_size: int, out_size: int, scale, align_corners: bool):
+def _cubic_taps(device, dtype, in_size, out_size, scale, align_corners: bool):
     src = _source(device, dtype, in_size, out_size, scale, align_corners, cubic=True)
     base = prims.floor(src)
     t = prims.sub(src, base)
@@ -237,7 +299,7 @@ def _cubic_taps(device, dtype, in_size: int, out_size: int, scale, align_corners
     return index, weights
 
 
-def _taps(device, dtype, in_size: int, out_size: int, mode: str, align_corners, scale):
+def _taps(device, dtype, in_size, out_size, mode: str, align_corners, scale):
     """The (out, taps) input positions and weights (None: one tap of weight 1) along one dim."""
     if mode in ("nearest", "nearest-exact"):
         return _nearest_taps(device, in_size, out_size, scale, mode == "nearest-exact")
@@ -313,6 +375,8 @@ def interpolate(
 def _unresample(grad, input_size, mode, align_corners, scales):
     """The transpose of ``_resample``: each tap's weighted gradient added back, dim by dim in reverse."""
     n, dtype = len(scales), _compute_dtype(grad.dtype)
+    if _copies_back(grad.shape[-n:], input_size[-n:], mode, align_corners, scales):
+        return grad
     g = grad if grad.dtype == dtype else prims.convert_element_type(grad, dtype)
     for i in reversed(range(n)):
         axis = g.ndim - n + i
@@ -327,6 +391,14 @@ def _unresample(grad, input_size, mode, align_corners, scales):
         zeros = prims.full((*g.shape[:axis], in_size, *g.shape[axis + 1 :]), 0.0, g.device, dtype)
         g = prims.index_add(zeros, prims.reshape(index, (size * taps,)), merged, axis)
     return g if g.dtype == grad.dtype else prims.convert_element_type(g, grad.dtype)
+
+
+def _copies_back(out_sizes, in_sizes, mode, align_corners: bool, scales) -> bool:
+    """Whether aten's bicubic backward copies the gradient: where all sizes are equal, whatever
+    scales it is given (``upsample_bicubic2d_backward_kernel``), though its forward does not. From
+    sizes alone (no scales) the scale is 1 and the taps copy anyway: no guard is taken then."""
+    given = not align_corners and any(s is not None for s in scales)
+    return mode == "bicubic" and given and all(o == i for o, i in zip(out_sizes, in_sizes))
 
 
 @torchsymbol(name="upsample_backward")
