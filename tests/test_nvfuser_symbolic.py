@@ -271,3 +271,40 @@ def test_on_cuda_a_mean_over_a_changing_length_divides_by_the_size_input(real_ex
     params = _params((8, 8), device="cuda")
     _check_against_eager(mean_pooled, [(2, n, 8) for n in LENGTHS], params, real_ex, device="cuda", dynamic=True)
     assert fused and real_ex.stats["definitions"] == len(fused)
+
+
+def scaled_by_count(x, w, n):
+    """An int argument as a size and as a scalar: a slice to it, a product with it, a division by it."""
+    y = x[:, :n] @ w[:n]
+    return y.tanh() * n + y.sum(-1, keepdim=True) / n
+
+
+def _over_counts(executor, device="cpu") -> list:
+    """``scaled_by_count`` jitted with ``executor`` over changing ints, outputs and gradients equal
+    to eager's, no region falling back; returns the regions it fused."""
+    fused = _recording(executor)
+    jfn = thunder_rs.jit(scaled_by_count, executors=[executor, "torch"])
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 12, device=device), torch.randn(12, 8, device=device, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a region running eagerly warns
+        for n in (3, 5, 7, 9, 11, 4):
+            actual, expected = jfn(x, w, n), scaled_by_count(x, w, n)
+            torch.testing.assert_close(actual, expected)
+            torch.testing.assert_close(
+                torch.autograd.grad(actual.sum(), w), torch.autograd.grad(expected.sum(), w), rtol=1e-4, atol=1e-5
+            )
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2
+    assert executor.stats["failures"] == 0, executor.fallbacks
+    return fused
+
+
+def test_an_int_argument_is_a_size_input_of_the_regions(fake_ex):
+    fused = _over_counts(fake_ex)
+    assert _symbolic(fused) and fake_ex.stats["definitions"] == len(fused)
+
+
+@pytest.mark.gpu
+def test_on_cuda_an_int_argument_is_a_size_input_of_the_regions(real_ex):
+    fused = _over_counts(real_ex, device="cuda")
+    assert _symbolic(fused) and real_ex.stats["definitions"] == len(fused)

@@ -73,6 +73,12 @@ impl PySymExpr {
         out
     }
 
+    /// A lower bound over sizes of at least 2 (what every symbolic size is), or None where the
+    /// expression has none (`12 - t0`): what an executor may rely on for every size an entry serves.
+    fn lower_bound(&self) -> Option<i64> {
+        self.as_dim().poly().lower_bound()
+    }
+
     /// Whether `other` is the same expression (as data, not a decision on hints).
     fn same(&self, other: &Bound<'_, PyAny>) -> PyResult<bool> {
         Ok(dim_of(other)? == Dim::Sym(self.dim.clone()))

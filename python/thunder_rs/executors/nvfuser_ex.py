@@ -224,7 +224,16 @@ def _same_but_dim(a, index, dim) -> bool:
 
 
 def _plain_pad(a, value, config) -> bool:
-    return all(lo >= 0 and hi >= 0 and interior == 0 for lo, hi, interior in config)
+    # Widths that crop are left to torch; a symbolic width is taken where it is never negative
+    # for any size the entry serves (``12 - t0`` of a slice's backward may be, as far as it says).
+    return all(_never_negative(lo) and _never_negative(hi) and interior == 0 for lo, hi, interior in config)
+
+
+def _never_negative(width) -> bool:
+    if isinstance(width, SymExpr):
+        bound = width.lower_bound()
+        return bound is not None and bound >= 0
+    return width >= 0
 
 
 def _integral_correction(a, dims, correction) -> bool:
