@@ -504,13 +504,22 @@ def _broadcast_in_dim(a, shape, broadcast_dims):
 
 def _slice(a, start, end, strides=None, manual_normalization=False):
     strides = strides or [1] * a.ndim
-    if _defined_by_scalars(a, (*start, *end)):  # the bounds taken as in range
-        return a.new_empty([int(e) - int(s) for s, e in zip(start, end)])
+    if _defined_by_scalars(a, (*start, *end)):  # the bounds taken as in range (samples may cross)
+        return a.new_empty([max(int(e) - int(s), 0) for s, e in zip(start, end)])
     return a[tuple(slice(int(s), int(e), st) for s, e, st in zip(start, end, strides))]
 
 
 def _reshape(a, shape):
     return a.new_empty(_ints(shape)) if _defined_by_scalars(a, shape) else a.reshape(_ints(shape))
+
+
+def _padded_sizes(shape, widths) -> list:
+    """``shape`` padded by torch's ``widths`` (innermost dim first), no extent below 0."""
+    sizes = list(shape)
+    for i in range(len(widths) // 2):
+        d = len(sizes) - 1 - i
+        sizes[d] = max(sizes[d] + widths[2 * i] + widths[2 * i + 1], 0)
+    return sizes
 
 
 def _same_category(a, b):
@@ -526,6 +535,10 @@ def _pad(arg, pad_widths, value=None):
     def run(a, widths, v):
         if isinstance(v, torch.Tensor):  # a scalar Val: its value (none yet while defining, on meta)
             v = 0 if v.device.type == "meta" else v.item()
+        if _defined_by_scalars(a, widths):
+            # Scalar widths stand as samples while defining: nvFuser relates them to the extents only
+            # when it executes, so none is negative here (a constant extent minus a sampled size).
+            return a.new_empty(_padded_sizes(a.shape, _ints(widths)))
         return torch.nn.functional.pad(a, _ints(widths), value=0 if v is None else v)
 
     return _record("pad", run, (arg, list(pad_widths), value), expanded=layouts.none_expanded)

@@ -82,8 +82,11 @@ def test_bools_are_not_sizes_and_dynamic_false_keeps_ints_constant():
     jd = thunder_rs.jit(fn, dynamic=True)
     for n, flag in [(3, True), (5, True), (7, False), (5, False)]:
         torch.testing.assert_close(jd(x, n, flag), fn(x, n, flag))
-    assert stats(jd).cache_misses == 2  # one per flag, symbolic n from the first compile
-    assert stats(jd).miss_reasons[0] == "first call; compiled with symbolic sizes x.shape[0], n"
+    # x symbolic from the first compile, n from the second (ints only once seen changing): one
+    # compile per flag after that
+    assert stats(jd).cache_misses == 3, stats(jd).miss_reasons
+    assert stats(jd).miss_reasons[0] == "first call; compiled with symbolic sizes x.shape[0]"
+    assert stats(jd).miss_reasons[1].endswith("holds n constant; compiled with symbolic sizes x.shape[0], n")
 
 
 def test_an_int_length_trains_like_eager():
@@ -118,3 +121,20 @@ def test_shapes_of_different_ranks_are_not_compared_size_by_size():
         x = torch.randn(2, t, 32)
         torch.testing.assert_close(jf(x, w, b), broadcast_bias(x, w, b))
     assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+
+
+@pytest.mark.parametrize("split", [torch.hsplit, torch.tensor_split])
+def test_a_changing_number_of_sections_is_specialised_not_read_as_indices(split):
+    # tensor_split(x, n): n sections. A symbolic n went the indices branch (one split point at n),
+    # two outputs where eager has n.
+    def fn(x, n):
+        return [t * 2 for t in split(x, n)]
+
+    jf = thunder_rs.jit(fn)
+    x = torch.randn(12)
+    for n in [2, 3, 4, 6, 3]:
+        out, expected = jf(x, n), fn(x, n)
+        assert len(out) == len(expected) == n
+        for a, b in zip(out, expected):
+            torch.testing.assert_close(a, b)
+    assert stats(jf).cache_misses == 4

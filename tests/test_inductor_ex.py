@@ -661,23 +661,24 @@ def test_convolution_gradient_of_an_empty_batch_equals_eager(one_thread):
     torch.testing.assert_close(actual, expected)
 
 
-def test_a_region_with_symbolic_sizes_compiles_once_for_every_length():
+def _masked_view_sum(x, w):
+    t = x.shape[1]
+    mask = torch.ones(t, t, device=x.device).tril()
+    y = (x.exp() * 2).view(x.shape[0], t, 2, -1).sum(2) + mask[:t, :4]
+    return (y.softmax(-1) @ w).sum()
+
+
+def test_a_region_with_symbolic_sizes_compiles_once_for_every_length(device="cpu"):
     """The symbolic compile's regions compile with their sizes symbolic: one Inductor compile
     (per region) serves every later length where its guards hold, outputs and gradients equal to
     eager; a region that reads a size in its parameters (a view to ``(B, T, 2, -1)``, a ``T x T``
     mask, a backward's broadcast) takes the size as an input."""
-
-    def fn(x, w):
-        t = x.shape[1]
-        mask = torch.ones(t, t).tril()
-        y = (x.exp() * 2).view(x.shape[0], t, 2, -1).sum(2) + mask[:t, :4]
-        return (y.softmax(-1) @ w).sum()
-
+    fn = _masked_view_sum
     jf = thunder_rs.jit(fn, executors=["inductor"])
-    w = torch.randn(4, 4, requires_grad=True)
+    w = torch.randn(4, 4, device=device, requires_grad=True)
     before = inductor_ex.stats()
     for n in [4, 6, 9, 12, 5, 16]:
-        x = torch.randn(3, n, 8, requires_grad=True)
+        x = torch.randn(3, n, 8, device=device, requires_grad=True)
         actual, expected = jf(x, w), fn(x, w)
         torch.testing.assert_close(actual, expected)
         for a, e in zip(torch.autograd.grad(actual, (x, w)), torch.autograd.grad(expected, (x, w))):
@@ -690,6 +691,13 @@ def test_a_region_with_symbolic_sizes_compiles_once_for_every_length():
     assert (after.misses - before.misses, after.failures - before.failures) == (4, 0)
     assert after.symbolic_reuses - before.symbolic_reuses == 8
     assert jf._dynamic_off is None
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length():
+    """The same with Triton kernels: Inductor's dynamic-shape CUDA code for the symbolic regions."""
+    test_a_region_with_symbolic_sizes_compiles_once_for_every_length(device="cuda")
 
 
 def test_a_symbolic_artifact_serves_only_sizes_its_guards_hold_for():

@@ -308,3 +308,60 @@ def test_an_int_argument_is_a_size_input_of_the_regions(fake_ex):
 def test_on_cuda_an_int_argument_is_a_size_input_of_the_regions(real_ex):
     fused = _over_counts(real_ex, device="cuda")
     assert _symbolic(fused) and real_ex.stats["definitions"] == len(fused)
+
+
+def lm_loss(x, w):
+    """A language model's loss over a changing length: cross entropy against targets (a
+    ``take_along_axis`` whose index has the logits' symbolic sizes but one)."""
+    logits = (x @ w).reshape(-1, w.shape[1])
+    targets = torch.arange(logits.shape[0], device=x.device) % w.shape[1]
+    return torch.nn.functional.cross_entropy(logits, targets, reduction="none").reshape(x.shape[:2])
+
+
+def test_cross_entropy_over_a_changing_length_is_defined_once(fake_ex):
+    # The take_along_axis checker compared symbolic sizes with ==, a decision after tracing:
+    # the symbolic compile failed and the function compiled per length.
+    fused = _recording(fake_ex)
+    jfn = _check_against_eager(lm_loss, [(2, n, 8) for n in LENGTHS], _params((8, 6)), fake_ex)
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2 and jfn._dynamic_off is None
+    calls = [call.name for r in _symbolic(fused) for call in r.region.calls]
+    assert "prims.take_along_axis" in calls
+
+
+def pieces_of(x, n):
+    """A split into a changing number of pieces of a fixed-size input: slices whose bounds are
+    multiples of a size input, of an input whose extent is constant."""
+    return torch.cat([p.tanh() * 2 for p in torch.split(x, n, dim=1)], 1)
+
+
+def test_slices_of_a_constant_extent_at_symbolic_bounds_are_defined(fake_ex):
+    # The stand-in took the bounds' define-time samples against the constant extent (12 - 2 * 840).
+    fused = _recording(fake_ex)
+    jfn = thunder_rs.jit(pieces_of, executors=[fake_ex, "torch"])
+    x = torch.randn(3, 12, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (4, 5, 6):
+            actual, expected = jfn(x, n), pieces_of(x, n)
+            torch.testing.assert_close(actual, expected)
+            torch.testing.assert_close(torch.autograd.grad(actual.sum(), x), torch.autograd.grad(expected.sum(), x))
+    assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
+    assert _symbolic(fused)
+
+
+@pytest.mark.gpu
+def test_on_cuda_cross_entropy_over_a_changing_length_is_defined_once(real_ex):
+    params = _params((8, 6), device="cuda")
+    jfn = _check_against_eager(lm_loss, [(2, n, 8) for n in LENGTHS], params, real_ex, device="cuda")
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2 and jfn._dynamic_off is None
+
+
+@pytest.mark.gpu
+def test_on_cuda_slices_of_a_constant_extent_at_symbolic_bounds_are_defined(real_ex):
+    jfn = thunder_rs.jit(pieces_of, executors=[real_ex, "torch"])
+    x = torch.randn(3, 12, device="cuda", requires_grad=True)
+    for n in (4, 5, 6):
+        actual, expected = jfn(x, n), pieces_of(x, n)
+        torch.testing.assert_close(actual, expected)
+        torch.testing.assert_close(torch.autograd.grad(actual.sum(), x), torch.autograd.grad(expected.sum(), x))
+    assert real_ex.stats["failures"] == 0, real_ex.fallbacks

@@ -58,6 +58,7 @@ import torch
 
 from thunder_rs._core import SymExpr
 from thunder_rs.core.lang.executor_api import FusionExecutor, Region, register_named_executor
+from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.nvfuser_symbolic import Extents, symbolic_dims, symbolic_layout
 from thunder_rs.executors.torch_ex import torch_ex
@@ -216,10 +217,12 @@ def _take_index(a, index, dim) -> bool:
 
 
 def _same_but_dim(a, index, dim) -> bool:
+    # Sizes compared as data: a checker runs after tracing, where no decision can become a guard
+    # (symbolic sizes that are equal at every call are one expression).
     return (
         index.dtype == torch.int64
         and a.ndim == index.ndim
-        and all(i == dim or x == y for i, (x, y) in enumerate(zip(a.shape, index.shape)))
+        and all(i == dim or identical(x, y) for i, (x, y) in enumerate(zip(a.shape, index.shape)))
     )
 
 

@@ -8,6 +8,7 @@ input (the splits, ``broadcast_tensors``, ``meshgrid``, ``atleast_3d``) link the
 tensor return a fresh value even when they have nothing to do.
 """
 
+import operator
 import warnings
 
 import torch
@@ -27,6 +28,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
+from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import mul
 from thunder_rs.torch.padding import fresh
@@ -159,8 +161,8 @@ def _define_directional_split(name: str, min_ndim: int, dim_of):
             ThunderRuntimeError,
         )
         d = dim_of(input)
-        if isinstance(indices_or_sections, int) and not isinstance(indices_or_sections, bool):
-            n = indices_or_sections
+        if is_int(indices_or_sections):
+            n = indices_or_sections = operator.index(indices_or_sections)  # the number of outputs
             check(
                 n != 0 and input.shape[d] % n == 0,
                 op,

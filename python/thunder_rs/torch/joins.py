@@ -7,6 +7,7 @@ conventions the shape ops share.
 """
 
 import math
+import operator
 
 import torch
 
@@ -277,8 +278,8 @@ def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sec
         raise ThunderNotImplementedError(
             f"{op}: split points given as a tensor are data-dependent; pass ints (argument indices_or_sections)"
         )
-    if isinstance(indices_or_sections, int):
-        n = indices_or_sections
+    if is_int(indices_or_sections):
+        n = operator.index(indices_or_sections)  # the number of outputs: a symbolic one is specialised
         check(
             n > 0,
             op,

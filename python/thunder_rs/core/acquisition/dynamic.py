@@ -72,20 +72,20 @@ def changed_dims(old_key, new_key) -> list | None:
 def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
     """The ``(flat position, dim)`` to trace as symbolic for the call of ``flat`` with ``key``
     (``(flat position, None)`` for an int argument, ``ArgInt``); ``marked`` (updated) holds those
-    an earlier compile saw change."""
+    an earlier compile saw change. ``dynamic=True`` makes every dim of the tensor arguments symbolic
+    from the first compile, but an int argument only once it changed: ints are as often dims,
+    counts of outputs or flags, which a trace specialises anyway."""
     if mode is False:
         return ()
     tensors = {i: x for i, x in enumerate(flat) if isinstance(x, torch.Tensor)}
-    if mode is True:
-        dims: set[tuple[int, int | None]] = {(i, d) for i, x in tensors.items() for d in range(x.dim())}
-        dims.update((i, None) for i, x in enumerate(flat) if type(x) is int)
-    else:
-        for old in earlier_keys:
-            changed = changed_dims(old, key)
-            if changed:
-                marked.update(changed)
-        marked.update(_marked_by_torch(tensors, "_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices"))
-        dims = marked
+    for old in earlier_keys:
+        changed = changed_dims(old, key)
+        if changed:
+            marked.update(changed)
+    marked.update(_marked_by_torch(tensors, "_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices"))
+    dims = set(marked)
+    if mode is True:  # every dim of the tensors; ints only once seen changing (or marked)
+        dims.update((i, d) for i, x in tensors.items() for d in range(x.dim()))
     static = _marked_by_torch(tensors, "_dynamo_static_indices")
     ints = [(i, None) for i, d in dims if d is None and i < len(flat) and type(flat[i]) is int and flat[i] >= 2]
     sized = [(i, d) for i, d in dims if i in tensors and d is not None and flat[i].shape[d] >= 2]
