@@ -510,7 +510,10 @@ def _slice(a, start, end, strides=None, manual_normalization=False):
 
 
 def _reshape(a, shape):
-    return a.new_empty(_ints(shape)) if _defined_by_scalars(a, shape) else a.reshape(_ints(shape))
+    # While defining, a symbolic extent stands as its sample: a reshape to constants (the trace knows
+    # the extent's value where it reshapes) relates the two only when nvFuser executes.
+    sampled = a.is_meta and SYMBOLIC_EXTENT in a.shape
+    return a.new_empty(_ints(shape)) if sampled or _defined_by_scalars(a, shape) else a.reshape(_ints(shape))
 
 
 def _padded_sizes(shape, widths) -> list:

@@ -138,3 +138,33 @@ def test_a_changing_number_of_sections_is_specialised_not_read_as_indices(split)
         for a, b in zip(out, expected):
             torch.testing.assert_close(a, b)
     assert stats(jf).cache_misses == 4
+
+
+def halves(x):
+    return [t * 2 for t in torch.hsplit(x, 2)]
+
+
+def test_sections_of_a_symbolic_length_stay_symbolic():
+    # divmod of a symbolic size (was a TypeError that turned symbolic compiles off), and the
+    # sections' bounds used as they are (slice.indices specialised them).
+    jf = thunder_rs.jit(halves, dynamic=True)
+    for n in [4, 6, 8, 10]:
+        x = torch.randn(n)
+        for a, b in zip(jf(x), halves(x), strict=True):
+            torch.testing.assert_close(a, b)
+    assert stats(jf).cache_misses == 1 and jf._dynamic_off is None
+    with pytest.raises(RuntimeError, match="not divisible by the split_size 2"):
+        jf(torch.randn(7))
+
+
+def solved(a, b):
+    return torch.linalg.solve(a, b).sum(-1) + b.mean(-1)
+
+
+def test_a_factorisation_over_changing_sizes_specialises_them_without_turning_symbolic_compiles_off():
+    jf = thunder_rs.jit(solved)
+    for n in [3, 4, 5]:
+        a, b = torch.randn(2, n, n) + n * torch.eye(n), torch.randn(2, n, 7)
+        torch.testing.assert_close(jf(a, b), solved(a, b))
+    assert stats(jf).cache_misses == 3 and jf._dynamic_off is None
+    assert "t0 - 4 == 0 fails" in stats(jf).miss_reasons[2]

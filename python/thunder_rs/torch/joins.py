@@ -287,9 +287,9 @@ def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sec
             ThunderRuntimeError,
         )
         small, extra = divmod(size, n)
-        bounds = [i * small + min(i, extra) for i in range(n + 1)]
-    else:
-        bounds = [0, *_sizes(op, (indices_or_sections,), "indices_or_sections"), size]
+        bounds = [i * small + min(i, extra) for i in range(n + 1)]  # in order, within the dim
+        return tuple(slice_in_dim(a, d, lo, hi) for lo, hi in zip(bounds, bounds[1:]))
+    bounds = [0, *_sizes(op, (indices_or_sections,), "indices_or_sections"), size]
     out = []
     for lo, hi in zip(bounds, bounds[1:]):
         start, stop, _ = slice(lo, hi).indices(size)

@@ -364,7 +364,10 @@ def _as_meta(x):
     if not isinstance(x, TensorProxy):
         return x
     differentiable = x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
-    return torch.empty(x.shape, dtype=x.dtype, device="meta", requires_grad=differentiable)
+    # Symbolic sizes are taken at their values (guarded): a factorisation's meta kernel sizes its
+    # outputs from concrete ones.
+    shape = [int(s) for s in x.shape]
+    return torch.empty(shape, dtype=x.dtype, device="meta", requires_grad=differentiable)
 
 
 def _metadata(func, meta, name: str, args, kwargs):

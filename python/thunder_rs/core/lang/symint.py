@@ -137,6 +137,12 @@ class SymInt(torch.SymInt):
     def __rmod__(self, other):
         return other % self.__index__()
 
+    def __divmod__(self, other):
+        return self // other, self % other
+
+    def __rdivmod__(self, other):
+        return divmod(other, self.__index__())
+
     def __truediv__(self, other):
         return self.__index__() / other
 
