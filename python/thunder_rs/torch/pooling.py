@@ -36,7 +36,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.symbols import ltorch, torchsymbol
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import identical, is_symbolic, same_shape
 
 
 __all__ = [
@@ -184,11 +184,28 @@ def window_table(device, out: int, k: int, s: int, d: int):
     return _index_grid(device, out, s, k, d)
 
 
-def adaptive_table(device, size: int, out: int):
-    """Adaptive window o covers [floor(o * size / out), ceil((o + 1) * size / out)); its
-    elements past the shortest window's length repeat its last one (harmless to max and
-    argmax, masked out by average pooling). Returns the table and each window's length."""
-    longest = max(-(-(o + 1) * size // out) - (o * size // out) for o in range(out))
+def adaptive_longest(size, out):
+    """The length of the longest adaptive window of ``size`` elements pooled to ``out``: exact
+    where both are constants. Where ``size`` is symbolic, a bound that holds for every size (no
+    guard): each window's end - start is below size / out + 2, so at most ceil(size / out) + 1;
+    exact for a global pool (out 1: the whole size) and where out is size itself (``None`` in
+    output_size: windows of one element)."""
+    if not is_symbolic((size, out)):
+        return max(-(-(o + 1) * size // out) - (o * size // out) for o in range(out))
+    if identical(size, out):
+        return 1
+    if identical(out, 1):
+        return size
+    return (size + out - 1) // out + 1
+
+
+def adaptive_table(device, size, out: int):
+    """Adaptive window o covers [floor(o * size / out), ceil((o + 1) * size / out)), as aten's
+    ``start_index`` and ``end_index``; its elements past the window's length (up to
+    ``adaptive_longest``) repeat its last one (harmless to max and argmax, masked out by average
+    pooling). Returns the table and each window's length. ``size`` may be symbolic: the table is
+    computed from it on each call, so one trace serves every size."""
+    longest = adaptive_longest(size, out)
     o = prims.iota(out, 0, 1, device, torch.int64)
     start = prims.div(prims.mul(o, size), out)
     end = prims.div(prims.add(prims.mul(o, size), size + out - 1), out)
@@ -242,9 +259,15 @@ def window_tables(device, geometry):
     return [window_table(device, out, k, s, d) for size, k, s, p, d, out in geometry]
 
 
-def padded_lengths(geometry) -> list[int]:
-    """Each spatial dim's length once padded to cover its windows (``_pad_spatial`` before its trim)."""
-    return [max((out - 1) * s + d * (k - 1) + 1, size + p) for size, k, s, p, d, out in geometry]
+def padded_lengths(geometry) -> list:
+    """Each spatial dim's length once padded to cover its windows (``_pad_spatial`` before its
+    trim). Where the size is symbolic, the bound ``_covering_pad`` pads by (no guard)."""
+    return [
+        size + p + _covering_pad(size, k, s, p, d, out)
+        if is_symbolic((size, out))
+        else max((out - 1) * s + d * (k - 1) + 1, size + p)
+        for size, k, s, p, d, out in geometry
+    ]
 
 
 def unpad_spatial(x, geometry):
@@ -260,15 +283,25 @@ def flat_positions(device, sizes):
     return prims.reshape(prims.iota(math.prod(sizes), 0, 1, device, torch.int64), tuple(sizes))
 
 
+def _covering_pad(size, k: int, s: int, p: int, d: int, out) -> int:
+    """The right padding past ``p`` that covers every window: the exact amount for constant sizes;
+    for a symbolic size a bound instead. The last window ends at (out - 1) * s + d * (k - 1) + 1,
+    at most size + 2p + s - 1 (out's floor or ceil division by s), while whether it ends past the
+    input depends on the size's residue modulo s: a decision would compile once per residue."""
+    if is_symbolic((size, out)):
+        return p + s - 1
+    return max((out - 1) * s + d * (k - 1) + 1 - size - p, 0)
+
+
 def _pad_spatial(x, geometry, fill):
     """``x`` padded (or trimmed) on each spatial dim to just cover its windows."""
     n = len(geometry)
     config, ends = [(0, 0, 0)] * (x.ndim - n), list(x.shape[:-n])
     for size, k, s, p, d, out in geometry:
         ends.append((out - 1) * s + d * (k - 1) + 1)
-        config.append((p, max(ends[-1] - size - p, 0), 0))
+        config.append((p, _covering_pad(size, k, s, p, d, out), 0))
     padded = prims.pad(x, fill, tuple(config))
-    if same_shape(ends, padded.shape):
+    if all(identical(a, b) for a, b in zip(ends, padded.shape)):
         return padded
     return prims.slice(padded, (0,) * x.ndim, tuple(ends), (1,) * x.ndim)
 
