@@ -1,8 +1,9 @@
 """Pooling over inputs whose spatial sizes change between calls: adaptive average and max pooling
 (and ``F.interpolate(mode="area")``, which is adaptive average pooling) to a constant output size
 compute aten's windows from the symbolic input size on each call, window o being
-[floor(o * I / O), ceil((o + 1) * I / O)); average pooling's right padding, which depends on the
-size's residue modulo the stride, is a bound and a slice. So a program over several sizes compiles
+[floor(o * I / O), ceil((o + 1) * I / O)); average and max pooling's right padding and ceil_mode's
+last window, which depend on the size's residue modulo the stride, are a bound and a slice, and a
+floor division. So a program over several sizes compiles
 twice (static, then symbolic), not once per size class: VGG's and AlexNet's heads over images of
 several sizes, an audio model's AdaptiveAvgPool1d over lengths.
 
@@ -138,6 +139,10 @@ AVG_POOLS = [
     (3, 2, 0, True, True),
     (3, 2, 1, True, False),
     (4, 3, 2, False, True),
+    # ceil_mode's last window starts in the right padding for some residues only.
+    (2, 2, 1, True, True),
+    (3, 3, 1, True, False),
+    (2, 3, 0, True, True),
 ]
 
 
@@ -153,9 +158,14 @@ def test_avg_pool_compiles_twice_whatever_the_sizes_residue(dims, args):
     assert stays_symbolic(jfn)
 
 
-@pytest.mark.parametrize("ceil_mode", [False, True])
-def test_max_pool_compiles_twice_whatever_the_sizes_residue(ceil_mode):
-    fn = lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=ceil_mode, return_indices=True)  # noqa: E731
+#: (kernel_size, stride, padding, dilation, ceil_mode)
+MAX_POOLS = [(3, 2, 1, 1, False), (3, 2, 1, 1, True), (2, 2, 1, 1, True), (3, 3, 1, 2, True), (5, 4, 2, 1, True)]
+
+
+@pytest.mark.parametrize("args", MAX_POOLS, ids=str)
+def test_max_pool_compiles_twice_whatever_the_sizes_residue(args):
+    k, s, p, d, ceil_mode = args
+    fn = lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=ceil_mode, return_indices=True)  # noqa: E731
     jfn = check_like_eager(fn, [(9, 10), (12, 7), (8, 8), (13, 11), (10, 17)], torch.float32, ties=True)
     assert misses(jfn) == 2
     assert stays_symbolic(jfn)

@@ -16,6 +16,11 @@ gradient goes where eager's goes at ties. A pool's backward is the transpose of 
 gathering (``gather_windows``): one ``index_add`` per spatial dim, in reverse order. Max pooling's
 goes straight to the saved indices with a ``scatter_add``, which is what eager's kernels do.
 
+Over symbolic input sizes (a size that changes between calls) the geometry is computed, never
+decided on the size's value, so one trace serves every size: the right padding that covers the
+windows is a bound and a slice (``_covering_pad``), ceil_mode's dropped last window a floor
+division (``pool_out_size``). Constant sizes keep the exact geometry.
+
 Max pooling's forward is asked for its indices (one aten call, as eager's forward with grad
 makes). One-dimensional pools run as eager runs them: through the 2-d kernels, on the input with a
 size-1 dim inserted before the last.
@@ -113,11 +118,20 @@ def _require_dtype(op: str, input, floats_only: bool) -> None:
 # -- window geometry -------------------------------------------------------------------------------
 
 
-def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+def pool_out_size(size, k: int, s: int, p: int, d: int, ceil_mode: bool):
     """The output length of a pool along one dim, as aten's ``pooling_output_shape``: with
-    ceil_mode a last window may start in the input or the left padding, never the right."""
+    ceil_mode a last window may start in the input or the left padding, never the right.
+
+    Whether ceil_mode's last window starts past the input depends on the span's residue modulo
+    s; for a symbolic size it is computed rather than decided (a decision would compile once per
+    residue): the last start (out - 1) * s lies r = (out - 1) * s - span past the span, r in
+    [0, s), and starts in the right padding where r >= c = d * (k - 1) + 1 - p (c >= 1, as
+    p <= (d * (k - 1) + 1) // 2): the window dropped is (r + s - c) // s, 0 or 1 where c <= s."""
     span = size + 2 * p - d * (k - 1) - 1
     out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and is_symbolic((out,)):
+        c = d * (k - 1) + 1 - p
+        return out if c > s else out - ((out - 1) * s - span + s - c) // s
     if ceil_mode and (out - 1) * s >= size + p:
         out -= 1
     return out
@@ -182,40 +196,6 @@ def _index_grid(device, rows: int, row_step: int, cols: int, col_step: int):
 def window_table(device, out: int, k: int, s: int, d: int):
     """Window o's element j sits at o * s + j * d of the padded input."""
     return _index_grid(device, out, s, k, d)
-
-
-def adaptive_longest(size, out):
-    """The length of the longest adaptive window of ``size`` elements pooled to ``out``: exact
-    where both are constants. Where ``size`` is symbolic, a bound that holds for every size (no
-    guard): each window's end - start is below size / out + 2, so at most ceil(size / out) + 1;
-    exact for a global pool (out 1: the whole size) and where out is size itself (``None`` in
-    output_size: windows of one element)."""
-    if not is_symbolic((size, out)):
-        return max(-(-(o + 1) * size // out) - (o * size // out) for o in range(out))
-    if identical(size, out):
-        return 1
-    if identical(out, 1):
-        return size
-    return (size + out - 1) // out + 1
-
-
-def adaptive_table(device, size, out: int):
-    """Adaptive window o covers [floor(o * size / out), ceil((o + 1) * size / out)), as aten's
-    ``start_index`` and ``end_index``; its elements past the window's length (up to
-    ``adaptive_longest``) repeat its last one (harmless to max and argmax, masked out by average
-    pooling). Returns the table and each window's length. ``size`` may be symbolic: the table is
-    computed from it on each call, so one trace serves every size."""
-    longest = adaptive_longest(size, out)
-    o = prims.iota(out, 0, 1, device, torch.int64)
-    start = prims.div(prims.mul(o, size), out)
-    end = prims.div(prims.add(prims.mul(o, size), size + out - 1), out)
-    grid = (out, longest)
-    table = prims.add(
-        prims.broadcast_in_dim(start, grid, (0,)),
-        prims.broadcast_in_dim(prims.iota(longest, 0, 1, device, torch.int64), grid, (1,)),
-    )
-    last = prims.broadcast_in_dim(prims.sub(end, 1), grid, (0,))
-    return prims.minimum(table, last), prims.sub(end, start)
 
 
 def gather_windows(x, tables):
