@@ -254,3 +254,19 @@ def test_the_window_table_is_exact_for_constant_sizes_and_a_bound_for_symbolic_o
     assert 'i64[3, 7]"' in str(thunder_rs.last_traces(static)[0])  # 17: [0, 6), [5, 12), [11, 17)
     assert 'i64[3, ((t0 + 2) // 3) + 1]"' in str(thunder_rs.last_traces(symbolic)[0])
     assert misses(symbolic) == 2
+
+
+@pytest.mark.parametrize("pool", ["adaptive_avg", "adaptive_max", "avg_ceil"])
+def test_a_fusion_executor_runs_the_symbolic_pools(fake_ex, pool):
+    # The pools' prims, window tables included, run in the nvFuser stand-in's fusions, computed
+    # from the size inputs on each call.
+    fns = {
+        "adaptive_avg": lambda x: F.adaptive_avg_pool2d(x, (7, 5)),
+        "adaptive_max": lambda x: F.adaptive_max_pool2d(x, 3, return_indices=True),
+        "avg_ceil": lambda x: F.avg_pool2d(x, 2, 2, 1, ceil_mode=True),
+    }
+    jfn = check_like_eager(fns[pool], SIZES[2], torch.float32, executors=[fake_ex, "torch"])
+    assert misses(jfn) == 2
+    assert stays_symbolic(jfn)
+    assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
+    assert fake_ex.stats["definitions"] > 0  # the pool's prims ran in its fusions
