@@ -1,7 +1,10 @@
 """Adaptive pooling (``torch.nn.functional``): adaptive average and max pooling over 1 to 3
 spatial dims, their backward kernels (symbols whose prim body is what eager's kernel computes; the
 torch executor runs each as that aten call, its torch callable) and the grad rules that call them, as
-eager's autograd does. The window geometry is ``pooling.py``'s.
+eager's autograd does. Windows are gathered with ``pooling.py``'s geometry, from tables of aten's
+adaptive windows (``adaptive_table``). Over a symbolic input size pooled to a constant output size
+the table is as wide as the longest window can be (``adaptive_longest``) and computed from the size
+on each call, so one trace serves every size.
 """
 
 import torch
@@ -17,7 +20,6 @@ from thunder_rs.errors import (
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.pooling import (
     _require_dtype,
-    adaptive_table,
     check_pool_input,
     eager_argmax,
     flat_positions,
@@ -25,6 +27,7 @@ from thunder_rs.torch.pooling import (
     scatter_along,
 )
 from thunder_rs.torch.pooling import _as_2d, _scatter_to_indices
+from thunder_rs.core.lang.symint import identical, is_symbolic
 
 
 __all__ = [
@@ -48,6 +51,40 @@ _aten = torch.ops.aten
 
 
 # -- adaptive pooling ------------------------------------------------------------------------------
+
+
+def adaptive_longest(size, out):
+    """The length of the longest adaptive window of ``size`` elements pooled to ``out``: exact
+    where both are constants. Where ``size`` is symbolic, a bound that holds for every size (no
+    guard): each window's end - start is below size / out + 2, so at most ceil(size / out) + 1;
+    exact for a global pool (out 1: the whole size) and where out is size itself (``None`` in
+    output_size: windows of one element)."""
+    if not is_symbolic((size, out)):
+        return max(-(-(o + 1) * size // out) - (o * size // out) for o in range(out))
+    if identical(size, out):
+        return 1
+    if identical(out, 1):
+        return size
+    return (size + out - 1) // out + 1
+
+
+def adaptive_table(device, size, out: int):
+    """Adaptive window o covers [floor(o * size / out), ceil((o + 1) * size / out)), as aten's
+    ``start_index`` and ``end_index``; its elements past the window's length (up to
+    ``adaptive_longest``) repeat its last one (harmless to max and argmax, masked out by average
+    pooling). Returns the table and each window's length. ``size`` may be symbolic: the table is
+    computed from it on each call, so one trace serves every size."""
+    longest = adaptive_longest(size, out)
+    o = prims.iota(out, 0, 1, device, torch.int64)
+    start = prims.div(prims.mul(o, size), out)
+    end = prims.div(prims.add(prims.mul(o, size), size + out - 1), out)
+    grid = (out, longest)
+    table = prims.add(
+        prims.broadcast_in_dim(start, grid, (0,)),
+        prims.broadcast_in_dim(prims.iota(longest, 0, 1, device, torch.int64), grid, (1,)),
+    )
+    last = prims.broadcast_in_dim(prims.sub(end, 1), grid, (0,))
+    return prims.minimum(table, last), prims.sub(end, start)
 
 
 def adaptive_sizes(op: str, input, n: int, output_size) -> tuple[int, ...]:

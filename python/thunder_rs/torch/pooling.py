@@ -16,6 +16,11 @@ gradient goes where eager's goes at ties. A pool's backward is the transpose of 
 gathering (``gather_windows``): one ``index_add`` per spatial dim, in reverse order. Max pooling's
 goes straight to the saved indices with a ``scatter_add``, which is what eager's kernels do.
 
+Over symbolic input sizes (a size that changes between calls) the geometry is computed, never
+decided on the size's value, so one trace serves every size: the right padding that covers the
+windows is a bound and a slice (``_covering_pad``), ceil_mode's dropped last window a floor
+division (``pool_out_size``). Constant sizes keep the exact geometry.
+
 Max pooling's forward is asked for its indices (one aten call, as eager's forward with grad
 makes). One-dimensional pools run as eager runs them: through the 2-d kernels, on the input with a
 size-1 dim inserted before the last.
@@ -36,7 +41,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.symbols import ltorch, torchsymbol
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import identical, is_symbolic, same_shape
 
 
 __all__ = [
@@ -113,11 +118,20 @@ def _require_dtype(op: str, input, floats_only: bool) -> None:
 # -- window geometry -------------------------------------------------------------------------------
 
 
-def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+def pool_out_size(size, k: int, s: int, p: int, d: int, ceil_mode: bool):
     """The output length of a pool along one dim, as aten's ``pooling_output_shape``: with
-    ceil_mode a last window may start in the input or the left padding, never the right."""
+    ceil_mode a last window may start in the input or the left padding, never the right.
+
+    Whether ceil_mode's last window starts past the input depends on the span's residue modulo
+    s; for a symbolic size it is computed rather than decided (a decision would compile once per
+    residue): the last start (out - 1) * s lies r = (out - 1) * s - span past the span, r in
+    [0, s), and starts in the right padding where r >= c = d * (k - 1) + 1 - p (c >= 1, as
+    p <= (d * (k - 1) + 1) // 2): the window dropped is (r + s - c) // s, 0 or 1 where c <= s."""
     span = size + 2 * p - d * (k - 1) - 1
     out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and is_symbolic((out,)):
+        c = d * (k - 1) + 1 - p
+        return out if c > s else out - ((out - 1) * s - span + s - c) // s
     if ceil_mode and (out - 1) * s >= size + p:
         out -= 1
     return out
@@ -184,23 +198,6 @@ def window_table(device, out: int, k: int, s: int, d: int):
     return _index_grid(device, out, s, k, d)
 
 
-def adaptive_table(device, size: int, out: int):
-    """Adaptive window o covers [floor(o * size / out), ceil((o + 1) * size / out)); its
-    elements past the shortest window's length repeat its last one (harmless to max and
-    argmax, masked out by average pooling). Returns the table and each window's length."""
-    longest = max(-(-(o + 1) * size // out) - (o * size // out) for o in range(out))
-    o = prims.iota(out, 0, 1, device, torch.int64)
-    start = prims.div(prims.mul(o, size), out)
-    end = prims.div(prims.add(prims.mul(o, size), size + out - 1), out)
-    grid = (out, longest)
-    table = prims.add(
-        prims.broadcast_in_dim(start, grid, (0,)),
-        prims.broadcast_in_dim(prims.iota(longest, 0, 1, device, torch.int64), grid, (1,)),
-    )
-    last = prims.broadcast_in_dim(prims.sub(end, 1), grid, (0,))
-    return prims.minimum(table, last), prims.sub(end, start)
-
-
 def gather_windows(x, tables):
     """``x`` (lead..., s1..sn) as (lead..., o1..on, K): the windows that the (o_i, k_i) index
     ``tables`` pick along each spatial dim, their elements last."""
@@ -242,9 +239,15 @@ def window_tables(device, geometry):
     return [window_table(device, out, k, s, d) for size, k, s, p, d, out in geometry]
 
 
-def padded_lengths(geometry) -> list[int]:
-    """Each spatial dim's length once padded to cover its windows (``_pad_spatial`` before its trim)."""
-    return [max((out - 1) * s + d * (k - 1) + 1, size + p) for size, k, s, p, d, out in geometry]
+def padded_lengths(geometry) -> list:
+    """Each spatial dim's length once padded to cover its windows (``_pad_spatial`` before its
+    trim). Where the size is symbolic, the bound ``_covering_pad`` pads by (no guard)."""
+    return [
+        size + p + _covering_pad(size, k, s, p, d, out)
+        if is_symbolic((size, out))
+        else max((out - 1) * s + d * (k - 1) + 1, size + p)
+        for size, k, s, p, d, out in geometry
+    ]
 
 
 def unpad_spatial(x, geometry):
@@ -260,15 +263,25 @@ def flat_positions(device, sizes):
     return prims.reshape(prims.iota(math.prod(sizes), 0, 1, device, torch.int64), tuple(sizes))
 
 
+def _covering_pad(size, k: int, s: int, p: int, d: int, out) -> int:
+    """The right padding past ``p`` that covers every window: the exact amount for constant sizes;
+    for a symbolic size a bound instead. The last window ends at (out - 1) * s + d * (k - 1) + 1,
+    at most size + 2p + s - 1 (out's floor or ceil division by s), while whether it ends past the
+    input depends on the size's residue modulo s: a decision would compile once per residue."""
+    if is_symbolic((size, out)):
+        return p + s - 1
+    return max((out - 1) * s + d * (k - 1) + 1 - size - p, 0)
+
+
 def _pad_spatial(x, geometry, fill):
     """``x`` padded (or trimmed) on each spatial dim to just cover its windows."""
     n = len(geometry)
     config, ends = [(0, 0, 0)] * (x.ndim - n), list(x.shape[:-n])
     for size, k, s, p, d, out in geometry:
         ends.append((out - 1) * s + d * (k - 1) + 1)
-        config.append((p, max(ends[-1] - size - p, 0), 0))
+        config.append((p, _covering_pad(size, k, s, p, d, out), 0))
     padded = prims.pad(x, fill, tuple(config))
-    if same_shape(ends, padded.shape):
+    if all(identical(a, b) for a, b in zip(ends, padded.shape)):
         return padded
     return prims.slice(padded, (0,) * x.ndim, tuple(ends), (1,) * x.ndim)
 
