@@ -26,6 +26,7 @@ import fake_nvfuser_layouts as layouts
 import fake_nvfuser_promotion as promotion
 from fake_nvfuser_layouts import compute_tensor_descriptor
 from fake_nvfuser_promotion import DEFAULT, FLOAT_ONLY, FLOAT_OP, HALF, PYTHON_TYPES, DataType
+from fake_nvfuser_ops import BITWISE, DEFAULT_BINARY, FLOAT_UNARY, IS_OPS, LOGICAL_BINARY, NO_HALF_KERNEL, SAME_DTYPE
 
 __version__ = "0.2.36+fake"
 
@@ -228,92 +229,12 @@ def _elementwise(name, fn, operands, dtype, out_dtype=None):
 
 # -- unary, binary and ternary ops (csrc/ops/arith.cpp, csrc/ops/composite.cpp) ------------------------
 
-#: ``NVFUSER_DEFINE_UNARY_OP``, ``abs``, ``set``: unaryOp without promotion; the result has the input's dtype.
-SAME_DTYPE = {
-    "abs": torch.abs,
-    "ceil": torch.ceil,
-    "floor": torch.floor,
-    "round": torch.round,
-    "trunc": torch.trunc,
-    "relu": torch.relu,
-    "set": torch.clone,
-    "segment_set": torch.clone,
-}
-#: ``NVFUSER_DEFINE_UNARY_FLOAT_OP``: float_op_config, so integers and halves compute in Float.
-FLOAT_UNARY = {
-    "acos": torch.acos,
-    "acosh": torch.acosh,
-    "asin": torch.asin,
-    "asinh": torch.asinh,
-    "atan": torch.atan,
-    "atanh": torch.atanh,
-    "cos": torch.cos,
-    "cosh": torch.cosh,
-    "exp": torch.exp,
-    "exp2": torch.exp2,
-    "expm1": torch.expm1,
-    "erf": torch.erf,
-    "erfc": torch.erfc,
-    "erfinv": torch.erfinv,
-    "lgamma": torch.lgamma,
-    "log": torch.log,
-    "log10": torch.log10,
-    "log1p": torch.log1p,
-    "log2": torch.log2,
-    "reciprocal": torch.reciprocal,
-    "rsqrt": torch.rsqrt,
-    "sigmoid": torch.sigmoid,
-    "sin": torch.sin,
-    "sinh": torch.sinh,
-    "sqrt": torch.sqrt,
-    "tan": torch.tan,
-    "tanh": torch.tanh,
-}
-#: ``NVFUSER_DEFINE_UNARY_IS_OP``: a Bool result, the input not promoted.
-IS_OPS = {"isfinite": torch.isfinite, "isinf": torch.isinf, "isnan": torch.isnan}
-#: ``NVFUSER_DEFINE_BINARY_CAST_OP``: default_op_config (halves compute in Float).
-DEFAULT_BINARY = {
-    "add": torch.add,
-    "sub": torch.sub,
-    "mul": torch.mul,
-    "pow": torch.pow,
-    "fmod": torch.fmod,
-    "remainder": torch.remainder,
-    "mod": torch.fmod,  # C++'s %: the remainder has the dividend's sign
-    "maximum": torch.maximum,
-    "minimum": torch.minimum,
-}
-#: ``NVFUSER_DEFINE_BINARY_COMPARE_OP`` and ``NVFUSER_DEFINE_LOGICAL_OP``: compared in the common
-#: dtype, a Bool result (``getOutputType``: ``isLogicalOp``).
-LOGICAL_BINARY = {
-    "eq": torch.eq,
-    "ne": torch.ne,
-    "lt": torch.lt,
-    "le": torch.le,
-    "gt": torch.gt,
-    "ge": torch.ge,
-    "logical_and": torch.logical_and,
-    "logical_or": torch.logical_or,
-}
-#: ``NVFUSER_DEFINE_BITWISE_OP``: integers or bools only; two bools take the logical alternative.
-BITWISE = {
-    "bitwise_and": (torch.bitwise_and, "logical_and"),
-    "bitwise_or": (torch.bitwise_or, "logical_or"),
-    "bitwise_xor": (torch.bitwise_xor, "ne"),
-}
-
 
 def _div(a, b):
     # ``div`` is C++'s operator /: integers truncate.
     if a.dtype.is_floating_point:
         return torch.true_divide(a, b)
     return torch.div(a, b, rounding_mode="trunc")
-
-
-#: Ops without promotion that nvFuser's generated code has no function of its Half or BFloat16
-#: for (on the H100: NVRTC "no instance of overloaded function ceil matches (nvf::__half)", and
-#: no ``!=`` of ``nvf::__half`` for isnan): a definition asking for one fails to compile.
-NO_HALF_KERNEL = {"ceil", "floor", "round", "trunc", "isfinite", "isinf", "isnan"}
 
 
 def _same_dtype_op(name, fn, out_dtype=None):

@@ -90,7 +90,9 @@ fn broadcast_in_dim(op: &str, a: &TensorMeta, shape: &[Dim], dims: &[usize], fac
         let Some(target) = shape.get(d) else {
             bail!(Index, op, "broadcast_dimensions[{i}] = {d} is out of range for shape {}", show(shape));
         };
-        if !facts.is(size, 1) && !facts.equal(size, target) {
+        // Equality first: a size broadcast into the same size is valid whatever its value, with no
+        // decision (asking `size == 1` first guarded `size != 1` for every symbolic size).
+        if !facts.equal(size, target) && !facts.is(size, 1) {
             bail!(
                 Value,
                 op,
