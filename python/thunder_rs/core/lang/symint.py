@@ -259,6 +259,13 @@ SymInt.__sym_float__ = SymInt.__float__  # type: ignore[method-assign,assignment
 set_size_wrapper(wrap)
 
 
+def sym_sum(*args):
+    """``torch.sym_sum`` while tracing (Dynamo's graphs sum sizes with it): the sum, symbolic where
+    a size is. torch's own asks a ``torch.SymInt``'s SymNode, which a ``SymInt`` has not."""
+    items = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+    return sum(items)
+
+
 def hint(size) -> int:
     """The value of a size when traced, without a guard: for heuristics only (an estimate of
     work, a choice that is correct for every value), never for what the program computes."""

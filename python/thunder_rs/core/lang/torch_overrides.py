@@ -29,7 +29,10 @@ vmap as (``torch._functorch.predispatch``) go to the same interpreter while a gr
 A pointwise ``associative_scan`` runs its higher-order op, which torch would compile, into the
 trace (decomposed in ``torch/scan.py``).
 
-Both are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
+**sym_sum.** Dynamo's graphs add sizes with ``torch.sym_sum`` (a KV cache's length plus the new
+tokens'), which asks a ``torch.SymInt``'s SymNode; a size being traced has none, and adds as an int.
+
+All are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
 ``torch.compile`` and ``torch.export`` set the same way). Acquisitions may run in several threads
 at once, so the overrides are held by a count: set while any acquisition runs, restored when the
 last one ends. Another thread running eager code meanwhile sees ``is_compiling()`` True, and takes
@@ -48,7 +51,7 @@ import torch.utils.checkpoint
 from torch.autograd.function import Function
 from torch.utils._pytree import tree_leaves
 
-from thunder_rs.core.lang import custom_function
+from thunder_rs.core.lang import custom_function, symint
 from thunder_rs.core.lang import vmap as thunder_vmap
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy
@@ -119,6 +122,7 @@ OVERRIDES: dict[tuple[object, str], object] = {
     # Dynamo's graphs hold a ``torch.vmap`` as these level calls (``thunder_rs.core.lang.vmap``).
     **{(torch._functorch.predispatch, name): fn for name, fn in thunder_vmap.PREDISPATCH.items()},
     (associative_scan_module, "_maybe_compile_and_run_fn"): _scan_in_trace,
+    (torch, "sym_sum"): symint.sym_sum,
 }
 
 _lock = threading.Lock()

@@ -29,12 +29,24 @@ _Module = torch.nn.Module
 write_epoch = [0]
 
 
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+
+
 def _counting(method):
     @functools.wraps(method)
     def counted(self, *args, **kwargs):
-        write_epoch[0] += 1
+        # Under Dynamo the write is not counted while tracing: reading the count would make
+        # Dynamo guard on its value, so that every later write recompiled the frame (Hugging Face
+        # models write module attributes in forward). The compiled frame replays the write
+        # through this method, which counts it then.
+        if not _is_dynamo_compiling():
+            write_epoch[0] += 1
         return method(self, *args, **kwargs)
 
+    # One code object per wrapper: Dynamo tells ``nn.Module.__setattr__`` (which it traces) from
+    # the module methods it refuses by code object, so a code shared with ``register_buffer``'s
+    # wrapper would make every module attribute write in a compiled forward a graph break.
+    counted.__code__ = counted.__code__.replace(co_name=f"counted_{method.__name__}")
     counted._thunder_rs_counted = True
     return counted
 

@@ -1,0 +1,137 @@
+"""``torch.compile(model, backend="thunder_rs")`` over changing sizes: each dynamic Dynamo graph
+compiles once in thunder_rs and Dynamo compiles each frame once per regime of sizes (static, then
+dynamic), with outputs and gradients equal to eager's."""
+
+import copy
+
+import pytest
+import torch
+
+from torch._dynamo.utils import counters
+
+import thunder_rs
+from thunder_rs.dynamo import compiled_graphs
+from test_dynamo_backend import assert_grads_equal, padded_to
+from test_hf_models import tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test starts with Dynamo's caches and counters empty, so that it compiles its own graphs."""
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def compiles() -> list[int]:
+    """thunder_rs's compiles of each live graph the backend ran, in no particular order."""
+    return sorted(thunder_rs.cache_misses(g.jitted) for g in compiled_graphs() if g.jitted is not None)
+
+
+class WritesAnAttribute(torch.nn.Module):
+    """Writes module attributes in forward, as Hugging Face models do (``setattr`` on a model
+    marking its output-capturing hooks installed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.scale = 2.0
+        setattr(self, "seen", True)
+        return self.lin(x).relu() * self.scale
+
+
+def test_module_attribute_writes_in_forward_neither_break_the_graph_nor_recompile():
+    # thunder_rs counts module writes (to revalidate thunder_rs.jit's guards on module attributes
+    # only after one): Dynamo traced the count, guarded on its value and recompiled the frame at
+    # every call; and a wrapper's code shared with register_buffer's made `self.x = ...` a graph break.
+    torch.manual_seed(0)
+    model = WritesAnAttribute()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="thunder_rs")
+    for n in (2, 3, 4, 5, 6, 3):
+        x = torch.randn(n, 4)
+        out, ref = compiled(x), eager(x)
+        torch.testing.assert_close(out, ref, **TOL)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad, **TOL)
+    assert model.seen is True and model.scale == 2.0
+    # One graph for the first size, one dynamic graph for all the others: no break, no recompile.
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 2
+    assert compiles() == [1, 1]
+
+
+def test_llama_training_over_padded_lengths_compiles_the_model_once_per_regime():
+    # Llama's forward writes a module attribute (transformers' output capturing): Dynamo guarded
+    # on thunder_rs's count of module writes and compiled the whole model again at every call.
+    model = tiny_model("llama")
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="thunder_rs")
+    for step, length in enumerate([8, 12, 16, 9, 21]):
+        batch = padded_to(length, step)
+        torch.manual_seed(step)
+        loss = compiled(**batch).loss
+        torch.manual_seed(step)
+        expected = eager(**batch).loss
+        torch.testing.assert_close(loss, expected, **TOL)
+        loss.backward()
+        expected.backward()
+        assert_grads_equal(model, eager, tol=TOL)
+        model.zero_grad()
+        eager.zero_grad()
+    assert counters["stats"]["unique_graphs"] == 2
+    assert compiles() == [1, 1]
+
+
+def test_a_graph_summing_sizes_with_sym_sum_stays_symbolic():
+    # Dynamo adds a KV cache's length and the new tokens' with torch.sym_sum (HF generate), which
+    # asked a SymNode that thunder_rs's sizes have not: each length compiled again.
+    def step(cache, x):
+        joined = torch.cat([cache, x], 1)
+        return joined.softmax(-1) * sum([1, cache.shape[1]])
+
+    compiled = torch.compile(step, backend="thunder_rs")
+    for n in (3, 4, 5, 6, 7, 9):
+        cache = torch.randn(2, n, requires_grad=True)
+        x = torch.randn(2, 1)
+        out, ref = compiled(cache, x), step(cache, x)
+        torch.testing.assert_close(out, ref, **TOL)
+        grad = torch.randn_like(ref)
+        torch.testing.assert_close(torch.autograd.grad(out, cache, grad), torch.autograd.grad(ref, cache, grad), **TOL)
+    assert any(n.target is torch.sym_sum for g in compiled_graphs() for n in g.gm.graph.nodes)
+    assert compiles() == [1, 1]
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = 1.0
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def test_a_module_attribute_a_compiled_frame_writes_reaches_thunder_rs_jit():
+    # Module writes are not counted while Dynamo traces (a guard on the count recompiled every
+    # call); the compiled frame's replay of the write counts it, so jit's guards see it.
+    module = Scaled()
+    jitted = thunder_rs.jit(module)
+    x = torch.ones(2)
+    torch.testing.assert_close(jitted(x), x)
+
+    @torch.compile(backend="thunder_rs")
+    def rescale(y):
+        module.scale = 3.0
+        return y.cos()
+
+    rescale(x)
+    assert module.scale == 3.0
+    torch.testing.assert_close(jitted(x), 3 * x)
