@@ -23,17 +23,24 @@ TOL = dict(rtol=1e-4, atol=1e-5)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+#: The graphs alive before the running test (another test's, still referenced somewhere).
+_earlier: set = set()
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     """Each test starts with Dynamo's caches empty, so that it compiles its own graphs."""
     torch._dynamo.reset()
+    _earlier.clear()
+    _earlier.update(map(id, compiled_graphs()))
     yield
     torch._dynamo.reset()
 
 
 def compiled_by_thunder_rs() -> list:
-    """The live graphs the backend compiled and ran through thunder_rs at least once."""
-    return [g for g in compiled_graphs() if g.jitted is not None and thunder_rs.cache_misses(g.jitted) > 0]
+    """The graphs the backend compiled during the test and ran through thunder_rs at least once."""
+    graphs = [g for g in compiled_graphs() if id(g) not in _earlier]
+    return [g for g in graphs if g.jitted is not None and thunder_rs.cache_misses(g.jitted) > 0]
 
 
 def assert_grads_equal(model, eager, tol=TOL) -> None:

@@ -19,18 +19,25 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
+#: The graphs alive before the running test (another test's, still referenced somewhere).
+_earlier: set = set()
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     """Each test starts with Dynamo's caches and counters empty, so that it compiles its own graphs."""
     torch._dynamo.reset()
     counters.clear()
+    _earlier.clear()
+    _earlier.update(map(id, compiled_graphs()))
     yield
     torch._dynamo.reset()
 
 
 def compiles() -> list[int]:
-    """thunder_rs's compiles of each live graph the backend ran, in no particular order."""
-    return sorted(thunder_rs.cache_misses(g.jitted) for g in compiled_graphs() if g.jitted is not None)
+    """thunder_rs's compiles of each graph the backend ran during the test, in no particular order."""
+    graphs = [g for g in compiled_graphs() if id(g) not in _earlier and g.jitted is not None]
+    return sorted(thunder_rs.cache_misses(g.jitted) for g in graphs)
 
 
 class WritesAnAttribute(torch.nn.Module):
