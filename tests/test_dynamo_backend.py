@@ -23,7 +23,8 @@ TOL = dict(rtol=1e-4, atol=1e-5)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-#: The graphs alive before the running test (another test's, still referenced somewhere).
+#: The graphs alive before the running test (another test's, still referenced somewhere), held so
+#: that none dies and leaves its id to a graph of the test.
 _earlier: set = set()
 
 
@@ -32,14 +33,14 @@ def fresh_dynamo():
     """Each test starts with Dynamo's caches empty, so that it compiles its own graphs."""
     torch._dynamo.reset()
     _earlier.clear()
-    _earlier.update(map(id, compiled_graphs()))
+    _earlier.update(compiled_graphs())
     yield
     torch._dynamo.reset()
 
 
 def compiled_by_thunder_rs() -> list:
     """The graphs the backend compiled during the test and ran through thunder_rs at least once."""
-    graphs = [g for g in compiled_graphs() if id(g) not in _earlier]
+    graphs = [g for g in compiled_graphs() if g not in _earlier]
     return [g for g in graphs if g.jitted is not None and thunder_rs.cache_misses(g.jitted) > 0]
 
 

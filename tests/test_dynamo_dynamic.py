@@ -19,7 +19,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
-#: The graphs alive before the running test (another test's, still referenced somewhere).
+#: The graphs alive before the running test (another test's, still referenced somewhere), held so
+#: that none dies and leaves its id to a graph of the test.
 _earlier: set = set()
 
 
@@ -29,14 +30,14 @@ def fresh_dynamo():
     torch._dynamo.reset()
     counters.clear()
     _earlier.clear()
-    _earlier.update(map(id, compiled_graphs()))
+    _earlier.update(compiled_graphs())
     yield
     torch._dynamo.reset()
 
 
 def compiles() -> list[int]:
     """thunder_rs's compiles of each graph the backend ran during the test, in no particular order."""
-    graphs = [g for g in compiled_graphs() if id(g) not in _earlier and g.jitted is not None]
+    graphs = [g for g in compiled_graphs() if g not in _earlier and g.jitted is not None]
     return sorted(thunder_rs.cache_misses(g.jitted) for g in graphs)
 
 
