@@ -286,3 +286,21 @@ def test_a_refused_call_runs_eagerly(monkeypatch):
     assert list(thunder_rs.examine(module, *inputs, **kwargs).fallbacks) == [
         "torch.nn.functional.multi_head_attention_forward.replayable"
     ]
+
+
+def test_weights_and_masks_over_changing_lengths():
+    """The weights path with both masks, ``bias_k`` and a zero key, over three lengths: two compiles."""
+    torch.manual_seed(0)
+    module = nn.MultiheadAttention(E, HEADS, batch_first=True, add_bias_kv=True, add_zero_attn=True)
+    jitted = thunder_rs.jit(module)
+    for n in (5, 7, 9):
+        x = torch.randn(N, n, E)
+        pad = torch.zeros(N, n, dtype=torch.bool)
+        pad[0, -1] = True
+        mask = torch.rand(n, n) > 0.8
+        out, weights = jitted(x, x, x, key_padding_mask=pad, attn_mask=mask)
+        expected, expected_weights = module(x, x, x, key_padding_mask=pad, attn_mask=mask)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(weights, expected_weights)
+    assert thunder_rs.compile_stats(jitted).cache_misses == 2
+    assert jitted._jfn._dynamic_off is None
