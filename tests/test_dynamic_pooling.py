@@ -21,18 +21,9 @@ import torch.nn.functional as F
 
 import thunder_rs
 from thunder_rs.executors.torch_ex import decomposing
-from twin_training import train_like_eager
+from twin_training import misses, stays_symbolic, train_like_eager
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def misses(jfn) -> int:
-    return thunder_rs.compile_stats(jfn).cache_misses
-
-
-def stays_symbolic(jfn) -> bool:
-    jfn = jfn._jfn if isinstance(jfn, thunder_rs.ThunderModule) else jfn
-    return jfn._dynamic_off is None
 
 
 #: Input spatial sizes per number of spatial dims: smaller than, equal to and larger than the

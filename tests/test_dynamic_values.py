@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import thunder_rs
+from test_dynamic_images import tiny_wav2vec2
 from twin_training import train_like_eager
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -84,22 +85,7 @@ def test_an_item_read_over_lengths_trains_like_eager():
 def test_wav2vec2_with_layerdrop_trains_over_audio_lengths_in_one_compile_per_path():
     # Layerdrop draws a random number per layer each call and skips the layer on it (a value read):
     # 2 layers, 4 paths, each one symbolic compile whatever the length (was: a compile per length).
-    transformers = pytest.importorskip("transformers")
-    config = transformers.Wav2Vec2Config(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        conv_dim=(16, 16),
-        conv_stride=(5, 2),
-        conv_kernel=(10, 3),
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=2,
-        mask_time_prob=0.0,
-        layerdrop=0.4,
-    )
-    torch.manual_seed(0)
-    model = transformers.Wav2Vec2Model(config).train()
+    model = tiny_wav2vec2(layerdrop=0.4)
     lengths = [400, 560, 720, 1001, 480, 640, 800, 900, 1100, 700]
     batches = [dict(input_values=torch.randn(2, n)) for n in lengths]
     jmodel = train_like_eager(model, batches, lambda out: out.last_hidden_state, rtol=1e-4, atol=1e-5)

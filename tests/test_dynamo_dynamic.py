@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 
 import thunder_rs
 from thunder_rs.dynamo import compiled_graphs
-from test_dynamo_backend import assert_grads_equal, padded_to
+from test_dynamo_backend import train_compiled_like_eager
 from test_hf_models import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -80,21 +80,7 @@ def test_module_attribute_writes_in_forward_neither_break_the_graph_nor_recompil
 def test_llama_training_over_padded_lengths_compiles_the_model_once_per_regime():
     # Llama's forward writes a module attribute (transformers' output capturing): Dynamo guarded
     # on thunder_rs's count of module writes and compiled the whole model again at every call.
-    model = tiny_model("llama")
-    eager = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="thunder_rs")
-    for step, length in enumerate([8, 12, 16, 9, 21]):
-        batch = padded_to(length, step)
-        torch.manual_seed(step)
-        loss = compiled(**batch).loss
-        torch.manual_seed(step)
-        expected = eager(**batch).loss
-        torch.testing.assert_close(loss, expected, **TOL)
-        loss.backward()
-        expected.backward()
-        assert_grads_equal(model, eager, tol=TOL)
-        model.zero_grad()
-        eager.zero_grad()
+    train_compiled_like_eager(tiny_model("llama"), [8, 12, 16, 9, 21])
     assert counters["stats"]["unique_graphs"] == 2
     assert compiles() == [1, 1]
 

@@ -1,5 +1,5 @@
-"""Training a jitted module next to an eager copy of it, for the tests of shapes that change
-between calls (``test_dynamic_images``, ``test_dynamic_fallbacks``)."""
+"""Training a jitted module next to an eager copy of it, and the compile counts, for the tests of
+shapes that change between calls (``test_dynamic_images``, ``test_dynamic_fallbacks``)."""
 
 import copy
 
@@ -30,3 +30,14 @@ def train_like_eager(model, batches, read=lambda out: out, **tol) -> thunder_rs.
         model.zero_grad()
         eager.zero_grad()
     return jmodel
+
+
+def misses(jfn) -> int:
+    """How many times ``jfn`` compiled."""
+    return thunder_rs.compile_stats(jfn).cache_misses
+
+
+def stays_symbolic(jfn) -> bool:
+    """Whether ``jfn`` still compiles with symbolic sizes (no symbolic compile failed)."""
+    jfn = jfn._jfn if isinstance(jfn, thunder_rs.ThunderModule) else jfn
+    return jfn._dynamic_off is None
