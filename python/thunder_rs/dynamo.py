@@ -42,6 +42,7 @@ import warnings
 import weakref
 
 import torch
+import torch._refs
 from torch._functorch import predispatch
 
 from thunder_rs.core.run.jit import ThunderModule
@@ -62,6 +63,7 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, jit_options: dict, example_inputs: list | tuple = ()):
         self.gm = gm
+        _trace_constructors(gm)
         transform = _transform_call(gm)
         self.jitted: ThunderModule | None = (
             ThunderModule(gm, **jit_options) if _has_calls(gm) and transform is None else None
@@ -122,6 +124,17 @@ def _symbolic_places(gm: torch.fx.GraphModule, example_inputs) -> list:
         elif isinstance(x, torch.Tensor):
             places.extend((i, d) for d, s in enumerate(x.shape) if isinstance(s, torch.SymInt))
     return places
+
+
+def _trace_constructors(gm: torch.fx.GraphModule) -> None:
+    """Dynamo writes ``torch.tensor`` of a ``SymInt`` (``torch.tensor(x.shape[0])``) as
+    ``torch._refs.tensor``, whose code detaches the new tensor in place, which a traced tensor
+    cannot; ``torch.tensor`` is the same call in eager and traces with the size symbolic."""
+    refs = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch._refs.tensor]
+    for node in refs:
+        node.target = torch.tensor
+    if refs:
+        gm.recompile()
 
 
 def _transform_call(gm: torch.fx.GraphModule) -> str | None:

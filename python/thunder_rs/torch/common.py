@@ -43,6 +43,13 @@ def require_float(op: str, a, arg: str = "input") -> None:
     )
 
 
+def size_value(device, dtype, size):
+    """A 0-d tensor of ``dtype`` holding ``size`` (read on each call where it is symbolic),
+    converted as aten converts an ``int64_t`` size: the one element of an iota starting at it."""
+    value = prims.reshape(prims.iota(1, size, 1, device, torch.int64), ())
+    return value if dtype == torch.int64 else prims.convert_element_type(value, dtype)
+
+
 def broadcast_back(x, shape, dims):
     """Broadcasts ``x``, reduced over ``dims`` of ``shape``, back to ``shape``."""
     return prims.broadcast_in_dim(x, tuple(shape), tuple(d for d in range(len(shape)) if d not in dims))

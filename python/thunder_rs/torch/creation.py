@@ -1,6 +1,7 @@
 """Creation ops: arange, zeros/ones/full/empty and their ``_like`` and ``Tensor.new_`` forms,
 tril/triu, eye, linspace and logspace, and the conjugation ops, which for real tensors return their
-input (random ones are in ``random.py``).
+input (random ones are in ``random.py``), and ``torch.tensor`` and its kin of data holding symbolic
+sizes (``torch.tensor(x.shape[0])``), which the trace computes from the sizes.
 
 Sizes come as varargs or one sequence (``zeros(2, 3)``, ``zeros((2, 3))``, ``zeros(x.shape)``).
 ``layout``, ``pin_memory``, ``memory_format`` and ``generator`` are accepted and ignored: the
@@ -15,10 +16,11 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang.fallback import user_fallback
-from thunder_rs.core.lang.langctx import PROXY_CALLS
+from thunder_rs.core.lang.langctx import PROXY_CALLS, SIZE_DATA
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.torch.common import require_tensor, is_int
+from thunder_rs.torch.common import require_tensor, is_int, size_value
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
@@ -69,6 +71,10 @@ def _device(device, like=None) -> torch.device:
 
 
 def _fill(shape, fill_value, device, dtype):
+    """``shape`` filled with ``fill_value``: a number, or a symbolic size read on each call."""
+    if type(fill_value) is SymInt:
+        value = size_value(device, dtype, fill_value)
+        return prims.broadcast_in_dim(value, shape, ()) if shape else value
     return prims.full(shape, clang.maybe_convert(fill_value, dtype), device, dtype)
 
 
@@ -76,7 +82,7 @@ def _fill_dtype(fill_value) -> torch.dtype:
     """The dtype ``torch.full`` infers from its fill value."""
     if isinstance(fill_value, bool):
         return torch.bool
-    return torch.int64 if isinstance(fill_value, int) else torch.get_default_dtype()
+    return torch.int64 if is_int(fill_value) else torch.get_default_dtype()
 
 
 @torchsymbol(torch.full)
@@ -173,6 +179,88 @@ def _legacy_new(self, *args, **kwargs):
 
 
 PROXY_CALLS[T.new] = _legacy_new
+
+
+# -- tensors of sizes ------------------------------------------------------------------------------
+# ``torch.tensor(x.shape[0])``, ``torch.tensor([T, 2])``: data holding a symbolic size is a tensor
+# the trace computes from the size on each call (``langctx.SIZE_DATA`` sends such calls here),
+# where eager's call would read the size as a number and specialise the trace to it. Data these
+# handlers do not take (a ragged list, a tensor or complex number in it, ``requires_grad=True``)
+# returns None: the call's usual path, which specialises.
+
+
+def _data_shape(data) -> tuple | None:
+    """The shape of nested sequences ``data`` (``()`` for one value), or None where ragged."""
+    if type(data) not in (list, tuple):
+        return ()
+    inner = [_data_shape(d) for d in data]
+    first = inner[0] if inner else ()
+    if first is None or any(s != first for s in inner):
+        return None
+    return (len(data), *first)
+
+
+def _leaves(data):
+    if type(data) not in (list, tuple):
+        yield data
+        return
+    for d in data:
+        yield from _leaves(d)
+
+
+def _row(value, device, dtype):
+    """One value of the data as a tensor of ``dtype`` of shape ``(1,)``."""
+    if type(value) is SymInt:
+        return clang.maybe_convert(prims.iota(1, value, 1, device, torch.int64), dtype)
+    return prims.full((1,), clang.maybe_convert(value, dtype), device, dtype)
+
+
+def tensor_of_sizes(data, dtype, device):
+    """``torch.tensor(data)`` of numbers and sizes, with eager's dtype (the default dtype where a
+    float is among them, else int64), or None where the data is not only real numbers."""
+    shape, leaves = _data_shape(data), list(_leaves(data))
+    if shape is None or not all(type(v) in (bool, int, float, SymInt) for v in leaves):
+        return None
+    if dtype is None:
+        dtype = torch.get_default_dtype() if any(type(v) is float for v in leaves) else torch.int64
+    if dtype.is_complex:
+        return None
+    if not shape:
+        return size_value(device, dtype, leaves[0])
+    rows = [_row(v, device, dtype) for v in leaves]
+    flat = rows[0] if len(rows) == 1 else prims.cat(rows, 0)
+    return flat if len(shape) == 1 else prims.reshape(flat, shape)
+
+
+def _tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    return None if requires_grad else tensor_of_sizes(data, dtype, _device(device))
+
+
+def _as_tensor(data, dtype=None, device=None, copy=None, requires_grad=False):
+    """``torch.as_tensor``/``asarray`` of data (of a tensor: ``PROXY_CALLS``)."""
+    return None if requires_grad else tensor_of_sizes(data, dtype, _device(device))
+
+
+def _scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False):
+    if requires_grad or type(s) is not SymInt:
+        return None
+    return size_value(_device(device), dtype or torch.get_default_dtype(), s)
+
+
+def _new_tensor(self, data, *, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
+    """``Tensor.new_tensor``: ``self``'s dtype and device unless given, whatever the data."""
+    return None if requires_grad else tensor_of_sizes(data, dtype or self.dtype, _device(device, self))
+
+
+SIZE_DATA.update(
+    {
+        torch.tensor: _tensor,
+        torch.as_tensor: _as_tensor,
+        torch.asarray: _as_tensor,
+        torch.scalar_tensor: _scalar_tensor,
+        T.new_tensor: _new_tensor,
+    }
+)
 
 
 def _check_arange(start, end, step, op: str):

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from thunder_rs import prims
 from thunder_rs.torch.adaptive_pooling import _adaptive_avg_grad
+from thunder_rs.torch.common import size_value
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import (
     ThunderNotImplementedError,
@@ -178,13 +179,6 @@ def _rounded(x: float, dtype) -> float:
     return float(torch.tensor(x, dtype=torch.float32)) if dtype == torch.float32 else x
 
 
-def _size_value(device, dtype, size):
-    """A 0-d tensor of ``dtype`` holding ``size`` (read on each call where it is symbolic),
-    converted as aten converts an ``int64_t`` size: the one element of an iota starting at it."""
-    value = prims.reshape(prims.iota(1, size, 1, device, torch.int64), ())
-    return value if dtype == torch.int64 else prims.convert_element_type(value, dtype)
-
-
 def _scale(device, in_size, out_size, scale, align_corners: bool, dtype):
     """aten's ``area_pixel_compute_scale`` in ``dtype``: input elements per output element. A
     Python float where it is a constant; a ratio of symbolic sizes is a 0-d tensor, the sizes
@@ -198,7 +192,7 @@ def _scale(device, in_size, out_size, scale, align_corners: bool, dtype):
     else:
         num, den = in_size, out_size
     if is_symbolic((num, den)):
-        return prims.div(_size_value(device, dtype, num), _size_value(device, dtype, den))
+        return prims.div(size_value(device, dtype, num), size_value(device, dtype, den))
     return _rounded(num / den, dtype)
 
 
@@ -227,7 +221,7 @@ def _shortcuts(in_size, out_size, scale):
 
 def _per_call(device, out_size, a, b, selected, otherwise):
     """``selected`` where ``a == b`` in this call, else ``otherwise``: aten's branch on its sizes."""
-    same = prims.eq(_size_value(device, torch.int64, a - b), 0)
+    same = prims.eq(size_value(device, torch.int64, a - b), 0)
     return prims.where(prims.broadcast_in_dim(same, (out_size,), ()), selected, otherwise)
 
 

@@ -27,6 +27,7 @@ from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_lan
 from thunder_rs.core.lang.recorder import active_captures, lift_captured
 from thunder_rs.core.lang.autocast import cast_inputs
 from thunder_rs.core.lang.rng import RANDOM
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_frame, user_location  # noqa: F401 (re-exported)
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -267,11 +268,31 @@ def _observed(handle, *call):
 #: whatever that tensor's layout), ``torch.as_tensor``/``asarray`` of a tensor (the tensor itself).
 PROXY_CALLS: dict = {}
 _CONVERSIONS = (torch.as_tensor, torch.asarray)
+#: Calls that make a tensor of Python data (``torch.tensor(x.shape[0])``, ``Tensor.new_tensor``),
+#: answered by their handler (``creation`` fills it) where the data holds a symbolic size: a
+#: tensor the trace computes from the size, where eager's call would read (and guard) its value.
+SIZE_DATA: dict = {}
+
+
+def _holds_size(values) -> bool:
+    """Whether ``values`` (nested lists and tuples) hold a symbolic size."""
+    return any(_holds_size(v) if type(v) in (list, tuple) else type(v) is SymInt for v in values)
+
+
+def _size_data(func, args, kwargs):
+    """``func``'s tensor of symbolic sizes, or None where it is not such a call."""
+    handler = SIZE_DATA.get(func)
+    if handler is None or not _holds_size((*args, *kwargs.values())):
+        return None
+    return handler(*args, **kwargs)
 
 
 def _torch_function(func, args, kwargs):
     if kwargs and kwargs.get("out") is not None:
         return _out_handler(func, *lift_captured(args, kwargs))
+    made = _size_data(func, args, kwargs)
+    if made is not None:
+        return made
     by_proxy = PROXY_CALLS.get(func)
     if by_proxy is not None and args and func in _CONVERSIONS and type(args[0]) is torch.Tensor:
         args, kwargs = lift_captured(args, kwargs)  # ``torch.as_tensor(t, device=...)`` of a tensor the program made
@@ -382,6 +403,9 @@ def _untraced_call(func, args, kind: int, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None and kind == 0:
         return ltorch_fn(*args, **kwargs)
+    made = _size_data(func, args, kwargs) if kind == 0 else None
+    if made is not None:
+        return made
     captures = active_captures()
     if func is torch.tensor and captures is not None and args and _is_ndarray(args[0]) and set(kwargs) <= {"dtype"}:
         return _copied_array(captures, args[0], kwargs.get("dtype"))
