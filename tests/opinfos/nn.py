@@ -321,6 +321,22 @@ def mse_loss_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4), torch.int64), cpu((3, 4), torch.int64)), NotImplementedError)
 
 
+def mha_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` calls): (length, batch,
+    embedding) inputs, two heads, a packed in-projection; keys longer than queries."""
+
+    def t(*shape):
+        return make(shape, dtype, device)
+
+    q, k = t(3, 2, 8), t(5, 2, 8)
+    weights = (t(24, 8), t(24), None, None, False, 0.0, t(8, 8), t(8))
+    yield SampleInput(q, k, k, 8, 2, *weights)
+    yield SampleInput(q, q, q, 8, 2, *weights, need_weights=False)
+    yield SampleInput(q, k, k, 8, 2, *weights, key_padding_mask=make((2, 5), torch.bool, device))
+    yield SampleInput(q, k, k, 8, 2, *weights, attn_mask=t(3, 5), average_attn_weights=False)
+    yield SampleInput(t(3, 8), t(5, 8), t(5, 8), 8, 2, *weights)  # unbatched
+
+
 def sdpa_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     """(batch, heads, length, embedding) inputs; keys and values may be longer than queries."""
 
@@ -407,4 +423,5 @@ OPS = [
         sdpa_errors,
         tolerances=ACCUMULATING,
     ),
+    OpInfo("multi_head_attention_forward", F.multi_head_attention_forward, mha_samples, tolerances=ACCUMULATING),
 ]

@@ -42,8 +42,6 @@ __all__ = [
     "triu",
 ]
 
-_CPU = torch.device("cpu")
-
 
 def _shape(size, op: str) -> tuple[int, ...]:
     """The shape of varargs ``size``: ints, or one sequence of ints."""
@@ -65,8 +63,11 @@ def _shape(size, op: str) -> tuple[int, ...]:
 
 
 def _device(device, like=None) -> torch.device:
+    """Where a factory call puts its tensor: ``device``, else ``like``'s, else torch's default device
+    (``torch.set_default_device``, a ``with torch.device(...)`` block), as eager's factories do; the
+    cache key holds the default device (``cache.global_key``)."""
     if device is None:
-        return like.device if like is not None else _CPU
+        return like.device if like is not None else torch.get_default_device()
     return device if isinstance(device, torch.device) else torch.device(device)
 
 

@@ -144,7 +144,7 @@ def _triangle_indices(op: str, row, col, offset, dtype, device, layout, lower: b
         lo, hi = (0, min(col, max(r + offset + 1, 0))) if lower else (min(col, max(r + offset, 0)), col)
         rows += [r] * (hi - lo)
         cols += range(lo, hi)
-    device = torch.device("cpu" if device is None else device)
+    device = torch.get_default_device() if device is None else torch.device(device)
     return reshape_to(known_ints(rows + cols, device, dtype), (2, len(rows)))
 
 

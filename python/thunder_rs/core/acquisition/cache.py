@@ -128,16 +128,30 @@ def leaf_key(x):
     return (type(x), _Identity(x))
 
 
+_CPU = torch.device("cpu")
+
+
+def _default_device() -> torch.device | None:
+    """torch's default device where it is not the CPU: factory calls without a device put their
+    tensors there. Only a torch function mode sets it (``torch.set_default_device`` pushes one, as
+    a ``with torch.device(...)`` block does), so with none active nothing more is read."""
+    device = torch.get_default_device()
+    return None if device == _CPU else device
+
+
 def global_key(
     extra=None,
     _grad=torch.is_grad_enabled,
     _default_dtype=torch.get_default_dtype,
     _any_autocast=torch._C._is_any_autocast_enabled,
     _autocast=autocast_state,
+    _modes=torch._C._len_torch_function_stack,
 ):
     """Grad mode, default dtype, the CPU and CUDA autocast dtypes (None when autocast is off
-    everywhere, read with one call) and ``extra``."""
-    return (_grad(), _default_dtype(), _autocast() if _any_autocast() else None, extra)
+    everywhere, read with one call), the default device where a torch function mode may set one,
+    and ``extra``."""
+    autocast = _autocast() if _any_autocast() else None
+    return (_grad(), _default_dtype(), autocast, _default_device() if _modes() else None, extra)
 
 
 _fast_keys: dict = {}
@@ -209,11 +223,11 @@ def _layout(key) -> str:
 
 
 def _state_change(old, new) -> str:
-    """Which part of ``global_key`` changed: grad mode, default dtype, autocast, or (for a module)
-    its training mode or its parameters' dtype, device and requires_grad."""
-    labels = ("grad mode", "default dtype", "autocast")
+    """Which part of ``global_key`` changed: grad mode, default dtype, autocast, default device, or
+    (for a module) its training mode or its parameters' dtype, device and requires_grad."""
+    labels = ("grad mode", "default dtype", "autocast", "default device")
     changes = [f"{label} {a} -> {b}" for label, a, b in zip(labels, old, new) if a != b]
-    old_extra, new_extra = old[3], new[3]
+    old_extra, new_extra = old[4], new[4]
     if old_extra != new_extra:
         if type(old_extra) is tuple and type(new_extra) is tuple and len(old_extra) == len(new_extra) == 2:
             if old_extra[0] != new_extra[0]:
