@@ -444,8 +444,14 @@ def _under_cuda_autocast(fn, dtype):
         torch.set_autocast_dtype("cuda", previous)
 
 
+#: Ops that run as an eager fallback under autocast (their decomposition would not cast inside
+#: as eager's Python does): the fallback computes its dtypes under ``torch.autocast("cuda")``, which
+#: torch turns off without a GPU, so only a GPU checks them (``test_multihead_attention.py``).
+_FALLBACK_UNDER_AUTOCAST = {"multi_head_attention_forward"}
+
+
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("op", _float_ops())
+@pytest.mark.parametrize("op", [p for p in _float_ops() if p.id not in _FALLBACK_UNDER_AUTOCAST])
 def test_cuda_autocast_policy_matches_eager_for_every_op(op):
     """The CUDA policy, traced on proxies of fake CUDA tensors (no GPU needed): dtypes equal those
     eager's CUDA autocast gives on the same fake tensors."""

@@ -71,7 +71,7 @@ def test_a_device_block_inside_the_program_acts_as_in_eager():
     torch.testing.assert_close(outer, expected_outer)
 
 
-@pytest.mark.requires_cuda
+@pytest.mark.gpu
 def test_factories_follow_cuda_as_the_default_device():
     jf = thunder_rs.jit(factories)
     x = torch.randn(4, device="cuda")

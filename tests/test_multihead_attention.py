@@ -266,6 +266,24 @@ def test_autocast_runs_eagerly_like_eager():
     ]
 
 
+@pytest.mark.gpu
+def test_cuda_autocast_runs_eagerly_like_eager():
+    """The same under CUDA float16 autocast (the CPU sweep of autocast policies leaves this op out:
+    without a GPU torch turns CUDA autocast off where the fallback computes its dtypes)."""
+    torch.manual_seed(0)
+    module = nn.MultiheadAttention(E, HEADS, batch_first=True).cuda()
+    x = torch.randn(N, L, E, device="cuda")
+
+    def fn(x):
+        with torch.autocast("cuda", dtype=torch.float16):
+            return module(x, x, x)
+
+    out, weights = thunder_rs.jit(fn)(x)
+    expected, expected_weights = fn(x)
+    assert (out.dtype, weights.dtype) == (expected.dtype, expected_weights.dtype)
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+
+
 def test_a_refused_call_runs_eagerly(monkeypatch):
     """A symbol inside that refuses its arguments sends the whole call to eager's function."""
 
