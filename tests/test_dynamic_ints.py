@@ -168,3 +168,21 @@ def test_a_factorisation_over_changing_sizes_specialises_them_without_turning_sy
         torch.testing.assert_close(jf(a, b), solved(a, b))
     assert stats(jf).cache_misses == 3 and jf._dynamic_off is None
     assert "t0 - 4 == 0 fails" in stats(jf).miss_reasons[2]
+
+
+def top(x, k):
+    return x.topk(k).values.sum(-1) + x.roll(k, 1)[:, 0]
+
+
+def test_an_int_a_symbolic_compile_fails_on_stays_constant_and_the_dims_stay_symbolic():
+    # topk and roll take no symbolic k: the int stays a constant (a compile per value of k), the
+    # length of x stays symbolic (was: symbolic compiles turned off, a compile per length too).
+    jf = thunder_rs.jit(top)
+    calls = [(8, 2), (10, 3), (12, 4), (14, 2), (16, 4), (9, 3)]
+    for t, k in calls:
+        x = torch.randn(4, t)
+        torch.testing.assert_close(jf(x, k), top(x, k))
+    assert jf._dynamic_off is None
+    # static (8, 2); then one symbolic entry per k, each serving every length
+    assert stats(jf).cache_misses == 4, stats(jf).miss_reasons
+    assert "holds k constant" in stats(jf).miss_reasons[2]

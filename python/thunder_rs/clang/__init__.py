@@ -4,6 +4,8 @@ Broadcasting, type promotion and dim canonicalisation live here. They emit prims
 appear as symbols in traces. Errors name the ltorch op that called them.
 """
 
+import operator
+
 import torch
 
 from thunder_rs import prims
@@ -15,7 +17,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import SymInt, same_shape
 
 Number = (bool, int, float)
 
@@ -23,6 +25,8 @@ Number = (bool, int, float)
 def canonicalize_dim(ndim: int, dim: int, op: str, arg: str = "dim") -> int:
     """``dim`` as a non-negative index into a tensor of rank ``ndim`` (0-d tensors accept 0, -1)."""
     rank = max(ndim, 1)
+    if type(dim) is SymInt:  # a dim given by an int argument that changes between calls: specialised
+        dim = operator.index(dim)
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise ThunderValueError(f"{op}: expected an int for {arg}, got {dim!r}")
     check(
@@ -38,7 +42,7 @@ def canonicalize_dims(ndim: int, dims, op: str, arg: str = "dim") -> tuple[int, 
     """Canonical, de-duplicated-checked dims; ``None`` or ``()`` means every dim."""
     if dims is None:
         return tuple(range(ndim))
-    if isinstance(dims, int):
+    if isinstance(dims, int) or type(dims) is SymInt:
         dims = (dims,)
     out = tuple(canonicalize_dim(ndim, d, op, arg) for d in dims)
     check(

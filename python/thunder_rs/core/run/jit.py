@@ -117,6 +117,8 @@ class ThunderFunction:
         self._marked: set[tuple[int, int | None]] = set()
         #: the dims of argument objects' tensors seen to change, ``{(source key, name): dims}``
         self._marked_held: dict = {}
+        #: int arguments a symbolic compile failed on (``x.topk(k)``): constants from then on
+        self._constant_ints: set = set()
         self._symbolic: list[SymbolicEntry] = []
         self._dynamic_off: str | None = None
         self._passes = checked_passes(passes)
@@ -283,7 +285,7 @@ class ThunderFunction:
             if entry.symbolic is not None and self._dynamic_off is None:
                 # A variant of a symbolic entry is symbolic too: it serves the sizes the entry does.
                 sizes, held = entry.symbolic_args
-                return self._symbolic_first(functools.partial(static, sizes=sizes, held=held, tree=entry.tree), static)
+                return self._symbolic_first(static, sizes, held, entry.tree)
             return static()
 
     def _run_eagerly(self, diverged: Diverged, eager):
@@ -341,21 +343,30 @@ class ThunderFunction:
             declined = self._why_not_symbolic(key, flat, spec)
             mode = self._dynamic if self._dynamic_off is None else False
             sizes = wanted_sizes(mode, key, flat, [self._last_key, *self._variants], self._marked)
+            sizes = tuple(at for at in sizes if at not in self._constant_ints)
             # A new key (a mask grown with the cache) compares with the entry compiled last.
             held = wanted_held(mode, failed or self._last_entry, flat, self._marked_held)
             static = functools.partial(self._compile, flat, spec, key, reason, declined=declined)
             if sizes or held:
-                return self._symbolic_first(functools.partial(static, sizes=sizes, held=held), static)
+                return self._symbolic_first(static, sizes, held)
             return static()
 
-    def _symbolic_first(self, symbolic, static) -> Entry:
-        """``symbolic()``, a compile with symbolic sizes, or ``static()`` where it fails: symbolic
+    def _symbolic_first(self, static, sizes, held, tree=None) -> Entry:
+        """A compile with ``sizes`` and ``held`` symbolic, or ``static()`` where it fails: symbolic
         compiles then stop for the function (the program does something they do not support yet),
-        unless the static compile fails too (the program's own error, raised as eager raises it)."""
+        unless the static compile fails too (the program's own error, raised as eager raises it).
+        Where the failed compile had int arguments symbolic (``x.topk(k)``, ``x.roll(k)``), those ints
+        stay constants from now on and the other sizes are tried again symbolic first. ``tree``: the
+        value tree a symbolic variant joins (a static one joins its key's)."""
         try:
-            return symbolic()
+            return static(sizes=sizes, held=held, tree=tree)
         except Exception as e:
             failure = f"{type(e).__name__}: {e}"
+        ints = [at for at in sizes if at[1] is None]
+        if ints:
+            self._constant_ints.update(ints)
+            others = tuple(at for at in sizes if at[1] is not None)
+            return self._symbolic_first(static, others, held, tree) if others or held else static()
         entry = static()
         self._dynamic_off = failure
         log_dynamic_off(_name(self._fn), failure)
