@@ -79,3 +79,31 @@ def test_factories_follow_cuda_as_the_default_device():
         expected, actual = factories(x), jf(x)
     assert devices(actual) == devices(expected)
     torch.testing.assert_close(actual[0], expected[0])
+
+
+def test_set_default_device_inside_the_program_acts_on_every_call():
+    # The call is replayed as an effect, as set_default_dtype is: the default device after each call
+    # is eager's, and the factories after it in the program see it.
+    def sets_and_restores(x):
+        torch.set_default_device("meta")
+        y = torch.ones(3)
+        torch.set_default_device(None)
+        return y, x + 1
+
+    def leaves_set(x):
+        torch.set_default_device("meta")
+        return x + 1
+
+    x = torch.randn(3)
+    jf, jg = thunder_rs.jit(sets_and_restores), thunder_rs.jit(leaves_set)
+    try:
+        for _ in range(2):
+            y, z = jf(x)
+            assert y.device == torch.device("meta") and torch.get_default_device() == torch.device("cpu")
+            torch.testing.assert_close(z, x + 1)
+            torch.set_default_device(None)
+            jg(x)
+            assert torch.get_default_device() == torch.device("meta")
+            torch.set_default_device(None)
+    finally:
+        torch.set_default_device(None)

@@ -102,9 +102,9 @@ def _reads_state(original):
 
 
 def _sets_default(original):
-    """``set_default_dtype``: recorded, so that every call changes the default as eager does and
-    the creation calls after it (``torch.ones(2)``, which read the default when they run) see it;
-    applied now too, so that the trace records what they make."""
+    """``set_default_dtype`` and ``set_default_device``: recorded, so that every call changes the
+    default as eager does and the creation calls after it (``torch.ones(2)``, which read the default
+    when they run) see it; applied now too, so that the trace records what they make."""
 
     def record(*args, **kwargs):
         _record(original, args, kwargs, [])
@@ -151,3 +151,6 @@ def _install(modules) -> None:
 _install((torch, torch.random, torch.cuda, torch.cuda.random))
 STATE_CALLS.add(qualified_name(torch.set_default_dtype))
 torch.set_default_dtype = _intercept(torch.set_default_dtype, _sets_default(torch.set_default_dtype))
+# ``set_default_device`` likewise: the factory calls after it put their tensors there (``creation``).
+STATE_CALLS.add(qualified_name(torch.set_default_device))
+torch.set_default_device = _intercept(torch.set_default_device, _sets_default(torch.set_default_device))
