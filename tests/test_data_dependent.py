@@ -460,8 +460,9 @@ def test_qwen2_moe_with_its_eager_experts_loop_matches_eager():
     its "eager" implementation loops over the experts ``nonzero`` says were hit, each on the
     tokens ``torch.where`` gives it."""
     model, batches = qwen2_moe_eager_experts()
-    # One variant per routing seen: each batch's, then the first batch's after two steps moved the router.
-    assert variants(check_training(model, batches, steps=3)) == 3
+    # The first batch's routing, then one variant with the experts' token counts symbolic (sizes
+    # computed from values: tests/test_dynamic_data_sizes.py) for every routing after it.
+    assert variants(check_training(model, batches, steps=5)) == 2
 
 
 def test_wav2vec2_ctc_with_labels_trains_as_eager_and_refuses_a_label_out_of_range():

@@ -259,6 +259,10 @@ class Recorder:
     def tensor_input(self, dtype: int, device: str, shape: Sequence[int | SymExpr], requires_grad: bool) -> int: ...
     def size_input(self, hint: int) -> SymExpr:
         """A size read from the inputs on each call, ``hint`` now."""
+    def unbacked_size(self, hint: int) -> SymExpr:
+        """A size that the next ``call_sized`` given it computes from values, ``hint`` now."""
+    def size_inputs(self) -> list[SymExpr]:
+        """The size inputs made so far, in order."""
     def size_value(self, value: int) -> SymExpr:
         """The size value ``t{value}`` alone, with its hint (``SymExpr.values()`` names them)."""
     def decide(self, op: str, a: int | SymExpr, b: int | SymExpr) -> bool:
@@ -283,6 +287,15 @@ class Recorder:
         outputs: Sequence[TensorMeta],
         whole: bool = False,
     ) -> list[RecordedTensor]: ...
+    def call_sized(
+        self,
+        symbol: int,
+        args: tuple,
+        kwargs: dict | None,
+        outputs: Sequence[TensorMeta],
+        sizes: Sequence[int],
+    ) -> list[RecordedTensor]:
+        """``call`` of a fallback that also defines ``sizes`` (from ``unbacked_size``) after its tensors."""
     def consts(self) -> list[Any]: ...
     def snapshot(self, outputs: Sequence[int]) -> Trace:
         """What is recorded so far, returning the values ``outputs`` (a tuple) without gradient;

@@ -46,6 +46,25 @@ impl Recorder {
         Ok(builder)
     }
 
+    /// Records `symbol` with outputs of the given metadata, then `sizes`; describes the tensors.
+    fn record_call(
+        &mut self,
+        py: Python<'_>,
+        symbol: Symbol,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        outputs: Vec<Bound<'_, PyTensorMeta>>,
+        sizes: Vec<ValueId>,
+    ) -> PyResult<Vec<RecordedTensor>> {
+        let types = types(py)?;
+        let args = to_args(args, types, &mut self.consts)?;
+        let kwargs = to_kwargs(kwargs, types, &mut self.consts)?;
+        let metas = outputs.iter().map(|meta| meta.get().meta.clone()).collect();
+        let builder = self.builder()?;
+        let ids = no_panic("call", || Ok(builder.record_sized(symbol, args, kwargs, metas, sizes)))?;
+        self.describe(&ids)
+    }
+
     /// What Python builds each output's proxy from.
     fn describe(&self, outputs: &[ValueId]) -> PyResult<Vec<RecordedTensor>> {
         let builder = self.builder.as_ref().expect("describe runs while recording");
@@ -93,6 +112,27 @@ impl Recorder {
         let builder = self.builder()?;
         let v = builder.add_size(hint);
         Ok(dim_to_py(py, &trace_ir::Dim::size(v, hint))?.unbind())
+    }
+
+    /// Adds a size that the next `call` given it among its `sizes` computes from values (the
+    /// count of `nonzero`'s indices), `hint` now.
+    fn unbacked_size(&mut self, py: Python<'_>, hint: i64) -> PyResult<Py<PyAny>> {
+        if hint < 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!("a size is never negative, got {hint}")));
+        }
+        let v = self.builder()?.add_unbacked_size(hint);
+        Ok(dim_to_py(py, &trace_ir::Dim::size(v, hint))?.unbind())
+    }
+
+    /// The size inputs made so far, as sizes (`SymExpr`s), in order.
+    fn size_inputs(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        let builder = self.builder()?;
+        let sizes = builder.size_inputs().to_vec();
+        let hint = |v: ValueId| match builder.value(v) {
+            Some(ValueKind::Size(h)) => *h,
+            _ => 0,
+        };
+        sizes.into_iter().map(|v| Ok(dim_to_py(py, &trace_ir::Dim::size(v, hint(v)))?.unbind())).collect()
     }
 
     /// The size value `value` alone, with the size it was traced at: what `SymExpr.values()`
@@ -235,14 +275,23 @@ impl Recorder {
         outputs: Vec<Bound<'_, PyTensorMeta>>,
         whole: bool,
     ) -> PyResult<Vec<RecordedTensor>> {
-        let types = types(py)?;
-        let args = to_args(args, types, &mut self.consts)?;
-        let kwargs = to_kwargs(kwargs, types, &mut self.consts)?;
-        let metas = outputs.iter().map(|meta| meta.get().meta.clone()).collect();
         let symbol = if whole { Symbol::Composite(SymbolId(symbol)) } else { Symbol::Fallback(SymbolId(symbol)) };
-        let builder = self.builder()?;
-        let ids = no_panic("call", || Ok(builder.record_given(symbol, args, kwargs, metas)))?;
-        self.describe(&ids)
+        self.record_call(py, symbol, args, kwargs, outputs, Vec::new())
+    }
+
+    /// Records a fallback call of `symbol`, as `call` does, that also defines `sizes` (made by
+    /// `unbacked_size`) after its tensors, which are returned.
+    fn call_sized(
+        &mut self,
+        py: Python<'_>,
+        symbol: u32,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        outputs: Vec<Bound<'_, PyTensorMeta>>,
+        sizes: Vec<u32>,
+    ) -> PyResult<Vec<RecordedTensor>> {
+        let sizes = sizes.into_iter().map(ValueId).collect();
+        self.record_call(py, Symbol::Fallback(SymbolId(symbol)), args, kwargs, outputs, sizes)
     }
 
     /// The constants that arguments referred to (`_c0`, `_c1`, ...).

@@ -461,6 +461,19 @@ impl TraceBuilder {
         v
     }
 
+    /// Adds a size that a call of the trace computes from values (the count of `nonzero`'s
+    /// indices, `hint` now): defined by the call that [`TraceBuilder::record_given`] records with
+    /// it among its `sizes`, not an input. The caller checks, where the call made it, what the
+    /// trace relied on about it.
+    pub fn add_unbacked_size(&mut self, hint: i64) -> ValueId {
+        self.push_value(ValueKind::Size(hint))
+    }
+
+    /// The sizes [`TraceBuilder::add_size`] made, in order.
+    pub fn size_inputs(&self) -> &[ValueId] {
+        &self.sizes
+    }
+
     /// The inputs, the sizes of [`TraceBuilder::add_size`] last.
     fn all_inputs(&self) -> Vec<ValueId> {
         self.inputs.iter().chain(&self.sizes).copied().collect()
@@ -564,8 +577,22 @@ impl TraceBuilder {
         kwargs: Vec<(String, Arg)>,
         outputs: Vec<TensorMeta>,
     ) -> Vec<ValueId> {
+        self.record_sized(symbol, args, kwargs, outputs, Vec::new())
+    }
+
+    /// [`TraceBuilder::record_given`] of a call that also defines `sizes` (made by
+    /// [`TraceBuilder::add_unbacked_size`]; the outputs' shapes may read them): its outputs are
+    /// the tensors, then those sizes. Returns the tensors' ids.
+    pub fn record_sized(
+        &mut self,
+        symbol: Symbol,
+        args: Vec<Arg>,
+        kwargs: Vec<(String, Arg)>,
+        outputs: Vec<TensorMeta>,
+        sizes: Vec<ValueId>,
+    ) -> Vec<ValueId> {
         let ids: Vec<ValueId> = outputs.into_iter().map(|m| self.push_value(ValueKind::Tensor(m))).collect();
-        let mut bsym = BoundSymbol::new(symbol, args, ids.clone());
+        let mut bsym = BoundSymbol::new(symbol, args, ids.iter().chain(&sizes).copied().collect());
         bsym.kwargs = kwargs;
         self.push_bsym(bsym);
         ids

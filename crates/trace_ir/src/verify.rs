@@ -33,7 +33,7 @@ pub fn verify(trace: &Trace) -> Result<()> {
         define(&mut defined, v, "input")?;
     }
     for &v in &trace.inputs {
-        check_sizes(trace, v, "input")?;
+        check_sizes(trace, &defined, v, "input")?;
     }
     for bsym in &trace.bsyms {
         check_uses(trace, &defined, bsym)?;
@@ -45,7 +45,7 @@ pub fn verify(trace: &Trace) -> Result<()> {
         });
         result?;
         for &v in &bsym.outputs {
-            check_sizes(trace, v, &bsym.symbol.qualified_name())?;
+            check_sizes(trace, &defined, v, &bsym.symbol.qualified_name())?;
         }
         check_prim(trace, bsym)?;
     }
@@ -70,22 +70,28 @@ fn define(defined: &mut [bool], v: ValueId, by: &str) -> Result<()> {
     Ok(())
 }
 
-/// A value's symbolic sizes read only size values that are inputs of the trace: the program
-/// computes its sizes from what it is called with.
-fn check_sizes(trace: &Trace, v: ValueId, by: &str) -> Result<()> {
+/// A value's symbolic sizes read only size values defined before it: inputs of the trace, or
+/// sizes a call computed from values and defined with its outputs (`nonzero`'s count): the
+/// program computes its sizes from what it is called with and what it computed.
+fn check_sizes(trace: &Trace, defined: &[bool], v: ValueId, by: &str) -> Result<()> {
     let Some(t) = trace.tensor(v) else { return Ok(()) };
     let mut bad = None;
     for d in &t.shape {
         d.for_each_value(&mut |s| {
-            let is_size_input =
-                matches!(trace.values.get(s.index()), Some(ValueKind::Size(_))) && trace.inputs.contains(&s);
-            if !is_size_input {
+            let is_size = matches!(trace.values.get(s.index()), Some(ValueKind::Size(_)))
+                && defined.get(s.index()).copied().unwrap_or(false);
+            if !is_size {
                 bad.get_or_insert(s);
             }
         });
     }
     if let Some(s) = bad {
-        bail!(Runtime, "verify", "{by}: {v} is {}, whose size reads {s}, which is no size input", t.describe());
+        bail!(
+            Runtime,
+            "verify",
+            "{by}: {v} is {}, whose size reads {s}, which is no size defined before it",
+            t.describe()
+        );
     }
     Ok(())
 }

@@ -199,5 +199,5 @@ fn the_verifier_refuses_lost_guards_and_sizes_that_are_no_inputs() {
     t1.shape[1] = Dim::size(ValueId(2), 4);
     let bad = Trace { values: Arc::new(values), ..trace.clone() };
     let err = verify(&bad).unwrap_err();
-    assert!(err.message.contains("which is no size input"), "{err}");
+    assert!(err.message.contains("which is no size defined before it"), "{err}");
 }

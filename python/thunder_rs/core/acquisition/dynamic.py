@@ -338,14 +338,18 @@ def _chunks(tensor_key) -> frozenset | None:
     return frozenset((i, j) for i in range(n) for j in range(n) if i != j and strides[i] == shape[j] * strides[j])
 
 
-def symbolic_entry(entry, key, acquired, traces, backward_traces) -> SymbolicEntry | None:
-    """The ``SymbolicEntry`` of ``entry``, compiled for ``key`` from ``acquired`` into ``traces``
-    (forward) and ``backward_traces``; None when its sizes are all constant."""
+def trace_guards(traces, backward_traces) -> list:
+    """The guards of a compile's last forward and backward traces, as text, sorted."""
+    return sorted({*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())})
+
+
+def symbolic_entry(entry, key, acquired, traces, guards) -> SymbolicEntry | None:
+    """The ``SymbolicEntry`` of ``entry``, compiled for ``key`` from ``acquired`` into ``traces``,
+    which checks ``guards`` on its size inputs; None when its sizes are all constant."""
     if not acquired.sizes:
         return None
-    guards = {*traces[-1].guards(), *(backward_traces[-1].guards() if backward_traces else ())}
     names = [f"t{v}" for v in traces[-1].size_inputs()]
-    return SymbolicEntry(entry, key, acquired.sizes, acquired.shared_sizes, names, sorted(guards), acquired.size_checks)
+    return SymbolicEntry(entry, key, acquired.sizes, acquired.shared_sizes, names, guards, acquired.size_checks)
 
 
 class SizesGuard:

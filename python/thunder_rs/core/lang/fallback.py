@@ -56,12 +56,16 @@ def qualified_name(func) -> str:
     return f"{module}.{name}"
 
 
-def symbol_id(func, effect: bool = False, autocast_state: AutocastState | None = None, replay: bool = False) -> int:
+def symbol_id(
+    func, effect: bool = False, autocast_state: AutocastState | None = None, replay: bool = False, sized: tuple = ()
+) -> int:
     """The fallback symbol of ``func`` (run under ``autocast_state`` when not None), registered
     on first use with its ``<name>.vjp``. An effect (a random call) has a ``.vjp`` only as a
     ``replay`` symbol: one that returns, last, the generator state its draws started from, from
-    which its backward draws the same numbers again."""
-    key = (func, autocast_state, replay)
+    which its backward draws the same numbers again. A ``sized`` symbol (groups of ``(output,
+    dim)``, ``values.widened``) returns, after its tensors, the size at the first place of each
+    group; it has no backward (its outputs require none)."""
+    key = (func, autocast_state, replay, sized)
     sid = _ids.get(key)
     if sid is None:
         name, impl = qualified_name(func), func
@@ -70,13 +74,16 @@ def symbol_id(func, effect: bool = False, autocast_state: AutocastState | None =
             impl = _under_autocast(func, autocast_state)
         if replay:
             name += ".replayable"
+        if sized:
+            name += ".sized_" + "_".join(f"{i}_{d}" for i, d in (g[0] for g in sized))
         # The registry is by name: two callables of one name must not share a symbol.
         taken = sum(1 for other in _names.get(name, ()) if other is not func)
         _names.setdefault(name, []).append(func)
         name += f".{taken}" if taken else ""
         sid = _ids[key] = _core.register_symbol(name, fallback=True, effect=effect)
-        FALLBACK_IMPLS[sid] = _returning_generator_state(impl) if replay else _flat_outputs(impl)
-        if replay or not effect:
+        run = _returning_generator_state(impl) if replay else _flat_outputs(impl)
+        FALLBACK_IMPLS[sid] = _returning_sizes(impl, sized) if sized else run
+        if (replay or not effect) and not sized:
             vjp = _replaying(_vjp_of(impl)) if replay else _vjp_of(impl)
             FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = vjp
     return sid
@@ -114,6 +121,17 @@ def _flat_outputs(func):
             return out
         leaves = _tensor_leaves(out)
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+    return run
+
+
+def _returning_sizes(func, sized: tuple):
+    """``func``'s flat outputs followed by the size at the first place of each group of ``sized``."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        leaves = _tensor_leaves(func(*args, **kwargs))
+        return (*leaves, *(leaves[i].shape[d] for (i, d), *_ in sized))
 
     return run
 
@@ -281,17 +299,20 @@ def _metadata(func, name: str, args, kwargs, autocast_state, factory: bool, symb
     sized by values ``checked(outs)`` (else None)."""
     if symbolic:
         kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
-        found = _SIZES.load().symbolic_metadata(func, args, kwargs, factory)
-        if found is not None:
+        sizes = _SIZES.load()
+        found = sizes.symbolic_metadata(func, args, kwargs, factory)
+        if found is not None and found is not sizes.FROM_VALUES:
             return found[0], found[1], None
     try:
+        if symbolic and found is sizes.FROM_VALUES:  # (a meta run would specialise the inputs' sizes)
+            raise _NeedsValues(_data_dependent_error(name))
         return _output_metadata(func, name, args, kwargs, autocast_state, factory), _shape, None
     except _NeedsValues as e:
         impl = func if autocast_state is None else _under_autocast(func, autocast_state)
         sized = _by_values.sized(impl, args, kwargs) if _by_values is not None else None
         if sized is None:
             raise e.refusal from e.__cause__
-        return sized[0], _shape, sized[1]
+        return sized[0], getattr(sized[1], "shape", _shape), sized[1]
 
 
 def _shape(t):
@@ -358,12 +379,19 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         )
         for t, flag in zip(leaves, flags)
     ]
+    sized = getattr(checked, "dims", ())
+    if sized and any(m.requires_grad for m in metas):
+        raise ThunderNotImplementedError(f"{name}: symbolic sizes computed by a call whose outputs require grad")
     replay = effect and requires_grad is None and any(m.requires_grad for m in metas)
     if replay:
         state = _generator(args, kwargs).get_state()
         metas.append(output_meta(state.shape, state.dtype, state.device, False))
-    sid = symbol_id(func, effect, autocast_state, replay)
-    outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))[: len(leaves)]
+    sid = symbol_id(func, effect, autocast_state, replay, sized)
+    if sized:
+        recorded = current().call_sized(sid, tuple(args), kwargs or None, metas, checked.ids)
+    else:
+        recorded = current().call(sid, tuple(args), kwargs or None, metas)
+    outs = proxies(recorded)[: len(leaves)]
     if checked is not None:
         checked(outs)
     if isinstance(out, torch.Tensor):

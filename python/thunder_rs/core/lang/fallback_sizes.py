@@ -37,6 +37,11 @@ class _Unfollowed(Exception):
     """A size or a guard with no thunder_rs form: the call is specialised instead."""
 
 
+#: What ``symbolic_metadata`` returns for a call whose output sizes its data tell (``nonzero``):
+#: read from its values (``core.lang.values``), with no size of its inputs specialised.
+FROM_VALUES = object()
+
+
 class _Sizes:
     """The ShapeEnv whose symbols stand for the recording's size values, and the two ways
     between the recording's sizes and torch's."""
@@ -79,7 +84,7 @@ class _Sizes:
             return int(e)
         if isinstance(e, sympy.Symbol):
             if e not in self._by_symbol:
-                raise _Unfollowed(f"a size from the data ({e})")
+                raise _DataSized(f"a size from the data ({e})")
             return self._by_symbol[e]
         if isinstance(e, sympy.Add):
             return _fold(map(self.from_sympy, e.args), lambda a, b: a + b)
@@ -157,6 +162,12 @@ def symbolic_metadata(func, args, kwargs, factory: bool):
                 if isinstance(t, torch.Tensor)
             }
             sizes.record_guards()
+        except _DataSized:
+            return FROM_VALUES
         except Exception:  # noqa: BLE001 (unfollowed, or the op's own error: the static way raises it)
             return None
     return out, lambda t: shapes[id(t)]
+
+
+class _DataSized(Exception):
+    """An output size that torch makes from the data (an unbacked symbol)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 import time
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils._pytree import tree_flatten
 
-from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry
+from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
 from thunder_rs.core.acquisition.dynamic import symbolic_labels, wanted_held, wanted_sizes
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
 from thunder_rs.core.acquisition.cache import (
@@ -35,7 +34,7 @@ from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.base.userframe import user_frame
-from thunder_rs.core.lang.values import Diverged, ValueReads, ValueTree, abandonable, decision
+from thunder_rs.core.lang.values import Diverged, ValueReads, ValueTree, abandonable, decision, place_guards, widened
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
 from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
@@ -119,6 +118,8 @@ class ThunderFunction:
         self._marked_held: dict = {}
         #: int arguments a symbolic compile failed on (``x.topk(k)``): constants from then on
         self._constant_ints: set = set()
+        #: calls whose output sizes (computed from values) changed: ``{(what, where): groups}``
+        self._sized_sites: dict = {}
         self._symbolic: list[SymbolicEntry] = []
         self._dynamic_off: str | None = None
         self._passes = checked_passes(passes)
@@ -270,23 +271,32 @@ class ThunderFunction:
         values given (the program makes them again, on the same values); None where the tree
         holds ``VALUE_VARIANT_LIMIT`` variants already."""
         read = diverged.read
-        path = entry.decisions[: read.index] + (decision(diverged.value),)
+        # Output sizes a call computes from values, changed: a variant with them symbolic serves them all.
+        wide = widened(read, diverged.value) if self._dynamic_off is None and self._dynamic is not False else None
         with self._lock:
-            found = entry.tree.get(path) if entry.tree is not None else None
-            if found is not None and _serves(found, key, flat):
-                found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
-                if key in self._cache:
-                    self._cache[key] = found
-                return found
+            for step in (decision(diverged.value), *((wide.key(),) if wide is not None else ())):
+                found = entry.tree.get(entry.decisions[: read.index] + (step,)) if entry.tree is not None else None
+                if found is not None and _serves(found, key, flat):
+                    found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
+                    if key in self._cache:
+                        self._cache[key] = found
+                    return found
             if entry.tree is not None and len(entry.tree) >= VALUE_VARIANT_LIMIT:
                 return None
-            forced = (*entry.reads[: read.index], dataclasses.replace(read, value=diverged.value))
-            static = functools.partial(self._compile, flat, spec(), key, str(diverged), forced)
-            if entry.symbolic is not None and self._dynamic_off is None:
-                # A variant of a symbolic entry is symbolic too: it serves the sizes the entry does.
-                sizes, held = entry.symbolic_args
-                return self._symbolic_first(static, sizes, held, entry.tree)
-            return static()
+            if wide is not None:  # (where it fails to compile, ``_compile`` compiles it for the values read)
+                self._sized_sites[(read.what, read.where)] = wide.sizes
+                return self._variant_compile(entry, (*entry.reads[: read.index], wide), key, flat, spec, diverged)
+            forced = (*entry.reads[: read.index], read.answered(diverged.value))
+            return self._variant_compile(entry, forced, key, flat, spec, diverged)
+
+    def _variant_compile(self, entry: Entry, forced: tuple, key, flat, spec, diverged: Diverged) -> Entry:
+        """Compiles the variant of ``entry`` for the reads ``forced`` (the call's)."""
+        static = functools.partial(self._compile, flat, spec(), key, str(diverged), forced)
+        if entry.symbolic is not None and self._dynamic_off is None:
+            # A variant of a symbolic entry is symbolic too: it serves the sizes the entry does.
+            sizes, held = entry.symbolic_args
+            return self._symbolic_first(static, sizes, held, entry.tree)
+        return static()
 
     def _run_eagerly(self, diverged: Diverged, eager):
         """A call whose values no variant has, once its key has all the variants it may compile:
@@ -372,27 +382,41 @@ class ThunderFunction:
         log_dynamic_off(_name(self._fn), failure)
         return entry
 
-    def _compile(
+    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = (), **options) -> Entry:
+        """Compiles an entry for the call of ``flat`` (``_compile_with``), the output sizes of calls
+        that were seen to change symbolic (``values.widened``); where that fails, with them constant."""
+        sites = self._sized_sites
+        if not sites and not any(r.sizes for r in forced):
+            return self._compile_with(flat, spec, key, guard_reason, forced, {}, **options)
+        try:
+            return self._compile_with(flat, spec, key, guard_reason, forced, sites, **options)
+        except Exception:  # noqa: BLE001 (a program's own error is raised again below)
+            constant = next((i for i, r in enumerate(forced) if r.sizes), len(forced))
+            return self._compile_with(flat, spec, key, guard_reason, forced[:constant], {}, **options)
+
+    def _compile_with(
         self,
         flat,
         spec,
         key,
-        guard_reason=None,
-        forced: tuple = (),
+        guard_reason,
+        forced: tuple,
+        sites: dict,
         sizes: tuple = (),
         held: dict | None = None,
         declined: str | None = None,
         tree: ValueTree | None = None,
     ) -> Entry:
         """Compiles an entry for the call of ``flat``; ``forced`` are reads of values a divergence
-        settled (``values.ValueReads``); ``sizes`` the ``(flat position, dim)`` traced as symbolic,
-        ``held`` the dims of argument objects' tensors (``dynamic.wanted_held``); ``declined`` why
-        the last symbolic entry did not serve the call (for the miss reason); ``tree`` the value tree
-        of the symbolic entry whose variant this is."""
+        settled (``values.ValueReads``), ``sites`` the calls whose output sizes are symbolic;
+        ``sizes`` the ``(flat position, dim)`` traced as symbolic, ``held`` the dims of argument
+        objects' tensors (``dynamic.wanted_held``); ``declined`` why the last symbolic entry did not
+        serve the call (for the miss reason); ``tree`` the value tree of the symbolic entry whose
+        variant this is."""
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
-        reads = ValueReads(snapshot_runner(executors), forced)
+        reads = ValueReads(snapshot_runner(executors), forced, sites)
         binding = self._binding if self._module is not None else None
         acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
         modes.check_restored()
@@ -411,8 +435,9 @@ class ThunderFunction:
         entries = _ENTRY.load()
         entry = entries.Entry(computation, source, filename, positions, traces, backward_traces)
         entry.reads = tuple(acquired.reads)
-        entry.decisions = tuple(decision(r.value) for r in acquired.reads)
-        symbolic = symbolic_entry(entry, stored_key(key, None), acquired, traces, backward_traces)
+        entry.decisions = tuple(r.key() for r in acquired.reads)
+        guards = place_guards(acquired.reads, trace_guards(traces, backward_traces))
+        symbolic = symbolic_entry(entry, stored_key(key, None), acquired, traces, guards)
         if symbolic is not None:
             entry.symbolic, entry.symbolic_args = symbolic, (sizes, held)
         # Sizes read from argument objects' tensors are not in the key: every call checks them.

@@ -1,0 +1,197 @@
+"""Sizes computed from values (the count of ``nonzero``'s indices, of a boolean mask's elements,
+of ``masked_select``'s and ``unique``'s outputs) as symbolic sizes of the trace: a compile for the
+first count, then one whose count is a size the call computes, which serves every count of at
+least 2 that keeps what the trace relied on. Everything against eager: outputs, gradients,
+parameters after training, and the compile counts."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import thunder_rs
+from test_data_dependent import TopKMoE, assert_calls_match, check_training, wav2vec2_ctc
+from twin_training import misses
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _mask(n: int, size: int = 16, seed: int = 0) -> torch.Tensor:
+    """A boolean mask of ``size`` elements, ``n`` of them set, at places drawn from ``seed``."""
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[torch.randperm(size, generator=torch.Generator().manual_seed(seed))[:n]] = True
+    return mask
+
+
+def masked_loss(x, w, labels, mask):
+    """Token classification scored on the tokens a mask keeps (``logits[mask]``), as masked
+    language modelling and padded batches do."""
+    logits = x @ w
+    return F.cross_entropy(logits[mask], labels[mask]), logits[mask].shape[0]
+
+
+def test_a_loss_over_the_masked_tokens_compiles_twice_for_every_count():
+    w = torch.randn(8, 5, requires_grad=True)
+    labels = torch.randint(0, 5, (16,), generator=torch.Generator().manual_seed(1))
+    jfn = thunder_rs.jit(masked_loss)
+    calls = [(torch.randn(16, 8), w, labels, _mask(n, seed=n)) for n in (5, 9, 3, 16, 7, 12, 2)]
+    assert_calls_match(masked_loss, jfn, calls, grad_of=(1,))
+    assert misses(jfn) == 2  # the first count, then every count
+    assert "check_sizes" in str(thunder_rs.last_traces(jfn)[-1])
+
+
+@pytest.mark.parametrize("counts", [(4, 0, 6, 1, 9), (0, 1, 5, 8)])
+def test_counts_of_0_and_1_are_compiled_for_as_constants(counts):
+    """0 and 1 stay constant, as input sizes of 0 and 1 do: programs branch on them."""
+    x = torch.randn(16, 3, requires_grad=True)
+    jfn = thunder_rs.jit(lambda x, m: (x[m] * 2, x[m].sum(0)))
+    assert_calls_match(lambda x, m: (x[m] * 2, x[m].sum(0)), jfn, [(x, _mask(n)) for n in counts], grad_of=(0,))
+    assert misses(jfn) == 2 + sum(n < 2 for n in counts[1:])
+
+
+def branch_on_count(x, mask):
+    y = x[mask]
+    return y.sum() if y.shape[0] > 6 else y.mean() * 10
+
+
+def test_a_branch_on_a_count_is_guarded_where_it_was_read():
+    """The trace for counts above 6 relies on ``count > 6``: a count of 4 fails that guard in the
+    check right after ``nonzero``, and takes the other path."""
+    x = torch.randn(16)
+    jfn = thunder_rs.jit(branch_on_count)
+    assert_calls_match(branch_on_count, jfn, [(x, _mask(n)) for n in (3, 8, 10, 4, 12, 9)])
+    # 3; then every count above 6 (symbolic); then 4 (the symbolic read had its turn): a constant
+    assert misses(jfn) == 3
+    assert thunder_rs.compile_stats(jfn).eager_calls == 0
+
+
+def test_counts_of_several_calls_and_an_input_size_compared():
+    """Two masks' counts meet in one add (equal counts: a guard across two reads), and a count
+    slices a symbolic input (a guard between a count and an input size)."""
+
+    def program(x, a, b, w):
+        picked = x[a] + x[b]
+        return picked * w[: picked.shape[0]].unsqueeze(1)
+
+    jfn = thunder_rs.jit(program, dynamic=True)
+    x = torch.randn(16, 3, requires_grad=True)
+    calls = [(x, _mask(n, seed=1), _mask(n, seed=2), torch.randn(n + k)) for n, k in ((4, 3), (6, 2), (9, 5))]
+    assert_calls_match(program, jfn, calls, grad_of=(0,))
+
+
+def test_unique_counts_and_masked_select_are_symbolic():
+    def program(x, values, w):
+        kept, counts = torch.unique(values, return_counts=True)
+        return kept * 2, counts.float() * torch.masked_select(x, x > 0).sum(), w * x[x > 0.5].numel()
+
+    jfn = thunder_rs.jit(program)
+    g = torch.Generator().manual_seed(0)
+    calls = [
+        (torch.randn(20, generator=g), torch.randint(0, k, (30,), generator=g), torch.randn(())) for k in (4, 7, 9)
+    ]
+    assert_calls_match(program, jfn, calls)
+    # The first call; then each call whose output sizes changed makes them symbolic (unique's, then
+    # masked_select's; the third mask's count stayed the same)
+    assert misses(jfn) == 3
+    trace = str(thunder_rs.last_traces(jfn)[-1])
+    assert "unique" in trace and trace.count("check_sizes") == 2
+
+
+def test_a_nonzero_matrix_indexes_rows_and_columns():
+    def program(x, mask):
+        idx = mask.nonzero()
+        return x[idx[:, 0], idx[:, 1]] * 3, idx.shape
+
+    x = torch.randn(4, 5, requires_grad=True)
+    masks = [torch.rand(4, 5, generator=torch.Generator().manual_seed(s)) > 0.5 for s in range(4)]
+    jfn = thunder_rs.jit(program)
+    assert_calls_match(program, jfn, [(x, m) for m in masks], grad_of=(0,))
+    assert misses(jfn) == 2
+
+
+def test_a_tiny_moe_trains_as_eager_with_a_compile_per_expert_at_most():
+    """Mixtral-style routing: each expert's token count changes every step. After a compile for
+    the first batch, each expert's count becomes symbolic when it first changes."""
+    torch.manual_seed(0)
+    model = TopKMoE()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    for _ in range(10):
+        x = torch.randn(4, 8, 8)
+        for m, opt in zip((jmodel, eager), optimizers):
+            m(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p, q)
+    stats = thunder_rs.compile_stats(jmodel)
+    assert stats.cache_misses <= 1 + 4 + 1 and stats.eager_calls == 0
+
+
+class MaskedMean(nn.Module):
+    """Mean pooling over the tokens that are not padding, by gathering them (``h[mask]``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+
+    def forward(self, h, mask):
+        kept = self.proj(h)[mask]
+        return kept.mean(0) + kept.std(0)
+
+
+def test_a_module_with_a_symbolic_length_and_a_count():
+    """Input lengths change (symbolic input sizes) and so does the count of unpadded tokens."""
+    model = MaskedMean()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    g = torch.Generator().manual_seed(0)
+    for length in (8, 11, 9, 14, 12):
+        h = torch.randn(2, length, 6, generator=g)
+        mask = torch.rand(2, length, generator=g) > 0.3
+        out, expected = jmodel(h, mask), eager(h, mask)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert misses(jmodel) <= 3
+
+
+def test_wav2vec2_ctc_over_transcripts_of_changing_length():
+    """CTC gathers each batch's target tokens with ``masked_select``: a count per batch."""
+    model, batches = wav2vec2_ctc()
+    g = torch.Generator().manual_seed(1)
+    audio = batches[0]["input_values"]
+    for cut in (3, 1, 4, 2):
+        labels = torch.randint(1, 12, (2, 5), generator=g)
+        labels[1, cut:] = -100
+        batches.append(dict(input_values=audio, labels=labels))
+    model.config.layerdrop = 0.0
+    jmodel = check_training(model, batches, steps=len(batches))
+    assert misses(jmodel) <= 3
+
+
+def gathered_mlp(x, w1, w2, mask):
+    """Elementwise work on the gathered tokens: fusion regions whose extents are the count."""
+    h = x[mask]
+    return (torch.nn.functional.gelu(h @ w1) * h.sigmoid().sum(-1, keepdim=True)) @ w2
+
+
+@pytest.mark.parametrize(
+    "executor", ["nvfuser", pytest.param("inductor", marks=[pytest.mark.inductor, pytest.mark.slow])]
+)  # (Inductor compiles C++ for its regions here: ~50 s on 2 cores)
+def test_fusion_regions_over_a_count_are_defined_once(executor, request):
+    """The default CUDA path: nvFuser regions (here the CPU stand-in) take the count as a size
+    input, as they take input sizes; Inductor's regions are compiled with it dynamic."""
+    ex = request.getfixturevalue("fake_ex") if executor == "nvfuser" else "inductor"
+    params = [torch.randn(8, 8, requires_grad=True) for _ in range(2)]
+    jfn = thunder_rs.jit(gathered_mlp, executors=[ex, "torch"])
+    calls = [(torch.randn(16, 8), *params, _mask(n, seed=n)) for n in (5, 9, 12, 7)]
+    assert_calls_match(gathered_mlp, jfn, calls, grad_of=(1, 2))
+    assert misses(jfn) == 2
+    trace = str(thunder_rs.last_traces(jfn)[-1])
+    assert ("nvFusion" in trace or "nvfuser" in trace) if executor == "nvfuser" else "inductor" in trace.lower()
