@@ -1,10 +1,10 @@
 """Shapes that change between calls (issue 26): compile counts and time against eager, one process.
 
-    python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch,decode,images]
+    python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch,decode,images,moe]
         [--executors inductor] [--with-compile] [--with-backend]
         [--json out.json]
 
-Four runs, each against eager on the same weights and inputs:
+Five runs, each against eager on the same weights and inputs:
 
   padding   a tiny Hugging Face GPT-2 trained with dynamic padding: each step's batch of 8 is padded
             to a length drawn from 16..128 (seeded; 36 distinct lengths in 40 steps), AdamW.
@@ -19,6 +19,10 @@ Four runs, each against eager on the same weights and inputs:
   images    torchvision's ResNet-18 trained (SGD) on batches of 4 images whose height and width
             are drawn from 64..160 in steps of 16 (seeded; `--steps` // 2 steps): compiles and
             wall time against eager (no target in the issue; a compile per size before).
+  moe       a tiny Hugging Face Qwen2-MoE (8 experts, top-2) with transformers' "eager" experts loop
+            trained (AdamW) on `--steps` // 2 batches of 8x64 tokens: each expert's token count
+            (`torch.where` of its routing mask) changes every step. Compiles and wall time against
+            eager (a compile per routing before sizes computed from values were symbolic).
 
 Wall times include the compiles (that is the user's cost). torch.compile is not run here (its
 recompiles and automatic dynamic shapes are what the targets compare with: `--with-compile` adds it).
@@ -253,6 +257,48 @@ def run_images(steps: int, backends: dict) -> dict:
     return result
 
 
+def tiny_qwen2_moe():
+    """A tiny Hugging Face Qwen2-MoE with transformers' "eager" experts loop (each expert on the
+    tokens ``torch.where`` routes to it: counts that change every step)."""
+    import transformers  # noqa: PLC0415 (optional: only this run needs it)
+
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+    )
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.Qwen2MoeForCausalLM(config).to(DEVICE).train()
+
+
+def run_moe(steps: int, backends: dict) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, VOCAB, (BATCH, 64), generator=gen).to(DEVICE) for _ in range(steps)]
+    result: dict = {"steps": steps}
+    for name, make in backends.items():
+        model = tiny_qwen2_moe()
+        call = make(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        start = time.perf_counter()
+        for ids in batches:
+            call(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        result[f"{name}_s"] = time.perf_counter() - start
+        result[f"{name}_compiles"] = compiles(call)
+    result["ratio"] = result["thunder_rs_s"] / result["eager_s"]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -260,7 +306,7 @@ def main() -> None:
     parser.add_argument("--with-compile", action="store_true")
     parser.add_argument("--with-backend", action="store_true", help='also torch.compile(backend="thunder_rs")')
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--runs", default="padding,batch,decode,images", help="which runs, comma-separated")
+    parser.add_argument("--runs", default="padding,batch,decode,images,moe", help="which runs, comma-separated")
     parser.add_argument("--executors", help="thunder_rs's executors, comma-separated (default: the defaults)")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -281,6 +327,7 @@ def main() -> None:
         "batch": lambda: run_batch(others),
         "decode": lambda: run_decode(args.tokens, others),
         "images": lambda: run_images(args.steps // 2, others),
+        "moe": lambda: run_moe(args.steps // 2, others),
     }
     results: dict = {"device": str(DEVICE)}
     for name in args.runs.split(","):

@@ -92,11 +92,11 @@ def test_unique_counts_and_masked_select_are_symbolic():
         (torch.randn(20, generator=g), torch.randint(0, k, (30,), generator=g), torch.randn(())) for k in (4, 7, 9)
     ]
     assert_calls_match(program, jfn, calls)
-    # The first call; then each call whose output sizes changed makes them symbolic (unique's, then
-    # masked_select's; the third mask's count stayed the same)
+    # The first call; then each call whose output sizes changed makes them symbolic: unique's, then
+    # the nonzero of masked_select's mask, and with it that of ``x[x > 0.5]``, a call at the same line
     assert misses(jfn) == 3
     trace = str(thunder_rs.last_traces(jfn)[-1])
-    assert "unique" in trace and trace.count("check_sizes") == 2
+    assert "unique" in trace and trace.count("check_sizes") == 3
 
 
 def test_a_nonzero_matrix_indexes_rows_and_columns():
@@ -195,3 +195,31 @@ def test_fusion_regions_over_a_count_are_defined_once(executor, request):
     assert misses(jfn) == 2
     trace = str(thunder_rs.last_traces(jfn)[-1])
     assert ("nvFusion" in trace or "nvfuser" in trace) if executor == "nvfuser" else "inductor" in trace.lower()
+
+
+def selected(x, mask, w):
+    return torch.masked_select(x, mask) * 2, x.masked_select(mask[:, :1]).sum() * w
+
+
+def test_masked_select_is_differentiable_broadcasts_and_its_count_is_symbolic():
+    """``masked_select`` is ``input[mask]`` after broadcasting: gradients reach ``input`` through
+    the gather (it was an eager fallback, a compile per count)."""
+    jfn = thunder_rs.jit(selected)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn((), requires_grad=True)
+    masks = [torch.rand(3, 4, generator=g) > p for p in (0.3, 0.5, 0.7, 0.4)]
+    masks[1][:, 0] = True  # mask[:, :1] broadcasts over x's columns: counts of 4, 8 and 12
+    assert_calls_match(selected, jfn, [(x, m, w) for m in masks], grad_of=(0, 2))
+    assert misses(jfn) <= 3  # the first call; then both sites' counts symbolic, one after the other
+    one = thunder_rs.jit(torch.masked_select)
+    for args in [(torch.randn(()), torch.tensor(True)), (torch.randn(2, 1), torch.tensor([True, False, True]))]:
+        torch.testing.assert_close(one(*args), torch.masked_select(*args))
+
+
+@pytest.mark.parametrize(
+    "mask, error",
+    [(torch.ones(3, 4), "expected BoolTensor for mask"), (torch.ones(5, dtype=torch.bool), "must match the size")],
+)
+def test_masked_select_refuses_what_eager_refuses(mask, error):
+    with pytest.raises(RuntimeError, match=error):
+        thunder_rs.jit(torch.masked_select)(torch.randn(3, 4), mask)

@@ -16,6 +16,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang import values
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import (
@@ -329,6 +330,30 @@ def getitem(a, key):
     op = "ltorch.getitem"
     out, advanced = _basic_index(op, a, _entries(op, a, key))
     return _advanced_index(op, out, advanced) if advanced else out
+
+
+def _masked_select(input, mask, *, out=None):
+    """``torch.masked_select``: the elements of ``input`` (broadcast with ``mask``) where ``mask``
+    holds, in order: ``input[mask]``, differentiable and sized by the mask's values, which the jit
+    reads (``core.values``: a symbolic count once it changes). Called before any symbol opens,
+    since what the mask's ``nonzero`` records is read at the top level of the trace."""
+    op = "ltorch.masked_select"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    check(
+        isinstance(mask, torch.Tensor) and mask.dtype is torch.bool,
+        op,
+        "masked_select: expected BoolTensor for mask",
+        ThunderRuntimeError,
+    )
+    check(isinstance(input, torch.Tensor), op, "expected a tensor (argument input)", ThunderTypeError)
+    if values.active() is None:
+        refuse_data_dependent(torch.nonzero)
+    shape = clang.broadcast_shapes(op, input.shape, mask.shape) or (1,)
+    return input.expand(shape)[mask.expand(shape)]
+
+
+TORCH_TO_LTORCH[torch.masked_select] = _masked_select
+TORCH_TO_LTORCH[Tensor.masked_select] = _masked_select
 
 
 # -- select and index_select ----------------------------------------------------------------------
