@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from thunder_rs.core.base import problems
 
 from thunder_rs.core.lang import values
+from thunder_rs.core.lang.reads import READERS
 from thunder_rs.core.lang.complex_calls import complex_call, involves_complex
 from thunder_rs.core.lang.fallback import qualified_name, user_fallback
 from thunder_rs.core.state.observe import thread_state
@@ -208,7 +209,7 @@ def _data_dependent(func, args, kwargs):
     trace is specialised (``values``). Under ``examine``, or where values cannot be read, notes
     the read and gives a stand-in value, or raises."""
     reads = values.active()
-    if reads is not None and (func in values.READERS or func in _SIZED_BY_VALUES):
+    if reads is not None and (func in READERS or func in _SIZED_BY_VALUES):
         args, kwargs = lift_captured(args, kwargs)
         if func in _SIZED_BY_VALUES:
             return user_fallback(func, args, kwargs)

@@ -34,7 +34,9 @@ from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.base.userframe import user_frame
-from thunder_rs.core.lang.values import Diverged, ValueReads, ValueTree, abandonable, decision, place_guards, widened
+from thunder_rs.core.lang.reads import Diverged, decision
+from thunder_rs.core.lang.value_sizes import place_guards, widened
+from thunder_rs.core.lang.values import ValueReads, ValueTree, abandonable
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
 from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
