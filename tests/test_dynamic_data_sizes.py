@@ -223,3 +223,74 @@ def test_masked_select_is_differentiable_broadcasts_and_its_count_is_symbolic():
 def test_masked_select_refuses_what_eager_refuses(mask, error):
     with pytest.raises(RuntimeError, match=error):
         thunder_rs.jit(torch.masked_select)(torch.randn(3, 4), mask)
+
+
+# -- ints read as sizes (item, tolist) ----------------------------------------------------------
+
+
+def ragged_sums(x, counts):
+    """Rows split into groups of the sizes a tensor holds, as packed sequences and MoE dispatch by
+    counts do."""
+    parts = torch.split(x, counts.tolist())
+    return torch.stack([p.sum(0) * (i + 1) for i, p in enumerate(parts)])
+
+
+def test_sizes_read_with_tolist_split_rows_with_one_compile_for_all_counts():
+    jfn = thunder_rs.jit(ragged_sums)
+    x = torch.randn(12, 3, requires_grad=True)
+    counts = ([3, 4, 5], [1, 6, 5], [2, 6, 4], [5, 5, 2], [7, 3, 2], [4, 4, 4], [6, 4, 2])
+    assert_calls_match(ragged_sums, jfn, [(x, torch.tensor(c)) for c in counts], grad_of=(0,))
+    # The first counts; [1, 6, 5] (a 1: constant); then every counts of at least 2 that sum to 12
+    assert misses(jfn) == 3
+    assert "check_ints" in str(thunder_rs.last_traces(jfn)[-1])
+
+
+class SortedExperts(nn.Module):
+    """DeepSeek-style MoE dispatch: tokens sorted by expert, each expert run on its slice of the
+    sorted tokens, as many as ``tolist`` of the per-expert counts says."""
+
+    def __init__(self, dim: int = 6, experts: int = 3):
+        super().__init__()
+        self.gate = nn.Linear(dim, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Linear(dim, dim) for _ in range(experts))
+
+    def forward(self, x):
+        chosen = self.gate(x).argmax(-1)
+        order = chosen.argsort()
+        counts = torch.bincount(chosen, minlength=len(self.experts)).tolist()
+        outs, start = [], 0
+        for expert, n in zip(self.experts, counts):
+            if n == 0:
+                continue
+            outs.append(expert(x[order[start : start + n]]))
+            start += n
+        out = torch.empty_like(x)
+        out[order] = torch.cat(outs)
+        return out
+
+
+def test_a_moe_dispatching_by_counts_read_with_tolist_trains_as_eager():
+    torch.manual_seed(0)
+    model = SortedExperts()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(6):
+        x = torch.randn(24, 6, generator=g)
+        out, expected = jmodel(x), eager(x)
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert misses(jmodel) == 2
+
+
+def test_a_count_read_with_item_is_a_symbolic_length():
+    def program(x, mask):
+        n = mask.sum().item()
+        return x[:n] * 2, torch.arange(n) + n
+
+    jfn = thunder_rs.jit(program)
+    assert_calls_match(program, jfn, [(torch.randn(16), _mask(n)) for n in (4, 9, 13, 2, 0, 11)])
+    assert misses(jfn) == 3  # the first count; then all counts of at least 2; then 0

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from thunder_rs import _core
 from thunder_rs.core.lang import fallback
@@ -57,8 +58,10 @@ class Read:
         return ("sized", self.pattern()) if self.sizes else decision(self.value)
 
     def pattern(self) -> tuple:
-        """The shapes read, each symbolic size as ``(group,)``."""
+        """The shapes read, each symbolic size as ``(group,)``; of ints read, their flat list so."""
         groups = {at: (g,) for g, group in enumerate(self.sizes) for at in group}
+        if self.reader is not _shapes:
+            return tuple(groups.get(k, n) for k, n in enumerate(int_leaves(self.value) or ()))
         shapes: Any = self.value
         return tuple(tuple(groups.get((i, d), n) for d, n in enumerate(shape)) for i, shape in enumerate(shapes))
 
@@ -104,3 +107,10 @@ fallback.FALLBACK_IMPLS[CHECK] = check_value
 
 def _shapes(*tensors) -> tuple:
     return tuple(t.shape for t in tensors)
+
+
+def int_leaves(value) -> list | None:
+    """The ints of a value read (an int, or lists and tuples of them), in order; None where it
+    holds anything else (a bool, a float)."""
+    leaves = tree_flatten(value)[0]
+    return leaves if all(type(x) is int for x in leaves) else None

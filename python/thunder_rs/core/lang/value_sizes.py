@@ -15,12 +15,13 @@ import dataclasses
 import re
 from typing import Any
 
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import fallback
-from thunder_rs.core.lang.reads import Diverged, Read, _shapes
+from thunder_rs.core.lang.reads import Diverged, Read, _shapes, int_leaves
+from thunder_rs.core.lang.symint import wrap
 from thunder_rs.core.lang.recorder import current
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -38,52 +39,101 @@ def check_sizes(read: Read, tensors: tuple, sizes: tuple) -> None:
 def _fits(pattern: tuple, shapes: tuple) -> bool:
     """Whether ``shapes`` fit ``pattern``: its constant sizes, and at each group's places one size
     of at least 2 (0 and 1 stay constant, as input sizes do)."""
-    if len(pattern) != len(shapes):
+    if len(pattern) != len(shapes) or any(len(want) != len(shape) for want, shape in zip(pattern, shapes)):
         return False
+    return _fits_flat([w for want in pattern for w in want], [n for shape in shapes for n in shape])
+
+
+def _fits_flat(pattern, values) -> bool:
     seen: dict = {}
-    for want, shape in zip(pattern, shapes):
-        if len(want) != len(shape):
-            return False
-        for w, n in zip(want, shape):
-            if type(w) is tuple:
-                if n < 2 or seen.setdefault(w, n) != n:
-                    return False
-            elif w != n:
+    for w, n in zip(pattern, values):
+        if type(w) is tuple:
+            if n < 2 or seen.setdefault(w, n) != n:
                 return False
+        elif w != n:
+            return False
     return True
 
 
 def _applies(groups: tuple, shapes: tuple) -> bool:
-    """Whether ``shapes`` have every place of ``groups``, with one size of at least 2 per group."""
+    """Whether ``shapes`` (or ints read, flat) have every place of ``groups`` (``(output, dim)``
+    pairs; flat positions for ints), with one size of at least 2 per group."""
     for group in groups:
-        sizes = {shapes[i][d] if i < len(shapes) and d < len(shapes[i]) else -1 for i, d in group}
+        if type(group[0]) is int:
+            sizes = {shapes[k] if k < len(shapes) else -1 for k in group}
+        else:
+            sizes = {shapes[i][d] if i < len(shapes) and d < len(shapes[i]) else -1 for i, d in group}
         if len(sizes) != 1 or min(sizes) < 2:
             return False
     return True
+
+
+def check_ints(read: Read, tensors: tuple, sizes: tuple):
+    """The check a trace records where it read ints that are symbolic sizes (``widened``): raises
+    ``Diverged`` where the ints read now do not fit the pattern or fail a guard; else returns the
+    sizes (one, or a tuple), which the trace defines here."""
+    value = read.reader(*tensors)
+    leaves = int_leaves(value)
+    pattern = read.pattern()
+    if leaves is not None and len(leaves) == len(pattern) and _fits_flat(pattern, leaves):
+        if all(guard(leaves, sizes) for guard in read.guards):
+            made = [leaves[group[0]] for group in read.sizes]
+            return made[0] if len(made) == 1 else tuple(made)
+    raise Diverged(read, value)
+
+
+CHECK_INTS = _core.register_symbol("thunder_rs.check_ints", fallback=True, effect=True)
+fallback.FALLBACK_IMPLS[CHECK_INTS] = check_ints
 
 
 CHECK_SIZES = _core.register_symbol("thunder_rs.check_sizes", fallback=True, effect=True)
 fallback.FALLBACK_IMPLS[CHECK_SIZES] = check_sizes
 
 
-def widened(read: Read, value) -> Read | None:
+def widened(read: Read, value, known: tuple = ()) -> Read | None:
     """``read``, of a call's output sizes, with the sizes that differ in ``value`` (a call's
     shapes) symbolic, each computed by the call (the count of ``nonzero``'s indices): a variant
-    that serves every count (of at least 2). Sizes equal in both share a symbol. None where the
-    read is of something else, or already symbolic, or a changed size is 0 or 1 now."""
+    that serves every count (of at least 2). So are those at the places of ``known`` (the groups
+    of the site's earlier widening). Sizes that took the same values share a symbol. None where
+    the read is of something else, or already symbolic, or a changed size is 0 or 1 now."""
     old: Any = read.value
-    if read.reader is not _shapes or read.sizes or type(value) is not tuple or len(old) != len(value):
+    if read.sizes:
         return None
-    if any(len(a) != len(b) for a, b in zip(old, value)):
+    if read.reader is not _shapes:
+        return _widened_ints(read, value)
+    if type(value) is not tuple or len(old) != len(value) or any(len(a) != len(b) for a, b in zip(old, value)):
         return None
+    changes = [((i, d), x, y) for i, (a, b) in enumerate(zip(old, value)) for d, (x, y) in enumerate(zip(a, b))]
+    return _with_groups(read, value, changes, known)
+
+
+def _with_groups(read: Read, value, changes: list, known: tuple) -> Read | None:
+    """``read`` answered with ``value``, symbolic at the places of ``changes`` (``(place, old,
+    new)`` each) that changed, and at those of ``known`` that are at least 2 now."""
+    places = {place for group in known for place in group}
     groups: dict = {}
-    for i, (a, b) in enumerate(zip(old, value)):
-        for d, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                groups.setdefault((x, y), []).append((i, d))
-    if not groups or any(new < 2 for _, new in groups):
+    for place, x, y in changes:
+        if x != y or (place in places and y >= 2):
+            groups.setdefault((x, y), []).append(place)
+    if not groups or any(y < 2 for _, y in groups):
         return None
     return dataclasses.replace(read, value=value, sizes=tuple(map(tuple, groups.values())), guards=[])
+
+
+#: The reads whose ints may be symbolic sizes.
+_INT_READERS = frozenset({"torch.Tensor.item", "torch.Tensor.tolist"})
+
+
+def _widened_ints(read: Read, value) -> Read | None:
+    """``widened`` for ints read (``t.item()``, ``t.tolist()``), by their flat positions: all of
+    them of at least 2 (the values of a tensor change together; a count that stayed the same
+    from one call to the next is no more constant than the others)."""
+    if read.what not in _INT_READERS:  # (``int(t)`` and ``operator.index`` must return ints)
+        return None
+    old, new = int_leaves(read.value), int_leaves(value)
+    if old is None or new is None or tree_flatten(read.value)[1] != tree_flatten(value)[1]:
+        return None
+    return _with_groups(read, value, [(k, x, y) for k, (x, y) in enumerate(zip(old, new))], (tuple(range(len(new))),))
 
 
 def place_guards(reads, guards) -> list:
@@ -119,7 +169,8 @@ _NAME = re.compile(r"\bt\d+\b")
 def _guard_function(read: Read, texts: list):
     """``guard(shapes, sizes)``: whether ``texts`` hold for a call's output ``shapes`` at ``read``
     and the trace's size inputs ``sizes``."""
-    binds = "".join(f"    {n} = shapes[{g[0][0]}][{g[0][1]}]\n" for n, g in zip(read.names, read.sizes))
+    at = lambda place: f"[{place}]" if type(place) is int else f"[{place[0]}][{place[1]}]"  # noqa: E731
+    binds = "".join(f"    {n} = shapes{at(g[0])}\n" for n, g in zip(read.names, read.sizes))
     binds += "".join(f"    {n} = sizes[{k}]\n" for k, n in enumerate(read.inputs))
     source = f"def guard(shapes, sizes):\n{binds}    return {' and '.join(f'({t})' for t in texts)}\n"
     scope: dict = {}
@@ -151,3 +202,25 @@ class SymbolicSizes:
     def __call__(self, outs) -> None:
         tensors = [x for x in tree_flatten(outs)[0] if isinstance(x, TensorProxy)]
         self._reads._record(_shapes, self._func, self._value, tensors, self)
+
+    def record(self, read: Read, tensors: list, inputs: list) -> None:
+        """Records the check of ``read`` (the sizes are the call's outputs)."""
+        current().call(CHECK_SIZES, (read, tuple(tensors), tuple(inputs)), None, [])
+
+
+class SymbolicInts:
+    """For ints read whose read is symbolic (``widened``): the value the program gets, those
+    ints made sizes of the trace (``sizes``, one per group of ``dims``), which the read's check
+    defines (``record``, ``check_ints``)."""
+
+    def __init__(self, groups: tuple, value):
+        leaves, spec = tree_flatten(value)
+        rec = current()
+        self.dims = groups
+        self.sizes = [rec.unbacked_size(leaves[group[0]]) for group in groups]
+        at = {k: wrap(size) for size, group in zip(self.sizes, groups) for k in group}
+        self.value = tree_unflatten([at.get(k, x) for k, x in enumerate(leaves)], spec)
+
+    def record(self, read: Read, tensors: list, inputs: list) -> None:
+        ids = [s.values()[0] for s in self.sizes]
+        current().call_sized(CHECK_INTS, (read, tuple(tensors), tuple(inputs)), None, [], ids)

@@ -28,8 +28,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs.core.lang import fallback
-from thunder_rs.core.lang.reads import CHECK, Diverged, Read, _shapes
-from thunder_rs.core.lang.value_sizes import CHECK_SIZES, SymbolicSizes, _applies
+from thunder_rs.core.lang.reads import CHECK, Diverged, Read, _shapes, int_leaves
+from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, noting_inputs, paused_recording, recording_backward
@@ -61,8 +61,18 @@ class ValueReads:
         call, with a check recorded that makes the call again."""
         proxies = _proxies_in(args, kwargs)
         forced = self._next_forced(func)
-        value = forced.value if forced is not None else self._run(func, args, kwargs, proxies)
+        site = (fallback.qualified_name(func), user_location())
+        groups: tuple = forced.sizes if forced is not None else self._sites.get(site, ())
+        if forced is None or groups:  # (symbolic: the call's own ints are the hints)
+            value = self._run(func, args, kwargs, proxies)
+        else:
+            value = forced.value
         reader = func if args == (proxies[0],) and not kwargs else _Remade(func, args, kwargs)
+        leaves = int_leaves(value) if groups and type(groups[0][0]) is int else None
+        if leaves is not None and _applies(groups, tuple(leaves)):
+            made = SymbolicInts(groups, value)
+            self._record(reader, func, value, proxies, made)
+            return made.value
         self._record(reader, func, value, proxies)
         return value
 
@@ -104,7 +114,7 @@ class ValueReads:
             return None
         return forced
 
-    def _record(self, reader, func, value, tensors, sized: "SymbolicSizes | None" = None) -> None:
+    def _record(self, reader, func, value, tensors, sized: "SymbolicSizes | SymbolicInts | None" = None) -> None:
         read = Read(len(self.reads), fallback.qualified_name(func), user_location(), value, reader)
         if sized is None:
             current().call(CHECK, (read, *tensors), None, [])
@@ -114,7 +124,7 @@ class ValueReads:
             names = tuple(f"t{s.values()[0]}" for s in sized.sizes)
             inputs_named = tuple(f"t{s.values()[0]}" for s in inputs)
             read = dataclasses.replace(read, sizes=sized.dims, names=names, inputs=inputs_named)
-            current().call(CHECK_SIZES, (read, tuple(tensors), tuple(inputs)), None, [])
+            sized.record(read, tensors, inputs)
         self.reads.append(read)
 
     def evaluate(self, proxies: list) -> list:

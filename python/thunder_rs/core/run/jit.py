@@ -274,7 +274,9 @@ class ThunderFunction:
         holds ``VALUE_VARIANT_LIMIT`` variants already."""
         read = diverged.read
         # Output sizes a call computes from values, changed: a variant with them symbolic serves them all.
-        wide = widened(read, diverged.value) if self._dynamic_off is None and self._dynamic is not False else None
+        wide = None
+        if self._dynamic_off is None and self._dynamic is not False:
+            wide = widened(read, diverged.value, self._sized_sites.get((read.what, read.where), ()))
         with self._lock:
             for step in (decision(diverged.value), *((wide.key(),) if wide is not None else ())):
                 found = entry.tree.get(entry.decisions[: read.index] + (step,)) if entry.tree is not None else None
