@@ -5,6 +5,7 @@ least 2 that keeps what the trace relied on. Everything against eager: outputs, 
 parameters after training, and the compile counts."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -197,6 +198,23 @@ def test_fusion_regions_over_a_count_are_defined_once(executor, request):
     assert ("nvFusion" in trace or "nvfuser" in trace) if executor == "nvfuser" else "inductor" in trace.lower()
 
 
+@pytest.mark.gpu
+def test_on_cuda_counts_are_symbolic_with_the_default_executors():
+    """The default CUDA path (nvFuser regions where it imports) over a count, and the tiny MoE."""
+    params = [torch.randn(8, 8, device="cuda", requires_grad=True) for _ in range(2)]
+    jfn = thunder_rs.jit(gathered_mlp)
+    calls = [(torch.randn(16, 8, device="cuda"), *params, _mask(n, seed=n).cuda()) for n in (5, 9, 12, 7)]
+    assert_calls_match(gathered_mlp, jfn, calls, grad_of=(1, 2))
+    assert misses(jfn) == 2
+    torch.manual_seed(0)
+    model = TopKMoE().cuda()
+    jmodel = thunder_rs.jit(model)
+    for _ in range(4):
+        x = torch.randn(4, 8, 8, device="cuda")
+        torch.testing.assert_close(jmodel(x), model(x))
+    assert misses(jmodel) <= 1 + 4
+
+
 def selected(x, mask, w):
     return torch.masked_select(x, mask) * 2, x.masked_select(mask[:, :1]).sum() * w
 
@@ -294,3 +312,24 @@ def test_a_count_read_with_item_is_a_symbolic_length():
     jfn = thunder_rs.jit(program)
     assert_calls_match(program, jfn, [(torch.randn(16), _mask(n)) for n in (4, 9, 13, 2, 0, 11)])
     assert misses(jfn) == 3  # the first count; then all counts of at least 2; then 0
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        (torch.tensor([True, False, False, True, False]),),  # longer than the dim, its true elements within it
+        (slice(None), torch.ones(3, 5, dtype=torch.bool)),
+        (Ellipsis, torch.ones(5, dtype=torch.bool)),
+        (None, torch.ones(2, 4, dtype=torch.bool)),
+    ],
+)
+def test_a_mask_of_another_shape_than_the_dims_it_indexes_raises_as_eager(key):
+    """Eager checks the mask's shape against the indexed dims; its nonzero indices alone would
+    take what a longer mask's true elements select (a result where eager raises)."""
+    x = torch.randn(2, 3, 4) if len(key) > 1 else torch.randn(4)
+    with pytest.raises(IndexError) as eager:
+        x[key]
+    with pytest.raises(IndexError, match=re.escape(str(eager.value))):
+        thunder_rs.jit(lambda x, *k: x[k])(x, *key)
+    with pytest.raises(IndexError, match=re.escape(str(eager.value))):
+        thunder_rs.jit(lambda x, *k: x.clone().__setitem__(k, 0.0))(x, *key)

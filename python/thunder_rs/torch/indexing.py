@@ -54,19 +54,62 @@ _MASK_DTYPES = (torch.bool, torch.uint8)
 # -- __getitem__ ----------------------------------------------------------------------------------
 
 
-def masks_as_indices(key):
+def masks_as_indices(key, a=None):
     """``key`` with each traced boolean mask of one or more dims replaced by its ``nonzero``
     indices (one index tensor per dim), as eager indexes by a mask; ``key`` itself when it has
     none, or when values cannot be read. Called before the indexing op is recorded: the mask's
-    true elements are counted on this call's values (``core.values``)."""
+    true elements are counted on this call's values (``core.values``). With ``a``, the indexed
+    tensor, each mask's shape must be that of the dims it indexes (eager's ``IndexError``: the
+    indices alone would take what the mask's extra elements select). The indices are marked
+    non-negative, so that indexing takes them as they are."""
     entries = key if _treat_as_tuple(key) else (key,)
-    is_mask = lambda k: isinstance(k, TensorProxy) and k.dtype in _MASK_DTYPES and k.ndim > 0  # noqa: E731
-    if values.active() is None or not any(map(is_mask, entries)):
+    if values.active() is None or not any(map(_is_mask, entries)):
         return key
+    if a is not None:
+        check_mask_shapes(entries, a)
     expanded: list = []
     for k in entries:
-        expanded.extend(torch.nonzero(k, as_tuple=True) if is_mask(k) else (k,))
+        if not _is_mask(k):
+            expanded.append(k)
+            continue
+        indices = torch.nonzero(k, as_tuple=True)
+        for index in indices:
+            index._nonnegative = True
+        expanded.extend(indices)
     return tuple(expanded)
+
+
+def _is_mask(k) -> bool:
+    return isinstance(k, TensorProxy) and k.dtype in _MASK_DTYPES and k.ndim > 0
+
+
+def _takes_no_dim(k) -> bool:
+    """None, True/False and 0-dim bool tensors index no dim of the tensor."""
+    return k is None or type(k) is bool or (isinstance(k, torch.Tensor) and k.dtype is torch.bool and k.ndim == 0)
+
+
+def check_mask_shapes(entries, a) -> None:
+    """Raises eager's ``IndexError`` where a mask's shape differs from the dims of ``a`` it
+    indexes (counted, as eager counts them, in ``a`` with a dim of 1 for each None)."""
+    consumed = sum(k.ndim if _is_mask(k) else 0 if (k is Ellipsis or _takes_no_dim(k)) else 1 for k in entries)
+    view, d, masks = [], 0, []
+    for k in entries:
+        if k is None:
+            view.append(1)
+        elif k is Ellipsis or not _takes_no_dim(k):
+            n = max(a.ndim - consumed, 0) if k is Ellipsis else k.ndim if _is_mask(k) else 1
+            if _is_mask(k):
+                masks.append((k, d, len(view)))
+            view.extend(a.shape[d : d + n])
+            d += n
+    view.extend(a.shape[d:])
+    for mask, start, at in masks:
+        for j, size in enumerate(mask.shape):
+            if start + j < a.ndim and size != a.shape[start + j]:
+                raise ThunderIndexError(
+                    f"The shape of the mask {list(map(int, mask.shape))} at index {j} does not match the shape of the "
+                    f"indexed tensor {list(map(int, view))} at index {at + j}"
+                )
 
 
 class _Const:
@@ -281,6 +324,8 @@ def _index_tensor(op: str, index, dim: int, size: int, device):
             )
         return _constant([v % size for v in index.values], index.shape, device)
     index = clang.maybe_convert(index, torch.int64)
+    if getattr(index, "_nonnegative", False):  # a mask's nonzero indices (``masks_as_indices``)
+        return index
     return prims.where(prims.lt(index, 0), prims.add(index, size), index)
 
 

@@ -40,7 +40,6 @@ from thunder_rs.core.lang.langctx import (
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.rng import is_random
 from thunder_rs.errors import (
-    ThunderIndexError,
     ThunderNotImplementedError,
     ThunderRuntimeError,
     ThunderTypeError,
@@ -48,7 +47,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch import batch_norms, view_scatters, views
 from thunder_rs.torch.elementwise import where
-from thunder_rs.torch.indexing import masks_as_indices
+from thunder_rs.torch.indexing import check_mask_shapes, masks_as_indices
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.shape import reshape_to
 from thunder_rs.core.lang.symint import same_shape
@@ -424,20 +423,11 @@ def _masked_assign(a, entries: tuple, at: int, value) -> bool:
     caller (returns False), elsewhere it is refused."""
     op = "setitem"
     mask = entries[at]
+    check_mask_shapes(entries, a)
     basic = entries[:at] + (slice(None),) * mask.ndim + entries[at + 1 :]
     view = TORCH_TO_LTORCH[torch.Tensor.__getitem__](a, basic)
     ellipsis = a.ndim - sum(1 for e in basic if e is not None and e is not Ellipsis)
     start = sum(1 if e is None or isinstance(e, slice) else ellipsis if e is Ellipsis else 0 for e in entries[:at])
-    indexed = tuple(view.shape[start : start + mask.ndim])
-    check(
-        same_shape(mask.shape, indexed),
-        op,
-        lambda: (
-            f"The shape of the mask {list(mask.shape)} at index {start} does not match the shape of the indexed tensor "
-            f"{list(indexed)} at index {start} (argument key)"
-        ),
-        ThunderIndexError,
-    )
     rest = view.ndim - start - mask.ndim
     if isinstance(value, torch.Tensor):
         value = _drop_leading_ones(value, start + 1 + rest)
@@ -474,7 +464,7 @@ def setitem(a, key, value):
     if len(masks) == 1 and all(_is_basic(e) for i, e in enumerate(entries) if i != masks[0]):
         if _masked_assign(a, entries, masks[0], value):
             return
-    key = masks_as_indices(key)  # the masks' nonzero indices, where the jit reads values
+    key = masks_as_indices(key, a)  # the masks' nonzero indices, where the jit reads values
     check(
         not any(map(_is_mask, key if type(key) is tuple else (key,))),
         op,

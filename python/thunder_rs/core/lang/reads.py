@@ -3,6 +3,7 @@ the check a compiled call makes of it (``check_value``), which raises ``Diverged
 differs from the one the variant was specialised on."""
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import torch
@@ -55,8 +56,9 @@ class Read:
     def key(self):
         """The read as a step of the variants' ``ValueTree``: its value, or for symbolic sizes
         their pattern (``pattern``)."""
-        return ("sized", self.pattern()) if self.sizes else decision(self.value)
+        return ("sized", self.pattern) if self.sizes else decision(self.value)
 
+    @functools.cached_property
     def pattern(self) -> tuple:
         """The shapes read, each symbolic size as ``(group,)``; of ints read, their flat list so."""
         groups = {at: (g,) for g, group in enumerate(self.sizes) for at in group}

@@ -31,7 +31,7 @@ def check_sizes(read: Read, tensors: tuple, sizes: tuple) -> None:
     raises ``Diverged`` when the outputs' sizes do not fit the pattern, or fail a guard the trace
     relied on (``sizes``: the trace's size inputs, which guards may compare with)."""
     shapes = _shapes(*tensors)
-    if _fits(read.pattern(), shapes) and all(guard(shapes, sizes) for guard in read.guards):
+    if _fits(read.pattern, shapes) and all(guard(shapes, sizes) for guard in read.guards):
         return
     raise Diverged(read, shapes)
 
@@ -74,7 +74,7 @@ def check_ints(read: Read, tensors: tuple, sizes: tuple):
     sizes (one, or a tuple), which the trace defines here."""
     value = read.reader(*tensors)
     leaves = int_leaves(value)
-    pattern = read.pattern()
+    pattern = read.pattern
     if leaves is not None and len(leaves) == len(pattern) and _fits_flat(pattern, leaves):
         if all(guard(leaves, sizes) for guard in read.guards):
             made = [leaves[group[0]] for group in read.sizes]
