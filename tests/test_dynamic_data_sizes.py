@@ -333,3 +333,24 @@ def test_a_mask_of_another_shape_than_the_dims_it_indexes_raises_as_eager(key):
         thunder_rs.jit(lambda x, *k: x[k])(x, *key)
     with pytest.raises(IndexError, match=re.escape(str(eager.value))):
         thunder_rs.jit(lambda x, *k: x.clone().__setitem__(k, 0.0))(x, *key)
+
+
+def test_torchvision_faster_rcnn_inference_keeps_its_box_counts_symbolic():
+    """Detection: the RPN's and the ROI heads' ``nms`` (a torchvision op sized by its data), score
+    thresholds (``torch.where``) and ``topk`` over what they kept; the anchors are stored anew on
+    each call (``AnchorGenerator.set_cell_anchors``). Boxes, labels and scores as eager's, and a
+    compile for the first image, the path after it, and every box count (it was one per image)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3
+    ).eval()
+    jmodel = thunder_rs.jit(model)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(3):
+            images = [torch.rand(3, 160, 160, generator=g)]
+            for got, expected in zip(jmodel(images), model(images)):
+                torch.testing.assert_close(got, expected)
+    # The first call sets MultiScaleRoIAlign's level mapper up (another path from the second on)
+    assert misses(jmodel) <= 3

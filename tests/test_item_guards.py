@@ -93,3 +93,35 @@ def test_unchanged_items_do_not_recompile():
         jmodel(torch.randn(3))
     stats = thunder_rs.compile_stats(jmodel)
     assert stats.cache_misses == 1 and stats.cache_hits == 2, stats.miss_reasons
+
+
+class RestoresItsTensors(nn.Module):
+    """Stores a new list of its tensors on every call, as torchvision's ``AnchorGenerator``
+    (``self.cell_anchors = [a.to(dtype, device) for a in self.cell_anchors]``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cells = [torch.randn(3, 4), torch.randn(2, 4)]
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.cells = [c.to(dtype=x.dtype, device=x.device) for c in self.cells]
+        return self.lin(x) + sum(c.sum() for c in self.cells)
+
+
+def test_a_new_list_of_the_same_tensors_each_call_compiles_once_and_keeps_them():
+    """Eager keeps the very tensors (``to`` of their own dtype returns them); so does every
+    compiled call, whose list then holds the objects the guard expects: one compile (it was a
+    compile per call). A list whose items change recompiles."""
+    model = RestoresItsTensors()
+    jmodel = thunder_rs.jit(model)
+    cells = list(model.cells)
+    for _ in range(3):
+        x = torch.randn(5, 4)
+        torch.testing.assert_close(jmodel(x), RestoresItsTensors.forward(model, x))
+        assert all(a is b for a, b in zip(model.cells, cells))
+    assert thunder_rs.cache_misses(jmodel) == 1
+    model.cells = [cells[0], torch.ones(2, 4)]
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(jmodel(x), RestoresItsTensors.forward(model, x))
+    assert thunder_rs.cache_misses(jmodel) == 2

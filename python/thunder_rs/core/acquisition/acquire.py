@@ -374,16 +374,16 @@ def _check_guards_still_hold(guards, flat_inputs) -> None:
             )
 
 
-def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list):
+def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict):
     """Ends the recording with the program's outputs, then the tensors it printed or set as
     attributes, then the tensor inputs it wrote (``writeback``). Returns the trace, how to rebuild
     the outputs, the effects to repeat after each call (prints in order, draws in order, then
     attribute writes, then item writes), and the write-backs. ``repeated`` is ``(prints, draws,
-    items)``."""
+    items)``; ``kept`` the captured tensors by the id of their proxies."""
     extras: list = []
     prints, draws, items = repeated
     effects = print_effects(prints, extras) + draws
-    effects += attribute_writes(writes, extras) + item_writes(items, extras)
+    effects += attribute_writes(writes, extras, kept) + item_writes(items, extras)
     out_spec, num_outputs = None, 0
     if effects or not is_plain(out):
         out, out_spec = flatten_output(out, flat_inputs)
@@ -431,8 +431,11 @@ def acquire(
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     size_checks = observer.size_checks
     del observer
+    # A captured tensor the program stores as it is (``self.cells = [c.to(dtype) for c in self.cells]``)
+    # is stored by every call as that same object, as eager stores it.
+    kept = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
     trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
-        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies
+        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept
     )
     positions = inputs.positions
     del out, writes, repeated, inputs

@@ -71,11 +71,13 @@ class TracedValue:
 
     __slots__ = ("leaves", "spec", "outputs")
 
-    def __init__(self, value, extras: list):
+    def __init__(self, value, extras: list, kept: dict | None = None):
         leaves, self.spec = pytree.tree_flatten(value, is_leaf=is_size)
         self.outputs = []
         for i, leaf in enumerate(leaves):
-            if isinstance(leaf, TensorProxy) or type(leaf) is SymInt:  # a size: this call's value
+            if kept and id(leaf) in kept:  # a captured tensor as it is: that same object
+                leaves[i] = kept[id(leaf)]
+            elif isinstance(leaf, TensorProxy) or type(leaf) is SymInt:  # a size: this call's value
                 extras.append(leaf)
                 self.outputs.append((i, len(extras) - 1))
                 leaves[i] = None
@@ -148,10 +150,11 @@ def item_writes(writes, extras: list) -> list:
     ]
 
 
-def attribute_writes(writes, extras: list) -> list:
+def attribute_writes(writes, extras: list, kept: dict | None = None) -> list:
     """``AttributeWrite`` for each ``(holder, name, value)`` (MISSING: deleted); tensors the trace
-    computed among the values become extra outputs (appended to ``extras``)."""
+    computed among the values become extra outputs (appended to ``extras``), captured tensors
+    stored as they are (``kept``, by the id of their proxies) are stored as themselves."""
     return [
-        AttributeWrite(holder, name, None if value is MISSING else TracedValue(value, extras))
+        AttributeWrite(holder, name, None if value is MISSING else TracedValue(value, extras, kept))
         for holder, name, value in writes
     ]

@@ -275,7 +275,8 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
                 )
             ) from e
         except Exception as e:
-            if "meta tensor" in str(e):  # the op reads values (``one_hot`` sizing itself, ``repeat_interleave``)
+            # The op reads values (``one_hot`` sizing itself, ``repeat_interleave``, torchvision's ``nms``).
+            if "meta tensor" in str(e).lower():
                 raise _NeedsValues(_data_dependent_error(name)) from e
             # Invalid arguments: what eager raises for them, with the op's name.
             raise thunder_error_like(e, f"{name}: {e}") from e

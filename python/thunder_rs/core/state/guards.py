@@ -432,12 +432,16 @@ class Guard:
         if self.fresh:
             return type(value) is type(self.expected) and self.same_items(value, self.items or ())
         if self.by_identity:
-            return value is self.expected and (self.items is None or self.same_items(value, self.items))
+            if self.items is None:
+                return value is self.expected
+            # Another list holding the same objects is the same state to the program (a module's
+            # forward that stores a new list of its tensors on each call, as torchvision's anchors).
+            return type(value) is type(self.expected) and self.same_items(value, self.items)
         return is_simple(value) and freeze(value) == self.frozen
 
     def describe(self, flat) -> str:
         now = self.read(flat)
-        if self.items is not None and (now is self.expected or (self.fresh and type(now) is type(self.expected))):
+        if self.items is not None and type(now) is type(self.expected):
             return f"the contents of {self.source.describe(self.name)} changed (read at {self.origin})"
         expected = _thawed(self.frozen) if self.frozen is not None else self.expected
         return (
@@ -455,8 +459,8 @@ class Guard:
             scope[f"e{index}"] = expected
             if self.items is None:
                 return f"{read} is e{index}"
-            scope[f"i{index}"], scope[f"f{index}"] = self.items, self.same_items
-            return f"((v := {read}) is e{index} and f{index}(v, i{index}))"
+            scope[f"e{index}"], scope[f"i{index}"], scope[f"f{index}"] = type(expected), self.items, self.same_items
+            return f"(type(v := {read}) is e{index} and f{index}(v, i{index}))"
         t = type(expected)
         if t in (int, str, bytes) or (
             t is float and isinstance(expected, float) and math.isfinite(expected) and expected != 0.0
