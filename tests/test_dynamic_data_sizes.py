@@ -354,3 +354,18 @@ def test_torchvision_faster_rcnn_inference_keeps_its_box_counts_symbolic():
                 torch.testing.assert_close(got, expected)
     # The first call sets MultiScaleRoIAlign's level mapper up (another path from the second on)
     assert misses(jmodel) <= 3
+
+
+def test_counts_read_with_tolist_and_given_to_numpy_are_ints_there():
+    """numpy makes an object array of objects it does not know: a symbolic count is an int to it
+    (specialised), so ``np.cumsum`` of counts gives eager's int64 array."""
+    np = pytest.importorskip("numpy")
+
+    def program(x, counts):
+        sizes = counts.tolist()
+        ends = np.cumsum(sizes)
+        return [x[e - n : e].sum() for n, e in zip(sizes, ends.tolist())], ends.dtype == np.int64
+
+    jfn = thunder_rs.jit(program)
+    assert_calls_match(program, jfn, [(torch.randn(12), torch.tensor(c)) for c in ([3, 4, 5], [2, 6, 4], [5, 5, 2])])
+    assert jfn(torch.randn(12), torch.tensor([4, 4, 4]))[1] is True

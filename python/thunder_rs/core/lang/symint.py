@@ -24,6 +24,7 @@ import math
 import operator
 import sys
 
+import numpy
 import torch
 
 from thunder_rs import _core
@@ -192,6 +193,11 @@ class SymInt(torch.SymInt):
 
     def __float__(self):
         return float(self.__index__())
+
+    # numpy takes an object of its own kind as a 0-dim array (then reads it with ``int``): a size
+    # in a list numpy converts (``np.cumsum(counts.tolist())``) is an int there, not an object.
+    def __array__(self, dtype=None, copy=None):
+        return numpy.asarray(self.__index__(), dtype=dtype)
 
     def __hash__(self):
         return hash(self.__index__())
