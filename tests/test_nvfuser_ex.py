@@ -324,6 +324,21 @@ def test_numbers_are_read_as_torch_reads_them(dtype, fake_ex):
     assert _regions(jfn) and fake_ex.stats["failures"] == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16], ids=DTYPE_ID)
+def test_a_trapezoid_over_an_empty_dim_keeps_the_dtype_of_y(dtype, fake_ex):
+    # Eager returns zeros of y's dtype there (zeros_like_except), integer and bool too; the
+    # decomposition the region runs gave float32 zeros.
+    def f(y):
+        return torch.trapezoid(y), torch.trapezoid(y, dx=2), y.sum(1) * 2
+
+    for rows in (3, 5):  # the symbolic entry serves the second
+        y = torch.zeros(rows, 0, dtype=dtype)
+        actual = thunder_rs.jit(f, executors=[fake_ex, "torch"], dynamic=True)(y)
+        for a, e in zip(actual, f(y)):
+            assert a.dtype == e.dtype and a.shape == e.shape
+            torch.testing.assert_close(a, e)
+
+
 def test_definitions_hand_on_eager_dtypes_without_per_call_conversions(fake_ex):
     def f(x, i):
         return (x * 2).exp(), (i + 1).sum(0), torch.where(x > 0, 1.0, 0.0), torch.arange(5) * 2

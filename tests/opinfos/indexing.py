@@ -255,6 +255,9 @@ def scatter_add_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput
         x = tensor(spec, dtype, device)
         yield SampleInput(x, dim, _indices(index_shape, x.shape[dim], device), make(src_shape, dtype, device))
     yield SampleInput(make((3, 4), dtype, device), 0, _indices((2, 4), 3, device), strided((2, 4), dtype, device))
+    # An empty index: eager checks no shapes against it (larger than the input and than src here).
+    empty = torch.zeros(0, 6, dtype=torch.int64, device=device)
+    yield SampleInput(make((3, 4), dtype, device), 0, empty, make((0, 5), dtype, device))
 
 
 def scatter_add_errors() -> Iterable[ErrorInput]:

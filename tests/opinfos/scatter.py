@@ -41,6 +41,10 @@ def scatter_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     if dtype != torch.bool:
         yield SampleInput(a, 1, _index(REPEATED, device), src, reduce="add")
         yield SampleInput(a, 1, _index(REPEATED, device), src, reduce="multiply")
+    # An empty index: eager checks no shapes against it (larger than the input and than src here).
+    empty = torch.zeros(0, 6, dtype=torch.int64, device=device)
+    yield SampleInput(a, 0, empty, make((0, 5), dtype, device))
+    yield SampleInput(a, 0, empty, value=2)
 
 
 def scatter_errors() -> Iterable[ErrorInput]:
@@ -78,6 +82,8 @@ def scatter_reduce_samples(reduce: str):
             reduce,
             include_self=False,
         )
+        empty = torch.zeros(0, 6, dtype=torch.int64, device=device)  # eager checks no shapes against it
+        yield SampleInput(make((2, 4), dtype, device), 0, empty, make((0, 5), dtype, device), reduce)
 
     return generate
 

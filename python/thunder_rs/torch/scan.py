@@ -104,8 +104,8 @@ def _trapezoids(op: str, y, x, dx, dim):
 def trapezoid(y, x=None, *, dx=None, dim=-1):
     op = "ltorch.trapezoid"
     widths, heights, d = _trapezoids(op, y, x, dx, dim)
-    if y.shape[d] == 0:  # eager's zeros, which require no grad
-        return ltorch.zeros_like(ltorch.sum(_float(y), d))
+    if y.shape[d] == 0:  # eager's zeros of y's dtype (zeros_like_except, an int y's too), which require no grad
+        return ltorch.zeros(tuple(s for k, s in enumerate(y.shape) if k != d), dtype=y.dtype, device=y.device)
     if isinstance(widths, torch.Tensor):
         return ltorch.true_divide(ltorch.sum(ltorch.mul(widths, heights), d), 2)
     y = _float(y)

@@ -146,18 +146,20 @@ def _check_scatter(op: str, input, dim, index, src):
     d = clang.canonicalize_dim(input.ndim, dim, op)
     index = clang.maybe_convert(_check_index(op, index, input, _SCATTER_INDEX_DTYPES, _SCATTER_INDEX_WHAT), torch.int64)
     check(
+        not isinstance(src, torch.Tensor) or src.dtype == input.dtype,
+        op,
+        "Expected self.dtype to be equal to src.dtype (argument src)",
+        ThunderRuntimeError,
+    )
+    if index.numel() == 0:  # eager checks no shapes against an empty index (scatter_shape_check)
+        return d, index
+    check(
         index.ndim == input.ndim or (index.ndim <= 1 and input.ndim <= 1),
         op,
         "Index tensor must have the same number of dimensions as self tensor (argument index)",
         ThunderRuntimeError,
     )
     if isinstance(src, torch.Tensor):
-        check(
-            src.dtype == input.dtype,
-            op,
-            "Expected self.dtype to be equal to src.dtype (argument src)",
-            ThunderRuntimeError,
-        )
         check(
             src.ndim == index.ndim or (index.ndim <= 1 and src.ndim <= 1),
             op,
