@@ -17,6 +17,10 @@ Each variant is a whole trace, so passes, fusion and one autograd function see t
 values took, and the gradient flows through it as in eager. The cost is paid where values steer
 the program: a call whose values take another path than the variant tried first runs up to the
 check twice.
+
+Sizes read this way (output sizes of ``nonzero``-like calls, ints of ``item()`` and ``tolist()``)
+that change between calls are made symbolic sizes of the next variant (``value_sizes``): one
+variant serves every count then, instead of one per count.
 """
 
 import contextlib
