@@ -244,17 +244,22 @@ def run_images(steps: int, backends: dict) -> dict:
         torch.manual_seed(0)
         model = torchvision.models.resnet18(num_classes=10).to(DEVICE).train()
         call = make(model)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        start = time.perf_counter()
-        for x in images:
-            call(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        sync()
-        result[f"{name}_s"] = time.perf_counter() - start
+        result[f"{name}_s"] = timed_steps(model, torch.optim.SGD, lambda x: call(x).square().mean(), images)
         result[f"{name}_compiles"] = compiles(call)
     result["ratio"] = result["thunder_rs_s"] / result["eager_s"]
     return result
+
+
+def timed_steps(model, optimizer, loss, batches: list) -> float:
+    """Seconds for a training step on each batch: ``loss(batch)``, backward, ``optimizer`` (lr 1e-3)."""
+    opt = optimizer(model.parameters(), lr=1e-3)
+    start = time.perf_counter()
+    for batch in batches:
+        loss(batch).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    sync()
+    return time.perf_counter() - start
 
 
 def tiny_qwen2_moe():
@@ -286,14 +291,9 @@ def run_moe(steps: int, backends: dict) -> dict:
     for name, make in backends.items():
         model = tiny_qwen2_moe()
         call = make(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        start = time.perf_counter()
-        for ids in batches:
-            call(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        sync()
-        result[f"{name}_s"] = time.perf_counter() - start
+        result[f"{name}_s"] = timed_steps(
+            model, torch.optim.AdamW, lambda ids: call(input_ids=ids, labels=ids).loss, batches
+        )
         result[f"{name}_compiles"] = compiles(call)
     result["ratio"] = result["thunder_rs_s"] / result["eager_s"]
     return result

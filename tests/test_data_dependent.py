@@ -287,21 +287,26 @@ class TopKMoE(nn.Module):
         return out.reshape(x.shape)
 
 
-def test_a_tiny_moe_trains_as_eager():
-    torch.manual_seed(0)
-    model = TopKMoE()
+def train_moe_like_eager(model, batches: list, lr: float):
+    """Trains ``model`` jitted and a copy eagerly with SGD, one step per batch; the parameters
+    must stay equal. Returns the jitted model."""
     eager = copy.deepcopy(model)
     jmodel = thunder_rs.jit(model)
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, eager)]
-    batches = [torch.randn(2, 3, 8) for _ in range(2)]
-    for step in range(4):  # each batch twice: the second time its variant is found
-        x = batches[step % 2]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (model, eager)]
+    for x in batches:
         for m, opt in zip((jmodel, eager), optimizers):
             m(x).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
         for p, q in zip(model.parameters(), eager.parameters()):
             torch.testing.assert_close(p, q)
+    return jmodel
+
+
+def test_a_tiny_moe_trains_as_eager():
+    torch.manual_seed(0)
+    batches = [torch.randn(2, 3, 8) for _ in range(2)]
+    jmodel = train_moe_like_eager(TopKMoE(), batches * 2, lr=0.5)  # each batch twice: its variant is found again
     assert variants(jmodel) == 2  # one per routing (the tokens each expert got): each batch keeps its own here
 
 

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import thunder_rs
-from test_data_dependent import TopKMoE, assert_calls_match, check_training, wav2vec2_ctc
+from test_data_dependent import TopKMoE, assert_calls_match, check_training, train_moe_like_eager, wav2vec2_ctc
 from twin_training import misses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -116,18 +116,7 @@ def test_a_tiny_moe_trains_as_eager_with_a_compile_per_expert_at_most():
     """Mixtral-style routing: each expert's token count changes every step. After a compile for
     the first batch, each expert's count becomes symbolic when it first changes."""
     torch.manual_seed(0)
-    model = TopKMoE()
-    eager = copy.deepcopy(model)
-    jmodel = thunder_rs.jit(model)
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
-    for _ in range(10):
-        x = torch.randn(4, 8, 8)
-        for m, opt in zip((jmodel, eager), optimizers):
-            m(x).pow(2).mean().backward()
-            opt.step()
-            opt.zero_grad()
-        for p, q in zip(model.parameters(), eager.parameters()):
-            torch.testing.assert_close(p, q)
+    jmodel = train_moe_like_eager(TopKMoE(), [torch.randn(4, 8, 8) for _ in range(10)], lr=0.1)
     stats = thunder_rs.compile_stats(jmodel)
     assert stats.cache_misses <= 1 + 4 + 1 and stats.eager_calls == 0
 
