@@ -358,3 +358,25 @@ def test_counts_read_with_tolist_and_given_to_numpy_are_ints_there():
     jfn = thunder_rs.jit(program)
     assert_calls_match(program, jfn, [(torch.randn(12), torch.tensor(c)) for c in ([3, 4, 5], [2, 6, 4], [5, 5, 2])])
     assert jfn(torch.randn(12), torch.tensor([4, 4, 4]))[1] is True
+
+
+def test_torch_compile_graphs_that_capture_data_dependent_sizes():
+    """With Dynamo capturing them (``capture_dynamic_output_shape_ops``, ``capture_scalar_outputs``),
+    its graph holds ``nonzero``, ``item()`` and ``aten.sym_size`` of their results: thunder_rs
+    keeps those sizes symbolic as it does its own (``aten.sym_size`` was read as a value)."""
+    from thunder_rs.dynamo import compiled_graphs  # noqa: PLC0415 (imports Dynamo)
+
+    def program(x, mask, counts):
+        y = x[mask] * 2
+        return y.sum() + y.shape[0], x[: counts.sum().item()].sum()
+
+    torch._dynamo.reset()
+    earlier = {id(g) for g in compiled_graphs()}
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True):
+        compiled = torch.compile(program, backend="thunder_rs")
+        g = torch.Generator().manual_seed(0)
+        for k in (5, 9, 3, 12, 7):
+            args = (torch.randn(16, generator=g), torch.rand(16, generator=g) > 0.5, torch.tensor([k, 1]))
+            torch.testing.assert_close(compiled(*args), program(*args))
+    graphs = [g for g in compiled_graphs() if id(g) not in earlier and g.jitted is not None]
+    assert sum(misses(g.jitted) for g in graphs) <= 3  # the first call, then each size made symbolic

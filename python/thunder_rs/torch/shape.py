@@ -495,3 +495,16 @@ def roll(a, shifts, dims=None):
         cut = size - remainder(shift, size)
         out = prims.cat([slice_in_dim(out, d, cut, size), slice_in_dim(out, d, 0, cut)], d)
     return out
+
+
+# -- sizes as aten reads them (Dynamo's graphs: ``torch.ops.aten.sym_size.int(t, 0)``) -------------
+
+
+def _sym_size(a, dim=None):
+    """A size of ``a`` as its proxy holds it (symbolic where it is): not a value read."""
+    return a.shape if dim is None else a.shape[clang.canonicalize_dim(a.ndim, dim, "aten.sym_size")]
+
+
+TORCH_TO_LTORCH[torch.ops.aten.sym_size.int] = _sym_size
+TORCH_TO_LTORCH[torch.ops.aten.sym_size.default] = _sym_size
+TORCH_TO_LTORCH[torch.ops.aten.sym_numel.default] = lambda a: math.prod(a.shape)
