@@ -43,6 +43,15 @@ def test_a_loss_over_the_masked_tokens_compiles_twice_for_every_count():
     assert "check_sizes" in str(thunder_rs.last_traces(jfn)[-1])
 
 
+def test_dynamic_false_keeps_counts_constant():
+    """``jit(dynamic=False)`` compiles per size, counts read from values included."""
+    w = torch.randn(8, 5, requires_grad=True)
+    labels = torch.randint(0, 5, (16,), generator=torch.Generator().manual_seed(1))
+    jfn = thunder_rs.jit(masked_loss, dynamic=False)
+    assert_calls_match(masked_loss, jfn, [(torch.randn(16, 8), w, labels, _mask(n, seed=n)) for n in (5, 9, 3)])
+    assert misses(jfn) == 3 and "check_sizes" not in str(thunder_rs.last_traces(jfn)[-1])
+
+
 @pytest.mark.parametrize("counts", [(4, 0, 6, 1, 9), (0, 1, 5, 8)])
 def test_counts_of_0_and_1_are_compiled_for_as_constants(counts):
     """0 and 1 stay constant, as input sizes of 0 and 1 do: programs branch on them."""
