@@ -60,8 +60,7 @@ def masks_as_indices(key, a=None):
     none, or when values cannot be read. Called before the indexing op is recorded: the mask's
     true elements are counted on this call's values (``core.values``). With ``a``, the indexed
     tensor, each mask's shape must be that of the dims it indexes (eager's ``IndexError``: the
-    indices alone would take what the mask's extra elements select). The indices are marked
-    non-negative, so that indexing takes them as they are."""
+    indices alone would take what the mask's extra elements select)."""
     entries = key if _treat_as_tuple(key) else (key,)
     if values.active() is None or not any(map(_is_mask, entries)):
         return key
@@ -72,10 +71,7 @@ def masks_as_indices(key, a=None):
         if not _is_mask(k):
             expanded.append(k)
             continue
-        indices = torch.nonzero(k, as_tuple=True)
-        for index in indices:
-            index._nonnegative = True
-        expanded.extend(indices)
+        expanded.extend(torch.nonzero(k, as_tuple=True))  # (non-negative: ``fallback`` marks them)
     return tuple(expanded)
 
 

@@ -61,6 +61,8 @@ class TensorProxy(torch.Tensor):
     _copy_of = False
     #: whether a size of ``_shape`` is a ``SymInt`` (``core.lang.symint``)
     _symbolic = False
+    #: for indices never negative (``nonzero``'s): indexing takes them without wrapping
+    _nonnegative = False
 
     @staticmethod
     def __new__(cls, vid: int, shape, dtype: torch.dtype, device: torch.device, requires_grad: bool):

@@ -316,6 +316,10 @@ def _metadata(func, name: str, args, kwargs, autocast_state, factory: bool, symb
         return sized[0], getattr(sized[1], "shape", _shape), sized[1]
 
 
+#: Calls whose outputs are never negative (the indices of ``nonzero``).
+_NONNEGATIVE = frozenset({torch.nonzero, torch.Tensor.nonzero, torch.argwhere, torch.Tensor.argwhere})
+
+
 def _shape(t):
     return t.shape
 
@@ -393,6 +397,9 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     else:
         recorded = current().call(sid, tuple(args), kwargs or None, metas)
     outs = proxies(recorded)[: len(leaves)]
+    if func in _NONNEGATIVE:  # indices: indexing takes them without wrapping negative ones
+        for t in outs:
+            t._nonnegative = True
     if checked is not None:
         checked(outs)
     if isinstance(out, torch.Tensor):
