@@ -9,7 +9,7 @@ import torch
 #: The thunder_rs package's directory (this file is thunder_rs/core/base/userframe.py): frames there
 #: are never the user's.
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-_TORCH_DIR = os.path.dirname(torch.__file__)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep  # (not torchvision's, beside it)
 
 
 def is_user_file(path: str) -> bool:

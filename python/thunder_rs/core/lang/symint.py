@@ -29,6 +29,7 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.base.proxies import set_size_wrapper
+from thunder_rs.core.lang.caller_code import only_assert_message
 from thunder_rs.core.lang.recorder import current
 
 _SymExpr = _core.SymExpr
@@ -238,12 +239,19 @@ class SymInt(torch.SymInt):
 
     # Text the program makes from a size (``f"{T} tokens"``) holds its value: specialised. Text
     # thunder_rs makes (the messages of its checks, formatted whether they fail or not) shows
-    # the expression and specialises nothing.
+    # the expression and specialises nothing; the message of a ``torch._assert``, read only when
+    # it fails as traced, shows the value and specialises nothing (``caller_code``).
     def __str__(self):
-        return str(self.expr) if _internal(sys._getframe(1)) else str(self.__index__())
+        frame = sys._getframe(1)
+        if _internal(frame):
+            return str(self.expr)
+        return str(self.expr.hint if only_assert_message(frame) else self.__index__())
 
     def __format__(self, spec):
-        return str(self.expr) if _internal(sys._getframe(1)) else format(self.__index__(), spec)
+        frame = sys._getframe(1)
+        if _internal(frame):
+            return str(self.expr)
+        return format(self.expr.hint if only_assert_message(frame) else self.__index__(), spec)
 
 
 def _specialising(name: str):

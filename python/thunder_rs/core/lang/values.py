@@ -27,17 +27,19 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import sys
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs.core.lang import fallback
+from thunder_rs.core.lang.caller_code import only_truncated
 from thunder_rs.core.lang.reads import CHECK, Diverged, Read, _shapes, int_leaves
 from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, noting_inputs, paused_recording, recording_backward
-from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.base.userframe import PACKAGE_DIR, user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 
@@ -72,6 +74,9 @@ class ValueReads:
         else:
             value = forced.value
         reader = func if args == (proxies[0],) and not kwargs else _Remade(func, args, kwargs)
+        # ``int(t.item())``: the int is what counts (a forced answer is that int already)
+        if type(value) in (float, int) and only_truncated(_caller()):
+            value, reader = int(value), _Truncated(reader)
         leaves = int_leaves(value) if groups and type(groups[0][0]) is int else None
         if leaves is not None and _applies(groups, tuple(leaves)):
             made = SymbolicInts(groups, value)
@@ -173,6 +178,25 @@ class _Remade:
             leaves[i] = t
         args, kwargs = tree_unflatten(leaves, self._spec)
         return self._func(*args, **kwargs)
+
+
+class _Truncated:
+    """A check's reader for a float the program passes straight to ``int`` (``caller_code``):
+    the int of the value read."""
+
+    def __init__(self, reader):
+        self._reader = reader
+
+    def __call__(self, *tensors):
+        return int(self._reader(*tensors))
+
+
+def _caller():
+    """The frame that made the call being answered: the innermost outside thunder_rs."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+        frame = frame.f_back
+    return frame
 
 
 def _resized(out, shapes: tuple):

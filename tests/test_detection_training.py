@@ -1,0 +1,192 @@
+"""torchvision detection models trained under ``thunder_rs.jit`` next to an eager copy: the
+samplers draw random numbers (``torch.randperm`` in ``BalancedPositiveNegativeSampler``), box
+counts come from ``nms`` and score thresholds, the matcher reads its quality matrix's maxima.
+Losses, every gradient and the parameters after an SGD step equal eager's, and the compiles stay
+bounded."""
+
+import copy
+import re
+import time
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs.core.base.userframe import is_user_file
+from twin_training import misses
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def _targets(g: torch.Generator, count: int, size: int) -> list[dict]:
+    """``count`` targets of 1 to 3 random boxes inside a ``size`` square image, labels 1 or 2."""
+    targets = []
+    for _ in range(count):
+        n = int(torch.randint(1, 4, (), generator=g))
+        xy = torch.rand(n, 2, generator=g) * (size * 0.6)
+        wh = torch.rand(n, 2, generator=g) * (size * 0.35) + 8
+        boxes = torch.cat([xy, (xy + wh).clamp(max=size - 1)], dim=1)
+        labels = torch.randint(1, 3, (n,), generator=g, dtype=torch.int64)
+        targets.append(dict(boxes=boxes, labels=labels))
+    return targets
+
+
+def train_detection_like_eager(model, steps: int, images: int = 2, size: int = 160):
+    """Trains ``model`` (in train mode, returning a loss dict) jitted and an eager copy of it for
+    ``steps`` SGD steps on random images and boxes, seeding the random state alike before each
+    call; losses, gradients and parameters after each step equal eager's. Returns the jitted
+    module.
+
+    Each step starts from eager's parameters: the losses are not smooth in them (box coordinates
+    choose ``roi_align``'s sampling points and the IoU thresholds' matches), so the last bits in
+    which a compiled sum differs from eager's grow, over a step, to 1e-4 in the first conv's
+    gradient (eager itself, given gradients 1e-6 apart, differs by 2e-3 a step later)."""
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        batch = [torch.rand(3, size, size, generator=g) for _ in range(images)]
+        targets = _targets(g, images, size)
+        torch.manual_seed(step)
+        losses = jmodel(batch, copy.deepcopy(targets))
+        torch.manual_seed(step)
+        expected = eager(batch, copy.deepcopy(targets))
+        assert losses.keys() == expected.keys()
+        for key in expected:
+            torch.testing.assert_close(losses[key], expected[key], msg=key, **TOL)
+        sum(losses.values()).backward()
+        sum(expected.values()).backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert (p.grad is None) == (q.grad is None), name
+            if q.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, msg=name, **TOL)
+        opt.step()
+        eager_opt.step()
+        opt.zero_grad()
+        eager_opt.zero_grad()
+        with torch.no_grad():
+            for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+                torch.testing.assert_close(p, q, msg=name, **TOL)
+                p.copy_(q)  # (see the doc)
+    return jmodel
+
+
+@pytest.mark.slow
+def test_faster_rcnn_training_matches_eager():
+    """Faster R-CNN (MobileNetV3 FPN) trained 3 steps: a compile per step (the box counts take
+    symbolic sizes one target at a time, and the first call sets ``MultiScaleRoIAlign`` up)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3
+    ).train()
+    start = time.perf_counter()
+    jmodel = train_detection_like_eager(model, steps=3)
+    stats = thunder_rs.compile_stats(jmodel)
+    print(f"compiles {stats.cache_misses} in {time.perf_counter() - start:.1f}s", stats.miss_reasons)
+    assert misses(jmodel) <= 4
+
+
+class TinyRPN(torch.nn.Module):
+    """A conv backbone and torchvision's ``RegionProposalNetwork`` (anchors matched to the targets'
+    boxes, ``BalancedPositiveNegativeSampler``'s ``randperm``, ``nms``, losses), kept small."""
+
+    def __init__(self):
+        super().__init__()
+        from torchvision.models.detection.anchor_utils import AnchorGenerator
+        from torchvision.models.detection.rpn import RegionProposalNetwork, RPNHead
+
+        self.body = torch.nn.Conv2d(3, 8, 3, stride=4, padding=1)
+        anchors = AnchorGenerator(sizes=((16, 32),), aspect_ratios=((0.5, 1.0, 2.0),))
+        self.rpn = RegionProposalNetwork(
+            anchors,
+            RPNHead(8, 6),
+            0.7,
+            0.3,
+            64,
+            0.5,
+            dict(training=200, testing=100),
+            dict(training=50, testing=50),
+            0.7,
+        )
+
+    def forward(self, images, targets):
+        from torchvision.models.detection.image_list import ImageList
+
+        batch = torch.stack(images)
+        features = {"0": self.body(batch).relu()}
+        _, losses = self.rpn(ImageList(batch, [tuple(i.shape[-2:]) for i in images]), features, targets)
+        return losses
+
+
+def test_a_region_proposal_network_trains_as_eager():
+    pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    jmodel = train_detection_like_eager(TinyRPN().train(), steps=4, size=64)
+    assert misses(jmodel) <= 4
+
+
+def check_rows(x):
+    torch._assert(x.shape[-1] == 4, f"Expected a tensor of shape [N, 4], got {x.shape}.")
+    return x * 2
+
+
+def test_a_size_in_a_torch_assert_message_specialises_nothing():
+    """``torch._assert(cond, f"... {x.shape}")`` builds its message whether the condition holds or
+    not (torchvision's detection models check their targets so): the message is read only when it
+    fails, as traced, so the size formatted into it is not specialised (it was: a compile per box
+    count). A failing call raises eager's message."""
+    jfn = thunder_rs.jit(check_rows)
+    for n in (2, 3, 5, 7):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(jfn(x), check_rows(x))
+    assert misses(jfn) == 2
+    with pytest.raises(AssertionError, match=re.escape("got torch.Size([3, 5]).")):
+        jfn(torch.randn(3, 5))
+
+
+def rows_text(x):
+    return x * 2, f"{x.shape[0]} rows"
+
+
+def test_a_size_in_text_the_program_keeps_is_specialised():
+    jfn = thunder_rs.jit(rows_text)
+    for n in (2, 3, 5):
+        x = torch.randn(n, 4)
+        out, text = jfn(x)
+        assert text == f"{n} rows"
+        torch.testing.assert_close(out, x * 2)
+
+
+def torch_choice(x, sizes: list):
+    """torchvision's ``GeneralizedRCNNTransform.torch_choice``: a random index by torch's generator."""
+    index = int(torch.empty(1).uniform_(0.0, float(len(sizes))).item())
+    return x * sizes[index]
+
+
+@pytest.mark.parametrize("sizes", [[3.0], [2.0, 5.0]])
+def test_the_int_of_a_random_float_read_is_what_the_check_compares(sizes):
+    """``int(t.item())`` uses the int alone: the check compares it (it compared the float, a new
+    value on every draw, so every call compiled a variant). Outputs and the generator as eager's."""
+    jfn = thunder_rs.jit(torch_choice)
+    x = torch.randn(4)
+    for seed in range(6):
+        torch.manual_seed(seed)
+        got, after = jfn(x, sizes), torch.rand(1)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(got, torch_choice(x, sizes))
+        torch.testing.assert_close(after, torch.rand(1))
+    assert misses(jfn) <= len(sizes)
+
+
+def test_torchvision_code_is_the_users_not_torchs():
+    """Reads are placed at the user's frame; torchvision's directory (``.../torchvision``) begins
+    like torch's (``.../torch``) and was taken for torch's: every read of a detection model was
+    placed at the line calling it, so its reads' sites were one."""
+    torchvision = pytest.importorskip("torchvision")
+    assert is_user_file(torchvision.ops.boxes.__file__)
+    assert not is_user_file(torch.nn.functional.__file__)
