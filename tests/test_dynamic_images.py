@@ -191,3 +191,15 @@ def test_upsampling_by_a_whole_factor_keeps_image_sizes_symbolic():
     inputs = [torch.randn(2, 3, h, w) for h, w in [(8, 8), (10, 14), (16, 12), (22, 6)]]
     jmodel = train_like_eager(UpsamplingDecoder(), inputs, rtol=1e-4, atol=1e-5)
     assert misses(jmodel) == 2
+
+
+def test_a_torchvision_vit_trains_over_batch_sizes_in_two_compiles():
+    """torchvision's ViT checks its input with ``torch._assert(..., f"... got {input.shape}")``:
+    the message no longer specialises the batch size (it compiled once per batch size)."""
+    vision_transformer = pytest.importorskip("torchvision.models.vision_transformer")
+    torch.manual_seed(0)
+    model = vision_transformer.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=5
+    )
+    jmodel = train_like_eager(model, [torch.randn(b, 3, 32, 32) for b in (2, 3, 5, 4)])
+    assert misses(jmodel) == 2
