@@ -192,3 +192,21 @@ def test_torchvision_code_is_the_users_not_torchs():
     torchvision = pytest.importorskip("torchvision")
     assert is_user_file(torchvision.ops.boxes.__file__)
     assert not is_user_file(torch.nn.functional.__file__)
+
+
+def paste(x, box):
+    """torchvision's ``paste_mask_in_image``: slice bounds that are 0-dim tensors of a box."""
+    start, stop = max(box[0], 0), min(box[1] + 1, x.shape[0])
+    out = torch.zeros_like(x)
+    out[start:stop] = x[start - box[0] : stop - box[0]] * 2
+    return out
+
+
+def test_tensor_slice_bounds_are_read_as_eager_reads_them():
+    """``x[t0:t1]`` with 0-dim integer tensors: eager takes their values (``__index__``); tracing
+    refused them (Mask R-CNN's mask pasting). Now read from the call's values, with a check."""
+    jfn = thunder_rs.jit(paste)
+    for box in ([1, 3], [0, 5], [2, 9], [1, 3]):
+        x, bt = torch.randn(8), torch.tensor(box)
+        torch.testing.assert_close(jfn(x, bt), paste(x, bt))
+    assert misses(jfn) <= 3

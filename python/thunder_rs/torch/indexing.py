@@ -11,6 +11,7 @@ eager (``masks_as_indices``); elsewhere it is refused.
 """
 
 import math
+import operator
 
 import torch
 
@@ -62,7 +63,14 @@ def masks_as_indices(key, a=None):
     tensor, each mask's shape must be that of the dims it indexes (eager's ``IndexError``: the
     indices alone would take what the mask's extra elements select)."""
     entries = key if _treat_as_tuple(key) else (key,)
-    if values.active() is None or not any(map(_is_mask, entries)):
+    if values.active() is None:
+        return key
+    if any(map(_traced_bounds, entries)):  # ``x[t0:t1]``: eager reads the bounds (``__index__``)
+        entries = tuple(
+            slice(*map(_read_bound, (k.start, k.stop, k.step))) if _traced_bounds(k) else k for k in entries
+        )
+        key = entries if _treat_as_tuple(key) else entries[0]
+    if not any(map(_is_mask, entries)):
         return key
     if a is not None:
         check_mask_shapes(entries, a)
@@ -73,6 +81,17 @@ def masks_as_indices(key, a=None):
             continue
         expanded.extend(torch.nonzero(k, as_tuple=True))  # (non-negative: ``fallback`` marks them)
     return tuple(expanded)
+
+
+def _traced_bounds(k) -> bool:
+    """Whether ``k`` is a slice with a traced tensor among its bounds."""
+    return type(k) is slice and any(isinstance(b, TensorProxy) for b in (k.start, k.stop, k.step))
+
+
+def _read_bound(b):
+    """A slice bound as eager takes it: a tensor's value by ``__index__`` (read from the call's
+    values, with a check), an integer 0-dim tensor's only."""
+    return operator.index(b) if isinstance(b, TensorProxy) else b
 
 
 def _is_mask(k) -> bool:
