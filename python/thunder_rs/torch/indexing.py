@@ -7,7 +7,7 @@ goes where the indexed dims were when they are adjacent, and in front otherwise.
 non-traced tensors are values known while tracing: they are bounds-checked then and become
 constants. A traced boolean mask selects as many elements as it has true ones, which only its
 values tell: where the jit reads values (``core.values``) it is its ``nonzero`` indices, as in
-eager (``masks_as_indices``); elsewhere it is refused.
+eager (``key_read_by_values``); elsewhere it is refused.
 """
 
 import math
@@ -55,11 +55,12 @@ _MASK_DTYPES = (torch.bool, torch.uint8)
 # -- __getitem__ ----------------------------------------------------------------------------------
 
 
-def masks_as_indices(key, a=None):
-    """``key`` with each traced boolean mask of one or more dims replaced by its ``nonzero``
-    indices (one index tensor per dim), as eager indexes by a mask; ``key`` itself when it has
-    none, or when values cannot be read. Called before the indexing op is recorded: the mask's
-    true elements are counted on this call's values (``core.values``). With ``a``, the indexed
+def key_read_by_values(key, a=None):
+    """``key`` with what eager reads from its tensors' values read (``core.values``): traced slice
+    bounds as ints (``x[t0:t1]``, eager's ``__index__``), and each traced boolean mask of one or
+    more dims replaced by its ``nonzero`` indices (one index tensor per dim), as eager indexes by
+    a mask; ``key`` itself when it has neither, or when values cannot be read. Called before the
+    indexing op is recorded, so the reads sit at the top level of the trace. With ``a``, the indexed
     tensor, each mask's shape must be that of the dims it indexes (eager's ``IndexError``: the
     indices alone would take what the mask's extra elements select)."""
     entries = key if _treat_as_tuple(key) else (key,)
@@ -339,7 +340,7 @@ def _index_tensor(op: str, index, dim: int, size: int, device):
             )
         return _constant([v % size for v in index.values], index.shape, device)
     index = clang.maybe_convert(index, torch.int64)
-    if getattr(index, "_nonnegative", False):  # a mask's nonzero indices (``masks_as_indices``)
+    if getattr(index, "_nonnegative", False):  # ``nonzero``'s indices (``fallback`` marks them)
         return index
     return prims.where(prims.lt(index, 0), prims.add(index, size), index)
 

@@ -47,7 +47,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch import batch_norms, view_scatters, views
 from thunder_rs.torch.elementwise import where
-from thunder_rs.torch.indexing import check_mask_shapes, masks_as_indices
+from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.shape import reshape_to
 from thunder_rs.core.lang.symint import same_shape
@@ -464,7 +464,7 @@ def setitem(a, key, value):
     if len(masks) == 1 and all(_is_basic(e) for i, e in enumerate(entries) if i != masks[0]):
         if _masked_assign(a, entries, masks[0], value):
             return
-    key = masks_as_indices(key, a)  # the masks' nonzero indices, where the jit reads values
+    key = key_read_by_values(key, a)  # the masks' nonzero indices, where the jit reads values
     check(
         not any(map(_is_mask, key if type(key) is tuple else (key,))),
         op,

@@ -602,7 +602,7 @@ def _bool_key_copies(view_op):
     though the trace computes it as an unsqueeze."""
 
     def getitem(a, key):
-        key = _indexing.masks_as_indices(key, a)
+        key = _indexing.key_read_by_values(key, a)
         out = view_op(a, key)
         entries = key if type(key) is tuple else (key,)
         if any(k is True for k in entries) and isinstance(out, TensorProxy):
