@@ -69,7 +69,7 @@ class Counted(snapshots.Snapshots):
 def first_call(layers: int, ids, segments: bool) -> tuple[float, int]:
     budget = snapshots._budget
     if not segments:
-        snapshots._budget = lambda kind: 0
+        snapshots._budget = lambda device: 0
     Counted.reads = 0
     try:
         return step_s(thunder_rs.jit(tiny_qwen2_moe(layers)), ids), Counted.reads

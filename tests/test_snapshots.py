@@ -45,7 +45,7 @@ def test_each_call_runs_once_while_tracing_whatever_the_number_of_reads():
 
 
 def test_past_the_memory_budget_each_read_runs_the_program_from_its_start(monkeypatch):
-    monkeypatch.setattr(snapshots, "_budget", lambda kind: 0)
+    monkeypatch.setattr(snapshots, "_budget", lambda device: 0)
     x = torch.tensor([0.5, -2.0, 3.0])
     assert runs_while_compiling(branches_per_step, x) == 21
 

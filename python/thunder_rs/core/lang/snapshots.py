@@ -39,7 +39,8 @@ class Snapshots:
         self._known: dict = {}
         #: the generators' states after the last segment (None: as the program starts)
         self._generators: list | None = None
-        self._kept: dict = {}  # device type -> bytes of kept tensors
+        self._kept: dict = {}  # device -> bytes of kept tensors
+        self._budgets: dict = {}  # device -> bytes they may take (``_budget``, when first kept)
         self._segments = True
 
     def values(self, wanted: list, inputs: list) -> list:
@@ -85,9 +86,13 @@ class Snapshots:
     def _past_budget(self, values: list) -> bool:
         for t in values:
             if isinstance(t, torch.Tensor):
-                kind = t.device.type
-                self._kept[kind] = self._kept.get(kind, 0) + t.numel() * t.element_size()
-        return any(n > _budget(kind) for kind, n in self._kept.items())
+                self._kept[t.device] = self._kept.get(t.device, 0) + t.numel() * t.element_size()
+        for device, n in self._kept.items():
+            if device not in self._budgets:
+                self._budgets[device] = _budget(device)
+            if n > self._budgets[device]:
+                return True
+        return False
 
     def forget(self) -> None:
         """Drops the tensors kept: the next segment runs from the program's start."""
@@ -96,10 +101,10 @@ class Snapshots:
         self._generators = None
 
 
-def _budget(kind: str) -> int:
-    """Bytes of kept tensors allowed on devices of ``kind``: half of what is free there."""
-    if kind == "cuda":
-        return torch.cuda.mem_get_info()[0] // 2
+def _budget(device: torch.device) -> int:
+    """Bytes of kept tensors allowed on ``device``: half of what is free there."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
     except (AttributeError, ValueError, OSError):  # (no sysconf: not Linux)
