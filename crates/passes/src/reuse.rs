@@ -42,7 +42,7 @@ pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>
         if commuted {
             bsym.args.swap(0, 1);
         }
-        impls[i] = Callee { function: impls[i].function.clone(), method: Some(method), inplace: None };
+        impls[i] = Callee { method: Some(method), inplace: None, ..impls[i].clone() };
     }
     trace.with_bsyms(bsyms, trace.outputs.clone())
 }
@@ -126,11 +126,7 @@ mod tests {
             .iter()
             .map(|b| {
                 let name = b.symbol.as_prim().map_or("op", |p| p.name());
-                Callee {
-                    function: format!("f_{name}").into(),
-                    method: Some(name.into()),
-                    inplace: Some(format!("{name}_").into()),
-                }
+                Callee::with_methods(format!("f_{name}"), name)
             })
             .collect();
         let dels = del_last_used(&trace, 0);
@@ -167,11 +163,7 @@ mod tests {
     fn a_dying_second_operand_of_add_becomes_the_receiver() {
         let text = "def computation(t0, t1):\n  # t0: \"cpu f32[4]\"\n  # t1: \"cpu f32[4]\"\n  t2 = prims.exp(t1)\n  t3 = prims.add(t0, t2)\n  t4 = prims.sub(t0, t3)\n  return t4\n";
         let trace = parse_trace(text).unwrap();
-        let callee = |n: &str| Callee {
-            function: format!("f_{n}").into(),
-            method: Some(n.into()),
-            inplace: Some(format!("{n}_").into()),
-        };
+        let callee = |n: &str| Callee::with_methods(format!("f_{n}"), n);
         let mut impls = vec![callee("exp"), callee("add"), callee("sub")];
         let dels = del_last_used(&trace, 0);
         let out = reuse_receivers(&trace, &mut impls, &dels);
@@ -185,11 +177,7 @@ mod tests {
     fn promotion_and_broadcast_block_reuse() {
         let text = "def computation(t0, t1):\n  # t0: \"cpu f32[4]\"\n  # t1: \"cpu f32[3, 4]\"\n  t2 = prims.exp(t0)\n  t4 = ltorch.add(t2, t1)\n    # t3 = prims.broadcast_in_dim(t2, (3, 4), (1,))\n    # t4 = prims.add(t3, t1)\n  t5 = prims.exp(t4)\n  t6 = prims.lt(t5, 0.5)\n  return (t4, t6)\n";
         let trace = parse_trace(text).unwrap();
-        let callee = |n: &str| Callee {
-            function: format!("f_{n}").into(),
-            method: Some(n.into()),
-            inplace: Some(format!("{n}_").into()),
-        };
+        let callee = |n: &str| Callee::with_methods(format!("f_{n}"), n);
         let mut impls = vec![callee("exp"), callee("add"), callee("exp"), callee("lt")];
         let dels = del_last_used(&trace, 0);
         reuse_receivers(&trace, &mut impls, &dels);
