@@ -110,7 +110,9 @@ def test_executor_tables_cross_as_frozen_records():
         None,
     )
     assert row.impls == (entry,) and not row.fuses_decompositions
-    assert repr(entry) == "ImplEntry(symbol='sin', function='torch_sin', has_checker=False, method='sin', inplace=None)"
+    assert repr(entry) == (
+        "ImplEntry(symbol='sin', function='torch_sin', has_checker=False, method='sin', inplace=None, method_args=None)"
+    )
     with pytest.raises(AttributeError):
         entry.function = "other"  # type: ignore[misc]
     _core.ExecutorTable([row])

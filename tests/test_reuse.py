@@ -1,7 +1,7 @@
-"""Buffer reuse (``passes::reuse``): generated code writes an elementwise call's result into its
-receiver when that is a fresh intermediate dying at the call. Everything a program can observe
-must stay eager's: outputs (values, dtypes, shapes, strides), inputs, values it returned or
-viewed, gradients, random draws."""
+"""Buffer reuse (``passes::reuse``): generated code writes the result of an elementwise call or
+of a write at indices (``index_add``, ``scatter``, ...) into its receiver when that is a fresh
+intermediate dying at the call. Everything a program can observe must stay eager's: outputs
+(values, dtypes, shapes, strides), inputs, values it returned or viewed, gradients, random draws."""
 
 import re
 
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import thunder_rs
+from test_data_dependent import train_moe_like_eager
 from test_inplace import DTYPES, assert_same, check_against_eager, execution_source
 from test_inplace_modules import assert_in_place_only_on_dying_intermediates
 
@@ -171,3 +172,125 @@ def test_a_module_with_buffers_and_residual_adds_trains_as_eager():
             torch.testing.assert_close(p.grad, q.grad)
     torch.testing.assert_close(model.norm.running_mean, eager.norm.running_mean)
     torch.testing.assert_close(model.norm.running_var, eager.norm.running_var)
+
+
+# -- writes at indices into a buffer ------------------------------------------------------------
+
+
+def rows_added(h, y, rows):
+    """A buffer of zeros with ``y``'s rows added at ``rows`` (cast to the buffer's dtype, as
+    eager's ``index_add_`` needs), then its rows doubled and added again in reverse order."""
+    out = torch.zeros_like(h)
+    out.index_add_(0, rows, y.to(h.dtype))
+    out.index_add_(0, rows.flip(0), y.to(h.dtype), alpha=2)
+    return out * 1.5
+
+
+#: (h, y, rows) by case: rows that repeat; a noncontiguous buffer, source and index; a broadcast
+#: source; no rows at all; a float64 source cast to the float32 buffer.
+ROWS = {
+    "repeats": lambda: (torch.randn(6, 4), torch.randn(3, 4), torch.tensor([0, 2, 2])),
+    "noncontiguous": lambda: (torch.randn(4, 6).t(), torch.randn(4, 3).t(), torch.arange(6)[1::2]),
+    "broadcast": lambda: (torch.randn(6, 4), torch.randn(4).expand(3, 4), torch.tensor([5, 0, 1])),
+    "empty": lambda: (torch.randn(6, 4), torch.randn(0, 4), torch.zeros(0, dtype=torch.int64)),
+    "cast": lambda: (torch.randn(6, 4), torch.randn(3, 4, dtype=torch.float64), torch.tensor([3, 1, 4])),
+}
+
+
+@pytest.mark.parametrize("case", ROWS)
+def test_index_adds_into_a_buffer_of_zeros_run_in_place_with_eagers_values_and_gradients(case):
+    h, y, rows = ROWS[case]()
+    jfn = check_against_eager(rows_added, h, y, rows)
+    source = execution_source(jfn)
+    assert in_place_calls(source) == ["index_add_", "index_add_", "mul_"], source
+    assert_in_place_only_on_dying_intermediates(source)
+    assert jfn(h, y, rows).stride() == rows_added(h, y, rows).stride()
+    y = y.detach().requires_grad_()
+    weights = torch.randn(h.shape)
+    (grad,) = torch.autograd.grad((jfn(h, y, rows) * weights).sum(), y)
+    (expected,) = torch.autograd.grad((rows_added(h, y, rows) * weights).sum(), y)
+    torch.testing.assert_close(grad, expected)
+    assert "index_add_(" in execution_source(jfn)
+
+
+INDEX_WRITES = [
+    # (in-place method generated code calls, the user's write into a buffer of zeros like h (6, 4)).
+    ("index_add_", lambda out, y: out.index_add_(1, torch.tensor([3, 0]), y.reshape(6, 2))),
+    ("index_copy_", lambda out, y: out.index_copy_(0, torch.tensor([4, 0, 2]), y)),
+    ("index_put_", lambda out, y: out.index_put_((torch.tensor([4, 0, 4]),), y, accumulate=True)),
+    ("index_put_", lambda out, y: out.index_put_((torch.tensor([1, 5, 2]),), y)),
+    ("scatter_add_", lambda out, y: out.scatter_add_(0, torch.tensor([[0, 1, 2, 3], [5, 1, 0, 0]]), y)),
+    ("scatter_", lambda out, y: out.scatter_(1, torch.tensor([[3, 0], [1, 2], [0, 1]]), y)),
+    ("scatter_reduce_", lambda out, y: out.scatter_reduce_(0, torch.tensor([[2, 2, 0, 1]]), y, "amax")),
+]
+
+
+@pytest.mark.parametrize(
+    "method, write",
+    INDEX_WRITES,
+    ids=["index_add_dim1", "index_copy", "index_put_accumulate", "index_put", "scatter_add", "scatter", "scatter_amax"],
+)
+def test_writes_at_indices_into_a_fresh_buffer_run_in_place(method, write):
+    def fn(h, y):
+        out = torch.zeros_like(h)
+        write(out, y.exp())
+        return out.sum(0), h
+
+    jfn = check_against_eager(fn, torch.randn(6, 4), torch.randn(3, 4))
+    source = execution_source(jfn)
+    assert method in in_place_calls(source), source
+    assert_in_place_only_on_dying_intermediates(source)
+
+
+def test_a_buffer_read_after_its_index_add_is_not_written():
+    def fn(h, y, rows):
+        out = torch.zeros_like(h) + 1
+        added = out.index_add(0, rows, y)  # out-of-place: out is still read below
+        return added * out, h.index_add(0, rows, y)  # h is an input: never written
+
+    h, y, rows = torch.randn(6, 4), torch.randn(3, 4), torch.tensor([0, 2, 2])
+    jfn = check_against_eager(fn, h, y, rows)
+    assert "index_add_" not in in_place_calls(execution_source(jfn))
+
+
+class ExpertsLoop(nn.Module):
+    """transformers' eager experts loop: each expert runs on the tokens ``torch.where`` routes to
+    it, and its rows are added into a buffer of zeros with ``index_add_``, cast back to the
+    hidden dtype (the routing weights are ``routing_dtype``). Expert 3's gate bias keeps every
+    token away from it: its index is empty."""
+
+    def __init__(self, routing_dtype: torch.dtype, dim: int = 8, experts: int = 4):
+        super().__init__()
+        self.routing_dtype = routing_dtype
+        self.gate = nn.Linear(dim, experts)
+        with torch.no_grad():
+            self.gate.bias[3] = -1e4
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, 16), nn.SiLU(), nn.Linear(16, dim)) for _ in range(experts)
+        )
+
+    def forward(self, x):
+        h = x.reshape(-1, x.shape[-1])
+        weights, chosen = torch.topk(F.softmax(self.gate(h), dim=-1, dtype=self.routing_dtype), 2, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(h)
+        mask = F.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
+        for e, expert in enumerate(self.experts):
+            slot, token = torch.where(mask[e])
+            y = expert(h[token]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(h.dtype))
+        return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize("routing_dtype", [torch.float32, torch.float64], ids=["same_dtype", "cast"])
+def test_an_experts_loop_trains_as_eager_adding_each_experts_rows_in_place(routing_dtype):
+    torch.manual_seed(0)
+    batches = [torch.randn(3, 4, 8).transpose(0, 1) for _ in range(3)]  # noncontiguous inputs
+    jmodel = train_moe_like_eager(ExpertsLoop(routing_dtype), batches, lr=0.5)
+    source = execution_source(jmodel)
+    assert in_place_calls(source).count("index_add_") == 4, source  # expert 3's, with no rows, too
+    backward = str(thunder_rs.last_backward_traces(jmodel)[-1])
+    # The gradients of the gathered rows are added into zeros by the prim, whose method takes dim
+    # first: the zeros' last use writes into them.
+    assert re.search(r"= t\d+\.index_add_\(0, t\d+, t\d+\)", backward), backward
+    assert_in_place_only_on_dying_intermediates(source + backward)

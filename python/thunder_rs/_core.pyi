@@ -205,7 +205,9 @@ class TensorMeta:
 class ImplEntry:
     """One implementation an executor offers: ``symbol`` a prim name or a registered symbol id,
     ``function`` the global generated code calls, ``method`` a tensor method with the same
-    signature, ``inplace`` one computing the same values into its receiver."""
+    signature, ``inplace`` one computing the same values into its receiver, ``method_args`` the
+    positions of the call's arguments both methods take after their receiver (None: those after
+    the first)."""
 
     def __new__(
         cls,
@@ -215,6 +217,7 @@ class ImplEntry:
         has_checker: bool,
         method: str | None = None,
         inplace: str | None = None,
+        method_args: list[int] | None = None,
     ) -> ImplEntry: ...
     @property
     def symbol(self) -> int | str: ...
@@ -226,6 +229,8 @@ class ImplEntry:
     def method(self) -> str | None: ...
     @property
     def inplace(self) -> str | None: ...
+    @property
+    def method_args(self) -> list[int] | None: ...
 
 @final
 class ExecutorRow:

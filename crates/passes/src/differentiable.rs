@@ -101,11 +101,7 @@ mod tests {
         let impls = ["exp", "sin", "cos", "mul"]
             .iter()
             .map(|name| {
-                let callee = Callee {
-                    function: format!("torch_{name}").into(),
-                    method: Some((*name).into()),
-                    inplace: Some(format!("{name}_").into()),
-                };
+                let callee = Callee::with_methods(format!("torch_{name}"), name);
                 (SymKey::Prim(trace_ir::PrimId::from_name(name).unwrap()), ImplSpec { callee, has_checker: false })
             })
             .collect();

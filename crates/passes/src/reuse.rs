@@ -1,20 +1,30 @@
 //! Buffer reuse: a call whose receiver is a fresh intermediate dying at that call writes its
 //! result into the receiver (`t3 = t2.mul_(t0)` instead of `t3 = t2.mul(t0)` then `del t2`),
 //! which saves allocating the output and creating its tensor object (about 0.4 µs a call on
-//! small tensors, and page faults on large ones).
+//! small tensors, and page faults on large ones). For the writes at indices (`index_add`,
+//! `scatter_add`, `scatter` and the composites they compute: `index_copy`, `index_put`, ...)
+//! it saves copying the whole receiver: a loop of `out.index_add_(0, rows, y)` into a buffer of
+//! zeros, as a mixture of experts adds each expert's rows, runs in place as eager runs it.
 //!
 //! A call is rewritten only when all of these hold:
 //! - its implementation declares an in-place method computing the same values into its first
-//!   argument ([`Callee::inplace`]), and the call is elementwise compute (see [`computes_fresh`]);
-//! - its receiver was produced in this trace by a call that returns fresh memory, no call reads
-//!   it in a way whose result may alias it (views, fallbacks, regions), it is read nowhere else
-//!   in the call, and this call is its last use (the receiver is deleted right after);
+//!   argument ([`Callee::inplace`]), and the call computes (see [`computes`]): elementwise,
+//!   matmul and linear prims, and the writes at indices, whose output is their first operand
+//!   with elements added or written;
+//! - its receiver was produced in this trace by a call that returns fresh memory (one that
+//!   computes, or a creation such as `full`: see [`returns_fresh`]), no call reads it in a way
+//!   whose result may alias it (views, fallbacks, regions), it is read nowhere else in the call,
+//!   and this call is its last use (the receiver is deleted right after);
 //! - its one output has the receiver's dtype, shape and device (no promotion, no broadcast:
 //!   torch's in-place forms would silently cast a wider result down, or refuse a bigger one).
 //!
 //! Autograd never sees these writes where it matters: forwards of differentiated programs and
 //! backwards run with grad off, and a program run with grad on returns nothing that requires
 //! grad, so no backward reads a value autograd saved (receivers are never leaves or views).
+//! What the trace's own backward reads from its forward (the residuals) the forward returns,
+//! and a returned value is never a receiver. (The VJP rules of the writes at indices read
+//! neither their receiver nor their output anyway: `index_add`'s and `scatter_add`'s read the
+//! cotangent and the index, `scatter`'s also the source's shape.)
 //!
 //! For the commutative prims `add` and `mul`, a dying fresh second operand becomes the receiver.
 
@@ -28,7 +38,7 @@ pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>
     let mut bsyms = trace.bsyms.clone();
     for (i, bsym) in bsyms.iter_mut().enumerate() {
         let Some(method) = impls[i].inplace.clone() else { continue };
-        if !computes_fresh(bsym) || bsym.outputs.len() != 1 {
+        if !computes(bsym) || bsym.outputs.len() != 1 {
             continue;
         }
         let reusable = |v: ValueId| {
@@ -42,7 +52,7 @@ pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>
         if commuted {
             bsym.args.swap(0, 1);
         }
-        impls[i] = Callee { function: impls[i].function.clone(), method: Some(method), inplace: None };
+        impls[i] = Callee { method: Some(method), inplace: None, ..impls[i].clone() };
     }
     trace.with_bsyms(bsyms, trace.outputs.clone())
 }
@@ -52,41 +62,62 @@ pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>
 fn fresh_values(trace: &Trace) -> Vec<bool> {
     let mut fresh = vec![false; trace.values.len()];
     for bsym in &trace.bsyms {
-        let computes = computes_fresh(bsym);
-        if !computes {
+        let new_memory = returns_fresh(bsym);
+        if !new_memory {
             bsym.for_each_input(|v| fresh[v.index()] = false);
         }
         for o in &bsym.outputs {
-            fresh[o.index()] = computes;
+            fresh[o.index()] = new_memory;
         }
     }
     fresh
 }
 
-/// Whether a call computes new values into new memory: an elementwise, matmul or linear prim,
-/// or a composite each of whose outputs such a prim of its decomposition computes (a composite
-/// that may return its input, like `to` or `contiguous`, has no such prim producing it).
-/// Effects (random draws) never qualify: their in-place forms mean something else.
-pub fn computes_fresh(bsym: &BoundSymbol) -> bool {
+/// Whether a call computes new values into new memory: a compute prim (elementwise, matmul,
+/// linear, a write at indices), or a composite each of whose outputs such a prim of its decomposition computes (a composite that
+/// may return its input, like `to` or `contiguous`, has no such prim producing it). Effects
+/// (random draws) never qualify: their in-place forms mean something else.
+pub fn computes(bsym: &BoundSymbol) -> bool {
+    made_by(bsym, is_compute)
+}
+
+/// Whether a call's outputs are new memory that nothing else refers to: it [`computes`], or it
+/// creates a tensor (`full`, `iota`; composites such as `zeros_like` that one produces).
+pub fn returns_fresh(bsym: &BoundSymbol) -> bool {
+    made_by(bsym, |p| is_compute(p) || is_creation(p))
+}
+
+/// Whether each output of a call without effects is made by a prim that `makes` (the call
+/// itself, or the last prim producing it in a composite's decomposition).
+fn made_by(bsym: &BoundSymbol, makes: fn(&Prim) -> bool) -> bool {
     if bsym.has_effect() || bsym.outputs.is_empty() {
         return false;
     }
     match &bsym.symbol {
-        Symbol::Prim(p) => is_compute(p),
-        Symbol::Composite(_) => bsym.outputs.iter().all(|&o| computed_in(&bsym.subsymbols, o)),
+        Symbol::Prim(p) => makes(p),
+        Symbol::Composite(_) => bsym.outputs.iter().all(|&o| made_in(&bsym.subsymbols, o, makes)),
         Symbol::Fallback(_) | Symbol::Region(_) => false,
     }
 }
 
+/// Elementwise, matmul and linear prims, and the writes at indices (their output is their first
+/// operand with elements added or written, which their in-place forms do to it).
 fn is_compute(p: &Prim) -> bool {
-    matches!(p.family(), "Unary" | "Binary") || matches!(p.name(), "where" | "polygamma" | "matmul" | "linear")
+    matches!(p.family(), "Unary" | "Binary")
+        || matches!(p.name(), "where" | "polygamma" | "matmul" | "linear" | "index_add" | "scatter_add" | "scatter")
 }
 
-/// Whether the last call of `subs` producing `v` computes it (recursively through composites).
-fn computed_in(subs: &[BoundSymbol], v: ValueId) -> bool {
+/// Prims that create a tensor from their parameters alone (random draws are effects).
+fn is_creation(p: &Prim) -> bool {
+    p.family() == "Creation" && !p.is_random()
+}
+
+/// Whether the last call of `subs` producing `v` is a prim that `makes` (recursively through
+/// composites).
+fn made_in(subs: &[BoundSymbol], v: ValueId, makes: fn(&Prim) -> bool) -> bool {
     subs.iter().rev().find(|s| s.outputs.contains(&v)).is_some_and(|s| match &s.symbol {
-        Symbol::Prim(p) => is_compute(p),
-        Symbol::Composite(_) => computed_in(&s.subsymbols, v),
+        Symbol::Prim(p) => makes(p),
+        Symbol::Composite(_) => made_in(&s.subsymbols, v, makes),
         _ => false,
     })
 }
@@ -116,6 +147,7 @@ mod tests {
     use super::*;
     use crate::lifetimes::del_last_used;
     use trace_ir::parser::parse_trace;
+    use trace_ir::pysrc::{python_source, ExecPlan};
 
     /// The callees' printed forms after reuse, for a trace whose every call offers `name_`.
     fn reused(body: &str) -> Vec<String> {
@@ -126,11 +158,7 @@ mod tests {
             .iter()
             .map(|b| {
                 let name = b.symbol.as_prim().map_or("op", |p| p.name());
-                Callee {
-                    function: format!("f_{name}").into(),
-                    method: Some(name.into()),
-                    inplace: Some(format!("{name}_").into()),
-                }
+                Callee::with_methods(format!("f_{name}"), name)
             })
             .collect();
         let dels = del_last_used(&trace, 0);
@@ -167,11 +195,7 @@ mod tests {
     fn a_dying_second_operand_of_add_becomes_the_receiver() {
         let text = "def computation(t0, t1):\n  # t0: \"cpu f32[4]\"\n  # t1: \"cpu f32[4]\"\n  t2 = prims.exp(t1)\n  t3 = prims.add(t0, t2)\n  t4 = prims.sub(t0, t3)\n  return t4\n";
         let trace = parse_trace(text).unwrap();
-        let callee = |n: &str| Callee {
-            function: format!("f_{n}").into(),
-            method: Some(n.into()),
-            inplace: Some(format!("{n}_").into()),
-        };
+        let callee = |n: &str| Callee::with_methods(format!("f_{n}"), n);
         let mut impls = vec![callee("exp"), callee("add"), callee("sub")];
         let dels = del_last_used(&trace, 0);
         let out = reuse_receivers(&trace, &mut impls, &dels);
@@ -185,16 +209,106 @@ mod tests {
     fn promotion_and_broadcast_block_reuse() {
         let text = "def computation(t0, t1):\n  # t0: \"cpu f32[4]\"\n  # t1: \"cpu f32[3, 4]\"\n  t2 = prims.exp(t0)\n  t4 = ltorch.add(t2, t1)\n    # t3 = prims.broadcast_in_dim(t2, (3, 4), (1,))\n    # t4 = prims.add(t3, t1)\n  t5 = prims.exp(t4)\n  t6 = prims.lt(t5, 0.5)\n  return (t4, t6)\n";
         let trace = parse_trace(text).unwrap();
-        let callee = |n: &str| Callee {
-            function: format!("f_{n}").into(),
-            method: Some(n.into()),
-            inplace: Some(format!("{n}_").into()),
-        };
+        let callee = |n: &str| Callee::with_methods(format!("f_{n}"), n);
         let mut impls = vec![callee("exp"), callee("add"), callee("exp"), callee("lt")];
         let dels = del_last_used(&trace, 0);
         reuse_receivers(&trace, &mut impls, &dels);
         let methods: Vec<_> = impls.iter().map(|c| c.method.as_deref().unwrap().to_string()).collect();
         // add broadcasts t2 to [3, 4]; lt makes bools from floats; t4 is returned.
         assert_eq!(methods, ["exp", "add", "exp", "lt"]);
+    }
+
+    /// The generated code's calls (`t4 = t3.index_add_(0, t1, t2)`) after reuse, for a trace
+    /// of `lines` whose inputs are a buffer `t0`, rows `t1` and their values `t2`, with callees
+    /// as the torch executor's: prim `index_add(a, index, source, dim)` as `a.index_add(dim,
+    /// index, source)`, `full` and `zeros_like` as functions, the other symbols as methods.
+    fn index_calls(lines: &[&str]) -> Vec<String> {
+        let mut text = String::from("def computation(t0, t1, t2):\n");
+        text.push_str("  # t0: \"cpu f32[6, 4]\"\n  # t1: \"cpu i64[3]\"\n  # t2: \"cpu f32[3, 4]\"\n");
+        text.extend(lines.iter().map(|line| format!("  {line}\n")));
+        let trace = parse_trace(&text).unwrap();
+        let callee = |b: &BoundSymbol| {
+            let name = b.symbol.qualified_name().rsplit('.').next().unwrap().to_string();
+            match b.symbol.as_prim().map(|p| p.name()) {
+                _ if name == "full" || name == "zeros_like" => Callee::function(format!("torch_{name}")),
+                Some(p @ ("index_add" | "scatter_add")) => {
+                    Callee { method_args: Some([3, 1, 2].into()), ..Callee::with_methods(format!("prim_{p}"), p) }
+                }
+                _ => Callee::with_methods(format!("torch_{name}"), &name),
+            }
+        };
+        let mut impls: Vec<Callee> = trace.bsyms.iter().map(callee).collect();
+        let dels = del_last_used(&trace, 0);
+        let exec = reuse_receivers(&trace, &mut impls, &dels);
+        let plan = ExecPlan { impls: &impls, dels: &dels, detached: &[], packed: None };
+        let source = python_source(&exec, &plan, "computation");
+        let statements = source.lines().filter(|l| l.starts_with("  t") && l.contains(" = "));
+        statements.map(|l| l.split("  #").next().unwrap().trim().to_string()).collect()
+    }
+
+    const ZEROS: &str = "t3 = prims.full((6, 4), 0.0, torch.device('cpu'), torch.float32)";
+
+    #[test]
+    fn a_loop_of_index_adds_into_a_buffer_of_zeros_runs_in_place() {
+        let got = index_calls(&[
+            ZEROS,
+            "t4 = prims.index_add(t3, t1, t2, 0)",
+            "t5 = prims.exp(t2)",
+            "t6 = prims.index_add(t4, t1, t5, 0)",
+            "return t6",
+        ]);
+        // The method forms take `dim` first; t2 (an input) is never written, t5 is the source.
+        let expected = [
+            "t3 = torch_full((6, 4), 0.0, _dev0, torch.float32)",
+            "t4 = t3.index_add_(0, t1, t2)",
+            "t5 = t2.exp()",
+            "t6 = t4.index_add_(0, t1, t5)",
+        ];
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn composites_made_by_a_creation_and_an_index_write_run_in_place() {
+        let got = index_calls(&[
+            "t3 = ltorch.zeros_like(t0)  # t3: \"cpu f32[6, 4]\"",
+            "  # t3 = prims.full((6, 4), 0.0, torch.device('cpu'), torch.float32)  # t3: \"cpu f32[6, 4]\"",
+            "t4 = ltorch.index_add(t3, 0, t1, t2)  # t4: \"cpu f32[6, 4]\"",
+            "  # t4 = prims.index_add(t3, t1, t2, 0)  # t4: \"cpu f32[6, 4]\"",
+            "return t4",
+        ]);
+        assert_eq!(got, ["t3 = torch_zeros_like(t0)", "t4 = t3.index_add_(0, t1, t2)"]);
+    }
+
+    #[test]
+    fn index_writes_into_inputs_returned_viewed_or_later_read_values_allocate() {
+        let cases: [(&[&str], &str); 5] = [
+            // Into an input.
+            (&["t4 = prims.index_add(t0, t1, t2, 0)", "return t4"], "t4 = t0.index_add(0, t1, t2)"),
+            // The buffer is read after the write.
+            (
+                &["t4 = prims.index_add(t3, t1, t2, 0)", "t5 = prims.sub(t4, t3)", "return t5"],
+                "t4 = t3.index_add(0, t1, t2)",
+            ),
+            // The buffer is returned.
+            (&["t4 = prims.index_add(t3, t1, t2, 0)", "return (t4, t3)"], "t4 = t3.index_add(0, t1, t2)"),
+            // A view of the buffer lives on.
+            (
+                &["t4 = prims.reshape(t3, (24,))", "t5 = prims.index_add(t3, t1, t2, 0)", "return (t5, t4)"],
+                "t5 = t3.index_add(0, t1, t2)",
+            ),
+            // The buffer is also the source.
+            (
+                &[
+                    "t4 = prims.full((6, 4), 1, torch.device('cpu'), torch.int64)",
+                    "t5 = prims.scatter_add(t3, t4, t3, 0)",
+                    "return t5",
+                ],
+                "t5 = t3.scatter_add(0, t4, t3)",
+            ),
+        ];
+        for (lines, expected) in cases {
+            let got = index_calls(&[&[ZEROS], lines].concat());
+            assert!(got.iter().any(|line| line == expected), "{lines:?}: {got:?}");
+        }
     }
 }

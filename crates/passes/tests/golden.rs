@@ -192,10 +192,8 @@ fn executor_specs(executors: &[Executor], trace: &Trace) -> Result<Vec<ExecutorS
         };
         let impls = keys.into_iter().map(|k| {
             let name = short(&k);
-            let mut callee = Callee::function(format!("{}_{name}", e.name));
-            if e.inplace {
-                (callee.method, callee.inplace) = (Some(name.as_str().into()), Some(format!("{name}_").into()));
-            }
+            let function = format!("{}_{name}", e.name);
+            let callee = if e.inplace { Callee::with_methods(function, &name) } else { Callee::function(function) };
             (k, ImplSpec { callee, has_checker: false })
         });
         let (fusion, fuses_decompositions) = (e.fusion, e.decompositions);

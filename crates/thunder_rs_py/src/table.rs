@@ -25,27 +25,31 @@ pub struct ImplEntry {
     has_checker: bool,
     method: Option<String>,
     inplace: Option<String>,
+    method_args: Option<Vec<usize>>,
 }
 
 #[pymethods]
 impl ImplEntry {
     /// `symbol` is a prim name (str) or a registered symbol id (int); `function` the global the
     /// generated code calls; `method` a tensor method with the same signature and `inplace` one
-    /// computing the same values into its receiver (either may be None).
+    /// computing the same values into its receiver (either may be None); `method_args` the
+    /// positions of the call's arguments both methods take after their receiver, in their order
+    /// (None: those after the first).
     #[new]
-    #[pyo3(signature = (*, symbol, function, has_checker, method=None, inplace=None))]
+    #[pyo3(signature = (*, symbol, function, has_checker, method=None, inplace=None, method_args=None))]
     fn new(
         symbol: Bound<'_, PyAny>,
         function: String,
         has_checker: bool,
         method: Option<String>,
         inplace: Option<String>,
+        method_args: Option<Vec<usize>>,
     ) -> PyResult<Self> {
         let symbol = match symbol.extract::<u32>() {
             Ok(id) => Named::Symbol(id),
             Err(_) => Named::Prim(symbol.extract::<String>()?),
         };
-        Ok(ImplEntry { symbol, function, has_checker, method, inplace })
+        Ok(ImplEntry { symbol, function, has_checker, method, inplace, method_args })
     }
 
     #[getter]
@@ -76,15 +80,21 @@ impl ImplEntry {
         self.inplace.as_deref()
     }
 
+    #[getter]
+    fn method_args(&self) -> Option<Vec<usize>> {
+        self.method_args.clone()
+    }
+
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let repr = |value: Bound<'_, PyAny>| value.repr().map(|r| r.to_string());
         Ok(format!(
-            "ImplEntry(symbol={}, function={}, has_checker={}, method={}, inplace={})",
+            "ImplEntry(symbol={}, function={}, has_checker={}, method={}, inplace={}, method_args={})",
             repr(self.symbol(py)?)?,
             repr(self.function.as_str().into_pyobject(py)?.into_any())?,
             repr(self.has_checker.into_pyobject(py)?.to_owned().into_any())?,
             repr(self.method.as_deref().into_pyobject(py)?)?,
             repr(self.inplace.as_deref().into_pyobject(py)?)?,
+            repr(self.method_args.clone().into_pyobject(py)?)?,
         ))
     }
 }
@@ -104,6 +114,7 @@ impl ImplEntry {
             function: self.function.as_str().into(),
             method: self.method.as_deref().map(Into::into),
             inplace: self.inplace.as_deref().map(Into::into),
+            method_args: self.method_args.as_deref().map(Into::into),
         };
         Ok((key, ImplSpec { callee, has_checker: self.has_checker }))
     }

@@ -22,14 +22,26 @@ pub struct Callee {
     pub method: Option<Arc<str>>,
     /// A tensor method computing the same values into the first argument (`mul_`), which the
     /// plan calls instead when that argument is a fresh intermediate dying at this call
-    /// (see `passes::reuse`).
+    /// (see `passes::reuse`). It takes the arguments `method` takes.
     pub inplace: Option<Arc<str>>,
+    /// The positions in the call's arguments (a prim's operands, then its parameters) of the
+    /// arguments the method forms take after their receiver, in the methods' order; None: all
+    /// after the first, in order. The prim `index_add(a, index, source, dim)` is
+    /// `a.index_add(dim, index, source)`: `[3, 1, 2]`.
+    pub method_args: Option<Arc<[usize]>>,
 }
 
 impl Callee {
     /// A plain function call, with no method forms.
     pub fn function(function: impl Into<Arc<str>>) -> Callee {
-        Callee { function: function.into(), method: None, inplace: None }
+        Callee { function: function.into(), method: None, inplace: None, method_args: None }
+    }
+
+    /// A call of `function` with the method forms `method` and `method_` (`exp`, `exp_`), which
+    /// take the call's arguments after the first.
+    pub fn with_methods(function: impl Into<Arc<str>>, method: &str) -> Callee {
+        let (method, inplace) = (Some(method.into()), Some(format!("{method}_").into()));
+        Callee { function: function.into(), method, inplace, method_args: None }
     }
 }
 
@@ -67,15 +79,20 @@ impl ArgStyle for HoistedDevices {
     }
 }
 
-/// Writes the call of `callee`: as a method of the first argument when it is a tensor.
+/// Writes the call of `callee`: as a method of the first argument when it is a tensor (and
+/// `method_args` names only positions the call has).
 fn write_callee(out: &mut String, trace: &Trace, callee: &Callee, bsym: &BoundSymbol, style: &mut dyn ArgStyle) {
     let args = bsym.call_args();
-    match (&callee.method, args.first()) {
-        (Some(method), Some(Arg::Value(v))) if trace.tensor(*v).is_some() => {
-            write_call_with(out, &format!("{v}.{method}"), &args[1..], &bsym.kwargs, style)
+    if let (Some(method), Some(Arg::Value(v))) = (&callee.method, args.first()) {
+        let taken = match &callee.method_args {
+            Some(order) => order.iter().map(|&i| args.get(i).cloned()).collect(),
+            None => Some(args[1..].to_vec()),
+        };
+        if let (Some(taken), Some(_)) = (taken, trace.tensor(*v)) {
+            return write_call_with(out, &format!("{v}.{method}"), &taken, &bsym.kwargs, style);
         }
-        _ => write_call_with(out, &callee.function, &args, &bsym.kwargs, style),
     }
+    write_call_with(out, &callee.function, &args, &bsym.kwargs, style)
 }
 
 /// One line of generated code calling `callee` for `bsym`. A region's call unpacks the tuple
@@ -282,5 +299,20 @@ mod tests {
             "def f(l_größe, w):\n  t10 = g(l_größe, \"t0\", w)  # é w: \"cpu\"\n  return (t10, t01x, at0)\n"
         );
         assert_eq!(name_values(&named, &FxHashMap::default()), named);
+    }
+
+    #[test]
+    fn method_args_reorder_a_methods_arguments_and_a_bad_position_falls_back_to_the_function() {
+        let text = "def computation(t0, t1, t2):\n  # t0: \"cpu f32[6, 4]\"\n  # t1: \"cpu i64[3]\"\n  # t2: \"cpu f32[3, 4]\"\n  t3 = prims.index_add(t0, t1, t2, 0)\n  return t3\n";
+        let trace = crate::parser::parse_trace(text).unwrap();
+        let call = |order: &[usize]| {
+            let callee =
+                Callee { method_args: Some(order.into()), ..Callee::with_methods("prim_index_add", "index_add") };
+            let plan = ExecPlan { impls: &[callee], dels: &[], detached: &[], packed: None };
+            let source = python_source(&trace, &plan, "computation");
+            source.lines().find(|l| l.starts_with("  t3 = ")).unwrap().split("  #").next().unwrap().to_string()
+        };
+        assert_eq!(call(&[3, 1, 2]), "  t3 = t0.index_add(0, t1, t2)");
+        assert_eq!(call(&[3, 1, 4]), "  t3 = prim_index_add(t0, t1, t2, 0)");
     }
 }

@@ -189,12 +189,18 @@ def _register_prims() -> None:
     _register_prim_table(simple)
 
 
+#: The writes at indices, whose tensor methods take ``dim`` first: the prim
+#: ``index_add(a, index, source, dim)`` is ``a.index_add(dim, index, source)``, and its in-place
+#: form ``a.index_add_(dim, index, source)`` (what ``passes::reuse`` calls on a dying buffer).
+_DIM_FIRST_METHODS = {"index_add": (3, 1, 2), "scatter_add": (3, 1, 2), "scatter": (3, 1, 2)}
+
+
 def _register_prim_table(simple: dict) -> None:
     """Every prim as ``simple`` runs it, the others as the torch function of their name with the
     prim's arguments, and as the tensor method of that name where there is one. The
     operator-backed arithmetic prims (numbers on either side) are these methods when their first
     operand is a tensor. One registration for all (each one is a new registry version)."""
-    methods = {"add", "sub", "mul"}
+    methods = {"add", "sub", "mul", *_DIM_FIRST_METHODS}
     torch_ex.registry.register(
         *(
             Implementation(
@@ -202,6 +208,7 @@ def _register_prim_table(simple: dict) -> None:
                 f"prim_{name}",
                 simple.get(name) or getattr(torch, name, None) or getattr(torch.special, name),
                 method=name if name in methods or (name not in simple and hasattr(torch.Tensor, name)) else None,
+                method_args=_DIM_FIRST_METHODS.get(name),
             )
             for name in prims.NAMES
         )
@@ -209,9 +216,10 @@ def _register_prim_table(simple: dict) -> None:
 
 
 def _declare_inplace_methods() -> None:
-    """``m_`` for every method ``m`` that has one: ``passes::reuse`` calls it for elementwise
-    compute calls whose receiver is a fresh intermediate dying there, where it computes the
-    same values (it never picks random draws, whose in-place forms mean something else)."""
+    """``m_`` for every method ``m`` that has one: ``passes::reuse`` calls it for calls that
+    compute (elementwise, and writes at indices such as ``index_add``) whose receiver is a fresh
+    intermediate dying there, where it computes the same values (it never picks random draws,
+    whose in-place forms mean something else)."""
     torch_ex.registry.register(
         *(
             dataclasses.replace(impl, inplace_method=f"{impl.method}_")

@@ -54,6 +54,10 @@ class Implementation:
     #: generated code calls it where the receiver is a fresh intermediate dying at the call (the
     #: Rust ``reuse`` step decides where that is safe).
     inplace_method: str | None = None
+    #: Which of the call's arguments (a prim's operands, then its parameters) both methods take
+    #: after their receiver, by position and in their order; None: all after the first. The prim
+    #: ``index_add(a, index, source, dim)`` is ``a.index_add(dim, index, source)``: ``(3, 1, 2)``.
+    method_args: tuple[int, ...] | None = None
 
 
 #: Versions are never reused, across registries too: a new registry may reuse a collected
@@ -131,10 +135,13 @@ class Executor:
         checker=None,
         method: str | None = None,
         inplace_method: str | None = None,
+        method_args: tuple[int, ...] | None = None,
     ) -> Implementation:
         """Runs ``symbol`` (an ltorch symbol, a prim entry point or a prim name) with ``impl``."""
         name = impl_name or f"{self.name}_{getattr(impl, '__name__', 'impl')}"
-        record = Implementation(symbol_key(symbol), name.replace(".", "_"), impl, checker, method, inplace_method)
+        record = Implementation(
+            symbol_key(symbol), name.replace(".", "_"), impl, checker, method, inplace_method, method_args
+        )
         self.registry.register(record)
         return record
 
@@ -378,6 +385,7 @@ def _entry(impl: Implementation, code: str) -> _core.ImplEntry:
         has_checker=impl.checker is not None,
         method=impl.method,
         inplace=impl.inplace_method,
+        method_args=None if impl.method_args is None else list(impl.method_args),
     )
 
 
