@@ -356,7 +356,7 @@ class ThunderFunction:
             reason = failed.why_not(flat) if failed is not None else None
             declined = self._why_not_symbolic(key, flat, spec)
             mode = self._dynamic if self._dynamic_off is None else False
-            sizes = wanted_sizes(mode, key, flat, [self._last_key, *self._variants], self._marked)
+            sizes = wanted_sizes(mode, key, flat, spec, [self._last_key, *self._variants], self._marked)
             sizes = tuple(at for at in sizes if at not in self._constant_ints)
             # A new key (a mask grown with the cache) compares with the entry compiled last.
             held = wanted_held(mode, failed or self._last_entry, flat, self._marked_held)

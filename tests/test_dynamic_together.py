@@ -1,0 +1,119 @@
+"""Sizes that change together become symbolic together, in one compile rather than one each:
+the same dim of the other items of a list argument when one item's changed
+(``dynamic.siblings``), each item with size inputs of its own (items' sizes are equal by
+chance). Against eager: outputs, gradients, and the exact compile counts."""
+
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten
+
+import thunder_rs
+from thunder_rs.core.acquisition.dynamic import siblings
+from test_data_dependent import assert_calls_match
+from twin_training import misses
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# -- items of a list --------------------------------------------------------------------------------
+
+
+def pooled(xs, w):
+    return torch.stack([(x @ w).relu().mean(0) for x in xs]).sum(0)
+
+
+def _rows(lengths, container=list):
+    g = torch.Generator().manual_seed(sum(lengths))
+    return container(torch.randn(n, 4, generator=g, requires_grad=True) for n in lengths)
+
+
+def test_the_other_items_of_a_list_turn_symbolic_with_the_one_that_changed():
+    """One item's length changed: the other items' lengths are symbolic in that compile too, so
+    later calls where they change compile nothing."""
+    w = torch.randn(4, 3, requires_grad=True)
+    jfn = thunder_rs.jit(pooled)
+    calls = [(_rows(n), w) for n in ((2, 3, 4), (5, 3, 4), (6, 7, 8), (3, 9, 2))]
+    for xs, _ in calls:
+        assert_calls_match(pooled, jfn, [(xs, w)], grad_of=(1,))
+        expected = torch.autograd.grad(pooled(xs, w).sum(), xs)
+        torch.testing.assert_close(torch.autograd.grad(jfn(xs, w).sum(), xs), expected)
+    assert misses(jfn) == 2
+    assert thunder_rs.compile_stats(jfn).miss_reasons[1] == (
+        "xs[0]: shape torch.Size([2, 4]) -> torch.Size([5, 4]); "
+        "compiled with symbolic sizes xs[0].shape[0], xs[1].shape[0], xs[2].shape[0]"
+    )
+
+
+def test_the_items_of_a_tuple_are_not_alike():
+    """A tuple's items are not alike by convention (``(input, mask)``): only the one that changed
+    turns symbolic, and a change of another compiles again."""
+    w = torch.randn(4, 3)
+    jfn = thunder_rs.jit(pooled)
+    for lengths in ((2, 3, 4), (5, 3, 4), (6, 7, 4), (3, 9, 5)):
+        xs = _rows(lengths, tuple)
+        torch.testing.assert_close(jfn(xs, w), pooled(xs, w))
+    assert misses(jfn) == 4
+
+
+def test_siblings_have_the_changed_tensors_place_rank_and_dtype():
+    x, m = torch.zeros(3, 4), torch.zeros(3, dtype=torch.bool)
+    args = ([x, x, x[:, :1].squeeze(1), m], dict(a=[x, x], b=x))
+    flat, spec = tree_flatten((args, {}))
+    assert siblings(spec, flat, [(0, 0)]) == {(1, 0)}  # not the vector, nor the mask, nor a's
+    assert siblings(spec, flat, [(4, 1)]) == {(5, 1)}
+    assert siblings(spec, flat, [(6, 0)]) == set()  # b is no item of a list
+
+
+def boxes_loss(images, targets):
+    """Per image, its target's boxes and labels: the box count is each item's own size."""
+    loss = 0
+    for image, target in zip(images, targets):
+        loss = loss + (target["boxes"] * image.mean()).sum() + target["labels"].float().sum()
+    return loss
+
+
+def _targets(counts):
+    g = torch.Generator().manual_seed(sum(counts))
+    return [dict(boxes=torch.rand(n, 4, generator=g), labels=torch.randint(1, 3, (n,), generator=g)) for n in counts]
+
+
+def test_items_of_a_list_have_size_inputs_of_their_own():
+    """Two targets' box counts equal at the compile that made them symbolic (3 and 3) do not share
+    a size input (duck sizing), so a call where they differ compiles nothing; one target's boxes and
+    labels still share theirs. A count of 1 is compiled for, as a size of 1 is."""
+    images = [torch.randn(3, 8, 8, requires_grad=True) for _ in range(2)]
+    jfn = thunder_rs.jit(boxes_loss)
+    for counts in ((2, 2), (3, 3), (4, 5), (5, 4), (2, 2)):
+        _assert_matches_with_image_grads(jfn, images, _targets(counts))
+    assert misses(jfn) == 2
+    reason = thunder_rs.compile_stats(jfn).miss_reasons[1]
+    symbolic = "targets[0]['boxes'].shape[0], targets[1]['boxes'].shape[0] (and 2 sizes equal to them)"
+    assert reason.endswith(f"compiled with symbolic sizes {symbolic}")
+    _assert_matches_with_image_grads(jfn, images, _targets((1, 3)))
+    assert misses(jfn) == 3
+
+
+def _assert_matches_with_image_grads(jfn, images, targets):
+    out, expected = jfn(images, targets), boxes_loss(images, targets)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out, images), torch.autograd.grad(expected, images))
+
+
+def stacked(xs):
+    return torch.stack(xs).sum(0) * 2
+
+
+def test_items_a_program_relies_on_being_equal_are_guarded_so():
+    """``torch.stack`` needs its items' sizes equal: the trace guards it, and unequal items raise
+    as eager raises."""
+    jfn = thunder_rs.jit(stacked)
+    for lengths in ((2, 2), (3, 3), (4, 4)):
+        xs = [torch.randn(n) for n in lengths]
+        torch.testing.assert_close(jfn(xs), stacked(xs))
+    assert misses(jfn) == 2
+    assert "guard t0 - t1 == 0" in str(thunder_rs.last_traces(jfn)[-1])
+    xs = [torch.randn(4), torch.randn(5)]
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        stacked(xs)
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        jfn(xs)
