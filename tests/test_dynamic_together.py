@@ -1,10 +1,15 @@
 """Sizes that change together become symbolic together, in one compile rather than one each:
 the same dim of the other items of a list argument when one item's changed
 (``dynamic.siblings``), each item with size inputs of its own (items' sizes are equal by
-chance). Against eager: outputs, gradients, and the exact compile counts."""
+chance); and every size computed from values that differs from the compile before
+(``ValueReads._groups``), not only the one whose check failed. Against eager: outputs,
+gradients, parameters after training, and the exact compile counts."""
+
+import copy
 
 import pytest
 import torch
+import torch.nn as nn
 from torch.utils._pytree import tree_flatten
 
 import thunder_rs
@@ -13,6 +18,13 @@ from test_data_dependent import assert_calls_match
 from twin_training import misses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _mask(n: int, size: int = 16, seed: int = 0) -> torch.Tensor:
+    """A boolean mask of ``size`` elements, ``n`` of them set, at places drawn from ``seed``."""
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[torch.randperm(size, generator=torch.Generator().manual_seed(seed))[:n]] = True
+    return mask
 
 
 # -- items of a list --------------------------------------------------------------------------------
@@ -117,3 +129,93 @@ def test_items_a_program_relies_on_being_equal_are_guarded_so():
         stacked(xs)
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
         jfn(xs)
+
+
+# -- sizes computed from values -------------------------------------------------------------------
+
+
+def two_masks(x, w, a, b):
+    first = (x[a] @ w).sum()
+    return first + (x[b] @ w).square().mean()
+
+
+@pytest.mark.parametrize(
+    "counts, compiles",
+    [
+        # the first call; then both counts changed: both symbolic in one compile
+        (((3, 4), (5, 6), (7, 8), (4, 9)), 2),
+        # the second count stayed at the second call: constant there, symbolic once it changes
+        (((3, 4), (5, 4), (7, 8), (4, 9)), 3),
+    ],
+)
+def test_every_count_that_changed_since_the_compile_before_is_symbolic(counts, compiles):
+    x, w = torch.randn(16, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    jfn = thunder_rs.jit(two_masks)
+    calls = [(x, w, _mask(n, seed=1), _mask(k, seed=2)) for n, k in counts]
+    assert_calls_match(two_masks, jfn, calls, grad_of=(0, 1))
+    assert misses(jfn) == compiles
+    assert str(thunder_rs.last_traces(jfn)[-1]).count("check_sizes") == 2
+
+
+def masked_sums(x, masks):
+    return sum((x[m] * (i + 1)).sum(0) for i, m in enumerate(masks))
+
+
+def test_the_reads_of_one_line_are_told_apart_by_their_order():
+    """A line read once per item (a loop over images): each read is compared with the read in the
+    same place of the compile before."""
+    x = torch.randn(16, 3, requires_grad=True)
+    jfn = thunder_rs.jit(masked_sums)
+    counts = ((3, 4, 5), (6, 7, 8), (2, 9, 4), (5, 5, 5))
+    calls = [(x, [_mask(n, seed=s) for s, n in enumerate(c)]) for c in counts]
+    assert_calls_match(masked_sums, jfn, calls, grad_of=(0,))
+    assert misses(jfn) == 2
+
+
+def scaled_rows(x, mask):
+    return x[mask].sum(0) * x.shape[0]
+
+
+def test_a_count_that_changed_with_an_input_size_is_symbolic_in_the_same_compile():
+    """A compile for a new input size compares the counts with the compile before it too."""
+    jfn = thunder_rs.jit(scaled_rows)
+    calls = [(torch.randn(n, 3, requires_grad=True), _mask(k, size=n)) for n, k in ((16, 3), (20, 5), (24, 7))]
+    assert_calls_match(scaled_rows, jfn, calls, grad_of=(0,))
+    assert misses(jfn) == 2
+
+
+class PerItemLoss(nn.Module):
+    """Per item of a batch given as lists, a loss over the rows its mask keeps: the items' lengths
+    are input sizes, the kept rows' counts sizes computed from values."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, feats, masks):
+        return sum(self.lin(f[m]).square().mean() for f, m in zip(feats, masks))
+
+
+def test_a_module_over_lists_of_items_and_their_masks_trains_as_eager_in_two_compiles():
+    torch.manual_seed(0)
+    model = PerItemLoss()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    g = torch.Generator().manual_seed(0)
+    for step in range(6):
+        lengths = torch.randint(4, 12, (3,), generator=g).tolist()
+        feats = [torch.randn(n, 4, generator=g) for n in lengths]
+        masks = [_mask(int(torch.randint(2, n, (), generator=g)), size=n, seed=step) for n in lengths]
+        loss, expected = jmodel(feats, masks), eager(feats, masks)
+        torch.testing.assert_close(loss, expected)
+        loss.backward()
+        expected.backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p, q)
+    assert misses(jmodel) == 2

@@ -295,7 +295,7 @@ class ThunderFunction:
 
     def _variant_compile(self, entry: Entry, forced: tuple, key, flat, spec, diverged: Diverged) -> Entry:
         """Compiles the variant of ``entry`` for the reads ``forced`` (the call's)."""
-        static = functools.partial(self._compile, flat, spec(), key, str(diverged), forced)
+        static = functools.partial(self._compile, flat, spec(), key, str(diverged), forced, entry)
         if entry.symbolic is not None and self._dynamic_off is None:
             # A variant of a symbolic entry is symbolic too: it serves the sizes the entry does.
             sizes, held = entry.symbolic_args
@@ -386,14 +386,18 @@ class ThunderFunction:
         log_dynamic_off(_name(self._fn), failure)
         return entry
 
-    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = (), **options) -> Entry:
+    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = (), prior=None, **options) -> Entry:
         """Compiles an entry for the call of ``flat`` (``_compile_with``), the output sizes of calls
-        that were seen to change symbolic (``values.widened``); where that fails, with them constant."""
+        that were seen to change symbolic (``values.widened``), and those that differ from the
+        reads of ``prior`` (the variant whose check failed; else the entry compiled last); where
+        that fails, with them constant."""
         sites = self._sized_sites
-        if not sites and not any(r.sizes for r in forced):
+        prior = self._last_entry if prior is None else prior
+        reads = prior.reads if prior is not None and self._dynamic is not False and self._dynamic_off is None else ()
+        if not sites and not reads and not any(r.sizes for r in forced):
             return self._compile_with(flat, spec, key, guard_reason, forced, {}, **options)
         try:
-            return self._compile_with(flat, spec, key, guard_reason, forced, sites, **options)
+            return self._compile_with(flat, spec, key, guard_reason, forced, sites, prior=reads, **options)
         except Exception:  # noqa: BLE001 (a program's own error is raised again below)
             constant = next((i for i, r in enumerate(forced) if r.sizes), len(forced))
             return self._compile_with(flat, spec, key, guard_reason, forced[:constant], {}, **options)
@@ -410,17 +414,19 @@ class ThunderFunction:
         held: dict | None = None,
         declined: str | None = None,
         tree: ValueTree | None = None,
+        prior: tuple = (),
     ) -> Entry:
         """Compiles an entry for the call of ``flat``; ``forced`` are reads of values a divergence
         settled (``values.ValueReads``), ``sites`` the calls whose output sizes are symbolic;
         ``sizes`` the ``(flat position, dim)`` traced as symbolic, ``held`` the dims of argument
         objects' tensors (``dynamic.wanted_held``); ``declined`` why the last symbolic entry did not
         serve the call (for the miss reason); ``tree`` the value tree of the symbolic entry whose
-        variant this is."""
+        variant this is; ``prior`` the reads a read whose sizes differ from is symbolic
+        (``ValueReads._groups``)."""
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
-        reads = ValueReads(snapshot_runner(executors), forced, sites)
+        reads = ValueReads(snapshot_runner(executors), forced, sites, prior)
         binding = self._binding if self._module is not None else None
         acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
         modes.check_restored()
@@ -464,6 +470,7 @@ class ThunderFunction:
         self._insert(key, entry, tree)
         if symbolic is not None:
             self._symbolic.append(symbolic)
+        self._sized_sites.update(reads.widened)
         return entry
 
     def _why_not_symbolic(self, key, flat, spec) -> str | None:
