@@ -219,3 +219,38 @@ def test_a_module_over_lists_of_items_and_their_masks_trains_as_eager_in_two_com
         for p, q in zip(model.parameters(), eager.parameters()):
             torch.testing.assert_close(p, q)
     assert misses(jmodel) == 2
+
+
+# -- a guard on a symbolic count --------------------------------------------------------------------
+
+
+def sample(x, mask):
+    """torchvision's ``BalancedPositiveNegativeSampler``: at most 5 of the indices a mask keeps."""
+    idx = torch.where(mask)[0]
+    kept = idx[: min(idx.numel(), 5)]
+    return x[kept].sum(0) * kept.shape[0]
+
+
+def capped_by_item(x, mask):
+    n = mask.sum().item()
+    return x[:n].sum() if n > 4 else x[:n].mean()
+
+
+@pytest.mark.parametrize(
+    "fn, counts",
+    [
+        (sample, (3, 7, 9, 2, 4, 12, 3, 6)),  # min(count, 5) relies on count >= 5, then on count < 5
+        (capped_by_item, (3, 7, 9, 2, 4, 12, 3, 6)),  # ints read with item(): checked as a size too
+    ],
+)
+def test_each_outcome_of_a_guard_on_a_symbolic_count_has_a_symbolic_variant(fn, counts):
+    """The first count; then every count the first symbolic variant's guard holds for; then every
+    count on the guard's other side, symbolic too, where it compiled a variant per count before
+    (one per count up to the variant limit, then eager calls). Calls go from one to the other by
+    the value tree without compiling again."""
+    x = torch.randn(16, 3, requires_grad=True)
+    jfn = thunder_rs.jit(fn)
+    assert_calls_match(fn, jfn, [(x, _mask(n)) for n in counts], grad_of=(0,))
+    stats = thunder_rs.compile_stats(jfn)
+    assert (stats.cache_misses, stats.eager_calls) == (3, 0)
+    assert str(thunder_rs.last_traces(jfn)[-1]).count("check_") == 1

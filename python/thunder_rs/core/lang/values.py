@@ -162,7 +162,9 @@ class ValueReads:
             self._made.extend(sized.sizes)
             names = tuple(f"t{s.values()[0]}" for s in sized.sizes)
             inputs_named = tuple(f"t{s.values()[0]}" for s in inputs)
-            read = dataclasses.replace(read, sizes=sized.dims, names=names, inputs=inputs_named)
+            forced = self._forced[read.index] if read.index < len(self._forced) else None
+            side = forced.side if forced is not None else 0  # (the guards' outcome it was forced for)
+            read = dataclasses.replace(read, sizes=sized.dims, names=names, inputs=inputs_named, side=side)
             sized.record(read, tensors, inputs)
         self.reads.append(read)
 

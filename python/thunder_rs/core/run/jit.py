@@ -34,8 +34,8 @@ from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.base.userframe import user_frame
-from thunder_rs.core.lang.reads import Diverged, decision
-from thunder_rs.core.lang.value_sizes import place_guards, widened
+from thunder_rs.core.lang.reads import Diverged, Read, decision
+from thunder_rs.core.lang.value_sizes import other_side, place_guards, widened
 from thunder_rs.core.lang.values import ValueReads, ValueTree, abandonable
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
@@ -251,11 +251,13 @@ class ThunderFunction:
         variant that diverges in its turn hands over likewise, a bounded number of times (the
         values are the call's own, so the second variant's checks hold unless its Python state
         changed or numerics differ between variants)."""
+        tried = {id(entry)}
         for _ in range(MAX_DIVERGENCES):
-            found = self._variant_after(diverged, entry, key, flat, spec)
+            found = self._variant_after(diverged, entry, key, flat, spec, tried)
             if found is None:
                 return None, self._run_eagerly(diverged, eager)
             entry = found
+            tried.add(id(entry))
             try:
                 return entry, run(entry)
             except Diverged as again:
@@ -267,20 +269,22 @@ class ThunderFunction:
             f"next within one call ({diverged}); the variants compute them differently"
         )
 
-    def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec) -> Entry | None:
+    def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec, tried: set) -> Entry | None:
         """The variant of ``key`` whose reads agree with ``entry``'s up to the one that diverged
         and read there what the call read: from the value tree, or compiled with those reads'
         values given (the program makes them again, on the same values); None where the tree
-        holds ``VALUE_VARIANT_LIMIT`` variants already."""
+        holds ``VALUE_VARIANT_LIMIT`` variants already. ``tried``: the ids of the variants the
+        call ran already, each of which diverged."""
         read = diverged.read
-        # Output sizes a call computes from values, changed: a variant with them symbolic serves them all.
-        wide = None
-        if self._dynamic_off is None and self._dynamic is not False:
-            wide = widened(read, diverged.value, self._sized_sites.get((read.what, read.where), ()))
+        prefix = entry.decisions[: read.index]
         with self._lock:
-            for step in (decision(diverged.value), *((wide.key(),) if wide is not None else ())):
-                found = entry.tree.get(entry.decisions[: read.index] + (step,)) if entry.tree is not None else None
-                if found is not None and _serves(found, key, flat):
+            wide, steps = None, [decision(diverged.value)]
+            if self._dynamic_off is None and self._dynamic is not False:
+                wide, sized = self._symbolic_answer(read, diverged.value, entry.tree, prefix)
+                steps.extend(sized)
+            for step in steps:
+                found = entry.tree.get(prefix + (step,)) if entry.tree is not None else None
+                if found is not None and id(found) not in tried and _serves(found, key, flat):
                     found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                     if key in self._cache:
                         self._cache[key] = found
@@ -292,6 +296,22 @@ class ThunderFunction:
                 return self._variant_compile(entry, (*entry.reads[: read.index], wide), key, flat, spec, diverged)
             forced = (*entry.reads[: read.index], read.answered(diverged.value))
             return self._variant_compile(entry, forced, key, flat, spec, diverged)
+
+    def _symbolic_answer(self, read: Read, value, tree: ValueTree | None, prefix: tuple) -> tuple:
+        """The read a variant for ``value`` at ``read`` makes with symbolic sizes, or None, and the
+        value tree's keys of the variants that may serve it. ``read`` constant: its sizes that
+        changed, symbolic (``widened``; a variant then serves every count). ``read`` symbolic, its
+        value failed a guard the trace relied on there: each variant of its pattern on another side
+        of its guards, and a new side (``other_side``), as torch.compile recompiles a graph whose
+        guard on a symbolic size failed with the size still symbolic."""
+        if not read.sizes:
+            wide = widened(read, value, self._sized_sites.get((read.what, read.where), ()))
+            return wide, [wide.key()] if wide is not None else []
+        keys = [read.side_key(side) for side in range(VALUE_VARIANT_LIMIT)]
+        taken = [tree is not None and tree.get(prefix + (k,)) is not None for k in keys]
+        free = taken.index(False) if False in taken else None
+        wide = other_side(read, value, free) if free is not None else None
+        return wide, [k for k, t in zip(keys, taken) if t] if wide is not None else []
 
     def _variant_compile(self, entry: Entry, forced: tuple, key, flat, spec, diverged: Diverged) -> Entry:
         """Compiles the variant of ``entry`` for the reads ``forced`` (the call's)."""
