@@ -300,6 +300,14 @@ class Recorder:
     def snapshot(self, outputs: Sequence[int]) -> Trace:
         """What is recorded so far, returning the values ``outputs`` (a tuple) without gradient;
         the recording goes on."""
+    def segment(
+        self, wanted: Sequence[int], known: Sequence[int], checks: Sequence[int]
+    ) -> tuple[Trace, list[int], list[int]] | None:
+        """The calls no earlier segment ran (those whose tensors are all in ``known`` left out):
+        ``(trace, known_inputs, returned)``, the trace taking the recording's tensor inputs, the
+        ``known_inputs``, then the size inputs, and returning the tensors ``returned`` (every one
+        its calls compute, and the ``wanted`` inputs); None when a call with an effect on state
+        (a random draw) would run again: run the recording from its start then."""
     def finish(self, outputs: Any) -> Trace: ...
 
 @final

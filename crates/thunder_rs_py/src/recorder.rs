@@ -12,6 +12,9 @@ use crate::records::{PyTensorMeta, RecordedTensor};
 use crate::sizes::{dim_of, dim_to_py};
 use crate::trace::PyTrace;
 
+/// A segment of a recording for Python: its trace, the known tensors it takes, what it returns.
+type Segmented = (PyTrace, Vec<u32>, Vec<u32>);
+
 /// Records one trace. Python calls one method per prim, composite boundary or fallback.
 ///
 /// Not `unsendable`: the recording is found through a context variable, which a program may
@@ -305,6 +308,19 @@ impl Recorder {
         let builder = self.builder()?;
         let outputs: Vec<ValueId> = outputs.into_iter().map(ValueId).collect();
         Ok(PyTrace::new(no_panic("snapshot", || py_result(builder.snapshot(&outputs)))?, "snapshot"))
+    }
+
+    /// The calls no earlier segment ran, as `(trace, known_inputs, returned)` (see
+    /// `TraceBuilder::segment`: `known` are the tensors earlier segments returned, `checks` the
+    /// symbols of reads' checks), or None when the recording must run from its start.
+    fn segment(&mut self, wanted: Vec<u32>, known: Vec<u32>, checks: Vec<u32>) -> PyResult<Option<Segmented>> {
+        let builder = self.builder()?;
+        let wanted: Vec<ValueId> = wanted.into_iter().map(ValueId).collect();
+        let known = known.into_iter().map(ValueId).collect();
+        let checks: Vec<SymbolId> = checks.into_iter().map(SymbolId).collect();
+        let segment = no_panic("segment", || py_result(builder.segment(&wanted, &known, &checks)))?;
+        let ids = |vs: Vec<ValueId>| vs.into_iter().map(|v| v.0).collect();
+        Ok(segment.map(|s| (PyTrace::new(s.trace, "snapshot"), ids(s.known_inputs), ids(s.returned))))
     }
 
     /// Finishes the recording with the program's outputs (proxies, numbers, tuples, lists).

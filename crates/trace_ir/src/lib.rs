@@ -72,5 +72,5 @@ pub use ids::{SymbolId, ValueId};
 pub use prims::{Prim, PrimId};
 pub use sym::{Dim, Facts};
 pub use symbols::{SymbolKind, SymbolTable};
-pub use trace::{BoundSymbol, GradRule, OpenCalls, Symbol, Trace, TraceBuilder};
+pub use trace::{BoundSymbol, GradRule, OpenCalls, Segment, Symbol, Trace, TraceBuilder};
 pub use value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};

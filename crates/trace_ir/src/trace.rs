@@ -10,6 +10,9 @@ use crate::value::{Arg, Kwargs, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock};
 
+mod snapshot;
+pub use snapshot::Segment;
+
 /// What a bound symbol calls.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Symbol {
@@ -678,33 +681,6 @@ impl TraceBuilder {
         }
         self.stack.extend(open.0);
         Ok(())
-    }
-
-    /// The calls recorded so far as a trace returning `outputs`, which no gradient reaches
-    /// (their `requires_grad` is cleared); the recording goes on. A data-dependent read
-    /// evaluates the program up to the value it reads this way. The open composite calls
-    /// contribute the calls of their decompositions so far (they compute the same values); a
-    /// grad rule's backward cannot be evaluated (its cotangents have no values yet).
-    pub fn snapshot(&self, outputs: &[ValueId]) -> Result<Trace> {
-        if self.stack.iter().any(|frame| frame.grad.is_some()) {
-            bail!(Runtime, "recorder", "a snapshot inside a grad rule's backward");
-        }
-        let mut values = self.values.clone();
-        for &v in outputs {
-            match values.get_mut(v.0 as usize) {
-                Some(ValueKind::Tensor(t)) => t.requires_grad = false,
-                _ => bail!(Runtime, "recorder", "a snapshot's output {v} is not a tensor"),
-            }
-        }
-        let outputs = Arg::Tuple(outputs.iter().map(|&v| Arg::Value(v)).collect());
-        let bsyms = self.stack.iter().flat_map(|frame| frame.bsyms.iter().cloned()).collect();
-        Ok(Trace {
-            values: Arc::new(values),
-            inputs: self.all_inputs(),
-            bsyms,
-            outputs,
-            facts: Arc::new(self.facts.clone()),
-        })
     }
 
     /// Finishes the recording with the program's outputs.

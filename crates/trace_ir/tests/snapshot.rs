@@ -1,9 +1,13 @@
 //! Snapshots of a recording in progress: what a data-dependent read evaluates (the calls so far,
-//! open composites' decompositions included), the recording going on unchanged.
+//! open composites' decompositions included), the recording going on unchanged; segments of it, each running only the calls no earlier one ran.
 
+use rustc_hash::FxHashSet;
 use trace_ir::parser::{parse_args, parse_value_type};
 use trace_ir::verify::verify;
-use trace_ir::{Arg, ErrorKind, SymbolKind, SymbolTable, TraceBuilder, ValueKind};
+use trace_ir::{
+    Arg, DType, Device, ErrorKind, Segment, SymbolId, SymbolKind, SymbolTable, TensorMeta, TraceBuilder, ValueId,
+    ValueKind,
+};
 
 #[test]
 fn a_snapshot_returns_the_values_asked_for_without_gradient_and_the_recording_goes_on() {
@@ -32,4 +36,78 @@ fn a_snapshot_of_a_number_is_an_error() {
     let mut b = TraceBuilder::new();
     let n = b.add_input(parse_value_type("int 3").unwrap());
     assert_eq!(b.snapshot(&[n]).unwrap_err().kind, ErrorKind::Runtime);
+}
+
+fn meta() -> TensorMeta {
+    TensorMeta::new(DType::F32, Device::CPU, vec![3])
+}
+
+fn draw(b: &mut TraceBuilder) -> ValueId {
+    let random = SymbolTable::register("test.snapshot_draw", SymbolKind::Effect);
+    b.record_fallback(random, Vec::new(), Vec::new(), vec![meta()])[0]
+}
+
+fn segment(b: &TraceBuilder, wanted: &[ValueId], known: &[ValueId], checks: &[SymbolId]) -> Option<Segment> {
+    let known: FxHashSet<ValueId> = known.iter().copied().collect();
+    let segment = b.segment(wanted, &known, checks).unwrap();
+    if let Some(s) = &segment {
+        verify(&s.trace).unwrap();
+    }
+    segment
+}
+
+#[test]
+fn a_segment_runs_only_the_calls_no_earlier_one_ran_and_takes_their_tensors() {
+    let mut b = TraceBuilder::new();
+    let x = b.add_input(ValueKind::Tensor(meta()));
+    let e = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+    let first = segment(&b, &[e], &[], &[]).unwrap();
+    assert_eq!((first.trace.bsyms.len(), first.known_inputs.clone(), first.returned.clone()), (1, vec![], vec![e]));
+    let y = b.record_prim("add", vec![Arg::Value(e), Arg::Value(x)]).unwrap()[0];
+    let second = segment(&b, &[y], &[e], &[]).unwrap();
+    assert_eq!((second.trace.bsyms.len(), second.known_inputs, second.returned), (1, vec![e], vec![y]));
+    assert_eq!(second.trace.inputs, vec![x, e]);
+    // A wanted input is returned as it is.
+    assert_eq!(segment(&b, &[x], &[e, y], &[]).unwrap().returned, vec![x]);
+}
+
+#[test]
+fn draws_that_ran_are_not_drawn_again_and_a_state_effect_starts_over() {
+    let mut b = TraceBuilder::new();
+    let r = draw(&mut b);
+    let s = draw(&mut b);
+    assert_eq!(segment(&b, &[s], &[r], &[]).unwrap().returned, vec![s]);
+    let seed = SymbolTable::register("test.snapshot_seed", SymbolKind::Effect);
+    b.record_fallback(seed, Vec::new(), Vec::new(), Vec::new());
+    assert!(segment(&b, &[], &[r, s], &[]).is_none());
+    assert_eq!(segment(&b, &[], &[], &[]).unwrap().trace.bsyms.len(), 3);
+}
+
+#[test]
+fn a_composite_that_ran_in_part_with_a_draw_starts_over() {
+    let mut b = TraceBuilder::new();
+    let x = b.add_input(ValueKind::Tensor(meta()));
+    b.begin_composite(
+        SymbolTable::register("test.snapshot_noisy", SymbolKind::Composite),
+        vec![Arg::Value(x)],
+        Vec::new(),
+    );
+    let r = draw(&mut b);
+    assert_eq!(segment(&b, &[r], &[], &[]).unwrap().returned, vec![r]);
+    let y = b.record_prim("add", vec![Arg::Value(r), Arg::Value(x)]).unwrap()[0];
+    b.end_composite(vec![y]).unwrap();
+    assert!(segment(&b, &[y], &[r], &[]).is_none());
+    assert!(segment(&b, &[y], &[r, y], &[]).unwrap().trace.bsyms.is_empty());
+}
+
+#[test]
+fn checks_of_known_tensors_are_left_out() {
+    let mut b = TraceBuilder::new();
+    let x = b.add_input(ValueKind::Tensor(meta()));
+    let e = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+    let check = SymbolTable::register("test.snapshot_check", SymbolKind::Effect);
+    b.record_fallback(check, vec![Arg::Value(e)], Vec::new(), Vec::new());
+    assert_eq!(segment(&b, &[], &[], &[check]).unwrap().trace.bsyms.len(), 2);
+    assert!(segment(&b, &[], &[e], &[check]).unwrap().trace.bsyms.is_empty());
+    assert!(segment(&b, &[], &[e], &[]).is_none()); // (not a check: an effect on state)
 }

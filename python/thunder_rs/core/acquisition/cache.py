@@ -8,6 +8,7 @@ from typing import cast
 import torch
 from torch.utils import _pytree as pytree
 
+from thunder_rs.core.base.layouts import describe, layout
 from thunder_rs.core.state.guards import freeze, is_simple
 from thunder_rs.core.state.observe import interesting
 from thunder_rs.core.lang.recorder import refuse_unlike_strided
@@ -120,7 +121,7 @@ def leaf_key(x):
     if isinstance(x, _Tensor):
         if x.layout != torch.strided or x.is_nested:
             refuse_unlike_strided(x)
-        return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous() or x.stride())
+        return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous() or layout(x))
     if is_simple(x):
         return freeze(x)
     if not isinstance(x, _BY_IDENTITY) and _read_by_attributes(x):
@@ -166,12 +167,12 @@ def fast_key_fn(arity: int):
     if fn is None:
         names = [f"a{i}" for i in range(arity)]
         leaves = "".join(
-            f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous() or {n}.stride()), "
+            f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous() or layout({n})), "
             for n in names
         )
         unpack = f"{', '.join(names)}, = args" if arity else "pass"
         source = f"def key(args, extra):\n  {unpack}\n  return (global_key(extra), ({leaves}))\n"
-        namespace = {"global_key": global_key}
+        namespace = {"global_key": global_key, "layout": layout}
         exec(source, namespace)
         fn = _fast_keys[arity] = namespace["key"]
     return fn
@@ -218,8 +219,8 @@ def _show(key) -> str:
 
 
 def _layout(key) -> str:
-    """A tensor's layout in a key: True when contiguous, else its strides."""
-    return "contiguous" if key is True else f"strides {key}"
+    """A tensor's layout in a key (``core.base.layouts``), in words."""
+    return describe(key)
 
 
 def _state_change(old, new) -> str:

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from thunder_rs.core.base.layouts import strides_in
 from thunder_rs.core.state.guards import MISSING, Guard, InputSource, TensorGuard
 
 _Size = torch.Size
@@ -390,8 +391,8 @@ def _chunks(tensor_key) -> frozenset | None:
     dim ``j`` (``stride[i] == size[j] * stride[j]``): what decides whether a view may merge dims,
     whether ``reshape`` views or copies, and whether the tensor is contiguous in some order. A
     trace of a strided tensor decided those at its sizes then (None: contiguous)."""
-    shape, strides = tensor_key[2], tensor_key[4]
-    if strides is True:
+    shape, strides = tensor_key[2], strides_in(tensor_key[2], tensor_key[4])
+    if strides is None:
         return None
     n = len(shape)
     return frozenset((i, j) for i in range(n) for j in range(n) if i != j and strides[i] == shape[j] * strides[j])

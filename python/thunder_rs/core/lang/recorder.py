@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from thunder_rs import _core
 from thunder_rs.core.base.dtypes import CODES
+from thunder_rs.core.base.layouts import layout, strides_in
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
 
@@ -91,8 +92,8 @@ def input_proxy(rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = Non
     proxy._input_vid = vid
     if requires_grad and t.is_leaf:
         proxy._leaf = True
-    if not t.is_contiguous():
-        proxy._strides = t.stride()
+    if not t.is_contiguous():  # (dense in another order: strides of its symbolic sizes)
+        proxy._strides = strides_in(proxy._shape, layout(t)) if sizes else t.stride()
     made = _made.get()
     if made is not None:
         made.append(proxy)

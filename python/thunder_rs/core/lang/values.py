@@ -39,10 +39,10 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from thunder_rs.core.lang import fallback
 from thunder_rs.core.lang.caller_code import only_truncated
 from thunder_rs.core.lang.reads import CHECK, Diverged, Read, _shapes, int_leaves
+from thunder_rs.core.lang.snapshots import Snapshots, generator_states, outside_the_trace, restore_generators
 from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies, widened
-from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current, noting_inputs, paused_recording, recording_backward
+from thunder_rs.core.lang.recorder import current, noting_inputs, recording_backward
 from thunder_rs.core.base.userframe import PACKAGE_DIR, user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -54,7 +54,7 @@ class ValueReads:
     are answered with those values, as long as the program makes them in the same places."""
 
     def __init__(self, evaluate, forced: tuple = (), sites: dict | None = None, prior: tuple = ()):
-        self._evaluate = evaluate
+        self.snapshots = Snapshots(evaluate)
         self._forced = forced
         #: ``{(what, where): groups}``: the calls whose output sizes changed before (``widened``):
         #: their sizes there are symbolic from the first read
@@ -135,7 +135,7 @@ class ValueReads:
         real = dict(zip(map(id, proxies), self.evaluate(proxies)))
         swap = lambda x: real[id(x)] if isinstance(x, TensorProxy) else x  # noqa: E731
         real_args, real_kwargs = tree_map(swap, (args, kwargs))
-        with _outside_the_trace():
+        with outside_the_trace():
             return func(*real_args, **real_kwargs)
 
     def _checked(self, func, outs) -> None:
@@ -170,8 +170,7 @@ class ValueReads:
 
     def evaluate(self, proxies: list) -> list:
         """The values of ``proxies`` for this call: the program so far, run on its inputs with
-        nothing of it visible."""
-        rec = current()
+        nothing of it visible (``snapshots``)."""
         if recording_backward():
             raise ThunderNotImplementedError(
                 f"data-dependent control flow or value access at {user_location()} in a backward (a custom "
@@ -183,11 +182,7 @@ class ValueReads:
                 f"data-dependent control flow or value access at {user_location()} on inputs without data (meta or "
                 "fake tensors); thunder_rs reads the values of real inputs"
             )
-        snapshot = rec.snapshot([p._vid for p in proxies])
-        # A trace with symbolic sizes takes them last: this call's are the values they were traced at.
-        sizes = [rec.size_value(v).hint for v in snapshot.size_inputs()]
-        with _outside_the_trace():
-            return list(self._evaluate(snapshot, list(rec.consts()), [*self.inputs, *sizes]))
+        return self.snapshots.values([p._vid for p in proxies], self.inputs)
 
 
 def _by_site(reads: tuple) -> dict:
@@ -253,41 +248,6 @@ def _resized(out, shapes: tuple):
     return tree_map(resize, out)
 
 
-@contextlib.contextmanager
-def _outside_the_trace():
-    """Runs real computation in the middle of an acquisition: no recording, no torch function
-    handling (the language mode, proxies), no guarded reads, no autograd graph, no autocast (the
-    snapshot's casts are recorded ops), and every generator as it was before."""
-    states = generator_states(current().consts())
-    autocasting = [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
-    thread_state.inside += 1
-    try:
-        for d in autocasting:
-            torch.set_autocast_enabled(d, False)
-        with paused_recording(), torch._C.DisableTorchFunction(), torch.no_grad():
-            yield
-    finally:
-        for d in autocasting:
-            torch.set_autocast_enabled(d, True)
-        thread_state.inside -= 1
-        restore_generators(states)
-
-
-def generator_states(consts) -> list:
-    """``(generator, state)`` for each generator a trace may draw from: the default ones, and
-    those its calls name (``generator=g``, among its constants)."""
-    generators = [torch.default_generator]
-    if torch.cuda.is_initialized():
-        generators.extend(torch.cuda.default_generators)
-    generators.extend(c for c in consts if isinstance(c, torch.Generator))
-    return [(g, g.get_state()) for g in generators]
-
-
-def restore_generators(states: list) -> None:
-    for generator, state in states:
-        generator.set_state(state)
-
-
 def abandonable(fn, consts):
     """``fn``, a compiled call with checks, leaving the generators as they were when a check
     fails: the call is abandoned and the variant for the value read runs instead."""
@@ -342,6 +302,8 @@ def reading(reads: ValueReads | None):
             yield reads
     finally:
         _active.reset(token)
+        if reads is not None:
+            reads.snapshots.forget()  # (the tensors computed while tracing: not kept past it)
 
 
 class _ByValues:

@@ -18,6 +18,7 @@ from collections.abc import MutableMapping
 
 import torch
 
+from thunder_rs.core.base.layouts import describe, layout
 from thunder_rs.core.state.items import ANY_TENSOR, MUTABLE, SameType, members, same_held_items, same_items
 
 #: Stands for "no such attribute" in guard checks.
@@ -513,18 +514,18 @@ class DictGuard:
 
 def tensor_meta(t) -> tuple:
     """What a trace specialises on of a tensor it takes as an input, as the cache key holds it for
-    arguments: dtype, device, shape, requires_grad, and the strides unless contiguous."""
-    return (t.dtype, t.device, t.shape, t.requires_grad, t.is_contiguous() or t.stride())
+    arguments: dtype, device, shape, requires_grad, and the layout (``core.base.layouts``)."""
+    return (t.dtype, t.device, t.shape, t.requires_grad, t.is_contiguous() or layout(t))
 
 
 def _tensor_text(meta) -> str:
     if meta is MISSING:
         return "no tensor"
-    dtype, device, shape, requires_grad, layout = meta
+    dtype, device, shape, requires_grad, arranged = meta
     sizes = ", ".join("s" if n is None else str(n) for n in shape)
     text = f"a {str(dtype).removeprefix('torch.')} tensor of shape [{sizes}] on {device}"
     text += ", requiring grad" if requires_grad else ""
-    return text + ("" if layout is True else f", strides {layout}")
+    return text + ("" if arranged is True else f", {describe(arranged)}")
 
 
 def _read_meta(value):
@@ -536,8 +537,8 @@ def masked_meta(meta, dims: frozenset):
     of a tensor whose sizes there are symbolic (read per call into the trace's size inputs)."""
     if meta is MISSING or not dims:
         return meta
-    dtype, device, shape, requires_grad, layout = meta
-    return (dtype, device, tuple(None if d in dims else n for d, n in enumerate(shape)), requires_grad, layout)
+    dtype, device, shape, requires_grad, arranged = meta
+    return (dtype, device, tuple(None if d in dims else n for d, n in enumerate(shape)), requires_grad, arranged)
 
 
 def _read_masked(value, dims: frozenset):

@@ -1,0 +1,51 @@
+"""A tensor's layout as cache keys and traces see it.
+
+A contiguous tensor's layout is ``True``. A tensor dense in another order of its dims (a
+``channels_last`` image batch, a transpose of a contiguous tensor) is ``("dense", order)``, its
+dims from the outermost to the innermost: its strides follow from its sizes, so a call with other
+sizes in the same order differs from an earlier one in sizes only, and those dims can become
+symbolic (``acquisition.dynamic``). Any other tensor (a slice of a larger buffer, a broadcast, a
+size-1 dim with a stride of its own) is its strides. Either way a key of shape and layout tells
+the exact strides.
+"""
+
+_DENSE = "dense"
+
+
+def layout(t) -> tuple:
+    """The layout of ``t``, a tensor that is not contiguous (see the module doc)."""
+    strides, shape = t.stride(), t.shape
+    order = sorted(range(len(strides)), key=strides.__getitem__, reverse=True)
+    step = 1
+    for d in reversed(order):
+        if strides[d] != step:
+            return strides
+        step *= shape[d]
+    return (_DENSE, tuple(order))
+
+
+def is_dense(layout_key) -> bool:
+    return type(layout_key) is tuple and len(layout_key) == 2 and layout_key[0] == _DENSE
+
+
+def strides_in(shape, layout_key) -> tuple | None:
+    """The strides a layout tells at ``shape`` (ints, or the symbolic sizes of a trace input);
+    None for a contiguous tensor."""
+    if layout_key is True:
+        return None
+    if not is_dense(layout_key):
+        return tuple(layout_key)
+    strides: list = [0] * len(shape)
+    step = 1
+    for d in reversed(layout_key[1]):
+        strides[d] = step
+        step = step * shape[d]
+    return tuple(strides)
+
+
+def describe(layout_key) -> str:
+    if layout_key is True:
+        return "contiguous"
+    if is_dense(layout_key):
+        return f"dense in dim order {layout_key[1]}"
+    return f"strides {layout_key}"

@@ -1,0 +1,146 @@
+"""Running the recording so far where a traced program reads a value (``values``), in segments.
+
+Each read needs the values of the program up to it. Running the recording from its start at
+each read costs, over a program with n reads, n times its prefix (a Qwen2-MoE's experts loop reads
+once per expert and layer: 136 runs, each compiled and run from the start, for 8 layers). Here
+each evaluation runs only the calls no earlier one ran (``Recorder.segment``), on the tensors
+those computed, which are kept until the acquisition ends, with the generators as the earlier
+segment left them, so the draws are those of a run from the start. Each call of the program runs
+once while tracing then, as in eager.
+
+Where a call to run again has an effect on state (a random draw in a composite an earlier
+segment ran in part, ``torch.manual_seed``), the segment starts over from the program's start.
+Kept tensors are memory eager would have freed, in inference: once they pass half of what the
+device had free, they are dropped and each later read runs the program from its start, returning
+only what it reads (as before segments).
+"""
+
+import contextlib
+import os
+
+import torch
+
+from thunder_rs.core.lang.reads import CHECK
+from thunder_rs.core.lang.recorder import current, paused_recording
+from thunder_rs.core.lang.value_sizes import CHECK_INTS, CHECK_SIZES
+from thunder_rs.core.state.observe import thread_state
+
+#: the symbols of the checks reads record: they only compare, so they may run again or not at all
+_CHECKS = [CHECK, CHECK_SIZES, CHECK_INTS]
+
+
+class Snapshots:
+    """The evaluations of one acquisition's recording. ``run(trace, consts, inputs)`` compiles
+    and runs a snapshot's trace (``generate.snapshot_runner``)."""
+
+    def __init__(self, run):
+        self._run = run
+        #: value id -> the tensor an earlier segment computed for it
+        self._known: dict = {}
+        #: the generators' states after the last segment (None: as the program starts)
+        self._generators: list | None = None
+        self._kept: dict = {}  # device -> bytes of kept tensors
+        self._budgets: dict = {}  # device -> bytes they may take (``_budget``, when first kept)
+        self._segments = True
+
+    def values(self, wanted: list, inputs: list) -> list:
+        """The values of ``wanted`` (value ids) for this call, ``inputs`` being the tensors the
+        recording's inputs stand for."""
+        known = self._known
+        if all(v in known for v in wanted):
+            return [known[v] for v in wanted]
+        if not self._segments:
+            return self._evaluate(current().snapshot(wanted), inputs)[0]
+        added = self._run_segment(wanted, inputs)
+        out = [known[v] for v in wanted]
+        if self._past_budget(added):
+            self.forget()
+            self._segments = False
+        return out
+
+    def _run_segment(self, wanted: list, inputs: list) -> list:
+        """Runs the calls no earlier segment ran; returns the tensors they computed."""
+        rec = current()
+        segment = rec.segment(wanted, list(self._known), _CHECKS)
+        if segment is None:  # an effect would run again: from the start
+            self.forget()
+            segment = rec.segment(wanted, [], _CHECKS)
+            assert segment is not None  # (nothing ran before: nothing runs again)
+        trace, known_inputs, returned = segment
+        values, self._generators = self._evaluate(trace, [*inputs, *(self._known[v] for v in known_inputs)])
+        self._known.update(zip(returned, values))
+        return values
+
+    def _evaluate(self, trace, inputs: list) -> tuple[list, list]:
+        """The values ``trace`` returns for ``inputs`` (size inputs added: the call's own), and
+        the generators' states after it; the generators are then as they were."""
+        rec = current()
+        consts = list(rec.consts())
+        sizes = [rec.size_value(v).hint for v in trace.size_inputs()]
+        with outside_the_trace():
+            if self._generators is not None and self._segments:
+                restore_generators(self._generators)
+            values = list(self._run(trace, consts, [*inputs, *sizes]))
+            return values, generator_states(consts)
+
+    def _past_budget(self, values: list) -> bool:
+        for t in values:
+            if isinstance(t, torch.Tensor):
+                self._kept[t.device] = self._kept.get(t.device, 0) + t.numel() * t.element_size()
+        for device, n in self._kept.items():
+            if device not in self._budgets:
+                self._budgets[device] = _budget(device)
+            if n > self._budgets[device]:
+                return True
+        return False
+
+    def forget(self) -> None:
+        """Drops the tensors kept: the next segment runs from the program's start."""
+        self._known.clear()
+        self._kept.clear()
+        self._generators = None
+
+
+def _budget(device: torch.device) -> int:
+    """Bytes of kept tensors allowed on ``device``: half of what is free there."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (AttributeError, ValueError, OSError):  # (no sysconf: not Linux)
+        return 1 << 30
+
+
+@contextlib.contextmanager
+def outside_the_trace():
+    """Runs real computation in the middle of an acquisition: no recording, no torch function
+    handling (the language mode, proxies), no guarded reads, no autograd graph, no autocast (the
+    snapshot's casts are recorded ops), and every generator as it was before."""
+    states = generator_states(current().consts())
+    autocasting = [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+    thread_state.inside += 1
+    try:
+        for d in autocasting:
+            torch.set_autocast_enabled(d, False)
+        with paused_recording(), torch._C.DisableTorchFunction(), torch.no_grad():
+            yield
+    finally:
+        for d in autocasting:
+            torch.set_autocast_enabled(d, True)
+        thread_state.inside -= 1
+        restore_generators(states)
+
+
+def generator_states(consts) -> list:
+    """``(generator, state)`` for each generator a trace may draw from: the default ones, and
+    those its calls name (``generator=g``, among its constants)."""
+    generators = [torch.default_generator]
+    if torch.cuda.is_initialized():
+        generators.extend(torch.cuda.default_generators)
+    generators.extend(c for c in consts if isinstance(c, torch.Generator))
+    return [(g, g.get_state()) for g in generators]
+
+
+def restore_generators(states: list) -> None:
+    for generator, state in states:
+        generator.set_state(state)

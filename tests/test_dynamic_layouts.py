@@ -1,0 +1,74 @@
+"""Inputs dense in another order of their dims (``channels_last`` images, transposes) whose sizes
+change between calls (issue 26): their strides follow from their sizes, so the cache key holds
+their dim order (``core.base.layouts``), their changing dims become symbolic as a contiguous
+input's do, and the trace sees strides of the symbolic sizes (views, ``stride()``). Checked
+against eager: outputs, gradients, strides the program reads, the errors of views the strides
+refuse, and compile counts."""
+
+import pytest
+import torch
+
+import thunder_rs
+from twin_training import misses, train_like_eager
+
+torchvision = pytest.importorskip("torchvision")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_a_channels_last_resnet_trains_on_images_of_several_sizes_in_two_compiles():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).train().to(memory_format=torch.channels_last)
+    sizes = [(64, 64), (80, 96), (96, 64), (65, 97)]
+    inputs = [torch.randn(2, 3, h, w).to(memory_format=torch.channels_last) for h, w in sizes]
+    jmodel = train_like_eager(model, inputs, rtol=1e-4, atol=1e-5)
+    assert misses(jmodel) == 2
+    assert "compiled with symbolic sizes x.shape[2], x.shape[3]" in thunder_rs.compile_stats(jmodel).miss_reasons[1]
+
+
+def reads_layout(x, w):
+    rows = x.reshape(-1)  # a copy: not viewable
+    return x @ w, x.stride(), x.mT.view(-1), rows, x.is_contiguous()
+
+
+def test_a_transposed_input_of_changing_sizes_compiles_twice_and_shows_eagers_strides():
+    jfn, jview = thunder_rs.jit(reads_layout), thunder_rs.jit(lambda t: t.view(-1))
+    for n, m in [(3, 4), (5, 6), (6, 7), (9, 2)]:
+        x, w = torch.randn(m, n).t(), torch.randn(m, 3, requires_grad=True)
+        torch.testing.assert_close(jfn(x, w), reads_layout(x, w))
+        with pytest.raises(RuntimeError, match="view size is not compatible") as expected:
+            x.view(-1)
+        with pytest.raises(RuntimeError) as actual:
+            jview(x)
+        assert str(actual.value).endswith(str(expected.value))
+    assert misses(jfn) == 2
+
+
+def stacks(x):
+    return torch.cat([x, x * 2], dim=1).sum(dim=(2, 3))
+
+
+@pytest.mark.parametrize(
+    "arrange",
+    [
+        lambda t: t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2),  # channels_last by permutes
+        lambda t: t.transpose(2, 3).contiguous().transpose(2, 3),
+        lambda t: t.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0),
+    ],
+)
+def test_each_dim_order_is_its_own_entry_and_serves_other_sizes(arrange):
+    jfn = thunder_rs.jit(stacks)
+    for h, w in [(4, 5), (6, 7), (7, 9)]:
+        base = torch.randn(2, 3, h, w)
+        for x in (base, arrange(base)):
+            torch.testing.assert_close(jfn(x), stacks(x))
+    assert misses(jfn) == 4  # each layout: its first sizes, then symbolic
+
+
+def test_a_size_one_dim_with_a_stride_of_its_own_is_keyed_by_its_strides():
+    base = torch.randn(4, 8)
+    odd = torch.as_strided(base, (4, 1, 3), (8, 100, 2))  # not dense: the strides themselves
+    jfn = thunder_rs.jit(lambda t: (t * 2, t.stride()))
+    torch.testing.assert_close(jfn(odd), (odd * 2, odd.stride()))
+    narrow = torch.as_strided(base, (4, 1, 3), (8, 1, 2))
+    torch.testing.assert_close(jfn(narrow), (narrow * 2, narrow.stride()))
