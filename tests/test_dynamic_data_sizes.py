@@ -68,13 +68,17 @@ def branch_on_count(x, mask):
 
 def test_a_branch_on_a_count_is_guarded_where_it_was_read():
     """The trace for counts above 6 relies on ``count > 6``: a count of 4 fails that guard in the
-    check right after ``nonzero``, and takes the other path."""
-    x = torch.randn(16)
+    check right after ``nonzero``, and takes the other path, in a variant of its own whose count is
+    symbolic too (``value_sizes.other_side``): 5 and 2 run it, 12 the first again."""
+    x = torch.randn(16, requires_grad=True)
     jfn = thunder_rs.jit(branch_on_count)
-    assert_calls_match(branch_on_count, jfn, [(x, _mask(n)) for n in (3, 8, 10, 4, 12, 9)])
-    # 3; then every count above 6 (symbolic); then 4 (the symbolic read had its turn): a constant
+    assert_calls_match(branch_on_count, jfn, [(x, _mask(n)) for n in (3, 8, 10, 4, 12, 9, 5, 2, 12)], grad_of=(0,))
+    # 3; then every count above 6 (symbolic); then every count from 2 to 6 (symbolic)
     assert misses(jfn) == 3
     assert thunder_rs.compile_stats(jfn).eager_calls == 0
+    assert "a guard they relied on fails" in thunder_rs.compile_stats(jfn).miss_reasons[2]
+    assert_calls_match(branch_on_count, jfn, [(x, _mask(1))], grad_of=(0,))
+    assert misses(jfn) == 4  # a count of 1: constant
 
 
 def test_counts_of_several_calls_and_an_input_size_compared():
@@ -102,9 +106,10 @@ def test_unique_counts_and_masked_select_are_symbolic():
         (torch.randn(20, generator=g), torch.randint(0, k, (30,), generator=g), torch.randn(())) for k in (4, 7, 9)
     ]
     assert_calls_match(program, jfn, calls)
-    # The first call; then each call whose output sizes changed makes them symbolic: unique's, then
-    # the nonzero of masked_select's mask, and with it that of ``x[x > 0.5]``, a call at the same line
-    assert misses(jfn) == 3
+    # The first call; then one compile where the second call's output sizes that changed since the
+    # first are all symbolic: unique's, the nonzero of masked_select's mask, and that of ``x[x > 0.5]``
+    # (a call at the same line; the site's reads are told apart by their order there)
+    assert misses(jfn) == 2
     trace = str(thunder_rs.last_traces(jfn)[-1])
     assert "unique" in trace and trace.count("check_sizes") == 3
 

@@ -19,7 +19,7 @@ from thunder_rs.core.acquisition.effects import (
     recording_prints,
     stop_recording_prints,
 )
-from thunder_rs.core.acquisition.dynamic import INT, ArgInt, HeldDim, HeldInt
+from thunder_rs.core.acquisition.dynamic import INT, ArgInt, HeldDim, HeldInt, in_other_items, leaf_paths
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
@@ -198,10 +198,14 @@ class SizeInputs:
     trace as symbolic. One size input per distinct value, as torch.compile's duck sizing (the
     ids, labels and mask of a batch share their length, so ``ids.numel() // labels.size(1)``
     divides as data); the entry checks that the sizes that share one are equal on each call
-    (``core.acquisition.dynamic``)."""
+    (``core.acquisition.dynamic``). Except between items of lists at other indices (``paths``,
+    each flat input's, ``dynamic.leaf_paths``; ``dynamic.in_other_items``): two images' box
+    counts are equal by chance, and a size input shared there would make the next call where
+    they differ compile again; where the program relies on their equality (``torch.stack``),
+    the trace guards it."""
 
-    def __init__(self, rec, sizes, held):
-        self._rec, self.flat, self.held = rec, sizes, held or {}
+    def __init__(self, rec, sizes, held, paths=None):
+        self._rec, self.flat, self.held, self._paths = rec, sizes, held or {}, paths
         self._by_value: dict = {}
         #: where each size input is read, in the order made (the trace's order)
         self.sources: list = []
@@ -212,13 +216,21 @@ class SizeInputs:
 
     def of(self, n: int, at):
         """The size input for the size ``n`` read at ``at``."""
-        found = self._by_value.get(n)
+        made = self._by_value.setdefault(n, [])
+        found = next((m for m in made if not self._apart(self.sources[m[0]], at)), None)
         if found is None:
-            found = self._by_value[n] = (len(self.sources), self._rec.size_input(n))
+            found = (len(self.sources), self._rec.size_input(n))
+            made.append(found)
             self.sources.append(at)
         else:
             self.shared.append((at, found[0]))
         return found[1]
+
+    def _apart(self, a, b) -> bool:
+        """Whether the sizes at ``a`` and ``b`` are of flat inputs in different items of a list."""
+        if self._paths is None or type(a) is not tuple or type(b) is not tuple or a[1] is None or b[1] is None:
+            return False
+        return in_other_items(self._paths[a[0]], self._paths[b[0]])
 
     def of_inputs(self, flat_inputs) -> dict:
         """The size inputs of the flat inputs' symbolic dims: ``{position: {dim: size}}`` (dim
@@ -419,7 +431,7 @@ def acquire(
     made: list = []
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
-    size_inputs = SizeInputs(rec, sizes, held)
+    size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None)
     try:
         out, observer, writes, repeated, inputs = _trace_program(
             fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs

@@ -10,6 +10,11 @@ arguments symbolic from the first compile, ``dynamic=False`` never. Dims marked 
 the default mode, dims marked with ``mark_static`` never. Sizes 0 and 1 stay constant:
 programs branch on them (broadcasting, squeezing), so a call with such a size compiles for it.
 
+Items of a list argument are alike (``images``, ``targets``: a dict per image): when a dim of
+one changed, the same dim of the tensors in the same place of the other items turns symbolic
+with it (``siblings``), rather than at the first call where each changes; and items at other
+indices do not share a size input when their sizes happen to be equal (``in_other_items``).
+
 An entry compiled with symbolic sizes (``SymbolicEntry``) serves a later call whose key differs
 from its own only at its symbolic dims, when every guard its trace relied on holds for the call's
 sizes; the call's key is then stored for that entry, so the next call with those sizes is an
@@ -70,12 +75,13 @@ def changed_dims(old_key, new_key) -> list | None:
     return changed
 
 
-def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
+def wanted_sizes(mode, key, flat, spec, earlier_keys, marked: set) -> tuple:
     """The ``(flat position, dim)`` to trace as symbolic for the call of ``flat`` with ``key``
     (``(flat position, None)`` for an int argument, ``ArgInt``); ``marked`` (updated) holds those
-    an earlier compile saw change. ``dynamic=True`` makes every dim of the tensor arguments symbolic
-    from the first compile, but an int argument only once it changed: ints are as often dims,
-    counts of outputs or flags, which a trace specialises anyway."""
+    an earlier compile saw change, and the same dims of their siblings in the call's ``spec``
+    (``siblings``). ``dynamic=True`` makes every dim of the tensor arguments symbolic from the
+    first compile, but an int argument only once it changed: ints are as often dims, counts of
+    outputs or flags, which a trace specialises anyway."""
     if mode is False:
         return ()
     tensors = {i: x for i, x in enumerate(flat) if isinstance(x, torch.Tensor)}
@@ -83,6 +89,7 @@ def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
         changed = changed_dims(old, key)
         if changed:
             marked.update(changed)
+            marked.update(siblings(spec, flat, changed))
     marked.update(_marked_by_torch(tensors, "_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices"))
     dims = set(marked)
     if mode is True:  # every dim of the tensors; ints only once seen changing (or marked)
@@ -91,6 +98,58 @@ def wanted_sizes(mode, key, flat, earlier_keys, marked: set) -> tuple:
     ints = [(i, None) for i, d in dims if d is None and i < len(flat) and type(flat[i]) is int and flat[i] >= 2]
     sized = [(i, d) for i, d in dims if i in tensors and d is not None and flat[i].shape[d] >= 2]
     return (*sorted(at for at in sized if at not in static), *sorted(ints))
+
+
+def siblings(spec, flat, changed) -> set:
+    """The same dims, ``(flat position, dim)``, as those of ``changed`` in the tensors that hold
+    the same place in other items of a list of the call (``spec``, torch's pytree): the other
+    images' ``targets[k]['boxes'].shape[0]`` when one image's changed. Items of a list are alike
+    by convention (a tuple's are not: ``(input, mask)``), so their sizes vary alike: marking them
+    together saves a compile per item. Tensors of another rank or dtype are left alone."""
+    roles = leaf_roles(spec)
+    by_role: dict = {}
+    for j, role in enumerate(roles):
+        if isinstance(flat[j], torch.Tensor):
+            by_role.setdefault(role, []).append(j)
+    found: set = set()
+    for i, d in changed:
+        if d is None:
+            continue
+        x = flat[i]
+        found.update((j, d) for j in by_role[roles[i]] if flat[j].dim() == x.dim() and flat[j].dtype == x.dtype)
+    return found - set(changed)
+
+
+def leaf_roles(spec) -> list:
+    """Each leaf's path in ``spec`` (torch's pytree, ``leaf_paths``), the index of a list item as
+    ``"*"``: leaves with one role share it (``targets[0]['boxes']`` and ``targets[1]['boxes']``)."""
+    return [tuple((kind, "*" if kind is list else step) for kind, step in path) for path in leaf_paths(spec)]
+
+
+def leaf_paths(spec) -> list:
+    """Each leaf's path in ``spec`` (torch's pytree): ``(node type, index or key)`` per step."""
+    paths: list = []
+
+    def walk(node, path: tuple) -> None:
+        if node.is_leaf():
+            paths.append(path)
+            return
+        context = node.context
+        named = type(context) is list and len(context) == node.num_children
+        for k, child in enumerate(node.children()):
+            walk(child, (*path, (node.type, context[k] if named else k)))
+
+    walk(spec, ())
+    return paths
+
+
+def in_other_items(a: tuple, b: tuple) -> bool:
+    """Whether the leaves at paths ``a`` and ``b`` (``leaf_paths``) are in items of lists at other
+    indices: ``targets[0]`` and ``targets[1]``, or ``feats[1]`` and ``masks[2]`` of lists the
+    program zips (``feats[1]`` and ``masks[1]`` are not)."""
+    items_a = tuple(step for kind, step in a if kind is list)
+    items_b = tuple(step for kind, step in b if kind is list)
+    return bool(items_a) and bool(items_b) and items_a != items_b
 
 
 def _marked_by_torch(tensors: dict, *marks: str) -> set:

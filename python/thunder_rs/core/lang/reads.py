@@ -48,15 +48,22 @@ class Read:
     inputs: tuple = ()
     #: ``guard(shapes, sizes)`` of the guards of the trace on those sizes (``place_guards``)
     guards: list = dataclasses.field(default_factory=list, repr=False)
+    #: Of symbolic sizes, which variant of the pattern: one per outcome of the guards the trace
+    #: placed here (``value_sizes.other_side``), 0 for the first
+    side: int = 0
 
     def answered(self, value) -> "Read":
         """This read answered with ``value``, its sizes constant."""
-        return dataclasses.replace(self, value=value, sizes=(), names=(), inputs=(), guards=[])
+        return dataclasses.replace(self, value=value, sizes=(), names=(), inputs=(), guards=[], side=0)
 
     def key(self):
         """The read as a step of the variants' ``ValueTree``: its value, or for symbolic sizes
-        their pattern (``pattern``)."""
-        return ("sized", self.pattern) if self.sizes else decision(self.value)
+        their pattern (``pattern``) and side."""
+        return self.side_key(self.side) if self.sizes else decision(self.value)
+
+    def side_key(self, side: int):
+        """The key of the variant of this read's symbolic pattern on guard side ``side``."""
+        return ("sized", self.pattern, side) if side else ("sized", self.pattern)
 
     @functools.cached_property
     def pattern(self) -> tuple:
@@ -68,6 +75,12 @@ class Read:
         return tuple(tuple(groups.get((i, d), n) for d, n in enumerate(shape)) for i, shape in enumerate(shapes))
 
     def describe(self, value) -> str:
+        if self.sizes:
+            return (
+                f"the sizes read by {self.what} at {self.where} were {_shown(value)}, which the compiled variant's "
+                f"symbolic sizes (traced at {_shown(self.value)}) do not serve: a size of 0 or 1, or a guard they "
+                "relied on fails"
+            )
         return (
             f"the value read by {self.what} at {self.where} was {_shown(value)} where the compiled variant "
             f"has {_shown(self.value)}"

@@ -8,7 +8,10 @@ a check. When a later call reads other sizes there, the variant compiled for it 
 (``check_sizes``) tests that a call's sizes fit the pattern (constant sizes equal, each symbolic
 one at least 2, as input sizes are) and hold what the trace relied on them (``place_guards``:
 the trace's guards that read them go there, since they are made only there). Every count of at
-least 2 then runs the one variant; a count that fails the check takes, or compiles, another.
+least 2 then runs the one variant; a count that fails the check takes, or compiles, another:
+of constant sizes for a count of 0 or 1, else with the sizes symbolic again, traced at that
+count, so on the other side of the guard that failed (``other_side``; ``Read.side`` tells such
+variants apart in the value tree).
 """
 
 import dataclasses
@@ -118,6 +121,23 @@ def _with_groups(read: Read, value, changes: list, known: tuple) -> Read | None:
     if not groups or any(y < 2 for _, y in groups):
         return None
     return dataclasses.replace(read, value=value, sizes=tuple(map(tuple, groups.values())), guards=[])
+
+
+def other_side(read: Read, value, side: int) -> Read | None:
+    """``read``, of symbolic sizes, answered with ``value``, which fits its pattern but failed a
+    guard the trace relied on (``x[m].shape[0] > 6``, ``min(count, 128)``): the same symbolic
+    sizes, for a variant traced at ``value``, which takes the guard's other outcome, numbered
+    ``side``. None where ``value`` does not fit the pattern (a count of 0 or 1 now: constant)."""
+    if not read.sizes:
+        return None
+    if read.reader is _shapes:
+        fits = type(value) is tuple and _fits(read.pattern, value)
+    else:
+        leaves = int_leaves(value)
+        fits = leaves is not None and len(leaves) == len(read.pattern) and _fits_flat(read.pattern, leaves)
+    if not fits:
+        return None
+    return dataclasses.replace(read, value=value, names=(), inputs=(), guards=[], side=side)
 
 
 #: The reads whose ints may be symbolic sizes.

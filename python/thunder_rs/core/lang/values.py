@@ -20,7 +20,11 @@ check twice.
 
 Sizes read this way (output sizes of ``nonzero``-like calls, ints of ``item()`` and ``tolist()``)
 that change between calls are made symbolic sizes of the next variant (``value_sizes``): one
-variant serves every count then, instead of one per count.
+variant serves every count then, instead of one per count. A compile compares each of its reads
+with the read at the same site and count of the compile before (the variant whose check
+failed, else the entry compiled last), so every size that changed turns symbolic in that one
+compile, as torch.compile's automatic dynamic marks each size that changed since the last
+compile, rather than one site per compile as each check fails in its turn.
 """
 
 import contextlib
@@ -36,7 +40,7 @@ from thunder_rs.core.lang import fallback
 from thunder_rs.core.lang.caller_code import only_truncated
 from thunder_rs.core.lang.reads import CHECK, Diverged, Read, _shapes, int_leaves
 from thunder_rs.core.lang.snapshots import Snapshots, generator_states, outside_the_trace, restore_generators
-from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies
+from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies, widened
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, noting_inputs, recording_backward
 from thunder_rs.core.base.userframe import PACKAGE_DIR, user_location
@@ -49,12 +53,18 @@ class ValueReads:
     settled (the reads of the variant that diverged up to there, then the value it read): they
     are answered with those values, as long as the program makes them in the same places."""
 
-    def __init__(self, evaluate, forced: tuple = (), sites: dict | None = None):
+    def __init__(self, evaluate, forced: tuple = (), sites: dict | None = None, prior: tuple = ()):
         self.snapshots = Snapshots(evaluate)
         self._forced = forced
         #: ``{(what, where): groups}``: the calls whose output sizes changed before (``widened``):
         #: their sizes there are symbolic from the first read
         self._sites = sites or {}
+        #: the reads of the compile before, by site and the number of the read there: a read whose
+        #: sizes differ from its counterpart's is symbolic at once (``_groups``)
+        self._prior = _by_site(prior)
+        self._seen: dict = {}
+        #: the sites this acquisition found changed since the compile before: ``{(what, where): groups}``
+        self.widened: dict = {}
         #: the sizes the calls read so far made (``SymbolicSizes``): later checks may compare with them
         self._made: list = []
         self.reads: list[Read] = []
@@ -77,6 +87,7 @@ class ValueReads:
         # ``int(t.item())``: the int is what counts (a forced answer is that int already)
         if type(value) in (float, int) and only_truncated(_caller()):
             value, reader = int(value), _Truncated(reader)
+        groups = self._groups(site, forced, groups, value)
         leaves = int_leaves(value) if groups and type(groups[0][0]) is int else None
         if leaves is not None and _applies(groups, tuple(leaves)):
             made = SymbolicInts(groups, value)
@@ -93,12 +104,31 @@ class ValueReads:
         forced = self._next_forced(func)
         leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
         site = (fallback.qualified_name(func), user_location())
-        groups = forced.sizes if forced is not None else self._sites.get(site)
+        groups = forced.sizes if forced is not None else self._sites.get(site, ())
+        groups = self._groups(site, forced, groups, _shapes(*leaves))
         if leaves and groups and _applies(groups, _shapes(*leaves)):
             return out, SymbolicSizes(self, func, groups, leaves)  # the call's own sizes are the hints
         if forced is not None and leaves:
             out = _resized(out, forced.value)  # (a call returning no tensor is a ``read`` next)
         return out, functools.partial(self._checked, func)
+
+    def _groups(self, site, forced: Read | None, groups: tuple, value) -> tuple:
+        """The symbolic sizes of the read at ``site`` that got ``value``: ``groups`` (forced, or
+        the site's since it was widened), or where it has none, those that differ from the read
+        at the same site and count in the compile before (``widened``): as torch.compile makes a
+        size that changed since the last compile symbolic, every read of this compile whose sizes
+        changed is, not only the one whose check failed."""
+        count = self._seen[site] = self._seen.get(site, -1) + 1
+        if forced is not None or groups:
+            return groups
+        if site in self.widened:  # an earlier read there changed: so may this one
+            return self.widened[site]
+        prior = self._prior.get((site, count))
+        wide = widened(prior, value) if prior is not None else None
+        if wide is None:
+            return ()
+        self.widened[site] = wide.sizes
+        return wide.sizes
 
     def _run(self, func, args, kwargs, proxies: list):
         """``func`` run on this call's values of its traced tensors."""
@@ -132,7 +162,9 @@ class ValueReads:
             self._made.extend(sized.sizes)
             names = tuple(f"t{s.values()[0]}" for s in sized.sizes)
             inputs_named = tuple(f"t{s.values()[0]}" for s in inputs)
-            read = dataclasses.replace(read, sizes=sized.dims, names=names, inputs=inputs_named)
+            forced = self._forced[read.index] if read.index < len(self._forced) else None
+            side = forced.side if forced is not None else 0  # (the guards' outcome it was forced for)
+            read = dataclasses.replace(read, sizes=sized.dims, names=names, inputs=inputs_named, side=side)
             sized.record(read, tensors, inputs)
         self.reads.append(read)
 
@@ -151,6 +183,17 @@ class ValueReads:
                 "fake tensors); thunder_rs reads the values of real inputs"
             )
         return self.snapshots.values([p._vid for p in proxies], self.inputs)
+
+
+def _by_site(reads: tuple) -> dict:
+    """``{((what, where), count): read}``: each read by its site and how many reads there came before it."""
+    counts: dict = {}
+    found = {}
+    for read in reads:
+        site = (read.what, read.where)
+        counts[site] = counts.get(site, -1) + 1
+        found[(site, counts[site])] = read
+    return found
 
 
 def _proxies_in(args, kwargs) -> list:

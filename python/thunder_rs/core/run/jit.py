@@ -34,8 +34,8 @@ from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.base.userframe import user_frame
-from thunder_rs.core.lang.reads import Diverged, decision
-from thunder_rs.core.lang.value_sizes import place_guards, widened
+from thunder_rs.core.lang.reads import Diverged, Read, decision
+from thunder_rs.core.lang.value_sizes import other_side, place_guards, widened
 from thunder_rs.core.lang.values import ValueReads, ValueTree, abandonable
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
@@ -251,11 +251,13 @@ class ThunderFunction:
         variant that diverges in its turn hands over likewise, a bounded number of times (the
         values are the call's own, so the second variant's checks hold unless its Python state
         changed or numerics differ between variants)."""
+        tried = {id(entry)}
         for _ in range(MAX_DIVERGENCES):
-            found = self._variant_after(diverged, entry, key, flat, spec)
+            found = self._variant_after(diverged, entry, key, flat, spec, tried)
             if found is None:
                 return None, self._run_eagerly(diverged, eager)
             entry = found
+            tried.add(id(entry))
             try:
                 return entry, run(entry)
             except Diverged as again:
@@ -267,20 +269,22 @@ class ThunderFunction:
             f"next within one call ({diverged}); the variants compute them differently"
         )
 
-    def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec) -> Entry | None:
+    def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec, tried: set) -> Entry | None:
         """The variant of ``key`` whose reads agree with ``entry``'s up to the one that diverged
         and read there what the call read: from the value tree, or compiled with those reads'
         values given (the program makes them again, on the same values); None where the tree
-        holds ``VALUE_VARIANT_LIMIT`` variants already."""
+        holds ``VALUE_VARIANT_LIMIT`` variants already. ``tried``: the ids of the variants the
+        call ran already, each of which diverged."""
         read = diverged.read
-        # Output sizes a call computes from values, changed: a variant with them symbolic serves them all.
-        wide = None
-        if self._dynamic_off is None and self._dynamic is not False:
-            wide = widened(read, diverged.value, self._sized_sites.get((read.what, read.where), ()))
+        prefix = entry.decisions[: read.index]
         with self._lock:
-            for step in (decision(diverged.value), *((wide.key(),) if wide is not None else ())):
-                found = entry.tree.get(entry.decisions[: read.index] + (step,)) if entry.tree is not None else None
-                if found is not None and _serves(found, key, flat):
+            wide, steps = None, [decision(diverged.value)]
+            if self._dynamic_off is None and self._dynamic is not False:
+                wide, sized = self._symbolic_answer(read, diverged.value, entry.tree, prefix)
+                steps.extend(sized)
+            for step in steps:
+                found = entry.tree.get(prefix + (step,)) if entry.tree is not None else None
+                if found is not None and id(found) not in tried and _serves(found, key, flat):
                     found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                     if key in self._cache:
                         self._cache[key] = found
@@ -293,9 +297,25 @@ class ThunderFunction:
             forced = (*entry.reads[: read.index], read.answered(diverged.value))
             return self._variant_compile(entry, forced, key, flat, spec, diverged)
 
+    def _symbolic_answer(self, read: Read, value, tree: ValueTree | None, prefix: tuple) -> tuple:
+        """The read a variant for ``value`` at ``read`` makes with symbolic sizes, or None, and the
+        value tree's keys of the variants that may serve it. ``read`` constant: its sizes that
+        changed, symbolic (``widened``; a variant then serves every count). ``read`` symbolic, its
+        value failed a guard the trace relied on there: each variant of its pattern on another side
+        of its guards, and a new side (``other_side``), as torch.compile recompiles a graph whose
+        guard on a symbolic size failed with the size still symbolic."""
+        if not read.sizes:
+            wide = widened(read, value, self._sized_sites.get((read.what, read.where), ()))
+            return wide, [wide.key()] if wide is not None else []
+        keys = [read.side_key(side) for side in range(VALUE_VARIANT_LIMIT)]
+        taken = [tree is not None and tree.get(prefix + (k,)) is not None for k in keys]
+        free = taken.index(False) if False in taken else None
+        wide = other_side(read, value, free) if free is not None else None
+        return wide, [k for k, t in zip(keys, taken) if t] if wide is not None else []
+
     def _variant_compile(self, entry: Entry, forced: tuple, key, flat, spec, diverged: Diverged) -> Entry:
         """Compiles the variant of ``entry`` for the reads ``forced`` (the call's)."""
-        static = functools.partial(self._compile, flat, spec(), key, str(diverged), forced)
+        static = functools.partial(self._compile, flat, spec(), key, str(diverged), forced, entry)
         if entry.symbolic is not None and self._dynamic_off is None:
             # A variant of a symbolic entry is symbolic too: it serves the sizes the entry does.
             sizes, held = entry.symbolic_args
@@ -356,7 +376,7 @@ class ThunderFunction:
             reason = failed.why_not(flat) if failed is not None else None
             declined = self._why_not_symbolic(key, flat, spec)
             mode = self._dynamic if self._dynamic_off is None else False
-            sizes = wanted_sizes(mode, key, flat, [self._last_key, *self._variants], self._marked)
+            sizes = wanted_sizes(mode, key, flat, spec, [self._last_key, *self._variants], self._marked)
             sizes = tuple(at for at in sizes if at not in self._constant_ints)
             # A new key (a mask grown with the cache) compares with the entry compiled last.
             held = wanted_held(mode, failed or self._last_entry, flat, self._marked_held)
@@ -386,14 +406,18 @@ class ThunderFunction:
         log_dynamic_off(_name(self._fn), failure)
         return entry
 
-    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = (), **options) -> Entry:
+    def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = (), prior=None, **options) -> Entry:
         """Compiles an entry for the call of ``flat`` (``_compile_with``), the output sizes of calls
-        that were seen to change symbolic (``values.widened``); where that fails, with them constant."""
+        that were seen to change symbolic (``values.widened``), and those that differ from the
+        reads of ``prior`` (the variant whose check failed; else the entry compiled last); where
+        that fails, with them constant."""
         sites = self._sized_sites
-        if not sites and not any(r.sizes for r in forced):
+        prior = self._last_entry if prior is None else prior
+        reads = prior.reads if prior is not None and self._dynamic is not False and self._dynamic_off is None else ()
+        if not sites and not reads and not any(r.sizes for r in forced):
             return self._compile_with(flat, spec, key, guard_reason, forced, {}, **options)
         try:
-            return self._compile_with(flat, spec, key, guard_reason, forced, sites, **options)
+            return self._compile_with(flat, spec, key, guard_reason, forced, sites, prior=reads, **options)
         except Exception:  # noqa: BLE001 (a program's own error is raised again below)
             constant = next((i for i, r in enumerate(forced) if r.sizes), len(forced))
             return self._compile_with(flat, spec, key, guard_reason, forced[:constant], {}, **options)
@@ -410,17 +434,19 @@ class ThunderFunction:
         held: dict | None = None,
         declined: str | None = None,
         tree: ValueTree | None = None,
+        prior: tuple = (),
     ) -> Entry:
         """Compiles an entry for the call of ``flat``; ``forced`` are reads of values a divergence
         settled (``values.ValueReads``), ``sites`` the calls whose output sizes are symbolic;
         ``sizes`` the ``(flat position, dim)`` traced as symbolic, ``held`` the dims of argument
         objects' tensors (``dynamic.wanted_held``); ``declined`` why the last symbolic entry did not
         serve the call (for the miss reason); ``tree`` the value tree of the symbolic entry whose
-        variant this is."""
+        variant this is; ``prior`` the reads a read whose sizes differ from is symbolic
+        (``ValueReads._groups``)."""
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
-        reads = ValueReads(snapshot_runner(executors), forced, sites)
+        reads = ValueReads(snapshot_runner(executors), forced, sites, prior)
         binding = self._binding if self._module is not None else None
         acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
         modes.check_restored()
@@ -464,6 +490,7 @@ class ThunderFunction:
         self._insert(key, entry, tree)
         if symbolic is not None:
             self._symbolic.append(symbolic)
+        self._sized_sites.update(reads.widened)
         return entry
 
     def _why_not_symbolic(self, key, flat, spec) -> str | None:
