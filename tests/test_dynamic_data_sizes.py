@@ -317,6 +317,33 @@ def test_a_count_read_with_item_is_a_symbolic_length():
     assert misses(jfn) == 3  # the first count; then all counts of at least 2; then 0
 
 
+def sliced_by_tensors(x, start, stop):
+    y = x.clone()
+    y[start:stop] = 0
+    return x[:stop] * 2, y
+
+
+def test_slice_bounds_that_are_tensors_are_symbolic_lengths():
+    """``x[t0:t1]`` takes the tensors' values by ``__index__`` in eager; read as ``item()``, a bound
+    that changes is a symbolic size of the next compile (it compiled once per value)."""
+    jfn = thunder_rs.jit(sliced_by_tensors)
+    calls = [(torch.randn(16), torch.tensor(n // 2), torch.tensor(n)) for n in (4, 9, 13, 6, 11, 8)]
+    assert_calls_match(sliced_by_tensors, jfn, calls)
+    assert misses(jfn) == 2  # the first values; then every read whose value changed, symbolic
+
+
+@pytest.mark.parametrize("bound", [torch.tensor(2.0), torch.tensor([1, 2]), torch.tensor(True)])
+def test_slice_bounds_that_are_other_tensors_are_taken_or_refused_as_eager(bound):
+    x = torch.randn(6)
+    try:
+        expected = x[:bound]
+    except TypeError as e:
+        with pytest.raises(TypeError, match=re.escape(str(e))):
+            thunder_rs.jit(lambda x, b: x[:b])(x, bound)
+    else:
+        torch.testing.assert_close(thunder_rs.jit(lambda x, b: x[:b])(x, bound), expected)
+
+
 @pytest.mark.parametrize(
     "key",
     [

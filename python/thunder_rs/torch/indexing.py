@@ -50,6 +50,8 @@ __all__ = [
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 _MASK_DTYPES = (torch.bool, torch.uint8)
+#: the dtypes of tensors eager takes as slice bounds by ``__index__`` (bool aside)
+_INDEX_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 # -- __getitem__ ----------------------------------------------------------------------------------
@@ -91,8 +93,14 @@ def _traced_bounds(k) -> bool:
 
 def _read_bound(b):
     """A slice bound as eager takes it: a tensor's value by ``__index__`` (read from the call's
-    values, with a check), an integer 0-dim tensor's only."""
-    return operator.index(b) if isinstance(b, TensorProxy) else b
+    values, with a check), an integer tensor of one element's only. Read as ``item()``: this
+    indexing is its only user, so a bound that changes between calls is a symbolic size of the
+    next compile (``value_sizes``), where ``__index__`` must return a plain int."""
+    if not isinstance(b, TensorProxy):
+        return b
+    if b.dtype in _INDEX_DTYPES and b.numel() == 1:
+        return b.item()
+    return operator.index(b)  # (eager's error, or a bool's value)
 
 
 def _is_mask(k) -> bool:
