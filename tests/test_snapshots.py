@@ -147,3 +147,11 @@ def test_mask_rcnn_inference_matches_eager():
     with torch.no_grad():
         expected, actual = model(images), thunder_rs.jit(model)(images)
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_read_of_inputs_without_data_is_refused_naming_it():
+    def reads(x):
+        return x * 2 if x.sum() > 0 else x
+
+    with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="on inputs without data"):
+        thunder_rs.jit(reads)(torch.ones(3, device="meta"))

@@ -70,6 +70,7 @@ class ValueReads:
         self.reads: list[Read] = []
         #: the tensor each trace input stands for, in order (``recorder.input_proxy`` appends)
         self.inputs: list = []
+        self._with_data = 0  # how many of them are known to hold data (``evaluate``)
 
     def read(self, func, args: tuple, kwargs: dict):
         """``func(*args, **kwargs)``, a call that returns Python values computed from the values of
@@ -177,7 +178,8 @@ class ValueReads:
                 "autograd.Function's backward or a grad rule): a compiled call's backward runs after its forward has "
                 "returned, too late to choose the variant for the value; read it in the forward and save the result"
             )
-        if any(t.is_meta or type(t).__name__ == "FakeTensor" for t in self.inputs):
+        new, self._with_data = self.inputs[self._with_data :], len(self.inputs)  # (those not checked yet)
+        if any(t.is_meta or type(t).__name__ == "FakeTensor" for t in new):
             raise ThunderRuntimeError(
                 f"data-dependent control flow or value access at {user_location()} on inputs without data (meta or "
                 "fake tensors); thunder_rs reads the values of real inputs"
