@@ -2,6 +2,8 @@
 each call of the program runs once while tracing, whatever the number of reads, and random draws,
 generator state, in-place writes to inputs and the results stay those of eager."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -155,3 +157,42 @@ def test_a_read_of_inputs_without_data_is_refused_naming_it():
 
     with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="on inputs without data"):
         thunder_rs.jit(reads)(torch.ones(3, device="meta"))
+
+
+class NormThenRoute(torch.nn.Module):
+    """Running statistics written in place, a random draw, then reads that route rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        h = F.dropout(self.norm(x), 0.2, training=self.training)
+        route = h.sum(-1).abs().mul(10).long() % 3
+        out = torch.zeros_like(h)
+        for i, expert in enumerate(self.experts):
+            rows = torch.where(route == i)[0]
+            if rows.numel():
+                out.index_add_(0, rows, expert(h[rows]))
+        return out
+
+
+def test_module_state_written_in_place_before_reads_is_written_once():
+    torch.manual_seed(0)
+    model = NormThenRoute()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for step in range(4):
+        x = torch.randn(12, 4)
+        torch.manual_seed(step)
+        out = jmodel(x)
+        torch.manual_seed(step)
+        expected = eager(x)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        torch.testing.assert_close(model.norm.running_mean, eager.norm.running_mean)
+        torch.testing.assert_close(model.norm.num_batches_tracked, eager.norm.num_batches_tracked)
