@@ -62,6 +62,7 @@ TESTS = [
     "tests/test_inductor_ex.py::test_cuda_region_equals_its_eager_calls",
     "tests/test_inductor_ex.py::test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length",
     "tests/test_dynamic_data_sizes.py::test_on_cuda_counts_are_symbolic_with_the_default_executors",
+    "tests/test_snapshots.py::test_random_draws_and_generator_state_are_eagers_across_reads",
 ]
 #: Seconds the benchmark keeps for itself out of the budget when the tests run first.
 BENCH_RESERVE_S = 150

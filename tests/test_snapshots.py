@@ -87,17 +87,27 @@ def seeds_between_reads(x):
     return a, b, torch.rand(2)
 
 
+def draws_on(fn, device: str):
+    def on_device(x):
+        with torch.device(device):
+            return fn(x)
+
+    return on_device
+
+
 @pytest.mark.parametrize("fn", [draws_between_reads, seeds_between_reads])
-def test_random_draws_and_generator_state_are_eagers_across_reads(fn):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_random_draws_and_generator_state_are_eagers_across_reads(fn, device):
+    fn = draws_on(fn, device)
     jfn = thunder_rs.jit(fn)
     for seed in (0, 1, 2, 3):
-        x = torch.randn(8)
+        x = torch.randn(8, device=device)
         torch.manual_seed(seed)
-        expected, after = fn(x), torch.rand(4)
+        expected, after = fn(x), torch.rand(4, device=device)
         torch.manual_seed(seed)
         actual = jfn(x)
         torch.testing.assert_close(actual, expected)
-        torch.testing.assert_close(torch.rand(4), after)  # the generator is where eager leaves it
+        torch.testing.assert_close(torch.rand(4, device=device), after)  # the generator is where eager leaves it
         if seed == 0:  # the values read while tracing were those of the compiled call: no other variant
             assert thunder_rs.cache_misses(jfn) == 1
 
