@@ -51,7 +51,7 @@ __all__ = [
 _INDEX_DTYPES = (torch.int64, torch.int32)
 _MASK_DTYPES = (torch.bool, torch.uint8)
 #: the dtypes of tensors eager takes as slice bounds by ``__index__`` (bool aside)
-_INDEX_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+_BOUND_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 # -- __getitem__ ----------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def _read_bound(b):
     next compile (``value_sizes``), where ``__index__`` must return a plain int."""
     if not isinstance(b, TensorProxy):
         return b
-    if b.dtype in _INDEX_DTYPES and b.numel() == 1:
+    if b.dtype in _BOUND_DTYPES and b.numel() == 1:
         return b.item()
     return operator.index(b)  # (eager's error, or a bool's value)
 
