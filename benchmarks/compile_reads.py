@@ -2,7 +2,7 @@
 
     python benchmarks/compile_reads.py [--layers 2,4,8,16] [--device cuda] [--json out.json]
 
-A tiny Hugging Face Qwen2-MoE (8 experts, top-2, transformers' "eager" experts loop: a
+A tiny Hugging Face Qwen2-MoE (`dynamic_shapes.tiny_qwen2_moe`: 8 experts, top-2, the "eager" experts loop: a
 ``torch.where`` of the routing mask per expert and layer, read while tracing) is trained one
 step (loss and backward) at each depth. For each: the first call under ``thunder_rs.jit``
 (trace, compile and run), with the recording run in segments (``core/lang/snapshots.py``: each
@@ -18,30 +18,11 @@ import warnings
 
 import torch
 
+import dynamic_shapes
 import thunder_rs
 from thunder_rs.core.lang import snapshots, values
 
 DEVICE = torch.device("cpu")
-
-
-def tiny_qwen2_moe(layers: int):
-    import transformers  # noqa: PLC0415 (optional: only this benchmark needs it)
-
-    config = transformers.Qwen2MoeConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=64,
-    )
-    config._experts_implementation = "eager"
-    torch.manual_seed(0)
-    return transformers.Qwen2MoeForCausalLM(config).to(DEVICE).train()
 
 
 def sync() -> None:
@@ -72,7 +53,7 @@ def first_call(layers: int, ids, segments: bool) -> tuple[float, int]:
         snapshots._budget = lambda device: 0
     Counted.reads = 0
     try:
-        return step_s(thunder_rs.jit(tiny_qwen2_moe(layers)), ids), Counted.reads
+        return step_s(thunder_rs.jit(dynamic_shapes.tiny_qwen2_moe(layers)), ids), Counted.reads
     finally:
         snapshots._budget = budget
 
@@ -84,13 +65,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    DEVICE = torch.device(args.device)
+    DEVICE = dynamic_shapes.DEVICE = torch.device(args.device)
     warnings.simplefilter("ignore")
     values.Snapshots = Counted
-    ids = torch.randint(0, 128, (8, 64), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    ids = torch.randint(0, dynamic_shapes.VOCAB, (8, 64), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     results = []
     for layers in map(int, args.layers.split(",")):
-        model = tiny_qwen2_moe(layers)
+        model = dynamic_shapes.tiny_qwen2_moe(layers)
         step_s(model, ids)  # (warm)
         segmented, reads = first_call(layers, ids, True)
         from_start, _ = first_call(layers, ids, False)

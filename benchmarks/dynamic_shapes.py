@@ -262,16 +262,16 @@ def timed_steps(model, optimizer, loss, batches: list) -> float:
     return time.perf_counter() - start
 
 
-def tiny_qwen2_moe():
+def tiny_qwen2_moe(layers: int = 2):
     """A tiny Hugging Face Qwen2-MoE with transformers' "eager" experts loop (each expert on the
-    tokens ``torch.where`` routes to it: counts that change every step)."""
+    tokens ``torch.where`` routes to it: counts that change every step), ``layers`` deep."""
     import transformers  # noqa: PLC0415 (optional: only this run needs it)
 
     config = transformers.Qwen2MoeConfig(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         num_experts=8,
