@@ -38,9 +38,9 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs.core.lang import fallback
 from thunder_rs.core.lang.caller_code import only_truncated
-from thunder_rs.core.lang.reads import CHECK, Diverged, Read, _shapes, int_leaves
+from thunder_rs.core.lang.reads import CHECK, Diverged, Read, _shapes, decision, int_leaves
 from thunder_rs.core.lang.snapshots import Snapshots, generator_states, outside_the_trace, restore_generators
-from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies, widened
+from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies, _fits, _fits_flat, widened
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, noting_inputs, recording_backward
 from thunder_rs.core.base.userframe import PACKAGE_DIR, user_location
@@ -273,20 +273,60 @@ class ValueTree:
 
     def __init__(self):
         self._by_prefix: dict = {}
+        self._entries: list = []  # (oldest first)
 
     def add(self, entry) -> None:
         for n in range(1, len(entry.decisions) + 1):
             self._by_prefix[entry.decisions[:n]] = entry
+        self._entries.append(entry)
 
     def get(self, path: tuple):
         return self._by_prefix.get(path)
 
+    def agreeing(self, entry, index: int, value, tried: set):
+        """The latest variant not ``tried`` whose reads take what a call of ``entry`` read: the
+        values of ``entry``'s reads before ``index`` (or, where those are symbolic, the same
+        pattern) and ``value`` at ``index``. The prefixes of ``get`` find a variant only where its
+        reads are of the kind of ``entry``'s, constant or symbolic: a call with the values of the
+        first call compiled again once a symbolic variant came between. None if none does."""
+        known = entry.reads[:index]
+        for other in reversed(self._entries):
+            if id(other) in tried or len(other.reads) <= index:
+                continue
+            if all(map(_same_answer, other.reads, known)) and _takes(other.reads[index], value):
+                return other
+        return None
+
     def remove(self, entry) -> None:
         for prefix in [p for p, e in self._by_prefix.items() if e is entry]:
             del self._by_prefix[prefix]
+        self._entries = [e for e in self._entries if e is not entry]
 
     def __len__(self) -> int:
         return len(set(map(id, self._by_prefix.values())))
+
+
+def _same_answer(read: Read, known: Read) -> bool:
+    """Whether ``read`` (of a variant) may take what a call read at ``known`` (of the variant it
+    ran): ``known``'s value; where ``known`` is symbolic (the call's value fit its pattern, which
+    value is not kept), the same pattern and side, or a constant that fits it: a guess, which the
+    variant's own check settles when it runs (a variant that diverges is not tried again)."""
+    if (read.what, read.where) != (known.what, known.where):
+        return False
+    if not known.sizes:
+        return _takes(read, known.value)
+    return read.key() == known.key() or (not read.sizes and _takes(known, read.value))
+
+
+def _takes(read: Read, value) -> bool:
+    """Whether ``read``'s check passes ``value`` as to its pattern (a symbolic read's guards are
+    checked when the variant runs)."""
+    if not read.sizes:
+        return decision(read.value) == decision(value)
+    if read.reader is _shapes:
+        return _fits(read.pattern, value)
+    leaves = int_leaves(value)
+    return leaves is not None and _fits_flat(read.pattern, leaves)
 
 
 #: The data-dependent reads of the acquisition in progress in this context, or None: values

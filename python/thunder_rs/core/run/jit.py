@@ -282,8 +282,7 @@ class ThunderFunction:
             if self._dynamic_off is None and self._dynamic is not False:
                 wide, sized = self._symbolic_answer(read, diverged.value, entry.tree, prefix)
                 steps.extend(sized)
-            for step in steps:
-                found = entry.tree.get(prefix + (step,)) if entry.tree is not None else None
+            for found in _lookups(entry, steps, diverged, tried):
                 if found is not None and id(found) not in tried and _serves(found, key, flat):
                     found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                     if key in self._cache:
@@ -578,6 +577,18 @@ class ThunderFunction:
         log_compile(_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
             _warn_recompiles(self._fn, stats.cache_misses, reason)
+
+
+def _lookups(entry: Entry, steps: list, diverged: Diverged, tried: set):
+    """The variants of ``entry``'s value tree that may serve a call that diverged from it: by the
+    prefix of its reads and each of ``steps`` at the read that diverged, then any whose reads take
+    what the call read (``ValueTree.agreeing``)."""
+    tree, index = entry.tree, diverged.read.index
+    if tree is None:
+        return
+    for step in steps:
+        yield tree.get(entry.decisions[:index] + (step,))
+    yield tree.agreeing(entry, index, diverged.value, tried)
 
 
 def _serves(entry, key, flat) -> bool:
