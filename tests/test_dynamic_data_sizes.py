@@ -421,3 +421,66 @@ def test_torch_compile_graphs_that_capture_data_dependent_sizes():
             torch.testing.assert_close(compiled(*args), program(*args))
     graphs = [g for g in compiled_graphs() if id(g) not in earlier and g.jitted is not None]
     assert sum(misses(g.jitted) for g in graphs) <= 3  # the first call, then each size made symbolic
+
+
+def test_torchvision_roi_pooling_over_box_counts_keeps_them_symbolic():
+    """torchvision's multi-scale RoI pooling sizes its output by ``len(rois)``, which must return
+    an int: the box count was specialised (a compile per image for Faster R-CNN ResNet-50 FPN
+    inference). While tracing, that module's ``len`` gives the symbolic size; it is restored after."""
+    torchvision = pytest.importorskip("torchvision")
+    pool = torchvision.ops.MultiScaleRoIAlign(["a", "b"], output_size=3, sampling_ratio=2)
+    features = {"a": torch.randn(1, 4, 16, 16), "b": torch.randn(1, 4, 8, 8)}
+    eager = copy.deepcopy(pool)
+    jfn = thunder_rs.jit(pool)
+    for n in (5, 9, 7, 12):
+        corners = torch.rand(n, 2) * 40
+        boxes = torch.cat([corners, corners + 4 + torch.rand(n, 2) * 20], dim=1)
+        torch.testing.assert_close(jfn(features, [boxes], [(64, 64)]), eager(features, [boxes], [(64, 64)]))
+    assert misses(jfn) == 2  # the first count (and the level mapper the first call sets up); all others
+    assert "len" not in vars(torchvision.ops.poolers)
+
+
+def test_mask_pasting_sizes_masks_by_int_of_boxes_as_symbolic_sizes():
+    """Mask R-CNN's ``paste_mask_in_image`` sizes each mask by ``int(box[2] - box[0] + 1)``; while
+    tracing, that module's ``int`` reads the truncated value as a symbolic size once it changed.
+    A box that ``int`` refuses (NaN) raises eager's error."""
+    roi_heads = pytest.importorskip("torchvision.models.detection.roi_heads")
+
+    def paste(mask, box):
+        return roi_heads.paste_mask_in_image(mask, box, 40, 50)
+
+    jfn = thunder_rs.jit(paste)
+    for box in ([3.0, 4.0, 20.5, 30.2], [5.0, 6.0, 25.9, 28.0], [4.0, 3.0, 30.0, 33.7], [7.0, 8.0, 17.0, 36.0]):
+        mask, box = torch.rand(28, 28), torch.tensor(box).long()
+        torch.testing.assert_close(jfn(mask, box), paste(mask, box))
+    assert misses(jfn) == 2
+    assert "int" not in vars(roi_heads)
+    nan_box = torch.tensor([3.0, 4.0, float("nan"), 30.0])
+    with pytest.raises(ValueError, match="cannot convert float NaN to integer"):
+        paste(torch.rand(28, 28), nan_box)
+    with pytest.raises(ValueError, match="cannot convert float NaN to integer"):
+        thunder_rs.jit(paste)(torch.rand(28, 28), nan_box)
+
+
+def sized_by_int(x, t):
+    return x[: int(t * 2)] + int(t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_int_of_a_tensor_in_a_module_of_sized_builtins_truncates_as_eager(monkeypatch, dtype):
+    """``int`` as ``torch_overrides._sized_int`` gives there (this module made one of them): the
+    value truncated toward zero as ``int`` truncates (2.7, -0.5, a NaN's error), symbolic once it
+    changed."""
+    from thunder_rs.core.lang import torch_overrides  # noqa: PLC0415 (the override under test)
+
+    monkeypatch.setitem(torch_overrides.SIZED_BUILTINS, __name__, {"int": torch_overrides._sized_int})
+    jfn = thunder_rs.jit(sized_by_int)
+    values = [2.7, 3.2, 5.9, -0.5, 4.0] if dtype.is_floating_point else [2, 3, 5, 4]
+    for v in values:
+        x, t = torch.randn(16), torch.tensor(v, dtype=dtype)
+        torch.testing.assert_close(jfn(x, t), sized_by_int(x, t))
+    # the first value; then the others symbolic; a float's -0.5 (t * 2 truncates to -1: constant)
+    assert misses(jfn) == (3 if dtype.is_floating_point else 2)
+    if dtype.is_floating_point:
+        with pytest.raises(ValueError, match="cannot convert float NaN to integer"):
+            jfn(torch.randn(16), torch.tensor(float("nan")))

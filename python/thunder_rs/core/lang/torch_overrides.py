@@ -32,6 +32,14 @@ trace (decomposed in ``torch/scan.py``).
 **sym_sum.** Dynamo's graphs add sizes with ``torch.sym_sum`` (a KV cache's length plus the new
 tokens'), which asks a ``torch.SymInt``'s SymNode; a size being traced has none, and adds as an int.
 
+**len and int in library modules.** Python's ``len`` and ``int`` must return ints, so a size they
+return is specialised. In the library modules of ``SIZED_BUILTINS`` (read per module: they only
+size what they build with them) these globals, while tracing, return a traced tensor's symbolic
+first size (``len``) or its value read as a symbolic int (``int``): torchvision's multi-scale RoI
+pooling (``len(rois)``, Faster R-CNN ResNet-50 FPN inference compiled once per image) and Mask
+R-CNN's mask pasting (``int(box[2] - box[0] + 1)``). Their reads of these globals are not guarded
+(``observe.TRACING_GLOBALS``); after tracing the modules have no such globals again.
+
 All are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
 ``torch.compile`` and ``torch.export`` set the same way). Acquisitions may run in several threads
 at once, so the overrides are held by a count: set while any acquisition runs, restored when the
@@ -41,6 +49,7 @@ the value-independent path, which computes the same results.
 
 import contextlib
 import importlib
+import sys
 import threading
 
 import torch
@@ -56,6 +65,7 @@ from thunder_rs.core.lang import vmap as thunder_vmap
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import active_recorder
+from thunder_rs.core.state.observe import TRACING_GLOBALS
 from thunder_rs.errors import ThunderNotImplementedError
 
 #: ``Function.apply`` as torch defines it (a Python classmethod before torch 2.15, a C one since).
@@ -125,22 +135,72 @@ OVERRIDES: dict[tuple[object, str], object] = {
     (torch, "sym_sum"): symint.sym_sum,
 }
 
+
+def _sized_len(obj):
+    """``len`` in the library modules of ``SIZED_BUILTINS`` while tracing: a traced tensor's first
+    size as it is, symbolic where it is. Python's ``len`` must return an int, which specialises the
+    size (torchvision's multi-scale RoI pooling sizes its output by ``len(rois)``, the count of
+    boxes ``nms`` kept: a compile per image); the size goes where the module takes it, and what
+    decides on it records a guard (``core.lang.symint``)."""
+    if isinstance(obj, TensorProxy) and obj.ndim > 0 and active_recorder() is not None:
+        return obj.shape[0]
+    return len(obj)
+
+
+def _sized_int(x=0, *base):
+    """``int`` in the library modules of ``SIZED_BUILTINS`` while tracing: of a traced integer or
+    floating tensor, its value truncated toward zero as ``int`` does, read as ``item()`` reads an
+    int, so a symbolic size once it changed between calls (``values``); of a symbolic size,
+    itself. Python's ``int`` must return an int: Mask R-CNN's mask pasting sizes each box's mask by
+    ``int(box[2] - box[0] + 1)``, a compile per image. A value the cast would not keep (NaN, inf,
+    beyond 2**62) takes eager's own ``int`` (its error, or the exact int), checked per call."""
+    if not base and active_recorder() is not None:
+        if isinstance(x, TensorProxy) and (x.dtype.is_floating_point or _INTEGRAL.get(x.dtype, False)):
+            if x.dtype.is_floating_point:
+                if not bool(torch.isfinite(x) & (x.abs() < 2.0**62)):
+                    return x.__int__()
+                x = x.to(torch.int64)
+            return x.item()
+        if isinstance(x, symint.SymInt):
+            return x
+    return int(x, *base)
+
+
+_INTEGRAL = {d: True for d in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)}
+
+
+#: Library modules whose ``len``/``int`` of a traced tensor only size what they build (read
+#: through their source, per module): while tracing, these globals of theirs are the above.
+SIZED_BUILTINS = {
+    "torchvision.ops.poolers": {"len": _sized_len},
+    "torchvision.models.detection.roi_heads": {"int": _sized_int},
+}
+TRACING_GLOBALS.update((id(_sized_len), id(_sized_int)))
+_ABSENT = object()
+
 _lock = threading.Lock()
 _active = 0
 _saved: dict = {}
 
 
 def _install() -> dict:
+    overrides = dict(OVERRIDES)
+    for module, names in SIZED_BUILTINS.items():
+        if module in sys.modules:
+            overrides.update({(sys.modules[module], name): fn for name, fn in names.items()})
     # The raw entries: ``getattr`` of a classmethod returns a bound method, not what to restore.
-    saved = {(owner, name): owner.__dict__[name] for owner, name in OVERRIDES}
-    for (module, name), value in OVERRIDES.items():
+    saved = {(owner, name): owner.__dict__.get(name, _ABSENT) for owner, name in overrides}
+    for (module, name), value in overrides.items():
         setattr(module, name, value)
     return saved
 
 
 def _restore(saved: dict) -> None:
     for (module, name), value in saved.items():
-        setattr(module, name, value)
+        if value is _ABSENT:
+            delattr(module, name)
+        else:
+            setattr(module, name, value)
 
 
 @contextlib.contextmanager

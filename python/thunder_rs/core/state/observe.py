@@ -581,7 +581,7 @@ class Observer:
         origin = reads.line
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
-            if value is MISSING:
+            if value is MISSING or id(value) in TRACING_GLOBALS:
                 continue
             if isinstance(value, types.ModuleType) and _library_module(value):
                 library_read(self, value, attrs)  # torch's flags (torch.backends.cudnn.deterministic)
@@ -758,6 +758,11 @@ def _cell_value(cell):
         return cell.cell_contents
     except ValueError:
         return MISSING
+
+
+#: ids of what tracing puts in library modules' globals (``torch_overrides.SIZED_BUILTINS``): constants of
+#: tracing, absent otherwise, so not program state to guard
+TRACING_GLOBALS: set = set()
 
 
 def check_sizes(check) -> None:
