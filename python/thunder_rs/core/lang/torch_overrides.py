@@ -171,7 +171,7 @@ _INTEGRAL = {d: True for d in (torch.int8, torch.int16, torch.int32, torch.int64
 
 #: Library modules whose ``len``/``int`` of a traced tensor only size what they build (read
 #: through their source, per module): while tracing, these globals of theirs are the above.
-SIZED_BUILTINS = {
+SIZED_BUILTINS: dict[str, dict[str, object]] = {
     "torchvision.ops.poolers": {"len": _sized_len},
     "torchvision.models.detection.roi_heads": {"int": _sized_int},
 }
@@ -185,13 +185,13 @@ _saved: dict = {}
 
 def _install() -> dict:
     overrides = dict(OVERRIDES)
-    for module, names in SIZED_BUILTINS.items():
-        if module in sys.modules:
-            overrides.update({(sys.modules[module], name): fn for name, fn in names.items()})
+    for module_name, names in SIZED_BUILTINS.items():
+        if module_name in sys.modules:
+            overrides.update({(sys.modules[module_name], name): fn for name, fn in names.items()})
     # The raw entries: ``getattr`` of a classmethod returns a bound method, not what to restore.
     saved = {(owner, name): owner.__dict__.get(name, _ABSENT) for owner, name in overrides}
-    for (module, name), value in overrides.items():
-        setattr(module, name, value)
+    for (owner, name), value in overrides.items():
+        setattr(owner, name, value)
     return saved
 
 
