@@ -484,3 +484,8 @@ def test_int_of_a_tensor_in_a_module_of_sized_builtins_truncates_as_eager(monkey
     if dtype.is_floating_point:
         with pytest.raises(ValueError, match="cannot convert float NaN to integer"):
             jfn(torch.randn(16), torch.tensor(float("nan")))
+    two = torch.tensor([1, 2], dtype=dtype)
+    with pytest.raises(ValueError, match="only one element tensors can be converted") as expected:
+        sized_by_int(torch.randn(16), two)
+    with pytest.raises(ValueError, match=re.escape(str(expected.value))):
+        jfn(torch.randn(16), two)

@@ -156,6 +156,8 @@ def _sized_int(x=0, *base):
     beyond 2**62) takes eager's own ``int`` (its error, or the exact int), checked per call."""
     if not base and active_recorder() is not None:
         if isinstance(x, TensorProxy) and (x.dtype.is_floating_point or _INTEGRAL.get(x.dtype, False)):
+            if x.ndim > 0 and x.numel() != 1:
+                return x.__int__()  # (eager's error)
             if x.dtype.is_floating_point:
                 if not bool(torch.isfinite(x) & (x.abs() < 2.0**62)):
                     return x.__int__()
