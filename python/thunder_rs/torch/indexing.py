@@ -16,6 +16,7 @@ import operator
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.base.proxies import TensorProxy
@@ -50,8 +51,6 @@ __all__ = [
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 _MASK_DTYPES = (torch.bool, torch.uint8)
-#: the dtypes of tensors eager takes as slice bounds by ``__index__`` (bool aside)
-_BOUND_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 # -- __getitem__ ----------------------------------------------------------------------------------
@@ -98,7 +97,7 @@ def _read_bound(b):
     next compile (``value_sizes``), where ``__index__`` must return a plain int."""
     if not isinstance(b, TensorProxy):
         return b
-    if b.dtype in _BOUND_DTYPES and b.numel() == 1:
+    if dtypes.is_int(b.dtype) and b.numel() == 1:
         return b.item()
     return operator.index(b)  # (eager's error, or a bool's value)
 

@@ -78,7 +78,7 @@ class Snapshots:
         consts = list(rec.consts())
         sizes = [rec.size_value(v).hint for v in trace.size_inputs()]
         with outside_the_trace():
-            if self._generators is not None and self._segments:
+            if self._generators is not None:  # (None from the start, and once past the budget)
                 restore_generators(self._generators)
             values = list(self._run(trace, consts, [*inputs, *sizes]))
             return values, generator_states(consts)

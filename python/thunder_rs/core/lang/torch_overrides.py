@@ -60,6 +60,7 @@ import torch.utils.checkpoint
 from torch.autograd.function import Function
 from torch.utils._pytree import tree_leaves
 
+from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang import custom_function, symint
 from thunder_rs.core.lang import vmap as thunder_vmap
 from thunder_rs.core.lang.langctx import user_location
@@ -155,7 +156,7 @@ def _sized_int(x=0, *base):
     ``int(box[2] - box[0] + 1)``, a compile per image. A value the cast would not keep (NaN, inf,
     beyond 2**62) takes eager's own ``int`` (its error, or the exact int), checked per call."""
     if not base and active_recorder() is not None:
-        if isinstance(x, TensorProxy) and (x.dtype.is_floating_point or _INTEGRAL.get(x.dtype, False)):
+        if isinstance(x, TensorProxy) and (x.dtype.is_floating_point or dtypes.is_int(x.dtype)):
             if x.ndim > 0 and x.numel() != 1:
                 return x.__int__()  # (eager's error)
             if x.dtype.is_floating_point:
@@ -166,9 +167,6 @@ def _sized_int(x=0, *base):
         if isinstance(x, symint.SymInt):
             return x
     return int(x, *base)
-
-
-_INTEGRAL = {d: True for d in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)}
 
 
 #: Library modules whose ``len``/``int`` of a traced tensor only size what they build (read

@@ -273,12 +273,10 @@ class ValueTree:
 
     def __init__(self):
         self._by_prefix: dict = {}
-        self._entries: list = []  # (oldest first)
 
     def add(self, entry) -> None:
         for n in range(1, len(entry.decisions) + 1):
             self._by_prefix[entry.decisions[:n]] = entry
-        self._entries.append(entry)
 
     def get(self, path: tuple):
         return self._by_prefix.get(path)
@@ -290,7 +288,7 @@ class ValueTree:
         reads are of the kind of ``entry``'s, constant or symbolic: a call with the values of the
         first call compiled again once a symbolic variant came between. None if none does."""
         known = entry.reads[:index]
-        for other in reversed(self._entries):
+        for other in reversed({id(e): e for e in self._by_prefix.values()}.values()):
             if id(other) in tried or len(other.reads) <= index:
                 continue
             if all(map(_same_answer, other.reads, known)) and _takes(other.reads[index], value):
@@ -300,7 +298,6 @@ class ValueTree:
     def remove(self, entry) -> None:
         for prefix in [p for p, e in self._by_prefix.items() if e is entry]:
             del self._by_prefix[prefix]
-        self._entries = [e for e in self._entries if e is not entry]
 
     def __len__(self) -> int:
         return len(set(map(id, self._by_prefix.values())))
