@@ -1,7 +1,7 @@
 """Sizes computed from values (the count of ``nonzero``'s indices, of a boolean mask's elements,
 of ``masked_select``'s and ``unique``'s outputs) as symbolic sizes of the trace: a compile for the
-first count, then one whose count is a size the call computes, which serves every count of at
-least 2 that keeps what the trace relied on. Everything against eager: outputs, gradients,
+first count, then one whose count is a size the call computes, which serves every count (0 and 1
+included) that keeps what the trace relied on. Everything against eager: outputs, gradients,
 parameters after training, and the compile counts."""
 
 import copy
@@ -52,13 +52,56 @@ def test_dynamic_false_keeps_counts_constant():
     assert misses(jfn) == 3 and "check_sizes" not in str(thunder_rs.last_traces(jfn)[-1])
 
 
-@pytest.mark.parametrize("counts", [(4, 0, 6, 1, 9), (0, 1, 5, 8)])
-def test_counts_of_0_and_1_are_compiled_for_as_constants(counts):
-    """0 and 1 stay constant, as input sizes of 0 and 1 do: programs branch on them."""
+def rows_doubled_and_summed(x, m):
+    return x[m] * 2, x[m].sum(0)
+
+
+@pytest.mark.parametrize(
+    "counts, compiles",
+    [((4, 6, 1, 0, 9), 2), ((4, 0, 6, 1, 9), 3), ((0, 1, 5, 8, 0, 1), 3)],
+    ids=["symbolic-first", "zero-between", "zero-and-one-first"],
+)
+def test_counts_of_0_and_1_run_the_symbolic_variant(counts, compiles):
+    """A count is a size the trace may see at 0 or 1 (an expert no token or one token chose): the
+    symbolic variant serves them where the trace relied on nothing they change. A variant is traced
+    at a count of at least 2, so a 0 or 1 that came before the first change is compiled for as a
+    constant (and keeps its variant)."""
     x = torch.randn(16, 3, requires_grad=True)
-    jfn = thunder_rs.jit(lambda x, m: (x[m] * 2, x[m].sum(0)))
-    assert_calls_match(lambda x, m: (x[m] * 2, x[m].sum(0)), jfn, [(x, _mask(n)) for n in counts], grad_of=(0,))
-    assert misses(jfn) == 2 + sum(n < 2 for n in counts[1:])
+    jfn = thunder_rs.jit(rows_doubled_and_summed)
+    assert_calls_match(rows_doubled_and_summed, jfn, [(x, _mask(n)) for n in counts], grad_of=(0,))
+    assert misses(jfn) == compiles, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def rows_max(x, m):
+    return x[m].amax(0)
+
+
+def test_a_max_over_a_count_of_0_raises_eagers_error():
+    """``amax`` over no rows is eager's error; the symbolic variant relied on ``count != 0``."""
+    x = torch.randn(16, 3)
+    jfn = thunder_rs.jit(rows_max)
+    assert_calls_match(rows_max, jfn, [(x, _mask(n)) for n in (4, 6, 1)])
+    with pytest.raises(IndexError, match="amax") as expected:
+        rows_max(x, _mask(0))
+    with pytest.raises(thunder_rs.errors.ThunderError, match="non-zero size") as got:
+        jfn(x, _mask(0))
+    assert isinstance(got.value, type(expected.value)), (got.value, expected.value)
+    assert misses(jfn) == 2  # 4, then every count but 0 (whose compile failed)
+
+
+def squeezed(x, m):
+    """``squeeze(0)`` drops the count's dim where it is 1: a program that differs at 1."""
+    return x[m].squeeze(0) * 2, x[m].view(-1, 3)[-1:] + 1
+
+
+def test_a_count_of_1_that_a_trace_decided_on_compiles_for_it():
+    """The symbolic variant relied on ``count != 1`` (``squeeze`` keeps the dim): a count of 1
+    fails that guard at its check and runs a variant of its own, with eager's shapes."""
+    x = torch.randn(16, 3, requires_grad=True)
+    jfn = thunder_rs.jit(squeezed)
+    assert_calls_match(squeezed, jfn, [(x, _mask(n)) for n in (4, 6, 1, 5, 1, 9)], grad_of=(0,))
+    assert misses(jfn) == 3
+    assert jfn(x, _mask(1))[0].shape == (3,) and jfn(x, _mask(7))[0].shape == (7, 3)
 
 
 def branch_on_count(x, mask):
@@ -69,7 +112,8 @@ def branch_on_count(x, mask):
 def test_a_branch_on_a_count_is_guarded_where_it_was_read():
     """The trace for counts above 6 relies on ``count > 6``: a count of 4 fails that guard in the
     check right after ``nonzero``, and takes the other path, in a variant of its own whose count is
-    symbolic too (``value_sizes.other_side``): 5 and 2 run it, 12 the first again."""
+    symbolic too (``value_sizes.other_side``): 5 and 2 run it, 12 the first again; and counts of 1
+    and 0 (a mean of no elements: eager's NaN)."""
     x = torch.randn(16, requires_grad=True)
     jfn = thunder_rs.jit(branch_on_count)
     assert_calls_match(branch_on_count, jfn, [(x, _mask(n)) for n in (3, 8, 10, 4, 12, 9, 5, 2, 12)], grad_of=(0,))
@@ -78,7 +122,8 @@ def test_a_branch_on_a_count_is_guarded_where_it_was_read():
     assert thunder_rs.compile_stats(jfn).eager_calls == 0
     assert "a guard they relied on fails" in thunder_rs.compile_stats(jfn).miss_reasons[2]
     assert_calls_match(branch_on_count, jfn, [(x, _mask(1))], grad_of=(0,))
-    assert misses(jfn) == 4  # a count of 1: constant
+    torch.testing.assert_close(jfn(x, _mask(0)), branch_on_count(x, _mask(0)), equal_nan=True)
+    assert misses(jfn) == 3
 
 
 def test_counts_of_several_calls_and_an_input_size_compared():

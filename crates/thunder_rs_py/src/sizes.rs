@@ -73,10 +73,11 @@ impl PySymExpr {
         out
     }
 
-    /// A lower bound over sizes of at least 2 (what every symbolic size is), or None where the
-    /// expression has none (`12 - t0`): what an executor may rely on for every size an entry serves.
-    fn lower_bound(&self) -> Option<i64> {
-        self.as_dim().poly().lower_bound()
+    /// A lower bound over sizes of at least `least` (2: a size of the inputs; 0: a count, which
+    /// calls compute), or None where the expression has none (`12 - t0`).
+    #[pyo3(signature = (least = 2))]
+    fn lower_bound(&self, least: i64) -> Option<i64> {
+        self.as_dim().poly().lower_bound_over(&|_| least)
     }
 
     /// Whether `other` is the same expression (as data, not a decision on hints).

@@ -13,7 +13,9 @@
 //! decision that held only for the hints (`t3 == t5` because both were 7, `t3 != 4`) is recorded
 //! in [`Facts`] as a [`Guard`] that the compiled program checks on every call, so a call where it
 //! does not hold misses the cache instead of running a program that would compute something else.
-//! Sizes are at least 2 (0 and 1 stay constant), so `t3 != 1` needs no guard either.
+//! Sizes are at least 2 (0 and 1 stay constant), so `t3 != 1` needs no guard either; except
+//! *counts*, sizes a call computes from values (the count of `nonzero`'s indices), which may be 0
+//! or 1 where the trace relied on nothing else ([`Facts::count`]): `t3 != 1` of a count is a guard.
 //!
 //! ```
 //! use trace_ir::sym::{Dim, Facts, Rel};
@@ -36,6 +38,7 @@
 //! ```
 
 use crate::ValueId;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -116,6 +119,11 @@ impl Poly {
     /// is positive; `None` otherwise. A remainder counts as at least 0, a floor division as its
     /// dividend's bound divided (`(t0 + 1) // 2` is at least 1).
     pub fn lower_bound(&self) -> Option<i64> {
+        self.lower_bound_over(&|_| 2)
+    }
+
+    /// [`Poly::lower_bound`] where size value `v` is at least `least(v)` (a count: 0).
+    pub fn lower_bound_over(&self, least: &impl Fn(ValueId) -> i64) -> Option<i64> {
         let mut bound = 0i64;
         for (m, c) in &self.terms {
             if m.is_empty() {
@@ -125,7 +133,7 @@ impl Poly {
             if *c < 0 {
                 return None;
             }
-            let atoms = m.iter().map(Atom::lower_bound).collect::<Option<Vec<i64>>>()?;
+            let atoms = m.iter().map(|a| a.lower_bound(least)).collect::<Option<Vec<i64>>>()?;
             // A product's bound is the product of its factors' only where none can be negative.
             if atoms.len() > 1 && atoms.iter().any(|&b| b < 0) {
                 return None;
@@ -267,12 +275,12 @@ fn divide_term((m, k): &(Monomial, i64), (atoms, c): &(Monomial, i64)) -> Option
 }
 
 impl Atom {
-    /// A lower bound over sizes of at least 2 (see `Poly::lower_bound`).
-    fn lower_bound(&self) -> Option<i64> {
+    /// A lower bound where size value `v` is at least `least(v)` (see `Poly::lower_bound`).
+    fn lower_bound(&self, least: &impl Fn(ValueId) -> i64) -> Option<i64> {
         match self {
-            Atom::Value(_) => Some(2),
+            Atom::Value(v) => Some(least(*v)),
             Atom::Mod(..) => Some(0),
-            Atom::FloorDiv(p, k) => p.lower_bound().map(|b| b.div_euclid(*k)),
+            Atom::FloorDiv(p, k) => p.lower_bound_over(least).map(|b| b.div_euclid(*k)),
         }
     }
 
@@ -581,13 +589,38 @@ impl fmt::Display for Guard {
     }
 }
 
-/// The guards a recording relied on, each once, in the order first relied on.
+/// The guards a recording relied on, each once, in the order first relied on; and which of its
+/// size values are counts (at least 0, where other sizes are at least 2).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Facts {
     guards: Vec<Guard>,
+    counts: BTreeSet<ValueId>,
 }
 
 impl Facts {
+    /// Marks size value `v` as a count: a size a call computes from values (the count of
+    /// `nonzero`'s indices), which the compiled program may see at 0 or 1 as well, where what
+    /// the trace relied on holds there. Decisions about it that sizes of at least 2 settle as
+    /// data (`v != 1`, `v - 1 >= 0`) are guards; call before the first decision about `v`.
+    pub fn count(&mut self, v: ValueId) {
+        self.counts.insert(v);
+    }
+
+    /// Whether size value `v` is a count ([`Facts::count`]).
+    pub fn is_count(&self, v: ValueId) -> bool {
+        self.counts.contains(&v)
+    }
+
+    /// The counts, in value order.
+    pub fn counts(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.counts.iter().copied()
+    }
+
+    /// A lower bound of `p` over this recording's sizes (counts from 0, others from 2).
+    pub fn lower_bound(&self, p: &Poly) -> Option<i64> {
+        p.lower_bound_over(&|v| if self.counts.contains(&v) { 0 } else { 2 })
+    }
+
     /// The guards, in order.
     pub fn guards(&self) -> &[Guard] {
         &self.guards
@@ -619,7 +652,7 @@ impl Facts {
         // A constant relation needs no check on calls (rules only assume what held for hints),
         // nor does `p >= 0` or `p != 0` of a `p` that sizes of at least 2 keep non-negative or
         // positive (`16*t0 - 1 != 0`: ResNet's shapes recorded five such guards).
-        let least = guard.expr.lower_bound();
+        let least = self.lower_bound(&guard.expr);
         let positive = least.is_some_and(|b| b > 0);
         if guard.expr.as_constant().is_some()
             || (guard.rel == Rel::Ge && (guard.expr.is_nonnegative() || least.is_some_and(|b| b >= 0)))
@@ -682,17 +715,18 @@ impl Facts {
         self.equal(a, &Dim::Const(c))
     }
 
-    /// The same guards over renamed size values.
+    /// The same guards and counts over renamed size values.
     pub fn renamed(&self, f: &impl Fn(ValueId) -> ValueId) -> Facts {
-        let mut out = Facts::default();
+        let mut out = Facts { guards: Vec::new(), counts: self.counts.iter().map(|&v| f(v)).collect() };
         for g in &self.guards {
             out.assume(Guard { expr: g.expr.substitute(&mut |v| Poly::atom(Atom::Value(f(v)))), rel: g.rel });
         }
         out
     }
 
-    /// Adds every guard of `other`.
+    /// Adds every guard and count of `other`.
     pub fn extend(&mut self, other: &Facts) {
+        self.counts.extend(other.counts.iter().copied());
         other.guards.iter().for_each(|g| self.assume(g.clone()));
     }
 }

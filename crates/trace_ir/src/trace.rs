@@ -468,8 +468,11 @@ impl TraceBuilder {
     /// indices, `hint` now): defined by the call that [`TraceBuilder::record_given`] records with
     /// it among its `sizes`, not an input. The caller checks, where the call made it, what the
     /// trace relied on about it.
+    /// It is a count ([`crate::sym::Facts::count`]): the program may see it at 0 or 1.
     pub fn add_unbacked_size(&mut self, hint: i64) -> ValueId {
-        self.push_value(ValueKind::Size(hint))
+        let v = self.push_value(ValueKind::Size(hint));
+        self.facts.count(v);
+        v
     }
 
     /// The sizes [`TraceBuilder::add_size`] made, in order.

@@ -121,6 +121,7 @@ fn check_prim(trace: &Trace, bsym: &BoundSymbol) -> Result<()> {
     }
     let operands: Vec<Operand> = bsym.args.iter().map(|a| Operand::of(&trace.values, &op, a)).collect::<Result<_>>()?;
     let mut relied = Facts::default();
+    trace.facts.counts().for_each(|v| relied.count(v));
     let metas = prim.meta(&operands, &mut relied)?;
     // What the call relies on must be checked by the compiled program: a pass that dropped the
     // trace's guards would run it where it computes something else.

@@ -201,3 +201,44 @@ fn the_verifier_refuses_lost_guards_and_sizes_that_are_no_inputs() {
     let err = verify(&bad).unwrap_err();
     assert!(err.message.contains("which is no size defined before it"), "{err}");
 }
+
+/// A trace whose size `n` (`t1`) a fallback computes from values (a count: it may be 0 or 1),
+/// its output `[n, 3]`.
+fn counted() -> (TraceBuilder, Dim, ValueId) {
+    let mut b = TraceBuilder::new();
+    let x = b.add_input(tensor(vec![8.into(), 3.into()]));
+    let n = b.add_unbacked_size(5);
+    let count = Dim::size(n, 5);
+    let meta = TensorMeta::with_dims(DType::F32, Device::CPU, vec![count.clone(), 3.into()]);
+    let symbol = trace_ir::SymbolTable::register("torch.counted_rows", trace_ir::SymbolKind::Fallback);
+    let rows = b.record_sized(trace_ir::Symbol::Fallback(symbol), vec![Arg::Value(x)], vec![], vec![meta], vec![n])[0];
+    (b, count, rows)
+}
+
+#[test]
+fn decisions_about_a_count_that_0_or_1_would_change_are_guards() {
+    let (mut b, count, rows) = counted();
+    assert!(b.facts().is_count(ValueId(1)));
+    b.record_prim("amax", vec![Arg::Value(rows), Arg::ints(&[0])]).unwrap();
+    assert!(!b.facts_mut().equal(&count, &Dim::Const(1)));
+    let guards: Vec<String> = b.facts().guards().iter().map(|g| g.to_string()).collect();
+    assert_eq!(guards, vec!["t1 != 0", "t1 - 1 != 0"]);
+    // The same decisions about an input's size leave nothing to check.
+    let (mut b, t, _, x) = builder();
+    b.record_prim("amax", vec![Arg::Value(x), Arg::ints(&[1])]).unwrap();
+    assert!(!b.facts_mut().equal(&t, &Dim::Const(1)));
+    assert!(b.facts().is_empty() && !b.facts().is_count(ValueId(0)), "{:?}", b.facts().guards());
+}
+
+#[test]
+fn counts_survive_renaming_and_the_binary_form() {
+    let (mut b, _, rows) = counted();
+    let top = b.record_prim("amax", vec![Arg::Value(rows), Arg::ints(&[0])]).unwrap()[0];
+    let trace = b.finish(Arg::Value(top)).unwrap();
+    let decoded = decode(&encode(&trace)).unwrap();
+    assert_eq!(decoded.facts.counts().collect::<Vec<_>>(), vec![ValueId(1)]);
+    assert_eq!(decoded.facts, trace.facts);
+    let renamed = trace.facts.renamed(&|v| ValueId(v.0 + 10));
+    assert!(renamed.is_count(ValueId(11)) && !renamed.is_count(ValueId(1)));
+    verify(&trace).unwrap();
+}

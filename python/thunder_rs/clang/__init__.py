@@ -52,11 +52,17 @@ def canonicalize_dims(ndim: int, dims, op: str, arg: str = "dim") -> tuple[int, 
 
 
 def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
+    """The shape ``shapes`` broadcast to. A size against the constant 1 (or the first at its dim)
+    is taken without a decision: a symbolic count compared with 1 would be a guard, one that
+    counts of 1 fail, where the result is the count either way."""
     ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
+    out: list = [None] * ndim
     for shape in shapes:
         for i, size in enumerate(shape, ndim - len(shape)):
-            if size == out[i] or size == 1:
+            if out[i] is None or _is_one(out[i]):
+                out[i] = size
+                continue
+            if _is_one(size) or size == out[i] or size == 1:
                 continue
             check(
                 out[i] == 1,
@@ -69,6 +75,10 @@ def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
             )
             out[i] = size
     return tuple(out)
+
+
+def _is_one(size) -> bool:
+    return type(size) is int and size == 1
 
 
 def expand_to(a, shape):

@@ -228,13 +228,14 @@ def _same_but_dim(a, index, dim) -> bool:
 
 def _plain_pad(a, value, config) -> bool:
     # Widths that crop are left to torch; a symbolic width is taken where it is never negative
-    # for any size the entry serves (``12 - t0`` of a slice's backward may be, as far as it says).
+    # for any size the entry serves (``12 - t0`` of a slice's backward may be, as far as it says),
+    # counts of 0 included (a width that reads one is as far as it says: ``t0 - 2`` may be).
     return all(_never_negative(lo) and _never_negative(hi) and interior == 0 for lo, hi, interior in config)
 
 
 def _never_negative(width) -> bool:
     if isinstance(width, SymExpr):
-        bound = width.lower_bound()
+        bound = width.lower_bound(0)
         return bound is not None and bound >= 0
     return width >= 0
 

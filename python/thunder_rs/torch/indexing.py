@@ -276,7 +276,11 @@ def _slice_bounds(op: str, s: slice, size: int) -> tuple[int, int, int]:
     check(s.step != 0, op, "slice step cannot be zero (argument key)", ThunderValueError)
     check(s.step is None or s.step > 0, op, "step must be greater than zero (argument key)", ThunderValueError)
     start, stop, step = slice_indices(s, size)
-    return start, max(start, stop), step
+    # ``stop`` is at least 0, so from 0 no decision (which a count of 0 would guard); else one
+    # that an empty slice (``stop == start``) takes the same way as a longer one.
+    if type(start) is int and start == 0:
+        return start, stop, step
+    return start, stop if stop >= start else start, step
 
 
 def _basic_index(op: str, a, entries):

@@ -24,7 +24,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.common import is_int, remainder
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import identical, same_shape
 
 Tensor = torch.Tensor
 __all__ = [
@@ -126,8 +126,9 @@ def reshape_to(a, shape):
 
 
 def slice_in_dim(a, dim: int, start: int, stop: int, step: int = 1):
-    """``a[..., start:stop:step, ...]`` along canonical ``dim`` with in-range bounds."""
-    if start == 0 and stop == a.shape[dim] and step == 1:
+    """``a[..., start:stop:step, ...]`` along canonical ``dim`` with in-range bounds (compared as
+    data: a symbolic bound that may be the whole dim's slices, with no guard)."""
+    if identical(start, 0) and identical(stop, a.shape[dim]) and identical(step, 1):
         return a
     starts, stops, steps = [0] * a.ndim, list(a.shape), [1] * a.ndim
     starts[dim], stops[dim], steps[dim] = start, stop, step

@@ -7,10 +7,12 @@ import math
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
+    """torch's: each stride the product of the later sizes, a size of 0 counting as 1. (A symbolic
+    size is compared with 0 only: times 1 is itself, and a count of 1 keeps the variant.)"""
     strides, step = [1] * len(shape), 1
     for d in range(len(shape) - 1, -1, -1):
         strides[d] = step
-        if shape[d] > 1:
+        if shape[d] > 1 if type(shape[d]) is int else shape[d] != 0:
             step *= shape[d]
     return tuple(strides)
 
@@ -29,8 +31,10 @@ def is_contiguous(shape, strides) -> bool:
 
 
 def overlaps(shape, strides) -> bool:
-    """Whether two elements share memory: an expanded dim (stride 0 over more than one element)."""
-    return any(size > 1 and stride == 0 for size, stride in zip(shape, strides))
+    """Whether two elements share memory: an expanded dim (stride 0 over more than one element).
+    The stride first: a dim of stride 0 is expanded whatever its size, so a symbolic size is
+    compared (a guard) only there."""
+    return any(stride == 0 and size > 1 for size, stride in zip(shape, strides))
 
 
 def viewed_strides(shape, strides, new_shape):

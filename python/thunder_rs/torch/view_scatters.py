@@ -35,7 +35,7 @@ def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
     d = clang.canonicalize_dim(input.ndim, dim, op)
     check(step > 0, op, "slice step must be positive (argument step)", ThunderRuntimeError)
     begin, stop, _ = slice_indices(slice(start, end, step), input.shape[d])
-    stop = max(begin, stop)
+    stop = stop if stop >= begin else begin  # (an empty slice decides as a longer one)
     length = (stop - begin + step - 1) // step
     expected = (*input.shape[:d], length, *input.shape[d + 1 :])
     check(
@@ -53,8 +53,10 @@ def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
         f"expected src dtype {input.dtype}, got {src.dtype} (argument src)",
         ThunderRuntimeError,
     )
-    if length == 0 or 0 in input.shape:
-        return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
+    # Nothing written: a copy, as eager's. With a step of 1 the scatter below writes nothing as
+    # well, so symbolic sizes (counts, which may be 0) are not compared.
+    if any(type(n) is int and n == 0 for n in (length, *input.shape)) or (step != 1 and length == 0):
+        return prims.convert_element_type(input, input.dtype)
     config = _slice_config(input.shape, d, begin, stop, step, length)
     placed = prims.pad(src, clang.maybe_convert(0, src.dtype), config)
     written = prims.pad(prims.full(tuple(src.shape), True, src.device, torch.bool), False, config)

@@ -34,6 +34,7 @@ from thunder_rs.core.lang.fallback import fallback, qualified_name, user_fallbac
 from thunder_rs.core.lang.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy
 from thunder_rs.core.lang.recorder import start_prim_log, stop_prim_log
+from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch import indexing as _indexing, joins as _joins, shape as _shape
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
@@ -118,8 +119,11 @@ class PrimStep(NamedTuple):
 
 def _slice_back(parent, new, start, stop, step):
     """``parent`` with its slice ``[start:stop:step]`` (one bound per dim) replaced by ``new``: a
-    slice scatter along each dim the slice narrows, innermost first."""
-    dims = [d for d in range(parent.ndim) if (start[d], stop[d], step[d]) != (0, parent.shape[d], 1)]
+    slice scatter along each dim the slice narrows, innermost first. (Bounds compared as data: a
+    symbolic bound that may be the whole dim's scatters, with no guard.)"""
+    dims = [
+        d for d in range(parent.ndim) if not all(map(identical, (start[d], stop[d], step[d]), (0, parent.shape[d], 1)))
+    ]
     if not dims:
         return new
     d, rest = dims[0], dims[1:]

@@ -12,6 +12,7 @@
 //! inputs count, value ids
 //! bsyms  count, then per bound symbol: name index, args, kwargs, subsymbols, outputs, grad rule
 //! output one argument
+//! counts count, value ids (sizes that may be 0 or 1: `sym::Facts::count`)
 //! guards count, then per guard: relation (u8), expression
 //! ```
 //!
@@ -43,7 +44,7 @@ pub use encode::encode;
 pub const MAGIC: [u8; 4] = *b"TRB\0";
 
 /// The version of the layout above; bumped on any change to it (and with it the plugin ABI).
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 
 /// The kinds of entries of the name table.
 const NAME_PRIM: u8 = 0;

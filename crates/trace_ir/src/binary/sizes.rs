@@ -49,6 +49,9 @@ impl Writer {
     }
 
     pub(super) fn facts(&mut self, facts: &Facts) {
+        let counts: Vec<ValueId> = facts.counts().collect();
+        self.uint(counts.len() as u64);
+        counts.iter().for_each(|v| self.uint(v.0 as u64));
         self.uint(facts.guards().len() as u64);
         for g in facts.guards() {
             self.out.push(match g.rel {
@@ -125,8 +128,12 @@ impl Reader<'_> {
     }
 
     pub(super) fn facts(&mut self) -> Result<Facts> {
-        let n = self.count()?;
         let mut facts = Facts::default();
+        for _ in 0..self.count()? {
+            let wire = self.u32("count value id")?;
+            facts.count(self.mention(wire)?);
+        }
+        let n = self.count()?;
         for _ in 0..n {
             let rel = match self.byte()? {
                 0 => Rel::Eq,

@@ -7,8 +7,10 @@ dtypes, devices, ranks, strides where not contiguous, everything else), those di
 symbolic in the next compile (``jit(dynamic=None)``, the default); ``dynamic=True`` makes every dim of the tensor
 arguments symbolic from the first compile, ``dynamic=False`` never. Dims marked with torch's own
 ``torch._dynamo.mark_dynamic`` (or ``maybe_mark_dynamic``) are symbolic from the first compile in
-the default mode, dims marked with ``mark_static`` never. Sizes 0 and 1 stay constant:
-programs branch on them (broadcasting, squeezing), so a call with such a size compiles for it.
+the default mode, dims marked with ``mark_static`` never. Sizes 0 and 1 of inputs stay
+constant: programs branch on them (broadcasting, squeezing), so a call with such a size compiles
+for it. (Counts the program computes from values may be 0 or 1 in a symbolic variant, where
+every decision that would differ there is a guard: ``core.lang.value_sizes``.)
 
 Items of a list argument are alike (``images``, ``targets``: a dict per image): when a dim of
 one changed, the same dim of the tensors in the same place of the other items turns symbolic

@@ -6,12 +6,16 @@ a check. When a later call reads other sizes there, the variant compiled for it 
 (``widened``): the call defines them as sizes of the trace (``Recorder.unbacked_size``,
 ``call_sized``), its outputs' shapes are made of them, and the check right after it
 (``check_sizes``) tests that a call's sizes fit the pattern (constant sizes equal, each symbolic
-one at least 2, as input sizes are) and hold what the trace relied on them (``place_guards``:
-the trace's guards that read them go there, since they are made only there). Every count of at
-least 2 then runs the one variant; a count that fails the check takes, or compiles, another:
-of constant sizes for a count of 0 or 1, else with the sizes symbolic again, traced at that
-count, so on the other side of the guard that failed (``other_side``; ``Read.side`` tells such
-variants apart in the value tree).
+one at least 0) and hold what the trace relied on them (``place_guards``: the trace's guards
+that read them go there, since they are made only there). Such sizes are *counts* in the trace
+(``Recorder.unbacked_size``, Rust's ``Facts::count``): where sizes of inputs are at least 2, so
+that ``T != 1`` needs no guard, a count may be 0 or 1, and every decision about it that those
+values would change is a guard. A variant is traced at counts of at least 2, and every count
+its guards hold for runs it: an expert that two tokens chose and one that one token chose run
+one variant, unless the trace broadcast over the count. A count that fails the check takes, or
+compiles, another: of constant sizes for a count of 0 or 1, else with the sizes symbolic
+again, traced at that count, so on the other side of the guard that failed (``other_side``;
+``Read.side`` tells such variants apart in the value tree).
 """
 
 import dataclasses
@@ -39,19 +43,19 @@ def check_sizes(read: Read, tensors: tuple, sizes: tuple) -> None:
     raise Diverged(read, shapes)
 
 
-def _fits(pattern: tuple, shapes: tuple) -> bool:
+def _fits(pattern: tuple, shapes: tuple, least: int = 0) -> bool:
     """Whether ``shapes`` fit ``pattern``: its constant sizes, and at each group's places one size
-    of at least 2 (0 and 1 stay constant, as input sizes do)."""
+    of at least ``least`` (a count: 0; one a variant may be traced at: 2)."""
     if len(pattern) != len(shapes) or any(len(want) != len(shape) for want, shape in zip(pattern, shapes)):
         return False
-    return _fits_flat([w for want in pattern for w in want], [n for shape in shapes for n in shape])
+    return _fits_flat([w for want in pattern for w in want], [n for shape in shapes for n in shape], least)
 
 
-def _fits_flat(pattern, values) -> bool:
+def _fits_flat(pattern, values, least: int = 0) -> bool:
     seen: dict = {}
     for w, n in zip(pattern, values):
         if type(w) is tuple:
-            if n < 2 or seen.setdefault(w, n) != n:
+            if n < least or seen.setdefault(w, n) != n:
                 return False
         elif w != n:
             return False
@@ -60,13 +64,15 @@ def _fits_flat(pattern, values) -> bool:
 
 def _applies(groups: tuple, shapes: tuple) -> bool:
     """Whether ``shapes`` (or ints read, flat) have every place of ``groups`` (``(output, dim)``
-    pairs; flat positions for ints), with one size of at least 2 per group."""
+    pairs; flat positions for ints), with one size of at least 0 per group: a read at a site
+    whose sizes are symbolic is a count there at 0 and 1 too (traced at 0, the decisions it takes
+    are guards: a call at 0 runs that variant, or one traced at another count)."""
     for group in groups:
         if type(group[0]) is int:
             sizes = {shapes[k] if k < len(shapes) else -1 for k in group}
         else:
             sizes = {shapes[i][d] if i < len(shapes) and d < len(shapes[i]) else -1 for i, d in group}
-        if len(sizes) != 1 or min(sizes) < 2:
+        if len(sizes) != 1 or min(sizes) < 0:
             return False
     return True
 
@@ -96,7 +102,7 @@ fallback.FALLBACK_IMPLS[CHECK_SIZES] = check_sizes
 def widened(read: Read, value, known: tuple = ()) -> Read | None:
     """``read``, of a call's output sizes, with the sizes that differ in ``value`` (a call's
     shapes) symbolic, each computed by the call (the count of ``nonzero``'s indices): a variant
-    that serves every count (of at least 2). So are those at the places of ``known`` (the groups
+    that serves every count its guards hold for. So are those at the places of ``known`` (the groups
     of the site's earlier widening). Sizes that took the same values share a symbol. None where
     the read is of something else, or already symbolic, or a changed size is 0 or 1 now."""
     old: Any = read.value
@@ -127,14 +133,15 @@ def other_side(read: Read, value, side: int) -> Read | None:
     """``read``, of symbolic sizes, answered with ``value``, which fits its pattern but failed a
     guard the trace relied on (``x[m].shape[0] > 6``, ``min(count, 128)``): the same symbolic
     sizes, for a variant traced at ``value``, which takes the guard's other outcome, numbered
-    ``side``. None where ``value`` does not fit the pattern (a count of 0 or 1 now: constant)."""
+    ``side``. None where ``value`` does not fit the pattern with counts of at least 2 (a count of 0
+    or 1 that failed a guard: constant)."""
     if not read.sizes:
         return None
     if read.reader is _shapes:
-        fits = type(value) is tuple and _fits(read.pattern, value)
+        fits = type(value) is tuple and _fits(read.pattern, value, 2)
     else:
         leaves = int_leaves(value)
-        fits = leaves is not None and len(leaves) == len(read.pattern) and _fits_flat(read.pattern, leaves)
+        fits = leaves is not None and len(leaves) == len(read.pattern) and _fits_flat(read.pattern, leaves, 2)
     if not fits:
         return None
     return dataclasses.replace(read, value=value, names=(), inputs=(), guards=[], side=side)
