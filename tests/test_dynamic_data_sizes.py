@@ -359,7 +359,7 @@ def test_a_count_read_with_item_is_a_symbolic_length():
 
     jfn = thunder_rs.jit(program)
     assert_calls_match(program, jfn, [(torch.randn(16), _mask(n)) for n in (4, 9, 13, 2, 0, 11)])
-    assert misses(jfn) == 3  # the first count; then all counts of at least 2; then 0
+    assert misses(jfn) == 2  # the first count; then all counts (``x[:0]``, ``arange(0)``)
 
 
 def sliced_by_tensors(x, start, stop):
@@ -505,6 +505,48 @@ def test_mask_pasting_sizes_masks_by_int_of_boxes_as_symbolic_sizes():
         paste(torch.rand(28, 28), nan_box)
     with pytest.raises(ValueError, match="cannot convert float NaN to integer"):
         thunder_rs.jit(paste)(torch.rand(28, 28), nan_box)
+
+
+def test_mask_pasting_clamps_boxes_to_the_image_with_tensor_max_and_min():
+    """``paste_mask_in_image`` clamps each box to the image with Python's ``max(box[0], 0)`` and
+    ``min(box[2] + 1, im_w)``, which read a bool per bound; while tracing, that module's ``max``
+    and ``min`` of integer tensors give ``torch.maximum``/``torch.minimum``, so boxes that cross
+    the border and boxes inside it share variants (6 compiles over these 7 boxes before, one per
+    pattern of the comparisons). Other arguments take the builtins."""
+    roi_heads = pytest.importorskip("torchvision.models.detection.roi_heads")
+
+    def paste(mask, box):
+        return roi_heads.paste_mask_in_image(mask, box, 40, 50)
+
+    jfn = thunder_rs.jit(paste)
+    boxes = [[3, 4, 20, 30], [-5, 6, 25, 28], [4, -3, 55, 33], [7, 8, 17, 46], [-2, -1, 60, 45], [10, 12, 30, 20]]
+    for box in [*boxes, boxes[0]]:
+        mask, box = torch.rand(28, 28), torch.tensor(box)
+        torch.testing.assert_close(jfn(mask, box), paste(mask, box))
+    assert misses(jfn) == 3, thunder_rs.compile_stats(jfn).miss_reasons
+    assert not {"max", "min"} & set(vars(roi_heads))
+
+
+def clamped(x, t):
+    return x[max(t, 0) : min(t + 4, x.shape[0])] * 2, max(t * 0.5, 0.25), min(3, 4, t)
+
+
+def test_max_and_min_of_integer_tensors_as_eager_others_builtin(monkeypatch):
+    """``max``/``min`` as ``torch_overrides`` gives them (this module made one of them): of an
+    integer tensor and an int, the same value as a tensor; of a float tensor, or of three
+    arguments, Python's own (its bool read)."""
+    from thunder_rs.core.lang import torch_overrides  # noqa: PLC0415 (the override under test)
+
+    names = {"max": torch_overrides._sized_max, "min": torch_overrides._sized_min}
+    monkeypatch.setitem(torch_overrides.SIZED_BUILTINS, __name__, names)
+    jfn = thunder_rs.jit(clamped)
+    for t in (-3, 2, 5, 8, -1, 7):
+        x, t = torch.randn(10), torch.tensor(t)
+        torch.testing.assert_close(jfn(x, t), clamped(x, t))
+    # the first call; the integer bounds symbolic; then the float ``max``'s bool read, each way
+    assert misses(jfn) == 4, thunder_rs.compile_stats(jfn).miss_reasons
+    reasons = thunder_rs.compile_stats(jfn).miss_reasons
+    assert sum("__bool__" in r for r in reasons) == 2, reasons
 
 
 def sized_by_int(x, t):

@@ -37,7 +37,9 @@ return is specialised. In the library modules of ``SIZED_BUILTINS`` (read per mo
 size what they build with them) these globals, while tracing, return a traced tensor's symbolic
 first size (``len``) or its value read as a symbolic int (``int``): torchvision's multi-scale RoI
 pooling (``len(rois)``, Faster R-CNN ResNet-50 FPN inference compiled once per image) and Mask
-R-CNN's mask pasting (``int(box[2] - box[0] + 1)``). Their reads of these globals are not guarded
+R-CNN's mask pasting (``int(box[2] - box[0] + 1)``), whose ``max``/``min`` of a box's integer
+tensors and ints, which Python's read as a bool each, give the tensor ``torch.maximum`` and
+``torch.minimum`` make (the box clamped to the image). Their reads of these globals are not guarded
 (``observe.TRACING_GLOBALS``); after tracing the modules have no such globals again.
 
 All are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
@@ -169,13 +171,44 @@ def _sized_int(x=0, *base):
     return int(x, *base)
 
 
-#: Library modules whose ``len``/``int`` of a traced tensor only size what they build (read
-#: through their source, per module): while tracing, these globals of theirs are the above.
+def _integer_scalar(x) -> bool:
+    """A traced 0-dim integer tensor (not bool), or a Python int or size."""
+    if isinstance(x, TensorProxy):
+        return x.ndim == 0 and dtypes.is_int(x.dtype) and x.dtype is not torch.bool
+    return type(x) in (int, symint.SymInt)
+
+
+def _tensor_extreme(builtin, pick):
+    """``max``/``min`` in the library modules of ``SIZED_BUILTINS`` while tracing: of two integers
+    one of which is a traced 0-dim integer tensor (of another dtype than a second one: none), the
+    extreme as a tensor (``pick``: ``torch.maximum``/``torch.minimum``) where Python's reads the
+    comparison as a bool. Mask R-CNN's mask pasting clamps each box to the image with
+    ``max(box[0], 0)``: a read per box, whose pattern of outcomes differed per image. Equal values
+    either way; ints have no NaN to propagate or not. Other arguments take the builtin."""
+
+    def extreme(*args, **kwargs):
+        if len(args) == 2 and not kwargs and active_recorder() is not None and all(map(_integer_scalar, args)):
+            tensors = [a for a in args if isinstance(a, TensorProxy)]
+            if tensors and len({t.dtype for t in tensors}) == 1:
+                a, b = (x if isinstance(x, TensorProxy) else torch.tensor(x, dtype=tensors[0].dtype) for x in args)
+                return pick(a, b)
+        return builtin(*args, **kwargs)
+
+    extreme.__name__ = extreme.__qualname__ = f"_sized_{builtin.__name__}"
+    return extreme
+
+
+_sized_max = _tensor_extreme(max, torch.maximum)
+_sized_min = _tensor_extreme(min, torch.minimum)
+
+#: Library modules whose ``len``/``int`` of a traced tensor only size what they build and whose
+#: ``max``/``min`` of tensors give bounds (read through their source, per module): while
+#: tracing, these globals of theirs are the above.
 SIZED_BUILTINS: dict[str, dict[str, object]] = {
     "torchvision.ops.poolers": {"len": _sized_len},
-    "torchvision.models.detection.roi_heads": {"int": _sized_int},
+    "torchvision.models.detection.roi_heads": {"int": _sized_int, "max": _sized_max, "min": _sized_min},
 }
-TRACING_GLOBALS.update((id(_sized_len), id(_sized_int)))
+TRACING_GLOBALS.update(map(id, (_sized_len, _sized_int, _sized_max, _sized_min)))
 _ABSENT = object()
 
 _lock = threading.Lock()
