@@ -365,3 +365,41 @@ def test_on_cuda_slices_of_a_constant_extent_at_symbolic_bounds_are_defined(real
         torch.testing.assert_close(actual, expected)
         torch.testing.assert_close(torch.autograd.grad(actual.sum(), x), torch.autograd.grad(expected.sum(), x))
     assert real_ex.stats["failures"] == 0, real_ex.fallbacks
+
+
+def rows_scaled(x, m):
+    """Rows a mask selects (a count, which may be 0 or 1) through a fused region."""
+    y = x[m]
+    return (y * 2).tanh() + y.sum(-1, keepdim=True)
+
+
+def _over_row_counts(executor, device="cpu") -> list:
+    """``rows_scaled`` over counts 0 and 1 among others: eager's outputs and gradients, two
+    compiles, no region falling back; the empty rows defined apart. Returns the regions."""
+    fused = _recording(executor)
+    jfn = thunder_rs.jit(rows_scaled, executors=[executor, "torch"])
+    x = torch.randn(16, 8, device=device, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a region running eagerly warns
+        for n in (4, 6, 0, 5, 1, 0, 9):
+            m = torch.zeros(16, dtype=torch.bool, device=device)
+            m[torch.randperm(16)[:n]] = True
+            actual, expected = jfn(x, m), rows_scaled(x, m)
+            torch.testing.assert_close(actual, expected)
+            torch.testing.assert_close(torch.autograd.grad(actual.sum(), x), torch.autograd.grad(expected.sum(), x))
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2, thunder_rs.compile_stats(jfn).miss_reasons
+    assert executor.stats["failures"] == 0, executor.fallbacks
+    return fused
+
+
+def test_a_count_of_0_reaching_a_symbolic_region_has_a_definition_of_its_own(fake_ex):
+    fused = _over_row_counts(fake_ex)
+    (region,) = [r for r in _symbolic(fused) if "tanh" in str(r.region.calls)]
+    # each tensor's sizes follow its dtype in a definition's key: -1 where symbolic
+    sizes = [[k[i + 1] for i, x in enumerate(k) if isinstance(x, torch.dtype)] for k in region.definitions]
+    assert [(16, 8), (-1,)] in sizes and [(16, 8), (0,)] in sizes, sizes
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_count_of_0_reaching_a_symbolic_region_has_a_definition_of_its_own(real_ex):
+    _over_row_counts(real_ex, device="cuda")

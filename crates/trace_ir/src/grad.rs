@@ -8,7 +8,7 @@ use crate::bail;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::prims::{Binary, Creation, Elementwise, Prim, Reduce, Shape, Unary};
-use crate::sym::Dim;
+use crate::sym::{Dim, Facts};
 use crate::trace::TraceBuilder;
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
@@ -139,14 +139,15 @@ impl<'a> Emitter<'a> {
     }
 
     /// Undoes a broadcast of a value of `shape` to `g`'s shape (numpy rules: trailing dims line
-    /// up): sums the added leading dims and the dims that were 1, then restores `shape`.
+    /// up): sums the added leading dims and the dims that were 1, then restores `shape`. A dim of
+    /// the same size as data was not stretched, whatever its value (a count of 1 keeps the trace).
     pub fn sum_to(&mut self, g: ValueId, shape: &[Dim]) -> Result<ValueId> {
         let g_shape = self.meta(g).shape;
         let lead = g_shape.len() - shape.len();
         let facts = self.builder.facts_mut();
-        let dims = (0..g_shape.len())
-            .filter(|&d| d < lead || (facts.is(&shape[d - lead], 1) && !facts.is(&g_shape[d], 1)))
-            .collect();
+        let stretched = |facts: &mut Facts, s: &Dim, n: &Dim| s != n && facts.is(s, 1) && !facts.is(n, 1);
+        let dims =
+            (0..g_shape.len()).filter(|&d| d < lead || stretched(facts, &shape[d - lead], &g_shape[d])).collect();
         let summed = self.sum(g, dims)?;
         self.reshape(summed, shape)
     }

@@ -42,11 +42,13 @@ def symbolic_layout(args, dims, descriptor) -> tuple:
     dtype, its sizes with -1 at the symbolic dims, its contiguity and stride order (``descriptor``,
     nvFuser's ``compute_tensor_descriptor``: where its broadcasts are and in which order its dims
     are laid out, not its strides, which change with the sizes) and its lazy negation bit; each
-    number's type."""
+    number's type. A symbolic extent of 0 (a count, which may be 0) is a definition of its own:
+    compiled on the empty inputs, or left to the eager calls where nvFuser fails on them, rather
+    than an empty tensor reaching a definition compiled for others."""
     key: list = []
     for a, symbolic in zip(args, dims):
         if isinstance(a, torch.Tensor):
-            sizes = tuple(-1 if d in symbolic else size for d, size in enumerate(a.shape))
+            sizes = tuple(-1 if d in symbolic and size else size for d, size in enumerate(a.shape))
             contiguity, stride_order = descriptor(list(a.shape), list(a.stride()))
             key += (a.dtype, sizes, tuple(contiguity), tuple(stride_order), a.is_neg())
         else:

@@ -237,7 +237,8 @@ fn vjp(prim: &Shape, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Gr
             let stretched: Vec<usize> = dims
                 .iter()
                 .zip(&in_shape)
-                .filter(|(&d, s)| facts.is(s, 1) && !facts.is(&shape[d], 1))
+                // (the same size as data is not stretched, whatever its value: no decision)
+                .filter(|(&d, s)| *s != &shape[d] && facts.is(s, 1) && !facts.is(&shape[d], 1))
                 .map(|(&d, _)| d)
                 .collect();
             let added = (0..shape.len()).filter(|d| !dims.contains(d));
@@ -258,7 +259,8 @@ fn vjp(prim: &Shape, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Gr
             let config = (0..in_shape.len())
                 .map(|i| {
                     let (lo, st, n) = (&start[i], strides[i], &out_shape[i]);
-                    let empty = facts.is(n, 0);
+                    // With a stride of 1 the slice covers `n` elements, 0 included: no decision.
+                    let empty = st != 1 && facts.is(n, 0);
                     let covered = if empty {
                         Dim::Const(0)
                     } else {
