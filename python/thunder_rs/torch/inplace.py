@@ -49,6 +49,7 @@ from thunder_rs.torch import batch_norms, view_scatters, views
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
+from thunder_rs.torch.scatter import fill
 from thunder_rs.torch.shape import reshape_to
 from thunder_rs.core.lang.symint import same_shape
 
@@ -111,6 +112,30 @@ def _as_value(op: str, dst, value, copy: bool):
     return clang.expand_to(clang.maybe_convert(value, dst.dtype), dst.shape)
 
 
+def _whole_intermediate(dst) -> bool:
+    """Whether ``dst`` is a tensor the program computed, not a view: eager's in-place write keeps
+    its layout (channels_last, transposed), which the trace does not know, so the new value must
+    take it from ``dst``. A trace input's new value is copied back into the caller's own tensor,
+    and a view's is scattered into its root: either keeps its layout."""
+    return dst._view is None and dst._input_vid is None
+
+
+def _fills(dst, value, copy: bool) -> bool:
+    """Whether writing ``value``, a number or a 0-dim tensor, is ``fill(dst, value)``, whose torch
+    kernel is ``empty_like(dst).fill_(value)``, rather than a new full tensor of no layout."""
+    if not copy or not _whole_intermediate(dst):
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and value.device == dst.device
+    return isinstance(value, (bool, int, float))
+
+
+def _nowhere(dst):
+    """A condition false everywhere, broadcast from a 0-dim tensor: its strides are all zero, so
+    in ``where(nowhere, dst, value)`` ``dst`` decides the layout, as eager's in-place write does."""
+    return clang.expand_to(prims.full((), False, dst.device, torch.bool), tuple(dst.shape))
+
+
 def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     """Writes ``value`` into ``dst`` as eager's in-place op ``op`` does; returns ``dst``.
 
@@ -126,7 +151,16 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     )
     if views.same_memory(dst, value):  # ``y[1:] *= 2`` assigns the updated view to itself
         return dst
-    value = _as_value(op, dst, value, copy)
+    # Laid out as ``dst``: a fill, or a copy that broadcasts (whose value would else be returned
+    # as an expanded tensor, elements sharing memory where eager's are apart).
+    laid_out = _fills(dst, value, copy)
+    if laid_out:
+        value = fill(dst, value)
+    else:
+        broadcasts = isinstance(value, torch.Tensor) and not same_shape(value.shape, dst.shape)
+        value = _as_value(op, dst, value, copy)
+        if copy and broadcasts and _whole_intermediate(dst):
+            value, laid_out = prims.where(_nowhere(dst), dst, value), True
     tracked = tracked and not views.detached(dst)
     if tracked:
         _leaf_check(op, dst)
@@ -139,10 +173,9 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
             f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
         )
     if tracked and torch.is_grad_enabled():
-        if copy and root_grad and dst.numel() == root.numel():
+        if copy and root_grad and dst.numel() == root.numel() and not laid_out:
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
-            keep = prims.full(tuple(dst.shape), True, dst.device, torch.bool)
-            value = prims.where(keep, value, dst)
+            value = prims.where(_nowhere(dst), dst, value)
         views.write(op, dst, value, root_grad or value_grad)
         return dst
     if value_grad and not root_grad:

@@ -1,0 +1,117 @@
+"""Output strides as eager's: an in-place write keeps the layout of the tensor it writes
+(channels_last, transposed), ``fill`` keeps its input's, and the ``*_copy`` ops return new
+contiguous tensors. Values and gradients are compared too. ``tests/layout_sweep.py`` is the sweep
+these cases came from."""
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs.executors.torch_ex import decomposing
+
+
+def channels_last() -> torch.Tensor:
+    return torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+
+
+def transposed() -> torch.Tensor:
+    return torch.randn(5, 4).t()
+
+
+def permuted() -> torch.Tensor:
+    return torch.randn(5, 4, 3).permute(2, 1, 0)
+
+
+LAYOUTS = [
+    pytest.param(channels_last, id="channels_last"),
+    pytest.param(transposed, id="transposed"),
+    pytest.param(permuted, id="permuted"),
+]
+
+#: In-place writes over the whole of a tensor the program computed from its input.
+WRITES = {
+    "empty_like.fill_": lambda x: torch.empty_like(x).fill_(1.0),
+    "zeros_like.fill_": lambda x: torch.zeros_like(x).fill_(1.0),
+    "clone.fill_": lambda x: x.clone().fill_(2.0),
+    "mul.fill_": lambda x: (x * 2).fill_(2.0),
+    "exp.fill_ 0-dim tensor": lambda x: x.exp().fill_(torch.tensor(3.0)),
+    "mul.fill_ int 0-dim tensor": lambda x: (x * 2).fill_(torch.tensor(3)),
+    "mul.zero_": lambda x: (x * 2).zero_(),
+    "empty_like.zero_.add_": lambda x: torch.empty_like(x).zero_().add_(x),
+    "clone.copy_ broadcast": lambda x: x.clone().copy_(torch.arange(float(x.shape[-1]))),
+    "empty_like.copy_ 0-dim": lambda x: torch.empty_like(x).copy_(torch.tensor(4.0)),
+}
+
+
+def assert_like_eager(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.stride() == expected.stride(), f"strides {actual.stride()}, eager {expected.stride()}"
+    torch.testing.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("make", LAYOUTS)
+@pytest.mark.parametrize("name", list(WRITES))
+def test_an_in_place_write_keeps_the_layout_of_what_it_writes(name, make):
+    program = WRITES[name]
+    x = make()
+    assert_like_eager(thunder_rs.jit(program)(x), program(x))
+
+
+@pytest.mark.parametrize("make", LAYOUTS)
+@pytest.mark.parametrize("name", ["clone.fill_", "mul.zero_", "mul.fill_ int 0-dim tensor", "clone.copy_ broadcast"])
+def test_an_in_place_write_keeps_the_layout_with_gradients(name, make):
+    program = WRITES[name]
+    x = make().requires_grad_()
+    expected = program(x)
+    actual = thunder_rs.jit(program)(x)
+    assert_like_eager(actual.detach(), expected.detach())
+    cotangent = torch.randn_like(expected)
+    (eager_grad,) = torch.autograd.grad(expected, x, cotangent)
+    (grad,) = torch.autograd.grad(actual, x, cotangent)
+    torch.testing.assert_close(grad, eager_grad)
+    if "fill" in name or "zero" in name:  # eager's zero gradient of an overwritten tensor: zeros_like(grad)
+        assert grad.stride() == eager_grad.stride()
+
+
+def test_a_filled_tensor_with_a_gradient_keeps_its_layout():
+    x = channels_last().requires_grad_()
+    value = torch.tensor(2.0, requires_grad=True)
+
+    def program(x, value):
+        return (x * 3).fill_(value)
+
+    expected = program(x, value)
+    actual = thunder_rs.jit(program)(x, value)
+    assert_like_eager(actual.detach(), expected.detach())
+    eager_grads = torch.autograd.grad(expected.sum(), (x, value))
+    grads = torch.autograd.grad(actual.sum(), (x, value))
+    for grad, eager_grad in zip(grads, eager_grads, strict=True):
+        assert_like_eager(grad, eager_grad)
+
+
+def test_a_broadcast_copy_is_a_tensor_of_its_own():
+    """``empty_like(x).copy_(row)`` is dense, as in eager: the caller may write to it."""
+    x, row = torch.randn(4, 5), torch.randn(5)
+    out = thunder_rs.jit(lambda x: torch.empty_like(x).copy_(row))(x)
+    assert out.stride() == (5, 1)
+    out.add_(1.0)
+    torch.testing.assert_close(out, (row + 1).expand(4, 5))
+
+
+@pytest.mark.parametrize("make", LAYOUTS)
+@pytest.mark.parametrize("value", [2.0, torch.tensor(3.0), torch.tensor(3)], ids=["number", "float", "int"])
+def test_fill_decomposed_keeps_the_layout_of_its_input(make, value):
+    x = make()
+    with decomposing():
+        actual = thunder_rs.jit(lambda x: torch.fill(x, value))(x)
+    assert_like_eager(actual, torch.fill(x, value))
+
+
+@pytest.mark.parametrize("make", [*LAYOUTS, pytest.param(lambda: torch.randn(3, 4), id="contiguous")])
+def test_unsqueeze_copy_returns_a_new_contiguous_tensor(make):
+    """Its decomposition is a reshape, which the torch executor would run as a view of the input."""
+    x = make()
+    before = x.clone()
+    actual = thunder_rs.jit(lambda x: torch.unsqueeze_copy(x, 1))(x)
+    assert_like_eager(actual, torch.unsqueeze_copy(x, 1))
+    actual.add_(1.0)
+    assert torch.equal(x, before), "the copy shares memory with the input"
