@@ -50,7 +50,7 @@ from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.scatter import fill
-from thunder_rs.torch.shape import reshape_to
+from thunder_rs.torch.shape import clone, reshape_to
 from thunder_rs.core.lang.symint import same_shape
 
 #: Eager's names of dtypes in its casting errors.
@@ -151,16 +151,18 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     )
     if views.same_memory(dst, value):  # ``y[1:] *= 2`` assigns the updated view to itself
         return dst
-    # Laid out as ``dst``: a fill, or a copy that broadcasts (whose value would else be returned
-    # as an expanded tensor, elements sharing memory where eager's are apart).
-    laid_out = _fills(dst, value, copy)
-    if laid_out:
+    filled = _fills(dst, value, copy)
+    if filled:
         value = fill(dst, value)
     else:
         broadcasts = isinstance(value, torch.Tensor) and not same_shape(value.shape, dst.shape)
         value = _as_value(op, dst, value, copy)
         if copy and broadcasts and _whole_intermediate(dst):
-            value, laid_out = prims.where(_nowhere(dst), dst, value), True
+            # A copy, not the expanded value, whose elements would share memory where eager's are
+            # apart (a write to the returned tensor would fail). Contiguous: ``where(nowhere, dst,
+            # value)`` would keep a channels_last ``dst``'s layout, but CPU ``where`` over
+            # broadcast operands is 5-20 times slower than a copy.
+            value = clone(value)
     tracked = tracked and not views.detached(dst)
     if tracked:
         _leaf_check(op, dst)
@@ -173,7 +175,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
             f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
         )
     if tracked and torch.is_grad_enabled():
-        if copy and root_grad and dst.numel() == root.numel() and not laid_out:
+        if copy and root_grad and dst.numel() == root.numel() and not filled:
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
             value = prims.where(_nowhere(dst), dst, value)
         views.write(op, dst, value, root_grad or value_grad)
