@@ -37,6 +37,7 @@ WRITES = {
     "exp.fill_ 0-dim tensor": lambda x: x.exp().fill_(torch.tensor(3.0)),
     "mul.fill_ int 0-dim tensor": lambda x: (x * 2).fill_(torch.tensor(3)),
     "mul.zero_": lambda x: (x * 2).zero_(),
+    "empty in x's layout.fill_": lambda x: torch.empty_strided(x.shape, x.stride()).fill_(1.0),
     "empty_like.zero_.add_": lambda x: torch.empty_like(x).zero_().add_(x),
     "empty_like.copy_ 0-dim": lambda x: torch.empty_like(x).copy_(torch.tensor(4.0)),
 }
@@ -84,6 +85,16 @@ def test_a_filled_tensor_with_a_gradient_keeps_its_layout():
     grads = torch.autograd.grad(actual.sum(), (x, value))
     for grad, eager_grad in zip(grads, eager_grads, strict=True):
         assert_like_eager(grad, eager_grad)
+
+
+def test_a_fill_of_a_factory_tensor_is_one_full_tensor():
+    """Eager's ``torch.zeros(n)`` is contiguous, so the fill needs nothing of it: the trace keeps
+    one ``full``, not the zeros and a fill of them."""
+    jfn = thunder_rs.jit(lambda x: x + torch.zeros(4, 5).fill_(2.0) + x.new_ones(4, 5).zero_())
+    x = transposed()
+    torch.testing.assert_close(jfn(x), x + 2.0)
+    names = thunder_rs.last_traces(jfn)[-1].symbol_names()
+    assert not any("fill" in name for name in names), names
 
 
 @pytest.mark.parametrize("program", [lambda x, row: torch.empty_like(x).copy_(row), lambda x, row: (x * 2).copy_(row)])

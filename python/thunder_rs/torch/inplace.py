@@ -122,8 +122,10 @@ def _whole_intermediate(dst) -> bool:
 
 def _fills(dst, value, copy: bool) -> bool:
     """Whether writing ``value``, a number or a 0-dim tensor, is ``fill(dst, value)``, whose torch
-    kernel is ``empty_like(dst).fill_(value)``, rather than a new full tensor of no layout."""
-    if not copy or not _whole_intermediate(dst):
+    kernel is ``empty_like(dst).fill_(value)``, rather than a new (contiguous) full tensor, which
+    does not keep ``dst``'s computation: where a factory made ``dst`` contiguous, the full tensor is
+    the layout (``torch.zeros(n).fill_(1)`` is one kernel)."""
+    if not copy or not _whole_intermediate(dst) or dst._made_contiguous:
         return False
     if isinstance(value, torch.Tensor):
         return value.ndim == 0 and value.device == dst.device
