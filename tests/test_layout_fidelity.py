@@ -125,3 +125,19 @@ def test_unsqueeze_copy_returns_a_new_contiguous_tensor(make):
     assert_like_eager(actual, torch.unsqueeze_copy(x, 1))
     actual.add_(1.0)
     assert torch.equal(x, before), "the copy shares memory with the input"
+
+
+@pytest.mark.parametrize("make", LAYOUTS)
+def test_an_input_a_copy_writes_is_returned_as_itself(make):
+    """``x.copy_(y); return x`` returns the caller's ``x`` (its layout), not a copy of ``y``."""
+
+    def program(x, y):
+        x.copy_(y)
+        return x, y
+
+    x, y = make(), make().contiguous()
+    expected_x = y.clone()
+    out_x, out_y = thunder_rs.jit(program)(x, y)
+    assert out_x is x
+    assert out_y is y
+    torch.testing.assert_close(x, expected_x)
