@@ -141,3 +141,26 @@ def test_an_input_a_copy_writes_is_returned_as_itself(make):
     assert out_x is x
     assert out_y is y
     torch.testing.assert_close(x, expected_x)
+
+
+COPIES_INTO_NEW = {
+    "zeros.copy_ of a view": lambda x: torch.zeros(x.mT.shape).copy_(x.mT),
+    "empty_like.copy_ of a view": lambda x: torch.empty_like(x.mT).copy_(x.mT),
+    "mul.copy_ of a view": lambda x: (x.mT * 1).copy_(x.mT),
+    "zeros.copy_ of the input": lambda x: torch.zeros(x.shape).copy_(x),
+    "zeros.copy_ of the input, then used": lambda x: torch.zeros(x.shape).copy_(x) + 1,
+}
+
+
+@pytest.mark.parametrize("make", [*LAYOUTS, pytest.param(lambda: torch.randn(4, 5), id="contiguous")])
+@pytest.mark.parametrize("name", list(COPIES_INTO_NEW))
+def test_a_copy_into_a_new_tensor_has_memory_of_its_own(name, make):
+    """A copy of a view or an input, into a tensor the program made, shares no memory with them
+    and has eager's layout: contiguous for a factory's tensor, the view's for ``empty_like``'s."""
+    program = COPIES_INTO_NEW[name]
+    x = make()
+    before = x.clone()
+    actual = thunder_rs.jit(program)(x)
+    assert_like_eager(actual, program(x))
+    actual.add_(1.0)
+    assert torch.equal(x, before), "the copy shares memory with the input"

@@ -132,6 +132,21 @@ def _fills(dst, value, copy: bool) -> bool:
     return isinstance(value, (bool, int, float))
 
 
+def _copied(dst, value, broadcasts: bool):
+    """The value a copy writes over the whole of an intermediate ``dst``: memory of its own, as
+    eager's copy is, and contiguous where eager's ``dst`` is (``_made_contiguous``). Written as it
+    is, an expanded value would be returned with elements sharing memory (a write to it fails),
+    and a view of another tensor as that view (a write to it changes the other)."""
+    if broadcasts or value._view is not None:
+        # ``where(nowhere, dst, value)`` would keep a channels_last ``dst``'s layout, but CPU
+        # ``where`` over broadcast operands is 5-20 times slower than a copy.
+        contiguous = broadcasts or dst._made_contiguous
+        return clone(value, memory_format=torch.contiguous_format if contiguous else torch.preserve_format)
+    if dst._made_contiguous and value._strides is not None:  # a non-contiguous input
+        return clone(value, memory_format=torch.contiguous_format)
+    return value
+
+
 def _nowhere(dst):
     """A condition false everywhere, broadcast from a 0-dim tensor: its strides are all zero, so
     in ``where(nowhere, dst, value)`` ``dst`` decides the layout, as eager's in-place write does."""
@@ -159,12 +174,8 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     else:
         broadcasts = isinstance(value, torch.Tensor) and not same_shape(value.shape, dst.shape)
         value = _as_value(op, dst, value, copy)
-        if copy and broadcasts and _whole_intermediate(dst):
-            # A copy, not the expanded value, whose elements would share memory where eager's are
-            # apart (a write to the returned tensor would fail). Contiguous: ``where(nowhere, dst,
-            # value)`` would keep a channels_last ``dst``'s layout, but CPU ``where`` over
-            # broadcast operands is 5-20 times slower than a copy.
-            value = clone(value)
+        if copy and _whole_intermediate(dst):
+            value = _copied(dst, value, broadcasts)
     tracked = tracked and not views.detached(dst)
     if tracked:
         _leaf_check(op, dst)
