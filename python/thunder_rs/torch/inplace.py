@@ -132,16 +132,13 @@ def _fills(dst, value, copy: bool) -> bool:
     return isinstance(value, (bool, int, float))
 
 
-def _copied(dst, value, broadcasts: bool):
+def _copied(dst, value):
     """The value a copy writes over the whole of an intermediate ``dst``: memory of its own, as
     eager's copy is, and contiguous where eager's ``dst`` is (``_made_contiguous``). Written as it
-    is, an expanded value would be returned with elements sharing memory (a write to it fails),
-    and a view of another tensor as that view (a write to it changes the other)."""
-    if broadcasts or value._view is not None:
-        # ``where(nowhere, dst, value)`` would keep a channels_last ``dst``'s layout, but CPU
-        # ``where`` over broadcast operands is 5-20 times slower than a copy.
-        contiguous = broadcasts or dst._made_contiguous
-        return clone(value, memory_format=torch.contiguous_format if contiguous else torch.preserve_format)
+    is, a view of another tensor would be returned as that view (a write to it changes the other).
+    A broadcast value stays expanded (``assign`` marks it a copy to make if it is returned)."""
+    if value._view is not None:
+        return clone(value, memory_format=torch.contiguous_format if dst._made_contiguous else torch.preserve_format)
     if dst._made_contiguous and value._strides is not None:  # a non-contiguous input
         return clone(value, memory_format=torch.contiguous_format)
     return value
@@ -169,13 +166,17 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     if views.same_memory(dst, value):  # ``y[1:] *= 2`` assigns the updated view to itself
         return dst
     filled = _fills(dst, value, copy)
+    # A broadcast copy over the whole of an intermediate: eager's elements are apart, the trace's
+    # expanded value shares their memory, which only a returned tensor must not (``_apart``
+    # copies a ``_copy_of``): ops that read it take it as it is.
+    expanded = False
     if filled:
         value = fill(dst, value)
     else:
         broadcasts = isinstance(value, torch.Tensor) and not same_shape(value.shape, dst.shape)
         value = _as_value(op, dst, value, copy)
         if copy and _whole_intermediate(dst):
-            value = _copied(dst, value, broadcasts)
+            value, expanded = _copied(dst, value), broadcasts
     tracked = tracked and not views.detached(dst)
     if tracked:
         _leaf_check(op, dst)
@@ -190,12 +191,13 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     if tracked and torch.is_grad_enabled():
         if copy and root_grad and dst.numel() == root.numel() and not filled:
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
-            value = prims.where(_nowhere(dst), dst, value)
+            value, expanded = prims.where(_nowhere(dst), dst, value), False
         views.write(op, dst, value, root_grad or value_grad)
-        return dst
-    if value_grad and not root_grad:
-        value = view_scatters.stop_gradient(value)
-    views.write(op, dst, value, root_grad, view_scatters.straight_through if root_grad else None)
+    else:
+        if value_grad and not root_grad:
+            value = view_scatters.stop_gradient(value)
+        views.write(op, dst, value, root_grad, view_scatters.straight_through if root_grad else None)
+    dst._copy_of = expanded
     return dst
 
 
