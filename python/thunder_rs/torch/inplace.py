@@ -121,10 +121,10 @@ def _whole_intermediate(dst) -> bool:
 
 
 def _fills(dst, value, copy: bool) -> bool:
-    """Whether writing ``value``, a number or a 0-dim tensor, is ``fill(dst, value)``, whose torch
-    kernel is ``empty_like(dst).fill_(value)``, rather than a new (contiguous) full tensor, which
-    does not keep ``dst``'s computation: where a factory made ``dst`` contiguous, the full tensor is
-    the layout (``torch.zeros(n).fill_(1)`` is one kernel)."""
+    """Whether writing ``value``, a number or a 0-dim tensor, is ``fill(dst, value)`` (torch's
+    ``empty_like(dst).fill_(value)``), which keeps ``dst``'s layout, rather than a new contiguous
+    full tensor, which needs nothing of ``dst``: the latter where a factory made ``dst``
+    contiguous (``torch.zeros(n).fill_(1)`` stays one kernel)."""
     if not copy or not _whole_intermediate(dst) or dst._made_contiguous:
         return False
     if isinstance(value, torch.Tensor):
