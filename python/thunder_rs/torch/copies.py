@@ -2,7 +2,8 @@
 
 ``torch.expand_copy(x, size)`` is ``x.expand(size)`` that shares no memory with ``x``: the
 symbol runs the view op's decomposition (the plain symbol, not the view-tracking op langctx
-maps the view to) and returns a fresh value where that decomposition returns its input.
+maps the view to) and clones its value contiguous, as eager's copies are whatever the layout of
+their input.
 """
 
 import torch
@@ -12,7 +13,7 @@ from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, check
 from thunder_rs.torch import arrange, diagonals, indexing, joins, shape, view_scatters
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.padding import fresh
+from thunder_rs.torch.shape import clone
 
 __all__: list[str] = []
 
@@ -46,10 +47,12 @@ def _define_copy(name: str, view):
     @torchsymbol(*torch_fns, name=name, sequence=name in _SEQUENCES)
     def copy_op(input, *args, out=None, **kwargs):
         check(out is None, f"ltorch.{name}", "out= is not supported (argument out)", ThunderNotImplementedError)
+        # Eager's copies are new contiguous tensors whatever the input's layout; the view's
+        # value, run by the torch executor, may be a view of ``input`` (an unsqueeze is a reshape).
         result = view(input, *args, **kwargs)
         if isinstance(result, tuple):
-            return tuple(fresh(r, input) for r in result)
-        return fresh(result, input)
+            return tuple(clone(r, memory_format=torch.contiguous_format) for r in result)
+        return clone(result, memory_format=torch.contiguous_format)
 
     copy_op.__doc__ = f"``torch.{name}``: ``{getattr(view, 'symbol_name', 'alias')}`` into a new tensor."
     return copy_op

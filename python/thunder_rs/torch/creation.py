@@ -79,6 +79,13 @@ def _fill(shape, fill_value, device, dtype):
     return prims.full(shape, clang.maybe_convert(fill_value, dtype), device, dtype)
 
 
+def _contiguous(out):
+    """``out`` as eager's factory makes it from sizes alone: contiguous, so that a fill written over
+    it needs no layout from it (``inplace._fills``)."""
+    out._made_contiguous = True
+    return out
+
+
 def _fill_dtype(fill_value) -> torch.dtype:
     """The dtype ``torch.full`` infers from its fill value."""
     if isinstance(fill_value, bool):
@@ -95,7 +102,7 @@ def full(size, fill_value, *, out=None, dtype=None, layout=None, device=None, re
         ThunderTypeError,
     )
     shape = _shape((size,), "ltorch.full")
-    return _fill(shape, fill_value, _device(device), dtype or _fill_dtype(fill_value))
+    return _contiguous(_fill(shape, fill_value, _device(device), dtype or _fill_dtype(fill_value)))
 
 
 def _define_constant(name: str, value):
@@ -116,7 +123,8 @@ def _define_constant(name: str, value):
     ):
         dtype = dtype or torch.get_default_dtype()
         shape = _shape(sizes if size is None else (size,), op)
-        return prims.full(shape, clang.maybe_convert(value, dtype), _device(device), dtype)
+        out = prims.full(shape, clang.maybe_convert(value, dtype), _device(device), dtype)
+        return _contiguous(out) if memory_format in (None, torch.contiguous_format) else out
 
     return constant
 
@@ -146,7 +154,9 @@ empty_like = _define_constant_like("empty_like", 0)
 
 @torchsymbol(T.new_full)
 def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
-    return _fill(_shape((size,), "ltorch.new_full"), fill_value, _device(device, self), dtype or self.dtype)
+    return _contiguous(
+        _fill(_shape((size,), "ltorch.new_full"), fill_value, _device(device, self), dtype or self.dtype)
+    )
 
 
 def _define_new_constant(name: str, value):
@@ -159,7 +169,7 @@ def _define_new_constant(name: str, value):
     ):
         dtype = dtype or self.dtype
         shape = _shape(sizes if size is None else (size,), op)
-        return prims.full(shape, clang.maybe_convert(value, dtype), _device(device, self), dtype)
+        return _contiguous(prims.full(shape, clang.maybe_convert(value, dtype), _device(device, self), dtype))
 
     return new_constant
 

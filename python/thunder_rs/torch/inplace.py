@@ -49,7 +49,8 @@ from thunder_rs.torch import batch_norms, view_scatters, views
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
-from thunder_rs.torch.shape import reshape_to
+from thunder_rs.torch.scatter import fill
+from thunder_rs.torch.shape import clone, reshape_to
 from thunder_rs.core.lang.symint import same_shape
 
 #: Eager's names of dtypes in its casting errors.
@@ -111,6 +112,44 @@ def _as_value(op: str, dst, value, copy: bool):
     return clang.expand_to(clang.maybe_convert(value, dst.dtype), dst.shape)
 
 
+def _whole_intermediate(dst) -> bool:
+    """Whether ``dst`` is a tensor the program computed, not a view: eager's in-place write keeps
+    its layout (channels_last, transposed), which the trace does not know, so the new value must
+    take it from ``dst``. A trace input's new value is copied back into the caller's own tensor,
+    and a view's is scattered into its root: either keeps its layout."""
+    return dst._view is None and dst._input_vid is None
+
+
+def _fills(dst, value, copy: bool) -> bool:
+    """Whether writing ``value``, a number or a 0-dim tensor, is ``fill(dst, value)`` (torch's
+    ``empty_like(dst).fill_(value)``), which keeps ``dst``'s layout, rather than a new contiguous
+    full tensor, which needs nothing of ``dst``: the latter where a factory made ``dst``
+    contiguous (``torch.zeros(n).fill_(1)`` stays one kernel)."""
+    if not copy or not _whole_intermediate(dst) or dst._made_contiguous:
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and value.device == dst.device
+    return isinstance(value, (bool, int, float))
+
+
+def _copied(dst, value):
+    """The value a copy writes over the whole of an intermediate ``dst``: memory of its own, as
+    eager's copy is, and contiguous where eager's ``dst`` is (``_made_contiguous``). Written as it
+    is, a view of another tensor would be returned as that view (a write to it changes the other).
+    A broadcast value stays expanded (``assign`` marks it a copy to make if it is returned)."""
+    if value._view is not None:
+        return clone(value, memory_format=torch.contiguous_format if dst._made_contiguous else torch.preserve_format)
+    if dst._made_contiguous and value._strides is not None:  # a non-contiguous input
+        return clone(value, memory_format=torch.contiguous_format)
+    return value
+
+
+def _nowhere(dst):
+    """A condition false everywhere, broadcast from a 0-dim tensor: its strides are all zero, so
+    in ``where(nowhere, dst, value)`` ``dst`` decides the layout, as eager's in-place write does."""
+    return clang.expand_to(prims.full((), False, dst.device, torch.bool), tuple(dst.shape))
+
+
 def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     """Writes ``value`` into ``dst`` as eager's in-place op ``op`` does; returns ``dst``.
 
@@ -126,7 +165,18 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     )
     if views.same_memory(dst, value):  # ``y[1:] *= 2`` assigns the updated view to itself
         return dst
-    value = _as_value(op, dst, value, copy)
+    filled = _fills(dst, value, copy)
+    # A broadcast copy over the whole of an intermediate: eager's elements are apart, the trace's
+    # expanded value shares their memory, which only a returned tensor must not (``_apart``
+    # copies a ``_copy_of``): ops that read it take it as it is.
+    expanded = False
+    if filled:
+        value = fill(dst, value)
+    else:
+        broadcasts = isinstance(value, torch.Tensor) and not same_shape(value.shape, dst.shape)
+        value = _as_value(op, dst, value, copy)
+        if copy and _whole_intermediate(dst):
+            value, expanded = _copied(dst, value), broadcasts
     tracked = tracked and not views.detached(dst)
     if tracked:
         _leaf_check(op, dst)
@@ -139,15 +189,15 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
             f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
         )
     if tracked and torch.is_grad_enabled():
-        if copy and root_grad and dst.numel() == root.numel():
+        if copy and root_grad and dst.numel() == root.numel() and not filled:
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
-            keep = prims.full(tuple(dst.shape), True, dst.device, torch.bool)
-            value = prims.where(keep, value, dst)
+            value, expanded = prims.where(_nowhere(dst), dst, value), False
         views.write(op, dst, value, root_grad or value_grad)
-        return dst
-    if value_grad and not root_grad:
-        value = view_scatters.stop_gradient(value)
-    views.write(op, dst, value, root_grad, view_scatters.straight_through if root_grad else None)
+    else:
+        if value_grad and not root_grad:
+            value = view_scatters.stop_gradient(value)
+        views.write(op, dst, value, root_grad, view_scatters.straight_through if root_grad else None)
+    dst._copy_of = expanded
     return dst
 
 

@@ -636,8 +636,11 @@ def fill(input, value):
             "dimensions. (argument value)",
             ThunderRuntimeError,
         )
-        filled = clang.expand_to(clang.maybe_convert(value, input.dtype), tuple(input.shape))
+        filled = clang.maybe_convert(value, input.dtype)
     else:
-        filled = prims.full(tuple(input.shape), clang.maybe_convert(value, input.dtype), input.device, input.dtype)
-    everywhere = prims.full(tuple(input.shape), True, input.device, torch.bool)
-    return prims.where(everywhere, filled, input)
+        filled = prims.full((), clang.maybe_convert(value, input.dtype), input.device, input.dtype)
+    # Broadcasts of 0-dim tensors, whose strides are all zero, leave the layout of the result to
+    # ``input``, as eager's ``empty_like(input).fill_(value)`` does (channels_last stays so).
+    shape = tuple(input.shape)
+    everywhere = clang.expand_to(prims.full((), True, input.device, torch.bool), shape)
+    return prims.where(everywhere, clang.expand_to(filled, shape), input)

@@ -305,6 +305,7 @@ def copy_of(a) -> TensorProxy:
 
 def _rebind(p, value, requires_grad: bool) -> None:
     p._vid = value._vid
+    p._copy_of = False  # a value of its own now (``copy_of``'s proxy written in place)
     requires_grad = requires_grad and (p.dtype.is_floating_point or p.dtype.is_complex)
     with torch._C.DisableTorchFunctionSubclass():
         if p.requires_grad != requires_grad:

@@ -140,9 +140,12 @@ def _apart(out, inputs: list):
     .copy_(x)``, ``F.pad(x, (0, 0))``). Writing to it must not change the input."""
     leaves, spec = tree_flatten(out, is_leaf=is_size)
     holders = {p._vid: p for p in inputs}
+    # An input returned is the caller's tensor (``writeback.plan``), also when a write made it
+    # hold another input's value (``x.copy_(y); return x``).
+    own = {id(p) for p in inputs}
     changed = False
     for i, leaf in enumerate(leaves):
-        if not isinstance(leaf, TensorProxy):
+        if not isinstance(leaf, TensorProxy) or id(leaf) in own:
             continue
         holder = holders.setdefault(leaf._vid, leaf)
         if leaf._copy_of:  # ``contiguous()`` of a view, which must come back contiguous

@@ -59,6 +59,9 @@ class TensorProxy(torch.Tensor):
     _strides: tuple[int, ...] | None = None
     #: for a copy eager makes that the trace computes nothing for (``views.copy_of``)
     _copy_of = False
+    #: for a tensor a factory made from sizes alone (``torch.zeros(n)``): eager's is contiguous, and
+    #: stays so through in-place writes (``torch.inplace``)
+    _made_contiguous = False
     #: whether a size of ``_shape`` is a ``SymInt`` (``core.lang.symint``)
     _symbolic = False
     #: for indices never negative (``nonzero``'s): indexing takes them without wrapping
