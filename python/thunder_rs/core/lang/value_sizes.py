@@ -64,15 +64,16 @@ def _fits_flat(pattern, values, least: int = 0) -> bool:
 
 def _applies(groups: tuple, shapes: tuple) -> bool:
     """Whether ``shapes`` (or ints read, flat) have every place of ``groups`` (``(output, dim)``
-    pairs; flat positions for ints), with one size of at least 0 per group: a read at a site
-    whose sizes are symbolic is a count there at 0 and 1 too (traced at 0, the decisions it takes
-    are guards: a call at 0 runs that variant, or one traced at another count)."""
+    pairs; flat positions for ints), with one size per group, 0 or at least 2: a read at a site
+    whose sizes are symbolic is a count there at 0 too (a slice's start: its decisions at 0 are
+    guards that larger starts mostly keep). Not at 1, where broadcasting decides ``count == 1``:
+    a variant traced there served 1 alone (Faster R-CNN's sampler, one positive anchor)."""
     for group in groups:
         if type(group[0]) is int:
             sizes = {shapes[k] if k < len(shapes) else -1 for k in group}
         else:
             sizes = {shapes[i][d] if i < len(shapes) and d < len(shapes[i]) else -1 for i, d in group}
-        if len(sizes) != 1 or min(sizes) < 0:
+        if len(sizes) != 1 or min(sizes) < 0 or 1 in sizes:
             return False
     return True
 
