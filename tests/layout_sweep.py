@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -59,11 +60,7 @@ def relay(value: Any) -> Any:
 
 
 def tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in tensors(v)]
-    return []
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def layout_name(args: Any) -> str:
