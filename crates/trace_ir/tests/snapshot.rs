@@ -72,6 +72,22 @@ fn a_segment_runs_only_the_calls_no_earlier_one_ran_and_takes_their_tensors() {
 }
 
 #[test]
+fn a_segment_takes_only_the_inputs_it_reads_or_returns() {
+    let mut b = TraceBuilder::new();
+    let (w0, w1, w2) = (
+        b.add_input(ValueKind::Tensor(meta())),
+        b.add_input(ValueKind::Tensor(meta())),
+        b.add_input(ValueKind::Tensor(meta())),
+    );
+    let e = b.record_prim("exp", vec![Arg::Value(w0)]).unwrap()[0];
+    let first = segment(&b, &[e], &[], &[]).unwrap();
+    assert_eq!((first.taken.clone(), first.trace.inputs.clone()), (vec![0], vec![w0]));
+    let y = b.record_prim("mul", vec![Arg::Value(e), Arg::Value(w2)]).unwrap()[0];
+    let second = segment(&b, &[y, w1], &[e], &[]).unwrap();
+    assert_eq!((second.taken, second.trace.inputs, second.returned), (vec![1, 2], vec![w1, w2, e], vec![y, w1]));
+}
+
+#[test]
 fn draws_that_ran_are_not_drawn_again_and_a_state_effect_starts_over() {
     let mut b = TraceBuilder::new();
     let r = draw(&mut b);

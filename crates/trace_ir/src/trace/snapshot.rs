@@ -14,9 +14,12 @@ use std::sync::Arc;
 
 /// A segment of a recording (see [`TraceBuilder::segment`]).
 pub struct Segment {
-    /// Takes the recording's tensor inputs, then `known_inputs`, then the size inputs (the
-    /// recording's, then those the calls of earlier segments defined); returns `returned`.
+    /// Takes the recording's tensor inputs at `taken`, then `known_inputs`, then the size inputs
+    /// (the recording's, then those the calls of earlier segments defined); returns `returned`.
     pub trace: Trace,
+    /// The positions of the recording's inputs the segment takes: those its calls read or it
+    /// returns (a model's parameters are inputs; a segment of its experts loop reads a few).
+    pub taken: Vec<usize>,
     /// The tensors of earlier segments that this one reads, in the order it takes them.
     pub known_inputs: Vec<ValueId>,
     /// What the trace returns: every tensor its calls compute, then the wanted inputs.
@@ -99,9 +102,15 @@ impl TraceBuilder {
         let known_inputs: Vec<ValueId> =
             ran.iter().filter(|v| known.contains(v) && read.contains(v) && !is_size(v)).copied().collect();
         let ran_sizes = ran.iter().filter(is_size).copied();
-        let inputs = self.inputs.iter().chain(&known_inputs).chain(&self.sizes).copied().chain(ran_sizes).collect();
+        let out: FxHashSet<ValueId> = returned.iter().copied().collect();
+        let taken: Vec<usize> = (0..self.inputs.len())
+            .filter(|&i| read.contains(&self.inputs[i]) || out.contains(&self.inputs[i]))
+            .collect();
+        let tensors = taken.iter().map(|&i| self.inputs[i]);
+        let inputs =
+            tensors.chain(known_inputs.iter().copied()).chain(self.sizes.iter().copied()).chain(ran_sizes).collect();
         let outputs = Arg::Tuple(returned.iter().map(|&v| Arg::Value(v)).collect());
-        Segment { trace: self.snapshot_trace(values, inputs, kept, outputs), known_inputs, returned }
+        Segment { trace: self.snapshot_trace(values, inputs, kept, outputs), taken, known_inputs, returned }
     }
 
     /// The calls recorded so far, those of the open composites' decompositions in place.

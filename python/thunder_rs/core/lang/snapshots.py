@@ -66,8 +66,9 @@ class Snapshots:
             self.forget()
             segment = rec.segment(wanted, [], _CHECKS)
             assert segment is not None  # (nothing ran before: nothing runs again)
-        trace, known_inputs, returned = segment
-        values, self._generators = self._evaluate(trace, [*inputs, *(self._known[v] for v in known_inputs)])
+        trace, taken, known_inputs, returned = segment
+        taking = [inputs[i] for i in taken]
+        values, self._generators = self._evaluate(trace, [*taking, *(self._known[v] for v in known_inputs)])
         self._known.update(zip(returned, values))
         return values
 
