@@ -308,11 +308,12 @@ class Recorder:
         the recording goes on."""
     def segment(
         self, wanted: Sequence[int], known: Sequence[int], checks: Sequence[int]
-    ) -> tuple[Trace, list[int], list[int], list[int]] | None:
+    ) -> tuple[Trace, list[int], list[int], list[int], list[int]] | None:
         """The calls no earlier segment ran (those whose tensors are all in ``known`` left out):
-        ``(trace, taken, known_inputs, returned)``, the trace taking the recording's tensor inputs
-        at the positions ``taken`` (those it reads or returns), the ``known_inputs``, then the size
-        inputs, and returning the tensors ``returned`` (every one
+        ``(trace, taken, known_inputs, sizes, returned)``, the trace taking the recording's tensor
+        inputs at the positions ``taken`` (those it reads or returns), the ``known_inputs``, then
+        the size values ``sizes``, and returning the tensors ``returned`` (ids of the recording;
+        the trace numbers its own values apart) (every one
         its calls compute, and the ``wanted`` inputs); None when a call with an effect on state
         (a random draw) would run again: run the recording from its start then."""
     def finish(self, outputs: Any) -> Trace: ...

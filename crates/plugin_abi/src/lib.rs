@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use trace_ir::{binary, Arg, BoundSymbol, ValueId};
+use trace_ir::{binary, Arg, ValueId};
 #[doc(hidden)]
 pub use trace_ir::{Result as IrResult, Trace};
 
@@ -260,18 +260,10 @@ pub fn canonical(trace: &Trace) -> Trace {
     Trace {
         values: Arc::new(values.iter().map(|k| k.renamed(&rename)).collect()),
         inputs: trace.inputs.iter().map(|v| subst[v]).collect(),
-        bsyms: trace.bsyms.iter().map(|b| renamed_everywhere(b, &subst)).collect(),
+        bsyms: trace.bsyms.iter().map(|b| b.renamed_everywhere(&subst)).collect(),
         outputs,
         facts: Arc::new(trace.facts.renamed(&rename)),
     }
-}
-
-/// `bsym` with its inputs and outputs renamed at every depth.
-fn renamed_everywhere(bsym: &BoundSymbol, subst: &rustc_hash::FxHashMap<ValueId, ValueId>) -> BoundSymbol {
-    let mut out = bsym.renamed(subst);
-    out.outputs = bsym.outputs.iter().map(|v| *subst.get(v).unwrap_or(v)).collect();
-    out.subsymbols = bsym.subsymbols.iter().map(|s| renamed_everywhere(s, subst)).collect();
-    out
 }
 
 #[cfg(test)]
@@ -357,7 +349,7 @@ mod tests {
         shuffled.values = Arc::new(values);
         let swap: rustc_hash::FxHashMap<ValueId, ValueId> =
             [(ValueId(1), ValueId(3)), (ValueId(3), ValueId(1))].into_iter().collect();
-        shuffled.bsyms = trace.bsyms.iter().map(|b| renamed_everywhere(b, &swap)).collect();
+        shuffled.bsyms = trace.bsyms.iter().map(|b| b.renamed_everywhere(&swap)).collect();
         shuffled.outputs = Arg::Value(ValueId(1));
         assert_eq!(canonical(&shuffled), trace);
     }

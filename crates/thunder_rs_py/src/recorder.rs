@@ -13,7 +13,7 @@ use crate::sizes::{dim_of, dim_to_py};
 use crate::trace::PyTrace;
 
 /// A segment of a recording for Python: its trace, the known tensors it takes, what it returns.
-type Segmented = (PyTrace, Vec<usize>, Vec<u32>, Vec<u32>);
+type Segmented = (PyTrace, Vec<usize>, Vec<u32>, Vec<u32>, Vec<u32>);
 
 /// Records one trace. Python calls one method per prim, composite boundary or fallback.
 ///
@@ -310,7 +310,7 @@ impl Recorder {
         Ok(PyTrace::new(no_panic("snapshot", || py_result(builder.snapshot(&outputs)))?, "snapshot"))
     }
 
-    /// The calls no earlier segment ran, as `(trace, taken, known_inputs, returned)` (see
+    /// The calls no earlier segment ran, as `(trace, taken, known_inputs, sizes, returned)` (see
     /// `TraceBuilder::segment`: `known` are the tensors earlier segments returned, `checks` the
     /// symbols of reads' checks), or None when the recording must run from its start.
     fn segment(&mut self, wanted: Vec<u32>, known: Vec<u32>, checks: Vec<u32>) -> PyResult<Option<Segmented>> {
@@ -320,7 +320,8 @@ impl Recorder {
         let checks: Vec<SymbolId> = checks.into_iter().map(SymbolId).collect();
         let segment = no_panic("segment", || py_result(builder.segment(&wanted, &known, &checks)))?;
         let ids = |vs: Vec<ValueId>| vs.into_iter().map(|v| v.0).collect();
-        Ok(segment.map(|s| (PyTrace::new(s.trace, "snapshot"), s.taken, ids(s.known_inputs), ids(s.returned))))
+        Ok(segment
+            .map(|s| (PyTrace::new(s.trace, "snapshot"), s.taken, ids(s.known_inputs), ids(s.sizes), ids(s.returned))))
     }
 
     /// Finishes the recording with the program's outputs (proxies, numbers, tuples, lists).

@@ -156,6 +156,15 @@ impl BoundSymbol {
             })
     }
 
+    /// The same call with its inputs and outputs renamed by `subst` at every depth (a pass that
+    /// renumbers values).
+    pub fn renamed_everywhere(&self, subst: &FxHashMap<ValueId, ValueId>) -> BoundSymbol {
+        let mut out = self.renamed(subst);
+        out.outputs = self.outputs.iter().map(|v| *subst.get(v).unwrap_or(v)).collect();
+        out.subsymbols = self.subsymbols.iter().map(|s| s.renamed_everywhere(subst)).collect();
+        out
+    }
+
     /// The same call with its inputs renamed by `subst`, at every depth (decomposition and grad
     /// rule included). Values not in `subst` keep their names; a call that reads none of them is
     /// returned shared, not rebuilt (checking costs less than copying every argument).

@@ -84,7 +84,13 @@ fn a_segment_takes_only_the_inputs_it_reads_or_returns() {
     assert_eq!((first.taken.clone(), first.trace.inputs.clone()), (vec![0], vec![w0]));
     let y = b.record_prim("mul", vec![Arg::Value(e), Arg::Value(w2)]).unwrap()[0];
     let second = segment(&b, &[y, w1], &[e], &[]).unwrap();
-    assert_eq!((second.taken, second.trace.inputs, second.returned), (vec![1, 2], vec![w1, w2, e], vec![y, w1]));
+    assert_eq!((second.taken, second.known_inputs, second.returned), (vec![1, 2], vec![e], vec![y, w1]));
+    // Its own values only, numbered in order: w1, w2, e taken, y defined.
+    assert_eq!(second.trace.values.len(), 4);
+    assert_eq!(second.trace.inputs, vec![ValueId(0), ValueId(1), ValueId(2)]);
+    let mut returned = Vec::new();
+    second.trace.outputs.for_each_value(&mut |v| returned.push(v));
+    assert_eq!(returned, vec![ValueId(3), ValueId(0)]);
 }
 
 #[test]

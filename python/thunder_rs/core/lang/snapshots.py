@@ -50,7 +50,8 @@ class Snapshots:
         if all(v in known for v in wanted):
             return [known[v] for v in wanted]
         if not self._segments:
-            return self._evaluate(current().snapshot(wanted), inputs)[0]
+            trace = current().snapshot(wanted)
+            return self._evaluate(trace, inputs, trace.size_inputs())[0]
         added = self._run_segment(wanted, inputs)
         out = [known[v] for v in wanted]
         if self._past_budget(added):
@@ -66,18 +67,19 @@ class Snapshots:
             self.forget()
             segment = rec.segment(wanted, [], _CHECKS)
             assert segment is not None  # (nothing ran before: nothing runs again)
-        trace, taken, known_inputs, returned = segment
-        taking = [inputs[i] for i in taken]
-        values, self._generators = self._evaluate(trace, [*taking, *(self._known[v] for v in known_inputs)])
+        trace, taken, known_inputs, sizes, returned = segment
+        taking = [*(inputs[i] for i in taken), *(self._known[v] for v in known_inputs)]
+        values, self._generators = self._evaluate(trace, taking, sizes)
         self._known.update(zip(returned, values))
         return values
 
-    def _evaluate(self, trace, inputs: list) -> tuple[list, list]:
-        """The values ``trace`` returns for ``inputs`` (size inputs added: the call's own), and
-        the generators' states after it; the generators are then as they were."""
+    def _evaluate(self, trace, inputs: list, size_ids: list) -> tuple[list, list]:
+        """The values ``trace`` returns for ``inputs`` (the recording's size values ``size_ids``
+        added: the call's own), and the generators' states after it; the generators are then as
+        they were."""
         rec = current()
         consts = list(rec.consts())
-        sizes = [rec.size_value(v).hint for v in trace.size_inputs()]
+        sizes = [rec.size_value(v).hint for v in size_ids]
         with outside_the_trace():
             if self._generators is not None:  # (None from the start, and once past the budget)
                 restore_generators(self._generators)
