@@ -71,7 +71,7 @@ def _device(device, like=None) -> torch.device:
     return device if isinstance(device, torch.device) else torch.device(device)
 
 
-def _fill(shape, fill_value, device, dtype):
+def filled(shape, fill_value, device, dtype):
     """``shape`` filled with ``fill_value``: a number, or a symbolic size read on each call."""
     if type(fill_value) is SymInt:
         value = size_value(device, dtype, fill_value)
@@ -95,7 +95,7 @@ def full(size, fill_value, *, out=None, dtype=None, layout=None, device=None, re
         ThunderTypeError,
     )
     shape = _shape((size,), "ltorch.full")
-    return _fill(shape, fill_value, _device(device), dtype or _fill_dtype(fill_value))
+    return filled(shape, fill_value, _device(device), dtype or _fill_dtype(fill_value))
 
 
 def _define_constant(name: str, value):
@@ -128,7 +128,7 @@ empty = _define_constant("empty", 0)
 
 @torchsymbol(torch.full_like)
 def full_like(input, fill_value, *, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
-    return _fill(tuple(input.shape), fill_value, _device(device, input), dtype or input.dtype)
+    return filled(tuple(input.shape), fill_value, _device(device, input), dtype or input.dtype)
 
 
 def _define_constant_like(name: str, value):
@@ -146,7 +146,7 @@ empty_like = _define_constant_like("empty_like", 0)
 
 @torchsymbol(T.new_full)
 def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
-    return _fill(_shape((size,), "ltorch.new_full"), fill_value, _device(device, self), dtype or self.dtype)
+    return filled(_shape((size,), "ltorch.new_full"), fill_value, _device(device, self), dtype or self.dtype)
 
 
 def _define_new_constant(name: str, value):

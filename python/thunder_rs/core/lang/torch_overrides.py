@@ -36,9 +36,11 @@ tokens'), which asks a ``torch.SymInt``'s SymNode; a size being traced has none,
 return is specialised. In the library modules of ``SIZED_BUILTINS`` (read per module: they only
 size what they build with them) these globals, while tracing, return a traced tensor's symbolic
 first size (``len``) or its value read as a symbolic int (``int``): torchvision's multi-scale RoI
-pooling (``len(rois)``, Faster R-CNN ResNet-50 FPN inference compiled once per image) and Mask
-R-CNN's mask pasting (``int(box[2] - box[0] + 1)``). Their reads of these globals are not guarded
-(``observe.TRACING_GLOBALS``); after tracing the modules have no such globals again.
+pooling (``len(rois)``, Faster R-CNN ResNet-50 FPN inference compiled once per image), Mask
+R-CNN's mask pasting (``int(box[2] - box[0] + 1)``) and Hugging Face's ``torch_int`` (BEiT's
+relative position table, interpolated to ``torch_int`` of the image's patch counts: a compile per
+image size). Their reads of these globals are not guarded (``observe.TRACING_GLOBALS``); after
+tracing the modules have no such globals again.
 
 All are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
 ``torch.compile`` and ``torch.export`` set the same way). Acquisitions may run in several threads
@@ -174,6 +176,9 @@ def _sized_int(x=0, *base):
 SIZED_BUILTINS: dict[str, dict[str, object]] = {
     "torchvision.ops.poolers": {"len": _sized_len},
     "torchvision.models.detection.roi_heads": {"int": _sized_int},
+    # Hugging Face's ``torch_int``, int() of a size: BEiT's relative position table, interpolated to
+    # ``(torch_int(2 * window_size[0] - 1), ...)`` of the image's patches
+    "transformers.utils.generic": {"int": _sized_int},
 }
 TRACING_GLOBALS.update((id(_sized_len), id(_sized_int)))
 _ABSENT = object()
