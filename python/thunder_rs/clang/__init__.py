@@ -17,7 +17,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.core.lang.symint import SymInt, same_shape
+from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 Number = (bool, int, float)
 
@@ -53,9 +53,14 @@ def canonicalize_dims(ndim: int, dims, op: str, arg: str = "dim") -> tuple[int, 
 
 def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
     ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
+    out: list = [None] * ndim
     for shape in shapes:
         for i, size in enumerate(shape, ndim - len(shape)):
+            # A size that is the other's as data decides nothing: ``t - 1`` against ``t - 1`` would
+            # ask whether it is 1 and guard ``t != 2``.
+            if out[i] is None or identical(size, out[i]):
+                out[i] = size
+                continue
             if size == out[i] or size == 1:
                 continue
             check(
@@ -68,7 +73,7 @@ def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
                 ThunderRuntimeError,
             )
             out[i] = size
-    return tuple(out)
+    return tuple(1 if size is None else size for size in out)
 
 
 def expand_to(a, shape):

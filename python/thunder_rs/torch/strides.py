@@ -29,8 +29,9 @@ def is_contiguous(shape, strides) -> bool:
 
 
 def overlaps(shape, strides) -> bool:
-    """Whether two elements share memory: an expanded dim (stride 0 over more than one element)."""
-    return any(size > 1 and stride == 0 for size, stride in zip(shape, strides))
+    """Whether two elements share memory: an expanded dim (stride 0 over more than one element).
+    The stride first: a dim that is not expanded decides nothing on its size (``t - 1 > 1``)."""
+    return any(stride == 0 and size > 1 for size, stride in zip(shape, strides))
 
 
 def viewed_strides(shape, strides, new_shape):
