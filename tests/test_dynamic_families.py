@@ -232,3 +232,13 @@ def test_encoder_decoders_train_with_short_targets_in_two_compiles(name):
         torch.testing.assert_close(outs[0].logits, outs[1].logits, **TOLERANCES[dtype])
         assert_grads_close(model, eager, TOLERANCES[dtype])
     assert misses(jm) == 2, thunder_rs.compile_stats(jm).miss_reasons
+
+
+def numpy_named(x):
+    """Funnel's ``torch.cat(..., axis=...)``: torch takes NumPy's names for ``dim`` and ``keepdim``."""
+    return torch.cat([x, x * 2], axis=1).sum(axis=0, keepdims=True) + torch.concatenate([x, x], axis=0).mean()
+
+
+def test_numpy_names_of_arguments_are_torch_s():
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(thunder_rs.jit(numpy_named)(x), numpy_named(x))
