@@ -242,3 +242,22 @@ def numpy_named(x):
 def test_numpy_names_of_arguments_are_torch_s():
     x = torch.randn(3, 4)
     torch.testing.assert_close(thunder_rs.jit(numpy_named)(x), numpy_named(x))
+
+
+def ranges_by_whole_steps(x):
+    """Funnel's relative positions (``arange(-2 * T, 2 * T, 1.0, dtype=torch.int64)``) and whole
+    steps of either sign and type: lengths in integers, symbolic."""
+    n = x.shape[0]
+    a = torch.arange(-n * 2, n * 2, 1.0, dtype=torch.int64)
+    b = torch.arange(n, -1, -2, dtype=torch.long)
+    c = torch.arange(0, n, 1.0)
+    d = torch.arange(n, 0, -1.0, dtype=torch.float64)
+    return x.sum() + a.sum() + b.sum() + c.sum() + d.sum(), a, b, c, d
+
+
+def test_a_range_of_a_size_by_a_whole_float_step_stays_symbolic():
+    jf = thunder_rs.jit(ranges_by_whole_steps)
+    for n in [3, 5, 8, 6, 2]:
+        x = torch.randn(n)
+        torch.testing.assert_close(jf(x), ranges_by_whole_steps(x))
+    assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
