@@ -297,7 +297,10 @@ def _torch_names(fn, kwargs: dict) -> dict:
     """``kwargs`` with NumPy's names of arguments in torch's, where ``fn`` takes torch's only."""
     if not any(name in kwargs for name in _NUMPY_NAMES):
         return kwargs
-    params = inspect.signature(fn).parameters
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read: the call takes what it is given
+        return kwargs
     return {
         _NUMPY_NAMES[k] if k in _NUMPY_NAMES and k not in params and _NUMPY_NAMES[k] in params else k: v
         for k, v in kwargs.items()
