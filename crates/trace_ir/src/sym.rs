@@ -90,7 +90,50 @@ impl Poly {
             }
         }
         merged.retain(|(_, c)| *c != 0);
-        Poly { terms: merged }
+        Poly { terms: merged }.with_whole_multiples()
+    }
+
+    /// `self` with a remainder term `c * (e % k)` written `c*e - c*k*(e // k)` where that makes the
+    /// terms on `e`'s monomials multiples of `k`: a size padded up to a multiple of `k`
+    /// (`x + (3*x) % 4`, from `x + (4 - x % 4) % 4`) is `4*x - 4*((3*x) // 4)`, so its `// 4` and
+    /// `% 4` are exact and a view into windows of `k` divides its element count.
+    fn with_whole_multiples(self) -> Poly {
+        let found = self.terms.iter().enumerate().find_map(|(i, (m, c))| match m.as_slice() {
+            [Atom::Mod(e, k)] if self.completes(e, *c, *k) => Some((i, e.clone(), *c, *k)),
+            _ => None,
+        });
+        let Some((i, e, c, k)) = found else { return self };
+        let mut rest = self.terms;
+        rest.remove(i);
+        Poly { terms: rest }.add(&e.scale(c)).add(&e.floordiv(k).scale(-c * k))
+    }
+
+    /// Whether `c*e` makes the terms of `self` on `e`'s monomials multiples of `k`, one of them
+    /// there before.
+    fn completes(&self, e: &Poly, c: i64, k: i64) -> bool {
+        let on = |m: &Monomial| self.terms.iter().find(|(n, _)| n == m).map_or(0, |(_, c)| *c);
+        e.terms.iter().any(|(m, _)| on(m) != 0) && e.terms.iter().all(|(m, ce)| (on(m) + c * ce).rem_euclid(k) == 0)
+    }
+
+    /// `self` with every remainder by a multiple of `k` among its factors replaced by what it
+    /// divides (`(3*(x % 4)) % 4` is `(3*x) % 4`), for a remainder by `k`; None where there is none.
+    fn without_remainders_by_multiples_of(&self, k: i64) -> Option<Poly> {
+        let inner = |a: &Atom| matches!(a, Atom::Mod(_, j) if j % k == 0);
+        if !self.terms.iter().any(|(m, _)| m.iter().any(inner)) {
+            return None;
+        }
+        let mut out = Poly::default();
+        for (m, c) in &self.terms {
+            let mut term = Poly::constant(*c);
+            for a in m {
+                term = term.mul(&match a {
+                    Atom::Mod(p, j) if j % k == 0 => (**p).clone(),
+                    _ => Poly::atom(a.clone()),
+                });
+            }
+            out = out.add(&term);
+        }
+        Some(out)
     }
 
     /// The constant term.
@@ -211,8 +254,11 @@ impl Poly {
     pub fn rem(&self, k: i64) -> Poly {
         assert!(k > 0, "rem by {k}");
         let (_, r) = self.divide(k);
-        match r.as_constant() {
-            Some(c) => Poly::constant(c.rem_euclid(k)),
+        if let Some(c) = r.as_constant() {
+            return Poly::constant(c.rem_euclid(k));
+        }
+        match r.without_remainders_by_multiples_of(k) {
+            Some(simpler) => simpler.rem(k),
             None => Poly::atom(Atom::Mod(Arc::new(r), k)),
         }
     }
@@ -807,6 +853,25 @@ mod tests {
         // (t - 5) // 2 >= 0 held at t = 7, not at t = 3: a guard (a floor division is no size).
         assert!(facts.le(&Dim::Const(0), &t.sub(&Dim::Const(5)).floordiv(2)));
         assert_eq!(facts.guards().len(), 1);
+    }
+
+    #[test]
+    fn a_size_padded_up_to_a_multiple_divides_exactly() {
+        // Swin's `x + (4 - x % 4) % 4`: the padded size is a multiple of 4 as data, so windows
+        // of 4 divide it and the views into windows need no guard.
+        let x = t(1, 10);
+        let pad = Dim::Const(4).sub(&x.rem(4)).rem(4);
+        assert_eq!(pad.to_string(), "((3*t1) % 4)");
+        assert_eq!(pad.hint(), 2);
+        let padded = x.add(&pad);
+        assert_eq!((padded.to_string(), padded.hint()), ("4*t1 - 4*((3*t1) // 4)".to_string(), 12));
+        assert_eq!(padded.rem(4), Dim::Const(0));
+        let windows = padded.floordiv(4);
+        assert_eq!(windows.mul(&Dim::Const(4)), padded);
+        assert_eq!(padded.mul(&t(2, 3)).poly().exact_div(&padded.poly()), Some(t(2, 3).poly()));
+        // Rounded down: `x - x % 4` is `4*(x // 4)`; a remainder alone stays one.
+        assert_eq!(x.sub(&x.rem(4)), x.floordiv(4).mul(&Dim::Const(4)));
+        assert_eq!(x.rem(4).add(&Dim::Const(1)).to_string(), "(t1 % 4) + 1");
     }
 
     #[test]

@@ -17,7 +17,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.core.lang.symint import SymInt, same_shape
+from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 Number = (bool, int, float)
 
@@ -59,7 +59,9 @@ def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
     out: list = [None] * ndim
     for shape in shapes:
         for i, size in enumerate(shape, ndim - len(shape)):
-            if out[i] is None or _is_one(out[i]):
+            # A size that is the other's as data decides nothing: ``t - 1`` against ``t - 1`` would
+            # ask whether it is 1 and guard ``t != 2``.
+            if out[i] is None or _is_one(out[i]) or identical(size, out[i]):
                 out[i] = size
                 continue
             if _is_one(size) or size == out[i] or size == 1:
@@ -74,7 +76,7 @@ def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
                 ThunderRuntimeError,
             )
             out[i] = size
-    return tuple(out)
+    return tuple(1 if size is None else size for size in out)
 
 
 def _is_one(size) -> bool:

@@ -71,7 +71,7 @@ def _device(device, like=None) -> torch.device:
     return device if isinstance(device, torch.device) else torch.device(device)
 
 
-def _fill(shape, fill_value, device, dtype):
+def filled(shape, fill_value, device, dtype):
     """``shape`` filled with ``fill_value``: a number, or a symbolic size read on each call."""
     if type(fill_value) is SymInt:
         value = size_value(device, dtype, fill_value)
@@ -102,7 +102,7 @@ def full(size, fill_value, *, out=None, dtype=None, layout=None, device=None, re
         ThunderTypeError,
     )
     shape = _shape((size,), "ltorch.full")
-    return _contiguous(_fill(shape, fill_value, _device(device), dtype or _fill_dtype(fill_value)))
+    return _contiguous(filled(shape, fill_value, _device(device), dtype or _fill_dtype(fill_value)))
 
 
 def _define_constant(name: str, value):
@@ -136,7 +136,7 @@ empty = _define_constant("empty", 0)
 
 @torchsymbol(torch.full_like)
 def full_like(input, fill_value, *, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
-    return _fill(tuple(input.shape), fill_value, _device(device, input), dtype or input.dtype)
+    return filled(tuple(input.shape), fill_value, _device(device, input), dtype or input.dtype)
 
 
 def _define_constant_like(name: str, value):
@@ -155,7 +155,7 @@ empty_like = _define_constant_like("empty_like", 0)
 @torchsymbol(T.new_full)
 def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
     return _contiguous(
-        _fill(_shape((size,), "ltorch.new_full"), fill_value, _device(device, self), dtype or self.dtype)
+        filled(_shape((size,), "ltorch.new_full"), fill_value, _device(device, self), dtype or self.dtype)
     )
 
 
@@ -295,6 +295,11 @@ def _check_arange(start, end, step, op: str):
     )
 
 
+def _whole_length(start, end, step: int):
+    """``ceil((end - start) / step)`` in integers, for sizes that may be symbolic."""
+    return (end - start + step - 1) // step if step > 0 else (start - end - step - 1) // -step
+
+
 @torchsymbol(torch.arange)
 def arange(
     start=0, end=None, step=1, *, out=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False
@@ -313,16 +318,19 @@ def arange(
         ThunderNotImplementedError,
     )
     _check_arange(start, end, step, op)
-    # In integers where it can be (``(end - start + step - 1) // step``): a symbolic end keeps
-    # the length symbolic (``arange(T)``).
-    whole = is_int(start) and is_int(end) and type(step) is int and step > 0
-    length = (end - start + step - 1) // step if whole else math.ceil((end - start) / step)
+    # In integers where it can be (``(end - start + step - 1) // step``), a whole step of either
+    # sign and of either type included: a symbolic end keeps the length symbolic (``arange(T)``,
+    # Funnel's ``arange(-2 * T, 2 * T, 1.0, dtype=torch.int64)``).
+    whole = is_int(start) and is_int(end) and (is_int(step) or float(step).is_integer())
+    length = _whole_length(start, end, int(step)) if whole else math.ceil((end - start) / step)
     device = _device(device)
     if dtypes.is_int(dtype) or (is_int(start) and is_int(step)):
         if int(step) == 0:  # a fractional step truncates to 0 for integer dtypes
             return prims.full((length,), int(start), device, dtype)
         # A symbolic start stays symbolic (``arange(T, T + 2)``, positions after a cache's length).
         return prims.iota(length, start if is_int(start) else int(start), int(step), device, dtype)
+    if whole:  # a whole float step: start + i * step in float64 (a symbolic start stays symbolic)
+        return clang.maybe_convert(prims.iota(length, start, int(step), device, torch.float64), dtype)
     index = prims.iota(length, 0, 1, device, torch.float64)
     return clang.maybe_convert(prims.add(prims.mul(index, float(step)), float(start)), dtype)
 

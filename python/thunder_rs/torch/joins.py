@@ -27,7 +27,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.common import is_int, pieces
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import identical, same_shape
 
 Tensor = torch.Tensor
 __all__ = [
@@ -384,7 +384,8 @@ def pad(input, pad, mode="constant", value=None):
             ThunderRuntimeError,
         )
         config[d] = (lo, hi, 0)
-    if all(c == (0, 0, 0) for c in config):
+    # As data: an amount that is a size (Swin's ``(4 - W % 4) % 4``) pads where it is 0 too.
+    if all(identical(amount, 0) for c in config for amount in c):
         return input
     return prims.pad(input, _pad_value(value, input.dtype), tuple(config))
 

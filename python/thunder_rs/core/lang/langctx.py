@@ -10,6 +10,7 @@ While a program is traced, ``LanguageMode`` also sends torch calls that take no 
 
 import contextlib
 import contextvars
+import inspect
 import sys
 import warnings
 
@@ -288,6 +289,24 @@ def _size_data(func, args, kwargs):
     return handler(*args, **kwargs)
 
 
+#: NumPy's names torch's argument parser takes for its own (``torch.cat(ts, axis=1)``).
+_NUMPY_NAMES = {"axis": "dim", "keepdims": "keepdim"}
+
+
+def _torch_names(fn, kwargs: dict) -> dict:
+    """``kwargs`` with NumPy's names of arguments in torch's, where ``fn`` takes torch's only."""
+    if not any(name in kwargs for name in _NUMPY_NAMES):
+        return kwargs
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read: the call takes what it is given
+        return kwargs
+    return {
+        _NUMPY_NAMES[k] if k in _NUMPY_NAMES and k not in params and _NUMPY_NAMES[k] in params else k: v
+        for k, v in kwargs.items()
+    }
+
+
 def _torch_function(func, args, kwargs):
     if kwargs and kwargs.get("out") is not None:
         return _out_handler(func, *lift_captured(args, kwargs))
@@ -301,7 +320,7 @@ def _torch_function(func, args, kwargs):
         return by_proxy(*args, **kwargs)
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
-        args, kwargs = cast_inputs(func, *lift_captured(args, kwargs))
+        args, kwargs = cast_inputs(func, *lift_captured(args, _torch_names(ltorch_fn, kwargs) if kwargs else kwargs))
         if func not in MUTATING and involves_complex(args, kwargs):
             return complex_call(func, ltorch_fn, args, kwargs)
         if problems.collecting():

@@ -36,10 +36,12 @@ tokens'), which asks a ``torch.SymInt``'s SymNode; a size being traced has none,
 return is specialised. In the library modules of ``SIZED_BUILTINS`` (read per module: they only
 size what they build with them) these globals, while tracing, return a traced tensor's symbolic
 first size (``len``) or its value read as a symbolic int (``int``): torchvision's multi-scale RoI
-pooling (``len(rois)``, Faster R-CNN ResNet-50 FPN inference compiled once per image) and Mask
-R-CNN's mask pasting (``int(box[2] - box[0] + 1)``), whose ``max``/``min`` of a box's integer
-tensors and ints, which Python's read as a bool each, give the tensor ``torch.maximum`` and
-``torch.minimum`` make (the box clamped to the image). Their reads of these globals are not guarded
+pooling (``len(rois)``, Faster R-CNN ResNet-50 FPN inference compiled once per image), Mask
+R-CNN's mask pasting (``int(box[2] - box[0] + 1)``) and Hugging Face's ``torch_int`` (BEiT's
+relative position table, interpolated to ``torch_int`` of the image's patch counts: a compile per
+image size). The mask pasting's ``max``/``min`` of a box's integer tensors and ints, which
+Python's read as a bool each, give the tensor ``torch.maximum`` and ``torch.minimum`` make (the
+box clamped to the image). Their reads of these globals are not guarded
 (``observe.TRACING_GLOBALS``); after tracing the modules have no such globals again.
 
 All are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
@@ -207,6 +209,9 @@ _sized_min = _tensor_extreme(min, torch.minimum)
 SIZED_BUILTINS: dict[str, dict[str, object]] = {
     "torchvision.ops.poolers": {"len": _sized_len},
     "torchvision.models.detection.roi_heads": {"int": _sized_int, "max": _sized_max, "min": _sized_min},
+    # Hugging Face's ``torch_int``, int() of a size: BEiT's relative position table, interpolated to
+    # ``(torch_int(2 * window_size[0] - 1), ...)`` of the image's patches
+    "transformers.utils.generic": {"int": _sized_int},
 }
 TRACING_GLOBALS.update(map(id, (_sized_len, _sized_int, _sized_max, _sized_min)))
 _ABSENT = object()
