@@ -449,3 +449,51 @@ def test_backward_through_one_output_of_a_tuple():
     eager_grads = grads(eager)
     for name, grad in grads(model).items():
         torch.testing.assert_close(grad, eager_grads[name], msg=lambda m: f"{name}: {m}")
+
+
+class LossAndProbe(nn.Module):
+    """A loss, and a probe head's output the loss does not use (a vision model's head probe, an
+    auxiliary output), with BatchNorm's running statistics written back in training."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.norm, self.probe = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)
+
+    def forward(self, x, target):
+        h = self.norm(self.body(x)).relu()
+        return nn.functional.mse_loss(h.sum(-1), target), self.probe(h)
+
+
+@pytest.mark.parametrize("backprop", ["loss", "both"])
+def test_parameters_that_only_an_output_no_loss_used_read_get_no_gradient(backprop):
+    """``loss.backward()`` of a call that also returns a probe's output: eager leaves the probe's
+    ``.grad`` None and AdamW skips it; a ``.grad`` of zeros had weight decay and the moments move
+    it. Three AdamW steps match eager's parameters and running statistics; backpropagating both
+    outputs gives the probe eager's gradients."""
+    model = LossAndProbe()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.5) for m in (model, eager)]
+    for step in range(3):
+        x, target = torch.randn(6, 8), torch.randn(6)
+        for fn, opt in ((jmodel, optimizers[0]), (eager, optimizers[1])):
+            opt.zero_grad(set_to_none=True)
+            loss, probe = fn(x, target)
+            (loss if backprop == "loss" else loss + probe.square().mean()).backward()
+            opt.step()
+        assert (model.probe.weight.grad is None) == (backprop == "loss")
+        torch.testing.assert_close(dict(model.state_dict()), dict(eager.state_dict()))
+
+
+def test_autograd_grad_of_one_output_gives_none_to_inputs_only_the_other_reads():
+    def two(x, w, v):
+        return (x * w).sum(), x @ v
+
+    x, w, v = torch.randn(3), torch.randn(3, requires_grad=True), torch.randn(3, 2, requires_grad=True)
+    got = torch.autograd.grad(thunder_rs.jit(two)(x, w, v)[0], [w, v], allow_unused=True)
+    want = torch.autograd.grad(two(x, w, v)[0], [w, v], allow_unused=True)
+    assert got[1] is None and want[1] is None
+    torch.testing.assert_close(got[0], want[0])
+    with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
+        torch.autograd.grad(thunder_rs.jit(two)(x, w, v)[0], [v])

@@ -105,6 +105,7 @@ def grad_function(
     overwritten: tuple[int, ...] = (),
     *,
     program,
+    reads: tuple = (),
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -116,8 +117,15 @@ def grad_function(
     ``overwritten`` inputs are written after the call: residuals sharing their memory are cloned.
     ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True`` and
     torch.func transforms run instead, torch's autograd differentiating it.
+
+    ``reads`` (with several ``grad_positions``): per grad position, the inputs its output reads.
+    A backward that reaches some outputs only (``loss.backward()`` of a call returning the loss
+    and other tensors) gives no gradient, as eager's ``None``, to the inputs only the others read:
+    with zeros, a parameter that no loss used had a ``.grad`` of zeros, which AdamW's weight
+    decay and moments then moved where eager's skip it.
     """
     differentiable = frozenset(grad_positions) - non_differentiable
+    partial = len(grad_positions) > 1 and bool(reads)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -139,6 +147,9 @@ def grad_function(
             constant = [o for i, o in enumerate(flat) if i not in differentiable and isinstance(o, torch.Tensor)]
             if constant:
                 ctx.mark_non_differentiable(*constant)
+            if partial:  # the cotangents of outputs a backward does not reach come as None
+                ctx.set_materialize_grads(False)
+                ctx.metas = [(flat[i].shape, flat[i].dtype, flat[i].device) for i in grad_positions]
             return flat
 
         @staticmethod
@@ -156,9 +167,24 @@ def grad_function(
                 saved = list(saved)
             else:
                 ctx.residuals = ctx.inputs = None
-            return backward(saved, *[grads[i] for i in grad_positions])
+            cotangents = [grads[i] for i in grad_positions]
+            if partial and None in cotangents:
+                return _reached(backward, saved, cotangents, ctx.metas, reads)
+            return backward(saved, *cotangents)
 
     return _entry_call(CompiledFunction.apply, program, single, as_list, bool(overwritten))
+
+
+def _reached(backward, saved, cotangents: list, metas: list, reads: tuple) -> tuple:
+    """The gradients of a backward that reached the outputs whose ``cotangents`` are not None: the
+    others' are zeros, and inputs that only they read get None."""
+    filled = [
+        torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+        for g, (shape, dtype, device) in zip(cotangents, metas)
+    ]
+    grads = backward(saved, *filled)
+    reached = frozenset().union(*(r for r, g in zip(reads, cotangents) if g is not None))
+    return tuple(g if i in reached else None for i, g in enumerate(grads))
 
 
 _HOOKED = (

@@ -173,6 +173,9 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     if backward_traces:
         _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace, backward_regions)
         program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
+        # (per grad position, the inputs its output reads: gradients a backward cannot reach)
+        several = len(grad_positions) > 1
+        reads = tuple(frozenset(acquired.trace.inputs_read([i])) for i in grad_positions) if several else ()
         if wb is None:
             computation = grad_function(
                 computation,
@@ -181,10 +184,12 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
                 acquired.out_kind == "single",
                 acquired.out_kind == "list",
                 program=program,
+                reads=reads,
             )
         else:
+            nondiff, targets = wb.non_differentiable, wb.targets
             computation = grad_function(
-                computation, backward, grad_positions, False, False, wb.non_differentiable, wb.targets, program=program
+                computation, backward, grad_positions, False, False, nondiff, targets, program=program, reads=reads
             )
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
