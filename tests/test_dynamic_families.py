@@ -196,19 +196,25 @@ def test_text_families_train_over_padded_lengths_in_two_compiles(name):
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, eager)]
     for length in [8, 12, 20, 9, 27]:
         for step in range(2):
-            batch = text_batch(kind, length + step, length)
-            outs = []
-            for fn, opt in ((jm, optimizers[0]), (eager, optimizers[1])):
+            for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
-                torch.manual_seed(step)
-                out = fn(**batch)
-                out.loss.backward()
-                outs.append(out)
+            outs = _backward_both((jm, eager), text_batch(kind, length + step, length), step)
             torch.testing.assert_close(outs[0].logits, outs[1].logits, **TOLERANCES[dtype])
             assert_grads_close(model, eager, TOLERANCES[dtype])
             for opt in optimizers:
                 opt.step()
     assert misses(jm) == (3 if kind == "cls" else 2), thunder_rs.compile_stats(jm).miss_reasons
+
+
+def _backward_both(fns, batch: dict, seed: int) -> list:
+    """Each of ``fns``' outputs for ``batch``, its loss backpropagated; dropout draws as eager's."""
+    outs = []
+    for fn in fns:
+        torch.manual_seed(seed)
+        out = fn(**batch)
+        out.loss.backward()
+        outs.append(out)
+    return outs
 
 
 @pytest.mark.parametrize("name", ["t5", "bart"])
@@ -220,15 +226,9 @@ def test_encoder_decoders_train_with_short_targets_in_two_compiles(name):
     eager = copy.deepcopy(model)
     jm = thunder_rs.jit(model)
     for i, (length, target) in enumerate([(8, 6), (12, 10), (5, 2), (4, 3), (20, 18)]):
-        batch = text_batch("seq2seq", i, length, target)
-        outs = []
-        for fn in (jm, eager):
-            for p in fn.parameters():
-                p.grad = None
-            torch.manual_seed(i)
-            out = fn(**batch)
-            out.loss.backward()
-            outs.append(out)
+        for m in (model, eager):
+            m.zero_grad(set_to_none=True)
+        outs = _backward_both((jm, eager), text_batch("seq2seq", i, length, target), i)
         torch.testing.assert_close(outs[0].logits, outs[1].logits, **TOLERANCES[dtype])
         assert_grads_close(model, eager, TOLERANCES[dtype])
     assert misses(jm) == 2, thunder_rs.compile_stats(jm).miss_reasons
