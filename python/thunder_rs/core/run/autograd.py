@@ -126,6 +126,7 @@ def grad_function(
     """
     differentiable = frozenset(grad_positions) - non_differentiable
     partial = len(grad_positions) > 1 and bool(reads)
+    unreached = _Unreached(reads)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -168,14 +169,29 @@ def grad_function(
             else:
                 ctx.residuals = ctx.inputs = None
             cotangents = [grads[i] for i in grad_positions]
-            if partial and None in cotangents:
-                return _reached(backward, saved, cotangents, ctx.metas, reads)
+            if partial and any(g is None for g in cotangents):  # (``in`` compares tensors with ==)
+                return _reached(backward, saved, cotangents, ctx.metas, unreached)
             return backward(saved, *cotangents)
 
     return _entry_call(CompiledFunction.apply, program, single, as_list, bool(overwritten))
 
 
-def _reached(backward, saved, cotangents: list, metas: list, reads: tuple) -> tuple:
+class _Unreached(dict):
+    """Per pattern of the outputs a backward reached (their grad positions' indices), the inputs
+    no reached output reads, from ``reads`` (per grad position, the inputs its output reads)."""
+
+    def __init__(self, reads: tuple):
+        super().__init__()
+        self.reads = reads
+
+    def __missing__(self, present: tuple) -> tuple:
+        reached = frozenset().union(*(self.reads[k] for k in present))
+        everything = frozenset().union(*self.reads)
+        self[present] = out = tuple(sorted(everything - reached))
+        return out
+
+
+def _reached(backward, saved, cotangents: list, metas: list, unreached: _Unreached) -> tuple:
     """The gradients of a backward that reached the outputs whose ``cotangents`` are not None: the
     others' are zeros, and inputs that only they read get None."""
     filled = [
@@ -183,8 +199,13 @@ def _reached(backward, saved, cotangents: list, metas: list, reads: tuple) -> tu
         for g, (shape, dtype, device) in zip(cotangents, metas)
     ]
     grads = backward(saved, *filled)
-    reached = frozenset().union(*(r for r, g in zip(reads, cotangents) if g is not None))
-    return tuple(g if i in reached else None for i, g in enumerate(grads))
+    absent = unreached[tuple(k for k, g in enumerate(cotangents) if g is not None)]
+    if not absent:
+        return grads
+    grads = list(grads)
+    for i in absent:
+        grads[i] = None
+    return tuple(grads)
 
 
 _HOOKED = (
