@@ -157,15 +157,10 @@ impl Poly {
         self.terms.iter().all(|(m, c)| *c >= 0 && m.iter().all(Atom::is_nonnegative))
     }
 
-    /// A lower bound of the polynomial over sizes of at least 2 (0 and 1 are never symbolic: the
-    /// entry checks each size input is at least 2), where every non-constant term's coefficient
-    /// is positive; `None` otherwise. A remainder counts as at least 0, a floor division as its
-    /// dividend's bound divided (`(t0 + 1) // 2` is at least 1).
-    pub fn lower_bound(&self) -> Option<i64> {
-        self.lower_bound_over(&|_| 2)
-    }
-
-    /// [`Poly::lower_bound`] where size value `v` is at least `least(v)` (a count: 0).
+    /// A lower bound of the polynomial where size value `v` is at least `least(v)` (a size of the
+    /// inputs: 2, the entry checks it; a count: 0, see [`Facts::lower_bound`]), where every
+    /// non-constant term's coefficient is positive; `None` otherwise. A remainder counts as at
+    /// least 0, a floor division as its dividend's bound divided (`(t0 + 1) // 2` is at least 1).
     pub fn lower_bound_over(&self, least: &impl Fn(ValueId) -> i64) -> Option<i64> {
         let mut bound = 0i64;
         for (m, c) in &self.terms {
@@ -321,7 +316,7 @@ fn divide_term((m, k): &(Monomial, i64), (atoms, c): &(Monomial, i64)) -> Option
 }
 
 impl Atom {
-    /// A lower bound where size value `v` is at least `least(v)` (see `Poly::lower_bound`).
+    /// A lower bound where size value `v` is at least `least(v)` (see `Poly::lower_bound_over`).
     fn lower_bound(&self, least: &impl Fn(ValueId) -> i64) -> Option<i64> {
         match self {
             Atom::Value(v) => Some(least(*v)),

@@ -166,12 +166,12 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     )
     if views.same_memory(dst, value):  # ``y[1:] *= 2`` assigns the updated view to itself
         return dst
-    filled = _fills(dst, value, copy)
+    fills = _fills(dst, value, copy)
     # A broadcast copy over the whole of an intermediate: eager's elements are apart, the trace's
     # expanded value shares their memory, which only a returned tensor must not (``_apart``
     # copies a ``_copy_of``): ops that read it take it as it is.
     expanded = False
-    if filled:
+    if fills:
         value = fill(dst, value)
     else:
         broadcasts = isinstance(value, torch.Tensor) and not same_shape(value.shape, dst.shape)
@@ -190,7 +190,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
             f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
         )
     if tracked and torch.is_grad_enabled():
-        if copy and root_grad and dst.numel() == root.numel() and not filled:
+        if copy and root_grad and dst.numel() == root.numel() and not fills:
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
             value, expanded = prims.where(_nowhere(dst), dst, value), False
         views.write(op, dst, value, root_grad or value_grad)

@@ -125,7 +125,8 @@ def grad_function(
     decay and moments then moved where eager's skip it.
     """
     differentiable = frozenset(grad_positions) - non_differentiable
-    partial = len(grad_positions) > 1 and bool(reads)
+    # (one differentiable output always has a cotangent; written-back values get torch's zeros)
+    partial = len(differentiable) > 1 and bool(reads)
     unreached = _Unreached(reads)
 
     class CompiledFunction(torch.autograd.Function):
