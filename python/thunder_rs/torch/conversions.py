@@ -6,6 +6,7 @@ composite dissolves from the trace.
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.core.lang.eager_layouts import aliases_to
 from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
@@ -40,7 +41,7 @@ def _parse_to(args, kwargs):
     device, dtype, copy = kwargs.pop("device", None), kwargs.pop("dtype", None), kwargs.pop("copy", False)
     other = kwargs.pop("other", None)
     kwargs.pop("non_blocking", None)
-    kwargs.pop("memory_format", None)
+    memory_format = kwargs.pop("memory_format", None)
     check(not kwargs, "ltorch.to", lambda: f"unexpected keyword arguments {sorted(kwargs)}", ThunderTypeError)
     args = list(args)
     if args and isinstance(args[0], torch.Tensor):
@@ -56,17 +57,19 @@ def _parse_to(args, kwargs):
         copy = args[1]
     if other is not None:
         device, dtype = other.device, other.dtype
-    return None if device is None else _device("ltorch.to", device), dtype, copy
+    return None if device is None else _device("ltorch.to", device), dtype, copy, memory_format
 
 
 @torchsymbol(Tensor.to)
 def to(a, *args, **kwargs):
-    device, dtype, copy = _parse_to(args, kwargs)
+    device, dtype, copy, memory_format = _parse_to(args, kwargs)
     out = a
     if dtype is not None and dtype != a.dtype:
         out = prims.convert_element_type(out, dtype)
     if device is not None and not _same_device(a, device):
         out = prims.device_put(out, device)
+    if memory_format not in (None, torch.preserve_format) and (out is not a or copy or not aliases_to(a, memory_format)):
+        return clone(out, memory_format=memory_format)
     return clone(out) if copy and out is a else out
 
 

@@ -52,7 +52,7 @@ from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.scatter import fill
 from thunder_rs.torch.shape import clone, reshape_to
-from thunder_rs.core.lang.symint import SymInt, same_shape
+from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 #: Eager's names of dtypes in its casting errors.
 _SCALAR_NAMES = {
@@ -137,12 +137,24 @@ def _copied(dst, value):
     """The value a copy writes over the whole of an intermediate ``dst``: memory of its own, as
     eager's copy is, and contiguous where eager's ``dst`` is (``_made_contiguous``). Written as it
     is, a view of another tensor would be returned as that view (a write to it changes the other).
-    A broadcast value stays expanded (``assign`` marks it a copy to make if it is returned)."""
+    A broadcast value stays expanded (``assign`` marks it a copy to make if it is returned).
+    Where eager's ``dst`` is laid out in another order (``empty_like(x, memory_format=...)``, an
+    op of a channels_last input), the value is selected into that layout, as ``_nowhere`` does."""
+    if dst._strides is not None and not _made_like(value, dst):
+        return prims.where(_nowhere(dst), dst, value)
     if value._view is not None:
         return clone(value, memory_format=torch.contiguous_format if dst._made_contiguous else torch.preserve_format)
     if dst._made_contiguous and value._strides is not None:  # a non-contiguous input
         return clone(value, memory_format=torch.contiguous_format)
     return value
+
+
+def _made_like(value, dst) -> bool:
+    """Whether ``value`` is a tensor a call computed in ``dst``'s layout (its own copy already)."""
+    mine, theirs = value._strides, dst._strides
+    if value._view is not None or value._input_vid is not None or mine is None or len(mine) != len(theirs):
+        return False
+    return all(identical(a, b) for a, b in zip(mine, theirs))
 
 
 def _nowhere(dst):

@@ -473,10 +473,15 @@ def _contiguous_or_copy(symbol):
     def contiguous(a, memory_format=torch.contiguous_format):
         out = symbol(a, memory_format)
         if out is a and isinstance(a, TensorProxy) and not _in_format(a, memory_format):
-            return copy_of(a)
+            # A copy in another order than the dims' is one the executors must make.
+            return copy_of(a) if memory_format not in _ORDERS else _shape.clone(a, memory_format=memory_format)
         return out
 
     return contiguous
+
+
+#: The formats that order a tensor's elements otherwise than its dims.
+_ORDERS = (torch.channels_last, torch.channels_last_3d)
 
 
 def _in_format(a, memory_format) -> bool:

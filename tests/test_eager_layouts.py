@@ -1,0 +1,161 @@
+"""Layouts of the tensors a program computes, as eager's (``core.lang.eager_layouts``): where an
+op's inputs are laid out in another order than their dims (channels_last, transposed), eager's
+output keeps that order, and the trace decides from it where ``reshape`` and ``contiguous()``
+copy, where ``view`` raises, and what ``stride()`` and ``is_contiguous()`` answer. The formats a
+program asks for (``contiguous``/``to``/``clone`` with ``memory_format``) are eager's too.
+
+Before, a computed tensor was taken to be contiguous: ``y.reshape(-1)`` of a channels_last ``y``
+was a view, so a write through it changed ``y`` (eager's reshape copies), ``view`` ran where
+eager raises, and ``contiguous(memory_format=torch.channels_last)`` and ``to(memory_format=...)``
+returned the tensor as it was: a channels_last CNN ran contiguous convolutions.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import thunder_rs
+from test_layout_fidelity import LAYOUTS, assert_like_eager, channels_last
+
+CL = torch.channels_last
+
+
+def written_through_a_reshape(x):
+    y = x.exp()
+    z = y.reshape(-1)
+    z.mul_(2)
+    return y, z
+
+
+def written_through_contiguous(x):
+    y = x * 2
+    y.contiguous().add_(1)
+    return y
+
+
+def written_through_flatten(x):
+    y = (x + 1).flatten()
+    y.zero_()
+    return x
+
+
+def strides_read(x):
+    y = x.sin()
+    return y.stride(), y.is_contiguous(), (y @ y.transpose(-1, -2)).is_contiguous()
+
+
+def branch_on_layout(x):
+    y = x.relu()
+    return y.view(-1) * 2 if y.is_contiguous() else y.reshape(-1) * 3
+
+
+@pytest.mark.parametrize("make", LAYOUTS)
+@pytest.mark.parametrize(
+    "program",
+    [written_through_a_reshape, written_through_contiguous, written_through_flatten, branch_on_layout],
+)
+def test_writes_and_branches_through_a_computed_tensor_see_eagers_copies(program, make):
+    x = make()
+    expected, actual = program(x.clone()), thunder_rs.jit(program)(x.clone())
+    for a, e in zip(actual, expected) if isinstance(expected, tuple) else [(actual, expected)]:
+        assert_like_eager(a, e)
+
+
+@pytest.mark.parametrize("make", LAYOUTS)
+def test_stride_and_is_contiguous_of_a_computed_tensor_are_eagers(make):
+    x = make()
+    assert thunder_rs.jit(strides_read)(x) == strides_read(x)
+
+
+@pytest.mark.parametrize("make", LAYOUTS)
+def test_a_view_eager_refuses_on_a_computed_tensor_raises_as_eager(make):
+    def viewed(x):
+        return x.exp().view(-1)
+
+    x = make()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        viewed(x)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        thunder_rs.jit(viewed)(x)
+
+
+FORMATS = {
+    "contiguous(channels_last)": lambda x: x.contiguous(memory_format=CL) * 2,
+    "to(channels_last)": lambda x: x.to(memory_format=CL).relu(),
+    "to(float64, channels_last)": lambda x: x.to(torch.float64, memory_format=CL),
+    "to(copy, channels_last)": lambda x: x.to(memory_format=CL, copy=True),
+    "clone(channels_last).add_": lambda x: x.clone(memory_format=CL).add_(1),
+    "conv2d of to(channels_last)": lambda x: torch.nn.functional.conv2d(x.to(memory_format=CL), x[:2, :, :2, :2]),
+    "empty_like(channels_last).copy_": lambda x: torch.empty_like(x, memory_format=CL).copy_(x),
+    "channels_last then contiguous": lambda x: x.contiguous(memory_format=CL).exp().contiguous(),
+}
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("arranged", [False, True], ids=["contiguous", "channels_last"])
+def test_memory_formats_a_program_asks_for_are_eagers(name, arranged):
+    program = FORMATS[name]
+    x = channels_last() if arranged else torch.randn(2, 3, 4, 5)
+    x.requires_grad_()
+    expected, actual = program(x), thunder_rs.jit(program)(x)
+    assert_like_eager(actual.detach(), expected.detach())
+    cotangent = torch.randn_like(expected)
+    torch.testing.assert_close(torch.autograd.grad(actual, x, cotangent), torch.autograd.grad(expected, x, cotangent))
+
+
+def test_channels_last_3d_is_eagers():
+    x = torch.randn(2, 3, 4, 5, 6)
+    for program in (lambda x: x.contiguous(memory_format=torch.channels_last_3d).sin(), lambda x: x.to(memory_format=torch.channels_last_3d)):
+        assert_like_eager(thunder_rs.jit(program)(x), program(x))
+
+
+def test_to_a_format_the_tensor_has_returns_the_tensor_itself():
+    """Eager's ``to`` aliases a tensor whose strides suggest the format: a write through the result
+    writes the caller's tensor."""
+
+    def write(x):
+        y = x.to(memory_format=CL)
+        y.add_(1)
+        return y
+
+    for make in (channels_last, lambda: torch.randn(2, 3, 4, 5)):
+        x, x_eager = make(), None
+        x_eager = x.clone(memory_format=torch.preserve_format)
+        expected, actual = write(x_eager), thunder_rs.jit(write)(x)
+        assert_like_eager(actual, expected)
+        assert_like_eager(x, x_eager)
+
+
+class ChannelsLastNet(torch.nn.Module):
+    """A small CNN whose head reshapes its feature map (a copy in eager: channels_last)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)
+        )
+        self.head = torch.nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x):
+        features = self.body(x)
+        flat = features.reshape(features.shape[0], -1)
+        return self.head(flat), features
+
+
+def test_a_channels_last_cnn_trains_as_eager_over_image_sizes():
+    torch.manual_seed(0)
+    model = ChannelsLastNet().double().to(memory_format=CL)
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for batch in (2, 3, 5):
+        x = torch.randn(batch, 3, 6, 6, dtype=torch.float64).to(memory_format=CL)
+        (out, features), (out_e, features_e) = jmodel(x), eager(x)
+        assert_like_eager(features, features_e)
+        torch.testing.assert_close(out, out_e)
+        (out.sum() + features.square().mean()).backward()
+        (out_e.sum() + features_e.square().mean()).backward()
+        for p, p_e in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, p_e.grad)
+            assert p.grad.stride() == p_e.grad.stride()
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 2
