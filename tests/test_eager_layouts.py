@@ -159,3 +159,68 @@ def test_a_channels_last_cnn_trains_as_eager_over_image_sizes():
             torch.testing.assert_close(p.grad, p_e.grad)
             assert p.grad.stride() == p_e.grad.stride()
     assert thunder_rs.compile_stats(jmodel).cache_misses == 2
+
+
+F = torch.nn.functional
+
+#: Ops of each layout rule (``thunder_rs/torch/layout_rules.py``) on an image batch ``x``.
+IMAGE_OPS = {
+    "exp": torch.exp,
+    "mul by contiguous": lambda x: x * torch.ones(x.shape),
+    "contiguous times it": lambda x: torch.ones(x.shape) * x,
+    "add of a channel vector": lambda x: x + torch.ones(x.shape[1], 1, 1),
+    "where": lambda x: torch.where(x > 0, x, torch.zeros(x.shape[-1])),
+    "gelu": F.gelu,
+    "mse_loss none": lambda x: F.mse_loss(x, torch.zeros(x.shape), reduction="none"),
+    "to float64": lambda x: x.to(torch.float64),
+    "dropout eval": lambda x: F.dropout(x, 0.5, training=False) * 1,
+    "conv2d": lambda x: F.conv2d(x, torch.ones(2, x.shape[1], 3, 3)),
+    "conv2d of a channels_last weight": lambda x: F.conv2d(
+        x.contiguous(), torch.ones(2, x.shape[1], 3, 3).contiguous(memory_format=CL)
+    ),
+    "max_pool2d": lambda x: F.max_pool2d(x, 2),
+    "adaptive_avg_pool2d": lambda x: F.adaptive_avg_pool2d(x, 2),
+    "batch_norm": lambda x: F.batch_norm(x, None, None, training=True),
+    "group_norm": lambda x: F.group_norm(x, 1),
+    "interpolate": lambda x: F.interpolate(x, scale_factor=2.0, mode="bilinear"),
+    "pixel_shuffle": lambda x: F.pixel_shuffle(x.repeat(1, 4, 1, 1), 2),
+    "sort": lambda x: torch.sort(x, dim=1)[0],
+    "index_fill": lambda x: x.index_fill(1, torch.tensor([0]), 0.0),
+    "softmax (contiguous)": lambda x: F.softmax(x, 1),
+    "layer_norm (contiguous)": lambda x: F.layer_norm(x, x.shape[-1:]),
+    "sum over channels (contiguous)": lambda x: x.sum(1),
+}
+
+
+def _told_strides(op):
+    def program(x):
+        y = op(x)
+        return y.stride(), y.is_contiguous(), y.is_contiguous(memory_format=CL) if y.ndim == 4 else None
+
+    return program
+
+
+@pytest.mark.parametrize("name", list(IMAGE_OPS))
+@pytest.mark.parametrize("make", [channels_last, lambda: torch.randn(2, 3, 4, 5).permute(0, 1, 3, 2)], ids=["channels_last", "permuted"])
+def test_the_strides_a_trace_tells_are_eagers(name, make):
+    program = _told_strides(IMAGE_OPS[name])
+    x = make()
+    assert thunder_rs.jit(program)(x) == program(x)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda a, b: a * b,
+        lambda a, b: b - a,
+        lambda a, b: torch.where(a > b, a, b),
+        lambda a, b: torch.addcmul(a, a, b),
+    ],
+)
+def test_pointwise_ops_of_mixed_layouts_order_dims_as_tensor_iterator(program):
+    """The first operand whose strides tell two dims apart orders them; broadcast dims tell nothing."""
+    layouts = [channels_last(), torch.randn(2, 3, 4, 5), torch.randn(3, 4, 1), torch.randn(5, 4).t()]
+    for a in layouts:
+        for b in layouts:
+            told = _told_strides(lambda x: program(x, b))
+            assert thunder_rs.jit(told)(a) == told(a)

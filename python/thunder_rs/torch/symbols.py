@@ -11,7 +11,9 @@ import types
 
 from thunder_rs import _core
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, SYMBOLS, TORCH_TO_LTORCH
+from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES
 from thunder_rs.core.lang.recorder import KERNEL_IDS, record_composite, record_kernel
+from thunder_rs.torch.layout_rules import RULES_BY_NAME
 
 #: Every symbol as ``ltorch.<name>``, set as it is registered (``thunder_rs.torch`` exports the same).
 ltorch = types.SimpleNamespace()
@@ -33,8 +35,11 @@ def register(
     decomposition (``linalg.opaque``)."""
     symbol.symbol_id, symbol.symbol_name, symbol.torch_fns = sym_id, sym_name, torch_fns
     symbol.returns_sequence, symbol.opaque = sequence, opaque
+    rule = RULES_BY_NAME.get(sym_name.removeprefix("ltorch."))
     for torch_fn in torch_fns:
         TORCH_TO_LTORCH[torch_fn] = symbol
+        if rule is not None:
+            LAYOUT_RULES[torch_fn] = rule
     for prop in properties:
         PROPERTY_TO_LTORCH[prop] = symbol
     SYMBOLS.append(symbol)

@@ -14,7 +14,11 @@ _DENSE = "dense"
 
 def layout(t) -> tuple:
     """The layout of ``t``, a tensor that is not contiguous (see the module doc)."""
-    strides, shape = t.stride(), t.shape
+    return layout_of(t.shape, t.stride())
+
+
+def layout_of(shape, strides) -> tuple:
+    """``layout`` of a tensor of ``shape`` and ``strides`` (ints)."""
     order = sorted(range(len(strides)), key=strides.__getitem__, reverse=True)
     step = 1
     for d in reversed(order):

@@ -9,22 +9,31 @@ asks for a layout (``x.clone(memory_format=torch.channels_last)``). Taking those
 let ``x.t().exp().view(-1)`` run where eager raises, and made ``y.reshape(-1)`` of such a ``y`` a
 view, so that a write through it changed ``y``, where eager's reshape copies.
 
-For such calls (``laid_out``), eager's own meta kernel, run on meta tensors with the inputs'
-strides, tells the outputs' strides (``take_layouts``): a dense order holds for symbolic sizes as
-it does for a trace input (``core.base.layouts``). Calls whose inputs are all contiguous, or
-ordered as contiguous tensors are (slices, broadcasts), cost one look at their arguments.
-Symbolic sizes are at their hints there: an order decided from strides holds for every size a
-variant serves (sizes of 2 or more), as it does for the inputs' own.
+For such calls (``laid_out``), the rule of the op's kind (``LAYOUT_RULES``, which the op families
+fill) tells the outputs' layout as ATen lays them out: ``POINTWISE``, TensorIterator's order of
+its operands' strides; ``LIKE``, ``empty_like`` of the first tensor; ``SUGGESTED``, the memory
+format the first tensor's strides suggest (pooling, normalization); ``SUGGESTED_ANY``, any
+tensor's (convolution: the input's or the weight's); an explicit ``memory_format`` decides over
+the rule. Ops of other kinds stay contiguous, as before. (Eager's meta kernels would tell every
+op's layout, but most are torch's Python references: 100 us a call, and the first imports Dynamo,
+seconds.) A dense order holds for symbolic sizes as it does for a trace input
+(``core.base.layouts``); sizes are at their hints where orders are compared, which hold for every
+size a variant serves (2 or more).
 """
 
 import torch
 
-from thunder_rs.core.base.layouts import is_dense, layout, strides_in
+from thunder_rs.core.base.layouts import is_dense, layout_of, strides_in
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.symint import hint
 
 #: Formats that lay out a computed tensor in another order than its dims'.
 _ORDERS = (torch.channels_last, torch.channels_last_3d)
+
+POINTWISE, LIKE, SUGGESTED, SUGGESTED_ANY = "pointwise", "like", "suggested", "suggested_any"
+
+#: torch callable -> the rule that lays out its outputs (see the module doc); the op families fill it.
+LAYOUT_RULES: dict = {}
 
 
 def eager_strides(p) -> tuple | None:
@@ -59,11 +68,14 @@ def _in_order(shape, strides) -> bool:
     return True
 
 
-def laid_out(args: tuple, kwargs: dict) -> bool:
+def laid_out(func, args: tuple, kwargs: dict) -> bool:
     """Whether a call's outputs may be laid out otherwise than contiguously in eager: it asks for
-    a format, or takes a tensor in another order (``_reordered``)."""
+    a format, or it is an op with a rule (``LAYOUT_RULES``) that takes a tensor in another order
+    (``_reordered``)."""
     if kwargs and kwargs.get("memory_format") in _ORDERS:
         return True
+    if func not in LAYOUT_RULES:
+        return False
     for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, TensorProxy):
             if (a._strides is not None or a._view is not None) and _reordered(a):
@@ -74,68 +86,137 @@ def laid_out(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def meta_of(p) -> torch.Tensor:
-    """A meta tensor with ``p``'s dtype, sizes (their hints) and eager strides."""
-    shape = [hint(s) for s in p._shape]
-    strides = eager_strides(p)
-    if strides is None:
-        return torch.empty(shape, dtype=p._dtype, device="meta")
-    return torch.empty_strided(shape, [hint(s) for s in strides], dtype=p._dtype, device="meta")
 
 
 def aliases_to(p, memory_format) -> bool:
     """Whether eager's ``p.to(memory_format=...)`` returns ``p`` itself (its strides already
     suggest that format), rather than a copy laid out in it."""
-    m = meta_of(p)
-    with torch._C.DisableTorchFunction():
-        return m.to(memory_format=memory_format) is m
-
-
-def _meta_arg(a):
-    if isinstance(a, TensorProxy):
-        return meta_of(a)
-    if type(a) in (list, tuple):
-        return type(a)(_meta_arg(x) for x in a)
-    if isinstance(a, torch.SymInt):
-        return hint(a)
-    if isinstance(a, torch.Tensor):
-        raise _NotMeta
-    return a
-
-
-class _NotMeta(Exception):
-    """A call whose arguments have no meta counterpart (a real tensor)."""
-
-
-def _run_meta(func, args: tuple, kwargs: dict):
-    """``func`` on meta counterparts of its arguments, or None where it cannot run there (no
-    meta kernel, sizes its data tells, arguments that are not meta)."""
-    try:
-        margs = [_meta_arg(a) for a in args]
-        mkwargs = {k: _meta_arg(v) for k, v in kwargs.items()} if kwargs else {}
-        with torch._C.DisableTorchFunction():
-            return func(*margs, **mkwargs), margs
-    except Exception:  # noqa: BLE001 (what meta cannot tell stays contiguous, as before)
-        return None, None
+    return _suggested(p) == memory_format
 
 
 def take_layouts(func, args: tuple, kwargs: dict, out) -> None:
     """Gives the tensors ``out`` that the call ``func(*args, **kwargs)`` computed eager's strides
     where they are not contiguous (see the module doc)."""
-    mout, margs = _run_meta(func, args, kwargs)
-    if mout is None:
+    outs = (out,) if isinstance(out, TensorProxy) else out if isinstance(out, (list, tuple)) else ()
+    operands = [a for a in (*args, *kwargs.values()) if isinstance(a, TensorProxy)]
+    taken = {id(a) for a in operands}
+    rule = LAYOUT_RULES.get(func)
+    if rule is not None:
+        _own_memory(outs, taken | {id(a._view.root) for a in operands if a._view is not None})
+    made = [o for o in outs if isinstance(o, TensorProxy) and _computed(o, taken)]
+    if not made:
         return
-    if isinstance(out, TensorProxy):
-        pairs = [(out, mout)]
-    elif type(out) in (list, tuple) and type(mout) in (list, tuple) and len(out) == len(mout):
-        pairs = list(zip(out, mout))
-    else:
-        return
-    taken = {id(a) for a in args if isinstance(a, TensorProxy)}
-    for o, m in pairs:
-        if isinstance(o, TensorProxy) and isinstance(m, torch.Tensor) and _computed(o, taken):
-            if m._base is None and not any(m is a for a in margs) and not m.is_contiguous():
-                _take(o, m)
+    fmt = kwargs.get("memory_format") if kwargs else None
+    for o in made:
+        strides = _rule_strides(rule, fmt, o, operands)
+        if strides is not None and not _contiguous_at(tuple(hint(s) for s in o._shape), strides):
+            _take(o, strides)
+
+
+def _rule_strides(rule, fmt, o, operands: list) -> tuple | None:
+    """Eager's strides (at the sizes' hints) of ``o``, an output of ``operands``, or None where
+    they are contiguous or unknown."""
+    shape = [hint(s) for s in o._shape]
+    if fmt in _ORDERS:
+        return _format_strides(shape, fmt)
+    if not operands or fmt == torch.contiguous_format:
+        return None
+    if rule is LIKE or (rule is not None and fmt == torch.preserve_format):
+        return _like(shape, operands[0])
+    if rule is POINTWISE:
+        return _pointwise(shape, operands)
+    if rule is SUGGESTED or rule is SUGGESTED_ANY:
+        formats = {_suggested(a) for a in (operands if rule is SUGGESTED_ANY else operands[:1])}
+        found = next((f for f in _ORDERS if f in formats), None)
+        return None if found is None else _format_strides(shape, found)
+    return None
+
+
+def _hinted(p) -> tuple:
+    """``p``'s sizes and eager strides at their hints."""
+    shape = tuple(hint(s) for s in p._shape)
+    strides = eager_strides(p)
+    return shape, tuple(hint(s) for s in strides) if strides is not None else _contiguous(shape)
+
+
+def _contiguous(shape) -> tuple:
+    strides, step = [1] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
+
+
+def _format_strides(shape, fmt) -> tuple | None:
+    rank = 4 if fmt == torch.channels_last else 5
+    if len(shape) != rank:
+        return None
+    order = (0, *range(2, rank), 1)  # outermost first: N, the spatial dims, C
+    return _dense(shape, order)
+
+
+def _dense(shape, order) -> tuple:
+    """Strides of a tensor dense in ``order`` (outermost dim first)."""
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
+
+
+def _suggested(p):
+    """ATen's ``suggest_memory_format``: channels_last where the strides are laid out so (a 4-D
+    or 5-D tensor), else contiguous."""
+    shape, strides = _hinted(p)
+    if len(shape) == 4 and _channels_last_like(shape, strides, (1, 3, 2, 0)):
+        return torch.channels_last
+    if len(shape) == 5 and _channels_last_like(shape, strides, (1, 4, 3, 2, 0)):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def _channels_last_like(shape, strides, dims) -> bool:
+    """ATen's ``is_channels_last_strides_2d_s4`` (and its 3-D form): C innermost, then W, H (D),
+    N, with ambiguous layouts (size-1 dims of equal strides) taken as contiguous."""
+    if strides[1] == 0:
+        return False
+    least = 0
+    for d in dims:
+        if shape[d] == 0 or strides[d] < least:
+            return False
+        if d == 0 and least == strides[1]:
+            return False
+        least = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
+
+
+def _non_overlapping_and_dense(shape, strides) -> bool:
+    order = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: strides[d])
+    step = 1
+    for d in order:
+        if strides[d] != step:
+            return False
+        step *= shape[d]
+    return True
+
+
+def _like(shape, p) -> tuple | None:
+    """``empty_like(p)`` (preserve_format): ``p``'s strides where it is dense, else the order of
+    its strides (``_pointwise`` of it alone)."""
+    own_shape, strides = _hinted(p)
+    if own_shape == tuple(shape) and _non_overlapping_and_dense(own_shape, strides):
+        return strides
+    return _pointwise(shape, [p])
+
+
+def _own_memory(outs, reachable: set) -> None:
+    """An op that is no view (it has a rule) returns new tensors, where the trace may have made
+    an output as a view of a tensor of the op's decomposition (``group_norm`` reshapes its
+    normalized groups back): one whose root is none of the call's tensors is unlinked, so that it
+    takes the op's layout rather than that tensor's."""
+    for o in outs:
+        if isinstance(o, TensorProxy) and o._view is not None and id(o._view.root) not in reachable:
+            o._view = None
 
 
 def _computed(o, taken: set) -> bool:
@@ -149,9 +230,81 @@ def _computed(o, taken: set) -> bool:
     )
 
 
-def _take(o, m: torch.Tensor) -> None:
-    lay = layout(m)
+def _take(o, strides: tuple) -> None:
+    """Sets ``o``'s eager strides: by their order for symbolic sizes, where they are dense."""
+    lay = layout_of(tuple(hint(s) for s in o._shape), strides)
     if is_dense(lay):
         o._strides = strides_in(o._shape, lay)
     elif not o._symbolic:
-        o._strides = tuple(m.stride())
+        o._strides = tuple(strides)
+
+
+def _pointwise(shape, operands: list) -> tuple | None:
+    """TensorIterator's output strides for ``operands`` (ATen's ``fast_set_up`` and
+    ``reorder_dimensions``): contiguous or channels_last where all are, their strides where all
+    are dense alike, else their dims sorted by stride, operand by operand, broadcast dims aside."""
+    shape = tuple(shape)
+    hinted = [_hinted(p) for p in operands]
+    if all(own == shape for own, _ in hinted):
+        if all(_contiguous_at(own, st) for own, st in hinted):
+            return None
+        if len(shape) == 4 and all(_contiguous_at(*_nhwc(own, st)) for own, st in hinted):
+            return _format_strides(shape, torch.channels_last)
+        first = hinted[0][1]
+        if all(st == first and _non_overlapping_and_dense(own, st) for own, st in hinted):
+            return first
+    strides = [_broadcast_strides(shape, own, st) for own, st in hinted]
+    perm = list(range(len(shape) - 1, -1, -1))  # innermost first
+    for i in range(1, len(perm)):
+        moving = i
+        for j in range(i - 1, -1, -1):
+            order = _compare(strides, shape, perm[j], perm[moving])
+            if order > 0:
+                perm[j], perm[moving] = perm[moving], perm[j]
+                moving = j
+            elif order < 0:
+                break
+    out, step = [0] * len(shape), 1
+    for d in perm:
+        out[d] = step
+        step *= shape[d]
+    out = tuple(out)
+    return None if out == _contiguous(shape) else out
+
+
+def _compare(strides: list, shape, dim0: int, dim1: int) -> int:
+    """ATen's ``should_swap``: 1 where ``dim0`` goes outside ``dim1``, -1 where it stays inside,
+    0 where no operand tells."""
+    for st in strides:
+        s0, s1 = st[dim0], st[dim1]
+        if s0 == 0 or s1 == 0:
+            continue
+        if s0 != s1:
+            return -1 if s0 < s1 else 1
+        if shape[dim0] > shape[dim1]:
+            return 1
+    return 0
+
+
+def _broadcast_strides(shape, own, strides) -> tuple:
+    lead = len(shape) - len(own)
+    return tuple(
+        0 if d < lead or (own[d - lead] == 1 and shape[d] != 1) else strides[d - lead] for d in range(len(shape))
+    )
+
+
+def _contiguous_at(shape, strides) -> bool:
+    """ATen's ``is_contiguous``: sizes of one place no constraint."""
+    if 0 in shape:
+        return True
+    step = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1:
+            if stride != step:
+                return False
+            step *= size
+    return True
+
+
+def _nhwc(shape, strides) -> tuple:
+    return (shape[0], shape[2], shape[3], shape[1]), (strides[0], strides[2], strides[3], strides[1])

@@ -326,7 +326,7 @@ def _torch_function(func, args, kwargs):
             return complex_call(func, ltorch_fn, args, kwargs)
         if problems.collecting():
             return _examined(func, ltorch_fn, args, kwargs)
-        if not laid_out(args, kwargs):
+        if not laid_out(func, args, kwargs):
             return ltorch_fn(*args, **kwargs)
         out = ltorch_fn(*args, **kwargs)
         take_layouts(func, args, kwargs, out)
