@@ -106,7 +106,10 @@ def test_memory_formats_a_program_asks_for_are_eagers(name, arranged):
 
 def test_channels_last_3d_is_eagers():
     x = torch.randn(2, 3, 4, 5, 6)
-    for program in (lambda x: x.contiguous(memory_format=torch.channels_last_3d).sin(), lambda x: x.to(memory_format=torch.channels_last_3d)):
+    for program in (
+        lambda x: x.contiguous(memory_format=torch.channels_last_3d).sin(),
+        lambda x: x.to(memory_format=torch.channels_last_3d),
+    ):
         assert_like_eager(thunder_rs.jit(program)(x), program(x))
 
 
@@ -201,7 +204,9 @@ def _told_strides(op):
 
 
 @pytest.mark.parametrize("name", list(IMAGE_OPS))
-@pytest.mark.parametrize("make", [channels_last, lambda: torch.randn(2, 3, 4, 5).permute(0, 1, 3, 2)], ids=["channels_last", "permuted"])
+@pytest.mark.parametrize(
+    "make", [channels_last, lambda: torch.randn(2, 3, 4, 5).permute(0, 1, 3, 2)], ids=["channels_last", "permuted"]
+)
 def test_the_strides_a_trace_tells_are_eagers(name, make):
     program = _told_strides(IMAGE_OPS[name])
     x = make()

@@ -68,7 +68,9 @@ def to(a, *args, **kwargs):
         out = prims.convert_element_type(out, dtype)
     if device is not None and not _same_device(a, device):
         out = prims.device_put(out, device)
-    if memory_format not in (None, torch.preserve_format) and (out is not a or copy or not aliases_to(a, memory_format)):
+    if memory_format not in (None, torch.preserve_format) and (
+        out is not a or copy or not aliases_to(a, memory_format)
+    ):
         return clone(out, memory_format=memory_format)
     return clone(out) if copy and out is a else out
 

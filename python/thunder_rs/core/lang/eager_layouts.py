@@ -21,6 +21,8 @@ seconds.) A dense order holds for symbolic sizes as it does for a trace input
 size a variant serves (2 or more).
 """
 
+from typing import Any
+
 import torch
 
 from thunder_rs.core.base.layouts import is_dense, layout_of, strides_in
@@ -86,8 +88,6 @@ def laid_out(func, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-
-
 def aliases_to(p, memory_format) -> bool:
     """Whether eager's ``p.to(memory_format=...)`` returns ``p`` itself (its strides already
     suggest that format), rather than a copy laid out in it."""
@@ -102,7 +102,7 @@ def take_layouts(func, args: tuple, kwargs: dict, out) -> None:
     taken = {id(a) for a in operands}
     rule = LAYOUT_RULES.get(func)
     if rule is not None:
-        _own_memory(outs, taken | {id(a._view.root) for a in operands if a._view is not None})
+        _own_memory(outs, taken | {id(_root(a)) for a in operands})
     made = [o for o in outs if isinstance(o, TensorProxy) and _computed(o, taken)]
     if not made:
         return
@@ -219,6 +219,12 @@ def _own_memory(outs, reachable: set) -> None:
             o._view = None
 
 
+def _root(p):
+    """The tensor ``p`` views, or ``p``."""
+    link: Any = p._view
+    return p if link is None else link.root
+
+
 def _computed(o, taken: set) -> bool:
     """Whether ``o`` is a tensor the call computed: not one it took, a view, or a trace input."""
     return (
@@ -264,11 +270,11 @@ def _pointwise(shape, operands: list) -> tuple | None:
                 moving = j
             elif order < 0:
                 break
-    out, step = [0] * len(shape), 1
+    strided, step = [0] * len(shape), 1
     for d in perm:
-        out[d] = step
+        strided[d] = step
         step *= shape[d]
-    out = tuple(out)
+    out = tuple(strided)
     return None if out == _contiguous(shape) else out
 
 
