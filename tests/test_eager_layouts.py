@@ -189,6 +189,8 @@ IMAGE_OPS = {
     "pixel_shuffle": lambda x: F.pixel_shuffle(x.repeat(1, 4, 1, 1), 2),
     "sort": lambda x: torch.sort(x, dim=1)[0],
     "index_fill": lambda x: x.index_fill(1, torch.tensor([0]), 0.0),
+    "cat of two alike": lambda x: torch.cat([x, x.exp()], 1),
+    "cat with a contiguous tensor": lambda x: torch.cat([x, torch.ones(x.shape)], 1),
     "softmax (contiguous)": lambda x: F.softmax(x, 1),
     "layer_norm (contiguous)": lambda x: F.layer_norm(x, x.shape[-1:]),
     "sum over channels (contiguous)": lambda x: x.sum(1),
@@ -229,3 +231,30 @@ def test_pointwise_ops_of_mixed_layouts_order_dims_as_tensor_iterator(program):
         for b in layouts:
             told = _told_strides(lambda x: program(x, b))
             assert thunder_rs.jit(told)(a) == told(a)
+
+
+IN_PLACE = {
+    "masked_fill_ of a transposed clone": (lambda x: x.t().clone().masked_fill_(x.t() > 0, 0), "transposed"),
+    "masked_fill_ of a channels_last product": (lambda x: (x * 2).masked_fill_(x > 1, 0), "channels_last"),
+    "index_fill_": (lambda x: (x * 2).index_fill_(1, torch.tensor([0]), 0.0), "channels_last"),
+    "relu_": (lambda x: (x * 2).relu_(), "channels_last"),
+    "relu(inplace=True)": (lambda x: F.relu(x * 2, inplace=True), "channels_last"),
+    "add_ of a contiguous tensor": (lambda x: (x * 2).add_(torch.ones(x.shape)), "channels_last"),
+    "mul_ by an int": (lambda x: (x * 2).mul_(3), "permuted"),
+}
+_MAKERS = {"transposed": lambda: torch.randn(4, 3), "channels_last": channels_last, "permuted": LAYOUTS[2].values[0]}
+
+
+@pytest.mark.parametrize("name", list(IN_PLACE))
+def test_an_in_place_op_on_a_computed_tensor_keeps_its_layout_with_one_kernel(name):
+    """Eager writes into the tensor; its out-of-place form may lay out otherwise (``masked_fill``
+    is contiguous): the trace selects the value into the tensor's layout, only where the op's
+    rule does not already give it."""
+    program, layout = IN_PLACE[name]
+    x = _MAKERS[layout]().requires_grad_()
+    jfn = thunder_rs.jit(program)
+    expected, actual = program(x), jfn(x)
+    assert_like_eager(actual.detach(), expected.detach())
+    torch.testing.assert_close(torch.autograd.grad(actual.sum(), x), torch.autograd.grad(expected.sum(), x))
+    selects = str(thunder_rs.last_traces(jfn)[-1]).count("full((), False")  # ``inplace._nowhere``
+    assert selects == (1 if "masked_fill_" in name else 0)

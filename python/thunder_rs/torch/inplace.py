@@ -29,6 +29,7 @@ from thunder_rs.core.base import problems
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.complex_calls import differentiates_complex
 from thunder_rs.core.lang.fallback import fallback, user_fallback
+from thunder_rs.core.lang.eager_layouts import take_layouts
 from thunder_rs.core.lang.langctx import (
     MUTATING,
     TORCH_TO_LTORCH,
@@ -190,6 +191,8 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
         value = _as_value(op, dst, value, copy)
         if copy and _whole_intermediate(dst):
             value, expanded = _copied(dst, value), broadcasts
+        elif dst._strides is not None and _whole_intermediate(dst) and not _made_like(value, dst):
+            value = prims.where(_nowhere(dst), dst, value)  # eager writes into dst: its layout
     tracked = tracked and not views.detached(dst)
     if tracked:
         _leaf_check(op, dst)
@@ -283,11 +286,29 @@ def _in_place(fn, name: str, outplace):
     def in_place(a, *args, **kwargs):
         if symbol is not None and not differentiates_complex((a, *args), kwargs):
             value = symbol(a, *args, **kwargs)
+            if isinstance(a, TensorProxy) and a._strides is not None:
+                _lay_out_written(a, value, outplace, args, kwargs)
         else:  # complex values carrying gradients are computed by eager's op (``core.complex_calls``)
             value = user_fallback(on_copy(fn), (a, *args), kwargs, effect=is_random(fn))
         return assign(a, value, name)
 
     return in_place
+
+
+#: Writes at indices whose out-of-place form the reuse pass (``crates/passes/src/reuse.rs``) runs
+#: in place on a receiver that dies there, as a write into a tensor does: in the receiver's layout.
+_REUSED = frozenset({"index_add", "scatter_add", "scatter"})
+
+
+def _lay_out_written(dst, value, outplace, args: tuple, kwargs: dict) -> None:
+    """Gives ``value``, what an in-place op writes into ``dst`` (laid out in another order), the
+    layout its out-of-place form has (``eager_layouts``), so that ``assign`` selects it into
+    ``dst``'s only where they differ; a write the reuse pass runs in place has ``dst``'s."""
+    if getattr(outplace, "__name__", None) in _REUSED and isinstance(value, TensorProxy):
+        if value._view is None and value._input_vid is None and value._strides is None:
+            value._strides = dst._strides
+        return
+    take_layouts(outplace, (dst, *args), kwargs, value)
 
 
 def _refuse(name: str, reason: str):
@@ -367,7 +388,10 @@ def _inplace_argument(fn, index: int):
         value = symbol(*args, **kwargs) if symbol is not None else user_fallback(fn, args, kwargs, effect=is_random(fn))
         if not inplace:
             return value
-        return assign(args[0] if args else kwargs["input"], value, name)
+        dst = args[0] if args else kwargs["input"]
+        if isinstance(dst, TensorProxy) and dst._strides is not None:
+            take_layouts(fn, args, kwargs, value)  # (``assign`` keeps dst's layout)
+        return assign(dst, value, name)
 
     return call
 

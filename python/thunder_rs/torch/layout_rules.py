@@ -4,7 +4,7 @@ return contiguous tensors (matmul, softmax, layer_norm, reductions, cat do on th
 """
 
 from thunder_rs import prims
-from thunder_rs.core.lang.eager_layouts import LIKE, POINTWISE, SUGGESTED, SUGGESTED_ANY
+from thunder_rs.core.lang.eager_layouts import LIKE, POINTWISE, SUGGESTED, SUGGESTED_ALL, SUGGESTED_ANY
 
 #: TensorIterator's ops: their output's dims ordered as their operands' strides order them.
 _POINTWISE = {
@@ -53,4 +53,5 @@ RULES_BY_NAME = {
     **dict.fromkeys(_LIKE, LIKE),
     **dict.fromkeys(_SUGGESTED, SUGGESTED),
     **dict.fromkeys(_SUGGESTED_ANY, SUGGESTED_ANY),
+    **dict.fromkeys(("cat", "concatenate"), SUGGESTED_ALL),  # (ATen's ``compute_output_memory_format``)
 }

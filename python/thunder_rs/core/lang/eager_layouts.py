@@ -13,7 +13,8 @@ For such calls (``laid_out``), the rule of the op's kind (``LAYOUT_RULES``, whic
 fill) tells the outputs' layout as ATen lays them out: ``POINTWISE``, TensorIterator's order of
 its operands' strides; ``LIKE``, ``empty_like`` of the first tensor; ``SUGGESTED``, the memory
 format the first tensor's strides suggest (pooling, normalization); ``SUGGESTED_ANY``, any
-tensor's (convolution: the input's or the weight's); an explicit ``memory_format`` decides over
+tensor's (convolution: the input's or the weight's); ``SUGGESTED_ALL``, the one every tensor of
+the list suggests, if one (``cat``); an explicit ``memory_format`` decides over
 the rule. Ops of other kinds stay contiguous, as before. (Eager's meta kernels would tell every
 op's layout, but most are torch's Python references: 100 us a call, and the first imports Dynamo,
 seconds.) A dense order holds for symbolic sizes as it does for a trace input
@@ -32,7 +33,7 @@ from thunder_rs.core.lang.symint import hint
 #: Formats that lay out a computed tensor in another order than its dims'.
 _ORDERS = (torch.channels_last, torch.channels_last_3d)
 
-POINTWISE, LIKE, SUGGESTED, SUGGESTED_ANY = "pointwise", "like", "suggested", "suggested_any"
+POINTWISE, LIKE, SUGGESTED, SUGGESTED_ANY, SUGGESTED_ALL = "pointwise", "like", "suggested", "any", "all"
 
 #: torch callable -> the rule that lays out its outputs (see the module doc); the op families fill it.
 LAYOUT_RULES: dict = {}
@@ -98,9 +99,12 @@ def take_layouts(func, args: tuple, kwargs: dict, out) -> None:
     """Gives the tensors ``out`` that the call ``func(*args, **kwargs)`` computed eager's strides
     where they are not contiguous (see the module doc)."""
     outs = (out,) if isinstance(out, TensorProxy) else out if isinstance(out, (list, tuple)) else ()
-    operands = [a for a in (*args, *kwargs.values()) if isinstance(a, TensorProxy)]
-    taken = {id(a) for a in operands}
     rule = LAYOUT_RULES.get(func)
+    given = (*args, *kwargs.values())
+    if rule is SUGGESTED_ALL and args and type(args[0]) in (list, tuple):
+        given = tuple(args[0])  # (``cat``'s tensors)
+    operands = [a for a in given if isinstance(a, TensorProxy)]
+    taken = {id(a) for a in operands}
     if rule is not None:
         _own_memory(outs, taken | {id(_root(a)) for a in operands})
     made = [o for o in outs if isinstance(o, TensorProxy) and _computed(o, taken)]
@@ -129,6 +133,13 @@ def _rule_strides(rule, fmt, o, operands: list) -> tuple | None:
         formats = {_suggested(a) for a in (operands if rule is SUGGESTED_ANY else operands[:1])}
         found = next((f for f in _ORDERS if f in formats), None)
         return None if found is None else _format_strides(shape, found)
+    if rule is SUGGESTED_ALL:
+        formats = {_suggested(a) for a in operands}
+        return (
+            _format_strides(shape, formats.pop())
+            if len(formats) == 1 and not formats & {torch.contiguous_format}
+            else None
+        )
     return None
 
 
