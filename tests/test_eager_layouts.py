@@ -258,3 +258,29 @@ def test_an_in_place_op_on_a_computed_tensor_keeps_its_layout_with_one_kernel(na
     torch.testing.assert_close(torch.autograd.grad(actual.sum(), x), torch.autograd.grad(expected.sum(), x))
     selects = str(thunder_rs.last_traces(jfn)[-1]).count("full((), False")  # ``inplace._nowhere``
     assert selects == (1 if "masked_fill_" in name else 0)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda s: torch.randn(2, 3, s, s + 1).contiguous(memory_format=CL), lambda s: torch.randn(s + 1, s).t()],
+    ids=["channels_last", "transposed"],
+)
+def test_random_draws_like_a_tensor_laid_out_otherwise_are_eagers_at_symbolic_sizes(make):
+    """Eager's ``rand_like`` fills its output in memory order (channels_last: N, H, W, C); dropout
+    in training draws so. The symbolic variant draws in that order too, and stays symbolic (the
+    layout had sent it to an eager call, which specialised the sizes)."""
+    weight = torch.ones(1, requires_grad=True)
+
+    def program(x):
+        y = (x * weight).relu() + 1
+        return F.dropout(y, 0.5), torch.rand_like(y)
+
+    jfn = thunder_rs.jit(program)
+    for size in (6, 8, 10, 12):
+        x = make(size)
+        torch.manual_seed(0)
+        expected = program(x)
+        torch.manual_seed(0)
+        for actual, e in zip(jfn(x), expected):
+            assert_like_eager(actual.detach(), e.detach())
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2

@@ -24,7 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.base.layouts import is_dense, layout_of
+from thunder_rs.core.lang.eager_layouts import eager_strides
 from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.symint import hint
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
@@ -122,13 +125,31 @@ def _define_like(name: str):
         _check_random_dtype(dtype or input.dtype, op)
         _check_no_leaf(op, requires_grad)
         kwargs = {"generator": generator, "dtype": dtype, "device": device, "memory_format": memory_format}
-        if name == "rand_like" and input._symbolic and input._strides is None and generator is memory_format is None:
-            # A symbolic size stays symbolic (dropout's mask): the draw as ``rand``'s, which draws
-            # what eager's does for a contiguous tensor.
-            return prims.uniform(tuple(input.shape), 0.0, 1.0, _device(device or input.device), dtype or input.dtype)
+        order = _memory_order(input) if name == "rand_like" and input._symbolic else None
+        if order is not None and generator is memory_format is None:
+            # A symbolic size stays symbolic (dropout's mask): the draw as ``rand``'s, in the order
+            # eager's draws fill the input's layout (channels_last: N, H, W, C), then dims as the input's.
+            shape = tuple(input.shape)
+            device = _device(device or input.device)
+            drawn = prims.uniform(tuple(shape[d] for d in order), 0.0, 1.0, device, dtype or input.dtype)
+            return drawn if order == tuple(range(len(order))) else prims.transpose(drawn, _inverse(order))
         return _draw(fn, (input,), {k: v for k, v in kwargs.items() if v is not None})
 
     return like
+
+
+def _memory_order(input) -> tuple | None:
+    """The dims of ``input`` from the outermost in memory to the innermost, where it is dense (as
+    ``empty_like`` lays out a copy of it), else None."""
+    strides = eager_strides(input)
+    if strides is None:
+        return tuple(range(input.ndim))
+    lay = layout_of(tuple(hint(s) for s in input.shape), tuple(hint(s) for s in strides))
+    return lay[1] if is_dense(lay) else None
+
+
+def _inverse(order: tuple) -> tuple:
+    return tuple(order.index(d) for d in range(len(order)))
 
 
 rand_like = _define_like("rand_like")
