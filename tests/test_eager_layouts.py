@@ -20,6 +20,8 @@ from test_layout_fidelity import LAYOUTS, assert_like_eager, channels_last
 
 CL = torch.channels_last
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def written_through_a_reshape(x):
     y = x.exp()
@@ -284,3 +286,27 @@ def test_random_draws_like_a_tensor_laid_out_otherwise_are_eagers_at_symbolic_si
         for actual, e in zip(jfn(x), expected):
             assert_like_eager(actual.detach(), e.detach())
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
+
+
+def test_a_channels_last_squeezenet_trains_as_eager_over_image_sizes_in_two_compiles():
+    """torchvision's SqueezeNet in channels_last: its fire modules concatenate channels_last maps
+    (``cat`` keeps the format), and its classifier's dropout draws in the maps' memory order."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.squeezenet1_0(num_classes=10).double().train().to(memory_format=CL)
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for height, width in ((64, 64), (96, 80), (112, 128)):
+        x = torch.randn(2, 3, height, width, dtype=torch.float64).contiguous(memory_format=CL)
+        torch.manual_seed(1)
+        expected = eager(x)
+        torch.manual_seed(1)
+        actual = jmodel(x)
+        assert_like_eager(actual.detach(), expected.detach())
+        actual.square().mean().backward()
+        expected.square().mean().backward()
+        for p, p_e in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, p_e.grad)
+            assert p.grad.stride() == p_e.grad.stride()
+        model.zero_grad(), eager.zero_grad()
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 2
