@@ -2,8 +2,9 @@
 channels_last (4-D) or permuted-dense (2-D and 3-D), in-place methods on intermediates and on
 inputs, and the common CNN module ops forward and backward. Only outputs eager returns
 non-overlapping and dense are compared. Not a test (it takes minutes): run it as a script,
-``PYTHONPATH=python python tests/layout_sweep.py [--grad] [--ops NAME,...]``; it prints each
-difference as ``op | input layout | eager strides | ours``.
+``PYTHONPATH=python python tests/layout_sweep.py [--grad] [--told] [--ops NAME,...]``; it prints each
+difference as ``op | input layout | eager strides | ours``. ``--told`` compares the strides the
+trace tells the program (``y.stride()`` read while traced), from which it decides views and copies.
 """
 
 from __future__ import annotations
@@ -122,6 +123,29 @@ def check_call(name: str, fn: Callable, args: tuple, kwargs: dict, grad: bool) -
         yield f"{name} grad | {layout} | jit raised {type(e).__name__}: {str(e)[:100]}"
         return
     yield from compare(f"{name} grad", layout, expected_grads, actual_grads)
+
+
+def told(fn: Callable) -> Callable:
+    """``fn`` returning the strides of its outputs as the program reads them (``t.stride()``):
+    traced, what the trace tells (``core.lang.eager_layouts``), not what the executors made."""
+
+    def program(*args, **kwargs):
+        return [tuple(t.stride()) for t in tensors(fn(*args, **kwargs))]
+
+    return program
+
+
+def check_told(name: str, fn: Callable, args: tuple, kwargs: dict) -> Iterator[str]:
+    layout = layout_name([args, list(kwargs.values())])
+    try:
+        outs = tensors(fn(*args, **kwargs))
+        got = thunder_rs.jit(told(fn))(*args, **kwargs)
+    except Exception:
+        return
+    for i, (e, strides) in enumerate(zip(outs, got, strict=False)):
+        kept = [d for d, n in enumerate(e.shape) if n > 1]
+        if dense(e) and [e.stride()[d] for d in kept] != [strides[d] for d in kept]:
+            yield f"{name}[{i}] told | {layout} | eager {e.stride()} | trace {strides}"
 
 
 def opinfo_calls(ops: set[str] | None, dtype: torch.dtype) -> Iterator[tuple[str, Callable, tuple, dict]]:
@@ -245,6 +269,7 @@ def main() -> None:
     parser.add_argument("--grad", action="store_true", help="also compare gradients w.r.t. inputs")
     parser.add_argument("--ops", default="", help="comma-separated OpInfo ids (default: all)")
     parser.add_argument("--part", default="opinfo,inplace,modules")
+    parser.add_argument("--told", action="store_true", help="compare the strides the trace tells, not the outputs'")
     options = parser.parse_args()
     warnings.simplefilter("ignore")
     parts = options.part.split(",")
@@ -259,7 +284,10 @@ def main() -> None:
     for group in calls:
         for name, fn, args, kwargs in group:
             checked += 1
-            for line in check_call(name, fn, args, kwargs, options.grad):
+            found = (
+                check_told(name, fn, args, kwargs) if options.told else check_call(name, fn, args, kwargs, options.grad)
+            )
+            for line in found:
                 differences += 1
                 print(line, flush=True)
     print(f"# {checked} calls, {differences} differences", flush=True)
