@@ -118,6 +118,7 @@ def grad_function(
     *,
     program,
     reads: tuple = (),
+    compile_backward=None,
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -139,7 +140,7 @@ def grad_function(
     differentiable = frozenset(grad_positions) - non_differentiable
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial = len(differentiable) > 1 and bool(reads)
-    unreached = _Unreached(reads)
+    unreached = _Unreached(reads, compile_backward)
     cotangents_of = _cotangent_picker(grad_positions)
     outputs_at = _Outputs(grad_positions, differentiable)
 
@@ -234,30 +235,37 @@ class _Outputs:
 
 
 class _Unreached(dict):
-    """Per pattern of absent cotangents (``g is None`` per grad position), the indices of the
-    absent ones and the inputs no reached output reads, from ``reads`` (per grad position, the
-    inputs its output reads)."""
+    """Per pattern of absent cotangents (``g is None`` per grad position): the indices of the
+    absent ones, the inputs no reached output reads, from ``reads`` (per grad position, the
+    inputs its output reads), and the backward compiled for the pattern by ``compile_backward``
+    (None where the absent cotangents are not only added to gradients: they are passed as zeros)."""
 
-    def __init__(self, reads: tuple):
+    def __init__(self, reads: tuple, compile_backward):
         super().__init__()
-        self.reads = reads
+        self.reads, self.compile_backward = reads, compile_backward
 
     def __missing__(self, absent: tuple) -> tuple:
         reached = frozenset().union(*(self.reads[k] for k, none in enumerate(absent) if not none))
         everything = frozenset().union(*self.reads)
-        self[absent] = out = (tuple(k for k, none in enumerate(absent) if none), tuple(sorted(everything - reached)))
+        zeros = tuple(k for k, none in enumerate(absent) if none)
+        backward = self.compile_backward(zeros) if self.compile_backward is not None and zeros else None
+        self[absent] = out = (zeros, tuple(sorted(everything - reached)), backward)
         return out
 
 
 def _reached(backward, saved, cotangents, absent: tuple, shapes: list, outputs: _Outputs, unreached) -> tuple:
     """The gradients of a backward that reached the outputs whose cotangents are not None
-    (``absent`` marks the others): theirs are zeros, and inputs that only they read get None."""
-    zeros, unread = unreached[absent]
-    filled = list(cotangents)
-    for k in zeros:
-        dtype, device = outputs.kinds[k]
-        filled[k] = torch.zeros(shapes[k], dtype=dtype, device=device)
-    grads = backward(saved, *filled)
+    (``absent`` marks the others): theirs are zeros, and inputs that only they read get None.
+    A backward compiled for the pattern takes no zeros: it adds none."""
+    zeros, unread, compiled = unreached[absent]
+    if compiled is not None:
+        grads = compiled(saved, *cotangents)
+    else:
+        filled = list(cotangents)
+        for k in zeros:
+            dtype, device = outputs.kinds[k]
+            filled[k] = torch.zeros(shapes[k], dtype=dtype, device=device)
+        grads = backward(saved, *filled)
     if not unread:
         return grads
     grads = list(grads)
