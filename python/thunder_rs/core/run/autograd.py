@@ -5,6 +5,7 @@ serve, go to the entry's program as torch calls (``core.differentiable``)."""
 
 import functools
 import operator
+from collections.abc import Callable
 
 import torch
 
@@ -216,7 +217,9 @@ class _Outputs:
     def __init__(self, grad_positions: list, differentiable: frozenset):
         self.grad_positions, self.differentiable = tuple(grad_positions), differentiable
         self.constant_positions: tuple | None = None
-        self._grad_outputs = operator.itemgetter(*grad_positions) if len(grad_positions) > 1 else None
+        self._grad_outputs: Callable[[tuple], tuple] = (
+            operator.itemgetter(*grad_positions) if len(grad_positions) > 1 else lambda flat: (flat[grad_positions[0]],)
+        )
         #: ``(dtype, device)`` of each grad output
         self.kinds: tuple = ()
 
