@@ -5,7 +5,9 @@
 Cases are chosen so that per-call bookkeeping dominates: a five-op function on 4x4 tensors, and
 modules with 50 parameters on a 1x4 input, one reading no Python attributes in forward and one
 reading many (dropout rates, a temperature, a config object: guarded reads). Reports eager and
-thunder_rs per call (median, interleaved) and their difference in microseconds, and the first-call
+thunder_rs per call (median, interleaved) and their difference in microseconds; the same for
+training steps (forward, ``loss.backward()``, SGD step, ``zero_grad``) of a Linear returning
+(loss, logits), of one returning the loss, and of the 50-parameter MLP; and the first-call
 time of the demo GPT, forward and training. Runs single-threaded on CPU. Run it against another
 checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before and after.
 """
@@ -88,6 +90,77 @@ CASES = {
 }
 
 
+class LossAndLogits(nn.Module):
+    """A classifier returning its loss and logits, as Hugging Face models do: ``loss.backward()``
+    reaches the loss alone (eager's logits get no cotangent)."""
+
+    def __init__(self, logits: bool = True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.logits = nn.Linear(16, 4), logits
+
+    def forward(self, x, y):
+        logits = self.lin(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        return (loss, logits) if self.logits else loss
+
+
+class Mlp50Loss(nn.Module):
+    """``plain_50`` and an MSE loss, in training."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = plain_50().train()
+
+    def forward(self, x, y):
+        return nn.functional.mse_loss(self.layers(x), y)
+
+
+def _labels():
+    return torch.randn(8, 16), torch.randint(0, 4, (8,))
+
+
+TRAIN_CASES = {
+    "train Linear(16,4) (loss, logits)": (LossAndLogits, _labels),
+    "train Linear(16,4) loss only": (lambda: LossAndLogits(False), _labels),
+    "train MLP 50 params": (Mlp50Loss, lambda: (torch.randn(1, 4), torch.randn(1, 4))),
+}
+
+
+def train_step(model: nn.Module):
+    """``step(*args)``: forward, ``backward()`` of the loss (the first output), SGD step and
+    ``zero_grad(set_to_none=True)``."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step(*args):
+        out = model(*args)
+        (out[0] if isinstance(out, tuple) else out).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def train_rows(settings: harness.Settings) -> list[dict]:
+    """Per-step host cost of a training step, eager against thunder_rs (each its own copy)."""
+    import thunder_rs
+
+    rows = []
+    for name, (make_model, make_args) in TRAIN_CASES.items():
+        args = make_args()
+        steps = {"eager": train_step(make_model()), "thunder_rs": train_step(thunder_rs.jit(make_model()))}
+        results, errors = harness.measure_per_call_interleaved(
+            steps, args, repeats=settings.repeats, inner=max(1, int(200 * settings.inner_scale))
+        )
+        if errors:
+            raise next(iter(errors.values()))
+        eager, jit = results["eager"].median_us, results["thunder_rs"].median_us
+        rows.append(
+            {"case": name, "eager_us": eager, "thunder_rs_us": jit, "overhead_us": jit - eager, "ratio": jit / eager}
+        )
+    return rows
+
+
 def per_call_rows(settings: harness.Settings) -> list[dict]:
     import thunder_rs
 
@@ -144,7 +217,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     settings = harness.settings_for(args.quick)
-    per_call = per_call_rows(settings)
+    per_call = per_call_rows(settings) + train_rows(settings)
     first = first_call_rows(3 if args.quick else 11)
     print(f"{'case':40} {'eager us':>9} {'thunder_rs us':>14} {'overhead us':>12} {'ratio':>6}")
     for r in per_call:

@@ -176,7 +176,10 @@ def test_gpt_with_dropout_trains_as_eager_with_the_same_draws():
         torch.testing.assert_close(losses[0], losses[1])
     for (name, p), e in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p, e, msg=name)
-    assert fuser.fused and sum(fuser.calls.values()) == 3 * len(fuser.fused)  # each region once per step
+    # Each region that runs, once per step: ``loss.backward()`` runs the backward compiled for the
+    # loss alone (the logits get no cotangent), whose regions replace the whole backward's.
+    assert fuser.fused and all(n % 3 == 0 for n in fuser.calls.values())
+    assert sum(fuser.calls.values()) <= 3 * len(fuser.fused)
 
 
 def test_non_contiguous_and_broadcast_region_inputs():

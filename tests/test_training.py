@@ -451,6 +451,37 @@ def test_backward_through_one_output_of_a_tuple():
         torch.testing.assert_close(grad, eager_grads[name], msg=lambda m: f"{name}: {m}")
 
 
+def _backprop(pattern: str, loss, logits) -> None:
+    if pattern == "loss":
+        loss.backward()
+    elif pattern == "logits":
+        logits.sum().backward()
+    elif pattern == "both":
+        (loss + logits.square().mean()).backward()
+    else:  # the loss, then the logits through the same graph
+        loss.backward(retain_graph=True)
+        logits.mean().backward()
+
+
+def test_backwards_reaching_different_outputs_of_one_entry_match_eager():
+    """One entry's calls backpropagated through the loss alone (zeros for the logits' cotangent the
+    first time, then a backward compiled without it, which only adds it to the loss's gradient of
+    the logits: no zeros, no add),
+    the logits alone (the loss's cotangent has other uses: passed as zeros), both, and both in turn
+    through one graph: each step's gradients are eager's."""
+    model = LossAndLogits()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for pattern in ("loss", "both", "logits", "loss", "in turn", "loss"):
+        x, target = torch.randn(4, 8), torch.randn(4, 5)
+        for fn, m in ((jmodel, model), (eager, eager)):
+            m.zero_grad(set_to_none=True)
+            _backprop(pattern, *fn(x, target))
+        eager_grads = grads(eager)
+        for name, grad in grads(model).items():
+            torch.testing.assert_close(grad, eager_grads[name], msg=lambda m: f"{pattern}, {name}: {m}")
+
+
 class LossAndProbe(nn.Module):
     """A loss, and a probe head's output the loss does not use (a vision model's head probe, an
     auxiliary output), with BatchNorm's running statistics written back in training."""

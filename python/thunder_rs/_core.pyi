@@ -22,6 +22,7 @@ __all__ = [
     "SymExpr",
     "configure",
     "compile",
+    "compile_backward",
     "prim_table",
     "registered_passes",
     "register_symbol",
@@ -41,6 +42,15 @@ def compile(
     consts: list,
     passes: list[str] = ...,
     differentiable: bool = ...,
+) -> Compiled: ...
+def compile_backward(
+    acquired: Trace,
+    table: ExecutorTable,
+    checker: Callable[[int, int | str, tuple, dict], bool],
+    make_proxy: Callable[..., Any],
+    consts: list,
+    passes: list[str],
+    absent_cotangents: list[int],
 ) -> Compiled: ...
 def prim_table() -> list[PrimInfo]: ...
 def registered_passes() -> list[str]: ...

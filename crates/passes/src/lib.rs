@@ -57,6 +57,7 @@
 
 #![deny(missing_docs)]
 
+pub mod absent;
 pub mod claim;
 pub mod cse;
 pub mod data_rules;

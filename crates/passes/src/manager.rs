@@ -258,7 +258,7 @@ pub struct Compiled {
 ///     .into_iter()
 ///     .collect();
 /// let executors = [ExecutorSpec { name: "torch".into(), impls, ..Default::default() }];
-/// let options = Options { executors: &executors, passes: &[], differentiable: false };
+/// let options = Options { executors: &executors, passes: &[], differentiable: false, absent_cotangents: &[] };
 ///
 /// let acquired = parse_trace(concat!(
 ///     "def computation(t0):\n",
@@ -287,6 +287,9 @@ pub fn compile(acquired: &Trace, options: &Options, checker: &mut ClaimChecker, 
                 continue; // no split, no backward half
             }
             forward = Some(std::mem::take(&mut m.records));
+        }
+        if stage.half == Half::Forward && !options.absent_cotangents.is_empty() {
+            continue; // a backward-only compilation: the forward is the whole one's
         }
         unit.half = stage.half;
         let start = if forward.is_some() { backward.as_ref().unwrap_or(acquired) } else { acquired };

@@ -188,6 +188,10 @@ pub struct Options<'a> {
     /// Compile the program to run under torch's autograd (see [`crate::differentiable`]): no
     /// VJP, no in-place forms, and values the trace computed without grad detached.
     pub differentiable: bool,
+    /// Compile only the backward, for a call whose backward reaches only some of its outputs:
+    /// the indices (among the cotangents, in grad output order) of those it does not reach, taken
+    /// as zeros (see [`crate::absent`]). Empty for a whole compilation.
+    pub absent_cotangents: &'a [usize],
 }
 
 /// What a stage made: the trace the next stage of its half reads (and its record keeps).
@@ -278,7 +282,14 @@ fn vjp(trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
 /// The forward half (the record's trace) and the backward half of the joint trace.
 fn split(_trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
     let Some(joint) = unit.joint.take() else { bail!(Runtime, "split", "runs after vjp") };
-    let halves = crate::split::split(&joint)?;
+    let mut halves = crate::split::split(&joint)?;
+    let absent = unit.options.absent_cotangents;
+    if !absent.is_empty() {
+        let Some(backward) = crate::absent::without_cotangents(&halves.backward, joint.num_cotangents, absent) else {
+            bail!(NotImplemented, "split", "an absent cotangent is used other than added to a gradient")
+        };
+        halves.backward = backward;
+    }
     unit.residuals = Some(halves.residuals.len());
     Ok(Output { backward: Some(halves.backward), ..halves.forward.into() })
 }

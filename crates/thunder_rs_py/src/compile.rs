@@ -37,6 +37,41 @@ pub fn compile(
     passes: Vec<String>,
     differentiable: bool,
 ) -> PyResult<Compiled> {
+    let options = Options { executors: &table.executors, passes: &passes, differentiable, absent_cotangents: &[] };
+    run(acquired, &options, checker, make_proxy, consts)
+}
+
+/// Compiles the backward alone (`Compiled.forward` is the program half's stages), as `compile`
+/// would, for a backward that reaches only some of the program's outputs: `absent_cotangents`
+/// are the indices, among the cotangents, of those it does not reach, taken as zeros that are
+/// only added to gradients (`passes::absent`). Raises NotImplementedError where one has another
+/// use (the caller then passes zeros to the whole backward).
+#[pyfunction]
+pub fn compile_backward(
+    acquired: &PyTrace,
+    table: &ExecutorTable,
+    checker: Bound<'_, PyAny>,
+    make_proxy: Bound<'_, PyAny>,
+    consts: Bound<'_, PyList>,
+    passes: Vec<String>,
+    absent_cotangents: Vec<usize>,
+) -> PyResult<Compiled> {
+    let absent_cotangents = absent_cotangents.as_slice();
+    if absent_cotangents.is_empty() {
+        return Err(pyo3::exceptions::PyValueError::new_err("compile_backward: no absent cotangent"));
+    }
+    let options = Options { executors: &table.executors, passes: &passes, differentiable: false, absent_cotangents };
+    run(acquired, &options, checker, make_proxy, consts)
+}
+
+/// Runs `passes::compile` with `options`, the checker's Python errors kept (see `checked`).
+fn run(
+    acquired: &PyTrace,
+    options: &Options,
+    checker: Bound<'_, PyAny>,
+    make_proxy: Bound<'_, PyAny>,
+    consts: Bound<'_, PyList>,
+) -> PyResult<Compiled> {
     let py = checker.py();
     no_panic("compile", || {
         let cx = py_result(PassCx::from_env())?;
@@ -49,8 +84,7 @@ pub fn compile(
                 trace_ir::IrError::new(trace_ir::ErrorKind::Runtime, bsym.symbol.qualified_name(), message)
             })
         };
-        let options = Options { executors: &table.executors, passes: &passes, differentiable };
-        let compiled = passes::compile(&acquired.trace, &options, &mut check, &cx);
+        let compiled = passes::compile(&acquired.trace, options, &mut check, &cx);
         let compiled = checked(py, py_result(compiled), raised)?;
         let convert = |records: Vec<passes::PassRecord>| records.into_iter().map(PyTrace::from).collect();
         Compiled::new(py, convert(compiled.forward), convert(compiled.backward), compiled.grad_outputs)

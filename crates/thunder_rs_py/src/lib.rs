@@ -54,6 +54,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sizes::PySymExpr>()?;
     m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
+    m.add_function(wrap_pyfunction!(compile::compile_backward, m)?)?;
     m.add_function(wrap_pyfunction!(compile::prim_table, m)?)?;
     m.add_function(wrap_pyfunction!(compile::registered_passes, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::load_plugin_capsule, m)?)?;

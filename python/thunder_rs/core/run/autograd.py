@@ -3,7 +3,9 @@ the generated forward and backward to torch's autograd. A backward that must its
 differentiated (``create_graph=True``) and torch.func transforms, which the function cannot
 serve, go to the entry's program as torch calls (``core.differentiable``)."""
 
+import functools
 import operator
+from collections.abc import Callable
 
 import torch
 
@@ -95,6 +97,17 @@ def _unshared(residuals, inputs, overwritten) -> list:
     return [r.clone() if isinstance(r, torch.Tensor) and root_id(r) in bases else r for r in residuals]
 
 
+def _keep_residuals(ctx, residuals, hooks) -> None:
+    """Keeps the residuals on ``ctx`` in a list the backward empties, with their versions; under
+    ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are."""
+    ctx.residuals = list(residuals)
+    if hooks is None:
+        ctx.versions, ctx.unpack = _versions(ctx.residuals), None
+    else:
+        ctx.versions, ctx.unpack = None, hooks[1]
+        ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
+
+
 def grad_function(
     forward,
     backward,
@@ -106,6 +119,7 @@ def grad_function(
     *,
     program,
     reads: tuple = (),
+    compile_backward=None,
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -127,7 +141,9 @@ def grad_function(
     differentiable = frozenset(grad_positions) - non_differentiable
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial = len(differentiable) > 1 and bool(reads)
-    unreached = _Unreached(reads)
+    unreached = _Unreached(reads, compile_backward)
+    cotangents_of = _cotangent_picker(grad_positions)
+    outputs_at = _Outputs(grad_positions, differentiable)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -139,19 +155,13 @@ def grad_function(
                 ctx.inputs = None  # see _differentiated
             outputs, residuals = forward(*inputs)
             flat = (outputs,) if single else tuple(outputs)
-            ctx.residuals = _unshared(residuals, inputs, overwritten) if overwritten else list(residuals)
-            ctx.unpack = None
-            if hooks is None:
-                ctx.versions = _versions(ctx.residuals)
-            else:  # ``saved_tensors_hooks``/``save_on_cpu`` around the call pack what is saved, as eager's
-                ctx.versions, ctx.unpack = None, hooks[1]
-                ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
-            constant = [o for i, o in enumerate(flat) if i not in differentiable and isinstance(o, torch.Tensor)]
+            _keep_residuals(ctx, _unshared(residuals, inputs, overwritten) if overwritten else residuals, hooks)
+            constant = outputs_at.constant(flat)
             if constant:
                 ctx.mark_non_differentiable(*constant)
             if partial:  # the cotangents of outputs a backward does not reach come as None
                 ctx.set_materialize_grads(False)
-                ctx.metas = [(flat[i].shape, flat[i].dtype, flat[i].device) for i in grad_positions]
+                ctx.shapes = outputs_at.shapes(flat)
             return flat
 
         @staticmethod
@@ -159,7 +169,7 @@ def grad_function(
             saved = ctx.residuals
             if saved is None:
                 raise RuntimeError(_FREED)
-            if torch.is_grad_enabled():  # create_graph=True: a backward autograd records
+            if _is_grad_enabled():  # create_graph=True: a backward autograd records
                 return _differentiated(ctx, program, grads)
             if ctx.unpack is not None:
                 saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
@@ -169,42 +179,109 @@ def grad_function(
                 saved = list(saved)
             else:
                 ctx.residuals = ctx.inputs = None
-            cotangents = [grads[i] for i in grad_positions]
-            if partial and any(g is None for g in cotangents):  # (``in`` compares tensors with ==)
-                return _reached(backward, saved, cotangents, ctx.metas, unreached)
+            cotangents = cotangents_of(grads)
+            if partial:
+                absent = tuple(map(_is_none, cotangents))
+                if True in absent:
+                    return _reached(backward, saved, cotangents, absent, ctx.shapes, outputs_at, unreached)
             return backward(saved, *cotangents)
 
     return _entry_call(CompiledFunction.apply, program, single, as_list, bool(overwritten))
 
 
+_is_grad_enabled = torch.is_grad_enabled
+#: ``g is None``, at C speed over a list of cotangents (``in`` and ``count`` compare tensors with ==).
+_is_none = functools.partial(operator.is_, None)
+_shape_of = operator.attrgetter("shape")
+
+
+def _cotangent_picker(grad_positions: list):
+    """``grads -> the cotangents of the grad positions``: torch's grads themselves where the grad
+    outputs are the first outputs (the common case), else picked."""
+    n = len(grad_positions)
+    if list(grad_positions) == list(range(n)):
+        return lambda grads: grads if len(grads) == n else grads[:n]
+    if n == 1:
+        get = operator.itemgetter(grad_positions[0])
+        return lambda grads: (get(grads),)
+    return operator.itemgetter(*grad_positions)
+
+
+class _Outputs:
+    """What the forward needs of its flat outputs besides their values: the tensors to mark
+    non-differentiable, and the shapes of its grad outputs, whose absent cotangents become zeros
+    of them. Which outputs are tensors, and each grad output's dtype and device, are the trace's:
+    learnt from the first call, the work is not redone per call. (Shapes are read per call: an
+    output with data-dependent sizes changes them.)"""
+
+    def __init__(self, grad_positions: list, differentiable: frozenset):
+        self.grad_positions, self.differentiable = tuple(grad_positions), differentiable
+        self.constant_positions: tuple | None = None
+        self._grad_outputs: Callable[[tuple], tuple] = (
+            operator.itemgetter(*grad_positions) if len(grad_positions) > 1 else lambda flat: (flat[grad_positions[0]],)
+        )
+        #: ``(dtype, device)`` of each grad output
+        self.kinds: tuple = ()
+
+    def constant(self, flat: tuple) -> list:
+        """The tensor outputs that carry no gradient."""
+        if self.constant_positions is None:
+            self.constant_positions = tuple(
+                i for i, o in enumerate(flat) if i not in self.differentiable and isinstance(o, torch.Tensor)
+            )
+            self.kinds = tuple((flat[i].dtype, flat[i].device) for i in self.grad_positions)
+        return [flat[i] for i in self.constant_positions] if self.constant_positions else []
+
+    def shapes(self, flat: tuple) -> list:
+        """The grad outputs' shapes (with several grad outputs)."""
+        return list(map(_shape_of, self._grad_outputs(flat)))
+
+
 class _Unreached(dict):
-    """Per pattern of the outputs a backward reached (their grad positions' indices), the inputs
-    no reached output reads, from ``reads`` (per grad position, the inputs its output reads)."""
+    """Per pattern of absent cotangents (``g is None`` per grad position): the indices of the
+    absent ones, the inputs no reached output reads, from ``reads`` (per grad position, the
+    inputs its output reads), and the backward ``compile_backward`` compiled for the pattern (None
+    where the absent cotangents are not only added to gradients: they are passed as zeros). A
+    pattern is compiled for when it comes again (a training loop's every step): a backward made
+    once (a script's single ``loss.backward()``) does not pay for a compile."""
 
-    def __init__(self, reads: tuple):
+    def __init__(self, reads: tuple, compile_backward):
         super().__init__()
-        self.reads = reads
+        self.reads, self.compile_backward = reads, compile_backward
+        self.seen: set = set()
 
-    def __missing__(self, present: tuple) -> tuple:
-        reached = frozenset().union(*(self.reads[k] for k in present))
+    def __missing__(self, absent: tuple) -> tuple:
+        reached = frozenset().union(*(self.reads[k] for k, none in enumerate(absent) if not none))
         everything = frozenset().union(*self.reads)
-        self[present] = out = tuple(sorted(everything - reached))
+        zeros = tuple(k for k, none in enumerate(absent) if none)
+        unread = tuple(sorted(everything - reached))
+        if self.compile_backward is None or not zeros:
+            self[absent] = out = (zeros, unread, None)
+        elif absent not in self.seen:
+            self.seen.add(absent)
+            return (zeros, unread, None)
+        else:
+            self[absent] = out = (zeros, unread, self.compile_backward(zeros))
         return out
 
 
-def _reached(backward, saved, cotangents: list, metas: list, unreached: _Unreached) -> tuple:
-    """The gradients of a backward that reached the outputs whose ``cotangents`` are not None: the
-    others' are zeros, and inputs that only they read get None."""
-    filled = [
-        torch.zeros(shape, dtype=dtype, device=device) if g is None else g
-        for g, (shape, dtype, device) in zip(cotangents, metas)
-    ]
-    grads = backward(saved, *filled)
-    absent = unreached[tuple(k for k, g in enumerate(cotangents) if g is not None)]
-    if not absent:
+def _reached(backward, saved, cotangents, absent: tuple, shapes: list, outputs: _Outputs, unreached) -> tuple:
+    """The gradients of a backward that reached the outputs whose cotangents are not None
+    (``absent`` marks the others): theirs are zeros, and inputs that only they read get None.
+    A backward compiled for the pattern takes no zeros: it adds none."""
+    zeros, unread, compiled = unreached[absent]
+    if compiled is not None:
+        grads = compiled(saved, *cotangents)
+    else:
+        filled = list(cotangents)
+        for k in zeros:
+            dtype, device = outputs.kinds[k]
+            filled[k] = torch.zeros(shapes[k], dtype=dtype, device=device)
+        grads = backward(saved, *filled)
+    if not unread:
         return grads
     grads = list(grads)
-    for i in absent:
+    for i in unread:
         grads[i] = None
     return tuple(grads)
 

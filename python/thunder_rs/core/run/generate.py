@@ -24,7 +24,7 @@ from thunder_rs.core.run.autograd import grad_function
 from thunder_rs.core.run.differentiable import DifferentiableProgram, program_generators
 from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.modes import RecordedModes
-from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
 
 #: Write-backs wrap a computation whose program writes its inputs, made by a compile.
 _WRITEBACK = LazyModule("thunder_rs.core.acquisition.writeback")
@@ -135,6 +135,34 @@ def _differentiable_program(acquired, filename: str, grad_positions: list, forwa
     )
 
 
+def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dict:
+    """``grad_function``'s arguments for a backward that reaches only some outputs, with several
+    grad outputs: per grad position, the inputs its output reads (gradients a backward cannot
+    reach), and the compiler of a backward for a pattern of absent cotangents. ``compilation``:
+    the jit's ``(passes, executors, namespace, filename)`` the entry was compiled with."""
+    if len(grad_positions) < 2:
+        return {}
+    passes, executors, namespace, filename = compilation
+
+    def compile_backward(absent: tuple):
+        """The backward where the cotangents at ``absent`` are zeros that are only added to
+        gradients (``passes::absent``), or None where they have other uses."""
+        table, _ = executor_table(executors)
+        checker = _checker(executors)
+        try:
+            compiled = _core.compile_backward(
+                acquired.trace, table, checker, make_proxy, acquired.consts, list(passes), list(absent)
+            )
+        except ThunderNotImplementedError:
+            return None
+        trace = compiled.backward[-1]
+        regions = _fused_regions(trace, filename + " backward", namespace, executors)
+        return _load(trace, "backward", filename + " backward", namespace, regions)[1]
+
+    reads = tuple(frozenset(acquired.trace.inputs_read([i])) for i in grad_positions)
+    return {"reads": reads, "compile_backward": compile_backward}
+
+
 def _with_captured(fn, captured: tuple):
     """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
     return lambda *inputs: fn(*inputs, *captured)
@@ -173,9 +201,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     if backward_traces:
         _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace, backward_regions)
         program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
-        # (per grad position, the inputs its output reads: gradients a backward cannot reach)
-        several = len(grad_positions) > 1
-        reads = tuple(frozenset(acquired.trace.inputs_read([i])) for i in grad_positions) if several else ()
+        partial = _partial_backward(acquired, grad_positions, (passes, executors, namespace, filename))
         if wb is None:
             computation = grad_function(
                 computation,
@@ -184,12 +210,12 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
                 acquired.out_kind == "single",
                 acquired.out_kind == "list",
                 program=program,
-                reads=reads,
+                **partial,
             )
         else:
             nondiff, targets = wb.non_differentiable, wb.targets
             computation = grad_function(
-                computation, backward, grad_positions, False, False, nondiff, targets, program=program, reads=reads
+                computation, backward, grad_positions, False, False, nondiff, targets, program=program, **partial
             )
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
