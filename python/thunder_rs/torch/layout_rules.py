@@ -15,7 +15,7 @@ _POINTWISE = {
     *("lerp", "addcmul", "addcdiv", "copysign", "hypot", "logaddexp", "logaddexp2", "fmax", "fmin", "heaviside"),
     *("xlogy", "xlog1py", "float_power", "ldexp", "nan_to_num", "frac", "sgn", "square", "sinc", "logit", "positive"),
     *("deg2rad", "rad2deg", "isnan", "isinf", "isposinf", "isneginf", "isreal", "logical_not", "logical_and"),
-    *("logical_or", "logical_xor", "ndtr", "entr", "mvlgamma", "tensor_polygamma", "polygamma", "angle"),
+    *("logical_or", "logical_xor", "ndtr", "entr", "tensor_polygamma", "polygamma", "angle", "normalize"),
     *("sigmoid", "relu", "threshold", "hardtanh", "relu6", "leaky_relu", "elu", "softplus", "logsigmoid", "gelu"),
     *("silu", "hardshrink", "softshrink", "tanhshrink", "softsign", "mish", "hardswish", "hardsigmoid", "selu"),
     *("celu", "isclose", "prelu"),
@@ -30,7 +30,7 @@ _LIKE = {
     *("bool", "type", "dropout", "alpha_dropout", "feature_alpha_dropout", "empty_like", "zeros_like"),
     *("ones_like", "full_like", "rand_like", "randn_like", "randint_like", "bernoulli", "fill", "flip", "fliplr"),
     *("flipud", "sort", "argsort", "index_fill", "index_put", "put", "slice_scatter"),
-    *("select_scatter", "diagonal_scatter", "masked_scatter", "scatter", "scatter_add", "scatter_reduce"),
+    *("select_scatter", "diagonal_scatter"),
 }
 
 #: The memory format the first tensor's strides suggest: pooling, normalization and resampling of

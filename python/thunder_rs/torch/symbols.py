@@ -38,8 +38,8 @@ def register(
     rule = RULES_BY_NAME.get(sym_name.removeprefix("ltorch."))
     for torch_fn in torch_fns:
         TORCH_TO_LTORCH[torch_fn] = symbol
-        if rule is not None:
-            LAYOUT_RULES[torch_fn] = rule
+    if rule is not None:  # by the torch callables, and the symbol for those mapped to it elsewhere
+        LAYOUT_RULES.update(dict.fromkeys((*torch_fns, symbol), rule))
     for prop in properties:
         PROPERTY_TO_LTORCH[prop] = symbol
     SYMBOLS.append(symbol)

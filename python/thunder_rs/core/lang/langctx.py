@@ -23,7 +23,7 @@ from thunder_rs.core.base import problems
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.reads import READERS
 from thunder_rs.core.lang.complex_calls import complex_call, involves_complex
-from thunder_rs.core.lang.eager_layouts import laid_out, take_layouts
+from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES, laid_out, take_layouts
 from thunder_rs.core.lang.fallback import qualified_name, user_fallback
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_language_context
@@ -326,10 +326,11 @@ def _torch_function(func, args, kwargs):
             return complex_call(func, ltorch_fn, args, kwargs)
         if problems.collecting():
             return _examined(func, ltorch_fn, args, kwargs)
-        if not laid_out(func, args, kwargs):
+        op = func if func in LAYOUT_RULES else ltorch_fn  # (``torch.subtract`` is ``ltorch.sub``'s)
+        if not laid_out(op, args, kwargs):
             return ltorch_fn(*args, **kwargs)
         out = ltorch_fn(*args, **kwargs)
-        take_layouts(func, args, kwargs, out)
+        take_layouts(op, args, kwargs, out)
         return out
     prop = _property_name(func)
     if prop is not None:
