@@ -47,10 +47,10 @@ import gpu_report  # noqa: E402
 #: and its OpInfo subset with the real ``nvfuser_direct``, and the definitions it refused on the H200
 #: (test_nvfuser_refusals.py); symbolic sizes in nvFuser definitions (test_nvfuser_symbolic.py) and
 #: in Inductor's Triton code; multi-head attention under CUDA autocast and CUDA as the default
-#: device; the Inductor executor on CUDA; counts computed from values as symbolic sizes. About
-#: 3,800 tests, 3.5 minutes with 12 workers on an H200 machine (2026-11-28). test_ops.py's 20,000
-#: CUDA parameters are left out: collecting its 47,000 items costs each worker 40 s, running them
-#: 10 minutes.
+#: device; the Inductor executor on CUDA; counts computed from values as symbolic sizes; channels_last
+#: layouts through nvFuser regions. About 3,800 tests, 3.5 minutes with 12 workers on an H200 machine
+#: (2026-11-28). test_ops.py's 20,000 CUDA parameters are left out: collecting its 47,000 items costs
+#: each worker 40 s, running them 10 minutes.
 TESTS = [
     "tests/test_cuda.py",
     "tests/test_nvfuser_ex.py",
@@ -63,6 +63,7 @@ TESTS = [
     "tests/test_inductor_ex.py::test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length",
     "tests/test_dynamic_data_sizes.py::test_on_cuda_counts_are_symbolic_with_the_default_executors",
     "tests/test_snapshots.py::test_random_draws_and_generator_state_are_eagers_across_reads",
+    "tests/test_eager_layouts.py::test_on_cuda_channels_last_blocks_keep_eagers_layouts_with_the_default_executors",
 ]
 #: Seconds the benchmark keeps for itself out of the budget when the tests run first.
 BENCH_RESERVE_S = 150

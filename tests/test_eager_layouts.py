@@ -310,3 +310,24 @@ def test_a_channels_last_squeezenet_trains_as_eager_over_image_sizes_in_two_comp
             assert p.grad.stride() == p_e.grad.stride()
         model.zero_grad(), eager.zero_grad()
     assert thunder_rs.compile_stats(jmodel).cache_misses == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_channels_last_blocks_keep_eagers_layouts_with_the_default_executors(dtype):
+    """nvFuser's regions (the default CUDA path) hand on tensors in the layouts eager's kernels
+    make: a channels_last conv block's output and gradients, a pointwise chain's output, and a
+    reshape the trace took for a copy."""
+    torch.manual_seed(0)
+    block = ChannelsLastNet().cuda().to(dtype).to(memory_format=CL)
+    eager = copy.deepcopy(block)
+    x = torch.randn(4, 3, 6, 6, device="cuda", dtype=dtype).contiguous(memory_format=CL)
+    (out, features), (out_e, features_e) = thunder_rs.jit(block)(x), eager(x)
+    assert features.stride() == features_e.stride()
+    torch.testing.assert_close(out, out_e, **({"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}))
+    (out.float().sum() + features.float().square().mean()).backward()
+    (out_e.float().sum() + features_e.float().square().mean()).backward()
+    for p, p_e in zip(block.parameters(), eager.parameters()):
+        assert p.grad.stride() == p_e.grad.stride()
+    for program in (lambda x: (x.relu() * 2 + 1).sin(), lambda x: written_through_a_reshape(x)[0]):
+        assert_like_eager(thunder_rs.jit(program)(x).float(), program(x).float())
