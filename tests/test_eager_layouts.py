@@ -331,3 +331,52 @@ def test_on_cuda_channels_last_blocks_keep_eagers_layouts_with_the_default_execu
         assert p.grad.stride() == p_e.grad.stride()
     for program in (lambda x: (x.relu() * 2 + 1).sin(), lambda x: written_through_a_reshape(x)[0]):
         assert_like_eager(thunder_rs.jit(program)(x).float(), program(x).float())
+
+
+def _spd(n: int = 3) -> torch.Tensor:
+    a = torch.randn(n, n, dtype=torch.float64)
+    return a @ a.T + n * torch.eye(n, dtype=torch.float64)
+
+
+LINALG = {
+    "inv": lambda a: (torch.linalg.inv(a),),
+    "inv batched": lambda a: (torch.linalg.inv(a.expand(2, 3, 3) + 0),),
+    "solve": lambda a: (torch.linalg.solve(a, a[:, :2]),),
+    "qr": lambda a: tuple(torch.linalg.qr(a)),
+    "svd": lambda a: tuple(torch.linalg.svd(a)),
+    "legacy svd": lambda a: tuple(torch.svd(a)),
+    "eigh": lambda a: tuple(torch.linalg.eigh(a)),
+    "cholesky": lambda a: (torch.linalg.cholesky(a),),
+    "lu_factor": lambda a: tuple(torch.linalg.lu_factor(a)),
+    "inv then exp": lambda a: (torch.linalg.inv(a).exp(),),
+}
+
+
+@pytest.mark.parametrize("name", list(LINALG))
+def test_linalgs_results_are_column_major_as_eagers(name):
+    """LAPACK's results are column-major whatever the input's layout: the trace tells eager's
+    strides, so a reshape of one is a copy, and a view raises as in eager."""
+    op = LINALG[name]
+
+    def program(a):
+        return [t.stride() for t in op(a)]
+
+    a = _spd()
+    assert thunder_rs.jit(program)(a) == program(a)
+
+
+def test_a_view_of_an_inverse_raises_as_eager_and_a_reshape_copies():
+    def viewed(a):
+        return torch.linalg.inv(a).view(-1)
+
+    def written(a):
+        inverse = torch.linalg.inv(a)
+        inverse.reshape(-1).zero_()
+        return inverse
+
+    a = _spd()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        viewed(a)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        thunder_rs.jit(viewed)(a)
+    assert_like_eager(thunder_rs.jit(written)(a), written(a))

@@ -4,7 +4,14 @@ return contiguous tensors (matmul, softmax, layer_norm, reductions, cat do on th
 """
 
 from thunder_rs import prims
-from thunder_rs.core.lang.eager_layouts import LIKE, POINTWISE, SUGGESTED, SUGGESTED_ALL, SUGGESTED_ANY
+from thunder_rs.core.lang.eager_layouts import (
+    COLUMN_MAJOR,
+    LIKE,
+    POINTWISE,
+    SUGGESTED,
+    SUGGESTED_ALL,
+    SUGGESTED_ANY,
+)
 
 #: TensorIterator's ops: their output's dims ordered as their operands' strides order them.
 _POINTWISE = {
@@ -18,7 +25,7 @@ _POINTWISE = {
     *("logical_or", "logical_xor", "ndtr", "entr", "tensor_polygamma", "polygamma", "angle", "normalize"),
     *("sigmoid", "relu", "threshold", "hardtanh", "relu6", "leaky_relu", "elu", "softplus", "logsigmoid", "gelu"),
     *("silu", "hardshrink", "softshrink", "tanhshrink", "softsign", "mish", "hardswish", "hardsigmoid", "selu"),
-    *("celu", "isclose", "prelu"),
+    *("celu", "isclose", "prelu", "min", "max"),  # (min and max of two tensors; their reductions aside)
     # losses with ``reduction="none"`` (a reduced loss is 0-dim)
     *("l1_loss", "mse_loss", "huber_loss", "smooth_l1_loss", "soft_margin_loss", "kl_div", "binary_cross_entropy"),
     *("binary_cross_entropy_with_logits", "poisson_nll_loss", "hinge_embedding_loss"),
@@ -46,6 +53,14 @@ _SUGGESTED = {
 _SUGGESTED_ANY = {"conv1d", "conv2d", "conv3d", "conv_transpose2d", "conv_transpose3d", "convolution"}
 
 
+#: linalg's results, computed by LAPACK (cuSOLVER, MAGMA) in place: their matrices column-major.
+_COLUMN_MAJOR = {
+    *("inverse", "linalg_inv", "linalg_inv_ex", "linalg_solve", "linalg_solve_ex", "linalg_solve_triangular"),
+    *("triangular_solve", "linalg_cholesky", "linalg_cholesky_ex", "cholesky_solve", "cholesky_inverse"),
+    *("linalg_qr", "geqrf", "ormqr", "linalg_svd", "linalg_eigh", "linalg_lu_factor", "linalg_lu_factor_ex"),
+    *("lu", "linalg_lu_solve", "lu_solve", "linalg_ldl_factor", "linalg_ldl_factor_ex", "linalg_ldl_solve"),
+}
+
 #: symbol name (without ``ltorch.``) -> its rule; ``symbols.register`` gives each symbol's torch
 #: callables theirs as it registers them.
 RULES_BY_NAME = {
@@ -54,4 +69,6 @@ RULES_BY_NAME = {
     **dict.fromkeys(_SUGGESTED, SUGGESTED),
     **dict.fromkeys(_SUGGESTED_ANY, SUGGESTED_ANY),
     **dict.fromkeys(("cat", "concatenate"), SUGGESTED_ALL),  # (ATen's ``compute_output_memory_format``)
+    **dict.fromkeys(_COLUMN_MAJOR, COLUMN_MAJOR),
+    "svd": (COLUMN_MAJOR, None, None),  # (U; V is Vh's conjugate transpose: row-major)
 }

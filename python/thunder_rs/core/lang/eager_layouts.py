@@ -14,7 +14,8 @@ fill) tells the outputs' layout as ATen lays them out: ``POINTWISE``, TensorIter
 its operands' strides; ``LIKE``, ``empty_like`` of the first tensor; ``SUGGESTED``, the memory
 format the first tensor's strides suggest (pooling, normalization); ``SUGGESTED_ANY``, any
 tensor's (convolution: the input's or the weight's); ``SUGGESTED_ALL``, the one every tensor of
-the list suggests, if one (``cat``); an explicit ``memory_format`` decides over
+the list suggests, if one (``cat``); ``COLUMN_MAJOR``, LAPACK's order for the matrices of linalg's
+results, whatever the inputs' layout (a tuple of rules: one per output); an explicit ``memory_format`` decides over
 the rule. Ops of other kinds stay contiguous, as before. (Eager's meta kernels would tell every
 op's layout, but most are torch's Python references: 100 us a call, and the first imports Dynamo,
 seconds.) A dense order holds for symbolic sizes as it does for a trace input
@@ -34,6 +35,7 @@ from thunder_rs.core.lang.symint import hint
 _ORDERS = (torch.channels_last, torch.channels_last_3d)
 
 POINTWISE, LIKE, SUGGESTED, SUGGESTED_ANY, SUGGESTED_ALL = "pointwise", "like", "suggested", "any", "all"
+COLUMN_MAJOR = "column_major"
 
 #: torch callable -> the rule that lays out its outputs (see the module doc); the op families fill it.
 LAYOUT_RULES: dict = {}
@@ -77,8 +79,11 @@ def laid_out(func, args: tuple, kwargs: dict) -> bool:
     (``_reordered``)."""
     if kwargs and kwargs.get("memory_format") in _ORDERS:
         return True
-    if func not in LAYOUT_RULES:
+    rule = LAYOUT_RULES.get(func)
+    if rule is None:
         return False
+    if rule is COLUMN_MAJOR or type(rule) is tuple:
+        return True
     for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, TensorProxy):
             if (a._strides is not None or a._view is not None) and _reordered(a):
@@ -107,12 +112,12 @@ def take_layouts(func, args: tuple, kwargs: dict, out) -> None:
     taken = {id(a) for a in operands}
     if rule is not None:
         _own_memory(outs, taken | {id(_root(a)) for a in operands})
-    made = [o for o in outs if isinstance(o, TensorProxy) and _computed(o, taken)]
+    made = [(i, o) for i, o in enumerate(outs) if isinstance(o, TensorProxy) and _computed(o, taken)]
     if not made:
         return
     fmt = kwargs.get("memory_format") if kwargs else None
-    for o in made:
-        strides = _rule_strides(rule, fmt, o, operands)
+    for i, o in made:
+        strides = _rule_strides(rule[i] if type(rule) is tuple else rule, fmt, o, operands)
         if strides is not None and not _contiguous_at(tuple(hint(s) for s in o._shape), strides):
             _take(o, strides)
 
@@ -133,6 +138,8 @@ def _rule_strides(rule, fmt, o, operands: list) -> tuple | None:
         formats = {_suggested(a) for a in (operands if rule is SUGGESTED_ANY else operands[:1])}
         found = next((f for f in _ORDERS if f in formats), None)
         return None if found is None else _format_strides(shape, found)
+    if rule is COLUMN_MAJOR:
+        return _dense(shape, (*range(len(shape) - 2), len(shape) - 1, len(shape) - 2)) if len(shape) >= 2 else None
     if rule is SUGGESTED_ALL:
         formats = {_suggested(a) for a in operands}
         return (
@@ -262,6 +269,8 @@ def _pointwise(shape, operands: list) -> tuple | None:
     are dense alike, else their dims sorted by stride, operand by operand, broadcast dims aside."""
     shape = tuple(shape)
     hinted = [_hinted(p) for p in operands]
+    if not all(_broadcasts(own, shape) for own, _ in hinted):
+        return None  # (an output of a reduction: ``max(x, dim)`` is ``max(x, y)``'s symbol)
     if all(own == shape for own, _ in hinted):
         if all(_contiguous_at(own, st) for own, st in hinted):
             return None
@@ -287,6 +296,11 @@ def _pointwise(shape, operands: list) -> tuple | None:
         step *= shape[d]
     out = tuple(strided)
     return None if out == _contiguous(shape) else out
+
+
+def _broadcasts(own, shape) -> bool:
+    lead = len(shape) - len(own)
+    return lead >= 0 and all(n in (1, shape[lead + d]) for d, n in enumerate(own))
 
 
 def _compare(strides: list, shape, dim0: int, dim1: int) -> int:
