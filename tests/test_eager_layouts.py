@@ -380,3 +380,28 @@ def test_a_view_of_an_inverse_raises_as_eager_and_a_reshape_copies():
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         thunder_rs.jit(viewed)(a)
     assert_like_eager(thunder_rs.jit(written)(a), written(a))
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: torch.as_strided(x, (3, 3), (1, 2)),
+        lambda x: x.unfold(1, 2, 1),
+        lambda x: x.unfold(0, 2, 2),
+        lambda x: x.adjoint(),
+    ],
+    ids=["as_strided", "unfold", "unfold step 2", "adjoint"],
+)
+def test_views_of_their_own_strides_tell_them(op):
+    """Views whose strides are not their input's (eager's ``as_strided`` takes them as given,
+    ``unfold`` windows overlap): the trace told the input's, so a ``reshape`` or ``contiguous()``
+    of a window decided as if it were its input."""
+
+    def program(x):
+        y = op(x)
+        return y.stride(), y.is_contiguous(), y.reshape(-1).sum()
+
+    x = torch.randn(4, 6)
+    told, expected = thunder_rs.jit(program)(x), program(x)
+    assert told[:2] == expected[:2]
+    torch.testing.assert_close(told[2], expected[2])

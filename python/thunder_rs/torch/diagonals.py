@@ -20,7 +20,7 @@ from thunder_rs.torch.reductions import sum as _sum
 from thunder_rs.torch.shape import _sizes, flatten, reshape_to, slice_in_dim
 from thunder_rs.torch.strides import contiguous_strides, strides_of
 from thunder_rs.torch.view_scatters import diagonal
-from thunder_rs.torch.views import opaque
+from thunder_rs.torch.views import FALLBACK_LAYOUTS, opaque
 
 Tensor = torch.Tensor
 __all__ = ["diag", "diag_embed", "diagflat", "trace", "tril_indices", "triu_indices", "unfold", "as_strided"]
@@ -288,10 +288,11 @@ def _register() -> None:
     """``unfold`` and ``as_strided`` return views eager can write through; writing through these
     (windows that may share elements) is refused."""
     refusal = "{}: writing through its output, a view, is not supported; clone() it first"
-    unfold_view = opaque(unfold, None, refusal=refusal.format("Tensor.unfold"))
+    unfold_view = opaque(unfold, None, FALLBACK_LAYOUTS[Tensor.unfold], refusal=refusal.format("Tensor.unfold"))
     TORCH_TO_LTORCH[Tensor.unfold] = unfold_view
     native, eager = (
-        opaque(fn, None, refusal=refusal.format("torch.as_strided")) for fn in (as_strided, _eager_as_strided)
+        opaque(fn, None, FALLBACK_LAYOUTS[torch.as_strided], refusal=refusal.format("torch.as_strided"))
+        for fn in (as_strided, _eager_as_strided)
     )
     for fn in as_strided.torch_fns:
         TORCH_TO_LTORCH[fn] = _as_strided_view(native, eager)

@@ -283,7 +283,8 @@ def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = 
             else:
                 forward = lambda p: take(p, *args, **kwargs)  # noqa: E731
                 back = None if put is None else lambda p, new: put(p, new, *args, **kwargs)  # noqa: E731
-            layout = (lambda shape, st: strides(shape, st, *args, **kwargs)) if back is not None else _same_layout
+            single = back is not None or (strides is not _same_layout and not isinstance(out, (tuple, list)))
+            layout = (lambda shape, st: strides(shape, st, *args, **kwargs)) if single else _same_layout
             attach(a, o, (OpaqueStep(forward, back, layout, refusal, detached),))
         return out
 
@@ -556,7 +557,33 @@ def _refused_view(fn, call):
         f"{qualified_name(fn)}: writing through its output, a view, is not supported; "
         "clone() it first, or write to the tensor it views"
     )
-    return opaque(call, None, refusal=refusal)
+    return opaque(call, None, FALLBACK_LAYOUTS.get(fn, _same_layout), refusal=refusal)
+
+
+def _as_strided_layout(shape, strides, size, stride, storage_offset=None):
+    return tuple(size), tuple(stride)
+
+
+def _unfold_layout(shape, strides, dimension, size, step):
+    d = dimension % len(shape) if shape else 0
+    if not shape:
+        return (size,), (1,)
+    new_shape = (*shape[:d], (shape[d] - size) // step + 1, *shape[d + 1 :], size)
+    return new_shape, (*strides[:d], strides[d] * step, *strides[d + 1 :], strides[d])
+
+
+def _adjoint_layout(shape, strides):
+    return (*shape[:-2], shape[-1], shape[-2]), (*strides[:-2], strides[-1], strides[-2])
+
+
+#: The layouts of the fallback and opaque views whose strides are not their input's (``_same_layout``).
+FALLBACK_LAYOUTS = {
+    torch.Tensor.as_strided: _as_strided_layout,
+    torch.as_strided: _as_strided_layout,
+    torch.Tensor.unfold: _unfold_layout,
+    torch.Tensor.adjoint: _adjoint_layout,
+    torch.adjoint: _adjoint_layout,
+}
 
 
 def _diagonal_strides(shape, strides, offset=0, dim1=0, dim2=1):
