@@ -26,7 +26,7 @@ TensorGuards: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards"
 _METADATA = attrgetter("dtype", "device", "requires_grad")
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
-#: The tensor types whose impls ``TensorGuards`` reads sizes and strides of without failing.
+#: The Python types guards are built for (a subclass's sizes and strides may come from Python).
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 #: ``TensorGuards`` could not be built for the tensors: no attempt again while the slots hold them.
 _UNGUARDABLE = False
