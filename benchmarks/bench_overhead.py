@@ -2,14 +2,16 @@
 
     python benchmarks/bench_overhead.py [--quick] [--json PATH]
 
-Cases are chosen so that per-call bookkeeping dominates: a five-op function on 4x4 tensors, and
+Cases are chosen so that per-call bookkeeping dominates: a five-op function on 4x4 tensors;
 modules with 50 parameters on a 1x4 input, one reading no Python attributes in forward and one
-reading many (dropout rates, a temperature, a config object: guarded reads). Reports eager and
-thunder_rs per call (median, interleaved) and their difference in microseconds; the same for
-training steps (forward, ``loss.backward()``, SGD step, ``zero_grad``) of a Linear returning
-(loss, logits), of one returning the loss, and of the 50-parameter MLP; and the first-call
-time of the demo GPT, forward and training. Runs single-threaded on CPU. Run it against another
-checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before and after.
+reading many (dropout rates, a temperature, a config object: guarded reads); and one of 300
+parameters whose forward runs three of its 150 layers. Reports eager and thunder_rs per call
+(median, interleaved) and their difference in microseconds; the same for training steps
+(forward, ``loss.backward()``, SGD step, ``zero_grad``) of a Linear returning (loss, logits), of
+one returning the loss, of the 50-parameter MLP and of the 300-parameter module; and the
+first-call time of the demo GPT, forward and training. Runs single-threaded on CPU. Run it
+against another checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before
+and after.
 """
 
 from __future__ import annotations
@@ -55,6 +57,19 @@ class Holds50(nn.Module):
         return x * 2
 
 
+class Linears(nn.Module):
+    """150 ``Linear(4, 4)`` layers (300 parameters) of which forward runs three, as a decode step
+    of an LLM runs little per parameter on the host: the cache key covers every parameter."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(150)])
+
+    def forward(self, x):
+        return self.layers[2](self.layers[1](self.layers[0](x)))
+
+
 @dataclass
 class Settings:
     scale: float = 1.0
@@ -87,6 +102,7 @@ CASES = {
     "module 50 params, one-op forward": (Holds50, lambda: (torch.randn(4),)),
     "module 50 params, no reads": (plain_50, lambda: (torch.randn(1, 4),)),
     "module 50 params, 150 guarded reads": (reading_50, lambda: (torch.randn(1, 4),)),
+    "module 300 params, 3 of 150 layers run": (lambda: Linears().eval(), lambda: (torch.randn(1, 4),)),
 }
 
 
@@ -116,6 +132,17 @@ class Mlp50Loss(nn.Module):
         return nn.functional.mse_loss(self.layers(x), y)
 
 
+class Linears300Loss(nn.Module):
+    """``Linears`` and an MSE loss, in training (SGD steps the three layers that get grads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = Linears()
+
+    def forward(self, x, y):
+        return nn.functional.mse_loss(self.layers(x), y)
+
+
 def _labels():
     return torch.randn(8, 16), torch.randint(0, 4, (8,))
 
@@ -124,6 +151,7 @@ TRAIN_CASES = {
     "train Linear(16,4) (loss, logits)": (LossAndLogits, _labels),
     "train Linear(16,4) loss only": (lambda: LossAndLogits(False), _labels),
     "train MLP 50 params": (Mlp50Loss, lambda: (torch.randn(1, 4), torch.randn(1, 4))),
+    "train 300 params, 3 of 150 layers run": (Linears300Loss, lambda: (torch.randn(1, 4), torch.randn(1, 4))),
 }
 
 

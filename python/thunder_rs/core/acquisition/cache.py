@@ -233,13 +233,14 @@ def _state_change(old, new) -> str:
         if type(old_extra) is tuple and type(new_extra) is tuple and len(old_extra) == len(new_extra) == 2:
             if old_extra[0] != new_extra[0]:
                 changes.append(f"module training {old_extra[0]} -> {new_extra[0]}")
-            moved = [i for i, (a, b) in enumerate(zip(old_extra[1], new_extra[1])) if a != b]
-            if moved or len(old_extra[1]) != len(new_extra[1]):
+            old_params, new_params = _per_tensor(old_extra[1]), _per_tensor(new_extra[1])
+            moved = [i for i, (a, b) in enumerate(zip(old_params, new_params)) if a != b]
+            if moved or len(old_params) != len(new_params):
                 first = moved[0] if moved else None
                 detail = (
                     (
                         f" (the first: parameter {first}, (dtype, device, requires_grad) "
-                        f"{old_extra[1][first]} -> {new_extra[1][first]})"
+                        f"{old_params[first]} -> {new_params[first]})"
                     )
                     if first is not None
                     else ""
@@ -248,6 +249,11 @@ def _state_change(old, new) -> str:
         else:
             changes.append(f"{old_extra} -> {new_extra}")
     return "global state changed: " + "; ".join(changes)
+
+
+def _per_tensor(metadata) -> tuple:
+    """The tuple a module's ``ParameterMetadata`` (``core.state.param_metadata``) stands for."""
+    return getattr(metadata, "per_tensor", metadata)
 
 
 def describe_change(old, new, names) -> str:

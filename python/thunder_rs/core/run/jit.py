@@ -9,7 +9,7 @@ import types
 import warnings
 import weakref
 from itertools import starmap
-from operator import attrgetter, getitem
+from operator import getitem
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -75,8 +75,6 @@ MAX_DIVERGENCES = 16
 #: values no variant has runs eagerly (torch.compile's recompile limit does the same): a value that
 #: differs on every call (``x.max().item()`` used as a number) would otherwise compile every call.
 VALUE_VARIANT_LIMIT = 16
-#: What the cache key holds of each module parameter and buffer (C-level, no Python frame each).
-_METADATA = attrgetter("dtype", "device", "requires_grad")
 #: True only while Dynamo traces (it answers the call itself): eager returns False.
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 #: Entries a jitted callable keeps before evicting the least recently used (``jit(fn, cache=N)``).
@@ -165,7 +163,7 @@ class ThunderFunction:
         module = self._module
         if module is not None:
             params = self._module_tensors()
-            state = (module.training, tuple(map(_METADATA, params)))
+            state = (module.training, self._binding.metadata(params))
         try:
             key = fast_key_fn(len(args))(args, None if module is None else state)
         except (AttributeError, RuntimeError):  # a sparse tensor has no strides: the general path says why
@@ -199,7 +197,7 @@ class ThunderFunction:
         state = None
         if self._module is not None:
             params = self._module_tensors()
-            state = (self._module.training, tuple(map(_METADATA, params)))
+            state = (self._module.training, self._binding.metadata(params))
         key = (global_key(state), tuple(map(leaf_key, flat)), spec)
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(flat)):
@@ -337,7 +335,7 @@ class ThunderFunction:
         """The module's parameters and buffers as the trace takes them, read from their slots on
         every call; the binding of slots is checked first when a module was written since. Their
         dtype, device and requires_grad are part of the cache key (``model.half()`` or unfreezing
-        a layer recompiles), with the module's train/eval mode."""
+        a layer recompiles), with the module's train/eval mode (``ModuleBinding.metadata``)."""
         if write_epoch[0] != self._epoch:
             self._check_binding()
         assert self._binding is not None  # _check_binding made it (the epoch starts unset)

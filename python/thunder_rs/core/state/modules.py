@@ -21,6 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 from thunder_rs.core.state.fsdp import without_fsdp_hooks
 from thunder_rs.core.state.guards import MISSING
+from thunder_rs.core.state.param_metadata import MetadataCheck
 from thunder_rs.errors import ThunderNotImplementedError
 
 _Module = torch.nn.Module
@@ -109,7 +110,8 @@ class ModuleBinding:
     """The parameter and buffer slots of a module tree, bound once per structure.
 
     ``unique`` lists ``(store, name)`` per distinct tensor (tied weights share one trace input),
-    read on every call; ``names`` gives each one's qualified name for traces and messages.
+    read on every call; ``names`` gives each one's qualified name for traces and messages;
+    ``metadata(tensors)`` what the cache key holds of those tensors.
     """
 
     def __init__(self, root: _Module):
@@ -131,6 +133,7 @@ class ModuleBinding:
         self.qualified = tuple(qualified)
         self._index_of = index_of
         self.structure = self._structure()
+        self.metadata = MetadataCheck()
 
     def tensors(self) -> list:
         return [d[n] for d, n in self.unique]

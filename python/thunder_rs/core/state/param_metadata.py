@@ -1,0 +1,117 @@
+"""The dtype, device and requires_grad of a jitted module's parameters and buffers, as its cache
+key holds them, checked on each call in C++ instead of read attribute by attribute.
+
+Reading three attributes of each of 300 parameters costs about 50 us a call and hashing the
+tuple they make another 20; a decode step of a small LLM on a GPU has about that much host time
+in all. So the key holds one interned ``ParameterMetadata`` per distinct tuple (hashed and
+compared by identity), and a call whose slots hold the same tensors as the last call's reuses
+that call's when torch's ``TensorGuards`` (Dynamo's C++ tensor check, imported without the
+Python ``torch._dynamo`` package) finds their dtype, device, requires_grad and dispatch keys
+unchanged. Any other outcome takes the attribute reads, so the guards only ever cost a false.
+"""
+
+from __future__ import annotations
+
+import weakref
+from operator import attrgetter, is_
+from typing import Any
+
+import torch
+
+#: None in a build of torch without Dynamo (every call then reads the attributes). Typed loosely:
+#: torch's stub gives ``dynamic_dims_sizes`` one list, its C++ takes one per tensor.
+TensorGuards: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
+
+#: What the cache key holds of each parameter and buffer (C-level, no Python frame each).
+_METADATA = attrgetter("dtype", "device", "requires_grad")
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+#: The Python types guards are built for (a subclass's sizes and strides may come from Python).
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+#: ``TensorGuards`` could not be built for the tensors: no attempt again while the slots hold them.
+_UNGUARDABLE = False
+
+
+class ParameterMetadata:
+    """``(dtype, device, requires_grad)`` of each of a module's tensors, once per distinct tuple:
+    keys holding it hash and compare by identity, at no cost per parameter."""
+
+    __slots__ = ("per_tensor", "__weakref__")
+
+    def __init__(self, per_tensor: tuple):
+        self.per_tensor = per_tensor
+
+    def __repr__(self) -> str:
+        return repr(self.per_tensor)
+
+
+#: Live ``ParameterMetadata`` by their tuple: equal tuples make one object while any key holds it.
+_interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def interned(per_tensor: tuple) -> ParameterMetadata:
+    """The one ``ParameterMetadata`` of ``per_tensor``."""
+    found = _interned.get(per_tensor)
+    return found if found is not None else _interned.setdefault(per_tensor, ParameterMetadata(per_tensor))
+
+
+class MetadataCheck:
+    """A module binding's metadata of the last call, with the tensors it was read from and their
+    ``TensorGuards`` (None before the same tensors were seen twice: slots given new tensors on
+    every call, as ``functional_call`` does, never pay for building them).
+
+    The tensors are held until the next call: comparing them by identity is what makes the guards
+    safe to run, as ``TensorGuards`` reads the strides of a tensor of the type it was built from
+    and a nested or MKL-DNN tensor's impl aborts the process there. A tensor's impl kind cannot
+    change under ``p.data = other`` (torch refuses incompatible impls), only by a new tensor."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self):
+        #: (tensors, guards, metadata) of the last call; no tensors before the first
+        self._last: tuple = (None, None, None)
+
+    def __call__(self, tensors: list) -> ParameterMetadata:
+        last = self._last
+        same = last[0] is not None and len(tensors) == len(last[0]) and all(map(is_, tensors, last[0]))
+        if same and last[1] and _holds(last[1], tensors):
+            return last[2]
+        metadata = interned(tuple(map(_METADATA, tensors)))
+        guards = (_UNGUARDABLE if last[1] is _UNGUARDABLE else _guards(tensors)) if same else None
+        self._last = (tensors, guards, metadata)
+        return metadata
+
+
+def _holds(guards, tensors: list) -> bool:
+    """Whether ``guards`` still hold for ``tensors``. Checked with grad mode on, as they were built:
+    with it off the ``TensorGuards`` of torch 2.9 take every requires_grad as False (a layer
+    unfrozen under ``no_grad`` would hit the frozen entry)."""
+    if _grad_enabled():
+        return guards.check(*tensors)
+    _set_grad_enabled(True)
+    try:
+        return guards.check(*tensors)
+    finally:
+        _set_grad_enabled(False)
+
+
+def _guards(tensors: list):
+    """``TensorGuards`` of ``tensors``' dtype, device, requires_grad and dispatch keys (their sizes
+    and strides left free: ``p.data`` of another shape keeps the key), or ``_UNGUARDABLE`` where a
+    tensor is of another type or layout, or this torch's ``TensorGuards`` takes other arguments."""
+    if TensorGuards is None or not all(map(_plain, tensors)):
+        return _UNGUARDABLE
+    free = [[None] * t.dim() for t in tensors]
+    enabled = _grad_enabled()
+    _set_grad_enabled(True)
+    try:
+        guards = TensorGuards(*tensors, dynamic_dims_sizes=free, dynamic_dims_strides=free)
+        return guards if guards.check(*tensors) is True else _UNGUARDABLE
+    except Exception:  # noqa: BLE001 (another torch's signature: the attribute reads serve)
+        return _UNGUARDABLE
+    finally:
+        _set_grad_enabled(enabled)
+
+
+def _plain(t) -> bool:
+    return type(t) in _PLAIN_TYPES and t.layout is torch.strided and not t.is_nested
