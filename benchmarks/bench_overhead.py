@@ -177,16 +177,19 @@ def train_rows(settings: harness.Settings) -> list[dict]:
     for name, (make_model, make_args) in TRAIN_CASES.items():
         args = make_args()
         steps = {"eager": train_step(make_model()), "thunder_rs": train_step(thunder_rs.jit(make_model()))}
-        results, errors = harness.measure_per_call_interleaved(
-            steps, args, repeats=settings.repeats, inner=max(1, int(200 * settings.inner_scale))
-        )
-        if errors:
-            raise next(iter(errors.values()))
-        eager, jit = results["eager"].median_us, results["thunder_rs"].median_us
-        rows.append(
-            {"case": name, "eager_us": eager, "thunder_rs_us": jit, "overhead_us": jit - eager, "ratio": jit / eager}
-        )
+        rows.append(_measured_row(name, steps, args, settings))
     return rows
+
+
+def _measured_row(name: str, calls: dict, args, settings: harness.Settings) -> dict:
+    """Eager's and thunder_rs's median per call of ``calls``, interleaved, as a result row."""
+    results, errors = harness.measure_per_call_interleaved(
+        calls, args, repeats=settings.repeats, inner=max(1, int(200 * settings.inner_scale))
+    )
+    if errors:
+        raise next(iter(errors.values()))
+    eager, jit = results["eager"].median_us, results["thunder_rs"].median_us
+    return {"case": name, "eager_us": eager, "thunder_rs_us": jit, "overhead_us": jit - eager, "ratio": jit / eager}
 
 
 def per_call_rows(settings: harness.Settings) -> list[dict]:
@@ -198,18 +201,7 @@ def per_call_rows(settings: harness.Settings) -> list[dict]:
         jfn = thunder_rs.jit(fn)
         with torch.no_grad():
             torch.testing.assert_close(jfn(*args), fn(*args))
-            results, errors = harness.measure_per_call_interleaved(
-                {"eager": fn, "thunder_rs": jfn},
-                args,
-                repeats=settings.repeats,
-                inner=max(1, int(200 * settings.inner_scale)),
-            )
-        if errors:
-            raise next(iter(errors.values()))
-        eager, jit = results["eager"].median_us, results["thunder_rs"].median_us
-        rows.append(
-            {"case": name, "eager_us": eager, "thunder_rs_us": jit, "overhead_us": jit - eager, "ratio": jit / eager}
-        )
+            rows.append(_measured_row(name, {"eager": fn, "thunder_rs": jfn}, args, settings))
     return rows
 
 

@@ -528,3 +528,52 @@ def test_autograd_grad_of_one_output_gives_none_to_inputs_only_the_other_reads()
     torch.testing.assert_close(got[0], want[0])
     with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
         torch.autograd.grad(thunder_rs.jit(two)(x, w, v)[0], [v])
+
+
+class SomeLayers(torch.nn.Module):
+    """Layers of which the forward runs those ``self.active`` names (experts a router chose)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(6))
+        self.active = (1, 4)
+
+    def forward(self, x):
+        for i in self.active:
+            x = self.layers[i](x).tanh()
+        return x.sum()
+
+
+def _accumulators(node, seen=None) -> set:
+    """The leaf tensors a backward from ``node`` reaches (their AccumulateGrad nodes' variables)."""
+    seen = set() if seen is None else seen
+    for child, _ in node.next_functions:
+        if child is None or child in seen:
+            continue
+        seen.add(child)
+        if hasattr(child, "variable"):
+            yield child.variable
+        else:
+            yield from _accumulators(child, seen)
+
+
+def test_parameters_the_call_never_reads_get_no_autograd_edge_and_no_gradient():
+    """Parameters a call does not read reach torch's autograd as None: no edge (each cost its
+    backward about 2 us though it got no gradient), no ``.grad``, as in eager; the next call with
+    other layers active reads theirs."""
+    torch.manual_seed(0)
+    model = SomeLayers()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    x = torch.randn(3, 4)
+    for active in ((1, 4), (0, 4), (1, 4)):
+        model.active = eager.active = active
+        loss, loss_e = jmodel(x), eager(x)
+        reached = {id(t) for t in _accumulators(loss.grad_fn)}
+        used = {id(p) for i in active for p in model.layers[i].parameters()}
+        assert reached == used
+        loss.backward(), loss_e.backward()
+        for p, p_e in zip(model.parameters(), eager.parameters()):
+            assert (p.grad is None) == (p_e.grad is None)
+            if p.grad is not None:
+                torch.testing.assert_close(p.grad, p_e.grad)

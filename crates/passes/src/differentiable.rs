@@ -39,6 +39,21 @@ pub fn inputs_read(trace: &Trace, outputs: &[usize]) -> Vec<usize> {
     positions(trace, &live)
 }
 
+/// The positions of the trace's inputs a run of it reads: those the calls DCE keeps read (the
+/// outputs' computations and calls with an effect, [`crate::dce`]'s roots) and those the outputs
+/// hold. A compiled call needs no other input: its caller may leave them out (torch's autograd
+/// then keeps no edge to a parameter the call never reads).
+pub fn inputs_needed(trace: &Trace) -> Vec<usize> {
+    let mut live = vec![false; trace.values.len()];
+    trace.outputs.for_each_value(&mut |v| live[v.index()] = true);
+    for bsym in trace.bsyms.iter().rev() {
+        if bsym.outputs.iter().any(|o| live[o.index()]) || bsym.has_effect() {
+            bsym.for_each_input(|v| live[v.index()] = true);
+        }
+    }
+    positions(trace, &live)
+}
+
 /// The positions of the trace's inputs that its flat outputs at `outputs` hold as they are, at
 /// any depth (the inputs a differentiated program's forward saves among its residuals).
 pub fn inputs_returned(trace: &Trace, outputs: &[usize]) -> Vec<usize> {
@@ -131,6 +146,20 @@ mod tests {
         assert_eq!(inputs_read(&trace, &[1]), [1]);
         assert_eq!(inputs_read(&trace, &[0, 1]), [0, 1]);
         assert!(inputs_read(&trace, &[]).is_empty());
+    }
+
+    #[test]
+    fn inputs_needed_are_those_the_outputs_and_the_effects_read() {
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta::new(DType::F32, Device::CPU, vec![4]);
+        let x = b.add_input(ValueKind::Tensor(meta.clone()));
+        let unused = b.add_input(ValueKind::Tensor(meta.clone()));
+        let dead = b.add_input(ValueKind::Tensor(meta.clone()));
+        let held = b.add_input(ValueKind::Tensor(meta));
+        let _ = (unused, b.record_prim("exp", vec![Arg::Value(dead)]).unwrap());
+        let y = b.record_prim("sin", vec![Arg::Value(x)]).unwrap()[0];
+        let trace = b.finish(Arg::Tuple(vec![Arg::Value(y), Arg::Value(held)])).unwrap();
+        assert_eq!(inputs_needed(&trace), [0, 3]);
     }
 
     #[test]

@@ -139,6 +139,12 @@ impl PyTrace {
         passes::differentiable::inputs_read(&self.trace, &outputs)
     }
 
+    /// The positions of the inputs a run of the trace reads
+    /// (`passes::differentiable::inputs_needed`).
+    fn inputs_needed(&self) -> Vec<usize> {
+        passes::differentiable::inputs_needed(&self.trace)
+    }
+
     /// The positions of the inputs that the flat outputs at `outputs` hold as they are
     /// (`passes::differentiable::inputs_returned`).
     fn inputs_returned(&self, outputs: Vec<usize>) -> Vec<usize> {

@@ -1,9 +1,12 @@
 """Eager's strides for proxies, so that ``reshape``, ``view`` and ``contiguous()`` copy where
 eager copies (``views.py``): trace inputs have the strides of their tensors, views follow their
-root's, and other tensors are taken to be contiguous.
+root's, and tensors the program computes have those ``core.lang.eager_layouts`` gives them
+(contiguous where no rule tells otherwise).
 """
 
 import math
+
+from thunder_rs.core.base.layouts import is_contiguous  # noqa: F401 (the torch layer's name for it)
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -15,19 +18,6 @@ def contiguous_strides(shape) -> tuple[int, ...]:
         if shape[d] > 1 if type(shape[d]) is int else shape[d] != 0:
             step *= shape[d]
     return tuple(strides)
-
-
-def is_contiguous(shape, strides) -> bool:
-    """torch's rule: sizes of one (and empty tensors) place no constraint on strides."""
-    if 0 in shape:
-        return True
-    expected = 1
-    for size, stride in zip(reversed(tuple(shape)), reversed(tuple(strides))):
-        if size != 1:
-            if stride != expected:
-                return False
-            expected *= size
-    return True
 
 
 def overlaps(shape, strides) -> bool:

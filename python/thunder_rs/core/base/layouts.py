@@ -53,3 +53,16 @@ def describe(layout_key) -> str:
     if is_dense(layout_key):
         return f"dense in dim order {layout_key[1]}"
     return f"strides {layout_key}"
+
+
+def is_contiguous(shape, strides) -> bool:
+    """torch's rule: sizes of one (and empty tensors) place no constraint on strides."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for size, stride in zip(reversed(tuple(shape)), reversed(tuple(strides))):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from thunder_rs.core.base.layouts import is_dense, layout_of, strides_in
+from thunder_rs.core.base.layouts import is_contiguous, is_dense, layout_of, strides_in
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.symint import hint
 
@@ -118,7 +118,7 @@ def take_layouts(func, args: tuple, kwargs: dict, out) -> None:
     fmt = kwargs.get("memory_format") if kwargs else None
     for i, o in made:
         strides = _rule_strides(rule[i] if type(rule) is tuple else rule, fmt, o, operands)
-        if strides is not None and not _contiguous_at(tuple(hint(s) for s in o._shape), strides):
+        if strides is not None and not is_contiguous(tuple(hint(s) for s in o._shape), strides):
             _take(o, strides)
 
 
@@ -272,9 +272,9 @@ def _pointwise(shape, operands: list) -> tuple | None:
     if not all(_broadcasts(own, shape) for own, _ in hinted):
         return None  # (an output of a reduction: ``max(x, dim)`` is ``max(x, y)``'s symbol)
     if all(own == shape for own, _ in hinted):
-        if all(_contiguous_at(own, st) for own, st in hinted):
+        if all(is_contiguous(own, st) for own, st in hinted):
             return None
-        if len(shape) == 4 and all(_contiguous_at(*_nhwc(own, st)) for own, st in hinted):
+        if len(shape) == 4 and all(is_contiguous(*_nhwc(own, st)) for own, st in hinted):
             return _format_strides(shape, torch.channels_last)
         first = hinted[0][1]
         if all(st == first and _non_overlapping_and_dense(own, st) for own, st in hinted):
@@ -322,19 +322,6 @@ def _broadcast_strides(shape, own, strides) -> tuple:
     return tuple(
         0 if d < lead or (own[d - lead] == 1 and shape[d] != 1) else strides[d - lead] for d in range(len(shape))
     )
-
-
-def _contiguous_at(shape, strides) -> bool:
-    """ATen's ``is_contiguous``: sizes of one place no constraint."""
-    if 0 in shape:
-        return True
-    step = 1
-    for size, stride in zip(reversed(shape), reversed(strides)):
-        if size != 1:
-            if stride != step:
-                return False
-            step *= size
-    return True
 
 
 def _nhwc(shape, strides) -> tuple:

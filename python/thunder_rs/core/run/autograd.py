@@ -120,6 +120,7 @@ def grad_function(
     program,
     reads: tuple = (),
     compile_backward=None,
+    unread: tuple = (),
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -134,9 +135,8 @@ def grad_function(
 
     ``reads`` (with several ``grad_positions``): per grad position, the inputs its output reads.
     A backward that reaches some outputs only (``loss.backward()`` of a call returning the loss
-    and other tensors) gives no gradient, as eager's ``None``, to the inputs only the others read:
-    with zeros, a parameter that no loss used had a ``.grad`` of zeros, which AdamW's weight
-    decay and moments then moved where eager's skip it.
+    and other tensors) gives no gradient, as eager's ``None``, to the inputs only the others read
+    (with zeros, AdamW's weight decay and moments moved a parameter no loss used).
     """
     differentiable = frozenset(grad_positions) - non_differentiable
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
@@ -186,7 +186,22 @@ def grad_function(
                     return _reached(backward, saved, cotangents, absent, ctx.shapes, outputs_at, unreached)
             return backward(saved, *cotangents)
 
-    return _entry_call(CompiledFunction.apply, program, single, as_list, bool(overwritten))
+    apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
+    return _entry_call(apply, program, single, as_list, bool(overwritten))
+
+
+def _without(apply, unread: tuple):
+    """``apply`` given None at the positions ``unread`` (inputs the call never reads: a
+    ``grad_function`` argument), so that torch's autograd keeps no edge to them: eager gives them
+    no gradient either."""
+
+    def call(*inputs):
+        given = list(inputs)
+        for k in unread:
+            given[k] = None
+        return apply(*given)
+
+    return call
 
 
 _is_grad_enabled = torch.is_grad_enabled

@@ -163,6 +163,17 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
     return {"reads": reads, "compile_backward": compile_backward}
 
 
+def _unread(acquired) -> tuple:
+    """The positions of the tensor inputs the call never reads (a model's layers its forward
+    skipped: experts no token chose), which ``grad_function`` passes to torch's autograd as None:
+    an input requiring grad costs its backward about 2 us even when it gets no gradient (150
+    layers of which 3 ran: 1.1 ms a step). Written inputs are kept (their writes go to them)."""
+    trace, wb = acquired.trace, acquired.writebacks
+    tensors = trace.num_inputs - len(acquired.sizes)  # size inputs are ints, and last
+    needed = set(trace.inputs_needed()) | set(wb.targets if wb is not None else ())
+    return tuple(k for k in range(tensors) if k not in needed)
+
+
 def _with_captured(fn, captured: tuple):
     """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
     return lambda *inputs: fn(*inputs, *captured)
@@ -202,6 +213,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         _, backward = _load(backward_traces[-1], "backward", filename + " backward", namespace, backward_regions)
         program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
         partial = _partial_backward(acquired, grad_positions, (passes, executors, namespace, filename))
+        partial["unread"] = _unread(acquired)
         if wb is None:
             computation = grad_function(
                 computation,
