@@ -28,13 +28,15 @@ _POINTWISE = {
     *("celu", "isclose", "prelu", "min", "max"),  # (min and max of two tensors; their reductions aside)
     # losses with ``reduction="none"`` (a reduced loss is 0-dim)
     *("l1_loss", "mse_loss", "huber_loss", "smooth_l1_loss", "soft_margin_loss", "kl_div", "binary_cross_entropy"),
-    *("binary_cross_entropy_with_logits", "poisson_nll_loss", "hinge_embedding_loss"),
+    *("binary_cross_entropy_with_logits", "poisson_nll_loss", "hinge_embedding_loss", "gaussian_nll_loss"),
+    "native_dropout_backward",
 }
 
 #: ``empty_like`` of the first tensor (``preserve_format``): copies and conversions, random fills.
 _LIKE = {
     *("clone", "to", "type_as", "float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte"),
     *("bool", "type", "dropout", "alpha_dropout", "feature_alpha_dropout", "empty_like", "zeros_like"),
+    *("dropout1d", "dropout2d", "dropout3d"),  # (the input times a mask broadcast over it)
     *("ones_like", "full_like", "rand_like", "randn_like", "randint_like", "bernoulli", "fill", "flip", "fliplr"),
     *("flipud", "sort", "argsort", "index_fill", "index_put", "put", "slice_scatter"),
     *("select_scatter", "diagonal_scatter"),
@@ -46,7 +48,7 @@ _LIKE = {
 _SUGGESTED = {
     *("max_pool2d", "max_pool2d_with_indices", "avg_pool2d", "lp_pool2d", "adaptive_avg_pool2d"),
     *("adaptive_max_pool2d", "adaptive_max_pool2d_with_indices", "pixel_shuffle", "pixel_unshuffle"),
-    *("batch_norm", "group_norm", "native_group_norm", "interpolate", "dropout2d"),
+    *("batch_norm", "group_norm", "native_group_norm", "interpolate"),
 }
 
 #: Convolutions: channels_last where the input's or the weight's strides suggest it.
