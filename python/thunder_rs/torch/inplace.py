@@ -138,11 +138,7 @@ def _copied(dst, value):
     """The value a copy writes over the whole of an intermediate ``dst``: memory of its own, as
     eager's copy is, and contiguous where eager's ``dst`` is (``_made_contiguous``). Written as it
     is, a view of another tensor would be returned as that view (a write to it changes the other).
-    A broadcast value stays expanded (``assign`` marks it a copy to make if it is returned).
-    Where eager's ``dst`` is laid out in another order (``empty_like(x, memory_format=...)``, an
-    op of a channels_last input), the value is selected into that layout, as ``_nowhere`` does."""
-    if dst._strides is not None and not _made_like(value, dst):
-        return prims.where(_nowhere(dst), dst, value)
+    A broadcast value stays expanded (``assign`` marks it a copy to make if it is returned)."""
     if value._view is not None:
         return clone(value, memory_format=torch.contiguous_format if dst._made_contiguous else torch.preserve_format)
     if dst._made_contiguous and value._strides is not None:  # a non-contiguous input
@@ -183,16 +179,19 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     # A broadcast copy over the whole of an intermediate: eager's elements are apart, the trace's
     # expanded value shares their memory, which only a returned tensor must not (``_apart``
     # copies a ``_copy_of``): ops that read it take it as it is.
-    expanded = False
+    expanded = selected = False
     if fills:
         value = fill(dst, value)
     else:
         broadcasts = isinstance(value, torch.Tensor) and not same_shape(value.shape, dst.shape)
         value = _as_value(op, dst, value, copy)
-        if copy and _whole_intermediate(dst):
+        whole = _whole_intermediate(dst)
+        if whole and dst._strides is not None and not _made_like(value, dst):
+            # Eager writes into dst, laid out in another order (``empty_like(x, memory_format=...)``,
+            # an op of a channels_last input): the value is selected into that layout.
+            value, selected = prims.where(_nowhere(dst), dst, value), True
+        elif copy and whole:
             value, expanded = _copied(dst, value), broadcasts
-        elif dst._strides is not None and _whole_intermediate(dst) and not _made_like(value, dst):
-            value = prims.where(_nowhere(dst), dst, value)  # eager writes into dst: its layout
     tracked = tracked and not views.detached(dst)
     if tracked:
         _leaf_check(op, dst)
@@ -205,7 +204,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
             f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
         )
     if tracked and torch.is_grad_enabled():
-        if copy and root_grad and dst.numel() == root.numel() and not fills:
+        if copy and root_grad and dst.numel() == root.numel() and not (fills or selected):
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
             value, expanded = prims.where(_nowhere(dst), dst, value), False
         views.write(op, dst, value, root_grad or value_grad)
