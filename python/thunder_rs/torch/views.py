@@ -474,8 +474,9 @@ def _contiguous_or_copy(symbol):
     def contiguous(a, memory_format=torch.contiguous_format):
         out = symbol(a, memory_format)
         if out is a and isinstance(a, TensorProxy) and not _in_format(a, memory_format):
-            # A copy in another order than the dims' is one the executors must make.
-            return copy_of(a) if memory_format not in _ORDERS else _shape.clone(a, memory_format=memory_format)
+            # A copy the executors make, so that the ops reading it run on eager's layout and
+            # hand on eager's (``x.t().contiguous() * 2`` is row-major).
+            return _shape.clone(a, memory_format=memory_format)
         return out
 
     return contiguous
