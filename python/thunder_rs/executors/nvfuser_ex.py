@@ -24,7 +24,9 @@ Layouts: nvFuser keeps a broadcast of extent > 1 as an expanded IterDomain, hand
 with stride 0, and lets a gather's result inherit its index's; ATen evaluates gathers in segments
 of their own and hands their results on densely, which the next segment then refuses. The
 definition materializes the gathers' operands and its outputs that may be expanded (eager's results
-have no stride-0 dims either).
+have no stride-0 dims either). nvFuser orders a fusion's outputs by its own inference, which is not
+always eager's; the definition pins each output whose order could differ to eager's
+(``nvfuser_layouts``).
 
 Dtypes: nvFuser computes Half and BFloat16 arithmetic in Float and its ops return Float (and
 Double for a Python float with an integer tensor, Int for an integer sum) unless the definition
@@ -60,6 +62,7 @@ from thunder_rs._core import SymExpr
 from thunder_rs.core.lang.executor_api import FusionExecutor, Region, register_named_executor
 from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.executors.nvfuser_layouts import pinned_orders
 from thunder_rs.executors.nvfuser_symbolic import Extents, symbolic_dims, symbolic_layout
 from thunder_rs.executors.torch_ex import torch_ex
 
@@ -486,9 +489,10 @@ def _resolve(arg, env, extent):
     return arg
 
 
-def define(module, region: Region, args):
+def define(module, region: Region, args, orders=None):
     """The ``FusionDefinition`` computing ``region`` on inputs laid out as ``args``; each value
-    it hands on has the trace's dtype, which is eager's."""
+    it hands on has the trace's dtype, which is eager's, and the stride order ``orders`` pins
+    (``nvfuser_layouts``: eager's, where nvFuser's could differ)."""
     fd = module.FusionDefinition()
     with fd:
         cx = _Definition(module, fd, region)
@@ -507,11 +511,12 @@ def define(module, region: Region, args):
             cx.note_expanded(name.removeprefix("prims."), args, results)
             env.update(zip(call.outputs, results))
         given = set(region.inputs)
-        for name in region.outputs:
+        for name, order in zip(region.outputs, orders or (None,) * len(region.outputs)):
             # An output that is an input is copied: nvFuser would hand back the input itself. One
             # with an expanded dim is materialized: nvFuser would hand it on with stride 0 there,
             # which eager's result has not (an in-place write to it would fail).
-            fd.add_output(fd.ops.set(env[name]) if name in given else cx.materialized(env[name]))
+            value = fd.ops.set(env[name]) if name in given else cx.materialized(env[name])
+            fd.add_output(value if order is None else fd.ops.stride_order(value, order))
     return fd
 
 
@@ -562,8 +567,11 @@ class NvFuserRegion:
         if any(isinstance(a, torch.Tensor) and a.is_neg() for a in args):
             run = self._define([a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args])
             return lambda args: run([a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args])
+        orders = pinned_orders(self.region, args, self.executor.module.compute_tensor_descriptor)
+        if orders is None:
+            self.executor.stats["unpinned"] += 1
         try:
-            return self._compiled(args)
+            return self._compiled(args, orders)
         except Exception as e:  # noqa: BLE001 (any nvFuser failure leaves the eager calls, which are exact)
             error = f"{type(e).__name__}: {e}"
         if any(d is not a for d, a in zip(_dense(args), args)):
@@ -571,7 +579,7 @@ class NvFuserRegion:
             # layer norm of a column-major input: "Vectorized dim for producer has to be from an
             # inner most position"); the region then runs on its inputs copied row-major.
             try:
-                run = self._compiled(_dense(args))
+                run = self._compiled(_dense(args), orders)
             except Exception as e:  # noqa: BLE001
                 error += f" (and with its inputs copied row-major: {type(e).__name__}: {e})"
             else:
@@ -593,10 +601,11 @@ class NvFuserRegion:
         function = region.function
         return lambda args: function(*args)
 
-    def _compiled(self, args):
-        """The callable running the definition of ``args``' layout, compiled by running it on ``args``."""
+    def _compiled(self, args, orders):
+        """The callable running the definition of ``args``' layout (its outputs in ``orders``),
+        compiled by running it on ``args``."""
         stats, start = self.executor.stats, time.perf_counter()
-        fd = define(self.executor.module, self.region, args)
+        fd = define(self.executor.module, self.region, args, orders)
         defined = time.perf_counter()
         execute = fd.execute
         first = [tuple(execute(list(args)))]  # compiles: a failure here falls back too
@@ -626,8 +635,16 @@ class NvFuserExecutor(FusionExecutor):
 
     def __init__(self, name: str = "nvfuser", *, module=None, allow_cpu: bool = False):
         super().__init__(name)
-        #: ``dense_copies``: layouts whose definition failed and that run on row-major copies.
-        self.stats = {"definitions": 0, "failures": 0, "dense_copies": 0, "define_s": 0.0, "compile_s": 0.0}
+        #: ``dense_copies``: layouts whose definition failed and that run on row-major copies;
+        #: ``unpinned``: definitions whose outputs' eager layouts could not be told (``nvfuser_layouts``).
+        self.stats = {
+            "definitions": 0,
+            "failures": 0,
+            "dense_copies": 0,
+            "unpinned": 0,
+            "define_s": 0.0,
+            "compile_s": 0.0,
+        }
         #: The last few fallbacks' messages (the warnings'), newest last.
         self.fallbacks: list[str] = []
         self.unavailable = None

@@ -1,0 +1,106 @@
+"""nvFuser's regions hand on eager's layouts (``executors/nvfuser_layouts.py``), on the CPU with the
+stand-in ``nvfuser_direct``, which lays outputs out as nvFuser's allocation order inference does:
+each program's outputs (and a channels_last CNN's gradients) have eager's strides and values, and
+the definitions pin the outputs whose layout nvFuser would choose otherwise."""
+
+import copy
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs.executors import nvfuser_layouts
+
+from test_eager_layouts import ChannelsLastNet
+
+CL = torch.channels_last
+
+
+def _cl(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype).contiguous(memory_format=CL)
+
+
+#: name -> (program, inputs): programs whose outputs eager lays out otherwise than row-major, or
+#: row-major where nvFuser's inference would not.
+PROGRAMS = {
+    "channels_last pointwise": (lambda x: (x.relu() * 2 + 1).sin(), lambda: (_cl(2, 3, 4, 5),)),
+    "channels_last with a bias": (lambda x, b: (x + b[:, None, None]).tanh(), lambda: (_cl(2, 3, 4, 5), torch.randn(3))),
+    "transpose then contiguous": (lambda x: x.t().contiguous() * 2 + 1, lambda: (torch.randn(6, 7),)),
+    "transposed pointwise": (lambda x: x.t().exp() * 2, lambda: (torch.randn(6, 7),)),
+    "channels_last reshaped": (lambda x: (x.exp() + 1).reshape(2, -1) * 3, lambda: (_cl(2, 3, 4, 5),)),
+    "operands in two orders": (lambda x, y: (x * 2 + y).exp(), lambda: (_cl(2, 3, 4, 5), torch.randn(2, 3, 4, 5))),
+    "row-major and channels_last": (lambda x, y: (y * 2 + x).exp(), lambda: (_cl(2, 3, 4, 5), torch.randn(2, 3, 4, 5))),
+    "a channels_last copy": (lambda x: (x * 2).contiguous(memory_format=CL) + 1, lambda: (torch.randn(2, 3, 4, 5),)),
+    "channels_last sum": (lambda x: (x * 2).sum(1).exp(), lambda: (_cl(2, 3, 4, 5),)),
+}
+
+
+def _fused(jfn) -> int:
+    return sum(1 for region in thunder_rs.last_traces(jfn)[-1].regions())
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_regions_hand_on_eagers_layouts(name, fake_ex):
+    program, make = PROGRAMS[name]
+    torch.manual_seed(0)
+    inputs = make()
+    jfn = thunder_rs.jit(program, executors=[fake_ex])
+    out, expected = jfn(*inputs), program(*inputs)
+    assert _fused(jfn) >= 1 and fake_ex.stats["definitions"] >= 1
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()
+
+
+def test_without_pinning_the_stand_in_lays_out_as_nvfuser_does(fake_ex, monkeypatch):
+    """The check above can fail: nvFuser's own choice (the stand-in's) keeps a channels_last
+    tensor's channels innermost through a reshape that eager makes a row-major copy of, and
+    orders a transpose's result as its input."""
+    monkeypatch.setattr(nvfuser_layouts, "eager_outputs", lambda region, args: None)
+    for name in ("channels_last reshaped", "transpose then contiguous"):
+        program, make = PROGRAMS[name]
+        inputs = make()
+        out, expected = thunder_rs.jit(program, executors=[fake_ex])(*inputs), program(*inputs)
+        torch.testing.assert_close(out, expected)
+        assert out.stride() != expected.stride(), name
+    assert fake_ex.stats["unpinned"] == 2
+
+
+def test_a_channels_last_cnn_trains_with_eagers_layouts_over_batch_sizes(fake_ex):
+    torch.manual_seed(0)
+    model = ChannelsLastNet().to(memory_format=CL)
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model, executors=[fake_ex])
+    for batch in (2, 3, 5):
+        x = _cl(batch, 3, 6, 6)
+        (out, features), (out_e, features_e) = jmodel(x), eager(x)
+        assert features.stride() == features_e.stride()
+        torch.testing.assert_close(out, out_e)
+        (out.sum() + features.square().mean()).backward()
+        (out_e.sum() + features_e.square().mean()).backward()
+        for p, p_e in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, p_e.grad)
+            assert p.grad.stride() == p_e.grad.stride()
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 2  # the batch size symbolic from the second
+    assert fake_ex.stats["definitions"] >= 1 and fake_ex.stats["unpinned"] == 0
+
+
+def test_half_regions_pin_as_float_ones(fake_ex):
+    x = _cl(2, 3, 4, 5, dtype=torch.bfloat16)
+    program = PROGRAMS["channels_last reshaped"][0]
+    out, expected = thunder_rs.jit(program, executors=[fake_ex])(x), program(x)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride() and out.dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_on_cuda_nvfusers_regions_hand_on_eagers_layouts(name, dtype):
+    """The same programs on CUDA with the default executors (nvFuser's regions, the real allocation
+    order inference): each output has eager's strides."""
+    program, make = PROGRAMS[name]
+    torch.manual_seed(0)
+    inputs = [t.to("cuda", dtype) for t in make()]  # .to keeps each layout
+    out, expected = thunder_rs.jit(program)(*inputs), program(*inputs)
+    torch.testing.assert_close(out, expected, **({"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}))
+    assert out.stride() == expected.stride()
