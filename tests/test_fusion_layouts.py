@@ -1,7 +1,9 @@
-"""nvFuser's regions hand on eager's layouts (``executors/nvfuser_layouts.py``), on the CPU with the
-stand-in ``nvfuser_direct``, which lays outputs out as nvFuser's allocation order inference does:
-each program's outputs (and a channels_last CNN's gradients) have eager's strides and values, and
-the definitions pin the outputs whose layout nvFuser would choose otherwise."""
+"""Fusion regions hand on eager's layouts. nvFuser's (``executors/nvfuser_layouts.py``) on the CPU
+with the stand-in ``nvfuser_direct``, which lays outputs out as nvFuser's allocation order
+inference does: each program's outputs (and a channels_last CNN's gradients) have eager's strides
+and values, and the definitions pin the outputs whose layout nvFuser would choose otherwise.
+Inductor's (which keeps its graph's output strides, the trace's torch calls') on the CPU, and
+nvFuser's on CUDA where a GPU is lent."""
 
 import copy
 
@@ -103,4 +105,26 @@ def test_on_cuda_nvfusers_regions_hand_on_eagers_layouts(name, dtype):
     inputs = [t.to("cuda", dtype) for t in make()]  # .to keeps each layout
     out, expected = thunder_rs.jit(program)(*inputs), program(*inputs)
     torch.testing.assert_close(out, expected, **({"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}))
+    assert out.stride() == expected.stride()
+
+
+@pytest.mark.parametrize(
+    # One in the default run (Inductor compiles take seconds): the one whose region handed on a
+    # transposed order before contiguous() recorded its copy.
+    "name",
+    # (Inductor claims no clone to a memory format: "a channels_last copy" makes no region there.)
+    [
+        n if n == "transpose then contiguous" else pytest.param(n, marks=pytest.mark.slow)
+        for n in PROGRAMS
+        if n != "a channels_last copy"
+    ],
+)
+def test_inductor_regions_hand_on_eagers_layouts(name):
+    program, make = PROGRAMS[name]
+    torch.manual_seed(0)
+    inputs = make()
+    jfn = thunder_rs.jit(program, executors=["inductor"])
+    out, expected = jfn(*inputs), program(*inputs)
+    assert _fused(jfn) >= 1
+    torch.testing.assert_close(out, expected)
     assert out.stride() == expected.stride()
