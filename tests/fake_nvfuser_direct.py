@@ -10,6 +10,8 @@ What nvFuser's generated code has no function for (a half ``ceil``: NVRTC errors
 fails at the first ``execute``, which checks its inputs against the declared layouts and replays
 the ops. Layouts follow nvFuser's (``fake_nvfuser_layouts``): expanded broadcasts have stride 0,
 and what nvFuser's schedulers refused on a GPU (a column-major normalization) fails to compile.
+Outputs are allocated in the order nvFuser's ``AllocationDomainPass`` gives them (an input's stride
+order, ``fake_nvfuser_allocation``) unless ``ops.stride_order`` pins one.
 
 Symbolic extents are nvFuser's too: ``define_tensor`` takes -1 for a dim of any extent (1 is a
 broadcast, other numbers constants: ``TensorViewBuilder::shape``), ``define_scalar(dtype=...)``
@@ -22,6 +24,7 @@ concretizes symbolic extents when it executes); ``execute`` computes the real on
 
 import torch
 
+import fake_nvfuser_allocation as allocation
 import fake_nvfuser_layouts as layouts
 import fake_nvfuser_promotion as promotion
 from fake_nvfuser_layouts import compute_tensor_descriptor
@@ -48,7 +51,11 @@ definitions: list = []
 class Val:
     """A scalar or tensor value of a definition: ``meta`` has its dtype and shape; ``expanded``
     says of each dim whether it is an expanded broadcast (``bS{1 ex n}``): extent 1 in the
-    IterDomain, n in the tensor, which nvFuser allocates with stride 0."""
+    IterDomain, n in the tensor, which nvFuser allocates with stride 0. ``fake_nvfuser_allocation``
+    keeps the rest of its layout: the inputs it depends on (``deps``), its dims' exact-map groups
+    (``ids``, ``reduced``) and its allocation domain (``alloc``: logical dims, outermost first)."""
+
+    deps, ids, reduced, alloc = frozenset(), (), (), None
 
     def __init__(self, fd, meta, symbolic=False, sample=None):
         #: ``sample``: a scalar's value while defining (a constant's own, a symbolic one's stand-in).
@@ -102,12 +109,13 @@ def _fd():
     return _current[-1]
 
 
-def _record(name, fn, args, tensor_out=None, expanded=None):
+def _record(name, fn, args, tensor_out=None, expanded=None, ids=None):
     """Defines one op: checks its operands belong to this definition, computes its outputs'
     metadata on meta tensors and records it for ``execute``. Its outputs are TensorViews when an
     operand is one (``promoteType(ValType)``) unless ``tensor_out`` says otherwise. ``expanded(out
     meta)``: which dims of an output are expanded broadcasts; by default an elementwise op's rule
-    (``ops::newOutputDomain``: a dim is expanded where every operand of the output's rank has it so)."""
+    (``ops::newOutputDomain``: a dim is expanded where every operand of the output's rank has it so).
+    ``ids(out)``: which operand dims an output's dims are exact-mapped to (``allocation.link``)."""
     fd = _fd()
     vals = list(_vals(args))
     for v in vals:
@@ -129,6 +137,7 @@ def _record(name, fn, args, tensor_out=None, expanded=None):
     )
     for v in made:
         v.expanded = tuple(expanded(v.meta) if expanded else layouts.elementwise_expansion(vals, v.meta))
+    allocation.link(fd, vals, made, ids)
     fd._ops.append((fn, args, made))
     fd.recorded.append(name)
     return made if isinstance(out, tuple) else made[0]
@@ -342,7 +351,8 @@ def _reduction(name, fn, identity_dtype):
             a = a.to(out_dtype)  # optionalCastStrict before the reduction
             return fn(a, axes, keepdim) if axes else a.clone()  # over no dims: reductionOpZeroDimTensor's set
 
-        return _record(name, run, (arg,), expanded=_reduced(arg, axes, keepdim))
+        rule = allocation.reduction(arg, axes, keepdim)
+        return _record(name, run, (arg,), expanded=_reduced(arg, axes, keepdim), ids=rule)
 
     op.__name__ = name
     return op
@@ -380,6 +390,7 @@ def _var(arg, dims, correction=1, keepdim=False):
         lambda a: torch.var(a.to(out_dtype), axes, correction=correction, keepdim=keepdim),
         (arg,),
         expanded=_reduced(arg, axes, keepdim),
+        ids=allocation.reduction(arg, axes, keepdim),
     )
 
 
@@ -393,6 +404,7 @@ def _var_mean(arg, dims, correction=1, keepdim=False):
         lambda a: tuple(torch.var_mean(a, axes, correction=correction, keepdim=keepdim)),
         (arg,),
         expanded=_reduced(arg, axes, keepdim),
+        ids=allocation.reduction(arg, axes, keepdim),
     )
 
 
@@ -465,7 +477,8 @@ def _pad(arg, pad_widths, value=None):
             return a.new_empty(_padded_sizes(a.shape, _ints(widths)))
         return torch.nn.functional.pad(a, _ints(widths), value=0 if v is None else v)
 
-    return _record("pad", run, (arg, list(pad_widths), value), expanded=layouts.none_expanded)
+    rule = allocation.padded(arg, list(pad_widths))
+    return _record("pad", run, (arg, list(pad_widths), value), expanded=layouts.none_expanded, ids=rule)
 
 
 def _cat(tensors, dim=0, manual_padding=False):
@@ -473,7 +486,8 @@ def _cat(tensors, dim=0, manual_padding=False):
     assert all(d == dtypes[0] for d in dtypes), "Can't concatenate tensors with different data types: " + ", ".join(
         DataType(d).name for d in dtypes
     )
-    return _record("cat", lambda ts: torch.cat(ts, dim), (list(tensors),), expanded=layouts.none_expanded)
+    rule = allocation.catted(list(tensors), dim)
+    return _record("cat", lambda ts: torch.cat(ts, dim), (list(tensors),), expanded=layouts.none_expanded, ids=rule)
 
 
 def _iota(length, start=None, step=None, dtype=DataType.Int):
@@ -492,7 +506,8 @@ def _iota(length, start=None, step=None, dtype=DataType.Int):
         index = torch.arange(int(n), dtype=compute, device=fd._device)
         return (index * (1 if st is None else st) + (0 if s is None else s)).to(dtype.value)
 
-    return _record("iota", run, (length, start, step), tensor_out=True, expanded=layouts.none_expanded)
+    new = allocation.new_dims
+    return _record("iota", run, (length, start, step), tensor_out=True, expanded=layouts.none_expanded, ids=new)
 
 
 def _full(shape, fill_value, dtype):
@@ -507,6 +522,7 @@ def _full(shape, fill_value, dtype):
         (list(shape), fill_value),
         tensor_out=True,
         expanded=layouts.none_expanded,
+        ids=allocation.new_dims,
     )
 
 
@@ -559,10 +575,12 @@ class _Ops:
             _broadcast_in_dim,
             (arg, list(shape), list(broadcast_dims)),
             expanded=layouts.broadcast_in_dim_expansion(arg, shape, broadcast_dims),
+            ids=allocation.broadcast_in_dim(arg, broadcast_dims),
         )
 
     def reshape(self, arg, new_shape):
-        return _record("reshape", _reshape, (arg, list(new_shape)), expanded=layouts.none_expanded)
+        rule = allocation.reshaped(arg)
+        return _record("reshape", _reshape, (arg, list(new_shape)), expanded=layouts.none_expanded, ids=rule)
 
     def size(self, arg, dim):
         """``size``: the (maybe expanded) extent of ``arg`` at ``dim`` (csrc/ops/arith.cpp), an Int scalar."""
@@ -578,6 +596,7 @@ class _Ops:
             lambda a, d: a.permute(d),
             (arg, list(dims)),
             expanded=lambda out: [arg.expanded[d] for d in dims],
+            ids=allocation.permuted(arg, dims),
         )
 
     def slice(self, arg, start_indices, end_indices, strides=None, manual_normalization=False):
@@ -590,16 +609,24 @@ class _Ops:
             _slice,
             (arg, list(start_indices), list(end_indices), strides, manual_normalization),
             expanded=layouts.none_expanded,
+            ids=allocation.sliced(arg, list(start_indices), list(end_indices)),
         )
 
     def squeeze(self, arg, dims, squeeze_expanded=False):
         kept = [e for d, e in enumerate(arg.expanded) if d not in [d % arg.ndim for d in dims]]
-        return _record("squeeze", lambda a, d: a.squeeze(tuple(d)), (arg, list(dims)), expanded=lambda out: kept)
+        rule = allocation.squeezed(arg, dims)
+        return _record("squeeze", lambda a, d: a.squeeze(tuple(d)), (arg, list(dims)), lambda out: kept, ids=rule)
 
     def index_select(self, arg, index, dim):
         # indexing.cpp indexSelect: the index's IterDomain at dim, arg's elsewhere.
         expanded = [index.expanded[0] if d == dim % arg.ndim else e for d, e in enumerate(arg.expanded)]
-        out = _record("index_select", lambda a, i: torch.index_select(a, dim, i), (arg, index), lambda o: expanded)
+        out = _record(
+            "index_select",
+            lambda a, i: torch.index_select(a, dim, i),
+            (arg, index),
+            lambda o: expanded,
+            ids=allocation.new_dims,
+        )
         return _evaluated_by_aten("index_select", out)
 
     def take_along_axis(self, arg, index, dim):
@@ -609,14 +636,30 @@ class _Ops:
             lambda a, i: torch.take_along_dim(a, i, dim),
             (arg, index),
             expanded=layouts.take_along_axis_expansion(arg, index, dim),
+            ids=allocation.new_dims,
         )
         return _evaluated_by_aten("take_along_axis", out)
 
     def gather(self, arg, index, dim):
         assert arg.ndim == index.ndim, "Tensor arguments have different dimensions"
         # indexing.cpp gather: the index's IterDomains.
-        out = _record("gather", lambda a, i: torch.gather(a, dim, i), (arg, index), expanded=lambda o: index.expanded)
+        out = _record(
+            "gather",
+            lambda a, i: torch.gather(a, dim, i),
+            (arg, index),
+            expanded=lambda o: index.expanded,
+            ids=allocation.new_dims,
+        )
         return _evaluated_by_aten("gather", out)
+
+    def stride_order(self, arg, stride_order):
+        """A ``set`` of ``arg`` allocated in ``stride_order`` (``define_tensor``'s convention; ``[]``:
+        just a set): an allocation domain of its own, which allocation order inference leaves alone."""
+        allocation.check_stride_order(arg, stride_order)
+        out = _record("stride_order", torch.clone, (arg,))
+        if stride_order:
+            out.alloc = allocation.stride_order_allocation(list(stride_order), arg.ndim)
+        return out
 
 
 ops = _Ops()
@@ -640,6 +683,8 @@ class FusionDefinition:
         #: The messages of what nvFuser's scheduling or segments refuse: compiling raises the first.
         self.compile_errors: list = []
         self._slots = 0
+        #: The exact-map groups of its dims (``fake_nvfuser_allocation``).
+        self.groups = allocation.Groups()
         #: Whether it has a symbolic extent or scalar input: its stand-in shapes may disagree.
         self.symbolic = False
         self._device = "meta"
@@ -670,6 +715,7 @@ class FusionDefinition:
         spec = (list(shape), list(contiguity), dtype, list(stride_order))
         # getExpanded (python_utils.cpp): a broadcast (contiguity None) of extent other than 1.
         tv.expanded = tuple(size != 1 and layouts.broadcast_at(spec, d) for d, size in enumerate(shape))
+        allocation.define_input(self, tv, stride_order)
         self._inputs.append((tv, spec))
         return tv
 
@@ -732,4 +778,5 @@ class FusionDefinition:
             for v, r in zip(vals, out if isinstance(out, tuple) else (out,)):
                 env[v.slot] = r
         self.executions += 1
-        return [layouts.allocated(env[o.slot], o.expanded) for o in self._outputs]
+        # Outputs in AllocationDomainPass's order (fake_nvfuser_allocation), expanded dims of stride 0.
+        return [layouts.allocated(env[o.slot], o.expanded, allocation.order(self, o)) for o in self._outputs]

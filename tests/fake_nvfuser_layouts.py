@@ -92,13 +92,15 @@ def take_along_axis_expansion(arg, index, dim):
     return lambda out: [(index if from_index(d) else arg).expanded[d] for d in range(out.ndim)]
 
 
-def allocated(value, expanded):
-    """An output as nvFuser allocates it: a fresh tensor laid out contiguously, but for its expanded
-    broadcast dims, which have stride 0."""
+def allocated(value, expanded, order=None):
+    """An output as nvFuser allocates it: a fresh tensor laid out densely in ``order`` (its logical
+    dims, outermost first; row-major if None), but for its expanded broadcast dims, of stride 0."""
     if not isinstance(value, torch.Tensor):
         return value
     compact = value
     for d, e in enumerate(expanded):
         if e:
             compact = compact.narrow(d, 0, 1)
-    return compact.contiguous().clone().expand(value.shape)
+    order = list(range(value.ndim)) if order is None else list(order)
+    dense = compact.permute(order).clone(memory_format=torch.contiguous_format)
+    return dense.permute([order.index(d) for d in range(value.ndim)]).expand(value.shape)
