@@ -56,7 +56,7 @@ def _reduce(op: str, loss, reduction: str, divisor=None):
     if reduction == "sum":
         return total
     if divisor is None:
-        divisor = float(loss.numel())
+        divisor = loss.numel()  # an int, symbolic where the size is: float() would specialise it
     return clang.elementwise(prims.div, op, total, divisor)
 
 
@@ -190,7 +190,8 @@ def _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothi
     if reduction == "sum":
         return total
     # The mean is over the batch elements, not the classes; an empty batch gives NaN as in eager.
-    return prims.div(total, float(log_probs.numel() // classes) if classes else 0.0)
+    # (An int, symbolic where the batch is: float() would specialise it.)
+    return clang.elementwise(prims.div, op, total, log_probs.numel() // classes if classes else 0.0)
 
 
 def _smoothing_term(op, log_probs, target, weight, ignore_index: int, reduction: str):

@@ -151,7 +151,9 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     mean, invstd, var = batch_norm_stats(x, eps)
     out = batch_normalized(input, x, mean, invstd, weight, bias)
     count = x.numel() // x.shape[1]
-    unbiased = var * (count / (count - 1))
+    # As ATen's update (the sum of squares over n - 1), in tensor ops: Python's ``count / (count -
+    # 1)`` is a float of sizes, which specialises a symbolic batch (a compile per batch size).
+    unbiased = var * count / (count - 1)
     new_mean = mean * momentum + running_mean * (1 - momentum)
     new_var = unbiased * momentum + running_var * (1 - momentum)
     return out, mean, invstd, cast(new_mean, running_mean.dtype), cast(new_var, running_var.dtype)
