@@ -12,19 +12,16 @@ sees them; a tensor handed back to the user must have them.
 
 So each definition pins its outputs' stride orders (``fd.ops.stride_order``) to the ones eager's
 kernels give on the definition's inputs: the region's torch calls run once on meta tensors of the
-inputs' strides when the definition is built (per input layout, beside nvFuser's compile), and an
-output is pinned where eager's order is not row-major, or where nvFuser could choose another (an
-input laid out otherwise than row-major, or a transpose in the region). An output eager returns
-not dense (a broadcast, a view with gaps) is left to nvFuser; one whose eager layout the meta run
-cannot tell (an op without a meta kernel) too, and the region counts it (``stats["unpinned"]``).
+inputs' strides when the definition is built (per input layout, beside nvFuser's compile). Every
+output with two or more dims of extent above 1 is pinned, row-major ones too: the inference
+reorders a result of row-major inputs as well (a ``[3, 4]`` result that maps only its first dim to
+the input it depends on, ``x[:, None].expand(3, 4) + 1``, comes out column-major: the mapped dims go
+innermost). An output eager returns not dense (a broadcast, a view with gaps) is left to nvFuser;
+one whose eager layout the meta run cannot tell (an op without a meta kernel) too, and the executor
+counts it (``stats["unpinned"]``).
 """
 
 import torch
-
-from thunder_rs.core.base.layouts import is_contiguous
-
-#: Prims that order a value's dims otherwise than its input's.
-_REORDERING = ("prims.transpose", "prims.permute")
 
 
 def _meta(a):
@@ -53,18 +50,6 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _row_major(t: torch.Tensor) -> bool:
-    return is_contiguous(tuple(t.shape), tuple(t.stride()))
-
-
-def _may_reorder(region, args) -> bool:
-    """Whether nvFuser may lay an output out otherwise than row-major: an input is, or a transpose
-    maps an input's dims to other positions."""
-    if any(isinstance(a, torch.Tensor) and a.ndim > 1 and not _row_major(a) for a in args):
-        return True
-    return any(call.name in _REORDERING for call in region.calls)
-
-
 def pinned_orders(region, args, descriptor) -> tuple | None:
     """Per region output, the stride order (``compute_tensor_descriptor``'s: per dim, the rank of
     its stride, 0 innermost) to pin it to, or None to leave it to nvFuser; None in all where
@@ -72,13 +57,11 @@ def pinned_orders(region, args, descriptor) -> tuple | None:
     outputs = eager_outputs(region, args)
     if outputs is None:
         return None
-    reorder = _may_reorder(region, args)
-    orders = []
-    for out in outputs:
-        if not isinstance(out, torch.Tensor) or out.ndim < 2 or out.numel() <= 1 or not _dense(out):
-            orders.append(None)
-        elif not _row_major(out) or reorder:
-            orders.append(list(descriptor(list(out.shape), list(out.stride()))[1]))
-        else:
-            orders.append(None)
-    return tuple(orders)
+    return tuple(
+        list(descriptor(list(out.shape), list(out.stride()))[1]) if _ordered(out) else None for out in outputs
+    )
+
+
+def _ordered(out) -> bool:
+    """Whether an output has an order to pin: two or more dims of extent above 1, densely."""
+    return isinstance(out, torch.Tensor) and sum(size > 1 for size in out.shape) > 1 and _dense(out)
