@@ -405,3 +405,102 @@ def test_views_of_their_own_strides_tell_them(op):
     told, expected = thunder_rs.jit(program)(x), program(x)
     assert told[:2] == expected[:2]
     torch.testing.assert_close(told[2], expected[2])
+
+
+def _t(*shape):
+    """A float64 tensor of ``shape`` laid out with its dims' memory order reversed."""
+    return torch.randn(*reversed(shape), dtype=torch.float64).permute(*reversed(range(len(shape))))
+
+
+#: Ops whose layout their arguments or their decomposition decide (``layout_rules``' rule
+#: functions), with arguments laid out otherwise than contiguously: the trace told them contiguous
+#: (or column-major), where eager's are not.
+ARGUMENT_RULES = {
+    "inner of a 0-dim tensor": (torch.inner, lambda: (torch.tensor(2.0, dtype=torch.float64), _t(3, 4))),
+    "addr": (torch.addr, lambda: (_t(3, 4), torch.randn(3, dtype=torch.float64), torch.randn(4, dtype=torch.float64))),
+    "kron": (torch.kron, lambda: (_t(2, 3), _t(3, 2))),
+    "diff": (torch.diff, lambda: (_t(3, 4),)),
+    "diff n=2 dim 0": (lambda x: torch.diff(x, 2, 0), lambda: (_t(4, 3),)),
+    "diff n=0": (lambda x: torch.diff(x, 0), lambda: (_t(3, 4),)),
+    "diff with prepend": (lambda x: torch.diff(x, prepend=x), lambda: (_t(3, 4),)),
+    "quantile": (lambda x, q: torch.quantile(x, q, 0, True), lambda: (_t(4, 3), torch.rand(4, dtype=torch.float64))),
+    "nanquantile (contiguous)": (
+        lambda x, q: torch.nanquantile(x, q, 1),
+        lambda: (torch.randn(4, 3, dtype=torch.float64), torch.rand(2, dtype=torch.float64)),
+    ),
+    "quantile of a scalar q": (lambda x: torch.quantile(x, 0.3, 0), lambda: (_t(4, 3),)),
+    "solve left=False": (lambda a, b: torch.linalg.solve(a, b, left=False), lambda: (_spd().t(), _t(2, 3))),
+    "solve_ex left=False": (lambda a, b: torch.linalg.solve_ex(a, b, left=False)[0], lambda: (_spd(), _t(2, 3))),
+    "lu_solve left=False": (
+        lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False),
+        lambda: (_spd(), _t(2, 3)),
+    ),
+    "solve_triangular left=False": (
+        lambda a, b: torch.linalg.solve_triangular(a, b, upper=True, left=False),
+        lambda: (_spd().triu(), _t(2, 3)),
+    ),
+    "svd without uv": (lambda a: torch.svd(a, compute_uv=False), lambda: (_t(4, 3),)),
+    "max_unpool2d": (
+        lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
+        lambda: (torch.randn(2, 3, 4, 4, dtype=torch.float64).contiguous(memory_format=CL),),
+    ),
+    "atleast_3d of several": (torch.atleast_3d, lambda: (torch.tensor(1.0), torch.randn(3), _t(2, 3))),
+}
+
+
+@pytest.mark.parametrize("name", list(ARGUMENT_RULES))
+def test_layouts_their_arguments_or_decompositions_decide_are_told_as_eagers(name):
+    """The strides the trace tells (``stride()`` read while traced), against eager's: ``left=False``
+    solves are row-major, ``svd(compute_uv=False)``'s V column-major, a 1-D ``q``'s quantiles
+    innermost, ``kron``/``addr``/``diff`` keep their operands' order, ``atleast_3d`` of several
+    tensors views each."""
+    op, make = ARGUMENT_RULES[name]
+
+    def program(*args):
+        out = op(*args)
+        return [(t.stride(), t.is_contiguous()) for t in (out if isinstance(out, (tuple, list)) else (out,))]
+
+    args = make()
+    assert thunder_rs.jit(program)(*args) == program(*args)
+
+
+@pytest.mark.parametrize("name", ["kron", "diff", "quantile", "solve left=False", "max_unpool2d"])
+def test_a_write_through_a_reshape_of_such_a_result_and_its_view_are_eagers(name):
+    """Where eager's result is not contiguous, its ``reshape(-1)`` copies (a write through it
+    leaves it as it was) and ``view(-1)`` raises; where it is (``solve(left=False)``), both view."""
+    op, make = ARGUMENT_RULES[name]
+
+    def written(*args):
+        y = op(*args) * 1  # (keeps the layout: a pointwise op)
+        y.reshape(-1).zero_()
+        return y
+
+    def viewed(*args):
+        return op(*args).view(-1)
+
+    args = make()
+    assert_like_eager(thunder_rs.jit(written)(*args), written(*args))
+    try:
+        expected = viewed(*args)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            thunder_rs.jit(viewed)(*args)
+    else:
+        torch.testing.assert_close(thunder_rs.jit(viewed)(*args), expected)
+
+
+def test_writes_through_atleast_3d_of_several_tensors_and_diff_n0_are_eagers():
+    """``atleast_3d(a, b, c)`` views each of its tensors (the trace linked only the first's); a
+    ``diff`` with ``n=0`` is a copy (the trace returned the input itself)."""
+
+    def program(a, b, c):
+        _, y, z = torch.atleast_3d(a, b, c)
+        y.add_(1)
+        z.mul_(2)
+        torch.diff(c, 0).zero_()
+        return a, b, c
+
+    args = (torch.tensor(1.0), torch.randn(3), _t(2, 3))
+    expected = program(*(t.clone() for t in args))
+    for got, want in zip(thunder_rs.jit(program)(*(t.clone() for t in args)), expected):
+        torch.testing.assert_close(got, want)

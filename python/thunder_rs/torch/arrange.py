@@ -35,7 +35,7 @@ from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum
 from thunder_rs.torch.joins import cat, chunk, hstack, repeat, split, tensor_split
 from thunder_rs.torch.shape import _one_of, _sizes, flatten, flip, reshape_to, transpose
-from thunder_rs.torch.views import PrimStep, attach, tracked
+from thunder_rs.torch.views import PrimStep, attach, tracked, tracked_each
 from thunder_rs.core.lang.symint import same_shape
 
 Tensor = torch.Tensor
@@ -189,8 +189,10 @@ def _at_least_3d(a):
     check(
         isinstance(a, torch.Tensor), "ltorch.atleast_3d", f"expected a tensor, got {type(a).__name__}", ThunderTypeError
     )
-    shape = {0: (1, 1, 1), 1: (1, *a.shape, 1), 2: (*a.shape, 1)}.get(a.ndim, tuple(a.shape))
-    return reshape_to(a, shape)
+    if a.ndim in (1, 2):  # (eager's unsqueezes, whose new dims have its strides)
+        dims = (1,) if a.ndim == 1 else (0, 1)
+        return prims.broadcast_in_dim(a, (1, *a.shape, 1) if a.ndim == 1 else (*a.shape, 1), dims)
+    return reshape_to(a, (1, 1, 1)) if a.ndim == 0 else a
 
 
 @torchsymbol(torch.atleast_3d, sequence=True)
@@ -557,9 +559,11 @@ def channel_shuffle(input, groups):
 def _register_views() -> None:
     """The splits and ``atleast_3d`` return views of their input; ``broadcast_tensors`` and
     ``meshgrid`` views of each of theirs."""
-    for symbol in (split_with_sizes, unsafe_split, unsafe_chunk, hsplit, vsplit, dsplit, atleast_3d, sum_to_size):
+    for symbol in (split_with_sizes, unsafe_split, unsafe_chunk, hsplit, vsplit, dsplit, sum_to_size):
         for fn in symbol.torch_fns:
             TORCH_TO_LTORCH[fn] = tracked(symbol)
+    for fn in atleast_3d.torch_fns:
+        TORCH_TO_LTORCH[fn] = tracked_each(atleast_3d)  # (of each of several tensors)
     for symbol in (broadcast_tensors, meshgrid):
         for fn in symbol.torch_fns:
             TORCH_TO_LTORCH[fn] = _linked_views(symbol)

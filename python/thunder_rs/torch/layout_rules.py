@@ -11,7 +11,13 @@ from thunder_rs.core.lang.eager_layouts import (
     SUGGESTED,
     SUGGESTED_ALL,
     SUGGESTED_ANY,
+    dense_strides,
+    layout,
+    like_strides,
+    pointwise_strides,
+    rule_strides,
 )
+from thunder_rs.torch.strides import contiguous_strides, viewed_strides
 
 #: TensorIterator's ops: their output's dims ordered as their operands' strides order them.
 _POINTWISE = {
@@ -57,11 +63,95 @@ _SUGGESTED_ANY = {"conv1d", "conv2d", "conv3d", "conv_transpose2d", "conv_transp
 
 #: linalg's results, computed by LAPACK (cuSOLVER, MAGMA) in place: their matrices column-major.
 _COLUMN_MAJOR = {
-    *("inverse", "linalg_inv", "linalg_inv_ex", "linalg_solve", "linalg_solve_ex", "linalg_solve_triangular"),
+    *("inverse", "linalg_inv", "linalg_inv_ex", "linalg_solve_triangular"),  # (linalg_solve: ``_solution``)
     *("triangular_solve", "linalg_cholesky", "linalg_cholesky_ex", "cholesky_solve", "cholesky_inverse"),
     *("linalg_qr", "geqrf", "ormqr", "linalg_svd", "linalg_eigh", "linalg_lu_factor", "linalg_lu_factor_ex"),
-    *("lu", "linalg_lu_solve", "lu_solve", "linalg_ldl_factor", "linalg_ldl_factor_ex", "linalg_ldl_solve"),
+    *("lu", "lu_solve", "linalg_ldl_factor", "linalg_ldl_factor_ex", "linalg_ldl_solve"),
 }
+
+# -- rules chosen by the call's arguments (``core.lang.eager_layouts``: a rule function) -------------
+
+
+def _solution(*args, left=True, **kwargs):
+    """``linalg.solve``, ``lu_solve``: LAPACK's column-major solution; with ``left=False`` ATen
+    solves the adjoint system and returns its solution transposed, row-major (the meta of
+    ``linalg_lu_solve``). (``solve_triangular``'s stays column-major either way.)"""
+    return COLUMN_MAJOR if left else None
+
+
+def _svd(input, some=True, compute_uv=True):
+    """U column-major (LAPACK's; V is Vh's conjugate transpose: row-major); without
+    ``compute_uv`` U and V are zeros, V made as a transpose of a row-major tensor."""
+    return (COLUMN_MAJOR, None, None) if compute_uv else (None, None, COLUMN_MAJOR)
+
+
+def _inner(input, other):
+    """ATen's ``inner`` of a 0-dim tensor is ``input * other``; otherwise a matrix product."""
+    return POINTWISE if getattr(input, "ndim", 1) == 0 or getattr(other, "ndim", 1) == 0 else None
+
+
+def _quantile(input, q, *args, **kwargs):
+    """ATen gathers each row's quantiles into the last dim of a contiguous tensor and moves that
+    dim first (``quantile_compute``): a 1-D ``q``'s dim has stride 1."""
+    if getattr(q, "ndim", 0) != 1:
+        return None
+    return lambda shape: dense_strides(shape, (*range(1, len(shape)), 0))
+
+
+def _max_unpooled(input, *args, **kwargs):
+    """``max_unpool2d`` on the CPU: the format the input suggests; CUDA's kernel writes a
+    contiguous output."""
+    return SUGGESTED if input.device.type == "cpu" else None
+
+
+def _addr(input, vec1, vec2, *, beta=1, alpha=1):
+    """TensorIterator's order for ``input``, ``vec1`` as a column and ``vec2`` (ATen's
+    ``build_addr_iter``)."""
+    (n,), strides = layout(vec1)
+    column = ((n, 1), viewed_strides((n,), strides, (n, 1)))
+    return lambda shape: pointwise_strides(shape, [layout(input), column, layout(vec2)])
+
+
+def _kron(input, other, *, out=None):
+    """The product of views of the operands with their dims interleaved (``a``'s sizes at even
+    dims, ``b``'s at odd ones), viewed as ``kron``'s sizes (ATen's ``KronImpl``)."""
+
+    def strides(shape):
+        (a, a_strides), (b, b_strides) = layout(input), layout(other)
+        ndim = max(len(a), len(b))
+        a_dims, b_dims = (1,) * (ndim - len(a)) + a, (1,) * (ndim - len(b)) + b
+        a_view = tuple(n for size in a_dims for n in (size, 1))
+        b_view = tuple(n for size in b_dims for n in (1, size))
+        both = tuple(n for pair in zip(a_dims, b_dims) for n in pair)
+        product = pointwise_strides(
+            both, [(a_view, viewed_strides(a, a_strides, a_view)), (b_view, viewed_strides(b, b_strides, b_view))]
+        )
+        return None if product is None else viewed_strides(both, product, tuple(shape))
+
+    return strides
+
+
+def _diff(input, n=1, dim=-1, prepend=None, append=None):
+    """ATen's ``diff``: ``n`` times the difference of two slices of the last result (a
+    TensorIterator's output), from the input or its ``cat`` with ``prepend`` and ``append``;
+    with ``n=0``, that tensor's copy (``zeros_like`` of it, copied into)."""
+    parts = [t for t in (prepend, input, append) if t is not None]
+
+    def strides(shape):
+        sizes, strides = layout(input)
+        d = dim % len(sizes)
+        if len(parts) > 1:
+            sizes = (*sizes[:d], sum(layout(t)[0][d] for t in parts), *sizes[d + 1 :])
+            strides = rule_strides(SUGGESTED_ALL, sizes, parts) or contiguous_strides(sizes)
+        if n == 0:
+            return like_strides(shape, (sizes, strides))
+        for _ in range(min(n, sizes[d])):
+            sizes = (*sizes[:d], sizes[d] - 1, *sizes[d + 1 :])
+            strides = pointwise_strides(sizes, [(sizes, strides)] * 2) or contiguous_strides(sizes)
+        return strides
+
+    return strides
+
 
 #: symbol name (without ``ltorch.``) -> its rule; ``symbols.register`` gives each symbol's torch
 #: callables theirs as it registers them.
@@ -72,5 +162,12 @@ RULES_BY_NAME = {
     **dict.fromkeys(_SUGGESTED_ANY, SUGGESTED_ANY),
     **dict.fromkeys(("cat", "concatenate"), SUGGESTED_ALL),  # (ATen's ``compute_output_memory_format``)
     **dict.fromkeys(_COLUMN_MAJOR, COLUMN_MAJOR),
-    "svd": (COLUMN_MAJOR, None, None),  # (U; V is Vh's conjugate transpose: row-major)
+    **dict.fromkeys(("linalg_solve", "linalg_solve_ex", "linalg_lu_solve"), _solution),
+    **dict.fromkeys(("quantile", "nanquantile"), _quantile),
+    "svd": _svd,
+    "inner": _inner,
+    "max_unpool2d": _max_unpooled,
+    "addr": _addr,
+    "kron": _kron,
+    "diff": _diff,
 }

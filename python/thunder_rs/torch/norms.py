@@ -328,7 +328,7 @@ def diff(input, n=1, dim=-1, prepend=None, append=None):
     x = ltorch.cat(parts, d) if len(parts) > 1 else input
     for _ in range(min(n, x.shape[d])):
         x = _difference(x, d)
-    return x
+    return ltorch.clone(x) if x is input else x  # (``n=0``: eager's copy, not the input)
 
 
 # -- grad rule of vector_norm ----------------------------------------------------------------------

@@ -105,6 +105,9 @@ class PrimStep(NamedTuple):
         new_strides = [0] * len(new_shape)
         for i, d in enumerate(dims):
             new_strides[d] = strides[i] if shape[i] == new_shape[d] else 0
+        for d in range(len(new_shape) - 1, -1, -1):  # a new dim of size 1: ATen's ``unsqueeze``
+            if d not in dims and new_shape[d] == 1:
+                new_strides[d] = new_shape[d + 1] * new_strides[d + 1] if d + 1 < len(new_shape) else 1
         return new_shape, tuple(new_strides)
 
     @property
@@ -252,6 +255,33 @@ def tracked(symbol):
             return out
         for o in out:
             if type(o) is TensorProxy and o is not a:
+                steps = _chain(a, o, log)
+                if steps is not None:
+                    attach(a, o, steps)
+        return out
+
+    view_op.__wrapped__ = symbol
+    return view_op
+
+
+def tracked_each(symbol):
+    """The view op ``symbol`` of each of several tensors (``atleast_3d(a, b)``, or of a list of
+    them): each output linked to its own input, as ``tracked`` links one. (One call, which the
+    executors run whole.)"""
+    one = tracked(symbol)
+
+    def view_op(*tensors):
+        given = tensors[0] if len(tensors) == 1 and type(tensors[0]) in (list, tuple) else tensors
+        if len(given) == 1 and given is tensors:
+            return one(tensors[0])
+        log: list = []
+        start_prim_log(log)
+        try:
+            out = symbol(*tensors)
+        finally:
+            stop_prim_log()
+        for a, o in zip(given, out):
+            if type(a) is TensorProxy and type(o) is TensorProxy and o is not a:
                 steps = _chain(a, o, log)
                 if steps is not None:
                     attach(a, o, steps)
@@ -413,8 +443,6 @@ _PRIM_VIEWS = (
     "broadcast_to",
     "unsqueeze",
     "squeeze",
-    "atleast_1d",
-    "atleast_2d",
     "split",
     "chunk",
     "tensor_split",
@@ -424,6 +452,8 @@ _PRIM_VIEWS = (
     "unbind",
     "getitem",
 )
+#: View ops of each of several tensors (``tracked_each``); ``atleast_3d`` is ``arrange``'s.
+_EACH_VIEWS = ("atleast_1d", "atleast_2d")
 #: Copying ops that return their input when they have nothing to do (eager still copies).
 _COPIES = ("flip", "roll")
 #: Eager view ops thunder_rs runs as fallbacks: a write through their output is refused.
@@ -679,6 +709,8 @@ def _register() -> None:
     rewrap = _Rewrap(TORCH_TO_LTORCH)
     for name in _PRIM_VIEWS:
         rewrap(_symbol(name), tracked(_symbol(name)))
+    for name in _EACH_VIEWS:
+        rewrap(_symbol(name), tracked_each(_symbol(name)))
     TORCH_TO_LTORCH[torch.Tensor.view] = _checked_view(TORCH_TO_LTORCH[torch.Tensor.view])
     rewrap(
         TORCH_TO_LTORCH[torch.Tensor.__getitem__],

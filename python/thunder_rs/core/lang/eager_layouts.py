@@ -16,7 +16,13 @@ format the first tensor's strides suggest (pooling, normalization); ``SUGGESTED_
 tensor's (convolution: the input's or the weight's); ``SUGGESTED_ALL``, the one every tensor of
 the list suggests, if one (``cat``); ``COLUMN_MAJOR``, LAPACK's order for the matrices of linalg's
 results, whatever the inputs' layout (a tuple of rules: one per output); an explicit ``memory_format`` decides over
-the rule. Ops of other kinds stay contiguous, as before. (Eager's meta kernels would tell every
+the rule. A rule may also be a function of the call's arguments (``rule(*args, **kwargs)``) for ops
+whose layout depends on them (``linalg.solve(A, B, left=False)`` is row-major, ``svd`` without
+``compute_uv`` lays out V, not U, column-major) or that lay out what their decomposition computes
+(``kron``'s product of its operands' views, ``diff``'s differences of slices): it returns the
+call's rule, or a function of an output's sizes that gives its strides (``pointwise_strides``,
+``dense_strides`` and the other helpers here, over the ``layout`` of the call's tensors). Ops of
+other kinds stay contiguous, as before. (Eager's meta kernels would tell every
 op's layout, but most are torch's Python references: 100 us a call, and the first imports Dynamo,
 seconds.) A dense order holds for symbolic sizes as it does for a trace input
 (``core.base.layouts``); sizes are at their hints where orders are compared, which hold for every
@@ -82,7 +88,7 @@ def laid_out(func, args: tuple, kwargs: dict) -> bool:
     rule = LAYOUT_RULES.get(func)
     if rule is None:
         return False
-    if rule is COLUMN_MAJOR or type(rule) is tuple:
+    if rule is COLUMN_MAJOR or type(rule) is tuple or callable(rule):  # (a function: its call tells)
         return True
     for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, TensorProxy):
@@ -104,30 +110,34 @@ def take_layouts(func, args: tuple, kwargs: dict, out) -> None:
     """Gives the tensors ``out`` that the call ``func(*args, **kwargs)`` computed eager's strides
     where they are not contiguous (see the module doc)."""
     outs = (out,) if isinstance(out, TensorProxy) else out if isinstance(out, (list, tuple)) else ()
-    rule = LAYOUT_RULES.get(func)
+    rule = ruled = LAYOUT_RULES.get(func)
+    if callable(rule):
+        rule = rule(*args, **kwargs)  # (None: contiguous, as an op without a rule)
     given = (*args, *kwargs.values())
     if rule is SUGGESTED_ALL and args and type(args[0]) in (list, tuple):
         given = tuple(args[0])  # (``cat``'s tensors)
     operands = [a for a in given if isinstance(a, TensorProxy)]
     taken = {id(a) for a in operands}
-    if rule is not None:
+    if ruled is not None:
         _own_memory(outs, taken | {id(_root(a)) for a in operands})
     made = [(i, o) for i, o in enumerate(outs) if isinstance(o, TensorProxy) and _computed(o, taken)]
     if not made:
         return
     fmt = kwargs.get("memory_format") if kwargs else None
     for i, o in made:
-        strides = _rule_strides(rule[i] if type(rule) is tuple else rule, fmt, o, operands)
+        shape = [hint(s) for s in o._shape]
+        strides = _rule_strides(rule[i] if type(rule) is tuple else rule, fmt, shape, operands)
         if strides is not None and not is_contiguous(tuple(hint(s) for s in o._shape), strides):
             _take(o, strides)
 
 
-def _rule_strides(rule, fmt, o, operands: list) -> tuple | None:
-    """Eager's strides (at the sizes' hints) of ``o``, an output of ``operands``, or None where
-    they are contiguous or unknown."""
-    shape = [hint(s) for s in o._shape]
+def _rule_strides(rule, fmt, shape: list, operands: list) -> tuple | None:
+    """Eager's strides (at the sizes' hints) of an output of sizes ``shape`` (at their hints) of
+    ``operands``, or None where they are contiguous or unknown."""
     if fmt in _ORDERS:
         return _format_strides(shape, fmt)
+    if callable(rule):  # (the strides a rule function worked out)
+        return rule(tuple(shape))
     if not operands or fmt == torch.contiguous_format:
         return None
     if rule is LIKE or (rule is not None and fmt == torch.preserve_format):
@@ -151,7 +161,8 @@ def _rule_strides(rule, fmt, o, operands: list) -> tuple | None:
 
 
 def _hinted(p) -> tuple:
-    """``p``'s sizes and eager strides at their hints."""
+    """``p``'s sizes and eager strides at their hints: its layout, as the helpers for rule
+    functions take tensors (``pointwise_strides``)."""
     shape = tuple(hint(s) for s in p._shape)
     strides = eager_strides(p)
     return shape, tuple(hint(s) for s in strides) if strides is not None else _contiguous(shape)
@@ -221,10 +232,15 @@ def _non_overlapping_and_dense(shape, strides) -> bool:
 def _like(shape, p) -> tuple | None:
     """``empty_like(p)`` (preserve_format): ``p``'s strides where it is dense, else the order of
     its strides (``_pointwise`` of it alone)."""
-    own_shape, strides = _hinted(p)
+    return like_strides(shape, _hinted(p))
+
+
+def like_strides(shape, layout: tuple) -> tuple | None:
+    """``_like`` of a tensor laid out as ``layout`` (sizes, strides), or None where contiguous."""
+    own_shape, strides = layout
     if own_shape == tuple(shape) and _non_overlapping_and_dense(own_shape, strides):
-        return strides
-    return _pointwise(shape, [p])
+        return None if strides == _contiguous(own_shape) else strides
+    return pointwise_strides(shape, [layout])
 
 
 def _own_memory(outs, reachable: set) -> None:
@@ -267,8 +283,13 @@ def _pointwise(shape, operands: list) -> tuple | None:
     """TensorIterator's output strides for ``operands`` (ATen's ``fast_set_up`` and
     ``reorder_dimensions``): contiguous or channels_last where all are, their strides where all
     are dense alike, else their dims sorted by stride, operand by operand, broadcast dims aside."""
+    return pointwise_strides(shape, [_hinted(p) for p in operands])
+
+
+def pointwise_strides(shape, hinted: list) -> tuple | None:
+    """``_pointwise`` of operands laid out as ``hinted`` (sizes, strides), or None where the
+    output is contiguous."""
     shape = tuple(shape)
-    hinted = [_hinted(p) for p in operands]
     if not all(_broadcasts(own, shape) for own, _ in hinted):
         return None  # (an output of a reduction: ``max(x, dim)`` is ``max(x, y)``'s symbol)
     if all(own == shape for own, _ in hinted):
@@ -326,3 +347,16 @@ def _broadcast_strides(shape, own, strides) -> tuple:
 
 def _nhwc(shape, strides) -> tuple:
     return (shape[0], shape[2], shape[3], shape[1]), (strides[0], strides[2], strides[3], strides[1])
+
+
+#: What rule functions (``torch.layout_rules``) work out strides with, besides ``pointwise_strides``
+#: and ``like_strides``: a tensor's layout (its sizes and eager strides at their hints), the
+#: strides of a tensor dense in an order of its dims (outermost first), and ``rule_strides``.
+layout, dense_strides = _hinted, _dense
+
+
+def rule_strides(rule, shape, operands: list) -> tuple | None:
+    """The strides (at hints) a named rule gives an output of sizes ``shape`` of ``operands``
+    (tensors), or None where they are contiguous."""
+    strides = _rule_strides(rule, None, list(shape), operands)
+    return None if strides is None or strides == _contiguous(tuple(shape)) else strides
