@@ -42,7 +42,10 @@ CASES = {
     "adaptive_avg_pool": (lambda: Fn(nn.AdaptiveAvgPool2d(3)), lambda n: torch.randn(2, C, n + 3, 4)),
     "log_softmax": (lambda: Fn(nn.LogSoftmax(1)), lambda n: torch.randn(n, 5)),
     "var_std": (lambda: Fn(lambda x: x.mean(0) + x.var(0) + x.std(1).sum()), lambda n: torch.randn(n, C)),
-    "interpolate": (lambda: Fn(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")), lambda n: torch.randn(2, C, n, 4)),
+    "interpolate": (
+        lambda: Fn(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")),
+        lambda n: torch.randn(2, C, n, 4),
+    ),
     "cross_entropy": (lambda: Fn(lambda x: F.cross_entropy(x, _targets(x))), lambda n: torch.randn(n, 5)),
     "cross_entropy_smoothed": (
         lambda: Fn(lambda x: F.cross_entropy(x, _targets(x), label_smoothing=0.1)),

@@ -26,7 +26,10 @@ def _cl(*shape, dtype=torch.float32):
 #: row-major where nvFuser's inference would not.
 PROGRAMS = {
     "channels_last pointwise": (lambda x: (x.relu() * 2 + 1).sin(), lambda: (_cl(2, 3, 4, 5),)),
-    "channels_last with a bias": (lambda x, b: (x + b[:, None, None]).tanh(), lambda: (_cl(2, 3, 4, 5), torch.randn(3))),
+    "channels_last with a bias": (
+        lambda x, b: (x + b[:, None, None]).tanh(),
+        lambda: (_cl(2, 3, 4, 5), torch.randn(3)),
+    ),
     "transpose then contiguous": (lambda x: x.t().contiguous() * 2 + 1, lambda: (torch.randn(6, 7),)),
     "transposed pointwise": (lambda x: x.t().exp() * 2, lambda: (torch.randn(6, 7),)),
     "channels_last reshaped": (lambda x: (x.exp() + 1).reshape(2, -1) * 3, lambda: (_cl(2, 3, 4, 5),)),

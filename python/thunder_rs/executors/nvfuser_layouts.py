@@ -57,9 +57,7 @@ def pinned_orders(region, args, descriptor) -> tuple | None:
     outputs = eager_outputs(region, args)
     if outputs is None:
         return None
-    return tuple(
-        list(descriptor(list(out.shape), list(out.stride()))[1]) if _ordered(out) else None for out in outputs
-    )
+    return tuple(list(descriptor(list(out.shape), list(out.stride()))[1]) if _ordered(out) else None for out in outputs)
 
 
 def _ordered(out) -> bool:
