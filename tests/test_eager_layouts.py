@@ -504,3 +504,67 @@ def test_writes_through_atleast_3d_of_several_tensors_and_diff_n0_are_eagers():
     expected = program(*(t.clone() for t in args))
     for got, want in zip(thunder_rs.jit(program)(*(t.clone() for t in args)), expected):
         torch.testing.assert_close(got, want)
+
+
+def _split_heads(x):
+    """``[B, T, H * D]`` as ``[B, H, T, D]`` the way models split heads: a view laid out ``[B, T, H, D]``."""
+    return x.view(2, 5, 3, 4).transpose(1, 2)
+
+
+#: name -> (query, key, value, keywords): on the CPU, torch's flash kernel lays its output out as
+#: the query (torch 2.15); the math path (dropout, another value head size) returns a matmul's.
+ATTENTION = {
+    "heads split from a projection": (lambda: _split_heads(torch.randn(2, 5, 12)), {}),
+    "contiguous heads": (lambda: torch.randn(2, 3, 5, 4), {}),
+    "causal": (lambda: _split_heads(torch.randn(2, 5, 12)), {"is_causal": True}),
+    "dropout (math)": (lambda: _split_heads(torch.randn(2, 5, 12)), {"dropout_p": 0.5}),
+}
+
+
+@pytest.mark.parametrize("name", list(ATTENTION))
+def test_cpu_attention_tells_the_layout_of_the_kernel_eager_runs(name):
+    make, kwargs = ATTENTION[name]
+
+    def program(q, k, v):
+        y = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        return y.stride(), y.transpose(1, 2).is_contiguous()
+
+    q, k, v = make(), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
+    assert thunder_rs.jit(program)(q, k, v) == program(q, k, v)
+    q.requires_grad_()
+    assert thunder_rs.jit(program)(q, k, v) == program(q, k, v)  # (the flash kernel's symbol)
+
+
+def test_merging_heads_copies_nothing_eager_does_not():
+    """``y.transpose(1, 2).contiguous()`` of attention's output is the output itself in eager (the
+    kernel laid it out ``[B, T, H, D]``): the trace makes no copy of it either, with or without
+    gradients."""
+
+    def merge(x, k):
+        y = F.scaled_dot_product_attention(_split_heads(x), k, k, is_causal=True)
+        return y.transpose(1, 2).contiguous().view(2, 5, 12) * 2
+
+    x, k = torch.randn(2, 5, 12, requires_grad=True), torch.randn(2, 3, 6, 4)
+    jmerge = thunder_rs.jit(merge)
+    out, expected = jmerge(x, k), merge(x, k)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()
+    assert "clone" not in str(thunder_rs.last_traces(jmerge)[-1])
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: x.t().contiguous() * 2,
+        lambda x: x.t().exp().contiguous() + 1,
+        lambda x: x.unsqueeze(0).expand(3, 5, 7).contiguous().sin(),
+    ],
+)
+def test_a_copy_contiguous_makes_hands_on_eagers_layout(program):
+    """``contiguous()`` of a tensor laid out otherwise copies in eager, and what reads the copy
+    computes row-major: the trace's copy is one the executors make (it was the tensor itself, and
+    the product came back transposed)."""
+    x = torch.randn(5, 7)
+    out, expected = thunder_rs.jit(program)(x), program(x)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()

@@ -3,6 +3,10 @@ the torch callables each symbol stands for take its rule. Ops named nowhere here
 return contiguous tensors (matmul, softmax, layer_norm, reductions, cat do on the CPU and CUDA).
 """
 
+import functools
+
+import torch
+
 from thunder_rs import prims
 from thunder_rs.core.lang.eager_layouts import (
     COLUMN_MAJOR,
@@ -153,6 +157,49 @@ def _diff(input, n=1, dim=-1, prepend=None, append=None):
     return strides
 
 
+def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """On the CPU, where torch runs its flash kernel, the layout that kernel gives the output (on
+    torch 2.15 the query's order; older kernels allocated ``[B, L, H, D]``): asked of torch once
+    per order of the query's dims. Elsewhere the math path's matmul (contiguous); on CUDA the
+    fused kernels' records tell their own (``fused_attention``)."""
+    if query.device.type != "cpu" or query.ndim != 4:
+        return None
+    tensors = [layout(t) if t is not None else None for t in (query, key, value, attn_mask)]
+    dtypes = tuple(None if t is None else t.dtype for t in (query, key, value, attn_mask))
+    if _cpu_choice(tuple(tensors), dtypes, float(dropout_p), bool(is_causal), scale, bool(enable_gqa)) != _FLASH:
+        return None
+    sizes, strides = tensors[0]
+    order = _flash_order(tuple(sorted(range(4), key=lambda d: -strides[d])), query.dtype)
+    return lambda shape: dense_strides(shape, order)
+
+
+_FLASH = 1  # (``torch.nn.attention.SDPBackend.FLASH_ATTENTION``)
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_choice(tensors: tuple, dtypes: tuple, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
+    """``torch._fused_sdp_choice`` of CPU tensors laid out as ``tensors`` (sizes, strides): made
+    with ``empty_strided``, whose pages nothing touches."""
+    real = [None if t is None else torch.empty_strided(*t, dtype=d) for t, d in zip(tensors, dtypes)]
+    with torch._C.DisableTorchFunction():
+        try:
+            return torch._fused_sdp_choice(*real, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        except RuntimeError:
+            return -1  # (no backend: the call raises torch's error elsewhere)
+
+
+@functools.cache
+def _flash_order(order: tuple, dtype) -> tuple:
+    """The order (outermost dim first) of the output of torch's CPU flash kernel for a query whose
+    dims are laid out in ``order``: one small call of the kernel."""
+    sizes = (2, 3, 5, 4)
+    query = torch.empty([sizes[d] for d in order], dtype=dtype).permute([order.index(d) for d in range(4)])
+    key = torch.empty(2, 3, 6, 4, dtype=dtype)
+    with torch._C.DisableTorchFunction(), torch.no_grad():
+        out = torch._scaled_dot_product_flash_attention_for_cpu(query, key, key)[0]
+    return tuple(sorted(range(4), key=lambda d: -out.stride(d)))
+
+
 #: symbol name (without ``ltorch.``) -> its rule; ``symbols.register`` gives each symbol's torch
 #: callables theirs as it registers them.
 RULES_BY_NAME = {
@@ -170,4 +217,5 @@ RULES_BY_NAME = {
     "addr": _addr,
     "kron": _kron,
     "diff": _diff,
+    "scaled_dot_product_attention": _attention,
 }
