@@ -180,10 +180,11 @@ _FLASH = 1  # (``torch.nn.attention.SDPBackend.FLASH_ATTENTION``)
 def _cpu_choice(tensors: tuple, dtypes: tuple, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
     """``torch._fused_sdp_choice`` of CPU tensors laid out as ``tensors`` (sizes, strides): made
     with ``empty_strided``, whose pages nothing touches."""
-    real = [None if t is None else torch.empty_strided(*t, dtype=d) for t, d in zip(tensors, dtypes)]
+    q, k, v = (torch.empty_strided(*t, dtype=d) for t, d in zip(tensors[:3], dtypes))
+    mask = None if tensors[3] is None else torch.empty_strided(*tensors[3], dtype=dtypes[3])
     with torch._C.DisableTorchFunction():
         try:
-            return torch._fused_sdp_choice(*real, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            return torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         except RuntimeError:
             return -1  # (no backend: the call raises torch's error elsewhere)
 
@@ -197,7 +198,8 @@ def _flash_order(order: tuple, dtype) -> tuple:
     key = torch.empty(2, 3, 6, 4, dtype=dtype)
     with torch._C.DisableTorchFunction(), torch.no_grad():
         out = torch._scaled_dot_product_flash_attention_for_cpu(query, key, key)[0]
-    return tuple(sorted(range(4), key=lambda d: -out.stride(d)))
+    strides = out.stride()
+    return tuple(sorted(range(4), key=lambda d: -strides[d]))
 
 
 #: symbol name (without ``ltorch.``) -> its rule; ``symbols.register`` gives each symbol's torch
