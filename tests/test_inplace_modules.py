@@ -135,6 +135,31 @@ def test_batch_norm_train_and_eval(make, dtype):
         assert int(module.num_batches_tracked) == 3
 
 
+@pytest.mark.parametrize("params", [torch.bfloat16, torch.float32], ids=["bf16_module", "mixed"])
+@pytest.mark.parametrize("momentum", [None, 0.1], ids=["cumulative", "momentum"])
+def test_bfloat16_batch_norm_trains_as_eager_on_the_cpu(momentum, params):
+    """A bfloat16 batch norm's saved statistics are bfloat16 on the CPU (float32 with float32
+    parameters), as its backward kernel requires: the cumulative average (a tensor momentum, which
+    runs the decomposition) failed in the backward with float32 statistics."""
+    torch.manual_seed(0)
+    module = nn.BatchNorm2d(3, momentum=momentum).to(params)
+    eager = copy.deepcopy(module)
+    jmodule = thunder_rs.jit(module)
+    for n in (4, 5, 6):
+        x = torch.randn(n, 3, 4, 4, dtype=torch.bfloat16)
+        out, expected = jmodule(x), eager(x)
+        torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+        g = torch.randn(x.shape)  # (a loss whose gradients do not cancel to bfloat16's noise)
+        (out.float() * g).sum().backward()
+        (expected.float() * g).sum().backward()
+        for p, q in zip(module.parameters(), eager.parameters()):
+            assert p.grad.dtype == q.grad.dtype
+            torch.testing.assert_close(p.grad, q.grad, atol=5e-2, rtol=2e-2)
+        for b, c in zip(module.buffers(), eager.buffers()):
+            assert b.dtype == c.dtype
+            torch.testing.assert_close(b, c, atol=2e-2, rtol=2e-2)
+
+
 def test_batch_norm_functional_forms():
     def fn(x, mean, var, weight, bias):
         a = F.batch_norm(x, mean, var, weight, bias, training=True, momentum=0.2)

@@ -6,6 +6,8 @@ eager's autograd runs, and the grad rules. The in-place update of the running st
 
 import math
 
+import torch
+
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
@@ -127,15 +129,25 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 # -- kernels ---------------------------------------------------------------------------------------
 
 
-def _batch_stats_meta(input):
-    channels, dtype = (input.shape[1],), compute_dtype(input.dtype)
+def stats_dtype(input, *params):
+    """The dtype of the batch statistics ATen's kernels return: on CUDA the accumulate dtype; on
+    the CPU the input's, float32 for a half input only with float32 parameters (its "mixed type"):
+    a bfloat16 module's saved mean is bfloat16 there, which its backward kernel requires."""
+    dtype = compute_dtype(input.dtype)
+    if input.device.type != "cpu" or dtype == input.dtype:
+        return dtype
+    return dtype if any(p is not None and p.dtype == torch.float32 for p in params) else input.dtype
+
+
+def _batch_stats_meta(input, *params):
+    channels, dtype = (input.shape[1],), stats_dtype(input, *params)
     return [(channels, dtype, input.requires_grad), (channels, dtype, input.requires_grad)]
 
 
 def _native_batch_norm_meta(input, weight, bias, running_mean, running_var, training, momentum, eps):
     return [
         (*like(input), flows(input, weight, bias)),
-        *_batch_stats_meta(input),
+        *_batch_stats_meta(input, weight, bias, running_mean, running_var),
         (*like(running_mean), flows(input, running_mean, momentum)),
         (*like(running_var), flows(input, running_var, momentum)),
     ]
@@ -156,11 +168,18 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     unbiased = var * count / (count - 1)
     new_mean = mean * momentum + running_mean * (1 - momentum)
     new_var = unbiased * momentum + running_var * (1 - momentum)
-    return out, mean, invstd, cast(new_mean, running_mean.dtype), cast(new_var, running_var.dtype)
+    dtype = stats_dtype(input, weight, bias, running_mean, running_var)
+    return (
+        out,
+        cast(mean, dtype),
+        cast(invstd, dtype),
+        cast(new_mean, running_mean.dtype),
+        cast(new_var, running_var.dtype),
+    )
 
 
 def _native_batch_norm_no_stats_meta(input, weight, bias, eps):
-    return [like(input), *_batch_stats_meta(input)]
+    return [like(input), *_batch_stats_meta(input, weight, bias)]
 
 
 @torchsymbol(name="native_batch_norm_no_stats", meta=_native_batch_norm_no_stats_meta)
@@ -169,7 +188,8 @@ def native_batch_norm_no_stats(input, weight, bias, eps):
     and inverse standard deviation."""
     x = to_compute_dtype(input)
     mean, invstd, _ = batch_norm_stats(x, eps)
-    return batch_normalized(input, x, mean, invstd, weight, bias), mean, invstd
+    dtype = stats_dtype(input, weight, bias)
+    return batch_normalized(input, x, mean, invstd, weight, bias), cast(mean, dtype), cast(invstd, dtype)
 
 
 def _native_batch_norm_backward_meta(
