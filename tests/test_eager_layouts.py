@@ -568,3 +568,46 @@ def test_a_copy_contiguous_makes_hands_on_eagers_layout(program):
     out, expected = thunder_rs.jit(program)(x), program(x)
     torch.testing.assert_close(out, expected)
     assert out.stride() == expected.stride()
+
+
+def _told_at_module_outputs(model, *args) -> dict:
+    """Each submodule's tensor output's (shape, strides) as the call under way tells them: hooks
+    keep them on the modules (the jitted module's own state, which a traced call may write)."""
+
+    def keep(module, inputs, out):
+        if isinstance(out, torch.Tensor):
+            module._told_layout = (tuple(out.shape), tuple(out.stride()))
+
+    modules = dict(model.named_modules())
+    handles = [m.register_forward_hook(keep) for name, m in modules.items() if name]
+    try:
+        with torch.no_grad():
+            model(*args)
+    finally:
+        for h in handles:
+            h.remove()
+    return {name: m.__dict__.pop("_told_layout") for name, m in modules.items() if "_told_layout" in m.__dict__}
+
+
+def _models():
+    import torchvision  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=100))
+    resnet = torchvision.models.resnet18(num_classes=10).eval().to(memory_format=CL)
+    return {
+        "gpt2": (gpt2.eval(), torch.randint(0, 100, (2, 7))),
+        "resnet18 channels_last": (resnet, torch.randn(2, 3, 32, 32).contiguous(memory_format=CL)),
+    }
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet18 channels_last"])
+def test_every_module_output_of_a_model_tells_eagers_strides(name):
+    """The strides the trace tells at each submodule's output are eager's, size-1 dims' included
+    (a channels_last [N, C, 1, 1] pooling output's are channels_last ones, not row-major)."""
+    pytest.importorskip("torchvision")
+    pytest.importorskip("transformers")
+    model, x = _models()[name]
+    eager = _told_at_module_outputs(model, x)
+    told = _told_at_module_outputs(thunder_rs.jit(model), x)
+    assert told == eager
