@@ -145,6 +145,7 @@ impl BoundSymbol {
         let mut found = false;
         self.for_each_input(|v| found |= subst.contains_key(&v));
         found
+            || matches!(&self.symbol, Symbol::Prim(p) if p.params_read(&mut |v| subst.contains_key(&v)))
             || self.subsymbols.iter().any(|s| s.reads_any(subst))
             || self.grad.as_ref().is_some_and(|rule| {
                 rule.bsyms.iter().any(|s| s.reads_any(subst))
@@ -174,6 +175,13 @@ impl BoundSymbol {
         }
         let mut f = |v: ValueId| Arg::Value(*subst.get(&v).unwrap_or(&v));
         let mut out = self.map_inputs(&mut f);
+        // A prim's parameters read the size values of its symbolic ones (a slice from `t0`).
+        if let Symbol::Prim(p) = &self.symbol {
+            if p.params_read(&mut |v| subst.contains_key(&v)) {
+                let renamed = p.with_params_mapped(&out.args, &mut f);
+                out.symbol = Symbol::Prim(renamed.expect("a prim's parameters decode as they print"));
+            }
+        }
         if !self.subsymbols.is_empty() {
             out.subsymbols = self.subsymbols.iter().map(|s| s.renamed(subst)).collect();
         }

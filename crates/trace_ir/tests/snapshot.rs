@@ -133,3 +133,21 @@ fn checks_of_known_tensors_are_left_out() {
     assert!(segment(&b, &[], &[e], &[check]).unwrap().trace.bsyms.is_empty());
     assert!(segment(&b, &[], &[e], &[]).is_none()); // (not a check: an effect on state)
 }
+
+#[test]
+fn a_segment_numbers_anew_the_sizes_prim_parameters_read() {
+    // `w` is not taken, so the size `n` (which a call of an earlier segment defined: a slice
+    // bound read from a value) has another number in the segment than in the recording; the
+    // slice reads it through its parameters, which no operand shows.
+    let mut b = TraceBuilder::new();
+    let _w = b.add_input(ValueKind::Tensor(meta()));
+    let x = b.add_input(parse_value_type("cpu f32[10]").unwrap());
+    let n = b.add_unbacked_size(4);
+    let read = SymbolTable::register("test.snapshot_read_bound", SymbolKind::Fallback);
+    b.record_sized(trace_ir::Symbol::Fallback(read), vec![Arg::Value(x)], Vec::new(), Vec::new(), vec![n]);
+    let stop = Arg::Tuple(vec![Arg::Value(n)]);
+    let y = b.record_prim("slice", vec![Arg::Value(x), Arg::ints(&[0]), stop, Arg::ints(&[1])]).unwrap()[0];
+    let s = segment(&b, &[y], &[], &[]).unwrap(); // (verified: the slice relies on `n <= 10`)
+    assert_eq!((s.taken, s.sizes), (vec![1], vec![n]));
+    assert_eq!(s.trace.to_string().matches("prims.slice(t0, (0,), (t1,), (1,))").count(), 1, "{}", s.trace);
+}

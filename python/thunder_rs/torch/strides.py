@@ -7,6 +7,7 @@ root's, and tensors the program computes have those ``core.lang.eager_layouts`` 
 import math
 
 from thunder_rs.core.base.layouts import is_contiguous  # noqa: F401 (the torch layer's name for it)
+from thunder_rs.core.lang.symint import identical
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -29,8 +30,14 @@ def overlaps(shape, strides) -> bool:
 
 def viewed_strides(shape, strides, new_shape):
     """The strides of ``reshape(new_shape)`` as a view of a tensor with ``shape`` and ``strides``,
-    or None when eager must copy (ATen's ``computeStride``)."""
+    or None when eager must copy (ATen's ``computeStride``). Of a tensor whose strides are the
+    contiguous ones, the contiguous strides of ``new_shape``, which computeStride gives there:
+    told with no decision on the sizes (computeStride's ``size != 1`` at each dim would be a guard
+    on a count, and a variant traced at a count of 1 would serve 1 alone: Mask R-CNN's masks of
+    boxes 1 pixel high, ``[1, 1, h, w]`` taken as ``[h, w]``)."""
     if math.prod(shape) == 0 or not shape:
+        return contiguous_strides(new_shape)
+    if all(map(identical, strides, contiguous_strides(shape))):
         return contiguous_strides(new_shape)
     new_strides = [0] * len(new_shape)
     view_d = len(new_shape) - 1
@@ -38,7 +45,7 @@ def viewed_strides(shape, strides, new_shape):
     tensor_numel = view_numel = 1
     for d in range(len(shape) - 1, -1, -1):
         tensor_numel *= shape[d]
-        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base):
+        if d == 0 or _starts_chunk(shape[d - 1], strides[d - 1], tensor_numel * chunk_base):
             while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
                 new_strides[view_d] = view_numel * chunk_base
                 view_numel *= new_shape[view_d]
@@ -49,6 +56,15 @@ def viewed_strides(shape, strides, new_shape):
                 chunk_base = strides[d - 1]
                 tensor_numel = view_numel = 1
     return tuple(new_strides) if view_d == -1 else None
+
+
+def _starts_chunk(size, stride, expected) -> bool:
+    """computeStride's ``size != 1 and stride != expected``: whether the dim before starts a new
+    chunk of memory. Of a symbolic size, the stride is compared first: where it is the expected
+    one, no decision is taken on the size (the same answer; a count of 1 keeps the variant)."""
+    if type(size) is int:
+        return size != 1 and stride != expected
+    return stride != expected and size != 1
 
 
 def strides_of(p) -> tuple[int, ...]:

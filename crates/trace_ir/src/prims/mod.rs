@@ -238,6 +238,22 @@ impl Prim {
         out
     }
 
+    /// Whether the parameters read a value for which `read` is true: the size values of symbolic
+    /// parameters (a slice from `t0`, a reshape to `(t0, 4)`), which no operand shows.
+    pub fn params_read(&self, read: &mut impl FnMut(ValueId) -> bool) -> bool {
+        let mut hit = false;
+        self.params().iter().for_each(|a| a.for_each_value(&mut |v| hit |= read(v)));
+        hit
+    }
+
+    /// The prim with the values its parameters read replaced by `f` (a trace that numbers its
+    /// values anew), decoded again from its call; `operands` are the call's.
+    pub fn with_params_mapped(&self, operands: &[Arg], f: &mut impl FnMut(ValueId) -> Arg) -> Result<Prim> {
+        let mut call = self.operands().call_args(operands);
+        call.extend(self.params().iter().map(|a| a.map_values(f)));
+        Ok(Prim::from_call(self.name(), call)?.0)
+    }
+
     /// Computes the outputs' metadata from the operands, or a precise error; what it decided on
     /// symbolic sizes' hints alone goes into `facts`. Every meta rule computes with symbolic
     /// sizes (a rule that needs a number where a size is symbolic specialises it: a guard).

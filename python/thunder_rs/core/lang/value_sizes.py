@@ -64,16 +64,21 @@ def _fits_flat(pattern, values, least: int = 0) -> bool:
 
 def _applies(groups: tuple, shapes: tuple) -> bool:
     """Whether ``shapes`` (or ints read, flat) have every place of ``groups`` (``(output, dim)``
-    pairs; flat positions for ints), with one size per group, 0 or at least 2: a read at a site
-    whose sizes are symbolic is a count there at 0 too (a slice's start: its decisions at 0 are
-    guards that larger starts mostly keep). Not at 1, where broadcasting decides ``count == 1``:
-    a variant traced there served 1 alone (Faster R-CNN's sampler, one positive anchor)."""
+    pairs; flat positions for ints), with one size per group, at least 0: a read at a site whose
+    sizes are symbolic is a count there at 0 too (a slice's start: its decisions at 0 are guards
+    that larger starts mostly keep). An output size (a count of ``nonzero``'s indices) not at 1,
+    where broadcasting the rows decides ``count == 1``: a variant traced there served 1 alone
+    (Faster R-CNN's sampler, one positive anchor). An int read at 1 is traced symbolic: a bound or
+    size that slicing and factories take as any other (Mask R-CNN pastes boxes 1 pixel wide, and
+    crops them at 1 pixel from the border); taken constant there, each image whose boxes put a 1
+    at another read compiled a variant of its own."""
+    ints = type(groups[0][0]) is int if groups else False
     for group in groups:
-        if type(group[0]) is int:
+        if ints:
             sizes = {shapes[k] if k < len(shapes) else -1 for k in group}
         else:
             sizes = {shapes[i][d] if i < len(shapes) and d < len(shapes[i]) else -1 for i, d in group}
-        if len(sizes) != 1 or min(sizes) < 0 or 1 in sizes:
+        if len(sizes) != 1 or min(sizes) < 0 or (1 in sizes and not ints):
             return False
     return True
 
@@ -117,15 +122,16 @@ def widened(read: Read, value, known: tuple = ()) -> Read | None:
     return _with_groups(read, value, changes, known)
 
 
-def _with_groups(read: Read, value, changes: list, known: tuple) -> Read | None:
+def _with_groups(read: Read, value, changes: list, known: tuple, least: int = 2) -> Read | None:
     """``read`` answered with ``value``, symbolic at the places of ``changes`` (``(place, old,
-    new)`` each) that changed, and at those of ``known`` that are at least 2 now."""
+    new)`` each) that changed, and at those of ``known`` that are at least ``least`` now (2 for
+    output sizes, 1 for ints: ``_applies``)."""
     places = {place for group in known for place in group}
     groups: dict = {}
     for place, x, y in changes:
-        if x != y or (place in places and y >= 2):
+        if x != y or (place in places and y >= least):
             groups.setdefault((x, y), []).append(place)
-    if not groups or any(y < 2 for _, y in groups):
+    if not groups or any(y < least for _, y in groups):
         return None
     return dataclasses.replace(read, value=value, sizes=tuple(map(tuple, groups.values())), guards=[])
 
@@ -154,14 +160,15 @@ _INT_READERS = frozenset({"torch.Tensor.item", "torch.Tensor.tolist"})
 
 def _widened_ints(read: Read, value) -> Read | None:
     """``widened`` for ints read (``t.item()``, ``t.tolist()``), by their flat positions: all of
-    them of at least 2 (the values of a tensor change together; a count that stayed the same
-    from one call to the next is no more constant than the others)."""
+    them of at least 1 (the values of a tensor change together; a count that stayed the same
+    from one call to the next is no more constant than the others; 1 as ``_applies`` takes it)."""
     if read.what not in _INT_READERS:  # (``int(t)`` and ``operator.index`` must return ints)
         return None
     old, new = int_leaves(read.value), int_leaves(value)
     if old is None or new is None or tree_flatten(read.value)[1] != tree_flatten(value)[1]:
         return None
-    return _with_groups(read, value, [(k, x, y) for k, (x, y) in enumerate(zip(old, new))], (tuple(range(len(new))),))
+    changes = [(k, x, y) for k, (x, y) in enumerate(zip(old, new))]
+    return _with_groups(read, value, changes, (tuple(range(len(new))),), least=1)
 
 
 def place_guards(reads, guards) -> list:
