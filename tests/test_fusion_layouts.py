@@ -5,15 +5,13 @@ and values, and the definitions pin the outputs whose layout nvFuser would choos
 Inductor's (which keeps its graph's output strides, the trace's torch calls') on the CPU, and
 nvFuser's on CUDA where a GPU is lent."""
 
-import copy
-
 import pytest
 import torch
 
 import thunder_rs
 from thunder_rs.executors import nvfuser_layouts
 
-from test_eager_layouts import ChannelsLastNet
+from test_eager_layouts import train_channels_last_net_over_batches
 
 CL = torch.channels_last
 
@@ -72,21 +70,7 @@ def test_without_pinning_the_stand_in_lays_out_as_nvfuser_does(fake_ex, monkeypa
 
 
 def test_a_channels_last_cnn_trains_with_eagers_layouts_over_batch_sizes(fake_ex):
-    torch.manual_seed(0)
-    model = ChannelsLastNet().to(memory_format=CL)
-    eager = copy.deepcopy(model)
-    jmodel = thunder_rs.jit(model, executors=[fake_ex])
-    for batch in (2, 3, 5):
-        x = _cl(batch, 3, 6, 6)
-        (out, features), (out_e, features_e) = jmodel(x), eager(x)
-        assert features.stride() == features_e.stride()
-        torch.testing.assert_close(out, out_e)
-        (out.sum() + features.square().mean()).backward()
-        (out_e.sum() + features_e.square().mean()).backward()
-        for p, p_e in zip(model.parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, p_e.grad)
-            assert p.grad.stride() == p_e.grad.stride()
-    assert thunder_rs.compile_stats(jmodel).cache_misses == 2  # the batch size symbolic from the second
+    train_channels_last_net_over_batches(torch.float32, [fake_ex])
     assert fake_ex.stats["definitions"] >= 1 and fake_ex.stats["unpinned"] == 0
 
 

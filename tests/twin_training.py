@@ -8,13 +8,13 @@ import torch
 import thunder_rs
 
 
-def train_like_eager(model, batches, read=lambda out: out, **tol) -> thunder_rs.ThunderModule:
-    """Trains ``model`` jitted next to an eager copy, one call per batch (a tensor, or a dict of
-    keyword arguments), the random state seeded alike for both calls (dropout): what ``read``
-    takes from the outputs, and every gradient of ``read(out).square().mean()``, equal to eager's.
-    Returns the jitted module."""
+def train_like_eager(model, batches, read=lambda out: out, executors=None, **tol) -> thunder_rs.ThunderModule:
+    """Trains ``model`` jitted (with ``executors``) next to an eager copy, one call per batch (a
+    tensor, or a dict of keyword arguments), the random state seeded alike for both calls
+    (dropout): what ``read`` takes from the outputs, every gradient of ``read(out).square().mean()``
+    and the buffers (running statistics) equal to eager's. Returns the jitted module."""
     eager = copy.deepcopy(model)
-    jmodel = thunder_rs.jit(model)
+    jmodel = thunder_rs.jit(model, executors=executors)
     for i, batch in enumerate(batches):
         args, kwargs = ((), batch) if isinstance(batch, dict) else ((batch,), {})
         torch.manual_seed(i)
@@ -27,6 +27,8 @@ def train_like_eager(model, batches, read=lambda out: out, **tol) -> thunder_rs.
         for (name, p), q in zip(model.named_parameters(), eager.parameters()):
             if q.grad is not None:
                 torch.testing.assert_close(p.grad, q.grad, msg=name, **tol)
+        for (name, b), c in zip(model.named_buffers(), eager.buffers()):
+            torch.testing.assert_close(b, c, msg=name, **tol)
         model.zero_grad()
         eager.zero_grad()
     return jmodel

@@ -247,21 +247,20 @@ def tracked(symbol):
             out = symbol(a, *args, **kwargs)
         finally:
             stop_prim_log()
-        if type(out) is TensorProxy:
-            if out is not a:
-                steps = _chain(a, out, log)
-                if steps is not None:
-                    attach(a, out, steps)
-            return out
-        for o in out:
-            if type(o) is TensorProxy and o is not a:
-                steps = _chain(a, o, log)
-                if steps is not None:
-                    attach(a, o, steps)
+        _link(((a, o) for o in ((out,) if type(out) is TensorProxy else out)), log)
         return out
 
     view_op.__wrapped__ = symbol
     return view_op
+
+
+def _link(pairs, log: list) -> None:
+    """Links each output of ``pairs`` (input, output) to its input by the shape prims in ``log``."""
+    for a, o in pairs:
+        if type(a) is TensorProxy and type(o) is TensorProxy and o is not a:
+            steps = _chain(a, o, log)
+            if steps is not None:
+                attach(a, o, steps)
 
 
 def tracked_each(symbol):
@@ -280,11 +279,7 @@ def tracked_each(symbol):
             out = symbol(*tensors)
         finally:
             stop_prim_log()
-        for a, o in zip(given, out):
-            if type(a) is TensorProxy and type(o) is TensorProxy and o is not a:
-                steps = _chain(a, o, log)
-                if steps is not None:
-                    attach(a, o, steps)
+        _link(zip(given, out), log)
         return out
 
     view_op.__wrapped__ = symbol
