@@ -129,3 +129,34 @@ def test_a_module_attribute_a_compiled_frame_writes_reaches_thunder_rs_jit():
     rescale(x)
     assert module.scale == 3.0
     torch.testing.assert_close(jitted(x), 3 * x)
+
+
+def _zero_a_column(x):
+    return x[:, 0].zero_()
+
+
+def _halve_the_tail(x):
+    return x[x.shape[0] // 2 :].mul_(0.5)
+
+
+@pytest.mark.parametrize("program", [_zero_a_column, _halve_the_tail])
+def test_a_write_through_a_view_of_a_symbolic_input_returns_that_view_of_it(program):
+    # The returned view of a written input is taken again of the caller's tensor after the
+    # write-back; its steps' symbolic sizes reached the slice as thunder_rs's SymInts, which torch
+    # asked `node.is_int` of: every call after the sizes turned symbolic failed (jit's too).
+    compiled = torch.compile(program, backend="thunder_rs")
+    jitted = thunder_rs.jit(program)
+    for n in (2, 3, 5, 7):
+        x = torch.randn(n, 4)
+        expected_x = x.clone()
+        expected = program(expected_x)
+        for call in (compiled, jitted):
+            y = x.clone()
+            out = call(y)
+            torch.testing.assert_close(y, expected_x)
+            torch.testing.assert_close(out, expected)
+            # a view of the caller's tensor, as eager's
+            assert out.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+            assert (out.stride(), out.storage_offset()) == (expected.stride(), expected.storage_offset())
+    assert compiles() == [1, 1]
+    assert thunder_rs.compile_stats(jitted).cache_misses == 2
