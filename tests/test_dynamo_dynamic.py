@@ -129,3 +129,59 @@ def test_a_module_attribute_a_compiled_frame_writes_reaches_thunder_rs_jit():
     rescale(x)
     assert module.scale == 3.0
     torch.testing.assert_close(jitted(x), 3 * x)
+
+
+def _zero_a_column(x):
+    return x[:, 0].zero_()
+
+
+def _halve_the_tail(x):
+    return x[x.shape[0] // 2 :].mul_(0.5)
+
+
+@pytest.mark.parametrize("program", [_zero_a_column, _halve_the_tail])
+def test_a_write_through_a_view_of_a_symbolic_input_returns_that_view_of_it(program):
+    # The returned view of a written input is taken again of the caller's tensor after the
+    # write-back; its steps' symbolic sizes reached the slice as thunder_rs's SymInts, which torch
+    # asked `node.is_int` of: every call after the sizes turned symbolic failed (jit's too).
+    compiled = torch.compile(program, backend="thunder_rs")
+    jitted = thunder_rs.jit(program)
+    for n in (2, 3, 5, 7):
+        x = torch.randn(n, 4)
+        expected_x = x.clone()
+        expected = program(expected_x)
+        for call in (compiled, jitted):
+            y = x.clone()
+            out = call(y)
+            torch.testing.assert_close(y, expected_x)
+            torch.testing.assert_close(out, expected)
+            # a view of the caller's tensor, as eager's
+            assert out.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+            assert (out.stride(), out.storage_offset()) == (expected.stride(), expected.storage_offset())
+    assert compiles() == [1, 1]
+    assert thunder_rs.compile_stats(jitted).cache_misses == 2
+
+
+@pytest.mark.parametrize("name", ["batch_norm_2d", "group_norm", "cross_entropy", "kl_div_batchmean", "attention"])
+def test_layers_train_under_the_backend_as_eager_in_one_compile_per_graph(name):
+    # A representative of the sweep of test_dynamic_layers' CASES under the backend (all 21, in
+    # bf16, CPU autocast and eval under no_grad: each Dynamo graph compiled once in thunder_rs).
+    from test_dynamic_layers import CASES
+
+    make, sample = CASES[name]
+    torch.manual_seed(0)
+    model = make()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="thunder_rs")
+    for n in (2, 3, 5):
+        x = sample(n)
+        out, expected = compiled(x), eager(x)
+        torch.testing.assert_close(out, expected, **TOL)
+        assert (out.dtype, out.stride()) == (expected.dtype, expected.stride())
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, **TOL)
+        for b, c in zip(model.buffers(), eager.buffers(), strict=True):
+            torch.testing.assert_close(b, c, **TOL)
+    assert compiles() == [1, 1]

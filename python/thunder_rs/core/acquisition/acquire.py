@@ -409,7 +409,8 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     traced = inputs.args + inputs.params + captured
     n_args, n_traced = len(inputs.args), len(traced)
     separate = (*range(n_args), *range(n_traced - len(captured), n_traced))
-    writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate)
+    sizes = tuple(f"t{size.values()[0]}" for size in rec.size_inputs())
+    writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate, sizes)
     return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, writebacks
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from thunder_rs.core.lang.executor_api import torch_executor
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -48,6 +49,9 @@ class WriteBacks:
     #: input (``cache[pos] = new; return cache[: pos + 1]``), taken of the caller's tensor after
     #: the copies, so they alias it as in eager
     views: tuple = ()
+    #: the names (``t3``) of the trace's size inputs, its last inputs, in order: the symbolic
+    #: sizes the views' steps take are computed from them on each call
+    sizes: tuple = ()
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -62,14 +66,14 @@ class WriteBacks:
         return frozenset(untracked)
 
 
-def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = ()):
+def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = (), sizes: tuple = ()):
     """The write-backs of a traced program, and the outputs its trace returns; ``(None, out)``
     when it wrote no input.
 
     ``inputs`` are the trace's input proxies in order; ``slot_values`` holds, for each module
     parameter or buffer slot, ``(store, name, input proxy, value in the slot after tracing)``;
     ``separate`` are the inputs (arguments, captured tensors) a call must not pass aliased with a
-    written one: the trace took them as distinct tensors.
+    written one: the trace took them as distinct tensors; ``sizes`` the names of its size inputs.
     """
     written = [(k, p) for k, p in enumerate(inputs) if p._vid != p._input_vid]
     reassigned = [(d, n, v) for d, n, p, v in slot_values if v is not p]
@@ -98,31 +102,70 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
     views = tuple(
         (i, position[id(link.root)], link.steps)
         for i, o in enumerate(leaves)
-        if (link := _replayable_view(o)) is not None and id(link.root) in position and id(o) not in position
+        if (link := _replayable_view(o, sizes)) is not None and id(link.root) in position and id(o) not in position
     )
     tensors = tuple(i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor))
-    wb = WriteBacks(len(leaves), out_kind, tuple(copies), tuple(slots), aliases, tensors, tuple(separate), views)
+    wb = WriteBacks(
+        len(leaves), out_kind, tuple(copies), tuple(slots), aliases, tensors, tuple(separate), views, tuple(sizes)
+    )
     return wb, tuple(leaves + extra)
 
 
-def _replayable_view(o):
+def _replayable_view(o, sizes: tuple):
     """``o``'s view link when ``o`` is a view through shape prims alone (which torch calls can take
-    again of a real tensor), else None."""
+    again of a real tensor) whose symbolic sizes are computed from the size inputs ``sizes``
+    (not from counts a call computes), else None."""
     link = getattr(o, "_view", None) if isinstance(o, TensorProxy) else None
-    return link if link is not None and all(step.is_prim for step in link.steps) else None
+    if link is None or not all(step.is_prim for step in link.steps):
+        return None
+    read = {f"t{v}" for step in link.steps for size in _symbolic(step.params) for v in size.expr.values()}
+    return link if read <= set(sizes) else None
 
 
-def _view_taker(steps):
-    """A function taking, of a real tensor, the view ``steps`` take of its proxy."""
+def _symbolic(params) -> list:
+    """The symbolic sizes among ``params`` (nested in tuples and lists)."""
+    if isinstance(params, (tuple, list)):
+        return [size for p in params for size in _symbolic(p)]
+    return [params] if type(params) is SymInt else []
+
+
+def _evaluator(params, names: tuple):
+    """``params`` as a function of the size inputs' values (``names``, in order): a symbolic size
+    is computed from them, as the compiled program computes its sizes."""
+    if type(params) is SymInt:
+        code = compile(str(params.expr), "<thunder_rs view size>", "eval")
+        return lambda values: eval(code, {"__builtins__": {}}, dict(zip(names, values)))  # noqa: S307
+    if isinstance(params, (tuple, list)) and _symbolic(params):
+        parts = [_evaluator(p, names) for p in params]
+        kind = type(params)
+        return lambda values: kind(part(values) for part in parts)
+    return lambda values: params
+
+
+def _view_taker(steps, sizes: tuple = ()):
+    """A function of a real tensor and the call's inputs, taking of the tensor the view ``steps``
+    take of its proxy; symbolic sizes among their parameters are computed from the size inputs
+    (``sizes``, the call's last inputs) of the call."""
     registry = torch_executor().registry
     calls = [(registry[step.name].fn, step.params) for step in steps]
+    if not any(_symbolic(params) for _, params in calls):
 
-    def take(t):
-        for call, params in calls:
-            t = call(t, *params)
+        def take(t, inputs):
+            for call, params in calls:
+                t = call(t, *params)
+            return t
+
+        return take
+    evaluated = [(call, _evaluator(tuple(params), sizes)) for call, params in calls]
+    n = len(sizes)
+
+    def take_sized(t, inputs):
+        values = inputs[len(inputs) - n :]
+        for call, params in evaluated:
+            t = call(t, *params(values))
         return t
 
-    return take
+    return take_sized
 
 
 def root_id(t: torch.Tensor) -> int:
@@ -169,8 +212,8 @@ def with_writebacks(fn, wb: WriteBacks):
         for i in range(wb.num_outputs)
     ]
     for i, k, steps in wb.views:
-        namespace[f"view{i}"] = _view_taker(steps)
-        results[i] = f"view{i}(inputs[{k}])"
+        namespace[f"view{i}"] = _view_taker(steps, wb.sizes)
+        results[i] = f"view{i}(inputs[{k}], inputs)"
     if wb.out_kind == "single":
         lines.append(f"    return {results[0]}")
     elif wb.out_kind == "list":
