@@ -165,6 +165,9 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     )
     z = prims.abs(_difference(op, input, target))
     loss = prims.where(prims.lt(z, delta), prims.mul(prims.mul(z, z), 0.5), prims.mul(prims.sub(z, 0.5 * delta), delta))
+    # ATen writes the elementwise loss into ``empty_like(input)``: computed in the common dtype,
+    # rounded to the input's (a float64 target does not widen a float32 loss).
+    loss = clang.maybe_convert(loss, input.dtype)
     if weight is None:
         return _reduce(op, loss, reduction)
     _check_weight_size(op, weight, input)
@@ -224,17 +227,25 @@ def binary_cross_entropy_with_logits(
         lambda: f"result type Float can't be cast to the desired output type {target.dtype} (argument target)",
         ThunderRuntimeError,
     )
+    # ATen computes with in-place ops, each rounding to the dtype of the tensor it writes:
+    # ``(1 - target).mul_(input).sub_(log_sigmoid)``, then ``.mul_(weight)``: the loss has the
+    # target's dtype (float32 for a float64 input and a float32 target), ``log_sigmoid`` the input's.
     log_sigmoid = logsigmoid(input)
     if pos_weight is not None:
         log_weight = clang.elementwise(
             prims.add, op, clang.elementwise(prims.mul, op, clang.elementwise(prims.sub, op, pos_weight, 1), target), 1
         )
-        log_sigmoid = clang.elementwise(prims.mul, op, log_sigmoid, log_weight)
-    one_minus = clang.elementwise(prims.sub, op, 1, target)
-    loss = clang.elementwise(prims.sub, op, clang.elementwise(prims.mul, op, one_minus, input), log_sigmoid)
-    if weight is None:
-        return _reduce(op, loss, reduction)
-    return _weighted_reduce(op, loss, weight, reduction, mean_by_weight=False)
+        log_sigmoid = _in_place(op, prims.mul, log_sigmoid, log_weight)
+    loss = _in_place(op, prims.mul, clang.elementwise(prims.sub, op, 1, target), input)
+    loss = _in_place(op, prims.sub, loss, log_sigmoid)
+    if weight is not None:
+        loss = _in_place(op, prims.mul, loss, weight)
+    return _reduce(op, loss, reduction)
+
+
+def _in_place(op: str, prim, a, b):
+    """``a.<prim>_(b)``: computed in the operands' common dtype, rounded to ``a``'s."""
+    return clang.maybe_convert(clang.elementwise(prim, op, a, b), a.dtype)
 
 
 @torchsymbol(F.kl_div)
@@ -345,7 +356,8 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
 def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     op = "ltorch.soft_margin_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
-    product = clang.elementwise(prims.mul, op, clang.elementwise(prims.neg, op, input), target)
+    # ATen: ``neg_out(output, input).mul_(target).exp_().log1p_()``, all in the input's dtype.
+    product = _in_place(op, prims.mul, clang.elementwise(prims.neg, op, input), target)
     return _reduce(op, prims.log1p(prims.exp(product)), reduction)
 
 
@@ -391,8 +403,11 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
         return prims.sum(clang.elementwise(prims.mul, op, a, b), dim)
 
     # Eager's epsilon keeps a zero vector's cosine finite.
-    squares = prims.mul(prims.add(total(input1, input1), 1e-12), prims.add(total(input2, input2), 1e-12))
-    cos = prims.div(total(input1, input2), prims.sqrt(squares))
+    # (Inputs of two dtypes promote, as eager's products do.)
+    squares = clang.elementwise(
+        prims.mul, op, prims.add(total(input1, input1), 1e-12), prims.add(total(input2, input2), 1e-12)
+    )
+    cos = clang.elementwise(prims.div, op, total(input1, input2), prims.sqrt(squares))
     zero = clang.maybe_convert(0, cos.dtype)
     pos = where(
         clang.elementwise(prims.eq, op, target, 1, kind=clang.ALWAYS_BOOL),
