@@ -65,6 +65,7 @@ TESTS = [
     "tests/test_snapshots.py::test_random_draws_and_generator_state_are_eagers_across_reads",
     "tests/test_eager_layouts.py::test_on_cuda_channels_last_blocks_keep_eagers_layouts_with_the_default_executors",
     "tests/test_fusion_layouts.py::test_on_cuda_nvfusers_regions_hand_on_eagers_layouts",
+    "tests/test_fusion_layouts.py::test_on_cuda_a_channels_last_resnet_trains_as_eager_with_nvfusers_regions",
 ]
 #: Seconds the benchmark keeps for itself out of the budget when the tests run first.
 BENCH_RESERVE_S = 150
