@@ -558,6 +558,25 @@ def test_merging_heads_copies_nothing_eager_does_not():
     assert "clone" not in str(thunder_rs.last_traces(jmerge)[-1])
 
 
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_cpu_attention_follows_the_kernel_switches_between_calls(requires_grad):
+    """``sdpa_kernel(SDPBackend.MATH)`` around a later call runs the math path, whose output is a
+    matmul's (contiguous): the merged heads are then a copy in eager. The entry is guarded on the
+    switches, so that call compiles anew with them and returns eager's strides."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    def merged(x, k):
+        return F.scaled_dot_product_attention(_split_heads(x), k, k).transpose(1, 2).contiguous()
+
+    x, k = torch.randn(2, 5, 12, requires_grad=requires_grad), torch.randn(2, 3, 6, 4)
+    jmerged = thunder_rs.jit(merged)
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(backend):
+            out, expected = jmerged(x, k), merged(x, k)
+        assert_like_eager(out.detach(), expected.detach())
+    assert thunder_rs.compile_stats(jmerged).cache_misses == 2
+
+
 @pytest.mark.parametrize(
     "program",
     [

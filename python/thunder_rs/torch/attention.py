@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.lang import sdp_state
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
     ThunderRuntimeError,
@@ -35,6 +36,7 @@ from thunder_rs.torch.linalg import matmul
 from thunder_rs.torch.nn import dropout, softmax_backward, tensor_softmax
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.torch.layout_rules import flash_order_if_otherwise
 
 T = torch.Tensor
 
@@ -287,8 +289,12 @@ def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
 
 def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
     """Whether eager's CPU flash kernels take the call: 4-D query, key and value on the CPU with
-    one batch and head count and one head size, positions on both sides, no mask, no dropout."""
+    one batch and head count and one head size, positions on both sides, no mask, no dropout,
+    and, where the flash kernel's output is laid out otherwise than the math path's, flash not
+    switched off (``sdpa_kernel``: the switches are guarded then; else only rounding differs)."""
     if query.device.type != "cpu" or attn_mask is not None or dropout_p != 0 or query.dtype not in _FLASH_DTYPES:
+        return False
+    if flash_order_if_otherwise(query) is not None and not sdp_state.guard()[0]:  # (the flash switch)
         return False
     if not all(x.ndim == 4 for x in (query, key, value)):
         return False

@@ -29,7 +29,6 @@ replays those draws from the seed and offset it returned.
 """
 
 import math
-import types
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -38,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from thunder_rs import _core
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang import sdp_state
-from thunder_rs.core.lang.symint import SymInt, hint
+from thunder_rs.core.lang.symint import SymInt, at_sizes, hint
 from thunder_rs.core.state.observe import check_sizes
 from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.core.base.proxies import TensorProxy
@@ -121,28 +120,12 @@ def _at_hints(meta):
 
 
 def _sized(meta):
-    """``meta`` with each symbolic size as its expression compiled once (no recording's value is
-    kept), for ``_at(sized, env)`` to evaluate at other sizes."""
+    """``meta`` as a function of the size values by name (``symint.at_sizes``), or None."""
     if meta is None:
-        return None
-
-    def code(s):
-        return compile(str(s.expr), "<thunder_rs size>", "eval") if type(s) is SymInt else s
-
+        return lambda env: None
     shape, strides, *rest = meta
-    return (tuple(map(code, shape)), tuple(map(code, strides)), *rest)
-
-
-def _at(sized, env: dict):
-    """``sized`` (``_sized``'s) at the values ``env`` gives the size inputs (``{"t0": 17}``)."""
-    if sized is None:
-        return None
-
-    def value(s):
-        return eval(s, {"__builtins__": {}}, env) if isinstance(s, types.CodeType) else s  # noqa: S307
-
-    shape, strides, *rest = sized
-    return (tuple(map(value, shape)), tuple(map(value, strides)), *rest)
+    sizes = at_sizes((shape, strides))
+    return lambda env: (*sizes(env), *rest)
 
 
 #: Choices made, by the calls' metadata and the switches: the layers of a model ask once.
@@ -184,7 +167,7 @@ def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: 
 
         def same_choice(env: dict) -> bool:
             try:
-                return _choose([_at(m, env) for m in sized], *args) == backend
+                return _choose([m(env) for m in sized], *args) == backend
             except Exception:  # noqa: BLE001 (no kernel for those sizes: not this entry's call)
                 return False
 

@@ -8,6 +8,7 @@ import functools
 import torch
 
 from thunder_rs import prims
+from thunder_rs.core.lang import sdp_state
 from thunder_rs.core.lang.eager_layouts import (
     COLUMN_MAJOR,
     LIKE,
@@ -161,25 +162,38 @@ def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
     """On the CPU, where torch runs its flash kernel, the layout that kernel gives the output (on
     torch 2.15 the query's order; older kernels allocated ``[B, L, H, D]``): asked of torch once
     per order of the query's dims. Elsewhere the math path's matmul (contiguous); on CUDA the
-    fused kernels' records tell their own (``fused_attention``)."""
+    fused kernels' records tell their own (``fused_attention``). Where the two layouts differ,
+    the choice reads torch's kernel switches (``sdpa_kernel``), which the entry is guarded on."""
+    order = flash_order_if_otherwise(query)
+    if order is None:
+        return None
+    tensors = tuple(layout(t) if t is not None else None for t in (query, key, value, attn_mask))
+    dtypes = tuple(None if t is None else t.dtype for t in (query, key, value, attn_mask))
+    choice = _cpu_choice(tensors, dtypes, float(dropout_p), bool(is_causal), scale, bool(enable_gqa), sdp_state.guard())
+    return (lambda shape: dense_strides(shape, order)) if choice == _FLASH else None
+
+
+def flash_order_if_otherwise(query) -> tuple | None:
+    """The order (outermost dim first) of the output torch's CPU flash kernel gives a 4-D CPU
+    ``query`` where it is not row-major (the math path's); else None: which kernel runs does not
+    change the layout then, and nothing need be guarded on the switches for it."""
     if query.device.type != "cpu" or query.ndim != 4:
         return None
-    tensors = [layout(t) if t is not None else None for t in (query, key, value, attn_mask)]
-    dtypes = tuple(None if t is None else t.dtype for t in (query, key, value, attn_mask))
-    if _cpu_choice(tuple(tensors), dtypes, float(dropout_p), bool(is_causal), scale, bool(enable_gqa)) != _FLASH:
-        return None
-    sizes, strides = tensors[0]
+    strides = layout(query)[1]
     order = _flash_order(tuple(sorted(range(4), key=lambda d: -strides[d])), query.dtype)
-    return lambda shape: dense_strides(shape, order)
+    return None if order == (0, 1, 2, 3) else order
 
 
 _FLASH = 1  # (``torch.nn.attention.SDPBackend.FLASH_ATTENTION``)
 
 
 @functools.lru_cache(maxsize=256)
-def _cpu_choice(tensors: tuple, dtypes: tuple, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> int:
+def _cpu_choice(
+    tensors: tuple, dtypes: tuple, dropout_p: float, is_causal: bool, scale, enable_gqa: bool, switches
+) -> int:
     """``torch._fused_sdp_choice`` of CPU tensors laid out as ``tensors`` (sizes, strides): made
-    with ``empty_strided``, whose pages nothing touches."""
+    with ``empty_strided``, whose pages nothing touches; under the kernel ``switches`` in force
+    (``sdp_state.state()``: part of the cache key)."""
     q, k, v = (torch.empty_strided(*t, dtype=d) for t, d in zip(tensors[:3], dtypes))
     mask = None if tensors[3] is None else torch.empty_strided(*tensors[3], dtype=dtypes[3])
     with torch._C.DisableTorchFunction():
@@ -197,7 +211,10 @@ def _flash_order(order: tuple, dtype) -> tuple:
     query = torch.empty([sizes[d] for d in order], dtype=dtype).permute([order.index(d) for d in range(4)])
     key = torch.empty(2, 3, 6, 4, dtype=dtype)
     with torch._C.DisableTorchFunction(), torch.no_grad():
-        out = torch._scaled_dot_product_flash_attention_for_cpu(query, key, key)[0]
+        try:
+            out = torch._scaled_dot_product_flash_attention_for_cpu(query, key, key)[0]
+        except RuntimeError:  # (a dtype the kernel lacks: torch never chooses it then)
+            return (0, 1, 2, 3)
     strides = out.stride()
     return tuple(sorted(range(4), key=lambda d: -strides[d]))
 

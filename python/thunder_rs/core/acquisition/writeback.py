@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from thunder_rs.core.lang.executor_api import torch_executor
-from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.core.lang.symint import SymInt, at_sizes
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -132,14 +132,8 @@ def _symbolic(params) -> list:
 def _evaluator(params, names: tuple):
     """``params`` as a function of the size inputs' values (``names``, in order): a symbolic size
     is computed from them, as the compiled program computes its sizes."""
-    if type(params) is SymInt:
-        code = compile(str(params.expr), "<thunder_rs view size>", "eval")
-        return lambda values: eval(code, {"__builtins__": {}}, dict(zip(names, values)))  # noqa: S307
-    if isinstance(params, (tuple, list)) and _symbolic(params):
-        parts = [_evaluator(p, names) for p in params]
-        kind = type(params)
-        return lambda values: kind(part(values) for part in parts)
-    return lambda values: params
+    sized = at_sizes(params)
+    return lambda values: sized(dict(zip(names, values)))
 
 
 def _view_taker(steps, sizes: tuple = ()):

@@ -307,3 +307,17 @@ def identical(a, b) -> bool:
     if type(b) is SymInt:
         return b.expr.same(a)
     return a == b
+
+
+def at_sizes(params):
+    """``params`` (a number, a symbolic size, or tuples and lists of them) as a function of
+    ``env``, the size values by name (``{"t0": 17}``): each symbolic size computed from them, its
+    expression compiled once (no recording's value is kept); the rest as it is."""
+    if type(params) is SymInt:
+        code = compile(str(params.expr), "<thunder_rs size>", "eval")
+        return lambda env: eval(code, {"__builtins__": {}}, env)  # noqa: S307 (sizes' own expressions)
+    if type(params) in (tuple, list):
+        parts = [at_sizes(p) for p in params]
+        kind = type(params)
+        return lambda env: kind(part(env) for part in parts)
+    return lambda env: params
