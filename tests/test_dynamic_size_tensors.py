@@ -112,6 +112,34 @@ def test_data_the_size_path_does_not_take_equals_eager(fn):
         torch.testing.assert_close(jf(x), fn(x))
 
 
+#: Sizes written in place into a tensor the program made: the write fills the tensor's memory as
+#: eager's does (dense, in the tensor's layout), not a broadcast of the size (strides of 0).
+FILLS = {
+    "fill_zeros_like": lambda x: torch.zeros_like(x).fill_(x.shape[1]),
+    "fill_transposed": lambda x: torch.empty_like(x.t()).fill_(x.shape[0]),
+    "fill_factory_bool": lambda x: torch.zeros(x.shape, dtype=torch.bool).fill_(x.shape[1] - 5),
+    "fill_factory_read_too": lambda x: (lambda y: (y.fill_(x.shape[1]), y * 2))(torch.zeros(x.shape)),
+    "add_into_factory": lambda x: torch.zeros(x.shape).add_(x.shape[0]),
+    "fill_a_column": lambda x: (lambda y: (y[:, 1].fill_(x.shape[1]), y))(x.clone())[1],
+}
+
+
+def _outputs(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("name", FILLS)
+def test_a_size_written_in_place_keeps_eagers_layout(name):
+    fn = FILLS[name]
+    jf = thunder_rs.jit(fn)
+    for shape in SHAPES:
+        x = torch.randn(*shape)
+        for a, e in zip(_outputs(jf(x)), _outputs(fn(x))):
+            _equal(a, e)
+            assert a.stride() == e.stride(), (shape, a.stride(), e.stride())
+    assert thunder_rs.cache_misses(jf) == 2
+
+
 def normalised(x):
     """Mean by a size tensor made in the program, and a row of the length, in one region."""
     n = torch.tensor(x.shape[0], dtype=torch.float32)

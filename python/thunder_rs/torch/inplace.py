@@ -131,7 +131,7 @@ def _fills(dst, value, copy: bool) -> bool:
         return False
     if isinstance(value, torch.Tensor):
         return value.ndim == 0 and value.device == dst.device
-    return isinstance(value, (bool, int, float))
+    return isinstance(value, (bool, int, float, SymInt))
 
 
 def _copied(dst, value):
@@ -183,7 +183,9 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     if fills:
         value = fill(dst, value)
     else:
-        broadcasts = isinstance(value, torch.Tensor) and not same_shape(value.shape, dst.shape)
+        # (a size is filled in by broadcasting its 0-dim tensor: ``_as_value``)
+        broadcasts = type(value) is SymInt
+        broadcasts |= isinstance(value, torch.Tensor) and not same_shape(value.shape, dst.shape)
         value = _as_value(op, dst, value, copy)
         whole = _whole_intermediate(dst)
         if whole and dst._strides is not None and not _made_like(value, dst):
