@@ -5,6 +5,7 @@ Ints 0 and 1, negative ints and bools stay constants. Every call is checked agai
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
 
@@ -186,3 +187,78 @@ def test_an_int_a_symbolic_compile_fails_on_stays_constant_and_the_dims_stay_sym
     # static (8, 2); then one symbolic entry per k, each serving every length
     assert stats(jf).cache_misses == 4, stats(jf).miss_reasons
     assert "holds k constant" in stats(jf).miss_reasons[2]
+
+
+# -- ints derived from symbolic sizes, passed to torch ops ------------------------------------------
+
+
+def like_eager_over_sizes(fn, sizes, make=lambda n: torch.randn(3, n), grad=True):
+    """``fn`` jitted and eager, called on ``make(n)`` for each size: outputs, dtypes, strides and
+    the input's gradient equal; returns the jitted function."""
+    jf = thunder_rs.jit(fn)
+    for n in sizes:
+        x = make(n)
+        x.requires_grad_(grad and x.is_floating_point())
+        x2 = x.detach().clone().requires_grad_(x.requires_grad)
+        out, expected = jf(x), fn(x2)
+        out, expected = (out, expected) if isinstance(out, (tuple, list)) else ((out,), (expected,))
+        assert len(out) == len(expected)
+        for o, e in zip(out, expected):
+            torch.testing.assert_close(o, e)
+            assert o.stride() == e.stride() or o.numel() <= 1, (n, o.stride(), e.stride())
+        if x.requires_grad:
+            gs = [torch.randn_like(e) for e in expected]
+            torch.testing.assert_close(torch.autograd.grad(out, x, gs)[0], torch.autograd.grad(expected, x2, gs)[0])
+    return jf
+
+
+#: Programs that pass an int computed from a symbolic size to an op: over inputs (3, n) for
+#: n = 6, 8, 10, 12 they compile twice (static, then symbolic), not once per size.
+SIZED_ARGS = {
+    "index_last": lambda x: x[:, x.shape[1] - 1],
+    "index_middle": lambda x: x[..., x.shape[-1] // 2] * 2,
+    "select": lambda x: x.select(1, x.shape[1] // 2),
+    "select_from_end": lambda x: x.select(1, 2 - x.shape[1]),
+    "avg_pool_kernel": lambda x: F.avg_pool1d(x[None], x.shape[1] // 2),
+    "max_pool_kernel": lambda x: F.max_pool1d(x[None], x.shape[1] // 2),
+    "tensor_of_shape": lambda x: x.sum(1) + torch.tensor(x.shape).sum(),
+    "floordiv_by_size": lambda x: x[:, : (x.shape[1] - 1) // (x.shape[1] // 2)] * (x.shape[1] % (x.shape[1] // 2 + 1)),
+}
+
+
+@pytest.mark.parametrize("name", SIZED_ARGS)
+def test_an_int_from_a_symbolic_size_stays_symbolic_in_the_op(name):
+    jf = like_eager_over_sizes(SIZED_ARGS[name], [6, 8, 10, 12])
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+    assert jf._dynamic_off is None
+
+
+def last_but(x):
+    return x[:, x.shape[1] - 5] + x.select(1, x.shape[1] - 5)
+
+
+def test_an_index_from_a_size_that_turns_negative_or_out_of_range_is_eagers():
+    # The index is used as it is where it is not negative (a guard), not reduced modulo the size
+    # (which specialised): a call where it is negative compiles again, one out of range raises.
+    jf = thunder_rs.jit(last_but)
+    for n in [6, 8, 4, 3, 7]:
+        x = torch.randn(3, n)
+        torch.testing.assert_close(jf(x), last_but(x))
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    assert "t0 - 5 >= 0 fails (t0 = x.shape[1] = 4)" in stats(jf).miss_reasons[2]
+    with pytest.raises(IndexError, match="out of bounds|out of range"):
+        last_but(torch.randn(3, 2))
+    with pytest.raises(IndexError, match="out of bounds|out of range"):
+        jf(torch.randn(3, 2))
+
+
+def test_a_quotient_by_a_size_is_decided_with_guards_on_its_bounds():
+    # (T - 1) // (T // 2) is 1 for every even T, 2 for every odd one: the sizes stay symbolic,
+    # the bounds the quotient relies on are the guards; one compile for each quotient.
+    fn = SIZED_ARGS["floordiv_by_size"]
+    jf = thunder_rs.jit(fn)
+    for n in [6, 8, 5, 7, 3, 12]:
+        x = torch.randn(3, n)
+        torch.testing.assert_close(jf(x), fn(x))
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    assert "-t0 + 2*(t0 // 2) >= 0 fails (t0 = x.shape[1] = 5)" in stats(jf).miss_reasons[2]

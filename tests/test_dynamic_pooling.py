@@ -261,3 +261,61 @@ def test_a_fusion_executor_runs_the_symbolic_pools(fake_ex, pool):
     assert stays_symbolic(jfn)
     assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
     assert fake_ex.stats["definitions"] > 0  # the pool's prims ran in its fusions
+
+
+#: Pools whose kernel is computed from the input's sizes: CNN code's global pooling over the
+#: spatial dims (``F.avg_pool2d(x, x.shape[2:])``), and kernels of half the size.
+SIZED_POOLS = {
+    "global_avg": lambda x: F.avg_pool2d(x, x.shape[2:]),
+    "global_max": lambda x: F.max_pool2d(x, x.size()[2:], return_indices=True),
+    "global_avg_1d": lambda x: F.avg_pool1d(x[:, :, 0], x.shape[-1]),
+    "half_avg": lambda x: F.avg_pool2d(x, (x.shape[2] // 2, x.shape[3] // 2)),
+    "half_max": lambda x: F.max_pool2d(x, (x.shape[2] // 2, 2), return_indices=True),
+    "half_max_1d": lambda x: F.max_pool1d(x[:, :, 0], x.shape[-1] // 2, ceil_mode=True),
+}
+
+
+@pytest.mark.parametrize("decomposed", [True, False], ids=["decomposed", "eager_kernel"])
+@pytest.mark.parametrize("name", SIZED_POOLS)
+def test_a_kernel_from_the_input_sizes_compiles_twice(name, decomposed):
+    # Even sizes (a half kernel's window count stays 2) and odd ones, ties at the maxima.
+    sizes = [(8, 9), (6, 7), (10, 5), (12, 11), (4, 9)]
+    jfn = check_like_eager(SIZED_POOLS[name], sizes, torch.float32, ties=True, decomposed=decomposed)
+    assert misses(jfn) == 2
+    assert stays_symbolic(jfn)
+
+
+@pytest.mark.parametrize(
+    ("layout", "decomposed"),
+    [(torch.contiguous_format, True), (torch.contiguous_format, False), (torch.channels_last, False)],
+    ids=["decomposed", "eager_kernel", "channels_last"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_global_pooling_has_eagers_dtypes_and_strides(dtype, layout, decomposed):
+    # (Decomposed, the pools of a channels_last input are row-major at any size: as before.)
+    fn = lambda x: (F.avg_pool2d(x, x.shape[2:]), *F.max_pool2d(x, x.shape[2:], return_indices=True))  # noqa: E731
+    jfn = thunder_rs.jit(fn)
+    with decomposing() if decomposed else contextlib.nullcontext():
+        for h, w in [(5, 7), (8, 6), (3, 9)]:
+            x = torch.randn(2, 3, h, w, dtype=dtype).to(memory_format=layout)
+            for out, expected in zip(jfn(x), fn(x), strict=True):
+                torch.testing.assert_close(out, expected)
+                assert out.dtype == expected.dtype and out.stride() == expected.stride()
+    assert misses(jfn) == 2
+
+
+def test_a_global_pool_is_a_reduction_not_a_gather():
+    jfn = thunder_rs.jit(lambda x: F.avg_pool2d(x, x.shape[2:]) + F.max_pool2d(x, x.shape[2:]))
+    with decomposing():
+        for h, w in [(5, 7), (8, 6)]:
+            jfn(torch.randn(2, 3, h, w))
+    trace = str(thunder_rs.last_traces(jfn)[-1])
+    assert "take" not in trace and "prim_amax" in trace and "prim_sum" in trace
+
+
+def test_a_fusion_executor_runs_global_pooling_over_symbolic_sizes(fake_ex):
+    fn = lambda x: F.avg_pool2d(x, x.shape[2:]) + F.max_pool2d(x, x.shape[2:])  # noqa: E731
+    jfn = check_like_eager(fn, SIZES[2], torch.float32, executors=[fake_ex, "torch"])
+    assert misses(jfn) == 2
+    assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
+    assert fake_ex.stats["definitions"] > 0
