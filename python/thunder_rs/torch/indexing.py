@@ -661,7 +661,7 @@ def topk(a, k, dim=None, largest=True, sorted=True, *, out=None):
     check(a.dtype != torch.bool, op, "topk does not support bool dtypes (argument a)", ThunderNotImplementedError)
     d = clang.canonicalize_dim(a.ndim, -1 if dim is None else dim, op)
     size = a.shape[d] if a.ndim else 1
-    check(isinstance(k, int) and 0 <= k <= size, op, "selected index k out of range (argument k)", ThunderRuntimeError)
+    check(is_int(k) and 0 <= k <= size, op, "selected index k out of range (argument k)", ThunderRuntimeError)
     return torch.return_types.topk(prims.topk(a, k, d, bool(largest), bool(sorted)))
 
 
