@@ -242,6 +242,7 @@ SIZED_ARGS = {
     "avg_pool_kernel": lambda x: F.avg_pool1d(x[None], x.shape[1] // 2),
     "max_pool_kernel": lambda x: F.max_pool1d(x[None], x.shape[1] // 2),
     "tensor_of_shape": lambda x: x.sum(1) + torch.tensor(x.shape).sum(),
+    "one_hot": lambda x: F.one_hot(torch.arange(x.shape[1]) % 3, x.shape[1]).float() @ x.T,
     "floordiv_by_size": lambda x: x[:, : (x.shape[1] - 1) // (x.shape[1] // 2)] * (x.shape[1] % (x.shape[1] // 2 + 1)),
 }
 
@@ -295,3 +296,23 @@ def test_a_fusion_executor_leaves_a_symbolic_topk_to_torch(fake_ex):
     assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
     assert fake_ex.stats["definitions"] > 0
     assert "topk" in str(thunder_rs.last_traces(jf)[-1])
+
+
+def classes(x, labels):
+    return F.one_hot(labels, x.shape[1]).float() @ x.T
+
+
+def test_one_hot_with_a_symbolic_number_of_classes_runs_eagers_kernel():
+    jf = thunder_rs.jit(classes)
+    for n in [6, 8, 10, 12]:
+        x, labels = torch.randn(3, n, requires_grad=True), torch.randint(0, n, (5,))
+        out, expected = jf(x, labels), classes(x, labels)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(expected.sum(), x)[0])
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+    assert "ltorch.one_hot" in str(thunder_rs.last_traces(jf)[0])
+    # eager's checks of the values run on each call
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        jf(torch.randn(3, 9), torch.tensor([0, 9]))
+    with pytest.raises(RuntimeError, match="Class values must be non-negative"):
+        jf(torch.randn(3, 9), torch.tensor([0, -1]))
