@@ -131,7 +131,7 @@ def _fills(dst, value, copy: bool) -> bool:
         return False
     if isinstance(value, torch.Tensor):
         return value.ndim == 0 and value.device == dst.device
-    return isinstance(value, (bool, int, float))
+    return isinstance(value, (bool, int, float)) or type(value) is SymInt
 
 
 def _copied(dst, value):

@@ -24,10 +24,11 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
+from thunder_rs.torch.common import size_value
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.indexing import _check_index, _check_no_larger
 from thunder_rs.torch.shape import reshape_to
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import SymInt, same_shape
 
 Tensor = torch.Tensor
 __all__ = [
@@ -637,6 +638,8 @@ def fill(input, value):
             ThunderRuntimeError,
         )
         filled = clang.maybe_convert(value, input.dtype)
+    elif type(value) is SymInt:  # a size, read on each call
+        filled = size_value(input.device, input.dtype, value)
     else:
         filled = prims.full((), clang.maybe_convert(value, input.dtype), input.device, input.dtype)
     # Broadcasts of 0-dim tensors, whose strides are all zero, leave the layout of the result to
