@@ -313,9 +313,14 @@ def test_a_global_pool_is_a_reduction_not_a_gather():
     assert "take" not in trace and "prim_amax" in trace and "prim_sum" in trace
 
 
-def test_a_fusion_executor_runs_global_pooling_over_symbolic_sizes(fake_ex):
-    fn = lambda x: F.avg_pool2d(x, x.shape[2:]) + F.max_pool2d(x, x.shape[2:])  # noqa: E731
-    jfn = check_like_eager(fn, SIZES[2], torch.float32, executors=[fake_ex, "torch"])
+@pytest.mark.parametrize("name", ["global", "half"])
+def test_a_fusion_executor_runs_pools_of_kernels_from_the_sizes(fake_ex, name):
+    fns = {
+        "global": lambda x: F.avg_pool2d(x, x.shape[2:]) + F.max_pool2d(x, x.shape[2:]),
+        "half": lambda x: F.avg_pool2d(x, (x.shape[2] // 2, 2)) + F.max_pool2d(x, (x.shape[2] // 2, 2)),
+    }
+    sizes = [(8, 9), (6, 7), (10, 5), (4, 9)]
+    jfn = check_like_eager(fns[name], sizes, torch.float32, executors=[fake_ex, "torch"])
     assert misses(jfn) == 2
     assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
     assert fake_ex.stats["definitions"] > 0
