@@ -244,6 +244,8 @@ SIZED_ARGS = {
     "max_pool_kernel": lambda x: F.max_pool1d(x[None], x.shape[1] // 2),
     "tensor_of_shape": lambda x: x.sum(1) + torch.tensor(x.shape).sum(),
     "one_hot": lambda x: F.one_hot(torch.arange(x.shape[1]) % 3, x.shape[1]).float() @ x.T,
+    "unfold_step": lambda x: x.unfold(1, 2, x.shape[1] // 2) * 1,
+    "unfold_patches": lambda x: x.unfold(1, x.shape[1] // 2, x.shape[1] // 2),
     "fill_size": lambda x: torch.zeros_like(x).fill_(x.shape[1]),
     "fill_size_of_a_transpose": lambda x: x.t().clone().fill_(x.shape[1] // 2).t() * x,
     "floordiv_by_size": lambda x: x[:, : (x.shape[1] - 1) // (x.shape[1] // 2)] * (x.shape[1] % (x.shape[1] // 2 + 1)),
