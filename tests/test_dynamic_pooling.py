@@ -324,3 +324,25 @@ def test_a_fusion_executor_runs_pools_of_kernels_from_the_sizes(fake_ex, name):
     assert misses(jfn) == 2
     assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
     assert fake_ex.stats["definitions"] > 0
+
+
+class GlobalPoolNet(torch.nn.Module):
+    """CNN code's global pooling written with the feature map's own sizes as the kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = F.relu(self.conv(x))
+        pooled = torch.cat([F.avg_pool2d(h, h.shape[2:]), F.max_pool2d(h, kernel_size=h.size()[2:])], 1)
+        return self.head(pooled.flatten(1))
+
+
+def test_a_cnn_with_global_pooling_by_its_sizes_trains_over_image_sizes_in_two_compiles():
+    torch.manual_seed(0)
+    inputs = [torch.randn(2, 3, h, w) for h, w in [(16, 20), (24, 18), (31, 31), (12, 40)]]
+    jmodel = train_like_eager(GlobalPoolNet(), inputs, rtol=1e-4, atol=1e-5)
+    assert misses(jmodel) == 2
+    assert stays_symbolic(jmodel)
