@@ -5,6 +5,7 @@ Ints 0 and 1, negative ints and bools stay constants. Every call is checked agai
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
 
@@ -174,15 +175,149 @@ def top(x, k):
     return x.topk(k).values.sum(-1) + x.roll(k, 1)[:, 0]
 
 
+def top_and_bins(x, k):
+    return top(x, k) + torch.histc(x, bins=k).sum()
+
+
 def test_an_int_a_symbolic_compile_fails_on_stays_constant_and_the_dims_stay_symbolic():
-    # topk and roll take no symbolic k: the int stays a constant (a compile per value of k), the
-    # length of x stays symbolic (was: symbolic compiles turned off, a compile per length too).
-    jf = thunder_rs.jit(top)
+    # histc takes no symbolic number of bins: the int stays a constant (a compile per value of k),
+    # the length of x stays symbolic (was: symbolic compiles turned off, a compile per length too).
+    jf = thunder_rs.jit(top_and_bins)
     calls = [(8, 2), (10, 3), (12, 4), (14, 2), (16, 4), (9, 3)]
     for t, k in calls:
         x = torch.randn(4, t)
-        torch.testing.assert_close(jf(x, k), top(x, k))
+        torch.testing.assert_close(jf(x, k), top_and_bins(x, k))
     assert jf._dynamic_off is None
     # static (8, 2); then one symbolic entry per k, each serving every length
     assert stats(jf).cache_misses == 4, stats(jf).miss_reasons
     assert "holds k constant" in stats(jf).miss_reasons[2]
+
+
+def test_topk_and_roll_take_a_symbolic_k():
+    jf = thunder_rs.jit(top)
+    for t, k in [(8, 2), (10, 3), (12, 4), (14, 2), (16, 4), (9, 3)]:
+        x = torch.randn(4, t)
+        torch.testing.assert_close(jf(x, k), top(x, k))
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+
+
+# -- ints derived from symbolic sizes, passed to torch ops ------------------------------------------
+
+
+def like_eager_over_sizes(fn, sizes, make=lambda n: torch.randn(3, n), grad=True, **jit_options):
+    """``fn`` jitted and eager, called on ``make(n)`` for each size: outputs, dtypes, strides and
+    the input's gradient equal; returns the jitted function."""
+    jf = thunder_rs.jit(fn, **jit_options)
+    for n in sizes:
+        x = make(n)
+        x.requires_grad_(grad and x.is_floating_point())
+        x2 = x.detach().clone().requires_grad_(x.requires_grad)
+        out, expected = jf(x), fn(x2)
+        out, expected = (out, expected) if isinstance(out, (tuple, list)) else ((out,), (expected,))
+        assert len(out) == len(expected)
+        for o, e in zip(out, expected):
+            torch.testing.assert_close(o, e)
+            assert o.stride() == e.stride() or o.numel() <= 1, (n, o.stride(), e.stride())
+            assert o.requires_grad == e.requires_grad
+        if any(e.requires_grad for e in expected):
+            pairs = [(o, e, torch.randn_like(e)) for o, e in zip(out, expected) if e.requires_grad]
+            os, es, gs = zip(*pairs)
+            torch.testing.assert_close(torch.autograd.grad(os, x, gs)[0], torch.autograd.grad(es, x2, gs)[0])
+    return jf
+
+
+#: Programs that pass an int computed from a symbolic size to an op: over inputs (3, n) for
+#: n = 6, 8, 10, 12 they compile twice (static, then symbolic), not once per size.
+SIZED_ARGS = {
+    "index_last": lambda x: x[:, x.shape[1] - 1],
+    "index_middle": lambda x: x[..., x.shape[-1] // 2] * 2,
+    "select": lambda x: x.select(1, x.shape[1] // 2),
+    "select_from_end": lambda x: x.select(1, 2 - x.shape[1]),
+    "topk": lambda x: x.topk(x.shape[1] // 2, dim=1),
+    "topk_smallest_unsorted": lambda x: x.topk(x.shape[1] - 2, largest=False, sorted=False).values.sort().values,
+    "kthvalue": lambda x: x.kthvalue(x.shape[1] // 2, dim=1, keepdim=True),
+    "roll": lambda x: x.roll(x.shape[1] // 2, 1),
+    "roll_both": lambda x: x.roll((1 - x.shape[1], x.shape[1] + 1), (1, 0)),
+    "tensor_split_at": lambda x: x.tensor_split([x.shape[1] // 2, x.shape[1] - 1], dim=1),
+    "tensor_split_from_end": lambda x: x.tensor_split([2 - x.shape[1]], dim=1),
+    "avg_pool_kernel": lambda x: F.avg_pool1d(x[None], x.shape[1] // 2),
+    "max_pool_kernel": lambda x: F.max_pool1d(x[None], x.shape[1] // 2),
+    "tensor_of_shape": lambda x: x.sum(1) + torch.tensor(x.shape).sum(),
+    "one_hot": lambda x: F.one_hot(torch.arange(x.shape[1]) % 3, x.shape[1]).float() @ x.T,
+    "unfold_step": lambda x: x.unfold(1, 2, x.shape[1] // 2) * 1,
+    "unfold_patches": lambda x: x.unfold(1, x.shape[1] // 2, x.shape[1] // 2),
+    "fill_size": lambda x: torch.zeros_like(x).fill_(x.shape[1]),
+    "fill_size_of_a_transpose": lambda x: x.t().clone().fill_(x.shape[1] // 2).t() * x,
+    "floordiv_by_size": lambda x: x[:, : (x.shape[1] - 1) // (x.shape[1] // 2)] * (x.shape[1] % (x.shape[1] // 2 + 1)),
+}
+
+
+@pytest.mark.parametrize("name", SIZED_ARGS)
+def test_an_int_from_a_symbolic_size_stays_symbolic_in_the_op(name):
+    jf = like_eager_over_sizes(SIZED_ARGS[name], [6, 8, 10, 12])
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+    assert jf._dynamic_off is None
+
+
+def last_but(x):
+    return x[:, x.shape[1] - 5] + x.select(1, x.shape[1] - 5)
+
+
+def test_an_index_from_a_size_that_turns_negative_or_out_of_range_is_eagers():
+    # The index is used as it is where it is not negative (a guard), not reduced modulo the size
+    # (which specialised): a call where it is negative compiles again, one out of range raises.
+    jf = thunder_rs.jit(last_but)
+    for n in [6, 8, 4, 3, 7]:
+        x = torch.randn(3, n)
+        torch.testing.assert_close(jf(x), last_but(x))
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    assert "t0 - 5 >= 0 fails (t0 = x.shape[1] = 4)" in stats(jf).miss_reasons[2]
+    with pytest.raises(IndexError, match="out of bounds|out of range"):
+        last_but(torch.randn(3, 2))
+    with pytest.raises(IndexError, match="out of bounds|out of range"):
+        jf(torch.randn(3, 2))
+
+
+def test_a_quotient_by_a_size_is_decided_with_guards_on_its_bounds():
+    # (T - 1) // (T // 2) is 1 for every even T, 2 for every odd one: the sizes stay symbolic,
+    # the bounds the quotient relies on are the guards; one compile for each quotient.
+    fn = SIZED_ARGS["floordiv_by_size"]
+    jf = thunder_rs.jit(fn)
+    for n in [6, 8, 5, 7, 3, 12]:
+        x = torch.randn(3, n)
+        torch.testing.assert_close(jf(x), fn(x))
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    assert "-t0 + 2*(t0 // 2) >= 0 fails (t0 = x.shape[1] = 5)" in stats(jf).miss_reasons[2]
+
+
+def top_half(x):
+    return x.exp().topk(x.shape[1] // 2, dim=1).values * 2
+
+
+def test_a_fusion_executor_leaves_a_symbolic_topk_to_torch(fake_ex):
+    # nvFuser has no topk: the region around it is fused, the topk of k = T // 2 runs in torch.
+    jf = like_eager_over_sizes(top_half, [6, 8, 10], executors=[fake_ex, "torch"])
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+    assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
+    assert fake_ex.stats["definitions"] > 0
+    assert "topk" in str(thunder_rs.last_traces(jf)[-1])
+
+
+def classes(x, labels):
+    return F.one_hot(labels, x.shape[1]).float() @ x.T
+
+
+def test_one_hot_with_a_symbolic_number_of_classes_runs_eagers_kernel():
+    jf = thunder_rs.jit(classes)
+    for n in [6, 8, 10, 12]:
+        x, labels = torch.randn(3, n, requires_grad=True), torch.randint(0, n, (5,))
+        out, expected = jf(x, labels), classes(x, labels)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(expected.sum(), x)[0])
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+    assert "ltorch.one_hot" in str(thunder_rs.last_traces(jf)[0])
+    # eager's checks of the values run on each call
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        jf(torch.randn(3, 9), torch.tensor([0, 9]))
+    with pytest.raises(RuntimeError, match="Class values must be non-negative"):
+        jf(torch.randn(3, 9), torch.tensor([0, -1]))

@@ -261,3 +261,88 @@ def test_a_fusion_executor_runs_the_symbolic_pools(fake_ex, pool):
     assert stays_symbolic(jfn)
     assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
     assert fake_ex.stats["definitions"] > 0  # the pool's prims ran in its fusions
+
+
+#: Pools whose kernel is computed from the input's sizes: CNN code's global pooling over the
+#: spatial dims (``F.avg_pool2d(x, x.shape[2:])``), and kernels of half the size.
+SIZED_POOLS = {
+    "global_avg": lambda x: F.avg_pool2d(x, x.shape[2:]),
+    "global_max": lambda x: F.max_pool2d(x, x.size()[2:], return_indices=True),
+    "global_avg_1d": lambda x: F.avg_pool1d(x[:, :, 0], x.shape[-1]),
+    "half_avg": lambda x: F.avg_pool2d(x, (x.shape[2] // 2, x.shape[3] // 2)),
+    "half_max": lambda x: F.max_pool2d(x, (x.shape[2] // 2, 2), return_indices=True),
+    "half_max_1d": lambda x: F.max_pool1d(x[:, :, 0], x.shape[-1] // 2, ceil_mode=True),
+}
+
+
+@pytest.mark.parametrize("decomposed", [True, False], ids=["decomposed", "eager_kernel"])
+@pytest.mark.parametrize("name", SIZED_POOLS)
+def test_a_kernel_from_the_input_sizes_compiles_twice(name, decomposed):
+    # Even sizes (a half kernel's window count stays 2) and odd ones, ties at the maxima.
+    sizes = [(8, 9), (6, 7), (10, 5), (12, 11), (4, 9)]
+    jfn = check_like_eager(SIZED_POOLS[name], sizes, torch.float32, ties=True, decomposed=decomposed)
+    assert misses(jfn) == 2
+    assert stays_symbolic(jfn)
+
+
+@pytest.mark.parametrize(
+    ("layout", "decomposed"),
+    [(torch.contiguous_format, True), (torch.contiguous_format, False), (torch.channels_last, False)],
+    ids=["decomposed", "eager_kernel", "channels_last"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_global_pooling_has_eagers_dtypes_and_strides(dtype, layout, decomposed):
+    # (Decomposed, the pools of a channels_last input are row-major at any size: as before.)
+    fn = lambda x: (F.avg_pool2d(x, x.shape[2:]), *F.max_pool2d(x, x.shape[2:], return_indices=True))  # noqa: E731
+    jfn = thunder_rs.jit(fn)
+    with decomposing() if decomposed else contextlib.nullcontext():
+        for h, w in [(5, 7), (8, 6), (3, 9)]:
+            x = torch.randn(2, 3, h, w, dtype=dtype).to(memory_format=layout)
+            for out, expected in zip(jfn(x), fn(x), strict=True):
+                torch.testing.assert_close(out, expected)
+                assert out.dtype == expected.dtype and out.stride() == expected.stride()
+    assert misses(jfn) == 2
+
+
+def test_a_global_pool_is_a_reduction_not_a_gather():
+    jfn = thunder_rs.jit(lambda x: F.avg_pool2d(x, x.shape[2:]) + F.max_pool2d(x, x.shape[2:]))
+    with decomposing():
+        for h, w in [(5, 7), (8, 6)]:
+            jfn(torch.randn(2, 3, h, w))
+    trace = str(thunder_rs.last_traces(jfn)[-1])
+    assert "take" not in trace and "prim_amax" in trace and "prim_sum" in trace
+
+
+@pytest.mark.parametrize("name", ["global", "half"])
+def test_a_fusion_executor_runs_pools_of_kernels_from_the_sizes(fake_ex, name):
+    fns = {
+        "global": lambda x: F.avg_pool2d(x, x.shape[2:]) + F.max_pool2d(x, x.shape[2:]),
+        "half": lambda x: F.avg_pool2d(x, (x.shape[2] // 2, 2)) + F.max_pool2d(x, (x.shape[2] // 2, 2)),
+    }
+    sizes = [(8, 9), (6, 7), (10, 5), (4, 9)]
+    jfn = check_like_eager(fns[name], sizes, torch.float32, executors=[fake_ex, "torch"])
+    assert misses(jfn) == 2
+    assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
+    assert fake_ex.stats["definitions"] > 0
+
+
+class GlobalPoolNet(torch.nn.Module):
+    """CNN code's global pooling written with the feature map's own sizes as the kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = F.relu(self.conv(x))
+        pooled = torch.cat([F.avg_pool2d(h, h.shape[2:]), F.max_pool2d(h, kernel_size=h.size()[2:])], 1)
+        return self.head(pooled.flatten(1))
+
+
+def test_a_cnn_with_global_pooling_by_its_sizes_trains_over_image_sizes_in_two_compiles():
+    torch.manual_seed(0)
+    inputs = [torch.randn(2, 3, h, w) for h, w in [(16, 20), (24, 18), (31, 31), (12, 40)]]
+    jmodel = train_like_eager(GlobalPoolNet(), inputs, rtol=1e-4, atol=1e-5)
+    assert misses(jmodel) == 2
+    assert stays_symbolic(jmodel)

@@ -13,6 +13,7 @@ from .core import (
     ACCUMULATING,
     ALL,
     FLOATS,
+    INTS,
     NUMERIC,
     PROMOTION_PARTNER,
     ErrorInput,
@@ -219,6 +220,14 @@ def embedding_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(torch.randint(0, 10, (4,), device=device), transposed((10, 3), dtype, device))
 
 
+def one_hot_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Labels of several shapes, every class hit or not, and no labels at all."""
+    yield SampleInput(torch.tensor([0, 2, 1, 2], device=device), 3)
+    yield SampleInput(torch.randint(0, 4, (2, 3), device=device), 6)
+    yield SampleInput(torch.tensor(1, device=device), num_classes=2)
+    yield SampleInput(torch.zeros(0, dtype=torch.int64, device=device), 3)
+
+
 def embedding_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(torch.tensor([0.0]), cpu((10, 3))), RuntimeError)
     yield ErrorInput(SampleInput(torch.tensor([0]), cpu((10,))), RuntimeError)
@@ -384,6 +393,7 @@ OPS = [
     ),
     *DROPOUT_OPS,
     OpInfo("embedding", F.embedding, embedding_samples, embedding_errors, NUMERIC),
+    OpInfo("one_hot", F.one_hot, one_hot_samples, dtypes=INTS, supports_grad=False),
     OpInfo(
         "embedding",
         F.embedding,

@@ -170,14 +170,3 @@ def pieces(size, step) -> list:
     if not (count - 1) * step < size <= count * step:
         raise AssertionError("the pieces' count was decided on the hints")  # the guards hold for them
     return [step] * (count - 1) + [size - (count - 1) * step]
-
-
-def remainder(n: int, size):
-    """``n % size`` (a Python int and a size); symbolic for a symbolic size, with the quotient
-    decided on the hint and guarded (``q * size <= n < (q + 1) * size``)."""
-    if type(size) is not SymInt:
-        return n % size
-    q = n // hint(size)
-    if not q * size <= n < (q + 1) * size:
-        raise AssertionError("the quotient was decided on the hint")  # the guards hold for it
-    return n - q * size

@@ -202,7 +202,7 @@ PROXY_CALLS[T.new] = _legacy_new
 
 def _data_shape(data) -> tuple | None:
     """The shape of nested sequences ``data`` (``()`` for one value), or None where ragged."""
-    if type(data) not in (list, tuple):
+    if not isinstance(data, (list, tuple)):
         return ()
     inner = [_data_shape(d) for d in data]
     first = inner[0] if inner else ()
@@ -212,7 +212,7 @@ def _data_shape(data) -> tuple | None:
 
 
 def _leaves(data):
-    if type(data) not in (list, tuple):
+    if not isinstance(data, (list, tuple)):
         yield data
         return
     for d in data:

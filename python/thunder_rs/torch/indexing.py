@@ -197,7 +197,7 @@ def _entry(op: str, k):
         raise ThunderNotImplementedError(
             f"{op}: indexing with False gives an empty tensor; it is not supported (argument key)"
         )
-    if isinstance(k, int):
+    if is_int(k):
         return k
     if isinstance(k, TensorProxy):
         if k.dtype in _MASK_DTYPES:
@@ -236,7 +236,7 @@ def _entries(op: str, a, key) -> list:
     if a.ndim == 0 and used:
         first = next(e for e in entries if e is not None and e is not Ellipsis)
         check(
-            not isinstance(first, int),
+            not is_int(first),
             op,
             lambda: (
                 "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or `tensor.item<T>()` in C++ to "
@@ -304,7 +304,7 @@ def _basic_index(op: str, a, entries):
             dim += 1
             continue
         size = a.shape[dim]
-        if isinstance(e, int):
+        if is_int(e):
             check(
                 -size <= e < size,
                 op,
@@ -445,7 +445,8 @@ def select(a, dim, index):
         ),
         ThunderIndexError,
     )
-    return prims.squeeze(slice_in_dim(a, d, index % size, index % size + 1), (d,))
+    start = index if index >= 0 else index + size  # index % size, which a symbolic size keeps symbolic
+    return prims.squeeze(slice_in_dim(a, d, start, start + 1), (d,))
 
 
 @torchsymbol(torch.ops.aten.slice.Tensor, torch.ops.aten.slice, name="slice")
@@ -660,7 +661,7 @@ def topk(a, k, dim=None, largest=True, sorted=True, *, out=None):
     check(a.dtype != torch.bool, op, "topk does not support bool dtypes (argument a)", ThunderNotImplementedError)
     d = clang.canonicalize_dim(a.ndim, -1 if dim is None else dim, op)
     size = a.shape[d] if a.ndim else 1
-    check(isinstance(k, int) and 0 <= k <= size, op, "selected index k out of range (argument k)", ThunderRuntimeError)
+    check(is_int(k) and 0 <= k <= size, op, "selected index k out of range (argument k)", ThunderRuntimeError)
     return torch.return_types.topk(prims.topk(a, k, d, bool(largest), bool(sorted)))
 
 

@@ -24,7 +24,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.torch.common import is_int, pieces
+from thunder_rs.torch.common import is_int, pieces, slice_indices
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
 from thunder_rs.core.lang.symint import identical, same_shape
@@ -292,7 +292,7 @@ def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sec
     bounds = [0, *_sizes(op, (indices_or_sections,), "indices_or_sections"), size]
     out = []
     for lo, hi in zip(bounds, bounds[1:]):
-        start, stop, _ = slice(lo, hi).indices(size)
+        start, stop, _ = slice_indices(slice(lo, hi), size)  # (symbolic bounds kept so)
         out.append(slice_in_dim(a, d, start, max(start, stop)))
     return tuple(out)
 

@@ -12,11 +12,15 @@ by calling their own symbol and write the backward with ltorch ops.
 """
 
 import math
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.fallback import user_fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
     ThunderAssertionError,
@@ -24,7 +28,17 @@ from thunder_rs.errors import (
     ThunderRuntimeError,
     check,
 )
-from thunder_rs.torch.common import broadcast_back, cast, compute_dtype, require_float, sum_to, to_compute_dtype, upcast
+from thunder_rs.torch.common import (
+    broadcast_back,
+    cast,
+    compute_dtype,
+    is_int,
+    require_float,
+    sum_to,
+    to_compute_dtype,
+    upcast,
+)
+from thunder_rs.torch.linalg import opaque
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
@@ -338,3 +352,28 @@ def embedding_grad(
     padding = -1 if padding_idx is None else padding_idx % rows
     put_grad(weight, embedding_backward(get_grad(out), input, rows, padding, scale_grad_by_freq))
     return out
+
+
+# -- one_hot ---------------------------------------------------------------------------------------
+
+
+def _one_hot_meta(tensor, num_classes):
+    return SimpleNamespace(shape=(*tensor.shape, num_classes), dtype=torch.int64, requires_grad=False)
+
+
+#: ``F.one_hot`` with a number of classes: eager's kernel runs it (its checks of the values
+#: included), with the number computed on each call where it is a symbolic size.
+_one_hot_symbol = opaque("one_hot", F.one_hot, meta=_one_hot_meta, integers_rejected=False)
+
+
+def _one_hot(tensor, num_classes=-1):
+    """``F.one_hot``: ``ltorch.one_hot`` for an int64 tensor and a positive number of classes
+    (``F.one_hot(labels, x.shape[1])`` keeps a symbolic size so, where torch's meta kernel would
+    specialise it); the eager fallback otherwise (``num_classes=-1`` sizes the result by the
+    values; the rest raises eager's error there)."""
+    if isinstance(tensor, TensorProxy) and tensor.dtype == torch.int64 and is_int(num_classes) and num_classes > 0:
+        return _one_hot_symbol(tensor, num_classes)
+    return user_fallback(F.one_hot, (tensor, num_classes), {})
+
+
+TORCH_TO_LTORCH[F.one_hot] = _one_hot

@@ -40,6 +40,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
+from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symint import identical, is_symbolic, same_shape
 
@@ -75,7 +76,7 @@ _aten = torch.ops.aten
 
 def spatial_tuple(op: str, value, n: int, arg: str) -> tuple[int, ...]:
     """An int or a sequence of 1 or ``n`` ints as ``n`` ints, as torch's ``_ntuple`` and aten read them."""
-    if isinstance(value, int):
+    if is_int(value):
         return (value,) * n
     values = tuple(value)
     check(
@@ -186,10 +187,17 @@ def pool_geometry(op: str, input, n: int, kernel_size, stride, padding, dilation
     return geometry
 
 
+def steps(device, length, start: int, step):
+    """The int64 range ``start + i * step`` for i < length; ``step`` may be a symbolic size (a
+    kernel that is one, as a pool's default stride), which an iota's step cannot be."""
+    if type(step) is int:
+        return prims.iota(length, start, step, device, torch.int64)
+    return prims.add(prims.mul(prims.iota(length, 0, 1, device, torch.int64), step), start)
+
+
 def _index_grid(device, rows: int, row_step: int, cols: int, col_step: int):
     """The int64 (rows, cols) table r * row_step + c * col_step."""
-    r = prims.iota(rows, 0, row_step, device, torch.int64)
-    c = prims.iota(cols, 0, col_step, device, torch.int64)
+    r, c = steps(device, rows, 0, row_step), steps(device, cols, 0, col_step)
     return prims.add(prims.broadcast_in_dim(r, (rows, cols), (0,)), prims.broadcast_in_dim(c, (rows, cols), (1,)))
 
 
@@ -286,6 +294,16 @@ def _pad_spatial(x, geometry, fill):
     return prims.slice(padded, (0,) * x.ndim, tuple(ends), (1,) * x.ndim)
 
 
+def pool_windows(x, geometry, tables, fill):
+    """``x``'s windows: ``gather_windows`` of it padded with ``fill``. A global pool's (each window
+    the whole of its dim, as in ``F.max_pool2d(x, x.shape[2:])``) are ``x`` reshaped, no gather:
+    the pool is a reduction over the spatial dims."""
+    n = len(geometry)
+    if all(p == 0 and identical(k, size) and identical(out, 1) for size, k, s, p, d, out in geometry):
+        return prims.reshape(x, (*x.shape[:-n], *(1,) * n, math.prod(x.shape[-n:])))
+    return gather_windows(_pad_spatial(x, geometry, fill), tables)
+
+
 def _lowest(dtype):
     return -math.inf if dtype.is_floating_point else torch.iinfo(dtype).min
 
@@ -298,14 +316,14 @@ def _max_pool(op: str, n: int, input, kernel_size, stride, padding, dilation, ce
     _require_dtype(op, input, floats_only=False)
     geometry = pool_geometry(op, input, n, kernel_size, stride, padding, dilation, ceil_mode)
     tables = [window_table(input.device, out, k, s, d) for size, k, s, p, d, out in geometry]
-    windows = gather_windows(_pad_spatial(input, geometry, _lowest(input.dtype)), tables)
+    windows = pool_windows(input, geometry, tables, _lowest(input.dtype))
     last = windows.ndim - 1
     out = prims.amax(windows, (last,))
     if not return_indices:
         return out
-    positions = _pad_spatial(flat_positions(input.device, [g[0] for g in geometry]), geometry, -1)
+    positions = flat_positions(input.device, [g[0] for g in geometry])
     position_windows = prims.broadcast_in_dim(
-        gather_windows(positions, tables), windows.shape, tuple(range(last - n, last + 1))
+        pool_windows(positions, geometry, tables, -1), windows.shape, tuple(range(last - n, last + 1))
     )
     which = eager_argmax(windows, out, prims.ge(position_windows, 0))
     return out, prims.reshape(prims.take_along_axis(position_windows, which, last), out.shape)
@@ -379,7 +397,7 @@ def window_counts(device, geometry, count_include_pad: bool):
     inside the padded input (count_include_pad), or inside the input itself."""
     counts = []
     for size, k, s, p, d, out in geometry:
-        start = prims.iota(out, -p, s, device, torch.int64)
+        start = steps(device, out, -p, s)
         end = prims.minimum(prims.add(start, k), size + p)
         if not count_include_pad:
             start, end = prims.maximum(start, 0), prims.minimum(end, size)
@@ -414,7 +432,7 @@ def _avg_pool(op: str, n: int, input, kernel_size, stride, padding, ceil_mode, c
     )
     geometry = pool_geometry(op, input, n, kernel_size, stride, padding, 1, ceil_mode)
     tables = [window_table(input.device, out, k, s, d) for size, k, s, p, d, out in geometry]
-    windows = gather_windows(_pad_spatial(input, geometry, 0), tables)
+    windows = pool_windows(input, geometry, tables, 0)
     total = prims.sum(windows, (windows.ndim - 1,))
     if divisor_override is not None:
         return prims.div(total, float(divisor_override) if input.dtype.is_floating_point else int(divisor_override))

@@ -22,7 +22,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch.common import is_int, remainder
+from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.core.lang.symint import identical, same_shape
 
@@ -469,7 +469,7 @@ def flip(a, *args, dims=None):
 @torchsymbol(torch.roll, Tensor.roll)
 def roll(a, shifts, dims=None):
     op = "ltorch.roll"
-    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    shifts = (shifts,) if is_int(shifts) else tuple(shifts)
     check(len(shifts) > 0, op, "`shifts` required (argument shifts)", ThunderRuntimeError)
     if dims is None:
         check(
@@ -491,9 +491,14 @@ def roll(a, shifts, dims=None):
     for shift, dim in zip(shifts, dims):
         d = clang.canonicalize_dim(a.ndim, dim, op, "dims")
         size = a.shape[d]
-        if size == 0 or remainder(shift, size) == 0:
+        if type(size) is int and size == 0:
             continue
-        cut = size - remainder(shift, size)
+        # A symbolic shift or size gives a symbolic remainder (or one whose quotient is guarded),
+        # not compared with 0: a cut at the size is an empty slice and the whole.
+        rest = shift % size
+        if type(rest) is int and rest == 0:
+            continue
+        cut = size - rest
         out = prims.cat([slice_in_dim(out, d, cut, size), slice_in_dim(out, d, 0, cut)], d)
     return out
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.torch.common import require_tensor
+from thunder_rs.torch.common import is_int, require_tensor
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.base.proxies import TensorProxy
@@ -70,7 +70,7 @@ def _select(x, dim, keepdim: bool, position, op: str):
     values, indices = ltorch.sort(moved, dim=-1, stable=True)
     if callable(position):
         position = position(values)
-    if isinstance(position, int):
+    if is_int(position):
         picked = ltorch.narrow(values, -1, position, 1), ltorch.narrow(indices, -1, position, 1)
     else:
         picked = ltorch.take_along_dim(values, position, -1), ltorch.take_along_dim(indices, position, -1)
@@ -98,7 +98,7 @@ def kthvalue(input, k, dim=-1, keepdim=False):
     require_tensor(op, input)
     size = input.shape[clang.canonicalize_dim(input.ndim, dim, op)] if input.ndim else 1
     check(
-        isinstance(k, int) and 1 <= k <= size,
+        is_int(k) and 1 <= k <= size,
         op,
         f"kthvalue(): selected number k out of range for dimension {dim} (argument k)",
         ThunderRuntimeError,

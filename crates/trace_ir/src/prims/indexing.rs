@@ -33,8 +33,9 @@ declare_family! {
         /// `torch.index_add(a, dim, index, source)`: `a` with the slices of `source` added at the
         /// positions `index` lists along `dim`.
         IndexAdd = "index_add", Operands::Fixed(3), { dim: usize = "dim" };
-        /// `(values, indices)`.
-        Topk = "topk", Operands::Fixed(1), { k: i64 = "k", dim: usize = "dim", largest: bool = "largest", sorted: bool = "sorted" };
+        /// `(values, indices)`: the `k` largest (or smallest) along `dim`; `k` may be symbolic
+        /// (`x.topk(x.shape[1] // 2)`).
+        Topk = "topk", Operands::Fixed(1), { k: Dim = "k", dim: usize = "dim", largest: bool = "largest", sorted: bool = "sorted" };
         /// `(values, indices)`.
         Sort = "sort", Operands::Fixed(1), { dim: usize = "dim", descending: bool = "descending", stable: bool = "stable" };
     }
@@ -178,12 +179,12 @@ fn meta(prim: &Index, op: &str, operands: &[Operand], facts: &mut Facts) -> Resu
             let a = tensor(op, "a", &operands[0])?;
             check_dim(op, *dim, a)?;
             let size = a.shape.get(*dim).cloned().unwrap_or(Dim::Const(1));
-            if *k < 0 || !facts.le(&Dim::Const(*k), &size) {
+            if !facts.le(&Dim::Const(0), k) || !facts.le(k, &size) {
                 bail!(Index, op, "k = {k} is out of range for dimension {dim} of size {size}");
             }
             let mut shape = a.shape.clone();
             if !shape.is_empty() {
-                shape[*dim] = Dim::Const(*k);
+                shape[*dim] = k.clone();
             }
             Ok(vec![out(a, a.dtype, shape.clone()), out(a, DType::I64, shape)])
         }

@@ -279,7 +279,7 @@ SIZE_DATA: dict = {}
 
 def _holds_size(values) -> bool:
     """Whether ``values`` (nested lists and tuples) hold a symbolic size."""
-    return any(_holds_size(v) if type(v) in (list, tuple) else type(v) is SymInt for v in values)
+    return any(_holds_size(v) if isinstance(v, (list, tuple)) else type(v) is SymInt for v in values)
 
 
 def _size_data(func, args, kwargs):

@@ -67,6 +67,8 @@ class _Node:
 
 _NODE = _Node()
 
+_NOT_NUMBERS = frozenset({type(None), type(Ellipsis), slice, str})
+
 
 class SymInt(torch.SymInt):
     """An int size whose value is read from the inputs on each call (see the module doc)."""
@@ -124,9 +126,13 @@ class SymInt(torch.SymInt):
             exact = self.expr.exact_div(other.expr)
             if exact is not None:
                 return wrap(exact)
+            if other.hint > 0:
+                return _quotient(self.expr, other.expr)
         return self.__index__() // other
 
     def __rfloordiv__(self, other):
+        if type(other) is int and self.hint > 0:
+            return _quotient(other, self.expr)
         return other // self.__index__()
 
     def __mod__(self, other):
@@ -134,9 +140,13 @@ class SymInt(torch.SymInt):
             return wrap(self.expr % other)
         if type(other) is SymInt and self.expr.exact_div(other.expr) is not None:
             return 0
+        if type(other) is SymInt and other.hint > 0:
+            return self - _quotient(self.expr, other.expr) * other
         return self.__index__() % other
 
     def __rmod__(self, other):
+        if type(other) is int and self.hint > 0:
+            return other - _quotient(other, self.expr) * self
         return other % self.__index__()
 
     def __divmod__(self, other):
@@ -165,11 +175,13 @@ class SymInt(torch.SymInt):
             return getattr(operator, op)(self.__index__(), other)
         return current().decide(op, self.expr, o)
 
+    # Against what is no number (``None``, ``...``, a slice: ``Ellipsis in key``) an int answers
+    # NotImplemented, so Python compares identities: nothing decided on the size.
     def __eq__(self, other):
-        return self._decide("eq", other)
+        return NotImplemented if type(other) in _NOT_NUMBERS else self._decide("eq", other)
 
     def __ne__(self, other):
-        return self._decide("ne", other)
+        return NotImplemented if type(other) in _NOT_NUMBERS else self._decide("ne", other)
 
     def __lt__(self, other):
         return self._decide("lt", other)
@@ -252,6 +264,22 @@ class SymInt(torch.SymInt):
         if _internal(frame):
             return str(self.expr)
         return format(self.expr.hint if only_assert_message(frame) else self.__index__(), spec)
+
+
+def _quotient(n, d) -> int:
+    """``n // d`` by a symbolic divisor ``d`` (positive when traced), which the trace's sizes
+    cannot express: the quotient q is decided on the hints, and what it relies on, ``q * d <= n <
+    (q + 1) * d``, recorded as guards (which imply ``d > 0``), so the sizes stay symbolic: a
+    pool's window count ``(T - T // 2) // (T // 2)`` is 1 for every even T."""
+    q = _hint_of(n) // _hint_of(d)
+    decide = current().decide
+    if not (decide("le", d * q, n) and decide("lt", n, d * (q + 1))):
+        raise AssertionError("the quotient was decided on the hints")  # the guards hold for them
+    return q
+
+
+def _hint_of(v) -> int:
+    return v if type(v) is int else v.hint
 
 
 def _specialising(name: str):
