@@ -312,6 +312,19 @@ def test_dropout_on_the_cpu_draws_eagers_masks_under_the_same_seed(explicit_atte
         torch.testing.assert_close(actual[name], expected[name], msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dropout_gradient_in_half_precision_is_eagers_on_the_cpu(dtype):
+    # Eager's CPU dropout multiplies by a noise tensor of the input's dtype: its gradient scales by
+    # 1 / (1 - p) rounded to that dtype (1.4297 in bfloat16 for p = 0.3), not by the exact factor.
+    module = Dropout(0.3).train()
+    x = torch.randn(64, 64, dtype=dtype, requires_grad=True)
+    upstream = torch.randn(64, 64, dtype=dtype)
+    out, grad = dropout_run(thunder_rs.jit(module), x, upstream, seed=0)
+    expected, expected_grad = dropout_run(module, x, upstream, seed=0)
+    assert torch.equal(out, expected)
+    assert torch.equal(grad, expected_grad)
+
+
 def test_dropout_is_identity_in_eval_mode():
     module = Dropout(0.5).eval()
     x = torch.randn(64, 64, requires_grad=True)
