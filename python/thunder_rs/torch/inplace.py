@@ -46,7 +46,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import batch_norms, view_scatters, views
+from thunder_rs.torch import batch_norms, layers, nn, view_scatters, views
 from thunder_rs.torch.creation import filled
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
@@ -342,8 +342,14 @@ def zero_(a):
 _SPECIAL = {"copy_": copy_, "fill_": fill_, "zero_": zero_}
 
 
+#: In-place torch functions whose out-of-place form is an aten op only.
+_OUT_OF_PLACE_OPS = {"embedding_renorm_": torch.ops.aten.embedding_renorm.default}
+
+
 def _outplace_of(namespace, name: str):
     """The out-of-place form of ``namespace.name``: ``F``'s for nn functions when thunder_rs maps it."""
+    if namespace is torch and name in _OUT_OF_PLACE_OPS:
+        return _OUT_OF_PLACE_OPS[name]
     base = _AUGMENTED.get(name) or name[:-1]
     if namespace is torch._C._nn and getattr(F, base, None) in TORCH_TO_LTORCH:
         return getattr(F, base)
@@ -609,13 +615,41 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return out
 
 
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    """``F.embedding``: with ``max_norm``, the rows ``input`` references renormalised in ``weight``
+    first, written where autograd does not see (eager's ``embedding_renorm_`` under
+    ``torch.no_grad()``), then looked up; the gradient goes to ``weight`` as to eager's."""
+    _renorm_rows(weight, input, max_norm, norm_type, "embedding(max_norm=)")
+    return nn.embedding(input, weight, padding_idx, None, norm_type, scale_grad_by_freq, sparse)
+
+
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, *args, **kwargs):
+    """``F.embedding_bag``: with ``max_norm``, as ``embedding``, then the bags."""
+    _renorm_rows(weight, input, max_norm, norm_type, "embedding_bag(max_norm=)")
+    return layers.embedding_bag(input, weight, offsets, None, norm_type, *args, **kwargs)
+
+
+def _renorm_rows(weight, indices, max_norm, norm_type, op: str) -> None:
+    """Writes ``weight`` with the rows ``indices`` references renormalised, when ``max_norm`` is given."""
+    if max_norm is not None:
+        with torch.no_grad():
+            value = nn.embedding_renorm(weight, indices, max_norm, norm_type)
+        assign(weight, value, op, tracked=False)
+
+
 # -- registration ----------------------------------------------------------------------------------
 
 
 def _register() -> None:
     _register_inplace_arguments()
     _register_in_place()
-    for fn, handler in ((torch.Tensor.__setitem__, setitem), (F.batch_norm, batch_norm)):
+    handlers = {
+        torch.Tensor.__setitem__: setitem,
+        F.batch_norm: batch_norm,
+        F.embedding: embedding,
+        F.embedding_bag: embedding_bag,
+    }
+    for fn, handler in handlers.items():
         TORCH_TO_LTORCH[fn] = handler
         MUTATING.add(fn)
     VALUE_READS[torch.Tensor.__float__] = _batch_count
