@@ -590,3 +590,38 @@ def test_parameters_the_call_never_reads_get_no_autograd_edge_and_no_gradient():
             assert (p.grad is None) == (p_e.grad is None)
             if p.grad is not None:
                 torch.testing.assert_close(p.grad, p_e.grad)
+
+
+# ----------------------------------------------------------------------------- activation checkpointing
+
+
+class CheckpointedNorm(nn.Module):
+    """A linear layer and a batch norm under activation checkpointing."""
+
+    def __init__(self, use_reentrant: bool):
+        super().__init__()
+        self.linear, self.norm, self.use_reentrant = nn.Linear(4, 4), nn.BatchNorm1d(4), use_reentrant
+
+    def forward(self, x):
+        block = lambda y: self.norm(self.linear(y)).relu()  # noqa: E731
+        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.use_reentrant)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_a_checkpointed_batch_norm_trains_as_eager_or_is_refused_naming_the_line(use_reentrant):
+    """Eager runs a checkpointed function again in the backward, so a batch norm in training mode
+    updates its running statistics twice per step: with grad the call is refused, naming the line;
+    without grad, or in eval mode, nothing runs again and the module equals eager."""
+    torch.manual_seed(0)
+    model = CheckpointedNorm(use_reentrant)
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    x = torch.randn(6, 4, requires_grad=True)
+    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match=r"checkpoint.*test_training\.py:\d+"):
+        jmodel(x)
+    for mode in ("no_grad", "eval"):
+        model.train(mode != "eval")
+        eager.train(mode != "eval")
+        with torch.set_grad_enabled(mode == "eval"):
+            out, expected = jmodel(x), eager(x)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()))

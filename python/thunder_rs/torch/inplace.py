@@ -40,6 +40,7 @@ from thunder_rs.core.lang.langctx import (
 )
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.rng import is_random
+from thunder_rs.core.lang.torch_overrides import in_checkpoint
 from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
@@ -160,6 +161,19 @@ def _nowhere(dst):
     return clang.expand_to(prims.full((), False, dst.device, torch.bool), tuple(dst.shape))
 
 
+def _checkpoint_check(op: str, root) -> None:
+    """Refuses a write to state that outlives the call (a parameter, buffer or input) inside an
+    activation-checkpointed function while grad is on: eager runs the function again in the
+    backward and writes it a second time (BatchNorm's running statistics take two updates)."""
+    if root._input_vid is not None and torch.is_grad_enabled() and in_checkpoint():
+        raise ThunderNotImplementedError(
+            f"torch.utils.checkpoint: {op} at {user_location()} writes a tensor that outlives the call (a parameter, "
+            "buffer or input: BatchNorm's running statistics) inside a checkpointed function; eager runs the function "
+            "again in the backward and writes it a second time, which the compiled call cannot. Call that layer "
+            "outside the checkpoint, or in eval mode"
+        )
+
+
 def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     """Writes ``value`` into ``dst`` as eager's in-place op ``op`` does; returns ``dst``.
 
@@ -196,6 +210,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     if tracked:
         _leaf_check(op, dst)
     root = views.root_of(dst)
+    _checkpoint_check(op, root)
     with torch._C.DisableTorchFunctionSubclass():
         root_grad, value_grad = root.requires_grad, value.requires_grad
     if root is not dst and root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled():

@@ -11,6 +11,7 @@ import torch
 
 from thunder_rs.core.run.differentiable import transforms_active
 from thunder_rs.core.state.observe import thread_state
+from thunder_rs.core.lang import torch_overrides
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.userframe import user_location
@@ -49,9 +50,33 @@ def _refuse_hooks_inside_a_trace(enter):
     return checked
 
 
+def _enter_checkpoints(enter):
+    """``saved_tensors_hooks.__enter__`` that tells ``in_checkpoint`` when non-reentrant activation
+    checkpointing's hooks are entered while tracing (its function runs inside them)."""
+
+    def entered(self):
+        if active_recorder() is not None and type(self).__module__.startswith("torch.utils.checkpoint"):
+            self._thunder_rs_region = torch_overrides.checkpointed()
+            self._thunder_rs_region.__enter__()
+        return enter(self)
+
+    return entered
+
+
+def _exit_checkpoints(exit_):
+    def exited(self, *exc):
+        region = self.__dict__.pop("_thunder_rs_region", None)
+        if region is not None:
+            region.__exit__(None, None, None)
+        return exit_(self, *exc)
+
+    return exited
+
+
 _HOOKS = torch.autograd.graph.saved_tensors_hooks
 if not getattr(_HOOKS.__enter__, "__thunder_rs_checked__", False):
-    _HOOKS.__enter__ = _refuse_hooks_inside_a_trace(_HOOKS.__enter__)  # type: ignore[method-assign]
+    _HOOKS.__enter__ = _refuse_hooks_inside_a_trace(_enter_checkpoints(_HOOKS.__enter__))  # type: ignore[method-assign]
+    _HOOKS.__exit__ = _exit_checkpoints(_HOOKS.__exit__)  # type: ignore[method-assign]
 
 
 class _Packed:
