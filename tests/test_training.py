@@ -625,3 +625,24 @@ def test_a_checkpointed_batch_norm_trains_as_eager_or_is_refused_naming_the_line
             out, expected = jmodel(x), eager(x)
         torch.testing.assert_close(out, expected)
         torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()))
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad=True")
+def test_reentrant_checkpointing_of_inputs_without_grad_gives_its_parameters_no_gradient_as_eager():
+    """Eager's reentrant checkpoint runs its function without grad and connects its outputs only
+    to inputs that require grad: with none, the layers inside get no gradient (and nothing runs
+    again in the backward, so the batch norm updates its statistics once)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(CheckpointedNorm(use_reentrant=True), nn.Linear(4, 1))
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    x = torch.randn(6, 4)
+    out, expected = jmodel(x), eager(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert model[0].linear.weight.grad is None
+    torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()))
