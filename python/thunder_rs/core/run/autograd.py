@@ -122,6 +122,20 @@ def _unshared(residuals, inputs, overwritten) -> list:
     return [r.clone() if isinstance(r, torch.Tensor) and root_id(r) in bases else r for r in residuals]
 
 
+def _as_written_inputs(ctx, inputs, flat, written) -> None:
+    """Keeps, in place of a residual that is the final value of an input the call writes back
+    (``written``: ``(input index, output index)`` pairs), that input, at the version its
+    write-back (one ``copy_`` after the call) gives it. Eager's backward saves the tensor itself,
+    so writing it again before the backward (a second call's write, an optimizer step) raises
+    there. A value laid out unlike its input stays as it is (the backward was made for its layout)."""
+    value_of = {id(flat[j]): k for k, j in written}
+    for i, r in enumerate(ctx.residuals):
+        k = value_of.get(id(r))
+        if k is not None and r.stride() == inputs[k].stride():
+            ctx.residuals[i] = inputs[k]
+            ctx.versions[i] = inputs[k]._version + 1
+
+
 def _keep_residuals(ctx, residuals, hooks) -> None:
     """Keeps the residuals on ``ctx`` in a list the backward empties, with their versions; under
     ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are."""
@@ -140,7 +154,7 @@ def grad_function(
     single: bool,
     as_list: bool,
     non_differentiable: frozenset = frozenset(),
-    overwritten: tuple[int, ...] = (),
+    written: tuple[tuple[int, int], ...] = (),
     *,
     program,
     reads: tuple = (),
@@ -154,7 +168,9 @@ def grad_function(
     its last use unless the graph is retained. ``grad_positions`` are the positions of the flat
     outputs that receive cotangents; the other tensor outputs, and ``non_differentiable`` ones
     (values written back without autograd), are marked non-differentiable and get zeros.
-    ``overwritten`` inputs are written after the call: residuals sharing their memory are cloned.
+    ``written`` pairs the inputs the call writes after it runs with the outputs written into them:
+    residuals sharing an input's memory are cloned, and a residual that is the written value is
+    kept as the input itself after the write (eager's backward checks its version).
     ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True`` and
     torch.func transforms run instead, torch's autograd differentiating it.
 
@@ -164,6 +180,7 @@ def grad_function(
     (with zeros, AdamW's weight decay and moments moved a parameter no loss used).
     """
     differentiable = frozenset(grad_positions) - non_differentiable
+    overwritten = tuple(k for k, _ in written)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial = len(differentiable) > 1 and bool(reads)
     unreached = _Unreached(reads, compile_backward)
@@ -181,6 +198,8 @@ def grad_function(
             outputs, residuals = forward(*inputs)
             flat = (outputs,) if single else tuple(outputs)
             _keep_residuals(ctx, _unshared(residuals, inputs, overwritten) if overwritten else residuals, hooks)
+            if written and hooks is None:
+                _as_written_inputs(ctx, inputs, flat, written)
             constant = outputs_at.constant(flat)
             if constant:
                 ctx.mark_non_differentiable(*constant)
