@@ -136,12 +136,15 @@ def _as_written_inputs(ctx, inputs, flat, written) -> None:
             ctx.versions[i] = inputs[k]._version + 1
 
 
-def _keep_residuals(ctx, residuals, hooks) -> None:
+def _keep_residuals(ctx, residuals, hooks, inputs, flat, written) -> None:
     """Keeps the residuals on ``ctx`` in a list the backward empties, with their versions; under
-    ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are."""
-    ctx.residuals = list(residuals)
+    ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are.
+    With inputs the call writes (``written``), as ``_unshared`` and ``_as_written_inputs`` keep them."""
+    ctx.residuals = _unshared(residuals, inputs, [k for k, _ in written]) if written else list(residuals)
     if hooks is None:
         ctx.versions, ctx.unpack = _versions(ctx.residuals), None
+        if written:
+            _as_written_inputs(ctx, inputs, flat, written)
     else:
         ctx.versions, ctx.unpack = None, hooks[1]
         ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
@@ -168,9 +171,7 @@ def grad_function(
     its last use unless the graph is retained. ``grad_positions`` are the positions of the flat
     outputs that receive cotangents; the other tensor outputs, and ``non_differentiable`` ones
     (values written back without autograd), are marked non-differentiable and get zeros.
-    ``written`` pairs the inputs the call writes after it runs with the outputs written into them:
-    residuals sharing an input's memory are cloned, and a residual that is the written value is
-    kept as the input itself after the write (eager's backward checks its version).
+    ``written`` pairs the inputs the call writes after it runs with their values (``_keep_residuals``).
     ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True`` and
     torch.func transforms run instead, torch's autograd differentiating it.
 
@@ -180,7 +181,6 @@ def grad_function(
     (with zeros, AdamW's weight decay and moments moved a parameter no loss used).
     """
     differentiable = frozenset(grad_positions) - non_differentiable
-    overwritten = tuple(k for k, _ in written)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial = len(differentiable) > 1 and bool(reads)
     unreached = _Unreached(reads, compile_backward)
@@ -197,9 +197,7 @@ def grad_function(
                 ctx.inputs = None  # see _differentiated
             outputs, residuals = forward(*inputs)
             flat = (outputs,) if single else tuple(outputs)
-            _keep_residuals(ctx, _unshared(residuals, inputs, overwritten) if overwritten else residuals, hooks)
-            if written and hooks is None:
-                _as_written_inputs(ctx, inputs, flat, written)
+            _keep_residuals(ctx, residuals, hooks, inputs, flat, written)
             constant = outputs_at.constant(flat)
             if constant:
                 ctx.mark_non_differentiable(*constant)
@@ -231,7 +229,7 @@ def grad_function(
             return backward(saved, *cotangents)
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
-    return _entry_call(apply, program, single, as_list, bool(overwritten))
+    return _entry_call(apply, program, single, as_list, bool(written))
 
 
 def _without(apply, unread: tuple):
