@@ -55,10 +55,11 @@ def _enter_checkpoints(enter):
     checkpointing's hooks are entered while tracing (its function runs inside them)."""
 
     def entered(self):
+        result = enter(self)
         if active_recorder() is not None and type(self).__module__.startswith("torch.utils.checkpoint"):
             self._thunder_rs_region = torch_overrides.checkpointed()
             self._thunder_rs_region.__enter__()
-        return enter(self)
+        return result
 
     return entered
 
