@@ -103,6 +103,29 @@ def test_parameter_written_under_no_grad_in_forward():
     check_module_against_eager(Clipped(), lambda step: [torch.randn(5, 4)])
 
 
+@pytest.mark.parametrize("between", ["second_call", "optimizer_step"])
+def test_a_weight_written_in_forward_and_written_again_before_the_backward_raises_as_eager(between):
+    """The clamped weight a call saves for its backward (the input's gradient reads it) is the
+    parameter itself in eager: written again before the backward (by another call's clamp, by an
+    optimizer step), eager's backward raises, and so does the compiled call's."""
+    torch.manual_seed(0)
+    module = Clipped()
+    eager = copy.deepcopy(module)
+    errors = []
+    for call, owner in ((thunder_rs.jit(module), module), (eager, eager)):
+        x = torch.randn(5, 4, requires_grad=True)
+        out = call(x)
+        if between == "second_call":
+            call(x)
+        else:
+            owner.lin.weight.grad = torch.ones_like(owner.lin.weight)  # (a previous step's)
+            torch.optim.SGD(owner.parameters(), lr=0.1).step()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation") as info:
+            out.sum().backward()
+        errors.append(info.value)
+    assert len(errors) == 2
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "make",

@@ -101,3 +101,77 @@ def test_packing_a_padded_batch_inside_a_program_is_refused_naming_the_line():
         thunder_rs.errors.ThunderNotImplementedError, match=r"pack_padded_sequence: packing at .*test_nn_layers\.py:\d+"
     ):
         thunder_rs.jit(program)(torch.randn(2, 5, 4), torch.tensor([5, 3]))
+
+
+def _scaled_embedding(dtype, **kwargs):
+    """An embedding (rows of norm about 6) and a linear head, so that ``max_norm`` renormalises."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4, **kwargs), nn.Linear(4, 2)).to(dtype)
+    with torch.no_grad():
+        model[0].weight.mul_(3)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "dtype"),
+    [
+        ({"max_norm": 1.0}, torch.float32),
+        ({"max_norm": 1.0, "padding_idx": 3}, torch.float32),
+        ({"max_norm": 4.0, "norm_type": 1.0}, torch.float32),
+        ({"max_norm": 2.0, "norm_type": float("inf")}, torch.float64),
+        ({"max_norm": 1.0}, torch.bfloat16),
+    ],
+    ids=["l2", "padding_idx", "l1", "inf_float64", "bfloat16"],
+)
+def test_embedding_max_norm_renormalises_the_weight_in_place_as_eager(kwargs, dtype):
+    """max_norm scales each row a call references (once, however often) in the weight itself under
+    no_grad, then looks up: over SGD steps with repeated indices the weight after each call, the
+    outputs and the gradients equal eager's; a no_grad call renormalises too. One compile each."""
+    model = _scaled_embedding(dtype, **kwargs)
+    eager = copy.deepcopy(model)
+    jitted = thunder_rs.jit(model)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, eager)]
+    for step in range(3):
+        idx = (torch.tensor([[1, 3, 3, 7], [7, 0, 3, 9]]) + step) % 10
+        out, expected = jitted(idx), eager(idx)
+        torch.testing.assert_close(model[0].weight, eager[0].weight)
+        torch.testing.assert_close(out, expected)
+        out.float().square().sum().backward()
+        expected.float().square().sum().backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    with torch.no_grad():
+        torch.testing.assert_close(jitted(torch.tensor([5, 6, 5])), eager(torch.tensor([5, 6, 5])))
+    torch.testing.assert_close(model[0].weight, eager[0].weight)
+    assert thunder_rs.compile_stats(jitted).cache_misses == 2  # with and without grad
+
+
+def test_max_norm_of_functional_embeddings_bags_and_embedding_renorm_writes_their_tables():
+    """F.embedding on a table passed in (written back into the caller's tensor), on an
+    intermediate (the gradient reaches the table through it), EmbeddingBag, and a direct
+    ``torch.embedding_renorm_``."""
+
+    def program(idx, table, bag, other):
+        a = nn.functional.embedding(idx, table, max_norm=1.0)
+        b = nn.functional.embedding(idx, other * 2, max_norm=1.0)
+        with torch.no_grad():
+            torch.embedding_renorm_(other, idx[:1], 1.5, 2.0)
+        return a + b + bag(idx)[:, None] + other[idx]
+
+    torch.manual_seed(0)
+    tensors = [(torch.randn(10, 4) * 3).requires_grad_() for _ in range(2)]
+    bag = nn.EmbeddingBag(10, 4, max_norm=2.0, mode="max")
+    copies = [t.detach().clone().requires_grad_() for t in tensors]
+    eager_bag = copy.deepcopy(bag)
+    idx = torch.tensor([[1, 3, 3], [3, 8, 1]])
+    out = thunder_rs.jit(program)(idx, tensors[0], bag, tensors[1])
+    expected = program(idx, copies[0], eager_bag, copies[1])
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    for t, c in zip([*tensors, bag.weight], [*copies, eager_bag.weight]):
+        torch.testing.assert_close(t, c)
+        torch.testing.assert_close(t.grad, c.grad)

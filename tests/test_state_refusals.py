@@ -226,8 +226,24 @@ def test_a_tensor_stored_in_a_global_cache_is_refused_naming_the_dict():
         _MASKS[x.shape[0]] = torch.ones(x.shape[0], x.shape[0]).triu()
         return x * _MASKS[x.shape[0]]
 
-    with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match=r"stored a tensor it computed .* of a dict"):
+    with pytest.raises(
+        thunder_rs.errors.ThunderRuntimeError,
+        match=r"stored a tensor it computed .* of a dict \(global '_MASKS' of module .*test_state_refusals\)",
+    ):
         thunder_rs.jit(program)(torch.ones(3))
+
+
+def test_a_parametrization_cached_across_calls_is_refused_naming_torchs_cache():
+    """Under ``parametrize.cached()`` the weight a call computes stays in torch's cache for later
+    calls, which a compiled call cannot keep: refused, naming that cache."""
+    model = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 3))
+    with (
+        torch.nn.utils.parametrize.cached(),
+        pytest.raises(
+            thunder_rs.errors.ThunderRuntimeError, match=r"global '_cache' of module torch\.nn\.utils\.parametrize"
+        ),
+    ):
+        thunder_rs.jit(model)(torch.randn(2, 4))
 
 
 @pytest.mark.parametrize(

@@ -312,6 +312,19 @@ def test_dropout_on_the_cpu_draws_eagers_masks_under_the_same_seed(explicit_atte
         torch.testing.assert_close(actual[name], expected[name], msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dropout_gradient_in_half_precision_is_eagers_on_the_cpu(dtype):
+    # Eager's CPU dropout multiplies by a noise tensor of the input's dtype: its gradient scales by
+    # 1 / (1 - p) rounded to that dtype (1.4297 in bfloat16 for p = 0.3), not by the exact factor.
+    module = Dropout(0.3).train()
+    x = torch.randn(64, 64, dtype=dtype, requires_grad=True)
+    upstream = torch.randn(64, 64, dtype=dtype)
+    out, grad = dropout_run(thunder_rs.jit(module), x, upstream, seed=0)
+    expected, expected_grad = dropout_run(module, x, upstream, seed=0)
+    assert torch.equal(out, expected)
+    assert torch.equal(grad, expected_grad)
+
+
 def test_dropout_is_identity_in_eval_mode():
     module = Dropout(0.5).eval()
     x = torch.randn(64, 64, requires_grad=True)
@@ -577,3 +590,59 @@ def test_parameters_the_call_never_reads_get_no_autograd_edge_and_no_gradient():
             assert (p.grad is None) == (p_e.grad is None)
             if p.grad is not None:
                 torch.testing.assert_close(p.grad, p_e.grad)
+
+
+# ----------------------------------------------------------------------------- activation checkpointing
+
+
+class CheckpointedNorm(nn.Module):
+    """A linear layer and a batch norm under activation checkpointing."""
+
+    def __init__(self, use_reentrant: bool):
+        super().__init__()
+        self.linear, self.norm, self.use_reentrant = nn.Linear(4, 4), nn.BatchNorm1d(4), use_reentrant
+
+    def forward(self, x):
+        block = lambda y: self.norm(self.linear(y)).relu()  # noqa: E731
+        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.use_reentrant)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_a_checkpointed_batch_norm_trains_as_eager_or_is_refused_naming_the_line(use_reentrant):
+    """Eager runs a checkpointed function again in the backward, so a batch norm in training mode
+    updates its running statistics twice per step: with grad the call is refused, naming the line;
+    without grad, or in eval mode, nothing runs again and the module equals eager."""
+    torch.manual_seed(0)
+    model = CheckpointedNorm(use_reentrant)
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    x = torch.randn(6, 4, requires_grad=True)
+    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match=r"checkpoint.*test_training\.py:\d+"):
+        jmodel(x)
+    for mode in ("no_grad", "eval"):
+        model.train(mode != "eval")
+        eager.train(mode != "eval")
+        with torch.set_grad_enabled(mode == "eval"):
+            out, expected = jmodel(x), eager(x)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()))
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad=True")
+def test_reentrant_checkpointing_of_inputs_without_grad_gives_its_parameters_no_gradient_as_eager():
+    """Eager's reentrant checkpoint runs its function without grad and connects its outputs only
+    to inputs that require grad: with none, the layers inside get no gradient (and nothing runs
+    again in the backward, so the batch norm updates its statistics once)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(CheckpointedNorm(use_reentrant=True), nn.Linear(4, 1))
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    x = torch.randn(6, 4)
+    out, expected = jmodel(x), eager(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert model[0].linear.weight.grad is None
+    torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()))

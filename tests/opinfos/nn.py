@@ -234,6 +234,30 @@ def embedding_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(torch.tensor([0]), cpu((10, 3)), padding_idx=10), AssertionError)
 
 
+def embedding_renormed(input, weight, **kwargs):
+    """F.embedding with ``max_norm`` on a copy of ``weight``: the lookup and the table it renormalised
+    (F.embedding writes the referenced rows of ``weight`` in place)."""
+    table = weight.clone()
+    return F.embedding(input, table, **kwargs), table
+
+
+def embedding_renorm_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """embedding's samples (values in [-9, 9]: row norms on both sides of ``max_norm``) in several
+    norms, and an index referenced twice with a padding row."""
+    yield from with_kwargs(embedding_samples, max_norm=8.0)(dtype, device)
+    for norm_type in (1.0, 3.0, math.inf):
+        table = make((10, 3), dtype, device)
+        yield SampleInput(torch.tensor([[4, 1], [1, 9]], device=device), table, max_norm=6.0, norm_type=norm_type)
+    yield SampleInput(
+        torch.tensor([2, 0, 2, 2], device=device), make((10, 3), dtype, device), max_norm=6.0, padding_idx=2
+    )
+
+
+def embedding_renorm_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(torch.tensor([0.0]), cpu((10, 3)), max_norm=1.0), RuntimeError)
+    yield ErrorInput(SampleInput(torch.tensor([0]), cpu((10,)), max_norm=1.0), RuntimeError)
+
+
 def cross_entropy_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     def logits(spec):
         return tensor(spec, dtype, device)
@@ -401,6 +425,7 @@ OPS = [
         dtypes=NUMERIC,
         variant="padding_idx",
     ),
+    OpInfo("embedding", embedding_renormed, embedding_renorm_samples, embedding_renorm_errors, variant="max_norm"),
     OpInfo(
         "cross_entropy",
         F.cross_entropy,

@@ -40,13 +40,14 @@ from thunder_rs.core.lang.langctx import (
 )
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.rng import is_random
+from thunder_rs.core.lang.torch_overrides import in_checkpoint
 from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import batch_norms, view_scatters, views
+from thunder_rs.torch import batch_norms, layers, nn, view_scatters, views
 from thunder_rs.torch.creation import filled
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
@@ -160,6 +161,19 @@ def _nowhere(dst):
     return clang.expand_to(prims.full((), False, dst.device, torch.bool), tuple(dst.shape))
 
 
+def _checkpoint_check(op: str, root) -> None:
+    """Refuses a write to state that outlives the call (a parameter, buffer or input) inside an
+    activation-checkpointed function while grad is on: eager runs the function again in the
+    backward and writes it a second time (BatchNorm's running statistics take two updates)."""
+    if root._input_vid is not None and torch.is_grad_enabled() and in_checkpoint():
+        raise ThunderNotImplementedError(
+            f"torch.utils.checkpoint: {op} at {user_location()} writes a tensor that outlives the call (a parameter, "
+            "buffer or input: BatchNorm's running statistics) inside a checkpointed function; eager runs the function "
+            "again in the backward and writes it a second time, which the compiled call cannot. Call that layer "
+            "outside the checkpoint, or in eval mode"
+        )
+
+
 def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     """Writes ``value`` into ``dst`` as eager's in-place op ``op`` does; returns ``dst``.
 
@@ -198,6 +212,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     if tracked:
         _leaf_check(op, dst)
     root = views.root_of(dst)
+    _checkpoint_check(op, root)
     with torch._C.DisableTorchFunctionSubclass():
         root_grad, value_grad = root.requires_grad, value.requires_grad
     if root is not dst and root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled():
@@ -344,8 +359,14 @@ def zero_(a):
 _SPECIAL = {"copy_": copy_, "fill_": fill_, "zero_": zero_}
 
 
+#: In-place torch functions whose out-of-place form is an aten op only.
+_OUT_OF_PLACE_OPS = {"embedding_renorm_": torch.ops.aten.embedding_renorm.default}
+
+
 def _outplace_of(namespace, name: str):
     """The out-of-place form of ``namespace.name``: ``F``'s for nn functions when thunder_rs maps it."""
+    if namespace is torch and name in _OUT_OF_PLACE_OPS:
+        return _OUT_OF_PLACE_OPS[name]
     base = _AUGMENTED.get(name) or name[:-1]
     if namespace is torch._C._nn and getattr(F, base, None) in TORCH_TO_LTORCH:
         return getattr(F, base)
@@ -611,13 +632,41 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return out
 
 
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    """``F.embedding``: with ``max_norm``, the rows ``input`` references renormalised in ``weight``
+    first, written where autograd does not see (eager's ``embedding_renorm_`` under
+    ``torch.no_grad()``), then looked up; the gradient goes to ``weight`` as to eager's."""
+    _renorm_rows(weight, input, max_norm, norm_type, "embedding(max_norm=)")
+    return nn.embedding(input, weight, padding_idx, None, norm_type, scale_grad_by_freq, sparse)
+
+
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, *args, **kwargs):
+    """``F.embedding_bag``: with ``max_norm``, as ``embedding``, then the bags."""
+    _renorm_rows(weight, input, max_norm, norm_type, "embedding_bag(max_norm=)")
+    return layers.embedding_bag(input, weight, offsets, None, norm_type, *args, **kwargs)
+
+
+def _renorm_rows(weight, indices, max_norm, norm_type, op: str) -> None:
+    """Writes ``weight`` with the rows ``indices`` references renormalised, when ``max_norm`` is given."""
+    if max_norm is not None:
+        with torch.no_grad():
+            value = nn.embedding_renorm(weight, indices, max_norm, norm_type)
+        assign(weight, value, op, tracked=False)
+
+
 # -- registration ----------------------------------------------------------------------------------
 
 
 def _register() -> None:
     _register_inplace_arguments()
     _register_in_place()
-    for fn, handler in ((torch.Tensor.__setitem__, setitem), (F.batch_norm, batch_norm)):
+    handlers = {
+        torch.Tensor.__setitem__: setitem,
+        F.batch_norm: batch_norm,
+        F.embedding: embedding,
+        F.embedding_bag: embedding_bag,
+    }
+    for fn, handler in handlers.items():
         TORCH_TO_LTORCH[fn] = handler
         MUTATING.add(fn)
     VALUE_READS[torch.Tensor.__float__] = _batch_count

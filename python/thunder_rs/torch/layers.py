@@ -196,7 +196,7 @@ def _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, 
     check(
         max_norm is None,
         op,
-        "max_norm renormalises weight in place, which is not supported (argument max_norm)",
+        "max_norm renormalises weight in place, which only F.embedding_bag does (argument max_norm)",
         ThunderNotImplementedError,
     )
     check(not sparse, op, "sparse gradients are not supported (argument sparse)", ThunderNotImplementedError)

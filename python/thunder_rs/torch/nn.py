@@ -52,6 +52,7 @@ __all__ = [
     "dropout",
     "linear",
     "embedding",
+    "embedding_renorm",
     "native_dropout",
     "native_dropout_backward",
     "softmax_backward",
@@ -177,10 +178,11 @@ def linear(input, weight, bias=None):
 @torchsymbol(F.embedding)
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
     op = "ltorch.embedding"
+    # max_norm first writes the referenced rows of weight (``inplace.embedding``): a symbol does not write.
     check(
         max_norm is None,
         op,
-        "max_norm renormalises weight in place, which is not supported (argument max_norm)",
+        "max_norm renormalises weight in place, which only F.embedding does (argument max_norm)",
         ThunderNotImplementedError,
     )
     check(
@@ -207,6 +209,36 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
             ThunderAssertionError,
         )
     return prims.embedding(input, weight)
+
+
+@torchsymbol(torch.ops.aten.embedding_renorm.default, name="embedding_renorm")
+def embedding_renorm(input, indices, max_norm, norm_type):
+    """``input`` (an embedding table) with each row ``indices`` references scaled down to norm
+    ``max_norm`` where its norm exceeds it, as eager's ``embedding_renorm_`` computes: the row's
+    norm in the table's dtype read as a double, the factor ``max_norm / (norm + 1e-7)`` in double,
+    the product in the table's compute dtype. A row referenced several times is scaled once: each
+    reference computes the same row from the same old one."""
+    op = "ltorch.embedding_renorm"
+    check(
+        input.ndim == 2,
+        op,
+        f"Expected 2-dimensional tensor, but got {input.ndim}-dimensional tensor for argument #1 'self' "
+        "(while checking arguments for embedding_renorm_) (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        indices.dtype in (torch.int64, torch.int32),
+        op,
+        f"Expected tensor for argument #2 'indices' to have one of the following scalar types: Long, Int; "
+        f"but got {indices.dtype} instead (while checking arguments for embedding_renorm_) (argument indices)",
+        ThunderRuntimeError,
+    )
+    index = ltorch.reshape(indices, (indices.numel(),))
+    rows = ltorch.index_select(input, 0, index)
+    norms = cast(ltorch.linalg_vector_norm(rows, norm_type, 1, keepdim=True), torch.float64)
+    scale = ltorch.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
+    scaled = cast(to_compute_dtype(rows) * cast(scale, compute_dtype(input.dtype)), input.dtype)
+    return ltorch.index_copy(input, 0, index, scaled)
 
 
 # -- backward kernels ------------------------------------------------------------------------------
@@ -279,8 +311,18 @@ def dropout_grad(input, p=0.5, training=True, inplace=False):
     if not training or not 0 < p < 1 or not input.dtype.is_floating_point:
         return ltorch.dropout(input, p, training, inplace)
     out, mask = native_dropout(input, p, True)
-    put_grad(input, native_dropout_backward(get_grad(out), mask, 1.0 / (1.0 - p)))
+    put_grad(input, _dropout_input_grad(get_grad(out), mask, p, input))
     return out
+
+
+def _dropout_input_grad(grad, mask, p, input):
+    """Eager's gradient of dropout's input. On the CPU eager multiplies by a noise tensor in the
+    input's dtype (the mask divided by 1 - p, rounded to that dtype: 1.4297 for p = 0.3 in
+    bfloat16) and the gradient is the product with it; CUDA's fused kernel scales by 1 / (1 - p)
+    in float (``native_dropout_backward``). They differ in half precision."""
+    if input.device.type == "cpu":
+        return ltorch.mul(grad, ltorch.true_divide(ltorch.to(mask, input.dtype), 1.0 - p))
+    return native_dropout_backward(grad, mask, 1.0 / (1.0 - p))
 
 
 def _softmax_backward(input, out, dim, log: bool) -> None:

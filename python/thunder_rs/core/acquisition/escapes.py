@@ -112,9 +112,9 @@ def _describe_container(holder, obj) -> str | None:
         return f"a list{owner}"
     if isinstance(holder, dict):
         if "__name__" in holder and "__builtins__" in holder:
-            name = next((k for k, v in holder.items() if v is obj), "?")
+            name = _key_of(holder, obj) or "?"
             return f"global variable {name!r} of module {holder['__name__']}"
-        key = next((k for k, v in holder.items() if v is obj), None)
+        key = _key_of(holder, obj)
         owner = _owner(holder)
         return f"entry {key!r} of a dict{owner}" if key is not None else f"a dict{owner}"
     if isinstance(holder, (tuple, set)):
@@ -130,7 +130,7 @@ def _owner(container, depth: int = 0) -> str:
         return ""
     for ref in gc.get_referrers(container):
         if isinstance(ref, dict):
-            name = next((k for k, v in ref.items() if v is container), None)
+            name = _key_of(ref, container)
             if name is None:
                 continue
             if "__name__" in ref and "__builtins__" in ref:
@@ -144,5 +144,16 @@ def _owner(container, depth: int = 0) -> str:
                     code = fn.__code__
                     return f" (captured by {fn.__qualname__} at {code.co_filename}:{code.co_firstlineno})"
         if type(ref).__name__ == "cell":
-            return _owner(ref, depth + 1)
+            owner = _owner(ref, depth + 1)
+            if owner:
+                return owner
     return ""
+
+
+def _key_of(mapping: dict, value):
+    """The first key of ``mapping`` whose value is ``value``, else None. A loop, not a generator
+    expression: a generator's closure cell holding ``value`` would be among its referrers."""
+    for key, v in mapping.items():
+        if v is value:
+            return key
+    return None

@@ -88,17 +88,47 @@ _BACKWARD_HOOKS = {
 }
 
 
+class _Checkpointed(threading.local):
+    """Per thread: how many activation-checkpointed functions the traced program is inside."""
+
+    depth = 0
+
+
+_checkpointed = _Checkpointed()
+
+
+def in_checkpoint() -> bool:
+    """Whether the program being traced runs an activation-checkpointed function: eager runs it
+    again in the backward, so its writes to state that outlives the call happen twice there."""
+    return _checkpointed.depth > 0
+
+
+@contextlib.contextmanager
+def checkpointed():
+    """While the program runs an activation-checkpointed function (``in_checkpoint``)."""
+    _checkpointed.depth += 1
+    try:
+        yield
+    finally:
+        _checkpointed.depth -= 1
+
+
 def _apply(cls, *args, **kwargs):
     """``torch.autograd.Function.apply`` while tracing: torch runs a custom Function's forward below
     ``__torch_function__`` with grad mode off and would attach its own backward to proxies.
     Reentrant activation checkpointing (``CheckpointFunction``) only recomputes its function in
-    the backward, so in a trace it is the call of that function; any other Function is traced
+    the backward, so in a trace it is the call of that function (without grad where no input
+    requires grad, as eager's outputs then have none); any other Function is traced
     with its own backward as its grad rule (``thunder_rs.core.lang.custom_function``)."""
     if active_recorder() is None or not any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))):
         return _function_apply.__get__(None, cls)(*args, **kwargs)
     if cls is torch.utils.checkpoint.CheckpointFunction:
         run_function, _preserve_rng_state, *inputs = args
-        return run_function(*inputs)
+        # Eager's Function runs it without grad, and its outputs carry a gradient (computed again in
+        # the backward) only when an input requires grad: else the parameters inside get none.
+        differentiable = torch.is_grad_enabled() and any(isinstance(a, TensorProxy) and a.requires_grad for a in inputs)
+        with checkpointed(), torch.set_grad_enabled(differentiable):
+            return run_function(*inputs)
     if (cls.__module__, cls.__qualname__) in _GRADIENT_OF_FORWARD:
         return cls.forward(*args, **kwargs)
     if (cls.__module__, cls.__qualname__) in _BACKWARD_HOOKS:

@@ -11,6 +11,7 @@ import torch
 
 from thunder_rs.core.run.differentiable import transforms_active
 from thunder_rs.core.state.observe import thread_state
+from thunder_rs.core.lang import torch_overrides
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.userframe import user_location
@@ -49,9 +50,34 @@ def _refuse_hooks_inside_a_trace(enter):
     return checked
 
 
+def _enter_checkpoints(enter):
+    """``saved_tensors_hooks.__enter__`` that tells ``in_checkpoint`` when non-reentrant activation
+    checkpointing's hooks are entered while tracing (its function runs inside them)."""
+
+    def entered(self):
+        result = enter(self)
+        if active_recorder() is not None and type(self).__module__.startswith("torch.utils.checkpoint"):
+            self._thunder_rs_region = torch_overrides.checkpointed()
+            self._thunder_rs_region.__enter__()
+        return result
+
+    return entered
+
+
+def _exit_checkpoints(exit_):
+    def exited(self, *exc):
+        region = self.__dict__.pop("_thunder_rs_region", None)
+        if region is not None:
+            region.__exit__(None, None, None)
+        return exit_(self, *exc)
+
+    return exited
+
+
 _HOOKS = torch.autograd.graph.saved_tensors_hooks
 if not getattr(_HOOKS.__enter__, "__thunder_rs_checked__", False):
-    _HOOKS.__enter__ = _refuse_hooks_inside_a_trace(_HOOKS.__enter__)  # type: ignore[method-assign]
+    _HOOKS.__enter__ = _refuse_hooks_inside_a_trace(_enter_checkpoints(_HOOKS.__enter__))  # type: ignore[method-assign]
+    _HOOKS.__exit__ = _exit_checkpoints(_HOOKS.__exit__)  # type: ignore[method-assign]
 
 
 class _Packed:
@@ -97,12 +123,29 @@ def _unshared(residuals, inputs, overwritten) -> list:
     return [r.clone() if isinstance(r, torch.Tensor) and root_id(r) in bases else r for r in residuals]
 
 
-def _keep_residuals(ctx, residuals, hooks) -> None:
+def _as_written_inputs(ctx, inputs, flat, written) -> None:
+    """Keeps, in place of a residual that is the final value of an input the call writes back
+    (``written``: ``(input index, output index)`` pairs), that input, at the version its
+    write-back (one ``copy_`` after the call) gives it. Eager's backward saves the tensor itself,
+    so writing it again before the backward (a second call's write, an optimizer step) raises
+    there. A value laid out unlike its input stays as it is (the backward was made for its layout)."""
+    value_of = {id(flat[j]): k for k, j in written}
+    for i, r in enumerate(ctx.residuals):
+        k = value_of.get(id(r))
+        if k is not None and r.stride() == inputs[k].stride():
+            ctx.residuals[i] = inputs[k]
+            ctx.versions[i] = inputs[k]._version + 1
+
+
+def _keep_residuals(ctx, residuals, hooks, inputs, flat, written) -> None:
     """Keeps the residuals on ``ctx`` in a list the backward empties, with their versions; under
-    ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are."""
-    ctx.residuals = list(residuals)
+    ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are.
+    With inputs the call writes (``written``), as ``_unshared`` and ``_as_written_inputs`` keep them."""
+    ctx.residuals = _unshared(residuals, inputs, [k for k, _ in written]) if written else list(residuals)
     if hooks is None:
         ctx.versions, ctx.unpack = _versions(ctx.residuals), None
+        if written:
+            _as_written_inputs(ctx, inputs, flat, written)
     else:
         ctx.versions, ctx.unpack = None, hooks[1]
         ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
@@ -115,7 +158,7 @@ def grad_function(
     single: bool,
     as_list: bool,
     non_differentiable: frozenset = frozenset(),
-    overwritten: tuple[int, ...] = (),
+    written: tuple[tuple[int, int], ...] = (),
     *,
     program,
     reads: tuple = (),
@@ -129,7 +172,7 @@ def grad_function(
     its last use unless the graph is retained. ``grad_positions`` are the positions of the flat
     outputs that receive cotangents; the other tensor outputs, and ``non_differentiable`` ones
     (values written back without autograd), are marked non-differentiable and get zeros.
-    ``overwritten`` inputs are written after the call: residuals sharing their memory are cloned.
+    ``written`` pairs the inputs the call writes after it runs with their values (``_keep_residuals``).
     ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True`` and
     torch.func transforms run instead, torch's autograd differentiating it.
 
@@ -155,7 +198,7 @@ def grad_function(
                 ctx.inputs = None  # see _differentiated
             outputs, residuals = forward(*inputs)
             flat = (outputs,) if single else tuple(outputs)
-            _keep_residuals(ctx, _unshared(residuals, inputs, overwritten) if overwritten else residuals, hooks)
+            _keep_residuals(ctx, residuals, hooks, inputs, flat, written)
             constant = outputs_at.constant(flat)
             if constant:
                 ctx.mark_non_differentiable(*constant)
@@ -187,7 +230,7 @@ def grad_function(
             return backward(saved, *cotangents)
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
-    return _entry_call(apply, program, single, as_list, bool(overwritten))
+    return _entry_call(apply, program, single, as_list, bool(written))
 
 
 def _without(apply, unread: tuple):

@@ -225,9 +225,9 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
                 **partial,
             )
         else:
-            nondiff, targets = wb.non_differentiable, wb.targets
+            nondiff, written = wb.non_differentiable, tuple((k, j) for k, j, _ in wb.copies)
             computation = grad_function(
-                computation, backward, grad_positions, False, False, nondiff, targets, program=program, **partial
+                computation, backward, grad_positions, False, False, nondiff, written, program=program, **partial
             )
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
