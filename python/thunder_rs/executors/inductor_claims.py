@@ -72,7 +72,9 @@ NOT_CLAIMED = {
     # They write their inputs.
     "ltorch.batch_norm": "writes running_mean and running_var",
     "ltorch.instance_norm": "writes running statistics",
-    "ltorch.embedding_bag": "max_norm writes weight",
+    # Inductor runs aten._embedding_bag as a fallback kernel (eager's, on contiguous copies): nothing to fuse.
+    # (max_norm's write of weight is ltorch.embedding_renorm's, before the bags.)
+    "ltorch.embedding_bag": "Inductor runs eager's kernel for it (make_fallback), on contiguous copies",
     # The result depends on tensor values beyond what a layout fixes, or on memory.
     "ltorch.repeat_interleave": "a tensor of repeats sets the output's shape",
     "ltorch.as_strided": "reads storage as laid out in memory, which a compiled graph need not keep",
