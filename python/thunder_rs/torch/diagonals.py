@@ -32,13 +32,27 @@ def _embed(v, offset: int):
     *batch, m = v.shape
     zero = clang.maybe_convert(0, v.dtype)
     none = ((0, 0, 0),) * len(batch)
-    spread = prims.pad(v, zero, (*none, (0, 0, m))) if m > 1 else v
-    square = reshape_to(spread, (*batch, m, m))
+    if type(m) is SymInt:
+        square = _on_diagonal(v, zero)
+    else:
+        spread = prims.pad(v, zero, (*none, (0, 0, m))) if m > 1 else v
+        square = reshape_to(spread, (*batch, m, m))
     k = abs(offset)
     if k == 0:
         return square
     rows, cols = ((0, k, 0), (k, 0, 0)) if offset > 0 else ((k, 0, 0), (0, k, 0))
     return prims.pad(square, zero, (*none, rows, cols))
+
+
+def _on_diagonal(v, zero):
+    """The (..., m, m) matrices with ``v`` on their diagonal, for a symbolic ``m`` (a pad's
+    dilation is a number): ``v`` where row and column agree, zero elsewhere."""
+    *batch, m = v.shape
+    shape, last = (*batch, m, m), len(batch)
+    rows = prims.broadcast_in_dim(prims.iota(m, 0, 1, v.device, torch.int64), shape, (last,))
+    cols = prims.broadcast_in_dim(prims.iota(m, 0, 1, v.device, torch.int64), shape, (last + 1,))
+    spread = prims.broadcast_in_dim(v, shape, tuple(range(last + 1)))
+    return prims.where(prims.eq(rows, cols), spread, zero)
 
 
 @torchsymbol(torch.diag_embed, Tensor.diag_embed)
