@@ -233,6 +233,13 @@ def written_at_sizes(x):
     return y * 2
 
 
+def sampled(x, padding_mode="zeros", align_corners=False):
+    """x (3, n) sampled at a fixed grid reaching past its edges: pixel positions from its sizes."""
+    ys, xs = torch.meshgrid(torch.linspace(-1.2, 1.2, 4), torch.linspace(-1.1, 1.3, 5), indexing="ij")
+    grid = torch.stack([xs, ys], -1)[None]
+    return F.grid_sample(x[None, None], grid, padding_mode=padding_mode, align_corners=align_corners)
+
+
 #: Programs that pass an int computed from a symbolic size to an op: over inputs (3, n) for
 #: n = 6, 8, 10, 12 they compile twice (static, then symbolic), not once per size.
 SIZED_ARGS = {
@@ -268,6 +275,8 @@ SIZED_ARGS = {
     "adaptive_avg_pool": lambda x: F.adaptive_avg_pool1d(x[None], x.shape[1] // 2),
     "adaptive_max_pool": lambda x: F.adaptive_max_pool1d(x[None], x.shape[1] // 2, return_indices=True),
     "max_pool_stride": lambda x: F.max_pool1d(x[None], 2, stride=x.shape[1] // 2),
+    "grid_sample": sampled,
+    "grid_sample_border_corners": lambda x: sampled(x, "border", True),
     "setitem_at_size": written_at_sizes,  # (this one specialised: an index tensor's write on a copy)
 }
 
