@@ -175,18 +175,18 @@ def top(x, k):
     return x.topk(k).values.sum(-1) + x.roll(k, 1)[:, 0]
 
 
-def top_and_bins(x, k):
-    return top(x, k) + torch.histc(x, bins=k).sum()
+def top_and_bytes(x, k):
+    return top(x, k) + k.to_bytes(2, "little")[0]  # (an int's method that no symbolic int has)
 
 
 def test_an_int_a_symbolic_compile_fails_on_stays_constant_and_the_dims_stay_symbolic():
-    # histc takes no symbolic number of bins: the int stays a constant (a compile per value of k),
-    # the length of x stays symbolic (was: symbolic compiles turned off, a compile per length too).
-    jf = thunder_rs.jit(top_and_bins)
+    # The program fails with k symbolic: the int stays a constant (a compile per value of k), the
+    # length of x stays symbolic (was: symbolic compiles turned off, a compile per length too).
+    jf = thunder_rs.jit(top_and_bytes)
     calls = [(8, 2), (10, 3), (12, 4), (14, 2), (16, 4), (9, 3)]
     for t, k in calls:
         x = torch.randn(4, t)
-        torch.testing.assert_close(jf(x, k), top_and_bins(x, k))
+        torch.testing.assert_close(jf(x, k), top_and_bytes(x, k))
     assert jf._dynamic_off is None
     # static (8, 2); then one symbolic entry per k, each serving every length
     assert stats(jf).cache_misses == 4, stats(jf).miss_reasons
@@ -226,6 +226,20 @@ def like_eager_over_sizes(fn, sizes, make=lambda n: torch.randn(3, n), grad=True
     return jf
 
 
+def written_at_sizes(x):
+    y = x.clone()
+    y[:, x.shape[1] - 2] = 0.0
+    y[1, x.shape[1] // 2] = 5.0
+    return y * 2
+
+
+def sampled(x, padding_mode="zeros", align_corners=False):
+    """x (3, n) sampled at a fixed grid reaching past its edges: pixel positions from its sizes."""
+    ys, xs = torch.meshgrid(torch.linspace(-1.2, 1.2, 4), torch.linspace(-1.1, 1.3, 5), indexing="ij")
+    grid = torch.stack([xs, ys], -1)[None]
+    return F.grid_sample(x[None, None], grid, padding_mode=padding_mode, align_corners=align_corners)
+
+
 #: Programs that pass an int computed from a symbolic size to an op: over inputs (3, n) for
 #: n = 6, 8, 10, 12 they compile twice (static, then symbolic), not once per size.
 SIZED_ARGS = {
@@ -249,6 +263,21 @@ SIZED_ARGS = {
     "fill_size": lambda x: torch.zeros_like(x).fill_(x.shape[1]),
     "fill_size_of_a_transpose": lambda x: x.t().clone().fill_(x.shape[1] // 2).t() * x,
     "floordiv_by_size": lambda x: x[:, : (x.shape[1] - 1) // (x.shape[1] // 2)] * (x.shape[1] % (x.shape[1] // 2 + 1)),
+    # (each of these failed the symbolic compile, which turned symbolic compiles off: a compile per size)
+    "diag_embed": lambda x: torch.diag_embed(x),
+    "diag_embed_offset": lambda x: torch.diag_embed(x, offset=x.shape[1] // 2, dim1=0, dim2=2),
+    "diag_of_a_vector": lambda x: torch.diag(x[0], 1 - x.shape[1] // 2),
+    "pad_reflect_by_size": lambda x: F.pad(x[None], (x.shape[1] // 2, 1), mode="reflect"),
+    "pad_replicate_by_size": lambda x: F.pad(x[None], (1, x.shape[1] // 2), mode="replicate"),
+    "pad_circular_by_size": lambda x: F.pad(x[None], (x.shape[1] // 2, x.shape[1] // 3), mode="circular"),
+    "histc_bins": lambda x: torch.histc(x.detach(), bins=x.shape[1] // 2),
+    "repeat_interleave": lambda x: x.repeat_interleave(x.shape[1] // 2, dim=1),
+    "adaptive_avg_pool": lambda x: F.adaptive_avg_pool1d(x[None], x.shape[1] // 2),
+    "adaptive_max_pool": lambda x: F.adaptive_max_pool1d(x[None], x.shape[1] // 2, return_indices=True),
+    "max_pool_stride": lambda x: F.max_pool1d(x[None], 2, stride=x.shape[1] // 2),
+    "grid_sample": sampled,
+    "grid_sample_border_corners": lambda x: sampled(x, "border", True),
+    "setitem_at_size": written_at_sizes,  # (this one specialised: an index tensor's write on a copy)
 }
 
 
@@ -256,6 +285,31 @@ SIZED_ARGS = {
 def test_an_int_from_a_symbolic_size_stays_symbolic_in_the_op(name):
     jf = like_eager_over_sizes(SIZED_ARGS[name], [6, 8, 10, 12])
     assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+    assert jf._dynamic_off is None
+
+
+#: Programs that pass an int computed from a symbolic size where an op takes a number (a loop
+#: count, a prim's parameter): the int is specialised (a guard on x.shape[1] // 4), x's length
+#: stays symbolic. Each failed the symbolic compile, which turned symbolic compiles off.
+SPECIALISED_ARGS = {
+    "diff_order": lambda x: torch.diff(x, n=x.shape[1] // 4),
+    "bincount_minlength": lambda x: torch.bincount(
+        (x.detach().abs() * 3).long().flatten(), minlength=x.shape[1] // 4 * 8
+    ),
+    "std_correction": lambda x: x.std(1, correction=x.shape[1] // 4),
+    "conv_padding": lambda x: F.conv1d(x[None], torch.ones(2, 3, 3), padding=x.shape[1] // 4),
+    "slice_step": lambda x: x[:, :: x.shape[1] // 4] * 2,
+    "matrix_power": lambda x: torch.linalg.matrix_power(x @ x.T / x.shape[1], x.shape[1] // 4),
+    "polygamma_order": lambda x: torch.polygamma(x.shape[1] // 4, x.abs() + 1),
+}
+
+
+@pytest.mark.parametrize("name", SPECIALISED_ARGS)
+def test_an_int_from_a_symbolic_size_an_op_takes_as_a_number_is_specialised(name):
+    jf = like_eager_over_sizes(SPECIALISED_ARGS[name], [8, 9, 10, 11, 12, 13])
+    # static at 8; symbolic at 9 (x.shape[1] // 4 == 2), serving 10 and 11; again at 12
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    assert "(t0 // 4) - 2 == 0 fails (t0 = x.shape[1] = 12)" in stats(jf).miss_reasons[2]
     assert jf._dynamic_off is None
 
 

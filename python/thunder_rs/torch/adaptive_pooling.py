@@ -17,6 +17,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
+from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.pooling import (
     _require_dtype,
@@ -95,7 +96,7 @@ def adaptive_sizes(op: str, input, n: int, output_size) -> tuple[int, ...]:
         "output_size must be an int or a tuple of one int, not None (argument output_size)",
         ThunderTypeError,
     )
-    sizes: tuple = (output_size,) * n if output_size is None or isinstance(output_size, int) else tuple(output_size)
+    sizes: tuple = (output_size,) * n if output_size is None or is_int(output_size) else tuple(output_size)
     check(
         len(sizes) in (1, n),
         op,

@@ -243,7 +243,7 @@ def tile(input, *args, dims=None):
 def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
     op = "ltorch.repeat_interleave"
     check(
-        isinstance(repeats, int) and not isinstance(repeats, bool),
+        is_int(repeats),
         op,
         lambda: (
             "repeats given as a tensor make the output's shape depend on their values, which a trace cannot; pass an "

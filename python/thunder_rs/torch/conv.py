@@ -7,22 +7,24 @@ import torch.nn.functional as F
 
 from thunder_rs import prims
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
+from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution"]
 
 
 def _ints(value, n: int, op: str, arg: str) -> tuple[int, ...]:
-    """An int-or-sequence argument as ``n`` ints (a one-element sequence is repeated, as torch does)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * n
+    """An int-or-sequence argument as ``n`` ints (a one-element sequence is repeated, as torch does).
+    The convolution prim takes numbers: an int from a symbolic size is specialised."""
+    if is_int(value):
+        return (int(value),) * n
     check(
-        isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        isinstance(value, (tuple, list)) and all(is_int(v) for v in value),
         op,
         lambda: f"expected an int or a sequence of ints for {arg}, got {value!r}",
         ThunderTypeError,
     )
-    value = tuple(value)
+    value = tuple(map(int, value))
     if len(value) == 1:
         return value * n
     check(

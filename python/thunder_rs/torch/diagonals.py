@@ -26,19 +26,49 @@ Tensor = torch.Tensor
 __all__ = ["diag", "diag_embed", "diagflat", "trace", "tril_indices", "triu_indices", "unfold", "as_strided"]
 
 
-def _embed(v, offset: int):
-    """A tensor of shape (..., n, n), n = m + |offset|, with ``v`` (shape (..., m)) on its
-    ``offset`` diagonal of the last two dims and zeros elsewhere."""
+def _embed(v, offset: int, dims: tuple[int, int] | None = None):
+    """A tensor with ``v`` (shape (..., m)) on the ``offset`` diagonal of its ``dims`` (default
+    the last two), n = m + |offset| long each, zeros elsewhere; its other dims are ``v``'s
+    batch dims in order."""
+    ndim = v.ndim + 1
+    d1, d2 = (ndim - 2, ndim - 1) if dims is None else dims
     *batch, m = v.shape
     zero = clang.maybe_convert(0, v.dtype)
-    none = ((0, 0, 0),) * len(batch)
-    spread = prims.pad(v, zero, (*none, (0, 0, m))) if m > 1 else v
-    square = reshape_to(spread, (*batch, m, m))
+    if type(m) is SymInt:
+        square = _on_diagonal(v, zero, d1, d2)
+    else:
+        spread = prims.pad(v, zero, (*((0, 0, 0),) * len(batch), (0, 0, m))) if m > 1 else v
+        square = reshape_to(spread, (*batch, m, m))
+        # square's batch dims fill the output's other dims in order; its last two go to d1 and d2.
+        rest = iter(range(ndim - 2))
+        perm = tuple(ndim - 2 if d == d1 else ndim - 1 if d == d2 else next(rest) for d in range(ndim))
+        square = square if perm == tuple(range(ndim)) else prims.transpose(square, perm)
     k = abs(offset)
     if k == 0:
         return square
-    rows, cols = ((0, k, 0), (k, 0, 0)) if offset > 0 else ((k, 0, 0), (0, k, 0))
-    return prims.pad(square, zero, (*none, rows, cols))
+    config = [(0, 0, 0)] * ndim
+    config[d1], config[d2] = ((0, k, 0), (k, 0, 0)) if offset > 0 else ((k, 0, 0), (0, k, 0))
+    return prims.pad(square, zero, tuple(config))
+
+
+def _on_diagonal(v, zero, d1: int, d2: int):
+    """``v`` (shape (..., m), ``m`` symbolic: a pad's dilation is a number) on the diagonal of
+    dims ``d1`` and ``d2`` of a new tensor, made in that order (a fresh row-major tensor, as
+    eager's): ``v`` where row and column agree, zero elsewhere."""
+    *batch, m = v.shape
+    ndim = v.ndim + 1
+    others = [d for d in range(ndim) if d not in (d1, d2)]
+    shape = [m] * ndim
+    for d, size in zip(others, batch):
+        shape[d] = size
+    rows = prims.broadcast_in_dim(prims.iota(m, 0, 1, v.device, torch.int64), tuple(shape), (d1,))
+    cols = prims.broadcast_in_dim(prims.iota(m, 0, 1, v.device, torch.int64), tuple(shape), (d2,))
+    # v's dims where they go (its batch dims to the others, its last to d1), in increasing order
+    targets = (*others, d1)
+    order = sorted(range(v.ndim), key=targets.__getitem__)
+    ordered = v if order == list(range(v.ndim)) else prims.transpose(v, tuple(order))
+    spread = prims.broadcast_in_dim(ordered, tuple(shape), tuple(sorted(targets)))
+    return prims.where(prims.eq(rows, cols), spread, zero)
 
 
 @torchsymbol(torch.diag_embed, Tensor.diag_embed)
@@ -48,11 +78,7 @@ def diag_embed(input, offset=0, dim1=-2, dim2=-1):
     d1 = clang.canonicalize_dim(ndim, dim1, op, "dim1")
     d2 = clang.canonicalize_dim(ndim, dim2, op, "dim2")
     check(d1 != d2, op, f"diagonal dimensions cannot be identical {dim1}, {dim2} (argument dim2)", ThunderRuntimeError)
-    square = _embed(reshape_to(input, (1,)) if input.ndim == 0 else input, offset)
-    # square's batch dims fill the output's other dims in order; its last two go to d1 and d2.
-    rest = iter(range(ndim - 2))
-    perm = tuple(ndim - 2 if d == d1 else ndim - 1 if d == d2 else next(rest) for d in range(ndim))
-    return square if perm == tuple(range(ndim)) else prims.transpose(square, perm)
+    return _embed(reshape_to(input, (1,)) if input.ndim == 0 else input, offset, (d1, d2))
 
 
 @torchsymbol(torch.diag, Tensor.diag)

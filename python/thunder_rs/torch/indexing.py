@@ -276,6 +276,7 @@ def _slice_bounds(op: str, s: slice, size: int) -> tuple[int, int, int]:
     check(s.step != 0, op, "slice step cannot be zero (argument key)", ThunderValueError)
     check(s.step is None or s.step > 0, op, "step must be greater than zero (argument key)", ThunderValueError)
     start, stop, step = slice_indices(s, size)
+    step = int(step)  # (a slice prim's step is a number: one from a symbolic size is specialised)
     # ``stop`` is at least 0, so from 0 no decision (which a count of 0 would guard); else one
     # that an empty slice (``stop == start``) takes the same way as a longer one.
     if type(start) is int and start == 0:

@@ -496,6 +496,7 @@ def _is_basic(entry) -> bool:
         or entry is Ellipsis
         or isinstance(entry, slice)
         or (isinstance(entry, int) and not isinstance(entry, bool))
+        or type(entry) is SymInt  # (an index from a size: written through a view, as an int is)
     )
 
 

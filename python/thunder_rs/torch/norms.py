@@ -23,7 +23,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.torch.common import require_tensor, kept
+from thunder_rs.torch.common import is_int, require_tensor, kept
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, sub
 from thunder_rs.torch.linalg import linalg_svdvals
@@ -313,9 +313,7 @@ def diff(input, n=1, dim=-1, prepend=None, append=None):
     op = "ltorch.diff"
     require_tensor(op, input)
     check(input.ndim >= 1, op, "diff expects input to be at least one-dimensional", ThunderRuntimeError)
-    check(
-        isinstance(n, int) and n >= 0, op, f"order must be non-negative but got {n} (argument n)", ThunderRuntimeError
-    )
+    check(is_int(n) and n >= 0, op, f"order must be non-negative but got {n} (argument n)", ThunderRuntimeError)
     d = clang.canonicalize_dim(input.ndim, dim, op)
     for extra, name in ((prepend, "prepend"), (append, "append")):
         check(
@@ -326,7 +324,7 @@ def diff(input, n=1, dim=-1, prepend=None, append=None):
         )
     parts = [t for t in (prepend, input, append) if t is not None]
     x = ltorch.cat(parts, d) if len(parts) > 1 else input
-    for _ in range(min(n, x.shape[d])):
+    for _ in range(min(n, x.shape[d])):  # (an order from a symbolic size is specialised: a loop count)
         x = _difference(x, d)
     return ltorch.clone(x) if x is input else x  # (``n=0``: eager's copy, not the input)
 

@@ -14,6 +14,7 @@ from thunder_rs import prims
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.joins import pad as constant_pad
 from thunder_rs.torch.shape import clone, slice_in_dim
@@ -64,7 +65,7 @@ _RANKS = {2: (2, 3), 4: (3, 4), 6: (4, 5)}
 def _check_modes(op: str, mode: str, a, pad) -> list[tuple[int, int, int]]:
     """(dim, left, right) for each dim padded, last dim first, after eager's checks."""
     check(
-        isinstance(pad, (tuple, list)) and all(isinstance(p, int) and not isinstance(p, bool) for p in pad),
+        isinstance(pad, (tuple, list)) and all(is_int(p) for p in pad),
         op,
         f"argument 'pad' must be tuple of ints, got {pad!r} (argument pad)",
         ThunderTypeError,
@@ -120,9 +121,15 @@ def _index_pad(op: str, mode: str, a, pad, source):
             ThunderRuntimeError,
         )
         if (lo, hi) != (0, 0):
-            symbolic = type(size) is SymInt and lo >= 0 and hi >= 0
+            symbolic = _symbolic(size, lo, hi) and lo >= 0 and hi >= 0
             a = _pad_by_slices(a, d, lo, hi, mode) if symbolic else _pad_by_positions(a, d, lo, hi, source)
     return a
+
+
+def _symbolic(*sizes) -> bool:
+    """Whether a padded dim's length or an amount is symbolic: then the padding is slices of
+    symbolic bounds, not a list of positions (which would specialise them)."""
+    return any(type(n) is SymInt for n in sizes)
 
 
 def _pad_by_positions(a, d: int, lo: int, hi: int, source):
@@ -141,8 +148,16 @@ def _pad_by_slices(a, d: int, lo: int, hi: int, mode: str):
         left, right = slice_in_dim(a, d, size - lo, size), slice_in_dim(a, d, 0, hi)
     else:  # replicate
         first, last = slice_in_dim(a, d, 0, 1), slice_in_dim(a, d, size - 1, size)
-        left, right = (prims.cat([edge] * n, d) if n else None for edge, n in ((first, lo), (last, hi)))
+        left, right = (_repeated(edge, d, n) if n else None for edge, n in ((first, lo), (last, hi)))
     return prims.cat([part for part in (left, a, right) if part is not None and part.shape[d] != 0], d)
+
+
+def _repeated(edge, d: int, n):
+    """``edge`` (length 1 along ``d``) repeated ``n`` times along ``d`` (a broadcast where ``n``
+    is symbolic; the caller concatenates it)."""
+    if type(n) is not SymInt:
+        return prims.cat([edge] * n, d)
+    return prims.broadcast_in_dim(edge, (*edge.shape[:d], n, *edge.shape[d + 1 :]), tuple(range(edge.ndim)))
 
 
 def _reflect_pad(input, pad):
@@ -200,7 +215,7 @@ def circular_pad(input, pad):
             ),
             ThunderRuntimeError,
         )
-        if type(size) is SymInt and lo >= 0 and hi >= 0:
+        if _symbolic(size, lo, hi) and lo >= 0 and hi >= 0:
             out = _pad_by_slices(out, d, lo, hi, "circular") if (lo, hi) != (0, 0) else out
             continue
         first, left = max(-lo, 0), max(lo, 0)

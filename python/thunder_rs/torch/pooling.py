@@ -143,7 +143,7 @@ def pool_geometry(op: str, input, n: int, kernel_size, stride, padding, dilation
     kernel = spatial_tuple(op, kernel_size, n, "kernel_size")
     strides = (
         kernel
-        if stride is None or (not isinstance(stride, int) and len(stride) == 0)
+        if stride is None or (not is_int(stride) and len(stride) == 0)
         else spatial_tuple(op, stride, n, "stride")
     )
     pads, dils = spatial_tuple(op, padding, n, "padding"), spatial_tuple(op, dilation, n, "dilation")
@@ -671,7 +671,7 @@ def _window_args(op: str, n: int, kernel_size, stride, padding, dilation):
     kernel = spatial_tuple(op, kernel_size, n, "kernel_size")
     strides = (
         kernel
-        if stride is None or (not isinstance(stride, int) and len(stride) == 0)
+        if stride is None or (not is_int(stride) and len(stride) == 0)
         else spatial_tuple(op, stride, n, "stride")
     )
     args = [kernel, strides, spatial_tuple(op, padding, n, "padding"), spatial_tuple(op, dilation, n, "dilation")]

@@ -263,7 +263,8 @@ def _correction(dim, unbiased, correction, op: str):
     )
     if correction is None:
         correction = 0 if unbiased is False else 1
-    return dim, correction
+    # (the var prims' correction is a number: one from a symbolic size is specialised)
+    return dim, int(correction) if type(correction) is SymInt else correction
 
 
 def _variance(name: str, input, dim, unbiased, keepdim, correction, prim):

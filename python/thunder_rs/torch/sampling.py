@@ -17,7 +17,7 @@ from thunder_rs import prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import SymInt, same_shape
 
 __all__ = ["affine_grid", "grid_sample"]
 
@@ -167,9 +167,23 @@ def _reflect(x, twice_low: int, twice_high: int):
     return prims.where(even, prims.add(extra, low), prims.add(prims.sub(span, extra), low))
 
 
+def _number(size):
+    """A size as a prim's scalar operand: a float, or a symbolic size as it is (a float of it
+    would specialise it; the prim converts it to the tensor's dtype on each call)."""
+    return size if type(size) is SymInt else float(size)
+
+
 def _source_coordinate(coord, size: int, padding_mode: str, align_corners: bool):
     """A normalised grid coordinate in input pixels, with the padding mode applied."""
-    if align_corners:
+    if padding_mode == "reflection" and type(size) is SymInt:
+        size = int(size)  # (the folding's bounds are numbers: specialised)
+    if type(size) is SymInt:  # aten's grid_sampler_unnormalize, in the tensor's dtype
+        shifted = prims.add(coord, 1.0)
+        if align_corners:  # ((coord + 1) / 2) * (size - 1)
+            x = prims.mul(prims.div(shifted, 2.0), size - 1)
+        else:  # ((coord + 1) * size - 1) / 2
+            x = prims.div(prims.sub(prims.mul(shifted, size), 1.0), 2.0)
+    elif align_corners:
         x = prims.mul(prims.add(coord, 1.0), (size - 1) / 2)
     else:
         x = prims.add(prims.mul(coord, size / 2), size / 2 - 0.5)
@@ -178,7 +192,7 @@ def _source_coordinate(coord, size: int, padding_mode: str, align_corners: bool)
     if padding_mode in ("border", "reflection"):
         # aten's clip_coordinates_set_grad: no gradient at the bounds either (minimum and maximum
         # would give half of it there, as at a tie: an identity affine grid's edges).
-        high = float(size - 1)
+        high = _number(size - 1)
         x = prims.where(prims.le(x, 0.0), 0.0, prims.where(prims.ge(x, high), high, x))
     return x
 
@@ -187,12 +201,13 @@ def _read(flat, width: int, height: int, iy, ix, weight):
     """``flat`` (N, C, H * W) read at integer points (iy, ix) of shape (N, Ho, Wo), times
     ``weight``; points outside the input read zero."""
     n, c, _ = flat.shape
+    right, bottom = _number(width - 1), _number(height - 1)
     inside = prims.bitwise_and(
-        prims.bitwise_and(prims.ge(ix, 0.0), prims.le(ix, float(width - 1))),
-        prims.bitwise_and(prims.ge(iy, 0.0), prims.le(iy, float(height - 1))),
+        prims.bitwise_and(prims.ge(ix, 0.0), prims.le(ix, right)),
+        prims.bitwise_and(prims.ge(iy, 0.0), prims.le(iy, bottom)),
     )
-    x = prims.convert_element_type(prims.minimum(prims.maximum(ix, 0.0), float(width - 1)), torch.int64)
-    y = prims.convert_element_type(prims.minimum(prims.maximum(iy, 0.0), float(height - 1)), torch.int64)
+    x = prims.convert_element_type(prims.minimum(prims.maximum(ix, 0.0), right), torch.int64)
+    y = prims.convert_element_type(prims.minimum(prims.maximum(iy, 0.0), bottom), torch.int64)
     points = ix.shape[1] * ix.shape[2]
     index = prims.reshape(prims.add(prims.mul(y, width), x), (n, 1, points))
     values = prims.take_along_axis(flat, prims.broadcast_in_dim(index, (n, c, points), (0, 1, 2)), 2)

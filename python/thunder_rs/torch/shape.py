@@ -131,7 +131,8 @@ def slice_in_dim(a, dim: int, start: int, stop: int, step: int = 1):
     if identical(start, 0) and identical(stop, a.shape[dim]) and identical(step, 1):
         return a
     starts, stops, steps = [0] * a.ndim, list(a.shape), [1] * a.ndim
-    starts[dim], stops[dim], steps[dim] = start, stop, step
+    # (a slice prim's step is a number: one from a symbolic size is specialised)
+    starts[dim], stops[dim], steps[dim] = start, stop, int(step)
     return prims.slice(a, starts, stops, steps)
 
 

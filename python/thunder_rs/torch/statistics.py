@@ -292,7 +292,7 @@ def histc(input, bins=100, min=0, max=0, *, out=None):
         ThunderNotImplementedError,
     )
     check(
-        isinstance(bins, int) and bins > 0,
+        is_int(bins) and bins > 0,
         op,
         f"bins must be > 0, but got {bins} for dimension 0 (argument bins)",
         ThunderRuntimeError,

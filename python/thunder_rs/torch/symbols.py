@@ -13,6 +13,8 @@ from thunder_rs import _core
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, SYMBOLS, TORCH_TO_LTORCH
 from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES
 from thunder_rs.core.lang.recorder import KERNEL_IDS, record_composite, record_kernel
+from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.errors import ThunderError
 from thunder_rs.torch.layout_rules import RULES_BY_NAME
 
 #: Every symbol as ``ltorch.<name>``, set as it is registered (``thunder_rs.torch`` exports the same).
@@ -47,6 +49,47 @@ def register(
     return symbol
 
 
+#: Errors of a decomposition that a symbolic int argument may cause (a check that wants a number,
+#: a prim parameter that is one); any other error is the program's.
+_SYMBOLIC_INT_ERRORS = (ThunderError, TypeError, AttributeError)
+
+
+def _or_specialised(record, *params):
+    """``record(*params)`` (its last two: the call's args and kwargs); where that fails with a
+    symbolic int among the arguments (a size the program computed, ``x.shape[1] // 2``), the call
+    again with them specialised (``int()`` records the guard): a decomposition that takes no
+    symbolic int for an argument costs a compile per value, not every size's compile (an error
+    out of a symbolic compile turns symbolic compiles off for the whole function). Where the
+    call fails again, that error is raised, the one a static compile raises."""
+    try:
+        return record(*params)
+    except _SYMBOLIC_INT_ERRORS:
+        *head, args, kwargs = params
+        ints = _specialised((args, kwargs))
+        if ints is None:
+            raise
+    return record(*head, *ints)
+
+
+def _specialised(call):
+    """``(args, kwargs)`` with their symbolic ints (and those in tuples and lists) as ints, or None
+    where they hold none."""
+    found = False
+
+    def plain(x):
+        nonlocal found
+        if type(x) is SymInt:
+            found = True
+            return int(x)
+        if type(x) in (tuple, list):
+            return type(x)(map(plain, x))
+        return x
+
+    args, kwargs = call
+    out = tuple(map(plain, args)), {k: plain(v) for k, v in kwargs.items()}
+    return out if found else None
+
+
 def torchsymbol(
     *torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False, meta=None
 ):
@@ -63,13 +106,13 @@ def torchsymbol(
 
             @functools.wraps(fn)
             def symbol(*args, **kwargs):
-                return record_composite(sym_id, sym_name, fn, args, kwargs)
+                return _or_specialised(record_composite, sym_id, sym_name, fn, args, kwargs)
         else:
             KERNEL_IDS.add(sym_id)
 
             @functools.wraps(fn)
             def symbol(*args, **kwargs):
-                return record_kernel(sym_id, sym_name, fn, meta, args, kwargs)
+                return _or_specialised(record_kernel, sym_id, sym_name, fn, meta, args, kwargs)
 
         return register(symbol, sym_id, sym_name, torch_fns, properties=properties, sequence=sequence)
 

@@ -40,6 +40,7 @@ from thunder_rs.core.lang import fallback
 from thunder_rs.core.lang.caller_code import only_truncated
 from thunder_rs.core.lang.reads import CHECK, Diverged, Read, _shapes, decision, int_leaves
 from thunder_rs.core.lang.snapshots import Snapshots, generator_states, outside_the_trace, restore_generators
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies, _fits, _fits_flat, widened
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, noting_inputs, recording_backward
@@ -134,7 +135,7 @@ class ValueReads:
     def _run(self, func, args, kwargs, proxies: list):
         """``func`` run on this call's values of its traced tensors."""
         real = dict(zip(map(id, proxies), self.evaluate(proxies)))
-        swap = lambda x: real[id(x)] if isinstance(x, TensorProxy) else x  # noqa: E731
+        swap = lambda x: real[id(x)] if isinstance(x, TensorProxy) else _specialised(x)  # noqa: E731
         real_args, real_kwargs = tree_map(swap, (args, kwargs))
         with outside_the_trace():
             return func(*real_args, **real_kwargs)
@@ -200,6 +201,12 @@ def _by_site(reads: tuple) -> dict:
 
 def _proxies_in(args, kwargs) -> list:
     return [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
+
+
+def _specialised(x):
+    """An argument of a call run on real values as torch takes it: a symbolic size (a
+    ``bincount`` minlength from a tensor's length) as its int, which records the guard."""
+    return int(x) if type(x) is SymInt else x
 
 
 class _Remade:
