@@ -122,12 +122,12 @@ def assert_like_eager(actual, expected, what, **tol):
     assert actual.stride() == expected.stride(), f"{what}: strides {actual.stride()} != {expected.stride()}"
 
 
-def train_like_eager(model, inputs, tol=TOL):
-    """An SGD step of ``model`` jitted next to an eager copy for each of ``inputs`` (see the module
-    doc), in their dtype."""
+def train_like_eager(model, inputs, tol=TOL, executors=None):
+    """An SGD step of ``model`` jitted (with ``executors``) next to an eager copy for each of
+    ``inputs`` (see the module doc), in their dtype."""
     model = model.to(inputs[0].dtype).train()
     eager = copy.deepcopy(model)
-    jmodel = thunder_rs.jit(model)
+    jmodel = thunder_rs.jit(model, executors=executors)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, eager)]
     for step, x in enumerate(inputs):
         outs = []
@@ -163,6 +163,29 @@ def test_a_zoo_model_trains_as_eager(name):
     torch.manual_seed(0)
     jmodel = train_like_eager(make_model(), [make_input().double() for _ in range(2)])
     assert thunder_rs.compile_stats(jmodel).cache_misses == 1
+
+
+#: name -> (batch, image size): nvFuser's regions reduce in another order than ATen's kernels, and
+#: batch norm over 2 x 1 x 1 values turns float64's rounding into differences of 1e-5 (eager's
+#: float32 logits differ from its float64 ones by 100% there): these batches are well conditioned.
+WITH_NVFUSER = {
+    "shufflenet_v2": (2, 32),
+    "efficientnet_b0": (4, 64),
+    "densenet121": (4, 64),
+    "deeplabv3_mobilenet_v3": (2, 32),
+}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n in DEFAULT else pytest.mark.slow) for n in WITH_NVFUSER]
+)  # fmt: skip
+def test_a_zoo_model_trains_as_eager_with_nvfusers_regions(name, fake_ex):
+    make_model, make_input = ZOO[name]
+    torch.manual_seed(0)
+    batch, size = WITH_NVFUSER[name]
+    inputs = [make_input(batch, size).double() for _ in range(2)]
+    jmodel = train_like_eager(make_model(), inputs, executors=[fake_ex])
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 1 and fake_ex.stats["definitions"] >= 1
 
 
 #: Models whose Python does not branch on the image size: 3 compiles over sizes (the first call's,
