@@ -3,6 +3,8 @@
 contiguous tensors. Values and gradients are compared too. ``tests/layout_sweep.py`` is the sweep
 these cases came from."""
 
+import copy
+
 import pytest
 import torch
 
@@ -164,3 +166,37 @@ def test_a_copy_into_a_new_tensor_has_memory_of_its_own(name, make):
     assert_like_eager(actual, program(x))
     actual.add_(1.0)
     assert torch.equal(x, before), "the copy shares memory with the input"
+
+
+#: Permutes that move only size-1 dims: the same elements in the same order as a reshape, but
+#: eager's strides for those dims are the permuted ones.
+SIZE_ONE_PERMUTES = {
+    "to channels_last at 1x1": (lambda x: x.permute(0, 3, 1, 2), (2, 1, 1, 8)),
+    "a leading size-1 dim": (lambda x: x.permute(1, 0, 2), (1, 3, 4)),
+    "then squeezed": (lambda x: x.permute(0, 3, 1, 2).squeeze(2), (2, 1, 1, 8)),
+    "then reshaped keeping a size-1 dim": (lambda x: x.permute(0, 3, 1, 2).reshape(2, 8, 1), (2, 1, 1, 8)),
+    "then flattened": (lambda x: x.permute(0, 3, 1, 2).flatten(1), (2, 1, 1, 8)),
+    "then scaled": (lambda x: x.permute(0, 3, 1, 2) * torch.ones(8, 1, 1), (2, 1, 1, 8)),
+}
+
+
+@pytest.mark.parametrize("name", list(SIZE_ONE_PERMUTES))
+def test_a_permute_of_size_one_dims_strides_as_eagers(name):
+    """ConvNeXt's ``permute(0, 3, 1, 2)`` back from channels-last at a 1x1 image gave row-major
+    strides (8, 1, 1, 1) where eager's are (8, 1, 8, 8), channels_last to ATen: the depthwise
+    convolution after it then returned row-major weight gradients where eager's are channels_last."""
+    program, shape = SIZE_ONE_PERMUTES[name]
+    x = torch.randn(shape)
+    out, expected = thunder_rs.jit(program)(x), program(x)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()
+
+
+def test_a_convolution_after_a_permute_of_size_one_dims_has_eagers_gradient_strides():
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+    eager = copy.deepcopy(conv)
+    x = torch.randn(2, 1, 1, 8)
+    thunder_rs.jit(lambda x: conv(x.permute(0, 3, 1, 2)))(x).square().sum().backward()
+    eager(x.permute(0, 3, 1, 2)).square().sum().backward()
+    torch.testing.assert_close(conv.weight.grad, eager.weight.grad)
+    assert conv.weight.grad.stride() == eager.weight.grad.stride() == (9, 1, 3, 1)

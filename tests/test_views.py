@@ -203,3 +203,27 @@ def test_the_parts_of_a_complex_tensor_see_later_writes_to_it():
 def test_storage_offset_of_a_traced_tensor_is_refused():
     with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match="storage_offset: read at .*test_views"):
         thunder_rs.jit(lambda x: x * x.storage_offset())(torch.randn(5, 6)[1:])
+
+
+#: Reshapes that copy in eager (their input's strides do not allow a view), then a view of the copy.
+COPYING_RESHAPES = {
+    "transposed, flattened, reshaped back": (lambda x: x.t().reshape(6).reshape(3, 2), (2, 3)),
+    "transposed, flattened, viewed": (lambda x: x.t().flatten().view(3, 2), (2, 3)),
+    "permuted, flattened, unflattened": (lambda x: x.permute(1, 2, 0).reshape(9).reshape(3, 3), (3, 1, 3)),
+    "sliced, flattened, reshaped": (lambda x: x[:, :2].reshape(-1).reshape(2, 2), (2, 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(COPYING_RESHAPES))
+def test_a_view_of_a_copying_reshape_is_a_new_tensor_as_in_eager(name):
+    """The two reshapes folded into one of the input, which views it: ``x.t().reshape(6)
+    .reshape(3, 2)`` returned ``x.t()`` itself (transposed strides, and a write to the output
+    changed the input) where eager's is a new contiguous tensor."""
+    program, shape = COPYING_RESHAPES[name]
+    x = torch.randn(shape)
+    before = x.clone()
+    out, expected = thunder_rs.jit(program)(x), program(x)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()
+    out.add_(1)
+    assert torch.equal(x, before), "the output shares memory with the input"

@@ -4,9 +4,13 @@
 //! Every rule keeps the values, shapes and dtypes of the program (traces are functional, so
 //! aliasing does not matter); the rewrite driver checks shapes and dtypes of each replacement.
 //! Rules that leave an intermediate dead require it to have no other use, so a fold never adds
-//! calls. Canonicalising rules turn a squeeze, an unsqueeze (a `broadcast_in_dim` that only adds
-//! size-1 dims) and a transpose that moves only size-1 dims into the reshape it is, so that the
-//! reshape rules see through them.
+//! calls. Canonicalising rules turn a squeeze and an unsqueeze (a `broadcast_in_dim` that only
+//! adds size-1 dims) into the reshape it is, so that the reshape rules see through them. A
+//! transpose that moves only size-1 dims stays one, folding only into a reshape whose result has
+//! no size-1 dims: the same elements in the same order, but eager's permute carries those dims'
+//! strides along where a reshape gives them row-major ones (`x.permute(0, 3, 1, 2)` of an
+//! [N, 1, 1, C] tensor is channels_last to ATen's layout heuristics, so a convolution after it
+//! chose channels_last gradients), and a trace's views must stride as eager's.
 
 use crate::rewrite::{any, call, rewrite, Input, Match, NewCall, Pat, Replacement, Rule};
 use crate::PassCx;
@@ -19,7 +23,7 @@ pub const RULES: &[Rule] = &[
     TRANSPOSE_IDENTITY,
     SQUEEZE_AS_RESHAPE,
     UNSQUEEZE_AS_RESHAPE,
-    TRANSPOSE_AS_RESHAPE,
+    RESHAPE_OF_ONES_TRANSPOSED,
     RESHAPE_RESHAPE,
     RESHAPE_RESHAPE_BACK,
     TRANSPOSE_TRANSPOSE,
@@ -91,15 +95,18 @@ const UNSQUEEZE_AS_RESHAPE: Rule = Rule {
     },
 };
 
-/// transpose(x, perm) -> reshape(x, transposed shape) when the dims of size > 1 keep their order.
-const TRANSPOSE_AS_RESHAPE: Rule = Rule {
-    name: "transpose-as-reshape",
-    pattern: || call("transpose", [any("x")]).bind("t"),
+/// reshape(transpose(x, perm), s) -> reshape(x, s) when the transpose moves only size-1 dims and
+/// `s` has none: the elements keep their order, and a reshape's strides depend on the strides of
+/// its input's size-1 dims only through the size-1 dims of its result.
+const RESHAPE_OF_ONES_TRANSPOSED: Rule = Rule {
+    name: "reshape-of-ones-transposed",
+    pattern: || call("reshape", [call("transpose", [any("x")]).bind("t")]).bind("r"),
     rewrite: |m| {
         let perm = perm_of(m, "t")?;
         let x = m.meta("x")?;
         let moved: Vec<usize> = perm.iter().copied().filter(|&p| x.shape[p] != Dim::Const(1)).collect();
-        moved.windows(2).all(|w| w[0] < w[1]).then(|| reshape_to(m, "x", "t")).flatten()
+        let no_ones = m.meta("r")?.shape.iter().all(|d| *d != Dim::Const(1));
+        (no_ones && moved.windows(2).all(|w| w[0] < w[1])).then(|| reshape_to(m, "x", "r")).flatten()
     },
 };
 

@@ -199,16 +199,16 @@ def _may_copy(parent, steps) -> bool:
     return False
 
 
-def attach(parent, view, steps) -> None:
+def attach(parent, view, steps) -> bool:
     """Links ``view`` to ``parent``'s root through ``steps`` (from ``parent``), unless eager's
-    op makes a copy at one of them."""
+    op makes a copy at one of them (then False)."""
     strides = None
     if _may_copy(parent, steps):
         layout = (tuple(parent.shape), strides_of(parent))
         for step in steps:
             layout = step.layout(*layout)
             if layout is None:
-                return
+                return False
         strides = layout[1]
     link = parent._view
     root = parent if link is None else link.root
@@ -216,6 +216,7 @@ def attach(parent, view, steps) -> None:
     if root._views is None:
         root._views = []
     root._views.append(weakref.ref(view))
+    return True
 
 
 def _chain(parent, view, log):
@@ -247,20 +248,28 @@ def tracked(symbol):
             out = symbol(a, *args, **kwargs)
         finally:
             stop_prim_log()
-        _link(((a, o) for o in ((out,) if type(out) is TensorProxy else out)), log)
+        copied = _link(((a, o) for o in ((out,) if type(out) is TensorProxy else out)), log)
+        if copied and type(out) is TensorProxy:
+            # Eager's reshape copies (``_unsafe_view`` of a contiguous clone): the trace copies
+            # too, so that no later view folds the reshapes around the copy away (``x.t()
+            # .reshape(6).reshape(3, 2)`` is a new contiguous tensor, not ``x.t()``).
+            return symbol(_shape.clone(a, memory_format=torch.contiguous_format), *args, **kwargs)
         return out
 
     view_op.__wrapped__ = symbol
     return view_op
 
 
-def _link(pairs, log: list) -> None:
-    """Links each output of ``pairs`` (input, output) to its input by the shape prims in ``log``."""
+def _link(pairs, log: list) -> bool:
+    """Links each output of ``pairs`` (input, output) to its input by the shape prims in ``log``;
+    whether eager's op copied any of them."""
+    copied = False
     for a, o in pairs:
         if type(a) is TensorProxy and type(o) is TensorProxy and o is not a:
             steps = _chain(a, o, log)
             if steps is not None:
-                attach(a, o, steps)
+                copied |= not attach(a, o, steps)
+    return copied
 
 
 def tracked_each(symbol):
