@@ -171,6 +171,8 @@ def test_an_int_a_cache_counts_with_is_a_size_once_seen_changing():
     assert stats.cache_misses == 4, stats.miss_reasons
     assert "cache.seen changed from 5 to 6" in stats.miss_reasons[2]
     assert "fail a guard of the trace (-t1 + 8 >= 0" in stats.miss_reasons[3]
+    decided = f"-t1 + 8 >= 0 fails (t1 = cache.seen = 9), decided at {line_of(window_step, 'late =')};"
+    assert decided in stats.miss_reasons[3], stats.miss_reasons[3]
     assert "cache.seen" in stats.miss_reasons[2].split("compiled with symbolic sizes")[1]
 
 
@@ -720,3 +722,46 @@ def test_a_size_to_a_float_power_is_its_value_and_recompiles():
         x = torch.randn(2, n)
         torch.testing.assert_close(jf(x), fn(x))
     assert misses(jf) == 3 and symbolic(jf)
+
+
+def line_of(fn, text: str) -> str:
+    """``file:line in function`` of the line of ``fn`` that holds ``text``."""
+    lines, first = inspect.getsourcelines(fn)
+    return f"{__file__}:{first + next(i for i, line in enumerate(lines) if text in line)} in {fn.__name__}"
+
+
+def branch_on_size(x):
+    if x.shape[1] % 4:
+        return x * 2
+    return x + 1
+
+
+def whole_slice(x):
+    return x[:, :12].contiguous() * 2  # (a stride equal to the length decides whether it is contiguous)
+
+
+def specialised(x):
+    n = int(x.shape[1])
+    return x * n
+
+
+@pytest.mark.parametrize(
+    "fn, decided, op",
+    [
+        (branch_on_size, "if x.shape[1] % 4", None),
+        (whole_slice, "x[:, :12]", "torch.Tensor.contiguous"),
+        (specialised, "int(x.shape[1])", None),
+    ],
+)
+def test_a_failed_size_guard_names_the_line_and_the_call_that_decided(fn, decided, op):
+    # As torch.compile's recompiles log names the guard's line: the user's line whose decision on
+    # a size the call fails, and the torch call whose decomposition took it on the program's behalf.
+    jf = thunder_rs.jit(fn)
+    for n in [8, 12, 18]:
+        x = torch.randn(3, n)
+        torch.testing.assert_close(jf(x), fn(x))
+    reasons = thunder_rs.compile_stats(jf).miss_reasons
+    assert len(reasons) == 3, reasons
+    assert "the entry with symbolic sizes does not serve it" in reasons[2], reasons[2]
+    site = f"(t0 = x.shape[1] = 18), decided at {line_of(fn, decided)}{f' ({op})' if op else ''}; compiled"
+    assert site in reasons[2], reasons[2]

@@ -2,6 +2,7 @@
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::thread::{self, ThreadId};
 use trace_ir::{ErrorKind, IrError, OpenCalls, Scalar, Symbol, SymbolId, TraceBuilder, ValueId, ValueKind};
@@ -29,7 +30,13 @@ pub struct Recorder {
     consts: Vec<Py<PyAny>>,
     thread: ThreadId,
     parked: Vec<(ThreadId, OpenCalls)>,
+    /// For each guard recorded so far, in order: its text and where the program took the
+    /// decision that added it (`core.lang.langctx.decision_site`), for miss reasons.
+    sites: Vec<(String, Py<PyAny>)>,
 }
+
+/// `thunder_rs.core.lang.langctx.decision_site`, imported at the first guard a recording adds.
+static DECISION_SITE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 impl Recorder {
     /// The builder, holding the calling thread's open composite calls.
@@ -68,6 +75,27 @@ impl Recorder {
         self.describe(&ids)
     }
 
+    /// Notes where the program is (the user's line, the op it called) for each guard the last
+    /// call added: the decision that relied on it was taken there. A call adds none most of the
+    /// time, which costs a comparison; a failed call dropped the guards it added.
+    fn note_sites(&mut self, py: Python<'_>) -> PyResult<()> {
+        let Some(builder) = self.builder.as_ref() else { return Ok(()) };
+        let guards = builder.facts().guards();
+        if guards.len() <= self.sites.len() {
+            self.sites.truncate(guards.len());
+            return Ok(());
+        }
+        let site_of = DECISION_SITE.get_or_try_init(py, || {
+            py.import("thunder_rs.core.lang.langctx")?.getattr("decision_site").map(Bound::unbind)
+        })?;
+        // Diagnostics only: a site that cannot be found is unknown, the recording goes on.
+        let site = site_of.bind(py).call0().map_or_else(|_| py.None(), Bound::unbind);
+        let added = guards[self.sites.len()..].iter().map(|g| (g.to_string(), site.clone_ref(py)));
+        let added: Vec<_> = added.collect();
+        self.sites.extend(added);
+        Ok(())
+    }
+
     /// What Python builds each output's proxy from.
     fn describe(&self, outputs: &[ValueId]) -> PyResult<Vec<RecordedTensor>> {
         let builder = self.builder.as_ref().expect("describe runs while recording");
@@ -88,6 +116,7 @@ impl Recorder {
             consts: Vec::new(),
             thread: thread::current().id(),
             parked: Vec::new(),
+            sites: Vec::new(),
         }
     }
 
@@ -153,9 +182,10 @@ impl Recorder {
     /// Decides `a <op> b` (`eq`, `ne`, `lt`, `le`, `gt`, `ge`) for sizes (ints or `SymExpr`s)
     /// on their hints, recording the guard the answer relies on.
     fn decide(&mut self, op: &str, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = a.py();
         let (a, b) = (dim_of(a)?, dim_of(b)?);
         let facts = self.builder()?.facts_mut();
-        Ok(match op {
+        let answer = match op {
             "eq" => facts.equal(&a, &b),
             "ne" => !facts.equal(&a, &b),
             "lt" => facts.lt(&a, &b),
@@ -165,13 +195,24 @@ impl Recorder {
             other => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!("decide: unknown comparison {other}")))
             }
-        })
+        };
+        self.note_sites(py)?;
+        Ok(answer)
     }
 
     /// The hint of a size, assumed from now on (a guard): where the program needs a plain int.
     fn specialise(&mut self, a: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let py = a.py();
         let a = dim_of(a)?;
-        Ok(self.builder()?.facts_mut().specialise(&a))
+        let value = self.builder()?.facts_mut().specialise(&a);
+        self.note_sites(py)?;
+        Ok(value)
+    }
+
+    /// The guards recorded, each with where the program took the decision that added it:
+    /// `[(guard text, site)]` in the order recorded (`core.lang.langctx.decision_site`).
+    fn guard_sites(&self, py: Python<'_>) -> Vec<(String, Py<PyAny>)> {
+        self.sites.iter().map(|(g, site)| (g.clone(), site.clone_ref(py))).collect()
     }
 
     /// Adds a number input, specialised on `value`.
@@ -197,8 +238,9 @@ impl Recorder {
         let args = to_args(args, types(py)?, &mut self.consts)?;
         let builder = self.builder()?;
         builder.set_grad_enabled(grad_enabled);
-        let outputs = no_panic(&format!("prims.{name}"), || py_result(builder.record_prim(name, args)))?;
-        self.describe(&outputs)
+        let outputs = no_panic(&format!("prims.{name}"), || py_result(builder.record_prim(name, args)));
+        self.note_sites(py)?;
+        self.describe(&outputs?)
     }
 
     /// `tensor.requires_grad_(flag)` on the recorded value `value`.

@@ -81,6 +81,9 @@ class Acquired:
     size_checks: list = field(default_factory=list)
     #: the ints argument objects hold that are sizes (``dynamic.HeldInt``): ``tail`` reads them last
     ints: tuple = ()
+    #: where the program took the decision each guard of the trace records, ``{guard text:
+    #: (file, line, function, op)}`` (``langctx.decision_site``), which miss reasons name
+    decided: dict = field(default_factory=dict)
 
 
 def _reject_generators(fn, out) -> None:
@@ -479,6 +482,7 @@ def acquire(
         size_inputs.shared,
         size_checks,
         ints,
+        dict(rec.guard_sites()),
     )
 
 

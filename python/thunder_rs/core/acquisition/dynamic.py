@@ -321,12 +321,14 @@ class SymbolicEntry:
     and ``check(flat)``, whether the guards its traces rely on hold for a call's sizes.
     ``sources`` are where each size input is read (``Acquired.sizes``), ``shared`` the other
     places that must hold the same size (``(where, index of the size input)``), ``names`` the
-    size inputs' names in ``guards``."""
+    size inputs' names in ``guards``; ``decided`` where the program took the decision each guard
+    records (``Acquired.decided``)."""
 
-    __slots__ = ("entry", "key", "dims", "check", "guards", "_sources", "_explained")
+    __slots__ = ("entry", "key", "dims", "check", "guards", "_sources", "_explained", "_decided")
 
-    def __init__(self, entry, key, sources, shared, names, guards, checks=()):
+    def __init__(self, entry, key, sources, shared, names, guards, checks=(), decided=None):
         self.entry, self.key, self.guards, self._sources = entry, key, tuple(guards), tuple(sources)
+        self._decided = decided or {}
         self.dims = frozenset(
             (at.position, None) if type(at) is ArgInt else at
             for at in (*sources, *(at for at, _ in shared))
@@ -374,18 +376,39 @@ class SymbolicEntry:
         strided = sorted({i for i, d in changed if d is not None and _chunks(self.key[1][i]) != _chunks(key[1][i])})
         if strided:
             return f"{', '.join(names[i] for i in strided)}: its dims step over each other differently (strides)"
+        failed, sizes = self.first_failed(flat)
+        if failed is None:
+            return None
+        if type(failed) is tuple:  # a size that shares a size input: equal to it
+            failed = f"{symbolic_labels([failed[0]], names)} == {failed[1]}"
+        labels = (symbolic_labels([at], names) for at in self._sources)
+        values = ", ".join(f"{n} = {label} = {v}" for (n, v), label in zip(sizes.items(), labels))
+        site = self.decided_at(failed)
+        return f"the entry with symbolic sizes does not serve it: {failed} fails ({values}){site}"
+
+    def first_failed(self, flat) -> tuple:
+        """The first condition of ``check`` that a call of ``flat`` fails, as shown (a guard's text),
+        and the sizes it read (``{name: value}``); ``(None, None)`` when it fails none."""
         source, scope, shown = self._explained
         if "explain" not in scope:  # compiled at the first miss that asks
             exec(compile(source, "<thunder_rs size guards>", "exec"), scope)
         index, sizes = scope["explain"](flat)
         if index is None:
-            return None
-        failed = shown[index] if index < len(shown) else "a decision taken at the traced sizes"
-        if type(failed) is tuple:  # a size that shares a size input: equal to it
-            failed = f"{symbolic_labels([failed[0]], names)} == {failed[1]}"
-        labels = (symbolic_labels([at], names) for at in self._sources)
-        values = ", ".join(f"{n} = {label} = {v}" for (n, v), label in zip(sizes.items(), labels))
-        return f"the entry with symbolic sizes does not serve it: {failed} fails ({values})"
+            return None, None
+        return (shown[index] if index < len(shown) else "a decision taken at the traced sizes"), sizes
+
+    def decided_at(self, guard) -> str:
+        """``, decided at ...`` naming where the program took the decision ``guard`` records."""
+        return decided_at(self._decided.get(guard)) if type(guard) is str else ""
+
+
+def decided_at(site) -> str:
+    """``, decided at file:line in function (torch.op)`` for a guard's ``langctx.decision_site``,
+    the op when a decomposition took the decision on the program's behalf; empty when unknown."""
+    if site is None:
+        return ""
+    path, line, function, op = site
+    return f", decided at {path}:{line} in {function}" + (f" ({op})" if op else "")
 
 
 def _chunks(tensor_key) -> frozenset | None:
@@ -411,7 +434,9 @@ def symbolic_entry(entry, key, acquired, traces, guards) -> SymbolicEntry | None
     if not acquired.sizes:
         return None
     names = [f"t{v}" for v in traces[-1].size_inputs()]
-    return SymbolicEntry(entry, key, acquired.sizes, acquired.shared_sizes, names, guards, acquired.size_checks)
+    return SymbolicEntry(
+        entry, key, acquired.sizes, acquired.shared_sizes, names, guards, acquired.size_checks, acquired.decided
+    )
 
 
 class SizesGuard:
@@ -433,7 +458,11 @@ class SizesGuard:
 
     def describe(self, flat) -> str:
         guards = ", ".join(self.symbolic.guards)
-        return f"the sizes read from argument objects fail a guard of the trace ({guards})"
+        try:
+            site = self.symbolic.decided_at(self.symbolic.first_failed(flat)[0])
+        except (KeyError, AttributeError, IndexError, TypeError):
+            site = ""
+        return f"the sizes read from argument objects fail a guard of the trace ({guards}){site}"
 
     def term(self, index: int, scope: dict) -> str:
         scope[f"s{index}"] = self.symbolic.check

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import inspect
 import sys
+import types
 import warnings
 
 import torch
@@ -27,11 +28,11 @@ from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES, laid_out, take_layo
 from thunder_rs.core.lang.fallback import qualified_name, user_fallback
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_language_context
-from thunder_rs.core.lang.recorder import active_captures, lift_captured
+from thunder_rs.core.lang.recorder import active_captures, lift_captured, record_composite, record_kernel
 from thunder_rs.core.lang.autocast import cast_inputs
 from thunder_rs.core.lang.rng import RANDOM
 from thunder_rs.core.lang.symint import SymInt
-from thunder_rs.core.base.userframe import user_frame, user_location  # noqa: F401 (re-exported)
+from thunder_rs.core.base.userframe import is_user_file, user_frame, user_location  # noqa: F401 (re-exported)
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 #: Every ltorch symbol, in registration order: what the torch executor, the claim tables and
@@ -503,3 +504,31 @@ class LanguageMode(TorchFunctionMode):
 
 
 set_language_context(torch_function)
+
+
+def decision_site() -> tuple | None:
+    """Where the program is as a decision on sizes adds a guard (the recorder asks, for miss
+    reasons): ``(file, line, function, op)`` of the user's innermost frame, ``op`` the torch call
+    it made (``torch.Tensor.contiguous``; an ltorch symbol called directly, ``ltorch.sum``) whose
+    decomposition took the decision on the program's behalf, None when the program took it itself
+    (``if x.shape[1] % 4:``).
+    None when no frame is the user's. Keeps no frame: a compile adds a few guards, each asks once."""
+    frame: types.FrameType | None = sys._getframe(1)
+    op = None
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            return code.co_filename, frame.f_lineno, code.co_name, op
+        if code is _DISPATCH_CODE:
+            op = qualified_name(frame.f_locals["func"])
+        elif code is _COMPOSITE_CODE or code is _KERNEL_CODE:
+            op = frame.f_locals.get("name", op)
+        frame = frame.f_back
+    return None
+
+
+_DISPATCH_CODE, _COMPOSITE_CODE, _KERNEL_CODE = (
+    _torch_function.__code__,
+    record_composite.__code__,
+    record_kernel.__code__,
+)
