@@ -29,6 +29,7 @@ from . import (
     scatter,
     shape,
     special,
+    spectral,
     statistics,
 )
 from .core import ErrorInput, OpInfo, SampleInput, Tolerance
@@ -53,6 +54,7 @@ OPINFOS: list[OpInfo] = [
     *arrange.OPS,
     *scatter.OPS,
     *special.OPS,
+    *spectral.OPS,
     *activations.OPS,
     *losses.OPS,
     *pooling.OPS,

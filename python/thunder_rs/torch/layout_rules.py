@@ -219,6 +219,20 @@ def _flash_order(order: tuple, dtype) -> tuple:
     return tuple(sorted(range(4), key=lambda d: -strides[d]))
 
 
+def _stft(input, *args, **kwargs):
+    """ATen's ``stft``: the FFT of each frame is contiguous, transposed to ``(..., freq, frames)``;
+    a real result (``return_complex=False``) is ``view_as_real`` of it."""
+
+    def strides(shape):
+        complex_dims = len(shape) - input.ndim - 1  # (1 where the pairs are a last dim)
+        *batch, freq, frames = shape[: len(shape) - complex_dims]
+        scale = 2 if complex_dims else 1
+        batched = (freq * frames * scale,) if batch else ()
+        return (*batched, scale, freq * scale, *((1,) if complex_dims else ()))
+
+    return strides
+
+
 #: symbol name (without ``ltorch.``) -> its rule; ``symbols.register`` gives each symbol's torch
 #: callables theirs as it registers them.
 RULES_BY_NAME = {
@@ -236,5 +250,6 @@ RULES_BY_NAME = {
     "addr": _addr,
     "kron": _kron,
     "diff": _diff,
+    "stft": _stft,
     "scaled_dot_product_attention": _attention,
 }

@@ -7,6 +7,10 @@ the same expression over those symbols, and the sizes the kernel returns are rea
 expressions over the size values (sums, products, floor division and remainder by constants).
 What the kernel decided on the way (``t0 > 16``, ``t0 == 11``) are the ShapeEnv's guards, each
 recorded as the recording's own decision, so the compiled program checks it on each call.
+The kernels run under the Python dispatcher, as Dynamo runs them: without it, ATen's C++
+composites that read a fake tensor's sizes as ints (``permute`` in the FFTs' stride computation,
+``to`` a complex dtype in ``polar`` and ``complex``) guarded each symbolic size on its value, so
+``torch.fft.rfft`` of a signal compiled once per length.
 
 A ShapeEnv imports ``torch._dynamo`` (seconds, once per process, unless the program has: Hugging
 Face models do); finding the user's frame for torch's own messages would import Inductor too, so
@@ -19,6 +23,7 @@ returns None and the caller goes the static way.
 
 import sympy  # type: ignore[import-untyped]
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._pytree import tree_flatten, tree_map
@@ -102,7 +107,8 @@ class _Sizes:
     def record_guards(self) -> None:
         """Records what torch decided on the symbols as the recording's decisions."""
         for guard in self.env.guards:
-            self._record(guard.expr)
+            if not _always(guard.expr):
+                self._record(guard.expr)
         for symbol, value in self.env.replacements.items():
             if symbol in self._by_symbol and value != symbol:
                 self._record(sympy.Eq(symbol, value))
@@ -122,6 +128,17 @@ class _Sizes:
         a, b = (self.from_sympy(side) for side in relation.args)
         if not current().decide(op, a, b):
             raise _Unfollowed(f"the guard {relation} fails at the traced sizes")
+
+
+def _always(relation) -> bool:
+    """Whether a guard torch took holds whatever the sizes, so that none is needed: a reshape's
+    check that a length divides the numel, ``Mod(3*(t//2) + 3, t//2 + 1) == 0`` (``irfft``), which
+    sympy proves once the quotients are plain integers."""
+    quotients = {q: sympy.Dummy(integer=True, nonnegative=True) for q in relation.atoms(FloorDiv)}
+    plain = relation.xreplace(quotients).replace(
+        lambda e: isinstance(e, (Mod, PythonMod)), lambda e: sympy.Mod(*e.args)
+    )
+    return plain is sympy.true
 
 
 def _fold(items, op):
@@ -151,7 +168,7 @@ def symbolic_metadata(func, args, kwargs, factory: bool):
 
     with torch._C.DisableTorchFunctionSubclass():
         try:
-            with mode:
+            with enable_python_dispatcher(), mode:
                 fake_args, fake_kwargs = tree_map(fake, (args, kwargs))
                 if factory:
                     fake_kwargs["device"] = "meta"

@@ -323,7 +323,7 @@ def _torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, _torch_names(ltorch_fn, kwargs) if kwargs else kwargs))
-        if func not in MUTATING and involves_complex(args, kwargs):
+        if func not in MUTATING and not getattr(ltorch_fn, "takes_complex", False) and involves_complex(args, kwargs):
             return complex_call(func, ltorch_fn, args, kwargs)
         if problems.collecting():
             return _examined(func, ltorch_fn, args, kwargs)
