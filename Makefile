@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 DEPS    := $(VENV)/.deps-installed
 # Real models the tests run against eager (tiny configs, nothing downloaded); expecttest for
 # torch's own operator database (benchmarks/op_coverage.py); pytest-xdist for test-python's workers.
-TEST_DEPS := "transformers>=4.55" torchvision expecttest "pytest-xdist>=3.6"
+TEST_DEPS := "transformers>=4.55" torchvision timm expecttest "pytest-xdist>=3.6"
 # test-python's worker processes: one per core, at most 4 (each imports torch and transformers,
 # 1-2 GiB). A plain `pytest` stays one process.
 TEST_WORKERS ?= $(shell python3 -c 'import os; print(min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4))')

@@ -664,3 +664,19 @@ def test_gradients_in_half_precision_are_eagers_bit_for_bit(fn, dtype):
     (expected,) = torch.autograd.grad(fn(x), x, g)
     (got,) = torch.autograd.grad(thunder_rs.jit(fn)(x), x, g)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("batch", [(), (2, 3)], ids=["mm", "batch_against_matrix"])
+def test_matmuls_gradient_of_a_transposed_matrix_with_a_dim_of_size_one_has_eagers_strides(batch):
+    """ATen's mm lays out the gradient of a column-major matrix (``rel_k.t()`` of shape [k, 1],
+    timm's BotNet) column-major; its transpose's is then row-major, [1, k] with strides (k, 1),
+    which ``AccumulateGrad`` keeps as it comes (a size-1 dim's stride is free)."""
+    w = torch.nn.Parameter(torch.randn(1, 4, dtype=torch.float64))
+    x = torch.randn(*batch, 5, 4, dtype=torch.float64)
+    grads = []
+    for fn in (lambda x: x @ w.t(), thunder_rs.jit(lambda x: x @ w.t())):
+        fn(x).square().sum().backward()
+        grads.append(w.grad)
+        w.grad = None
+    torch.testing.assert_close(grads[0], grads[1])
+    assert grads[1].stride() == grads[0].stride() == (4, 1)

@@ -175,3 +175,24 @@ def test_max_norm_of_functional_embeddings_bags_and_embedding_renorm_writes_thei
     for t, c in zip([*tensors, bag.weight], [*copies, eager_bag.weight]):
         torch.testing.assert_close(t, c)
         torch.testing.assert_close(t.grad, c.grad)
+
+
+def test_an_lstm_trains_in_one_compile_keeping_its_flat_weights_its_parameters():
+    """nn.LSTM rebuilds ``_flat_weights`` (and weak references to them) when a call finds them
+    other than its parameters, as they are while traced: the rebuilt list is stored with the
+    parameters themselves, as eager holds them, not copies that would compile each later call again
+    (timm's Sequencer)."""
+    torch.manual_seed(0)
+    model = nn.LSTM(4, 3, batch_first=True, bidirectional=True)
+    eager, jitted = copy.deepcopy(model), thunder_rs.jit(model)
+    for _ in range(3):
+        x = torch.randn(2, 5, 4)
+        out, expected = jitted(x)[0], eager(x)[0]
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        assert all(w is p for w, p in zip(model._flat_weights, model.parameters(), strict=True))
+        assert all(r() is p for r, p in zip(model._flat_weight_refs, model.parameters(), strict=True))
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert thunder_rs.compile_stats(jitted).cache_misses == 1

@@ -26,6 +26,7 @@ from thunder_rs import _core, clang, prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.eager_layouts import eager_strides
 from thunder_rs.core.lang.recorder import current, output_meta, proxies
 from thunder_rs.errors import (
     ThunderNotImplementedError,
@@ -36,7 +37,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.common import require_tensor, sum_to
 from thunder_rs.torch.symbols import ltorch, register, torchsymbol
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import hint, same_shape
 
 T = torch.Tensor
 __all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm", "flattened_product"]
@@ -257,6 +258,20 @@ def flattened_product(g, x):
 # -- grad rule of matmul ---------------------------------------------------------------------------
 
 
+def _column_major(m) -> bool:
+    """Whether eager's matrix ``m`` has strides ``(1, rows)``, where ATen's mm lays out its gradient
+    column-major too (``mm_mat1_backward``, ``mm_mat2_backward``): that differs from a row-major
+    one only by the stride of a dim of size 1 (``rel_k.t()`` of shape [k, 1]), which
+    ``AccumulateGrad`` keeps as it comes."""
+    strides = eager_strides(m)
+    return strides is not None and strides[0] == 1 and strides[1] == hint(m.shape[0])
+
+
+def _mm_product(x, y, column_major: bool):
+    """``x @ y``, computed as ``(y.t() @ x.t()).t()`` where eager's result is column-major."""
+    return ltorch.t(ltorch.matmul(ltorch.t(y), ltorch.t(x))) if column_major else ltorch.matmul(x, y)
+
+
 @register_grad(ltorch.matmul)
 def matmul_grad(input, other):
     out = ltorch.matmul(input, other)
@@ -269,14 +284,17 @@ def matmul_grad(input, other):
     if input.ndim == 1:
         g = ltorch.unsqueeze(g, -2)
     if input.requires_grad:
-        grad = sum_to(ltorch.matmul(g, ltorch.transpose(b, -1, -2)), a.shape)
+        if input.ndim == 2 and other.ndim == 2:  # eager's mm
+            grad = _mm_product(g, ltorch.t(b), _column_major(input))
+        else:
+            grad = sum_to(ltorch.matmul(g, ltorch.transpose(b, -1, -2)), a.shape)
         put_grad(input, ltorch.reshape(grad, input.shape))
     if other.requires_grad:
-        if b.ndim == 2 and a.ndim > 2:
-            # A matrix against a batch: one product over the flattened batch, no sum after it.
+        if other.ndim == 2 and a.ndim >= 2:
+            # eager's mm of the flattened batch: one product, no sum after it.
             rows, k = math.prod(a.shape[:-1]), a.shape[-1]
             a2 = ltorch.reshape(a, (rows, k))
-            grad = ltorch.matmul(ltorch.t(a2), ltorch.reshape(g, (rows, b.shape[-1])))
+            grad = _mm_product(ltorch.t(a2), ltorch.reshape(g, (rows, b.shape[-1])), _column_major(other))
         else:
             grad = sum_to(ltorch.matmul(ltorch.transpose(a, -1, -2), g), b.shape)
         put_grad(other, ltorch.reshape(grad, other.shape))

@@ -189,6 +189,11 @@ class TracedInputs:
         return [(store, name, put, clone_store.get(name)) for store, name, clone_store, put in self.slots]
 
 
+def _kept_slots(slots: list) -> dict:
+    """The module's parameters and buffers by the id of their input proxies."""
+    return {id(put): store[name] for store, name, _, put in slots if isinstance(store.get(name), torch.Tensor)}
+
+
 def _refuse_uninitialized(names, tensors) -> None:
     for name, t in zip(names, tensors):
         if torch.nn.parameter.is_lazy(t):
@@ -453,6 +458,9 @@ def acquire(
     # A captured tensor the program stores as it is (``self.cells = [c.to(dtype) for c in self.cells]``)
     # is stored by every call as that same object, as eager stores it.
     kept = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
+    # So is a parameter or buffer of the module (nn.LSTM's ``_flat_weights``, rebuilt from its
+    # parameters on a call that finds them changed): storing a copy would change it on every call.
+    kept.update(_kept_slots(inputs.slots))
     trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept
     )

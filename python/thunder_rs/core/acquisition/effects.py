@@ -12,6 +12,7 @@ values: that is refused with an error naming the line.
 
 import builtins
 import contextvars
+import weakref
 
 from torch.utils import _pytree as pytree
 
@@ -77,6 +78,8 @@ class TracedValue:
         for i, leaf in enumerate(leaves):
             if kept and id(leaf) in kept:  # a captured tensor as it is: that same object
                 leaves[i] = kept[id(leaf)]
+            elif kept and type(leaf) is weakref.ref and id(leaf()) in kept:  # nn.LSTM's _flat_weight_refs
+                leaves[i] = weakref.ref(kept[id(leaf())])
             elif isinstance(leaf, TensorProxy) or type(leaf) is SymInt:  # a size: this call's value
                 extras.append(leaf)
                 self.outputs.append((i, len(extras) - 1))

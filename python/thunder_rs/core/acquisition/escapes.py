@@ -83,13 +83,40 @@ def check_no_escape(proxies: list, producer) -> None:
         return
     proxy = suspects[0]
     del suspects  # its own reference would be found as the holder
+    where = describe_holder(proxy, proxies)
+    remaining = escaped(proxies)
+    for p in remaining:
+        _remove_from_user_state(p, (proxies, remaining))
     raise ThunderRuntimeError(
         f"thunder_rs.jit: the traced program stored a tensor it computed ({producer(proxy)}) in "
-        f"{describe_holder(proxy, proxies)}, which outlives the call. Compiled, it would keep the "
-        "value of the first call there. Return the tensor instead, register such hooks on the "
+        f"{where}, which outlives the call (thunder_rs removed it from there again). Compiled, it "
+        "would keep the value of the first call there. Return the tensor instead, register such hooks on the "
         "jitted module (they then run eagerly around the compiled call), or use "
         "torch.compile(backend=...) for programs with such side effects"
     )
+
+
+def _remove_from_user_state(obj, ours: tuple) -> None:
+    """Takes the stand-in ``obj`` out of the lists, dicts (entries, attributes, globals), sets and
+    closure cells that hold it, so that the refused call leaves no stand-in behind: a module that
+    caches a tensor in a dict (timm's LeViT ``attention_bias_cache``) would otherwise return the
+    stand-in from its later eager calls. ``ours`` are thunder_rs's own lists of stand-ins."""
+    skip = {*map(id, ours), id(sys._getframe())}
+    for holder in gc.get_referrers(obj):
+        if id(holder) in skip or isinstance(holder, (types.FrameType, TensorProxy)):
+            continue
+        # Loops, not comprehensions: a comprehension's closure cell holding ``obj`` is a referrer.
+        if isinstance(holder, list):
+            for i in reversed(range(len(holder))):
+                if holder[i] is obj:
+                    del holder[i]
+        elif isinstance(holder, dict):
+            while (key := _key_of(holder, obj)) is not None:
+                del holder[key]
+        elif isinstance(holder, set):
+            holder.discard(obj)
+        elif type(holder).__name__ == "cell" and holder.cell_contents is obj:
+            del holder.cell_contents
 
 
 def describe_holder(obj, ignore: list) -> str:
