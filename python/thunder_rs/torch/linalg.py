@@ -37,7 +37,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.common import require_tensor, sum_to
 from thunder_rs.torch.symbols import ltorch, register, torchsymbol
-from thunder_rs.core.lang.symint import hint, same_shape
+from thunder_rs.core.lang.symint import identical, same_shape
 
 T = torch.Tensor
 __all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm", "flattened_product"]
@@ -264,7 +264,8 @@ def _column_major(m) -> bool:
     one only by the stride of a dim of size 1 (``rel_k.t()`` of shape [k, 1]), which
     ``AccumulateGrad`` keeps as it comes."""
     strides = eager_strides(m)
-    return strides is not None and strides[0] == 1 and strides[1] == hint(m.shape[0])
+    # (as data: a symbolic stride compared with a value would specialise the size it is)
+    return strides is not None and identical(strides[0], 1) and identical(strides[1], m.shape[0])
 
 
 def _mm_product(x, y, column_major: bool):
