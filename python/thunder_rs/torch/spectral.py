@@ -93,6 +93,11 @@ def _padded_length(name: str, length, n_fft: int, center: bool, pad_mode: str):
     return length + 2 * pad
 
 
+def _plain(*values) -> tuple:
+    """``values`` with symbolic sizes specialised: eager's kernel takes the frame parameters as ints."""
+    return tuple(int(v) if type(v) is SymInt else v for v in values)
+
+
 def _stft_meta(
     input,
     n_fft,
@@ -107,7 +112,7 @@ def _stft_meta(
     align_to_window=None,
 ):
     name = "ltorch.stft"
-    n_fft, hop_length, win_length = (int(v) if type(v) is SymInt else v for v in (n_fft, hop_length, win_length))
+    n_fft, hop_length, win_length = _plain(n_fft, hop_length, win_length)
     params = (n_fft, hop_length, win_length, window, center, pad_mode, normalized, onesided, return_complex)
     out = _eager_meta(name, torch.stft, (input, *params), {"align_to_window": align_to_window})
     hop = n_fft // 4 if hop_length is None else hop_length
@@ -135,7 +140,7 @@ def _istft_meta(
     return_complex=False,
 ):
     name = "ltorch.istft"
-    n_fft, hop_length, win_length = (int(v) if type(v) is SymInt else v for v in (n_fft, hop_length, win_length))
+    n_fft, hop_length, win_length = _plain(n_fft, hop_length, win_length)
     params = (n_fft, hop_length, win_length, window, center, normalized, onesided, length, return_complex)
     out = _eager_meta(name, torch.istft, (input, *params), {})
     if length is None:
