@@ -32,7 +32,12 @@ __all__ = [
 ]
 
 def configure(
-    proxy: type, dtype: type, device: type, dtype_codes: dict[torch.dtype, int], symint: type | None = None
+    proxy: type,
+    dtype: type,
+    device: type,
+    dtype_codes: dict[torch.dtype, int],
+    symint: type | None = None,
+    symfloat: type | None = None,
 ) -> None: ...
 def compile(
     acquired: Trace,

@@ -7,7 +7,8 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
-use trace_ir::{Arg, DType, Device, Scalar, TensorMeta, ValueId};
+use std::sync::Arc;
+use trace_ir::{Arg, DType, Device, FloatExpr, FloatOp, Scalar, SymFloat, TensorMeta, ValueId};
 use trace_ir::{Trace, ValueKind};
 
 use crate::errors::py_result;
@@ -21,13 +22,15 @@ pub struct Types {
     dtype_codes: Py<PyDict>,
     /// Python's wrapper of a symbolic size (`SymInt`, holding a `SymExpr` as `expr`).
     symint: Option<Py<PyType>>,
+    /// Python's symbolic float (`SymFloat(ops, hint)`, see [`float_expr`]).
+    symfloat: Option<Py<PyType>>,
 }
 
 static TYPES: PyOnceLock<Types> = PyOnceLock::new();
 
 /// Registers the proxy class and torch's dtype/device types; called once by `thunder_rs`.
 #[pyfunction]
-#[pyo3(signature = (proxy, dtype, device, dtype_codes, symint=None))]
+#[pyo3(signature = (proxy, dtype, device, dtype_codes, symint=None, symfloat=None))]
 pub fn configure(
     py: Python<'_>,
     proxy: Py<PyType>,
@@ -35,9 +38,10 @@ pub fn configure(
     device: Py<PyType>,
     dtype_codes: Py<PyDict>,
     symint: Option<Py<PyType>>,
+    symfloat: Option<Py<PyType>>,
 ) -> PyResult<()> {
     TYPES
-        .set(py, Types { proxy, dtype, device, dtype_codes, symint })
+        .set(py, Types { proxy, dtype, device, dtype_codes, symint, symfloat })
         .map_err(|_| PyRuntimeError::new_err("thunder_rs._core.configure was called twice"))
 }
 
@@ -102,8 +106,60 @@ pub fn to_arg(obj: &Bound<'_, PyAny>, types: &Types, consts: &mut Vec<Py<PyAny>>
             return to_arg(&obj.getattr("expr")?, types, consts);
         }
     }
+    if let Some(symfloat) = &types.symfloat {
+        if obj.is_instance(symfloat.bind(py))? {
+            let expr = float_expr(&obj.getattr("ops")?)?;
+            return Ok(Arg::SymFloat(Arc::new(SymFloat::new(expr, obj.getattr("hint")?.extract()?))));
+        }
+    }
     consts.push(obj.clone().unbind());
     Ok(Arg::PyConst(consts.len() as u32 - 1))
+}
+
+/// A symbolic float's operations from Python's form of them (`SymFloat.ops`): an int, a float
+/// or a `SymExpr` for an operand, `(op, a, b)` for an operation (`op` its Python operator,
+/// `"+"`, `"**"`), `("neg", a)` for a negation, `("sqrt", a)` for a square root.
+fn float_expr(node: &Bound<'_, PyAny>) -> PyResult<FloatExpr> {
+    if let Ok(s) = node.cast::<crate::sizes::PySymExpr>() {
+        return Ok(FloatExpr::Int(trace_ir::Dim::Sym(s.get().dim.clone())));
+    }
+    if node.is_exact_instance_of::<PyInt>() {
+        return Ok(FloatExpr::Int(trace_ir::Dim::Const(node.extract()?)));
+    }
+    if let Ok(f) = node.cast_exact::<PyFloat>() {
+        return Ok(FloatExpr::Float(f.value()));
+    }
+    let Ok(parts) = node.cast::<PyTuple>() else {
+        return Err(PyTypeError::new_err(format!("not a symbolic float's operation: {node}")));
+    };
+    let op: String = parts.get_item(0)?.extract()?;
+    if op == "neg" {
+        return Ok(FloatExpr::Neg(Box::new(float_expr(&parts.get_item(1)?)?)));
+    }
+    if op == "sqrt" {
+        return Ok(FloatExpr::Sqrt(Box::new(float_expr(&parts.get_item(1)?)?)));
+    }
+    let op = FloatOp::ALL
+        .into_iter()
+        .find(|o| o.symbol() == op)
+        .ok_or_else(|| PyTypeError::new_err(format!("not a float operation: {op}")))?;
+    Ok(FloatExpr::bin(op, float_expr(&parts.get_item(1)?)?, float_expr(&parts.get_item(2)?)?))
+}
+
+/// Python's form of a symbolic float's operations (the inverse of [`float_expr`]).
+fn float_node<'py>(py: Python<'py>, e: &FloatExpr) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match e {
+        FloatExpr::Int(d) => crate::sizes::dim_to_py(py, d)?,
+        FloatExpr::Float(x) => x.into_pyobject(py)?.into_any(),
+        FloatExpr::Neg(a) | FloatExpr::Sqrt(a) => {
+            let name = if matches!(e, FloatExpr::Neg(_)) { "neg" } else { "sqrt" };
+            PyTuple::new(py, [PyString::new(py, name).into_any(), float_node(py, a)?])?.into_any()
+        }
+        FloatExpr::Bin(op, a, b) => {
+            PyTuple::new(py, [PyString::new(py, op.symbol()).into_any(), float_node(py, a)?, float_node(py, b)?])?
+                .into_any()
+        }
+    })
 }
 
 pub fn dtype_of(obj: &Bound<'_, PyAny>, types: &Types) -> PyResult<DType> {
@@ -190,5 +246,9 @@ pub fn to_py<'py>(
         Arg::List(items) => PyList::new(py, seq(items)?)?.into_any(),
         Arg::Slice(parts) => py.get_type::<PySlice>().call1(PyTuple::new(py, seq(&parts[..])?)?)?,
         Arg::Sym(s) => crate::sizes::dim_to_py(py, &trace_ir::Dim::Sym(s.clone()))?,
+        Arg::SymFloat(s) => {
+            let symfloat = types.symfloat.as_ref().ok_or_else(|| PyRuntimeError::new_err("no SymFloat registered"))?;
+            symfloat.bind(py).call1((float_node(py, &s.expr)?, s.hint.0))?
+        }
     })
 }

@@ -60,6 +60,7 @@ pub mod printer;
 pub mod pysrc;
 pub mod sym;
 pub mod symbols;
+pub mod symfloat;
 #[doc(hidden)]
 pub mod testing;
 pub mod trace;
@@ -72,5 +73,6 @@ pub use ids::{SymbolId, ValueId};
 pub use prims::{Prim, PrimId};
 pub use sym::{Dim, Facts};
 pub use symbols::{SymbolKind, SymbolTable};
+pub use symfloat::{FloatExpr, FloatOp, SymFloat};
 pub use trace::{BoundSymbol, GradRule, OpenCalls, Segment, Symbol, Trace, TraceBuilder};
 pub use value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};

@@ -52,6 +52,7 @@ pub fn write_arg(out: &mut String, arg: &Arg, style: &mut dyn ArgStyle) {
         }
         Arg::PyConst(i) => write!(out, "_c{i}").unwrap(),
         Arg::Sym(s) => write!(out, "{}", s.expr).unwrap(),
+        Arg::SymFloat(s) => write!(out, "{}", s.expr).unwrap(),
     }
 }
 

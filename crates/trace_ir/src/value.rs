@@ -3,6 +3,7 @@
 use crate::dtype::{DType, Device};
 use crate::ids::ValueId;
 use crate::sym::{Dim, SymDim};
+use crate::symfloat::SymFloat;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -185,6 +186,9 @@ pub enum Arg {
     Scalar(Scalar),
     /// A symbolic int: an expression over size values, printed as Python (`2*t3 + 1`).
     Sym(Arc<SymDim>),
+    /// A symbolic float: Python float operations over sizes, printed as Python (`(t3 ** -0.5)`)
+    /// and computed by the program on each call as eager computes it (see [`crate::symfloat`]).
+    SymFloat(Arc<SymFloat>),
     /// Python's `None`.
     None,
     /// Python's `...` (in indexing arguments).
@@ -231,6 +235,7 @@ impl Arg {
         match self {
             Arg::Value(v) => f(*v),
             Arg::Sym(s) => s.expr.for_each_value(f),
+            Arg::SymFloat(s) => s.expr.for_each_value(f),
             Arg::Tuple(items) | Arg::List(items) => items.iter().for_each(|a| a.for_each_value(f)),
             Arg::Slice(parts) => parts.iter().for_each(|a| a.for_each_value(f)),
             _ => {}
@@ -249,6 +254,10 @@ impl Arg {
             Arg::Sym(s) => {
                 Arg::dim(&Dim::from_poly(s.expr.substitute(&mut |v| crate::sym::arg_poly(&f(v), v)), s.hint))
             }
+            Arg::SymFloat(s) => Arg::SymFloat(Arc::new(SymFloat {
+                expr: s.expr.renamed(&mut |v| crate::sym::arg_poly(&f(v), v)),
+                hint: s.hint,
+            })),
             other => other.clone(),
         }
     }

@@ -116,7 +116,9 @@ fn check_prim(trace: &Trace, bsym: &BoundSymbol) -> Result<()> {
     if !prim.operands().allows(bsym.args.len()) {
         bail!(Runtime, &op, "has {} operand(s), which its signature does not allow", bsym.args.len());
     }
-    if let Some(bad) = bsym.args.iter().find(|a| !matches!(a, Arg::Value(_) | Arg::Scalar(_) | Arg::Sym(_))) {
+    if let Some(bad) =
+        bsym.args.iter().find(|a| !matches!(a, Arg::Value(_) | Arg::Scalar(_) | Arg::Sym(_) | Arg::SymFloat(_)))
+    {
         bail!(Runtime, &op, "operand {bad:?} is not a value or number");
     }
     let operands: Vec<Operand> = bsym.args.iter().map(|a| Operand::of(&trace.values, &op, a)).collect::<Result<_>>()?;

@@ -7,6 +7,7 @@ use crate::ids::ValueId;
 use crate::prims::{Operands, Prim};
 use crate::sym::{Atom, Dim, Poly};
 use crate::symbols::{SymbolKind, SymbolTable};
+use crate::symfloat::{FloatExpr, FloatOp};
 use crate::trace::{no_subsymbols, BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
@@ -322,8 +323,41 @@ impl Reader<'_> {
                 let expr = self.body_poly()?;
                 Arg::dim(&Dim::from_poly(expr, self.int()?))
             }
+            ARG_SYMFLOAT => {
+                let expr = self.float_expr(depth + 1)?;
+                Arg::SymFloat(Arc::new(crate::SymFloat::new(expr, self.f64()?)))
+            }
             other => return Err(self.error(format!("unknown argument tag {other}"))),
         })
+    }
+
+    /// A symbolic float's operations (layout in `Writer::float_expr`).
+    fn float_expr(&mut self, depth: usize) -> Result<FloatExpr> {
+        if depth > MAX_DEPTH {
+            return Err(self.error(format!("expressions nested deeper than {MAX_DEPTH}")));
+        }
+        Ok(match self.byte()? {
+            FLOAT_LEAF => match self.arg(depth + 1)? {
+                Arg::Scalar(Scalar::Float(x)) => FloatExpr::Float(x),
+                Arg::Scalar(Scalar::Int(c)) => FloatExpr::Int(Dim::Const(c)),
+                Arg::Sym(s) => FloatExpr::Int(Dim::Sym(s)),
+                other => return Err(self.error(format!("a symbolic float's operand is {other:?}"))),
+            },
+            FLOAT_NEG => FloatExpr::Neg(Box::new(self.float_expr(depth + 1)?)),
+            FLOAT_SQRT => FloatExpr::Sqrt(Box::new(self.float_expr(depth + 1)?)),
+            FLOAT_BIN => {
+                let code = self.byte()?;
+                let op =
+                    FloatOp::from_code(code).ok_or_else(|| self.error(format!("unknown float operation {code}")))?;
+                FloatExpr::bin(op, self.float_expr(depth + 1)?, self.float_expr(depth + 1)?)
+            }
+            other => return Err(self.error(format!("unknown float expression tag {other}"))),
+        })
+    }
+
+    fn f64(&mut self) -> Result<f64> {
+        let bits = self.take(8)?.try_into().expect("took 8 bytes");
+        Ok(f64::from_bits(u64::from_le_bytes(bits)))
     }
 
     fn args(&mut self, depth: usize) -> Result<Vec<Arg>> {

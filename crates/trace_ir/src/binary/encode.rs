@@ -5,6 +5,7 @@ use crate::dtype::{Device, DeviceKind};
 use crate::ids::{SymbolId, ValueId};
 use crate::prims::{Operands, Prim, PrimId};
 use crate::symbols::{SymbolKind, SymbolTable};
+use crate::symfloat::FloatExpr;
 use crate::trace::{BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
@@ -185,6 +186,35 @@ impl Writer {
                 self.out.push(ARG_SYM);
                 self.poly(&s.expr);
                 self.int(s.hint);
+            }
+            Arg::SymFloat(s) => {
+                self.out.push(ARG_SYMFLOAT);
+                self.float_expr(&s.expr);
+                self.out.extend_from_slice(&s.hint.0.to_bits().to_le_bytes());
+            }
+        }
+    }
+
+    /// A symbolic float's operations, operands after their operation: an int operand as its
+    /// argument (an int or a symbolic int), a literal as a float argument.
+    fn float_expr(&mut self, e: &FloatExpr) {
+        match e {
+            FloatExpr::Int(d) => {
+                self.out.push(FLOAT_LEAF);
+                self.arg(&Arg::dim(d));
+            }
+            FloatExpr::Float(x) => {
+                self.out.push(FLOAT_LEAF);
+                self.scalar(Scalar::Float(*x));
+            }
+            FloatExpr::Neg(a) | FloatExpr::Sqrt(a) => {
+                self.out.push(if matches!(e, FloatExpr::Neg(_)) { FLOAT_NEG } else { FLOAT_SQRT });
+                self.float_expr(a);
+            }
+            FloatExpr::Bin(op, a, b) => {
+                self.out.extend_from_slice(&[FLOAT_BIN, op.code()]);
+                self.float_expr(a);
+                self.float_expr(b);
             }
         }
     }

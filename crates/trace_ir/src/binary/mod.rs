@@ -69,6 +69,13 @@ const ARG_LIST: u8 = 11;
 const ARG_SLICE: u8 = 12;
 const ARG_PYCONST: u8 = 13;
 const ARG_SYM: u8 = 14;
+const ARG_SYMFLOAT: u8 = 15;
+
+/// Node tags of a symbolic float's operations (after [`ARG_SYMFLOAT`]).
+const FLOAT_LEAF: u8 = 0;
+const FLOAT_NEG: u8 = 1;
+const FLOAT_BIN: u8 = 2;
+const FLOAT_SQRT: u8 = 3;
 
 /// Value kind tags.
 const VALUE_TENSOR: u8 = 0;

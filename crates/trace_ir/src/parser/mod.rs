@@ -382,6 +382,11 @@ impl<'a> Cursor<'a> {
             Some(Token::Number(text)) => self.number(text).map(Arg::Scalar),
             Some(Token::Punct('-')) => match self.bump() {
                 Some(Token::Number(text)) => self.number(&format!("-{text}")).map(Arg::Scalar),
+                Some(Token::Punct('(')) => {
+                    self.pos -= 1;
+                    let operand = self.primary()?;
+                    sizes::negated(&operand).ok_or_else(|| self.error("expected a number after `-`"))
+                }
                 _ => Err(self.error("expected a number after `-`")),
             },
             Some(Token::Str(s)) => Ok(Arg::Str(s.clone())),
@@ -462,6 +467,12 @@ impl<'a> Cursor<'a> {
     fn torch_attribute(&mut self) -> Result<Arg> {
         self.expect('.')?;
         let name = self.name()?;
+        if name == "sym_sqrt" {
+            self.expect('(')?;
+            let operand = self.arg()?;
+            self.expect(')')?;
+            return sizes::square_root(&operand).ok_or_else(|| self.error("torch.sym_sqrt of a non-number"));
+        }
         if name != "device" {
             let dtype = DType::ALL.into_iter().find(|d| d.torch_name() == name);
             return dtype.map(Arg::DType).ok_or_else(|| self.error(format!("unknown dtype torch.{name}")));

@@ -8,6 +8,7 @@
 use super::{error, lex, Cursor, Parser, Token, NO_LINE, OP};
 use crate::error::{ErrorKind, IrError, Result};
 use crate::sym::{Atom, Dim, Guard, Poly, Rel, SymDim};
+use crate::symfloat::{FloatExpr, FloatOp, SymFloat};
 use crate::trace::TraceBuilder;
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
@@ -46,6 +47,9 @@ impl Cursor<'_> {
 
     /// `first`, or the expression it begins when an operator follows it.
     pub(super) fn expression_after(&mut self, first: Arg) -> Result<Arg> {
+        if let Some(float) = self.float_operation(&first)? {
+            return Ok(float);
+        }
         if self.peek_op().is_none() {
             return Ok(first);
         }
@@ -82,6 +86,32 @@ impl Cursor<'_> {
         })
     }
 
+    /// The float operation of a symbolic float (`t0 ** -0.5`, `1.0 / t0`, `t0 * 0.5`) that begins
+    /// with `first`, if one does: an operator only floats have (`/`, `**`), or an arithmetic one
+    /// with a float operand. Each is printed in parentheses of its own, so one operator follows
+    /// `first` at most; `None` (nothing consumed) where the operation is an int one.
+    fn float_operation(&mut self, first: &Arg) -> Result<Option<Arg>> {
+        let (op, width) = match (self.peek(0), self.peek(1)) {
+            (Some(Token::Punct('*')), Some(Token::Punct('*'))) => (FloatOp::Pow, 2),
+            (Some(Token::Punct('/')), next) if next != Some(&Token::Punct('/')) => (FloatOp::Div, 1),
+            (Some(Token::Punct('+')), _) => (FloatOp::Add, 1),
+            (Some(Token::Punct('-')), _) => (FloatOp::Sub, 1),
+            (Some(Token::Punct('*')), _) => (FloatOp::Mul, 1),
+            _ => return Ok(None),
+        };
+        let Some(lhs) = float_operand(first) else { return Ok(None) };
+        let start = self.pos;
+        self.pos += width;
+        let second = self.primary()?;
+        let Some(rhs) = float_operand(&second) else { return Err(self.error(format!("{second:?} in an expression"))) };
+        let floats = is_float(first) || is_float(&second) || matches!(op, FloatOp::Div | FloatOp::Pow);
+        if !floats {
+            self.pos = start;
+            return Ok(None);
+        }
+        Ok(Some(Arg::SymFloat(Arc::new(SymFloat::new(FloatExpr::bin(op, lhs, rhs), 0.0)))))
+    }
+
     fn poly(&self, arg: &Arg) -> Result<Poly> {
         match arg {
             Arg::Scalar(Scalar::Int(c)) => Ok(Poly::constant(*c)),
@@ -90,6 +120,36 @@ impl Cursor<'_> {
             other => Err(self.error(format!("expected an int or a size in an expression, found {other:?}"))),
         }
     }
+}
+
+/// An operand of a float operation: an int, a size, a float or a symbolic float.
+fn float_operand(arg: &Arg) -> Option<FloatExpr> {
+    match arg {
+        Arg::Scalar(Scalar::Float(x)) => Some(FloatExpr::Float(*x)),
+        Arg::Scalar(Scalar::Int(c)) => Some(FloatExpr::Int(Dim::Const(*c))),
+        Arg::Value(v) => Some(FloatExpr::Int(Dim::size(*v, 0))),
+        Arg::Sym(s) => Some(FloatExpr::Int(Dim::Sym(s.clone()))),
+        Arg::SymFloat(s) => Some(s.expr.clone()),
+        _ => None,
+    }
+}
+
+fn is_float(arg: &Arg) -> bool {
+    matches!(arg, Arg::Scalar(Scalar::Float(_)) | Arg::SymFloat(_))
+}
+
+/// `-operand` of a symbolic float, as printed (`(-(t0 ** 0.5))`).
+pub(super) fn negated(arg: &Arg) -> Option<Arg> {
+    match arg {
+        Arg::SymFloat(s) => Some(Arg::SymFloat(Arc::new(SymFloat::new(FloatExpr::Neg(Box::new(s.expr.clone())), 0.0)))),
+        _ => None,
+    }
+}
+
+/// `torch.sym_sqrt(operand)` of a symbolic float, as printed.
+pub(super) fn square_root(arg: &Arg) -> Option<Arg> {
+    let expr = FloatExpr::Sqrt(Box::new(float_operand(arg)?));
+    Some(Arg::SymFloat(Arc::new(SymFloat::new(expr, 0.0))))
 }
 
 /// An expression as an argument: an int literal when it has no atom; a placeholder hint.
@@ -155,6 +215,21 @@ pub(super) fn with_hints(arg: &Arg, builder: &TraceBuilder) -> Result<Arg> {
     let all = |items: &[Arg]| items.iter().map(|a| with_hints(a, builder)).collect::<Result<Vec<_>>>();
     Ok(match arg {
         Arg::Sym(s) => Arg::dim(&hinted(builder, s.expr.clone())?),
+        Arg::SymFloat(s) => {
+            let mut bad = None;
+            let expr = s.expr.map_ints(&mut |d| match d {
+                Dim::Sym(s) => hinted(builder, s.expr.clone()).unwrap_or_else(|e| {
+                    bad.get_or_insert(e);
+                    d.clone()
+                }),
+                Dim::Const(_) => d.clone(),
+            });
+            if let Some(e) = bad {
+                return Err(e);
+            }
+            let hint = expr.eval(&|v| size_hint(builder, v).expect("checked above"));
+            Arg::SymFloat(Arc::new(SymFloat::new(expr, hint)))
+        }
         Arg::Value(v) => builder.sized(*v),
         Arg::Tuple(items) => Arg::Tuple(all(items)?),
         Arg::List(items) => Arg::List(all(items)?),

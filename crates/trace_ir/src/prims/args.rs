@@ -37,7 +37,7 @@ impl CallArgs {
 
     pub fn operand(&mut self, what: &str) -> Result<Arg> {
         match self.next(what)? {
-            arg @ (Arg::Value(_) | Arg::Scalar(_) | Arg::Sym(_)) => Ok(arg),
+            arg @ (Arg::Value(_) | Arg::Scalar(_) | Arg::Sym(_) | Arg::SymFloat(_)) => Ok(arg),
             other => bail!(Type, &self.op, "expected a tensor or number for {what}, got {other:?}"),
         }
     }

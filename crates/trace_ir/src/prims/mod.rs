@@ -62,6 +62,7 @@ impl<'v> Operand<'v> {
             },
             Arg::Scalar(s) => Ok(Operand::Number(*s)),
             Arg::Sym(s) => Ok(Operand::Number(Scalar::Int(s.hint))),
+            Arg::SymFloat(s) => Ok(Operand::Number(Scalar::Float(s.hint.0))),
             other => crate::bail!(Type, op, "expected a tensor or number operand, got {other:?}"),
         }
     }

@@ -1,0 +1,77 @@
+//! Symbolic floats: Python float operations over sizes as prim operands, printed as the Python
+//! that computes them (each operation parenthesised, never simplified), read back from text and
+//! the binary form, and seen as uses of the sizes they read.
+
+use std::sync::Arc;
+use trace_ir::binary::{decode, encode};
+use trace_ir::parser::parse_trace;
+use trace_ir::printer::print_trace;
+use trace_ir::sym::Dim;
+use trace_ir::verify::verify;
+use trace_ir::{Arg, FloatExpr, FloatOp, SymFloat, ValueId};
+
+const TEXT: &str = "def computation(t0, t1):
+  # t0: \"size 9\"
+  # t1: \"cpu f32[t0, 4]\"
+  t2 = prims.mul(t1, (t0 ** (-0.5)))  # t2: \"cpu f32[t0, 4]\"
+  t3 = prims.add(t2, ((1.0 / (2*t0 + 1)) - torch.sym_sqrt(t0)))  # t3: \"cpu f32[t0, 4]\"
+  t4 = prims.mul(t3, (-((t0 * 0.5) + (-3))))  # t4: \"cpu f32[t0, 4]\"
+  t5 = prims.mul(t4, ((-0.5) ** (t0 / 3)))  # t5: \"cpu f32[t0, 4]\"
+  return t5
+";
+
+fn float_operand(trace: &trace_ir::Trace, i: usize) -> Arc<SymFloat> {
+    match &trace.bsyms[i].args[1] {
+        Arg::SymFloat(s) => s.clone(),
+        other => panic!("expected a symbolic float, got {other:?}"),
+    }
+}
+
+#[test]
+fn symbolic_floats_read_back_from_text_and_binary() {
+    let trace = parse_trace(TEXT).unwrap();
+    verify(&trace).unwrap();
+    let printed = print_trace(&trace, "computation");
+    for line in TEXT.lines().skip(3).take(4) {
+        let call = line.split("  #").next().unwrap();
+        assert!(printed.contains(call), "{call} not in {printed}");
+    }
+    assert_eq!(parse_trace(&printed).unwrap(), trace);
+    assert_eq!(decode(&encode(&trace)).unwrap(), trace);
+}
+
+#[test]
+fn hints_are_the_values_python_computes_in_the_program_order() {
+    let trace = parse_trace(TEXT).unwrap();
+    let t = 9.0_f64;
+    assert_eq!(float_operand(&trace, 0).hint.0, t.powf(-0.5));
+    assert_eq!(float_operand(&trace, 1).hint.0, 1.0 / (2.0 * t + 1.0) - t.sqrt());
+    assert_eq!(float_operand(&trace, 2).hint.0, -(t * 0.5 + -3.0));
+    assert_eq!(float_operand(&trace, 3).hint.0, -0.125); // (-0.5) ** (9 / 3)
+}
+
+#[test]
+fn a_symbolic_float_is_a_use_of_the_sizes_it_reads() {
+    let trace = parse_trace(TEXT).unwrap();
+    for i in 0..4 {
+        let mut reads = Vec::new();
+        trace.bsyms[i].for_each_input(|v| reads.push(v));
+        assert!(reads.contains(&ValueId(0)), "{i}: {reads:?}");
+    }
+    // Renaming the size renames it inside the float; the operations stay as written.
+    let renamed = trace.bsyms[0].args[1].map_values(&mut |v| Arg::Value(ValueId(v.0 + 7)));
+    let Arg::SymFloat(s) = renamed else { panic!("{renamed:?}") };
+    assert_eq!(s.expr.to_string(), "(t7 ** (-0.5))");
+}
+
+#[test]
+fn floats_compare_by_bits_and_operations_are_never_simplified() {
+    let t = Dim::size(ValueId(0), 4);
+    let half = |x: f64| FloatExpr::bin(FloatOp::Mul, FloatExpr::Int(t.clone()), FloatExpr::Float(x));
+    assert_ne!(half(0.0), half(-0.0));
+    assert_eq!(half(0.5), half(0.5));
+    // (t0 * 0.5) * 2.0 is not t0: the program's two roundings are kept.
+    let twice = FloatExpr::bin(FloatOp::Mul, half(0.5), FloatExpr::Float(2.0));
+    assert_eq!(twice.to_string(), "((t0 * 0.5) * 2.0)");
+    assert_eq!(FloatExpr::Float(f64::INFINITY).to_string(), "(float('inf'))");
+}
