@@ -19,9 +19,10 @@ import torch as _torch
 from thunder_rs import _core, errors
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.dtypes import CODES as _CODES
+from thunder_rs.core.lang.symfloat import SymFloat as _SymFloat
 from thunder_rs.core.lang.symint import SymInt as _SymInt
 
-_core.configure(TensorProxy, _torch.dtype, _torch.device, _CODES, _SymInt)
+_core.configure(TensorProxy, _torch.dtype, _torch.device, _CODES, _SymInt, _SymFloat)
 
 from thunder_rs import prims  # noqa: E402
 from thunder_rs import torch as ltorch  # noqa: E402

@@ -17,6 +17,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 Number = (bool, int, float)
@@ -96,6 +97,8 @@ def maybe_convert(a, dtype):
     """``a`` converted to ``dtype``: tensors by a prim, numbers in Python."""
     if isinstance(a, torch.Tensor):
         return a if a.dtype == dtype else prims.convert_element_type(a, dtype)
+    if type(a) is SymFloat:  # a float of sizes: computed on each call, converted by the op as eager's is
+        return a if dtypes.is_inexact(dtype) else maybe_convert(float(a), dtype)
     if isinstance(a, Number):
         if dtype == torch.bool:
             return bool(a)

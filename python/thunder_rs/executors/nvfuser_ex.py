@@ -60,6 +60,7 @@ import torch
 
 from thunder_rs._core import SymExpr
 from thunder_rs.core.lang.executor_api import FusionExecutor, Region, register_named_executor
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.nvfuser_layouts import pinned_orders
@@ -211,6 +212,13 @@ def _tensors(args):
             yield from _tensors(a)
 
 
+def _holds_symfloat(args) -> bool:
+    """Whether a float computed from sizes (``SymFloat``) is among ``args``: a definition takes
+    its numbers as constants, and the region would need the float as an input computed on the
+    host as eager computes it; the torch executor runs such a call."""
+    return any(type(a) is SymFloat or (type(a) in (tuple, list) and _holds_symfloat(a)) for a in args)
+
+
 def _int64_index(a, index, dim, *rest) -> bool:
     return index.dtype == torch.int64
 
@@ -309,7 +317,7 @@ def make_checker(name: str, allow_cpu: bool):
         for t in tensors:
             if t.dtype not in DTYPES or (t.device.type != "cuda" and not allow_cpu):
                 return False
-        if any(isinstance(a, complex) for a in args):
+        if any(isinstance(a, complex) for a in args) or _holds_symfloat(args):
             return False
         return extra is None or bool(extra(*args, **kwargs))
 

@@ -8,13 +8,11 @@ backward reuses. It returns the plain forward without asking for a cotangent for
 not handle (attention with dropout); the VJP pass then differentiates the decomposition.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
-from thunder_rs.core.lang import sdp_state
+from thunder_rs.core.lang import sdp_state, symfloat
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
     ThunderRuntimeError,
@@ -164,7 +162,7 @@ def scaled_dot_product_attention(
         value = _repeat_heads(op, value, query.shape[-3], "value")
     clang.broadcast_shapes(op, query.shape[:-2], key.shape[:-2], value.shape[:-2])
     if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
+        scale = 1.0 / symfloat.sqrt(query.shape[-1])
     key_t = prims.transpose(key, (*range(key.ndim - 2), key.ndim - 1, key.ndim - 2))
     scores = prims.mul(matmul(query, key_t), scale)
     if is_causal:
@@ -314,7 +312,7 @@ def scaled_dot_product_attention_grad(
 ):
     if _flash_on_cpu(query, key, value, attn_mask, dropout_p):
         _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
-        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+        scale = 1.0 / symfloat.sqrt(query.shape[-1]) if scale is None else scale
         out, lse = sdpa_flash(query, key, value, is_causal, scale)
         grads = sdpa_flash_backward(get_grad(out), query, key, value, out, lse, is_causal, scale)
         for x, grad in zip((query, key, value), grads):
@@ -334,7 +332,7 @@ def scaled_dot_product_attention_grad(
     k = _grouped_heads(key, query.shape[-3]) if grouped else key
     v = _grouped_heads(value, query.shape[-3]) if grouped else value
     if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
+        scale = 1.0 / symfloat.sqrt(query.shape[-1])
     probs = _attention_probs(query, k, attn_mask, is_causal, scale)
     dtype = query.dtype
     if value.requires_grad:

@@ -17,6 +17,7 @@ from thunder_rs import clang, prims
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.lang.langctx import PROXY_CALLS, SIZE_DATA
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.core.base.proxies import TensorProxy
@@ -76,6 +77,11 @@ def filled(shape, fill_value, device, dtype):
     if type(fill_value) is SymInt:
         value = size_value(device, dtype, fill_value)
         return prims.broadcast_in_dim(value, shape, ()) if shape else value
+    if type(fill_value) is SymFloat and dtype.is_floating_point:
+        # A float of sizes, computed on each call (``prims.full`` takes a number known when
+        # compiling): ones times it, exact in double, rounded to ``dtype`` as eager's fill rounds it.
+        value = prims.mul(prims.full(shape, 1.0, device, torch.float64), fill_value)
+        return value if dtype == torch.float64 else prims.convert_element_type(value, dtype)
     return prims.full(shape, clang.maybe_convert(fill_value, dtype), device, dtype)
 
 
@@ -223,21 +229,21 @@ def _row(value, device, dtype):
     """One value of the data as a tensor of ``dtype`` of shape ``(1,)``."""
     if type(value) is SymInt:
         return clang.maybe_convert(prims.iota(1, value, 1, device, torch.int64), dtype)
-    return prims.full((1,), clang.maybe_convert(value, dtype), device, dtype)
+    return filled((1,), value, device, dtype)
 
 
 def tensor_of_sizes(data, dtype, device):
     """``torch.tensor(data)`` of numbers and sizes, with eager's dtype (the default dtype where a
     float is among them, else int64), or None where the data is not only real numbers."""
     shape, leaves = _data_shape(data), list(_leaves(data))
-    if shape is None or not all(type(v) in (bool, int, float, SymInt) for v in leaves):
+    if shape is None or not all(type(v) in (bool, int, float, SymInt, SymFloat) for v in leaves):
         return None
     if dtype is None:
-        dtype = torch.get_default_dtype() if any(type(v) is float for v in leaves) else torch.int64
+        dtype = torch.get_default_dtype() if any(type(v) in (float, SymFloat) for v in leaves) else torch.int64
     if dtype.is_complex:
         return None
     if not shape:
-        return size_value(device, dtype, leaves[0])
+        return filled((), leaves[0], device, dtype)
     rows = [_row(v, device, dtype) for v in leaves]
     flat = rows[0] if len(rows) == 1 else prims.cat(rows, 0)
     return flat if len(shape) == 1 else prims.reshape(flat, shape)
@@ -253,8 +259,10 @@ def _as_tensor(data, dtype=None, device=None, copy=None, requires_grad=False):
 
 
 def _scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False):
-    if requires_grad or type(s) is not SymInt:
+    if requires_grad or type(s) not in (SymInt, SymFloat):
         return None
+    if type(s) is SymFloat:
+        return filled((), s, _device(device), dtype or torch.get_default_dtype())
     return size_value(_device(device), dtype or torch.get_default_dtype(), s)
 
 

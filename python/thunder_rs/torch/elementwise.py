@@ -14,6 +14,7 @@ from thunder_rs.core.lang import values
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.lang.vmap import batch_as_elementwise
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
@@ -115,10 +116,10 @@ def round(a, *, decimals=0):
 
 
 def _scaled(b, alpha, op):
-    if alpha == 1:
+    if type(alpha) is not SymFloat and alpha == 1:  # a float of sizes is kept: its value changes
         return b
     check(
-        isinstance(alpha, (bool, int, float)),
+        isinstance(alpha, (bool, int, float, SymFloat)),
         op,
         f"expected a number for alpha, got {type(alpha).__name__}",
         ThunderTypeError,

@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from thunder_rs import _core
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.lang import sdp_state
+from thunder_rs.core.lang import sdp_state, symfloat
 from thunder_rs.core.lang.symint import SymInt, at_sizes, hint
 from thunder_rs.core.state.observe import check_sizes
 from thunder_rs.core.lang.grad import get_grad, put_grad
@@ -357,7 +357,7 @@ def _flash(query, key, value, dropout_p, is_causal, scale):
     size = query.shape[-1]
     pad = -size % 8
     # The scale of the original head size, computed as torch's ``calculate_scale``.
-    scale = 1.0 / math.sqrt(size) if scale is None else scale
+    scale = 1.0 / symfloat.sqrt(size) if scale is None else scale
     q, k, v = (_pad_last(x, pad) for x in (query, key, value))
     forward = flash_attention_dropout if dropout_p > 0 else flash_attention
     padded, lse, seed, offset = forward(q, k, v, dropout_p, is_causal, scale)

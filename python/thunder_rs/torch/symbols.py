@@ -13,6 +13,7 @@ from thunder_rs import _core
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, SYMBOLS, TORCH_TO_LTORCH
 from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES
 from thunder_rs.core.lang.recorder import KERNEL_IDS, record_composite, record_kernel
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderError
 from thunder_rs.torch.layout_rules import RULES_BY_NAME
@@ -81,6 +82,9 @@ def _specialised(call):
         if type(x) is SymInt:
             found = True
             return int(x)
+        if type(x) is SymFloat:
+            found = True
+            return float(x)
         if type(x) in (tuple, list):
             return type(x)(map(plain, x))
         return x

@@ -104,6 +104,8 @@ def result_type(*operands) -> torch.dtype:
             (dims if x.ndim > 0 else zeros).append(x.dtype)
         elif isinstance(x, (bool, int, float, complex)):
             numbers.append(type(x))
+        elif isinstance(x, torch.SymFloat):  # a float computed from sizes (``symfloat``)
+            numbers.append(float)
     if not (dims or zeros or numbers):
         return torch.get_default_dtype()
     number = _promote_kinds(numbers) if numbers else None

@@ -31,6 +31,7 @@ from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_lan
 from thunder_rs.core.lang.recorder import active_captures, lift_captured, record_composite, record_kernel
 from thunder_rs.core.lang.autocast import cast_inputs
 from thunder_rs.core.lang.rng import RANDOM
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import is_user_file, user_frame, user_location  # noqa: F401 (re-exported)
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
@@ -279,8 +280,8 @@ SIZE_DATA: dict = {}
 
 
 def _holds_size(values) -> bool:
-    """Whether ``values`` (nested lists and tuples) hold a symbolic size."""
-    return any(_holds_size(v) if isinstance(v, (list, tuple)) else type(v) is SymInt for v in values)
+    """Whether ``values`` (nested lists and tuples) hold a symbolic size (or a float of sizes)."""
+    return any(_holds_size(v) if isinstance(v, (list, tuple)) else type(v) in (SymInt, SymFloat) for v in values)
 
 
 def _size_data(func, args, kwargs):

@@ -29,8 +29,10 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.base.proxies import set_size_wrapper
+from thunder_rs.core.lang import symfloat
 from thunder_rs.core.lang.caller_code import only_assert_message
 from thunder_rs.core.lang.recorder import current
+from thunder_rs.core.lang.symfloat import SymFloat
 
 _SymExpr = _core.SymExpr
 
@@ -90,13 +92,15 @@ class SymInt(torch.SymInt):
         """The value when the program was traced."""
         return self.expr.hint
 
-    # Arithmetic stays symbolic with ints and other sizes; with anything else (a float, a
-    # tensor) the size is specialised first.
-    # (Through ``operator``, so that an int meeting a float or a tensor takes Python's whole
-    # protocol, reflected methods included, as it does in eager.)
+    # Arithmetic stays symbolic with ints and other sizes, and with floats (a ``SymFloat``);
+    # with anything else (a tensor) the size is specialised first.
+    # (Through ``operator``, so that an int meeting a tensor takes Python's whole protocol,
+    # reflected methods included, as it does in eager.)
     def _arith(self, other, op, reflected=False):
         o = _operand(other)
         if o is None:
+            if _is_float(other):
+                return _float_arith(self, other, _SYMBOLS[op], reflected)
             value = self.__index__()
             return op(other, value) if reflected else op(value, other)
         return wrap(op(o, self.expr) if reflected else op(self.expr, o))
@@ -155,10 +159,15 @@ class SymInt(torch.SymInt):
     def __rdivmod__(self, other):
         return divmod(other, self.__index__())
 
+    # True division gives a float: a ``SymFloat`` computing it as Python does.
     def __truediv__(self, other):
+        if _is_number(other):
+            return _float_arith(self, other, "/")
         return self.__index__() / other
 
     def __rtruediv__(self, other):
+        if _is_number(other):
+            return _float_arith(self, other, "/", reflected=True)
         return other / self.__index__()
 
     def __neg__(self):
@@ -218,17 +227,22 @@ class SymInt(torch.SymInt):
     def __abs__(self):
         return self if self >= 0 else -self
 
-    # An int power stays symbolic; any other power, and what torch.SymInt would answer through
-    # its SymNode (bit operations, ``torch.sym_sqrt``...), is an int's: the size specialised.
+    # A small natural power stays a symbolic int; a float or negative int power is a float (a
+    # ``SymFloat``); any other power, and what torch.SymInt would answer through its SymNode (bit
+    # operations, ``torch.sym_sqrt``...), is an int's: the size specialised.
     def __pow__(self, other, modulo=None):
         if type(other) is int and 0 <= other <= 8 and modulo is None:
             out = 1
             for _ in range(other):
                 out = out * self
             return out
+        if modulo is None and (_is_float(other) or (type(other) is int and other < 0)):
+            return _float_arith(self, other, "**")
         return pow(self.__index__(), other, modulo)
 
     def __rpow__(self, other):
+        if _is_float(other):
+            return _float_arith(self, other, "**", reflected=True)
         return other ** self.__index__()
 
     # ``round``, ``math.trunc``, ``floor`` and ``ceil`` of an int are the int.
@@ -266,6 +280,23 @@ class SymInt(torch.SymInt):
         return format(self.expr.hint if only_assert_message(frame) else self.__index__(), spec)
 
 
+_SYMBOLS = {operator.add: "+", operator.sub: "-", operator.mul: "*"}
+
+
+def _is_float(x) -> bool:
+    return type(x) is float or type(x) is SymFloat
+
+
+def _is_number(x) -> bool:
+    return type(x) in (int, bool, float, SymInt, SymFloat)
+
+
+def _float_arith(size, other, symbol, reflected=False):
+    """``size <symbol> other`` (reflected: ``other <symbol> size``) as a float: a ``SymFloat``."""
+    mine, theirs = symfloat.operand(size), symfloat.operand(other)
+    return symfloat.combine(symbol, theirs, mine) if reflected else symfloat.combine(symbol, mine, theirs)
+
+
 def _quotient(n, d) -> int:
     """``n // d`` by a symbolic divisor ``d`` (positive when traced), which the trace's sizes
     cannot express: the quotient q is decided on the hints, and what it relies on, ``q * d <= n <
@@ -294,7 +325,8 @@ for _name in ("and", "rand", "or", "ror", "xor", "rxor", "lshift", "rlshift", "r
     setattr(SymInt, f"__{_name}__", _specialising(f"__{_name}__"))
 for _name in ("as_integer_ratio", "bit_length", "conjugate"):
     setattr(SymInt, _name, _specialising(_name))
-for _name in ("sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh"):
+setattr(SymInt, "__sym_sqrt__", symfloat.sqrt)
+for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh"):
     setattr(SymInt, f"__sym_{_name}__", lambda self, _f=getattr(math, _name): _f(self.__index__()))
 SymInt.__sym_float__ = SymInt.__float__  # type: ignore[method-assign,assignment]
 

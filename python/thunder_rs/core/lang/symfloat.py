@@ -1,0 +1,263 @@
+"""``SymFloat``: a Python float the program computes from sizes that change between calls.
+
+``T ** -0.5``, ``1.0 / T``, ``T / 10``, ``T * 0.5`` of a symbolic size ``T`` (``symint.SymInt``)
+give a ``SymFloat``, and arithmetic with ints, floats and sizes keeps it one. It reaches prims
+as a symbolic float argument: the float operations the program performed, in its order, which
+the compiled program performs again on each call with the sizes of that call. The operations
+are never simplified or re-associated, so the value is the one eager computes, bit for bit. A
+``SymFloat`` is a Python float scalar to type promotion, as eager's float is (a weak type:
+``bf16_tensor * T ** -0.5`` stays bfloat16).
+
+Anything that needs a plain float (a comparison, ``bool``, ``float()``, ``int()``, ``hash``,
+text, ``math.*``) specialises the sizes it is made of, each becoming ``== hint`` as
+``SymInt.__index__`` makes it, and answers on the value: a call with other sizes misses the
+cache and compiles again, so no answer taken on this value is reused where it would not hold.
+
+``ops`` is the form the trace reads (``_core.configure``): an int, a float or a ``_core.SymExpr``
+for an operand, ``(op, a, b)`` for an operation (``op`` Python's operator: ``"+"``, ``"**"``),
+``("neg", a)`` for a negation, ``("sqrt", a)`` for ``math.sqrt(a)``. ``hint`` is the value when
+traced, computed by the operations themselves on the sizes' values.
+"""
+
+import math
+import operator
+import sys
+
+import numpy
+import torch
+
+from thunder_rs import _core
+from thunder_rs.core.lang.caller_code import only_assert_message
+from thunder_rs.core.lang.recorder import current
+
+_SymExpr = _core.SymExpr
+
+#: Python's operator by its symbol, for the operations a ``SymFloat`` keeps.
+OPERATORS = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "**": operator.pow,
+}
+
+
+def _internal(frame) -> bool:
+    return frame.f_globals.get("__name__", "").startswith("thunder_rs.")
+
+
+def operand(x):
+    """``(ops, hint)`` of a number a ``SymFloat`` computes with (an int, a float, a size or a
+    symbolic float); None for anything else."""
+    kind = type(x)
+    if kind is SymFloat:
+        return x.ops, x.hint
+    if kind is float:
+        return x, x
+    if kind is int or kind is bool:
+        return int(x), int(x)
+    if isinstance(x, torch.SymInt) and type(getattr(x, "expr", None)) is _SymExpr:
+        return x.expr, x.expr.hint
+    return None
+
+
+def combine(symbol: str, a, b):
+    """``a <symbol> b`` of two operands (``operand``), at least one of them symbolic: a
+    ``SymFloat`` where Python's answer is a float; where it is not (a negative size to a
+    fractional power is complex), the sizes specialised and the answer Python's."""
+    (a_ops, a_hint), (b_ops, b_hint) = a, b
+    value = OPERATORS[symbol](a_hint, b_hint)
+    if type(value) is not float:
+        _specialise(a_ops)
+        _specialise(b_ops)
+        return value
+    return SymFloat((symbol, a_ops, b_ops), value)
+
+
+def sqrt(x):
+    """``math.sqrt(x)`` of an int, a float, a size or a symbolic float: symbolic where ``x`` is
+    (``math.sqrt`` itself reads a plain float, which specialises the sizes)."""
+    o = operand(x)
+    if o is None or type(o[0]) in (int, float) or o[1] < 0:
+        return math.sqrt(x)
+    return SymFloat(("sqrt", o[0]), math.sqrt(o[1]))
+
+
+def _specialise(ops) -> None:
+    """Specialises every size ``ops`` reads to its hint (``== hint`` guards)."""
+    if type(ops) is _SymExpr:
+        current().specialise(ops)
+    elif type(ops) is tuple:
+        for part in ops[1:]:
+            _specialise(part)
+
+
+def text(ops) -> str:
+    """``ops`` as Python, as the trace prints it: each operation in parentheses."""
+    if type(ops) is tuple:
+        if ops[0] == "neg":
+            return f"(-{text(ops[1])})"
+        if ops[0] == "sqrt":
+            return f"torch.sym_sqrt({text(ops[1])})"
+        return f"({text(ops[1])} {ops[0]} {text(ops[2])})"
+    plain = str(ops)
+    return plain if plain.isidentifier() or (type(ops) is not _SymExpr and ops >= 0) else f"({plain})"
+
+
+class SymFloat(torch.SymFloat):
+    """A float computed from sizes on each call (see the module doc)."""
+
+    # Plain attributes where torch.SymFloat has properties reading its SymNode, which a
+    # SymFloat has not: the value when traced, and no node (torch's code fails on None).
+    hint: float = 0.0
+    node = None  # type: ignore[assignment]
+
+    def __init__(self, ops, hint: float):
+        self.ops = ops
+        self.hint = hint
+
+    # ``isinstance(s, float)`` is True in eager: the program sees ``float`` as the class,
+    # thunder_rs its own (as ``SymInt`` does).
+    @property  # type: ignore[misc]
+    def __class__(self):
+        return SymFloat if _internal(sys._getframe(1)) else float
+
+    def value(self) -> float:
+        """The float itself: the sizes it reads specialised to their hints."""
+        _specialise(self.ops)
+        return self.hint
+
+    # Arithmetic with numbers stays symbolic; a tensor takes it from its reflected operator
+    # (``T ** -0.5 * x`` is ``x * T ** -0.5``); with anything else the value is specialised.
+    def _arith(self, other, symbol, reflected=False):
+        o = operand(other)
+        if o is None:
+            if isinstance(other, torch.Tensor):
+                return NotImplemented
+            op = OPERATORS[symbol]
+            return op(other, self.value()) if reflected else op(self.value(), other)
+        mine = (self.ops, self.hint)
+        return combine(symbol, o, mine) if reflected else combine(symbol, mine, o)
+
+    def __add__(self, other):
+        return self._arith(other, "+")
+
+    def __radd__(self, other):
+        return self._arith(other, "+", reflected=True)
+
+    def __sub__(self, other):
+        return self._arith(other, "-")
+
+    def __rsub__(self, other):
+        return self._arith(other, "-", reflected=True)
+
+    def __mul__(self, other):
+        return self._arith(other, "*")
+
+    def __rmul__(self, other):
+        return self._arith(other, "*", reflected=True)
+
+    def __truediv__(self, other):
+        return self._arith(other, "/")
+
+    def __rtruediv__(self, other):
+        return self._arith(other, "/", reflected=True)
+
+    def __pow__(self, other, modulo=None):
+        if modulo is not None:
+            return pow(self.value(), other, modulo)
+        return self._arith(other, "**")
+
+    def __rpow__(self, other):
+        return self._arith(other, "**", reflected=True)
+
+    def __neg__(self):
+        return SymFloat(("neg", self.ops), -self.hint)
+
+    def __pos__(self):
+        return self
+
+    # Decisions and conversions: answered on the value, the sizes specialised.
+    def __eq__(self, other):
+        return self.value() == other
+
+    def __ne__(self, other):
+        return self.value() != other
+
+    def __lt__(self, other):
+        return self.value() < other
+
+    def __le__(self, other):
+        return self.value() <= other
+
+    def __gt__(self, other):
+        return self.value() > other
+
+    def __ge__(self, other):
+        return self.value() >= other
+
+    def __bool__(self):
+        return bool(self.value())
+
+    def __float__(self):
+        return self.value()
+
+    def __int__(self):
+        return int(self.value())
+
+    def __hash__(self):
+        return hash(self.value())
+
+    def __array__(self, dtype=None, copy=None):
+        return numpy.asarray(self.value(), dtype=dtype)
+
+    def __repr__(self):
+        return f"SymFloat({text(self.ops)}, hint={self.hint!r})"
+
+    # Text the program makes holds the value (specialised); thunder_rs's own shows the
+    # expression; a ``torch._assert`` message, read only when it fails, the value (as SymInt's).
+    def __str__(self):
+        frame = sys._getframe(1)
+        if _internal(frame):
+            return text(self.ops)
+        return str(self.hint if only_assert_message(frame) else self.value())
+
+    def __format__(self, spec):
+        frame = sys._getframe(1)
+        if _internal(frame):
+            return text(self.ops)
+        return format(self.hint if only_assert_message(frame) else self.value(), spec)
+
+
+def _specialising(name: str, function=None):
+    """A method answering as ``float`` (or ``function`` of the float) does, on the value."""
+
+    def method(self, *args):
+        value = self.value()
+        return function(value, *args) if function is not None else getattr(value, name)(*args)
+
+    method.__name__ = name
+    return method
+
+
+# What a float answers that a SymFloat does not keep symbolic: the value's answer. Whatever else
+# torch.SymFloat defines (through its SymNode, which a SymFloat has not) answers so too.
+_KEPT = {n for n in vars(SymFloat) if n.startswith("__")} | {"__init__", "__class__", "__doc__", "__module__"}
+for _name in ("__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__divmod__", "__rdivmod__", "__abs__"):
+    setattr(SymFloat, _name, _specialising(_name))
+for _name in ("__round__", "__trunc__", "__floor__", "__ceil__", "is_integer", "as_integer_ratio", "hex", "conjugate"):
+    setattr(SymFloat, _name, _specialising(_name))
+setattr(SymFloat, "__sym_sqrt__", sqrt)  # torch.sym_sqrt
+for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "log2"):
+    setattr(SymFloat, f"__sym_{_name}__", _specialising(f"__sym_{_name}__", getattr(math, _name)))
+setattr(SymFloat, "__sym_float__", lambda self: self)
+setattr(SymFloat, "__sym_max__", lambda self, other: self if self >= other else other)
+setattr(SymFloat, "__sym_min__", lambda self, other: self if self <= other else other)
+for _name in set(vars(torch.SymFloat)) - set(vars(SymFloat)) - _KEPT:
+    if _name.startswith("__") and callable(getattr(torch.SymFloat, _name)):
+        setattr(SymFloat, _name, _specialising(_name, lambda value, *args, _n=_name: getattr(value, _n)(*args)))
+
+
+def hint(x):
+    """The value of a float when traced, without specialising (heuristics only)."""
+    return x.hint if type(x) is SymFloat else x
