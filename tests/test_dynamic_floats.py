@@ -180,3 +180,20 @@ def test_inductor_takes_floats_of_sizes():
         x = _inputs(torch.float64, T)
         torch.testing.assert_close(jf(x), fn(x).sin() + 1)
     assert thunder_rs.compile_stats(jf).cache_misses <= 2
+
+
+class HalfWidth(torch.nn.Module):
+    def forward(self, x):
+        self.scale = _width(x) / 2  # module state: the float itself after each call, as in eager
+        return x * self.scale, _width(x) ** -0.5
+
+
+def test_a_float_of_sizes_leaving_the_program_is_a_float():
+    m, eager = HalfWidth(), HalfWidth()
+    jm = thunder_rs.jit(m)
+    for T in SIZES[:3]:
+        x = _inputs(torch.float64, T)
+        (out, s), (expected, es) = jm(x), eager(x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        assert type(s) is float and s == es
+        assert type(m.scale) is float and m.scale == eager.scale

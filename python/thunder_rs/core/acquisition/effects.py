@@ -21,6 +21,7 @@ from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.acquisition.outputs import is_size
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -84,6 +85,8 @@ class TracedValue:
                 extras.append(leaf)
                 self.outputs.append((i, len(extras) - 1))
                 leaves[i] = None
+            elif type(leaf) is SymFloat:  # a float of sizes: its value, the sizes specialised
+                leaves[i] = float(leaf)
         self.leaves = leaves
 
     def get(self, extras):

@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.state.guards import slot_names
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -88,6 +89,8 @@ class _Templater:
         if isinstance(x, TensorProxy) or type(x) is SymInt:  # a size computed per call is an output too
             self.flat.append(x)
             return _Slot(len(self.flat) - 1)
+        if type(x) is SymFloat:  # a float of sizes as a result: its value, the sizes specialised
+            return float(x)
         if type(x) is torch.Size and any(type(s) is SymInt for s in x):
             return _Rebuilt("tuple", torch.Size, tuple(map(self, x)))
         if isinstance(x, _SHARED):
