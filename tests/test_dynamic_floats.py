@@ -197,3 +197,32 @@ def test_a_float_of_sizes_leaving_the_program_is_a_float():
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
         assert type(s) is float and s == es
         assert type(m.scale) is float and m.scale == eager.scale
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x[:, : math.floor(_width(x) * 0.75)] * 2,
+        lambda x: x[:, : math.ceil(_width(x) / 4)] * 2,
+        lambda x: x.new_zeros(math.trunc(1.5 * _width(x))) + 1,
+    ],
+    ids=["floor", "ceil", "trunc"],
+)
+def test_rounding_a_size_times_a_dyadic_is_a_symbolic_int(fn):
+    # T * 0.75 is exact in double: floor is (3*T) // 4 for every T >= 0, one compile
+    jf = thunder_rs.jit(fn)
+    for T in SIZES:
+        x = _inputs(torch.float64, T)
+        torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
+    assert thunder_rs.compile_stats(jf).cache_misses == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+def test_rounding_another_float_of_sizes_specialises():
+    def fn(x):
+        return x[:, : math.floor(_width(x) * 0.3)] * 2  # 0.3 is no dyadic: T * 0.3 rounds
+
+    jf = thunder_rs.jit(fn)
+    for T in SIZES:
+        x = _inputs(torch.float64, T)
+        torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
+    assert thunder_rs.compile_stats(jf).cache_misses == len(SIZES)

@@ -297,6 +297,49 @@ def _float_arith(size, other, symbol, reflected=False):
     return symfloat.combine(symbol, theirs, mine) if reflected else symfloat.combine(symbol, mine, theirs)
 
 
+def _dyadic(ops):
+    """``(size, p, k)`` where ``ops`` (a SymFloat's) is ``size * c`` or ``size / 2**k`` of a dyadic
+    ``c = p / 2**k`` (0.5, 1.5, 0.25): Python's float result is then exactly ``size * p / 2**k``
+    while ``|size * p| <= 2**53``. None for any other float."""
+    if type(ops) is not tuple or len(ops) != 3:
+        return None
+    op, a, b = ops
+    if op == "*" and type(a) is float:
+        a, b = b, a
+    if type(a) is not _SymExpr:
+        return None
+    if op == "*" and type(b) is float and math.isfinite(b) and b > 0:
+        p, q = b.as_integer_ratio()
+    elif op == "/" and type(b) is int and b > 0 and b & (b - 1) == 0:
+        p, q = 1, b
+    else:
+        return None
+    return (a, p, q.bit_length() - 1) if q <= 2**64 else None
+
+
+def _float_to_int(rounding, ceil=False):
+    """``math.floor``/``trunc``/``ceil`` of a SymFloat: of a non-negative size times a
+    dyadic ``p / 2**k``, exact in double, the symbolic int ``(size * p) // 2**k`` (rounded up for
+    ``ceil``), relying on the guards ``size >= 0`` and ``size * p <= 2**53``; of any other, the
+    value's, the sizes specialised. (``int()`` must return an exact int: it specialises.)"""
+
+    def method(self):
+        exact = _dyadic(self.ops)
+        if exact is not None:
+            size, p, k = exact
+            decide = current().decide
+            if decide("ge", size, 0) and decide("le", size * p, 2**53):
+                return wrap(-((-(size * p)) // 2**k) if ceil else (size * p) // 2**k)
+        return rounding(self.value())
+
+    return method
+
+
+for _name, _rounding in (("__trunc__", math.trunc), ("__floor__", math.floor)):
+    setattr(SymFloat, _name, _float_to_int(_rounding))
+setattr(SymFloat, "__ceil__", _float_to_int(math.ceil, ceil=True))
+
+
 def _quotient(n, d) -> int:
     """``n // d`` by a symbolic divisor ``d`` (positive when traced), which the trace's sizes
     cannot express: the quotient q is decided on the hints, and what it relies on, ``q * d <= n <
