@@ -32,14 +32,20 @@ PROGRAMS = {
     "clamp T / 10": lambda x: x.clamp(max=_width(x) / 10),
     "mul_ scale": lambda x: x.clone().mul_(_width(x) ** -0.5),
     "add alpha": lambda x: x.add(x.flip(-1), alpha=_width(x) / 4),
+    "addcmul value": lambda x: x.addcmul(x, x.flip(-1), value=_width(x) / 4),
+    "fill_": lambda x: x.clone().fill_(_width(x) / 2) * x,
+    "where": lambda x: torch.where(x > 0, x, _width(x) / 2),
+    "masked_fill": lambda x: x.masked_fill(x > 0, _width(x) / 2),
+    "divided by a tensor": lambda x: (_width(x) / 3) / (x.abs() + 1),
+    "unbiased": lambda x: x.var(-1, correction=0) * (_width(x) / (_width(x) - 1)),
     "full T / 2": lambda x: x + torch.full((1,), _width(x) / 2, dtype=x.dtype),
     "tensor(T / 2)": lambda x: x * torch.tensor(_width(x) / 2, dtype=x.dtype),
     "sdpa": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None]),
     "sdpa scale": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None], scale=_width(x) ** -0.25),
 }
 NOT_DIFFERENTIABLE = {"full T / 2"}
-#: sdpa's backward sums in another order than eager's, with constant sizes too.
-ROUNDED_GRADS = {"sdpa", "sdpa scale"}
+#: Backward formulas that round otherwise than eager's autograd, with constant floats too (1 ulp).
+ROUNDED_GRADS = {"sdpa", "sdpa scale", "addcmul value", "divided by a tensor", "unbiased"}
 
 
 def _inputs(dtype, T, requires_grad=False):

@@ -54,6 +54,7 @@ from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.scatter import fill
 from thunder_rs.torch.shape import clone, reshape_to
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 #: Eager's names of dtypes in its casting errors.
@@ -89,12 +90,12 @@ def _as_value(op: str, dst, value, copy: bool):
     """``value`` as a tensor of ``dst``'s dtype, device and shape, as eager's in-place op converts it."""
     if not isinstance(value, torch.Tensor):
         check(
-            isinstance(value, (bool, int, float, SymInt)),
+            isinstance(value, (bool, int, float, SymInt, SymFloat)),
             op,
             lambda: f"expected a tensor or a number, got {type(value).__name__}",
             ThunderTypeError,
         )
-        return filled(tuple(dst.shape), value, dst.device, dst.dtype)  # a size: read on each call
+        return filled(tuple(dst.shape), value, dst.device, dst.dtype)  # a size (or float of sizes): per call
     if not copy and not torch.can_cast(value.dtype, dst.dtype):
         have, want = (_SCALAR_NAMES.get(d, str(d)) for d in (value.dtype, dst.dtype))
         raise ThunderRuntimeError(

@@ -22,6 +22,7 @@ from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.elementwise import NAN_SELECTING_FMAX, SPLIT_TIES, put_operand_grads, sign, sub
 from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
@@ -137,7 +138,7 @@ def _safe(mask, x, value):
 
 def _check_value(op: str, value) -> None:
     check(
-        isinstance(value, (bool, int, float)),
+        isinstance(value, (bool, int, float, SymFloat)),
         op,
         lambda: f"expected a number for value, got {type(value).__name__} (argument value)",
         ThunderTypeError,
