@@ -40,6 +40,8 @@ PROGRAMS = {
     "unbiased": lambda x: x.var(-1, correction=0) * (_width(x) / (_width(x) - 1)),
     "full T / 2": lambda x: x + torch.full((1,), _width(x) / 2, dtype=x.dtype),
     "tensor(T / 2)": lambda x: x * torch.tensor(_width(x) / 2, dtype=x.dtype),
+    "interpolate nearest": lambda x: F.interpolate(x[None, None], scale_factor=_width(x) / 4),
+    "interpolate bilinear": lambda x: F.interpolate(x[None, None], scale_factor=_width(x) * 0.75, mode="bilinear"),
     "sdpa": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None]),
     "sdpa scale": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None], scale=_width(x) ** -0.25),
 }

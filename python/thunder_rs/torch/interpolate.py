@@ -32,7 +32,9 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.core.lang.symint import SymInt, is_symbolic
+from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.lang.symint import SymInt, floor_of_product, is_positive, is_symbolic
+from thunder_rs.torch.creation import filled
 from thunder_rs.torch.symbols import torchsymbol
 
 __all__ = ["interpolate", "upsample_backward"]
@@ -162,6 +164,10 @@ def _scaled(size, factor):
     3 / 2): the double product is then exactly ``size * m / d`` wherever ``size * m < 2**53`` (a
     guard), so its floor is ``size * m // d``. By any other factor (0.1 has no short fraction) the
     size is taken at its value (a guard)."""
+    if type(factor) is SymFloat:
+        exact = floor_of_product(size, factor)
+        if exact is not None:
+            return exact
     if type(size) is SymInt and factor > 0:
         m, d = float(factor).as_integer_ratio()
         if d == 1:  # an output of 2**53 elements or more is never made
@@ -187,6 +193,9 @@ def _scale(device, in_size, out_size, scale, align_corners: bool, dtype):
         if out_size <= 1:
             return 0.0
         num, den = in_size - 1, out_size - 1
+    elif type(scale) is SymFloat and dtype in (torch.float32, torch.float64) and is_positive(scale):
+        # 1.0 / scale computed in double on each call, rounded to dtype as ``_rounded`` rounds it
+        return filled((), 1.0 / scale, device, dtype)
     elif scale is not None and scale > 0:
         return _rounded(1.0 / scale, dtype)
     else:
@@ -214,7 +223,8 @@ def _equal(a, b):
 def _shortcuts(in_size, out_size, scale):
     """Whether aten's nearest copies the index (out == in) and halves it (out == 2 * in): bools,
     or None where only each call's sizes tell. A whole scale factor made ``out == in * scale``."""
-    if scale is not None and float(scale).is_integer() and _equal(out_size, in_size * int(scale)):
+    whole = scale is not None and type(scale) is not SymFloat and float(scale).is_integer()
+    if whole and _equal(out_size, in_size * int(scale)):
         return scale == 1, scale == 2
     return _equal(out_size, in_size), _equal(out_size, 2 * in_size)
 

@@ -335,6 +335,32 @@ def _float_to_int(rounding, ceil=False):
     return method
 
 
+def floor_of_product(size, factor):
+    """``floor(float(size) * factor)`` of a size (an int or a ``SymInt``) and a SymFloat that is
+    a size times a dyadic (``T / 4``, ``T * 1.5``): the double product is exactly ``size * T * p /
+    2**k`` while that is at most ``2**53``, so the floor is the symbolic int ``(size * T * p) //
+    2**k`` (guards: the product is in ``[0, 2**53]``). None for any other factor."""
+    exact = _dyadic(factor.ops)
+    if exact is None:
+        return None
+    expr, p, k = exact
+    product = expr * p * (size.expr if type(size) is SymInt else size)
+    decide = current().decide
+    if not (decide("ge", product, 0) and decide("le", product, 2**53)):
+        return None
+    return wrap(product // 2**k)
+
+
+def is_positive(factor) -> bool:
+    """``factor > 0`` of a number, or of a SymFloat that is a size times a dyadic as a guard on
+    the size (any other SymFloat is specialised)."""
+    exact = _dyadic(factor.ops) if type(factor) is SymFloat else None
+    if exact is None:
+        return factor > 0
+    expr, p, _ = exact
+    return current().decide("gt", expr * p, 0)
+
+
 for _name, _rounding in (("__trunc__", math.trunc), ("__floor__", math.floor)):
     setattr(SymFloat, _name, _float_to_int(_rounding))
 setattr(SymFloat, "__ceil__", _float_to_int(math.ceil, ceil=True))
