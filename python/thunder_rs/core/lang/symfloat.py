@@ -104,13 +104,26 @@ def text(ops) -> str:
     return plain if plain.isidentifier() or (type(ops) is not _SymExpr and ops >= 0) else f"({plain})"
 
 
+class _Node:
+    """In place of torch's SymNode, which a SymFloat has not: what torch's code asks of one
+    fails naming it."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        raise AttributeError(f"thunder_rs symbolic floats do not support torch's SymNode.{name} yet")
+
+
+_NODE = _Node()
+
+
 class SymFloat(torch.SymFloat):
     """A float computed from sizes on each call (see the module doc)."""
 
     # Plain attributes where torch.SymFloat has properties reading its SymNode, which a
-    # SymFloat has not: the value when traced, and no node (torch's code fails on None).
+    # SymFloat has not: the value when traced, and a node that names what torch asked of it.
     hint: float = 0.0
-    node = None  # type: ignore[assignment]
+    node = _NODE  # type: ignore[assignment]
 
     def __init__(self, ops, hint: float):
         self.ops = ops
