@@ -269,8 +269,3 @@ setattr(SymFloat, "__sym_min__", lambda self, other: self if self <= other else 
 for _name in set(vars(torch.SymFloat)) - set(vars(SymFloat)) - _KEPT:
     if _name.startswith("__") and callable(getattr(torch.SymFloat, _name)):
         setattr(SymFloat, _name, _specialising(_name, lambda value, *args, _n=_name: getattr(value, _n)(*args)))
-
-
-def hint(x):
-    """The value of a float when traced, without specialising (heuristics only)."""
-    return x.hint if type(x) is SymFloat else x
