@@ -24,10 +24,11 @@ ordinary cache hit.
 
 Tensors that argument objects hold (a KV cache's ``cache.layers[i].keys``, see
 ``core.state.reached``) are not in the key: their metadata is guarded (``TensorGuard``). When a
-call fails only such guards, on sizes alone, those dims (``held_changes``, by the holder's path
-and the attribute's name) become symbolic in the next compile too: the program reads a proxy of
-symbolic sizes there, the guard leaves those dims out, and the entry checks its size guards on
-every call (``SizesGuard``), since the key does not see the sizes change.
+call fails only such guards of an entry, on sizes alone (and strides, which are compiled for),
+those dims (``held_changes``, by the holder's path and the attribute's name) become symbolic in
+the next compile too: the program reads a proxy of symbolic sizes there, the guard leaves those
+dims out, and the entry checks its size guards on every call (``SizesGuard``), since the key does
+not see the sizes change.
 
 An int an argument object holds that a call finds changed (a count of tokens a KV cache keeps,
 Gemma-2's sliding layers' ``cumulative_length``) becomes a size input the same way (``HeldInt``):
@@ -217,10 +218,13 @@ def _int_changed(guard, flat) -> bool:
 def held_changes(guards, flat) -> dict | None:
     """The dims of argument objects' tensors whose sizes alone make ``guards`` (an entry's
     ``Guards``) fail for the call of ``flat``: ``{(source key, name): dims}``; None when another
-    guard fails, or a tensor changed more than sizes (dtype, rank, strides...)."""
+    guard fails, or a tensor changed more than sizes and strides (dtype, rank...). A strided tensor
+    adds no dims (its strides are compiled for), but does not hide what changed beside it: a
+    sliding window's keys, sliced from the prompt's states and then from each step's, change
+    strides once, at the step its token count (``cumulative_length``) first changes."""
     changed: dict = {}
     for guard in (*guards.per_call, *guards.modules):
-        if guard.holds(flat):
+        if type(guard) is SizesGuard or guard.holds(flat):  # (sizes only: what changed is below)
             continue
         if _int_changed(guard, flat):
             changed.setdefault((guard.source.key, guard.name), set()).add(INT)
@@ -231,24 +235,28 @@ def held_changes(guards, flat) -> dict | None:
         if now is MISSING or guard.expected is MISSING:
             return None
         (dtype, device, shape, grad, layout), old = now, guard.expected
-        if (dtype, device, grad) != (old[0], old[1], old[3]) or layout is not True or old[4] is not True:
+        if (dtype, device, grad) != (old[0], old[1], old[3]) or len(shape) != len(old[2]):
             return None
-        if len(shape) != len(old[2]):
-            return None
+        if layout is not True or old[4] is not True:
+            continue
         dims = {d for d, (a, b) in enumerate(zip(old[2], shape)) if a is not None and a != b}
         changed.setdefault((guard.source.key, guard.name), set()).update(dims)
     return changed or None
 
 
-def wanted_held(mode, failed, flat, marked: dict) -> dict:
+def wanted_held(mode, entries, flat, marked: dict) -> dict:
     """The dims of argument objects' tensors to trace as symbolic, ``{(source key, name): dims}``;
     ``marked`` (updated) holds those an earlier call changed: a call of ``flat`` that fails only
-    the guards of ``failed`` (its key's entry, or the entry compiled last) on such sizes marks them."""
+    the guards of one of ``entries`` (the function's) on such sizes marks them. Every entry is
+    asked, not only the one compiled last: a generate with another batch size makes a new cache,
+    whose first step is compared with the decode steps of the last generate, not with its own
+    prompt's entry (a cache of no tensors yet)."""
     if mode is False:
         return {}
-    changes = held_changes(failed.guards, flat) if failed is not None and failed.guards is not None else None
-    for at, dims in (changes or {}).items():
-        marked.setdefault(at, set()).update(dims)
+    for entry in entries:
+        changes = held_changes(entry.guards, flat) if entry.guards is not None else None
+        for at, dims in (changes or {}).items():
+            marked.setdefault(at, set()).update(dims)
     return {at: frozenset(dims) for at, dims in marked.items() if dims}
 
 
