@@ -190,12 +190,14 @@ def test_encoder_decoder_generates_eager_s_tokens_in_three_compiles(name):
     assert (stats.calls, stats.cache_misses) == (GENERATE["max_new_tokens"], 3), stats.miss_reasons
 
 
-def _encoders() -> dict:
-    """name -> (a tiny model trained on padded texts, kind of batch): ``test_hf_families``'
-    encoders and encoder-decoders, and DeBERTa-v2 (relative positions in buckets) and ELECTRA."""
+def _trained() -> dict:
+    """name -> (a tiny model trained on padded texts, kind of batch, dtype): ``test_hf_families``'
+    encoders and encoder-decoders, DeBERTa-v2 (relative positions in buckets) and ELECTRA, the
+    decoders and encoder-decoders it leaves out (Gemma-2's soft-capping, Qwen2-MoE's routing,
+    Whisper's fixed features under targets of every length)."""
     made = {
-        name: (lambda cls=cls, config=config: cls(config), kind)
-        for name, (cls, config, kind, _) in FAMILIES.items()
+        name: (lambda cls=cls, config=config: cls(config), kind, dtype)
+        for name, (cls, config, kind, dtype) in FAMILIES.items()
         if kind != "lm"
     }
     encoder = dict(
@@ -209,6 +211,9 @@ def _encoders() -> dict:
         pad_token_id=0,
     )
     relative = dict(relative_attention=True, position_buckets=8, max_relative_positions=16, pos_att_type=["p2c", "c2p"])
+    f64 = torch.float64
+    decoders = {name: (DECODERS[name][0], "lm", DECODERS[name][1]) for name in ("gemma2", "qwen2_moe", "codegen")}
+    seq2seq = {name: (ENCODER_DECODERS[name], "seq2seq", f64) for name in ("mbart", "marian", "pegasus")}
     return {
         **made,
         "deberta_v2": (
@@ -216,37 +221,50 @@ def _encoders() -> dict:
                 T.DebertaV2Config(position_biased_input=False, **relative, **encoder)
             ),
             "cls",
+            f64,
         ),
-        "electra": (lambda: T.ElectraForSequenceClassification(T.ElectraConfig(embedding_size=16, **encoder)), "cls"),
+        "electra": (
+            lambda: T.ElectraForSequenceClassification(T.ElectraConfig(embedding_size=16, **encoder)),
+            "cls",
+            f64,
+        ),
+        "whisper": (ENCODER_DECODERS["whisper"], "whisper", f64),
+        **decoders,
+        **seq2seq,
     }
 
 
-ENCODERS = _encoders()
+TRAINED = _trained()
 
 
 def padded_texts(kind: str, seed: int, length: int, target: int) -> dict:
+    """Two texts of ``length`` tokens, the second padded on the right, labelled for ``kind``
+    (``targets`` tokens for an encoder-decoder; Whisper's source is 16 frames of features)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (2, length), generator=g)
     mask = torch.ones(2, length, dtype=torch.long)
-    mask[1, length - 3 :] = 0  # the second text is padded on the right
+    mask[1, length - 3 :] = 0
     if kind == "cls":
         return dict(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2]))
-    return dict(input_ids=ids, attention_mask=mask, labels=torch.randint(3, VOCAB, (2, target), generator=g))
+    if kind == "lm":
+        return dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    labels = torch.randint(3, VOCAB, (2, target), generator=g)
+    if kind == "whisper":
+        return dict(input_features=torch.randn(2, 8, 16, dtype=torch.float64, generator=g), labels=labels)
+    return dict(input_ids=ids, attention_mask=mask, labels=labels)
 
 
-@pytest.mark.parametrize(
-    "name", [n if n == "deberta_v2" else pytest.param(n, marks=pytest.mark.slow) for n in ENCODERS]
-)
+@pytest.mark.parametrize("name", [n if n == "deberta_v2" else pytest.param(n, marks=pytest.mark.slow) for n in TRAINED])
 def test_sgd_over_padded_lengths_matches_eager_in_two_compiles(name):
     # Sources of 7, 11, 16 and 13 tokens, targets of 5, 9, 4 and 12: the first, then one entry
     # with the lengths symbolic. Losses, logits, gradients and the parameters SGD leaves as eager's.
-    make, kind = ENCODERS[name]
+    make, kind, dtype = TRAINED[name]
     torch.manual_seed(0)
-    model = make().to(torch.float64).train()
+    model = make().to(dtype).train()
     eager = copy.deepcopy(model)
     jmodel = thunder_rs.jit(model)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
-    tol = TOLERANCES[torch.float64]
+    tol = TOLERANCES[dtype]
     for step, (length, target) in enumerate([(7, 5), (11, 9), (16, 4), (13, 12)]):
         batch, outs = padded_texts(kind, step, length, target), []
         for fn, opt in zip((jmodel, eager), optimizers):
