@@ -7,12 +7,13 @@ over padded lengths. Tiny configs built in code (nothing downloaded).
 What made them compile more: a sliding window's keys (Mistral, Gemma-2) are a slice of the
 prompt's states, then of each step's, so their strides change at the second step, the step
 their token count (``cumulative_length``) first changes; that strided tensor hid the changed
-count, which turned symbolic one step later. And a generate of another batch size makes a new
-cache whose first step was compared only with the entry compiled last, its own prompt's (a cache
-of no tensors yet), so the cache's batch stayed constant while the input's turned symbolic:
-``torch.cat`` of the two guarded them equal, and BLOOM, which reshapes its ALiBi bias by both,
-compiled at every step of every generate of another batch. (``test_dynamic_together`` has both
-in small.)
+count, which turned symbolic one step later. Its strides were constants: the first step of every
+generate with another prompt length compiled again (they are size inputs now, ``HeldStride``). And
+a generate of another batch size makes a new cache whose first step was compared only with the
+entry compiled last, its own prompt's (a cache of no tensors yet), so the cache's batch stayed
+constant while the input's turned symbolic: ``torch.cat`` of the two guarded them equal, and
+BLOOM, which reshapes its ALiBi bias by both, compiled at every step of every generate of another
+batch. (``test_dynamic_together`` has these in small.)
 """
 
 import copy
@@ -94,9 +95,6 @@ def _decoders() -> dict:
 
 
 DECODERS = _decoders()
-#: Sliding windows (Mistral, Gemma-2): each prompt length gives the window's keys other strides at
-#: the first step (a slice of the prompt's states), and a strided tensor's strides are constants.
-SLIDING = {"mistral", "gemma2"}
 
 
 def tiny_decoder(name: str) -> torch.nn.Module:
@@ -128,10 +126,11 @@ def test_decoder_generates_eager_s_tokens_in_three_compiles(name):
     assert (stats.calls, stats.cache_misses) == (GENERATE["max_new_tokens"], 3), stats.miss_reasons
 
 
-@pytest.mark.parametrize("name", slow_but("bloom", [n for n in DECODERS if n not in SLIDING]))
+@pytest.mark.parametrize("name", slow_but("bloom", DECODERS))
 def test_generates_of_other_batches_and_prompt_lengths_reuse_the_symbolic_entries(name):
     # The first generate's three; the second's prompt and first step with the batch and the
-    # prompt's length symbolic. BLOOM compiled at every step of a generate of another batch.
+    # prompt's length symbolic. BLOOM compiled at every step of a generate of another batch,
+    # Mistral and Gemma-2 the first step of every generate with another prompt length.
     model = tiny_decoder(name)
     eager = copy.deepcopy(model)
     jmodel = thunder_rs.jit(model)

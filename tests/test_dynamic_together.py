@@ -274,21 +274,60 @@ def window_step(x, cache: Window):
     return keys.softmax(1).sum(1) * cache.seen
 
 
+def window_steps(jf, prompts, steps: int = 4) -> None:
+    """Steps of ``window_step`` over a window of each prompt, compiled and eager, compared."""
+    for base in prompts:
+        compiled, eager = Window(base), Window(base.clone())
+        for _ in range(steps):
+            x = torch.randn(2, 1, 3, dtype=torch.float64)
+            torch.testing.assert_close(jf(x, compiled), window_step(x, eager))
+            assert compiled.seen == eager.seen and compiled.keys.stride() == eager.keys.stride()
+            torch.testing.assert_close(compiled.keys, eager.keys)
+
+
 def test_a_count_changing_with_the_strides_of_a_window_turns_symbolic_at_once():
     # The window's keys are a slice of the prompt's (strides of 5 tokens), then of each step's
     # (of 4): the second step fails their guard on strides and the count's on its value. The
-    # count turned symbolic only at the third step when the strides hid it.
-    base = torch.randn(2, 5, 3, dtype=torch.float64)
+    # count turned symbolic only at the third step when the strides hid it; the strides that
+    # changed are symbolic too.
     jf = thunder_rs.jit(window_step)
-    compiled, eager = Window(base), Window(base.clone())
-    for step in range(6):
-        x = torch.randn(2, 1, 3, dtype=torch.float64)
-        torch.testing.assert_close(jf(x, compiled), window_step(x, eager))
-        assert compiled.seen == eager.seen and compiled.keys.stride() == eager.keys.stride()
-        torch.testing.assert_close(compiled.keys, eager.keys)
+    window_steps(jf, [torch.randn(2, 5, 3, dtype=torch.float64)], steps=6)
     stats = thunder_rs.compile_stats(jf)
     assert stats.cache_misses == 2, stats.miss_reasons
-    assert stats.miss_reasons[1].endswith("compiled with symbolic sizes cache.seen"), stats.miss_reasons[1]
+    assert stats.miss_reasons[1].endswith("compiled with symbolic sizes cache.keys.stride(0), cache.seen")
+
+
+def test_windows_of_prompts_of_every_length_share_one_entry():
+    # The first step's keys step over the prompt's length: a stride read per call. It compiled
+    # once per prompt length (Mistral's and Gemma-2's generate, one per prompt).
+    jf = thunder_rs.jit(window_step)
+    window_steps(jf, [torch.randn(2, n, 3, dtype=torch.float64) for n in (5, 7, 9, 6, 12)])
+    assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+def doubled_keys(cache: Window):
+    return cache.keys * cache.seen, cache.keys.is_contiguous(), cache.keys.transpose(0, 1).reshape(-1)
+
+
+def test_a_window_s_strides_in_another_order_recompile():
+    # Eager's product keeps the order of the keys' strides, and whether the reshape views
+    # depends on which dims step over which: an entry of symbolic strides serves keys of the
+    # order and steps it was compiled for.
+    jf = thunder_rs.jit(doubled_keys)
+    keys = [torch.randn(2, 5, 3)[:, -2:].transpose(0, 1), torch.randn(2, 5, 4)[:, -2:, :3].transpose(0, 1)]
+    keys.append(torch.randn(2, 5, 4)[:, -2:, :3])  # strides (3, 15, 1), (4, 20, 1), then (20, 4, 1)
+    for k in [*keys, keys[0]]:
+        window = Window(torch.zeros(2, 5, 3))
+        window.keys, window.seen = k, 3
+        (out, contiguous, flat), (want, want_contiguous, want_flat) = jf(window), doubled_keys(window)
+        torch.testing.assert_close((out, flat), (want, want_flat))
+        assert out.stride() == want.stride() and contiguous == want_contiguous
+    assert misses(jf) == 3, thunder_rs.compile_stats(jf).miss_reasons
+    assert (
+        thunder_rs.compile_stats(jf)
+        .miss_reasons[1]
+        .endswith("compiled with symbolic sizes cache.keys.stride(0), cache.keys.stride(1)")
+    )
 
 
 class Layer:
