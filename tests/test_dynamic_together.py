@@ -254,3 +254,112 @@ def test_each_outcome_of_a_guard_on_a_symbolic_count_has_a_symbolic_variant(fn, 
     stats = thunder_rs.compile_stats(jfn)
     assert (stats.cache_misses, stats.eager_calls) == (3, 0)
     assert str(thunder_rs.last_traces(jfn)[-1]).count("check_") == 1
+
+
+# -- a cache's sizes, changed with what hid them ----------------------------------------------------------------------
+
+
+class Window:
+    """A sliding window over keys, as transformers' ``DynamicSlidingWindowLayer``: the last
+    ``size - 1`` keys, sliced from the keys it attended to, and the count of tokens it saw."""
+
+    def __init__(self, prompt: torch.Tensor, size: int = 4):
+        self.size, self.seen, self.keys = size, prompt.shape[1], prompt[:, -size + 1 :]
+
+
+def window_step(x, cache: Window):
+    keys = torch.cat([cache.keys, x], 1)
+    cache.keys = keys[:, -cache.size + 1 :]
+    cache.seen += x.shape[1]
+    return keys.softmax(1).sum(1) * cache.seen
+
+
+def window_steps(jf, prompts, steps: int = 4) -> None:
+    """Steps of ``window_step`` over a window of each prompt, compiled and eager, compared."""
+    for base in prompts:
+        compiled, eager = Window(base), Window(base.clone())
+        for _ in range(steps):
+            x = torch.randn(2, 1, 3, dtype=torch.float64)
+            torch.testing.assert_close(jf(x, compiled), window_step(x, eager))
+            assert compiled.seen == eager.seen and compiled.keys.stride() == eager.keys.stride()
+            torch.testing.assert_close(compiled.keys, eager.keys)
+
+
+def test_a_count_changing_with_the_strides_of_a_window_turns_symbolic_at_once():
+    # The window's keys are a slice of the prompt's (strides of 5 tokens), then of each step's
+    # (of 4): the second step fails their guard on strides and the count's on its value. The
+    # count turned symbolic only at the third step when the strides hid it; the strides that
+    # changed are symbolic too.
+    jf = thunder_rs.jit(window_step)
+    window_steps(jf, [torch.randn(2, 5, 3, dtype=torch.float64)], steps=6)
+    stats = thunder_rs.compile_stats(jf)
+    assert stats.cache_misses == 2, stats.miss_reasons
+    assert stats.miss_reasons[1].endswith("compiled with symbolic sizes cache.keys.stride(0), cache.seen")
+
+
+def test_windows_of_prompts_of_every_length_share_one_entry():
+    # The first step's keys step over the prompt's length: a stride read per call. It compiled
+    # once per prompt length (Mistral's and Gemma-2's generate, one per prompt).
+    jf = thunder_rs.jit(window_step)
+    window_steps(jf, [torch.randn(2, n, 3, dtype=torch.float64) for n in (5, 7, 9, 6, 12)])
+    assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+def doubled_keys(cache: Window):
+    return cache.keys * cache.seen, cache.keys.is_contiguous(), cache.keys.transpose(0, 1).reshape(-1)
+
+
+def test_a_window_s_strides_in_another_order_recompile():
+    # Eager's product keeps the order of the keys' strides, and whether the reshape views
+    # depends on which dims step over which: an entry of symbolic strides serves keys of the
+    # order and steps it was compiled for.
+    jf = thunder_rs.jit(doubled_keys)
+    keys = [torch.randn(2, 5, 3)[:, -2:].transpose(0, 1), torch.randn(2, 5, 4)[:, -2:, :3].transpose(0, 1)]
+    keys.append(torch.randn(2, 5, 4)[:, -2:, :3])  # strides (3, 15, 1), (4, 20, 1), then (20, 4, 1)
+    for k in [*keys, keys[0]]:
+        window = Window(torch.zeros(2, 5, 3))
+        window.keys, window.seen = k, 3
+        (out, contiguous, flat), (want, want_contiguous, want_flat) = jf(window), doubled_keys(window)
+        torch.testing.assert_close((out, flat), (want, want_flat))
+        assert out.stride() == want.stride() and contiguous == want_contiguous
+    assert misses(jf) == 3, thunder_rs.compile_stats(jf).miss_reasons
+    assert (
+        thunder_rs.compile_stats(jf)
+        .miss_reasons[1]
+        .endswith("compiled with symbolic sizes cache.keys.stride(0), cache.keys.stride(1)")
+    )
+
+
+class Layer:
+    """A cache layer made empty, filled by the prompt, grown by each step (transformers'
+    ``DynamicLayer``)."""
+
+    keys = None
+
+
+def cached_step(x, layer: Layer):
+    layer.keys = x if layer.keys is None else torch.cat([layer.keys, x], 1)
+    return (layer.keys.softmax(1) * x[:, -1:]).sum(1)
+
+
+def decode(call, prompt: torch.Tensor, steps: int = 4):
+    layer = Layer()
+    outs = [call(prompt, layer)]
+    for i in range(steps):
+        outs.append(call(prompt[:, -1:] * (i + 2), layer))
+    return outs, layer
+
+
+def test_a_new_cache_of_another_batch_is_compared_with_the_steps_of_the_last():
+    # Each decode makes a new layer; its first step was compared with the entry compiled last,
+    # the prompt's (no keys yet), so the layer's batch stayed constant, guarded equal to the
+    # input's through torch.cat: a compile more for every batch.
+    jf = thunder_rs.jit(cached_step)
+    for batch, length in [(2, 5), (3, 5), (4, 7), (2, 6), (5, 5)]:
+        prompt = torch.randn(batch, length, 3, generator=torch.Generator().manual_seed(batch))
+        (outs, layer), (want, want_layer) = decode(jf, prompt), decode(cached_step, prompt)
+        torch.testing.assert_close(outs, want)
+        torch.testing.assert_close(layer.keys, want_layer.keys)
+    # The first decode: its prompt, its first step, its second with the length symbolic; the
+    # second: its prompt and first step with the batch symbolic too; the others reuse them.
+    assert misses(jf) == 5, thunder_rs.compile_stats(jf).miss_reasons

@@ -19,7 +19,8 @@ from thunder_rs.core.acquisition.effects import (
     recording_prints,
     stop_recording_prints,
 )
-from thunder_rs.core.acquisition.dynamic import INT, ArgInt, HeldDim, HeldInt, in_other_items, leaf_paths
+from thunder_rs.core.acquisition.dynamic import INT, ArgInt, HeldDim, HeldInt, HeldStride, in_other_items, leaf_paths
+from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
@@ -262,24 +263,37 @@ class SizeInputs:
 
 def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeInputs, first_input: int) -> list:
     """Puts in place of each argument object's tensor that has symbolic dims a proxy of those
-    sizes, so that the program reads them as sizes (``cache.get_seq_length()``); the trace takes
-    it as a captured input (the ``first_input``-th trace input is the first captured). Returns
-    ``(attributes, ArgumentTensor, tensor)`` for ``_put_back``. Sizes 0 and 1 stay constant."""
+    sizes (and strides, ``HeldStride``), so that the program reads them as sizes
+    (``cache.get_seq_length()``); the trace takes it as a captured input (the ``first_input``-th
+    trace input is the first captured). Returns ``(attributes, ArgumentTensor, tensor)`` for
+    ``_put_back``. Sizes 0 and 1 stay constant."""
     placed: list = []
     for at in list(reached.tensors.values()) if size_inputs.held else ():
         dims = size_inputs.held.get((at.source.key, at.name))
         attributes: Any = _slots_of(at.holder) if dims else None
         t = attributes.get(at.name) if attributes is not None else None
-        if not isinstance(t, torch.Tensor) or not t.is_contiguous():
+        if not isinstance(t, torch.Tensor) or not (t.is_contiguous() or is_strided(layout(t))):
             continue
-        at.symbolic = frozenset(d for d in dims if type(d) is int and d < t.dim() and t.shape[d] >= 2)
+        sized, strided = _symbolic_dims(t, dims)
+        at.symbolic = frozenset((*sized, *((STRIDE, d) for d in strided)))
         if not at.symbolic:
             continue
         index = first_input + len(captures.tensors)
-        sizes = {d: size_inputs.of(t.shape[d], HeldDim(at.source, at.name, d, index)) for d in sorted(at.symbolic)}
-        at.stand_in = attributes[at.name] = captures.proxy(t, sizes)
+        sizes = {d: size_inputs.of(t.shape[d], HeldDim(at.source, at.name, d, index)) for d in sized}
+        strides = {d: size_inputs.of(t.stride(d), HeldStride(at.source, at.name, d, index)) for d in strided}
+        at.stand_in = attributes[at.name] = captures.proxy(t, sizes, {d: symint.wrap(s) for d, s in strides.items()})
         placed.append((attributes, at, t))
     return placed
+
+
+def _symbolic_dims(t: torch.Tensor, dims) -> tuple:
+    """The dims of ``t`` whose sizes, and those whose strides (a strided tensor's, ``(STRIDE, d)``
+    among ``dims``), are symbolic: those of 2 and up."""
+    sized = [d for d in sorted(x for x in dims if type(x) is int) if d < t.dim() and t.shape[d] >= 2]
+    if t.is_contiguous():
+        return sized, []
+    marked = sorted(x[1] for x in dims if type(x) is tuple and x[0] == STRIDE)
+    return sized, [d for d in marked if d < t.dim() and t.stride(d) >= 2]
 
 
 def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs) -> list:

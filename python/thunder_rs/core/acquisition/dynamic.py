@@ -24,10 +24,15 @@ ordinary cache hit.
 
 Tensors that argument objects hold (a KV cache's ``cache.layers[i].keys``, see
 ``core.state.reached``) are not in the key: their metadata is guarded (``TensorGuard``). When a
-call fails only such guards, on sizes alone, those dims (``held_changes``, by the holder's path
-and the attribute's name) become symbolic in the next compile too: the program reads a proxy of
-symbolic sizes there, the guard leaves those dims out, and the entry checks its size guards on
-every call (``SizesGuard``), since the key does not see the sizes change.
+call fails only such guards of an entry, on sizes alone (and strides, which are compiled for),
+those dims (``held_changes``, by the holder's path and the attribute's name) become symbolic in
+the next compile too: the program reads a proxy of symbolic sizes there, the guard leaves those
+dims out, and the entry checks its size guards on every call (``SizesGuard``), since the key does
+not see the sizes change. A strided tensor's strides that changed (a slice of a buffer whose
+length changes: a sliding window's keys sliced from the prompt's states) become size inputs the
+same way (``HeldStride``); its guard keeps what the trace decided at the traced strides, their
+order and which dims step over which (``layouts.SymbolicStrides``), as a flat input's key keeps
+its strides (``_chunks``).
 
 An int an argument object holds that a call finds changed (a count of tokens a KV cache keeps,
 Gemma-2's sliding layers' ``cumulative_length``) becomes a size input the same way (``HeldInt``):
@@ -39,7 +44,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from thunder_rs.core.base.layouts import strides_in
+from thunder_rs.core.base.layouts import STRIDE, SymbolicStrides, is_strided, strides_in
 from thunder_rs.core.state.guards import MISSING, Guard, InputSource, TensorGuard
 
 _Size = torch.Size
@@ -172,6 +177,18 @@ class HeldDim(NamedTuple):
     input: int
 
 
+class HeldStride(NamedTuple):
+    """Where a symbolic stride is read from a strided tensor an argument object holds: dim
+    ``dim``'s stride of the tensor at ``source``'s attribute ``name``, the trace's input number
+    ``input`` (as ``HeldDim``). A sliding window's keys sliced from the prompt's states step over
+    the prompt's length."""
+
+    source: Any
+    name: str | int
+    dim: int
+    input: int
+
+
 class HeldInt(NamedTuple):
     """Where a symbolic size is read from an int an argument object holds: its attribute ``name``
     at ``source`` (``guards.InputSource``); the entry takes it among its last inputs, the
@@ -217,10 +234,15 @@ def _int_changed(guard, flat) -> bool:
 def held_changes(guards, flat) -> dict | None:
     """The dims of argument objects' tensors whose sizes alone make ``guards`` (an entry's
     ``Guards``) fail for the call of ``flat``: ``{(source key, name): dims}``; None when another
-    guard fails, or a tensor changed more than sizes (dtype, rank, strides...)."""
+    guard fails, or a tensor changed more than sizes and strides (dtype, rank...). A strided
+    tensor's strides that changed are marked ``(STRIDE, dim)``, size inputs of the next compile
+    (``HeldStride``): a sliding window's keys are a slice of the prompt's states, then of each
+    step's, so the first step's step over the prompt's length. A tensor dense in another order,
+    or contiguous on one side only, adds no dims (its layout is compiled for) and hides nothing
+    that changed beside it."""
     changed: dict = {}
     for guard in (*guards.per_call, *guards.modules):
-        if guard.holds(flat):
+        if type(guard) is SizesGuard or guard.holds(flat):  # (sizes only: what changed is below)
             continue
         if _int_changed(guard, flat):
             changed.setdefault((guard.source.key, guard.name), set()).add(INT)
@@ -231,30 +253,38 @@ def held_changes(guards, flat) -> dict | None:
         if now is MISSING or guard.expected is MISSING:
             return None
         (dtype, device, shape, grad, layout), old = now, guard.expected
-        if (dtype, device, grad) != (old[0], old[1], old[3]) or layout is not True or old[4] is not True:
+        if (dtype, device, grad) != (old[0], old[1], old[3]) or len(shape) != len(old[2]):
             return None
-        if len(shape) != len(old[2]):
-            return None
-        dims = {d for d, (a, b) in enumerate(zip(old[2], shape)) if a is not None and a != b}
+        dims: set = {d for d, (a, b) in enumerate(zip(old[2], shape)) if a is not None and a != b}
+        strides = old[4].strides if type(old[4]) is SymbolicStrides else old[4]
+        if layout is not True or strides is not True:
+            if not (is_strided(layout) and is_strided(strides)):
+                continue  # (a dense layout in another order, or contiguous now: compiled for)
+            dims.update((STRIDE, d) for d, (a, b) in enumerate(zip(strides, layout)) if a is not None and a != b)
         changed.setdefault((guard.source.key, guard.name), set()).update(dims)
     return changed or None
 
 
-def wanted_held(mode, failed, flat, marked: dict) -> dict:
+def wanted_held(mode, entries, flat, marked: dict) -> dict:
     """The dims of argument objects' tensors to trace as symbolic, ``{(source key, name): dims}``;
     ``marked`` (updated) holds those an earlier call changed: a call of ``flat`` that fails only
-    the guards of ``failed`` (its key's entry, or the entry compiled last) on such sizes marks them."""
+    the guards of one of ``entries`` (the function's) on such sizes marks them. Every entry is
+    asked, not only the one compiled last: a generate with another batch size makes a new cache,
+    whose first step is compared with the decode steps of the last generate, not with its own
+    prompt's entry (a cache of no tensors yet)."""
     if mode is False:
         return {}
-    changes = held_changes(failed.guards, flat) if failed is not None and failed.guards is not None else None
-    for at, dims in (changes or {}).items():
-        marked.setdefault(at, set()).update(dims)
+    for entry in entries:
+        changes = held_changes(entry.guards, flat) if entry.guards is not None else None
+        for at, dims in (changes or {}).items():
+            marked.setdefault(at, set()).update(dims)
     return {at: frozenset(dims) for at, dims in marked.items() if dims}
 
 
 def has_held(acquired) -> bool:
     """Whether some size input of ``acquired`` is read from an argument object (a tensor's dim or an int)."""
-    return any(type(at) in (HeldDim, HeldInt) for at in (*acquired.sizes, *(at for at, _ in acquired.shared_sizes)))
+    held = (HeldDim, HeldStride, HeldInt)
+    return any(type(at) in held for at in (*acquired.sizes, *(at for at, _ in acquired.shared_sizes)))
 
 
 def size_readers(sizes, positions) -> list:
@@ -265,6 +295,8 @@ def size_readers(sizes, positions) -> list:
     return [
         (at.input, at.dim)
         if type(at) is HeldDim
+        else (at.input, (STRIDE, at.dim))
+        if type(at) is HeldStride
         else (at.input, None)
         if type(at) in (HeldInt, ArgInt)
         else (at[0] if index is None else index[at[0]], at[1])
@@ -276,7 +308,14 @@ def with_sizes(fn, readers, captured: tuple = (), ints: int = 0):
     """``fn`` given, after the caller's inputs, the ``captured`` tensors and then the symbolic
     sizes read from the inputs, as a trace with size inputs takes them (its last). The last
     ``ints`` inputs are ints argument objects hold (``HeldInt``), sizes themselves."""
-    reads = ", ".join(f"inputs[{k}].shape[{d}]" if d is not None else f"inputs[{k - ints}]" for k, d in readers)
+    reads = ", ".join(
+        f"inputs[{k - ints}]"
+        if d is None
+        else f"inputs[{k}].stride({d[1]})"
+        if type(d) is tuple
+        else f"inputs[{k}].shape[{d}]"
+        for k, d in readers
+    )
     passed = f"inputs[:-{ints}]" if ints else "inputs"
     source = f"def call(*inputs):\n    return fn(*{passed}, *captured, {reads})\n"
     scope = {"fn": fn, "captured": captured}
@@ -290,6 +329,10 @@ def symbolic_labels(sizes, names: list) -> str:
     labels = [
         f"{at.source.label}.{at.name}"
         if type(at) is HeldInt
+        else f"{at.source.label}.{at.name}.stride({at.dim})"
+        if type(at) is HeldStride and isinstance(at.name, str)
+        else f"{at.source.label}[{at.name!r}].stride({at.dim})"
+        if type(at) is HeldStride
         else f"{at.source.label}.{at.name}.shape[{at.dim}]"
         if type(at) is HeldDim and isinstance(at.name, str)
         else f"{at.source.label}[{at.name!r}].shape[{at.dim}]"
@@ -309,6 +352,8 @@ def size_read(at, scope: dict) -> str:
     flat inputs ``flat``; binds what it uses in ``scope``."""
     if type(at) is HeldDim:
         return f"{at.source.code('', scope)}[{at.name!r}].shape[{at.dim}]"
+    if type(at) is HeldStride:
+        return f"{at.source.code('', scope)}[{at.name!r}].stride({at.dim})"
     if type(at) is HeldInt:
         return f"{at.source.code('', scope)}[{at.name!r}]"
     if type(at) is ArgInt:
@@ -332,7 +377,7 @@ class SymbolicEntry:
         self.dims = frozenset(
             (at.position, None) if type(at) is ArgInt else at
             for at in (*sources, *(at for at, _ in shared))
-            if type(at) not in (HeldDim, HeldInt)
+            if type(at) not in (HeldDim, HeldStride, HeldInt)
         )
         scope: dict = {}
         binds = "".join(f"    {n} = {size_read(at, scope)}\n" for n, at in zip(names, sources))

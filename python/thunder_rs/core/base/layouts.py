@@ -9,6 +9,9 @@ size-1 dim with a stride of its own) is its strides. Either way a key of shape a
 the exact strides.
 """
 
+import functools
+from typing import NamedTuple
+
 _DENSE = "dense"
 
 
@@ -32,6 +35,44 @@ def is_dense(layout_key) -> bool:
     return type(layout_key) is tuple and len(layout_key) == 2 and layout_key[0] == _DENSE
 
 
+def is_strided(layout_key) -> bool:
+    """Whether a tensor of ``layout_key`` is neither contiguous nor dense in another order: its
+    strides are its own (a slice of a longer buffer), not its sizes'."""
+    return type(layout_key) is tuple and not is_dense(layout_key)
+
+
+#: Marks a stride among the dims of a tensor whose sizes are symbolic: ``(STRIDE, dim)``.
+STRIDE = "stride"
+
+
+class SymbolicStrides(NamedTuple):
+    """The layout a guard checks of a strided tensor whose sizes or strides are symbolic:
+    ``strides``, None where symbolic, and what a trace decided at the traced ones (the rank of
+    each dim's stride among them, ties equal, and ``steps_over``), which every size it serves
+    must keep."""
+
+    strides: tuple
+    ranks: tuple
+    steps: frozenset
+
+
+@functools.lru_cache(maxsize=4096)  # (every call's guard asks: a decode's steps repeat theirs)
+def symbolic_strides(shape, strides, dims) -> SymbolicStrides:
+    """``SymbolicStrides`` of a tensor of ``shape`` and ``strides`` (ints) whose strides at
+    ``(STRIDE, d)`` among ``dims`` are symbolic."""
+    distinct = sorted(set(strides))
+    masked = tuple(None if (STRIDE, d) in dims else n for d, n in enumerate(strides))
+    return SymbolicStrides(masked, tuple(distinct.index(n) for n in strides), steps_over(shape, strides))
+
+
+def steps_over(shape, strides) -> frozenset:
+    """The pairs of dims ``(i, j)`` where dim ``i`` steps over all of dim ``j`` (``stride[i] ==
+    size[j] * stride[j]``): what decides whether a view may merge dims, whether ``reshape`` views
+    or copies, and whether the tensor is contiguous in some order."""
+    n = len(shape)
+    return frozenset((i, j) for i in range(n) for j in range(n) if i != j and strides[i] == shape[j] * strides[j])
+
+
 def strides_in(shape, layout_key) -> tuple | None:
     """The strides a layout tells at ``shape`` (ints, or the symbolic sizes of a trace input);
     None for a contiguous tensor."""
@@ -52,6 +93,8 @@ def describe(layout_key) -> str:
         return "contiguous"
     if is_dense(layout_key):
         return f"dense in dim order {layout_key[1]}"
+    if type(layout_key) is SymbolicStrides:
+        return f"strides ({', '.join('s' if n is None else str(n) for n in layout_key.strides)})"
     return f"strides {layout_key}"
 
 

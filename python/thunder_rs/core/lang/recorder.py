@@ -74,10 +74,12 @@ def refuse_unlike_strided(t: torch.Tensor) -> None:
             )
 
 
-def input_proxy(rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = None) -> TensorProxy:
+def input_proxy(rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = None, strides=None) -> TensorProxy:
     """A new trace input standing for the tensor ``t``. It requires grad as ``t`` does, whatever
     the grad mode: the mode in effect as each op is recorded decides whether gradients flow.
-    ``sizes`` holds the size inputs (``_core.SymExpr``) of its symbolic dims, by dim."""
+    ``sizes`` holds the size inputs (``_core.SymExpr``) of its symbolic dims, by dim; ``strides``
+    a strided tensor's symbolic strides (``SymInt``s of size inputs: a slice of a buffer of a
+    symbolic length)."""
     dtype = CODES.get(t.dtype)
     if dtype is None:
         raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
@@ -93,7 +95,8 @@ def input_proxy(rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = Non
     if requires_grad and t.is_leaf:
         proxy._leaf = True
     if not t.is_contiguous():  # (dense in another order: strides of its symbolic sizes)
-        proxy._strides = strides_in(proxy._shape, layout(t)) if sizes else t.stride()
+        own = strides_in(proxy._shape, layout(t)) if sizes else t.stride()
+        proxy._strides = tuple(strides.get(d, n) for d, n in enumerate(own)) if strides and own else own
     made = _made.get()
     if made is not None:
         made.append(proxy)
@@ -140,14 +143,14 @@ class Captures:
         self.proxies = []
         return self.tensors
 
-    def proxy(self, t: torch.Tensor, sizes: dict | None = None) -> TensorProxy:
+    def proxy(self, t: torch.Tensor, sizes: dict | None = None, strides: dict | None = None) -> TensorProxy:
         """The proxy standing for ``t``: the trace input that captures it or, for a tensor the
         program created while traced, a copy of that input made on every call, which the program's
         outputs and writes may hold (eager gives each call a tensor of its own). ``sizes`` are the
-        size inputs of its symbolic dims, by dim, for the first take."""
+        size inputs of its symbolic dims, by dim, for the first take (``strides`` of its strides)."""
         p = self._proxies.get(id(t))
         if p is None:
-            p = self._proxies[id(t)] = input_proxy(self._rec, t, sizes)
+            p = self._proxies[id(t)] = input_proxy(self._rec, t, sizes, strides)
             held = self._held.get(id(t))
             self.tensors.append(t if held is None else held.used())
             self.proxies.append(p)

@@ -375,8 +375,9 @@ class ThunderFunction:
             mode = self._dynamic if self._dynamic_off is None else False
             sizes = wanted_sizes(mode, key, flat, spec, [self._last_key, *self._variants], self._marked)
             sizes = tuple(at for at in sizes if at not in self._constant_ints)
-            # A new key (a mask grown with the cache) compares with the entry compiled last.
-            held = wanted_held(mode, failed or self._last_entry, flat, self._marked_held)
+            # A new key (a mask grown with the cache) compares with the other entries.
+            entries = {id(e): e for e in (failed, *(e for es in self._variants.values() for e in es)) if e is not None}
+            held = wanted_held(mode, entries.values(), flat, self._marked_held)
             static = functools.partial(self._compile, flat, spec, key, reason, declined=declined)
             if sizes or held:
                 return self._symbolic_first(static, sizes, held)

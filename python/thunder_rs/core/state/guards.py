@@ -18,7 +18,7 @@ from collections.abc import MutableMapping
 
 import torch
 
-from thunder_rs.core.base.layouts import describe, layout
+from thunder_rs.core.base.layouts import describe, is_strided, layout, symbolic_strides
 from thunder_rs.core.state.items import ANY_TENSOR, MUTABLE, SameType, members, same_held_items, same_items
 
 #: Stands for "no such attribute" in guard checks.
@@ -533,11 +533,15 @@ def _read_meta(value):
 
 
 def masked_meta(meta, dims: frozenset):
-    """``meta`` (``tensor_meta``) with the sizes at ``dims`` left out (None): what a guard checks
-    of a tensor whose sizes there are symbolic (read per call into the trace's size inputs)."""
+    """``meta`` (``tensor_meta``) with the sizes at ``dims`` left out (None), and a strided
+    tensor's strides at its ``(STRIDE, d)`` (a slice of a buffer whose length changes): what a
+    guard checks of a tensor whose sizes there are symbolic (read per call into the trace's size
+    inputs)."""
     if meta is MISSING or not dims:
         return meta
     dtype, device, shape, requires_grad, arranged = meta
+    if is_strided(arranged):  # (what the trace decided at its strides: ``layouts.SymbolicStrides``)
+        arranged = symbolic_strides(shape, arranged, dims)
     return (dtype, device, tuple(None if d in dims else n for d, n in enumerate(shape)), requires_grad, arranged)
 
 

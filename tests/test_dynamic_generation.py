@@ -1,0 +1,280 @@
+"""Generation and training with shapes that change between calls (issue 26), Hugging Face families
+not covered by ``test_kv_cache`` and ``test_dynamic_families``: ``generate`` through a jitted
+decoder or encoder-decoder (eager's tokens, three compiles: the prompt, the first step, then the
+cache's length symbolic), generates of other batch sizes and prompt lengths, and SGD training
+over padded lengths. Tiny configs built in code (nothing downloaded).
+
+What made them compile more: a sliding window's keys (Mistral, Gemma-2) are a slice of the
+prompt's states, then of each step's, so their strides change at the second step, the step
+their token count (``cumulative_length``) first changes; that strided tensor hid the changed
+count, which turned symbolic one step later. Its strides were constants: the first step of every
+generate with another prompt length compiled again (they are size inputs now, ``HeldStride``). And
+a generate of another batch size makes a new cache whose first step was compared only with the
+entry compiled last, its own prompt's (a cache of no tensors yet), so the cache's batch stayed
+constant while the input's turned symbolic: ``torch.cat`` of the two guarded them equal, and
+BLOOM, which reshapes its ALiBi bias by both, compiled at every step of every generate of another
+batch. (``test_dynamic_together`` has these in small.)
+"""
+
+import copy
+
+import pytest
+import torch
+
+import thunder_rs
+from twin_training import misses
+
+transformers = pytest.importorskip("transformers")
+if int(transformers.__version__.split(".")[0]) < 5:
+    pytest.skip("transformers 5's cache layers (Cache.layers)", allow_module_level=True)
+from test_hf_families import DECODER, FAMILIES, TOLERANCES, VOCAB  # noqa: E402
+from test_hf_models import assert_grads_close  # noqa: E402
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled"),
+]
+T = transformers
+COMMON = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+SEQ2SEQ = dict(
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    d_model=32,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    decoder_start_token_id=0,
+    **COMMON,
+)
+GENERATE = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+
+
+def _decoders() -> dict:
+    """name -> (a tiny causal LM, dtype): ``test_hf_families``' and the families it leaves out."""
+    made = {
+        name: (lambda cls=cls, config=config: cls(config), dtype)
+        for name, (cls, config, kind, dtype) in FAMILIES.items()
+        if kind == "lm"
+    }
+    kv = dict(num_key_value_heads=2, **DECODER)
+    f64 = torch.float64
+    return {
+        **made,
+        "qwen3": (lambda: T.Qwen3ForCausalLM(T.Qwen3Config(head_dim=8, **kv)), f64),
+        "phi3": (lambda: T.Phi3ForCausalLM(T.Phi3Config(**kv)), f64),
+        "gemma2": (lambda: T.Gemma2ForCausalLM(T.Gemma2Config(head_dim=8, sliding_window=4, **kv)), f64),
+        "codegen": (
+            lambda: T.CodeGenForCausalLM(
+                T.CodeGenConfig(
+                    n_layer=2, n_head=4, n_embd=32, rotary_dim=4, n_positions=64, n_ctx=64, vocab_size=VOCAB
+                )
+            ),
+            f64,
+        ),
+        "falcon_alibi": (
+            lambda: T.FalconForCausalLM(
+                T.FalconConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, alibi=True, vocab_size=VOCAB)
+            ),
+            f64,
+        ),
+        "qwen2_moe": (
+            lambda: T.Qwen2MoeForCausalLM(
+                T.Qwen2MoeConfig(
+                    num_experts=4,
+                    num_experts_per_tok=2,
+                    moe_intermediate_size=16,
+                    shared_expert_intermediate_size=32,
+                    **kv,
+                )
+            ),
+            torch.float32,
+        ),
+    }
+
+
+DECODERS = _decoders()
+
+
+def tiny_decoder(name: str) -> torch.nn.Module:
+    make, dtype = DECODERS[name]
+    torch.manual_seed(0)
+    return make().to(dtype).eval()
+
+
+def left_padded(batch: int = 2, length: int = 5, seed: int = 1) -> dict:
+    ids = torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    ids[1, :2], mask[1, :2] = 0, 0  # the second text is shorter, padded on the left as generate wants
+    return dict(input_ids=ids, attention_mask=mask)
+
+
+def slow_but(fast: str, names) -> list:
+    """``names``, all but ``fast`` marked slow."""
+    return [n if n == fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+@pytest.mark.parametrize("name", slow_but("mistral", DECODERS))
+def test_decoder_generates_eager_s_tokens_in_three_compiles(name):
+    model = tiny_decoder(name)
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    expected = eager.generate(**left_padded(), **GENERATE)
+    torch.testing.assert_close(jmodel.generate(**left_padded(), **GENERATE), expected)
+    stats = thunder_rs.compile_stats(jmodel)
+    assert (stats.calls, stats.cache_misses) == (GENERATE["max_new_tokens"], 3), stats.miss_reasons
+
+
+@pytest.mark.parametrize("name", slow_but("bloom", DECODERS))
+def test_generates_of_other_batches_and_prompt_lengths_reuse_the_symbolic_entries(name):
+    # The first generate's three; the second's prompt and first step with the batch and the
+    # prompt's length symbolic. BLOOM compiled at every step of a generate of another batch,
+    # Mistral and Gemma-2 the first step of every generate with another prompt length.
+    model = tiny_decoder(name)
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for batch, length in [(2, 5), (3, 5), (4, 7), (2, 6), (5, 5)]:
+        prompt = left_padded(batch, length, seed=batch + length)
+        torch.testing.assert_close(jmodel.generate(**prompt, **GENERATE), eager.generate(**prompt, **GENERATE))
+    assert misses(jmodel) == 5, thunder_rs.compile_stats(jmodel).miss_reasons
+
+
+def _encoder_decoders() -> dict:
+    """name -> a tiny encoder-decoder and its inputs' maker (Whisper: fixed input features)."""
+    no_forced = dict(forced_eos_token_id=None, forced_bos_token_id=None)
+    return {
+        "t5": lambda: T.T5ForConditionalGeneration(
+            T.T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64, decoder_start_token_id=0, **COMMON)
+        ),
+        "bart": lambda: T.BartForConditionalGeneration(T.BartConfig(**SEQ2SEQ, **no_forced)),
+        "mbart": lambda: T.MBartForConditionalGeneration(T.MBartConfig(**SEQ2SEQ, **no_forced)),
+        "marian": lambda: T.MarianMTModel(T.MarianConfig(**SEQ2SEQ)),
+        "pegasus": lambda: T.PegasusForConditionalGeneration(T.PegasusConfig(**SEQ2SEQ)),
+        "whisper": lambda: T.WhisperForConditionalGeneration(
+            T.WhisperConfig(num_mel_bins=8, max_source_positions=8, max_target_positions=64, **SEQ2SEQ)
+        ),
+    }
+
+
+ENCODER_DECODERS = _encoder_decoders()
+
+
+def source(name: str) -> dict:
+    if name == "whisper":  # 16 frames of 8 mel bins: the encoder's 8 positions
+        return dict(
+            input_features=torch.randn(2, 8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        )
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    ids[1, 4:], mask[1, 4:] = 0, 0
+    return dict(input_ids=ids, attention_mask=mask)
+
+
+@pytest.mark.filterwarnings("ignore:.*generation_config.*:UserWarning")
+@pytest.mark.parametrize(
+    "name", [n if n == "whisper" else pytest.param(n, marks=pytest.mark.slow) for n in ENCODER_DECODERS]
+)
+def test_encoder_decoder_generates_eager_s_tokens_in_three_compiles(name):
+    # The decoder's forwards (generate runs the encoder once, by itself): the first token, the
+    # second with the self-attention cache filled, then its length symbolic.
+    torch.manual_seed(0)
+    model = ENCODER_DECODERS[name]().to(torch.float64).eval()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    expected = eager.generate(**source(name), **GENERATE)
+    assert expected.shape[1] >= GENERATE["max_new_tokens"]
+    torch.testing.assert_close(jmodel.generate(**source(name), **GENERATE), expected)
+    stats = thunder_rs.compile_stats(jmodel)
+    assert (stats.calls, stats.cache_misses) == (GENERATE["max_new_tokens"], 3), stats.miss_reasons
+
+
+def _trained() -> dict:
+    """name -> (a tiny model trained on padded texts, kind of batch, dtype): ``test_hf_families``'
+    encoders and encoder-decoders, DeBERTa-v2 (relative positions in buckets) and ELECTRA, the
+    decoders and encoder-decoders it leaves out (Gemma-2's soft-capping, Qwen2-MoE's routing,
+    Whisper's fixed features under targets of every length)."""
+    made = {
+        name: (lambda cls=cls, config=config: cls(config), kind, dtype)
+        for name, (cls, config, kind, dtype) in FAMILIES.items()
+        if kind != "lm"
+    }
+    encoder = dict(
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=3,
+        vocab_size=VOCAB,
+        pad_token_id=0,
+    )
+    relative = dict(relative_attention=True, position_buckets=8, max_relative_positions=16, pos_att_type=["p2c", "c2p"])
+    f64 = torch.float64
+    decoders = {name: (DECODERS[name][0], "lm", DECODERS[name][1]) for name in ("gemma2", "qwen2_moe", "codegen")}
+    seq2seq = {name: (ENCODER_DECODERS[name], "seq2seq", f64) for name in ("mbart", "marian", "pegasus")}
+    return {
+        **made,
+        "deberta_v2": (
+            lambda: T.DebertaV2ForSequenceClassification(
+                T.DebertaV2Config(position_biased_input=False, **relative, **encoder)
+            ),
+            "cls",
+            f64,
+        ),
+        "electra": (
+            lambda: T.ElectraForSequenceClassification(T.ElectraConfig(embedding_size=16, **encoder)),
+            "cls",
+            f64,
+        ),
+        "whisper": (ENCODER_DECODERS["whisper"], "whisper", f64),
+        **decoders,
+        **seq2seq,
+    }
+
+
+TRAINED = _trained()
+
+
+def padded_texts(kind: str, seed: int, length: int, target: int) -> dict:
+    """Two texts of ``length`` tokens, the second padded on the right, labelled for ``kind``
+    (``targets`` tokens for an encoder-decoder; Whisper's source is 16 frames of features)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (2, length), generator=g)
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[1, length - 3 :] = 0
+    if kind == "cls":
+        return dict(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2]))
+    if kind == "lm":
+        return dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    labels = torch.randint(3, VOCAB, (2, target), generator=g)
+    if kind == "whisper":
+        return dict(input_features=torch.randn(2, 8, 16, dtype=torch.float64, generator=g), labels=labels)
+    return dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+
+@pytest.mark.parametrize("name", [n if n == "deberta_v2" else pytest.param(n, marks=pytest.mark.slow) for n in TRAINED])
+def test_sgd_over_padded_lengths_matches_eager_in_two_compiles(name):
+    # Sources of 7, 11, 16 and 13 tokens, targets of 5, 9, 4 and 12: the first, then one entry
+    # with the lengths symbolic. Losses, logits, gradients and the parameters SGD leaves as eager's.
+    make, kind, dtype = TRAINED[name]
+    torch.manual_seed(0)
+    model = make().to(dtype).train()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    tol = TOLERANCES[dtype]
+    for step, (length, target) in enumerate([(7, 5), (11, 9), (16, 4), (13, 12)]):
+        batch, outs = padded_texts(kind, step, length, target), []
+        for fn, opt in zip((jmodel, eager), optimizers):
+            opt.zero_grad(set_to_none=True)
+            torch.manual_seed(step)  # dropout draws the same masks
+            outs.append(fn(**batch))
+            outs[-1].loss.backward()
+        torch.testing.assert_close(outs[0].loss, outs[1].loss, **tol)
+        torch.testing.assert_close(outs[0].logits, outs[1].logits, **tol)
+        assert_grads_close(model, eager, tol)
+        for opt in optimizers:
+            opt.step()
+    torch.testing.assert_close(dict(model.named_parameters()), dict(eager.named_parameters()), **tol)
+    assert misses(jmodel) == 2, thunder_rs.compile_stats(jmodel).miss_reasons
