@@ -15,6 +15,7 @@ import weakref
 import torch
 
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.userframe import store_site
 from thunder_rs.errors import ThunderRuntimeError
 
 
@@ -76,19 +77,23 @@ def escaped(proxies: list) -> list:
     return [proxies[i] for i in _suspects(proxies, held)]
 
 
-def check_no_escape(proxies: list, producer) -> None:
-    """Raises when a proxy escaped; ``producer(proxy)`` names the op that made it."""
+def check_no_escape(proxies: list, producer, sites: dict | None = None) -> None:
+    """Raises when a proxy escaped; ``producer(proxy)`` names the op that made it, ``sites``
+    (``containers.StateContainers.sites``) where the program changed the lists and dicts it read."""
     suspects = escaped(proxies)
     if not suspects:
         return
     proxy = suspects[0]
     del suspects  # its own reference would be found as the holder
-    where = describe_holder(proxy, proxies)
+    where, holder = describe_holder(proxy, proxies)
+    site = (sites or {}).get(id(holder))
+    del holder
+    at = f" at {store_site(*site)}" if site is not None else ""
     remaining = escaped(proxies)
     for p in remaining:
         _remove_from_user_state(p, (proxies, remaining))
     raise ThunderRuntimeError(
-        f"thunder_rs.jit: the traced program stored a tensor it computed ({producer(proxy)}) in "
+        f"thunder_rs.jit: the traced program{at} stored a tensor it computed ({producer(proxy)}) in "
         f"{where}, which outlives the call (thunder_rs removed it from there again). Compiled, it "
         "would keep the value of the first call there. Return the tensor instead, register such hooks on the "
         "jitted module (they then run eagerly around the compiled call), or use "
@@ -119,8 +124,9 @@ def _remove_from_user_state(obj, ours: tuple) -> None:
             del holder.cell_contents
 
 
-def describe_holder(obj, ignore: list) -> str:
-    """Where ``obj`` is referenced from, in words (slow; error path only)."""
+def describe_holder(obj, ignore: list) -> tuple:
+    """Where ``obj`` is referenced from, in words, and the container there (None when unknown;
+    slow, error path only)."""
     skip = {id(ignore), id(sys._getframe())}
     for holder in gc.get_referrers(obj):
         if id(holder) in skip or isinstance(holder, types.FrameType) or holder is ignore:
@@ -129,8 +135,8 @@ def describe_holder(obj, ignore: list) -> str:
             continue
         where = _describe_container(holder, obj)
         if where:
-            return where
-    return "Python state outside the trace"
+            return where, holder
+    return "Python state outside the trace", None
 
 
 def _describe_container(holder, obj) -> str | None:

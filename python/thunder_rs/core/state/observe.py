@@ -554,6 +554,8 @@ class Observer:
             key = (source.key, name)
             if key not in self._guards:
                 self._guards[key] = Guard(source, name, value, origin)
+        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
+            self.state.containers.note(value, source, name, origin)  # a cache the program may fill
         if is_simple(value) or isinstance(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
             return MISSING
         if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
