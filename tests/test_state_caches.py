@@ -218,6 +218,41 @@ def test_a_tensor_cached_in_a_global_dict_is_stored_and_read_as_eager():
     _MASKS.clear()
 
 
+class _Collector:
+    def __init__(self):
+        self.outputs = None
+
+    def current(self):
+        return self.outputs
+
+
+_COLLECTOR = _Collector()
+
+
+def _record(hidden):
+    outputs = _COLLECTOR.current()
+    outputs["hidden"].append(hidden)
+
+
+def _collecting(x):
+    # As transformers' output capturing: a dict of lists made for the call, set on a global object
+    # for hooks to fill, and taken off again. Not a cache: nothing of it outlives the call.
+    _COLLECTOR.outputs = collected = {"hidden": []}
+    _record(x * 2)
+    collected["hidden"] = tuple(collected["hidden"])
+    _COLLECTOR.outputs = None
+    return collected["hidden"][0] + 1
+
+
+def test_containers_made_for_the_call_and_set_on_state_are_not_kept():
+    jf = thunder_rs.jit(_collecting)
+    for _ in range(2):
+        x = torch.randn(3)
+        torch.testing.assert_close(jf(x), x * 2 + 1)
+        assert _COLLECTOR.outputs is None
+    assert _misses(jf) == 1
+
+
 class _Rotary(nn.Module):
     """Kinds of cache: a tuple in a dict, a dict in a dict, a list, a class attribute shared by
     the instances, a dict of a config object the module holds, and a submodule's cache."""

@@ -1,8 +1,10 @@
 """Tracing stand-ins that outlive their trace: a proxy stored in user state is an error.
 
-A program that stores a tensor it computed somewhere that outlives the call (a global list, an
-attribute of an object that is not one of its modules, a hook's closure) would, compiled, keep
-the stand-in of the first trace there and never update it. After tracing, every proxy the
+A program that stores a tensor it computed somewhere that outlives the call and that no compiled
+call stores to again (a hook's closure, a set, an object it reached in a way the observer does
+not follow) would, compiled, keep the stand-in of the first trace there and never update it. (A
+list or dict of module state or a global is a cache every call fills: ``core.state.containers``.)
+After tracing, every proxy the
 acquisition made must be referenced only from thunder_rs's own list of them (and from other
 proxies, such as a view's base); a count above that means it escaped, and the error says where.
 """
@@ -103,9 +105,9 @@ def check_no_escape(proxies: list, producer, sites: dict | None = None) -> None:
 
 def _remove_from_user_state(obj, ours: tuple) -> None:
     """Takes the stand-in ``obj`` out of the lists, dicts (entries, attributes, globals), sets and
-    closure cells that hold it, so that the refused call leaves no stand-in behind: a module that
-    caches a tensor in a dict (timm's LeViT ``attention_bias_cache``) would otherwise return the
-    stand-in from its later eager calls. ``ours`` are thunder_rs's own lists of stand-ins."""
+    closure cells that hold it, so that the refused call leaves no stand-in behind: a hook that
+    keeps a tensor in a closure's dict would otherwise return the stand-in from its later eager
+    calls. ``ours`` are thunder_rs's own lists of stand-ins."""
     skip = {*map(id, ours), id(sys._getframe())}
     for holder in gc.get_referrers(obj):
         if id(holder) in skip or isinstance(holder, (types.FrameType, TensorProxy)):

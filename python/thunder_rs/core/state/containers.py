@@ -92,18 +92,31 @@ class StateContainers:
 
     def __init__(self):
         self._places: dict = {}
-        #: ids of the objects reached from module attributes, globals and class attributes
-        self._rooted: set = set()
+        #: the objects reached from module attributes, globals and class attributes, by id: ``(the
+        #: object, source, name)`` where it was read
+        self._paths: dict = {}
 
     def note(self, value, source, name, origin: str) -> None:
         """Notes ``value``, read as ``name`` at ``source`` by the function defined at ``origin``."""
         if isinstance(source, InputSource):
             return
-        rooted = isinstance(source, _ROOTS) or id(_holder(source)) in self._rooted
+        rooted = isinstance(source, _ROOTS) or id(_holder(source)) in self._paths
         if rooted:
-            self._rooted.add(id(value))
+            self._paths.setdefault(id(value), (value, source, name))
         if type(value) in (list, dict) and id(value) not in self._places:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
+
+    def _lasting(self, obj) -> bool:
+        """Whether ``obj`` is still where the program found it, and so are the objects on its
+        path: not an object the program made and set on state for the call (transformers'
+        output collector, set on a global object and reset after)."""
+        while True:
+            _, source, name = self._paths[id(obj)]
+            if source.mapping(None).get(name, None) is not obj:
+                return False
+            if isinstance(source, _ROOTS):
+                return True
+            obj = _holder(source)
 
     def sites(self) -> dict:
         """``id(container) -> (origin, name)`` of each list or dict the program read, for
@@ -128,6 +141,8 @@ class StateContainers:
         for place in self._places.values():
             if not place.replayed or not _changed(place.container, place.items):
                 continue
+            if not self._lasting(place.container):
+                continue  # made by the program and set on state for the call
             found = _changes(place)
             _restore(place.container, place.items)
             if type(found) is str:
@@ -145,10 +160,14 @@ def _holder(source):
     return source.container if isinstance(source, ItemSource) else None
 
 
+def _at(place: _Place) -> ContainerAt:
+    return ContainerAt(place.source, place.name, place.source.describe(place.name))
+
+
 def _changes(place: _Place) -> list | str:
     """The writes that make the container what the program left, or what it put there that
     cannot be stored again."""
-    container, at = place.container, ContainerAt(place.source, place.name, place.source.describe(place.name))
+    container, at = place.container, _at(place)
     if type(container) is list:
         before = {id(x) for x in place.items}
         new = [x for x in container if id(x) not in before]
