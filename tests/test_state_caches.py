@@ -85,6 +85,22 @@ def test_gradients_flow_through_a_cached_tensor_as_through_eagers():
     assert _misses(jmodel) == 2
 
 
+def test_a_tensor_cached_under_inference_mode_is_read_by_a_call_under_grad():
+    # Eager's cached tensor is an inference tensor (which keeps no version counter), and a later
+    # call that differentiates reads it as any other tensor.
+    model, eager, jmodel = _twins()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with torch.inference_mode():
+        jmodel(x), eager(x)
+    assert model.cache["torch.float64"].is_inference()
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    out, expected = jmodel(xs[0]), eager(xs[1])
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.square().sum().backward(), expected.square().sum().backward()
+    torch.testing.assert_close(xs[0].grad, xs[1].grad)
+    assert model.bias.grad is None and eager.bias.grad is None
+
+
 @pytest.mark.parametrize(
     "clear",
     [lambda m: m.train().eval(), lambda m: m.cache.clear()],
