@@ -160,14 +160,10 @@ def _holder(source):
     return source.container if isinstance(source, ItemSource) else None
 
 
-def _at(place: _Place) -> ContainerAt:
-    return ContainerAt(place.source, place.name, place.source.describe(place.name))
-
-
 def _changes(place: _Place) -> list | str:
     """The writes that make the container what the program left, or what it put there that
     cannot be stored again."""
-    container, at = place.container, _at(place)
+    container, at = place.container, ContainerAt(place.source, place.name, place.source.describe(place.name))
     if type(container) is list:
         before = {id(x) for x in place.items}
         new = [x for x in container if id(x) not in before]
