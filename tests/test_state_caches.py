@@ -101,13 +101,21 @@ def test_a_tensor_cached_under_inference_mode_is_read_by_a_call_under_grad():
     assert model.bias.grad is None and eager.bias.grad is None
 
 
+class _CachedByName(_CachedBias):
+    def forward(self, x):
+        if "bias" not in self.cache:
+            self.cache["bias"] = self.bias.to(x.dtype) * 2
+        return x + self.cache["bias"]  # read by a constant key
+
+
+@pytest.mark.parametrize("make", [_CachedBias, _CachedByName])
 @pytest.mark.parametrize(
     "clear",
     [lambda m: m.train().eval(), lambda m: m.cache.clear()],
     ids=["train_replaces_the_dict", "cleared_in_place"],
 )
-def test_a_cache_the_user_clears_is_filled_again(clear):
-    model, eager, jmodel = _twins()
+def test_a_cache_the_user_clears_is_filled_again(clear, make):
+    model, eager, jmodel = _twins(make)
     x = torch.randn(2, 3, dtype=torch.float64)
     with torch.no_grad():
         for _ in range(2):
@@ -116,8 +124,25 @@ def test_a_cache_the_user_clears_is_filled_again(clear):
                 _assert_same_cache(model.cache, eager.cache)
             clear(model), clear(eager)
             assert model.cache == {}
-    # The first compile serves the empty cache again; the tensor it then stores is another one.
+    # The first compile serves the empty cache again; the second reads the tensor it then stores
+    # where it is, as any tensor of its metadata.
+    assert _misses(jmodel) == 2
+
+
+def test_a_tensor_the_user_puts_in_the_cache_is_read_by_the_next_call():
+    model, eager, jmodel = _twins()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        for value in (None, torch.ones(3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64)):
+            if value is not None:
+                model.cache["torch.float64"], eager.cache["torch.float64"] = value, value.clone()
+            for _ in range(2):
+                torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
+                _assert_same_cache(model.cache, eager.cache)
+    # One tensor for another of its metadata: no compile; of another shape: one.
     assert _misses(jmodel) == 3
+    reason = thunder_rs.compile_stats(jmodel).miss_reasons[-1]
+    assert reason.startswith("_CachedBias.cache['torch.float64'] changed from a float64 tensor of shape [3]")
 
 
 def test_two_keys_are_cached_side_by_side():

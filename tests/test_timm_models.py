@@ -110,7 +110,7 @@ def test_an_attention_bias_cache_in_eval_mode_is_filled_and_read_as_eager(name):
     """LeViT and EfficientFormer keep the attention biases they gather in eval mode in a dict for
     later calls: the first call stores them after running, the second finds them there and
     compiles once more to read them, later calls run that compile. ``train()`` clears the dicts,
-    and the next eval call fills them again (through the first compile)."""
+    and the next eval call fills them again (through the first compile), which the second reads."""
     size = SIZES[name]
     torch.manual_seed(0)
     model = make(name, size).double().eval()
@@ -125,5 +125,4 @@ def test_an_attention_bias_cache_in_eval_mode_is_filled_and_read_as_eager(name):
                     torch.testing.assert_close(cache["cpu"], expected["cpu"], rtol=0, atol=0)
         model.train().eval(), eager.train().eval()
         assert not any(_bias_caches(model))
-    # The refilled dicts hold other tensors than those the second compile read: one compile more.
-    assert thunder_rs.compile_stats(jmodel).cache_misses == 3
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 2

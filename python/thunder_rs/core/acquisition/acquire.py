@@ -465,6 +465,9 @@ def acquire(
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
+    # A captured tensor the program also stores is stored as itself (``kept``): captured, not read per call.
+    stored = {id(leaf) for leaf in tree_flatten([w[2] for w in (*writes, *repeated[2])])[0]}
+    observer.read_cached_per_call(captures.tensors, [id(p) in stored for p in captures.proxies])
     observer.guard_argument_tensors(captures.tensors)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     size_checks, sites = observer.size_checks, observer.state.containers.sites()

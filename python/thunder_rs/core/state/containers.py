@@ -18,18 +18,24 @@ through the arguments (``core.state.reached``) are not replayed here.
 import torch
 from torch.utils import _pytree as pytree
 
+from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import store_site
 from thunder_rs.core.state.guards import (
     MISSING,
     CellSource,
     ClassSource,
     GlobalsSource,
+    Guard,
     InputSource,
     ItemSource,
     ModuleSource,
     ObjectSource,
+    Source,
     is_simple,
+    items_of,
+    tensor_meta,
 )
+from thunder_rs.core.state.reached import ArgumentTensor
 from thunder_rs.errors import ThunderNotImplementedError
 
 #: Sources whose lists and dicts are the program's lasting state: module and object attributes,
@@ -48,6 +54,28 @@ class ContainerAt:
 
     def object(self, flat):
         return self.source.mapping(flat).get(self.name, None)
+
+
+class HeldItemsSource(Source):
+    """The items of the list or dict at ``name`` of ``source``, read by index or key on every
+    call (``StateContainers.read_per_call``)."""
+
+    def __init__(self, source: Source, name, label: str):
+        self.source, self.name, self.label = source, name, label
+
+    def mapping(self, flat):
+        return items_of(self.source.mapping(flat).get(self.name, None))
+
+    @property
+    def key(self):
+        return ("held items", self.source.key, self.name)
+
+    def code(self, var, scope):
+        scope["_items_of"] = items_of
+        return f"_items_of({self.source.code(var, scope)}.get({self.name!r}, None))"
+
+    def describe(self, name):
+        return f"{self.label}[{name!r}]"
 
 
 class _Place:
@@ -117,6 +145,50 @@ class StateContainers:
             if isinstance(source, _ROOTS):
                 return True
             obj = _holder(source)
+
+    def read_per_call(self, captured: list, stored: list, guards: dict) -> None:
+        """Makes each tensor among ``captured`` that a list or dict of lasting state holds (a
+        cache the program reads: LeViT's biases) read where it is by every call, as an argument
+        object's tensor (``reached.ArgumentTensor``) rather than captured as that tensor: a cache
+        the user clears and the program fills again (``train()`` then ``eval()``) then holds
+        another tensor, which the entry reads without compiling again. The container's guard in
+        ``guards`` lets any tensor be there; ``Observer.guard_argument_tensors`` guards its
+        metadata. Where the container is guarded otherwise (whole, with its object), or holds the
+        tensor twice, or the program also stores it as it is (``stored``, per captured tensor:
+        torchvision's anchors, ``self.cells = [c.to(dtype) for c in self.cells]``), it stays
+        captured."""
+        found = self._held_tensors()
+        held: dict = {}
+        for i, t in enumerate(captured):
+            at = found.get(id(t)) if isinstance(t, torch.Tensor) and not stored[i] else None
+            if at is None:
+                continue
+            place, key = at
+            guard = guards.get((place.source.key, place.name))
+            if type(guard) is not Guard or guard.expected is not place.container:
+                continue
+            source = HeldItemsSource(place.source, place.name, place.source.describe(place.name))
+            captured[i] = ArgumentTensor(source, key, place.container, tensor_meta(t), place.origin)
+            held.setdefault((place.source.key, place.name), (guard, set()))[1].add(id(t))
+            # Read by a constant key (``self.cache["cpu"]``), it was guarded as that tensor.
+            item = (ItemSource(place.container, "").key, key)
+            if getattr(guards.get(item), "expected", None) is t:
+                del guards[item]
+        for read, (guard, ids) in held.items():
+            guards[read] = Guard(guard.source, guard.name, guard.expected, guard.origin, frozenset(ids))
+
+    def _held_tensors(self) -> dict:
+        """``id(tensor) -> (place, key)`` for the tensors one container of lasting state holds
+        (none held twice)."""
+        found: dict = {}
+        for place in self._places.values():
+            if not place.replayed or not self._lasting(place.container):
+                continue
+            pairs = place.items if type(place.container) is dict else enumerate(place.items)
+            for key, t in pairs:
+                if isinstance(t, torch.Tensor) and not isinstance(t, TensorProxy):
+                    found[id(t)] = None if id(t) in found else (place, key)
+        return {i: at for i, at in found.items() if at is not None}
 
     def sites(self) -> dict:
         """``id(container) -> (origin, name)`` of each list or dict the program read, for
