@@ -1,7 +1,8 @@
 """Tensors a program computes and keeps in module state or a global for later calls (timm's
 LeViT and EfficientFormer cache their attention biases in eval mode): the first compiled call
 stores the tensor it returns after running, a later call finds it there (the container is state
-the trace read), compiles once more and reads it, as eager does. Gradients flow through the
+the trace read), compiles once more and reads it, as eager does, where it is on each call (a
+refilled cache compiles nothing). Gradients flow through the
 stored tensor as through eager's; a compile that fails leaves the state as it was; what no
 compiled call can store again is refused naming the line."""
 

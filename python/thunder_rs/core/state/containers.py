@@ -8,8 +8,9 @@ an object or item reached from those, is noted with where it lives and its items
 After tracing, the changes made to it are undone (no stand-in stays in user state) and become
 writes that the compiled call performs after running, with that call's tensors
 (``effects.ItemWrite`` on a ``ContainerAt``). The container is state the trace read, guarded
-with its items: the next call finds the cached item there, compiles once more, and reads it as a
-captured tensor, as eager reads it.
+with its items: the next call finds the cached item there and compiles once more. That compile
+reads the cached tensor where it is on every call (``read_per_call``), guarded on its metadata,
+so a cache the user clears and the program fills again is read without compiling again.
 
 Containers reached only through closure cells (a hook's list of activations) and those reached
 through the arguments (``core.state.reached``) are not replayed here.
