@@ -218,47 +218,6 @@ def test_tensors_a_dense_trace_cannot_stand_for_are_refused(make):
         thunder_rs.jit(lambda x: x * 2)(make())
 
 
-_MASKS: dict = {}
-
-
-def test_a_tensor_stored_in_a_global_cache_is_refused_naming_the_dict():
-    def program(x):
-        _MASKS[x.shape[0]] = torch.ones(x.shape[0], x.shape[0]).triu()
-        return x * _MASKS[x.shape[0]]
-
-    with pytest.raises(
-        thunder_rs.errors.ThunderRuntimeError,
-        match=r"stored a tensor it computed .* of a dict \(global '_MASKS' of module .*test_state_refusals\)",
-    ):
-        thunder_rs.jit(program)(torch.ones(3))
-    assert not _MASKS  # the refused call left no stand-in there
-
-
-class _CachedBias(torch.nn.Module):
-    """Caches a tensor computed from its parameter in a dict in eval mode, as timm's LeViT and
-    EfficientFormer do (``attention_bias_cache``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.bias = torch.nn.Parameter(torch.randn(3))
-        self.cache = {}
-
-    def forward(self, x):
-        if "cpu" not in self.cache:
-            self.cache["cpu"] = self.bias * 2
-        return x + self.cache["cpu"]
-
-
-def test_a_refused_cache_store_leaves_the_module_as_before_for_eager_calls():
-    model, x = _CachedBias().eval(), torch.randn(2, 3)
-    refused = pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="attribute 'cache' of a _CachedBias")
-    with torch.no_grad(), refused:
-        thunder_rs.jit(model)(x)
-    assert model.cache == {}
-    with torch.no_grad():
-        torch.testing.assert_close(model(x), x + model.bias * 2)
-
-
 def test_a_parametrization_cached_across_calls_is_refused_naming_torchs_cache():
     """Under ``parametrize.cached()`` the weight a call computes stays in torch's cache for later
     calls, which a compiled call cannot keep: refused, naming that cache."""

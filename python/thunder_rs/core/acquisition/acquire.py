@@ -129,12 +129,23 @@ def _trace_program(
             writes = [(holder, name, _fresh(value, captures)) for holder, name, value in writes]
             items = [
                 (source, key, _fresh(_held(value, reached, captures), captures))
-                for source, key, value in reached.item_writes()
+                for source, key, value in _item_writes(reached, observer)
             ]
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
     return out, observer, writes, (prints, draws, items), inputs
+
+
+def _item_writes(reached: ArgumentObjects, observer: Observer) -> list:
+    """The items the program set in lists and dicts of its arguments, then in those of lasting
+    state (module attributes, globals: a cache), all undone here, also when one is refused."""
+    try:
+        items = reached.item_writes()
+    except BaseException:
+        observer.state.containers.undo()
+        raise
+    return items + observer.state.containers.writes()
 
 
 def _apart(out, inputs: list):
@@ -377,11 +388,14 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
             out = fn(*args, **kwargs)
+        _check_arguments_unchanged(args, kwargs, leaves)
     except BaseException:
         _put_back(placed, failed=True)
+        # A failed trace leaves the state as it found it: no stand-in in a cache it filled.
+        observer.state.writes()
+        observer.state.containers.undo()
         raise
     _put_back(placed)
-    _check_arguments_unchanged(args, kwargs, leaves)
     return out, observer, pairs, inputs
 
 
@@ -420,7 +434,7 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     extras: list = []
     prints, draws, items = repeated
     effects = print_effects(prints, extras) + draws
-    effects += attribute_writes(writes, extras, kept) + item_writes(items, extras)
+    effects += attribute_writes(writes, extras, kept) + item_writes(items, extras, kept)
     out_spec, num_outputs = None, 0
     if effects or not is_plain(out):
         out, out_spec = flatten_output(out, flat_inputs)
@@ -465,9 +479,12 @@ def acquire(
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
+    # A captured tensor the program also stores is stored as itself (``kept``): captured, not read per call.
+    stored = {id(leaf) for leaf in tree_flatten([w[2] for w in (*writes, *repeated[2])])[0]}
+    observer.read_cached_per_call(captures.tensors, [id(p) in stored for p in captures.proxies])
     observer.guard_argument_tensors(captures.tensors)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
-    size_checks = observer.size_checks
+    size_checks, sites = observer.size_checks, observer.state.containers.sites()
     del observer
     # A captured tensor the program stores as it is (``self.cells = [c.to(dtype) for c in self.cells]``)
     # is stored by every call as that same object, as eager stores it.
@@ -481,7 +498,7 @@ def acquire(
     positions = inputs.positions
     del out, writes, repeated, inputs
     captured = captures.release()
-    _check_no_escape(made, trace)  # first: a stored tensor is the more precise reason
+    _check_no_escape(made, trace, sites)  # first: a stored tensor is the more precise reason
     _check_guards_still_hold(guards, flat_inputs)
     fixed = [t for t in captured if isinstance(t, torch.Tensor)]
     at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
@@ -540,7 +557,7 @@ def _hint_compiler_disable(error: ThunderError) -> None:
         )
 
 
-def _check_no_escape(made: list, trace) -> None:
+def _check_no_escape(made: list, trace, sites: dict) -> None:
     def producer(proxy) -> str:
         name = trace.producer(proxy._vid)
         shape = "x".join(map(str, proxy.shape)) or "scalar"
@@ -550,4 +567,4 @@ def _check_no_escape(made: list, trace) -> None:
             else f"input t{proxy._vid}"
         )
 
-    check_no_escape(made, producer)
+    check_no_escape(made, producer, sites)

@@ -131,9 +131,10 @@ class AttributeWrite:
 
 class ItemWrite:
     """An item the program set (or removed) in a list or dict reached from its arguments
-    (``cache.is_updated[i] = True``), repeated after every call on that call's container, found
-    at ``source`` (an ``InputSource``); ``key`` a full slice for a list's new contents, ``value``
-    a ``TracedValue``, or None for a removal."""
+    (``cache.is_updated[i] = True``) or of lasting state (a module's cache), repeated after every
+    call on that call's container, found at ``source`` (an ``InputSource``, a
+    ``containers.ContainerAt``); ``key`` a full slice for a list's new contents, ``value`` a
+    ``TracedValue``, or None for a removal."""
 
     __slots__ = ("source", "key", "value")
 
@@ -148,10 +149,10 @@ class ItemWrite:
             container[self.key] = self.value.get(extras)
 
 
-def item_writes(writes, extras: list) -> list:
+def item_writes(writes, extras: list, kept: dict | None = None) -> list:
     """``ItemWrite`` for each ``(source, key, value)`` (MISSING: removed), as ``attribute_writes``."""
     return [
-        ItemWrite(source, key, None if value is MISSING else TracedValue(value, extras))
+        ItemWrite(source, key, None if value is MISSING else TracedValue(value, extras, kept))
         for source, key, value in writes
     ]
 

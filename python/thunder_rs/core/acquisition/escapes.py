@@ -1,8 +1,10 @@
 """Tracing stand-ins that outlive their trace: a proxy stored in user state is an error.
 
-A program that stores a tensor it computed somewhere that outlives the call (a global list, an
-attribute of an object that is not one of its modules, a hook's closure) would, compiled, keep
-the stand-in of the first trace there and never update it. After tracing, every proxy the
+A program that stores a tensor it computed somewhere that outlives the call and that no compiled
+call stores to again (a hook's closure, a set, an object it reached in a way the observer does
+not follow) would, compiled, keep the stand-in of the first trace there and never update it. (A
+list or dict of module state or a global is a cache every call fills: ``core.state.containers``.)
+After tracing, every proxy the
 acquisition made must be referenced only from thunder_rs's own list of them (and from other
 proxies, such as a view's base); a count above that means it escaped, and the error says where.
 """
@@ -15,6 +17,7 @@ import weakref
 import torch
 
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.userframe import store_site
 from thunder_rs.errors import ThunderRuntimeError
 
 
@@ -76,19 +79,23 @@ def escaped(proxies: list) -> list:
     return [proxies[i] for i in _suspects(proxies, held)]
 
 
-def check_no_escape(proxies: list, producer) -> None:
-    """Raises when a proxy escaped; ``producer(proxy)`` names the op that made it."""
+def check_no_escape(proxies: list, producer, sites: dict | None = None) -> None:
+    """Raises when a proxy escaped; ``producer(proxy)`` names the op that made it, ``sites``
+    (``containers.StateContainers.sites``) where the program changed the lists and dicts it read."""
     suspects = escaped(proxies)
     if not suspects:
         return
     proxy = suspects[0]
     del suspects  # its own reference would be found as the holder
-    where = describe_holder(proxy, proxies)
+    where, holder = describe_holder(proxy, proxies)
+    site = (sites or {}).get(id(holder))
+    del holder
+    at = f" at {store_site(*site)}" if site is not None else ""
     remaining = escaped(proxies)
     for p in remaining:
         _remove_from_user_state(p, (proxies, remaining))
     raise ThunderRuntimeError(
-        f"thunder_rs.jit: the traced program stored a tensor it computed ({producer(proxy)}) in "
+        f"thunder_rs.jit: the traced program{at} stored a tensor it computed ({producer(proxy)}) in "
         f"{where}, which outlives the call (thunder_rs removed it from there again). Compiled, it "
         "would keep the value of the first call there. Return the tensor instead, register such hooks on the "
         "jitted module (they then run eagerly around the compiled call), or use "
@@ -98,9 +105,9 @@ def check_no_escape(proxies: list, producer) -> None:
 
 def _remove_from_user_state(obj, ours: tuple) -> None:
     """Takes the stand-in ``obj`` out of the lists, dicts (entries, attributes, globals), sets and
-    closure cells that hold it, so that the refused call leaves no stand-in behind: a module that
-    caches a tensor in a dict (timm's LeViT ``attention_bias_cache``) would otherwise return the
-    stand-in from its later eager calls. ``ours`` are thunder_rs's own lists of stand-ins."""
+    closure cells that hold it, so that the refused call leaves no stand-in behind: a hook that
+    keeps a tensor in a closure's dict would otherwise return the stand-in from its later eager
+    calls. ``ours`` are thunder_rs's own lists of stand-ins."""
     skip = {*map(id, ours), id(sys._getframe())}
     for holder in gc.get_referrers(obj):
         if id(holder) in skip or isinstance(holder, (types.FrameType, TensorProxy)):
@@ -119,8 +126,9 @@ def _remove_from_user_state(obj, ours: tuple) -> None:
             del holder.cell_contents
 
 
-def describe_holder(obj, ignore: list) -> str:
-    """Where ``obj`` is referenced from, in words (slow; error path only)."""
+def describe_holder(obj, ignore: list) -> tuple:
+    """Where ``obj`` is referenced from, in words, and the container there (None when unknown;
+    slow, error path only)."""
     skip = {id(ignore), id(sys._getframe())}
     for holder in gc.get_referrers(obj):
         if id(holder) in skip or isinstance(holder, types.FrameType) or holder is ignore:
@@ -129,8 +137,8 @@ def describe_holder(obj, ignore: list) -> str:
             continue
         where = _describe_container(holder, obj)
         if where:
-            return where
-    return "Python state outside the trace"
+            return where, holder
+    return "Python state outside the trace", None
 
 
 def _describe_container(holder, obj) -> str | None:

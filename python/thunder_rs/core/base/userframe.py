@@ -1,6 +1,8 @@
 """The user's frame: the innermost one outside thunder_rs and torch, which errors, warnings and
 log records name."""
 
+import ast
+import linecache
 import os
 import sys
 
@@ -31,3 +33,54 @@ def user_location() -> str:
     """``file:line`` of the innermost frame outside thunder_rs and torch."""
     frame = user_frame()
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
+
+
+#: Methods that change a list or dict in place.
+_MUTATORS = frozenset(
+    {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem", "__setitem__"}
+)
+
+
+def store_site(origin: str, name) -> str:
+    """``file:line`` of the first statement, in the function defined at ``origin`` (``file:line``,
+    its first line), that changes a list or dict it knows as ``name`` (``self.cache[k] = v``,
+    ``cache.append(v)``, ``cfg["cache"][k] = v``); ``origin`` when there is none. For error
+    messages only: it parses the function's file."""
+    path, _, first = origin.rpartition(":")
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except (SyntaxError, ValueError):
+        return origin
+    lines = [
+        node.lineno
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and str(_first_line(fn)) == first
+        for node in ast.walk(fn)
+        if isinstance(node, (ast.stmt, ast.expr)) and _changes(node, name)
+    ]
+    return f"{path}:{min(lines)}" if lines else origin
+
+
+def _first_line(fn) -> int:
+    return min([fn.lineno, *(d.lineno for d in getattr(fn, "decorator_list", ()))])
+
+
+def _changes(node, name) -> bool:
+    """Whether the statement or call ``node`` changes a container named ``name``."""
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        return any(isinstance(t, ast.Subscript) and _named(t.value, name) for t in targets)
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _MUTATORS
+        and _named(node.func.value, name)
+    )
+
+
+def _named(expr, name) -> bool:
+    if isinstance(expr, ast.Attribute):
+        return expr.attr == name
+    if isinstance(expr, ast.Name):
+        return expr.id == name
+    return isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and expr.slice.value == name

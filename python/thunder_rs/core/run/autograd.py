@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from thunder_rs.core.run.differentiable import transforms_active
+from thunder_rs.core.run.differentiable import transforms_active, version_counters
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang import torch_overrides
 from thunder_rs.core.lang.recorder import active_recorder
@@ -89,21 +89,11 @@ class _Packed:
         self.value = value
 
 
-_version_of = operator.attrgetter("_version")
-
-
-def _versions(residuals) -> list:
-    try:
-        return list(map(_version_of, residuals))  # the common case: every residual is a tensor
-    except AttributeError:
-        return [r._version if isinstance(r, torch.Tensor) else -1 for r in residuals]
-
-
 def _check_versions(saved, versions) -> None:
     """Raises eager's error when a tensor saved for the backward was written in place after the
     forward (``opt.step()`` before ``loss.backward()``, ``out.add_(1)``): its gradient would be
     computed from the new values."""
-    if _versions(saved) == versions:
+    if version_counters(saved) == versions:
         return
     for r, then in zip(saved, versions):
         if then >= 0 and r._version != then:
@@ -143,7 +133,7 @@ def _keep_residuals(ctx, residuals, hooks, inputs, flat, written) -> None:
     With inputs the call writes (``written``), as ``_unshared`` and ``_as_written_inputs`` keep them."""
     ctx.residuals = _unshared(residuals, inputs, [k for k, _ in written]) if written else list(residuals)
     if hooks is None:
-        ctx.versions, ctx.unpack = _versions(ctx.residuals), None
+        ctx.versions, ctx.unpack = version_counters(ctx.residuals), None
         if written:
             _as_written_inputs(ctx, inputs, flat, written)
     else:

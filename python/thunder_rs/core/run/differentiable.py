@@ -38,6 +38,16 @@ _is_autocast_enabled = torch.is_autocast_enabled
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
+def version_counters(tensors) -> list:
+    """The version counters of ``tensors``; -1 for what has none: a value that is no tensor, and
+    an inference tensor (made under ``inference_mode``: a cached one a later call reads), which
+    nothing can write in place outside that mode."""
+    try:
+        return list(map(_version_of, tensors))  # the common case: tensors made outside inference_mode
+    except (AttributeError, RuntimeError):
+        return [t._version if isinstance(t, torch.Tensor) and not t.is_inference() else -1 for t in tensors]
+
+
 def transforms_active() -> bool:
     """Whether a torch.func transform (``grad``, ``vmap``, ...) is running."""
     return torch._C._functorch.peek_interpreter_stack() is not None
@@ -107,7 +117,7 @@ class DifferentiableProgram:
     def keep(self, ctx, inputs: tuple) -> None:
         """Keeps on ``ctx``, in a training call's forward, what computing it again needs."""
         ctx.inputs = inputs
-        ctx.input_versions = list(map(_version_of, self._unsaved(inputs)))
+        ctx.input_versions = version_counters(self._unsaved(inputs))
         ctx.copies = {k: inputs[k].clone() for k in self.copied} if self.copied else None
         ctx.generator_states = None if self._generators is None else [g.get_state() for g in self._generators]
 
@@ -115,7 +125,7 @@ class DifferentiableProgram:
         """The gradients of the call's inputs for ``cotangents`` (one per flat output), computed
         by autograd from the forward computed again, recorded so that they can be differentiated."""
         inputs = list(ctx.inputs)
-        if list(map(_version_of, self._unsaved(inputs))) != ctx.input_versions:
+        if version_counters(self._unsaved(inputs)) != ctx.input_versions:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace operation: an "
                 "input of a thunder_rs-compiled call, which a double backward (create_graph=True) computes the call "

@@ -176,9 +176,12 @@ class ThunderFunction:
         else:
             entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
         try:
-            out = entry.fn(*args) if module is None else entry.fn(*args, *params)
+            if entry.tail is None:
+                out = entry.fn(*args) if module is None else entry.fn(*args, *params)
+            else:  # tensors a cache of module state holds (``containers``), read per call
+                out = entry.fn(*self._inputs(entry, args))
         except Diverged as d:
-            run = (lambda e: e.fn(*args)) if module is None else (lambda e: e.fn(*args, *self._module_tensors()))
+            run = lambda e: e.fn(*self._inputs(e, args))  # noqa: E731
             entry, out = self._other_path(
                 d, entry, key, args, lambda: tree_flatten((args, {}))[1], run, lambda: self._fn(*args)
             )

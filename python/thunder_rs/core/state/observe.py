@@ -329,6 +329,11 @@ class Observer:
         defaults = [DefaultsGuard(list(self._defaults.values()))] if self._defaults else []
         return kept + structure + defaults
 
+    def read_cached_per_call(self, captured: list, stored: list) -> None:
+        """Tensors of ``captured`` held in lists and dicts of lasting state are read per call
+        (``containers.StateContainers.read_per_call``)."""
+        self.state.containers.read_per_call(captured, stored, self._guards)
+
     def guard_argument_tensors(self, captured: list) -> None:
         """Guards the metadata of the tensors of argument objects that the trace takes as inputs
         (``reached.ArgumentTensor`` among ``captured``), read or not in a way the observer saw."""
@@ -554,6 +559,8 @@ class Observer:
             key = (source.key, name)
             if key not in self._guards:
                 self._guards[key] = Guard(source, name, value, origin)
+        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
+            self.state.containers.note(value, source, name, origin)  # a cache the program may fill
         if is_simple(value) or isinstance(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
             return MISSING
         if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):

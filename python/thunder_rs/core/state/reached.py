@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from thunder_rs.core.state.guards import MISSING, InputItemsSource, InputSource, Item, is_simple, tensor_meta
+from thunder_rs.core.state.guards import MISSING, InputItemsSource, InputSource, Item, Source, is_simple, tensor_meta
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -50,7 +50,8 @@ class ArgumentTensor:
     at ``source`` in each call's arguments:
     a trace input that every call reads there. ``origin`` is the user's line that first used it."""
 
-    source: InputSource
+    #: an ``InputSource``, or a ``containers.HeldItemsSource`` for a cache of module state
+    source: Source
     name: str | int
     holder: object
     #: its ``guards.tensor_meta`` when found (before the program runs, outside torch function modes)

@@ -23,6 +23,7 @@ that every compiled call repeats (``config.problem_type = ...``, set once in eag
 
 import torch
 
+from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
     MISSING,
     DictGuard,
@@ -84,6 +85,8 @@ class ProgramState:
         #: ``(id of the holder's attributes, name)`` of the ints the trace takes as size inputs
         #: (``acquire._int_stand_ins``): any int may be there
         self.symbolic_ints: set = set()
+        #: the lists and dicts of lasting state read, whose changes every call repeats
+        self.containers = StateContainers()
 
     def __contains__(self, obj) -> bool:
         return id(obj) in self._objects

@@ -1,0 +1,261 @@
+"""Lists and dicts of module state and globals that a traced program changes: caches.
+
+timm's LeViT keeps, in eval mode, a tensor computed from a parameter in a dict attribute
+(``self.attention_bias_cache[key] = self.attention_biases[:, self.attention_bias_idxs]``) and
+reads it back on later calls; a program may do the same with a global dict (``_MASKS[n] = ...``).
+Each list or dict the program reads from a module's attributes, a global, a class attribute, or
+an object or item reached from those, is noted with where it lives and its items when first read.
+After tracing, the changes made to it are undone (no stand-in stays in user state) and become
+writes that the compiled call performs after running, with that call's tensors
+(``effects.ItemWrite`` on a ``ContainerAt``). The container is state the trace read, guarded
+with its items: the next call finds the cached item there and compiles once more. That compile
+reads the cached tensor where it is on every call (``read_per_call``), guarded on its metadata,
+so a cache the user clears and the program fills again is read without compiling again.
+
+Containers reached only through closure cells (a hook's list of activations) and those reached
+through the arguments (``core.state.reached``) are not replayed here.
+"""
+
+import torch
+from torch.utils import _pytree as pytree
+
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.userframe import store_site
+from thunder_rs.core.state.guards import (
+    MISSING,
+    CellSource,
+    ClassSource,
+    GlobalsSource,
+    Guard,
+    InputSource,
+    ItemSource,
+    ModuleSource,
+    ObjectSource,
+    Source,
+    is_simple,
+    items_of,
+    tensor_meta,
+)
+from thunder_rs.core.state.reached import ArgumentTensor
+from thunder_rs.errors import ThunderNotImplementedError
+
+#: Sources whose lists and dicts are the program's lasting state: module and object attributes,
+#: globals, class attributes.
+_ROOTS = (ModuleSource, GlobalsSource, ClassSource)
+
+
+class ContainerAt:
+    """The list or dict at ``name`` of ``source`` as each call finds it there (a module whose
+    cache the user replaced by an empty dict gets the item in the new one, as in eager)."""
+
+    __slots__ = ("source", "name", "label")
+
+    def __init__(self, source, name, label: str):
+        self.source, self.name, self.label = source, name, label
+
+    def object(self, flat):
+        return self.source.mapping(flat).get(self.name, None)
+
+
+class HeldItemsSource(Source):
+    """The items of the list or dict at ``name`` of ``source``, read by index or key on every
+    call (``StateContainers.read_per_call``)."""
+
+    def __init__(self, source: Source, name, label: str):
+        self.source, self.name, self.label = source, name, label
+
+    def mapping(self, flat):
+        return items_of(self.source.mapping(flat).get(self.name, None))
+
+    @property
+    def key(self):
+        return ("held items", self.source.key, self.name)
+
+    def code(self, var, scope):
+        scope["_items_of"] = items_of
+        return f"_items_of({self.source.code(var, scope)}.get({self.name!r}, None))"
+
+    def describe(self, name):
+        return f"{self.label}[{name!r}]"
+
+
+class _Place:
+    __slots__ = ("container", "source", "name", "items", "origin", "replayed")
+
+    def __init__(self, container, source, name, origin: str, replayed: bool):
+        self.container, self.source, self.name, self.origin = container, source, name, origin
+        #: the items when the program first read it
+        self.items = _items(container)
+        self.replayed = replayed
+
+
+def _items(container) -> tuple:
+    return tuple(container.items()) if type(container) is dict else tuple(container)
+
+
+def _changed(container, before: tuple) -> bool:
+    now = _items(container)
+    if len(now) != len(before):
+        return True
+    if type(container) is dict:
+        return any(a[0] is not b[0] or a[1] is not b[1] for a, b in zip(now, before))
+    return any(a is not b for a, b in zip(now, before))
+
+
+def _restore(container, before: tuple) -> None:
+    if type(container) is dict:
+        container.clear()
+        container.update(before)
+    else:
+        container[:] = before
+
+
+def _repeatable(value) -> bool:
+    """Values a compiled call can store again: plain values, tensors (each call's own), and
+    tuples, lists and dicts of them (a rotary embedding's ``(cos, sin)``)."""
+    return all(is_simple(leaf) or isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
+
+
+class StateContainers:
+    """The lists and dicts of program state one acquisition read, by id."""
+
+    def __init__(self):
+        self._places: dict = {}
+        #: the objects reached from module attributes, globals and class attributes, by id: ``(the
+        #: object, source, name)`` where it was read
+        self._paths: dict = {}
+
+    def note(self, value, source, name, origin: str) -> None:
+        """Notes ``value``, read as ``name`` at ``source`` by the function defined at ``origin``."""
+        if isinstance(source, InputSource):
+            return
+        rooted = isinstance(source, _ROOTS) or id(_holder(source)) in self._paths
+        if rooted:
+            self._paths.setdefault(id(value), (value, source, name))
+        if type(value) in (list, dict) and id(value) not in self._places:
+            self._places[id(value)] = _Place(value, source, name, origin, rooted)
+
+    def _lasting(self, obj) -> bool:
+        """Whether ``obj`` is still where the program found it, and so are the objects on its
+        path: not an object the program made and set on state for the call (transformers'
+        output collector, set on a global object and reset after)."""
+        while True:
+            _, source, name = self._paths[id(obj)]
+            if source.mapping(None).get(name, None) is not obj:
+                return False
+            if isinstance(source, _ROOTS):
+                return True
+            obj = _holder(source)
+
+    def read_per_call(self, captured: list, stored: list, guards: dict) -> None:
+        """Makes each tensor among ``captured`` that a list or dict of lasting state holds (a
+        cache the program reads: LeViT's biases) read where it is by every call, as an argument
+        object's tensor (``reached.ArgumentTensor``) rather than captured as that tensor: a cache
+        the user clears and the program fills again (``train()`` then ``eval()``) then holds
+        another tensor, which the entry reads without compiling again. The container's guard in
+        ``guards`` lets any tensor be there; ``Observer.guard_argument_tensors`` guards its
+        metadata. Where the container is guarded otherwise (whole, with its object), or holds the
+        tensor twice, or the program also stores it as it is (``stored``, per captured tensor:
+        torchvision's anchors, ``self.cells = [c.to(dtype) for c in self.cells]``), it stays
+        captured."""
+        found = self._held_tensors()
+        held: dict = {}
+        for i, t in enumerate(captured):
+            at = found.get(id(t)) if isinstance(t, torch.Tensor) and not stored[i] else None
+            if at is None:
+                continue
+            place, key = at
+            guard = guards.get((place.source.key, place.name))
+            if type(guard) is not Guard or guard.expected is not place.container:
+                continue
+            source = HeldItemsSource(place.source, place.name, place.source.describe(place.name))
+            captured[i] = ArgumentTensor(source, key, place.container, tensor_meta(t), place.origin)
+            held.setdefault((place.source.key, place.name), (guard, set()))[1].add(id(t))
+            # Read by a constant key (``self.cache["cpu"]``), it was guarded as that tensor.
+            item = (ItemSource(place.container, "").key, key)
+            if getattr(guards.get(item), "expected", None) is t:
+                del guards[item]
+        for read, (guard, ids) in held.items():
+            guards[read] = Guard(guard.source, guard.name, guard.expected, guard.origin, frozenset(ids))
+
+    def _held_tensors(self) -> dict:
+        """``id(tensor) -> (place, key)`` for the tensors one container of lasting state holds
+        (none held twice)."""
+        found: dict = {}
+        for place in self._places.values():
+            if not place.replayed or not self._lasting(place.container):
+                continue
+            pairs = place.items if type(place.container) is dict else enumerate(place.items)
+            for key, t in pairs:
+                if isinstance(t, torch.Tensor) and not isinstance(t, TensorProxy):
+                    found[id(t)] = None if id(t) in found else (place, key)
+        return {i: at for i, at in found.items() if at is not None}
+
+    def sites(self) -> dict:
+        """``id(container) -> (origin, name)`` of each list or dict the program read, for
+        ``store_site`` to find where it changed one (errors about what no compiled call can keep)."""
+        # A closure variable is read as the cell's ``cell_contents``: its name is the source's label.
+        return {
+            i: (p.origin, p.source.label if type(p.source) is CellSource else p.name) for i, p in self._places.items()
+        }
+
+    def undo(self) -> None:
+        """Puts back the items every noted container had when first read (a failed trace)."""
+        for place in self._places.values():
+            if _changed(place.container, place.items):
+                _restore(place.container, place.items)
+
+    def writes(self) -> list:
+        """The items the program set in containers of lasting state, undone here: ``(ContainerAt,
+        key, value)``, ``value`` MISSING for a removed key, ``key`` a full slice for a list's new
+        contents. Raises (after undoing all) where a value or key cannot be stored again."""
+        writes: list = []
+        refused = None
+        for place in self._places.values():
+            if not place.replayed or not _changed(place.container, place.items):
+                continue
+            if not self._lasting(place.container):
+                continue  # made by the program and set on state for the call
+            found = _changes(place)
+            _restore(place.container, place.items)
+            if type(found) is str:
+                refused = refused or _refusal(place, found)
+            else:
+                writes += found
+        if refused is not None:
+            raise refused
+        return writes
+
+
+def _holder(source):
+    if isinstance(source, ObjectSource):
+        return source.obj
+    return source.container if isinstance(source, ItemSource) else None
+
+
+def _changes(place: _Place) -> list | str:
+    """The writes that make the container what the program left, or what it put there that
+    cannot be stored again."""
+    container, at = place.container, ContainerAt(place.source, place.name, place.source.describe(place.name))
+    if type(container) is list:
+        before = {id(x) for x in place.items}
+        new = [x for x in container if id(x) not in before]
+        bad = next((x for x in new if not _repeatable(x)), MISSING)
+        return [(at, slice(None), list(container))] if bad is MISSING else f"an object of type {type(bad).__name__}"
+    old = dict(place.items)
+    writes = [(at, k, v) for k, v in container.items() if old.get(k, MISSING) is not v]
+    writes += [(at, k, MISSING) for k in old if k not in container]
+    for _, key, value in writes:
+        if not is_simple(key):
+            return f"an item under the key {key!r} (a {type(key).__name__}), which is not a plain value"
+        if value is not MISSING and not _repeatable(value):
+            return f"an object of type {type(value).__name__} under the key {key!r}"
+    return writes
+
+
+def _refusal(place: _Place, what: str) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"thunder_rs.jit: the traced program at {store_site(place.origin, place.name)} put {what} in "
+        f"{place.source.describe(place.name)}, a {type(place.container).__name__} that outlives the call; a "
+        "compiled call can store there again only plain values and tensors (thunder_rs took it out again)"
+    )

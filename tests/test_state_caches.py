@@ -1,0 +1,348 @@
+"""Tensors a program computes and keeps in module state or a global for later calls (timm's
+LeViT and EfficientFormer cache their attention biases in eval mode): the first compiled call
+stores the tensor it returns after running, a later call finds it there (the container is state
+the trace read), compiles once more and reads it, as eager does, where it is on each call (a
+refilled cache compiles nothing). Gradients flow through the
+stored tensor as through eager's; a compile that fails leaves the state as it was; what no
+compiled call can store again is refused naming the line."""
+
+import copy
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
+
+
+class _CachedBias(nn.Module):
+    """As LeViT: a tensor gathered from a parameter, cached by a key (LeViT's is the device), the
+    cache cleared when the module goes back to training."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(3, dtype=torch.float64))
+        self.cache = {}
+
+    def forward(self, x):
+        key = str(x.dtype)
+        if key not in self.cache:
+            self.cache[key] = self.bias.to(x.dtype) * 2
+        return x + self.cache[key]
+
+    def train(self, mode=True):
+        super().train(mode)
+        if mode and self.cache:
+            self.cache = {}
+        return self
+
+
+def _twins(make=_CachedBias):
+    torch.manual_seed(0)
+    model = make().eval()
+    return model, copy.deepcopy(model), thunder_rs.jit(model)
+
+
+def _assert_same_cache(cache, expected) -> None:
+    assert cache.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(cache[key], value, rtol=0, atol=0)
+        assert type(cache[key]) is torch.Tensor and cache[key].requires_grad == value.requires_grad
+
+
+def _misses(jfn) -> int:
+    return thunder_rs.compile_stats(jfn).cache_misses
+
+
+def test_a_tensor_cached_in_a_module_dict_is_stored_by_the_first_call_and_read_by_later_ones():
+    model, eager, jmodel = _twins()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
+            _assert_same_cache(model.cache, eager.cache)
+            if _misses(jmodel) == 1:
+                stored = model.cache["torch.float64"]
+    assert model.cache["torch.float64"] is stored  # read by later calls, not stored again
+    assert _misses(jmodel) == 2
+    assert thunder_rs.compile_stats(jmodel).miss_reasons[1].startswith("the contents of _CachedBias.cache changed")
+
+
+def test_gradients_flow_through_a_cached_tensor_as_through_eagers():
+    # Eager's cached tensor carries the graph of the call that made it: a later call's backward
+    # reaches the parameter through it (the first graph kept with retain_graph).
+    model, eager, jmodel = _twins()
+    for _ in range(3):
+        x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+        out, expected = jmodel(x), eager(x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        out.square().sum().backward(retain_graph=True)
+        expected.square().sum().backward(retain_graph=True)
+        torch.testing.assert_close(model.bias.grad, eager.bias.grad)
+        _assert_same_cache(model.cache, eager.cache)
+        assert model.cache["torch.float64"].grad_fn is not None
+    assert _misses(jmodel) == 2
+
+
+def test_a_tensor_cached_under_inference_mode_is_read_by_a_call_under_grad():
+    # Eager's cached tensor is an inference tensor (which keeps no version counter), and a later
+    # call that differentiates reads it as any other tensor.
+    model, eager, jmodel = _twins()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with torch.inference_mode():
+        jmodel(x), eager(x)
+    assert model.cache["torch.float64"].is_inference()
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    out, expected = jmodel(xs[0]), eager(xs[1])
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.square().sum().backward(), expected.square().sum().backward()
+    torch.testing.assert_close(xs[0].grad, xs[1].grad)
+    assert model.bias.grad is None and eager.bias.grad is None
+
+
+class _CachedByName(_CachedBias):
+    def forward(self, x):
+        if "bias" not in self.cache:
+            self.cache["bias"] = self.bias.to(x.dtype) * 2
+        return x + self.cache["bias"]  # read by a constant key
+
+
+@pytest.mark.parametrize("make", [_CachedBias, _CachedByName])
+@pytest.mark.parametrize(
+    "clear",
+    [lambda m: m.train().eval(), lambda m: m.cache.clear()],
+    ids=["train_replaces_the_dict", "cleared_in_place"],
+)
+def test_a_cache_the_user_clears_is_filled_again(clear, make):
+    model, eager, jmodel = _twins(make)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(2):
+            for _ in range(2):
+                torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
+                _assert_same_cache(model.cache, eager.cache)
+            clear(model), clear(eager)
+            assert model.cache == {}
+    # The first compile serves the empty cache again; the second reads the tensor it then stores
+    # where it is, as any tensor of its metadata.
+    assert _misses(jmodel) == 2
+
+
+def test_a_tensor_the_user_puts_in_the_cache_is_read_by_the_next_call():
+    model, eager, jmodel = _twins()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        for value in (None, torch.ones(3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64)):
+            if value is not None:
+                model.cache["torch.float64"], eager.cache["torch.float64"] = value, value.clone()
+            for _ in range(2):
+                torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
+                _assert_same_cache(model.cache, eager.cache)
+    # One tensor for another of its metadata: no compile; of another shape: one.
+    assert _misses(jmodel) == 3
+    reason = thunder_rs.compile_stats(jmodel).miss_reasons[-1]
+    assert reason.startswith("_CachedBias.cache['torch.float64'] changed from a float64 tensor of shape [3]")
+
+
+def test_two_keys_are_cached_side_by_side():
+    model, eager, jmodel = _twins()
+    with torch.no_grad():
+        for dtype in (torch.float64, torch.float32, torch.float64, torch.float32):
+            x = torch.randn(2, 3, dtype=dtype)
+            torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
+            _assert_same_cache(model.cache, eager.cache)
+    assert model.cache.keys() == {"torch.float64", "torch.float32"}
+
+
+def test_eager_calls_and_jitted_calls_share_the_cache():
+    model, eager, jmodel = _twins()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        jmodel(x), eager(x)
+        stored = model.cache["torch.float64"]
+        torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)  # the module's own call reads it
+        assert model.cache == {"torch.float64": stored}
+        # Filled by an eager call first, the cache is read by the first compile.
+        filled, jfilled = copy.deepcopy(eager), thunder_rs.jit(eager)
+        torch.testing.assert_close(jfilled(x), filled(x), rtol=0, atol=0)
+    assert _misses(jfilled) == 1
+
+
+class _FailsAfterCaching(_CachedBias):
+    def __init__(self):
+        super().__init__()
+        self.scales = []
+
+    def forward(self, x):
+        self.scales.append(self.bias.exp())
+        out = super().forward(x)
+        return out if x.grad is None else out * 2  # refused: a compiled call cannot read .grad
+
+
+def test_a_failed_compile_leaves_the_caches_as_they_were():
+    model = _FailsAfterCaching()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with pytest.raises(ThunderNotImplementedError, match="reads the .grad"):
+        thunder_rs.jit(model)(x)
+    assert model.cache == {} and model.scales == []
+    torch.testing.assert_close(model(x), x + model.bias * 2)
+
+
+class _Box:
+    def __init__(self, value):
+        self.value = value
+
+
+class _CachedBox(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3))
+        self.cache = {}
+
+    def forward(self, x):
+        if "w" not in self.cache:
+            self.cache["w"] = _Box(self.weight * 2)  # the store
+        return x + self.cache["w"].value
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if line.rstrip().endswith(marker))
+
+
+def test_an_object_no_call_can_store_again_is_refused_naming_the_line():
+    model = _CachedBox()
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=rf"at .*test_state_caches\.py:{_line_of('# the store')} put an object of type _Box under the key "
+        r"'w' in _CachedBox\.cache",
+    ):
+        thunder_rs.jit(model)(torch.randn(3))
+    assert model.cache == {}
+
+
+def test_a_tensor_kept_in_a_closure_list_is_refused_naming_the_line():
+    # A hook's list of activations grows on every call: not a cache, refused as before, now
+    # with the line that stores.
+    feats = []
+
+    def program(x):
+        y = x * 2
+        feats.append(y)  # the append
+        return y
+
+    with pytest.raises(ThunderRuntimeError, match=rf"at .*test_state_caches\.py:{_line_of('# the append')} stored"):
+        thunder_rs.jit(program)(torch.randn(3))
+    assert feats == []
+
+
+_MASKS: dict = {}
+
+
+def _masked(x):
+    n = x.shape[-1]
+    if n not in _MASKS:
+        _MASKS[n] = torch.ones(n, n, dtype=x.dtype).triu()
+    return x @ _MASKS[n]
+
+
+def test_a_tensor_cached_in_a_global_dict_is_stored_and_read_as_eager():
+    jf = thunder_rs.jit(_masked)
+    for n in (3, 3, 4, 4):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(jf(x), x @ torch.ones(n, n).triu())
+        assert type(_MASKS[n]) is torch.Tensor
+    assert sorted(_MASKS) == [3, 4]
+    # Each size: a compile that stores its mask, one that reads it.
+    assert _misses(jf) == 4
+    _MASKS.clear()
+
+
+class _Collector:
+    def __init__(self):
+        self.outputs = None
+
+    def current(self):
+        return self.outputs
+
+
+_COLLECTOR = _Collector()
+
+
+def _record(hidden):
+    outputs = _COLLECTOR.current()
+    outputs["hidden"].append(hidden)
+
+
+def _collecting(x):
+    # As transformers' output capturing: a dict of lists made for the call, set on a global object
+    # for hooks to fill, and taken off again. Not a cache: nothing of it outlives the call.
+    _COLLECTOR.outputs = collected = {"hidden": []}
+    _record(x * 2)
+    collected["hidden"] = tuple(collected["hidden"])
+    _COLLECTOR.outputs = None
+    return collected["hidden"][0] + 1
+
+
+def test_containers_made_for_the_call_and_set_on_state_are_not_kept():
+    jf = thunder_rs.jit(_collecting)
+    for _ in range(2):
+        x = torch.randn(3)
+        torch.testing.assert_close(jf(x), x * 2 + 1)
+        assert _COLLECTOR.outputs is None
+    assert _misses(jf) == 1
+
+
+class _Rotary(nn.Module):
+    """Kinds of cache: a tuple in a dict, a dict in a dict, a list, a class attribute shared by
+    the instances, a dict of a config object the module holds, and a submodule's cache."""
+
+    shared: dict = {}
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.freq = kind, nn.Parameter(torch.randn(3, dtype=torch.float64))
+        self.cache, self.caches, self.scales = {}, {"rope": {}}, []
+        self.config = types.SimpleNamespace(cache={})
+        self.inner = _CachedBias()
+        self.tag = "jitted"  # its key in the class's cache (``id(self)`` would be the traced clone's)
+
+    def forward(self, x):
+        if self.kind == "tuple":
+            if 3 not in self.cache:
+                self.cache[3] = (self.freq.cos(), self.freq.sin())
+            cos, sin = self.cache[3]
+            return x * cos + x * sin
+        if self.kind == "nested":
+            if 3 not in self.caches["rope"]:
+                self.caches["rope"][3] = self.freq.cos()
+            return x * self.caches["rope"][3]
+        if self.kind == "list":
+            if not self.scales:
+                self.scales.append(self.freq.exp())
+            return x * self.scales[0]
+        if self.kind == "class":
+            if self.tag not in self.shared:
+                self.shared[self.tag] = self.freq.tanh()
+            return x * self.shared[self.tag]
+        if self.kind == "config":
+            if "f" not in self.config.cache:
+                self.config.cache["f"] = self.freq.sigmoid()
+            return x * self.config.cache["f"]
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("kind", ["tuple", "nested", "list", "class", "config", "submodule"])
+def test_each_kind_of_cache_in_module_state_is_stored_and_read_as_eager(kind):
+    model, eager, jmodel = _twins(lambda: _Rotary(kind))
+    eager.tag = "eager"
+    x = torch.randn(2, 3, dtype=torch.float64)
+    state = lambda m: (m.cache, m.caches, m.scales, m.config.cache, m.inner.cache, _Rotary.shared.get(m.tag))  # noqa: E731
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
+            torch.testing.assert_close(state(model), state(eager), rtol=0, atol=0)
+    assert _misses(jmodel) == 2
+    _Rotary.shared.clear()
