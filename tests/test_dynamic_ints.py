@@ -240,6 +240,13 @@ def sampled(x, padding_mode="zeros", align_corners=False):
     return F.grid_sample(x[None, None], grid, padding_mode=padding_mode, align_corners=align_corners)
 
 
+def diagonal_written(x):
+    y = x * 1
+    y.diagonal(1).mul_(3.0)
+    y.diagonal(-1).fill_(2.0)
+    return y
+
+
 #: Programs that pass an int computed from a symbolic size to an op: over inputs (3, n) for
 #: n = 6, 8, 10, 12 they compile twice (static, then symbolic), not once per size.
 SIZED_ARGS = {
@@ -278,6 +285,12 @@ SIZED_ARGS = {
     "grid_sample": sampled,
     "grid_sample_border_corners": lambda x: sampled(x, "border", True),
     "setitem_at_size": written_at_sizes,  # (this one specialised: an index tensor's write on a copy)
+    # (these specialised: a diagonal's step, cols + 1, was a slice's step, which is a number)
+    "diagonal": lambda x: torch.diagonal(x),
+    "diagonal_offset_by_size": lambda x: x.diagonal(x.shape[1] // 2 - 3) * 2,
+    "diag_below": lambda x: torch.diag(x, -1),
+    "trace": lambda x: torch.trace(x) * x,
+    "diagonal_written": diagonal_written,
 }
 
 
@@ -375,3 +388,10 @@ def test_one_hot_with_a_symbolic_number_of_classes_runs_eagers_kernel():
         jf(torch.randn(3, 9), torch.tensor([0, 9]))
     with pytest.raises(RuntimeError, match="Class values must be non-negative"):
         jf(torch.randn(3, 9), torch.tensor([0, -1]))
+
+
+@pytest.mark.parametrize("op", [torch.diag, torch.trace, lambda m: m.diagonal(1).exp(), lambda m: m.diagonal(-2)])
+def test_the_diagonal_of_a_square_matrix_of_a_changing_size_is_symbolic(op):
+    jf = like_eager_over_sizes(op, [4, 5, 7, 9], make=lambda n: torch.randn(n, n))
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+    assert jf._dynamic_off is None

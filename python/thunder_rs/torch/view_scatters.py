@@ -11,8 +11,8 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.common import slice_indices
-from thunder_rs.torch.shape import reshape_to, slice_in_dim
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.torch.shape import every_step, reshape_to, slice_in_dim
+from thunder_rs.core.lang.symint import SymInt, same_shape
 
 __all__ = ["slice_scatter", "select_scatter", "diagonal", "diagonal_scatter", "straight_through", "stop_gradient"]
 
@@ -118,9 +118,7 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
     flat = reshape_to(moved, (*batch, rows * cols))
     if length == 0:  # an empty view of the input, as eager's (it requires grad as the input does)
         return slice_in_dim(flat, len(batch), 0, 0, 1)
-    # A slice's step is an int: a symbolic row length is taken at its value (a guard).
-    step = int(cols + 1)
-    return slice_in_dim(flat, len(batch), first, first + (length - 1) * step + 1, step)
+    return every_step(flat, len(batch), first, length, cols + 1)
 
 
 @torchsymbol(torch.diagonal_scatter, torch.Tensor.diagonal_scatter)
@@ -141,13 +139,31 @@ def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
     if length == 0:
         return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
     moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
-    flat = reshape_to(moved, (*batch, rows * cols))
     src = clang.maybe_convert(src, input.dtype)
-    step = int(cols + 1)  # as in ``diagonal``
-    out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * step + 1, step)
-    out = reshape_to(out, moved.shape)
+    if type(cols) is SymInt:  # (a pad's dilation, the scatter's step, is a number)
+        out = _on_diagonal(moved, src, offset)
+    else:
+        flat = reshape_to(moved, (*batch, rows * cols))
+        step = cols + 1
+        out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * step + 1, step)
+        out = reshape_to(out, moved.shape)
     inverse = tuple(sorted(range(input.ndim), key=lambda i: perm[i]))
     return prims.transpose(out, inverse) if perm != tuple(range(input.ndim)) else out
+
+
+def _on_diagonal(a, src, offset: int):
+    """``a`` (..., rows, cols) with ``src`` (..., length) on its ``offset`` diagonal: ``src`` padded
+    to the rows (the columns, below the main diagonal) it is indexed by, spread along the other
+    dim, selected where the column less the row is ``offset``."""
+    *batch, rows, cols = a.shape
+    ndim = a.ndim
+    dim, size = (ndim - 2, rows) if offset >= 0 else (ndim - 1, cols)
+    zero = clang.maybe_convert(0, a.dtype)
+    src = prims.pad(src, zero, (*((0, 0, 0),) * len(batch), (0, size - src.shape[-1], 0)))
+    spread = prims.broadcast_in_dim(src, tuple(a.shape), (*range(len(batch)), dim))
+    row = prims.broadcast_in_dim(prims.iota(rows, 0, 1, a.device, torch.int64), tuple(a.shape), (ndim - 2,))
+    col = prims.broadcast_in_dim(prims.iota(cols, -offset, 1, a.device, torch.int64), tuple(a.shape), (ndim - 1,))
+    return prims.where(prims.eq(row, col), spread, a)
 
 
 # -- writes autograd does not see ------------------------------------------------------------------
