@@ -285,12 +285,15 @@ SIZED_ARGS = {
     "grid_sample": sampled,
     "grid_sample_border_corners": lambda x: sampled(x, "border", True),
     "setitem_at_size": written_at_sizes,  # (this one specialised: an index tensor's write on a copy)
-    # (these specialised: a diagonal's step, cols + 1, was a slice's step, which is a number)
+    # (these specialised: a diagonal's step, cols + 1, and an arange's step were slice and iota
+    # steps, which are numbers)
     "diagonal": lambda x: torch.diagonal(x),
     "diagonal_offset_by_size": lambda x: x.diagonal(x.shape[1] // 2 - 3) * 2,
     "diag_below": lambda x: torch.diag(x, -1),
     "trace": lambda x: torch.trace(x) * x,
     "diagonal_written": diagonal_written,
+    "arange_size_step": lambda x: x + torch.arange(1.0, 3 * x.shape[1], x.shape[1])[:, None],
+    "arange_negative_size_step": lambda x: x[0] * torch.arange(2 * x.shape[1], -1, -x.shape[1]).sum(),
 }
 
 
