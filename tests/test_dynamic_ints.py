@@ -286,7 +286,7 @@ SIZED_ARGS = {
     "grid_sample_border_corners": lambda x: sampled(x, "border", True),
     "setitem_at_size": written_at_sizes,  # (this one specialised: an index tensor's write on a copy)
     # (these specialised: a diagonal's step, cols + 1, and an arange's step were slice and iota
-    # steps, which are numbers)
+    # steps, which are numbers; a Vandermonde matrix's column count was a loop's)
     "diagonal": lambda x: torch.diagonal(x),
     "diagonal_offset_by_size": lambda x: x.diagonal(x.shape[1] // 2 - 3) * 2,
     "diag_below": lambda x: torch.diag(x, -1),
@@ -294,6 +294,8 @@ SIZED_ARGS = {
     "diagonal_written": diagonal_written,
     "arange_size_step": lambda x: x + torch.arange(1.0, 3 * x.shape[1], x.shape[1])[:, None],
     "arange_negative_size_step": lambda x: x[0] * torch.arange(2 * x.shape[1], -1, -x.shape[1]).sum(),
+    "vander_columns": lambda x: torch.vander(x.detach()[0], N=x.shape[1] // 2),
+    "linalg_vander_columns": lambda x: torch.linalg.vander(x, N=x.shape[1] // 2),
 }
 
 
