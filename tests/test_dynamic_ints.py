@@ -284,6 +284,8 @@ SIZED_ARGS = {
     "max_pool_stride": lambda x: F.max_pool1d(x[None], 2, stride=x.shape[1] // 2),
     "grid_sample": sampled,
     "grid_sample_border_corners": lambda x: sampled(x, "border", True),
+    "grid_sample_reflection": lambda x: sampled(x, "reflection"),  # (specialised: the folding's span)
+    "grid_sample_reflection_corners": lambda x: sampled(x, "reflection", True),
     "setitem_at_size": written_at_sizes,  # (this one specialised: an index tensor's write on a copy)
     # (these specialised: a diagonal's step, cols + 1, and an arange's step were slice and iota
     # steps, which are numbers; a Vandermonde matrix's column count was a loop's)
