@@ -294,6 +294,7 @@ SIZED_ARGS = {
     "diag_below": lambda x: torch.diag(x, -1),
     "trace": lambda x: torch.trace(x) * x,
     "diagonal_written": diagonal_written,
+    "diagonal_scatter_batched": lambda x: torch.diagonal_scatter(x[None].expand(2, -1, -1) * 1, x[:, :2] * 3, 1, 0, 2),
     "arange_size_step": lambda x: x + torch.arange(1.0, 3 * x.shape[1], x.shape[1])[:, None],
     "arange_negative_size_step": lambda x: x[0] * torch.arange(2 * x.shape[1], -1, -x.shape[1]).sum(),
     "vander_columns": lambda x: torch.vander(x.detach()[0], N=x.shape[1] // 2),

@@ -138,31 +138,35 @@ def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
     )
     if length == 0:
         return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
-    moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
     src = clang.maybe_convert(src, input.dtype)
     if type(cols) is SymInt:  # (a pad's dilation, the scatter's step, is a number)
-        out = _on_diagonal(moved, src, offset)
-    else:
-        flat = reshape_to(moved, (*batch, rows * cols))
-        step = cols + 1
-        out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * step + 1, step)
-        out = reshape_to(out, moved.shape)
+        return _on_diagonal(input, src, offset, *perm[-2:])
+    moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
+    flat = reshape_to(moved, (*batch, rows * cols))
+    step = cols + 1
+    out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * step + 1, step)
+    out = reshape_to(out, moved.shape)
     inverse = tuple(sorted(range(input.ndim), key=lambda i: perm[i]))
     return prims.transpose(out, inverse) if perm != tuple(range(input.ndim)) else out
 
 
-def _on_diagonal(a, src, offset: int):
-    """``a`` (..., rows, cols) with ``src`` (..., length) on its ``offset`` diagonal: ``src`` padded
-    to the rows (the columns, below the main diagonal) it is indexed by, spread along the other
-    dim, selected where the column less the row is ``offset``."""
-    *batch, rows, cols = a.shape
-    ndim = a.ndim
-    dim, size = (ndim - 2, rows) if offset >= 0 else (ndim - 1, cols)
+def _on_diagonal(a, src, offset: int, d1: int, d2: int):
+    """``a`` with ``src`` (..., length) on the ``offset`` diagonal of its dims ``d1`` and ``d2``,
+    made in ``a``'s dim order (so its layout is ``a``'s): ``src`` padded to the size of the dim
+    it is indexed by (``d1``, ``d2`` below the main diagonal), spread along the others, selected
+    where the index along ``d2`` less that along ``d1`` is ``offset``."""
+    shape = tuple(a.shape)
+    dim = d1 if offset >= 0 else d2
     zero = clang.maybe_convert(0, a.dtype)
-    src = prims.pad(src, zero, (*((0, 0, 0),) * len(batch), (0, size - src.shape[-1], 0)))
-    spread = prims.broadcast_in_dim(src, tuple(a.shape), (*range(len(batch)), dim))
-    row = prims.broadcast_in_dim(prims.iota(rows, 0, 1, a.device, torch.int64), tuple(a.shape), (ndim - 2,))
-    col = prims.broadcast_in_dim(prims.iota(cols, -offset, 1, a.device, torch.int64), tuple(a.shape), (ndim - 1,))
+    batch = src.ndim - 1
+    src = prims.pad(src, zero, (*((0, 0, 0),) * batch, (0, shape[dim] - src.shape[-1], 0)))
+    others = [d for d in range(a.ndim) if d not in (d1, d2)]
+    targets = (*others, dim)  # src's dims where they go, in increasing order after a transpose
+    order = sorted(range(src.ndim), key=targets.__getitem__)
+    ordered = src if order == list(range(src.ndim)) else prims.transpose(src, tuple(order))
+    spread = prims.broadcast_in_dim(ordered, shape, tuple(sorted(targets)))
+    row = prims.broadcast_in_dim(prims.iota(shape[d1], 0, 1, a.device, torch.int64), shape, (d1,))
+    col = prims.broadcast_in_dim(prims.iota(shape[d2], -offset, 1, a.device, torch.int64), shape, (d2,))
     return prims.where(prims.eq(row, col), spread, a)
 
 
