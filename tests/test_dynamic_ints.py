@@ -299,6 +299,9 @@ SIZED_ARGS = {
     "arange_negative_size_step": lambda x: x[0] * torch.arange(2 * x.shape[1], -1, -x.shape[1]).sum(),
     "vander_columns": lambda x: torch.vander(x.detach()[0], N=x.shape[1] // 2),
     "linalg_vander_columns": lambda x: torch.linalg.vander(x, N=x.shape[1] // 2),
+    "fill_diagonal": lambda x: x.new_zeros(x.shape[1], x.shape[1]).fill_diagonal_(2.0) * x[:, :1].sum(),
+    "fill_diagonal_of_a_cube": lambda x: (x[0, :, None, None] * x[1, :, None] * x[2]).fill_diagonal_(-1, wrap=True),
+    "fill_diagonal_wide_wrapped": lambda x: (x * 1).fill_diagonal_(0.5, wrap=True),
 }
 
 
