@@ -3,6 +3,8 @@ number of tokens, the ``SymInt`` inputs of torch.compile's dynamic graphs) is tr
 size in the next compile, as torch.compile treats ints; what the program decides on it is a guard.
 Ints 0 and 1, negative ints and bools stay constants. Every call is checked against eager."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -299,6 +301,8 @@ SIZED_ARGS = {
     "arange_negative_size_step": lambda x: x[0] * torch.arange(2 * x.shape[1], -1, -x.shape[1]).sum(),
     "vander_columns": lambda x: torch.vander(x.detach()[0], N=x.shape[1] // 2),
     "linalg_vander_columns": lambda x: torch.linalg.vander(x, N=x.shape[1] // 2),
+    "tril_indices": lambda x: x[:, torch.tril_indices(x.shape[1], x.shape[1])[1]],
+    "triu_indices_offset": lambda x: torch.triu_indices(x.shape[1], x.shape[1] // 2, 1 - x.shape[1] // 3),
     "fill_diagonal": lambda x: x.new_zeros(x.shape[1], x.shape[1]).fill_diagonal_(2.0) * x[:, :1].sum(),
     "fill_diagonal_of_a_cube": lambda x: (x[0, :, None, None] * x[1, :, None] * x[2]).fill_diagonal_(-1, wrap=True),
     "fill_diagonal_wide_wrapped": lambda x: (x * 1).fill_diagonal_(0.5, wrap=True),
@@ -406,3 +410,37 @@ def test_the_diagonal_of_a_square_matrix_of_a_changing_size_is_symbolic(op):
     jf = like_eager_over_sizes(op, [4, 5, 7, 9], make=lambda n: torch.randn(n, n))
     assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
     assert jf._dynamic_off is None
+
+
+def triangle(lower: bool, rows: int, cols: int, offset: int):
+    """tril/triu_indices of sizes ``T + rows``, ``T + cols`` and an ``offset`` (T times it, for
+    the large ones) over a length T."""
+    op = torch.tril_indices if lower else torch.triu_indices
+
+    def fn(x):
+        t = x.shape[0]
+        return op(max(t + rows, 0), max(t + cols, 0), offset * t // 5 if abs(offset) == 5 else offset) * 2
+
+    return fn
+
+
+TRIANGLES = list(itertools.product([True, False], [0, 1, -2], [0, 2, -3], [0, 2, -2, 5, -5]))
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=[] if c[1:] in ((1, -3, 2), (-2, 2, -5)) else pytest.mark.slow) for c in TRIANGLES]
+)
+def test_triangle_indices_of_symbolic_sizes_decompose_to_eagers(case):
+    # The torch executor runs tril_indices whole; a fusion executor runs its decomposition, which
+    # counts each row's columns and finds each index's row by a cumulative count of row starts.
+    from thunder_rs.executors.torch_ex import decomposing  # noqa: PLC0415
+
+    fn = triangle(*case)
+    jf = thunder_rs.jit(fn)
+    for n in [3, 4, 5, 7, 9]:
+        x = torch.randn(n)
+        with decomposing():
+            out = jf(x)
+        torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
+    assert "prim_cumsum" in str(thunder_rs.last_traces(jf)[-1])
+    assert stats(jf).cache_misses <= 4, stats(jf).miss_reasons
