@@ -17,7 +17,8 @@ Not an ``int`` subclass on purpose: C code reads an int subclass's value directl
 hook, so a size used that way would be baked into the trace silently. A ``torch.SymInt``
 subclass instead, so that torch's argument parser passes it on to the language context as it is
 (``x.view(B, T, -1)``, ``torch.arange(T)``, ``torch.Size``) rather than reading it as an int.
-It has no ``node``: a ``torch.SymInt`` method it does not override fails loudly.
+Its ``node`` is not torch's SymNode: it answers what torch's argument parser and shape code
+ask of one, and a ``torch.SymInt`` method it does not override fails loudly.
 """
 
 import math
@@ -53,19 +54,37 @@ def _operand(other):
 
 
 class _Node:
-    """What torch's own shape code asks a ``torch.SymInt``'s node (``torch.broadcast_shapes``
-    asks whether a size is a nested int); anything else fails naming it."""
+    """What torch asks a ``torch.SymInt``'s node: ``torch.broadcast_shapes`` whether a size is a
+    nested int; torch's argument parser, for an op that takes a plain int (``hann_window(T)``),
+    whether it is an int and then its value, which specialises the size (``guard_int``: failing
+    instead turned symbolic compiles off for the whole function). Anything else fails naming it."""
 
-    __slots__ = ()
+    __slots__ = ("size",)
+
+    def __init__(self, size: "SymInt"):
+        self.size = size
 
     def is_nested_int(self) -> bool:
         return False
 
+    def is_int(self) -> bool:
+        return True
+
+    def is_bool(self) -> bool:
+        return False
+
+    def is_float(self) -> bool:
+        return False
+
+    def maybe_as_int(self) -> None:
+        return None  # (no value without a decision)
+
+    def guard_int(self, file, line) -> int:
+        return self.size.__index__()
+
     def __getattr__(self, name):
         raise AttributeError(f"thunder_rs symbolic sizes do not support torch's SymNode.{name} yet")
 
-
-_NODE = _Node()
 
 _NOT_NUMBERS = frozenset({type(None), type(Ellipsis), slice, str})
 
@@ -73,7 +92,9 @@ _NOT_NUMBERS = frozenset({type(None), type(Ellipsis), slice, str})
 class SymInt(torch.SymInt):
     """An int size whose value is read from the inputs on each call (see the module doc)."""
 
-    node = _NODE  # type: ignore[assignment]  # not torch's SymNode: what torch asks of one, answered
+    @property
+    def node(self):  # not torch's SymNode: what torch asks of one, answered
+        return _Node(self)
 
     def __init__(self, expr: "_core.SymExpr"):
         self.expr = expr
