@@ -290,7 +290,8 @@ SIZED_ARGS = {
     "grid_sample_reflection_corners": lambda x: sampled(x, "reflection", True),
     "setitem_at_size": written_at_sizes,  # (this one specialised: an index tensor's write on a copy)
     # (these specialised: a diagonal's step, cols + 1, and an arange's step were slice and iota
-    # steps, which are numbers; a Vandermonde matrix's column count was a loop's)
+    # steps, which are numbers; a Vandermonde matrix's column count was a loop's; linspace took
+    # an end from a size for no number)
     "diagonal": lambda x: torch.diagonal(x),
     "diagonal_offset_by_size": lambda x: x.diagonal(x.shape[1] // 2 - 3) * 2,
     "diag_below": lambda x: torch.diag(x, -1),
@@ -299,6 +300,8 @@ SIZED_ARGS = {
     "diagonal_scatter_batched": lambda x: torch.diagonal_scatter(x[None].expand(2, -1, -1) * 1, x[:, :2] * 3, 1, 0, 2),
     "arange_size_step": lambda x: x + torch.arange(1.0, 3 * x.shape[1], x.shape[1])[:, None],
     "arange_negative_size_step": lambda x: x[0] * torch.arange(2 * x.shape[1], -1, -x.shape[1]).sum(),
+    "linspace_to_size": lambda x: x + torch.linspace(0, x.shape[1] - 1, x.shape[1]),
+    "logspace_to_size": lambda x: x * torch.logspace(-1, x.shape[1] // 3, x.shape[1], base=2.0),
     "vander_columns": lambda x: torch.vander(x.detach()[0], N=x.shape[1] // 2),
     "linalg_vander_columns": lambda x: torch.linalg.vander(x, N=x.shape[1] // 2),
     "tril_indices": lambda x: x[:, torch.tril_indices(x.shape[1], x.shape[1])[1]],

@@ -438,6 +438,8 @@ def _endpoint(op: str, value, name: str, dtype, device):
             ThunderNotImplementedError,
         )
         return clang.maybe_convert(value, dtype)
+    if type(value) is SymInt:  # a size (``linspace(0, T - 1, T)``): read on each call
+        return size_value(device, dtype, value)
     check(
         isinstance(value, (int, float)) and not isinstance(value, complex),
         op,
