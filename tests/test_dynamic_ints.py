@@ -4,6 +4,7 @@ size in the next compile, as torch.compile treats ints; what the program decides
 Ints 0 and 1, negative ints and bools stay constants. Every call is checked against eager."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -242,6 +243,11 @@ def sampled(x, padding_mode="zeros", align_corners=False):
     return F.grid_sample(x[None, None], grid, padding_mode=padding_mode, align_corners=align_corners)
 
 
+def unfold_fold(x):
+    k = x.shape[1] // 2
+    return F.fold(F.unfold(x[None, None], (2, k)), (3, x.shape[1]), (2, k))
+
+
 def diagonal_written(x):
     y = x * 1
     y.diagonal(1).mul_(3.0)
@@ -306,6 +312,15 @@ SIZED_ARGS = {
     "linalg_vander_columns": lambda x: torch.linalg.vander(x, N=x.shape[1] // 2),
     "tril_indices": lambda x: x[:, torch.tril_indices(x.shape[1], x.shape[1])[1]],
     "triu_indices_offset": lambda x: torch.triu_indices(x.shape[1], x.shape[1] // 2, 1 - x.shape[1] // 3),
+    # (these stayed symbolic already: kept as cases)
+    "combinations": lambda x: torch.combinations(x[0], 3, with_replacement=True),
+    "cartesian_prod": lambda x: torch.cartesian_prod(x[0], x[1, : x.shape[1] // 2]),
+    "eye": lambda x: x @ torch.eye(x.shape[1], x.shape[1] // 2 + 1, dtype=x.dtype),
+    "block_diag": lambda x: torch.block_diag(x, x[:, :2].T),
+    "cdist": lambda x: torch.cdist(x.T, x.T[: x.shape[1] // 2]),
+    "unfold_fold": unfold_fold,
+    "shape_arithmetic": lambda x: x.sum(-1, keepdim=True).expand(x.shape[:-1] + (max(x.shape) // 2,)),
+    "numel_divisor": lambda x: x.reshape(math.prod(x.shape)) / x.numel() + x.sum() / x.nelement(),
     "fill_diagonal": lambda x: x.new_zeros(x.shape[1], x.shape[1]).fill_diagonal_(2.0) * x[:, :1].sum(),
     "fill_diagonal_of_a_cube": lambda x: (x[0, :, None, None] * x[1, :, None] * x[2]).fill_diagonal_(-1, wrap=True),
     "fill_diagonal_wide_wrapped": lambda x: (x * 1).fill_diagonal_(0.5, wrap=True),
