@@ -312,6 +312,11 @@ SIZED_ARGS = {
     "linalg_vander_columns": lambda x: torch.linalg.vander(x, N=x.shape[1] // 2),
     "tril_indices": lambda x: x[:, torch.tril_indices(x.shape[1], x.shape[1])[1]],
     "triu_indices_offset": lambda x: torch.triu_indices(x.shape[1], x.shape[1] // 2, 1 - x.shape[1] // 3),
+    # (a size on the left of a tensor was specialised: an int's op with a tensor is the tensor's
+    # reflected op, which takes the size as it is)
+    "size_op_tensor": lambda x: (x.shape[1] - x) * (x.shape[1] + x) / (x.shape[1] * x + 50) + 2**x,
+    "size_quotient_by_tensor": lambda x: x.shape[1] // (x.detach().abs() + 1) + x.shape[1] % (x.detach().abs() + 1),
+    "size_compared_with_tensor": lambda x: x * (x.shape[1] > x * 10) + x * (x.shape[1] <= x * 10) + (x.shape[1] == x),
     # (these stayed symbolic already: kept as cases)
     "combinations": lambda x: torch.combinations(x[0], 3, with_replacement=True),
     "cartesian_prod": lambda x: torch.cartesian_prod(x[0], x[1, : x.shape[1] // 2]),

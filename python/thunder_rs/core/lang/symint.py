@@ -111,13 +111,16 @@ class SymInt(torch.SymInt):
         """The value when the program was traced."""
         return self.expr.hint
 
-    # Arithmetic stays symbolic with ints and other sizes; with anything else (a float, a
-    # tensor) the size is specialised first.
-    # (Through ``operator``, so that an int meeting a float or a tensor takes Python's whole
-    # protocol, reflected methods included, as it does in eager.)
+    # Arithmetic stays symbolic with ints and other sizes; with a tensor it is the tensor's
+    # reflected op (as an int's is: ``NotImplemented``), which takes the size as it is; with
+    # anything else (a float) the size is specialised first.
+    # (Through ``operator``, so that an int meeting a float takes Python's whole protocol,
+    # reflected methods included, as it does in eager.)
     def _arith(self, other, op, reflected=False):
         o = _operand(other)
         if o is None:
+            if isinstance(other, torch.Tensor):
+                return NotImplemented
             value = self.__index__()
             return op(other, value) if reflected else op(value, other)
         return wrap(op(o, self.expr) if reflected else op(self.expr, o))
@@ -141,6 +144,8 @@ class SymInt(torch.SymInt):
         return self._arith(other, operator.mul, reflected=True)
 
     def __floordiv__(self, other):
+        if isinstance(other, torch.Tensor):
+            return NotImplemented
         if type(other) is int and other > 0:
             return wrap(self.expr // other)
         if type(other) is SymInt:
@@ -157,6 +162,8 @@ class SymInt(torch.SymInt):
         return other // self.__index__()
 
     def __mod__(self, other):
+        if isinstance(other, torch.Tensor):
+            return NotImplemented
         if type(other) is int and other > 0:
             return wrap(self.expr % other)
         if type(other) is SymInt and self.expr.exact_div(other.expr) is not None:
@@ -177,6 +184,8 @@ class SymInt(torch.SymInt):
         return divmod(other, self.__index__())
 
     def __truediv__(self, other):
+        if isinstance(other, torch.Tensor):
+            return NotImplemented
         return self.__index__() / other
 
     def __rtruediv__(self, other):
@@ -188,11 +197,14 @@ class SymInt(torch.SymInt):
     def __pos__(self):
         return self
 
-    # Decisions: answered on the hint, the relation recorded as a guard; against anything else
-    # (a float, a tensor) the size is specialised and compared as an int would be.
+    # Decisions: answered on the hint, the relation recorded as a guard; against a tensor, the
+    # tensor's reflected comparison; against anything else (a float) the size is specialised
+    # and compared as an int would be.
     def _decide(self, op, other):
         o = _operand(other)
         if o is None:
+            if isinstance(other, torch.Tensor):
+                return NotImplemented
             return getattr(operator, op)(self.__index__(), other)
         return current().decide(op, self.expr, o)
 
