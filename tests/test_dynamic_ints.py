@@ -317,6 +317,12 @@ SIZED_ARGS = {
     "size_op_tensor": lambda x: (x.shape[1] - x) * (x.shape[1] + x) / (x.shape[1] * x + 50) + 2**x,
     "size_quotient_by_tensor": lambda x: x.shape[1] // (x.detach().abs() + 1) + x.shape[1] % (x.detach().abs() + 1),
     "size_compared_with_tensor": lambda x: x * (x.shape[1] > x * 10) + x * (x.shape[1] <= x * 10) + (x.shape[1] == x),
+    # (a size as alpha or value was specialised: the checks wanted a number)
+    "add_alpha": lambda x: torch.add(x, x.exp(), alpha=x.shape[1]) - torch.sub(x, x * 2, alpha=x.shape[1] // 2),
+    "add_alpha_ints": lambda x: torch.add((x.detach() * 9).int(), (x.detach() * 5).int(), alpha=x.shape[1]),
+    "addcmul_value": lambda x: (
+        torch.addcmul(x, x, x.exp(), value=x.shape[1]) + torch.addcdiv(x, x, x.exp(), value=-x.shape[1])
+    ),
     # (these stayed symbolic already: kept as cases)
     "combinations": lambda x: torch.combinations(x[0], 3, with_replacement=True),
     "cartesian_prod": lambda x: torch.cartesian_prod(x[0], x[1, : x.shape[1] // 2]),

@@ -17,6 +17,7 @@ from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.core.lang.symint import SymInt
 
 T = torch.Tensor
 __all__ = ["where", "masked_fill", "clamp", "clamp_min", "clamp_max", "true_divide", "div", "floor_divide", "rsub"]
@@ -118,7 +119,7 @@ def _scaled(b, alpha, op):
     if alpha == 1:
         return b
     check(
-        isinstance(alpha, (bool, int, float)),
+        isinstance(alpha, (bool, int, float)) or type(alpha) is SymInt,  # (a size: read on each call)
         op,
         f"expected a number for alpha, got {type(alpha).__name__}",
         ThunderTypeError,
