@@ -315,6 +315,10 @@ SIZED_ARGS = {
     # (a size on the left of a tensor was specialised: an int's op with a tensor is the tensor's
     # reflected op, which takes the size as it is)
     "size_op_tensor": lambda x: (x.shape[1] - x) * (x.shape[1] + x) / (x.shape[1] * x + 50) + 2**x,
+    "size_power_of_tensor": lambda x: (x.shape[1] // 4) ** x.clamp(0, 2) + torch.pow(x.shape[1] - 6, x),
+    # (the gradients of a power by a symbolic exponent or base failed the symbolic compile, which
+    # turned symbolic compiles off)
+    "power_by_size": lambda x: x ** (x.shape[1] // 2) + x.pow(x.shape[1] - 4),
     "size_quotient_by_tensor": lambda x: x.shape[1] // (x.detach().abs() + 1) + x.shape[1] % (x.detach().abs() + 1),
     "size_compared_with_tensor": lambda x: x * (x.shape[1] > x * 10) + x * (x.shape[1] <= x * 10) + (x.shape[1] == x),
     # (a size as alpha or value was specialised: the checks wanted a number)

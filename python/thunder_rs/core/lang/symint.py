@@ -251,9 +251,12 @@ class SymInt(torch.SymInt):
     def __abs__(self):
         return self if self >= 0 else -self
 
-    # An int power stays symbolic; any other power, and what torch.SymInt would answer through
-    # its SymNode (bit operations, ``torch.sym_sqrt``...), is an int's: the size specialised.
+    # An int power stays symbolic, a tensor power is the tensor's (``T ** x``, reflected); any
+    # other power, and what torch.SymInt would answer through its SymNode (bit operations,
+    # ``torch.sym_sqrt``...), is an int's: the size specialised.
     def __pow__(self, other, modulo=None):
+        if isinstance(other, torch.Tensor):
+            return NotImplemented
         if type(other) is int and 0 <= other <= 8 and modulo is None:
             out = 1
             for _ in range(other):
