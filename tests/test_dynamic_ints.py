@@ -321,12 +321,15 @@ SIZED_ARGS = {
     "power_by_size": lambda x: x ** (x.shape[1] // 2) + x.pow(x.shape[1] - 4),
     "size_quotient_by_tensor": lambda x: x.shape[1] // (x.detach().abs() + 1) + x.shape[1] % (x.detach().abs() + 1),
     "size_compared_with_tensor": lambda x: x * (x.shape[1] > x * 10) + x * (x.shape[1] <= x * 10) + (x.shape[1] == x),
-    # (a size as alpha or value was specialised: the checks wanted a number, scatter's fill one)
+    # (a size as alpha or value was specialised: the checks wanted a number, scatter's fill and
+    # a pad prim's value one)
     "add_alpha": lambda x: torch.add(x, x.exp(), alpha=x.shape[1]) - torch.sub(x, x * 2, alpha=x.shape[1] // 2),
     "add_alpha_ints": lambda x: torch.add((x.detach() * 9).int(), (x.detach() * 5).int(), alpha=x.shape[1]),
     "addcmul_value": lambda x: (
         torch.addcmul(x, x, x.exp(), value=x.shape[1]) + torch.addcdiv(x, x, x.exp(), value=-x.shape[1])
     ),
+    "pad_value": lambda x: F.pad(x, (2, 1, 0, 1), value=x.shape[1] // 2),
+    "pad_value_ints": lambda x: torch.constant_pad_nd((x.detach() * 9).int(), (1, -1), x.shape[1]),
     "scatter_value": lambda x: x.scatter(1, torch.tensor([[0], [2], [1]]), x.shape[1] // 2),
     # (these stayed symbolic already: kept as cases)
     "combinations": lambda x: torch.combinations(x[0], 3, with_replacement=True),
