@@ -3,6 +3,9 @@ number of tokens, the ``SymInt`` inputs of torch.compile's dynamic graphs) is tr
 size in the next compile, as torch.compile treats ints; what the program decides on it is a guard.
 Ints 0 and 1, negative ints and bools stay constants. Every call is checked against eager."""
 
+import itertools
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -240,6 +243,18 @@ def sampled(x, padding_mode="zeros", align_corners=False):
     return F.grid_sample(x[None, None], grid, padding_mode=padding_mode, align_corners=align_corners)
 
 
+def unfold_fold(x):
+    k = x.shape[1] // 2
+    return F.fold(F.unfold(x[None, None], (2, k)), (3, x.shape[1]), (2, k))
+
+
+def diagonal_written(x):
+    y = x * 1
+    y.diagonal(1).mul_(3.0)
+    y.diagonal(-1).fill_(2.0)
+    return y
+
+
 #: Programs that pass an int computed from a symbolic size to an op: over inputs (3, n) for
 #: n = 6, 8, 10, 12 they compile twice (static, then symbolic), not once per size.
 SIZED_ARGS = {
@@ -277,7 +292,57 @@ SIZED_ARGS = {
     "max_pool_stride": lambda x: F.max_pool1d(x[None], 2, stride=x.shape[1] // 2),
     "grid_sample": sampled,
     "grid_sample_border_corners": lambda x: sampled(x, "border", True),
+    "grid_sample_reflection": lambda x: sampled(x, "reflection"),  # (specialised: the folding's span)
+    "grid_sample_reflection_corners": lambda x: sampled(x, "reflection", True),
     "setitem_at_size": written_at_sizes,  # (this one specialised: an index tensor's write on a copy)
+    # (these specialised: a diagonal's step, cols + 1, and an arange's step were slice and iota
+    # steps, which are numbers; a Vandermonde matrix's column count was a loop's; linspace took
+    # an end from a size for no number)
+    "diagonal": lambda x: torch.diagonal(x),
+    "diagonal_offset_by_size": lambda x: x.diagonal(x.shape[1] // 2 - 3) * 2,
+    "diag_below": lambda x: torch.diag(x, -1),
+    "trace": lambda x: torch.trace(x) * x,
+    "diagonal_written": diagonal_written,
+    "diagonal_scatter_batched": lambda x: torch.diagonal_scatter(x[None].expand(2, -1, -1) * 1, x[:, :2] * 3, 1, 0, 2),
+    "arange_size_step": lambda x: x + torch.arange(1.0, 3 * x.shape[1], x.shape[1])[:, None],
+    "arange_negative_size_step": lambda x: x[0] * torch.arange(2 * x.shape[1], -1, -x.shape[1]).sum(),
+    "linspace_to_size": lambda x: x + torch.linspace(0, x.shape[1] - 1, x.shape[1]),
+    "logspace_to_size": lambda x: x * torch.logspace(-1, x.shape[1] // 3, x.shape[1], base=2.0),
+    "vander_columns": lambda x: torch.vander(x.detach()[0], N=x.shape[1] // 2),
+    "linalg_vander_columns": lambda x: torch.linalg.vander(x, N=x.shape[1] // 2),
+    "tril_indices": lambda x: x[:, torch.tril_indices(x.shape[1], x.shape[1])[1]],
+    "triu_indices_offset": lambda x: torch.triu_indices(x.shape[1], x.shape[1] // 2, 1 - x.shape[1] // 3),
+    # (a size on the left of a tensor was specialised: an int's op with a tensor is the tensor's
+    # reflected op, which takes the size as it is)
+    "size_op_tensor": lambda x: (x.shape[1] - x) * (x.shape[1] + x) / (x.shape[1] * x + 50) + 2**x,
+    "size_power_of_tensor": lambda x: (x.shape[1] // 4) ** x.clamp(0, 2) + torch.pow(x.shape[1] - 6, x),
+    # (the gradients of a power by a symbolic exponent or base failed the symbolic compile, which
+    # turned symbolic compiles off)
+    "power_by_size": lambda x: x ** (x.shape[1] // 2) + x.pow(x.shape[1] - 4),
+    "size_quotient_by_tensor": lambda x: x.shape[1] // (x.detach().abs() + 1) + x.shape[1] % (x.detach().abs() + 1),
+    "size_compared_with_tensor": lambda x: x * (x.shape[1] > x * 10) + x * (x.shape[1] <= x * 10) + (x.shape[1] == x),
+    # (a size as alpha or value was specialised: the checks wanted a number, scatter's fill and
+    # a pad prim's value one)
+    "add_alpha": lambda x: torch.add(x, x.exp(), alpha=x.shape[1]) - torch.sub(x, x * 2, alpha=x.shape[1] // 2),
+    "add_alpha_ints": lambda x: torch.add((x.detach() * 9).int(), (x.detach() * 5).int(), alpha=x.shape[1]),
+    "addcmul_value": lambda x: (
+        torch.addcmul(x, x, x.exp(), value=x.shape[1]) + torch.addcdiv(x, x, x.exp(), value=-x.shape[1])
+    ),
+    "pad_value": lambda x: F.pad(x, (2, 1, 0, 1), value=x.shape[1] // 2),
+    "pad_value_ints": lambda x: torch.constant_pad_nd((x.detach() * 9).int(), (1, -1), x.shape[1]),
+    "scatter_value": lambda x: x.scatter(1, torch.tensor([[0], [2], [1]]), x.shape[1] // 2),
+    # (these stayed symbolic already: kept as cases)
+    "combinations": lambda x: torch.combinations(x[0], 3, with_replacement=True),
+    "cartesian_prod": lambda x: torch.cartesian_prod(x[0], x[1, : x.shape[1] // 2]),
+    "eye": lambda x: x @ torch.eye(x.shape[1], x.shape[1] // 2 + 1, dtype=x.dtype),
+    "block_diag": lambda x: torch.block_diag(x, x[:, :2].T),
+    "cdist": lambda x: torch.cdist(x.T, x.T[: x.shape[1] // 2]),
+    "unfold_fold": unfold_fold,
+    "shape_arithmetic": lambda x: x.sum(-1, keepdim=True).expand(x.shape[:-1] + (max(x.shape) // 2,)),
+    "numel_divisor": lambda x: x.reshape(math.prod(x.shape)) / x.numel() + x.sum() / x.nelement(),
+    "fill_diagonal": lambda x: x.new_zeros(x.shape[1], x.shape[1]).fill_diagonal_(2.0) * x[:, :1].sum(),
+    "fill_diagonal_of_a_cube": lambda x: (x[0, :, None, None] * x[1, :, None] * x[2]).fill_diagonal_(-1, wrap=True),
+    "fill_diagonal_wide_wrapped": lambda x: (x * 1).fill_diagonal_(0.5, wrap=True),
 }
 
 
@@ -301,6 +366,8 @@ SPECIALISED_ARGS = {
     "slice_step": lambda x: x[:, :: x.shape[1] // 4] * 2,
     "matrix_power": lambda x: torch.linalg.matrix_power(x @ x.T / x.shape[1], x.shape[1] // 4),
     "polygamma_order": lambda x: torch.polygamma(x.shape[1] // 4, x.abs() + 1),
+    # (an aten op taking a plain int: torch's argument parser asks the size's node for it)
+    "hann_window_length": lambda x: x * torch.hann_window(x.shape[1] // 4, dtype=x.dtype).sum(),
 }
 
 
@@ -375,3 +442,44 @@ def test_one_hot_with_a_symbolic_number_of_classes_runs_eagers_kernel():
         jf(torch.randn(3, 9), torch.tensor([0, 9]))
     with pytest.raises(RuntimeError, match="Class values must be non-negative"):
         jf(torch.randn(3, 9), torch.tensor([0, -1]))
+
+
+@pytest.mark.parametrize("op", [torch.diag, torch.trace, lambda m: m.diagonal(1).exp(), lambda m: m.diagonal(-2)])
+def test_the_diagonal_of_a_square_matrix_of_a_changing_size_is_symbolic(op):
+    jf = like_eager_over_sizes(op, [4, 5, 7, 9], make=lambda n: torch.randn(n, n))
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+    assert jf._dynamic_off is None
+
+
+def triangle(lower: bool, rows: int, cols: int, offset: int):
+    """tril/triu_indices of sizes ``T + rows``, ``T + cols`` and an ``offset`` (T times it, for
+    the large ones) over a length T."""
+    op = torch.tril_indices if lower else torch.triu_indices
+
+    def fn(x):
+        t = x.shape[0]
+        return op(max(t + rows, 0), max(t + cols, 0), offset * t // 5 if abs(offset) == 5 else offset) * 2
+
+    return fn
+
+
+TRIANGLES = list(itertools.product([True, False], [0, 1, -2], [0, 2, -3], [0, 2, -2, 5, -5]))
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=[] if c[1:] in ((1, -3, 2), (-2, 2, -5)) else pytest.mark.slow) for c in TRIANGLES]
+)
+def test_triangle_indices_of_symbolic_sizes_decompose_to_eagers(case):
+    # The torch executor runs tril_indices whole; a fusion executor runs its decomposition, which
+    # counts each row's columns and finds each index's row by a cumulative count of row starts.
+    from thunder_rs.executors.torch_ex import decomposing  # noqa: PLC0415
+
+    fn = triangle(*case)
+    jf = thunder_rs.jit(fn)
+    for n in [3, 4, 5, 7, 9]:
+        x = torch.randn(n)
+        with decomposing():
+            out = jf(x)
+        torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
+    assert "prim_cumsum" in str(thunder_rs.last_traces(jf)[-1])
+    assert stats(jf).cache_misses <= 4, stats(jf).miss_reasons

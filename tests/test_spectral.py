@@ -119,6 +119,41 @@ def test_an_istft_head_differentiates_like_eager_in_two_compiles(fn):
     assert jf._dynamic_off is None
 
 
+def sized_frames(x):
+    """Frames a fixed fraction of the signal long (an analysis over whole clips): n_fft, hop and
+    window from the length. (A Hann window of a symbolic length is a float of it: specialised.)"""
+    n_fft = x.shape[-1] // 4
+    window = torch.ones(n_fft, dtype=x.dtype).cumsum(0).rsqrt()
+    return torch.stft(x, n_fft, hop_length=n_fft // 4, window=window, return_complex=True).abs()
+
+
+def sized_synthesis(mag, phase):
+    """An istft whose n_fft follows the frequency count (2 * (F - 1)), its hop n_fft // 4."""
+    n_fft = 2 * (mag.shape[-2] - 1)
+    spec = torch.polar(mag.exp(), phase)
+    return torch.istft(spec, n_fft, window=torch.ones(n_fft, dtype=mag.dtype))
+
+
+@pytest.mark.parametrize("fn", [sized_frames, sized_synthesis])
+def test_frame_parameters_from_sizes_stay_symbolic(fn):
+    # (n_fft and the hop were specialised: a compile per size)
+    jf = thunder_rs.jit(fn)
+    for n in (8, 10, 13, 17):
+        shape = [(2, 32 * n)] if fn is sized_frames else [(2, n + 1, 9)] * 2
+        inputs = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in shape]
+        twins = [t.detach().clone().requires_grad_() for t in inputs]
+        out, expected = jf(*inputs), fn(*twins)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        assert out.stride() == expected.stride()
+        cotangent = torch.randn_like(expected)
+        out.backward(cotangent)
+        expected.backward(cotangent)
+        for t, e in zip(inputs, twins, strict=True):
+            torch.testing.assert_close(t.grad, e.grad, rtol=0, atol=0)
+    assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+    assert jf._dynamic_off is None
+
+
 def complex_stft(z):
     return torch.stft(z, 16, 4, window=torch.hann_window(16), return_complex=True)
 

@@ -1,5 +1,5 @@
 """Products built on matmul: addmv, addbmm, addr, vdot, tensordot, einsum, cross, linalg.cross,
-linalg.vecdot, linalg.multi_dot, linalg.matrix_power, linalg.vander, and the weight-gradient
+linalg.vecdot, linalg.multi_dot, linalg.matrix_power, linalg.vander, vander, and the weight-gradient
 product view folding makes (``ltorch.flattened_product``, through the torch function it runs)."""
 
 from __future__ import annotations
@@ -183,6 +183,21 @@ def vander_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3,), torch.bool)), NotImplementedError)
 
 
+def torch_vander_samples(dtype, device) -> Iterable[SampleInput]:
+    # (eager's backward of torch.vander fails: its cumprod writes into a result autograd saved)
+    yield SampleInput(make((4,), dtype, device, low=-2, high=2))
+    yield SampleInput(make((3,), dtype, device, low=-2, high=2), N=5, increasing=True)
+    yield SampleInput(make((4,), dtype, device, low=-2, high=2, noncontiguous=True), 2)
+    yield SampleInput(make((3,), dtype, device), N=1)
+    yield SampleInput(make((3,), dtype, device), N=0)
+    yield SampleInput(make((0,), dtype, device), N=3)
+
+
+def torch_vander_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 2))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3,)), N=-1), RuntimeError)
+
+
 def same_dtype_errors(*shapes) -> Callable[[], Iterable[ErrorInput]]:
     """Mixed dtypes (products do not promote) and mismatched sizes (the last operand one longer)."""
 
@@ -248,4 +263,5 @@ OPS = [
         tolerances=ACCUMULATING,
     ),
     OpInfo("linalg_vander", LA.vander, vander_samples, vander_errors, NUMERIC),
+    OpInfo("vander", torch.vander, torch_vander_samples, torch_vander_errors, ALL, supports_grad=False),
 ]

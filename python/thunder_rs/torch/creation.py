@@ -18,7 +18,7 @@ from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.lang.langctx import PROXY_CALLS, SIZE_DATA
 from thunder_rs.core.lang.symfloat import SymFloat
-from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.core.lang.symint import SymInt, identical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.torch.common import require_tensor, is_int, size_value
@@ -308,6 +308,15 @@ def _whole_length(start, end, step: int):
     return (end - start + step - 1) // step if step > 0 else (start - end - step - 1) // -step
 
 
+def _iota(length, start, step, device, dtype):
+    """``start + i * step`` for ``i < length``: an iota, whose step is a number; by a symbolic
+    step, the iota of int64 indices times it (exact in int64), then in ``dtype``."""
+    if type(step) is not SymInt:
+        return prims.iota(length, start, step, device, dtype)
+    values = prims.mul(prims.iota(length, 0, 1, device, torch.int64), step)
+    return clang.maybe_convert(values if identical(start, 0) else prims.add(values, start), dtype)
+
+
 @torchsymbol(torch.arange)
 def arange(
     start=0, end=None, step=1, *, out=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False
@@ -325,20 +334,24 @@ def arange(
         f'"arange" not implemented for {dtype} (argument dtype)',
         ThunderNotImplementedError,
     )
+    # In integers where it can be (``(end - start + step - 1) // step``), whole floats included:
+    # a symbolic end or step keeps the length symbolic (``arange(T)``, ``arange(1.0, 3 * T, T)``,
+    # Funnel's ``arange(-2 * T, 2 * T, 1.0, dtype=torch.int64)``); a float compared with a size
+    # would specialise it.
+    start, end, step = (int(v) if isinstance(v, float) and v.is_integer() else v for v in (start, end, step))
     _check_arange(start, end, step, op)
-    # In integers where it can be (``(end - start + step - 1) // step``), a whole step of either
-    # sign and of either type included: a symbolic end keeps the length symbolic (``arange(T)``,
-    # Funnel's ``arange(-2 * T, 2 * T, 1.0, dtype=torch.int64)``).
-    whole = is_int(start) and is_int(end) and (is_int(step) or float(step).is_integer())
-    length = _whole_length(start, end, int(step)) if whole else math.ceil((end - start) / step)
+    whole = all(is_int(v) for v in (start, end, step))
+    length = _whole_length(start, end, step) if whole else math.ceil((end - start) / step)
     device = _device(device)
     if dtypes.is_int(dtype) or (is_int(start) and is_int(step)):
-        if int(step) == 0:  # a fractional step truncates to 0 for integer dtypes
-            return prims.full((length,), int(start), device, dtype)
+        if not is_int(step):
+            step = int(step)  # truncated for integer dtypes, as torch does
+            if step == 0:
+                return prims.full((length,), int(start), device, dtype)
         # A symbolic start stays symbolic (``arange(T, T + 2)``, positions after a cache's length).
-        return prims.iota(length, start if is_int(start) else int(start), int(step), device, dtype)
+        return _iota(length, start if is_int(start) else int(start), step, device, dtype)
     if whole:  # a whole float step: start + i * step in float64 (a symbolic start stays symbolic)
-        return clang.maybe_convert(prims.iota(length, start, int(step), device, torch.float64), dtype)
+        return clang.maybe_convert(_iota(length, start, step, device, torch.float64), dtype)
     index = prims.iota(length, 0, 1, device, torch.float64)
     return clang.maybe_convert(prims.add(prims.mul(index, float(step)), float(start)), dtype)
 
@@ -433,6 +446,8 @@ def _endpoint(op: str, value, name: str, dtype, device):
             ThunderNotImplementedError,
         )
         return clang.maybe_convert(value, dtype)
+    if type(value) is SymInt:  # a size (``linspace(0, T - 1, T)``): read on each call
+        return size_value(device, dtype, value)
     check(
         isinstance(value, (int, float)) and not isinstance(value, complex),
         op,

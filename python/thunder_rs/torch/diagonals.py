@@ -164,14 +164,53 @@ def _triangle_indices(op: str, row, col, offset, dtype, device, layout, lower: b
         ),
         ThunderNotImplementedError,
     )
+    device = torch.get_default_device() if device is None else torch.device(device)
+    if any(type(v) is SymInt for v in (row, col, offset)):
+        return clang.maybe_convert(_symbolic_triangle(row, col, offset, device, lower), dtype)
     rows: list[int] = []
     cols: list[int] = []
     for r in range(row):
         lo, hi = (0, min(col, max(r + offset + 1, 0))) if lower else (min(col, max(r + offset, 0)), col)
         rows += [r] * (hi - lo)
         cols += range(lo, hi)
-    device = torch.get_default_device() if device is None else torch.device(device)
     return reshape_to(known_ints(rows + cols, device, dtype), (2, len(rows)))
+
+
+def _clamped(x, low, high):
+    return prims.minimum(prims.maximum(x, low), high)
+
+
+def _clamped_sum(row, col, o):
+    """``sum(clamp(r + o, 0, col) for r in range(row))`` for sizes that may be symbolic: rows
+    ``[0, z)`` count 0, rows ``[z, f)`` count ``r + o``, rows ``[f, row)`` count ``col``."""
+    z = min(max(1 - o, 0), row)
+    f = max(z, min(col - o, row))
+    return (f - z) * (2 * o + z + f - 1) // 2 + (row - f) * col
+
+
+def _symbolic_triangle(row, col, offset, device, lower: bool):
+    """``tril_indices``/``triu_indices`` (int64) where a size is symbolic: each row's columns
+    ``[lo, hi)``, and for each of the ``n`` indices its row (how many rows start at or before
+    it, less one: a cumulative count of the rows' starts) and its column (its distance from its
+    row's start past ``lo``)."""
+    r = prims.iota(row, 0, 1, device, torch.int64)
+    zeros = prims.full((row,), 0, device, torch.int64)
+    if lower:
+        lo, hi = zeros, _clamped(prims.add(r, offset + 1), 0, col)
+        n = _clamped_sum(row, col, offset + 1)
+    else:  # (a full prim's value is a number: ``col`` is added, read on each call)
+        lo, hi = _clamped(prims.add(r, offset), 0, col), prims.add(zeros, col)
+        n = row * col - _clamped_sum(row, col, offset)
+    counts = prims.sub(hi, lo)
+    starts = prims.sub(prims.cumsum(counts, 0), counts)
+    # (a start at n is an empty last row's: counted past the indices)
+    at = prims.minimum(starts, n)
+    ones = prims.full((row,), 1, device, torch.int64)
+    marks = prims.scatter_add(prims.full((n + 1,), 0, device, torch.int64), at, ones, 0)
+    rows = prims.sub(slice_in_dim(prims.cumsum(marks, 0), 0, 0, n), 1)
+    index = prims.iota(n, 0, 1, device, torch.int64)
+    cols = prims.add(prims.sub(index, prims.take(starts, rows, 0)), prims.take(lo, rows, 0))
+    return reshape_to(prims.cat([rows, cols], 0), (2, n))
 
 
 @torchsymbol(torch.tril_indices)

@@ -357,7 +357,29 @@ def zero_(a):
     return assign(a, 0, "zero_", copy=True)
 
 
-_SPECIAL = {"copy_": copy_, "fill_": fill_, "zero_": zero_}
+def fill_diagonal_(a, fill_value, wrap=False):
+    """``fill_`` of the diagonal view of all of ``a``'s dims (its diagonal of the first two, of
+    that and the third...): the view's step, a symbolic size where ``a``'s is, stays symbolic. A
+    tall matrix's diagonal that ``wrap``s below itself (where eager's positions follow memory
+    strides) is eager's on a copy."""
+    op = "fill_diagonal_"
+    check(a.ndim >= 2, op, f"dimensions must larger than 1 (at {user_location()})", ThunderRuntimeError)
+    check(
+        all(size == a.shape[0] for size in a.shape[2:]),
+        op,
+        f"all dimensions of input must be of equal length (at {user_location()})",
+        ThunderRuntimeError,
+    )
+    if wrap and a.ndim == 2 and a.shape[0] > a.shape[1] + 1:
+        return assign(a, user_fallback(on_copy(torch.Tensor.fill_diagonal_), (a, fill_value, wrap), {}), op)
+    view = a
+    while view.ndim > 1:
+        view = TORCH_TO_LTORCH[torch.Tensor.diagonal](view, 0, 0, 1)
+    fill_(view, fill_value)
+    return a
+
+
+_SPECIAL = {"copy_": copy_, "fill_": fill_, "zero_": zero_, "fill_diagonal_": fill_diagonal_}
 
 
 #: In-place torch functions whose out-of-place form is an aten op only.

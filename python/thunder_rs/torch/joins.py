@@ -24,10 +24,10 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.torch.common import is_int, pieces, slice_indices
+from thunder_rs.torch.common import is_int, pieces, size_value, slice_indices
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
-from thunder_rs.core.lang.symint import identical, same_shape
+from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 Tensor = torch.Tensor
 __all__ = [
@@ -387,7 +387,18 @@ def pad(input, pad, mode="constant", value=None):
     # As data: an amount that is a size (Swin's ``(4 - W % 4) % 4``) pads where it is 0 too.
     if all(identical(amount, 0) for c in config for amount in c):
         return input
+    if type(value) is SymInt and input.dtype != torch.bool:
+        return _padded_with_size(input, value, tuple(config))
     return prims.pad(input, _pad_value(value, input.dtype), tuple(config))
+
+
+def _padded_with_size(input, value, config):
+    """``input`` padded with a size (a pad prim's value is a number): its 0-d tensor, read on
+    each call, selected where the padding is."""
+    padded = prims.pad(input, _pad_value(0, input.dtype), config)
+    inside = prims.pad(prims.full(tuple(input.shape), True, input.device, torch.bool), False, config)
+    filled = clang.expand_to(size_value(input.device, input.dtype, value), tuple(padded.shape))
+    return prims.where(inside, padded, filled)
 
 
 def _pad_or_fallback(input, pad_, mode="constant", value=None):

@@ -22,6 +22,8 @@ from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import identity
 from thunder_rs.torch.elementwise import sub
 from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
@@ -39,6 +41,7 @@ __all__ = [
     "linalg_multi_dot",
     "linalg_matrix_power",
     "linalg_vander",
+    "vander",
 ]
 
 
@@ -655,8 +658,39 @@ def linalg_vander(x, *, N=None):
         x = ltorch.reshape(x, (1,))
     n = x.shape[-1] if N is None else N
     check(n > 1, op, f"N must be greater than 1, got {n} (argument N)", ThunderRuntimeError)
+    return _powers(x, n, None)
+
+
+def _powers(x, n, dtype):
+    """``x`` (..., m) as (..., m, n): ``x**0`` then the cumulative products of ``n - 1`` copies of
+    ``x`` (in ``dtype``; integers in int64 by default), as eager computes them; a symbolic ``n``
+    stays symbolic."""
     column = ltorch.unsqueeze(x, -1)
-    columns = [ltorch.ones_like(column)]
-    for _ in range(n - 1):
-        columns.append(column if len(columns) == 1 else ltorch.mul(columns[-1], column))
-    return ltorch.cat(columns, -1)
+    powers = ltorch.cumprod(ltorch.expand(column, (*x.shape, n - 1)), -1, dtype=dtype)
+    return ltorch.cat([ltorch.ones_like(column, dtype=powers.dtype), powers], -1)
+
+
+@torchsymbol(torch.vander)
+def vander(x, N=None, increasing=False):
+    """``torch.vander``: the columns ``x**(n-1), ..., x**0`` (``increasing``: the other way)."""
+    op = "ltorch.vander"
+    _check_tensor(op, x, "x")
+    check(x.ndim == 1, op, "x must be a one-dimensional tensor. (argument x)", ThunderRuntimeError)
+    n = x.shape[0] if N is None else N
+    check(n >= 0, op, "N must be non-negative. (argument N)", ThunderRuntimeError)
+    dtype = torch.promote_types(x.dtype, torch.int64)
+    if n <= 1:
+        return ltorch.full((x.shape[0], n), 1, dtype=dtype, device=x.device)
+    out = _powers(x, n, dtype)
+    return out if increasing else ltorch.flip(out, (1,))
+
+
+def _vander_as_eager(x, N=None, increasing=False):
+    """``torch.vander``: eager's own where ``x`` is differentiated, whose backward fails in eager
+    (its cumprod writes into the result autograd saved), so that it fails here as there."""
+    if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+        return fallback(torch.vander, (x, N, increasing), {})
+    return vander(x, N, increasing)
+
+
+TORCH_TO_LTORCH[torch.vander] = _vander_as_eager

@@ -155,11 +155,12 @@ def _check_grid_sample(op: str, input, grid, mode: str, padding_mode: str) -> No
     )
 
 
-def _reflect(x, twice_low: int, twice_high: int):
-    """aten's ``reflect_coordinates``: ``x`` folded into [twice_low / 2, twice_high / 2]."""
-    if twice_low == twice_high:
+def _reflect(x, low: float, span):
+    """aten's ``reflect_coordinates``: ``x`` folded into [low, low + span]; ``span`` is a whole
+    number of pixels, a symbolic size as it is (the prims convert it on each call)."""
+    if span == 0:
         return prims.mul(x, 0.0)
-    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    span = _number(span)
     dist = prims.abs(prims.sub(x, low))
     extra = prims.fmod(dist, span)
     flips = prims.floor(prims.div(dist, span))
@@ -175,8 +176,6 @@ def _number(size):
 
 def _source_coordinate(coord, size: int, padding_mode: str, align_corners: bool):
     """A normalised grid coordinate in input pixels, with the padding mode applied."""
-    if padding_mode == "reflection" and type(size) is SymInt:
-        size = int(size)  # (the folding's bounds are numbers: specialised)
     if type(size) is SymInt:  # aten's grid_sampler_unnormalize, in the tensor's dtype
         shifted = prims.add(coord, 1.0)
         if align_corners:  # ((coord + 1) / 2) * (size - 1)
@@ -188,7 +187,7 @@ def _source_coordinate(coord, size: int, padding_mode: str, align_corners: bool)
     else:
         x = prims.add(prims.mul(coord, size / 2), size / 2 - 0.5)
     if padding_mode == "reflection":
-        x = _reflect(x, 0, 2 * (size - 1)) if align_corners else _reflect(x, -1, 2 * size - 1)
+        x = _reflect(x, 0.0, size - 1) if align_corners else _reflect(x, -0.5, size)
     if padding_mode in ("border", "reflection"):
         # aten's clip_coordinates_set_grad: no gradient at the bounds either (minimum and maximum
         # would give half of it there, as at a tie: an identity affine grid's edges).

@@ -207,7 +207,9 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None):
         "either); use scatter_reduce, or detach the inputs (argument reduce)",
         ThunderNotImplementedError,
     )
-    if not isinstance(src, torch.Tensor):
+    if type(src) is SymInt:  # a size: read on each call
+        src = clang.expand_to(size_value(input.device, input.dtype, src), tuple(index.shape))
+    elif not isinstance(src, torch.Tensor):
         src = prims.full(tuple(index.shape), clang.maybe_convert(src, input.dtype), input.device, input.dtype)
     if index.numel() == 0:
         return prims.convert_element_type(input, input.dtype)

@@ -24,7 +24,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.core.lang.symint import identical, same_shape
+from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 Tensor = torch.Tensor
 __all__ = [
@@ -134,6 +134,20 @@ def slice_in_dim(a, dim: int, start: int, stop: int, step: int = 1):
     # (a slice prim's step is a number: one from a symbolic size is specialised)
     starts[dim], stops[dim], steps[dim] = start, stop, int(step)
     return prims.slice(a, starts, stops, steps)
+
+
+def every_step(a, dim: int, start, count, step):
+    """The ``count`` (> 0) elements at ``start``, ``start + step``, ... along canonical ``dim``,
+    where ``step`` may be a symbolic size (a diagonal's ``cols + 1``), which a slice prim's step
+    cannot be: the ``(count - 1) * step`` elements from ``start`` as ``count - 1`` rows of
+    ``step``, their first column, then the last element."""
+    if type(step) is not SymInt:
+        return slice_in_dim(a, dim, start, start + (count - 1) * step + 1, step)
+    last = start + (count - 1) * step
+    before, after = tuple(a.shape[:dim]), tuple(a.shape[dim + 1 :])
+    rows = reshape_to(slice_in_dim(a, dim, start, last), (*before, count - 1, step, *after))
+    firsts = reshape_to(slice_in_dim(rows, dim + 1, 0, 1), (*before, count - 1, *after))
+    return prims.cat([firsts, slice_in_dim(a, dim, last, last + 1)], dim)
 
 
 def _permute_to(a, perm):

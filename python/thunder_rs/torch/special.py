@@ -23,7 +23,7 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, T
 from thunder_rs.torch.elementwise import NAN_SELECTING_FMAX, SPLIT_TIES, put_operand_grads, sign, sub
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symfloat import SymFloat
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import SymInt, same_shape
 
 T = torch.Tensor
 __all__ = [
@@ -138,7 +138,7 @@ def _safe(mask, x, value):
 
 def _check_value(op: str, value) -> None:
     check(
-        isinstance(value, (bool, int, float, SymFloat)),
+        isinstance(value, (bool, int, float, SymFloat)) or type(value) is SymInt,  # (a size: read on each call)
         op,
         lambda: f"expected a number for value, got {type(value).__name__} (argument value)",
         ThunderTypeError,

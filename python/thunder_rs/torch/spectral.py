@@ -93,9 +93,12 @@ def _padded_length(name: str, length, n_fft: int, center: bool, pad_mode: str):
     return length + 2 * pad
 
 
-def _plain(*values) -> tuple:
-    """``values`` with symbolic sizes specialised: eager's kernel takes the frame parameters as ints."""
-    return tuple(int(v) if type(v) is SymInt else v for v in values)
+def _frequencies(input, n_fft, window, onesided):
+    """How many frequencies each frame has: ``n_fft // 2 + 1`` one-sided (the default for a real
+    signal and window), else ``n_fft``; symbolic where ``n_fft`` is."""
+    if onesided is None:
+        onesided = not (input.dtype.is_complex or (window is not None and window.dtype.is_complex))
+    return n_fft // 2 + 1 if onesided else n_fft
 
 
 def _stft_meta(
@@ -112,7 +115,8 @@ def _stft_meta(
     align_to_window=None,
 ):
     name = "ltorch.stft"
-    n_fft, hop_length, win_length = _plain(n_fft, hop_length, win_length)
+    # (frame parameters from sizes stay symbolic: eager's kernel runs on each call's values, its
+    # meta run here at the traced ones)
     params = (n_fft, hop_length, win_length, window, center, pad_mode, normalized, onesided, return_complex)
     out = _eager_meta(name, torch.stft, (input, *params), {"align_to_window": align_to_window})
     hop = n_fft // 4 if hop_length is None else hop_length
@@ -122,7 +126,9 @@ def _stft_meta(
     span = win_length if align_to_window and win_length is not None and win_length < n_fft else n_fft
     frames = 1 + (length - span) // hop
     complex_dims = () if out.dtype.is_complex else (2,)
-    freq, traced_frames = out.shape[len(out.shape) - 2 - len(complex_dims) :][:2]
+    traced_freq, traced_frames = out.shape[len(out.shape) - 2 - len(complex_dims) :][:2]
+    freq = _frequencies(input, n_fft, window, onesided)
+    _agrees(name, freq, traced_freq)
     _agrees(name, frames, traced_frames)
     return _Output((*input.shape[:-1], freq, frames, *complex_dims), out.dtype, out.requires_grad)
 
@@ -140,7 +146,6 @@ def _istft_meta(
     return_complex=False,
 ):
     name = "ltorch.istft"
-    n_fft, hop_length, win_length = _plain(n_fft, hop_length, win_length)
     params = (n_fft, hop_length, win_length, window, center, normalized, onesided, length, return_complex)
     out = _eager_meta(name, torch.istft, (input, *params), {})
     if length is None:

@@ -11,8 +11,8 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.common import slice_indices
-from thunder_rs.torch.shape import reshape_to, slice_in_dim
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.torch.shape import every_step, reshape_to, slice_in_dim
+from thunder_rs.core.lang.symint import SymInt, same_shape
 
 __all__ = ["slice_scatter", "select_scatter", "diagonal", "diagonal_scatter", "straight_through", "stop_gradient"]
 
@@ -118,9 +118,7 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
     flat = reshape_to(moved, (*batch, rows * cols))
     if length == 0:  # an empty view of the input, as eager's (it requires grad as the input does)
         return slice_in_dim(flat, len(batch), 0, 0, 1)
-    # A slice's step is an int: a symbolic row length is taken at its value (a guard).
-    step = int(cols + 1)
-    return slice_in_dim(flat, len(batch), first, first + (length - 1) * step + 1, step)
+    return every_step(flat, len(batch), first, length, cols + 1)
 
 
 @torchsymbol(torch.diagonal_scatter, torch.Tensor.diagonal_scatter)
@@ -140,14 +138,36 @@ def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
     )
     if length == 0:
         return prims.convert_element_type(input, input.dtype)  # a copy, as eager's
+    src = clang.maybe_convert(src, input.dtype)
+    if type(cols) is SymInt:  # (a pad's dilation, the scatter's step, is a number)
+        return _on_diagonal(input, src, offset, *perm[-2:])
     moved = prims.transpose(input, perm) if perm != tuple(range(input.ndim)) else input
     flat = reshape_to(moved, (*batch, rows * cols))
-    src = clang.maybe_convert(src, input.dtype)
-    step = int(cols + 1)  # as in ``diagonal``
+    step = cols + 1
     out = slice_scatter(flat, src, len(batch), first, first + (length - 1) * step + 1, step)
     out = reshape_to(out, moved.shape)
     inverse = tuple(sorted(range(input.ndim), key=lambda i: perm[i]))
     return prims.transpose(out, inverse) if perm != tuple(range(input.ndim)) else out
+
+
+def _on_diagonal(a, src, offset: int, d1: int, d2: int):
+    """``a`` with ``src`` (..., length) on the ``offset`` diagonal of its dims ``d1`` and ``d2``,
+    made in ``a``'s dim order (so its layout is ``a``'s): ``src`` padded to the size of the dim
+    it is indexed by (``d1``, ``d2`` below the main diagonal), spread along the others, selected
+    where the index along ``d2`` less that along ``d1`` is ``offset``."""
+    shape = tuple(a.shape)
+    dim = d1 if offset >= 0 else d2
+    zero = clang.maybe_convert(0, a.dtype)
+    batch = src.ndim - 1
+    src = prims.pad(src, zero, (*((0, 0, 0),) * batch, (0, shape[dim] - src.shape[-1], 0)))
+    others = [d for d in range(a.ndim) if d not in (d1, d2)]
+    targets = (*others, dim)  # src's dims where they go, in increasing order after a transpose
+    order = sorted(range(src.ndim), key=targets.__getitem__)
+    ordered = src if order == list(range(src.ndim)) else prims.transpose(src, tuple(order))
+    spread = prims.broadcast_in_dim(ordered, shape, tuple(sorted(targets)))
+    row = prims.broadcast_in_dim(prims.iota(shape[d1], 0, 1, a.device, torch.int64), shape, (d1,))
+    col = prims.broadcast_in_dim(prims.iota(shape[d2], -offset, 1, a.device, torch.int64), shape, (d2,))
+    return prims.where(prims.eq(row, col), spread, a)
 
 
 # -- writes autograd does not see ------------------------------------------------------------------

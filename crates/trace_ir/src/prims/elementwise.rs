@@ -11,7 +11,7 @@ use crate::bail;
 use crate::dtype::{DType, Device};
 use crate::error::Result;
 use crate::grad::{number, Emitter, Grads};
-use crate::sym::{show, Facts};
+use crate::sym::{show, Dim, Facts};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
 use std::f64::consts::{LN_10, LN_2, PI};
@@ -838,9 +838,14 @@ fn number_value(e: &Emitter, a: &Arg) -> Option<f64> {
     }
 }
 
+/// Whether an operand is a tensor: not a number literal, a number input or a symbolic int.
+fn is_tensor(e: &Emitter, a: &Arg) -> bool {
+    matches!(a, Arg::Value(_)) && number_value(e, a).is_none()
+}
+
 /// `g * b * a^(b-1)`, zero where `b == 0` (as torch).
 fn pow_grad_base(e: &mut Emitter, a: &Arg, b: &Arg, g: ValueId) -> Result<Option<ValueId>> {
-    if number_value(e, a).is_some() {
+    if !is_tensor(e, a) {
         return Ok(None);
     }
     let zero = e.scalar(g, 0.0);
@@ -850,6 +855,16 @@ fn pow_grad_base(e: &mut Emitter, a: &Arg, b: &Arg, g: ValueId) -> Result<Option
         }
         let p = e.binary(Binary::Pow, a.clone(), e.scalar(g, exponent - 1.0))?;
         let t = e.mul(p, e.scalar(g, exponent))?;
+        return Ok(Some(e.mul(g, t)?));
+    }
+    if let Arg::Sym(s) = b {
+        // A symbolic exponent (a size, `x ** T`): an int, as eager's, whose value 0 is decided.
+        let exponent = Dim::Sym(s.clone());
+        if e.builder.facts_mut().is(&exponent, 0) {
+            return Ok(Some(e.zeros_like(g)?));
+        }
+        let p = e.binary(Binary::Pow, a.clone(), Arg::dim(&exponent.sub(&Dim::Const(1))))?;
+        let t = e.mul(p, b.clone())?;
         return Ok(Some(e.mul(g, t)?));
     }
     let bm1 = e.sub(b.clone(), e.scalar(g, 1.0))?;
@@ -862,16 +877,26 @@ fn pow_grad_base(e: &mut Emitter, a: &Arg, b: &Arg, g: ValueId) -> Result<Option
 
 /// `g * y * log(a)`, zero where `a == 0` and `b >= 0` (as torch).
 fn pow_grad_exponent(e: &mut Emitter, a: &Arg, b: &Arg, y: ValueId, g: ValueId) -> Result<Option<ValueId>> {
-    if number_value(e, b).is_some() {
+    if !is_tensor(e, b) {
         return Ok(None);
     }
     let zero = e.scalar(g, 0.0);
     let gy = e.mul(g, y)?;
-    let (t, a_zero) = match number_value(e, a) {
-        Some(base) => (e.mul(gy, e.scalar(g, base.ln()))?, Arg::Scalar(Scalar::Bool(base == 0.0))),
-        None => {
-            let la = e.unary(Unary::Log, a.as_value().expect("a tensor operand"))?;
-            (e.mul(gy, la)?, Arg::Value(e.binary(Binary::Eq, a.clone(), zero.clone())?))
+    let (t, a_zero) = match (number_value(e, a), a.as_value()) {
+        (Some(base), _) => (e.mul(gy, e.scalar(g, base.ln()))?, Arg::Scalar(Scalar::Bool(base == 0.0))),
+        (None, Some(a)) => {
+            let la = e.unary(Unary::Log, a)?;
+            (e.mul(gy, la)?, Arg::Value(e.binary(Binary::Eq, a, zero.clone())?))
+        }
+        // A symbolic base (a size, `T ** x`): its log in float64, as eager takes a number's, then
+        // in the gradient's dtype.
+        (None, None) => {
+            let zeros = e.full_like(g, 0.0)?;
+            let zeros = e.convert(zeros, DType::F64)?;
+            let base = e.add(zeros, a.clone())?;
+            let la = e.unary(Unary::Log, base)?;
+            let la = e.convert(la, e.meta(g).dtype)?;
+            (e.mul(gy, la)?, Arg::Value(e.binary(Binary::Eq, base, e.scalar(base, 0.0))?))
         }
     };
     let b_nonneg = e.binary(Binary::Ge, b.clone(), zero.clone())?;

@@ -17,7 +17,8 @@ Not an ``int`` subclass on purpose: C code reads an int subclass's value directl
 hook, so a size used that way would be baked into the trace silently. A ``torch.SymInt``
 subclass instead, so that torch's argument parser passes it on to the language context as it is
 (``x.view(B, T, -1)``, ``torch.arange(T)``, ``torch.Size``) rather than reading it as an int.
-It has no ``node``: a ``torch.SymInt`` method it does not override fails loudly.
+Its ``node`` is not torch's SymNode: it answers what torch's argument parser and shape code
+ask of one, and a ``torch.SymInt`` method it does not override fails loudly.
 """
 
 import math
@@ -55,19 +56,37 @@ def _operand(other):
 
 
 class _Node:
-    """What torch's own shape code asks a ``torch.SymInt``'s node (``torch.broadcast_shapes``
-    asks whether a size is a nested int); anything else fails naming it."""
+    """What torch asks a ``torch.SymInt``'s node: ``torch.broadcast_shapes`` whether a size is a
+    nested int; torch's argument parser, for an op that takes a plain int (``hann_window(T)``),
+    whether it is an int and then its value, which specialises the size (``guard_int``: failing
+    instead turned symbolic compiles off for the whole function). Anything else fails naming it."""
 
-    __slots__ = ()
+    __slots__ = ("size",)
+
+    def __init__(self, size: "SymInt"):
+        self.size = size
 
     def is_nested_int(self) -> bool:
         return False
 
+    def is_int(self) -> bool:
+        return True
+
+    def is_bool(self) -> bool:
+        return False
+
+    def is_float(self) -> bool:
+        return False
+
+    def maybe_as_int(self) -> None:
+        return None  # (no value without a decision)
+
+    def guard_int(self, file, line) -> int:
+        return self.size.__index__()
+
     def __getattr__(self, name):
         raise AttributeError(f"thunder_rs symbolic sizes do not support torch's SymNode.{name} yet")
 
-
-_NODE = _Node()
 
 _NOT_NUMBERS = frozenset({type(None), type(Ellipsis), slice, str})
 
@@ -75,7 +94,9 @@ _NOT_NUMBERS = frozenset({type(None), type(Ellipsis), slice, str})
 class SymInt(torch.SymInt):
     """An int size whose value is read from the inputs on each call (see the module doc)."""
 
-    node = _NODE  # type: ignore[assignment]  # not torch's SymNode: what torch asks of one, answered
+    @property
+    def node(self):  # not torch's SymNode: what torch asks of one, answered
+        return _Node(self)
 
     def __init__(self, expr: "_core.SymExpr"):
         self.expr = expr
@@ -93,12 +114,15 @@ class SymInt(torch.SymInt):
         return self.expr.hint
 
     # Arithmetic stays symbolic with ints and other sizes, and with floats (a ``SymFloat``);
-    # with anything else (a tensor) the size is specialised first.
-    # (Through ``operator``, so that an int meeting a tensor takes Python's whole protocol,
+    # with a tensor it is the tensor's reflected op (as an int's is: ``NotImplemented``), which
+    # takes the size as it is; with anything else the size is specialised first.
+    # (Through ``operator``, so that an int meeting another number takes Python's whole protocol,
     # reflected methods included, as it does in eager.)
     def _arith(self, other, op, reflected=False):
         o = _operand(other)
         if o is None:
+            if isinstance(other, torch.Tensor):
+                return NotImplemented
             if _is_float(other):
                 return _float_arith(self, other, _SYMBOLS[op], reflected)
             value = self.__index__()
@@ -124,6 +148,8 @@ class SymInt(torch.SymInt):
         return self._arith(other, operator.mul, reflected=True)
 
     def __floordiv__(self, other):
+        if isinstance(other, torch.Tensor):
+            return NotImplemented
         if type(other) is int and other > 0:
             return wrap(self.expr // other)
         if type(other) is SymInt:
@@ -140,6 +166,8 @@ class SymInt(torch.SymInt):
         return other // self.__index__()
 
     def __mod__(self, other):
+        if isinstance(other, torch.Tensor):
+            return NotImplemented
         if type(other) is int and other > 0:
             return wrap(self.expr % other)
         if type(other) is SymInt and self.expr.exact_div(other.expr) is not None:
@@ -161,6 +189,8 @@ class SymInt(torch.SymInt):
 
     # True division gives a float: a ``SymFloat`` computing it as Python does.
     def __truediv__(self, other):
+        if isinstance(other, torch.Tensor):
+            return NotImplemented
         if _is_number(other):
             return _float_arith(self, other, "/")
         return self.__index__() / other
@@ -176,11 +206,14 @@ class SymInt(torch.SymInt):
     def __pos__(self):
         return self
 
-    # Decisions: answered on the hint, the relation recorded as a guard; against anything else
-    # (a float, a tensor) the size is specialised and compared as an int would be.
+    # Decisions: answered on the hint, the relation recorded as a guard; against a tensor, the
+    # tensor's reflected comparison; against anything else (a float) the size is specialised
+    # and compared as an int would be.
     def _decide(self, op, other):
         o = _operand(other)
         if o is None:
+            if isinstance(other, torch.Tensor):
+                return NotImplemented
             return getattr(operator, op)(self.__index__(), other)
         return current().decide(op, self.expr, o)
 
@@ -228,9 +261,12 @@ class SymInt(torch.SymInt):
         return self if self >= 0 else -self
 
     # A small natural power stays a symbolic int; a float or negative int power is a float (a
-    # ``SymFloat``); any other power, and what torch.SymInt would answer through its SymNode (bit
-    # operations, ``torch.sym_sqrt``...), is an int's: the size specialised.
+    # ``SymFloat``); a tensor power is the tensor's (``T ** x``, reflected); any other power, and
+    # what torch.SymInt would answer through its SymNode (bit operations, ``torch.sym_sqrt``...),
+    # is an int's: the size specialised.
     def __pow__(self, other, modulo=None):
+        if isinstance(other, torch.Tensor):
+            return NotImplemented
         if type(other) is int and 0 <= other <= 8 and modulo is None:
             out = 1
             for _ in range(other):
