@@ -390,6 +390,17 @@ def pad(input, pad, mode="constant", value=None):
     return prims.pad(input, _pad_value(value, input.dtype), tuple(config))
 
 
+@register_grad(pad)
+def pad_grad(input, pad_, mode="constant", value=None):
+    """Eager's ``constant_pad_nd_backward``: the cotangent padded back, a new tensor (a crop is
+    ``narrow(...).clone()``). The pad prim's VJP crops the cotangent as a view of it, with its
+    strides: ``(7, 1)`` for a ``[3, 4]`` input padded to ``[3, 7]``, where eager's are ``(4, 1)``."""
+    out = pad(input, pad_, mode, value)
+    if out is not input:
+        put_grad(input, pad(get_grad(out), [-amount for amount in pad_]))
+    return out
+
+
 def _pad_or_fallback(input, pad_, mode="constant", value=None):
     """``F.pad``: the ``pad`` symbol for constant padding; reflect, replicate and circular
     padding run eagerly as a fallback."""
