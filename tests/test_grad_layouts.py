@@ -1,0 +1,113 @@
+"""Input gradients laid out as eager's: ``torch.autograd.grad(out, x)`` (and what a hook or
+``retain_grad`` sees) returns the strides the backward formula produced, which AccumulateGrad does
+not re-lay out as it does a parameter's ``.grad``. Each case compares the gradients' strides and
+values with eager's on non-contiguous inputs (transposed, sliced with a step, channels_last) and
+on contiguous ones where eager's differ from the obvious (a mean's gradient is a new tensor, not
+a broadcast). The sweep these cases came from ran over the OpInfo samples with their inputs made
+non-contiguous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+
+
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous().t()
+
+
+def stepped(t: torch.Tensor) -> torch.Tensor:
+    wide = torch.zeros(t.shape[0], 2 * t.shape[1], dtype=t.dtype)
+    wide[:, ::2] = t
+    return wide[:, ::2]
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+LAYOUTS = {"transposed": transposed, "stepped": stepped, "contiguous": contiguous}
+MATRIX = ((3, 4),)
+PAIR = ((3, 4), (3, 4))
+
+#: name -> (program, the shapes of its inputs, whether they must be positive)
+CASES: dict[str, tuple[Callable, tuple, bool]] = {
+    # in-place reuse of a dying second operand laid the product out as that operand
+    "div": (torch.div, PAIR, False),
+    "true_divide": (torch.true_divide, PAIR, False),
+    "fmod": (torch.fmod, PAIR, True),
+    "remainder": (torch.remainder, PAIR, True),
+    "addcmul": (lambda a, b, c: torch.addcmul(a, b, c, value=0.5), PAIR + MATRIX, False),
+    "addcdiv": (lambda a, b, c: torch.addcdiv(a, b, c, value=0.5), PAIR + MATRIX, True),
+    # pow's exponent gradient: the cotangent times the rest, as eager's formula
+    "pow": (torch.pow, PAIR, True),
+    "float_power": (torch.float_power, PAIR, True),
+    # rounded division: zeros_like the cotangent
+    "div trunc": (lambda a, b: torch.div(a, b, rounding_mode="trunc"), PAIR, True),
+    "div floor by a row": (lambda a, b: torch.div(a, b[0], rounding_mode="floor"), PAIR, True),
+    # selections along a dim: scattered into new contiguous zeros
+    "kthvalue": (lambda a: torch.kthvalue(a, 2, 1).values, MATRIX, False),
+    "mode": (lambda a: torch.mode(a, 0).values, MATRIX, False),
+    "median dim": (lambda a: torch.median(a, 1, keepdim=True).values, MATRIX, False),
+    # reductions of a whole tensor that share the gradient: new zeros filled on the CPU
+    "max": (torch.max, MATRIX, False),
+    "median": (torch.median, MATRIX, False),
+    "nanmedian": (torch.nanmedian, MATRIX, False),
+    # mean: the cotangent expanded, then divided
+    "mean": (torch.mean, MATRIX, False),
+    "mean dim": (lambda a: a.mean(1), MATRIX, False),
+    "mean keepdim": (lambda a: a.mean(0, keepdim=True), MATRIX, False),
+    # constant padding: the cotangent padded back, a new tensor
+    "pad": (lambda a: F.pad(a, (1, 2)), MATRIX, False),
+    "pad rows and crop": (lambda a: F.pad(a, (-1, 0, 2, 1), value=3.0), MATRIX, False),
+    "constant_pad_nd": (lambda a: torch.constant_pad_nd(a, (0, 1, 1, 0)), MATRIX, False),
+    # an added dim of size 1 is squeezed off the cotangent: a view of it, as eager's
+    "stack": (lambda a, b: torch.stack([a, b], 1), PAIR, False),
+    "unsqueeze": (lambda a: a.unsqueeze(1) * 2, MATRIX, False),
+    "dstack": (lambda a, b: torch.dstack([a, b]), PAIR, False),
+    # products: a column-major matrix gets a column-major gradient (mm_mat1/mm_mat2_backward)
+    "mm": (torch.mm, ((3, 4), (4, 5)), False),
+    "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), ((3, 5), (3, 4), (4, 5)), False),
+    "linear": (F.linear, ((3, 4), (5, 4)), False),
+    "linear with bias": (lambda x, w, b: F.linear(x, w, b[0]), ((3, 4), (5, 4), (2, 5)), False),
+}
+
+#: The default run: one case of each cause, on the layout that showed it.
+DEFAULT = {("div", "transposed"), ("pow", "transposed"), ("div trunc", "transposed"), ("kthvalue", "transposed")}
+DEFAULT |= {("max", "transposed"), ("mean dim", "contiguous"), ("pad", "stepped"), ("stack", "transposed")}
+DEFAULT |= {("mm", "transposed"), ("linear", "stepped")}
+
+
+def params() -> list:
+    return [
+        pytest.param(name, layout, id=f"{name}-{layout}", marks=() if (name, layout) in DEFAULT else pytest.mark.slow)
+        for name in CASES
+        for layout in LAYOUTS
+    ]
+
+
+def input_grads(fn: Callable, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    torch.manual_seed(1)
+    cotangent = torch.randn(out.shape, dtype=out.dtype)
+    return torch.autograd.grad(out, leaves, cotangent)
+
+
+@pytest.mark.parametrize(("name", "layout"), params())
+def test_input_gradients_have_eagers_strides(name: str, layout: str):
+    program, shapes, positive = CASES[name]
+    torch.manual_seed(0)
+    values = [torch.randn(shape, dtype=torch.float64) for shape in shapes]
+    inputs = [LAYOUTS[layout](x.abs() + 0.5 if positive else x) for x in values]
+    expected = input_grads(program, inputs)
+    actual = input_grads(thunder_rs.jit(program), inputs)
+    for i, (grad, eager) in enumerate(zip(actual, expected, strict=True)):
+        torch.testing.assert_close(grad, eager)
+        assert grad.stride() == eager.stride(), f"input {i}: strides {grad.stride()}, eager's {eager.stride()}"
