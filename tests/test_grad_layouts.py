@@ -17,6 +17,9 @@ import torch.nn.functional as F
 
 import thunder_rs
 
+# (eager's own warning for the even kernel of the "same" padding case)
+pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
+
 
 def transposed(t: torch.Tensor) -> torch.Tensor:
     return t.t().contiguous().t()
@@ -67,6 +70,7 @@ CASES: dict[str, tuple[Callable, tuple, bool]] = {
     "pad": (lambda a: F.pad(a, (1, 2)), MATRIX, False),
     "pad rows and crop": (lambda a: F.pad(a, (-1, 0, 2, 1), value=3.0), MATRIX, False),
     "constant_pad_nd": (lambda a: torch.constant_pad_nd(a, (0, 1, 1, 0)), MATRIX, False),
+    "conv1d same, even kernel": (lambda a, w: F.conv1d(a[None], w[:, None, :2], padding="same", groups=3), PAIR, False),
     # an added dim of size 1 is squeezed off the cotangent: a view of it, as eager's
     "stack": (lambda a, b: torch.stack([a, b], 1), PAIR, False),
     "unsqueeze": (lambda a: a.unsqueeze(1) * 2, MATRIX, False),
@@ -76,12 +80,18 @@ CASES: dict[str, tuple[Callable, tuple, bool]] = {
     "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), ((3, 5), (3, 4), (4, 5)), False),
     "linear": (F.linear, ((3, 4), (5, 4)), False),
     "linear with bias": (lambda x, w, b: F.linear(x, w, b[0]), ((3, 4), (5, 4), (2, 5)), False),
+    # diagonals: new zeros with the cotangent on the diagonal; an embedding's is a diagonal view
+    "diagonal": (lambda a: torch.diagonal(a, 0, 1, 0), MATRIX, False),
+    "diagonal offset": (lambda a: a.diagonal(1), MATRIX, False),
+    "diagonal_scatter": (lambda a, b: torch.diagonal_scatter(a, b[0, :3], 0, 1, 0), PAIR, False),
+    "diag_embed": (lambda a: torch.diag_embed(a, 1, 0, 2), MATRIX, False),
+    "diagflat": (lambda a: torch.diagflat(a, -1), MATRIX, False),
 }
 
 #: The default run: one case of each cause, on the layout that showed it.
 DEFAULT = {("div", "transposed"), ("pow", "transposed"), ("div trunc", "transposed"), ("kthvalue", "transposed")}
 DEFAULT |= {("max", "transposed"), ("mean dim", "contiguous"), ("pad", "stepped"), ("stack", "transposed")}
-DEFAULT |= {("mm", "transposed"), ("linear", "stepped")}
+DEFAULT |= {("mm", "transposed"), ("linear", "stepped"), ("diagonal", "stepped"), ("diagflat", "transposed")}
 
 
 def params() -> list:
