@@ -121,3 +121,35 @@ def test_input_gradients_have_eagers_strides(name: str, layout: str):
     for i, (grad, eager) in enumerate(zip(actual, expected, strict=True)):
         torch.testing.assert_close(grad, eager)
         assert grad.stride() == eager.stride(), f"input {i}: strides {grad.stride()}, eager's {eager.stride()}"
+
+
+#: Products that ignore their input's values with ``beta=0``: name -> (program, input shapes).
+BETA_ZERO = {
+    "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0), ((3, 5), (3, 4), (4, 5))),
+    "baddbmm": (lambda c, a, b: torch.baddbmm(c, a, b, beta=0), ((2, 3, 5), (2, 3, 4), (2, 4, 5))),
+    "addbmm": (lambda c, a, b: torch.addbmm(c, a, b, beta=0), ((3, 5), (2, 3, 4), (2, 4, 5))),
+    "addmv": (lambda c, a, b: torch.addmv(c, a, b, beta=0), ((3,), (3, 4), (4,))),
+    "addr": (lambda c, a, b: torch.addr(c, a, b, beta=0), ((3, 4), (3,), (4,))),
+}
+
+
+@pytest.mark.parametrize("name", list(BETA_ZERO))
+def test_an_input_ignored_by_beta_zero_gets_eagers_zero_gradient(name: str):
+    """Eager's gradient of the ignored input is the cotangent times 0: ``.grad`` is zeros, with
+    the cotangent's layout, where it stayed None."""
+    program, shapes = BETA_ZERO[name]
+    torch.manual_seed(0)
+    values = [torch.randn(shape, dtype=torch.float64) for shape in shapes]
+    values[0] = transposed(values[0]) if values[0].ndim == 2 else values[0]
+    values[0][0] = float("nan")  # ignored by the forward
+    grads = []
+    for fn in (program, thunder_rs.jit(program)):
+        leaves = [x.detach().requires_grad_() for x in values]
+        out = fn(*leaves)
+        assert not out.isnan().any()
+        out.backward(torch.ones_like(out))
+        grads.append([x.grad for x in leaves])
+    for grad, eager in zip(*reversed(grads), strict=True):
+        assert grad is not None
+        torch.testing.assert_close(grad, eager)
+        assert grad.stride() == eager.stride()

@@ -192,6 +192,16 @@ def outer(input, vec2):
     return clang.elementwise(prims.mul, op, column, row)
 
 
+def ignoring(product, input):
+    """``product``, where ``beta == 0`` ignores ``input``'s values (NaN included) but eager still
+    gives it a gradient, the cotangent times 0: a selection of ``product`` over ``input``, whose
+    gradient for ``input`` is zeros (without it, ``input.grad`` stayed None)."""
+    if not (torch.is_grad_enabled() and input.requires_grad):
+        return product
+    keep = prims.broadcast_in_dim(prims.full((), True, product.device, torch.bool), tuple(product.shape), ())
+    return prims.where(keep, product, clang.expand_to(clang.maybe_convert(input, product.dtype), product.shape))
+
+
 def _add_scaled(op: str, product, input, beta, alpha):
     """``beta * input + alpha * product``; ``beta == 0`` ignores ``input`` (NaN included), as torch does."""
     check(
@@ -211,7 +221,7 @@ def _add_scaled(op: str, product, input, beta, alpha):
     if alpha != 1:
         product = prims.mul(product, clang.maybe_convert(alpha, product.dtype))
     if beta == 0:
-        return product
+        return ignoring(product, input)
     scaled = input if beta == 1 else prims.mul(input, clang.maybe_convert(beta, input.dtype))
     return prims.add(clang.expand_to(scaled, product.shape), product)
 

@@ -21,7 +21,7 @@ from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import identity
 from thunder_rs.torch.elementwise import sub
-from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands
+from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands, ignoring
 from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
@@ -148,7 +148,7 @@ def addr(input, vec1, vec2, *, beta=1, alpha=1):
     if alpha != 1:
         outer = prims.mul(outer, clang.maybe_convert(alpha, out_dtype))
     if beta == 0:
-        return outer
+        return ignoring(outer, input)
     scaled = clang.maybe_convert(input, out_dtype)
     scaled = scaled if beta == 1 else prims.mul(scaled, clang.maybe_convert(beta, out_dtype))
     return prims.add(clang.expand_to(scaled, outer.shape), outer)
