@@ -153,3 +153,33 @@ def test_an_input_ignored_by_beta_zero_gets_eagers_zero_gradient(name: str):
         assert grad is not None
         torch.testing.assert_close(grad, eager)
         assert grad.stride() == eager.stride()
+
+
+#: Cases at several sizes, so that later calls run a variant compiled with symbolic sizes (dense
+#: layouts: a strided input keys by its strides):
+#: name -> (program, layout, the input shapes at a size n).
+SYMBOLIC = {
+    "div": (torch.div, "transposed", lambda n: ((3, n), (3, n))),
+    "mean dim": (lambda a: a.mean(1), "contiguous", lambda n: ((3, n),)),
+    "pad": (lambda a: F.pad(a, (1, 2)), "transposed", lambda n: ((3, n),)),
+    "stack": (lambda a, b: torch.stack([a, b], 1), "transposed", lambda n: ((3, n), (3, n))),
+    "mm": (torch.mm, "transposed", lambda n: ((3, n), (n, 5))),
+    "linear": (F.linear, "transposed", lambda n: ((3, n), (5, n))),
+    "kthvalue": (lambda a: torch.kthvalue(a, 2, 1).values, "transposed", lambda n: ((3, n),)),
+}
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in ("mean dim", "mm") else pytest.param(n, marks=pytest.mark.slow) for n in SYMBOLIC]
+)
+def test_input_gradients_at_symbolic_sizes_have_eagers_strides(name: str):
+    program, layout, shapes = SYMBOLIC[name]
+    jitted = thunder_rs.jit(program)
+    torch.manual_seed(0)
+    for n in (4, 6, 7):
+        inputs = [LAYOUTS[layout](torch.randn(shape, dtype=torch.float64)) for shape in shapes(n)]
+        expected = input_grads(program, inputs)
+        for grad, eager in zip(input_grads(jitted, inputs), expected, strict=True):
+            torch.testing.assert_close(grad, eager)
+            assert grad.stride() == eager.stride(), f"size {n}: strides {grad.stride()}, eager's {eager.stride()}"
+    assert thunder_rs.compile_stats(jitted).cache_misses == 2
