@@ -183,3 +183,31 @@ def test_input_gradients_at_symbolic_sizes_have_eagers_strides(name: str):
             torch.testing.assert_close(grad, eager)
             assert grad.stride() == eager.stride(), f"size {n}: strides {grad.stride()}, eager's {eager.stride()}"
     assert thunder_rs.compile_stats(jitted).cache_misses == 2
+
+
+#: Pooling to one element, which eager computes as a mean over the pooled dims.
+GLOBAL_POOLS = {
+    "adaptive_avg_pool2d channels_last": (
+        lambda x: F.adaptive_avg_pool2d(x, 1),
+        lambda: torch.randn(2, 6, 5, 4, dtype=torch.float64).contiguous(memory_format=torch.channels_last),
+    ),
+    "adaptive_avg_pool3d channels_last_3d": (
+        lambda x: F.adaptive_avg_pool3d(x, (1, 1, 1)),
+        lambda: torch.randn(2, 3, 4, 2, 3, dtype=torch.float64).contiguous(memory_format=torch.channels_last_3d),
+    ),
+    "adaptive_avg_pool1d transposed": (
+        lambda x: F.adaptive_avg_pool1d(x, 1),
+        lambda: torch.randn(5, 3, 2, dtype=torch.float64).permute(2, 1, 0),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(GLOBAL_POOLS))
+def test_a_global_average_pool_has_eagers_gradient_strides(name: str):
+    program, make = GLOBAL_POOLS[name]
+    torch.manual_seed(0)
+    x = make()
+    (expected,) = input_grads(program, [x])
+    (actual,) = input_grads(thunder_rs.jit(program), [x])
+    torch.testing.assert_close(actual, expected)
+    assert actual.stride() == expected.stride()
