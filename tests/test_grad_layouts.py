@@ -39,53 +39,69 @@ LAYOUTS = {"transposed": transposed, "stepped": stepped, "contiguous": contiguou
 MATRIX = ((3, 4),)
 PAIR = ((3, 4), (3, 4))
 
-#: name -> (program, the shapes of its inputs, whether they must be positive)
-CASES: dict[str, tuple[Callable, tuple, bool]] = {
+
+def positive(x: torch.Tensor) -> torch.Tensor:
+    return x.abs() + 0.5
+
+
+def any_value(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+#: name -> (program, the shapes of its inputs, the values they take)
+CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     # in-place reuse of a dying second operand laid the product out as that operand
-    "div": (torch.div, PAIR, False),
-    "true_divide": (torch.true_divide, PAIR, False),
-    "fmod": (torch.fmod, PAIR, True),
-    "remainder": (torch.remainder, PAIR, True),
-    "addcmul": (lambda a, b, c: torch.addcmul(a, b, c, value=0.5), PAIR + MATRIX, False),
-    "addcdiv": (lambda a, b, c: torch.addcdiv(a, b, c, value=0.5), PAIR + MATRIX, True),
+    "div": (torch.div, PAIR, any_value),
+    "true_divide": (torch.true_divide, PAIR, any_value),
+    "fmod": (torch.fmod, PAIR, positive),
+    "remainder": (torch.remainder, PAIR, positive),
+    "addcmul": (lambda a, b, c: torch.addcmul(a, b, c, value=0.5), PAIR + MATRIX, any_value),
+    "addcdiv": (lambda a, b, c: torch.addcdiv(a, b, c, value=0.5), PAIR + MATRIX, positive),
     # pow's exponent gradient: the cotangent times the rest, as eager's formula
-    "pow": (torch.pow, PAIR, True),
-    "float_power": (torch.float_power, PAIR, True),
+    "pow": (torch.pow, PAIR, positive),
+    "float_power": (torch.float_power, PAIR, positive),
     # rounded division: zeros_like the cotangent
-    "div trunc": (lambda a, b: torch.div(a, b, rounding_mode="trunc"), PAIR, True),
-    "div floor by a row": (lambda a, b: torch.div(a, b[0], rounding_mode="floor"), PAIR, True),
+    "div trunc": (lambda a, b: torch.div(a, b, rounding_mode="trunc"), PAIR, positive),
+    "div floor by a row": (lambda a, b: torch.div(a, b[0], rounding_mode="floor"), PAIR, positive),
     # selections along a dim: scattered into new contiguous zeros
-    "kthvalue": (lambda a: torch.kthvalue(a, 2, 1).values, MATRIX, False),
-    "mode": (lambda a: torch.mode(a, 0).values, MATRIX, False),
-    "median dim": (lambda a: torch.median(a, 1, keepdim=True).values, MATRIX, False),
+    "kthvalue": (lambda a: torch.kthvalue(a, 2, 1).values, MATRIX, any_value),
+    "mode": (lambda a: torch.mode(a, 0).values, MATRIX, any_value),
+    "median dim": (lambda a: torch.median(a, 1, keepdim=True).values, MATRIX, any_value),
     # reductions of a whole tensor that share the gradient: new zeros filled on the CPU
-    "max": (torch.max, MATRIX, False),
-    "median": (torch.median, MATRIX, False),
-    "nanmedian": (torch.nanmedian, MATRIX, False),
+    "max": (torch.max, MATRIX, any_value),
+    "median": (torch.median, MATRIX, any_value),
+    "nanmedian": (torch.nanmedian, MATRIX, any_value),
     # mean: the cotangent expanded, then divided
-    "mean": (torch.mean, MATRIX, False),
-    "mean dim": (lambda a: a.mean(1), MATRIX, False),
-    "mean keepdim": (lambda a: a.mean(0, keepdim=True), MATRIX, False),
+    "mean": (torch.mean, MATRIX, any_value),
+    "mean dim": (lambda a: a.mean(1), MATRIX, any_value),
+    "mean keepdim": (lambda a: a.mean(0, keepdim=True), MATRIX, any_value),
     # constant padding: the cotangent padded back, a new tensor
-    "pad": (lambda a: F.pad(a, (1, 2)), MATRIX, False),
-    "pad rows and crop": (lambda a: F.pad(a, (-1, 0, 2, 1), value=3.0), MATRIX, False),
-    "constant_pad_nd": (lambda a: torch.constant_pad_nd(a, (0, 1, 1, 0)), MATRIX, False),
-    "conv1d same, even kernel": (lambda a, w: F.conv1d(a[None], w[:, None, :2], padding="same", groups=3), PAIR, False),
+    "pad": (lambda a: F.pad(a, (1, 2)), MATRIX, any_value),
+    "pad rows and crop": (lambda a: F.pad(a, (-1, 0, 2, 1), value=3.0), MATRIX, any_value),
+    "constant_pad_nd": (lambda a: torch.constant_pad_nd(a, (0, 1, 1, 0)), MATRIX, any_value),
+    "conv1d same, even kernel": (
+        lambda a, w: F.conv1d(a[None], w[:, None, :2], padding="same", groups=3),
+        PAIR,
+        any_value,
+    ),
     # an added dim of size 1 is squeezed off the cotangent: a view of it, as eager's
-    "stack": (lambda a, b: torch.stack([a, b], 1), PAIR, False),
-    "unsqueeze": (lambda a: a.unsqueeze(1) * 2, MATRIX, False),
-    "dstack": (lambda a, b: torch.dstack([a, b]), PAIR, False),
+    "stack": (lambda a, b: torch.stack([a, b], 1), PAIR, any_value),
+    "unsqueeze": (lambda a: a.unsqueeze(1) * 2, MATRIX, any_value),
+    "dstack": (lambda a, b: torch.dstack([a, b]), PAIR, any_value),
     # products: a column-major matrix gets a column-major gradient (mm_mat1/mm_mat2_backward)
-    "mm": (torch.mm, ((3, 4), (4, 5)), False),
-    "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), ((3, 5), (3, 4), (4, 5)), False),
-    "linear": (F.linear, ((3, 4), (5, 4)), False),
-    "linear with bias": (lambda x, w, b: F.linear(x, w, b[0]), ((3, 4), (5, 4), (2, 5)), False),
+    "mm": (torch.mm, ((3, 4), (4, 5)), any_value),
+    "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), ((3, 5), (3, 4), (4, 5)), any_value),
+    "linear": (F.linear, ((3, 4), (5, 4)), any_value),
+    "linear with bias": (lambda x, w, b: F.linear(x, w, b[0]), ((3, 4), (5, 4), (2, 5)), any_value),
+    # binary cross entropy: eager's gradients are in the input's layout
+    "binary_cross_entropy": (lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), PAIR, torch.sigmoid),
+    "binary_cross_entropy mean": (F.binary_cross_entropy, PAIR, torch.sigmoid),
     # diagonals: new zeros with the cotangent on the diagonal; an embedding's is a diagonal view
-    "diagonal": (lambda a: torch.diagonal(a, 0, 1, 0), MATRIX, False),
-    "diagonal offset": (lambda a: a.diagonal(1), MATRIX, False),
-    "diagonal_scatter": (lambda a, b: torch.diagonal_scatter(a, b[0, :3], 0, 1, 0), PAIR, False),
-    "diag_embed": (lambda a: torch.diag_embed(a, 1, 0, 2), MATRIX, False),
-    "diagflat": (lambda a: torch.diagflat(a, -1), MATRIX, False),
+    "diagonal": (lambda a: torch.diagonal(a, 0, 1, 0), MATRIX, any_value),
+    "diagonal offset": (lambda a: a.diagonal(1), MATRIX, any_value),
+    "diagonal_scatter": (lambda a, b: torch.diagonal_scatter(a, b[0, :3], 0, 1, 0), PAIR, any_value),
+    "diag_embed": (lambda a: torch.diag_embed(a, 1, 0, 2), MATRIX, any_value),
+    "diagflat": (lambda a: torch.diagflat(a, -1), MATRIX, any_value),
 }
 
 #: The default run: one case of each cause, on the layout that showed it.
@@ -112,10 +128,9 @@ def input_grads(fn: Callable, inputs: list[torch.Tensor]) -> tuple[torch.Tensor,
 
 @pytest.mark.parametrize(("name", "layout"), params())
 def test_input_gradients_have_eagers_strides(name: str, layout: str):
-    program, shapes, positive = CASES[name]
+    program, shapes, domain = CASES[name]
     torch.manual_seed(0)
-    values = [torch.randn(shape, dtype=torch.float64) for shape in shapes]
-    inputs = [LAYOUTS[layout](x.abs() + 0.5 if positive else x) for x in values]
+    inputs = [LAYOUTS[layout](domain(torch.randn(shape, dtype=torch.float64))) for shape in shapes]
     expected = input_grads(program, inputs)
     actual = input_grads(thunder_rs.jit(program), inputs)
     for i, (grad, eager) in enumerate(zip(actual, expected, strict=True)):

@@ -719,8 +719,10 @@ def binary_cross_entropy_grad(input, target, weight=None, size_average=None, red
     )
     if weight is not None:
         g = g * weight
+    # The input's terms first: eager writes both gradients in the input's layout (``empty_like``
+    # of it; ``-logit(input)`` times the cotangent), which TensorIterator's order of operands keeps.
     if input.requires_grad:
-        put_grad(input, g * (input - target) / ltorch.clamp_min((1 - input) * input, _BCE_EPSILON))
+        put_grad(input, (input - target) * g / ltorch.clamp_min((1 - input) * input, _BCE_EPSILON))
     if target.requires_grad:
-        put_grad(target, g * (ltorch.log1p(-input) - ltorch.log(input)))  # unclamped, as eager's
+        put_grad(target, (ltorch.log1p(-input) - ltorch.log(input)) * g)  # unclamped, as eager's
     return out
