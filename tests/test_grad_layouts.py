@@ -48,6 +48,8 @@ def any_value(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+POS_WEIGHT = torch.linspace(0.5, 2.0, 4, dtype=torch.float64)
+
 #: name -> (program, the shapes of its inputs, the values they take)
 CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     # in-place reuse of a dying second operand laid the product out as that operand
@@ -96,6 +98,16 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     # binary cross entropy: eager's gradients are in the input's layout
     "binary_cross_entropy": (lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), PAIR, torch.sigmoid),
     "binary_cross_entropy mean": (F.binary_cross_entropy, PAIR, torch.sigmoid),
+    "binary_cross_entropy_with_logits": (
+        lambda a, b: F.binary_cross_entropy_with_logits(a, b, reduction="none"),
+        PAIR,
+        torch.sigmoid,
+    ),
+    "binary_cross_entropy_with_logits pos_weight": (
+        lambda a, b: F.binary_cross_entropy_with_logits(a, b, pos_weight=POS_WEIGHT),
+        PAIR,
+        torch.sigmoid,
+    ),
     # diagonals: new zeros with the cotangent on the diagonal; an embedding's is a diagonal view
     "diagonal": (lambda a: torch.diagonal(a, 0, 1, 0), MATRIX, any_value),
     "diagonal offset": (lambda a: a.diagonal(1), MATRIX, any_value),

@@ -726,3 +726,31 @@ def binary_cross_entropy_grad(input, target, weight=None, size_average=None, red
     if target.requires_grad:
         put_grad(target, (ltorch.log1p(-input) - ltorch.log(input)) * g)  # unclamped, as eager's
     return out
+
+
+@register_grad(ltorch.binary_cross_entropy_with_logits)
+def binary_cross_entropy_with_logits_grad(
+    input, target, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None
+):
+    """Eager's: ``(sigmoid(input) - target) * g`` (with ``pos_weight``, ``((p * t + 1 - t) *
+    sigmoid(input) - p * t) * g``) and ``-input * g`` (``(log_sigmoid(-input) - log_sigmoid(input)
+    * p) * g``), the input's terms first, so that the gradients take its layout as eager's do."""
+    op = "ltorch.binary_cross_entropy_with_logits"
+    out = ltorch.binary_cross_entropy_with_logits(input, target, weight, size_average, reduce, reduction, pos_weight)
+    weights_want_grad = any(w is not None and w.requires_grad for w in (weight, pos_weight))
+    if weights_want_grad or input.dtype != target.dtype or input.dtype != out.dtype:
+        return out  # the decomposition's VJP
+    g = _loss_cotangent(get_grad(out), _reduction(op, reduction, size_average, reduce), input)
+    if weight is not None:
+        g = g * weight
+    if input.requires_grad:
+        if pos_weight is None:
+            grad = ltorch.sigmoid(input) - target
+        else:
+            scaled = pos_weight * target
+            grad = (scaled + 1 - target) * ltorch.sigmoid(input) - scaled
+        put_grad(input, grad * g)
+    if target.requires_grad:
+        grad = -input if pos_weight is None else logsigmoid(-input) - logsigmoid(input) * pos_weight
+        put_grad(target, grad * g)
+    return out
