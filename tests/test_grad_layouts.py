@@ -17,8 +17,11 @@ import torch.nn.functional as F
 
 import thunder_rs
 
-# (eager's own warning for the even kernel of the "same" padding case)
-pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
+# (eager's own warnings: the even kernel of the "same" padding case, the broadcast target)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths"),
+    pytest.mark.filterwarnings("ignore:Using a target size"),
+]
 
 
 def transposed(t: torch.Tensor) -> torch.Tensor:
@@ -95,6 +98,10 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), ((3, 5), (3, 4), (4, 5)), any_value),
     "linear": (F.linear, ((3, 4), (5, 4)), any_value),
     "linear with bias": (lambda x, w, b: F.linear(x, w, b[0]), ((3, 4), (5, 4), (2, 5)), any_value),
+    # mse_loss: eager's kernel writes contiguous gradients
+    "mse_loss": (F.mse_loss, PAIR, any_value),
+    "mse_loss none": (lambda a, b: F.mse_loss(a, b, reduction="none"), PAIR, any_value),
+    "mse_loss sum, broadcast": (lambda a, b: F.mse_loss(a, b[0], reduction="sum"), PAIR, any_value),
     # binary cross entropy: eager's gradients are in the input's layout
     "binary_cross_entropy": (lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), PAIR, torch.sigmoid),
     "binary_cross_entropy mean": (F.binary_cross_entropy, PAIR, torch.sigmoid),
