@@ -98,10 +98,12 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), ((3, 5), (3, 4), (4, 5)), any_value),
     "linear": (F.linear, ((3, 4), (5, 4)), any_value),
     "linear with bias": (lambda x, w, b: F.linear(x, w, b[0]), ((3, 4), (5, 4), (2, 5)), any_value),
-    # mse_loss: eager's kernel writes contiguous gradients
+    # regression losses: eager's kernels write contiguous gradients
     "mse_loss": (F.mse_loss, PAIR, any_value),
     "mse_loss none": (lambda a, b: F.mse_loss(a, b, reduction="none"), PAIR, any_value),
     "mse_loss sum, broadcast": (lambda a, b: F.mse_loss(a, b[0], reduction="sum"), PAIR, any_value),
+    "smooth_l1_loss": (lambda a, b: F.smooth_l1_loss(a, b, beta=0.5), PAIR, any_value),
+    "huber_loss none": (lambda a, b: F.huber_loss(a, b, reduction="none", delta=0.5), PAIR, any_value),
     # binary cross entropy: eager's gradients are in the input's layout
     "binary_cross_entropy": (lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), PAIR, torch.sigmoid),
     "binary_cross_entropy mean": (F.binary_cross_entropy, PAIR, torch.sigmoid),
