@@ -345,6 +345,14 @@ def kernel_layout(grad):
     return ltorch.clone(grad, memory_format=torch.contiguous_format)
 
 
+def kernel_norm(scale: float, count, g):
+    """(the factor eager's loss kernels multiply by, the cotangent): ``scale / count``, a double the
+    kernel rounds to the dtype first in its products, so that the gradient rounds as eager's; a
+    symbolic count, as data, divides the cotangent instead (rounding otherwise, keeping the
+    variant)."""
+    return (scale / count, g) if type(count) is int else (scale, g / count)
+
+
 @register_grad(ltorch.mse_loss)
 def mse_loss_grad(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     """Eager's ``mse_loss_backward``: ``2 / n * (input - target) * g`` (``2`` unreduced or summed),
@@ -354,10 +362,10 @@ def mse_loss_grad(input, target, size_average=None, reduce=None, reduction="mean
         return out  # the decomposition's VJP
     g = get_grad(out)
     # (torch's operators: the trace takes their layouts, which ``kernel_layout`` reads)
-    grad = (input - target) * 2.0
-    if _reduction("ltorch.mse_loss", reduction, size_average, reduce) == "mean":
-        grad = grad / grad.numel()
-    grad = kernel_layout(grad * g)
+    difference = input - target
+    mean = _reduction("ltorch.mse_loss", reduction, size_average, reduce) == "mean"
+    norm, g = kernel_norm(2.0, difference.numel() if mean else 1, g)
+    grad = kernel_layout(difference * norm * g)
     if input.requires_grad:
         put_grad(input, sum_to(grad, input.shape))
     if target.requires_grad:

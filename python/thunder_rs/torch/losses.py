@@ -27,7 +27,7 @@ from thunder_rs.errors import (
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
-from thunder_rs.torch.base_losses import _reduce, _reduction, kernel_layout
+from thunder_rs.torch.base_losses import _reduce, _reduction, kernel_layout, kernel_norm
 from thunder_rs.torch.activations import logsigmoid
 from thunder_rs.torch.common import require_float, sum_all, sum_to
 from thunder_rs.torch.linalg import _meta, opaque
@@ -757,12 +757,12 @@ def binary_cross_entropy_with_logits_grad(
 
 
 def _kernel_grads(input, target, reduction: str, g, slope) -> None:
-    """Eager's regression kernels' gradients: ``slope(input - target)`` times the cotangent
-    (over the count for ``mean``), contiguous as the kernel writes them, and their negation for
-    ``target`` (torch's operators: the trace takes their layouts, which ``kernel_layout`` reads)."""
+    """Eager's regression kernels' gradients: ``slope(input - target, norm, g)``, with the norm of
+    ``mean`` (rounded as eager's: ``kernel_norm``), contiguous as the kernel writes them, and their
+    negation for ``target`` (torch's operators: the trace takes their layouts)."""
     difference = input - target
-    grad = slope(difference, 1.0 / difference.numel() if reduction == "mean" else 1.0)
-    grad = kernel_layout(grad * g)
+    norm, g = kernel_norm(1.0, difference.numel() if reduction == "mean" else 1, g)
+    grad = kernel_layout(slope(difference, norm, g))
     if input.requires_grad:
         put_grad(input, sum_to(grad, input.shape))
     if target.requires_grad:
@@ -775,7 +775,10 @@ def smooth_l1_loss_grad(input, target, size_average=None, reduce=None, reduction
     if beta == 0 or input.dtype != target.dtype:
         return out  # (eager's beta=0 is l1_loss, differentiated as a composite)
     reduction = _reduction("ltorch.smooth_l1_loss", reduction, size_average, reduce)
-    slope = lambda x, n: torch.where(x <= -beta, -n, torch.where(x >= beta, n, x * n / beta))  # noqa: E731
+
+    def slope(x, n, g):
+        return torch.where(x <= -beta, -n * g, torch.where(x >= beta, n * g, n * x * g / beta))
+
     _kernel_grads(input, target, reduction, get_grad(out), slope)
     return out
 
@@ -785,6 +788,9 @@ def huber_loss_grad(input, target, reduction="mean", delta=1.0, weight=None):
     out = ltorch.huber_loss(input, target, reduction, delta, weight)
     if weight is not None or input.dtype != target.dtype:
         return out  # the decomposition's VJP
-    slope = lambda x, n: torch.where(x <= -delta, -n * delta, torch.where(x >= delta, n * delta, x * n))  # noqa: E731
+
+    def slope(x, n, g):
+        return torch.where(x <= -delta, -n * g * delta, torch.where(x >= delta, n * g * delta, n * x * g))
+
     _kernel_grads(input, target, _reduction("ltorch.huber_loss", reduction, None, None), get_grad(out), slope)
     return out
