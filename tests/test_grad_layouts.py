@@ -97,6 +97,9 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "mm": (torch.mm, ((3, 4), (4, 5)), any_value),
     "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), ((3, 5), (3, 4), (4, 5)), any_value),
     "linear": (F.linear, ((3, 4), (5, 4)), any_value),
+    "tensordot": (lambda a, b: torch.tensordot(a, b, 1), ((3, 4), (4, 5)), any_value),
+    "inner": (torch.inner, ((3, 4), (2, 4)), any_value),
+    "multi_dot": (lambda a, b, c: torch.linalg.multi_dot([a, b, c]), ((3, 4), (4, 5), (5, 2)), any_value),
     "linear with bias": (lambda x, w, b: F.linear(x, w, b[0]), ((3, 4), (5, 4), (2, 5)), any_value),
     # regression losses: eager's kernels write contiguous gradients
     "mse_loss": (F.mse_loss, PAIR, any_value),

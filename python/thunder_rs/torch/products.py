@@ -178,10 +178,11 @@ def _contract(op: str, a, b, a_dims, b_dims):
     a_free = [d for d in range(a.ndim) if d not in a_dims]
     b_free = [d for d in range(b.ndim) if d not in b_dims]
     k = math.prod(a.shape[d] for d in a_dims)
-    lhs = prims.reshape(ltorch.permute(a, (*a_free, *a_dims)), (math.prod(a.shape[d] for d in a_free), k))
-    rhs = prims.reshape(ltorch.permute(b, (*b_dims, *b_free)), (k, math.prod(b.shape[d] for d in b_free)))
-    out = prims.matmul(lhs, rhs)
-    return prims.reshape(out, (*(a.shape[d] for d in a_free), *(b.shape[d] for d in b_free)))
+    # The tensor methods, as eager's tensordot calls them: the trace tracks their views' strides,
+    # from which mm's rule lays its gradients out as eager's (column-major for a column-major operand)
+    lhs = a.permute(*a_free, *a_dims).reshape(math.prod(a.shape[d] for d in a_free), k)
+    rhs = b.permute(*b_dims, *b_free).reshape(k, math.prod(b.shape[d] for d in b_free))
+    return torch.mm(lhs, rhs).reshape((*(a.shape[d] for d in a_free), *(b.shape[d] for d in b_free)))
 
 
 def _tensordot_dims(op: str, a, b, dims):
@@ -542,7 +543,7 @@ def _chain(mats, split, i, j):
     if i == j:
         return mats[i]
     k = split[i][j]
-    return prims.matmul(_chain(mats, split, i, k), _chain(mats, split, k + 1, j))
+    return ltorch.mm(_chain(mats, split, i, k), _chain(mats, split, k + 1, j))  # (eager's mm: its gradients' layouts)
 
 
 @torchsymbol(LA.multi_dot)
