@@ -26,17 +26,19 @@
 //! neither their receiver nor their output anyway: `index_add`'s and `scatter_add`'s read the
 //! cotangent and the index, `scatter`'s also the source's shape.)
 //!
-//! For the commutative prims `add` and `mul`, a dying fresh second operand becomes the receiver.
+//! The receiver is always the first operand, never a dying second one of `add` or `mul`: eager's
+//! result is laid out in the order of the first operand that orders its dims (TensorIterator), which
+//! an in-place write into the second would replace by the second's (`g * (y / x)` of a cotangent
+//! `g` and a transposed `x` is row-major in eager, where `(y / x).mul_(g)` is transposed). The
+//! trace does not know its values' strides, so it cannot tell where the two agree.
 
 use trace_ir::pysrc::Callee;
 use trace_ir::{Arg, BoundSymbol, Prim, Symbol, Trace, ValueId};
 
-/// The execution trace with commuted operands where a second operand became the receiver, and
-/// `impls` switched to in-place methods where the rules above allow.
+/// The execution trace, with `impls` switched to in-place methods where the rules above allow.
 pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>]) -> Trace {
     let fresh = fresh_values(trace);
-    let mut bsyms = trace.bsyms.clone();
-    for (i, bsym) in bsyms.iter_mut().enumerate() {
+    for (i, bsym) in trace.bsyms.iter().enumerate() {
         let Some(method) = impls[i].inplace.clone() else { continue };
         if !computes(bsym) || bsym.outputs.len() != 1 {
             continue;
@@ -44,17 +46,12 @@ pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>
         let reusable = |v: ValueId| {
             fresh[v.index()] && dels[i].contains(&v) && reads(bsym, v) == 1 && same_meta(trace, v, bsym.outputs[0])
         };
-        let receiver = matches!(bsym.args.first(), Some(Arg::Value(v)) if reusable(*v));
-        let commuted = !receiver && commutative(bsym) && matches!(bsym.args[1], Arg::Value(v) if reusable(v));
-        if !receiver && !commuted {
+        if !matches!(bsym.args.first(), Some(Arg::Value(v)) if reusable(*v)) {
             continue;
-        }
-        if commuted {
-            bsym.args.swap(0, 1);
         }
         impls[i] = Callee { method: Some(method), inplace: None, ..impls[i].clone() };
     }
-    trace.with_bsyms(bsyms, trace.outputs.clone())
+    trace.clone()
 }
 
 /// Per value: produced by a call returning fresh memory and never read by a call whose outputs
@@ -122,13 +119,6 @@ fn made_in(subs: &[BoundSymbol], v: ValueId, makes: fn(&Prim) -> bool) -> bool {
     })
 }
 
-/// The prims `add` and `mul` of two values: their operands may trade places (exactly, in IEEE
-/// arithmetic too).
-fn commutative(bsym: &BoundSymbol) -> bool {
-    let is_add_or_mul = matches!(&bsym.symbol, Symbol::Prim(p) if matches!(p.name(), "add" | "mul"));
-    is_add_or_mul && bsym.kwargs.is_empty() && matches!(bsym.args.as_slice(), [Arg::Value(_), Arg::Value(_)])
-}
-
 fn reads(bsym: &BoundSymbol, v: ValueId) -> usize {
     let mut n = 0;
     bsym.for_each_input(|u| n += usize::from(u == v));
@@ -192,16 +182,16 @@ mod tests {
     }
 
     #[test]
-    fn a_dying_second_operand_of_add_becomes_the_receiver() {
+    fn a_dying_second_operand_is_never_the_receiver() {
         let text = "def computation(t0, t1):\n  # t0: \"cpu f32[4]\"\n  # t1: \"cpu f32[4]\"\n  t2 = prims.exp(t1)\n  t3 = prims.add(t0, t2)\n  t4 = prims.sub(t0, t3)\n  return t4\n";
         let trace = parse_trace(text).unwrap();
         let callee = |n: &str| Callee::with_methods(format!("f_{n}"), n);
         let mut impls = vec![callee("exp"), callee("add"), callee("sub")];
         let dels = del_last_used(&trace, 0);
         let out = reuse_receivers(&trace, &mut impls, &dels);
-        assert_eq!(out.bsyms[1].args, vec![Arg::Value(ValueId(2)), Arg::Value(ValueId(0))]);
-        assert_eq!(impls[1].method.as_deref(), Some("add_"));
-        // sub does not commute: t3 is its second operand, so it allocates.
+        // Written into t2, add's result would take t2's layout where eager's takes t0's.
+        assert_eq!(out.bsyms[1].args, vec![Arg::Value(ValueId(0)), Arg::Value(ValueId(2))]);
+        assert_eq!(impls[1].method.as_deref(), Some("add"));
         assert_eq!(impls[2].method.as_deref(), Some("sub"));
     }
 

@@ -7,6 +7,8 @@ the table is as wide as the longest window can be (``adaptive_longest``) and com
 on each call, so one trace serves every size.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -265,6 +267,13 @@ _ADAPTIVE_AVG_BACKWARD = {2: adaptive_avg_pool2d_backward, 3: adaptive_avg_pool3
 def _adaptive_avg_grad(n: int, symbol, input, output_size):
     out = symbol(input, output_size)
     g = get_grad(out)
+    if all(type(size) is int and size == 1 for size in out.shape[-n:]):
+        # Eager pools to one element as ``input.mean(dims, keepdim=True)``: its gradient is the
+        # cotangent expanded, then divided, a new contiguous tensor (the pooling kernel's would
+        # have the input's layout, channels_last).
+        count = math.prod(input.shape[-n:])
+        put_grad(input, ltorch.true_divide(ltorch.expand(g, tuple(input.shape)), count))
+        return out
     if n == 1:
         g2, x2 = _as_2d(g, input)
         grad = ltorch.squeeze(_ADAPTIVE_AVG_BACKWARD[2](g2, x2), -2)

@@ -18,10 +18,12 @@ from thunder_rs.errors import (
     ThunderRuntimeError,
     check,
 )
-from thunder_rs.torch.common import flows, like, require_float, sum_all
+from thunder_rs.core.lang.eager_layouts import eager_strides
+from thunder_rs.torch.common import flows, like, require_float, sum_all, sum_to
+from thunder_rs.torch.strides import contiguous_strides
 from thunder_rs.torch.nn import log_softmax
 from thunder_rs.torch.symbols import ltorch, torchsymbol
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.symint import identical, same_shape
 
 T = torch.Tensor
 
@@ -330,4 +332,42 @@ def nll_loss_grad(input, target, weight=None, size_average=None, ignore_index=-1
         moved = (input.shape[0], *input.shape[2:], input.shape[1])
         grad = ltorch.movedim(ltorch.reshape(grad, moved), -1, 1)
     put_grad(input, grad)
+    return out
+
+
+def kernel_layout(grad):
+    """``grad`` as a new contiguous tensor where the trace lays it out otherwise: eager's loss
+    kernels write their gradients into ``zeros_like(input, LEGACY_CONTIGUOUS_MEMORY_FORMAT)``,
+    whatever the layout of their operands."""
+    strides = eager_strides(grad)
+    if strides is None or all(identical(a, b) for a, b in zip(strides, contiguous_strides(grad.shape))):
+        return grad
+    return ltorch.clone(grad, memory_format=torch.contiguous_format)
+
+
+def kernel_norm(scale: float, count, g):
+    """(the factor eager's loss kernels multiply by, the cotangent): ``scale / count``, a double the
+    kernel rounds to the dtype first in its products, so that the gradient rounds as eager's; a
+    symbolic count, as data, divides the cotangent instead (rounding otherwise, keeping the
+    variant)."""
+    return (scale / count, g) if type(count) is int else (scale, g / count)
+
+
+@register_grad(ltorch.mse_loss)
+def mse_loss_grad(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """Eager's ``mse_loss_backward``: ``2 / n * (input - target) * g`` (``2`` unreduced or summed),
+    contiguous, and its negation for ``target``."""
+    out = ltorch.mse_loss(input, target, size_average, reduce, reduction, weight)
+    if weight is not None or input.dtype != target.dtype or input.dtype.is_complex:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    # (torch's operators: the trace takes their layouts, which ``kernel_layout`` reads)
+    difference = input - target
+    mean = _reduction("ltorch.mse_loss", reduction, size_average, reduce) == "mean"
+    norm, g = kernel_norm(2.0, difference.numel() if mean else 1, g)
+    grad = kernel_layout(difference * norm * g)
+    if input.requires_grad:
+        put_grad(input, sum_to(grad, input.shape))
+    if target.requires_grad:
+        put_grad(target, sum_to(-grad, target.shape))
     return out

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from thunder_rs import prims
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
 from thunder_rs.torch.common import is_int
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution"]
 
@@ -78,9 +78,8 @@ def _same_padding(input, weight, dilation, stride, op: str):
     )
     totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
     extra = [t % 2 for t in totals]
-    if any(extra):
-        config = [(0, 0, 0)] * 2 + [(0, e, 0) for e in extra]
-        input = prims.pad(input, 0.0 if input.dtype.is_floating_point else 0, config)
+    if any(extra):  # eager's constant_pad_nd, whose gradient is a new tensor (not a view of one)
+        input = ltorch.pad(input, [amount for e in reversed(extra) for amount in (0, e)])
     return input, tuple(t // 2 for t in totals)
 
 

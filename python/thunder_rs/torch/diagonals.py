@@ -12,12 +12,13 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum
-from thunder_rs.torch.shape import _sizes, flatten, reshape_to, slice_in_dim
+from thunder_rs.torch.shape import _sizes, flatten, reshape, reshape_to, slice_in_dim
 from thunder_rs.torch.strides import contiguous_strides, strides_of
 from thunder_rs.torch.view_scatters import diagonal
 from thunder_rs.torch.views import FALLBACK_LAYOUTS, opaque
@@ -104,6 +105,34 @@ def _diagonal(input, offset):
 @torchsymbol(torch.diagflat, Tensor.diagflat)
 def diagflat(input, offset=0):
     return _embed(flatten(input), offset)
+
+
+# Eager's gradients of the embeddings are diagonals of the cotangent, views of it (its strides);
+# differentiating the decompositions gave new tensors. A diagonal's step is an int, which a
+# symbolic size or offset would specialise: those keep the decomposition's VJP.
+
+
+def _known(input, offset) -> bool:
+    return type(offset) is not SymInt and all(type(n) is int for n in input.shape)
+
+
+@register_grad(diag_embed)
+def diag_embed_grad(input, offset=0, dim1=-2, dim2=-1):
+    out = diag_embed(input, offset, dim1, dim2)
+    if input.ndim == 0 or not _known(input, offset):
+        return out  # the decomposition's VJP
+    put_grad(input, diagonal(get_grad(out), offset, dim1, dim2))
+    return out
+
+
+@register_grad(diagflat)
+def diagflat_grad(input, offset=0):
+    """``input.contiguous().view(-1).diag(offset)``'s: the diagonal viewed as the input's sizes."""
+    out = diagflat(input, offset)
+    if not _known(input, offset):
+        return out  # the decomposition's VJP
+    put_grad(input, reshape(diagonal(get_grad(out), offset, 0, 1), tuple(input.shape)))
+    return out
 
 
 @torchsymbol(torch.trace, Tensor.trace)

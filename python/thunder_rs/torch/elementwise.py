@@ -301,10 +301,11 @@ def div_grad(input, other, *, rounding_mode=None):
     out = ltorch.div(input, other, rounding_mode=rounding_mode)
     if rounding_mode is None or not out.dtype.is_floating_point:
         return out  # the decomposition's VJP
-    get_grad(out)
+    g = get_grad(out)
     for x in (input, other):
         if isinstance(x, torch.Tensor) and x.requires_grad:
-            put_grad(x, ltorch.zeros_like(x))
+            # eager's zeros_like(grad): the cotangent's layout, not the operand's
+            put_grad(x, sum_to(ltorch.zeros_like(g, dtype=x.dtype), x.shape))
     return out
 
 

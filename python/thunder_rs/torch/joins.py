@@ -401,6 +401,17 @@ def _padded_with_size(input, value, config):
     return prims.where(inside, padded, filled)
 
 
+@register_grad(pad)
+def pad_grad(input, pad_, mode="constant", value=None):
+    """Eager's ``constant_pad_nd_backward``: the cotangent padded back, a new tensor (a crop is
+    ``narrow(...).clone()``). The pad prim's VJP crops the cotangent as a view of it, with its
+    strides: ``(7, 1)`` for a ``[3, 4]`` input padded to ``[3, 7]``, where eager's are ``(4, 1)``."""
+    out = pad(input, pad_, mode, value)
+    if out is not input:
+        put_grad(input, pad(get_grad(out), [-amount for amount in pad_]))
+    return out
+
+
 def _pad_or_fallback(input, pad_, mode="constant", value=None):
     """``F.pad``: the ``pad`` symbol for constant padding; reflect, replicate and circular
     padding run eagerly as a fallback."""

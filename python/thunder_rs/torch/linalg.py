@@ -169,11 +169,12 @@ def inner(input, other):
         f"{list(other.shape)} (argument other)",
         ThunderRuntimeError,
     )
-    # Contract the last dims as one matrix product: (A, k) @ (k, B), then restore both leading shapes.
-    a = prims.reshape(input, (math.prod(input.shape[:-1]), k))
-    b = prims.reshape(other, (math.prod(other.shape[:-1]), k))
-    out = prims.matmul(a, prims.transpose(b, (1, 0)))
-    return prims.reshape(out, (*input.shape[:-1], *other.shape[:-1]))
+    # Contract the last dims as one matrix product: (A, k) @ (k, B), then restore both leading shapes,
+    # with the tensor methods eager's tensordot calls: the trace tracks their views' strides, from
+    # which mm's rule lays its gradients out as eager's.
+    a = input.reshape(math.prod(input.shape[:-1]), k)
+    b = other.permute(other.ndim - 1, *range(other.ndim - 1)).reshape(k, math.prod(other.shape[:-1]))
+    return torch.mm(a, b).reshape((*input.shape[:-1], *other.shape[:-1]))
 
 
 @torchsymbol(torch.outer, T.outer, torch.ger, T.ger)
@@ -190,6 +191,16 @@ def outer(input, vec2):
     column = prims.reshape(input, (input.shape[0], 1))
     row = prims.reshape(vec2, (1, vec2.shape[0]))
     return clang.elementwise(prims.mul, op, column, row)
+
+
+def ignoring(product, input):
+    """``product``, where ``beta == 0`` ignores ``input``'s values (NaN included) but eager still
+    gives it a gradient, the cotangent times 0: a selection of ``product`` over ``input``, whose
+    gradient for ``input`` is zeros (without it, ``input.grad`` stayed None)."""
+    if not (torch.is_grad_enabled() and input.requires_grad):
+        return product
+    keep = prims.broadcast_in_dim(prims.full((), True, product.device, torch.bool), tuple(product.shape), ())
+    return prims.where(keep, product, clang.expand_to(clang.maybe_convert(input, product.dtype), product.shape))
 
 
 def _add_scaled(op: str, product, input, beta, alpha):
@@ -211,7 +222,7 @@ def _add_scaled(op: str, product, input, beta, alpha):
     if alpha != 1:
         product = prims.mul(product, clang.maybe_convert(alpha, product.dtype))
     if beta == 0:
-        return product
+        return ignoring(product, input)
     scaled = input if beta == 1 else prims.mul(input, clang.maybe_convert(beta, input.dtype))
     return prims.add(clang.expand_to(scaled, product.shape), product)
 
@@ -258,7 +269,7 @@ def flattened_product(g, x):
 # -- grad rule of matmul ---------------------------------------------------------------------------
 
 
-def _column_major(m) -> bool:
+def column_major(m) -> bool:
     """Whether eager's matrix ``m`` has strides ``(1, rows)``, where ATen's mm lays out its gradient
     column-major too (``mm_mat1_backward``, ``mm_mat2_backward``): that differs from a row-major
     one only by the stride of a dim of size 1 (``rel_k.t()`` of shape [k, 1]), which
@@ -268,9 +279,60 @@ def _column_major(m) -> bool:
     return strides is not None and identical(strides[0], 1) and identical(strides[1], m.shape[0])
 
 
-def _mm_product(x, y, column_major: bool):
+def row_major(m) -> bool:
+    """Whether eager's matrix ``m`` has strides ``(cols, 1)``: its transpose is column-major."""
+    strides = eager_strides(m)
+    return strides is None or (identical(strides[1], 1) and identical(strides[0], m.shape[1]))
+
+
+def mm_product(x, y, by_columns: bool):
     """``x @ y``, computed as ``(y.t() @ x.t()).t()`` where eager's result is column-major."""
-    return ltorch.t(ltorch.matmul(ltorch.t(y), ltorch.t(x))) if column_major else ltorch.matmul(x, y)
+    return ltorch.t(ltorch.matmul(ltorch.t(y), ltorch.t(x))) if by_columns else ltorch.matmul(x, y)
+
+
+def mm_first_grad(g, mat1, mat2):
+    """Eager's ``mm_mat1_backward``: ``g @ mat2.t()``, column-major where ``mat1`` is."""
+    return mm_product(g, ltorch.t(mat2), column_major(mat1))
+
+
+def mm_second_grad(g, mat1, mat2):
+    """Eager's ``mm_mat2_backward``: ``mat1.t() @ g``, column-major where ``mat2`` is."""
+    return mm_product(ltorch.t(mat1), g, column_major(mat2))
+
+
+def _scaled(t, factor):
+    """Eager's ``maybe_multiply``: ``t`` itself for a factor of 1."""
+    return t if factor == 1 else ltorch.mul(t, factor)
+
+
+@register_grad(ltorch.mm)
+def mm_grad(input, mat2):
+    out = ltorch.mm(input, mat2)
+    if input.dtype.is_complex:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, mm_first_grad(g, input, mat2))
+    if mat2.requires_grad:
+        put_grad(mat2, mm_second_grad(g, input, mat2))
+    return out
+
+
+@register_grad(ltorch.addmm)
+def addmm_grad(input, mat1, mat2, *, beta=1, alpha=1):
+    """Eager's: the cotangent times ``beta`` for ``input`` (summed to its shape), and the product's
+    gradients (laid out as ``mm``'s) times ``alpha``."""
+    out = ltorch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
+    if mat1.dtype.is_complex:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, sum_to(_scaled(g, beta), input.shape))
+    if mat1.requires_grad:
+        put_grad(mat1, _scaled(mm_first_grad(g, mat1, mat2), alpha))
+    if mat2.requires_grad:
+        put_grad(mat2, _scaled(mm_second_grad(g, mat1, mat2), alpha))
+    return out
 
 
 @register_grad(ltorch.matmul)
@@ -286,7 +348,7 @@ def matmul_grad(input, other):
         g = ltorch.unsqueeze(g, -2)
     if input.requires_grad:
         if input.ndim == 2 and other.ndim == 2:  # eager's mm
-            grad = _mm_product(g, ltorch.t(b), _column_major(input))
+            grad = mm_first_grad(g, input, b)
         else:
             grad = sum_to(ltorch.matmul(g, ltorch.transpose(b, -1, -2)), a.shape)
         put_grad(input, ltorch.reshape(grad, input.shape))
@@ -295,7 +357,7 @@ def matmul_grad(input, other):
             # eager's mm of the flattened batch: one product, no sum after it.
             rows, k = math.prod(a.shape[:-1]), a.shape[-1]
             a2 = ltorch.reshape(a, (rows, k))
-            grad = _mm_product(ltorch.t(a2), ltorch.reshape(g, (rows, b.shape[-1])), _column_major(other))
+            grad = mm_second_grad(ltorch.reshape(g, (rows, b.shape[-1])), a2, other)
         else:
             grad = sum_to(ltorch.matmul(ltorch.transpose(a, -1, -2), g), b.shape)
         put_grad(other, ltorch.reshape(grad, other.shape))

@@ -27,9 +27,9 @@ from thunder_rs.errors import (
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
-from thunder_rs.torch.base_losses import _reduce, _reduction
+from thunder_rs.torch.base_losses import _reduce, _reduction, kernel_layout, kernel_norm
 from thunder_rs.torch.activations import logsigmoid
-from thunder_rs.torch.common import require_float, sum_all
+from thunder_rs.torch.common import require_float, sum_all, sum_to
 from thunder_rs.torch.linalg import _meta, opaque
 from thunder_rs.torch.special import xlogy
 from thunder_rs.core.lang.symint import same_shape
@@ -719,8 +719,78 @@ def binary_cross_entropy_grad(input, target, weight=None, size_average=None, red
     )
     if weight is not None:
         g = g * weight
+    # The input's terms first: eager writes both gradients in the input's layout (``empty_like``
+    # of it; ``-logit(input)`` times the cotangent), which TensorIterator's order of operands keeps.
     if input.requires_grad:
-        put_grad(input, g * (input - target) / ltorch.clamp_min((1 - input) * input, _BCE_EPSILON))
+        put_grad(input, (input - target) * g / ltorch.clamp_min((1 - input) * input, _BCE_EPSILON))
     if target.requires_grad:
-        put_grad(target, g * (ltorch.log1p(-input) - ltorch.log(input)))  # unclamped, as eager's
+        put_grad(target, (ltorch.log1p(-input) - ltorch.log(input)) * g)  # unclamped, as eager's
+    return out
+
+
+@register_grad(ltorch.binary_cross_entropy_with_logits)
+def binary_cross_entropy_with_logits_grad(
+    input, target, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None
+):
+    """Eager's: ``(sigmoid(input) - target) * g`` (with ``pos_weight``, ``((p * t + 1 - t) *
+    sigmoid(input) - p * t) * g``) and ``-input * g`` (``(log_sigmoid(-input) - log_sigmoid(input)
+    * p) * g``), the input's terms first, so that the gradients take its layout as eager's do."""
+    op = "ltorch.binary_cross_entropy_with_logits"
+    out = ltorch.binary_cross_entropy_with_logits(input, target, weight, size_average, reduce, reduction, pos_weight)
+    weights_want_grad = any(w is not None and w.requires_grad for w in (weight, pos_weight))
+    if weights_want_grad or input.dtype != target.dtype or input.dtype != out.dtype:
+        return out  # the decomposition's VJP
+    g = _loss_cotangent(get_grad(out), _reduction(op, reduction, size_average, reduce), input)
+    if weight is not None:
+        g = g * weight
+    if input.requires_grad:
+        if pos_weight is None:
+            grad = ltorch.sigmoid(input) - target
+        else:
+            scaled = pos_weight * target
+            grad = (scaled + 1 - target) * ltorch.sigmoid(input) - scaled
+        put_grad(input, grad * g)
+    if target.requires_grad:
+        grad = -input if pos_weight is None else logsigmoid(-input) - logsigmoid(input) * pos_weight
+        put_grad(target, grad * g)
+    return out
+
+
+def _kernel_grads(input, target, reduction: str, g, slope) -> None:
+    """Eager's regression kernels' gradients: ``slope(input - target, norm, g)``, with the norm of
+    ``mean`` (rounded as eager's: ``kernel_norm``), contiguous as the kernel writes them, and their
+    negation for ``target`` (torch's operators: the trace takes their layouts)."""
+    difference = input - target
+    norm, g = kernel_norm(1.0, difference.numel() if reduction == "mean" else 1, g)
+    grad = kernel_layout(slope(difference, norm, g))
+    if input.requires_grad:
+        put_grad(input, sum_to(grad, input.shape))
+    if target.requires_grad:
+        put_grad(target, sum_to(-grad, target.shape))
+
+
+@register_grad(ltorch.smooth_l1_loss)
+def smooth_l1_loss_grad(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    out = ltorch.smooth_l1_loss(input, target, size_average, reduce, reduction, beta)
+    if beta == 0 or input.dtype != target.dtype:
+        return out  # (eager's beta=0 is l1_loss, differentiated as a composite)
+    reduction = _reduction("ltorch.smooth_l1_loss", reduction, size_average, reduce)
+
+    def slope(x, n, g):
+        return torch.where(x <= -beta, -n * g, torch.where(x >= beta, n * g, n * x * g / beta))
+
+    _kernel_grads(input, target, reduction, get_grad(out), slope)
+    return out
+
+
+@register_grad(ltorch.huber_loss)
+def huber_loss_grad(input, target, reduction="mean", delta=1.0, weight=None):
+    out = ltorch.huber_loss(input, target, reduction, delta, weight)
+    if weight is not None or input.dtype != target.dtype:
+        return out  # the decomposition's VJP
+
+    def slope(x, n, g):
+        return torch.where(x <= -delta, -n * g * delta, torch.where(x >= delta, n * g * delta, n * x * g))
+
+    _kernel_grads(input, target, _reduction("ltorch.huber_loss", reduction, None, None), get_grad(out), slope)
     return out

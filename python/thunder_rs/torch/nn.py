@@ -38,7 +38,7 @@ from thunder_rs.torch.common import (
     to_compute_dtype,
     upcast,
 )
-from thunder_rs.torch.linalg import opaque
+from thunder_rs.torch.linalg import column_major, mm_product, opaque, row_major
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
@@ -373,13 +373,17 @@ def linear_grad(input, weight, bias=None):
         if weight.requires_grad:
             put_grad(weight, sum_to(column * input, weight.shape))
         return out
+    # Laid out as eager's, whose linear is a product with ``weight.t()`` (``addmm`` of a matrix):
+    # a column-major matrix input gets a column-major gradient, and so does a weight that is not
+    # row-major (its transpose is not column-major: mm_mat2_backward's plain product, transposed).
     if input.requires_grad:
-        put_grad(input, ltorch.matmul(g, weight))
+        put_grad(input, mm_product(g, weight, input.ndim == 2 and column_major(input)))
     if weight.requires_grad:
         # One product over the flattened batch: (out, rows) @ (rows, in).
         rows = math.prod(input.shape[:-1])
         g2 = ltorch.reshape(g, (rows, weight.shape[0]))
-        put_grad(weight, ltorch.matmul(ltorch.t(g2), ltorch.reshape(input, (rows, weight.shape[1]))))
+        x2 = ltorch.reshape(input, (rows, weight.shape[1]))
+        put_grad(weight, mm_product(ltorch.t(g2), x2, not row_major(weight)))
     if bias is not None and bias.requires_grad:
         put_grad(bias, sum_to(g, bias.shape))
     return out

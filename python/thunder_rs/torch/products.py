@@ -21,7 +21,7 @@ from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import identity
 from thunder_rs.torch.elementwise import sub
-from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands
+from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands, ignoring
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.symint import same_shape
@@ -151,7 +151,7 @@ def addr(input, vec1, vec2, *, beta=1, alpha=1):
     if alpha != 1:
         outer = prims.mul(outer, clang.maybe_convert(alpha, out_dtype))
     if beta == 0:
-        return outer
+        return ignoring(outer, input)
     scaled = clang.maybe_convert(input, out_dtype)
     scaled = scaled if beta == 1 else prims.mul(scaled, clang.maybe_convert(beta, out_dtype))
     return prims.add(clang.expand_to(scaled, outer.shape), outer)
@@ -181,10 +181,11 @@ def _contract(op: str, a, b, a_dims, b_dims):
     a_free = [d for d in range(a.ndim) if d not in a_dims]
     b_free = [d for d in range(b.ndim) if d not in b_dims]
     k = math.prod(a.shape[d] for d in a_dims)
-    lhs = prims.reshape(ltorch.permute(a, (*a_free, *a_dims)), (math.prod(a.shape[d] for d in a_free), k))
-    rhs = prims.reshape(ltorch.permute(b, (*b_dims, *b_free)), (k, math.prod(b.shape[d] for d in b_free)))
-    out = prims.matmul(lhs, rhs)
-    return prims.reshape(out, (*(a.shape[d] for d in a_free), *(b.shape[d] for d in b_free)))
+    # The tensor methods, as eager's tensordot calls them: the trace tracks their views' strides,
+    # from which mm's rule lays its gradients out as eager's (column-major for a column-major operand)
+    lhs = a.permute(*a_free, *a_dims).reshape(math.prod(a.shape[d] for d in a_free), k)
+    rhs = b.permute(*b_dims, *b_free).reshape(k, math.prod(b.shape[d] for d in b_free))
+    return torch.mm(lhs, rhs).reshape((*(a.shape[d] for d in a_free), *(b.shape[d] for d in b_free)))
 
 
 def _tensordot_dims(op: str, a, b, dims):
@@ -545,7 +546,7 @@ def _chain(mats, split, i, j):
     if i == j:
         return mats[i]
     k = split[i][j]
-    return prims.matmul(_chain(mats, split, i, k), _chain(mats, split, k + 1, j))
+    return ltorch.mm(_chain(mats, split, i, k), _chain(mats, split, k + 1, j))  # (eager's mm: its gradients' layouts)
 
 
 @torchsymbol(LA.multi_dot)

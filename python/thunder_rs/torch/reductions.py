@@ -151,6 +151,21 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
     return clang.maybe_convert(prims.div(total, count if type(count) is SymInt else float(count)), target)
 
 
+@register_grad(mean)
+def mean_grad(input, dim=None, keepdim=False, *, dtype=None):
+    """Eager's ``mean_backward``: the cotangent expanded to the input's shape, then divided by the
+    count, a new contiguous tensor. Differentiating the decomposition divides first and expands
+    the quotient, a broadcast with strides of 0."""
+    out = mean(input, dim, keepdim, dtype=dtype)
+    g = get_grad(out)
+    dims = _dims(input, dim, "ltorch.mean")
+    shaped = g if keepdim or input.ndim == 0 else kept(g, tuple(input.shape), dims)
+    count = _numel(input, dims)
+    grad = ltorch.true_divide(ltorch.expand(shaped, tuple(input.shape)), count)
+    put_grad(input, clang.maybe_convert(grad, input.dtype))
+    return out
+
+
 def _check_nonempty(a, dims, full: bool, op: str):
     """Reductions without an identity (amax, max, argmax) reject zero-size reduced dims."""
     if math.prod(a.shape) != 0:
@@ -392,10 +407,14 @@ def std_mean_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=N
 
 
 def _evenly_distributed(g, x, value):
-    """Eager's ``evenly_distribute_backward``."""
+    """Eager's ``evenly_distribute_backward``: on the CPU new zeros filled with the share where
+    ``x`` is the value (contiguous), elsewhere the mask times the share (the mask's layout, ``x``'s)."""
     value_is_nan = ltorch.ne(value, value)
     mask = ltorch.where(value_is_nan, ltorch.ne(x, x), ltorch.eq(x, value))
-    return ltorch.where(mask, ltorch.true_divide(g, ltorch.sum(mask)), 0.0)
+    share = ltorch.true_divide(g, ltorch.sum(mask))
+    if x.device.type == "cpu":
+        return ltorch.masked_fill(ltorch.new_zeros(x, x.shape), mask, share)
+    return ltorch.where(mask, share, 0.0)
 
 
 def _define_full_extremum_grad(symbol):

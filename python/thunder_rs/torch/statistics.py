@@ -420,7 +420,8 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
 
 def _to_the_returned_index(out, input, dim, keepdim):
     """``out`` (values, indices) of a selection along ``dim``, run as eager's kernel, with the
-    gradient of its values scattered to its indices (eager's value_selecting_reduction_backward)."""
+    gradient of its values scattered to its indices (eager's value_selecting_reduction_backward)
+    into new zeros, contiguous as eager's (``zeros(sizes)``), not in the input's layout."""
     g = get_grad(out.values)
     if input.ndim == 0:
         put_grad(input, g)
@@ -428,7 +429,7 @@ def _to_the_returned_index(out, input, dim, keepdim):
     indices = out.indices
     if not keepdim:
         g, indices = ltorch.unsqueeze(g, dim), ltorch.unsqueeze(indices, dim)
-    put_grad(input, ltorch.scatter_add(ltorch.zeros_like(input), dim, indices, g))
+    put_grad(input, ltorch.scatter_add(ltorch.new_zeros(g, input.shape), dim, indices, g))
     return out
 
 

@@ -9,7 +9,7 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.common import slice_indices
 from thunder_rs.torch.shape import every_step, reshape_to, slice_in_dim
 from thunder_rs.core.lang.symint import SymInt, same_shape
@@ -121,6 +121,24 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
     return every_step(flat, len(batch), first, length, cols + 1)
 
 
+@register_grad(diagonal)
+def diagonal_grad(input, offset=0, dim1=0, dim2=1):
+    """Eager's ``diagonal_backward``: the cotangent on the diagonal of new zeros, contiguous.
+    Differentiating the view placed it in the dims moved last and moved them back, a transposed
+    gradient where ``dim1`` comes after ``dim2``. ``diag_embed`` places it in the input's dims,
+    square of the diagonal's length and offset, which padding (or cropping) brings to the input's
+    sizes."""
+    out = diagonal(input, offset, dim1, dim2)
+    g = get_grad(out)
+    embedded = ltorch.diag_embed(g, offset, dim1, dim2)
+    ndim = input.ndim
+    amounts = [0] * (2 * ndim)
+    for d in {clang.canonicalize_dim(ndim, d, "ltorch.diagonal") for d in (dim1, dim2)}:
+        amounts[2 * (ndim - 1 - d) + 1] = input.shape[d] - embedded.shape[d]
+    put_grad(input, ltorch.pad(embedded, amounts))
+    return out
+
+
 @torchsymbol(torch.diagonal_scatter, torch.Tensor.diagonal_scatter)
 def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
     """``input`` with ``input.diagonal(offset, dim1, dim2)`` replaced by ``src``."""
@@ -168,6 +186,19 @@ def _on_diagonal(a, src, offset: int, d1: int, d2: int):
     row = prims.broadcast_in_dim(prims.iota(shape[d1], 0, 1, a.device, torch.int64), shape, (d1,))
     col = prims.broadcast_in_dim(prims.iota(shape[d2], -offset, 1, a.device, torch.int64), shape, (d2,))
     return prims.where(prims.eq(row, col), spread, a)
+
+
+@register_grad(diagonal_scatter)
+def diagonal_scatter_grad(input, src, offset=0, dim1=0, dim2=1):
+    """Eager's: the cotangent with zeros on the diagonal (its layout) and the diagonal of the
+    cotangent, a view of it."""
+    out = diagonal_scatter(input, src, offset, dim1, dim2)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, diagonal_scatter(g, ltorch.zeros_like(src), offset, dim1, dim2))
+    if src.requires_grad:
+        put_grad(src, diagonal(g, offset, dim1, dim2))
+    return out
 
 
 # -- writes autograd does not see ------------------------------------------------------------------

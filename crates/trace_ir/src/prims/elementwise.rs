@@ -875,18 +875,18 @@ fn pow_grad_base(e: &mut Emitter, a: &Arg, b: &Arg, g: ValueId) -> Result<Option
     Ok(Some(e.where_(b_zero, zero, t)?))
 }
 
-/// `g * y * log(a)`, zero where `a == 0` and `b >= 0` (as torch).
+/// `g * where(a == 0 and b >= 0, 0, y * log(a))`, as torch computes it: the cotangent first, so
+/// that the gradient has its layout (TensorIterator's order of the first operand), not the mask's.
 fn pow_grad_exponent(e: &mut Emitter, a: &Arg, b: &Arg, y: ValueId, g: ValueId) -> Result<Option<ValueId>> {
     if !is_tensor(e, b) {
         return Ok(None);
     }
     let zero = e.scalar(g, 0.0);
-    let gy = e.mul(g, y)?;
     let (t, a_zero) = match (number_value(e, a), a.as_value()) {
-        (Some(base), _) => (e.mul(gy, e.scalar(g, base.ln()))?, Arg::Scalar(Scalar::Bool(base == 0.0))),
+        (Some(base), _) => (e.mul(y, e.scalar(g, base.ln()))?, Arg::Scalar(Scalar::Bool(base == 0.0))),
         (None, Some(a)) => {
             let la = e.unary(Unary::Log, a)?;
-            (e.mul(gy, la)?, Arg::Value(e.binary(Binary::Eq, a, zero.clone())?))
+            (e.mul(y, la)?, Arg::Value(e.binary(Binary::Eq, a, zero.clone())?))
         }
         // A symbolic base (a size, `T ** x`): its log in float64, as eager takes a number's, then
         // in the gradient's dtype.
@@ -896,12 +896,13 @@ fn pow_grad_exponent(e: &mut Emitter, a: &Arg, b: &Arg, y: ValueId, g: ValueId) 
             let base = e.add(zeros, a.clone())?;
             let la = e.unary(Unary::Log, base)?;
             let la = e.convert(la, e.meta(g).dtype)?;
-            (e.mul(gy, la)?, Arg::Value(e.binary(Binary::Eq, base, e.scalar(base, 0.0))?))
+            (e.mul(y, la)?, Arg::Value(e.binary(Binary::Eq, base, e.scalar(base, 0.0))?))
         }
     };
     let b_nonneg = e.binary(Binary::Ge, b.clone(), zero.clone())?;
     let mask = e.binary(Binary::BitwiseAnd, b_nonneg, a_zero)?;
-    Ok(Some(e.where_(mask, zero, t)?))
+    let t = e.where_(mask, zero, t)?;
+    Ok(Some(e.mul(g, t)?))
 }
 
 /// `where(pred, a, b)`: the gradient goes to the branch each element came from.

@@ -241,7 +241,9 @@ fn vjp(prim: &Shape, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Gr
                 .filter(|(&d, s)| *s != &shape[d] && facts.is(s, 1) && !facts.is(&shape[d], 1))
                 .map(|(&d, _)| d)
                 .collect();
-            let added = (0..shape.len()).filter(|d| !dims.contains(d));
+            // An added dim of size 1 is squeezed, not summed: a view of the cotangent, as eager's
+            // unsqueeze gives (its backward is a squeeze; a sum is a new tensor).
+            let added = (0..shape.len()).filter(|d| !dims.contains(d) && shape[*d] != Dim::Const(1));
             let mut summed: Vec<usize> = added.chain(stretched).collect();
             summed.sort_unstable();
             let s = e.sum(g, summed)?;

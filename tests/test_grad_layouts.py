@@ -1,0 +1,252 @@
+"""Input gradients laid out as eager's: ``torch.autograd.grad(out, x)`` (and what a hook or
+``retain_grad`` sees) returns the strides the backward formula produced, which AccumulateGrad does
+not re-lay out as it does a parameter's ``.grad``. Each case compares the gradients' strides and
+values with eager's on non-contiguous inputs (transposed, sliced with a step, channels_last) and
+on contiguous ones where eager's differ from the obvious (a mean's gradient is a new tensor, not
+a broadcast). The sweep these cases came from ran over the OpInfo samples with their inputs made
+non-contiguous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+
+# (eager's own warnings: the even kernel of the "same" padding case, the broadcast target)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths"),
+    pytest.mark.filterwarnings("ignore:Using a target size"),
+]
+
+
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous().t()
+
+
+def stepped(t: torch.Tensor) -> torch.Tensor:
+    wide = torch.zeros(t.shape[0], 2 * t.shape[1], dtype=t.dtype)
+    wide[:, ::2] = t
+    return wide[:, ::2]
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+LAYOUTS = {"transposed": transposed, "stepped": stepped, "contiguous": contiguous}
+MATRIX = ((3, 4),)
+PAIR = ((3, 4), (3, 4))
+
+
+def positive(x: torch.Tensor) -> torch.Tensor:
+    return x.abs() + 0.5
+
+
+def any_value(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+POS_WEIGHT = torch.linspace(0.5, 2.0, 4, dtype=torch.float64)
+
+#: name -> (program, the shapes of its inputs, the values they take)
+CASES: dict[str, tuple[Callable, tuple, Callable]] = {
+    # in-place reuse of a dying second operand laid the product out as that operand
+    "div": (torch.div, PAIR, any_value),
+    "true_divide": (torch.true_divide, PAIR, any_value),
+    "fmod": (torch.fmod, PAIR, positive),
+    "remainder": (torch.remainder, PAIR, positive),
+    "addcmul": (lambda a, b, c: torch.addcmul(a, b, c, value=0.5), PAIR + MATRIX, any_value),
+    "addcdiv": (lambda a, b, c: torch.addcdiv(a, b, c, value=0.5), PAIR + MATRIX, positive),
+    # pow's exponent gradient: the cotangent times the rest, as eager's formula
+    "pow": (torch.pow, PAIR, positive),
+    "float_power": (torch.float_power, PAIR, positive),
+    # rounded division: zeros_like the cotangent
+    "div trunc": (lambda a, b: torch.div(a, b, rounding_mode="trunc"), PAIR, positive),
+    "div floor by a row": (lambda a, b: torch.div(a, b[0], rounding_mode="floor"), PAIR, positive),
+    # selections along a dim: scattered into new contiguous zeros
+    "kthvalue": (lambda a: torch.kthvalue(a, 2, 1).values, MATRIX, any_value),
+    "mode": (lambda a: torch.mode(a, 0).values, MATRIX, any_value),
+    "median dim": (lambda a: torch.median(a, 1, keepdim=True).values, MATRIX, any_value),
+    # reductions of a whole tensor that share the gradient: new zeros filled on the CPU
+    "max": (torch.max, MATRIX, any_value),
+    "median": (torch.median, MATRIX, any_value),
+    "nanmedian": (torch.nanmedian, MATRIX, any_value),
+    # mean: the cotangent expanded, then divided
+    "mean": (torch.mean, MATRIX, any_value),
+    "mean dim": (lambda a: a.mean(1), MATRIX, any_value),
+    "mean keepdim": (lambda a: a.mean(0, keepdim=True), MATRIX, any_value),
+    # constant padding: the cotangent padded back, a new tensor
+    "pad": (lambda a: F.pad(a, (1, 2)), MATRIX, any_value),
+    "pad rows and crop": (lambda a: F.pad(a, (-1, 0, 2, 1), value=3.0), MATRIX, any_value),
+    "constant_pad_nd": (lambda a: torch.constant_pad_nd(a, (0, 1, 1, 0)), MATRIX, any_value),
+    "conv1d same, even kernel": (
+        lambda a, w: F.conv1d(a[None], w[:, None, :2], padding="same", groups=3),
+        PAIR,
+        any_value,
+    ),
+    # an added dim of size 1 is squeezed off the cotangent: a view of it, as eager's
+    "stack": (lambda a, b: torch.stack([a, b], 1), PAIR, any_value),
+    "unsqueeze": (lambda a: a.unsqueeze(1) * 2, MATRIX, any_value),
+    "dstack": (lambda a, b: torch.dstack([a, b]), PAIR, any_value),
+    # products: a column-major matrix gets a column-major gradient (mm_mat1/mm_mat2_backward)
+    "mm": (torch.mm, ((3, 4), (4, 5)), any_value),
+    "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), ((3, 5), (3, 4), (4, 5)), any_value),
+    "linear": (F.linear, ((3, 4), (5, 4)), any_value),
+    "tensordot": (lambda a, b: torch.tensordot(a, b, 1), ((3, 4), (4, 5)), any_value),
+    "inner": (torch.inner, ((3, 4), (2, 4)), any_value),
+    "multi_dot": (lambda a, b, c: torch.linalg.multi_dot([a, b, c]), ((3, 4), (4, 5), (5, 2)), any_value),
+    "linear with bias": (lambda x, w, b: F.linear(x, w, b[0]), ((3, 4), (5, 4), (2, 5)), any_value),
+    # regression losses: eager's kernels write contiguous gradients
+    "mse_loss": (F.mse_loss, PAIR, any_value),
+    "mse_loss none": (lambda a, b: F.mse_loss(a, b, reduction="none"), PAIR, any_value),
+    "mse_loss sum, broadcast": (lambda a, b: F.mse_loss(a, b[0], reduction="sum"), PAIR, any_value),
+    "smooth_l1_loss": (lambda a, b: F.smooth_l1_loss(a, b, beta=0.5), PAIR, any_value),
+    "huber_loss none": (lambda a, b: F.huber_loss(a, b, reduction="none", delta=0.5), PAIR, any_value),
+    # binary cross entropy: eager's gradients are in the input's layout
+    "binary_cross_entropy": (lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), PAIR, torch.sigmoid),
+    "binary_cross_entropy mean": (F.binary_cross_entropy, PAIR, torch.sigmoid),
+    "binary_cross_entropy_with_logits": (
+        lambda a, b: F.binary_cross_entropy_with_logits(a, b, reduction="none"),
+        PAIR,
+        torch.sigmoid,
+    ),
+    "binary_cross_entropy_with_logits pos_weight": (
+        lambda a, b: F.binary_cross_entropy_with_logits(a, b, pos_weight=POS_WEIGHT),
+        PAIR,
+        torch.sigmoid,
+    ),
+    # diagonals: new zeros with the cotangent on the diagonal; an embedding's is a diagonal view
+    "diagonal": (lambda a: torch.diagonal(a, 0, 1, 0), MATRIX, any_value),
+    "diagonal offset": (lambda a: a.diagonal(1), MATRIX, any_value),
+    "diagonal_scatter": (lambda a, b: torch.diagonal_scatter(a, b[0, :3], 0, 1, 0), PAIR, any_value),
+    "diag_embed": (lambda a: torch.diag_embed(a, 1, 0, 2), MATRIX, any_value),
+    "diagflat": (lambda a: torch.diagflat(a, -1), MATRIX, any_value),
+}
+
+#: The default run: one case of each cause, on the layout that showed it.
+DEFAULT = {("div", "transposed"), ("pow", "transposed"), ("div trunc", "transposed"), ("kthvalue", "transposed")}
+DEFAULT |= {("max", "transposed"), ("mean dim", "contiguous"), ("pad", "stepped"), ("stack", "transposed")}
+DEFAULT |= {("mm", "transposed"), ("linear", "stepped"), ("diagonal", "stepped"), ("diagflat", "transposed")}
+
+
+def params() -> list:
+    return [
+        pytest.param(name, layout, id=f"{name}-{layout}", marks=() if (name, layout) in DEFAULT else pytest.mark.slow)
+        for name in CASES
+        for layout in LAYOUTS
+    ]
+
+
+def input_grads(fn: Callable, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    torch.manual_seed(1)
+    cotangent = torch.randn(out.shape, dtype=out.dtype)
+    return torch.autograd.grad(out, leaves, cotangent)
+
+
+@pytest.mark.parametrize(("name", "layout"), params())
+def test_input_gradients_have_eagers_strides(name: str, layout: str):
+    program, shapes, domain = CASES[name]
+    torch.manual_seed(0)
+    inputs = [LAYOUTS[layout](domain(torch.randn(shape, dtype=torch.float64))) for shape in shapes]
+    expected = input_grads(program, inputs)
+    actual = input_grads(thunder_rs.jit(program), inputs)
+    for i, (grad, eager) in enumerate(zip(actual, expected, strict=True)):
+        torch.testing.assert_close(grad, eager)
+        assert grad.stride() == eager.stride(), f"input {i}: strides {grad.stride()}, eager's {eager.stride()}"
+
+
+#: Products that ignore their input's values with ``beta=0``: name -> (program, input shapes).
+BETA_ZERO = {
+    "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=0), ((3, 5), (3, 4), (4, 5))),
+    "baddbmm": (lambda c, a, b: torch.baddbmm(c, a, b, beta=0), ((2, 3, 5), (2, 3, 4), (2, 4, 5))),
+    "addbmm": (lambda c, a, b: torch.addbmm(c, a, b, beta=0), ((3, 5), (2, 3, 4), (2, 4, 5))),
+    "addmv": (lambda c, a, b: torch.addmv(c, a, b, beta=0), ((3,), (3, 4), (4,))),
+    "addr": (lambda c, a, b: torch.addr(c, a, b, beta=0), ((3, 4), (3,), (4,))),
+}
+
+
+@pytest.mark.parametrize("name", list(BETA_ZERO))
+def test_an_input_ignored_by_beta_zero_gets_eagers_zero_gradient(name: str):
+    """Eager's gradient of the ignored input is the cotangent times 0: ``.grad`` is zeros, with
+    the cotangent's layout, where it stayed None."""
+    program, shapes = BETA_ZERO[name]
+    torch.manual_seed(0)
+    values = [torch.randn(shape, dtype=torch.float64) for shape in shapes]
+    values[0] = transposed(values[0]) if values[0].ndim == 2 else values[0]
+    values[0][0] = float("nan")  # ignored by the forward
+    grads = []
+    for fn in (program, thunder_rs.jit(program)):
+        leaves = [x.detach().requires_grad_() for x in values]
+        out = fn(*leaves)
+        assert not out.isnan().any()
+        out.backward(torch.ones_like(out))
+        grads.append([x.grad for x in leaves])
+    for grad, eager in zip(*reversed(grads), strict=True):
+        assert grad is not None
+        torch.testing.assert_close(grad, eager)
+        assert grad.stride() == eager.stride()
+
+
+#: Cases at several sizes, so that later calls run a variant compiled with symbolic sizes (dense
+#: layouts: a strided input keys by its strides):
+#: name -> (program, layout, the input shapes at a size n).
+SYMBOLIC = {
+    "div": (torch.div, "transposed", lambda n: ((3, n), (3, n))),
+    "mean dim": (lambda a: a.mean(1), "contiguous", lambda n: ((3, n),)),
+    "pad": (lambda a: F.pad(a, (1, 2)), "transposed", lambda n: ((3, n),)),
+    "stack": (lambda a, b: torch.stack([a, b], 1), "transposed", lambda n: ((3, n), (3, n))),
+    "mm": (torch.mm, "transposed", lambda n: ((3, n), (n, 5))),
+    "linear": (F.linear, "transposed", lambda n: ((3, n), (5, n))),
+    "kthvalue": (lambda a: torch.kthvalue(a, 2, 1).values, "transposed", lambda n: ((3, n),)),
+}
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in ("mean dim", "mm") else pytest.param(n, marks=pytest.mark.slow) for n in SYMBOLIC]
+)
+def test_input_gradients_at_symbolic_sizes_have_eagers_strides(name: str):
+    program, layout, shapes = SYMBOLIC[name]
+    jitted = thunder_rs.jit(program)
+    torch.manual_seed(0)
+    for n in (4, 6, 7):
+        inputs = [LAYOUTS[layout](torch.randn(shape, dtype=torch.float64)) for shape in shapes(n)]
+        expected = input_grads(program, inputs)
+        for grad, eager in zip(input_grads(jitted, inputs), expected, strict=True):
+            torch.testing.assert_close(grad, eager)
+            assert grad.stride() == eager.stride(), f"size {n}: strides {grad.stride()}, eager's {eager.stride()}"
+    assert thunder_rs.compile_stats(jitted).cache_misses == 2
+
+
+#: Pooling to one element, which eager computes as a mean over the pooled dims.
+GLOBAL_POOLS = {
+    "adaptive_avg_pool2d channels_last": (
+        lambda x: F.adaptive_avg_pool2d(x, 1),
+        lambda: torch.randn(2, 6, 5, 4, dtype=torch.float64).contiguous(memory_format=torch.channels_last),
+    ),
+    "adaptive_avg_pool3d channels_last_3d": (
+        lambda x: F.adaptive_avg_pool3d(x, (1, 1, 1)),
+        lambda: torch.randn(2, 3, 4, 2, 3, dtype=torch.float64).contiguous(memory_format=torch.channels_last_3d),
+    ),
+    "adaptive_avg_pool1d transposed": (
+        lambda x: F.adaptive_avg_pool1d(x, 1),
+        lambda: torch.randn(5, 3, 2, dtype=torch.float64).permute(2, 1, 0),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(GLOBAL_POOLS))
+def test_a_global_average_pool_has_eagers_gradient_strides(name: str):
+    program, make = GLOBAL_POOLS[name]
+    torch.manual_seed(0)
+    x = make()
+    (expected,) = input_grads(program, [x])
+    (actual,) = input_grads(thunder_rs.jit(program), [x])
+    torch.testing.assert_close(actual, expected)
+    assert actual.stride() == expected.stride()
