@@ -12,13 +12,14 @@ import torch
 import thunder_rs
 from thunder_rs._core import SymExpr
 from thunder_rs.core.lang.symfloat import SymFloat, text
+from thunder_rs.errors import ThunderNotImplementedError
 
 import fake_nvfuser_direct as fake
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # the named executor warns that the real nvfuser_direct is absent
     from thunder_rs.executors.nvfuser_ex import NvFuserExecutor, NvFuserRegion
-    from thunder_rs.executors.nvfuser_symbolic import symbolic_dims
+    from thunder_rs.executors.nvfuser_symbolic import host_floats, symbolic_dims
 
 LENGTHS = (3, 5, 7, 9, 4)
 
@@ -490,6 +491,24 @@ def test_a_float_of_sizes_is_a_double_input_of_one_definition(fake_ex, name, dty
     if name == "x * T ** -0.5":  # the forward chain is one region: the float did not split it
         chain = {"prims.cos", "prims.mul", "prims.sin", "prims.add"}
         assert any(chain <= {c.name for c in r.region.calls} for r in taking)
+
+
+def test_host_floats_read_a_size_input_else_an_extent_and_round_as_constants(fake_ex):
+    fused = _recording(fake_ex)
+    jfn = thunder_rs.jit(scaled_chain, executors=[fake_ex, "torch"])
+    for T in (4, 6):
+        jfn(torch.randn(3, T))
+    (region,) = [r.region for r in fused if _floats_of(r.region)]
+    (scale,) = _floats_of(region)
+    floats = [(scale, dtype) for dtype in (torch.float64, torch.float32, torch.bfloat16)]
+    expected = tuple(float(torch.tensor(9**-0.5, dtype=dtype)) for _, dtype in floats)
+    args = [torch.randn(3, 9) if isinstance(s, tuple) else 9 for s in region.input_shapes]
+    assert host_floats("r", region.input_shapes, floats)(args) == expected
+    assert expected[0] == 9**-0.5 and len(set(expected)) == 3
+    (shape,) = [s for s in region.input_shapes if isinstance(s, tuple)]  # the size from x.shape[1] alone
+    assert host_floats("r", (shape,), floats)([torch.randn(3, 9)]) == expected
+    with pytest.raises(ThunderNotImplementedError, match="region r computes a float from the size t"):
+        host_floats("r", ((3, 9),), floats)
 
 
 @pytest.mark.gpu

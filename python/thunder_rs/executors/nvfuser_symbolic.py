@@ -36,6 +36,8 @@ _ATOM = re.compile(r"t(\d+)")
 #: The size values a float's text reads (``(t0 ** (-0.5))``).
 _ATOMS_IN_TEXT = re.compile(r"\bt(\d+)\b")
 _FLOAT32 = struct.Struct("f")
+#: The half dtypes by the names ``host_floats``' code reads them.
+_HALF_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def symbolic_dims(input_shapes) -> tuple:
@@ -149,6 +151,7 @@ def _rounded(value: float, dtype: torch.dtype) -> float:
 
 
 def _rounding(text: str, dtype: torch.dtype) -> str:
+    """The code of the float ``text`` rounded to ``dtype``."""
     if dtype == torch.float64:
         return text
     if dtype == torch.float32:
@@ -181,6 +184,3 @@ def host_floats(region_name: str, input_shapes, floats):
     namespace = {"torch": torch, "_float32": _float32, "_rounded": _rounded, **_HALF_NAMES}
     exec(compile(source, f"<{region_name} floats>", "exec"), namespace)  # noqa: S102 (our own text)
     return namespace["host_floats"]
-
-
-_HALF_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
