@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import thunder_rs
+from thunder_rs.core.lang.symfloat import SymFloat
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -167,17 +168,22 @@ def test_an_int_argument_as_a_float_scale():
     assert thunder_rs.compile_stats(jf).cache_misses == 2
 
 
-@pytest.mark.parametrize("name", ["pow -0.5", "float chain", "clamp T / 10"])
-def test_the_nvfuser_stand_in_leaves_floats_of_sizes_to_torch(fake_ex, name):
+@pytest.mark.parametrize("name", ["pow -0.5", "float chain", "clamp T / 10", "where", "full T / 2"])
+def test_the_nvfuser_stand_in_takes_floats_of_sizes_as_inputs(fake_ex, name):
+    # The float is a Double input of the region, computed on the host as the program computes it
+    # (tests/test_nvfuser_symbolic.py checks the definitions and dtypes).
     def fn(x):
         return PROGRAMS[name](x.cos()).sin()
 
+    fused, fuse = [], fake_ex.fuse
+    fake_ex.fuse = lambda region: fused.append(region) or fuse(region)
     jf = thunder_rs.jit(fn, executors=[fake_ex, "torch"])
     for T in SIZES:
         x = _inputs(torch.float32, T)
         torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
     assert thunder_rs.compile_stats(jf).cache_misses <= 2
     assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
+    assert any(type(a) is SymFloat for region in fused for call in region.calls for a in call.args)
 
 
 @pytest.mark.slow

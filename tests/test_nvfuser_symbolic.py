@@ -1,6 +1,7 @@
 """Regions of a symbolic trace in the nvFuser executor: one definition per region serves every
-length (``nvfuser_symbolic``), outputs and gradients equal to eager; the bindings' symbolic
-extents, scalar inputs and their errors, the stand-in's against the real module's (``gpu``)."""
+length (``nvfuser_symbolic``), outputs and gradients equal to eager, floats computed from sizes
+(``x * T ** -0.5``) as Double inputs computed on the host; the bindings' symbolic extents, scalar
+inputs and their errors, the stand-in's against the real module's (``gpu``)."""
 
 import dataclasses
 import warnings
@@ -10,13 +11,15 @@ import torch
 
 import thunder_rs
 from thunder_rs._core import SymExpr
+from thunder_rs.core.lang.symfloat import SymFloat, text
+from thunder_rs.errors import ThunderNotImplementedError
 
 import fake_nvfuser_direct as fake
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # the named executor warns that the real nvfuser_direct is absent
     from thunder_rs.executors.nvfuser_ex import NvFuserExecutor, NvFuserRegion
-    from thunder_rs.executors.nvfuser_symbolic import symbolic_dims
+    from thunder_rs.executors.nvfuser_symbolic import host_floats, symbolic_dims
 
 LENGTHS = (3, 5, 7, 9, 4)
 
@@ -403,3 +406,141 @@ def test_a_count_of_0_reaching_a_symbolic_region_has_a_definition_of_its_own(fak
 @pytest.mark.gpu
 def test_on_cuda_a_count_of_0_reaching_a_symbolic_region_has_a_definition_of_its_own(real_ex):
     _over_row_counts(real_ex, device="cuda")
+
+
+# -- floats computed from sizes: Double inputs computed on the host ------------------------------------
+
+FLOAT_SIZES = (4, 6, 9, 12, 16)
+
+
+def scaled_chain(x):
+    """``x * T ** -0.5`` between elementwise ops: one region, which takes the float as an input."""
+    return (x.cos() * x.shape[-1] ** -0.5).sin() + 1.0
+
+
+def clamped_by_size(x):
+    """A clamp to a float of sizes and a comparison with it, which torch reads in x's dtype: a
+    bfloat16 0.9 is below 0.9, and the clamped elements are at least it as bfloat16s."""
+    y = x.clamp(max=x.shape[-1] / 10)
+    return torch.where(y >= x.shape[-1] / 10, y * 2, y.exp())
+
+
+def scaled_attention(x):
+    """An attention whose scale comes from its changing head dim (the matmuls stay with torch)."""
+    q, k, v = x.sin(), x.cos(), x * 2
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    return scores.softmax(-1) @ v
+
+
+#: name -> (program, shape of its input at size T)
+FLOAT_PROGRAMS = {
+    "x * T ** -0.5": (scaled_chain, lambda T: (3, T)),
+    "clamp(max=T / 10)": (clamped_by_size, lambda T: (3, T)),
+    "attention": (scaled_attention, lambda T: (2, 2, 5, T)),
+}
+
+
+def _floats_of(region) -> set:
+    """The texts of the floats of sizes among a region's calls' arguments."""
+    return {text(a.ops) for c in region.calls for a in c.args if type(a) is SymFloat}
+
+
+def _check_floats_of_sizes(executor, name, dtype, device="cpu") -> list:
+    """``FLOAT_PROGRAMS[name]`` jitted with ``executor`` at growing sizes: outputs (and gradients,
+    but for bfloat16) as eager's, at most two compiles, each region defined once, and every float of
+    sizes taken by a region (none left to a torch call). Returns the regions taking one."""
+    fn, shape_of = FLOAT_PROGRAMS[name]
+    fused = _recording(executor)
+    jfn = thunder_rs.jit(fn, executors=[executor, "torch"])
+    grads = dtype != torch.bfloat16
+    # The stand-in computes each op as torch does; the attention's softmax is decomposed (sums in
+    # another order than eager's kernel), and nvFuser's sin and exp are not CUDA's.
+    exact = {"rtol": 0, "atol": 0} if name != "attention" and device == "cpu" else {}
+    tol = {"rtol": 1e-4, "atol": 1e-5} if not exact and dtype == torch.float32 else exact
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a region running eagerly warns
+        for T in FLOAT_SIZES:
+            torch.manual_seed(T)
+            x = torch.randn(*shape_of(T), dtype=dtype, device=device, requires_grad=grads)
+            actual, expected = jfn(x), fn(x)
+            torch.testing.assert_close(actual, expected, **exact)
+            assert actual.dtype == expected.dtype and actual.stride() == expected.stride()
+            if grads:
+                cot = torch.randn_like(expected)
+                grad, expected_grad = torch.autograd.grad(actual, x, cot), torch.autograd.grad(expected, x, cot)
+                torch.testing.assert_close(grad, expected_grad, **tol)
+    assert thunder_rs.compile_stats(jfn).cache_misses <= 2, thunder_rs.compile_stats(jfn).miss_reasons
+    assert executor.stats["failures"] == 0, executor.fallbacks
+    taking = [r for r in fused if _floats_of(r.region)]
+    assert taking and [len(r.definitions) for r in taking] == [1] * len(taking)
+    assert executor.stats["definitions"] == len(fused)
+    floats = set().union(*(_floats_of(r.region) for r in taking))
+    traces = [thunder_rs.last_traces(jfn)[-1]] + (thunder_rs.last_backward_traces(jfn)[-1:] if grads else [])
+    for trace in traces:
+        calls = [line for line in str(trace).splitlines() if not line.lstrip().startswith("#")]
+        assert not [line for line in calls if any(f in line for f in floats)], str(trace)
+    return taking
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("name", FLOAT_PROGRAMS)
+def test_a_float_of_sizes_is_a_double_input_of_one_definition(fake_ex, name, dtype):
+    # float32 and bfloat16: computed in float32 with the float rounded on the host as a constant
+    # float is (to float32; to bfloat16 for the clamp's bound and the comparison).
+    taking = _check_floats_of_sizes(fake_ex, name, dtype)
+    if name == "x * T ** -0.5":  # the forward chain is one region: the float did not split it
+        chain = {"prims.cos", "prims.mul", "prims.sin", "prims.add"}
+        assert any(chain <= {c.name for c in r.region.calls} for r in taking)
+
+
+def test_host_floats_read_a_size_input_else_an_extent_and_round_as_constants(fake_ex):
+    fused = _recording(fake_ex)
+    jfn = thunder_rs.jit(scaled_chain, executors=[fake_ex, "torch"])
+    for T in (4, 6):
+        jfn(torch.randn(3, T))
+    (region,) = [r.region for r in fused if _floats_of(r.region)]
+    (scale,) = _floats_of(region)
+    floats = [(scale, dtype) for dtype in (torch.float64, torch.float32, torch.bfloat16)]
+    expected = tuple(float(torch.tensor(9**-0.5, dtype=dtype)) for _, dtype in floats)
+    args = [torch.randn(3, 9) if isinstance(s, tuple) else 9 for s in region.input_shapes]
+    assert host_floats("r", region.input_shapes, floats)(args) == expected
+    assert expected[0] == 9**-0.5 and len(set(expected)) == 3
+    (shape,) = [s for s in region.input_shapes if isinstance(s, tuple)]  # the size from x.shape[1] alone
+    assert host_floats("r", (shape,), floats)([torch.randn(3, 9)]) == expected
+    with pytest.raises(ThunderNotImplementedError, match="region r computes a float from the size t"):
+        host_floats("r", ((3, 9),), floats)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", FLOAT_PROGRAMS)
+def test_on_cuda_a_float_of_sizes_is_a_double_input(real_ex, name, dtype):
+    _check_floats_of_sizes(real_ex, name, dtype, device="cuda")
+
+
+def _check_double_scalar_input(module, device):
+    """A Float tensor times a Double scalar input: nvFuser computes it in double (a floating scalar
+    is not cast to the tensor's type, ``optionalCast``) and rounds, where torch computes
+    ``x * s`` in float32; the scalar cast to Float computes as torch."""
+    with module.FusionDefinition() as fd:
+        x = fd.define_tensor(shape=[-1], contiguity=[True], dtype=module.DataType.Float)
+        s = fd.define_scalar(dtype=module.DataType.Double)
+        fd.add_output(fd.ops.mul(x, s))
+        fd.add_output(fd.ops.mul(x, fd.ops.cast(s, module.DataType.Float)))
+    torch.manual_seed(0)
+    for n in (7, 1000):
+        x, scale = torch.randn(n, device=device), n**-0.5
+        in_double, in_float = fd.execute([x, scale])
+        assert in_double.dtype == in_float.dtype == torch.float32
+        torch.testing.assert_close(in_double, (x.double() * scale).float(), rtol=0, atol=0)
+        torch.testing.assert_close(in_float, x * scale, rtol=0, atol=0)
+    assert not torch.equal(in_double, in_float)  # the two differ in the last bit somewhere
+
+
+def test_the_stand_in_computes_a_double_scalar_input_as_nvfuser_does():
+    _check_double_scalar_input(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_compute_a_double_scalar_input_so(real_nvfuser):
+    _check_double_scalar_input(real_nvfuser, "cuda")

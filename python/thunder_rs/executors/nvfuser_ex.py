@@ -37,15 +37,17 @@ decomposition). A decomposition that computes in float32 as torch's kernel does 
 norm) says so with its own conversions, and the region follows them. Python float operands of
 float tensors become Float constants, as torch computes ``t * 0.1`` in float32 where nvFuser would
 compute in double (rounded to the tensor's dtype where torch reads them so: comparisons,
-``maximum``...). Ops nvFuser has no half kernels for (reductions, ``floor``, ``isfinite``...) run on
-the operand cast to Float, exactly.
+``maximum``...). A float computed from sizes (``x * T ** -0.5``) is a Double input instead, which
+the region computes on the host on each call and rounds as it would round the constant
+(``nvfuser_symbolic.host_floats``). Ops nvFuser has no half kernels for (reductions, ``floor``,
+``isfinite``...) run on the operand cast to Float, exactly.
 
 A region's definition is built on its first call with each input layout (dtype, shape, strides),
-and kept; a region of a symbolic trace has one for all the extents of its symbolic sizes
-(``nvfuser_symbolic``), its layouts holding the rest. The per-call path is a comparison with the
-last layout and ``fd.execute``, the casts being in the definition. A layout nvFuser cannot define
-or compile runs on its inputs copied row-major where they are not, and if that fails too, the
-region's eager torch calls, with a warning.
+and kept; a region of a symbolic trace has one for all the extents of its symbolic sizes and all
+the values of its floats of sizes (``nvfuser_symbolic``), its layouts holding the rest. The
+per-call path is a comparison with the last layout and ``fd.execute``, the casts being in the
+definition. A layout nvFuser cannot define or compile runs on its inputs copied row-major where
+they are not, and if that fails too, the region's eager torch calls, with a warning.
 """
 
 import dataclasses
@@ -60,11 +62,11 @@ import torch
 
 from thunder_rs._core import SymExpr
 from thunder_rs.core.lang.executor_api import FusionExecutor, Region, register_named_executor
-from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.lang.symfloat import SymFloat, text
 from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.nvfuser_layouts import pinned_orders
-from thunder_rs.executors.nvfuser_symbolic import Extents, symbolic_dims, symbolic_layout
+from thunder_rs.executors.nvfuser_symbolic import Extents, host_floats, symbolic_dims, symbolic_layout
 from thunder_rs.executors.torch_ex import torch_ex
 
 #: torch dtypes nvFuser's ``DataType`` has, by name (complex and 8-bit types stay with torch).
@@ -213,10 +215,14 @@ def _tensors(args):
 
 
 def _holds_symfloat(args) -> bool:
-    """Whether a float computed from sizes (``SymFloat``) is among ``args``: a definition takes
-    its numbers as constants, and the region would need the float as an input computed on the
-    host as eager computes it; the torch executor runs such a call."""
+    """Whether a float computed from sizes (``SymFloat``) is among ``args``."""
     return any(type(a) is SymFloat or (type(a) in (tuple, list) and _holds_symfloat(a)) for a in args)
+
+
+#: Prims whose translation takes a float computed from sizes as an operand: a Double input of the
+#: definition computed on the host (``nvfuser_symbolic.host_floats``), handled as a constant float.
+#: The others read their numbers while defining (a pad's value, an iota's start): torch runs them.
+TAKES_SYMFLOAT = {*BINARY, "where", "full"}
 
 
 def _int64_index(a, index, dim, *rest) -> bool:
@@ -307,6 +313,7 @@ def make_checker(name: str, allow_cpu: bool):
     of nvFuser's dtypes, and the prim's own conditions."""
     extra = EXTRA_CHECKS.get(name)
     device_at = _DEVICE_AT.get(name)
+    takes_symfloat = name in TAKES_SYMFLOAT
 
     def check(*args, **kwargs) -> bool:
         if device_at is not None and not allow_cpu and torch.device(args[device_at]).type != "cuda":
@@ -317,7 +324,7 @@ def make_checker(name: str, allow_cpu: bool):
         for t in tensors:
             if t.dtype not in DTYPES or (t.device.type != "cuda" and not allow_cpu):
                 return False
-        if any(isinstance(a, complex) for a in args) or _holds_symfloat(args):
+        if any(isinstance(a, complex) for a in args) or (not takes_symfloat and _holds_symfloat(args)):
             return False
         return extra is None or bool(extra(*args, **kwargs))
 
@@ -350,6 +357,9 @@ class _Definition:
         #: id(nvFuser scalar) -> (the scalar, kept alive so that its id stays its own; its dtype),
         #: for the number inputs and constants (only a TensorView has ``dtype()``).
         self._scalars: dict = {}
+        #: (a symbolic float's text, the dtype its value is rounded to) -> its Double scalar input,
+        #: in the order they are defined, after the region's inputs (``nvfuser_symbolic.host_floats``).
+        self.host_floats: dict = {}
         #: id(TensorView) -> the TensorView, for the values that may have an expanded dim (a
         #: broadcast of extent > 1, which nvFuser keeps with stride 0): an input with a stride-0
         #: dim, a broadcast_in_dim, and what is computed from them.
@@ -398,14 +408,26 @@ class _Definition:
         self._scalars[id(scalar)] = (scalar, SCALAR_TYPES[kind])
         return scalar
 
+    def host_float(self, value: SymFloat, dtype: torch.dtype):
+        """The Double input holding ``value``, computed on the host on each call and rounded to
+        ``dtype`` (one per float and dtype)."""
+        key = (text(value.ops), dtype)
+        if key not in self.host_floats:
+            scalar = self.fd.define_scalar(dtype=self.module.DataType.Double)
+            self.host_floats[key] = self._scalar(scalar, float)
+        return self.host_floats[key]
+
     def constant(self, value):
-        """A Python number as an operand of ``fd.ops``: a bool as a Bool scalar. The bindings read
+        """A Python number as an operand of ``fd.ops``: a float of sizes as a Double input (as a
+        Python float is a Double constant); a bool as a Bool scalar. The bindings read
         a Python bool as an Int (pybind11 converts to the first alternative of nvFuser's scalar
         variant that takes it, and ``int64_t`` takes a bool before ``bool`` is tried): a Bool
         tensor's pad value would be an Int, which ``pad`` refuses (the H200's select_scatter and
         slice_scatter gradients)."""
         if isinstance(value, bool):
             return self._scalar(self.fd.define_scalar(value, dtype=self.module.DataType.Bool), bool)
+        if type(value) is SymFloat:
+            return self.host_float(value, torch.float64)
         return value
 
     def note_expanded(self, name: str, args, results) -> None:
@@ -438,11 +460,11 @@ class _Definition:
         return self.ops.cast(a, self.module.DataType.Float) if self.dtype_of(a) in HALF else a
 
     def operands(self, *args, rounded: bool = False) -> tuple:
-        """``args`` with each floating number (a Python float, a float input) a Float scalar when
-        a float32 or half tensor is among them: torch computes ``t + 0.1`` in float32 (CUDA's
-        kernels read the number as float32 for halves too) where nvFuser would compute in double
-        and round. ``rounded``: the number rounded to the tensor's dtype first, as torch reads
-        it for the ``ROUNDED_NUMBER`` prims."""
+        """``args`` with each floating number (a Python float, a float of sizes, a float input) a
+        Float scalar when a float32 or half tensor is among them: torch computes ``t + 0.1`` in
+        float32 (CUDA's kernels read the number as float32 for halves too) where nvFuser would
+        compute in double and round. ``rounded``: the number rounded to the tensor's dtype first,
+        as torch reads it for the ``ROUNDED_NUMBER`` prims."""
         floating = [self.dtype_of(a) for a in args if self._is_tensor(a) and self.dtype_of(a).is_floating_point]
         if floating and torch.float64 not in floating:
             args = tuple(self._as_float(a, floating[0] if rounded else torch.float32) for a in args)
@@ -450,12 +472,14 @@ class _Definition:
 
     @staticmethod
     def _is_tensor(x) -> bool:
-        return not isinstance(x, (bool, int, float)) and x.is_tensor()
+        return not isinstance(x, (bool, int, float, SymFloat)) and x.is_tensor()
 
     def _as_float(self, a, dtype: torch.dtype):
         """A floating number ``a`` as a Float scalar of its value rounded to ``dtype``."""
         if isinstance(a, float):
             return self.fd.define_scalar(float(torch.tensor(a, dtype=dtype)), dtype=self.data_type(torch.float32))
+        if type(a) is SymFloat:  # rounded on the host as the constant above
+            return self.ops.cast(self.host_float(a, dtype), self.data_type(torch.float32))
         if isinstance(a, (bool, int)) or a.is_tensor() or self.dtype_of(a) != torch.float64:
             return a
         if dtype != torch.float32:
@@ -482,7 +506,7 @@ def _values_of(args):
     for a in args:
         if isinstance(a, (tuple, list)):
             yield from _values_of(a)
-        elif not isinstance(a, (bool, int, float, str, torch.dtype, torch.device)) and a is not None:
+        elif not isinstance(a, (bool, int, float, SymFloat, str, torch.dtype, torch.device)) and a is not None:
             yield a
 
 
@@ -500,7 +524,8 @@ def _resolve(arg, env, extent):
 def define(module, region: Region, args, orders=None):
     """The ``FusionDefinition`` computing ``region`` on inputs laid out as ``args``; each value
     it hands on has the trace's dtype, which is eager's, and the stride order ``orders`` pins
-    (``nvfuser_layouts``: eager's, where nvFuser's could differ)."""
+    (``nvfuser_layouts``: eager's, where nvFuser's could differ). With it, the floats of sizes it
+    takes after ``args`` (``_Definition.host_floats``' keys, in input order)."""
     fd = module.FusionDefinition()
     with fd:
         cx = _Definition(module, fd, region)
@@ -525,7 +550,7 @@ def define(module, region: Region, args, orders=None):
             # which eager's result has not (an in-place write to it would fail).
             value = fd.ops.set(env[name]) if name in given else cx.materialized(env[name])
             fd.add_output(value if order is None else fd.ops.stride_order(value, order))
-    return fd
+    return fd, tuple(cx.host_floats)
 
 
 def layout(args) -> tuple:
@@ -613,10 +638,12 @@ class NvFuserRegion:
         """The callable running the definition of ``args``' layout (its outputs in ``orders``),
         compiled by running it on ``args``."""
         stats, start = self.executor.stats, time.perf_counter()
-        fd = define(self.executor.module, self.region, args, orders)
+        fd, floats = define(self.executor.module, self.region, args, orders)
+        compute = host_floats(self.region.name, self.region.input_shapes, floats)
         defined = time.perf_counter()
         execute = fd.execute
-        first = [tuple(execute(list(args)))]  # compiles: a failure here falls back too
+        inputs = list if compute is None else (lambda args: [*args, *compute(args)])
+        first = [tuple(execute(inputs(args)))]  # compiles: a failure here falls back too
         # Where a first call's time goes (benchmarks/gpu_bench.py reports them): building the
         # definitions in Python, and nvFuser's scheduling and compiling inside the first execute.
         stats["define_s"] += defined - start
@@ -626,7 +653,7 @@ class NvFuserRegion:
         def run(args):
             if first:  # the compiling call's outputs serve the call that compiled
                 return first.pop()
-            return tuple(execute(list(args)))
+            return tuple(execute(inputs(args)))
 
         run.fd = fd  # for measurements of the host time around it
         return run

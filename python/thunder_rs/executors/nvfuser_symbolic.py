@@ -16,10 +16,16 @@ Python's ``//`` and ``%`` are built from nvFuser's ``div`` and ``mod``, which ar
 remainder is made non-negative first, ``((p % k) + k) % k``, and the quotient is then an exact
 division, ``(p - r) / k``, so a negative dividend (a slice bound ``t3 - 8`` before it is clamped)
 floors as Python does.
+
+A float computed from sizes (``SymFloat``: ``T ** -0.5``) is a Double ``define_scalar`` input,
+never a constant of the definition: ``host_floats`` computes it on the host on each call with the
+program's own Python operations on that call's sizes, so it is the float eager computes, bit for
+bit, and one definition serves every value of it.
 """
 
 import ast
 import re
+import struct
 
 import torch
 
@@ -27,6 +33,11 @@ from thunder_rs._core import SymExpr
 from thunder_rs.errors import ThunderNotImplementedError
 
 _ATOM = re.compile(r"t(\d+)")
+#: The size values a float's text reads (``(t0 ** (-0.5))``).
+_ATOMS_IN_TEXT = re.compile(r"\bt(\d+)\b")
+_FLOAT32 = struct.Struct("f")
+#: The half dtypes by the names ``host_floats``' code reads them.
+_HALF_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def symbolic_dims(input_shapes) -> tuple:
@@ -62,6 +73,20 @@ def _atom(expr) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def size_sources(input_shapes) -> dict:
+    """Where a region's inputs hold each size value its shapes name: value number -> the index of
+    the size input that is it, else (index of a tensor input, dim) whose extent it is."""
+    sources: dict = {}
+    for i, shape in enumerate(input_shapes):
+        if _atom(shape) is not None:
+            sources[_atom(shape)] = i
+    for i, shape in enumerate(input_shapes):
+        for d, size in enumerate(shape if isinstance(shape, tuple) else ()):
+            if _atom(size) is not None:
+                sources.setdefault(_atom(size), (i, d))
+    return sources
+
+
 class Extents:
     """The symbolic sizes of a definition being built, as nvFuser Int scalars."""
 
@@ -69,14 +94,10 @@ class Extents:
         """``inputs``: the definition's input values, in the order of ``input_shapes``."""
         self.ops, self.region_name = ops, region_name
         #: value number -> the scalar input standing for it, or (tensor input, dim) whose extent it is
-        self._atoms: dict = {}
-        for shape, value in zip(input_shapes, inputs):
-            if _atom(shape) is not None:
-                self._atoms[_atom(shape)] = value
-        for shape, value in zip(input_shapes, inputs):
-            for d, size in enumerate(shape if isinstance(shape, tuple) else ()):
-                if _atom(size) is not None:
-                    self._atoms.setdefault(_atom(size), (value, d))
+        self._atoms: dict = {
+            value: inputs[at] if isinstance(at, int) else (inputs[at[0]], at[1])
+            for value, at in size_sources(input_shapes).items()
+        }
         self._built: dict = {}
 
     def of(self, expr: SymExpr):
@@ -114,3 +135,52 @@ class Extents:
             tensor, dim = bound
             bound = self._atoms[value] = self.ops.size(tensor, dim)
         return bound
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to float32 as torch rounds it (C's conversion: to nearest, inf beyond)."""
+    try:
+        return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    except OverflowError:
+        return float(torch.tensor(value, dtype=torch.float32))
+
+
+def _rounded(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to a half ``dtype`` as a constant float of the definition is."""
+    return float(torch.tensor(value, dtype=dtype))
+
+
+def _rounding(text: str, dtype: torch.dtype) -> str:
+    """The code of the float ``text`` rounded to ``dtype``."""
+    if dtype == torch.float64:
+        return text
+    if dtype == torch.float32:
+        return f"_float32({text})"
+    return f"_rounded({text}, {str(dtype).removeprefix('torch.')})"
+
+
+def host_floats(region_name: str, input_shapes, floats):
+    """The function of a region's inputs that computes the Double inputs of its definition
+    (``floats``: each symbolic float's text and the dtype its value is rounded to, in input
+    order), or None where it has none. It is generated code: each float is the text the trace
+    prints, the program's own Python operations in its order, on the sizes of the call (a size
+    input, else the extent of a tensor input), so its value is eager's. A float meeting a
+    float32 or half tensor is rounded to the dtype as a constant float of the definition is."""
+    if not floats:
+        return None
+    sources = size_sources(input_shapes)
+    lines = []
+    for value in sorted({int(n) for text, _ in floats for n in _ATOMS_IN_TEXT.findall(text)}):
+        at = sources.get(value)
+        if at is None:
+            raise ThunderNotImplementedError(
+                f"nvfuser executor: region {region_name} computes a float from the size t{value}, which is neither "
+                "one of its size inputs nor an extent of one of its tensor inputs"
+            )
+        read = f"inputs[{at}]" if isinstance(at, int) else f"inputs[{at[0]}].shape[{at[1]}]"
+        lines.append(f"    t{value} = {read}\n")
+    values = ", ".join(_rounding(text, dtype) for text, dtype in floats)
+    source = f"def host_floats(inputs):\n{''.join(lines)}    return ({values},)\n"
+    namespace = {"torch": torch, "_float32": _float32, "_rounded": _rounded, **_HALF_NAMES}
+    exec(compile(source, f"<{region_name} floats>", "exec"), namespace)  # noqa: S102 (our own text)
+    return namespace["host_floats"]
