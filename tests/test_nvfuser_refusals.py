@@ -121,10 +121,11 @@ def test_the_stand_in_refuses_to_vectorize_a_column_major_normalization():
 # -- the executor makes none of them --------------------------------------------------------------
 
 #: op id -> the fd.ops name a region of its gradient computes with nvFuser (the op is not left to torch).
+#: (diagonal_scatter's gradient is eager's own: a diagonal_scatter of zeros into the cotangent and its
+#: diagonal, a view, each one torch kernel as in eager's backward, for eager's layouts.)
 GRADIENTS = {
     "select_scatter": "pad",
     "slice_scatter": "pad",
-    "diagonal_scatter": "where",
     "index_reduce_prod": "gather",
     "index_reduce_mean": "gather",
     "index_reduce_amax": "gather",

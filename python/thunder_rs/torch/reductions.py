@@ -161,7 +161,9 @@ def mean_grad(input, dim=None, keepdim=False, *, dtype=None):
     dims = _dims(input, dim, "ltorch.mean")
     shaped = g if keepdim or input.ndim == 0 else kept(g, tuple(input.shape), dims)
     count = _numel(input, dims)
-    grad = ltorch.true_divide(ltorch.expand(shaped, tuple(input.shape)), count)
+    # (a broadcast, no decision: comparing a reduced size with 1 would guard it, a count of 1 too)
+    spread = prims.broadcast_in_dim(shaped, tuple(input.shape), tuple(range(input.ndim)))
+    grad = ltorch.true_divide(spread, count)
     put_grad(input, clang.maybe_convert(grad, input.dtype))
     return out
 

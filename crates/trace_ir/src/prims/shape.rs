@@ -91,8 +91,10 @@ fn broadcast_in_dim(op: &str, a: &TensorMeta, shape: &[Dim], dims: &[usize], fac
             bail!(Index, op, "broadcast_dimensions[{i}] = {d} is out of range for shape {}", show(shape));
         };
         // Equality first: a size broadcast into the same size is valid whatever its value, with no
-        // decision (asking `size == 1` first guarded `size != 1` for every symbolic size).
-        if !facts.equal(size, target) && !facts.is(size, 1) {
+        // decision (asking `size == 1` first guarded `size != 1` for every symbolic size); a
+        // constant 1 broadcasts into any size, also with no decision (comparing it with a symbolic
+        // target guarded that target `!= 1`: a count of 1 then missed a variant that serves it).
+        if *size != Dim::Const(1) && !facts.equal(size, target) && !facts.is(size, 1) {
             bail!(
                 Value,
                 op,
