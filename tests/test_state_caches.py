@@ -4,10 +4,14 @@ stores the tensor it returns after running, a later call finds it there (the con
 the trace read), compiles once more and reads it, as eager does, where it is on each call (a
 refilled cache compiles nothing). Gradients flow through the
 stored tensor as through eager's; a compile that fails leaves the state as it was; what no
-compiled call can store again is refused naming the line."""
+compiled call can store again is refused naming the line, and so is a cache keyed by the module's
+identity (``id(self)``, ``hash``, weak references, ``is``, ``functools.lru_cache``): the trace runs
+on a copy of the module."""
 
 import copy
+import functools
 import types
+import weakref
 
 import pytest
 import torch
@@ -346,3 +350,72 @@ def test_each_kind_of_cache_in_module_state_is_stored_and_read_as_eager(kind):
             torch.testing.assert_close(state(model), state(eager), rtol=0, atol=0)
     assert _misses(jmodel) == 2
     _Rotary.shared.clear()
+
+
+# -- caches keyed by the module's identity ---------------------------------------------------------
+
+_BY_IDENTITY: dict = {}
+_HELD_ELSEWHERE: list = []
+
+
+class _Identity(nn.Module):
+    """A forward that uses its module's identity (``use``), which the traced copy of the module
+    does not have: refused naming the line, where eager and compiled calls would key, compare
+    and cache apart."""
+
+    def __init__(self, use):
+        super().__init__()
+        self.lin = nn.Linear(3, 3, dtype=torch.float64)
+        self.use = use
+
+    def forward(self, x):
+        if self.use == "id":
+            _BY_IDENTITY.setdefault(id(self), 2.0)
+        elif self.use == "hash":
+            _BY_IDENTITY.setdefault(hash(self), 2.0)
+        elif self.use == "weakref":
+            if weakref.ref(self)() is None:
+                return x
+        elif self.use == "is":
+            return self.lin(x) * (2 if _HELD_ELSEWHERE and _HELD_ELSEWHERE[0] is self else 1)
+        elif self.use == "lru_cache":
+            return self.lin(x) * self.scale()
+        return self.lin(x)
+
+    @functools.lru_cache  # noqa: B019 (the construct under test)
+    def scale(self):
+        return 2.0
+
+
+@pytest.mark.parametrize("use", ["id", "hash", "weakref", "is", "lru_cache"])
+def test_a_forward_using_its_modules_identity_is_refused_naming_the_line(use):
+    model = _Identity(use)
+    _HELD_ELSEWHERE[:] = [model]
+    x = torch.randn(2, 3, dtype=torch.float64)
+    expected = model(x)  # eager keys, compares and caches by the module itself
+    _BY_IDENTITY.clear()
+    with pytest.raises(ThunderNotImplementedError, match=r"test_state_caches.py:\d+ uses the identity of the module"):
+        thunder_rs.jit(model)(x)
+    assert not _BY_IDENTITY  # nothing stored under the traced copy's key
+    torch.testing.assert_close(model(x), expected)
+
+
+class _ComparesWithoutIdentity(nn.Module):
+    """``is`` with a constant, and submodules compared with the module they came from: the
+    traced copy answers as the module does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3, dtype=torch.float64)
+
+    def forward(self, x, mask=None):
+        others = sum(1 for m in self.modules() if m is not self)
+        if mask is None and self is not None:
+            return self.lin(x) * others
+        return self.lin(x)
+
+
+def test_comparisons_that_do_not_need_the_modules_identity_match_eager():
+    model = _ComparesWithoutIdentity()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))

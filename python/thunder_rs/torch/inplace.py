@@ -75,8 +75,11 @@ _SCALAR_NAMES = {
 
 
 def _leaf_check(op: str, dst) -> None:
-    """Eager's error for an in-place write to a leaf that requires grad, or a view of one."""
+    """Eager's error for an in-place write to a leaf that requires grad, or a view of one, or
+    to a view whose autograd history eager refuses (``TensorProxy._history_error``)."""
     root = views.root_of(dst)
+    if root._history_error is not None and torch.is_grad_enabled():
+        raise ThunderRuntimeError(f"{op}: {root._history_error} (at {user_location()})")
     if root._leaf and torch.is_grad_enabled():
         what = "a leaf Variable" if root is dst else "a view of a leaf Variable"
         if problems.note(problems.INPLACE_LEAF, op, f"{what} that requires grad is written in place"):
@@ -216,6 +219,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
     _checkpoint_check(op, root)
     with torch._C.DisableTorchFunctionSubclass():
         root_grad, value_grad = root.requires_grad, value.requires_grad
+    root_grad = root_grad and root._history_error is None  # (no gradient reaches a history eager refuses)
     if root is not dst and root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled():
         raise ThunderNotImplementedError(
             f"{op}: writing in place into part of a complex tensor that carries a gradient is not supported (at "

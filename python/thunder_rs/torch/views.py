@@ -637,7 +637,10 @@ def _detach_with(take):
             out.requires_grad_(False)
         return out
 
-    return opaque(detached, lambda a, new: straight_through(new, a), detached=True)
+    def written(a, new):  # (no gradient reaches a history eager refuses: ``TensorProxy._history_error``)
+        return new if a._history_error is not None else straight_through(new, a)
+
+    return opaque(detached, written, detached=True)
 
 
 def _eager_property(name: str):

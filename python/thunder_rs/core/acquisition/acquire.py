@@ -85,6 +85,9 @@ class Acquired:
     #: where the program took the decision each guard of the trace records, ``{guard text:
     #: (file, line, function, op)}`` (``langctx.decision_site``), which miss reasons name
     decided: dict = field(default_factory=dict)
+    #: the positions of the trace inputs standing for views no op records a gradient through
+    #: (``TensorProxy._view_grad``), which a differentiable call passes detached
+    detached: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -496,7 +499,9 @@ def acquire(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept
     )
     positions = inputs.positions
-    del out, writes, repeated, inputs
+    traced = (*inputs.args, *inputs.params, *captures.proxies)
+    detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
+    del out, writes, repeated, inputs, traced
     captured = captures.release()
     _check_no_escape(made, trace, sites)  # first: a stored tensor is the more precise reason
     _check_guards_still_hold(guards, flat_inputs)
@@ -522,6 +527,7 @@ def acquire(
         size_checks,
         ints,
         dict(rec.guard_sites()),
+        detached,
     )
 
 

@@ -55,6 +55,15 @@ class TensorProxy(torch.Tensor):
     _input_vid: int | None = None
     #: for a trace input standing for a leaf tensor that requires grad (in-place is an error)
     _leaf = False
+    #: for a trace input standing for a view that requires grad: whether an op records a gradient
+    #: through it. A call passes one no op records a gradient through detached: torch's autograd
+    #: would ask for its history, which eager refuses to use once the base of a view made under
+    #: ``no_grad`` or ``inference_mode`` (or of one of several views one op returned) is written
+    #: in place, where the program only reads it (under ``no_grad``, ``detach()``)
+    _view_grad: bool | None = None
+    #: for such a view whose history eager refuses already: eager's error, which an op recording a
+    #: gradient through it raises
+    _history_error: str | None = None
     #: for a trace input whose tensor is not contiguous: its strides (views follow eager's)
     _strides: tuple[int, ...] | None = None
     #: for a copy eager makes that the trace computes nothing for (``views.copy_of``)

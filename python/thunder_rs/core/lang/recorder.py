@@ -16,6 +16,7 @@ from thunder_rs import _core
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.layouts import layout, strides_in
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
 
 _is_grad_enabled = torch.is_grad_enabled
@@ -92,8 +93,13 @@ def input_proxy(rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = Non
         real.append(t)
     proxy = make_proxy(vid, shape, dtype, str(t.device), requires_grad)
     proxy._input_vid = vid
-    if requires_grad and t.is_leaf:
-        proxy._leaf = True
+    if requires_grad:
+        try:
+            proxy._leaf = t.is_leaf
+        except RuntimeError as e:  # a view autograd refuses (eager raises it where an op would record)
+            proxy._history_error = str(e)
+        if t._is_view():
+            proxy._view_grad = False
     if not t.is_contiguous():  # (dense in another order: strides of its symbolic sizes)
         own = strides_in(proxy._shape, layout(t)) if sizes else t.stride()
         proxy._strides = tuple(strides.get(d, n) for d, n in enumerate(own)) if strides and own else own
@@ -280,11 +286,31 @@ def stop_prim_log() -> None:
 def record_prim(name: str, args: tuple):
     """Records ``prims.<name>(*args)`` under the grad mode in effect now; returns one proxy or a
     tuple of them."""
-    outs = proxies(current().prim(name, args, _is_grad_enabled()))
+    grad = _is_grad_enabled()
+    recorded = current().prim(name, args, grad)
+    if grad:
+        note_gradient_through(recorded, args)
+    outs = proxies(recorded)
     if _prim_logs:
         for log in _prim_logs.get(threading.get_ident(), ()):
             log.append((name, args, outs))
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def note_gradient_through(outputs: list, args: tuple) -> None:
+    """Notes the view inputs (``TensorProxy._view_grad``) among ``args`` of an op whose
+    ``outputs`` (``_core.RecordedTensor``s) require grad; raises eager's error for one whose
+    history eager refuses (``_history_error``): eager raises it as such an op records its
+    gradient, where ops under ``no_grad`` and ops without a gradient (``v > 0``, ``v.detach()``)
+    read it."""
+    if not any(o.requires_grad for o in outputs):
+        return
+    for a in args:
+        for t in a if type(a) in (list, tuple) else (a,):
+            if isinstance(t, TensorProxy) and t._view_grad is False:
+                if t._history_error is not None:
+                    raise ThunderRuntimeError(f"{t._history_error} (at {user_location()})")
+                t._view_grad = True
 
 
 def output_meta(shape, dtype: torch.dtype, device, requires_grad: bool) -> "_core.TensorMeta":
@@ -404,6 +430,8 @@ def record_kernel(symbol_id: int, name: str, fn, meta, args: tuple, kwargs: dict
     outputs = _whole_outputs(symbol_id, meta, args, kwargs)
     if outputs is None:
         return record_composite(symbol_id, name, fn, args, kwargs)
+    if _is_grad_enabled():
+        note_gradient_through(outputs, (*args, *(kwargs or {}).values()))
     outs = proxies(current().call(symbol_id, args, kwargs or None, outputs, whole=True))
     return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -223,6 +223,24 @@ def grad_function(
     return _entry_call(apply, program, single, as_list, bool(written))
 
 
+def detaching(call, positions: tuple):
+    """``call`` given the inputs at ``positions`` detached: views the trace records no gradient
+    through (``TensorProxy._view_grad``), whose history torch's autograd would ask for as it links
+    the call's inputs, raising eager's error where eager refuses that history (a view made under
+    ``no_grad`` whose base was written in place since), though the program only reads them. A
+    detached view shares their memory and version counter, so reads and writes reach them."""
+    if not positions:
+        return call
+
+    def detached(*inputs):
+        given = list(inputs)
+        for k in positions:
+            given[k] = given[k].detach()
+        return call(*given)
+
+    return detached
+
+
 def _without(apply, unread: tuple):
     """``apply`` given None at the positions ``unread`` (inputs the call never reads: a
     ``grad_function`` argument), so that torch's autograd keeps no edge to them: eager gives them

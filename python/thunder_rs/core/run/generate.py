@@ -20,7 +20,7 @@ from thunder_rs.core.lang.executor_api import (
     differentiable_executors,
     executor_table,
 )
-from thunder_rs.core.run.autograd import grad_function
+from thunder_rs.core.run.autograd import detaching, grad_function
 from thunder_rs.core.run.differentiable import DifferentiableProgram, program_generators
 from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.modes import RecordedModes
@@ -229,6 +229,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
             computation = grad_function(
                 computation, backward, grad_positions, False, False, nondiff, written, program=program, **partial
             )
+        computation = detaching(computation, acquired.detached)
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
         computation = _WRITEBACK.load().with_writebacks(computation, wb)

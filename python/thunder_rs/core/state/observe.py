@@ -49,6 +49,7 @@ from thunder_rs.core.state.guards import (
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import PACKAGE_DIR
+from thunder_rs.core.state.identity import refuse_identity_uses
 from thunder_rs.core.state.state import ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
@@ -605,6 +606,8 @@ class Observer:
                 self._made.add(id(receiver))
             if isinstance(receiver, torch.nn.Module):
                 original = self._originals.get(id(receiver))
+                if original is not None and live:
+                    refuse_identity_uses(code, reads.receiver, receiver, g)
                 if original is not None or not self._traced_module(receiver):
                     original = original or receiver
                     if id(original) not in self.modules_called:
