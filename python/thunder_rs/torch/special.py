@@ -202,7 +202,8 @@ def lerp(input, end, weight):
     one_minus = prims.sub(_full_like(a, 1.0, a.dtype), w) if isinstance(w, torch.Tensor) else 1.0 - w
     high = prims.sub(b, prims.mul(diff, one_minus))
     if not isinstance(w, torch.Tensor):
-        return low if abs(w) < 0.5 else high
+        # (``abs(w) < 0.5`` as two comparisons: a weight from sizes decides relations of them)
+        return low if -0.5 < w < 0.5 else high
     return prims.where(prims.lt(prims.abs(w), 0.5), low, high)
 
 
