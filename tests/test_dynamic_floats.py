@@ -75,17 +75,23 @@ def _check(fn, dtype, grads=False, grad_tol=0.0):
     return jf
 
 
-#: Ops whose decomposition read the float (a check, a branch): name -> (program, differentiable).
+#: Ops whose decomposition read the float (a check, a branch, a fill, an end point): name ->
+#: (program, differentiable). The default run takes a representative few.
 OP_PROGRAMS = {
     "lerp": (lambda x: torch.lerp(x, x.flip(-1), _width(x) / 10), True),
     "hardtanh": (lambda x: F.hardtanh(x, -_width(x) / 4, _width(x) / 4), True),
+    "xlogy": (lambda x: torch.xlogy(_width(x) / 3, x.abs()), True),
     "dropout": (lambda x: (torch.manual_seed(0), F.dropout(x, p=1 / _width(x)))[1], True),
     "smooth_l1_loss": (lambda x: F.smooth_l1_loss(x, x.flip(-1) * 0.5, beta=_width(x) / 8), True),
+    # (with grads F.normalize's p-norm is 1 ulp off eager's with a constant p too)
+    "normalize": (lambda x: F.normalize(x, p=_width(x) / 4), False),
+    "histc": (lambda x: torch.histc(x, bins=4, min=0, max=_width(x) / 2), False),
+    "linspace": (lambda x: x.sum() + torch.linspace(0.0, _width(x) / 2, 7, dtype=x.dtype), True),
     "max": (lambda x: x * max(_width(x) / 4, 1.0), True),
 }
 #: Backward formulas that round otherwise than eager's autograd, with constant floats too (1 ulp).
 OP_ROUNDED_GRADS = {"lerp", "smooth_l1_loss"}
-REPRESENTATIVE = {"lerp", "hardtanh", "dropout"}
+REPRESENTATIVE = {"lerp", "hardtanh", "xlogy", "dropout"}
 
 
 @pytest.mark.parametrize(

@@ -448,6 +448,8 @@ def _endpoint(op: str, value, name: str, dtype, device):
         return clang.maybe_convert(value, dtype)
     if type(value) is SymInt:  # a size (``linspace(0, T - 1, T)``): read on each call
         return size_value(device, dtype, value)
+    if type(value) is SymFloat:  # a float of sizes (``linspace(0.0, T / 2, n)``): computed on each call
+        return filled((), value, device, dtype)
     check(
         isinstance(value, (int, float)) and not isinstance(value, complex),
         op,
