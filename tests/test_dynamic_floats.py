@@ -88,10 +88,11 @@ OP_PROGRAMS = {
     "histc": (lambda x: torch.histc(x, bins=4, min=0, max=_width(x) / 2), False),
     "linspace": (lambda x: x.sum() + torch.linspace(0.0, _width(x) / 2, 7, dtype=x.dtype), True),
     "max": (lambda x: x * max(_width(x) / 4, 1.0), True),
+    "pow": (lambda x: (x.abs() + 0.5).pow(_width(x) / 8 - 1), True),  # (two roundings: no relation)
 }
 #: Backward formulas that round otherwise than eager's autograd, with constant floats too (1 ulp).
 OP_ROUNDED_GRADS = {"lerp", "smooth_l1_loss"}
-REPRESENTATIVE = {"lerp", "hardtanh", "xlogy", "dropout"}
+REPRESENTATIVE = {"lerp", "hardtanh", "xlogy", "dropout", "pow"}
 
 
 @pytest.mark.parametrize(
@@ -100,6 +101,24 @@ REPRESENTATIVE = {"lerp", "hardtanh", "xlogy", "dropout"}
 def test_ops_reading_a_float_of_sizes_float64(name):
     fn, differentiable = OP_PROGRAMS[name]
     _check(fn, torch.float64, grads=differentiable, grad_tol=1e-12 if name in OP_ROUNDED_GRADS else 0.0)
+
+
+def test_the_gradient_of_a_power_of_sizes_that_is_zero():
+    # eager's pow_backward gives zeros for a zero exponent (here at T == 8), not 0 * x ** -1
+    def fn(x):
+        return x.abs().pow(_width(x) / 8 - 1)
+
+    jf = thunder_rs.jit(fn)
+    for T in (5, 8, 9, 8):
+        x = _inputs(torch.float64, T, requires_grad=True)
+        with torch.no_grad():
+            x[0, 0] = 0.0
+        expected, actual = fn(x), jf(x)
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        cot = torch.ones_like(expected)
+        grads = torch.autograd.grad(actual, x, cot)[0], torch.autograd.grad(expected, x, cot)[0]
+        torch.testing.assert_close(*grads, rtol=0, atol=0, equal_nan=True)
+    assert thunder_rs.compile_stats(jf).cache_misses == 2, thunder_rs.compile_stats(jf).miss_reasons
 
 
 @pytest.mark.slow
