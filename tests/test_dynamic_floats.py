@@ -88,6 +88,8 @@ OP_PROGRAMS = {
     "histc": (lambda x: torch.histc(x, bins=4, min=0, max=_width(x) / 2), False),
     "linspace": (lambda x: x.sum() + torch.linspace(0.0, _width(x) / 2, 7, dtype=x.dtype), True),
     "max": (lambda x: x * max(_width(x) / 4, 1.0), True),
+    # a length ceil((T / 2 - 0.0) / 0.5) whose float operations are exact: the int T
+    "arange": (lambda x: x.sum() + torch.arange(0.0, _width(x) / 2, 0.5, dtype=x.dtype), True),
     "pow": (lambda x: (x.abs() + 0.5).pow(_width(x) / 8 - 1), True),  # (two roundings: no relation)
 }
 #: Backward formulas that round otherwise than eager's autograd, with constant floats too (1 ulp).
@@ -198,12 +200,13 @@ DECISIONS = {
     "max": (lambda x: x * max(_width(x) / 4, 1.5), 2),  # 5, then T / 4 >= 1.5
     "min of a reciprocal": (lambda x: x * min(1 / _width(x), 0.125), 3),  # 5, T <= 8, T > 8
     "T + 0.5 >= 8": (lambda x: x + 1 if _width(x) + 0.5 >= 8 else x, 3),  # 5, T <= 7, T > 7
+    "exact operations": (lambda x: x + 1 if _width(x) * 0.75 + 0.5 >= 6 else x, 3),  # 3T + 2 >= 24
     "-T / 7 < -1": (lambda x: x + 1 if -_width(x) / 7 < -1 else x, 3),  # 5, T <= 7, T > 7
     "two floats of sizes": (lambda x: x + 1 if _width(x) / 3 < 12 / _width(x) else x, 2),  # 5, T * T >= 36
     # no single rounding of a rational: the value itself, the sizes specialised (a compile a size)
     "sqrt": (lambda x: x + 1 if _width(x) ** 0.5 > 2.5 else x, 5),
     "0.1": (lambda x: x + 1 if _width(x) / 4 > 0.1 else x, 5),
-    "two roundings": (lambda x: x + 1 if _width(x) * 0.75 + 0.5 >= 6 else x, 5),
+    "two roundings": (lambda x: x + 1 if _width(x) / 3 + 0.5 >= 3 else x, 5),
 }
 DECISION_SIZES = (5, 6, 7, 6, 9, 12)
 
@@ -304,6 +307,20 @@ def test_rounding_a_size_times_a_dyadic_is_a_symbolic_int(fn):
         x = _inputs(torch.float64, T)
         torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
     assert thunder_rs.compile_stats(jf).cache_misses == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+def test_arange_to_a_float_of_sizes():
+    # exact operations give a symbolic length; T / 3 rounds, so its length specialises the size
+    for end, compiles in ((lambda T: T * 0.75 - 1, 2), (lambda T: T / 3, len(SIZES))):
+
+        def fn(x):
+            return torch.arange(0.5, end(_width(x)), 0.25, dtype=x.dtype) + x.sum()
+
+        jf = thunder_rs.jit(fn)
+        for T in SIZES:
+            x = _inputs(torch.float32, T)
+            torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
+        assert thunder_rs.compile_stats(jf).cache_misses == compiles, thunder_rs.compile_stats(jf).miss_reasons
 
 
 def test_rounding_another_float_of_sizes_specialises():

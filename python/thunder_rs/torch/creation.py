@@ -285,12 +285,15 @@ SIZE_DATA.update(
 def _check_arange(start, end, step, op: str):
     for name, value in (("start", start), ("end", end), ("step", step)):
         check(
-            is_int(value) or (isinstance(value, float)),
+            is_int(value) or isinstance(value, (float, SymFloat)),
             op,
             f"expected a number for {name}, got {type(value).__name__} (argument {name})",
             ThunderTypeError,
         )
-        if isinstance(value, float):
+        if isinstance(value, SymFloat):  # (comparisons, which a float of sizes answers as a relation)
+            message = f"unsupported range: {start} -> {end} (argument {name})"
+            check(-math.inf < value < math.inf, op, message, ThunderRuntimeError)
+        elif isinstance(value, float):
             check(
                 math.isfinite(value), op, f"unsupported range: {start} -> {end} (argument {name})", ThunderRuntimeError
             )

@@ -148,6 +148,55 @@ def _rational(ops):
     return None
 
 
+def exact(ops):
+    """``(N, k)`` where every float operation of ``ops`` is exact in double, so that its value is
+    ``N / 2**k`` (``N`` an int or a size expression): sizes and dyadic constants (0.5, 1.5),
+    added, subtracted, negated, times a dyadic constant, divided by a power of two. Each
+    intermediate ``N`` of sizes is guarded ``|N| <= 2**53``, which makes it a double, and every
+    ``k`` is at most 64, so nothing is subnormal: ``(T / 2 - 0.0) / 0.5`` (``arange``'s length) is
+    ``(T, 0)``. None for any other float (a rounding: ``T / 3``)."""
+    if type(ops) is _SymExpr or type(ops) is int:
+        return ops, 0
+    if type(ops) is float:
+        if not math.isfinite(ops):
+            return None
+        p, q = ops.as_integer_ratio()
+        return (p, q.bit_length() - 1) if q <= 2**64 and abs(p) <= 2**53 else None
+    if ops[0] == "neg":
+        inner = exact(ops[1])
+        return None if inner is None else (-inner[0], inner[1])
+    if ops[0] not in ("+", "-", "*", "/"):
+        return None
+    a, b = exact(ops[1]), exact(ops[2])
+    if a is None or b is None:
+        return None
+    (na, ka), (nb, kb) = a, b
+    if ops[0] in ("+", "-"):
+        k = max(ka, kb)
+        na, nb = na * 2 ** (k - ka), nb * 2 ** (k - kb)
+        out = (na + nb if ops[0] == "+" else na - nb), k
+    elif ops[0] == "*" and (type(na) is int or type(nb) is int):
+        out = na * nb, ka + kb
+    elif ops[0] == "/" and type(nb) is int and nb > 0 and nb & (nb - 1) == 0:  # by 2**j / 2**kb
+        j = nb.bit_length() - 1
+        k = ka + j - kb
+        out = (na, k) if k >= 0 else (na * 2**-k, 0)
+    else:
+        return None
+    n, k = out
+    if k > 64 or not _double(n):
+        return None
+    return out
+
+
+def _double(n) -> bool:
+    """``|n| <= 2**53`` of an int, or of a size expression as guards: ``n`` is a double."""
+    if type(n) is int:
+        return -(2**53) <= n <= 2**53
+    decide = current().decide
+    return decide("le", n, 2**53) and decide("ge", n, -(2**53))
+
+
 def _bounded(n, low=-_CROSS) -> bool:
     """``low < n < 2**50`` of an int, or of a size expression as guards."""
     if type(n) is int:
@@ -156,12 +205,22 @@ def _bounded(n, low=-_CROSS) -> bool:
     return decide("lt", n, _CROSS) and decide("gt", n, low)
 
 
+def _rational_or_exact(ops):
+    """``_rational``'s form, else an exact one's ``N / 2**k`` (``exact``: no rounding at all)."""
+    rational = _rational(ops)
+    if rational is not None or type(ops) is not tuple:
+        return rational
+    dyadic = exact(ops)
+    return None if dyadic is None else (dyadic[0], 2 ** dyadic[1])
+
+
 def relation(op: str, a, b):
     """``a <op> b`` (``op`` an ``operator`` name) of two numbers, one a SymFloat, as the guarded
     relation ``N1 * D2 <op> N2 * D1`` over the sizes where both are single roundings of
     rationals ``N1 / D1`` and ``N2 / D2`` (``_rational``): ``T / 4 > 2`` is ``T > 8``, ``1 / T <=
-    1.0`` is ``1 <= T``. None where either is not (``T ** 0.5``, ``0.1``) or the guards
-    ``0 < D1, D2 < 2**50`` and ``|N1 * D2|, |N2 * D1| < 2**50`` fail.
+    1.0`` is ``1 <= T``; a float whose operations are all exact is its value ``N / 2**k`` (``T *
+    0.75 + 0.5`` is ``(3 * T + 2) / 4``). None where either is neither (``T ** 0.5``, ``0.1``, ``T
+    / 3 + 0.5``) or the guards ``0 < D1, D2 < 2**50`` and ``|N1 * D2|, |N2 * D1| < 2**50`` fail.
 
     Exact in floating point: rounding to nearest is monotone, so ``r1 < r2`` gives ``f1 <= f2``
     for the doubles ``f1, f2`` of the rationals ``r1, r2``, and ``r1 == r2`` gives ``f1 == f2``.
@@ -176,7 +235,7 @@ def relation(op: str, a, b):
     o = operand(b)
     if o is None:
         return None
-    left, right = _rational(operand(a)[0]), _rational(o[0])
+    left, right = _rational_or_exact(operand(a)[0]), _rational_or_exact(o[0])
     if left is not None and type(b) is float and not math.isfinite(b):
         # a size's rational is finite (an i64 times at most 2**20): any finite value answers
         return getattr(operator, op)(0.0, b)
