@@ -231,13 +231,13 @@ def relation(op: str, a, b):
     compare as the rationals do, which compare as the integers ``N1 * D2`` and ``N2 * D1``; and
     ``-0.0`` equals ``0.0`` as the integer 0 does. The guards are checked on each call, as a
     size's are (``SymInt._decide``). Against an infinity or NaN, the answer is any finite
-    value's, without a guard."""
+    value's, with the guard ``D1 > 0`` alone."""
     o = operand(b)
     if o is None:
         return None
     left, right = _rational_or_exact(operand(a)[0]), _rational_or_exact(o[0])
-    if left is not None and type(b) is float and not math.isfinite(b):
-        # a size's rational is finite (an i64 times at most 2**20): any finite value answers
+    if left is not None and type(b) is float and not math.isfinite(b) and _bounded(left[1], 0):
+        # a rational of sizes with a positive denominator is finite: any finite value answers
         return getattr(operator, op)(0.0, b)
     if left is None or right is None:
         return None
