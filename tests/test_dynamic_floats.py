@@ -1,8 +1,9 @@
 """Floats made from sizes that change between calls (issue 26): ``T ** -0.5``, ``1.0 / T``,
 ``T / 10``, ``T * 0.5`` of a symbolic size are symbolic floats (``core.lang.symfloat``), which the
 compiled program computes on each call with eager's own float operations: one symbolic compile
-serves every size, values bit-equal to eager in float64, float32 and bfloat16. A decision on such
-a float specialises the sizes it reads (a compile per value, never a wrong answer)."""
+serves every size, values bit-equal to eager in float64, float32 and bfloat16. A comparison of
+such a float is the relation of the sizes it is (``T / 4 > 2``: ``T > 8``) where that is exact,
+else the sizes it reads are specialised (a compile per value, never a wrong answer)."""
 
 import math
 
@@ -75,6 +76,61 @@ def _check(fn, dtype, grads=False, grad_tol=0.0):
     return jf
 
 
+#: Ops whose decomposition read the float (a check, a branch, a fill, an end point): name ->
+#: (program, differentiable). The default run takes a representative few.
+OP_PROGRAMS = {
+    "lerp": (lambda x: torch.lerp(x, x.flip(-1), _width(x) / 10), True),
+    "hardtanh": (lambda x: F.hardtanh(x, -_width(x) / 4, _width(x) / 4), True),
+    "xlogy": (lambda x: torch.xlogy(_width(x) / 3, x.abs()), True),
+    "dropout": (lambda x: (torch.manual_seed(0), F.dropout(x, p=1 / _width(x)))[1], True),
+    "smooth_l1_loss": (lambda x: F.smooth_l1_loss(x, x.flip(-1) * 0.5, beta=_width(x) / 8), True),
+    # (with grads F.normalize's p-norm is 1 ulp off eager's with a constant p too)
+    "normalize": (lambda x: F.normalize(x, p=_width(x) / 4), False),
+    "histc": (lambda x: torch.histc(x, bins=4, min=0, max=_width(x) / 2), False),
+    "linspace": (lambda x: x.sum() + torch.linspace(0.0, _width(x) / 2, 7, dtype=x.dtype), True),
+    "max": (lambda x: x * max(_width(x) / 4, 1.0), True),
+    # a length ceil((T / 2 - 0.0) / 0.5) whose float operations are exact: the int T
+    "arange": (lambda x: x.sum() + torch.arange(0.0, _width(x) / 2, 0.5, dtype=x.dtype), True),
+    "pow": (lambda x: (x.abs() + 0.5).pow(_width(x) / 8 - 1), True),  # (two roundings: no relation)
+}
+#: Backward formulas that round otherwise than eager's autograd, with constant floats too (1 ulp).
+OP_ROUNDED_GRADS = {"lerp", "smooth_l1_loss"}
+REPRESENTATIVE = {"lerp", "hardtanh", "xlogy", "dropout", "pow"}
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in REPRESENTATIVE else pytest.param(n, marks=pytest.mark.slow) for n in OP_PROGRAMS]
+)
+def test_ops_reading_a_float_of_sizes_float64(name):
+    fn, differentiable = OP_PROGRAMS[name]
+    _check(fn, torch.float64, grads=differentiable, grad_tol=1e-12 if name in OP_ROUNDED_GRADS else 0.0)
+
+
+def test_the_gradient_of_a_power_of_sizes_that_is_zero():
+    # eager's pow_backward gives zeros for a zero exponent (here at T == 8), not 0 * x ** -1
+    def fn(x):
+        return x.abs().pow(_width(x) / 8 - 1)
+
+    jf = thunder_rs.jit(fn)
+    for T in (5, 8, 9, 8):
+        x = _inputs(torch.float64, T, requires_grad=True)
+        with torch.no_grad():
+            x[0, 0] = 0.0
+        expected, actual = fn(x), jf(x)
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        cot = torch.ones_like(expected)
+        grads = torch.autograd.grad(actual, x, cot)[0], torch.autograd.grad(expected, x, cot)[0]
+        torch.testing.assert_close(*grads, rtol=0, atol=0, equal_nan=True)
+    assert thunder_rs.compile_stats(jf).cache_misses == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", OP_PROGRAMS)
+def test_ops_reading_a_float_of_sizes_low_precision(name, dtype):
+    _check(OP_PROGRAMS[name][0], dtype)
+
+
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_float_of_sizes_float64_with_grads(name):
     tol = 1e-12 if name in ROUNDED_GRADS else 0.0
@@ -124,18 +180,46 @@ def test_user_code_sees_a_float():
 
 
 def branchy(x):
-    if _width(x) / 4 > 2:  # a decision on a float of sizes: the sizes specialised
+    if _width(x) / 4 > 2:  # a decision on a float of sizes: the relation T > 8, a guard
         return x * _width(x) ** -0.5
     return x - 1.0 / _width(x)
 
 
-def test_a_decision_on_a_float_of_sizes_specialises_and_is_never_wrong():
+def test_a_decision_on_a_float_of_sizes_is_a_relation_and_is_never_wrong():
     jf = thunder_rs.jit(branchy)
     for T in (5, 6, 7, 9, 12, 6, 9):
         x = _inputs(torch.float64, T)
         torch.testing.assert_close(jf(x), branchy(x), rtol=0, atol=0)
     misses = thunder_rs.compile_stats(jf).cache_misses
-    assert misses == 5, thunder_rs.compile_stats(jf).miss_reasons  # one per size, hits on the repeats
+    assert misses == 3, thunder_rs.compile_stats(jf).miss_reasons  # T <= 8, then T > 8; hits on the repeats
+
+
+#: name -> (program deciding on a float of sizes, its compiles over DECISION_SIZES): a comparison
+#: of single roundings of rationals of sizes is that relation of the sizes, guarded on each call.
+DECISIONS = {
+    "T / 3 == 2": (lambda x: x * 2 if _width(x) / 3 == 2 else x, 3),  # 5, then T == 6, then T != 6
+    "max": (lambda x: x * max(_width(x) / 4, 1.5), 2),  # 5, then T / 4 >= 1.5
+    "min of a reciprocal": (lambda x: x * min(1 / _width(x), 0.125), 3),  # 5, T <= 8, T > 8
+    "T + 0.5 >= 8": (lambda x: x + 1 if _width(x) + 0.5 >= 8 else x, 3),  # 5, T <= 7, T > 7
+    "exact operations": (lambda x: x + 1 if _width(x) * 0.75 + 0.5 >= 6 else x, 3),  # 3T + 2 >= 24
+    "-T / 7 < -1": (lambda x: x + 1 if -_width(x) / 7 < -1 else x, 3),  # 5, T <= 7, T > 7
+    "two floats of sizes": (lambda x: x + 1 if _width(x) / 3 < 12 / _width(x) else x, 2),  # 5, T * T >= 36
+    # no single rounding of a rational: the value itself, the sizes specialised (a compile a size)
+    "sqrt": (lambda x: x + 1 if _width(x) ** 0.5 > 2.5 else x, 5),
+    "0.1": (lambda x: x + 1 if _width(x) / 4 > 0.1 else x, 5),
+    "two roundings": (lambda x: x + 1 if _width(x) / 3 + 0.5 >= 3 else x, 5),
+}
+DECISION_SIZES = (5, 6, 7, 6, 9, 12)
+
+
+@pytest.mark.parametrize("name", DECISIONS)
+def test_decisions_on_floats_of_sizes(name):
+    fn, compiles = DECISIONS[name]
+    jf = thunder_rs.jit(fn)
+    for T in DECISION_SIZES:
+        x = _inputs(torch.float64, T)
+        torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
+    assert thunder_rs.compile_stats(jf).cache_misses == compiles, thunder_rs.compile_stats(jf).miss_reasons
 
 
 @pytest.mark.parametrize(
@@ -229,6 +313,20 @@ def test_rounding_a_size_times_a_dyadic_is_a_symbolic_int(fn):
         x = _inputs(torch.float64, T)
         torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
     assert thunder_rs.compile_stats(jf).cache_misses == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+def test_arange_to_a_float_of_sizes():
+    # exact operations give a symbolic length; T / 3 rounds, so its length specialises the size
+    for end, compiles in ((lambda T: T * 0.75 - 1, 2), (lambda T: T / 3, len(SIZES))):
+
+        def fn(x):
+            return torch.arange(0.5, end(_width(x)), 0.25, dtype=x.dtype) + x.sum()
+
+        jf = thunder_rs.jit(fn)
+        for T in SIZES:
+            x = _inputs(torch.float32, T)
+            torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
+        assert thunder_rs.compile_stats(jf).cache_misses == compiles, thunder_rs.compile_stats(jf).miss_reasons
 
 
 def test_rounding_another_float_of_sizes_specialises():

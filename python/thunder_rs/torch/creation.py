@@ -285,12 +285,15 @@ SIZE_DATA.update(
 def _check_arange(start, end, step, op: str):
     for name, value in (("start", start), ("end", end), ("step", step)):
         check(
-            is_int(value) or (isinstance(value, float)),
+            is_int(value) or isinstance(value, (float, SymFloat)),
             op,
             f"expected a number for {name}, got {type(value).__name__} (argument {name})",
             ThunderTypeError,
         )
-        if isinstance(value, float):
+        if isinstance(value, SymFloat):  # (comparisons, which a float of sizes answers as a relation)
+            message = f"unsupported range: {start} -> {end} (argument {name})"
+            check(-math.inf < value < math.inf, op, message, ThunderRuntimeError)
+        elif isinstance(value, float):
             check(
                 math.isfinite(value), op, f"unsupported range: {start} -> {end} (argument {name})", ThunderRuntimeError
             )
@@ -448,6 +451,8 @@ def _endpoint(op: str, value, name: str, dtype, device):
         return clang.maybe_convert(value, dtype)
     if type(value) is SymInt:  # a size (``linspace(0, T - 1, T)``): read on each call
         return size_value(device, dtype, value)
+    if type(value) is SymFloat:  # a float of sizes (``linspace(0.0, T / 2, n)``): computed on each call
+        return filled((), value, device, dtype)
     check(
         isinstance(value, (int, float)) and not isinstance(value, complex),
         op,

@@ -309,6 +309,22 @@ def div_grad(input, other, *, rounding_mode=None):
     return out
 
 
+@register_grad(ltorch.pow)
+def pow_grad(input, exponent):
+    """A float of sizes as the exponent (``x.pow(T / 8)``): eager's ``pow_backward``, zeros where
+    the exponent is 0, else ``g * (input ** (exponent - 1) * exponent)`` as the prim's VJP
+    computes with a number (which it takes, not a float of sizes). The exponent's arithmetic is
+    kept symbolic and its zero test is a 0-d float64 tensor's, so no size is decided."""
+    out = ltorch.pow(input, exponent)
+    if type(exponent) is not SymFloat or not (isinstance(input, torch.Tensor) and input.requires_grad):
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    grad = ltorch.mul(g, ltorch.mul(ltorch.pow(input, exponent - 1.0), exponent))
+    zero = ltorch.eq(ltorch.full((), exponent, dtype=torch.float64, device=input.device), 0.0)
+    put_grad(input, ltorch.where(zero, ltorch.zeros_like(grad), grad))
+    return out
+
+
 @register_grad(ltorch.tanh)
 def tanh_grad(input):
     # Eager's tanh_backward computes g * (1 - y²) in float32 for half precision; rounding after

@@ -32,6 +32,7 @@ from thunder_rs.torch.activations import logsigmoid
 from thunder_rs.torch.common import require_float, sum_all, sum_to
 from thunder_rs.torch.linalg import _meta, opaque
 from thunder_rs.torch.special import xlogy
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import same_shape
 
 __all__ = [
@@ -104,7 +105,7 @@ def _vector_norm(x, p, dims: tuple[int, ...], keepdim: bool):
         zero = prims.eq(total, 0.0)
         out = prims.where(zero, 0.0, prims.sqrt(prims.where(zero, 1.0, total)))
     else:
-        total = prims.sum(prims.pow(absolute, float(p)), dims)
+        total = prims.sum(prims.pow(absolute, p if type(p) is SymFloat else float(p)), dims)
         zero = prims.eq(total, 0.0)
         out = prims.where(zero, 0.0, prims.pow(prims.where(zero, 1.0, total), 1.0 / p))
     if keepdim:

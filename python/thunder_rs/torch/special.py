@@ -20,6 +20,7 @@ from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang.grad import get_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch.creation import filled
 from thunder_rs.torch.elementwise import NAN_SELECTING_FMAX, SPLIT_TIES, put_operand_grads, sign, sub
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -81,7 +82,7 @@ def _operands(op: str, *operands, kind=DEFAULT):
     check(bool(tensors), op, "expected at least one tensor argument", ThunderTypeError)
     for x in operands:
         check(
-            isinstance(x, (torch.Tensor, bool, int, float)),
+            isinstance(x, (torch.Tensor, bool, int, float, SymFloat)),
             op,
             lambda: f"expected a tensor or a number, got {type(x).__name__}",
             ThunderTypeError,
@@ -92,7 +93,7 @@ def _operands(op: str, *operands, kind=DEFAULT):
     converted = [
         clang.expand_to(clang.maybe_convert(x, compute), shape)
         if isinstance(x, torch.Tensor)
-        else prims.full(shape, clang.maybe_convert(x, compute), device, compute)
+        else filled(shape, x, device, compute)
         for x in operands
     ]
     return converted, compute, result
@@ -202,7 +203,8 @@ def lerp(input, end, weight):
     one_minus = prims.sub(_full_like(a, 1.0, a.dtype), w) if isinstance(w, torch.Tensor) else 1.0 - w
     high = prims.sub(b, prims.mul(diff, one_minus))
     if not isinstance(w, torch.Tensor):
-        return low if abs(w) < 0.5 else high
+        # (``abs(w) < 0.5`` as two comparisons: a weight from sizes decides relations of them)
+        return low if -0.5 < w < 0.5 else high
     return prims.where(prims.lt(prims.abs(w), 0.5), low, high)
 
 

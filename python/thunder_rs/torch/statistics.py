@@ -302,7 +302,7 @@ def histc(input, bins=100, min=0, max=0, *, out=None):
     if min == max and flat.numel() > 0:
         low, high = ltorch.amin(flat), ltorch.amax(flat)
     else:
-        low, high = (ltorch.full((), float(v), dtype=input.dtype, device=input.device) for v in (min, max))
+        low, high = (ltorch.full((), v, dtype=input.dtype, device=input.device) for v in (min, max))
     equal = ltorch.eq(low, high)
     low, high = ltorch.where(equal, sub(low, 1), low), ltorch.where(equal, add(high, 1), high)
     inside = ltorch.bitwise_and(ltorch.ge(flat, low), ltorch.le(flat, high))

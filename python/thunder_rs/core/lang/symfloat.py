@@ -8,8 +8,10 @@ are never simplified or re-associated, so the value is the one eager computes, b
 ``SymFloat`` is a Python float scalar to type promotion, as eager's float is (a weak type:
 ``bf16_tensor * T ** -0.5`` stays bfloat16).
 
-Anything that needs a plain float (a comparison, ``bool``, ``float()``, ``int()``, ``hash``,
-text, ``math.*``) specialises the sizes it is made of, each becoming ``== hint`` as
+A comparison with a number is a relation over the sizes where it is exactly eager's answer
+(``T / 4 > 2`` is ``T > 8``: ``relation``), recorded as a guard as a size's comparison is.
+Anything else that needs a plain float (another comparison, ``bool``, ``float()``, ``int()``,
+``hash``, text, ``math.*``) specialises the sizes it is made of, each becoming ``== hint`` as
 ``SymInt.__index__`` makes it, and answers on the value: a call with other sizes misses the
 cache and compiles again, so no answer taken on this value is reused where it would not hold.
 
@@ -90,6 +92,162 @@ def _specialise(ops) -> None:
     elif type(ops) is tuple:
         for part in ops[1:]:
             _specialise(part)
+
+
+#: Bounds that keep a comparison of rounded rationals exact (``relation``): constants' numerators
+#: and denominators, and each side's cross product.
+_SMALL, _CROSS = 2**20, 2**50
+
+
+def _ratio(c):
+    """``(num, den)`` of an int or a finite float whose parts are small; None otherwise."""
+    if type(c) is bool:
+        c = int(c)
+    if type(c) is int:
+        num, den = c, 1
+    elif type(c) is float and math.isfinite(c):
+        num, den = c.as_integer_ratio()
+    else:
+        return None
+    return (num, den) if abs(num) <= _SMALL and den <= _SMALL else None
+
+
+def _rational(ops):
+    """``(N, D)``, ints or size expressions, where the float ``ops`` computes is ``N / D``
+    rounded once (correctly, to the nearest double): a size or a constant, a size times, divided
+    by, plus or minus a constant, a constant divided by a size, negated or not. The size's
+    conversion to float is exact under ``relation``'s guards (``|size| < 2**51``), so Python's
+    one float operation is the one rounding. None for any other float (two roundings, a power)."""
+    if type(ops) is _SymExpr:
+        return ops, 1
+    if type(ops) is not tuple:
+        return _ratio(ops)
+    if ops[0] == "neg":
+        inner = _rational(ops[1])
+        return None if inner is None else (-inner[0], inner[1])
+    if ops[0] == "sqrt":
+        return None
+    symbol, a, b = ops
+    if symbol == "/" and type(b) is _SymExpr:  # a constant over a size: D is the size's multiple
+        c = _ratio(a)
+        return None if c is None else (c[0], b * c[1])
+    if symbol in ("*", "+") and type(a) is not _SymExpr:
+        a, b = b, a
+    c = _ratio(b)
+    if type(a) is not _SymExpr or c is None:
+        return None
+    num, den = c
+    if symbol == "*":
+        return (a * num, den) if num != 0 else None
+    if symbol == "/":
+        if num == 0:
+            return None
+        return (a * den, num) if num > 0 else (-(a * den), -num)
+    if symbol in ("+", "-"):
+        return a * den + (num if symbol == "+" else -num), den
+    return None
+
+
+def exact(ops):
+    """``(N, k)`` where every float operation of ``ops`` is exact in double, so that its value is
+    ``N / 2**k`` (``N`` an int or a size expression): sizes and dyadic constants (0.5, 1.5),
+    added, subtracted, negated, times a dyadic constant, divided by a power of two. Each
+    intermediate ``N`` of sizes is guarded ``|N| <= 2**53``, which makes it a double, and every
+    ``k`` is at most 64, so nothing is subnormal: ``(T / 2 - 0.0) / 0.5`` (``arange``'s length) is
+    ``(T, 0)``. None for any other float (a rounding: ``T / 3``)."""
+    if type(ops) is _SymExpr or type(ops) is int:
+        return ops, 0
+    if type(ops) is float:
+        if not math.isfinite(ops):
+            return None
+        p, q = ops.as_integer_ratio()
+        return (p, q.bit_length() - 1) if q <= 2**64 and abs(p) <= 2**53 else None
+    if ops[0] == "neg":
+        inner = exact(ops[1])
+        return None if inner is None else (-inner[0], inner[1])
+    if ops[0] not in ("+", "-", "*", "/"):
+        return None
+    a, b = exact(ops[1]), exact(ops[2])
+    if a is None or b is None:
+        return None
+    (na, ka), (nb, kb) = a, b
+    if ops[0] in ("+", "-"):
+        k = max(ka, kb)
+        na, nb = na * 2 ** (k - ka), nb * 2 ** (k - kb)
+        out = (na + nb if ops[0] == "+" else na - nb), k
+    elif ops[0] == "*" and (type(na) is int or type(nb) is int):
+        out = na * nb, ka + kb
+    elif ops[0] == "/" and type(nb) is int and nb > 0 and nb & (nb - 1) == 0:  # by 2**j / 2**kb
+        j = nb.bit_length() - 1
+        k = ka + j - kb
+        out = (na, k) if k >= 0 else (na * 2**-k, 0)
+    else:
+        return None
+    n, k = out
+    if k > 64 or not _double(n):
+        return None
+    return out
+
+
+def _double(n) -> bool:
+    """``|n| <= 2**53`` of an int, or of a size expression as guards: ``n`` is a double."""
+    if type(n) is int:
+        return -(2**53) <= n <= 2**53
+    decide = current().decide
+    return decide("le", n, 2**53) and decide("ge", n, -(2**53))
+
+
+def _bounded(n, low=-_CROSS) -> bool:
+    """``low < n < 2**50`` of an int, or of a size expression as guards."""
+    if type(n) is int:
+        return low < n < _CROSS
+    decide = current().decide
+    return decide("lt", n, _CROSS) and decide("gt", n, low)
+
+
+def _rational_or_exact(ops):
+    """``_rational``'s form, else an exact one's ``N / 2**k`` (``exact``: no rounding at all)."""
+    rational = _rational(ops)
+    if rational is not None or type(ops) is not tuple:
+        return rational
+    dyadic = exact(ops)
+    return None if dyadic is None else (dyadic[0], 2 ** dyadic[1])
+
+
+def relation(op: str, a, b):
+    """``a <op> b`` (``op`` an ``operator`` name) of two numbers, one a SymFloat, as the guarded
+    relation ``N1 * D2 <op> N2 * D1`` over the sizes where both are single roundings of
+    rationals ``N1 / D1`` and ``N2 / D2`` (``_rational``): ``T / 4 > 2`` is ``T > 8``, ``1 / T <=
+    1.0`` is ``1 <= T``; a float whose operations are all exact is its value ``N / 2**k`` (``T *
+    0.75 + 0.5`` is ``(3 * T + 2) / 4``). None where either is neither (``T ** 0.5``, ``0.1``, ``T
+    / 3 + 0.5``) or the guards ``0 < D1, D2 < 2**50`` and ``|N1 * D2|, |N2 * D1| < 2**50`` fail.
+
+    Exact in floating point: rounding to nearest is monotone, so ``r1 < r2`` gives ``f1 <= f2``
+    for the doubles ``f1, f2`` of the rationals ``r1, r2``, and ``r1 == r2`` gives ``f1 == f2``.
+    ``f1 == f2`` with ``r1 < r2`` cannot happen: ``r2 - r1 >= 1 / (D1 * D2)`` (an integer over
+    ``D1 * D2``), while each double is within ``2**-53 * |r|`` of its rational (no rational here
+    is subnormal or overflows: ``2**-70 <= |r| < 2**50`` or ``r == 0``), so ``|r2 - r1| <=
+    2**-53 * (|r1| + |r2|) < 2**-53 * 2**51 / (D1 * D2)``, a quarter of the gap. So the doubles
+    compare as the rationals do, which compare as the integers ``N1 * D2`` and ``N2 * D1``; and
+    ``-0.0`` equals ``0.0`` as the integer 0 does. The guards are checked on each call, as a
+    size's are (``SymInt._decide``). Against an infinity or NaN, the answer is any finite
+    value's, with the guard ``D1 > 0`` alone."""
+    o = operand(b)
+    if o is None:
+        return None
+    left, right = _rational_or_exact(operand(a)[0]), _rational_or_exact(o[0])
+    if left is not None and type(b) is float and not math.isfinite(b) and _bounded(left[1], 0):
+        # a rational of sizes with a positive denominator is finite: any finite value answers
+        return getattr(operator, op)(0.0, b)
+    if left is None or right is None:
+        return None
+    (n1, d1), (n2, d2) = left, right
+    if not (_bounded(d1, 0) and _bounded(d2, 0)):
+        return None
+    lhs, rhs = n1 * d2, n2 * d1
+    if not (_bounded(lhs) and _bounded(rhs)):
+        return None
+    return current().decide(op, lhs, rhs)
 
 
 def text(ops) -> str:
@@ -190,24 +348,29 @@ class SymFloat(torch.SymFloat):
     def __pos__(self):
         return self
 
-    # Decisions and conversions: answered on the value, the sizes specialised.
+    # Decisions: a relation over the sizes where one is exactly eager's answer (``relation``),
+    # else answered on the value, the sizes specialised. Conversions: on the value.
+    def _decide(self, op, other):
+        answer = relation(op, self, other)
+        return getattr(operator, op)(self.value(), other) if answer is None else answer
+
     def __eq__(self, other):
-        return self.value() == other
+        return self._decide("eq", other)
 
     def __ne__(self, other):
-        return self.value() != other
+        return self._decide("ne", other)
 
     def __lt__(self, other):
-        return self.value() < other
+        return self._decide("lt", other)
 
     def __le__(self, other):
-        return self.value() <= other
+        return self._decide("le", other)
 
     def __gt__(self, other):
-        return self.value() > other
+        return self._decide("gt", other)
 
     def __ge__(self, other):
-        return self.value() >= other
+        return self._decide("ge", other)
 
     def __bool__(self):
         return bool(self.value())

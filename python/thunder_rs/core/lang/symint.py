@@ -354,18 +354,19 @@ def _dyadic(ops):
 
 
 def _float_to_int(rounding, ceil=False):
-    """``math.floor``/``trunc``/``ceil`` of a SymFloat: of a non-negative size times a
-    dyadic ``p / 2**k``, exact in double, the symbolic int ``(size * p) // 2**k`` (rounded up for
-    ``ceil``), relying on the guards ``size >= 0`` and ``size * p <= 2**53``; of any other, the
-    value's, the sizes specialised. (``int()`` must return an exact int: it specialises.)"""
+    """``math.floor``/``trunc``/``ceil`` of a SymFloat: of one whose operations are exact in
+    double (``symfloat.exact``), ``N / 2**k``, the symbolic int ``N // 2**k`` (rounded up for ``ceil``,
+    towards zero for ``trunc`` with the guard ``N >= 0``); of any other, the value's, the sizes
+    specialised. (``int()`` must return an exact int: it specialises.)"""
 
     def method(self):
-        exact = _dyadic(self.ops)
+        exact = symfloat.exact(self.ops)
         if exact is not None:
-            size, p, k = exact
-            decide = current().decide
-            if decide("ge", size, 0) and decide("le", size * p, 2**53):
-                return wrap(-((-(size * p)) // 2**k) if ceil else (size * p) // 2**k)
+            n, k = exact
+            if ceil:
+                return wrap(-((-n) // 2**k))
+            if rounding is math.floor or current().decide("ge", n, 0):
+                return wrap(n // 2**k)
         return rounding(self.value())
 
     return method
