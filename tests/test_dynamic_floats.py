@@ -29,7 +29,7 @@ PROGRAMS = {
     "pow 0.5": lambda x: x * _width(x) ** 0.5,
     "1.0 / T": lambda x: x * (1.0 / _width(x)),
     "T * 0.5": lambda x: x * (_width(x) * 0.5),
-    "float chain": lambda x: x * ((_width(x) / 3 + 0.25) * 2.0 - 1.0 / _width(x)) ** 1.5,
+    "float chain": lambda x: x * ((_width(x) / 3 + 0.25) * 2.0 + 1.0 / _width(x)) ** 1.5 - 1.0 / _width(x),
     "reflected": lambda x: _width(x) ** -0.5 * x - (2 + _width(x) / 7),
     "clamp T / 10": lambda x: x.clamp(max=_width(x) / 10),
     "mul_ scale": lambda x: x.clone().mul_(_width(x) ** -0.5),
@@ -192,6 +192,21 @@ def test_a_decision_on_a_float_of_sizes_is_a_relation_and_is_never_wrong():
         torch.testing.assert_close(jf(x), branchy(x), rtol=0, atol=0)
     misses = thunder_rs.compile_stats(jf).cache_misses
     assert misses == 3, thunder_rs.compile_stats(jf).miss_reasons  # T <= 8, then T > 8; hits on the repeats
+
+
+def test_a_fractional_power_of_a_size_that_turns_negative_is_complex_as_in_eager():
+    """``(T - 10) ** 0.5`` is a float for T >= 10 and complex below: the symbolic entry relies on
+    ``T - 10 >= 0`` (a guard), so a smaller width compiles for its own value and gets eager's
+    complex scale (the compiled program once passed the complex number to a float op)."""
+
+    def program(x):
+        return x.cos() * (_width(x) - 10) ** 0.5
+
+    jf = thunder_rs.jit(program)
+    for T in (12, 13, 14, 5, 15, 3):
+        x = _inputs(torch.float64, T)
+        torch.testing.assert_close(jf(x), program(x), rtol=0, atol=0)
+    assert thunder_rs.compile_stats(jf).cache_misses == 4  # 12; T >= 10; 5 and 3 each their own
 
 
 #: name -> (program deciding on a float of sizes, its compiles over DECISION_SIZES): a comparison

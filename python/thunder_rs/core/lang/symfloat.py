@@ -73,7 +73,41 @@ def combine(symbol: str, a, b):
         _specialise(a_ops)
         _specialise(b_ops)
         return value
+    if symbol == "**":
+        _real_power(a, b)
     return SymFloat((symbol, a_ops, b_ops), value)
+
+
+def _real_power(base, exponent) -> None:
+    """Keeps ``base ** exponent`` a float on every call it serves, as it is at the hints: a negative
+    base to a fractional power is complex in Python (``(T - 10) ** 0.5`` at ``T = 5``), which the
+    compiled program would pass on where eager computes in complex. Where the exponent is not a
+    whole constant, a symbolic base keeps its sign (``base >= 0``: a guard, or its sizes
+    specialised), and a negative constant base specialises a symbolic exponent."""
+    (b_ops, b_hint), (e_ops, _) = base, exponent
+    if type(e_ops) is int or (type(e_ops) is float and e_ops.is_integer()) or _nonnegative(b_ops):
+        return
+    if type(b_ops) is _SymExpr:
+        current().decide("ge", b_ops, 0)
+    elif type(b_ops) is tuple:
+        SymFloat(b_ops, b_hint) >= 0  # noqa: B015 (the decision is the guard, or specialises)
+    elif b_hint < 0:
+        _specialise(e_ops)
+
+
+def _nonnegative(ops) -> bool:
+    """Whether ``ops`` is at least 0 for all sizes (sizes are): no decision needed. Sums, products,
+    quotients and powers of such, and square roots; not differences (``T / 3 - 1``)."""
+    if type(ops) is _SymExpr:
+        bound = ops.lower_bound(0)
+        return bound is not None and bound >= 0
+    if type(ops) in (int, float):
+        return ops >= 0
+    if ops[0] == "sqrt":
+        return True
+    if ops[0] == "**":
+        return _nonnegative(ops[1])
+    return ops[0] in ("+", "*", "/") and _nonnegative(ops[1]) and _nonnegative(ops[2])
 
 
 def sqrt(x):
