@@ -36,7 +36,7 @@ from thunder_rs.core.state.guards import (
     items_of,
     tensor_meta,
 )
-from thunder_rs.core.state.reached import ArgumentTensor
+from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items
 from thunder_rs.errors import ThunderNotImplementedError
 
 #: Sources whose lists and dicts are the program's lasting state: module and object attributes,
@@ -87,19 +87,6 @@ class _Place:
         #: the items when the program first read it
         self.items = _items(container)
         self.replayed = replayed
-
-
-def _items(container) -> tuple:
-    return tuple(container.items()) if type(container) is dict else tuple(container)
-
-
-def _changed(container, before: tuple) -> bool:
-    now = _items(container)
-    if len(now) != len(before):
-        return True
-    if type(container) is dict:
-        return any(a[0] is not b[0] or a[1] is not b[1] for a, b in zip(now, before))
-    return any(a is not b for a, b in zip(now, before))
 
 
 def _restore(container, before: tuple) -> None:
