@@ -138,3 +138,29 @@ def test_a_module_view_attribute_across_optimizer_steps_as_eager():
     (outs, weight), (expected, expected_weight) = train(True), train(False)
     torch.testing.assert_close(outs, expected)
     torch.testing.assert_close(weight, expected_weight)
+
+
+def test_data_of_a_captured_tensor_is_read_and_written_as_in_eager():
+    """``w.data`` of a tensor the program captured (a detached alias): read, and written in place
+    through it, which changes ``w`` as eager's does. It failed while traced (``ltorch.detach`` was
+    given the captured tensor's constant, not the tensor)."""
+    torch.manual_seed(0)
+    w = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    twin = w.detach().clone().requires_grad_()
+
+    def make(weight):
+        def step(x):
+            weight.data.mul_(0.5)
+            return weight.data * x + weight
+
+        return step
+
+    jf, eager = thunder_rs.jit(make(w)), make(twin)
+    for _ in range(3):
+        x = torch.randn(3, dtype=torch.float64)
+        out, expected = jf(x), eager(x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        torch.testing.assert_close(w, twin, rtol=0, atol=0)
+        out.sum().backward()
+        expected.sum().backward()
+    torch.testing.assert_close(w.grad, twin.grad, rtol=0, atol=0)
