@@ -6,6 +6,7 @@ Each helper is written once here; a family keeps the helpers only it uses.
 
 import torch
 
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, hint
 from thunder_rs import clang, prims
 from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, check
@@ -19,6 +20,12 @@ def is_int(x) -> bool:
     """Whether ``x`` is a Python int (which ``bool`` is not for torch's argument parsing) or a
     symbolic size (``SymInt``)."""
     return (isinstance(x, int) and not isinstance(x, bool)) or type(x) is SymInt
+
+
+def is_number(x) -> bool:
+    """Whether ``x`` is a Python number an op takes as a scalar: a bool, an int, a float, or one
+    read from sizes on each call (``SymInt``, ``SymFloat``)."""
+    return isinstance(x, (bool, int, float)) or type(x) in (SymInt, SymFloat)
 
 
 def require_tensor(op: str, a, arg: str = "input") -> None:

@@ -16,9 +16,8 @@ from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, rounded, sum_to, upcast
+from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, is_number, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
-from thunder_rs.core.lang.symint import SymInt
 
 T = torch.Tensor
 __all__ = ["where", "masked_fill", "clamp", "clamp_min", "clamp_max", "true_divide", "div", "floor_divide", "rsub"]
@@ -120,7 +119,7 @@ def _scaled(b, alpha, op):
     if type(alpha) is not SymFloat and alpha == 1:  # a float of sizes is kept: its value changes
         return b
     check(
-        isinstance(alpha, (bool, int, float, SymFloat)) or type(alpha) is SymInt,  # (a size: read on each call)
+        is_number(alpha),
         op,
         f"expected a number for alpha, got {type(alpha).__name__}",
         ThunderTypeError,

@@ -48,13 +48,13 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch import batch_norms, layers, nn, view_scatters, views
+from thunder_rs.torch.common import is_number
 from thunder_rs.torch.creation import filled
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.scatter import fill
 from thunder_rs.torch.shape import clone, reshape_to
-from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 #: Eager's names of dtypes in its casting errors.
@@ -93,7 +93,7 @@ def _as_value(op: str, dst, value, copy: bool):
     """``value`` as a tensor of ``dst``'s dtype, device and shape, as eager's in-place op converts it."""
     if not isinstance(value, torch.Tensor):
         check(
-            isinstance(value, (bool, int, float, SymInt, SymFloat)),
+            is_number(value),
             op,
             lambda: f"expected a tensor or a number, got {type(value).__name__}",
             ThunderTypeError,

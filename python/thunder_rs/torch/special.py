@@ -20,11 +20,12 @@ from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang.grad import get_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch.common import is_number
 from thunder_rs.torch.creation import filled
 from thunder_rs.torch.elementwise import NAN_SELECTING_FMAX, SPLIT_TIES, put_operand_grads, sign, sub
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symfloat import SymFloat
-from thunder_rs.core.lang.symint import SymInt, same_shape
+from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
 __all__ = [
@@ -139,7 +140,7 @@ def _safe(mask, x, value):
 
 def _check_value(op: str, value) -> None:
     check(
-        isinstance(value, (bool, int, float, SymFloat)) or type(value) is SymInt,  # (a size: read on each call)
+        is_number(value),
         op,
         lambda: f"expected a number for value, got {type(value).__name__} (argument value)",
         ThunderTypeError,

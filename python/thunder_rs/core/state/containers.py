@@ -36,7 +36,7 @@ from thunder_rs.core.state.guards import (
     items_of,
     tensor_meta,
 )
-from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items
+from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items, _restore
 from thunder_rs.errors import ThunderNotImplementedError
 
 #: Sources whose lists and dicts are the program's lasting state: module and object attributes,
@@ -87,14 +87,6 @@ class _Place:
         #: the items when the program first read it
         self.items = _items(container)
         self.replayed = replayed
-
-
-def _restore(container, before: tuple) -> None:
-    if type(container) is dict:
-        container.clear()
-        container.update(before)
-    else:
-        container[:] = before
 
 
 def _repeatable(value) -> bool:
