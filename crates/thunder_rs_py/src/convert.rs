@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
 use std::sync::Arc;
-use trace_ir::{Arg, DType, Device, FloatExpr, FloatOp, Scalar, SymFloat, TensorMeta, ValueId};
+use trace_ir::{Arg, DType, Device, FloatExpr, FloatFn, FloatOp, Scalar, SymFloat, TensorMeta, ValueId};
 use trace_ir::{Trace, ValueKind};
 
 use crate::errors::py_result;
@@ -118,7 +118,8 @@ pub fn to_arg(obj: &Bound<'_, PyAny>, types: &Types, consts: &mut Vec<Py<PyAny>>
 
 /// A symbolic float's operations from Python's form of them (`SymFloat.ops`): an int, a float
 /// or a `SymExpr` for an operand, `(op, a, b)` for an operation (`op` its Python operator,
-/// `"+"`, `"**"`), `("neg", a)` for a negation, `("sqrt", a)` for a square root.
+/// `"+"`, `"**"`), `("neg", a)` for a negation, `("sqrt", a)` for a square root, `("log", a)` for a function of
+/// `math` (`FloatFn`).
 fn float_expr(node: &Bound<'_, PyAny>) -> PyResult<FloatExpr> {
     if let Ok(s) = node.cast::<crate::sizes::PySymExpr>() {
         return Ok(FloatExpr::Int(trace_ir::Dim::Sym(s.get().dim.clone())));
@@ -139,6 +140,9 @@ fn float_expr(node: &Bound<'_, PyAny>) -> PyResult<FloatExpr> {
     if op == "sqrt" {
         return Ok(FloatExpr::Sqrt(Box::new(float_expr(&parts.get_item(1)?)?)));
     }
+    if let Some(func) = FloatFn::from_name(&op) {
+        return Ok(FloatExpr::Math(func, Box::new(float_expr(&parts.get_item(1)?)?)));
+    }
     let op = FloatOp::ALL
         .into_iter()
         .find(|o| o.symbol() == op)
@@ -154,6 +158,9 @@ fn float_node<'py>(py: Python<'py>, e: &FloatExpr) -> PyResult<Bound<'py, PyAny>
         FloatExpr::Neg(a) | FloatExpr::Sqrt(a) => {
             let name = if matches!(e, FloatExpr::Neg(_)) { "neg" } else { "sqrt" };
             PyTuple::new(py, [PyString::new(py, name).into_any(), float_node(py, a)?])?.into_any()
+        }
+        FloatExpr::Math(func, a) => {
+            PyTuple::new(py, [PyString::new(py, func.name()).into_any(), float_node(py, a)?])?.into_any()
         }
         FloatExpr::Bin(op, a, b) => {
             PyTuple::new(py, [PyString::new(py, op.symbol()).into_any(), float_node(py, a)?, float_node(py, b)?])?

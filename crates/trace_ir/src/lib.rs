@@ -73,6 +73,6 @@ pub use ids::{SymbolId, ValueId};
 pub use prims::{Prim, PrimId};
 pub use sym::{Dim, Facts};
 pub use symbols::{SymbolKind, SymbolTable};
-pub use symfloat::{FloatExpr, FloatOp, SymFloat};
+pub use symfloat::{FloatExpr, FloatFn, FloatOp, SymFloat};
 pub use trace::{BoundSymbol, GradRule, OpenCalls, Segment, Symbol, Trace, TraceBuilder};
 pub use value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};

@@ -64,6 +64,69 @@ impl FloatOp {
     }
 }
 
+/// A function of Python's `math` module of one float: libm's, called on the same double in the
+/// compiled program as in eager (`math.log(t0)`), so the value is eager's bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FloatFn {
+    /// `math.exp(a)`.
+    Exp,
+    /// `math.expm1(a)`.
+    Expm1,
+    /// `math.log(a)` (one argument: the natural logarithm).
+    Log,
+    /// `math.log1p(a)`.
+    Log1p,
+    /// `math.log2(a)`.
+    Log2,
+    /// `math.log10(a)`.
+    Log10,
+}
+
+impl FloatFn {
+    /// Every function, in the order of their binary codes.
+    pub const ALL: [FloatFn; 6] =
+        [FloatFn::Exp, FloatFn::Expm1, FloatFn::Log, FloatFn::Log1p, FloatFn::Log2, FloatFn::Log10];
+
+    /// The name in `math`: `log`, `exp`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FloatFn::Exp => "exp",
+            FloatFn::Expm1 => "expm1",
+            FloatFn::Log => "log",
+            FloatFn::Log1p => "log1p",
+            FloatFn::Log2 => "log2",
+            FloatFn::Log10 => "log10",
+        }
+    }
+
+    /// The function named `name` in `math`, if it is one of these.
+    pub fn from_name(name: &str) -> Option<FloatFn> {
+        FloatFn::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The function's code in the binary form.
+    pub fn code(self) -> u8 {
+        FloatFn::ALL.iter().position(|&f| f == self).expect("listed") as u8
+    }
+
+    /// The function of a binary code.
+    pub fn from_code(code: u8) -> Option<FloatFn> {
+        FloatFn::ALL.get(code as usize).copied()
+    }
+
+    /// The value as the platform's libm computes it (a hint: the compiled program calls Python's).
+    pub fn apply(self, a: f64) -> f64 {
+        match self {
+            FloatFn::Exp => a.exp(),
+            FloatFn::Expm1 => a.exp_m1(),
+            FloatFn::Log => a.ln(),
+            FloatFn::Log1p => a.ln_1p(),
+            FloatFn::Log2 => a.log2(),
+            FloatFn::Log10 => a.log10(),
+        }
+    }
+}
+
 /// An expression of a symbolic float: Python float operations over ints (constant or
 /// symbolic sizes) and float literals.
 #[derive(Clone, Debug)]
@@ -77,6 +140,8 @@ pub enum FloatExpr {
     /// The square root (`math.sqrt`, correctly rounded; not `a ** 0.5`, which may differ in the
     /// last bit), printed `torch.sym_sqrt(a)` (`math.sqrt` of a number).
     Sqrt(Box<FloatExpr>),
+    /// A function of `math` (`math.log(a)`), printed so.
+    Math(FloatFn, Box<FloatExpr>),
     /// `a op b`.
     Bin(FloatOp, Box<FloatExpr>, Box<FloatExpr>),
 }
@@ -95,6 +160,7 @@ impl FloatExpr {
             FloatExpr::Float(x) => *x,
             FloatExpr::Neg(a) => -a.eval(value),
             FloatExpr::Sqrt(a) => a.eval(value).sqrt(),
+            FloatExpr::Math(func, a) => func.apply(a.eval(value)),
             FloatExpr::Bin(op, a, b) => op.apply(a.eval(value), b.eval(value)),
         }
     }
@@ -104,7 +170,7 @@ impl FloatExpr {
         match self {
             FloatExpr::Int(d) => d.for_each_value(f),
             FloatExpr::Float(_) => {}
-            FloatExpr::Neg(a) | FloatExpr::Sqrt(a) => a.for_each_value(f),
+            FloatExpr::Neg(a) | FloatExpr::Sqrt(a) | FloatExpr::Math(_, a) => a.for_each_value(f),
             FloatExpr::Bin(_, a, b) => {
                 a.for_each_value(f);
                 b.for_each_value(f);
@@ -119,6 +185,7 @@ impl FloatExpr {
             FloatExpr::Float(x) => FloatExpr::Float(*x),
             FloatExpr::Neg(a) => FloatExpr::Neg(Box::new(a.map_ints(f))),
             FloatExpr::Sqrt(a) => FloatExpr::Sqrt(Box::new(a.map_ints(f))),
+            FloatExpr::Math(func, a) => FloatExpr::Math(*func, Box::new(a.map_ints(f))),
             FloatExpr::Bin(op, a, b) => FloatExpr::bin(*op, a.map_ints(f), b.map_ints(f)),
         }
     }
@@ -139,6 +206,7 @@ impl PartialEq for FloatExpr {
             (FloatExpr::Int(a), FloatExpr::Int(b)) => a == b,
             (FloatExpr::Float(a), FloatExpr::Float(b)) => a.to_bits() == b.to_bits(),
             (FloatExpr::Neg(a), FloatExpr::Neg(b)) | (FloatExpr::Sqrt(a), FloatExpr::Sqrt(b)) => a == b,
+            (FloatExpr::Math(f, a), FloatExpr::Math(g, b)) => f == g && a == b,
             (FloatExpr::Bin(o, a, b), FloatExpr::Bin(p, c, d)) => o == p && a == c && b == d,
             _ => false,
         }
@@ -154,6 +222,10 @@ impl Hash for FloatExpr {
             FloatExpr::Int(d) => d.hash(state),
             FloatExpr::Float(x) => x.to_bits().hash(state),
             FloatExpr::Neg(a) | FloatExpr::Sqrt(a) => a.hash(state),
+            FloatExpr::Math(func, a) => {
+                func.hash(state);
+                a.hash(state);
+            }
             FloatExpr::Bin(op, a, b) => {
                 op.hash(state);
                 a.hash(state);
@@ -185,6 +257,7 @@ impl fmt::Display for FloatExpr {
             }
             FloatExpr::Neg(a) => write!(f, "(-{a})"),
             FloatExpr::Sqrt(a) => write!(f, "torch.sym_sqrt({a})"),
+            FloatExpr::Math(func, a) => write!(f, "math.{}({a})", func.name()),
             FloatExpr::Bin(op, a, b) => write!(f, "({a} {} {b})", op.symbol()),
         }
     }

@@ -8,7 +8,7 @@ use trace_ir::parser::parse_trace;
 use trace_ir::printer::print_trace;
 use trace_ir::sym::Dim;
 use trace_ir::verify::verify;
-use trace_ir::{Arg, FloatExpr, FloatOp, SymFloat, ValueId};
+use trace_ir::{Arg, FloatExpr, FloatFn, FloatOp, SymFloat, ValueId};
 
 const TEXT: &str = "def computation(t0, t1):
   # t0: \"size 9\"
@@ -74,4 +74,40 @@ fn floats_compare_by_bits_and_operations_are_never_simplified() {
     let twice = FloatExpr::bin(FloatOp::Mul, half(0.5), FloatExpr::Float(2.0));
     assert_eq!(twice.to_string(), "((t0 * 0.5) * 2.0)");
     assert_eq!(FloatExpr::Float(f64::INFINITY).to_string(), "(float('inf'))");
+}
+
+const MATH_TEXT: &str = "def computation(t0, t1):
+  # t0: \"size 9\"
+  # t1: \"cpu f32[t0, 4]\"
+  t2 = prims.mul(t1, math.log(t0))  # t2: \"cpu f32[t0, 4]\"
+  t3 = prims.div(t2, (math.log((t0 / 4)) / math.log(32.0)))  # t3: \"cpu f32[t0, 4]\"
+  t4 = prims.mul(t3, math.exp((-(t0 / 8))))  # t4: \"cpu f32[t0, 4]\"
+  t5 = prims.add(t4, ((math.log2(t0) + math.log10((2*t0 + 1))) - math.log1p(math.expm1((t0 * 0.5)))))  # t5: \"cpu f32[t0, 4]\"
+  return t5
+";
+
+#[test]
+fn functions_of_math_read_back_from_text_and_binary_with_libm_hints() {
+    let trace = parse_trace(MATH_TEXT).unwrap();
+    verify(&trace).unwrap();
+    let printed = print_trace(&trace, "computation");
+    for line in MATH_TEXT.lines().skip(3).take(4) {
+        let call = line.split("  #").next().unwrap();
+        assert!(printed.contains(call), "{call} not in {printed}");
+    }
+    assert_eq!(parse_trace(&printed).unwrap(), trace);
+    assert_eq!(decode(&encode(&trace)).unwrap(), trace);
+    let t = 9.0_f64;
+    assert_eq!(float_operand(&trace, 0).hint.0, t.ln());
+    assert_eq!(float_operand(&trace, 1).hint.0, (t / 4.0).ln() / 32.0_f64.ln());
+    assert_eq!(float_operand(&trace, 2).hint.0, (-(t / 8.0)).exp());
+    assert_eq!(float_operand(&trace, 3).hint.0, t.log2() + (2.0 * t + 1.0).log10() - (t * 0.5).exp_m1().ln_1p());
+    // Each function is its own operation, seen as a use of the size it reads.
+    let log = FloatExpr::Math(FloatFn::Log, Box::new(FloatExpr::Int(Dim::size(ValueId(0), 9))));
+    assert_ne!(log, FloatExpr::Math(FloatFn::Log2, Box::new(FloatExpr::Int(Dim::size(ValueId(0), 9)))));
+    assert_eq!(log.to_string(), "math.log(t0)");
+    let mut reads = Vec::new();
+    trace.bsyms[3].for_each_input(|v| reads.push(v));
+    assert!(reads.contains(&ValueId(0)), "{reads:?}");
+    assert!(parse_trace(&MATH_TEXT.replace("math.log(t0)", "math.gamma(t0)")).is_err());
 }

@@ -7,7 +7,7 @@ use crate::ids::ValueId;
 use crate::prims::{Operands, Prim};
 use crate::sym::{Atom, Dim, Poly};
 use crate::symbols::{SymbolKind, SymbolTable};
-use crate::symfloat::{FloatExpr, FloatOp};
+use crate::symfloat::{FloatExpr, FloatFn, FloatOp};
 use crate::trace::{no_subsymbols, BoundSymbol, GradRule, Symbol, Trace};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
@@ -345,6 +345,12 @@ impl Reader<'_> {
             },
             FLOAT_NEG => FloatExpr::Neg(Box::new(self.float_expr(depth + 1)?)),
             FLOAT_SQRT => FloatExpr::Sqrt(Box::new(self.float_expr(depth + 1)?)),
+            FLOAT_MATH => {
+                let code = self.byte()?;
+                let func =
+                    FloatFn::from_code(code).ok_or_else(|| self.error(format!("unknown float function {code}")))?;
+                FloatExpr::Math(func, Box::new(self.float_expr(depth + 1)?))
+            }
             FLOAT_BIN => {
                 let code = self.byte()?;
                 let op =

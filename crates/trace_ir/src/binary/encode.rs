@@ -211,6 +211,10 @@ impl Writer {
                 self.out.push(if matches!(e, FloatExpr::Neg(_)) { FLOAT_NEG } else { FLOAT_SQRT });
                 self.float_expr(a);
             }
+            FloatExpr::Math(func, a) => {
+                self.out.extend_from_slice(&[FLOAT_MATH, func.code()]);
+                self.float_expr(a);
+            }
             FloatExpr::Bin(op, a, b) => {
                 self.out.extend_from_slice(&[FLOAT_BIN, op.code()]);
                 self.float_expr(a);

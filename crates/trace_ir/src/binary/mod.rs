@@ -76,6 +76,8 @@ const FLOAT_LEAF: u8 = 0;
 const FLOAT_NEG: u8 = 1;
 const FLOAT_BIN: u8 = 2;
 const FLOAT_SQRT: u8 = 3;
+/// A function of `math` (`FloatFn`): its code, then its operand.
+const FLOAT_MATH: u8 = 4;
 
 /// Value kind tags.
 const VALUE_TENSOR: u8 = 0;

@@ -17,6 +17,7 @@ use crate::error::{ErrorKind, IrError, Result};
 use crate::ids::ValueId;
 use crate::printer::describe_kind;
 use crate::symbols::{SymbolKind, SymbolTable};
+use crate::symfloat::FloatFn;
 use crate::trace::{Trace, TraceBuilder};
 use crate::value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
@@ -440,6 +441,7 @@ impl<'a> Cursor<'a> {
                 }
             }
             "torch" => self.torch_attribute(),
+            "math" => self.math_call(),
             _ => {
                 if let Some(v) = value_id(name) {
                     return Ok(Arg::Value(v));
@@ -461,6 +463,17 @@ impl<'a> Cursor<'a> {
         };
         self.expect(')')?;
         Ok(Arg::Scalar(Scalar::Float(x)))
+    }
+
+    /// `math.log(operand)`: a function of `math` of a symbolic float (`FloatFn`).
+    fn math_call(&mut self) -> Result<Arg> {
+        self.expect('.')?;
+        let name = self.name()?;
+        let func = FloatFn::from_name(name).ok_or_else(|| self.error(format!("unknown function math.{name}")))?;
+        self.expect('(')?;
+        let operand = self.arg()?;
+        self.expect(')')?;
+        sizes::math_call(func, &operand).ok_or_else(|| self.error(format!("math.{name} of a non-number")))
     }
 
     /// `torch.float32` or `torch.device('cpu')`.

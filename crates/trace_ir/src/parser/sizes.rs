@@ -8,7 +8,7 @@
 use super::{error, lex, Cursor, Parser, Token, NO_LINE, OP};
 use crate::error::{ErrorKind, IrError, Result};
 use crate::sym::{Atom, Dim, Guard, Poly, Rel, SymDim};
-use crate::symfloat::{FloatExpr, FloatOp, SymFloat};
+use crate::symfloat::{FloatExpr, FloatFn, FloatOp, SymFloat};
 use crate::trace::TraceBuilder;
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
@@ -149,6 +149,12 @@ pub(super) fn negated(arg: &Arg) -> Option<Arg> {
 /// `torch.sym_sqrt(operand)` of a symbolic float, as printed.
 pub(super) fn square_root(arg: &Arg) -> Option<Arg> {
     let expr = FloatExpr::Sqrt(Box::new(float_operand(arg)?));
+    Some(Arg::SymFloat(Arc::new(SymFloat::new(expr, 0.0))))
+}
+
+/// `math.<func>(operand)` of a symbolic float, as printed.
+pub(super) fn math_call(func: FloatFn, arg: &Arg) -> Option<Arg> {
+    let expr = FloatExpr::Math(func, Box::new(float_operand(arg)?));
     Some(Arg::SymFloat(Arc::new(SymFloat::new(expr, 0.0))))
 }
 
