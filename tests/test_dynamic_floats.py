@@ -6,7 +6,9 @@ such a float is the relation of the sizes it is (``T / 4 > 2``: ``T > 8``) where
 else the sizes it reads are specialised (a compile per value, never a wrong answer)."""
 
 import math
+import traceback
 
+import numpy
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,6 +48,8 @@ PROGRAMS = {
     "interpolate bilinear": lambda x: F.interpolate(x[None, None], scale_factor=_width(x) * 0.75, mode="bilinear"),
     "sdpa": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None]),
     "sdpa scale": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None], scale=_width(x) ** -0.25),
+    "math.sqrt": lambda x: (x @ x.mT / math.sqrt(_width(x))).softmax(-1) @ x,
+    "math.log": lambda x: x * (math.log(_width(x) / 4) / math.log(128 / 4)),
 }
 NOT_DIFFERENTIABLE = {"full T / 2"}
 #: Backward formulas that round otherwise than eager's autograd, with constant floats too (1 ulp).
@@ -241,12 +245,12 @@ def test_decisions_on_floats_of_sizes(name):
     "fn",
     [
         lambda x: x[:, : int(_width(x) * 0.5)],
-        lambda x: x * math.sqrt(_width(x)),
+        lambda x: x * numpy.sqrt(_width(x)),
         lambda x: x * float(_width(x) / 3),
         lambda x: x + round(_width(x) / 3, 2),
         lambda x: x * hash(_width(x) / 2) + len(f"{_width(x) / 3}"),
     ],
-    ids=["int", "math.sqrt", "float", "round", "hash and text"],
+    ids=["int", "numpy.sqrt", "float", "round", "hash and text"],
 )
 def test_plain_answers_specialise_and_equal_eager(fn):
     jf = thunder_rs.jit(fn)
@@ -267,7 +271,7 @@ def test_an_int_argument_as_a_float_scale():
     assert thunder_rs.compile_stats(jf).cache_misses == 2
 
 
-@pytest.mark.parametrize("name", ["pow -0.5", "float chain", "clamp T / 10", "where", "full T / 2"])
+@pytest.mark.parametrize("name", ["pow -0.5", "float chain", "clamp T / 10", "where", "full T / 2", "math.log"])
 def test_the_nvfuser_stand_in_takes_floats_of_sizes_as_inputs(fake_ex, name):
     # The float is a Double input of the region, computed on the host as the program computes it
     # (tests/test_nvfuser_symbolic.py checks the definitions and dtypes).
@@ -353,3 +357,109 @@ def test_rounding_another_float_of_sizes_specialises():
         x = _inputs(torch.float64, T)
         torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
     assert thunder_rs.compile_stats(jf).cache_misses == len(SIZES)
+
+
+# -- functions of math, rounding and draws of floats of sizes ---------------------------------------
+
+#: name -> (program, its compiles over SIZES): ``math``'s functions of a size or a float of sizes are
+#: symbolic (the compiled program calls ``math``'s own on the same double), as are ``floor``,
+#: ``ceil`` and ``round`` of a single rounding of a rational of sizes; others specialise.
+FUNCTIONS = {
+    "math.sqrt": (lambda x: x / math.sqrt(_width(x)), 2),
+    "math.sqrt of a float": (lambda x: x / math.sqrt(_width(x) / 3), 2),
+    "torch.sym_sqrt": (lambda x: x / torch.sym_sqrt(_width(x)), 2),
+    "math.log": (lambda x: x * math.log(_width(x)), 2),
+    "math.log of a base": (lambda x: x * math.log(_width(x), 2) + math.log(10, _width(x)), 2),
+    "log2 and log10": (lambda x: x * (math.log2(_width(x)) - math.log10(_width(x) * 3)), 2),
+    "math.exp": (lambda x: x * math.exp(-_width(x) / 8) + math.expm1(_width(x) * 0.25), 2),
+    "math.log1p": (lambda x: x * math.log1p(_width(x) / 16), 2),
+    "log of a root": (lambda x: x * math.log(math.sqrt(_width(x)) + 1), 2),
+    "floor T / 3": (lambda x: x[:, : math.floor(_width(x) / 3)] * 2, 2),
+    "ceil T / 3": (lambda x: x[:, : math.ceil(_width(x) / 3)] * 2, 2),
+    "round T / 3": (lambda x: x[:, : round(_width(x) / 3)] * 2, 2),
+    # ties (odd T) round to even: (T + 1) // 2 for even T, 2 * ((T + 2) // 4) for odd T
+    "round T * 0.5": (lambda x: x[:, : round(_width(x) * 0.5)] * 2, 3),
+    # a plain float is needed: a compile per size
+    "float(T)": (lambda x: x * float(_width(x)), len(SIZES)),
+    "int(T * 0.5)": (lambda x: x[:, : int(_width(x) * 0.5)] * 2, len(SIZES)),
+    "round T * 0.9": (lambda x: x[:, : round(_width(x) * 0.9)] * 2, len(SIZES)),  # 0.9 rounds T * 0.9
+    "numpy.sqrt": (lambda x: x / numpy.sqrt(_width(x)), len(SIZES)),
+    "exp of a log": (lambda x: x * math.exp(math.log(_width(x)) / 2), len(SIZES)),  # (no bound on the log)
+}
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_functions_of_math_and_roundings_of_floats_of_sizes(name):
+    fn, compiles = FUNCTIONS[name]
+    jf = thunder_rs.jit(fn)
+    for T in SIZES:
+        x = _inputs(torch.float64, T)
+        expected, actual = fn(x), jf(x)
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        assert actual.shape == expected.shape
+    assert thunder_rs.compile_stats(jf).cache_misses == compiles, thunder_rs.compile_stats(jf).miss_reasons
+
+
+def test_the_trace_calls_math_on_the_size():
+    jf = thunder_rs.jit(FUNCTIONS["math.log of a base"][0])
+    for T in SIZES[:2]:
+        jf(_inputs(torch.float64, T))
+    source = str(thunder_rs.last_traces(jf)[-1])
+    assert "(math.log(t0) / 0.6931471805599453)" in source and "(2.302585092994046 / math.log(t0))" in source, source
+
+
+def _outcome(fn, x):
+    """``fn(x)``, or the type of the error it raised, from the program's own line (not from
+    the compiled program, which an unguarded float would reach with a size out of the domain)."""
+    try:
+        return fn(x)
+    except (ValueError, OverflowError, ZeroDivisionError) as e:
+        files = [frame.filename for frame in traceback.extract_tb(e.__traceback__)]
+        assert __file__ in files and not any(f.startswith("<thunder_rs") for f in files), files
+        return type(e)
+
+
+#: name -> (program, sizes up to and across its domain's edge): a function of a float of sizes is
+#: guarded to stay in its domain, so a size beyond it is traced again and gets eager's error there
+#: (a trace that raised is no compile: two, the first call's and the symbolic one).
+EDGES = {
+    "sqrt(T - 8)": (lambda x: x * math.sqrt(_width(x) - 8), (10, 11, 8, 9, 7, 12, 6)),  # T >= 8
+    "log(T - 8)": (lambda x: x * math.log(_width(x) - 8), (10, 11, 9, 8, 12, 7)),  # T > 8
+    "log(T / 4 - 2)": (lambda x: x * math.log(_width(x) / 4 - 2), (12, 13, 9, 8, 16)),  # T > 8
+    "exp(T * 100.0)": (lambda x: x * math.exp(_width(x) * 100.0), (5, 6, 7, 8, 6)),  # T <= 7
+    "log base T - 4": (lambda x: x * math.log(8, _width(x) - 4), (7, 8, 5, 6)),  # T - 4 != 1
+}
+
+
+@pytest.mark.parametrize("name", EDGES)
+def test_functions_of_math_at_the_edges_of_their_domains(name):
+    fn, sizes = EDGES[name]
+    jf = thunder_rs.jit(fn)
+    for T in sizes:
+        x = _inputs(torch.float64, T)
+        expected, actual = _outcome(fn, x), _outcome(jf, x)
+        if isinstance(expected, type):
+            assert actual is expected, (T, actual)
+        else:
+            torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    assert thunder_rs.compile_stats(jf).cache_misses == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x + 1 if math.sqrt(_width(x)) >= 3 else x - 1,  # 9 is the edge
+        lambda x: x + 1 if math.log2(_width(x)) > 3 else x - 1,  # 8
+        lambda x: x[:, : round(_width(x) * 0.5)] + 1,  # ties at odd T
+        lambda x: x[:, : math.ceil(_width(x) / 4)] + 1,  # 8 is a multiple of 4
+    ],
+    ids=["sqrt >= 3", "log2 > 3", "round", "ceil"],
+)
+def test_decisions_on_functions_of_sizes_at_their_boundary(fn):
+    jf = thunder_rs.jit(fn)
+    for T in (7, 8, 9, 10, 8, 9):
+        x = _inputs(torch.float64, T)
+        expected, actual = fn(x), jf(x)
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        assert actual.shape == expected.shape
+

@@ -24,6 +24,7 @@ bit, and one definition serves every value of it.
 """
 
 import ast
+import math
 import re
 import struct
 
@@ -181,6 +182,6 @@ def host_floats(region_name: str, input_shapes, floats):
         lines.append(f"    t{value} = {read}\n")
     values = ", ".join(_rounding(text, dtype) for text, dtype in floats)
     source = f"def host_floats(inputs):\n{''.join(lines)}    return ({values},)\n"
-    namespace = {"torch": torch, "_float32": _float32, "_rounded": _rounded, **_HALF_NAMES}
+    namespace = {"torch": torch, "math": math, "_float32": _float32, "_rounded": _rounded, **_HALF_NAMES}
     exec(compile(source, f"<{region_name} floats>", "exec"), namespace)  # noqa: S102 (our own text)
     return namespace["host_floats"]

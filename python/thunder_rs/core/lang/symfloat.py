@@ -17,7 +17,10 @@ cache and compiles again, so no answer taken on this value is reused where it wo
 
 ``ops`` is the form the trace reads (``_core.configure``): an int, a float or a ``_core.SymExpr``
 for an operand, ``(op, a, b)`` for an operation (``op`` Python's operator: ``"+"``, ``"**"``),
-``("neg", a)`` for a negation, ``("sqrt", a)`` for ``math.sqrt(a)``. ``hint`` is the value when
+``("neg", a)`` for a negation, ``("sqrt", a)`` for ``math.sqrt(a)``, ``("log", a)`` for another
+function of ``math`` (``exp``, ``expm1``, ``log``, ``log1p``, ``log2``, ``log10``: ``MATH_FUNCTIONS``,
+which tracing puts in ``math``; the compiled program calls ``math``'s own on the same double, so
+the value is eager's, and each is guarded to stay in its domain). ``hint`` is the value when
 traced, computed by the operations themselves on the sizes' values.
 """
 
@@ -97,26 +100,115 @@ def _real_power(base, exponent) -> None:
 
 def _nonnegative(ops) -> bool:
     """Whether ``ops`` is at least 0 for all sizes (sizes are): no decision needed. Sums, products,
-    quotients and powers of such, and square roots; not differences (``T / 3 - 1``)."""
+    quotients and powers of such, square roots and exponentials; not differences (``T / 3 - 1``)."""
     if type(ops) is _SymExpr:
         bound = ops.lower_bound(0)
         return bound is not None and bound >= 0
     if type(ops) in (int, float):
         return ops >= 0
-    if ops[0] == "sqrt":
+    if ops[0] in ("sqrt", "exp"):
         return True
     if ops[0] == "**":
         return _nonnegative(ops[1])
     return ops[0] in ("+", "*", "/") and _nonnegative(ops[1]) and _nonnegative(ops[2])
 
 
+#: ``math``'s own functions, as imported (tracing puts ``MATH_FUNCTIONS`` in their place).
+_LIBM = {name: getattr(math, name) for name in ("sqrt", "exp", "expm1", "log", "log1p", "log2", "log10")}
+#: Where each function is defined on sizes' floats, and finite: ``(relation, bound)`` of its
+#: argument (``math.log(0)`` and ``math.sqrt(-1)`` raise, ``math.exp(710.0)`` overflows).
+_DOMAINS = {
+    "sqrt": ("ge", 0),
+    "exp": ("le", 709),
+    "expm1": ("le", 709),
+    "log": ("gt", 0),
+    "log1p": ("gt", -1),
+    "log2": ("gt", 0),
+    "log10": ("gt", 0),
+}
+
+
+def _positive(ops) -> bool:
+    """Whether ``ops`` is positive wherever its sizes hold as guarded, structurally (``T / 4``,
+    ``math.sqrt(T)``, a product or sum of such): False where that takes a relation. Constants
+    of moderate size only, so that no product or quotient of them underflows to 0."""
+    if type(ops) is _SymExpr:
+        bound = ops.lower_bound(0)
+        return (bound is not None and bound > 0) or current().decide("gt", ops, 0)
+    if type(ops) in (int, float):
+        return 2.0**-100 <= ops <= 2.0**100
+    if ops[0] == "sqrt":
+        return _positive(ops[1])
+    return ops[0] in ("+", "*", "/") and _positive(ops[1]) and _positive(ops[2])
+
+
+def _in_domain(name: str, ops, hint: float) -> bool | None:
+    """Whether ``math.<name>`` of the float ``ops`` is defined and finite, decided for every call
+    as it is at the hint (a guard on the sizes, or a structural fact); None where that needs the
+    value itself (the caller specialises)."""
+    op, bound = _DOMAINS[name]
+    if op == "ge" and _nonnegative(ops) or op == "gt" and bound == 0 and _positive(ops):
+        return True
+    if type(ops) is _SymExpr:
+        return current().decide(op, ops, bound)
+    return relation(op, SymFloat(ops, hint), bound)
+
+
+def _function(name: str, x):
+    """``math.<name>(x)``: a ``SymFloat`` where ``x`` is symbolic (a size or a float of sizes)
+    and its domain holds for every call that reuses the trace (``_in_domain``); else ``math``'s
+    own answer, the sizes specialised (its error where eager raises one)."""
+    libm = _LIBM[name]
+    o = operand(x)
+    if o is None or type(o[0]) in (int, float):
+        return libm(x)
+    ops, hint = o
+    if _in_domain(name, ops, hint):
+        return SymFloat(("sqrt" if name == "sqrt" else name, ops), libm(hint))
+    _specialise(ops)
+    return libm(hint)
+
+
 def sqrt(x):
     """``math.sqrt(x)`` of an int, a float, a size or a symbolic float: symbolic where ``x`` is
-    (``math.sqrt`` itself reads a plain float, which specialises the sizes)."""
-    o = operand(x)
-    if o is None or type(o[0]) in (int, float) or o[1] < 0:
-        return math.sqrt(x)
-    return SymFloat(("sqrt", o[0]), math.sqrt(o[1]))
+    (``math.sqrt`` itself reads a plain float, which specialises the sizes), guarded ``x >= 0``."""
+    return _function("sqrt", x)
+
+
+def log(x, *base):
+    """``math.log(x)``, and ``math.log(x, base)`` as CPython computes it: ``log(x) / log(base)``
+    (two logarithms and a division, not ``log2`` or ``log10``); a ``base`` of sizes is guarded
+    ``!= 1`` (else a division by zero)."""
+    if not base:
+        return _function("log", x)
+    if len(base) > 1:
+        return _LIBM["log"](x, *base)  # (Python's error)
+    (b,) = base
+    num, den = _function("log", x), _function("log", b)
+    if type(den) is SymFloat and den.ops[0] == "log" and not _differs_from_one(den.ops[1], operand(b)[1]):
+        den = den.value()
+    return num / den
+
+
+def _differs_from_one(ops, hint) -> bool:
+    """``ops != 1`` as a guard, where that is a relation of the sizes."""
+    if type(ops) is _SymExpr:
+        return current().decide("ne", ops, 1)
+    return bool(relation("ne", SymFloat(ops, hint), 1))
+
+
+def _named(name: str):
+    def call(x):
+        return _function(name, x)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``math.{name}(x)``, symbolic where ``x`` is (``_function``)."
+    return call
+
+
+#: What tracing puts in ``math`` (``core.lang.torch_overrides``): each calls ``math``'s own on
+#: plain numbers, so other code running meanwhile gets the same answers.
+MATH_FUNCTIONS = {"sqrt": sqrt, "log": log, **{n: _named(n) for n in ("exp", "expm1", "log1p", "log2", "log10")}}
 
 
 def _specialise(ops) -> None:
@@ -159,7 +251,7 @@ def _rational(ops):
     if ops[0] == "neg":
         inner = _rational(ops[1])
         return None if inner is None else (-inner[0], inner[1])
-    if ops[0] == "sqrt":
+    if len(ops) == 2:  # a function of math (sqrt, log): no rational
         return None
     symbol, a, b = ops
     if symbol == "/" and type(b) is _SymExpr:  # a constant over a size: D is the size's multiple
@@ -291,6 +383,8 @@ def text(ops) -> str:
             return f"(-{text(ops[1])})"
         if ops[0] == "sqrt":
             return f"torch.sym_sqrt({text(ops[1])})"
+        if ops[0] in _DOMAINS:
+            return f"math.{ops[0]}({text(ops[1])})"
         return f"({text(ops[1])} {ops[0]} {text(ops[2])})"
     plain = str(ops)
     return plain if plain.isidentifier() or (type(ops) is not _SymExpr and ops >= 0) else f"({plain})"
@@ -458,7 +552,8 @@ for _name in ("__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__divmod_
 for _name in ("__round__", "__trunc__", "__floor__", "__ceil__", "is_integer", "as_integer_ratio", "hex", "conjugate"):
     setattr(SymFloat, _name, _specialising(_name))
 setattr(SymFloat, "__sym_sqrt__", sqrt)  # torch.sym_sqrt
-for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "log2"):
+setattr(SymFloat, "__sym_log2__", MATH_FUNCTIONS["log2"])
+for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh"):
     setattr(SymFloat, f"__sym_{_name}__", _specialising(f"__sym_{_name}__", getattr(math, _name)))
 setattr(SymFloat, "__sym_float__", lambda self: self)
 setattr(SymFloat, "__sym_max__", lambda self, other: self if self >= other else other)

@@ -353,23 +353,55 @@ def _dyadic(ops):
     return (a, p, q.bit_length() - 1) if q <= 2**64 else None
 
 
+def _integer_form(ops):
+    """``(N, D)``, ``D`` a positive int, where the float ``ops`` computes is the rational ``N / D``
+    correctly rounded (``symfloat._rational``) or exactly (``symfloat.exact``), and ``|N| < 2**50``
+    (guarded): the double is then within ``2**-53 * |N| / D < 1 / (8 * D)`` of ``N / D``, closer
+    than to any multiple of ``1 / (2 * D)`` that ``N / D`` is not, so ``floor``, ``ceil`` and
+    ``round`` of the double are those of ``N / D``, which integers give (a multiple of ``1 / (2 *
+    D)`` is a double itself, as the rational then is). None for any other float."""
+    form = symfloat._rational_or_exact(ops)
+    if form is None or type(form[1]) is not int or not 0 < form[1] < 2**50:
+        return None
+    n, d = form
+    decide = current().decide
+    if type(n) is _SymExpr and not (decide("lt", n, 2**50) and decide("gt", n, -(2**50))):
+        return None
+    return form if type(n) is _SymExpr or abs(n) < 2**50 else None
+
+
 def _float_to_int(rounding, ceil=False):
-    """``math.floor``/``trunc``/``ceil`` of a SymFloat: of one whose operations are exact in
-    double (``symfloat.exact``), ``N / 2**k``, the symbolic int ``N // 2**k`` (rounded up for ``ceil``,
-    towards zero for ``trunc`` with the guard ``N >= 0``); of any other, the value's, the sizes
-    specialised. (``int()`` must return an exact int: it specialises.)"""
+    """``math.floor``/``trunc``/``ceil`` of a SymFloat that is ``N / D`` rounded once or exact
+    (``_integer_form``: ``T / 3``, ``T * 0.75``): the symbolic int ``N // D`` (rounded up for
+    ``ceil``, towards zero for ``trunc`` with the guard ``N >= 0``); of any other, the value's,
+    the sizes specialised. (``int()`` must return an exact int: it specialises.)"""
 
     def method(self):
-        exact = symfloat.exact(self.ops)
-        if exact is not None:
-            n, k = exact
+        form = _integer_form(self.ops)
+        if form is not None:
+            n, d = form
             if ceil:
-                return wrap(-((-n) // 2**k))
+                return wrap(-((-n) // d))
             if rounding is math.floor or current().decide("ge", n, 0):
-                return wrap(n // 2**k)
+                return wrap(n // d)
         return rounding(self.value())
 
     return method
+
+
+def _round(self, ndigits=None):
+    """``round(x)`` of a SymFloat that is ``N / D`` (``_integer_form``): the nearest int, ties to
+    even as Python's, a symbolic int: ``(2N + D) // 2D``, or where ``N / D`` is a tie (guarded
+    either way: ``(2N + D) % 2D == 0``) the even one, ``2 * ((N + D) // 2D)``. ``round(T * 0.5)``
+    is ``(T + 1) // 2`` for even T and ``2 * ((T + 2) // 4)`` for odd T: two compiles. Any other
+    float, or ``ndigits`` given (a float), the value's, the sizes specialised."""
+    form = _integer_form(self.ops) if ndigits is None else None
+    if form is None:
+        return round(self.value()) if ndigits is None else round(self.value(), ndigits)
+    n, d = form
+    if current().decide("eq", (2 * n + d) % (2 * d), 0):
+        return wrap(2 * ((n + d) // (2 * d)))
+    return wrap((2 * n + d) // (2 * d))
 
 
 def floor_of_product(size, factor):
@@ -401,6 +433,7 @@ def is_positive(factor) -> bool:
 for _name, _rounding in (("__trunc__", math.trunc), ("__floor__", math.floor)):
     setattr(SymFloat, _name, _float_to_int(_rounding))
 setattr(SymFloat, "__ceil__", _float_to_int(math.ceil, ceil=True))
+setattr(SymFloat, "__round__", _round)
 
 
 def _quotient(n, d) -> int:
@@ -434,7 +467,15 @@ for _name in ("as_integer_ratio", "bit_length", "conjugate"):
 setattr(SymInt, "__sym_sqrt__", symfloat.sqrt)
 for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh"):
     setattr(SymInt, f"__sym_{_name}__", lambda self, _f=getattr(math, _name): _f(self.__index__()))
-SymInt.__sym_float__ = SymInt.__float__  # type: ignore[method-assign,assignment]
+
+
+def _sym_float(self: SymInt) -> SymFloat:
+    """``torch.sym_float`` (and so ``torch.sym_sqrt``) of a size: ``T * 1.0``, Python's float of
+    the int, computed on each call (``float(T)`` must return a float: it specialises)."""
+    return SymFloat(("*", self.expr, 1.0), float(self.expr.hint))
+
+
+SymInt.__sym_float__ = _sym_float  # type: ignore[method-assign,assignment]
 
 set_size_wrapper(wrap)
 

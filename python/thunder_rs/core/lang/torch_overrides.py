@@ -44,6 +44,13 @@ Python's read as a bool each, give the tensor ``torch.maximum`` and ``torch.mini
 box clamped to the image). Their reads of these globals are not guarded
 (``observe.TRACING_GLOBALS``); after tracing the modules have no such globals again.
 
+**math.** ``math.sqrt``, ``log``, ``log2``, ``log10``, ``log1p``, ``exp`` and ``expm1`` of a size
+or a float of sizes (``scores / math.sqrt(d_k)``, ``math.log(max_len)``) give a symbolic float
+(``core.lang.symfloat.MATH_FUNCTIONS``), which the compiled program computes with ``math``'s own
+function on each call's sizes: one compile for every size where ``math``'s would need a plain
+float (a compile per size). On plain numbers they are ``math``'s own, so code running meanwhile
+gets the same answers. A name imported before tracing (``from math import sqrt``) is ``math``'s.
+
 All are process-wide (the flag is torch's own ``torch.compiler._is_compiling_flag``, which
 ``torch.compile`` and ``torch.export`` set the same way). Acquisitions may run in several threads
 at once, so the overrides are held by a count: set while any acquisition runs, restored when the
@@ -53,6 +60,7 @@ the value-independent path, which computes the same results.
 
 import contextlib
 import importlib
+import math
 import sys
 import threading
 
@@ -65,7 +73,7 @@ from torch.autograd.function import Function
 from torch.utils._pytree import tree_leaves
 
 from thunder_rs.core.base import dtypes
-from thunder_rs.core.lang import custom_function, symint
+from thunder_rs.core.lang import custom_function, symfloat, symint
 from thunder_rs.core.lang import vmap as thunder_vmap
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy
@@ -168,6 +176,8 @@ OVERRIDES: dict[tuple[object, str], object] = {
     **{(torch._functorch.predispatch, name): fn for name, fn in thunder_vmap.PREDISPATCH.items()},
     (associative_scan_module, "_maybe_compile_and_run_fn"): _scan_in_trace,
     (torch, "sym_sum"): symint.sym_sum,
+    # ``math.sqrt(d_k)``, ``math.log(max_len)`` of a size: a float computed on each call
+    **{(math, name): fn for name, fn in symfloat.MATH_FUNCTIONS.items()},
 }
 
 

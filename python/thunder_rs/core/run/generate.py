@@ -4,6 +4,7 @@ executors' regions, and the generated Python source of its forward (and of its b
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -103,7 +104,7 @@ def snapshot_runner(executors):
     def run(snapshot, consts: list, inputs: list):
         table, impls = executor_table(plain)
         traces = _core.compile(snapshot, table, _checker(plain), make_proxy, consts).forward
-        namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
+        namespace = {"torch": torch, "math": math, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
         return _load(traces[-1], "computation", "<thunder_rs snapshot>", namespace, {})[1](*inputs)
 
     return run
@@ -118,7 +119,7 @@ def _differentiable_program(acquired, filename: str, grad_positions: list, forwa
         executors = differentiable_executors()
         table, impls = executor_table(executors)
         traces = _core.compile(trace, table, _checker(executors), make_proxy, consts, differentiable=True).forward
-        namespace = {"torch": torch, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
+        namespace = {"torch": torch, "math": math, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
         return _load(traces[-1], "computation", filename + " differentiable", namespace, {})
 
     outputs = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
@@ -197,7 +198,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
     log_dumps(name, traces, backward_traces)
     passes_at = time.perf_counter()
-    namespace = {"torch": torch, **impls}
+    namespace = {"torch": torch, "math": math, **impls}
     namespace.update((f"_c{i}", c) for i, c in enumerate(acquired.consts))
     if names is not None:
         traces = _named_inputs(traces, acquired, names, {*namespace, *(r.name for r in traces[-1].regions())})
