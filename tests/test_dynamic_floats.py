@@ -463,3 +463,24 @@ def test_decisions_on_functions_of_sizes_at_their_boundary(fn):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
         assert actual.shape == expected.shape
 
+
+#: Draws whose parameters are floats of sizes: the fallback calls eager's sampler with the float
+#: computed on each call (one compile), drawing the same numbers.
+DRAWS = {
+    "bernoulli_": lambda x: x * torch.empty_like(x).bernoulli_(1 - 1 / _width(x)) / (1 - 1 / _width(x)),
+    "uniform_": lambda x: x + torch.empty_like(x).uniform_(-1 / _width(x), _width(x) ** -0.5),
+    "normal_": lambda x: x + torch.empty_like(x).normal_(1 / _width(x), math.sqrt(_width(x))),
+}
+
+
+@pytest.mark.parametrize("name", DRAWS)
+def test_draws_with_floats_of_sizes(name):
+    def fn(x):
+        torch.manual_seed(0)
+        return DRAWS[name](x)
+
+    _check(fn, torch.float64, grads=True)
+    jf = thunder_rs.jit(fn)
+    for T in SIZES:
+        jf(_inputs(torch.float64, T))
+    assert thunder_rs.compile_stats(jf).cache_misses == 2, thunder_rs.compile_stats(jf).miss_reasons

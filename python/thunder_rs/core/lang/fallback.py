@@ -24,6 +24,7 @@ from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, output_meta, proxies
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, thunder_error_like
@@ -357,7 +358,10 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     in_leaves = [x for x in arg_leaves if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
     symbolic = _has_symbolic(arg_leaves)
-    out, shape, checked = _metadata(func, name, args, kwargs, autocast_state, not in_leaves, symbolic)
+    described_args, described_kwargs = _float_hints(args, kwargs) if effect else (args, kwargs)
+    out, shape, checked = _metadata(
+        func, name, described_args, described_kwargs, autocast_state, not in_leaves, symbolic
+    )
     structure, spec = tree_flatten(out)
     leaves = _tensor_leaves(out)
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
@@ -406,6 +410,15 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         return outs[0]
     bound = iter(outs)
     return tree_unflatten([None if x is None else next(bound) for x in structure], spec)
+
+
+def _float_hints(args, kwargs):
+    """A draw's arguments for its output metadata: a float of sizes (``bernoulli_(1 - 1 / T)``'s
+    probability, a mean) as its value when traced, which torch's meta kernels take where a
+    ``SymFloat`` is none of theirs. A sampler's output sizes come from its tensor and size
+    arguments, never from such a float, so they hold for every value; the recorded call takes
+    the float itself, computed on each call."""
+    return tree_map(lambda x: x.hint if type(x) is SymFloat else x, (args, kwargs))
 
 
 def user_fallback(func, args, kwargs, effect: bool = False):
