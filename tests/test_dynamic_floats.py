@@ -379,9 +379,11 @@ FUNCTIONS = {
     "round T / 3": (lambda x: x[:, : round(_width(x) / 3)] * 2, 2),
     # ties (odd T) round to even: (T + 1) // 2 for even T, 2 * ((T + 2) // 4) for odd T
     "round T * 0.5": (lambda x: x[:, : round(_width(x) * 0.5)] * 2, 3),
+    # int() must return a plain int: a compile per value of the int (2, 3, 3, 4, 6), the range guarded
+    "int(T * 0.5)": (lambda x: x[:, : int(_width(x) * 0.5)] * 2, 4),
+    "int of a negative float": (lambda x: x * int(1 - _width(x) / 4), 4),  # towards 0: 0, 0, 0, -1, -2
     # a plain float is needed: a compile per size
     "float(T)": (lambda x: x * float(_width(x)), len(SIZES)),
-    "int(T * 0.5)": (lambda x: x[:, : int(_width(x) * 0.5)] * 2, len(SIZES)),
     "round T * 0.9": (lambda x: x[:, : round(_width(x) * 0.9)] * 2, len(SIZES)),  # 0.9 rounds T * 0.9
     "numpy.sqrt": (lambda x: x / numpy.sqrt(_width(x)), len(SIZES)),
     "exp of a log": (lambda x: x * math.exp(math.log(_width(x)) / 2), len(SIZES)),  # (no bound on the log)
@@ -452,8 +454,9 @@ def test_functions_of_math_at_the_edges_of_their_domains(name):
         lambda x: x + 1 if math.log2(_width(x)) > 3 else x - 1,  # 8
         lambda x: x[:, : round(_width(x) * 0.5)] + 1,  # ties at odd T
         lambda x: x[:, : math.ceil(_width(x) / 4)] + 1,  # 8 is a multiple of 4
+        lambda x: x[:, : int(_width(x) / 4 - 1.5)] + 1,  # 10 gives exactly 1.0
     ],
-    ids=["sqrt >= 3", "log2 > 3", "round", "ceil"],
+    ids=["sqrt >= 3", "log2 > 3", "round", "ceil", "int"],
 )
 def test_decisions_on_functions_of_sizes_at_their_boundary(fn):
     jf = thunder_rs.jit(fn)

@@ -374,7 +374,7 @@ def _float_to_int(rounding, ceil=False):
     """``math.floor``/``trunc``/``ceil`` of a SymFloat that is ``N / D`` rounded once or exact
     (``_integer_form``: ``T / 3``, ``T * 0.75``): the symbolic int ``N // D`` (rounded up for
     ``ceil``, towards zero for ``trunc`` with the guard ``N >= 0``); of any other, the value's,
-    the sizes specialised. (``int()`` must return an exact int: it specialises.)"""
+    the sizes specialised. (``int()`` must return a plain int: ``_int``.)"""
 
     def method(self):
         form = _integer_form(self.ops)
@@ -387,6 +387,23 @@ def _float_to_int(rounding, ceil=False):
         return rounding(self.value())
 
     return method
+
+
+def _int(self) -> int:
+    """``int(x)`` of a SymFloat that is ``N / D`` (``_integer_form``): ``int`` must return a plain
+    int, so the int it is at the hint, ``m``, with the range of ``N`` that gives it guarded
+    (``m * D <= N < (m + 1) * D`` for ``N >= 0``): the sizes stay symbolic, and a size giving
+    another int compiles again (``int(T * 0.5)``: a compile per value of ``T // 2``, not per
+    size). Any other float, the value's, the sizes specialised."""
+    form = _integer_form(self.ops)
+    if form is None:
+        return int(self.value())
+    n, d = form
+    m, decide = int(self.hint), current().decide
+    low, high = (m * d, (m + 1) * d) if decide("ge", n, 0) else ((m - 1) * d + 1, m * d + 1)
+    if not (decide("ge", n, low) and decide("lt", n, high)):
+        raise AssertionError("int() of the float was taken at its hint")  # the guards hold for it
+    return m
 
 
 def _round(self, ndigits=None):
@@ -434,6 +451,7 @@ for _name, _rounding in (("__trunc__", math.trunc), ("__floor__", math.floor)):
     setattr(SymFloat, _name, _float_to_int(_rounding))
 setattr(SymFloat, "__ceil__", _float_to_int(math.ceil, ceil=True))
 setattr(SymFloat, "__round__", _round)
+setattr(SymFloat, "__int__", _int)
 
 
 def _quotient(n, d) -> int:
