@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import thunder_rs
-from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
+from thunder_rs.errors import ThunderNotImplementedError
 
 
 class _CachedBias(nn.Module):
@@ -227,19 +227,48 @@ def test_an_object_no_call_can_store_again_is_refused_naming_the_line():
     assert model.cache == {}
 
 
-def test_a_tensor_kept_in_a_closure_list_is_refused_naming_the_line():
-    # A hook's list of activations grows on every call: not a cache, refused as before, now
-    # with the line that stores.
-    feats = []
+def test_a_closure_list_a_program_appends_to_grows_as_in_eager():
+    # A hook's list of activations, in a closure cell: every call appends its own tensor, as a
+    # global list (each call finds the list changed and compiles again).
+    def make():
+        feats = []
+
+        def program(x):
+            y = x * 2
+            feats.append(y)
+            return y
+
+        return program, feats
+
+    (program, feats), (eager, expected) = make(), make()
+    jprogram = thunder_rs.jit(program)
+    for i in range(3):
+        x = torch.full((3,), float(i))
+        torch.testing.assert_close(jprogram(x), eager(x), rtol=0, atol=0)
+        torch.testing.assert_close(feats, expected, rtol=0, atol=0)
+        assert all(type(f) is torch.Tensor for f in feats)
+
+
+def _closure_cache():
+    cache = {}
 
     def program(x):
-        y = x * 2
-        feats.append(y)  # the append
-        return y
+        if "mask" not in cache:
+            cache["mask"] = torch.ones(x.shape[-1], x.shape[-1], dtype=x.dtype).triu()
+        return x @ cache["mask"]
 
-    with pytest.raises(ThunderRuntimeError, match=rf"at .*test_state_caches\.py:{_line_of('# the append')} stored"):
-        thunder_rs.jit(program)(torch.randn(3))
-    assert feats == []
+    return program, cache
+
+
+def test_a_tensor_cached_in_a_closure_dict_is_stored_and_read_as_eager():
+    (program, cache), (eager, expected) = _closure_cache(), _closure_cache()
+    jprogram = thunder_rs.jit(program)
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(jprogram(x), eager(x), rtol=0, atol=0)
+        _assert_same_cache(cache, expected)
+    assert _misses(jprogram) == 2  # one stores the mask, one reads it
+    assert thunder_rs.compile_stats(jprogram).miss_reasons[1].startswith("the contents of closure variable 'cache'")
 
 
 _MASKS: dict = {}

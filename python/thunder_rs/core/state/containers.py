@@ -3,8 +3,9 @@
 timm's LeViT keeps, in eval mode, a tensor computed from a parameter in a dict attribute
 (``self.attention_bias_cache[key] = self.attention_biases[:, self.attention_bias_idxs]``) and
 reads it back on later calls; a program may do the same with a global dict (``_MASKS[n] = ...``).
-Each list or dict the program reads from a module's attributes, a global, a class attribute, or
-an object or item reached from those, is noted with where it lives and its items when first read.
+Each list or dict the program reads from a module's attributes, a global, a class attribute, a
+closure cell (a hook's list, a cache made by a factory function), or an object or item reached
+from those, is noted with where it lives and its items when first read.
 After tracing, the changes made to it are undone (no stand-in stays in user state) and become
 writes that the compiled call performs after running, with that call's tensors
 (``effects.ItemWrite`` on a ``ContainerAt``). The container is state the trace read, guarded
@@ -12,8 +13,7 @@ with its items: the next call finds the cached item there and compiles once more
 reads the cached tensor where it is on every call (``read_per_call``), guarded on its metadata,
 so a cache the user clears and the program fills again is read without compiling again.
 
-Containers reached only through closure cells (a hook's list of activations) and those reached
-through the arguments (``core.state.reached``) are not replayed here.
+Containers reached through the arguments (``core.state.reached``) are not replayed here.
 """
 
 import torch
@@ -40,8 +40,8 @@ from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items, _res
 from thunder_rs.errors import ThunderNotImplementedError
 
 #: Sources whose lists and dicts are the program's lasting state: module and object attributes,
-#: globals, class attributes.
-_ROOTS = (ModuleSource, GlobalsSource, ClassSource)
+#: globals, class attributes, closure cells.
+_ROOTS = (ModuleSource, GlobalsSource, ClassSource, CellSource)
 
 
 class ContainerAt:
