@@ -113,7 +113,14 @@ class _CachedByName(_CachedBias):
         return x + self.cache["bias"]  # read by a constant key
 
 
-@pytest.mark.parametrize("make", [_CachedBias, _CachedByName])
+class _CachedByDtype(_CachedBias):
+    def forward(self, x):
+        if (3, x.dtype) not in self.cache:  # a key whose repr is no code
+            self.cache[(3, x.dtype)] = self.bias.to(x.dtype) * 2
+        return x + self.cache[(3, x.dtype)]
+
+
+@pytest.mark.parametrize("make", [_CachedBias, _CachedByName, _CachedByDtype])
 @pytest.mark.parametrize(
     "clear",
     [lambda m: m.train().eval(), lambda m: m.cache.clear()],
