@@ -455,3 +455,64 @@ def test_comparisons_that_do_not_need_the_modules_identity_match_eager():
     model = _ComparesWithoutIdentity()
     x = torch.randn(2, 3, dtype=torch.float64)
     torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))
+
+
+# -- caches keyed by a symbolic size (``core.state.keyed``) -----------------------------------------
+
+
+def _by_size(use: str = "keyed"):
+    """A cache of masks by sequence length in a closure dict, and the program using it; ``use``:
+    only by the size (``keyed``) or also in a way no check on the key covers."""
+    masks: dict = {}
+
+    def keyed(x):
+        n = x.shape[-1]
+        if n not in masks:
+            masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
+        return x @ masks[n]
+
+    def by_length(x):
+        n = x.shape[-1]
+        if len(masks) >= 3:
+            masks.clear()
+        if n not in masks:
+            masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
+        return x @ masks[n]
+
+    def mask(n, dtype):
+        if n not in masks:
+            masks[n] = torch.ones(n, n, dtype=dtype).triu()
+        return masks[n]
+
+    def helper(x):
+        return x @ mask(x.shape[-1], x.dtype) + mask(9, x.dtype).sum()  # also by a plain int
+
+    return {"keyed": keyed, "len": by_length, "helper": helper}[use], masks
+
+
+def _run_like_eager(use: str, sizes, dynamic=None) -> tuple:
+    (program, masks), (eager, expected) = _by_size(use), _by_size(use)
+    jprogram, stored = thunder_rs.jit(program, dynamic=dynamic), {}
+    for n in sizes:
+        x = torch.randn(2, n)
+        torch.testing.assert_close(jprogram(x), eager(x), rtol=0, atol=0)
+        _assert_same_cache(masks, expected)
+        for k, t in masks.items():  # stored once, read by later calls, as eager's
+            assert stored.setdefault(k, t) is t or use == "len"
+    return jprogram, masks
+
+
+def test_a_cache_keyed_by_a_symbolic_size_is_filled_by_one_compile():
+    # New sizes: one compile stores each (it checks that its size is not a key); a size found
+    # in the cache compiles once for that size, and growing the cache does not undo that.
+    jprogram, masks = _run_like_eager("keyed", (3, 4, 5, 6, 3, 7, 3, 4, 8, 4, 5))
+    assert sorted(masks) == [3, 4, 5, 6, 7, 8]
+    stats = thunder_rs.compile_stats(jprogram)
+    assert stats.cache_misses == 5  # 3 as the first call; 4 on; then 3, 4 and 5 found
+    assert stats.miss_reasons[-1].startswith("t0 not in closure variable 'masks'")
+
+
+@pytest.mark.parametrize("use", ["len", "helper"])
+def test_a_cache_used_otherwise_than_by_its_symbolic_key_is_guarded_whole(use):
+    # Cleared by its length; read by a plain int too (stored by the first call, then found).
+    _run_like_eager(use, (3, 4, 5, 6, 4, 7, 5), dynamic=True)

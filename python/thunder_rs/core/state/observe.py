@@ -317,6 +317,7 @@ class Observer:
         own (the jitted module's own structure is guarded by its binding). None of them is on a
         module the program made while traced."""
         self.state.guard_whole_objects(self._guards)
+        self.state.containers.relax(self._guards)
         structure = [
             StructureGuard(m, type(m).__name__)
             for i, m in self.modules_called.items()
@@ -586,7 +587,7 @@ class Observer:
         """Evaluates the reads of ``code`` against its globals and, when ``live``, the frame's
         locals (else ``frame`` is a dict of the locals known)."""
         reads = code_reads(code)
-        origin = reads.line
+        origin, self.state.containers.reading = reads.line, code
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
             if value is MISSING or id(value) in TRACING_GLOBALS:
@@ -630,6 +631,8 @@ class Observer:
 
     def _on_return(self, frame) -> None:
         reads = code_reads(frame.f_code)
+        self.state.containers.reading = frame.f_code
+        self.state.containers.returned(frame)
         if reads.locals:
             local = frame.f_locals
             for name, attrs in reads.locals:
