@@ -516,3 +516,27 @@ def test_a_cache_keyed_by_a_symbolic_size_is_filled_by_one_compile():
 def test_a_cache_used_otherwise_than_by_its_symbolic_key_is_guarded_whole(use):
     # Cleared by its length; read by a plain int too (stored by the first call, then found).
     _run_like_eager(use, (3, 4, 5, 6, 4, 7, 5), dynamic=True)
+
+
+@functools.lru_cache
+def _causal(n):
+    return torch.ones(n, n).tril()
+
+
+def _uses_causal(x):
+    return x @ _causal(x.shape[-1])  # the cached call
+
+
+def test_a_function_cached_by_functools_that_misses_while_traced_is_refused_naming_the_line():
+    # Its cache would keep the trace's stand-in and return it to later calls, eager ones too.
+    _causal.cache_clear()
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=rf"_causal, cached by functools.lru_cache, is called at .*caches\.py:{_line_of('# the cached call')} ",
+    ):
+        thunder_rs.jit(_uses_causal)(torch.randn(2, 3))
+    assert _causal.cache_info().currsize == 0
+    assert type(_causal(3)) is torch.Tensor  # filled by eager: read as eager reads it
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(thunder_rs.jit(_uses_causal)(x), x @ torch.ones(3, 3).tril(), rtol=0, atol=0)
+    _causal.cache_clear()

@@ -113,3 +113,17 @@ def refuse_identity_uses(code, name: str, receiver, globals_: dict) -> None:
                 "comparison would not be eager's. Key caches by a value the module holds (an attribute set in "
                 "__init__), or compare attributes instead"
             )
+
+
+def refuse_cache_fill(cached, caller) -> None:
+    """Refuses a call of ``cached`` (a function cached by ``functools.lru_cache`` or
+    ``functools.cache``) that misses its cache while traced, from ``caller``'s frame: what the cache
+    kept would be the trace's stand-in, returned to every later call, eager ones included."""
+    name = getattr(cached, "__qualname__", repr(cached))
+    where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller is not None else "an unknown line"
+    raise ThunderNotImplementedError(
+        f"thunder_rs.jit: {name}, cached by functools.lru_cache, is called at {where} with arguments it has not "
+        "cached, while traced: its cache would keep the trace's stand-in for the result, and return it to later "
+        f"calls (thunder_rs cleared its cache). Call {name}.__wrapped__ there (computed by every call), call {name} "
+        "outside the jitted function and pass the result in, or fill its cache before the first call"
+    )

@@ -49,7 +49,7 @@ from thunder_rs.core.state.guards import (
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import PACKAGE_DIR
-from thunder_rs.core.state.identity import refuse_identity_uses
+from thunder_rs.core.state.identity import refuse_cache_fill, refuse_identity_uses
 from thunder_rs.core.state.state import ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
@@ -273,6 +273,10 @@ class Observer:
         self._made: set = set()
         #: id(module or clone) -> the source of its attributes
         self._module_sources: dict = {}
+        #: the code of functions cached by functools read as state, with the cached function; those
+        #: the program called with arguments not cached (their cache is cleared: it kept a stand-in)
+        self._cached: dict = {}
+        self._filled: list = []
 
     def __enter__(self):
         self._outer = _thread.observer
@@ -286,6 +290,8 @@ class Observer:
     def __exit__(self, *exc):
         self.entry = None
         _thread.observer = self._outer
+        for cached in self._filled:
+            cached.cache_clear()
         if self._hooked:
             _thread_hook().stop()
 
@@ -555,6 +561,8 @@ class Observer:
             self._add_function(value)
         if callable(value):
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
+            if type(value) is functools._lru_cache_wrapper:
+                self._cached[getattr(value.__wrapped__, "__code__", None)] = value
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
             # helper between calls changes what the program does.
@@ -581,6 +589,9 @@ class Observer:
     # -- profile events --------------------------------------------------------------------------
 
     def _on_call(self, frame) -> None:
+        if frame.f_code in self._cached:
+            self._filled.append(self._cached[frame.f_code])
+            refuse_cache_fill(self._cached[frame.f_code], frame.f_back)
         self._on_code(frame.f_code, frame.f_globals, frame, 1)
 
     def _on_code(self, code, g, frame, live: int) -> None:
