@@ -540,3 +540,57 @@ def test_a_function_cached_by_functools_that_misses_while_traced_is_refused_nami
     x = torch.randn(2, 3)
     torch.testing.assert_close(thunder_rs.jit(_uses_causal)(x), x @ torch.ones(3, 3).tril(), rtol=0, atol=0)
     _causal.cache_clear()
+
+
+# -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------
+
+
+class _GrowingRotary(nn.Module):
+    """Tables of cos and sin up to ``max_seq_len_cached``, replaced by longer ones when a longer
+    sequence arrives: as buffers (Llama, GPT-NeoX) or as plain attributes (Falcon)."""
+
+    def __init__(self, as_buffers: bool, dim: int = 4):
+        super().__init__()
+        self.as_buffers = as_buffers
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).double() / dim)), persistent=False)
+        self.q = nn.Linear(dim, dim, dtype=torch.float64)
+        self._set_cos_sin_cache(4)
+
+    def _set_cos_sin_cache(self, seq_len):
+        self.max_seq_len_cached = seq_len
+        freqs = torch.outer(torch.arange(seq_len, dtype=torch.float64), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        if self.as_buffers:
+            self.register_buffer("cos_cached", emb.cos(), persistent=False)
+            self.register_buffer("sin_cached", emb.sin(), persistent=False)
+        else:
+            self.cos_cached, self.sin_cached = emb.cos(), emb.sin()
+
+    def forward(self, x):
+        seq_len = x.shape[-2]
+        if seq_len > self.max_seq_len_cached:
+            self._set_cos_sin_cache(seq_len)
+        q = self.q(x)
+        return q * self.cos_cached[:seq_len] + q.flip(-1) * self.sin_cached[:seq_len]
+
+
+@pytest.mark.parametrize("as_buffers", [True, False], ids=["buffers", "attributes"])
+def test_a_rotary_embedding_growing_its_tables_matches_eager(as_buffers):
+    torch.manual_seed(0)
+    model = _GrowingRotary(as_buffers)
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    for n in (2, 3, 5, 4, 7, 3, 7):
+        x = torch.randn(2, n, 4, dtype=torch.float64)
+        out, expected = jmodel(x), eager(x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        out.sum().backward(), expected.sum().backward()
+        torch.testing.assert_close(model.q.weight.grad, eager.q.weight.grad)
+        assert type(model.max_seq_len_cached) is int and model.max_seq_len_cached == eager.max_seq_len_cached
+        torch.testing.assert_close(model.cos_cached, eager.cos_cached, rtol=0, atol=0)
+        torch.testing.assert_close(model.sin_cached, eager.sin_cached, rtol=0, atol=0)
+        assert vars(model).keys() == vars(eager).keys() and model._buffers.keys() == eager._buffers.keys()
+        assert model.state_dict().keys() == eager.state_dict().keys()
+    # The length the tables hold is an int attribute of the module, guarded as a constant (as
+    # torch.compile specialises a module's ints): a compile per growth (5, 7) and one for the first
+    # shorter call after it (4, 3); 2 as the first call, 3 with symbolic sizes.
+    assert _misses(jmodel) == 6
