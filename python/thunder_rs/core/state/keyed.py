@@ -58,13 +58,14 @@ def _attribute(obj, name: str):
     return MISSING
 
 
-def _evaluate(frame, chain: tuple):
-    """The value of ``chain`` (a root load, then attribute loads) in ``frame``, or MISSING."""
+def _evaluate(frame, chain: tuple, local: dict | None = None):
+    """The value of ``chain`` (a root load, then attribute loads) in ``frame`` (whose locals are
+    ``local`` where given), or MISSING."""
     root = chain[0]
     if root.opname == "LOAD_GLOBAL":
         value = frame.f_globals.get(root.argval, frame.f_builtins.get(root.argval, MISSING))
     else:
-        value = frame.f_locals.get(root.argval, MISSING)
+        value = (frame.f_locals if local is None else local).get(root.argval, MISSING)
     for ins in chain[1:]:
         if value is MISSING:
             break
@@ -105,7 +106,7 @@ def keyed_variable(frame, container) -> str | None:
     None. Chains are evaluated in ``frame`` to find which load ``container``."""
     code = frame.f_code
     instructions, _ = _instructions(code)
-    names = set()
+    names, local = set(), frame.f_locals
     for i, ins in enumerate(instructions):
         if (ins.opname == "LOAD_GLOBAL" and ins.argval in _BY_NAME) or ins.argval == "__dict__":
             return None
@@ -115,7 +116,7 @@ def keyed_variable(frame, container) -> str | None:
         while end + 1 < len(instructions) and instructions[end + 1].opname in _ATTRS:
             end += 1
         for last in range(i, end + 1):
-            if _evaluate(frame, instructions[i : last + 1]) is not container:
+            if _evaluate(frame, instructions[i : last + 1], local) is not container:
                 continue
             var = _key_of(instructions, i, last) if last == end else None
             if var is None:
