@@ -523,23 +523,47 @@ def _causal(n):
     return torch.ones(n, n).tril()
 
 
+@functools.cache
+def _causal_unbounded(n):
+    return torch.ones(n, n).tril()
+
+
+@functools.cache
+def _scale():
+    return 2.0
+
+
 def _uses_causal(x):
     return x @ _causal(x.shape[-1])  # the cached call
 
 
-def test_a_function_cached_by_functools_that_misses_while_traced_is_refused_naming_the_line():
+def _uses_unbounded(x):
+    return x @ _causal_unbounded(x.shape[-1]) * _scale()  # the cached call
+
+
+@pytest.mark.parametrize("program, cached", [(_uses_causal, _causal), (_uses_unbounded, _causal_unbounded)])
+def test_a_function_cached_by_functools_that_misses_while_traced_is_refused_naming_the_line(program, cached):
     # Its cache would keep the trace's stand-in and return it to later calls, eager ones too.
-    _causal.cache_clear()
+    cached.cache_clear()
+    line = _line_of("# the cached call") if program is _uses_causal else _line_of("# the cached call") + 4
     with pytest.raises(
         ThunderNotImplementedError,
-        match=rf"_causal, cached by functools.lru_cache, is called at .*caches\.py:{_line_of('# the cached call')} ",
+        match=rf"{cached.__name__}, cached by functools.lru_cache, is called at .*caches\.py:{line} ",
     ):
-        thunder_rs.jit(_uses_causal)(torch.randn(2, 3))
-    assert _causal.cache_info().currsize == 0
-    assert type(_causal(3)) is torch.Tensor  # filled by eager: read as eager reads it
-    x = torch.randn(2, 3)
-    torch.testing.assert_close(thunder_rs.jit(_uses_causal)(x), x @ torch.ones(3, 3).tril(), rtol=0, atol=0)
-    _causal.cache_clear()
+        thunder_rs.jit(program)(torch.randn(2, 3))
+    assert cached.cache_info().currsize == 0
+    assert type(cached(3)) is torch.Tensor  # filled by eager: read as eager reads it
+    jprogram = thunder_rs.jit(program)
+    for n in (3, 4):  # 4, not cached, with a symbolic size: refused again
+        x = torch.randn(2, n)
+        if n == 4:
+            with pytest.raises(ThunderNotImplementedError, match="cached by functools.lru_cache"):
+                jprogram(x)
+        else:
+            torch.testing.assert_close(jprogram(x), program(x), rtol=0, atol=0)
+    assert cached.cache_info().currsize == 0
+    assert _scale.cache_info().currsize == (program is _uses_unbounded)  # a float, kept as eager keeps it
+    cached.cache_clear()
 
 
 # -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------

@@ -124,6 +124,8 @@ class StateContainers:
         self.reading = None
         #: the dicts used with symbolic keys (``keyed``)
         self.key_uses = KeyUses()
+        #: the calls of functions cached by functools that missed their cache (``identity.cached_call``)
+        self.cached_calls: list = []
 
     def note(self, value, source, name, origin: str) -> None:
         """Notes ``value``, read as ``name`` at ``source`` by the function defined at ``origin``."""
@@ -220,9 +222,11 @@ class StateContainers:
         """``id(container) -> (origin, name)`` of each list or dict the program read, for
         ``store_site`` to find where it changed one (errors about what no compiled call can keep)."""
         # A closure variable is read as the cell's ``cell_contents``: its name is the source's label.
-        return {
+        sites = {
             i: (p.origin, p.source.label if type(p.source) is CellSource else p.name) for i, p in self._places.items()
         }
+        # A function cached by functools: the line that called it.
+        return sites | {id(cached): (where, "") for cached, where, _ in self.cached_calls}
 
     def undo(self) -> None:
         """Puts back the items every noted container had when first read (a failed trace)."""

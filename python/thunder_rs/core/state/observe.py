@@ -49,7 +49,7 @@ from thunder_rs.core.state.guards import (
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import PACKAGE_DIR
-from thunder_rs.core.state.identity import refuse_cache_fill, refuse_identity_uses
+from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.state import ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
@@ -273,10 +273,8 @@ class Observer:
         self._made: set = set()
         #: id(module or clone) -> the source of its attributes
         self._module_sources: dict = {}
-        #: the code of functions cached by functools read as state, with the cached function; those
-        #: the program called with arguments not cached (their cache is cleared: it kept a stand-in)
+        #: the code of functions cached by functools read as state, with the cached function
         self._cached: dict = {}
-        self._filled: list = []
 
     def __enter__(self):
         self._outer = _thread.observer
@@ -290,8 +288,9 @@ class Observer:
     def __exit__(self, *exc):
         self.entry = None
         _thread.observer = self._outer
-        for cached in self._filled:
-            cached.cache_clear()
+        for cached, _, refused in self.state.containers.cached_calls:
+            if refused:
+                cached.cache_clear()
         if self._hooked:
             _thread_hook().stop()
 
@@ -590,8 +589,7 @@ class Observer:
 
     def _on_call(self, frame) -> None:
         if frame.f_code in self._cached:
-            self._filled.append(self._cached[frame.f_code])
-            refuse_cache_fill(self._cached[frame.f_code], frame.f_back)
+            cached_call(self._cached[frame.f_code], frame, self.state.containers.cached_calls)
         self._on_code(frame.f_code, frame.f_globals, frame, 1)
 
     def _on_code(self, code, g, frame, live: int) -> None:
