@@ -541,7 +541,11 @@ def _uses_unbounded(x):
     return x @ _causal_unbounded(x.shape[-1]) * _scale()  # the cached call
 
 
-@pytest.mark.parametrize("program, cached", [(_uses_causal, _causal), (_uses_unbounded, _causal_unbounded)])
+@pytest.mark.parametrize(
+    "program, cached",
+    [(_uses_causal, _causal), pytest.param(_uses_unbounded, _causal_unbounded, marks=pytest.mark.slow)],
+    ids=["lru_cache", "cache"],
+)
 def test_a_function_cached_by_functools_that_misses_while_traced_is_refused_naming_the_line(program, cached):
     # Its cache would keep the trace's stand-in and return it to later calls, eager ones too.
     cached.cache_clear()
