@@ -25,8 +25,13 @@ import torch
 from thunder_rs.core.state.guards import MISSING
 
 _KEYED = frozenset({"CONTAINS_OP", "BINARY_SUBSCR", "STORE_SUBSCR"})
-_ROOT_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_CLASSDEREF"})
-_KEY_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF"})
+_FAST = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF"})
+_ROOT_LOADS = _FAST | {"LOAD_GLOBAL", "LOAD_CLASSDEREF"}
+_KEY_LOADS = _FAST
+#: Instructions of two loads or stores (Python 3.13 on): the scan does not see through them.
+_FUSED = frozenset(
+    {"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW", "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST"}
+)
 _ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _STORES = frozenset({"STORE_FAST", "STORE_DEREF", "DELETE_FAST", "DELETE_DEREF"})
 #: Reads by name or of a whole namespace, which could reach the dict unseen.
@@ -108,7 +113,7 @@ def keyed_variable(frame, container) -> str | None:
     instructions, _ = _instructions(code)
     names, local = set(), frame.f_locals
     for i, ins in enumerate(instructions):
-        if (ins.opname == "LOAD_GLOBAL" and ins.argval in _BY_NAME) or ins.argval == "__dict__":
+        if (ins.opname == "LOAD_GLOBAL" and ins.argval in _BY_NAME) or ins.argval == "__dict__" or ins.opname in _FUSED:
             return None
         if ins.opname not in _ROOT_LOADS:
             continue
