@@ -487,7 +487,13 @@ def _by_size(use: str = "keyed"):
     def helper(x):
         return x @ mask(x.shape[-1], x.dtype) + mask(9, x.dtype).sum()  # also by a plain int
 
-    return {"keyed": keyed, "len": by_length, "helper": helper}[use], masks
+    def looped(x):
+        for n in (9, x.shape[-1]):  # a plain int, then the size, in one variable
+            if n not in masks:
+                masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
+        return x @ masks[n]
+
+    return {"keyed": keyed, "len": by_length, "helper": helper, "loop": looped}[use], masks
 
 
 def _run_like_eager(use: str, sizes, dynamic=None) -> tuple:
@@ -512,9 +518,10 @@ def test_a_cache_keyed_by_a_symbolic_size_is_filled_by_one_compile():
     assert stats.miss_reasons[-1].startswith("t0 not in closure variable 'masks'")
 
 
-@pytest.mark.parametrize("use", ["len", "helper"])
+@pytest.mark.parametrize("use", ["len", "helper", "loop"])
 def test_a_cache_used_otherwise_than_by_its_symbolic_key_is_guarded_whole(use):
-    # Cleared by its length; read by a plain int too (stored by the first call, then found).
+    # Cleared by its length; read by a plain int too, in another function or in a loop (stored by
+    # the first call, then found).
     _run_like_eager(use, (3, 4, 5, 6, 4, 7, 5), dynamic=True)
 
 

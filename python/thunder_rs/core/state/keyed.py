@@ -11,9 +11,9 @@ under that call's value, and the dict's guard asks only that a dict is there: on
 every new size.
 
 That holds only where the program did nothing else with the dict: one function uses it, only as
-``key in d``, ``d[key]`` and ``d[key] = value`` with one variable as the key (assigned once), which
-held a symbolic size in every run of the function (checked as each returns), and the function
-reads no attribute by name. Otherwise, and where the key is there (the item is then read as a
+``key in d``, ``d[key]`` and ``d[key] = value`` with one variable as the key (assigned once, not
+in a loop), which held a symbolic size in every run of the function (checked as each returns),
+and the function reads no attribute by name. Otherwise, and where the key is there (the item is then read as a
 tensor of that size), the size is specialised as any hashed size, and the dict guarded whole.
 """
 
@@ -34,6 +34,7 @@ _FUSED = frozenset(
 )
 _ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _STORES = frozenset({"STORE_FAST", "STORE_DEREF", "DELETE_FAST", "DELETE_DEREF"})
+_JUMPS = frozenset(dis.hasjabs) | frozenset(dis.hasjrel)
 #: Reads by name or of a whole namespace, which could reach the dict unseen.
 _BY_NAME = frozenset({"getattr", "setattr", "delattr", "hasattr", "vars", "locals", "globals", "eval", "exec"})
 _MODULE_STORES = ("_modules", "_parameters", "_buffers")
@@ -130,8 +131,17 @@ def keyed_variable(frame, container) -> str | None:
     if len(names) != 1:
         return None
     (var,) = names
-    stores = sum(1 for ins in instructions if ins.opname in _STORES and ins.argval == var)
-    return var if stores <= 1 else None
+    stores = [i for i, ins in enumerate(instructions) if ins.opname in _STORES and ins.argval == var]
+    return var if len(stores) <= 1 and not any(_in_loop(instructions, i) for i in stores) else None
+
+
+def _in_loop(instructions: tuple, index: int) -> bool:
+    """Whether the instruction at ``index`` may run more than once in one call: a backward jump
+    passes over it (a ``for`` or ``while`` loop, a comprehension inlined from 3.12)."""
+    offset = instructions[index].offset
+    return any(
+        ins.opcode in _JUMPS and type(ins.argval) is int and ins.argval <= offset < ins.offset for ins in instructions
+    )
 
 
 def _key_of(instructions: tuple, start: int, end: int) -> str | None:
