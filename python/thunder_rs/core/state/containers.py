@@ -120,8 +120,9 @@ class StateContainers:
         #: the objects reached from module attributes, globals and class attributes, by id: ``(the
         #: object, source, name)`` where it was read
         self._paths: dict = {}
-        #: the code whose reads the observer is evaluating
+        #: the code whose reads the observer is evaluating; the dicts each code's reads reached
         self.reading = None
+        self._dicts_of: dict = {}
         #: the dicts used with symbolic keys (``keyed``)
         self.key_uses = KeyUses()
         #: the calls of functions cached by functools that missed their cache (``identity.cached_call``)
@@ -136,8 +137,9 @@ class StateContainers:
             self._paths.setdefault(id(value), (value, source, name))
         if type(value) in (list, dict) and id(value) not in self._places:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
-        if type(value) is dict and self.reading is not None:
+        if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
             self._places[id(value)].codes.add(self.reading)
+            self._dicts_of.setdefault(self.reading, []).append(self._places[id(value)])
 
     def key_use(self, frame, size, sized, check_sizes) -> bool:
         """Whether ``size``, hashed as the key of the ``in``, subscript or item store that
@@ -151,7 +153,7 @@ class StateContainers:
 
     def returned(self, frame) -> None:
         """A frame of the program returns: a dict it used by key must have had a symbolic key."""
-        places = [p for p in self._places.values() if frame.f_code in p.codes]
+        places = self._dicts_of.get(frame.f_code)
         if places:
             self.key_uses.returned(frame, places)
 
