@@ -397,6 +397,7 @@ class SymbolicEntry:
         # For miss reasons only: the first condition a call fails (its index), and the sizes it read.
         tests = "".join(f"    if not ({c}):\n        return {i}, {env}\n" for i, c in enumerate(conditions))
         shown = [f"{n} >= 2" for n in names] + [(at, names[j]) for at, j in shared] + list(guards)
+        shown += [getattr(check, "shown", "a decision taken at the traced sizes") for check in checks]
         self._explained = (f"def explain(flat):\n{binds}{tests}    return None, None\n", scope, shown)
 
     def serves(self, key, flat) -> bool:
@@ -504,9 +505,12 @@ class SizesGuard:
     def describe(self, flat) -> str:
         guards = ", ".join(self.symbolic.guards)
         try:
-            site = self.symbolic.decided_at(self.symbolic.first_failed(flat)[0])
+            failed, sizes = self.symbolic.first_failed(flat)
+            site = self.symbolic.decided_at(failed)
         except (KeyError, AttributeError, IndexError, TypeError):
-            site = ""
+            failed, sizes, site = None, None, ""
+        if type(failed) is str and failed not in self.symbolic.guards and sizes:  # a check (``keyed``)
+            return f"{failed} fails ({', '.join(f'{n} = {v}' for n, v in sizes.items())})"
         return f"the sizes read from argument objects fail a guard of the trace ({guards}){site}"
 
     def term(self, index: int, scope: dict) -> str:

@@ -143,18 +143,28 @@ class ItemWrite:
 
     def apply(self, extras, flat) -> None:
         container = self.source.object(flat)
+        key = self.key.get(extras) if type(self.key) is TracedValue else self.key
         if self.value is None:
-            del container[self.key]
+            del container[key]
         else:
-            container[self.key] = self.value.get(extras)
+            container[key] = self.value.get(extras)
 
 
 def item_writes(writes, extras: list, kept: dict | None = None) -> list:
-    """``ItemWrite`` for each ``(source, key, value)`` (MISSING: removed), as ``attribute_writes``."""
+    """``ItemWrite`` for each ``(source, key, value)`` (MISSING: removed), as ``attribute_writes``;
+    a key that holds sizes is each call's (``keyed``: a cache by sequence length)."""
     return [
-        ItemWrite(source, key, None if value is MISSING else TracedValue(value, extras, kept))
+        ItemWrite(
+            source,
+            TracedValue(key, extras) if _holds_size(key) else key,
+            None if value is MISSING else TracedValue(value, extras, kept),
+        )
         for source, key, value in writes
     ]
+
+
+def _holds_size(key) -> bool:
+    return type(key) is SymInt or (type(key) is tuple and any(map(_holds_size, key)))
 
 
 def attribute_writes(writes, extras: list, kept: dict | None = None) -> list:

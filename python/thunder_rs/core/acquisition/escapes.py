@@ -9,6 +9,7 @@ acquisition made must be referenced only from thunder_rs's own list of them (and
 proxies, such as a view's base); a count above that means it escaped, and the error says where.
 """
 
+import functools
 import gc
 import sys
 import types
@@ -18,6 +19,7 @@ import torch
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import store_site
+from thunder_rs.core.state.identity import cache_fill_error
 from thunder_rs.errors import ThunderRuntimeError
 
 
@@ -89,11 +91,14 @@ def check_no_escape(proxies: list, producer, sites: dict | None = None) -> None:
     del suspects  # its own reference would be found as the holder
     where, holder = describe_holder(proxy, proxies)
     site = (sites or {}).get(id(holder))
+    cached = holder if type(holder) is functools._lru_cache_wrapper else None
     del holder
     at = f" at {store_site(*site)}" if site is not None else ""
     remaining = escaped(proxies)
     for p in remaining:
         _remove_from_user_state(p, (proxies, remaining))
+    if cached is not None:
+        raise cache_fill_error(cached, site[0] if site is not None else "an unknown line")
     raise ThunderRuntimeError(
         f"thunder_rs.jit: the traced program{at} stored a tensor it computed ({producer(proxy)}) in "
         f"{where}, which outlives the call (thunder_rs removed it from there again). Compiled, it "
@@ -111,6 +116,10 @@ def _remove_from_user_state(obj, ours: tuple) -> None:
     skip = {*map(id, ours), id(sys._getframe())}
     for holder in gc.get_referrers(obj):
         if id(holder) in skip or isinstance(holder, (types.FrameType, TensorProxy)):
+            continue
+        cached = _cache_of(holder)
+        if cached is not None:  # its items cannot be taken out one by one
+            cached.cache_clear()
             continue
         # Loops, not comprehensions: a comprehension's closure cell holding ``obj`` is a referrer.
         if isinstance(holder, list):
@@ -135,10 +144,23 @@ def describe_holder(obj, ignore: list) -> tuple:
             continue
         if isinstance(holder, TensorProxy):
             continue
+        cached = _cache_of(holder)
+        if cached is not None:
+            return f"the cache of {cached.__qualname__} (functools.lru_cache)", cached
         where = _describe_container(holder, obj)
         if where:
             return where, holder
     return "Python state outside the trace", None
+
+
+def _cache_of(holder):
+    """The function cached by functools whose cache ``holder`` is (the function itself, or the dict
+    of ``functools.cache``), else None."""
+    if type(holder) is functools._lru_cache_wrapper:
+        return holder
+    if type(holder) is dict:
+        return next((r for r in gc.get_referrers(holder) if type(r) is functools._lru_cache_wrapper), None)
+    return None
 
 
 def _describe_container(holder, obj) -> str | None:

@@ -34,6 +34,7 @@ from thunder_rs.core.lang import symfloat
 from thunder_rs.core.lang.caller_code import only_assert_message
 from thunder_rs.core.lang.recorder import current
 from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.state.observe import check_sizes, thread_state
 
 _SymExpr = _core.SymExpr
 
@@ -254,7 +255,12 @@ class SymInt(torch.SymInt):
     def __array__(self, dtype=None, copy=None):
         return numpy.asarray(self.__index__(), dtype=dtype)
 
+    # The key of a dict of lasting state that holds no item under it may stay symbolic
+    # (``core.state.keyed``); any other hash is of the int.
     def __hash__(self):
+        frame = sys._getframe(1)
+        if not _internal(frame) and _symbolic_key(self, frame):
+            return hash(self.expr.hint)
         return hash(self.__index__())
 
     def __abs__(self):
@@ -503,6 +509,13 @@ def sym_sum(*args):
     a size is. torch's own asks a ``torch.SymInt``'s SymNode, which a ``SymInt`` has not."""
     items = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
     return sum(items)
+
+
+def _symbolic_key(size: SymInt, frame) -> bool:
+    observer = thread_state.observer
+    if observer is None or thread_state.inside:
+        return False
+    return observer.state.containers.key_use(frame, size, lambda: at_sizes(size), check_sizes)
 
 
 def hint(size) -> int:

@@ -471,8 +471,10 @@ class ThunderFunction:
         symbolic = symbolic_entry(entry, stored_key(key, None), acquired, traces, guards)
         if symbolic is not None:
             entry.symbolic, entry.symbolic_args = symbolic, (sizes, held)
-        # Sizes read from argument objects' tensors are not in the key: every call checks them.
-        sizes_guard = [SizesGuard(symbolic)] if symbolic is not None and has_held(acquired) else []
+        # Sizes read from argument objects' tensors are not in the key, nor the keys of a dict
+        # (``state.keyed``): every call checks them.
+        per_call = has_held(acquired) or any(getattr(c, "per_call", False) for c in acquired.size_checks)
+        sizes_guard = [SizesGuard(symbolic)] if symbolic is not None and per_call else []
         entry.guards = Guards(acquired.guards + sizes_guard)
         entry.hook_modules = self._hook_modules(acquired)
         entry.captured = tuple(acquired.captured)

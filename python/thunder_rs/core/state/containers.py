@@ -3,17 +3,20 @@
 timm's LeViT keeps, in eval mode, a tensor computed from a parameter in a dict attribute
 (``self.attention_bias_cache[key] = self.attention_biases[:, self.attention_bias_idxs]``) and
 reads it back on later calls; a program may do the same with a global dict (``_MASKS[n] = ...``).
-Each list or dict the program reads from a module's attributes, a global, a class attribute, or
-an object or item reached from those, is noted with where it lives and its items when first read.
+Each list or dict the program reads from a module's attributes, a global, a class attribute, a
+closure cell (a hook's list, a cache made by a factory function), or an object or item reached
+from those, is noted with where it lives and its items when first read.
 After tracing, the changes made to it are undone (no stand-in stays in user state) and become
 writes that the compiled call performs after running, with that call's tensors
 (``effects.ItemWrite`` on a ``ContainerAt``). The container is state the trace read, guarded
 with its items: the next call finds the cached item there and compiles once more. That compile
 reads the cached tensor where it is on every call (``read_per_call``), guarded on its metadata,
-so a cache the user clears and the program fills again is read without compiling again.
+so a cache the user clears and the program fills again is read without compiling again. A dict
+used only by a symbolic size as its key (masks by sequence length) is guarded as a dict, each
+call checking that its size is no key there (``core.state.keyed``): one compile fills it for
+every new size.
 
-Containers reached only through closure cells (a hook's list of activations) and those reached
-through the arguments (``core.state.reached``) are not replayed here.
+Containers reached through the arguments (``core.state.reached``) are not replayed here.
 """
 
 import torch
@@ -36,12 +39,13 @@ from thunder_rs.core.state.guards import (
     items_of,
     tensor_meta,
 )
+from thunder_rs.core.state.keyed import DictAt, KeyUses, container_of
 from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items, _restore
 from thunder_rs.errors import ThunderNotImplementedError
 
 #: Sources whose lists and dicts are the program's lasting state: module and object attributes,
-#: globals, class attributes.
-_ROOTS = (ModuleSource, GlobalsSource, ClassSource)
+#: globals, class attributes, closure cells.
+_ROOTS = (ModuleSource, GlobalsSource, ClassSource, CellSource)
 
 
 class ContainerAt:
@@ -80,19 +84,32 @@ class HeldItemsSource(Source):
 
 
 class _Place:
-    __slots__ = ("container", "source", "name", "items", "origin", "replayed")
+    __slots__ = ("container", "source", "name", "items", "origin", "replayed", "codes")
 
     def __init__(self, container, source, name, origin: str, replayed: bool):
         self.container, self.source, self.name, self.origin = container, source, name, origin
         #: the items when the program first read it
         self.items = _items(container)
         self.replayed = replayed
+        #: the code objects whose reads reached it
+        self.codes: set = set()
+
+    def at(self) -> "ContainerAt":
+        return ContainerAt(self.source, self.name, self.source.describe(self.name))
 
 
 def _repeatable(value) -> bool:
-    """Values a compiled call can store again: plain values, tensors (each call's own), and
-    tuples, lists and dicts of them (a rotary embedding's ``(cos, sin)``)."""
-    return all(is_simple(leaf) or isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
+    """Values a compiled call can store again: plain values, tensors and sizes (each call's own),
+    and tuples, lists and dicts of them (a rotary embedding's ``(cos, sin)``)."""
+    return all(is_simple(x) or isinstance(x, (torch.Tensor, torch.SymInt)) for x in pytree.tree_leaves(value))
+
+
+def _plain_key(key) -> bool:
+    """Keys a compiled call can store under again: plain values and sizes (each call's value),
+    and tuples of them."""
+    if type(key) is tuple:
+        return all(map(_plain_key, key))
+    return is_simple(key) or isinstance(key, torch.SymInt)
 
 
 class StateContainers:
@@ -103,6 +120,13 @@ class StateContainers:
         #: the objects reached from module attributes, globals and class attributes, by id: ``(the
         #: object, source, name)`` where it was read
         self._paths: dict = {}
+        #: the code whose reads the observer is evaluating; the dicts each code's reads reached
+        self.reading = None
+        self._dicts_of: dict = {}
+        #: the dicts used with symbolic keys (``keyed``)
+        self.key_uses = KeyUses()
+        #: the calls of functions cached by functools that missed their cache (``identity.cached_call``)
+        self.cached_calls: list = []
 
     def note(self, value, source, name, origin: str) -> None:
         """Notes ``value``, read as ``name`` at ``source`` by the function defined at ``origin``."""
@@ -113,6 +137,32 @@ class StateContainers:
             self._paths.setdefault(id(value), (value, source, name))
         if type(value) in (list, dict) and id(value) not in self._places:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
+        if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
+            self._places[id(value)].codes.add(self.reading)
+            self._dicts_of.setdefault(self.reading, []).append(self._places[id(value)])
+
+    def key_use(self, frame, size, sized, check_sizes) -> bool:
+        """Whether ``size``, hashed as the key of the ``in``, subscript or item store that
+        ``frame`` runs, stays symbolic (``keyed``): ``sized()`` gives its value from a call's
+        sizes, ``check_sizes`` adds the check that each call's is not a key."""
+        container, _ = container_of(frame)
+        place = self._places.get(id(container)) if type(container) is dict else None
+        if place is None or not place.replayed or not self._lasting(container):
+            return False
+        return self.key_uses.use(place, frame, size, sized, check_sizes)
+
+    def returned(self, frame) -> None:
+        """A frame of the program returns: a dict it used by key must have had a symbolic key."""
+        places = self._dicts_of.get(frame.f_code)
+        if places:
+            self.key_uses.returned(frame, places)
+
+    def relax(self, guards: dict) -> None:
+        """Guards a dict used only with symbolic keys absent from it as being a dict (``keyed``)."""
+        for place in self.key_uses.relaxed(guards):
+            guard = guards.get((place.source.key, place.name))
+            if type(guard) is Guard and guard.expected is place.container:
+                guards[(place.source.key, place.name)] = DictAt(place.source, place.name, guard.origin)
 
     def _lasting(self, obj) -> bool:
         """Whether ``obj`` is still where the program found it, and so are the objects on its
@@ -174,9 +224,11 @@ class StateContainers:
         """``id(container) -> (origin, name)`` of each list or dict the program read, for
         ``store_site`` to find where it changed one (errors about what no compiled call can keep)."""
         # A closure variable is read as the cell's ``cell_contents``: its name is the source's label.
-        return {
+        sites = {
             i: (p.origin, p.source.label if type(p.source) is CellSource else p.name) for i, p in self._places.items()
         }
+        # A function cached by functools: the line that called it.
+        return sites | {id(cached): (where, "") for cached, where, _ in self.cached_calls}
 
     def undo(self) -> None:
         """Puts back the items every noted container had when first read (a failed trace)."""
@@ -222,14 +274,20 @@ def _changes(place: _Place) -> list | str:
         bad = next((x for x in new if not _repeatable(x)), MISSING)
         return [(at, slice(None), list(container))] if bad is MISSING else f"an object of type {type(bad).__name__}"
     old = dict(place.items)
-    writes = [(at, k, v) for k, v in container.items() if old.get(k, MISSING) is not v]
-    writes += [(at, k, MISSING) for k in old if k not in container]
+    # A size as a key is one the program put there (the call's value), hashed no more here.
+    writes = [(at, k, v) for k, v in container.items() if _sized(k) or old.get(k, MISSING) is not v]
+    now = {k for k in container if not _sized(k)}
+    writes += [(at, k, MISSING) for k in old if k not in now]
     for _, key, value in writes:
-        if not is_simple(key):
+        if not _plain_key(key):
             return f"an item under the key {key!r} (a {type(key).__name__}), which is not a plain value"
         if value is not MISSING and not _repeatable(value):
             return f"an object of type {type(value).__name__} under the key {key!r}"
     return writes
+
+
+def _sized(key) -> bool:
+    return isinstance(key, torch.SymInt) or (type(key) is tuple and any(map(_sized, key)))
 
 
 def _refusal(place: _Place, what: str) -> ThunderNotImplementedError:

@@ -41,6 +41,15 @@ def is_simple(value) -> bool:
     return False
 
 
+def name_code(name, var: str, scope: dict) -> str:
+    """``name`` (an attribute's name or an item's key) in generated code: a string or int as
+    itself, another key bound in ``scope`` as ``var`` (its repr may be no code: ``(3, torch.float32)``)."""
+    if type(name) in (str, int):
+        return repr(name)
+    scope[var] = name
+    return var
+
+
 def freeze(value):
     """A hashable, type-exact stand-in for a simple value: ``1``, ``1.0`` and ``True`` differ, NaN
     equals NaN and ``-0.0`` differs from ``0.0``."""
@@ -451,7 +460,7 @@ class Guard:
 
     def term(self, index: int, scope: dict) -> str:
         """A Python expression that is True while the guard holds."""
-        read = f"{self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)"
+        read = f"{self.source.code(f'm{index}', scope)}.get({name_code(self.name, f'key{index}', scope)}, MISSING)"
         expected = self.expected
         if self.fresh:
             scope[f"e{index}"], scope[f"i{index}"], scope[f"f{index}"] = type(expected), self.items, self.same_items
@@ -582,7 +591,7 @@ class TensorGuard:
 
     def term(self, index: int, scope: dict) -> str:
         scope[f"e{index}"] = self.expected
-        read = f"{self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)"
+        read = f"{self.source.code(f'm{index}', scope)}.get({name_code(self.name, f'key{index}', scope)}, MISSING)"
         if not self.symbolic:
             return f"_read_meta({read}) == e{index}"
         scope[f"d{index}"] = self.symbolic

@@ -113,3 +113,34 @@ def refuse_identity_uses(code, name: str, receiver, globals_: dict) -> None:
                 "comparison would not be eager's. Key caches by a value the module holds (an attribute set in "
                 "__init__), or compare attributes instead"
             )
+
+
+def cached_call(cached, frame, calls: list) -> None:
+    """A call of ``cached`` (a function cached by ``functools.lru_cache`` or ``functools.cache``)
+    runs its code (``frame``) while traced: it missed the cache, which keeps what it returns under
+    a key of its arguments. Arguments holding stand-ins (a traced tensor, a symbolic size) would stay
+    in the key, returned to later calls, eager ones too: refused naming the caller's line, the cache
+    cleared after tracing. Otherwise noted in ``calls`` as ``(cached, line, refused)``: a stand-in
+    the result holds is found after tracing (``escapes``), which names that line."""
+    caller = frame.f_back
+    where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller is not None else "an unknown line"
+    refused = any(type(x).__name__ in _STAND_INS for x in frame.f_locals.values())
+    calls.append((cached, where, refused))
+    if refused:
+        raise cache_fill_error(cached, where)
+
+
+#: What a traced program's stand-ins for tensors and sizes are, by type name (``core.lang`` makes them).
+_STAND_INS = frozenset({"TensorProxy", "SymInt", "SymFloat"})
+
+
+def cache_fill_error(cached, where: str) -> ThunderNotImplementedError:
+    """The error for a function cached by functools whose cache the traced program filled with a
+    stand-in (in its key or its result), called at ``where``; its cache was cleared."""
+    name = getattr(cached, "__qualname__", repr(cached))
+    return ThunderNotImplementedError(
+        f"thunder_rs.jit: {name}, cached by functools.lru_cache, is called at {where} with arguments it has not "
+        "cached, while traced: its cache would keep the trace's stand-in for a tensor or a size, and return it to "
+        f"later calls (thunder_rs cleared its cache). Call {name}.__wrapped__ there (computed by every call), call "
+        f"{name} outside the jitted function and pass the result in, or fill its cache before the first call"
+    )

@@ -49,7 +49,7 @@ from thunder_rs.core.state.guards import (
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import PACKAGE_DIR
-from thunder_rs.core.state.identity import refuse_identity_uses
+from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.state import ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
@@ -273,6 +273,8 @@ class Observer:
         self._made: set = set()
         #: id(module or clone) -> the source of its attributes
         self._module_sources: dict = {}
+        #: the code of functions cached by functools read as state, with the cached function
+        self._cached: dict = {}
 
     def __enter__(self):
         self._outer = _thread.observer
@@ -286,6 +288,9 @@ class Observer:
     def __exit__(self, *exc):
         self.entry = None
         _thread.observer = self._outer
+        for cached, _, refused in self.state.containers.cached_calls:
+            if refused:
+                cached.cache_clear()
         if self._hooked:
             _thread_hook().stop()
 
@@ -317,6 +322,7 @@ class Observer:
         own (the jitted module's own structure is guarded by its binding). None of them is on a
         module the program made while traced."""
         self.state.guard_whole_objects(self._guards)
+        self.state.containers.relax(self._guards)
         structure = [
             StructureGuard(m, type(m).__name__)
             for i, m in self.modules_called.items()
@@ -554,6 +560,8 @@ class Observer:
             self._add_function(value)
         if callable(value):
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
+            if type(value) is functools._lru_cache_wrapper:
+                self._cached[getattr(value.__wrapped__, "__code__", None)] = value
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
             # helper between calls changes what the program does.
@@ -580,13 +588,15 @@ class Observer:
     # -- profile events --------------------------------------------------------------------------
 
     def _on_call(self, frame) -> None:
+        if frame.f_code in self._cached:
+            cached_call(self._cached[frame.f_code], frame, self.state.containers.cached_calls)
         self._on_code(frame.f_code, frame.f_globals, frame, 1)
 
     def _on_code(self, code, g, frame, live: int) -> None:
         """Evaluates the reads of ``code`` against its globals and, when ``live``, the frame's
         locals (else ``frame`` is a dict of the locals known)."""
         reads = code_reads(code)
-        origin = reads.line
+        origin, self.state.containers.reading = reads.line, code
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
             if value is MISSING or id(value) in TRACING_GLOBALS:
@@ -630,6 +640,8 @@ class Observer:
 
     def _on_return(self, frame) -> None:
         reads = code_reads(frame.f_code)
+        self.state.containers.reading = frame.f_code
+        self.state.containers.returned(frame)
         if reads.locals:
             local = frame.f_locals
             for name, attrs in reads.locals:

@@ -227,8 +227,9 @@ def captured_inputs(captured: list, ints: tuple = ()):
         if isinstance(c, torch.Tensor):
             scope[f"c{i}"] = c
             parts.append(f"c{i}")
-        else:
-            parts.append(f"{c.source.code(f'm{i}', scope)}[{c.name!r}]")
+        else:  # the key as an object: its repr may not be code (``(3, torch.float32)``)
+            scope[f"k{i}"] = c.name
+            parts.append(f"{c.source.code(f'm{i}', scope)}[k{i}]")
     parts += [at.code(j, scope) for j, at in enumerate(ints)]
     source = f"def inputs(flat):\n  return ({', '.join(parts)},)\n"
     exec(compile(source, "<thunder_rs argument tensors>", "exec"), scope)
