@@ -72,3 +72,68 @@ def test_a_size_one_dim_with_a_stride_of_its_own_is_keyed_by_its_strides():
     torch.testing.assert_close(jfn(odd), (odd * 2, odd.stride()))
     narrow = torch.as_strided(base, (4, 1, 3), (8, 1, 2))
     torch.testing.assert_close(jfn(narrow), (narrow * 2, narrow.stride()))
+
+
+def reads_strided(x):
+    merged = x.reshape(x.shape[0], -1)  # a view where the dims step over each other, else a copy
+    return x.sin() * 2, x.transpose(0, 1), merged, x.stride(), x.is_contiguous()
+
+
+@pytest.mark.parametrize(
+    "sliced",
+    [
+        lambda n: torch.randn(2, 3, n + 4, 8)[:, :, :n],  # a KV cache's filled part: its strides grow with the buffer
+        lambda n: torch.randn(3, 2 * n)[:, ::2],  # every other column
+        lambda n: torch.randn(6, n + 3)[1:5, 1:n].t(),  # a slice of a weight of n + 3 columns, transposed
+    ],
+)
+def test_a_slice_of_a_buffer_whose_length_changes_compiles_twice_over_many_sizes(sliced):
+    jfn = thunder_rs.jit(reads_strided)
+    for n in [3, 4, 5, 7, 10, 16, 23]:
+        torch.manual_seed(n)
+        x = sliced(n).requires_grad_()
+        torch.manual_seed(n)
+        twin = sliced(n).requires_grad_()
+        out, expected = jfn(x), reads_strided(twin)
+        torch.testing.assert_close(out, expected)
+        assert [t.stride() for t in out[:3]] == [t.stride() for t in expected[:3]]
+        sum(t.square().sum() for t in out[:3]).backward()
+        sum(t.square().sum() for t in expected[:3]).backward()
+        torch.testing.assert_close(x.grad, twin.grad)
+        assert x.grad.stride() == twin.grad.stride()
+    assert misses(jfn) == 2
+    assert ".stride(" in thunder_rs.compile_stats(jfn).miss_reasons[1]
+
+
+def strided(n, rows, planes):
+    """A ``(2, 3, n)`` tensor of strides ``(planes, rows, 1)`` in a buffer that holds it."""
+    return torch.randn(2 * planes + 3 * rows + n).as_strided((2, 3, n), (planes, rows, 1))
+
+
+def merges(x):
+    return x.view(6, -1) * 2
+
+
+def test_symbolic_strides_keep_what_the_trace_decided_at_them():
+    """Dims 0 and 1 of ``x`` merge in a view where dim 0 steps over dim 1 (``planes == 3 *
+    rows``); where it does not, eager refuses the view, and so does the compiled program. A
+    stride order that flips (the order of an elementwise result's strides) or elements that
+    overlap compile again too; sizes and strides of the same kind reuse what was compiled."""
+    jview, jscale = thunder_rs.jit(merges), thunder_rs.jit(lambda t: t * 2)
+    layouts = [(4, 8, 24), (5, 9, 27), (6, 10, 31), (7, 11, 33), (6, 20, 8), (7, 21, 9), (6, 4, 12), (7, 11, 35)]
+    for n, rows, planes in layouts:
+        x = strided(n, rows, planes)
+        scaled = jscale(x)
+        torch.testing.assert_close(scaled, x * 2)
+        assert scaled.stride() == (x * 2).stride()
+        if planes == 3 * rows:
+            torch.testing.assert_close(jview(x), merges(x))
+            continue
+        with pytest.raises(RuntimeError, match="view size is not compatible") as expected:
+            merges(x)
+        with pytest.raises(RuntimeError) as actual:
+            jview(x)
+        assert str(actual.value).endswith(str(expected.value))
+    # The first strides, symbolic, not stepping over (the guard does not ask whether the program
+    # relied on it), the order flipped, overlapping.
+    assert misses(jscale) == 5
