@@ -3,7 +3,10 @@ change between calls (issue 26): their strides follow from their sizes, so the c
 their dim order (``core.base.layouts``), their changing dims become symbolic as a contiguous
 input's do, and the trace sees strides of the symbolic sizes (views, ``stride()``). Checked
 against eager: outputs, gradients, strides the program reads, the errors of views the strides
-refuse, and compile counts."""
+refuse, and compile counts. Strided inputs (a slice of a buffer whose length changes) whose
+strides change take them as size inputs, under guards on what the trace decided at them."""
+
+import copy
 
 import pytest
 import torch
@@ -137,3 +140,43 @@ def test_symbolic_strides_keep_what_the_trace_decided_at_them():
     # The first strides, symbolic, not stepping over (the guard does not ask whether the program
     # relied on it), the order flipped, overlapping.
     assert misses(jscale) == 5
+
+
+def small_channels_last_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    nn = torch.nn
+    layers = [nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2)]
+    layers += [nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.GELU(), nn.Upsample(scale_factor=2), nn.Conv2d(8, 4, 1)]
+    return nn.Sequential(*layers).train().to(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize(
+    "executors", [None, pytest.param(["inductor"], marks=[pytest.mark.inductor, pytest.mark.slow])]
+)
+def test_a_channels_last_net_trains_over_image_sizes_with_eagers_strides(executors):
+    # With Inductor, the claim of a convolution's backward compared its symbolic sizes outside
+    # tracing (an error that turned symbolic compiles off: a compile per image size).
+    model = small_channels_last_net()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model, executors=executors)
+    for h, w in [(16, 16), (20, 24), (24, 18), (17, 29)]:
+        image = torch.randn(2, 3, h, w).to(memory_format=torch.channels_last)
+        x, twin = image.clone().requires_grad_(), image.clone().requires_grad_()
+        out, expected = jmodel(x), eager(twin)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+        cotangent = torch.randn_like(expected)
+        out.backward(cotangent)
+        expected.backward(cotangent)
+        pairs = [
+            (out, expected),
+            (x.grad, twin.grad),
+            *((p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters())),
+        ]
+        for a, b in pairs:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+            assert a.stride() == b.stride()
+        for b, c in zip(model.buffers(), eager.buffers()):
+            torch.testing.assert_close(b, c)
+        model.zero_grad()
+        eager.zero_grad()
+    assert misses(jmodel) == 2
