@@ -180,3 +180,22 @@ def test_a_channels_last_net_trains_over_image_sizes_with_eagers_strides(executo
         model.zero_grad()
         eager.zero_grad()
     assert misses(jmodel) == 2
+
+
+def writes_through_views(x):
+    y = x * 1
+    every_other, rows = y[:, ::2], y.t()[1:]
+    every_other.mul_(2)
+    rows.add_(1)
+    return every_other, rows, y
+
+
+def test_views_written_in_place_and_returned_have_eagers_strides_at_every_size():
+    # The written view was returned as the value written, contiguous, where eager's is a view.
+    jfn = thunder_rs.jit(writes_through_views)
+    for n in [4, 5, 7, 10]:
+        x = torch.randn(3, 2 * n)
+        out, expected = jfn(x), writes_through_views(x)
+        torch.testing.assert_close(out, expected)
+        assert [t.stride() for t in out] == [t.stride() for t in expected]
+    assert misses(jfn) == 2
