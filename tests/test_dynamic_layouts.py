@@ -199,3 +199,22 @@ def test_views_written_in_place_and_returned_have_eagers_strides_at_every_size()
         torch.testing.assert_close(out, expected)
         assert [t.stride() for t in out] == [t.stride() for t in expected]
     assert misses(jfn) == 2
+
+
+def laid_out_by_sizes(x):
+    n = x.shape[0]
+    columns = torch.empty_strided((n, 3), (1, n)).copy_(x[:, :3])
+    windows = x.as_strided((n - 1, 2), (x.shape[1], 1))
+    return columns, columns * 2, windows, x.t()[1:], x[:1].expand(n, -1)
+
+
+def test_outputs_laid_out_by_symbolic_sizes_have_eagers_strides():
+    # torch.empty_strided of a symbolic size ran eagerly while tracing (an error that turned
+    # symbolic compiles off: a compile per size), and its writes were laid out contiguously.
+    jfn = thunder_rs.jit(laid_out_by_sizes)
+    for n in [4, 5, 7, 10]:
+        x = torch.randn(n, 6)
+        out, expected = jfn(x), laid_out_by_sizes(x)
+        torch.testing.assert_close(out, expected)
+        assert [t.stride() for t in out] == [t.stride() for t in expected]
+    assert misses(jfn) == 2

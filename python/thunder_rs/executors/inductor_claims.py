@@ -85,6 +85,7 @@ NOT_CLAIMED = {
     # Uninitialised memory, complex conjugation views: nothing for Inductor to compute.
     "ltorch.empty": "uninitialised",
     "ltorch.empty_like": "uninitialised",
+    "ltorch.empty_strided": "uninitialised, laid out by its strides",
     "ltorch.new_empty": "uninitialised",
     "ltorch.conj": "a conjugate view",
     "ltorch.resolve_conj": "a conjugate view",
