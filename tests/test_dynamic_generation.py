@@ -140,6 +140,32 @@ def test_generates_of_other_batches_and_prompt_lengths_reuse_the_symbolic_entrie
     assert misses(jmodel) == 5, thunder_rs.compile_stats(jmodel).miss_reasons
 
 
+WINDOWED = {
+    "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(num_key_value_heads=2, sliding_window=8, **DECODER)),
+    "gemma2": lambda: T.Gemma2ForCausalLM(
+        T.Gemma2Config(head_dim=8, num_key_value_heads=2, sliding_window=8, **DECODER)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", slow_but("mistral", WINDOWED))
+def test_prompts_shorter_than_the_window_compile_once_per_regime_of_the_window(name):
+    # A window of 8 keeps the last 7 keys: the prompt (5), the first step, the cache's length
+    # symbolic while the window is not full, the one step that fills it (not yet full for the
+    # mask, the keys sliced from 1 on), then full (7 keys, strided). A generate of another batch
+    # again from the first step (its batch symbolic). The step whose keys are all 7 of its slice
+    # ``[-7:]`` (a start that lands on 0) compiled once more: its start was decided as a longer
+    # slice's, ``-7 + 7 >= 0``, not as the clamp.
+    torch.manual_seed(0)
+    model = WINDOWED[name]().to(torch.float64).eval()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for batch, length in [(2, 5), (3, 5), (2, 3)]:
+        prompt = left_padded(batch, length, seed=batch + length)
+        torch.testing.assert_close(jmodel.generate(**prompt, **GENERATE), eager.generate(**prompt, **GENERATE))
+    assert misses(jmodel) == 9, thunder_rs.compile_stats(jmodel).miss_reasons
+
+
 def _encoder_decoders() -> dict:
     """name -> a tiny encoder-decoder and its inputs' maker (Whisper: fixed input features)."""
     no_forced = dict(forced_eos_token_id=None, forced_bos_token_id=None)

@@ -200,3 +200,24 @@ def test_a_convolution_after_a_permute_of_size_one_dims_has_eagers_gradient_stri
     eager(x.permute(0, 3, 1, 2)).square().sum().backward()
     torch.testing.assert_close(conv.weight.grad, eager.weight.grad)
     assert conv.weight.grad.stride() == eager.weight.grad.stride() == (9, 1, 3, 1)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda t: t.fill_(1.5),
+        lambda t: t.zero_(),
+        lambda t: t.copy_(torch.arange(12.0).reshape(4, 3)),
+        lambda t: t.mul_(0).add_(2),
+    ],
+)
+def test_a_tensor_made_from_python_values_keeps_its_layout_when_written(write):
+    # The call's copy of a tensor built without tensor arguments was an input to the writes,
+    # which left its layout to a copy back: the written value was returned contiguous.
+    def made(x):
+        return write(torch.empty_strided((4, 3), (1, 4)).zero_()) + x
+
+    x = torch.randn(4, 3)
+    out, expected = thunder_rs.jit(made)(x), made(x)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride() == (1, 4)

@@ -78,6 +78,20 @@ def _empty_like_filled(a, **kwargs):
     return torch.empty_like(a, **kwargs).fill_(2)
 
 
+def _empty_strided_filled(size, stride, **kwargs):
+    return torch.empty_strided(size, stride, **kwargs).fill_(2)
+
+
+def strided_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Sizes and strides: contiguous, transposed, every other element, 0-dim, empty."""
+    for size, stride in (((2, 3), (3, 1)), ((2, 3), (1, 2)), ((4, 3), (8, 2)), ((), ()), ((0, 2), (2, 1))):
+        yield SampleInput(size, stride, dtype=dtype, device=device)
+
+
+def strided_errors(*args) -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput((2, 3), (1,)), RuntimeError, "dimensionality")
+
+
 def _new_empty_filled(a, *sizes, **kwargs):
     return a.new_empty(*sizes, **kwargs).fill_(2)
 
@@ -202,6 +216,7 @@ OPS = [
     OpInfo("ones", torch.ones, filled_samples, negative_size_errors, ALL, supports_grad=False),
     OpInfo("full", torch.full, full_samples, partial(negative_size_errors, 1.0), ALL, supports_grad=False),
     OpInfo("empty", _empty_filled, filled_samples, negative_size_errors, ALL, supports_grad=False),
+    OpInfo("empty_strided", _empty_strided_filled, strided_samples, strided_errors, ALL, supports_grad=False),
     OpInfo("zeros_like", torch.zeros_like, FINITE, dtypes=ALL),
     OpInfo("ones_like", torch.ones_like, with_kwargs(FINITE, dtype=torch.float64), dtypes=ALL),
     OpInfo("full_like", _full_like, FINITE, dtypes=ALL),

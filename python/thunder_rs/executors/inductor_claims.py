@@ -85,6 +85,7 @@ NOT_CLAIMED = {
     # Uninitialised memory, complex conjugation views: nothing for Inductor to compute.
     "ltorch.empty": "uninitialised",
     "ltorch.empty_like": "uninitialised",
+    "ltorch.empty_strided": "uninitialised, laid out by its strides",
     "ltorch.new_empty": "uninitialised",
     "ltorch.conj": "a conjugate view",
     "ltorch.resolve_conj": "a conjugate view",
@@ -144,13 +145,21 @@ def _upsample_backward_scales_exact(grad_output, input_size, mode, align_corners
     scales, where eager uses the scales (``interpolate(scale_factor=1.7)``): those stay eager
     unless every scale is the sizes' ratio."""
     spatial_out, spatial_in = tuple(grad_output.shape)[2:], tuple(input_size)[2:]
-    return all(s is None or s == o / i for s, o, i in zip(scales, spatial_out, spatial_in))
+    return all(
+        s is None or (_is_int(o) and _is_int(i) and s == o / i) for s, o, i in zip(scales, spatial_out, spatial_in)
+    )
 
 
 def _nonempty_convolution(grad_output, input, weight, *args, **kwargs) -> bool:
     """For an empty batch eager's ``convolution_backward`` returns the (zero) weight gradient
-    with other strides than its meta kernel says, which the compiled region asserts on: eager."""
-    return input.numel() > 0 and grad_output.numel() > 0
+    with other strides than its meta kernel says, which the compiled region asserts on: eager.
+    A symbolic size is 2 or more (claiming runs outside tracing: a size is not compared there)."""
+    return not any(_is_int(n) and n == 0 for n in (*input.shape, *grad_output.shape))
+
+
+def _is_int(n) -> bool:
+    """Whether a size is a constant (a symbolic one, a ``SymInt``, is only compared while tracing)."""
+    return type(n) is int
 
 
 CHECKERS = {

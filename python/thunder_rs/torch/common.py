@@ -158,8 +158,10 @@ def slice_indices(s: slice, size):
         if v is None:
             return default
         if v < 0:
+            # ``> 0``: a start that lands on 0 is the clamp's, so that ``keys[:, -w + 1:]`` of
+            # ``w - 1`` keys (all of them) is decided as those of fewer are, not as longer ones.
             v = v + size
-            return v if v >= 0 else 0
+            return v if v > 0 else 0
         return v if v <= size else size
 
     return clamp(s.start, 0), clamp(s.stop, size), 1 if s.step is None else s.step

@@ -31,6 +31,7 @@ __all__ = [
     "zeros",
     "ones",
     "empty",
+    "empty_strided",
     "full_like",
     "zeros_like",
     "ones_like",
@@ -138,6 +139,22 @@ def _define_constant(name: str, value):
 zeros = _define_constant("zeros", 0)
 ones = _define_constant("ones", 1)
 empty = _define_constant("empty", 0)
+
+
+@torchsymbol(torch.empty_strided)
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False):
+    """An uninitialised tensor laid out by ``stride`` (``layout_rules``), which the torch executor
+    makes as eager does; the trace's value is zeros. Sizes and strides may be symbolic."""
+    op = "ltorch.empty_strided"
+    dtype = dtype or torch.get_default_dtype()
+    shape = _shape((size,), op)
+    check(
+        len(tuple(stride)) == len(shape),
+        op,
+        lambda: f"dimensionality of sizes ({len(shape)}) must match dimensionality of strides ({len(tuple(stride))})",
+        ThunderRuntimeError,
+    )
+    return prims.full(shape, clang.maybe_convert(0, dtype), _device(device), dtype)
 
 
 @torchsymbol(torch.full_like)

@@ -123,8 +123,9 @@ def _whole_intermediate(dst) -> bool:
     """Whether ``dst`` is a tensor the program computed, not a view: eager's in-place write keeps
     its layout (channels_last, transposed), which the trace does not know, so the new value must
     take it from ``dst``. A trace input's new value is copied back into the caller's own tensor,
-    and a view's is scattered into its root: either keeps its layout."""
-    return dst._view is None and dst._input_vid is None
+    and a view's is scattered into its root: either keeps its layout. A tensor the program made
+    from Python values (``_per_call``) is an input copied per call, the call's own, as computed."""
+    return dst._view is None and (dst._input_vid is None or dst._per_call)
 
 
 def _fills(dst, value, copy: bool) -> bool:

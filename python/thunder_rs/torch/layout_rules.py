@@ -9,6 +9,7 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.core.lang import sdp_state
+from thunder_rs.core.lang.symint import hint
 from thunder_rs.core.lang.eager_layouts import (
     COLUMN_MAJOR,
     LIKE,
@@ -115,6 +116,11 @@ def _addr(input, vec1, vec2, *, beta=1, alpha=1):
     (n,), strides = layout(vec1)
     column = ((n, 1), viewed_strides((n,), strides, (n, 1)))
     return lambda shape: pointwise_strides(shape, [layout(input), column, layout(vec2)])
+
+
+def _strided(size, stride, **kwargs):
+    """``empty_strided``: the strides it is given (at their hints)."""
+    return lambda shape: tuple(hint(n) for n in stride)
 
 
 def _kron(input, other, *, out=None):
@@ -251,5 +257,6 @@ RULES_BY_NAME = {
     "kron": _kron,
     "diff": _diff,
     "stft": _stft,
+    "empty_strided": _strided,
     "scaled_dot_product_attention": _attention,
 }

@@ -357,13 +357,23 @@ def _refresh(root, requires_grad: bool, written=None, value=None) -> None:
         if view is None:
             continue
         alive.append(ref)
-        new = value if view is written else None
+        # The written view stays the value written where eager's is laid out as it (a
+        # contiguous view); else it is the view of the new root, with eager's strides.
+        new = value if view is written and _contiguous_view(view) else None
         if new is None:
             new = root
             for step in view._view.steps:
                 new = step.forward(new)
         _rebind(view, new, requires_grad and not detached(view))
     root._views[:] = alive
+
+
+def _contiguous_view(view) -> bool:
+    """Whether a view's strides are a contiguous tensor's (at constant sizes and strides)."""
+    shape, strides = tuple(view.shape), view._view.strides
+    if not all(type(n) is int for n in (*shape, *strides)):
+        return False
+    return is_contiguous(shape, strides)
 
 
 def _unseen(through, new, old):

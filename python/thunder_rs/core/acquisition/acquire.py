@@ -260,11 +260,13 @@ class SizeInputs:
 
     def of_inputs(self, flat_inputs) -> dict:
         """The size inputs of the flat inputs' symbolic dims: ``{position: {dim: size}}`` (dim
-        None: the int argument at that position)."""
+        None: the int argument at that position; ``(STRIDE, d)``: a strided tensor's stride)."""
         made: dict = {}
         for i, d in self.flat:
             if d is None:
                 made[i] = {None: self.of(flat_inputs[i], ArgInt(i, self.next_int()))}
+            elif type(d) is tuple:
+                made.setdefault(i, {})[d] = self.of(flat_inputs[i].stride(d[1]), (i, d))
             else:
                 made.setdefault(i, {})[d] = self.of(flat_inputs[i].shape[d], (i, d))
         return made
@@ -359,7 +361,9 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     leaves = list(flat_inputs)
     symbolic = size_inputs.of_inputs(flat_inputs)
     for i in positions:
-        leaves[i] = input_proxy(rec, flat_inputs[i], symbolic.get(i))
+        dims = symbolic.get(i, {})
+        strides = {d[1]: symint.wrap(s) for d, s in dims.items() if type(d) is tuple}
+        leaves[i] = input_proxy(rec, flat_inputs[i], {d: s for d, s in dims.items() if type(d) is int}, strides)
     for i, dims in symbolic.items():
         if None in dims:  # an int argument read as a size
             leaves[i] = symint.wrap(dims[None])

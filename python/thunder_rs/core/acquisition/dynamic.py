@@ -3,8 +3,9 @@ serves a call whose sizes it was not compiled for.
 
 As torch.compile does, a function is compiled for the sizes of its first call. When a later call
 misses the cache and its key differs from an earlier one only in sizes of tensor arguments (same
-dtypes, devices, ranks, strides where not contiguous, everything else), those dims become
-symbolic in the next compile (``jit(dynamic=None)``, the default); ``dynamic=True`` makes every dim of the tensor
+dtypes, devices, ranks, dim orders of dense layouts, everything else) and strides of strided
+ones (a slice of a buffer whose length changes: ``x.stride(0)``), those become symbolic in the
+next compile (``jit(dynamic=None)``, the default); ``dynamic=True`` makes every dim of the tensor
 arguments symbolic from the first compile, ``dynamic=False`` never. Dims marked with torch's own
 ``torch._dynamo.mark_dynamic`` (or ``maybe_mark_dynamic``) are symbolic from the first compile in
 the default mode, dims marked with ``mark_static`` never. Sizes 0 and 1 of inputs stay
@@ -32,7 +33,7 @@ not see the sizes change. A strided tensor's strides that changed (a slice of a 
 length changes: a sliding window's keys sliced from the prompt's states) become size inputs the
 same way (``HeldStride``); its guard keeps what the trace decided at the traced strides, their
 order and which dims step over which (``layouts.SymbolicStrides``), as a flat input's key keeps
-its strides (``_chunks``).
+its strides (``_decided``).
 
 An int an argument object holds that a call finds changed (a count of tokens a KV cache keeps,
 Gemma-2's sliding layers' ``cumulative_length``) becomes a size input the same way (``HeldInt``):
@@ -44,7 +45,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from thunder_rs.core.base.layouts import STRIDE, SymbolicStrides, is_strided, strides_in
+from thunder_rs.core.base.layouts import STRIDE, SymbolicStrides, decided_by, is_strided, layout, strides_in
 from thunder_rs.core.state.guards import MISSING, Guard, InputSource, TensorGuard
 
 _Size = torch.Size
@@ -60,14 +61,15 @@ def _is_int_key(k) -> bool:
 
 def changed_dims(old_key, new_key) -> list | None:
     """The ``(flat position, dim)`` of the sizes that differ between two cache keys otherwise
-    equal (a strided tensor's strides too: a slice of a fixed buffer, ``buf[:, :T]``, keeps them
-    while a transpose's change with its sizes), ``(flat position, None)`` of the int arguments
-    that differ; None when anything else differs."""
+    equal, ``(flat position, (STRIDE, dim))`` of a strided tensor's strides that differ (a slice
+    of a buffer whose length changes, ``torch.randn(4, 2 * T)[:, ::2]``; a slice of a fixed
+    buffer, ``buf[:, :T]``, keeps them), ``(flat position, None)`` of the int arguments that
+    differ; None when anything else differs (a layout that is strided on one side only)."""
     if type(old_key) is not tuple or len(old_key) != len(new_key) or old_key[0] != new_key[0]:
         return None
     if old_key[2:] != new_key[2:] or len(old_key[1]) != len(new_key[1]):
         return None
-    changed: list[tuple[int, int | None]] = []
+    changed: list[tuple[int, int | tuple | None]] = []
     for i, (a, b) in enumerate(zip(old_key[1], new_key[1])):
         if a == b:
             continue
@@ -76,9 +78,13 @@ def changed_dims(old_key, new_key) -> list | None:
             continue
         if not (_is_tensor_key(a) and _is_tensor_key(b)) or a[:2] != b[:2] or a[3] != b[3]:
             return None
-        if a[4] != b[4] or len(a[2]) != len(b[2]):
+        if len(a[2]) != len(b[2]):
             return None
         changed.extend((i, d) for d, (x, y) in enumerate(zip(a[2], b[2])) if x != y)
+        if a[4] != b[4]:
+            if not (is_strided(a[4]) and is_strided(b[4])):
+                return None
+            changed.extend((i, (STRIDE, d)) for d, (x, y) in enumerate(zip(a[4], b[4])) if x != y)
     return changed
 
 
@@ -103,8 +109,16 @@ def wanted_sizes(mode, key, flat, spec, earlier_keys, marked: set) -> tuple:
         dims.update((i, d) for i, x in tensors.items() for d in range(x.dim()))
     static = _marked_by_torch(tensors, "_dynamo_static_indices")
     ints = [(i, None) for i, d in dims if d is None and i < len(flat) and type(flat[i]) is int and flat[i] >= 2]
-    sized = [(i, d) for i, d in dims if i in tensors and d is not None and flat[i].shape[d] >= 2]
-    return (*sorted(at for at in sized if at not in static), *sorted(ints))
+    sized = [(i, d) for i, d in dims if i in tensors and type(d) is int and flat[i].shape[d] >= 2]
+    strided = [(i, d) for i, d in dims if type(d) is tuple and i in tensors and _stride_symbolic(flat[i], d[1])]
+    return (*sorted(at for at in sized if at not in static), *sorted(strided), *sorted(ints))
+
+
+def _stride_symbolic(t: torch.Tensor, dim: int) -> bool:
+    """Whether the stride of ``t`` at ``dim`` is traced as symbolic: ``t`` is strided (its strides
+    are not its sizes', ``layouts.is_strided``) and the stride is 2 and up (0 and 1, broadcast and
+    innermost, stay constant as sizes 0 and 1 do)."""
+    return dim < t.dim() and t.stride(dim) >= 2 and not t.is_contiguous() and is_strided(layout(t))
 
 
 def siblings(spec, flat, changed) -> set:
@@ -341,6 +355,8 @@ def symbolic_labels(sizes, names: list) -> str:
         if type(at) is ArgInt
         else names[at[0]]
         if at[1] is None
+        else f"{names[at[0]]}.stride({at[1][1]})"
+        if type(at[1]) is tuple
         else f"{names[at[0]]}.shape[{at[1]}]"
         for at in sizes
     ]
@@ -358,6 +374,8 @@ def size_read(at, scope: dict) -> str:
         return f"{at.source.code('', scope)}[{at.name!r}]"
     if type(at) is ArgInt:
         return f"flat[{at.position}]"
+    if type(at[1]) is tuple:  # (a flat input's stride)
+        return f"flat[{at[0]}].stride({at[1][1]})"
     return f"flat[{at[0]}].shape[{at[1]}]"
 
 
@@ -405,7 +423,7 @@ class SymbolicEntry:
         return (
             changed is not None
             and self.dims.issuperset(changed)
-            and all(_chunks(self.key[1][i]) == _chunks(key[1][i]) for i in {i for i, d in changed if d is not None})
+            and all(_decided(self.key[1][i]) == _decided(key[1][i]) for i in {i for i, d in changed if d is not None})
             and self.check(flat)
         )
 
@@ -419,9 +437,10 @@ class SymbolicEntry:
         constant = [at for at in changed if at not in self.dims]
         if constant:
             return f"the entry with symbolic sizes holds {symbolic_labels(constant, names)} constant"
-        strided = sorted({i for i, d in changed if d is not None and _chunks(self.key[1][i]) != _chunks(key[1][i])})
+        strided = sorted({i for i, d in changed if d is not None and _decided(self.key[1][i]) != _decided(key[1][i])})
         if strided:
-            return f"{', '.join(names[i] for i in strided)}: its dims step over each other differently (strides)"
+            inputs = ", ".join(names[i] for i in strided)
+            return f"{inputs}: its strides order, step over or overlap its dims differently"
         failed, sizes = self.first_failed(flat)
         if failed is None:
             return None
@@ -457,16 +476,12 @@ def decided_at(site) -> str:
     return f", decided at {path}:{line} in {function}" + (f" ({op})" if op else "")
 
 
-def _chunks(tensor_key) -> frozenset | None:
-    """For a strided tensor's key, the pairs of dims ``(i, j)`` where dim ``i`` steps over all of
-    dim ``j`` (``stride[i] == size[j] * stride[j]``): what decides whether a view may merge dims,
-    whether ``reshape`` views or copies, and whether the tensor is contiguous in some order. A
-    trace of a strided tensor decided those at its sizes then (None: contiguous)."""
+def _decided(tensor_key) -> tuple | None:
+    """What a trace of a tensor that is not contiguous decided at the strides of its ``key``
+    (``layouts.decided_by``), which every call an entry serves with other sizes or strides must
+    keep; None for a contiguous tensor."""
     shape, strides = tensor_key[2], strides_in(tensor_key[2], tensor_key[4])
-    if strides is None:
-        return None
-    n = len(shape)
-    return frozenset((i, j) for i in range(n) for j in range(n) if i != j and strides[i] == shape[j] * strides[j])
+    return None if strides is None else decided_by(shape, strides)
 
 
 def trace_guards(traces, backward_traces) -> list:

@@ -47,22 +47,19 @@ STRIDE = "stride"
 
 class SymbolicStrides(NamedTuple):
     """The layout a guard checks of a strided tensor whose sizes or strides are symbolic:
-    ``strides``, None where symbolic, and what a trace decided at the traced ones (the rank of
-    each dim's stride among them, ties equal, and ``steps_over``), which every size it serves
-    must keep."""
+    ``strides``, None where symbolic, and what a trace decided at the traced ones
+    (``decided_by``), which every size it serves must keep."""
 
     strides: tuple
-    ranks: tuple
-    steps: frozenset
+    decided: tuple
 
 
 @functools.lru_cache(maxsize=4096)  # (every call's guard asks: a decode's steps repeat theirs)
 def symbolic_strides(shape, strides, dims) -> SymbolicStrides:
     """``SymbolicStrides`` of a tensor of ``shape`` and ``strides`` (ints) whose strides at
     ``(STRIDE, d)`` among ``dims`` are symbolic."""
-    distinct = sorted(set(strides))
     masked = tuple(None if (STRIDE, d) in dims else n for d, n in enumerate(strides))
-    return SymbolicStrides(masked, tuple(distinct.index(n) for n in strides), steps_over(shape, strides))
+    return SymbolicStrides(masked, decided_by(shape, strides))
 
 
 def steps_over(shape, strides) -> frozenset:
@@ -71,6 +68,29 @@ def steps_over(shape, strides) -> frozenset:
     or copies, and whether the tensor is contiguous in some order."""
     n = len(shape)
     return frozenset((i, j) for i in range(n) for j in range(n) if i != j and strides[i] == shape[j] * strides[j])
+
+
+def decided_by(shape, strides) -> tuple:
+    """What a trace decides at a tensor's ``shape`` and ``strides`` (ints) that its sizes alone do
+    not tell: ``steps_over``, the rank of each dim's stride (ties equal: the order elementwise
+    results and ``contiguous`` follow) and whether its elements may overlap (``may_overlap``)."""
+    distinct = sorted(set(strides))
+    ranks = tuple(distinct.index(n) for n in strides)
+    return steps_over(shape, strides), ranks, may_overlap(shape, strides)
+
+
+def may_overlap(shape, strides) -> bool:
+    """Whether two elements of a tensor of ``shape`` and ``strides`` may share memory: unless each
+    dim's stride, from the smallest, reaches past all the elements of the dims with smaller
+    strides (an empty tensor never overlaps; dims of size 1 take no part)."""
+    if 0 in shape:
+        return False
+    extent = 0
+    for stride, size in sorted((st, n) for n, st in zip(shape, strides) if n != 1):
+        if stride <= extent:
+            return True
+        extent += (size - 1) * stride
+    return False
 
 
 def strides_in(shape, layout_key) -> tuple | None:

@@ -53,6 +53,10 @@ class TensorProxy(torch.Tensor):
     _views = None
     #: for a trace input: the value id it had when made (it differs once the input is written)
     _input_vid: int | None = None
+    #: for the copy a call makes of a tensor the program created from Python values
+    #: (``recorder.Captures.proxy``): marked as an input for the writes to it, it is the call's own
+    #: tensor, which nothing copies back (written whole, it keeps its layout as eager's does)
+    _per_call: bool = False
     #: for a trace input standing for a leaf tensor that requires grad (in-place is an error)
     _leaf = False
     #: for a trace input standing for a view that requires grad: whether an op records a gradient

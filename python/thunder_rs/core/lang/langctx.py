@@ -431,7 +431,10 @@ def _untraced_call(func, args, kind: int, kwargs):
     (its ltorch symbol), or thunder_rs's own computation on meta tensors."""
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None and kind == 0:
-        return ltorch_fn(*args, **kwargs)
+        out = ltorch_fn(*args, **kwargs)
+        if func in LAYOUT_RULES and laid_out(func, args, kwargs):  # (``empty_strided``: by its strides)
+            take_layouts(func, args, kwargs, out)
+        return out
     made = _size_data(func, args, kwargs) if kind == 0 else None
     if made is not None:
         return made

@@ -163,7 +163,7 @@ class Captures:
             if self.is_created(t):
                 copy = torch.clone(p)
                 assert isinstance(copy, TensorProxy)  # recorded: the clone of a proxy is a proxy
-                copy._input_vid = copy._vid
+                copy._input_vid, copy._per_call = copy._vid, True
                 self._proxies[id(t)] = copy
                 return copy
         return p
