@@ -5,8 +5,9 @@ the trace read), compiles once more and reads it, as eager does, where it is on 
 refilled cache compiles nothing). Gradients flow through the
 stored tensor as through eager's; a compile that fails leaves the state as it was; what no
 compiled call can store again is refused naming the line, and so is a cache keyed by the module's
-identity (``id(self)``, ``hash``, weak references, ``is``, ``functools.lru_cache``): the trace runs
-on a copy of the module."""
+identity (``id(self)``, ``hash``, weak references, ``is``, ``functools.lru_cache``, ``d[self]``,
+``self in seen``, ``{self: ...}``): the trace runs on a copy of the module. The bytecode scan that
+finds those is checked on the instructions Python 3.12 to 3.14 write as well."""
 
 import copy
 import functools
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 import thunder_rs
+from thunder_rs.core.state.identity import uses_in
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 
@@ -380,6 +382,12 @@ class _Identity(nn.Module):
             return self.lin(x) * (2 if _HELD_ELSEWHERE and _HELD_ELSEWHERE[0] is self else 1)
         elif self.use == "lru_cache":
             return self.lin(x) * self.scale()
+        elif self.use == "subscript":
+            _BY_IDENTITY[self] = 2.0
+        elif self.use == "in":
+            return self.lin(x) * (2 if self in _HELD_ELSEWHERE else 1)
+        elif self.use == "dict":
+            _BY_IDENTITY.update({self: 2.0})
         return self.lin(x)
 
     @functools.lru_cache  # noqa: B019 (the construct under test)
@@ -387,7 +395,7 @@ class _Identity(nn.Module):
         return 2.0
 
 
-@pytest.mark.parametrize("use", ["id", "hash", "weakref", "is", "lru_cache"])
+@pytest.mark.parametrize("use", ["id", "hash", "weakref", "is", "lru_cache", "subscript", "in", "dict"])
 def test_a_forward_using_its_modules_identity_is_refused_naming_the_line(use):
     model = _Identity(use)
     _HELD_ELSEWHERE[:] = [model]
@@ -419,3 +427,80 @@ def test_comparisons_that_do_not_need_the_modules_identity_match_eager():
     model = _ComparesWithoutIdentity()
     x = torch.randn(2, 3, dtype=torch.float64)
     torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))
+
+
+class _KeyedByValue(nn.Module):
+    """A module whose class hashes and compares by a value it holds: keying by it and testing
+    membership are the copy's as the module's."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.name = nn.Linear(3, 3, dtype=torch.float64), "block"
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __eq__(self, other):
+        return isinstance(other, _KeyedByValue) and other.name == self.name
+
+    def forward(self, x):
+        scale = {self: 2.0}[self] if self in [self] else 1.0
+        return self.lin(x) * scale
+
+
+def test_keying_by_a_module_that_hashes_by_value_matches_eager():
+    model = _KeyedByValue()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))
+
+
+def _ins(opname, argval=None, arg=None, argrepr=""):
+    return types.SimpleNamespace(opname=opname, argval=argval, arg=arg, argrepr=argrepr, positions=None)
+
+
+#: Method bodies as Python 3.12-3.14 compile them (``dis``), and the uses of ``self`` found.
+_BYTECODE = {
+    "3.13 d[self]": ([_ins("LOAD_FAST_LOAD_FAST", ("d", "self")), _ins("BINARY_SUBSCR")], ["key"]),
+    "3.13 self[i]": ([_ins("LOAD_FAST_LOAD_FAST", ("self", "i")), _ins("BINARY_SUBSCR")], []),
+    "3.14 d[self]": (
+        [_ins("LOAD_FAST_BORROW_LOAD_FAST_BORROW", ("d", "self")), _ins("BINARY_OP", 26, 26, "[]")],
+        ["key"],
+    ),
+    "3.14 d[self] = v": (
+        [_ins("LOAD_FAST_BORROW", "v"), _ins("LOAD_FAST_BORROW_LOAD_FAST_BORROW", ("d", "self")), _ins("STORE_SUBSCR")],
+        ["key"],
+    ),
+    "3.13 x is self": ([_ins("LOAD_FAST_LOAD_FAST", ("x", "self")), _ins("IS_OP", 0, 0)], ["is"]),
+    "3.13 self is x": ([_ins("LOAD_FAST_LOAD_FAST", ("self", "x")), _ins("IS_OP", 0, 0)], ["is"]),
+    "3.12 self is None": ([_ins("LOAD_FAST", "self"), _ins("LOAD_CONST", None), _ins("IS_OP", 1, 1)], []),
+    "3.13 self in seen": ([_ins("LOAD_FAST_LOAD_FAST", ("self", "seen")), _ins("CONTAINS_OP", 0, 0)], ["key"]),
+    "3.13 x in self": ([_ins("LOAD_FAST_LOAD_FAST", ("x", "self")), _ins("CONTAINS_OP", 0, 0)], []),
+    "3.12 self in self.seen": (
+        [_ins("LOAD_FAST", "self"), _ins("LOAD_FAST", "self"), _ins("LOAD_ATTR", "seen", 0), _ins("CONTAINS_OP", 0, 0)],
+        ["method", "key"],
+    ),
+    "3.14 {self: 1}": (
+        [_ins("LOAD_FAST_BORROW", "self"), _ins("LOAD_SMALL_INT", 1, 1), _ins("BUILD_MAP", 1, 1)],
+        ["key"],
+    ),
+    "3.12 {1: self}": ([_ins("LOAD_CONST", 1), _ins("LOAD_FAST", "self"), _ins("BUILD_MAP", 1, 1)], []),
+    "3.12 {self}": ([_ins("LOAD_FAST", "self"), _ins("BUILD_SET", 1, 1)], ["key"]),
+    "3.12 id(self)": (
+        [_ins("LOAD_GLOBAL", "id", 1, "NULL + id"), _ins("LOAD_FAST", "self"), _ins("CALL", 1, 1)],
+        ["call"],
+    ),
+    "3.12 hash(self), self a cell": (
+        [_ins("LOAD_GLOBAL", "hash", 1, "NULL + hash"), _ins("LOAD_DEREF", "self"), _ins("CALL", 1, 1)],
+        ["call"],
+    ),
+    "3.13 x = y; self is x": (
+        [_ins("LOAD_FAST", "y"), _ins("STORE_FAST_LOAD_FAST", ("x", "self")), _ins("LOAD_FAST", "x"), _ins("IS_OP", 0)],
+        ["is"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_BYTECODE))
+def test_the_identity_scan_reads_each_versions_bytecode(case):
+    instructions, kinds = _BYTECODE[case]
+    assert [kind for kind, _, _ in uses_in(instructions, "self")] == kinds
