@@ -51,6 +51,19 @@ fn is_pure(symbol: &Symbol) -> bool {
 /// Calls are found by hash and confirmed by comparison with the kept call, so no key is cloned;
 /// a hash collision can only miss a merge, never make a wrong one.
 pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
+    merge_repeated(trace, false)
+}
+
+/// [`cse`] of the calls no gradient flows through, before autodiff. Two equal calls a gradient
+/// flows through are two nodes of eager's autograd graph: DebertaLayerNorm's two `x - mean`
+/// each reduce their cotangent for `mean`, which one merged call would reduce once, summed
+/// (another rounding). The forward half merges them after the split, where no gradient is
+/// computed from them any more.
+pub fn cse_undifferentiated(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
+    merge_repeated(trace, true)
+}
+
+fn merge_repeated(trace: &Trace, keep_differentiable: bool) -> Result<Trace> {
     let mut subst: FxHashMap<ValueId, ValueId> = FxHashMap::default();
     let mut seen: FxHashMap<u64, usize> = FxHashMap::default();
     let mut kept: Vec<BoundSymbol> = Vec::with_capacity(trace.bsyms.len());
@@ -63,7 +76,7 @@ pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
     let returns = |b: &BoundSymbol| b.outputs.iter().any(|o| returned.contains(o));
     for bsym in &trace.bsyms {
         let renamed = bsym.renamed(&subst);
-        if !is_pure_deep(&renamed) {
+        if !is_pure_deep(&renamed) || (keep_differentiable && output_grads(trace, &renamed) != 0) {
             kept.push(renamed);
             continue;
         }
