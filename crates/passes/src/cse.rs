@@ -155,4 +155,24 @@ mod tests {
         assert!(!trace.tensor(frozen).unwrap().requires_grad);
         assert_eq!(cse(&trace, &PassCx::default()).unwrap().bsyms.len(), 2);
     }
+
+    #[test]
+    fn before_autodiff_merges_only_calls_no_gradient_flows_through() {
+        let mut b = TraceBuilder::new();
+        let mut meta = TensorMeta::new(DType::F32, Device::CPU, vec![2]);
+        meta.requires_grad = true;
+        let x = b.add_input(ValueKind::Tensor(meta));
+        let exp = |b: &mut TraceBuilder| b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+        let (e1, e2) = (exp(&mut b), exp(&mut b));
+        let se = b.record_prim("add", vec![Arg::Value(e1), Arg::Value(e2)]).unwrap()[0];
+        b.set_grad_enabled(false);
+        let (f1, f2) = (exp(&mut b), exp(&mut b));
+        let sf = b.record_prim("add", vec![Arg::Value(f1), Arg::Value(f2)]).unwrap()[0];
+        let trace = b.finish(Arg::Tuple(vec![Arg::Value(se), Arg::Value(sf)])).unwrap();
+        let out = cse_undifferentiated(&trace, &PassCx::default()).unwrap();
+        assert_eq!(out.bsyms.len(), 5); // e1 and e2 kept apart, f2 merged into f1
+        assert_eq!(out.bsyms[2].args, vec![Arg::Value(e1), Arg::Value(e2)]);
+        assert_eq!(out.bsyms[4].args, vec![Arg::Value(f1), Arg::Value(f1)]);
+        assert_eq!(cse(&trace, &PassCx::default()).unwrap().bsyms.len(), 4);
+    }
 }
