@@ -552,3 +552,27 @@ def test_masked_attention_runs_torchs_safe_softmax_with_eagers_gradients(mask_dt
         assert a.isfinite().all()
         torch.testing.assert_close(a, e)
     assert "safe_softmax" in str(thunder_rs.last_traces(jf)[-1])
+
+
+def _layer_norm_written_twice(h):
+    """HF's DebertaLayerNorm: ``h - mean`` computed twice, two nodes of eager's autograd graph."""
+    mean = h.mean(-1, keepdim=True)
+    variance = (h - mean).pow(2).mean(-1, keepdim=True)
+    return (h - mean) / torch.sqrt(variance + 1e-7)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_an_expression_written_twice_keeps_eagers_gradient_to_the_bit():
+    """Equal calls a gradient flows through are merged after the split, not before autodiff:
+    merged, the backward reduced the two cotangents of ``mean`` summed where eager reduces each
+    (6e-8 apart in float32); the forward computes it once."""
+    x, g = torch.randn(4, 16, 32) * 3 + 1, torch.randn(4, 16, 32)
+    grads = []
+    for fn in (_layer_norm_written_twice, thunder_rs.jit(_layer_norm_written_twice)):
+        leaf = x.clone().requires_grad_()
+        fn(leaf).backward(g)
+        grads.append(leaf.grad)
+    assert torch.equal(grads[0], grads[1])
+    jfn = thunder_rs.jit(_layer_norm_written_twice)
+    jfn(x.clone().requires_grad_())
+    assert str(thunder_rs.last_traces(jfn)[-1]).count(".sub(") == 1

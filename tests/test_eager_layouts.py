@@ -413,6 +413,39 @@ def test_views_of_their_own_strides_tell_them(op):
     torch.testing.assert_close(told[2], expected[2])
 
 
+@pytest.mark.parametrize(
+    "shape, window, transposed",
+    [
+        ((2, 10, 3), (1, 4, 2), False),
+        ((2, 10, 3), (1, 4, 2), True),
+        ((4, 9), (0, 2, 2), True),
+        ((6,), (0, 6, 1), False),
+    ],
+    ids=["dim 1", "dim 1 of a transposed input", "overlapping steps of dim 0", "one window"],
+)
+def test_unfold_under_autograd_returns_eagers_views_and_gradients(shape, window, transposed):
+    """``Tensor.unfold`` of a tensor that requires grad: the windows are eager's view of the input
+    (its strides, and those of a product of them), and the gradient is eager's
+    ``unfold_backward``'s, values and strides; the decomposition gathered a contiguous copy."""
+
+    def program(x):
+        y = x.unfold(*window)
+        return y, y * 2, y.sum(-1)
+
+    x = torch.randn(*shape)
+    if transposed:
+        x = x.transpose(0, -1).contiguous().transpose(0, -1)
+    sides = []
+    for fn in (program, thunder_rs.jit(program)):
+        leaf = x.detach().clone(memory_format=torch.preserve_format).requires_grad_()
+        outs = fn(leaf)
+        torch.autograd.backward(outs, [torch.ones_like(o) * (i + 1) for i, o in enumerate(outs)])
+        sides.append((*outs, leaf.grad))
+    for got, expected in zip(*sides):
+        assert got.stride() == expected.stride()
+        assert torch.equal(got, expected)
+
+
 def _t(*shape):
     """A float64 tensor of ``shape`` laid out with its dims' memory order reversed."""
     return torch.randn(*reversed(shape), dtype=torch.float64).permute(*reversed(range(len(shape))))

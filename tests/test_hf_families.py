@@ -113,6 +113,12 @@ def _encoders():
             "cls",
             f64,
         ),
+        "deberta": (
+            T.DebertaForSequenceClassification,
+            T.DebertaConfig(relative_attention=True, max_relative_positions=16, pos_att_type=["c2p", "p2c"], **ENCODER),
+            "cls",
+            f64,
+        ),
         "albert": (T.AlbertForSequenceClassification, T.AlbertConfig(embedding_size=16, **ENCODER), "cls", f64),
         "t5": (
             T.T5ForConditionalGeneration,

@@ -193,6 +193,61 @@ def test_batch_norm_functional_forms():
     check_against_eager(fn, torch.randn(6, 3, 4), torch.zeros(3), torch.ones(3), torch.rand(3), torch.randn(3))
 
 
+def test_batch_norm_updates_strided_running_stats_as_eager(one_thread):
+    """Running statistics every other element of a buffer: eager's CPU kernel normalises them by
+    another path (rounding otherwise than for contiguous ones); outputs, gradients and the
+    buffer, its other elements untouched, are eager's to the bit."""
+
+    def fn(x, weight, bias, buffer):
+        return F.batch_norm(x, buffer[0::2], buffer[1::2], weight, bias, training=True, momentum=0.3)
+
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(8, 5, 7) * 3 + 1, torch.randn(5), torch.randn(5)
+    sides = []
+    for call in (fn, thunder_rs.jit(fn)):
+        args = [t.clone().requires_grad_() for t in (x, weight, bias)]
+        buffer = torch.stack([torch.randn(5, generator=torch.Generator().manual_seed(1)), torch.ones(5)], 1).view(-1)
+        out = call(*args, buffer)
+        out.sin().sum().backward()
+        sides.append((out, buffer, [a.grad for a in args]))
+    (out, buffer, grads), (jout, jbuffer, jgrads) = sides
+    assert torch.equal(out, jout) and torch.equal(buffer, jbuffer)
+    for g, jg in zip(grads, jgrads):
+        torch.testing.assert_close(jg, g)
+
+
+def test_batch_norm_with_expanded_running_stats():
+    """``zeros(1).expand(C)`` as running statistics: normalising by them (eval) is eager's; in
+    training eager updates every channel into the one element in turn (in an order that depends
+    on its threads), which is refused naming the argument and the line, before any state changes."""
+
+    def fn(x, mean, var, training):
+        return F.batch_norm(x, mean, var, training=training)
+
+    x, mean, var = torch.randn(4, 3, 5), torch.full((1,), 0.5).expand(3), torch.full((1,), 2.0).expand(3)
+    assert torch.equal(thunder_rs.jit(fn)(x, mean, var, False), fn(x, mean, var, False))
+    with pytest.raises(NotImplementedError, match=r"running_mean, whose channels share memory .*test_inplace_modules"):
+        thunder_rs.jit(fn)(x, mean, var, True)
+    assert mean.tolist() == [0.5] * 3 and var.tolist() == [2.0] * 3
+
+
+@pytest.mark.parametrize("write", [lambda t: t.fill_(2.0), lambda t: t.__setitem__(0, 5.0), lambda t: t.add_(1)])
+def test_a_write_into_an_expanded_input_is_refused_before_anything_is_written(write):
+    """eager writes some (``fill_``, ``t[0] = v``: the one element) and refuses others (``add_``);
+    the trace's value of the input has an element per index, which cannot be copied back into the
+    shared element as eager wrote it: refused while tracing, the other input not yet written."""
+
+    def fn(other, t):
+        other.add_(1)
+        write(t)
+        return t * 2
+
+    other, t = torch.zeros(2), torch.ones(1).expand(3)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        thunder_rs.jit(fn)(other, t)
+    assert other.tolist() == [0.0, 0.0] and t.tolist() == [1.0] * 3
+
+
 def test_batch_norm_with_one_value_per_channel_is_eagers_error():
     bn = nn.BatchNorm1d(3)
     with pytest.raises(ValueError, match="more than 1 value per channel"):

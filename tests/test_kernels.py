@@ -189,6 +189,11 @@ CASES = [
     Case("nll_loss_backward_all_ignored", ltorch.nll_loss_backward, nll("mean", all_ignored=True, backward=True)),
     Case("nll_loss_backward_none", ltorch.nll_loss_backward, nll("none", weighted=True, backward=True)),
     Case("nll_loss_backward_unbatched_sum", ltorch.nll_loss_backward, nll("sum", unbatched=True, backward=True)),
+    Case(
+        "unfold_backward",
+        ltorch.unfold_backward,
+        lambda d: ((randn(3, 4, 2, 3, dtype=d),), lambda g: ltorch.unfold_backward(g, (3, 9, 2), 1, 3, 2)),
+    ),
     Case("sdpa_flash", ltorch.sdpa_flash, attention(False)),
     Case("sdpa_flash_causal", ltorch.sdpa_flash, attention(True)),
     Case("sdpa_flash_strided_value", ltorch.sdpa_flash, attention(True, strided_value=True)),

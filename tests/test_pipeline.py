@@ -25,7 +25,7 @@ def test_every_stage_is_recorded_in_order():
     x, y = _args(requires_grad=True)
     torch.testing.assert_close(jfn(x, y), _fn(x, y))
     labels = [t.label for t in thunder_rs.last_traces(jfn)]
-    assert labels == ["acquired", "dce", "cse", "vjp", "split", "dce", "views", "claim", "lifetimes"]
+    assert labels == ["acquired", "dce", "cse", "vjp", "split", "dce", "cse", "views", "claim", "lifetimes"]
     backward = [t.label for t in thunder_rs.last_backward_traces(jfn)]
     assert backward == ["dce", "cse", "views", "claim", "lifetimes"]  # split is recorded once, above
     stats = thunder_rs.compile_stats(jfn)

@@ -5,8 +5,9 @@ the trace read), compiles once more and reads it, as eager does, where it is on 
 refilled cache compiles nothing). Gradients flow through the
 stored tensor as through eager's; a compile that fails leaves the state as it was; what no
 compiled call can store again is refused naming the line, and so is a cache keyed by the module's
-identity (``id(self)``, ``hash``, weak references, ``is``, ``functools.lru_cache``): the trace runs
-on a copy of the module."""
+identity (``id(self)``, ``hash``, weak references, ``is``, ``functools.lru_cache``, ``d[self]``,
+``self in seen``, ``{self: ...}``): the trace runs on a copy of the module. The bytecode scan that
+finds those is checked on the instructions Python 3.12 to 3.14 write as well."""
 
 import copy
 import functools
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 import thunder_rs
+from thunder_rs.core.state.identity import uses_in
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -218,8 +220,8 @@ class _CachedBox(nn.Module):
         return x + self.cache["w"].value
 
 
-def _line_of(marker: str) -> int:
-    with open(__file__) as f:
+def _line_of(marker: str, path: str = __file__) -> int:
+    with open(path) as f:
         return next(i for i, line in enumerate(f, 1) if line.rstrip().endswith(marker))
 
 
@@ -416,6 +418,12 @@ class _Identity(nn.Module):
             return self.lin(x) * (2 if _HELD_ELSEWHERE and _HELD_ELSEWHERE[0] is self else 1)
         elif self.use == "lru_cache":
             return self.lin(x) * self.scale()
+        elif self.use == "subscript":
+            _BY_IDENTITY[self] = 2.0
+        elif self.use == "in":
+            return self.lin(x) * (2 if self in _HELD_ELSEWHERE else 1)
+        elif self.use == "dict":
+            _BY_IDENTITY.update({self: 2.0})
         return self.lin(x)
 
     @functools.lru_cache  # noqa: B019 (the construct under test)
@@ -423,7 +431,7 @@ class _Identity(nn.Module):
         return 2.0
 
 
-@pytest.mark.parametrize("use", ["id", "hash", "weakref", "is", "lru_cache"])
+@pytest.mark.parametrize("use", ["id", "hash", "weakref", "is", "lru_cache", "subscript", "in", "dict"])
 def test_a_forward_using_its_modules_identity_is_refused_naming_the_line(use):
     model = _Identity(use)
     _HELD_ELSEWHERE[:] = [model]
@@ -457,175 +465,78 @@ def test_comparisons_that_do_not_need_the_modules_identity_match_eager():
     torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))
 
 
-# -- caches keyed by a symbolic size (``core.state.keyed``) -----------------------------------------
+class _KeyedByValue(nn.Module):
+    """A module whose class hashes and compares by a value it holds: keying by it and testing
+    membership are the copy's as the module's."""
 
-
-def _by_size(use: str = "keyed"):
-    """A cache of masks by sequence length in a closure dict, and the program using it; ``use``:
-    only by the size (``keyed``) or also in a way no check on the key covers."""
-    masks: dict = {}
-
-    def keyed(x):
-        n = x.shape[-1]
-        if n not in masks:
-            masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
-        return x @ masks[n]
-
-    def by_length(x):
-        n = x.shape[-1]
-        if len(masks) >= 3:
-            masks.clear()
-        if n not in masks:
-            masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
-        return x @ masks[n]
-
-    def mask(n, dtype):
-        if n not in masks:
-            masks[n] = torch.ones(n, n, dtype=dtype).triu()
-        return masks[n]
-
-    def helper(x):
-        return x @ mask(x.shape[-1], x.dtype) + mask(9, x.dtype).sum()  # also by a plain int
-
-    def looped(x):
-        for n in (9, x.shape[-1]):  # a plain int, then the size, in one variable
-            if n not in masks:
-                masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
-        return x @ masks[n]
-
-    return {"keyed": keyed, "len": by_length, "helper": helper, "loop": looped}[use], masks
-
-
-def _run_like_eager(use: str, sizes, dynamic=None) -> tuple:
-    (program, masks), (eager, expected) = _by_size(use), _by_size(use)
-    jprogram, stored = thunder_rs.jit(program, dynamic=dynamic), {}
-    for n in sizes:
-        x = torch.randn(2, n)
-        torch.testing.assert_close(jprogram(x), eager(x), rtol=0, atol=0)
-        _assert_same_cache(masks, expected)
-        for k, t in masks.items():  # stored once, read by later calls, as eager's
-            assert stored.setdefault(k, t) is t or use == "len"
-    return jprogram, masks
-
-
-def test_a_cache_keyed_by_a_symbolic_size_is_filled_by_one_compile():
-    # New sizes: one compile stores each (it checks that its size is not a key); a size found
-    # in the cache compiles once for that size, and growing the cache does not undo that.
-    jprogram, masks = _run_like_eager("keyed", (3, 4, 5, 6, 3, 7, 3, 4, 8, 4, 5))
-    assert sorted(masks) == [3, 4, 5, 6, 7, 8]
-    stats = thunder_rs.compile_stats(jprogram)
-    assert stats.cache_misses == 5  # 3 as the first call; 4 on; then 3, 4 and 5 found
-    assert stats.miss_reasons[-1].startswith("t0 not in closure variable 'masks'")
-
-
-@pytest.mark.parametrize("use", ["len", "helper", "loop"])
-def test_a_cache_used_otherwise_than_by_its_symbolic_key_is_guarded_whole(use):
-    # Cleared by its length; read by a plain int too, in another function or in a loop (stored by
-    # the first call, then found).
-    _run_like_eager(use, (3, 4, 5, 6, 4, 7, 5), dynamic=True)
-
-
-@functools.lru_cache
-def _causal(n):
-    return torch.ones(n, n).tril()
-
-
-@functools.cache
-def _causal_unbounded(n):
-    return torch.ones(n, n).tril()
-
-
-@functools.cache
-def _scale():
-    return 2.0
-
-
-def _uses_causal(x):
-    return x @ _causal(x.shape[-1])  # the cached call
-
-
-def _uses_unbounded(x):
-    return x @ _causal_unbounded(x.shape[-1]) * _scale()  # the cached call
-
-
-@pytest.mark.parametrize(
-    "program, cached",
-    [(_uses_causal, _causal), pytest.param(_uses_unbounded, _causal_unbounded, marks=pytest.mark.slow)],
-    ids=["lru_cache", "cache"],
-)
-def test_a_function_cached_by_functools_that_misses_while_traced_is_refused_naming_the_line(program, cached):
-    # Its cache would keep the trace's stand-in and return it to later calls, eager ones too.
-    cached.cache_clear()
-    line = _line_of("# the cached call") if program is _uses_causal else _line_of("# the cached call") + 4
-    with pytest.raises(
-        ThunderNotImplementedError,
-        match=rf"{cached.__name__}, cached by functools.lru_cache, is called at .*caches\.py:{line} ",
-    ):
-        thunder_rs.jit(program)(torch.randn(2, 3))
-    assert cached.cache_info().currsize == 0
-    assert type(cached(3)) is torch.Tensor  # filled by eager: read as eager reads it
-    jprogram = thunder_rs.jit(program)
-    for n in (3, 4):  # 4, not cached, with a symbolic size: refused again
-        x = torch.randn(2, n)
-        if n == 4:
-            with pytest.raises(ThunderNotImplementedError, match="cached by functools.lru_cache"):
-                jprogram(x)
-        else:
-            torch.testing.assert_close(jprogram(x), program(x), rtol=0, atol=0)
-    assert cached.cache_info().currsize == 0
-    assert _scale.cache_info().currsize == (program is _uses_unbounded)  # a float, kept as eager keeps it
-    cached.cache_clear()
-
-
-# -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------
-
-
-class _GrowingRotary(nn.Module):
-    """Tables of cos and sin up to ``max_seq_len_cached``, replaced by longer ones when a longer
-    sequence arrives: as buffers (Llama, GPT-NeoX) or as plain attributes (Falcon)."""
-
-    def __init__(self, as_buffers: bool, dim: int = 4):
+    def __init__(self):
         super().__init__()
-        self.as_buffers = as_buffers
-        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).double() / dim)), persistent=False)
-        self.q = nn.Linear(dim, dim, dtype=torch.float64)
-        self._set_cos_sin_cache(4)
+        self.lin, self.name = nn.Linear(3, 3, dtype=torch.float64), "block"
 
-    def _set_cos_sin_cache(self, seq_len):
-        self.max_seq_len_cached = seq_len
-        freqs = torch.outer(torch.arange(seq_len, dtype=torch.float64), self.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        if self.as_buffers:
-            self.register_buffer("cos_cached", emb.cos(), persistent=False)
-            self.register_buffer("sin_cached", emb.sin(), persistent=False)
-        else:
-            self.cos_cached, self.sin_cached = emb.cos(), emb.sin()
+    def __hash__(self):
+        return hash(self.name)
+
+    def __eq__(self, other):
+        return isinstance(other, _KeyedByValue) and other.name == self.name
 
     def forward(self, x):
-        seq_len = x.shape[-2]
-        if seq_len > self.max_seq_len_cached:
-            self._set_cos_sin_cache(seq_len)
-        q = self.q(x)
-        return q * self.cos_cached[:seq_len] + q.flip(-1) * self.sin_cached[:seq_len]
+        scale = {self: 2.0}[self] if self in [self] else 1.0
+        return self.lin(x) * scale
 
 
-@pytest.mark.parametrize("as_buffers", [True, False], ids=["buffers", "attributes"])
-def test_a_rotary_embedding_growing_its_tables_matches_eager(as_buffers):
-    torch.manual_seed(0)
-    model = _GrowingRotary(as_buffers)
-    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
-    for n in (2, 3, 5, 4, 7, 3, 7):
-        x = torch.randn(2, n, 4, dtype=torch.float64)
-        out, expected = jmodel(x), eager(x)
-        torch.testing.assert_close(out, expected, rtol=0, atol=0)
-        out.sum().backward(), expected.sum().backward()
-        torch.testing.assert_close(model.q.weight.grad, eager.q.weight.grad)
-        assert type(model.max_seq_len_cached) is int and model.max_seq_len_cached == eager.max_seq_len_cached
-        torch.testing.assert_close(model.cos_cached, eager.cos_cached, rtol=0, atol=0)
-        torch.testing.assert_close(model.sin_cached, eager.sin_cached, rtol=0, atol=0)
-        assert vars(model).keys() == vars(eager).keys() and model._buffers.keys() == eager._buffers.keys()
-        assert model.state_dict().keys() == eager.state_dict().keys()
-    # The length the tables hold is an int attribute of the module, guarded as a constant (as
-    # torch.compile specialises a module's ints): a compile per growth (5, 7) and one for the first
-    # shorter call after it (4, 3); 2 as the first call, 3 with symbolic sizes.
-    assert _misses(jmodel) == 6
+def test_keying_by_a_module_that_hashes_by_value_matches_eager():
+    model = _KeyedByValue()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    torch.testing.assert_close(thunder_rs.jit(model)(x), model(x))
+
+
+def _ins(opname, argval=None, arg=None, argrepr=""):
+    return types.SimpleNamespace(opname=opname, argval=argval, arg=arg, argrepr=argrepr, positions=None)
+
+
+#: Method bodies as Python 3.12-3.14 compile them (``dis``), and the uses of ``self`` found.
+_BYTECODE = {
+    "3.13 d[self]": ([_ins("LOAD_FAST_LOAD_FAST", ("d", "self")), _ins("BINARY_SUBSCR")], ["key"]),
+    "3.13 self[i]": ([_ins("LOAD_FAST_LOAD_FAST", ("self", "i")), _ins("BINARY_SUBSCR")], []),
+    "3.14 d[self]": (
+        [_ins("LOAD_FAST_BORROW_LOAD_FAST_BORROW", ("d", "self")), _ins("BINARY_OP", 26, 26, "[]")],
+        ["key"],
+    ),
+    "3.14 d[self] = v": (
+        [_ins("LOAD_FAST_BORROW", "v"), _ins("LOAD_FAST_BORROW_LOAD_FAST_BORROW", ("d", "self")), _ins("STORE_SUBSCR")],
+        ["key"],
+    ),
+    "3.13 x is self": ([_ins("LOAD_FAST_LOAD_FAST", ("x", "self")), _ins("IS_OP", 0, 0)], ["is"]),
+    "3.13 self is x": ([_ins("LOAD_FAST_LOAD_FAST", ("self", "x")), _ins("IS_OP", 0, 0)], ["is"]),
+    "3.12 self is None": ([_ins("LOAD_FAST", "self"), _ins("LOAD_CONST", None), _ins("IS_OP", 1, 1)], []),
+    "3.13 self in seen": ([_ins("LOAD_FAST_LOAD_FAST", ("self", "seen")), _ins("CONTAINS_OP", 0, 0)], ["key"]),
+    "3.13 x in self": ([_ins("LOAD_FAST_LOAD_FAST", ("x", "self")), _ins("CONTAINS_OP", 0, 0)], []),
+    "3.12 self in self.seen": (
+        [_ins("LOAD_FAST", "self"), _ins("LOAD_FAST", "self"), _ins("LOAD_ATTR", "seen", 0), _ins("CONTAINS_OP", 0, 0)],
+        ["method", "key"],
+    ),
+    "3.14 {self: 1}": (
+        [_ins("LOAD_FAST_BORROW", "self"), _ins("LOAD_SMALL_INT", 1, 1), _ins("BUILD_MAP", 1, 1)],
+        ["key"],
+    ),
+    "3.12 {1: self}": ([_ins("LOAD_CONST", 1), _ins("LOAD_FAST", "self"), _ins("BUILD_MAP", 1, 1)], []),
+    "3.12 {self}": ([_ins("LOAD_FAST", "self"), _ins("BUILD_SET", 1, 1)], ["key"]),
+    "3.12 id(self)": (
+        [_ins("LOAD_GLOBAL", "id", 1, "NULL + id"), _ins("LOAD_FAST", "self"), _ins("CALL", 1, 1)],
+        ["call"],
+    ),
+    "3.12 hash(self), self a cell": (
+        [_ins("LOAD_GLOBAL", "hash", 1, "NULL + hash"), _ins("LOAD_DEREF", "self"), _ins("CALL", 1, 1)],
+        ["call"],
+    ),
+    "3.13 x = y; self is x": (
+        [_ins("LOAD_FAST", "y"), _ins("STORE_FAST_LOAD_FAST", ("x", "self")), _ins("LOAD_FAST", "x"), _ins("IS_OP", 0)],
+        ["is"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_BYTECODE))
+def test_the_identity_scan_reads_each_versions_bytecode(case):
+    instructions, kinds = _BYTECODE[case]
+    assert [kind for kind, _, _ in uses_in(instructions, "self")] == kinds

@@ -51,6 +51,19 @@ fn is_pure(symbol: &Symbol) -> bool {
 /// Calls are found by hash and confirmed by comparison with the kept call, so no key is cloned;
 /// a hash collision can only miss a merge, never make a wrong one.
 pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
+    merge_repeated(trace, false)
+}
+
+/// [`cse`] of the calls no gradient flows through, before autodiff. Two equal calls a gradient
+/// flows through are two nodes of eager's autograd graph: DebertaLayerNorm's two `x - mean`
+/// each reduce their cotangent for `mean`, which one merged call would reduce once, summed
+/// (another rounding). The forward half merges them after the split, where no gradient is
+/// computed from them any more.
+pub fn cse_undifferentiated(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
+    merge_repeated(trace, true)
+}
+
+fn merge_repeated(trace: &Trace, keep_differentiable: bool) -> Result<Trace> {
     let mut subst: FxHashMap<ValueId, ValueId> = FxHashMap::default();
     let mut seen: FxHashMap<u64, usize> = FxHashMap::default();
     let mut kept: Vec<BoundSymbol> = Vec::with_capacity(trace.bsyms.len());
@@ -63,7 +76,7 @@ pub fn cse(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
     let returns = |b: &BoundSymbol| b.outputs.iter().any(|o| returned.contains(o));
     for bsym in &trace.bsyms {
         let renamed = bsym.renamed(&subst);
-        if !is_pure_deep(&renamed) {
+        if !is_pure_deep(&renamed) || (keep_differentiable && output_grads(trace, &renamed) != 0) {
             kept.push(renamed);
             continue;
         }
@@ -141,5 +154,25 @@ mod tests {
         let trace = b.finish(Arg::Tuple(vec![Arg::Value(frozen), Arg::Value(live)])).unwrap();
         assert!(!trace.tensor(frozen).unwrap().requires_grad);
         assert_eq!(cse(&trace, &PassCx::default()).unwrap().bsyms.len(), 2);
+    }
+
+    #[test]
+    fn before_autodiff_merges_only_calls_no_gradient_flows_through() {
+        let mut b = TraceBuilder::new();
+        let mut meta = TensorMeta::new(DType::F32, Device::CPU, vec![2]);
+        meta.requires_grad = true;
+        let x = b.add_input(ValueKind::Tensor(meta));
+        let exp = |b: &mut TraceBuilder| b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+        let (e1, e2) = (exp(&mut b), exp(&mut b));
+        let se = b.record_prim("add", vec![Arg::Value(e1), Arg::Value(e2)]).unwrap()[0];
+        b.set_grad_enabled(false);
+        let (f1, f2) = (exp(&mut b), exp(&mut b));
+        let sf = b.record_prim("add", vec![Arg::Value(f1), Arg::Value(f2)]).unwrap()[0];
+        let trace = b.finish(Arg::Tuple(vec![Arg::Value(se), Arg::Value(sf)])).unwrap();
+        let out = cse_undifferentiated(&trace, &PassCx::default()).unwrap();
+        assert_eq!(out.bsyms.len(), 5); // e1 and e2 kept apart, f2 merged into f1
+        assert_eq!(out.bsyms[2].args, vec![Arg::Value(e1), Arg::Value(e2)]);
+        assert_eq!(out.bsyms[4].args, vec![Arg::Value(f1), Arg::Value(f1)]);
+        assert_eq!(cse(&trace, &PassCx::default()).unwrap().bsyms.len(), 4);
     }
 }

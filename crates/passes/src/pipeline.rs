@@ -19,7 +19,11 @@ use crate::plan::Plan;
 use crate::reuse::reuse_receivers;
 use crate::rewrite::Rule;
 use crate::vjp::{differentiable_outputs, Joint};
-use crate::{cse::cse, dce::dce, views};
+use crate::{
+    cse::{cse, cse_undifferentiated},
+    dce::dce,
+    views,
+};
 use trace_ir::pysrc::Callee;
 use trace_ir::verify::verify;
 use trace_ir::{bail, Arg, BoundSymbol, Result, Trace};
@@ -114,11 +118,12 @@ use Run::{JitPasses, Pass, Rewrite, Stateful};
 pub const PIPELINE: &[Stage] = &[
     stage("acquired", Program, When::Always, Stateful(acquired), "verifies the acquired trace"),
     stage("dce", Program, When::Always, Pass(dce), "removes unused calls"),
-    stage("cse", Program, When::Always, Pass(cse), "merges repeated calls"),
+    stage("cse", Program, When::Always, Pass(cse_undifferentiated), "merges repeated calls no gradient flows through"),
     stage("jit passes", Program, When::Always, JitPasses, "the jit's passes declared at `program`"),
     stage("vjp", Program, When::GradOutputs, Stateful(vjp), "builds the joint forward and backward trace"),
     stage("split", Program, When::Joint, Stateful(split), "splits it into halves, choosing residuals"),
     stage("dce", Forward, When::Split, Pass(dce), "removes unused calls"),
+    stage("cse", Forward, When::Split, Pass(cse), "merges repeated calls"),
     stage("jit passes", Forward, When::Always, JitPasses, "the jit's passes declared at `forward`"),
     stage("views", Forward, When::Always, Rewrite(views::RULES), "folds chains of views"),
     stage("claim", Forward, When::Always, Stateful(claim), "assigns each call an executor"),

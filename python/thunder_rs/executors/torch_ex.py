@@ -403,11 +403,27 @@ _FUSED_ATTENTION = {
 
 
 def _batch_norm_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    return tuple(
-        _aten._native_batch_norm_legit_functional.default(
-            input, weight, bias, running_mean, running_var, training, momentum, eps
+    """Batch norm in training mode with the running statistics updated in new tensors. Eager's CPU
+    kernel takes another path (rounding otherwise) for running statistics that are not
+    contiguous (``buffer[::2]``), which the functional op clones contiguous: those are copied as
+    they are laid out and updated in place by eager's own kernel."""
+    if running_mean.is_contiguous() and running_var.is_contiguous():
+        return tuple(
+            _aten._native_batch_norm_legit_functional.default(
+                input, weight, bias, running_mean, running_var, training, momentum, eps
+            )
         )
+    mean, var = _strided_copy(running_mean), _strided_copy(running_var)
+    out, save_mean, save_invstd = _aten._native_batch_norm_legit.default(
+        input, weight, bias, mean, var, training, momentum, eps
     )
+    return out, save_mean, save_invstd, mean, var
+
+
+def _strided_copy(t):
+    """A copy of ``t`` with its strides (which ``clone`` keeps only for a dense tensor)."""
+    copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return copy.copy_(t)
 
 
 def _numeric_momentum(input, weight, bias, running_mean, running_var, training, momentum, eps) -> bool:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.common import (
@@ -24,6 +25,7 @@ from thunder_rs.torch.common import (
     to_compute_dtype,
     upcast,
 )
+from thunder_rs.torch.strides import overlaps, strides_of
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.layer_norms import _wants_grad
 from thunder_rs.core.lang.symint import same_shape
@@ -68,6 +70,24 @@ def check_per_channel(op: str, channels: int, running_mean, running_var, weight,
             op,
             lambda: f"{name} should contain {channels} elements not {t.numel()} (argument {name})",
             ThunderRuntimeError,
+        )
+
+
+def check_stats_apart(op: str, running_mean, running_var) -> None:
+    """Refuses to update running statistics whose channels share memory (``zeros(1).expand(C)``):
+    eager's kernel reads and writes each channel's statistic there in turn, so the result is
+    the last channel's update of the one before, or on several threads whichever writes last."""
+    for name, t in (("running_mean", running_mean), ("running_var", running_var)):
+        check(
+            not overlaps(t.shape, strides_of(t)),
+            op,
+            lambda: (
+                f"updating {name}, whose channels share memory (an expanded tensor), is not supported: eager "
+                "updates them in turn, in an order that depends on its threads; pass a tensor of its own memory "
+                f"(clone() it), or None to normalise by the batch statistics alone (argument {name}, at "
+                f"{user_location()})"
+            ),
+            ThunderNotImplementedError,
         )
 
 

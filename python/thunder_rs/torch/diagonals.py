@@ -7,6 +7,8 @@ two of them are the ``m * m`` elements of a matrix whose diagonal they are. ``un
 their gradients sum what the windows share, as eager's do.
 """
 
+import math
+
 import torch
 
 from thunder_rs import clang, prims
@@ -292,9 +294,40 @@ def unfold(a, dimension, size, step):
         return slice_in_dim(reshape_to(a, (1,)), 0, 0, size)
     windows = (length - size) // step + 1
     shape = (*a.shape[:d], windows, *a.shape[d + 1 :], size)
-    strides = list(contiguous_strides(a.shape))
-    strides = (*strides[:d], strides[d] * step, *strides[d + 1 :], strides[d])
-    return _gathered(a, _positions(shape, strides, 0, a.device))
+    return _gathered(a, _positions(shape, _unfold_strides(a.shape, d, step), 0, a.device))
+
+
+def _unfold_strides(sizes, d: int, step):
+    """The strides of ``unfold``'s windows over dim ``d`` of a contiguous tensor of ``sizes``."""
+    strides = list(contiguous_strides(sizes))
+    return (*strides[:d], strides[d] * step, *strides[d + 1 :], strides[d])
+
+
+def _unfold_backward_meta(grad, input_sizes, dimension, size, step):
+    return [(tuple(input_sizes), grad.dtype)]
+
+
+@torchsymbol(torch.ops.aten.unfold_backward.default, name="unfold_backward", meta=_unfold_backward_meta)
+def unfold_backward(grad, input_sizes, dimension, size, step):
+    """``unfold``'s gradient: each window's cotangent added at the elements of the input it
+    took, a new contiguous tensor of ``input_sizes``."""
+    input_sizes = tuple(input_sizes)
+    d = dimension % len(input_sizes)
+    positions = _positions(tuple(grad.shape), _unfold_strides(input_sizes, d, step), 0, grad.device)
+    zeros = prims.full((math.prod(input_sizes),), 0.0, grad.device, grad.dtype)
+    flat = prims.index_add(zeros, reshape_to(positions, (grad.numel(),)), reshape_to(grad, (grad.numel(),)), 0)
+    return reshape_to(flat, input_sizes)
+
+
+@register_grad(unfold)
+def unfold_grad(a, dimension, size, step):
+    """Eager's: the output a view of the input (its strides), the gradient ``unfold_backward``'s.
+    A 0-dim input or symbolic sizes keep the decomposition's VJP."""
+    out = unfold(a, dimension, size, step)
+    if a.ndim == 0 or not all(type(n) is int for n in a.shape):
+        return out
+    put_grad(a, unfold_backward(get_grad(out), tuple(a.shape), dimension, size, step))
+    return out
 
 
 def _needed(size, stride, offset: int) -> int:

@@ -653,6 +653,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if not training or running_mean is None:
         return batch_norms.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     batch_norms.check_batch_norm("batch_norm", input, running_mean, running_var, weight, bias, training)
+    batch_norms.check_stats_apart("batch_norm", running_mean, running_var)
     out, _, _, new_mean, new_var = batch_norms.native_batch_norm(
         input, weight, bias, running_mean, running_var, True, momentum, eps
     )

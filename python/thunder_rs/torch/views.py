@@ -391,6 +391,11 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
     not see); ``requires_grad`` is the root's after the write.
     """
     link = dst._view
+    root = dst if link is None else link.root
+    if root._strides is not None and overlaps(root.shape, root._strides):
+        # An expanded input: the trace's value of it has an element for each index, which the
+        # copy back after the call cannot write into shared memory as eager's op wrote it.
+        raise ThunderRuntimeError(f"{op}: {_OVERLAP} (at {user_location()})")
     if link is None:
         _rebind(dst, value if through is None else _unseen(through, value, dst), requires_grad)
         _refresh(dst, requires_grad)

@@ -3,16 +3,24 @@
 While traced, a module's methods run on a copy of it (``modules.ModuleBinding.clone``: tracing
 leaves the user's module untouched, for other threads). The copy has the class, attributes and
 state of the user's module, but not its identity: ``id(self)``, ``hash(self)``, a weak
-reference to it, ``self is other`` and a cache keyed by it (``functools.lru_cache`` on a method)
-would see the copy, so a compiled call would key a cache, compare or cache as no eager call does
-(and never share a cache with eager calls). Python cannot give the copy the module's identity, so
-a method that uses it so, found in its bytecode as it runs, is refused.
+reference to it, ``self is other``, a cache keyed by it (``functools.lru_cache`` on a method,
+``cache[self]``, ``{self: ...}``) and a membership test (``self in seen``: its hash or ``==``,
+both the identity unless its class defines them) would see the copy, so a compiled call would
+key a cache, compare or cache as no eager call does (and never share a cache with eager calls).
+Python cannot give the copy the module's identity, so a method that uses it so, found in its
+bytecode as it runs, is refused.
+
+The bytecode is read as each Python version writes it (``_normalized``): 3.12's
+``LOAD_FAST_CHECK``, 3.13's ``LOAD_FAST_LOAD_FAST`` and ``STORE_FAST_LOAD_FAST`` (two locals in
+one instruction), 3.14's borrowing loads and subscripts as ``BINARY_OP``, and ``LOAD_DEREF``
+where an inner function also reads the receiver (it is a cell then).
 """
 
 import builtins
 import dis
 import functools
 import weakref
+from typing import NamedTuple
 
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -24,61 +32,147 @@ _IDENTITY_CALLS = {
     weakref.proxy: "weakref.proxy",
     weakref.finalize: "weakref.finalize",
 }
-_LOAD_FAST = ("LOAD_FAST", "LOAD_FAST_CHECK")
+#: Loads of one local (a cell where an inner function reads it too); not 3.12's
+#: ``LOAD_FAST_AND_CLEAR``, which saves a comprehension variable's outer value without using it.
+_LOAD_LOCAL = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF"})
+#: 3.13's and 3.14's loads of two locals (``argval``: their names).
+_LOAD_LOCAL_PAIR = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
+#: Loads of constants (3.14's small ints and immortal constants among them).
+_LOAD_CONST = frozenset({"LOAD_CONST", "LOAD_SMALL_INT", "LOAD_CONST_IMMORTAL", "LOAD_CONST_MORTAL"})
 _LOAD_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
 _CALLS = ("PRECALL", "CALL")
+#: Where the operand just before is a key (3.14 subscripts with ``BINARY_OP`` ``[]``).
+_SUBSCRIPTS = ("BINARY_SUBSCR", "STORE_SUBSCR", "DELETE_SUBSCR")
+#: The operands an operand of a comparison or display may start with.
+_OPERAND_STARTS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_GLOBAL", "LOAD_NAME"})
 
 #: id(code) -> (code, receiver name, its candidate uses): ``(kind, detail, line)``.
 _uses: dict = {}
 
 
-def _chain_before(instructions, end: int) -> tuple:
+class Op(NamedTuple):
+    """An instruction as the scan reads it, whatever the version: loads of a local are
+    ``LOAD_FAST``, of a constant ``LOAD_CONST``, subscripts ``BINARY_SUBSCR``."""
+
+    opname: str
+    argval: object
+    arg: int | None
+    line: int
+
+
+def _normalized(instructions, first_line: int) -> list[Op]:
+    """``instructions`` (``dis.Instruction``s, or objects with their ``opname``, ``argval``,
+    ``arg``, ``argrepr`` and ``positions``) as ``Op``s, an instruction of two loads as two."""
+    ops: list[Op] = []
+    line = first_line
+    for ins in instructions:
+        positions = getattr(ins, "positions", None)  # (3.11 on)
+        line = positions.lineno if positions is not None and positions.lineno is not None else line
+        opname = ins.opname
+        if opname in _LOAD_LOCAL_PAIR:
+            ops.extend(Op("LOAD_FAST", local, None, line) for local in ins.argval)
+        elif opname == "STORE_FAST_LOAD_FAST":
+            ops += [Op("STORE_FAST", ins.argval[0], None, line), Op("LOAD_FAST", ins.argval[1], None, line)]
+        elif opname in _LOAD_LOCAL:
+            ops.append(Op("LOAD_FAST", ins.argval, ins.arg, line))
+        elif opname in _LOAD_CONST:
+            ops.append(Op("LOAD_CONST", ins.argval, ins.arg, line))
+        elif opname == "BINARY_OP" and getattr(ins, "argrepr", "") == "[]":
+            ops.append(Op("BINARY_SUBSCR", None, ins.arg, line))
+        else:
+            ops.append(Op(opname, ins.argval, ins.arg, line))
+    return ops
+
+
+def _chain_before(ops, end: int) -> tuple:
     """The names of the load chain ending just before ``end`` (``weakref.ref``: ``("weakref",
     "ref")``), or () where it is not a global's chain."""
     attrs: list[str] = []
     k = end - 1
-    while k >= 0 and instructions[k].opname in _LOAD_ATTR:
-        attrs.insert(0, instructions[k].argval)
+    while k >= 0 and ops[k].opname in _LOAD_ATTR:
+        attrs.insert(0, ops[k].argval)
         k -= 1
-    if k >= 0 and instructions[k].opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-        return (instructions[k].argval, *attrs)
+    if k >= 0 and ops[k].opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+        return (ops[k].argval, *attrs)
     return ()
 
 
-def _operand_start(instructions, end: int) -> int:
-    """Where the operand (a load and its attribute reads) ending just before ``end`` starts."""
+def _operand_start(ops, end: int) -> int | None:
+    """Where the operand ending just before ``end`` starts, when it is a load and its attribute
+    reads; else None (an operand computed otherwise has no start the scan can tell)."""
     k = end - 1
-    while k > 0 and instructions[k].opname in _LOAD_ATTR:
+    while k > 0 and ops[k].opname in _LOAD_ATTR:
         k -= 1
-    return k
+    return k if k >= 0 and ops[k].opname in _OPERAND_STARTS else None
+
+
+def _loads(ops, k: int, name: str) -> bool:
+    return k >= 0 and ops[k].opname == "LOAD_FAST" and ops[k].argval == name
+
+
+def _compared(ops, i: int, name: str):
+    """The use of ``name`` by the ``is`` or ``in`` at ``i``: ``is`` with it on either side (not
+    with a constant), ``in`` with it on the left (``x in self`` asks the module)."""
+    right = _operand_start(ops, i)
+    if right is None:
+        return None
+    left_end = right - 1  # (an expression whose code ends in a local's load is that load)
+    if "LOAD_CONST" in (ops[right].opname, ops[left_end].opname):
+        return None  # (``self is None``)
+    if ops[i].opname == "IS_OP" and (_loads(ops, left_end, name) or (right == i - 1 and _loads(ops, right, name))):
+        return ("is", None, ops[i].line)
+    if ops[i].opname == "CONTAINS_OP" and _loads(ops, left_end, name):
+        return ("key", f"'{name} in ...', a membership test by its hash or ==", ops[i].line)
+    return None
+
+
+def _displayed(ops, i: int, name: str):
+    """The use of ``name`` as a key of the dict or set display built at ``i``: its operands
+    are read back from the last while they are loads (a key of a dict display is every other)."""
+    count = ops[i].arg * 2 if ops[i].opname == "BUILD_MAP" else ops[i].arg
+    end = i
+    for j in range(count):  # j: the operand's place from the last
+        is_key = ops[i].opname == "BUILD_SET" or (count - 1 - j) % 2 == 0
+        if is_key and _loads(ops, end - 1, name):
+            return ("key", f"{name} as a key of a {'set' if ops[i].opname == 'BUILD_SET' else 'dict'}", ops[i].line)
+        start = _operand_start(ops, end)
+        if start is None:
+            return None
+        end = start
+    return None
 
 
 def _candidates(code, name: str) -> list:
-    """The uses of the local ``name`` that may be by identity: calls taking it alone (``id``,
+    """The uses of the local ``name`` in ``code`` that may be by identity (``uses_in``)."""
+    return uses_in(dis.get_instructions(code), name, code.co_firstlineno)
+
+
+def uses_in(instructions, name: str, first_line: int = 0) -> list:
+    """The uses of the local ``name`` among ``instructions`` (of any version: ``_normalized``)
+    that may be by identity, as ``(kind, detail, line)``: calls taking it alone (``id``,
     ``hash``, weak references: resolved against the globals as it runs), ``is`` comparisons with
-    what is not a constant, and method calls on it (cached ones: resolved on its class)."""
+    what is not a constant, method calls on it (cached ones: resolved on its class), and uses
+    that hash it or compare it by ``==`` (a subscript's key, ``in``, a key of a dict or set
+    display: refused unless its class defines them)."""
+    ops = _normalized(instructions, first_line)
     found: list[tuple[str, object, int]] = []
-    instructions = list(dis.get_instructions(code))
-    line = code.co_firstlineno
-    for i, ins in enumerate(instructions):
-        positions = getattr(ins, "positions", None)  # (3.11 on)
-        line = positions.lineno if positions is not None and positions.lineno is not None else line
-        after = instructions[i + 1] if i + 1 < len(instructions) else None
-        if ins.opname in _LOAD_FAST and ins.argval == name and after is not None:
+    for i, op in enumerate(ops):
+        after = ops[i + 1] if i + 1 < len(ops) else None
+        if _loads(ops, i, name) and after is not None:
             if after.opname in _CALLS and after.arg == 1:
-                chain = _chain_before(instructions, i)
+                chain = _chain_before(ops, i)
                 if chain:
-                    found.append(("call", chain, line))
+                    found.append(("call", chain, op.line))
             elif after.opname in _LOAD_ATTR:
-                found.append(("method", after.argval, line))
-        elif ins.opname == "IS_OP":
-            right = _operand_start(instructions, i)
-            left = _operand_start(instructions, right)
-            if "LOAD_CONST" in (instructions[right].opname, instructions[left].opname):
-                continue  # (``self is None``)
-            bare = [instructions[k] for k, whole in ((right, right == i - 1), (left, left == right - 1)) if whole]
-            if any(o.opname in _LOAD_FAST and o.argval == name for o in bare):
-                found.append(("is", None, line))
+                found.append(("method", after.argval, op.line))
+            elif after.opname in _SUBSCRIPTS:
+                found.append(("key", f"{name} as a subscript's key (a dict keyed by it)", op.line))
+        elif op.opname in ("IS_OP", "CONTAINS_OP"):
+            use = _compared(ops, i, name)
+            found += [use] if use else []
+        elif op.opname in ("BUILD_MAP", "BUILD_SET") and op.arg:
+            use = _displayed(ops, i, name)
+            found += [use] if use else []
     return found
 
 
@@ -89,6 +183,20 @@ def _resolve(chain: tuple, globals_: dict):
     return value
 
 
+def _construct(kind: str, detail, name: str, receiver, globals_: dict) -> str | None:
+    """What a candidate use is, named for the error, when it does use the module's identity."""
+    if kind == "call":
+        what = _IDENTITY_CALLS.get(_resolve(detail, globals_))
+        return f"{what}({name})" if what is not None else None
+    if kind == "method":
+        cached = isinstance(getattr(type(receiver), detail, None), functools._lru_cache_wrapper)
+        return f"{name}.{detail}(), a method cached by functools (keyed by {name})" if cached else None
+    if kind == "key":
+        cls = type(receiver)
+        return detail if cls.__hash__ is object.__hash__ or cls.__eq__ is object.__eq__ else None
+    return f"an 'is' comparison of {name}"
+
+
 def refuse_identity_uses(code, name: str, receiver, globals_: dict) -> None:
     """Raises where ``code``, running a traced module's method with the copy as ``name``, uses
     the module's identity (see the module doc)."""
@@ -96,18 +204,10 @@ def refuse_identity_uses(code, name: str, receiver, globals_: dict) -> None:
     if known is None or known[1] != name:
         known = _uses[id(code)] = (code, name, _candidates(code, name))
     for kind, detail, line in known[2]:
-        where = f"{code.co_filename}:{line}"
-        if kind == "call":
-            what = _IDENTITY_CALLS.get(_resolve(detail, globals_))
-            construct = f"{what}({name})" if what is not None else None
-        elif kind == "method":
-            cached = isinstance(getattr(type(receiver), detail, None), functools._lru_cache_wrapper)
-            construct = f"{name}.{detail}(), a method cached by functools (keyed by {name})" if cached else None
-        else:
-            construct = f"an 'is' comparison of {name}"
+        construct = _construct(kind, detail, name, receiver, globals_)
         if construct is not None:
             raise ThunderNotImplementedError(
-                f"thunder_rs.jit: {construct} at {where} uses the identity of the module "
+                f"thunder_rs.jit: {construct} at {code.co_filename}:{line} uses the identity of the module "
                 f"{type(receiver).__name__}, which a compiled call cannot reproduce: thunder_rs traces a copy of the "
                 "module, whose id, hash and weak references are not the module's, so a cache keyed by it or a "
                 "comparison would not be eager's. Key caches by a value the module holds (an attribute set in "

@@ -1,0 +1,195 @@
+"""Python state that caches tensors by a size, under shapes that change between calls: a dict
+keyed by a symbolic size (``core.state.keyed``) is filled by one compile and read where it is on
+each call; a function cached by ``functools`` that misses while traced is refused naming the line
+(its cache would keep the trace's stand-in); a rotary embedding that grows its tables as older
+HF Llama, GPT-NeoX and Falcon do matches eager. Each is compared with eager PyTorch: outputs, the
+caches' contents and identity, the module's buffers and attributes, and the compile counts."""
+
+import copy
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import thunder_rs
+from test_state_caches import _assert_same_cache, _line_of, _misses
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+# -- caches keyed by a symbolic size (``core.state.keyed``) -----------------------------------------
+
+
+def _by_size(use: str = "keyed"):
+    """A cache of masks by sequence length in a closure dict, and the program using it; ``use``:
+    only by the size (``keyed``) or also in a way no check on the key covers."""
+    masks: dict = {}
+
+    def keyed(x):
+        n = x.shape[-1]
+        if n not in masks:
+            masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
+        return x @ masks[n]
+
+    def by_length(x):
+        n = x.shape[-1]
+        if len(masks) >= 3:
+            masks.clear()
+        if n not in masks:
+            masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
+        return x @ masks[n]
+
+    def mask(n, dtype):
+        if n not in masks:
+            masks[n] = torch.ones(n, n, dtype=dtype).triu()
+        return masks[n]
+
+    def helper(x):
+        return x @ mask(x.shape[-1], x.dtype) + mask(9, x.dtype).sum()  # also by a plain int
+
+    def looped(x):
+        for n in (9, x.shape[-1]):  # a plain int, then the size, in one variable
+            if n not in masks:
+                masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
+        return x @ masks[n]
+
+    return {"keyed": keyed, "len": by_length, "helper": helper, "loop": looped}[use], masks
+
+
+def _run_like_eager(use: str, sizes, dynamic=None) -> tuple:
+    (program, masks), (eager, expected) = _by_size(use), _by_size(use)
+    jprogram, stored = thunder_rs.jit(program, dynamic=dynamic), {}
+    for n in sizes:
+        x = torch.randn(2, n)
+        torch.testing.assert_close(jprogram(x), eager(x), rtol=0, atol=0)
+        _assert_same_cache(masks, expected)
+        for k, t in masks.items():  # stored once, read by later calls, as eager's
+            assert stored.setdefault(k, t) is t or use == "len"
+    return jprogram, masks
+
+
+def test_a_cache_keyed_by_a_symbolic_size_is_filled_by_one_compile():
+    # New sizes: one compile stores each (it checks that its size is not a key); a size found
+    # in the cache compiles once for that size, and growing the cache does not undo that.
+    jprogram, masks = _run_like_eager("keyed", (3, 4, 5, 6, 3, 7, 3, 4, 8, 4, 5))
+    assert sorted(masks) == [3, 4, 5, 6, 7, 8]
+    stats = thunder_rs.compile_stats(jprogram)
+    assert stats.cache_misses == 5  # 3 as the first call; 4 on; then 3, 4 and 5 found
+    assert stats.miss_reasons[-1].startswith("t0 not in closure variable 'masks'")
+
+
+@pytest.mark.parametrize("use", ["len", "helper", "loop"])
+def test_a_cache_used_otherwise_than_by_its_symbolic_key_is_guarded_whole(use):
+    # Cleared by its length; read by a plain int too, in another function or in a loop (stored by
+    # the first call, then found).
+    _run_like_eager(use, (3, 4, 5, 6, 4, 7, 5), dynamic=True)
+
+
+@functools.lru_cache
+def _causal(n):
+    return torch.ones(n, n).tril()
+
+
+@functools.cache
+def _causal_unbounded(n):
+    return torch.ones(n, n).tril()
+
+
+@functools.cache
+def _scale():
+    return 2.0
+
+
+def _uses_causal(x):
+    return x @ _causal(x.shape[-1])  # the cached call
+
+
+def _uses_unbounded(x):
+    return x @ _causal_unbounded(x.shape[-1]) * _scale()  # the cached call
+
+
+@pytest.mark.parametrize(
+    "program, cached",
+    [(_uses_causal, _causal), pytest.param(_uses_unbounded, _causal_unbounded, marks=pytest.mark.slow)],
+    ids=["lru_cache", "cache"],
+)
+def test_a_function_cached_by_functools_that_misses_while_traced_is_refused_naming_the_line(program, cached):
+    # Its cache would keep the trace's stand-in and return it to later calls, eager ones too.
+    cached.cache_clear()
+    line = (
+        _line_of("# the cached call", __file__)
+        if program is _uses_causal
+        else _line_of("# the cached call", __file__) + 4
+    )
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=rf"{cached.__name__}, cached by functools.lru_cache, is called at .*caches\.py:{line} ",
+    ):
+        thunder_rs.jit(program)(torch.randn(2, 3))
+    assert cached.cache_info().currsize == 0
+    assert type(cached(3)) is torch.Tensor  # filled by eager: read as eager reads it
+    jprogram = thunder_rs.jit(program)
+    for n in (3, 4):  # 4, not cached, with a symbolic size: refused again
+        x = torch.randn(2, n)
+        if n == 4:
+            with pytest.raises(ThunderNotImplementedError, match="cached by functools.lru_cache"):
+                jprogram(x)
+        else:
+            torch.testing.assert_close(jprogram(x), program(x), rtol=0, atol=0)
+    assert cached.cache_info().currsize == 0
+    assert _scale.cache_info().currsize == (program is _uses_unbounded)  # a float, kept as eager keeps it
+    cached.cache_clear()
+
+
+# -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------
+
+
+class _GrowingRotary(nn.Module):
+    """Tables of cos and sin up to ``max_seq_len_cached``, replaced by longer ones when a longer
+    sequence arrives: as buffers (Llama, GPT-NeoX) or as plain attributes (Falcon)."""
+
+    def __init__(self, as_buffers: bool, dim: int = 4):
+        super().__init__()
+        self.as_buffers = as_buffers
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).double() / dim)), persistent=False)
+        self.q = nn.Linear(dim, dim, dtype=torch.float64)
+        self._set_cos_sin_cache(4)
+
+    def _set_cos_sin_cache(self, seq_len):
+        self.max_seq_len_cached = seq_len
+        freqs = torch.outer(torch.arange(seq_len, dtype=torch.float64), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        if self.as_buffers:
+            self.register_buffer("cos_cached", emb.cos(), persistent=False)
+            self.register_buffer("sin_cached", emb.sin(), persistent=False)
+        else:
+            self.cos_cached, self.sin_cached = emb.cos(), emb.sin()
+
+    def forward(self, x):
+        seq_len = x.shape[-2]
+        if seq_len > self.max_seq_len_cached:
+            self._set_cos_sin_cache(seq_len)
+        q = self.q(x)
+        return q * self.cos_cached[:seq_len] + q.flip(-1) * self.sin_cached[:seq_len]
+
+
+@pytest.mark.parametrize("as_buffers", [True, False], ids=["buffers", "attributes"])
+def test_a_rotary_embedding_growing_its_tables_matches_eager(as_buffers):
+    torch.manual_seed(0)
+    model = _GrowingRotary(as_buffers)
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    for n in (2, 3, 5, 4, 7, 3, 7):
+        x = torch.randn(2, n, 4, dtype=torch.float64)
+        out, expected = jmodel(x), eager(x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        out.sum().backward(), expected.sum().backward()
+        torch.testing.assert_close(model.q.weight.grad, eager.q.weight.grad)
+        assert type(model.max_seq_len_cached) is int and model.max_seq_len_cached == eager.max_seq_len_cached
+        torch.testing.assert_close(model.cos_cached, eager.cos_cached, rtol=0, atol=0)
+        torch.testing.assert_close(model.sin_cached, eager.sin_cached, rtol=0, atol=0)
+        assert vars(model).keys() == vars(eager).keys() and model._buffers.keys() == eager._buffers.keys()
+        assert model.state_dict().keys() == eager.state_dict().keys()
+    # The length the tables hold is an int attribute of the module, guarded as a constant (as
+    # torch.compile specialises a module's ints): a compile per growth (5, 7) and one for the first
+    # shorter call after it (4, 3); 2 as the first call, 3 with symbolic sizes.
+    assert _misses(jmodel) == 6
