@@ -215,16 +215,26 @@ def _register_prim_table(simple: dict) -> None:
     )
 
 
+#: Methods whose out-of-place forms write a new contiguous tensor whatever their receiver's layout
+#: (``masked_fill`` clones it contiguous, the products and scans allocate contiguous results):
+#: their in-place forms would keep a transposed receiver's layout where eager's result is row-major
+#: (``masked_fill`` in xlogy's gradient of transposed inputs).
+_CONTIGUOUS_RESULTS = {"masked_fill", "masked_scatter", "addmm", "addmv", "addbmm", "baddbmm", "cumsum", "cumprod"}
+_CONTIGUOUS_RESULTS |= {"tril", "triu", "renorm", "mvlgamma"}
+
+
 def _declare_inplace_methods() -> None:
     """``m_`` for every method ``m`` that has one: ``passes::reuse`` calls it for calls that
     compute (elementwise, and writes at indices such as ``index_add``) whose receiver is a fresh
-    intermediate dying there, where it computes the same values (it never picks random draws,
-    whose in-place forms mean something else)."""
+    intermediate dying there, where it computes the same values laid out as eager's (it never picks
+    random draws, whose in-place forms mean something else)."""
     torch_ex.registry.register(
         *(
             dataclasses.replace(impl, inplace_method=f"{impl.method}_")
             for impl in torch_ex.registry.snapshot().values()
-            if impl.method is not None and hasattr(torch.Tensor, f"{impl.method}_")
+            if impl.method is not None
+            and hasattr(torch.Tensor, f"{impl.method}_")
+            and not (isinstance(impl.key, int) and impl.method in _CONTIGUOUS_RESULTS)
         )
     )
 
