@@ -107,6 +107,8 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "mse_loss sum, broadcast": (lambda a, b: F.mse_loss(a, b[0], reduction="sum"), PAIR, any_value),
     "smooth_l1_loss": (lambda a, b: F.smooth_l1_loss(a, b, beta=0.5), PAIR, any_value),
     "huber_loss none": (lambda a, b: F.huber_loss(a, b, reduction="none", delta=0.5), PAIR, any_value),
+    # composite losses: the mean's gradient a new tensor (eager's loss.mean()), then the ops'
+    "l1_loss": (F.l1_loss, PAIR, any_value),
     # binary cross entropy: eager's gradients are in the input's layout
     "binary_cross_entropy": (lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), PAIR, torch.sigmoid),
     "binary_cross_entropy mean": (F.binary_cross_entropy, PAIR, torch.sigmoid),
@@ -139,7 +141,7 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
 DEFAULT = {("div", "transposed"), ("pow", "transposed"), ("div trunc", "transposed"), ("kthvalue", "transposed")}
 DEFAULT |= {("max", "transposed"), ("mean dim", "contiguous"), ("pad", "stepped"), ("stack", "transposed")}
 DEFAULT |= {("mm", "transposed"), ("linear", "stepped"), ("diagonal", "stepped"), ("diagflat", "transposed")}
-DEFAULT |= {("xlogy", "transposed"), ("lerp", "transposed")}
+DEFAULT |= {("xlogy", "transposed"), ("lerp", "transposed"), ("l1_loss", "transposed")}
 
 
 def params() -> list:
