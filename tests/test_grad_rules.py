@@ -680,3 +680,30 @@ def test_matmuls_gradient_of_a_transposed_matrix_with_a_dim_of_size_one_has_eage
         w.grad = None
     torch.testing.assert_close(grads[0], grads[1])
     assert grads[1].stride() == grads[0].stride() == (4, 1)
+
+
+#: Gradients with constants (a number operand, an activation's coefficients) that eager's formulas
+#: round in their own order: name -> (program, its number of inputs).
+CONSTANTS = {
+    "addcmul": (lambda a, b, c: torch.addcmul(a, b, c, value=0.3), 3),
+    "addcdiv": (lambda a, b, c: torch.addcdiv(a, b, c.abs() + 0.5, value=0.3), 3),
+    "number / tensor": (lambda a: 0.3 / (a.abs() + 0.5), 1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(CONSTANTS))
+def test_gradients_with_constants_are_eagers_to_the_bit(name, dtype):
+    fn, arity = CONSTANTS[name]
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(64, 8, generator=generator, dtype=dtype) * 2 for _ in range(arity)]
+    g = torch.randn(64, 8, generator=generator, dtype=dtype)
+    results = []
+    for f in (fn, thunder_rs.jit(fn)):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        out = f(*leaves)
+        results.append((out, torch.autograd.grad(out, leaves, g)))
+    (expected, expected_grads), (got, grads) = results
+    assert torch.equal(got, expected)
+    for grad, eager in zip(grads, expected_grads, strict=True):
+        assert torch.equal(grad, eager)

@@ -734,3 +734,27 @@ def logaddexp_grad(input, other):
 @register_grad(ltorch.logaddexp2)
 def logaddexp2_grad(input, other):
     return _logaddexp_grad(ltorch.logaddexp2, lambda x: torch.pow(2, x), input, other)
+
+
+@register_grad(ltorch.addcmul)
+def addcmul_grad(input, tensor1, tensor2, *, value=1):
+    """``g``, ``g * (tensor2 * value)`` and ``g * (tensor1 * value)``."""
+    out = ltorch.addcmul(input, tensor1, tensor2, value=value)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    put_operand_grads((input, tensor1, tensor2), (g, g * (tensor2 * value), g * (tensor1 * value)))
+    return out
+
+
+@register_grad(ltorch.addcdiv)
+def addcdiv_grad(input, tensor1, tensor2, *, value=1):
+    """``g``, ``g * (value / tensor2)`` and ``-g * (tensor1 * value / (tensor2 * tensor2))``, the
+    number ``value`` filled into a tensor and divided (eager's ``Scalar / Tensor``)."""
+    out = ltorch.addcdiv(input, tensor1, tensor2, value=value)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    quotient = torch.full_like(tensor2, value) / tensor2
+    put_operand_grads((input, tensor1, tensor2), (g, g * quotient, -g * (tensor1 * value / (tensor2 * tensor2))))
+    return out
