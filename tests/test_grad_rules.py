@@ -688,6 +688,13 @@ CONSTANTS = {
     "addcmul": (lambda a, b, c: torch.addcmul(a, b, c, value=0.3), 3),
     "addcdiv": (lambda a, b, c: torch.addcdiv(a, b, c.abs() + 0.5, value=0.3), 3),
     "number / tensor": (lambda a: 0.3 / (a.abs() + 0.5), 1),
+    # (the backward kernels' own exponentials: torch.exp rounds some differently)
+    "softplus": (lambda a: F.softplus(a, 0.7, 3.0), 1),
+    "celu": (lambda a: F.celu(a, 0.7), 1),
+    "selu": (F.selu, 1),
+    "silu": (F.silu, 1),
+    "mish": (F.mish, 1),
+    "hardswish": (F.hardswish, 1),
 }
 
 

@@ -178,6 +178,31 @@ CASES = [
         ltorch.gelu_backward,
         lambda d: ((randn(3, 4, dtype=d), randn(3, 4, dtype=d)), lambda g, x: ltorch.gelu_backward(g, x, "tanh")),
     ),
+    *(
+        Case(name, getattr(ltorch, name), lambda d, call=call: ((randn(3, 4, dtype=d) * 4, randn(3, 4, dtype=d)), call))
+        for name, call in {
+            "softplus_backward": lambda g, x: ltorch.softplus_backward(g, x, 0.7, 2.0),
+            "silu_backward": lambda g, x: ltorch.silu_backward(g, x),
+            "mish_backward": lambda g, x: ltorch.mish_backward(g, x),
+            "hardswish_backward": lambda g, x: ltorch.hardswish_backward(g, x),
+        }.items()
+    ),
+    Case(
+        "elu_backward",
+        ltorch.elu_backward,
+        lambda d: (
+            (randn(3, 4, dtype=d), randn(3, 4, dtype=d)),
+            lambda g, x: ltorch.elu_backward(g, 0.7, 1.2, 0.5, False, x),
+        ),
+    ),
+    Case(
+        "elu_backward_from_the_result",
+        ltorch.elu_backward,
+        lambda d: (
+            (randn(3, 4, dtype=d), randn(3, 4, dtype=d)),
+            lambda g, y: ltorch.elu_backward(g, 0.7, 1.2, 0.5, True, y),
+        ),
+    ),
     Case("softmax_backward", ltorch.softmax_backward, softmax_backward(ltorch.softmax_backward, False, 1)),
     Case("log_softmax_backward", ltorch.log_softmax_backward, softmax_backward(ltorch.log_softmax_backward, True, -1)),
     Case("embedding_backward", ltorch.embedding_backward, embedding(-1, False)),
