@@ -695,6 +695,9 @@ CONSTANTS = {
     "silu": (F.silu, 1),
     "mish": (F.mish, 1),
     "hardswish": (F.hardswish, 1),
+    # (the norm's kernel and its grad rule, then eager's clamp and quotient)
+    "normalize": (F.normalize, 1),
+    "normalize p=3": (lambda a: F.normalize(a, p=3.0, dim=0), 1),
 }
 
 

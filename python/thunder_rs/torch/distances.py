@@ -125,12 +125,14 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-08):
 
 @torchsymbol(F.normalize)
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    """Eager's ``input / input.norm(p, dim, keepdim=True).clamp_min(eps).expand_as(input)``: the
+    norm by its kernel (``linalg_vector_norm``), whose rounding and gradient are eager's."""
     op = "ltorch.normalize"
     check(out is None, op, "out= is handled before the symbol (argument out)", ThunderTypeError)
     dims = (clang.canonicalize_dim(input.ndim, dim, op),) if input.ndim else ()
     require_float(op, input)
-    denom = clamp_min(_vector_norm(input, p, dims, keepdim=True), eps)
-    return prims.div(input, clang.expand_to(denom, input.shape))
+    denom = clamp_min(ltorch.linalg_vector_norm(input, p, dims, True), eps)
+    return ltorch.true_divide(input, ltorch.expand(denom, input.shape))
 
 
 _CDIST_MODES = {
