@@ -220,8 +220,15 @@ CASES = [
     Case(
         "sdpa_causal_scale",
         sdpa(is_causal=True, scale=0.3),
-        lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 8, dtype=d)),
+        lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 6, dtype=d)),
         ("ltorch.matmul", "ltorch.tril", "ltorch.where"),
+    ),
+    Case(
+        "sdpa_3d_flash",  # (eager's CPU flash kernels, on the inputs unsqueezed to 4-D)
+        sdpa(is_causal=True, scale=0.3),
+        lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 8, dtype=d)),
+        FLASH_CALLS,
+        absent=("softmax", "exp"),
     ),
     Case(
         "sdpa_bool_mask",
@@ -683,7 +690,7 @@ def test_matmuls_gradient_of_a_transposed_matrix_with_a_dim_of_size_one_has_eage
 
 
 #: Gradients with constants (a number operand, an activation's coefficients) that eager's formulas
-#: round in their own order: name -> (program, its number of inputs).
+#: round in their own order: name -> (program, its number of inputs or their shapes).
 CONSTANTS = {
     "addcmul": (lambda a, b, c: torch.addcmul(a, b, c, value=0.3), 3),
     "addcdiv": (lambda a, b, c: torch.addcdiv(a, b, c.abs() + 0.5, value=0.3), 3),
@@ -698,20 +705,23 @@ CONSTANTS = {
     # (the norm's kernel and its grad rule, then eager's clamp and quotient)
     "normalize": (F.normalize, 1),
     "normalize p=3": (lambda a: F.normalize(a, p=3.0, dim=0), 1),
+    # (eager's CPU flash kernels for 3-D attention too)
+    "sdpa 3-D": (F.scaled_dot_product_attention, ((4, 6, 8), (4, 7, 8), (4, 7, 8))),
 }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name", list(CONSTANTS))
 def test_gradients_with_constants_are_eagers_to_the_bit(name, dtype):
-    fn, arity = CONSTANTS[name]
+    fn, shapes = CONSTANTS[name]
+    shapes = [(64, 8)] * shapes if isinstance(shapes, int) else shapes
     generator = torch.Generator().manual_seed(0)
-    inputs = [torch.randn(64, 8, generator=generator, dtype=dtype) * 2 for _ in range(arity)]
-    g = torch.randn(64, 8, generator=generator, dtype=dtype)
+    inputs = [torch.randn(shape, generator=generator, dtype=dtype) * 2 for shape in shapes]
     results = []
     for f in (fn, thunder_rs.jit(fn)):
         leaves = [x.clone().requires_grad_() for x in inputs]
         out = f(*leaves)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
         results.append((out, torch.autograd.grad(out, leaves, g)))
     (expected, expected_grads), (got, grads) = results
     assert torch.equal(got, expected)

@@ -294,13 +294,13 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
         return False
     if flash_order_if_otherwise(query) is not None and not sdp_state.guard()[0]:  # (the flash switch)
         return False
-    if not all(x.ndim == 4 for x in (query, key, value)):
-        return False
-    batch_heads, size = tuple(query.shape[:2]), query.shape[-1]
-    same = all(same_shape(x.shape[:2], batch_heads) and x.shape[-1] == size for x in (key, value))
+    if not (all(x.ndim == 4 for x in (query, key, value)) or all(x.ndim == 3 for x in (query, key, value))):
+        return False  # (3-D ones eager unsqueezes to one batch of heads)
+    batch_heads, size = tuple(query.shape[:-2]), query.shape[-1]
+    same = all(same_shape(x.shape[:-2], batch_heads) and x.shape[-1] == size for x in (key, value))
     # Each compared with 0 on its own: ``min`` of symbolic lengths would compare them with each
     # other (a guard ``T <= head size`` that a longer sequence fails: a compile more).
-    return same and key.shape[2] == value.shape[2] and all(d > 0 for d in (query.shape[2], key.shape[2], size))
+    return same and key.shape[-2] == value.shape[-2] and all(d > 0 for d in (query.shape[-2], key.shape[-2], size))
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -313,11 +313,16 @@ def scaled_dot_product_attention_grad(
     if _flash_on_cpu(query, key, value, attn_mask, dropout_p):
         _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
         scale = 1.0 / symfloat.sqrt(query.shape[-1]) if scale is None else scale
-        out, lse = sdpa_flash(query, key, value, is_causal, scale)
-        grads = sdpa_flash_backward(get_grad(out), query, key, value, out, lse, is_causal, scale)
+        batched = query.ndim == 3
+        q, k, v = (ltorch.unsqueeze(x, 0) for x in (query, key, value)) if batched else (query, key, value)
+        out, lse = sdpa_flash(q, k, v, is_causal, scale)
+        out = ltorch.squeeze(out, 0) if batched else out
+        g = get_grad(out)
+        g = ltorch.unsqueeze(g, 0) if batched else g
+        grads = sdpa_flash_backward(g, q, k, v, ltorch.unsqueeze(out, 0) if batched else out, lse, is_causal, scale)
         for x, grad in zip((query, key, value), grads):
             if x.requires_grad:
-                put_grad(x, grad)
+                put_grad(x, ltorch.squeeze(grad, 0) if batched else grad)
         return out
     if query.device.type == "cuda":  # the fused kernel torch chooses, unless it chooses the math path
         _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
