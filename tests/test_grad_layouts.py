@@ -128,6 +128,8 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "diagonal_scatter": (lambda a, b: torch.diagonal_scatter(a, b[0, :3], 0, 1, 0), PAIR, any_value),
     "diag_embed": (lambda a: torch.diag_embed(a, 1, 0, 2), MATRIX, any_value),
     "diagflat": (lambda a: torch.diagflat(a, -1), MATRIX, any_value),
+    # matrix_power(A, 0): new contiguous zeros, not a broadcast zero
+    "matrix_power 0": (lambda a: torch.linalg.matrix_power(a, 0), ((3, 3),), any_value),
     # take's: the cotangent put into zeros_like the input (a repeated index accumulates)
     "take": (lambda a: torch.take(a, torch.tensor([[0, 5], [5, 11]])), MATRIX, any_value),
     # derivatives.yaml's formulas in eager's operand order; xlogy's a masked_fill, a new tensor
