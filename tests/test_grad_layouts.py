@@ -109,6 +109,10 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "huber_loss none": (lambda a, b: F.huber_loss(a, b, reduction="none", delta=0.5), PAIR, any_value),
     # composite losses: the mean's gradient a new tensor (eager's loss.mean()), then the ops'
     "l1_loss": (F.l1_loss, PAIR, any_value),
+    "kl_div none": (lambda a, b: F.kl_div(a, b, reduction="none"), PAIR, positive),
+    "kl_div log_target": (lambda a, b: F.kl_div(a, b, reduction="batchmean", log_target=True), PAIR, any_value),
+    "poisson_nll_loss sum": (lambda a, b: F.poisson_nll_loss(a, b, reduction="sum"), PAIR, positive),
+    "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b, log_input=False), PAIR, positive),
     # binary cross entropy: eager's gradients are in the input's layout
     "binary_cross_entropy": (lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), PAIR, torch.sigmoid),
     "binary_cross_entropy mean": (F.binary_cross_entropy, PAIR, torch.sigmoid),
@@ -145,7 +149,7 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
 DEFAULT = {("div", "transposed"), ("pow", "transposed"), ("div trunc", "transposed"), ("kthvalue", "transposed")}
 DEFAULT |= {("max", "transposed"), ("mean dim", "contiguous"), ("pad", "stepped"), ("stack", "transposed")}
 DEFAULT |= {("mm", "transposed"), ("linear", "stepped"), ("diagonal", "stepped"), ("diagflat", "transposed")}
-DEFAULT |= {("xlogy", "transposed"), ("lerp", "transposed"), ("l1_loss", "transposed")}
+DEFAULT |= {("xlogy", "transposed"), ("lerp", "transposed"), ("l1_loss", "transposed"), ("kl_div none", "transposed")}
 
 
 def params() -> list:

@@ -702,6 +702,9 @@ CONSTANTS = {
     "silu": (F.silu, 1),
     "mish": (F.mish, 1),
     "hardswish": (F.hardswish, 1),
+    # (eager's engine adds up a target's gradients in the order its ops' backwards run)
+    "kl_div": (lambda a, b: F.kl_div(a, b.abs(), reduction="batchmean"), 2),
+    "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b.abs()), 2),
     # (the norm's kernel and its grad rule, then eager's clamp and quotient)
     "normalize": (F.normalize, 1),
     "normalize p=3": (lambda a: F.normalize(a, p=3.0, dim=0), 1),

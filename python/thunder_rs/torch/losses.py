@@ -609,3 +609,70 @@ def huber_loss_grad(input, target, reduction="mean", delta=1.0, weight=None):
 
     _kernel_grads(input, target, _reduction("ltorch.huber_loss", reduction, None, None), get_grad(out), slope)
     return out
+
+
+# -- grad rules of the composite losses: eager's autograd through their ops ------------------------
+# In the order eager's engine runs the ops' backwards and adds up an input's gradients (ATen
+# evaluates the right operand of ``a - b`` first, so ``a``'s backward runs first), so that the
+# gradients round and are laid out as eager's. Broadcast or promoted operands keep the
+# decompositions' VJPs.
+
+
+def _unreduced_cotangent(g, reduction: str, like):
+    """The cotangent of each element of the unreduced loss: eager's ``mean`` and ``sum``
+    backward (the cotangent expanded, then divided: a new tensor)."""
+    if reduction == "none":
+        return g
+    g = g.expand(like.shape)
+    return g / like.numel() if reduction == "mean" else g
+
+
+def _same_operands(input, target, out) -> bool:
+    return input.dtype == target.dtype == out.dtype and same_shape(input.shape, target.shape)
+
+
+@register_grad(ltorch.kl_div)
+def kl_div_grad(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    """ATen's ``xlogy(target, target) - target * input`` (``exp(target) * (target - input)``)
+    differentiated; ``batchmean`` is a sum divided by the batch size."""
+    out = ltorch.kl_div(input, target, size_average, reduce, reduction, log_target)
+    if not _same_operands(input, target, out) or not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    if reduction == "batchmean" and size_average is None and reduce is None:
+        g, reduction = (g / input.shape[0] if input.ndim else g), "sum"
+    g = _unreduced_cotangent(g, _reduction("ltorch.kl_div", reduction, size_average, reduce), input)
+    if log_target:
+        e = torch.exp(target)
+        grads = (-(g * e), g * (target - input) * e + g * e)
+    else:
+        negated = -g
+        own = torch.xlogy(g, target).masked_fill((target == 0.0) & (target <= 0.0), 0.0)
+        grads = (negated * target, own + g * target / target + negated * input)
+    for x, grad in zip((input, target), grads):
+        if x.requires_grad:
+            put_grad(x, grad)
+    return out
+
+
+@register_grad(ltorch.poisson_nll_loss)
+def poisson_nll_loss_grad(
+    input, target, log_input=True, full=False, size_average=None, eps=1e-08, reduce=None, reduction="mean"
+):
+    """ATen's ``exp(input) - target * input`` (``input - target * log(input + eps)``)
+    differentiated; with ``full``, the decomposition's VJP."""
+    out = ltorch.poisson_nll_loss(input, target, log_input, full, size_average, eps, reduce, reduction)
+    if full or not _same_operands(input, target, out) or not out.dtype.is_floating_point:
+        return out
+    reduction = _reduction("ltorch.poisson_nll_loss", reduction, size_average, reduce)
+    g = _unreduced_cotangent(get_grad(out), reduction, input)
+    negated = -g
+    if log_input:
+        grads = (g * torch.exp(input) + negated * target, negated * input)
+    else:
+        shifted = input + eps
+        grads = (g + negated * target / shifted, negated * torch.log(shifted))
+    for x, grad in zip((input, target), grads):
+        if x.requires_grad:
+            put_grad(x, grad)
+    return out
