@@ -98,7 +98,7 @@ def nll(reduction: str, weighted=False, unbatched=False, all_ignored=False, back
     return inputs
 
 
-def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_value=False):
+def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_value=False, masked=False):
     def inputs(dtype):
         q, k = randn(2, 3, query_len, 8, dtype=dtype), randn(2, 3, key_len, 8, dtype=dtype)
         # A value whose last dim is not dense: torch 2.9's kernel needs it made so.
@@ -107,10 +107,18 @@ def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_valu
             if strided_value
             else randn(2, 3, key_len, 8, dtype=dtype)
         )
+        if masked:  # (a row that sees no key: zeros)
+            mask = randn(query_len, key_len, dtype=dtype)
+            mask[1] = float("-inf")
         if not backward:
+            if masked:
+                return (q, k, v, mask), lambda q, k, v, m: ltorch.sdpa_flash(q, k, v, causal, 0.3, m)
             return (q, k, v), lambda q, k, v: ltorch.sdpa_flash(q, k, v, causal, 0.3)
-        out, lse = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=0.3)
+        flash = torch._scaled_dot_product_flash_attention_for_cpu
+        out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask if masked else None, scale=0.3)
         g = randn(*out.shape, dtype=dtype)
+        if masked:
+            return (g, q, k, v, out, lse, mask), lambda *a: ltorch.sdpa_flash_backward(*a[:6], causal, 0.3, a[6])
         return (g, q, k, v, out, lse), lambda *a: ltorch.sdpa_flash_backward(*a, causal, 0.3)
 
     return inputs
@@ -218,6 +226,8 @@ CASES = [
     Case("sdpa_flash_causal", ltorch.sdpa_flash, attention(True)),
     Case("sdpa_flash_strided_value", ltorch.sdpa_flash, attention(True, strided_value=True)),
     Case("sdpa_flash_backward", ltorch.sdpa_flash_backward, attention(False, backward=True)),
+    Case("sdpa_flash_masked", ltorch.sdpa_flash, attention(False, masked=True)),
+    Case("sdpa_flash_backward_masked", ltorch.sdpa_flash_backward, attention(False, backward=True, masked=True)),
     Case("sdpa_flash_backward_strided_value", ltorch.sdpa_flash_backward, attention(False, True, strided_value=True)),
     Case(
         "sdpa_flash_backward_causal",

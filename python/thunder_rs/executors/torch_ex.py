@@ -264,15 +264,15 @@ def _last_dim_dense(*tensors):
     return [x if x.stride(-1) == 1 else x.contiguous() for x in tensors]
 
 
-def _sdpa_flash(q, k, v, is_causal, scale):
+def _sdpa_flash(q, k, v, is_causal, scale, attn_mask=None):
     q, k, v = _last_dim_dense(q, k, v)
-    return torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)
+    return torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
 
 
-def _sdpa_flash_backward(g, q, k, v, out, lse, is_causal, scale):
+def _sdpa_flash_backward(g, q, k, v, out, lse, is_causal, scale, attn_mask=None):
     g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
     return _aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
-        g, q, k, v, out, lse, 0.0, is_causal, scale=scale
+        g, q, k, v, out, lse, 0.0, is_causal, attn_mask=attn_mask, scale=scale
     )
 
 

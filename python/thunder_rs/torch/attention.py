@@ -8,6 +8,8 @@ backward reuses. It returns the plain forward without asking for a cotangent for
 not handle (attention with dropout); the VJP pass then differentiates the decomposition.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -188,9 +190,12 @@ def scaled_dot_product_attention(
 # -- kernels ---------------------------------------------------------------------------------------
 
 
-def _scores(query, key, is_causal: bool, scale: float):
-    """query @ key^T * scale in the compute dtype, -inf above the diagonal when causal."""
+def _scores(query, key, is_causal: bool, scale: float, attn_mask=None):
+    """query @ key^T * scale in the compute dtype plus a float mask, -inf above the diagonal
+    when causal."""
     scores = to_compute_dtype(ltorch.matmul(query, ltorch.transpose(key, -1, -2))) * scale
+    if attn_mask is not None:
+        scores = scores + to_compute_dtype(attn_mask)
     if not is_causal:
         return scores
     rows, cols = scores.shape[-2:]
@@ -198,22 +203,29 @@ def _scores(query, key, is_causal: bool, scale: float):
     return ltorch.where(visible, scores, float("-inf"))
 
 
-def _sdpa_flash_meta(query, key, value, is_causal, scale):
+def _finite_or_zero(lse):
+    """A row's logsumexp, 0 where its mask hides every key (-inf), as the kernel's: the row's
+    probabilities are then zeros."""
+    return ltorch.where(lse == float("-inf"), 0.0, lse)
+
+
+def _sdpa_flash_meta(query, key, value, is_causal, scale, attn_mask=None):
     rows = tuple(query.shape[:-1])
-    return [((*rows, value.shape[-1]), query.dtype), (rows, compute_dtype(query.dtype), flows(query, key))]
+    return [((*rows, value.shape[-1]), query.dtype), (rows, compute_dtype(query.dtype), flows(query, key, attn_mask))]
 
 
 @torchsymbol(name="sdpa_flash", meta=_sdpa_flash_meta)
-def sdpa_flash(query, key, value, is_causal, scale):
+def sdpa_flash(query, key, value, is_causal, scale, attn_mask=None):
     """Attention of 4-D query, key and value (one batch and head count, one head size) without
-    mask or dropout, and the logsumexp of each row's scores (float32 for half precision)."""
-    scores = _scores(query, key, is_causal, scale)
-    lse = ltorch.logsumexp(scores, -1)
+    dropout, with a float mask added to the scores, and the logsumexp of each row's scores
+    (float32 for half precision)."""
+    scores = _scores(query, key, is_causal, scale, attn_mask)
+    lse = _finite_or_zero(ltorch.logsumexp(scores, -1))
     probs = ltorch.exp(scores - ltorch.unsqueeze(lse, -1))
     return ltorch.matmul(cast(probs, query.dtype), value), lse
 
 
-def _sdpa_flash_backward_meta(grad_out, query, key, value, out, logsumexp, is_causal, scale):
+def _sdpa_flash_backward_meta(grad_out, query, key, value, out, logsumexp, is_causal, scale, attn_mask=None):
     batch, dtype = tuple(query.shape[:-2]), query.dtype
     return [
         ((*batch, query.shape[-2], key.shape[-1]), dtype),
@@ -223,11 +235,12 @@ def _sdpa_flash_backward_meta(grad_out, query, key, value, out, logsumexp, is_ca
 
 
 @torchsymbol(name="sdpa_flash_backward", meta=_sdpa_flash_backward_meta)
-def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale):
+def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale, attn_mask=None):
     """The gradients of ``sdpa_flash``'s query, key and value; the probabilities are recomputed
     from the saved logsumexp."""
     dtype = query.dtype
-    probs = ltorch.exp(_scores(query, key, is_causal, scale) - ltorch.unsqueeze(logsumexp, -1))
+    scores = _scores(query, key, is_causal, scale, attn_mask)
+    probs = ltorch.exp(scores - ltorch.unsqueeze(logsumexp, -1))
     grad_value = ltorch.matmul(ltorch.transpose(cast(probs, dtype), -1, -2), grad_out)
     dprobs = to_compute_dtype(ltorch.matmul(grad_out, ltorch.transpose(value, -1, -2)))
     row = ltorch.sum(to_compute_dtype(grad_out) * to_compute_dtype(out), -1, keepdim=True)  # = sum(probs * dprobs)
@@ -287,10 +300,16 @@ def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
 
 def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
     """Whether eager's CPU flash kernels take the call: 4-D query, key and value on the CPU with
-    one batch and head count and one head size, positions on both sides, no mask, no dropout,
-    and, where the flash kernel's output is laid out otherwise than the math path's, flash not
-    switched off (``sdpa_kernel``: the switches are guarded then; else only rounding differs)."""
-    if query.device.type != "cpu" or attn_mask is not None or dropout_p != 0 or query.dtype not in _FLASH_DTYPES:
+    one batch and head count and one head size, positions on both sides, a mask of 2 or 4 dims
+    (bool, or of the query's dtype) that requires no gradient (the kernel gives it none), no
+    dropout, and, where the flash kernel's output is laid out otherwise than the math path's,
+    flash not switched off (``sdpa_kernel``: the switches are guarded then; else only rounding
+    differs)."""
+    if query.device.type != "cpu" or dropout_p != 0 or query.dtype not in _FLASH_DTYPES:
+        return False
+    if attn_mask is not None and (
+        attn_mask.requires_grad or attn_mask.ndim not in (2, 4) or attn_mask.dtype not in (torch.bool, query.dtype)
+    ):
         return False
     if flash_order_if_otherwise(query) is not None and not sdp_state.guard()[0]:  # (the flash switch)
         return False
@@ -315,11 +334,16 @@ def scaled_dot_product_attention_grad(
         scale = 1.0 / symfloat.sqrt(query.shape[-1]) if scale is None else scale
         batched = query.ndim == 3
         q, k, v = (ltorch.unsqueeze(x, 0) for x in (query, key, value)) if batched else (query, key, value)
-        out, lse = sdpa_flash(q, k, v, is_causal, scale)
+        mask = attn_mask
+        if mask is not None and mask.dtype == torch.bool:  # (eager's convert_boolean_attn_mask)
+            mask = ltorch.masked_fill(ltorch.zeros(mask.shape, dtype=query.dtype, device=mask.device), ~mask, -math.inf)
+        out, lse = sdpa_flash(q, k, v, is_causal, scale, mask)
         out = ltorch.squeeze(out, 0) if batched else out
         g = get_grad(out)
         g = ltorch.unsqueeze(g, 0) if batched else g
-        grads = sdpa_flash_backward(g, q, k, v, ltorch.unsqueeze(out, 0) if batched else out, lse, is_causal, scale)
+        grads = sdpa_flash_backward(
+            g, q, k, v, ltorch.unsqueeze(out, 0) if batched else out, lse, is_causal, scale, mask
+        )
         for x, grad in zip((query, key, value), grads):
             if x.requires_grad:
                 put_grad(x, ltorch.squeeze(grad, 0) if batched else grad)
