@@ -711,6 +711,10 @@ CONSTANTS = {
     "normalize p=3": (lambda a: F.normalize(a, p=3.0, dim=0), 1),
     # (eager's CPU flash kernels for 3-D attention too)
     "sdpa 3-D": (F.scaled_dot_product_attention, ((4, 6, 8), (4, 7, 8), (4, 7, 8))),
+    "sdpa grouped heads": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+        ((2, 4, 6, 8), (2, 2, 7, 8), (2, 2, 7, 8)),
+    ),
     "sdpa with a mask": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=torch.arange(7) < torch.arange(6)[:, None]),
         ((2, 3, 6, 8), (2, 3, 7, 8), (2, 3, 7, 8)),

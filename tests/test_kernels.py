@@ -98,14 +98,14 @@ def nll(reduction: str, weighted=False, unbatched=False, all_ignored=False, back
     return inputs
 
 
-def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_value=False, masked=False):
+def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_value=False, masked=False, kv_heads=3):
     def inputs(dtype):
-        q, k = randn(2, 3, query_len, 8, dtype=dtype), randn(2, 3, key_len, 8, dtype=dtype)
+        q, k = randn(2, 3, query_len, 8, dtype=dtype), randn(2, kv_heads, key_len, 8, dtype=dtype)
         # A value whose last dim is not dense: torch 2.9's kernel needs it made so.
         v = (
-            randn(2, 3, 8, key_len, dtype=dtype).transpose(-1, -2)
+            randn(2, kv_heads, 8, key_len, dtype=dtype).transpose(-1, -2)
             if strided_value
-            else randn(2, 3, key_len, 8, dtype=dtype)
+            else randn(2, kv_heads, key_len, 8, dtype=dtype)
         )
         if masked:  # (a row that sees no key: zeros)
             mask = randn(query_len, key_len, dtype=dtype)
@@ -227,6 +227,8 @@ CASES = [
     Case("sdpa_flash_strided_value", ltorch.sdpa_flash, attention(True, strided_value=True)),
     Case("sdpa_flash_backward", ltorch.sdpa_flash_backward, attention(False, backward=True)),
     Case("sdpa_flash_masked", ltorch.sdpa_flash, attention(False, masked=True)),
+    Case("sdpa_flash_grouped_heads", ltorch.sdpa_flash, attention(True, kv_heads=1)),
+    Case("sdpa_flash_backward_grouped_heads", ltorch.sdpa_flash_backward, attention(False, backward=True, kv_heads=1)),
     Case("sdpa_flash_backward_masked", ltorch.sdpa_flash_backward, attention(False, backward=True, masked=True)),
     Case("sdpa_flash_backward_strided_value", ltorch.sdpa_flash_backward, attention(False, True, strided_value=True)),
     Case(

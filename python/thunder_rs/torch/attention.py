@@ -216,9 +216,10 @@ def _sdpa_flash_meta(query, key, value, is_causal, scale, attn_mask=None):
 
 @torchsymbol(name="sdpa_flash", meta=_sdpa_flash_meta)
 def sdpa_flash(query, key, value, is_causal, scale, attn_mask=None):
-    """Attention of 4-D query, key and value (one batch and head count, one head size) without
-    dropout, with a float mask added to the scores, and the logsumexp of each row's scores
-    (float32 for half precision)."""
+    """Attention of 4-D query, key and value (one batch count, one head size; the key's and
+    value's heads each shared by a group of the query's) without dropout, with a float mask added
+    to the scores, and the logsumexp of each row's scores (float32 for half precision)."""
+    key, value = (_grouped_heads(x, query.shape[-3]) for x in (key, value))
     scores = _scores(query, key, is_causal, scale, attn_mask)
     lse = _finite_or_zero(ltorch.logsumexp(scores, -1))
     probs = ltorch.exp(scores - ltorch.unsqueeze(lse, -1))
@@ -226,19 +227,20 @@ def sdpa_flash(query, key, value, is_causal, scale, attn_mask=None):
 
 
 def _sdpa_flash_backward_meta(grad_out, query, key, value, out, logsumexp, is_causal, scale, attn_mask=None):
-    batch, dtype = tuple(query.shape[:-2]), query.dtype
+    dtype = query.dtype
     return [
-        ((*batch, query.shape[-2], key.shape[-1]), dtype),
-        ((*batch, key.shape[-2], query.shape[-1]), dtype),
-        ((*batch, value.shape[-2], grad_out.shape[-1]), dtype),
+        ((*query.shape[:-2], query.shape[-2], key.shape[-1]), dtype),
+        ((*key.shape[:-2], key.shape[-2], query.shape[-1]), dtype),
+        ((*value.shape[:-2], value.shape[-2], grad_out.shape[-1]), dtype),
     ]
 
 
 @torchsymbol(name="sdpa_flash_backward", meta=_sdpa_flash_backward_meta)
 def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale, attn_mask=None):
     """The gradients of ``sdpa_flash``'s query, key and value; the probabilities are recomputed
-    from the saved logsumexp."""
-    dtype = query.dtype
+    from the saved logsumexp; a key's or value's head shared by a group gets the group's sum."""
+    dtype, shared = query.dtype, (key, value)
+    key, value = (_grouped_heads(x, query.shape[-3]) for x in (key, value))
     scores = _scores(query, key, is_causal, scale, attn_mask)
     probs = ltorch.exp(scores - ltorch.unsqueeze(logsumexp, -1))
     grad_value = ltorch.matmul(ltorch.transpose(cast(probs, dtype), -1, -2), grad_out)
@@ -247,7 +249,7 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, 
     dscores = cast(probs * (dprobs - row) * scale, dtype)
     grad_query = ltorch.matmul(dscores, key)
     grad_key = ltorch.matmul(ltorch.transpose(dscores, -1, -2), query)
-    return grad_query, grad_key, grad_value
+    return grad_query, _unrepeat(grad_key, shared[0], True), _unrepeat(grad_value, shared[1], True)
 
 
 # -- grad rule -------------------------------------------------------------------------------------
@@ -298,9 +300,10 @@ def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
     return ltorch.where(blind, 0.0, probs)
 
 
-def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
+def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> bool:
     """Whether eager's CPU flash kernels take the call: 4-D query, key and value on the CPU with
-    one batch and head count and one head size, positions on both sides, a mask of 2 or 4 dims
+    one batch and head count (with ``enable_gqa``, the key's and value's heads dividing the
+    query's) and one head size, positions on both sides, a mask of 2 or 4 dims
     (bool, or of the query's dtype) that requires no gradient (the kernel gives it none), no
     dropout, and, where the flash kernel's output is laid out otherwise than the math path's,
     flash not switched off (``sdpa_kernel``: the switches are guarded then; else only rounding
@@ -316,6 +319,9 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
     if not (all(x.ndim == 4 for x in (query, key, value)) or all(x.ndim == 3 for x in (query, key, value))):
         return False  # (3-D ones eager unsqueezes to one batch of heads)
     batch_heads, size = tuple(query.shape[:-2]), query.shape[-1]
+    if enable_gqa and query.ndim == 4 and same_shape(key.shape[:2], value.shape[:2]):
+        if key.shape[0] == query.shape[0] and key.shape[1] != query.shape[1] and query.shape[1] % key.shape[1] == 0:
+            batch_heads = tuple(key.shape[:2])
     same = all(same_shape(x.shape[:-2], batch_heads) and x.shape[-1] == size for x in (key, value))
     # Each compared with 0 on its own: ``min`` of symbolic lengths would compare them with each
     # other (a guard ``T <= head size`` that a longer sequence fails: a compile more).
@@ -329,7 +335,7 @@ _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 def scaled_dot_product_attention_grad(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
-    if _flash_on_cpu(query, key, value, attn_mask, dropout_p):
+    if _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa):
         _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
         scale = 1.0 / symfloat.sqrt(query.shape[-1]) if scale is None else scale
         batched = query.ndim == 3
