@@ -268,6 +268,24 @@ def test_an_in_place_op_on_a_computed_tensor_keeps_its_layout_with_one_kernel(na
     assert selects == (1 if "masked_fill_" in name else 0)
 
 
+#: Ops whose out-of-place forms write a new contiguous tensor whatever their operand's layout.
+CONTIGUOUS_RESULTS = {
+    "masked_fill": lambda x: (x.t() * 2).masked_fill(x.t() > 0, 0.0),
+    "cumsum": lambda x: (x.t() * 2).cumsum(0),
+    "tril": lambda x: (x.t() * 2).tril(),
+    "addmm": lambda x: torch.addmm(x.t() * 2, x, x),
+}
+
+
+@pytest.mark.parametrize("name", list(CONTIGUOUS_RESULTS))
+def test_an_op_writing_a_new_contiguous_tensor_is_not_computed_into_a_dying_operand(name):
+    """The generated code writes an op's result into a dying intermediate only where eager's
+    result would have its layout: not a transposed one's for these."""
+    program = CONTIGUOUS_RESULTS[name]
+    x = torch.randn(4, 4)
+    assert_like_eager(thunder_rs.jit(program)(x), program(x))
+
+
 @pytest.mark.parametrize(
     "make",
     [lambda s: torch.randn(2, 3, s, s + 1).contiguous(memory_format=CL), lambda s: torch.randn(s + 1, s).t()],

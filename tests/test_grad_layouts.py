@@ -107,6 +107,12 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "mse_loss sum, broadcast": (lambda a, b: F.mse_loss(a, b[0], reduction="sum"), PAIR, any_value),
     "smooth_l1_loss": (lambda a, b: F.smooth_l1_loss(a, b, beta=0.5), PAIR, any_value),
     "huber_loss none": (lambda a, b: F.huber_loss(a, b, reduction="none", delta=0.5), PAIR, any_value),
+    # composite losses: the mean's gradient a new tensor (eager's loss.mean()), then the ops'
+    "l1_loss": (F.l1_loss, PAIR, any_value),
+    "kl_div none": (lambda a, b: F.kl_div(a, b, reduction="none"), PAIR, positive),
+    "kl_div log_target": (lambda a, b: F.kl_div(a, b, reduction="batchmean", log_target=True), PAIR, any_value),
+    "poisson_nll_loss sum": (lambda a, b: F.poisson_nll_loss(a, b, reduction="sum"), PAIR, positive),
+    "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b, log_input=False), PAIR, positive),
     # binary cross entropy: eager's gradients are in the input's layout
     "binary_cross_entropy": (lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), PAIR, torch.sigmoid),
     "binary_cross_entropy mean": (F.binary_cross_entropy, PAIR, torch.sigmoid),
@@ -126,12 +132,24 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "diagonal_scatter": (lambda a, b: torch.diagonal_scatter(a, b[0, :3], 0, 1, 0), PAIR, any_value),
     "diag_embed": (lambda a: torch.diag_embed(a, 1, 0, 2), MATRIX, any_value),
     "diagflat": (lambda a: torch.diagflat(a, -1), MATRIX, any_value),
+    # matrix_power(A, 0): new contiguous zeros, not a broadcast zero
+    "matrix_power 0": (lambda a: torch.linalg.matrix_power(a, 0), ((3, 3),), any_value),
+    # take's: the cotangent put into zeros_like the input (a repeated index accumulates)
+    "take": (lambda a: torch.take(a, torch.tensor([[0, 5], [5, 11]])), MATRIX, any_value),
+    # derivatives.yaml's formulas in eager's operand order; xlogy's a masked_fill, a new tensor
+    "xlogy": (torch.xlogy, PAIR, positive),
+    "xlog1py by a row": (lambda a, b: torch.special.xlog1py(a, b[0]), PAIR, positive),
+    "copysign": (torch.copysign, PAIR, any_value),
+    "lerp": (lambda a, b, w: torch.lerp(a, b[0], w[:, :1]), PAIR + MATRIX, any_value),
+    "logaddexp": (torch.logaddexp, PAIR, any_value),
+    "logaddexp2": (torch.logaddexp2, PAIR, any_value),
 }
 
 #: The default run: one case of each cause, on the layout that showed it.
 DEFAULT = {("div", "transposed"), ("pow", "transposed"), ("div trunc", "transposed"), ("kthvalue", "transposed")}
 DEFAULT |= {("max", "transposed"), ("mean dim", "contiguous"), ("pad", "stepped"), ("stack", "transposed")}
 DEFAULT |= {("mm", "transposed"), ("linear", "stepped"), ("diagonal", "stepped"), ("diagflat", "transposed")}
+DEFAULT |= {("xlogy", "transposed"), ("lerp", "transposed"), ("l1_loss", "transposed"), ("kl_div none", "transposed")}
 
 
 def params() -> list:
@@ -160,6 +178,20 @@ def test_input_gradients_have_eagers_strides(name: str, layout: str):
     for i, (grad, eager) in enumerate(zip(actual, expected, strict=True)):
         torch.testing.assert_close(grad, eager)
         assert grad.stride() == eager.stride(), f"input {i}: strides {grad.stride()}, eager's {eager.stride()}"
+
+
+def test_copysign_gives_its_sign_operand_eagers_zero_gradient():
+    """Eager's formula for ``other`` is ``zeros_like(other)``: ``.grad`` is zeros, not None."""
+    grads = []
+    for fn in (torch.copysign, thunder_rs.jit(torch.copysign)):
+        torch.manual_seed(0)
+        a, b = (transposed(torch.randn(3, 4, dtype=torch.float64)).requires_grad_() for _ in range(2))
+        fn(a, b).sum().backward()
+        grads.append((a.grad, b.grad))
+    for grad, eager in zip(*reversed(grads), strict=True):
+        assert grad is not None
+        torch.testing.assert_close(grad, eager, rtol=0, atol=0)
+        assert grad.stride() == eager.stride()
 
 
 #: Products that ignore their input's values with ``beta=0``: name -> (program, input shapes).

@@ -220,8 +220,15 @@ CASES = [
     Case(
         "sdpa_causal_scale",
         sdpa(is_causal=True, scale=0.3),
-        lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 8, dtype=d)),
+        lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 6, dtype=d)),
         ("ltorch.matmul", "ltorch.tril", "ltorch.where"),
+    ),
+    Case(
+        "sdpa_3d_flash",  # (eager's CPU flash kernels, on the inputs unsqueezed to 4-D)
+        sdpa(is_causal=True, scale=0.3),
+        lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 8, dtype=d)),
+        FLASH_CALLS,
+        absent=("softmax", "exp"),
     ),
     Case(
         "sdpa_bool_mask",
@@ -232,7 +239,8 @@ CASES = [
             randn(2, 2, 5, 8, dtype=d),
             torch.tensor([[True, False, True, False, True], [False] * 5, [True] * 5]),
         ),
-        ("ltorch.matmul", "ltorch.where", "ltorch.all"),
+        FLASH_CALLS,  # (eager's CPU flash kernels take a mask; a row that sees no key gets zeros)
+        absent=("softmax", "exp"),
     ),
     Case(
         "sdpa_float_mask",
@@ -680,3 +688,54 @@ def test_matmuls_gradient_of_a_transposed_matrix_with_a_dim_of_size_one_has_eage
         w.grad = None
     torch.testing.assert_close(grads[0], grads[1])
     assert grads[1].stride() == grads[0].stride() == (4, 1)
+
+
+#: Gradients with constants (a number operand, an activation's coefficients) that eager's formulas
+#: round in their own order: name -> (program, its number of inputs or their shapes).
+CONSTANTS = {
+    "addcmul": (lambda a, b, c: torch.addcmul(a, b, c, value=0.3), 3),
+    "addcdiv": (lambda a, b, c: torch.addcdiv(a, b, c.abs() + 0.5, value=0.3), 3),
+    "number / tensor": (lambda a: 0.3 / (a.abs() + 0.5), 1),
+    # (the backward kernels' own exponentials: torch.exp rounds some differently)
+    "softplus": (lambda a: F.softplus(a, 0.7, 3.0), 1),
+    "celu": (lambda a: F.celu(a, 0.7), 1),
+    "selu": (F.selu, 1),
+    "silu": (F.silu, 1),
+    "mish": (F.mish, 1),
+    "hardswish": (F.hardswish, 1),
+    # (eager's engine adds up a target's gradients in the order its ops' backwards run)
+    "kl_div": (lambda a, b: F.kl_div(a, b.abs(), reduction="batchmean"), 2),
+    "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b.abs()), 2),
+    # (the norm's kernel and its grad rule, then eager's clamp and quotient)
+    "normalize": (F.normalize, 1),
+    "normalize p=3": (lambda a: F.normalize(a, p=3.0, dim=0), 1),
+    # (eager's CPU flash kernels for 3-D attention too)
+    "sdpa 3-D": (F.scaled_dot_product_attention, ((4, 6, 8), (4, 7, 8), (4, 7, 8))),
+    "sdpa grouped heads": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+        ((2, 4, 6, 8), (2, 2, 7, 8), (2, 2, 7, 8)),
+    ),
+    "sdpa with a mask": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=torch.arange(7) < torch.arange(6)[:, None]),
+        ((2, 3, 6, 8), (2, 3, 7, 8), (2, 3, 7, 8)),
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(CONSTANTS))
+def test_gradients_with_constants_are_eagers_to_the_bit(name, dtype):
+    fn, shapes = CONSTANTS[name]
+    shapes = [(64, 8)] * shapes if isinstance(shapes, int) else shapes
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(shape, generator=generator, dtype=dtype) * 2 for shape in shapes]
+    results = []
+    for f in (fn, thunder_rs.jit(fn)):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        out = f(*leaves)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+        results.append((out, torch.autograd.grad(out, leaves, g)))
+    (expected, expected_grads), (got, grads) = results
+    assert torch.equal(got, expected)
+    for grad, eager in zip(grads, expected_grads, strict=True):
+        assert torch.equal(grad, eager)

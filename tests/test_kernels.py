@@ -98,19 +98,27 @@ def nll(reduction: str, weighted=False, unbatched=False, all_ignored=False, back
     return inputs
 
 
-def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_value=False):
+def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_value=False, masked=False, kv_heads=3):
     def inputs(dtype):
-        q, k = randn(2, 3, query_len, 8, dtype=dtype), randn(2, 3, key_len, 8, dtype=dtype)
+        q, k = randn(2, 3, query_len, 8, dtype=dtype), randn(2, kv_heads, key_len, 8, dtype=dtype)
         # A value whose last dim is not dense: torch 2.9's kernel needs it made so.
         v = (
-            randn(2, 3, 8, key_len, dtype=dtype).transpose(-1, -2)
+            randn(2, kv_heads, 8, key_len, dtype=dtype).transpose(-1, -2)
             if strided_value
-            else randn(2, 3, key_len, 8, dtype=dtype)
+            else randn(2, kv_heads, key_len, 8, dtype=dtype)
         )
+        if masked:  # (a row that sees no key: zeros)
+            mask = randn(query_len, key_len, dtype=dtype)
+            mask[1] = float("-inf")
         if not backward:
+            if masked:
+                return (q, k, v, mask), lambda q, k, v, m: ltorch.sdpa_flash(q, k, v, causal, 0.3, m)
             return (q, k, v), lambda q, k, v: ltorch.sdpa_flash(q, k, v, causal, 0.3)
-        out, lse = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=0.3)
+        flash = torch._scaled_dot_product_flash_attention_for_cpu
+        out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask if masked else None, scale=0.3)
         g = randn(*out.shape, dtype=dtype)
+        if masked:
+            return (g, q, k, v, out, lse, mask), lambda *a: ltorch.sdpa_flash_backward(*a[:6], causal, 0.3, a[6])
         return (g, q, k, v, out, lse), lambda *a: ltorch.sdpa_flash_backward(*a, causal, 0.3)
 
     return inputs
@@ -178,6 +186,31 @@ CASES = [
         ltorch.gelu_backward,
         lambda d: ((randn(3, 4, dtype=d), randn(3, 4, dtype=d)), lambda g, x: ltorch.gelu_backward(g, x, "tanh")),
     ),
+    *(
+        Case(name, getattr(ltorch, name), lambda d, call=call: ((randn(3, 4, dtype=d) * 4, randn(3, 4, dtype=d)), call))
+        for name, call in {
+            "softplus_backward": lambda g, x: ltorch.softplus_backward(g, x, 0.7, 2.0),
+            "silu_backward": lambda g, x: ltorch.silu_backward(g, x),
+            "mish_backward": lambda g, x: ltorch.mish_backward(g, x),
+            "hardswish_backward": lambda g, x: ltorch.hardswish_backward(g, x),
+        }.items()
+    ),
+    Case(
+        "elu_backward",
+        ltorch.elu_backward,
+        lambda d: (
+            (randn(3, 4, dtype=d), randn(3, 4, dtype=d)),
+            lambda g, x: ltorch.elu_backward(g, 0.7, 1.2, 0.5, False, x),
+        ),
+    ),
+    Case(
+        "elu_backward_from_the_result",
+        ltorch.elu_backward,
+        lambda d: (
+            (randn(3, 4, dtype=d), randn(3, 4, dtype=d)),
+            lambda g, y: ltorch.elu_backward(g, 0.7, 1.2, 0.5, True, y),
+        ),
+    ),
     Case("softmax_backward", ltorch.softmax_backward, softmax_backward(ltorch.softmax_backward, False, 1)),
     Case("log_softmax_backward", ltorch.log_softmax_backward, softmax_backward(ltorch.log_softmax_backward, True, -1)),
     Case("embedding_backward", ltorch.embedding_backward, embedding(-1, False)),
@@ -198,6 +231,10 @@ CASES = [
     Case("sdpa_flash_causal", ltorch.sdpa_flash, attention(True)),
     Case("sdpa_flash_strided_value", ltorch.sdpa_flash, attention(True, strided_value=True)),
     Case("sdpa_flash_backward", ltorch.sdpa_flash_backward, attention(False, backward=True)),
+    Case("sdpa_flash_masked", ltorch.sdpa_flash, attention(False, masked=True)),
+    Case("sdpa_flash_grouped_heads", ltorch.sdpa_flash, attention(True, kv_heads=1)),
+    Case("sdpa_flash_backward_grouped_heads", ltorch.sdpa_flash_backward, attention(False, backward=True, kv_heads=1)),
+    Case("sdpa_flash_backward_masked", ltorch.sdpa_flash_backward, attention(False, backward=True, masked=True)),
     Case("sdpa_flash_backward_strided_value", ltorch.sdpa_flash_backward, attention(False, True, strided_value=True)),
     Case(
         "sdpa_flash_backward_causal",

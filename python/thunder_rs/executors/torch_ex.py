@@ -215,16 +215,26 @@ def _register_prim_table(simple: dict) -> None:
     )
 
 
+#: Methods whose out-of-place forms write a new contiguous tensor whatever their receiver's layout
+#: (``masked_fill`` clones it contiguous, the products and scans allocate contiguous results):
+#: their in-place forms would keep a transposed receiver's layout where eager's result is row-major
+#: (``masked_fill`` in xlogy's gradient of transposed inputs).
+_CONTIGUOUS_RESULTS = {"masked_fill", "masked_scatter", "addmm", "addmv", "addbmm", "baddbmm", "cumsum", "cumprod"}
+_CONTIGUOUS_RESULTS |= {"tril", "triu", "renorm", "mvlgamma"}
+
+
 def _declare_inplace_methods() -> None:
     """``m_`` for every method ``m`` that has one: ``passes::reuse`` calls it for calls that
     compute (elementwise, and writes at indices such as ``index_add``) whose receiver is a fresh
-    intermediate dying there, where it computes the same values (it never picks random draws,
-    whose in-place forms mean something else)."""
+    intermediate dying there, where it computes the same values laid out as eager's (it never picks
+    random draws, whose in-place forms mean something else)."""
     torch_ex.registry.register(
         *(
             dataclasses.replace(impl, inplace_method=f"{impl.method}_")
             for impl in torch_ex.registry.snapshot().values()
-            if impl.method is not None and hasattr(torch.Tensor, f"{impl.method}_")
+            if impl.method is not None
+            and hasattr(torch.Tensor, f"{impl.method}_")
+            and not (isinstance(impl.key, int) and impl.method in _CONTIGUOUS_RESULTS)
         )
     )
 
@@ -254,15 +264,15 @@ def _last_dim_dense(*tensors):
     return [x if x.stride(-1) == 1 else x.contiguous() for x in tensors]
 
 
-def _sdpa_flash(q, k, v, is_causal, scale):
+def _sdpa_flash(q, k, v, is_causal, scale, attn_mask=None):
     q, k, v = _last_dim_dense(q, k, v)
-    return torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)
+    return torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
 
 
-def _sdpa_flash_backward(g, q, k, v, out, lse, is_causal, scale):
+def _sdpa_flash_backward(g, q, k, v, out, lse, is_causal, scale, attn_mask=None):
     g, q, k, v, out = _last_dim_dense(g, q, k, v, out)
     return _aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
-        g, q, k, v, out, lse, 0.0, is_causal, scale=scale
+        g, q, k, v, out, lse, 0.0, is_causal, attn_mask=attn_mask, scale=scale
     )
 
 
@@ -466,6 +476,11 @@ _KERNELS = {
     "threshold_backward": (_aten.threshold_backward.default, None),
     "leaky_relu_backward": (lambda g, x, slope: _aten.leaky_relu_backward.default(g, x, slope, False), None),
     "hardtanh_backward": (_aten.hardtanh_backward.default, None),
+    "softplus_backward": (_aten.softplus_backward.default, None),
+    "elu_backward": (_aten.elu_backward.default, None),
+    "silu_backward": (_aten.silu_backward.default, None),
+    "mish_backward": (_aten.mish_backward.default, None),
+    "hardswish_backward": (_aten.hardswish_backward.default, None),
     "softmax_backward": (lambda g, out, dim: torch._softmax_backward_data(g, out, dim, out.dtype), None),
     "log_softmax_backward": (lambda g, out, dim: torch._log_softmax_backward_data(g, out, dim, out.dtype), None),
     "embedding_backward": (_aten.embedding_dense_backward.default, None),

@@ -64,6 +64,11 @@ __all__ = [
     "threshold_backward",
     "leaky_relu_backward",
     "hardtanh_backward",
+    "softplus_backward",
+    "elu_backward",
+    "silu_backward",
+    "mish_backward",
+    "hardswish_backward",
 ]
 
 
@@ -442,6 +447,67 @@ def hardtanh_backward(grad_output, input, min_val, max_val):
     return ltorch.where(outside, 0.0, grad_output)
 
 
+# The smooth activations' backward kernels, one aten call each on the torch executor: their
+# exponentials are the kernels' own (vectorized), which torch.exp (MKL's on the CPU) rounds
+# differently, so that a decomposition's gradients were 1 ulp apart from eager's.
+
+
+@torchsymbol(name="softplus_backward", meta=_elementwise_backward_meta)
+def softplus_backward(grad_output, input, beta, threshold):
+    """``g * z / (z + 1)`` with ``z = exp(input * beta)``; ``g`` where ``input * beta > threshold``."""
+    g, dtype = in_opmath(grad_output, input)
+    scaled = upcast(input) * beta
+    z = ltorch.exp(scaled)
+    return rounded(ltorch.where(scaled > threshold, g, g * z / (z + 1.0)), dtype)
+
+
+def _elu_backward_meta(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    return _elementwise_backward_meta(grad_output, self_or_result)
+
+
+@torchsymbol(name="elu_backward", meta=_elu_backward_meta)
+def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    """``g * input_scale * (alpha * scale) * exp(x * input_scale)`` (from the result ``y``: ``g *
+    input_scale * (y + alpha * scale)``) where ``x <= 0``, else ``g * scale``: the coefficients
+    rounded to the compute dtype as the kernel's (``alpha.to<scalar_t>() * scale.to<scalar_t>()``)."""
+    g, dtype = in_opmath(grad_output, self_or_result)
+    x = upcast(self_or_result)
+    negative_coef = torch.tensor(alpha, dtype=x.dtype) * torch.tensor(scale, dtype=x.dtype)
+    negative_coef, input_scale = negative_coef.item(), torch.tensor(input_scale, dtype=x.dtype).item()
+    if is_result:
+        negative = g * input_scale * (x + negative_coef)
+    else:
+        negative = g * input_scale * negative_coef * ltorch.exp(x * input_scale)
+    return rounded(ltorch.where(x <= 0.0, negative, g * scale), dtype)
+
+
+@torchsymbol(name="silu_backward", meta=_elementwise_backward_meta)
+def silu_backward(grad_output, input):
+    """``g * s * (1 + x * (1 - s))`` with ``s = sigmoid(x)``."""
+    g, dtype = in_opmath(grad_output, input)
+    x = upcast(input)
+    s = _sigmoid_of(x)
+    return rounded(g * s * (1.0 + x * (1.0 - s)), dtype)
+
+
+@torchsymbol(name="mish_backward", meta=_elementwise_backward_meta)
+def mish_backward(grad_output, input):
+    """``g * (t + x * sigmoid(x) * (1 - t * t))`` with ``t = tanh(softplus(x))``."""
+    g, dtype = in_opmath(grad_output, input)
+    x = upcast(input)
+    t = ltorch.tanh(ltorch.log1p(ltorch.exp(x)))
+    return rounded(g * (t + x * _sigmoid_of(x) * (1.0 - t * t)), dtype)
+
+
+@torchsymbol(name="hardswish_backward", meta=_elementwise_backward_meta)
+def hardswish_backward(grad_output, input):
+    """0 up to -3 inclusive, ``g * (x / 3 + 0.5)`` below 3, ``g`` from 3 on."""
+    g, dtype = in_opmath(grad_output, input)
+    x = upcast(input)
+    middle = ltorch.where(x < 3.0, g * (x / 3.0 + 0.5), g)
+    return rounded(ltorch.where(x <= -3.0, 0.0, middle), dtype)
+
+
 # -- grad rules ------------------------------------------------------------------------------------
 
 
@@ -522,55 +588,51 @@ def sigmoid_grad(input):
 @register_grad(ltorch.silu)
 def silu_grad(input, inplace=False):
     out = ltorch.silu(input, inplace)
-    g, dtype = in_opmath(get_grad(out), input)
-    x = upcast(input)
-    s = _sigmoid_of(x)
-    put_grad(input, rounded(g * s * (1.0 + x * (1.0 - s)), dtype))
+    put_grad(input, silu_backward(get_grad(out), input))
     return out
 
 
 @register_grad(ltorch.softplus)
 def softplus_grad(input, beta=1.0, threshold=20.0):
     out = ltorch.softplus(input, beta, threshold)
-    g, dtype = in_opmath(get_grad(out), input)
-    scaled = upcast(input) * beta
-    z = ltorch.exp(scaled)
-    put_grad(input, rounded(ltorch.where(scaled > threshold, g, g * z / (z + 1.0)), dtype))
+    put_grad(input, softplus_backward(get_grad(out), input, beta, threshold))
     return out
 
 
-def _elu_grad(out, input, negative_coef: float, positive_coef: float, input_scale: float):
-    g, dtype = in_opmath(get_grad(out), input)
-    x = upcast(input)
-    negative = g * (input_scale * negative_coef) * ltorch.exp(x * input_scale)
-    put_grad(input, rounded(ltorch.where(x <= 0.0, negative, g * positive_coef), dtype))
+def _elu_grad(out, input, alpha: float, scale: float, input_scale: float, inplace: bool):
+    # (an activation computed in place differentiates from its result, as eager's elu_)
+    put_grad(input, elu_backward(get_grad(out), alpha, scale, input_scale, inplace, out if inplace else input))
     return out
 
 
 @register_grad(ltorch.elu)
 def elu_grad(input, alpha=1.0, inplace=False):
-    return _elu_grad(ltorch.elu(input, alpha, inplace), input, alpha, 1.0, 1.0)
+    return _elu_grad(ltorch.elu(input, alpha, inplace), input, alpha, 1.0, 1.0, inplace)
 
 
 @register_grad(ltorch.selu)
 def selu_grad(input, inplace=False):
-    return _elu_grad(ltorch.selu(input, inplace), input, _SELU_ALPHA * _SELU_SCALE, _SELU_SCALE, 1.0)
+    return _elu_grad(ltorch.selu(input, inplace), input, _SELU_ALPHA, _SELU_SCALE, 1.0, inplace)
 
 
 @register_grad(ltorch.celu)
 def celu_grad(input, alpha=1.0, inplace=False):
     # Eager's derivative takes 1 / alpha with alpha rounded to float32 (``alpha.toFloat()``).
     input_scale = 1.0 / torch.tensor(alpha, dtype=torch.float32).item()
-    return _elu_grad(ltorch.celu(input, alpha, inplace), input, alpha, 1.0, input_scale)
+    return _elu_grad(ltorch.celu(input, alpha, inplace), input, alpha, 1.0, input_scale, inplace)
 
 
 @register_grad(ltorch.mish)
 def mish_grad(input, inplace=False):
     out = ltorch.mish(input, inplace)
-    g, dtype = in_opmath(get_grad(out), input)
-    x = upcast(input)
-    tanh_softplus = ltorch.tanh(ltorch.log1p(ltorch.exp(x)))
-    put_grad(input, rounded(g * (tanh_softplus + x * _sigmoid_of(x) * (1.0 - tanh_softplus * tanh_softplus)), dtype))
+    put_grad(input, mish_backward(get_grad(out), input))
+    return out
+
+
+@register_grad(ltorch.hardswish)
+def hardswish_grad(input, inplace=False):
+    out = ltorch.hardswish(input, inplace)
+    put_grad(input, hardswish_backward(get_grad(out), input))
     return out
 
 

@@ -8,6 +8,8 @@ backward reuses. It returns the plain forward without asking for a cotangent for
 not handle (attention with dropout); the VJP pass then differentiates the decomposition.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -188,9 +190,12 @@ def scaled_dot_product_attention(
 # -- kernels ---------------------------------------------------------------------------------------
 
 
-def _scores(query, key, is_causal: bool, scale: float):
-    """query @ key^T * scale in the compute dtype, -inf above the diagonal when causal."""
+def _scores(query, key, is_causal: bool, scale: float, attn_mask=None):
+    """query @ key^T * scale in the compute dtype plus a float mask, -inf above the diagonal
+    when causal."""
     scores = to_compute_dtype(ltorch.matmul(query, ltorch.transpose(key, -1, -2))) * scale
+    if attn_mask is not None:
+        scores = scores + to_compute_dtype(attn_mask)
     if not is_causal:
         return scores
     rows, cols = scores.shape[-2:]
@@ -198,43 +203,53 @@ def _scores(query, key, is_causal: bool, scale: float):
     return ltorch.where(visible, scores, float("-inf"))
 
 
-def _sdpa_flash_meta(query, key, value, is_causal, scale):
+def _finite_or_zero(lse):
+    """A row's logsumexp, 0 where its mask hides every key (-inf), as the kernel's: the row's
+    probabilities are then zeros."""
+    return ltorch.where(lse == float("-inf"), 0.0, lse)
+
+
+def _sdpa_flash_meta(query, key, value, is_causal, scale, attn_mask=None):
     rows = tuple(query.shape[:-1])
-    return [((*rows, value.shape[-1]), query.dtype), (rows, compute_dtype(query.dtype), flows(query, key))]
+    return [((*rows, value.shape[-1]), query.dtype), (rows, compute_dtype(query.dtype), flows(query, key, attn_mask))]
 
 
 @torchsymbol(name="sdpa_flash", meta=_sdpa_flash_meta)
-def sdpa_flash(query, key, value, is_causal, scale):
-    """Attention of 4-D query, key and value (one batch and head count, one head size) without
-    mask or dropout, and the logsumexp of each row's scores (float32 for half precision)."""
-    scores = _scores(query, key, is_causal, scale)
-    lse = ltorch.logsumexp(scores, -1)
+def sdpa_flash(query, key, value, is_causal, scale, attn_mask=None):
+    """Attention of 4-D query, key and value (one batch count, one head size; the key's and
+    value's heads each shared by a group of the query's) without dropout, with a float mask added
+    to the scores, and the logsumexp of each row's scores (float32 for half precision)."""
+    key, value = (_grouped_heads(x, query.shape[-3]) for x in (key, value))
+    scores = _scores(query, key, is_causal, scale, attn_mask)
+    lse = _finite_or_zero(ltorch.logsumexp(scores, -1))
     probs = ltorch.exp(scores - ltorch.unsqueeze(lse, -1))
     return ltorch.matmul(cast(probs, query.dtype), value), lse
 
 
-def _sdpa_flash_backward_meta(grad_out, query, key, value, out, logsumexp, is_causal, scale):
-    batch, dtype = tuple(query.shape[:-2]), query.dtype
+def _sdpa_flash_backward_meta(grad_out, query, key, value, out, logsumexp, is_causal, scale, attn_mask=None):
+    dtype = query.dtype
     return [
-        ((*batch, query.shape[-2], key.shape[-1]), dtype),
-        ((*batch, key.shape[-2], query.shape[-1]), dtype),
-        ((*batch, value.shape[-2], grad_out.shape[-1]), dtype),
+        ((*query.shape[:-2], query.shape[-2], key.shape[-1]), dtype),
+        ((*key.shape[:-2], key.shape[-2], query.shape[-1]), dtype),
+        ((*value.shape[:-2], value.shape[-2], grad_out.shape[-1]), dtype),
     ]
 
 
 @torchsymbol(name="sdpa_flash_backward", meta=_sdpa_flash_backward_meta)
-def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale):
+def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale, attn_mask=None):
     """The gradients of ``sdpa_flash``'s query, key and value; the probabilities are recomputed
-    from the saved logsumexp."""
-    dtype = query.dtype
-    probs = ltorch.exp(_scores(query, key, is_causal, scale) - ltorch.unsqueeze(logsumexp, -1))
+    from the saved logsumexp; a key's or value's head shared by a group gets the group's sum."""
+    dtype, shared = query.dtype, (key, value)
+    key, value = (_grouped_heads(x, query.shape[-3]) for x in (key, value))
+    scores = _scores(query, key, is_causal, scale, attn_mask)
+    probs = ltorch.exp(scores - ltorch.unsqueeze(logsumexp, -1))
     grad_value = ltorch.matmul(ltorch.transpose(cast(probs, dtype), -1, -2), grad_out)
     dprobs = to_compute_dtype(ltorch.matmul(grad_out, ltorch.transpose(value, -1, -2)))
     row = ltorch.sum(to_compute_dtype(grad_out) * to_compute_dtype(out), -1, keepdim=True)  # = sum(probs * dprobs)
     dscores = cast(probs * (dprobs - row) * scale, dtype)
     grad_query = ltorch.matmul(dscores, key)
     grad_key = ltorch.matmul(ltorch.transpose(dscores, -1, -2), query)
-    return grad_query, grad_key, grad_value
+    return grad_query, _unrepeat(grad_key, shared[0], True), _unrepeat(grad_value, shared[1], True)
 
 
 # -- grad rule -------------------------------------------------------------------------------------
@@ -285,22 +300,32 @@ def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
     return ltorch.where(blind, 0.0, probs)
 
 
-def _flash_on_cpu(query, key, value, attn_mask, dropout_p) -> bool:
+def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> bool:
     """Whether eager's CPU flash kernels take the call: 4-D query, key and value on the CPU with
-    one batch and head count and one head size, positions on both sides, no mask, no dropout,
-    and, where the flash kernel's output is laid out otherwise than the math path's, flash not
-    switched off (``sdpa_kernel``: the switches are guarded then; else only rounding differs)."""
-    if query.device.type != "cpu" or attn_mask is not None or dropout_p != 0 or query.dtype not in _FLASH_DTYPES:
+    one batch and head count (with ``enable_gqa``, the key's and value's heads dividing the
+    query's) and one head size, positions on both sides, a mask of 2 or 4 dims
+    (bool, or of the query's dtype) that requires no gradient (the kernel gives it none), no
+    dropout, and, where the flash kernel's output is laid out otherwise than the math path's,
+    flash not switched off (``sdpa_kernel``: the switches are guarded then; else only rounding
+    differs)."""
+    if query.device.type != "cpu" or dropout_p != 0 or query.dtype not in _FLASH_DTYPES:
+        return False
+    if attn_mask is not None and (
+        attn_mask.requires_grad or attn_mask.ndim not in (2, 4) or attn_mask.dtype not in (torch.bool, query.dtype)
+    ):
         return False
     if flash_order_if_otherwise(query) is not None and not sdp_state.guard()[0]:  # (the flash switch)
         return False
-    if not all(x.ndim == 4 for x in (query, key, value)):
-        return False
-    batch_heads, size = tuple(query.shape[:2]), query.shape[-1]
-    same = all(same_shape(x.shape[:2], batch_heads) and x.shape[-1] == size for x in (key, value))
+    if not (all(x.ndim == 4 for x in (query, key, value)) or all(x.ndim == 3 for x in (query, key, value))):
+        return False  # (3-D ones eager unsqueezes to one batch of heads)
+    batch_heads, size = tuple(query.shape[:-2]), query.shape[-1]
+    if enable_gqa and query.ndim == 4 and same_shape(key.shape[:2], value.shape[:2]):
+        if key.shape[0] == query.shape[0] and key.shape[1] != query.shape[1] and query.shape[1] % key.shape[1] == 0:
+            batch_heads = tuple(key.shape[:2])
+    same = all(same_shape(x.shape[:-2], batch_heads) and x.shape[-1] == size for x in (key, value))
     # Each compared with 0 on its own: ``min`` of symbolic lengths would compare them with each
     # other (a guard ``T <= head size`` that a longer sequence fails: a compile more).
-    return same and key.shape[2] == value.shape[2] and all(d > 0 for d in (query.shape[2], key.shape[2], size))
+    return same and key.shape[-2] == value.shape[-2] and all(d > 0 for d in (query.shape[-2], key.shape[-2], size))
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -310,14 +335,24 @@ _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 def scaled_dot_product_attention_grad(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
-    if _flash_on_cpu(query, key, value, attn_mask, dropout_p):
+    if _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa):
         _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
         scale = 1.0 / symfloat.sqrt(query.shape[-1]) if scale is None else scale
-        out, lse = sdpa_flash(query, key, value, is_causal, scale)
-        grads = sdpa_flash_backward(get_grad(out), query, key, value, out, lse, is_causal, scale)
+        batched = query.ndim == 3
+        q, k, v = (ltorch.unsqueeze(x, 0) for x in (query, key, value)) if batched else (query, key, value)
+        mask = attn_mask
+        if mask is not None and mask.dtype == torch.bool:  # (eager's convert_boolean_attn_mask)
+            mask = ltorch.masked_fill(ltorch.zeros(mask.shape, dtype=query.dtype, device=mask.device), ~mask, -math.inf)
+        out, lse = sdpa_flash(q, k, v, is_causal, scale, mask)
+        out = ltorch.squeeze(out, 0) if batched else out
+        g = get_grad(out)
+        g = ltorch.unsqueeze(g, 0) if batched else g
+        grads = sdpa_flash_backward(
+            g, q, k, v, ltorch.unsqueeze(out, 0) if batched else out, lse, is_causal, scale, mask
+        )
         for x, grad in zip((query, key, value), grads):
             if x.requires_grad:
-                put_grad(x, grad)
+                put_grad(x, ltorch.squeeze(grad, 0) if batched else grad)
         return out
     if query.device.type == "cuda":  # the fused kernel torch chooses, unless it chooses the math path
         _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)

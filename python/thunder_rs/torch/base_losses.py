@@ -51,9 +51,12 @@ def _reduction(op: str, reduction: str, size_average, reduce) -> str:
 
 
 def _reduce(op: str, loss, reduction: str, divisor=None):
-    """``loss`` reduced: summed, or summed and divided by ``divisor`` (default: its element count)."""
+    """``loss`` reduced: summed, or summed and divided by ``divisor`` (default: its element count,
+    eager's ``loss.mean()``, whose gradient is a new tensor where sum-then-divide's is a broadcast)."""
     if reduction == "none":
         return loss
+    if reduction == "mean" and divisor is None and loss.dtype.is_floating_point:
+        return ltorch.mean(loss)
     total = sum_all(loss)
     if reduction == "sum":
         return total

@@ -151,7 +151,10 @@ def true_divide(input, other):
 
 @torchsymbol(T.__rtruediv__)
 def rtruediv(a, b):
-    return clang.elementwise(prims.div, "ltorch.true_divide", b, a, kind=INT_TO_FLOAT)
+    """``b / a`` of a number ``b``: eager's ``a.reciprocal() * b``, which rounds twice (and so
+    does its gradient, ``-(g * b) * (r * r)``) where a quotient rounds once."""
+    op = "ltorch.rtruediv"
+    return clang.elementwise(prims.mul, op, clang.elementwise(prims.reciprocal, op, a, kind=INT_TO_FLOAT), b)
 
 
 def _floor_div(a, b, op):

@@ -1,8 +1,8 @@
 """Neural-network ops (``torch.nn.functional``) of layers: softmax, dropout, linear and
 embedding, with the backward kernels of eager's autograd they differentiate with and their grad
 rules. Activations are in ``activations.py``, layer and RMS norm in ``layer_norms.py``, batch norm
-in ``batch_norms.py``, the base losses in ``base_losses.py`` (the rest in ``losses.py``) and scaled
-dot-product attention in ``attention.py``.
+in ``batch_norms.py``, the base losses in ``base_losses.py`` (the rest in ``losses.py``, distances
+in ``distances.py``) and scaled dot-product attention in ``attention.py``.
 
 Half-precision inputs are computed in float32 and converted back, as eager kernels do. Where
 eager has a kernel only for floating dtypes, an integer input raises NotImplementedError as there.

@@ -18,6 +18,7 @@ from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.base import dtypes
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import identity
 from thunder_rs.torch.elementwise import sub
@@ -641,6 +642,18 @@ def linalg_matrix_power(A, n, *, out=None):
         if n & 1:
             result = z if result is None else prims.matmul(result, z)
         n >>= 1
+    return result
+
+
+@register_grad(linalg_matrix_power)
+def linalg_matrix_power_grad(A, n, *, out=None):
+    """``n == 0``: eager's gradient is new contiguous zeros (``linalg_matrix_power_backward``),
+    where the identity's zero gradient (``with_zero_gradient``) was a broadcast with strides of 0.
+    Other powers differentiate the products."""
+    result = linalg_matrix_power(A, n, out=out)
+    if n == 0 and A.dtype.is_floating_point:
+        get_grad(result)
+        put_grad(A, ltorch.zeros(tuple(A.shape), dtype=A.dtype, device=A.device))
     return result
 
 

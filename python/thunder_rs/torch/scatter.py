@@ -457,6 +457,16 @@ def take(input, index):
     return reshape_to(prims.take(reshape_to(input, (input.numel(),)), flat, 0), tuple(index.shape))
 
 
+@register_grad(take)
+def take_grad(input, index):
+    """Eager's ``take_backward``: the cotangent put (accumulated) into ``zeros_like(input)``, so
+    that the gradient takes the input's layout."""
+    out = take(input, index)
+    if input.dtype.is_floating_point:
+        put_grad(input, torch.zeros_like(input).put(index, get_grad(out), accumulate=True))
+    return out
+
+
 @torchsymbol(torch.put, Tensor.put)
 def put(input, index, source, accumulate=False):
     op = "ltorch.put"

@@ -17,7 +17,7 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
 from thunder_rs.core.base import dtypes
-from thunder_rs.core.lang.grad import get_grad, register_grad
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import is_number
@@ -649,3 +649,112 @@ def fmax_grad(input, other):
 @register_grad(ltorch.fmin)
 def fmin_grad(input, other):
     return _fmax_grad(ltorch.fmin, ltorch.lt, input, other)
+
+
+# -- grad rules of eager's formulas (derivatives.yaml) ---------------------------------------------
+# In eager's operand order and arithmetic, so that the gradients take eager's layouts (an operand's
+# layout decides where the cotangent's is ambiguous) and round as eager's do: torch's operators,
+# whose layouts the trace takes. Complex results keep the decompositions' VJPs.
+
+
+def _xlog_grad(symbol, kernel, pole: float, input, other):
+    """``symbol(g, other)``, zero where ``input == 0`` and ``other <= pole`` (a new contiguous
+    tensor: eager's ``masked_fill``), and ``g * input / (other - pole)``."""
+    out = symbol(input, other)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    if isinstance(input, torch.Tensor) and input.requires_grad:
+        grad = kernel(g, other)
+        if isinstance(other, torch.Tensor):
+            grad = grad.masked_fill((input == 0.0) & (other <= pole), 0.0)
+        elif other <= pole:
+            grad = grad.masked_fill(input == 0.0, 0.0)
+        put_operand_grads((input,), (grad,))
+    if isinstance(other, torch.Tensor) and other.requires_grad:
+        put_operand_grads((other,), (g * input / (other if pole == 0.0 else other + 1),))
+    return out
+
+
+@register_grad(ltorch.xlogy)
+def xlogy_grad(input, other):
+    return _xlog_grad(ltorch.xlogy, torch.xlogy, 0.0, input, other)
+
+
+@register_grad(ltorch.xlog1py)
+def xlog1py_grad(input, other):
+    return _xlog_grad(ltorch.xlog1py, torch.special.xlog1py, -1.0, input, other)
+
+
+@register_grad(ltorch.copysign)
+def copysign_grad(input, other):
+    """``g * (result / input)``, the ratio 0 where ``input == 0``; ``other``'s gradient is new
+    contiguous zeros (eager's ``zeros_like(other)`` formula, which leaves ``other.grad`` zeros)."""
+    out = ltorch.copysign(input, other)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    if input.requires_grad:
+        ratio = out / input
+        ratio.masked_fill_(input == 0.0, 0.0)
+        put_operand_grads((input,), (g * ratio,))
+    if isinstance(other, torch.Tensor) and other.requires_grad:
+        put_grad(other, ltorch.zeros(tuple(other.shape), dtype=other.dtype, device=other.device))
+    return out
+
+
+@register_grad(ltorch.lerp)
+def lerp_grad(input, end, weight):
+    """``g * (1 - weight)``, ``g * weight`` and ``g * (end - input)`` (a number weight's ``1 -
+    weight`` computed in double, as eager's)."""
+    out = ltorch.lerp(input, end, weight)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    grads = (g * (1 - weight), g * weight, g * (end - input) if isinstance(weight, torch.Tensor) else None)
+    put_operand_grads((input, end, weight), grads)
+    return out
+
+
+def _logaddexp_grad(symbol, power, input, other):
+    """``g / (1 + power(other - input))`` and ``g / (1 + power(input - other))``."""
+    out = symbol(input, other)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    put_operand_grads((input, other), (g / (1 + power(other - input)), g / (1 + power(input - other))))
+    return out
+
+
+@register_grad(ltorch.logaddexp)
+def logaddexp_grad(input, other):
+    return _logaddexp_grad(ltorch.logaddexp, torch.exp, input, other)
+
+
+@register_grad(ltorch.logaddexp2)
+def logaddexp2_grad(input, other):
+    return _logaddexp_grad(ltorch.logaddexp2, lambda x: torch.pow(2, x), input, other)
+
+
+@register_grad(ltorch.addcmul)
+def addcmul_grad(input, tensor1, tensor2, *, value=1):
+    """``g``, ``g * (tensor2 * value)`` and ``g * (tensor1 * value)``."""
+    out = ltorch.addcmul(input, tensor1, tensor2, value=value)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    put_operand_grads((input, tensor1, tensor2), (g, g * (tensor2 * value), g * (tensor1 * value)))
+    return out
+
+
+@register_grad(ltorch.addcdiv)
+def addcdiv_grad(input, tensor1, tensor2, *, value=1):
+    """``g``, ``g * (value / tensor2)`` and ``-g * (tensor1 * value / (tensor2 * tensor2))``, the
+    number ``value`` filled into a tensor and divided (eager's ``Scalar / Tensor``)."""
+    out = ltorch.addcdiv(input, tensor1, tensor2, value=value)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    quotient = torch.full_like(tensor2, value) / tensor2
+    put_operand_grads((input, tensor1, tensor2), (g, g * quotient, -g * (tensor1 * value / (tensor2 * tensor2))))
+    return out

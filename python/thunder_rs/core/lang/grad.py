@@ -18,7 +18,7 @@ which the Rust VJP pass emits in place of differentiating the decomposition.
 """
 
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import GRAD_RULES, current, enter_backward, proxies
+from thunder_rs.core.lang.recorder import GRAD_RULES, current, enter_backward, note_gradient_into, proxies
 from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, ThunderValueError
 from thunder_rs.core.lang.symint import same_shape
 
@@ -63,4 +63,7 @@ def put_grad(x, grad) -> None:
         raise ThunderValueError(
             f"put_grad: the gradient's shape {tuple(grad.shape)} differs from x's {tuple(x.shape)} (argument grad)"
         )
+    # (a view input of the call gets its gradient through autograd as the ops' operands do: a
+    # rule may give one where no op of the forward does, copysign's sign operand)
+    note_gradient_into(x)
     current().put_grad(x._vid, grad)

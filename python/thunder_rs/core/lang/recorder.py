@@ -307,10 +307,16 @@ def note_gradient_through(outputs: list, args: tuple) -> None:
         return
     for a in args:
         for t in a if type(a) in (list, tuple) else (a,):
-            if isinstance(t, TensorProxy) and t._view_grad is False:
-                if t._history_error is not None:
-                    raise ThunderRuntimeError(f"{t._history_error} (at {user_location()})")
-                t._view_grad = True
+            if isinstance(t, TensorProxy):
+                note_gradient_into(t)
+
+
+def note_gradient_into(t: TensorProxy) -> None:
+    """Notes that a gradient flows into ``t`` (see ``note_gradient_through``)."""
+    if t._view_grad is False:
+        if t._history_error is not None:
+            raise ThunderRuntimeError(f"{t._history_error} (at {user_location()})")
+        t._view_grad = True
 
 
 def output_meta(shape, dtype: torch.dtype, device, requires_grad: bool) -> "_core.TensorMeta":

@@ -1,0 +1,209 @@
+"""Distances and normalisation (``torch.nn.functional``): p-norm distances between pairs of
+rows (``pairwise_distance``, ``pdist``, ``cdist``), cosine similarity and ``normalize``, and the
+p-norm and broadcast difference the losses share with them.
+
+Each follows eager's formula: ``cdist``'s matmul form for p = 2 on many rows, norms clamped by
+``eps`` as eager clamps them.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from thunder_rs import clang, prims
+from thunder_rs.torch.symbols import ltorch
+from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch.autograd import with_zero_gradient
+from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.elementwise import clamp_min
+from thunder_rs.torch.common import require_float
+from thunder_rs.core.lang.symfloat import SymFloat
+
+__all__ = ["pairwise_distance", "pdist", "cosine_similarity", "normalize", "cdist"]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _pair(op: str, input, target):
+    """``input`` and ``target`` broadcast together, as eager's ``torch.broadcast_tensors``."""
+    shape = clang.broadcast_shapes(op, input.shape, target.shape)
+    return clang.expand_to(input, shape), clang.expand_to(target, shape)
+
+
+def _difference(op: str, input, target):
+    x, y = _pair(op, input, target)
+    return clang.elementwise(prims.sub, op, x, y)
+
+
+def _vector_norm(x, p, dims: tuple[int, ...], keepdim: bool):
+    """The ``p``-norm of ``x`` over ``dims``. For p = 2 a zero norm has gradient 0, as eager's."""
+    absolute = prims.abs(x)
+    if p == math.inf or p == -math.inf:
+        out = (prims.amax if p > 0 else prims.amin)(absolute, dims)
+    elif p == 0:
+        out = with_zero_gradient(prims.sum(clang.maybe_convert(prims.ne(x, 0.0), x.dtype), dims), x)
+    elif p == 1:
+        out = prims.sum(absolute, dims)
+    elif p == 2:
+        total = prims.sum(prims.mul(x, x), dims)
+        zero = prims.eq(total, 0.0)
+        out = prims.where(zero, 0.0, prims.sqrt(prims.where(zero, 1.0, total)))
+    else:
+        total = prims.sum(prims.pow(absolute, p if type(p) is SymFloat else float(p)), dims)
+        zero = prims.eq(total, 0.0)
+        out = prims.where(zero, 0.0, prims.pow(prims.where(zero, 1.0, total), 1.0 / p))
+    if keepdim:
+        out = prims.broadcast_in_dim(
+            out,
+            tuple(1 if d in dims else s for d, s in enumerate(x.shape)),
+            tuple(d for d in range(x.ndim) if d not in dims),
+        )
+    return out
+
+
+# -- distances -------------------------------------------------------------------------------------
+
+
+@torchsymbol(torch.pairwise_distance, F.pairwise_distance)
+def pairwise_distance(x1, x2, p=2.0, eps=1e-06, keepdim=False):
+    op = "ltorch.pairwise_distance"
+    ndim = max(x1.ndim, x2.ndim)
+    diff = clang.elementwise(prims.add, op, _difference(op, x1, x2), eps)
+    if ndim == 0:
+        return _vector_norm(diff, p, (), keepdim)
+    return _vector_norm(diff, p, (ndim - 1,), keepdim)
+
+
+@torchsymbol(F.pdist, torch.pdist)
+def pdist(input, p=2):
+    """The ``p``-norm distances of every pair of rows ``i < j``, in row-major order of the pairs."""
+    op = "ltorch.pdist"
+    check(
+        input.ndim == 2, op, f"pdist only supports 2D tensors, got: {input.ndim}D (argument input)", ThunderRuntimeError
+    )
+    check(p >= 0, op, "pdist only supports non-negative p values (argument p)", ThunderRuntimeError)
+    check(
+        input.dtype.is_floating_point,
+        op,
+        "pdist only supports floating-point dtypes (argument input)",
+        ThunderRuntimeError,
+    )
+    n = input.shape[0]
+    if n < 2:
+        return with_zero_gradient(prims.full((0,), 0.0, input.device, input.dtype), input)
+    pairs = ltorch.triu_indices(n, n, 1, device=input.device)
+    first, second = (
+        prims.reshape(prims.slice(pairs, (k, 0), (k + 1, pairs.shape[1]), (1, 1)), (pairs.shape[1],)) for k in (0, 1)
+    )
+    diff = prims.sub(prims.take(input, first, 0), prims.take(input, second, 0))
+    return _vector_norm(diff, p, (1,), False)
+
+
+@torchsymbol(torch.cosine_similarity, F.cosine_similarity)
+def cosine_similarity(x1, x2, dim=1, eps=1e-08):
+    op = "ltorch.cosine_similarity"
+    compute, _ = clang.promote(op, (x1, x2))
+    check(
+        compute.is_floating_point,
+        op,
+        f"expected common dtype to be floating point, yet common dtype is {compute} (argument x1)",
+        ThunderRuntimeError,
+    )
+    a, b = _pair(op, clang.maybe_convert(x1, compute), clang.maybe_convert(x2, compute))
+    dims = (clang.canonicalize_dim(a.ndim, dim, op),) if a.ndim else ()
+    # Eager normalises each operand by its norm clamped to eps, the clamp invisible to autograd.
+    unit = []
+    for x in (a, b):
+        norm = _vector_norm(x, 2, dims, keepdim=True).clone()
+        with torch.no_grad():
+            norm.clamp_(min=eps)
+        unit.append(prims.div(x, clang.expand_to(norm, x.shape)))
+    return prims.sum(prims.mul(*unit), dims)
+
+
+@torchsymbol(F.normalize)
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    """Eager's ``input / input.norm(p, dim, keepdim=True).clamp_min(eps).expand_as(input)``: the
+    norm by its kernel (``linalg_vector_norm``), whose rounding and gradient are eager's."""
+    op = "ltorch.normalize"
+    check(out is None, op, "out= is handled before the symbol (argument out)", ThunderTypeError)
+    dims = (clang.canonicalize_dim(input.ndim, dim, op),) if input.ndim else ()
+    require_float(op, input)
+    denom = clamp_min(ltorch.linalg_vector_norm(input, p, dims, True), eps)
+    return ltorch.true_divide(input, ltorch.expand(denom, input.shape))
+
+
+_CDIST_MODES = {
+    "use_mm_for_euclid_dist_if_necessary": 0,
+    "use_mm_for_euclid_dist": 1,
+    "donot_use_mm_for_euclid_dist": 2,
+}
+
+
+def _euclidean_dist(x1, x2):
+    """Eager's matmul form of p=2 distances: |a|^2 - 2 a.b + |b|^2, clamped at 0 before the root."""
+
+    def padded(x, first):
+        squares = prims.sum(prims.mul(x, x), (x.ndim - 1,))
+        squares = prims.broadcast_in_dim(squares, (*x.shape[:-1], 1), tuple(range(x.ndim - 1)))
+        ones = prims.full(tuple(squares.shape), 1.0, x.device, x.dtype)
+        return prims.cat([prims.mul(x, -2.0), squares, ones] if first else [x, ones, squares], x.ndim - 1)
+
+    left, right = padded(x1, True), padded(x2, False)
+    perm = (*range(right.ndim - 2), right.ndim - 1, right.ndim - 2)
+    product = prims.matmul(left, prims.transpose(right, perm))
+    # Eager's backward gives 0 where the distance is 0, where sqrt's gradient is infinite.
+    zero = prims.le(product, clang.maybe_convert(0.0, product.dtype))
+    root = prims.sqrt(prims.where(zero, clang.maybe_convert(1.0, product.dtype), product))
+    return prims.where(zero, clang.maybe_convert(0.0, product.dtype), root)
+
+
+@torchsymbol(torch.cdist)
+def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
+    op = "ltorch.cdist"
+    check(
+        x1.ndim >= 2,
+        op,
+        f"cdist only supports at least 2D tensors, X1 got: {x1.ndim}D (argument x1)",
+        ThunderRuntimeError,
+    )
+    check(
+        x2.ndim >= 2,
+        op,
+        f"cdist only supports at least 2D tensors, X2 got: {x2.ndim}D (argument x2)",
+        ThunderRuntimeError,
+    )
+    check(
+        x1.shape[-1] == x2.shape[-1],
+        op,
+        f"X1 and X2 must have the same number of columns. X1: {x1.shape[-1]} X2: {x2.shape[-1]} (argument x2)",
+        ThunderRuntimeError,
+    )
+    check(p >= 0, op, "cdist only supports non-negative p values (argument p)", ThunderRuntimeError)
+    check(
+        compute_mode in _CDIST_MODES,
+        op,
+        f"{compute_mode} is not a valid value for compute_mode (argument compute_mode)",
+    )
+    for x, arg in ((x1, "x1"), (x2, "x2")):
+        require_float(op, x, arg)
+    check(
+        x1.dtype == x2.dtype,
+        op,
+        f"X1 and X2 must have the same dtype, but got {x1.dtype} and {x2.dtype} (argument x2)",
+        ThunderRuntimeError,
+    )
+    batch = clang.broadcast_shapes(op, x1.shape[:-2], x2.shape[:-2])
+    a = clang.expand_to(x1, (*batch, *x1.shape[-2:]))
+    b = clang.expand_to(x2, (*batch, *x2.shape[-2:]))
+    rows1, rows2, cols = a.shape[-2], b.shape[-2], a.shape[-1]
+    mode = _CDIST_MODES[compute_mode]
+    if p == 2 and (mode == 1 or (mode == 0 and (rows1 > 25 or rows2 > 25))):
+        return _euclidean_dist(a, b)
+    n = len(batch)
+    shape = (*batch, rows1, rows2, cols)
+    left = prims.broadcast_in_dim(a, shape, (*range(n), n, n + 2))
+    right = prims.broadcast_in_dim(b, shape, (*range(n), n + 1, n + 2))
+    return _vector_norm(prims.sub(left, right), p, (n + 2,), keepdim=False)
