@@ -24,8 +24,10 @@ on the device (padding lengths, batch sizes, a KV-cache decode; ``dynamic.txt``)
 
 The device time of a session is 15 minutes, starts included (a fresh machine takes 35 s to a few
 minutes), and one command 10 minutes: the default ``--budget`` of 520 s, run with the device's
-command limit at about 560 s (pytest's grace after its deadline, the install before the budget's
-clock), leaves a rerun of one phase (``--skip-*``, ``--tests``) its time.
+command limit at about 560 s (pytest's grace after its deadline), leaves a rerun of one phase
+(``--skip-*``, ``--tests``) its time. The check imports thunder_rs from the carried wheel and its
+tests from the tree: a wheel built before the tree's last change to ``python/thunder_rs`` is named
+in the log and the report (``thunder_rs_sources``).
 
 Without CUDA ``run`` says so and stops (exit 2), unless ``--device cpu`` asks for the dry run
 (the benchmark's code path on the CPU, ``--tiny`` sizes; what the unit tests run).
@@ -150,6 +152,7 @@ def versions(log) -> dict:
     from thunder_rs.executors import nvfuser_ex  # noqa: PLC0415
 
     info["thunder_rs"] = f"{thunder_rs.__version__} from {Path(thunder_rs.__file__).parent}"
+    info["thunder_rs_sources"] = sources_as_the_tree(Path(thunder_rs.__file__).parent)
     executor = nvfuser_ex.nvfuser_executor()
     info["nvfuser"] = executor.module.version() if executor.available else f"unavailable: {executor.unavailable}"
     info["default_executors"] = [e.name for e in thunder_rs.executors.get_default_executors()]
@@ -157,6 +160,20 @@ def versions(log) -> dict:
     for key, value in info.items():
         log(f"{key}: {value}")
     return info
+
+
+STALE_WHEEL = (
+    "DIFFERENT from this tree's python/thunder_rs: the carried wheel was built before the last change, and the "
+    "tests (from the tree) run against its older code. Rebuild it (make gpu-wheels) before a GPU run"
+)
+
+
+def sources_as_the_tree(package: Path) -> str:
+    """Whether the thunder_rs imported (the carried wheel's, on the GPU machine) has the tree's
+    Python sources: the tests come from the tree, the code they test from the wheel."""
+    from thunder_rs.executors.inductor_cache import sources_digest  # noqa: PLC0415
+
+    return "as the tree's" if sources_digest(package) == sources_digest(ROOT / "python" / "thunder_rs") else STALE_WHEEL
 
 
 def inductor_settings() -> str:

@@ -172,6 +172,8 @@ def markdown(report: dict) -> str:
         "`benchmarks/gpu_check.py`.",
         "",
     ]
+    if v.get("thunder_rs_sources", "as the tree's") != "as the tree's":
+        lines += [f"**thunder_rs's Python sources: {v['thunder_rs_sources']}.**", ""]
     if bench:
         n_embd, n_head, seq, batch = size
         lines += [

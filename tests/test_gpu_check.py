@@ -299,6 +299,20 @@ def test_the_symbolic_checks_run_first_then_the_suite_with_tracebacks_then_the_b
     assert len(list(tmp_path.iterdir())) <= 8
 
 
+def test_a_carried_wheel_older_than_the_trees_sources_is_named(tmp_path):
+    import shutil
+
+    tree = ROOT / "python" / "thunder_rs"
+    assert gpu_check.sources_as_the_tree(tree) == "as the tree's"
+    wheel = tmp_path / "thunder_rs"
+    shutil.copytree(tree, wheel, ignore=shutil.ignore_patterns("__pycache__", "*.so", "rust_crates"))
+    assert gpu_check.sources_as_the_tree(wheel) == "as the tree's"
+    (wheel / "executors" / "nvfuser_ex.py").write_text("# an older nvfuser_ex\n")
+    assert gpu_check.sources_as_the_tree(wheel) == gpu_check.STALE_WHEEL
+    page = gpu_report.markdown({"versions": {"thunder_rs_sources": gpu_check.STALE_WHEEL}})
+    assert "Rebuild it (make gpu-wheels)" in page
+
+
 def test_the_report_gives_each_ratio_to_eager_of_the_same_process():
     row = {"out_rel_diff": 0.01, "grad_rel_diff": 0.02, "matches_eager": True}
     rows = [
