@@ -487,15 +487,18 @@ def test_cuda_region_equals_its_eager_calls():
 
 
 def _half_chain(x, y, z):
-    """Ops whose float32 results eager rounds to x's dtype one by one, and a float32 result of a
-    rounded product: Inductor's fused kernel keeps them in float32 unless it emulates the casts."""
-    return ((x * y + z) * y - x) / (z.abs() + 1), (x * y).float() + 1
+    """Ops whose float32 results eager rounds to x's dtype one by one, a float32 result of a
+    rounded product, and Python numbers, which eager's kernels read in float32 as the second
+    operand (and on the CPU in x's dtype as the first: ``0.7 - ...``). Inductor's fused kernel
+    keeps the results in float32 unless it emulates the casts, and then rounds the numbers."""
+    return ((x * y + z) * 1.1 - x) / (z.abs() + 1), (x * y).float() + 1, (0.7 - x * 0.3) / 3.3
 
 
 def _check_half_precision_regions_round_as_eager(device, program=_half_chain):
     """The region equals eager bit for bit in bfloat16 and float16 though the process's Inductor
     setting says not to emulate eager's casts: the policy is the executor's own, and the process's
-    setting is left as it was. Without it, a third of the elements differ."""
+    setting is left as it was. Without it, a third of the elements differ; with it but with the
+    numbers as Inductor reads them, one in seven."""
     from torch._inductor import config  # noqa: PLC0415 (Inductor is imported by the executor anyway)
 
     jfn = thunder_rs.jit(program, executors=["inductor"])
@@ -515,9 +518,11 @@ def test_half_precision_regions_round_each_op_as_eager(one_thread):
 
 @pytest.mark.gpu
 def test_on_cuda_half_precision_regions_round_each_op_as_eager():
-    # Multiplies and adds only: CUDA's and Triton's division and transcendental functions are
-    # not bit for bit the same in float32, which rounding to a half dtype mostly hides.
-    _check_half_precision_regions_round_as_eager("cuda", lambda x, y, z: ((x * y + z) * y - x, (x * y).float() + 1))
+    # Multiplies and adds only: CUDA's and Triton's division (eager's multiplies by a number's
+    # reciprocal) and transcendental functions are not bit for bit the same in float32.
+    _check_half_precision_regions_round_as_eager(
+        "cuda", lambda x, y, z: ((x * y + z) * 1.1 - x, (x * y).float() + 1, 0.7 - x * 0.3)
+    )
 
 
 def _chain(x, y):

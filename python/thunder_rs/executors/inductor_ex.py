@@ -29,9 +29,9 @@ eager's in many elements (38% of a bf16 GPT block's outputs, on the CPU with tor
 H200 the inductor rows' largest difference from eager, 0.0057, was twice nvFuser's, whose regions
 round each op). Every region compiles under ``PRECISION_POLICY`` (``emulate_precision_casts``: the
 round trips kept, no FMA contraction; 2% of that block's outputs differ), whatever the process's
-Inductor settings, as nvFuser's regions cast each result to its dtype. What remains: Inductor's
-emulation rounds a Python float operand of a half op to the half dtype, where eager's kernels
-read it in float32 (``x * 1.1``).
+Inductor settings, as nvFuser's regions cast each result to its dtype; and a Python number
+operand of a half add, sub, mul or div is read in float32 as eager's kernels read it, where
+Inductor's emulation would round it to the half dtype (``_numbers_read_in_float32``).
 """
 
 import contextlib
@@ -160,7 +160,43 @@ def _inductor():
             f"the Inductor executor needs torch._inductor.standalone_compile (torch >= 2.8); torch {torch.__version__} "
             "has none (argument executors)"
         )
-    return make_fx, compile_graph
+    return make_fx, lambda graph, *args, **kwargs: compile_graph(_numbers_read_in_float32(graph), *args, **kwargs)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _numbers_read_in_float32(graph):
+    """``graph`` with each half tensor's add, sub, mul or div by a Python number computed as
+    eager's kernel does: on the tensor converted to float32, with the number as a float32, the
+    result rounded to the half dtype. Inductor's emulation of eager's casts (``PRECISION_POLICY``)
+    would round the number to the half dtype first (``x * 1.1`` by 1.1015625 in bfloat16). Eager
+    reads the number so on CUDA on either side (``opmath_symmetric_gpu_kernel_with_scalars``), on
+    the CPU only as the second operand (``iter.is_scalar(2)``: ``1.3 - x`` rounds 1.3 there)."""
+    aten, convert = torch.ops.aten, torch.ops.prims.convert_element_type.default
+    targets = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
+    rewritten = False
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node.target not in targets or node.kwargs:
+            continue
+        numbers = [type(a) in (int, float) for a in node.args]
+        tensor = next((a for a, n in zip(node.args, numbers) if not n), None)
+        val = getattr(tensor, "meta", {}).get("val")
+        if len(node.args) != 2 or sum(numbers) != 1 or not isinstance(val, torch.Tensor) or val.dtype not in _HALF:
+            continue
+        if numbers[0] and val.device.type != "cuda":
+            continue
+        with graph.graph.inserting_before(node):
+            wide = graph.graph.call_function(convert, (tensor, torch.float32))
+            args = tuple(wide if a is tensor else a for a in node.args)
+            computed = graph.graph.call_function(node.target, args)
+            rounded = graph.graph.call_function(convert, (computed, val.dtype))
+        node.replace_all_uses_with(rounded)
+        graph.graph.erase_node(node)
+        rewritten = True
+    if rewritten:
+        graph.recompile()
+    return graph
 
 
 #: The Inductor settings (``torch._inductor.config``) every region compiles under, whatever the
