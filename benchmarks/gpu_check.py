@@ -6,16 +6,28 @@
 
 ``run`` works through its phases in priority order, each within what is left of ``--budget``
 seconds, and rewrites ``gpu_check.json`` after each, so that a run cut short still leaves what it
-did: install the carried wheels (``gpu_carry``) into a target folder and continue in a child
-process that imports them; the versions; the CUDA tests (``-m gpu`` under xdist, collecting only
-the CUDA test files, never test_ops.py's 47,000 CPU and CUDA parameters) with the failures'
-short tracebacks in ``tests.txt``; the benchmark (``gpu_bench``: eager, thunder_rs with the torch
+did: whether CUDA is there at all (asked of torch before anything is installed: without it the
+check stops in seconds); install the carried wheels (``gpu_carry``) into a target folder and
+continue in a child process that imports them; the versions; the symbolic-size CUDA checks
+(``SYMBOLIC_TESTS``: nvFuser's symbolic extents and Double inputs, Inductor's dynamic-shape Triton
+code, changing lengths on the default executors), which no GPU has run yet, with long tracebacks
+in ``symbolic.txt``; the rest of the CUDA tests (``-m gpu`` under xdist, collecting only the CUDA
+test files, never test_ops.py's 47,000 CPU and CUDA parameters) with the failures' short
+tracebacks in ``tests.txt``; the benchmark (``gpu_bench``: eager, thunder_rs with the torch
 executor, thunder_rs's defaults, thunder_rs with Inductor, torch.compile and Lightning Thunder 0.2.6,
 forward and training step of the bf16 GPT block, each checked against eager), profiled into
 ``profile.txt`` unless ``--no-profile``; nvFuser's host overhead per region; ``dynamic_shapes.py``
 on the device (padding lengths, batch sizes, a KV-cache decode; ``dynamic.txt``) unless
-``--skip-dynamic``; ``cuda.md``, the page ``report`` makes. The results folder holds six files:
-``gpu_check.log``, ``gpu_check.json``, ``tests.txt``, ``profile.txt``, ``dynamic.txt`` and ``cuda.md``.
+``--skip-dynamic``; ``cuda.md``, the page ``report`` makes. The results folder holds seven files:
+``gpu_check.log``, ``gpu_check.json``, ``symbolic.txt``, ``tests.txt``, ``profile.txt``,
+``dynamic.txt`` and ``cuda.md``.
+
+The device time of a session is 15 minutes, starts included (a fresh machine takes 35 s to a few
+minutes), and one command 10 minutes: the default ``--budget`` of 520 s, run with the device's
+command limit at about 560 s (pytest's grace after its deadline), leaves a rerun of one phase
+(``--skip-*``, ``--tests``) its time. The check imports thunder_rs from the carried wheel and its
+tests from the tree: a wheel built before the tree's last change to ``python/thunder_rs`` is named
+in the log and the report (``thunder_rs_sources``).
 
 Without CUDA ``run`` says so and stops (exit 2), unless ``--device cpu`` asks for the dry run
 (the benchmark's code path on the CPU, ``--tiny`` sizes; what the unit tests run).
@@ -42,13 +54,13 @@ import gpu_bench  # noqa: E402
 import gpu_carry  # noqa: E402
 import gpu_report  # noqa: E402
 
-#: The CUDA tests (``-m gpu``): the OpInfo table on CUDA in float32, bfloat16 and float16 with the
-#: default executors, attention and the GPT block and training (test_cuda.py); nvFuser's type rules
-#: and its OpInfo subset with the real ``nvfuser_direct``, and the definitions it refused on the H200
-#: (test_nvfuser_refusals.py); symbolic sizes in nvFuser definitions (test_nvfuser_symbolic.py) and
-#: in Inductor's Triton code; multi-head attention under CUDA autocast and CUDA as the default
-#: device; the Inductor executor on CUDA; counts computed from values as symbolic sizes; channels_last
-#: layouts through nvFuser regions. About 3,800 tests, 3.5 minutes with 12 workers on an H200 machine
+#: The CUDA tests (``-m gpu``) after the symbolic ones (``SYMBOLIC_TESTS``): the OpInfo table on CUDA
+#: in float32, bfloat16 and float16 with the default executors, attention and the GPT block and
+#: training (test_cuda.py); nvFuser's type rules and its OpInfo subset with the real
+#: ``nvfuser_direct``, and the definitions it refused on the H200 (test_nvfuser_refusals.py);
+#: multi-head attention under CUDA autocast and CUDA as the default device; the Inductor executor on
+#: CUDA (half-precision regions rounding as eager); random draws across reads; channels_last layouts
+#: through nvFuser regions. About 3,800 tests, 3.5 minutes with 12 workers on an H200 machine
 #: (2026-11-28). test_ops.py's 20,000 CUDA parameters are left out: collecting its 47,000 items costs
 #: each worker 40 s, running them 10 minutes.
 TESTS = [
@@ -56,16 +68,25 @@ TESTS = [
     "tests/test_nvfuser_ex.py",
     "tests/test_nvfuser_opinfos.py",
     "tests/test_nvfuser_refusals.py",
-    "tests/test_nvfuser_symbolic.py",
     "tests/test_multihead_attention.py",
     "tests/test_default_device.py",
     "tests/test_inductor_ex.py::test_cuda_region_equals_its_eager_calls",
-    "tests/test_inductor_ex.py::test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length",
-    "tests/test_dynamic_data_sizes.py::test_on_cuda_counts_are_symbolic_with_the_default_executors",
+    "tests/test_inductor_ex.py::test_on_cuda_half_precision_regions_round_each_op_as_eager",
     "tests/test_snapshots.py::test_random_draws_and_generator_state_are_eagers_across_reads",
     "tests/test_eager_layouts.py::test_on_cuda_channels_last_blocks_keep_eagers_layouts_with_the_default_executors",
     "tests/test_fusion_layouts.py::test_on_cuda_nvfusers_regions_hand_on_eagers_layouts",
     "tests/test_fusion_layouts.py::test_on_cuda_a_channels_last_resnet_trains_as_eager_with_nvfusers_regions",
+]
+#: The symbolic-size CUDA checks, run first and apart (``symbolic.txt``): what issue 26 added
+#: (nvFuser definitions with -1 extents, Int size inputs and Double inputs of floats of sizes,
+#: ``nvfuser_symbolic``) and the other paths where sizes change between calls on CUDA. Entries of
+#: files the main suite also runs are deselected there.
+SYMBOLIC_TESTS = [
+    "tests/test_nvfuser_symbolic.py",
+    "tests/test_inductor_ex.py::test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length",
+    "tests/test_dynamic_data_sizes.py::test_on_cuda_counts_are_symbolic_with_the_default_executors",
+    "tests/test_cuda.py::test_gpt_trains_with_changing_lengths_under_autocast",
+    "tests/test_cuda.py::test_hf_gpt2_sdpa_with_padding_lengths_on_cuda",
 ]
 #: Seconds the benchmark keeps for itself out of the budget when the tests run first.
 BENCH_RESERVE_S = 150
@@ -131,6 +152,7 @@ def versions(log) -> dict:
     from thunder_rs.executors import nvfuser_ex  # noqa: PLC0415
 
     info["thunder_rs"] = f"{thunder_rs.__version__} from {Path(thunder_rs.__file__).parent}"
+    info["thunder_rs_sources"] = sources_as_the_tree(Path(thunder_rs.__file__).parent)
     executor = nvfuser_ex.nvfuser_executor()
     info["nvfuser"] = executor.module.version() if executor.available else f"unavailable: {executor.unavailable}"
     info["default_executors"] = [e.name for e in thunder_rs.executors.get_default_executors()]
@@ -138,6 +160,20 @@ def versions(log) -> dict:
     for key, value in info.items():
         log(f"{key}: {value}")
     return info
+
+
+STALE_WHEEL = (
+    "DIFFERENT from this tree's python/thunder_rs: the carried wheel was built before the last change, and the "
+    "tests (from the tree) run against its older code. Rebuild it (make gpu-wheels) before a GPU run"
+)
+
+
+def sources_as_the_tree(package: Path) -> str:
+    """Whether the thunder_rs imported (the carried wheel's, on the GPU machine) has the tree's
+    Python sources: the tests come from the tree, the code they test from the wheel."""
+    from thunder_rs.executors.inductor_cache import sources_digest  # noqa: PLC0415
+
+    return "as the tree's" if sources_digest(package) == sources_digest(ROOT / "python" / "thunder_rs") else STALE_WHEEL
 
 
 def inductor_settings() -> str:
@@ -159,9 +195,10 @@ def inductor_settings() -> str:
 # -- the CUDA tests ----------------------------------------------------------------------------------------
 
 
-def pytest_command(tests: list[str], workers: int) -> list[str]:
-    """pytest on the CUDA tests: xdist's ``workers`` (each collects only ``tests``), the short
-    tracebacks, a summary line per failure, a time limit per test where pytest-timeout is there."""
+def pytest_command(tests: list[str], workers: int, tracebacks: str = "short", deselect=()) -> list[str]:
+    """pytest on the CUDA tests: xdist's ``workers`` (each collects only ``tests``), the
+    ``tracebacks`` (pytest's ``--tb``), a summary line per failure, a time limit per test where
+    pytest-timeout is there; the ``deselect``ed node ids left out."""
     import importlib.util  # noqa: PLC0415
 
     cmd = [
@@ -176,9 +213,10 @@ def pytest_command(tests: list[str], workers: int) -> list[str]:
         "no:cacheprovider",
         "-p",
         "no:hypothesispytest",  # its summary hook imports hypothesis: seconds past the last test
-        "--tb=short",
+        f"--tb={tracebacks}",
         "-rfE",
         "--durations=10",
+        *[f"--deselect={node}" for node in deselect],
     ]
     if workers > 1 and importlib.util.find_spec("xdist") is not None:
         cmd += ["-n", str(workers)]
@@ -230,15 +268,33 @@ def summarize_tests(text: str) -> dict:
     return {"summary": summary, "failed": failed}
 
 
+def _existing(tests: list[str]) -> list[str]:
+    # A file another change renamed or removed would stop pytest before it runs anything.
+    return [t for t in tests if (ROOT / t.split("::")[0]).exists()]
+
+
+def run_symbolic(results: Results, args) -> dict:
+    """The symbolic-size CUDA checks, first: with long tracebacks, at most ``--symbolic-budget``
+    seconds, on a few workers (there are about 30 tests)."""
+    seconds = min(args.symbolic_budget, results.left() - (0 if args.skip_bench else BENCH_RESERVE_S))
+    cmd = pytest_command(_existing(SYMBOLIC_TESTS), min(args.workers, 6), tracebacks="long")
+    return _run_pytest(results, "symbolic", cmd, results.folder / "symbolic.txt", seconds)
+
+
 def run_tests(results: Results, args) -> dict:
     seconds = min(args.test_budget, results.left() - (0 if args.skip_bench else BENCH_RESERVE_S))
+    # The symbolic checks, where their phase did not run them; else not again (their files' other tests are).
+    together = args.skip_symbolic and not args.tests
+    ran = [] if args.tests or together else [t for t in SYMBOLIC_TESTS if "::" in t]
+    tests = args.tests or (TESTS + SYMBOLIC_TESTS if together else TESTS)
+    cmd = pytest_command(_existing(tests), args.workers, deselect=ran)
+    return _run_pytest(results, "tests", cmd, results.folder / "tests.txt", seconds)
+
+
+def _run_pytest(results: Results, name: str, cmd: list[str], output: Path, seconds: float) -> dict:
     if seconds < 30:
-        results.log(f"tests: skipped, {seconds:.0f} s left for them")
+        results.log(f"{name}: skipped, {seconds:.0f} s left for them")
         return {"skipped": "the check's time budget ran out"}
-    output = results.folder / "tests.txt"
-    # A file another change renamed or removed would stop pytest before it runs anything.
-    tests = [t for t in args.tests or TESTS if (ROOT / t.split("::")[0]).exists()]
-    cmd = pytest_command(tests, args.workers)
     env = {**os.environ, "THUNDER_RS_CUDA_SAMPLES": os.environ.get("THUNDER_RS_CUDA_SAMPLES", "1")}
     results.log("running", " ".join(cmd[1:]), f"(at most {seconds:.0f} s)")
     start = time.perf_counter()
@@ -249,7 +305,7 @@ def run_tests(results: Results, args) -> dict:
         "seconds": round(time.perf_counter() - start, 1),
         **summarize_tests(output.read_text(errors="replace")),
     }
-    results.log(f"tests: rc={rc} in {found['seconds']:.0f} s: {found['summary']}")
+    results.log(f"{name}: rc={rc} in {found['seconds']:.0f} s: {found['summary']}")
     for line in found["failed"][:60]:
         results.log(" ", line[:300])
     return found
@@ -393,20 +449,41 @@ def run_dynamic(results: Results, args) -> dict:
 # -- run ---------------------------------------------------------------------------------------------------
 
 
+NO_CUDA = (
+    "CUDA is not available on this machine (torch {torch}: torch.cuda.is_available() is False): no CUDA tests, "
+    "no GPU benchmark. Run this on the GPU machine (or --device cpu for the dry run)."
+)
+
+
+def cuda_missing() -> str | None:
+    """Why this machine cannot run the GPU check, or None: asked of the machine's torch alone
+    (seconds), before the install and the imports of thunder_rs and nvFuser."""
+    import torch  # noqa: PLC0415 (the check's parent process imports nothing else of the stack)
+
+    return None if torch.cuda.is_available() else NO_CUDA.format(torch=torch.__version__)
+
+
 def run(args) -> int:
     results = Results(Path(args.results), args.budget, args.deadline)
+    if args.device == "cuda" and not args.installed:
+        missing = cuda_missing()
+        if missing is not None:
+            results.log(missing)
+            results.save(status="no-cuda")
+            return 2
     if args.carried and not args.installed:
         return _install_then_continue(results, args)
     started = time.perf_counter()
     results.save(versions=versions(results.log))
     results.phase("versions", started)
     if not results.report["versions"]["cuda_available"] and args.device == "cuda":
-        results.log(
-            "CUDA is not available on this machine (torch.cuda.is_available() is False): "
-            "no CUDA tests, no GPU benchmark. Run this on the GPU machine (or --device cpu for the dry run)."
-        )
+        results.log(NO_CUDA.format(torch=results.report["versions"]["torch"]))
         results.save(status="no-cuda")
         return 2
+    if not (args.skip_tests or args.skip_symbolic or args.tests):
+        started = time.perf_counter()
+        results.save(symbolic=run_symbolic(results, args))
+        results.phase("symbolic", started)
     if not args.skip_tests:
         started = time.perf_counter()
         results.save(tests=run_tests(results, args))
@@ -463,6 +540,9 @@ def main(argv=None) -> int:
     r.add_argument("--target", default="/tmp/thunder_rs_site", help="where to install the carried wheels")
     r.add_argument("--results", required=True)
     r.add_argument("--budget", type=float, default=520, help="seconds for the whole check (default 520)")
+    r.add_argument(
+        "--symbolic-budget", type=float, default=120, help="seconds at most for the symbolic-size CUDA checks (first)"
+    )
     r.add_argument("--test-budget", type=float, default=230, help="seconds at most for the CUDA tests")
     r.add_argument("--workers", type=int, default=12, help="xdist workers for the CUDA tests")
     r.add_argument("--tests", nargs="+", help=f"pytest selection instead of {' '.join(TESTS)}")
@@ -475,7 +555,8 @@ def main(argv=None) -> int:
     )
     r.add_argument("--no-profile", action="store_true", help="no profile.txt (kernels and traces per case)")
     r.add_argument("--no-overhead", action="store_true", help="no nvFuser host-overhead measurement")
-    r.add_argument("--skip-tests", action="store_true")
+    r.add_argument("--skip-tests", action="store_true", help="no CUDA tests (the symbolic checks included)")
+    r.add_argument("--skip-symbolic", action="store_true", help="no separate symbolic phase (the suite runs them)")
     r.add_argument("--skip-bench", action="store_true")
     r.add_argument("--skip-dynamic", action="store_true", help="no dynamic_shapes.py run on the device")
     r.add_argument(

@@ -139,24 +139,24 @@ def overhead(bench: dict) -> list[str]:
     ]
 
 
-def tests_section(tests: dict) -> list[str]:
+def tests_section(tests: dict, title: str = "CUDA tests", output: str = "tests.txt") -> list[str]:
     if not tests:
         return []
     if "skipped" in tests:
-        return ["## CUDA tests", "", f"Not run: {tests['skipped']}."]
+        return [f"## {title}", "", f"Not run: {tests['skipped']}.", ""]
     lines = [
-        "## CUDA tests",
+        f"## {title}",
         "",
         f"`{tests.get('summary', '')}` (exit status {tests.get('rc')}, "
         f"{tests.get('seconds', 0):.0f} s{', stopped at its time limit' if tests.get('timed_out') else ''}; "
-        "tracebacks in `tests.txt`).",
+        f"tracebacks in `{output}`).",
     ]
     failed = tests.get("failed", [])
     if failed:
         lines += ["", *[f"- `{line[:250]}`" for line in failed[:80]]]
         if len(failed) > 80:
             lines.append(f"- … and {len(failed) - 80} more")
-    return lines
+    return [*lines, ""]
 
 
 def markdown(report: dict) -> str:
@@ -172,6 +172,8 @@ def markdown(report: dict) -> str:
         "`benchmarks/gpu_check.py`.",
         "",
     ]
+    if v.get("thunder_rs_sources", "as the tree's") != "as the tree's":
+        lines += [f"**thunder_rs's Python sources: {v['thunder_rs_sources']}.**", ""]
     if bench:
         n_embd, n_head, seq, batch = size
         lines += [
@@ -190,6 +192,7 @@ def markdown(report: dict) -> str:
         for section in (problems(bench), compile_notes(bench), overhead(bench)):
             if section:
                 lines += [*section, ""]
+    lines += tests_section(report.get("symbolic", {}), "Symbolic sizes on CUDA (run first)", "symbolic.txt")
     lines += tests_section(report.get("tests", {}))
     lines += dynamic_section(report.get("dynamic", {}))
     return "\n".join(lines).rstrip() + "\n"
@@ -199,7 +202,7 @@ def dynamic_section(dynamic: dict) -> list[str]:
     """``dynamic_shapes.py`` on the device: each run's figures as it printed them."""
     if not dynamic:
         return []
-    lines = ["", "## Shapes that change between calls (`benchmarks/dynamic_shapes.py`)", ""]
+    lines = ["## Shapes that change between calls (`benchmarks/dynamic_shapes.py`)", ""]
     if "skipped" in dynamic:
         return [*lines, f"Skipped: {dynamic['skipped']}."]
     for name, figures in dynamic.get("runs", {}).items():

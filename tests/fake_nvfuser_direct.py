@@ -759,6 +759,7 @@ class FusionDefinition:
 
     def execute(self, inputs, *, device=None, **options):
         assert self._outputs, "Fusion is empty!"
+        inputs = promotion.execute_arguments(inputs)
         # FusionKernelRuntime::runWithInputs (csrc/runtime/fusion_kernel_runtime.cpp)
         assert len(inputs) == len(self._inputs), (
             f"Expected {len(inputs)} == {len(self._inputs)}. Inputs were not set up correctly."

@@ -86,3 +86,21 @@ def compute_types(config, types, cast_half_to_float=True):
     if cast_half_to_float and common in HALF:
         common = torch.float32
     return common
+
+
+def execute_arguments(inputs) -> list:
+    """``fd.execute``'s inputs as the bindings read them (``from_pyiterable``,
+    python_direct/direct_utils.cpp): a list or tuple among them flattened into its items."""
+    return [_polymorphic(item) for x in inputs for item in (x if isinstance(x, (list, tuple)) else (x,))]
+
+
+def _polymorphic(x):
+    """``toPolymorphicValue``: a tensor, a bool, an int (of int64's range), a float or a complex,
+    by ``isinstance`` in that order (a NumPy float64 is a float; a NumPy int64, a SymInt or None
+    is none of them)."""
+    for kind in (torch.Tensor, bool, int, float, complex):
+        if isinstance(x, kind):
+            if kind is int and not -(2**63) <= x < 2**63:
+                raise RuntimeError(f"Unable to cast Python instance of type {type(x)} to C++ type 'int64_t'")
+            return x if kind in (torch.Tensor, bool) else kind(x)
+    raise RuntimeError(f"Cannot convert provided py::handle to a PolymorphicValue. ({type(x).__name__})")

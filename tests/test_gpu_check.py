@@ -256,10 +256,61 @@ def test_a_command_out_of_time_is_interrupted_so_that_it_can_report(tmp_path):
 
 def test_the_tests_are_skipped_when_the_budget_leaves_them_too_little(tmp_path):
     results = gpu_check.Results(tmp_path, budget=100)
-    args = argparse.Namespace(test_budget=170, skip_bench=False, tests=None, workers=2)
+    args = argparse.Namespace(test_budget=170, skip_bench=False, tests=None, workers=2, skip_symbolic=False)
     assert "budget" in gpu_check.run_tests(results, args)["skipped"]
     command = gpu_check.pytest_command(gpu_check.TESTS, workers=1)
     assert "tests/test_ops.py" not in command and "-m" in command and "--tb=short" in command
+
+
+@pytest.mark.skipif(gpu_check.cuda_missing() is None, reason="CUDA is available: the check would run")
+def test_without_cuda_the_check_stops_before_installing_anything(tmp_path):
+    start = time.perf_counter()
+    rc = gpu_check.main(["run", "--carried", str(tmp_path / "absent"), "--results", str(tmp_path / "out")])
+    assert rc == 2 and time.perf_counter() - start < 5  # torch is imported already: no install, no thunder_rs
+    assert "CUDA is not available on this machine" in (tmp_path / "out" / "gpu_check.log").read_text()
+    assert json.loads((tmp_path / "out" / "gpu_check.json").read_text())["status"] == "no-cuda"
+
+
+def test_the_symbolic_checks_run_first_then_the_suite_with_tracebacks_then_the_benchmark(tmp_path, monkeypatch):
+    """The phases' order and commands on a simulated GPU machine: the symbolic-size checks with
+    long tracebacks in symbolic.txt, then the suite without them (deselected where it runs their
+    files) with short ones in tests.txt, then the benchmark; each phase within the budget."""
+    ran = []
+
+    def pytest_run(cmd, output, seconds, env=None, log=None):
+        ran.append((output.name, cmd, seconds))
+        output.write_text("1 passed in 1.0s\n")
+        return 0, False
+
+    monkeypatch.setattr(gpu_check, "cuda_missing", lambda: None)
+    monkeypatch.setattr(gpu_check, "versions", lambda log: {"cuda_available": True, "torch": "2.11"})
+    monkeypatch.setattr(gpu_check, "run_bounded", pytest_run)
+    monkeypatch.setattr(gpu_check, "run_benchmark", lambda results, args: ran.append(("benchmark", None, None)))
+    rc = gpu_check.main(["run", "--results", str(tmp_path), "--skip-dynamic", "--budget", "520"])
+    assert rc == 0 and [name for name, _, _ in ran] == ["symbolic.txt", "tests.txt", "benchmark"]
+    (_, symbolic, seconds), (_, suite, suite_seconds) = ran[:2]
+    assert "--tb=long" in symbolic and "tests/test_nvfuser_symbolic.py" in symbolic and seconds <= 120
+    assert "--tb=short" in suite and "tests/test_nvfuser_symbolic.py" not in suite and suite_seconds <= 230
+    assert "--deselect=tests/test_cuda.py::test_gpt_trains_with_changing_lengths_under_autocast" in suite
+    assert "tests/test_cuda.py" in suite and "-m" in suite and "gpu" in suite
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert list(report["phases_s"]) == ["versions", "symbolic", "tests", "benchmark"]
+    assert "## Symbolic sizes on CUDA (run first)" in (tmp_path / "cuda.md").read_text()
+    assert len(list(tmp_path.iterdir())) <= 8
+
+
+def test_a_carried_wheel_older_than_the_trees_sources_is_named(tmp_path):
+    import shutil
+
+    tree = ROOT / "python" / "thunder_rs"
+    assert gpu_check.sources_as_the_tree(tree) == "as the tree's"
+    wheel = tmp_path / "thunder_rs"
+    shutil.copytree(tree, wheel, ignore=shutil.ignore_patterns("__pycache__", "*.so", "rust_crates"))
+    assert gpu_check.sources_as_the_tree(wheel) == "as the tree's"
+    (wheel / "executors" / "nvfuser_ex.py").write_text("# an older nvfuser_ex\n")
+    assert gpu_check.sources_as_the_tree(wheel) == gpu_check.STALE_WHEEL
+    page = gpu_report.markdown({"versions": {"thunder_rs_sources": gpu_check.STALE_WHEEL}})
+    assert "Rebuild it (make gpu-wheels)" in page
 
 
 def test_the_report_gives_each_ratio_to_eager_of_the_same_process():

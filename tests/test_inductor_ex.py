@@ -486,6 +486,45 @@ def test_cuda_region_equals_its_eager_calls():
 # -- end to end: jit(fn, executors=["inductor"]) ---------------------------------------------------
 
 
+def _half_chain(x, y, z):
+    """Ops whose float32 results eager rounds to x's dtype one by one, a float32 result of a
+    rounded product, and Python numbers, which eager's kernels read in float32 as the second
+    operand (and on the CPU in x's dtype as the first: ``0.7 - ...``). Inductor's fused kernel
+    keeps the results in float32 unless it emulates the casts, and then rounds the numbers."""
+    return ((x * y + z) * 1.1 - x) / (z.abs() + 1), (x * y).float() + 1, (0.7 - x * 0.3) / 3.3
+
+
+def _check_half_precision_regions_round_as_eager(device, program=_half_chain):
+    """The region equals eager bit for bit in bfloat16 and float16 though the process's Inductor
+    setting says not to emulate eager's casts: the policy is the executor's own, and the process's
+    setting is left as it was. Without it, a third of the elements differ; with it but with the
+    numbers as Inductor reads them, one in seven."""
+    from torch._inductor import config  # noqa: PLC0415 (Inductor is imported by the executor anyway)
+
+    jfn = thunder_rs.jit(program, executors=["inductor"])
+    torch.manual_seed(0)
+    with config.patch(emulate_precision_casts=False):
+        for dtype in (torch.bfloat16, torch.float16):
+            x, y, z = (torch.randn(1000, dtype=dtype, device=device) for _ in range(3))
+            for actual, expected in zip(jfn(x, y, z), program(x, y, z)):
+                assert actual.dtype == expected.dtype and torch.equal(actual, expected), (dtype, actual - expected)
+        assert config.emulate_precision_casts is False
+    assert [r.name for r in thunder_rs.last_traces(jfn)[-1].regions()] == ["inductor_fusion0"]
+
+
+def test_half_precision_regions_round_each_op_as_eager(one_thread):
+    _check_half_precision_regions_round_as_eager("cpu")
+
+
+@pytest.mark.gpu
+def test_on_cuda_half_precision_regions_round_each_op_as_eager():
+    # Multiplies and adds only: CUDA's and Triton's division (eager's multiplies by a number's
+    # reciprocal) and transcendental functions are not bit for bit the same in float32.
+    _check_half_precision_regions_round_as_eager(
+        "cuda", lambda x, y, z: ((x * y + z) * 1.1 - x, (x * y).float() + 1, 0.7 - x * 0.3)
+    )
+
+
 def _chain(x, y):
     a = torch.sin(x) * y + 1.0
     b = torch.tanh(a) - torch.exp(-a)

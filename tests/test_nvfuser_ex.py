@@ -455,6 +455,46 @@ def test_unknown_prims_in_a_region_are_an_error_of_the_definition():
         nvfuser_ex.define(fake, region, [torch.randn(3)])
 
 
+def _mask(device):
+    """Factories alone: the region computing it has no tensor input."""
+    a = torch.arange(8, device=device, dtype=torch.float32)
+    return (a[:, None] >= a[None, :]).float() * 2
+
+
+def _check_factory_region(ex, device):
+    ex.fused = []
+    out, expected = thunder_rs.jit(_mask, executors=[ex])(device), _mask(device)
+    assert out.device == expected.device and torch.equal(out, expected)
+    (region,) = ex.fused
+    assert region.region.num_inputs == 0 and len(region.definitions) == 1
+    assert ex.stats["failures"] == 0, ex.fallbacks
+    return region
+
+
+def test_a_definition_without_tensor_inputs_is_told_its_factories_device(monkeypatch):
+    """nvFuser runs a definition with no tensor input on device 0 (``getCommonDeviceCUDA``): a
+    mask made on cuda:1, or on "cuda" in a process whose current device is 1 (one process per
+    GPU), would be made on device 0. ``fd.execute`` is told the device index."""
+    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
+    region = _check_factory_region(Capturing("nvfuser_factories", module=fake, allow_cpu=True), "cpu")
+    assert nvfuser_ex.factory_device(region.region, []) == torch.device("cpu")
+    assert nvfuser_ex.factory_device(region.region, [torch.zeros(1)]) is None
+    told = []
+    execute = lambda inputs, device=None: told.append(device)  # noqa: E731
+    nvfuser_ex._told_device(execute, torch.device("cuda:1"))([])
+    nvfuser_ex._told_device(execute, torch.device("cpu"))([])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    nvfuser_ex._told_device(execute, torch.device("cuda"))([])
+    assert told == [1, None, 3]
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_definition_without_tensor_inputs_makes_its_tensors_on_eagers_device(real_nvfuser):
+    ex = Capturing("nvfuser_factories_cuda", module=real_nvfuser)
+    for device in ["cuda", *[f"cuda:{i}" for i in range(torch.cuda.device_count())]]:
+        _check_factory_region(ex, device)
+
+
 # -- the definition cache ---------------------------------------------------------------------------
 
 

@@ -115,6 +115,7 @@ SUBSET = {
     "local_response_norm",
     "lp_pool1d",
     "lp_pool2d",
+    "lp_pool3d",
     "avg_pool2d",
     "grid_sample_nearest",
     "interpolate_nearest",

@@ -6,6 +6,7 @@ inputs and their errors, the stand-in's against the real module's (``gpu``)."""
 import dataclasses
 import warnings
 
+import numpy
 import pytest
 import torch
 
@@ -218,11 +219,18 @@ def _check_symbolic_definition(module, device):
 
 def _check_symbolic_misuse(module, device):
     fd = _symbolic_definition(module)
-    x = torch.randn(4, 8, device=device)
+    x, h = torch.randn(4, 8, device=device), torch.randn(2, device=device)
     with pytest.raises(Exception, match="Inputs were not set up correctly"):
         fd.execute([x])
     with pytest.raises(Exception, match="is not compatible with the expected data type"):
-        fd.execute([x, 4.0, torch.randn(2, device=device)])
+        fd.execute([x, 4.0, h])
+    # The bindings read a Python int, bool, float or complex (or a subclass: a NumPy float64), and
+    # flatten a list or tuple among the inputs; a NumPy int64 is not an int to them.
+    with pytest.raises(Exception, match="Cannot convert provided py::handle to a PolymorphicValue"):
+        fd.execute([x, numpy.int64(4), h])
+    with pytest.raises(Exception, match="is not compatible with the expected data type"):
+        fd.execute([x, True, h])  # a bool is a Bool, not an integral scalar
+    torch.testing.assert_close(fd.execute([(x, 4), [h]])[-1], fd.execute([x, 4, h])[-1])
     with module.FusionDefinition() as fd:
         y = fd.define_tensor(shape=[-1, 8], contiguity=[True, True], dtype=module.DataType.Float)
         fd.add_output(fd.ops.mul(y, 2.0))
@@ -530,7 +538,7 @@ def _check_double_scalar_input(module, device):
     torch.manual_seed(0)
     for n in (7, 1000):
         x, scale = torch.randn(n, device=device), n**-0.5
-        in_double, in_float = fd.execute([x, scale])
+        in_double, in_float = fd.execute([x, scale if n == 7 else numpy.float64(scale)])  # a float to the bindings
         assert in_double.dtype == in_float.dtype == torch.float32
         torch.testing.assert_close(in_double, (x.double() * scale).float(), rtol=0, atol=0)
         torch.testing.assert_close(in_float, x * scale, rtol=0, atol=0)

@@ -570,6 +570,29 @@ def _dense(args) -> list:
     return [a.contiguous() if isinstance(a, torch.Tensor) and not a.is_contiguous() else a for a in args]
 
 
+def factory_device(region: Region, args) -> torch.device | None:
+    """The device of the tensors a region creates when its inputs hold no tensor (else None).
+    nvFuser runs a definition with no tensor input on device 0 unless ``fd.execute`` is told
+    one (``getCommonDeviceCUDA``, csrc/utils.cpp), where eager creates them on the device its
+    factories name: ``cuda:1``, or the current device for ``cuda`` (a process per GPU)."""
+    if any(isinstance(a, torch.Tensor) for a in args):
+        return None
+    for call in region.calls:
+        at = _DEVICE_AT.get(call.name.removeprefix("prims."))
+        if at is not None:
+            return torch.device(call.args[at])
+    return None
+
+
+def _told_device(execute, device: torch.device | None):
+    """``execute`` told the CUDA device ``device`` names (the current one when it names none), if any."""
+    if device is None or device.type != "cuda":
+        return execute
+    if device.index is not None:
+        return lambda inputs: execute(inputs, device=device.index)
+    return lambda inputs: execute(inputs, device=torch.cuda.current_device())
+
+
 class NvFuserRegion:
     """The callable ``fuse`` returns: the region run by the ``FusionDefinition`` of its inputs'
     layout, defined on the first call with each layout."""
@@ -641,7 +664,7 @@ class NvFuserRegion:
         fd, floats = define(self.executor.module, self.region, args, orders)
         compute = host_floats(self.region.name, self.region.input_shapes, floats)
         defined = time.perf_counter()
-        execute = fd.execute
+        execute = _told_device(fd.execute, factory_device(self.region, args))
         inputs = list if compute is None else (lambda args: [*args, *compute(args)])
         first = [tuple(execute(inputs(args)))]  # compiles: a failure here falls back too
         # Where a first call's time goes (benchmarks/gpu_bench.py reports them): building the
