@@ -290,3 +290,11 @@ def test_a_timm_vit_of_dynamic_image_size_trains_over_image_sizes():
     sizes = [(32, 32), (48, 40), (64, 32), (40, 56), (24, 32)]
     jmodel = train_like_eager(model, [torch.randn(2, 3, h, w, dtype=torch.float64) for h, w in sizes])
     assert misses(jmodel) == 3
+
+
+def test_a_fusion_executor_takes_antialiased_resizing_at_every_size(fake_ex):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a region running eagerly warns
+        jfn = check_like_eager(antialiased_to("bicubic", False), UPSAMPLED, torch.float32, executors=[fake_ex, "torch"])
+    assert misses(jfn) == 2
+    assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
