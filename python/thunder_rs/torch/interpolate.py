@@ -1,6 +1,6 @@
 """Interpolation (``F.interpolate``, which the ``upsample`` aliases call): nearest, nearest-exact,
-(bi/tri)linear, bicubic and area resizing of 1 to 3 spatial dims, with its backward kernel
-``upsample_backward`` and its grad rule.
+(bi/tri)linear, bicubic and area resizing of 1 to 3 spatial dims, bilinear and bicubic also
+antialiased (``antialias=True``), with its backward kernel ``upsample_backward`` and its grad rule.
 
 Except area (adaptive average pooling), each mode is separable: along each spatial dim an
 output element is a weighted sum of a few input elements ("taps"), whose positions and weights
