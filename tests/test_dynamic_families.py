@@ -261,3 +261,36 @@ def test_a_range_of_a_size_by_a_whole_float_step_stays_symbolic():
         x = torch.randn(n)
         torch.testing.assert_close(jf(x), ranges_by_whole_steps(x))
     assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+class Autocast(torch.nn.Module):
+    """``model`` called under CPU autocast to bfloat16."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.model(**batch)
+
+
+@pytest.mark.slow  # test_grad_rules.py's test_a_float_mask_that_requires_grad_takes_eagers_math_kernel is quick
+def test_t5_trains_under_cpu_autocast_over_source_and_target_lengths_as_eager():
+    """T5's learned position bias is a float attention mask that requires grad, for which eager's
+    CPU attention takes its math kernel: the compiled forward ran the flash kernel, a bfloat16
+    step apart (the loss 0.04 apart). Losses and logits now equal to the bit at every length.
+    Without dropout: with it, attention's decomposition rounds otherwise than eager's math kernel
+    in bfloat16 (which computes in float32)."""
+    cls, config, _, _ = FAMILIES["t5"]
+    config = copy.deepcopy(config)
+    config.dropout_rate = 0.0
+    torch.manual_seed(0)
+    model = Autocast(cls(config).train())
+    eager = copy.deepcopy(model)
+    jm = thunder_rs.jit(model)
+    for i, (length, target) in enumerate([(8, 6), (12, 10), (5, 3)]):
+        outs = _backward_both((jm, eager), text_batch("seq2seq", i, length, target), i)
+        torch.testing.assert_close(outs[0].loss, outs[1].loss, rtol=0, atol=0)
+        torch.testing.assert_close(outs[0].logits, outs[1].logits, rtol=0, atol=0)
+    assert misses(jm) == 2, thunder_rs.compile_stats(jm).miss_reasons

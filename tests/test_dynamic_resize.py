@@ -248,3 +248,53 @@ def test_torchvisions_feature_pyramid_compiles_twice_over_image_sizes():
         torch.testing.assert_close(jmodel(x), model(x))
     assert misses(jmodel) == 2
     assert stays_symbolic(jmodel)
+
+
+def antialiased_to(mode, align_corners):
+    return lambda x, y: F.interpolate(x, size=y.shape[2:], mode=mode, align_corners=align_corners, antialias=True)
+
+
+#: Upsampling (and sizes kept) along each dim: aten's antialiased filter is as wide at every such
+#: size. No output width of 1: aten's CPU kernel then repeats the first row (the OpInfo entry).
+UPSAMPLED = [((4, 5), (7, 9)), ((5, 7), (10, 14)), ((6, 9), (12, 9)), ((7, 7), (7, 7)), ((3, 4), (13, 6))]
+
+
+@pytest.mark.parametrize(("mode", "align_corners"), [("bilinear", False), ("bicubic", False), ("bicubic", True)])
+def test_antialiased_upsampling_keeps_sizes_symbolic(mode, align_corners):
+    with decomposing():
+        jfn = check_like_eager(antialiased_to(mode, align_corners), UPSAMPLED, torch.float64)
+    assert misses(jfn) == 2
+    assert stays_symbolic(jfn)
+
+
+def test_antialiased_downsampling_widens_the_filter_per_size():
+    """Downsampling, the filter widens with the scale and its number of taps with it: the sizes
+    are taken at their values (a compile per size); those that upsample share one entry."""
+    pairs = [((4, 5), (7, 9)), ((5, 7), (10, 14)), ((12, 12), (5, 5)), ((12, 12), (5, 5)), ((9, 10), (4, 3))]
+    with decomposing():
+        jfn = check_like_eager(antialiased_to("bicubic", False), pairs, torch.float64)
+    assert misses(jfn) == 4
+
+
+@pytest.mark.slow  # importing timm
+def test_a_timm_vit_of_dynamic_image_size_trains_over_image_sizes():
+    """timm's ViT with ``dynamic_img_size=True`` resizes its position embeddings to each image's
+    grid of patches with antialiased bicubic interpolation (``resample_abs_pos_embed``): refused
+    before, now as eager's, with one compile for the grids larger than the embeddings' and one per
+    smaller grid."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=5, dynamic_img_size=True
+    ).double()
+    sizes = [(32, 32), (48, 40), (64, 32), (40, 56), (24, 32)]
+    jmodel = train_like_eager(model, [torch.randn(2, 3, h, w, dtype=torch.float64) for h, w in sizes])
+    assert misses(jmodel) == 3
+
+
+def test_a_fusion_executor_takes_antialiased_resizing_at_every_size(fake_ex):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a region running eagerly warns
+        jfn = check_like_eager(antialiased_to("bicubic", False), UPSAMPLED, torch.float32, executors=[fake_ex, "torch"])
+    assert misses(jfn) == 2
+    assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks

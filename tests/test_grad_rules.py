@@ -539,6 +539,31 @@ def test_attention_with_dropout_is_left_to_the_decomposition():
         torch.testing.assert_close((g * direction).sum(), numeric, rtol=1e-6, atol=1e-6)
 
 
+def _biased_attention(q, k, v, bias):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=q.dtype == torch.float32):
+        q, k, v = (x * 1.5 for x in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["autocast_bf16", "float64"])
+def test_a_float_mask_that_requires_grad_takes_eagers_math_kernel(dtype):
+    """On the CPU eager takes its math kernel for a mask that requires grad (T5's learned position
+    bias), its flash kernel for one that does not; the compiled forward ran the flash kernel for
+    both, a bfloat16 step apart under autocast (T5's loss 0.04 apart)."""
+    torch.manual_seed(0)
+    q, k, v = (randn(2, 2, 8, 16, dtype=dtype) for _ in range(3))
+    for requires_grad in (True, False):
+        bias = randn(1, 2, 8, 8, dtype=dtype, grad=requires_grad)
+        jfn = thunder_rs.jit(_biased_attention)
+        out, expected = jfn(q, k, v, bias), _biased_attention(q, k, v, bias)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        assert ("torch_sdpa_math(" in str(thunder_rs.last_traces(jfn)[-1])) == requires_grad
+        if dtype == torch.float64:  # bfloat16 gradients: both as far from float64's, not equal
+            inputs, g = (q, k, v, bias) if requires_grad else (q, k, v), torch.randn_like(out)
+            grads, expected_grads = (torch.autograd.grad(y, inputs, g) for y in (out, expected))
+            torch.testing.assert_close(grads, expected_grads)
+
+
 @pytest.mark.parametrize("inplace", [False, True], ids=["functional", "inplace"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 def test_hardsigmoid_gradient_is_eagers_to_the_bit(dtype: torch.dtype, inplace: bool):

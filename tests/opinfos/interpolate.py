@@ -1,15 +1,28 @@
-"""Resampling: F.interpolate in every mode it supports without antialiasing, the upsample aliases,
-affine_grid and grid_sample."""
+"""Resampling: F.interpolate in every mode it supports, antialiased (bilinear, bicubic) or not, the
+upsample aliases, affine_grid and grid_sample."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from .core import ACCUMULATING, FLOATS, ErrorInput, OpInfo, SampleInput, Strided, Transposed, cpu, make, tensor
+from .core import (
+    ACCUMULATING,
+    FLOATS,
+    ErrorInput,
+    OpInfo,
+    SampleInput,
+    Strided,
+    Transposed,
+    cpu,
+    make,
+    no_errors,
+    tensor,
+)
 
 #: mode -> the number of spatial dims it takes (None: any of 1 to 3).
 MODES = {"nearest": None, "nearest-exact": None, "area": None, "linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
@@ -50,6 +63,32 @@ def resize_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((1, 0, 4, 4)), scale_factor=2), RuntimeError)
 
 
+def antialiased_samples(mode: str):
+    """Downsampling (the filter widened by the scale), upsampling, sizes kept, a given scale."""
+
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        for align in (False, True):
+            kw = {"mode": mode, "align_corners": align, "antialias": True}
+            yield SampleInput(make(SHAPES[2], dtype, device), size=(3, 2), **kw)
+            yield SampleInput(make(SHAPES[2], dtype, device), size=(11, 4), **kw)
+            yield SampleInput(make(SHAPES[2], dtype, device), size=(7, 5), **kw)
+            yield SampleInput(make(SHAPES[2], dtype, device), size=1, **kw)
+        kw = {"mode": mode, "antialias": True}
+        yield SampleInput(make(SHAPES[2], dtype, device), scale_factor=(0.4, 1.1), **kw)  # 5 * 1.1 keeps 5
+        yield SampleInput(make(SHAPES[2], dtype, device), scale_factor=0.3, recompute_scale_factor=True, **kw)
+        yield SampleInput(tensor(Transposed(SHAPES[2]), dtype, device), size=(5, 9), **kw)
+        yield SampleInput(tensor(Strided(SHAPES[2]), dtype, device), scale_factor=0.5, **kw)
+
+    return generate
+
+
+def antialiased_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((1, 2, 4, 4)), scale_factor=2, antialias=True), ValueError)
+    yield ErrorInput(SampleInput(cpu((1, 2, 4)), scale_factor=2, mode="linear", antialias=True), ValueError)
+    x = cpu((1, 2, 4, 4), torch.bfloat16)
+    yield ErrorInput(SampleInput(x, scale_factor=0.5, mode="bilinear", antialias=True), NotImplementedError)
+
+
 def alias_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(make(SHAPES[2], dtype, device), scale_factor=2)
     yield SampleInput(make(SHAPES[2], dtype, device), size=(9, 4))
@@ -79,6 +118,12 @@ def _entries() -> list[OpInfo]:
                 )
             )
     ops[0] = OpInfo("interpolate", F.interpolate, resize_samples("nearest"), resize_errors, FLOATS, variant="nearest")
+    # Sample 9 resizes to a width of 1: aten's CPU kernel then gives every output row the first
+    # one's value (a contiguous input; a channels-last one is resized as the decomposition does).
+    for mode, errors in (("bilinear", antialiased_errors), ("bicubic", no_errors)):
+        samples = antialiased_samples(mode)
+        entry = OpInfo("interpolate", F.interpolate, samples, errors, variant=f"{mode}_aa", tolerances=ACCUMULATING)
+        ops.append(dataclasses.replace(entry, decomposition_skips=(9,)))
     return ops
 
 

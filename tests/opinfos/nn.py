@@ -385,6 +385,9 @@ def sdpa_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     fully_masked[1] = False
     yield SampleInput(q, k, v, attn_mask=fully_masked)  # eager gives zeros for a fully masked row
     yield SampleInput(q, k, v, attn_mask=t(2, 1, 3, 5))
+    # A bias per head shared by the batch (T5's learned positions): differentiated, eager's CPU
+    # dispatch takes the math kernel for it (ltorch.sdpa_math).
+    yield SampleInput(q, k, v, attn_mask=t(1, 2, 3, 5), is_causal=False)
     yield SampleInput(q, k, v, scale=0.5)
     yield SampleInput(t(2, 3, 8), t(2, 5, 8), t(2, 5, 8))  # no head dim
     yield SampleInput(q, k, t(2, 2, 5, 6))  # values with their own embedding size

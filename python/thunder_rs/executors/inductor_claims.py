@@ -140,7 +140,7 @@ def _avg_pool_backward_divisor_exact(
     return not (ceil_mode and count_include_pad and divisor_override is None)
 
 
-def _upsample_backward_scales_exact(grad_output, input_size, mode, align_corners, scales) -> bool:
+def _upsample_backward_scales_exact(grad_output, input_size, mode, align_corners, scales, antialias=False) -> bool:
     """Inductor's ``upsample_*_backward`` maps indices by the sizes' ratio, ignoring explicit
     scales, where eager uses the scales (``interpolate(scale_factor=1.7)``): those stay eager
     unless every scale is the sizes' ratio."""

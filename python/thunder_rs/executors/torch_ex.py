@@ -463,6 +463,18 @@ def _batch_norm_backward(
     )
 
 
+def _sdpa_math(q, k, v, mask, is_causal, scale, enable_gqa):
+    return _aten._scaled_dot_product_attention_math.default(
+        q, k, v, mask, 0.0, is_causal, None, scale=scale, enable_gqa=enable_gqa
+    )[0]
+
+
+def _sdpa_not_math(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs) -> bool:
+    """Whether eager's dispatch of the call is F.scaled_dot_product_attention's on tensors that
+    require no grad: on the CPU a mask that requires grad takes the math kernel (``sdpa_math``)."""
+    return not (query.device.type == "cpu" and attn_mask is not None and attn_mask.requires_grad and dropout_p == 0)
+
+
 #: The fused kernels of ltorch's families (``layer_norms``, ``nn``, ...), each one aten call (with its checker).
 _KERNELS = {
     "native_layer_norm": (torch.native_layer_norm, None),
@@ -488,6 +500,7 @@ _KERNELS = {
     "nll_loss_backward": (_aten.nll_loss_backward.default, None),
     "sdpa_flash": (_sdpa_flash, _on_cpu),
     "sdpa_flash_backward": (_sdpa_flash_backward, _on_cpu),
+    "sdpa_math": (_sdpa_math, _on_cpu),
     "native_batch_norm": (_batch_norm_functional, _numeric_momentum),
     "native_batch_norm_no_stats": (_batch_norm_no_stats, None),
     "native_batch_norm_backward": (_defined(_batch_norm_backward), None),
@@ -499,6 +512,8 @@ def _register_kernels() -> None:
         torch_ex.register_implementation(getattr(ltorch, name), impl, impl_name=f"torch_{name}", checker=checker)
     for name, impl in _FUSED_ATTENTION.items():
         torch_ex.register_implementation(getattr(fused_attention, name), impl, impl_name=f"torch_{name}")
+    sdpa, impl = ltorch.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention
+    torch_ex.register_implementation(sdpa, impl, impl_name="torch_scaled_dot_product_attention", checker=_sdpa_not_math)
     for table in (RESIZE_IMPLS, NORM_IMPLS):
         for symbol, impl in table.items():
             name = symbol.symbol_name.removeprefix("ltorch.")

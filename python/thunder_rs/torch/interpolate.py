@@ -1,6 +1,6 @@
 """Interpolation (``F.interpolate``, which the ``upsample`` aliases call): nearest, nearest-exact,
-(bi/tri)linear, bicubic and area resizing of 1 to 3 spatial dims, with its backward kernel
-``upsample_backward`` and its grad rule.
+(bi/tri)linear, bicubic and area resizing of 1 to 3 spatial dims, bilinear and bicubic also
+antialiased (``antialias=True``), with its backward kernel ``upsample_backward`` and its grad rule.
 
 Except area (adaptive average pooling), each mode is separable: along each spatial dim an
 output element is a weighted sum of a few input elements ("taps"), whose positions and weights
@@ -42,6 +42,8 @@ __all__ = ["interpolate", "upsample_backward"]
 _LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
 _MODES = ("nearest", "nearest-exact", "area", *_LINEAR_MODES)
 _CUBIC_A = -0.75
+#: The support of each antialiasing filter in input elements at scale 1 (aten's ``interp_size``).
+_AA_SUPPORT = {"bilinear": 2, "bicubic": 4}
 #: The bound on a scale factor's numerator and denominator below which a symbolic size is scaled
 #: as a fraction (``_scaled``).
 _SHORT = 2**20
@@ -57,7 +59,19 @@ def _check_mode(op: str, input, mode: str, align_corners, antialias) -> None:
         f"unsupported mode {mode!r}; thunder_rs supports {', '.join(_MODES)} (argument mode)",
         ThunderNotImplementedError,
     )
-    check(not antialias, op, "antialias=True is not supported (argument antialias)", ThunderNotImplementedError)
+    check(
+        not antialias or (mode in _AA_SUPPORT and input.ndim == 4),
+        op,
+        "Anti-alias option is restricted to bilinear, bicubic, and lanczos modes and requires a 4-D tensor "
+        "as input (argument antialias)",
+        ThunderValueError,
+    )
+    check(
+        not antialias or input.dtype in (torch.float32, torch.float64),
+        op,
+        lambda: f"antialiased {mode} interpolation is not implemented for {input.dtype} (argument input)",
+        ThunderNotImplementedError,
+    )
     check(
         mode in _LINEAR_MODES or align_corners is None,
         op,
@@ -303,8 +317,75 @@ def _cubic_taps(device, dtype, in_size, out_size, scale, align_corners: bool):
     return index, weights
 
 
-def _taps(device, dtype, in_size, out_size, mode: str, align_corners, scale):
+def _aa_filter(mode: str, x):
+    """aten's antialiasing filter at ``x``: the triangle (bilinear), Keys' cubic with a = -0.5 (bicubic, as PIL)."""
+    x = prims.abs(x)
+    if mode == "bilinear":
+        return prims.where(prims.lt(x, 1.0), prims.sub(1.0, x), 0.0)
+    near = prims.add(prims.mul(prims.mul(prims.sub(prims.mul(x, 1.5), 2.5), x), x), 1.0)
+    far = prims.add(prims.mul(prims.sub(prims.mul(prims.sub(prims.mul(x, -0.5), -2.5), x), 4.0), x), 2.0)
+    return prims.where(prims.lt(x, 1.0), near, prims.where(prims.lt(x, 2.0), far, 0.0))
+
+
+def _stretches(s, in_size, out_size, scale) -> bool:
+    """aten's ``scale >= 1.0`` (downsampling: the filter widens with the scale), decided on the
+    sizes (or the given scale) where the scale is a tensor of them. At scale 1 either way gives
+    the same taps: equal sizes take the way whose number of taps is a constant."""
+    if isinstance(s, float):
+        return s > 1.0
+    return bool(scale < 1.0) if scale is not None else bool(in_size > out_size)
+
+
+def _in_double(x, dtype):
+    """``x`` (in ``dtype``) widened as C++ widens a float added to a double literal."""
+    return x if dtype == torch.float64 else prims.convert_element_type(x, torch.float64)
+
+
+def _aa_taps(device, dtype, in_size, out_size, mode: str, align_corners: bool, scale):
+    """aten's antialiased taps (``_compute_indices_min_size_weights_aa``): the filter, widened by
+    the scale when downsampling, centred on each output element's position; the taps inside the
+    input, normalised to sum 1; ``ceil(support) * 2 + 1`` taps, those past the window weighing 0.
+    Downsampling by a scale of symbolic sizes takes the sizes at their values (the number of taps
+    follows the scale)."""
+    s = _scale(device, in_size, out_size, scale, align_corners, dtype)
+    support, invscale = _AA_SUPPORT[mode] * 0.5, 1.0
+    if _stretches(s, in_size, out_size, scale):
+        if not isinstance(s, float):
+            in_size, out_size, scale = int(in_size), int(out_size), None if scale is None else float(scale)
+            s = _scale(device, in_size, out_size, scale, align_corners, dtype)
+        support, invscale = _rounded(support * s, dtype), _rounded(1.0 / s, dtype)
+    taps = math.ceil(support) * 2 + 1
+    center = _positions(device, dtype, out_size, s, 0.5)
+
+    def bound(x, limit, clamp):
+        rounded = prims.floor(prims.add(_in_double(x, dtype), 0.5))
+        return clamp(prims.convert_element_type(rounded, torch.int64), limit)
+
+    xmin = bound(prims.sub(center, support), 0, prims.maximum)
+    size = prims.sub(bound(prims.add(center, support), in_size, prims.minimum), xmin)
+    size = prims.minimum(prims.maximum(size, 0), taps)
+
+    def wide(x):
+        return prims.broadcast_in_dim(x, (out_size, taps), (0,))
+
+    j = prims.broadcast_in_dim(prims.iota(taps, 0, 1, device, torch.int64), (out_size, taps), (1,))
+    index = prims.add(wide(xmin), j)
+    offset = prims.sub(prims.convert_element_type(index, dtype), wide(center))
+    at = prims.convert_element_type(prims.mul(prims.add(_in_double(offset, dtype), 0.5), invscale), dtype)
+    weights = prims.where(prims.lt(j, wide(size)), _aa_filter(mode, at), 0.0)
+    columns = [prims.squeeze(prims.slice(weights, (0, k), (out_size, k + 1), (1, 1)), (1,)) for k in range(taps)]
+    total = columns[0]
+    for column in columns[1:]:  # in order, as aten adds them
+        total = prims.add(total, column)
+    normalised = prims.div(weights, wide(total))
+    weights = prims.where(prims.ne(wide(total), 0.0), normalised, weights)
+    return prims.minimum(index, in_size - 1), weights
+
+
+def _taps(device, dtype, in_size, out_size, mode: str, align_corners, scale, antialias: bool = False):
     """The (out, taps) input positions and weights (None: one tap of weight 1) along one dim."""
+    if antialias:
+        return _aa_taps(device, dtype, in_size, out_size, mode, align_corners, scale)
     if mode in ("nearest", "nearest-exact"):
         return _nearest_taps(device, in_size, out_size, scale, mode == "nearest-exact")
     if mode == "bicubic":
@@ -312,17 +393,27 @@ def _taps(device, dtype, in_size, out_size, mode: str, align_corners, scale):
     return _linear_taps(device, dtype, in_size, out_size, scale, align_corners)
 
 
+def _unchanged(in_size, out_size, scale) -> bool:
+    """Whether a dim keeps its size, which aten's antialiased kernel leaves as it is whatever scale it
+    is given; from the sizes alone (no scale) the taps copy it anyway, so no guard is taken then."""
+    same = _equal(out_size, in_size)
+    return same if same is not None else scale is not None and bool(out_size == in_size)
+
+
 def _compute_dtype(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _resample(x, sizes, mode, align_corners, scales):
-    """``x`` resized along its last len(sizes) dims, one dim at a time."""
+def _resample(x, sizes, mode, align_corners, scales, antialias: bool = False):
+    """``x`` resized along its last len(sizes) dims, one dim at a time: first to last, or, antialiased,
+    last to first leaving a dim of unchanged size as it is (aten's separable kernel)."""
     n, dtype = len(sizes), _compute_dtype(x.dtype)
     out = x if x.dtype == dtype or mode.startswith("nearest") else prims.convert_element_type(x, dtype)
-    for i, (size, scale) in enumerate(zip(sizes, scales)):
-        axis = x.ndim - n + i
-        index, weights = _taps(x.device, dtype, out.shape[axis], size, mode, align_corners, scale)
+    for i in reversed(range(n)) if antialias else range(n):
+        axis, size, scale = x.ndim - n + i, sizes[i], scales[i]
+        if antialias and _unchanged(out.shape[axis], size, scale):
+            continue
+        index, weights = _taps(x.device, dtype, out.shape[axis], size, mode, align_corners, scale, antialias)
         taps = index.shape[1]
         taken = prims.take(out, prims.reshape(index, (size * taps,)), axis)
         taken = prims.reshape(taken, (*taken.shape[:axis], size, taps, *taken.shape[axis + 1 :]))
@@ -331,7 +422,8 @@ def _resample(x, sizes, mode, align_corners, scales):
             continue
         weighted = prims.mul(taken, prims.broadcast_in_dim(weights, taken.shape, (axis, axis + 1)))
         out = prims.sum(weighted, (axis + 1,))
-    return out if out.dtype == x.dtype else prims.convert_element_type(out, x.dtype)
+    # a copy where every dim was left as it is: eager's output is a tensor of its own
+    return out if out.dtype == x.dtype and out is not x else prims.convert_element_type(out, x.dtype)
 
 
 # -- symbols ---------------------------------------------------------------------------------------
@@ -351,7 +443,7 @@ def resize(op: str, input, size, scale_factor, mode, align_corners, recompute_sc
     sizes, scales = check_resize(op, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
     if mode == "area":
         return _ADAPTIVE_AVG[input.ndim - 2](input, sizes)
-    return _resample(input, sizes, mode, bool(align_corners), scales)
+    return _resample(input, sizes, mode, bool(align_corners), scales, bool(antialias))
 
 
 @torchsymbol(F.interpolate)
@@ -376,16 +468,17 @@ def interpolate(
 # -- backward kernel -------------------------------------------------------------------------------
 
 
-def _unresample(grad, input_size, mode, align_corners, scales):
-    """The transpose of ``_resample``: each tap's weighted gradient added back, dim by dim in reverse."""
+def _unresample(grad, input_size, mode, align_corners, scales, antialias: bool = False):
+    """The transpose of ``_resample``: each tap's weighted gradient added back, dim by dim in reverse.
+    Antialiased, every dim is (aten's backward kernel weighs a dim of unchanged size too)."""
     n, dtype = len(scales), _compute_dtype(grad.dtype)
-    if _copies_back(grad.shape[-n:], input_size[-n:], mode, align_corners, scales):
+    if not antialias and _copies_back(grad.shape[-n:], input_size[-n:], mode, align_corners, scales):
         return grad
     g = grad if grad.dtype == dtype else prims.convert_element_type(grad, dtype)
-    for i in reversed(range(n)):
+    for i in range(n) if antialias else reversed(range(n)):
         axis = g.ndim - n + i
         size, in_size = g.shape[axis], input_size[axis]
-        index, weights = _taps(grad.device, dtype, in_size, size, mode, align_corners, scales[i])
+        index, weights = _taps(grad.device, dtype, in_size, size, mode, align_corners, scales[i], antialias)
         taps = index.shape[1]
         spread_shape = (*g.shape[:axis], size, taps, *g.shape[axis + 1 :])
         spread = prims.broadcast_in_dim(g, spread_shape, tuple(d if d <= axis else d + 1 for d in range(g.ndim)))
@@ -406,22 +499,27 @@ def _copies_back(out_sizes, in_sizes, mode, align_corners: bool, scales) -> bool
 
 
 @torchsymbol(name="upsample_backward")
-def upsample_backward(grad_output, input_size, mode, align_corners, scales):
+def upsample_backward(grad_output, input_size, mode, align_corners, scales, antialias=False):
     """The gradient of a resized input of ``input_size`` (all dims) from its output's: eager's
-    ``upsample_<mode><n>d_backward``. ``scales`` has one float or None per spatial dim."""
-    return _unresample(grad_output, tuple(input_size), mode, bool(align_corners), tuple(scales))
+    ``upsample_<mode><n>d_backward`` (``_upsample_<mode>2d_aa_backward`` antialiased). ``scales``
+    has one float or None per spatial dim."""
+    return _unresample(grad_output, tuple(input_size), mode, bool(align_corners), tuple(scales), bool(antialias))
 
 
-def _aten_upsample_backward(grad_output, input_size, mode, align_corners, scales):
+def _aten_upsample_backward(grad_output, input_size, mode, align_corners, scales, antialias=False):
     n = len(scales)
-    name = {
-        "nearest": f"upsample_nearest{n}d_backward",
-        "nearest-exact": f"_upsample_nearest_exact{n}d_backward",
-        "linear": "upsample_linear1d_backward",
-        "bilinear": "upsample_bilinear2d_backward",
-        "trilinear": "upsample_trilinear3d_backward",
-        "bicubic": "upsample_bicubic2d_backward",
-    }[mode]
+    name = (
+        f"_upsample_{mode}2d_aa_backward"
+        if antialias
+        else {
+            "nearest": f"upsample_nearest{n}d_backward",
+            "nearest-exact": f"_upsample_nearest_exact{n}d_backward",
+            "linear": "upsample_linear1d_backward",
+            "bilinear": "upsample_bilinear2d_backward",
+            "trilinear": "upsample_trilinear3d_backward",
+            "bicubic": "upsample_bicubic2d_backward",
+        }[mode]
+    )
     corners = () if mode.startswith("nearest") else (align_corners,)
     fn = getattr(torch.ops.aten, name).default
     return fn(grad_output, list(grad_output.shape[2:]), list(input_size), *corners, *scales)
@@ -441,7 +539,8 @@ def _resize_grad(op: str, forward, input, size, scale_factor, mode, align_corner
             sizes,
         )
     out = forward()
-    put_grad(input, upsample_backward(get_grad(out), tuple(input.shape), mode, bool(align_corners), scales))
+    grad = upsample_backward(get_grad(out), tuple(input.shape), mode, bool(align_corners), scales, bool(antialias))
+    put_grad(input, grad)
     return out
 
 
