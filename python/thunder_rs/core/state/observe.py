@@ -296,6 +296,9 @@ class Observer:
         if self._hooked:
             return
         _warn_profiler_once()
+        _own_work(self._observe_statically, fn, modules)
+
+    def _observe_statically(self, fn, modules) -> None:
         fn = getattr(fn, "__func__", fn)
         code = getattr(fn, "__code__", None)
         if code is not None:
@@ -696,13 +699,24 @@ def _importing(frame, entry) -> bool:
 def _dispatch_call(frame):
     observer = _thread.observer
     if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
-        observer._on_call(frame)
+        _own_work(observer._on_call, frame)
 
 
 def _dispatch_return(frame):
     observer = _thread.observer
     if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
-        observer._on_return(frame)
+        _own_work(observer._on_return, frame)
+
+
+def _own_work(handle, *args) -> None:
+    """``handle(*args)``, the observer's work, inside thunder_rs: its bytecode walks (a ``next``
+    per instruction) and reads of state are not the program's, so the standard library's hooks for
+    the program (``stdlib_state``) let them through at once."""
+    _thread.inside += 1
+    try:
+        handle(*args)
+    finally:
+        _thread.inside -= 1
 
 
 _warned: list = []
