@@ -30,6 +30,19 @@ _CALLS = ("PRECALL", "CALL")
 
 #: id(code) -> (code, receiver name, its candidate uses): ``(kind, detail, line)``.
 _uses: dict = {}
+#: The code object walked last and its instructions (one tuple, read at once by each thread).
+_last_walk: tuple = (None, [])
+
+
+def instructions(code) -> list:
+    """``code``'s instructions (``dis.get_instructions``). The observer finds a method's read chains
+    and, on a traced module, its identity uses in the same call: one walk of the bytecode for both
+    (walks are most of a first compile's time)."""
+    global _last_walk
+    last = _last_walk
+    if last[0] is not code:
+        last = _last_walk = (code, list(dis.get_instructions(code)))
+    return last[1]
 
 
 def _chain_before(instructions, end: int) -> tuple:
@@ -58,25 +71,25 @@ def _candidates(code, name: str) -> list:
     ``hash``, weak references: resolved against the globals as it runs), ``is`` comparisons with
     what is not a constant, and method calls on it (cached ones: resolved on its class)."""
     found: list[tuple[str, object, int]] = []
-    instructions = list(dis.get_instructions(code))
+    listed = instructions(code)
     line = code.co_firstlineno
-    for i, ins in enumerate(instructions):
+    for i, ins in enumerate(listed):
         positions = getattr(ins, "positions", None)  # (3.11 on)
         line = positions.lineno if positions is not None and positions.lineno is not None else line
-        after = instructions[i + 1] if i + 1 < len(instructions) else None
+        after = listed[i + 1] if i + 1 < len(listed) else None
         if ins.opname in _LOAD_FAST and ins.argval == name and after is not None:
             if after.opname in _CALLS and after.arg == 1:
-                chain = _chain_before(instructions, i)
+                chain = _chain_before(listed, i)
                 if chain:
                     found.append(("call", chain, line))
             elif after.opname in _LOAD_ATTR:
                 found.append(("method", after.argval, line))
         elif ins.opname == "IS_OP":
-            right = _operand_start(instructions, i)
-            left = _operand_start(instructions, right)
-            if "LOAD_CONST" in (instructions[right].opname, instructions[left].opname):
+            right = _operand_start(listed, i)
+            left = _operand_start(listed, right)
+            if "LOAD_CONST" in (listed[right].opname, listed[left].opname):
                 continue  # (``self is None``)
-            bare = [instructions[k] for k, whole in ((right, right == i - 1), (left, left == right - 1)) if whole]
+            bare = [listed[k] for k, whole in ((right, right == i - 1), (left, left == right - 1)) if whole]
             if any(o.opname in _LOAD_FAST and o.argval == name for o in bare):
                 found.append(("is", None, line))
     return found

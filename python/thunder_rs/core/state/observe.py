@@ -17,7 +17,6 @@ as globals and cells, the methods whose code runs) are guarded as one ``Defaults
 library modules are matched against torch's global flags (``torch_flags.py``).
 """
 
-import dis
 import functools
 import inspect
 import os
@@ -49,7 +48,7 @@ from thunder_rs.core.state.guards import (
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import PACKAGE_DIR
-from thunder_rs.core.state.identity import refuse_identity_uses
+from thunder_rs.core.state.identity import instructions, refuse_identity_uses
 from thunder_rs.core.state.state import ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
@@ -171,9 +170,9 @@ def _chains(code) -> set:
     chains, root, attrs = set(), None, []
     by_name = False  # the chain being read is getattr's or hasattr's first argument
     after_by_name = False  # the last instruction loaded the builtin getattr or hasattr
-    instructions = list(dis.get_instructions(code))
+    listed = instructions(code)
     subscripted = False  # the instruction is the subscript of a constant key already taken
-    for ins, after in zip(instructions, [*instructions[1:], None]):
+    for ins, after in zip(listed, [*listed[1:], None]):
         op = ins.opname
         if subscripted:
             subscripted = False
