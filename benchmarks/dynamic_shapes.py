@@ -47,6 +47,7 @@ other processes of a shared machine hold the cores.
 
 import argparse
 import copy
+import gc
 import inspect
 import json
 import os
@@ -121,9 +122,18 @@ def trainer(model, call):
     return step
 
 
+def collected() -> None:
+    """Collects garbage before a timed loop. ``torch._dynamo.reset()`` imports some 900 modules
+    (Dynamo, Inductor, sympy, triton: 140,000 objects), and the full collection that makes due
+    (0.2 s of CPU) otherwise falls on whichever timed step allocates next: a thunder_rs compile
+    in one run, one of eager's steps in another."""
+    gc.collect()
+
+
 def train(model, call, batches) -> float:
     """Seconds for the training steps."""
     step = trainer(model, call)
+    collected()
     start = time.perf_counter()
     for batch in batches:
         step(batch)
@@ -139,6 +149,7 @@ def run_padding(steps: int, backends: dict, paired: bool = False) -> dict:
         models = {name: tiny_gpt2() for name in backends}
         calls = {name: make(models[name]) for name, make in backends.items()}
         steps_of = {name: trainer(models[name], call) for name, call in calls.items()}
+        collected()
         result.update(paired_report(interleaved(steps_of, batches, calls)))
         result.update({f"{name}_compiles": compiles(call) for name, call in calls.items()})
     for name, make in backends.items() if not paired else ():
@@ -324,6 +335,7 @@ def run_decode(tokens: int, backends: dict, paired: bool = False) -> dict:
         models = {name: tiny_gpt2().eval() for name in backends}
         calls = {name: make(models[name]) for name, make in backends.items()}
         decoders = {name: decoder(call, cache_keyword(models[name]), ids) for name, call in calls.items()}
+        collected()
         samples = interleaved({name: step for name, (step, _) in decoders.items()}, range(tokens + 1), calls)
         result.update(paired_report(samples))
         result.update({f"{name}_compiles": compiles(call) for name, call in calls.items()})
@@ -332,6 +344,7 @@ def run_decode(tokens: int, backends: dict, paired: bool = False) -> dict:
         model = tiny_gpt2().eval()
         call = make(model)
         step, produced = decoder(call, cache_keyword(model), ids)
+        collected()
         start = time.perf_counter()
         for _ in range(tokens + 1):
             step()
