@@ -455,7 +455,7 @@ def main() -> None:
         "images": lambda: run_images(args.steps // 2, others),
         "moe": lambda: run_moe(args.steps // 2, others),
     }
-    results: dict = {"device": str(DEVICE)}
+    results: dict = {"device": str(DEVICE), **({"paired_clock": args.clock} if args.paired else {})}
     for name in args.runs.split(","):
         # Printed as each run ends: a run cut short by a time limit still shows the ones before.
         result = results[name] = runs[name]()
