@@ -1,7 +1,7 @@
 """Shapes that change between calls (issue 26): compile counts and time against eager, one process.
 
     python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch,decode,images,moe]
-        [--executors inductor] [--with-compile] [--with-backend]
+        [--executors inductor] [--with-compile] [--with-backend] [--paired]
         [--json out.json]
 
 Five runs, each against eager on the same weights and inputs:
@@ -29,10 +29,25 @@ recompiles and automatic dynamic shapes are what the targets compare with: `--wi
 `--with-backend` adds `torch.compile(model, backend="thunder_rs")` to the padding run: Dynamo's
 graphs compiled by thunder_rs, the sizes Dynamo makes dynamic symbolic (`backend_ratio`; its
 compiles are thunder_rs's, over all of Dynamo's graphs).
+
+`--paired` runs the padding and decode runs' backends step by step in turn (the same batch or
+token for each, on identically initialised models; the order flips every step), so that load from
+other processes hits them alike, and splits each backend's time against eager (`paired_report`)
+into the steps that compiled and the others:
+
+  thunder_rs_compile_s          the seconds thunder_rs's compiles took (its own wall-time figures)
+  thunder_rs_compile_excess_s   the compiling steps' seconds over eager's same steps
+  thunder_rs_step_ratio         the median ratio to eager's of the other steps (`*_step_ms`: medians)
+  thunder_rs_ratio_from_parts   1 + `*_compile_share` + `*_step_share`: the ratio of the wall times
+                                these parts predict, steadier than `ratio` when eager's own time moves
+
+`--clock cpu` times the paired steps by the process's CPU time instead, which leaves out the time
+other processes of a shared machine hold the cores.
 """
 
 import argparse
 import copy
+import gc
 import inspect
 import json
 import os
@@ -56,6 +71,10 @@ BATCH = 8
 DEVICE = torch.device("cpu")
 #: thunder_rs's executors (``--executors``; None: the defaults).
 EXECUTORS = None
+#: What ``--paired`` steps are timed by (``--clock``): wall time, or this process's CPU time, which
+#: leaves out the time other processes of a shared machine hold the cores.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCK = time.perf_counter
 
 
 def sync() -> None:
@@ -88,24 +107,52 @@ def padded_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return batches
 
 
-def train(model, call, batches) -> float:
-    """Seconds for the training steps (loss on the unpadded tokens, backward, AdamW)."""
+def trainer(model, call):
+    """A training step on a batch (loss on the unpadded tokens, backward, AdamW), as a function of the
+    batch."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    start = time.perf_counter()
-    for ids, mask in batches:
+
+    def step(batch) -> None:
+        ids, mask = batch
         labels = ids.masked_fill(mask == 0, -100)
-        loss = call(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
+        call(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def collected() -> None:
+    """Collects garbage before a timed loop. ``torch._dynamo.reset()`` imports some 900 modules
+    (Dynamo, Inductor, sympy, triton: 140,000 objects), and the full collection that makes due
+    (0.2 s of CPU) otherwise falls on whichever timed step allocates next: a thunder_rs compile
+    in one run, one of eager's steps in another."""
+    gc.collect()
+
+
+def train(model, call, batches) -> float:
+    """Seconds for the training steps."""
+    step = trainer(model, call)
+    collected()
+    start = time.perf_counter()
+    for batch in batches:
+        step(batch)
     sync()
     return time.perf_counter() - start
 
 
-def run_padding(steps: int, backends: dict) -> dict:
+def run_padding(steps: int, backends: dict, paired: bool = False) -> dict:
     batches = padded_batches(steps)
     result = {"steps": steps, "distinct_lengths": len({ids.shape[1] for ids, _ in batches})}
-    for name, make in backends.items():
+    if paired:
+        torch._dynamo.reset()
+        models = {name: tiny_gpt2() for name in backends}
+        calls = {name: make(models[name]) for name, make in backends.items()}
+        steps_of = {name: trainer(models[name], call) for name, call in calls.items()}
+        collected()
+        result.update(paired_report(interleaved(steps_of, batches, calls)))
+        result.update({f"{name}_compiles": compiles(call) for name, call in calls.items()})
+    for name, make in backends.items() if not paired else ():
         model = tiny_gpt2()
         torch._dynamo.reset()
         call = make(model)
@@ -114,6 +161,59 @@ def run_padding(steps: int, backends: dict) -> dict:
     result["ratio"] = result["thunder_rs_s"] / result["eager_s"]
     if "torch.compile thunder_rs" in backends:
         result["backend_ratio"] = result["torch.compile thunder_rs_s"] / result["eager_s"]
+    return result
+
+
+def interleaved(steps_of: dict, inputs: list, calls: dict) -> dict:
+    """Each backend's step on each input in turn (the order flips every input): ``{name: [(seconds,
+    compile seconds or None)]}``, a step's compile seconds being what ``calls[name]``'s compiles in
+    that step reported (None: it did not compile, or is not a thunder_rs callable)."""
+    samples: dict = {name: [] for name in steps_of}
+    names = list(steps_of)
+    for i, x in enumerate(inputs):
+        for name in names if i % 2 == 0 else names[::-1]:
+            before = compiles(calls[name])
+            sync()
+            start = CLOCK()
+            steps_of[name](x)
+            sync()
+            seconds = CLOCK() - start
+            compiled = before is not None and compiles(calls[name]) != before
+            samples[name].append((seconds, compile_seconds(calls[name]) if compiled else None))
+    return samples
+
+
+def compile_seconds(call) -> float:
+    """The seconds a thunder_rs callable's last compile took (0 under torch.compile's backend)."""
+    try:
+        return thunder_rs.compile_stats(call).last_compile_s
+    except Exception:  # noqa: BLE001 (torch.compile(backend="thunder_rs"): over several graphs)
+        return 0.0
+
+
+def paired_report(samples: dict) -> dict:
+    """Each backend's time against eager's, from ``interleaved``'s samples, in parts: the steps that
+    compiled (their seconds over eager's same steps, ``*_compile_excess_s``) and the median
+    per-step ratio of the others (``*_step_ratio``); ``*_ratio_from_parts`` is the ratio they predict."""
+    eager = [seconds for seconds, _ in samples["eager"]]
+    result = {"eager_s": sum(eager)}
+    for name, own in samples.items():
+        result[f"{name}_s"] = sum(seconds for seconds, _ in own)
+        if name == "eager":
+            continue
+        compiled = [i for i, (_, compile_s) in enumerate(own) if compile_s is not None]
+        steady = [i for i in range(len(own)) if i not in compiled]
+        step_ratio = statistics.median(own[i][0] / eager[i] for i in steady)
+        excess = sum(own[i][0] - eager[i] for i in compiled)
+        result[f"{name}_compile_steps"] = len(compiled)
+        result[f"{name}_compile_s"] = sum(own[i][1] for i in compiled)
+        result[f"{name}_compile_excess_s"] = excess
+        result[f"{name}_step_ms"] = statistics.median(own[i][0] for i in steady) * 1e3
+        result[f"{name}_step_ratio"] = step_ratio
+        result[f"{name}_compile_share"] = excess / sum(eager)
+        result[f"{name}_step_share"] = (step_ratio - 1) * sum(eager[i] for i in steady) / sum(eager)
+        result[f"{name}_ratio_from_parts"] = 1 + result[f"{name}_compile_share"] + result[f"{name}_step_share"]
+    result["eager_step_ms"] = statistics.median(eager) * 1e3
     return result
 
 
@@ -205,30 +305,53 @@ def first_calls(model, config, repeats: int = 5) -> dict:
     return result
 
 
-def greedy(call, keyword: str, ids: torch.Tensor, tokens: int) -> torch.Tensor:
-    """The prompt, then one call per token with the cache the last call returned."""
-    produced = []
-    with torch.no_grad():
-        out = call(input_ids=ids, use_cache=True)
-        for _ in range(tokens):
+def decoder(call, keyword: str, ids: torch.Tensor):
+    """A greedy decode's calls, one per step: the prompt, then one call per token with the cache the
+    last call returned; and the list of the tokens produced."""
+    produced: list = []
+    last: list = []
+
+    def step(_=None) -> None:
+        with torch.no_grad():
+            if not last:
+                last.append(call(input_ids=ids, use_cache=True))
+                return
+            out = last.pop()
             produced.append(out.logits[:, -1].argmax(-1, keepdim=True))
             cache = out["cache"] if "cache" in out else out["past_key_values"]
-            out = call(input_ids=produced[-1], use_cache=True, **{keyword: cache})
-    return torch.cat(produced, 1)
+            last.append(call(input_ids=produced[-1], use_cache=True, **{keyword: cache}))
+
+    return step, produced
 
 
-def run_decode(tokens: int, backends: dict) -> dict:
+def cache_keyword(model) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def run_decode(tokens: int, backends: dict, paired: bool = False) -> dict:
     ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     result, outputs = {"tokens": tokens}, {}
-    for name, make in backends.items():
+    if paired:
+        models = {name: tiny_gpt2().eval() for name in backends}
+        calls = {name: make(models[name]) for name, make in backends.items()}
+        decoders = {name: decoder(call, cache_keyword(models[name]), ids) for name, call in calls.items()}
+        collected()
+        samples = interleaved({name: step for name, (step, _) in decoders.items()}, range(tokens + 1), calls)
+        result.update(paired_report(samples))
+        result.update({f"{name}_compiles": compiles(call) for name, call in calls.items()})
+        outputs = {name: torch.cat(produced, 1) for name, (_, produced) in decoders.items()}
+    for name, make in backends.items() if not paired else ():
         model = tiny_gpt2().eval()
-        keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         call = make(model)
+        step, produced = decoder(call, cache_keyword(model), ids)
+        collected()
         start = time.perf_counter()
-        outputs[name] = greedy(call, keyword, ids, tokens)
+        for _ in range(tokens + 1):
+            step()
         sync()
         result[f"{name}_s"] = time.perf_counter() - start
         result[f"{name}_compiles"] = compiles(call)
+        outputs[name] = torch.cat(produced, 1)
     result["same_tokens"] = all(torch.equal(out, outputs["eager"]) for out in outputs.values())
     return result
 
@@ -308,9 +431,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--runs", default="padding,batch,decode,images,moe", help="which runs, comma-separated")
     parser.add_argument("--executors", help="thunder_rs's executors, comma-separated (default: the defaults)")
+    parser.add_argument("--paired", action="store_true", help="padding and decode: backends in turn, step by step")
+    parser.add_argument("--clock", choices=CLOCKS, default="wall", help="what --paired's steps are timed by")
     parser.add_argument("--json")
     args = parser.parse_args()
-    global DEVICE, EXECUTORS
+    global DEVICE, EXECUTORS, CLOCK
+    CLOCK = CLOCKS[args.clock]
     DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="thunder_rs.*recompiled")
@@ -323,13 +449,13 @@ def main() -> None:
     # (The thunder_rs backend of torch.compile is measured on the padding run.)
     others = {k: v for k, v in backends.items() if k != "torch.compile thunder_rs"}
     runs = {
-        "padding": lambda: run_padding(args.steps, backends),
+        "padding": lambda: run_padding(args.steps, backends, args.paired),
         "batch": lambda: run_batch(others),
-        "decode": lambda: run_decode(args.tokens, others),
+        "decode": lambda: run_decode(args.tokens, others, args.paired),
         "images": lambda: run_images(args.steps // 2, others),
         "moe": lambda: run_moe(args.steps // 2, others),
     }
-    results: dict = {"device": str(DEVICE)}
+    results: dict = {"device": str(DEVICE), **({"paired_clock": args.clock} if args.paired else {})}
     for name in args.runs.split(","):
         # Printed as each run ends: a run cut short by a time limit still shows the ones before.
         result = results[name] = runs[name]()

@@ -10,7 +10,7 @@ from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.layouts import describe, layout
 from thunder_rs.core.state.guards import freeze, is_simple
-from thunder_rs.core.state.observe import interesting
+from thunder_rs.core.state.code_reads import interesting
 from thunder_rs.core.lang.recorder import refuse_unlike_strided
 
 from thunder_rs.core.lang.autocast import state as autocast_state

@@ -46,7 +46,8 @@ from typing import Any
 
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
 from thunder_rs.core.state.guards import MISSING, StateGuard
-from thunder_rs.core.state.observe import _STDLIB_DIRS, _importing, interesting, thread_state
+from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
+from thunder_rs.core.state.observe import _importing, thread_state
 from thunder_rs.errors import ThunderNotImplementedError
 
 # -- the program's frame ---------------------------------------------------------------------------
@@ -58,7 +59,7 @@ def _in_stdlib(path: str) -> bool:
 
 
 #: Where the standard library's code is (``os`` and ``_collections_abc`` are frozen modules).
-_STDLIB_FILES = (*_STDLIB_DIRS, "<frozen ")
+_STDLIB_FILES = (*STDLIB_DIRS, "<frozen ")
 
 
 def _program_frame(frame, skip: int = 0):

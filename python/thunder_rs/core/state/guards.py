@@ -775,14 +775,13 @@ def compile_check(guards: list[Guard]):
 
 
 class Guards:
-    """The guards of one cache entry: ``check(flat)`` runs on every call, ``check_modules()``
-    only after a module attribute was written."""
+    """The guards of one cache entry: ``check(flat)`` runs on every call, those of ``modules`` only
+    after a module attribute was written (``entry.make_check``)."""
 
     def __init__(self, guards: list[Guard]):
         self.per_call = [g for g in guards if g.per_call]
         self.modules = [g for g in guards if not g.per_call]
         self.check = compile_check(self.per_call)
-        self.check_modules = compile_check(self.modules)
 
     def __len__(self):
         return len(self.per_call) + len(self.modules)

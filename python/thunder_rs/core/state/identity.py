@@ -48,6 +48,19 @@ _OPERAND_STARTS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_GLOBAL", "LOAD_NAM
 
 #: id(code) -> (code, receiver name, its candidate uses): ``(kind, detail, line)``.
 _uses: dict = {}
+#: The code object walked last and its instructions (one tuple, read at once by each thread).
+_last_walk: tuple = (None, [])
+
+
+def instructions(code) -> list:
+    """``code``'s instructions (``dis.get_instructions``). The observer finds a method's read chains
+    and, on a traced module, its identity uses in the same call: one walk of the bytecode for both
+    (walks are most of a first compile's time)."""
+    global _last_walk
+    last = _last_walk
+    if last[0] is not code:
+        last = _last_walk = (code, list(dis.get_instructions(code)))
+    return last[1]
 
 
 class Op(NamedTuple):
@@ -144,7 +157,7 @@ def _displayed(ops, i: int, name: str):
 
 def _candidates(code, name: str) -> list:
     """The uses of the local ``name`` in ``code`` that may be by identity (``uses_in``)."""
-    return uses_in(dis.get_instructions(code), name, code.co_firstlineno)
+    return uses_in(instructions(code), name, code.co_firstlineno)
 
 
 def uses_in(instructions, name: str, first_line: int = 0) -> list:

@@ -2,7 +2,7 @@
 
 While a program is traced, a C-level profile hook (``_core.CallObserver``) reports each call of a
 function outside thunder_rs, torch's internals and the standard library. For each such function,
-the reads it can make are found once from its bytecode (:class:`CodeReads`): globals, closure
+the reads it can make are found once from its bytecode (``code_reads.py``): globals, closure
 cells, and attribute chains on its arguments (``self.config.hidden_size``, ``cfg.scale``). At the
 call they are evaluated against the frame's arguments, globals and cells, and each value becomes
 a :class:`~thunder_rs.core.state.guards.Guard`. Chains on other locals (``config = self.config`` then
@@ -17,12 +17,8 @@ as globals and cells, the methods whose code runs) are guarded as one ``Defaults
 library modules are matched against torch's global flags (``torch_flags.py``).
 """
 
-import dis
 import functools
-import inspect
-import os
 import sys
-import sysconfig
 import threading
 import types
 import warnings
@@ -48,24 +44,13 @@ from thunder_rs.core.state.guards import (
 )
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.base.userframe import PACKAGE_DIR
+from thunder_rs.core.state.code_reads import code_reads, interesting, library_module
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.state import ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
 
 
-def _dir(path: str) -> str:
-    return os.path.dirname(os.path.abspath(path)) + os.sep
-
-
-_TORCH_DIR = _dir(torch.__file__)
-#: torch code whose reads are the program's: the standard modules' forwards (``self.p``, ``self.eps``)
-#: and the distributions' methods (``self.loc`` of a prior the program keeps).
-_TORCH_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
-_TORCH_DISTRIBUTIONS_DIR = os.path.join(_TORCH_DIR, "distributions") + os.sep
-_TORCH_MODULES_SKIPPED = ("module.py", "lazy.py", "_functions.py")
-_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 #: Attributes of a bare ``nn.Module`` (parameter/buffer/submodule stores, hooks, ``training`` is
 #: not among them): the module's structure and hooks have guards of their own.
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
@@ -84,143 +69,12 @@ _CODE_TYPES = (
     types.WrapperDescriptorType,
     types.ModuleType,
 )
-_LOAD_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 #: Methods that change a generator's state: inside a traced program they would run only once.
 _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
-_LOAD_ROOT = frozenset(
-    {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_GLOBAL", "LOAD_NAME"}
-)
-_LOAD_LOCAL = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
-_LOAD_TWO = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
-#: Stack copies that keep a chain going (``self.steps += 1`` copies ``self`` before reading ``steps``).
-_COPIES = frozenset({"COPY", "DUP_TOP"})
-#: Builtins that read an attribute named by a string: ``getattr(config, "scale", 1.0)``.
-_READS_BY_NAME = frozenset({"getattr", "hasattr"})
-#: Loads of a constant key before a subscript (``cfg["scale"]``, ``scales[0]``).
-_CONST_LOADS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})
 #: Containers whose items a chain follows by constant key: exactly these types, whose reads by
 #: key have no code of their own.
 _CONTAINERS = (dict, list, tuple)
 _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
-
-
-def _is_subscript(ins) -> bool:
-    # BINARY_SUBSCR up to Python 3.13; BINARY_OP with the subscript operator from 3.14.
-    return ins is not None and (ins.opname == "BINARY_SUBSCR" or (ins.opname == "BINARY_OP" and ins.argrepr == "[]"))
-
-
-def _in_library(path: str) -> bool:
-    """torch's internals, thunder_rs and the standard library: their reads are not the program's."""
-    if path.startswith(PACKAGE_DIR):
-        return True
-    if path.startswith(_TORCH_DIR):
-        if path.startswith(_TORCH_DISTRIBUTIONS_DIR):
-            return False
-        return not (path.startswith(_TORCH_MODULES_DIR) and not path.endswith(_TORCH_MODULES_SKIPPED))
-    return path.startswith(_STDLIB_DIRS) and "site-packages" not in path
-
-
-_library_modules: dict = {}
-
-
-def _library_module(module) -> bool:
-    """Whether ``module`` is torch, thunder_rs or the standard library (cached by id; modules live
-    as long as the process)."""
-    known = _library_modules.get(id(module))
-    if known is None:
-        path = getattr(module, "__file__", None)
-        known = _library_modules[id(module)] = path is None or _in_library(os.path.abspath(path))
-    return known
-
-
-def interesting(code) -> bool:
-    """Whether the reads of ``code`` are the program's (user code, other libraries, torch.nn modules).
-    Module and class bodies (code without fast locals) run at import, not as the program."""
-    if not code.co_flags & inspect.CO_OPTIMIZED:
-        return False
-    path = code.co_filename
-    if path.startswith("<"):
-        return not path.startswith(("<thunder_rs", "<frozen"))
-    return not _in_library(os.path.abspath(path))
-
-
-class CodeReads:
-    """The read chains of one code object, by kind of root: ``(root name, (attr, ...))``."""
-
-    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver")
-
-    def __init__(self, code):
-        chains = _chains(code)
-        n_args = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
-        args, free = frozenset(code.co_varnames[:n_args]), frozenset(code.co_freevars)
-        self.globals = sorted({(n, a) for (op, n), a in chains if op in ("LOAD_GLOBAL", "LOAD_NAME")})
-        self.cells = sorted({(n, a) for (op, n), a in chains if op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and n in free})
-        local = {(n, a) for (op, n), a in chains if op not in ("LOAD_GLOBAL", "LOAD_NAME") and n not in free and a}
-        self.args = sorted((n, a) for n, a in local if n in args)
-        self.locals = sorted((n, a) for n, a in local if n not in args)
-        self.line = f"{code.co_filename}:{code.co_firstlineno}"
-        #: the first argument's name (``self`` of a method), to tell which modules run
-        self.receiver = code.co_varnames[0] if code.co_argcount else None
-
-
-def _chains(code) -> set:
-    """``((load op, root name), (attr, ...))`` for each load followed by attribute reads and
-    subscripts by a constant key (an ``_Item`` step: ``cfg["sub"]["scale"]``). A read by name,
-    ``getattr(chain, "name"[, default])`` or ``hasattr(chain, "name")``, ends its chain with that
-    name."""
-    chains, root, attrs = set(), None, []
-    by_name = False  # the chain being read is getattr's or hasattr's first argument
-    after_by_name = False  # the last instruction loaded the builtin getattr or hasattr
-    instructions = list(dis.get_instructions(code))
-    subscripted = False  # the instruction is the subscript of a constant key already taken
-    for ins, after in zip(instructions, [*instructions[1:], None]):
-        op = ins.opname
-        if subscripted:
-            subscripted = False
-            continue
-        if op in _LOAD_ATTR and root is not None:
-            attrs.append(ins.argval)
-            continue
-        # A subscript right on a local (``kwargs["x"]``) is not followed: a local is state only
-        # through attribute reads, and reading locals has a cost (``frame.f_locals``).
-        if (
-            op in _CONST_LOADS
-            and root is not None
-            and (attrs or root[0] not in _LOAD_LOCAL)
-            and type(ins.argval) in (str, int)
-            and not by_name
-            and _is_subscript(after)
-        ):
-            attrs.append(_Item(ins.argval))
-            subscripted = True
-            continue
-        if op in _COPIES and root is not None:
-            continue
-        if root is not None:
-            if by_name and op == "LOAD_CONST" and type(ins.argval) is str:
-                attrs.append(ins.argval)
-            chains.add((root, tuple(attrs)))
-            root, attrs = None, []
-        by_name, after_by_name = after_by_name, op == "LOAD_GLOBAL" and ins.argval in _READS_BY_NAME
-        if op in _LOAD_ROOT:
-            root = (op, ins.argval)
-        elif op in _LOAD_TWO:
-            root = ("LOAD_FAST", ins.argval[1])
-    if root is not None:
-        chains.add((root, tuple(attrs)))
-    return chains
-
-
-#: id(code) -> (code, its reads). By id: hashing a code object hashes its whole contents; the
-#: code object is kept so that its id is not reused.
-_code_reads: dict = {}
-
-
-def code_reads(code) -> CodeReads:
-    known = _code_reads.get(id(code))
-    if known is None:
-        known = _code_reads[id(code)] = (code, CodeReads(code))
-    return known[1]
 
 
 class Observer:
@@ -301,6 +155,9 @@ class Observer:
         if self._hooked:
             return
         _warn_profiler_once()
+        _own_work(self._observe_statically, fn, modules)
+
+    def _observe_statically(self, fn, modules) -> None:
         fn = getattr(fn, "__func__", fn)
         code = getattr(fn, "__code__", None)
         if code is not None:
@@ -529,7 +386,7 @@ class Observer:
         for a user class: what its class attributes hold (a method or property: its own code)."""
         if isinstance(module, type):
             return self._class_read(module, attr, origin)
-        if _library_module(module):
+        if library_module(module):
             return MISSING
         value = module.__dict__.get(attr, MISSING)
         if value is MISSING:
@@ -538,7 +395,7 @@ class Observer:
 
     def _class_read(self, cls: type, attr: str, origin: str):
         home = sys.modules.get(getattr(cls, "__module__", ""), None)
-        if home is None or _library_module(home):
+        if home is None or library_module(home):
             return MISSING
         value = ClassSource(cls).fixed().get(attr, MISSING)
         if value is MISSING or hasattr(type(value), "__get__"):
@@ -601,7 +458,7 @@ class Observer:
             value = g.get(name, MISSING)
             if value is MISSING or id(value) in TRACING_GLOBALS:
                 continue
-            if isinstance(value, types.ModuleType) and _library_module(value):
+            if isinstance(value, types.ModuleType) and library_module(value):
                 library_read(self, value, attrs)  # torch's flags (torch.backends.cudnn.deterministic)
                 continue  # torch, math, F: their attributes are library code, not program state
             value = self._keep(self._globals_source(g), name, value, origin)
@@ -708,13 +565,24 @@ def _importing(frame, entry) -> bool:
 def _dispatch_call(frame):
     observer = _thread.observer
     if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
-        observer._on_call(frame)
+        _own_work(observer._on_call, frame)
 
 
 def _dispatch_return(frame):
     observer = _thread.observer
     if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
-        observer._on_return(frame)
+        _own_work(observer._on_return, frame)
+
+
+def _own_work(handle, *args) -> None:
+    """``handle(*args)``, the observer's work, inside thunder_rs: its bytecode walks (a ``next``
+    per instruction) and reads of state are not the program's, so the standard library's hooks for
+    the program (``stdlib_state``) let them through at once."""
+    _thread.inside += 1
+    try:
+        handle(*args)
+    finally:
+        _thread.inside -= 1
 
 
 _warned: list = []

@@ -1,0 +1,159 @@
+"""The reads a function's code can make, found once from its bytecode (:class:`CodeReads`):
+globals, closure cells, and attribute chains on its arguments and locals (``self.config.scale``,
+``cfg["sub"]["scale"]``, ``getattr(cfg, "scale", 1.0)``); and which code's reads are the program's
+(``interesting``: not torch's internals, thunder_rs or the standard library). The observer
+(``observe.py``) evaluates them at each call of the traced program."""
+
+import inspect
+import os
+import sysconfig
+
+import torch
+
+from thunder_rs.core.base.userframe import PACKAGE_DIR
+from thunder_rs.core.state.guards import Item as _Item
+from thunder_rs.core.state.identity import instructions
+
+
+def _dir(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path)) + os.sep
+
+
+_TORCH_DIR = _dir(torch.__file__)
+#: torch code whose reads are the program's: the standard modules' forwards (``self.p``, ``self.eps``)
+#: and the distributions' methods (``self.loc`` of a prior the program keeps).
+_TORCH_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
+_TORCH_DISTRIBUTIONS_DIR = os.path.join(_TORCH_DIR, "distributions") + os.sep
+_TORCH_MODULES_SKIPPED = ("module.py", "lazy.py", "_functions.py")
+STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+_LOAD_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_LOAD_ROOT = frozenset(
+    {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_GLOBAL", "LOAD_NAME"}
+)
+_LOAD_LOCAL = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
+_LOAD_TWO = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
+#: Stack copies that keep a chain going (``self.steps += 1`` copies ``self`` before reading ``steps``).
+_COPIES = frozenset({"COPY", "DUP_TOP"})
+#: Builtins that read an attribute named by a string: ``getattr(config, "scale", 1.0)``.
+_READS_BY_NAME = frozenset({"getattr", "hasattr"})
+#: Loads of a constant key before a subscript (``cfg["scale"]``, ``scales[0]``).
+_CONST_LOADS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})
+
+
+def _is_subscript(ins) -> bool:
+    # BINARY_SUBSCR up to Python 3.13; BINARY_OP with the subscript operator from 3.14.
+    return ins is not None and (ins.opname == "BINARY_SUBSCR" or (ins.opname == "BINARY_OP" and ins.argrepr == "[]"))
+
+
+def _in_library(path: str) -> bool:
+    """torch's internals, thunder_rs and the standard library: their reads are not the program's."""
+    if path.startswith(PACKAGE_DIR):
+        return True
+    if path.startswith(_TORCH_DIR):
+        if path.startswith(_TORCH_DISTRIBUTIONS_DIR):
+            return False
+        return not (path.startswith(_TORCH_MODULES_DIR) and not path.endswith(_TORCH_MODULES_SKIPPED))
+    return path.startswith(STDLIB_DIRS) and "site-packages" not in path
+
+
+_library_modules: dict = {}
+
+
+def library_module(module) -> bool:
+    """Whether ``module`` is torch, thunder_rs or the standard library (cached by id; modules live
+    as long as the process)."""
+    known = _library_modules.get(id(module))
+    if known is None:
+        path = getattr(module, "__file__", None)
+        known = _library_modules[id(module)] = path is None or _in_library(os.path.abspath(path))
+    return known
+
+
+def interesting(code) -> bool:
+    """Whether the reads of ``code`` are the program's (user code, other libraries, torch.nn modules).
+    Module and class bodies (code without fast locals) run at import, not as the program."""
+    if not code.co_flags & inspect.CO_OPTIMIZED:
+        return False
+    path = code.co_filename
+    if path.startswith("<"):
+        return not path.startswith(("<thunder_rs", "<frozen"))
+    return not _in_library(os.path.abspath(path))
+
+
+class CodeReads:
+    """The read chains of one code object, by kind of root: ``(root name, (attr, ...))``."""
+
+    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver")
+
+    def __init__(self, code):
+        chains = _chains(code)
+        n_args = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
+        args, free = frozenset(code.co_varnames[:n_args]), frozenset(code.co_freevars)
+        self.globals = sorted({(n, a) for (op, n), a in chains if op in ("LOAD_GLOBAL", "LOAD_NAME")})
+        self.cells = sorted({(n, a) for (op, n), a in chains if op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and n in free})
+        local = {(n, a) for (op, n), a in chains if op not in ("LOAD_GLOBAL", "LOAD_NAME") and n not in free and a}
+        self.args = sorted((n, a) for n, a in local if n in args)
+        self.locals = sorted((n, a) for n, a in local if n not in args)
+        self.line = f"{code.co_filename}:{code.co_firstlineno}"
+        #: the first argument's name (``self`` of a method), to tell which modules run
+        self.receiver = code.co_varnames[0] if code.co_argcount else None
+
+
+def _chains(code) -> set:
+    """``((load op, root name), (attr, ...))`` for each load followed by attribute reads and
+    subscripts by a constant key (an ``_Item`` step: ``cfg["sub"]["scale"]``). A read by name,
+    ``getattr(chain, "name"[, default])`` or ``hasattr(chain, "name")``, ends its chain with that
+    name."""
+    chains, root, attrs = set(), None, []
+    by_name = False  # the chain being read is getattr's or hasattr's first argument
+    after_by_name = False  # the last instruction loaded the builtin getattr or hasattr
+    listed = instructions(code)
+    subscripted = False  # the instruction is the subscript of a constant key already taken
+    for ins, after in zip(listed, [*listed[1:], None]):
+        op = ins.opname
+        if subscripted:
+            subscripted = False
+            continue
+        if op in _LOAD_ATTR and root is not None:
+            attrs.append(ins.argval)
+            continue
+        # A subscript right on a local (``kwargs["x"]``) is not followed: a local is state only
+        # through attribute reads, and reading locals has a cost (``frame.f_locals``).
+        if (
+            op in _CONST_LOADS
+            and root is not None
+            and (attrs or root[0] not in _LOAD_LOCAL)
+            and type(ins.argval) in (str, int)
+            and not by_name
+            and _is_subscript(after)
+        ):
+            attrs.append(_Item(ins.argval))
+            subscripted = True
+            continue
+        if op in _COPIES and root is not None:
+            continue
+        if root is not None:
+            if by_name and op == "LOAD_CONST" and type(ins.argval) is str:
+                attrs.append(ins.argval)
+            chains.add((root, tuple(attrs)))
+            root, attrs = None, []
+        by_name, after_by_name = after_by_name, op == "LOAD_GLOBAL" and ins.argval in _READS_BY_NAME
+        if op in _LOAD_ROOT:
+            root = (op, ins.argval)
+        elif op in _LOAD_TWO:
+            root = ("LOAD_FAST", ins.argval[1])
+    if root is not None:
+        chains.add((root, tuple(attrs)))
+    return chains
+
+
+#: id(code) -> (code, its reads). By id: hashing a code object hashes its whole contents; the
+#: code object is kept so that its id is not reused.
+_code_reads: dict = {}
+
+
+def code_reads(code) -> CodeReads:
+    known = _code_reads.get(id(code))
+    if known is None:
+        known = _code_reads[id(code)] = (code, CodeReads(code))
+    return known[1]
