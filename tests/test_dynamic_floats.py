@@ -430,6 +430,10 @@ EDGES = {
     "log(T / 4 - 2)": (lambda x: x * math.log(_width(x) / 4 - 2), (12, 13, 9, 8, 16)),  # T > 8
     "exp(T * 100.0)": (lambda x: x * math.exp(_width(x) * 100.0), (5, 6, 7, 8, 6)),  # T <= 7
     "log base T - 4": (lambda x: x * math.log(8, _width(x) - 4), (7, 8, 5, 6)),  # T - 4 != 1
+    "1.0 / (T - 5)": (lambda x: x * (1.0 / (_width(x) - 5)), (7, 8, 5, 6, 4)),  # T != 5
+    "T / (T / 2 - 2.5)": (lambda x: x * (_width(x) / (_width(x) / 2 - 2.5)), (7, 8, 5, 9, 4)),
+    "(T - 5) ** -1": (lambda x: x * (_width(x) - 5) ** -1, (7, 8, 5, 6)),
+    "(T - 5) ** -0.5": (lambda x: x * (_width(x) - 5) ** -0.5, (7, 8, 5, 6)),
 }
 
 
@@ -445,6 +449,25 @@ def test_functions_of_math_at_the_edges_of_their_domains(name):
         else:
             torch.testing.assert_close(actual, expected, rtol=0, atol=0)
     assert thunder_rs.compile_stats(jf).cache_misses == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x * (1.0 / _width(x)),
+        lambda x: x * (_width(x) / (_width(x) - 1)),
+        lambda x: x * _width(x) ** -0.5 / math.sqrt(_width(x) + 1),
+        lambda x: x * (_width(x) // 2) * (1 / (_width(x) * 0.5)),
+    ],
+    ids=["1 / T", "T / (T - 1)", "T ** -0.5 / sqrt(T + 1)", "T // 2 / (T * 0.5)"],
+)
+def test_a_divisor_of_sizes_their_bounds_keep_nonzero_needs_no_guard(fn):
+    jf = thunder_rs.jit(fn)
+    for T in SIZES:
+        x = _inputs(torch.float64, T)
+        torch.testing.assert_close(jf(x), fn(x), rtol=0, atol=0)
+    assert thunder_rs.compile_stats(jf).cache_misses == 2, thunder_rs.compile_stats(jf).miss_reasons
+    assert "guard" not in str(thunder_rs.last_traces(jf)[-1])
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ Ints 0 and 1, negative ints and bools stay constants. Every call is checked agai
 
 import itertools
 import math
+import traceback
 
 import pytest
 import torch
@@ -409,6 +410,35 @@ def test_a_quotient_by_a_size_is_decided_with_guards_on_its_bounds():
         torch.testing.assert_close(jf(x), fn(x))
     assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
     assert "-t0 + 2*(t0 // 2) >= 0 fails (t0 = x.shape[1] = 5)" in stats(jf).miss_reasons[2]
+
+
+#: Quotients and remainders by a size expression that reaches 0 at some sizes, as programs of a
+#: (rows, width) tensor, with the shapes they are called at (the zero divisor's last but one).
+ZERO_DIVISORS = {
+    "exact //": (lambda x: x[:, : (2 * x.shape[1] - 10) // (x.shape[1] - 5)], [(3, 7), (3, 8), (3, 5), (3, 6)]),
+    "exact %": (lambda x: x[:, : (2 * x.shape[1] - 10) % (x.shape[1] - 5) + 1], [(3, 7), (3, 8), (3, 5), (3, 9)]),
+    "T // (S - 2)": (lambda x: x[:, : x.shape[1] // (x.shape[0] - 2)], [(5, 7), (6, 8), (2, 7), (3, 9)]),
+    "7 % (T - 5)": (lambda x: x[:, : 7 % (x.shape[1] - 5) + 1], [(3, 6), (3, 7), (3, 5), (3, 8)]),
+}
+
+
+@pytest.mark.parametrize("name", ZERO_DIVISORS)
+def test_a_quotient_by_a_size_that_reaches_zero_raises_eagers_error_from_the_programs_line(name):
+    # Each decision on the quotient holds only where the divisor is not 0: a call where it is
+    # misses the cache, is traced again and raises Python's ZeroDivisionError from the program.
+    fn, shapes = ZERO_DIVISORS[name]
+    jf = thunder_rs.jit(fn)
+    for shape in shapes:
+        x = torch.randn(shape)
+        try:
+            expected = fn(x)
+        except ZeroDivisionError:
+            with pytest.raises(ZeroDivisionError) as raised:
+                jf(x)
+            files = [frame.filename for frame in traceback.extract_tb(raised.tb)]
+            assert __file__ in files and not any(f.startswith("<thunder_rs") for f in files), files
+            continue
+        torch.testing.assert_close(jf(x), expected, rtol=0, atol=0)
 
 
 def top_half(x):

@@ -218,3 +218,28 @@ def test_outputs_laid_out_by_symbolic_sizes_have_eagers_strides():
         torch.testing.assert_close(out, expected)
         assert [t.stride() for t in out] == [t.stride() for t in expected]
     assert misses(jfn) == 2
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: x.as_strided((2, x.shape[0] - 1), (1, 1)) * 2,  # overlapping windows
+        lambda x: x.as_strided((x.shape[0] // 2 - 1, 2, 2), (2, 0, 1)),  # a stride of 0
+    ],
+    ids=["windows", "stride 0"],
+)
+def test_as_strided_of_symbolic_sizes_under_autograd_is_eagers_view_and_gradient(program):
+    """The view of the strides asked for, and ``as_strided_backward``'s gradient, over sizes of
+    one symbolic compile (the decomposition gathered a contiguous copy, strides ``(T - 1, 1)``)."""
+    jfn = thunder_rs.jit(program)
+    for n in [5, 6, 7, 9]:
+        sides = []
+        for fn in (program, jfn):
+            x = torch.randn(n, generator=torch.Generator().manual_seed(n), requires_grad=True)
+            out = fn(x)
+            (grad,) = torch.autograd.grad(out, x, torch.randn(out.shape, generator=torch.Generator().manual_seed(0)))
+            sides.append((out, grad))
+        for got, expected in zip(*sides):
+            assert got.stride() == expected.stride()
+            assert torch.equal(got, expected)
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2, thunder_rs.compile_stats(jfn).miss_reasons

@@ -464,6 +464,36 @@ def test_unfold_under_autograd_returns_eagers_views_and_gradients(shape, window,
         assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize(
+    "program, shape",
+    [
+        (lambda x: x.as_strided((3, 4), (1, 3)), (12,)),
+        (lambda x: torch.as_strided(x * 2, (3, 2), (1, 3), 1).exp(), (2, 4)),
+        (lambda x: x.as_strided((30, 20), (3, 1)).exp(), (120,)),  # overlapping windows
+        (lambda x: x.as_strided((7, 5, 1, 3), (0, 1, 4, 0)) * 1.1, (5,)),  # stride 0, size 1
+        (lambda x: x.as_strided((2, 2), (1, 2)) * -0.0, (4,)),  # signed zeros of the gradient
+        (lambda x: x.expand(3, 4).contiguous().as_strided((4, 3), (1, 4)), (4,)),
+        (lambda x: x.as_strided((3, 1), (2, 1)).expand(3, 4) * 2, (6,)),
+        (lambda x: x.as_strided((0, 3), (1, 1)), (4,)),
+    ],
+    ids=["transposed", "of a computed tensor", "overlapping", "stride 0", "-0.0", "of expand", "expanded", "empty"],
+)
+def test_as_strided_under_autograd_returns_eagers_views_and_gradients(program, shape):
+    """``as_strided`` of a tensor that requires grad: eager's view with the strides asked for (the
+    decomposition gathered a contiguous copy), and eager's ``as_strided_backward``: windows read
+    twice add their cotangents, bit for bit, strides included."""
+    x = torch.randn(*shape)
+    sides = []
+    for fn in (program, thunder_rs.jit(program)):
+        leaf = x.clone().requires_grad_()
+        out = fn(leaf)
+        (grad,) = torch.autograd.grad(out, leaf, torch.randn(out.shape, generator=torch.Generator().manual_seed(0)))
+        sides.append((out, grad))
+    for got, expected in zip(*sides):
+        assert got.stride() == expected.stride()
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+
+
 def _t(*shape):
     """A float64 tensor of ``shape`` laid out with its dims' memory order reversed."""
     return torch.randn(*reversed(shape), dtype=torch.float64).permute(*reversed(range(len(shape))))

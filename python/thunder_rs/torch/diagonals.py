@@ -370,6 +370,50 @@ def as_strided(input, size, stride, storage_offset=None):
     return _gathered(input, _as_strided_positions("ltorch.as_strided", input, size, stride, storage_offset))
 
 
+@register_grad(as_strided)
+def as_strided_grad(input, size, stride, storage_offset=None):
+    """Eager's: the output a view of the input (the strides it asks for), the gradient
+    ``as_strided_backward``'s (``_as_strided_backward``)."""
+    out = as_strided(input, size, stride, storage_offset)
+    size, stride = (_sizes("ltorch.as_strided", (v,), "size") for v in (size, stride))
+    put_grad(input, _as_strided_backward(get_grad(out), tuple(input.shape), size, stride, storage_offset or 0))
+    return out
+
+
+def _as_strided_backward(grad, input_shape, size, stride, offset: int):
+    """``as_strided``'s gradient as eager's ``as_strided_backward`` computes it for an input that
+    is its own row-major memory: dims of size 1 dropped, those of stride 0 summed (the last
+    first), then the cotangent scattered into zeros at the positions it was read from, added
+    where they may repeat (``_may_overlap``), a new contiguous tensor of ``input_shape``."""
+    zeros = prims.full((math.prod(input_shape),), 0.0, grad.device, grad.dtype)
+    if 0 in size:
+        return reshape_to(zeros, input_shape)
+    kept: list[int] = []
+    for d in reversed(range(len(size))):
+        if size[d] == 1:
+            grad = reshape_to(grad, (*grad.shape[:d], *grad.shape[d + 1 :]))
+        elif stride[d] == 0:
+            grad = _sum(grad, d)
+        else:
+            kept.insert(0, d)
+    sizes, strides = tuple(size[d] for d in kept), tuple(stride[d] for d in kept)
+    flat = (grad.numel(),)
+    positions = reshape_to(_positions(sizes, strides, offset, grad.device), flat)
+    place = prims.index_add if _may_overlap(sizes, strides) else prims.scatter
+    return reshape_to(place(zeros, positions, reshape_to(grad, flat), 0), input_shape)
+
+
+def _may_overlap(sizes, strides) -> bool:
+    """Whether a layout may read an element twice, as eager decides it (its
+    ``_maybe_overlapping_memory``): by increasing stride, each must pass what the smaller span."""
+    span = 0
+    for d in sorted(range(len(sizes)), key=lambda d: strides[d]):
+        if strides[d] <= span:
+            return True
+        span += strides[d] * (sizes[d] - 1)
+    return False
+
+
 def reads_own_memory(a, size, stride, storage_offset) -> bool:
     """Whether eager's ``as_strided`` of ``a`` reads ``a``'s own elements in row-major order:
     ``a`` is contiguous and no view, and the offset counts from its first element (None), or

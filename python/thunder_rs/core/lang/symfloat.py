@@ -76,9 +76,65 @@ def combine(symbol: str, a, b):
         _specialise(a_ops)
         _specialise(b_ops)
         return value
+    if symbol == "/":
+        _keep_nonzero(b_ops, b_hint)
     if symbol == "**":
         _real_power(a, b)
+        _defined_power(a, b)
     return SymFloat((symbol, a_ops, b_ops), value)
+
+
+def _keep_nonzero(ops, hint) -> None:
+    """Keeps a divisor of sizes nonzero on every call the trace serves, as it is at the hint
+    (``1.0 / (T - 5)``: Python raises ``ZeroDivisionError`` at ``T = 5``, so that call is traced
+    again and raises it from the program's own line): ``ops != 0`` as a guard on the sizes (none
+    where their bounds prove it: ``1 / T``, ``T / (T - 1)``), or structurally (``_nonzero``),
+    else the sizes specialised. A constant nonzero at the hint is nonzero on every call."""
+    if type(ops) is _SymExpr:
+        current().decide("ne", ops, 0)
+    elif type(ops) is tuple and not _nonzero(ops) and not relation("ne", SymFloat(ops, hint), 0):
+        _specialise(ops)
+
+
+def _nonzero(ops) -> bool:
+    """Whether ``ops`` is nonzero wherever its sizes hold as guarded, structurally: a size
+    expression (guarded ``!= 0``), a moderate constant, the square root of a positive float
+    (``_positive``), products and quotients of such, negated; a difference ``a - b`` where ``a !=
+    b`` is a relation of the sizes (``1 - 1 / T``: ``T != 1``), a sum ``a + b`` where ``a != -b``
+    is (a double difference is 0 exactly where its operands are equal)."""
+    if type(ops) is _SymExpr:
+        return current().decide("ne", ops, 0)
+    if type(ops) in (int, float):
+        return 2.0**-100 <= abs(ops) <= 2.0**100
+    if ops[0] == "neg":
+        return _nonzero(ops[1])
+    if ops[0] == "sqrt":
+        return _positive(ops[1])
+    if ops[0] in ("+", "-"):
+        a, b = ops[1], ops[2] if ops[0] == "-" else _negated(ops[2])
+        if type(a) in (int, float):
+            a, b = b, a
+        return bool(relation("ne", SymFloat(a, 0.0), b if type(b) in (int, float) else SymFloat(b, 0.0)))
+    return ops[0] in ("*", "/") and _nonzero(ops[1]) and _nonzero(ops[2])
+
+
+def _negated(ops):
+    return -ops if type(ops) in (int, float) else ("neg", ops)
+
+
+def _defined_power(base, exponent) -> None:
+    """Keeps ``base ** exponent`` defined on every call it serves: 0 to a negative power raises
+    ``ZeroDivisionError`` in Python (``(T - 5) ** -1`` at ``T = 5``). Where the exponent may be
+    negative, a symbolic base is kept nonzero (``_keep_nonzero``), and a zero constant base
+    specialises the exponent."""
+    (b_ops, b_hint), (e_ops, _) = base, exponent
+    if _nonnegative(e_ops):
+        return
+    if type(b_ops) in (int, float):
+        if b_ops == 0:
+            _specialise(e_ops)
+        return
+    _keep_nonzero(b_ops, b_hint)
 
 
 def _real_power(base, exponent) -> None:
@@ -187,6 +243,9 @@ def log(x, *base):
     num, den = _function("log", x), _function("log", b)
     if type(den) is SymFloat and den.ops[0] == "log" and not _differs_from_one(den.ops[1], operand(b)[1]):
         den = den.value()
+    if type(den) is SymFloat:  # its argument is guarded != 1: no zero divisor
+        n_ops, n_hint = operand(num)
+        return SymFloat(("/", n_ops, den.ops), n_hint / den.hint)
     return num / den
 
 

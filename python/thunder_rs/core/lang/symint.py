@@ -155,7 +155,7 @@ class SymInt(torch.SymInt):
             return wrap(self.expr // other)
         if type(other) is SymInt:
             exact = self.expr.exact_div(other.expr)
-            if exact is not None:
+            if exact is not None and _nonzero(other.expr):
                 return wrap(exact)
             if other.hint > 0:
                 return _quotient(self.expr, other.expr)
@@ -171,7 +171,7 @@ class SymInt(torch.SymInt):
             return NotImplemented
         if type(other) is int and other > 0:
             return wrap(self.expr % other)
-        if type(other) is SymInt and self.expr.exact_div(other.expr) is not None:
+        if type(other) is SymInt and self.expr.exact_div(other.expr) is not None and _nonzero(other.expr):
             return 0
         if type(other) is SymInt and other.hint > 0:
             return self - _quotient(self.expr, other.expr) * other
@@ -458,6 +458,13 @@ for _name, _rounding in (("__trunc__", math.trunc), ("__floor__", math.floor)):
 setattr(SymFloat, "__ceil__", _float_to_int(math.ceil, ceil=True))
 setattr(SymFloat, "__round__", _round)
 setattr(SymFloat, "__int__", _int)
+
+
+def _nonzero(divisor) -> bool:
+    """``divisor != 0`` of a size expression, as a guard (none where its bounds prove it): an
+    exact quotient (``(2 * T - 10) // (T - 5)`` is 2) holds only where Python's ``//`` does not
+    raise ``ZeroDivisionError``, so a call with a zero divisor is traced again and raises it."""
+    return current().decide("ne", divisor, 0)
 
 
 def _quotient(n, d) -> int:
