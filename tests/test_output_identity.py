@@ -260,3 +260,23 @@ def test_returned_views_carry_in_place_writes_and_gradients_as_in_eager(program,
     sum((e * g).sum() for e, g in zip(expected, weights)).backward()
     torch.testing.assert_close(w.grad, eager_w.grad)
     torch.testing.assert_close(x.grad, eager_x.grad)
+
+
+def test_returned_views_of_symbolic_sizes_are_taken_at_each_calls_sizes():
+    def program(x, w):
+        h = x @ w
+        return h.view(x.shape[0] // 2, 2, w.shape[1]).permute(0, 2, 1), h.t()
+
+    jprogram = thunder_rs.jit(program)
+    for n in (4, 6, 8):
+        x = torch.randn(n, 3, generator=torch.Generator().manual_seed(n))
+        w, eager_w = (torch.randn(3, 2, generator=torch.Generator().manual_seed(0)).requires_grad_() for _ in range(2))
+        (view, t), (expected_view, expected_t) = jprogram(x, w), program(x, eager_w)
+        view.div_(2)
+        expected_view.div_(2)
+        torch.testing.assert_close((view, t), (expected_view, expected_t))
+        assert (view.stride(), t.stride()) == (expected_view.stride(), expected_t.stride())
+        (view.sum() + (t * 2).sum()).backward()
+        (expected_view.sum() + (expected_t * 2).sum()).backward()
+        torch.testing.assert_close(w.grad, eager_w.grad)
+    assert thunder_rs.compile_stats(jprogram).cache_misses == 2  # a constant-size compile, then a symbolic one
