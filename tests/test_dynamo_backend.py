@@ -399,3 +399,34 @@ def test_hugging_face_mamba_compiles_every_graph_and_equals_eager():
     assert_grads_equal(model, eager, tol)
     # One graph (the selective scan's vmap no longer breaks it), compiled by thunder_rs.
     assert len(graphs) == 1 and all_compiled(graphs)
+
+
+@pytest.mark.slow  # 7-30 s on 2 cores, most of it Dynamo; test_output_identity's returned views are fast ones
+def test_deberta_writing_a_returned_view_after_a_graph_break_trains_as_eager():
+    # A graph break (``.item()``) ends a graph with ``pos_query_layer``, a permuted view of a
+    # linear's output, which DeBERTa then divides in place (``pos_query_layer /= ...``).
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DebertaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        relative_attention=True,
+        max_relative_positions=16,
+        pos_att_type=["c2p", "p2c"],
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    model = transformers.DebertaModel(config).train()
+    eager = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    out = torch.compile(model, backend="thunder_rs")(ids).last_hidden_state
+    ref = eager(ids).last_hidden_state
+    torch.testing.assert_close(out, ref, **TOL)
+    out.sum().backward()
+    ref.sum().backward()
+    assert_grads_equal(model, eager)
+    assert compiled_by_thunder_rs()

@@ -211,3 +211,72 @@ def test_a_tensor_made_from_a_numpy_array_reads_the_array_on_every_call():
         out, expected = jprogram(x), program(x)
         torch.testing.assert_close(out, expected)
         assert buffer.tolist() == [value, value]
+
+
+def _aliasing(outs: tuple) -> list:
+    """Per pair of outputs: whether they share memory, and whether the first is the second's view."""
+    memory = [o.untyped_storage().data_ptr() for o in outs]
+    return [[(memory[i] == memory[j], a._base is b) for j, b in enumerate(outs)] for i, a in enumerate(outs)]
+
+
+def _shares_one_intermediate(x, w):
+    h = x @ w
+    return h[:, 0], h.t()
+
+
+def _returns_an_intermediate_and_its_view(x, w):
+    h = x @ w
+    return h.view(2, 3, 2).permute(0, 2, 1), h
+
+
+@pytest.mark.parametrize(
+    "program, write",
+    [
+        (lambda x, w: (x @ w).view(2, 3, 2).permute(0, 2, 1), lambda outs: outs[0].div_(2)),
+        (_shares_one_intermediate, lambda outs: outs[0].mul_(3)),
+        (_shares_one_intermediate, lambda outs: outs[1].add_(1)),
+        (_returns_an_intermediate_and_its_view, lambda outs: outs[0].div_(2)),
+        (lambda x, w: (x.view(3, 6).t(), x.sum() * w.sum()), lambda outs: outs[0].mul_(2)),
+        (lambda x, w: (x, (x * 2) @ w), lambda outs: outs[0].mul_(2)),
+    ],
+    ids=["permuted_view", "two_views_write_first", "two_views_write_second", "base_and_view", "input_view", "input"],
+)
+def test_returned_views_carry_in_place_writes_and_gradients_as_in_eager(program, write):
+    # Returned by the training call's autograd.Function, a view of a tensor it computed (or of
+    # an input, or the input itself) was the Function's own view, which torch refuses to write.
+    w, eager_w = (torch.randn(3, 2, generator=torch.Generator().manual_seed(0)).requires_grad_() for _ in range(2))
+    x, eager_x = (torch.randn(6, 3, generator=torch.Generator().manual_seed(1)).requires_grad_() for _ in range(2))
+    outs, expected = thunder_rs.jit(program)(x * 1, w), program(eager_x * 1, eager_w)
+    outs, expected = (tuple(o) if isinstance(o, tuple) else (o,) for o in (outs, expected))
+    write(outs)
+    write(expected)
+    for out, e in zip(outs, expected, strict=True):
+        torch.testing.assert_close(out, e)
+        assert (out.stride(), out._is_view()) == (e.stride(), e._is_view())
+    # Aliasing as eager's: which outputs share memory, and which one is another's ``_base``.
+    assert _aliasing(outs) == _aliasing(expected)
+    weights = [torch.randn(e.shape, generator=torch.Generator().manual_seed(2)) for e in expected]
+    sum((o * g).sum() for o, g in zip(outs, weights)).backward()
+    sum((e * g).sum() for e, g in zip(expected, weights)).backward()
+    torch.testing.assert_close(w.grad, eager_w.grad)
+    torch.testing.assert_close(x.grad, eager_x.grad)
+
+
+def test_returned_views_of_symbolic_sizes_are_taken_at_each_calls_sizes():
+    def program(x, w):
+        h = x @ w
+        return h.view(x.shape[0] // 2, 2, w.shape[1]).permute(0, 2, 1), h.t()
+
+    jprogram = thunder_rs.jit(program)
+    for n in (4, 6, 8):
+        x = torch.randn(n, 3, generator=torch.Generator().manual_seed(n))
+        w, eager_w = (torch.randn(3, 2, generator=torch.Generator().manual_seed(0)).requires_grad_() for _ in range(2))
+        (view, t), (expected_view, expected_t) = jprogram(x, w), program(x, eager_w)
+        view.div_(2)
+        expected_view.div_(2)
+        torch.testing.assert_close((view, t), (expected_view, expected_t))
+        assert (view.stride(), t.stride()) == (expected_view.stride(), expected_t.stride())
+        (view.sum() + (t * 2).sum()).backward()
+        (expected_view.sum() + (expected_t * 2).sum()).backward()
+        torch.testing.assert_close(w.grad, eager_w.grad)
+    assert thunder_rs.compile_stats(jprogram).cache_misses == 2  # a constant-size compile, then a symbolic one

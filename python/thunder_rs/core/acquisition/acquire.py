@@ -39,6 +39,7 @@ from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
 from thunder_rs.core.lang.values import ValueReads, reading
+from thunder_rs.core.acquisition.output_views import OutputViews, plan_views
 from thunder_rs.core.acquisition.writeback import WriteBacks, plan
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError
 
@@ -88,6 +89,8 @@ class Acquired:
     #: the positions of the trace inputs standing for views no op records a gradient through
     #: (``TensorProxy._view_grad``), which a differentiable call passes detached
     detached: tuple = ()
+    #: program outputs the call takes as views of others after running (``output_views``), or None
+    views: OutputViews | None = None
 
 
 def _reject_generators(fn, out) -> None:
@@ -446,15 +449,20 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     if effects or not is_plain(out):
         out, out_spec = flatten_output(out, flat_inputs)
         num_outputs = len(out)
+    traced = inputs.args + inputs.params + captured
+    sizes = tuple(f"t{size.values()[0]}" for size in rec.size_inputs())
+    views, out = plan_views(out, _kind(out), traced, sizes)
     if extras:
         out = (*out, *extras)
-    out_kind = "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
-    traced = inputs.args + inputs.params + captured
+    out_kind = _kind(out)
     n_args, n_traced = len(inputs.args), len(traced)
     separate = (*range(n_args), *range(n_traced - len(captured), n_traced))
-    sizes = tuple(f"t{size.values()[0]}" for size in rec.size_inputs())
     writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate, sizes)
-    return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, writebacks
+    return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, (writebacks, views)
+
+
+def _kind(out) -> str:
+    return "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
 
 
 def acquire(
@@ -499,7 +507,7 @@ def acquire(
     # So is a parameter or buffer of the module (nn.LSTM's ``_flat_weights``, rebuilt from its
     # parameters on a call that finds them changed): storing a copy would change it on every call.
     kept.update(_kept_slots(inputs.slots))
-    trace, out_spec, out_kind, effects, num_outputs, writebacks = _finish(
+    trace, out_spec, out_kind, effects, num_outputs, (writebacks, views) = _finish(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept
     )
     positions = inputs.positions
@@ -532,6 +540,7 @@ def acquire(
         ints,
         dict(rec.guard_sites()),
         detached,
+        views,
     )
 
 

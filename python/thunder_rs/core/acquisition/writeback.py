@@ -102,7 +102,7 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
     views = tuple(
         (i, position[id(link.root)], link.steps)
         for i, o in enumerate(leaves)
-        if (link := _replayable_view(o, sizes)) is not None and id(link.root) in position and id(o) not in position
+        if (link := replayable_view(o, sizes)) is not None and id(link.root) in position and id(o) not in position
     )
     tensors = tuple(i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor))
     wb = WriteBacks(
@@ -111,7 +111,7 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
     return wb, tuple(leaves + extra)
 
 
-def _replayable_view(o, sizes: tuple):
+def replayable_view(o, sizes: tuple):
     """``o``'s view link when ``o`` is a view through shape prims alone (which torch calls can take
     again of a real tensor) whose symbolic sizes are computed from the size inputs ``sizes``
     (not from counts a call computes), else None."""
@@ -136,7 +136,7 @@ def _evaluator(params, names: tuple):
     return lambda values: sized(dict(zip(names, values)))
 
 
-def _view_taker(steps, sizes: tuple = ()):
+def view_taker(steps, sizes: tuple = ()):
     """A function of a real tensor and the call's inputs, taking of the tensor the view ``steps``
     take of its proxy; symbolic sizes among their parameters are computed from the size inputs
     (``sizes``, the call's last inputs) of the call."""
@@ -206,7 +206,7 @@ def with_writebacks(fn, wb: WriteBacks):
         for i in range(wb.num_outputs)
     ]
     for i, k, steps in wb.views:
-        namespace[f"view{i}"] = _view_taker(steps, wb.sizes)
+        namespace[f"view{i}"] = view_taker(steps, wb.sizes)
         results[i] = f"view{i}(inputs[{k}], inputs)"
     if wb.out_kind == "single":
         lines.append(f"    return {results[0]}")

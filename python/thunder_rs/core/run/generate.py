@@ -11,6 +11,7 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.acquisition.dynamic import size_readers, with_sizes
+from thunder_rs.core.acquisition.output_views import with_views
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_dumps
 from thunder_rs.core.base.proxies import make_proxy
@@ -234,6 +235,8 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     computation = modes.call(computation, bool(backward_traces), acquired.trace)
     if wb is not None:
         computation = _WRITEBACK.load().with_writebacks(computation, wb)
+    if acquired.views is not None:
+        computation = with_views(computation, acquired.views)
     captured = tuple(acquired.captured) if acquired.tail is None else ()
     if acquired.sizes:
         readers = size_readers(acquired.sizes, acquired.tensor_positions)

@@ -1,0 +1,92 @@
+"""Returned views of intermediates: taken outside the compiled call, as eager's views are.
+
+A program that returns a view of a tensor it computed (``(x @ w).view(2, 3, 2).permute(0, 2,
+1)``) returns in eager a view made by view ops, which the caller may write in place (``y /= 2``:
+autograd rebases the view's history). Returned by the ``torch.autograd.Function`` of a training
+call, the same tensor is a view the Function made, which torch refuses to write in place. So the
+trace returns the view's root instead, and the call takes the view of it after the Function ran
+(torch calls, recorded by autograd), as AOTAutograd regenerates such outputs from their base:
+the caller's tensor is a view with eager's base, strides and history, and several views of one
+intermediate (or the intermediate and its view) share its memory, as in eager.
+
+An input returned, or a view of one, is likewise the caller's tensor or taken of it outside the
+Function (inputs the program writes are the write-backs', ``writeback``). Only views through shape
+prims (``writeback.replayable_view``) are taken again, only in calls with outputs that carry
+gradients (others run no Function); other outputs cost a call nothing."""
+
+from dataclasses import dataclass
+
+from thunder_rs.core.acquisition.writeback import replayable_view, view_taker
+from thunder_rs.core.base.proxies import TensorProxy
+
+
+@dataclass(frozen=True)
+class OutputViews:
+    """The program outputs a call takes as views of other outputs of its trace."""
+
+    #: how the program's outputs are returned: "single", "tuple" or "list"
+    out_kind: str
+    #: (output position, whether its root is a trace input, the position of that input or of the
+    #: trace output holding the root, view steps)
+    views: tuple
+    #: the names of the trace's size inputs (``writeback.WriteBacks.sizes``)
+    sizes: tuple = ()
+
+
+def plan_views(out, out_kind: str, traced: list, sizes: tuple):
+    """The outputs of ``out`` (the program's flat outputs) to take as views after the call, and
+    the outputs the trace returns instead: at the first view of an intermediate the intermediate
+    (unless the program returns it too), at the other views None. An input the program does not
+    write, or a view of it, is the caller's tensor or taken of it (the Function would return its
+    own view of it, which torch refuses to write in place). ``(None, out)`` when there are none."""
+    leaves = [out] if out_kind == "single" else list(out)
+    if not any(isinstance(o, TensorProxy) and o.requires_grad for o in leaves):
+        return None, out  # no Function: the executors' views are the caller's
+    inputs = {id(p): k for k, p in enumerate(traced)}
+    held: dict = {}
+    for i, o in enumerate(leaves):
+        if isinstance(o, TensorProxy):
+            held.setdefault(id(o), i)
+    views = []
+    for i, o in enumerate(leaves):
+        if id(o) in inputs:
+            if o._vid == o._input_vid:  # the input itself (a written one is the write-backs')
+                leaves[i] = None
+                views.append((i, True, inputs[id(o)], ()))
+            continue
+        link = replayable_view(o, sizes)
+        if link is None:
+            continue
+        k = inputs.get(id(link.root))
+        if k is None:
+            at = held.setdefault(id(link.root), i)
+            leaves[i] = link.root if at == i else None
+            views.append((i, False, at, link.steps))
+        elif link.root._vid == link.root._input_vid:  # (a view of a written input is the write-backs')
+            leaves[i] = None
+            views.append((i, True, k, link.steps))
+    if not views:
+        return None, out
+    kept = leaves[0] if out_kind == "single" else type(out)(leaves)
+    return OutputViews(out_kind, tuple(views), sizes), kept
+
+
+def with_views(fn, plan: OutputViews):
+    """``fn`` returning the program's outputs, each of ``plan.views`` taken of its root; the
+    others as ``fn`` returns them."""
+    takes = [(i, of_input, at, view_taker(steps, plan.sizes)) for i, of_input, at, steps in plan.views]
+    if plan.out_kind == "single":
+        _, of_input, k, take = takes[0]
+        if of_input:
+            return lambda *inputs: (fn(*inputs), take(inputs[k], inputs))[1]
+        return lambda *inputs: take(fn(*inputs), inputs)
+    as_list = plan.out_kind == "list"
+
+    def call(*inputs):
+        roots = fn(*inputs)
+        outs = list(roots)
+        for i, of_input, at, take in takes:
+            outs[i] = take(inputs[at] if of_input else roots[at], inputs)
+        return outs if as_list else tuple(outs)
+
+    return call
