@@ -229,6 +229,11 @@ def _returns_an_intermediate_and_its_view(x, w):
     return h.view(2, 3, 2).permute(0, 2, 1), h
 
 
+def _one_view_twice(x, w):
+    v, u = (x @ w).t(), x.view(3, 6).t()
+    return v, v, u, u
+
+
 @pytest.mark.parametrize(
     "program, write",
     [
@@ -238,8 +243,17 @@ def _returns_an_intermediate_and_its_view(x, w):
         (_returns_an_intermediate_and_its_view, lambda outs: outs[0].div_(2)),
         (lambda x, w: (x.view(3, 6).t(), x.sum() * w.sum()), lambda outs: outs[0].mul_(2)),
         (lambda x, w: (x, (x * 2) @ w), lambda outs: outs[0].mul_(2)),
+        (_one_view_twice, lambda outs: outs[0].mul_(2)),
     ],
-    ids=["permuted_view", "two_views_write_first", "two_views_write_second", "base_and_view", "input_view", "input"],
+    ids=[
+        "permuted_view",
+        "two_views_write_first",
+        "two_views_write_second",
+        "base_and_view",
+        "input_view",
+        "input",
+        "one_view_twice",
+    ],
 )
 def test_returned_views_carry_in_place_writes_and_gradients_as_in_eager(program, write):
     # Returned by the training call's autograd.Function, a view of a tensor it computed (or of
@@ -253,8 +267,10 @@ def test_returned_views_carry_in_place_writes_and_gradients_as_in_eager(program,
     for out, e in zip(outs, expected, strict=True):
         torch.testing.assert_close(out, e)
         assert (out.stride(), out._is_view()) == (e.stride(), e._is_view())
-    # Aliasing as eager's: which outputs share memory, and which one is another's ``_base``.
+    # Aliasing as eager's: which outputs share memory, which one is another's ``_base``, and
+    # which are one tensor returned twice.
     assert _aliasing(outs) == _aliasing(expected)
+    assert [a is b for a in outs for b in outs] == [a is b for a in expected for b in expected]
     weights = [torch.randn(e.shape, generator=torch.Generator().manual_seed(2)) for e in expected]
     sum((o * g).sum() for o, g in zip(outs, weights)).backward()
     sum((e * g).sum() for e, g in zip(expected, weights)).backward()

@@ -26,8 +26,9 @@ class OutputViews:
 
     #: how the program's outputs are returned: "single", "tuple" or "list"
     out_kind: str
-    #: (output position, whether its root is a trace input, the position of that input or of the
-    #: trace output holding the root, view steps)
+    #: (output position, whether its root is a trace input (None: the program's output at the
+    #: position given, returned again), the position of that input or of the trace output
+    #: holding the root, view steps)
     views: tuple
     #: the names of the trace's size inputs (``writeback.WriteBacks.sizes``)
     sizes: tuple = ()
@@ -47,8 +48,14 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple):
     for i, o in enumerate(leaves):
         if isinstance(o, TensorProxy):
             held.setdefault(id(o), i)
-    views = []
+    views: list = []
+    taken: dict = {}  # id of an output taken as a view -> its first position
     for i, o in enumerate(leaves):
+        if id(o) in taken:  # (``return v, v``: eager's one tensor twice)
+            leaves[i] = None
+            views.append((i, None, taken[id(o)], ()))
+            continue
+        planned = len(views)
         if id(o) in inputs:
             if o._vid == o._input_vid:  # the input itself (a written one is the write-backs')
                 leaves[i] = None
@@ -65,6 +72,8 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple):
         elif link.root._vid == link.root._input_vid:  # (a view of a written input is the write-backs')
             leaves[i] = None
             views.append((i, True, k, link.steps))
+        if len(views) > planned:
+            taken[id(o)] = i
     if not views:
         return None, out
     kept = leaves[0] if out_kind == "single" else type(out)(leaves)
@@ -74,7 +83,10 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple):
 def with_views(fn, plan: OutputViews):
     """``fn`` returning the program's outputs, each of ``plan.views`` taken of its root; the
     others as ``fn`` returns them."""
-    takes = [(i, of_input, at, view_taker(steps, plan.sizes)) for i, of_input, at, steps in plan.views]
+    takes = [
+        (i, of_input, at, None if of_input is None else view_taker(steps, plan.sizes))
+        for i, of_input, at, steps in plan.views
+    ]
     if plan.out_kind == "single":
         _, of_input, k, take = takes[0]
         if of_input:
@@ -86,7 +98,10 @@ def with_views(fn, plan: OutputViews):
         roots = fn(*inputs)
         outs = list(roots)
         for i, of_input, at, take in takes:
-            outs[i] = take(inputs[at] if of_input else roots[at], inputs)
+            if of_input is None:  # the same output again
+                outs[i] = outs[at]
+            else:
+                outs[i] = take(inputs[at] if of_input else roots[at], inputs)
         return outs if as_list else tuple(outs)
 
     return call
