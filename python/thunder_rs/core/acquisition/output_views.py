@@ -80,11 +80,16 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple):
     return OutputViews(out_kind, tuple(views), sizes), kept
 
 
+def _same_output(t, inputs):
+    return t
+
+
 def with_views(fn, plan: OutputViews):
     """``fn`` returning the program's outputs, each of ``plan.views`` taken of its root; the
     others as ``fn`` returns them."""
+    same = _same_output  # (a position returned again: no view to take)
     takes = [
-        (i, of_input, at, None if of_input is None else view_taker(steps, plan.sizes))
+        (i, of_input, at, same if of_input is None else view_taker(steps, plan.sizes))
         for i, of_input, at, steps in plan.views
     ]
     if plan.out_kind == "single":
