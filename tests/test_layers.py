@@ -53,13 +53,16 @@ FRONT_LAZY_IMPORTS: dict[tuple[str, str], str] = {}
 #: ``core.base.lazy``), as ``(module, lazy module)`` with the reason. The checks above read each as
 #: an import; this table says why the import waits. Acquisition and what only a compile uses
 #: (effects, escapes, outputs, reached Python state, stdlib state, torch overrides, Python draws,
-#: write-backs, the cache entry: 10 modules, about 12 ms of ``import thunder_rs``) load at a
+#: write-backs, returned views, the cache entry: 11 modules, about 12 ms of ``import thunder_rs``) load at a
 #: program's first compile, never before.
 LAZY_MODULES: dict[tuple[str, str], str] = {
     ("thunder_rs.core.run.jit", "thunder_rs.core.acquisition.acquire"): "acquisition runs at the first compile",
     ("thunder_rs.core.run.jit", "thunder_rs.core.run.entry"): "a cache entry is made by the first compile",
     ("thunder_rs.core.run.generate", "thunder_rs.core.acquisition.writeback"): (
         "write-backs wrap an entry whose program writes its inputs, made by a compile"
+    ),
+    ("thunder_rs.core.run.generate", "thunder_rs.core.acquisition.output_views"): (
+        "returned views are taken again only by an entry whose training call returns some, made by a compile"
     ),
     ("thunder_rs.core.run.examine", "thunder_rs.core.acquisition.acquire"): (
         "examine acquires the program it reports on, when called"

@@ -11,7 +11,6 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.acquisition.dynamic import size_readers, with_sizes
-from thunder_rs.core.acquisition.output_views import with_views
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_dumps
 from thunder_rs.core.base.proxies import make_proxy
@@ -30,6 +29,7 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, T
 
 #: Write-backs wrap a computation whose program writes its inputs, made by a compile.
 _WRITEBACK = LazyModule("thunder_rs.core.acquisition.writeback")
+_OUTPUT_VIEWS = LazyModule("thunder_rs.core.acquisition.output_views")
 
 
 def _checker(executors):
@@ -236,7 +236,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     if wb is not None:
         computation = _WRITEBACK.load().with_writebacks(computation, wb)
     if acquired.views is not None:
-        computation = with_views(computation, acquired.views)
+        computation = _OUTPUT_VIEWS.load().with_views(computation, acquired.views)
     captured = tuple(acquired.captured) if acquired.tail is None else ()
     if acquired.sizes:
         readers = size_readers(acquired.sizes, acquired.tensor_positions)
