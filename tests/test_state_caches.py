@@ -203,6 +203,34 @@ def test_a_failed_compile_leaves_the_caches_as_they_were():
     torch.testing.assert_close(model(x), x + model.bias * 2)
 
 
+class _LazyState:
+    """As a Mamba cache layer: the state tensor is made in the first call, into a dict."""
+
+    def __init__(self):
+        self.conv_states = {0: None}
+
+
+def _fills_its_argument(x, state):
+    if state.conv_states[0] is None:
+        state.conv_states[0] = torch.zeros(x.shape[0], 2)
+    return x @ torch.ones(3, 2) + state.conv_states[0]
+
+
+def test_a_failed_compile_leaves_the_arguments_dicts_as_they_were():
+    # A trace that fails (here the program's own error; in Mamba's generate a symbolic compile
+    # that fell back to a static one) left its stand-in in the cache it was given: the next
+    # trace found a proxy there ("symbols can only be called while thunder_rs traces").
+    jf, state = thunder_rs.jit(_fills_its_argument), _LazyState()
+    with pytest.raises(RuntimeError):
+        _fills_its_argument(torch.ones(4, 5), _LazyState())
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        jf(torch.ones(4, 5), state)
+    assert state.conv_states == {0: None}
+    x, expected = torch.randn(4, 3), _LazyState()
+    torch.testing.assert_close(jf(x, state), _fills_its_argument(x, expected))
+    torch.testing.assert_close(state.conv_states[0], expected.conv_states[0])
+
+
 class _Box:
     def __init__(self, value):
         self.value = value

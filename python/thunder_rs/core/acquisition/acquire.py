@@ -404,6 +404,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         # A failed trace leaves the state as it found it: no stand-in in a cache it filled.
         observer.state.writes()
         observer.state.containers.undo()
+        reached.undo()
         raise
     _put_back(placed)
     return out, observer, pairs, inputs

@@ -167,6 +167,17 @@ class ArgumentObjects:
             raise refused
         return writes
 
+    def undo(self) -> None:
+        """Puts back the items of the lists and dicts reached from the arguments, and the
+        attributes of objects reached under keys that are no path, as they were before a trace
+        that failed: none keeps a stand-in (a cache's state the program made in it)."""
+        for container, before, _ in self.containers:
+            if _changed(container, before):
+                _restore(container, before)
+        for obj, before in self.unsourced:
+            obj.__dict__.clear()
+            obj.__dict__.update(before)
+
 
 def _items(container) -> tuple:
     return tuple(container.items()) if type(container) is dict else tuple(container)
