@@ -7,6 +7,7 @@ import torch
 
 import thunder_rs
 from thunder_rs.errors import ThunderError
+from twin_training import stays_symbolic
 
 
 def same_as_eager(fn, *args):
@@ -230,3 +231,19 @@ def test_associative_scan_is_traced_and_equals_the_recurrence(mode, length):
     # recurrence, which eager Mamba runs.
     torch.testing.assert_close(actual, expected)
     torch.testing.assert_close(actual_grads, torch.autograd.grad(expected, (a, b)))
+
+
+def test_associative_scan_is_traced_with_a_symbolic_batch():
+    # vmap's dtype check made meta tensors of the logical shapes, which failed with a symbolic
+    # batch (Mamba's generate with another batch size): symbolic compiles stopped for the function.
+    # (torch's scan then tests ``result.shape.numel() > 0``, which specialises the batch.)
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def f(a, b):
+        return associative_scan(selective_scan_combine, (a.sigmoid(), b), dim=1, combine_mode="generic")[1]
+
+    jf = thunder_rs.jit(f)
+    for batch in (2, 3):
+        a, b = torch.randn(batch, 4, 3), torch.randn(batch, 4, 3)
+        torch.testing.assert_close(jf(a, b), sequential_scan(a.sigmoid(), b)[1])
+    assert stays_symbolic(jf)

@@ -100,8 +100,10 @@ def _wrap(physical, depth: int):
     return BatchedProxy(physical, depth) if depth else physical
 
 
-def _meta(x, shape):
-    return torch.empty(shape, dtype=x.dtype, device="meta")
+def _meta(x, rank: int):
+    """A stand-in of ``x``'s dtype and rank for ``torch.result_type``, which reads no sizes but
+    the rank (a symbolic size would make a meta tensor of torch's SymInts, which we do not have)."""
+    return torch.empty((1,) * rank, dtype=x.dtype, device="meta")
 
 
 def _elementwise(func, args, kwargs):
@@ -112,8 +114,8 @@ def _elementwise(func, args, kwargs):
     # refuse where the physical call would compute in another dtype than the logical one.
     for a in tensors:
         for b in tensors:
-            logical = torch.result_type(_meta(a, a.shape), _meta(b, b.shape))
-            physical = torch.result_type(_meta(a, (1,) * (depth + rank)), _meta(b, (1,) * (depth + rank)))
+            logical = torch.result_type(_meta(a, a.ndim), _meta(b, b.ndim))
+            physical = torch.result_type(_meta(a, depth + rank), _meta(b, depth + rank))
             if logical != physical:
                 raise _refuse(func, f"operands of dtypes {a.dtype} and {b.dtype} and ranks {a.ndim} and {b.ndim}")
     lift = lambda x: _physical(x, depth, rank) if isinstance(x, torch.Tensor) else x  # noqa: E731
