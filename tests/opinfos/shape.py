@@ -325,9 +325,10 @@ def atleast_many_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInpu
 
 
 def concatenate_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
-    """cat's samples, then the dim given as numpy's `axis` keyword."""
+    """cat's samples, then the dim given as numpy's `axis` keyword and as torch's `dim` (Zamba-2's)."""
     yield from cat_samples(dtype, device)
     yield SampleInput([make((3, 4), dtype, device), make((3, 2), dtype, device)], axis=-1)
+    yield SampleInput([make((3, 4), dtype, device), make((3, 2), dtype, device)], dim=-1)
 
 
 def hstack_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:

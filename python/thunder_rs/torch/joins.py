@@ -115,9 +115,9 @@ def cat(tensors, dim=0, *, out=None):
 
 
 @torchsymbol(torch.concatenate)
-def concatenate(tensors, axis=0, out=None):
+def concatenate(tensors, dim=0, *, out=None):
     check(out is None, "ltorch.concatenate", "out= is not supported (argument out)", ThunderNotImplementedError)
-    return _cat("ltorch.concatenate", tensors, axis)
+    return _cat("ltorch.concatenate", tensors, dim)
 
 
 @torchsymbol(torch.stack)
