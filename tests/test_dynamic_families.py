@@ -235,8 +235,10 @@ def test_encoder_decoders_train_with_short_targets_in_two_compiles(name):
 
 
 def numpy_named(x):
-    """Funnel's ``torch.cat(..., axis=...)``: torch takes NumPy's names for ``dim`` and ``keepdim``."""
-    return torch.cat([x, x * 2], axis=1).sum(axis=0, keepdims=True) + torch.concatenate([x, x], axis=0).mean()
+    """Funnel's ``torch.cat(..., axis=...)``: torch takes NumPy's names for ``dim`` and ``keepdim``;
+    and ``torch.concatenate``, documented with ``axis``, takes torch's ``dim`` too (Zamba-2's)."""
+    joined = torch.concatenate([x, x], axis=0).mean() + torch.concatenate([x, x], dim=-1).mean()
+    return torch.cat([x, x * 2], axis=1).sum(axis=0, keepdims=True) + joined
 
 
 def test_numpy_names_of_arguments_are_torch_s():

@@ -13,7 +13,8 @@ a generate of another batch size makes a new cache whose first step was compared
 entry compiled last, its own prompt's (a cache of no tensors yet), so the cache's batch stayed
 constant while the input's turned symbolic: ``torch.cat`` of the two guarded them equal, and
 BLOOM, which reshapes its ALiBi bias by both, compiled at every step of every generate of another
-batch. (``test_dynamic_together`` has these in small.)
+batch. (``test_dynamic_together`` has these in small.) Mamba's and Jamba's generate of a second
+batch size failed: a symbolic compile that failed left its stand-in in the cache it filled.
 """
 
 import copy
@@ -164,6 +165,52 @@ def test_prompts_shorter_than_the_window_compile_once_per_regime_of_the_window(n
         prompt = left_padded(batch, length, seed=batch + length)
         torch.testing.assert_close(jmodel.generate(**prompt, **GENERATE), eager.generate(**prompt, **GENERATE))
     assert misses(jmodel) == 9, thunder_rs.compile_stats(jmodel).miss_reasons
+
+
+STATE_SPACE = {
+    # name -> (a tiny model, its compiles over three generates)
+    "mamba": (
+        lambda: T.MambaForCausalLM(T.MambaConfig(num_hidden_layers=2, hidden_size=32, state_size=8, **COMMON)),
+        5,
+    ),
+    "jamba": (
+        lambda: T.JambaForCausalLM(
+            T.JambaConfig(
+                num_hidden_layers=2,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                num_experts=2,
+                num_experts_per_tok=1,
+                attn_layer_period=2,
+                attn_layer_offset=1,
+                mamba_d_state=8,
+                **COMMON,
+            )
+        ),
+        6,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", slow_but("mamba", STATE_SPACE))
+def test_state_space_models_generate_eager_s_tokens_for_other_batches(name):
+    # Their cache layers (``LinearAttentionLayer``) make the convolution and SSM states in the
+    # prompt's call, into dicts; the selective scan is ``associative_scan``'s vmapped combine.
+    # The second batch's prompt compiled with its batch symbolic, which failed in vmap's dtype
+    # check; that failed trace left its stand-in in the new cache, and the static compile that
+    # followed found it there. Mamba: a prompt and a step per batch (its states' sizes are fixed),
+    # then the prompt's length symbolic; Jamba's attention layer a third, its cache symbolic.
+    make, compiles = STATE_SPACE[name]
+    torch.manual_seed(0)
+    model = make().to(torch.float32 if name == "jamba" else torch.float64).eval()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for batch, length in [(2, 5), (3, 5), (2, 7)]:
+        prompt = left_padded(batch, length, seed=batch + length)
+        torch.testing.assert_close(jmodel.generate(**prompt, **GENERATE), eager.generate(**prompt, **GENERATE))
+    assert misses(jmodel) == compiles, thunder_rs.compile_stats(jmodel).miss_reasons
 
 
 def _encoder_decoders() -> dict:
