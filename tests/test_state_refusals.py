@@ -242,3 +242,32 @@ def test_a_parametrization_cached_across_calls_is_refused_naming_torchs_cache():
 def test_ops_that_read_values_are_specialised_on_them(program):
     x = torch.randn(3, 4)
     torch.testing.assert_close(thunder_rs.jit(program)(x), program(x))
+
+
+class _RecurrentState(torch.nn.Module):
+    """As RecurrentGemma's blocks: the state a step leaves for the next, a module attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.state = None
+
+    def forward(self, x):
+        state = torch.zeros_like(x) if self.state is None else self.state
+        self.state = torch.tanh(self.lin(x) + state)
+        return self.state * 2
+
+
+def test_a_tensor_stored_on_a_module_whose_forward_is_jitted_names_the_attribute_and_the_way():
+    # Its forward jitted, the module is state the program reached, not the jitted module whose
+    # attributes every call sets again: the error named "entry 'state' of a dict".
+    model = _RecurrentState()
+    with pytest.raises(RuntimeError, match=r"attribute 'state' of a _RecurrentState .*thunder_rs.jit\(model\)"):
+        thunder_rs.jit(model.forward)(torch.randn(2, 3))
+    eager, x = _RecurrentState(), torch.randn(2, 3)
+    eager.load_state_dict(model.state_dict())
+    jmodel = thunder_rs.jit(model)
+    model.state = None  # (the refused call took its stand-in out, and the attribute with it)
+    for _ in range(2):
+        torch.testing.assert_close(jmodel(x), eager(x))
+        torch.testing.assert_close(model.state, eager.state)

@@ -172,6 +172,9 @@ def _describe_container(holder, obj) -> str | None:
             name = _key_of(holder, obj) or "?"
             return f"global variable {name!r} of module {holder['__name__']}"
         key = _key_of(holder, obj)
+        module = _module_of(holder)
+        if module is not None and key is not None:
+            return _module_attribute(module, key)
         owner = _owner(holder)
         return f"entry {key!r} of a dict{owner}" if key is not None else f"a dict{owner}"
     if isinstance(holder, (tuple, set)):
@@ -179,6 +182,24 @@ def _describe_container(holder, obj) -> str | None:
     if type(holder).__name__ == "cell":
         return f"a closure variable{_owner(holder)}"
     return None
+
+
+def _module_of(attributes: dict):
+    """The module whose instance dict ``attributes`` is, else None."""
+    return next(
+        (m for m in gc.get_referrers(attributes) if isinstance(m, torch.nn.Module) and m.__dict__ is attributes), None
+    )
+
+
+def _module_attribute(module, name: str) -> str:
+    """A module's attribute the program set: that of a module it reached (a bound ``model.forward``
+    jitted, a module in a global) rather than the jitted module's, whose writes every call repeats."""
+    kind = type(module).__name__
+    return (
+        f"attribute {name!r} of a {kind} the program reached but was not given as the jitted module (jit the "
+        f"module itself, thunder_rs.jit(model) or thunder_rs.compile_module(model), rather than its forward: "
+        f"what it sets on its modules every compiled call sets again)"
+    )
 
 
 def _owner(container, depth: int = 0) -> str:
