@@ -203,7 +203,13 @@ def test_text_families_train_over_padded_lengths_in_two_compiles(name):
             assert_grads_close(model, eager, TOLERANCES[dtype])
             for opt in optimizers:
                 opt.step()
-    assert misses(jm) == (3 if kind == "cls" else 2), thunder_rs.compile_stats(jm).miss_reasons
+    expected = UNROLLED.get(name, 3 if kind == "cls" else 2)
+    assert misses(jm) == expected, thunder_rs.compile_stats(jm).miss_reasons
+
+
+#: Families whose forward loops in Python over the sequence (RecurrentGemma's RG-LRU scan,
+#: ``for t in range(x.shape[1])``): the loop is unrolled, a compile per length.
+UNROLLED = {"recurrent_gemma": 5}
 
 
 def _backward_both(fns, batch: dict, seed: int) -> list:

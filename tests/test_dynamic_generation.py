@@ -111,9 +111,22 @@ def left_padded(batch: int = 2, length: int = 5, seed: int = 1) -> dict:
     return dict(input_ids=ids, attention_mask=mask)
 
 
+#: Families that compile at every decoding step, and why.
+RECOMPILING = {
+    "recurrent_gemma": "its recurrent blocks keep their state as module attributes (self.conv1d_state = ...), "
+    "which a compiled call reads as a captured tensor guarded by identity, not per call",
+}
+
+
 def slow_but(fast: str, names) -> list:
-    """``names``, all but ``fast`` marked slow."""
-    return [n if n == fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
+    """``names``, all but ``fast`` marked slow; those ``RECOMPILING`` as expected to fail."""
+    return [n if n == fast else pytest.param(n, marks=_slow_marks(n)) for n in names]
+
+
+def _slow_marks(name: str) -> list:
+    if name in RECOMPILING:
+        return [pytest.mark.slow, pytest.mark.xfail(reason=RECOMPILING[name], strict=True)]
+    return [pytest.mark.slow]
 
 
 @pytest.mark.parametrize("name", slow_but("mistral", DECODERS))

@@ -29,6 +29,7 @@ DECODER = dict(
     max_position_embeddings=64,
     **COMMON,
 )
+DECODER_BODY = {k: v for k, v in DECODER.items() if k != "num_hidden_layers"}
 ENCODER = dict(
     num_hidden_layers=2,
     num_attention_heads=2,
@@ -96,6 +97,37 @@ def _decoders():
             T.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **DECODER),
             "lm",
             torch.float32,
+        ),
+        # Latent attention (low-rank queries, keys and values) and routing by the best experts of
+        # the best groups of them.
+        "deepseek_v3": (
+            T.DeepseekV3ForCausalLM,
+            T.DeepseekV3Config(
+                moe_intermediate_size=16,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_group=2,
+                topk_group=1,
+                n_shared_experts=1,
+                first_k_dense_replace=1,
+                kv_lora_rank=16,
+                q_lora_rank=16,
+                qk_rope_head_dim=4,
+                qk_nope_head_dim=8,
+                v_head_dim=8,
+                **DECODER,
+            ),
+            "lm",
+            torch.float32,
+        ),
+        # A recurrence over the sequence (RG-LRU) with a gradient clipped by a custom autograd.Function.
+        "recurrent_gemma": (
+            T.RecurrentGemmaForCausalLM,
+            T.RecurrentGemmaConfig(
+                num_hidden_layers=3, num_key_value_heads=2, lru_width=32, attention_window_size=4, **DECODER_BODY
+            ),
+            "lm",
+            f64,
         ),
     }
 
