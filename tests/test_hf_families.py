@@ -98,6 +98,14 @@ def _decoders():
             "lm",
             torch.float32,
         ),
+        **_routed_and_recurrent(),
+    }
+
+
+def _routed_and_recurrent():
+    """Decoders of constructs the others lack."""
+    f64 = torch.float64
+    return {
         # Latent attention (low-rank queries, keys and values) and routing by the best experts of
         # the best groups of them.
         "deepseek_v3": (
