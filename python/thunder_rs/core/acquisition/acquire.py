@@ -129,10 +129,14 @@ def _trace_program(
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
-            out = _fresh(out, captures)
+            # An argument object's tensor returned or stored as it is (``return box.t``, ``self.last =
+            # box.t``) is the call's (``_held``), not the one the trace saw.
+            out = _held(_fresh(out, captures), reached, captures)
             out = _apart(out, inputs.args + inputs.params + captures.proxies)
             # What every call writes again or prints holds sizes as that call's (``TracedValue``).
-            writes = [(holder, name, _fresh(value, captures)) for holder, name, value in writes]
+            writes = [
+                (holder, name, _fresh(_held(value, reached, captures), captures)) for holder, name, value in writes
+            ]
             items = [
                 (source, key, _fresh(_held(value, reached, captures), captures))
                 for source, key, value in _item_writes(reached, observer)
@@ -494,9 +498,11 @@ def acquire(
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
-    # A captured tensor the program also stores is stored as itself (``kept``): captured, not read per call.
-    stored = {id(leaf) for leaf in tree_flatten([w[2] for w in (*writes, *repeated[2])])[0]}
-    observer.read_cached_per_call(captures.tensors, [id(p) in stored for p in captures.proxies])
+    # A captured tensor the program also stores is stored as itself (``kept``): captured, not read per call;
+    # so is one it returns as it is, the trace's constant (eager returns what the state holds then).
+    stored = {id(leaf) for leaf in tree_flatten([out, *(w[2] for w in (*writes, *repeated[2]))])[0]}
+    kept_as_is = [id(p) in stored or id(t) in stored for p, t in zip(captures.proxies, captures.tensors)]
+    observer.read_cached_per_call(captures.tensors, kept_as_is)
     observer.guard_argument_tensors(captures.tensors)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     size_checks, sites = observer.size_checks, observer.state.containers.sites()
