@@ -322,16 +322,21 @@ def with_sizes(fn, readers, captured: tuple = (), ints: int = 0):
     """``fn`` given, after the caller's inputs, the ``captured`` tensors and then the symbolic
     sizes read from the inputs, as a trace with size inputs takes them (its last). The last
     ``ints`` inputs are ints argument objects hold (``HeldInt``), sizes themselves."""
-    reads = ", ".join(
-        f"inputs[{k - ints}]"
-        if d is None
-        else f"inputs[{k}].stride({d[1]})"
-        if type(d) is tuple
-        else f"inputs[{k}].shape[{d}]"
-        for k, d in readers
-    )
+    shapes: set = set()
+
+    def read(k: int, d) -> str:
+        if d is None:
+            return f"inputs[{k - ints}]"
+        if type(d) is tuple:
+            return f"inputs[{k}].stride({d[1]})"
+        if k in shapes:
+            return f"s{k}[{d}]"
+        shapes.add(k)  # each tensor's shape read once per call: the reads are on the hit path
+        return f"(s{k} := inputs[{k}].shape)[{d}]"
+
+    reads = ", ".join(read(k, d) for k, d in readers)
     passed = f"inputs[:-{ints}]" if ints else "inputs"
-    source = f"def call(*inputs):\n    return fn(*{passed}, *captured, {reads})\n"
+    source = f"def call(*inputs):\n    return fn(*{passed}, {'*captured, ' if captured else ''}{reads})\n"
     scope = {"fn": fn, "captured": captured}
     exec(compile(source, "<thunder_rs sizes>", "exec"), scope)
     return scope["call"]
