@@ -49,7 +49,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.code_reads import code_reads, interesting, library_module
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.reached import ArgumentTensor
-from thunder_rs.core.state.state import ProgramState
+from thunder_rs.core.state.state import IntGuard, ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -222,6 +222,12 @@ class Observer:
             meta = tensor_meta(t)
             captured[i] = ArgumentTensor(guard.source, guard.name, guard.source.obj, meta, guard.origin)
             self._guards[key] = TensorGuard(guard.source, guard.name, meta, guard.origin)
+
+    def guard_module_ints(self, places: list) -> None:
+        """Guards the module ints the trace takes as size inputs (``(ModuleSource, name)``: a
+        count of the tokens seen) as ints: the entry's size checks check their values."""
+        for source, name in places:
+            self._guards[(source.key, name)] = IntGuard(source, name, source.describe(name))
 
     def guard_argument_tensors(self, captured: list) -> None:
         """Guards the metadata of the tensors of argument objects that the trace takes as inputs
