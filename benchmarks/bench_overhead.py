@@ -8,8 +8,9 @@ reading many (dropout rates, a temperature, a config object: guarded reads); and
 parameters whose forward runs three of its 150 layers. Reports eager and thunder_rs per call
 (median, interleaved) and their difference in microseconds; the same for training steps
 (forward, ``loss.backward()``, SGD step, ``zero_grad``) of a Linear returning (loss, logits), of
-one returning the loss, of the 50-parameter MLP and of the 300-parameter module; and the
-first-call time of the demo GPT, forward and training. Runs single-threaded on CPU. Run it
+one returning the loss, of the 50-parameter MLP and of the 300-parameter module; per call of
+an entry with symbolic sizes against a static compile at the same size (issue 26: within 1 us);
+and the first-call time of the demo GPT, forward and training. Runs single-threaded on CPU. Run it
 against another checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before
 and after.
 """
@@ -205,6 +206,63 @@ def per_call_rows(settings: harness.Settings) -> list[dict]:
     return rows
 
 
+class Attention(nn.Module):
+    """One attention layer over (batch, length, 8) with a (batch, length) padding mask: views by
+    both sizes, a mask of length x length, so that a symbolic entry checks several relations."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.out = nn.Linear(8, 24), nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        b, t, c = x.shape
+        q, k, v = (y.view(b, t, 2, 4).transpose(1, 2) for y in self.qkv(x).split(8, dim=-1))
+        scores = (q @ k.transpose(-1, -2)).masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+        return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c))
+
+
+#: Cases whose sizes change (issue 26), each ``(make, make_args(size))``: per call of a symbolic
+#: entry against a static compile at the same size; the issue's target is within 1 us.
+SYMBOLIC_CASES = {
+    "tiny 5-op (n, 4)": (lambda: tiny_fn, lambda n: (torch.randn(n, 4), torch.randn(n, 4))),
+    "module 50 params, no reads (n, 4)": (plain_50, lambda n: (torch.randn(n, 4),)),
+    "attention (n, n + 1, 8), mask": (
+        lambda: Attention().eval(),
+        lambda n: (torch.randn(n, n + 1, 8), torch.ones(n, n + 1)),
+    ),
+}
+
+
+def symbolic_rows(calls: int) -> list[dict]:
+    """Per call of a symbolic entry (compiled at sizes 2 and 3, called at 5) against a static
+    compile at 5 (``jit(dynamic=False)``): the median of ``calls`` single calls of each, the two
+    alternating call by call (blocks of calls drift apart by more than the difference on a shared
+    machine)."""
+    import thunder_rs
+
+    rows = []
+    for name, (make_fn, make_args) in SYMBOLIC_CASES.items():
+        fn, args = make_fn(), make_args(5)
+        symbolic, static = thunder_rs.jit(fn), thunder_rs.jit(fn, dynamic=False)
+        samples: dict = {"static": [], "symbolic": []}
+        with torch.no_grad():
+            for n in (2, 3, 5):
+                symbolic(*make_args(n))
+            assert thunder_rs.compile_stats(symbolic).cache_misses == 2  # the second compile serves 5
+            static(*args)
+            for i in range(calls):
+                for which, call in ((("static", static), ("symbolic", symbolic)))[:: 1 if i % 2 else -1]:
+                    start = time.perf_counter_ns()
+                    call(*args)
+                    samples[which].append((time.perf_counter_ns() - start) / 1e3)
+        at_static, at_symbolic = statistics.median(samples["static"]), statistics.median(samples["symbolic"])
+        rows.append(
+            {"case": name, "static_us": at_static, "symbolic_us": at_symbolic, "over_us": at_symbolic - at_static}
+        )
+    return rows
+
+
 def first_call_rows(repeats: int) -> list[dict]:
     import thunder_rs
 
@@ -238,19 +296,30 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     settings = harness.settings_for(args.quick)
     per_call = per_call_rows(settings) + train_rows(settings)
+    symbolic = symbolic_rows(301 if args.quick else 3001)
     first = first_call_rows(3 if args.quick else 11)
     print(f"{'case':40} {'eager us':>9} {'thunder_rs us':>14} {'overhead us':>12} {'ratio':>6}")
     for r in per_call:
         print(
             f"{r['case']:40} {r['eager_us']:9.2f} {r['thunder_rs_us']:14.2f} {r['overhead_us']:12.2f} {r['ratio']:6.2f}"
         )
+    print(f"\n{'symbolic sizes (issue 26)':40} {'static us':>9} {'symbolic us':>14} {'over us':>12}")
+    for r in symbolic:
+        print(f"{r['case']:40} {r['static_us']:9.2f} {r['symbolic_us']:14.2f} {r['over_us']:12.2f}")
     print(f"\n{'case':40} {'first call ms':>14} {'acquire ms':>11}")
     for r in first:
         print(f"{r['case']:40} {r['first_call_ms']:14.2f} {r['acquire_ms']:11.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"per_call": per_call, "first_call": first, "environment": harness.environment_info()}, f, indent=2
+                {
+                    "per_call": per_call,
+                    "symbolic": symbolic,
+                    "first_call": first,
+                    "environment": harness.environment_info(),
+                },
+                f,
+                indent=2,
             )
 
 

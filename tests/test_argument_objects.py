@@ -121,3 +121,27 @@ def test_a_fresh_argument_holding_its_objects_in_a_list_each_call():
     stats = thunder_rs.compile_stats(jf)
     assert (stats.cache_misses, stats.cache_hits) == (4, 2)
     assert "h.layers[1].scale changed from 3.0 to 4.0" in stats.miss_reasons[1]
+
+
+class Box:
+    def __init__(self, t):
+        self.t = t
+
+
+class Keeps(torch.nn.Module):
+    def forward(self, x, box):
+        self.last = box.t  # stored as it is
+        return x * box.t, box.t  # returned as it is
+
+
+def test_an_argument_s_tensor_returned_or_stored_as_it_is_is_that_call_s():
+    # Each call's box holds another tensor: eager returns and stores that one. The compiled call
+    # returned and stored the first call's tensor (its values too) on every later call.
+    model, eager = Keeps(), Keeps()
+    jmodel = thunder_rs.jit(model)
+    for k in range(3):
+        box, x = Box(torch.full((3,), float(k))), torch.randn(3)
+        (out, held), (expected, expected_held) = jmodel(x, box), eager(x, box)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        assert held is expected_held is box.t and model.last is eager.last is box.t
+    assert thunder_rs.cache_misses(jmodel) == 1

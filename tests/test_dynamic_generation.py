@@ -226,6 +226,26 @@ def test_state_space_models_generate_eager_s_tokens_for_other_batches(name):
     assert misses(jmodel) == compiles, thunder_rs.compile_stats(jmodel).miss_reasons
 
 
+@pytest.mark.slow
+def test_dynamic_rope_past_the_trained_length_compiles_for_its_branches_not_per_token():
+    # Past max_position_embeddings (8), transformers' dynamic RoPE sets the rotary module's
+    # ``max_seq_len_cached`` to a new 0-dim tensor each step: guarded as that tensor, every later
+    # token compiled again (12 compiles for 12 tokens). It is read where it is on each call now.
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    config = T.LlamaConfig(num_key_value_heads=2, rope_parameters=rope, **{**DECODER, "max_position_embeddings": 8})
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(config).to(torch.float64).eval()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    torch.testing.assert_close(
+        jmodel.generate(**left_padded(), **GENERATE), eager.generate(**left_padded(), **GENERATE)
+    )
+    rotary, expected = model.model.rotary_emb, eager.model.rotary_emb
+    assert rotary.max_seq_len_cached == expected.max_seq_len_cached
+    torch.testing.assert_close(rotary.inv_freq, expected.inv_freq, rtol=0, atol=0)
+    assert misses(jmodel) == 6, thunder_rs.compile_stats(jmodel).miss_reasons
+
+
 def _encoder_decoders() -> dict:
     """name -> a tiny encoder-decoder and its inputs' maker (Whisper: fixed input features)."""
     no_forced = dict(forced_eos_token_id=None, forced_bos_token_id=None)

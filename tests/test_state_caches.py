@@ -159,6 +159,36 @@ def test_a_tensor_the_user_puts_in_the_cache_is_read_by_the_next_call():
     assert reason.startswith("_CachedBias.cache['torch.float64'] changed from a float64 tensor of shape [3]")
 
 
+class _ReturnsHeld(_CachedBias):
+    """Returns what its state holds as it is: the cached tensor and a plain tensor attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.full((3,), 2.0, dtype=torch.float64)
+
+    def forward(self, x):
+        return super().forward(x) * self.scale, self.cache["torch.float64"], self.scale
+
+
+def test_a_tensor_of_state_returned_as_it_is_is_the_one_there_now():
+    # The user puts other tensors of the same metadata there: eager returns those. The cache's was
+    # read per call for the sum but returned as the tensor the trace saw (stale values).
+    model, eager, jmodel = _twins(_ReturnsHeld)
+    x = torch.randn(3, dtype=torch.float64)
+    with torch.no_grad():
+        for k in range(5):
+            if k == 2:
+                model.cache["torch.float64"] = eager.cache["torch.float64"] = torch.ones(3, dtype=torch.float64)
+            if k == 3:
+                model.scale = eager.scale = torch.full((3,), 3.0, dtype=torch.float64)
+            (out, cached, scale), (expected, _, _) = jmodel(x), eager(x)
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+            assert cached is model.cache["torch.float64"] and scale is model.scale
+    # The first call stores, the second reads; a tensor returned as it is is guarded as that tensor
+    # (the trace's constant): each one put there compiles once more.
+    assert _misses(jmodel) == 4
+
+
 def test_two_keys_are_cached_side_by_side():
     model, eager, jmodel = _twins()
     with torch.no_grad():

@@ -2,8 +2,10 @@
 keyed by a symbolic size (``core.state.keyed``) is filled by one compile and read where it is on
 each call; a function cached by ``functools`` that misses while traced is refused naming the line
 (its cache would keep the trace's stand-in); a rotary embedding that grows its tables as older
-HF Llama, GPT-NeoX and Falcon do matches eager. Each is compared with eager PyTorch: outputs, the
-caches' contents and identity, the module's buffers and attributes, and the compile counts."""
+HF Llama, GPT-NeoX and Falcon do matches eager; a tensor attribute the forward sets on each call
+(transformers' dynamic RoPE) is read per call, and a module int counting the tokens seen is a size
+input. Each is compared with eager PyTorch: outputs, the caches' contents and identity, the
+module's buffers and attributes, and the compile counts."""
 
 import copy
 import functools
@@ -193,3 +195,91 @@ def test_a_rotary_embedding_growing_its_tables_matches_eager(as_buffers):
     # torch.compile specialises a module's ints): a compile per growth (5, 7) and one for the first
     # shorter call after it (4, 3); 2 as the first call, 3 with symbolic sizes.
     assert _misses(jmodel) == 6
+
+
+class _DynamicRope(nn.Module):
+    """As transformers' ``dynamic_rope_update``: past the trained length the frequencies are
+    recomputed for the longest position seen, kept as a 0-dim tensor attribute
+    (``max_seq_len_cached = torch.max(position_ids) + 1``), and reset for a short sequence."""
+
+    def __init__(self, dim: int = 4, trained: int = 4):
+        super().__init__()
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).double() / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.original_inv_freq, self.max_seq_len_cached, self.original_max_seq_len = inv_freq, trained, trained
+        self.q = nn.Linear(dim, dim, dtype=torch.float64)
+
+    def forward(self, x, position_ids):
+        seq_len = torch.max(position_ids) + 1
+        if seq_len > self.max_seq_len_cached:  # growth
+            self.register_buffer("inv_freq", self.original_inv_freq * (self.original_max_seq_len / seq_len))
+            self.max_seq_len_cached = seq_len
+        if seq_len < self.original_max_seq_len and self.max_seq_len_cached > self.original_max_seq_len:  # reset
+            self.register_buffer("inv_freq", self.original_inv_freq.clone(), persistent=False)
+            self.max_seq_len_cached = self.original_max_seq_len
+        freqs = position_ids[:, None].double() * self.inv_freq
+        q = self.q(x)
+        return q * torch.cat((freqs, freqs), -1).cos()
+
+
+def test_a_tensor_attribute_the_forward_sets_on_each_call_is_read_per_call():
+    # Every decode step past the trained length sets ``max_seq_len_cached`` to a new 0-dim tensor:
+    # guarded as that tensor, each step compiled again (9 compiles for the 10 lengths, as each
+    # token of a Llama generate with dynamic RoPE past its max_position_embeddings). Read where it
+    # is on each call, guarded on its metadata: 6, the first call, the symbolic one, a variant
+    # for each side of the two branches, and the first call finding a tensor there, not the int.
+    torch.manual_seed(0)
+    model = _DynamicRope()
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    for n in (2, 3, 4, 5, 6, 7, 8, 3, 9, 10):
+        x, positions = torch.randn(n, 4, dtype=torch.float64), torch.arange(n)
+        out, expected = jmodel(x, positions), eager(x, positions)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        out.sum().backward(), expected.sum().backward()
+        torch.testing.assert_close(model.q.weight.grad, eager.q.weight.grad, rtol=0, atol=0)
+        assert type(model.max_seq_len_cached) is type(eager.max_seq_len_cached)
+        assert model.max_seq_len_cached == eager.max_seq_len_cached
+        torch.testing.assert_close(model.inv_freq, eager.inv_freq, rtol=0, atol=0)
+        assert model.inv_freq.dtype == eager.inv_freq.dtype and model._buffers.keys() == eager._buffers.keys()
+    assert _misses(jmodel) == 6, thunder_rs.compile_stats(jmodel).miss_reasons
+
+
+class _CountsTokens(nn.Module):
+    """Counts the tokens it has seen in an int attribute and places each call's after them (as a
+    ``seen_tokens`` counter of a cache or a streaming layer)."""
+
+    def __init__(self, dim: int = 4):
+        super().__init__()
+        self.seen_tokens = 0
+        self.q = nn.Linear(dim, dim, dtype=torch.float64)
+
+    def forward(self, x):
+        positions = torch.arange(self.seen_tokens, self.seen_tokens + x.shape[0], dtype=torch.float64)
+        self.seen_tokens += x.shape[0]
+        return self.q(x) * positions[:, None].cos()
+
+
+def test_a_module_int_that_counts_the_tokens_seen_is_a_size_input():
+    # Guarded as a constant, the count compiled every call (6 of 6). Once seen to change (from
+    # 2 up, as sizes), it is read from the module on each call as a size and set to that call's.
+    torch.manual_seed(0)
+    model = _CountsTokens()
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    for step in range(6):
+        x = torch.randn(3 + step % 4, 4, dtype=torch.float64)
+        out, expected = jmodel(x), eager(x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        out.sum().backward(), expected.sum().backward()
+        torch.testing.assert_close(model.q.weight.grad, eager.q.weight.grad, rtol=0, atol=0)
+        assert type(model.seen_tokens) is int and model.seen_tokens == eager.seen_tokens
+    # The first call (0 seen: constant, as 0 and 1 are), the second (3 seen) and the third, the
+    # count symbolic. The user resetting the count: 0 again, served by the first call's entry.
+    assert _misses(jmodel) == 3, thunder_rs.compile_stats(jmodel).miss_reasons
+    assert (
+        "compiled with symbolic sizes x.shape[0], _CountsTokens.seen_tokens"
+        in thunder_rs.compile_stats(jmodel).miss_reasons[2]
+    )
+    model.seen_tokens = eager.seen_tokens = 0
+    x = torch.randn(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
+    assert model.seen_tokens == eager.seen_tokens == 3 and _misses(jmodel) == 3

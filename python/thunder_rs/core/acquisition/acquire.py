@@ -24,7 +24,7 @@ from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
-from thunder_rs.core.state.guards import attributes_of, items_of
+from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes
@@ -129,10 +129,14 @@ def _trace_program(
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
-            out = _fresh(out, captures)
+            # An argument object's tensor returned or stored as it is (``return box.t``, ``self.last =
+            # box.t``) is the call's (``_held``), not the one the trace saw.
+            out = _held(_fresh(out, captures), reached, captures)
             out = _apart(out, inputs.args + inputs.params + captures.proxies)
             # What every call writes again or prints holds sizes as that call's (``TracedValue``).
-            writes = [(holder, name, _fresh(value, captures)) for holder, name, value in writes]
+            writes = [
+                (holder, name, _fresh(_held(value, reached, captures), captures)) for holder, name, value in writes
+            ]
             items = [
                 (source, key, _fresh(_held(value, reached, captures), captures))
                 for source, key, value in _item_writes(reached, observer)
@@ -315,24 +319,27 @@ def _symbolic_dims(t: torch.Tensor, dims) -> tuple:
     return sized, [d for d in marked if d < t.dim() and t.stride(d) >= 2]
 
 
-def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs) -> list:
-    """Puts in place of each argument object's int marked symbolic (``dynamic.HeldInt``: a count
-    a KV cache keeps) a ``SymInt`` of a size input, so that the program computes with it as a
-    size and what it sets there (``count += 1``) is that call's. Returns what ``_put_back``
-    takes; the entry reads the ints in this order after its tensors."""
+def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs, pairs: list) -> list:
+    """Puts in place of each argument object's or module's int marked symbolic (``dynamic.HeldInt``:
+    a count a KV cache keeps, a module's ``self.seen_tokens``) a ``SymInt`` of a size input, so
+    that the program computes with it as a size and what it sets there (``count += 1``) is that
+    call's. A module's is put in its clone (``pairs``: ``(clone, original)``), the entry reads it
+    from the original. Returns what ``_put_back`` takes; the entry reads the ints in this order
+    after its tensors."""
     placed: list = []
     holders = {source.key: (obj, source) for obj, source, _ in reached.objects}
+    holders.update((id(o), (c, ModuleSource(o, type(o).__name__))) for c, o in pairs)
     for (key, name), dims in size_inputs.held.items():
         found = holders.get(key) if INT in dims else None
         if found is None:
             continue
-        attributes: Any = attributes_of(found[0])  # reached objects have an instance dict
+        attributes: Any = attributes_of(found[0])  # reached objects and modules have an instance dict
         value = attributes.get(name)
         if type(value) is not int or value < 2:
             continue
         stand_in = symint.wrap(size_inputs.of(value, HeldInt(found[1], name, size_inputs.next_int())))
         attributes[name] = stand_in
-        placed.append((attributes, _PlacedInt(name, stand_in), value))
+        placed.append((attributes, _PlacedInt(name, stand_in, found[1]), value))
     return placed
 
 
@@ -342,6 +349,8 @@ class _PlacedInt:
 
     name: str
     stand_in: object
+    #: where the entry reads it (a ``guards.InputSource`` or ``ModuleSource``)
+    source: object = None
 
 
 def _slots_of(holder):
@@ -391,8 +400,9 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
     # After the observer noted the argument objects' attributes: what the call found.
     placed = _stand_ins(reached, captures, size_inputs, len(positions) + len(params))
-    ints = _int_stand_ins(reached, size_inputs)
+    ints = _int_stand_ins(reached, size_inputs, pairs)
     observer.state.symbolic_ints = {(id(attributes), p.name) for attributes, p, _ in ints}
+    observer.guard_module_ints([(p.source, p.name) for _, p, _ in ints if type(p.source) is ModuleSource])
     placed += ints
     try:
         with observer, tracing_overrides(), LanguageMode():
@@ -495,9 +505,11 @@ def acquire(
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
-    # A captured tensor the program also stores is stored as itself (``kept``): captured, not read per call.
-    stored = {id(leaf) for leaf in tree_flatten([w[2] for w in (*writes, *repeated[2])])[0]}
-    observer.read_cached_per_call(captures.tensors, [id(p) in stored for p in captures.proxies])
+    # A captured tensor the program also stores is stored as itself (``kept``): captured, not read per call;
+    # so is one it returns as it is, the trace's constant (eager returns what the state holds then).
+    stored = {id(leaf) for leaf in tree_flatten([out, *(w[2] for w in (*writes, *repeated[2]))])[0]}
+    kept_as_is = [id(p) in stored or id(t) in stored for p, t in zip(captures.proxies, captures.tensors)]
+    observer.read_cached_per_call(captures.tensors, kept_as_is)
     observer.guard_argument_tensors(captures.tensors)
     guards, modules_called = observer.guards(), list(observer.modules_called.values())
     size_checks, sites = observer.size_checks, observer.state.containers.sites()

@@ -35,10 +35,11 @@ same way (``HeldStride``); its guard keeps what the trace decided at the traced 
 order and which dims step over which (``layouts.SymbolicStrides``), as a flat input's key keeps
 its strides (``_decided``).
 
-An int an argument object holds that a call finds changed (a count of tokens a KV cache keeps,
-Gemma-2's sliding layers' ``cumulative_length``) becomes a size input the same way (``HeldInt``):
-the program reads a ``SymInt`` there, what it sets there (``count += 1``) is written back with
-each call's value, and the entry reads it from that path on every call.
+An int an argument object or a module holds that a call finds changed (a count of tokens a KV
+cache keeps, Gemma-2's sliding layers' ``cumulative_length``, a module's ``self.seen_tokens``)
+becomes a size input the same way (``HeldInt``): the program reads a ``SymInt`` there, what it
+sets there (``count += 1``) is written back with each call's value, and the entry reads it from
+that path on every call.
 """
 
 from typing import Any, NamedTuple
@@ -46,7 +47,7 @@ from typing import Any, NamedTuple
 import torch
 
 from thunder_rs.core.base.layouts import STRIDE, SymbolicStrides, decided_by, is_strided, layout, strides_in
-from thunder_rs.core.state.guards import MISSING, Guard, InputSource, TensorGuard
+from thunder_rs.core.state.guards import MISSING, Guard, InputSource, ModuleSource, TensorGuard
 
 _Size = torch.Size
 
@@ -237,9 +238,11 @@ INT = "int"
 
 
 def _int_changed(guard, flat) -> bool:
-    """Whether ``guard`` (failing) read an int of an argument object that is another int now,
-    both from 2 up (0 and 1 stay constant, as sizes do)."""
-    if type(guard) is not Guard or not isinstance(guard.source, InputSource) or type(guard.expected) is not int:
+    """Whether ``guard`` (failing) read an int of an argument object or a module (a count of the
+    tokens seen) that is another int now, both from 2 up (0 and 1 stay constant, as sizes do)."""
+    if type(guard) is not Guard or type(guard.expected) is not int:
+        return False
+    if not isinstance(guard.source, InputSource) and type(guard.source) is not ModuleSource:
         return False
     now = guard.read(flat)
     return type(now) is int and guard.expected >= 2 and now >= 2
@@ -322,16 +325,21 @@ def with_sizes(fn, readers, captured: tuple = (), ints: int = 0):
     """``fn`` given, after the caller's inputs, the ``captured`` tensors and then the symbolic
     sizes read from the inputs, as a trace with size inputs takes them (its last). The last
     ``ints`` inputs are ints argument objects hold (``HeldInt``), sizes themselves."""
-    reads = ", ".join(
-        f"inputs[{k - ints}]"
-        if d is None
-        else f"inputs[{k}].stride({d[1]})"
-        if type(d) is tuple
-        else f"inputs[{k}].shape[{d}]"
-        for k, d in readers
-    )
+    shapes: set = set()
+
+    def read(k: int, d) -> str:
+        if d is None:
+            return f"inputs[{k - ints}]"
+        if type(d) is tuple:
+            return f"inputs[{k}].stride({d[1]})"
+        if k in shapes:
+            return f"s{k}[{d}]"
+        shapes.add(k)  # each tensor's shape read once per call: the reads are on the hit path
+        return f"(s{k} := inputs[{k}].shape)[{d}]"
+
+    reads = ", ".join(read(k, d) for k, d in readers)
     passed = f"inputs[:-{ints}]" if ints else "inputs"
-    source = f"def call(*inputs):\n    return fn(*{passed}, *captured, {reads})\n"
+    source = f"def call(*inputs):\n    return fn(*{passed}, {'*captured, ' if captured else ''}{reads})\n"
     scope = {"fn": fn, "captured": captured}
     exec(compile(source, "<thunder_rs sizes>", "exec"), scope)
     return scope["call"]
@@ -366,12 +374,12 @@ def symbolic_labels(sizes, names: list) -> str:
 def size_read(at, scope: dict) -> str:
     """An expression for the size at ``at`` (``(flat position, dim)`` or ``HeldDim``) in a call's
     flat inputs ``flat``; binds what it uses in ``scope``."""
-    if type(at) is HeldDim:
-        return f"{at.source.code('', scope)}[{at.name!r}].shape[{at.dim}]"
-    if type(at) is HeldStride:
-        return f"{at.source.code('', scope)}[{at.name!r}].stride({at.dim})"
-    if type(at) is HeldInt:
-        return f"{at.source.code('', scope)}[{at.name!r}]"
+    if type(at) in (HeldDim, HeldStride, HeldInt):
+        # (a module's source binds its instance dict in ``scope`` under the name given)
+        held = f"{at.source.code(f'_held{len(scope)}', scope)}[{at.name!r}]"
+        if type(at) is HeldInt:
+            return held
+        return f"{held}.shape[{at.dim}]" if type(at) is HeldDim else f"{held}.stride({at.dim})"
     if type(at) is ArgInt:
         return f"flat[{at.position}]"
     if type(at[1]) is tuple:  # (a flat input's stride)

@@ -39,14 +39,17 @@ from thunder_rs.core.state.guards import (
     ModuleStoreSource,
     ObjectSource,
     StructureGuard,
+    TensorGuard,
     attributes_of,
     is_simple,
+    tensor_meta,
 )
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.code_reads import code_reads, interesting, library_module
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
-from thunder_rs.core.state.state import ProgramState
+from thunder_rs.core.state.reached import ArgumentTensor
+from thunder_rs.core.state.state import IntGuard, ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -197,12 +200,40 @@ class Observer:
         """Tensors of ``captured`` held in lists and dicts of lasting state are read per call
         (``containers.StateContainers.read_per_call``)."""
         self.state.containers.read_per_call(captured, stored, self._guards)
+        self._read_attributes_per_call(captured, stored)
+
+    def _read_attributes_per_call(self, captured: list, stored: list) -> None:
+        """Makes each tensor among ``captured`` that a module attribute holds (not a parameter or
+        buffer: HF's dynamic RoPE sets ``self.max_seq_len_cached = torch.max(position_ids) + 1``)
+        read there by every call, guarded on its metadata rather than on the tensor: a program
+        that sets the attribute on each call finds another tensor there each time, and compiled
+        once per call. Tensors requiring grad, and those the program also stores as they are
+        (``stored``), stay captured."""
+        attributes = {
+            id(g.expected): key
+            for key, g in self._guards.items()
+            if type(g) is Guard and type(g.source) is ModuleSource and isinstance(g.expected, torch.Tensor)
+        }
+        for i, t in enumerate(captured):
+            key = attributes.get(id(t)) if isinstance(t, torch.Tensor) and not stored[i] else None
+            if key is None or t.requires_grad or isinstance(t, TensorProxy):
+                continue
+            guard = self._guards[key]
+            meta = tensor_meta(t)
+            captured[i] = ArgumentTensor(guard.source, guard.name, guard.source.obj, meta, guard.origin)
+            self._guards[key] = TensorGuard(guard.source, guard.name, meta, guard.origin)
+
+    def guard_module_ints(self, places: list) -> None:
+        """Guards the module ints the trace takes as size inputs (``(ModuleSource, name)``: a
+        count of the tokens seen) as ints: the entry's size checks check their values."""
+        for source, name in places:
+            self._guards[(source.key, name)] = IntGuard(source, name, source.describe(name))
 
     def guard_argument_tensors(self, captured: list) -> None:
         """Guards the metadata of the tensors of argument objects that the trace takes as inputs
         (``reached.ArgumentTensor`` among ``captured``), read or not in a way the observer saw."""
         for c in captured:
-            if isinstance(c, torch.Tensor):
+            if isinstance(c, torch.Tensor) or isinstance(c.holder, torch.nn.Module):  # (a module's: guarded)
                 continue
             if type(c.holder) in (list, dict):  # an item of a list or dict
                 self.state.guard_held(c, c.origin, self._guards)
