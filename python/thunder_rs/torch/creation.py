@@ -93,7 +93,7 @@ def _contiguous(out):
     return out
 
 
-def _fill_dtype(fill_value) -> torch.dtype:
+def fill_dtype(fill_value) -> torch.dtype:
     """The dtype ``torch.full`` infers from its fill value."""
     if isinstance(fill_value, bool):
         return torch.bool
@@ -109,7 +109,7 @@ def full(size, fill_value, *, out=None, dtype=None, layout=None, device=None, re
         ThunderTypeError,
     )
     shape = _shape((size,), "ltorch.full")
-    return _contiguous(filled(shape, fill_value, _device(device), dtype or _fill_dtype(fill_value)))
+    return _contiguous(filled(shape, fill_value, _device(device), dtype or fill_dtype(fill_value)))
 
 
 def _define_constant(name: str, value):
