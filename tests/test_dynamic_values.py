@@ -91,3 +91,21 @@ def test_wav2vec2_with_layerdrop_trains_over_audio_lengths_in_one_compile_per_pa
     jmodel = train_like_eager(model, batches, lambda out: out.last_hidden_state, rtol=1e-4, atol=1e-5)
     assert dynamic_off(jmodel) is None
     assert stats(jmodel).cache_misses <= 1 + 4, stats(jmodel).miss_reasons
+
+
+def slice_at_a_read_start(x):
+    start = (torch.tensor(x.shape[1]) // 4 - 1).item()
+    return x[:, start : start + 2] * 2
+
+
+def test_the_gradient_of_a_slice_at_a_read_start_has_the_start_over_lengths():
+    # The backward pads by the start, a size read from a value that no saved tensor's shape shows:
+    # it was not saved (a NameError in the backward of the symbolic compile).
+    jf = thunder_rs.jit(slice_at_a_read_start)
+    for n in (8, 12, 16):
+        x = torch.randn(2, n, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        jf(x).square().sum().backward()
+        slice_at_a_read_start(x2).square().sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
