@@ -601,18 +601,6 @@ def test_seed_reseeds_on_every_call():
     assert len(draws) == 4 and "eager_seed" in str(thunder_rs.last_traces(jfn)[-1])
 
 
-def test_a_program_using_the_seed_torch_seed_returns_is_refused_naming_the_line():
-    # Reformer keeps int(torch.seed() % sys.maxsize): it got None while traced (a TypeError)
-    def fn(x):
-        return x + int(torch.seed() % 1000)
-
-    fn(torch.zeros(1))  # (eager draws a new seed each call: no value to compare)
-    with pytest.raises(
-        ThunderNotImplementedError, match=r"torch.random.seed at .*test_contexts.py:\d+: the program uses"
-    ):
-        thunder_rs.jit(fn)(torch.zeros(1))
-
-
 def test_rng_calls_in_other_threads_are_not_recorded():
     seen = []
 
