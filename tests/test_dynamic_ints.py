@@ -332,6 +332,18 @@ SIZED_ARGS = {
     "pad_value": lambda x: F.pad(x, (2, 1, 0, 1), value=x.shape[1] // 2),
     "pad_value_ints": lambda x: torch.constant_pad_nd((x.detach() * 9).int(), (1, -1), x.shape[1]),
     "scatter_value": lambda x: x.scatter(1, torch.tensor([[0], [2], [1]]), x.shape[1] // 2),
+    # (of two numbers, aten's add, sub, mul and div wrap the first in a 0-d tensor: Longformer's
+    # chunk count, torch.div(seq_len, w, rounding_mode="trunc"); each raised, wanting a tensor)
+    "numbers_as_tensors": lambda x: (
+        x * torch.div(x.shape[1], 4, rounding_mode="trunc"),
+        torch.div(x.shape[1], 4),
+        torch.div(-x.shape[1], 4, rounding_mode="floor"),
+        torch.add(x.shape[1], 2, alpha=3),
+        torch.sub(1.5, x.shape[1]),
+        torch.mul(x.shape[0], True),
+        torch.true_divide(x.shape[1], 2),
+        torch.floor_divide(x.shape[1], -3),
+    ),
     # (these stayed symbolic already: kept as cases)
     "combinations": lambda x: torch.combinations(x[0], 3, with_replacement=True),
     "cartesian_prod": lambda x: torch.cartesian_prod(x[0], x[1, : x.shape[1] // 2]),

@@ -91,3 +91,51 @@ def test_wav2vec2_with_layerdrop_trains_over_audio_lengths_in_one_compile_per_pa
     jmodel = train_like_eager(model, batches, lambda out: out.last_hidden_state, rtol=1e-4, atol=1e-5)
     assert dynamic_off(jmodel) is None
     assert stats(jmodel).cache_misses <= 1 + 4, stats(jmodel).miss_reasons
+
+
+class SlidingChunks(torch.nn.Module):
+    """Longformer's sliding-window chunks (``_chunk``, ``_sliding_chunks_query_key_matmul``): a
+    chunk count computed as a tensor (``torch.div`` of two ints), given where eager reads it as
+    an int (sizes, ``arange``, ``narrow``), and ``as_strided`` over a transposed view's memory."""
+
+    def __init__(self, w: int = 2):
+        super().__init__()
+        self.w, self.proj = w, torch.nn.Linear(4, 8)
+
+    def forward(self, x):  # x: (seq, batch, 4), as Longformer's hidden states
+        s, b, _ = x.shape
+        chunks = torch.div(s, self.w, rounding_mode="trunc") - 1
+        q = self.proj(x).view(s, b, 2, 4).transpose(0, 1).transpose(1, 2).reshape(b * 2, s, 4)  # a view
+        q = q.view(b * 2, torch.div(s, 2 * self.w, rounding_mode="trunc"), 2 * self.w, 4)
+        size, stride = list(q.size()), list(q.stride())
+        size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2  # overlapping chunks
+        q = q.as_strided(size=size, stride=stride)
+        scores = q.new_zeros((b * 2, chunks + 1, 2 * self.w, 4))[:, :chunks] + q
+        scores = scores * torch.arange(chunks, dtype=q.dtype).view(1, chunks, 1, 1)
+        return scores.narrow(1, chunks - 1, 1) + scores.view(b * 2, chunks, -1).sum(1).view(b * 2, 1, 2 * self.w, 4)
+
+
+def test_a_size_computed_as_a_tensor_is_read_where_eager_reads_it():
+    # Each raised: ltorch.div wanted a tensor, the sizes ints, as_strided refused the view; and
+    # the backward of the narrow at a start read from a value missed that size (a NameError).
+    jmodel = train_like_eager(SlidingChunks(), [torch.randn(s, 2, 4) for s in (8, 12, 16, 8)])
+    assert dynamic_off(jmodel) is None
+    assert stats(jmodel).cache_misses == 2, stats(jmodel).miss_reasons
+
+
+def slice_at_a_read_start(x):
+    start = (torch.tensor(x.shape[1]) // 4 - 1).item()
+    return x[:, start : start + 2] * 2
+
+
+def test_the_gradient_of_a_slice_at_a_read_start_has_the_start_over_lengths():
+    # The backward pads by the start, a size read from a value that no saved tensor's shape shows:
+    # it was not saved (a NameError in the backward of the symbolic compile).
+    jf = thunder_rs.jit(slice_at_a_read_start)
+    for n in (8, 12, 16):
+        x = torch.randn(2, n, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        jf(x).square().sum().backward()
+        slice_at_a_read_start(x2).square().sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+    assert stats(jf).cache_misses == 2, stats(jf).miss_reasons

@@ -19,7 +19,8 @@ from test_hf_models import assert_grads_close  # noqa: E402
 
 T = transformers
 
-VOCAB, PAD = 99, 0
+VOCAB, PAD, IMAGE = 99, 0, 98
+IMAGE_TOKENS = 16  # one per patch of a 32-pixel image in patches of 8
 COMMON = dict(vocab_size=VOCAB, pad_token_id=PAD)
 DECODER = dict(
     num_hidden_layers=2,
@@ -160,6 +161,33 @@ def _encoders():
             f64,
         ),
         "albert": (T.AlbertForSequenceClassification, T.AlbertConfig(embedding_size=16, **ENCODER), "cls", f64),
+        # sliding-window chunks: a chunk count computed as a tensor read as sizes, as_strided of a view
+        "longformer": (
+            T.LongformerForSequenceClassification,
+            T.LongformerConfig(attention_window=4, **{**ENCODER, "pad_token_id": 1}),
+            "cls",
+            f64,
+        ),
+        # image features merged into the text by masked_scatter; get_input_embeddings compares
+        # getattr(self, "language_model") with self
+        "llava": (
+            T.LlavaForConditionalGeneration,
+            T.LlavaConfig(
+                vision_config=T.CLIPVisionConfig(
+                    hidden_size=32,
+                    num_hidden_layers=2,
+                    num_attention_heads=2,
+                    intermediate_size=64,
+                    image_size=32,
+                    patch_size=8,
+                ),
+                text_config=T.LlamaConfig(**{**DECODER, "num_attention_heads": 2}),
+                image_token_index=IMAGE,
+                vision_feature_layer=-1,
+            ),
+            "image_lm",
+            f64,
+        ),
         "t5": (
             T.T5ForConditionalGeneration,
             T.T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64, decoder_start_token_id=0, **COMMON),
@@ -200,6 +228,11 @@ def _batch(kind: str, seed: int) -> dict:
     ids, mask = _tokens(seed, 8)
     if kind == "lm":
         return dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    if kind == "image_lm":
+        ids = torch.cat([torch.full((2, IMAGE_TOKENS), IMAGE), ids.masked_fill(ids == IMAGE, 3)], 1)
+        mask = torch.cat([torch.ones(2, IMAGE_TOKENS, dtype=torch.long), mask], 1)
+        pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, labels=ids.masked_fill(mask == 0, -100))
     if kind == "cls":
         return dict(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2]))
     return dict(input_ids=ids, attention_mask=mask, labels=_tokens(seed + 7, 6)[0])

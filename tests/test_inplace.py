@@ -575,6 +575,17 @@ def test_in_place_changes_of_what_a_tensor_is_are_refused(call):
     assert isinstance(info.value, ThunderError)
 
 
+def built_while_traced(x):
+    return torch.nn.Linear(4, 4)(x)  # (BigBird's block-sparse layers swap in full attention so)
+
+
+def test_a_module_built_while_traced_is_refused_with_the_line():
+    with pytest.raises(
+        NotImplementedError, match=r"kaiming_uniform_ at .*test_inplace.py:\d+.*outside the jitted call"
+    ):
+        thunder_rs.jit(built_while_traced)(torch.randn(3, 4))
+
+
 # ----------------------------------------------------------------------------- training
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 
 GEN = torch.Generator().manual_seed(11)
 
@@ -323,3 +324,15 @@ def test_layers_that_draw_inside_differentiate_through_their_own_draws(name):
         torch.testing.assert_close(x.grad, xe.grad)
         for p, q in zip(module.parameters(), eager.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_a_program_using_the_seed_torch_seed_returns_is_refused_naming_the_line():
+    # Reformer keeps int(torch.seed() % sys.maxsize): it got None while traced (a TypeError)
+    def fn(x):
+        return x + int(torch.seed() % 1000)
+
+    fn(torch.zeros(1))  # (eager draws a new seed each call: no value to compare)
+    with pytest.raises(
+        ThunderNotImplementedError, match=r"torch.random.seed at .*test_random.py:\d+: the program uses"
+    ):
+        thunder_rs.jit(fn)(torch.zeros(1))

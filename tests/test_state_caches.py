@@ -503,15 +503,21 @@ def test_a_forward_using_its_modules_identity_is_refused_naming_the_line(use):
 
 
 class _ComparesWithoutIdentity(nn.Module):
-    """``is`` with a constant, and submodules compared with the module they came from: the
-    traced copy answers as the module does."""
+    """``is`` with a constant, and submodules compared with the module they came from (as Hugging
+    Face's ``get_input_embeddings`` compares ``getattr(self, "language_model", None)``, BLIP-2's
+    and LLaVA's: refused, where the copy's submodules are copies too): the traced copy answers
+    as the module does."""
 
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(3, 3, dtype=torch.float64)
+        self.scale = 2.0
 
     def forward(self, x, mask=None):
         others = sum(1 for m in self.modules() if m is not self)
+        language_model = getattr(self, "lin", None)
+        if language_model is not None and language_model is not self and self.scale is not self:
+            others += 1
         if mask is None and self is not None:
             return self.lin(x) * others
         return self.lin(x)
@@ -587,6 +593,14 @@ _BYTECODE = {
         [_ins("LOAD_GLOBAL", "hash", 1, "NULL + hash"), _ins("LOAD_DEREF", "self"), _ins("CALL", 1, 1)],
         ["call"],
     ),
+    "3.12 x = getattr(self, 'a', None); x is self": (
+        [
+            *(_ins("LOAD_GLOBAL", "getattr", 1), _ins("LOAD_FAST", "self"), _ins("LOAD_CONST", "a")),
+            *(_ins("LOAD_CONST", None), _ins("CALL", 3, 3), _ins("STORE_FAST", "x")),
+            *(_ins("LOAD_FAST", "x"), _ins("LOAD_FAST", "self"), _ins("IS_OP", 0, 0)),
+        ],
+        ["is"],
+    ),
     "3.13 x = y; self is x": (
         [_ins("LOAD_FAST", "y"), _ins("STORE_FAST_LOAD_FAST", ("x", "self")), _ins("LOAD_FAST", "x"), _ins("IS_OP", 0)],
         ["is"],
@@ -597,4 +611,9 @@ _BYTECODE = {
 @pytest.mark.parametrize("case", list(_BYTECODE))
 def test_the_identity_scan_reads_each_versions_bytecode(case):
     instructions, kinds = _BYTECODE[case]
-    assert [kind for kind, _, _ in uses_in(instructions, "self")] == kinds
+    uses = uses_in(instructions, "self")
+    assert [kind for kind, _, _ in uses] == kinds
+    if "getattr" in case:  # the attribute compared, which is checked on the traced copy
+        assert uses[0][1] == "a"
+    elif "x = y" in case:
+        assert uses[0][1] is None

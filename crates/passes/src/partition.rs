@@ -333,7 +333,7 @@ fn values_read_outside(trace: &Trace, group_of: &[u32], producer: &[u32]) -> Vec
 /// `(t0, 4)`, a broadcast to `(t0, t1)`), at every depth of its decomposition: the region's code
 /// reads them where no operand shows it, and an executor that translates the decomposition needs
 /// them as inputs too.
-fn for_each_param_size(trace: &Trace, bsym: &BoundSymbol, f: &mut impl FnMut(ValueId)) {
+pub(crate) fn for_each_param_size(trace: &Trace, bsym: &BoundSymbol, f: &mut impl FnMut(ValueId)) {
     if let Symbol::Prim(p) = &bsym.symbol {
         for arg in p.params() {
             arg.for_each_value(&mut |v| {

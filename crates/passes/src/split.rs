@@ -12,6 +12,7 @@
 //! A composite in the forward stays whole (an executor may run it as one call) unless a
 //! residual is defined inside it; then it is replaced by its decomposition.
 
+use crate::partition::for_each_param_size;
 use crate::vjp::Joint;
 use rustc_hash::FxHashMap;
 use std::collections::BinaryHeap;
@@ -63,13 +64,16 @@ pub fn split(joint: &Joint) -> Result<Split> {
     backward.iter().for_each(|b| b.for_each_input(|v| needed.push(v)));
     grads.for_each_value(&mut |v| needed.push(v));
     needed.retain(|v| !in_backward[v.index()]);
-    // The backward computes its symbolic sizes from the size values they read: those are saved.
+    // The backward computes its symbolic sizes from the size values they read: those are saved,
+    // and so are the sizes its prims read through their parameters alone (a pad by a start read
+    // from a tensor's value, the gradient of a `narrow` at it).
     let mut sizes = Vec::new();
     let backward_values =
         needed.iter().chain(cot_inputs).copied().chain(backward.iter().flat_map(|b| b.outputs.clone()));
     backward_values.for_each(|v| {
         t.tensor(v).iter().for_each(|m| m.shape.iter().for_each(|d| d.for_each_value(&mut |s| sizes.push(s))))
     });
+    backward.iter().for_each(|b| for_each_param_size(t, b, &mut |s| sizes.push(s)));
     sizes.retain(|s| !needed.contains(s));
     sizes.sort_unstable();
     sizes.dedup();
@@ -212,11 +216,13 @@ fn choose_residuals(
             residuals.push(v);
             continue;
         }
-        bsym.for_each_input(|i| {
+        let mut need = |i: ValueId| {
             if !std::mem::replace(&mut seen[i.index()], true) {
                 heap.push(i);
             }
-        });
+        };
+        bsym.for_each_input(&mut need);
+        for_each_param_size(t, bsym, &mut need);
         recomputed.push(BoundSymbol { subsymbols: Default::default(), grad: None, ..bsym.clone() });
     }
     residuals.sort_unstable();

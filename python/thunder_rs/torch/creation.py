@@ -93,7 +93,7 @@ def _contiguous(out):
     return out
 
 
-def _fill_dtype(fill_value) -> torch.dtype:
+def fill_dtype(fill_value) -> torch.dtype:
     """The dtype ``torch.full`` infers from its fill value."""
     if isinstance(fill_value, bool):
         return torch.bool
@@ -109,14 +109,14 @@ def full(size, fill_value, *, out=None, dtype=None, layout=None, device=None, re
         ThunderTypeError,
     )
     shape = _shape((size,), "ltorch.full")
-    return _contiguous(filled(shape, fill_value, _device(device), dtype or _fill_dtype(fill_value)))
+    return _contiguous(filled(shape, fill_value, _device(device), dtype or fill_dtype(fill_value)))
 
 
 def _define_constant(name: str, value):
     """``zeros``/``ones``/``empty``: a size and a fill value known in advance."""
     op = f"ltorch.{name}"
 
-    @torchsymbol(getattr(torch, name), name=name)
+    @torchsymbol(getattr(torch, name), name=name, reads_numbers_from=0)
     def constant(
         *sizes,
         size=None,
@@ -186,7 +186,7 @@ def _define_new_constant(name: str, value):
     """``Tensor.new_zeros``/``new_ones``/``new_empty``: dtype and device default to ``self``'s."""
     op = f"ltorch.{name}"
 
-    @torchsymbol(getattr(T, name), name=name)
+    @torchsymbol(getattr(T, name), name=name, reads_numbers_from=1)
     def new_constant(
         self, *sizes, size=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False
     ):
@@ -337,7 +337,7 @@ def _iota(length, start, step, device, dtype):
     return clang.maybe_convert(values if identical(start, 0) else prims.add(values, start), dtype)
 
 
-@torchsymbol(torch.arange)
+@torchsymbol(torch.arange, reads_numbers_from=0)
 def arange(
     start=0, end=None, step=1, *, out=None, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False
 ):

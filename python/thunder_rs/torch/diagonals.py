@@ -17,13 +17,13 @@ from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.core.lang.symint import SymInt
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.symbols import read_numbers, torchsymbol
 from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum
 from thunder_rs.torch.shape import _sizes, flatten, reshape, reshape_to, slice_in_dim
 from thunder_rs.torch.strides import contiguous_strides, strides_of
 from thunder_rs.torch.view_scatters import diagonal
-from thunder_rs.torch.views import FALLBACK_LAYOUTS, opaque
+from thunder_rs.torch.views import FALLBACK_LAYOUTS, PrimStep, opaque
 
 Tensor = torch.Tensor
 __all__ = ["diag", "diag_embed", "diagflat", "trace", "tril_indices", "triu_indices", "unfold", "as_strided"]
@@ -429,14 +429,31 @@ def reads_own_memory(a, size, stride, storage_offset) -> bool:
         return True  # malformed arguments: the symbol raises eager's error
 
 
+#: The shape prims whose views start at their root's first element: their storage offset is 0.
+_AT_ROOT_START = frozenset({"reshape", "squeeze", "transpose", "broadcast_in_dim"})
+
+
+def memory_root(a):
+    """Whose memory ``as_strided`` of ``a`` reads as ``a``'s storage: of a view that starts at its
+    root's first element (Longformer's chunks, ``as_strided`` of a transposed ``view``), the root,
+    since ``as_strided`` reads the storage and ignores the strides; else ``a``."""
+    link = a._view
+    if link is None or link.root._view is not None:
+        return a
+    at_start = all(type(step) is PrimStep and step.name in _AT_ROOT_START for step in link.steps)
+    return link.root if at_start else a
+
+
 def _as_strided_view(native, eager):
     """``as_strided``: reads known positions where ``reads_own_memory``; of an input tensor
     otherwise an eager fallback, which runs on that very tensor and its memory; else refused:
     a tensor computed in the program may have another layout at run time than in eager."""
 
     def as_strided_view(input, size, stride, storage_offset=None):
-        if reads_own_memory(input, size, stride, storage_offset):
-            return native(input, size, stride, storage_offset)
+        (size, stride, storage_offset), _ = read_numbers((size, stride, storage_offset), {}, 0)
+        source = memory_root(input)
+        if reads_own_memory(source, size, stride, storage_offset):
+            return native(source, size, stride, storage_offset)
         check(
             input._view is None and getattr(input, "_input_vid", None) is not None,
             "ltorch.as_strided",

@@ -16,6 +16,7 @@ from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch import creation
 from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, is_number, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
@@ -49,6 +50,10 @@ def _define_binary(name: str, kind: int, dunders=(), reflected=()):
 
         def binary(input, exponent):
             return clang.elementwise(prim, "ltorch.pow", input, exponent, kind=kind)
+    elif name == "mul":
+
+        def binary(input, other):
+            return clang.elementwise(prim, "ltorch.mul", first_as_tensor(input, other), other, kind=kind)
     else:
 
         def binary(input, other):
@@ -129,14 +134,25 @@ def _scaled(b, alpha, op):
     return clang.elementwise(prims.mul, op, b, alpha)
 
 
+def first_as_tensor(input, other):
+    """``input`` as eager's ``torch.add``, ``sub``, ``mul`` and ``div`` take it: of two numbers
+    (``torch.div(seq_len, w, rounding_mode="trunc")`` of sizes, in Longformer), a 0-d tensor of
+    its kind of number, as aten wraps it, so that the result is a tensor as eager's is."""
+    if isinstance(input, torch.Tensor) or isinstance(other, torch.Tensor) or not is_number(input):
+        return input
+    return creation.filled((), input, torch.get_default_device(), creation.fill_dtype(input))
+
+
 @torchsymbol(torch.add, T.add, T.__add__)
 def add(input, other, *, alpha=1):
-    return clang.elementwise(prims.add, "ltorch.add", input, _scaled(other, alpha, "ltorch.add"))
+    a, b = first_as_tensor(input, other), _scaled(other, alpha, "ltorch.add")
+    return clang.elementwise(prims.add, "ltorch.add", a, b)
 
 
 @torchsymbol(torch.sub, T.sub, T.__sub__)
 def sub(input, other, *, alpha=1):
-    return clang.elementwise(prims.sub, "ltorch.sub", input, _scaled(other, alpha, "ltorch.sub"))
+    a, b = first_as_tensor(input, other), _scaled(other, alpha, "ltorch.sub")
+    return clang.elementwise(prims.sub, "ltorch.sub", a, b)
 
 
 @torchsymbol(torch.rsub, T.__rsub__)
@@ -146,7 +162,7 @@ def rsub(a, b, *, alpha=1):
 
 @torchsymbol(torch.true_divide, T.true_divide, T.__truediv__)
 def true_divide(input, other):
-    return clang.elementwise(prims.div, "ltorch.true_divide", input, other, kind=INT_TO_FLOAT)
+    return clang.elementwise(prims.div, "ltorch.true_divide", first_as_tensor(input, other), other, kind=INT_TO_FLOAT)
 
 
 @torchsymbol(T.__rtruediv__)
@@ -175,7 +191,7 @@ def _floor_div(a, b, op):
 
 @torchsymbol(torch.div, T.div, torch.divide, T.divide)
 def div(input, other, *, rounding_mode=None):
-    a, b, op = input, other, "ltorch.div"
+    a, b, op = first_as_tensor(input, other), other, "ltorch.div"
     if rounding_mode is None:
         return clang.elementwise(prims.div, op, a, b, kind=INT_TO_FLOAT)
     if rounding_mode == "trunc":
@@ -192,7 +208,7 @@ def div(input, other, *, rounding_mode=None):
 
 @torchsymbol(torch.floor_divide, T.floor_divide, T.__floordiv__)
 def floor_divide(input, other):
-    return _floor_div(input, other, "ltorch.floor_divide")
+    return _floor_div(first_as_tensor(input, other), other, "ltorch.floor_divide")
 
 
 @torchsymbol(torch.where)

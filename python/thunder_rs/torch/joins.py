@@ -297,16 +297,10 @@ def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sec
     return tuple(out)
 
 
-@torchsymbol(torch.narrow, Tensor.narrow)
+@torchsymbol(torch.narrow, Tensor.narrow, reads_numbers_from=2)
 def narrow(a, dim, start, length):
     op = "ltorch.narrow"
     check(a.ndim > 0, op, "narrow() cannot be applied to a 0-dim tensor. (argument a)", ThunderRuntimeError)
-    check(
-        not isinstance(start, torch.Tensor),
-        op,
-        "a tensor start is data-dependent; pass an int (argument start)",
-        ThunderNotImplementedError,
-    )
     d = clang.canonicalize_dim(a.ndim, dim, op)
     size = a.shape[d]
     check(

@@ -168,7 +168,7 @@ def _unique_dims(op: str, ndim: int, dims, arg: str = "dim") -> tuple[int, ...]:
 # -- views ----------------------------------------------------------------------------------------
 
 
-@torchsymbol(Tensor.reshape, torch.reshape)
+@torchsymbol(Tensor.reshape, torch.reshape, reads_numbers_from=1)
 def reshape(a, *args, shape=None):
     shape = _one_of("ltorch.reshape", args, shape, "shape")
     return reshape_to(a, infer_shape("ltorch.reshape", shape, a.numel()))
@@ -185,7 +185,7 @@ def _view_as_as_reshape_as(a, other):
     return a.reshape_as(other)
 
 
-@torchsymbol(_view_as_reshape, Tensor.view)
+@torchsymbol(_view_as_reshape, Tensor.view, reads_numbers_from=1)
 def view(a, *args, size=None, dtype=None):
     if dtype is not None or (len(args) == 1 and isinstance(args[0], torch.dtype)):
         raise ThunderNotImplementedError(

@@ -10,6 +10,8 @@ import functools
 import types
 
 from thunder_rs import _core
+from thunder_rs.core.base import dtypes
+from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, SYMBOLS, TORCH_TO_LTORCH
 from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES
 from thunder_rs.core.lang.recorder import KERNEL_IDS, record_composite, record_kernel
@@ -94,13 +96,38 @@ def _specialised(call):
     return out if found else None
 
 
+def _number_read(x):
+    """``x`` as eager's argument parser reads a tensor given for an int or a number: of a 0-d tensor
+    or a one-element integer one, its value (``item()``, checked on each call: ``core.values``)."""
+    if isinstance(x, TensorProxy) and (x.ndim == 0 or (dtypes.is_int(x.dtype) and x.numel() == 1)):
+        return x.item()
+    if type(x) in (tuple, list):
+        return type(x)(map(_number_read, x))
+    return x
+
+
+def read_numbers(args: tuple, kwargs: dict, start: int) -> tuple[tuple, dict]:
+    """``args`` from ``start`` on and ``kwargs`` with the tensors read that eager reads as numbers
+    (``x.view(b, chunks + 1, w)``, ``torch.arange(chunks)`` of ``chunks = torch.div(seq_len, w) - 1``
+    in Longformer). Read before the symbol is recorded, so that the reads sit at the trace's top
+    level, where a compiled call checks them."""
+    read = tuple(map(_number_read, args[start:]))
+    return (*args[:start], *read), {k: _number_read(v) for k, v in kwargs.items()}
+
+
 def torchsymbol(
-    *torch_fns, name: str | None = None, properties: tuple[str, ...] = (), sequence: bool = False, meta=None
+    *torch_fns,
+    name: str | None = None,
+    properties: tuple[str, ...] = (),
+    sequence: bool = False,
+    meta=None,
+    reads_numbers_from: int | None = None,
 ):
     """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns`` (see ``register``).
     A kernel (``layer_norms.native_layer_norm``) gives ``meta``, which describes its outputs as ``(shape, dtype)``
     pairs (or returns None to have the decomposition recorded), so that it can be recorded
-    whole (``record_kernel``)."""
+    whole (``record_kernel``). ``reads_numbers_from``: the position from which the op takes sizes
+    or numbers that may be given as tensors (``read_numbers``)."""
 
     def decorate(fn):
         sym_name = f"ltorch.{name or fn.__name__}"
@@ -110,6 +137,8 @@ def torchsymbol(
 
             @functools.wraps(fn)
             def symbol(*args, **kwargs):
+                if reads_numbers_from is not None:
+                    args, kwargs = read_numbers(args, kwargs, reads_numbers_from)
                 return _or_specialised(record_composite, sym_id, sym_name, fn, args, kwargs)
         else:
             KERNEL_IDS.add(sym_id)

@@ -353,7 +353,12 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     if (name.endswith("_") and not name.endswith("__")) or kwargs.get("inplace"):
         # thunder_rs.torch.inplace functionalises in-place calls first: the executor runs only
         # functions that write nothing.
-        raise ThunderNotImplementedError(f"{name}: an in-place call thunder_rs has no functional form for")
+        raise ThunderNotImplementedError(
+            f"{name} at {user_location()}: an in-place call thunder_rs has no functional form for (a module built "
+            "while the program is traced initialises its parameters so: build it outside the jitted call)"
+            if name.startswith("torch.nn.init.")
+            else f"{name} at {user_location()}: an in-place call thunder_rs has no functional form for"
+        )
     arg_leaves = tree_flatten((args, kwargs))[0]
     in_leaves = [x for x in arg_leaves if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None

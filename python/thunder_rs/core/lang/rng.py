@@ -24,6 +24,7 @@ import gc
 import torch
 import torch.nn.functional as F
 
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.fallback import qualified_name, record_effect
 from thunder_rs.core.lang.recorder import _current, lift_captured
 from thunder_rs.errors import ThunderNotImplementedError
@@ -82,14 +83,45 @@ def _record(func, args: tuple, kwargs: dict, outputs: list):
 
 def _sets_state(original):
     """``manual_seed``/``seed``/``set_rng_state``: recorded with no output. ``torch.manual_seed``
-    returns the default generator, as in eager; ``seed`` returns None while tracing, since the
-    seed it draws exists only when the call runs."""
+    returns the default generator, as in eager; ``seed`` an ``UnknownSeed``, since the seed it
+    draws exists only when the call runs."""
 
     def record(*args, **kwargs):
         _record(original, args, kwargs, [])
-        return torch.default_generator if original is _manual_seed else None
+        if original is _manual_seed:
+            return torch.default_generator
+        return UnknownSeed(qualified_name(original), user_location()) if original.__name__ == "seed" else None
 
     return record
+
+
+class UnknownSeed:
+    """What ``torch.seed()`` returns while traced: the seed it draws exists only when a compiled
+    call runs, so a program that uses it (Reformer keeps ``torch.seed() % sys.maxsize`` to reseed
+    with) is refused naming the call's line, where it would get a wrong value or a TypeError."""
+
+    __slots__ = ("name", "where")
+
+    def __init__(self, name: str, where: str):
+        self.name, self.where = name, where
+
+    def refuse(self, *args, **kwargs):
+        raise ThunderNotImplementedError(
+            f"{self.name} at {self.where}: the program uses the seed it returns, which a compiled call draws only "
+            "when it runs; seed with torch.manual_seed(<a known value>) there, or draw the seed outside the "
+            "jitted function and pass it in"
+        )
+
+    def __repr__(self) -> str:
+        return f"<the seed {self.name} draws at {self.where}>"
+
+
+for _use in (
+    "__int__ __index__ __float__ __bool__ __hash__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __str__ __format__ "
+    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __mod__ __rmod__ __floordiv__ __rfloordiv__ __truediv__ "
+    "__rtruediv__ __pow__ __rpow__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __neg__ __abs__"
+).split():
+    setattr(UnknownSeed, _use, UnknownSeed.refuse)
 
 
 def _reads_state(original):

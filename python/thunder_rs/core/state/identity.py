@@ -132,11 +132,52 @@ def _compared(ops, i: int, name: str):
     left_end = right - 1  # (an expression whose code ends in a local's load is that load)
     if "LOAD_CONST" in (ops[right].opname, ops[left_end].opname):
         return None  # (``self is None``)
-    if ops[i].opname == "IS_OP" and (_loads(ops, left_end, name) or (right == i - 1 and _loads(ops, right, name))):
-        return ("is", None, ops[i].line)
+    if ops[i].opname == "IS_OP" and _loads(ops, left_end, name):
+        return ("is", _attribute_of(ops, right, i, name), ops[i].line)
+    if ops[i].opname == "IS_OP" and right == i - 1 and _loads(ops, right, name):
+        left = _operand_start(ops, right)
+        return ("is", None if left is None else _attribute_of(ops, left, right, name), ops[i].line)
     if ops[i].opname == "CONTAINS_OP" and _loads(ops, left_end, name):
         return ("key", f"'{name} in ...', a membership test by its hash or ==", ops[i].line)
     return None
+
+
+def _attribute_of(ops, start: int, end: int, name: str) -> str | None:
+    """The attribute of ``name`` that the operand ``ops[start:end]`` is, where it is one:
+    ``name.attr``, or a local every store of which is ``name.attr`` or ``getattr(name, "attr"[,
+    default])`` (``language_model = getattr(self, "language_model", None)`` then ``language_model
+    is not self``, Hugging Face's ``get_input_embeddings``); else None."""
+    if end - start == 2 and _loads(ops, start, name) and ops[start + 1].opname in _LOAD_ATTR:
+        return ops[start + 1].argval
+    if end - start != 1 or ops[start].opname != "LOAD_FAST" or ops[start].argval == name:
+        return None
+    local = ops[start].argval
+    attrs = {
+        _stored_attribute(ops, k, name) for k, op in enumerate(ops) if op.opname == "STORE_FAST" and op.argval == local
+    }
+    return attrs.pop() if len(attrs) == 1 and None not in attrs else None
+
+
+def _stored_attribute(ops, store: int, name: str) -> str | None:
+    """The attribute of ``name`` the store at ``store`` stores (``name.attr``, ``getattr(name,
+    "attr"[, default])``, or either through a walrus), or None."""
+    k = store - 1
+    k -= k >= 0 and ops[k].opname == "COPY"
+    if k >= 1 and ops[k].opname in _LOAD_ATTR and _loads(ops, k - 1, name):
+        return ops[k].argval
+    while k >= 0 and ops[k].opname in _CALLS:
+        k -= 1
+    consts = 0
+    while k - consts >= 0 and ops[k - consts].opname == "LOAD_CONST" and consts < 2:
+        consts += 1
+    first = k - consts + 1  # the attribute's name
+    if consts == 0 or not _loads(ops, first - 1, name) or first - 2 < 0:
+        return None
+    getter = ops[first - 2]
+    if getter.opname not in ("LOAD_GLOBAL", "LOAD_NAME") or getter.argval != "getattr":
+        return None
+    attr = ops[first].argval
+    return attr if isinstance(attr, str) else None
 
 
 def _displayed(ops, i: int, name: str):
@@ -207,7 +248,23 @@ def _construct(kind: str, detail, name: str, receiver, globals_: dict) -> str | 
     if kind == "key":
         cls = type(receiver)
         return detail if cls.__hash__ is object.__hash__ or cls.__eq__ is object.__eq__ else None
+    if detail is not None and _within(receiver, detail):
+        return None
     return f"an 'is' comparison of {name}"
+
+
+def _within(receiver, attr: str) -> bool:
+    """Whether ``receiver``'s attribute ``attr`` is compared with it as eager compares them: it is
+    no module, or one of the traced copy's tree (the copy's submodules are copies too), so that
+    ``is`` answers for the copies as for the modules."""
+    try:
+        value = getattr(receiver, attr, None)
+    except Exception:  # (a property that fails: the comparison is not known to be the module's)
+        return False
+    modules = getattr(receiver, "modules", None)
+    if not hasattr(value, "_modules") or modules is None:
+        return not hasattr(value, "_modules")
+    return any(value is m for m in modules())
 
 
 def refuse_identity_uses(code, name: str, receiver, globals_: dict) -> None:
