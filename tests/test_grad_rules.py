@@ -728,6 +728,15 @@ CONSTANTS = {
     "silu": (F.silu, 1),
     "mish": (F.mish, 1),
     "hardswish": (F.hardswish, 1),
+    # (tanh_backward's vector kernel: one fused multiply-add)
+    "tanh": (torch.tanh, 1),
+    "tanh_": (lambda a: (a * 1).tanh_(), 1),
+    # (computed in place, eager differentiates from the result: elu_backward with is_result)
+    "elu inplace=True": (lambda a: F.elu(a * 1, 0.7, inplace=True), 1),
+    "ELU(inplace=True)": (lambda a: torch.nn.ELU(inplace=True)(a * 1), 1),
+    "selu_": (lambda a: torch.selu_(a * 1), 1),
+    "celu inplace=True": (lambda a: F.celu(a * 1, 0.7, inplace=True), 1),
+    "leaky_relu_": (lambda a: F.leaky_relu_(a * 1, 0.2), 1),
     # (eager's engine adds up a target's gradients in the order its ops' backwards run)
     "kl_div": (lambda a, b: F.kl_div(a, b.abs(), reduction="batchmean"), 2),
     "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b.abs()), 2),
@@ -764,3 +773,19 @@ def test_gradients_with_constants_are_eagers_to_the_bit(name, dtype):
     assert torch.equal(got, expected)
     for grad, eager in zip(grads, expected_grads, strict=True):
         assert torch.equal(grad, eager)
+
+
+def test_an_in_place_leaky_relu_with_a_negative_slope_raises_eagers_error_in_the_backward():
+    """Eager's in-place formula reads the result, from which a negative slope cannot tell the
+    input's sign: its backward raises; the forward runs."""
+
+    def fn(x):
+        return F.leaky_relu(x * 1, -0.1, inplace=True)
+
+    messages = []
+    for f in (fn, thunder_rs.jit(fn)):
+        out = f(torch.randn(3, 4, requires_grad=True))
+        with pytest.raises(RuntimeError) as error:
+            out.sum().backward()
+        messages.append(str(error.value))
+    assert messages[1] == messages[0]

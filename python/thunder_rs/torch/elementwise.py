@@ -16,7 +16,7 @@ from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, is_number, rounded, sum_to, upcast
+from thunder_rs.torch.common import cast, in_opmath, is_number, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
@@ -327,18 +327,25 @@ def pow_grad(input, exponent):
     return out
 
 
+def _tanh_backward_meta(grad_output, output):
+    return [(tuple(torch.broadcast_shapes(grad_output.shape, output.shape)), grad_output.dtype)]
+
+
+@torchsymbol(name="tanh_backward", meta=_tanh_backward_meta)
+def tanh_backward(grad_output, output):
+    """``g * (1 - y²)``: eager's kernel, one aten call on the torch executor (its vector code
+    rounds ``1 - y²`` as one fused multiply-add, 1 ulp from the ops'), computed in float32 for
+    half precision (rounding after each op differs in a third of bfloat16 elements)."""
+    g, dtype = in_opmath(grad_output, output)
+    y = upcast(output)
+    return rounded(g * (1.0 - y * y), dtype)
+
+
 @register_grad(ltorch.tanh)
 def tanh_grad(input):
-    # Eager's tanh_backward computes g * (1 - y²) in float32 for half precision; rounding after
-    # each op of the prim's VJP differs in a third of bfloat16 elements.
     out = ltorch.tanh(input)
-    if input.dtype in LOW_PRECISION:
-        g, dtype = in_opmath(get_grad(out), out)
-        y = upcast(out)
-        put_grad(input, rounded(g * (1.0 - y * y), dtype))
-    elif input.dtype.is_floating_point:
-        g = get_grad(out)
-        put_grad(input, g * (1.0 - out * out))
+    if input.dtype.is_floating_point:
+        put_grad(input, tanh_backward(get_grad(out), out))
     return out
 
 
