@@ -459,7 +459,9 @@ def _register() -> None:
     """``unfold`` and ``as_strided`` return views eager can write through; writing through these
     (windows that may share elements) is refused."""
     refusal = "{}: writing through its output, a view, is not supported; clone() it first"
-    unfold_view = opaque(unfold, None, FALLBACK_LAYOUTS[Tensor.unfold], refusal=refusal.format("Tensor.unfold"))
+    unfold_view = opaque(
+        unfold, None, FALLBACK_LAYOUTS[Tensor.unfold], refusal=refusal.format("Tensor.unfold"), eager=Tensor.unfold
+    )
     TORCH_TO_LTORCH[Tensor.unfold] = unfold_view
     native, eager = (
         opaque(fn, None, FALLBACK_LAYOUTS[torch.as_strided], refusal=refusal.format("torch.as_strided"))
