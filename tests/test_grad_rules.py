@@ -215,7 +215,7 @@ CASES = [
         "sdpa",
         sdpa(),
         lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 6, dtype=d)),
-        ("ltorch.matmul", "ltorch.tensor_softmax", "ltorch.sum"),
+        ("ltorch.matmul", "ltorch.tensor_softmax", "ltorch.softmax_backward"),
     ),
     Case(
         "sdpa_causal_scale",
@@ -752,6 +752,19 @@ CONSTANTS = {
     "sdpa with a mask": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=torch.arange(7) < torch.arange(6)[:, None]),
         ((2, 3, 6, 8), (2, 3, 7, 8), (2, 3, 7, 8)),
+    ),
+    # (eager's math path, differentiated op by op: a mask that requires grad, 5-D inputs)
+    "sdpa math, a mask with a gradient": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        ((2, 3, 6, 8), (2, 3, 7, 8), (2, 3, 7, 8), (6, 7)),
+    ),
+    "sdpa math, broadcast batch, negative scale": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=-0.4),
+        ((2, 3, 6, 8), (1, 3, 7, 8), (2, 1, 7, 8), (6, 7)),
+    ),
+    "sdpa math, 5-D causal": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        ((2, 2, 3, 6, 8), (2, 2, 3, 7, 8), (2, 2, 3, 7, 8)),
     ),
 }
 
