@@ -264,6 +264,19 @@ def masked_fill(a, mask, value):
     return where(mask, clang.maybe_convert(value, a.dtype), a)
 
 
+@register_grad(masked_fill)
+def masked_fill_grad(a, mask, value):
+    """Eager's: ``grad.masked_fill(mask, 0)``, a new contiguous tensor (the decomposition's
+    ``where`` took the mask's layout), and a tensor value's the masked cotangent's sum."""
+    out = masked_fill(a, mask, value)
+    g = get_grad(out)
+    if a.requires_grad:
+        put_grad(a, sum_to(masked_fill(g, mask, 0), a.shape))
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        put_grad(value, ltorch.sum(where(mask, g, 0)).to(value.dtype))
+    return out
+
+
 @torchsymbol(torch.clamp, T.clamp, torch.clip, T.clip)
 def clamp(a, min=None, max=None):
     op = "ltorch.clamp"

@@ -28,7 +28,7 @@ from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.indexing import _check_index, _check_no_larger
 from thunder_rs.torch.shape import reshape_to
 from thunder_rs.core.lang.symint import SymInt, same_shape
-from thunder_rs.torch.common import size_value
+from thunder_rs.torch.common import size_value, sum_to
 
 Tensor = torch.Tensor
 __all__ = [
@@ -554,6 +554,34 @@ def index_put(input, indices, values, accumulate=False):
     flat = reshape_to(input, (math.prod(input.shape[:k]), *rest))
     out = prims.index_add(flat, linear, flat_values, 0) if accumulate else _written_rows(flat, linear, flat_values)
     return reshape_to(out, tuple(input.shape))
+
+
+# Eager's gradients (derivatives.yaml): the cotangent with zeros written where the op wrote (in
+# the cotangent's layout), and what the op wrote read back from the cotangent.
+
+
+@register_grad(put)
+def put_rule(input, index, source, accumulate=False):
+    out = put(input, index, source, accumulate)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, g if accumulate else put(g, index, ltorch.zeros_like(source)))
+    if source.requires_grad:
+        put_grad(source, ltorch.reshape(take(g, index), tuple(source.shape)))
+    return out
+
+
+@register_grad(index_put)
+def index_put_rule(input, indices, values, accumulate=False):
+    out = index_put(input, indices, values, accumulate)
+    if any(idx.dtype == torch.bool for idx in indices):
+        return out  # (a mask's reads have a data-dependent size: the decomposition's gradient)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, g if accumulate else index_put(g, indices, ltorch.zeros_like(values)))
+    if values.requires_grad:
+        put_grad(values, sum_to(g[tuple(indices)], values.shape))
+    return out
 
 
 def _put_masked(op: str, input, mask, values, accumulate: bool):
