@@ -306,7 +306,10 @@ def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
     else:
         grad_self, grad_src = _extremum_grads(g, input, d, index, src, out)
     if not include_self:
-        grad_self = scatter(grad_self, d, index, value=0)
+        # (eager's scatter allocates its result contiguous; one computed here the reuse pass would
+        # write in place, in its own layout)
+        fresh = grad_self if grad_self is g else ltorch.clone(grad_self, memory_format=torch.contiguous_format)
+        grad_self = scatter(fresh, d, index, value=0)
     if input.requires_grad:
         put_grad(input, grad_self)
     if src.requires_grad:
@@ -662,6 +665,27 @@ def masked_scatter(input, mask, source):
     index = prims.maximum(prims.sub(position, 1), 0)
     values = prims.take(reshape_to(source, (source.numel(),)), index, 0)
     return prims.where(mask, reshape_to(values, shape), input)
+
+
+@register_grad(masked_scatter)
+def masked_scatter_rule(input, mask, source):
+    """Eager's: ``grad.masked_fill(mask, 0)`` for the input (a new contiguous tensor, where the
+    decomposition's ``where`` took the mask's layout), and for the source the cotangent at the
+    masked positions in order, zero past them."""
+    out = masked_scatter(input, mask, source)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, sum_to(ltorch.masked_fill(g, mask, 0), input.shape))
+    if source.requires_grad and source.numel() == 0:
+        put_grad(source, ltorch.zeros_like(source))
+    elif source.requires_grad:
+        n = g.numel()
+        flat_mask = reshape_to(clang.expand_to(mask, tuple(g.shape)), (n,))
+        read = ltorch.clamp_min(ltorch.cumsum(ltorch.to(flat_mask, torch.int64), 0) - 1, 0)
+        picked = reshape_to(ltorch.where(mask, g, 0), (n,))
+        grad = ltorch.index_add(ltorch.zeros(source.numel(), dtype=g.dtype, device=g.device), 0, read, picked)
+        put_grad(source, reshape_to(grad, tuple(source.shape)))
+    return out
 
 
 @torchsymbol(torch.fill)
