@@ -285,6 +285,31 @@ def test_returned_views_carry_in_place_writes_and_gradients_as_in_eager(program,
 
 
 @pytest.mark.parametrize(
+    "view",
+    [torch.view_as_real, lambda z: z.real, lambda z: z.imag],
+    ids=["view_as_real", "real", "imag"],
+)
+def test_returned_real_views_of_a_complex_intermediate_carry_writes_and_gradients_as_in_eager(view):
+    """Eager's own ops compute complex values that carry gradients; their real views, returned,
+    are taken again outside the call, so the caller can write them as eager's."""
+
+    def program(x, w):
+        h = x @ w
+        return view(torch.complex(h, h * 2))
+
+    w, eager_w = (torch.randn(3, 2, generator=torch.Generator().manual_seed(0)).requires_grad_() for _ in range(2))
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(1))
+    out, expected = thunder_rs.jit(program)(x, w), program(x, eager_w)
+    out.mul_(3)
+    expected.mul_(3)
+    torch.testing.assert_close(out, expected)
+    assert (out.stride(), out._is_view()) == (expected.stride(), expected._is_view())
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    torch.testing.assert_close(w.grad, eager_w.grad)
+
+
+@pytest.mark.parametrize(
     "program",
     [
         lambda x, w: (x @ w).unbind(1),

@@ -23,7 +23,8 @@ from thunder_rs.torch.reductions import sum as _sum
 from thunder_rs.torch.shape import _sizes, flatten, reshape, reshape_to, slice_in_dim
 from thunder_rs.torch.strides import contiguous_strides, strides_of
 from thunder_rs.torch.view_scatters import diagonal
-from thunder_rs.torch.views import FALLBACK_LAYOUTS, opaque
+from thunder_rs.torch.strides import FALLBACK_LAYOUTS
+from thunder_rs.torch.views import opaque
 
 Tensor = torch.Tensor
 __all__ = ["diag", "diag_embed", "diagflat", "trace", "tril_indices", "triu_indices", "unfold", "as_strided"]

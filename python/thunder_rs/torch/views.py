@@ -39,7 +39,7 @@ from thunder_rs.core.lang.symint import SymInt, identical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch import indexing as _indexing, joins as _joins, shape as _shape
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
-from thunder_rs.torch.strides import is_contiguous, overlaps, strides_of, viewed_strides
+from thunder_rs.torch.strides import FALLBACK_LAYOUTS, is_contiguous, overlaps, strides_of, viewed_strides
 from thunder_rs.torch.view_scatters import (
     _diagonal_layout,
     diagonal,
@@ -646,32 +646,6 @@ def _refused_view(fn, call):
     return opaque(call, None, FALLBACK_LAYOUTS.get(fn, _same_layout), refusal=refusal, eager=eager)
 
 
-def _as_strided_layout(shape, strides, size, stride, storage_offset=None):
-    return tuple(size), tuple(stride)
-
-
-def _unfold_layout(shape, strides, dimension, size, step):
-    d = dimension % len(shape) if shape else 0
-    if not shape:
-        return (size,), (1,)
-    new_shape = (*shape[:d], (shape[d] - size) // step + 1, *shape[d + 1 :], size)
-    return new_shape, (*strides[:d], strides[d] * step, *strides[d + 1 :], strides[d])
-
-
-def _adjoint_layout(shape, strides):
-    return (*shape[:-2], shape[-1], shape[-2]), (*strides[:-2], strides[-1], strides[-2])
-
-
-#: The layouts of the fallback and opaque views whose strides are not their input's (``_same_layout``).
-FALLBACK_LAYOUTS = {
-    torch.Tensor.as_strided: _as_strided_layout,
-    torch.as_strided: _as_strided_layout,
-    torch.Tensor.unfold: _unfold_layout,
-    torch.Tensor.adjoint: _adjoint_layout,
-    torch.adjoint: _adjoint_layout,
-}
-
-
 def _diagonal_strides(shape, strides, offset=0, dim1=0, dim2=1):
     perm, _, _, length, _ = _diagonal_layout(shape, offset, dim1, dim2, "ltorch.diagonal")
     *keep, d1, d2 = perm
@@ -698,13 +672,16 @@ def _eager_property(name: str):
     """The tensor property ``name`` as eager computes it: a view a write through is refused
     (``z.real``/``z.imag`` of a complex tensor)."""
     getter = vars(torch._C.TensorBase)[name].__get__
-    return opaque(
+    view = opaque(
         lambda a: user_fallback(getter, (a,), {}),
         None,
+        FALLBACK_LAYOUTS[name],
         refusal=f"Tensor.{name}: writing through it, a view of a complex tensor, is not supported; "
         "write the whole tensor (torch.complex(re, im))",
         eager=getter,
     )
+    view.takes_complex = True  # (eager's op either way: a view of the complex tensor)
+    return view
 
 
 def _of_real(name: str, alias, min_ndim: int, exact: bool = False):
@@ -721,6 +698,7 @@ def _of_real(name: str, alias, min_ndim: int, exact: bool = False):
             return user_fallback(getter, (a,), {})
         return alias(a)
 
+    prop.takes_complex = True  # type: ignore[attr-defined]  # (a complex tensor's computed as eager's)
     return prop
 
 
@@ -795,6 +773,8 @@ def _register() -> None:
     for fn in _FALLBACK_VIEWS:
         if fn not in TORCH_TO_LTORCH:
             TORCH_TO_LTORCH[fn] = _refused_view(fn, lambda a, *args, fn=fn, **kwargs: fallback(fn, (a, *args), kwargs))
+    for fn in (torch.view_as_real, torch.view_as_complex):  # (eager's op either way: a view of its input)
+        TORCH_TO_LTORCH[fn].takes_complex = True
 
 
 _register()
