@@ -137,14 +137,6 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     # other powers: the products' gradients, column-major for a column-major matrix as mm's
     "matrix_power 4": (lambda a: torch.linalg.matrix_power(a, 4), ((3, 3),), any_value),
     "matrix_power 3": (lambda a: torch.linalg.matrix_power(a, 3), ((3, 3),), any_value),
-    # scatter's out-of-place result is allocated contiguous (scatter_reduce_backward's last step)
-    "scatter_reduce amax": (
-        lambda a, b: torch.scatter_reduce(
-            a, 1, torch.tensor([[0, 1, 1], [2, 3, 3]]), b[:, :3], "amax", include_self=False
-        ),
-        ((2, 4), (2, 4)),
-        any_value,
-    ),
     # masked_scatter's: grad.masked_fill(mask, 0), and the source's read at the masked positions
     "masked_scatter": (lambda a, b: torch.masked_scatter(a, b > 0, b.flatten()), PAIR, any_value),
     # take's: the cotangent put into zeros_like the input (a repeated index accumulates)

@@ -306,10 +306,7 @@ def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
     else:
         grad_self, grad_src = _extremum_grads(g, input, d, index, src, out)
     if not include_self:
-        # (eager's scatter allocates its result contiguous; one computed here the reuse pass would
-        # write in place, in its own layout)
-        fresh = grad_self if grad_self is g else ltorch.clone(grad_self, memory_format=torch.contiguous_format)
-        grad_self = scatter(fresh, d, index, value=0)
+        grad_self = scatter(grad_self, d, index, value=0)
     if input.requires_grad:
         put_grad(input, grad_self)
     if src.requires_grad:
