@@ -134,6 +134,11 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "diagflat": (lambda a: torch.diagflat(a, -1), MATRIX, any_value),
     # matrix_power(A, 0): new contiguous zeros, not a broadcast zero
     "matrix_power 0": (lambda a: torch.linalg.matrix_power(a, 0), ((3, 3),), any_value),
+    # other powers: the products' gradients, column-major for a column-major matrix as mm's
+    "matrix_power 4": (lambda a: torch.linalg.matrix_power(a, 4), ((3, 3),), any_value),
+    "matrix_power 3": (lambda a: torch.linalg.matrix_power(a, 3), ((3, 3),), any_value),
+    # masked_scatter's: grad.masked_fill(mask, 0), and the source's read at the masked positions
+    "masked_scatter": (lambda a, b: torch.masked_scatter(a, b > 0, b.flatten()), PAIR, any_value),
     # take's: the cotangent put into zeros_like the input (a repeated index accumulates)
     "take": (lambda a: torch.take(a, torch.tensor([[0, 5], [5, 11]])), MATRIX, any_value),
     # derivatives.yaml's formulas in eager's operand order; xlogy's a masked_fill, a new tensor
@@ -149,6 +154,7 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
 DEFAULT = {("div", "transposed"), ("pow", "transposed"), ("div trunc", "transposed"), ("kthvalue", "transposed")}
 DEFAULT |= {("max", "transposed"), ("mean dim", "contiguous"), ("pad", "stepped"), ("stack", "transposed")}
 DEFAULT |= {("mm", "transposed"), ("linear", "stepped"), ("diagonal", "stepped"), ("diagflat", "transposed")}
+DEFAULT |= {("matrix_power 4", "transposed")}
 DEFAULT |= {("xlogy", "transposed"), ("lerp", "transposed"), ("l1_loss", "transposed"), ("kl_div none", "transposed")}
 
 
@@ -224,6 +230,60 @@ def test_an_input_ignored_by_beta_zero_gets_eagers_zero_gradient(name: str):
         assert grad is not None
         torch.testing.assert_close(grad, eager)
         assert grad.stride() == eager.stride()
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+#: Gradients whose layout follows the cotangent's, given one laid out as eager's output (as a
+#: loss's gradient through later layout-preserving ops is): name -> (program, its inputs).
+FOLLOW_COTANGENT: dict[str, tuple[Callable, Callable]] = {
+    # eager's formulas write zeros into the cotangent, or read the written part back from it
+    "slice_scatter": (
+        lambda a, b: torch.slice_scatter(a, b, 0, 1, 3),
+        lambda: [transposed(torch.randn(n, 4, dtype=torch.float64)) for n in (5, 2)],
+    ),
+    "select_scatter": (
+        lambda a, b: torch.select_scatter(a, b, 1, -1),
+        lambda: [transposed(torch.randn(3, 4, dtype=torch.float64)), torch.randn(3, dtype=torch.float64)],
+    ),
+    "put": (
+        lambda a, b: torch.put(a, torch.tensor([0, 5, 2]), b),
+        lambda: [transposed(torch.randn(2, 4, dtype=torch.float64)), torch.randn(3, dtype=torch.float64)],
+    ),
+    "index_put": (
+        lambda a, b: torch.index_put(a, (torch.tensor([0, 1]), torch.tensor([[0], [2]])), b),
+        lambda: (
+            [torch.randn(2, 4, 3, dtype=torch.float64).permute(2, 1, 0).contiguous().permute(2, 1, 0)]
+            + [torch.randn(3, dtype=torch.float64)]
+        ),
+    ),
+    # the inverse shuffle's kernel keeps a channels_last cotangent so
+    "pixel_shuffle": (lambda a: F.pixel_shuffle(a, 2), lambda: [channels_last(torch.randn(1, 8, 2, 3))]),
+    "pixel_unshuffle": (lambda a: F.pixel_unshuffle(a, 2), lambda: [channels_last(torch.randn(1, 2, 4, 6))]),
+    # grad.masked_fill(mask, 0): a new contiguous tensor whatever the mask's layout
+    "masked_fill": (
+        lambda a, m: torch.masked_fill(a, m, -1.5),
+        lambda: [transposed(torch.randn(3, 4, dtype=torch.float64)), transposed(torch.randn(3, 4) > 0)],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FOLLOW_COTANGENT))
+def test_input_gradients_of_a_cotangent_laid_out_as_the_output_have_eagers_strides(name: str):
+    program, make = FOLLOW_COTANGENT[name]
+    torch.manual_seed(0)
+    inputs = make()
+    results = []
+    for fn in (program, thunder_rs.jit(program)):
+        leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+        out = fn(*leaves)
+        cotangent = torch.empty_like(out).copy_(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
+        results.append(torch.autograd.grad(out, [x for x in leaves if x.requires_grad], cotangent))
+    for i, (grad, eager) in enumerate(zip(*reversed(results), strict=True)):
+        torch.testing.assert_close(grad, eager, rtol=0, atol=0)
+        assert grad.stride() == eager.stride(), f"input {i}: strides {grad.stride()}, eager's {eager.stride()}"
 
 
 #: Cases at several sizes, so that later calls run a variant compiled with symbolic sizes (dense

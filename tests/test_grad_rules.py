@@ -215,7 +215,7 @@ CASES = [
         "sdpa",
         sdpa(),
         lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 6, dtype=d)),
-        ("ltorch.matmul", "ltorch.tensor_softmax", "ltorch.sum"),
+        ("ltorch.matmul", "ltorch.tensor_softmax", "ltorch.softmax_backward"),
     ),
     Case(
         "sdpa_causal_scale",
@@ -728,6 +728,15 @@ CONSTANTS = {
     "silu": (F.silu, 1),
     "mish": (F.mish, 1),
     "hardswish": (F.hardswish, 1),
+    # (tanh_backward's vector kernel: one fused multiply-add)
+    "tanh": (torch.tanh, 1),
+    "tanh_": (lambda a: (a * 1).tanh_(), 1),
+    # (computed in place, eager differentiates from the result: elu_backward with is_result)
+    "elu inplace=True": (lambda a: F.elu(a * 1, 0.7, inplace=True), 1),
+    "ELU(inplace=True)": (lambda a: torch.nn.ELU(inplace=True)(a * 1), 1),
+    "selu_": (lambda a: torch.selu_(a * 1), 1),
+    "celu inplace=True": (lambda a: F.celu(a * 1, 0.7, inplace=True), 1),
+    "leaky_relu_": (lambda a: F.leaky_relu_(a * 1, 0.2), 1),
     # (eager's engine adds up a target's gradients in the order its ops' backwards run)
     "kl_div": (lambda a, b: F.kl_div(a, b.abs(), reduction="batchmean"), 2),
     "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b.abs()), 2),
@@ -743,6 +752,19 @@ CONSTANTS = {
     "sdpa with a mask": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=torch.arange(7) < torch.arange(6)[:, None]),
         ((2, 3, 6, 8), (2, 3, 7, 8), (2, 3, 7, 8)),
+    ),
+    # (eager's math path, differentiated op by op: a mask that requires grad, 5-D inputs)
+    "sdpa math, a mask with a gradient": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        ((2, 3, 6, 8), (2, 3, 7, 8), (2, 3, 7, 8), (6, 7)),
+    ),
+    "sdpa math, broadcast batch, negative scale": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=-0.4),
+        ((2, 3, 6, 8), (1, 3, 7, 8), (2, 1, 7, 8), (6, 7)),
+    ),
+    "sdpa math, 5-D causal": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        ((2, 2, 3, 6, 8), (2, 2, 3, 7, 8), (2, 2, 3, 7, 8)),
     ),
 }
 

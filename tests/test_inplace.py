@@ -681,3 +681,19 @@ def test_indexed_assignment_by_a_0_dim_index_tensor_matches_eager():
     expected = program(eager_x, y)
     torch.testing.assert_close(thunder_rs.jit(program)(jit_x, y), expected)
     torch.testing.assert_close(jit_x, eager_x)
+
+
+def test_an_in_place_leaky_relu_with_a_negative_slope_raises_eagers_error_in_the_backward():
+    """Eager's in-place formula reads the result, from which a negative slope cannot tell the
+    input's sign: its backward raises; the forward runs."""
+
+    def fn(x):
+        return F.leaky_relu(x * 1, -0.1, inplace=True)
+
+    messages = []
+    for f in (fn, thunder_rs.jit(fn)):
+        out = f(torch.randn(3, 4, requires_grad=True))
+        with pytest.raises(RuntimeError) as error:
+            out.sum().backward()
+        messages.append(str(error.value))
+    assert messages[1] == messages[0]

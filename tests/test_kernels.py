@@ -206,6 +206,7 @@ CASES = [
             "silu_backward": lambda g, x: ltorch.silu_backward(g, x),
             "mish_backward": lambda g, x: ltorch.mish_backward(g, x),
             "hardswish_backward": lambda g, x: ltorch.hardswish_backward(g, x),
+            "tanh_backward": lambda g, y: ltorch.tanh_backward(g, y),
         }.items()
     ),
     Case(

@@ -157,6 +157,12 @@ def _nonempty_convolution(grad_output, input, weight, *args, **kwargs) -> bool:
     return not any(_is_int(n) and n == 0 for n in (*input.shape, *grad_output.shape))
 
 
+def _raises_unless_eager(grad_output, input, negative_slope, self_is_result=False) -> bool:
+    """An in-place leaky relu's backward with a negative slope is an error eager's kernel raises
+    when it runs, which Inductor's decomposition would not: eager's."""
+    return not (self_is_result and negative_slope < 0)
+
+
 def _is_int(n) -> bool:
     """Whether a size is a constant (a symbolic one, a ``SymInt``, is only compared while tracing)."""
     return type(n) is int
@@ -172,6 +178,7 @@ CHECKERS = {
     "ltorch.avg_pool3d_backward": _avg_pool_backward_divisor_exact,
     "ltorch.upsample_backward": _upsample_backward_scales_exact,
     "convolution_backward": _nonempty_convolution,
+    "ltorch.leaky_relu_backward": _raises_unless_eager,
 }
 
 

@@ -326,6 +326,13 @@ def celu(input, alpha=1.0, inplace=False):
     return _elu(op, input, alpha, 1.0, 1.0 / alpha)
 
 
+#: The activations whose in-place forms eager differentiates from their result (derivatives.yaml's
+#: ``elu_``, ``celu_``, ``leaky_relu_``; ``selu_`` is an ``elu_``), which rounds differently from
+#: the input's formula: ``thunder_rs.torch.inplace`` calls them with ``inplace=True``, which only
+#: their grad rules read (the call is recorded out of place, ``core.lang.recorder``).
+DIFFERENTIATED_FROM_RESULT = frozenset({elu, selu, celu, leaky_relu})
+
+
 def _rrelu_call(fn):
     """``torch.rrelu``: the symbol (``thunder_rs.torch.random.rrelu``) in evaluation; with
     ``training=True`` and its ``generator=``, one eager call."""
@@ -435,8 +442,9 @@ def threshold_backward(grad_output, input, threshold):
 
 
 @torchsymbol(name="leaky_relu_backward", meta=_elementwise_backward_meta)
-def leaky_relu_backward(grad_output, input, negative_slope):
-    """``grad_output`` where ``input > 0``, else ``grad_output * negative_slope``."""
+def leaky_relu_backward(grad_output, input, negative_slope, self_is_result=False):
+    """``grad_output`` where ``input > 0``, else ``grad_output * negative_slope``. From the result of
+    an in-place call (``self_is_result``) with a negative slope, eager's kernel raises when run."""
     return ltorch.where(ltorch.gt(input, 0.0), grad_output, grad_output * negative_slope)
 
 
@@ -525,35 +533,36 @@ def _put_floating(input, grad) -> None:
 
 @register_grad(ltorch.relu)
 def relu_grad(input, inplace=False):
-    out = ltorch.relu(input, inplace)
+    out = ltorch.relu(input)
     _put_floating(input, threshold_backward(get_grad(out), out, 0))  # eager's: from the result
     return out
 
 
 @register_grad(ltorch.threshold)
 def threshold_grad(input, threshold, value, inplace=False):
-    out = ltorch.threshold(input, threshold, value, inplace)
+    out = ltorch.threshold(input, threshold, value)
     _put_floating(input, threshold_backward(get_grad(out), input, threshold))
     return out
 
 
 @register_grad(ltorch.leaky_relu)
 def leaky_relu_grad(input, negative_slope=0.01, inplace=False):
-    out = ltorch.leaky_relu(input, negative_slope, inplace)
-    _put_floating(input, leaky_relu_backward(get_grad(out), input, negative_slope))
+    # (computed in place, eager's formula reads the result, which refuses a negative slope)
+    out = ltorch.leaky_relu(input, negative_slope)
+    _put_floating(input, leaky_relu_backward(get_grad(out), out if inplace else input, negative_slope, inplace))
     return out
 
 
 @register_grad(ltorch.hardtanh)
 def hardtanh_grad(input, min_val=-1.0, max_val=1.0, inplace=False):
-    out = ltorch.hardtanh(input, min_val, max_val, inplace)
+    out = ltorch.hardtanh(input, min_val, max_val)
     _put_floating(input, hardtanh_backward(get_grad(out), input, min_val, max_val))
     return out
 
 
 @register_grad(ltorch.relu6)
 def relu6_grad(input, inplace=False):
-    out = ltorch.relu6(input, inplace)
+    out = ltorch.relu6(input)
     _put_floating(input, hardtanh_backward(get_grad(out), input, 0.0, 6.0))
     return out
 
@@ -565,7 +574,7 @@ _ONE_SIXTH_F32 = torch.tensor(1.0 / 6.0, dtype=torch.float32).item()
 
 @register_grad(ltorch.hardsigmoid)
 def hardsigmoid_grad(input, inplace=False):
-    out = ltorch.hardsigmoid(input, inplace)
+    out = ltorch.hardsigmoid(input)
     inside = ltorch.bitwise_and(ltorch.gt(input, -3.0), ltorch.lt(input, 3.0))
     put_grad(input, ltorch.where(inside, ltorch.mul(get_grad(out), _ONE_SIXTH_F32), 0.0))
     return out
@@ -587,7 +596,7 @@ def sigmoid_grad(input):
 
 @register_grad(ltorch.silu)
 def silu_grad(input, inplace=False):
-    out = ltorch.silu(input, inplace)
+    out = ltorch.silu(input)
     put_grad(input, silu_backward(get_grad(out), input))
     return out
 
@@ -607,31 +616,31 @@ def _elu_grad(out, input, alpha: float, scale: float, input_scale: float, inplac
 
 @register_grad(ltorch.elu)
 def elu_grad(input, alpha=1.0, inplace=False):
-    return _elu_grad(ltorch.elu(input, alpha, inplace), input, alpha, 1.0, 1.0, inplace)
+    return _elu_grad(ltorch.elu(input, alpha), input, alpha, 1.0, 1.0, inplace)
 
 
 @register_grad(ltorch.selu)
 def selu_grad(input, inplace=False):
-    return _elu_grad(ltorch.selu(input, inplace), input, _SELU_ALPHA, _SELU_SCALE, 1.0, inplace)
+    return _elu_grad(ltorch.selu(input), input, _SELU_ALPHA, _SELU_SCALE, 1.0, inplace)
 
 
 @register_grad(ltorch.celu)
 def celu_grad(input, alpha=1.0, inplace=False):
     # Eager's derivative takes 1 / alpha with alpha rounded to float32 (``alpha.toFloat()``).
     input_scale = 1.0 / torch.tensor(alpha, dtype=torch.float32).item()
-    return _elu_grad(ltorch.celu(input, alpha, inplace), input, alpha, 1.0, input_scale, inplace)
+    return _elu_grad(ltorch.celu(input, alpha), input, alpha, 1.0, input_scale, inplace)
 
 
 @register_grad(ltorch.mish)
 def mish_grad(input, inplace=False):
-    out = ltorch.mish(input, inplace)
+    out = ltorch.mish(input)
     put_grad(input, mish_backward(get_grad(out), input))
     return out
 
 
 @register_grad(ltorch.hardswish)
 def hardswish_grad(input, inplace=False):
-    out = ltorch.hardswish(input, inplace)
+    out = ltorch.hardswish(input)
     put_grad(input, hardswish_backward(get_grad(out), input))
     return out
 

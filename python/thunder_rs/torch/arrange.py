@@ -18,6 +18,7 @@ from thunder_rs import clang, prims
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import start_prim_log, stop_prim_log
@@ -527,6 +528,24 @@ def pixel_unshuffle(input, downscale_factor):
     split_ = reshape_to(input, (*batch, c, h // r, r, w // r, r))
     moved = _permuted(split_, (*range(n), n, n + 2, n + 4, n + 1, n + 3))
     return fresh(reshape_to(moved, (*batch, c * r * r, h // r, w // r)), input)
+
+
+# Eager's gradients: the inverse shuffle of the cotangent, laid out as its kernel lays it out
+# (channels_last for a channels_last cotangent), where the decomposition's is contiguous.
+
+
+@register_grad(pixel_shuffle)
+def pixel_shuffle_grad(input, upscale_factor):
+    out = pixel_shuffle(input, upscale_factor)
+    put_grad(input, pixel_unshuffle(get_grad(out), upscale_factor))
+    return out
+
+
+@register_grad(pixel_unshuffle)
+def pixel_unshuffle_grad(input, downscale_factor):
+    out = pixel_unshuffle(input, downscale_factor)
+    put_grad(input, pixel_shuffle(get_grad(out), downscale_factor))
+    return out
 
 
 @torchsymbol(torch.channel_shuffle, torch.native_channel_shuffle)

@@ -319,6 +319,43 @@ def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
     return ltorch.where(blind, 0.0, probs)
 
 
+def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool) -> None:
+    """The gradients eager's autograd gives its math path (``_scaled_dot_product_attention_math``,
+    a composite it differentiates op by op): query and key each scaled by ``sqrt(scale)`` before
+    their product, the mask (a boolean or causal one made -inf and 0) added, the rows softmaxed
+    (none where every key is masked); each product's gradient is a product with the other
+    operand, the softmax's ``_softmax_backward_data``. (Each rounding as eager's: the scores
+    scaled after the product, or the softmax's gradient written out, were 1 ulp apart.)"""
+    k = _grouped_heads(key, query.shape[-3]) if grouped else key
+    v = _grouped_heads(value, query.shape[-3]) if grouped else value
+    factor = math.sqrt(abs(scale) if scale is not None else 1.0 / symfloat.sqrt(query.shape[-1]))
+    query_scaled = query * (-factor if scale is not None and scale < 0 else factor)
+    key_scaled = ltorch.transpose(k, -1, -2) * factor
+    scores = ltorch.matmul(query_scaled, key_scaled)
+    mask = attn_mask
+    if is_causal:
+        mask = ltorch.tril(ltorch.ones(scores.shape[-2:], dtype=torch.bool, device=query.device))
+    if mask is not None and mask.dtype == torch.bool:  # (eager's convert_boolean_attn_mask)
+        mask = ltorch.masked_fill(ltorch.zeros(mask.shape, dtype=query.dtype, device=mask.device), ~mask, -math.inf)
+    if mask is not None:
+        scores = scores + mask
+    probs = ltorch.tensor_softmax(scores, -1)
+    if scores.shape[-1] > 0:  # (eager's _safe_softmax: zeros for a row that sees no key)
+        probs = ltorch.where(ltorch.all(scores == -math.inf, -1, keepdim=True), 0.0, probs)
+    if value.requires_grad:
+        put_grad(value, _unrepeat(ltorch.matmul(ltorch.transpose(probs, -1, -2), g), value, grouped))
+    dscores = softmax_backward(ltorch.matmul(g, ltorch.transpose(v, -1, -2)), probs, -1)
+    if attn_mask is not None and attn_mask.requires_grad:
+        put_grad(attn_mask, sum_to(dscores, attn_mask.shape))
+    # (a product's gradient summed over the batch dims it broadcast, then scaled, as eager's nodes run)
+    if query.requires_grad:
+        grad = sum_to(ltorch.matmul(dscores, ltorch.transpose(key_scaled, -1, -2)), query.shape) * factor
+        put_grad(query, -grad if scale is not None and scale < 0 else grad)
+    if key.requires_grad:
+        grad = sum_to(ltorch.matmul(ltorch.transpose(query_scaled, -1, -2), dscores), key_scaled.shape) * factor
+        put_grad(key, _unrepeat(ltorch.transpose(grad, -1, -2), key, grouped))
+
+
 def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> bool:
     """Whether eager's CPU flash kernels take the call: 4-D query, key and value on the CPU with
     one batch and head count (with ``enable_gqa``, the key's and value's heads dividing the
@@ -387,6 +424,9 @@ def scaled_dot_product_attention_grad(
         return out
     g = get_grad(out)
     grouped = enable_gqa and query.ndim >= 3
+    if query.dtype in (torch.float32, torch.float64):
+        _put_math_gradients(g, query, key, value, attn_mask, is_causal, scale, grouped)
+        return out
     k = _grouped_heads(key, query.shape[-3]) if grouped else key
     v = _grouped_heads(value, query.shape[-3]) if grouped else value
     if scale is None:

@@ -21,9 +21,9 @@ from thunder_rs.torch.symbols import read_numbers, torchsymbol
 from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum
 from thunder_rs.torch.shape import _sizes, flatten, reshape, reshape_to, slice_in_dim
-from thunder_rs.torch.strides import contiguous_strides, strides_of
+from thunder_rs.torch.strides import FALLBACK_LAYOUTS, contiguous_strides, strides_of
 from thunder_rs.torch.view_scatters import diagonal
-from thunder_rs.torch.views import FALLBACK_LAYOUTS, PrimStep, opaque
+from thunder_rs.torch.views import PrimStep, opaque
 
 Tensor = torch.Tensor
 __all__ = ["diag", "diag_embed", "diagflat", "trace", "tril_indices", "triu_indices", "unfold", "as_strided"]
@@ -476,7 +476,9 @@ def _register() -> None:
     """``unfold`` and ``as_strided`` return views eager can write through; writing through these
     (windows that may share elements) is refused."""
     refusal = "{}: writing through its output, a view, is not supported; clone() it first"
-    unfold_view = opaque(unfold, None, FALLBACK_LAYOUTS[Tensor.unfold], refusal=refusal.format("Tensor.unfold"))
+    unfold_view = opaque(
+        unfold, None, FALLBACK_LAYOUTS[Tensor.unfold], refusal=refusal.format("Tensor.unfold"), eager=Tensor.unfold
+    )
     TORCH_TO_LTORCH[Tensor.unfold] = unfold_view
     native, eager = (
         opaque(fn, None, FALLBACK_LAYOUTS[torch.as_strided], refusal=refusal.format("torch.as_strided"))

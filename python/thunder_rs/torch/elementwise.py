@@ -280,6 +280,19 @@ def masked_fill(a, mask, value):
     return where(mask, clang.maybe_convert(value, a.dtype), a)
 
 
+@register_grad(masked_fill)
+def masked_fill_grad(a, mask, value):
+    """Eager's: ``grad.masked_fill(mask, 0)``, a new contiguous tensor (the decomposition's
+    ``where`` took the mask's layout), and a tensor value's the masked cotangent's sum."""
+    out = masked_fill(a, mask, value)
+    g = get_grad(out)
+    if a.requires_grad:
+        put_grad(a, sum_to(masked_fill(g, mask, 0), a.shape))
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        put_grad(value, ltorch.sum(where(mask, g, 0)).to(value.dtype))
+    return out
+
+
 @torchsymbol(torch.clamp, T.clamp, torch.clip, T.clip)
 def clamp(a, min=None, max=None):
     op = "ltorch.clamp"
@@ -343,18 +356,25 @@ def pow_grad(input, exponent):
     return out
 
 
+def _tanh_backward_meta(grad_output, output):
+    return [(tuple(torch.broadcast_shapes(grad_output.shape, output.shape)), grad_output.dtype)]
+
+
+@torchsymbol(name="tanh_backward", meta=_tanh_backward_meta)
+def tanh_backward(grad_output, output):
+    """``g * (1 - y²)``: eager's kernel, one aten call on the torch executor (its vector code
+    rounds ``1 - y²`` as one fused multiply-add, 1 ulp from the ops'), computed in float32 for
+    half precision (rounding after each op differs in a third of bfloat16 elements)."""
+    g, dtype = in_opmath(grad_output, output)
+    y = upcast(output)
+    return rounded(g * (1.0 - y * y), dtype)
+
+
 @register_grad(ltorch.tanh)
 def tanh_grad(input):
-    # Eager's tanh_backward computes g * (1 - y²) in float32 for half precision; rounding after
-    # each op of the prim's VJP differs in a third of bfloat16 elements.
     out = ltorch.tanh(input)
-    if input.dtype in LOW_PRECISION:
-        g, dtype = in_opmath(get_grad(out), out)
-        y = upcast(out)
-        put_grad(input, rounded(g * (1.0 - y * y), dtype))
-    elif input.dtype.is_floating_point:
-        g = get_grad(out)
-        put_grad(input, g * (1.0 - out * out))
+    if input.dtype.is_floating_point:
+        put_grad(input, tanh_backward(get_grad(out), out))
     return out
 
 

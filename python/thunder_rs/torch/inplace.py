@@ -48,6 +48,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch import batch_norms, layers, nn, view_scatters, views
+from thunder_rs.torch.activations import DIFFERENTIATED_FROM_RESULT
 from thunder_rs.torch.common import is_number
 from thunder_rs.torch.creation import filled
 from thunder_rs.torch.elementwise import where
@@ -304,10 +305,12 @@ def on_copy(fn):
 def _in_place(fn, name: str, outplace):
     """``fn`` (in place): ``outplace`` when thunder_rs maps it (same arguments), else ``fn`` on a copy."""
     symbol = IN_PLACE_SAMPLERS.get(fn) or TORCH_TO_LTORCH.get(outplace)
+    symbol = getattr(symbol, "symbol", None) or symbol  # (an ``inplace=`` function's: its ltorch symbol)
+    facts = {"inplace": True} if symbol in DIFFERENTIATED_FROM_RESULT else {}
 
     def in_place(a, *args, **kwargs):
         if symbol is not None and not differentiates_complex((a, *args), kwargs):
-            value = symbol(a, *args, **kwargs)
+            value = symbol(a, *args, **kwargs, **facts)
             if isinstance(a, TensorProxy) and a._strides is not None:
                 _lay_out_written(a, value, outplace, args, kwargs)
         else:  # complex values carrying gradients are computed by eager's op (``core.complex_calls``)
@@ -435,6 +438,8 @@ def _inplace_argument(fn, index: int):
         else:
             kwargs = dict(kwargs)
             inplace = kwargs.pop("inplace", False)
+        if inplace and symbol in DIFFERENTIATED_FROM_RESULT:
+            kwargs = {**kwargs, "inplace": True}
         value = symbol(*args, **kwargs) if symbol is not None else user_fallback(fn, args, kwargs, effect=is_random(fn))
         if not inplace:
             return value
@@ -443,6 +448,7 @@ def _inplace_argument(fn, index: int):
             take_layouts(fn, args, kwargs, value)  # (``assign`` keeps dst's layout)
         return assign(dst, value, name)
 
+    call.symbol = symbol  # type: ignore[attr-defined]
     return call
 
 

@@ -632,15 +632,17 @@ def linalg_matrix_power(A, n, *, out=None):
         A, n = ltorch.linalg_inv(A), -n
     if n == 1:
         return ltorch.clone(A)
+    # (ltorch's products, whose gradients are laid out as eager's: column-major for a
+    # column-major matrix, as mm_mat1_backward gives)
     if n == 2:
-        return prims.matmul(A, A)
+        return ltorch.matmul(A, A)
     if n == 3:
-        return prims.matmul(prims.matmul(A, A), A)
+        return ltorch.matmul(ltorch.matmul(A, A), A)
     z = result = None
     while n > 0:
-        z = A if z is None else prims.matmul(z, z)
+        z = A if z is None else ltorch.matmul(z, z)
         if n & 1:
-            result = z if result is None else prims.matmul(result, z)
+            result = z if result is None else ltorch.matmul(result, z)
         n >>= 1
     return result
 

@@ -28,7 +28,7 @@ from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.indexing import _check_index, _check_no_larger
 from thunder_rs.torch.shape import reshape_to
 from thunder_rs.core.lang.symint import SymInt, same_shape
-from thunder_rs.torch.common import size_value
+from thunder_rs.torch.common import size_value, sum_to
 
 Tensor = torch.Tensor
 __all__ = [
@@ -556,6 +556,34 @@ def index_put(input, indices, values, accumulate=False):
     return reshape_to(out, tuple(input.shape))
 
 
+# Eager's gradients (derivatives.yaml): the cotangent with zeros written where the op wrote (in
+# the cotangent's layout), and what the op wrote read back from the cotangent.
+
+
+@register_grad(put)
+def put_rule(input, index, source, accumulate=False):
+    out = put(input, index, source, accumulate)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, g if accumulate else put(g, index, ltorch.zeros_like(source)))
+    if source.requires_grad:
+        put_grad(source, ltorch.reshape(take(g, index), tuple(source.shape)))
+    return out
+
+
+@register_grad(index_put)
+def index_put_rule(input, indices, values, accumulate=False):
+    out = index_put(input, indices, values, accumulate)
+    if any(idx.dtype == torch.bool for idx in indices):
+        return out  # (a mask's reads have a data-dependent size: the decomposition's gradient)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, g if accumulate else index_put(g, indices, ltorch.zeros_like(values)))
+    if values.requires_grad:
+        put_grad(values, sum_to(g[tuple(indices)], values.shape))
+    return out
+
+
 def _put_masked(op: str, input, mask, values, accumulate: bool):
     """``input[mask] = values`` where every masked position takes the same values (``values``
     broadcasts from one row): a select, whatever the mask holds. Values per masked position
@@ -634,6 +662,27 @@ def masked_scatter(input, mask, source):
     index = prims.maximum(prims.sub(position, 1), 0)
     values = prims.take(reshape_to(source, (source.numel(),)), index, 0)
     return prims.where(mask, reshape_to(values, shape), input)
+
+
+@register_grad(masked_scatter)
+def masked_scatter_rule(input, mask, source):
+    """Eager's: ``grad.masked_fill(mask, 0)`` for the input (a new contiguous tensor, where the
+    decomposition's ``where`` took the mask's layout), and for the source the cotangent at the
+    masked positions in order, zero past them."""
+    out = masked_scatter(input, mask, source)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, sum_to(ltorch.masked_fill(g, mask, 0), input.shape))
+    if source.requires_grad and source.numel() == 0:
+        put_grad(source, ltorch.zeros_like(source))
+    elif source.requires_grad:
+        n = g.numel()
+        flat_mask = reshape_to(clang.expand_to(mask, tuple(g.shape)), (n,))
+        read = ltorch.clamp_min(ltorch.cumsum(ltorch.to(flat_mask, torch.int64), 0) - 1, 0)
+        picked = reshape_to(ltorch.where(mask, g, 0), (n,))
+        grad = ltorch.index_add(ltorch.zeros(source.numel(), dtype=g.dtype, device=g.device), 0, read, picked)
+        put_grad(source, reshape_to(grad, tuple(source.shape)))
+    return out
 
 
 @torchsymbol(torch.fill)

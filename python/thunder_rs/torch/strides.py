@@ -6,6 +6,8 @@ root's, and tensors the program computes have those ``core.lang.eager_layouts`` 
 
 import math
 
+import torch
+
 from thunder_rs.core.base.layouts import is_contiguous  # noqa: F401 (the torch layer's name for it)
 from thunder_rs.core.lang.symint import identical
 
@@ -73,3 +75,52 @@ def strides_of(p) -> tuple[int, ...]:
     if link is not None:
         return link.strides
     return p._strides if p._strides is not None else contiguous_strides(p.shape)
+
+
+# -- the layouts of eager's view ops that run as fallbacks (``views.opaque``) ----------------------
+
+
+def _as_strided_layout(shape, strides, size, stride, storage_offset=None):
+    return tuple(size), tuple(stride)
+
+
+def _unfold_layout(shape, strides, dimension, size, step):
+    d = dimension % len(shape) if shape else 0
+    if not shape:
+        return (size,), (1,)
+    new_shape = (*shape[:d], (shape[d] - size) // step + 1, *shape[d + 1 :], size)
+    return new_shape, (*strides[:d], strides[d] * step, *strides[d + 1 :], strides[d])
+
+
+def _adjoint_layout(shape, strides):
+    return (*shape[:-2], shape[-1], shape[-2]), (*strides[:-2], strides[-1], strides[-2])
+
+
+def _as_real_layout(shape, strides):
+    """``view_as_real``: a dim of the two parts, strides counted in reals (twice as many)."""
+    return (*shape, 2), (*(2 * s for s in strides), 1)
+
+
+def _as_complex_layout(shape, strides):
+    return tuple(shape[:-1]), tuple(s // 2 for s in strides[:-1])
+
+
+def _part_layout(shape, strides):
+    """``z.real``/``z.imag``: the complex tensor's shape, strides counted in reals."""
+    return tuple(shape), tuple(2 * s for s in strides)
+
+
+#: The layouts of the fallback and opaque views whose strides are not their input's.
+FALLBACK_LAYOUTS = {
+    torch.Tensor.as_strided: _as_strided_layout,
+    torch.as_strided: _as_strided_layout,
+    torch.Tensor.unfold: _unfold_layout,
+    torch.Tensor.adjoint: _adjoint_layout,
+    torch.adjoint: _adjoint_layout,
+    torch.view_as_real: _as_real_layout,
+    torch.view_as_complex: _as_complex_layout,
+    "real": _part_layout,
+    "imag": _part_layout,
+    "mH": _adjoint_layout,
+    "H": _adjoint_layout,
+}

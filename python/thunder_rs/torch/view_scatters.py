@@ -188,6 +188,33 @@ def _on_diagonal(a, src, offset: int, d1: int, d2: int):
     return prims.where(prims.eq(row, col), spread, a)
 
 
+@register_grad(slice_scatter)
+def slice_scatter_grad(input, src, dim=0, start=None, end=None, step=1):
+    """Eager's: the cotangent with zeros in the slice (in its layout) and the slice of the
+    cotangent, a view of it."""
+    out = slice_scatter(input, src, dim, start, end, step)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, slice_scatter(g, ltorch.zeros_like(src), dim, start, end, step))
+    if src.requires_grad:
+        d = clang.canonicalize_dim(g.ndim, dim, "ltorch.slice_scatter")
+        put_grad(src, g[(slice(None),) * d + (slice(start, end, step),)])
+    return out
+
+
+@register_grad(select_scatter)
+def select_scatter_grad(input, src, dim, index):
+    """Eager's: the cotangent with zeros at the index (in its layout) and the cotangent's
+    selection there, a view of it."""
+    out = select_scatter(input, src, dim, index)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, select_scatter(g, ltorch.zeros_like(src), dim, index))
+    if src.requires_grad:
+        put_grad(src, ltorch.select(g, dim, index))
+    return out
+
+
 @register_grad(diagonal_scatter)
 def diagonal_scatter_grad(input, src, offset=0, dim1=0, dim2=1):
     """Eager's: the cotangent with zeros on the diagonal (its layout) and the diagonal of the

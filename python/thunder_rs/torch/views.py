@@ -34,11 +34,12 @@ from thunder_rs.core.lang.fallback import fallback, qualified_name, user_fallbac
 from thunder_rs.core.lang.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy
 from thunder_rs.core.lang.recorder import start_prim_log, stop_prim_log
-from thunder_rs.core.lang.symint import identical
+from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.lang.symint import SymInt, identical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch import indexing as _indexing, joins as _joins, shape as _shape
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
-from thunder_rs.torch.strides import is_contiguous, overlaps, strides_of, viewed_strides
+from thunder_rs.torch.strides import FALLBACK_LAYOUTS, is_contiguous, overlaps, strides_of, viewed_strides
 from thunder_rs.torch.view_scatters import (
     _diagonal_layout,
     diagonal,
@@ -60,16 +61,24 @@ _OVERLAP = (
 
 
 class PrimStep(NamedTuple):
-    """One shape prim of a view op (its parameters after the tensor, as the op passed them)."""
+    """One shape prim of a view op (its parameters after the tensor, as the op passed them).
+    ``group``, on the last prim of an op that returns several views (``split``, ``unbind``):
+    ``(torch op, args, kwargs, output index, how many prims the op recorded)``, the op that takes
+    the view again of a real tensor, as eager's multi-output view (refused writes in place)."""
 
     name: str
     params: tuple
+    group: tuple | None = None
 
     @property
     def is_prim(self) -> bool:
         """True: the torch executor's implementation of the prim takes the same view of a real
         tensor (``core.writeback`` returns views of written inputs so)."""
         return True
+
+    @property
+    def replayable(self) -> bool:
+        return True  # (by the prim's torch implementation, or its ``group``'s op)
 
     def forward(self, parent):
         return getattr(prims, self.name)(parent, *self.params)
@@ -152,8 +161,15 @@ class OpaqueStep:
     strides: Callable
     refusal: str = ""
     detached: bool = False
+    #: eager's op taking the view of a real tensor (``torch.diagonal(t, 1)``), for the views a
+    #: training call returns (``core.acquisition.output_views``); None where there is none
+    eager: Callable | None = None
     expands = False
     is_prim = False
+
+    @property
+    def replayable(self) -> bool:
+        return self.eager is not None
 
     def forward(self, parent):
         return self.take(parent)
@@ -248,8 +264,10 @@ def tracked(symbol):
             out = symbol(a, *args, **kwargs)
         finally:
             stop_prim_log()
-        copied = _link(((a, o) for o in ((out,) if type(out) is TensorProxy else out)), log)
-        if copied and type(out) is TensorProxy:
+        several = type(out) is not TensorProxy
+        group = (symbol.torch_fns[0], args, kwargs) if several and not _symbolic((args, kwargs)) else None
+        copied = _link(((a, o) for o in ((out,) if not several else out)), log, group)
+        if copied and not several:
             # Eager's reshape copies (``_unsafe_view`` of a contiguous clone): the trace copies
             # too, so that no later view folds the reshapes around the copy away (``x.t()
             # .reshape(6).reshape(3, 2)`` is a new contiguous tensor, not ``x.t()``).
@@ -260,14 +278,17 @@ def tracked(symbol):
     return view_op
 
 
-def _link(pairs, log: list) -> bool:
+def _link(pairs, log: list, group: tuple | None = None) -> bool:
     """Links each output of ``pairs`` (input, output) to its input by the shape prims in ``log``;
-    whether eager's op copied any of them."""
+    whether eager's op copied any of them. ``group``: ``(torch op, args, kwargs)`` of an op
+    returning several views, marked on the last prim of each (``PrimStep.group``)."""
     copied = False
-    for a, o in pairs:
+    for i, (a, o) in enumerate(pairs):
         if type(a) is TensorProxy and type(o) is TensorProxy and o is not a:
             steps = _chain(a, o, log)
             if steps is not None:
+                if group is not None and steps:
+                    steps = (*steps[:-1], steps[-1]._replace(group=(*group, i, len(steps))))
                 copied |= not attach(a, o, steps)
     return copied
 
@@ -299,10 +320,11 @@ def _same_layout(shape, strides, *args, **kwargs):
     return shape, strides
 
 
-def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = False):
+def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = False, eager=None):
     """A view op ``take(a, *args, **kwargs)`` whose outputs are linked by opaque steps:
     ``put(a, new, *args, **kwargs)`` writes one back (only ops with a single output have it),
-    ``strides(shape, strides, *args, **kwargs)`` gives its layout."""
+    ``strides(shape, strides, *args, **kwargs)`` gives its layout, ``eager(t, *args, **kwargs)``
+    (the torch op) takes it of a real tensor."""
 
     def view_op(a, *args, **kwargs):
         out = take(a, *args, **kwargs)
@@ -314,15 +336,28 @@ def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = 
                 continue
             if isinstance(out, (tuple, list)):
                 forward, back = (lambda p, i=i: take(p, *args, **kwargs)[i]), None
+                again = lambda t, i=i: eager(t, *args, **kwargs)[i]  # noqa: E731
             else:
                 forward = lambda p: take(p, *args, **kwargs)  # noqa: E731
                 back = None if put is None else lambda p, new: put(p, new, *args, **kwargs)  # noqa: E731
+                again = lambda t: eager(t, *args, **kwargs)  # noqa: E731
             single = back is not None or (strides is not _same_layout and not isinstance(out, (tuple, list)))
             layout = (lambda shape, st: strides(shape, st, *args, **kwargs)) if single else _same_layout
-            attach(a, o, (OpaqueStep(forward, back, layout, refusal, detached),))
+            replay = again if eager is not None and not _symbolic((args, kwargs)) else None
+            attach(a, o, (OpaqueStep(forward, back, layout, refusal, detached, replay),))
         return out
 
     return view_op
+
+
+def _symbolic(value) -> bool:
+    """Whether ``value`` (or a tuple, list or dict of them) holds what a call computes: a
+    symbolic size, or a traced tensor (a view op's arguments, which its eager replay would keep)."""
+    if type(value) in (tuple, list):
+        return any(map(_symbolic, value))
+    if type(value) is dict:
+        return any(map(_symbolic, value.values()))
+    return type(value) in (SymInt, SymFloat) or isinstance(value, TensorProxy)
 
 
 def copy_of(a) -> TensorProxy:
@@ -607,33 +642,8 @@ def _refused_view(fn, call):
         f"{qualified_name(fn)}: writing through its output, a view, is not supported; "
         "clone() it first, or write to the tensor it views"
     )
-    return opaque(call, None, FALLBACK_LAYOUTS.get(fn, _same_layout), refusal=refusal)
-
-
-def _as_strided_layout(shape, strides, size, stride, storage_offset=None):
-    return tuple(size), tuple(stride)
-
-
-def _unfold_layout(shape, strides, dimension, size, step):
-    d = dimension % len(shape) if shape else 0
-    if not shape:
-        return (size,), (1,)
-    new_shape = (*shape[:d], (shape[d] - size) // step + 1, *shape[d + 1 :], size)
-    return new_shape, (*strides[:d], strides[d] * step, *strides[d + 1 :], strides[d])
-
-
-def _adjoint_layout(shape, strides):
-    return (*shape[:-2], shape[-1], shape[-2]), (*strides[:-2], strides[-1], strides[-2])
-
-
-#: The layouts of the fallback and opaque views whose strides are not their input's (``_same_layout``).
-FALLBACK_LAYOUTS = {
-    torch.Tensor.as_strided: _as_strided_layout,
-    torch.as_strided: _as_strided_layout,
-    torch.Tensor.unfold: _unfold_layout,
-    torch.Tensor.adjoint: _adjoint_layout,
-    torch.adjoint: _adjoint_layout,
-}
+    eager = None if fn in (torch.Tensor.as_strided, torch.as_strided) else fn  # (strides: the root's layout)
+    return opaque(call, None, FALLBACK_LAYOUTS.get(fn, _same_layout), refusal=refusal, eager=eager)
 
 
 def _diagonal_strides(shape, strides, offset=0, dim1=0, dim2=1):
@@ -662,12 +672,16 @@ def _eager_property(name: str):
     """The tensor property ``name`` as eager computes it: a view a write through is refused
     (``z.real``/``z.imag`` of a complex tensor)."""
     getter = vars(torch._C.TensorBase)[name].__get__
-    return opaque(
+    view = opaque(
         lambda a: user_fallback(getter, (a,), {}),
         None,
+        FALLBACK_LAYOUTS[name],
         refusal=f"Tensor.{name}: writing through it, a view of a complex tensor, is not supported; "
         "write the whole tensor (torch.complex(re, im))",
+        eager=getter,
     )
+    view.takes_complex = True  # (eager's op either way: a view of the complex tensor)
+    return view
 
 
 def _of_real(name: str, alias, min_ndim: int, exact: bool = False):
@@ -684,6 +698,7 @@ def _of_real(name: str, alias, min_ndim: int, exact: bool = False):
             return user_fallback(getter, (a,), {})
         return alias(a)
 
+    prop.takes_complex = True  # type: ignore[attr-defined]  # (a complex tensor's computed as eager's)
     return prop
 
 
@@ -749,7 +764,7 @@ def _register() -> None:
     rewrap(_shape.contiguous, _contiguous_or_copy(_shape.contiguous))
     for name in _COPIES:
         rewrap(_symbol(name), _fresh(_symbol(name)))
-    rewrap(diagonal, opaque(diagonal, diagonal_scatter, _diagonal_strides))
+    rewrap(diagonal, opaque(diagonal, diagonal_scatter, _diagonal_strides, eager=torch.diagonal))
     take = TORCH_TO_LTORCH.get(torch.Tensor.detach, stop_gradient)
     detach = _detach_with(take)
     for detach_fn in (torch.Tensor.detach, torch.detach):
@@ -758,6 +773,8 @@ def _register() -> None:
     for fn in _FALLBACK_VIEWS:
         if fn not in TORCH_TO_LTORCH:
             TORCH_TO_LTORCH[fn] = _refused_view(fn, lambda a, *args, fn=fn, **kwargs: fallback(fn, (a, *args), kwargs))
+    for fn in (torch.view_as_real, torch.view_as_complex):  # (eager's op either way: a view of its input)
+        TORCH_TO_LTORCH[fn].takes_complex = True
 
 
 _register()

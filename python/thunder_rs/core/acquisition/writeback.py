@@ -112,13 +112,14 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
 
 
 def replayable_view(o, sizes: tuple):
-    """``o``'s view link when ``o`` is a view through shape prims alone (which torch calls can take
-    again of a real tensor) whose symbolic sizes are computed from the size inputs ``sizes``
-    (not from counts a call computes), else None."""
+    """``o``'s view link when ``o`` is a view through steps torch calls can take again of a real
+    tensor (shape prims, and view ops with an eager replay such as ``diagonal``) whose symbolic
+    sizes are computed from the size inputs ``sizes`` (not from counts a call computes), else None."""
     link = getattr(o, "_view", None) if isinstance(o, TensorProxy) else None
-    if link is None or not all(step.is_prim for step in link.steps):
+    if link is None or not all(step.replayable for step in link.steps):
         return None
-    read = {f"t{v}" for step in link.steps for size in _symbolic(step.params) for v in size.expr.values()}
+    params = [step.params for step in link.steps if step.is_prim]  # (an eager replay holds no symbolic size)
+    read = {f"t{v}" for p in params for size in _symbolic(p) for v in size.expr.values()}
     return link if read <= set(sizes) else None
 
 
@@ -140,8 +141,7 @@ def view_taker(steps, sizes: tuple = ()):
     """A function of a real tensor and the call's inputs, taking of the tensor the view ``steps``
     take of its proxy; symbolic sizes among their parameters are computed from the size inputs
     (``sizes``, the call's last inputs) of the call."""
-    registry = torch_executor().registry
-    calls = [(registry[step.name].fn, step.params) for step in steps]
+    calls = _eager_calls(steps)
     if not any(_symbolic(params) for _, params in calls):
 
         def take(t, inputs):
@@ -160,6 +160,24 @@ def view_taker(steps, sizes: tuple = ()):
         return t
 
     return take_sized
+
+
+def _eager_calls(steps) -> list:
+    """``(torch call, params after the tensor)`` taking the view ``steps`` take: a shape prim's
+    torch implementation, a view op's eager replay, and for the prims of an op returning several
+    views (``step.group``), that op, so that the view is one of eager's multi-output views."""
+    registry = torch_executor().registry
+    calls: list = []
+    for step in steps:
+        if not step.is_prim:
+            calls.append((step.eager, ()))
+            continue
+        calls.append((registry[step.name].fn, step.params))
+        if step.group is not None:
+            op, args, kwargs, index, count = step.group
+            del calls[len(calls) - count :]
+            calls.append((lambda t, *_, op=op, a=args, k=kwargs, i=index: op(t, *a, **k)[i], ()))
+    return calls
 
 
 def root_id(t: torch.Tensor) -> int:

@@ -344,7 +344,9 @@ def _torch_function(func, args, kwargs):
         ltorch_fn = PROPERTY_TO_LTORCH.get(prop)
         if ltorch_fn is not None:
             args, _ = lift_captured(args, {})  # (``w.data`` of a tensor the program captured)
-            return complex_call(func, ltorch_fn, args, {}) if involves_complex(args, {}) else ltorch_fn(*args)
+            if involves_complex(args, {}) and not getattr(ltorch_fn, "takes_complex", False):
+                return complex_call(func, ltorch_fn, args, {})
+            return ltorch_fn(*args)
     if func in _SIZE_METHODS and _symbolic(args):
         return _SIZE_METHODS[func](*args, **kwargs)
     if func in _METADATA_METHODS:

@@ -395,6 +395,12 @@ def _body(symbol_id: int, fn, args: tuple, kwargs: dict):
         running.in_backward.pop()
 
 
+#: Keyword arguments a composite's body reads that its recorded call does not carry: ``inplace=True``
+#: (from ``thunder_rs.torch.inplace``) tells a grad rule that the op computed in place, whose eager
+#: formula differentiates from the result (``elu_``); the call is out of place for every executor.
+_BODY_ONLY = ("inplace",)
+
+
 def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
     """Runs the decomposition ``fn`` (or the symbol's grad rule) as the body of a composite call
     of ``symbol_id``.
@@ -403,7 +409,8 @@ def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
     from the op the user called (``ltorch.masked_fill: ltorch.where: ...``).
     """
     rec = current()
-    rec.begin(symbol_id, args, kwargs or None)
+    recorded = {k: v for k, v in kwargs.items() if k not in _BODY_ONLY} if kwargs else None
+    rec.begin(symbol_id, args, recorded or None)
     try:
         out = _body(symbol_id, fn, args, kwargs)
     except ThunderError as e:
