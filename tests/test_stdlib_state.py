@@ -90,6 +90,10 @@ def _default_dtype(x):
     return x.to(torch.get_default_dtype())
 
 
+def _flash(x):
+    return x * 2 if torch.backends.cuda.flash_sdp_enabled() else x * 3
+
+
 @pytest.mark.parametrize(
     "program, flip, reason",
     [
@@ -110,6 +114,7 @@ def _default_dtype(x):
             "torch.get_float32_matmul_precision()",
         ),
         (_default_dtype, lambda on: torch.set_default_dtype(torch.float64 if on else torch.float32), None),
+        (_flash, torch.backends.cuda.enable_flash_sdp, "torch.backends.cuda.flash_sdp_enabled()"),
     ],
 )
 def test_torch_global_flags_changed_between_calls(program, flip, reason):
@@ -119,6 +124,7 @@ def test_torch_global_flags_changed_between_calls(program, flip, reason):
         torch.backends.cuda.matmul.allow_tf32,
         torch.get_float32_matmul_precision(),
         torch.get_default_dtype(),
+        torch.backends.cuda.flash_sdp_enabled(),
     )
     jf, x = thunder_rs.jit(program), torch.randn(3)
     # torch's own test utilities, once imported by another test, freeze the backend flags.
@@ -132,6 +138,7 @@ def test_torch_global_flags_changed_between_calls(program, flip, reason):
             torch.backends.cudnn.deterministic, torch.backends.cuda.matmul.allow_tf32 = saved[1:3]
             torch.set_float32_matmul_precision(saved[3])
             torch.set_default_dtype(saved[4])
+            torch.backends.cuda.enable_flash_sdp(saved[5])
     assert thunder_rs.compile_stats(jf).cache_hits >= 1
     if reason is not None:
         assert reason in _misses(jf)[1] and "False to True" in _misses(jf)[1] or "'high" in _misses(jf)[1], _misses(jf)
