@@ -3,10 +3,12 @@ and the standard library's side effects it makes: each program runs compiled and
 side over several calls, with the state changed between calls (``core/acquisition/stdlib_state.py``,
 ``core/state/torch_flags.py``)."""
 
+import contextvars
 import functools
 import itertools
 import logging
 import os
+import threading
 import warnings
 
 import pytest
@@ -400,3 +402,43 @@ def test_defaults_of_a_partial_and_of_a_method_are_watched():
     jf = thunder_rs.jit(lambda x, g: g(x))
     g = functools.partial(_helper, shift=1.0)
     torch.testing.assert_close(jf(x, g), g(x))
+
+
+# -- contextvars and threading.local ----------------------------------------------------------------
+
+_SCALE_VAR = contextvars.ContextVar("scale_var", default=1.0)
+_PER_THREAD = threading.local()
+
+
+def test_a_context_variable_set_between_calls_recompiles():
+    def f(x):
+        return x * _SCALE_VAR.get()
+
+    jf, x = thunder_rs.jit(f), torch.randn(3)
+    for scale in (1.0, 3.0, 3.0, 1.0):
+        token = _SCALE_VAR.set(scale)
+        try:
+            torch.testing.assert_close(jf(x), f(x))
+        finally:
+            _SCALE_VAR.reset(token)
+    assert "contextvars.ContextVar 'scale_var'" in _misses(jf)[1]
+    assert thunder_rs.compile_stats(jf).cache_misses == 2
+
+
+def test_a_thread_local_read_in_another_thread_is_that_threads_value():
+    def f(x):
+        return x * _PER_THREAD.scale
+
+    jf, x, found = thunder_rs.jit(f), torch.randn(3), {}
+    _PER_THREAD.scale = 1.0
+    torch.testing.assert_close(jf(x), f(x))
+
+    def other():
+        _PER_THREAD.scale = 7.0
+        found["jit"], found["eager"] = jf(x), f(x)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    torch.testing.assert_close(found["jit"], found["eager"])
+    torch.testing.assert_close(jf(x), f(x))

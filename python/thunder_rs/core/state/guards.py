@@ -10,10 +10,12 @@ entry last validated them (``modules.write_epoch``), so a module whose forward r
 attributes pays one integer compare per call. The others are compiled into one generated function.
 """
 
+import copy
 import enum
 import functools
 import math
 import operator
+from _thread import _local as _thread_local
 from collections.abc import MutableMapping
 
 import torch
@@ -171,6 +173,13 @@ class ObjectSource(FixedSource):
 
     def fixed(self):
         return attributes_of(self.obj)
+
+    def code(self, var, scope):
+        if isinstance(self.obj, _thread_local):
+            # Each thread has its own instance dict: read the calling thread's.
+            scope[var] = self.obj
+            return f"{var}.__dict__"
+        return super().code(var, scope)
 
     @property
     def key(self):
@@ -413,7 +422,7 @@ class Guard:
         self.frozen = None if self.by_identity else freeze(self.expected)
         # A list, dict or set changes in place, which no write counter sees: checked on every
         # call; one of objects compares its items by identity with a copy of them.
-        self.mutable = type(self.expected) in MUTABLE
+        self.mutable = isinstance(self.expected, MUTABLE)
         self.items = members(self.expected) if self.mutable and self.by_identity else None
         # Tensors a list or dict of an argument object holds are read per call (``held``, by id):
         # any tensor may take their place, whose metadata a ``TensorGuard`` checks.
@@ -482,7 +491,9 @@ class Guard:
 
 def _container_copy(value):
     t = type(value)
-    return t(value) if t in (list, dict, set) else value
+    if t in (list, dict, set):
+        return t(value)
+    return copy.copy(value) if isinstance(value, MUTABLE) else value  # Counter, deque, a list subclass
 
 
 def _same_attributes(now: dict, found: dict) -> bool:

@@ -2,17 +2,19 @@
 by identity, save tensors read per call and objects guarded through their own paths, which
 other tensors and other objects of the type may replace."""
 
+import collections
 import operator
 
 import torch
 
 #: Containers that change in place, which no write counter sees: their guards check every call.
-MUTABLE = (list, dict, set)
+#: Their subclasses too (``Counter``, ``defaultdict``, ``OrderedDict``, ``deque``): ``isinstance``.
+MUTABLE = (list, dict, set, collections.deque)
 
 
 def members(container) -> tuple:
     """A container's elements (a dict's keys and values, in order)."""
-    if type(container) is dict:
+    if isinstance(container, dict):
         return tuple(x for item in container.items() for x in item)
     return tuple(container)
 

@@ -17,6 +17,7 @@ as globals and cells, the methods whose code runs) are guarded as one ``Defaults
 library modules are matched against torch's global flags (``torch_flags.py``).
 """
 
+import contextvars
 import functools
 import sys
 import threading
@@ -38,6 +39,7 @@ from thunder_rs.core.state.guards import (
     ModuleSource,
     ModuleStoreSource,
     ObjectSource,
+    StateGuard,
     StructureGuard,
     attributes_of,
     is_simple,
@@ -413,6 +415,10 @@ class Observer:
         way); returns it if reads may go on from it."""
         if isinstance(value, TensorProxy):
             return MISSING
+        if type(value) is contextvars.ContextVar:
+            # ``SCALE.get()`` reads the current context's value, which no attribute holds.
+            read = functools.partial(value.get, MISSING)
+            self.guard_state(StateGuard(f"the value of contextvars.ContextVar {value.name!r}", read, read()))
         if isinstance(value, types.FunctionType):
             self._add_function(value)
         if callable(value):
