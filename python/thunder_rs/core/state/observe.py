@@ -46,7 +46,7 @@ from thunder_rs.core.state.guards import (
 )
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.state.code_reads import code_reads, interesting, library_module
+from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, interesting, library_module
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.state import ProgramState
 from thunder_rs.core.state.torch_flags import library_read
@@ -286,6 +286,10 @@ class Observer:
         MISSING where the chain stops (not state, not a plain attribute, or a leaf value)."""
         if type(attr) is _Item:
             return self._item_step(obj, attr.key, origin)
+        if attr is ALL_ATTRIBUTES or attr == "__dict__":
+            if not isinstance(obj, (torch.nn.Module, type, types.ModuleType)) and obj in self.state:
+                self.state.read_whole(obj, origin, self._guards)
+            return MISSING
         if isinstance(obj, torch.Generator):
             if attr in _GENERATOR_WRITES:
                 raise ThunderNotImplementedError(

@@ -114,6 +114,17 @@ class ProgramState:
             self._guard_held_items(found, origin, guards)
         return found
 
+    def read_whole(self, obj, origin: str, guards: dict) -> None:
+        """Guards all of a state object's attributes: the program read them through library code
+        the observer does not follow (``vars(cfg)``, ``dataclasses.astuple(cfg)``)."""
+        known = self._objects[id(obj)]
+        if known.found is None:
+            return
+        if isinstance(known.source, ObjectSource):
+            guards.setdefault(("object", id(obj)), DictGuard(known.source, known.found, origin))
+        else:
+            self._guard_whole(known, origin, guards)
+
     def guard_whole_objects(self, guards: dict) -> None:
         """Guards every argument object reached through a container, whether or not the observer
         saw the program read it."""
