@@ -291,6 +291,31 @@ def test_a_warning_with_a_stacklevel_names_the_callers_line():
     )
 
 
+def _counts_its_warnings(x):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn("inside")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            warnings.warn("raised")
+        except UserWarning:
+            x = x + 10
+    warnings.warn("outside")
+    return x * len(caught)
+
+
+def test_warnings_inside_the_programs_own_catch_warnings_are_made_while_traced():
+    # They were recorded to be made after each call, so the program's record list stayed empty
+    # and its "error" filter raised nothing while it was traced.
+    jf, x = thunder_rs.jit(_counts_its_warnings), torch.ones(2)
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            torch.testing.assert_close(jf(x), _counts_its_warnings(x))
+        assert [str(w.message) for w in got] == ["outside", "outside"]
+
+
 # -- iterators -------------------------------------------------------------------------------------
 
 

@@ -235,8 +235,18 @@ class WarnCall:
         warnings.warn_explicit(self.message, self.category, path, line, module, registry, module_globals, self.source)
 
 
+def _in_programs_catch_warnings() -> bool:
+    """Whether the program entered ``warnings.catch_warnings()`` since its tracing began (entering
+    one puts a copy of the filters in place): what it does with a warning (records it, ignores it,
+    raises it) happens inside the call and is undone when the block ends."""
+    return warnings.filters is not getattr(_traced, "filters", warnings.filters)
+
+
 def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
     recorded = recorded_effects()
+    if recorded is not None and _in_programs_catch_warnings():
+        # Made now, as eager makes it: ``catch_warnings(record=True)``'s list gets it while traced.
+        return _warn(message, category, stacklevel + 1, source, **kwargs)
     frame = sys._getframe(1) if recorded is not None and _tracing() and not kwargs else None
     if frame is None or not _is_program(frame):
         return _warn(message, category, stacklevel + 1, source, **kwargs)
@@ -256,6 +266,8 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
 # -- iterators -------------------------------------------------------------------------------------
 
 _builtin_next = builtins.next
+#: Per thread: ``warnings.filters`` when the program's tracing began (``_in_programs_catch_warnings``).
+_traced = threading.local()
 _tracings = 0
 _tracings_lock = threading.Lock()
 
@@ -282,7 +294,8 @@ def _generator_position(gen):
 def consuming_iterators(flat_inputs: list):
     """While the ``with`` body traces a program, ``next`` refuses to consume iterators the program
     did not create (process-wide, held by a count: several threads may trace at once). A generator
-    passed in that the program advanced another way (``for v in gen``) is refused after."""
+    passed in that the program advanced another way (``for v in gen``) is refused after. Notes the
+    warnings filters the tracing began with (``_in_programs_catch_warnings``)."""
     global _tracings
     generators = [
         (i, g, _generator_position(g)) for i, g in enumerate(flat_inputs) if isinstance(g, types.GeneratorType)
@@ -290,9 +303,12 @@ def consuming_iterators(flat_inputs: list):
     with _tracings_lock:
         _tracings += 1
         builtins.next = _next
+    outer_filters = getattr(_traced, "filters", None)
+    _traced.filters = warnings.filters
     try:
         yield
     finally:
+        _traced.filters = outer_filters
         with _tracings_lock:
             _tracings -= 1
             if not _tracings:
