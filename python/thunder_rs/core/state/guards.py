@@ -10,7 +10,6 @@ entry last validated them (``modules.write_epoch``), so a module whose forward r
 attributes pays one integer compare per call. The others are compiled into one generated function.
 """
 
-import copy
 import enum
 import functools
 import math
@@ -22,6 +21,7 @@ import torch
 
 from thunder_rs.core.base.layouts import describe, is_strided, layout, symbolic_strides
 from thunder_rs.core.state.items import ANY_TENSOR, MUTABLE, SameType, members, same_held_items, same_items
+from thunder_rs.core.state.items import container_copy, same_attributes
 
 #: Stands for "no such attribute" in guard checks.
 MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
@@ -489,20 +489,6 @@ class Guard:
         return f"(_simple(v := {read}) and _freeze(v) == e{index})"
 
 
-def _container_copy(value):
-    t = type(value)
-    if t in (list, dict, set):
-        return t(value)
-    return copy.copy(value) if isinstance(value, MUTABLE) else value  # Counter, deque, a list subclass
-
-
-def _same_attributes(now: dict, found: dict) -> bool:
-    try:
-        return now == found
-    except Exception:  # noqa: BLE001 (a tensor attribute replaced by another compares elementwise)
-        return False
-
-
 class DictGuard:
     """A fixed state object guarded whole: all its attributes as the program found them (lists,
     dicts and sets compared by content). Covers reads the observer cannot see, such as
@@ -511,16 +497,16 @@ class DictGuard:
     def __init__(self, source: Source, found: dict, origin: str):
         self.source, self.origin = source, origin
         self.per_call = source.per_call
-        self.found = {k: _container_copy(v) for k, v in found.items()}
+        self.found = {k: container_copy(v) for k, v in found.items()}
 
     def holds(self, flat) -> bool:
-        return _same_attributes(self.source.mapping(flat), self.found)
+        return same_attributes(self.source.mapping(flat), self.found)
 
     def describe(self, flat) -> str:
         now = self.source.mapping(flat)
         for name in (*self.found, *now):
             before, after = self.found.get(name, MISSING), now.get(name, MISSING)
-            if before is not after and not _same_attributes({0: before}, {0: after}):
+            if before is not after and not same_attributes({0: before}, {0: after}):
                 return (
                     f"{self.source.describe(name)} changed from {short(before)} to {short(after)} "
                     f"(read at {self.origin})"
@@ -770,7 +756,7 @@ def compile_check(guards: list[Guard]):
         "_freeze": freeze,
         "_simple": is_simple,
         "_structure": module_structure,
-        "_same_attributes": _same_attributes,
+        "_same_attributes": same_attributes,
         "_same_items": same_items,
         "_attributes": attributes_of,
         "_read_meta": _read_meta,

@@ -3,6 +3,7 @@ by identity, save tensors read per call and objects guarded through their own pa
 other tensors and other objects of the type may replace."""
 
 import collections
+import copy
 import operator
 
 import torch
@@ -17,6 +18,22 @@ def members(container) -> tuple:
     if isinstance(container, dict):
         return tuple(x for item in container.items() for x in item)
     return tuple(container)
+
+
+def container_copy(value):
+    """What a guard keeps of an attribute to compare by content: a copy of a container."""
+    t = type(value)
+    if t in (list, dict, set):
+        return t(value)
+    return copy.copy(value) if isinstance(value, MUTABLE) else value  # Counter, deque, a list subclass
+
+
+def same_attributes(now: dict, found: dict) -> bool:
+    """Whether an object's attributes ``now`` equal those kept by ``container_copy``."""
+    try:
+        return now == found
+    except Exception:  # noqa: BLE001 (a tensor attribute replaced by another compares elementwise)
+        return False
 
 
 def same_items(container, expected: tuple) -> bool:
