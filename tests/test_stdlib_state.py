@@ -96,6 +96,10 @@ def _flash(x):
     return x * 2 if torch.backends.cuda.flash_sdp_enabled() else x * 3
 
 
+def _seeded(x):
+    return x * (torch.initial_seed() % 5)
+
+
 @pytest.mark.parametrize(
     "program, flip, reason",
     [
@@ -117,6 +121,7 @@ def _flash(x):
         ),
         (_default_dtype, lambda on: torch.set_default_dtype(torch.float64 if on else torch.float32), None),
         (_flash, torch.backends.cuda.enable_flash_sdp, "torch.backends.cuda.flash_sdp_enabled()"),
+        (_seeded, lambda on: torch.manual_seed(3 if on else 1), None),
     ],
 )
 def test_torch_global_flags_changed_between_calls(program, flip, reason):
@@ -144,6 +149,28 @@ def test_torch_global_flags_changed_between_calls(program, flip, reason):
     assert thunder_rs.compile_stats(jf).cache_hits >= 1
     if reason is not None:
         assert reason in _misses(jf)[1] and "False to True" in _misses(jf)[1] or "'high" in _misses(jf)[1], _misses(jf)
+
+
+def _autocast_by_default(x, w):
+    with torch.autocast("cpu"):
+        return x @ w
+
+
+def test_the_dtype_an_autocast_inside_defaults_to_is_guarded():
+    # torch.autocast("cpu") without a dtype takes torch.get_autocast_dtype("cpu"), which the cache
+    # key does not hold while autocast is off: set between calls, the first dtype stayed.
+    jf, x, w = thunder_rs.jit(_autocast_by_default), torch.randn(4, 4), torch.randn(4, 4)
+    saved = torch.get_autocast_dtype("cpu")
+    try:
+        for dtype in (torch.bfloat16, torch.float16, torch.float16):
+            torch.set_autocast_dtype("cpu", dtype)
+            out = jf(x, w)
+            assert out.dtype == dtype
+            torch.testing.assert_close(out, _autocast_by_default(x, w))
+    finally:
+        torch.set_autocast_dtype("cpu", saved)
+    assert "torch.get_autocast_dtype('cpu')" in _misses(jf)[1]
+    assert thunder_rs.compile_stats(jf).cache_misses == 2
 
 
 def test_a_flag_reader_imported_by_name_is_guarded():

@@ -77,6 +77,8 @@ _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_se
 #: key have no code of their own.
 _CONTAINERS = (dict, list, tuple)
 _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+#: The devices whose autocast the cache key holds (``core.lang.autocast.AutocastState``).
+_DEVICES = ("cpu", "cuda")
 
 
 class Observer:
@@ -133,6 +135,8 @@ class Observer:
         self._cached: dict = {}
 
     def __enter__(self):
+        #: per device, whether autocast was on when the call began and the dtype it defaults to
+        self._autocast_at_entry = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _DEVICES}
         self._outer = _thread.observer
         self.entry = sys._getframe(1)
         _thread.observer = self
@@ -175,6 +179,15 @@ class Observer:
         """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
         first: the first read of the acquisition is what the state was when the call began."""
         self._guards.setdefault(("state", guard.label), guard)
+
+    def autocast_entered(self, device_type: str) -> None:
+        """The program cast a call under an autocast it entered itself: ``torch.autocast(device)``
+        without a dtype takes ``torch.get_autocast_dtype(device)``, which the cache key holds only
+        while autocast is on, so a ``torch.set_autocast_dtype`` between calls must recompile."""
+        enabled, dtype = self._autocast_at_entry[device_type]
+        if not enabled:
+            read = functools.partial(torch.get_autocast_dtype, device_type)
+            self.guard_state(StateGuard(f"torch.get_autocast_dtype({device_type!r})", read, dtype))
 
     def guards(self) -> list:
         """The guards: values read, and the structure of modules called that the program does not

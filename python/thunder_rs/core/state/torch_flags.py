@@ -32,6 +32,7 @@ _TORCH_READERS = {
         "is_anomaly_enabled",
         "is_anomaly_check_nan_enabled",
         "is_inference_mode_enabled",
+        "initial_seed",
     )
     if hasattr(torch, name)
 }
