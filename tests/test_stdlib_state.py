@@ -494,3 +494,27 @@ def test_a_thread_local_read_in_another_thread_is_that_threads_value():
     thread.join()
     torch.testing.assert_close(found["jit"], found["eager"])
     torch.testing.assert_close(jf(x), f(x))
+
+
+def _scaled_by_default(x, scales=[1.0], *, shifts={"by": 0.0}):  # noqa: B006 (the defaults are the state)
+    return x * scales[0] + shifts["by"]
+
+
+def _counts_in_its_default(x, memo=[]):  # noqa: B006
+    memo.append(1)
+    return x * len(memo)
+
+
+def test_a_list_or_dict_among_the_defaults_changed_in_place_recompiles_and_one_the_program_changes_is_refused():
+    # The identity of __defaults__ held while its list changed: the first call's item stayed.
+    scales, shifts = _scaled_by_default.__defaults__[0], _scaled_by_default.__kwdefaults__["shifts"]
+    jf, x = thunder_rs.jit(_scaled_by_default), torch.randn(3)
+    try:
+        for scale, shift in ((1.0, 0.0), (3.0, 0.0), (3.0, 2.0)):
+            scales[0], shifts["by"] = scale, shift
+            torch.testing.assert_close(jf(x), _scaled_by_default(x))
+    finally:
+        scales[0], shifts["by"] = 1.0, 0.0
+    assert "_scaled_by_default.__defaults__[0] changed from [1.0] to [3.0]" in _misses(jf)[1]
+    with pytest.raises(ThunderError, match=r"_counts_in_its_default.__defaults__\[0\] changed from \[\] to \[1\]"):
+        thunder_rs.jit(_counts_in_its_default)(x)

@@ -23,6 +23,7 @@ import sys
 import threading
 import types
 import warnings
+from typing import Any
 
 import torch
 
@@ -48,7 +49,8 @@ from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, interesting, library_module
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
-from thunder_rs.core.state.state import ProgramState
+from thunder_rs.core.state.items import MUTABLE
+from thunder_rs.core.state.state import MethodGuard, ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -92,6 +94,7 @@ class Observer:
     """
 
     def __init__(self, inputs: list, originals: dict, functions=(), reached=None):
+        self._guards: dict = {}
         self._originals = originals
         self._owned = {id(m) for m in originals.values()}
         #: objects known to be program state (configs, argument objects), with their attributes
@@ -117,7 +120,6 @@ class Observer:
         for x in inputs:
             if isinstance(x, (types.FunctionType, types.MethodType, functools.partial)):
                 self._add_function(x)
-        self._guards: dict = {}
         #: ``check(env)`` callables a symbolic entry must also pass to serve a call's sizes
         #: (``check_sizes``)
         self.size_checks: list = []
@@ -253,6 +255,19 @@ class Observer:
             and id(fn) not in self._defaults
         ):
             self._defaults[id(fn)] = DefaultsGuard.entry(fn)
+            self._guard_mutable_defaults(fn)
+
+    def _guard_mutable_defaults(self, fn) -> None:
+        """A list, dict or set among ``fn``'s defaults (``def f(x, scales=[1.0])``) changes in
+        place, which ``DefaultsGuard``'s identity test does not see: guarded by its contents, so
+        it recompiles when changed between calls and is refused when the program changes it."""
+        origin = f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}"
+        for holder, name in ((fn.__defaults__, "__defaults__"), (fn.__kwdefaults__, "__kwdefaults__")):
+            source = ItemSource(holder, f"{fn.__qualname__}.{name}")
+            items: list[tuple[Any, Any]] = list(holder.items() if isinstance(holder, dict) else enumerate(holder or ()))
+            for key, value in items:  # an index or a keyword's name, as ItemSource reads it
+                if isinstance(value, MUTABLE):
+                    self._guards.setdefault((source.key, key), Guard(source, key, value, origin))
 
     def _add_hooks(self, module) -> None:
         """The forward of ``module`` and its forward hooks run in the call: their closure cells
@@ -366,6 +381,12 @@ class Observer:
             # which setting the attribute later changes.
             self._guard_absent(obj, source, attr, origin)
         if value is MISSING or hasattr(type(value), "__get__"):
+            if _program_method(value):
+                # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the
+                # class between calls is other code.
+                self._guard_absent(obj, source, attr, origin)
+                self._guards.setdefault(("method", id(type(obj)), attr), MethodGuard(type(obj), attr, origin))
+                self._add_function(getattr(value, "__func__", value))
             return MISSING
         if isinstance(obj, torch.nn.Module):
             self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
@@ -463,7 +484,8 @@ class Observer:
                 return
 
     def _is_state(self, value) -> bool:
-        return isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator)) or value in self.state
+        # A class: ``cls.factor`` in a classmethod (``_class_read`` leaves library classes alone).
+        return isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator, type)) or value in self.state
 
     # -- profile events --------------------------------------------------------------------------
 
@@ -644,6 +666,16 @@ def _bound_objects(fn) -> list:
         and not is_simple(o)
         and not isinstance(o, (torch.Tensor, torch.nn.Module, *_CODE_TYPES))
     ]
+
+
+def _program_method(value) -> bool:
+    """Whether ``value``, found on a class, is a method of the program's own code (a function,
+    classmethod or staticmethod not defined by torch or the standard library)."""
+    fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+    if not isinstance(fn, types.FunctionType):
+        return False
+    home = sys.modules.get(fn.__module__ or "")
+    return home is not None and not library_module(home)
 
 
 def _child_source(source, name: str, value):
