@@ -361,6 +361,36 @@ def test_consuming_an_iterator_passed_in_or_closed_over_is_refused():
         thunder_rs.jit(passed)(torch.zeros(2), (i for i in range(3)))
 
 
+_STEPS = itertools.count()
+
+
+def _zips_a_global_count(x):
+    for i, _ in zip(_STEPS, range(2)):
+        x = x + i
+    return x
+
+
+def _loops_over_its_argument(x, it):
+    for v in it:
+        x = x + v
+    return x
+
+
+@pytest.mark.parametrize(
+    "program, arguments, name",
+    [
+        (_zips_a_global_count, lambda: (), "count '_STEPS'"),
+        (_loops_over_its_argument, lambda: (iter([1.0, 2.0]),), "list_iterator 'it'"),
+        (_loops_over_its_argument, lambda: (map(float, [1, 2]),), "map 'it'"),
+    ],
+)
+def test_an_iterator_it_did_not_create_consumed_by_a_loop_is_refused(program, arguments, name):
+    # Only next() was watched: zip and for loops took the items once, while tracing, and the
+    # compiled calls added the first call's numbers again.
+    with pytest.raises(ThunderError, match=f"the program consumed the {name} read at"):
+        thunder_rs.jit(program)(torch.zeros(2), *arguments())
+
+
 def test_a_generator_passed_in_and_looped_over_is_refused():
     def f(x, gen):
         for v in gen:

@@ -95,6 +95,8 @@ class Observer:
 
     def __init__(self, inputs: list, originals: dict, functions=(), reached=None):
         self._guards: dict = {}
+        #: id -> (iterator, its name, where read, its position): the iterators the program reached
+        self._iterators: dict = {}
         self._originals = originals
         self._owned = {id(m) for m in originals.values()}
         #: objects known to be program state (configs, argument objects), with their attributes
@@ -102,6 +104,8 @@ class Observer:
         self.state = ProgramState(reached.tensors if reached is not None else None)
         names = reached.names if reached is not None else [f"input {i}" for i in range(len(inputs))]
         for i, x in enumerate(inputs):
+            if hasattr(type(x), "__next__") and not isinstance(x, (torch.Tensor, types.GeneratorType)):
+                self._iterators[id(x)] = (x, names[i], "the call", _iterator_position(x))
             if not isinstance(x, torch.Tensor) and not is_simple(x) and attributes_of(x) is not None:
                 self.state.add(x, InputSource(i, (), names[i], not isinstance(attributes_of(x), dict)))
         for obj, source, under_container in reached.objects if reached is not None else ():
@@ -191,6 +195,20 @@ class Observer:
             read = functools.partial(torch.get_autocast_dtype, device_type)
             self.guard_state(StateGuard(f"torch.get_autocast_dtype({device_type!r})", read, dtype))
 
+    def refuse_consumed_iterators(self) -> None:
+        """Refuses a program that advanced an iterator it did not create (``for i in
+        zip(COUNTER, ...)`` over a global ``itertools.count``): tracing took its items once, and a
+        compiled call would neither take the next ones nor see them (``next(it)`` is refused as it
+        is called, ``stdlib_state._next``)."""
+        for it, name, origin, position in self._iterators.values():
+            if _iterator_position(it) != position:
+                raise ThunderNotImplementedError(
+                    f"thunder_rs.jit: the program consumed the {type(it).__name__} {name!r} read at {origin}, which "
+                    "it did not create (a for loop, zip or list() over it); tracing took its items once, and a "
+                    "compiled call would neither take the next ones nor see them. Take the items outside the jitted "
+                    "function and pass them in"
+                )
+
     def guards(self) -> list:
         """The guards: values read, and the structure of modules called that the program does not
         own (the jitted module's own structure is guarded by its binding). None of them is on a
@@ -266,6 +284,9 @@ class Observer:
             source = ItemSource(holder, f"{fn.__qualname__}.{name}")
             items: list[tuple[Any, Any]] = list(holder.items() if isinstance(holder, dict) else enumerate(holder or ()))
             for key, value in items:  # an index or a keyword's name, as ItemSource reads it
+                if hasattr(type(value), "__next__") and not isinstance(value, torch.Tensor):
+                    found = (value, source.describe(key), origin, _iterator_position(value))
+                    self._iterators.setdefault(id(value), found)
                 if isinstance(value, MUTABLE):
                     self._guards.setdefault((source.key, key), Guard(source, key, value, origin))
 
@@ -453,6 +474,8 @@ class Observer:
         way); returns it if reads may go on from it."""
         if isinstance(value, TensorProxy):
             return MISSING
+        if hasattr(type(value), "__next__") and id(value) not in self._iterators:
+            self._iterators[id(value)] = (value, name, origin, _iterator_position(value))
         if type(value) is contextvars.ContextVar:
             # ``SCALE.get()`` reads the current context's value, which no attribute holds.
             read = functools.partial(value.get, MISSING)
@@ -676,6 +699,25 @@ def _program_method(value) -> bool:
         return False
     home = sys.modules.get(fn.__module__ or "")
     return home is not None and not library_module(home)
+
+
+def _iterator_position(value, depth: int = 0):
+    """Where an iterator is, comparable before and after tracing: a generator's instruction; else
+    what its ``__reduce__`` gives (``count(2)``, a list iterator's index), with the positions of the
+    iterators it holds (``zip``'s) and other objects by identity."""
+    if isinstance(value, types.GeneratorType):
+        return ("generator", None if value.gi_frame is None else value.gi_frame.f_lasti)
+    if isinstance(value, tuple) and depth < 4:
+        return tuple(_iterator_position(v, depth + 1) for v in value)
+    if is_simple(value):
+        return value
+    if not hasattr(type(value), "__next__") or depth >= 4:
+        return id(value)
+    try:
+        reduced = value.__reduce__()
+    except Exception:  # noqa: BLE001 (an iterator that cannot say where it is)
+        return id(value)
+    return (type(value), _iterator_position(reduced[1:], depth + 1))
 
 
 def _child_source(source, name: str, value):
