@@ -9,6 +9,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 import warnings
 
 import pytest
@@ -18,6 +19,7 @@ import thunder_rs
 from thunder_rs.errors import ThunderError
 
 _VAR = "THUNDER_RS_TEST_SCALE"
+_PERF_COUNTER = time.perf_counter
 
 
 def _misses(jf) -> list:
@@ -389,6 +391,17 @@ def test_an_iterator_it_did_not_create_consumed_by_a_loop_is_refused(program, ar
     # compiled calls added the first call's numbers again.
     with pytest.raises(ThunderError, match=f"the program consumed the {name} read at"):
         thunder_rs.jit(program)(torch.zeros(2), *arguments())
+
+
+def _scaled_by_the_clock(x):
+    return x * (time.perf_counter() % 1)
+
+
+def test_reading_the_clock_inside_a_program_is_refused_naming_the_line():
+    # The first call's reading was baked into the trace: every later call computed with it.
+    with pytest.raises(ThunderError, match=r"time.perf_counter: the program reads the clock at .*test_stdlib_state"):
+        thunder_rs.jit(_scaled_by_the_clock)(torch.ones(2))
+    assert time.perf_counter is _PERF_COUNTER  # put back after tracing
 
 
 def test_a_generator_passed_in_and_looped_over_is_refused():

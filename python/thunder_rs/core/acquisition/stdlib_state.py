@@ -23,6 +23,9 @@ here lives behind library calls it does not follow, so it is handled by a table 
   traced (``consuming_iterators``), so eager code pays nothing otherwise. A generator passed in
   and advanced another way (``for v in gen``, which no wrapper sees) is refused after tracing.
   Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
+- **clocks.** ``time.time()``, ``perf_counter`` and ``monotonic`` (and their ``_ns``) read by program
+  code while it is traced are refused, naming the line: a compiled call would reuse the first reading.
+  Like ``next``, they are wrapped only while some program is traced (``reading_clocks``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
@@ -39,6 +42,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
 import types
 import warnings
@@ -320,6 +324,50 @@ def consuming_iterators(flat_inputs: list):
                 "for loop, list() or next() over it); tracing took its items once, and a compiled call would neither "
                 "take them again nor see them. Pass the items (a list or a tensor) instead"
             )
+
+
+# -- clocks ----------------------------------------------------------------------------------------
+
+#: ``time``'s clocks: a reading differs on every call, and a traced program would keep its first.
+_CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+_clocks = {name: getattr(time, name) for name in _CLOCKS}
+
+
+def _clock(name: str):
+    real = _clocks[name]
+
+    def read():
+        frame = sys._getframe(1)
+        if _tracing() and _is_program(frame):
+            raise ThunderNotImplementedError(
+                f"time.{name}: the program reads the clock at {_where(frame)}; tracing reads it once, and a compiled "
+                "call would reuse that reading. Time the jitted call from outside it"
+            )
+        return real()
+
+    return read
+
+
+@contextlib.contextmanager
+def reading_clocks():
+    """While the ``with`` body traces a program, ``time.time()`` and the other clocks refuse to be
+    read by program code (process-wide while any thread traces, as ``consuming_iterators``)."""
+    global _clock_readers
+    with _tracings_lock:
+        _clock_readers += 1
+        for name in _CLOCKS:
+            setattr(time, name, _clock(name))
+    try:
+        yield
+    finally:
+        with _tracings_lock:
+            _clock_readers -= 1
+            if not _clock_readers:
+                for name, real in _clocks.items():
+                    setattr(time, name, real)
+
+
+_clock_readers = 0
 
 
 # -- installing ------------------------------------------------------------------------------------
