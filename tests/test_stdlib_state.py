@@ -102,6 +102,10 @@ def _seeded(x):
     return x * (torch.initial_seed() % 5)
 
 
+def _autocast_cache(x):
+    return x * 2 if torch.is_autocast_cache_enabled() else x * 3
+
+
 @pytest.mark.parametrize(
     "program, flip, reason",
     [
@@ -124,6 +128,7 @@ def _seeded(x):
         (_default_dtype, lambda on: torch.set_default_dtype(torch.float64 if on else torch.float32), None),
         (_flash, torch.backends.cuda.enable_flash_sdp, "torch.backends.cuda.flash_sdp_enabled()"),
         (_seeded, lambda on: torch.manual_seed(3 if on else 1), None),
+        (_autocast_cache, lambda on: torch.set_autocast_cache_enabled(not on), None),
     ],
 )
 def test_torch_global_flags_changed_between_calls(program, flip, reason):
@@ -148,6 +153,7 @@ def test_torch_global_flags_changed_between_calls(program, flip, reason):
             torch.set_float32_matmul_precision(saved[3])
             torch.set_default_dtype(saved[4])
             torch.backends.cuda.enable_flash_sdp(saved[5])
+            torch.set_autocast_cache_enabled(True)
     assert thunder_rs.compile_stats(jf).cache_hits >= 1
     if reason is not None:
         assert reason in _misses(jf)[1] and "False to True" in _misses(jf)[1] or "'high" in _misses(jf)[1], _misses(jf)

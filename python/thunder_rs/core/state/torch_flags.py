@@ -33,6 +33,7 @@ _TORCH_READERS = {
         "is_anomaly_check_nan_enabled",
         "is_inference_mode_enabled",
         "initial_seed",
+        "is_autocast_cache_enabled",
     )
     if hasattr(torch, name)
 }
