@@ -155,3 +155,14 @@ def test_attributes_read_through_library_code_are_guarded(read):
     finally:
         _CONFIG.scale = 1.0
     assert thunder_rs.compile_stats(jf).cache_misses == 2
+
+
+def test_an_argument_object_read_through_library_code_is_guarded():
+    def f(x, cfg):
+        return x * dataclasses.astuple(cfg)[0] + vars(cfg)["shift"]
+
+    jf, x, cfg = thunder_rs.jit(f), torch.randn(3), _Config()
+    for scale, shift in ((1.0, 0), (2.0, 0), (2.0, 1)):
+        cfg.scale, cfg.shift = scale, shift
+        torch.testing.assert_close(jf(x, cfg), f(x, cfg))
+    assert thunder_rs.compile_stats(jf).cache_misses == 3
