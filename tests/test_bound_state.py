@@ -132,3 +132,45 @@ def test_a_slots_object_inside_an_argument_is_guarded_as_either_kind_of_object()
         torch.testing.assert_close(jprogram(x, cfg), program(x, cfg))
         change()
     torch.testing.assert_close(jprogram(x, cfg), program(x, cfg))
+
+
+class _Activated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+
+    def act(self, y):
+        return y.relu()
+
+    @classmethod
+    def factor(cls):
+        return cls.scale
+
+    scale = 2.0
+
+    def forward(self, x):
+        return self.act(self.linear(x)) * self.factor()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: setattr(m, "act", lambda y: y.tanh()),
+        lambda m: setattr(_Activated, "act", lambda self, y: y.sigmoid()),
+        lambda m: setattr(_Activated, "scale", 3.0),
+    ],
+    ids=["method set on the instance", "method rebound on the class", "class attribute read by a classmethod"],
+)
+def test_methods_patched_between_calls_recompile(change):
+    # The observer did not follow self.act to the class's function, nor cls.scale in a classmethod:
+    # the patched module kept running the traced method.
+    saved = dict(vars(_Activated))
+    model = _Activated()
+    jm, x = thunder_rs.jit(model), torch.randn(2, 3)
+    try:
+        torch.testing.assert_close(jm(x), model(x))
+        change(model)
+        torch.testing.assert_close(jm(x), model(x))
+    finally:
+        _Activated.act, _Activated.scale = saved["act"], saved["scale"]
+    assert thunder_rs.compile_stats(jm).cache_misses == 2

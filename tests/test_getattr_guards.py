@@ -2,6 +2,8 @@
 "name")``, are guarded like ``obj.name``: setting, changing or deleting them between calls
 recompiles, so every call computes what eager computes."""
 
+import dataclasses
+import operator
 import types
 
 import pytest
@@ -116,3 +118,51 @@ def test_a_program_writing_a_class_attribute_is_refused():
         thunder_rs.errors.ThunderNotImplementedError, match="class attribute 'calls' of _CountsOnItsClass"
     ):
         thunder_rs.jit(_CountsOnItsClass())(torch.ones(2))
+
+
+@dataclasses.dataclass
+class _Config:
+    scale: float = 1.0
+    shift: int = 0
+
+
+_CONFIG = _Config()
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda: vars(_CONFIG)["scale"],
+        lambda: _CONFIG.__dict__["scale"],
+        lambda: dataclasses.astuple(_CONFIG)[0],
+        lambda: dataclasses.replace(_CONFIG, shift=1).scale,
+        lambda: sum(getattr(_CONFIG, f.name) for f in dataclasses.fields(_CONFIG)),
+        lambda: operator.attrgetter("scale")(_CONFIG),
+    ],
+    ids=["vars", "__dict__", "astuple", "replace", "fields", "attrgetter"],
+)
+def test_attributes_read_through_library_code_are_guarded(read):
+    # The observer does not follow vars() or dataclasses' code: the config was kept by identity
+    # only, and a changed field kept the first call's value.
+    def f(x):
+        return x * read()
+
+    jf, x = thunder_rs.jit(f), torch.randn(3)
+    try:
+        for scale in (1.0, 2.0, 2.0):
+            _CONFIG.scale = scale
+            torch.testing.assert_close(jf(x), f(x))
+    finally:
+        _CONFIG.scale = 1.0
+    assert thunder_rs.compile_stats(jf).cache_misses == 2
+
+
+def test_an_argument_object_read_through_library_code_is_guarded():
+    def f(x, cfg):
+        return x * dataclasses.astuple(cfg)[0] + vars(cfg)["shift"]
+
+    jf, x, cfg = thunder_rs.jit(f), torch.randn(3), _Config()
+    for scale, shift in ((1.0, 0), (2.0, 0), (2.0, 1)):
+        cfg.scale, cfg.shift = scale, shift
+        torch.testing.assert_close(jf(x, cfg), f(x, cfg))
+    assert thunder_rs.compile_stats(jf).cache_misses == 3

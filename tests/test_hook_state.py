@@ -1,11 +1,14 @@
 """What forward hooks and a module's own forward read and write is program state: a hook's
 closure variables and a hook object's attributes are guarded (changing them recompiles), and
-attributes a hook sets on an object are set again by every call."""
+attributes a hook sets on an object are set again by every call. Backward hooks on modules inside
+the program are refused."""
 
+import pytest
 import torch
 import torch.nn as nn
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 
 
 class Steer:
@@ -79,3 +82,15 @@ def test_a_hook_that_appends_to_a_closure_list_appends_as_in_eager():
     for n in range(1, 4):
         torch.testing.assert_close(jmodel(x), model(x))
         assert calls == [1] * (2 * n)
+
+
+def test_a_global_module_backward_hook_is_refused_naming_it():
+    # It hooks every module's autograd nodes, which a jitted program's modules do not have; the
+    # refusal named only the module's own register_full_backward_hook.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    handle = torch.nn.modules.module.register_module_full_backward_hook(lambda m, gi, go: None)
+    try:
+        with pytest.raises(ThunderNotImplementedError, match="register_module_full_backward_hook"):
+            thunder_rs.jit(model)(torch.randn(2, 3, requires_grad=True))
+    finally:
+        handle.remove()

@@ -3,6 +3,8 @@ set inside the program (a jitted optimizer step, ``zero_grad``), and changes to 
 reached through the arguments (an item appended to a cache's layers). Attributes set on objects
 reached through them (a cache layer counting its tokens) are set again by every call."""
 
+import collections
+
 import pytest
 import torch
 
@@ -271,3 +273,31 @@ def test_a_tensor_stored_on_a_module_whose_forward_is_jitted_names_the_attribute
     for _ in range(2):
         torch.testing.assert_close(jmodel(x), eager(x))
         torch.testing.assert_close(model.state, eager.state)
+
+
+def _counter():
+    return collections.Counter(calls=0)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_counter, lambda: collections.defaultdict(int), lambda: collections.OrderedDict(calls=0), lambda: _Log([0])],
+)
+def test_a_dict_or_list_subclass_a_closure_holds_changed_by_the_program_is_refused(make):
+    # Counter, defaultdict, OrderedDict and list subclasses were compared by identity only: the
+    # count went up once, while tracing, and the compiled calls left it alone.
+    state = make()
+
+    def f(x):
+        if isinstance(state, list):
+            state.append(len(state))
+            return x * len(state)
+        state["calls"] += 1
+        return x * state["calls"]
+
+    with pytest.raises(ThunderNotImplementedError, match=r"the contents of closure variable 'state' changed"):
+        thunder_rs.jit(f)(torch.ones(2))
+
+
+class _Log(list):
+    pass

@@ -3,10 +3,13 @@ and the standard library's side effects it makes: each program runs compiled and
 side over several calls, with the state changed between calls (``core/acquisition/stdlib_state.py``,
 ``core/state/torch_flags.py``)."""
 
+import contextvars
 import functools
 import itertools
 import logging
 import os
+import threading
+import time
 import warnings
 
 import pytest
@@ -16,6 +19,7 @@ import thunder_rs
 from thunder_rs.errors import ThunderError
 
 _VAR = "THUNDER_RS_TEST_SCALE"
+_PERF_COUNTER = time.perf_counter
 
 
 def _misses(jf) -> list:
@@ -90,6 +94,18 @@ def _default_dtype(x):
     return x.to(torch.get_default_dtype())
 
 
+def _flash(x):
+    return x * 2 if torch.backends.cuda.flash_sdp_enabled() else x * 3
+
+
+def _seeded(x):
+    return x * (torch.initial_seed() % 5)
+
+
+def _autocast_cache(x):
+    return x * 2 if torch.is_autocast_cache_enabled() else x * 3
+
+
 @pytest.mark.parametrize(
     "program, flip, reason",
     [
@@ -110,6 +126,9 @@ def _default_dtype(x):
             "torch.get_float32_matmul_precision()",
         ),
         (_default_dtype, lambda on: torch.set_default_dtype(torch.float64 if on else torch.float32), None),
+        (_flash, torch.backends.cuda.enable_flash_sdp, "torch.backends.cuda.flash_sdp_enabled()"),
+        (_seeded, lambda on: torch.manual_seed(3 if on else 1), None),
+        (_autocast_cache, lambda on: torch.set_autocast_cache_enabled(not on), None),
     ],
 )
 def test_torch_global_flags_changed_between_calls(program, flip, reason):
@@ -119,6 +138,7 @@ def test_torch_global_flags_changed_between_calls(program, flip, reason):
         torch.backends.cuda.matmul.allow_tf32,
         torch.get_float32_matmul_precision(),
         torch.get_default_dtype(),
+        torch.backends.cuda.flash_sdp_enabled(),
     )
     jf, x = thunder_rs.jit(program), torch.randn(3)
     # torch's own test utilities, once imported by another test, freeze the backend flags.
@@ -132,9 +152,33 @@ def test_torch_global_flags_changed_between_calls(program, flip, reason):
             torch.backends.cudnn.deterministic, torch.backends.cuda.matmul.allow_tf32 = saved[1:3]
             torch.set_float32_matmul_precision(saved[3])
             torch.set_default_dtype(saved[4])
+            torch.backends.cuda.enable_flash_sdp(saved[5])
+            torch.set_autocast_cache_enabled(True)
     assert thunder_rs.compile_stats(jf).cache_hits >= 1
     if reason is not None:
         assert reason in _misses(jf)[1] and "False to True" in _misses(jf)[1] or "'high" in _misses(jf)[1], _misses(jf)
+
+
+def _autocast_by_default(x, w):
+    with torch.autocast("cpu"):
+        return x @ w
+
+
+def test_the_dtype_an_autocast_inside_defaults_to_is_guarded():
+    # torch.autocast("cpu") without a dtype takes torch.get_autocast_dtype("cpu"), which the cache
+    # key does not hold while autocast is off: set between calls, the first dtype stayed.
+    jf, x, w = thunder_rs.jit(_autocast_by_default), torch.randn(4, 4), torch.randn(4, 4)
+    saved = torch.get_autocast_dtype("cpu")
+    try:
+        for dtype in (torch.bfloat16, torch.float16, torch.float16):
+            torch.set_autocast_dtype("cpu", dtype)
+            out = jf(x, w)
+            assert out.dtype == dtype
+            torch.testing.assert_close(out, _autocast_by_default(x, w))
+    finally:
+        torch.set_autocast_dtype("cpu", saved)
+    assert "torch.get_autocast_dtype('cpu')" in _misses(jf)[1]
+    assert thunder_rs.compile_stats(jf).cache_misses == 2
 
 
 def test_a_flag_reader_imported_by_name_is_guarded():
@@ -282,6 +326,31 @@ def test_a_warning_with_a_stacklevel_names_the_callers_line():
     )
 
 
+def _counts_its_warnings(x):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn("inside")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            warnings.warn("raised")
+        except UserWarning:
+            x = x + 10
+    warnings.warn("outside")
+    return x * len(caught)
+
+
+def test_warnings_inside_the_programs_own_catch_warnings_are_made_while_traced():
+    # They were recorded to be made after each call, so the program's record list stayed empty
+    # and its "error" filter raised nothing while it was traced.
+    jf, x = thunder_rs.jit(_counts_its_warnings), torch.ones(2)
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            torch.testing.assert_close(jf(x), _counts_its_warnings(x))
+        assert [str(w.message) for w in got] == ["outside", "outside"]
+
+
 # -- iterators -------------------------------------------------------------------------------------
 
 
@@ -298,6 +367,47 @@ def test_consuming_an_iterator_passed_in_or_closed_over_is_refused():
         thunder_rs.jit(closed)(torch.zeros(2))
     with pytest.raises(ThunderError, match=r"next: the program consumes a generator"):
         thunder_rs.jit(passed)(torch.zeros(2), (i for i in range(3)))
+
+
+_STEPS = itertools.count()
+
+
+def _zips_a_global_count(x):
+    for i, _ in zip(_STEPS, range(2)):
+        x = x + i
+    return x
+
+
+def _loops_over_its_argument(x, it):
+    for v in it:
+        x = x + v
+    return x
+
+
+@pytest.mark.parametrize(
+    "program, arguments, name",
+    [
+        (_zips_a_global_count, lambda: (), "count '_STEPS'"),
+        (_loops_over_its_argument, lambda: (iter([1.0, 2.0]),), "list_iterator 'it'"),
+        (_loops_over_its_argument, lambda: (map(float, [1, 2]),), "map 'it'"),
+    ],
+)
+def test_an_iterator_it_did_not_create_consumed_by_a_loop_is_refused(program, arguments, name):
+    # Only next() was watched: zip and for loops took the items once, while tracing, and the
+    # compiled calls added the first call's numbers again.
+    with pytest.raises(ThunderError, match=f"the program consumed the {name} read at"):
+        thunder_rs.jit(program)(torch.zeros(2), *arguments())
+
+
+def _scaled_by_the_clock(x):
+    return x * (time.perf_counter() % 1)
+
+
+def test_reading_the_clock_inside_a_program_is_refused_naming_the_line():
+    # The first call's reading was baked into the trace: every later call computed with it.
+    with pytest.raises(ThunderError, match=r"time.perf_counter: the program reads the clock at .*test_stdlib_state"):
+        thunder_rs.jit(_scaled_by_the_clock)(torch.ones(2))
+    assert time.perf_counter is _PERF_COUNTER  # put back after tracing
 
 
 def test_a_generator_passed_in_and_looped_over_is_refused():
@@ -393,3 +503,67 @@ def test_defaults_of_a_partial_and_of_a_method_are_watched():
     jf = thunder_rs.jit(lambda x, g: g(x))
     g = functools.partial(_helper, shift=1.0)
     torch.testing.assert_close(jf(x, g), g(x))
+
+
+# -- contextvars and threading.local ----------------------------------------------------------------
+
+_SCALE_VAR = contextvars.ContextVar("scale_var", default=1.0)
+_PER_THREAD = threading.local()
+
+
+def test_a_context_variable_set_between_calls_recompiles():
+    def f(x):
+        return x * _SCALE_VAR.get()
+
+    jf, x = thunder_rs.jit(f), torch.randn(3)
+    for scale in (1.0, 3.0, 3.0, 1.0):
+        token = _SCALE_VAR.set(scale)
+        try:
+            torch.testing.assert_close(jf(x), f(x))
+        finally:
+            _SCALE_VAR.reset(token)
+    assert "contextvars.ContextVar 'scale_var'" in _misses(jf)[1]
+    assert thunder_rs.compile_stats(jf).cache_misses == 2
+
+
+def test_a_thread_local_read_in_another_thread_is_that_threads_value():
+    def f(x):
+        return x * _PER_THREAD.scale
+
+    jf, x, found = thunder_rs.jit(f), torch.randn(3), {}
+    _PER_THREAD.scale = 1.0
+    torch.testing.assert_close(jf(x), f(x))
+
+    def other():
+        _PER_THREAD.scale = 7.0
+        found["jit"], found["eager"] = jf(x), f(x)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    torch.testing.assert_close(found["jit"], found["eager"])
+    torch.testing.assert_close(jf(x), f(x))
+
+
+def _scaled_by_default(x, scales=[1.0], *, shifts={"by": 0.0}):  # noqa: B006 (the defaults are the state)
+    return x * scales[0] + shifts["by"]
+
+
+def _counts_in_its_default(x, memo=[]):  # noqa: B006
+    memo.append(1)
+    return x * len(memo)
+
+
+def test_a_list_or_dict_among_the_defaults_changed_in_place_recompiles_and_one_the_program_changes_is_refused():
+    # The identity of __defaults__ held while its list changed: the first call's item stayed.
+    scales, shifts = _scaled_by_default.__defaults__[0], _scaled_by_default.__kwdefaults__["shifts"]
+    jf, x = thunder_rs.jit(_scaled_by_default), torch.randn(3)
+    try:
+        for scale, shift in ((1.0, 0.0), (3.0, 0.0), (3.0, 2.0)):
+            scales[0], shifts["by"] = scale, shift
+            torch.testing.assert_close(jf(x), _scaled_by_default(x))
+    finally:
+        scales[0], shifts["by"] = 1.0, 0.0
+    assert "_scaled_by_default.__defaults__[0] changed from [1.0] to [3.0]" in _misses(jf)[1]
+    with pytest.raises(ThunderError, match=r"_counts_in_its_default.__defaults__\[0\] changed from \[\] to \[1\]"):
+        thunder_rs.jit(_counts_in_its_default)(x)

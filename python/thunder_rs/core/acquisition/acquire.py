@@ -35,7 +35,7 @@ from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.recorder import Captures, input_proxy, recording
 from thunder_rs.core.lang import symint
-from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
+from thunder_rs.core.acquisition.stdlib_state import consuming_iterators, reading_clocks
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
 from thunder_rs.core.lang.values import ValueReads, reading
@@ -120,12 +120,14 @@ def _trace_program(
             refusals_not_swallowed(),
             recording_draws(draws),
             consuming_iterators(flat_inputs),
+            reading_clocks(),
             recording(rec, captures, made, whole),
             reading(reads),
         ):
             out, observer, pairs, inputs = _run_on_proxies(
                 fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures
             )
+            observer.refuse_consumed_iterators()
             writes = module_writes(pairs) + observer.state.writes()
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.

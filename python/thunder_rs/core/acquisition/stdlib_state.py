@@ -23,6 +23,9 @@ here lives behind library calls it does not follow, so it is handled by a table 
   traced (``consuming_iterators``), so eager code pays nothing otherwise. A generator passed in
   and advanced another way (``for v in gen``, which no wrapper sees) is refused after tracing.
   Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
+- **clocks.** ``time.time()``, ``perf_counter`` and ``monotonic`` (and their ``_ns``) read by program
+  code while it is traced are refused, naming the line: a compiled call would reuse the first reading.
+  Like ``next``, they are wrapped only while some program is traced (``reading_clocks``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
@@ -39,6 +42,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
 import types
 import warnings
@@ -235,8 +239,18 @@ class WarnCall:
         warnings.warn_explicit(self.message, self.category, path, line, module, registry, module_globals, self.source)
 
 
+def _in_programs_catch_warnings() -> bool:
+    """Whether the program entered ``warnings.catch_warnings()`` since its tracing began (entering
+    one puts a copy of the filters in place): what it does with a warning (records it, ignores it,
+    raises it) happens inside the call and is undone when the block ends."""
+    return warnings.filters is not getattr(_traced, "filters", warnings.filters)
+
+
 def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
     recorded = recorded_effects()
+    if recorded is not None and _in_programs_catch_warnings():
+        # Made now, as eager makes it: ``catch_warnings(record=True)``'s list gets it while traced.
+        return _warn(message, category, stacklevel + 1, source, **kwargs)
     frame = sys._getframe(1) if recorded is not None and _tracing() and not kwargs else None
     if frame is None or not _is_program(frame):
         return _warn(message, category, stacklevel + 1, source, **kwargs)
@@ -256,6 +270,8 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
 # -- iterators -------------------------------------------------------------------------------------
 
 _builtin_next = builtins.next
+#: Per thread: ``warnings.filters`` when the program's tracing began (``_in_programs_catch_warnings``).
+_traced = threading.local()
 _tracings = 0
 _tracings_lock = threading.Lock()
 
@@ -282,7 +298,8 @@ def _generator_position(gen):
 def consuming_iterators(flat_inputs: list):
     """While the ``with`` body traces a program, ``next`` refuses to consume iterators the program
     did not create (process-wide, held by a count: several threads may trace at once). A generator
-    passed in that the program advanced another way (``for v in gen``) is refused after."""
+    passed in that the program advanced another way (``for v in gen``) is refused after. Notes the
+    warnings filters the tracing began with (``_in_programs_catch_warnings``)."""
     global _tracings
     generators = [
         (i, g, _generator_position(g)) for i, g in enumerate(flat_inputs) if isinstance(g, types.GeneratorType)
@@ -290,9 +307,12 @@ def consuming_iterators(flat_inputs: list):
     with _tracings_lock:
         _tracings += 1
         builtins.next = _next
+    outer_filters = getattr(_traced, "filters", None)
+    _traced.filters = warnings.filters
     try:
         yield
     finally:
+        _traced.filters = outer_filters
         with _tracings_lock:
             _tracings -= 1
             if not _tracings:
@@ -304,6 +324,50 @@ def consuming_iterators(flat_inputs: list):
                 "for loop, list() or next() over it); tracing took its items once, and a compiled call would neither "
                 "take them again nor see them. Pass the items (a list or a tensor) instead"
             )
+
+
+# -- clocks ----------------------------------------------------------------------------------------
+
+#: ``time``'s clocks: a reading differs on every call, and a traced program would keep its first.
+_CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+_clocks = {name: getattr(time, name) for name in _CLOCKS}
+
+
+def _clock(name: str):
+    real = _clocks[name]
+
+    def read():
+        frame = sys._getframe(1)
+        if _tracing() and _is_program(frame):
+            raise ThunderNotImplementedError(
+                f"time.{name}: the program reads the clock at {_where(frame)}; tracing reads it once, and a compiled "
+                "call would reuse that reading. Time the jitted call from outside it"
+            )
+        return real()
+
+    return read
+
+
+@contextlib.contextmanager
+def reading_clocks():
+    """While the ``with`` body traces a program, ``time.time()`` and the other clocks refuse to be
+    read by program code (process-wide while any thread traces, as ``consuming_iterators``)."""
+    global _clock_readers
+    with _tracings_lock:
+        _clock_readers += 1
+        for name in _CLOCKS:
+            setattr(time, name, _clock(name))
+    try:
+        yield
+    finally:
+        with _tracings_lock:
+            _clock_readers -= 1
+            if not _clock_readers:
+                for name, real in _clocks.items():
+                    setattr(time, name, real)
+
+
+_clock_readers = 0
 
 
 # -- installing ------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import torch
 from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current
+from thunder_rs.core.state.observe import thread_state
 from thunder_rs.errors import ThunderRuntimeError
 
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
@@ -229,6 +230,9 @@ def _gives_dtype(args, kwargs) -> bool:
 
 
 def _apply(op: str, policy: str, device_type: str, args, kwargs):
+    observer = thread_state.observer
+    if observer is not None:
+        observer.autocast_entered(device_type)
     lower = torch.get_autocast_dtype(device_type)
     if policy == LOWER:
         return _cast_all(args, kwargs, device_type, lower)

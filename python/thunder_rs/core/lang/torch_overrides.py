@@ -141,9 +141,10 @@ def _apply(cls, *args, **kwargs):
         return cls.forward(*args, **kwargs)
     if (cls.__module__, cls.__qualname__) in _BACKWARD_HOOKS:
         raise ThunderNotImplementedError(
-            f"register_full_backward_hook: a module called at {user_location()} has backward hooks, which hook the "
-            "autograd nodes of its inputs and outputs; inside the jitted program these have none. Register backward "
-            "hooks on the jitted module itself, or compute what the hook does in the program"
+            f"register_full_backward_hook: a module called at {user_location()} has backward hooks (its own, or global "
+            "ones: register_module_full_backward_hook), which hook the autograd nodes of its inputs and outputs; "
+            "inside the jitted program these have none. Register backward hooks on the jitted module itself, or "
+            "compute what the hook does in the program"
         )
     return custom_function.apply(cls, args, kwargs)
 

@@ -38,6 +38,13 @@ _COPIES = frozenset({"COPY", "DUP_TOP"})
 _READS_BY_NAME = frozenset({"getattr", "hasattr"})
 #: Loads of a constant key before a subscript (``cfg["scale"]``, ``scales[0]``).
 _CONST_LOADS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})
+#: Names of library code that reads all of an object's attributes, which the observer does not
+#: follow (``vars(cfg)``, ``cfg.__dict__``, ``dataclasses.astuple``/``fields``/``replace``,
+#: ``operator.attrgetter``, ``copy.copy``): a code that uses one reads its objects whole.
+_READS_WHOLE = frozenset({"vars", "__dict__", "fields", "asdict", "astuple", "replace", "attrgetter", "copy"})
+#: The last step of every chain of a code that reads objects whole (``_READS_WHOLE``, or
+#: ``getattr(cfg, name)`` by a computed name): the object the chain reaches is guarded whole.
+ALL_ATTRIBUTES = "<all attributes>"
 
 
 def _is_subscript(ins) -> bool:
@@ -86,7 +93,9 @@ class CodeReads:
     __slots__ = ("globals", "args", "cells", "locals", "line", "receiver")
 
     def __init__(self, code):
-        chains = _chains(code)
+        chains, whole = _chains(code)
+        if whole:
+            chains = {(root, (*attrs, ALL_ATTRIBUTES)) for root, attrs in chains}
         n_args = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
         args, free = frozenset(code.co_varnames[:n_args]), frozenset(code.co_freevars)
         self.globals = sorted({(n, a) for (op, n), a in chains if op in ("LOAD_GLOBAL", "LOAD_NAME")})
@@ -99,18 +108,20 @@ class CodeReads:
         self.receiver = code.co_varnames[0] if code.co_argcount else None
 
 
-def _chains(code) -> set:
+def _chains(code) -> tuple:
     """``((load op, root name), (attr, ...))`` for each load followed by attribute reads and
     subscripts by a constant key (an ``_Item`` step: ``cfg["sub"]["scale"]``). A read by name,
     ``getattr(chain, "name"[, default])`` or ``hasattr(chain, "name")``, ends its chain with that
-    name."""
+    name. With them, whether the code reads objects whole (``_READS_WHOLE``)."""
     chains, root, attrs = set(), None, []
+    whole = False
     by_name = False  # the chain being read is getattr's or hasattr's first argument
     after_by_name = False  # the last instruction loaded the builtin getattr or hasattr
     listed = instructions(code)
     subscripted = False  # the instruction is the subscript of a constant key already taken
     for ins, after in zip(listed, [*listed[1:], None]):
         op = ins.opname
+        whole = whole or (op.startswith("LOAD_") and ins.argval in _READS_WHOLE)
         if subscripted:
             subscripted = False
             continue
@@ -135,6 +146,8 @@ def _chains(code) -> set:
         if root is not None:
             if by_name and op == "LOAD_CONST" and type(ins.argval) is str:
                 attrs.append(ins.argval)
+            elif by_name:
+                whole = True  # getattr(cfg, name): any attribute
             chains.add((root, tuple(attrs)))
             root, attrs = None, []
         by_name, after_by_name = after_by_name, op == "LOAD_GLOBAL" and ins.argval in _READS_BY_NAME
@@ -144,7 +157,7 @@ def _chains(code) -> set:
             root = ("LOAD_FAST", ins.argval[1])
     if root is not None:
         chains.add((root, tuple(attrs)))
-    return chains
+    return chains, whole
 
 
 #: id(code) -> (code, its reads). By id: hashing a code object hashes its whole contents; the

@@ -14,12 +14,14 @@ import enum
 import functools
 import math
 import operator
+from _thread import _local as _thread_local
 from collections.abc import MutableMapping
 
 import torch
 
 from thunder_rs.core.base.layouts import describe, is_strided, layout, symbolic_strides
 from thunder_rs.core.state.items import ANY_TENSOR, MUTABLE, SameType, members, same_held_items, same_items
+from thunder_rs.core.state.items import container_copy, same_attributes
 
 #: Stands for "no such attribute" in guard checks.
 MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
@@ -171,6 +173,13 @@ class ObjectSource(FixedSource):
 
     def fixed(self):
         return attributes_of(self.obj)
+
+    def code(self, var, scope):
+        if isinstance(self.obj, _thread_local):
+            # Each thread has its own instance dict: read the calling thread's.
+            scope[var] = self.obj
+            return f"{var}.__dict__"
+        return super().code(var, scope)
 
     @property
     def key(self):
@@ -413,7 +422,7 @@ class Guard:
         self.frozen = None if self.by_identity else freeze(self.expected)
         # A list, dict or set changes in place, which no write counter sees: checked on every
         # call; one of objects compares its items by identity with a copy of them.
-        self.mutable = type(self.expected) in MUTABLE
+        self.mutable = isinstance(self.expected, MUTABLE)
         self.items = members(self.expected) if self.mutable and self.by_identity else None
         # Tensors a list or dict of an argument object holds are read per call (``held``, by id):
         # any tensor may take their place, whose metadata a ``TensorGuard`` checks.
@@ -480,18 +489,6 @@ class Guard:
         return f"(_simple(v := {read}) and _freeze(v) == e{index})"
 
 
-def _container_copy(value):
-    t = type(value)
-    return t(value) if t in (list, dict, set) else value
-
-
-def _same_attributes(now: dict, found: dict) -> bool:
-    try:
-        return now == found
-    except Exception:  # noqa: BLE001 (a tensor attribute replaced by another compares elementwise)
-        return False
-
-
 class DictGuard:
     """A fixed state object guarded whole: all its attributes as the program found them (lists,
     dicts and sets compared by content). Covers reads the observer cannot see, such as
@@ -500,16 +497,16 @@ class DictGuard:
     def __init__(self, source: Source, found: dict, origin: str):
         self.source, self.origin = source, origin
         self.per_call = source.per_call
-        self.found = {k: _container_copy(v) for k, v in found.items()}
+        self.found = {k: container_copy(v) for k, v in found.items()}
 
     def holds(self, flat) -> bool:
-        return _same_attributes(self.source.mapping(flat), self.found)
+        return same_attributes(self.source.mapping(flat), self.found)
 
     def describe(self, flat) -> str:
         now = self.source.mapping(flat)
         for name in (*self.found, *now):
             before, after = self.found.get(name, MISSING), now.get(name, MISSING)
-            if before is not after and not _same_attributes({0: before}, {0: after}):
+            if before is not after and not same_attributes({0: before}, {0: after}):
                 return (
                     f"{self.source.describe(name)} changed from {short(before)} to {short(after)} "
                     f"(read at {self.origin})"
@@ -759,7 +756,7 @@ def compile_check(guards: list[Guard]):
         "_freeze": freeze,
         "_simple": is_simple,
         "_structure": module_structure,
-        "_same_attributes": _same_attributes,
+        "_same_attributes": same_attributes,
         "_same_items": same_items,
         "_attributes": attributes_of,
         "_read_meta": _read_meta,

@@ -2,19 +2,38 @@
 by identity, save tensors read per call and objects guarded through their own paths, which
 other tensors and other objects of the type may replace."""
 
+import collections
+import copy
 import operator
 
 import torch
 
 #: Containers that change in place, which no write counter sees: their guards check every call.
-MUTABLE = (list, dict, set)
+#: Their subclasses too (``Counter``, ``defaultdict``, ``OrderedDict``, ``deque``): ``isinstance``.
+MUTABLE = (list, dict, set, collections.deque)
 
 
 def members(container) -> tuple:
     """A container's elements (a dict's keys and values, in order)."""
-    if type(container) is dict:
+    if isinstance(container, dict):
         return tuple(x for item in container.items() for x in item)
     return tuple(container)
+
+
+def container_copy(value):
+    """What a guard keeps of an attribute to compare by content: a copy of a container."""
+    t = type(value)
+    if t in (list, dict, set):
+        return t(value)
+    return copy.copy(value) if isinstance(value, MUTABLE) else value  # Counter, deque, a list subclass
+
+
+def same_attributes(now: dict, found: dict) -> bool:
+    """Whether an object's attributes ``now`` equal those kept by ``container_copy``."""
+    try:
+        return now == found
+    except Exception:  # noqa: BLE001 (a tensor attribute replaced by another compares elementwise)
+        return False
 
 
 def same_items(container, expected: tuple) -> bool:

@@ -17,11 +17,13 @@ as globals and cells, the methods whose code runs) are guarded as one ``Defaults
 library modules are matched against torch's global flags (``torch_flags.py``).
 """
 
+import contextvars
 import functools
 import sys
 import threading
 import types
 import warnings
+from typing import Any
 
 import torch
 
@@ -38,6 +40,7 @@ from thunder_rs.core.state.guards import (
     ModuleSource,
     ModuleStoreSource,
     ObjectSource,
+    StateGuard,
     StructureGuard,
     TensorGuard,
     attributes_of,
@@ -46,10 +49,11 @@ from thunder_rs.core.state.guards import (
 )
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.state.code_reads import code_reads, interesting, library_module
+from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, interesting, library_module
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
+from thunder_rs.core.state.items import MUTABLE
 from thunder_rs.core.state.reached import ArgumentTensor
-from thunder_rs.core.state.state import IntGuard, ProgramState
+from thunder_rs.core.state.state import IntGuard, MethodGuard, ProgramState
 from thunder_rs.core.state.torch_flags import library_read
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -78,6 +82,8 @@ _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_se
 #: key have no code of their own.
 _CONTAINERS = (dict, list, tuple)
 _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+#: The devices whose autocast the cache key holds (``core.lang.autocast.AutocastState``).
+_DEVICES = ("cpu", "cuda")
 
 
 class Observer:
@@ -91,6 +97,9 @@ class Observer:
     """
 
     def __init__(self, inputs: list, originals: dict, functions=(), reached=None):
+        self._guards: dict = {}
+        #: id -> (iterator, its name, where read, its position): the iterators the program reached
+        self._iterators: dict = {}
         self._originals = originals
         self._owned = {id(m) for m in originals.values()}
         #: objects known to be program state (configs, argument objects), with their attributes
@@ -98,6 +107,8 @@ class Observer:
         self.state = ProgramState(reached.tensors if reached is not None else None)
         names = reached.names if reached is not None else [f"input {i}" for i in range(len(inputs))]
         for i, x in enumerate(inputs):
+            if hasattr(type(x), "__next__") and not isinstance(x, (torch.Tensor, types.GeneratorType)):
+                self._iterators[id(x)] = (x, names[i], "the call", _iterator_position(x))
             if not isinstance(x, torch.Tensor) and not is_simple(x) and attributes_of(x) is not None:
                 self.state.add(x, InputSource(i, (), names[i], not isinstance(attributes_of(x), dict)))
         for obj, source, under_container in reached.objects if reached is not None else ():
@@ -116,7 +127,6 @@ class Observer:
         for x in inputs:
             if isinstance(x, (types.FunctionType, types.MethodType, functools.partial)):
                 self._add_function(x)
-        self._guards: dict = {}
         #: ``check(env)`` callables a symbolic entry must also pass to serve a call's sizes
         #: (``check_sizes``)
         self.size_checks: list = []
@@ -134,6 +144,8 @@ class Observer:
         self._cached: dict = {}
 
     def __enter__(self):
+        #: per device, whether autocast was on when the call began and the dtype it defaults to
+        self._autocast_at_entry = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _DEVICES}
         self._outer = _thread.observer
         self.entry = sys._getframe(1)
         _thread.observer = self
@@ -176,6 +188,29 @@ class Observer:
         """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
         first: the first read of the acquisition is what the state was when the call began."""
         self._guards.setdefault(("state", guard.label), guard)
+
+    def autocast_entered(self, device_type: str) -> None:
+        """The program cast a call under an autocast it entered itself: ``torch.autocast(device)``
+        without a dtype takes ``torch.get_autocast_dtype(device)``, which the cache key holds only
+        while autocast is on, so a ``torch.set_autocast_dtype`` between calls must recompile."""
+        enabled, dtype = self._autocast_at_entry[device_type]
+        if not enabled:
+            read = functools.partial(torch.get_autocast_dtype, device_type)
+            self.guard_state(StateGuard(f"torch.get_autocast_dtype({device_type!r})", read, dtype))
+
+    def refuse_consumed_iterators(self) -> None:
+        """Refuses a program that advanced an iterator it did not create (``for i in
+        zip(COUNTER, ...)`` over a global ``itertools.count``): tracing took its items once, and a
+        compiled call would neither take the next ones nor see them (``next(it)`` is refused as it
+        is called, ``stdlib_state._next``)."""
+        for it, name, origin, position in self._iterators.values():
+            if _iterator_position(it) != position:
+                raise ThunderNotImplementedError(
+                    f"thunder_rs.jit: the program consumed the {type(it).__name__} {name!r} read at {origin}, which "
+                    "it did not create (a for loop, zip or list() over it); tracing took its items once, and a "
+                    "compiled call would neither take the next ones nor see them. Take the items outside the jitted "
+                    "function and pass them in"
+                )
 
     def guards(self) -> list:
         """The guards: values read, and the structure of modules called that the program does not
@@ -269,6 +304,22 @@ class Observer:
             and id(fn) not in self._defaults
         ):
             self._defaults[id(fn)] = DefaultsGuard.entry(fn)
+            self._guard_mutable_defaults(fn)
+
+    def _guard_mutable_defaults(self, fn) -> None:
+        """A list, dict or set among ``fn``'s defaults (``def f(x, scales=[1.0])``) changes in
+        place, which ``DefaultsGuard``'s identity test does not see: guarded by its contents, so
+        it recompiles when changed between calls and is refused when the program changes it."""
+        origin = f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}"
+        for holder, name in ((fn.__defaults__, "__defaults__"), (fn.__kwdefaults__, "__kwdefaults__")):
+            source = ItemSource(holder, f"{fn.__qualname__}.{name}")
+            items: list[tuple[Any, Any]] = list(holder.items() if isinstance(holder, dict) else enumerate(holder or ()))
+            for key, value in items:  # an index or a keyword's name, as ItemSource reads it
+                if hasattr(type(value), "__next__") and not isinstance(value, torch.Tensor):
+                    found = (value, source.describe(key), origin, _iterator_position(value))
+                    self._iterators.setdefault(id(value), found)
+                if isinstance(value, MUTABLE):
+                    self._guards.setdefault((source.key, key), Guard(source, key, value, origin))
 
     def _add_hooks(self, module) -> None:
         """The forward of ``module`` and its forward hooks run in the call: their closure cells
@@ -315,6 +366,10 @@ class Observer:
         MISSING where the chain stops (not state, not a plain attribute, or a leaf value)."""
         if type(attr) is _Item:
             return self._item_step(obj, attr.key, origin)
+        if attr is ALL_ATTRIBUTES or attr == "__dict__":
+            if not isinstance(obj, (torch.nn.Module, type, types.ModuleType)) and obj in self.state:
+                self.state.read_whole(obj, origin, self._guards)
+            return MISSING
         if isinstance(obj, torch.Generator):
             if attr in _GENERATOR_WRITES:
                 raise ThunderNotImplementedError(
@@ -378,6 +433,12 @@ class Observer:
             # which setting the attribute later changes.
             self._guard_absent(obj, source, attr, origin)
         if value is MISSING or hasattr(type(value), "__get__"):
+            if _program_method(value):
+                # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the
+                # class between calls is other code.
+                self._guard_absent(obj, source, attr, origin)
+                self._guards.setdefault(("method", id(type(obj)), attr), MethodGuard(type(obj), attr, origin))
+                self._add_function(getattr(value, "__func__", value))
             return MISSING
         if isinstance(obj, torch.nn.Module):
             self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
@@ -444,6 +505,12 @@ class Observer:
         way); returns it if reads may go on from it."""
         if isinstance(value, TensorProxy):
             return MISSING
+        if hasattr(type(value), "__next__") and id(value) not in self._iterators:
+            self._iterators[id(value)] = (value, name, origin, _iterator_position(value))
+        if type(value) is contextvars.ContextVar:
+            # ``SCALE.get()`` reads the current context's value, which no attribute holds.
+            read = functools.partial(value.get, MISSING)
+            self.guard_state(StateGuard(f"the value of contextvars.ContextVar {value.name!r}", read, read()))
         if isinstance(value, types.FunctionType):
             self._add_function(value)
         if callable(value):
@@ -471,7 +538,8 @@ class Observer:
                 return
 
     def _is_state(self, value) -> bool:
-        return isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator)) or value in self.state
+        # A class: ``cls.factor`` in a classmethod (``_class_read`` leaves library classes alone).
+        return isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator, type)) or value in self.state
 
     # -- profile events --------------------------------------------------------------------------
 
@@ -652,6 +720,35 @@ def _bound_objects(fn) -> list:
         and not is_simple(o)
         and not isinstance(o, (torch.Tensor, torch.nn.Module, *_CODE_TYPES))
     ]
+
+
+def _program_method(value) -> bool:
+    """Whether ``value``, found on a class, is a method of the program's own code (a function,
+    classmethod or staticmethod not defined by torch or the standard library)."""
+    fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+    if not isinstance(fn, types.FunctionType):
+        return False
+    home = sys.modules.get(fn.__module__ or "")
+    return home is not None and not library_module(home)
+
+
+def _iterator_position(value, depth: int = 0):
+    """Where an iterator is, comparable before and after tracing: a generator's instruction; else
+    what its ``__reduce__`` gives (``count(2)``, a list iterator's index), with the positions of the
+    iterators it holds (``zip``'s) and other objects by identity."""
+    if isinstance(value, types.GeneratorType):
+        return ("generator", None if value.gi_frame is None else value.gi_frame.f_lasti)
+    if isinstance(value, tuple) and depth < 4:
+        return tuple(_iterator_position(v, depth + 1) for v in value)
+    if is_simple(value):
+        return value
+    if not hasattr(type(value), "__next__") or depth >= 4:
+        return id(value)
+    try:
+        reduced = value.__reduce__()
+    except Exception:  # noqa: BLE001 (an iterator that cannot say where it is)
+        return id(value)
+    return (type(value), _iterator_position(reduced[1:], depth + 1))
 
 
 def _child_source(source, name: str, value):

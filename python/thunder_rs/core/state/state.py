@@ -64,6 +64,46 @@ class IntGuard:
         return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is int"
 
 
+class MethodGuard:
+    """A method of the program's class that the program called through an instance
+    (``self.act(y)``): holds while the class still gives that function, so rebinding it on the
+    class or a base between calls recompiles. One ``getattr`` per call, through the type's
+    attribute cache."""
+
+    per_call = True
+    source = None
+
+    def __init__(self, cls: type, name: str, origin: str):
+        self.cls, self.name, self.origin = cls, name, origin
+        # A classmethod reads as a new bound method each time: compare what it binds.
+        self.bound = isinstance(vars_of_mro(cls, name), classmethod)
+        self.expected = self._now()
+
+    def _now(self):
+        found = getattr(self.cls, self.name, MISSING)
+        return getattr(found, "__func__", MISSING) if self.bound else found
+
+    def holds(self, flat) -> bool:
+        return self._now() is self.expected
+
+    def describe(self, flat) -> str:
+        return f"method {self.name!r} of {self.cls.__qualname__} was rebound (called at {self.origin})"
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"c{index}"], scope[f"e{index}"] = self.cls, self.expected
+        read = f"getattr(c{index}, {self.name!r}, MISSING)"
+        return f"getattr({read}, '__func__', MISSING) is e{index}" if self.bound else f"{read} is e{index}"
+
+
+def vars_of_mro(cls: type, name: str):
+    """What ``cls`` holds under ``name`` through its MRO, undecorated (a classmethod object)."""
+    for klass in cls.__mro__:
+        value = vars(klass).get(name, MISSING)
+        if value is not MISSING:
+            return value
+    return MISSING
+
+
 class StateObject:
     __slots__ = ("obj", "source", "found", "whole")
 
@@ -113,6 +153,17 @@ class ProgramState:
             guards.setdefault(("input", id(obj), name), self._input_guard(known, name, found, origin))
             self._guard_held_items(found, origin, guards)
         return found
+
+    def read_whole(self, obj, origin: str, guards: dict) -> None:
+        """Guards all of a state object's attributes: the program read them through library code
+        the observer does not follow (``vars(cfg)``, ``dataclasses.astuple(cfg)``)."""
+        known = self._objects[id(obj)]
+        if known.found is None:
+            return
+        if isinstance(known.source, ObjectSource):
+            guards.setdefault(("object", id(obj)), DictGuard(known.source, known.found, origin))
+        else:
+            self._guard_whole(known, origin, guards)
 
     def guard_whole_objects(self, guards: dict) -> None:
         """Guards every argument object reached through a container, whether or not the observer

@@ -32,11 +32,30 @@ _TORCH_READERS = {
         "is_anomaly_enabled",
         "is_anomaly_check_nan_enabled",
         "is_inference_mode_enabled",
+        "initial_seed",
+        "is_autocast_cache_enabled",
     )
     if hasattr(torch, name)
 }
 if hasattr(torch.backends, "mha"):
     _TORCH_READERS["torch.backends.mha.get_fastpath_enabled"] = torch.backends.mha.get_fastpath_enabled
+#: ``torch.backends.cuda``'s switches of attention kernels and library choices, read by calling them
+#: (``torch.backends.cuda.flash_sdp_enabled()``); their setters (``enable_flash_sdp``) change them.
+_TORCH_READERS.update(
+    {
+        f"torch.backends.cuda.{name}": getattr(torch.backends.cuda, name)
+        for name in (
+            "flash_sdp_enabled",
+            "mem_efficient_sdp_enabled",
+            "math_sdp_enabled",
+            "cudnn_sdp_enabled",
+            "fp16_bf16_reduction_math_sdp_allowed",
+            "preferred_blas_library",
+            "preferred_linalg_library",
+        )
+        if hasattr(torch.backends.cuda, name)
+    }
+)
 _READER_NAMES = {id(fn): name for name, fn in _TORCH_READERS.items()}
 #: Modules whose plain attributes are flags (``torch.backends.cudnn.deterministic``).
 _FLAG_MODULES = ("torch.backends", "torch.utils.deterministic")
