@@ -17,7 +17,7 @@ from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import creation
-from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, is_number, rounded, sum_to, upcast
+from thunder_rs.torch.common import cast, in_opmath, is_number, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
