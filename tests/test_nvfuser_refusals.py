@@ -131,7 +131,7 @@ GRADIENTS = {
     "index_reduce_amax": "gather",
     "index_reduce_amin": "gather",
     "index_copy": "gather",
-    "index_put": "gather",
+    "index_put": "index_select",
 }
 
 
