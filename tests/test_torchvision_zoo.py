@@ -219,3 +219,42 @@ def test_a_zoo_model_evaluates_as_eager_without_grad():
     with torch.no_grad():
         out, expected = thunder_rs.jit(model)(x), model(x)
     assert_like_eager(out, expected, "logits", **TOL)
+
+
+@pytest.mark.slow
+def test_raft_trains_and_evaluates_as_eager_in_one_compile_each():
+    """RAFT's iterative refinement (3 updates, a flow per update) in float32 (its coordinate grid
+    is float32 whatever the model's dtype, which ``grid_sample`` refuses in float64, in eager too).
+    Its correlation block stores a new pyramid of tensors on itself at each call and reads it in
+    another method: the list the last call left is no state this call reads (every call compiled
+    again: 'the contents of CorrBlock.corr_pyramid changed'). Training: flows, gradients and
+    the stored pyramid as eager's over 3 steps in one compile; eval at 2 batches and sizes."""
+    optical_flow = torchvision.models.optical_flow
+    tol = dict(rtol=1e-4, atol=1e-5)
+    torch.manual_seed(0)
+    model = optical_flow.raft_small(weights=None).train()
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    for step in range(3):
+        pair = [torch.rand(2, 3, 128, 128) * 2 - 1 for _ in range(2)]
+        flows, expected = jmodel(*pair, num_flow_updates=3), eager(*pair, num_flow_updates=3)
+        for i, (flow, want) in enumerate(zip(flows, expected, strict=True)):
+            assert_like_eager(flow, want, f"step {step} flow {i}", **tol)
+        sum(f.square().mean() for f in flows).backward()
+        sum(f.square().mean() for f in expected).backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+            assert (p.grad is None) == (q.grad is None), name
+            if q.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, msg=name, **tol)
+        for level, want in zip(model.corr_block.corr_pyramid, eager.corr_block.corr_pyramid, strict=True):
+            torch.testing.assert_close(level, want, **tol)
+        model.zero_grad(), eager.zero_grad()
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 1
+    model.eval(), eager.eval()
+    jmodel = thunder_rs.jit(model)
+    for batch, size in [(2, 128), (3, 128), (2, 160), (3, 160)]:
+        pair = [torch.rand(batch, 3, size, size) * 2 - 1 for _ in range(2)]
+        with torch.no_grad():
+            flows, expected = jmodel(*pair, num_flow_updates=3), eager(*pair, num_flow_updates=3)
+        for i, (flow, want) in enumerate(zip(flows, expected, strict=True)):
+            assert_like_eager(flow, want, f"eval {batch} x {size} px flow {i}", **tol)
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 3
