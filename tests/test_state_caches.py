@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import thunder_rs
+from thunder_rs.core.state import code_reads
 from thunder_rs.core.state.identity import uses_in
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -540,6 +541,34 @@ _BYTECODE = {
 def test_the_identity_scan_reads_each_versions_bytecode(case):
     instructions, kinds = _BYTECODE[case]
     assert [kind for kind, _, _ in uses_in(instructions, "self")] == kinds
+
+
+_STORES = {
+    "3.12 self.levels = x": ([_ins("LOAD_FAST", "x"), _ins("LOAD_FAST", "self"), _ins("STORE_ATTR", "levels")], True),
+    "3.13 self.levels = x": ([_ins("LOAD_FAST_LOAD_FAST", ("x", "self")), _ins("STORE_ATTR", "levels")], True),
+    "3.14 self.levels = []": (
+        [_ins("BUILD_LIST", 0), _ins("LOAD_FAST_BORROW", "self"), _ins("STORE_ATTR", "levels")],
+        True,
+    ),
+    "3.12 self.inner.levels = x": (
+        [_ins("LOAD_FAST", "x"), _ins("LOAD_FAST", "self"), _ins("LOAD_ATTR", "inner"), _ins("STORE_ATTR", "levels")],
+        False,
+    ),
+    "3.13 self = other after the store": (
+        [_ins("LOAD_FAST_LOAD_FAST", ("x", "self")), _ins("STORE_ATTR", "levels"), _ins("LOAD_FAST", "other"),
+         _ins("STORE_FAST_LOAD_FAST", ("self", "y"))],
+        False,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(_STORES))
+def test_the_stores_a_method_makes_before_its_reads_are_read_in_each_versions_bytecode(case):
+    listed, stored = _STORES[case]
+    after = frozenset()
+    for i in range(len(listed)):
+        after = code_reads._store_effect(listed, i, after)
+    assert (("self", "levels") in after) == stored
 
 
 class _Pyramid(nn.Module):

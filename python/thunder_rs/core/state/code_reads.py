@@ -178,14 +178,17 @@ def _stored_before(code, listed: list) -> list:
     # Python 3.10 has no exception table: its SETUP_FINALLY jumps to the handler with the state
     # before the ``try``, which is fewer stores than any point inside it.
     entries = getattr(dis.Bytecode(code), "exception_entries", ())
-    handlers = [(e.start, e.end, at[e.target]) for e in entries if e.target in at]
+    targets = [ins.argval for ins in listed if ins.opcode in _JUMPS] + [e.target for e in entries]
+    if not all(t in at for t in targets):
+        return [none] * len(listed)  # a path it cannot follow: nothing is surely stored
+    handlers = [(e.start, e.end, at[e.target]) for e in entries]
     before: list = [None] * len(listed)  # None: no path seen yet
     before[0], work = none, [0]
     while work:
         i = work.pop()
         ins, now = listed[i], before[i]
         after = _store_effect(listed, i, now)
-        nexts = [at[ins.argval]] if ins.opcode in _JUMPS and ins.argval in at else []
+        nexts = [at[ins.argval]] if ins.opcode in _JUMPS else []
         if ins.opname not in _ENDS and ins.opname not in _UNCONDITIONAL and i + 1 < len(listed):
             nexts.append(i + 1)
         edges = [(n, after) for n in nexts] + [(t, now) for s, e, t in handlers if s <= ins.offset < e]
@@ -200,13 +203,16 @@ def _stored_before(code, listed: list) -> list:
 def _store_effect(listed: list, i: int, now: frozenset) -> frozenset:
     """The stored pairs after instruction ``i``: a store of an attribute on a local adds it, a
     new value of the local or a deleted attribute takes pairs away."""
-    ins = listed[i]
-    if ins.opname == "STORE_ATTR" and i > 0 and listed[i - 1].opname in _LOAD_LOCAL:
-        return now | {(listed[i - 1].argval, ins.argval)}
+    ins, load = listed[i], listed[i - 1] if i > 0 else None
+    if ins.opname == "STORE_ATTR" and load is not None and load.opname in _LOAD_LOCAL:
+        return now | {(load.argval, ins.argval)}
+    if ins.opname == "STORE_ATTR" and load is not None and load.opname in _LOAD_TWO:  # 3.13: value, then self
+        return now | {(load.argval[1], ins.argval)}
     if ins.opname == "DELETE_ATTR":
         return frozenset(p for p in now if p[1] != ins.argval)
-    if ins.opname in ("STORE_FAST", "DELETE_FAST"):
-        return frozenset(p for p in now if p[0] != ins.argval)
+    if ins.opname.startswith("STORE_FAST") or ins.opname == "DELETE_FAST":  # 3.13: STORE_FAST_LOAD_FAST too
+        names = ins.argval if type(ins.argval) is tuple else (ins.argval,)
+        return frozenset(p for p in now if p[0] not in names)
     return now
 
 
