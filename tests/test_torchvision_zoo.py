@@ -1,7 +1,9 @@
 """torchvision's model zoo trained under thunder_rs.jit next to an eager copy: classification
 (ConvNeXt, EfficientNet v1/v2 with stochastic depth, ShuffleNet's channel shuffle, DenseNet's
 concatenations, RegNet, MNASNet, GoogLeNet and Inception v3 with their auxiliary logits in train
-mode, Swin v1/v2, MaxViT, ViT), segmentation (FCN, DeepLabV3, LR-ASPP) and video (R3D, MViT).
+mode, Swin v1/v2, MaxViT, ViT, SqueezeNet), segmentation (FCN, DeepLabV3, LR-ASPP), video (R3D,
+MC3, R(2+1)D, MViT) and optical flow (RAFT's iterative updates), and in eval mode over image and
+batch sizes.
 
 Each step compares every output (values, dtypes and strides), every gradient, the buffers (batch
 norm's running statistics) and the parameters after an SGD step, in float64. Randomly initialised
@@ -101,7 +103,10 @@ ZOO = {
     "fcn_resnet50": (lambda: segmentation.fcn_resnet50(aux_loss=True, **SEGMENTATION), image),
     "deeplabv3_mobilenet_v3": (lambda: segmentation.deeplabv3_mobilenet_v3_large(aux_loss=True, **SEGMENTATION), image),
     "lraspp_mobilenet_v3": (lambda: segmentation.lraspp_mobilenet_v3_large(**SEGMENTATION), image),
+    "squeezenet1_1": (lambda: models.squeezenet1_1(**NC), lambda batch=2, size=64: image(batch, size)),
     "r3d_18": (lambda: models.video.r3d_18(**NC), clip),
+    "mc3_18": (lambda: models.video.mc3_18(**NC), clip),
+    "r2plus1d_18": (lambda: models.video.r2plus1d_18(**NC), clip),
     "mvit": (small_mvit, clip),
 }
 DEFAULT = ("shufflenet_v2", "convnext_small_config")
@@ -209,6 +214,34 @@ def test_a_zoo_model_trains_over_image_and_batch_sizes_in_three_compiles(name, c
         model = model.to(memory_format=fmt)
         inputs = [x.contiguous(memory_format=fmt) for x in inputs]
     jmodel = train_like_eager(model, inputs, tol=dict(rtol=1e-4, atol=1e-5))
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 3
+
+
+#: name -> the two image sizes evaluated (SqueezeNet's final pooling needs 64 px).
+OVER_SIZES_EVAL = {
+    "squeezenet1_1": (64, 80),
+    **{n: (32, 48) for n in ["shufflenet_v2", "densenet121", "googlenet", "regnet_y_400mf", "mnasnet0_5"]},
+    **{n: (32, 48) for n in ["efficientnet_v2_s", "r3d_18", "mc3_18", "r2plus1d_18"]},
+}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n == "squeezenet1_1" else pytest.mark.slow) for n in OVER_SIZES_EVAL]
+)  # fmt: skip
+def test_a_zoo_model_evaluates_as_eager_over_image_and_batch_sizes_in_three_compiles(name):
+    """In eval mode without grad, batches of 2 and 3 at two image sizes: the first call's
+    compile, one with a symbolic batch size, one with symbolic image sizes too."""
+    make_model, make_input = ZOO[name]
+    torch.manual_seed(0)
+    model = make_model().double().eval()
+    jmodel = thunder_rs.jit(model)
+    for size in OVER_SIZES_EVAL[name]:
+        for batch in (2, 3):
+            x = make_input(batch, size).double()
+            with torch.no_grad():
+                outs, expected = tensors(jmodel(x)), tensors(model(x))
+            for i, (out, want) in enumerate(zip(outs, expected, strict=True)):
+                assert_like_eager(out, want, f"{batch} x {size} px output {i}", **TOL)
     assert thunder_rs.compile_stats(jmodel).cache_misses == 3
 
 
