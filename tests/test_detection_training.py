@@ -223,3 +223,46 @@ def test_tensor_slice_bounds_are_read_as_eager_reads_them():
         x, bt = torch.randn(8), torch.tensor(box)
         torch.testing.assert_close(jfn(x, bt), paste(x, bt))
     assert misses(jfn) == 3
+
+
+ONE_STAGE = {
+    "ssdlite": lambda d: d.ssdlite320_mobilenet_v3_large(num_classes=3, weights=None, weights_backbone=None),
+    "fcos": lambda d: d.fcos_resnet50_fpn(
+        num_classes=3, min_size=160, max_size=160, weights=None, weights_backbone=None
+    ),
+    "retinanet": lambda d: d.retinanet_resnet50_fpn(
+        num_classes=3, min_size=160, max_size=160, weights=None, weights_backbone=None
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ONE_STAGE))
+def test_a_one_stage_detector_trains_as_eager(name):
+    """SSDlite, FCOS and RetinaNet (anchors matched to the targets' boxes, focal and IoU losses):
+    3 steps in 3 compiles, the first call's and one for each new pattern of box counts (1, then
+    2+ boxes in the first target)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    jmodel = train_detection_like_eager(ONE_STAGE[name](torchvision.models.detection).train(), steps=3)
+    assert (misses(jmodel), thunder_rs.compile_stats(jmodel).eager_calls) == (3, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ONE_STAGE))
+def test_a_one_stage_detector_evaluates_as_eager_over_image_sizes_and_counts(name):
+    """Boxes, scores and labels as eager's for 1 and 2 images of 160 and 200 px: a compile per
+    number of images and one with symbolic image sizes for each."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = ONE_STAGE[name](torchvision.models.detection).eval()
+    jmodel = thunder_rs.jit(model)
+    for size, count in [(160, 1), (160, 2), (200, 1), (200, 2)]:
+        images = [torch.rand(3, size, size) for _ in range(count)]
+        with torch.no_grad():
+            outs, expected = jmodel(images), model(images)
+        for out, want in zip(outs, expected, strict=True):
+            assert out.keys() == want.keys()
+            for key in want:
+                torch.testing.assert_close(out[key], want[key], msg=f"{size} px, {count} images: {key}", **TOL)
+    assert misses(jmodel) == 4

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import thunder_rs
+from thunder_rs.core.state import code_reads
 from thunder_rs.core.state.identity import uses_in
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -617,3 +618,108 @@ def test_the_identity_scan_reads_each_versions_bytecode(case):
         assert uses[0][1] == "a"
     elif "x = y" in case:
         assert uses[0][1] is None
+
+
+_STORES = {
+    "3.12 self.levels = x": ([_ins("LOAD_FAST", "x"), _ins("LOAD_FAST", "self"), _ins("STORE_ATTR", "levels")], True),
+    "3.13 self.levels = x": ([_ins("LOAD_FAST_LOAD_FAST", ("x", "self")), _ins("STORE_ATTR", "levels")], True),
+    "3.14 self.levels = []": (
+        [_ins("BUILD_LIST", 0), _ins("LOAD_FAST_BORROW", "self"), _ins("STORE_ATTR", "levels")],
+        True,
+    ),
+    "3.12 self.inner.levels = x": (
+        [_ins("LOAD_FAST", "x"), _ins("LOAD_FAST", "self"), _ins("LOAD_ATTR", "inner"), _ins("STORE_ATTR", "levels")],
+        False,
+    ),
+    "3.13 self = other after the store": (
+        [_ins("LOAD_FAST_LOAD_FAST", ("x", "self")), _ins("STORE_ATTR", "levels"), _ins("LOAD_FAST", "other"),
+         _ins("STORE_FAST_LOAD_FAST", ("self", "y"))],
+        False,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(_STORES))
+def test_the_stores_a_method_makes_before_its_reads_are_read_in_each_versions_bytecode(case):
+    listed, stored = _STORES[case]
+    after = frozenset()
+    for i in range(len(listed)):
+        after = code_reads._store_effect(listed, i, after)
+    assert (("self", "levels") in after) == stored
+
+
+class _Pyramid(nn.Module):
+    """As RAFT's correlation block: a method sets a new list of tensors on the module and appends
+    to it, another reads it; the list the last call left there is not read."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, dtype=torch.float64))
+        self.levels = [torch.tensor(0)]
+
+    def build(self, x):
+        self.levels = [x * self.weight]
+        for _ in range(2):
+            self.levels.append(self.levels[-1].cumsum(0))
+
+    def index(self):
+        return sum(level.sum() for level in self.levels)
+
+    def forward(self, x):
+        self.build(x)
+        return self.index()
+
+
+def test_a_list_of_tensors_a_method_sets_on_the_module_each_call_compiles_once():
+    """The list a method stores before reading it is no state the call began with: RAFT's
+    training compiled on every call (``the contents of CorrBlock.corr_pyramid changed``)."""
+    model, eager, jmodel = _twins(_Pyramid)
+    for _ in range(3):
+        x = torch.randn(4, dtype=torch.float64)
+        out, expected = jmodel(x), eager(x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        out.backward(), expected.backward()
+        torch.testing.assert_close(model.weight.grad, eager.weight.grad, rtol=0, atol=0)
+        assert len(model.levels) == len(eager.levels) == 3
+        for level, want in zip(model.levels, eager.levels, strict=True):
+            torch.testing.assert_close(level, want, rtol=0, atol=0)
+    assert _misses(jmodel) == 1
+
+
+class _MaybeStored(nn.Module):
+    """Stores a list of scales on one path only: the scales read may be the ones the call
+    began with, which the user changes between calls."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how, self.reset, self.scales = how, False, [2.0]
+
+    def fill(self):
+        if self.reset:
+            raise ValueError("no scales")
+        return 3.0
+
+    def forward(self, x):
+        if self.how == "branch":
+            if self.reset:
+                self.scales = [3.0]
+        elif self.how == "try":
+            try:
+                self.scales = [self.fill()]
+            except ValueError:
+                pass
+        else:  # read, then stored
+            x = x * self.scales[-1]
+            self.scales = [x.shape[0] * 1.0]
+        return x * self.scales[-1]
+
+
+@pytest.mark.parametrize("how", ["branch", "try", "read_first"])
+def test_a_list_stored_on_some_paths_only_is_still_read_from_the_state(how):
+    model, eager, jmodel = _twins(lambda: _MaybeStored(how))
+    for reset, scales in [(False, [2.0]), (False, [5.0]), (True, [5.0]), (True, [6.0])]:
+        for m in (model, eager):
+            m.reset, m.scales = reset, list(scales)
+        x = torch.ones(2, dtype=torch.float64)
+        torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
+        assert model.scales == eager.scales

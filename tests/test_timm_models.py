@@ -1,7 +1,8 @@
 """timm's image models trained under thunder_rs.jit next to an eager copy (``pretrained=False``,
 nothing is downloaded): ResNets, EfficientNets, MobileNets, ConvNeXt, NFNets, CSP and DLA nets,
-HRNet, ViT, DeiT, Swin, BEiT, EVA-02, CaiT, XCiT, MaxViT, CoAtNet, MobileViT, PoolFormer, MLP-Mixer
-and others, each at the smallest input it takes, in float64.
+HRNet, ViT, DeiT (distilled too), Swin, BEiT, EVA-02, CaiT, XCiT, MaxViT, CoAtNet, MobileViT,
+PoolFormer, MLP-Mixer, ConvNeXt-V2, TNT, LeViT and EfficientFormer (v2) and others, each at the
+smallest input it takes, in float64; a few with stochastic depth.
 
 Each step compares every output (values, dtypes and strides), every gradient, the buffers and the
 parameters after an SGD step (``test_torchvision_zoo.train_like_eager``). timm's ``test_*`` models,
@@ -31,6 +32,9 @@ SIZES = {
     "crossvit_tiny_240": 240,
     "halonet26t": 256,  # eager asserts the feature maps divide into its blocks below 256
     "coatnet_nano_rw_224": 64,
+    "efficientformerv2_s0": 224,
+    "levit_conv_128s": 64,
+    "tnt_s_patch16_224": 224,
 }
 
 MODELS = """
@@ -46,17 +50,18 @@ maxvit_nano_rw_256 swin_tiny_patch4_window7_224 davit_tiny gcvit_xxtiny twins_sv
 eva02_tiny_patch14_224 beit_base_patch16_224 pvt_v2_b0 focalnet_tiny_srf mambaout_femto starnet_s050
 fasternet_t0 inception_next_atto selecsls42b dpn68 legacy_seresnet18 resnest14d ese_vovnet19b_dw
 mixnet_s gernet_s botnet26t_256 lambda_resnet26t visformer_tiny sequencer2d_s hiera_tiny_224
-efficientvit_b0 efficientformer_l1 levit_128s crossvit_tiny_240 halonet26t
+efficientvit_b0 efficientformer_l1 levit_128s crossvit_tiny_240 halonet26t convnextv2_atto
+deit_tiny_distilled_patch16_224 efficientformerv2_s0 levit_conv_128s tnt_s_patch16_224
 """.split()
 DEFAULT = ("test_resnet", "test_vit")
 
 
-def make(name: str, size: int):
+def make(name: str, size: int, **kwargs):
     """``name`` with 10 classes, for ``size`` px images where the model takes an ``img_size``."""
     try:
-        return timm.create_model(name, pretrained=False, num_classes=10, img_size=size)
+        return timm.create_model(name, pretrained=False, num_classes=10, img_size=size, **kwargs)
     except TypeError:
-        return timm.create_model(name, pretrained=False, num_classes=10)
+        return timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
 
 
 def params(names):
@@ -71,6 +76,22 @@ def test_a_timm_model_trains_as_eager(name):
     inputs = [torch.randn(2, 3, size, size, dtype=torch.float64) for _ in range(2)]
     jmodel = train_like_eager(model, inputs, tol=FLOAT32_INSIDE if name == "efficientvit_b0" else TOL)
     assert thunder_rs.compile_stats(jmodel).cache_misses == 1
+
+
+#: Stochastic depth (timm's ``drop_path_rate``) in the blocks, squeeze-excitation in the
+#: EfficientNets and MixNet, GRN in ConvNeXt-V2: drawn alike for both models by the same seed.
+DROP_PATH = ["test_efficientnet", "efficientnet_b0", "mixnet_s", "convnextv2_atto", "test_vit", "test_coatnet",
+             "test_maxvit", "resnest14d", "res2net50_14w_8s", "poolformer_s12", "xcit_nano_12_p16_224"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n == DROP_PATH[0] else pytest.mark.slow) for n in DROP_PATH]
+)  # fmt: skip
+def test_a_timm_model_with_drop_path_trains_as_eager(name):
+    torch.manual_seed(0)
+    model = make(name, 32, drop_path_rate=0.2)
+    inputs = [torch.randn(2, 3, 32, 32, dtype=torch.float64) for _ in range(2)]
+    assert thunder_rs.compile_stats(train_like_eager(model, inputs)).cache_misses == 1
 
 
 EVAL = ["test_resnet", "test_vit", "test_convnext", "test_efficientnet", "test_coatnet", "test_maxvit",

@@ -1,7 +1,9 @@
 """torchvision's model zoo trained under thunder_rs.jit next to an eager copy: classification
 (ConvNeXt, EfficientNet v1/v2 with stochastic depth, ShuffleNet's channel shuffle, DenseNet's
 concatenations, RegNet, MNASNet, GoogLeNet and Inception v3 with their auxiliary logits in train
-mode, Swin v1/v2, MaxViT, ViT), segmentation (FCN, DeepLabV3, LR-ASPP) and video (R3D, MViT).
+mode, Swin v1/v2, MaxViT, ViT, SqueezeNet), segmentation (FCN, DeepLabV3, LR-ASPP), video (R3D,
+MC3, R(2+1)D, MViT) and optical flow (RAFT's iterative updates), and in eval mode over image and
+batch sizes.
 
 Each step compares every output (values, dtypes and strides), every gradient, the buffers (batch
 norm's running statistics) and the parameters after an SGD step, in float64. Randomly initialised
@@ -101,7 +103,10 @@ ZOO = {
     "fcn_resnet50": (lambda: segmentation.fcn_resnet50(aux_loss=True, **SEGMENTATION), image),
     "deeplabv3_mobilenet_v3": (lambda: segmentation.deeplabv3_mobilenet_v3_large(aux_loss=True, **SEGMENTATION), image),
     "lraspp_mobilenet_v3": (lambda: segmentation.lraspp_mobilenet_v3_large(**SEGMENTATION), image),
+    "squeezenet1_1": (lambda: models.squeezenet1_1(**NC), lambda batch=2, size=64: image(batch, size)),
     "r3d_18": (lambda: models.video.r3d_18(**NC), clip),
+    "mc3_18": (lambda: models.video.mc3_18(**NC), clip),
+    "r2plus1d_18": (lambda: models.video.r2plus1d_18(**NC), clip),
     "mvit": (small_mvit, clip),
 }
 DEFAULT = ("shufflenet_v2", "convnext_small_config")
@@ -212,6 +217,34 @@ def test_a_zoo_model_trains_over_image_and_batch_sizes_in_three_compiles(name, c
     assert thunder_rs.compile_stats(jmodel).cache_misses == 3
 
 
+#: name -> the two image sizes evaluated (SqueezeNet's final pooling needs 64 px).
+OVER_SIZES_EVAL = {
+    "squeezenet1_1": (64, 80),
+    **{n: (32, 48) for n in ["shufflenet_v2", "densenet121", "googlenet", "regnet_y_400mf", "mnasnet0_5"]},
+    **{n: (32, 48) for n in ["efficientnet_v2_s", "r3d_18", "mc3_18", "r2plus1d_18"]},
+}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n == "squeezenet1_1" else pytest.mark.slow) for n in OVER_SIZES_EVAL]
+)  # fmt: skip
+def test_a_zoo_model_evaluates_as_eager_over_image_and_batch_sizes_in_three_compiles(name):
+    """In eval mode without grad, batches of 2 and 3 at two image sizes: the first call's
+    compile, one with a symbolic batch size, one with symbolic image sizes too."""
+    make_model, make_input = ZOO[name]
+    torch.manual_seed(0)
+    model = make_model().double().eval()
+    jmodel = thunder_rs.jit(model)
+    for size in OVER_SIZES_EVAL[name]:
+        for batch in (2, 3):
+            x = make_input(batch, size).double()
+            with torch.no_grad():
+                outs, expected = tensors(jmodel(x)), tensors(model(x))
+            for i, (out, want) in enumerate(zip(outs, expected, strict=True)):
+                assert_like_eager(out, want, f"{batch} x {size} px output {i}", **TOL)
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 3
+
+
 def test_a_zoo_model_evaluates_as_eager_without_grad():
     torch.manual_seed(0)
     model = small_convnext().double().eval()
@@ -219,3 +252,42 @@ def test_a_zoo_model_evaluates_as_eager_without_grad():
     with torch.no_grad():
         out, expected = thunder_rs.jit(model)(x), model(x)
     assert_like_eager(out, expected, "logits", **TOL)
+
+
+@pytest.mark.slow
+def test_raft_trains_and_evaluates_as_eager_in_one_compile_each():
+    """RAFT's iterative refinement (3 updates, a flow per update) in float32 (its coordinate grid
+    is float32 whatever the model's dtype, which ``grid_sample`` refuses in float64, in eager too).
+    Its correlation block stores a new pyramid of tensors on itself at each call and reads it in
+    another method: the list the last call left is no state this call reads (every call compiled
+    again: 'the contents of CorrBlock.corr_pyramid changed'). Training: flows, gradients and
+    the stored pyramid as eager's over 3 steps in one compile; eval at 2 batches and sizes."""
+    optical_flow = torchvision.models.optical_flow
+    tol = dict(rtol=1e-4, atol=1e-5)
+    torch.manual_seed(0)
+    model = optical_flow.raft_small(weights=None).train()
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    for step in range(3):
+        pair = [torch.rand(2, 3, 128, 128) * 2 - 1 for _ in range(2)]
+        flows, expected = jmodel(*pair, num_flow_updates=3), eager(*pair, num_flow_updates=3)
+        for i, (flow, want) in enumerate(zip(flows, expected, strict=True)):
+            assert_like_eager(flow, want, f"step {step} flow {i}", **tol)
+        sum(f.square().mean() for f in flows).backward()
+        sum(f.square().mean() for f in expected).backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+            assert (p.grad is None) == (q.grad is None), name
+            if q.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, msg=name, **tol)
+        for level, want in zip(model.corr_block.corr_pyramid, eager.corr_block.corr_pyramid, strict=True):
+            torch.testing.assert_close(level, want, **tol)
+        model.zero_grad(), eager.zero_grad()
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 1
+    model.eval(), eager.eval()
+    jmodel = thunder_rs.jit(model)
+    for batch, size in [(2, 128), (3, 128), (2, 160), (3, 160)]:
+        pair = [torch.rand(batch, 3, size, size) * 2 - 1 for _ in range(2)]
+        with torch.no_grad():
+            flows, expected = jmodel(*pair, num_flow_updates=3), eager(*pair, num_flow_updates=3)
+        for i, (flow, want) in enumerate(zip(flows, expected, strict=True)):
+            assert_like_eager(flow, want, f"eval {batch} x {size} px flow {i}", **tol)
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 3

@@ -199,6 +199,9 @@ def binary_samples(
 
 def broadcast_mismatch() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), cpu((5,))), RuntimeError)
+    # Two dims differ: eager checks from the last and names dimension 3 (LeViT's attention biases
+    # at another image size than the model's).
+    yield ErrorInput(SampleInput(cpu((2, 4, 6, 6)), cpu((4, 5, 5))), RuntimeError, match="non-singleton dimension 3")
 
 
 def scalar_rejected() -> Iterable[ErrorInput]:

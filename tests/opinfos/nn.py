@@ -402,6 +402,10 @@ def sdpa_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(q, q.double(), q), RuntimeError)
     yield ErrorInput(SampleInput(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.int64)), RuntimeError)
     yield ErrorInput(SampleInput(cpu((2, 4, 3, 8)), q, q), RuntimeError)  # more query heads, no enable_gqa
+    # A bias of another window size (CoAtNet's relative positions at another image size): eager
+    # adds it to the scores, which are tensor a.
+    mask = cpu((1, 2, 4, 4))
+    yield ErrorInput(SampleInput(q, q, q, attn_mask=mask), RuntimeError, match=r"tensor a \(3\).*tensor b \(4\)")
 
 
 OPS = [

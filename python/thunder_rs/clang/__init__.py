@@ -59,7 +59,8 @@ def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
     ndim = max((len(s) for s in shapes), default=0)
     out: list = [None] * ndim
     for shape in shapes:
-        for i, size in enumerate(shape, ndim - len(shape)):
+        # From the last dim, as eager checks: a mismatch is reported at the dim eager names.
+        for i, size in reversed(list(enumerate(shape, ndim - len(shape)))):
             # A size that is the other's as data decides nothing: ``t - 1`` against ``t - 1`` would
             # ask whether it is 1 and guard ``t != 2``.
             if out[i] is None or _is_one(out[i]) or identical(size, out[i]):

@@ -171,7 +171,7 @@ def scaled_dot_product_attention(
     if is_causal:
         scores = where(_causal_mask(scores), scores, float("-inf"))
     elif attn_mask is not None:
-        clang.broadcast_shapes(op, attn_mask.shape, scores.shape)
+        clang.broadcast_shapes(op, scores.shape, attn_mask.shape)  # eager adds the mask to the scores
         if attn_mask.dtype == torch.bool:
             scores = where(attn_mask, scores, float("-inf"))
         else:

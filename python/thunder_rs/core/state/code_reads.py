@@ -4,6 +4,7 @@ globals, closure cells, and attribute chains on its arguments and locals (``self
 (``interesting``: not torch's internals, thunder_rs or the standard library). The observer
 (``observe.py``) evaluates them at each call of the traced program."""
 
+import dis
 import inspect
 import os
 import sysconfig
@@ -113,15 +114,20 @@ def _chains(code) -> tuple:
     subscripts by a constant key (an ``_Item`` step: ``cfg["sub"]["scale"]``). A read by name,
     ``getattr(chain, "name"[, default])`` or ``hasattr(chain, "name")``, ends its chain with that
     name. With them, whether the code reads objects whole (``_READS_WHOLE``)."""
-    chains, root, attrs = set(), None, []
+    attrs: list = []
+    chains, root = set(), None
     whole = False
     by_name = False  # the chain being read is getattr's or hasattr's first argument
     after_by_name = False  # the last instruction loaded the builtin getattr or hasattr
     listed = instructions(code)
+    stored = _stored_before(code, listed)
     subscripted = False  # the instruction is the subscript of a constant key already taken
-    for ins, after in zip(listed, [*listed[1:], None]):
+    for i, (ins, after) in enumerate(zip(listed, [*listed[1:], None])):
         op = ins.opname
         whole = whole or (op.startswith("LOAD_") and ins.argval in _READS_WHOLE)
+        if root is not None and not attrs and op in _LOAD_ATTR and _stored_first(root, ins.argval, stored[i - 1]):
+            root = None
+            continue
         if subscripted:
             subscripted = False
             continue
@@ -158,6 +164,69 @@ def _chains(code) -> tuple:
     if root is not None:
         chains.add((root, tuple(attrs)))
     return chains, whole
+
+
+_UNCONDITIONAL = frozenset({"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "JUMP"})
+_ENDS = frozenset({"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"})
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+
+
+def _stored_first(root: tuple, attr: str, stored: frozenset) -> bool:
+    """Whether ``root.attr`` was stored earlier on every path (``self.pyramid = [...]``): the
+    chain reads what the call stored, not the state the call began with (RAFT's correlation
+    pyramid, rebuilt by each call)."""
+    return root[0] in _LOAD_LOCAL and (root[1], attr) in stored
+
+
+def _stored_before(code, listed: list) -> list:
+    """For each instruction, the ``(local, attr)`` pairs that every path from the entry stored
+    (``self.attr = value``: the local loaded right before ``STORE_ATTR``) before it runs. A
+    must-analysis over the bytecode: a store on one branch only, or in a ``try`` whose handler
+    goes on, is not stored; an instruction no path reaches has none."""
+    none: frozenset = frozenset()
+    stores = {ins.argval for ins in listed if ins.opname == "STORE_ATTR"}
+    if not any(ins.opname in _LOAD_ATTR and ins.argval in stores for ins in listed):
+        return [none] * len(listed)  # (most code: ``__init__`` stores what it does not read)
+    at = {ins.offset: i for i, ins in enumerate(listed)}
+    # Python 3.10 has no exception table: its SETUP_FINALLY jumps to the handler with the state
+    # before the ``try``, which is fewer stores than any point inside it.
+    entries = getattr(dis.Bytecode(code), "exception_entries", ())
+    targets = [ins.argval for ins in listed if ins.opcode in _JUMPS] + [e.target for e in entries]
+    if not all(t in at for t in targets):
+        return [none] * len(listed)  # a path it cannot follow: nothing is surely stored
+    handlers = [(e.start, e.end, at[e.target]) for e in entries]
+    before: list = [None] * len(listed)  # None: no path seen yet
+    before[0], work = none, [0]
+    while work:
+        i = work.pop()
+        ins, now = listed[i], before[i]
+        after = _store_effect(listed, i, now)
+        nexts = [at[ins.argval]] if ins.opcode in _JUMPS else []
+        if ins.opname not in _ENDS and ins.opname not in _UNCONDITIONAL and i + 1 < len(listed):
+            nexts.append(i + 1)
+        edges = [(n, after) for n in nexts] + [(t, now) for s, e, t in handlers if s <= ins.offset < e]
+        for n, state in edges:
+            merged = state if before[n] is None else before[n] & state
+            if merged != before[n]:
+                before[n] = merged
+                work.append(n)
+    return [none if b is None else b for b in before]
+
+
+def _store_effect(listed: list, i: int, now: frozenset) -> frozenset:
+    """The stored pairs after instruction ``i``: a store of an attribute on a local adds it, a
+    new value of the local or a deleted attribute takes pairs away."""
+    ins, load = listed[i], listed[i - 1] if i > 0 else None
+    if ins.opname == "STORE_ATTR" and load is not None and load.opname in _LOAD_LOCAL:
+        return now | {(load.argval, ins.argval)}
+    if ins.opname == "STORE_ATTR" and load is not None and load.opname in _LOAD_TWO:  # 3.13: value, then self
+        return now | {(load.argval[1], ins.argval)}
+    if ins.opname == "DELETE_ATTR":
+        return frozenset(p for p in now if p[1] != ins.argval)
+    if ins.opname.startswith("STORE_FAST") or ins.opname == "DELETE_FAST":  # 3.13: STORE_FAST_LOAD_FAST too
+        names = ins.argval if type(ins.argval) is tuple else (ins.argval,)
+        return frozenset(p for p in now if p[0] not in names)
+    return now
 
 
 #: id(code) -> (code, its reads). By id: hashing a code object hashes its whole contents; the
