@@ -75,6 +75,10 @@ _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_se
 #: key have no code of their own.
 _CONTAINERS = (dict, list, tuple)
 _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+#: ``isinstance(x, torch.Generator)`` without the Python ``__instancecheck__`` of torch's custom-class
+#: metaclass (torch 2.15's), which the observer paid on every attribute read: the same answer for
+#: anything a program holds (that hook only adds the fake script objects of ``torch.compile``'s tracing).
+_is_generator = functools.partial(type.__instancecheck__, torch.Generator)
 
 
 class Observer:
@@ -284,7 +288,7 @@ class Observer:
         MISSING where the chain stops (not state, not a plain attribute, or a leaf value)."""
         if type(attr) is _Item:
             return self._item_step(obj, attr.key, origin)
-        if isinstance(obj, torch.Generator):
+        if _is_generator(obj):
             if attr in _GENERATOR_WRITES:
                 raise ThunderNotImplementedError(
                     f"torch.Generator.{attr}: the traced program at {origin} changes the state of a generator it "
@@ -440,12 +444,13 @@ class Observer:
                 return
 
     def _is_state(self, value) -> bool:
-        return isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator)) or value in self.state
+        return isinstance(value, (torch.nn.Module, types.ModuleType)) or _is_generator(value) or value in self.state
 
     # -- profile events --------------------------------------------------------------------------
 
     def _on_call(self, frame) -> None:
-        if frame.f_code in self._cached:
+        # (``in`` hashes the code object, all of its contents, even where nothing is cached)
+        if self._cached and frame.f_code in self._cached:
             cached_call(self._cached[frame.f_code], frame, self.state.containers.cached_calls)
         self._on_code(frame.f_code, frame.f_globals, frame, 1)
 
