@@ -71,6 +71,7 @@ _CODE_TYPES = (
 )
 #: Methods that change a generator's state: inside a traced program they would run only once.
 _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
+_MODULE_OR_CODE = (torch.nn.Module, *_CODE_TYPES)
 #: Containers whose items a chain follows by constant key: exactly these types, whose reads by
 #: key have no code of their own.
 _CONTAINERS = (dict, list, tuple)
@@ -429,11 +430,12 @@ class Observer:
             key = (source.key, name)
             if key not in self._guards:
                 self._guards[key] = Guard(source, name, value, origin)
-        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
+        state_object = not isinstance(value, _MODULE_OR_CODE)
+        if state_object:
             self.state.containers.note(value, source, name, origin)  # a cache the program may fill
         if is_simple(value) or isinstance(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
             return MISSING
-        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
+        if state_object and value not in self.state:  # (the first source found stays its source)
             self.state.add(value, _child_source(source, name, value))
         return value
 
