@@ -10,7 +10,11 @@ identity (``id(self)``, ``hash``, weak references, ``is``, ``functools.lru_cache
 finds those is checked on the instructions Python 3.12 to 3.14 write as well."""
 
 import copy
+import dataclasses
+import dis
 import functools
+import inspect
+import sys
 import types
 import weakref
 
@@ -19,7 +23,7 @@ import torch
 from torch import nn
 
 import thunder_rs
-from thunder_rs.core.state import code_reads
+from thunder_rs.core.state import code_reads, identity
 from thunder_rs.core.state.identity import uses_in
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -723,3 +727,32 @@ def test_a_list_stored_on_some_paths_only_is_still_read_from_the_state(how):
         x = torch.ones(2, dtype=torch.float64)
         torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
         assert model.scales == eager.scales
+
+
+def _code_objects(modules) -> list:
+    """The code of every function and class body of ``modules``, nested code included."""
+    objects = [*(o for m in modules for o in vars(m).values())]
+    objects += [f for cls in objects if isinstance(cls, type) for f in vars(cls).values()]
+    found, pending = [], [o.__code__ for o in objects if isinstance(getattr(o, "__code__", None), types.CodeType)]
+    while pending:
+        code = pending.pop()
+        found.append(code)
+        pending += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return found
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the fast bytecode walk is CPython 3.11's")
+def test_the_bytecode_walk_reads_what_dis_reads():
+    """``identity._walk_311`` (the observer's walk of each function it sees) against
+    ``dis.get_instructions``, over the standard library's and torch's code: every instruction's
+    name, argument, argument value and position, and ``BINARY_OP``'s operator."""
+    modules = [dis, inspect, functools, dataclasses, torch.nn.functional, torch.nn.modules.module, nn.modules.linear]
+    codes = _code_objects(modules)
+    assert len(codes) > 500
+    for code in codes:
+        ours, theirs = identity._walk_311(code), list(dis.get_instructions(code))
+        assert len(ours) == len(theirs), code
+        for a, b in zip(ours, theirs):
+            assert (a.opname, a.arg, a.positions) == (b.opname, b.arg, b.positions), (code, b)
+            assert a.argval is b.argval or a.argval == b.argval, (code, b)
+            assert a.opname != "BINARY_OP" or a.argrepr == b.argrepr, (code, b)

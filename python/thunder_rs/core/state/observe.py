@@ -78,12 +78,17 @@ _CODE_TYPES = (
 )
 #: Methods that change a generator's state: inside a traced program they would run only once.
 _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
+_MODULE_OR_CODE = (torch.nn.Module, *_CODE_TYPES)
 #: Containers whose items a chain follows by constant key: exactly these types, whose reads by
 #: key have no code of their own.
 _CONTAINERS = (dict, list, tuple)
 _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 #: The devices whose autocast the cache key holds (``core.lang.autocast.AutocastState``).
 _DEVICES = ("cpu", "cuda")
+#: ``isinstance(x, torch.Generator)`` without the Python ``__instancecheck__`` of torch's custom-class
+#: metaclass (torch 2.15's), which the observer paid on every attribute read: the same answer for
+#: anything a program holds (that hook only adds the fake script objects of ``torch.compile``'s tracing).
+_is_generator = functools.partial(type.__instancecheck__, torch.Generator)
 
 
 class Observer:
@@ -370,7 +375,7 @@ class Observer:
             if not isinstance(obj, (torch.nn.Module, type, types.ModuleType)) and obj in self.state:
                 self.state.read_whole(obj, origin, self._guards)
             return MISSING
-        if isinstance(obj, torch.Generator):
+        if _is_generator(obj):
             if attr in _GENERATOR_WRITES:
                 raise ThunderNotImplementedError(
                     f"torch.Generator.{attr}: the traced program at {origin} changes the state of a generator it "
@@ -523,11 +528,12 @@ class Observer:
             key = (source.key, name)
             if key not in self._guards:
                 self._guards[key] = Guard(source, name, value, origin)
-        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
+        state_object = not isinstance(value, _MODULE_OR_CODE)
+        if state_object:
             self.state.containers.note(value, source, name, origin)  # a cache the program may fill
         if is_simple(value) or isinstance(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
             return MISSING
-        if not isinstance(value, (torch.nn.Module, *_CODE_TYPES)):
+        if state_object and value not in self.state:  # (the first source found stays its source)
             self.state.add(value, _child_source(source, name, value))
         return value
 
@@ -539,12 +545,15 @@ class Observer:
 
     def _is_state(self, value) -> bool:
         # A class: ``cls.factor`` in a classmethod (``_class_read`` leaves library classes alone).
-        return isinstance(value, (torch.nn.Module, types.ModuleType, torch.Generator, type)) or value in self.state
+        return (
+            isinstance(value, (torch.nn.Module, types.ModuleType, type)) or _is_generator(value) or value in self.state
+        )
 
     # -- profile events --------------------------------------------------------------------------
 
     def _on_call(self, frame) -> None:
-        if frame.f_code in self._cached:
+        # (``in`` hashes the code object, all of its contents, even where nothing is cached)
+        if self._cached and frame.f_code in self._cached:
             cached_call(self._cached[frame.f_code], frame, self.state.containers.cached_calls)
         self._on_code(frame.f_code, frame.f_globals, frame, 1)
 
