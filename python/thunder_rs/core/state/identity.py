@@ -75,6 +75,9 @@ class Ins(NamedTuple):
     argrepr: str
     #: ``(lineno, end_lineno, col_offset, end_col_offset)``, as ``dis.Positions`` (3.11 on) has them
     positions: tuple | None
+    #: where it is in ``co_code`` and its opcode (``code_reads._stored_before`` follows jumps)
+    offset: int = 0
+    opcode: int = 0
 
 
 def _walk_311(code) -> list:
@@ -104,7 +107,7 @@ def _walk_311(code) -> list:
                 argrepr = _NB_OPS[arg][1]
         else:
             extended = 0
-        out.append(Ins(_OPNAMES[op], arg, argval, argrepr, positions[offset // 2]))
+        out.append(Ins(_OPNAMES[op], arg, argval, argrepr, positions[offset // 2], offset, op))
     return out
 
 

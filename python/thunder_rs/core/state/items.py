@@ -20,6 +20,13 @@ def members(container) -> tuple:
     return tuple(container)
 
 
+def has_item(container, key) -> bool:
+    """Whether ``container[key]`` reads an item: a dict's key, a list's or tuple's index."""
+    if type(container) is dict:
+        return key in container
+    return type(key) is int and -len(container) <= key < len(container)
+
+
 def container_copy(value):
     """What a guard keeps of an attribute to compare by content: a copy of a container."""
     t = type(value)

@@ -51,7 +51,7 @@ from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, interesting, library_module
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
-from thunder_rs.core.state.items import MUTABLE
+from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.reached import ArgumentTensor
 from thunder_rs.core.state.state import IntGuard, MethodGuard, ProgramState
 from thunder_rs.core.state.torch_flags import library_read
@@ -421,7 +421,7 @@ class Observer:
         if not isinstance(parent, ObjectSource):
             # An object a list or dict of the arguments holds (``cache.layers[0]``) is state of
             # its own, found with its path before the program ran.
-            value = obj[key] if type(obj) in _CONTAINERS and _has_item(obj, key) else MISSING
+            value = obj[key] if type(obj) in _CONTAINERS and has_item(obj, key) else MISSING
             return value if value is not MISSING and value in self.state else MISSING
         source = ItemSource(obj, parent.label)
         value = source.fixed().get(key, MISSING)
@@ -772,12 +772,6 @@ def _child_source(source, name: str, value):
         slotted = source.slotted or not isinstance(attributes_of(value), dict)
         return InputSource(source.position, (*source.path, name), label, slotted)
     return ObjectSource(value, label)
-
-
-def _has_item(container, key) -> bool:
-    if type(container) is dict:
-        return key in container
-    return type(key) is int and -len(container) <= key < len(container)
 
 
 def _cell_value(cell):
