@@ -334,6 +334,11 @@ class Recorder:
         the trace numbers its own values apart) (every one
         its calls compute, and the ``wanted`` inputs); None when a call with an effect on state
         (a random draw) would run again: run the recording from its start then."""
+    def last_segment(
+        self, wanted: Sequence[int], known: Sequence[int], checks: Sequence[int]
+    ) -> tuple[Trace, list[int], list[int], list[int], list[int]] | None:
+        """``segment``, returning only the tensors of ``wanted`` not in ``known``: the last one of
+        a recording (its other tensors freed once last used, not kept)."""
     def finish(self, outputs: Any) -> Trace: ...
 
 @final

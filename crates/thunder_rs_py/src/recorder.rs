@@ -96,6 +96,30 @@ impl Recorder {
         Ok(())
     }
 
+    /// A segment of the recording (`TraceBuilder::segment`, or `last_segment` unless `every`).
+    fn segment_of(
+        &mut self,
+        wanted: Vec<u32>,
+        known: Vec<u32>,
+        checks: Vec<u32>,
+        every: bool,
+    ) -> PyResult<Option<Segmented>> {
+        let builder = self.builder()?;
+        let wanted: Vec<ValueId> = wanted.into_iter().map(ValueId).collect();
+        let known = known.into_iter().map(ValueId).collect();
+        let checks: Vec<SymbolId> = checks.into_iter().map(SymbolId).collect();
+        let segment = no_panic("segment", || {
+            py_result(if every {
+                builder.segment(&wanted, &known, &checks)
+            } else {
+                builder.last_segment(&wanted, &known, &checks)
+            })
+        })?;
+        let ids = |vs: Vec<ValueId>| vs.into_iter().map(|v| v.0).collect();
+        Ok(segment
+            .map(|s| (PyTrace::new(s.trace, "snapshot"), s.taken, ids(s.known_inputs), ids(s.sizes), ids(s.returned))))
+    }
+
     /// What Python builds each output's proxy from.
     fn describe(&self, outputs: &[ValueId]) -> PyResult<Vec<RecordedTensor>> {
         let builder = self.builder.as_ref().expect("describe runs while recording");
@@ -356,14 +380,13 @@ impl Recorder {
     /// `TraceBuilder::segment`: `known` are the tensors earlier segments returned, `checks` the
     /// symbols of reads' checks), or None when the recording must run from its start.
     fn segment(&mut self, wanted: Vec<u32>, known: Vec<u32>, checks: Vec<u32>) -> PyResult<Option<Segmented>> {
-        let builder = self.builder()?;
-        let wanted: Vec<ValueId> = wanted.into_iter().map(ValueId).collect();
-        let known = known.into_iter().map(ValueId).collect();
-        let checks: Vec<SymbolId> = checks.into_iter().map(SymbolId).collect();
-        let segment = no_panic("segment", || py_result(builder.segment(&wanted, &known, &checks)))?;
-        let ids = |vs: Vec<ValueId>| vs.into_iter().map(|v| v.0).collect();
-        Ok(segment
-            .map(|s| (PyTrace::new(s.trace, "snapshot"), s.taken, ids(s.known_inputs), ids(s.sizes), ids(s.returned))))
+        self.segment_of(wanted, known, checks, true)
+    }
+
+    /// The last segment (`TraceBuilder::last_segment`): as `segment`, returning only the tensors
+    /// of `wanted` that are not `known`.
+    fn last_segment(&mut self, wanted: Vec<u32>, known: Vec<u32>, checks: Vec<u32>) -> PyResult<Option<Segmented>> {
+        self.segment_of(wanted, known, checks, false)
     }
 
     /// Finishes the recording with the program's outputs (proxies, numbers, tuples, lists).

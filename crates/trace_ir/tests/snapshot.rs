@@ -151,3 +151,16 @@ fn a_segment_numbers_anew_the_sizes_prim_parameters_read() {
     assert_eq!((s.taken, s.sizes), (vec![1], vec![n]));
     assert_eq!(s.trace.to_string().matches("prims.slice(t0, (0,), (t1,), (1,))").count(), 1, "{}", s.trace);
 }
+
+#[test]
+fn a_last_segment_returns_only_the_wanted_tensors_not_known() {
+    let mut b = TraceBuilder::new();
+    let x = b.add_input(ValueKind::Tensor(meta()));
+    let e = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+    let s = b.record_prim("sin", vec![Arg::Value(e)]).unwrap()[0];
+    let c = b.record_prim("cos", vec![Arg::Value(s)]).unwrap()[0];
+    let known: FxHashSet<ValueId> = [e].into_iter().collect();
+    let last = b.last_segment(&[c, e, x, c], &known, &[]).unwrap().unwrap();
+    verify(&last.trace).unwrap();
+    assert_eq!((last.trace.bsyms.len(), last.known_inputs, last.returned), (2, vec![e], vec![c, x]));
+}

@@ -62,6 +62,29 @@ impl TraceBuilder {
         known: &FxHashSet<ValueId>,
         checks: &[SymbolId],
     ) -> Result<Option<Segment>> {
+        self.segment_returning(wanted, known, checks, true)
+    }
+
+    /// The last segment of a recording: as [`TraceBuilder::segment`], returning only the
+    /// tensors of `wanted` that no earlier segment returned (the program's outputs). Nothing
+    /// runs after it, so its other tensors are not kept: its trace frees each once it is last
+    /// used, as eager does, instead of holding all of them to return them.
+    pub fn last_segment(
+        &self,
+        wanted: &[ValueId],
+        known: &FxHashSet<ValueId>,
+        checks: &[SymbolId],
+    ) -> Result<Option<Segment>> {
+        self.segment_returning(wanted, known, checks, false)
+    }
+
+    fn segment_returning(
+        &self,
+        wanted: &[ValueId],
+        known: &FxHashSet<ValueId>,
+        checks: &[SymbolId],
+        every: bool,
+    ) -> Result<Option<Segment>> {
         if self.stack.iter().any(|frame| frame.grad.is_some()) {
             bail!(Runtime, "recorder", "a snapshot inside a grad rule's backward");
         }
@@ -81,12 +104,14 @@ impl TraceBuilder {
             }
             kept.push(bsym.clone());
         }
-        let mut returned: Vec<ValueId> = kept
-            .iter()
-            .flat_map(|b| b.outputs.iter().copied())
-            .filter(|v| matches!(values[v.index()], ValueKind::Tensor(_)))
-            .collect();
-        returned.extend(wanted.iter().filter(|v| self.inputs.contains(v) && !known.contains(v)));
+        let returned: Vec<ValueId> = if every {
+            let computed = kept.iter().flat_map(|b| b.outputs.iter().copied());
+            let tensors = computed.filter(|v| matches!(values[v.index()], ValueKind::Tensor(_)));
+            tensors.chain(wanted.iter().copied().filter(|v| self.inputs.contains(v) && !known.contains(v))).collect()
+        } else {
+            let mut seen = FxHashSet::default();
+            wanted.iter().copied().filter(|v| !known.contains(v) && seen.insert(*v)).collect()
+        };
         Ok(Some(self.segment_of(kept, &ran, known, returned)))
     }
 

@@ -38,6 +38,7 @@ from thunder_rs.core.lang import symint
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators, reading_clocks
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
+from thunder_rs.core.lang.snapshots import FirstOutputs
 from thunder_rs.core.lang.values import ValueReads, reading
 from thunder_rs.core.acquisition.output_views import OutputViews, plan_views
 from thunder_rs.core.acquisition.writeback import WriteBacks, plan
@@ -91,6 +92,9 @@ class Acquired:
     detached: tuple = ()
     #: program outputs the call takes as views of others after running (``output_views``), or None
     views: OutputViews | None = None
+    #: the outputs of the call traced, where its reads computed them (``snapshots.FirstOutputs``):
+    #: its compiled call returns them rather than running the program again; or None
+    first: FirstOutputs | None = None
 
 
 def _reject_generators(fn, out) -> None:
@@ -448,12 +452,26 @@ def _check_guards_still_hold(guards, flat_inputs) -> None:
             )
 
 
-def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict):
+def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict, reads):
     """Ends the recording with the program's outputs, then the tensors it printed or set as
     attributes, then the tensor inputs it wrote (``writeback``). Returns the trace, how to rebuild
     the outputs, the effects to repeat after each call (prints in order, draws in order, then
-    attribute writes, then item writes), and the write-backs. ``repeated`` is ``(prints, draws,
-    items)``; ``kept`` the captured tensors by the id of their proxies."""
+    attribute writes, then item writes), the write-backs, the output views and the outputs of the
+    call traced where its reads computed them (``ValueReads.first_outputs``). ``repeated`` is
+    ``(prints, draws, items)``; ``kept`` the captured tensors by the id of their proxies."""
+    try:
+        writebacks, views, outputs, out_spec, out_kind, effects, num_outputs = _planned(
+            rec, out, writes, repeated, flat_inputs, inputs, captured, kept
+        )
+        first = None if reads is None else reads.first_outputs(rec, outputs)
+    finally:
+        if reads is not None:
+            reads.snapshots.forget()
+    return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, (writebacks, views, first)
+
+
+def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict):
+    """``_finish``'s plan: the write-backs and output views, and the recording's outputs."""
     extras: list = []
     prints, draws, items = repeated
     effects = print_effects(prints, extras) + draws
@@ -471,7 +489,7 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     n_args, n_traced = len(inputs.args), len(traced)
     separate = (*range(n_args), *range(n_traced - len(captured), n_traced))
     writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate, sizes)
-    return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, (writebacks, views)
+    return writebacks, views, outputs, out_spec, out_kind, effects, num_outputs
 
 
 def _kind(out) -> str:
@@ -522,8 +540,8 @@ def acquire(
     # So is a parameter or buffer of the module (nn.LSTM's ``_flat_weights``, rebuilt from its
     # parameters on a call that finds them changed): storing a copy would change it on every call.
     kept.update(_kept_slots(inputs.slots))
-    trace, out_spec, out_kind, effects, num_outputs, (writebacks, views) = _finish(
-        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept
+    trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first) = _finish(
+        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads
     )
     positions = inputs.positions
     traced = (*inputs.args, *inputs.params, *captures.proxies)
@@ -556,6 +574,7 @@ def acquire(
         dict(rec.guard_sites()),
         detached,
         views,
+        first,
     )
 
 

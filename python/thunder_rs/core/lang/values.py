@@ -39,11 +39,17 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from thunder_rs.core.lang import fallback
 from thunder_rs.core.lang.caller_code import only_truncated
 from thunder_rs.core.lang.reads import CHECK, Diverged, Read, _shapes, decision, int_leaves
-from thunder_rs.core.lang.snapshots import Snapshots, generator_states, outside_the_trace, restore_generators
+from thunder_rs.core.lang.snapshots import (
+    FirstOutputs,
+    Snapshots,
+    generator_states,
+    outside_the_trace,
+    restore_generators,
+)
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies, _fits, _fits_flat, widened
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current, noting_inputs, recording_backward
+from thunder_rs.core.lang.recorder import current, noting_inputs, recording, recording_backward
 from thunder_rs.core.base.userframe import PACKAGE_DIR, user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -170,6 +176,25 @@ class ValueReads:
             sized.record(read, tensors, inputs)
         self.reads.append(read)
 
+    def first_outputs(self, rec, outputs) -> FirstOutputs | None:
+        """What the compiled call of the traced call returns (``outputs``, the recording's
+        outputs: proxies, constants and tuples or lists of them) where the reads computed the
+        program's values (``Snapshots.last``) and no gradient is to be recorded; else None. The
+        tensors kept for the reads are dropped either way."""
+        try:
+            leaves: list = []
+            if not _plain_outputs(outputs, leaves) or any(p.requires_grad for p in leaves):
+                return None
+            with recording(rec):
+                found = self.snapshots.last([p._vid for p in leaves], self.inputs)
+            if found is None:
+                return None
+            values, generators = found
+            real = dict(zip(map(id, leaves), values))
+            return FirstOutputs(self.inputs, _substituted(outputs, real), generators)
+        finally:
+            self.snapshots.forget()
+
     def evaluate(self, proxies: list) -> list:
         """The values of ``proxies`` for this call: the program so far, run on its inputs with
         nothing of it visible (``snapshots``)."""
@@ -186,6 +211,26 @@ class ValueReads:
                 "fake tensors); thunder_rs reads the values of real inputs"
             )
         return self.snapshots.values([p._vid for p in proxies], self.inputs)
+
+
+def _plain_outputs(outputs, leaves: list) -> bool:
+    """Whether ``outputs`` are proxies, constants and tuples or lists of them (as the compiled
+    call returns them); appends the proxies to ``leaves``."""
+    if isinstance(outputs, TensorProxy):
+        leaves.append(outputs)
+        return True
+    if type(outputs) in (tuple, list):
+        return all(_plain_outputs(x, leaves) for x in outputs)
+    return outputs is None or type(outputs) in (bool, int, float, str)
+
+
+def _substituted(outputs, real: dict):
+    """``outputs`` with each proxy replaced by ``real[id(proxy)]``."""
+    if isinstance(outputs, TensorProxy):
+        return real[id(outputs)]
+    if type(outputs) in (tuple, list):
+        return type(outputs)(_substituted(x, real) for x in outputs)
+    return outputs
 
 
 def _by_site(reads: tuple) -> dict:
@@ -341,15 +386,18 @@ active = _active.get
 
 @contextlib.contextmanager
 def reading(reads: ValueReads | None):
-    """Answers the data-dependent reads of the acquisition in this context through ``reads``."""
+    """Answers the data-dependent reads of the acquisition in this context through ``reads``. The
+    tensors they kept are dropped on a failure, else by ``first_outputs`` once the trace ends."""
     token = _active.set(reads)
     try:
         with noting_inputs(None if reads is None else reads.inputs):
             yield reads
-    finally:
-        _active.reset(token)
+    except BaseException:
         if reads is not None:
             reads.snapshots.forget()  # (the tensors computed while tracing: not kept past it)
+        raise
+    finally:
+        _active.reset(token)
 
 
 class _ByValues:

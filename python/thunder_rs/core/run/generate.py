@@ -14,6 +14,7 @@ from thunder_rs.core.acquisition.dynamic import size_readers, with_sizes
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_dumps
 from thunder_rs.core.base.proxies import make_proxy
+from thunder_rs.core.lang.values import abandonable
 from thunder_rs.core.lang.executor_api import (
     FusionExecutor,
     Region,
@@ -232,17 +233,32 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
                 computation, backward, grad_positions, False, False, nondiff, written, program=program, **partial
             )
         computation = detaching(computation, acquired.detached)
-    computation = modes.call(computation, bool(backward_traces), acquired.trace)
-    if wb is not None:
-        computation = _WRITEBACK.load().with_writebacks(computation, wb)
+    # The call traced returns the outputs its reads computed, where they are the program's own:
+    # no gradient to record, no pass of the jit's that the reads' snapshots did not run. (Taken
+    # off ``acquired``, which closures keep: its tensors live until that call only.)
+    first = acquired.first if not backward_traces and not passes else None
+    acquired.first = None
+    if first is not None:
+        first = _called(first.wrap(computation), acquired, modes, False)
+    computation = _called(computation, acquired, modes, bool(backward_traces))
+    end = time.perf_counter()
+    stages = {"passes": passes_at - start, "codegen": end - passes_at - fuse_s, "fuse": fuse_s}
+    return computation, first, source, filename, traces, backward_traces, stages
+
+
+def _called(computation, acquired, modes: RecordedModes, differentiable: bool):
+    """The entry's callable around ``computation`` (its trace's function, or its autograd
+    function when ``differentiable``): the recorded modes, write-backs, output views, sizes and
+    captured inputs; checked values abandon the call (``values.abandonable``)."""
+    if acquired.reads:
+        computation = abandonable(computation, acquired.consts)
+    computation = modes.call(computation, differentiable, acquired.trace)
+    if acquired.writebacks is not None:
+        computation = _WRITEBACK.load().with_writebacks(computation, acquired.writebacks)
     if acquired.views is not None:
         computation = _OUTPUT_VIEWS.load().with_views(computation, acquired.views)
     captured = tuple(acquired.captured) if acquired.tail is None else ()
     if acquired.sizes:
         readers = size_readers(acquired.sizes, acquired.tensor_positions)
-        computation = with_sizes(computation, readers, captured, len(acquired.ints))
-    elif captured:
-        computation = _with_captured(computation, captured)
-    end = time.perf_counter()
-    stages = {"passes": passes_at - start, "codegen": end - passes_at - fuse_s, "fuse": fuse_s}
-    return computation, source, filename, traces, backward_traces, stages
+        return with_sizes(computation, readers, captured, len(acquired.ints))
+    return _with_captured(computation, captured) if captured else computation

@@ -36,7 +36,7 @@ from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.base.userframe import user_frame
 from thunder_rs.core.lang.reads import Diverged, Read, decision
 from thunder_rs.core.lang.value_sizes import other_side, place_guards, widened
-from thunder_rs.core.lang.values import ValueReads, ValueTree, abandonable
+from thunder_rs.core.lang.values import ValueReads, ValueTree
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
 from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
@@ -456,15 +456,15 @@ class ThunderFunction:
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
         params = self._binding.qualified if self._module is not None and self._binding is not None else ()
         names = (input_names(self._fn, flat, spec), params)
-        computation, source, filename, traces, backward_traces, stages = generated(
+        computation, first, source, filename, traces, backward_traces, stages = generated(
             acquired, name, modes, self._passes, executors, names
         )
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
-        if acquired.reads:
-            computation = abandonable(computation, acquired.consts)
         entries = _ENTRY.load()
         entry = entries.Entry(computation, source, filename, positions, traces, backward_traces)
+        if first is not None:
+            entries.first_call(entry, first)
         entry.reads = tuple(acquired.reads)
         entry.decisions = tuple(r.key() for r in acquired.reads)
         guards = place_guards(acquired.reads, trace_guards(traces, backward_traces))
