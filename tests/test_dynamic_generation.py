@@ -304,7 +304,7 @@ def _trained() -> dict:
     made = {
         name: (lambda cls=cls, config=config: cls(config), kind, dtype)
         for name, (cls, config, kind, dtype) in FAMILIES.items()
-        if kind != "lm"
+        if kind not in ("lm", "image_lm")
     }
     encoder = dict(
         num_hidden_layers=2,
@@ -360,6 +360,11 @@ def padded_texts(kind: str, seed: int, length: int, target: int) -> dict:
     return dict(input_ids=ids, attention_mask=mask, labels=labels)
 
 
+#: Families whose code branches on the length beyond the first two: Longformer pads each text to a
+#: multiple of its window (no padding, 1 token, more), each a branch of its own (then none more).
+PADDED_COMPILES = {"longformer": 4}
+
+
 @pytest.mark.parametrize("name", [n if n == "deberta_v2" else pytest.param(n, marks=pytest.mark.slow) for n in TRAINED])
 def test_sgd_over_padded_lengths_matches_eager_in_two_compiles(name):
     # Sources of 7, 11, 16 and 13 tokens, targets of 5, 9, 4 and 12: the first, then one entry
@@ -384,4 +389,4 @@ def test_sgd_over_padded_lengths_matches_eager_in_two_compiles(name):
         for opt in optimizers:
             opt.step()
     torch.testing.assert_close(dict(model.named_parameters()), dict(eager.named_parameters()), **tol)
-    assert misses(jmodel) == 2, thunder_rs.compile_stats(jmodel).miss_reasons
+    assert misses(jmodel) == PADDED_COMPILES.get(name, 2), thunder_rs.compile_stats(jmodel).miss_reasons
