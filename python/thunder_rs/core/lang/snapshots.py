@@ -67,17 +67,22 @@ class Snapshots:
 
     def _run_segment(self, wanted: list, inputs: list) -> list:
         """Runs the calls no earlier segment ran; returns the tensors they computed."""
-        rec = current()
-        segment = rec.segment(wanted, list(self._known), _CHECKS)
+        returned, values, self._generators = self._cut(current().segment, wanted, inputs)
+        self._known.update(zip(returned, values))
+        return values
+
+    def _cut(self, cut, wanted: list, inputs: list) -> tuple[list, list, list]:
+        """Runs the segment ``cut`` (``Recorder.segment`` or ``last_segment``) makes for
+        ``wanted``: the value ids it returns, their values, and the generators' states after it."""
+        segment = cut(wanted, list(self._known), _CHECKS)
         if segment is None:  # an effect would run again: from the start
             self.forget()
-            segment = rec.segment(wanted, [], _CHECKS)
+            segment = cut(wanted, [], _CHECKS)
             assert segment is not None  # (nothing ran before: nothing runs again)
         trace, taken, known_inputs, sizes, returned = segment
         taking = [*(inputs[i] for i in taken), *(self._known[v] for v in known_inputs)]
-        values, self._generators = self._evaluate(trace, taking, sizes)
-        self._known.update(zip(returned, values))
-        return values
+        values, generators = self._evaluate(trace, taking, sizes)
+        return returned, values, generators
 
     def last(self, wanted: list, inputs: list) -> tuple[list, list] | None:
         """The values of ``wanted`` (the program's outputs, value ids) once the calls no segment
@@ -86,15 +91,7 @@ class Snapshots:
         read no value: the compiled call runs it once) or the kept tensors passed the budget."""
         if self._generators is None or not self._segments:
             return None
-        rec = current()
-        segment = rec.last_segment(wanted, list(self._known), _CHECKS)
-        if segment is None:  # an effect would run again: from the start
-            self.forget()
-            segment = rec.last_segment(wanted, [], _CHECKS)
-            assert segment is not None  # (nothing ran before: nothing runs again)
-        trace, taken, known_inputs, sizes, returned = segment
-        taking = [*(inputs[i] for i in taken), *(self._known[v] for v in known_inputs)]
-        values, generators = self._evaluate(trace, taking, sizes)
+        returned, values, generators = self._cut(current().last_segment, wanted, inputs)
         found = {**self._known, **dict(zip(returned, values))}
         return [found[v] for v in wanted], generators
 
