@@ -37,7 +37,6 @@ from thunder_rs.torch.linalg import matmul
 from thunder_rs.torch.nn import dropout, softmax_backward, tensor_softmax
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symint import same_shape
-from thunder_rs.torch.layout_rules import flash_order_if_otherwise
 
 T = torch.Tensor
 
@@ -361,16 +360,13 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> 
     one batch and head count (with ``enable_gqa``, the key's and value's heads dividing the
     query's) and one head size, positions on both sides, a mask of 2 or 4 dims
     (bool, or of the query's dtype) that requires no gradient (the kernel gives it none), no
-    dropout, and, where the flash kernel's output is laid out otherwise than the math path's,
-    flash not switched off (``sdpa_kernel``: the switches are guarded then; else only rounding
-    differs)."""
+    dropout, and flash not switched off (``sdpa_kernel(SDPBackend.MATH)``: the switches are
+    guarded; under it eager's math path rounds otherwise, and may lay its output out otherwise)."""
     if query.device.type != "cpu" or dropout_p != 0 or query.dtype not in _FLASH_DTYPES:
         return False
     if attn_mask is not None and (
         attn_mask.requires_grad or attn_mask.ndim not in (2, 4) or attn_mask.dtype not in (torch.bool, query.dtype)
     ):
-        return False
-    if flash_order_if_otherwise(query) is not None and not sdp_state.guard()[0]:  # (the flash switch)
         return False
     if not (all(x.ndim == 4 for x in (query, key, value)) or all(x.ndim == 3 for x in (query, key, value))):
         return False  # (3-D ones eager unsqueezes to one batch of heads)
@@ -379,6 +375,8 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> 
         if key.shape[0] == query.shape[0] and key.shape[1] != query.shape[1] and query.shape[1] % key.shape[1] == 0:
             batch_heads = tuple(key.shape[:2])
     same = all(same_shape(x.shape[:-2], batch_heads) and x.shape[-1] == size for x in (key, value))
+    if not same or not sdp_state.guard()[0]:  # (the flash switch, read where the kernel could take the call)
+        return False
     # Each compared with 0 on its own: ``min`` of symbolic lengths would compare them with each
     # other (a guard ``T <= head size`` that a longer sequence fails: a compile more).
     return same and key.shape[-2] == value.shape[-2] and all(d > 0 for d in (query.shape[-2], key.shape[-2], size))
