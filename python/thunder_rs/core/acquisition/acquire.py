@@ -35,7 +35,7 @@ from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.recorder import Captures, input_proxy, recording
 from thunder_rs.core.lang import symint
-from thunder_rs.core.acquisition.stdlib_state import consuming_iterators, reading_clocks
+from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
 from thunder_rs.core.lang.snapshots import FirstOutputs
@@ -124,7 +124,6 @@ def _trace_program(
             refusals_not_swallowed(),
             recording_draws(draws),
             consuming_iterators(flat_inputs),
-            reading_clocks(),
             recording(rec, captures, made, whole),
             reading(reads),
         ):

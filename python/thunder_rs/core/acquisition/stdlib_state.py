@@ -25,7 +25,7 @@ here lives behind library calls it does not follow, so it is handled by a table 
   Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
 - **clocks.** ``time.time()``, ``perf_counter`` and ``monotonic`` (and their ``_ns``) read by program
   code while it is traced are refused, naming the line: a compiled call would reuse the first reading.
-  Like ``next``, they are wrapped only while some program is traced (``reading_clocks``).
+  Like ``next``, they are wrapped only while some program is traced (``consuming_iterators``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
@@ -298,7 +298,8 @@ def _generator_position(gen):
 def consuming_iterators(flat_inputs: list):
     """While the ``with`` body traces a program, ``next`` refuses to consume iterators the program
     did not create (process-wide, held by a count: several threads may trace at once). A generator
-    passed in that the program advanced another way (``for v in gen``) is refused after. Notes the
+    passed in that the program advanced another way (``for v in gen``) is refused after. The clocks
+    refuse to be read by program code (``_clock``) meanwhile. Notes the
     warnings filters the tracing began with (``_in_programs_catch_warnings``)."""
     global _tracings
     generators = [
@@ -307,6 +308,8 @@ def consuming_iterators(flat_inputs: list):
     with _tracings_lock:
         _tracings += 1
         builtins.next = _next
+        for name, read in _CLOCK_READERS.items():
+            setattr(time, name, read)
     outer_filters = getattr(_traced, "filters", None)
     _traced.filters = warnings.filters
     try:
@@ -317,6 +320,8 @@ def consuming_iterators(flat_inputs: list):
             _tracings -= 1
             if not _tracings:
                 builtins.next = _builtin_next
+                for name, real in _clocks.items():
+                    setattr(time, name, real)
     for i, gen, position in generators:
         if _generator_position(gen) != position:
             raise ThunderNotImplementedError(
@@ -348,26 +353,8 @@ def _clock(name: str):
     return read
 
 
-@contextlib.contextmanager
-def reading_clocks():
-    """While the ``with`` body traces a program, ``time.time()`` and the other clocks refuse to be
-    read by program code (process-wide while any thread traces, as ``consuming_iterators``)."""
-    global _clock_readers
-    with _tracings_lock:
-        _clock_readers += 1
-        for name in _CLOCKS:
-            setattr(time, name, _clock(name))
-    try:
-        yield
-    finally:
-        with _tracings_lock:
-            _clock_readers -= 1
-            if not _clock_readers:
-                for name, real in _clocks.items():
-                    setattr(time, name, real)
-
-
-_clock_readers = 0
+#: What ``consuming_iterators`` puts in ``time`` while a program is traced.
+_CLOCK_READERS = {name: _clock(name) for name in _CLOCKS}
 
 
 # -- installing ------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ that every compiled call repeats (``config.problem_type = ...``, set once in eag
 ``layer.keys = torch.cat(...)`` in a KV cache, with each call's tensor).
 """
 
+import inspect
+
 import torch
 
 from thunder_rs.core.state.containers import StateContainers
@@ -76,7 +78,7 @@ class MethodGuard:
     def __init__(self, cls: type, name: str, origin: str):
         self.cls, self.name, self.origin = cls, name, origin
         # A classmethod reads as a new bound method each time: compare what it binds.
-        self.bound = isinstance(vars_of_mro(cls, name), classmethod)
+        self.bound = isinstance(inspect.getattr_static(cls, name, None), classmethod)
         self.expected = self._now()
 
     def _now(self):
@@ -93,15 +95,6 @@ class MethodGuard:
         scope[f"c{index}"], scope[f"e{index}"] = self.cls, self.expected
         read = f"getattr(c{index}, {self.name!r}, MISSING)"
         return f"getattr({read}, '__func__', MISSING) is e{index}" if self.bound else f"{read} is e{index}"
-
-
-def vars_of_mro(cls: type, name: str):
-    """What ``cls`` holds under ``name`` through its MRO, undecorated (a classmethod object)."""
-    for klass in cls.__mro__:
-        value = vars(klass).get(name, MISSING)
-        if value is not MISSING:
-            return value
-    return MISSING
 
 
 class StateObject:
