@@ -60,7 +60,8 @@ import gpu_report  # noqa: E402
 #: ``nvfuser_direct``, and the definitions it refused on the H200 (test_nvfuser_refusals.py);
 #: multi-head attention under CUDA autocast and CUDA as the default device; the Inductor executor on
 #: CUDA (half-precision regions rounding as eager); random draws across reads; channels_last layouts
-#: through nvFuser regions. About 3,800 tests, 3.5 minutes with 12 workers on an H200 machine
+#: through nvFuser regions; training under CUDA autocast and CUDA random draws (test_contexts.py,
+#: test_random.py). About 3,800 tests, 3.5 minutes with 12 workers on an H200 machine
 #: (2026-11-28). test_ops.py's 20,000 CUDA parameters are left out: collecting its 47,000 items costs
 #: each worker 40 s, running them 10 minutes.
 TESTS = [
@@ -76,13 +77,19 @@ TESTS = [
     "tests/test_eager_layouts.py::test_on_cuda_channels_last_blocks_keep_eagers_layouts_with_the_default_executors",
     "tests/test_fusion_layouts.py::test_on_cuda_nvfusers_regions_hand_on_eagers_layouts",
     "tests/test_fusion_layouts.py::test_on_cuda_a_channels_last_resnet_trains_as_eager_with_nvfusers_regions",
+    "tests/test_contexts.py::test_cuda_autocast_training_matches_eager",
+    "tests/test_contexts.py::test_cuda_random_ops_draw_as_eager_over_calls",
+    "tests/test_random.py::test_cuda_draws_as_eager",
 ]
 #: The symbolic-size CUDA checks, run first and apart (``symbolic.txt``): what issue 26 added
 #: (nvFuser definitions with -1 extents, Int size inputs and Double inputs of floats of sizes,
-#: ``nvfuser_symbolic``) and the other paths where sizes change between calls on CUDA. Entries of
+#: ``nvfuser_symbolic``; what the stand-in assumes of Double inputs, size-1 symbolic extents, the
+#: device of a definition without tensor inputs and the errors of mismatched inputs,
+#: test_nvfuser_contracts.py) and the other paths where sizes change between calls on CUDA. Entries of
 #: files the main suite also runs are deselected there.
 SYMBOLIC_TESTS = [
     "tests/test_nvfuser_symbolic.py",
+    "tests/test_nvfuser_contracts.py",
     "tests/test_inductor_ex.py::test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length",
     "tests/test_dynamic_data_sizes.py::test_on_cuda_counts_are_symbolic_with_the_default_executors",
     "tests/test_cuda.py::test_gpt_trains_with_changing_lengths_under_autocast",

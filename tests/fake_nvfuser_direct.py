@@ -25,9 +25,10 @@ concretizes symbolic extents when it executes); ``execute`` computes the real on
 import torch
 
 import fake_nvfuser_allocation as allocation
+import fake_nvfuser_binding as binding
 import fake_nvfuser_layouts as layouts
 import fake_nvfuser_promotion as promotion
-from fake_nvfuser_layouts import compute_tensor_descriptor
+from fake_nvfuser_layouts import compute_tensor_descriptor  # noqa: F401 (a name of the bindings)
 from fake_nvfuser_promotion import DEFAULT, FLOAT_ONLY, FLOAT_OP, HALF, PYTHON_TYPES, DataType
 from fake_nvfuser_ops import BITWISE, DEFAULT_BINARY, FLOAT_UNARY, IS_OPS, LOGICAL_BINARY, NO_HALF_KERNEL, SAME_DTYPE
 
@@ -665,11 +666,6 @@ class _Ops:
 ops = _Ops()
 
 
-def _kind(dtype):
-    """A dtype's class for ``isCompatibleDataType``: floating, complex, bool or integral."""
-    return "float" if dtype.is_floating_point else "complex" if dtype.is_complex else dtype == torch.bool
-
-
 class FusionDefinition:
     """Records ``define_tensor`` / ``define_scalar`` / ``ops.*`` / ``add_output`` inside its
     ``with`` block; ``execute(inputs)`` evaluates them with torch."""
@@ -700,13 +696,19 @@ class FusionDefinition:
 
     def define_tensor(self, shape, contiguity=False, dtype=DataType.Float, is_cpu=False, stride_order=()):
         for i, s in enumerate(shape):  # verifyShape (python_common/python_utils.cpp)
-            assert s >= -1, (
-                f"The value {s} at index {i} was neither symbolic(-1), zero_element(0), broadcast(1), or static(>1)."
+            binding.nvf_check(
+                s >= -1,
+                "shape[i] >= -1",
+                f"The value {s} at index {i} was neither symbolic(-1), zero_element(0), broadcast(1), or static(>1).",
             )
-        assert not (is_cpu and shape), "CPU non-scalar tensor is not supported!"
         if isinstance(contiguity, bool):
             contiguity = [None if s == 1 else contiguity for s in shape]
-        assert len(contiguity) == len(shape), "Length of contiguity argument must match that of shape argument"
+        binding.nvf_check(
+            len(contiguity) == len(shape),
+            "contiguity.size() == shape.size()",
+            f"Length of contiguity argument ({len(contiguity)}) must match that of shape argument ({len(shape)})",
+        )
+        binding.nvf_check(not (is_cpu and shape), "!is_cpu", "CPU non-scalar tensor is not supported!")
         assert not stride_order or sorted(stride_order) == list(range(len(shape))), f"bad stride_order {stride_order}"
         self.symbolic = self.symbolic or -1 in shape
         tv = TensorView(
@@ -727,42 +729,27 @@ class FusionDefinition:
             self.symbolic = True
             self._inputs.append((v, dtype))
             return v
-        if dtype is None:
-            return value  # a constant of the number's own type, as a Python number operand is
+        # A constant: of the number's own type (a float a Double, an int or a bool an Int: pybind11
+        # tries the variant's double, then int64_t, which takes a bool) unless told; castToDtype
+        # turns it into the dtype's kind (0 with Double is 0.0).
+        dtype = dtype or DataType(PYTHON_TYPES[type(value)])
         return _record("define_scalar", lambda: torch.tensor(value, dtype=dtype.value), (), tensor_out=False)
 
     def add_output(self, output):
         assert isinstance(output, Val) and output.fd is self, "add_output: a value of this FusionDefinition"
         self._outputs.append(output)
 
-    def _check(self, spec, arg, i):
-        """What binding input ``i`` checks (``validateValWithConcreteValue``, ``bindTensorDomain`` and
-        ``bind_``, csrc/expr_evaluator.cpp): a scalar of a compatible dtype (both integral, both
-        floating, or equal: ``isCompatibleDataType``, csrc/type.h; a Python bool is a Bool, which is
-        not integral), a tensor of its rank whose constant extents are the tensor's sizes."""
-        if isinstance(spec, DataType):
-            assert not isinstance(arg, torch.Tensor), (
-                f"Expected input {i}, to be a scalar but got {DataType(arg.dtype).name} tensor of rank {arg.ndim}"
-            )
-            got = torch.bool if isinstance(arg, bool) else PYTHON_TYPES[type(arg)]
-            assert _kind(got) == _kind(spec.value), (
-                f"Scalar value {arg} is not compatible with the expected data type: {spec.name}."
-            )
-            return
-        shape, contiguity, dtype, stride_order = spec
-        assert isinstance(arg, torch.Tensor) and arg.dtype == dtype.value, f"input dtype {arg.dtype}, defined {dtype}"
-        assert len(shape) == arg.ndim, f"Expected input {i}, to be bound to a tensor of equal rank."
-        for s, n in zip(shape, arg.shape):
-            assert s == -1 or s == n, f"Tried to bind to a constant value: {s} as {n}"
-        got = compute_tensor_descriptor(list(arg.shape), list(arg.stride()))
-        assert got == (contiguity, stride_order or got[1]), f"input layout {got}, defined {(contiguity, stride_order)}"
-
     def execute(self, inputs, *, device=None, **options):
-        assert self._outputs, "Fusion is empty!"
+        # validate_definition (nvfuser_direct/__init__.py), then the bindings' inputs and device
+        # (fake_nvfuser_binding); FusionKernelRuntime::runWithInputs counts them.
+        if not self._outputs:
+            raise NotImplementedError("Fusion is empty!")
+        index = binding.device_index(device)
         inputs = promotion.execute_arguments(inputs)
-        # FusionKernelRuntime::runWithInputs (csrc/runtime/fusion_kernel_runtime.cpp)
-        assert len(inputs) == len(self._inputs), (
-            f"Expected {len(inputs)} == {len(self._inputs)}. Inputs were not set up correctly."
+        binding.nvf_check(
+            len(inputs) == len(self._inputs),
+            "(args.size()) == (std::ssize(segmented_fusion_->inputs()))",
+            f"Found {len(inputs)} vs {len(self._inputs)}. Inputs were not set up correctly.",
         )
         if self.unsupported:
             raise RuntimeError(f"CUDA NVRTC compile error: nvFuser has no kernel for {self.unsupported[0]}")
@@ -770,10 +757,9 @@ class FusionDefinition:
             raise RuntimeError(self.compile_errors[0])
         env = {}
         for i, ((val, spec), arg) in enumerate(zip(self._inputs, inputs)):
-            self._check(spec, arg, i)
+            binding.bind(spec, arg, i)
             env[val.slot] = arg
-        devices = {a.device for a in inputs if isinstance(a, torch.Tensor)}
-        self._device = next(iter(devices)) if devices else "cpu"
+        self._device = self.device = binding.execution_device(inputs, index)
         for fn, args, vals in self._ops:
             out = fn(*_bind(args, lambda v: env[v.slot]))
             for v, r in zip(vals, out if isinstance(out, tuple) else (out,)):

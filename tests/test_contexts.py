@@ -739,7 +739,7 @@ def test_grad_mode_left_changed_by_the_program_is_refused():
     assert torch.is_grad_enabled()
 
 
-@pytest.mark.requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("low", LOW)
 def test_cuda_autocast_training_matches_eager(low):
     torch.manual_seed(0)
@@ -760,7 +760,7 @@ def test_cuda_autocast_training_matches_eager(low):
         torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-2)
 
 
-@pytest.mark.requires_cuda
+@pytest.mark.gpu
 def test_cuda_random_ops_draw_as_eager_over_calls():
     def fn(x):
         torch.cuda.manual_seed(1)

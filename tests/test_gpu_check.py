@@ -477,3 +477,20 @@ def test_after_a_crash_a_fresh_process_times_eager_again_and_runs_the_cases_left
         (1, "torch.compile"),
     }
     assert json.loads((tmp_path / "gpu_check.json").read_text())["benchmark"]["rows"] == bench["rows"]
+
+
+def test_every_cuda_test_is_in_the_checks_selection():
+    """Each test marked ``gpu`` or ``requires_cuda`` (the suite runs ``-m gpu``) is in a file or node
+    the check selects, test_ops.py's CUDA parameters excepted (left out for their collection time)."""
+    import re  # noqa: PLC0415
+
+    selected = gpu_check.TESTS + gpu_check.SYMBOLIC_TESTS
+    marked = re.compile(r"@pytest\.mark\.(gpu|requires_cuda)\b[^\n]*\n(?:@[^\n]*\n)*def (\w+)")
+    missing = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        name = f"tests/{path.name}"
+        for kind, test in marked.findall(path.read_text()):
+            node = f"{name}::{test}"
+            if kind != "gpu" or not (name in selected or node in selected or name == "tests/test_ops.py"):
+                missing.append(f"{node} ({kind})")
+    assert not missing

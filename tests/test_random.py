@@ -253,7 +253,7 @@ def test_examine_counts_generator_state_calls_as_supported():
     )
 
 
-@pytest.mark.requires_cuda
+@pytest.mark.gpu
 def test_cuda_draws_as_eager():
     def fn(x, p):
         return (

@@ -584,6 +584,23 @@ def factory_device(region: Region, args) -> torch.device | None:
     return None
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index: ``cuda`` is the current CUDA device (0 where CUDA is not there)."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+
+
+def region_devices(region: Region, args) -> set:
+    """The devices of a region's tensors: its tensor inputs' and its factories' (``_DEVICE_AT``)."""
+    devices = {a.device for a in args if isinstance(a, torch.Tensor)}
+    for call in region.calls:
+        at = _DEVICE_AT.get(call.name.removeprefix("prims."))
+        if at is not None:
+            devices.add(_indexed(torch.device(call.args[at])))
+    return devices
+
+
 def _told_device(execute, device: torch.device | None):
     """``execute`` told the CUDA device ``device`` names (the current one when it names none), if any."""
     if device is None or device.type != "cuda":
@@ -623,6 +640,12 @@ class NvFuserRegion:
         if any(isinstance(a, torch.Tensor) and a.is_neg() for a in args):
             run = self._define([a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args])
             return lambda args: run([a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args])
+        devices = region_devices(self.region, args)
+        if len(devices) > 1:
+            # nvFuser makes every tensor of a definition on one device (its inputs' or the one
+            # ``execute`` is told): a factory's on another device would be made on that one.
+            names = ", ".join(sorted(map(str, devices)))
+            return self._fallback(f"its tensors are on {names}, and nvFuser runs a definition on one device")
         orders = pinned_orders(self.region, args, self.executor.module.compute_tensor_descriptor)
         if orders is None:
             self.executor.stats["unpinned"] += 1
