@@ -12,12 +12,15 @@ its fused kernel and ``batch_norm_backward_reduce_cuda`` read them as the accumu
 input (``packed_accessor_or_dummy<accscalar_t>``, ``TORCH_CHECK(mean_st == invstd_st)``).
 """
 
+import contextlib
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch._subclasses import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -166,3 +169,80 @@ def test_a_number_beside_a_cuda_tensor_is_never_copied_to_the_device(name):
         with _HostToDevice() as seen:
             outs = [impl(y, 0.75), impl(0.75, y)]
     assert seen.copies == [] and all(o.device.type == "cuda" for o in outs)
+
+
+# -- autocast on CUDA, and the first call's outputs, with nvFuser's regions --------------------------------
+
+
+@pytest.fixture
+def stand_in_ex(monkeypatch):
+    """An nvFuser executor on the stand-in ``nvfuser_direct`` that claims CUDA tensors only
+    (fake ones here); ``cpu_ex`` of the same, allowed CPU tensors."""
+    import fake_nvfuser_direct as fake  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the named executor warns that the real nvfuser_direct is absent
+        from thunder_rs.executors.nvfuser_ex import NvFuserExecutor  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
+    return lambda **options: NvFuserExecutor("nvfuser_stand_in", module=fake, **options)
+
+
+@contextlib.contextmanager
+def _cuda_autocast(monkeypatch, **options):
+    """``torch.autocast("cuda", ...)`` without a GPU: its constructor asks whether CUDA (and bf16)
+    is there and disables itself otherwise; entered, it sets the CUDA autocast state as on a GPU."""
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+        context = torch.autocast("cuda", **options)
+    with context:
+        yield
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16], ids=["default", "bf16", "fp16"])
+def test_cuda_autocast_gives_eagers_dtypes_and_strides_through_nvfusers_regions(dtype, stand_in_ex, monkeypatch):
+    """Under CUDA autocast (float16 by default) linears run in the low dtype, softmax and layer
+    norm in float32: every output's dtype and strides are eager's, first call and later ones."""
+    options = {} if dtype is None else {"dtype": dtype}
+    ex = stand_in_ex()
+    with FakeTensorMode():
+        model = nn.Sequential(
+            nn.Linear(8, 16, device="cuda"), nn.GELU(), nn.LayerNorm(16, device="cuda"), nn.Linear(16, 4, device="cuda")
+        )
+
+        def fn(x):
+            h = model(x)
+            return h, F.softmax(h, -1), h.float().sum(), model[0](x).transpose(0, 1) + 1
+
+        x = torch.randn(5, 8, device="cuda")
+        jfn = thunder_rs.jit(fn, executors=[ex, "torch"])
+        with _cuda_autocast(monkeypatch, **options):
+            expected = fn(x)
+            calls = [jfn(x), jfn(x)]
+    assert expected[0].dtype == (dtype or torch.float16)
+    for outputs in calls:
+        assert [(t.dtype, t.stride(), t.device) for t in outputs] == [(t.dtype, t.stride(), t.device) for t in expected]
+    assert ex.stats["definitions"] > 0 and ex.stats["failures"] == 0, ex.fallbacks
+
+
+def _read_between_regions(x, w):
+    y = (x * 2).tanh()
+    if y.sum() > 0:  # a read: the first call's outputs come from the segments (``snapshots``)
+        y = y + 1
+    return y.permute(0, 2, 3, 1) * w, y.transpose(1, 2) * 3, y.half() * 2, y.sum(1), y.amax((2, 3))
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
+def test_a_first_call_returning_its_segments_outputs_lays_them_out_as_the_regions_later(memory_format, stand_in_ex):
+    """The first call returns what the torch executor computed while tracing; later calls run
+    nvFuser's regions: the same dtypes, strides and devices as eager's, values to the bit."""
+    ex = stand_in_ex(allow_cpu=True)
+    jfn = thunder_rs.jit(_read_between_regions, executors=[ex, "torch"])
+    x, w = torch.randn(2, 3, 4, 5).to(memory_format=memory_format), torch.randn(3)
+    expected = _read_between_regions(x, w)
+    for _ in range(2):
+        outputs = jfn(x, w)
+        assert [(t.dtype, t.stride(), t.device) for t in outputs] == [(t.dtype, t.stride(), t.device) for t in expected]
+        assert all(torch.equal(a, e) for a, e in zip(outputs, expected))
+    assert ex.stats["definitions"] > 0 and ex.stats["failures"] == 0, ex.fallbacks
