@@ -646,7 +646,7 @@ class NvFuserRegion:
             # ``execute`` is told): a factory's on another device would be made on that one.
             names = ", ".join(sorted(map(str, devices)))
             return self._fallback(f"its tensors are on {names}, and nvFuser runs a definition on one device")
-        orders = pinned_orders(self.region, args, self.executor.module.compute_tensor_descriptor)
+        orders = pinned_orders(self.region, args)
         if orders is None:
             self.executor.stats["unpinned"] += 1
         try:

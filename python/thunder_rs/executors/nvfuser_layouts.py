@@ -50,14 +50,27 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-def pinned_orders(region, args, descriptor) -> tuple | None:
-    """Per region output, the stride order (``compute_tensor_descriptor``'s: per dim, the rank of
-    its stride, 0 innermost) to pin it to, or None to leave it to nvFuser; None in all where
-    eager's layouts could not be told."""
+def pinned_orders(region, args) -> tuple | None:
+    """Per region output, the stride order (``compute_tensor_descriptor``'s convention: per dim,
+    the rank of its stride, 0 innermost) to pin it to, or None to leave it to nvFuser; None in all
+    where eager's layouts could not be told."""
     outputs = eager_outputs(region, args)
     if outputs is None:
         return None
-    return tuple(list(descriptor(list(out.shape), list(out.stride()))[1]) if _ordered(out) else None for out in outputs)
+    return tuple(stride_order(out) if _ordered(out) else None for out in outputs)
+
+
+def stride_order(out: torch.Tensor) -> list:
+    """The order whose dense allocation (each dim's stride the product of the extents inside it)
+    gives ``out``'s strides: its dims by stride, a dim of extent 1 inside the dims of its stride.
+    Torch gives a size-1 dim the stride of the dim it sits inside of (channels_last with one
+    channel: ``(20, 1, 5, 1)``, C inside W); ``compute_tensor_descriptor`` keeps such ties in
+    logical order, which puts C outside W: ``(20, 5, 5, 1)``."""
+    inner_first = sorted(range(out.ndim), key=lambda d: (out.stride(d), out.shape[d] != 1))
+    order = [0] * out.ndim
+    for rank, d in enumerate(inner_first):
+        order[d] = rank
+    return order
 
 
 def _ordered(out) -> bool:
