@@ -37,6 +37,11 @@ PROGRAMS = {
     "operands in two orders": (lambda x, y: (x * 2 + y).exp(), lambda: (_cl(2, 3, 4, 5), torch.randn(2, 3, 4, 5))),
     "row-major and channels_last": (lambda x, y: (y * 2 + x).exp(), lambda: (_cl(2, 3, 4, 5), torch.randn(2, 3, 4, 5))),
     "a vector broadcast": (lambda v: (v[:, None].expand(3, 4) + 1).exp() * 2, lambda: (torch.randn(3),)),
+    # eager's layout told with the region's factory (on the inputs' device) made on meta too
+    "a vector broadcast beside a factory": (
+        lambda v: (v[:, None].expand(3, 4) + torch.ones(1, device=v.device)).exp() * 2,
+        lambda: (torch.randn(3),),
+    ),
     "channels_last sum": (lambda x: (x * 2).sum(1).exp(), lambda: (_cl(2, 3, 4, 5),)),
     # eager's channel dim of extent 1 has the innermost stride (20, 1, 5, 1), which the W dim shares
     "channels_last, one channel": (lambda x: x.tanh()[:, :1] * 2, lambda: (_cl(2, 3, 4, 5),)),

@@ -30,12 +30,23 @@ def _meta(a):
     return a
 
 
+class _FactoriesOnMeta(torch.overrides.TorchFunctionMode):
+    """Torch calls given a ``device`` make meta tensors: a region's factories (``full``, ``iota``)
+    name the CUDA device, beside its inputs made meta."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs and "device" in kwargs:
+            kwargs = {**kwargs, "device": "meta"}
+        return func(*args, **(kwargs or {}))
+
+
 def eager_outputs(region, args):
     """The region's outputs as eager computes them on ``args``, as meta tensors (None where its
     torch calls cannot run on meta tensors)."""
     try:
         with torch.no_grad(), torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
-            return tuple(region.function(*[_meta(a) for a in args]))
+            with _FactoriesOnMeta():
+                return tuple(region.function(*[_meta(a) for a in args]))
     except Exception:  # noqa: BLE001 (an op without a meta kernel: nvFuser's layout stays)
         return None
 
