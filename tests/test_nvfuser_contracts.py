@@ -16,6 +16,7 @@ import fake_nvfuser_direct as fake
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # the named executor warns that the real nvfuser_direct is absent
     from thunder_rs.executors.nvfuser_ex import NvFuserExecutor
+    from thunder_rs.executors.nvfuser_symbolic import symbolic_dims
 
 
 def _run(module, define, *inputs, **options):
@@ -238,3 +239,30 @@ def test_double_and_float_tensors_with_python_floats_are_eagers_to_the_bit(fake_
                 out, expected = jfn(x, s), scaled(x, s)
                 assert out.dtype == expected.dtype and torch.equal(out, expected)
     assert fake_ex.stats["definitions"] >= 1 and fake_ex.stats["failures"] == 0
+
+
+def test_on_fake_cuda_symbolic_regions_have_one_definition_and_eagers_layouts(cuda_ex):
+    """Changing lengths on fake CUDA tensors: each region of the symbolic trace one definition
+    (-1 extents, size inputs), every output eager's dtype, strides and device, each definition's
+    outputs pinned to eager's layouts (the causal mask's region has factories on the device)."""
+    from test_nvfuser_symbolic import causal_attention, gelu_softmax  # noqa: PLC0415
+
+    with FakeTensorMode(allow_non_fake_inputs=True):  # the program's CPU mask buffer
+        params = {
+            gelu_softmax: [torch.randn(8, 8, device="cuda", dtype=torch.bfloat16)],
+            causal_attention: [torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda")],
+        }
+        for fn, rest in params.items():
+            jfn = thunder_rs.jit(fn, executors=[cuda_ex, "torch"], dynamic=fn is causal_attention)
+            for n in (3, 5, 7, 4):
+                x = torch.randn(*(2,) * (fn is causal_attention), n, 8, device="cuda", dtype=rest[0].dtype)
+                out, expected = jfn(x, *rest), fn(x, *rest)
+                assert (out.dtype, out.shape, out.stride(), out.device) == (
+                    expected.dtype,
+                    expected.shape,
+                    expected.stride(),
+                    expected.device,
+                )
+    symbolic = [r for r in cuda_ex.fused if any(symbolic_dims(r.region.input_shapes))]
+    assert len(symbolic) >= 3 and all(len(r.definitions) == 1 for r in cuda_ex.fused)
+    assert (cuda_ex.stats["failures"], cuda_ex.stats["unpinned"]) == (0, 0), cuda_ex.fallbacks
