@@ -715,7 +715,14 @@ class FusionDefinition:
             self, torch.empty([SYMBOLIC_EXTENT if s < 0 else s for s in shape], dtype=dtype.value, device="meta")
         )
         spec = (list(shape), list(contiguity), dtype, list(stride_order))
-        # getExpanded (python_utils.cpp): a broadcast (contiguity None) of extent other than 1.
+        # validateContiguity (TensorDomain's constructor): None exactly at the broadcasts, which are
+        # the dims of extent 1 and those getExpanded (python_utils.cpp) expands: None, extent not 1.
+        binding.nvf_check(
+            all(size != 1 or layouts.broadcast_at(spec, d) for d, size in enumerate(shape)),
+            "expect_null != contiguity.at(i).has_value()",
+            "The contiguity of a broadcast/reduction dimension must be None. The contiguity of a "
+            f"non-broadcast/reduction dimension must be true/false. contiguity=[{contiguity}]",
+        )
         tv.expanded = tuple(size != 1 and layouts.broadcast_at(spec, d) for d, size in enumerate(shape))
         allocation.define_input(self, tv, stride_order)
         self._inputs.append((tv, spec))

@@ -86,6 +86,9 @@ def _check_size_one_extents(module, device):
         fd.execute([torch.randn(3, 8, device=device)])
     with pytest.raises(RuntimeError, match="stride mismatch with contiguity info"):
         _run(module, _iteration, torch.randn(3, 16, device=device)[:, ::2])
+    with pytest.raises(RuntimeError, match="The contiguity of a broadcast/reduction dimension must be None"):
+        with module.FusionDefinition() as fd:  # a constant extent of 1 is a broadcast
+            fd.define_tensor(shape=[1, 8], contiguity=[True, True], dtype=module.DataType.Float)
 
 
 def test_the_stand_in_binds_size_one_symbolic_extents_as_nvfuser_does():
