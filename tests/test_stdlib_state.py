@@ -303,6 +303,28 @@ def test_warnings_warn_happens_on_every_call_as_in_eager():
             jf(x, 1)
 
 
+def _falls_back_when_warnings_raise(x):
+    try:
+        warnings.warn("slow path taken")
+    except UserWarning:
+        return x * 0
+    return x + 1
+
+
+def test_filters_that_make_a_warning_an_error_between_calls_recompile():
+    # The warning was made after the compiled call ran: under simplefilter("error") eager took the
+    # except branch (x * 0) while the compiled call returned x + 1 and then raised.
+    jf, x = thunder_rs.jit(_falls_back_when_warnings_raise), torch.ones(2)
+    for action in ("ignore", "error", "always", "error"):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter(action)
+            assert torch.equal(jf(x), _falls_back_when_warnings_raise(x))
+        assert len(got) == (2 if action == "always" else 0)
+    stats = thunder_rs.compile_stats(jf)
+    assert stats.cache_misses == 2
+    assert "whether the warnings filters raise the UserWarning" in stats.miss_reasons[1]
+
+
 def _deprecated_helper(x):
     warnings.warn("use the other helper", DeprecationWarning, stacklevel=2)
     return x * 2

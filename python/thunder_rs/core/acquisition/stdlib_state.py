@@ -16,7 +16,9 @@ here lives behind library calls it does not follow, so it is handled by a table 
   ``print`` (``effects.py``): every compiled call makes them after running, with that call's
   tensors among the arguments, attributed to the user's line as eager attributes them (the log
   record's file, line and function; the warning's registry, so the ``default`` filter shows it once
-  per line as in eager). Text that already holds a formatted traced tensor is refused.
+  per line as in eager). Text that already holds a formatted traced tensor is refused. A warning
+  the filters make an error is raised while traced, where eager raises it (the program may catch
+  it), and whether they do is guarded: ``simplefilter("error")`` between calls recompiles.
 - **iterators.** ``next(it)`` on an iterator the program did not create (an argument, a global, a
   closure cell, an attribute of its state) consumes it once while tracing and never again:
   refused, naming the line. ``builtins.next`` calls a checking wrapper only while some program is
@@ -263,8 +265,40 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
     g = frame.f_globals
     module = g.get("__name__", "<string>")
     where = (frame.f_code.co_filename, frame.f_lineno, module, g.setdefault("__warningregistry__", {}), g)
+    if _guard_raising(category, str(message), module, where):
+        # The filters make it an error, raised now as eager raises it (the program may catch it).
+        warnings.warn_explicit(message, category, *where[:4], module_globals=g, source=source)
     recorded.append(WarnCall(message, category, where, source))
     return None
+
+
+def _action(category, text: str, module: str, line: int) -> str:
+    """What ``warnings.filters`` do with a warning (``warn_explicit``'s search): the first filter
+    that matches it, else the default action."""
+    for action, message, matched, module_re, at in warnings.filters:
+        if (
+            (message is None or (message.match(text) if hasattr(message, "match") else message == text))
+            and issubclass(category, matched)
+            and (module_re is None or (module_re.match(module) if hasattr(module_re, "match") else module_re == module))
+            and (at == 0 or at == line)
+        ):
+            return action
+    return warnings.defaultaction  # type: ignore[attr-defined]
+
+
+def _raises(category, text: str, module: str, line: int) -> bool:
+    return _action(category, text, module, line) == "error"
+
+
+def _guard_raising(category, text: str, module: str, where: tuple) -> bool:
+    """Guards whether the filters make the warning the program makes at ``where`` an error, which
+    eager raises there (a compiled call would make it after running, or not at all where the program
+    catches it: ``simplefilter("error")`` between calls); returns whether they do. The other actions
+    are the replayed ``warn_explicit``'s."""
+    read = functools.partial(_raises, category, text, module, where[1])
+    label = f"whether the warnings filters raise the {category.__name__} warned at {where[0]}:{where[1]}"
+    _guard(label, read)
+    return read()
 
 
 # -- iterators -------------------------------------------------------------------------------------
