@@ -3,11 +3,13 @@ and the standard library's side effects it makes: each program runs compiled and
 side over several calls, with the state changed between calls (``core/acquisition/stdlib_state.py``,
 ``core/state/torch_flags.py``)."""
 
+import argparse
 import contextvars
 import functools
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -61,6 +63,41 @@ def test_an_environment_variable_changed_between_calls(env, program):
     assert stats.cache_hits == 2 and stats.cache_misses == 3  # the last call finds the first entry
     assert f"os.environ['{_VAR}'] changed from unset to '2'" in _misses(jf)[1]
     assert "from '2' to '3'" in _misses(jf)[2]
+
+
+def _counts_prefixed_variables(x):
+    return x * sum(1 for name in os.environ if name.startswith(_VAR))
+
+
+def _by_argv(x):
+    return x * 2 if "--thunder-rs-double" in sys.argv else x
+
+
+def _by_argparse(x):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--thunder-rs-scale", type=float, default=1.0)
+    return x * parser.parse_known_args()[0].thunder_rs_scale
+
+
+@pytest.mark.parametrize(
+    "program, changes",
+    [
+        (_counts_prefixed_variables, [lambda: os.environ.__setitem__(_VAR, "1")]),
+        (_by_argv, [lambda: sys.argv.append("--thunder-rs-double"), lambda: sys.argv.remove("--thunder-rs-double")]),
+        (_by_argparse, [lambda: sys.argv.append("--thunder-rs-scale=3"), lambda: sys.argv.pop()]),
+    ],
+    ids=["iterating os.environ", "sys.argv", "argparse"],
+)
+def test_the_names_in_the_environment_and_sys_argv_changed_between_calls(env, monkeypatch, program, changes):
+    # Iterating os.environ and reading sys.argv were not guarded: the compiled call kept what
+    # tracing saw.
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    jf, x = thunder_rs.jit(program), torch.randn(3)
+    torch.testing.assert_close(jf(x), program(x))
+    for change in changes:
+        change()
+        torch.testing.assert_close(jf(x), program(x))
+    assert thunder_rs.compile_stats(jf).cache_misses == 2  # the last state is the first's again
 
 
 def test_a_program_reading_no_state_carries_no_guard():

@@ -8,7 +8,9 @@ here lives behind library calls it does not follow, so it is handled by a table 
 - **readers → guards.** ``os.environ`` (``[...]``, ``get``, ``in``, ``os.getenv``: all go through
   ``os._Environ.__getitem__``, wrapped once) and the level of a logger (``isEnabledFor``,
   ``getEffectiveLevel``: wrapped on ``logging.Logger``) are guarded when the program reads them
-  while it is traced, by name, so a changed value recompiles and the miss reason names it.
+  while it is traced, by name, so a changed value recompiles and the miss reason names it. The
+  names set in ``os.environ`` are guarded when the program iterates it or takes its length, and
+  ``sys.argv`` when it parses it with ``argparse`` (``parse_args()``, ``parse_known_args()``).
   torch's global flags are found by the observer among the program's read chains instead
   (``torch_flags.py``).
 - **effects → repeated.** ``logging`` calls (``log.info``, ``logging.warning``: all reach
@@ -37,6 +39,7 @@ own) count, and nothing here runs for a program that makes none of them: their p
 only in the entries that carry such guards.
 """
 
+import argparse
 import builtins
 import contextlib
 import functools
@@ -121,6 +124,46 @@ def _getitem(self, key):
     if self is os.environ and _tracing() and _program_frame(sys._getframe(1)) is not None:
         _guard(f"os.environ[{key!r}]", functools.partial(_environ_value, key), _unset)
     return _environ_getitem(self, key)
+
+
+_environ_iter = os._Environ.__iter__
+_environ_len = os._Environ.__len__
+
+
+def _environ_names() -> frozenset:
+    return frozenset(os.environ._data)  # type: ignore[attr-defined]
+
+
+def _guard_names(self) -> None:
+    if self is os.environ and _tracing() and _program_frame(sys._getframe(2)) is not None:
+        _guard("the names set in os.environ", _environ_names, lambda names: f"{len(names)} names")
+
+
+def _iter(self):
+    _guard_names(self)
+    return _environ_iter(self)
+
+
+def _len(self):
+    _guard_names(self)
+    return _environ_len(self)
+
+
+# -- sys.argv --------------------------------------------------------------------------------------
+
+_parse_known_args = argparse.ArgumentParser.parse_known_args
+
+
+def _parse_known(self, args=None, namespace=None):
+    """``parse_args()`` and ``parse_known_args()`` without ``args`` parse ``sys.argv``: guarded as
+    a program's own read of it is (``torch_flags``)."""
+    if args is None and _tracing() and _program_frame(sys._getframe(1)) is not None:
+        _guard("sys.argv", _argv)
+    return _parse_known_args(self, args, namespace)
+
+
+def _argv() -> tuple:
+    return tuple(sys.argv)
 
 
 # -- logger levels ---------------------------------------------------------------------------------
@@ -402,6 +445,9 @@ def install() -> None:
         return
     _installed.append(True)
     os._Environ.__getitem__ = _getitem  # type: ignore[method-assign]
+    os._Environ.__iter__ = _iter  # type: ignore[method-assign]
+    os._Environ.__len__ = _len  # type: ignore[method-assign]
+    argparse.ArgumentParser.parse_known_args = _parse_known  # type: ignore[method-assign]
     logging.Logger.isEnabledFor = _isEnabledFor  # type: ignore[method-assign]
     logging.Logger.getEffectiveLevel = _getEffectiveLevel  # type: ignore[method-assign]
     logging.Logger._log = _log  # type: ignore[method-assign]
