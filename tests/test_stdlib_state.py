@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import warnings
+from time import perf_counter
 
 import pytest
 import torch
@@ -467,6 +468,51 @@ def test_reading_the_clock_inside_a_program_is_refused_naming_the_line():
     with pytest.raises(ThunderError, match=r"time.perf_counter: the program reads the clock at .*test_stdlib_state"):
         thunder_rs.jit(_scaled_by_the_clock)(torch.ones(2))
     assert time.perf_counter is _PERF_COUNTER  # put back after tracing
+
+
+class _Timer:
+    clock = None
+
+
+_TIMER = _Timer()
+_TIMER.clock = time.monotonic
+
+
+def _clock_bound_in_a_cell():
+    clock = time.process_time
+
+    def program(x):
+        return x * (clock() % 1)
+
+    return program
+
+
+def _by_a_clock_bound_as_a_global(x, timed=True):
+    return x * (perf_counter() % 1) if timed else x
+
+
+@pytest.mark.parametrize(
+    "program, name",
+    [
+        (_by_a_clock_bound_as_a_global, "perf_counter"),
+        (lambda x: x * (_TIMER.clock() % 1), "monotonic"),
+        (_clock_bound_in_a_cell(), "process_time"),
+    ],
+    ids=["global", "attribute of a global object", "closure cell"],
+)
+def test_a_clock_bound_before_tracing_is_refused_naming_the_line(program, name):
+    # ``from time import perf_counter`` is not looked up in ``time`` while traced: every compiled call
+    # computed with the first call's reading.
+    with pytest.raises(ThunderError, match=rf"time.{name}: the program reads the clock at .*test_stdlib_state.py:\d+"):
+        thunder_rs.jit(program)(torch.ones(2))
+    assert perf_counter is _PERF_COUNTER and _TIMER.clock is time.monotonic  # put back after tracing
+    assert program.__closure__ is None or program.__closure__[0].cell_contents is time.process_time
+
+
+def test_a_clock_bound_but_not_called_is_left_alone():
+    jf, x = thunder_rs.jit(functools.partial(_by_a_clock_bound_as_a_global, timed=False)), torch.ones(2)
+    assert torch.equal(jf(x), x) and torch.equal(jf(x), x)
+    assert thunder_rs.compile_stats(jf).cache_misses == 1 and perf_counter is _PERF_COUNTER
 
 
 def test_a_generator_passed_in_and_looped_over_is_refused():

@@ -27,9 +27,11 @@ here lives behind library calls it does not follow, so it is handled by a table 
   traced (``consuming_iterators``), so eager code pays nothing otherwise. A generator passed in
   and advanced another way (``for v in gen``, which no wrapper sees) is refused after tracing.
   Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
-- **clocks.** ``time.time()``, ``perf_counter`` and ``monotonic`` (and their ``_ns``) read by program
-  code while it is traced are refused, naming the line: a compiled call would reuse the first reading.
-  Like ``next``, they are wrapped only while some program is traced (``consuming_iterators``).
+- **clocks.** ``time.time()``, ``perf_counter``, ``monotonic``, ``process_time`` and ``thread_time``
+  (and their ``_ns``) read by program code while it is traced are refused, naming the line: a
+  compiled call would reuse the first reading. Like ``next``, they are wrapped only while some
+  program is traced (``consuming_iterators``); so is a clock the program bound before tracing
+  (``from time import perf_counter``), where it bound it (``core.state.clocks``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
@@ -54,6 +56,7 @@ import warnings
 from typing import Any
 
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
+from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.guards import MISSING, StateGuard
 from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
 from thunder_rs.core.state.observe import _importing, thread_state
@@ -399,6 +402,7 @@ def consuming_iterators(flat_inputs: list):
                 builtins.next = _builtin_next
                 for name, real in _clocks.items():
                     setattr(time, name, real)
+                put_back_bound_clocks()
     for i, gen, position in generators:
         if _generator_position(gen) != position:
             raise ThunderNotImplementedError(
@@ -411,7 +415,10 @@ def consuming_iterators(flat_inputs: list):
 # -- clocks ----------------------------------------------------------------------------------------
 
 #: ``time``'s clocks: a reading differs on every call, and a traced program would keep its first.
-_CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+_CLOCKS: tuple[str, ...] = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+_CLOCKS += tuple(
+    name for name in ("process_time", "process_time_ns", "thread_time", "thread_time_ns") if hasattr(time, name)
+)
 _clocks = {name: getattr(time, name) for name in _CLOCKS}
 
 
@@ -432,6 +439,8 @@ def _clock(name: str):
 
 #: What ``consuming_iterators`` puts in ``time`` while a program is traced.
 _CLOCK_READERS = {name: _clock(name) for name in _CLOCKS}
+for _name, _reader in _CLOCK_READERS.items():
+    register_clock(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
 
 
 # -- installing ------------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ from thunder_rs.core.state.callables import (
     partial_origin,
     program_method,
 )
+from thunder_rs.core.state.clocks import refuse_bound_clock
 from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, interesting, library_module
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.items import MUTABLE, has_item
@@ -524,6 +525,7 @@ class Observer:
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
             if type(value) is functools._lru_cache_wrapper:
                 self._cached[getattr(value.__wrapped__, "__code__", None)] = value
+        refuse_bound_clock(source, name, value)  # (``from time import perf_counter``)
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
             # helper between calls changes what the program does.

@@ -25,6 +25,7 @@ import inspect
 
 import torch
 
+from thunder_rs.core.state.clocks import is_clock_reader
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
     MISSING,
@@ -225,7 +226,7 @@ class ProgramState:
             if known.found is None:
                 continue
             now = attributes_of(known.obj)
-            changed = [k for k in now if known.found.get(k, MISSING) is not now[k]]
+            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not is_clock_reader(now[k])]
             removed = [k for k in known.found if k not in now]
             for name in changed + removed:
                 out.append(
