@@ -242,6 +242,7 @@ class Observer:
         (``containers.StateContainers.read_per_call``)."""
         self.state.containers.read_per_call(captured, stored, self._guards)
         self._read_attributes_per_call(captured, stored)
+        self.state.read_tensors_per_call(captured, stored, self._guards)
 
     def _read_attributes_per_call(self, captured: list, stored: list) -> None:
         """Makes each tensor among ``captured`` that a module attribute holds (not a parameter or

@@ -25,6 +25,7 @@ import inspect
 
 import torch
 
+from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.clocks import is_clock_reader
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
@@ -38,7 +39,10 @@ from thunder_rs.core.state.guards import (
     attributes_of,
     read_at,
     short,
+    tensor_meta,
 )
+from thunder_rs.core.state.items import same_attributes
+from thunder_rs.core.state.reached import ArgumentTensor
 
 
 class IntGuard:
@@ -96,6 +100,40 @@ class MethodGuard:
         scope[f"c{index}"], scope[f"e{index}"] = self.cls, self.expected
         read = f"getattr(c{index}, {self.name!r}, MISSING)"
         return f"getattr({read}, '__func__', MISSING) is e{index}" if self.bound else f"{read} is e{index}"
+
+
+class HeldDictGuard(DictGuard):
+    """A fixed state object guarded whole (``DictGuard``) whose tensor attributes at ``held`` every
+    call reads anew (``ProgramState.read_tensors_per_call``): any tensor may be there, its
+    metadata checked by a ``TensorGuard``."""
+
+    def __init__(self, guard: DictGuard, held: frozenset):
+        self.source, self.origin, self.per_call, self.held = guard.source, guard.origin, guard.per_call, held
+        self.found = {k: v for k, v in guard.found.items() if k not in held}
+        self.names = guard.found.keys() | held
+
+    def holds(self, flat) -> bool:
+        return same_held_attributes(self.source.mapping(flat), self.found, self.names, self.held)
+
+    def describe(self, flat) -> str:
+        now = self.source.mapping(flat)
+        if now.keys() != self.names or not all(isinstance(now[k], torch.Tensor) for k in self.held):
+            return f"{self.source.label} gained or lost attributes, or a tensor one (read at {self.origin})"
+        return super().describe(flat)
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"e{index}"], scope[f"f{index}"] = (self.found, self.names, self.held), same_held_attributes
+        return f"f{index}({self.source.code(f'm{index}', scope)}, *e{index})"
+
+
+def same_held_attributes(now, found: dict, names, held: frozenset) -> bool:
+    """Whether an object's attributes ``now`` are ``names``, tensors at ``held`` and the others
+    as ``found``."""
+    return (
+        now.keys() == names
+        and all(isinstance(now[k], torch.Tensor) for k in held)
+        and same_attributes({k: now[k] for k in found}, found)
+    )
 
 
 class StateObject:
@@ -217,6 +255,34 @@ class ProgramState:
             for held in self._argument_tensors.values():
                 if held.holder is value:
                     self.guard_held(held, origin, guards)
+
+    def read_tensors_per_call(self, captured: list, stored: list, guards: dict) -> None:
+        """Makes each tensor among ``captured`` that a global object guarded whole holds (``STATE.last``,
+        which the program reads and sets to a new tensor on each call) read there by every call, guarded on
+        its metadata rather than on the tensor: it compiled once per call. Tensors requiring grad, and those
+        the program also stores as they are (``stored``), stay captured (``Observer._read_attributes_per_call``
+        does this for modules)."""
+        found = {
+            id(v): (key, g, name)
+            for key, g in guards.items()
+            if type(g) is DictGuard
+            for name, v in g.found.items()
+            if isinstance(v, torch.Tensor)
+        }
+        held: dict = {}
+        for i, t in enumerate(captured):
+            at = found.get(id(t)) if isinstance(t, torch.Tensor) and not stored[i] else None
+            if at is None or t.requires_grad or isinstance(t, TensorProxy):
+                continue
+            key, guard, name = at
+            source, meta = guard.source, tensor_meta(t)
+            if not isinstance(source, ObjectSource):  # (the dict of a fixed object: a global's)
+                continue
+            captured[i] = ArgumentTensor(source, name, source.obj, meta, guard.origin)
+            guards[("held", id(source.obj), name)] = TensorGuard(source, name, meta, guard.origin)
+            held.setdefault(key, (guard, set()))[1].add(name)
+        for key, (guard, names) in held.items():
+            guards[key] = HeldDictGuard(guard, frozenset(names))
 
     def writes(self) -> list:
         """The attributes the program set or deleted on state objects, undone here: ``(holder, name,

@@ -1,0 +1,46 @@
+"""State a traced program sets on every call and reads back on the next: a tensor on a global
+object (``STATE.last = x.detach()``), a list a method assigns (``self.items = []``). Each program
+runs compiled and eagerly over the same calls from the same state; the compiled one must match and
+compile once for each state it can meet, not once per call."""
+
+import torch
+
+import thunder_rs
+
+
+class _Running:
+    mean = None
+
+
+RUNNING = _Running()
+
+
+def _centered(x):
+    # Reads the tensor the previous call set, then sets a new one.
+    if RUNNING.mean is None:
+        RUNNING.mean = x.detach()
+    else:
+        RUNNING.mean = 0.5 * RUNNING.mean + 0.5 * x.detach()
+    return x - RUNNING.mean
+
+
+def _run(program, xs):
+    RUNNING.mean = None
+    outs = [program(x) for x in xs]
+    return outs, RUNNING.mean
+
+
+def test_a_tensor_a_global_object_holds_set_by_every_call_is_read_by_the_next():
+    # It was guarded as that very tensor: each call found the one the last call set, and compiled.
+    xs = [torch.randn(4) for _ in range(5)]
+    jf = thunder_rs.jit(_centered)
+    got, got_mean = _run(jf, xs)
+    want, want_mean = _run(_centered, xs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(got_mean, want_mean)
+    assert thunder_rs.compile_stats(jf).cache_misses == 2  # unset, then a tensor
+    RUNNING.mean = torch.zeros(1)  # another shape: recompiles
+    torch.testing.assert_close(jf(torch.ones(4)), torch.full((4,), 0.5))
+    assert thunder_rs.compile_stats(jf).cache_misses == 3
+    assert "RUNNING.mean changed from a float32 tensor of shape [4]" in thunder_rs.compile_stats(jf).miss_reasons[2]
