@@ -3,6 +3,7 @@ object (``STATE.last = x.detach()``), a list a method assigns (``self.items = []
 runs compiled and eagerly over the same calls from the same state; the compiled one must match and
 compile once for each state it can meet, not once per call."""
 
+import pytest
 import torch
 
 import thunder_rs
@@ -44,3 +45,37 @@ def test_a_tensor_a_global_object_holds_set_by_every_call_is_read_by_the_next():
     torch.testing.assert_close(jf(torch.ones(4)), torch.full((4,), 0.5))
     assert thunder_rs.compile_stats(jf).cache_misses == 3
     assert "RUNNING.mean changed from a float32 tensor of shape [4]" in thunder_rs.compile_stats(jf).miss_reasons[2]
+
+
+class _Collects(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.items = [1.0, 2.0]
+
+    def reset(self):
+        self.items = []
+
+    def forward(self, x):
+        self.reset()
+        self.items.append(x)
+        return x * len(self.items)
+
+
+class _CountsFirst(_Collects):
+    def forward(self, x):
+        before = len(self.items)  # the list the call found: guarded
+        self.reset()
+        self.items.append(x)
+        return x * (len(self.items) + before)
+
+
+@pytest.mark.parametrize("kind, compiles", [(_Collects, 1), (_CountsFirst, 3)])
+def test_a_list_a_called_method_assigns_is_not_guarded_as_the_one_before_the_call(kind, compiles):
+    # forward's read of self.items was evaluated when forward was entered, before self.reset()
+    # stored a new list: it guarded the last call's list, and compiled on every call.
+    model, twin = kind(), kind()
+    jm = thunder_rs.jit(model)
+    for x in [torch.randn(3) for _ in range(3)]:
+        torch.testing.assert_close(jm(x), twin(x))
+        assert len(model.items) == 1 and model.items[0] is x
+    assert thunder_rs.compile_stats(jm).cache_misses == compiles

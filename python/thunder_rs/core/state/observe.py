@@ -57,7 +57,13 @@ from thunder_rs.core.state.callables import (
     program_method,
 )
 from thunder_rs.core.state.clocks import refuse_bound_clock
-from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, interesting, library_module
+from thunder_rs.core.state.code_reads import (
+    ALL_ATTRIBUTES,
+    code_reads,
+    interesting,
+    library_module,
+    stored_by_calls,
+)
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.reached import ArgumentTensor
@@ -596,7 +602,8 @@ class Observer:
             for name, attrs in reads.args:
                 value = local.get(name, MISSING)
                 if value is not MISSING and self._is_state(value):
-                    self._follow(value, attrs, origin)
+                    if not (name == reads.receiver and live and attrs and stored_by_calls(code, reads, attrs, value)):
+                        self._follow(value, attrs, origin)
             if reads.cells and live:
                 self._read_cells(code, local, reads, origin)
 
