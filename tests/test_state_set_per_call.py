@@ -79,3 +79,36 @@ def test_a_list_a_called_method_assigns_is_not_guarded_as_the_one_before_the_cal
         torch.testing.assert_close(jm(x), twin(x))
         assert len(model.items) == 1 and model.items[0] is x
     assert thunder_rs.compile_stats(jm).cache_misses == compiles
+
+
+class _Box:
+    def __init__(self):
+        self.items = [1.0, 2.0]
+
+    def reset(self):
+        self.items = []
+
+    def run(self, x):
+        self.reset()
+        self.items.append(x)
+        return x * len(self.items)
+
+
+BOX = _Box()
+
+
+def _runs_the_box(x):
+    return BOX.run(x)
+
+
+def test_a_list_a_method_of_a_global_object_assigns_is_not_guarded_as_the_one_before_the_call():
+    # The global object was guarded whole as the call found it, the last call's list included.
+    jf = thunder_rs.jit(_runs_the_box)
+    for x in [torch.randn(3) for _ in range(3)]:
+        torch.testing.assert_close(jf(x), x)
+        assert len(BOX.items) == 1 and BOX.items[0] is x
+    assert thunder_rs.compile_stats(jf).cache_misses == 1
+    BOX.scale = 2.0  # any other attribute is still guarded
+    jf(torch.ones(3))
+    assert thunder_rs.compile_stats(jf).cache_misses == 2
+    del BOX.scale

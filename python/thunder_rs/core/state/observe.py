@@ -230,6 +230,7 @@ class Observer:
         module the program made while traced."""
         self.state.guard_whole_objects(self._guards)
         self.state.containers.relax(self._guards)
+        self.state.relax_stored_first(self._guards)
         structure = [
             StructureGuard(m, type(m).__name__)
             for i, m in self.modules_called.items()
@@ -604,6 +605,8 @@ class Observer:
                 if value is not MISSING and self._is_state(value):
                     if not (name == reads.receiver and live and attrs and stored_by_calls(code, reads, attrs, value)):
                         self._follow(value, attrs, origin)
+                    elif value in self.state:  # (a global object's: its whole guard lets it be)
+                        self.state.stored_first.add((id(value), attrs[0]))
             if reads.cells and live:
                 self._read_cells(code, local, reads, origin)
 
