@@ -174,3 +174,48 @@ def test_methods_patched_between_calls_recompile(change):
     finally:
         _Activated.act, _Activated.scale = saved["act"], saved["scale"]
     assert thunder_rs.compile_stats(jm).cache_misses == 2
+
+
+class _LeakyAct(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.1)
+
+    def forward(self, x):
+        return self.act(x)
+
+
+LEAKY = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.1)
+
+
+def _global_leaky(x):
+    return LEAKY(x)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (lambda m: (m, m.act))(_LeakyAct()),
+        lambda: (_global_leaky, LEAKY),
+        lambda: (lambda p: (p, p))(functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.1)),
+    ],
+    ids=["module attribute", "global", "jitted partial"],
+)
+def test_keywords_of_a_partial_changed_in_place_recompile(make):
+    # p.keywords is a dict changed in place: the compiled call kept slope 0.1 while eager used 2.0.
+    program, partial = make()
+    saved = dict(partial.keywords)
+    jprogram, x = thunder_rs.jit(program), torch.randn(8)
+    try:
+        assert torch.equal(jprogram(x), program(x))
+        partial.keywords["negative_slope"] = 2.0
+        assert torch.equal(jprogram(x), program(x))
+        partial.keywords["inplace"] = False  # a keyword added
+        assert torch.equal(jprogram(x), program(x))
+        assert torch.equal(jprogram(x), program(x))
+    finally:
+        partial.keywords.clear()
+        partial.keywords.update(saved)
+    stats = thunder_rs.compile_stats(jprogram)
+    assert stats.cache_misses == 3
+    assert "keywords['negative_slope'] changed from 0.1 to 2.0" in stats.miss_reasons[1]

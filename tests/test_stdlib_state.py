@@ -3,14 +3,17 @@ and the standard library's side effects it makes: each program runs compiled and
 side over several calls, with the state changed between calls (``core/acquisition/stdlib_state.py``,
 ``core/state/torch_flags.py``)."""
 
+import argparse
 import contextvars
 import functools
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
+from time import perf_counter
 
 import pytest
 import torch
@@ -61,6 +64,41 @@ def test_an_environment_variable_changed_between_calls(env, program):
     assert stats.cache_hits == 2 and stats.cache_misses == 3  # the last call finds the first entry
     assert f"os.environ['{_VAR}'] changed from unset to '2'" in _misses(jf)[1]
     assert "from '2' to '3'" in _misses(jf)[2]
+
+
+def _counts_prefixed_variables(x):
+    return x * sum(1 for name in os.environ if name.startswith(_VAR))
+
+
+def _by_argv(x):
+    return x * 2 if "--thunder-rs-double" in sys.argv else x
+
+
+def _by_argparse(x):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--thunder-rs-scale", type=float, default=1.0)
+    return x * parser.parse_known_args()[0].thunder_rs_scale
+
+
+@pytest.mark.parametrize(
+    "program, changes",
+    [
+        (_counts_prefixed_variables, [lambda: os.environ.__setitem__(_VAR, "1")]),
+        (_by_argv, [lambda: sys.argv.append("--thunder-rs-double"), lambda: sys.argv.remove("--thunder-rs-double")]),
+        (_by_argparse, [lambda: sys.argv.append("--thunder-rs-scale=3"), lambda: sys.argv.pop()]),
+    ],
+    ids=["iterating os.environ", "sys.argv", "argparse"],
+)
+def test_the_names_in_the_environment_and_sys_argv_changed_between_calls(env, monkeypatch, program, changes):
+    # Iterating os.environ and reading sys.argv were not guarded: the compiled call kept what
+    # tracing saw.
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    jf, x = thunder_rs.jit(program), torch.randn(3)
+    torch.testing.assert_close(jf(x), program(x))
+    for change in changes:
+        change()
+        torch.testing.assert_close(jf(x), program(x))
+    assert thunder_rs.compile_stats(jf).cache_misses == 2  # the last state is the first's again
 
 
 def test_a_program_reading_no_state_carries_no_guard():
@@ -303,6 +341,28 @@ def test_warnings_warn_happens_on_every_call_as_in_eager():
             jf(x, 1)
 
 
+def _falls_back_when_warnings_raise(x):
+    try:
+        warnings.warn("slow path taken")
+    except UserWarning:
+        return x * 0
+    return x + 1
+
+
+def test_filters_that_make_a_warning_an_error_between_calls_recompile():
+    # The warning was made after the compiled call ran: under simplefilter("error") eager took the
+    # except branch (x * 0) while the compiled call returned x + 1 and then raised.
+    jf, x = thunder_rs.jit(_falls_back_when_warnings_raise), torch.ones(2)
+    for action in ("ignore", "error", "always", "error"):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter(action)
+            assert torch.equal(jf(x), _falls_back_when_warnings_raise(x))
+        assert len(got) == (2 if action == "always" else 0)
+    stats = thunder_rs.compile_stats(jf)
+    assert stats.cache_misses == 2
+    assert "whether the warnings filters raise the UserWarning" in stats.miss_reasons[1]
+
+
 def _deprecated_helper(x):
     warnings.warn("use the other helper", DeprecationWarning, stacklevel=2)
     return x * 2
@@ -408,6 +468,51 @@ def test_reading_the_clock_inside_a_program_is_refused_naming_the_line():
     with pytest.raises(ThunderError, match=r"time.perf_counter: the program reads the clock at .*test_stdlib_state"):
         thunder_rs.jit(_scaled_by_the_clock)(torch.ones(2))
     assert time.perf_counter is _PERF_COUNTER  # put back after tracing
+
+
+class _Timer:
+    clock = None
+
+
+_TIMER = _Timer()
+_TIMER.clock = time.monotonic
+
+
+def _clock_bound_in_a_cell():
+    clock = time.process_time
+
+    def program(x):
+        return x * (clock() % 1)
+
+    return program
+
+
+def _by_a_clock_bound_as_a_global(x, timed=True):
+    return x * (perf_counter() % 1) if timed else x
+
+
+@pytest.mark.parametrize(
+    "program, name",
+    [
+        (_by_a_clock_bound_as_a_global, "perf_counter"),
+        (lambda x: x * (_TIMER.clock() % 1), "monotonic"),
+        (_clock_bound_in_a_cell(), "process_time"),
+    ],
+    ids=["global", "attribute of a global object", "closure cell"],
+)
+def test_a_clock_bound_before_tracing_is_refused_naming_the_line(program, name):
+    # ``from time import perf_counter`` is not looked up in ``time`` while traced: every compiled call
+    # computed with the first call's reading.
+    with pytest.raises(ThunderError, match=rf"time.{name}: the program reads the clock at .*test_stdlib_state.py:\d+"):
+        thunder_rs.jit(program)(torch.ones(2))
+    assert perf_counter is _PERF_COUNTER and _TIMER.clock is time.monotonic  # put back after tracing
+    assert program.__closure__ is None or program.__closure__[0].cell_contents is time.process_time
+
+
+def test_a_clock_bound_but_not_called_is_left_alone():
+    jf, x = thunder_rs.jit(functools.partial(_by_a_clock_bound_as_a_global, timed=False)), torch.ones(2)
+    assert torch.equal(jf(x), x) and torch.equal(jf(x), x)
+    assert thunder_rs.compile_stats(jf).cache_misses == 1 and perf_counter is _PERF_COUNTER
 
 
 def test_a_generator_passed_in_and_looped_over_is_refused():

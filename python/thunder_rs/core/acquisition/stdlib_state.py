@@ -8,7 +8,9 @@ here lives behind library calls it does not follow, so it is handled by a table 
 - **readers → guards.** ``os.environ`` (``[...]``, ``get``, ``in``, ``os.getenv``: all go through
   ``os._Environ.__getitem__``, wrapped once) and the level of a logger (``isEnabledFor``,
   ``getEffectiveLevel``: wrapped on ``logging.Logger``) are guarded when the program reads them
-  while it is traced, by name, so a changed value recompiles and the miss reason names it.
+  while it is traced, by name, so a changed value recompiles and the miss reason names it. The
+  names set in ``os.environ`` are guarded when the program iterates it or takes its length, and
+  ``sys.argv`` when it parses it with ``argparse`` (``parse_args()``, ``parse_known_args()``).
   torch's global flags are found by the observer among the program's read chains instead
   (``torch_flags.py``).
 - **effects → repeated.** ``logging`` calls (``log.info``, ``logging.warning``: all reach
@@ -16,16 +18,20 @@ here lives behind library calls it does not follow, so it is handled by a table 
   ``print`` (``effects.py``): every compiled call makes them after running, with that call's
   tensors among the arguments, attributed to the user's line as eager attributes them (the log
   record's file, line and function; the warning's registry, so the ``default`` filter shows it once
-  per line as in eager). Text that already holds a formatted traced tensor is refused.
+  per line as in eager). Text that already holds a formatted traced tensor is refused. A warning
+  the filters make an error is raised while traced, where eager raises it (the program may catch
+  it), and whether they do is guarded: ``simplefilter("error")`` between calls recompiles.
 - **iterators.** ``next(it)`` on an iterator the program did not create (an argument, a global, a
   closure cell, an attribute of its state) consumes it once while tracing and never again:
   refused, naming the line. ``builtins.next`` calls a checking wrapper only while some program is
   traced (``consuming_iterators``), so eager code pays nothing otherwise. A generator passed in
   and advanced another way (``for v in gen``, which no wrapper sees) is refused after tracing.
   Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
-- **clocks.** ``time.time()``, ``perf_counter`` and ``monotonic`` (and their ``_ns``) read by program
-  code while it is traced are refused, naming the line: a compiled call would reuse the first reading.
-  Like ``next``, they are wrapped only while some program is traced (``consuming_iterators``).
+- **clocks.** ``time.time()``, ``perf_counter``, ``monotonic``, ``process_time`` and ``thread_time``
+  (and their ``_ns``) read by program code while it is traced are refused, naming the line: a
+  compiled call would reuse the first reading. Like ``next``, they are wrapped only while some
+  program is traced (``consuming_iterators``); so is a clock the program bound before tracing
+  (``from time import perf_counter``), where it bound it (``core.state.clocks``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
@@ -35,6 +41,7 @@ own) count, and nothing here runs for a program that makes none of them: their p
 only in the entries that carry such guards.
 """
 
+import argparse
 import builtins
 import contextlib
 import functools
@@ -49,6 +56,7 @@ import warnings
 from typing import Any
 
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
+from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.guards import MISSING, StateGuard
 from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
 from thunder_rs.core.state.observe import _importing, thread_state
@@ -119,6 +127,46 @@ def _getitem(self, key):
     if self is os.environ and _tracing() and _program_frame(sys._getframe(1)) is not None:
         _guard(f"os.environ[{key!r}]", functools.partial(_environ_value, key), _unset)
     return _environ_getitem(self, key)
+
+
+_environ_iter = os._Environ.__iter__
+_environ_len = os._Environ.__len__
+
+
+def _environ_names() -> frozenset:
+    return frozenset(os.environ._data)  # type: ignore[attr-defined]
+
+
+def _guard_names(self) -> None:
+    if self is os.environ and _tracing() and _program_frame(sys._getframe(2)) is not None:
+        _guard("the names set in os.environ", _environ_names, lambda names: f"{len(names)} names")
+
+
+def _iter(self):
+    _guard_names(self)
+    return _environ_iter(self)
+
+
+def _len(self):
+    _guard_names(self)
+    return _environ_len(self)
+
+
+# -- sys.argv --------------------------------------------------------------------------------------
+
+_parse_known_args = argparse.ArgumentParser.parse_known_args
+
+
+def _parse_known(self, args=None, namespace=None):
+    """``parse_args()`` and ``parse_known_args()`` without ``args`` parse ``sys.argv``: guarded as
+    a program's own read of it is (``torch_flags``)."""
+    if args is None and _tracing() and _program_frame(sys._getframe(1)) is not None:
+        _guard("sys.argv", _argv)
+    return _parse_known_args(self, args, namespace)
+
+
+def _argv() -> tuple:
+    return tuple(sys.argv)
 
 
 # -- logger levels ---------------------------------------------------------------------------------
@@ -263,8 +311,40 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
     g = frame.f_globals
     module = g.get("__name__", "<string>")
     where = (frame.f_code.co_filename, frame.f_lineno, module, g.setdefault("__warningregistry__", {}), g)
+    if _guard_raising(category, str(message), module, where):
+        # The filters make it an error, raised now as eager raises it (the program may catch it).
+        warnings.warn_explicit(message, category, *where[:4], module_globals=g, source=source)
     recorded.append(WarnCall(message, category, where, source))
     return None
+
+
+def _action(category, text: str, module: str, line: int) -> str:
+    """What ``warnings.filters`` do with a warning (``warn_explicit``'s search): the first filter
+    that matches it, else the default action."""
+    for action, message, matched, module_re, at in warnings.filters:
+        if (
+            (message is None or (message.match(text) if hasattr(message, "match") else message == text))
+            and issubclass(category, matched)
+            and (module_re is None or (module_re.match(module) if hasattr(module_re, "match") else module_re == module))
+            and (at == 0 or at == line)
+        ):
+            return action
+    return warnings.defaultaction  # type: ignore[attr-defined]
+
+
+def _raises(category, text: str, module: str, line: int) -> bool:
+    return _action(category, text, module, line) == "error"
+
+
+def _guard_raising(category, text: str, module: str, where: tuple) -> bool:
+    """Guards whether the filters make the warning the program makes at ``where`` an error, which
+    eager raises there (a compiled call would make it after running, or not at all where the program
+    catches it: ``simplefilter("error")`` between calls); returns whether they do. The other actions
+    are the replayed ``warn_explicit``'s."""
+    read = functools.partial(_raises, category, text, module, where[1])
+    label = f"whether the warnings filters raise the {category.__name__} warned at {where[0]}:{where[1]}"
+    _guard(label, read)
+    return read()
 
 
 # -- iterators -------------------------------------------------------------------------------------
@@ -322,6 +402,7 @@ def consuming_iterators(flat_inputs: list):
                 builtins.next = _builtin_next
                 for name, real in _clocks.items():
                     setattr(time, name, real)
+                put_back_bound_clocks()
     for i, gen, position in generators:
         if _generator_position(gen) != position:
             raise ThunderNotImplementedError(
@@ -334,7 +415,10 @@ def consuming_iterators(flat_inputs: list):
 # -- clocks ----------------------------------------------------------------------------------------
 
 #: ``time``'s clocks: a reading differs on every call, and a traced program would keep its first.
-_CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+_CLOCKS: tuple[str, ...] = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+_CLOCKS += tuple(
+    name for name in ("process_time", "process_time_ns", "thread_time", "thread_time_ns") if hasattr(time, name)
+)
 _clocks = {name: getattr(time, name) for name in _CLOCKS}
 
 
@@ -355,6 +439,8 @@ def _clock(name: str):
 
 #: What ``consuming_iterators`` puts in ``time`` while a program is traced.
 _CLOCK_READERS = {name: _clock(name) for name in _CLOCKS}
+for _name, _reader in _CLOCK_READERS.items():
+    register_clock(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
 
 
 # -- installing ------------------------------------------------------------------------------------
@@ -368,6 +454,9 @@ def install() -> None:
         return
     _installed.append(True)
     os._Environ.__getitem__ = _getitem  # type: ignore[method-assign]
+    os._Environ.__iter__ = _iter  # type: ignore[method-assign]
+    os._Environ.__len__ = _len  # type: ignore[method-assign]
+    argparse.ArgumentParser.parse_known_args = _parse_known  # type: ignore[method-assign]
     logging.Logger.isEnabledFor = _isEnabledFor  # type: ignore[method-assign]
     logging.Logger.getEffectiveLevel = _getEffectiveLevel  # type: ignore[method-assign]
     logging.Logger._log = _log  # type: ignore[method-assign]

@@ -2,7 +2,12 @@
 globals, closure cells, and attribute chains on its arguments and locals (``self.config.scale``,
 ``cfg["sub"]["scale"]``, ``getattr(cfg, "scale", 1.0)``); and which code's reads are the program's
 (``interesting``: not torch's internals, thunder_rs or the standard library). The observer
-(``observe.py``) evaluates them at each call of the traced program."""
+(``observe.py``) evaluates them at each call of the traced program.
+
+A chain on ``self`` is evaluated when the method is entered, so one that reads what the method
+stored earlier (``self.pyramid = [...]`` then ``self.pyramid``) or what a method it called stored
+on every path (``self.reset()`` setting ``self.items = []``) would guard the value of the last call:
+both are left out (``_stored_first``, ``stored_by_calls``)."""
 
 import dis
 import inspect
@@ -13,6 +18,7 @@ import torch
 
 from thunder_rs.core.base.userframe import PACKAGE_DIR
 from thunder_rs.core.state.guards import Item as _Item
+from thunder_rs.core.state.guards import attributes_of
 from thunder_rs.core.state.identity import instructions
 
 
@@ -178,14 +184,15 @@ def _stored_first(root: tuple, attr: str, stored: frozenset) -> bool:
     return root[0] in _LOAD_LOCAL and (root[1], attr) in stored
 
 
-def _stored_before(code, listed: list) -> list:
+def _stored_before(code, listed: list, calls: dict | None = None, force: bool = False) -> list:
     """For each instruction, the ``(local, attr)`` pairs that every path from the entry stored
-    (``self.attr = value``: the local loaded right before ``STORE_ATTR``) before it runs. A
-    must-analysis over the bytecode: a store on one branch only, or in a ``try`` whose handler
-    goes on, is not stored; an instruction no path reaches has none."""
+    (``self.attr = value``: the local loaded right before ``STORE_ATTR``) before it runs, and
+    ``(local, _CALLED + name)`` for the methods called on a local (``calls``, by the index of the
+    call: ``self.reset()``). A must-analysis over the bytecode: a store on one branch only, or in a
+    ``try`` whose handler goes on, is not stored; an instruction no path reaches has none."""
     none: frozenset = frozenset()
     stores = {ins.argval for ins in listed if ins.opname == "STORE_ATTR"}
-    if not any(ins.opname in _LOAD_ATTR and ins.argval in stores for ins in listed):
+    if not force and not calls and not any(ins.opname in _LOAD_ATTR and ins.argval in stores for ins in listed):
         return [none] * len(listed)  # (most code: ``__init__`` stores what it does not read)
     at = {ins.offset: i for i, ins in enumerate(listed)}
     # Python 3.10 has no exception table: its SETUP_FINALLY jumps to the handler with the state
@@ -200,7 +207,7 @@ def _stored_before(code, listed: list) -> list:
     while work:
         i = work.pop()
         ins, now = listed[i], before[i]
-        after = _store_effect(listed, i, now)
+        after = _store_effect(listed, i, now) | ({calls[i]} if calls and i in calls else none)
         nexts = [at[ins.argval]] if ins.opcode in _JUMPS else []
         if ins.opname not in _ENDS and ins.opname not in _UNCONDITIONAL and i + 1 < len(listed):
             nexts.append(i + 1)
@@ -227,6 +234,124 @@ def _store_effect(listed: list, i: int, now: frozenset) -> frozenset:
         names = ins.argval if type(ins.argval) is tuple else (ins.argval,)
         return frozenset(p for p in now if p[0] not in names)
     return now
+
+
+#: Marks a method called on a local among ``_stored_before``'s pairs: ``(local, _CALLED + name)``.
+_CALLED = "()"
+
+
+def _method_calls(code, listed: list) -> dict:
+    """``{index of the call: (receiver, _CALLED + method)}`` for each ``self.method(...)`` on the
+    code's first argument whose arguments hold no jump (found by the stack depth from the
+    method's load to its call)."""
+    calls: dict = {}
+    receiver = code.co_varnames[0] if code.co_argcount else None
+    for k in range(1, len(listed) if receiver is not None else 0):
+        ins, load = listed[k], listed[k - 1]
+        if ins.opname not in _LOAD_ATTR or load.opname not in _LOAD_LOCAL or load.argval != receiver:
+            continue
+        depth = 0
+        for j in range(k + 1, min(len(listed), k + 200)):
+            nxt = listed[j]
+            if nxt.opcode in _JUMPS or nxt.opname in _ENDS:
+                break
+            depth += dis.stack_effect(nxt.opcode, nxt.arg if nxt.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
+            if depth < 0:
+                if nxt.opname.startswith("CALL"):
+                    calls[j] = (load.argval, _CALLED + ins.argval)
+                break
+    return calls
+
+
+def _stores_at_return(code) -> frozenset:
+    """The pairs (``_stored_before``'s) that every path from ``code``'s entry to a return holds."""
+    listed = instructions(code)
+    before = _stored_before(code, listed, force=True)
+    returns = [before[i] for i, ins in enumerate(listed) if ins.opname in ("RETURN_VALUE", "RETURN_CONST")]
+    return frozenset.intersection(*returns) if returns else frozenset()
+
+
+#: id(code) -> (code, the pairs every return of it holds): see ``_stores_at_return``
+_returns: dict = {}
+
+
+def _stores_of(cls: type, method: str) -> frozenset:
+    """The attributes a call of ``cls``'s ``method`` stores on its receiver on every path (not
+    through the methods it calls in turn)."""
+    fn = inspect.getattr_static(cls, method, None)
+    code = getattr(fn, "__code__", None)
+    if code is None or not code.co_argcount:
+        return frozenset()
+    known = _returns.get(id(code))
+    if known is None:
+        known = _returns[id(code)] = (code, _stores_at_return(code))
+    receiver = code.co_varnames[0]
+    return frozenset(a for n, a in known[1] if n == receiver and not a.startswith(_CALLED))
+
+
+#: id(code) -> (code, ``{attr: [methods called before each read of it], ...}``)
+_after_calls: dict = {}
+
+
+def _reads_after_calls(code) -> dict:
+    """For each read of an attribute of ``code``'s first argument (``self.items``), the methods
+    called on it before that read on every path (``self.reset()``), by attribute: a list of sets.
+    Under None, reads this walk cannot pair with their object (``getattr(self, name)``)."""
+    known = _after_calls.get(id(code))
+    if known is not None:
+        return known[1]
+    listed = instructions(code)
+    receiver = code.co_varnames[0]
+    before = _stored_before(code, listed, _method_calls(code, listed), force=True)
+    found: dict = {}
+    for i in range(1, len(listed)):
+        load, ins = listed[i - 1], listed[i]
+        if ins.opname in _LOAD_ATTR and load.opname in _LOAD_LOCAL and load.argval == receiver:
+            called = {a[len(_CALLED) :] for n, a in before[i - 1] if n == receiver and a.startswith(_CALLED)}
+            found.setdefault(ins.argval, []).append(called)
+        elif (
+            (ins.opname in _LOAD_TWO and ins.argval[1] == receiver)
+            or (ins.opname in _LOAD_ATTR and load.opname in _COPIES)
+            or (ins.opname.startswith("LOAD_") and ins.argval in _READS_BY_NAME | _READS_WHOLE)
+        ):
+            found[None] = [set()]
+    _after_calls[id(code)] = (code, found)
+    return found
+
+
+#: ``(id(code), class) -> (code, {attr: the methods code calls on its receiver that store it},
+#: {those methods' names: the functions found})``
+_storing_calls: dict = {}
+
+
+def _storing_methods(code, reads: CodeReads, cls: type) -> dict:
+    """``{attr: methods}``: the attributes that methods of ``cls`` which ``code`` calls on its
+    first argument store on it on every path. Found again when one of them was rebound."""
+    known = _storing_calls.get((id(code), cls))
+    if known is None or any(inspect.getattr_static(cls, m, None) is not fn for m, fn in known[2].items()):
+        found: dict = {}
+        for m in {a[0] for n, a in reads.args if n == reads.receiver and a and type(a[0]) is str}:
+            for attr in _stores_of(cls, m):
+                found.setdefault(attr, set()).add(m)
+        storing = {m: inspect.getattr_static(cls, m, None) for ms in found.values() for m in ms}
+        known = _storing_calls[(id(code), cls)] = (code, found, storing)
+    return known[1]
+
+
+def stored_by_calls(code, reads: CodeReads, attrs: tuple, value) -> bool:
+    """Whether every read of ``self.attr`` (``attrs[0]``; ``value`` is ``code``'s first argument)
+    comes after a call of one of its methods that stored that attribute on every path
+    (``self.reset()`` setting ``self.items = []``, then ``self.items``): the chain reads what the
+    call stored, not what the state held when the call began (guarding that recompiled on every
+    call). Methods set on the instance are not followed."""
+    stores = _storing_methods(code, reads, type(value)).get(attrs[0])
+    own = attributes_of(value)
+    if not stores or (own is not None and any(m in own for m in stores)):
+        return False
+    reads_of = _reads_after_calls(code)
+    if None in reads_of:
+        return False
+    return all(called & stores for called in reads_of.get(attrs[0], [set()]))
 
 
 #: id(code) -> (code, its reads). By id: hashing a code object hashes its whole contents; the

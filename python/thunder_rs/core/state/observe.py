@@ -49,7 +49,21 @@ from thunder_rs.core.state.guards import (
 )
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, interesting, library_module
+from thunder_rs.core.state.callables import (
+    CODE_TYPES,
+    bound_objects,
+    guard_partial,
+    partial_origin,
+    program_method,
+)
+from thunder_rs.core.state.clocks import refuse_bound_clock
+from thunder_rs.core.state.code_reads import (
+    ALL_ATTRIBUTES,
+    code_reads,
+    interesting,
+    library_module,
+    stored_by_calls,
+)
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.reached import ArgumentTensor
@@ -66,19 +80,9 @@ _MODULE_STORES = ("_modules", "_parameters", "_buffers")
 _MODULE_GETATTR = torch.nn.Module.__getattr__
 #: A module's forward hook stores: the hooks a call of it runs.
 _FORWARD_HOOK_STORES = ("_forward_pre_hooks", "_forward_hooks")
-#: Code and types: guarded by identity, never followed as state objects.
-_CODE_TYPES = (
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    type,
-    types.MethodDescriptorType,
-    types.WrapperDescriptorType,
-    types.ModuleType,
-)
 #: Methods that change a generator's state: inside a traced program they would run only once.
 _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
-_MODULE_OR_CODE = (torch.nn.Module, *_CODE_TYPES)
+_MODULE_OR_CODE = (torch.nn.Module, *CODE_TYPES)
 #: Containers whose items a chain follows by constant key: exactly these types, whose reads by
 #: key have no code of their own.
 _CONTAINERS = (dict, list, tuple)
@@ -125,13 +129,16 @@ class Observer:
         self._defaults: dict = {}
         for fn in functions:
             self._add_function(fn)
-            for obj in _bound_objects(fn):
+            for obj in bound_objects(fn):
                 self.state.add(obj, ObjectSource(obj, type(obj).__name__))
         # Functions passed in (``jf(x, fn)``): their closure cells and defaults are read as the
         # jitted function's are.
         for x in inputs:
             if isinstance(x, (types.FunctionType, types.MethodType, functools.partial)):
                 self._add_function(x)
+        for p in (*functions, *inputs):
+            if type(p) is functools.partial:
+                guard_partial(self._guards, p, "the partial", partial_origin(p))
         #: ``check(env)`` callables a symbolic entry must also pass to serve a call's sizes
         #: (``check_sizes``)
         self.size_checks: list = []
@@ -223,6 +230,7 @@ class Observer:
         module the program made while traced."""
         self.state.guard_whole_objects(self._guards)
         self.state.containers.relax(self._guards)
+        self.state.relax_stored_first(self._guards)
         structure = [
             StructureGuard(m, type(m).__name__)
             for i, m in self.modules_called.items()
@@ -241,6 +249,7 @@ class Observer:
         (``containers.StateContainers.read_per_call``)."""
         self.state.containers.read_per_call(captured, stored, self._guards)
         self._read_attributes_per_call(captured, stored)
+        self.state.read_tensors_per_call(captured, stored, self._guards)
 
     def _read_attributes_per_call(self, captured: list, stored: list) -> None:
         """Makes each tensor among ``captured`` that a module attribute holds (not a parameter or
@@ -438,7 +447,7 @@ class Observer:
             # which setting the attribute later changes.
             self._guard_absent(obj, source, attr, origin)
         if value is MISSING or hasattr(type(value), "__get__"):
-            if _program_method(value):
+            if program_method(value):
                 # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the
                 # class between calls is other code.
                 self._guard_absent(obj, source, attr, origin)
@@ -518,10 +527,13 @@ class Observer:
             self.guard_state(StateGuard(f"the value of contextvars.ContextVar {value.name!r}", read, read()))
         if isinstance(value, types.FunctionType):
             self._add_function(value)
+        elif type(value) is functools.partial:  # (``self.act = partial(F.leaky_relu, negative_slope=0.1)``)
+            guard_partial(self._guards, value, source.describe(name), origin)
         if callable(value):
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
             if type(value) is functools._lru_cache_wrapper:
                 self._cached[getattr(value.__wrapped__, "__code__", None)] = value
+        refuse_bound_clock(source, name, value)  # (``from time import perf_counter``)
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
             # helper between calls changes what the program does.
@@ -591,7 +603,10 @@ class Observer:
             for name, attrs in reads.args:
                 value = local.get(name, MISSING)
                 if value is not MISSING and self._is_state(value):
-                    self._follow(value, attrs, origin)
+                    if not (name == reads.receiver and live and attrs and stored_by_calls(code, reads, attrs, value)):
+                        self._follow(value, attrs, origin)
+                    elif value in self.state:  # (a global object's: its whole guard lets it be)
+                        self.state.stored_first.add((id(value), attrs[0]))
             if reads.cells and live:
                 self._read_cells(code, local, reads, origin)
 
@@ -705,40 +720,6 @@ def _warn_profiler_once() -> None:
             "call; compile before profiling for full guards",
             stacklevel=5,
         )
-
-
-def _bound_objects(fn) -> list:
-    """The objects a call of ``fn`` reads beyond its arguments: the instance of a bound method or
-    of a callable object, a ``functools.partial``'s arguments, and objects among its default
-    arguments (``def f(x, cfg=DEFAULT)``): program state like a module's attributes."""
-    found = []
-    if isinstance(fn, functools.partial):
-        found += [*fn.args, *fn.keywords.values()]
-        fn = fn.func
-    receiver = getattr(fn, "__self__", None)
-    if receiver is not None:
-        found.append(receiver)
-    elif not isinstance(fn, (types.FunctionType, *_CODE_TYPES)):
-        found.append(fn)  # a callable object: its __call__ reads ``self``
-    fn = getattr(fn, "__func__", fn)
-    found += [*(getattr(fn, "__defaults__", None) or ()), *(getattr(fn, "__kwdefaults__", None) or {}).values()]
-    return [
-        o
-        for o in found
-        if attributes_of(o) is not None
-        and not is_simple(o)
-        and not isinstance(o, (torch.Tensor, torch.nn.Module, *_CODE_TYPES))
-    ]
-
-
-def _program_method(value) -> bool:
-    """Whether ``value``, found on a class, is a method of the program's own code (a function,
-    classmethod or staticmethod not defined by torch or the standard library)."""
-    fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
-    if not isinstance(fn, types.FunctionType):
-        return False
-    home = sys.modules.get(fn.__module__ or "")
-    return home is not None and not library_module(home)
 
 
 def _iterator_position(value, depth: int = 0):

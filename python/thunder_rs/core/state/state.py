@@ -25,6 +25,8 @@ import inspect
 
 import torch
 
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.state.clocks import is_clock_reader
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
     MISSING,
@@ -37,7 +39,10 @@ from thunder_rs.core.state.guards import (
     attributes_of,
     read_at,
     short,
+    tensor_meta,
 )
+from thunder_rs.core.state.items import same_attributes
+from thunder_rs.core.state.reached import ArgumentTensor
 
 
 class IntGuard:
@@ -97,6 +102,46 @@ class MethodGuard:
         return f"getattr({read}, '__func__', MISSING) is e{index}" if self.bound else f"{read} is e{index}"
 
 
+class HeldDictGuard(DictGuard):
+    """A fixed state object guarded whole (``DictGuard``) whose tensor attributes at ``held`` every
+    call reads anew (``ProgramState.read_tensors_per_call``): any tensor may be there, its
+    metadata checked by a ``TensorGuard``. Attributes at ``free`` the program stores before any
+    read of them (``ProgramState.stored_first``) may hold anything, or be absent."""
+
+    def __init__(self, guard: DictGuard, held: frozenset, free: frozenset = frozenset()):
+        self.source, self.origin, self.per_call, self.held = guard.source, guard.origin, guard.per_call, held
+        self.found = {k: v for k, v in guard.found.items() if k not in held and k not in free}
+        self.names, self.free = (guard.found.keys() | held) - free, free
+
+    def holds(self, flat) -> bool:
+        return same_held_attributes(self.source.mapping(flat), self.found, self.names, self.held, self.free)
+
+    def describe(self, flat) -> str:
+        now = self.source.mapping(flat)
+        if now.keys() - self.free != self.names or not all(isinstance(now[k], torch.Tensor) for k in self.held):
+            return f"{self.source.label} gained or lost attributes, or a tensor one (read at {self.origin})"
+        return super().describe(flat)
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"e{index}"] = (self.found, self.names, self.held, self.free)
+        scope[f"f{index}"] = same_held_attributes
+        return f"f{index}({self.source.code(f'm{index}', scope)}, *e{index})"
+
+
+def same_held_attributes(now, found: dict, names, held: frozenset, free: frozenset) -> bool:
+    """Whether an object's attributes ``now`` are ``names`` (besides ``free``), tensors at ``held``
+    and the others as ``found``."""
+    return (
+        (now.keys() - free if free else now.keys()) == names
+        and all(isinstance(now[k], torch.Tensor) for k in held)
+        and same_attributes({k: now[k] for k in found}, found)
+    )
+
+
+#: ``ProgramState.names_read``'s name for an object read whole
+ALL_READ = object()
+
+
 class StateObject:
     __slots__ = ("obj", "source", "found", "whole")
 
@@ -120,6 +165,10 @@ class ProgramState:
         self.symbolic_ints: set = set()
         #: the lists and dicts of lasting state read, whose changes every call repeats
         self.containers = StateContainers()
+        #: ``(id(obj), name)`` of the attributes read through ``read`` (``ALL_READ``: ``read_whole``),
+        #: and of those a method stored before every read of them (``code_reads.stored_by_calls``)
+        self.names_read: set = set()
+        self.stored_first: set = set()
 
     def __contains__(self, obj) -> bool:
         return id(obj) in self._objects
@@ -138,6 +187,7 @@ class ProgramState:
         value the call found, or MISSING when it had no such attribute then."""
         known = self._objects[id(obj)]
         found = known.found.get(name, MISSING)
+        self.names_read.add((id(obj), name))
         if isinstance(known.source, ObjectSource):
             guards.setdefault(("object", id(obj)), DictGuard(known.source, known.found, origin))
         elif known.whole:
@@ -151,6 +201,7 @@ class ProgramState:
         """Guards all of a state object's attributes: the program read them through library code
         the observer does not follow (``vars(cfg)``, ``dataclasses.astuple(cfg)``)."""
         known = self._objects[id(obj)]
+        self.names_read.add((id(obj), ALL_READ))
         if known.found is None:
             return
         if isinstance(known.source, ObjectSource):
@@ -217,6 +268,50 @@ class ProgramState:
                 if held.holder is value:
                     self.guard_held(held, origin, guards)
 
+    def relax_stored_first(self, guards: dict) -> None:
+        """Lets a global object's attributes that the program stores, through a method, before any
+        read of them (``self.reset()`` setting ``self.items = []``, then ``self.items``) hold
+        anything in its whole guard: every call stores them again, and guarding the last call's
+        value compiled on every call. Not where the object was read whole (``vars(obj)``)."""
+        free: dict = {}
+        for key, name in self.stored_first:
+            if (key, name) not in self.names_read and (key, ALL_READ) not in self.names_read:
+                free.setdefault(key, set()).add(name)
+        for key, names in free.items():
+            guard = guards.get(("object", key))
+            if type(guard) is DictGuard:
+                guards[("object", key)] = HeldDictGuard(guard, frozenset(), frozenset(names))
+            elif type(guard) is HeldDictGuard:
+                guards[("object", key)] = HeldDictGuard(guard, guard.held, guard.free | frozenset(names))
+
+    def read_tensors_per_call(self, captured: list, stored: list, guards: dict) -> None:
+        """Makes each tensor among ``captured`` that a global object guarded whole holds (``STATE.last``,
+        which the program reads and sets to a new tensor on each call) read there by every call, guarded on
+        its metadata rather than on the tensor: it compiled once per call. Tensors requiring grad, and those
+        the program also stores as they are (``stored``), stay captured (``Observer._read_attributes_per_call``
+        does this for modules)."""
+        found = {
+            id(v): (key, g, name)
+            for key, g in guards.items()
+            if type(g) is DictGuard
+            for name, v in g.found.items()
+            if isinstance(v, torch.Tensor)
+        }
+        held: dict = {}
+        for i, t in enumerate(captured):
+            at = found.get(id(t)) if isinstance(t, torch.Tensor) and not stored[i] else None
+            if at is None or t.requires_grad or isinstance(t, TensorProxy):
+                continue
+            key, guard, name = at
+            source, meta = guard.source, tensor_meta(t)
+            if not isinstance(source, ObjectSource):  # (the dict of a fixed object: a global's)
+                continue
+            captured[i] = ArgumentTensor(source, name, source.obj, meta, guard.origin)
+            guards[("held", id(source.obj), name)] = TensorGuard(source, name, meta, guard.origin)
+            held.setdefault(key, (guard, set()))[1].add(name)
+        for key, (guard, names) in held.items():
+            guards[key] = HeldDictGuard(guard, frozenset(names))
+
     def writes(self) -> list:
         """The attributes the program set or deleted on state objects, undone here: ``(holder, name,
         value)`` with ``holder`` an object or an ``InputSource``, ``value`` MISSING for a deletion."""
@@ -225,7 +320,7 @@ class ProgramState:
             if known.found is None:
                 continue
             now = attributes_of(known.obj)
-            changed = [k for k in now if known.found.get(k, MISSING) is not now[k]]
+            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not is_clock_reader(now[k])]
             removed = [k for k in known.found if k not in now]
             for name in changed + removed:
                 out.append(

@@ -6,12 +6,14 @@ are read through them, so those chains are matched here against a table: a zero-
 (``torch.are_deterministic_algorithms_enabled()``, also when imported as a bare name), or any plain
 value under ``torch.backends`` (``torch.backends.cudnn.deterministic``,
 ``torch.backends.cuda.matmul.allow_tf32``). Each becomes a ``StateGuard`` that re-reads it per call.
+``sys.argv`` is read through such a chain too (``"--debug" in sys.argv``): guarded by its items.
 Grad mode, autocast and ``torch.get_default_dtype()`` are in every cache key already. A chain in a
 branch the program did not take is guarded too: a needless recompile when that flag changes, never
 a stale trace.
 """
 
 import functools
+import sys
 import types
 
 import torch
@@ -57,6 +59,15 @@ _TORCH_READERS.update(
     }
 )
 _READER_NAMES = {id(fn): name for name, fn in _TORCH_READERS.items()}
+
+
+def _argv() -> tuple:
+    return tuple(sys.argv)
+
+
+#: The process's state read as a library module's attribute, by the name a program reads it by:
+#: ``sys.argv`` (``"--debug" in sys.argv``, ``float(sys.argv[1])``), guarded by a copy of its items.
+_PROCESS_STATE = {"sys.argv": _argv}
 #: Modules whose plain attributes are flags (``torch.backends.cudnn.deterministic``).
 _FLAG_MODULES = ("torch.backends", "torch.utils.deterministic")
 
@@ -85,6 +96,10 @@ def library_read(observer, root, attrs: tuple) -> None:
         reader = _TORCH_READERS.get(f"{name}.{attr}")
         if reader is not None:
             observer.guard_state(StateGuard(f"{name}.{attr}()", reader, reader()))
+            return
+        process = _PROCESS_STATE.get(f"{name}.{attr}")
+        if process is not None:
+            observer.guard_state(StateGuard(f"{name}.{attr}", process, process()))
             return
         value = getattr(value, attr, MISSING)
         if value is MISSING:
