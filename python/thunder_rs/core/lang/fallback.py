@@ -9,6 +9,7 @@ draws again from the generator state the forward started from.
 """
 
 import functools
+import re
 from collections.abc import Callable
 
 import torch
@@ -231,6 +232,9 @@ def _device(in_leaves, kwargs) -> str:
 
 #: Errors of fake tensors (under autocast) for calls whose output sizes depend on values.
 _DATA_DEPENDENT_ERRORS = (DynamicOutputShapeException, DataDependentOutputException)
+#: What an op that reads an argument's values on the CPU says of its meta stand-in ("batch_sizes
+#: tensor should be on CPU, but got meta"; "... a 1D CPU int64 tensor, but got 1D meta Long tensor").
+_WANTS_THE_CPU = re.compile(r"\bCPU\b.*\bbut got\b.*\bmeta\b")
 
 
 class _NeedsValues(Exception):
@@ -276,8 +280,9 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
                 )
             ) from e
         except Exception as e:
-            # The op reads values (``one_hot`` sizing itself, ``repeat_interleave``, torchvision's ``nms``).
-            if "meta tensor" in str(e).lower():
+            # The op reads values (``one_hot`` sizing itself, ``repeat_interleave``, torchvision's ``nms``;
+            # a packed sequence's RNN steps through its ``batch_sizes``, which it wants on the CPU).
+            if "meta tensor" in str(e).lower() or _WANTS_THE_CPU.search(str(e)):
                 raise _NeedsValues(_data_dependent_error(name)) from e
             # Invalid arguments: what eager raises for them, with the op's name.
             raise thunder_error_like(e, f"{name}: {e}") from e
