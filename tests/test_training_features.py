@@ -135,6 +135,34 @@ def test_fused_conv_batch_norm_qat_trains_as_eager():
     assert train_three_steps(make, images, before=toggles, rtol=1e-5, atol=1e-5) == 1
 
 
+@pytest.mark.parametrize(
+    "norm",
+    [
+        lambda x, w, b, rm, rv: torch.batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5, False),
+        lambda x, w, b, rm, rv: torch.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)[0],
+        lambda x, w, b, rm, rv: torch._native_batch_norm_legit(x, w, b, rm, rv, True, 0.3, 1e-5)[0],
+        lambda x, w, b, rm, rv: torch.instance_norm(x.reshape(2, 3, 2), w, b, rm, rv, True, 0.1, 1e-5, False),
+    ],
+    ids=["batch_norm", "native_batch_norm", "_native_batch_norm_legit", "instance_norm"],
+)
+def test_torchs_own_batch_norms_update_the_running_statistics_once_as_eager(norm):
+    """Called as ``torch.*``, not through ``F``, the batch norms write their running statistics
+    in place though neither their names nor their schemas say it: the fallback's backward ran
+    them again (twice the update), or the update was lost."""
+    torch.manual_seed(0)
+    args = [torch.randn(4, 3), torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)]
+    args += [torch.randn(3), torch.rand(3) + 0.5]
+    expected = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    jnorm = thunder_rs.jit(norm)
+    for _ in range(2):
+        out, out_eager = jnorm(*args), norm(*expected)
+        torch.testing.assert_close(out, out_eager)
+        out.square().sum().backward()
+        out_eager.square().sum().backward()
+        torch.testing.assert_close(args, expected)
+        torch.testing.assert_close([a.grad for a in args[1:3]], [a.grad for a in expected[1:3]])
+
+
 # ----------------------------------------------------------------------------- EMA with torch._foreach_*_
 
 
