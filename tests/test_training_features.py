@@ -297,6 +297,28 @@ def test_checkpointing_with_dropout_trains_as_eager(use_reentrant):
     assert train_three_steps(lambda: Checkpointed(use_reentrant), lambda i: torch.randn(4, 8).requires_grad_()) == 1
 
 
+@pytest.mark.parametrize("use_reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_checkpointed_dropout_without_preserving_the_rng_state_is_refused_naming_the_line(use_reentrant):
+    """Without ``preserve_rng_state`` eager's backward draws new dropout masks for its gradients
+    (and advances the generator); the compiled call's gradients used the forward's masks."""
+    linear, dropout = nn.Linear(8, 8), nn.Dropout(0.5)
+
+    def program(x):
+        return checkpoint(lambda y: dropout(linear(y)), x, use_reentrant=use_reentrant, preserve_rng_state=False)
+
+    with pytest.raises(
+        thunder_rs.errors.ThunderNotImplementedError,
+        match=r"preserve_rng_state=False.*features\.py|features\.py.*preserve",
+    ):
+        thunder_rs.jit(program)(torch.randn(4, 8, requires_grad=True))
+    x = torch.randn(4, 8)
+    with torch.no_grad():  # (nothing is computed again)
+        torch.manual_seed(0)
+        out = thunder_rs.jit(program)(x)
+        torch.manual_seed(0)
+        torch.testing.assert_close(out, program(x))
+
+
 class CheckpointedEncoder(nn.Module):
     def __init__(self, use_reentrant: bool):
         super().__init__()
