@@ -462,6 +462,38 @@ def test_autocast_inside_the_program_matches_eager():
     assert train_three_steps(Inside, rows, scaler=True) == 1
 
 
+def test_a_grad_scaler_scaling_inside_the_program_keeps_its_scale_as_eager():
+    """``GradScaler.scale`` makes the scaler's ``_scale`` on its first call, where it is None:
+    torch's code, whose reads were not guarded, so every compiled call set a new scale of the
+    initial value again (after a skipped step the scale was 8, eager's 16). A call finding the
+    attribute set now runs a trace that reads it: two compiles."""
+
+    def scaled_loss(model, scaler, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().square().mean()
+        return scaler.scale(loss)
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    eager, jitted = copy.deepcopy(model), thunder_rs.jit(scaled_loss)
+    runs = []
+    for m in (model, eager):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=1)
+        runs.append((m, scaler, torch.optim.SGD(m.parameters(), 0.1)))
+    for step in range(3):
+        x = torch.randn(3, 4)
+        if step == 1:
+            x[0, 0] = float("inf")
+        for (m, scaler, optimizer), call in zip(runs, (jitted, scaled_loss)):
+            call(m, scaler, x).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        assert runs[0][1].get_scale() == runs[1][1].get_scale()
+        torch.testing.assert_close(dict(model.named_parameters()), dict(eager.named_parameters()))
+    assert thunder_rs.compile_stats(jitted).cache_misses == 2
+
+
 def test_clipping_after_accumulated_micro_batches_matches_eager():
     torch.manual_seed(0)
     model = mlp(0.2)
