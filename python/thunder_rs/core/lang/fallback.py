@@ -9,6 +9,8 @@ draws again from the generator state the forward started from.
 """
 
 import functools
+import re
+import threading
 from collections.abc import Callable
 
 import torch
@@ -231,6 +233,9 @@ def _device(in_leaves, kwargs) -> str:
 
 #: Errors of fake tensors (under autocast) for calls whose output sizes depend on values.
 _DATA_DEPENDENT_ERRORS = (DynamicOutputShapeException, DataDependentOutputException)
+#: What an op that reads an argument's values on the CPU says of its meta stand-in ("batch_sizes
+#: tensor should be on CPU, but got meta"; "... a 1D CPU int64 tensor, but got 1D meta Long tensor").
+_WANTS_THE_CPU = re.compile(r"\bCPU\b.*\bbut got\b.*\bmeta\b")
 
 
 class _NeedsValues(Exception):
@@ -276,8 +281,9 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
                 )
             ) from e
         except Exception as e:
-            # The op reads values (``one_hot`` sizing itself, ``repeat_interleave``, torchvision's ``nms``).
-            if "meta tensor" in str(e).lower():
+            # The op reads values (``one_hot`` sizing itself, ``repeat_interleave``, torchvision's ``nms``;
+            # a packed sequence's RNN steps through its ``batch_sizes``, which it wants on the CPU).
+            if "meta tensor" in str(e).lower() or _WANTS_THE_CPU.search(str(e)):
                 raise _NeedsValues(_data_dependent_error(name)) from e
             # Invalid arguments: what eager raises for them, with the op's name.
             raise thunder_error_like(e, f"{name}: {e}") from e
@@ -343,6 +349,44 @@ def _refuse_autograd_node_methods(func, name: str) -> None:
         )
 
 
+@functools.cache
+def _written_arguments(func) -> tuple[str, ...]:
+    """The tensor arguments ``func``'s aten op writes in place other than ``out=`` (``Tensor(a!)
+    running_min``), by the schemas of its overloads that are not ``out`` forms."""
+    packet = getattr(torch.ops.aten, getattr(func, "__name__", ""), None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return ()
+    return tuple(
+        dict.fromkeys(
+            a.name
+            for overload in packet.overloads()
+            if "out" not in overload
+            for a in getattr(packet, overload)._schema.arguments
+            if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only and str(a.type) == "Tensor"
+        )
+    )
+
+
+class _DrawsAgain(threading.local):
+    """Per thread: how many activation-checkpointed functions run with ``preserve_rng_state=False``
+    the traced program is inside (``torch_overrides.checkpointed``)."""
+
+    depth = 0
+
+
+#: Eager runs such a function again in the backward with new random numbers.
+draws_again = _DrawsAgain()
+
+
+def _refuse_draws_made_again(name: str) -> None:
+    if draws_again.depth and torch.is_grad_enabled():
+        raise ThunderNotImplementedError(
+            f"{name} at {user_location()}: a random draw inside torch.utils.checkpoint with preserve_rng_state=False; "
+            "eager's backward runs the function again with new random numbers (a dropout mask other than the "
+            "forward's), which a compiled call does not reproduce. Pass preserve_rng_state=True"
+        )
+
+
 def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     """Records ``func(*args, **kwargs)`` as an eager fallback; an effect (a random draw) when
     ``effect``. ``requires_grad`` (a flag, or one per output) marks which floating outputs
@@ -350,6 +394,8 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     backward of its own (no generator state is returned for one)."""
     name = qualified_name(func)
     _refuse_autograd_node_methods(func, name)
+    if effect:
+        _refuse_draws_made_again(name)
     if (name.endswith("_") and not name.endswith("__")) or kwargs.get("inplace"):
         # thunder_rs.torch.inplace functionalises in-place calls first: the executor runs only
         # functions that write nothing.
@@ -358,6 +404,14 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
             "while the program is traced initialises its parameters so: build it outside the jitted call)"
             if name.startswith("torch.nn.init.")
             else f"{name} at {user_location()}: an in-place call thunder_rs has no functional form for"
+        )
+    written = _written_arguments(func) if name.startswith("torch.") else ()
+    if written:
+        # Run eagerly on the trace's tensors, the call would write them outside the trace, and
+        # again in its backward (which runs it again).
+        raise ThunderNotImplementedError(
+            f"{name} at {user_location()}: writes its argument {' and '.join(written)} in place, which thunder_rs "
+            "has no functional form for"
         )
     arg_leaves = tree_flatten((args, kwargs))[0]
     in_leaves = [x for x in arg_leaves if isinstance(x, TensorProxy)]

@@ -75,6 +75,7 @@ from torch.utils._pytree import tree_leaves
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang import custom_function, symfloat, symint
 from thunder_rs.core.lang import vmap as thunder_vmap
+from thunder_rs.core.lang.fallback import draws_again
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import active_recorder
@@ -112,13 +113,16 @@ def in_checkpoint() -> bool:
 
 
 @contextlib.contextmanager
-def checkpointed():
-    """While the program runs an activation-checkpointed function (``in_checkpoint``)."""
+def checkpointed(preserve_rng_state: bool = True):
+    """While the program runs an activation-checkpointed function (``in_checkpoint``); without
+    ``preserve_rng_state`` its random draws are refused (``fallback.draws_again``)."""
     _checkpointed.depth += 1
+    draws_again.depth += not preserve_rng_state
     try:
         yield
     finally:
         _checkpointed.depth -= 1
+        draws_again.depth -= not preserve_rng_state
 
 
 def _apply(cls, *args, **kwargs):
@@ -131,11 +135,11 @@ def _apply(cls, *args, **kwargs):
     if active_recorder() is None or not any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))):
         return _function_apply.__get__(None, cls)(*args, **kwargs)
     if cls is torch.utils.checkpoint.CheckpointFunction:
-        run_function, _preserve_rng_state, *inputs = args
+        run_function, preserve_rng_state, *inputs = args
         # Eager's Function runs it without grad, and its outputs carry a gradient (computed again in
         # the backward) only when an input requires grad: else the parameters inside get none.
         differentiable = torch.is_grad_enabled() and any(isinstance(a, TensorProxy) and a.requires_grad for a in inputs)
-        with checkpointed(), torch.set_grad_enabled(differentiable):
+        with checkpointed(preserve_rng_state), torch.set_grad_enabled(differentiable):
             return run_function(*inputs)
     if (cls.__module__, cls.__qualname__) in _GRADIENT_OF_FORWARD:
         return cls.forward(*args, **kwargs)

@@ -71,6 +71,38 @@ class IntGuard:
         return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is int"
 
 
+class WrittenGuard:
+    """An attribute the program set on a state object, possibly after reading it where the
+    observer does not follow (torch's ``GradScaler.scale`` makes its ``_scale`` when it is None):
+    holds while the attribute holds what it held when traced, by type (None, a tensor, missing),
+    so that a call finding it set runs a trace that reads it rather than one that sets it again.
+    (Not by identity: a program that stores a new value on each call, ``self.last = out``, hits.)"""
+
+    def __init__(self, source, name: str, expected_type: type):
+        self.source, self.name, self.expected_type = source, name, expected_type
+        self.origin = "the traced program, which set it"
+
+    @property
+    def per_call(self) -> bool:
+        return self.source.per_call
+
+    def read(self, flat):
+        return read_at(self.source, self.name, flat)
+
+    def holds(self, flat) -> bool:
+        return type(self.read(flat)) is self.expected_type
+
+    def describe(self, flat) -> str:
+        return (
+            f"{self.source.describe(self.name)}, which the program sets, held a {self.expected_type.__name__} when "
+            f"traced and now holds {short(self.read(flat))}"
+        )
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"e{index}"] = self.expected_type
+        return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is e{index}"
+
+
 class MethodGuard:
     """A method of the program's class that the program called through an instance
     (``self.act(y)``): holds while the class still gives that function, so rebinding it on the
@@ -169,6 +201,8 @@ class ProgramState:
         #: and of those a method stored before every read of them (``code_reads.stored_by_calls``)
         self.names_read: set = set()
         self.stored_first: set = set()
+        #: the attributes the program set or deleted, with what they held before (``writes``)
+        self.written: list = []
 
     def __contains__(self, obj) -> bool:
         return id(obj) in self._objects
@@ -254,6 +288,15 @@ class ProgramState:
         items = value.values() if type(value) is dict else value
         return frozenset(id(x) for x in items if (known := self._objects.get(id(x))) is not None and known.whole)
 
+    def guard_written(self, guards: dict) -> None:
+        """Guards the type of what each attribute the program set held before (``WrittenGuard``),
+        where no read of it is guarded."""
+        for source, name, before in self.written:
+            if not any(
+                getattr(g, "source", None) is source and getattr(g, "name", None) == name for g in guards.values()
+            ):
+                guards.setdefault(("written", id(source), name), WrittenGuard(source, name, type(before)))
+
     def guard_held(self, held, origin: str, guards: dict) -> None:
         """Guards the metadata of an argument object's tensor read per call (``held``)."""
         guards.setdefault(
@@ -323,6 +366,7 @@ class ProgramState:
             changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not is_clock_reader(now[k])]
             removed = [k for k in known.found if k not in now]
             for name in changed + removed:
+                self.written.append((known.source, name, known.found.get(name, MISSING)))
                 out.append(
                     (
                         known.obj if not isinstance(known.source, InputSource) else known.source,
