@@ -110,6 +110,27 @@ def _uses_unbounded(x):
     return x @ _causal_unbounded(x.shape[-1]) * _scale()  # the cached call
 
 
+@functools.lru_cache
+def _count_of(shape):
+    return shape.numel()
+
+
+def _uses_count(x):
+    return x * _count_of(x.shape)
+
+
+def test_a_function_cached_by_functools_called_with_a_symbolic_shape_keeps_no_stand_in():
+    # A shape with a symbolic size went into the cache's key as the trace's (torch.Size([t0, 3])):
+    # the later calls, eager ones too, failed comparing it. It is a stand-in as a size is: the
+    # symbolic compile is refused, and each size compiles with its shape an int key.
+    _count_of.cache_clear()
+    jprogram = thunder_rs.jit(_uses_count)
+    for n in (2, 3, 4, 3):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(jprogram(x), _uses_count(x), rtol=0, atol=0)
+    assert _count_of(torch.Size([7, 3])) == 21 and _count_of(torch.Size([3, 3])) == 9
+
+
 @pytest.mark.parametrize(
     "program, cached",
     [(_uses_causal, _causal), pytest.param(_uses_unbounded, _causal_unbounded, marks=pytest.mark.slow)],
