@@ -30,7 +30,7 @@ recompiles and automatic dynamic shapes are what the targets compare with: `--wi
 graphs compiled by thunder_rs, the sizes Dynamo makes dynamic symbolic (`backend_ratio`; its
 compiles are thunder_rs's, over all of Dynamo's graphs).
 
-`--paired` runs the padding and decode runs' backends step by step in turn (the same batch or
+`--paired` runs the padding, decode and moe runs' backends step by step in turn (the same batch or
 token for each, on identically initialised models; the order flips every step), so that load from
 other processes hits them alike, and splits each backend's time against eager (`paired_report`)
 into the steps that compiled and the others:
@@ -407,11 +407,30 @@ def tiny_qwen2_moe(layers: int = 2):
     return transformers.Qwen2MoeForCausalLM(config).to(DEVICE).train()
 
 
-def run_moe(steps: int, backends: dict) -> dict:
+def moe_trainer(model, call):
+    """A training step of the MoE on a batch of token ids (AdamW), as a function of the batch."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(ids) -> None:
+        call(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def run_moe(steps: int, backends: dict, paired: bool = False) -> dict:
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, VOCAB, (BATCH, 64), generator=gen).to(DEVICE) for _ in range(steps)]
     result: dict = {"steps": steps}
-    for name, make in backends.items():
+    if paired:
+        models = {name: tiny_qwen2_moe() for name in backends}
+        calls = {name: make(models[name]) for name, make in backends.items()}
+        steps_of = {name: moe_trainer(models[name], call) for name, call in calls.items()}
+        collected()
+        result.update(paired_report(interleaved(steps_of, batches, calls)))
+        result.update({f"{name}_compiles": compiles(call) for name, call in calls.items()})
+    for name, make in backends.items() if not paired else ():
         model = tiny_qwen2_moe()
         call = make(model)
         result[f"{name}_s"] = timed_steps(
@@ -431,7 +450,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--runs", default="padding,batch,decode,images,moe", help="which runs, comma-separated")
     parser.add_argument("--executors", help="thunder_rs's executors, comma-separated (default: the defaults)")
-    parser.add_argument("--paired", action="store_true", help="padding and decode: backends in turn, step by step")
+    parser.add_argument("--paired", action="store_true", help="padding, decode, moe: backends in turn, step by step")
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="what --paired's steps are timed by")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -453,7 +472,7 @@ def main() -> None:
         "batch": lambda: run_batch(others),
         "decode": lambda: run_decode(args.tokens, others, args.paired),
         "images": lambda: run_images(args.steps // 2, others),
-        "moe": lambda: run_moe(args.steps // 2, others),
+        "moe": lambda: run_moe(args.steps // 2, others, args.paired),
     }
     results: dict = {"device": str(DEVICE), **({"paired_clock": args.clock} if args.paired else {})}
     for name in args.runs.split(","):

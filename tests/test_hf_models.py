@@ -519,3 +519,24 @@ def test_mamba_forward_and_backward_match_eager(mode):
         assert_grads_close(model, eager, tol)
     assert thunder_rs.cache_misses(jmodel) == 1
     assert thunder_rs.examine(tiny_model("mamba"), **padded_batch("mamba", "right")).fallbacks == {}
+
+
+@pytest.mark.slow
+def test_mamba_trains_over_batch_sizes_in_two_compiles():
+    """The scan's ``result.shape.numel() > 0`` (torch's ``associative_scan``) specialised the
+    batch: a compile per batch size. Its numel is symbolic with the batch."""
+    model = tiny_model("mamba")
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    tol = TOLERANCES[torch.float32]
+    g = torch.Generator().manual_seed(0)
+    for batch in (2, 3, 4, 5):
+        ids = torch.randint(3, VOCAB, (batch, SEQ), generator=g)
+        out, ref = call_both(jmodel, eager, dict(input_ids=ids, labels=ids))
+        assert_outputs_close(out, ref, tol)
+        out.loss.backward()
+        ref.loss.backward()
+        assert_grads_close(model, eager, tol)
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+    assert thunder_rs.cache_misses(jmodel) == 2, thunder_rs.compile_stats(jmodel).miss_reasons

@@ -80,3 +80,50 @@ def test_a_printed_size_is_a_torch_size(capsys):
     program(torch.ones(2, 3))
     printed = capsys.readouterr().out.splitlines()
     assert printed == ["torch.Size([2, 3])"] * 2
+
+
+def counts_of_a_shape(x):
+    shape = x.shape
+    total = shape.numel()
+    scaled = x * total if total > 0 else x  # (torch's associative_scan: ``result.shape.numel() > 0``)
+    rows = x.reshape(shape[:1] + (-1,))
+    return scaled, rows, shape, shape[1:], shape[1:].numel(), (shape * 2).numel(), isinstance(shape, torch.Size)
+
+
+def test_the_numel_of_a_symbolic_shape_is_symbolic():
+    # ``torch.Size.numel()`` reads each size as an int: a symbolic size was specialised (a compile
+    # per batch size of Mamba's selective scan). A proxy's shape with a symbolic size is a tuple
+    # the program sees as a torch.Size; its numel is the product of its sizes, as are its
+    # slices' and repetitions'.
+    jf = thunder_rs.jit(counts_of_a_shape)
+    for n in [3, 5, 8, 4]:
+        x = torch.randn(n, 3, 2)
+        out, expected = jf(x), counts_of_a_shape(x)
+        torch.testing.assert_close(out[:2], expected[:2])
+        assert out[2:] == expected[2:] and type(out[2]) is torch.Size and type(out[3]) is torch.Size
+    assert thunder_rs.cache_misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+class KeepsItsShapes(torch.nn.Module):
+    """Stores and prints the shapes it sees, as a module noting its last input size does."""
+
+    def forward(self, x):
+        self.last = x.shape
+        self.parts = (x.shape[1:], [x.size()])
+        print("shape", x.shape)
+        return x * 2
+
+
+def test_a_symbolic_shape_stored_or_printed_is_each_calls_own(capsys):
+    # A torch.Size holding symbolic sizes was kept whole as the trace's: from the compile with a
+    # symbolic size on, the module kept and printed torch.Size([t0, 3]) on every call.
+    jmodule, module = KeepsItsShapes(), KeepsItsShapes()
+    jm = thunder_rs.jit(jmodule)
+    for n in (2, 3, 4, 5):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(jm(x), module(x))
+        assert (jmodule.last, jmodule.parts) == (module.last, module.parts) == ((n, 3), ((3,), [(n, 3)]))
+        assert type(jmodule.last) is torch.Size and type(jmodule.parts[1][0]) is torch.Size
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0::2] == printed[1::2] == [f"shape torch.Size([{n}, 3])" for n in (2, 3, 4, 5)]
+    assert thunder_rs.cache_misses(jm) == 2

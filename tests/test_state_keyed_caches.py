@@ -110,6 +110,27 @@ def _uses_unbounded(x):
     return x @ _causal_unbounded(x.shape[-1]) * _scale()  # the cached call
 
 
+@functools.lru_cache
+def _count_of(shape):
+    return shape.numel()
+
+
+def _uses_count(x):
+    return x * _count_of(x.shape)
+
+
+def test_a_function_cached_by_functools_called_with_a_symbolic_shape_keeps_no_stand_in():
+    # A shape with a symbolic size went into the cache's key as the trace's (torch.Size([t0, 3])):
+    # the later calls, eager ones too, failed comparing it. It is a stand-in as a size is: the
+    # symbolic compile is refused, and each size compiles with its shape an int key.
+    _count_of.cache_clear()
+    jprogram = thunder_rs.jit(_uses_count)
+    for n in (2, 3, 4, 3):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(jprogram(x), _uses_count(x), rtol=0, atol=0)
+    assert _count_of(torch.Size([7, 3])) == 21 and _count_of(torch.Size([3, 3])) == 9
+
+
 @pytest.mark.parametrize(
     "program, cached",
     [(_uses_causal, _causal), pytest.param(_uses_unbounded, _causal_unbounded, marks=pytest.mark.slow)],
@@ -283,3 +304,26 @@ def test_a_module_int_that_counts_the_tokens_seen_is_a_size_input():
     x = torch.randn(3, 4, dtype=torch.float64)
     torch.testing.assert_close(jmodel(x), eager(x), rtol=0, atol=0)
     assert model.seen_tokens == eager.seen_tokens == 3 and _misses(jmodel) == 3
+
+
+class _CountsShapes(torch.nn.Module):
+    """Counts the input shapes it has seen in a dict keyed by the shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict = {}
+
+    def forward(self, x):
+        self.seen[x.shape] = self.seen.get(x.shape, 0) + 1
+        return x * 2
+
+
+def test_a_dict_keyed_by_a_shape_holds_each_calls_shape():
+    # Keyed by the trace's torch.Size([t0, 3]) once the size was symbolic: the next call, eager
+    # or compiled, failed comparing keys with it. Each call's own shape is the key now.
+    module, eager = _CountsShapes(), _CountsShapes()
+    jmodule = thunder_rs.jit(module)
+    for n in (2, 3, 4, 3, 5):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(jmodule(x), eager(x))
+        assert module.seen == eager.seen and all(type(k) is torch.Size for k in module.seen)

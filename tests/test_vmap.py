@@ -236,14 +236,16 @@ def test_associative_scan_is_traced_and_equals_the_recurrence(mode, length):
 def test_associative_scan_is_traced_with_a_symbolic_batch():
     # vmap's dtype check made meta tensors of the logical shapes, which failed with a symbolic
     # batch (Mamba's generate with another batch size): symbolic compiles stopped for the function.
-    # (torch's scan then tests ``result.shape.numel() > 0``, which specialises the batch.)
+    # torch's scan then tests ``result.shape.numel() > 0``, which specialised the batch (a compile
+    # per batch size): that numel is symbolic now.
     from torch._higher_order_ops.associative_scan import associative_scan
 
     def f(a, b):
         return associative_scan(selective_scan_combine, (a.sigmoid(), b), dim=1, combine_mode="generic")[1]
 
     jf = thunder_rs.jit(f)
-    for batch in (2, 3):
+    for batch in (2, 3, 4, 5):
         a, b = torch.randn(batch, 4, 3), torch.randn(batch, 4, 3)
         torch.testing.assert_close(jf(a, b), sequential_scan(a.sigmoid(), b)[1])
     assert stays_symbolic(jf)
+    assert thunder_rs.cache_misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons

@@ -14,13 +14,14 @@ import builtins
 import contextvars
 import weakref
 
+import torch
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.state.guards import MISSING, InputSource
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.acquisition.outputs import is_size
-from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
@@ -75,7 +76,7 @@ class TracedValue:
 
     def __init__(self, value, extras: list, kept: dict | None = None):
         leaves, self.spec = pytree.tree_flatten(value, is_leaf=is_size)
-        self.outputs = []
+        self.outputs: list[tuple[int, "int | TracedValue"]] = []
         for i, leaf in enumerate(leaves):
             if kept and id(leaf) in kept:  # a captured tensor as it is: that same object
                 leaves[i] = kept[id(leaf)]
@@ -84,6 +85,9 @@ class TracedValue:
             elif isinstance(leaf, TensorProxy) or type(leaf) is SymInt:  # a size: this call's value
                 extras.append(leaf)
                 self.outputs.append((i, len(extras) - 1))
+                leaves[i] = None
+            elif type(leaf) is SymbolicSize:  # a shape with symbolic sizes: this call's torch.Size
+                self.outputs.append((i, TracedValue(tuple(leaf), extras)))
                 leaves[i] = None
             elif type(leaf) is SymFloat:  # a float of sizes: its value, the sizes specialised
                 leaves[i] = float(leaf)
@@ -94,7 +98,7 @@ class TracedValue:
             return pytree.tree_unflatten(self.leaves, self.spec)
         leaves = list(self.leaves)
         for i, output in self.outputs:
-            leaves[i] = extras[output]
+            leaves[i] = torch.Size(output.get(extras)) if type(output) is TracedValue else extras[output]
         return pytree.tree_unflatten(leaves, self.spec)
 
 

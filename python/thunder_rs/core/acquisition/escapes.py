@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.base.userframe import store_site
 from thunder_rs.core.state.identity import cache_fill_error
 from thunder_rs.errors import ThunderRuntimeError
@@ -54,7 +54,7 @@ def _count_proxies(value, held: dict, depth: int) -> None:
 
 
 #: Attribute values of a proxy that never hold another proxy (its id, shape, dtype, device).
-_PLAIN = frozenset({int, float, bool, str, type(None), torch.Size, tuple, torch.dtype, torch.device})
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.Size, SymbolicSize, tuple, torch.dtype, torch.device})
 
 
 def _held_by_proxies(proxies: list) -> dict:

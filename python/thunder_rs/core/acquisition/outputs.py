@@ -22,7 +22,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.state.guards import slot_names
-from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
@@ -91,7 +91,7 @@ class _Templater:
             return _Slot(len(self.flat) - 1)
         if type(x) is SymFloat:  # a float of sizes as a result: its value, the sizes specialised
             return float(x)
-        if type(x) is torch.Size and any(type(s) is SymInt for s in x):
+        if type(x) is SymbolicSize or (type(x) is torch.Size and any(type(s) is SymInt for s in x)):
             return _Rebuilt("tuple", torch.Size, tuple(map(self, x)))
         if isinstance(x, _SHARED):
             return x
@@ -204,7 +204,7 @@ class RebuiltOutput:
 
 
 def is_size(x) -> bool:
-    return type(x) is torch.Size
+    return type(x) is torch.Size or type(x) is SymbolicSize
 
 
 def _is_proxy_holder(leaf) -> bool:

@@ -39,9 +39,52 @@ def numel(shape):
     return n
 
 
+class SymbolicSize(tuple):
+    """The ``torch.Size`` of a proxy with a symbolic size: ``numel()`` is the product of its
+    sizes, symbolic where one is. torch's own reads each size as an int, which specialises it
+    (torch's ``associative_scan`` tests ``result.shape.numel() > 0``: Mamba's batch stayed
+    constant), and ``torch.Size`` cannot be subclassed. A tuple that the program sees as a
+    ``torch.Size`` (``isinstance``, ``__class__``), whose slices, concatenations and repetitions
+    stay one, as torch.Size's do; C code sees a tuple, which torch's argument parser takes as a
+    size."""
+
+    __slots__ = ()
+
+    @property  # type: ignore[misc]
+    def __class__(self):
+        return torch.Size
+
+    def numel(self):
+        return numel(self)
+
+    def __getitem__(self, key):
+        item = tuple.__getitem__(self, key)
+        return size_of(item) if type(key) is slice else item
+
+    def __add__(self, other):
+        joined = tuple.__add__(self, other)
+        return size_of(joined) if type(joined) is tuple else joined
+
+    def __mul__(self, n):
+        return size_of(tuple.__mul__(self, n))
+
+    __rmul__ = __mul__
+
+    def __reduce__(self):
+        return (SymbolicSize, (tuple(self),))
+
+    def __repr__(self):
+        return f"torch.Size([{', '.join(map(str, self))}])"
+
+
+def size_of(sizes: tuple) -> "torch.Size | SymbolicSize":
+    """A ``torch.Size`` of ``sizes``, a ``SymbolicSize`` where one is symbolic."""
+    return torch.Size(sizes) if all(type(s) is int for s in sizes) else SymbolicSize(sizes)
+
+
 class TensorProxy(torch.Tensor):
     _vid: int
-    _shape: torch.Size
+    _shape: torch.Size | SymbolicSize
     _dtype: torch.dtype
     _device: torch.device
     # Functionalisation state (``thunder_rs.torch.views``, ``thunder_rs.core.acquisition.writeback``); class
@@ -89,7 +132,7 @@ class TensorProxy(torch.Tensor):
         hints = [s if type(s) is int else s.hint for s in sizes] if symbolic else shape
         proxy = torch.Tensor._make_wrapper_subclass(cls, hints, dtype=dtype, device=device, requires_grad=requires_grad)
         proxy._vid = vid
-        proxy._shape = torch.Size(sizes)
+        proxy._shape = SymbolicSize(sizes) if symbolic else torch.Size(sizes)
         if symbolic:
             proxy._symbolic = True
         proxy._dtype = dtype

@@ -160,15 +160,18 @@ _INT_READERS = frozenset({"torch.Tensor.item", "torch.Tensor.tolist"})
 
 def _widened_ints(read: Read, value) -> Read | None:
     """``widened`` for ints read (``t.item()``, ``t.tolist()``), by their flat positions: all of
-    them of at least 1 (the values of a tensor change together; a count that stayed the same
-    from one call to the next is no more constant than the others; 1 as ``_applies`` takes it)."""
+    them (the values of a tensor change together; a count that stayed the same from one call to
+    the next is no more constant than the others), 0 and 1 included, as ``_applies`` takes them:
+    an int at 0 is traced symbolic too, its decisions at 0 guards (JetMoe's per-expert counts
+    split its tokens; each place of an expert no token chose, a constant 0, compiled a variant
+    of its own)."""
     if read.what not in _INT_READERS:  # (``int(t)`` and ``operator.index`` must return ints)
         return None
     old, new = int_leaves(read.value), int_leaves(value)
     if old is None or new is None or tree_flatten(read.value)[1] != tree_flatten(value)[1]:
         return None
     changes = [(k, x, y) for k, (x, y) in enumerate(zip(old, new))]
-    return _with_groups(read, value, changes, (tuple(range(len(new))),), least=1)
+    return _with_groups(read, value, changes, (tuple(range(len(new))),), least=0)
 
 
 def place_guards(reads, guards) -> list:

@@ -389,8 +389,9 @@ def cached_call(cached, frame, calls: list) -> None:
         raise cache_fill_error(cached, where)
 
 
-#: What a traced program's stand-ins for tensors and sizes are, by type name (``core.lang`` makes them).
-_STAND_INS = frozenset({"TensorProxy", "SymInt", "SymFloat"})
+#: What a traced program's stand-ins for tensors, sizes and shapes are, by type name (``core.lang`` and
+#: ``core.base.proxies`` make them).
+_STAND_INS = frozenset({"TensorProxy", "SymInt", "SymFloat", "SymbolicSize"})
 
 
 def cache_fill_error(cached, where: str) -> ThunderNotImplementedError:
