@@ -262,6 +262,19 @@ FOLLOW_COTANGENT: dict[str, tuple[Callable, Callable]] = {
     # the inverse shuffle's kernel keeps a channels_last cotangent so
     "pixel_shuffle": (lambda a: F.pixel_shuffle(a, 2), lambda: [channels_last(torch.randn(1, 8, 2, 3))]),
     "pixel_unshuffle": (lambda a: F.pixel_unshuffle(a, 2), lambda: [channels_last(torch.randn(1, 2, 4, 6))]),
+    # pow_backward's ``where(exponent == 0, 0, ...)``: the mask of a broadcast exponent is expanded
+    "pow by a row": (
+        torch.pow,
+        lambda: [transposed(torch.rand(3, 4, dtype=torch.float64) + 0.5), torch.randn(4, dtype=torch.float64)],
+    ),
+    "pow by a 0-d float32": (
+        torch.pow,
+        lambda: [transposed(torch.rand(3, 4, dtype=torch.float64) + 0.5), torch.tensor(2.7, dtype=torch.float32)],
+    ),
+    "float_power by a 0-d": (
+        torch.float_power,
+        lambda: [transposed(torch.rand(3, 4, dtype=torch.float32) + 0.5), torch.tensor(0.6, dtype=torch.float64)],
+    ),
     # grad.masked_fill(mask, 0): a new contiguous tensor whatever the mask's layout
     "masked_fill": (
         lambda a, m: torch.masked_fill(a, m, -1.5),
