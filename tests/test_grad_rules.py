@@ -740,6 +740,10 @@ CONSTANTS = {
     # (eager's engine adds up a target's gradients in the order its ops' backwards run)
     "kl_div": (lambda a, b: F.kl_div(a, b.abs(), reduction="batchmean"), 2),
     "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b.abs()), 2),
+    "poisson_nll_loss full": (lambda a, b: F.poisson_nll_loss(a, b.abs(), full=True, reduction="none"), 2),
+    "poisson_nll_loss full, rates": (lambda a, b: F.poisson_nll_loss(a.abs(), b.abs(), False, True), 2),
+    # (F.huber_loss's weighted form: the kernel unreduced, times the weight, then the mean)
+    "huber_loss weight": (lambda a, b, w: F.huber_loss(a, b, delta=0.7, weight=w), 3),
     # (the norm's kernel and its grad rule, then eager's clamp and quotient)
     "normalize": (F.normalize, 1),
     "normalize p=3": (lambda a: F.normalize(a, p=3.0, dim=0), 1),

@@ -601,13 +601,26 @@ def smooth_l1_loss_grad(input, target, size_average=None, reduce=None, reduction
 @register_grad(ltorch.huber_loss)
 def huber_loss_grad(input, target, reduction="mean", delta=1.0, weight=None):
     out = ltorch.huber_loss(input, target, reduction, delta, weight)
-    if weight is not None or input.dtype != target.dtype:
+    if input.dtype != target.dtype:
         return out  # the decomposition's VJP
+    if weight is not None:
+        same = same_shape(input.shape, target.shape) and same_shape(input.shape, weight.shape)
+        if not same or weight.dtype != input.dtype:
+            return out  # the decomposition's VJP
+    reduction = _reduction("ltorch.huber_loss", reduction, None, None)
 
     def slope(x, n, g):
         return torch.where(x <= -delta, -n * g * delta, torch.where(x >= delta, n * g * delta, n * x * g))
 
-    _kernel_grads(input, target, _reduction("ltorch.huber_loss", reduction, None, None), get_grad(out), slope)
+    if weight is None:
+        _kernel_grads(input, target, reduction, get_grad(out), slope)
+        return out
+    # F.huber_loss's ``huber_loss(reduction="none") * weight``, then ``mean()`` or ``sum()``: their
+    # backwards (a mean's a new tensor), mul's, then the kernel's, contiguous
+    g = _unreduced_cotangent(get_grad(out), reduction, input)
+    if weight.requires_grad:
+        put_grad(weight, g * ltorch.huber_loss(input, target, "none", delta))
+    _kernel_grads(input, target, "none", g * weight, slope)
     return out
 
 
@@ -625,6 +638,16 @@ def _unreduced_cotangent(g, reduction: str, like):
         return g
     g = g.expand(like.shape)
     return g / like.numel() if reduction == "mean" else g
+
+
+def _stirling_grad(g, t):
+    """The target's gradient through ``t * log(t) - t + 0.5 * log(2 * pi * t)`` masked where
+    ``t <= 1``, its terms added in the order eager's engine runs the ops' backwards (the latest
+    op's first; ATen computes the right operand of ``+`` and ``-`` first) into a buffer laid out
+    as the first (the masked_fill's cotangent negated, contiguous)."""
+    kept = ltorch.masked_fill(g, t <= 1, 0)
+    through_log = kept * 0.5 / (t * (2 * math.pi)) * (2 * math.pi)
+    return -kept + kept * torch.log(t) + kept * t / t + through_log
 
 
 def _same_operands(input, target, out) -> bool:
@@ -660,9 +683,9 @@ def poisson_nll_loss_grad(
     input, target, log_input=True, full=False, size_average=None, eps=1e-08, reduce=None, reduction="mean"
 ):
     """ATen's ``exp(input) - target * input`` (``input - target * log(input + eps)``)
-    differentiated; with ``full``, the decomposition's VJP."""
+    differentiated; with ``full``, ``loss += stirling.masked_fill(target <= 1, 0)`` too."""
     out = ltorch.poisson_nll_loss(input, target, log_input, full, size_average, eps, reduce, reduction)
-    if full or not _same_operands(input, target, out) or not out.dtype.is_floating_point:
+    if not _same_operands(input, target, out) or not out.dtype.is_floating_point:
         return out
     reduction = _reduction("ltorch.poisson_nll_loss", reduction, size_average, reduce)
     g = _unreduced_cotangent(get_grad(out), reduction, input)
@@ -672,6 +695,8 @@ def poisson_nll_loss_grad(
     else:
         shifted = input + eps
         grads = (g + negated * target / shifted, negated * torch.log(shifted))
+    if full:
+        grads = (grads[0], _stirling_grad(g, target) + grads[1])
     for x, grad in zip((input, target), grads):
         if x.requires_grad:
             put_grad(x, grad)
