@@ -117,6 +117,13 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
         PAIR + MATRIX,
         any_value,
     ),
+    # multi_margin_loss_backward's kernel writes a new contiguous tensor
+    "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.tensor([0, 3, 1])), MATRIX, any_value),
+    "multi_margin_loss p=2 none": (
+        lambda a: F.multi_margin_loss(a, torch.tensor([0, 3, 1]), p=2, reduction="none"),
+        MATRIX,
+        any_value,
+    ),
     # composite losses: the mean's gradient a new tensor (eager's loss.mean()), then the ops'
     "l1_loss": (F.l1_loss, PAIR, any_value),
     "kl_div none": (lambda a, b: F.kl_div(a, b, reduction="none"), PAIR, positive),

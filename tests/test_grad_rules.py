@@ -742,6 +742,14 @@ CONSTANTS = {
     "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b.abs()), 2),
     "poisson_nll_loss full": (lambda a, b: F.poisson_nll_loss(a, b.abs(), full=True, reduction="none"), 2),
     "poisson_nll_loss full, rates": (lambda a, b: F.poisson_nll_loss(a.abs(), b.abs(), False, True), 2),
+    # (eager's multi_margin_loss_backward kernel: its sums in its order)
+    "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.arange(64) % 8), 1),
+    "multi_margin_loss p=2, weight": (
+        lambda a: F.multi_margin_loss(
+            a, torch.arange(64) % 8, p=2, margin=0.7, weight=torch.linspace(0.5, 2, 8, dtype=a.dtype)
+        ),
+        1,
+    ),
     # (F.huber_loss's weighted form: the kernel unreduced, times the weight, then the mean)
     "huber_loss weight": (lambda a, b, w: F.huber_loss(a, b, delta=0.7, weight=w), 3),
     # (the norm's kernel and its grad rule, then eager's clamp and quotient)

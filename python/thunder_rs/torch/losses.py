@@ -27,7 +27,14 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
-from thunder_rs.torch.base_losses import _reduce, _reduction, kernel_layout, kernel_norm
+from thunder_rs.torch.base_losses import (
+    REDUCTIONS,
+    _reduce,
+    _reduction,
+    kernel_layout,
+    kernel_norm,
+    multi_margin_loss_backward,
+)
 from thunder_rs.torch.activations import logsigmoid
 from thunder_rs.torch.common import require_float, sum_all, sum_to
 from thunder_rs.torch.linalg import _meta, opaque
@@ -420,6 +427,21 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     if input.ndim < 2:
         loss = prims.reshape(loss, tuple(target.shape) if reduction == "none" else (batch,))
     return _reduce(op, loss, reduction)
+
+
+@register_grad(ltorch.multi_margin_loss)
+def multi_margin_loss_grad(
+    input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean"
+):
+    """Eager's ``multi_margin_loss_backward`` kernel (its order of sums, its contiguous layout).
+    A weight that requires grad (eager has no derivative for it) keeps the decomposition's VJP."""
+    out = ltorch.multi_margin_loss(input, target, p, margin, weight, size_average, reduce, reduction)
+    weighted = weight is not None and (weight.requires_grad or weight.dtype != input.dtype)
+    if weighted or not input.requires_grad or not input.dtype.is_floating_point or input.numel() == 0:
+        return out
+    code = REDUCTIONS[_reduction("ltorch.multi_margin_loss", reduction, size_average, reduce)]
+    put_grad(input, multi_margin_loss_backward(get_grad(out), input, target, p, margin, weight, code))
+    return out
 
 
 @torchsymbol(F.triplet_margin_loss)
