@@ -750,6 +750,9 @@ CONSTANTS = {
         ),
         1,
     ),
+    # (a batched a @ a: eager's bmm of a view of each operand adds the second's gradient first)
+    "matrix_power batched": (lambda a: torch.linalg.matrix_power(a, 3), ((3, 5, 5),)),
+    "matrix_power": (lambda a: torch.linalg.matrix_power(a, 3), ((6, 6),)),
     # (F.huber_loss's weighted form: the kernel unreduced, times the weight, then the mean)
     "huber_loss weight": (lambda a, b, w: F.huber_loss(a, b, delta=0.7, weight=w), 3),
     # (the norm's kernel and its grad rule, then eager's clamp and quotient)
