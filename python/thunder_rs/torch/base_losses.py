@@ -28,14 +28,7 @@ from thunder_rs.core.lang.symint import identical, same_shape
 T = torch.Tensor
 
 
-__all__ = [
-    "nll_loss",
-    "cross_entropy",
-    "mse_loss",
-    "nll_loss_forward",
-    "nll_loss_backward",
-    "multi_margin_loss_backward",
-]
+__all__ = ["nll_loss", "cross_entropy", "mse_loss", "nll_loss_forward", "nll_loss_backward"]
 
 
 #: aten's reduction codes, as nll_loss_forward takes them.
@@ -309,33 +302,6 @@ def nll_loss_backward(grad_output, input, target, weight, reduction: int, ignore
     class_dim = 0 if input.ndim == 1 else 1
     zeros = ltorch.zeros(input.shape, dtype=input.dtype, device=input.device)
     return ltorch.scatter_add(zeros, class_dim, ltorch.unsqueeze(safe, class_dim), ltorch.unsqueeze(values, class_dim))
-
-
-def _multi_margin_loss_backward_meta(grad_output, input, target, p: int, margin: float, weight, reduction: int):
-    return [(*like(input), flows(grad_output, weight, input if p == 2 else None))]
-
-
-@torchsymbol(name="multi_margin_loss_backward", meta=_multi_margin_loss_backward_meta)
-def multi_margin_loss_backward(grad_output, input, target, p: int, margin: float, weight, reduction: int):
-    """Eager's kernel: in each row, ``h`` (``1 / n`` rounded, or ``2 / n * z`` for p=2, times the
-    target's weight) at each other class whose ``z = margin - x[target] + x`` is positive, minus
-    their sum at the target's class, times the cotangent (a row's own unreduced); contiguous."""
-    x = ltorch.reshape(input, (1, input.numel())) if input.ndim < 2 else input
-    batch, classes = x.shape
-    index = ltorch.reshape(ltorch.to(target, torch.int64), (batch, 1))
-    z = (margin - ltorch.take_along_dim(x, index, 1)) + x
-    n = batch * classes if reduction == REDUCTIONS["mean"] else classes
-    h = ltorch.full_like(z, 1.0 / n) if p == 1 else z * (2.0 / n)
-    if weight is not None:
-        h = h * ltorch.reshape(ltorch.index_select(weight, 0, ltorch.reshape(index, (batch,))), (batch, 1))
-    own = ltorch.eq(index, ltorch.arange(classes, device=input.device))
-    h = ltorch.where(ltorch.logical_and(z > 0, ltorch.logical_not(own)), h, 0.0)
-    grad = ltorch.where(own, -ltorch.sum(h, 1, keepdim=True), h)
-    if reduction != REDUCTIONS["none"] or grad_output.ndim == 0:
-        grad = grad * grad_output
-    else:
-        grad = grad * ltorch.reshape(grad_output, (batch, 1))
-    return ltorch.reshape(grad, input.shape)
 
 
 # -- grad rules ------------------------------------------------------------------------------------

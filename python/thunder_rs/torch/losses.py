@@ -33,10 +33,9 @@ from thunder_rs.torch.base_losses import (
     _reduction,
     kernel_layout,
     kernel_norm,
-    multi_margin_loss_backward,
 )
 from thunder_rs.torch.activations import logsigmoid
-from thunder_rs.torch.common import require_float, sum_all, sum_to
+from thunder_rs.torch.common import flows, like, require_float, sum_all, sum_to
 from thunder_rs.torch.linalg import _meta, opaque
 from thunder_rs.torch.special import xlogy
 from thunder_rs.torch.distances import _difference, pairwise_distance
@@ -57,6 +56,7 @@ __all__ = [
     "multilabel_soft_margin_loss",
     "cosine_embedding_loss",
     "multi_margin_loss",
+    "multi_margin_loss_backward",
     "triplet_margin_loss",
     "triplet_margin_with_distance_loss",
 ]
@@ -427,6 +427,33 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     if input.ndim < 2:
         loss = prims.reshape(loss, tuple(target.shape) if reduction == "none" else (batch,))
     return _reduce(op, loss, reduction)
+
+
+def _multi_margin_loss_backward_meta(grad_output, input, target, p: int, margin: float, weight, reduction: int):
+    return [(*like(input), flows(grad_output, weight, input if p == 2 else None))]
+
+
+@torchsymbol(name="multi_margin_loss_backward", meta=_multi_margin_loss_backward_meta)
+def multi_margin_loss_backward(grad_output, input, target, p: int, margin: float, weight, reduction: int):
+    """Eager's kernel: in each row, ``h`` (``1 / n`` rounded, or ``2 / n * z`` for p=2, times the
+    target's weight) at each other class whose ``z = margin - x[target] + x`` is positive, minus
+    their sum at the target's class, times the cotangent (a row's own unreduced); contiguous."""
+    x = ltorch.reshape(input, (1, input.numel())) if input.ndim < 2 else input
+    batch, classes = x.shape
+    index = ltorch.reshape(ltorch.to(target, torch.int64), (batch, 1))
+    z = (margin - ltorch.take_along_dim(x, index, 1)) + x
+    n = batch * classes if reduction == REDUCTIONS["mean"] else classes
+    h = ltorch.full_like(z, 1.0 / n) if p == 1 else z * (2.0 / n)
+    if weight is not None:
+        h = h * ltorch.reshape(ltorch.index_select(weight, 0, ltorch.reshape(index, (batch,))), (batch, 1))
+    own = ltorch.eq(index, ltorch.arange(classes, device=input.device))
+    h = ltorch.where(ltorch.logical_and(z > 0, ltorch.logical_not(own)), h, 0.0)
+    grad = ltorch.where(own, -ltorch.sum(h, 1, keepdim=True), h)
+    if reduction != REDUCTIONS["none"] or grad_output.ndim == 0:
+        grad = grad * grad_output
+    else:
+        grad = grad * ltorch.reshape(grad_output, (batch, 1))
+    return ltorch.reshape(grad, input.shape)
 
 
 @register_grad(ltorch.multi_margin_loss)
