@@ -117,6 +117,12 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
         PAIR + MATRIX,
         any_value,
     ),
+    # cdist's matmul form: _euclidean_dist_backward's products, in the operands' layouts
+    "cdist by matmul": (
+        lambda a, b: torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist"),
+        PAIR,
+        any_value,
+    ),
     # multi_margin_loss_backward's kernel writes a new contiguous tensor
     "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.tensor([0, 3, 1])), MATRIX, any_value),
     "multi_margin_loss p=2 none": (

@@ -751,6 +751,9 @@ CONSTANTS = {
         ),
         1,
     ),
+    # (cdist's matmul form: eager's _euclidean_dist_backward; batches expanded and made contiguous)
+    "cdist": (torch.cdist, 2),
+    "cdist batched": (torch.cdist, ((2, 1, 30, 8), (3, 27, 8))),
     # (a batched a @ a: eager's bmm of a view of each operand adds the second's gradient first)
     "matrix_power batched": (lambda a: torch.linalg.matrix_power(a, 3), ((3, 5, 5),)),
     "matrix_power": (lambda a: torch.linalg.matrix_power(a, 3), ((6, 6),)),
