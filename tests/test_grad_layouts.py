@@ -123,6 +123,8 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
         PAIR,
         any_value,
     ),
+    # an empty operand: _cdist_backward's zeros_like of each operand
+    "cdist of none": (lambda a, b: torch.cdist(a[:0], b), PAIR, any_value),
     # multi_margin_loss_backward's kernel writes a new contiguous tensor
     "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.tensor([0, 3, 1])), MATRIX, any_value),
     "multi_margin_loss p=2 none": (

@@ -222,7 +222,14 @@ def cdist_grad(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"
     expanded to one batch dim and made contiguous, as ``cdist_impl``), then summed back over the
     broadcast batch dims."""
     out = cdist(x1, x2, p, compute_mode)
-    if not _by_matmul(x1, x2, p, compute_mode) or x1.numel() == 0 or x2.numel() == 0:
+    if x1.numel() == 0 or x2.numel() == 0:
+        # eager's _cdist_backward of an empty operand: zeros_like each operand, in its layout
+        get_grad(out)
+        for x in (x1, x2):
+            if x.requires_grad:
+                put_grad(x, ltorch.zeros_like(x))
+        return out
+    if not _by_matmul(x1, x2, p, compute_mode):
         return out  # (the decomposition's VJP)
     batch = tuple(out.shape[:-2])
     count = math.prod(batch)
