@@ -413,3 +413,18 @@ def test_a_global_average_pool_has_eagers_gradient_strides(name: str):
     (actual,) = input_grads(thunder_rs.jit(program), [x])
     torch.testing.assert_close(actual, expected)
     assert actual.stride() == expected.stride()
+
+
+@pytest.mark.parametrize(("mode", "padding"), [("bilinear", "zeros"), ("nearest", "border")])
+def test_grid_sample_of_a_permuted_grid_has_eagers_grid_gradient_strides(mode: str, padding: str):
+    """Eager's grid_sampler_2d_backward writes the grid's gradient contiguous (the values differ by
+    a few ulps: eager's kernel rounds its interpolation otherwise than the decomposition)."""
+    torch.manual_seed(0)
+    x = channels_last(torch.randn(2, 3, 5, 6, dtype=torch.float64))
+    grid = torch.rand(2, 2, 7, 4, dtype=torch.float64).permute(0, 3, 2, 1) * 2 - 1
+    program = lambda a, g: F.grid_sample(a, g, mode, padding, align_corners=False)  # noqa: E731
+    expected = input_grads(program, [x, grid])
+    actual = input_grads(thunder_rs.jit(program), [x, grid])
+    for grad, eager in zip(actual, expected, strict=True):
+        torch.testing.assert_close(grad, eager)
+        assert grad.stride() == eager.stride()
