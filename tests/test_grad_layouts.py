@@ -333,6 +333,16 @@ FOLLOW_COTANGENT: dict[str, tuple[Callable, Callable]] = {
         lambda a: a[torch.tensor([0, 2]), :, torch.tensor([1, 0])],
         lambda: [torch.randn(5, 4, 3, dtype=torch.float64).permute(2, 1, 0)],
     ),
+    # bilinear's _trilinear_backward: each gradient a _trilinear, contiguous
+    "bilinear": (
+        F.bilinear,
+        lambda: [
+            transposed(torch.randn(3, 4, dtype=torch.float64)),
+            transposed(torch.randn(3, 5, dtype=torch.float64)),
+            torch.randn(6, 4, 5, dtype=torch.float64).permute(2, 1, 0).contiguous().permute(2, 1, 0),
+            torch.randn(6, dtype=torch.float64),
+        ],
+    ),
     # grad.masked_fill(mask, 0): a new contiguous tensor whatever the mask's layout
     "masked_fill": (
         lambda a, m: torch.masked_fill(a, m, -1.5),

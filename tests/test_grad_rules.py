@@ -754,6 +754,8 @@ CONSTANTS = {
     # (cdist's matmul form: eager's _euclidean_dist_backward; batches expanded and made contiguous)
     "cdist": (torch.cdist, 2),
     "cdist batched": (torch.cdist, ((2, 1, 30, 8), (3, 27, 8))),
+    # (bilinear: aten's _trilinear, and _trilinear_backward's three of them)
+    "bilinear": (F.bilinear, ((2, 7, 16), (2, 7, 12), (8, 16, 12), (8,))),
     # (a batched a @ a: eager's bmm of a view of each operand adds the second's gradient first)
     "matrix_power batched": (lambda a: torch.linalg.matrix_power(a, 3), ((3, 5, 5),)),
     "matrix_power": (lambda a: torch.linalg.matrix_power(a, 3), ((6, 6),)),

@@ -260,6 +260,22 @@ CASES = [
         "multi_margin_loss_backward_unbatched", ltorch.multi_margin_loss_backward, multi_margin("none", 1, shape=(5,))
     ),
     Case(
+        "trilinear",
+        ltorch.trilinear,
+        lambda d: (
+            (randn(5, 4, dtype=d), randn(6, 4, 3, dtype=d), randn(5, 3, dtype=d)),
+            lambda a, w, b: ltorch.trilinear(a, w, b, (1, 3), (0,), (1, 2), (2, 3)),
+        ),
+    ),
+    Case(
+        "trilinear_weight_gradient",
+        ltorch.trilinear,
+        lambda d: (
+            (randn(5, 4, dtype=d), randn(5, 6, dtype=d), randn(5, 3, dtype=d)),
+            lambda a, g, b: ltorch.trilinear(a, g, b, (1, 3), (2, 3), (1, 2), (0,)),
+        ),
+    ),
+    Case(
         "unfold_backward",
         ltorch.unfold_backward,
         lambda d: ((randn(3, 4, 2, 3, dtype=d),), lambda g: ltorch.unfold_backward(g, (3, 9, 2), 1, 3, 2)),
