@@ -716,6 +716,7 @@ def test_matmuls_gradient_of_a_transposed_matrix_with_a_dim_of_size_one_has_eage
     assert grads[1].stride() == grads[0].stride() == (4, 1)
 
 
+CLASSES, CLASS_WEIGHT = torch.arange(64) % 8, torch.linspace(0.5, 2, 8, dtype=torch.float64)
 #: Gradients with constants (a number operand, an activation's coefficients) that eager's formulas
 #: round in their own order: name -> (program, its number of inputs or their shapes).
 CONSTANTS = {
@@ -743,24 +744,14 @@ CONSTANTS = {
     "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b.abs()), 2),
     "poisson_nll_loss full": (lambda a, b: F.poisson_nll_loss(a, b.abs(), full=True, reduction="none"), 2),
     "poisson_nll_loss full, rates": (lambda a, b: F.poisson_nll_loss(a.abs(), b.abs(), False, True), 2),
-    # (eager's multi_margin_loss_backward kernel: its sums in its order)
-    "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.arange(64) % 8), 1),
-    "multi_margin_loss p=2, weight": (
-        lambda a: F.multi_margin_loss(
-            a, torch.arange(64) % 8, p=2, margin=0.7, weight=torch.linspace(0.5, 2, 8, dtype=a.dtype)
-        ),
-        1,
-    ),
-    # (cdist's matmul form: eager's _euclidean_dist_backward; batches expanded and made contiguous)
+    # (eager's kernels and its formulas' order: the grad rules of these ops tell which)
+    "multi_margin_loss": (lambda a: F.multi_margin_loss(a, CLASSES), 1),
+    "multi_margin_loss p=2, weight": (lambda a: F.multi_margin_loss(a, CLASSES, 2, 0.7, CLASS_WEIGHT.to(a.dtype)), 1),
     "cdist": (torch.cdist, 2),
     "cdist batched": (torch.cdist, ((2, 1, 30, 8), (3, 27, 8))),
-    # (bilinear: aten's _trilinear, and _trilinear_backward's three of them)
     "bilinear": (F.bilinear, ((2, 7, 16), (2, 7, 12), (8, 16, 12), (8,))),
-    # (a batched a @ a: eager's bmm of a view of each operand adds the second's gradient first)
-    "matrix_power batched": (lambda a: torch.linalg.matrix_power(a, 3), ((3, 5, 5),)),
-    "matrix_power": (lambda a: torch.linalg.matrix_power(a, 3), ((6, 6),)),
-    # (F.huber_loss's weighted form: the kernel unreduced, times the weight, then the mean)
     "huber_loss weight": (lambda a, b, w: F.huber_loss(a, b, delta=0.7, weight=w), 3),
+    "matrix_power batched": (lambda a: torch.linalg.matrix_power(a, 3), ((3, 5, 5),)),
     # (the norm's kernel and its grad rule, then eager's clamp and quotient)
     "normalize": (F.normalize, 1),
     "normalize p=3": (lambda a: F.normalize(a, p=3.0, dim=0), 1),
