@@ -332,6 +332,33 @@ def test_the_math_kernel_chosen_by_sdpa_kernel_is_eager_s_to_the_bit():
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
 
 
+def _last_dims_reversed(t: torch.Tensor) -> torch.Tensor:
+    return t.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("layout", ["dims reversed", "every other head element"])
+def test_inputs_whose_last_dim_steps_over_elements_take_eager_s_math_path(layout: str, dtype: torch.dtype):
+    # Eager's CPU flash kernel wants the last dims dense (check_last_dim_stride_equals_1_dense):
+    # otherwise its math path runs, whose output rounds and whose gradients are laid out otherwise.
+    torch.manual_seed(0)
+    if layout == "dims reversed":
+        inputs = [_last_dims_reversed(torch.randn(2, 2, 3, 8, dtype=dtype)) for _ in range(3)]
+    else:
+        inputs = [torch.randn(2, 2, 3, 16, dtype=dtype)[..., ::2] for _ in range(3)]
+    results = []
+    for fn in (F.scaled_dot_product_attention, thunder_rs.jit(F.scaled_dot_product_attention)):
+        leaves = [x.detach().requires_grad_() for x in inputs]
+        out = fn(*leaves)
+        g = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
+        results.append((out, torch.autograd.grad(out, leaves, g)))
+    (expected, expected_grads), (out, grads) = results
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    for grad, eager in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, eager, rtol=0, atol=0)
+        assert grad.stride() == eager.stride()
+
+
 # -- torch's choice ------------------------------------------------------------------------------
 
 

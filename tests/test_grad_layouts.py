@@ -21,6 +21,7 @@ import thunder_rs
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths"),
     pytest.mark.filterwarnings("ignore:Using a target size"),
+    pytest.mark.filterwarnings(r"ignore:index_reduce\(\) is in beta"),
 ]
 
 
@@ -51,6 +52,7 @@ def any_value(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+SCATTER_INDEX = torch.tensor([[0, 1, 0], [2, 2, 1], [3, 0, 0]])
 POS_WEIGHT = torch.linspace(0.5, 2.0, 4, dtype=torch.float64)
 
 #: name -> (program, the shapes of its inputs, the values they take)
@@ -107,12 +109,36 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "mse_loss sum, broadcast": (lambda a, b: F.mse_loss(a, b[0], reduction="sum"), PAIR, any_value),
     "smooth_l1_loss": (lambda a, b: F.smooth_l1_loss(a, b, beta=0.5), PAIR, any_value),
     "huber_loss none": (lambda a, b: F.huber_loss(a, b, reduction="none", delta=0.5), PAIR, any_value),
+    # F.huber_loss's weighted form: the mean's gradient, mul's, then the kernel's, contiguous
+    "huber_loss weight": (lambda a, b, w: F.huber_loss(a, b, delta=0.5, weight=w), PAIR + MATRIX, any_value),
+    "huber_loss weight sum": (lambda a, b, w: F.huber_loss(a, b, reduction="sum", weight=w), PAIR + MATRIX, any_value),
+    "huber_loss weight none": (
+        lambda a, b, w: F.huber_loss(a, b, reduction="none", weight=w),
+        PAIR + MATRIX,
+        any_value,
+    ),
+    # cdist's matmul form: _euclidean_dist_backward's products, in the operands' layouts
+    "cdist by matmul": (
+        lambda a, b: torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist"),
+        PAIR,
+        any_value,
+    ),
+    # an empty operand: _cdist_backward's zeros_like of each operand
+    "cdist of none": (lambda a, b: torch.cdist(a[:0], b), PAIR, any_value),
+    # multi_margin_loss_backward's kernel writes a new contiguous tensor
+    "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.tensor([0, 3, 1])), MATRIX, any_value),
+    "multi_margin_loss p=2 none": (
+        lambda a: F.multi_margin_loss(a, torch.tensor([0, 3, 1]), p=2, reduction="none"),
+        MATRIX,
+        any_value,
+    ),
     # composite losses: the mean's gradient a new tensor (eager's loss.mean()), then the ops'
     "l1_loss": (F.l1_loss, PAIR, any_value),
     "kl_div none": (lambda a, b: F.kl_div(a, b, reduction="none"), PAIR, positive),
     "kl_div log_target": (lambda a, b: F.kl_div(a, b, reduction="batchmean", log_target=True), PAIR, any_value),
     "poisson_nll_loss sum": (lambda a, b: F.poisson_nll_loss(a, b, reduction="sum"), PAIR, positive),
     "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b, log_input=False), PAIR, positive),
+    "poisson_nll_loss full": (lambda a, b: F.poisson_nll_loss(a, b * 2, full=True), PAIR, positive),
     # binary cross entropy: eager's gradients are in the input's layout
     "binary_cross_entropy": (lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), PAIR, torch.sigmoid),
     "binary_cross_entropy mean": (F.binary_cross_entropy, PAIR, torch.sigmoid),
@@ -141,6 +167,28 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
     "masked_scatter": (lambda a, b: torch.masked_scatter(a, b > 0, b.flatten()), PAIR, any_value),
     # take's: the cotangent put into zeros_like the input (a repeated index accumulates)
     "take": (lambda a: torch.take(a, torch.tensor([[0, 5], [5, 11]])), MATRIX, any_value),
+    # scatter_reduce's excluded input: grad_self.scatter(dim, index, 0), a new contiguous tensor
+    "scatter_reduce amax": (
+        lambda a, s: a.scatter_reduce(1, SCATTER_INDEX, s[:, :3], "amax", include_self=False),
+        PAIR,
+        any_value,
+    ),
+    "scatter_reduce amin": (
+        lambda a, s: a.scatter_reduce(1, SCATTER_INDEX, s[:, :3], "amin", include_self=False),
+        PAIR,
+        any_value,
+    ),
+    "scatter_reduce mean": (
+        lambda a, s: a.scatter_reduce(1, SCATTER_INDEX, s[:, :3] * 2, "mean", include_self=False),
+        PAIR,
+        any_value,
+    ),
+    # index_reduce's: grad_self.index_fill(dim, index, 0), in its own layout
+    "index_reduce amax": (
+        lambda a, s: a.index_reduce(1, torch.tensor([0, 2, 0]), s[:, :3], "amax", include_self=False),
+        PAIR,
+        any_value,
+    ),
     # derivatives.yaml's formulas in eager's operand order; xlogy's a masked_fill, a new tensor
     "xlogy": (torch.xlogy, PAIR, positive),
     "xlog1py by a row": (lambda a, b: torch.special.xlog1py(a, b[0]), PAIR, positive),
@@ -154,7 +202,7 @@ CASES: dict[str, tuple[Callable, tuple, Callable]] = {
 DEFAULT = {("div", "transposed"), ("pow", "transposed"), ("div trunc", "transposed"), ("kthvalue", "transposed")}
 DEFAULT |= {("max", "transposed"), ("mean dim", "contiguous"), ("pad", "stepped"), ("stack", "transposed")}
 DEFAULT |= {("mm", "transposed"), ("linear", "stepped"), ("diagonal", "stepped"), ("diagflat", "transposed")}
-DEFAULT |= {("matrix_power 4", "transposed")}
+DEFAULT |= {("matrix_power 4", "transposed"), ("scatter_reduce amax", "transposed"), ("huber_loss weight", "stepped")}
 DEFAULT |= {("xlogy", "transposed"), ("lerp", "transposed"), ("l1_loss", "transposed"), ("kl_div none", "transposed")}
 
 
@@ -262,6 +310,39 @@ FOLLOW_COTANGENT: dict[str, tuple[Callable, Callable]] = {
     # the inverse shuffle's kernel keeps a channels_last cotangent so
     "pixel_shuffle": (lambda a: F.pixel_shuffle(a, 2), lambda: [channels_last(torch.randn(1, 8, 2, 3))]),
     "pixel_unshuffle": (lambda a: F.pixel_unshuffle(a, 2), lambda: [channels_last(torch.randn(1, 2, 4, 6))]),
+    # pow_backward's ``where(exponent == 0, 0, ...)``: the mask of a broadcast exponent is expanded
+    "pow by a row": (
+        torch.pow,
+        lambda: [transposed(torch.rand(3, 4, dtype=torch.float64) + 0.5), torch.randn(4, dtype=torch.float64)],
+    ),
+    "pow by a 0-d float32": (
+        torch.pow,
+        lambda: [transposed(torch.rand(3, 4, dtype=torch.float64) + 0.5), torch.tensor(2.7, dtype=torch.float32)],
+    ),
+    "float_power by a 0-d": (
+        torch.float_power,
+        lambda: [transposed(torch.rand(3, 4, dtype=torch.float32) + 0.5), torch.tensor(0.6, dtype=torch.float64)],
+    ),
+    # indices apart (the index shape in front): index_backward's new zeros, contiguous whatever the
+    # input's layout; a repeated index accumulates
+    "getitem apart": (
+        lambda a: a[torch.tensor([[0], [2], [0]]), :, torch.tensor([1, -1])],
+        lambda: [torch.randn(3, 4, 5, dtype=torch.float64)],
+    ),
+    "getitem apart, permuted": (
+        lambda a: a[torch.tensor([0, 2]), :, torch.tensor([1, 0])],
+        lambda: [torch.randn(5, 4, 3, dtype=torch.float64).permute(2, 1, 0)],
+    ),
+    # bilinear's _trilinear_backward: each gradient a _trilinear, contiguous
+    "bilinear": (
+        F.bilinear,
+        lambda: [
+            transposed(torch.randn(3, 4, dtype=torch.float64)),
+            transposed(torch.randn(3, 5, dtype=torch.float64)),
+            torch.randn(6, 4, 5, dtype=torch.float64).permute(2, 1, 0).contiguous().permute(2, 1, 0),
+            torch.randn(6, dtype=torch.float64),
+        ],
+    ),
     # grad.masked_fill(mask, 0): a new contiguous tensor whatever the mask's layout
     "masked_fill": (
         lambda a, m: torch.masked_fill(a, m, -1.5),
@@ -342,3 +423,18 @@ def test_a_global_average_pool_has_eagers_gradient_strides(name: str):
     (actual,) = input_grads(thunder_rs.jit(program), [x])
     torch.testing.assert_close(actual, expected)
     assert actual.stride() == expected.stride()
+
+
+@pytest.mark.parametrize(("mode", "padding"), [("bilinear", "zeros"), ("nearest", "border")])
+def test_grid_sample_of_a_permuted_grid_has_eagers_grid_gradient_strides(mode: str, padding: str):
+    """Eager's grid_sampler_2d_backward writes the grid's gradient contiguous (the values differ by
+    a few ulps: eager's kernel rounds its interpolation otherwise than the decomposition)."""
+    torch.manual_seed(0)
+    x = channels_last(torch.randn(2, 3, 5, 6, dtype=torch.float64))
+    grid = torch.rand(2, 2, 7, 4, dtype=torch.float64).permute(0, 3, 2, 1) * 2 - 1
+    program = lambda a, g: F.grid_sample(a, g, mode, padding, align_corners=False)  # noqa: E731
+    expected = input_grads(program, [x, grid])
+    actual = input_grads(thunder_rs.jit(program), [x, grid])
+    for grad, eager in zip(actual, expected, strict=True):
+        torch.testing.assert_close(grad, eager)
+        assert grad.stride() == eager.stride()

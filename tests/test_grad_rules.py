@@ -272,7 +272,8 @@ CASES = [
         lambda d: (
             randn(2, 2, 5, 8, dtype=d),
             randn(2, 2, 3, 8, dtype=d),
-            transposed(3, 8, dtype=d).expand(2, 2, 3, 8),
+            # (a broadcast value; a transposed one eager's math path takes: its last dim is not dense)
+            randn(3, 8, dtype=d).expand(2, 2, 3, 8),
         ),
         FLASH_CALLS,
         absent=("softmax", "tril"),
@@ -715,6 +716,7 @@ def test_matmuls_gradient_of_a_transposed_matrix_with_a_dim_of_size_one_has_eage
     assert grads[1].stride() == grads[0].stride() == (4, 1)
 
 
+CLASSES, CLASS_WEIGHT = torch.arange(64) % 8, torch.linspace(0.5, 2, 8, dtype=torch.float64)
 #: Gradients with constants (a number operand, an activation's coefficients) that eager's formulas
 #: round in their own order: name -> (program, its number of inputs or their shapes).
 CONSTANTS = {
@@ -740,6 +742,16 @@ CONSTANTS = {
     # (eager's engine adds up a target's gradients in the order its ops' backwards run)
     "kl_div": (lambda a, b: F.kl_div(a, b.abs(), reduction="batchmean"), 2),
     "poisson_nll_loss": (lambda a, b: F.poisson_nll_loss(a, b.abs()), 2),
+    "poisson_nll_loss full": (lambda a, b: F.poisson_nll_loss(a, b.abs(), full=True, reduction="none"), 2),
+    "poisson_nll_loss full, rates": (lambda a, b: F.poisson_nll_loss(a.abs(), b.abs(), False, True), 2),
+    # (eager's kernels and its formulas' order: the grad rules of these ops tell which)
+    "multi_margin_loss": (lambda a: F.multi_margin_loss(a, CLASSES), 1),
+    "multi_margin_loss p=2, weight": (lambda a: F.multi_margin_loss(a, CLASSES, 2, 0.7, CLASS_WEIGHT.to(a.dtype)), 1),
+    "cdist": (torch.cdist, 2),
+    "cdist batched": (torch.cdist, ((2, 1, 30, 8), (3, 27, 8))),
+    "bilinear": (F.bilinear, ((2, 7, 16), (2, 7, 12), (8, 16, 12), (8,))),
+    "huber_loss weight": (lambda a, b, w: F.huber_loss(a, b, delta=0.7, weight=w), 3),
+    "matrix_power batched": (lambda a: torch.linalg.matrix_power(a, 3), ((3, 5, 5),)),
     # (the norm's kernel and its grad rule, then eager's clamp and quotient)
     "normalize": (F.normalize, 1),
     "normalize p=3": (lambda a: F.normalize(a, p=3.0, dim=0), 1),

@@ -82,6 +82,23 @@ def targets(n, classes=5, ignored=-100, all_ignored=False):
     return torch.full((n,), ignored) if all_ignored else t
 
 
+def multi_margin(reduction: str, p: int, weighted=False, shape=(4, 5)):
+    """multi_margin_loss_backward's inputs (eager's CPU kernel has no bfloat16 form)."""
+    code = REDUCTIONS[reduction]
+
+    def inputs(dtype):
+        if dtype == torch.bfloat16:
+            pytest.skip("multi_margin_loss_backward has no bfloat16 kernel on the CPU")
+        x = randn(*shape, dtype=dtype)
+        rows = shape[0] if len(shape) == 2 else 1
+        g = randn(rows, dtype=dtype) if code == REDUCTIONS["none"] and len(shape) == 2 else randn(dtype=dtype)
+        t = torch.randint(0, shape[-1], (rows,))
+        w = torch.rand(shape[-1], dtype=dtype) + 0.5 if weighted else None
+        return (g, x, t, w), lambda g, x, t, w: ltorch.multi_margin_loss_backward(g, x, t, p, 0.7, w, code)
+
+    return inputs
+
+
 def nll(reduction: str, weighted=False, unbatched=False, all_ignored=False, backward=False):
     code = REDUCTIONS[reduction]
 
@@ -236,6 +253,28 @@ CASES = [
     Case("nll_loss_backward_all_ignored", ltorch.nll_loss_backward, nll("mean", all_ignored=True, backward=True)),
     Case("nll_loss_backward_none", ltorch.nll_loss_backward, nll("none", weighted=True, backward=True)),
     Case("nll_loss_backward_unbatched_sum", ltorch.nll_loss_backward, nll("sum", unbatched=True, backward=True)),
+    Case("multi_margin_loss_backward_mean", ltorch.multi_margin_loss_backward, multi_margin("mean", 1)),
+    Case("multi_margin_loss_backward_p2_weighted", ltorch.multi_margin_loss_backward, multi_margin("sum", 2, True)),
+    Case("multi_margin_loss_backward_none", ltorch.multi_margin_loss_backward, multi_margin("none", 2)),
+    Case(
+        "multi_margin_loss_backward_unbatched", ltorch.multi_margin_loss_backward, multi_margin("none", 1, shape=(5,))
+    ),
+    Case(
+        "trilinear",
+        ltorch.trilinear,
+        lambda d: (
+            (randn(5, 4, dtype=d), randn(6, 4, 3, dtype=d), randn(5, 3, dtype=d)),
+            lambda a, w, b: ltorch.trilinear(a, w, b, (1, 3), (0,), (1, 2), (2, 3)),
+        ),
+    ),
+    Case(
+        "trilinear_weight_gradient",
+        ltorch.trilinear,
+        lambda d: (
+            (randn(5, 4, dtype=d), randn(5, 6, dtype=d), randn(5, 3, dtype=d)),
+            lambda a, g, b: ltorch.trilinear(a, g, b, (1, 3), (2, 3), (1, 2), (0,)),
+        ),
+    ),
     Case(
         "unfold_backward",
         ltorch.unfold_backward,

@@ -502,6 +502,8 @@ _KERNELS = {
     "embedding_backward": (_aten.embedding_dense_backward.default, None),
     "nll_loss_forward": (_aten.nll_loss_forward.default, None),
     "nll_loss_backward": (_aten.nll_loss_backward.default, None),
+    "multi_margin_loss_backward": (_aten.multi_margin_loss_backward.default, None),
+    "trilinear": (_aten._trilinear.default, None),
     "sdpa_flash": (_sdpa_flash, _on_cpu),
     "sdpa_flash_backward": (_sdpa_flash_backward, _on_cpu),
     "sdpa_math": (_sdpa_math, _on_cpu),

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang import sdp_state, symfloat
+from thunder_rs.core.lang.eager_layouts import eager_strides
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
     ThunderRuntimeError,
@@ -375,7 +376,9 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> 
         if key.shape[0] == query.shape[0] and key.shape[1] != query.shape[1] and query.shape[1] % key.shape[1] == 0:
             batch_heads = tuple(key.shape[:2])
     same = all(same_shape(x.shape[:-2], batch_heads) and x.shape[-1] == size for x in (key, value))
-    if not same or not sdp_state.guard()[0]:  # (the flash switch, read where the kernel could take the call)
+    if not same or not all(_last_stride_one(x) for x in (query, key, value, attn_mask) if x is not None):
+        return False  # (eager's check_last_dim_stride_equals_1_dense: its math path takes the call)
+    if not sdp_state.guard()[0]:  # (the flash switch, read where the kernel could take the call)
         return False
     # Each compared with 0 on its own: ``min`` of symbolic lengths would compare them with each
     # other (a guard ``T <= head size`` that a longer sequence fails: a compile more).
@@ -383,6 +386,12 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> 
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _last_stride_one(x) -> bool:
+    """Whether eager's tensor for ``x`` steps by one element along its last dim."""
+    strides = eager_strides(x)
+    return strides is None or not strides or strides[-1] == 1
 
 
 @register_grad(ltorch.scaled_dot_product_attention)

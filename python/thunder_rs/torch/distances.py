@@ -17,7 +17,9 @@ from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min
-from thunder_rs.torch.common import require_float
+from thunder_rs.torch.common import require_float, sum_to
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.base_losses import kernel_layout
 from thunder_rs.core.lang.symfloat import SymFloat
 
 __all__ = ["pairwise_distance", "pdist", "cosine_similarity", "normalize", "cdist"]
@@ -160,6 +162,12 @@ def _euclidean_dist(x1, x2):
     return prims.where(zero, clang.maybe_convert(0.0, product.dtype), root)
 
 
+def _by_matmul(x1, x2, p, compute_mode) -> bool:
+    """Whether eager computes p=2 distances in matmul form (``_euclidean_dist``)."""
+    mode = _CDIST_MODES[compute_mode]
+    return p == 2 and (mode == 1 or (mode == 0 and (x1.shape[-2] > 25 or x2.shape[-2] > 25)))
+
+
 @torchsymbol(torch.cdist)
 def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     op = "ltorch.cdist"
@@ -199,11 +207,47 @@ def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     a = clang.expand_to(x1, (*batch, *x1.shape[-2:]))
     b = clang.expand_to(x2, (*batch, *x2.shape[-2:]))
     rows1, rows2, cols = a.shape[-2], b.shape[-2], a.shape[-1]
-    mode = _CDIST_MODES[compute_mode]
-    if p == 2 and (mode == 1 or (mode == 0 and (rows1 > 25 or rows2 > 25))):
+    if _by_matmul(x1, x2, p, compute_mode):
         return _euclidean_dist(a, b)
     n = len(batch)
     shape = (*batch, rows1, rows2, cols)
     left = prims.broadcast_in_dim(a, shape, (*range(n), n, n + 2))
     right = prims.broadcast_in_dim(b, shape, (*range(n), n + 1, n + 2))
     return _vector_norm(prims.sub(left, right), p, (n + 2,), keepdim=False)
+
+
+@register_grad(cdist)
+def cdist_grad(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
+    """The matmul form: eager's ``_euclidean_dist_backward`` of the operands (of several batches:
+    expanded to one batch dim and made contiguous, as ``cdist_impl``), then summed back over the
+    broadcast batch dims."""
+    out = cdist(x1, x2, p, compute_mode)
+    if x1.numel() == 0 or x2.numel() == 0:
+        # eager's _cdist_backward of an empty operand: zeros_like each operand, in its layout
+        get_grad(out)
+        for x in (x1, x2):
+            if x.requires_grad:
+                put_grad(x, ltorch.zeros_like(x))
+        return out
+    if not _by_matmul(x1, x2, p, compute_mode):
+        return out  # (the decomposition's VJP)
+    batch = tuple(out.shape[:-2])
+    count = math.prod(batch)
+
+    def as_3d(x):
+        return ltorch.reshape(kernel_layout(ltorch.expand(x, (*batch, *x.shape[-2:]))), (count, *x.shape[-2:]))
+
+    # (one batch: the operands as they are)
+    raw = count == 1 and x1.ndim == x2.ndim == out.ndim
+    a, b = (x1, x2) if raw else (as_3d(x1), as_3d(x2))
+    result = out if raw else ltorch.reshape(out, (count, *out.shape[-2:]))
+    ratio = ltorch.reshape(get_grad(out), result.shape) / result
+    ratio = ltorch.where(result == 0, 0.0, ratio)
+    grads = (
+        a * ltorch.sum(ratio, -1, keepdim=True) - ltorch.matmul(ratio, b),
+        b * ltorch.unsqueeze(ltorch.sum(ratio, -2), -1) - ltorch.matmul(ltorch.transpose(ratio, -1, -2), a),
+    )
+    for x, grad in zip((x1, x2), grads):
+        if x.requires_grad:
+            put_grad(x, sum_to(ltorch.reshape(grad, (*batch, *x.shape[-2:])), x.shape))
+    return out

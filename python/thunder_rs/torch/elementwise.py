@@ -346,6 +346,8 @@ def pow_grad(input, exponent):
     the exponent is 0, else ``g * (input ** (exponent - 1) * exponent)`` as the prim's VJP
     computes with a number (which it takes, not a float of sizes). The exponent's arithmetic is
     kept symbolic and its zero test is a 0-d float64 tensor's, so no size is decided."""
+    if isinstance(exponent, torch.Tensor) and isinstance(input, torch.Tensor):
+        return _pow_tensors_grad(input, exponent)
     out = ltorch.pow(input, exponent)
     if type(exponent) is not SymFloat or not (isinstance(input, torch.Tensor) and input.requires_grad):
         return out  # the decomposition's VJP
@@ -353,6 +355,28 @@ def pow_grad(input, exponent):
     grad = ltorch.mul(g, ltorch.mul(ltorch.pow(input, exponent - 1.0), exponent))
     zero = ltorch.eq(ltorch.full((), exponent, dtype=torch.float64, device=input.device), 0.0)
     put_grad(input, ltorch.where(zero, ltorch.zeros_like(grad), grad))
+    return out
+
+
+def _pow_tensors_grad(input, exponent):
+    """A tensor exponent: eager's ``pow_backward_self`` and ``pow_backward_exponent`` on the
+    operands as given, so that a broadcast one is compared before it is expanded (``exponent ==
+    0`` of a 0-d or a row exponent is an expanded mask, which leaves the layout to the gradient
+    where the decomposition's mask of the expanded exponent was a new contiguous tensor), then
+    summed to each operand's shape and cast to its dtype as the autograd engine does."""
+    out = ltorch.pow(input, exponent)
+    if not out.dtype.is_floating_point or not (input.requires_grad or exponent.requires_grad):
+        return out
+    g = get_grad(out)
+    zero = ltorch.zeros((), dtype=g.dtype, device=g.device)
+    if input.requires_grad:
+        grad = ltorch.mul(g, ltorch.mul(exponent, ltorch.pow(input, ltorch.sub(exponent, 1.0))))
+        grad = ltorch.where(ltorch.eq(exponent, 0.0), zero, grad)
+        put_grad(input, cast(sum_to(grad, input.shape), input.dtype))
+    if exponent.requires_grad:
+        at_zero = ltorch.logical_and(ltorch.eq(input, 0.0), ltorch.ge(exponent, 0.0))
+        grad = ltorch.mul(g, ltorch.where(at_zero, zero, ltorch.mul(out, ltorch.log(cast(input, out.dtype)))))
+        put_grad(exponent, cast(sum_to(grad, exponent.shape), exponent.dtype))
     return out
 
 

@@ -381,21 +381,44 @@ def _advanced_index(op: str, a, advanced):
             f"{op}: shape mismatch: indexing tensors could not be broadcast together with shapes {shapes} "
             "(argument key)"
         ) from None
+    if dims != list(range(dims[0], dims[0] + len(dims))):
+        return _take_apart(op, a, dims, indices, shape)
     linear = indices[-1]
     stride = a.shape[dims[-1]]
     for d, index in zip(reversed(dims[:-1]), reversed(indices[:-1])):
         linear = clang.elementwise(prims.add, op, clang.elementwise(prims.mul, op, index, stride), linear)
         stride *= a.shape[d]
     linear = reshape_to(clang.expand_to(linear, shape), (math.prod(shape),))
-    rest = [d for d in range(a.ndim) if d not in dims]
-    if dims == list(range(dims[0], dims[0] + len(dims))):
-        at = dims[0]
-        before, after = tuple(a.shape[:at]), tuple(a.shape[dims[-1] + 1 :])
-    else:
-        at, before, after = 0, (), tuple(a.shape[d] for d in rest)
-        a = prims.transpose(a, (*dims, *rest))
+    at = dims[0]
+    before, after = tuple(a.shape[:at]), tuple(a.shape[dims[-1] + 1 :])
     flat = reshape_to(a, (*before, stride, *after))
     return reshape_to(prims.take(flat, linear, at), (*before, *shape, *after))
+
+
+def _take_apart(op: str, a, dims: list, indices: list, shape: tuple):
+    """Indexed dims apart (``a[i, :, j]``): the index shape goes in front of the other dims. Each
+    element is taken from ``a`` flattened whole by its linear index, so that the gradient is
+    eager's ``index_put`` into new zeros of ``a``'s shape, contiguous (taking along the indexed
+    dims transposed to the front gave it their transposed layout)."""
+    rest = [d for d in range(a.ndim) if d not in dims]
+    out_shape = (*shape, *(a.shape[d] for d in rest))
+    strides, stride = [0] * a.ndim, 1
+    for d in reversed(range(a.ndim)):
+        strides[d], stride = stride, stride * a.shape[d]
+
+    def scaled(t, d):
+        return t if identical(strides[d], 1) else clang.elementwise(prims.mul, op, t, strides[d])
+
+    linear = None
+    for d, index in zip(dims, indices):
+        linear = scaled(index, d) if linear is None else clang.elementwise(prims.add, op, linear, scaled(index, d))
+    linear = prims.broadcast_in_dim(clang.expand_to(linear, shape), out_shape, tuple(range(len(shape))))
+    for i, d in enumerate(rest):
+        # (an iota's step is a number: a symbolic stride multiplies it, as the indices')
+        offsets = scaled(prims.iota(a.shape[d], 0, 1, a.device, torch.int64), d)
+        linear = prims.add(linear, prims.broadcast_in_dim(offsets, out_shape, (len(shape) + i,)))
+    flat = reshape_to(a, (stride,))
+    return reshape_to(prims.take(flat, reshape_to(linear, (math.prod(out_shape),)), 0), out_shape)
 
 
 @torchsymbol(Tensor.__getitem__, name="getitem")

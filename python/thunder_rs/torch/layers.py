@@ -20,8 +20,10 @@ from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.common import sum_to
 
-__all__ = ["bilinear", "embedding_bag"]
+__all__ = ["bilinear", "trilinear", "embedding_bag"]
 
 
 # -- bilinear --------------------------------------------------------------------------------------
@@ -97,14 +99,63 @@ def bilinear(input1, input2, weight, bias=None):
     outs, ins1, ins2 = weight.shape
     lead = tuple(input1.shape[:-1])
     rows = math.prod(lead)
-    left = prims.matmul(
-        ltorch.reshape(input1, (rows, ins1)), ltorch.reshape(ltorch.permute(weight, (1, 0, 2)), (ins1, outs * ins2))
-    )
-    right = ltorch.unsqueeze(ltorch.reshape(input2, (rows, ins2)), 1)
-    out = ltorch.sum(ltorch.reshape(left, (rows, outs, ins2)) * right, -1)
+    x1, x2 = ltorch.reshape(input1, (rows, ins1)), ltorch.reshape(input2, (rows, ins2))
+    out = trilinear(x1, weight, x2, *_BILINEAR_DIMS)
     if bias is not None:
         out = out + bias
     return ltorch.reshape(out, (*lead, outs))
+
+
+#: at::bilinear's _trilinear of (rows, i), (o, i, j), (rows, j): expand1, expand2, expand3, sumdim.
+_BILINEAR_DIMS = ((1, 3), (0,), (1, 2), (2, 3))
+
+
+def _unsqueezed_shape(shape, expand) -> list:
+    out = list(shape)
+    for d in sorted(expand):
+        out.insert(d, 1)
+    return out
+
+
+def _trilinear_meta(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    shapes = [_unsqueezed_shape(t.shape, e) for t, e in ((i1, expand1), (i2, expand2), (i3, expand3))]
+    sizes = [next((s[d] for s in shapes if s[d] != 1), 1) for d in range(len(shapes[0]))]
+    shape = tuple(n for d, n in enumerate(sizes) if d not in sumdim)
+    return [(shape, i1.dtype, any(t.requires_grad for t in (i1, i2, i3)))]
+
+
+@torchsymbol(name="trilinear", meta=_trilinear_meta)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """aten's ``_trilinear``: ``(i1.unsqueeze(expand1) * i2.unsqueeze(expand2) *
+    i3.unsqueeze(expand3)).sum(sumdim)``, the kernel of bilinear and of its gradients."""
+    ops = []
+    for t, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        for d in sorted(expand):
+            t = ltorch.unsqueeze(t, d)
+        ops.append(t)
+    return ltorch.sum(ops[0] * ops[1] * ops[2], tuple(sumdim))
+
+
+@register_grad(ltorch.bilinear)
+def bilinear_grad(input1, input2, weight, bias=None):
+    """Eager's ``_trilinear_backward``: each operand's gradient a ``_trilinear`` of the others and
+    the cotangent (and the bias's, the cotangent summed)."""
+    out = bilinear(input1, input2, weight, bias)
+    lead, (outs, ins1, ins2) = tuple(input1.shape[:-1]), weight.shape
+    rows = math.prod(lead)
+    cotangent = get_grad(out)
+    g = ltorch.reshape(cotangent, (rows, outs))
+    x1, x2 = ltorch.reshape(input1, (rows, ins1)), ltorch.reshape(input2, (rows, ins2))
+    e1, e2, e3, sumdim = _BILINEAR_DIMS
+    if input1.requires_grad:
+        put_grad(input1, ltorch.reshape(trilinear(g, weight, x2, sumdim, e2, e3, e1), input1.shape))
+    if weight.requires_grad:
+        put_grad(weight, trilinear(x1, g, x2, e1, sumdim, e3, e2))
+    if input2.requires_grad:
+        put_grad(input2, ltorch.reshape(trilinear(x1, weight, g, e1, e2, sumdim, e3), input2.shape))
+    if bias is not None and bias.requires_grad:
+        put_grad(bias, sum_to(cotangent, bias.shape))  # (the bias is added after the reshape)
+    return out
 
 
 # -- embedding_bag ---------------------------------------------------------------------------------

@@ -346,12 +346,13 @@ def matmul_grad(input, other):
         g = ltorch.unsqueeze(g, -1)
     if input.ndim == 1:
         g = ltorch.unsqueeze(g, -2)
+    grads = []
     if input.requires_grad:
         if input.ndim == 2 and other.ndim == 2:  # eager's mm
             grad = mm_first_grad(g, input, b)
         else:
             grad = sum_to(ltorch.matmul(g, ltorch.transpose(b, -1, -2)), a.shape)
-        put_grad(input, ltorch.reshape(grad, input.shape))
+        grads.append((input, ltorch.reshape(grad, input.shape)))
     if other.requires_grad:
         if other.ndim == 2 and a.ndim >= 2:
             # eager's mm of the flattened batch: one product, no sum after it.
@@ -360,7 +361,11 @@ def matmul_grad(input, other):
             grad = mm_second_grad(ltorch.reshape(g, (rows, b.shape[-1])), a2, other)
         else:
             grad = sum_to(ltorch.matmul(ltorch.transpose(a, -1, -2), g), b.shape)
-        put_grad(other, ltorch.reshape(grad, other.shape))
+        grads.append((other, ltorch.reshape(grad, other.shape)))
+    # ``a @ a`` batched: eager's bmm of a view of each operand, whose backward nodes run newest
+    # first, adds the second operand's gradient first (2-D: one mm node, in operand order)
+    for x, grad in reversed(grads) if input is other and input.ndim >= 3 else grads:
+        put_grad(x, grad)
     return out
 
 

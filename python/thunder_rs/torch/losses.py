@@ -27,9 +27,15 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min, where
-from thunder_rs.torch.base_losses import _reduce, _reduction, kernel_layout, kernel_norm
+from thunder_rs.torch.base_losses import (
+    REDUCTIONS,
+    _reduce,
+    _reduction,
+    kernel_layout,
+    kernel_norm,
+)
 from thunder_rs.torch.activations import logsigmoid
-from thunder_rs.torch.common import require_float, sum_all, sum_to
+from thunder_rs.torch.common import flows, like, require_float, sum_all, sum_to
 from thunder_rs.torch.linalg import _meta, opaque
 from thunder_rs.torch.special import xlogy
 from thunder_rs.torch.distances import _difference, pairwise_distance
@@ -50,6 +56,7 @@ __all__ = [
     "multilabel_soft_margin_loss",
     "cosine_embedding_loss",
     "multi_margin_loss",
+    "multi_margin_loss_backward",
     "triplet_margin_loss",
     "triplet_margin_with_distance_loss",
 ]
@@ -422,6 +429,48 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     return _reduce(op, loss, reduction)
 
 
+def _multi_margin_loss_backward_meta(grad_output, input, target, p: int, margin: float, weight, reduction: int):
+    return [(*like(input), flows(grad_output, weight, input if p == 2 else None))]
+
+
+@torchsymbol(name="multi_margin_loss_backward", meta=_multi_margin_loss_backward_meta)
+def multi_margin_loss_backward(grad_output, input, target, p: int, margin: float, weight, reduction: int):
+    """Eager's kernel: in each row, ``h`` (``1 / n`` rounded, or ``2 / n * z`` for p=2, times the
+    target's weight) at each other class whose ``z = margin - x[target] + x`` is positive, minus
+    their sum at the target's class, times the cotangent (a row's own unreduced); contiguous."""
+    x = ltorch.reshape(input, (1, input.numel())) if input.ndim < 2 else input
+    batch, classes = x.shape
+    index = ltorch.reshape(ltorch.to(target, torch.int64), (batch, 1))
+    z = (margin - ltorch.take_along_dim(x, index, 1)) + x
+    n = batch * classes if reduction == REDUCTIONS["mean"] else classes
+    h = ltorch.full_like(z, 1.0 / n) if p == 1 else z * (2.0 / n)
+    if weight is not None:
+        h = h * ltorch.reshape(ltorch.index_select(weight, 0, ltorch.reshape(index, (batch,))), (batch, 1))
+    own = ltorch.eq(index, ltorch.arange(classes, device=input.device))
+    h = ltorch.where(ltorch.logical_and(z > 0, ltorch.logical_not(own)), h, 0.0)
+    grad = ltorch.where(own, -ltorch.sum(h, 1, keepdim=True), h)
+    if reduction != REDUCTIONS["none"] or grad_output.ndim == 0:
+        grad = grad * grad_output
+    else:
+        grad = grad * ltorch.reshape(grad_output, (batch, 1))
+    return ltorch.reshape(grad, input.shape)
+
+
+@register_grad(ltorch.multi_margin_loss)
+def multi_margin_loss_grad(
+    input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean"
+):
+    """Eager's ``multi_margin_loss_backward`` kernel (its order of sums, its contiguous layout).
+    A weight that requires grad (eager has no derivative for it) keeps the decomposition's VJP."""
+    out = ltorch.multi_margin_loss(input, target, p, margin, weight, size_average, reduce, reduction)
+    weighted = weight is not None and (weight.requires_grad or weight.dtype != input.dtype)
+    if weighted or not input.requires_grad or not input.dtype.is_floating_point or input.numel() == 0:
+        return out
+    code = REDUCTIONS[_reduction("ltorch.multi_margin_loss", reduction, size_average, reduce)]
+    put_grad(input, multi_margin_loss_backward(get_grad(out), input, target, p, margin, weight, code))
+    return out
+
+
 @torchsymbol(F.triplet_margin_loss)
 def triplet_margin_loss(
     anchor, positive, negative, margin=1.0, p=2, eps=1e-06, swap=False, size_average=None, reduce=None, reduction="mean"
@@ -601,13 +650,26 @@ def smooth_l1_loss_grad(input, target, size_average=None, reduce=None, reduction
 @register_grad(ltorch.huber_loss)
 def huber_loss_grad(input, target, reduction="mean", delta=1.0, weight=None):
     out = ltorch.huber_loss(input, target, reduction, delta, weight)
-    if weight is not None or input.dtype != target.dtype:
+    if input.dtype != target.dtype:
         return out  # the decomposition's VJP
+    if weight is not None:
+        same = same_shape(input.shape, target.shape) and same_shape(input.shape, weight.shape)
+        if not same or weight.dtype != input.dtype:
+            return out  # the decomposition's VJP
+    reduction = _reduction("ltorch.huber_loss", reduction, None, None)
 
     def slope(x, n, g):
         return torch.where(x <= -delta, -n * g * delta, torch.where(x >= delta, n * g * delta, n * x * g))
 
-    _kernel_grads(input, target, _reduction("ltorch.huber_loss", reduction, None, None), get_grad(out), slope)
+    if weight is None:
+        _kernel_grads(input, target, reduction, get_grad(out), slope)
+        return out
+    # F.huber_loss's ``huber_loss(reduction="none") * weight``, then ``mean()`` or ``sum()``: their
+    # backwards (a mean's a new tensor), mul's, then the kernel's, contiguous
+    g = _unreduced_cotangent(get_grad(out), reduction, input)
+    if weight.requires_grad:
+        put_grad(weight, g * ltorch.huber_loss(input, target, "none", delta))
+    _kernel_grads(input, target, "none", g * weight, slope)
     return out
 
 
@@ -625,6 +687,16 @@ def _unreduced_cotangent(g, reduction: str, like):
         return g
     g = g.expand(like.shape)
     return g / like.numel() if reduction == "mean" else g
+
+
+def _stirling_grad(g, t):
+    """The target's gradient through ``t * log(t) - t + 0.5 * log(2 * pi * t)`` masked where
+    ``t <= 1``, its terms added in the order eager's engine runs the ops' backwards (the latest
+    op's first; ATen computes the right operand of ``+`` and ``-`` first) into a buffer laid out
+    as the first (the masked_fill's cotangent negated, contiguous)."""
+    kept = ltorch.masked_fill(g, t <= 1, 0)
+    through_log = kept * 0.5 / (t * (2 * math.pi)) * (2 * math.pi)
+    return -kept + kept * torch.log(t) + kept * t / t + through_log
 
 
 def _same_operands(input, target, out) -> bool:
@@ -660,9 +732,9 @@ def poisson_nll_loss_grad(
     input, target, log_input=True, full=False, size_average=None, eps=1e-08, reduce=None, reduction="mean"
 ):
     """ATen's ``exp(input) - target * input`` (``input - target * log(input + eps)``)
-    differentiated; with ``full``, the decomposition's VJP."""
+    differentiated; with ``full``, ``loss += stirling.masked_fill(target <= 1, 0)`` too."""
     out = ltorch.poisson_nll_loss(input, target, log_input, full, size_average, eps, reduce, reduction)
-    if full or not _same_operands(input, target, out) or not out.dtype.is_floating_point:
+    if not _same_operands(input, target, out) or not out.dtype.is_floating_point:
         return out
     reduction = _reduction("ltorch.poisson_nll_loss", reduction, size_average, reduce)
     g = _unreduced_cotangent(get_grad(out), reduction, input)
@@ -672,6 +744,8 @@ def poisson_nll_loss_grad(
     else:
         shifted = input + eps
         grads = (g + negated * target / shifted, negated * torch.log(shifted))
+    if full:
+        grads = (grads[0], _stirling_grad(g, target) + grads[1])
     for x, grad in zip((input, target), grads):
         if x.requires_grad:
             put_grad(x, grad)

@@ -17,6 +17,7 @@ from thunder_rs import prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.base_losses import kernel_layout
 from thunder_rs.core.lang.symint import SymInt, same_shape
 
 __all__ = ["affine_grid", "grid_sample"]
@@ -221,6 +222,9 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     align_corners = bool(align_corners)
     n, c, height, width = input.shape
     out_h, out_w = grid.shape[1:3]
+    # (eager's kernel writes the grid's gradient contiguous: the coordinates read from a contiguous
+    # grid give it that layout, where a permuted grid's laid it out as the grid)
+    grid = kernel_layout(grid)
     coords = [
         prims.reshape(prims.slice(grid, (0, 0, 0, k), (n, out_h, out_w, k + 1), (1, 1, 1, 1)), (n, out_h, out_w))
         for k in range(2)

@@ -281,17 +281,12 @@ def _prod_grads(g, input, d, index, src, out, include_self):
     return grad_self, grad_src
 
 
-@register_grad(scatter_reduce)
-def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
-    out = scatter_reduce(input, dim, index, src, reduce, include_self=include_self)
-    if not out.dtype.is_floating_point or input.ndim == 0 or index.numel() == 0:
-        return out
-    d = clang.canonicalize_dim(input.ndim, dim, "ltorch.scatter_reduce")
-    reduce = _ALIASES.get(reduce, reduce)
-    g = get_grad(out)
+def _reduced_grads(g, input, d, index, src, out, reduce, include_self):
+    """Eager's ``scatter_reduce_backward`` (and ``index_reduce_backward`` along a wide index)
+    before the positions written are cleared from the input's gradient where it is excluded."""
     if reduce == "sum":
-        grad_self, grad_src = g, ltorch.gather(g, d, index)
-    elif reduce == "mean":
+        return g, ltorch.gather(g, d, index)
+    if reduce == "mean":
         n = ltorch.scatter_add(
             ltorch.ones_like(g) if include_self else ltorch.zeros_like(g),
             d,
@@ -299,18 +294,34 @@ def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
             ltorch.ones_like(_sliced_to(src, index.shape)),
         )
         n = ltorch.masked_fill(n, ltorch.eq(n, 0), 1)
-        grad_self = ltorch.div(g, n)
-        grad_src = ltorch.div(ltorch.gather(g, d, index), ltorch.gather(n, d, index))
-    elif reduce == "prod":
-        grad_self, grad_src = _prod_grads(g, input, d, index, src, out, include_self)
-    else:
-        grad_self, grad_src = _extremum_grads(g, input, d, index, src, out)
-    if not include_self:
-        grad_self = scatter(grad_self, d, index, value=0)
+        return ltorch.div(g, n), ltorch.div(ltorch.gather(g, d, index), ltorch.gather(n, d, index))
+    if reduce == "prod":
+        return _prod_grads(g, input, d, index, src, out, include_self)
+    return _extremum_grads(g, input, d, index, src, out)
+
+
+def _put_reduced_grads(input, src, grad_self, grad_src) -> None:
     if input.requires_grad:
         put_grad(input, grad_self)
     if src.requires_grad:
         put_grad(src, _padded_to(grad_src, src.shape))
+
+
+@register_grad(scatter_reduce)
+def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
+    out = scatter_reduce(input, dim, index, src, reduce, include_self=include_self)
+    if not out.dtype.is_floating_point or input.ndim == 0 or index.numel() == 0:
+        return out
+    d = clang.canonicalize_dim(input.ndim, dim, "ltorch.scatter_reduce")
+    g = get_grad(out)
+    grad_self, grad_src = _reduced_grads(g, input, d, index, src, out, _ALIASES.get(reduce, reduce), include_self)
+    if not include_self:
+        # eager's ``grad_self.scatter(dim, index, 0)``, a new contiguous tensor: zeros where a new
+        # contiguous mask of the written positions holds (scattered into in place, ``grad_self``
+        # kept the layout of the input it was computed from)
+        written = scatter(ltorch.zeros(tuple(input.shape), dtype=torch.bool, device=input.device), d, index, value=True)
+        grad_self = ltorch.where(written, 0.0, grad_self)
+    _put_reduced_grads(input, src, grad_self, grad_src)
     return out
 
 
@@ -405,6 +416,22 @@ def index_reduce(input, dim, index, source, reduce, *, include_self=True):
     d, wide = _along(op, input, dim, index, source)
     a, src = _as_1d(input, source)
     return reshape_to(scatter_reduce(a, d, wide, src, reduce, include_self=include_self), tuple(input.shape))
+
+
+@register_grad(index_reduce)
+def _index_reduce_grad(input, dim, index, source, reduce, *, include_self=True):
+    """scatter_reduce's along the index widened to ``source``'s shape; eager clears the excluded
+    input's gradient by ``index_fill``, which keeps its layout."""
+    out = index_reduce(input, dim, index, source, reduce, include_self=include_self)
+    if not out.dtype.is_floating_point or input.ndim == 0 or index.numel() == 0:
+        return out
+    d, wide = _along("ltorch.index_reduce", input, dim, index, source)
+    g = get_grad(out)
+    grad_self, grad_src = _reduced_grads(g, input, d, wide, source, out, reduce, include_self)
+    if not include_self:
+        grad_self = scatter(grad_self, d, wide, value=0)
+    _put_reduced_grads(input, source, grad_self, grad_src)
+    return out
 
 
 @torchsymbol(torch.index_fill, Tensor.index_fill)

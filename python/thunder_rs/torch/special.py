@@ -340,6 +340,8 @@ def float_power(input, exponent):
     target = torch.float64
     base = clang.maybe_convert(input, target) if isinstance(input, torch.Tensor) else float(input)
     power = clang.maybe_convert(exponent, target) if isinstance(exponent, torch.Tensor) else float(exponent)
+    if isinstance(base, torch.Tensor) and isinstance(power, torch.Tensor):
+        return ltorch.pow(base, power)  # eager's, and its gradients (elementwise.pow_grad)
     return clang.elementwise(prims.pow, op, base, power)
 
 
