@@ -216,9 +216,9 @@ class TracedInputs:
         return [(store, name, put, clone_store.get(name)) for store, name, clone_store, put in self.slots]
 
     def placed(self) -> list:
-        """``(clone's store, name, id of the proxy put there)`` per slot: references of thunder_rs's
-        own, not the program's stores (by id: a list of the proxies would hold them too)."""
-        return [(clone_store, name, id(put)) for _, name, clone_store, put in self.slots]
+        """``(clone's store, name)`` per slot: references of thunder_rs's own, not stores of the
+        program's elsewhere (``escapes._held_by_clones``)."""
+        return [(clone_store, name) for _, name, clone_store, _ in self.slots]
 
 
 def _kept_slots(slots: list) -> dict:

@@ -75,13 +75,15 @@ def _suspects(proxies: list, held: dict) -> list[int]:
 
 
 def _held_by_clones(placed: Sequence, held: dict) -> None:
-    """Counts in ``held`` the references of the module clones' slots that still hold the proxy
-    thunder_rs put there (``placed``: ``(clone's store, name, id of the proxy)``). A clone outlives
-    the trace where a call recorded it as an argument (a custom Function's forward that runs the
-    layers it is given: Reformer's reversible layers): its slots are not the program's stores."""
-    for store, name, put in placed:
-        if id(store.get(name)) == put:
-            held[put] = held.get(put, 0) + 1
+    """Counts in ``held`` the references of the module clones' parameter and buffer slots
+    (``placed``: ``(clone's store, name)``): what they hold is the input thunder_rs put there or
+    what the program stored into the slot, which the call writes back as module state. The
+    caller keeps the stores alive; a clone also outlives the trace where a call recorded it as an
+    argument (a custom Function's forward that runs the layers it is given: Reformer's)."""
+    for store, name in placed:
+        value = store.get(name)
+        if isinstance(value, TensorProxy):
+            held[id(value)] = held.get(id(value), 0) + 1
 
 
 def escaped(proxies: list, placed: Sequence = ()) -> list:
