@@ -548,9 +548,8 @@ def acquire(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads
     )
     positions = inputs.positions
-    traced = (*inputs.args, *inputs.params, *captures.proxies)
+    traced, placed = (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
     detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
-    placed = inputs.placed()
     del out, writes, repeated, inputs, traced
     captured = captures.release()
     _check_no_escape(made, trace, sites, placed)  # first: a stored tensor is the more precise reason
