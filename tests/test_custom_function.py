@@ -1,6 +1,8 @@
 """Custom torch.autograd.Functions inside jitted programs: their own backward, not the gradient
 of their forward, gives the gradients, as in eager."""
 
+import copy
+
 import pytest
 import torch
 from torch.autograd.function import once_differentiable
@@ -156,6 +158,64 @@ def test_a_module_using_a_function_trains_as_eager():
             o.step()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q)
+
+
+class ThroughLayers(torch.autograd.Function):
+    """Reformer's ``_ReversibleFunction``, in small: the forward runs the layers it is given (a
+    module, not a tensor), whose parameters get no gradient through the Function; its backward
+    scales the cotangent by the output."""
+
+    @staticmethod
+    def forward(ctx, x, layers):
+        for layer in layers:
+            x = layer(x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y, None
+
+
+class Reversible(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.LayerNorm(4), torch.nn.Linear(4, 4)])
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(ThroughLayers.apply(x, self.layers))
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "no_grad"])
+def test_a_function_given_a_module_runs_its_layers_as_eager(grad):
+    # Raised "stored a tensor it computed (input t1) in entry 'weight' of a dict (attribute
+    # '_parameters' of a LayerNorm)": the call records the module's clone, whose slots hold the
+    # parameters' stand-ins; then the compiled call was given None for the parameters the
+    # Function's forward reads (read inside the call, not among its arguments).
+    torch.manual_seed(0)
+    model = Reversible()
+    reference = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for _ in range(2):
+        x = torch.randn(3, 4, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        with torch.set_grad_enabled(grad):
+            out, expected = jmodel(x), reference(x2)
+        torch.testing.assert_close(out, expected)
+        if grad:
+            out.square().sum().backward()
+            expected.square().sum().backward()
+            torch.testing.assert_close(x.grad, x2.grad)
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                assert (p.grad is None) == (q.grad is None), name
+                if q.grad is not None:
+                    torch.testing.assert_close(p.grad, q.grad)
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), reference.parameters()):
+                p.add_(0.1), q.add_(0.1)
+            model.zero_grad(), reference.zero_grad()
 
 
 class Dirty(torch.autograd.Function):

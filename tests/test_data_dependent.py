@@ -77,6 +77,29 @@ def test_item_used_as_a_python_number_in_later_ops():
     assert variants(jfn) == 2  # the third call's values are the first's
 
 
+class NamedExperts(nn.ModuleDict):
+    """Switch Transformers' experts: each chosen one found by a name formatted from an index
+    tensor (``self[f"expert_{idx[0]}"]``), and a value formatted with a spec."""
+
+    def __init__(self):
+        super().__init__({f"expert_{i}": nn.Linear(3, 3) for i in range(3)})
+
+    def forward(self, x, choice):
+        out = torch.zeros_like(x)
+        for idx in torch.bincount(choice, minlength=3).nonzero():
+            out = out + self[f"expert_{idx[0]}"](x)
+        return out + float(f"{choice.sum() / 4:.1f}")
+
+
+def test_a_0_dim_tensor_formats_its_value_as_in_eager():
+    # The f-string formatted the stand-in: KeyError 'expert_TensorProxy(t12, "cpu torch.int64[]")'.
+    model = NamedExperts()
+    jmodel = thunder_rs.jit(model)
+    calls = [(torch.randn(4, 3, requires_grad=True), torch.tensor(c)) for c in ([0, 2, 2], [1, 2, 0], [2, 0, 1])]
+    assert_calls_match(model, jmodel, calls, grad_of=(0,))
+    assert variants(jmodel) == 2  # the experts and the sum read per call: the third is the second's
+
+
 def test_a_nan_read_is_the_same_value_at_every_call():
     def program(x):
         return x * x.sum().item()

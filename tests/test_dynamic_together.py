@@ -363,3 +363,26 @@ def test_a_new_cache_of_another_batch_is_compared_with_the_steps_of_the_last():
     # The first decode: its prompt, its first step, its second with the length symbolic; the
     # second: its prompt and first step with the batch symbolic too; the others reuse them.
     assert misses(jf) == 5, thunder_rs.compile_stats(jf).miss_reasons
+
+
+def _layer_holding(keys) -> Layer:
+    layer = Layer()
+    layer.keys = keys
+    return layer
+
+
+def test_a_new_cache_with_a_step_s_input_sizes_is_not_read_for_the_step_s_sizes():
+    # Beam search's prefill of an encoder-decoder: the decoder's input is one token per row, as at
+    # every step, and the cache is new (its layers' keys None). The step's entry with the batch
+    # symbolic read its layer's keys' length from None to check its guards: AttributeError.
+    jf = thunder_rs.jit(cached_step)
+    for batch, length in [(2, None), (2, 1), (2, 2), (3, 4), (4, None), (5, 3)]:
+        g = torch.Generator().manual_seed(batch)
+        x = torch.randn(batch, 1, 3, generator=g)
+        keys = None if length is None else torch.randn(batch, length, 3, generator=g)
+        layer, want_layer = _layer_holding(keys), _layer_holding(keys)
+        torch.testing.assert_close(jf(x, layer), cached_step(x, want_layer))
+        torch.testing.assert_close(layer.keys, want_layer.keys)
+    reasons = thunder_rs.compile_stats(jf).miss_reasons
+    assert misses(jf) == 5, reasons
+    assert "reads a size of a tensor that an argument object no longer holds" in reasons[4]

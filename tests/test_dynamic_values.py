@@ -6,6 +6,7 @@ call is checked against eager (outputs, gradients, errors)."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
 from test_dynamic_images import tiny_wav2vec2
@@ -139,3 +140,30 @@ def test_the_gradient_of_a_slice_at_a_read_start_has_the_start_over_lengths():
         slice_at_a_read_start(x2).square().sum().backward()
         torch.testing.assert_close(x.grad, x2.grad)
     assert stats(jf).cache_misses == 2, stats(jf).miss_reasons
+
+
+class PaddedConv(torch.nn.Module):
+    """EnCodec's ``EncodecConv1d``: reflection padding by a buffer (``padding_total``, a 0-dim
+    integer tensor) and by the extra length, computed with tensors, that makes the last frame
+    whole; constant padding by the same amounts."""
+
+    def __init__(self, kernel: int = 4, stride: int = 3):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 3, kernel, stride)
+        self.kernel, self.stride = kernel, stride
+        self.padding_total = torch.nn.Buffer(torch.tensor(kernel - stride), persistent=False)
+
+    def forward(self, x):
+        frames = (x.shape[-1] - self.kernel + self.padding_total) / self.stride + 1
+        frames = torch.ceil(frames).to(torch.int64) - 1
+        extra = frames * self.stride + self.kernel - self.padding_total - x.shape[-1]
+        reflected = F.pad(x, (self.padding_total, extra), mode="reflect")
+        return self.conv(reflected) + F.pad(x, (extra, self.padding_total)).sum((1, 2), keepdim=True)
+
+
+def test_padding_by_amounts_given_as_tensors_is_eager_s():
+    # F.pad took only ints: "argument 'pad' must be tuple of ints" (EnCodec).
+    jmodel = train_like_eager(PaddedConv(), [torch.randn(2, 2, n) for n in (9, 10, 11, 12, 13)])
+    assert dynamic_off(jmodel) is None
+    # the first length, then symbolic ones; an extra length of 0 (symbolic sizes start at 2) once
+    assert stats(jmodel).cache_misses == 3, stats(jmodel).miss_reasons

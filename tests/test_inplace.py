@@ -566,13 +566,33 @@ def test_casts_eager_refuses(fn, exc):
 
 @pytest.mark.parametrize(
     "call",
-    [lambda x: x.unsqueeze_(0), lambda x: x.t_(), lambda x: x.resize_(12), lambda x: x.detach_()],
-    ids=["unsqueeze_", "t_", "resize_", "detach_"],
+    [lambda x: x[1:].unsqueeze_(0), lambda x: x.t_(), lambda x: x.resize_(12), lambda x: x.detach_()],
+    ids=["unsqueeze_of_a_view", "t_", "resize_", "detach_"],
 )
 def test_in_place_changes_of_what_a_tensor_is_are_refused(call):
     with pytest.raises(NotImplementedError, match=r"test_inplace.py:\d+") as info:
         thunder_rs.jit(lambda x: call(x * 1))(torch.randn(3, 4))
     assert isinstance(info.value, ThunderError)
+
+
+def band(a, b):
+    """BigBird's band mask: an intermediate given a dim in place, and one squeezed in place."""
+    mask = torch.einsum("blq,blk->blqk", a, b)
+    mask.unsqueeze_(1)
+    return mask * 2 + mask.sum(), (a * 2).squeeze_(), mask.shape
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (1, 5, 4)])
+def test_an_intermediate_unsqueezed_or_squeezed_in_place_is_eager_s(shape):
+    # Both were refused as changing what a tensor is; an input's or a view's still are (above).
+    a, b = torch.randn(*shape, requires_grad=True), torch.randn(*shape, requires_grad=True)
+    out, expected = thunder_rs.jit(band)(a, b), band(a, b)
+    torch.testing.assert_close(out[:2], expected[:2])
+    assert out[2] == expected[2] and out[0].stride() == expected[0].stride()
+    grads = [torch.autograd.grad(o[0].sum() + o[1].sum(), (a, b)) for o in (out, expected)]
+    torch.testing.assert_close(*grads)
+    with pytest.raises(NotImplementedError, match=r"unsqueeze_: .*test_inplace.py:\d+"):
+        thunder_rs.jit(lambda x: x.unsqueeze_(0))(a.detach())
 
 
 def built_while_traced(x):

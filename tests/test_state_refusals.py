@@ -4,6 +4,7 @@ reached through the arguments (an item appended to a cache's layers). Attributes
 reached through them (a cache layer counting its tokens) are set again by every call."""
 
 import collections
+import copy
 
 import pytest
 import torch
@@ -41,6 +42,44 @@ def test_an_optimizer_zero_grad_inside_a_program_is_refused():
 
     with pytest.raises(ThunderNotImplementedError, match=r"Tensor\.grad: the program (reads|sets) the \.grad"):
         thunder_rs.jit(step)(torch.ones(1, 2))
+
+
+class _Router(torch.nn.Module):
+    """Switch Transformers' router: its classifier converted to the router's dtype in every
+    forward (``self.classifier = self.classifier.to(self.dtype)``), where it is that dtype."""
+
+    def __init__(self, dtype=torch.float64):
+        super().__init__()
+        self.dtype, self.classifier = dtype, torch.nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(self.dtype)
+        return self.classifier(x.to(self.dtype)).softmax(-1)
+
+
+def test_a_module_converted_to_the_dtype_it_has_inside_a_program_is_left_as_it_is():
+    # Module._apply read each parameter's .grad: refused as reading gradients, after a backward.
+    router = _Router()
+    reference = copy.deepcopy(router)
+    jrouter = thunder_rs.jit(router)
+    for _ in range(2):
+        x = torch.randn(2, 4, dtype=torch.float64)
+        out, expected = jrouter(x), reference(x)
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        for p, q in zip(router.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert router.classifier.weight.dtype == torch.float64
+    assert thunder_rs.cache_misses(jrouter) == 1
+
+
+def test_a_module_converted_to_another_dtype_inside_a_program_is_refused_with_the_line():
+    router = _Router(torch.float32)
+    where = r"Linear\.to \(Module\._apply\) at .*test_state_refusals\.py:\d+"
+    with pytest.raises(ThunderNotImplementedError, match=where):
+        thunder_rs.jit(router)(torch.randn(2, 4))
+    assert router.classifier.weight.dtype == torch.float64
 
 
 class _Layer:

@@ -33,7 +33,7 @@ pub fn inputs_read(trace: &Trace, outputs: &[usize]) -> Vec<usize> {
     let mut live = values_of(trace, outputs);
     for bsym in trace.bsyms.iter().rev() {
         if bsym.outputs.iter().any(|o| live[o.index()]) {
-            bsym.for_each_input(|v| live[v.index()] = true);
+            bsym.for_each_read(&mut |v| live[v.index()] = true);
         }
     }
     positions(trace, &live)
@@ -48,7 +48,7 @@ pub fn inputs_needed(trace: &Trace) -> Vec<usize> {
     trace.outputs.for_each_value(&mut |v| live[v.index()] = true);
     for bsym in trace.bsyms.iter().rev() {
         if bsym.outputs.iter().any(|o| live[o.index()]) || bsym.has_effect() {
-            bsym.for_each_input(|v| live[v.index()] = true);
+            bsym.for_each_read(&mut |v| live[v.index()] = true);
         }
     }
     positions(trace, &live)
@@ -160,6 +160,24 @@ mod tests {
         let y = b.record_prim("sin", vec![Arg::Value(x)]).unwrap()[0];
         let trace = b.finish(Arg::Tuple(vec![Arg::Value(y), Arg::Value(held)])).unwrap();
         assert_eq!(inputs_needed(&trace), [0, 3]);
+    }
+
+    #[test]
+    fn inputs_a_composite_reads_inside_its_decomposition_are_needed_and_read() {
+        // A custom autograd.Function given a module: its forward reads the module's weight,
+        // which is not among the composite's arguments.
+        let id =
+            trace_ir::SymbolTable::register("autograd_function.test_reads_inside", trace_ir::SymbolKind::Composite);
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta::new(DType::F32, Device::CPU, vec![4]);
+        let x = b.add_input(ValueKind::Tensor(meta.clone()));
+        let w = b.add_input(ValueKind::Tensor(meta));
+        b.begin_composite(id, vec![Arg::Value(x)], vec![]);
+        let y = b.record_prim("mul", vec![Arg::Value(x), Arg::Value(w)]).unwrap()[0];
+        b.end_composite(vec![y]).unwrap();
+        let trace = b.finish(Arg::Value(y)).unwrap();
+        assert_eq!(inputs_needed(&trace), [0, 1]);
+        assert_eq!(inputs_read(&trace, &[0]), [0, 1]);
     }
 
     #[test]

@@ -120,6 +120,22 @@ impl BoundSymbol {
         self.kwargs.iter().for_each(|(_, a)| a.for_each_value(&mut f));
     }
 
+    /// Calls `f` on every value this call reads at any depth: its arguments and, for a
+    /// composite, what its decomposition and grad rule read besides (values they define
+    /// included). A custom `autograd.Function` given a module reads that module's parameters
+    /// inside its forward, not through its arguments.
+    pub fn for_each_read(&self, f: &mut impl FnMut(ValueId)) {
+        self.for_each_input(&mut *f);
+        for s in self.subsymbols.iter() {
+            s.for_each_read(f);
+        }
+        if let Some(rule) = &self.grad {
+            for s in &rule.bsyms {
+                s.for_each_read(f);
+            }
+        }
+    }
+
     /// The values this call reads, in argument order, repeats kept (see
     /// [`for_each_input`](Self::for_each_input) to avoid the allocation).
     pub fn inputs(&self) -> Vec<ValueId> {

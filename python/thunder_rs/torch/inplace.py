@@ -336,6 +336,30 @@ def _lay_out_written(dst, value, outplace, args: tuple, kwargs: dict) -> None:
     take_layouts(outplace, (dst, *args), kwargs, value)
 
 
+#: In-place dims changes a tensor the program computed may take as its out-of-place view: eager's
+#: keeps the elements and their order (a contiguous tensor stays so).
+_REDIMENSIONED = {"unsqueeze_": torch.Tensor.unsqueeze, "squeeze_": torch.Tensor.squeeze}
+
+
+def _redimensioned(name: str, reason: str):
+    """``unsqueeze_``/``squeeze_``: on a tensor the program computed, not a view and with no live
+    view, laid out as computed, the proxy stands for its out-of-place view from now on (BigBird's
+    band mask, ``band_mask.unsqueeze_(1)``); on any other (an input, whose caller's tensor a
+    trace cannot reshape; a view, or one with views, whose aliases eager leaves as they are) the
+    call is refused with ``reason``."""
+    refused, outplace = _refuse(name, reason), _REDIMENSIONED[name]
+
+    def redimensioned(a, *args, **kwargs):
+        alone = isinstance(a, TensorProxy) and not any(ref() is not None for ref in a._views or ())
+        if not (alone and a._view is None and a._input_vid is None and a._strides is None):
+            return refused(a, *args, **kwargs)
+        out = outplace(a, *args, **kwargs)
+        a._vid, a._shape, a._symbolic, a._views = out._vid, out._shape, out._symbolic, None
+        return a
+
+    return redimensioned
+
+
 def _refuse(name: str, reason: str):
     def refused(*args, **kwargs):
         raise ThunderNotImplementedError(f"{name}: {reason} (at {user_location()})")
@@ -413,7 +437,9 @@ def _register_in_place() -> None:
             fn = getattr(namespace, name)
             if not callable(fn) or fn in TORCH_TO_LTORCH:
                 continue
-            if name in _REFUSED:
+            if name in _REDIMENSIONED and namespace is torch.Tensor:
+                handler = _redimensioned(name, _REFUSED[name])
+            elif name in _REFUSED:
                 handler = _refuse(name, _REFUSED[name])
             elif name in _SPECIAL:
                 handler = _SPECIAL[name]

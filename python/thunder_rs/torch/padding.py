@@ -15,7 +15,7 @@ from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import is_int
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.symbols import read_numbers, torchsymbol
 from thunder_rs.torch.joins import pad as constant_pad
 from thunder_rs.torch.shape import clone, slice_in_dim
 from thunder_rs.torch.views import copy_of
@@ -229,7 +229,10 @@ _MODES = {"reflect": reflection_pad, "replicate": replication_pad, "circular": c
 
 
 def _pad(input, pad, mode="constant", value=None):
-    """``F.pad``: constant padding is ``ltorch.pad``; each other mode has its own symbol."""
+    """``F.pad``: constant padding is ``ltorch.pad``; each other mode has its own symbol. Amounts
+    given as 0-dim integer tensors are read as eager's argument parser reads them (EnCodec pads
+    by a buffer and by a length it computes with tensors)."""
+    (pad,), _ = read_numbers((pad,), {}, 0)
     if mode == "constant":  # eager copies even when nothing is padded
         out = constant_pad(input, pad, mode, value)
         return copy_of(out) if out is input else out
@@ -248,7 +251,7 @@ TORCH_TO_LTORCH[F.pad] = _pad
 TORCH_TO_LTORCH[torch._C._nn.pad] = _pad
 
 
-@torchsymbol(torch.constant_pad_nd)
+@torchsymbol(torch.constant_pad_nd, reads_numbers_from=1)
 def constant_pad_nd(input, pad, value=0):
     op = "ltorch.constant_pad_nd"
     check(

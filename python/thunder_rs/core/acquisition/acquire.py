@@ -215,6 +215,11 @@ class TracedInputs:
         """``(user's store, name, input proxy, value in the clone's slot now)`` per slot."""
         return [(store, name, put, clone_store.get(name)) for store, name, clone_store, put in self.slots]
 
+    def placed(self) -> list:
+        """``(clone's store, name)`` per slot: references of thunder_rs's own, not stores of the
+        program's elsewhere (``escapes._held_by_clones``)."""
+        return [(clone_store, name) for _, name, clone_store, _ in self.slots]
+
 
 def _kept_slots(slots: list) -> dict:
     """The module's parameters and buffers by the id of their input proxies."""
@@ -543,11 +548,11 @@ def acquire(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads
     )
     positions = inputs.positions
-    traced = (*inputs.args, *inputs.params, *captures.proxies)
+    traced, placed = (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
     detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
     del out, writes, repeated, inputs, traced
     captured = captures.release()
-    _check_no_escape(made, trace, sites)  # first: a stored tensor is the more precise reason
+    _check_no_escape(made, trace, sites, placed)  # first: a stored tensor is the more precise reason
     _check_guards_still_hold(guards, flat_inputs)
     fixed = [t for t in captured if isinstance(t, torch.Tensor)]
     at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
@@ -609,7 +614,7 @@ def _hint_compiler_disable(error: ThunderError) -> None:
         )
 
 
-def _check_no_escape(made: list, trace, sites: dict) -> None:
+def _check_no_escape(made: list, trace, sites: dict, placed: list) -> None:
     def producer(proxy) -> str:
         name = trace.producer(proxy._vid)
         shape = "x".join(map(str, proxy.shape)) or "scalar"
@@ -619,4 +624,4 @@ def _check_no_escape(made: list, trace, sites: dict) -> None:
             else f"input t{proxy._vid}"
         )
 
-    check_no_escape(made, producer, sites)
+    check_no_escape(made, producer, sites, placed)

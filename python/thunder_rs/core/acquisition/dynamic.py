@@ -387,6 +387,11 @@ def size_read(at, scope: dict) -> str:
     return f"flat[{at[0]}].shape[{at[1]}]"
 
 
+#: What reading a size from an argument object raises where the tensor is not there (None, or
+#: the attribute or item missing).
+_ABSENT_READS = (KeyError, AttributeError, IndexError, TypeError)
+
+
 class SymbolicEntry:
     """An entry compiled with symbolic sizes: its key, its symbolic ``(flat position, dim)``,
     and ``check(flat)``, whether the guards its traces rely on hold for a call's sizes.
@@ -432,8 +437,17 @@ class SymbolicEntry:
             changed is not None
             and self.dims.issuperset(changed)
             and all(_decided(self.key[1][i]) == _decided(key[1][i]) for i in {i for i, d in changed if d is not None})
-            and self.check(flat)
+            and self.holds(flat)
         )
+
+    def holds(self, flat) -> bool:
+        """Whether a call of ``flat`` passes ``check``; False where a size it reads from an argument
+        object is not there (a cache layer's keys are None again, or not yet set: a new cache whose
+        call's flat inputs have the sizes of a step's)."""
+        try:
+            return self.check(flat)
+        except _ABSENT_READS:
+            return False
 
     def why_not(self, key, flat, names: list) -> str | None:
         """Why the entry does not serve a call of ``key`` and ``flat`` (``serves`` is False), for
@@ -449,7 +463,10 @@ class SymbolicEntry:
         if strided:
             inputs = ", ".join(names[i] for i in strided)
             return f"{inputs}: its strides order, step over or overlap its dims differently"
-        failed, sizes = self.first_failed(flat)
+        try:
+            failed, sizes = self.first_failed(flat)
+        except _ABSENT_READS:
+            return "the entry with symbolic sizes reads a size of a tensor that an argument object no longer holds"
         if failed is None:
             return None
         if type(failed) is tuple:  # a size that shares a size input: equal to it
@@ -520,17 +537,14 @@ class SizesGuard:
         self.symbolic = symbolic
 
     def holds(self, flat) -> bool:
-        try:
-            return self.symbolic.check(flat)
-        except (KeyError, AttributeError, IndexError, TypeError):
-            return False
+        return self.symbolic.holds(flat)
 
     def describe(self, flat) -> str:
         guards = ", ".join(self.symbolic.guards)
         try:
             failed, sizes = self.symbolic.first_failed(flat)
             site = self.symbolic.decided_at(failed)
-        except (KeyError, AttributeError, IndexError, TypeError):
+        except _ABSENT_READS:
             failed, sizes, site = None, None, ""
         if type(failed) is str and failed not in self.symbolic.guards and sizes:  # a check (``keyed``)
             return f"{failed} fails ({', '.join(f'{n} = {v}' for n, v in sizes.items())})"

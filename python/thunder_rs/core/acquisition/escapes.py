@@ -14,6 +14,7 @@ import gc
 import sys
 import types
 import weakref
+from collections.abc import Sequence
 
 import torch
 
@@ -73,18 +74,32 @@ def _suspects(proxies: list, held: dict) -> list[int]:
     return [i for i, n in enumerate(_refcounts(proxies)) if n > _BASELINE + held.get(id(proxies[i]), 0)]
 
 
-def escaped(proxies: list) -> list:
+def _held_by_clones(placed: Sequence, held: dict) -> None:
+    """Counts in ``held`` the references of the module clones' parameter and buffer slots
+    (``placed``: ``(clone's store, name)``): what they hold is the input thunder_rs put there or
+    what the program stored into the slot, which the call writes back as module state. The
+    caller keeps the stores alive; a clone also outlives the trace where a call recorded it as an
+    argument (a custom Function's forward that runs the layers it is given: Reformer's)."""
+    for store, name in placed:
+        value = store.get(name)
+        if isinstance(value, TensorProxy):
+            held[id(value)] = held.get(id(value), 0) + 1
+
+
+def escaped(proxies: list, placed: Sequence = ()) -> list:
     """The proxies of ``proxies`` that something outside the trace still references."""
     held = _held_by_proxies(proxies)
+    _held_by_clones(placed, held)
     if _suspects(proxies, held):
         gc.collect()  # cycles of garbage (the module clones, a frame and its locals) are not escapes
     return [proxies[i] for i in _suspects(proxies, held)]
 
 
-def check_no_escape(proxies: list, producer, sites: dict | None = None) -> None:
+def check_no_escape(proxies: list, producer, sites: dict | None = None, placed: Sequence = ()) -> None:
     """Raises when a proxy escaped; ``producer(proxy)`` names the op that made it, ``sites``
-    (``containers.StateContainers.sites``) where the program changed the lists and dicts it read."""
-    suspects = escaped(proxies)
+    (``containers.StateContainers.sites``) where the program changed the lists and dicts it read,
+    ``placed`` the module clones' slots (``_held_by_clones``)."""
+    suspects = escaped(proxies, placed)
     if not suspects:
         return
     proxy = suspects[0]
@@ -94,7 +109,7 @@ def check_no_escape(proxies: list, producer, sites: dict | None = None) -> None:
     cached = holder if type(holder) is functools._lru_cache_wrapper else None
     del holder
     at = f" at {store_site(*site)}" if site is not None else ""
-    remaining = escaped(proxies)
+    remaining = escaped(proxies, placed)
     for p in remaining:
         _remove_from_user_state(p, (proxies, remaining))
     if cached is not None:

@@ -165,6 +165,13 @@ class TensorProxy(torch.Tensor):
             "__torch_function__ and cannot be traced"
         )
 
+    def __format__(self, format_spec: str) -> str:
+        """As eager's: a 0-dim tensor formats its value (``f"expert_{idx[0]}"`` names a submodule
+        by an index tensor, Switch Transformers' experts), read as ``item()`` reads it."""
+        if self.ndim == 0:
+            return format(self.item(), format_spec)
+        return object.__format__(self, format_spec)
+
     def __repr__(self, *, tensor_contents=None):
         dims = ", ".join(str(d) for d in self.shape)
         return f'TensorProxy(t{self._vid}, "{self.device} {self.dtype}[{dims}]")'

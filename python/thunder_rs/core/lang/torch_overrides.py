@@ -29,6 +29,10 @@ vmap as (``torch._functorch.predispatch``) go to the same interpreter while a gr
 A pointwise ``associative_scan`` runs its higher-order op, which torch would compile, into the
 trace (decomposed in ``torch/scan.py``).
 
+**Module._apply.** ``module.to(dtype)`` in a forward (Switch Transformers' router) converts
+nothing where the module has that dtype already: the module is returned as it is (eager's walk
+would read every parameter's ``.grad``); a conversion that changes them is refused at the line.
+
 **sym_sum.** Dynamo's graphs add sizes with ``torch.sym_sum`` (a KV cache's length plus the new
 tokens'), which asks a ``torch.SymInt``'s SymNode; a size being traced has none, and adds as an int.
 
@@ -153,6 +157,31 @@ def _apply(cls, *args, **kwargs):
     return custom_function.apply(cls, args, kwargs)
 
 
+_module_apply = torch.nn.Module._apply
+
+
+def _module_apply_in_trace(self, fn, recurse=True):
+    """``Module._apply`` (``module.to``, ``.float()``, ``.cuda()``) while tracing, on a module
+    whose parameters or buffers are traced: a conversion that leaves every one of them as it is
+    (``self.classifier.to(self.dtype)`` in Switch Transformers' router, called in every forward)
+    returns the module, as eager's leaves it; eager's walk would read each parameter's ``.grad``,
+    which a trace cannot. One that would change them changes state that outlives the call, and
+    is refused at the user's line."""
+    if active_recorder() is None:
+        return _module_apply(self, fn, recurse)
+    modules = self.modules() if recurse else (self,)
+    tensors = [t for m in modules for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+    if not any(isinstance(t, TensorProxy) for t in tensors):
+        return _module_apply(self, fn, recurse)
+    if all(fn(t) is t for t in tensors):
+        return self
+    raise ThunderNotImplementedError(
+        f"{type(self).__name__}.to (Module._apply) at {user_location()}: the program converts a module's parameters "
+        "or buffers (dtype, device or memory format) while it is traced, which changes them for the calls after; "
+        "convert the module before calling the jitted one"
+    )
+
+
 #: The module (``torch._higher_order_ops.associative_scan`` names the function, not the module).
 associative_scan_module = importlib.import_module("torch._higher_order_ops.associative_scan")
 _compile_and_run = associative_scan_module._maybe_compile_and_run_fn
@@ -177,6 +206,7 @@ OVERRIDES: dict[tuple[object, str], object] = {
     # A vmap imported before tracing (``from torch.func import vmap``) still reaches this.
     (torch._functorch.apis, "vmap_impl"): thunder_vmap.vmap_entry,
     (Function, "apply"): classmethod(_apply),
+    (torch.nn.Module, "_apply"): _module_apply_in_trace,
     # Dynamo's graphs hold a ``torch.vmap`` as these level calls (``thunder_rs.core.lang.vmap``).
     **{(torch._functorch.predispatch, name): fn for name, fn in thunder_vmap.PREDISPATCH.items()},
     (associative_scan_module, "_maybe_compile_and_run_fn"): _scan_in_trace,
