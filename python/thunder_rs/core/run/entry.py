@@ -9,6 +9,7 @@ dtype. ``check`` is None when there is nothing to check, so such entries cost no
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 from operator import attrgetter
 
 from thunder_rs.core.state.guards import Guards, compile_check
@@ -80,6 +81,10 @@ class Entry:
 captured_meta = attrgetter("requires_grad", "dtype")
 
 
+#: ``make_check``'s per-call guards before their first check.
+_UNCOMPILED = object()
+
+
 def _compiled_when_called(guards: list):
     """``compile_check(guards)``, compiled on its first call: module guards run only after a module
     attribute was written, which most entries never see (compiling those of the decode benchmark's
@@ -97,7 +102,10 @@ def _compiled_when_called(guards: list):
 def make_check(entry: Entry, guards: Guards):
     """The entry's ``check``: module guards when a module attribute was written, hooks when a hook
     was registered anywhere, the metadata of captured tensors, then the per-call guards."""
-    per_call, modules, hooked = guards.check, _compiled_when_called(guards.modules), entry.hook_modules
+    # The per-call guards are compiled when the entry is first checked: most entries a run compiles
+    # on its way to a symbolic one (a decode's prompt and first token) serve no later call.
+    per_call: Any = _UNCOMPILED if guards.per_call else None
+    modules, hooked = _compiled_when_called(guards.modules), entry.hook_modules
     captured = entry.captured
     if captured:
         entry.captured_meta = tuple(map(captured_meta, captured))
@@ -106,6 +114,7 @@ def make_check(entry: Entry, guards: Guards):
     epoch = write_epoch
 
     def check(flat) -> bool:
+        nonlocal per_call
         if captured and tuple(map(captured_meta, captured)) != entry.captured_meta:
             return False
         if modules is not None and epoch[0] != entry.epoch:
@@ -121,7 +130,11 @@ def make_check(entry: Entry, guards: Guards):
             for store, n in present:
                 if len(store) != n:
                     return False
-        return per_call is None or per_call(flat)
+        if per_call is None:
+            return True
+        if per_call is _UNCOMPILED:
+            per_call = compile_check(guards.per_call)
+        return per_call(flat)
 
     entry.epoch = write_epoch[0]
     present: tuple = ()

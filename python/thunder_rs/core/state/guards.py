@@ -721,10 +721,12 @@ class DefaultsGuard:
             scope[f"{name}f"], scope[f"{name}d"] = fn, defaults
             terms.append(f"{name}f.__defaults__ is {name}d")
             if kwdefaults:
-                # The dict changes in place (``f.__kwdefaults__["shift"] = 1.0``): each value too.
+                # The dict changes in place (``f.__kwdefaults__["shift"] = 1.0``): each value too,
+                # as traced (``found``), not as the dict holds them when the check is compiled.
+                kw = found[len(defaults or ()) :]
                 scope[f"{name}k"] = kwdefaults
-                terms.append(f"{name}f.__kwdefaults__ is {name}k and len({name}k) == {len(kwdefaults)}")
-                for i, (key, value) in enumerate(kwdefaults.items()):
+                terms.append(f"{name}f.__kwdefaults__ is {name}k and len({name}k) == {len(kw) // 2}")
+                for i, (key, value) in enumerate(zip(kw[::2], kw[1::2])):
                     scope[f"{name}v{i}"] = value
                     terms.append(f"{name}k.get({key!r}, MISSING) is {name}v{i}")
         return "(" + " and ".join(terms) + ")"
@@ -772,13 +774,13 @@ def compile_check(guards: list[Guard]):
 
 
 class Guards:
-    """The guards of one cache entry: ``check(flat)`` runs on every call, those of ``modules`` only
-    after a module attribute was written (``entry.make_check``)."""
+    """The guards of one cache entry: those of ``per_call`` are checked on every call, those of
+    ``modules`` only after a module attribute was written (``entry.make_check``, which compiles
+    each list into one function when it is first checked)."""
 
     def __init__(self, guards: list[Guard]):
         self.per_call = [g for g in guards if g.per_call]
         self.modules = [g for g in guards if not g.per_call]
-        self.check = compile_check(self.per_call)
 
     def __len__(self):
         return len(self.per_call) + len(self.modules)
