@@ -387,12 +387,9 @@ def _refuse_draws_made_again(name: str) -> None:
         )
 
 
-def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
-    """Records ``func(*args, **kwargs)`` as an eager fallback; an effect (a random draw) when
-    ``effect``. ``requires_grad`` (a flag, or one per output) marks which floating outputs
-    require grad when a caller's grad rule differentiates the call; the fallback then gets no
-    backward of its own (no generator state is returned for one)."""
-    name = qualified_name(func)
+def _refuse_unrepresentable(func, name: str, kwargs, effect: bool) -> None:
+    """Raises for a call the fallback cannot record faithfully: an autograd node's method, a draw
+    made again, an in-place call with no functional form, or a call writing an argument."""
     _refuse_autograd_node_methods(func, name)
     if effect:
         _refuse_draws_made_again(name)
@@ -413,6 +410,15 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
             f"{name} at {user_location()}: writes its argument {' and '.join(written)} in place, which thunder_rs "
             "has no functional form for"
         )
+
+
+def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
+    """Records ``func(*args, **kwargs)`` as an eager fallback; an effect (a random draw) when
+    ``effect``. ``requires_grad`` (a flag, or one per output) marks which floating outputs
+    require grad when a caller's grad rule differentiates the call; the fallback then gets no
+    backward of its own (no generator state is returned for one)."""
+    name = qualified_name(func)
+    _refuse_unrepresentable(func, name, kwargs, effect)
     arg_leaves = tree_flatten((args, kwargs))[0]
     in_leaves = [x for x in arg_leaves if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
