@@ -33,7 +33,8 @@ from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_siz
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
-from thunder_rs.core.lang.recorder import Captures, input_proxy, recording
+from thunder_rs.core.lang.inference import inference_outputs
+from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
 from thunder_rs.core.lang import symint
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
@@ -95,6 +96,9 @@ class Acquired:
     #: the outputs of the call traced, where its reads computed them (``snapshots.FirstOutputs``):
     #: its compiled call returns them rather than running the program again; or None
     first: FirstOutputs | None = None
+    #: the positions among the program's output leaves of tensors eager returns as inference tensors
+    #: it made (under ``torch.inference_mode()`` inside the program): the call makes them so
+    inference_outputs: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -513,6 +517,7 @@ def acquire(
     dim)`` of the tensor inputs' sizes to trace as symbolic, ``held`` the dims of argument objects'
     tensors (``{(source key, name): dims}``; see ``core.acquisition.dynamic``)."""
     rec = _core.Recorder()
+    INFERENCE_MADE[0] = False
     made: list = []
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
@@ -524,6 +529,7 @@ def acquire(
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
+    inference = inference_outputs(out)
     # A captured tensor the program also stores is stored as itself (``kept``): captured, not read per call;
     # so is one it returns as it is, the trace's constant (eager returns what the state holds then).
     stored = {id(leaf) for leaf in tree_flatten([out, *(w[2] for w in (*writes, *repeated[2]))])[0]}
@@ -574,6 +580,7 @@ def acquire(
         detached,
         views,
         first,
+        inference,
     )
 
 

@@ -23,7 +23,7 @@ from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current, output_meta, proxies
+from thunder_rs.core.lang.recorder import current, output_meta, proxies, refuse_gradient_in_inference_mode
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_location
@@ -383,6 +383,8 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         flags = [torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)] * len(leaves)
     else:
         flags = list(requires_grad) if isinstance(requires_grad, (tuple, list)) else [requires_grad] * len(leaves)
+    if any(flags) and torch.is_inference_mode_enabled():
+        refuse_gradient_in_inference_mode()
     # Complex results carry gradients as eager's do: the backward is torch's (``complex_calls``).
     metas = [
         output_meta(

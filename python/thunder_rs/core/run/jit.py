@@ -33,6 +33,7 @@ from thunder_rs.core.run.generate import generated, snapshot_runner
 from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
+from thunder_rs.core.lang.inference import making_inference
 from thunder_rs.core.base.userframe import user_frame
 from thunder_rs.core.lang.reads import Diverged, Read, decision
 from thunder_rs.core.lang.value_sizes import other_side, place_guards, widened
@@ -481,6 +482,8 @@ class ThunderFunction:
         entry.tail = acquired.tail
         entry.check = entries.make_check(entry, entry.guards)
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
+        if acquired.inference_outputs:
+            entry.post = making_inference(entry.post, acquired.inference_outputs)
         self._record_miss(
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )
