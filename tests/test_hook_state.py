@@ -94,3 +94,50 @@ def test_a_global_module_backward_hook_is_refused_naming_it():
             thunder_rs.jit(model)(torch.randn(2, 3, requires_grad=True))
     finally:
         handle.remove()
+
+
+class _HookedInForward(nn.Module):
+    """Registers a hook on a submodule in each forward and removes it after the submodule's call."""
+
+    def __init__(self, pre: bool):
+        super().__init__()
+        self.lin, self.out, self.pre, self.seen = nn.Linear(4, 4), nn.Linear(4, 2), pre, []
+
+    def forward(self, x):
+        if self.pre:
+            handle = self.lin.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+        else:
+            handle = self.lin.register_forward_hook(lambda module, args, out: self.seen.append(out.shape) or out * 2)
+        h = self.lin(x)
+        handle.remove()
+        return self.out(self.lin(h).relu())
+
+
+@pytest.mark.parametrize("pre", [False, True], ids=["forward_hook", "pre_hook"])
+def test_a_hook_registered_and_removed_in_forward_runs_on_every_call(pre):
+    # The clone traced registered it in the user's module's hook dict, shared with the clone: its
+    # closure over the clone escaped, and a hook's write through it (self.seen) was not replayed.
+    torch.manual_seed(0)
+    model, x = _HookedInForward(pre), torch.randn(3, 4)
+    jmodel = thunder_rs.jit(model)
+    for n in range(1, 4):
+        torch.testing.assert_close(jmodel(x), model(x))
+        assert len(model.seen) == (0 if pre else 2 * n)
+        assert not model.lin._forward_hooks and not model.lin._forward_pre_hooks
+
+
+def test_a_hook_registered_in_forward_and_left_there_is_refused():
+    # Eager's forward adds one more hook on every call; compiled, the trace's one alone stayed.
+    class Leaky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.lin.register_forward_hook(lambda module, args, out: out * 2)
+            return self.lin(x)
+
+    model = Leaky()
+    with pytest.raises(ThunderNotImplementedError, match=r"registers a hook \(<lambda> at .*test_hook_state.py"):
+        thunder_rs.jit(model)(torch.randn(3, 4))
+    assert not model.lin._forward_hooks

@@ -181,6 +181,7 @@ class ModuleBinding:
             copy.__dict__.update(mod.__dict__)
             copy.__dict__["_parameters"] = _rebound(mod._parameters, proxies, index_of)
             copy.__dict__["_buffers"] = _rebound(mod._buffers, proxies, index_of)
+            _own_hook_stores(copy)
             _hide_fsdp_hooks(copy)
             clones[id(mod)] = copy
         for mod in self.modules:
@@ -209,6 +210,17 @@ def _hide_fsdp_hooks(clone) -> None:
         clone.__dict__[_HIDDEN_HOOKS] = (_HIDDEN_HOOKS, *hidden)
 
 
+def _own_hook_stores(clone) -> None:
+    """Gives ``clone`` copies of its module's hook stores: a hook the forward registers (and
+    removes) while traced acts on the traced call alone, traced into it as eager runs it in each
+    call, and leaves the user's module as it was (``_check_hooks`` refuses one left registered)."""
+    d = clone.__dict__
+    for name in _HOOK_STORES:
+        store = d.get(name)
+        if store is not None:
+            d[name] = type(store)(store)
+
+
 def _rebound(store: dict, proxies: list, index_of: dict) -> dict:
     return type(store)((n, proxies[index_of[id(v)]] if v is not None else None) for n, v in store.items())
 
@@ -225,11 +237,32 @@ def attribute_writes(pairs: list) -> list:
         for name, value in now.items():
             if name in ("_parameters", "_buffers", "_modules") or name in hidden:
                 continue
+            if name in _HOOK_STORES:
+                _check_hooks(name, value, before.get(name), original)
+                continue
             if before.get(name, MISSING) is not value:
                 writes.append((original, name, _original_of(value, originals)))
         writes.extend((original, name, MISSING) for name in before if name not in now)
         _check_structure(clone, original, originals)
     return writes
+
+
+def _check_hooks(name: str, store, before, original) -> None:
+    """Refuses a hook the forward registered on a module and left there (or removed from it): eager
+    registers it again on every call, which a compiled call, traced once, would not."""
+    if before is not None and list(store) == list(before):
+        return
+    added = [hook for key, hook in store.items() if before is None or key not in before]
+    hook = added[0] if added else None
+    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+    which = f" ({code.co_name} at {code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    what = "registers a hook" if added else "removes a hook"
+    raise ThunderNotImplementedError(
+        f"thunder_rs.jit: the traced forward {what}{which} in {type(original).__name__}.{name} and leaves it "
+        "so: eager's forward does that again on every call (its hooks pile up), a compiled call, traced once, would "
+        "not. Remove the hook before the forward returns (its effect is then traced into the call), or register it "
+        "once outside the jitted call"
+    )
 
 
 def _original_of(value, originals):
