@@ -331,7 +331,8 @@ def _has_symbolic(leaves) -> bool:
 
 
 #: Tensor methods that act on the tensor's autograd node, which a traced tensor does not have.
-_AUTOGRAD_NODE_METHODS = frozenset({"register_hook", "register_post_accumulate_grad_hook", "retain_grad"})
+#: (``register_hook`` is traced: ``core.lang.tensor_hooks``.)
+_AUTOGRAD_NODE_METHODS = frozenset({"register_post_accumulate_grad_hook", "retain_grad"})
 
 
 def _refuse_autograd_node_methods(func, name: str) -> None:
