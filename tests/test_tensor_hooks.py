@@ -111,3 +111,18 @@ def _reading_a_traced_tensor(x):
 def test_hooks_that_cannot_be_traced_faithfully_are_refused(fn, match):
     with pytest.raises(ThunderNotImplementedError, match="test_tensor_hooks.py.*" + match):
         thunder_rs.jit(fn)(torch.randn(4, requires_grad=True))
+
+
+def test_a_handle_removed_after_the_call_is_refused():
+    # Compiled calls share the hook the trace registered: removing it would remove every call's.
+    class Kept(nn.Module):
+        def forward(self, x):
+            h = x * 2
+            self.handle = h.register_hook(lambda g: g * 2)
+            return h.sum()
+
+    model, x = Kept(), torch.randn(3, requires_grad=True)
+    thunder_rs.jit(model)(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 4.0))
+    with pytest.raises(ThunderNotImplementedError, match="removed after that call"):
+        model.handle.remove()

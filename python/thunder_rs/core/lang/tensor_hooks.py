@@ -31,9 +31,8 @@ _NAME = "torch.Tensor.register_hook"
 class Hooks:
     """The hooks registered on one traced tensor, in order: what the backward runs on its gradient."""
 
-    def __init__(self, recorder):
+    def __init__(self):
         self.hooks: dict = OrderedDict()
-        self.recorder = recorder
 
     def __call__(self, grad):
         for hook in tuple(self.hooks.values()):
@@ -48,9 +47,9 @@ class TracedHandle(RemovableHandle):
     the hook from every compiled call, as eager's forward removes its own each call; removing it
     later would remove it from the calls to come, where eager's removes one call's hook alone."""
 
-    def __init__(self, hooks: Hooks):
+    def __init__(self, hooks: Hooks, recorder):
         super().__init__(hooks.hooks)
-        self._recorder = hooks.recorder
+        self._recorder = recorder  # (not on ``hooks``, which the trace keeps: the recording keeps the trace's)
 
     def remove(self) -> None:
         if active_recorder() is not self._recorder:
@@ -137,11 +136,11 @@ def register_hook(t: TensorProxy, hook):
     if hooks is None or hooks[0] != t._vid:
         if rec.is_read(t._vid):
             raise _refuse("the program used the tensor before registering the hook, whose gradient would bypass it")
-        hooks = (None, Hooks(rec))
+        hooks = (None, Hooks())
         meta = output_meta(t.shape, t.dtype, t.device, True)
         out = proxies(rec.call(_symbol(), (t, hooks[1]), None, [meta]))[0]
         t._vid = out._vid
         t._hooks = hooks = (t._vid, hooks[1])
-    handle = TracedHandle(hooks[1])
+    handle = TracedHandle(hooks[1], rec)
     hooks[1].hooks[handle.id] = _untraced(hook)
     return handle
