@@ -3,6 +3,8 @@ closure variables and a hook object's attributes are guarded (changing them reco
 attributes a hook sets on an object are set again by every call. Backward hooks on modules inside
 the program are refused."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -126,7 +128,7 @@ def test_a_hook_registered_and_removed_in_forward_runs_on_every_call(pre):
         assert not model.lin._forward_hooks and not model.lin._forward_pre_hooks
 
 
-def test_a_hook_registered_in_forward_and_left_there_is_refused():
+def test_hooks_registered_in_forward_and_left_there_pile_up_as_in_eager():
     # Eager's forward adds one more hook on every call; compiled, the trace's one alone stayed.
     class Leaky(nn.Module):
         def __init__(self):
@@ -137,7 +139,33 @@ def test_a_hook_registered_in_forward_and_left_there_is_refused():
             self.lin.register_forward_hook(lambda module, args, out: out * 2)
             return self.lin(x)
 
-    model = Leaky()
-    with pytest.raises(ThunderNotImplementedError, match=r"registers a hook \(<lambda> at .*test_hook_state.py"):
-        thunder_rs.jit(model)(torch.randn(3, 4))
-    assert not model.lin._forward_hooks
+    torch.manual_seed(0)
+    model, x = Leaky(), torch.randn(3, 4)
+    compiled = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(compiled)
+    for n in range(1, 4):
+        torch.testing.assert_close(jmodel(x), model(x))
+        assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == n
+
+
+def test_hooks_a_forward_installs_once_behind_a_flag_stay():
+    # Hugging Face's output capture installs its hooks in the first forward and sets a flag.
+    class Lazy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.installed, self.captured = nn.Linear(4, 4), False, []
+
+        def forward(self, x):
+            if not self.installed:
+                self.lin.register_forward_hook(lambda module, args, out: self.captured.append(out.shape))
+                self.installed = True
+            return self.lin(x).relu()
+
+    torch.manual_seed(0)
+    model, x = Lazy(), torch.randn(3, 4)
+    compiled = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(compiled)
+    for _ in range(3):
+        torch.testing.assert_close(jmodel(x), model(x))
+    assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == 1
+    assert compiled.captured == model.captured and len(model.captured) == 3

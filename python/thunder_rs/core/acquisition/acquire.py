@@ -27,7 +27,7 @@ from thunder_rs.core.state.fsdp import refuse_dtensors
 from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
-from thunder_rs.core.state.modules import attribute_writes as module_writes
+from thunder_rs.core.state.modules import attribute_writes as module_writes, hook_changes
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.base.proxies import TensorProxy
@@ -99,6 +99,9 @@ class Acquired:
     #: the positions among the program's output leaves of tensors eager returns as inference tensors
     #: it made (under ``torch.inference_mode()`` inside the program): the call makes them so
     inference_outputs: tuple = ()
+    #: hooks the forward registered on the user's modules and left, or removed (``modules.hook_changes``):
+    #: made once the entry is made
+    hook_changes: list = field(default_factory=list)
 
 
 def _reject_generators(fn, out) -> None:
@@ -136,6 +139,7 @@ def _trace_program(
             )
             observer.refuse_consumed_iterators()
             writes = module_writes(pairs) + observer.state.writes()
+            hooks = hook_changes(pairs)
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
             # An argument object's tensor returned or stored as it is (``return box.t``, ``self.last =
@@ -153,7 +157,7 @@ def _trace_program(
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, writes, (prints, draws, items), inputs
+    return out, observer, writes, (prints, draws, items), inputs, hooks
 
 
 def _item_writes(reached: ArgumentObjects, observer: Observer) -> list:
@@ -523,7 +527,7 @@ def acquire(
     captures = Captures(rec, reached.tensors)
     size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None)
     try:
-        out, observer, writes, repeated, inputs = _trace_program(
+        out, observer, writes, repeated, inputs, hooks = _trace_program(
             fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
         )
     except ThunderError as e:
@@ -581,6 +585,7 @@ def acquire(
         views,
         first,
         inference,
+        hooks,
     )
 
 

@@ -22,6 +22,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS
 from thunder_rs.core.lang.recorder import active_recorder, current, output_meta, proxies
+from thunder_rs.core.state.modules import cell_contents, with_originals
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -89,36 +90,18 @@ def _refuse(why: str):
     )
 
 
-_EMPTY = object()
-
-
-def _contents(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:  # a variable not assigned yet
-        return _EMPTY
-
-
 def _untraced(hook):
-    """``hook`` with the module clones its closure (or its ``self``) holds replaced by the user's
-    modules; refused where it holds a traced tensor."""
+    """``hook`` keeping the user's modules in place of the clones tracing runs; refused where it
+    reads a traced tensor."""
+    fn = getattr(hook, "__func__", hook)
+    if isinstance(fn, types.FunctionType) and fn.__closure__:
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
+            if isinstance(cell_contents(cell), TensorProxy):
+                raise _refuse(
+                    f"the hook reads {name!r}, a tensor the program computed (compiled, it would read the first call's)"
+                )
     observer = thread_state.observer
-    originals = {} if observer is None else observer._originals
-    if isinstance(hook, types.MethodType):
-        receiver = originals.get(id(hook.__self__), hook.__self__)
-        return types.MethodType(_untraced(hook.__func__), receiver) if receiver is not hook.__self__ else hook
-    if not isinstance(hook, types.FunctionType) or not hook.__closure__:
-        return hook
-    values = [_contents(c) for c in hook.__closure__]
-    for name, value in zip(hook.__code__.co_freevars, values):
-        if isinstance(value, TensorProxy):
-            raise _refuse(
-                f"the hook reads {name!r}, a tensor the program computed (compiled, it would read the first call's)"
-            )
-    if not any(id(v) in originals for v in values):
-        return hook
-    cells = tuple(types.CellType() if v is _EMPTY else types.CellType(originals.get(id(v), v)) for v in values)
-    return types.FunctionType(hook.__code__, hook.__globals__, hook.__name__, hook.__defaults__, cells)
+    return hook if observer is None else with_originals(hook, observer._originals)
 
 
 def register_hook(t: TensorProxy, hook):
