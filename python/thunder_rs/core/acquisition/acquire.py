@@ -122,6 +122,7 @@ def _trace_program(
     ``reached`` are the objects reachable from the arguments; ``reads`` answers reads of values;
     ``size_inputs`` makes the symbolic sizes (``SizeInputs``)."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
+    INFERENCE_MADE[0] = False  # (no proxy made under inference mode yet: ``inference.check_call``)
     prints: list = []
     draws: list = []
     token = recording_prints(prints)
@@ -157,7 +158,7 @@ def _trace_program(
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, writes, (prints, draws, items), inputs, hooks
+    return out, observer, writes, (prints, draws, items), inputs, (inference_outputs(out), hooks)
 
 
 def _item_writes(reached: ArgumentObjects, observer: Observer) -> list:
@@ -513,27 +514,24 @@ def acquire(
     sizes: tuple = (),
     held: dict | None = None,
 ) -> Acquired:
-    """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
-    parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
-    captured tensors come last. ``whole`` (``extend.whole_runners``) lets kernels the jit's
-    executors run whole be recorded without their decompositions. ``reads`` answers the reads
-    of traced tensors' values (without it they are refused). ``sizes`` are the ``(flat position,
-    dim)`` of the tensor inputs' sizes to trace as symbolic, ``held`` the dims of argument objects'
-    tensors (``{(source key, name): dims}``; see ``core.acquisition.dynamic``)."""
+    """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s parameters
+    and buffers become trace inputs after the flat inputs, one per distinct tensor; captured tensors come
+    last. ``whole`` (``extend.whole_runners``) lets kernels the jit's executors run whole be recorded
+    without their decompositions. ``reads`` answers the reads of traced tensors' values (without it they
+    are refused). ``sizes`` are the ``(flat position, dim)`` of the tensor inputs' sizes to trace as
+    symbolic, ``held`` the dims of argument objects' tensors (``{(source key, name): dims}``; ``dynamic``)."""
     rec = _core.Recorder()
-    INFERENCE_MADE[0] = False
     made: list = []
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
     size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None)
     try:
-        out, observer, writes, repeated, inputs, hooks = _trace_program(
+        out, observer, writes, repeated, inputs, (inference, hooks) = _trace_program(
             fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
         )
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
-    inference = inference_outputs(out)
     # A captured tensor the program also stores is stored as itself (``kept``): captured, not read per call;
     # so is one it returns as it is, the trace's constant (eager returns what the state holds then).
     stored = {id(leaf) for leaf in tree_flatten([out, *(w[2] for w in (*writes, *repeated[2]))])[0]}
@@ -559,7 +557,6 @@ def acquire(
     captured = captures.release()
     _check_no_escape(made, trace, sites)  # first: a stored tensor is the more precise reason
     _check_guards_still_hold(guards, flat_inputs)
-    fixed = [t for t in captured if isinstance(t, torch.Tensor)]
     at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
     ints = tuple(sorted((at for at in at_sizes if type(at) in (HeldInt, ArgInt)), key=lambda at: at.input))
     return Acquired(
@@ -568,7 +565,7 @@ def acquire(
         positions,
         out_spec,
         out_kind,
-        fixed,
+        [t for t in captured if isinstance(t, torch.Tensor)],
         guards,
         effects,
         num_outputs,

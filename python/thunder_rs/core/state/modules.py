@@ -256,9 +256,10 @@ def hook_changes(pairs: list) -> list:
     originals = {id(c): o for c, o in pairs}
     changes = []
     for clone, original in pairs:
+        hidden = clone.__dict__.get(_HIDDEN_HOOKS, ())  # (FSDP's hooks, left out of the clone's stores)
         for name in _HOOK_STORES:
             store, before = clone.__dict__.get(name), original.__dict__.get(name)
-            if store is None or before is None or list(store) == list(before):
+            if name in hidden or store is None or before is None or list(store) == list(before):
                 continue
             added = [(k, with_originals(h, originals)) for k, h in store.items() if k not in before]
             changes.append((before, added, [k for k in before if k not in store]))
