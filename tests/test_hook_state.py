@@ -3,6 +3,8 @@ closure variables and a hook object's attributes are guarded (changing them reco
 attributes a hook sets on an object are set again by every call. Backward hooks on modules inside
 the program are refused."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -94,3 +96,76 @@ def test_a_global_module_backward_hook_is_refused_naming_it():
             thunder_rs.jit(model)(torch.randn(2, 3, requires_grad=True))
     finally:
         handle.remove()
+
+
+class _HookedInForward(nn.Module):
+    """Registers a hook on a submodule in each forward and removes it after the submodule's call."""
+
+    def __init__(self, pre: bool):
+        super().__init__()
+        self.lin, self.out, self.pre, self.seen = nn.Linear(4, 4), nn.Linear(4, 2), pre, []
+
+    def forward(self, x):
+        if self.pre:
+            handle = self.lin.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+        else:
+            handle = self.lin.register_forward_hook(lambda module, args, out: self.seen.append(out.shape) or out * 2)
+        h = self.lin(x)
+        handle.remove()
+        return self.out(self.lin(h).relu())
+
+
+@pytest.mark.parametrize("pre", [False, True], ids=["forward_hook", "pre_hook"])
+def test_a_hook_registered_and_removed_in_forward_runs_on_every_call(pre):
+    # The clone traced registered it in the user's module's hook dict, shared with the clone: its
+    # closure over the clone escaped, and a hook's write through it (self.seen) was not replayed.
+    torch.manual_seed(0)
+    model, x = _HookedInForward(pre), torch.randn(3, 4)
+    jmodel = thunder_rs.jit(model)
+    for n in range(1, 4):
+        torch.testing.assert_close(jmodel(x), model(x))
+        assert len(model.seen) == (0 if pre else 2 * n)
+        assert not model.lin._forward_hooks and not model.lin._forward_pre_hooks
+
+
+def test_hooks_registered_in_forward_and_left_there_pile_up_as_in_eager():
+    # Eager's forward adds one more hook on every call; compiled, the trace's one alone stayed.
+    class Leaky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.lin.register_forward_hook(lambda module, args, out: out * 2)
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    model, x = Leaky(), torch.randn(3, 4)
+    compiled = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(compiled)
+    for n in range(1, 4):
+        torch.testing.assert_close(jmodel(x), model(x))
+        assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == n
+
+
+def test_hooks_a_forward_installs_once_behind_a_flag_stay():
+    # Hugging Face's output capture installs its hooks in the first forward and sets a flag.
+    class Lazy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.installed, self.captured = nn.Linear(4, 4), False, []
+
+        def forward(self, x):
+            if not self.installed:
+                self.lin.register_forward_hook(lambda module, args, out: self.captured.append(out.shape))
+                self.installed = True
+            return self.lin(x).relu()
+
+    torch.manual_seed(0)
+    model, x = Lazy(), torch.randn(3, 4)
+    compiled = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(compiled)
+    for _ in range(3):
+        torch.testing.assert_close(jmodel(x), model(x))
+    assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == 1
+    assert compiled.captured == model.captured and len(model.captured) == 3

@@ -59,7 +59,7 @@ STEPS = [
     (None, torch.enable_grad, _X, "first call"),
     (None, torch.enable_grad, _X, None),
     (None, torch.no_grad, _X, "grad mode True -> False"),
-    (None, torch.inference_mode, _X, None),
+    (None, torch.inference_mode, _X, "inference mode False -> True"),
     (_each(lambda m: m.fc.weight.requires_grad_(False)), torch.enable_grad, _X, _CHANGED),
     (_each(lambda m: m.fc2.bias.requires_grad_(False)), torch.no_grad, _X, _CHANGED),
     (_each(lambda m: m.requires_grad_(False)), torch.no_grad, _X, _CHANGED),

@@ -323,6 +323,12 @@ impl Recorder {
         no_panic("put_grad", || py_result(builder.put_grad(ValueId(value), grad)))
     }
 
+    /// Whether a call recorded so far reads the value `value`.
+    fn is_read(&mut self, value: u32) -> PyResult<bool> {
+        let builder = self.builder()?;
+        Ok(builder.is_read(ValueId(value)))
+    }
+
     /// Drops the innermost open composite call.
     fn abort(&mut self) -> PyResult<()> {
         let builder = self.builder()?;

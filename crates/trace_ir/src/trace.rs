@@ -700,6 +700,21 @@ impl TraceBuilder {
         }
     }
 
+    /// Whether a call recorded so far reads `value` (at top level, in an open composite's
+    /// decomposition, or as an argument of an open composite).
+    pub fn is_read(&self, value: ValueId) -> bool {
+        self.stack.iter().any(|frame| {
+            let mut read = false;
+            if let Some((_, args, kwargs)) = &frame.call {
+                args.iter()
+                    .chain(kwargs.iter().map(|(_, a)| a))
+                    .for_each(|a| a.for_each_value(&mut |v| read |= v == value));
+            }
+            frame.bsyms.iter().for_each(|b| b.for_each_input(|v| read |= v == value));
+            read
+        })
+    }
+
     /// How many composite calls are open: 0 while recording at top level.
     pub fn depth(&self) -> usize {
         self.stack.len() - 1

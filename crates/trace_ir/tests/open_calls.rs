@@ -35,3 +35,18 @@ fn restoring_over_open_calls_is_an_error() {
     let err = b.restore_open(open).unwrap_err();
     assert_eq!(err.kind, ErrorKind::Runtime);
 }
+
+#[test]
+fn is_read_finds_reads_at_the_top_level_and_by_open_composites() {
+    let mut b = TraceBuilder::new();
+    let x = b.add_input(parse_value_type("cpu f32[2]").unwrap());
+    let y = b.record_prim("sin", vec![Arg::Value(x)]).unwrap()[0];
+    assert!(b.is_read(x));
+    assert!(!b.is_read(y));
+    let (args, kwargs) = parse_args(&format!("t{}", y.0)).unwrap();
+    b.begin_composite(SymbolTable::register("test.reads", SymbolKind::Composite), args, kwargs);
+    assert!(b.is_read(y)); // an argument of the open composite
+    let z = b.record_prim("cos", vec![Arg::Value(x)]).unwrap();
+    b.end_composite(z.clone()).unwrap();
+    assert!(b.is_read(y) && !b.is_read(z[0]));
+}

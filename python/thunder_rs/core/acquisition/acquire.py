@@ -27,13 +27,14 @@ from thunder_rs.core.state.fsdp import refuse_dtensors
 from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
-from thunder_rs.core.state.modules import attribute_writes as module_writes
+from thunder_rs.core.state.modules import attribute_writes as module_writes, hook_changes
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
-from thunder_rs.core.lang.recorder import Captures, input_proxy, recording
+from thunder_rs.core.lang.inference import inference_outputs
+from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
 from thunder_rs.core.lang import symint
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
@@ -95,6 +96,12 @@ class Acquired:
     #: the outputs of the call traced, where its reads computed them (``snapshots.FirstOutputs``):
     #: its compiled call returns them rather than running the program again; or None
     first: FirstOutputs | None = None
+    #: the positions among the program's output leaves of tensors eager returns as inference tensors
+    #: it made (under ``torch.inference_mode()`` inside the program): the call makes them so
+    inference_outputs: tuple = ()
+    #: hooks the forward registered on the user's modules and left, or removed (``modules.hook_changes``):
+    #: made once the entry is made
+    hook_changes: list = field(default_factory=list)
 
 
 def _reject_generators(fn, out) -> None:
@@ -115,6 +122,7 @@ def _trace_program(
     ``reached`` are the objects reachable from the arguments; ``reads`` answers reads of values;
     ``size_inputs`` makes the symbolic sizes (``SizeInputs``)."""
     positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
+    INFERENCE_MADE[0] = False  # (no proxy made under inference mode yet: ``inference.check_call``)
     prints: list = []
     draws: list = []
     token = recording_prints(prints)
@@ -132,6 +140,7 @@ def _trace_program(
             )
             observer.refuse_consumed_iterators()
             writes = module_writes(pairs) + observer.state.writes()
+            hooks = hook_changes(pairs)
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
             # An argument object's tensor returned or stored as it is (``return box.t``, ``self.last =
@@ -149,7 +158,7 @@ def _trace_program(
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, writes, (prints, draws, items), inputs
+    return out, observer, writes, (prints, draws, items), inputs, (inference_outputs(out), hooks)
 
 
 def _item_writes(reached: ArgumentObjects, observer: Observer) -> list:
@@ -510,20 +519,19 @@ def acquire(
     sizes: tuple = (),
     held: dict | None = None,
 ) -> Acquired:
-    """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s
-    parameters and buffers become trace inputs after the flat inputs, one per distinct tensor;
-    captured tensors come last. ``whole`` (``extend.whole_runners``) lets kernels the jit's
-    executors run whole be recorded without their decompositions. ``reads`` answers the reads
-    of traced tensors' values (without it they are refused). ``sizes`` are the ``(flat position,
-    dim)`` of the tensor inputs' sizes to trace as symbolic, ``held`` the dims of argument objects'
-    tensors (``{(source key, name): dims}``; see ``core.acquisition.dynamic``)."""
+    """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s parameters
+    and buffers become trace inputs after the flat inputs, one per distinct tensor; captured tensors come
+    last. ``whole`` (``extend.whole_runners``) lets kernels the jit's executors run whole be recorded
+    without their decompositions. ``reads`` answers the reads of traced tensors' values (without it they
+    are refused). ``sizes`` are the ``(flat position, dim)`` of the tensor inputs' sizes to trace as
+    symbolic, ``held`` the dims of argument objects' tensors (``{(source key, name): dims}``; ``dynamic``)."""
     rec = _core.Recorder()
     made: list = []
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
     size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None)
     try:
-        out, observer, writes, repeated, inputs = _trace_program(
+        out, observer, writes, repeated, inputs, (inference, hooks) = _trace_program(
             fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
         )
     except ThunderError as e:
@@ -554,7 +562,6 @@ def acquire(
     captured = captures.release()
     _check_no_escape(made, trace, sites, placed)  # first: a stored tensor is the more precise reason
     _check_guards_still_hold(guards, flat_inputs)
-    fixed = [t for t in captured if isinstance(t, torch.Tensor)]
     at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
     ints = tuple(sorted((at for at in at_sizes if type(at) in (HeldInt, ArgInt)), key=lambda at: at.input))
     return Acquired(
@@ -563,7 +570,7 @@ def acquire(
         positions,
         out_spec,
         out_kind,
-        fixed,
+        [t for t in captured if isinstance(t, torch.Tensor)],
         guards,
         effects,
         num_outputs,
@@ -579,6 +586,8 @@ def acquire(
         detached,
         views,
         first,
+        inference,
+        hooks,
     )
 
 

@@ -147,12 +147,15 @@ def global_key(
     _any_autocast=torch._C._is_any_autocast_enabled,
     _autocast=autocast_state,
     _modes=torch._C._len_torch_function_stack,
+    _inference=torch.is_inference_mode_enabled,
 ):
     """Grad mode, default dtype, the CPU and CUDA autocast dtypes (None when autocast is off
     everywhere, read with one call), the default device where a torch function mode may set one,
-    and ``extra``."""
+    ``extra``, and inference mode (a call under ``torch.inference_mode()`` makes inference tensors
+    where one under ``no_grad`` does not, and records no gradient even where the program enables
+    grad mode)."""
     autocast = _autocast() if _any_autocast() else None
-    return (_grad(), _default_dtype(), autocast, _default_device() if _modes() else None, extra)
+    return (_grad(), _default_dtype(), autocast, _default_device() if _modes() else None, extra, _inference())
 
 
 _fast_keys: dict = {}
@@ -228,6 +231,8 @@ def _state_change(old, new) -> str:
     (for a module) its training mode or its parameters' dtype, device and requires_grad."""
     labels = ("grad mode", "default dtype", "autocast", "default device")
     changes = [f"{label} {a} -> {b}" for label, a, b in zip(labels, old, new) if a != b]
+    if old[5:] != new[5:]:
+        changes.append(f"inference mode {old[5]} -> {new[5]}")
     old_extra, new_extra = old[4], new[4]
     if old_extra != new_extra:
         if type(old_extra) is tuple and type(new_extra) is tuple and len(old_extra) == len(new_extra) == 2:

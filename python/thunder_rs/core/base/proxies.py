@@ -122,6 +122,9 @@ class TensorProxy(torch.Tensor):
     _symbolic = False
     #: for indices never negative (``nonzero``'s): indexing takes them without wrapping
     _nonnegative = False
+    #: for a tensor the program registered hooks on (``core.lang.tensor_hooks``): ``(value id, Hooks)``,
+    #: the value the hooks' call made, to which a further hook is added while it is still the tensor's
+    _hooks: tuple | None = None
 
     @staticmethod
     def __new__(cls, vid: int, shape, dtype: torch.dtype, device: torch.device, requires_grad: bool):

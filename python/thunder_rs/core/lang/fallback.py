@@ -25,7 +25,7 @@ from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current, output_meta, proxies
+from thunder_rs.core.lang.recorder import current, output_meta, proxies, refuse_gradient_in_inference_mode
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_location
@@ -337,7 +337,8 @@ def _has_symbolic(leaves) -> bool:
 
 
 #: Tensor methods that act on the tensor's autograd node, which a traced tensor does not have.
-_AUTOGRAD_NODE_METHODS = frozenset({"register_hook", "register_post_accumulate_grad_hook", "retain_grad"})
+#: (``register_hook`` is traced: ``core.lang.tensor_hooks``.)
+_AUTOGRAD_NODE_METHODS = frozenset({"register_post_accumulate_grad_hook", "retain_grad"})
 
 
 def _refuse_autograd_node_methods(func, name: str) -> None:
@@ -443,6 +444,8 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         flags = [torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)] * len(leaves)
     else:
         flags = list(requires_grad) if isinstance(requires_grad, (tuple, list)) else [requires_grad] * len(leaves)
+    if any(flags) and torch.is_inference_mode_enabled():
+        refuse_gradient_in_inference_mode()
     # Complex results carry gradients as eager's do: the backward is torch's (``complex_calls``).
     metas = [
         output_meta(

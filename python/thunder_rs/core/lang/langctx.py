@@ -28,7 +28,14 @@ from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES, laid_out, take_layo
 from thunder_rs.core.lang.fallback import qualified_name, user_fallback
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_language_context
-from thunder_rs.core.lang.recorder import active_captures, lift_captured, record_composite, record_kernel
+from thunder_rs.core.lang import inference, tensor_hooks
+from thunder_rs.core.lang.recorder import (
+    INFERENCE_MADE,
+    active_captures,
+    lift_captured,
+    record_composite,
+    record_kernel,
+)
 from thunder_rs.core.lang.autocast import cast_inputs
 from thunder_rs.core.lang.rng import RANDOM
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -229,10 +236,15 @@ def _data_dependent(func, args, kwargs):
     refuse_data_dependent(func)
 
 
+_is_inference_mode_enabled = torch.is_inference_mode_enabled
+
+
 def torch_function(func, args, kwargs):
     """What a torch call on proxies means. What runs meanwhile is not the program's own code, so
     its reads are not guarded (``observe``)."""
     state = thread_state
+    if INFERENCE_MADE[0] and state.inside == 0 and not _is_inference_mode_enabled():
+        inference.check_call(func, args, kwargs)
     if state.inside == 0 and _hook_set(state):
         return _observed(_torch_function, func, args, kwargs)
     state.inside += 1
@@ -271,7 +283,10 @@ def _observed(handle, *call):
 #: Calls whose first argument is a proxy, answered as eager answers for the tensor it stands for
 #: (``views`` fills it): ``Tensor.stride``/``is_contiguous`` (a proxy's own metadata is contiguous
 #: whatever that tensor's layout), ``torch.as_tensor``/``asarray`` of a tensor (the tensor itself).
-PROXY_CALLS: dict = {}
+PROXY_CALLS: dict = {
+    torch.Tensor.is_inference: inference.is_inference,
+    torch.Tensor.register_hook: tensor_hooks.register_hook,
+}
 _CONVERSIONS = (torch.as_tensor, torch.asarray)
 #: Calls that make a tensor of Python data (``torch.tensor(x.shape[0])``, ``Tensor.new_tensor``),
 #: answered by their handler (``creation`` fills it) where the data holds a symbolic size: a

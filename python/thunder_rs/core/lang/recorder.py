@@ -20,6 +20,7 @@ from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
 
 _is_grad_enabled = torch.is_grad_enabled
+_is_inference_mode_enabled = torch.is_inference_mode_enabled
 _current: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_recorder", default=None)
 _captures: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_captures", default=None)
 #: Every proxy the acquisition in progress made, so escapes into user state can be found after it.
@@ -256,9 +257,16 @@ def paused_recording():
             var.reset(token)
 
 
+#: Whether a proxy was made under inference mode since the last acquisition began: until one is,
+#: no call needs ``inference.check_call``.
+INFERENCE_MADE = [False]
+
+
 def proxies(recorded: list) -> list[TensorProxy]:
     """The proxies of the tensors the recorder made (``_core.RecordedTensor`` each)."""
     out = [make_proxy(r.vid, r.shape, r.dtype_code, r.device, r.requires_grad) for r in recorded]
+    if not INFERENCE_MADE[0] and _is_inference_mode_enabled():
+        INFERENCE_MADE[0] = True
     made = _made.get()
     if made is not None:
         made.extend(out)
@@ -305,10 +313,23 @@ def note_gradient_through(outputs: list, args: tuple) -> None:
     read it."""
     if not any(o.requires_grad for o in outputs):
         return
+    if _is_inference_mode_enabled():
+        refuse_gradient_in_inference_mode()
     for a in args:
         for t in a if type(a) in (list, tuple) else (a,):
             if isinstance(t, TensorProxy):
                 note_gradient_into(t)
+
+
+def refuse_gradient_in_inference_mode() -> None:
+    """Raises for an op that would record a gradient while inference mode is on: grad mode enabled
+    inside ``torch.inference_mode()`` (``torch.enable_grad()``), where eager's ops record none
+    (inference mode leaves autograd out whatever grad mode says) and return inference tensors."""
+    raise ThunderNotImplementedError(
+        f"thunder_rs.jit: grad mode is enabled inside torch.inference_mode() at {user_location()} (torch.enable_grad() "
+        "or torch.set_grad_enabled(True) inside it, or the jitted call made under it): eager records no gradient "
+        "there, which thunder_rs cannot trace. Leave grad mode off inside inference mode, or use torch.no_grad()"
+    )
 
 
 def note_gradient_into(t: TensorProxy) -> None:

@@ -33,6 +33,8 @@ from thunder_rs.core.run.generate import generated, snapshot_runner
 from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
+from thunder_rs.core.lang.inference import making_inference
+from thunder_rs.core.state.modules import apply_hook_changes
 from thunder_rs.core.base.userframe import user_frame
 from thunder_rs.core.lang.reads import Diverged, Read, decision
 from thunder_rs.core.lang.value_sizes import other_side, place_guards, widened
@@ -480,7 +482,10 @@ class ThunderFunction:
         entry.captured = tuple(acquired.captured)
         entry.tail = acquired.tail
         entry.check = entries.make_check(entry, entry.guards)
+        apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
+        if acquired.inference_outputs:
+            entry.post = making_inference(entry.post, acquired.inference_outputs)
         self._record_miss(
             key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )

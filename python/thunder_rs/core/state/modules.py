@@ -181,6 +181,7 @@ class ModuleBinding:
             copy.__dict__.update(mod.__dict__)
             copy.__dict__["_parameters"] = _rebound(mod._parameters, proxies, index_of)
             copy.__dict__["_buffers"] = _rebound(mod._buffers, proxies, index_of)
+            _own_hook_stores(copy)
             _hide_fsdp_hooks(copy)
             clones[id(mod)] = copy
         for mod in self.modules:
@@ -209,6 +210,17 @@ def _hide_fsdp_hooks(clone) -> None:
         clone.__dict__[_HIDDEN_HOOKS] = (_HIDDEN_HOOKS, *hidden)
 
 
+def _own_hook_stores(clone) -> None:
+    """Gives ``clone`` copies of its module's hook stores: a hook the forward registers (and
+    removes) while traced acts on the traced call alone, traced into it as eager runs it in each
+    call, and leaves the user's module as it was until the entry is made (``hook_changes``)."""
+    d = clone.__dict__
+    for name in _HOOK_STORES:
+        store = d.get(name)
+        if store is not None:
+            d[name] = type(store)(store)
+
+
 def _rebound(store: dict, proxies: list, index_of: dict) -> dict:
     return type(store)((n, proxies[index_of[id(v)]] if v is not None else None) for n, v in store.items())
 
@@ -225,11 +237,65 @@ def attribute_writes(pairs: list) -> list:
         for name, value in now.items():
             if name in ("_parameters", "_buffers", "_modules") or name in hidden:
                 continue
+            if name in _HOOK_STORES:
+                continue
             if before.get(name, MISSING) is not value:
                 writes.append((original, name, _original_of(value, originals)))
         writes.extend((original, name, MISSING) for name in before if name not in now)
         _check_structure(clone, original, originals)
     return writes
+
+
+def hook_changes(pairs: list) -> list:
+    """The hooks the traced forward registered on modules and left there, or removed, from
+    ``(clone, original)`` pairs: ``(original's store, added (key, hook) pairs, removed keys)``.
+    ``apply_hook_changes`` makes them once the entry is made, as eager's forward made them in this
+    call: the entry then finds the modules' hooks changed and compiles again, as a forward that
+    registers on every call (its hooks pile up) or once (Hugging Face's output capture, behind a
+    flag it sets) registers them in eager."""
+    originals = {id(c): o for c, o in pairs}
+    changes = []
+    for clone, original in pairs:
+        hidden = clone.__dict__.get(_HIDDEN_HOOKS, ())  # (FSDP's hooks, left out of the clone's stores)
+        for name in _HOOK_STORES:
+            store, before = clone.__dict__.get(name), original.__dict__.get(name)
+            if name in hidden or store is None or before is None or list(store) == list(before):
+                continue
+            added = [(k, with_originals(h, originals)) for k, h in store.items() if k not in before]
+            changes.append((before, added, [k for k in before if k not in store]))
+    return changes
+
+
+def apply_hook_changes(changes: list) -> None:
+    for store, added, removed in changes:
+        for key in removed:
+            store.pop(key, None)
+        store.update(added)
+    if changes:
+        RemovableHandle.next_id += 1  # moves ``hooks_version``: entries compare their modules' hooks
+
+
+def with_originals(fn, originals: dict):
+    """``fn`` with the module clones its closure cells (or, for a method, its ``self``) hold
+    replaced by the user's modules (``originals``: ``id(clone) -> module``): a function the
+    forward made while traced, kept past the call (a hook), must not keep the clones' proxies."""
+    if isinstance(fn, types.MethodType):
+        receiver = originals.get(id(fn.__self__), fn.__self__)
+        return fn if receiver is fn.__self__ else types.MethodType(with_originals(fn.__func__, originals), receiver)
+    if not isinstance(fn, types.FunctionType) or not fn.__closure__:
+        return fn
+    values = [cell_contents(c) for c in fn.__closure__]
+    if not any(id(v) in originals for v in values):
+        return fn
+    cells = tuple(types.CellType() if v is MISSING else types.CellType(originals.get(id(v), v)) for v in values)
+    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
+
+
+def cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # a variable not assigned yet
+        return MISSING
 
 
 def _original_of(value, originals):

@@ -624,15 +624,20 @@ class Observer:
         self.state.containers.reading = frame.f_code
         self.state.containers.returned(frame)
         if reads.locals:
-            local = frame.f_locals
-            for name, attrs in reads.locals:
-                value = local.get(name, MISSING)
-                if value is not MISSING and self._is_state(value):
-                    self._follow(value, attrs, reads.line)
+            self._follow_state(frame.f_locals, reads.locals, reads.line)
+
+    def _follow_state(self, local, chains, origin) -> None:
+        """Follows each ``(name, attrs)`` of ``chains`` from the value of ``local[name]`` that is state."""
+        for name, attrs in chains:
+            value = local.get(name, MISSING)
+            if value is not MISSING and self._is_state(value):
+                self._follow(value, attrs, origin)
 
     def _read_cells(self, code, local, reads, origin) -> None:
         fn = self._function_for(code, local)
-        if fn is not None:
+        if fn is None:  # made while traced (a hook a forward registers): its cells hold the program's state
+            self._follow_state(local, reads.cells, origin)
+        else:
             self._read_cells_of(fn, code, reads, origin)
 
     def _read_cells_of(self, fn, code, reads, origin) -> None:
