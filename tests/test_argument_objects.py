@@ -4,6 +4,7 @@ otherwise; what the program read from them is guarded, through their paths for o
 in lists and dicts. Each test runs compiled and eagerly side by side."""
 
 import collections.abc
+import re
 
 import torch
 
@@ -145,3 +146,44 @@ def test_an_argument_s_tensor_returned_or_stored_as_it_is_is_that_call_s():
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
         assert held is expected_held is box.t and model.last is eager.last is box.t
     assert thunder_rs.cache_misses(jmodel) == 1
+
+
+class Count:
+    def __init__(self, n):
+        self.n = n
+
+
+class OtherCount(Count):
+    pass
+
+
+class Pair:
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+
+def test_a_fresh_argument_holding_its_objects_as_attributes_each_call():
+    # A new holder each call holding new objects as attributes (an EncoderDecoderCache's two
+    # DynamicCaches, which generate makes anew): each is guarded through its path, so new ones of
+    # the same type and values reuse the trace (they were guarded by identity: every call compiled).
+    # One object at both paths, written through one and read through the other, compiles again:
+    # eager reads what it wrote.
+    def f(x, p):
+        p.first.n = p.first.n + 1
+        return x * p.first.n + p.second.n
+
+    jf, x = thunder_rs.jit(f), torch.ones(3)
+    shared = [Count(1), Count(1)]
+    calls = [
+        (Pair(Count(1), Count(1)), Pair(Count(1), Count(1))),
+        (Pair(Count(1), Count(1)), Pair(Count(1), Count(1))),
+        (Pair(shared[0], shared[0]), Pair(shared[1], shared[1])),
+        (Pair(Count(1), OtherCount(1)), Pair(Count(1), OtherCount(1))),
+    ]
+    for p, q in calls:
+        torch.testing.assert_close(jf(x, p), f(x, q))
+        assert (p.first.n, p.second.n) == (q.first.n, q.second.n)
+    stats = thunder_rs.compile_stats(jf)
+    assert (stats.cache_misses, stats.cache_hits) == (3, 1), stats.miss_reasons
+    assert "are now one object" in stats.miss_reasons[1]
+    assert re.search(r"p\.second changed from .*Count.* to <OtherCount object", stats.miss_reasons[2])

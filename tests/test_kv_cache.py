@@ -268,6 +268,27 @@ def test_generate_of_an_encoder_decoder_runs_compiled_forwards():
     assert_generate_ran_compiled(jmodel)
 
 
+def test_beam_search_of_an_encoder_decoder_again_reuses_the_compiled_forwards():
+    # Each generate makes a new EncoderDecoderCache holding two new DynamicCaches, read by the
+    # decoder as cache.self_attention_cache: guarded through their paths, not by identity (every
+    # generate compiled its prompt, first step and symbolic step again).
+    torch.manual_seed(0)
+    model = T.T5ForConditionalGeneration(
+        T.T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64, decoder_start_token_id=0, **COMMON)
+    ).eval()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    beams = dict(GENERATE, num_beams=2)
+    for seed in (1, 2):
+        ids = prompt(seed)
+        mask = torch.ones_like(ids)
+        mask[1, -2:] = 0
+        expected = eager.generate(input_ids=ids, attention_mask=mask, **beams)
+        torch.testing.assert_close(jmodel.generate(input_ids=ids, attention_mask=mask, **beams), expected)
+    stats = thunder_rs.compile_stats(jmodel)
+    assert (stats.calls, stats.cache_misses) == (2 * GENERATE["max_new_tokens"], 3), stats.miss_reasons
+
+
 def test_a_cache_that_makes_its_layers_in_the_call_is_refused_and_left_as_it_was():
     # DynamicCache() without a config appends a layer per model layer on the first update; a
     # compiled call would not append them again. DynamicCache(config=model.config) makes them first.

@@ -229,6 +229,7 @@ class Observer:
         own (the jitted module's own structure is guarded by its binding). None of them is on a
         module the program made while traced."""
         self.state.guard_whole_objects(self._guards)
+        self.state.guard_distinct(self._guards)
         self.state.guard_written(self._guards)
         self.state.containers.relax(self._guards)
         self.state.relax_stored_first(self._guards)

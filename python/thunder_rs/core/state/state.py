@@ -11,7 +11,10 @@ An object reached from an argument through a list or dict (``cache.layers[0]``, 
 ``core.reached``) is guarded whole too, through its path in each call's arguments: the observer
 follows attribute chains, not loops over containers, so it may miss reads of it. The list or
 dict holding it is then compared by type and items, such an object matching any object of its
-type (a new call's cache holds new layers, each guarded through its path). A tensor an
+type (a new call's cache holds new layers, each guarded through its path). So is an argument
+object another holds as an attribute (an ``EncoderDecoderCache``'s ``self_attention_cache``,
+which ``generate`` makes anew each call): reading it guards its type (``PathObjectGuard``), and
+such objects must be distinct in each call as they were when traced (``DistinctGuard``). A tensor an
 argument object holds is read anew on every call (``reached.ArgumentTensor``): its guard is on
 its metadata, not on the tensor.
 
@@ -101,6 +104,63 @@ class WrittenGuard:
     def term(self, index: int, scope: dict) -> str:
         scope[f"e{index}"] = self.expected_type
         return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is e{index}"
+
+
+class PathObjectGuard:
+    """An argument object that another holds as an attribute and that is state of its own,
+    guarded through its path (``cache.self_attention_cache`` of an ``EncoderDecoderCache``, see
+    ``core.reached``): what the program reads of it is guarded there, so any object of its type
+    may be there. (Not by identity: ``generate`` makes a new cache on each call.)"""
+
+    def __init__(self, source: InputSource, name: str, expected_type: type, origin: str):
+        self.source, self.name, self.expected_type, self.origin = source, name, expected_type, origin
+
+    @property
+    def per_call(self) -> bool:
+        return self.source.per_call
+
+    def read(self, flat):
+        return read_at(self.source, self.name, flat)
+
+    def holds(self, flat) -> bool:
+        return type(self.read(flat)) is self.expected_type
+
+    def describe(self, flat) -> str:
+        return (
+            f"{self.source.describe(self.name)} changed from a {self.expected_type.__name__} to "
+            f"{short(self.read(flat))} (read at {self.origin})"
+        )
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"e{index}"] = self.expected_type
+        return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is e{index}"
+
+
+class DistinctGuard:
+    """The argument objects guarded through their paths rather than by identity
+    (``PathObjectGuard``) were distinct objects when traced, and must be in each call: the trace
+    reads and sets each through its own path, where eager would see one object's writes through
+    the other (``cache.self_attention_cache is cache.cross_attention_cache``)."""
+
+    per_call = True
+    source = None
+
+    def __init__(self, sources: list):
+        self.sources = sources
+        self.origin = ", ".join(s.label for s in sources)
+
+    def holds(self, flat) -> bool:
+        try:
+            return len({id(s.object(flat)) for s in self.sources}) == len(self.sources)
+        except (KeyError, AttributeError, IndexError, TypeError):
+            return False
+
+    def describe(self, flat) -> str:
+        return f"some of {self.origin}, distinct objects when traced, are now one object"
+
+    def term(self, index: int, scope: dict) -> str:
+        ids = ", ".join(f"id({s.object_code(scope)})" for s in self.sources)
+        return f"len({{{ids}}}) == {len(self.sources)}"
 
 
 class MethodGuard:
@@ -203,6 +263,9 @@ class ProgramState:
         self.stored_first: set = set()
         #: the attributes the program set or deleted, with what they held before (``writes``)
         self.written: list = []
+        #: id -> source of the argument objects guarded through their path, not by identity
+        #: (``PathObjectGuard``)
+        self.by_path: dict = {}
 
     def __contains__(self, obj) -> bool:
         return id(obj) in self._objects
@@ -266,7 +329,26 @@ class ProgramState:
         held = self._argument_tensors.get(id(value)) if isinstance(value, torch.Tensor) else None
         if held is not None:
             return TensorGuard(source, name, held.meta, origin, held.symbolic)
+        if self._on_own_path(source, name, value):
+            self.by_path[id(value)] = self._objects[id(value)].source
+            return PathObjectGuard(source, name, type(value), origin)
         return Guard(source, name, value, origin, self._held_items(value), self._reached_items(value))
+
+    def _on_own_path(self, source, name: str, value) -> bool:
+        """Whether ``value``, read as ``name`` at ``source`` (an argument object's), is state of its
+        own whose source is that very path: what the program reads of it is guarded there."""
+        known = self._objects.get(id(value))
+        return (
+            known is not None
+            and type(source) is InputSource
+            and type(known.source) is InputSource
+            and known.source.key == ("input", source.position, (*source.path, name))
+        )
+
+    def guard_distinct(self, guards: dict) -> None:
+        """Guards that the objects guarded through their paths (``PathObjectGuard``) are distinct."""
+        if len(self.by_path) > 1:
+            guards[("distinct",)] = DistinctGuard(list(self.by_path.values()))
 
     def _held_items(self, value) -> frozenset:
         """The ids of the tensors among the items of ``value`` (a list or dict) that are read per
