@@ -138,21 +138,32 @@ def _check_nll(op: str, log_probs, target, weight) -> None:
     )
 
 
-def _refuse_weight_grad(op: str, weight) -> None:
-    """Eager's nll_loss has no derivative for its class weights: its forward raises."""
+def refuse_grad(op: str, function: str, argument: str, tensor) -> None:
+    """Eager's error for a tensor that requires grad given for an argument its kernel ``function``
+    has no derivative for (``derivatives.yaml``: ``non_differentiable``, ``not_implemented``):
+    with grad on, its forward raises (a loss's class or element weights, ``soft_margin_loss``'s
+    target), where differentiating the decomposition would make up a gradient eager refuses."""
     check(
-        weight is None or not (weight.requires_grad and torch.is_grad_enabled()),
+        not (getattr(tensor, "requires_grad", False) and torch.is_grad_enabled()),
         op,
-        "the function 'nll_loss_forward' is not differentiable with respect to argument 'weight'; "
-        "detach the weight (argument weight)",
+        lambda: (
+            f"the function '{function}' is not differentiable with respect to argument '{argument}'. This input "
+            f"cannot have requires_grad True; detach the {argument} (argument {argument})"
+        ),
         ThunderRuntimeError,
     )
+
+
+def _refuse_weight_grad(op: str, weight, input) -> None:
+    """Eager's nll_loss has no derivative for its class weights (``nll_loss2d``'s, of images and
+    of the other inputs of more than 2 dims, which it reshapes to images)."""
+    refuse_grad(op, "nll_loss2d_forward" if input.ndim > 2 else "nll_loss_forward", "weight", weight)
 
 
 def _eager_nll_loss(input, target, weight=None, *args, **kwargs):
     """``F.nll_loss`` as the program calls it (thunder_rs's own calls of ``ltorch.nll_loss``, in
     kernels' decompositions, may differentiate the weight)."""
-    _refuse_weight_grad("ltorch.nll_loss", weight)
+    _refuse_weight_grad("ltorch.nll_loss", weight, input)
     return nll_loss(input, target, weight, *args, **kwargs)
 
 
@@ -243,7 +254,7 @@ def cross_entropy(
         return _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothing)
     # nll_loss as a symbol of its own, so that its grad rule (and kernel) differentiates it.
     _check_nll(op, log_probs, target, weight)
-    _refuse_weight_grad(op, weight)
+    _refuse_weight_grad(op, weight, input)
     loss = nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
     if label_smoothing == 0:
         return loss
