@@ -7,6 +7,8 @@ Half-precision inputs are computed in float32 and converted back, as eager kerne
 """
 
 import math
+import sys
+import types
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.recorder import lift_captured
 from thunder_rs.errors import (
     ThunderRuntimeError,
     check,
@@ -152,6 +155,17 @@ def refuse_grad(op: str, function: str, argument: str, tensor) -> None:
         ),
         ThunderRuntimeError,
     )
+
+
+def dropped_argument(fn, name: str):
+    """The argument ``name`` of the innermost running call of the Python function ``fn``, which
+    handed ``__torch_function__`` its call without it (torch's ``F.l1_loss`` passes ``weight`` among
+    the tensors it dispatches on but not among the arguments), lifted into the trace."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code is not fn.__code__:
+        frame = frame.f_back
+    value = None if frame is None else frame.f_locals.get(name)
+    return lift_captured((value,), {})[0][0]
 
 
 def _refuse_weight_grad(op: str, weight, input) -> None:

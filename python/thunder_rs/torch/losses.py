@@ -32,6 +32,7 @@ from thunder_rs.torch.base_losses import (
     _reduce,
     _reduction,
     kernel_layout,
+    dropped_argument,
     kernel_norm,
     refuse_grad,
 )
@@ -104,6 +105,17 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
         return _reduce(op, errors, reduction)
     _check_weight_size(op, weight, input)
     return _weighted_reduce(op, errors, weight, reduction, mean_by_weight=True)
+
+
+def _l1_loss_call(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """``F.l1_loss`` as the program calls it: its ``__torch_function__`` call leaves the weight out
+    (torch 2.x), which its frame still holds; without it the loss was silently unweighted."""
+    if weight is None:
+        weight = dropped_argument(F.l1_loss, "weight")
+    return l1_loss(input, target, size_average, reduce, reduction, weight)
+
+
+TORCH_TO_LTORCH[F.l1_loss] = _l1_loss_call
 
 
 @torchsymbol(F.smooth_l1_loss)
