@@ -12,9 +12,9 @@
 //!   matmul and linear prims, and the writes at indices, whose output is their first operand
 //!   with elements added or written;
 //! - its receiver was produced in this trace by a call that returns fresh memory (one that
-//!   computes, or a creation such as `full`: see [`returns_fresh`]), no call reads it in a way
-//!   whose result may alias it (views, fallbacks, regions), it is read nowhere else in the call,
-//!   and this call is its last use (the receiver is deleted right after);
+//!   computes, a creation such as `full`, or a `clone`: see [`returns_fresh`]), no call reads it
+//!   in a way whose result may alias it (views, fallbacks, regions), it is read nowhere else in
+//!   the call, and this call is its last use (the receiver is deleted right after);
 //! - its one output has the receiver's dtype, shape and device (no promotion, no broadcast:
 //!   torch's in-place forms would silently cast a wider result down, or refuse a bigger one).
 //!
@@ -25,6 +25,11 @@
 //! and a returned value is never a receiver. (The VJP rules of the writes at indices read
 //! neither their receiver nor their output anyway: `index_add`'s and `scatter_add`'s read the
 //! cotangent and the index, `scatter`'s also the source's shape.)
+//!
+//! Eager's out-of-place writes at indices (`index_add`, `scatter`, ...) return new row-major
+//! tensors, where the in-place forms keep their receiver's layout: the trace clones a receiver that
+//! eager lays out otherwise row-major before such a write (`torch/contiguous_writes.py`, which
+//! knows the program's strides), and the write runs in place on the clone.
 //!
 //! The receiver is always the first operand, never a dying second one of `add` or `mul`: eager's
 //! result is laid out in the order of the first operand that orders its dims (TensorIterator), which
