@@ -294,3 +294,46 @@ def test_an_experts_loop_trains_as_eager_adding_each_experts_rows_in_place(routi
     # first: the zeros' last use writes into them.
     assert re.search(r"= t\d+\.index_add_\(0, t\d+, t\d+\)", backward), backward
     assert_in_place_only_on_dying_intermediates(source + backward)
+
+
+#: Out-of-place writes whose eager results are new row-major tensors (ATen's structured kernels),
+#: on a buffer (6, 4) of zeros and a source (3, 4): (the in-place method generated code calls, the write).
+ROW_MAJOR_WRITES = {
+    "index_add": ("index_add_", lambda b, y: b.index_add(0, torch.tensor([4, 0, 4]), y, alpha=2)),
+    "index_copy": ("index_copy_", lambda b, y: b.index_copy(0, torch.tensor([4, 0, 2]), y)),
+    "index_reduce": ("index_reduce_", lambda b, y: b.index_reduce(0, torch.tensor([1, 1, 3]), y, "amax")),
+    "scatter": ("scatter_", lambda b, y: b.scatter(1, torch.tensor([[3, 0], [1, 2], [0, 1]]), y)),
+    "scatter_value": ("scatter_", lambda b, y: b.scatter(0, torch.tensor([[2, 1, 0, 5]]), 1.5)),
+    "scatter_add": ("scatter_add_", lambda b, y: b.scatter_add(0, torch.tensor([[0, 1, 2, 3], [5, 1, 0, 0]]), y)),
+    "scatter_reduce": ("scatter_reduce_", lambda b, y: b.scatter_reduce(0, torch.tensor([[2, 2, 0, 1]]), y, "sum")),
+}
+
+
+@pytest.mark.parametrize("buffer", ["zeros_like", "product"])
+@pytest.mark.parametrize("write", ROW_MAJOR_WRITES)
+def test_out_of_place_writes_into_a_transposed_buffer_are_row_major_as_eagers(write, buffer):
+    """A fresh buffer laid out transposed (``zeros_like`` of a transpose, a product of one): eager's
+    out-of-place write copies it into a new row-major tensor; the trace copies it row-major and
+    writes into the copy in place, rather than into the buffer in its layout."""
+    method, fn = ROW_MAJOR_WRITES[write]
+
+    def program(x, y):
+        b = torch.zeros_like(x.t()) if buffer == "zeros_like" else x.t() * 2
+        return fn(b, y.exp())
+
+    x, y = torch.randn(4, 6), torch.randn(3, 4)
+    jfn = check_against_eager(program, x, y)
+    assert jfn(x, y).stride() == program(x, y).stride() == (4, 1)
+    source = execution_source(jfn)
+    assert method in in_place_calls(source), source
+    assert_in_place_only_on_dying_intermediates(source)
+
+
+def test_an_out_of_place_scatter_into_a_channels_last_buffer_is_row_major_as_eagers():
+    def program(img, index):
+        return (img * 2).scatter(1, index, 1.0), (img + 1).scatter_add(1, index, img[:, :1])
+
+    img = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    index = torch.randint(0, 3, (2, 1, 4, 5))
+    jfn = check_against_eager(program, img, index)
+    assert [t.stride() for t in jfn(img, index)] == [t.stride() for t in program(img, index)]

@@ -12,9 +12,9 @@
 //!   matmul and linear prims, and the writes at indices, whose output is their first operand
 //!   with elements added or written;
 //! - its receiver was produced in this trace by a call that returns fresh memory (one that
-//!   computes, or a creation such as `full`: see [`returns_fresh`]), no call reads it in a way
-//!   whose result may alias it (views, fallbacks, regions), it is read nowhere else in the call,
-//!   and this call is its last use (the receiver is deleted right after);
+//!   computes, a creation such as `full`, or a `clone`: see [`returns_fresh`]), no call reads it
+//!   in a way whose result may alias it (views, fallbacks, regions), it is read nowhere else in
+//!   the call, and this call is its last use (the receiver is deleted right after);
 //! - its one output has the receiver's dtype, shape and device (no promotion, no broadcast:
 //!   torch's in-place forms would silently cast a wider result down, or refuse a bigger one).
 //!
@@ -26,6 +26,11 @@
 //! neither their receiver nor their output anyway: `index_add`'s and `scatter_add`'s read the
 //! cotangent and the index, `scatter`'s also the source's shape.)
 //!
+//! Eager's out-of-place writes at indices (`index_add`, `scatter`, ...) return new row-major
+//! tensors, where the in-place forms keep their receiver's layout: the trace clones a receiver that
+//! eager lays out otherwise row-major before such a write (`torch/contiguous_writes.py`, which
+//! knows the program's strides), and the write runs in place on the clone.
+//!
 //! The receiver is always the first operand, never a dying second one of `add` or `mul`: eager's
 //! result is laid out in the order of the first operand that orders its dims (TensorIterator), which
 //! an in-place write into the second would replace by the second's (`g * (y / x)` of a cotangent
@@ -33,7 +38,7 @@
 //! trace does not know its values' strides, so it cannot tell where the two agree.
 
 use trace_ir::pysrc::Callee;
-use trace_ir::{Arg, BoundSymbol, Prim, Symbol, Trace, ValueId};
+use trace_ir::{Arg, BoundSymbol, Prim, Symbol, SymbolTable, Trace, ValueId};
 
 /// The execution trace, with `impls` switched to in-place methods where the rules above allow.
 pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>]) -> Trace {
@@ -78,10 +83,19 @@ pub fn computes(bsym: &BoundSymbol) -> bool {
     made_by(bsym, is_compute)
 }
 
-/// Whether a call's outputs are new memory that nothing else refers to: it [`computes`], or it
-/// creates a tensor (`full`, `iota`; composites such as `zeros_like` that one produces).
+/// Whether a call's outputs are new memory that nothing else refers to: it [`computes`], it
+/// creates a tensor (`full`, `iota`; composites such as `zeros_like` that one produces), or it
+/// is a copy (`clone`: see [`is_copy`]).
 pub fn returns_fresh(bsym: &BoundSymbol) -> bool {
-    made_by(bsym, |p| is_compute(p) || is_creation(p))
+    made_by(bsym, |p| is_compute(p) || is_creation(p)) || is_copy(bsym)
+}
+
+/// Whether a call is `ltorch.clone`, which torch runs as `Tensor.clone`: always new memory, though
+/// its decomposition's prim (`convert_element_type` to the same dtype, `a.to(dtype)`) may return
+/// its input. The writes at indices that eager computes into a new row-major tensor clone a
+/// receiver laid out otherwise first (`torch/contiguous_writes.py`), then write into the clone.
+fn is_copy(bsym: &BoundSymbol) -> bool {
+    matches!(bsym.symbol, Symbol::Composite(id) if &*SymbolTable::name(id) == "ltorch.clone")
 }
 
 /// Whether each output of a call without effects is made by a prim that `makes` (the call
@@ -267,6 +281,24 @@ mod tests {
             "return t4",
         ]);
         assert_eq!(got, ["t3 = torch_zeros_like(t0)", "t4 = t3.index_add_(0, t1, t2)"]);
+    }
+
+    #[test]
+    fn a_clone_is_new_memory_to_write_into_where_a_conversion_may_be_its_input() {
+        let lines = |symbol: &str| {
+            [
+                "t3 = prims.exp(t0)".to_string(),
+                format!("t4 = ltorch.{symbol}(t3)  # t4: \"cpu f32[6, 4]\""),
+                "  # t4 = prims.convert_element_type(t3, torch.float32)  # t4: \"cpu f32[6, 4]\"".to_string(),
+                "t5 = prims.index_add(t4, t1, t2, 0)".to_string(),
+                "return t5".to_string(),
+            ]
+        };
+        let calls = |symbol: &str| index_calls(&lines(symbol).iter().map(String::as_str).collect::<Vec<_>>());
+        // `clone` always copies (a row-major copy of a transposed buffer, which eager's
+        // `index_add` writes into); `to` of the same dtype returns its input.
+        assert_eq!(calls("clone"), ["t3 = t0.exp()", "t4 = t3.clone()", "t5 = t4.index_add_(0, t1, t2)"]);
+        assert_eq!(calls("to"), ["t3 = t0.exp()", "t4 = t3.to()", "t5 = t4.index_add(0, t1, t2)"]);
     }
 
     #[test]

@@ -7,6 +7,8 @@ Half-precision inputs are computed in float32 and converted back, as eager kerne
 """
 
 import math
+import sys
+import types
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.recorder import lift_captured
 from thunder_rs.errors import (
     ThunderRuntimeError,
     check,
@@ -138,21 +141,43 @@ def _check_nll(op: str, log_probs, target, weight) -> None:
     )
 
 
-def _refuse_weight_grad(op: str, weight) -> None:
-    """Eager's nll_loss has no derivative for its class weights: its forward raises."""
+def refuse_grad(op: str, function: str, argument: str, tensor) -> None:
+    """Eager's error for a tensor that requires grad given for an argument its kernel ``function``
+    has no derivative for (``derivatives.yaml``: ``non_differentiable``, ``not_implemented``):
+    with grad on, its forward raises (a loss's class or element weights, ``soft_margin_loss``'s
+    target), where differentiating the decomposition would make up a gradient eager refuses."""
     check(
-        weight is None or not (weight.requires_grad and torch.is_grad_enabled()),
+        not (getattr(tensor, "requires_grad", False) and torch.is_grad_enabled()),
         op,
-        "the function 'nll_loss_forward' is not differentiable with respect to argument 'weight'; "
-        "detach the weight (argument weight)",
+        lambda: (
+            f"the function '{function}' is not differentiable with respect to argument '{argument}'. This input "
+            f"cannot have requires_grad True; detach the {argument} (argument {argument})"
+        ),
         ThunderRuntimeError,
     )
+
+
+def dropped_argument(fn, name: str):
+    """The argument ``name`` of the innermost running call of the Python function ``fn``, which
+    handed ``__torch_function__`` its call without it (torch's ``F.l1_loss`` passes ``weight`` among
+    the tensors it dispatches on but not among the arguments), lifted into the trace."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code is not fn.__code__:
+        frame = frame.f_back
+    value = None if frame is None else frame.f_locals.get(name)
+    return lift_captured((value,), {})[0][0]
+
+
+def _refuse_weight_grad(op: str, weight, input) -> None:
+    """Eager's nll_loss has no derivative for its class weights (``nll_loss2d``'s, of images and
+    of the other inputs of more than 2 dims, which it reshapes to images)."""
+    refuse_grad(op, "nll_loss2d_forward" if input.ndim > 2 else "nll_loss_forward", "weight", weight)
 
 
 def _eager_nll_loss(input, target, weight=None, *args, **kwargs):
     """``F.nll_loss`` as the program calls it (thunder_rs's own calls of ``ltorch.nll_loss``, in
     kernels' decompositions, may differentiate the weight)."""
-    _refuse_weight_grad("ltorch.nll_loss", weight)
+    _refuse_weight_grad("ltorch.nll_loss", weight, input)
     return nll_loss(input, target, weight, *args, **kwargs)
 
 
@@ -243,7 +268,7 @@ def cross_entropy(
         return _cross_entropy_probs(op, log_probs, target, weight, reduction, label_smoothing)
     # nll_loss as a symbol of its own, so that its grad rule (and kernel) differentiates it.
     _check_nll(op, log_probs, target, weight)
-    _refuse_weight_grad(op, weight)
+    _refuse_weight_grad(op, weight, input)
     loss = nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
     if label_smoothing == 0:
         return loss

@@ -32,7 +32,9 @@ from thunder_rs.torch.base_losses import (
     _reduce,
     _reduction,
     kernel_layout,
+    dropped_argument,
     kernel_norm,
+    refuse_grad,
 )
 from thunder_rs.torch.activations import logsigmoid
 from thunder_rs.torch.common import flows, like, require_float, sum_all, sum_to
@@ -105,6 +107,17 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     return _weighted_reduce(op, errors, weight, reduction, mean_by_weight=True)
 
 
+def _l1_loss_call(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """``F.l1_loss`` as the program calls it: its ``__torch_function__`` call leaves the weight out
+    (torch 2.x), which its frame still holds; without it the loss was silently unweighted."""
+    if weight is None:
+        weight = dropped_argument(F.l1_loss, "weight")
+    return l1_loss(input, target, size_average, reduce, reduction, weight)
+
+
+TORCH_TO_LTORCH[F.l1_loss] = _l1_loss_call
+
+
 @torchsymbol(F.smooth_l1_loss)
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     op = "ltorch.smooth_l1_loss"
@@ -156,6 +169,7 @@ def _same_size(op: str, input, target, message: str) -> None:
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     op = "ltorch.binary_cross_entropy"
     reduction = _reduction(op, reduction, size_average, reduce)
+    refuse_grad(op, "binary_cross_entropy", "weight", weight)
     _same_size(
         op,
         input,
@@ -186,6 +200,8 @@ def binary_cross_entropy_with_logits(
 ):
     op = "ltorch.binary_cross_entropy_with_logits"
     reduction = _reduction(op, reduction, size_average, reduce)
+    refuse_grad(op, "binary_cross_entropy_with_logits", "weight", weight)
+    refuse_grad(op, "binary_cross_entropy_with_logits", "pos_weight", pos_weight)
     _same_size(op, input, target, "Target size ({}) must be the same as input size ({}) (argument target)")
     check(
         target.dtype.is_floating_point,
@@ -322,6 +338,7 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
 def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     op = "ltorch.soft_margin_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
+    refuse_grad(op, "soft_margin_loss", "target", target)
     # ATen: ``neg_out(output, input).mul_(target).exp_().log1p_()``, all in the input's dtype.
     product = _in_place(op, prims.mul, clang.elementwise(prims.neg, op, input), target)
     return _reduce(op, prims.log1p(prims.exp(product)), reduction)
@@ -392,6 +409,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
 def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean"):
     op = "ltorch.multi_margin_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
+    refuse_grad(op, "multi_margin_loss", "weight", weight)
     check(p in (1, 2), op, "only p == 1 and p == 2 supported (argument p)", ThunderValueError)
     check(
         input.ndim <= 2 and (input.ndim == 0 or input.shape[-1] > 0),
@@ -461,9 +479,9 @@ def multi_margin_loss_grad(
     input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean"
 ):
     """Eager's ``multi_margin_loss_backward`` kernel (its order of sums, its contiguous layout).
-    A weight that requires grad (eager has no derivative for it) keeps the decomposition's VJP."""
+    (A weight that requires grad is refused, as eager refuses it.)"""
     out = ltorch.multi_margin_loss(input, target, p, margin, weight, size_average, reduce, reduction)
-    weighted = weight is not None and (weight.requires_grad or weight.dtype != input.dtype)
+    weighted = weight is not None and weight.dtype != input.dtype
     if weighted or not input.requires_grad or not input.dtype.is_floating_point or input.numel() == 0:
         return out
     code = REDUCTIONS[_reduction("ltorch.multi_margin_loss", reduction, size_average, reduce)]
@@ -576,8 +594,6 @@ def _loss_cotangent(g, reduction: str, like):
 @register_grad(ltorch.binary_cross_entropy)
 def binary_cross_entropy_grad(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     out = ltorch.binary_cross_entropy(input, target, weight, size_average, reduce, reduction)
-    if weight is not None and weight.requires_grad:
-        return out  # eager has no derivative for weight; the decomposition's is used
     g = _loss_cotangent(
         get_grad(out), _reduction("ltorch.binary_cross_entropy", reduction, size_average, reduce), input
     )
@@ -601,8 +617,7 @@ def binary_cross_entropy_with_logits_grad(
     * p) * g``), the input's terms first, so that the gradients take its layout as eager's do."""
     op = "ltorch.binary_cross_entropy_with_logits"
     out = ltorch.binary_cross_entropy_with_logits(input, target, weight, size_average, reduce, reduction, pos_weight)
-    weights_want_grad = any(w is not None and w.requires_grad for w in (weight, pos_weight))
-    if weights_want_grad or input.dtype != target.dtype or input.dtype != out.dtype:
+    if input.dtype != target.dtype or input.dtype != out.dtype:
         return out  # the decomposition's VJP
     g = _loss_cotangent(get_grad(out), _reduction(op, reduction, size_average, reduce), input)
     if weight is not None:
