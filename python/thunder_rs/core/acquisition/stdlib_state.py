@@ -57,6 +57,7 @@ from typing import Any
 
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
+from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
 from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
 from thunder_rs.core.state.observe import _importing, thread_state
@@ -379,7 +380,8 @@ def consuming_iterators(flat_inputs: list):
     """While the ``with`` body traces a program, ``next`` refuses to consume iterators the program
     did not create (process-wide, held by a count: several threads may trace at once). A generator
     passed in that the program advanced another way (``for v in gen``) is refused after. The clocks
-    refuse to be read by program code (``_clock``) meanwhile. Notes the
+    refuse to be read by program code (``_clock``) meanwhile, and what the garbage collector runs is
+    not observed (``collector``). Notes the
     warnings filters the tracing began with (``_in_programs_catch_warnings``)."""
     global _tracings
     generators = [
@@ -388,6 +390,7 @@ def consuming_iterators(flat_inputs: list):
     with _tracings_lock:
         _tracings += 1
         builtins.next = _next
+        keep_out()  # the garbage collector's callbacks and finalizers are not the program
         for name, read in _CLOCK_READERS.items():
             setattr(time, name, read)
     outer_filters = getattr(_traced, "filters", None)
