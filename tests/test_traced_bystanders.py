@@ -4,13 +4,21 @@ guarded nor recorded, and reads of the wall clock and of the system's entropy (`
 ``os.urandom`` and what draws on it: ``uuid.uuid4``, ``secrets``, ``random.SystemRandom``) made by
 the program are refused naming its line, as ``time.time()`` is (``core/acquisition/stdlib_state.py``)."""
 
+import datetime
 import gc
+import os
+import random
+import secrets
+import uuid
 import weakref
+from datetime import date
+from os import urandom
 
 import pytest
 import torch
 
 import thunder_rs
+from thunder_rs.errors import ThunderError
 
 _seen: list = []
 
@@ -64,3 +72,64 @@ def test_finalizers_and_del_run_by_the_collector_while_traced_are_not_the_progra
         assert torch.equal(jf(x), _collects(x))
     assert _misses(jf) == ["first call"]
     assert "del" in _seen and "finalize" in _seen
+
+
+# -- the wall clock and the system's entropy -------------------------------------------------------
+
+_DATETIME = datetime.datetime
+_URANDOM = os.urandom
+
+
+def _days(x):
+    return x * datetime.datetime.now().microsecond
+
+
+def _bound_date(x):
+    return x * date.today().day
+
+
+def _uuid(x):
+    return x * (uuid.uuid4().int % 7)
+
+
+def _token(x):
+    return x * len(secrets.token_hex(2))
+
+
+def _system_random(x):
+    return x * random.SystemRandom().random()
+
+
+def _bound_urandom(x):
+    return x * urandom(1)[0]
+
+
+@pytest.mark.parametrize(
+    "program, name",
+    [
+        (_days, r"datetime.datetime.now: the program reads the wall clock"),
+        (lambda x: x * _DATETIME.utcnow().second, r"datetime.datetime.utcnow: the program reads the wall clock"),
+        (_bound_date, r"datetime.date.today: the program reads the wall clock"),
+        (lambda x: x * os.urandom(1)[0], r"os.urandom: the program draws from the system's entropy"),
+        (_bound_urandom, r"os.urandom: the program draws from the system's entropy"),
+        (_uuid, r"uuid.uuid4: the program draws"),
+        (_token, r"secrets.token_hex: the program draws"),
+        (_system_random, r"random.SystemRandom.random: the program draws"),
+    ],
+    ids=["now", "utcnow", "date bound as a global", "urandom", "urandom bound", "uuid4", "secrets", "SystemRandom"],
+)
+def test_reading_the_wall_clock_or_entropy_is_refused_naming_the_line(program, name):
+    # Each was read once while traced: every compiled call computed with the first call's value.
+    with pytest.raises(ThunderError, match=name + r".* at .*test_traced_bystanders.py:\d+"):
+        thunder_rs.jit(program)(torch.ones(2))
+    assert os.urandom is _URANDOM and random._urandom is _URANDOM and urandom is _URANDOM  # put back
+
+
+def test_the_wall_clock_and_entropy_read_outside_the_program_still_work():
+    def stamped(x, when):
+        return x * when
+
+    jf, x = thunder_rs.jit(stamped), torch.ones(2)
+    for _ in range(2):
+        when = datetime.datetime.now().microsecond + len(secrets.token_hex(2))
+        assert torch.equal(jf(x, when), stamped(x, when))

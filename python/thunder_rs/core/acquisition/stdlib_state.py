@@ -27,6 +27,9 @@ here lives behind library calls it does not follow, so it is handled by a table 
   traced (``consuming_iterators``), so eager code pays nothing otherwise. A generator passed in
   and advanced another way (``for v in gen``, which no wrapper sees) is refused after tracing.
   Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
+- **entropy.** ``os.urandom`` (and ``random``'s, under ``SystemRandom``, ``secrets`` and
+  ``uuid.uuid4``) read by program code is refused the same way, naming the function it called;
+  ``datetime``'s wall clock by the observer (``core.state.clocks``).
 - **clocks.** ``time.time()``, ``perf_counter``, ``monotonic``, ``process_time`` and ``thread_time``
   (and their ``_ns``) read by program code while it is traced are refused, naming the line: a
   compiled call would reuse the first reading. Like ``next``, they are wrapped only while some
@@ -47,6 +50,7 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -393,6 +397,7 @@ def consuming_iterators(flat_inputs: list):
         keep_out()  # the garbage collector's callbacks and finalizers are not the program
         for name, read in _CLOCK_READERS.items():
             setattr(time, name, read)
+        os.urandom = random._urandom = _read_entropy  # type: ignore[attr-defined]
     outer_filters = getattr(_traced, "filters", None)
     _traced.filters = warnings.filters
     try:
@@ -405,6 +410,7 @@ def consuming_iterators(flat_inputs: list):
                 builtins.next = _builtin_next
                 for name, real in _clocks.items():
                     setattr(time, name, real)
+                os.urandom = random._urandom = _urandom  # type: ignore[attr-defined]
                 put_back_bound_clocks()
     for i, gen, position in generators:
         if _generator_position(gen) != position:
@@ -444,6 +450,33 @@ def _clock(name: str):
 _CLOCK_READERS = {name: _clock(name) for name in _CLOCKS}
 for _name, _reader in _CLOCK_READERS.items():
     register_clock(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
+
+
+# -- entropy ---------------------------------------------------------------------------------------
+
+_urandom = os.urandom
+
+
+def _read_entropy(size: int) -> bytes:
+    """``os.urandom`` while a program is traced (also ``random``'s, which ``SystemRandom`` and
+    ``secrets`` draw on, and ``uuid.uuid4``'s): refused when the program reads it, directly or
+    through the standard library, which it names."""
+    frame: Any = sys._getframe(1)
+    program = _program_frame(frame) if _tracing() else None
+    if program is not None:
+        name = "os.urandom"
+        while frame is not program:  # (the standard library's frames: the outermost is what it called)
+            name = f"{frame.f_globals.get('__name__')}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
+            frame = frame.f_back
+        raise ThunderNotImplementedError(
+            f"{name}: the program draws from the system's entropy (os.urandom) at {_where(program)}; tracing draws "
+            "once, and a compiled call would reuse those bytes. Draw outside the jitted function and pass the "
+            "value in, or use torch's random functions, which draw on every call"
+        )
+    return _urandom(size)
+
+
+register_clock(_urandom, _read_entropy)  # where the program bound it (``from os import urandom``)
 
 
 # -- installing ------------------------------------------------------------------------------------
