@@ -9,6 +9,7 @@ import gc
 import os
 import random
 import secrets
+import time
 import uuid
 import weakref
 from datetime import date
@@ -78,6 +79,8 @@ def test_finalizers_and_del_run_by_the_collector_while_traced_are_not_the_progra
 
 _DATETIME = datetime.datetime
 _URANDOM = os.urandom
+_LOCALTIME = time.localtime
+_UUID_CLOCK = uuid._generate_time_safe
 
 
 def _days(x):
@@ -115,14 +118,40 @@ def _bound_urandom(x):
         (_uuid, r"uuid.uuid4: the program draws"),
         (_token, r"secrets.token_hex: the program draws"),
         (_system_random, r"random.SystemRandom.random: the program draws"),
+        (lambda x: x * (uuid.uuid1().int % 7), r"uuid.uuid1: the program reads the clock"),
+        (lambda x: x * time.localtime().tm_sec, r"time.localtime: the program reads the clock"),
+        (lambda x: x * len(time.strftime("%S")), r"time.strftime: the program reads the clock"),
     ],
-    ids=["now", "utcnow", "date bound as a global", "urandom", "urandom bound", "uuid4", "secrets", "SystemRandom"],
+    ids=[
+        "now",
+        "utcnow",
+        "date bound as a global",
+        "urandom",
+        "urandom bound",
+        "uuid4",
+        "secrets",
+        "SystemRandom",
+        "uuid1",
+        "localtime",
+        "strftime",
+    ],
 )
 def test_reading_the_wall_clock_or_entropy_is_refused_naming_the_line(program, name):
     # Each was read once while traced: every compiled call computed with the first call's value.
     with pytest.raises(ThunderError, match=name + r".* at .*test_traced_bystanders.py:\d+"):
         thunder_rs.jit(program)(torch.ones(2))
     assert os.urandom is _URANDOM and random._urandom is _URANDOM and urandom is _URANDOM  # put back
+    assert time.localtime is _LOCALTIME and uuid._generate_time_safe is _UUID_CLOCK
+
+
+def _by_a_given_time(x, t):
+    return x * time.localtime(t).tm_min + len(time.strftime("%M", time.gmtime(t)))
+
+
+def test_times_given_to_time_functions_are_not_clock_reads():
+    jf, x = thunder_rs.jit(_by_a_given_time), torch.ones(2)
+    for t in (0.0, 3600.0):
+        assert torch.equal(jf(x, t), _by_a_given_time(x, t))
 
 
 def test_the_wall_clock_and_entropy_read_outside_the_program_still_work():
