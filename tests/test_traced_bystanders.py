@@ -118,6 +118,7 @@ def _bound_urandom(x):
         (_uuid, r"uuid.uuid4: the program draws"),
         (_token, r"secrets.token_hex: the program draws"),
         (_system_random, r"random.SystemRandom.random: the program draws"),
+        (lambda x: x * random.Random().random(), r"random.Random.__init__: the program draws"),
         (lambda x: x * (uuid.uuid1().int % 7), r"uuid.uuid1: the program reads the clock"),
         (lambda x: x * time.localtime().tm_sec, r"time.localtime: the program reads the clock"),
         (lambda x: x * len(time.strftime("%S")), r"time.strftime: the program reads the clock"),
@@ -131,6 +132,7 @@ def _bound_urandom(x):
         "uuid4",
         "secrets",
         "SystemRandom",
+        "unseeded Random",
         "uuid1",
         "localtime",
         "strftime",
@@ -146,6 +148,21 @@ def test_reading_the_wall_clock_or_entropy_is_refused_naming_the_line(program, n
 
 def _by_a_given_time(x, t):
     return x * time.localtime(t).tm_min + len(time.strftime("%M", time.gmtime(t)))
+
+
+@pytest.mark.skipif(not hasattr(os, "getrandom"), reason="os.getrandom is Linux's")
+def test_getrandom_is_refused_naming_the_line():
+    with pytest.raises(ThunderError, match=r"os.getrandom: the program draws .* at .*test_traced_bystanders.py:\d+"):
+        thunder_rs.jit(lambda x: x * os.getrandom(1)[0])(torch.ones(2))
+
+
+def _by_a_seeded_generator(x):
+    return x * random.Random(7).random()
+
+
+def test_a_generator_the_program_seeds_is_not_refused():
+    jf, x = thunder_rs.jit(_by_a_seeded_generator), torch.ones(2)
+    assert torch.equal(jf(x), _by_a_seeded_generator(x)) and torch.equal(jf(x), _by_a_seeded_generator(x))
 
 
 def test_times_given_to_time_functions_are_not_clock_reads():

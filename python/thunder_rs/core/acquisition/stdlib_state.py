@@ -28,7 +28,8 @@ here lives behind library calls it does not follow, so it is handled by a table 
   and advanced another way (``for v in gen``, which no wrapper sees) is refused after tracing.
   Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
 - **entropy.** ``os.urandom`` (and ``random``'s, under ``SystemRandom``, ``secrets`` and
-  ``uuid.uuid4``) read by program code is refused the same way, naming the function it called;
+  ``uuid.uuid4``), ``os.getrandom`` and ``random.Random`` seeded from them (``random.Random()``)
+  read by program code are refused the same way, naming the function it called;
   ``datetime``'s wall clock by the observer (``core.state.clocks``).
 - **clocks.** ``time.time()``, ``perf_counter``, ``monotonic``, ``process_time`` and ``thread_time``
   (and their ``_ns``), and ``localtime``, ``gmtime``, ``ctime``, ``asctime`` and ``strftime`` not
@@ -467,21 +468,41 @@ for _name, _reader in _CLOCK_READERS.items():
 # -- entropy ---------------------------------------------------------------------------------------
 
 _urandom = os.urandom
+_getrandom = getattr(os, "getrandom", None)
+_seed = random.Random.seed
+
+
+def _refuse_entropy(what: str) -> None:
+    """Refuses the read of the system's entropy by ``what`` if program code made it, directly or
+    through the standard library, whose function it called is named."""
+    frame: Any = sys._getframe(2)
+    program = _program_frame(frame) if _tracing() else None
+    if program is not None:
+        raise ThunderNotImplementedError(
+            f"{_stdlib_entry(frame, program, what)}: the program draws from the system's entropy ({what}) at "
+            f"{_where(program)}; tracing draws once, and a compiled call would reuse what it drew. Draw outside the "
+            "jitted function and pass the value in, or use torch's random functions, which draw on every call"
+        )
 
 
 def _read_entropy(size: int) -> bytes:
     """``os.urandom`` while a program is traced (also ``random``'s, which ``SystemRandom`` and
-    ``secrets`` draw on, and ``uuid.uuid4``'s): refused when the program reads it, directly or
-    through the standard library, which it names."""
-    frame: Any = sys._getframe(1)
-    program = _program_frame(frame) if _tracing() else None
-    if program is not None:
-        raise ThunderNotImplementedError(
-            f"{_stdlib_entry(frame, program, 'os.urandom')}: the program draws from the system's entropy (os.urandom) "
-            f"at {_where(program)}; tracing draws once, and a compiled call would reuse those bytes. Draw outside the "
-            "jitted function and pass the value in, or use torch's random functions, which draw on every call"
-        )
+    ``secrets`` draw on, and ``uuid.uuid4``'s)."""
+    _refuse_entropy("os.urandom")
     return _urandom(size)
+
+
+def _read_getrandom(*args):
+    _refuse_entropy("os.getrandom")
+    return _getrandom(*args)
+
+
+def _seed_of(self, a=None, version=2):
+    """``random.Random.seed`` while a program is traced: seeding from the system's entropy (a
+    generator the program makes, ``random.Random()``) is refused; a given seed is not."""
+    if a is None:
+        _refuse_entropy("random.Random.seed")
+    return _seed(self, a, version)
 
 
 register_clock(_urandom, _read_entropy)  # where the program bound it (``from os import urandom``)
@@ -496,6 +517,9 @@ def _put_readers() -> None:
     for name, read in _CLOCK_READERS.items():
         setattr(time, name, read)
     os.urandom = random._urandom = _read_entropy  # type: ignore[attr-defined]
+    random.Random.seed = _seed_of  # type: ignore[method-assign]
+    if _getrandom is not None:
+        os.getrandom = _read_getrandom
     uuid = sys.modules.get("uuid")  # (imported by the program if it uses it)
     real = getattr(uuid, "_generate_time_safe", None)
     if real is not None and not _uuid_clock:
@@ -509,6 +533,9 @@ def _put_back_readers() -> None:
     for name, real in _clocks.items():
         setattr(time, name, real)
     os.urandom = random._urandom = _urandom  # type: ignore[attr-defined]
+    random.Random.seed = _seed  # type: ignore[method-assign]
+    if _getrandom is not None:
+        os.getrandom = _getrandom
     while _uuid_clock:
         uuid, real = _uuid_clock.pop()
         uuid._generate_time_safe = real
