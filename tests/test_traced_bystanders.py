@@ -78,6 +78,12 @@ def test_finalizers_and_del_run_by_the_collector_while_traced_are_not_the_progra
 # -- the wall clock and the system's entropy -------------------------------------------------------
 
 _DATETIME = datetime.datetime
+
+
+class _Stamp(datetime.datetime):
+    pass
+
+
 _URANDOM = os.urandom
 _LOCALTIME = time.localtime
 _UUID_CLOCK = uuid._generate_time_safe
@@ -113,6 +119,7 @@ def _bound_urandom(x):
         (_days, r"datetime.datetime.now: the program reads the wall clock"),
         (lambda x: x * _DATETIME.utcnow().second, r"datetime.datetime.utcnow: the program reads the wall clock"),
         (_bound_date, r"datetime.date.today: the program reads the wall clock"),
+        (lambda x: x * _Stamp.now().second, r"_Stamp.now: the program reads the wall clock"),
         (lambda x: x * os.urandom(1)[0], r"os.urandom: the program draws from the system's entropy"),
         (_bound_urandom, r"os.urandom: the program draws from the system's entropy"),
         (_uuid, r"uuid.uuid4: the program draws"),
@@ -127,6 +134,7 @@ def _bound_urandom(x):
         "now",
         "utcnow",
         "date bound as a global",
+        "subclass",
         "urandom",
         "urandom bound",
         "uuid4",

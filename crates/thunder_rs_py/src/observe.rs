@@ -9,7 +9,7 @@
 //!
 //! Some state is read by C functions no Python frame wraps (`datetime.datetime.now()`): calls the
 //! program's interesting frames make to a builtin bound to one of the `watch_c_calls` owners (a
-//! type or a module, compared by address) go to `on_c_call(frame, function)`, whose error is
+//! type or a module, or a subclass of the type) go to `on_c_call(frame, function)`, whose error is
 //! raised at the program's call.
 
 use pyo3::ffi;
@@ -132,6 +132,23 @@ fn uninstall() {
 }
 
 impl CallObserver {
+    /// Whether `owner`, a builtin's `__self__`, is watched: one of `owners` or a subclass of one
+    /// (`class Stamp(datetime.datetime)`).
+    fn watches(&self, owner: *mut ffi::PyObject) -> bool {
+        if owner.is_null() {
+            return false;
+        }
+        if self.owners.contains(&(owner as usize)) {
+            return true;
+        }
+        // SAFETY: the GIL is held; `owner` and the owners are live objects.
+        let is_type = unsafe { ffi::PyType_Check(owner) != 0 };
+        is_type
+            && self.owner_refs.iter().any(|o| unsafe {
+                ffi::PyType_Check(o.as_ptr()) != 0 && ffi::PyType_IsSubtype(owner.cast(), o.as_ptr().cast()) != 0
+            })
+    }
+
     fn interesting(&mut self, py: Python<'_>, code: Bound<'_, PyAny>) -> bool {
         let address = code.as_ptr() as usize;
         if let Some(&known) = self.decisions.get(&address) {
@@ -206,8 +223,8 @@ unsafe fn c_call(obj: *mut ffi::PyObject, frame: *mut ffi::PyFrameObject, functi
         let Ok(observer) = observer.try_borrow() else {
             return 0;
         };
-        let owner = unsafe { ffi::PyCFunction_GetSelf(function) } as usize;
-        let Some(callback) = observer.on_c_call.as_ref().filter(|_| observer.owners.contains(&owner)) else {
+        let owner = unsafe { ffi::PyCFunction_GetSelf(function) };
+        let Some(callback) = observer.on_c_call.as_ref().filter(|_| observer.watches(owner)) else {
             return 0;
         };
         let code = unsafe { Bound::<PyAny>::from_owned_ptr(py, ffi::PyFrame_GetCode(frame).cast()) };

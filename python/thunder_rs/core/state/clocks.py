@@ -11,9 +11,10 @@ count it as a write of the program's (``is_clock_reader``). A program that holds
 takes no branch that calls it runs as before. A clock held as a module's attribute is not replaced.
 
 The wall clock ``datetime`` reads (``datetime.datetime.now()``, ``utcnow()``, ``today()``,
-``datetime.date.today()``, however the program reached the type) is a C method of a C type, which
-no wrapper can replace: the observer's profile hook reports the program's calls of builtins bound
-to ``C_READERS``' owners, and ``refuse_c_call`` refuses those that read the clock.
+``datetime.date.today()``, however the program reached the type, or a subclass's) is a C method
+of a C type, which no wrapper can replace: the observer's profile hook reports the program's calls
+of builtins bound to ``C_READERS``' owners or their subclasses, and ``refuse_c_call`` refuses
+those that read the clock.
 """
 
 import datetime
@@ -83,7 +84,7 @@ def refuse_c_call(frame, function) -> None:
     """Refuses ``function``, a builtin bound to one of ``C_READERS``' owners, called by the
     program's ``frame``, if it reads the clock."""
     owner, name = function.__self__, function.__name__
-    if name in C_READERS.get(owner, ()):
+    if any(name in C_READERS[base] for base in getattr(owner, "__mro__", (owner,)) if base in C_READERS):
         raise ThunderNotImplementedError(
             f"{owner.__module__}.{owner.__qualname__}.{name}: the program reads the wall clock at "
             f"{frame.f_code.co_filename}:{frame.f_lineno}; tracing reads it once, and a compiled call would reuse "
