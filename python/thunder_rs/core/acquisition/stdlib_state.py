@@ -387,9 +387,9 @@ def consuming_iterators(flat_inputs: list):
     """While the ``with`` body traces a program, ``next`` refuses to consume iterators the program
     did not create (process-wide, held by a count: several threads may trace at once). A generator
     passed in that the program advanced another way (``for v in gen``) is refused after. The clocks
-    refuse to be read by program code (``_clock``) meanwhile, and what the garbage collector runs is
-    not observed (``collector``). Notes the
-    warnings filters the tracing began with (``_in_programs_catch_warnings``)."""
+    and the system's entropy refuse to be read by program code (``_put_readers``) meanwhile, and
+    what the garbage collector runs is not observed (``collector``). Notes the warnings filters the
+    tracing began with (``_in_programs_catch_warnings``)."""
     global _tracings
     generators = [
         (i, g, _generator_position(g)) for i, g in enumerate(flat_inputs) if isinstance(g, types.GeneratorType)
