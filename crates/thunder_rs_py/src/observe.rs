@@ -6,10 +6,15 @@
 //! hash lookup on the code object's address and calls back into Python only for the first call of
 //! each code object (`classify(code) -> bool`) and for calls and returns of code objects marked
 //! interesting (`on_call(frame)`, `on_return(frame)`).
+//!
+//! Some state is read by C functions no Python frame wraps (`datetime.datetime.now()`): calls the
+//! program's interesting frames make to a builtin bound to one of the `watch_c_calls` owners (a
+//! type or a module, or a subclass of the type) go to `on_c_call(frame, function)`, whose error is
+//! raised at the program's call.
 
 use pyo3::ffi;
 use pyo3::prelude::*;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::os::raw::c_int;
 
 type TraceFunc = unsafe extern "C" fn(*mut ffi::PyObject, *mut ffi::PyFrameObject, c_int, *mut ffi::PyObject) -> c_int;
@@ -24,6 +29,8 @@ extern "C" {
 const PY_TRACE_CALL: c_int = 0;
 /// `PyTrace_RETURN`: a Python function's frame ends (returning or raising).
 const PY_TRACE_RETURN: c_int = 3;
+/// `PyTrace_C_CALL`: a builtin (C) function is about to be called; `arg` is the function.
+const PY_TRACE_C_CALL: c_int = 4;
 
 /// The profile hook's state: which code objects are interesting, and whom to tell.
 #[pyclass(unsendable, module = "thunder_rs._core", name = "CallObserver")]
@@ -35,6 +42,10 @@ pub struct CallObserver {
     classify: Py<PyAny>,
     on_call: Py<PyAny>,
     on_return: Py<PyAny>,
+    /// Addresses of the objects (kept in `owner_refs`) whose builtins' calls go to `on_c_call`.
+    owners: FxHashSet<usize>,
+    owner_refs: Vec<Py<PyAny>>,
+    on_c_call: Option<Py<PyAny>>,
     /// The first Python error a callback raised; reported by `stop`.
     error: Option<PyErr>,
     /// Whether the hook is installed (between `start` and `stop`), and whether it is paused.
@@ -52,10 +63,21 @@ impl CallObserver {
             classify,
             on_call,
             on_return,
+            owners: FxHashSet::default(),
+            owner_refs: Vec::new(),
+            on_c_call: None,
             error: None,
             started: false,
             paused: false,
         }
+    }
+
+    /// Calls of builtins bound to one of `owners` (their `__self__`) made by interesting frames go
+    /// to `on_c_call(frame, function)`; an error it raises is raised at that call.
+    fn watch_c_calls(&mut self, owners: Vec<Py<PyAny>>, on_c_call: Py<PyAny>) {
+        self.owners = owners.iter().map(|o| o.as_ptr() as usize).collect();
+        self.owner_refs = owners;
+        self.on_c_call = Some(on_c_call);
     }
 
     /// Installs the hook on the calling thread (profile hooks are per thread).
@@ -110,6 +132,23 @@ fn uninstall() {
 }
 
 impl CallObserver {
+    /// Whether `owner`, a builtin's `__self__`, is watched: one of `owners` or a subclass of one
+    /// (`class Stamp(datetime.datetime)`).
+    fn watches(&self, owner: *mut ffi::PyObject) -> bool {
+        if owner.is_null() {
+            return false;
+        }
+        if self.owners.contains(&(owner as usize)) {
+            return true;
+        }
+        // SAFETY: the GIL is held; `owner` and the owners are live objects.
+        let is_type = unsafe { ffi::PyType_Check(owner) != 0 };
+        is_type
+            && self.owner_refs.iter().any(|o| unsafe {
+                ffi::PyType_Check(o.as_ptr()) != 0 && ffi::PyType_IsSubtype(owner.cast(), o.as_ptr().cast()) != 0
+            })
+    }
+
     fn interesting(&mut self, py: Python<'_>, code: Bound<'_, PyAny>) -> bool {
         let address = code.as_ptr() as usize;
         if let Some(&known) = self.decisions.get(&address) {
@@ -132,8 +171,12 @@ unsafe extern "C" fn profile(
     obj: *mut ffi::PyObject,
     frame: *mut ffi::PyFrameObject,
     what: c_int,
-    _arg: *mut ffi::PyObject,
+    arg: *mut ffi::PyObject,
 ) -> c_int {
+    if what == PY_TRACE_C_CALL && !frame.is_null() && !arg.is_null() {
+        // SAFETY: as below; `arg` is the function about to be called.
+        return unsafe { c_call(obj, frame, arg) };
+    }
     if (what != PY_TRACE_CALL && what != PY_TRACE_RETURN) || frame.is_null() {
         return 0;
     }
@@ -163,4 +206,40 @@ unsafe extern "C" fn profile(
         observer.error.get_or_insert(e);
     }
     0
+}
+
+/// A builtin called by a frame: `on_c_call(frame, function)` when the frame's code is interesting
+/// and the builtin is bound to a watched owner; -1 with its error set when it raised.
+unsafe fn c_call(obj: *mut ffi::PyObject, frame: *mut ffi::PyFrameObject, function: *mut ffi::PyObject) -> c_int {
+    // SAFETY: the GIL is held (a profile hook), `obj` is the observer, `frame` and `function` live.
+    let py = unsafe { Python::assume_attached() };
+    if unsafe { ffi::PyCFunction_Check(function) } == 0 {
+        return 0;
+    }
+    let Ok(observer) = unsafe { Bound::from_borrowed_ptr(py, obj) }.cast_into::<CallObserver>() else {
+        return 0;
+    };
+    let callback = {
+        let Ok(observer) = observer.try_borrow() else {
+            return 0;
+        };
+        let owner = unsafe { ffi::PyCFunction_GetSelf(function) };
+        let Some(callback) = observer.on_c_call.as_ref().filter(|_| observer.watches(owner)) else {
+            return 0;
+        };
+        let code = unsafe { Bound::<PyAny>::from_owned_ptr(py, ffi::PyFrame_GetCode(frame).cast()) };
+        if !observer.decisions.get(&(code.as_ptr() as usize)).copied().unwrap_or(false) {
+            return 0;
+        }
+        callback.clone_ref(py)
+    };
+    let frame = unsafe { Bound::<PyAny>::from_borrowed_ptr(py, frame.cast()) };
+    let function = unsafe { Bound::<PyAny>::from_borrowed_ptr(py, function) };
+    match callback.call1(py, (frame, function)) {
+        Ok(_) => 0,
+        Err(e) => {
+            e.restore(py);
+            -1
+        }
+    }
 }

@@ -27,11 +27,17 @@ here lives behind library calls it does not follow, so it is handled by a table 
   traced (``consuming_iterators``), so eager code pays nothing otherwise. A generator passed in
   and advanced another way (``for v in gen``, which no wrapper sees) is refused after tracing.
   Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
+- **entropy.** ``os.urandom`` (and ``random``'s, under ``SystemRandom``, ``secrets`` and
+  ``uuid.uuid4``), ``os.getrandom`` and ``random.Random`` seeded from them (``random.Random()``)
+  read by program code are refused the same way, naming the function it called;
+  ``datetime``'s wall clock by the observer (``core.state.clocks``).
 - **clocks.** ``time.time()``, ``perf_counter``, ``monotonic``, ``process_time`` and ``thread_time``
-  (and their ``_ns``) read by program code while it is traced are refused, naming the line: a
-  compiled call would reuse the first reading. Like ``next``, they are wrapped only while some
-  program is traced (``consuming_iterators``); so is a clock the program bound before tracing
-  (``from time import perf_counter``), where it bound it (``core.state.clocks``).
+  (and their ``_ns``), and ``localtime``, ``gmtime``, ``ctime``, ``asctime`` and ``strftime`` not
+  given a time, read by program code while it is traced (directly or through the standard library:
+  ``uuid.uuid1``) are refused, naming the line: a compiled call would reuse the first reading.
+  Like ``next``, they are wrapped only while some program is traced (``consuming_iterators``); so
+  is a clock the program bound before tracing (``from time import perf_counter``), where it bound
+  it (``core.state.clocks``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
@@ -47,6 +53,7 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -57,6 +64,7 @@ from typing import Any
 
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
+from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
 from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
 from thunder_rs.core.state.observe import _importing, thread_state
@@ -379,8 +387,9 @@ def consuming_iterators(flat_inputs: list):
     """While the ``with`` body traces a program, ``next`` refuses to consume iterators the program
     did not create (process-wide, held by a count: several threads may trace at once). A generator
     passed in that the program advanced another way (``for v in gen``) is refused after. The clocks
-    refuse to be read by program code (``_clock``) meanwhile. Notes the
-    warnings filters the tracing began with (``_in_programs_catch_warnings``)."""
+    and the system's entropy refuse to be read by program code (``_put_readers``) meanwhile, and
+    what the garbage collector runs is not observed (``collector``). Notes the warnings filters the
+    tracing began with (``_in_programs_catch_warnings``)."""
     global _tracings
     generators = [
         (i, g, _generator_position(g)) for i, g in enumerate(flat_inputs) if isinstance(g, types.GeneratorType)
@@ -388,8 +397,8 @@ def consuming_iterators(flat_inputs: list):
     with _tracings_lock:
         _tracings += 1
         builtins.next = _next
-        for name, read in _CLOCK_READERS.items():
-            setattr(time, name, read)
+        keep_out()  # the garbage collector's callbacks and finalizers are not the program
+        _put_readers()
     outer_filters = getattr(_traced, "filters", None)
     _traced.filters = warnings.filters
     try:
@@ -400,9 +409,7 @@ def consuming_iterators(flat_inputs: list):
             _tracings -= 1
             if not _tracings:
                 builtins.next = _builtin_next
-                for name, real in _clocks.items():
-                    setattr(time, name, real)
-                put_back_bound_clocks()
+                _put_back_readers()
     for i, gen, position in generators:
         if _generator_position(gen) != position:
             raise ThunderNotImplementedError(
@@ -419,28 +426,120 @@ _CLOCKS: tuple[str, ...] = ("time", "time_ns", "perf_counter", "perf_counter_ns"
 _CLOCKS += tuple(
     name for name in ("process_time", "process_time_ns", "thread_time", "thread_time_ns") if hasattr(time, name)
 )
-_clocks = {name: getattr(time, name) for name in _CLOCKS}
+#: ``time``'s functions that read the clock when not given a time: name -> the position of that argument
+_TIME_TAKING = {"localtime": 0, "gmtime": 0, "ctime": 0, "asctime": 0, "strftime": 1}
+_clocks = {name: getattr(time, name) for name in (*_CLOCKS, *_TIME_TAKING)}
 
 
-def _clock(name: str):
-    real = _clocks[name]
+def _stdlib_entry(frame, program, name: str) -> str:
+    """What the program called to reach ``frame``: the outermost of the standard library's frames
+    from ``frame`` to ``program``'s (``uuid.uuid4``), or ``name`` where it called it directly."""
+    while frame is not program:
+        name = f"{frame.f_globals.get('__name__')}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
+        frame = frame.f_back
+    return name
 
-    def read():
-        frame = sys._getframe(1)
-        if _tracing() and _is_program(frame):
+
+def _clock(name: str, real=None):
+    """A reader standing in for ``real``, ``time``'s ``name`` by default, that refuses to be read by
+    program code while it is traced."""
+    real, at = real or _clocks[name], _TIME_TAKING.get(name)
+
+    def read(*args):
+        frame: Any = sys._getframe(1)
+        program = _program_frame(frame) if _tracing() and (at is None or len(args) <= at or args[at] is None) else None
+        if program is not None:
             raise ThunderNotImplementedError(
-                f"time.{name}: the program reads the clock at {_where(frame)}; tracing reads it once, and a compiled "
-                "call would reuse that reading. Time the jitted call from outside it"
+                f"{_stdlib_entry(frame, program, f'time.{name}')}: the program reads the clock at {_where(program)}; "
+                "tracing reads it once, and a compiled call would reuse that reading. Time the jitted call from "
+                "outside it, or pass the time in"
             )
-        return real()
+        return real(*args)
 
     return read
 
 
 #: What ``consuming_iterators`` puts in ``time`` while a program is traced.
-_CLOCK_READERS = {name: _clock(name) for name in _CLOCKS}
+_CLOCK_READERS = {name: _clock(name) for name in _clocks}
 for _name, _reader in _CLOCK_READERS.items():
     register_clock(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
+
+
+# -- entropy ---------------------------------------------------------------------------------------
+
+_urandom = os.urandom
+_getrandom = getattr(os, "getrandom", None)
+_seed = random.Random.seed
+
+
+def _refuse_entropy(what: str) -> None:
+    """Refuses the read of the system's entropy by ``what`` if program code made it, directly or
+    through the standard library, whose function it called is named."""
+    frame: Any = sys._getframe(2)
+    program = _program_frame(frame) if _tracing() else None
+    if program is not None:
+        raise ThunderNotImplementedError(
+            f"{_stdlib_entry(frame, program, what)}: the program draws from the system's entropy ({what}) at "
+            f"{_where(program)}; tracing draws once, and a compiled call would reuse what it drew. Draw outside the "
+            "jitted function and pass the value in, or use torch's random functions, which draw on every call"
+        )
+
+
+def _read_entropy(size: int) -> bytes:
+    """``os.urandom`` while a program is traced (also ``random``'s, which ``SystemRandom`` and
+    ``secrets`` draw on, and ``uuid.uuid4``'s)."""
+    _refuse_entropy("os.urandom")
+    return _urandom(size)
+
+
+def _read_getrandom(*args):
+    _refuse_entropy("os.getrandom")
+    return _getrandom(*args)
+
+
+def _seed_of(self, a=None, version=2):
+    """``random.Random.seed`` while a program is traced: seeding from the system's entropy (a
+    generator the program makes, ``random.Random()``) is refused; a given seed is not."""
+    if a is None:
+        _refuse_entropy("random.Random.seed")
+    return _seed(self, a, version)
+
+
+register_clock(_urandom, _read_entropy)  # where the program bound it (``from os import urandom``)
+
+
+#: ``uuid``'s C clock (``uuid1`` reads it) while a program is traced: ``(module, real)``
+_uuid_clock: list = []
+
+
+def _put_readers() -> None:
+    """Puts the refusing clocks and entropy in (under ``_tracings_lock``)."""
+    for name, read in _CLOCK_READERS.items():
+        setattr(time, name, read)
+    os.urandom = random._urandom = _read_entropy  # type: ignore[attr-defined]
+    random.Random.seed = _seed_of  # type: ignore[method-assign]
+    if _getrandom is not None:
+        os.getrandom = _read_getrandom
+    uuid = sys.modules.get("uuid")  # (imported by the program if it uses it)
+    real = getattr(uuid, "_generate_time_safe", None)
+    if real is not None and not _uuid_clock:
+        _uuid_clock.append((uuid, real))
+        uuid._generate_time_safe = _clock("_generate_time_safe", real)  # type: ignore[union-attr]
+
+
+def _put_back_readers() -> None:
+    """Puts ``time``'s, ``os``'s, ``random``'s and ``uuid``'s own back, and the clocks the program
+    bound (once no program is traced)."""
+    for name, real in _clocks.items():
+        setattr(time, name, real)
+    os.urandom = random._urandom = _urandom  # type: ignore[attr-defined]
+    random.Random.seed = _seed  # type: ignore[method-assign]
+    if _getrandom is not None:
+        os.getrandom = _getrandom
+    while _uuid_clock:
+        uuid, real = _uuid_clock.pop()
+        uuid._generate_time_safe = real
+    put_back_bound_clocks()
 
 
 # -- installing ------------------------------------------------------------------------------------

@@ -9,9 +9,18 @@ before its body runs (``observe.Observer._keep``), and ``refuse_bound_clock`` pu
 that name until no program is traced (``put_back_bound_clocks``); the object's attributes do not
 count it as a write of the program's (``is_clock_reader``). A program that holds the name but
 takes no branch that calls it runs as before. A clock held as a module's attribute is not replaced.
+
+The wall clock ``datetime`` reads (``datetime.datetime.now()``, ``utcnow()``, ``today()``,
+``datetime.date.today()``, however the program reached the type, or a subclass's) is a C method
+of a C type, which no wrapper can replace: the observer's profile hook reports the program's calls
+of builtins bound to ``C_READERS``' owners or their subclasses, and ``refuse_c_call`` refuses
+those that read the clock.
 """
 
+import datetime
+
 from thunder_rs.core.state.guards import CellSource, GlobalsSource, ObjectSource
+from thunder_rs.errors import ThunderNotImplementedError
 
 #: id of a clock -> its refusing reader (``register_clock``)
 _readers: dict = {}
@@ -61,3 +70,23 @@ def put_back_bound_clocks() -> None:
                 holder.cell_contents = clock
         elif holder.get(name) is reader:
             holder[name] = clock
+
+
+#: owner (a type) -> the names of its builtins that read the wall clock, whose calls by the program
+#: the profile hook reports (``CallObserver.watch_c_calls``)
+C_READERS: dict = {
+    datetime.datetime: frozenset({"now", "utcnow", "today"}),
+    datetime.date: frozenset({"today"}),
+}
+
+
+def refuse_c_call(frame, function) -> None:
+    """Refuses ``function``, a builtin bound to one of ``C_READERS``' owners, called by the
+    program's ``frame``, if it reads the clock."""
+    owner, name = function.__self__, function.__name__
+    if any(name in C_READERS[base] for base in getattr(owner, "__mro__", (owner,)) if base in C_READERS):
+        raise ThunderNotImplementedError(
+            f"{owner.__module__}.{owner.__qualname__}.{name}: the program reads the wall clock at "
+            f"{frame.f_code.co_filename}:{frame.f_lineno}; tracing reads it once, and a compiled call would reuse "
+            "that reading. Read it outside the jitted function and pass it in"
+        )

@@ -56,7 +56,7 @@ from thunder_rs.core.state.callables import (
     partial_origin,
     program_method,
 )
-from thunder_rs.core.state.clocks import refuse_bound_clock
+from thunder_rs.core.state.clocks import C_READERS, refuse_bound_clock, refuse_c_call
 from thunder_rs.core.state.code_reads import (
     ALL_ATTRIBUTES,
     code_reads,
@@ -677,6 +677,7 @@ _thread = thread_state = _ThreadState()
 def _thread_hook():
     if _thread.hook is None:
         _thread.hook = _core.CallObserver(interesting, _dispatch_call, _dispatch_return)
+        _thread.hook.watch_c_calls(list(C_READERS), _dispatch_c_call)
     return _thread.hook
 
 
@@ -702,6 +703,12 @@ def _dispatch_return(frame):
     observer = _thread.observer
     if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
         _own_work(observer._on_return, frame)
+
+
+def _dispatch_c_call(frame, function):
+    observer = _thread.observer
+    if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
+        refuse_c_call(frame, function)
 
 
 def _own_work(handle, *args) -> None:
