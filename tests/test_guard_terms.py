@@ -204,3 +204,67 @@ def test_an_argument_object_missing_a_step_of_a_path_misses_and_runs_as_eager():
         _by_held(x, holder)
     with pytest.raises(AttributeError):
         jfn(x, holder)
+
+
+class Steps:
+    def first(self, x):
+        return x + 1
+
+    def second(self, x):
+        return x * 2
+
+    def run(self, x):
+        return self.second(self.first(x))
+
+
+STEPS = Steps()
+
+
+def _by_methods(x, scale=2.0, shift=(1.0,)):
+    return STEPS.run(x) * _scaled(x) + shift[0] * scale
+
+
+def _scaled(x, factor=3.0):
+    return x * factor
+
+
+def test_methods_and_defaults_checked_together_recompile_when_one_is_rebound():
+    x = torch.randn(3)
+    changes = [
+        lambda: setattr(Steps, "second", lambda self, x: x - 5),
+        lambda: setattr(_scaled, "__defaults__", (4.0,)),
+        lambda: setattr(_by_methods, "__defaults__", (2.0, (-1.0,))),
+    ]
+    saved = Steps.second, _scaled.__defaults__, _by_methods.__defaults__
+    try:
+        _recompiles_as_eager(_by_methods, lambda: (x,), changes)
+    finally:
+        Steps.second, _scaled.__defaults__, _by_methods.__defaults__ = saved
+
+
+TABLE = {"a": torch.relu, "b": torch.tanh}
+ORDER = [torch.sigmoid, torch.abs]
+KINDS = {torch.float32}
+
+
+def _by_containers(x):
+    y = TABLE["a"](x) + TABLE["b"](x) + ORDER[0](x) + ORDER[1](x)
+    return y * 2 if x.dtype in KINDS else y
+
+
+def test_containers_compared_by_identity_recompile_when_changed_in_place():
+    x = torch.randn(4)
+    changes = [
+        lambda: TABLE.update(b=torch.exp),
+        lambda: ORDER.reverse(),
+        lambda: (KINDS.discard(torch.float32), KINDS.add(torch.float64)),  # another item, the same length
+        lambda: TABLE.update(c=torch.neg),
+    ]
+    try:
+        _recompiles_as_eager(_by_containers, lambda: (x,), changes)
+    finally:
+        TABLE.clear()
+        TABLE.update(a=torch.relu, b=torch.tanh)
+        ORDER[:] = [torch.sigmoid, torch.abs]
+        KINDS.clear()
+        KINDS.add(torch.float32)

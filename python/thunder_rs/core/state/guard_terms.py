@@ -10,7 +10,9 @@ same conjunction more cheaply where it can:
 - the attributes of one class (``ClassSource``) are read with one read of its MRO: from the
   class that held each when the check was compiled while the MRO is the same tuple and no class
   before that one has the name (else through the MRO as ``_ClassView`` reads it);
-- closure cells' values are compared in one pass (``same_cells``, ``equal_cells``);
+- closure cells' values are compared in one pass (``same_cells``, ``equal_cells``), and so are
+  the methods of classes (``MethodGuard``) and the functions' defaults (``DefaultsGuard``);
+- a list, set or dict compared by identity (``same_items``) is compared inline;
 - a contiguous tensor's metadata (``TensorGuard``) is compared field by field rather than built
   into a tuple (``tensor_meta``, ``masked_meta``) and compared whole.
 
@@ -21,6 +23,7 @@ changes only which read fails first, never the result.
 
 import operator
 from _thread import _local as _thread_local
+from itertools import chain, repeat
 
 import torch
 
@@ -28,6 +31,7 @@ from thunder_rs.core.state.guards import (
     MISSING,
     CellSource,
     ClassSource,
+    DefaultsGuard,
     FixedSource,
     Guard,
     InputItemsSource,
@@ -43,6 +47,7 @@ from thunder_rs.core.state.guards import (
     module_structure,
 )
 from thunder_rs.core.state.items import same_attributes, same_items
+from thunder_rs.core.state.state import MethodGuard
 
 #: The least number of identity guards on one fixed dict that are checked in one pass.
 GROUPED = 3
@@ -135,8 +140,8 @@ def _class_terms(guards: list, indices: list, scope: dict) -> str:
         else:
             before = " and ".join(f"{name!r} not in p{first}_{k}" for k in range(found))
             expr = f"(p{first}_{found} if {before} else v{first})"
-        fast.append(_with_source(guards[i], expr).term(i, scope))
-        slow.append(_with_source(guards[i], f"v{first}").term(i, scope))
+        fast.append(_guard_term(_with_source(guards[i], expr), i, scope))
+        slow.append(_guard_term(_with_source(guards[i], f"v{first}"), i, scope))
     return f"(({' and '.join(fast)}) if c{first}.__mro__ is r{first} else ({' and '.join(slow)}))"
 
 
@@ -153,6 +158,49 @@ def _tensor_term(guard: TensorGuard, read: str, index: int, scope: dict) -> str 
         f" and v.requires_grad is {requires_grad!r} and len(s := v.shape) == {len(shape)}{sizes}"
         " and v.is_contiguous())"
     )
+
+
+def _container_term(guard: Guard, index: int, scope: dict) -> str | None:
+    """The term of an identity guard of a list, set or dict (``same_items``) inline; None for others."""
+    t = type(guard.expected)
+    if guard.fresh or guard.items is None or t not in (list, set, dict) or type(guard.name) is not str:
+        return None
+    scope[f"e{index}"], scope[f"i{index}"] = t, guard.items
+    read = f"{guard.source.code(f'm{index}', scope)}.get({guard.name!r}, MISSING)"
+    members = "_chain(v.items())" if t is dict else "v"
+    return (
+        f"(type(v := {read}) is e{index} and {len(guard.items)} == len(v) * {2 if t is dict else 1}"
+        f" and all(map(_is, {members}, i{index})))"
+    )
+
+
+def _guard_term(guard, index: int, scope: dict) -> str:
+    """``guard``'s term, inline for a contiguous held tensor and a container compared by identity."""
+    term = None
+    if type(guard) is TensorGuard and type(guard.name) is str:
+        read = f"{guard.source.code(f'm{index}', scope)}.get({guard.name!r}, MISSING)"
+        term = _tensor_term(guard, read, index, scope)
+    elif type(guard) is Guard:
+        term = _container_term(guard, index, scope)
+    return guard.term(index, scope) if term is None else term
+
+
+def _defaults_term(guard: DefaultsGuard, index: int, scope: dict) -> str:
+    """The functions' ``__defaults__`` compared in one pass where none has keyword-only defaults."""
+    if any(kwdefaults for _, _, kwdefaults, _ in guard.entries):
+        return guard.term(index, scope)
+    scope[f"f{index}"] = tuple(fn for fn, *_ in guard.entries)
+    scope[f"e{index}"] = tuple(defaults for _, defaults, *_ in guard.entries)
+    return f"all(map(_is, map(_defaults, f{index}), e{index}))"
+
+
+def _method_terms(guards: list, indices: list, scope: dict) -> str:
+    """Methods of classes (``MethodGuard``, not classmethods) looked up in one pass."""
+    first = indices[0]
+    scope[f"c{first}"] = tuple(guards[i].cls for i in indices)
+    scope[f"n{first}"] = tuple(guards[i].name for i in indices)
+    scope[f"e{first}"] = tuple(guards[i].expected for i in indices)
+    return f"all(map(_is, map(getattr, c{first}, n{first}, _missing), e{first}))"
 
 
 def _groupable(guard) -> bool:
@@ -238,11 +286,13 @@ def _grouped(guards: list, scope: dict) -> tuple[dict, set]:
             groups.setdefault(("class", id(g.source.cls)), []).append(i)
         elif _cell(g):
             groups.setdefault(("cells",), []).append(i)
+        elif type(g) is MethodGuard and not g.bound:
+            groups.setdefault(("methods",), []).append(i)
     terms, covered = {}, set()
     for (kind, *_), indices in groups.items():
         if kind == "dict" and len(indices) < GROUPED:
             continue
-        make = _dict_terms if kind == "dict" else _class_terms if kind == "class" else _cell_terms
+        make = {"dict": _dict_terms, "class": _class_terms, "cells": _cell_terms, "methods": _method_terms}[kind]
         terms[indices[0]] = make(guards, indices, scope)
         covered.update(indices)
     return terms, covered
@@ -252,12 +302,9 @@ def _term(guard, index: int, scope: dict, reads: _Reads) -> str:
     source = getattr(guard, "source", None)
     if isinstance(source, InputSource):
         guard = _with_source(guard, reads.mapping(source))
-    if type(guard) is TensorGuard:
-        read = f"{guard.source.code(f'm{index}', scope)}.get({guard.name!r}, MISSING)"
-        term = _tensor_term(guard, read, index, scope) if type(guard.name) is str else None
-        if term is not None:
-            return term
-    return guard.term(index, scope)
+    if type(guard) is DefaultsGuard:
+        return _defaults_term(guard, index, scope)
+    return _guard_term(guard, index, scope)
 
 
 def compile_check(guards: list):
@@ -279,6 +326,9 @@ def compile_check(guards: list):
         "_is": operator.is_,
         "_same_cells": same_cells,
         "_equal_cells": equal_cells,
+        "_chain": chain.from_iterable,
+        "_defaults": operator.attrgetter("__defaults__"),
+        "_missing": repeat(MISSING),
     }
     reads = _Reads(scope)
     grouped, covered = _grouped(guards, scope)
