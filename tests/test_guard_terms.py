@@ -3,12 +3,14 @@ object's path read once, a dict's identity guards in one pass, one class's attri
 of its MRO, closure cells in one pass, a held tensor's metadata field by field. Each change those
 guards protect still recompiles between calls, so every call computes what eager computes."""
 
+import types
+
 import pytest
 import torch
 
 import thunder_rs
-from thunder_rs.core.state.guard_terms import compile_check
-from thunder_rs.core.state.guards import MISSING, CellSource, Guard
+from thunder_rs.core.state.guard_terms import compile_check, unimplied
+from thunder_rs.core.state.guards import MISSING, CellSource, Guard, InputSource, NamesGuard
 
 
 def _recompiles_as_eager(fn, args_of, changes):
@@ -152,6 +154,9 @@ class Layer:
     def __init__(self, keys):
         self.keys, self.scale = keys, 2.0
 
+    def shift(self):
+        return 1.0
+
 
 class Holder:
     """An argument object holding its tensors in a list's objects (a KV cache's layers)."""
@@ -268,3 +273,37 @@ def test_containers_compared_by_identity_recompile_when_changed_in_place():
         ORDER[:] = [torch.sigmoid, torch.abs]
         KINDS.clear()
         KINDS.add(torch.float32)
+
+
+def _by_flag(x, holder):
+    layer = holder.layers[0]
+    y = x * layer.scale + layer.keys.sum(0) + layer.shift()
+    return y + layer.extra if hasattr(layer, "extra") else y
+
+
+@pytest.mark.parametrize("name", ["extra", "shift"])
+def test_an_attribute_an_argument_object_gains_recompiles_where_its_names_are_checked_whole(name):
+    # (``shift``: an instance attribute now shadows the method: its absence, which the object's
+    # names imply, is not checked again on its own)
+    keys, x = torch.randn(3, 4), torch.randn(4)
+    jfn = thunder_rs.jit(_by_flag)
+    for value in (None, 5.0, None):
+        holder = Holder(keys)
+        if value is not None:
+            setattr(holder.layers[0], name, 5.0 if name == "extra" else lambda: 5.0)
+        for _ in range(2):
+            torch.testing.assert_close(jfn(x, holder), _by_flag(x, holder))
+    assert thunder_rs.cache_misses(jfn) == 2
+
+
+def test_an_absence_the_names_of_its_object_imply_is_checked_by_them():
+    source = InputSource(0, (), "obj")
+    absent, names = Guard(source, "b", MISSING, "here"), NamesGuard(source, frozenset({"a"}), "here")
+    other = Guard(InputSource(1, (), "other"), "b", MISSING, "here")  # another object's absence
+    assert unimplied([absent, names, other]) == [names, other]
+    assert unimplied([absent, other]) == [absent, other]
+    obj = types.SimpleNamespace(a=1)
+    check = compile_check([absent, names])
+    assert check([obj]) is True
+    obj.b = 2
+    assert check([obj]) is False

@@ -7,6 +7,7 @@ same conjunction more cheaply where it can:
   of the check, and its mapping bound to a local, rather than once per guard reading through it;
 - identity guards on one fixed dict (a module's globals) are checked in one pass: an
   ``itemgetter`` of their names, compared item by item with ``operator.is_``;
+- an attribute's absence is not checked where the object's attribute names are (``unimplied``);
 - the attributes of one class (``ClassSource``) are read with one read of its MRO: from the
   class that held each when the check was compiled while the MRO is the same tuple and no class
   before that one has the name (else through the MRO as ``_ClassView`` reads it);
@@ -37,6 +38,7 @@ from thunder_rs.core.state.guards import (
     InputItemsSource,
     InputSource,
     Item,
+    NamesGuard,
     TensorGuard,
     _read_masked,
     _read_meta,
@@ -307,8 +309,27 @@ def _term(guard, index: int, scope: dict, reads: _Reads) -> str:
     return _guard_term(guard, index, scope)
 
 
+def unimplied(guards: list) -> list:
+    """``guards`` without those others imply: an attribute's absence from an object whose attribute
+    names a ``NamesGuard`` checks whole, without that name (``cache.__dict__.keys() == names``
+    holds only where ``cache.__dict__.get('offload', MISSING) is MISSING`` does)."""
+    names = {(type(g.source), g.source.key): g.names for g in guards if type(g) is NamesGuard}
+    if not names:
+        return guards
+    return [
+        g
+        for g in guards
+        if not (
+            type(g) is Guard
+            and g.expected is MISSING
+            and g.name not in names.get((type(g.source), g.source.key), (g.name,))
+        )
+    ]
+
+
 def compile_check(guards: list):
     """One function ``check(flat) -> bool`` over ``guards``, or None when there are none."""
+    guards = unimplied(guards)
     if not guards:
         return None
     scope = {
