@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from operator import attrgetter
 
-from thunder_rs.core.state.guards import Guards, compile_check
+from thunder_rs.core.state.guard_terms import compile_check
+from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.state.modules import hook_snapshot, hook_stores_in_use, hooks_version, write_epoch
 from thunder_rs.core.lang.values import ValueTree
 

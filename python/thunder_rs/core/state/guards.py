@@ -749,30 +749,6 @@ def short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def compile_check(guards: list[Guard]):
-    """One function ``check(flat) -> bool`` over ``guards``, or None when there are none."""
-    if not guards:
-        return None
-    scope = {
-        "MISSING": MISSING,
-        "_freeze": freeze,
-        "_simple": is_simple,
-        "_structure": module_structure,
-        "_same_attributes": same_attributes,
-        "_same_items": same_items,
-        "_attributes": attributes_of,
-        "_read_meta": _read_meta,
-        "_read_masked": _read_masked,
-    }
-    terms = "\n        and ".join(g.term(i, scope) for i, g in enumerate(guards))
-    source = (
-        f"def check(flat):\n  try:\n    return ({terms})\n"
-        "  except (KeyError, AttributeError, IndexError, TypeError):\n    return False\n"
-    )
-    exec(compile(source, "<thunder_rs guards>", "exec"), scope)
-    return scope["check"]
-
-
 class Guards:
     """The guards of one cache entry: those of ``per_call`` are checked on every call, those of
     ``modules`` only after a module attribute was written (``entry.make_check``, which compiles

@@ -5,6 +5,7 @@ other tensors and other objects of the type may replace."""
 import collections
 import copy
 import operator
+from itertools import chain
 
 import torch
 
@@ -16,7 +17,7 @@ MUTABLE = (list, dict, set, collections.deque)
 def members(container) -> tuple:
     """A container's elements (a dict's keys and values, in order)."""
     if isinstance(container, dict):
-        return tuple(x for item in container.items() for x in item)
+        return tuple(chain.from_iterable(container.items()))
     return tuple(container)
 
 
