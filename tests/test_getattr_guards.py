@@ -166,3 +166,38 @@ def test_an_argument_object_read_through_library_code_is_guarded():
         cfg.scale, cfg.shift = scale, shift
         torch.testing.assert_close(jf(x, cfg), f(x, cfg))
     assert thunder_rs.compile_stats(jf).cache_misses == 3
+
+
+class _StaticBase:
+    act = staticmethod(torch.relu)
+
+
+class _StaticConfig(_StaticBase):
+    pass
+
+
+_STATIC_CFG = _StaticConfig()
+
+
+def _calls_a_static_library_function(x):
+    return _STATIC_CFG.act(x)
+
+
+def test_a_static_library_function_rebound_on_a_global_objects_class_recompiles():
+    """``act = staticmethod(torch.relu)`` on a global object's class: rebinding it on the class or
+    a base between calls gives eager's function (it kept the traced one: torch's function runs no
+    Python frame the observer sees)."""
+    x = torch.randn(5)
+    jf = thunder_rs.jit(_calls_a_static_library_function)
+    try:
+        torch.testing.assert_close(jf(x), torch.relu(x))
+        _StaticConfig.act = staticmethod(torch.tanh)
+        torch.testing.assert_close(jf(x), _calls_a_static_library_function(x))
+        del _StaticConfig.act
+        _StaticBase.act = staticmethod(torch.sigmoid)
+        torch.testing.assert_close(jf(x), _calls_a_static_library_function(x))
+        assert thunder_rs.cache_misses(jf) == 3
+    finally:
+        _StaticBase.act = staticmethod(torch.relu)
+        if "act" in _StaticConfig.__dict__:
+            del _StaticConfig.act

@@ -449,9 +449,9 @@ class Observer:
             # which setting the attribute later changes.
             self._guard_absent(obj, source, attr, origin)
         if value is MISSING or hasattr(type(value), "__get__"):
-            if program_method(value):
+            if program_method(value) or isinstance(value, (staticmethod, classmethod)):
                 # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the
-                # class between calls is other code.
+                # class between calls is other code (``act = staticmethod(torch.relu)`` too).
                 self._guard_absent(obj, source, attr, origin)
                 self._guards.setdefault(("method", id(type(obj)), attr), MethodGuard(type(obj), attr, origin))
                 self._add_function(getattr(value, "__func__", value))
