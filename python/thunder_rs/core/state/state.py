@@ -106,34 +106,21 @@ class WrittenGuard:
         return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is e{index}"
 
 
-class PathObjectGuard:
+class PathObjectGuard(WrittenGuard):
     """An argument object that another holds as an attribute and that is state of its own,
     guarded through its path (``cache.self_attention_cache`` of an ``EncoderDecoderCache``, see
     ``core.reached``): what the program reads of it is guarded there, so any object of its type
     may be there. (Not by identity: ``generate`` makes a new cache on each call.)"""
 
     def __init__(self, source: InputSource, name: str, expected_type: type, origin: str):
-        self.source, self.name, self.expected_type, self.origin = source, name, expected_type, origin
-
-    @property
-    def per_call(self) -> bool:
-        return self.source.per_call
-
-    def read(self, flat):
-        return read_at(self.source, self.name, flat)
-
-    def holds(self, flat) -> bool:
-        return type(self.read(flat)) is self.expected_type
+        super().__init__(source, name, expected_type)
+        self.origin = origin
 
     def describe(self, flat) -> str:
         return (
             f"{self.source.describe(self.name)} changed from a {self.expected_type.__name__} to "
             f"{short(self.read(flat))} (read at {self.origin})"
         )
-
-    def term(self, index: int, scope: dict) -> str:
-        scope[f"e{index}"] = self.expected_type
-        return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is e{index}"
 
 
 class DistinctGuard:
