@@ -19,7 +19,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from thunder_rs.core.lang.fallback import user_fallback
+from thunder_rs.core.lang.fallback import schema_writes, user_fallback
 from thunder_rs.core.lang.langctx import MUTATING, TORCH_TO_LTORCH
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
@@ -39,15 +39,6 @@ _RUNNING_STATISTICS = {"running_mean": 3, "running_var": 4}
 #: ``F``'s functions that torch's take the arguments of in another order:
 #: ``(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled)``.
 _REORDERED = {torch.batch_norm: F.batch_norm, torch.instance_norm: F.instance_norm}
-
-
-def written_positions(op) -> dict[str, int]:
-    """The arguments ``op`` writes (other than ``out=``): ``{name: position}``."""
-    return {
-        a.name: i
-        for i, a in enumerate(op._schema.arguments)
-        if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
-    }
 
 
 @functools.cache
@@ -115,7 +106,7 @@ def _reordered(handler):
 
 def _register() -> None:
     for fn, op in _FUNCTIONS.items():
-        TORCH_TO_LTORCH[fn] = _writing(fn, written_positions(op) or _RUNNING_STATISTICS)
+        TORCH_TO_LTORCH[fn] = _writing(fn, schema_writes(op._schema) or _RUNNING_STATISTICS)
         MUTATING.add(fn)
     for fn, f_fn in _REORDERED.items():
         TORCH_TO_LTORCH[fn] = _reordered(TORCH_TO_LTORCH[f_fn])

@@ -350,22 +350,27 @@ def _refuse_autograd_node_methods(func, name: str) -> None:
         )
 
 
+def schema_writes(schema) -> dict[str, int]:
+    """The tensor arguments an aten schema writes in place other than ``out=`` (``Tensor(a!)
+    running_min``): ``{name: position}``."""
+    return {
+        a.name: i
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only and str(a.type) == "Tensor"
+    }
+
+
 @functools.cache
 def _written_arguments(func) -> tuple[str, ...]:
-    """The tensor arguments ``func``'s aten op writes in place other than ``out=`` (``Tensor(a!)
-    running_min``), by the schemas of its overloads that are not ``out`` forms."""
+    """The tensor arguments ``func``'s aten op writes in place other than ``out=``, by the schemas
+    of its overloads that are not ``out`` forms."""
     packet = getattr(torch.ops.aten, getattr(func, "__name__", ""), None)
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         return ()
-    return tuple(
-        dict.fromkeys(
-            a.name
-            for overload in packet.overloads()
-            if "out" not in overload
-            for a in getattr(packet, overload)._schema.arguments
-            if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only and str(a.type) == "Tensor"
-        )
+    written = (
+        schema_writes(getattr(packet, overload)._schema) for overload in packet.overloads() if "out" not in overload
     )
+    return tuple(dict.fromkeys(name for names in written for name in names))
 
 
 class _DrawsAgain(threading.local):
