@@ -249,20 +249,58 @@ def _aten_group_norm_backward(*args):
 # -- grad rule of group norm -----------------------------------------------------------------------
 
 
+def _put_group_norm_grads(g, input, weight, bias, mean, rstd, n, c, hxw, groups) -> None:
+    """The gradients ``native_group_norm_backward`` (eager's kernel) gives of the inputs that
+    require grad, from the output's cotangent ``g``."""
+    mask = [x is not None and x.requires_grad for x in (input, weight, bias)]
+    if not any(mask):
+        return
+    grads = native_group_norm_backward(g, input, mean, rstd, weight, n, c, hxw, groups, mask)
+    wanted = [x for x, w in zip((input, weight, bias), mask) if w]
+    for x, grad in zip(wanted, grads if isinstance(grads, tuple) else (grads,)):
+        put_grad(x, grad)
+
+
 @register_grad(ltorch.group_norm)
 def group_norm_grad(input, num_groups, weight=None, bias=None, eps=1e-05):
     check_group_norm("ltorch.group_norm", input, num_groups, weight, bias)
     n, c = input.shape[:2]
     hxw = math.prod(input.shape[2:])
     out, mean, rstd = native_group_norm(input, weight, bias, n, c, hxw, num_groups, eps)
-    wanted = [x for x in (input, weight, bias) if x is not None and x.requires_grad]
-    if not wanted:
-        return out
-    mask = [x is not None and x.requires_grad for x in (input, weight, bias)]
-    grads = native_group_norm_backward(get_grad(out), input, mean, rstd, weight, n, c, hxw, num_groups, mask)
-    for x, grad in zip(wanted, grads if isinstance(grads, tuple) else (grads,)):
-        put_grad(x, grad)
+    if any(x is not None and x.requires_grad for x in (input, weight, bias)):
+        _put_group_norm_grads(get_grad(out), input, weight, bias, mean, rstd, n, c, hxw, num_groups)
     return out
+
+
+def _stats_gradient(input, mean, rstd, g_mean, g_rstd, n: int, groups: int):
+    """The input's gradient through the mean and rstd outputs of ``native_group_norm``: each
+    group's mean moves by 1 / M of each element, its rstd by -rstd^3 (x - mean) / M."""
+    x = _grouped(to_compute_dtype(input), n, groups)
+    stats = (n, groups, 1)
+    mean, rstd = (ltorch.reshape(to_compute_dtype(t), stats) for t in (mean, rstd))
+    g_mean, g_rstd = (ltorch.reshape(to_compute_dtype(t), stats) for t in (g_mean, g_rstd))
+    per_element = g_mean - g_rstd * rstd * rstd * rstd * (x - mean)
+    return cast(ltorch.reshape(per_element / max(x.shape[2], 1), input.shape), input.dtype)
+
+
+@register_grad(native_group_norm)
+def native_group_norm_grad(input, weight, bias, N, C, HxW, group, eps):
+    """``torch.native_group_norm`` called directly: its kernel and eager's backward kernel, as
+    ``group_norm``; cotangents of the mean and rstd outputs (zeros when the program does not
+    differentiate them) add their terms to the input's gradient."""
+    out, mean, rstd = native_group_norm(input, weight, bias, N, C, HxW, group, eps)
+    g = get_grad(out)
+    g_mean, g_rstd = get_grad(mean), get_grad(rstd)
+    mask = [x is not None and x.requires_grad for x in (input, weight, bias)]
+    if not any(mask):
+        return out, mean, rstd
+    grads = native_group_norm_backward(g, input, mean, rstd, weight, N, C, HxW, group, mask)
+    grads = list(grads) if isinstance(grads, tuple) else [grads]
+    if input.requires_grad:
+        grads[0] = grads[0] + _stats_gradient(input, mean, rstd, g_mean, g_rstd, N, group)
+    for x, grad in zip([x for x, w in zip((input, weight, bias), mask) if w], grads):
+        put_grad(x, grad)
+    return out, mean, rstd
 
 
 #: The aten call the torch executor runs for the backward kernel.
