@@ -5,10 +5,13 @@ one) rounds otherwise than those kernels by a few ulps, which these tests would 
 
 - ``torch.native_group_norm`` called directly: its kernel and ``native_group_norm_backward``, as
   ``F.group_norm`` (a mean or rstd output the program differentiates adds its terms).
+- ``torch.cdist`` off the matmul path (p != 2, few rows, ``donot_use_mm_for_euclid_dist``):
+  ``_cdist_forward`` and ``_cdist_backward``, x2's from the transposed cotangent and distances.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -105,3 +108,24 @@ def test_native_group_norm_statistics_carry_their_gradients():
     (expected,) = torch.autograd.grad(program(x), x)
     (actual,) = torch.autograd.grad(thunder_rs.jit(program)(x), x)
     torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+
+
+# -- cdist -----------------------------------------------------------------------------------------
+
+CDIST_MODES = ["use_mm_for_euclid_dist_if_necessary", "donot_use_mm_for_euclid_dist"]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "stepped", "transposed"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, math.inf])
+@pytest.mark.parametrize("mode", CDIST_MODES, ids=["if_necessary", "donot_use_mm"])
+def test_cdist_off_the_matmul_path_is_eagers(mode, p, dtype, layout):
+    """Few rows (eager's ``_cdist_forward`` kernel even for p = 2 unless told to use matmul), the
+    batch dims broadcast, a row of x2 equal to one of x1 (a zero distance)."""
+    x1, x2 = randn(2, 5, 3, dtype=dtype), randn(1, 4, 3, dtype=dtype, seed=1)
+    x2[0, 1] = x1[1, 2]
+    if layout == "transposed":
+        x1, x2 = (t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (x1, x2))
+    else:
+        x1, x2 = LAYOUTS[layout](x1), LAYOUTS[layout](x2)
+    assert_bit_equal_to_eager(lambda a, b: torch.cdist(a, b, p, compute_mode=mode), [x1, x2])

@@ -10,6 +10,7 @@ recorded whole (without its decomposition) has the outputs its decomposition rec
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -95,6 +96,24 @@ def multi_margin(reduction: str, p: int, weighted=False, shape=(4, 5)):
         t = torch.randint(0, shape[-1], (rows,))
         w = torch.rand(shape[-1], dtype=dtype) + 0.5 if weighted else None
         return (g, x, t, w), lambda g, x, t, w: ltorch.multi_margin_loss_backward(g, x, t, p, 0.7, w, code)
+
+    return inputs
+
+
+def cdist(p: float, backward=False):
+    """``_cdist_forward``'s or ``_cdist_backward``'s inputs: x1 (2, 5, 3) and x2 (1, 4, 3), their
+    batches broadcast, with a row of x2 equal to one of x1 (a zero distance)."""
+
+    def inputs(dtype):
+        if dtype == torch.bfloat16:
+            pytest.skip("eager's CPU cdist kernels have no bfloat16 form")
+        x1, x2 = randn(2, 5, 3, dtype=dtype), randn(1, 4, 3, dtype=dtype)
+        x2[0, 1] = x1[1, 2]
+        if not backward:
+            return (x1, x2), lambda a, b: ltorch.cdist_forward(a, b, p, None)
+        d = torch.ops.aten._cdist_forward(x1, x2, p, None)
+        g = randn(*d.shape, dtype=dtype)
+        return (g, x1, x2, d), lambda g, a, b, d: ltorch.cdist_backward(g, a, b, p, d)
 
     return inputs
 
@@ -274,6 +293,11 @@ CASES = [
             (randn(5, 4, dtype=d), randn(5, 6, dtype=d), randn(5, 3, dtype=d)),
             lambda a, g, b: ltorch.trilinear(a, g, b, (1, 3), (2, 3), (1, 2), (0,)),
         ),
+    ),
+    *(Case(f"cdist_forward_p{p}", ltorch.cdist_forward, cdist(p)) for p in (0.0, 0.5, 1.0, 2.0, 3.0, math.inf)),
+    *(
+        Case(f"cdist_backward_p{p}", ltorch.cdist_backward, cdist(p, backward=True))
+        for p in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, math.inf)
     ),
     Case(
         "unfold_backward",

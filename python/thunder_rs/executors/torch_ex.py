@@ -463,6 +463,12 @@ def _batch_norm_backward(
     )
 
 
+def _cdist_backward(grad, x1, x2, p, cdist):
+    """Eager's derivative of ``_cdist_forward`` hands the kernel contiguous cotangents and
+    distances (x2's are transposed)."""
+    return _aten._cdist_backward.default(grad.contiguous(), x1, x2, p, cdist.contiguous())
+
+
 def _sdpa_math(q, k, v, mask, is_causal, scale, enable_gqa):
     return _aten._scaled_dot_product_attention_math.default(
         q, k, v, mask, 0.0, is_causal, None, scale=scale, enable_gqa=enable_gqa
@@ -504,6 +510,8 @@ _KERNELS = {
     "nll_loss_backward": (_aten.nll_loss_backward.default, None),
     "multi_margin_loss_backward": (_aten.multi_margin_loss_backward.default, None),
     "trilinear": (_aten._trilinear.default, None),
+    "cdist_forward": (_aten._cdist_forward.default, None),
+    "cdist_backward": (_cdist_backward, None),
     "sdpa_flash": (_sdpa_flash, _on_cpu),
     "sdpa_flash_backward": (_sdpa_flash_backward, _on_cpu),
     "sdpa_math": (_sdpa_math, _on_cpu),

@@ -2,8 +2,9 @@
 rows (``pairwise_distance``, ``pdist``, ``cdist``), cosine similarity and ``normalize``, and the
 p-norm and broadcast difference the losses share with them.
 
-Each follows eager's formula: ``cdist``'s matmul form for p = 2 on many rows, norms clamped by
-``eps`` as eager clamps them.
+Each follows eager's formula: ``cdist``'s matmul form for p = 2 on many rows, otherwise aten's
+``_cdist_forward`` and ``_cdist_backward`` kernels (declared here with decompositions, for
+executors that fuse prims), norms clamped by ``eps`` as eager clamps them.
 """
 
 import math
@@ -17,12 +18,12 @@ from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min
-from thunder_rs.torch.common import require_float, sum_to
+from thunder_rs.torch.common import flows, require_float, sum_to
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.base_losses import kernel_layout
 from thunder_rs.core.lang.symfloat import SymFloat
 
-__all__ = ["pairwise_distance", "pdist", "cosine_similarity", "normalize", "cdist"]
+__all__ = ["pairwise_distance", "pdist", "cosine_similarity", "normalize", "cdist", "cdist_forward", "cdist_backward"]
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -203,17 +204,73 @@ def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
         f"X1 and X2 must have the same dtype, but got {x1.dtype} and {x2.dtype} (argument x2)",
         ThunderRuntimeError,
     )
-    batch = clang.broadcast_shapes(op, x1.shape[:-2], x2.shape[:-2])
+    if _by_matmul(x1, x2, p, compute_mode) and x1.numel() and x2.numel():
+        batch = clang.broadcast_shapes(op, x1.shape[:-2], x2.shape[:-2])
+        a, b = (clang.expand_to(x, (*batch, *x.shape[-2:])) for x in (x1, x2))
+        return _euclidean_dist(a, b)
+    return cdist_forward(x1, x2, p, _CDIST_MODES[compute_mode] or None)
+
+
+# -- cdist's kernels -------------------------------------------------------------------------------
+
+
+def _cdist_shape(x1, x2) -> tuple:
+    """The batch dims of x1 and x2 broadcast together, then x1's rows and its columns."""
+    return (*clang.broadcast_shapes("ltorch.cdist", x1.shape[:-2], x2.shape[:-2]), *x1.shape[-2:])
+
+
+def _cdist_forward_meta(x1, x2, p, compute_mode):
+    shape = _cdist_shape(x1, x2)
+    return [((*shape[:-1], x2.shape[-2]), x1.dtype, flows(x1, x2))]
+
+
+@torchsymbol(name="cdist_forward", meta=_cdist_forward_meta)
+def cdist_forward(x1, x2, p, compute_mode):
+    """aten's ``_cdist_forward``: the ``p``-norm of each difference of a row of x1 and a row of
+    x2 (eager's cdist off the matmul path, and of empty operands)."""
+    batch = _cdist_shape(x1, x2)[:-2]
     a = clang.expand_to(x1, (*batch, *x1.shape[-2:]))
     b = clang.expand_to(x2, (*batch, *x2.shape[-2:]))
-    rows1, rows2, cols = a.shape[-2], b.shape[-2], a.shape[-1]
-    if _by_matmul(x1, x2, p, compute_mode):
-        return _euclidean_dist(a, b)
     n = len(batch)
-    shape = (*batch, rows1, rows2, cols)
+    shape = (*batch, a.shape[-2], b.shape[-2], a.shape[-1])
     left = prims.broadcast_in_dim(a, shape, (*range(n), n, n + 2))
     right = prims.broadcast_in_dim(b, shape, (*range(n), n + 1, n + 2))
     return _vector_norm(prims.sub(left, right), p, (n + 2,), keepdim=False)
+
+
+def _cdist_backward_meta(grad, x1, x2, p, cdist):
+    # (p = 0 gives zeros; p = 1 and infinity read the distances only in a comparison, if at all)
+    reads = () if p == 0 else (grad, x1, x2) if p in (1, math.inf) else (grad, x1, x2, cdist)
+    return [(_cdist_shape(x1, x2), x1.dtype, flows(*reads))]
+
+
+@torchsymbol(name="cdist_backward", meta=_cdist_backward_meta)
+def cdist_backward(grad, x1, x2, p, cdist):
+    """aten's ``_cdist_backward``: x1's gradient (x1 expanded to the broadcast batch dims) from
+    the distances ``cdist`` and their cotangent ``grad``; each pair of rows contributes its
+    difference's term of the p-norm's derivative, 0 where the distance is 0."""
+    shape = _cdist_shape(x1, x2)
+    n = len(shape) - 2
+    a = clang.expand_to(x1, shape)
+    b = clang.expand_to(x2, (*shape[:-2], *x2.shape[-2:]))
+    pairs = (*shape[:-1], b.shape[-2], shape[-1])
+    diff = ltorch.sub(ltorch.unsqueeze(a, n + 1), ltorch.unsqueeze(b, n))
+    g, dist = ltorch.unsqueeze(grad, -1), ltorch.unsqueeze(cdist, -1)
+    if p == 0:
+        return ltorch.zeros(shape, dtype=x1.dtype, device=x1.device)
+    sign = ltorch.sign(diff)
+    if p == 1:
+        terms = sign * g
+    elif p == math.inf:
+        terms = sign * g * (ltorch.abs(diff) == dist)
+    elif p == 2:
+        terms = ltorch.where(dist == 0, 0.0, g * diff / dist)
+    elif p < 2:
+        vanishing = (dist == 0) | ((diff == 0) & (p < 1))
+        terms = ltorch.where(vanishing, 0.0, sign * ltorch.pow(ltorch.abs(diff), p - 1) * g / ltorch.pow(dist, p - 1))
+    else:
+        terms = ltorch.where(dist == 0, 0.0, diff * ltorch.pow(ltorch.abs(diff), p - 2) * g / ltorch.pow(dist, p - 1))
+    return ltorch.sum(ltorch.expand(terms, pairs), n + 1)
 
 
 @register_grad(cdist)
@@ -230,7 +287,15 @@ def cdist_grad(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"
                 put_grad(x, ltorch.zeros_like(x))
         return out
     if not _by_matmul(x1, x2, p, compute_mode):
-        return out  # (the decomposition's VJP)
+        # eager's derivative of _cdist_forward: _cdist_backward of each operand, x2's from the
+        # transposed distances, summed back over the broadcast batch dims
+        g = get_grad(out)
+        if x1.requires_grad:
+            put_grad(x1, sum_to(cdist_backward(g, x1, x2, p, out), x1.shape))
+        if x2.requires_grad:
+            g_t, out_t = ltorch.transpose(g, -1, -2), ltorch.transpose(out, -1, -2)
+            put_grad(x2, sum_to(cdist_backward(g_t, x2, x1, p, out_t), x2.shape))
+        return out
     batch = tuple(out.shape[:-2])
     count = math.prod(batch)
 
