@@ -26,6 +26,7 @@ from thunder_rs.core.lang import sdp_state
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 from thunder_rs.executors.torch_ex import _efficient_bias, _rng_as, torch_ex
 from thunder_rs.torch import fused_attention as fa
+from thunder_rs.torch import common
 
 FLASH, EFFICIENT, CUDNN, MATH = fa.FLASH, fa.EFFICIENT, fa.CUDNN, fa.MATH
 KERNELS = {FLASH: "flash_attention", EFFICIENT: "efficient_attention", CUDNN: "cudnn_attention"}
@@ -54,7 +55,7 @@ def observed_kernels():
     """Per kernel name: the outputs its meta rule described at trace time, and the outputs of
     its aten call (fake tensors) at run time."""
     seen: dict = {"described": {}, "ran": {}}
-    record, saved = fa._record, {}
+    record, saved = common.record_opaque, {}
 
     def describing(sid, meta, args):
         seen["described"].setdefault(meta.__name__, []).append(meta(*args))
@@ -68,7 +69,7 @@ def observed_kernels():
 
         return run
 
-    fa._record = describing
+    common.record_opaque = describing
     for name in ("flash_attention", "efficient_attention", "cudnn_attention"):
         for form in (name, f"{name}_dropout", f"{name}_backward"):
             sid = getattr(fa, form).symbol_id
@@ -77,7 +78,7 @@ def observed_kernels():
     try:
         yield seen
     finally:
-        fa._record = record
+        common.record_opaque = record
         torch_ex.registry.register(*saved.values())
 
 

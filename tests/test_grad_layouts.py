@@ -427,8 +427,8 @@ def test_a_global_average_pool_has_eagers_gradient_strides(name: str):
 
 @pytest.mark.parametrize(("mode", "padding"), [("bilinear", "zeros"), ("nearest", "border")])
 def test_grid_sample_of_a_permuted_grid_has_eagers_grid_gradient_strides(mode: str, padding: str):
-    """Eager's grid_sampler_2d_backward writes the grid's gradient contiguous (the values differ by
-    a few ulps: eager's kernel rounds its interpolation otherwise than the decomposition)."""
+    """Eager's grid_sampler_2d_backward writes the grid's gradient contiguous (the trace runs that
+    kernel)."""
     torch.manual_seed(0)
     x = channels_last(torch.randn(2, 3, 5, 6, dtype=torch.float64))
     grid = torch.rand(2, 2, 7, 4, dtype=torch.float64).permute(0, 3, 2, 1) * 2 - 1

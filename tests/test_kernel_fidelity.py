@@ -1,16 +1,20 @@
 """Ops whose compiled results are bit-equal to eager's because the trace runs eager's own kernels,
 forward and backward: values, gradients and their strides, in float32 and float64, on
 contiguous, channels_last and otherwise non-contiguous inputs. A decomposition (or the VJP of
-one) rounds otherwise than those kernels by a few ulps, which these tests would see.
+one) rounds otherwise than those kernels by a few ulps, which these tests would see. Each sweep
+takes every value of each axis by default and the whole product with ``--run-slow``.
 
 - ``torch.native_group_norm`` called directly: its kernel and ``native_group_norm_backward``, as
   ``F.group_norm`` (a mean or rstd output the program differentiates adds its terms).
 - ``torch.cdist`` off the matmul path (p != 2, few rows, ``donot_use_mm_for_euclid_dist``):
   ``_cdist_forward`` and ``_cdist_backward``, x2's from the transposed cotangent and distances.
+- ``F.grid_sample`` (every mode and padding mode, 2-D and 3-D): aten's ``grid_sampler`` and the
+  backward kernel eager's autograd runs for it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -23,16 +27,18 @@ import thunder_rs
 DTYPES = [torch.float32, torch.float64]
 
 
-def _like(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` with its strides, a leaf that requires grad when ``t`` is floating."""
+def _like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """A copy of ``t`` with its strides, a leaf that requires grad when asked and floating."""
     copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t)
-    return copy.requires_grad_(t.is_floating_point())
+    return copy.requires_grad_(requires_grad and t.is_floating_point())
 
 
-def _run(program: Callable, inputs: list[torch.Tensor]):
-    """The outputs of ``program`` and the gradients of its inputs that require grad, from a
-    cotangent drawn contiguous (the same values whatever the output's layout)."""
-    args = [_like(t) for t in inputs]
+def _run(program: Callable, inputs: list[torch.Tensor], differentiated):
+    """The outputs of ``program`` and the gradients of its inputs that require grad (those
+    ``differentiated`` says, all when None), from a cotangent drawn contiguous (the same values
+    whatever the output's layout)."""
+    wanted = differentiated or [True] * len(inputs)
+    args = [_like(t, w) for t, w in zip(inputs, wanted, strict=True)]
     out = program(*args)
     outs = out if isinstance(out, tuple) else (out,)
     gen = torch.Generator().manual_seed(7)
@@ -41,9 +47,9 @@ def _run(program: Callable, inputs: list[torch.Tensor]):
     return (*outs, *grads)
 
 
-def assert_bit_equal_to_eager(program: Callable, inputs: list[torch.Tensor]) -> None:
-    expected = _run(program, inputs)
-    actual = _run(thunder_rs.jit(program), inputs)
+def assert_bit_equal_to_eager(program: Callable, inputs: list[torch.Tensor], differentiated=None) -> None:
+    expected = _run(program, inputs, differentiated)
+    actual = _run(thunder_rs.jit(program), inputs, differentiated)
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         assert a.stride() == e.stride(), f"result {i}: strides {a.stride()}, eager {e.stride()}"
         assert torch.equal(a, e), f"result {i}: differs from eager by {(a - e).abs().max().item():.3g}"
@@ -67,6 +73,18 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
 LAYOUTS = {"contiguous": contiguous, "channels_last": channels_last, "stepped": stepped}
 
 
+def sweep(**axes: list):
+    """``(argnames, params)`` for ``pytest.mark.parametrize`` over every combination of the axes'
+    values. The default run takes those that differ from the first combination in one axis at
+    most (each value once, the others at their first); the rest are slow."""
+    params = []
+    for combination in itertools.product(*axes.values()):
+        changed = sum(value != values[0] for value, values in zip(combination, axes.values()))
+        ids = "-".join(str(v) for v in combination)
+        params.append(pytest.param(*combination, id=ids, marks=() if changed <= 1 else pytest.mark.slow))
+    return ",".join(axes), params
+
+
 def randn(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     return torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
@@ -74,9 +92,7 @@ def randn(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
 # -- group norm ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(2, 6, 5, 4), (2, 6, 3, 2, 4)], ids=["2d", "3d"])
+@pytest.mark.parametrize(*sweep(shape=[(2, 6, 5, 4), (2, 6, 3, 2, 4)], dtype=DTYPES, layout=list(LAYOUTS)))
 def test_native_group_norm_called_directly_is_eagers(shape, dtype, layout):
     x = LAYOUTS[layout](randn(*shape, dtype=dtype))
     w, b = randn(6, dtype=dtype, seed=1), randn(6, dtype=dtype, seed=2)
@@ -115,10 +131,14 @@ def test_native_group_norm_statistics_carry_their_gradients():
 CDIST_MODES = ["use_mm_for_euclid_dist_if_necessary", "donot_use_mm_for_euclid_dist"]
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "stepped", "transposed"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, math.inf])
-@pytest.mark.parametrize("mode", CDIST_MODES, ids=["if_necessary", "donot_use_mm"])
+@pytest.mark.parametrize(
+    *sweep(
+        mode=CDIST_MODES,
+        p=[2.0, 0.0, 0.5, 1.0, 1.5, 3.0, math.inf],
+        dtype=DTYPES,
+        layout=["contiguous", "stepped", "transposed"],
+    )
+)
 def test_cdist_off_the_matmul_path_is_eagers(mode, p, dtype, layout):
     """Few rows (eager's ``_cdist_forward`` kernel even for p = 2 unless told to use matmul), the
     batch dims broadcast, a row of x2 equal to one of x1 (a zero distance)."""
@@ -129,3 +149,52 @@ def test_cdist_off_the_matmul_path_is_eagers(mode, p, dtype, layout):
     else:
         x1, x2 = LAYOUTS[layout](x1), LAYOUTS[layout](x2)
     assert_bit_equal_to_eager(lambda a, b: torch.cdist(a, b, p, compute_mode=mode), [x1, x2])
+
+
+# -- grid_sample -----------------------------------------------------------------------------------
+
+GRID_CASES = [
+    *(
+        (2, mode, padding)
+        for mode in ("bilinear", "nearest", "bicubic")
+        for padding in ("zeros", "border", "reflection")
+    ),
+    *((3, mode, padding) for mode in ("bilinear", "nearest") for padding in ("zeros", "border", "reflection")),
+]
+
+
+def _grid_inputs(dims: int, dtype: torch.dtype, layout: str):
+    """An input and a grid reaching a little past [-1, 1] (padding decides those points); the
+    layout applies to the input, "permuted grid" lays the grid out with its points' dims swapped."""
+    spatial_in, spatial_out = ((5, 6), (4, 7)) if dims == 2 else ((5, 6, 4), (3, 2, 3))
+    x = randn(2, 3, *spatial_in, dtype=dtype)
+    grid = (
+        torch.rand((2, *spatial_out, dims), dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 2.4 - 1.2
+    ).to(dtype)
+    if layout == "permuted grid":
+        grid = grid.transpose(1, 2).contiguous().transpose(1, 2)
+    elif layout != "contiguous":
+        x = LAYOUTS[layout](x)
+    return x, grid
+
+
+@pytest.mark.parametrize(
+    *sweep(
+        case=GRID_CASES,
+        align_corners=[False, True],
+        dtype=DTYPES,
+        layout=["contiguous", "channels_last", "stepped", "permuted grid"],
+    )
+)
+def test_grid_sample_is_eagers(case, align_corners, dtype, layout):
+    """eager's ``grid_sampler`` kernel and its backward, also for bicubic and 3-D sampling, which
+    have no decomposition."""
+    dims, mode, padding = case
+    x, grid = _grid_inputs(dims, dtype, layout)
+    assert_bit_equal_to_eager(lambda x, g: F.grid_sample(x, g, mode, padding, align_corners), [x, grid])
+
+
+@pytest.mark.parametrize("differentiated", [(True, False), (False, True)], ids=["input", "grid"])
+def test_grid_sample_gradient_of_one_operand_is_eagers(differentiated):
+    x, grid = _grid_inputs(2, torch.float32, "contiguous")
+    assert_bit_equal_to_eager(lambda x, g: F.grid_sample(x, g, align_corners=False), [x, grid], differentiated)

@@ -118,6 +118,19 @@ def cdist(p: float, backward=False):
     return inputs
 
 
+def grid_sampler(interpolation: int, padding: int, align_corners: bool):
+    """aten's ``grid_sampler`` inputs, the grid a little past [-1, 1]. In bfloat16 the
+    decomposition's rounded coordinates pick other pixels than eager's (test_nvfuser_opinfos.py)."""
+
+    def inputs(dtype):
+        if dtype == torch.bfloat16:
+            pytest.skip("bfloat16 coordinates round to other pixels in the decomposition")
+        x, grid = randn(2, 3, 5, 6, dtype=dtype), (torch.rand(2, 4, 7, 2, dtype=torch.float64) * 2.4 - 1.2).to(dtype)
+        return (x, grid), lambda x, g: ltorch.grid_sampler(x, g, interpolation, padding, align_corners)
+
+    return inputs
+
+
 def nll(reduction: str, weighted=False, unbatched=False, all_ignored=False, backward=False):
     code = REDUCTIONS[reduction]
 
@@ -298,6 +311,12 @@ CASES = [
     *(
         Case(f"cdist_backward_p{p}", ltorch.cdist_backward, cdist(p, backward=True))
         for p in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, math.inf)
+    ),
+    *(
+        Case(f"grid_sampler_{mode}_{padding}_{align}", ltorch.grid_sampler, grid_sampler(mode, padding, align))
+        for mode in (0, 1)
+        for padding in (0, 1, 2)
+        for align in (False, True)
     ),
     Case(
         "unfold_backward",

@@ -1,11 +1,15 @@
 """Helpers the op families share: argument predicates, the compute dtype of half-precision values,
-the casts and reshapes grad rules write with ltorch ops, and the pieces of a kernel's meta rule.
+the casts and reshapes grad rules write with ltorch ops, the pieces of a kernel's meta rule, and
+opaque kernels (``OpaqueKernel``).
 
 Each helper is written once here; a family keeps the helpers only it uses.
 """
 
 import torch
 
+from thunder_rs import _core
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.recorder import current, output_meta, proxies
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, hint
 from thunder_rs import clang, prims
@@ -179,3 +183,45 @@ def pieces(size, step) -> list:
     if not (count - 1) * step < size <= count * step:
         raise AssertionError("the pieces' count was decided on the hints")  # the guards hold for them
     return [step] * (count - 1) + [size - (count - 1) * step]
+
+
+# -- opaque kernels --------------------------------------------------------------------------------
+# Symbols a grad rule records for one aten call of eager's autograd that no decomposition stands
+# for (the fused attention kernels, grid_sampler's backward). The torch executor runs each as that
+# call; every other executor leaves it to the torch executor, and no pass looks inside.
+
+
+def record_opaque(sid: int, meta, args: tuple) -> tuple:
+    """One call of the kernel ``sid``; ``meta`` describes each output as ``(shape, dtype,
+    differentiable, strides)`` (strides None for contiguous ones)."""
+    device = str(next(a for a in args if isinstance(a, TensorProxy)).device)
+    flows = any(isinstance(a, TensorProxy) and a.requires_grad for a in args)
+    described = meta(*args)
+    metas = [
+        output_meta(shape, dtype, device, flows and differentiable) for shape, dtype, differentiable, _ in described
+    ]
+    outs = proxies(current().call(sid, args, None, metas))
+    for out, (*_, strides) in zip(outs, described):
+        if strides is not None:
+            out._strides = strides  # eager's layout, which views of the output follow
+    return tuple(outs)
+
+
+class OpaqueKernel:
+    """``ltorch.<name>``, an opaque kernel with meta rule ``meta``; an effect (a random draw)
+    when ``effect``. It stands for no torch callable, so it stays out of the registry that the
+    language context and the OpInfo tables read (``ltorch.SYMBOLS``): only grad rules record it,
+    and the tests of its family test it."""
+
+    opaque = True
+    torch_fns = ()
+
+    def __init__(self, name: str, meta, *, effect: bool = False):
+        self.__name__, self.symbol_name, self.meta = name, f"ltorch.{name}", meta
+        self.symbol_id = _core.register_symbol(self.symbol_name, fallback=True, effect=effect)
+
+    def __call__(self, *args):
+        return record_opaque(self.symbol_id, self.meta, args)
+
+    def __repr__(self):
+        return f"<kernel {self.symbol_name}>"

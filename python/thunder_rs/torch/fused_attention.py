@@ -34,16 +34,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from thunder_rs import _core
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang import sdp_state, symfloat
 from thunder_rs.core.lang.symint import SymInt, at_sizes, hint
 from thunder_rs.core.state.observe import check_sizes
 from thunder_rs.core.lang.grad import get_grad, put_grad
-from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current, output_meta, proxies
 from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
-from thunder_rs.torch.common import cast, sum_to
+from thunder_rs.torch.common import OpaqueKernel, cast, sum_to
 from thunder_rs.torch.strides import contiguous_strides, strides_of
 
 SDPBackend = torch.nn.attention.SDPBackend
@@ -187,43 +184,7 @@ def chosen_backend(query, key, value, attn_mask, dropout_p: float, is_causal: bo
     return backend
 
 
-# -- kernel symbols --------------------------------------------------------------------------------
-
-
-def _record(sid: int, meta, args: tuple):
-    """One call of the kernel ``sid``; ``meta`` describes each output as ``(shape, dtype,
-    differentiable, strides)`` (strides None for contiguous ones)."""
-    device = str(next(a for a in args if isinstance(a, TensorProxy)).device)
-    flows = any(isinstance(a, TensorProxy) and a.requires_grad for a in args)
-    described = meta(*args)
-    metas = [
-        output_meta(shape, dtype, device, flows and differentiable) for shape, dtype, differentiable, _ in described
-    ]
-    outs = proxies(current().call(sid, args, None, metas))
-    for out, (*_, strides) in zip(outs, described):
-        if strides is not None:
-            out._strides = strides  # eager's layout, which views of the output follow
-    return tuple(outs)
-
-
-class _Kernel:
-    """``ltorch.<name>``, an opaque kernel with meta rule ``meta``; an effect (a random draw)
-    when ``effect``. It stands for no torch callable, so it stays out of the registry that the
-    language context and the OpInfo tables read (``ltorch.SYMBOLS``): only the grad rule records
-    it, on CUDA, and ``tests/test_attention_kernels.py`` tests it."""
-
-    opaque = True
-    torch_fns = ()
-
-    def __init__(self, name: str, meta, *, effect: bool = False):
-        self.__name__, self.symbol_name, self.meta = name, f"ltorch.{name}", meta
-        self.symbol_id = _core.register_symbol(self.symbol_name, fallback=True, effect=effect)
-
-    def __call__(self, *args):
-        return _record(self.symbol_id, self.meta, args)
-
-    def __repr__(self):
-        return f"<kernel {self.symbol_name}>"
+# -- kernel meta rules ----------------------------------------------------------------------------
 
 
 def _matching_layout(query, shape) -> tuple:
@@ -317,25 +278,25 @@ def _cudnn_backward_meta(
 
 #: ``(query, key, value, dropout_p, is_causal, scale) -> (out, logsumexp, seed, offset)``; the
 #: ``_dropout`` form draws (``dropout_p > 0``).
-flash_attention = _Kernel("flash_attention", _flash_meta)
-flash_attention_dropout = _Kernel("flash_attention_dropout", _flash_meta, effect=True)
+flash_attention = OpaqueKernel("flash_attention", _flash_meta)
+flash_attention_dropout = OpaqueKernel("flash_attention_dropout", _flash_meta, effect=True)
 #: ``(grad_out, query, key, value, out, logsumexp, seed, offset, dropout_p, is_causal, scale)
 #: -> (grad_query, grad_key, grad_value)``
-flash_attention_backward = _Kernel("flash_attention_backward", _flash_backward_meta)
+flash_attention_backward = OpaqueKernel("flash_attention_backward", _flash_backward_meta)
 #: ``(query, key, value, attn_bias, dropout_p, is_causal, scale) -> (out, logsumexp, seed, offset)``,
 #: ``attn_bias`` additive (or None) and broadcastable to [B, H, L, S].
-efficient_attention = _Kernel("efficient_attention", _efficient_meta)
-efficient_attention_dropout = _Kernel("efficient_attention_dropout", _efficient_meta, effect=True)
+efficient_attention = OpaqueKernel("efficient_attention", _efficient_meta)
+efficient_attention_dropout = OpaqueKernel("efficient_attention_dropout", _efficient_meta, effect=True)
 #: ``(grad_out, query, key, value, attn_bias, out, logsumexp, seed, offset, dropout_p,
 #: grad_input_mask, is_causal, scale)`` -> the gradients of query, key, value and attn_bias the
 #: mask asks for.
-efficient_attention_backward = _Kernel("efficient_attention_backward", _efficient_backward_meta)
+efficient_attention_backward = OpaqueKernel("efficient_attention_backward", _efficient_backward_meta)
 #: ``(query, key, value, attn_bias, dropout_p, is_causal, scale) -> (out, logsumexp, seed, offset)``
-cudnn_attention = _Kernel("cudnn_attention", _cudnn_meta)
-cudnn_attention_dropout = _Kernel("cudnn_attention_dropout", _cudnn_meta, effect=True)
+cudnn_attention = OpaqueKernel("cudnn_attention", _cudnn_meta)
+cudnn_attention_dropout = OpaqueKernel("cudnn_attention_dropout", _cudnn_meta, effect=True)
 #: ``(grad_out, query, key, value, out, logsumexp, seed, offset, attn_bias, dropout_p, is_causal,
 #: scale) -> (grad_query, grad_key, grad_value)``
-cudnn_attention_backward = _Kernel("cudnn_attention_backward", _cudnn_backward_meta)
+cudnn_attention_backward = OpaqueKernel("cudnn_attention_backward", _cudnn_backward_meta)
 
 
 # -- the grad rule's fused path --------------------------------------------------------------------

@@ -1,11 +1,14 @@
-"""Spatial transformers (``torch.nn.functional``): ``affine_grid`` and 2-D ``grid_sample``.
+"""Spatial transformers (``torch.nn.functional``): ``affine_grid`` and ``grid_sample``.
 
 ``affine_grid`` is aten's generator: a base grid of evenly spaced coordinates (``linspace``
-computed as aten computes it) times each transposed theta. ``grid_sample`` unnormalises each
-grid point into input coordinates, applies the padding mode (clip for border, fold for
-reflection), and reads the input at the nearest point or at the four neighbours with bilinear
-weights, one ``take_along_axis`` per neighbour; neighbours outside the input weigh zero.
-Bicubic sampling and 3-D (5-D input) sampling are refused by name.
+computed as aten computes it) times each transposed theta. ``grid_sample`` is aten's
+``grid_sampler`` kernel, which the torch executor runs as eager does, and whose gradients are
+the backward kernel eager's autograd runs for it (``grid_sampler_backward``, opaque), so that
+values and gradients are eager's bit for bit. The kernel's decomposition, for executors that fuse
+prims, unnormalises each grid point into input coordinates, applies the padding mode (clip for
+border, fold for reflection), and reads the input at the nearest point or at the four neighbours
+with bilinear weights, one ``take_along_axis`` per neighbour; neighbours outside the input weigh
+zero. Bicubic and 3-D (5-D input) sampling have no decomposition: only eager's kernel runs them.
 """
 
 import math
@@ -17,10 +20,11 @@ from thunder_rs import prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.base_losses import kernel_layout
+from thunder_rs.torch.common import OpaqueKernel, flows
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.symint import SymInt, same_shape
 
-__all__ = ["affine_grid", "grid_sample"]
+__all__ = ["affine_grid", "grid_sample", "grid_sampler"]
 
 
 # -- affine_grid -----------------------------------------------------------------------------------
@@ -146,8 +150,12 @@ def _check_grid_sample(op: str, input, grid, mode: str, padding_mode: str) -> No
         f"has sizes {list(input.shape)} (argument input)",
         ThunderRuntimeError,
     )
-    check(input.ndim == 4, op, "3-D (5-D input) sampling is not supported (argument input)", ThunderNotImplementedError)
-    check(mode != "bicubic", op, "bicubic sampling is not supported (argument mode)", ThunderNotImplementedError)
+    check(
+        input.ndim == 4 or mode != "bicubic",
+        op,
+        "bicubic interpolation only supports 4D input (argument mode)",
+        ThunderRuntimeError,
+    )
     check(
         input.dtype.is_floating_point,
         op,
@@ -217,14 +225,45 @@ def _read(flat, width: int, height: int, iy, ix, weight):
 
 @torchsymbol(F.grid_sample)
 def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
-    op = "ltorch.grid_sample"
-    _check_grid_sample(op, input, grid, mode, padding_mode)
-    align_corners = bool(align_corners)
+    _check_grid_sample("ltorch.grid_sample", input, grid, mode, padding_mode)
+    return grid_sampler(input, grid, INTERPOLATIONS[mode], PADDINGS[padding_mode], bool(align_corners))
+
+
+# -- grid_sampler's kernels ------------------------------------------------------------------------
+
+#: F.grid_sample's modes and padding modes as aten's ``grid_sampler`` numbers them.
+INTERPOLATIONS = {"bilinear": 0, "nearest": 1, "bicubic": 2}
+PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
+
+
+def _grid_sampler_meta(input, grid, interpolation, padding, align_corners):
+    return [((*input.shape[:2], *grid.shape[1:-1]), input.dtype, flows(input, grid))]
+
+
+@torchsymbol(name="grid_sampler", meta=_grid_sampler_meta)
+def grid_sampler(input, grid, interpolation, padding, align_corners):
+    """aten's ``grid_sampler`` (the kernel eager's F.grid_sample calls): ``input`` read at the
+    ``grid``'s points, a new contiguous tensor. The decomposition, for executors that fuse prims,
+    takes 2-D bilinear and nearest sampling; bicubic and 3-D sampling only eager's kernel runs."""
+    op = "ltorch.grid_sampler"
+    mode = next(name for name, code in INTERPOLATIONS.items() if code == interpolation)
+    padding_mode = next(name for name, code in PADDINGS.items() if code == padding)
+    check(
+        input.ndim == 4,
+        op,
+        "3-D (5-D input) sampling has no decomposition for an executor that fuses prims; "
+        "the torch executor runs eager's kernel (argument input)",
+        ThunderNotImplementedError,
+    )
+    check(
+        mode != "bicubic",
+        op,
+        "bicubic sampling has no decomposition for an executor that fuses prims; "
+        "the torch executor runs eager's kernel (argument interpolation)",
+        ThunderNotImplementedError,
+    )
     n, c, height, width = input.shape
     out_h, out_w = grid.shape[1:3]
-    # (eager's kernel writes the grid's gradient contiguous: the coordinates read from a contiguous
-    # grid give it that layout, where a permuted grid's laid it out as the grid)
-    grid = kernel_layout(grid)
     coords = [
         prims.reshape(prims.slice(grid, (0, 0, 0, k), (n, out_h, out_w, k + 1), (1, 1, 1, 1)), (n, out_h, out_w))
         for k in range(2)
@@ -237,18 +276,76 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
         one = prims.where(prims.full(x.shape, True, x.device, torch.bool), 1.0, x)
         out = _read(flat, width, height, prims.round(y), prims.round(x), one)
     else:
-        west, north = prims.floor(x), prims.floor(y)
-        east, south = prims.add(west, 1.0), prims.add(north, 1.0)
-        w, nn = prims.sub(x, west), prims.sub(y, north)
-        e, s = prims.sub(1.0, w), prims.sub(1.0, nn)
-        corners = (
-            (north, west, prims.mul(s, e)),
-            (north, east, prims.mul(s, w)),
-            (south, west, prims.mul(nn, e)),
-            (south, east, prims.mul(nn, w)),
-        )
-        out = None
-        for iy, ix, weight in corners:
-            term = _read(flat, width, height, iy, ix, weight)
-            out = term if out is None else prims.add(out, term)
+        out = _bilinear(flat, width, height, x, y)
     return prims.reshape(out, (n, c, out_h, out_w))
+
+
+def _bilinear(flat, width: int, height: int, x, y):
+    """``flat`` read at (y, x) as the four neighbours weighted by their distances."""
+    west, north = prims.floor(x), prims.floor(y)
+    east, south = prims.add(west, 1.0), prims.add(north, 1.0)
+    w, nn = prims.sub(x, west), prims.sub(y, north)
+    e, s = prims.sub(1.0, w), prims.sub(1.0, nn)
+    corners = (
+        (north, west, prims.mul(s, e)),
+        (north, east, prims.mul(s, w)),
+        (south, west, prims.mul(nn, e)),
+        (south, east, prims.mul(nn, w)),
+    )
+    out = None
+    for iy, ix, weight in corners:
+        term = _read(flat, width, height, iy, ix, weight)
+        out = term if out is None else prims.add(out, term)
+    return out
+
+
+def _grid_sampler_backward_meta(grad, input, grid, interpolation, padding, align_corners, output_mask):
+    """The gradients ``output_mask`` asks for, contiguous as eager's kernels write them."""
+    return [(tuple(t.shape), t.dtype, False, None) for t, wanted in zip((input, grid), output_mask) if wanted]
+
+
+#: ``(grad, input, grid, interpolation, padding, align_corners, output_mask)`` -> the gradients of
+#: input and grid ``output_mask`` asks for: eager's backward of the kernel ``grid_sampler`` ran.
+grid_sampler_backward = OpaqueKernel("grid_sampler_backward", _grid_sampler_backward_meta)
+
+
+@register_grad(grid_sampler)
+def grid_sampler_grad(input, grid, interpolation, padding, align_corners):
+    out = grid_sampler(input, grid, interpolation, padding, align_corners)
+    mask = (input.requires_grad, grid.requires_grad)
+    grads = grid_sampler_backward(get_grad(out), input, grid, interpolation, padding, align_corners, mask)
+    for x, grad in zip([x for x, wanted in zip((input, grid), mask) if wanted], grads):
+        put_grad(x, grad)
+    return out
+
+
+def _can_use_32_bit_index_math(t: torch.Tensor) -> bool:
+    limit = 2**31 - 1
+    return t.numel() <= limit and sum((n - 1) * s for n, s in zip(t.shape, t.stride())) <= limit
+
+
+def _takes_cudnn(input, grid, interpolation, padding, align_corners) -> bool:
+    """Whether aten's ``grid_sampler`` ran cuDNN's kernel (``cond_cudnn_grid_sampler`` in
+    aten/src/ATen/native/GridSamplerUtils.h, bilinear with zero padding and aligned corners)."""
+    half_or_more = (torch.float64, torch.float32, torch.float16)
+    return (
+        (interpolation, padding, align_corners) == (0, 0, True)
+        and input.ndim == 4
+        and input.shape[1] <= 1024
+        and all(t.dtype in half_or_more and torch.backends.cudnn.is_acceptable(t) for t in (input, grid))
+        and all(_can_use_32_bit_index_math(t) for t in (input, grid))
+    )
+
+
+def _aten_grid_sampler_backward(grad, input, grid, interpolation, padding, align_corners, output_mask):
+    if _takes_cudnn(input, grid, interpolation, padding, align_corners):
+        grads = torch.ops.aten.cudnn_grid_sampler_backward.default(input, grid, grad)
+    else:
+        kernel = torch.ops.aten.grid_sampler_2d_backward if input.ndim == 4 else torch.ops.aten.grid_sampler_3d_backward
+        grads = kernel.default(grad, input, grid, interpolation, padding, align_corners, list(output_mask))
+    kept = [g for g, wanted in zip(grads, output_mask) if wanted]
+    return kept[0] if len(kept) == 1 else tuple(kept)
+
+
+#: The aten calls the torch executor runs for the kernels.
+TORCH_IMPLS = {grid_sampler: torch.grid_sampler, grid_sampler_backward: _aten_grid_sampler_backward}
