@@ -9,7 +9,8 @@ takes every value of each axis by default and the whole product with ``--run-slo
 - ``torch.cdist`` off the matmul path (p != 2, few rows, ``donot_use_mm_for_euclid_dist``):
   ``_cdist_forward`` and ``_cdist_backward``, x2's from the transposed cotangent and distances.
 - ``F.grid_sample`` (every mode and padding mode, 2-D and 3-D): aten's ``grid_sampler`` and the
-  backward kernel eager's autograd runs for it.
+  backward kernel eager's autograd runs for it (cuDNN's where aten's forward took cuDNN's, which
+  only fake CUDA tensors show here).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import thunder_rs
+from thunder_rs.torch.sampling import _aten_grid_sampler_backward
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -198,3 +202,55 @@ def test_grid_sample_is_eagers(case, align_corners, dtype, layout):
 def test_grid_sample_gradient_of_one_operand_is_eagers(differentiated):
     x, grid = _grid_inputs(2, torch.float32, "contiguous")
     assert_bit_equal_to_eager(lambda x, g: F.grid_sample(x, g, align_corners=False), [x, grid], differentiated)
+
+
+class _KernelsCalled(TorchDispatchMode):
+    """The aten ops called under it (on fake CUDA tensors); cuDNN's grid sampler kernels, which
+    have no fake implementation, return new tensors of their outputs' shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.called: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.called.append(func.__name__)
+        if func is torch.ops.aten.cudnn_grid_sampler.default:
+            x, grid = args
+            return x.new_empty((*x.shape[:2], *grid.shape[1:-1]))
+        if func is torch.ops.aten.cudnn_grid_sampler_backward.default:
+            return args[0].new_empty(args[0].shape), args[1].new_empty(args[1].shape)
+        return func(*args, **(kwargs or {}))
+
+
+#: (input shape, dtype, interpolation, padding, align_corners) on CUDA
+CUDNN_CASES = [
+    ((2, 3, 5, 6), torch.float32, 0, 0, True),
+    ((2, 3, 5, 6), torch.float16, 0, 0, True),
+    ((2, 3, 5, 6), torch.float32, 0, 0, False),
+    ((2, 3, 5, 6), torch.float32, 1, 0, True),
+    ((2, 3, 5, 6), torch.float32, 0, 1, True),
+    ((2, 3, 5, 6), torch.bfloat16, 0, 0, True),
+    ((2, 1025, 2, 2), torch.float32, 0, 0, True),
+    ((0, 3, 5, 6), torch.float32, 0, 0, True),
+    ((2, 3, 5, 6, 4), torch.float32, 0, 0, True),
+]
+
+
+@pytest.mark.parametrize("cudnn_enabled", [True, False])
+@pytest.mark.parametrize("case", CUDNN_CASES, ids=str)
+def test_grid_sampler_backward_on_cuda_is_the_one_of_the_forward_aten_chose(case, cudnn_enabled):
+    """On CUDA aten's ``grid_sampler`` runs cuDNN's kernel for some calls, whose backward is
+    cuDNN's: the torch executor's backward asks as aten does (checked on fake CUDA tensors, the
+    forward's choice seen as the kernel it dispatches to)."""
+    shape, dtype, interpolation, padding, align_corners = case
+    with FakeTensorMode(), torch.backends.cudnn.flags(enabled=cudnn_enabled):
+        x = torch.empty(shape, dtype=dtype, device="cuda")
+        grid = torch.empty(shape[0], *(3,) * (len(shape) - 2), len(shape) - 2, dtype=dtype, device="cuda")
+        with _KernelsCalled() as forward:
+            out = torch.grid_sampler(x, grid, interpolation, padding, align_corners)
+        with _KernelsCalled() as backward:
+            _aten_grid_sampler_backward(out, x, grid, interpolation, padding, align_corners, (True, True))
+    by_cudnn = "cudnn_grid_sampler.default" in forward.called
+    assert ("cudnn_grid_sampler_backward.default" in backward.called) == by_cudnn
+    # (the cases cuDNN takes, where torch was built with it)
+    assert by_cudnn == (cudnn_enabled and torch.backends.cudnn.is_available() and case in CUDNN_CASES[:2])

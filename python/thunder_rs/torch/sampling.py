@@ -319,21 +319,30 @@ def grid_sampler_grad(input, grid, interpolation, padding, align_corners):
     return out
 
 
-def _can_use_32_bit_index_math(t: torch.Tensor) -> bool:
+def _cudnn_acceptable(t: torch.Tensor) -> bool:
+    """aten's ``cudnn_is_acceptable`` (a CUDA tensor with elements, cuDNN built and enabled), with
+    ``cond_cudnn_grid_sampler``'s dtypes and ``canUse32BitIndexMath``."""
     limit = 2**31 - 1
-    return t.numel() <= limit and sum((n - 1) * s for n, s in zip(t.shape, t.stride())) <= limit
+    return (
+        torch.backends.cudnn.enabled
+        and t.is_cuda
+        and t.dtype in (torch.float64, torch.float32, torch.float16)
+        and torch.backends.cudnn.is_available()
+        and 0 < t.numel() <= limit
+        and sum((n - 1) * s for n, s in zip(t.shape, t.stride())) <= limit
+    )
 
 
 def _takes_cudnn(input, grid, interpolation, padding, align_corners) -> bool:
-    """Whether aten's ``grid_sampler`` ran cuDNN's kernel (``cond_cudnn_grid_sampler`` in
-    aten/src/ATen/native/GridSamplerUtils.h, bilinear with zero padding and aligned corners)."""
-    half_or_more = (torch.float64, torch.float32, torch.float16)
+    """Whether aten's ``grid_sampler`` ran cuDNN's kernel: bilinear with zero padding and aligned
+    corners of a 4-D input of at most 1024 channels (``cond_cudnn_grid_sampler`` in
+    aten/src/ATen/native/GridSamplerUtils.h), which autograd differentiates by cuDNN's backward."""
     return (
         (interpolation, padding, align_corners) == (0, 0, True)
         and input.ndim == 4
         and input.shape[1] <= 1024
-        and all(t.dtype in half_or_more and torch.backends.cudnn.is_acceptable(t) for t in (input, grid))
-        and all(_can_use_32_bit_index_math(t) for t in (input, grid))
+        and _cudnn_acceptable(input)
+        and _cudnn_acceptable(grid)
     )
 
 
