@@ -272,15 +272,21 @@ def group_norm_grad(input, num_groups, weight=None, bias=None, eps=1e-05):
     return out
 
 
-def _stats_gradient(input, mean, rstd, g_mean, g_rstd, n: int, groups: int):
+def _through_stats(input, mean, rstd, g_mean, g_rstd, n: int, c: int, groups: int):
     """The input's gradient through the mean and rstd outputs of ``native_group_norm``: each
-    group's mean moves by 1 / M of each element, its rstd by -rstd^3 (x - mean) / M."""
-    x = _grouped(to_compute_dtype(input), n, groups)
-    stats = (n, groups, 1)
-    mean, rstd = (ltorch.reshape(to_compute_dtype(t), stats) for t in (mean, rstd))
-    g_mean, g_rstd = (ltorch.reshape(to_compute_dtype(t), stats) for t in (g_mean, g_rstd))
-    per_element = g_mean - g_rstd * rstd * rstd * rstd * (x - mean)
-    return cast(ltorch.reshape(per_element / max(x.shape[2], 1), input.shape), input.dtype)
+    group's mean moves by 1 / M of each element, its rstd by -rstd^3 (x - mean) / M. Written as
+    a + b * x with a and b per (sample, channel), so that x is read in its own layout."""
+    size = max(input.numel() // max(n * groups, 1), 1)
+    mean, rstd, g_mean, g_rstd = (to_compute_dtype(t) for t in (mean, rstd, g_mean, g_rstd))
+    scale = g_rstd * rstd * rstd * rstd
+    per_channel = (n, c, *(1,) * (input.ndim - 2))
+
+    def spread(t):
+        grouped = ltorch.expand(ltorch.reshape(t, (n, groups, 1)), (n, groups, c // groups))
+        return ltorch.reshape(grouped, per_channel)
+
+    term = ltorch.addcmul(spread((g_mean + scale * mean) / size), spread(-scale / size), to_compute_dtype(input))
+    return cast(term, input.dtype)
 
 
 @register_grad(native_group_norm)
@@ -297,7 +303,7 @@ def native_group_norm_grad(input, weight, bias, N, C, HxW, group, eps):
     grads = native_group_norm_backward(g, input, mean, rstd, weight, N, C, HxW, group, mask)
     grads = list(grads) if isinstance(grads, tuple) else [grads]
     if input.requires_grad:
-        grads[0] = grads[0] + _stats_gradient(input, mean, rstd, g_mean, g_rstd, N, group)
+        grads[0] = grads[0] + _through_stats(input, mean, rstd, g_mean, g_rstd, N, C, group)
     for x, grad in zip([x for x, w in zip((input, weight, bias), mask) if w], grads):
         put_grad(x, grad)
     return out, mean, rstd
