@@ -32,6 +32,7 @@ from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
+from thunder_rs.core.state.aliases import alias_guards
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
@@ -543,7 +544,8 @@ def acquire(
     kept_as_is = [id(p) in stored or id(t) in stored for p, t in zip(captures.proxies, captures.tensors)]
     observer.read_cached_per_call(captures.tensors, kept_as_is)
     observer.guard_argument_tensors(captures.tensors)
-    guards, modules_called = observer.guards(), list(observer.modules_called.values())
+    guards = observer.guards() + alias_guards(reached, observer.state.written_ids)
+    modules_called = list(observer.modules_called.values())
     size_checks, sites = observer.size_checks, observer.state.containers.sites()
     del observer
     # A captured tensor the program stores as it is (``self.cells = [c.to(dtype) for c in self.cells]``)

@@ -87,15 +87,30 @@ class ArgumentObjects:
         self.unsourced: list = []
         self._seen: set = set()
         self._shared: set = set()
+        #: id -> where each object, list and dict (and tuple of objects) was first found
+        self._first: dict = {}
+        #: ``(first source, another)``: the other places found to hold one of them (``aliases.SameGuard``)
+        self.aliases: list = []
+        #: ids of the lists and dicts whose items the program set (``item_writes``)
+        self.written: set = set()
         for i, x in enumerate(flat_inputs):
             if not isinstance(x, torch.Tensor):
                 self._visit(x, i, (), names[i], 0, False)
 
     def _visit(self, x, position: int, path: tuple, label: str, depth: int, under: bool) -> None:
-        if depth > _DEPTH or id(x) in self._seen or isinstance(x, _NOT_FOLLOWED):
+        if isinstance(x, _NOT_FOLLOWED):
+            return
+        if id(x) in self._seen:
+            first = self._first.get(id(x))
+            if first is not None:
+                self.aliases.append((first, InputSource(position, path, label)))
+            return
+        if depth > _DEPTH:
             return
         if type(x) in _CONTAINERS:
             self._seen.add(id(x))
+            if type(x) is not tuple or not is_simple(x):
+                self._first[id(x)] = InputSource(position, path, label)
             if type(x) is not tuple:
                 self.containers.append((x, _items(x), InputSource(position, path, label)))
             if not is_simple(x):
@@ -113,7 +128,7 @@ class ArgumentObjects:
         if is_simple(x) or not isinstance(attributes, dict):
             return
         self._seen.add(id(x))
-        source = InputSource(position, path, label)
+        source = self._first[id(x)] = InputSource(position, path, label)
         self.objects.append((x, source, under))
         for name, y in attributes.items():
             if isinstance(y, torch.Tensor):
@@ -147,6 +162,7 @@ class ArgumentObjects:
         for container, before, source in self.containers:
             if not _changed(container, before):
                 continue
+            self.written.add(id(container))
             found = _changes(container, before, source)
             _restore(container, before)
             if found is None:
