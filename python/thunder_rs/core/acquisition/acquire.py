@@ -33,6 +33,7 @@ from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_siz
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.aliases import alias_guards
+from thunder_rs.core.state.bystanders import kept_apart, track
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
@@ -132,6 +133,7 @@ def _trace_program(
         with (
             refusals_not_swallowed(),
             recording_draws(draws),
+            kept_apart(),
             consuming_iterators(flat_inputs),
             recording(rec, captures, made, whole),
             reading(reads),
@@ -418,6 +420,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
     args, kwargs = tree_unflatten(leaves, in_spec)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
+    track(observer, pairs)  # what collections and signal handlers change there is not the program's
     # After the observer noted the argument objects' attributes: what the call found.
     placed = _stand_ins(reached, captures, size_inputs, len(positions) + len(params))
     ints = _int_stand_ins(reached, size_inputs, pairs)

@@ -238,6 +238,16 @@ class ProgramState:
         if id(obj) not in self._objects:
             self._objects[id(obj)] = StateObject(obj, source, whole)
 
+    def found_attributes(self) -> list:
+        """``(object, its instance dict, its attributes when the program found it)`` of each state
+        object with an instance dict (``bystanders``: what code other than the program changes in it
+        is taken as found)."""
+        return [
+            (k.obj, now, k.found)
+            for k in self._objects.values()
+            if k.found is not None and isinstance(now := attributes_of(k.obj), dict)
+        ]
+
     def source_of(self, obj):
         known = self._objects.get(id(obj))
         return known.source if known is not None else None
