@@ -64,6 +64,11 @@ def track(observer, pairs: list) -> None:
     _tracked.states = (*_tracked.states, (observer, pairs))
 
 
+def traced_modules() -> list:
+    """The module clones the traced programs of this thread run (``modules.ModuleBinding``)."""
+    return [clone for _, pairs in _tracked.states for clone, _ in pairs]
+
+
 def snapshot():
     """Copies of the attributes of the state the traced programs of this thread keep, before code
     that is not the program runs; None when no program is traced."""
