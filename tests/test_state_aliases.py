@@ -236,3 +236,44 @@ def test_objects_in_a_module_list_shared_then_not_match_eager(first):
                 m.layers[1] = _Layer() if m.layers[0] is m.layers[1] else m.layers[0]
         torch.testing.assert_close(jm(x), eager(x), rtol=0, atol=0)
         torch.testing.assert_close([la.keys for la in model.layers], [la.keys for la in eager.layers])
+
+
+class _HoldsALayer(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, layer, x):
+        layer.keys = layer.keys + x
+        return self.layer.keys * 2
+
+
+@pytest.mark.parametrize("first", ["shared", "distinct"])
+def test_an_argument_object_the_module_also_holds_then_another_matches_eager(first):
+    held = _Layer()
+    model = _HoldsALayer(held)
+    jm = thunder_rs.jit(model)
+    x = torch.ones(3)
+    for shared in (True, False, True, False) if first == "shared" else (False, True, False, True):
+        layer = held if shared else _Layer(10.0)
+        expected = (layer.keys + x) * 2 if shared else held.keys * 2
+        torch.testing.assert_close(jm(layer, x), expected, rtol=0, atol=0)
+    assert len(_misses(jm)) == 2
+
+
+GLOBAL_LAYER = _Layer()
+
+
+def _grows_the_argument_reads_the_global(layer, x):
+    layer.keys = layer.keys + x
+    return GLOBAL_LAYER.keys * 2
+
+
+def test_an_argument_object_that_is_a_global_one_then_another_matches_eager():
+    jf = thunder_rs.jit(_grows_the_argument_reads_the_global)
+    x = torch.ones(3)
+    for shared in (False, True, False, True):
+        layer = GLOBAL_LAYER if shared else _Layer(10.0)
+        expected = (layer.keys + x) * 2 if shared else GLOBAL_LAYER.keys * 2
+        torch.testing.assert_close(jf(layer, x), expected, rtol=0, atol=0)
+    assert len(_misses(jf)) == 2

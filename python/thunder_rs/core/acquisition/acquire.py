@@ -547,7 +547,8 @@ def acquire(
     kept_as_is = [id(p) in stored or id(t) in stored for p, t in zip(captures.proxies, captures.tensors)]
     observer.read_cached_per_call(captures.tensors, kept_as_is)
     observer.guard_argument_tensors(captures.tensors)
-    guards = observer.guards() + alias_guards(reached, observer.state.written_ids)
+    guards = observer.guards()
+    guards += alias_guards(reached, observer.state.written_ids, guards)
     modules_called = list(observer.modules_called.values())
     size_checks, sites = observer.size_checks, observer.state.containers.sites()
     del observer

@@ -12,8 +12,18 @@ one of them: in eager a write through one place is then seen through the other, 
 reading each through its own path, does not do. Only objects of a written one's type can be it, so
 only those are compared: a program that only reads from them hits whichever the sharing. Lists
 and dicts of module attributes and globals need neither: their guards compare their items by
-identity.
+identity; an argument object that was, or was not, one the program read from there is compared
+with those (``FixedGuard``).
 """
+
+import types
+
+import torch
+
+from thunder_rs.core.state.guards import InputSource, ObjectSource
+
+#: Values whose instance dict is no state of the program's (functions, classes, modules of code).
+_NOT_STATE = (type, types.ModuleType, types.FunctionType, types.MethodType, torch.Tensor)
 
 
 class DistinctGuard:
@@ -81,17 +91,94 @@ class SameGuard:
         return " and ".join(f"{a} is {b}" for a, b in zip(objects[::2], objects[1::2]))
 
 
-def alias_guards(reached, written: set) -> list:
+class FixedGuard:
+    """Argument objects that were, when traced, objects the program also read from its lasting
+    state (a module attribute, a global: ``self.layer`` passed as ``layer`` too), which must be
+    those objects in each call (``same``: ``(place, object)``), and argument objects of a type the
+    program set attributes or items of, which were not, and must not be (``apart``: places, none
+    of ``fixed``): the trace reads the one through its argument path and the other where the state
+    holds it. The entry keeps ``fixed`` alive, so their ids stay theirs."""
+
+    per_call = True
+    source = None
+
+    def __init__(self, same: list, apart: list, fixed: tuple):
+        self.same, self.apart, self.fixed = same, apart, fixed
+        self.ids = frozenset(map(id, fixed))
+        self.sources = [s for s, _ in same] + apart
+        self.origin = ", ".join(s.label for s in self.sources)
+
+    def holds(self, flat) -> bool:
+        try:
+            objects = [s.object(flat) for s in self.sources]
+        except (KeyError, AttributeError, IndexError, TypeError):
+            return False
+        n = len(self.same)
+        same = all(a is b for a, (_, b) in zip(objects[:n], self.same))
+        return same and not any(id(o) in self.ids for o in objects[n:])
+
+    def describe(self, flat) -> str:
+        return (
+            f"which of {self.origin} are objects of the program's state (module attributes, globals) changed since "
+            "traced"
+        )
+
+    def term(self, index: int, scope: dict) -> str:
+        return self.objects_term([s.object_code(scope) for s in self.sources], index, scope)
+
+    def objects_term(self, objects: list, index: int, scope: dict) -> str:
+        n = len(self.same)
+        terms = []
+        for k, (code, (_, obj)) in enumerate(zip(objects[:n], self.same)):
+            scope[f"x{index}_{k}"] = obj
+            terms.append(f"{code} is x{index}_{k}")
+        if n < len(objects):
+            scope[f"f{index}"] = self.ids
+            terms.append(f"f{index}.isdisjoint(({', '.join(f'id({o})' for o in objects[n:])},))")
+        return " and ".join(terms)
+
+
+def _fixed_objects(guards: list) -> dict:
+    """id -> the objects the program read from lasting state that hold state of their own: those
+    guarded whole, and those a guard on a module attribute or a global holds by identity."""
+    found: dict = {}
+    for g in guards:
+        source = getattr(g, "source", None)
+        if source is None or isinstance(source, InputSource):
+            continue
+        if isinstance(source, ObjectSource) and not isinstance(source.obj, torch.nn.Module):
+            found[id(source.obj)] = source.obj
+        expected = getattr(g, "expected", None)
+        if getattr(g, "by_identity", False) and _stateful(expected):
+            found[id(expected)] = expected
+    return found
+
+
+def _stateful(value) -> bool:
+    return type(value) in (list, dict) or (
+        isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, _NOT_STATE)
+    )
+
+
+def alias_guards(reached, written: set, guards: list) -> list:
     """The guards on which places of the arguments hold one object, for ``reached``
     (``reached.ArgumentObjects``) after a trace that set attributes of the state objects whose ids
-    are ``written`` (``ProgramState.written_ids``) and items of ``reached.written``."""
-    guards: list = []
+    are ``written`` (``ProgramState.written_ids``) and items of ``reached.written``, with ``guards``
+    the entry's others (which hold the objects it read from lasting state)."""
+    made: list = []
     if reached.aliases:
-        guards.append(SameGuard(reached.aliases))
+        made.append(SameGuard(reached.aliases))
     places = [(x, source) for x, source, _ in reached.objects]
     places += [(x, source) for x, _, source in reached.containers]
     kinds = {type(x) for x, _ in places if id(x) in written or id(x) in reached.written}
     sources = [source for x, source in places if type(x) in kinds]
     if len(sources) > 1:
-        guards.append(DistinctGuard(sources))
-    return guards
+        made.append(DistinctGuard(sources))
+    fixed = _fixed_objects(guards) if places else {}
+    same = [(source, x) for x, source in places if id(x) in fixed]
+    kept = {id(x) for _, x in same}
+    others = tuple(o for i, o in fixed.items() if type(o) in kinds and i not in kept)
+    apart = [source for x, source in places if type(x) in kinds and id(x) not in kept] if others else []
+    if same or apart:
+        made.append(FixedGuard(same, apart, (*(x for _, x in same), *others)))
+    return made
