@@ -277,3 +277,23 @@ def test_an_argument_object_that_is_a_global_one_then_another_matches_eager():
         expected = (layer.keys + x) * 2 if shared else GLOBAL_LAYER.keys * 2
         torch.testing.assert_close(jf(layer, x), expected, rtol=0, atol=0)
     assert len(_misses(jf)) == 2
+
+
+def _rebinds_then_reads(cache, x):
+    cache.keys[0] = cache.keys[0] + x
+    return cache.keys[1] * 2 + cache.keys[0]
+
+
+def test_a_tensor_at_two_indices_of_each_calls_cache_compiles_once():
+    # It was captured by identity, and each call's new tensor compiled again.
+    jf = thunder_rs.jit(_rebinds_then_reads)
+    x = torch.ones(3)
+    for shared in (True, True, True, False, False, True):
+        t = torch.randn(3)
+        cache = _Cache(None)
+        cache.keys = [t, t] if shared else [t, torch.randn(3)]
+        twin = _twin(cache)
+        torch.testing.assert_close(jf(cache, x), _rebinds_then_reads(twin, x), rtol=0, atol=0)
+        torch.testing.assert_close(cache.keys, twin.keys, rtol=0, atol=0)
+    assert len(_misses(jf)) == 2
+    assert _misses(jf)[1] == "cache.keys[0] and cache.keys[1], one object when traced, are now distinct objects"

@@ -10,8 +10,10 @@ object (tensors the trace computes among the values are outputs of the trace).
 
 A tensor such an object holds as an attribute, or as an item of a list or dict (``cache.keys[i]``),
 is not captured by identity: every call passes the tensor found at its path then as a trace input
-(``captured_inputs``), and the entry is guarded on its metadata. A tensor held in several places,
-or in a tuple, is captured as other tensors read from outside the inputs are.
+(``captured_inputs``), and the entry is guarded on its metadata. A tensor held in several places
+(``cache.keys = [t, t]``) is read where it was found first, the others guarded to hold that tensor
+(``aliases.SameGuard``), as an object held in several places is; one in a tuple is captured as
+other tensors read from outside the inputs are.
 
 Items the program sets in a list or dict reached this way (``cache.is_updated[i] = True``) are
 set again by every call, when they are plain values or tensors. Changes no compiled call would
@@ -86,7 +88,6 @@ class ArgumentObjects:
         self.containers: list = []
         self.unsourced: list = []
         self._seen: set = set()
-        self._shared: set = set()
         #: id -> where each object, list and dict (and tuple of objects) was first found
         self._first: dict = {}
         #: ``(first source, another)``: the other places found to hold one of them (``aliases.SameGuard``)
@@ -137,11 +138,9 @@ class ArgumentObjects:
                 self._visit(y, position, (*path, name), f"{label}.{name}", depth + 1, under)
 
     def _tensor(self, t, source: InputSource, name: str | int, holder) -> None:
-        if id(t) in self._shared:
-            return
-        if id(t) in self.tensors:  # held twice: which place a call's tensor comes from would be a guess
-            del self.tensors[id(t)]
-            self._shared.add(id(t))
+        first = self.tensors.get(id(t))
+        if first is not None:  # held twice (``cache.keys = [t, t]``): read where first found, one tensor in both
+            self.aliases.append((_place(first.source, first.name), _place(source, name)))
             return
         self.tensors[id(t)] = ArgumentTensor(source, name, holder, tensor_meta(t))
 
@@ -193,6 +192,13 @@ class ArgumentObjects:
         for obj, before in self.unsourced:
             obj.__dict__.clear()
             obj.__dict__.update(before)
+
+
+def _place(source: InputSource, name: str | int) -> InputSource:
+    """The place of what ``source`` (an object's attributes, or a list's or dict's items) holds as ``name``."""
+    if type(source) is InputItemsSource:
+        return InputSource(source.position, (*source.path, Item(name)), f"{source.label}[{name!r}]")
+    return InputSource(source.position, (*source.path, name), f"{source.label}.{name}")
 
 
 def _items(container) -> tuple:
