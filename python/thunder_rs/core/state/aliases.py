@@ -5,8 +5,9 @@ Argument objects are found before the program runs (``reached.ArgumentObjects``)
 path that reaches it; the program's reads and writes of an object are guarded and repeated
 through that path, whichever place it used. One object found at two places (a KV cache's list
 holding one layer at two indices, ``cache.layers = [layer, layer]``; one object passed as two
-arguments) must be one object in each call (``SameGuard``): otherwise what the program read
-through the second place, guarded through the first, could be anything there. Objects distinct
+arguments; one tensor, ``cache.keys = [t, t]``, read per call at the first) must be one object in
+each call (``SameGuard``): otherwise what the program read through the second place, guarded
+through the first, could be anything there. Objects distinct
 when traced must stay distinct (``DistinctGuard``) where the program set attributes or items of
 one of them: in eager a write through one place is then seen through the other, which the trace,
 reading each through its own path, does not do. Only objects of a written one's type can be it, so

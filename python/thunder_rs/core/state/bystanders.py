@@ -5,7 +5,7 @@ A program's writes to Python objects are found after tracing by comparing each s
 attributes (``state.ProgramState``) and each module clone's (``modules.attribute_writes``) with
 what they held when the program found them: every compiled call then sets them again. Code that
 interrupts the program's frames is no part of it: a garbage collection's ``gc.callbacks``,
-finalizers and ``__del__`` methods (``collector``), a signal handler (``signals``). What it sets
+finalizers and ``__del__`` methods (``collector``), a signal handler (``interrupting``). What it sets
 happens once, when it runs, as in eager, so it must neither be undone nor repeated by every call.
 Such code runs between ``snapshot``, which copies the attributes of the state the traced programs
 of the thread keep, and ``fold``, which takes what it changed as what the program found: into the
@@ -88,19 +88,21 @@ def fold(images) -> None:
         for obj, live, found, before in places:
             if live.keys() == before.keys() and all(map(operator.is_, live.values(), before.values())):
                 continue
-            changed = [k for k in live.keys() | before.keys() if live.get(k, MISSING) is not before.get(k, MISSING)]
             guard = observer.guard_of(obj)
-            for name in changed:
-                if name in _STORES:
-                    continue
+            for name in live.keys() | before.keys():
                 value = live.get(name, MISSING)
-                for held in (found, guard.found if type(guard) is DictGuard else None):
-                    if held is None:
-                        continue
-                    if value is MISSING:
-                        held.pop(name, None)
-                    else:
-                        held[name] = value if held is found else container_copy(value)
+                if value is before.get(name, MISSING) or name in _STORES:
+                    continue
+                _put(found, name, value)
+                if type(guard) is DictGuard:
+                    _put(guard.found, name, value if value is MISSING else container_copy(value))
+
+
+def _put(attributes: dict, name: str, value) -> None:
+    if value is MISSING:
+        attributes.pop(name, None)
+    else:
+        attributes[name] = value
 
 
 def interrupting(code):
