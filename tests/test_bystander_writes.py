@@ -158,3 +158,26 @@ def test_a_signal_handler_run_while_traced_is_not_the_program():
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert _misses(jf) == ["first call"]
+
+
+def _scaled_by_the_count(x):
+    y = x * (SETTINGS.collections + 1)  # read before the collection changes it
+    gc.collect()
+    return y
+
+
+def test_a_count_the_program_read_before_a_gc_callback_changed_it_is_read_anew(no_automatic_collections):
+    def count(phase, info):
+        if phase == "stop":
+            SETTINGS.collections += 1
+
+    SETTINGS.collections = 0
+    jf = thunder_rs.jit(_scaled_by_the_count)
+    gc.callbacks.append(count)
+    try:
+        for _ in range(3):
+            x = torch.randn(3)
+            expected = x * (SETTINGS.collections + 1)
+            torch.testing.assert_close(jf(x), expected, rtol=0, atol=0)
+    finally:
+        gc.callbacks.remove(count)

@@ -24,7 +24,8 @@ from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
-from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
+from thunder_rs.core.state.guards import MISSING, DictGuard, ModuleSource, ObjectSource, attributes_of, items_of
+from thunder_rs.core.state.items import same_attributes
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes, hook_changes
@@ -456,17 +457,29 @@ def _check_arguments_unchanged(args, kwargs, leaves: list) -> None:
         )
 
 
-def _check_guards_still_hold(guards, flat_inputs) -> None:
+def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> None:
     """A program that changed Python state it read while being traced other than by setting
     attributes (``calls.append(1)``, ``global n; n += 1``) would, compiled, not change it again:
-    refuse it. (Attribute writes were undone after tracing and are repeated by every call.)"""
+    refuse it. (Attribute writes were undone after tracing and are repeated by every call; those
+    code other than the program made, ``interrupted``, leave the guard to fail on the next call.)"""
     for guard in guards:
-        if not guard.holds(flat_inputs):
+        if not guard.holds(flat_inputs) and not _only_interrupted(guard, interrupted):
             raise ThunderNotImplementedError(
                 f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
                 "Writes to Python objects other than the jitted module's attributes cannot be replayed; "
                 "keep such state in a module attribute or a buffer"
             )
+
+
+def _only_interrupted(guard, interrupted: set) -> bool:
+    """Whether ``guard`` (a fixed object's, guarded whole) fails only on attributes code other than
+    the program set while it was traced (``bystanders``)."""
+    if type(guard) is not DictGuard or not interrupted or not isinstance(guard.source, ObjectSource):
+        return False
+    now, key = guard.source.fixed(), id(guard.source.obj)
+    names = now.keys() | guard.found.keys()
+    differ = {k for k in names if not same_attributes({k: now.get(k, MISSING)}, {k: guard.found.get(k, MISSING)})}
+    return all((key, k) in interrupted for k in differ)
 
 
 def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict, reads):
@@ -551,6 +564,7 @@ def acquire(
     guards += alias_guards(reached, observer.state.written_ids, guards)
     modules_called = list(observer.modules_called.values())
     size_checks, sites = observer.size_checks, observer.state.containers.sites()
+    interrupted = observer.state.interrupted
     del observer
     # A captured tensor the program stores as it is (``self.cells = [c.to(dtype) for c in self.cells]``)
     # is stored by every call as that same object, as eager stores it.
@@ -567,7 +581,7 @@ def acquire(
     del out, writes, repeated, inputs, traced
     captured = captures.release()
     _check_no_escape(made, trace, sites, placed)  # first: a stored tensor is the more precise reason
-    _check_guards_still_hold(guards, flat_inputs)
+    _check_guards_still_hold(guards, flat_inputs, interrupted)
     at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
     ints = tuple(sorted((at for at in at_sizes if type(at) in (HeldInt, ArgInt)), key=lambda at: at.input))
     return Acquired(

@@ -10,13 +10,16 @@ happens once, when it runs, as in eager, so it must neither be undone nor repeat
 Such code runs between ``snapshot``, which copies the attributes of the state the traced programs
 of the thread keep, and ``fold``, which takes what it changed as what the program found: into the
 baseline the comparison reads (a state object's first attributes, a module clone's instance dict,
-which the program reads on, as eager reads the module the code changed) and into the guard that
-holds the object whole. One dict copy per state object and module per collection while a program
-is traced; nothing otherwise.
+which the program reads on, as eager reads the module the code changed) and, where the program
+has not read it, into the guard that holds the object whole. One dict copy per state object and
+module per collection while a program is traced; nothing otherwise.
 
-Left out: a value the program itself had read before the interruption changed it is still
-guarded as the program read it (the trace relied on it), and the lists and dicts the program
-reads are compared as they were read.
+A value the program had read before the interruption changed it stays guarded as the program
+read it (the trace relied on it): the next call compiles again (``ProgramState.interrupted``
+tells the check after tracing that the program did not change it). Left out: a module attribute
+read so is still refused after tracing as changed (its guard is checked only after a module
+write, and the write came before the entry), and the lists and dicts the program reads are
+compared as they were read.
 """
 
 import contextlib
@@ -88,13 +91,15 @@ def fold(images) -> None:
         for obj, live, found, before in places:
             if live.keys() == before.keys() and all(map(operator.is_, live.values(), before.values())):
                 continue
-            guard = observer.guard_of(obj)
+            guard, state = observer.guard_of(obj), observer.state
             for name in live.keys() | before.keys():
                 value = live.get(name, MISSING)
                 if value is before.get(name, MISSING) or name in _STORES:
                     continue
                 _put(found, name, value)
-                if type(guard) is DictGuard:
+                state.interrupted.add((id(obj), name))
+                # What the program read before stays guarded as it read it (the next call compiles again).
+                if type(guard) is DictGuard and not state.was_read(obj, name):
                     _put(guard.found, name, value if value is MISSING else container_copy(value))
 
 

@@ -229,6 +229,8 @@ class ProgramState:
         self.by_path: dict = {}
         #: ids of the state objects the program set or deleted attributes of (``writes``)
         self.written_ids: set = set()
+        #: ``(id(obj), name)`` of the attributes code other than the program set (``bystanders``)
+        self.interrupted: set = set()
 
     def __contains__(self, obj) -> bool:
         return id(obj) in self._objects
@@ -247,6 +249,10 @@ class ProgramState:
             for k in self._objects.values()
             if k.found is not None and isinstance(now := attributes_of(k.obj), dict)
         ]
+
+    def was_read(self, obj, name: str) -> bool:
+        """Whether the observer saw the program read ``obj.name`` (or all of ``obj``)."""
+        return (id(obj), name) in self.names_read or (id(obj), ALL_READ) in self.names_read
 
     def source_of(self, obj):
         known = self._objects.get(id(obj))
