@@ -181,3 +181,29 @@ def test_a_count_the_program_read_before_a_gc_callback_changed_it_is_read_anew(n
             torch.testing.assert_close(jf(x), expected, rtol=0, atol=0)
     finally:
         gc.callbacks.remove(count)
+
+
+class _ScaledByItsCount(_Collects):
+    def forward(self, x):
+        y = x * (self.collections + 1)  # read before the collection changes it
+        gc.collect()
+        return y
+
+
+def test_a_module_count_the_program_read_before_a_gc_callback_changed_it_is_read_anew(no_automatic_collections):
+    # It was refused as a change the program made ("M.collections changed from 0 to 1").
+    model = _ScaledByItsCount()
+    jm = thunder_rs.jit(model)
+
+    def count(phase, info):
+        if phase == "stop":
+            model.collections += 1
+
+    gc.callbacks.append(count)
+    try:
+        for _ in range(3):
+            x = torch.randn(3)
+            expected = x * (model.collections + 1)
+            torch.testing.assert_close(jm(x), expected, rtol=0, atol=0)
+    finally:
+        gc.callbacks.remove(count)

@@ -24,8 +24,7 @@ from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
-from thunder_rs.core.state.guards import MISSING, DictGuard, ModuleSource, ObjectSource, attributes_of, items_of
-from thunder_rs.core.state.items import same_attributes
+from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes, hook_changes
@@ -34,7 +33,7 @@ from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_siz
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.aliases import alias_guards
-from thunder_rs.core.state.bystanders import kept_apart, track
+from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apart, track
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
@@ -457,29 +456,25 @@ def _check_arguments_unchanged(args, kwargs, leaves: list) -> None:
         )
 
 
-def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> None:
+def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
     """A program that changed Python state it read while being traced other than by setting
     attributes (``calls.append(1)``, ``global n; n += 1``) would, compiled, not change it again:
     refuse it. (Attribute writes were undone after tracing and are repeated by every call; those
-    code other than the program made, ``interrupted``, leave the guard to fail on the next call.)"""
+    code other than the program made, ``interrupted``, leave the guard to fail on the next call:
+    ``guards`` with those checked on every call.)"""
+    kept = []
     for guard in guards:
-        if not guard.holds(flat_inputs) and not _only_interrupted(guard, interrupted):
-            raise ThunderNotImplementedError(
-                f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
-                "Writes to Python objects other than the jitted module's attributes cannot be replayed; "
-                "keep such state in a module attribute or a buffer"
-            )
-
-
-def _only_interrupted(guard, interrupted: set) -> bool:
-    """Whether ``guard`` (a fixed object's, guarded whole) fails only on attributes code other than
-    the program set while it was traced (``bystanders``)."""
-    if type(guard) is not DictGuard or not interrupted or not isinstance(guard.source, ObjectSource):
-        return False
-    now, key = guard.source.fixed(), id(guard.source.obj)
-    names = now.keys() | guard.found.keys()
-    differ = {k for k in names if not same_attributes({k: now.get(k, MISSING)}, {k: guard.found.get(k, MISSING)})}
-    return all((key, k) in interrupted for k in differ)
+        if not guard.holds(flat_inputs):
+            rechecked = checked_by_the_next_call(guard, interrupted)
+            if rechecked is None:
+                raise ThunderNotImplementedError(
+                    f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
+                    "Writes to Python objects other than the jitted module's attributes cannot be replayed; "
+                    "keep such state in a module attribute or a buffer"
+                )
+            guard = rechecked
+        kept.append(guard)
+    return kept
 
 
 def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict, reads):
@@ -581,7 +576,7 @@ def acquire(
     del out, writes, repeated, inputs, traced
     captured = captures.release()
     _check_no_escape(made, trace, sites, placed)  # first: a stored tensor is the more precise reason
-    _check_guards_still_hold(guards, flat_inputs, interrupted)
+    guards = _check_guards_still_hold(guards, flat_inputs, interrupted)
     at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
     ints = tuple(sorted((at for at in at_sizes if type(at) in (HeldInt, ArgInt)), key=lambda at: at.input))
     return Acquired(

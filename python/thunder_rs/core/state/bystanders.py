@@ -16,10 +16,11 @@ module per collection while a program is traced; nothing otherwise.
 
 A value the program had read before the interruption changed it stays guarded as the program
 read it (the trace relied on it): the next call compiles again (``ProgramState.interrupted``
-tells the check after tracing that the program did not change it). Left out: a module attribute
-read so is still refused after tracing as changed (its guard is checked only after a module
-write, and the write came before the entry), and the lists and dicts the program reads are
-compared as they were read.
+tells the check after tracing that the program did not change it; a module attribute's guard,
+checked only after a module write, is then checked by every call: ``checked_by_the_next_call``).
+Left out: a read the observer does not see (``getattr(obj, computed_name)``) of an attribute the
+interruption changed later is guarded with the new value, and the lists and dicts the program
+reads are compared as they were read.
 """
 
 import contextlib
@@ -28,8 +29,8 @@ import signal
 import threading
 import types
 
-from thunder_rs.core.state.guards import MISSING, DictGuard
-from thunder_rs.core.state.items import container_copy
+from thunder_rs.core.state.guards import MISSING, DictGuard, Guard, ObjectSource
+from thunder_rs.core.state.items import container_copy, same_attributes
 from thunder_rs.core.state.observe import thread_state
 
 #: A module's stores, which the clone keeps apart (its own parameters' dict, its submodules' clones).
@@ -108,6 +109,37 @@ def _put(attributes: dict, name: str, value) -> None:
         attributes.pop(name, None)
     else:
         attributes[name] = value
+
+
+class _EveryCall(Guard):
+    """A module attribute's guard checked by every call, not only after a module write: code other
+    than the program changed the attribute after the program read it, before the entry was made."""
+
+    per_call = True
+
+
+def checked_by_the_next_call(guard, interrupted: set):
+    """``guard`` (failing after tracing) as the entry keeps it when it fails only on attributes code
+    other than the program set while it was traced (``interrupted``: ``(id(obj), name)``), so that
+    the next call compiles again; None when the program changed what it guards."""
+    source = getattr(guard, "source", None)
+    if not interrupted or not isinstance(source, ObjectSource):
+        return None
+    key = id(source.obj)
+    if type(guard) is Guard:
+        if (key, guard.name) not in interrupted:
+            return None
+        if guard.per_call:
+            return guard
+        rechecked = object.__new__(_EveryCall)
+        rechecked.__dict__.update(guard.__dict__)
+        return rechecked
+    if type(guard) is DictGuard:
+        now, found = source.fixed(), guard.found
+        names = now.keys() | found.keys()
+        differ = [k for k in names if not same_attributes({k: now.get(k, MISSING)}, {k: found.get(k, MISSING)})]
+        return guard if all((key, k) in interrupted for k in differ) else None
+    return None
 
 
 def interrupting(code):
