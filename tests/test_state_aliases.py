@@ -2,10 +2,12 @@
 indices, ``cache = [t, t]``) on one call and distinct objects on another, against eager: a
 compiled entry reads and sets each argument object through one path, so one traced with the
 object shared must not run where the objects are distinct, nor the reverse where the program's
-writes through one place are visible through the other (``core.reached``: ``SameGuard``,
-``DistinctGuard``). Lists and dicts of module attributes and globals are guarded by the identity
-of their items, so a changed sharing recompiles there; a tensor written in place that another
-argument shares is refused, naming it."""
+writes through one place are visible through the other (``core/state/aliases.py``: ``SameGuard``,
+``DistinctGuard``), nor where an argument object is, or is not, one the module or a global holds
+(``FixedGuard``). A tensor at two places of each call's cache is read at the first (one compile).
+Lists and dicts of module attributes and globals are guarded by the identity of their items, so a
+changed sharing recompiles there; a tensor written in place that another argument shares is
+refused, naming it."""
 
 import copy
 
