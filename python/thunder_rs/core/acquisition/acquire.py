@@ -32,6 +32,8 @@ from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
+from thunder_rs.core.state.aliases import alias_guards
+from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apart, track
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
@@ -131,6 +133,7 @@ def _trace_program(
         with (
             refusals_not_swallowed(),
             recording_draws(draws),
+            kept_apart(),
             consuming_iterators(flat_inputs),
             recording(rec, captures, made, whole),
             reading(reads),
@@ -417,6 +420,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
     args, kwargs = tree_unflatten(leaves, in_spec)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
+    track(observer, pairs)  # what collections and signal handlers change there is not the program's
     # After the observer noted the argument objects' attributes: what the call found.
     placed = _stand_ins(reached, captures, size_inputs, len(positions) + len(params))
     ints = _int_stand_ins(reached, size_inputs, pairs)
@@ -452,17 +456,25 @@ def _check_arguments_unchanged(args, kwargs, leaves: list) -> None:
         )
 
 
-def _check_guards_still_hold(guards, flat_inputs) -> None:
+def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
     """A program that changed Python state it read while being traced other than by setting
     attributes (``calls.append(1)``, ``global n; n += 1``) would, compiled, not change it again:
-    refuse it. (Attribute writes were undone after tracing and are repeated by every call.)"""
+    refuse it. (Attribute writes were undone after tracing and are repeated by every call; those
+    code other than the program made, ``interrupted``, leave the guard to fail on the next call:
+    ``guards`` with those checked on every call.)"""
+    kept = []
     for guard in guards:
         if not guard.holds(flat_inputs):
-            raise ThunderNotImplementedError(
-                f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
-                "Writes to Python objects other than the jitted module's attributes cannot be replayed; "
-                "keep such state in a module attribute or a buffer"
-            )
+            rechecked = checked_by_the_next_call(guard, interrupted)
+            if rechecked is None:
+                raise ThunderNotImplementedError(
+                    f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
+                    "Writes to Python objects other than the jitted module's attributes cannot be replayed; "
+                    "keep such state in a module attribute or a buffer"
+                )
+            guard = rechecked
+        kept.append(guard)
+    return kept
 
 
 def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict, reads):
@@ -543,8 +555,11 @@ def acquire(
     kept_as_is = [id(p) in stored or id(t) in stored for p, t in zip(captures.proxies, captures.tensors)]
     observer.read_cached_per_call(captures.tensors, kept_as_is)
     observer.guard_argument_tensors(captures.tensors)
-    guards, modules_called = observer.guards(), list(observer.modules_called.values())
+    guards = observer.guards()
+    guards += alias_guards(reached, observer.state.written_ids, guards)
+    modules_called = list(observer.modules_called.values())
     size_checks, sites = observer.size_checks, observer.state.containers.sites()
+    interrupted = observer.state.interrupted
     del observer
     # A captured tensor the program stores as it is (``self.cells = [c.to(dtype) for c in self.cells]``)
     # is stored by every call as that same object, as eager stores it.
@@ -561,7 +576,7 @@ def acquire(
     del out, writes, repeated, inputs, traced
     captured = captures.release()
     _check_no_escape(made, trace, sites, placed)  # first: a stored tensor is the more precise reason
-    _check_guards_still_hold(guards, flat_inputs)
+    guards = _check_guards_still_hold(guards, flat_inputs, interrupted)
     at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
     ints = tuple(sorted((at for at in at_sizes if type(at) in (HeldInt, ArgInt)), key=lambda at: at.input))
     return Acquired(

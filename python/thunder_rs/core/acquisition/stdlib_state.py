@@ -62,6 +62,7 @@ import types
 import warnings
 from typing import Any
 
+from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.collector import keep_out
@@ -389,7 +390,8 @@ def consuming_iterators(flat_inputs: list):
     passed in that the program advanced another way (``for v in gen``) is refused after. The clocks
     and the system's entropy refuse to be read by program code (``_put_readers``) meanwhile, and
     what the garbage collector runs is not observed (``collector``). Notes the warnings filters the
-    tracing began with (``_in_programs_catch_warnings``)."""
+    tracing began with (``_in_programs_catch_warnings``), and ``functional_call`` checks what it is
+    given (``reparametrize``)."""
     global _tracings
     generators = [
         (i, g, _generator_position(g)) for i, g in enumerate(flat_inputs) if isinstance(g, types.GeneratorType)
@@ -399,6 +401,7 @@ def consuming_iterators(flat_inputs: list):
         builtins.next = _next
         keep_out()  # the garbage collector's callbacks and finalizers are not the program
         _put_readers()
+        reparametrize.put()
     outer_filters = getattr(_traced, "filters", None)
     _traced.filters = warnings.filters
     try:
@@ -410,6 +413,7 @@ def consuming_iterators(flat_inputs: list):
             if not _tracings:
                 builtins.next = _builtin_next
                 _put_back_readers()
+                reparametrize.put_back()
     for i, gen, position in generators:
         if _generator_position(gen) != position:
             raise ThunderNotImplementedError(

@@ -11,12 +11,14 @@ callbacks mark the thread as inside thunder_rs's own work (``thread_state.inside
 observer and the standard library's wrappers skip) for the whole collection: one first in the
 list, for ``"start"``, one last, for ``"stop"``. ``keep_out`` puts them there whenever a program
 starts being traced (a callback added since goes between them). They stay installed: removed while
-another thread collects, its ``"stop"`` would never come.
+another thread collects, its ``"stop"`` would never come. What the collection's code sets in the
+traced program's state is taken as what the program found, not as its write (``bystanders``).
 """
 
 import gc
 import threading
 
+from thunder_rs.core.state.bystanders import fold, snapshot
 from thunder_rs.core.state.observe import thread_state
 
 
@@ -24,6 +26,8 @@ class _Collecting(threading.local):
     """Per thread: whether a collection this thread runs marked it inside (``_enter``)."""
 
     marked = False
+    #: the traced programs' state before the collection (``bystanders.snapshot``)
+    images = None
 
 
 _collecting = _Collecting()
@@ -33,12 +37,15 @@ def _enter(phase: str, info: dict) -> None:
     if phase == "start" and not _collecting.marked:
         _collecting.marked = True
         thread_state.inside += 1
+        _collecting.images = snapshot()
 
 
 def _leave(phase: str, info: dict) -> None:
     if phase == "stop" and _collecting.marked:
         _collecting.marked = False
         thread_state.inside -= 1
+        images, _collecting.images = _collecting.images, None
+        fold(images)
 
 
 def keep_out() -> None:

@@ -14,6 +14,8 @@ same conjunction more cheaply where it can:
 - closure cells' values are compared in one pass (``same_cells``, ``equal_cells``), and so are
   the methods of classes (``MethodGuard``) and the functions' defaults (``DefaultsGuard``);
 - a list, set or dict compared by identity (``same_items``) is compared inline;
+- which places of the arguments hold one object (``aliases.SameGuard``, ``aliases.DistinctGuard``,
+  ``aliases.FixedGuard``) is compared on the objects the paths already bound;
 - a contiguous tensor's metadata (``TensorGuard``) is compared field by field rather than built
   into a tuple (``tensor_meta``, ``masked_meta``) and compared whole.
 
@@ -28,6 +30,7 @@ from itertools import chain, repeat
 
 import torch
 
+from thunder_rs.core.state.aliases import DistinctGuard, FixedGuard, SameGuard
 from thunder_rs.core.state.guards import (
     MISSING,
     CellSource,
@@ -301,6 +304,10 @@ def _grouped(guards: list, scope: dict) -> tuple[dict, set]:
 
 
 def _term(guard, index: int, scope: dict, reads: _Reads) -> str:
+    if type(guard) in (DistinctGuard, SameGuard):  # (objects at paths, read once with the others)
+        return guard.objects_term([reads.object(s, len(s.path)) for s in guard.sources])
+    if type(guard) is FixedGuard:
+        return guard.objects_term([reads.object(s, len(s.path)) for s in guard.sources], index, scope)
     source = getattr(guard, "source", None)
     if isinstance(source, InputSource):
         guard = _with_source(guard, reads.mapping(source))

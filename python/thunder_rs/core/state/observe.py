@@ -224,6 +224,10 @@ class Observer:
                     "function and pass them in"
                 )
 
+    def guard_of(self, obj):
+        """The guard holding the fixed state object ``obj`` whole, if any (``bystanders``)."""
+        return self._guards.get(("object", id(obj)))
+
     def guards(self) -> list:
         """The guards: values read, and the structure of modules called that the program does not
         own (the jitted module's own structure is guarded by its binding). None of them is on a

@@ -10,8 +10,10 @@ object (tensors the trace computes among the values are outputs of the trace).
 
 A tensor such an object holds as an attribute, or as an item of a list or dict (``cache.keys[i]``),
 is not captured by identity: every call passes the tensor found at its path then as a trace input
-(``captured_inputs``), and the entry is guarded on its metadata. A tensor held in several places,
-or in a tuple, is captured as other tensors read from outside the inputs are.
+(``captured_inputs``), and the entry is guarded on its metadata. A tensor held in several places
+(``cache.keys = [t, t]``) is read where it was found first, the others guarded to hold that tensor
+(``aliases.SameGuard``), as an object held in several places is; one in a tuple is captured as
+other tensors read from outside the inputs are.
 
 Items the program sets in a list or dict reached this way (``cache.is_updated[i] = True``) are
 set again by every call, when they are plain values or tensors. Changes no compiled call would
@@ -86,16 +88,30 @@ class ArgumentObjects:
         self.containers: list = []
         self.unsourced: list = []
         self._seen: set = set()
-        self._shared: set = set()
+        #: id -> where each object, list and dict (and tuple of objects) was first found
+        self._first: dict = {}
+        #: ``(first source, another)``: the other places found to hold one of them (``aliases.SameGuard``)
+        self.aliases: list = []
+        #: ids of the lists and dicts whose items the program set (``item_writes``)
+        self.written: set = set()
         for i, x in enumerate(flat_inputs):
             if not isinstance(x, torch.Tensor):
                 self._visit(x, i, (), names[i], 0, False)
 
     def _visit(self, x, position: int, path: tuple, label: str, depth: int, under: bool) -> None:
-        if depth > _DEPTH or id(x) in self._seen or isinstance(x, _NOT_FOLLOWED):
+        if isinstance(x, _NOT_FOLLOWED):
+            return
+        if id(x) in self._seen:
+            first = self._first.get(id(x))
+            if first is not None:
+                self.aliases.append((first, InputSource(position, path, label)))
+            return
+        if depth > _DEPTH:
             return
         if type(x) in _CONTAINERS:
             self._seen.add(id(x))
+            if type(x) is not tuple or not is_simple(x):
+                self._first[id(x)] = InputSource(position, path, label)
             if type(x) is not tuple:
                 self.containers.append((x, _items(x), InputSource(position, path, label)))
             if not is_simple(x):
@@ -113,7 +129,7 @@ class ArgumentObjects:
         if is_simple(x) or not isinstance(attributes, dict):
             return
         self._seen.add(id(x))
-        source = InputSource(position, path, label)
+        source = self._first[id(x)] = InputSource(position, path, label)
         self.objects.append((x, source, under))
         for name, y in attributes.items():
             if isinstance(y, torch.Tensor):
@@ -122,11 +138,9 @@ class ArgumentObjects:
                 self._visit(y, position, (*path, name), f"{label}.{name}", depth + 1, under)
 
     def _tensor(self, t, source: InputSource, name: str | int, holder) -> None:
-        if id(t) in self._shared:
-            return
-        if id(t) in self.tensors:  # held twice: which place a call's tensor comes from would be a guess
-            del self.tensors[id(t)]
-            self._shared.add(id(t))
+        first = self.tensors.get(id(t))
+        if first is not None:  # held twice (``cache.keys = [t, t]``): read where first found, one tensor in both
+            self.aliases.append((_place(first.source, first.name), _place(source, name)))
             return
         self.tensors[id(t)] = ArgumentTensor(source, name, holder, tensor_meta(t))
 
@@ -147,6 +161,7 @@ class ArgumentObjects:
         for container, before, source in self.containers:
             if not _changed(container, before):
                 continue
+            self.written.add(id(container))
             found = _changes(container, before, source)
             _restore(container, before)
             if found is None:
@@ -177,6 +192,13 @@ class ArgumentObjects:
         for obj, before in self.unsourced:
             obj.__dict__.clear()
             obj.__dict__.update(before)
+
+
+def _place(source: InputSource, name: str | int) -> InputSource:
+    """The place of what ``source`` (an object's attributes, or a list's or dict's items) holds as ``name``."""
+    if type(source) is InputItemsSource:
+        return InputSource(source.position, (*source.path, Item(name)), f"{source.label}[{name!r}]")
+    return InputSource(source.position, (*source.path, name), f"{source.label}.{name}")
 
 
 def _items(container) -> tuple:

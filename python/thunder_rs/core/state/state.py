@@ -29,6 +29,7 @@ import inspect
 import torch
 
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.state.aliases import DistinctGuard
 from thunder_rs.core.state.clocks import is_clock_reader
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
@@ -121,33 +122,6 @@ class PathObjectGuard(WrittenGuard):
             f"{self.source.describe(self.name)} changed from a {self.expected_type.__name__} to "
             f"{short(self.read(flat))} (read at {self.origin})"
         )
-
-
-class DistinctGuard:
-    """The argument objects guarded through their paths rather than by identity
-    (``PathObjectGuard``) were distinct objects when traced, and must be in each call: the trace
-    reads and sets each through its own path, where eager would see one object's writes through
-    the other (``cache.self_attention_cache is cache.cross_attention_cache``)."""
-
-    per_call = True
-    source = None
-
-    def __init__(self, sources: list):
-        self.sources = sources
-        self.origin = ", ".join(s.label for s in sources)
-
-    def holds(self, flat) -> bool:
-        try:
-            return len({id(s.object(flat)) for s in self.sources}) == len(self.sources)
-        except (KeyError, AttributeError, IndexError, TypeError):
-            return False
-
-    def describe(self, flat) -> str:
-        return f"some of {self.origin}, distinct objects when traced, are now one object"
-
-    def term(self, index: int, scope: dict) -> str:
-        ids = ", ".join(f"id({s.object_code(scope)})" for s in self.sources)
-        return f"len({{{ids}}}) == {len(self.sources)}"
 
 
 class MethodGuard:
@@ -253,6 +227,10 @@ class ProgramState:
         #: id -> source of the argument objects guarded through their path, not by identity
         #: (``PathObjectGuard``)
         self.by_path: dict = {}
+        #: ids of the state objects the program set or deleted attributes of (``writes``)
+        self.written_ids: set = set()
+        #: ``(id(obj), name)`` of the attributes code other than the program set (``bystanders``)
+        self.interrupted: set = set()
 
     def __contains__(self, obj) -> bool:
         return id(obj) in self._objects
@@ -261,6 +239,20 @@ class ProgramState:
         """Adds a state object; ``whole``: an argument object guarded on all its attributes."""
         if id(obj) not in self._objects:
             self._objects[id(obj)] = StateObject(obj, source, whole)
+
+    def found_attributes(self) -> list:
+        """``(object, its instance dict, its attributes when the program found it)`` of each state
+        object with an instance dict (``bystanders``: what code other than the program changes in it
+        is taken as found)."""
+        return [
+            (k.obj, now, k.found)
+            for k in self._objects.values()
+            if k.found is not None and isinstance(now := attributes_of(k.obj), dict)
+        ]
+
+    def was_read(self, obj, name: str) -> bool:
+        """Whether the observer saw the program read ``obj.name`` (or all of ``obj``)."""
+        return (id(obj), name) in self.names_read or (id(obj), ALL_READ) in self.names_read
 
     def source_of(self, obj):
         known = self._objects.get(id(obj))
@@ -434,6 +426,8 @@ class ProgramState:
             now = attributes_of(known.obj)
             changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not is_clock_reader(now[k])]
             removed = [k for k in known.found if k not in now]
+            if changed or removed:
+                self.written_ids.add(id(known.obj))
             for name in changed + removed:
                 self.written.append((known.source, name, known.found.get(name, MISSING)))
                 out.append(
