@@ -1,0 +1,97 @@
+"""Small models as users write them (a VAE, a graph network, CLIP, an actor-critic policy, ...), for
+the training programs of ``test_user_programs.py``."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class VAE(nn.Module):
+    """Encoder to a mean and log-variance, a reparametrised sample, a Bernoulli decoder; the loss
+    is the reconstruction plus the KL divergence to the unit normal."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.decoder = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 12))
+
+    def forward(self, x):
+        mu, logvar = self.encoder(x).chunk(2, dim=-1)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        recon = self.decoder(z)
+        reconstruction = F.binary_cross_entropy_with_logits(recon, x, reduction="sum") / x.shape[0]
+        kl = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp(), dim=1).mean()
+        return reconstruction + kl, recon
+
+
+class GraphNet(nn.Module):
+    """Two GCN layers over an edge list (degree-normalised messages gathered with index_select and
+    summed with index_add_) and a max-pool of two graphs with scatter_reduce."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin1 = nn.Linear(6, 8)
+        self.lin2 = nn.Linear(8, 3)
+
+    @staticmethod
+    def conv(x, edges, lin):
+        src, dst = edges
+        deg = torch.zeros(x.shape[0], dtype=x.dtype).index_add_(0, dst, torch.ones_like(dst, dtype=x.dtype)) + 1
+        norm = deg.rsqrt()
+        h = lin(x)
+        messages = h.index_select(0, src) * (norm[src] * norm[dst]).unsqueeze(-1)
+        return torch.zeros_like(h).index_add_(0, dst, messages) + h / deg.unsqueeze(-1)
+
+    def forward(self, x, edges, labels):
+        h = F.relu(self.conv(x, edges, self.lin1))
+        graph = torch.arange(h.shape[0]) * 2 // h.shape[0]
+        pooled = h.new_zeros(2, h.shape[1]).scatter_reduce(
+            0, graph[:, None].expand_as(h), h, reduce="amax", include_self=False
+        )
+        logits = self.conv(h, edges, self.lin2)
+        return F.cross_entropy(logits, labels) + pooled.sum() * 0.01, logits
+
+
+class Clip(nn.Module):
+    """Image and text towers to normalised embeddings; the logits are their cosine similarities
+    scaled by a learnt temperature clamped at 100, the loss cross-entropy both ways."""
+
+    def __init__(self):
+        super().__init__()
+        self.image = nn.Sequential(nn.Linear(10, 16), nn.GELU(), nn.Linear(16, 8))
+        self.text = nn.Sequential(nn.Embedding(20, 16), nn.LayerNorm(16))
+        self.text_projection = nn.Linear(16, 8, bias=False)
+        self.logit_scale = nn.Parameter(torch.ones([]) * math.log(1 / 0.07))
+
+    def forward(self, images, tokens):
+        image = F.normalize(self.image(images), dim=-1)
+        text = F.normalize(self.text_projection(self.text(tokens).mean(1)), dim=-1)
+        logits = self.logit_scale.exp().clamp(max=100) * image @ text.t()
+        labels = torch.arange(images.shape[0])
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2, logits
+
+
+class Policy(nn.Module):
+    """An actor-critic with a categorical and a normal action head: the policy-gradient loss with
+    the advantage detached, the value loss and an entropy bonus; also returns fresh actions."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 16), nn.Tanh())
+        self.logits = nn.Linear(16, 3)
+        self.mean = nn.Linear(16, 2)
+        self.log_std = nn.Parameter(torch.zeros(2))
+        self.value = nn.Linear(16, 1)
+
+    def forward(self, obs, actions, controls, returns):
+        h = self.body(obs)
+        discrete = torch.distributions.Categorical(logits=self.logits(h))
+        continuous = torch.distributions.Normal(self.mean(h), self.log_std.exp())
+        log_prob = discrete.log_prob(actions) + continuous.log_prob(controls).sum(-1)
+        value = self.value(h).squeeze(-1)
+        advantage = (returns - value).detach()
+        entropy = discrete.entropy().mean() + continuous.entropy().sum(-1).mean()
+        loss = -(log_prob * advantage).mean() + 0.5 * F.mse_loss(value, returns) - 0.01 * entropy
+        return loss, discrete.sample(), continuous.rsample()
