@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
-from user_models import VAE, Clip, GraphNet, Policy
+from user_models import VAE, Clip, GraphNet, Policy, TextClassifier, padded_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -112,3 +113,17 @@ def test_a_clip_contrastive_step_with_a_clamped_logit_scale_trains_as_eager(dtyp
 def test_a_policy_gradient_step_with_torch_distributions_trains_as_eager(dtype):
     # Categorical(logits=...) normalises by logsumexp: its gradient is eager's g * exp(x - lse).
     trains_as_eager(Policy, policy_step, dtype)
+
+
+def classifier_step(classifier, step, dtype):
+    tokens, padding = padded_tokens([7, 5, 7, 2])
+    logits = classifier(tokens, padding)
+    return F.cross_entropy(logits, torch.randint(0, 3, (4,))), [logits]
+
+
+@FLOATS
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+def test_a_transformer_encoder_with_padding_and_dropout_trains_as_eager(norm_first, dtype):
+    # Attention with dropout is eager's math path on the CPU: query and key scaled by sqrt(scale)
+    # before their product (the product scaled after it was an ulp off), its gradients op by op.
+    trains_as_eager(lambda: TextClassifier(norm_first), classifier_step, dtype)

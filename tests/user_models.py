@@ -95,3 +95,26 @@ class Policy(nn.Module):
         entropy = discrete.entropy().mean() + continuous.entropy().sum(-1).mean()
         loss = -(log_prob * advantage).mean() + 0.5 * F.mse_loss(value, returns) - 0.01 * entropy
         return loss, discrete.sample(), continuous.rsample()
+
+
+class TextClassifier(nn.Module):
+    """A transformer encoder over padded token sequences (``src_key_padding_mask``), mean-pooled
+    over the kept tokens into class logits."""
+
+    def __init__(self, norm_first: bool, nested: bool = False):
+        super().__init__()
+        self.embedding = nn.Embedding(20, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True, norm_first=norm_first)
+        self.encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16), enable_nested_tensor=nested)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, tokens, padding):
+        h = self.encoder(self.embedding(tokens), src_key_padding_mask=padding)
+        kept = (~padding).unsqueeze(-1).to(h.dtype)
+        return self.head((h * kept).sum(1) / kept.sum(1))
+
+
+def padded_tokens(lengths: list, length: int = 7):
+    """Random tokens and their padding mask (True past each row's length)."""
+    padding = torch.arange(length) >= torch.tensor(lengths)[:, None]
+    return torch.randint(0, 20, (len(lengths), length)), padding
