@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 from user_models import VAE, Clip, GraphNet, Policy, TextClassifier, padded_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -127,3 +128,30 @@ def test_a_transformer_encoder_with_padding_and_dropout_trains_as_eager(norm_fir
     # Attention with dropout is eager's math path on the CPU: query and key scaled by sqrt(scale)
     # before their product (the product scaled after it was an ulp off), its gradients op by op.
     trains_as_eager(lambda: TextClassifier(norm_first), classifier_step, dtype)
+
+
+def test_a_transformer_encoder_in_evaluation_pads_with_eagers_zeros_where_eager_nests_the_batch():
+    """Without grad, eager's encoder packs a batch with a left-aligned padding mask into a nested
+    tensor and pads the result with zeros (its final norm's bias after the norm); with another
+    mask it runs the layers as in training. One trace gives both, chosen by the mask's values.
+    The kept tokens are eager's within the rounding of its fused layer kernels."""
+    torch.manual_seed(0)
+    encoder = TextClassifier(norm_first=False, nested=True).encoder.eval()
+    jitted = thunder_rs.jit(encoder)
+    x = torch.randn(4, 7, 16)
+    right_padded = padded_tokens([7, 5, 0, 2])[1]
+    # (no row of padding only here: eager's fused layers give it NaN, the trace's attention zeros)
+    left_padded = padded_tokens([7, 5, 1, 2])[1].flip(-1)
+    with torch.no_grad():
+        for padding in (right_padded, left_padded, right_padded):
+            out, expected = jitted(x, src_key_padding_mask=padding), encoder(x, src_key_padding_mask=padding)
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        assert torch.equal(out[right_padded], expected[right_padded])
+    assert thunder_rs.compile_stats(jitted).cache_misses == 1
+
+
+def test_an_encoder_nesting_without_checking_the_mask_in_evaluation_is_refused_naming_the_line():
+    encoder = TextClassifier(norm_first=False, nested=True).encoder.eval()
+    encoder.mask_check = False
+    with torch.no_grad(), pytest.raises(ThunderNotImplementedError, match=r"mask_check=False\) at .*programs\.py:\d+"):
+        thunder_rs.jit(encoder)(torch.randn(2, 3, 16), src_key_padding_mask=padded_tokens([3, 1], 3)[1])
