@@ -70,6 +70,7 @@ def _export_symbols() -> None:
 _export_symbols()
 
 from thunder_rs.torch.products import *  # noqa: E402,F401,F403
+from thunder_rs.torch.einsum import *  # noqa: E402,F401,F403
 from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
 from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
 from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
