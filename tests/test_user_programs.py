@@ -15,7 +15,9 @@ import torch.nn.functional as F
 
 import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
-from user_models import VAE, Clip, GraphNet, Policy, TextClassifier, padded_tokens
+from torch.nn.utils.rnn import pack_padded_sequence
+from user_diffusion import Diffusion
+from user_models import VAE, Clip, GraphNet, MaskedLM, Policy, Seq2Seq, SpectralMask, TextClassifier, gan, padded_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -130,6 +132,7 @@ def test_a_transformer_encoder_with_padding_and_dropout_trains_as_eager(norm_fir
     trains_as_eager(lambda: TextClassifier(norm_first), classifier_step, dtype)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
 def test_a_transformer_encoder_in_evaluation_pads_with_eagers_zeros_where_eager_nests_the_batch():
     """Without grad, eager's encoder packs a batch with a left-aligned padding mask into a nested
     tensor and pads the result with zeros (its final norm's bias after the norm); with another
@@ -155,3 +158,88 @@ def test_an_encoder_nesting_without_checking_the_mask_in_evaluation_is_refused_n
     encoder.mask_check = False
     with torch.no_grad(), pytest.raises(ThunderNotImplementedError, match=r"mask_check=False\) at .*programs\.py:\d+"):
         thunder_rs.jit(encoder)(torch.randn(2, 3, 16), src_key_padding_mask=padded_tokens([3, 1], 3)[1])
+
+
+# ----------------------------------------------------------------------------- more programs
+
+
+def diffusion_step(diffusion, step, dtype):
+    loss = diffusion(torch.randn(3, 1, 8, 8, dtype=dtype))
+    return loss, []
+
+
+def masked_lm_step(model, step, dtype):
+    tokens = torch.randint(0, 29, (3, 8))
+    loss, masked = model(tokens, torch.Generator().manual_seed(step))
+    return loss, [masked]
+
+
+def seq2seq_step(model, step, dtype):
+    lengths = torch.tensor([6, 3, 5, 2])
+    source = torch.randint(1, 12, (4, 6)).masked_fill(torch.arange(6) >= lengths[:, None], 0)
+    packed = pack_padded_sequence(source, lengths, batch_first=True, enforce_sorted=False)
+    loss, encoded = model(packed, torch.randint(1, 12, (4, 5)))
+    return loss, [encoded]
+
+
+def enhancement_step(model, step, dtype):
+    loss, magnitude = model(torch.randn(3, 160, dtype=dtype))
+    return loss, [magnitude]
+
+
+@FLOATS
+def test_a_ddpm_step_with_a_small_unet_trains_as_eager(dtype):
+    # Its attention block's einsum("bij,bcj->bci") is eager's product v @ attn^T (operands swapped).
+    trains_as_eager(Diffusion, diffusion_step, dtype)
+
+
+@FLOATS
+def test_a_masked_language_model_masking_with_a_generator_trains_as_eager(dtype):
+    trains_as_eager(MaskedLM, masked_lm_step, dtype)
+
+
+@FLOATS
+@pytest.mark.parametrize("cell", ["GRU", "LSTM"])
+def test_a_seq2seq_model_over_a_packed_batch_with_teacher_forcing_trains_as_eager(cell, dtype):
+    trains_as_eager(lambda: Seq2Seq(cell), seq2seq_step, dtype)
+
+
+@FLOATS
+def test_a_spectral_masking_model_with_stft_and_istft_trains_as_eager(dtype):
+    trains_as_eager(SpectralMask, enhancement_step, dtype)
+
+
+def gan_steps(generator, discriminator, g_params, d_params, dtype, steps=3) -> list:
+    """A GAN's alternating steps (Adam each): the discriminator on real and detached fake
+    samples, then the generator through the discriminator; what each step computed."""
+    optimizers = [torch.optim.Adam(p, lr=2e-3, betas=(0.5, 0.999)) for p in (g_params, d_params)]
+    torch.manual_seed(1)
+    record = []
+    for _ in range(steps):
+        real, z = torch.randn(8, 6, dtype=dtype).tanh(), torch.randn(8, 4, dtype=dtype)
+        ones, zeros = torch.ones(8, 1, dtype=dtype), torch.zeros(8, 1, dtype=dtype)
+        fake = generator(z)
+        optimizers[1].zero_grad()
+        d_loss = F.binary_cross_entropy_with_logits(discriminator(real), ones)
+        d_loss = d_loss + F.binary_cross_entropy_with_logits(discriminator(fake.detach()), zeros)
+        d_loss.backward()
+        optimizers[1].step()
+        optimizers[0].zero_grad()
+        g_loss = F.binary_cross_entropy_with_logits(discriminator(fake), ones)
+        g_loss.backward()
+        optimizers[0].step()
+        record += [d_loss.detach(), g_loss.detach(), fake.detach(), *(p.grad.clone() for p in (*g_params, *d_params))]
+    return record + [p.detach().clone() for p in (*g_params, *d_params)] + [torch.rand(4)]
+
+
+@FLOATS
+def test_a_gan_with_two_optimizers_and_a_detached_fake_batch_trains_as_eager(dtype):
+    torch.manual_seed(0)
+    eager = gan(dtype)
+    models = copy.deepcopy(eager)
+    params = [list(m.parameters()) for m in models]
+    actual = gan_steps(*(thunder_rs.jit(m) for m in models), *params, dtype)
+    expected = gan_steps(*eager, *(list(m.parameters()) for m in eager), dtype)
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        torch.testing.assert_close(a, e, rtol=0, atol=0, msg=lambda m: f"recorded tensor {i}: {m}")
+    torch.testing.assert_close(models[0][1].running_var, eager[0][1].running_var, rtol=0, atol=0)

@@ -6,6 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 
 class VAE(nn.Module):
@@ -118,3 +119,77 @@ def padded_tokens(lengths: list, length: int = 7):
     """Random tokens and their padding mask (True past each row's length)."""
     padding = torch.arange(length) >= torch.tensor(lengths)[:, None]
     return torch.randint(0, 20, (len(lengths), length)), padding
+
+
+class MaskedLM(nn.Module):
+    """A masked-language-model step: 30% of the tokens, drawn with ``torch.bernoulli`` from the
+    caller's generator, replaced by a mask token and predicted."""
+
+    def __init__(self, vocab: int = 30):
+        super().__init__()
+        self.vocab = vocab
+        self.embedding = nn.Embedding(vocab, 16)
+        self.position = nn.Parameter(torch.randn(8, 16) * 0.02)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, activation="gelu")
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.lm_head = nn.Linear(16, vocab)
+
+    def forward(self, tokens, generator):
+        masked = torch.bernoulli(torch.full(tokens.shape, 0.3), generator=generator).bool()
+        inputs = tokens.masked_fill(masked, self.vocab - 1)
+        labels = tokens.masked_fill(~masked, -100)
+        logits = self.lm_head(self.encoder(self.embedding(inputs) + self.position))
+        return F.cross_entropy(logits.view(-1, self.vocab), labels.view(-1)), masked
+
+
+class Seq2Seq(nn.Module):
+    """A bidirectional encoder over a packed batch of token ids (embedded as packed data) and a
+    decoder fed the targets shifted by one (teacher forcing)."""
+
+    def __init__(self, cell: str):
+        super().__init__()
+        rnn = getattr(nn, cell)
+        self.embedding = nn.Embedding(12, 8)
+        self.encoder = rnn(8, 16, batch_first=True, bidirectional=True)
+        self.bridge = nn.Linear(32, 16)
+        self.decoder = rnn(8, 16, batch_first=True)
+        self.out = nn.Linear(16, 12)
+
+    def forward(self, source: PackedSequence, target):
+        embedded = PackedSequence(
+            self.embedding(source.data), source.batch_sizes, source.sorted_indices, source.unsorted_indices
+        )
+        encoded, last = self.encoder(embedded)
+        encoded, _ = pad_packed_sequence(encoded, batch_first=True)
+        last = last[0] if isinstance(last, tuple) else last
+        state = torch.tanh(self.bridge(torch.cat([last[0], last[1]], -1)))[None]
+        if isinstance(self.decoder, nn.LSTM):
+            state = (state, torch.zeros_like(state))
+        decoded, _ = self.decoder(self.embedding(target[:, :-1]), state)
+        logits = self.out(decoded)
+        return F.cross_entropy(logits.reshape(-1, 12), target[:, 1:].reshape(-1), ignore_index=0), encoded
+
+
+class SpectralMask(nn.Module):
+    """Speech enhancement: a mask predicted by 1-d convolutions over the log magnitude of the STFT,
+    applied to the spectrum, and the waveform resynthesised with the inverse STFT."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("window", torch.hann_window(32))
+        self.net = nn.Sequential(nn.Conv1d(17, 24, 3, padding=1), nn.ReLU(), nn.Conv1d(24, 17, 3, padding=1))
+
+    def forward(self, wave):
+        spectrum = torch.stft(wave, n_fft=32, hop_length=8, window=self.window, return_complex=True)
+        magnitude = spectrum.abs()
+        mask = torch.sigmoid(self.net(torch.log1p(magnitude)))
+        length = wave.shape[-1]
+        enhanced = torch.istft(spectrum * mask, n_fft=32, hop_length=8, window=self.window, length=length)
+        return F.l1_loss(enhanced, wave), magnitude
+
+
+def gan(dtype):
+    """A generator (with batch norm) and a discriminator (with dropout) of 6-d samples."""
+    generator = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.LeakyReLU(0.2), nn.Linear(16, 6), nn.Tanh())
+    discriminator = nn.Sequential(nn.Linear(6, 16), nn.LeakyReLU(0.2), nn.Dropout(0.3), nn.Linear(16, 1))
+    return generator.to(dtype), discriminator.to(dtype)
