@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
@@ -243,3 +244,24 @@ def test_a_gan_with_two_optimizers_and_a_detached_fake_batch_trains_as_eager(dty
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         torch.testing.assert_close(a, e, rtol=0, atol=0, msg=lambda m: f"recorded tensor {i}: {m}")
     torch.testing.assert_close(models[0][1].running_var, eager[0][1].running_var, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "masks",
+    [
+        dict(src_key_padding_mask=torch.tensor([[False] * 5, [True] * 5])),  # a sequence of padding only
+        dict(src_mask=torch.zeros(5, 5, dtype=torch.bool).index_fill(0, torch.tensor([2]), True)),
+        dict(src_mask=torch.randn(5, 5)),  # additive: eager's fused layer hides every nonzero entry
+    ],
+    ids=["padding_only", "query_sees_nothing", "float_mask"],
+)
+def test_an_encoder_layers_fused_kernel_in_evaluation_gives_eagers_nans_and_reads_masks_as_eager(masks):
+    """Without grad, eager's layer runs a fused kernel, which reads a float mask as booleans and
+    gives NaN to a query that sees no key (the slow path gives it the attention of no values)."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        out, expected = thunder_rs.jit(layer)(x, **masks), layer(x, **masks)
+    assert torch.equal(out.isnan(), expected.isnan())
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, equal_nan=True)

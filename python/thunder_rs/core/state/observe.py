@@ -199,7 +199,7 @@ class Observer:
     def observe_reads(self, method, receiver) -> None:
         """Guards what ``method`` (a function of ``receiver``'s class) reads through ``receiver`` and
         its globals, as if the program had run it: for a library method thunder_rs stands in for
-        while tracing (``torch/transformer_encoder.py``), whose own reads no call reports."""
+        while tracing (``torch/transformer_fast_paths.py``), whose own reads no call reports."""
         code = method.__code__
         _own_work(self._on_code, code, method.__globals__, {code.co_varnames[0]: receiver}, 0)
 
