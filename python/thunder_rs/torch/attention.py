@@ -319,11 +319,12 @@ def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
     return ltorch.where(blind, 0.0, probs)
 
 
-def _math_probs(query, key, attn_mask, is_causal: bool, scale, grouped: bool):
+def _math_probs(query, key, attn_mask, is_causal: bool, scale, grouped: bool, safe: bool = False):
     """Eager's math path (``_scaled_dot_product_attention_math``) up to its softmax: query and key
     each scaled by ``sqrt(scale)`` before their product, the mask (a boolean or causal one made
-    -inf and 0) added, the rows softmaxed (none where every key is masked). Returns the scaled
-    query, the scaled transposed key, the factor and the probabilities."""
+    -inf and 0) added, the rows softmaxed (none where every key is masked; with ``safe``, by the
+    ``aten._safe_softmax`` kernel, where the softmax is differentiated). Returns the scaled query,
+    the scaled transposed key, the factor and the probabilities."""
     k = _grouped_heads(key, query.shape[-3]) if grouped else key
     factor = math.sqrt(abs(scale) if scale is not None else 1.0 / symfloat.sqrt(query.shape[-1]))
     query_scaled = query * (-factor if scale is not None and scale < 0 else factor)
@@ -336,6 +337,8 @@ def _math_probs(query, key, attn_mask, is_causal: bool, scale, grouped: bool):
         mask = ltorch.masked_fill(ltorch.zeros(mask.shape, dtype=query.dtype, device=mask.device), ~mask, -math.inf)
     if mask is not None:
         scores = scores + mask
+    if safe and scores.shape[-1] > 0:
+        return query_scaled, key_scaled, factor, ltorch.safe_softmax(scores, -1)
     probs = ltorch.tensor_softmax(scores, -1)
     if scores.shape[-1] > 0:  # (eager's _safe_softmax: zeros for a row that sees no key)
         probs = ltorch.where(ltorch.all(scores == -math.inf, -1, keepdim=True), 0.0, probs)
@@ -375,7 +378,7 @@ def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale,
 def _math_attention_with_dropout(query, key, value, attn_mask, dropout_p, is_causal: bool, scale, grouped: bool):
     """Attention with dropout as eager's math path computes it (which takes every such call on the
     CPU): the probabilities of ``_math_probs`` dropped out, times the values; and its gradients."""
-    math_path = _math_probs(query, key, attn_mask, is_causal, scale, grouped)
+    math_path = _math_probs(query, key, attn_mask, is_causal, scale, grouped, safe=True)
     weights, mask = native_dropout(math_path[3], dropout_p, True)
     v = _grouped_heads(value, query.shape[-3]) if grouped else value
     out = ltorch.matmul(weights, v)
