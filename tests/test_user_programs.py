@@ -18,7 +18,19 @@ import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
 from torch.nn.utils.rnn import pack_padded_sequence
 from user_diffusion import Diffusion
-from user_models import VAE, Clip, GraphNet, MaskedLM, Policy, Seq2Seq, SpectralMask, TextClassifier, gan, padded_tokens
+from user_models import (
+    VAE,
+    Clip,
+    GraphNet,
+    MaskedLM,
+    Policy,
+    Seq2Seq,
+    Siamese,
+    SpectralMask,
+    TextClassifier,
+    gan,
+    padded_tokens,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -271,3 +283,16 @@ def test_an_encoder_layers_fused_kernel_in_evaluation_gives_eagers_nans_and_read
         out, expected = thunder_rs.jit(layer)(x, **masks), layer(x, **masks)
     assert torch.equal(out.isnan(), expected.isnan())
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def metric_step(model, step, dtype):
+    anchor, positive, negative = (torch.randn(6, 8, dtype=dtype) for _ in range(3))
+    loss, similarity = model(anchor, positive, negative)
+    return loss, [similarity]
+
+
+@FLOATS
+def test_metric_learning_with_triplet_and_cosine_losses_trains_as_eager(dtype):
+    # cosine_similarity and pairwise_distance take their norms by the vector norm's kernel, whose
+    # gradient x * (g / norm) is eager's (differentiating sqrt(sum(x * x)) was ulps off).
+    trains_as_eager(Siamese, metric_step, dtype)

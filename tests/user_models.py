@@ -193,3 +193,18 @@ def gan(dtype):
     generator = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.LeakyReLU(0.2), nn.Linear(16, 6), nn.Tanh())
     discriminator = nn.Sequential(nn.Linear(6, 16), nn.LeakyReLU(0.2), nn.Dropout(0.3), nn.Linear(16, 1))
     return generator.to(dtype), discriminator.to(dtype)
+
+
+class Siamese(nn.Module):
+    """Metric learning: one embedding network for anchors, positives and negatives; a triplet
+    margin loss plus a contrastive loss over the anchors' cosine similarities to the positives."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+
+    def forward(self, anchor, positive, negative):
+        a, p, n = self.embed(anchor), self.embed(positive), self.embed(negative)
+        similarity = F.cosine_similarity(a[:, None], p[None], dim=-1) / 0.1
+        contrastive = F.cross_entropy(similarity, torch.arange(a.shape[0]))
+        return F.triplet_margin_loss(a, p, n, margin=0.5) + contrastive, similarity
