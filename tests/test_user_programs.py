@@ -23,6 +23,7 @@ from user_models import (
     Clip,
     GraphNet,
     MaskedLM,
+    MultiLabelTagger,
     Policy,
     Seq2Seq,
     Siamese,
@@ -296,3 +297,16 @@ def test_metric_learning_with_triplet_and_cosine_losses_trains_as_eager(dtype):
     # cosine_similarity and pairwise_distance take their norms by the vector norm's kernel, whose
     # gradient x * (g / norm) is eager's (differentiating sqrt(sum(x * x)) was ulps off).
     trains_as_eager(Siamese, metric_step, dtype)
+
+
+def tagging_step(model, step, dtype):
+    labels = (torch.rand(64, 20) < 0.2).to(dtype)
+    loss, logits = model(torch.randint(0, 50, (64, 6)), labels)
+    return loss, [logits]
+
+
+@FLOATS
+def test_a_multi_label_tagger_trains_as_eager(dtype):
+    # logsigmoid's gradient reads the exp(-|x|) eager's forward kernel keeps (aten.log_sigmoid_forward),
+    # which past a vector's worth of elements rounds otherwise than torch.exp.
+    trains_as_eager(MultiLabelTagger, tagging_step, dtype)

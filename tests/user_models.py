@@ -208,3 +208,16 @@ class Siamese(nn.Module):
         similarity = F.cosine_similarity(a[:, None], p[None], dim=-1) / 0.1
         contrastive = F.cross_entropy(similarity, torch.arange(a.shape[0]))
         return F.triplet_margin_loss(a, p, n, margin=0.5) + contrastive, similarity
+
+
+class MultiLabelTagger(nn.Module):
+    """Tags each of a batch of documents (bags of token embeddings) with any of 20 labels."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(50, 16)
+        self.head = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 20))
+
+    def forward(self, tokens, labels):
+        logits = self.head(self.embedding(tokens).mean(1))
+        return F.multilabel_soft_margin_loss(logits, labels), logits
