@@ -239,6 +239,11 @@ CASES = [
         ),
     ),
     Case(
+        "log_sigmoid_forward",
+        ltorch.log_sigmoid_forward,
+        lambda d: ((randn(5, 7, dtype=d) * 5,), ltorch.log_sigmoid_forward),
+    ),
+    Case(
         "gelu_backward",
         ltorch.gelu_backward,
         lambda d: ((randn(3, 4, dtype=d), randn(4, 3, dtype=d).t()), lambda g, x: ltorch.gelu_backward(g, x)),

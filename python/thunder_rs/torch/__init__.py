@@ -70,6 +70,7 @@ def _export_symbols() -> None:
 _export_symbols()
 
 from thunder_rs.torch.products import *  # noqa: E402,F401,F403
+from thunder_rs.torch.einsum import *  # noqa: E402,F401,F403
 from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
 from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
 from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
@@ -77,3 +78,4 @@ from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
 from thunder_rs.torch import written_arguments  # noqa: E402,F401
 from thunder_rs.torch import foreach  # noqa: E402,F401
+from thunder_rs.torch import transformer_fast_paths  # noqa: E402,F401

@@ -645,18 +645,34 @@ def hardswish_grad(input, inplace=False):
     return out
 
 
+def _log_sigmoid_forward_meta(input):
+    return [(tuple(input.shape), input.dtype), (tuple(input.shape), input.dtype)]
+
+
+@torchsymbol(torch.ops.aten.log_sigmoid_forward.default, name="log_sigmoid_forward", meta=_log_sigmoid_forward_meta)
+def log_sigmoid_forward(input):
+    """logsigmoid and the buffer its backward reads, z = exp(-|x|), in the input's dtype, as eager's
+    kernel (``aten.log_sigmoid_forward``) computes them: its exp is the vectorised one for every
+    element, where ``torch.exp`` takes another for the elements past the last full vector (a
+    float64 z an ulp apart, and so the gradient)."""
+    x = upcast(input)
+    z = prims.exp(prims.neg(prims.abs(x)))
+    out = prims.sub(prims.minimum(x, 0.0), prims.log1p(z))
+    return clang.maybe_convert(out, input.dtype), clang.maybe_convert(z, input.dtype)
+
+
 @register_grad(ltorch.logsigmoid)
 def logsigmoid_grad(input):
     # Eager's logsigmoid_backward: g * (max_deriv - sign * z / (1 + z)) with z = exp(-|x|) the
     # buffer its forward kept in the input's dtype, computed in float32 for half precision
     # (DPO-style losses call it on bfloat16 logits).
-    out = ltorch.logsigmoid(input)
+    if not input.dtype.is_floating_point:
+        return ltorch.logsigmoid(input)
+    out, z = log_sigmoid_forward(input)
     g, dtype = in_opmath(get_grad(out), input)
     x = upcast(input)
     negative = x < 0.0
-    z = ltorch.exp(-ltorch.abs(x))
-    if dtype is not None:
-        z = upcast(ltorch.to(z, dtype))
+    z = upcast(z)
     max_deriv = ltorch.where(negative, 1.0, 0.0)
     sign = ltorch.where(negative, 1.0, -1.0)
     put_grad(input, rounded(g * (max_deriv - sign * (z / (1.0 + z))), dtype))

@@ -35,7 +35,7 @@ from thunder_rs.torch.common import (
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.fused_attention import fused_attention
 from thunder_rs.torch.linalg import matmul
-from thunder_rs.torch.nn import dropout, softmax_backward, tensor_softmax
+from thunder_rs.torch.nn import dropout, dropout_input_grad, native_dropout, softmax_backward, tensor_softmax
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symint import same_shape
 
@@ -319,15 +319,13 @@ def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
     return ltorch.where(blind, 0.0, probs)
 
 
-def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool) -> None:
-    """The gradients eager's autograd gives its math path (``_scaled_dot_product_attention_math``,
-    a composite it differentiates op by op): query and key each scaled by ``sqrt(scale)`` before
-    their product, the mask (a boolean or causal one made -inf and 0) added, the rows softmaxed
-    (none where every key is masked); each product's gradient is a product with the other
-    operand, the softmax's ``_softmax_backward_data``. (Each rounding as eager's: the scores
-    scaled after the product, or the softmax's gradient written out, were 1 ulp apart.)"""
+def _math_probs(query, key, attn_mask, is_causal: bool, scale, grouped: bool, safe: bool = False):
+    """Eager's math path (``_scaled_dot_product_attention_math``) up to its softmax: query and key
+    each scaled by ``sqrt(scale)`` before their product, the mask (a boolean or causal one made
+    -inf and 0) added, the rows softmaxed (none where every key is masked; with ``safe``, by the
+    ``aten._safe_softmax`` kernel, where the softmax is differentiated). Returns the scaled query,
+    the scaled transposed key, the factor and the probabilities."""
     k = _grouped_heads(key, query.shape[-3]) if grouped else key
-    v = _grouped_heads(value, query.shape[-3]) if grouped else value
     factor = math.sqrt(abs(scale) if scale is not None else 1.0 / symfloat.sqrt(query.shape[-1]))
     query_scaled = query * (-factor if scale is not None and scale < 0 else factor)
     key_scaled = ltorch.transpose(k, -1, -2) * factor
@@ -339,12 +337,33 @@ def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale,
         mask = ltorch.masked_fill(ltorch.zeros(mask.shape, dtype=query.dtype, device=mask.device), ~mask, -math.inf)
     if mask is not None:
         scores = scores + mask
+    if safe and scores.shape[-1] > 0:
+        return query_scaled, key_scaled, factor, ltorch.safe_softmax(scores, -1)
     probs = ltorch.tensor_softmax(scores, -1)
     if scores.shape[-1] > 0:  # (eager's _safe_softmax: zeros for a row that sees no key)
         probs = ltorch.where(ltorch.all(scores == -math.inf, -1, keepdim=True), 0.0, probs)
+    return query_scaled, key_scaled, factor, probs
+
+
+def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool, dropped=None) -> None:
+    """The gradients eager's autograd gives its math path (a composite it differentiates op by op,
+    ``_math_probs`` then the product with the values): each product's gradient is a product with
+    the other operand, the softmax's ``_softmax_backward_data``. ``dropped`` is the math path's
+    dropout, when it has one: ``(p, probabilities, dropped probabilities, mask)``. (Each rounding
+    as eager's: the scores scaled after the product, or the softmax's gradient written out, were
+    1 ulp apart.)"""
+    v = _grouped_heads(value, query.shape[-3]) if grouped else value
+    if dropped is None:
+        query_scaled, key_scaled, factor, probs = _math_probs(query, key, attn_mask, is_causal, scale, grouped)
+        weights = probs
+    else:
+        (p, (query_scaled, key_scaled, factor, probs), weights, mask) = dropped
     if value.requires_grad:
-        put_grad(value, _unrepeat(ltorch.matmul(ltorch.transpose(probs, -1, -2), g), value, grouped))
-    dscores = softmax_backward(ltorch.matmul(g, ltorch.transpose(v, -1, -2)), probs, -1)
+        put_grad(value, _unrepeat(ltorch.matmul(ltorch.transpose(weights, -1, -2), g), value, grouped))
+    dweights = ltorch.matmul(g, ltorch.transpose(v, -1, -2))
+    if dropped is not None:
+        dweights = dropout_input_grad(dweights, mask, p, probs)
+    dscores = softmax_backward(dweights, probs, -1)
     if attn_mask is not None and attn_mask.requires_grad:
         put_grad(attn_mask, sum_to(dscores, attn_mask.shape))
     # (a product's gradient summed over the batch dims it broadcast, then scaled, as eager's nodes run)
@@ -354,6 +373,18 @@ def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale,
     if key.requires_grad:
         grad = sum_to(ltorch.matmul(ltorch.transpose(query_scaled, -1, -2), dscores), key_scaled.shape) * factor
         put_grad(key, _unrepeat(ltorch.transpose(grad, -1, -2), key, grouped))
+
+
+def _math_attention_with_dropout(query, key, value, attn_mask, dropout_p, is_causal: bool, scale, grouped: bool):
+    """Attention with dropout as eager's math path computes it (which takes every such call on the
+    CPU): the probabilities of ``_math_probs`` dropped out, times the values; and its gradients."""
+    math_path = _math_probs(query, key, attn_mask, is_causal, scale, grouped, safe=True)
+    weights, mask = native_dropout(math_path[3], dropout_p, True)
+    v = _grouped_heads(value, query.shape[-3]) if grouped else value
+    out = ltorch.matmul(weights, v)
+    dropped = (dropout_p, math_path, weights, mask)
+    _put_math_gradients(get_grad(out), query, key, value, attn_mask, is_causal, scale, grouped, dropped)
+    return out
 
 
 def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> bool:
@@ -422,6 +453,10 @@ def scaled_dot_product_attention_grad(
         out = fused_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if out is not None:
             return out
+    grouped = enable_gqa and query.ndim >= 3
+    if dropout_p > 0 and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64):
+        _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
+        return _math_attention_with_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)
     if query.device.type == "cpu" and attn_mask is not None and attn_mask.requires_grad and dropout_p == 0:
         out = sdpa_math(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     else:
@@ -430,7 +465,6 @@ def scaled_dot_product_attention_grad(
     if dropout_p > 0:
         return out
     g = get_grad(out)
-    grouped = enable_gqa and query.ndim >= 3
     if query.dtype in (torch.float32, torch.float64):
         _put_math_gradients(g, query, key, value, attn_mask, is_causal, scale, grouped)
         return out

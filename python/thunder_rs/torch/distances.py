@@ -76,7 +76,8 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-06, keepdim=False):
     diff = clang.elementwise(prims.add, op, _difference(op, x1, x2), eps)
     if ndim == 0:
         return _vector_norm(diff, p, (), keepdim)
-    return _vector_norm(diff, p, (ndim - 1,), keepdim)
+    # eager's at::norm: the vector norm's kernel, whose gradient (norm_backward) is eager's
+    return ltorch.linalg_vector_norm(diff, p, (ndim - 1,), keepdim)
 
 
 @torchsymbol(F.pdist, torch.pdist)
@@ -116,10 +117,11 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-08):
     )
     a, b = _pair(op, clang.maybe_convert(x1, compute), clang.maybe_convert(x2, compute))
     dims = (clang.canonicalize_dim(a.ndim, dim, op),) if a.ndim else ()
-    # Eager normalises each operand by its norm clamped to eps, the clamp invisible to autograd.
+    # Eager normalises each operand by its norm clamped to eps, the clamp invisible to autograd; the
+    # norm by its kernel (``linalg_vector_norm``), whose gradient ``x * (g / norm)`` is eager's.
     unit = []
     for x in (a, b):
-        norm = _vector_norm(x, 2, dims, keepdim=True).clone()
+        norm = ltorch.linalg_vector_norm(x, 2, dims, True).clone()
         with torch.no_grad():
             norm.clamp_(min=eps)
         unit.append(prims.div(x, clang.expand_to(norm, x.shape)))

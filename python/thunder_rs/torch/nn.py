@@ -311,11 +311,11 @@ def dropout_grad(input, p=0.5, training=True, inplace=False):
     if not training or not 0 < p < 1 or not input.dtype.is_floating_point:
         return ltorch.dropout(input, p, training, inplace)
     out, mask = native_dropout(input, p, True)
-    put_grad(input, _dropout_input_grad(get_grad(out), mask, p, input))
+    put_grad(input, dropout_input_grad(get_grad(out), mask, p, input))
     return out
 
 
-def _dropout_input_grad(grad, mask, p, input):
+def dropout_input_grad(grad, mask, p, input):
     """Eager's gradient of dropout's input. On the CPU eager multiplies by a noise tensor in the
     input's dtype (the mask divided by 1 - p, rounded to that dtype: 1.4297 for p = 0.3 in
     bfloat16) and the gradient is the product with it; CUDA's fused kernel scales by 1 / (1 - p)

@@ -1,12 +1,10 @@
-"""Products built on matmul: addmv, addbmm, addr, vdot, tensordot, einsum, cross, linalg.cross,
+"""Products built on matmul: addmv, addbmm, addr, vdot, tensordot, cross, linalg.cross,
 linalg.vecdot, linalg.multi_dot, linalg.matrix_power and linalg.vander.
 
 Contractions become permute/reshape/matmul, so the VJP pass differentiates them through matmul;
 the torch executor still runs each symbol whole. As in ``linalg.py``, products do not promote
 (eager requires one dtype), except ``addr``, which eager computes as a promoting outer product.
 """
-
-import string
 
 import math
 
@@ -35,7 +33,6 @@ __all__ = [
     "addr",
     "vdot",
     "tensordot",
-    "einsum",
     "cross",
     "linalg_cross",
     "linalg_vecdot",
@@ -252,213 +249,6 @@ def tensordot(a, b, dims=2, out=None):
     a = ltorch.sum(a, a_sum, True) if a_sum else a
     b = ltorch.sum(b, b_sum, True) if b_sum else b
     return _contract(op, a, b, a_dims, b_dims)
-
-
-# -- einsum ----------------------------------------------------------------------------------------
-
-# A label is a letter, or ("...", i): the i-th of the ellipsis dims, which are aligned from the
-# right across operands (broadcast like a shape's leading dims).
-
-
-def _sublist_term(op: str, sublist) -> str:
-    check(
-        isinstance(sublist, (list, tuple)),
-        op,
-        "expected a list of ints or ... as a sublist (argument operands)",
-        ThunderTypeError,
-    )
-    for s in sublist:
-        check(
-            s is Ellipsis or (isinstance(s, int) and 0 <= s < 52),
-            op,
-            f"subscript in subscript list is not within the valid range [0, 52), got {s!r} (argument operands)",
-            ThunderRuntimeError,
-        )
-    return "".join("..." if s is Ellipsis else string.ascii_letters[s] for s in sublist)
-
-
-def _equation_and_operands(op: str, args):
-    """``einsum(equation, *operands)``, ``einsum(equation, [operands])`` or the sublist form
-    ``einsum(op0, sublist0, op1, sublist1, ..., [out_sublist])``."""
-    check(len(args) > 0, op, "must provide an equation", ThunderTypeError)
-    if isinstance(args[0], str):
-        operands = args[1:]
-        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-            operands = operands[0]
-        return args[0], list(operands)
-    pairs = len(args) // 2
-    terms = [_sublist_term(op, args[2 * i + 1]) for i in range(pairs)]
-    equation = ",".join(terms) + ("->" + _sublist_term(op, args[-1]) if len(args) % 2 else "")
-    return equation, [args[2 * i] for i in range(pairs)]
-
-
-def _term_labels(op: str, term: str, x, index: int, ellipsis_dims: int | None):
-    """The labels of one operand's term; ``ellipsis_dims`` is None while they are being counted."""
-    letters = term.replace("...", "")
-    check(
-        term.count("...") <= 1 and all(c in string.ascii_letters for c in letters),
-        op,
-        f"invalid subscript term {term!r} for operand {index} (argument equation)",
-        ThunderRuntimeError,
-    )
-    if "..." not in term:
-        check(
-            x.ndim == len(letters),
-            op,
-            f"the number of subscripts in the equation ({len(letters)}) does not match the number of dimensions "
-            f"({x.ndim}) for operand {index} and no ellipsis was given",
-            ThunderRuntimeError,
-        )
-        return list(letters)
-    own = x.ndim - len(letters)
-    check(
-        own >= 0,
-        op,
-        f"the number of subscripts in the equation ({len(letters)}) is more than the number of dimensions ({x.ndim}) "
-        f"for operand {index}",
-        ThunderRuntimeError,
-    )
-    head, tail = term.split("...")
-    total = own if ellipsis_dims is None else ellipsis_dims
-    return [*head, *(("...", total - own + i) for i in range(own)), *tail]
-
-
-def _parse_einsum(op: str, equation: str, operands):
-    """Labels of each operand and of the output."""
-    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
-    terms = lhs.split(",")
-    check(
-        len(terms) == len(operands),
-        op,
-        f"the equation has {len(terms)} operand terms but {len(operands)} operands were given (argument operands)",
-        ThunderRuntimeError,
-    )
-    counted = [_term_labels(op, t, x, i, None) for i, (t, x) in enumerate(zip(terms, operands))]
-    ellipsis_dims = max((sum(isinstance(lab, tuple) for lab in labels) for labels in counted), default=0)
-    labels = [_term_labels(op, t, x, i, ellipsis_dims) for i, (t, x) in enumerate(zip(terms, operands))]
-    present = [lab for ls in labels for lab in ls]
-    ellipsis = [("...", i) for i in range(ellipsis_dims)]
-    if not arrow:
-        once = sorted(c for c in set(present) if isinstance(c, str) and present.count(c) == 1)
-        return labels, [*ellipsis, *once]
-    check(
-        rhs.count("...") <= 1 and all(c in string.ascii_letters for c in rhs.replace("...", "")),
-        op,
-        f"invalid output subscripts {rhs!r} (argument equation)",
-        ThunderRuntimeError,
-    )
-    head, _, tail = rhs.partition("...")
-    out = [*head, *(ellipsis if "..." in rhs else ()), *tail]
-    for c in out:
-        check(
-            isinstance(c, tuple) or c in present,
-            op,
-            f"output subscript {c} does not appear in the equation for any input operand",
-            ThunderRuntimeError,
-        )
-        check(out.count(c) == 1, op, f"output subscript {c} appears more than once in the output", ThunderRuntimeError)
-    return labels, out
-
-
-def _sizes(op: str, labelled) -> dict:
-    """The size of each label: operands agree on it, or have it of size 1 (broadcast)."""
-    sizes: dict = {}
-    for x, labels in labelled:
-        for lab, n in zip(labels, x.shape):
-            known = sizes.setdefault(lab, n)
-            check(
-                n == known or n == 1 or known == 1,
-                op,
-                f"operands do not broadcast with remapped shapes: subscript {lab} has sizes {known} and {n}",
-                ThunderRuntimeError,
-            )
-            if known == 1:
-                sizes[lab] = n
-    return sizes
-
-
-def _take_diagonals(op: str, x, labels):
-    """``x`` with each repeated label of one operand reduced to its diagonal (moved last)."""
-    while len(set(labels)) < len(labels):
-        lab = next(c for c in labels if labels.count(c) > 1)
-        i = labels.index(lab)
-        j = labels.index(lab, i + 1)
-        check(
-            x.shape[i] == x.shape[j],
-            op,
-            f"subscript {lab} is repeated for operand but the sizes don't match, {x.shape[i]} != {x.shape[j]}",
-            ThunderRuntimeError,
-        )
-        x = ltorch.diagonal(x, 0, i, j)
-        labels = [c for k, c in enumerate(labels) if k not in (i, j)] + [lab]
-    return x, labels
-
-
-def _sum_labels(x, labels, drop):
-    dims = [i for i, c in enumerate(labels) if c in drop]
-    if not dims:
-        return x, labels
-    return ltorch.sum(x, dims), [c for c in labels if c not in drop]
-
-
-def _expand_labels(x, labels, sizes, wanted):
-    """``x`` with its size-1 dims of the ``wanted`` labels broadcast to their full size."""
-    shape = tuple(sizes[c] if c in wanted else n for c, n in zip(labels, x.shape))
-    return x if shape == tuple(x.shape) else ltorch.expand(x, shape)
-
-
-def _contract_pair(a, la, b, lb, keep, sizes):
-    """``a`` and ``b`` (with labels ``la``, ``lb``) as one batched matrix product: shared labels in
-    ``keep`` are batch dims, other shared labels are summed; returns the product and its labels."""
-    batch = [c for c in la if c in lb and c in keep]
-    summed = [c for c in la if c in lb and c not in keep]
-    a_only = [c for c in la if c not in lb]
-    b_only = [c for c in lb if c not in la]
-    a = _expand_labels(a, la, sizes, batch + summed)
-    b = _expand_labels(b, lb, sizes, batch + summed)
-    size = lambda labels: math.prod(sizes[c] for c in labels)  # noqa: E731
-    lhs = ltorch.reshape(
-        ltorch.permute(a, [la.index(c) for c in batch + a_only + summed]),
-        (size(batch), math.prod(a.shape[la.index(c)] for c in a_only), size(summed)),
-    )
-    rhs = ltorch.reshape(
-        ltorch.permute(b, [lb.index(c) for c in batch + summed + b_only]),
-        (size(batch), size(summed), math.prod(b.shape[lb.index(c)] for c in b_only)),
-    )
-    out_shape = (
-        *(sizes[c] for c in batch),
-        *(a.shape[la.index(c)] for c in a_only),
-        *(b.shape[lb.index(c)] for c in b_only),
-    )
-    return ltorch.reshape(prims.matmul(lhs, rhs), out_shape), batch + a_only + b_only
-
-
-@torchsymbol(torch.einsum)
-def einsum(*args):
-    """Diagonals for repeated labels, sums for labels of one operand alone, then the operands
-    contracted left to right, each pair as one batched matmul, and the output permuted."""
-    op = "ltorch.einsum"
-    equation, operands = _equation_and_operands(op, args)
-    for i, x in enumerate(operands):
-        _check_tensor(op, x, f"operands[{i}]")
-    check(len(operands) > 0, op, "must provide at least one operand", ThunderRuntimeError)
-    _same_dtype(op, operands, "expected all operands to have the same dtype")
-    labels, out_labels = _parse_einsum(op, equation, operands)
-    compute = torch.int64 if operands[0].dtype == torch.bool else operands[0].dtype
-    labelled = [_take_diagonals(op, clang.maybe_convert(x, compute), list(ls)) for x, ls in zip(operands, labels)]
-    sizes = _sizes(op, labelled)
-    everywhere = [c for _, ls in labelled for c in set(ls)]
-    lone = {c for c in everywhere if everywhere.count(c) == 1 and c not in out_labels}
-    labelled = [_sum_labels(x, ls, lone) for x, ls in labelled]
-    out, out_l = labelled[0]
-    for i, (x, ls) in enumerate(labelled[1:], start=1):
-        keep = set(out_labels).union(*(set(later) for _, later in labelled[i + 1 :]))
-        out, out_l = _contract_pair(out, out_l, x, ls, keep, sizes)
-    out, out_l = _sum_labels(out, out_l, set(out_l) - set(out_labels))
-    out = _expand_labels(out, out_l, sizes, out_labels)
-    if out_l != out_labels:
-        out = ltorch.permute(out, [out_l.index(c) for c in out_labels])
-    return clang.maybe_convert(out, operands[0].dtype)
 
 
 # -- cross and vecdot ------------------------------------------------------------------------------

@@ -436,3 +436,16 @@ def _define_full_extremum_grad(symbol):
 
 max_grad = _define_full_extremum_grad(ltorch.max)
 min_grad = _define_full_extremum_grad(ltorch.min)
+
+
+@register_grad(ltorch.logsumexp)
+def logsumexp_grad(input, dim, keepdim=False):
+    """Eager's ``logsumexp_backward``: ``g * exp(input - out)`` (the decomposition's VJP divides
+    the shifted exponentials by their sum, which rounds differently)."""
+    out = ltorch.logsumexp(input, dim, keepdim)
+    if not input.dtype.is_floating_point:
+        return out
+    dims = _dims(input, dim, "ltorch.logsumexp")
+    g, result = (_kept(t, input, dims, keepdim) for t in (get_grad(out), out))
+    put_grad(input, ltorch.mul(g, ltorch.exp(ltorch.sub(input, result))))
+    return out

@@ -196,6 +196,13 @@ class Observer:
             if forward is not None and forward.co_argcount:
                 self._on_code(forward, type(module).forward.__globals__, {forward.co_varnames[0]: module}, 0)
 
+    def observe_reads(self, method, receiver) -> None:
+        """Guards what ``method`` (a function of ``receiver``'s class) reads through ``receiver`` and
+        its globals, as if the program had run it: for a library method thunder_rs stands in for
+        while tracing (``torch/transformer_fast_paths.py``), whose own reads no call reports."""
+        code = method.__code__
+        _own_work(self._on_code, code, method.__globals__, {code.co_varnames[0]: receiver}, 0)
+
     def guard_state(self, guard) -> None:
         """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
         first: the first read of the acquisition is what the state was when the call began."""

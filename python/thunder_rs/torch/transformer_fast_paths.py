@@ -1,0 +1,189 @@
+"""``nn.TransformerEncoder``, ``TransformerEncoderLayer`` and ``MultiheadAttention`` while tracing:
+the results of eager's fast paths, which tracing cannot take (proxies override torch functions, and
+``is_compiling()`` makes the encoder skip its check of the mask's values).
+
+In evaluation without grad eager runs fused kernels. Their kept tokens match the traced slow path
+within rounding, but they differ from it in what they give where a mask hides things:
+
+- The encoder, given a ``src_key_padding_mask`` and ``enable_nested_tensor``, packs the batch into
+  a nested tensor of the unpadded tokens and pads the result with zeros: its padded positions come
+  out as 0 (then the final norm of 0), not as the layers' values there. It does so only when the
+  mask is left-aligned (each row's tokens first), which it checks by value on each call, so the
+  trace zeroes the padded positions where the mask is left-aligned: one trace for both of eager's
+  paths, chosen per call by the mask's values. ``mask_check=False`` nests any mask as if it were
+  left-aligned (eager then packs each row's first tokens, whichever were masked): refused.
+- The fused layer and attention read a mask as booleans (a float mask's nonzero entries hide their
+  keys, where the slow path adds them to the scores), and a query whose every key is hidden in some
+  head gets NaN (their softmax divides 0 by 0; the slow path's gives zeros). The trace gives both.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.transformer import _detect_is_causal_mask
+
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.langctx import user_location
+from thunder_rs.core.lang.recorder import active_recorder
+from thunder_rs.core.lang.torch_overrides import OVERRIDES
+from thunder_rs.core.state.observe import thread_state
+from thunder_rs.errors import ThunderNotImplementedError
+
+__all__: list[str] = []
+
+_encoder_forward = nn.TransformerEncoder.forward
+_layer_forward = nn.TransformerEncoderLayer.forward
+_attention_forward = nn.MultiheadAttention.forward
+#: Where eager's encoder takes its fast path (``_supported_device_type``).
+_FAST_DEVICES = ("cpu", "cuda", "xpu", torch.utils.backend_registration._privateuse1_backend_name)
+
+
+def _first_layer_tensors(layer) -> tuple:
+    attention = layer.self_attn
+    return (
+        attention.in_proj_weight,
+        attention.in_proj_bias,
+        attention.out_proj.weight,
+        attention.out_proj.bias,
+        layer.norm1.weight,
+        layer.norm1.bias,
+        layer.norm2.weight,
+        layer.norm2.bias,
+        layer.linear1.weight,
+        layer.linear1.bias,
+        layer.linear2.weight,
+        layer.linear2.bias,
+    )
+
+
+def _fused(tensors) -> bool:
+    """Eager's last conditions of a fast path: its tensors on a device it serves, none of them
+    requiring grad where grad is enabled."""
+    tensors = [t for t in tensors if t is not None]
+    if torch.is_autocast_enabled() or not all(t.device.type in _FAST_DEVICES for t in tensors):
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def _nests(encoder, src, mask, src_key_padding_mask) -> bool:
+    """Whether eager's ``TransformerEncoder.forward`` nests the batch when the mask is
+    left-aligned: its conditions but that one, which it checks by value."""
+    first = encoder.layers[0]
+    if not torch.backends.mha.get_fastpath_enabled() or not getattr(encoder, "use_nested_tensor", False):
+        return False
+    if first.training or src.dim() != 3 or src_key_padding_mask is None or mask is not None:
+        return False
+    return _fused((src, *_first_layer_tensors(first)))
+
+
+def _layer_is_fused(layer, src) -> bool:
+    """Whether eager's ``TransformerEncoderLayer.forward`` runs its fused kernel."""
+    attention = layer.self_attn
+    if not torch.backends.mha.get_fastpath_enabled() or src.dim() != 3 or layer.training:
+        return False
+    if not attention.batch_first or attention.in_proj_bias is None or not attention._qkv_same_embed_dim:
+        return False
+    if not layer.activation_relu_or_gelu or layer.norm1.eps != layer.norm2.eps or attention.num_heads % 2:
+        return False
+    if any(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in layer.modules()):
+        return False
+    return _fused((src, *_first_layer_tensors(layer)))
+
+
+def _attention_is_fused(attention, query, key, value, key_padding_mask, attn_mask) -> bool:
+    """Whether eager's ``MultiheadAttention.forward`` runs its fused kernel (given boolean masks)."""
+    if any(m is not None and torch.is_floating_point(m) for m in (key_padding_mask, attn_mask)):
+        return False
+    if not torch.backends.mha.get_fastpath_enabled() or query.dim() != 3 or query is not key or key is not value:
+        return False
+    weight, bias = attention.in_proj_weight, attention.in_proj_bias
+    if weight is None or bias is None or query.dtype != weight.dtype or query.dtype != bias.dtype:
+        return False
+    if attention.training or attention.num_heads % 2 or not attention.batch_first or attention.add_zero_attn:
+        return False
+    if attention.bias_k is not None or attention.bias_v is not None or not attention._qkv_same_embed_dim:
+        return False
+    return _fused((query, weight, bias, attention.out_proj.weight, attention.out_proj.bias))
+
+
+def _as_fused_reads(mask):
+    """A float mask as the fused kernels read it: its nonzero entries hide their keys (-inf)."""
+    if mask is None or not torch.is_floating_point(mask):
+        return mask
+    return torch.zeros_like(mask).masked_fill(mask != 0, -math.inf)
+
+
+def _nan_where_hidden(out, attn_mask, key_padding_mask):
+    """``out`` (batch, length, features) with NaN in the rows whose every key a mask (-inf or True)
+    hides in some head, as the fused kernels give them."""
+    batch, length = out.shape[:2]
+    hides = [m if m.dtype == torch.bool else m == -math.inf for m in (attn_mask, key_padding_mask) if m is not None]
+    if not hides:
+        return out
+    hidden = hides[-1][:, None, None, :] if key_padding_mask is not None else None
+    if attn_mask is not None:
+        masked = hides[0].view(batch, -1, length, hides[0].shape[-1]) if hides[0].dim() == 3 else hides[0][None, None]
+        hidden = masked if hidden is None else masked | hidden
+    return out.masked_fill(hidden.all(-1).any(1).unsqueeze(-1), math.nan)
+
+
+def _left_aligned(kept):
+    """Whether every row of ``kept`` (a bool ``[batch, length]``) has its True entries first."""
+    if kept.shape[-1] < 2:
+        return torch.ones((), dtype=torch.bool, device=kept.device)
+    return (kept[:, 1:] <= kept[:, :-1]).all()
+
+
+def _encoder_forward_in_trace(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+    if active_recorder() is None or not isinstance(src, TensorProxy):
+        return _encoder_forward(self, src, mask, src_key_padding_mask, is_causal)
+    if thread_state.observer is not None:  # (what eager's forward reads decides its path)
+        thread_state.observer.observe_reads(_encoder_forward, self)
+    padding = F._canonical_mask(
+        mask=src_key_padding_mask,
+        mask_name="src_key_padding_mask",
+        other_type=F._none_or_dtype(mask),
+        other_name="mask",
+        target_type=src.dtype,
+    )
+    if not _nests(self, src, mask, padding):
+        return _encoder_forward(self, src, mask, src_key_padding_mask, is_causal)
+    if not getattr(self, "mask_check", True):
+        raise ThunderNotImplementedError(
+            f"nn.TransformerEncoder (mask_check=False) at {user_location()}: in evaluation without grad eager packs "
+            "each row's first tokens into a nested tensor, as many as its padding mask keeps, without checking that "
+            "they are the kept ones; construct the encoder with mask_check=True (the default)"
+        )
+    is_causal = _detect_is_causal_mask(None, is_causal, src.shape[1])
+    output = src
+    for layer in self.layers:
+        output = layer(output, src_mask=None, is_causal=is_causal, src_key_padding_mask=padding)
+    kept = padding.logical_not()
+    output = output.masked_fill((~kept & _left_aligned(kept)).unsqueeze(-1), 0.0)
+    return self.norm(output) if self.norm is not None else output
+
+
+def _layer_forward_in_trace(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+    if active_recorder() is None or not isinstance(src, TensorProxy) or not _layer_is_fused(self, src):
+        return _layer_forward(self, src, src_mask, src_key_padding_mask, is_causal)
+    src_mask, src_key_padding_mask = _as_fused_reads(src_mask), _as_fused_reads(src_key_padding_mask)
+    out = _layer_forward(self, src, src_mask, src_key_padding_mask, is_causal)
+    return _nan_where_hidden(out, src_mask, src_key_padding_mask)
+
+
+def _attention_forward_in_trace(
+    self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, *args, **kwargs
+):
+    out = _attention_forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, *args, **kwargs)
+    if active_recorder() is None or not isinstance(query, TensorProxy) or need_weights:
+        return out  # (with the weights, the traced softmax gives NaN where the fused one does)
+    if not _attention_is_fused(self, query, key, value, key_padding_mask, attn_mask):
+        return out
+    return _nan_where_hidden(out[0], attn_mask, key_padding_mask), out[1]
+
+
+OVERRIDES[(nn.TransformerEncoder, "forward")] = _encoder_forward_in_trace
+OVERRIDES[(nn.TransformerEncoderLayer, "forward")] = _layer_forward_in_trace
+OVERRIDES[(nn.MultiheadAttention, "forward")] = _attention_forward_in_trace
