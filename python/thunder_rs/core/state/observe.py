@@ -56,6 +56,7 @@ from thunder_rs.core.state.callables import (
     partial_origin,
     program_method,
 )
+from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.clocks import C_READERS, refuse_bound_clock, refuse_c_call
 from thunder_rs.core.state.code_reads import (
     ALL_ATTRIBUTES,
@@ -117,7 +118,7 @@ class Observer:
         names = reached.names if reached is not None else [f"input {i}" for i in range(len(inputs))]
         for i, x in enumerate(inputs):
             if hasattr(type(x), "__next__") and not isinstance(x, (torch.Tensor, types.GeneratorType)):
-                self._iterators[id(x)] = (x, names[i], "the call", _iterator_position(x))
+                self._iterators[id(x)] = (x, names[i], "the call", iterator_position(x))
             if not isinstance(x, torch.Tensor) and not is_simple(x) and attributes_of(x) is not None:
                 self.state.add(x, InputSource(i, (), names[i], not isinstance(attributes_of(x), dict)))
         for obj, source, under_container in reached.objects if reached is not None else ():
@@ -223,7 +224,7 @@ class Observer:
         compiled call would neither take the next ones nor see them (``next(it)`` is refused as it
         is called, ``stdlib_state._next``)."""
         for it, name, origin, position in self._iterators.values():
-            if _iterator_position(it) != position:
+            if iterator_position(it) != position:
                 raise ThunderNotImplementedError(
                     f"thunder_rs.jit: the program consumed the {type(it).__name__} {name!r} read at {origin}, which "
                     "it did not create (a for loop, zip or list() over it); tracing took its items once, and a "
@@ -343,7 +344,7 @@ class Observer:
             items: list[tuple[Any, Any]] = list(holder.items() if isinstance(holder, dict) else enumerate(holder or ()))
             for key, value in items:  # an index or a keyword's name, as ItemSource reads it
                 if hasattr(type(value), "__next__") and not isinstance(value, torch.Tensor):
-                    found = (value, source.describe(key), origin, _iterator_position(value))
+                    found = (value, source.describe(key), origin, iterator_position(value))
                     self._iterators.setdefault(id(value), found)
                 if isinstance(value, MUTABLE):
                     self._guards.setdefault((source.key, key), Guard(source, key, value, origin))
@@ -533,7 +534,7 @@ class Observer:
         if isinstance(value, TensorProxy):
             return MISSING
         if hasattr(type(value), "__next__") and id(value) not in self._iterators:
-            self._iterators[id(value)] = (value, name, origin, _iterator_position(value))
+            self._iterators[id(value)] = (value, name, origin, iterator_position(value))
         if type(value) is contextvars.ContextVar:
             # ``SCALE.get()`` reads the current context's value, which no attribute holds.
             read = functools.partial(value.get, MISSING)
@@ -745,25 +746,6 @@ def _warn_profiler_once() -> None:
             "call; compile before profiling for full guards",
             stacklevel=5,
         )
-
-
-def _iterator_position(value, depth: int = 0):
-    """Where an iterator is, comparable before and after tracing: a generator's instruction; else
-    what its ``__reduce__`` gives (``count(2)``, a list iterator's index), with the positions of the
-    iterators it holds (``zip``'s) and other objects by identity."""
-    if isinstance(value, types.GeneratorType):
-        return ("generator", None if value.gi_frame is None else value.gi_frame.f_lasti)
-    if isinstance(value, tuple) and depth < 4:
-        return tuple(_iterator_position(v, depth + 1) for v in value)
-    if is_simple(value):
-        return value
-    if not hasattr(type(value), "__next__") or depth >= 4:
-        return id(value)
-    try:
-        reduced = value.__reduce__()
-    except Exception:  # noqa: BLE001 (an iterator that cannot say where it is)
-        return id(value)
-    return (type(value), _iterator_position(reduced[1:], depth + 1))
 
 
 def _child_source(source, name: str, value):

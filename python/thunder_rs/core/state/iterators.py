@@ -1,0 +1,25 @@
+"""Where an iterator the program reads is, so that a trace which consumed it can be refused
+(``Observer.refuse_consumed_iterators``)."""
+
+import types
+
+from thunder_rs.core.state.guards import is_simple
+
+
+def iterator_position(value, depth: int = 0):
+    """Where an iterator is, comparable before and after tracing: a generator's instruction; else
+    what its ``__reduce__`` gives (``count(2)``, a list iterator's index), with the positions of the
+    iterators it holds (``zip``'s) and other objects by identity."""
+    if isinstance(value, types.GeneratorType):
+        return ("generator", None if value.gi_frame is None else value.gi_frame.f_lasti)
+    if isinstance(value, tuple) and depth < 4:
+        return tuple(iterator_position(v, depth + 1) for v in value)
+    if is_simple(value):
+        return value
+    if not hasattr(type(value), "__next__") or depth >= 4:
+        return id(value)
+    try:
+        reduced = value.__reduce__()
+    except Exception:  # noqa: BLE001 (an iterator that cannot say where it is)
+        return id(value)
+    return (type(value), iterator_position(reduced[1:], depth + 1))
