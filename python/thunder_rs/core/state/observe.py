@@ -334,8 +334,8 @@ class Observer:
                 if hasattr(type(value), "__next__") and not isinstance(value, torch.Tensor):
                     found = (value, source.describe(key), origin, _iterator_position(value))
                     self._iterators.setdefault(id(value), found)
-                if isinstance(value, MUTABLE):
-                    self._guards.setdefault((source.key, key), Guard(source, key, value, origin))
+                if isinstance(value, MUTABLE) and (source.key, key) not in self._guards:
+                    self._guards[(source.key, key)] = Guard(source, key, value, origin)
 
     def _add_hooks(self, module) -> None:
         """The forward of ``module`` and its forward hooks run in the call: their closure cells
@@ -453,18 +453,21 @@ class Observer:
                 # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the
                 # class between calls is other code (``act = staticmethod(torch.relu)`` too).
                 self._guard_absent(obj, source, attr, origin)
-                self._guards.setdefault(("method", id(type(obj)), attr), MethodGuard(type(obj), attr, origin))
+                if ("method", id(type(obj)), attr) not in self._guards:  # (made once: it reads the class statically)
+                    self._guards[("method", id(type(obj)), attr)] = MethodGuard(type(obj), attr, origin)
                 self._add_function(getattr(value, "__func__", value))
             return MISSING
         if isinstance(obj, torch.nn.Module):
-            self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
+            if (source.key, attr) not in self._guards:
+                self._guards[(source.key, attr)] = Guard(source, attr, MISSING, origin)
         else:
             self.state.read(obj, attr, origin, self._guards)
         return self._keep(ClassSource(type(obj)), attr, value, origin)
 
     def _guard_absent(self, obj, source, attr: str, origin: str) -> None:
         if isinstance(obj, torch.nn.Module):
-            self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
+            if (source.key, attr) not in self._guards:
+                self._guards[(source.key, attr)] = Guard(source, attr, MISSING, origin)
         else:
             self.state.read(obj, attr, origin, self._guards)
 
