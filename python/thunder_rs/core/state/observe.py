@@ -48,6 +48,7 @@ from thunder_rs.core.state.guards import (
     tensor_meta,
 )
 from thunder_rs.core.state.guards import Item as _Item
+from thunder_rs.core.base.instances import instance_of
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.callables import (
     CODE_TYPES,
@@ -383,7 +384,7 @@ class Observer:
         if type(attr) is _Item:
             return self._item_step(obj, attr.key, origin)
         if attr is ALL_ATTRIBUTES or attr == "__dict__":
-            if not isinstance(obj, (torch.nn.Module, type, types.ModuleType)) and obj in self.state:
+            if not instance_of(obj, (torch.nn.Module, type, types.ModuleType)) and obj in self.state:
                 self.state.read_whole(obj, origin, self._guards)
             return MISSING
         if _is_generator(obj):
@@ -394,12 +395,12 @@ class Observer:
                     "torch.manual_seed inside (which every call repeats)"
                 )
             return MISSING
-        if isinstance(obj, (type, types.ModuleType)):
+        if instance_of(obj, (type, types.ModuleType)):
             return self._module_global(obj, attr, origin)
         mapping = attributes_of(obj)
         if mapping is None:
             return MISSING
-        if isinstance(obj, torch.nn.Module):
+        if module := isinstance(obj, torch.nn.Module):
             if attr in _MODULE_INTERNALS:
                 return MISSING
             if any(attr in mapping.get(store, ()) for store in _MODULE_STORES):
@@ -410,7 +411,7 @@ class Observer:
         value = mapping.get(attr, MISSING)
         if value is MISSING:
             return self._class_attribute(obj, source, attr, origin)
-        if isinstance(obj, torch.nn.Module):
+        if module:
             if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
                 return MISSING  # the program set it earlier in this call (a write replayed after each call)
             return self._keep(source, attr, value, origin)
@@ -545,10 +546,10 @@ class Observer:
             key = (source.key, name)
             if key not in self._guards:
                 self._guards[key] = Guard(source, name, value, origin)
-        state_object = not isinstance(value, _MODULE_OR_CODE)
+        state_object = not instance_of(value, _MODULE_OR_CODE)
         if state_object:
             self.state.containers.note(value, source, name, origin)  # a cache the program may fill
-        if is_simple(value) or isinstance(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
+        if is_simple(value) or instance_of(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
             return MISSING
         if state_object and value not in self.state:  # (the first source found stays its source)
             self.state.add(value, _child_source(source, name, value))
@@ -563,7 +564,7 @@ class Observer:
     def _is_state(self, value) -> bool:
         # A class: ``cls.factor`` in a classmethod (``_class_read`` leaves library classes alone).
         return (
-            isinstance(value, (torch.nn.Module, types.ModuleType, type)) or _is_generator(value) or value in self.state
+            instance_of(value, (torch.nn.Module, types.ModuleType, type)) or _is_generator(value) or value in self.state
         )
 
     # -- profile events --------------------------------------------------------------------------
@@ -594,9 +595,9 @@ class Observer:
             receiver = local.get(reads.receiver) if reads.receiver else None
             if receiver is not None and live:
                 self._add_method_defaults(receiver, code)
-            if isinstance(receiver, torch.nn.Module) and live and code.co_name == "__init__":
+            if (module := isinstance(receiver, torch.nn.Module)) and live and code.co_name == "__init__":
                 self._made.add(id(receiver))
-            if isinstance(receiver, torch.nn.Module):
+            if module:
                 original = self._originals.get(id(receiver))
                 if original is not None and live:
                     refuse_identity_uses(code, reads.receiver, receiver, g)
