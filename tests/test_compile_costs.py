@@ -1,7 +1,6 @@
 """What a compile does once however often the program repeats it (the costs profiled in
 benchmarks/compile_times.py): each guard the observer keys is made at the first read of its key,
-not once per read, and its type checks read an object's ``__class__`` once, not once per class.
-The guards, and the outputs against eager, are the same."""
+not once per read. The guards, and the outputs against eager, are the same."""
 
 import types
 
@@ -9,7 +8,6 @@ import torch
 import torch.nn as nn
 
 import thunder_rs
-from thunder_rs.core.base.instances import instance_of
 from thunder_rs.core.state import guards as guards_module
 from thunder_rs.core.state import state as state_module
 
@@ -65,35 +63,3 @@ def test_each_object_and_method_guard_is_made_once(monkeypatch):
         assert thunder_rs.compile_stats(jm).cache_misses == 3
     finally:
         Configured.helper = helper
-
-
-class _Counted:
-    """Runs Python at each attribute read, as transformers' configs do (``__class__`` included)."""
-
-    reads = 0
-
-    def __getattribute__(self, name):
-        type(self).reads += 1
-        return super().__getattribute__(name)
-
-
-class _Posing:
-    """Names another class as its ``__class__`` (as mocks and proxies do)."""
-
-    @property
-    def __class__(self):
-        return nn.Module
-
-
-def test_instance_of_answers_as_isinstance_reading_the_class_once():
-    classes = (nn.Module, types.ModuleType, type)
-    for obj in (nn.Linear(1, 1), torch, int, 3, "s", _Posing(), _Counted(), types.SimpleNamespace()):
-        assert instance_of(obj, classes) == isinstance(obj, classes)
-        assert instance_of(obj, (dict, list)) == isinstance(obj, (dict, list))
-    counted = _Counted()
-    _Counted.reads = 0
-    assert not isinstance(counted, classes)
-    assert _Counted.reads == 3  # once per class
-    _Counted.reads = 0
-    assert not instance_of(counted, classes)
-    assert _Counted.reads == 1

@@ -48,7 +48,6 @@ from thunder_rs.core.state.guards import (
     tensor_meta,
 )
 from thunder_rs.core.state.guards import Item as _Item
-from thunder_rs.core.base.instances import instance_of
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.callables import (
     CODE_TYPES,
@@ -384,7 +383,7 @@ class Observer:
         if type(attr) is _Item:
             return self._item_step(obj, attr.key, origin)
         if attr is ALL_ATTRIBUTES or attr == "__dict__":
-            if not instance_of(obj, (torch.nn.Module, type, types.ModuleType)) and obj in self.state:
+            if not isinstance(obj, (torch.nn.Module, type, types.ModuleType)) and obj in self.state:
                 self.state.read_whole(obj, origin, self._guards)
             return MISSING
         if _is_generator(obj):
@@ -395,7 +394,7 @@ class Observer:
                     "torch.manual_seed inside (which every call repeats)"
                 )
             return MISSING
-        if instance_of(obj, (type, types.ModuleType)):
+        if isinstance(obj, (type, types.ModuleType)):
             return self._module_global(obj, attr, origin)
         mapping = attributes_of(obj)
         if mapping is None:
@@ -546,10 +545,10 @@ class Observer:
             key = (source.key, name)
             if key not in self._guards:
                 self._guards[key] = Guard(source, name, value, origin)
-        state_object = not instance_of(value, _MODULE_OR_CODE)
+        state_object = not isinstance(value, _MODULE_OR_CODE)
         if state_object:
             self.state.containers.note(value, source, name, origin)  # a cache the program may fill
-        if is_simple(value) or instance_of(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
+        if is_simple(value) or isinstance(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
             return MISSING
         if state_object and value not in self.state:  # (the first source found stays its source)
             self.state.add(value, _child_source(source, name, value))
@@ -564,7 +563,7 @@ class Observer:
     def _is_state(self, value) -> bool:
         # A class: ``cls.factor`` in a classmethod (``_class_read`` leaves library classes alone).
         return (
-            instance_of(value, (torch.nn.Module, types.ModuleType, type)) or _is_generator(value) or value in self.state
+            isinstance(value, (torch.nn.Module, types.ModuleType, type)) or _is_generator(value) or value in self.state
         )
 
     # -- profile events --------------------------------------------------------------------------
