@@ -487,7 +487,7 @@ class ThunderFunction:
         if acquired.inference_outputs:
             entry.post = making_inference(entry.post, acquired.inference_outputs)
         self._record_miss(
-            key, flat, spec, start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
+            key, names[0], start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
         )
         if declined:
             self._stats.miss_reasons[-1] += f"; {declined}"
@@ -562,14 +562,14 @@ class ThunderFunction:
         self._variants.clear()
         self._cleared_because = reason
 
-    def _record_miss(self, key, flat, spec, start, stages, traces, backward_traces, guard_reason):
+    def _record_miss(self, key, names: list, start, stages, traces, backward_traces, guard_reason):
+        """Counts the miss of ``key`` (the user's names of its flat inputs: ``names``) and why."""
         stats = self._stats
         if guard_reason is not None:
             reason = guard_reason
         elif self._cleared_because is not None:
             reason, self._cleared_because = self._cleared_because, None
         else:
-            names = input_names(self._fn, flat, spec)
             reason = describe_change(self._last_key[:2] if self._last_key else None, key[:2], names)
         self._last_key = stored_key(key, None)  # for the next miss's reason; it keeps no argument alive
         stats.cache_misses += 1

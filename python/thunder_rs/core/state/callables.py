@@ -34,9 +34,11 @@ def guard_partial(guards: dict, partial: functools.partial, label: str, origin: 
     as ``label`` by code at ``origin``."""
     keywords = partial.keywords
     source = ItemSource(keywords, f"{label}.keywords")
-    guards.setdefault(("names", id(keywords)), NamesGuard(source, frozenset(keywords), origin))
+    if ("names", id(keywords)) not in guards:
+        guards[("names", id(keywords))] = NamesGuard(source, frozenset(keywords), origin)
     for name, value in keywords.items():
-        guards.setdefault((source.key, name), Guard(source, name, value, origin))
+        if (source.key, name) not in guards:
+            guards[(source.key, name)] = Guard(source, name, value, origin)
 
 
 def partial_origin(partial: functools.partial) -> str:

@@ -346,8 +346,8 @@ class Observer:
                 if hasattr(type(value), "__next__") and not isinstance(value, torch.Tensor):
                     found = (value, source.describe(key), origin, iterator_position(value))
                     self._iterators.setdefault(id(value), found)
-                if isinstance(value, MUTABLE):
-                    self._guards.setdefault((source.key, key), Guard(source, key, value, origin))
+                if isinstance(value, MUTABLE) and (source.key, key) not in self._guards:
+                    self._guards[(source.key, key)] = Guard(source, key, value, origin)
 
     def _add_hooks(self, module) -> None:
         """The forward of ``module`` and its forward hooks run in the call: their closure cells
@@ -411,7 +411,7 @@ class Observer:
         mapping = attributes_of(obj)
         if mapping is None:
             return MISSING
-        if isinstance(obj, torch.nn.Module):
+        if module := isinstance(obj, torch.nn.Module):
             if attr in _MODULE_INTERNALS:
                 return MISSING
             if any(attr in mapping.get(store, ()) for store in _MODULE_STORES):
@@ -422,7 +422,7 @@ class Observer:
         value = mapping.get(attr, MISSING)
         if value is MISSING:
             return self._class_attribute(obj, source, attr, origin)
-        if isinstance(obj, torch.nn.Module):
+        if module:
             if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
                 return MISSING  # the program set it earlier in this call (a write replayed after each call)
             return self._keep(source, attr, value, origin)
@@ -465,18 +465,21 @@ class Observer:
                 # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the
                 # class between calls is other code (``act = staticmethod(torch.relu)`` too).
                 self._guard_absent(obj, source, attr, origin)
-                self._guards.setdefault(("method", id(type(obj)), attr), MethodGuard(type(obj), attr, origin))
+                if ("method", id(type(obj)), attr) not in self._guards:  # (made once: it reads the class statically)
+                    self._guards[("method", id(type(obj)), attr)] = MethodGuard(type(obj), attr, origin)
                 self._add_function(getattr(value, "__func__", value))
             return MISSING
         if isinstance(obj, torch.nn.Module):
-            self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
+            if (source.key, attr) not in self._guards:
+                self._guards[(source.key, attr)] = Guard(source, attr, MISSING, origin)
         else:
             self.state.read(obj, attr, origin, self._guards)
         return self._keep(ClassSource(type(obj)), attr, value, origin)
 
     def _guard_absent(self, obj, source, attr: str, origin: str) -> None:
         if isinstance(obj, torch.nn.Module):
-            self._guards.setdefault((source.key, attr), Guard(source, attr, MISSING, origin))
+            if (source.key, attr) not in self._guards:
+                self._guards[(source.key, attr)] = Guard(source, attr, MISSING, origin)
         else:
             self.state.read(obj, attr, origin, self._guards)
 
@@ -603,9 +606,9 @@ class Observer:
             receiver = local.get(reads.receiver) if reads.receiver else None
             if receiver is not None and live:
                 self._add_method_defaults(receiver, code)
-            if isinstance(receiver, torch.nn.Module) and live and code.co_name == "__init__":
+            if (module := isinstance(receiver, torch.nn.Module)) and live and code.co_name == "__init__":
                 self._made.add(id(receiver))
-            if isinstance(receiver, torch.nn.Module):
+            if module:
                 original = self._originals.get(id(receiver))
                 if original is not None and live:
                     refuse_identity_uses(code, reads.receiver, receiver, g)

@@ -264,12 +264,16 @@ class ProgramState:
         known = self._objects[id(obj)]
         found = known.found.get(name, MISSING)
         self.names_read.add((id(obj), name))
+        # Each guard is made at the first read of its key only (a ``DictGuard`` copies all of the
+        # object's attributes: a config read many times over made one per read).
         if isinstance(known.source, ObjectSource):
-            guards.setdefault(("object", id(obj)), DictGuard(known.source, known.found, origin))
+            if ("object", id(obj)) not in guards:
+                guards[("object", id(obj))] = DictGuard(known.source, known.found, origin)
         elif known.whole:
             self._guard_whole(known, origin, guards)
         else:
-            guards.setdefault(("input", id(obj), name), self._input_guard(known, name, found, origin))
+            if ("input", id(obj), name) not in guards:
+                guards[("input", id(obj), name)] = self._input_guard(known, name, found, origin)
             self._guard_held_items(found, origin, guards)
         return found
 
@@ -281,7 +285,8 @@ class ProgramState:
         if known.found is None:
             return
         if isinstance(known.source, ObjectSource):
-            guards.setdefault(("object", id(obj)), DictGuard(known.source, known.found, origin))
+            if ("object", id(obj)) not in guards:
+                guards[("object", id(obj))] = DictGuard(known.source, known.found, origin)
         else:
             self._guard_whole(known, origin, guards)
 
@@ -298,7 +303,8 @@ class ProgramState:
         assert known.found is not None  # whole objects are those with an instance dict
         guards[("names", id(known.obj))] = NamesGuard(known.source, frozenset(known.found), origin)
         for name, value in known.found.items():
-            guards.setdefault(("input", id(known.obj), name), self._input_guard(known, name, value, origin))
+            if ("input", id(known.obj), name) not in guards:
+                guards[("input", id(known.obj), name)] = self._input_guard(known, name, value, origin)
             self._guard_held_items(value, origin, guards)
 
     def _input_guard(self, known: StateObject, name: str, value, origin: str):
