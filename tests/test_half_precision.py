@@ -106,3 +106,16 @@ def test_half_precision_reduction_in_the_math_path_follows_its_switch():
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(allowed)
     stats = thunder_rs.compile_stats(jitted)
     assert stats.cache_misses == 2 and "math_fp16_bf16_reduction True -> False" in str(stats.miss_reasons)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF], ids=str)
+def test_one_key_head_shared_by_every_query_head_takes_the_flash_kernel(dtype):
+    """Falcon's multi-query attention: a key and value of one head, broadcast over the query's
+    heads without ``enable_gqa``, which eager's CPU flash kernel takes (as grouped heads); the
+    rule differentiated the math path instead."""
+
+    def attention(q, k, v, attn_mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask)
+
+    mask = ATTENTION_MASKS["bool"](dtype).expand(2, 1, 8, 8)
+    assert_equal_to_eager(attention, (*_qkv(dtype, heads=(4, 1)), mask))

@@ -370,7 +370,7 @@ def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale,
 def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> bool:
     """Whether eager's CPU flash kernels take the call: 4-D query, key and value on the CPU with
     one batch and head count (with ``enable_gqa``, the key's and value's heads dividing the
-    query's) and one head size, positions on both sides, a mask of 2 or 4 dims
+    query's; without, one head of each) and one head size, positions on both sides, a mask of 2 or 4 dims
     (bool, or of the query's dtype) that requires no gradient (the kernel gives it none), no
     dropout, and flash not switched off (``sdpa_kernel(SDPBackend.MATH)``: the switches are
     guarded; under it eager's math path rounds otherwise, and may lay its output out otherwise)."""
@@ -383,7 +383,9 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> 
     if not (all(x.ndim == 4 for x in (query, key, value)) or all(x.ndim == 3 for x in (query, key, value))):
         return False  # (3-D ones eager unsqueezes to one batch of heads)
     batch_heads, size = tuple(query.shape[:-2]), query.shape[-1]
-    if enable_gqa and query.ndim == 4 and same_shape(key.shape[:2], value.shape[:2]):
+    # (one head of key and value is shared by all the query's without enable_gqa too: eager's CPU
+    # check takes it as grouped)
+    if query.ndim == 4 and same_shape(key.shape[:2], value.shape[:2]) and (enable_gqa or key.shape[1] == 1):
         if key.shape[0] == query.shape[0] and key.shape[1] != query.shape[1] and query.shape[1] % key.shape[1] == 0:
             batch_heads = tuple(key.shape[:2])
     same = all(same_shape(x.shape[:-2], batch_heads) and x.shape[-1] == size for x in (key, value))
