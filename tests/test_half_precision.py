@@ -119,3 +119,17 @@ def test_one_key_head_shared_by_every_query_head_takes_the_flash_kernel(dtype):
 
     mask = ATTENTION_MASKS["bool"](dtype).expand(2, 1, 8, 8)
     assert_equal_to_eager(attention, (*_qkv(dtype, heads=(4, 1)), mask))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF], ids=str)
+def test_baddbmm_scales_its_products_gradients_after_the_product(dtype):
+    """Eager's baddbmm backward is ``grad.bmm(batch2^T) * alpha`` (Bloom's attention scores);
+    the decomposition's VJP scaled the cotangent first."""
+
+    def scores(bias, batch1, batch2):
+        return torch.baddbmm(bias, batch1, batch2, beta=0.7, alpha=0.3)
+
+    torch.manual_seed(0)
+    bias = torch.randn(1, 8, 8).to(dtype).requires_grad_()
+    batch1, batch2 = torch.randn(4, 8, 6).to(dtype).requires_grad_(), torch.randn(4, 6, 8).to(dtype).requires_grad_()
+    assert_equal_to_eager(scores, (bias, batch1, batch2))
