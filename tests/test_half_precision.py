@@ -133,3 +133,15 @@ def test_baddbmm_scales_its_products_gradients_after_the_product(dtype):
     bias = torch.randn(1, 8, 8).to(dtype).requires_grad_()
     batch1, batch2 = torch.randn(4, 8, 6).to(dtype).requires_grad_(), torch.randn(4, 6, 8).to(dtype).requires_grad_()
     assert_equal_to_eager(scores, (bias, batch1, batch2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF], ids=str)
+def test_square_has_pows_gradient(dtype):
+    """Eager's square is ``pow(x, 2)``, whose gradient is ``g * (2 * x)``; the product's VJP added
+    ``g * x`` twice (a squareplus, as the time-series transformers map their scales)."""
+
+    def squareplus(x):
+        return (x + torch.sqrt(torch.square(x) + 4.0)) / 2.0
+
+    torch.manual_seed(0)
+    assert_equal_to_eager(squareplus, (torch.randn(4, 16).to(dtype).requires_grad_(),))
