@@ -145,3 +145,24 @@ def test_square_has_pows_gradient(dtype):
 
     torch.manual_seed(0)
     assert_equal_to_eager(squareplus, (torch.randn(4, 16).to(dtype).requires_grad_(),))
+
+
+LOOKUPS = {
+    "columns (LeViT's attention biases)": (lambda w: w[:, LOOKUP], (3, 4)),
+    "rows (Swin's relative position bias)": (lambda w: w[LOOKUP.view(-1)], (4, 3)),
+    "two adjacent dims": (lambda w: w[:, LOOKUP, LOOKUP], (2, 4, 4, 3)),
+    "negative indices": (lambda w: w[..., LOOKUP - 4], (2, 4)),
+}
+LOOKUP = torch.tensor([[0, 1, 2, 3], [1, 0, 1, 2], [2, 1, 0, 1], [3, 2, 1, 0]])
+
+
+@pytest.mark.parametrize("lookup", list(LOOKUPS))
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_advanced_indexing_accumulates_as_eagers_index_put(dtype, lookup):
+    """A table looked up at repeated indices: eager's gradient is ``index_put_(accumulate=True)``,
+    which adds in the table's dtype one value after another; the take's ``index_add`` summed in
+    float32 and rounded once (LeViT's biases in bfloat16 were 16 apart at 2496)."""
+    fn, shape = LOOKUPS[lookup]
+    torch.manual_seed(0)
+    table = (torch.randn(shape) * 300).to(dtype).requires_grad_()
+    assert_equal_to_eager(fn, (table,))
