@@ -166,3 +166,23 @@ def test_advanced_indexing_accumulates_as_eagers_index_put(dtype, lookup):
     torch.manual_seed(0)
     table = (torch.randn(shape) * 300).to(dtype).requires_grad_()
     assert_equal_to_eager(fn, (table,))
+
+
+CPU_SCALARS = {
+    "mul": lambda x, s: x * s,
+    "div": lambda x, s: x / s,
+    "in-place div": lambda x, s: (x * 1).div_(s),
+    "torch.div": lambda x, s: torch.div(x, s),
+}
+
+
+@pytest.mark.parametrize("op", list(CPU_SCALARS))
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_a_0d_float32_tensor_scales_at_its_own_value(dtype, op):
+    """``x / torch.tensor(d).sqrt()`` (DeBERTa's scale): type promotion leaves the 0-d float32
+    tensor out, but eager's CPU mul and div kernels take its float32 value and round once; the
+    decomposition rounded it to the half-precision dtype first (forward and gradient apart)."""
+    scale = torch.sqrt(torch.tensor(16, dtype=torch.float) * 3)
+    torch.manual_seed(0)
+    x = torch.randn(64).to(dtype).requires_grad_()
+    assert_equal_to_eager(lambda x: CPU_SCALARS[op](x, scale), (x,))
