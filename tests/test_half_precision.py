@@ -186,3 +186,15 @@ def test_a_0d_float32_tensor_scales_at_its_own_value(dtype, op):
     torch.manual_seed(0)
     x = torch.randn(64).to(dtype).requires_grad_()
     assert_equal_to_eager(lambda x: CPU_SCALARS[op](x, scale), (x,))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_sigmoids_gradient_is_eagers_kernel(dtype):
+    """CLIP's quick GELU, ``x * sigmoid(1.702 * x)``: eager's CPU ``sigmoid_backward`` computes
+    float16 op by op in float16 (bfloat16 in float32); the rule computed both in float32."""
+
+    def quick_gelu(x):
+        return x * torch.sigmoid(1.702 * x)
+
+    torch.manual_seed(0)
+    assert_equal_to_eager(quick_gelu, ((torch.randn(4, 64) * 3).to(dtype).requires_grad_(),))
