@@ -215,13 +215,13 @@ CASES = [
         "sdpa",
         sdpa(),
         lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 6, dtype=d)),
-        ("ltorch.matmul", "ltorch.tensor_softmax", "ltorch.softmax_backward"),
+        ("ltorch.matmul", "ltorch.safe_softmax", "ltorch.softmax_backward"),
     ),
     Case(
         "sdpa_causal_scale",
         sdpa(is_causal=True, scale=0.3),
         lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 6, dtype=d)),
-        ("ltorch.matmul", "ltorch.tril", "ltorch.where"),
+        ("ltorch.matmul", "ltorch.tril", "ltorch.safe_softmax"),
     ),
     Case(
         "sdpa_3d_flash",  # (eager's CPU flash kernels, on the inputs unsqueezed to 4-D)

@@ -69,6 +69,7 @@ __all__ = [
     "silu_backward",
     "mish_backward",
     "hardswish_backward",
+    "sigmoid_backward",
 ]
 
 
@@ -584,13 +585,21 @@ def _sigmoid_of(x):
     return ltorch.reciprocal(ltorch.exp(-x) + 1.0)
 
 
+@torchsymbol(name="sigmoid_backward", meta=_elementwise_backward_meta)
+def sigmoid_backward(grad_output, output):
+    """``g * (1 - y) * y``: eager's kernel, one aten call on the torch executor (on the CPU it
+    computes bfloat16 in float32 but float16 op by op in float16, rounding each; the
+    decomposition computes half precision in float32 as CUDA's kernel does)."""
+    g, dtype = in_opmath(grad_output, output)
+    s = upcast(output)
+    return rounded(g * (1.0 - s) * s, dtype)
+
+
 @register_grad(ltorch.sigmoid)
 def sigmoid_grad(input):
     out = ltorch.sigmoid(input)
     if input.dtype.is_floating_point:
-        g, dtype = in_opmath(get_grad(out), out)
-        s = upcast(out)
-        put_grad(input, rounded(g * (1.0 - s) * s, dtype))
+        put_grad(input, sigmoid_backward(get_grad(out), out))
     return out
 
 

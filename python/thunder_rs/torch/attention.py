@@ -35,7 +35,7 @@ from thunder_rs.torch.common import (
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.fused_attention import fused_attention
 from thunder_rs.torch.linalg import matmul
-from thunder_rs.torch.nn import dropout, dropout_input_grad, native_dropout, softmax_backward, tensor_softmax
+from thunder_rs.torch.nn import dropout, softmax_backward, tensor_softmax
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symint import same_shape
 
@@ -274,11 +274,6 @@ def sdpa_math(query, key, value, attn_mask, is_causal, scale, enable_gqa):
 # -- grad rule -------------------------------------------------------------------------------------
 
 
-def _softmax_in_compute_dtype(a, dim: int):
-    """softmax(a) along ``dim``, in float32 for a half-precision ``a`` (one call either way)."""
-    return ltorch.tensor_softmax(a, dim, torch.float32 if a.dtype in LOW_PRECISION else None)
-
-
 def _grouped_heads(x, heads: int):
     """``x`` with each of its heads (dim -3) repeated to make ``heads``, as repeat_interleave does."""
     groups = heads // x.shape[-3]
@@ -300,35 +295,23 @@ def _unrepeat(grad, like, grouped: bool):
     return sum_to(grad, like.shape)
 
 
-def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
-    """softmax(query @ key^T * scale + mask) in the compute dtype; rows that see no key give
-    zeros, as eager's attention does."""
-    scores = ltorch.matmul(query, ltorch.transpose(key, -1, -2)) * scale
-    rows, cols = scores.shape[-2:]
-    if is_causal:
-        visible = ltorch.tril(ltorch.ones(rows, cols, dtype=torch.bool, device=query.device))
-        scores = ltorch.where(visible, scores, float("-inf"))
-    elif attn_mask is not None and attn_mask.dtype == torch.bool:
-        scores = ltorch.where(attn_mask, scores, float("-inf"))
-    elif attn_mask is not None:
-        scores = scores + attn_mask
-    probs = _softmax_in_compute_dtype(scores, -1)
-    if attn_mask is None or cols == 0:
-        return probs
-    blind = ltorch.all(attn_mask == float("-inf") if attn_mask.dtype != torch.bool else ~attn_mask, -1, keepdim=True)
-    return ltorch.where(blind, 0.0, probs)
+def _math_dtype(dtype):
+    """The dtype eager's math path (``_scaled_dot_product_attention_math``) computes ``dtype``
+    attention in: float32 for half precision, unless its switch allows half-precision reductions
+    (``allow_fp16_bf16_reduction_math_sdp``, guarded where it matters)."""
+    if dtype not in LOW_PRECISION or sdp_state.guard()[sdp_state.FIELDS.index("math_fp16_bf16_reduction")]:
+        return dtype
+    return torch.float32
 
 
-def _math_probs(query, key, attn_mask, is_causal: bool, scale, grouped: bool, safe: bool = False):
-    """Eager's math path (``_scaled_dot_product_attention_math``) up to its softmax: query and key
-    each scaled by ``sqrt(scale)`` before their product, the mask (a boolean or causal one made
-    -inf and 0) added, the rows softmaxed (none where every key is masked; with ``safe``, by the
-    ``aten._safe_softmax`` kernel, where the softmax is differentiated). Returns the scaled query,
-    the scaled transposed key, the factor and the probabilities."""
-    k = _grouped_heads(key, query.shape[-3]) if grouped else key
+def _math_probs(query, key, attn_mask, is_causal: bool, scale):
+    """Eager's math path up to its probabilities, from query and key in its compute dtype: both
+    scaled by ``sqrt(scale)`` before their product, the mask (a boolean or causal one made -inf
+    and 0) added, the rows softmaxed (none where every key is masked). Returns the scaled query,
+    the scaled key (transposed), the factor and the probabilities."""
     factor = math.sqrt(abs(scale) if scale is not None else 1.0 / symfloat.sqrt(query.shape[-1]))
     query_scaled = query * (-factor if scale is not None and scale < 0 else factor)
-    key_scaled = ltorch.transpose(k, -1, -2) * factor
+    key_scaled = ltorch.transpose(key, -1, -2) * factor
     scores = ltorch.matmul(query_scaled, key_scaled)
     mask = attn_mask
     if is_causal:
@@ -337,60 +320,57 @@ def _math_probs(query, key, attn_mask, is_causal: bool, scale, grouped: bool, sa
         mask = ltorch.masked_fill(ltorch.zeros(mask.shape, dtype=query.dtype, device=mask.device), ~mask, -math.inf)
     if mask is not None:
         scores = scores + mask
-    if safe and scores.shape[-1] > 0:
-        return query_scaled, key_scaled, factor, ltorch.safe_softmax(scores, -1)
-    probs = ltorch.tensor_softmax(scores, -1)
-    if scores.shape[-1] > 0:  # (eager's _safe_softmax: zeros for a row that sees no key)
-        probs = ltorch.where(ltorch.all(scores == -math.inf, -1, keepdim=True), 0.0, probs)
+    # (eager's _safe_softmax: zeros for a row that sees no key, and zero gradients, whose rule
+    # differentiates from its output)
+    probs = safe_softmax(scores, -1) if scores.shape[-1] > 0 else ltorch.tensor_softmax(scores, -1)
     return query_scaled, key_scaled, factor, probs
 
 
-def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool, dropped=None) -> None:
-    """The gradients eager's autograd gives its math path (a composite it differentiates op by op,
-    ``_math_probs`` then the product with the values): each product's gradient is a product with
-    the other operand, the softmax's ``_softmax_backward_data``. ``dropped`` is the math path's
-    dropout, when it has one: ``(p, probabilities, dropped probabilities, mask)``. (Each rounding
-    as eager's: the scores scaled after the product, or the softmax's gradient written out, were
-    1 ulp apart.)"""
-    v = _grouped_heads(value, query.shape[-3]) if grouped else value
-    if dropped is None:
-        query_scaled, key_scaled, factor, probs = _math_probs(query, key, attn_mask, is_causal, scale, grouped)
-        weights = probs
-    else:
-        (p, (query_scaled, key_scaled, factor, probs), weights, mask) = dropped
+def _math_attention(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, grouped: bool):
+    """Attention with dropout as eager's math path computes it (its CPU kernels take no dropout;
+    on CUDA, where torch chose it): query, key and value in its compute dtype, the probabilities
+    of ``_math_probs``, dropout drawn in that dtype, the product with the values rounded back to
+    the query's dtype. Recorded op by op for the VJP pass to differentiate, as eager's autograd
+    differentiates the composite."""
+    dtype = _math_dtype(query.dtype)
+    q, k, v = (cast(x, dtype) for x in (query, key, value))
+    k = _grouped_heads(k, query.shape[-3]) if grouped else k
+    v = _grouped_heads(v, query.shape[-3]) if grouped else v
+    probs = dropout(_math_probs(q, k, attn_mask, is_causal, scale)[3], dropout_p)
+    return cast(ltorch.matmul(probs, v), query.dtype)
+
+
+def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool) -> None:
+    """The gradients eager's autograd gives its math path (a composite it differentiates op by
+    op): from the probabilities of ``_math_probs`` in its compute dtype (float32 for half
+    precision: the gradients are computed there and rounded back, as its casts' nodes do), each
+    product's gradient a product with the other operand, the softmax's
+    ``_softmax_backward_data``. (Each rounding as eager's: the scores scaled after the product, or
+    the softmax's gradient written out, were 1 ulp apart.)"""
+    dtype = _math_dtype(query.dtype)
+    q, k, v, g = (cast(x, dtype) for x in (query, key, value, g))
+    k = _grouped_heads(k, query.shape[-3]) if grouped else k
+    v = _grouped_heads(v, query.shape[-3]) if grouped else v
+    query_scaled, key_scaled, factor, probs = _math_probs(q, k, attn_mask, is_causal, scale)
     if value.requires_grad:
-        put_grad(value, _unrepeat(ltorch.matmul(ltorch.transpose(weights, -1, -2), g), value, grouped))
-    dweights = ltorch.matmul(g, ltorch.transpose(v, -1, -2))
-    if dropped is not None:
-        dweights = dropout_input_grad(dweights, mask, p, probs)
-    dscores = softmax_backward(dweights, probs, -1)
+        grad = _unrepeat(ltorch.matmul(ltorch.transpose(probs, -1, -2), g), value, grouped)
+        put_grad(value, cast(grad, value.dtype))
+    dscores = softmax_backward(ltorch.matmul(g, ltorch.transpose(v, -1, -2)), probs, -1)
     if attn_mask is not None and attn_mask.requires_grad:
-        put_grad(attn_mask, sum_to(dscores, attn_mask.shape))
+        put_grad(attn_mask, cast(sum_to(dscores, attn_mask.shape), attn_mask.dtype))
     # (a product's gradient summed over the batch dims it broadcast, then scaled, as eager's nodes run)
     if query.requires_grad:
         grad = sum_to(ltorch.matmul(dscores, ltorch.transpose(key_scaled, -1, -2)), query.shape) * factor
-        put_grad(query, -grad if scale is not None and scale < 0 else grad)
+        put_grad(query, cast(-grad if scale is not None and scale < 0 else grad, query.dtype))
     if key.requires_grad:
         grad = sum_to(ltorch.matmul(ltorch.transpose(query_scaled, -1, -2), dscores), key_scaled.shape) * factor
-        put_grad(key, _unrepeat(ltorch.transpose(grad, -1, -2), key, grouped))
-
-
-def _math_attention_with_dropout(query, key, value, attn_mask, dropout_p, is_causal: bool, scale, grouped: bool):
-    """Attention with dropout as eager's math path computes it (which takes every such call on the
-    CPU): the probabilities of ``_math_probs`` dropped out, times the values; and its gradients."""
-    math_path = _math_probs(query, key, attn_mask, is_causal, scale, grouped, safe=True)
-    weights, mask = native_dropout(math_path[3], dropout_p, True)
-    v = _grouped_heads(value, query.shape[-3]) if grouped else value
-    out = ltorch.matmul(weights, v)
-    dropped = (dropout_p, math_path, weights, mask)
-    _put_math_gradients(get_grad(out), query, key, value, attn_mask, is_causal, scale, grouped, dropped)
-    return out
+        put_grad(key, cast(_unrepeat(ltorch.transpose(grad, -1, -2), key, grouped), key.dtype))
 
 
 def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> bool:
     """Whether eager's CPU flash kernels take the call: 4-D query, key and value on the CPU with
     one batch and head count (with ``enable_gqa``, the key's and value's heads dividing the
-    query's) and one head size, positions on both sides, a mask of 2 or 4 dims
+    query's; without, one head of each) and one head size, positions on both sides, a mask of 2 or 4 dims
     (bool, or of the query's dtype) that requires no gradient (the kernel gives it none), no
     dropout, and flash not switched off (``sdpa_kernel(SDPBackend.MATH)``: the switches are
     guarded; under it eager's math path rounds otherwise, and may lay its output out otherwise)."""
@@ -403,7 +383,9 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> 
     if not (all(x.ndim == 4 for x in (query, key, value)) or all(x.ndim == 3 for x in (query, key, value))):
         return False  # (3-D ones eager unsqueezes to one batch of heads)
     batch_heads, size = tuple(query.shape[:-2]), query.shape[-1]
-    if enable_gqa and query.ndim == 4 and same_shape(key.shape[:2], value.shape[:2]):
+    # (one head of key and value is shared by all the query's without enable_gqa too: eager's CPU
+    # check takes it as grouped)
+    if query.ndim == 4 and same_shape(key.shape[:2], value.shape[:2]) and (enable_gqa or key.shape[1] == 1):
         if key.shape[0] == query.shape[0] and key.shape[1] != query.shape[1] and query.shape[1] % key.shape[1] == 0:
             batch_heads = tuple(key.shape[:2])
     same = all(same_shape(x.shape[:-2], batch_heads) and x.shape[-1] == size for x in (key, value))
@@ -454,37 +436,12 @@ def scaled_dot_product_attention_grad(
         if out is not None:
             return out
     grouped = enable_gqa and query.ndim >= 3
-    if dropout_p > 0 and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64):
-        _check_attention("ltorch.scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal)
-        return _math_attention_with_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)
-    if query.device.type == "cpu" and attn_mask is not None and attn_mask.requires_grad and dropout_p == 0:
+    if dropout_p > 0:
+        return _math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)
+    if query.device.type == "cpu" and attn_mask is not None and attn_mask.requires_grad:
         out = sdpa_math(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     else:
         attention = ltorch.scaled_dot_product_attention
-        out = attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    if dropout_p > 0:
-        return out
-    g = get_grad(out)
-    if query.dtype in (torch.float32, torch.float64):
-        _put_math_gradients(g, query, key, value, attn_mask, is_causal, scale, grouped)
-        return out
-    k = _grouped_heads(key, query.shape[-3]) if grouped else key
-    v = _grouped_heads(value, query.shape[-3]) if grouped else value
-    if scale is None:
-        scale = 1.0 / symfloat.sqrt(query.shape[-1])
-    probs = _attention_probs(query, k, attn_mask, is_causal, scale)
-    dtype = query.dtype
-    if value.requires_grad:
-        grad = ltorch.matmul(ltorch.transpose(cast(probs, dtype), -1, -2), g)
-        put_grad(value, _unrepeat(grad, value, grouped))
-    dprobs = to_compute_dtype(ltorch.matmul(g, ltorch.transpose(v, -1, -2)))
-    dscores = probs * (dprobs - ltorch.sum(probs * dprobs, -1, keepdim=True))
-    if attn_mask is not None and attn_mask.requires_grad:
-        put_grad(attn_mask, cast(sum_to(dscores, attn_mask.shape), attn_mask.dtype))
-    dscores = cast(dscores * scale, dtype)
-    if query.requires_grad:
-        put_grad(query, sum_to(ltorch.matmul(dscores, k), query.shape))
-    if key.requires_grad:
-        grad = ltorch.matmul(ltorch.transpose(dscores, -1, -2), query)
-        put_grad(key, _unrepeat(grad, key, grouped))
+        out = attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
+    _put_math_gradients(get_grad(out), query, key, value, attn_mask, is_causal, scale, grouped)
     return out

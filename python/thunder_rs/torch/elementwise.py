@@ -9,7 +9,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 from thunder_rs import clang, prims
-from thunder_rs.clang import ALWAYS_BOOL, INT_TO_FLOAT
+from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
@@ -17,7 +17,7 @@ from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import creation
-from thunder_rs.torch.common import cast, in_opmath, is_number, rounded, sum_to, upcast
+from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, is_number, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
@@ -53,7 +53,7 @@ def _define_binary(name: str, kind: int, dunders=(), reflected=()):
     elif name == "mul":
 
         def binary(input, other):
-            return clang.elementwise(prim, "ltorch.mul", first_as_tensor(input, other), other, kind=kind)
+            return cpu_scalar_arithmetic(prim, "ltorch.mul", first_as_tensor(input, other), other, kind=kind)
     else:
 
         def binary(input, other):
@@ -71,6 +71,28 @@ def _define_binary(name: str, kind: int, dunders=(), reflected=()):
         globals()[f"r{name}"] = reflected_binary
         __all__.append(f"r{name}")
     return binary
+
+
+def cpu_scalar_arithmetic(prim, op: str, a, b, kind=DEFAULT):
+    """``a * b`` or ``a / b`` as eager's CPU kernels compute them: a second operand that is a 0-d
+    CPU tensor of another dtype than a half-precision result (type promotion leaves it out:
+    ``x / torch.tensor(d).sqrt()``, DeBERTa's scale) is taken at its float32 value
+    (``original_scalar_value<opmath_t>``), not rounded to the result's dtype first, and the result
+    is rounded once. (Its other operand's position, addition and CUDA's kernels round it.)"""
+    if (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and b.ndim == 0
+        and a.ndim > 0
+        and a.device.type == b.device.type == "cpu"
+    ):
+        _, result = clang.promote(op, (a, b), kind)
+        if result in LOW_PRECISION and b.dtype != result:
+            wide = clang.elementwise(
+                prim, op, clang.maybe_convert(a, torch.float32), clang.maybe_convert(b, torch.float32), kind=kind
+            )
+            return clang.maybe_convert(wide, result)
+    return clang.elementwise(prim, op, a, b, kind=kind)
 
 
 #: The operators of the derived symbols: (dunders, reflected dunders). Only reflected dunders that
@@ -162,7 +184,7 @@ def rsub(a, b, *, alpha=1):
 
 @torchsymbol(torch.true_divide, T.true_divide, T.__truediv__)
 def true_divide(input, other):
-    return clang.elementwise(prims.div, "ltorch.true_divide", first_as_tensor(input, other), other, kind=INT_TO_FLOAT)
+    return cpu_scalar_arithmetic(prims.div, "ltorch.true_divide", first_as_tensor(input, other), other, INT_TO_FLOAT)
 
 
 @torchsymbol(T.__rtruediv__)
@@ -193,7 +215,7 @@ def _floor_div(a, b, op):
 def div(input, other, *, rounding_mode=None):
     a, b, op = first_as_tensor(input, other), other, "ltorch.div"
     if rounding_mode is None:
-        return clang.elementwise(prims.div, op, a, b, kind=INT_TO_FLOAT)
+        return cpu_scalar_arithmetic(prims.div, op, a, b, kind=INT_TO_FLOAT)
     if rounding_mode == "trunc":
         compute, _ = clang.promote(op, (a, b))
         quotient = clang.elementwise(prims.div, op, a, b)

@@ -7,7 +7,8 @@ goes where the indexed dims were when they are adjacent, and in front otherwise.
 non-traced tensors are values known while tracing: they are bounds-checked then and become
 constants. A traced boolean mask selects as many elements as it has true ones, which only its
 values tell: where the jit reads values (``core.values``) it is its ``nonzero`` indices, as in
-eager (``key_read_by_values``); elsewhere it is refused.
+eager (``key_read_by_values``); elsewhere it is refused. In half precision the gradient of a
+lookup by index tensors is eager's ``index_put`` with accumulation (``getitem_grad``).
 """
 
 import math
@@ -29,8 +30,9 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
-from thunder_rs.torch.common import is_int, slice_indices
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.common import LOW_PRECISION, is_int, slice_indices
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
 
 Tensor = torch.Tensor
@@ -426,6 +428,53 @@ def getitem(a, key):
     op = "ltorch.getitem"
     out, advanced = _basic_index(op, a, _entries(op, a, key))
     return _advanced_index(op, out, advanced) if advanced else out
+
+
+def _plain_advanced(a, key) -> list | None:
+    """The advanced entries of ``key`` as (dim, index) when every other entry takes a whole dim
+    (``:``, ``...``) and the indexed dims are adjacent: the result is then ``a`` indexed in
+    place. None otherwise (the take's gradient, as before)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    if not any(isinstance(k, torch.Tensor) for k in parts):
+        return None
+    if not all(isinstance(k, torch.Tensor) or k is Ellipsis or k == slice(None) for k in parts):
+        return None
+    if any(isinstance(k, torch.Tensor) and k.dtype not in (torch.int64, torch.int32) for k in parts):
+        return None
+    base, advanced = _basic_index("ltorch.getitem", a, _entries("ltorch.getitem", a, key))
+    dims = [d for _, d, _ in advanced]
+    if base is not a or dims != list(range(dims[0], dims[0] + len(dims))):
+        return None
+    return [(d, index) for _, d, index in advanced]
+
+
+@register_grad(getitem)
+def getitem_grad(a, key):
+    """Eager's gradient of advanced indexing in half precision: ``index_put_(zeros, indices, g,
+    accumulate=True)``, whose CPU kernel adds the values that meet at one element one after
+    another in the tensor's dtype, rounding each sum; the take prim's VJP, ``index_add``, sums in
+    float32 and rounds once (equal in float32 and float64, where both add in one order in one
+    dtype; LeViT's and Swin2SR's attention biases in bfloat16 were not). The dims before the
+    indexed ones are indexed by an arange, so that the kernel visits the cotangent in eager's order."""
+    out = ltorch.getitem(a, key)
+    advanced = _plain_advanced(a, key) if a.dtype in LOW_PRECISION and a.requires_grad else None
+    if advanced is None:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    indices = [_index_tensor("ltorch.getitem", index, d, a.shape[d], a.device) for d, index in advanced]
+    before = advanced[0][0]
+    index_rank = max(index.ndim for index in indices)
+    # the dims before the indexed ones, each by an arange along its own dim of the broadcast index
+    leading = [
+        ltorch.reshape(
+            ltorch.arange(a.shape[d], device=a.device),
+            (*(1 for _ in range(d)), a.shape[d], *(1 for _ in range(before - d - 1 + index_rank))),
+        )
+        for d in range(before)
+    ]
+    zeros = ltorch.zeros(tuple(a.shape), dtype=a.dtype, device=a.device)
+    put_grad(a, ltorch.index_put(zeros, (*leading, *indices), g, accumulate=True))
+    return out
 
 
 def _masked_select(input, mask, *, out=None):

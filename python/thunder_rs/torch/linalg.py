@@ -335,6 +335,24 @@ def addmm_grad(input, mat1, mat2, *, beta=1, alpha=1):
     return out
 
 
+@register_grad(ltorch.baddbmm)
+def baddbmm_grad(input, batch1, batch2, *, beta=1, alpha=1):
+    """Eager's: the cotangent times ``beta`` for ``input`` (summed to its shape), and each batched
+    product's gradient times ``alpha`` after the product (the decomposition's VJP scaled the
+    cotangent first: Bloom's attention scores in bfloat16 were an ulp apart)."""
+    out = ltorch.baddbmm(input, batch1, batch2, beta=beta, alpha=alpha)
+    if batch1.dtype.is_complex:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, sum_to(_scaled(g, beta), input.shape))
+    if batch1.requires_grad:
+        put_grad(batch1, _scaled(ltorch.bmm(g, ltorch.transpose(batch2, 1, 2)), alpha))
+    if batch2.requires_grad:
+        put_grad(batch2, _scaled(ltorch.bmm(ltorch.transpose(batch1, 1, 2), g), alpha))
+    return out
+
+
 @register_grad(ltorch.matmul)
 def matmul_grad(input, other):
     out = ltorch.matmul(input, other)

@@ -352,6 +352,17 @@ def square(input):
     return prims.mul(x, x)
 
 
+@register_grad(ltorch.square)
+def square_grad(input):
+    """Eager's ``pow(input, 2)`` backward, ``g * (2 * input)``; the product's VJP added the
+    cotangent times each operand, one rounding more (a squareplus's gradient was an ulp apart)."""
+    out = ltorch.square(input)
+    if not input.dtype.is_floating_point:
+        return out  # the decomposition's VJP
+    put_grad(input, ltorch.mul(get_grad(out), ltorch.mul(input, 2.0)))
+    return out
+
+
 @torchsymbol(torch.sgn, T.sgn)
 def sgn(input):
     _real_only("ltorch.sgn", input)

@@ -3,8 +3,10 @@
 Which kernel eager's ``scaled_dot_product_attention`` runs on CUDA depends, beyond its inputs, on
 global switches: ``torch.backends.cuda.enable_{flash,mem_efficient,cudnn,math}_sdp`` (which
 ``torch.nn.attention.sdpa_kernel`` sets and restores), the backends' priority order, and
-deterministic algorithms (torch refuses cuDNN's kernel under them). A trace that records the
-kernel torch chose depends on them, and only such a trace:
+deterministic algorithms (torch refuses cuDNN's kernel under them), and, for half precision, whether
+the math path may reduce in it (``allow_fp16_bf16_reduction_math_sdp``; else it computes in float32).
+A trace that records the kernel torch chose, or the math path's rounding, depends on them, and only
+such a trace:
 
 - ``guard()`` reads them and, while a program is traced, guards the entry on them, so that a
   changed switch is a cache miss that says so. The guard holds their value when the call began
@@ -40,6 +42,7 @@ _flash, _efficient, _math, _cudnn, _overrideable, _fa3, _fa4 = map(
 )
 _priority = getattr(_C, "_get_sdp_priority_order", tuple)
 _deterministic, _warn_only = _C._get_deterministic_algorithms, _C._get_deterministic_algorithms_warn_only
+_half_reduction = getattr(_C, "_get_math_sdp_allow_fp16_bf16_reduction", _off)
 
 #: What ``state()`` holds, in order (for miss reasons).
 FIELDS = (
@@ -53,6 +56,7 @@ FIELDS = (
     "priority",
     "deterministic",
     "deterministic_warn_only",
+    "math_fp16_bf16_reduction",
 )
 
 
@@ -69,6 +73,7 @@ def state() -> tuple:
         tuple(_priority()),
         _deterministic(),
         _warn_only(),
+        _half_reduction(),
     )
 
 
@@ -120,6 +125,7 @@ _SETTERS = (
     "_set_sdp_use_fa3",
     "_set_sdp_use_fa4",
     "_set_sdp_priority_order",
+    "_set_math_sdp_allow_fp16_bf16_reduction",
 )
 
 
