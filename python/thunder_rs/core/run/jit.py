@@ -37,7 +37,7 @@ from thunder_rs.core.lang.inference import making_inference
 from thunder_rs.core.state.modules import apply_hook_changes
 from thunder_rs.core.base.userframe import user_frame
 from thunder_rs.core.lang.reads import Diverged, Read, decision
-from thunder_rs.core.lang.value_sizes import other_side, place_guards, widened
+from thunder_rs.core.lang.value_sizes import above_values, other_side, place_guards, widened
 from thunder_rs.core.lang.values import ValueReads, ValueTree
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
@@ -295,7 +295,10 @@ class ThunderFunction:
                 return None
             if wide is not None:  # (where it fails to compile, ``_compile`` compiles it for the values read)
                 self._sized_sites[(read.what, read.where)] = wide.sizes
-                return self._variant_compile(entry, (*entry.reads[: read.index], wide), key, flat, spec, diverged)
+                # The site's earlier reads are symbolic too (the experts before the one whose count
+                # changed): the next call whose count changes there is served.
+                earlier = tuple(_at_site(r, read, wide) for r in entry.reads[: read.index])
+                return self._variant_compile(entry, (*earlier, wide), key, flat, spec, diverged)
             forced = (*entry.reads[: read.index], read.answered(diverged.value))
             return self._variant_compile(entry, forced, key, flat, spec, diverged)
 
@@ -469,7 +472,9 @@ class ThunderFunction:
             entries.first_call(entry, first)
         entry.reads = tuple(acquired.reads)
         entry.decisions = tuple(r.key() for r in acquired.reads)
-        guards = place_guards(acquired.reads, trace_guards(traces, backward_traces))
+        guards = trace_guards(traces, backward_traces)
+        above_values(acquired.reads, guards)
+        guards = place_guards(acquired.reads, guards)
         symbolic = symbolic_entry(entry, stored_key(key, None), acquired, traces, guards)
         if symbolic is not None:
             entry.symbolic, entry.symbolic_args = symbolic, (sizes, held)
@@ -586,6 +591,14 @@ class ThunderFunction:
         log_compile(_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
             _warn_recompiles(self._fn, stats.cache_misses, reason)
+
+
+def _at_site(earlier: Read, read: Read, wide: Read) -> Read:
+    """``earlier``, a read a variant forces, symbolic at the places of ``wide`` where it was made
+    at the site of ``read`` (``widened``); else as it is."""
+    if (earlier.what, earlier.where) != (read.what, read.where):
+        return earlier
+    return widened(earlier, earlier.value, wide.sizes) or earlier
 
 
 def _lookups(entry: Entry, steps: list, diverged: Diverged, tried: set):
