@@ -105,3 +105,19 @@ def test_strides_the_program_reads_are_eagers_at_a_count_of_0():
         out, expected = jfn(x, _mask(n)), rows_and_strides(x, _mask(n))
         torch.testing.assert_close(out, expected)
     assert misses(jfn) == 3, thunder_rs.compile_stats(jfn).miss_reasons  # 4; every count but 0; 0
+
+
+def sized_by_a_count_after_a_read(x, mask):
+    rows = x[mask]
+    total = rows.sum().item()
+    return rows.shape[0] * torch.ones(2) + total
+
+
+def test_the_compiling_call_computes_with_its_own_count():
+    """The call that compiles the variant of a count of 1, traced at 2, returns what the program
+    computes at 1: its values are evaluated (for ``item()``) with the count it has, not with the
+    one traced."""
+    x = torch.randn(16, 3)
+    jfn = thunder_rs.jit(sized_by_a_count_after_a_read)
+    for n in (3, 1, 0, 5):
+        torch.testing.assert_close(jfn(x, _mask(n)), sized_by_a_count_after_a_read(x, _mask(n)))

@@ -248,7 +248,9 @@ class SymbolicSizes:
         # A count of 0 or 1 is traced at 2: decisions on it are taken as for the counts of 2 and
         # more, size-obliviously (torch.compile's ``guard_size_oblivious``), and those that would
         # differ at its value are guards, which the compile checks there (``above_values``).
-        self.sizes = [rec.unbacked_size(max(leaves[g[0][0]].shape[g[0][1]], 2)) for g in self.dims]
+        values = [leaves[g[0][0]].shape[g[0][1]] for g in self.dims]
+        self.sizes = [rec.unbacked_size(max(n, 2)) for n in values]
+        reads.snapshots.actual.update((s.values()[0], n) for s, n in zip(self.sizes, values) if n < 2)
         at = {place: size for size, group in zip(self.sizes, self.dims) for place in group}
         self._shapes = {id(t): tuple(at.get((i, d), n) for d, n in enumerate(t.shape)) for i, t in enumerate(leaves)}
         self._reads, self._func, self._value = reads, func, _shapes(*leaves)
