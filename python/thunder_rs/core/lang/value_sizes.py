@@ -12,10 +12,16 @@ that read them go there, since they are made only there). Such sizes are *counts
 that ``T != 1`` needs no guard, a count may be 0 or 1, and every decision about it that those
 values would change is a guard. A variant is traced at counts of at least 2, and every count
 its guards hold for runs it: an expert that two tokens chose and one that one token chose run
-one variant, unless the trace broadcast over the count. A count that fails the check takes, or
-compiles, another: of constant sizes for a count of 0 or 1, else with the sizes symbolic
-again, traced at that count, so on the other side of the guard that failed (``other_side``;
-``Read.side`` tells such variants apart in the value tree).
+one variant, unless the trace broadcast over the count. A count that is 0 or 1 in the call
+that compiles is traced at 2 (``SymbolicSizes``), size-obliviously, as torch.compile's unbacked
+sizes: the decisions a count of 0 or 1 would take otherwise without changing what the program
+computes (broadcasting, strides of a tensor with no elements) are taken as for 2, and those it
+would change are guards, which the compile checks at the call's own counts (``above_values``;
+the snapshots answering its reads run with them). A decode loop, each expert's count 0 or 1 at
+every step, compiles once for every routing. A count that fails the check takes, or compiles,
+another: of constant sizes for a count of 0 or 1, else with the sizes symbolic again, traced at
+that count, so on the other side of the guard that failed (``other_side``; ``Read.side`` tells
+such variants apart in the value tree).
 """
 
 import dataclasses

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -453,10 +454,11 @@ class ThunderFunction:
         made = self._generated(flat, spec, forced, sites, sizes, held, prior)
         alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
         if held is not None and alike:  # (traced again at once with them symbolic: see ``held_alike``)
-            for at, dims in alike.items():
-                self._marked_held.setdefault(at, set()).update(dims)
-            held = {**held, **{at: frozenset(held.get(at, frozenset()) | dims) for at, dims in alike.items()}}
-            made = self._generated(flat, spec, forced, sites, sizes, held, prior)
+            wider = {**held, **{at: frozenset(held.get(at, frozenset()) | dims) for at, dims in alike.items()}}
+            with contextlib.suppress(Exception):  # (where that fails, the trace with them constant stands)
+                made, held = self._generated(flat, spec, forced, sites, sizes, wider, prior), wider
+                for at, dims in alike.items():
+                    self._marked_held.setdefault(at, set()).update(dims)
         acquired, (acquiring, generated_at), reads, names = made[0], made[2], made[3], made[4]
         computation, first, source, filename, traces, backward_traces, stages = generated_at
         all_tensors = len(acquired.tensor_positions) == len(flat)
