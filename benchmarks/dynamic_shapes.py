@@ -1,6 +1,6 @@
 """Shapes that change between calls (issue 26): compile counts and time against eager, one process.
 
-    python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch,decode,images,moe]
+    python benchmarks/dynamic_shapes.py [--steps 40] [--device cuda] [--runs padding,batch,decode,images,moe,moe_decode]
         [--executors inductor] [--with-compile] [--with-backend] [--paired]
         [--json out.json]
 
@@ -23,6 +23,11 @@ Five runs, each against eager on the same weights and inputs:
             trained (AdamW) on `--steps` // 2 batches of 8x64 tokens: each expert's token count
             (`torch.where` of its routing mask) changes every step. Compiles and wall time against
             eager (a compile per routing before sizes computed from values were symbolic).
+  moe_decode  Mixtral's sparse MoE block as transformers wrote it before 4.46 (every expert on the
+            tokens `torch.where` of its routing mask gives it, `index_add_`; 8 experts, top-2),
+            `--tokens` decode steps of one token per sequence at batches 1 and 4, no_grad: each
+            expert's count is 0 or 1 (a few at batch 4). Compiles (`b1_*`, `b4_*`; one per routing
+            before counts of 0 and 1 were traced symbolic at 2) and seconds against eager.
 
 Wall times include the compiles (that is the user's cost). torch.compile is not run here (its
 recompiles and automatic dynamic shapes are what the targets compare with: `--with-compile` adds it).
@@ -441,6 +446,52 @@ def run_moe(steps: int, backends: dict, paired: bool = False) -> dict:
     return result
 
 
+class OldMixtralMoe(torch.nn.Module):
+    """transformers' ``MixtralSparseMoeBlock`` of 4.36 to 4.45: every expert on the tokens its
+    routing mask gives it (``torch.where``), added back with ``index_add_``."""
+
+    def __init__(self, dim: int = 64, experts: int = 8, ffn: int = 128):
+        super().__init__()
+        self.gate = torch.nn.Linear(dim, experts, bias=False)
+        self.w1 = torch.nn.ModuleList(torch.nn.Linear(dim, ffn, bias=False) for _ in range(experts))
+        self.w2 = torch.nn.ModuleList(torch.nn.Linear(ffn, dim, bias=False) for _ in range(experts))
+        self.w3 = torch.nn.ModuleList(torch.nn.Linear(dim, ffn, bias=False) for _ in range(experts))
+
+    def forward(self, x):
+        h = x.view(-1, x.shape[-1])
+        weights, chosen = torch.topk(torch.softmax(self.gate(h), dim=1, dtype=torch.float), 2, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(h.dtype)
+        out = torch.zeros_like(h)
+        mask = torch.nn.functional.one_hot(chosen, num_classes=len(self.w1)).permute(2, 1, 0)
+        for e in range(len(self.w1)):
+            slot, token = torch.where(mask[e])
+            rows = h[None, token].reshape(-1, h.shape[-1])
+            y = self.w2[e](torch.nn.functional.silu(self.w1[e](rows)) * self.w3[e](rows)) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(h.dtype))
+        return out.view(x.shape)
+
+
+def run_moe_decode(tokens: int, backends: dict) -> dict:
+    result: dict = {"tokens": tokens}
+    for batch in (1, 4):
+        gen = torch.Generator().manual_seed(batch)
+        xs = [torch.randn(batch, 1, 64, generator=gen).to(DEVICE) for _ in range(tokens)]
+        outputs = {}
+        for name, make in backends.items():
+            torch.manual_seed(0)
+            call = make(OldMixtralMoe().to(DEVICE))
+            collected()
+            start = time.perf_counter()
+            with torch.no_grad():
+                outputs[name] = [call(x) for x in xs]
+            sync()
+            result[f"b{batch}_{name}_s"] = time.perf_counter() - start
+            result[f"b{batch}_{name}_compiles"] = compiles(call)
+        same = (torch.allclose(a, b) for out in outputs.values() for a, b in zip(out, outputs["eager"]))
+        result[f"b{batch}_same_outputs"] = all(same)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -448,7 +499,9 @@ def main() -> None:
     parser.add_argument("--with-compile", action="store_true")
     parser.add_argument("--with-backend", action="store_true", help='also torch.compile(backend="thunder_rs")')
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--runs", default="padding,batch,decode,images,moe", help="which runs, comma-separated")
+    parser.add_argument(
+        "--runs", default="padding,batch,decode,images,moe,moe_decode", help="which runs, comma-separated"
+    )
     parser.add_argument("--executors", help="thunder_rs's executors, comma-separated (default: the defaults)")
     parser.add_argument("--paired", action="store_true", help="padding, decode, moe: backends in turn, step by step")
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="what --paired's steps are timed by")
@@ -473,6 +526,7 @@ def main() -> None:
         "decode": lambda: run_decode(args.tokens, others, args.paired),
         "images": lambda: run_images(args.steps // 2, others),
         "moe": lambda: run_moe(args.steps // 2, others, args.paired),
+        "moe_decode": lambda: run_moe_decode(args.tokens, others),
     }
     results: dict = {"device": str(DEVICE), **({"paired_clock": args.clock} if args.paired else {})}
     for name in args.runs.split(","):

@@ -386,3 +386,41 @@ def test_a_new_cache_with_a_step_s_input_sizes_is_not_read_for_the_step_s_sizes(
     reasons = thunder_rs.compile_stats(jf).miss_reasons
     assert misses(jf) == 5, reasons
     assert "reads a size of a tensor that an argument object no longer holds" in reasons[4]
+
+
+# -- a held tensor a symbolic size meets -------------------------------------------------------------
+
+
+class CrossCache:
+    """An encoder-decoder's cache of the cross-attention's keys: None until the first step."""
+
+    def __init__(self, keys=None):
+        self.keys = keys
+
+
+def cross_attention(q, mask, cache):
+    keys = q if cache.keys is None else cache.keys
+    return (q @ keys.transpose(-1, -2) + mask[:, None, :].log()).softmax(-1) @ keys
+
+
+def test_a_held_tensor_whose_size_a_symbolic_size_met_is_symbolic_with_it():
+    """The prompt at two lengths made the mask's length symbolic; the first step at the first
+    length meets it with the cache's keys, of that length, constant (the keys never changed yet):
+    traced with them symbolic at once, the step at the second length is served (PLBart's and
+    Blenderbot's beam search compiled each step again at a second prompt length)."""
+    jfn = thunder_rs.jit(cross_attention)
+    g = torch.Generator().manual_seed(0)
+    calls = []
+    for n, cached in ((8, False), (12, False), (8, True), (12, True), (10, True)):
+        q = torch.randn(2, n, 4, generator=g, requires_grad=True)
+        mask = torch.rand(2, n, generator=g) + 0.5
+        cache = CrossCache(torch.randn(2, n, 4, generator=g, requires_grad=True) if cached else None)
+        calls.append((q, mask, cache))
+    for q, mask, cache in calls:
+        out, expected = jfn(q, mask, cache), cross_attention(q, mask, cache)
+        torch.testing.assert_close(out, expected)
+        wrt = [q] if cache.keys is None else [q, cache.keys]
+        for a, e in zip(torch.autograd.grad(out.sum(), wrt), torch.autograd.grad(expected.sum(), wrt)):
+            torch.testing.assert_close(a, e)
+    # the prompt; the prompt's length symbolic; the step, its keys' length symbolic with it
+    assert misses(jfn) == 3, thunder_rs.compile_stats(jfn).miss_reasons

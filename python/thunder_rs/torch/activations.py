@@ -405,7 +405,7 @@ _TANH_CUBIC = 0.044715
 
 
 def _gelu_backward_meta(grad_output, input, approximate="none"):
-    shape = tuple(torch.broadcast_shapes(grad_output.shape, input.shape))
+    shape = clang.broadcast_shapes("gelu_backward", grad_output.shape, input.shape)
     return [(shape, input.dtype)]
 
 
@@ -427,7 +427,9 @@ def gelu_backward(grad_output, input, approximate="none"):
 
 
 def _elementwise_backward_meta(grad_output, input, *params):
-    shape = tuple(torch.broadcast_shapes(grad_output.shape, input.shape))
+    # (clang's: the sizes of a count the same on both sides decide nothing, where torch's would
+    # compare them with 1)
+    shape = clang.broadcast_shapes("an activation's backward", grad_output.shape, input.shape)
     return [(shape, grad_output.dtype)]
 
 

@@ -403,7 +403,7 @@ def _pow_tensors_grad(input, exponent):
 
 
 def _tanh_backward_meta(grad_output, output):
-    return [(tuple(torch.broadcast_shapes(grad_output.shape, output.shape)), grad_output.dtype)]
+    return [(clang.broadcast_shapes("tanh_backward", grad_output.shape, output.shape), grad_output.dtype)]
 
 
 @torchsymbol(name="tanh_backward", meta=_tanh_backward_meta)

@@ -254,7 +254,7 @@ def native_dropout(input, p, train):
 
 
 def _native_dropout_backward_meta(grad_output, mask, scale):
-    return [(tuple(torch.broadcast_shapes(grad_output.shape, mask.shape)), grad_output.dtype)]
+    return [(clang.broadcast_shapes("native_dropout_backward", grad_output.shape, mask.shape), grad_output.dtype)]
 
 
 @torchsymbol(
@@ -265,7 +265,7 @@ def native_dropout_backward(grad_output, mask, scale):
 
 
 def _softmax_backward_meta(grad_output, output, dim):
-    return [(tuple(torch.broadcast_shapes(grad_output.shape, output.shape)), output.dtype)]
+    return [(clang.broadcast_shapes("softmax_backward", grad_output.shape, output.shape), output.dtype)]
 
 
 @torchsymbol(name="softmax_backward", meta=_softmax_backward_meta)

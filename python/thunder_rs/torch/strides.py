@@ -4,23 +4,52 @@ root's, and tensors the program computes have those ``core.lang.eager_layouts`` 
 (contiguous where no rule tells otherwise).
 """
 
-import math
-
 import torch
 
 from thunder_rs.core.base.layouts import is_contiguous  # noqa: F401 (the torch layer's name for it)
-from thunder_rs.core.lang.symint import identical
+from thunder_rs.core.lang.symint import SymInt, hint, identical
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
-    """torch's: each stride the product of the later sizes, a size of 0 counting as 1. (A symbolic
-    size is compared with 0 only: times 1 is itself, and a count of 1 keeps the variant.)"""
+    """torch's: each stride the product of the later sizes, a size of 0 counting as 1 (the first
+    size makes no stride: it is not looked at). A symbolic size traced at 2 or more multiplies as
+    it is, as torch.compile's size-oblivious strides (``guard_size_oblivious``): a count, the
+    tokens an expert got (``x[None, idx]`` of ``[1, count, d]``), may be 0 in a call the variant
+    serves, where eager's strides count it as 1; they differ only for a tensor with no elements,
+    whose strides no kernel reads and a layout decision cannot change the values of. The program's
+    own reads of them (``stride()``, ``is_contiguous()``) decide the sizes nonzero
+    (``views.nonempty``). Traced at 0 or 1, it is compared with 0 (a guard where it is a count)."""
     strides, step = [1] * len(shape), 1
     for d in range(len(shape) - 1, -1, -1):
         strides[d] = step
-        if shape[d] > 1 if type(shape[d]) is int else shape[d] != 0:
+        if d and _multiplies(shape[d]):
             step *= shape[d]
     return tuple(strides)
+
+
+def _multiplies(size) -> bool:
+    """Whether ``size`` is a factor of the strides of the dims before it (``contiguous_strides``)."""
+    if type(size) is int:
+        return size > 1
+    return hint(size) >= 2 or size != 0
+
+
+def _is_zero(size) -> bool:
+    """Whether ``size`` is 0; a symbolic size traced at 2 or more is not, as in ``_multiplies``
+    (computeStride's views of a tensor with no elements: eager's, of the same values)."""
+    if type(size) is int:
+        return size == 0
+    return hint(size) < 2 and size == 0
+
+
+def nonempty(a) -> None:
+    """Decides the symbolic sizes of ``a`` and of its root nonzero (a guard where one is a count):
+    the strides the trace works out with them (``contiguous_strides``) are eager's there, as the
+    program reads them (``stride()``, ``is_contiguous()``)."""
+    root = a if a._view is None else a._view.root
+    for size in (*root.shape, *a.shape):
+        if type(size) is SymInt:
+            bool(size != 0)
 
 
 def overlaps(shape, strides) -> bool:
@@ -37,7 +66,7 @@ def viewed_strides(shape, strides, new_shape):
     told with no decision on the sizes (computeStride's ``size != 1`` at each dim would be a guard
     on a count, and a variant traced at a count of 1 would serve 1 alone: Mask R-CNN's masks of
     boxes 1 pixel high, ``[1, 1, h, w]`` taken as ``[h, w]``)."""
-    if math.prod(shape) == 0 or not shape:
+    if not shape or any(map(_is_zero, shape)):
         return contiguous_strides(new_shape)
     if all(map(identical, strides, contiguous_strides(shape))):
         return contiguous_strides(new_shape)

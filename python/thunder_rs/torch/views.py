@@ -39,7 +39,7 @@ from thunder_rs.core.lang.symint import SymInt, identical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch import indexing as _indexing, joins as _joins, shape as _shape
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
-from thunder_rs.torch.strides import FALLBACK_LAYOUTS, is_contiguous, overlaps, strides_of, viewed_strides
+from thunder_rs.torch.strides import FALLBACK_LAYOUTS, is_contiguous, nonempty, overlaps, strides_of, viewed_strides
 from thunder_rs.torch.view_scatters import (
     _diagonal_layout,
     diagonal,
@@ -586,11 +586,13 @@ def _in_format(a, memory_format) -> bool:
 
 
 def _eager_stride(a, dim=None):
+    nonempty(a)
     strides = strides_of(a)
     return strides if dim is None else strides[dim + a.ndim if dim < 0 else dim]
 
 
 def _eager_is_contiguous(a, memory_format=torch.contiguous_format) -> bool:
+    nonempty(a)
     return _in_format(a, memory_format)
 
 

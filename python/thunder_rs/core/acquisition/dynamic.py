@@ -42,6 +42,7 @@ sets there (``count += 1``) is written back with each call's value, and the entr
 that path on every call.
 """
 
+import re
 from typing import Any, NamedTuple
 
 import torch
@@ -296,6 +297,39 @@ def wanted_held(mode, entries, flat, marked: dict) -> dict:
         for at, dims in (changes or {}).items():
             marked.setdefault(at, set()).update(dims)
     return {at: frozenset(dims) for at, dims in marked.items() if dims}
+
+
+#: A guard that specialised a size input to a constant: ``t1 - 8 == 0``.
+_SPECIALISED = re.compile(r"(t\d+) - (\d+) == 0")
+
+
+def held_alike(guards, acquired, traces, held: dict) -> dict:
+    """The dims of argument objects' tensors, constant in ``acquired`` (compiled into ``traces``
+    with ``held`` symbolic), whose size a symbolic size of the call's arguments was specialised to by one of
+    ``guards`` (the trace's, as text): ``{(source key, name): dims}``. A cross-attention's keys
+    that the cache holds have the encoder's length, which the attention mask's meets (``t1 - 8 ==
+    0``): traced symbolic with it, a prompt of another length is served, rather than compiling
+    again once the cache's keys are seen to change (PLBart's and Blenderbot's beam search, whose
+    greedy search stopped at its first token, compiled each step again at a second prompt
+    length). Their sizes are guarded equal to it where the trace relied on that."""
+    names = {f"t{v}": at for v, at in zip(traces[-1].size_inputs(), acquired.sizes)}
+    constants = set()
+    for guard in guards:
+        found = _SPECIALISED.fullmatch(guard)
+        if found is None:
+            continue
+        at = names.get(found.group(1))
+        if type(at) is tuple and type(at[1]) is int:  # (a flat input's dim)
+            constants.add(int(found.group(2)))
+    alike: dict = {}
+    for guard in acquired.guards if constants else ():
+        if type(guard) is not TensorGuard or guard.expected is MISSING:
+            continue
+        at = (guard.source.key, guard.name)
+        dims = {d for d, n in enumerate(guard.expected[2]) if n in constants and d not in held.get(at, ())}
+        if dims:
+            alike[at] = dims
+    return alike
 
 
 def has_held(acquired) -> bool:

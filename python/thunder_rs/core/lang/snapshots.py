@@ -48,6 +48,8 @@ class Snapshots:
         self._kept: dict = {}  # device -> bytes of kept tensors
         self._budgets: dict = {}  # device -> bytes they may take (``_budget``, when first kept)
         self._segments = True
+        #: size value id -> the call's own value of a count traced at another one (``SymbolicSizes``)
+        self.actual: dict = {}
 
     def values(self, wanted: list, inputs: list) -> list:
         """The values of ``wanted`` (value ids) for this call, ``inputs`` being the tensors the
@@ -101,7 +103,7 @@ class Snapshots:
         they were."""
         rec = current()
         consts = list(rec.consts())
-        sizes = [rec.size_value(v).hint for v in size_ids]
+        sizes = [self.actual.get(v, rec.size_value(v).hint) for v in size_ids]
         with outside_the_trace():
             if self._generators is not None:  # (None from the start, and once past the budget)
                 restore_generators(self._generators)

@@ -12,10 +12,16 @@ that read them go there, since they are made only there). Such sizes are *counts
 that ``T != 1`` needs no guard, a count may be 0 or 1, and every decision about it that those
 values would change is a guard. A variant is traced at counts of at least 2, and every count
 its guards hold for runs it: an expert that two tokens chose and one that one token chose run
-one variant, unless the trace broadcast over the count. A count that fails the check takes, or
-compiles, another: of constant sizes for a count of 0 or 1, else with the sizes symbolic
-again, traced at that count, so on the other side of the guard that failed (``other_side``;
-``Read.side`` tells such variants apart in the value tree).
+one variant, unless the trace broadcast over the count. A count that is 0 or 1 in the call
+that compiles is traced at 2 (``SymbolicSizes``), size-obliviously, as torch.compile's unbacked
+sizes: the decisions a count of 0 or 1 would take otherwise without changing what the program
+computes (broadcasting, strides of a tensor with no elements) are taken as for 2, and those it
+would change are guards, which the compile checks at the call's own counts (``above_values``;
+the snapshots answering its reads run with them). A decode loop, each expert's count 0 or 1 at
+every step, compiles once for every routing. A count that fails the check takes, or compiles,
+another: of constant sizes for a count of 0 or 1, else with the sizes symbolic again, traced at
+that count, so on the other side of the guard that failed (``other_side``; ``Read.side`` tells
+such variants apart in the value tree).
 """
 
 import dataclasses
@@ -65,20 +71,22 @@ def _fits_flat(pattern, values, least: int = 0) -> bool:
 def _applies(groups: tuple, shapes: tuple) -> bool:
     """Whether ``shapes`` (or ints read, flat) have every place of ``groups`` (``(output, dim)``
     pairs; flat positions for ints), with one size per group, at least 0: a read at a site whose
-    sizes are symbolic is a count there at 0 too (a slice's start: its decisions at 0 are guards
-    that larger starts mostly keep). An output size (a count of ``nonzero``'s indices) not at 1,
-    where broadcasting the rows decides ``count == 1``: a variant traced there served 1 alone
-    (Faster R-CNN's sampler, one positive anchor). An int read at 1 is traced symbolic: a bound or
-    size that slicing and factories take as any other (Mask R-CNN pastes boxes 1 pixel wide, and
-    crops them at 1 pixel from the border); taken constant there, each image whose boxes put a 1
-    at another read compiled a variant of its own."""
+    sizes are symbolic is a count there at 0 and 1 too (a slice's start: its decisions at 0 are
+    guards that larger starts mostly keep). An output size (a count of ``nonzero``'s indices) at 0
+    or 1 is traced at 2 (``SymbolicSizes``), where broadcasting the rows decides nothing on it: a
+    variant traced at 1 served 1 alone (Faster R-CNN's sampler, one positive anchor; an expert one
+    token chose at decode), and the calls of a decode loop, each expert's count 0 or 1, compiled
+    one for each routing. An int read at 1 is traced symbolic: a bound or size that slicing and
+    factories take as any other (Mask R-CNN pastes boxes 1 pixel wide, and crops them at 1 pixel
+    from the border); taken constant there, each image whose boxes put a 1 at another read
+    compiled a variant of its own."""
     ints = type(groups[0][0]) is int if groups else False
     for group in groups:
         if ints:
             sizes = {shapes[k] if k < len(shapes) else -1 for k in group}
         else:
             sizes = {shapes[i][d] if i < len(shapes) and d < len(shapes[i]) else -1 for i, d in group}
-        if len(sizes) != 1 or min(sizes) < 0 or (1 in sizes and not ints):
+        if len(sizes) != 1 or min(sizes) < 0:
             return False
     return True
 
@@ -110,7 +118,8 @@ def widened(read: Read, value, known: tuple = ()) -> Read | None:
     shapes) symbolic, each computed by the call (the count of ``nonzero``'s indices): a variant
     that serves every count its guards hold for. So are those at the places of ``known`` (the groups
     of the site's earlier widening). Sizes that took the same values share a symbol. None where
-    the read is of something else, or already symbolic, or a changed size is 0 or 1 now."""
+    the read is of something else, or already symbolic. A size that is 0 or 1 now is symbolic
+    too, traced at 2 (``SymbolicSizes``)."""
     old: Any = read.value
     if read.sizes:
         return None
@@ -122,16 +131,15 @@ def widened(read: Read, value, known: tuple = ()) -> Read | None:
     return _with_groups(read, value, changes, known)
 
 
-def _with_groups(read: Read, value, changes: list, known: tuple, least: int = 2) -> Read | None:
+def _with_groups(read: Read, value, changes: list, known: tuple) -> Read | None:
     """``read`` answered with ``value``, symbolic at the places of ``changes`` (``(place, old,
-    new)`` each) that changed, and at those of ``known`` that are at least ``least`` now (2 for
-    output sizes, 1 for ints: ``_applies``)."""
+    new)`` each) that changed, and at those of ``known`` (``_applies``)."""
     places = {place for group in known for place in group}
     groups: dict = {}
     for place, x, y in changes:
-        if x != y or (place in places and y >= least):
+        if x != y or place in places:
             groups.setdefault((x, y), []).append(place)
-    if not groups or any(y < least for _, y in groups):
+    if not groups:
         return None
     return dataclasses.replace(read, value=value, sizes=tuple(map(tuple, groups.values())), guards=[])
 
@@ -171,7 +179,7 @@ def _widened_ints(read: Read, value) -> Read | None:
     if old is None or new is None or tree_flatten(read.value)[1] != tree_flatten(value)[1]:
         return None
     changes = [(k, x, y) for k, (x, y) in enumerate(zip(old, new))]
-    return _with_groups(read, value, changes, (tuple(range(len(new))),), least=0)
+    return _with_groups(read, value, changes, (tuple(range(len(new))),))
 
 
 def place_guards(reads, guards) -> list:
@@ -204,6 +212,24 @@ def place_guards(reads, guards) -> list:
 _NAME = re.compile(r"\bt\d+\b")
 
 
+def above_values(reads, guards) -> None:
+    """Raises where a guard of ``guards`` (the trace's, as text) fails at the values of the counts
+    traced at 2 where they were 0 or 1 (``SymbolicSizes``): the variant does not serve the call it
+    was compiled for, and the compile takes the reads constant instead (``jit._compile``). A guard
+    that compares such a count with sizes of the inputs is taken to fail."""
+    values: dict = {}
+    for read in reads:
+        if read.sizes and read.reader is _shapes:
+            values.update((name, read.value[g[0][0]][g[0][1]]) for name, g in zip(read.names, read.sizes))
+    above = {name for name, n in values.items() if n < 2}
+    for guard in guards if above else ():
+        names = set(_NAME.findall(guard))
+        if names & above and not (names <= values.keys() and eval(guard, {}, {n: values[n] for n in names})):
+            raise ThunderNotImplementedError(
+                f"the counts {', '.join(sorted(names & above))} traced at 2 fail `{guard}` at their values"
+            )
+
+
 def _guard_function(read: Read, texts: list):
     """``guard(shapes, sizes)``: whether ``texts`` hold for a call's output ``shapes`` at ``read``
     and the trace's size inputs ``sizes``."""
@@ -225,7 +251,12 @@ class SymbolicSizes:
     def __init__(self, reads, func, groups: tuple, leaves: list):
         rec = current()
         self.dims = groups
-        self.sizes = [rec.unbacked_size(leaves[g[0][0]].shape[g[0][1]]) for g in self.dims]
+        # A count of 0 or 1 is traced at 2: decisions on it are taken as for the counts of 2 and
+        # more, size-obliviously (torch.compile's ``guard_size_oblivious``), and those that would
+        # differ at its value are guards, which the compile checks there (``above_values``).
+        values = [leaves[g[0][0]].shape[g[0][1]] for g in self.dims]
+        self.sizes = [rec.unbacked_size(max(n, 2)) for n in values]
+        reads.snapshots.actual.update((s.values()[0], n) for s, n in zip(self.sizes, values) if n < 2)
         at = {place: size for size, group in zip(self.sizes, self.dims) for place in group}
         self._shapes = {id(t): tuple(at.get((i, d), n) for d, n in enumerate(t.shape)) for i, t in enumerate(leaves)}
         self._reads, self._func, self._value = reads, func, _shapes(*leaves)

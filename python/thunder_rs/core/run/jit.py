@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -17,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
-from thunder_rs.core.acquisition.dynamic import symbolic_labels, wanted_held, wanted_sizes
+from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wanted_held, wanted_sizes
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
 from thunder_rs.core.acquisition.cache import (
     describe_change,
@@ -37,7 +38,7 @@ from thunder_rs.core.lang.inference import making_inference
 from thunder_rs.core.state.modules import apply_hook_changes
 from thunder_rs.core.base.userframe import user_frame
 from thunder_rs.core.lang.reads import Diverged, Read, decision
-from thunder_rs.core.lang.value_sizes import other_side, place_guards, widened
+from thunder_rs.core.lang.value_sizes import above_values, other_side, place_guards, widened
 from thunder_rs.core.lang.values import ValueReads, ValueTree
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
@@ -295,7 +296,10 @@ class ThunderFunction:
                 return None
             if wide is not None:  # (where it fails to compile, ``_compile`` compiles it for the values read)
                 self._sized_sites[(read.what, read.where)] = wide.sizes
-                return self._variant_compile(entry, (*entry.reads[: read.index], wide), key, flat, spec, diverged)
+                # The site's earlier reads are symbolic too (the experts before the one whose count
+                # changed): the next call whose count changes there is served.
+                earlier = tuple(_at_site(r, read, wide) for r in entry.reads[: read.index])
+                return self._variant_compile(entry, (*earlier, wide), key, flat, spec, diverged)
             forced = (*entry.reads[: read.index], read.answered(diverged.value))
             return self._variant_compile(entry, forced, key, flat, spec, diverged)
 
@@ -447,20 +451,16 @@ class ThunderFunction:
         variant this is; ``prior`` the reads a read whose sizes differ from is symbolic
         (``ValueReads._groups``)."""
         start = time.perf_counter()
-        modes = RecordedModes()
-        executors = default_executors() if self._executors is None else self._executors
-        reads = ValueReads(snapshot_runner(executors), forced, sites, prior)
-        binding = self._binding if self._module is not None else None
-        acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
-        modes.check_restored()
-        check_generators(acquired.consts)
-        acquired_at = time.perf_counter()
-        name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
-        params = self._binding.qualified if self._module is not None and self._binding is not None else ()
-        names = (input_names(self._fn, flat, spec), params)
-        computation, first, source, filename, traces, backward_traces, stages = generated(
-            acquired, name, modes, self._passes, executors, names
-        )
+        made = self._generated(flat, spec, forced, sites, sizes, held, prior)
+        alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
+        if held is not None and alike:  # (traced again at once with them symbolic: see ``held_alike``)
+            wider = {**held, **{at: frozenset(held.get(at, frozenset()) | dims) for at, dims in alike.items()}}
+            with contextlib.suppress(Exception):  # (where that fails, the trace with them constant stands)
+                made, held = self._generated(flat, spec, forced, sites, sizes, wider, prior), wider
+                for at, dims in alike.items():
+                    self._marked_held.setdefault(at, set()).update(dims)
+        acquired, (acquiring, generated_at), reads, names = made[0], made[2], made[3], made[4]
+        computation, first, source, filename, traces, backward_traces, stages = generated_at
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
         entries = _ENTRY.load()
@@ -469,7 +469,7 @@ class ThunderFunction:
             entries.first_call(entry, first)
         entry.reads = tuple(acquired.reads)
         entry.decisions = tuple(r.key() for r in acquired.reads)
-        guards = place_guards(acquired.reads, trace_guards(traces, backward_traces))
+        guards = place_guards(acquired.reads, made[1])
         symbolic = symbolic_entry(entry, stored_key(key, None), acquired, traces, guards)
         if symbolic is not None:
             entry.symbolic, entry.symbolic_args = symbolic, (sizes, held)
@@ -487,7 +487,7 @@ class ThunderFunction:
         if acquired.inference_outputs:
             entry.post = making_inference(entry.post, acquired.inference_outputs)
         self._record_miss(
-            key, names[0], start, {"acquire": acquired_at - start, **stages}, traces, backward_traces, guard_reason
+            key, names[0], start, {"acquire": acquiring, **stages}, traces, backward_traces, guard_reason
         )
         if declined:
             self._stats.miss_reasons[-1] += f"; {declined}"
@@ -500,6 +500,29 @@ class ThunderFunction:
             self._symbolic.append(symbolic)
         self._sized_sites.update(reads.widened)
         return entry
+
+    def _generated(self, flat, spec, forced, sites, sizes, held, prior) -> tuple:
+        """The program acquired for the call of ``flat`` (``_compile_with``'s arguments) and
+        compiled: ``(acquired, the trace's guards, (seconds acquiring, what ``generated`` returns),
+        the value reads, input names)``. Raises where a count traced at 2 fails a guard at its
+        value (``value_sizes.above_values``)."""
+        start = time.perf_counter()
+        modes = RecordedModes()
+        executors = default_executors() if self._executors is None else self._executors
+        reads = ValueReads(snapshot_runner(executors), forced, sites, prior)
+        binding = self._binding if self._module is not None else None
+        acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
+        modes.check_restored()
+        check_generators(acquired.consts)
+        acquiring = time.perf_counter() - start
+        name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
+        params = self._binding.qualified if self._module is not None and self._binding is not None else ()
+        names = (input_names(self._fn, flat, spec), params)
+        made = generated(acquired, name, modes, self._passes, executors, names)
+        traces, backward_traces = made[4], made[5]
+        guards = trace_guards(traces, backward_traces)
+        above_values(acquired.reads, guards)
+        return acquired, guards, (acquiring, made), reads, names
 
     def _why_not_symbolic(self, key, flat, spec) -> str | None:
         """Why the last entry with symbolic sizes does not serve this call, for the miss reason."""
@@ -586,6 +609,14 @@ class ThunderFunction:
         log_compile(_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
             _warn_recompiles(self._fn, stats.cache_misses, reason)
+
+
+def _at_site(earlier: Read, read: Read, wide: Read) -> Read:
+    """``earlier``, a read a variant forces, symbolic at the places of ``wide`` where it was made
+    at the site of ``read`` (``widened``); else as it is."""
+    if (earlier.what, earlier.where) != (read.what, read.where):
+        return earlier
+    return widened(earlier, earlier.value, wide.sizes) or earlier
 
 
 def _lookups(entry: Entry, steps: list, diverged: Diverged, tried: set):
