@@ -486,9 +486,7 @@ class ThunderFunction:
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         if acquired.inference_outputs:
             entry.post = making_inference(entry.post, acquired.inference_outputs)
-        self._record_miss(
-            key, names[0], start, {"acquire": acquiring, **stages}, traces, backward_traces, guard_reason
-        )
+        self._record_miss(key, names[0], start, {"acquire": acquiring, **stages}, traces, backward_traces, guard_reason)
         if declined:
             self._stats.miss_reasons[-1] += f"; {declined}"
         if acquired.sizes:
