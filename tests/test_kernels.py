@@ -224,6 +224,7 @@ CASES = [
             "mish_backward": lambda g, x: ltorch.mish_backward(g, x),
             "hardswish_backward": lambda g, x: ltorch.hardswish_backward(g, x),
             "tanh_backward": lambda g, y: ltorch.tanh_backward(g, y),
+            "sigmoid_backward": lambda g, y: ltorch.sigmoid_backward(g, y),
         }.items()
     ),
     Case(

@@ -495,6 +495,7 @@ _KERNELS = {
     "elu_backward": (_aten.elu_backward.default, None),
     "tanh_backward": (_aten.tanh_backward.default, None),
     "silu_backward": (_aten.silu_backward.default, None),
+    "sigmoid_backward": (_aten.sigmoid_backward.default, None),
     "mish_backward": (_aten.mish_backward.default, None),
     "hardswish_backward": (_aten.hardswish_backward.default, None),
     "softmax_backward": (lambda g, out, dim: torch._softmax_backward_data(g, out, dim, out.dtype), None),

@@ -1,0 +1,58 @@
+"""Ops in bfloat16 and float16 and their gradients bit-equal to eager's on the CPU, where the torch
+executor runs eager's kernels: a decomposition or grad rule computes in the dtype and order of
+eager's kernel (float32 for most half-precision kernels, float16 itself for a few), over every
+finite value below 64 in magnitude and a random cotangent."""
+
+import pytest
+import torch
+
+import thunder_rs
+
+HALF = [torch.bfloat16, torch.float16]
+
+#: name -> a program of one tensor, each its op's forward and backward.
+OPS = {
+    "sigmoid": torch.sigmoid,
+}
+
+
+def every_value(dtype) -> torch.Tensor:
+    """Every finite ``dtype`` value below 64 in magnitude, shuffled, a multiple of 8 of them."""
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    x = bits[bits.isfinite() & (bits.abs() < 64)]
+    x = x[: x.numel() // 8 * 8]
+    return x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(0))]
+
+
+def assert_bit_equal(actual, expected, what):
+    assert actual.dtype == expected.dtype, what
+    differ = ~((actual == expected) | (actual.isnan() & expected.isnan()))
+    assert not differ.any(), f"{what}: {int(differ.sum())} of {differ.numel()} elements differ"
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("name", OPS)
+def test_an_op_and_its_gradient_equal_eagers_bit_for_bit(name, dtype):
+    fn, x = OPS[name], every_value(dtype)
+    actual, expected = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, want = thunder_rs.jit(fn)(actual), fn(expected)
+    assert_bit_equal(out, want, "output")
+    g = torch.randn(want.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out.backward(g)
+    want.backward(g)
+    assert_bit_equal(actual.grad, expected.grad, "gradient")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_sigmoid_backwards_decomposition_rounds_as_the_cpu_kernel(dtype):
+    """float16 op by op, bfloat16 in float32: what a fusion executor gets from the decomposition."""
+    from test_kernels import decomposed  # noqa: PLC0415
+
+    import thunder_rs.torch as ltorch  # noqa: PLC0415
+
+    y, g = torch.sigmoid(every_value(dtype)), torch.randn(every_value(dtype).shape).to(dtype)
+    with decomposed(ltorch.sigmoid_backward):
+        jfn = thunder_rs.jit(ltorch.sigmoid_backward)
+        out = jfn(g, y)
+    assert "torch_sigmoid_backward" not in str(thunder_rs.last_traces(jfn)[-1])
+    assert_bit_equal(out, torch.ops.aten.sigmoid_backward(g, y), "gradient")
