@@ -56,3 +56,16 @@ def test_sigmoid_backwards_decomposition_rounds_as_the_cpu_kernel(dtype):
         out = jfn(g, y)
     assert "torch_sigmoid_backward" not in str(thunder_rs.last_traces(jfn)[-1])
     assert_bit_equal(out, torch.ops.aten.sigmoid_backward(g, y), "gradient")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("shape", [(500,), (25, 20)], ids=["flat", "2d"])
+def test_a_table_indexed_by_repeated_integers_gets_eagers_gradient(dtype, shape):
+    """``table[index]``: eager's ``index_put(..., accumulate=True)`` adds repeated rows in its order."""
+    torch.manual_seed(0)
+    table, index = torch.randn(20, 3).to(dtype), torch.randint(0, 20, shape)
+    actual, expected = table.clone().requires_grad_(), table.clone().requires_grad_()
+    g = torch.randn(*shape, 3).to(dtype)
+    thunder_rs.jit(lambda t, i: t[i])(actual, index).backward(g)
+    expected[index].backward(g)
+    assert_bit_equal(actual.grad, expected.grad, "gradient")

@@ -18,6 +18,7 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang import values
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.symint import identical
@@ -30,7 +31,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.common import is_int, slice_indices
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
 
 Tensor = torch.Tensor
@@ -426,6 +427,22 @@ def getitem(a, key):
     op = "ltorch.getitem"
     out, advanced = _basic_index(op, a, _entries(op, a, key))
     return _advanced_index(op, out, advanced) if advanced else out
+
+
+@register_grad(getitem)
+def getitem_grad(a, key):
+    """A key of integer tensors alone (``table[index]``, the relative position biases of Swin and
+    MaxViT): eager's gradient, ``index_put`` with ``accumulate`` into new zeros, which adds the
+    rows of repeated indices in another order than the decomposition's ``index_add`` (different
+    sums in bfloat16 and float16). Other keys take the decomposition's gradient."""
+    out = getitem(a, key)
+    keys = key if isinstance(key, tuple) else (key,)
+    integers = (torch.int64, torch.int32)
+    if not keys or not all(isinstance(k, torch.Tensor) and k.dtype in integers for k in keys):
+        return out
+    zeros = ltorch.zeros(tuple(a.shape), dtype=a.dtype, device=a.device)
+    put_grad(a, ltorch.index_put(zeros, keys, get_grad(out), True))
+    return out
 
 
 def _masked_select(input, mask, *, out=None):
