@@ -5,6 +5,7 @@ finite value below 64 in magnitude and a random cotangent."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
 
@@ -13,6 +14,9 @@ HALF = [torch.bfloat16, torch.float16]
 #: name -> a program of one tensor, each its op's forward and backward.
 OPS = {
     "sigmoid": torch.sigmoid,
+    "softshrink": lambda x: F.softshrink(x, 0.3),  # (lambd rounded to the dtype, as the kernel's)
+    "hardshrink": lambda x: F.hardshrink(x, 0.3),
+    "glu": lambda x: F.glu(x.reshape(-1, 4, 2), dim=1),
 }
 
 

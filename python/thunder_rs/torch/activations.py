@@ -207,8 +207,8 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
-@torchsymbol(F.glu)
-def glu(input, dim=-1):
+def _halves(input, dim):
+    """``input``'s halves along ``dim`` (canonical), as glu splits it."""
     op = "ltorch.glu"
     check(
         input.ndim > 0,
@@ -231,12 +231,41 @@ def glu(input, dim=-1):
         starts[dim], stops[dim] = start, start + size // 2
         return prims.slice(input, starts, stops, [1] * input.ndim)
 
-    return clang.maybe_convert(prims.mul(half(0), sigmoid(half(size // 2))), input.dtype)
+    return dim, half(0), half(size // 2)
+
+
+@torchsymbol(F.glu)
+def glu(input, dim=-1):
+    # Eager's kernel: ``a * sigmoid(b)`` in float32 for half precision, rounded once.
+    _, first, second = _halves(input, dim)
+    return clang.maybe_convert(prims.mul(upcast(first), sigmoid(upcast(second))), input.dtype)
+
+
+@register_grad(ltorch.glu)
+def glu_grad(input, dim=-1):
+    """Eager's ``glu_backward``: ``g * s`` with ``s = sigmoid(b)`` in the input's dtype for the
+    first half, ``(1 - s) * s * a * g`` (in float32 for half precision) for the second."""
+    out = ltorch.glu(input, dim)
+    dim, first, second = _halves(input, dim)
+    s = ltorch.sigmoid(second)
+    g = get_grad(out)
+    opmath, dtype = in_opmath(g, input)
+    gated = rounded((1.0 - upcast(s)) * upcast(s) * upcast(first) * opmath, dtype)
+    put_grad(input, ltorch.cat([s * g, gated], dim))
+    return out
+
+
+def _in_dtype(number: float, dtype: torch.dtype) -> float:
+    """``number`` rounded to ``dtype``, as kernels take their scalar parameters (``lambd.to<scalar_t>()``)."""
+    plain = type(number) in (int, float)  # (a symbolic number stays as it is)
+    return torch.tensor(number, dtype=dtype).item() if plain and dtype.is_floating_point else number
 
 
 @torchsymbol(F.hardshrink, T.hardshrink)
 def hardshrink(input, lambd=0.5):
-    # Eager: 0 for -lambd <= x <= lambd, else x (NaN passes).
+    # Eager: 0 for -lambd <= x <= lambd, else x (NaN passes), lambd in the input's dtype.
+    lambd = _in_dtype(lambd, input.dtype)
+
     def body(x):
         inside = prims.bitwise_and(prims.ge(x, -lambd), prims.le(x, lambd))
         return prims.where(inside, clang.maybe_convert(0.0, x.dtype), x)
@@ -255,6 +284,8 @@ def softshrink(input, lambd=0.5):
         f"lambda must be in range [0, {high:g}] for input dtype {input.dtype}, but found {lambd} (argument lambd)",
         ThunderRuntimeError,
     )
+
+    lambd = _in_dtype(lambd, input.dtype)  # (then computed in float32 for half precision)
 
     def body(x):
         shrunk = prims.where(prims.lt(x, -lambd), prims.add(x, lambd), clang.maybe_convert(0.0, x.dtype))
