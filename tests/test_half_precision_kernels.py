@@ -73,3 +73,27 @@ def test_a_table_indexed_by_repeated_integers_gets_eagers_gradient(dtype, shape)
     thunder_rs.jit(lambda t, i: t[i])(actual, index).backward(g)
     expected[index].backward(g)
     assert_bit_equal(actual.grad, expected.grad, "gradient")
+
+
+#: name -> loss(input, target, reduction): eager's backward kernels round their norm (``1 / n``) to
+#: the dtype (mse_loss) or compute in float32 with it unrounded (smooth_l1_loss).
+LOSSES = {
+    "mse": F.mse_loss,
+    "smooth_l1": lambda x, t, reduction: F.smooth_l1_loss(x, t, reduction=reduction, beta=0.7),
+}
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("name", LOSSES)
+def test_a_regression_losss_gradients_equal_eagers_bit_for_bit(name, reduction, dtype):
+    torch.manual_seed(0)
+    x, target = torch.randn(3000).to(dtype), torch.randn(3000).to(dtype)
+    actual, expected = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = thunder_rs.jit(lambda x, t: LOSSES[name](x, t, reduction=reduction))(actual, target)
+    want = LOSSES[name](expected, target, reduction=reduction)
+    assert_bit_equal(out, want, "loss")
+    g = torch.randn(want.shape).to(dtype)
+    out.backward(g)
+    want.backward(g)
+    assert_bit_equal(actual.grad, expected.grad, "gradient")
