@@ -97,3 +97,30 @@ def test_a_regression_losss_gradients_equal_eagers_bit_for_bit(name, reduction, 
     out.backward(g)
     want.backward(g)
     assert_bit_equal(actual.grad, expected.grad, "gradient")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("mask", ["bias_requiring_grad", "3d_bias", "causal_3d"])
+def test_attention_on_eagers_math_path_gets_its_float32_gradients(dtype, mask):
+    """A bias that requires grad (relative position biases) or a 3-D one sends eager's CPU attention
+    to its math path, which computes half precision in float32; so do 3-D causal calls."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8).to(dtype) for _ in range(3))
+    bias = torch.randn(3, 16, 16).to(dtype)
+    if mask == "causal_3d":
+        q, k, v = (x.reshape(6, 16, 8) for x in (q, k, v))
+    tensors = [q, k, v] + ([bias] if mask != "causal_3d" else [])
+
+    def attention(q, k, v, bias=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)
+
+    actual = [t.clone().requires_grad_(i < 3 or mask == "bias_requiring_grad") for i, t in enumerate(tensors)]
+    expected = [t.clone().requires_grad_(i < 3 or mask == "bias_requiring_grad") for i, t in enumerate(tensors)]
+    out, want = thunder_rs.jit(attention)(*actual), attention(*expected)
+    assert_bit_equal(out, want, "output")
+    g = torch.randn(want.shape).to(dtype)
+    out.backward(g)
+    want.backward(g)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        if e.grad is not None:
+            assert_bit_equal(a.grad, e.grad, f"gradient {i}")

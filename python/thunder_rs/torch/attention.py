@@ -319,7 +319,7 @@ def _attention_probs(query, key, attn_mask, is_causal: bool, scale: float):
     return ltorch.where(blind, 0.0, probs)
 
 
-def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool) -> None:
+def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool, put=put_grad) -> None:
     """The gradients eager's autograd gives its math path (``_scaled_dot_product_attention_math``,
     a composite it differentiates op by op): query and key each scaled by ``sqrt(scale)`` before
     their product, the mask (a boolean or causal one made -inf and 0) added, the rows softmaxed
@@ -343,17 +343,34 @@ def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale,
     if scores.shape[-1] > 0:  # (eager's _safe_softmax: zeros for a row that sees no key)
         probs = ltorch.where(ltorch.all(scores == -math.inf, -1, keepdim=True), 0.0, probs)
     if value.requires_grad:
-        put_grad(value, _unrepeat(ltorch.matmul(ltorch.transpose(probs, -1, -2), g), value, grouped))
+        put(value, _unrepeat(ltorch.matmul(ltorch.transpose(probs, -1, -2), g), value, grouped))
     dscores = softmax_backward(ltorch.matmul(g, ltorch.transpose(v, -1, -2)), probs, -1)
     if attn_mask is not None and attn_mask.requires_grad:
-        put_grad(attn_mask, sum_to(dscores, attn_mask.shape))
+        put(attn_mask, sum_to(dscores, attn_mask.shape))
     # (a product's gradient summed over the batch dims it broadcast, then scaled, as eager's nodes run)
     if query.requires_grad:
         grad = sum_to(ltorch.matmul(dscores, ltorch.transpose(key_scaled, -1, -2)), query.shape) * factor
-        put_grad(query, -grad if scale is not None and scale < 0 else grad)
+        put(query, -grad if scale is not None and scale < 0 else grad)
     if key.requires_grad:
         grad = sum_to(ltorch.matmul(ltorch.transpose(query_scaled, -1, -2), dscores), key_scaled.shape) * factor
-        put_grad(key, _unrepeat(ltorch.transpose(grad, -1, -2), key, grouped))
+        put(key, _unrepeat(ltorch.transpose(grad, -1, -2), key, grouped))
+
+
+def _put_upcast_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool) -> None:
+    """Half precision through eager's math path: it computes in float32 (query, key and value
+    upcast, the output rounded back), so its gradients are the float32 ones, each rounded to
+    its operand's dtype (a mask's after summing over the dims it broadcast)."""
+    operands = (query, key, value)
+    q, k, v = upcast = [to_compute_dtype(x) for x in operands]
+    originals = {id(up): x for x, up in zip(operands, upcast)}
+    if attn_mask is not None:
+        originals[id(attn_mask)] = attn_mask
+
+    def put(x, grad):
+        original = originals[id(x)]
+        put_grad(original, cast(grad, original.dtype))
+
+    _put_math_gradients(to_compute_dtype(g), q, k, v, attn_mask, is_causal, scale, grouped, put)
 
 
 def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> bool:
@@ -433,6 +450,9 @@ def scaled_dot_product_attention_grad(
     grouped = enable_gqa and query.ndim >= 3
     if query.dtype in (torch.float32, torch.float64):
         _put_math_gradients(g, query, key, value, attn_mask, is_causal, scale, grouped)
+        return out
+    if query.dtype == key.dtype == value.dtype:
+        _put_upcast_math_gradients(g, query, key, value, attn_mask, is_causal, scale, grouped)
         return out
     k = _grouped_heads(key, query.shape[-3]) if grouped else key
     v = _grouped_heads(value, query.shape[-3]) if grouped else value
