@@ -124,3 +124,22 @@ def test_attention_on_eagers_math_path_gets_its_float32_gradients(dtype, mask):
     for i, (a, e) in enumerate(zip(actual, expected)):
         if e.grad is not None:
             assert_bit_equal(a.grad, e.grad, f"gradient {i}")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("eps", [None, 1e-5])
+def test_rms_norm_and_its_gradients_equal_eagers_composite_bit_for_bit(dtype, eps):
+    """Eager's CPU rms_norm is a composite in float32 (``x * rsqrt(mean(x²) + eps) * weight``,
+    rounded back) that its autograd differentiates op by op."""
+    torch.manual_seed(0)
+    x, w = torch.randn(256, 100).to(dtype), torch.randn(100).to(dtype)
+    actual = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    expected = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    out = thunder_rs.jit(lambda x, w: F.rms_norm(x, (100,), w, eps))(*actual)
+    want = F.rms_norm(expected[0], (100,), expected[1], eps)
+    assert_bit_equal(out, want, "output")
+    g = torch.randn(want.shape).to(dtype)
+    out.backward(g)
+    want.backward(g)
+    for name, a, e in zip(["input", "weight"], actual, expected):
+        assert_bit_equal(a.grad, e.grad, f"gradient of the {name}")
