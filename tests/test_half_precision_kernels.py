@@ -62,16 +62,33 @@ def test_sigmoid_backwards_decomposition_rounds_as_the_cpu_kernel(dtype):
     assert_bit_equal(out, torch.ops.aten.sigmoid_backward(g, y), "gradient")
 
 
+#: key -> (table shape, index shape): the indexed dim has 20 rows.
+KEYS = {
+    "[index]": ((20, 3), (500,)),
+    "[index_2d]": ((20, 3), (25, 20)),
+    "[:, index]": ((4, 20), (49, 49)),
+    "[:, :, index]": ((2, 3, 20, 5), (7, 9)),
+    "[..., index]": ((3, 5, 20), (30,)),
+}
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-@pytest.mark.parametrize("shape", [(500,), (25, 20)], ids=["flat", "2d"])
-def test_a_table_indexed_by_repeated_integers_gets_eagers_gradient(dtype, shape):
-    """``table[index]``: eager's ``index_put(..., accumulate=True)`` adds repeated rows in its order."""
+@pytest.mark.parametrize("key", KEYS)
+def test_a_table_indexed_by_repeated_integers_gets_eagers_gradient(dtype, key):
+    """``table[index]``, ``biases[:, index]``: eager's ``index_put(..., accumulate=True)`` adds
+    repeated rows in its order."""
     torch.manual_seed(0)
-    table, index = torch.randn(20, 3).to(dtype), torch.randint(0, 20, shape)
+    (shape, index_shape), lead = KEYS[key], key.count(":")
+
+    def take(t, i):
+        return t[..., i] if "..." in key else t[(slice(None),) * lead + (i,)]
+
+    table, index = torch.randn(shape).to(dtype), torch.randint(0, 20, index_shape)
     actual, expected = table.clone().requires_grad_(), table.clone().requires_grad_()
-    g = torch.randn(*shape, 3).to(dtype)
-    thunder_rs.jit(lambda t, i: t[i])(actual, index).backward(g)
-    expected[index].backward(g)
+    out, want = thunder_rs.jit(take)(actual, index), take(expected, index)
+    g = torch.randn(want.shape).to(dtype)
+    out.backward(g)
+    want.backward(g)
     assert_bit_equal(actual.grad, expected.grad, "gradient")
 
 

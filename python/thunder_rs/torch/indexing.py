@@ -431,18 +431,35 @@ def getitem(a, key):
 
 @register_grad(getitem)
 def getitem_grad(a, key):
-    """A key of integer tensors alone (``table[index]``, the relative position biases of Swin and
-    MaxViT): eager's gradient, ``index_put`` with ``accumulate`` into new zeros, which adds the
-    rows of repeated indices in another order than the decomposition's ``index_add`` (different
-    sums in bfloat16 and float16). Other keys take the decomposition's gradient."""
+    """Integer tensors after leading full slices as the key (``table[index]``, ``biases[:, index]``:
+    the relative position biases of Swin, MaxViT, LeViT and EfficientFormer): eager's gradient,
+    ``index_put`` with ``accumulate`` into new zeros (the sliced dims moved behind the indexed
+    ones), which adds the rows of repeated indices in another order than the decomposition's
+    ``index_add`` (different sums in bfloat16 and float16). Other keys take the decomposition's."""
     out = getitem(a, key)
     keys = key if isinstance(key, tuple) else (key,)
+    if keys and keys[0] is Ellipsis:  # (``t[..., index]``: full slices up to the indexed dims)
+        keys = (slice(None),) * (a.ndim - len(keys) + 1) + keys[1:]
+    lead = next((i for i, k in enumerate(keys) if not _full_slice(k)), len(keys))
+    tensors = keys[lead:]
     integers = (torch.int64, torch.int32)
-    if not keys or not all(isinstance(k, torch.Tensor) and k.dtype in integers for k in keys):
+    if not tensors or not all(isinstance(k, torch.Tensor) and k.dtype in integers for k in tensors):
         return out
     zeros = ltorch.zeros(tuple(a.shape), dtype=a.dtype, device=a.device)
-    put_grad(a, ltorch.index_put(zeros, keys, get_grad(out), True))
+    g = get_grad(out)
+    if not lead:
+        put_grad(a, ltorch.index_put(zeros, tensors, g, True))
+        return out
+    indexed = g.ndim - a.ndim + len(tensors)  # the dims of the indices' broadcast shape
+    to_front = (*range(lead, lead + len(tensors)), *range(lead), *range(lead + len(tensors), a.ndim))
+    g_front = (*range(lead, lead + indexed), *range(lead), *range(lead + indexed, g.ndim))
+    written = ltorch.index_put(ltorch.permute(zeros, to_front), tensors, ltorch.permute(g, g_front), True)
+    put_grad(a, ltorch.permute(written, tuple(to_front.index(d) for d in range(a.ndim))))
     return out
+
+
+def _full_slice(k) -> bool:
+    return isinstance(k, slice) and k == slice(None)
 
 
 def _masked_select(input, mask, *, out=None):
