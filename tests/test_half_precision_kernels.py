@@ -17,6 +17,7 @@ OPS = {
     "softshrink": lambda x: F.softshrink(x, 0.3),  # (lambd rounded to the dtype, as the kernel's)
     "hardshrink": lambda x: F.hardshrink(x, 0.3),
     "glu": lambda x: F.glu(x.reshape(-1, 4, 2), dim=1),
+    "square": torch.square,
 }
 
 

@@ -101,7 +101,7 @@ test_maxvit test_mambaout resnet10t efficientnet_b0 mobilenetv3_small_050 convne
 mobilevit_xxs regnetx_002 cspresnet50 ghostnet_050 repvgg_a0 edgenext_xx_small lcnet_050 rexnet_100
 poolformer_s12 mixer_s32_224 coatnet_nano_rw_224 maxvit_nano_rw_256 swin_tiny_patch4_window7_224 gcvit_xxtiny
 twins_svt_small
-hiera_tiny_224 efficientvit_b0 levit_128s levit_conv_128s crossvit_tiny_240 halonet26t
+hiera_tiny_224 efficientvit_b0 levit_128s levit_conv_128s crossvit_tiny_240
 """.split()
 TIMM_DEFAULT = {("test_coatnet", "bfloat16"), ("test_efficientnet", "float16")}
 

@@ -352,6 +352,16 @@ def square(input):
     return prims.mul(x, x)
 
 
+@register_grad(square)
+def square_grad(input):
+    """Eager's ``pow_backward``: ``g * (2 * input)``, the doubled input rounded first (the
+    decomposition's ``g * x + g * x`` lost the low bits of subnormal half-precision products)."""
+    out = square(input)
+    if input.dtype.is_floating_point:
+        put_grad(input, get_grad(out) * (input * 2.0))
+    return out
+
+
 @torchsymbol(torch.sgn, T.sgn)
 def sgn(input):
     _real_only("ltorch.sgn", input)
