@@ -406,6 +406,19 @@ def var_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     return out
 
 
+@register_grad(ltorch.logsumexp)
+def logsumexp_grad(input, dim, keepdim=False):
+    """Eager's ``logsumexp_backward``: ``g * exp(input - out)`` (the decomposition's VJP went
+    through the shift by the maximum and rounded otherwise)."""
+    out = ltorch.logsumexp(input, dim, keepdim)
+    if not input.dtype.is_floating_point:
+        return out  # the decomposition's VJP
+    dims = _dims(input, dim, "ltorch.logsumexp")
+    g = _kept(get_grad(out), input, dims, keepdim)
+    put_grad(input, g * ltorch.exp(input - _kept(out, input, dims, keepdim)))
+    return out
+
+
 @register_grad(ltorch.std)
 def std_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     out = ltorch.std(input, dim, unbiased, keepdim, correction=correction)
