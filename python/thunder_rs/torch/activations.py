@@ -67,9 +67,9 @@ __all__ = [
     "softplus_backward",
     "elu_backward",
     "silu_backward",
+    "sigmoid_backward",
     "mish_backward",
     "hardswish_backward",
-    "sigmoid_backward",
 ]
 
 
@@ -207,8 +207,8 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
-@torchsymbol(F.glu)
-def glu(input, dim=-1):
+def _halves(input, dim):
+    """``input``'s halves along ``dim`` (canonical), as glu splits it."""
     op = "ltorch.glu"
     check(
         input.ndim > 0,
@@ -231,12 +231,41 @@ def glu(input, dim=-1):
         starts[dim], stops[dim] = start, start + size // 2
         return prims.slice(input, starts, stops, [1] * input.ndim)
 
-    return clang.maybe_convert(prims.mul(half(0), sigmoid(half(size // 2))), input.dtype)
+    return dim, half(0), half(size // 2)
+
+
+@torchsymbol(F.glu)
+def glu(input, dim=-1):
+    # Eager's kernel: ``a * sigmoid(b)`` in float32 for half precision, rounded once.
+    _, first, second = _halves(input, dim)
+    return clang.maybe_convert(prims.mul(upcast(first), sigmoid(upcast(second))), input.dtype)
+
+
+@register_grad(ltorch.glu)
+def glu_grad(input, dim=-1):
+    """Eager's ``glu_backward``: ``g * s`` with ``s = sigmoid(b)`` in the input's dtype for the
+    first half, ``(1 - s) * s * a * g`` (in float32 for half precision) for the second."""
+    out = ltorch.glu(input, dim)
+    dim, first, second = _halves(input, dim)
+    s = ltorch.sigmoid(second)
+    g = get_grad(out)
+    opmath, dtype = in_opmath(g, input)
+    gated = rounded((1.0 - upcast(s)) * upcast(s) * upcast(first) * opmath, dtype)
+    put_grad(input, ltorch.cat([s * g, gated], dim))
+    return out
+
+
+def _in_dtype(number: float, dtype: torch.dtype) -> float:
+    """``number`` rounded to ``dtype``, as kernels take their scalar parameters (``lambd.to<scalar_t>()``)."""
+    plain = type(number) in (int, float)  # (a symbolic number stays as it is)
+    return torch.tensor(number, dtype=dtype).item() if plain and dtype.is_floating_point else number
 
 
 @torchsymbol(F.hardshrink, T.hardshrink)
 def hardshrink(input, lambd=0.5):
-    # Eager: 0 for -lambd <= x <= lambd, else x (NaN passes).
+    # Eager: 0 for -lambd <= x <= lambd, else x (NaN passes), lambd in the input's dtype.
+    lambd = _in_dtype(lambd, input.dtype)
+
     def body(x):
         inside = prims.bitwise_and(prims.ge(x, -lambd), prims.le(x, lambd))
         return prims.where(inside, clang.maybe_convert(0.0, x.dtype), x)
@@ -255,6 +284,8 @@ def softshrink(input, lambd=0.5):
         f"lambda must be in range [0, {high:g}] for input dtype {input.dtype}, but found {lambd} (argument lambd)",
         ThunderRuntimeError,
     )
+
+    lambd = _in_dtype(lambd, input.dtype)  # (then computed in float32 for half precision)
 
     def body(x):
         shrunk = prims.where(prims.lt(x, -lambd), prims.add(x, lambd), clang.maybe_convert(0.0, x.dtype))
@@ -501,6 +532,18 @@ def silu_backward(grad_output, input):
     return rounded(g * s * (1.0 + x * (1.0 - s)), dtype)
 
 
+@torchsymbol(name="sigmoid_backward", meta=_elementwise_backward_meta)
+def sigmoid_backward(grad_output, output):
+    """``g * (1 - y) * y``. The CPU kernel computes bfloat16 in float32 but float16 in float16,
+    rounding each product (CUDA's computes both in float32): float32 math gave 1 ulp differences
+    in a tenth of the float16 gradients of squeeze-excitation gates (EfficientNet, RegNet)."""
+    if output.dtype == torch.float16 and output.device.type == "cpu":
+        return grad_output * (1.0 - output) * output
+    g, dtype = in_opmath(grad_output, output)
+    y = upcast(output)
+    return rounded(g * (1.0 - y) * y, dtype)
+
+
 @torchsymbol(name="mish_backward", meta=_elementwise_backward_meta)
 def mish_backward(grad_output, input):
     """``g * (t + x * sigmoid(x) * (1 - t * t))`` with ``t = tanh(softplus(x))``."""
@@ -585,16 +628,6 @@ def hardsigmoid_grad(input, inplace=False):
 
 def _sigmoid_of(x):
     return ltorch.reciprocal(ltorch.exp(-x) + 1.0)
-
-
-@torchsymbol(name="sigmoid_backward", meta=_elementwise_backward_meta)
-def sigmoid_backward(grad_output, output):
-    """``g * (1 - y) * y``: eager's kernel, one aten call on the torch executor (on the CPU it
-    computes bfloat16 in float32 but float16 op by op in float16, rounding each; the
-    decomposition computes half precision in float32 as CUDA's kernel does)."""
-    g, dtype = in_opmath(grad_output, output)
-    s = upcast(output)
-    return rounded(g * (1.0 - s) * s, dtype)
 
 
 @register_grad(ltorch.sigmoid)

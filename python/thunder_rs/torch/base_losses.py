@@ -375,10 +375,13 @@ def kernel_layout(grad):
 
 def kernel_norm(scale: float, count, g):
     """(the factor eager's loss kernels multiply by, the cotangent): ``scale / count``, a double the
-    kernel rounds to the dtype first in its products, so that the gradient rounds as eager's; a
+    kernel rounds to the dtype first in its products (``norm.to<scalar_t>()``: ``2 / 18`` in
+    bfloat16 too), so that the gradient rounds as eager's; a
     symbolic count, as data, divides the cotangent instead (rounding otherwise, keeping the
     variant)."""
-    return (scale / count, g) if type(count) is int else (scale, g / count)
+    if type(count) is not int:
+        return scale, g / count
+    return torch.tensor(scale / count, dtype=g.dtype).item(), g
 
 
 @register_grad(ltorch.mse_loss)

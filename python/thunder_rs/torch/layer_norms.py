@@ -248,11 +248,26 @@ def layer_norm_grad(input, normalized_shape, weight=None, bias=None, eps=1e-05):
     return out
 
 
+def _rms_norm_composite(input, dims, weight, eps):
+    """Eager's CPU ``rms_norm``, a composite its autograd differentiates op by op (so does the VJP
+    pass these ops): ``x * rsqrt(mean(x ** 2) + eps)`` times the weight in the compute dtype,
+    rounded to the input's dtype. (The rule's hand-written backward rounded otherwise in half
+    precision: the weight's and the input's gradients differed in bfloat16 and float16.)"""
+    x = to_compute_dtype(input)
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    rstd = ltorch.rsqrt(ltorch.mean(ltorch.pow(x, 2), dims, keepdim=True) + eps)
+    out = x * rstd
+    return cast(out if weight is None else out * weight, input.dtype)
+
+
 @register_grad(ltorch.rms_norm)
 def rms_norm_grad(input, normalized_shape, weight=None, eps=None):
     dims = _rule_dims(input, normalized_shape, weight)
     if dims is None:
         return ltorch.rms_norm(input, normalized_shape, weight, eps)
+    if input.device.type == "cpu":
+        return _rms_norm_composite(input, dims, weight, eps)
     # The forward is spelled out so that the backward reuses its rstd.
     x = to_compute_dtype(input)
     if eps is None:  # eager uses the epsilon of the dtype it computes in

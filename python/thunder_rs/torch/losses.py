@@ -37,7 +37,7 @@ from thunder_rs.torch.base_losses import (
     refuse_grad,
 )
 from thunder_rs.torch.activations import logsigmoid
-from thunder_rs.torch.common import flows, like, require_float, sum_all, sum_to
+from thunder_rs.torch.common import LOW_PRECISION, flows, like, require_float, sum_all, sum_to, to_compute_dtype
 from thunder_rs.torch.linalg import _meta, opaque
 from thunder_rs.torch.special import xlogy
 from thunder_rs.torch.distances import _difference, pairwise_distance
@@ -635,13 +635,21 @@ def binary_cross_entropy_with_logits_grad(
     return out
 
 
-def _kernel_grads(input, target, reduction: str, g, slope) -> None:
+def _kernel_grads(input, target, reduction: str, g, slope, opmath=False) -> None:
     """Eager's regression kernels' gradients: ``slope(input - target, norm, g)``, with the norm of
     ``mean`` (rounded as eager's: ``kernel_norm``), contiguous as the kernel writes them, and their
-    negation for ``target`` (torch's operators: the trace takes their layouts)."""
-    difference = input - target
-    norm, g = kernel_norm(1.0, difference.numel() if reduction == "mean" else 1, g)
-    grad = kernel_layout(slope(difference, norm, g))
+    negation for ``target`` (torch's operators: the trace takes their layouts). With ``opmath``
+    (smooth_l1's kernel) half precision computes all of it in float32, the norm unrounded."""
+    if opmath and g.dtype in LOW_PRECISION:
+        dtype, difference = g.dtype, to_compute_dtype(input) - to_compute_dtype(target)
+        count = difference.numel() if reduction == "mean" else 1
+        g = to_compute_dtype(g) if type(count) is int else to_compute_dtype(g) / count
+        norm = 1.0 / count if type(count) is int else 1.0
+        grad = kernel_layout(ltorch.to(slope(difference, norm, g), dtype))
+    else:
+        difference = input - target
+        norm, g = kernel_norm(1.0, difference.numel() if reduction == "mean" else 1, g)
+        grad = kernel_layout(slope(difference, norm, g))
     if input.requires_grad:
         put_grad(input, sum_to(grad, input.shape))
     if target.requires_grad:
@@ -655,10 +663,14 @@ def smooth_l1_loss_grad(input, target, size_average=None, reduce=None, reduction
         return out  # (eager's beta=0 is l1_loss, differentiated as a composite)
     reduction = _reduction("ltorch.smooth_l1_loss", reduction, size_average, reduce)
 
-    def slope(x, n, g):
-        return torch.where(x <= -beta, -n * g, torch.where(x >= beta, n * g, n * x * g / beta))
+    # (the kernel's half-precision loop divides by beta before the cotangent multiplies)
+    half = input.dtype in LOW_PRECISION
 
-    _kernel_grads(input, target, reduction, get_grad(out), slope)
+    def slope(x, n, g):
+        inside = n * x / beta * g if half else n * x * g / beta
+        return torch.where(x <= -beta, -n * g, torch.where(x >= beta, n * g, inside))
+
+    _kernel_grads(input, target, reduction, get_grad(out), slope, opmath=True)
     return out
 
 

@@ -375,16 +375,48 @@ def _std_input_grad(g, std, input, dim, unbiased, keepdim, correction, op: str):
     """Eager's std backward: the variance's gradient is ``g / (2 std)``, 0 where std is 0 (a
     constant slice), where differentiating ``sqrt(var)`` gave NaN there; then var's backward.
     Also returns the reduced dims and their element count."""
+    g_var = ltorch.where(ltorch.eq(std, 0), 0.0, ltorch.true_divide(g, ltorch.mul(std, 2)))
+    return _var_input_grad(g_var, input, dim, unbiased, keepdim, correction, op)
+
+
+def _var_input_grad(g_var, input, dim, unbiased, keepdim, correction, op: str):
+    """Eager's ``var_backward``: ``2 / (n - correction) * g * (input - mean(input))``, in the
+    input's dtype op by op. Also returns the reduced dims and their element count."""
     dim, correction = _correction(dim, unbiased, correction, op)
     dims = _dims(input, dim, op)
     count = math.prod(input.shape[d] for d in dims) if input.ndim else 1
-    g_var = _kept(ltorch.where(ltorch.eq(std, 0), 0.0, ltorch.true_divide(g, ltorch.mul(std, 2))), input, dims, keepdim)
+    g_var = _kept(g_var, input, dims, keepdim)
     freedom = count - correction
     centered = ltorch.sub(input, ltorch.mean(input, dims, keepdim=True))
     if type(freedom) is SymInt and freedom != 0:  # a changing count divides as a size (a guard: not 0)
         return ltorch.mul(ltorch.true_divide(ltorch.mul(g_var, 2.0), freedom), centered), dims, count
     scale = 2.0 / freedom if freedom else math.inf  # eager's double division
     return ltorch.mul(ltorch.mul(g_var, scale), centered), dims, count
+
+
+@register_grad(ltorch.var)
+def var_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """(the decomposition's VJP rounded the mean's sum before dividing, and the centred input
+    before the cotangent multiplied, in half precision)"""
+    out = ltorch.var(input, dim, unbiased, keepdim, correction=correction)
+    if input.dtype.is_complex:
+        return out  # the decomposition's VJP
+    grad, _, _ = _var_input_grad(get_grad(out), input, dim, unbiased, keepdim, correction, "ltorch.var")
+    put_grad(input, grad)
+    return out
+
+
+@register_grad(ltorch.logsumexp)
+def logsumexp_grad(input, dim, keepdim=False):
+    """Eager's ``logsumexp_backward``: ``g * exp(input - out)`` (the decomposition's VJP went
+    through the shift by the maximum and rounded otherwise)."""
+    out = ltorch.logsumexp(input, dim, keepdim)
+    if not input.dtype.is_floating_point:
+        return out  # the decomposition's VJP
+    dims = _dims(input, dim, "ltorch.logsumexp")
+    g = _kept(get_grad(out), input, dims, keepdim)
+    put_grad(input, g * ltorch.exp(input - _kept(out, input, dims, keepdim)))
+    return out
 
 
 @register_grad(ltorch.std)
@@ -436,16 +468,3 @@ def _define_full_extremum_grad(symbol):
 
 max_grad = _define_full_extremum_grad(ltorch.max)
 min_grad = _define_full_extremum_grad(ltorch.min)
-
-
-@register_grad(ltorch.logsumexp)
-def logsumexp_grad(input, dim, keepdim=False):
-    """Eager's ``logsumexp_backward``: ``g * exp(input - out)`` (the decomposition's VJP divides
-    the shifted exponentials by their sum, which rounds differently)."""
-    out = ltorch.logsumexp(input, dim, keepdim)
-    if not input.dtype.is_floating_point:
-        return out
-    dims = _dims(input, dim, "ltorch.logsumexp")
-    g, result = (_kept(t, input, dims, keepdim) for t in (get_grad(out), out))
-    put_grad(input, ltorch.mul(g, ltorch.exp(ltorch.sub(input, result))))
-    return out
