@@ -30,7 +30,9 @@ What Dynamo hands a backend:
   torch.func transform (``grad``, ``jvp``) runs eagerly, since tracing would change functorch's state.
 - A graph thunder_rs cannot trace (an op it refuses, a construct it cannot represent) runs eagerly
   as the GraphModule, with a warning that names the graph and the reason; torch calls thunder_rs
-  has no decomposition for are eager fallbacks inside the compiled graph, as under ``jit``.
+  has no decomposition for are eager fallbacks inside the compiled graph, as under ``jit``. Where
+  eager raises too (the trace met the program's own error first), eager's error is raised alone
+  and the graph stays compiled.
 
 The backend is registered under ``"thunder_rs"`` through torch's ``torch_dynamo_backends`` entry
 point (``pyproject.toml``), so the string works without importing thunder_rs; where the package is
@@ -92,12 +94,17 @@ class CompiledGraph:
         except ThunderError as e:
             if (stats.cache_hits, stats.cache_misses) != (hits, misses):
                 raise  # compiled (or found) and failed while running: eager would have run it
-            # Tracing runs on proxies, so nothing has run yet: the graph runs eagerly from now on.
-            self.jitted, self.eager_because = None, f"{type(e).__name__}: {e}"
-            warnings.warn(
-                f"thunder_rs backend: graph {self.gm._get_name()} runs eagerly: {self.eager_because}", stacklevel=2
-            )
-            return self.gm(*args)
+            failure = e
+        # Tracing runs on proxies, so nothing has run yet: the graph runs eagerly, and from now on
+        # unless eager raises too (the program's own error, which the trace met first: an inference
+        # tensor saved for backward): then that is eager's error, raised as eager raises it, and the
+        # graph stays thunder_rs's for the next call.
+        out = self.gm(*args)
+        self.jitted, self.eager_because = None, f"{type(failure).__name__}: {failure}"
+        warnings.warn(
+            f"thunder_rs backend: graph {self.gm._get_name()} runs eagerly: {self.eager_because}", stacklevel=2
+        )
+        return out
 
 
 #: Modules of the calls Dynamo puts in a graph for torch.func transforms (``grad``, ``vjp``,
