@@ -1,7 +1,8 @@
 """``torch.compile(backend="thunder_rs")`` against eager where ``thunder_rs.jit`` was made faithful:
 grad modes and inference mode around and inside the compiled call, autocast, hooks and buffers
 written in forward, requires_grad changing between calls, graph breaks on data-dependent values,
-automatic dynamic and ``mark_dynamic`` sizes, and training steps with an optimizer."""
+automatic dynamic and ``mark_dynamic`` sizes, activation checkpointing, and training steps with an
+optimizer."""
 
 import contextlib
 import copy
@@ -208,6 +209,29 @@ def test_mark_dynamic_compiles_once_for_every_size():
         torch.testing.assert_close(out, expected)
         torch.testing.assert_close(torch.autograd.grad(out, w), torch.autograd.grad(expected, w))
     assert [thunder_rs.cache_misses(g.jitted) for g in compiled_by_thunder_rs()] == [1]
+
+
+def checkpointed_dropout(x, lin1, lin2):
+    def block(x):
+        return lin2(F.dropout(lin1(x), 0.5, training=True)).sin()
+
+    return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False).sum()
+
+
+def test_a_checkpointed_region_recomputes_eagers_random_draws_and_is_compiled():
+    # Dynamo hands the region as tag_activation_checkpoint, whose implementation runs it with
+    # preserve_rng_state=False: the backward's dropout mask was another than the forward's (other
+    # gradients than eager's; so with backend="eager" too), and thunder_rs refused the graph.
+    torch.manual_seed(0)
+    lin1, lin2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
+    x = torch.randn(3, 4)
+    results = []
+    for program in (torch.compile(checkpointed_dropout, backend="thunder_rs"), checkpointed_dropout):
+        torch.manual_seed(1)
+        out = program(x, lin1, lin2)
+        results.append((out, torch.autograd.grad(out, (lin1.weight, lin2.weight))))
+    torch.testing.assert_close(results[0], results[1], **EXACT)
+    assert len(compiled_by_thunder_rs()) == 1
 
 
 def train_three_steps(model, batches, loss_of, optimizer=torch.optim.AdamW, tol=TOL) -> None:

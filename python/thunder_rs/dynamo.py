@@ -66,6 +66,7 @@ class CompiledGraph:
     def __init__(self, gm: torch.fx.GraphModule, jit_options: dict, example_inputs: list | tuple = ()):
         self.gm = gm
         _trace_constructors(gm)
+        _user_checkpoints(gm)
         transform = _transform_call(gm)
         self.jitted: ThunderModule | None = (
             ThunderModule(gm, **jit_options) if _has_calls(gm) and transform is None else None
@@ -142,6 +143,32 @@ def _trace_constructors(gm: torch.fx.GraphModule) -> None:
         node.target = torch.tensor
     if refs:
         gm.recompile()
+
+
+def _user_checkpoints(gm: torch.fx.GraphModule) -> None:
+    """Dynamo writes ``torch.utils.checkpoint.checkpoint(fn, ...)`` as the higher-order op
+    ``tag_activation_checkpoint`` of ``fn``'s graph, whose implementation runs it with
+    ``preserve_rng_state=False`` (Inductor replays random draws itself; run as it is, the backward
+    recomputes with other draws than the forward's: other gradients than eager's) through an FX
+    Interpreter (whose progress bar writes ``tqdm``'s class state, which a trace refuses). The call is
+    made the user's checkpoint of that graph again, traced (or run eagerly) as eager runs it."""
+    hop = torch.ops.higher_order.tag_activation_checkpoint
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
+    for node in calls:
+        node.target = _checkpoint
+    if calls:
+        gm.recompile()
+
+
+def _checkpoint(body: torch.fx.GraphModule, *args, **kwargs):
+    """``torch.utils.checkpoint.checkpoint`` of a checkpointed region's graph with the user's
+    arguments (a selective checkpoint's ``context_fn`` is in the graph's ``meta``)."""
+    from torch.utils.checkpoint import checkpoint
+
+    context_fn = body.meta.get("_checkpoint_context_fn")
+    if context_fn is not None:
+        kwargs["context_fn"] = context_fn
+    return checkpoint(body, *args, **kwargs)
 
 
 def _transform_call(gm: torch.fx.GraphModule) -> str | None:
