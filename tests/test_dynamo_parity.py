@@ -1,8 +1,8 @@
 """``torch.compile(backend="thunder_rs")`` against eager where ``thunder_rs.jit`` was made faithful:
 grad modes and inference mode around and inside the compiled call, autocast, hooks and buffers
 written in forward, requires_grad changing between calls, graph breaks on data-dependent values,
-automatic dynamic and ``mark_dynamic`` sizes, activation checkpointing, and training steps with an
-optimizer."""
+automatic dynamic and ``mark_dynamic`` sizes, activation checkpointing, custom autograd Functions,
+and training steps with an optimizer."""
 
 import contextlib
 import copy
@@ -231,6 +231,58 @@ def test_a_checkpointed_region_recomputes_eagers_random_draws_and_is_compiled():
         out = program(x, lin1, lin2)
         results.append((out, torch.autograd.grad(out, (lin1.weight, lin2.weight))))
     torch.testing.assert_close(results[0], results[1], **EXACT)
+    assert len(compiled_by_thunder_rs()) == 1
+
+
+class ScaledExp(torch.autograd.Function):
+    """A forward saving a tensor, stashing another and a number on ctx, with an output marked
+    non-differentiable, and a backward other than the true gradient (so that it is the one run)."""
+
+    @staticmethod
+    def forward(ctx, x, w, k):
+        ctx.k, ctx.x = k, x
+        ctx.save_for_backward(w)
+        y = x * w * k
+        index = y.argmax(-1)
+        ctx.mark_non_differentiable(index)
+        return y.exp(), index
+
+    @staticmethod
+    def backward(ctx, grad, grad_index):
+        (w,) = ctx.saved_tensors
+        return grad * w * ctx.k * 2, (grad * ctx.x).sum(0), None
+
+
+class SineWithSetupContext(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return x.sin()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * x.cos() + 1
+
+
+def with_functions(x, w):
+    y, index = ScaledExp.apply(x, w, 1.5)
+    return y.sum(1) + index.sum() + SineWithSetupContext.apply(w).sum()
+
+
+@pytest.mark.parametrize("x_requires_grad", [True, False])
+def test_custom_autograd_functions_are_compiled_and_run_their_backward(x_requires_grad):
+    # Dynamo hands them as autograd_function_apply, which thunder_rs refused (its saved values are
+    # kept in a closure): the whole graph ran eagerly.
+    x, w = torch.randn(3, 4, requires_grad=x_requires_grad), torch.randn(4, requires_grad=True)
+    inputs = [t for t in (x, w) if t.requires_grad]
+    out, expected = torch.compile(with_functions, backend="thunder_rs")(x, w), with_functions(x, w)
+    torch.testing.assert_close(out, expected, **EXACT)
+    grads = torch.autograd.grad(out.sum(), inputs)
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), inputs), **EXACT)
     assert len(compiled_by_thunder_rs()) == 1
 
 
