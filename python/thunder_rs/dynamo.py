@@ -28,9 +28,14 @@ What Dynamo hands a backend:
 - ``torch.vmap`` (Mamba's selective scan through torch's ``associative_scan``) arrives as
   functorch's level calls, which thunder_rs traces as its own vmap; a graph that drives another
   torch.func transform (``grad``, ``jvp``) runs eagerly, since tracing would change functorch's state.
+- ``torch.utils.checkpoint`` and custom ``torch.autograd.Function``s arrive as higher-order ops of
+  their regions' graphs, which are made the user's checkpoint and a Function again
+  (``_user_checkpoints``, ``_user_functions``), traced as under ``jit``.
 - A graph thunder_rs cannot trace (an op it refuses, a construct it cannot represent) runs eagerly
   as the GraphModule, with a warning that names the graph and the reason; torch calls thunder_rs
-  has no decomposition for are eager fallbacks inside the compiled graph, as under ``jit``.
+  has no decomposition for are eager fallbacks inside the compiled graph, as under ``jit``. Where
+  eager raises too (the trace met the program's own error first), eager's error is raised alone
+  and the graph stays compiled.
 
 The backend is registered under ``"thunder_rs"`` through torch's ``torch_dynamo_backends`` entry
 point (``pyproject.toml``), so the string works without importing thunder_rs; where the package is
@@ -44,6 +49,7 @@ import weakref
 import torch
 import torch._refs
 from torch._functorch import predispatch
+from torch._functorch.autograd_function import autograd_function_apply
 
 from thunder_rs.core.run.jit import ThunderModule
 from thunder_rs.core.lang.vmap import PREDISPATCH
@@ -64,6 +70,8 @@ class CompiledGraph:
     def __init__(self, gm: torch.fx.GraphModule, jit_options: dict, example_inputs: list | tuple = ()):
         self.gm = gm
         _trace_constructors(gm)
+        _user_checkpoints(gm)
+        _user_functions(gm)
         transform = _transform_call(gm)
         self.jitted: ThunderModule | None = (
             ThunderModule(gm, **jit_options) if _has_calls(gm) and transform is None else None
@@ -92,12 +100,17 @@ class CompiledGraph:
         except ThunderError as e:
             if (stats.cache_hits, stats.cache_misses) != (hits, misses):
                 raise  # compiled (or found) and failed while running: eager would have run it
-            # Tracing runs on proxies, so nothing has run yet: the graph runs eagerly from now on.
-            self.jitted, self.eager_because = None, f"{type(e).__name__}: {e}"
-            warnings.warn(
-                f"thunder_rs backend: graph {self.gm._get_name()} runs eagerly: {self.eager_because}", stacklevel=2
-            )
-            return self.gm(*args)
+            failure = e
+        # Tracing runs on proxies, so nothing has run yet: the graph runs eagerly, and from now on
+        # unless eager raises too (the program's own error, which the trace met first: an inference
+        # tensor saved for backward): then that is eager's error, raised as eager raises it, and the
+        # graph stays thunder_rs's for the next call.
+        out = self.gm(*args)
+        self.jitted, self.eager_because = None, f"{type(failure).__name__}: {failure}"
+        warnings.warn(
+            f"thunder_rs backend: graph {self.gm._get_name()} runs eagerly: {self.eager_because}", stacklevel=2
+        )
+        return out
 
 
 #: Modules of the calls Dynamo puts in a graph for torch.func transforms (``grad``, ``vjp``,
@@ -135,6 +148,85 @@ def _trace_constructors(gm: torch.fx.GraphModule) -> None:
         node.target = torch.tensor
     if refs:
         gm.recompile()
+
+
+def _user_checkpoints(gm: torch.fx.GraphModule) -> None:
+    """Dynamo writes ``torch.utils.checkpoint.checkpoint(fn, ...)`` as the higher-order op
+    ``tag_activation_checkpoint`` of ``fn``'s graph, whose implementation runs it with
+    ``preserve_rng_state=False`` (Inductor replays random draws itself; run as it is, the backward
+    recomputes with other draws than the forward's: other gradients than eager's) through an FX
+    Interpreter (whose progress bar writes ``tqdm``'s class state, which a trace refuses). The call is
+    made the user's checkpoint of that graph again, traced (or run eagerly) as eager runs it."""
+    hop = torch.ops.higher_order.tag_activation_checkpoint
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
+    for node in calls:
+        node.target = _checkpoint
+    if calls:
+        gm.recompile()
+
+
+def _checkpoint(body: torch.fx.GraphModule, *args, **kwargs):
+    """``torch.utils.checkpoint.checkpoint`` of a checkpointed region's graph with the user's
+    arguments (a selective checkpoint's ``context_fn`` is in the graph's ``meta``)."""
+    from torch.utils.checkpoint import checkpoint
+
+    context_fn = body.meta.get("_checkpoint_context_fn")
+    if context_fn is not None:
+        kwargs["context_fn"] = context_fn
+    return checkpoint(body, *args, **kwargs)
+
+
+def _user_functions(gm: torch.fx.GraphModule) -> None:
+    """Dynamo writes a custom ``torch.autograd.Function``'s ``apply`` as the higher-order op
+    ``autograd_function_apply`` of its forward's and backward's graphs, whose implementation keeps the
+    saved tensors in a closure (which a trace refuses, so the whole graph ran eagerly). The call is
+    made a Function of those graphs again (``_function_of``), which thunder_rs traces as it traces
+    the user's Function under ``jit``: its forward, and its backward as the grad rule."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is autograd_function_apply]
+    for node in calls:
+        fwd, bwd = (getattr(gm, n.target) for n in node.args[:2])
+        fwd._thunder_rs_function = _function_of(fwd, bwd, **node.kwargs)
+        node.target = _apply_function
+    if calls:
+        gm.recompile()
+
+
+def _apply_function(fwd: torch.fx.GraphModule, bwd: torch.fx.GraphModule, *args, **kwargs):
+    """The Function ``_user_functions`` made of ``fwd`` and ``bwd``, applied to the call's inputs."""
+    function: type[torch.autograd.Function] = getattr(fwd, "_thunder_rs_function")
+    return function.apply(*args)
+
+
+def _function_of(fwd, bwd, *, non_differentiable_idx, saved_for_backward_idx, dirty_idx=(), **unused):
+    """The Function Dynamo's graphs of a custom Function compute: ``fwd`` returns the outputs and the
+    values its backward reads (saved with ``save_for_backward`` where the user's forward saved them
+    so, kept on ``ctx`` otherwise), ``bwd`` takes the cotangents and those values."""
+    by_save = set(saved_for_backward_idx)
+
+    def picked(output, idx) -> list:
+        outs = output if isinstance(output, (tuple, list)) else (output,)
+        return [o for i, o in enumerate(outs) if i in set(idx)]
+
+    class DynamoFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            output, saved = fwd(*args)
+            ctx.save_for_backward(*(v for i, v in enumerate(saved) if i in by_save))
+            ctx.kept = [(i, v) for i, v in enumerate(saved) if i not in by_save]
+            if dirty_idx:
+                ctx.mark_dirty(*picked(output, dirty_idx))
+            if non_differentiable_idx:
+                ctx.mark_non_differentiable(*picked(output, non_differentiable_idx))
+            return output
+
+        @staticmethod
+        def backward(ctx, *grads):
+            saved = list(ctx.saved_tensors)
+            for i, v in ctx.kept:
+                saved.insert(i, v)
+            return bwd(*grads, *saved)
+
+    return DynamoFunction
 
 
 def _transform_call(gm: torch.fx.GraphModule) -> str | None:
