@@ -55,6 +55,8 @@ def test_multihead_self_attention_with_one_tensor_matches_eager(training):
         (expected_grad,) = torch.autograd.grad(expected.sum(), x)
         torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
     assert thunder_rs.cache_misses(jm) == 3
+    reasons = thunder_rs.compile_stats(jm).miss_reasons
+    assert "tensor arguments that are one tensor (key is query, value is query) -> none" in reasons[1]
 
 
 def test_multihead_self_attention_fast_path_with_fully_masked_rows_matches_eager():

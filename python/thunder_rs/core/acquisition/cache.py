@@ -254,7 +254,15 @@ def _layout(key) -> str:
     return describe(key)
 
 
-def _state_change(old, new) -> str:
+def _one_tensor(aliases, names) -> str:
+    """``tensor_aliases`` in words (``key is query``); ``names`` labels flat inputs."""
+    if aliases is None:
+        return "none"
+    label = lambda i: names[i] if i < len(names) else f"input {i}"  # noqa: E731
+    return "(" + ", ".join(f"{label(i)} is {label(j)}" for i, j in aliases) + ")"
+
+
+def _state_change(old, new, names=()) -> str:
     """Which part of ``global_key`` changed: grad mode, default dtype, autocast, default device, or
     (for a module) its training mode or its parameters' dtype, device and requires_grad."""
     labels = ("grad mode", "default dtype", "autocast", "default device")
@@ -262,7 +270,8 @@ def _state_change(old, new) -> str:
     if old[5] != new[5]:
         changes.append(f"inference mode {old[5]} -> {new[5]}")
     if old[6:] != new[6:]:
-        changes.append(f"tensor arguments that are one tensor (position, first position) {old[6]} -> {new[6]}")
+        before, after = _one_tensor(old[6], names), _one_tensor(new[6], names)
+        changes.append(f"tensor arguments that are one tensor {before} -> {after}")
     old_extra, new_extra = old[4], new[4]
     if old_extra != new_extra:
         if type(old_extra) is tuple and type(new_extra) is tuple and len(old_extra) == len(new_extra) == 2:
@@ -297,7 +306,7 @@ def describe_change(old, new, names) -> str:
         return "first call"
     (old_state, old_leaves), (new_state, new_leaves) = old, new
     if old_state != new_state:
-        return _state_change(old_state, new_state)
+        return _state_change(old_state, new_state, names)
     if len(old_leaves) != len(new_leaves):
         return f"number of inputs changed from {len(old_leaves)} to {len(new_leaves)}"
     fields = ("dtype", "device", "shape", "requires_grad", "layout")
