@@ -114,6 +114,14 @@ def _reject_generators(fn, out) -> None:
         )
 
 
+def _tensor_positions(flat_inputs) -> list:
+    """The positions of the flat inputs that are tensors, each tensor at its first: one tensor
+    passed at several places is one input of the trace, as it is one tensor in eager (``query is
+    key``; a write through one place is seen through the other). ``cache.tensor_aliases`` keys it."""
+    first: dict = {}
+    return [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor) and first.setdefault(id(x), i) == i]
+
+
 def _trace_program(
     fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects, reads, size_inputs
 ):
@@ -123,7 +131,7 @@ def _trace_program(
     the arguments (effects to repeat), and the positions of the flat inputs that are tensors.
     ``reached`` are the objects reachable from the arguments; ``reads`` answers reads of values;
     ``size_inputs`` makes the symbolic sizes (``SizeInputs``)."""
-    positions = [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor)]
+    positions = _tensor_positions(flat_inputs)
     INFERENCE_MADE[0] = False  # (no proxy made under inference mode yet: ``inference.check_call``)
     prints: list = []
     draws: list = []
@@ -401,6 +409,10 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     for i, dims in symbolic.items():
         if None in dims:  # an int argument read as a size
             leaves[i] = symint.wrap(dims[None])
+    first = {id(flat_inputs[i]): i for i in positions}
+    for i, x in enumerate(flat_inputs):
+        if isinstance(x, torch.Tensor) and first[id(x)] != i:
+            leaves[i] = leaves[first[id(x)]]
     pairs, params, slots = [], [], []
     if binding is not None:
         refuse_dtensors(binding.qualified, binding.tensors())

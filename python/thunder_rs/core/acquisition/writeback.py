@@ -189,7 +189,8 @@ def root_id(t: torch.Tensor) -> int:
 def _raise_aliased():
     raise ThunderNotImplementedError(
         "jit: a tensor the program writes in place was passed together with another argument that shares its "
-        "memory (the same tensor twice, or a view of it); the compiled program took them as separate tensors"
+        "memory (a view of it, or one sharing its storage); the compiled program took them as separate tensors "
+        "(one tensor passed twice is one tensor to it)"
     )
 
 

@@ -27,6 +27,7 @@ from thunder_rs.core.acquisition.cache import (
     has_dead,
     input_names,
     leaf_key,
+    tensor_aliases,
     stored_key,
 )
 from thunder_rs.core.run.front import live_functions
@@ -204,7 +205,7 @@ class ThunderFunction:
         if self._module is not None:
             params = self._module_tensors()
             state = (self._module.training, self._binding.metadata(params))
-        key = (global_key(state), tuple(map(leaf_key, flat)), spec)
+        key = (global_key(state, tensor_aliases(flat)), tuple(map(leaf_key, flat)), spec)
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(flat)):
             torch_spec = compile_spec(args, kwargs, flat)
@@ -480,7 +481,9 @@ class ThunderFunction:
         entry.guards = Guards(acquired.guards + sizes_guard)
         entry.hook_modules = self._hook_modules(acquired)
         entry.captured = tuple(acquired.captured)
-        entry.tail = acquired.tail
+        # (An entry taking a tensor passed twice once has positions: the hit path picks its inputs
+        # through ``_inputs``, which it takes for entries with a tail.)
+        entry.tail = acquired.tail if acquired.tail is not None or positions is None else _no_tail
         entry.check = entries.make_check(entry, entry.guards)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
@@ -634,6 +637,11 @@ def _serves(entry, key, flat) -> bool:
     symbolic sizes, its sizes' guards."""
     symbolic = entry.symbolic
     return (entry.check is None or entry.check(flat)) and (symbolic is None or symbolic.serves(key, flat))
+
+
+def _no_tail(flat) -> tuple:
+    """The tail of an entry whose tensors argument objects hold none."""
+    return ()
 
 
 def _name(fn) -> str:
