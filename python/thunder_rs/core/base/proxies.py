@@ -102,6 +102,9 @@ class TensorProxy(torch.Tensor):
     _per_call: bool = False
     #: for a trace input standing for a leaf tensor that requires grad (in-place is an error)
     _leaf = False
+    #: for a trace input: whether its tensor is an inference tensor, which every call's is (the
+    #: cache key holds it); None for a tensor an argument object holds, which calls may change
+    _inference: bool | None = None
     #: for a trace input standing for a view that requires grad: whether an op records a gradient
     #: through it. A call passes one no op records a gradient through detached: torch's autograd
     #: would ask for its history, which eager refuses to use once the base of a view made under

@@ -94,6 +94,9 @@ def input_proxy(rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = Non
         real.append(t)
     proxy = make_proxy(vid, shape, dtype, str(t.device), requires_grad)
     proxy._input_vid = vid
+    proxy._inference = t.is_inference()
+    if proxy._inference:
+        INFERENCE_MADE[0] = True  # (its uses are checked: ``inference.check_call``)
     if requires_grad:
         try:
             proxy._leaf = t.is_leaf
@@ -159,6 +162,8 @@ class Captures:
         if p is None:
             p = self._proxies[id(t)] = input_proxy(self._rec, t, sizes, strides)
             held = self._held.get(id(t))
+            if held is not None:
+                p._inference = None  # (read per call from the argument object: not in the key)
             self.tensors.append(t if held is None else held.used())
             self.proxies.append(p)
             if self.is_created(t):
@@ -257,8 +262,8 @@ def paused_recording():
             var.reset(token)
 
 
-#: Whether a proxy was made under inference mode since the last acquisition began: until one is,
-#: no call needs ``inference.check_call``.
+#: Whether a proxy was made under inference mode since the last acquisition began, or a trace input
+#: stands for an inference tensor: until one is, no call needs ``inference.check_call``.
 INFERENCE_MADE = [False]
 
 
