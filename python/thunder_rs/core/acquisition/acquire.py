@@ -28,6 +28,7 @@ from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes, hook_changes
+from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.base.proxies import TensorProxy
@@ -134,6 +135,7 @@ def _trace_program(
             consuming_iterators(flat_inputs),
             recording(rec, captures, made, whole),
             reading(reads),
+            noting_input_hooks(prints),
         ):
             out, observer, pairs, inputs = _run_on_proxies(
                 fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures
@@ -394,7 +396,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     for i in positions:
         dims = symbolic.get(i, {})
         strides = {d[1]: symint.wrap(s) for d, s in dims.items() if type(d) is tuple}
-        leaves[i] = input_proxy(rec, flat_inputs[i], {d: s for d, s in dims.items() if type(d) is int}, strides)
+        leaves[i] = input_proxy(rec, flat_inputs[i], {d: s for d, s in dims.items() if type(d) is int}, strides, i)
     for i, dims in symbolic.items():
         if None in dims:  # an int argument read as a size
             leaves[i] = symint.wrap(dims[None])
