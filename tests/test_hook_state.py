@@ -169,3 +169,35 @@ def test_hooks_a_forward_installs_once_behind_a_flag_stay():
         torch.testing.assert_close(jmodel(x), model(x))
     assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == 1
     assert compiled.captured == model.captured and len(model.captured) == 3
+
+
+class _Swaps(nn.Module):
+    """Removes the hook its last call registered (through the handle it kept) and registers anew."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.handle, self.calls = nn.Linear(4, 4), None, 0
+
+    def forward(self, x):
+        if self.handle is not None:
+            self.handle.remove()
+        self.calls += 1
+        self.handle = self.lin.register_forward_hook(lambda module, args, out: out * (self.calls + 1))
+        return self.lin(x)
+
+
+def test_a_handle_kept_from_an_earlier_call_removes_that_calls_hook():
+    # Handles pointed at the traced clone's copy of the hook store: the hooks piled up, silently.
+    torch.manual_seed(0)
+    model, x = _Swaps(), torch.randn(3, 4)
+    compiled = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(compiled)
+    for _ in range(3):
+        torch.testing.assert_close(jmodel(x), model(x))
+        assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == 1
+    compiled.handle.remove()
+    model.handle.remove()
+    assert not compiled.lin._forward_hooks  # removed outside the call: the user's module's hook
+    model.handle = compiled.handle = None
+    torch.testing.assert_close(jmodel(x), model(x))
+    assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == 1
