@@ -201,3 +201,34 @@ def test_a_handle_kept_from_an_earlier_call_removes_that_calls_hook():
     model.handle = compiled.handle = None
     torch.testing.assert_close(jmodel(x), model(x))
     assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == 1
+
+
+_REGISTRATIONS = {
+    "forward": lambda lin: lin.register_forward_hook(lambda m, args, out: out * 2),
+    "pre": lambda lin: lin.register_forward_pre_hook(lambda m, args: (args[0] * 3,)),
+    "with_kwargs": lambda lin: lin.register_forward_hook(lambda m, args, kwargs, out: out + 1, with_kwargs=True),
+    "prepend": lambda lin: lin.register_forward_hook(lambda m, args, out: out - 1, prepend=True),
+    "always_call": lambda lin: lin.register_forward_hook(lambda m, args, out: out * 4, always_call=True),
+}
+
+
+@pytest.mark.parametrize("kind", list(_REGISTRATIONS))
+def test_a_hook_registered_and_removed_in_every_forward_compiles_once(kind):
+    class Registers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            handle = _REGISTRATIONS[kind](self.lin)
+            y = self.lin(x).relu()
+            handle.remove()
+            return self.lin(y)
+
+    torch.manual_seed(0)
+    model = Registers()
+    jmodel = thunder_rs.jit(model)
+    for _ in range(5):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(jmodel(x), model(x))
+    assert thunder_rs.cache_misses(jmodel) == 1

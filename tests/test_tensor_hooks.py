@@ -43,8 +43,10 @@ def test_a_gradient_capture_hook_runs_in_every_calls_backward(scale):
     compiled = copy.deepcopy(eager)
     inputs = [torch.randn(3, 4) for _ in range(3)]
     expected = _run(eager, inputs)
-    actual = _run(thunder_rs.jit(compiled), inputs)
+    jmodel = thunder_rs.jit(compiled)
+    actual = _run(jmodel, inputs)
     torch.testing.assert_close(actual, expected)
+    assert thunder_rs.cache_misses(jmodel) == 1  # the registration in forward is traced into one entry
     assert len(compiled.grads) == len(eager.grads) == 3
     torch.testing.assert_close(compiled.grads, eager.grads)
 
