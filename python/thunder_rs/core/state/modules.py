@@ -220,7 +220,9 @@ def _note_hook_stores(clone) -> None:
     registers or removes while traced is traced into the call as eager runs it, and its handle is
     one of the user's module (removing it later, in a later call's forward or outside, removes the
     module's hook, as eager's does); ``hook_changes`` then puts the stores back as they were until
-    the entry is made (``restore_hook_stores`` where tracing failed)."""
+    the entry is made (``restore_hook_stores`` where tracing failed). Meanwhile the module holds
+    what the traced forward registered: a forward that registers hooks, traced in one thread while
+    another thread runs or traces the same module, would share them with it."""
     d = clone.__dict__
     _hook_snapshots[clone] = {name: list(d[name].items()) for name in _HOOK_STORES if d.get(name) is not None}
 
