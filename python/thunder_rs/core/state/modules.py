@@ -211,7 +211,8 @@ def _hide_fsdp_hooks(clone) -> None:
         clone.__dict__[_HIDDEN_HOOKS] = (_HIDDEN_HOOKS, *hidden)
 
 
-#: The contents of the hook stores of each clone tracing runs, as its trace began (``_note_hook_stores``).
+#: The contents of the hook stores of each clone tracing runs, as its trace began (``_note_hook_stores``),
+#: kept beside the clone rather than in it, where the program could see them (``vars(self)``).
 _hook_snapshots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -234,7 +235,8 @@ def _put(store, items) -> None:
 
 def restore_hook_stores(pairs: list) -> list:
     """Puts the hook stores of the ``(clone, original)`` pairs back as they were when tracing
-    began; returns ``(store, the (key, hook) pairs tracing left there)`` for each it changed."""
+    began; returns ``(name, clone, store, the (key, hook) pairs tracing left there)`` for each it
+    changed."""
     changed = []
     for clone, original in pairs:
         for name, before in _hook_snapshots.pop(clone, {}).items():
