@@ -232,3 +232,22 @@ def test_a_hook_registered_and_removed_in_every_forward_compiles_once(kind):
         x = torch.randn(3, 4)
         torch.testing.assert_close(jmodel(x), model(x))
     assert thunder_rs.cache_misses(jmodel) == 1
+
+
+def test_a_trace_that_fails_leaves_the_modules_hooks_as_they_were():
+    class Refused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.lin.register_forward_hook(lambda m, args, out: out * 2)
+            y = self.lin(x)
+            print(f"{y}")  # refused: text formatted from a traced tensor
+            return y
+
+    model = Refused()
+    kept = model.lin.register_forward_pre_hook(lambda m, args: None)
+    with pytest.raises(ThunderNotImplementedError, match="formats a traced tensor"):
+        thunder_rs.jit(model)(torch.randn(2, 4))
+    assert not model.lin._forward_hooks and list(model.lin._forward_pre_hooks) == [kept.id]
