@@ -251,3 +251,22 @@ def test_a_trace_that_fails_leaves_the_modules_hooks_as_they_were():
     with pytest.raises(ThunderNotImplementedError, match="formats a traced tensor"):
         thunder_rs.jit(model)(torch.randn(2, 4))
     assert not model.lin._forward_hooks and list(model.lin._forward_pre_hooks) == [kept.id]
+
+
+def test_hooks_a_jitted_function_leaves_on_a_module_it_calls_pile_up_as_in_eager():
+    # The trace registered its hook on the user's module itself, and the entry, whose hooks were
+    # read after it, served the next calls: one hook ran where eager's ran two, three.
+    def make(lin):
+        def fn(x):
+            lin.register_forward_hook(lambda module, args, out: out * 2)
+            return lin(x).relu()
+
+        return fn
+
+    torch.manual_seed(0)
+    lin, x = nn.Linear(4, 4), torch.randn(3, 4)
+    compiled = copy.deepcopy(lin)
+    eager, jfn = make(lin), thunder_rs.jit(make(compiled))
+    for n in range(1, 4):
+        torch.testing.assert_close(jfn(x), eager(x))
+        assert len(compiled._forward_hooks) == len(lin._forward_hooks) == n

@@ -450,7 +450,7 @@ class ThunderFunction:
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
         reads = ValueReads(snapshot_runner(executors), forced, sites, prior)
-        binding = self._binding if self._module is not None else None
+        binding, traced_from = self._binding if self._module is not None else None, hooks_version()
         acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
         modes.check_restored()
         check_generators(acquired.consts)
@@ -481,7 +481,7 @@ class ThunderFunction:
         entry.hook_modules = self._hook_modules(acquired)
         entry.captured = tuple(acquired.captured)
         entry.tail = acquired.tail
-        entry.check = entries.make_check(entry, entry.guards)
+        entry.check = entries.make_check(entry, entry.guards, traced_from)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         if acquired.inference_outputs:

@@ -102,6 +102,14 @@ def hook_stores_in_use(modules) -> tuple:
     return tuple((d, len(d)) for d in _hook_stores(modules) if d)
 
 
+def registered_since(modules, version: int) -> bool:
+    """Whether the hook stores of ``modules`` (or the global ones) hold a hook registered since
+    ``hooks_version()`` was ``version`` (a store's keys are its handles' ids, which count up): one
+    a traced program registered and left on a module the jit does not bind (a global module a
+    jitted function calls), which eager's next call runs, as it registers one more."""
+    return any(key >= version for d in _hook_stores(modules) for key in d)
+
+
 def hooks_version() -> int:
     """Moves whenever a hook is registered anywhere (each registration makes a ``RemovableHandle``)."""
     return RemovableHandle.next_id
