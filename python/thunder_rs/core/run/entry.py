@@ -146,7 +146,7 @@ def make_check(entry: Entry, guards: Guards, traced_from: int = -1):
         entry.hooks, entry.hooks_id = hook_snapshot(hooked), hooks_version()
         present = hook_stores_in_use(hooked)
         if traced_from >= 0 and registered_since(hooked, traced_from):
-            entry.hooks, entry.hooks_id = None, -1  # (compared, and found changed, by the next call)
+            entry.hooks, entry.hooks_id = (None,), -1  # (no snapshot: compared, and found changed, next call)
     return check
 
 
