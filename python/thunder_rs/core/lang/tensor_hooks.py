@@ -67,7 +67,7 @@ class TracedHandle(RemovableHandle):
             raise ThunderNotImplementedError(
                 "thunder_rs.jit: a tensor hook's handle from a traced call is removed after that call: compiled "
                 "calls share the hook the trace registered, so this would remove it from all of them. Remove it "
-                "inside the jitted call, or register the hook on the jitted call's output"
+                "inside the jitted call, or register the hook outside it (on its input or output)"
             )
         super().remove()
 
