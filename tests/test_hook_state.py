@@ -169,3 +169,104 @@ def test_hooks_a_forward_installs_once_behind_a_flag_stay():
         torch.testing.assert_close(jmodel(x), model(x))
     assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == 1
     assert compiled.captured == model.captured and len(model.captured) == 3
+
+
+class _Swaps(nn.Module):
+    """Removes the hook its last call registered (through the handle it kept) and registers anew."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.handle, self.calls = nn.Linear(4, 4), None, 0
+
+    def forward(self, x):
+        if self.handle is not None:
+            self.handle.remove()
+        self.calls += 1
+        self.handle = self.lin.register_forward_hook(lambda module, args, out: out * (self.calls + 1))
+        return self.lin(x)
+
+
+def test_a_handle_kept_from_an_earlier_call_removes_that_calls_hook():
+    # Handles pointed at the traced clone's copy of the hook store: the hooks piled up, silently.
+    torch.manual_seed(0)
+    model, x = _Swaps(), torch.randn(3, 4)
+    compiled = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(compiled)
+    for _ in range(3):
+        torch.testing.assert_close(jmodel(x), model(x))
+        assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == 1
+    compiled.handle.remove()
+    model.handle.remove()
+    assert not compiled.lin._forward_hooks  # removed outside the call: the user's module's hook
+    model.handle = compiled.handle = None
+    torch.testing.assert_close(jmodel(x), model(x))
+    assert len(compiled.lin._forward_hooks) == len(model.lin._forward_hooks) == 1
+
+
+_REGISTRATIONS = {
+    "forward": lambda lin: lin.register_forward_hook(lambda m, args, out: out * 2),
+    "pre": lambda lin: lin.register_forward_pre_hook(lambda m, args: (args[0] * 3,)),
+    "with_kwargs": lambda lin: lin.register_forward_hook(lambda m, args, kwargs, out: out + 1, with_kwargs=True),
+    "prepend": lambda lin: lin.register_forward_hook(lambda m, args, out: out - 1, prepend=True),
+    "always_call": lambda lin: lin.register_forward_hook(lambda m, args, out: out * 4, always_call=True),
+}
+
+
+@pytest.mark.parametrize("kind", list(_REGISTRATIONS))
+def test_a_hook_registered_and_removed_in_every_forward_compiles_once(kind):
+    class Registers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            handle = _REGISTRATIONS[kind](self.lin)
+            y = self.lin(x).relu()
+            handle.remove()
+            return self.lin(y)
+
+    torch.manual_seed(0)
+    model = Registers()
+    jmodel = thunder_rs.jit(model)
+    for _ in range(5):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(jmodel(x), model(x))
+    assert thunder_rs.cache_misses(jmodel) == 1
+
+
+def test_a_trace_that_fails_leaves_the_modules_hooks_as_they_were():
+    class Refused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.lin.register_forward_hook(lambda m, args, out: out * 2)
+            y = self.lin(x)
+            print(f"{y}")  # refused: text formatted from a traced tensor
+            return y
+
+    model = Refused()
+    kept = model.lin.register_forward_pre_hook(lambda m, args: None)
+    with pytest.raises(ThunderNotImplementedError, match="formats a traced tensor"):
+        thunder_rs.jit(model)(torch.randn(2, 4))
+    assert not model.lin._forward_hooks and list(model.lin._forward_pre_hooks) == [kept.id]
+
+
+def test_hooks_a_jitted_function_leaves_on_a_module_it_calls_pile_up_as_in_eager():
+    # The trace registered its hook on the user's module itself, and the entry, whose hooks were
+    # read after it, served the next calls: one hook ran where eager's ran two, three.
+    def make(lin):
+        def fn(x):
+            lin.register_forward_hook(lambda module, args, out: out * 2)
+            return lin(x).relu()
+
+        return fn
+
+    torch.manual_seed(0)
+    lin, x = nn.Linear(4, 4), torch.randn(3, 4)
+    compiled = copy.deepcopy(lin)
+    eager, jfn = make(lin), thunder_rs.jit(make(compiled))
+    for n in range(1, 4):
+        torch.testing.assert_close(jfn(x), eager(x))
+        assert len(compiled._forward_hooks) == len(lin._forward_hooks) == n

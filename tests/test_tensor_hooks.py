@@ -43,8 +43,10 @@ def test_a_gradient_capture_hook_runs_in_every_calls_backward(scale):
     compiled = copy.deepcopy(eager)
     inputs = [torch.randn(3, 4) for _ in range(3)]
     expected = _run(eager, inputs)
-    actual = _run(thunder_rs.jit(compiled), inputs)
+    jmodel = thunder_rs.jit(compiled)
+    actual = _run(jmodel, inputs)
     torch.testing.assert_close(actual, expected)
+    assert thunder_rs.cache_misses(jmodel) == 1  # the registration in forward is traced into one entry
     assert len(compiled.grads) == len(eager.grads) == 3
     torch.testing.assert_close(compiled.grads, eager.grads)
 
@@ -89,11 +91,6 @@ def _used_before(x):
     return (y + h).sum()
 
 
-def _on_an_input(x):
-    x.register_hook(lambda g: g * 0)
-    return x.sum()
-
-
 def _reading_a_traced_tensor(x):
     h, mask = x * 2, x > 0
     h.register_hook(lambda g: g * mask)
@@ -104,7 +101,6 @@ def _reading_a_traced_tensor(x):
     "fn, match",
     [
         (_used_before, "used the tensor before registering"),
-        (_on_an_input, "an input of the jitted call"),
         (_reading_a_traced_tensor, "the hook reads 'mask'"),
     ],
 )
@@ -126,3 +122,106 @@ def test_a_handle_removed_after_the_call_is_refused():
     torch.testing.assert_close(x.grad, torch.full((3,), 4.0))
     with pytest.raises(ThunderNotImplementedError, match="removed after that call"):
         model.handle.remove()
+
+
+def _hooked_input(seen):
+    def fn(x, w):
+        y = (x * w).sum()  # a use before the registration: a leaf's hook sees its whole gradient
+        x.register_hook(lambda g: seen.append(g.clone()) or g * 10)
+        return y + (x * x).sum()
+
+    return fn
+
+
+def test_a_hook_on_an_input_replaces_its_gradient_and_piles_up_as_eager():
+    w = torch.randn(4)
+    results = []
+    for compiled in (False, True):
+        seen: list = []
+        fn = _hooked_input(seen)
+        call = thunder_rs.jit(fn) if compiled else fn
+        grads = []
+        for x in (torch.randn(4, generator=torch.Generator().manual_seed(i)).requires_grad_() for i in range(2)):
+            for _ in range(2):  # the same tensor again: eager's second call adds a second hook
+                call(x, w).backward()
+                grads.append(x.grad.clone())
+        results.append((grads, seen))
+    torch.testing.assert_close(results[1], results[0])
+
+
+def test_a_hook_on_a_non_leaf_input_sees_the_gradient_of_all_its_uses():
+    def fn(h):
+        h.register_hook(lambda g: g * 3)
+        return h.sin().sum()
+
+    grads = []
+    for call in (fn, thunder_rs.jit(fn)):
+        a = torch.randn(4, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        h = a * 2
+        (call(h) + h.sum()).backward()  # the caller's own use of h passes through the hook too
+        grads.append(a.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+class ScalesItsGradients(nn.Module):
+    """A layer that registers a hook on its weight in every forward: eager's pile up."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x):
+        self.lin.weight.register_hook(lambda g: g * 0.5)
+        return self.lin(x).sum()
+
+
+def test_a_hook_a_forward_registers_on_a_parameter_runs_as_eager():
+    torch.manual_seed(0)
+    eager = ScalesItsGradients()
+    compiled = copy.deepcopy(eager)
+    jmodel = thunder_rs.jit(compiled)
+    for i in range(3):
+        x = torch.randn(3, 4) * (i + 1)
+        eager(x).backward()
+        jmodel(x).backward()
+        torch.testing.assert_close(compiled.lin.weight.grad, eager.lin.weight.grad)
+        torch.testing.assert_close(compiled.lin.bias.grad, eager.lin.bias.grad)
+    assert thunder_rs.cache_misses(jmodel) == 1
+
+
+def test_a_hook_on_an_input_removed_in_the_call_does_not_run():
+    def fn(x):
+        handle = x.register_hook(lambda g: g * 0)
+        handle.remove()
+        return (x * x).sum()
+
+    x = torch.randn(4, requires_grad=True)
+    thunder_rs.jit(fn)(x).backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach())
+    assert not x._backward_hooks
+
+
+def test_a_hook_on_a_captured_tensor_runs_as_eager_and_one_an_argument_object_holds_is_refused():
+    weight = torch.randn(3, requires_grad=True)
+
+    def fn(x):
+        weight.register_hook(lambda g: g * 5)
+        return (weight * x).sum()
+
+    x = torch.randn(3)
+    fn(x).backward()
+    expected, weight.grad = weight.grad, None
+    weight._backward_hooks.clear()
+    thunder_rs.jit(fn)(x).backward()
+    torch.testing.assert_close(weight.grad, expected)
+
+    class Box:
+        def __init__(self, t):
+            self.t = t
+
+    def held(box):
+        box.t.register_hook(lambda g: g * 2)
+        return box.t.sum()
+
+    with pytest.raises(ThunderNotImplementedError, match="a tensor an argument object holds"):
+        thunder_rs.jit(held)(Box(torch.randn(3, requires_grad=True)))

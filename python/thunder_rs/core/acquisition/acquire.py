@@ -27,7 +27,8 @@ from thunder_rs.core.state.fsdp import refuse_dtensors
 from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
-from thunder_rs.core.state.modules import attribute_writes as module_writes, hook_changes
+from thunder_rs.core.state.modules import attribute_writes as module_writes, hook_changes, restore_hook_stores
+from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.base.proxies import TensorProxy
@@ -145,13 +146,14 @@ def _trace_program(
             consuming_iterators(flat_inputs),
             recording(rec, captures, made, whole),
             reading(reads),
+            noting_input_hooks(prints),
         ):
             out, observer, pairs, inputs = _run_on_proxies(
                 fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures
             )
+            hooks = hook_changes(pairs)  # (first: it puts the user's hook stores back)
             observer.refuse_consumed_iterators()
             writes = module_writes(pairs) + observer.state.writes()
-            hooks = hook_changes(pairs)
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
             # An argument object's tensor returned or stored as it is (``return box.t``, ``self.last =
@@ -405,7 +407,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     for i in positions:
         dims = symbolic.get(i, {})
         strides = {d[1]: symint.wrap(s) for d, s in dims.items() if type(d) is tuple}
-        leaves[i] = input_proxy(rec, flat_inputs[i], {d: s for d, s in dims.items() if type(d) is int}, strides)
+        leaves[i] = input_proxy(rec, flat_inputs[i], {d: s for d, s in dims.items() if type(d) is int}, strides, i)
     for i, dims in symbolic.items():
         if None in dims:  # an int argument read as a size
             leaves[i] = symint.wrap(dims[None])
@@ -446,6 +448,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         _check_arguments_unchanged(args, kwargs, leaves)
     except BaseException:
         _put_back(placed, failed=True)
+        restore_hook_stores(pairs)
         # A failed trace leaves the state as it found it: no stand-in in a cache it filled.
         observer.state.writes()
         observer.state.containers.undo()

@@ -114,20 +114,25 @@ def _read_by_attributes(x) -> bool:
 
 
 def leaf_key(x):
-    """A tensor's metadata; a simple value itself (type-exact, NaN equal to NaN); an object read
-    only through attributes by its type alone, as the attributes the program reads from it are
-    guarded (a fresh config object each call hits the cache when its values are the same); any
-    other object (a function, a module, a set, a NumPy array) by identity."""
+    """A tensor's metadata (``TENSOR_FIELDS``); a simple value itself (type-exact, NaN equal to
+    NaN); an object read only through attributes by its type alone, as the attributes the program
+    reads from it are guarded (a fresh config object each call hits the cache when its values are
+    the same); any other object (a function, a module, a set, a NumPy array) by identity."""
     if isinstance(x, _Tensor):
         if x.layout != torch.strided or x.is_nested:
             refuse_unlike_strided(x)
-        return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous() or layout(x))
+        return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous() or layout(x), x.is_inference())
     if is_simple(x):
         return freeze(x)
     if not isinstance(x, _BY_IDENTITY) and _read_by_attributes(x):
         return (type(x),)
     return (type(x), _Identity(x))
 
+
+#: What a tensor's key holds, in order. Whether it is an inference tensor (made under
+#: ``torch.inference_mode()``) decides what eager does with it outside inference mode: an op that
+#: saves it for backward raises, as does an in-place write to it (``core.lang.inference``).
+TENSOR_FIELDS = ("dtype", "device", "shape", "requires_grad", "layout", "inference")
 
 _CPU = torch.device("cpu")
 
@@ -140,23 +145,36 @@ def _default_device() -> torch.device | None:
     return None if device == _CPU else device
 
 
-def global_key(
-    extra=None,
-    aliases=None,
-    _grad=torch.is_grad_enabled,
-    _default_dtype=torch.get_default_dtype,
-    _any_autocast=torch._C._is_any_autocast_enabled,
-    _autocast=autocast_state,
-    _modes=torch._C._len_torch_function_stack,
-    _inference=torch.is_inference_mode_enabled,
-):
-    """Grad mode, default dtype, the CPU and CUDA autocast dtypes (None when autocast is off
+#: What ``global_key`` reads, by the names its source (``_GLOBAL_STATE``) calls them.
+_STATE_READS = {
+    "_grad": torch.is_grad_enabled,
+    "_default_dtype": torch.get_default_dtype,
+    "_any_autocast": torch._C._is_any_autocast_enabled,
+    "_autocast": autocast_state,
+    "_modes": torch._C._len_torch_function_stack,
+    "_inference": torch.is_inference_mode_enabled,
+    "_default_device": _default_device,
+}
+#: ``global_key``'s value as an expression, which the unrolled key functions inline (no frame of
+#: its own on the hit path).
+_GLOBAL_STATE = (
+    "(_grad(), _default_dtype(), _autocast() if _any_autocast() else None, "
+    "_default_device() if _modes() else None, extra, _inference(), aliases)"
+)
+
+
+def _compiled(source: str, name: str, **names):
+    namespace = {**_STATE_READS, **names}
+    exec(source, namespace)
+    return namespace[name]
+
+
+global_key = _compiled(f"def global_key(extra=None, aliases=None):\n  return {_GLOBAL_STATE}\n", "global_key")
+global_key.__doc__ = """Grad mode, default dtype, the CPU and CUDA autocast dtypes (None when autocast is off
     everywhere, read with one call), the default device where a torch function mode may set one,
     ``extra``, inference mode (a call under ``torch.inference_mode()`` makes inference tensors
     where one under ``no_grad`` does not, and records no gradient even where the program enables
     grad mode), and ``aliases`` (``tensor_aliases``: which tensor arguments are one tensor)."""
-    autocast = _autocast() if _any_autocast() else None
-    return (_grad(), _default_dtype(), autocast, _default_device() if _modes() else None, extra, _inference(), aliases)
 
 
 def tensor_aliases(flat) -> tuple | None:
@@ -185,28 +203,30 @@ def _distinct_term(names: list) -> str:
     return f"len(set(map(id, args))) < {len(names)}"
 
 
-_fast_keys: dict = {}
+def _unrolled_key(arity: int):
+    """The key function of ``fast_key_fn`` for ``arity`` tensor arguments."""
+    names = [f"a{i}" for i in range(arity)]
+    leaves = "".join(
+        f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous() or layout({n}), "
+        f"{n}.is_inference()), "
+        for n in names
+    )
+    unpack = f"{', '.join(names)}, = args" if arity else "pass"
+    aliases = f"tensor_aliases(args) if {_distinct_term(names)} else None" if arity > 1 else "None"
+    source = f"def key(args, extra):\n  {unpack}\n  aliases = {aliases}\n  return ({_GLOBAL_STATE}, ({leaves}))\n"
+    return _compiled(source, "key", layout=layout, tensor_aliases=tensor_aliases)
 
 
-def fast_key_fn(arity: int):
-    """A key function for ``arity`` tensor arguments, unrolled so the hit path runs no loop.
+class _KeyFunctions(dict):
+    def __missing__(self, arity: int):
+        fn = self[arity] = _unrolled_key(arity)
+        return fn
 
-    It raises AttributeError when an argument is not a tensor; callers then take the general path.
-    """
-    fn = _fast_keys.get(arity)
-    if fn is None:
-        names = [f"a{i}" for i in range(arity)]
-        leaves = "".join(
-            f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous() or layout({n})), "
-            for n in names
-        )
-        unpack = f"{', '.join(names)}, = args" if arity else "pass"
-        aliases = f"tensor_aliases(args) if {_distinct_term(names)} else None" if arity > 1 else "None"
-        source = f"def key(args, extra):\n  {unpack}\n  return (global_key(extra, {aliases}), ({leaves}))\n"
-        namespace = {"global_key": global_key, "layout": layout, "tensor_aliases": tensor_aliases}
-        exec(source, namespace)
-        fn = _fast_keys[arity] = namespace["key"]
-    return fn
+
+#: ``fast_key_fn(arity)``: a key function for ``arity`` tensor arguments, unrolled so the hit path
+#: runs no loop (nor a frame to find it). It raises AttributeError when an argument is not a
+#: tensor; callers then take the general path.
+fast_key_fn = _KeyFunctions().__getitem__
 
 
 def _parameters(fn) -> list[str]:
@@ -300,6 +320,11 @@ def _per_tensor(metadata) -> tuple:
     return getattr(metadata, "per_tensor", metadata)
 
 
+def is_tensor_key(k) -> bool:
+    """Whether ``k`` is a tensor's key (``leaf_key``)."""
+    return type(k) is tuple and len(k) == len(TENSOR_FIELDS) and type(k[2]) is torch.Size
+
+
 def describe_change(old, new, names) -> str:
     """Says which input changed how between two keys (``names`` labels flat inputs)."""
     if old is None:
@@ -309,14 +334,13 @@ def describe_change(old, new, names) -> str:
         return _state_change(old_state, new_state, names)
     if len(old_leaves) != len(new_leaves):
         return f"number of inputs changed from {len(old_leaves)} to {len(new_leaves)}"
-    fields = ("dtype", "device", "shape", "requires_grad", "layout")
     for i, (a, b) in enumerate(zip(old_leaves, new_leaves)):
         if a == b:
             continue
         label = names[i] if i < len(names) else f"input {i}"
-        if len(a) == 5 and len(b) == 5:
-            a, b = (*a[:4], _layout(a[4])), (*b[:4], _layout(b[4]))
-            changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a, b) if x != y]
+        if is_tensor_key(a) and is_tensor_key(b):
+            a, b = (*a[:4], _layout(a[4]), *a[5:]), (*b[:4], _layout(b[4]), *b[5:])
+            changes = [f"{f} {x} -> {y}" for f, x, y in zip(TENSOR_FIELDS, a, b) if x != y]
             return f"{label}: " + ", ".join(changes)
         return f"{label}: {_show(a)} -> {_show(b)}"
     return "unknown"

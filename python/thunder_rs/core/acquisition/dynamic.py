@@ -47,14 +47,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from thunder_rs.core.acquisition.cache import is_tensor_key
 from thunder_rs.core.base.layouts import STRIDE, SymbolicStrides, decided_by, is_strided, layout, strides_in
 from thunder_rs.core.state.guards import MISSING, Guard, InputSource, ModuleSource, TensorGuard
-
-_Size = torch.Size
-
-
-def _is_tensor_key(k) -> bool:
-    return type(k) is tuple and len(k) == 5 and type(k[2]) is _Size
 
 
 def _is_int_key(k) -> bool:
@@ -78,7 +73,7 @@ def changed_dims(old_key, new_key) -> list | None:
         if _is_int_key(a) and _is_int_key(b):
             changed.append((i, None))
             continue
-        if not (_is_tensor_key(a) and _is_tensor_key(b)) or a[:2] != b[:2] or a[3] != b[3]:
+        if not (is_tensor_key(a) and is_tensor_key(b)) or a[:2] != b[:2] or a[3] != b[3] or a[5] != b[5]:
             return None
         if len(a[2]) != len(b[2]):
             return None

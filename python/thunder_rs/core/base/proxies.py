@@ -6,6 +6,7 @@ call on it arrives at ``__torch_function__`` and goes to the language context; n
 ``__torch_dispatch__``.
 """
 
+import weakref
 from typing import Callable
 
 import torch
@@ -102,6 +103,13 @@ class TensorProxy(torch.Tensor):
     _per_call: bool = False
     #: for a trace input standing for a leaf tensor that requires grad (in-place is an error)
     _leaf = False
+    #: for a trace input: where each call finds its tensor, its position among the call's flat
+    #: inputs or a weak reference to the tensor every call takes (a parameter, a captured tensor);
+    #: None where calls take another (a tensor an argument object holds)
+    _source: int | weakref.ref | None = None
+    #: for a trace input: whether its tensor is an inference tensor, which every call's is (the
+    #: cache key holds it); None for a tensor an argument object holds, which calls may change
+    _inference: bool | None = None
     #: for a trace input standing for a view that requires grad: whether an op records a gradient
     #: through it. A call passes one no op records a gradient through detached: torch's autograd
     #: would ask for its history, which eager refuses to use once the base of a view made under

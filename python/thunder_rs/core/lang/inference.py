@@ -13,6 +13,12 @@ does with inference tensors:
   backward ("Inference tensors cannot be saved for backward"). Which ops save which inputs is
   torch's autograd formulas' business, so a torch call outside inference mode that takes an
   inference proxy runs on meta tensors alike (``check_call``), raising eager's error.
+
+Inference tensors the caller passes in are checked alike: whether an input is one is part of its
+cache key (``cache.TENSOR_FIELDS``) and of its proxy (``TensorProxy._inference``). One that
+requires grad (made with ``requires_grad=True`` under inference mode, as the parameters of a
+module built there are) is refused in a call with grad mode on: eager's ops give some results of
+it a gradient and others none, and its backward never fills the tensor's ``.grad``.
 """
 
 import torch
@@ -31,35 +37,43 @@ def _native(p: TensorProxy) -> bool:
         return _native_is_inference(p)
 
 
+def _requires_grad(p: TensorProxy) -> bool:
+    with torch._C.DisableTorchFunctionSubclass():
+        return p.requires_grad
+
+
 def root_of(p: TensorProxy) -> TensorProxy:
     link = p._view
     return p if link is None else link.root
 
 
 def made_in_inference(p: TensorProxy) -> bool | None:
-    """Whether eager's tensor for ``p`` is an inference tensor; None where that is an input's (a
-    trace input, or a view of one), which the call's tensor itself tells."""
+    """Whether eager's tensor for ``p`` is an inference tensor; None where it is an input's
+    normal tensor (or a view of one), which the call's tensor itself is, or an input's that calls
+    may change (a tensor an argument object holds)."""
     root = root_of(p)
     if root._input_vid is not None:
-        return None
+        return True if root._inference else None
     return _native(root)
 
 
 def is_inference(p: TensorProxy) -> bool:
-    """``p.is_inference()`` in a traced program."""
-    made = made_in_inference(p)
-    if made is None:
+    """``p.is_inference()`` in a traced program: an input's is in the cache key."""
+    root = root_of(p)
+    if root._input_vid is None:
+        return _native(root)
+    if root._inference is None:
         raise ThunderNotImplementedError(
-            f"Tensor.is_inference at {user_location()}: of an input of the jitted call (or a view of one), which the "
-            "compiled call does not specialise on; read it outside the jitted function"
+            f"Tensor.is_inference at {user_location()}: of a tensor an argument object holds (or a view of one), "
+            "which the compiled call does not specialise on; read it outside the jitted function"
         )
-    return made
+    return root._inference
 
 
 def _to_meta(x, inference: bool):
     with torch.inference_mode(inference):
         t = torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
-    return t if inference or not x.requires_grad else t.requires_grad_(True)
+    return t if inference or not _requires_grad(x) else t.requires_grad_(True)
 
 
 def check_call(func, args, kwargs) -> None:
@@ -69,6 +83,8 @@ def check_call(func, args, kwargs) -> None:
     marks = [made_in_inference(x) if isinstance(x, TensorProxy) else None for x in flat]
     if not any(marks):
         return
+    if torch.is_grad_enabled() and any(m and _requires_grad(x) for x, m in zip(flat, marks)):
+        _refuse_inference_requiring_grad(func)
     meta = [_to_meta(x, bool(m)) if isinstance(x, TensorProxy) else x for x, m in zip(flat, marks)]
     meta_args, meta_kwargs = tree_unflatten(meta, spec)
     try:
@@ -77,9 +93,23 @@ def check_call(func, args, kwargs) -> None:
     except RuntimeError as e:
         if "nference" in str(e):
             name = getattr(func, "__name__", str(func))
-            raise ThunderRuntimeError(f"{name} at {user_location()}: {e}") from None
+            raise ThunderRuntimeError(f"{e} ({name} at {user_location()})") from None
     except Exception:  # noqa: BLE001 (the call's own errors are the trace's to raise)
         return
+
+
+def _refuse_inference_requiring_grad(func) -> None:
+    """An inference tensor that requires grad (made under inference mode with
+    ``requires_grad=True``, as a module's parameters built there are) used with grad mode on:
+    eager's ops outside inference mode give some results a gradient and others none (``x * 2``
+    one, ``x.sin()`` none), and its backward leaves the tensor's ``.grad`` None."""
+    name = getattr(func, "__name__", str(func))
+    raise ThunderNotImplementedError(
+        f"{name} at {user_location()}: takes an inference tensor that requires grad (made under "
+        "torch.inference_mode() with requires_grad=True, as the parameters of a module built there are) with grad "
+        "mode on: eager's autograd gives some results of it a gradient and others none, and never fills its .grad; "
+        "thunder_rs does not trace that. Clone it outside inference mode, or call under torch.no_grad()"
+    )
 
 
 def inference_outputs(out) -> tuple[int, ...]:

@@ -288,6 +288,7 @@ PROXY_CALLS: dict = {
     torch.Tensor.register_hook: tensor_hooks.register_hook,
 }
 _CONVERSIONS = (torch.as_tensor, torch.asarray)
+_register_hook = torch.Tensor.register_hook
 #: Calls that make a tensor of Python data (``torch.tensor(x.shape[0])``, ``Tensor.new_tensor``),
 #: answered by their handler (``creation`` fills it) where the data holds a symbolic size: a
 #: tensor the trace computes from the size, where eager's call would read (and guard) its value.
@@ -334,6 +335,8 @@ def _torch_function(func, args, kwargs):
     by_proxy = PROXY_CALLS.get(func)
     if by_proxy is not None and args and func in _CONVERSIONS and type(args[0]) is torch.Tensor:
         args, kwargs = lift_captured(args, kwargs)  # ``torch.as_tensor(t, device=...)`` of a tensor the program made
+    elif func is _register_hook and args and not isinstance(args[0], TensorProxy):
+        args, kwargs = lift_captured(args, kwargs)  # a hook on a captured tensor: on the tensor each call takes
     if by_proxy is not None and args and isinstance(args[0], TensorProxy):
         return by_proxy(*args, **kwargs)
     ltorch_fn = TORCH_TO_LTORCH.get(func)

@@ -6,6 +6,7 @@ acquisition runs a program, so recording is explicit and re-entrant.
 
 import contextlib
 import contextvars
+import weakref
 import threading
 from typing import Any, Callable
 
@@ -76,12 +77,15 @@ def refuse_unlike_strided(t: torch.Tensor) -> None:
             )
 
 
-def input_proxy(rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = None, strides=None) -> TensorProxy:
+def input_proxy(
+    rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = None, strides=None, position: int | None = None
+) -> TensorProxy:
     """A new trace input standing for the tensor ``t``. It requires grad as ``t`` does, whatever
     the grad mode: the mode in effect as each op is recorded decides whether gradients flow.
     ``sizes`` holds the size inputs (``_core.SymExpr``) of its symbolic dims, by dim; ``strides``
     a strided tensor's symbolic strides (``SymInt``s of size inputs: a slice of a buffer of a
-    symbolic length)."""
+    symbolic length); ``position`` that of an argument among the call's flat inputs (else every
+    call takes ``t`` itself)."""
     dtype = CODES.get(t.dtype)
     if dtype is None:
         raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
@@ -94,6 +98,10 @@ def input_proxy(rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = Non
         real.append(t)
     proxy = make_proxy(vid, shape, dtype, str(t.device), requires_grad)
     proxy._input_vid = vid
+    proxy._source = weakref.ref(t) if position is None else position
+    proxy._inference = t.is_inference()
+    if proxy._inference:
+        INFERENCE_MADE[0] = True  # (its uses are checked: ``inference.check_call``)
     if requires_grad:
         try:
             proxy._leaf = t.is_leaf
@@ -159,6 +167,8 @@ class Captures:
         if p is None:
             p = self._proxies[id(t)] = input_proxy(self._rec, t, sizes, strides)
             held = self._held.get(id(t))
+            if held is not None:  # (read per call from the argument object: not in the key)
+                p._inference = p._source = None
             self.tensors.append(t if held is None else held.used())
             self.proxies.append(p)
             if self.is_created(t):
@@ -257,8 +267,8 @@ def paused_recording():
             var.reset(token)
 
 
-#: Whether a proxy was made under inference mode since the last acquisition began: until one is,
-#: no call needs ``inference.check_call``.
+#: Whether a proxy was made under inference mode since the last acquisition began, or a trace input
+#: stands for an inference tensor: until one is, no call needs ``inference.check_call``.
 INFERENCE_MADE = [False]
 
 

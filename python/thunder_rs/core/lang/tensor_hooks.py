@@ -1,16 +1,26 @@
-"""``tensor.register_hook(fn)`` on a tensor the traced program computed: ``fn`` runs on that
-tensor's gradient in every call's backward, as eager's does.
+"""``tensor.register_hook(fn)`` in a traced program: ``fn`` runs on that tensor's gradient in
+every call's backward, as eager's does.
+
+On a trace input (an argument, a parameter or buffer, a captured tensor) the hook is registered
+on the call's own tensor, after the call (``InputHook``, an effect every call repeats), as
+eager's program registers it on the caller's: torch then runs it on the tensor's whole gradient,
+before it reaches ``.grad`` or the tensor's other uses, and several calls' registrations on one
+tensor pile up as eager's do.
+
+On a tensor the program computed:
 
 The registration is recorded as an identity call whose backward runs the hooks on the cotangent
 (and passes on what one returns in its place), and the proxy is rebound to its output: every later
 use of the tensor reads it, so its gradient arrives summed there, as eager's hook sees it. Uses
 recorded before the registration would bypass it, so such a registration is refused, as is one on
-a trace input or a view (their gradients are not the trace's to hook). A function the program
+a view (its gradient is not the trace's to hook). A function the program
 makes while traced (``lambda g: self.grads.append(g)``) closes over the module clones tracing
 runs; the hook keeps the user's modules in their place. A hook that reads a tensor the program
 computed is refused: compiled, it would see that of the first call.
 """
 
+import contextlib
+import contextvars
 import types
 from collections import OrderedDict
 
@@ -57,7 +67,7 @@ class TracedHandle(RemovableHandle):
             raise ThunderNotImplementedError(
                 "thunder_rs.jit: a tensor hook's handle from a traced call is removed after that call: compiled "
                 "calls share the hook the trace registered, so this would remove it from all of them. Remove it "
-                "inside the jitted call, or register the hook on the jitted call's output"
+                "inside the jitted call, or register the hook outside it (on its input or output)"
             )
         super().remove()
 
@@ -104,14 +114,65 @@ def _untraced(hook):
     return hook if observer is None else with_originals(hook, observer._originals)
 
 
+class InputHook:
+    """A hook the program registered on a trace input (``source``: the input's position among a
+    call's flat inputs, or a weak reference to the tensor every call takes): every call registers
+    it on that call's tensor, unless the program removed it (``hooks`` then holds none)."""
+
+    __slots__ = ("source", "hooks")
+
+    def __init__(self, source, hooks: Hooks):
+        self.source, self.hooks = source, hooks
+
+    def effect(self, extras: list) -> "InputHook":
+        return self
+
+    def apply(self, extras, flat) -> None:
+        t = flat[self.source] if type(self.source) is int else self.source()
+        for hook in self.hooks.hooks.values():
+            t.register_hook(hook)
+
+
+#: The list the hooks on trace inputs are noted in (``InputHook``s, among the acquisition's other
+#: effects) while a program is traced.
+_input_hooks: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_input_hooks", default=None)
+
+
+@contextlib.contextmanager
+def noting_input_hooks(effects: list):
+    """Appends an ``InputHook`` to ``effects`` for each hook the program registers on a trace input."""
+    token = _input_hooks.set(effects)
+    try:
+        yield
+    finally:
+        _input_hooks.reset(token)
+
+
+def _on_input(t: TensorProxy, hook, rec):
+    """``t.register_hook(hook)`` on a trace input: noted for every call to register on its tensor."""
+    noted = _input_hooks.get()
+    if t._source is None or noted is None:
+        raise _refuse(
+            "a hook on a tensor an argument object holds, or one the program made from Python values (calls do "
+            "not take the same tensor)"
+        )
+    if t._vid != t._input_vid:
+        raise _refuse("a hook on an input the program wrote in place")
+    hooks = Hooks()
+    handle = TracedHandle(hooks, rec)
+    hooks.hooks[handle.id] = _untraced(hook)
+    noted.append(InputHook(t._source, hooks))
+    return handle
+
+
 def register_hook(t: TensorProxy, hook):
     """``t.register_hook(hook)`` on a traced tensor."""
     with torch._C.DisableTorchFunctionSubclass():
         requires_grad = t.requires_grad
     if not requires_grad:
         raise ThunderRuntimeError("cannot register a hook on a tensor that doesn't require gradient")
-    if t._input_vid is not None:
-        raise _refuse("a hook on an input of the jitted call (or a parameter, a buffer, a captured tensor)")
+    if t._input_vid is not None and t._view is None:
+        return _on_input(t, hook, current())
     if t._view is not None:
         raise _refuse("a hook on a view")
     rec = current()

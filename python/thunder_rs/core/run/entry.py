@@ -14,7 +14,8 @@ from operator import attrgetter
 
 from thunder_rs.core.state.guard_terms import compile_check
 from thunder_rs.core.state.guards import Guards
-from thunder_rs.core.state.modules import hook_snapshot, hook_stores_in_use, hooks_version, write_epoch
+from thunder_rs.core.state.modules import hook_snapshot, hook_stores_in_use, hooks_version, registered_since
+from thunder_rs.core.state.modules import write_epoch
 from thunder_rs.core.lang.values import ValueTree
 
 
@@ -100,9 +101,11 @@ def _compiled_when_called(guards: list):
     return check if guards else None
 
 
-def make_check(entry: Entry, guards: Guards):
+def make_check(entry: Entry, guards: Guards, traced_from: int = -1):
     """The entry's ``check``: module guards when a module attribute was written, hooks when a hook
-    was registered anywhere, the metadata of captured tensors, then the per-call guards."""
+    was registered anywhere, the metadata of captured tensors, then the per-call guards.
+    ``traced_from`` is ``hooks_version()`` as tracing began: hooks the program registered since on
+    the modules it called and left there fail the next call's check (eager's runs them)."""
     # The per-call guards are compiled when the entry is first checked: most entries a run compiles
     # on its way to a symbolic one (a decode's prompt and first token) serve no later call.
     per_call: Any = _UNCOMPILED if guards.per_call else None
@@ -142,6 +145,8 @@ def make_check(entry: Entry, guards: Guards):
     if hooked is not None:
         entry.hooks, entry.hooks_id = hook_snapshot(hooked), hooks_version()
         present = hook_stores_in_use(hooked)
+        if traced_from >= 0 and registered_since(hooked, traced_from):
+            entry.hooks, entry.hooks_id = (None,), -1  # (no snapshot: compared, and found changed, next call)
     return check
 
 

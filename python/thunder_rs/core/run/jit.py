@@ -452,6 +452,7 @@ class ThunderFunction:
         variant this is; ``prior`` the reads a read whose sizes differ from is symbolic
         (``ValueReads._groups``)."""
         start = time.perf_counter()
+        traced_from = hooks_version()  # (hooks registered while tracing: ``entries.make_check``)
         made = self._generated(flat, spec, forced, sites, sizes, held, prior)
         alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
         if held is not None and alike:  # (traced again at once with them symbolic: see ``held_alike``)
@@ -484,7 +485,7 @@ class ThunderFunction:
         # (An entry taking a tensor passed twice once has positions: the hit path picks its inputs
         # through ``_inputs``, which it takes for entries with a tail.)
         entry.tail = acquired.tail if acquired.tail is not None or positions is None else _no_tail
-        entry.check = entries.make_check(entry, entry.guards)
+        entry.check = entries.make_check(entry, entry.guards, traced_from)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         if acquired.inference_outputs:

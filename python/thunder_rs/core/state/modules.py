@@ -14,6 +14,7 @@ attributes are re-checked only when it moved.
 
 import functools
 import types
+import weakref
 
 import torch
 from torch.nn.modules import module as _nn_module
@@ -101,6 +102,14 @@ def hook_stores_in_use(modules) -> tuple:
     return tuple((d, len(d)) for d in _hook_stores(modules) if d)
 
 
+def registered_since(modules, version: int) -> bool:
+    """Whether the hook stores of ``modules`` (or the global ones) hold a hook registered since
+    ``hooks_version()`` was ``version`` (a store's keys are its handles' ids, which count up): one
+    a traced program registered and left on a module the jit does not bind (a global module a
+    jitted function calls), which eager's next call runs, as it registers one more."""
+    return any(key >= version for d in _hook_stores(modules) for key in d)
+
+
 def hooks_version() -> int:
     """Moves whenever a hook is registered anywhere (each registration makes a ``RemovableHandle``)."""
     return RemovableHandle.next_id
@@ -181,7 +190,7 @@ class ModuleBinding:
             copy.__dict__.update(mod.__dict__)
             copy.__dict__["_parameters"] = _rebound(mod._parameters, proxies, index_of)
             copy.__dict__["_buffers"] = _rebound(mod._buffers, proxies, index_of)
-            _own_hook_stores(copy)
+            _note_hook_stores(copy)
             _hide_fsdp_hooks(copy)
             clones[id(mod)] = copy
         for mod in self.modules:
@@ -210,15 +219,40 @@ def _hide_fsdp_hooks(clone) -> None:
         clone.__dict__[_HIDDEN_HOOKS] = (_HIDDEN_HOOKS, *hidden)
 
 
-def _own_hook_stores(clone) -> None:
-    """Gives ``clone`` copies of its module's hook stores: a hook the forward registers (and
-    removes) while traced acts on the traced call alone, traced into it as eager runs it in each
-    call, and leaves the user's module as it was until the entry is made (``hook_changes``)."""
+#: The contents of the hook stores of each clone tracing runs, as its trace began (``_note_hook_stores``),
+#: kept beside the clone rather than in it, where the program could see them (``vars(self)``).
+_hook_snapshots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _note_hook_stores(clone) -> None:
+    """Notes the contents of the hook stores ``clone`` shares with its module. A hook the forward
+    registers or removes while traced is traced into the call as eager runs it, and its handle is
+    one of the user's module (removing it later, in a later call's forward or outside, removes the
+    module's hook, as eager's does); ``hook_changes`` then puts the stores back as they were until
+    the entry is made (``restore_hook_stores`` where tracing failed). Meanwhile the module holds
+    what the traced forward registered: a forward that registers hooks, traced in one thread while
+    another thread runs or traces the same module, would share them with it."""
     d = clone.__dict__
-    for name in _HOOK_STORES:
-        store = d.get(name)
-        if store is not None:
-            d[name] = type(store)(store)
+    _hook_snapshots[clone] = {name: list(d[name].items()) for name in _HOOK_STORES if d.get(name) is not None}
+
+
+def _put(store, items) -> None:
+    store.clear()
+    store.update(items)
+
+
+def restore_hook_stores(pairs: list) -> list:
+    """Puts the hook stores of the ``(clone, original)`` pairs back as they were when tracing
+    began; returns ``(name, clone, store, the (key, hook) pairs tracing left there)`` for each it
+    changed."""
+    changed = []
+    for clone, original in pairs:
+        for name, before in _hook_snapshots.pop(clone, {}).items():
+            store = original.__dict__.get(name)
+            if store is not None and list(store) != [key for key, _ in before]:
+                changed.append((name, clone, store, list(store.items())))
+                _put(store, before)
+    return changed
 
 
 def _rebound(store: dict, proxies: list, index_of: dict) -> dict:
@@ -248,29 +282,23 @@ def attribute_writes(pairs: list) -> list:
 
 def hook_changes(pairs: list) -> list:
     """The hooks the traced forward registered on modules and left there, or removed, from
-    ``(clone, original)`` pairs: ``(original's store, added (key, hook) pairs, removed keys)``.
-    ``apply_hook_changes`` makes them once the entry is made, as eager's forward made them in this
-    call: the entry then finds the modules' hooks changed and compiles again, as a forward that
-    registers on every call (its hooks pile up) or once (Hugging Face's output capture, behind a
-    flag it sets) registers them in eager."""
+    ``(clone, original)`` pairs: ``(original's store, its (key, hook) pairs after the call)``,
+    the stores put back as they were (``restore_hook_stores``). ``apply_hook_changes`` makes them
+    once the entry is made, as eager's forward made them in this call: the entry then finds the
+    modules' hooks changed and compiles again, as a forward that registers on every call (its
+    hooks pile up) or once (Hugging Face's output capture, behind a flag it sets) registers them
+    in eager."""
     originals = {id(c): o for c, o in pairs}
     changes = []
-    for clone, original in pairs:
-        hidden = clone.__dict__.get(_HIDDEN_HOOKS, ())  # (FSDP's hooks, left out of the clone's stores)
-        for name in _HOOK_STORES:
-            store, before = clone.__dict__.get(name), original.__dict__.get(name)
-            if name in hidden or store is None or before is None or list(store) == list(before):
-                continue
-            added = [(k, with_originals(h, originals)) for k, h in store.items() if k not in before]
-            changes.append((before, added, [k for k in before if k not in store]))
+    for name, clone, store, after in restore_hook_stores(pairs):
+        if name not in clone.__dict__.get(_HIDDEN_HOOKS, ()):  # (FSDP's hooks, left out of the clone's stores)
+            changes.append((store, [(key, with_originals(hook, originals)) for key, hook in after]))
     return changes
 
 
 def apply_hook_changes(changes: list) -> None:
-    for store, added, removed in changes:
-        for key in removed:
-            store.pop(key, None)
-        store.update(added)
+    for store, after in changes:
+        _put(store, after)
     if changes:
         RemovableHandle.next_id += 1  # moves ``hooks_version``: entries compare their modules' hooks
 
