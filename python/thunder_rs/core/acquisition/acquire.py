@@ -536,6 +536,19 @@ def _kind(out) -> str:
     return "tuple" if type(out) is tuple else "list" if type(out) is list else "single"
 
 
+def _observed_guards(observer, captures: Captures, reached: ArgumentObjects, stored_values: list) -> list:
+    """The guards of what the traced program read (``observer``), with the captured tensors read
+    per call and the aliasing of argument objects. A captured tensor the program also stores
+    (``stored_values``) is stored as itself (``kept``): captured, not read per call; so is one it
+    returns as it is, the trace's constant (eager returns what the state holds then)."""
+    stored = {id(leaf) for leaf in tree_flatten(stored_values)[0]}
+    kept_as_is = [id(p) in stored or id(t) in stored for p, t in zip(captures.proxies, captures.tensors)]
+    observer.read_cached_per_call(captures.tensors, kept_as_is)
+    observer.guard_argument_tensors(captures.tensors)
+    guards = observer.guards()
+    return guards + alias_guards(reached, observer.state.written_ids, guards)
+
+
 def acquire(
     fn,
     flat_inputs: list,
@@ -564,14 +577,7 @@ def acquire(
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
-    # A captured tensor the program also stores is stored as itself (``kept``): captured, not read per call;
-    # so is one it returns as it is, the trace's constant (eager returns what the state holds then).
-    stored = {id(leaf) for leaf in tree_flatten([out, *(w[2] for w in (*writes, *repeated[2]))])[0]}
-    kept_as_is = [id(p) in stored or id(t) in stored for p, t in zip(captures.proxies, captures.tensors)]
-    observer.read_cached_per_call(captures.tensors, kept_as_is)
-    observer.guard_argument_tensors(captures.tensors)
-    guards = observer.guards()
-    guards += alias_guards(reached, observer.state.written_ids, guards)
+    guards = _observed_guards(observer, captures, reached, [out, *(w[2] for w in (*writes, *repeated[2]))])
     modules_called = list(observer.modules_called.values())
     size_checks, sites = observer.size_checks, observer.state.containers.sites()
     interrupted = observer.state.interrupted
