@@ -760,3 +760,30 @@ def addcdiv_grad(input, tensor1, tensor2, *, value=1):
     quotient = torch.full_like(tensor2, value) / tensor2
     put_operand_grads((input, tensor1, tensor2), (g, g * quotient, -g * (tensor1 * value / (tensor2 * tensor2))))
     return out
+
+
+@register_grad(ltorch.hypot)
+def hypot_grad(input, other):
+    """``g * input / result`` and ``g * other / result``."""
+    out = ltorch.hypot(input, other)
+    g = get_grad(out)
+    put_operand_grads((input, other), (g * input / out, g * other / out))
+    return out
+
+
+@register_grad(ltorch.logit)
+def logit_grad(input, eps=None):
+    """aten's ``logit_backward``: ``g / (x * (1 - x))``, NaN outside [0, 1] without ``eps`` and 0
+    outside [eps, 1 - eps] with it (the bounds rounded to the dtype, as the kernel's)."""
+    out = ltorch.logit(input, eps)
+    if not (isinstance(input, torch.Tensor) and input.requires_grad and out.dtype.is_floating_point):
+        return out
+    g = get_grad(out)
+    grad = g / (input * (1 - input))
+    if eps is None:
+        low, high, fill = 0.0, 1.0, math.nan
+    else:
+        low = torch.tensor(float(eps), dtype=out.dtype)
+        low, high, fill = low.item(), (1 - low).item(), 0.0
+    put_operand_grads((input,), (ltorch.where((input < low) | (input > high), fill, grad),))
+    return out
