@@ -5,6 +5,8 @@ to eager's, not a few ulps off (``benchmarks/op_fidelity.py`` finds those over P
 - ``var`` and ``var_mean`` (``var_backward``): ``(2 / (n - correction)) * grad * (x - mean)``, the
   scalar times the cotangent first.
 - ``hypot``: ``grad * self / result`` and ``grad * other / result``.
+- p = 0 norms (``torch.norm``, ``linalg.norm``, ``linalg.vector_norm``): ``norm_backward`` gives
+  no gradient, and the input gets none (``torch.autograd.grad`` gives None, not zeros).
 - ``logit``: aten's ``logit_backward``, ``grad / (x * (1 - x))`` masked outside its range.
 """
 
@@ -71,3 +73,21 @@ def test_logit_gradient_is_eagers(eps, dtype):
     x = torch.rand(20, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(dtype)
     x = torch.cat([x, torch.tensor([0.0, 1.0, -0.5, 1.5, 0.05, 0.95], dtype=dtype)])
     assert_bit_equal_to_eager(lambda x: torch.logit(x, eps), [x])
+
+
+ZERO_NORMS = {
+    "torch.norm": lambda x: torch.norm(x, 0),
+    "torch.norm dim": lambda x: torch.norm(x, 0, dim=1),
+    "linalg.norm": lambda x: torch.linalg.norm(x.flatten(), 0),
+    "linalg.vector_norm": lambda x: torch.linalg.vector_norm(x, 0, dim=-1),
+}
+
+
+@pytest.mark.parametrize("name", list(ZERO_NORMS))
+def test_p_0_norm_gives_no_gradient_as_eager(name):
+    x = randn(4, 5, dtype=torch.float32).requires_grad_()
+    program = ZERO_NORMS[name]
+    for fn in (program, thunder_rs.jit(program)):
+        out = fn(x)
+        assert torch.equal(out, program(x))
+        assert torch.autograd.grad(out.sum(), [x], allow_unused=True) == (None,), fn
