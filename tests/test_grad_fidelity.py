@@ -7,6 +7,7 @@ to eager's, not a few ulps off (``benchmarks/op_fidelity.py`` finds those over P
 - ``hypot``: ``grad * self / result`` and ``grad * other / result``.
 - p = 0 norms (``torch.norm``, ``linalg.norm``, ``linalg.vector_norm``): ``norm_backward`` gives
   no gradient, and the input gets none (``torch.autograd.grad`` gives None, not zeros).
+- ``sinc``: ``sinc_backward``, ``grad * ((x pi cos(x pi) - sin(x pi)) / (x x pi))``.
 - ``logit``: aten's ``logit_backward``, ``grad / (x * (1 - x))`` masked outside its range.
 """
 
@@ -64,6 +65,12 @@ def test_variance_gradient_is_eagers(name, dtype):
 def test_hypot_gradient_is_eagers(dtype):
     """``grad * self / result`` for each operand (one broadcast)."""
     assert_bit_equal_to_eager(torch.hypot, [randn(4, 5, dtype=dtype), randn(5, dtype=dtype, seed=1)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sinc_gradient_is_eagers(dtype):
+    x = torch.cat([randn(30, dtype=dtype) * 3, torch.tensor([0.0, 1.0, -2.0], dtype=dtype)])
+    assert_bit_equal_to_eager(torch.sinc, [x])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

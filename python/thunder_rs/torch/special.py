@@ -787,3 +787,17 @@ def logit_grad(input, eps=None):
         low, high, fill = low.item(), (1 - low).item(), 0.0
     put_operand_grads((input,), (ltorch.where((input < low) | (input > high), fill, grad),))
     return out
+
+
+@register_grad(ltorch.sinc)
+def sinc_grad(input):
+    """Eager's ``sinc_backward``: ``g * ((x pi cos(x pi) - sin(x pi)) / (x x pi))``, 0 where the
+    divisor is."""
+    out = ltorch.sinc(input)
+    if not (input.requires_grad and input.dtype.is_floating_point):
+        return out
+    g = get_grad(out)
+    x_pi, squared_pi = input * math.pi, input * input * math.pi
+    grad = g * ((x_pi * ltorch.cos(x_pi) - ltorch.sin(x_pi)) / squared_pi)
+    put_operand_grads((input,), (ltorch.where(squared_pi == 0.0, 0.0, grad),))
+    return out
