@@ -780,19 +780,15 @@ def logit_grad(input, eps=None):
         return out
     g = get_grad(out)
     grad = g / (input * (1 - input))
-    if eps is None:
-        low, high, fill = 0.0, 1.0, math.nan
-    else:
-        low = torch.tensor(float(eps), dtype=out.dtype)
-        low, high, fill = low.item(), (1 - low).item(), 0.0
-    put_operand_grads((input,), (ltorch.where((input < low) | (input > high), fill, grad),))
+    low = torch.tensor(0.0 if eps is None else float(eps), dtype=out.dtype)
+    high, fill = (1.0, math.nan) if eps is None else ((1 - low).item(), 0.0)
+    put_operand_grads((input,), (ltorch.where((input < low.item()) | (input > high), fill, grad),))
     return out
 
 
 @register_grad(ltorch.sinc)
 def sinc_grad(input):
-    """Eager's ``sinc_backward``: ``g * ((x pi cos(x pi) - sin(x pi)) / (x x pi))``, 0 where the
-    divisor is."""
+    """Eager's ``sinc_backward``: ``g * ((x pi cos(x pi) - sin(x pi)) / (x x pi))``, 0 at x = 0."""
     out = ltorch.sinc(input)
     if not (input.requires_grad and input.dtype.is_floating_point):
         return out
