@@ -8,6 +8,8 @@ takes every value of each axis by default and the whole product with ``--run-slo
   ``F.group_norm`` (a mean or rstd output the program differentiates adds its terms).
 - ``torch.cdist`` off the matmul path (p != 2, few rows, ``donot_use_mm_for_euclid_dist``):
   ``_cdist_forward`` and ``_cdist_backward``, x2's from the transposed cotangent and distances.
+- ``F.pdist``: ``_pdist_forward`` and ``_pdist_backward``; ``F.pairwise_distance``: its ``norm`` of
+  ``x1 - x2 + eps`` and eager's ``norm_backward`` of that difference (no gradient for p = 0).
 - ``F.grid_sample`` (every mode and padding mode, 2-D and 3-D): aten's ``grid_sampler`` and the
   backward kernel eager's autograd runs for it (cuDNN's where aten's forward took cuDNN's, which
   only fake CUDA tensors show here).
@@ -153,6 +155,65 @@ def test_cdist_off_the_matmul_path_is_eagers(mode, p, dtype, layout):
     else:
         x1, x2 = LAYOUTS[layout](x1), LAYOUTS[layout](x2)
     assert_bit_equal_to_eager(lambda a, b: torch.cdist(a, b, p, compute_mode=mode), [x1, x2])
+
+
+# -- pdist and pairwise_distance ------------------------------------------------------------------
+
+DISTANCE_PS = [2.0, 0.0, 0.5, 1.0, 1.5, 3.0, math.inf]
+
+
+@pytest.mark.parametrize(*sweep(p=DISTANCE_PS, dtype=DTYPES, layout=["contiguous", "stepped", "transposed"]))
+def test_pdist_is_eagers(p, dtype, layout):
+    """Five rows, two of them equal (a zero distance)."""
+    x = randn(5, 4, dtype=dtype)
+    x[3] = x[1]
+    x = x.T.contiguous().T if layout == "transposed" else LAYOUTS[layout](x)
+    assert_bit_equal_to_eager(lambda x: F.pdist(x, p), [x])
+
+
+def test_pdist_of_one_row_is_eagers():
+    assert_bit_equal_to_eager(lambda x: F.pdist(x, 1.5), [randn(1, 4, dtype=torch.float32)])
+
+
+def test_pdist_of_no_rows_has_a_zero_gradient():
+    """Eager's ``_pdist_backward`` of a (0, 4) tensor ends the process (torch 2.15); the compiled
+    backward gives the zeros it gives for one row."""
+    x = torch.randn(0, 4, requires_grad=True)
+    out = thunder_rs.jit(lambda x: F.pdist(x, 1.5))(x)
+    (grad,) = torch.autograd.grad(out, [x], torch.randn(0))
+    assert out.shape == (0,) and torch.equal(grad, torch.zeros(0, 4))
+
+
+PAIRWISE_SHAPES = {
+    "same": ((4, 5), (4, 5)),
+    "broadcast": ((2, 4, 5), (5,)),
+    "kept": ((4, 5), (1, 5)),
+    "0-dim": ((), ()),
+}
+
+
+@pytest.mark.parametrize(
+    *sweep(p=[p for p in DISTANCE_PS if p != 0], dtype=DTYPES, shapes=list(PAIRWISE_SHAPES), keepdim=[False, True])
+)
+def test_pairwise_distance_is_eagers(p, dtype, shapes, keepdim):
+    first, second = PAIRWISE_SHAPES[shapes]
+    x1, x2 = randn(*first, dtype=dtype), randn(*second, dtype=dtype, seed=1)
+    assert_bit_equal_to_eager(lambda a, b: F.pairwise_distance(a, b, p, keepdim=keepdim), [x1, x2])
+
+
+def test_pairwise_distance_of_p_0_gives_no_gradient_as_eager():
+    """Eager's ``norm_backward`` returns an undefined gradient for p = 0: the operands get none
+    (``torch.autograd.grad`` gives None), where zeros would differ from eager."""
+    x1, x2 = randn(4, 5, dtype=torch.float32).requires_grad_(), randn(4, 5, dtype=torch.float32, seed=1)
+    x2.requires_grad_()
+
+    def program(a, b):
+        return F.pairwise_distance(a, b, 0.0)
+
+    for fn in (program, thunder_rs.jit(program)):
+        out = fn(x1, x2)
+        assert torch.equal(out, program(x1, x2))
+        assert torch.autograd.grad(out.sum(), [x1, x2], allow_unused=True) == (None, None)
 
 
 # -- grid_sample -----------------------------------------------------------------------------------

@@ -118,6 +118,21 @@ def cdist(p: float, backward=False):
     return inputs
 
 
+def pdist_backward(p: float):
+    """``_pdist_backward``'s inputs: five rows of 3, two of them equal (a zero distance)."""
+
+    def inputs(dtype):
+        if dtype == torch.bfloat16:
+            pytest.skip("eager's CPU pdist kernels have no bfloat16 form")
+        x = randn(5, 3, dtype=dtype)
+        x[3] = x[1]
+        d = torch.ops.aten._pdist_forward(x, p)
+        g = randn(*d.shape, dtype=dtype)
+        return (g, x, d), lambda g, x, d: ltorch.pdist_backward(g, x, p, d)
+
+    return inputs
+
+
 def grid_sampler(interpolation: int, padding: int, align_corners: bool):
     """aten's ``grid_sampler`` inputs, the grid a little past [-1, 1]. In bfloat16 the
     decomposition's rounded coordinates pick other pixels than eager's (test_nvfuser_opinfos.py)."""
@@ -317,6 +332,11 @@ CASES = [
     *(
         Case(f"cdist_backward_p{p}", ltorch.cdist_backward, cdist(p, backward=True))
         for p in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, math.inf)
+    ),
+    # (p = 0: zeros, which the decomposition records alone)
+    *(
+        Case(f"pdist_backward_p{p}", ltorch.pdist_backward, pdist_backward(p))
+        for p in (0.5, 1.0, 1.5, 2.0, 3.0, math.inf)
     ),
     *(
         Case(f"grid_sampler_{mode}_{padding}_{align}", ltorch.grid_sampler, grid_sampler(mode, padding, align))

@@ -470,6 +470,15 @@ def _cdist_backward(grad, x1, x2, p, cdist):
     return _aten._cdist_backward.default(grad.contiguous(), x1, x2, p, cdist.contiguous())
 
 
+def _pdist_backward(grad, input, p, pdist):
+    """Eager's derivative of ``_pdist_forward`` (of ``input.contiguous()``, as ``torch.pdist``
+    calls it) hands the kernel contiguous distances. Of no rows, its zeros: the kernel crashes
+    there (eager's backward of ``F.pdist`` of a (0, n) tensor ends the process)."""
+    if input.numel() == 0:
+        return torch.zeros(input.shape, dtype=input.dtype, device=input.device)
+    return _aten._pdist_backward.default(grad, input.contiguous(), p, pdist.contiguous())
+
+
 def _sdpa_math(q, k, v, mask, is_causal, scale, enable_gqa):
     return _aten._scaled_dot_product_attention_math.default(
         q, k, v, mask, 0.0, is_causal, None, scale=scale, enable_gqa=enable_gqa
@@ -514,6 +523,7 @@ _KERNELS = {
     "trilinear": (_aten._trilinear.default, None),
     "cdist_forward": (_aten._cdist_forward.default, None),
     "cdist_backward": (_cdist_backward, None),
+    "pdist_backward": (_pdist_backward, None),
     "sdpa_flash": (_sdpa_flash, _on_cpu),
     "sdpa_flash_backward": (_sdpa_flash_backward, _on_cpu),
     "sdpa_math": (_sdpa_math, _on_cpu),

@@ -18,12 +18,22 @@ from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import clamp_min
-from thunder_rs.torch.common import flows, require_float, sum_to
+from thunder_rs.torch.common import flows, kept, require_float, sum_to
+from thunder_rs.torch.norms import norm_backward
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.base_losses import kernel_layout
 from thunder_rs.core.lang.symfloat import SymFloat
 
-__all__ = ["pairwise_distance", "pdist", "cosine_similarity", "normalize", "cdist", "cdist_forward", "cdist_backward"]
+__all__ = [
+    "pairwise_distance",
+    "pdist",
+    "pdist_backward",
+    "cosine_similarity",
+    "normalize",
+    "cdist",
+    "cdist_forward",
+    "cdist_backward",
+]
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -103,6 +113,60 @@ def pdist(input, p=2):
     )
     diff = prims.sub(prims.take(input, first, 0), prims.take(input, second, 0))
     return _vector_norm(diff, p, (1,), False)
+
+
+@register_grad(pairwise_distance)
+def pairwise_distance_grad(x1, x2, p=2.0, eps=1e-06, keepdim=False):
+    """Eager's derivative of ``norm(x1 - x2 + eps, p, -1, keepdim)``: ``norm_backward`` of the
+    difference, which the subtraction hands to x1 and, negated, to x2 (each summed back over its
+    broadcast dims). For p = 0 ``norm_backward`` gives no gradient, and the operands get none."""
+    out = pairwise_distance(x1, x2, p, eps, keepdim)
+    g = get_grad(out)
+    if p == 0:
+        return out
+    diff = ltorch.add(ltorch.sub(x1, x2), eps)
+    dims = (diff.ndim - 1,) if diff.ndim else ()
+    norm = out
+    if not keepdim and diff.ndim:
+        g, norm = kept(g, diff.shape, dims), kept(norm, diff.shape, dims)
+    grad = norm_backward(g, diff, float(p), norm, dims)
+    if x1.requires_grad:
+        put_grad(x1, sum_to(grad, x1.shape))
+    if x2.requires_grad:
+        put_grad(x2, sum_to(ltorch.neg(grad), x2.shape))
+    return out
+
+
+def _pdist_backward_meta(grad, input, p, pdist):
+    # (as cdist's: zeros for p = 0 or fewer than two rows, distances read in a comparison at most
+    # for p = 1 and infinity)
+    zeros = p == 0 or input.shape[0] < 2
+    reads = () if zeros else (grad, input) if p in (1, math.inf) else (grad, input, pdist)
+    return [(tuple(input.shape), input.dtype, flows(*reads))]
+
+
+@torchsymbol(name="pdist_backward", meta=_pdist_backward_meta)
+def pdist_backward(grad, input, p, pdist):
+    """aten's ``_pdist_backward``: the gradient of the rows ``input`` from the distances ``pdist``
+    of its pairs ``i < j`` and their cotangent ``grad``; each pair's term goes to row i and,
+    negated, to row j (zeros for p = 0 or fewer than two rows)."""
+    n = input.shape[0]
+    zeros = ltorch.zeros(tuple(input.shape), dtype=input.dtype, device=input.device)
+    if n < 2 or p == 0:
+        return zeros
+    pairs = ltorch.triu_indices(n, n, 1, device=input.device)
+    first, second = pairs[0], pairs[1]
+    diff = ltorch.sub(ltorch.index_select(input, 0, first), ltorch.index_select(input, 0, second))
+    terms = _pair_terms(diff, ltorch.unsqueeze(grad, -1), ltorch.unsqueeze(pdist, -1), p)
+    return ltorch.index_add(ltorch.index_add(zeros, 0, first, terms), 0, second, ltorch.neg(terms))
+
+
+@register_grad(pdist)
+def pdist_grad(input, p=2):
+    """Eager's derivative of ``_pdist_forward``: ``_pdist_backward`` of the input."""
+    out = pdist(input, p)
+    put_grad(input, pdist_backward(get_grad(out), input, p, out))
+    return out
 
 
 @torchsymbol(torch.cosine_similarity, F.cosine_similarity)
@@ -260,19 +324,23 @@ def cdist_backward(grad, x1, x2, p, cdist):
     g, dist = ltorch.unsqueeze(grad, -1), ltorch.unsqueeze(cdist, -1)
     if p == 0:
         return ltorch.zeros(shape, dtype=x1.dtype, device=x1.device)
+    return ltorch.sum(ltorch.expand(_pair_terms(diff, g, dist, p), pairs), n + 1)
+
+
+def _pair_terms(diff, g, dist, p):
+    """The derivative of the p-norm ``dist`` of each difference ``diff`` of a pair of rows, times
+    its cotangent ``g`` (p > 0; 0 where the distance is 0), as aten's distance kernels."""
     sign = ltorch.sign(diff)
     if p == 1:
-        terms = sign * g
-    elif p == math.inf:
-        terms = sign * g * (ltorch.abs(diff) == dist)
-    elif p == 2:
-        terms = ltorch.where(dist == 0, 0.0, g * diff / dist)
-    elif p < 2:
+        return sign * g
+    if p == math.inf:
+        return sign * g * (ltorch.abs(diff) == dist)
+    if p == 2:
+        return ltorch.where(dist == 0, 0.0, g * diff / dist)
+    if p < 2:
         vanishing = (dist == 0) | ((diff == 0) & (p < 1))
-        terms = ltorch.where(vanishing, 0.0, sign * ltorch.pow(ltorch.abs(diff), p - 1) * g / ltorch.pow(dist, p - 1))
-    else:
-        terms = ltorch.where(dist == 0, 0.0, diff * ltorch.pow(ltorch.abs(diff), p - 2) * g / ltorch.pow(dist, p - 1))
-    return ltorch.sum(ltorch.expand(terms, pairs), n + 1)
+        return ltorch.where(vanishing, 0.0, sign * ltorch.pow(ltorch.abs(diff), p - 1) * g / ltorch.pow(dist, p - 1))
+    return ltorch.where(dist == 0, 0.0, diff * ltorch.pow(ltorch.abs(diff), p - 2) * g / ltorch.pow(dist, p - 1))
 
 
 @register_grad(cdist)

@@ -337,7 +337,7 @@ def diff(input, n=1, dim=-1, prepend=None, append=None):
 # among the elements that attain the maximum (or are NaN).
 
 
-def _norm_backward(g, x, p: float, norm, dims):
+def norm_backward(g, x, p: float, norm, dims):
     """Eager's ``norm_backward`` for real ``x``: ``g`` and ``norm`` have ``x``'s rank."""
     if p == 0:
         return ltorch.zeros_like(x)
@@ -365,10 +365,12 @@ def _norm_backward(g, x, p: float, norm, dims):
 def vector_norm_grad(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
     result = ltorch.linalg_vector_norm(x, ord, dim, keepdim, dtype=dtype)
     g = get_grad(result)
+    if float(ord) == 0:
+        return result  # eager's norm_backward gives no gradient (None, where zeros would differ)
     dims = _dims(x, dim, "ltorch.linalg_vector_norm")
     norm = result
     if not keepdim and x.ndim:
         g, norm = kept(g, x.shape, dims), kept(norm, x.shape, dims)
     wide = ltorch.to(x, result.dtype)
-    put_grad(x, ltorch.to(_norm_backward(g, wide, float(ord), norm, dims), x.dtype))
+    put_grad(x, ltorch.to(norm_backward(g, wide, float(ord), norm, dims), x.dtype))
     return result

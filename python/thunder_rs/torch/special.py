@@ -771,3 +771,40 @@ def addcdiv_grad(input, tensor1, tensor2, *, value=1):
     quotient = torch.full_like(tensor2, value) / tensor2
     put_operand_grads((input, tensor1, tensor2), (g, g * quotient, -g * (tensor1 * value / (tensor2 * tensor2))))
     return out
+
+
+@register_grad(ltorch.hypot)
+def hypot_grad(input, other):
+    """``g * input / result`` and ``g * other / result``."""
+    out = ltorch.hypot(input, other)
+    g = get_grad(out)
+    put_operand_grads((input, other), (g * input / out, g * other / out))
+    return out
+
+
+@register_grad(ltorch.logit)
+def logit_grad(input, eps=None):
+    """aten's ``logit_backward``: ``g / (x * (1 - x))``, NaN outside [0, 1] without ``eps`` and 0
+    outside [eps, 1 - eps] with it (the bounds rounded to the dtype, as the kernel's)."""
+    out = ltorch.logit(input, eps)
+    if not (isinstance(input, torch.Tensor) and input.requires_grad and out.dtype.is_floating_point):
+        return out
+    g = get_grad(out)
+    grad = g / (input * (1 - input))
+    low = torch.tensor(0.0 if eps is None else float(eps), dtype=out.dtype)
+    high, fill = (1.0, math.nan) if eps is None else ((1 - low).item(), 0.0)
+    put_operand_grads((input,), (ltorch.where((input < low.item()) | (input > high), fill, grad),))
+    return out
+
+
+@register_grad(ltorch.sinc)
+def sinc_grad(input):
+    """Eager's ``sinc_backward``: ``g * ((x pi cos(x pi) - sin(x pi)) / (x x pi))``, 0 at x = 0."""
+    out = ltorch.sinc(input)
+    if not (input.requires_grad and input.dtype.is_floating_point):
+        return out
+    g = get_grad(out)
+    x_pi, squared_pi = input * math.pi, input * input * math.pi
+    grad = g * ((x_pi * ltorch.cos(x_pi) - ltorch.sin(x_pi)) / squared_pi)
+    put_operand_grads((input,), (ltorch.where(squared_pi == 0.0, 0.0, grad),))
+    return out

@@ -163,20 +163,24 @@ fn var_grads(
     let by_count = |e: &Emitter, v: ValueId| n.map_or_else(|| Arg::dim(count), |n| e.scalar(v, n));
     let mut grad = None;
     if let Some(g) = cots[0] {
-        // d var / dx = 2 (x - mean) / (n - correction)
+        // d var / dx = 2 (x - mean) / (n - correction), rounded as eager's `var_backward`:
+        // `(2 / (n - correction)) * grad * (x - mean)`, the scalar times the cotangent first
         let mean = e.sum(x, dims.to_vec())?;
         let mean = e.div(mean, by_count(e, x))?;
         let mean = e.unreduce(mean, shape, dims)?;
         let centered = e.sub(x, mean)?;
         let g = e.unreduce(g, shape, dims)?;
-        let t = match n {
-            Some(n) => e.mul(centered, e.scalar(x, 2.0 / (n - correction)))?,
+        grad = Some(match n {
+            Some(n) => {
+                let scaled = e.mul(g, e.scalar(x, 2.0 / (n - correction)))?;
+                e.mul(scaled, centered)?
+            }
             None => {
                 let twice = e.mul(centered, e.scalar(x, 2.0))?;
-                e.div(twice, Arg::dim(&count.sub(&Dim::Const(correction as i64))))?
+                let t = e.div(twice, Arg::dim(&count.sub(&Dim::Const(correction as i64))))?;
+                e.mul(g, t)?
             }
-        };
-        grad = Some(e.mul(g, t)?);
+        });
     }
     if let Some(g_mean) = cots.get(1).copied().flatten() {
         let t = e.div(g_mean, by_count(e, x))?;
