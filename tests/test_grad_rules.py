@@ -320,29 +320,6 @@ CASES = [
         lambda d: (randn(3, 4, dtype=d), randn(5, 4, dtype=d), randn(1, dtype=d)),
         ("ltorch.matmul", "ltorch.sum"),
     ),
-    # matmul's rule makes the calls eager's matmul makes: dot's products, mv's of the folded batch,
-    # bmm's of the broadcast batch; a vector that requires grad against a batch eager folds as
-    # ``other.mT`` (a copy), recorded as those views (differentiated as prims) and mv
-    Case("matmul_dot", torch.matmul, lambda d: (randn(4, dtype=d), randn(4, dtype=d)), ("ltorch.mul",)),
-    Case(
-        "matmul_matrix_vector",
-        torch.matmul,
-        lambda d: (randn(2, 3, 4, dtype=d), randn(4, dtype=d)),
-        ("ltorch.mv", "ltorch.outer"),
-    ),
-    Case(
-        "matmul_vector_batch",
-        torch.matmul,
-        lambda d: (randn(4, dtype=d), randn(2, 4, 3, dtype=d)),
-        ("ltorch.mv", "ltorch.outer"),
-        ("prims.reshape", "prims.transpose"),
-    ),
-    Case(
-        "matmul_batch_broadcast",
-        torch.matmul,
-        lambda d: (randn(2, 1, 3, 4, dtype=d), randn(5, 4, 2, dtype=d)),
-        ("ltorch.bmm", "ltorch.sum"),
-    ),
     Case(
         "matmul_weight",
         lambda a, b: a @ b,

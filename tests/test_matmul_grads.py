@@ -14,6 +14,7 @@ operand requires grad, cotangent layouts and seeds; the quick table holds a case
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -123,6 +124,25 @@ def test_matmuls_gradients_are_eagers_on_each_of_its_paths(name: str, dtype: tor
     jfn = thunder_rs.jit(lambda x, y: x @ y)
     for seed in range(4):
         _check(*_operands(shape_a, layout_a, shape_b, layout_b, dtype, seed), requires, "contiguous", seed, jfn)
+
+
+#: The calls of the backward of some paths (eager's: dot's products, mv's of a folded batch, bmm's).
+CALLS = {
+    "dot of strided vectors": {"ltorch.mul"},
+    "batch @ vector, folded into mv": {"ltorch.mv", "ltorch.outer"},
+    "vector @ batch, other.mT folded (a copy)": {"ltorch.mv", "ltorch.outer"},
+    "broadcast batches: bmm of expanded copies": {"ltorch.bmm", "ltorch.sum"},
+}
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_matmuls_backward_makes_eagers_calls(name: str):
+    (shape_a, layout_a), (shape_b, layout_b), requires = QUICK[name]
+    jfn = thunder_rs.jit(lambda x, y: x @ y)
+    _check(*_operands(shape_a, layout_a, shape_b, layout_b, torch.float32, 0), requires, "contiguous", 0, jfn)
+    (before_views,) = [t for t in thunder_rs.last_backward_traces(jfn) if t.label == "cse"]
+    calls = set(re.findall(r"^  \S.* = ((?:ltorch|prims)\.\w+)\(", str(before_views), re.MULTILINE))
+    assert CALLS[name] <= calls and "ltorch.matmul" not in calls
 
 
 @pytest.mark.parametrize("grad_mode", [True, False], ids=["grad", "no_grad"])
