@@ -320,22 +320,6 @@ CASES = [
         lambda d: (randn(3, 4, dtype=d), randn(5, 4, dtype=d), randn(1, dtype=d)),
         ("ltorch.matmul", "ltorch.sum"),
     ),
-    Case("matmul_dot", torch.matmul, lambda d: (randn(4, dtype=d), randn(4, dtype=d)), ("ltorch.matmul",)),
-    Case(
-        "matmul_matrix_vector", torch.matmul, lambda d: (randn(2, 3, 4, dtype=d), randn(4, dtype=d)), ("ltorch.matmul",)
-    ),
-    Case(
-        "matmul_vector_batch",
-        torch.matmul,
-        lambda d: (randn(4, dtype=d), randn(2, 4, 3, dtype=d)),
-        ("ltorch.matmul", "ltorch.sum"),
-    ),
-    Case(
-        "matmul_batch_broadcast",
-        torch.matmul,
-        lambda d: (randn(2, 1, 3, 4, dtype=d), randn(5, 4, 2, dtype=d)),
-        ("ltorch.matmul", "ltorch.sum"),
-    ),
     Case(
         "matmul_weight",
         lambda a, b: a @ b,

@@ -4,7 +4,7 @@ and the weight-gradient product view folding makes (flattened_product).
 Products do not promote: torch requires both operands to have one dtype and raises RuntimeError
 otherwise, as it does for shape mismatches. The checks here run before ``prims.matmul`` so that
 errors have eager's types; the prim's own meta errors are the backstop. The grad rule of
-matmul is a few whole torch calls.
+matmul makes the calls eager's composite matmul makes, on the same views of its operands.
 
 The factorizations and solvers (svd, qr, eigh, cholesky, lu, solve, inv, det, ...) have no
 sensible decomposition into prims: each is an opaque symbol (``opaque``) rather than an eager
@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from thunder_rs import _core, clang, prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.eager_layouts import eager_strides
 from thunder_rs.core.lang.recorder import current, output_meta, proxies
@@ -36,6 +37,7 @@ from thunder_rs.errors import (
     thunder_error_like,
 )
 from thunder_rs.torch.common import require_tensor, sum_to
+from thunder_rs.torch.strides import strides_of
 from thunder_rs.torch.symbols import ltorch, register, torchsymbol
 from thunder_rs.core.lang.symint import identical, same_shape
 
@@ -91,8 +93,7 @@ def _check_inner(op: str, a, b, names: tuple[str, str]) -> None:
     )
 
 
-@torchsymbol(torch.matmul, T.matmul, T.__matmul__, torch.linalg.matmul)
-def matmul(input, other):
+def _check_matmul(input, other) -> None:
     op = "ltorch.matmul"
     names = ("input", "other")
     _check_operands(op, input, other, names)
@@ -104,7 +105,39 @@ def matmul(input, other):
     )
     _check_inner(op, input, other, names)
     clang.broadcast_shapes(op, input.shape[:-2], other.shape[:-2])
+
+
+@torchsymbol(torch.matmul, T.matmul, T.__matmul__, torch.linalg.matmul)
+def matmul(input, other):
+    _check_matmul(input, other)
     return prims.matmul(input, other)
+
+
+def _matmul_as_eager(input, other):
+    """``torch.matmul``: eager's calls where they depend on which operand requires grad (the
+    tensors' flag, in grad mode or not), which the torch executor's ``torch.matmul`` cannot see
+    (its tensors do not require grad): a batch against a vector or a matrix that requires grad
+    eager folds into one ``mm``/``mv`` (``_should_fold``) even where the batch copies to fold, and of
+    3-D operands with different batches it squeezes a batch of one that requires grad (then folds
+    the other's). The others are one ``ltorch.matmul``."""
+    _check_matmul(input, other)
+    if _should_fold(input, other) and not _should_fold(input, other, small_requires_grad=False):
+        transpose = other.ndim > input.ndim  # eager's folds ``other.mT`` by ``input.t()``
+        t1 = other.mT if transpose else input
+        t2 = (input.t() if input.ndim == 2 else input) if transpose else other
+        out = matmul(t1.reshape((math.prod(t1.shape[:-1]), t1.shape[-1])), t2)
+        out = out.reshape((*t1.shape[:-1], *t2.shape[1:]))
+        return out.mT.contiguous() if transpose and t2.ndim == 2 else out
+    if input.ndim == 3 and other.ndim == 3 and input.shape[0] != other.shape[0]:
+        if input.shape[0] == 1 and input.requires_grad:
+            return _matmul_as_eager(input.squeeze(0), other)
+        if other.shape[0] == 1 and other.requires_grad:
+            return _matmul_as_eager(input, other.squeeze(0))
+    return matmul(input, other)
+
+
+for _fn in matmul.torch_fns:
+    TORCH_TO_LTORCH[_fn] = _matmul_as_eager
 
 
 @torchsymbol(T.__rmatmul__)
@@ -353,33 +386,139 @@ def baddbmm_grad(input, batch1, batch2, *, beta=1, alpha=1):
     return out
 
 
+# matmul's rule makes the calls eager's matmul makes. ATen's ``_matmul_impl`` is a composite: by
+# the operands' ranks ``dot``, ``mv`` or ``mm``; a batch against a vector or a matrix folded into one
+# ``mm``/``mv`` (``should_fold``), a matrix on the left transposed to the right; the others
+# expanded to one batch, reshaped to 3-D (a copy where the batch does not fold) and multiplied by
+# ``bmm``. Autograd differentiates those calls: ``mm``'s backward as ``mm_first_grad`` does,
+# ``bmm``'s with the transposed view of the reshaped operand, and each view's backward reshapes or
+# sums the gradient back. The rule takes the same views of the saved operands (tensor methods, so
+# that the trace tracks their strides, and each reshape is a view or a copy as eager's) and makes
+# the same products: one with the other operand transposed (the GEMM's other transposition flag),
+# or ``bmm`` where eager's is ``mv``, rounds differently (``q @ k.transpose(-1, -2)`` of heads split
+# from a linear's output, in float16, at 3 inputs in 4; T5's and UMT5's training steps).
+
+
+def _should_fold(input, other, small_requires_grad: bool | None = None) -> bool:
+    """ATen's ``should_fold``: whether a batch against a vector or a matrix is one ``mm``/``mv``
+    (the batch folded into rows). Always where the smaller operand requires grad (its gradient is
+    then one product, no sum over the batch), else where the batch folds without a copy."""
+    big, small = (input, other) if input.ndim >= other.ndim else (other, input)
+    if not (big.ndim >= 3 and small.ndim <= 2):
+        return False
+    if small.requires_grad if small_requires_grad is None else small_requires_grad:
+        return True
+    if input.ndim == 2:
+        return False
+    shape, strides = list(big.shape), list(strides_of(big))
+    if big is other:  # the larger one is ``other.mT``
+        shape[-2:], strides[-2:] = shape[:-3:-1], strides[:-3:-1]
+    for i in range(big.ndim - 2):
+        expected = strides[i + 1] * shape[i + 1]
+        if not identical(strides[i], expected) and strides[i] != expected:
+            return math.prod(shape) == 0  # (eager's first check: no guard where the strides fold)
+    return True
+
+
+def _mm_grads(g, mat1, mat2, wanted: tuple[bool, bool]):
+    """``mm``'s backward (``mm_mat1_backward``, ``mm_mat2_backward``) for the operands ``wanted``."""
+    first = mm_first_grad(g, mat1, mat2) if wanted[0] else None
+    second = mm_second_grad(g, mat1, mat2) if wanted[1] else None
+    return first, second
+
+
+def _mv_grads(g, mat, vec, wanted: tuple[bool, bool]):
+    """``mv``'s backward: ``grad.ger(vec)`` and ``mat.t().mv(grad)``."""
+    first = ltorch.outer(g, vec) if wanted[0] else None
+    second = ltorch.mv(mat.t(), g) if wanted[1] else None
+    return first, second
+
+
+def _folded_grads(g, input, other, wanted: tuple[bool, bool]):
+    """The folded product's: ``input`` a batch (rows folded) against a vector or a matrix, or
+    (transposed) a vector or a matrix against the batch ``other``, which eager folds as
+    ``other.mT`` and multiplies by ``input.t()``, then transposes the result contiguous."""
+    transpose = other.ndim > input.ndim
+    t1 = other.mT if transpose else input
+    t2 = (input.t() if input.ndim == 2 else input) if transpose else other
+    wanted_t1, wanted_t2 = (wanted[1], wanted[0]) if transpose else wanted
+    rows = math.prod(t1.shape[:-1])
+    t1_folded = t1.reshape((rows, t1.shape[-1]))
+    if t2.ndim == 2:
+        g_rows = (g.mT if transpose else g).reshape((rows, t2.shape[1]))
+        grad_t1, grad_t2 = _mm_grads(g_rows, t1_folded, t2, (wanted_t1, wanted_t2))
+    else:
+        grad_t1, grad_t2 = _mv_grads(g.reshape((rows,)), t1_folded, t2, (wanted_t1, wanted_t2))
+    if grad_t1 is not None:
+        grad_t1 = grad_t1.reshape(t1.shape)
+        grad_t1 = grad_t1.mT if transpose else grad_t1
+    if transpose and grad_t2 is not None and input.ndim == 2:
+        grad_t2 = grad_t2.t()
+    return (grad_t2, grad_t1) if transpose else (grad_t1, grad_t2)
+
+
+def _batched_grads(g, input, other, wanted: tuple[bool, bool]):
+    """The batched product's: both operands expanded to the broadcast batch and reshaped to one
+    batch dim (``tensor1_expanded``, ``tensor2_expanded``; a vector ``other`` as a column), then
+    ``bmm``'s backward, the reshapes' and the expands' (a sum over the broadcast dims)."""
+    k = input.shape[-1]
+    n = input.shape[-2] if input.ndim > 1 else 1
+    p = other.shape[-1] if other.ndim > 1 else 1
+    batch = tuple(clang.broadcast_shapes("ltorch.matmul", input.shape[:-2], other.shape[:-2]))
+    count = math.prod(batch)
+    input_expanded = input.expand((*batch, n, k)).reshape((count, n, k))
+    if other.ndim == 1:
+        other_expanded = other.expand((*batch, k)).reshape((count, k)).unsqueeze(2)
+    else:
+        other_expanded = other.expand((*batch, k, p)).reshape((count, k, p))
+    g3 = g.reshape((count, n) if other.ndim == 1 else (count, n, p))
+    g3 = g3.unsqueeze(-1) if other.ndim == 1 else g3
+    grads = [None, None]
+    if wanted[0]:
+        grad = ltorch.bmm(g3, other_expanded.transpose(1, 2))
+        grads[0] = sum_to(grad.reshape((*batch, n, k)), input.shape)
+    if wanted[1]:
+        grad = ltorch.bmm(input_expanded.transpose(1, 2), g3)
+        if other.ndim == 1:
+            grad = grad.squeeze(2).reshape((*batch, k))
+        else:
+            grad = grad.reshape((*batch, k, p))
+        grads[1] = sum_to(grad, other.shape)
+    return tuple(grads)
+
+
+def eager_matmul_grads(g, input, other, wanted: tuple[bool, bool]):
+    """The gradients of ``input @ other`` for the cotangent ``g`` as eager's autograd computes
+    them through ``_matmul_impl``'s calls (None for an operand not ``wanted``)."""
+    ranks = (input.ndim, other.ndim)
+    if ranks == (1, 1):  # dot: ``grad * tensor`` and ``grad * self``
+        return (ltorch.mul(g, other) if wanted[0] else None, ltorch.mul(g, input) if wanted[1] else None)
+    if ranks == (2, 1):
+        return _mv_grads(g, input, other, wanted)
+    if ranks == (1, 2):  # ``input.unsqueeze(0).mm(other).squeeze_(0)``
+        first, second = _mm_grads(g.unsqueeze(0), input.unsqueeze(0), other, wanted)
+        return (None if first is None else first.squeeze(0), second)
+    if ranks == (2, 2):
+        return _mm_grads(g, input, other, wanted)
+    if _should_fold(input, other):
+        return _folded_grads(g, input, other, wanted)
+    if ranks == (3, 3) and input.shape[0] != other.shape[0]:
+        # a batch of one that requires grad is squeezed (eager then folds the other batch)
+        if input.shape[0] == 1 and input.requires_grad:
+            first, second = eager_matmul_grads(g, input.squeeze(0), other, wanted)
+            return (None if first is None else first.unsqueeze(0), second)
+        if other.shape[0] == 1 and other.requires_grad:
+            first, second = eager_matmul_grads(g, input, other.squeeze(0), wanted)
+            return (first, None if second is None else second.unsqueeze(0))
+    return _batched_grads(g, input, other, wanted)
+
+
 @register_grad(ltorch.matmul)
 def matmul_grad(input, other):
     out = ltorch.matmul(input, other)
     g = get_grad(out)
-    # As matrices: a 1-D input is a row, a 1-D other a column; the cotangent gets the same dims.
-    a = input if input.ndim > 1 else ltorch.unsqueeze(input, 0)
-    b = other if other.ndim > 1 else ltorch.unsqueeze(other, -1)
-    if other.ndim == 1:
-        g = ltorch.unsqueeze(g, -1)
-    if input.ndim == 1:
-        g = ltorch.unsqueeze(g, -2)
-    grads = []
-    if input.requires_grad:
-        if input.ndim == 2 and other.ndim == 2:  # eager's mm
-            grad = mm_first_grad(g, input, b)
-        else:
-            grad = sum_to(ltorch.matmul(g, ltorch.transpose(b, -1, -2)), a.shape)
-        grads.append((input, ltorch.reshape(grad, input.shape)))
-    if other.requires_grad:
-        if other.ndim == 2 and a.ndim >= 2:
-            # eager's mm of the flattened batch: one product, no sum after it.
-            rows, k = math.prod(a.shape[:-1]), a.shape[-1]
-            a2 = ltorch.reshape(a, (rows, k))
-            grad = mm_second_grad(ltorch.reshape(g, (rows, b.shape[-1])), a2, other)
-        else:
-            grad = sum_to(ltorch.matmul(ltorch.transpose(a, -1, -2), g), b.shape)
-        grads.append((other, ltorch.reshape(grad, other.shape)))
+    first, second = eager_matmul_grads(g, input, other, (input.requires_grad, other.requires_grad))
+    grads = [(x, grad) for x, grad in ((input, first), (other, second)) if grad is not None]
     # ``a @ a`` batched: eager's bmm of a view of each operand, whose backward nodes run newest
     # first, adds the second operand's gradient first (2-D: one mm node, in operand order)
     for x, grad in reversed(grads) if input is other and input.ndim >= 3 else grads:
