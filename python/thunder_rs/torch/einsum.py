@@ -18,6 +18,7 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import require_tensor
+from thunder_rs.torch.products import same_dtype
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 __all__ = ["einsum"]
@@ -242,13 +243,7 @@ def einsum(*args):
     for i, x in enumerate(operands):
         require_tensor(_OP, x, f"operands[{i}]")
     check(len(operands) > 0, _OP, "must provide at least one operand", ThunderRuntimeError)
-    for x in operands[1:]:
-        check(
-            x.dtype == operands[0].dtype,
-            _OP,
-            lambda: f"expected all operands to have the same dtype, but found {operands[0].dtype} and {x.dtype}",
-            ThunderRuntimeError,
-        )
+    same_dtype(_OP, operands, "expected all operands to have the same dtype")
     labels, out_labels = _parse_einsum(equation, operands)
     compute = torch.int64 if operands[0].dtype == torch.bool else operands[0].dtype
     labelled = [_take_diagonals(clang.maybe_convert(x, compute), list(ls)) for x, ls in zip(operands, labels)]

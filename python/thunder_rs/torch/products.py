@@ -47,7 +47,7 @@ def _check_tensor(op: str, x, name: str) -> None:
     require_tensor(op, x, name)
 
 
-def _same_dtype(op: str, tensors, message: str) -> None:
+def same_dtype(op: str, tensors, message: str) -> None:
     for t in tensors[1:]:
         check(
             t.dtype == tensors[0].dtype,
@@ -240,7 +240,7 @@ def tensordot(a, b, dims=2, out=None):
     op = "ltorch.tensordot"
     _check_tensor(op, a, "a")
     _check_tensor(op, b, "b")
-    _same_dtype(op, (a, b), "both inputs should have same dtype")
+    same_dtype(op, (a, b), "both inputs should have same dtype")
     check(a.dtype != torch.bool, op, "not implemented for 'Bool' (argument a)", ThunderNotImplementedError)
     a_dims, b_dims = _tensordot_dims(op, a, b, dims)
     # A contracted dim of size 1 against a longer one: eager sums the longer one first.
@@ -264,7 +264,7 @@ def _cross(op: str, input, other, dim):
         f"inputs must have the same number of dimensions, got {input.ndim} and {other.ndim} (argument other)",
         ThunderRuntimeError,
     )
-    _same_dtype(op, (input, other), "expected both inputs to have the same dtype")
+    same_dtype(op, (input, other), "expected both inputs to have the same dtype")
     shape = clang.broadcast_shapes(op, input.shape, other.shape)
     if dim is None:  # the first dim of size 3 (deprecated in eager)
         check(3 in shape, op, "no dimension of size 3 in input (argument dim)", ThunderRuntimeError)
@@ -299,7 +299,7 @@ def linalg_vecdot(x, y, *, dim=-1, out=None):
     op = "ltorch.linalg_vecdot"
     _check_tensor(op, x, "x")
     _check_tensor(op, y, "y")
-    _same_dtype(op, (x, y), "Expected x and y to have the same dtype")
+    same_dtype(op, (x, y), "Expected x and y to have the same dtype")
     check(
         dtypes.is_inexact(x.dtype),
         op,
@@ -360,7 +360,7 @@ def linalg_multi_dot(tensors, *, out=None):
             f"tensor {i} must be {rank} but got {t.ndim}D (argument tensors)",
             ThunderRuntimeError,
         )
-    _same_dtype(op, tensors, "all tensors must have the same dtype")
+    same_dtype(op, tensors, "all tensors must have the same dtype")
     check(
         tensors[0].dtype != torch.bool, op, "not implemented for 'Bool' (argument tensors)", ThunderNotImplementedError
     )
