@@ -31,8 +31,8 @@ def watch_checks() -> dict:
     seen: dict = {"checks": {}}
     make = entries.make_check
 
-    def make_check(entry, guards):
-        check = make(entry, guards)
+    def make_check(entry, guards, *rest):
+        check = make(entry, guards, *rest)
         if check is None:
             return None
         seen["checks"][id(entry)] = check
