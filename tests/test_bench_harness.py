@@ -158,3 +158,18 @@ def test_host_overhead_steps_equal_eager_and_time_their_parts():
             torch.testing.assert_close(jitted(), eager())
     assert {"generated forward", "generated backward", "forward call", "backward"} <= set(phases)
     assert host_overhead.count_ops(jitted)["aten._scaled_dot_product_flash_attention_for_cpu_backward"] == 1
+
+
+def test_guard_check_benchmark_sees_the_entries_it_times(monkeypatch):
+    import guard_check  # noqa: PLC0415 (benchmarks/, on the path above)
+    import thunder_rs  # noqa: PLC0415
+    from thunder_rs.core.run import entry as entries  # noqa: PLC0415
+
+    monkeypatch.setattr(entries, "make_check", entries.make_check)  # put back after the test
+    seen = guard_check.watch_checks()
+    lin = torch.nn.Linear(4, 4)
+    jitted = thunder_rs.jit(lambda x, scale: lin(x) * scale)
+    x = torch.randn(2, 4)
+    for _ in range(2):
+        torch.testing.assert_close(jitted(x, 3.0), lin(x) * 3.0)
+    assert seen["flat"][0] is x and id(seen["entry"]) in seen["checks"]
