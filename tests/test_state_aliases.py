@@ -299,3 +299,30 @@ def test_a_tensor_at_two_indices_of_each_calls_cache_compiles_once():
         torch.testing.assert_close(cache.keys, twin.keys, rtol=0, atol=0)
     assert len(_misses(jf)) == 2
     assert _misses(jf)[1] == "cache.keys[0] and cache.keys[1], one object when traced, are now distinct objects"
+
+
+class _Outer:
+    def __init__(self, a, b):
+        self.cache = _Cache([])
+        self.cache.a, self.cache.b = a, b
+
+
+def _write_both(x, outer):
+    outer.cache.a.keys = outer.cache.a.keys + x
+    outer.cache.b.keys = outer.cache.b.keys * x
+    return x * 2
+
+
+def test_objects_written_through_their_paths_are_compared_once_and_their_sharing_as_eager():
+    jitted = thunder_rs.jit(_write_both)
+    x = torch.full((3,), 2.0)
+    traced = _Outer(_Layer(), _Layer())
+    jitted(x, traced)
+    (entry,) = jitted._cache.values()
+    distinct = [g for g in entry.guards.per_call if type(g).__name__ == "DistinctGuard"]
+    assert len(distinct) == 1 and {"outer.cache.a", "outer.cache.b"} <= set(distinct[0].origin.split(", "))
+    for make in (lambda: _Outer(_Layer(), _Layer()), lambda: _Outer(*[_Layer()] * 2)):
+        compiled, eager = make(), make()
+        jitted(x, compiled), _write_both(x, eager)
+        torch.testing.assert_close(compiled.cache.a.keys, eager.cache.a.keys, rtol=0, atol=0)
+        torch.testing.assert_close(compiled.cache.b.keys, eager.cache.b.keys, rtol=0, atol=0)

@@ -161,6 +161,14 @@ def _stateful(value) -> bool:
     )
 
 
+def _distinct_already(sources: list, guards: list) -> bool:
+    """Whether a ``DistinctGuard`` among ``guards`` (the one of objects guarded through their paths,
+    ``ProgramState.guard_distinct``) covers every place of ``sources``: distinct there, distinct here."""
+    covered = {getattr(s, "key", None) for g in guards if type(g) is DistinctGuard for s in g.sources}
+    keys = {getattr(s, "key", None) for s in sources}
+    return None not in keys and keys <= covered
+
+
 def alias_guards(reached, written: set, guards: list) -> list:
     """The guards on which places of the arguments hold one object, for ``reached``
     (``reached.ArgumentObjects``) after a trace that set attributes of the state objects whose ids
@@ -173,7 +181,7 @@ def alias_guards(reached, written: set, guards: list) -> list:
     places += [(x, source) for x, _, source in reached.containers]
     kinds = {type(x) for x, _ in places if id(x) in written or id(x) in reached.written}
     sources = [source for x, source in places if type(x) in kinds]
-    if len(sources) > 1:
+    if len(sources) > 1 and not _distinct_already(sources, guards):
         made.append(DistinctGuard(sources))
     fixed = _fixed_objects(guards) if places else {}
     same = [(source, x) for x, source in places if id(x) in fixed]
