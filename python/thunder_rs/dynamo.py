@@ -205,7 +205,7 @@ def _function_of(fwd, bwd, *, non_differentiable_idx, saved_for_backward_idx, di
 
     def picked(output, idx) -> list:
         outs = output if isinstance(output, (tuple, list)) else (output,)
-        return [o for i, o in enumerate(outs) if i in set(idx)]
+        return [outs[i] for i in sorted(set(idx))]
 
     class DynamoFunction(torch.autograd.Function):
         @staticmethod
