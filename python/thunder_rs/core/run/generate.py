@@ -15,6 +15,7 @@ from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_dumps
 from thunder_rs.core.base.proxies import make_proxy
 from thunder_rs.core.lang.values import abandonable
+from thunder_rs.core.run import codes
 from thunder_rs.core.lang.executor_api import (
     FusionExecutor,
     Region,
@@ -106,8 +107,10 @@ def snapshot_runner(executors):
     def run(snapshot, consts: list, inputs: list):
         table, impls = executor_table(plain)
         traces = _core.compile(snapshot, table, _checker(plain), make_proxy, consts).forward
-        namespace = {"torch": torch, "math": math, **impls, **{f"_c{i}": c for i, c in enumerate(consts)}}
-        return _load(traces[-1], "computation", "<thunder_rs snapshot>", namespace, {})[1](*inputs)
+        source, taken = codes.canonical(str(traces[-1]))
+        scope = {"torch": torch, "math": math, **impls, **{f"_c{j}": consts[i] for j, i in enumerate(taken)}}
+        exec(codes.code(source, "<thunder_rs snapshot>"), scope)
+        return scope["computation"](*inputs)
 
     return run
 
