@@ -116,3 +116,34 @@ def test_executor_tables_cross_as_frozen_records():
     with pytest.raises(AttributeError):
         entry.function = "other"  # type: ignore[misc]
     _core.ExecutorTable([row])
+
+
+def test_the_tables_of_two_executor_lists_each_follow_their_registries():
+    """A compile's snapshots and its passes take tables of two lists in turn: each is kept, and
+    rebuilt once its executors' registries change."""
+    from thunder_rs.core.lang.executor_api import executor_table
+    from thunder_rs.executors.torch_ex import torch_ex
+
+    ex = Executor("two_tables_ex")
+    both, alone = [ex, torch_ex], [torch_ex]
+    table_both, _ = executor_table(both)
+    table_alone, _ = executor_table(alone)
+    assert executor_table(both)[0] is table_both and executor_table(alone)[0] is table_alone
+    ex.register_implementation(ltorch.sin, torch.sin, impl_name="two_tables.sin")
+    table, impls = executor_table(both)
+    assert table is not table_both and "two_tables_sin" in impls
+    assert executor_table(alone)[0] is table_alone
+
+
+def test_a_fallback_taken_out_of_the_torch_executor_is_registered_again():
+    """Fallbacks are synced while neither their number nor the registry changed: a removal
+    changes the registry's version, and the next sync puts the fallback back."""
+    from thunder_rs.core.lang.fallback import FALLBACK_IMPLS
+    from thunder_rs.executors.torch_ex import sync_fallbacks, torch_ex
+
+    sync_fallbacks()
+    sid = next(iter(FALLBACK_IMPLS))
+    removed = torch_ex.registry.remove([sid])
+    assert sid not in torch_ex.registry
+    sync_fallbacks()
+    assert torch_ex.registry[sid].fn is removed[sid].fn

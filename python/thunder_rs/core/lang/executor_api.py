@@ -238,7 +238,11 @@ _named: dict[str, Executor] = {}
 #: Names whose executor a module registers at import, imported on first use (importing Inductor
 #: takes seconds, which jit without it must not pay): ``register_lazy_executor``.
 _lazy: dict[str, str] = {}
+#: The tables last built, by the executors they list (``executor_table``): a compile's snapshots
+#: (executors that run symbols one by one) and its passes (all of the jit's) take two tables in
+#: turn, which one slot would rebuild twice a compile (2 ms each).
 _table_cache: dict = {}
+_TABLES_KEPT = 8
 
 
 def register_executor(executor: Executor, *, priority: int | None = None) -> Executor:
@@ -398,7 +402,8 @@ def executor_table(executors: list[Executor]):
         if executor.sync is not None:
             executor.sync()
     key = tuple((id(e), e.registry.version) for e in executors)
-    cached = _table_cache.get("table")
+    listed = tuple(map(id, executors))
+    cached = _table_cache.get(listed)
     if cached is not None and cached[0] == key:
         return cached[1], cached[2]
     rows: list[_core.ExecutorRow] = []
@@ -416,7 +421,9 @@ def executor_table(executors: list[Executor]):
             _core.ExecutorRow(name=name, fusion=executor.fusion, impls=entries, fuses_decompositions=decomposes)
         )
     table = _core.ExecutorTable(rows)
-    _table_cache["table"] = (key, table, impls)
+    if listed not in _table_cache and len(_table_cache) >= _TABLES_KEPT:
+        _table_cache.pop(next(iter(_table_cache), None), None)  # (another thread may have dropped it)
+    _table_cache[listed] = (key, table, impls)
     return table, impls
 
 
