@@ -7,6 +7,7 @@ thread computes is compared with eager in that thread (grad mode and autocast ar
 torch, and so is the cache key that holds them).
 """
 
+import contextlib
 import queue
 import sys
 import threading
@@ -18,6 +19,8 @@ import torch
 from torch import nn
 
 import thunder_rs
+from thunder_rs.core.lang import snapshots as snapshots_module
+from thunder_rs.core.lang import values as values_module
 from thunder_rs.core.run import entry as entry_module
 from thunder_rs.core.run import jit as jit_module
 
@@ -138,6 +141,21 @@ def test_first_calls_of_one_key_on_many_threads_compile_it_once():
         torch.testing.assert_close(out, torch.tanh(x) * 2 + 1)
     stats = thunder_rs.compile_stats(jf)
     assert (stats.cache_misses, stats.cache_hits) == (1, 7)
+
+
+@pytest.mark.filterwarnings("ignore:.*recompiled")
+def test_threads_calling_past_the_cache_size_compute_what_eager_computes():
+    jf = thunder_rs.jit(lambda x: torch.sin(x) * 2, cache=2, dynamic=False)
+    xs = [torch.randn(n) for n in range(1, 5)]
+
+    def call(i):
+        for k in range(12):  # (each thread's calls go round the four sizes: entries are evicted)
+            x = xs[(i + k) % 4]
+            torch.testing.assert_close(jf(x), torch.sin(x) * 2)
+
+    _together(4, call)
+    stats = thunder_rs.compile_stats(jf)
+    assert stats.calls == 48 and stats.evictions == stats.cache_misses - 2
 
 
 def test_grad_mode_inference_mode_and_autocast_are_the_calling_threads():
@@ -382,3 +400,38 @@ def test_a_hook_registered_on_the_jitted_module_while_a_call_looks_for_hooks_run
         jm(x)
         assert jit_module._WRAPPER_HOOKS is names
         torch.testing.assert_close(jm(x), model(x) * 10)
+
+
+# -- another thread draws random numbers while a call compiles ------------------------------------
+
+
+@pytest.mark.parametrize("read", ["branch", "item"])
+def test_numbers_another_thread_draws_while_a_call_is_traced_are_not_drawn_again(monkeypatch, read):
+    # Tracing a program that reads values runs it so far (``snapshots``), and set the generators
+    # back after each run: the draws another thread made meanwhile were undone, and drawn again.
+    def f(x):
+        y = x.sin() * 2
+        if read == "branch":
+            return y + 1 if y.sum() > 0 else y - 1
+        return y * y.max().item()
+
+    drawn: list = []
+
+    def drawing_meanwhile(original):
+        @contextlib.contextmanager
+        def run(*args, **kwargs):
+            with original(*args, **kwargs):
+                _in_another_thread(lambda: drawn.append(torch.rand(8)))
+                yield
+
+        return run
+
+    for module in (snapshots_module, values_module):
+        monkeypatch.setattr(module, "outside_the_trace", drawing_meanwhile(module.outside_the_trace))
+    torch.manual_seed(0)
+    x = torch.randn(16, requires_grad=True)  # (the first call computes again: no outputs of tracing to return)
+    torch.testing.assert_close(thunder_rs.jit(f)(x), f(x))
+    assert drawn
+    later = torch.rand(8)
+    for numbers in drawn:
+        assert not torch.equal(numbers, later)
