@@ -146,7 +146,11 @@ def jit(
     any). Not covered: attributes of other Python objects the program reads (a config object, a
     global's attributes) that another thread sets while a call is traced are taken as that
     call's writes, as the program writes those objects directly; keep them unchanged while calls
-    compile, or keep such settings on the module.
+    compile, or keep such settings on the module. And the default generators are shared: where a
+    program both reads tensor values and draws random numbers, its trace sets them back after
+    running the program so far, and the backward of a random op run as torch's own call
+    (``rrelu``) sets them to its forward's state to draw the same numbers, each undoing what other
+    threads drew meanwhile (they draw those numbers again).
     """
     check_options(unknown)
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):
