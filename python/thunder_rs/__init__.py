@@ -129,6 +129,28 @@ def jit(
     compile per size). As for torch.compile, ``torch._dynamo.mark_dynamic(x, dim)`` makes a dim
     symbolic from the first call and ``torch._dynamo.mark_static(x, dim)`` keeps it constant.
     Sizes 0 and 1 are never symbolic.
+
+    **Threads.** The result may be called from several threads at once, each getting what eager
+    computes in that thread. A call that finds its entry takes no lock; the cache key holds the
+    calling thread's grad mode, inference mode and autocast (thread-local in torch). A miss
+    compiles under the callable's lock, so calls of one key on several threads compile it once
+    and the threads that waited use that entry. A trace observes only its own thread: the reads
+    and writes of Python state it records, and the hooks it registers, are the traced call's. A
+    jitted module is traced on a clone of its tree, never changed in place: what another thread
+    sets on the module meanwhile (an attribute, a submodule, a hook) is that thread's write, left
+    as it set it and read by the next call, which compiles again where the trace had read it.
+    Parameters and buffers are read from their slots at every call, so an update another thread
+    makes (in place, or a new tensor) is seen by the calls that start after it. Backward may run
+    on another thread than its forward, and several at once. ``compile_stats`` and
+    ``last_traces`` are the callable's, over all threads (``last_traces``: the last compile of
+    any). Not covered: attributes of other Python objects the program reads (a config object, a
+    global's attributes) that another thread sets while a call is traced are taken as that
+    call's writes, as the program writes those objects directly; keep them unchanged while calls
+    compile, or keep such settings on the module. And the default generators are shared: where a
+    program both reads tensor values and draws random numbers, its trace sets them back after
+    running the program so far, and the backward of a random op run as torch's own call
+    (``rrelu``) sets them to its forward's state to draw the same numbers, each undoing what other
+    threads drew meanwhile (they draw those numbers again).
     """
     check_options(unknown)
     if isinstance(fn_or_module, ThunderModule) or isinstance(fn_or_module, ThunderFunction):

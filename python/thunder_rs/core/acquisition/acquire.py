@@ -27,7 +27,8 @@ from thunder_rs.core.state.fsdp import refuse_dtensors
 from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
-from thunder_rs.core.state.modules import attribute_writes as module_writes, hook_changes, restore_hook_stores
+from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
+from thunder_rs.core.state.modules import restore_hook_stores
 from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
@@ -154,6 +155,7 @@ def _trace_program(
             hooks = hook_changes(pairs)  # (first: it puts the user's hook stores back)
             observer.refuse_consumed_iterators()
             writes = module_writes(pairs) + observer.state.writes()
+            observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
             # An argument object's tensor returned or stored as it is (``return box.t``, ``self.last =

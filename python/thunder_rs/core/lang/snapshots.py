@@ -104,11 +104,13 @@ class Snapshots:
         rec = current()
         consts = list(rec.consts())
         sizes = [self.actual.get(v, rec.size_value(v).hint) for v in size_ids]
-        with outside_the_trace():
-            if self._generators is not None:  # (None from the start, and once past the budget)
+        draws = trace.has_effects()
+        with outside_the_trace(draws):
+            if draws and self._generators is not None:  # (None from the start, and once past the budget)
                 restore_generators(self._generators)
             values = list(self._run(trace, consts, [*inputs, *sizes]))
-            return values, generator_states(consts)
+            # (A trace that draws nothing leaves the generators as the last one that drew: [] if none did.)
+            return values, generator_states(consts) if draws else (self._generators or [])
 
     def _past_budget(self, values: list) -> bool:
         for t in values:
@@ -171,11 +173,14 @@ def _budget(device: torch.device) -> int:
 
 
 @contextlib.contextmanager
-def outside_the_trace():
+def outside_the_trace(draws: bool = True):
     """Runs real computation in the middle of an acquisition: no recording, no torch function
     handling (the language mode, proxies), no guarded reads, no autograd graph, no autocast (the
-    snapshot's casts are recorded ops), and every generator as it was before."""
-    states = generator_states(current().consts())
+    snapshot's casts are recorded ops), and, where it may draw random numbers (``draws``), every
+    generator as it was before. One that draws nothing leaves the generators alone: setting them
+    back would undo what other threads drew meanwhile (a data loader's augmentations, which then
+    drew the same numbers again)."""
+    states = generator_states(current().consts()) if draws else []
     autocasting = [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
     thread_state.inside += 1
     try:

@@ -50,6 +50,7 @@ from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies, _fits, _fits_flat, widened
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import current, noting_inputs, recording, recording_backward
+from thunder_rs.core.lang.rng import is_random
 from thunder_rs.core.base.userframe import PACKAGE_DIR, user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -143,7 +144,7 @@ class ValueReads:
         real = dict(zip(map(id, proxies), self.evaluate(proxies)))
         swap = lambda x: real[id(x)] if isinstance(x, TensorProxy) else _specialised(x)  # noqa: E731
         real_args, real_kwargs = tree_map(swap, (args, kwargs))
-        with outside_the_trace():
+        with outside_the_trace(is_random(func)):
             return func(*real_args, **real_kwargs)
 
     def _checked(self, func, outs) -> None:

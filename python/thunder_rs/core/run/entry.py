@@ -101,11 +101,16 @@ def _compiled_when_called(guards: list):
     return check if guards else None
 
 
-def make_check(entry: Entry, guards: Guards, traced_from: int = -1):
+def make_check(entry: Entry, guards: Guards, traced_from: int = -1, epoch_from: int | None = None):
     """The entry's ``check``: module guards when a module attribute was written, hooks when a hook
     was registered anywhere, the metadata of captured tensors, then the per-call guards.
     ``traced_from`` is ``hooks_version()`` as tracing began: hooks the program registered since on
-    the modules it called and left there fail the next call's check (eager's runs them)."""
+    the modules it called and left there fail the next call's check (eager's runs them).
+    ``epoch_from`` is ``write_epoch`` as tracing began: a module write since (another thread's)
+    has the next call check the module guards.
+
+    Each check reads a counter before what it compares and records that reading: a write another
+    thread makes meanwhile moves the counter past it, and the next call compares again."""
     # The per-call guards are compiled when the entry is first checked: most entries a run compiles
     # on its way to a symbolic one (a decode's prompt and first token) serve no later call.
     per_call: Any = _UNCOMPILED if guards.per_call else None
@@ -121,15 +126,15 @@ def make_check(entry: Entry, guards: Guards, traced_from: int = -1):
         nonlocal per_call
         if captured and tuple(map(captured_meta, captured)) != entry.captured_meta:
             return False
-        if modules is not None and epoch[0] != entry.epoch:
+        if modules is not None and (now := epoch[0]) != entry.epoch:
             if not modules(flat):
                 return False
-            entry.epoch = epoch[0]
+            entry.epoch = now
         if hooked is not None:
-            if hooks_version() != entry.hooks_id:
+            if (version := hooks_version()) != entry.hooks_id:
                 if hook_snapshot(hooked) != entry.hooks:
                     return False
-                entry.hooks_id = hooks_version()
+                entry.hooks_id = version
             # A removal does not move the version: the stores that had hooks must keep them all.
             for store, n in present:
                 if len(store) != n:
@@ -140,10 +145,11 @@ def make_check(entry: Entry, guards: Guards, traced_from: int = -1):
             per_call = compile_check(guards.per_call)
         return per_call(flat)
 
-    entry.epoch = write_epoch[0]
+    entry.epoch = write_epoch[0] if epoch_from is None else epoch_from
     present: tuple = ()
     if hooked is not None:
-        entry.hooks, entry.hooks_id = hook_snapshot(hooked), hooks_version()
+        version = hooks_version()
+        entry.hooks, entry.hooks_id = hook_snapshot(hooked), version
         present = hook_stores_in_use(hooked)
         if traced_from >= 0 and registered_since(hooked, traced_from):
             entry.hooks, entry.hooks_id = (None,), -1  # (no snapshot: compared, and found changed, next call)

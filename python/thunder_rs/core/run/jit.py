@@ -167,7 +167,8 @@ class ThunderFunction:
         module = self._module
         if module is not None:
             params = self._module_tensors()
-            state = (module.training, self._binding.metadata(params))
+            binding = self._binding
+            state = (module.training, binding.metadata(params))
         try:
             key = fast_key_fn(len(args))(args, None if module is None else state)
         except (AttributeError, RuntimeError):  # a sparse tensor has no strides: the general path says why
@@ -176,7 +177,9 @@ class ThunderFunction:
         if entry is None or (entry.check is not None and not entry.check(args)):
             entry = self._miss(list(args), tree_flatten((args, {}))[1], key)
             if module is not None:
-                params = self._module_tensors()  # compiling may have rebound the module
+                params = self._module_tensors()
+                if self._binding is not binding:  # (another thread changed the module's structure)
+                    return self(*args)
         else:
             entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
         try:
@@ -204,7 +207,8 @@ class ThunderFunction:
         state = None
         if self._module is not None:
             params = self._module_tensors()
-            state = (self._module.training, self._binding.metadata(params))
+            binding = self._binding
+            state = (self._module.training, binding.metadata(params))
         key = (global_key(state, tensor_aliases(flat)), tuple(map(leaf_key, flat)), spec)
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(flat)):
@@ -214,6 +218,8 @@ class ThunderFunction:
             entry = self._miss(flat, torch_spec, key)
             if self._module is not None:
                 params = self._module_tensors()
+                if self._binding is not binding:  # (another thread changed the module's structure)
+                    return self._call_general(args, kwargs)
         else:
             entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
         inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
@@ -452,7 +458,8 @@ class ThunderFunction:
         variant this is; ``prior`` the reads a read whose sizes differ from is symbolic
         (``ValueReads._groups``)."""
         start = time.perf_counter()
-        traced_from = hooks_version()  # (hooks registered while tracing: ``entries.make_check``)
+        # (hooks registered and module attributes written while tracing: ``entries.make_check``)
+        traced_from, epoch_from = hooks_version(), write_epoch[0]
         made = self._generated(flat, spec, forced, sites, sizes, held, prior)
         alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
         if held is not None and alike:  # (traced again at once with them symbolic: see ``held_alike``)
@@ -485,7 +492,7 @@ class ThunderFunction:
         # (An entry taking a tensor passed twice once has positions: the hit path picks its inputs
         # through ``_inputs``, which it takes for entries with a tail.)
         entry.tail = acquired.tail if acquired.tail is not None or positions is None else _no_tail
-        entry.check = entries.make_check(entry, entry.guards, traced_from)
+        entry.check = entries.make_check(entry, entry.guards, traced_from, epoch_from)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         if acquired.inference_outputs:
@@ -685,7 +692,7 @@ def _jit_again(module, cache: int, passes: tuple, executors, dynamic=None):
 
 
 #: Attributes of the wrapper itself; every other attribute set on it goes to the wrapped module.
-_WRAPPER_OWN = frozenset({WRAPPED, "_jfn", "_hooks_seen", "_has_hooks", "_fsdp"})
+_WRAPPER_OWN = frozenset({WRAPPED, "_jfn", "_hooks_seen", "_fsdp"})
 
 
 class ThunderModule(torch.nn.Module):
@@ -705,8 +712,9 @@ class ThunderModule(torch.nn.Module):
         self._jfn = ThunderFunction(
             module, module=module, cache=cache, passes=passes, executors=executors, dynamic=dynamic
         )
-        self._hooks_seen = -1
-        self._has_hooks = False
+        #: ``(hooks_version() when the wrapper's hooks were last looked at, whether it had any)``:
+        #: one attribute, so that a thread never pairs one call's version with another's answer
+        self._hooks_seen = (-1, False)
         #: how a module with fully_shard (FSDP2) modules is called, or None
         self._fsdp = FSDPCall.of(module)
         present_state_dict_as_wrapped(self)
@@ -766,9 +774,11 @@ class ThunderModule(torch.nn.Module):
         return self._jfn._call_general(args, kwargs)
 
     def __call__(self, *args, **kwargs):
-        if self._hooks_seen != hooks_version():
-            self._has_hooks = self._fsdp is not None or any(getattr(self, s) for s in _WRAPPER_HOOKS)
-            self._hooks_seen = hooks_version()
-        if self._has_hooks:
+        seen, has_hooks = self._hooks_seen
+        if seen != (version := hooks_version()):
+            # (The version read first: a hook another thread registers meanwhile moves it again.)
+            has_hooks = self._fsdp is not None or any(getattr(self, s) for s in _WRAPPER_HOOKS)
+            self._hooks_seen = (version, has_hooks)
+        if has_hooks:
             return super().__call__(*args, **kwargs)
         return self._jfn(*args, **kwargs)

@@ -31,6 +31,7 @@ import types
 
 from thunder_rs.core.state.guards import MISSING, DictGuard, Guard, ObjectSource
 from thunder_rs.core.state.items import container_copy, same_attributes
+from thunder_rs.core.state.modules import found_attributes
 from thunder_rs.core.state.observe import thread_state
 
 #: A module's stores, which the clone keeps apart (its own parameters' dict, its submodules' clones).
@@ -80,8 +81,13 @@ def snapshot():
         return None
     images = []
     for observer, pairs in _tracked.states:
-        places = [(original, original.__dict__, clone.__dict__) for clone, original in pairs]
-        places += observer.state.found_attributes()
+        # A module's changes go to its clone, which the program reads on, and to what the clone's
+        # writes are found against (``modules.found_attributes``).
+        places = [
+            (original, original.__dict__, (clone.__dict__, found_attributes(clone, original)))
+            for clone, original in pairs
+        ]
+        places += [(obj, live, (found,)) for obj, live, found in observer.state.found_attributes()]
         images.append((observer, [(obj, live, found, dict(live)) for obj, live, found in places]))
     return images
 
@@ -89,7 +95,7 @@ def snapshot():
 def fold(images) -> None:
     """Takes what changed since ``snapshot`` made ``images`` as what the programs found."""
     for observer, places in images or ():
-        for obj, live, found, before in places:
+        for obj, live, founds, before in places:
             if live.keys() == before.keys() and all(map(operator.is_, live.values(), before.values())):
                 continue
             guard, state = observer.guard_of(obj), observer.state
@@ -97,7 +103,8 @@ def fold(images) -> None:
                 value = live.get(name, MISSING)
                 if value is before.get(name, MISSING) or name in _STORES:
                     continue
-                _put(found, name, value)
+                for found in founds:
+                    _put(found, name, value)
                 state.interrupted.add((id(obj), name))
                 # What the program read before stays guarded as it read it (the next call compiles again).
                 if type(guard) is DictGuard and not state.was_read(obj, name):

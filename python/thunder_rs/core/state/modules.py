@@ -15,6 +15,7 @@ attributes are re-checked only when it moved.
 import functools
 import types
 import weakref
+from typing import NamedTuple
 
 import torch
 from torch.nn.modules import module as _nn_module
@@ -182,23 +183,53 @@ class ModuleBinding:
         Returns the root's clone and ``(clone, original)`` for every module.
         """
         # By the tensors the slots hold now: one given another tensor (a reloaded or swapped
-        # parameter, ``module.double()``) keeps its slot's index, as the tying is unchanged.
-        index_of = {id(d[n]): i for i, (d, n) in enumerate(self.unique)}
+        # parameter, ``module.double()``) keeps its slot's index, as the tying is unchanged. The
+        # stores are read once: another thread may set a parameter meanwhile.
+        stores: dict[int, dict] = {id(d): d.copy() for m in self.modules for d in (m._parameters, m._buffers)}
+        index_of = {id(stores[id(d)].get(n)): i for i, (d, n) in enumerate(self.unique)}
         clones = {}
         for mod in self.modules:
+            attributes, params, buffers = dict(mod.__dict__), stores[id(mod._parameters)], stores[id(mod._buffers)]
             copy = _Module.__new__(type(mod))
-            copy.__dict__.update(mod.__dict__)
-            copy.__dict__["_parameters"] = _rebound(mod._parameters, proxies, index_of)
-            copy.__dict__["_buffers"] = _rebound(mod._buffers, proxies, index_of)
+            copy.__dict__.update(attributes)
+            copy.__dict__["_parameters"] = _rebound(params, proxies, index_of)
+            copy.__dict__["_buffers"] = _rebound(buffers, proxies, index_of)
+            _found[copy] = _Found(attributes, tuple(params), tuple(buffers), tuple(attributes["_modules"].items()))
             _note_hook_stores(copy)
             _hide_fsdp_hooks(copy)
             clones[id(mod)] = copy
-        for mod in self.modules:
-            subs = mod._modules
-            clones[id(mod)].__dict__["_modules"] = type(subs)(
-                (n, clones[id(s)] if s is not None else None) for n, s in subs.items()
+        for clone in clones.values():
+            subs = clone.__dict__["_modules"]
+            clone.__dict__["_modules"] = type(subs)(
+                (n, clones[id(s)] if s is not None else None) for n, s in _found[clone].submodules
             )
         return clones[id(self.root)], [(clones[id(m)], m) for m in self.modules]
+
+
+class _Found(NamedTuple):
+    """A module as its clone was made: its instance dict (a shallow copy), the names in its
+    parameter and buffer stores, and its submodules. What the traced forward wrote is what its
+    clone holds that differs from these, not from the module as it is after tracing, which another
+    thread may have written meanwhile (``model.temperature = t`` while a call compiles): that
+    thread's write, which eager makes once, not the program's."""
+
+    attributes: dict
+    parameters: tuple
+    buffers: tuple
+    submodules: tuple
+
+
+_STORES = ("_parameters", "_buffers", "_modules")
+#: The modules the clones of the traces in progress were made from, as they were then (``_Found``).
+_found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def found_attributes(clone, original) -> dict:
+    """The attributes ``original`` had when ``clone`` was made from it: what tracing compares the
+    clone's with, and where code that is not the program changed them meanwhile, what it takes as
+    found (``bystanders.fold``)."""
+    found = _found.get(clone)
+    return original.__dict__ if found is None else found.attributes
 
 
 #: The clone's forward hook stores that leave FSDP's hooks out: those run eagerly (``core.fsdp``).
@@ -266,7 +297,7 @@ def attribute_writes(pairs: list) -> list:
     writes = []
     originals = {id(c): o for c, o in pairs}
     for clone, original in pairs:
-        now, before = clone.__dict__, original.__dict__
+        now, before = clone.__dict__, found_attributes(clone, original)
         hidden = now.get(_HIDDEN_HOOKS, ())
         for name, value in now.items():
             if name in ("_parameters", "_buffers", "_modules") or name in hidden:
@@ -278,6 +309,24 @@ def attribute_writes(pairs: list) -> list:
         writes.extend((original, name, MISSING) for name in before if name not in now)
         _check_structure(clone, original, originals)
     return writes
+
+
+def changed_meanwhile(pairs: list) -> set:
+    """``(id(module), name)`` of the attributes of the user's modules that changed while their
+    clones were traced (``(clone, original)`` pairs): the program writes its clones, so another
+    thread or code interrupting the program set them. A guard on one that fails after tracing is
+    left to fail on the next call (``bystanders.checked_by_the_next_call``), which compiles again."""
+    changed: set[tuple[int, str]] = set()
+    for clone, original in pairs:
+        found = _found.get(clone)
+        if found is not None:
+            now = original.__dict__
+            changed.update(
+                (id(original), n)
+                for n in now.keys() | found.attributes.keys()
+                if n not in _STORES and now.get(n, MISSING) is not found.attributes.get(n, MISSING)
+            )
+    return changed
 
 
 def hook_changes(pairs: list) -> list:
@@ -337,8 +386,10 @@ def _original_of(value, originals):
 
 
 def _check_structure(clone, original, originals) -> None:
-    for store, what in (("_parameters", "parameters"), ("_buffers", "buffers")):
-        added = set(clone.__dict__[store]) ^ set(original.__dict__[store])
+    found = _found.get(clone)
+    stores = (tuple(original._parameters), tuple(original._buffers)) if found is None else found[1:3]
+    for store, what, names in zip(("_parameters", "_buffers"), ("parameters", "buffers"), stores):
+        added = set(clone.__dict__[store]) ^ set(names)
         if added:
             raise ThunderNotImplementedError(
                 f"thunder_rs.jit: {type(original).__name__}.forward registers or removes {what} "
@@ -346,7 +397,8 @@ def _check_structure(clone, original, originals) -> None:
                 "__init__, or run one eager call first (lazy initialisation)"
             )
     subs = clone.__dict__["_modules"]
-    if [(n, originals.get(id(s), s)) for n, s in subs.items()] != list(original._modules.items()):
+    before = list(original._modules.items()) if found is None else list(found.submodules)
+    if [(n, originals.get(id(s), s)) for n, s in subs.items()] != before:
         raise ThunderNotImplementedError(
             f"thunder_rs.jit: {type(original).__name__}.forward adds, removes or replaces submodules; "
             "a traced forward cannot change the module structure"
