@@ -63,12 +63,13 @@ def is_random(func) -> bool:
     return func in RANDOM
 
 
-def check_generators(consts: list) -> None:
+def check_generators(consts: list, own: frozenset = frozenset()) -> None:
     """Refuses a ``torch.Generator`` the traced program created and drew from: compiled, it
     would be created once, by the trace, and go on drawing across calls where eager starts a
-    fresh one each call. Found as a generator the trace's constants alone refer to."""
+    fresh one each call. Found as a generator the trace's constants alone refer to (but those
+    whose ids are in ``own``: the stand-ins of generator arguments, ``generator_inputs``)."""
     for g in consts:
-        if isinstance(g, torch.Generator) and all(r is consts for r in gc.get_referrers(g)):
+        if isinstance(g, torch.Generator) and id(g) not in own and all(r is consts for r in gc.get_referrers(g)):
             raise ThunderNotImplementedError(
                 "thunder_rs.jit: the traced program draws from a torch.Generator it creates; a compiled program "
                 "would create it once and go on drawing from it across calls. Create the generator outside the "
