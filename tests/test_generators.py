@@ -9,6 +9,7 @@ generators' states after the calls with eager's, bit for bit, and counts the com
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
@@ -157,6 +158,33 @@ def test_a_generator_argument_the_program_also_reads_as_a_global():
         assert_same(outs[1], outs[0])
         assert_same(states[1], states[0])
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
+
+
+class _Augment(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gen, self.lin = gen(0), nn.Linear(12, 12)
+
+    def forward(self, x, g):
+        return self.lin(x + torch.rand(12, generator=g)) + torch.randn(12, generator=self.gen)
+
+
+def test_a_generator_argument_next_to_one_held_by_the_module():
+    """The module's generator stays its own (keyed by identity: replacing it compiles again); the
+    argument is each call's. Passed the module's own generator, the program draws from one."""
+    torch.manual_seed(0)
+    eager = _Augment()
+    model = copy.deepcopy(eager)
+    jmodel = thunder_rs.jit(model)
+    for i in range(4):
+        if i == 2:
+            eager.gen, model.gen = gen(5), gen(5)
+        results = []
+        for run, m in ((eager, eager), (jmodel, model)):
+            g = m.gen if i == 3 else gen(i)
+            results.append((run(X, g), g.get_state(), m.gen.get_state()))
+        assert_same(results[1], results[0])
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 3, thunder_rs.compile_stats(jmodel).miss_reasons
 
 
 class _Box:

@@ -13,7 +13,10 @@ Eager PyTorch draws from a generator on every call, so a traced program must too
   state they started from, and their backward draws the same numbers again from it;
 - random ltorch symbols (``thunder_rs.torch.random``) run whole as the torch call they stand
   for, ``generator=`` included; ``examine`` counts them, and the generator-state calls above,
-  as supported.
+  as supported;
+- a generator passed as an argument is an input of each call, not a constant of the trace: the
+  trace draws from a stand-in that takes the caller's generator's state on each call and gives it
+  back (``core.acquisition.generator_inputs``).
 
 Effects and random draws are never removed by DCE, merged by CSE or recomputed in the backward.
 """
