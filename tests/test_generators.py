@@ -160,6 +160,22 @@ def test_a_generator_argument_the_program_also_reads_as_a_global():
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
 
 
+def test_a_value_drawn_from_the_generator_argument_decides_the_program():
+    """The call traced returns the outputs its reads computed, from the stand-in's draws: the
+    generator ends where eager's does; later calls take their branches by their own draws."""
+
+    def fn(x, g):
+        k = int(torch.randint(1, 4, (1,), generator=g).item())
+        return x[:k] + torch.rand(k, generator=g)
+
+    jfn = thunder_rs.jit(fn)
+    for i in range(6):
+        eager_gen, jit_gen = gen(i), gen(i)
+        assert_same(jfn(X, jit_gen), fn(X, eager_gen))
+        assert torch.equal(jit_gen.get_state(), eager_gen.get_state())
+    assert thunder_rs.compile_stats(jfn).cache_misses < 6
+
+
 class _Augment(nn.Module):
     def __init__(self):
         super().__init__()

@@ -53,6 +53,8 @@ class StandIns:
             stand_in.set_state(g.get_state())
             self.places.append((i, g, stand_in))
         self._by_id = {id(g): s for _, g, s in self.places}
+        #: held while a call draws through the stand-ins (its first call's callable and the others)
+        self._lock = threading.RLock()
 
     def __bool__(self) -> bool:
         return bool(self.places or self.kept)
@@ -68,6 +70,12 @@ class StandIns:
         named = {id(c) for c in acquired.consts if type(c) is torch.Generator}
         stored = {id(leaf) for effect in acquired.effects for leaf in _values_of(effect)}
         return frozenset(id(g) for _, g, s in self.places if id(g) in named or id(s) in stored)
+
+    def drawn(self, consts: list) -> None:
+        """Drops the stand-ins the trace does not name (``consts``): the program never drew from
+        those arguments (a generator for a branch not taken), so a call need not copy their states."""
+        named = {id(c) for c in consts}
+        self.places = [(i, g, s) for i, g, s in self.places if id(s) in named]
 
     def guard(self, consts: list, names: list):
         """The guard that the kept generators are the call's arguments at their places and the
@@ -93,7 +101,7 @@ class StandIns:
         if not stand_ins:
             return fn
         end = at + len(stand_ins)
-        lock = threading.RLock()
+        lock = self._lock
 
         def call(*inputs):
             generators = inputs[at:end]
@@ -131,6 +139,7 @@ def acquired_with_stand_ins(acquire, flat: list, names: list):
     if shared:
         stand_ins = StandIns(flat, shared)
         acquired = acquire(stand_ins.traced(flat))
+    stand_ins.drawn(acquired.consts)
     guard = stand_ins.guard(acquired.consts, names)
     if guard is not None:
         acquired.guards.append(guard)
