@@ -225,6 +225,36 @@ def test_a_generator_the_program_stores_is_the_calls_own():
     assert thunder_rs.compile_stats(jfn).cache_misses == 3
 
 
+class _NoisyBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g):
+        ctx.g = g
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad + torch.rand(grad.shape, generator=ctx.g), None
+
+
+def test_a_backward_that_draws_from_the_generator_argument():
+    """A custom Function's backward draws from the call's generator when autograd runs it (here
+    after reseeding), as eager's does: that argument is traced as itself."""
+
+    def fn(x, g):
+        return _NoisyBackward.apply(x, g).sum()
+
+    jfn = thunder_rs.jit(fn)
+    for i in range(3):
+        results = []
+        for run in (fn, jfn):
+            x, g = X.clone().requires_grad_(), gen(i)
+            y = run(x, g)
+            g.manual_seed(100 + i)
+            y.backward()
+            results.append((x.grad, g.get_state()))
+        assert_same(results[1], results[0])
+
+
 class _HeldGenerator(nn.Module):
     def __init__(self):
         super().__init__()

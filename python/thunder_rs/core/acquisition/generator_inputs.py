@@ -13,10 +13,15 @@ holds which arguments are one object, ``cache.tensor_aliases``).
 The default generators (``torch.default_generator``, ``torch.cuda.default_generators``), which the
 program also draws from without naming them, stay keyed by identity and are drawn from directly,
 as are generators of other devices. An argument generator the program also reaches otherwise (a
-module attribute or a global holding it, read as well), or stores (``self.last = g``, which every
-call repeats with what tracing stored), is traced as itself, by identity (a guard: the call's
-argument must be that object); the others must not be any generator the trace names itself (a
-guard), whose draws the stand-in would not see.
+module attribute or a global holding it, read as well), stores (``self.last = g``, which every
+call repeats with what tracing stored) or draws from in a backward (which autograd runs after the
+call), is traced as itself, by identity (a guard: the call's argument must be that object); the
+others must not be any generator the trace names itself (a guard), whose draws the stand-in would
+not see.
+
+A generator the program holds (``self.gen``, a global) stays keyed by identity: the program may
+reach it by other paths than the one read (a ``functools.partial`` holding it), which would draw
+from the old object where eager's draws from the new one.
 """
 
 import threading
@@ -25,6 +30,7 @@ import torch
 
 from thunder_rs.core.acquisition.cache import is_runtime_generator
 from thunder_rs.core.acquisition.effects import TracedValue
+from thunder_rs.core.lang.recorder import backward_draws
 from thunder_rs.core.lang.rng import check_generators
 from thunder_rs.core.state.aliases import FixedGuard
 from thunder_rs.core.state.guards import InputSource
@@ -61,14 +67,19 @@ class StandIns:
 
     def traced(self, flat: list) -> list:
         """The flat inputs the program is traced with: each generator argument its stand-in."""
+        if not self._by_id:
+            return flat
         return [self._by_id.get(id(x), x) if is_runtime_generator(x) else x for x in flat]
 
     def reached_otherwise(self, acquired) -> frozenset:
         """The ids of the generator arguments the trace names as themselves among its constants
         (the program reached them otherwise too: a module attribute holding the one it was passed),
-        or whose stand-ins it stores or prints (``self.last = g``: each call stores its own)."""
+        or whose stand-ins it stores or prints (``self.last = g``: each call stores its own), or
+        its backward draws from (a custom Function's, from ``ctx.g``: autograd runs it after the
+        call gave the stand-in's state back)."""
         named = {id(c) for c in acquired.consts if type(c) is torch.Generator}
         stored = {id(leaf) for effect in acquired.effects for leaf in _values_of(effect)}
+        stored |= acquired.backward_draws  # (drawn when autograd runs the backward, after the call)
         return frozenset(id(g) for _, g, s in self.places if id(g) in named or id(s) in stored)
 
     def drawn(self, consts: list) -> None:
@@ -128,21 +139,30 @@ def acquired_with_stand_ins(acquire, flat: list, names: list):
     """``acquire(traced flat inputs)``'s result for the call of ``flat``, its generator arguments
     traced as their stand-ins (those it reaches otherwise too: as themselves, traced again), with
     the guard of ``StandIns.guard`` added and the ``StandIns`` as ``acquired.stand_ins`` (None
-    where the call takes no generator). Refuses a generator the program creates (``rng``)."""
+    where the call takes no generator). ``names`` labels the flat inputs. Refuses a generator the
+    program creates (``rng``)."""
     stand_ins = StandIns(flat)
-    if not stand_ins:
-        acquired = acquire(flat)
-        check_generators(acquired.consts)
-        return acquired
-    acquired = acquire(stand_ins.traced(flat))
-    shared = stand_ins.reached_otherwise(acquired)
-    if shared:
-        stand_ins = StandIns(flat, shared)
-        acquired = acquire(stand_ins.traced(flat))
-    stand_ins.drawn(acquired.consts)
-    guard = stand_ins.guard(acquired.consts, names)
-    if guard is not None:
-        acquired.guards.append(guard)
+    acquired = _acquired(acquire, stand_ins, flat)
+    if stand_ins:
+        shared = stand_ins.reached_otherwise(acquired)
+        if shared:
+            stand_ins = StandIns(flat, shared)
+            acquired = _acquired(acquire, stand_ins, flat)
+        stand_ins.drawn(acquired.consts)
+        guard = stand_ins.guard(acquired.consts, names)
+        if guard is not None:
+            acquired.guards.append(guard)
+        acquired.stand_ins = stand_ins
     check_generators(acquired.consts, frozenset(id(s) for _, _, s in stand_ins.places))
-    acquired.stand_ins = stand_ins
+    return acquired
+
+
+def _acquired(acquire, stand_ins: StandIns, flat: list):
+    """``acquire``'s result for ``flat`` traced with ``stand_ins``, with the generators its
+    backward draws from (``recorder.backward_draws``) as ``acquired.backward_draws``."""
+    drawn = backward_draws()
+    drawn.clear()
+    acquired = acquire(stand_ins.traced(flat))
+    acquired.backward_draws = frozenset(drawn)
+    drawn.clear()
     return acquired

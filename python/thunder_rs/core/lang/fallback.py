@@ -25,7 +25,8 @@ from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current, output_meta, proxies, refuse_gradient_in_inference_mode
+from thunder_rs.core.lang.recorder import backward_draws, current, output_meta, proxies, recording_backward
+from thunder_rs.core.lang.recorder import refuse_gradient_in_inference_mode
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_location
@@ -441,6 +442,8 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     backward of its own (no generator state is returned for one)."""
     name = qualified_name(func)
     _refuse_unrepresentable(func, name, kwargs, effect)
+    if effect and recording_backward() and (named := _named_generator(args, kwargs)) is not None:
+        backward_draws().add(id(named))
     arg_leaves = tree_flatten((args, kwargs))[0]
     in_leaves = [x for x in arg_leaves if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
