@@ -255,6 +255,39 @@ def test_a_backward_that_draws_from_the_generator_argument():
         assert_same(results[1], results[0])
 
 
+class _Noise:
+    def __init__(self, g):
+        self.g = g
+
+    def __call__(self, grad):
+        return grad + torch.rand(grad.shape, generator=self.g)
+
+
+@pytest.mark.parametrize("where", ["input", "computed"])
+def test_a_tensor_hook_that_draws_from_the_generator_argument(where):
+    """A hook runs in the backward, after the call: it draws from the call's generator then, as
+    eager's does (a closure on an input's hook, a callable object on a computed tensor's)."""
+
+    def fn(x, g):
+        if where == "input":
+            x.register_hook(lambda grad: grad * torch.rand(grad.shape, generator=g))
+            return (x * 2).sum()
+        y = x * 3
+        y.register_hook(_Noise(g))
+        return y.sum()
+
+    jfn = thunder_rs.jit(fn)
+    for i in range(3):
+        results = []
+        for run in (fn, jfn):
+            x, g = X.clone().requires_grad_(), gen(i)
+            y = run(x, g)
+            g.manual_seed(50 + i)
+            y.backward()
+            results.append((x.grad, g.get_state()))
+        assert_same(results[1], results[0])
+
+
 class _HeldGenerator(nn.Module):
     def __init__(self):
         super().__init__()

@@ -24,7 +24,9 @@ reach it by other paths than the one read (a ``functools.partial`` holding it), 
 from the old object where eager's draws from the new one.
 """
 
+import functools
 import threading
+import types
 
 import torch
 
@@ -32,6 +34,8 @@ from thunder_rs.core.acquisition.cache import is_runtime_generator
 from thunder_rs.core.acquisition.effects import TracedValue
 from thunder_rs.core.lang.recorder import backward_draws
 from thunder_rs.core.lang.rng import check_generators
+from thunder_rs.core.lang.tensor_hooks import Hooks, InputHook
+from thunder_rs.core.state.modules import cell_contents
 from thunder_rs.core.state.aliases import FixedGuard
 from thunder_rs.core.state.guards import InputSource
 
@@ -75,11 +79,14 @@ class StandIns:
         """The ids of the generator arguments the trace names as themselves among its constants
         (the program reached them otherwise too: a module attribute holding the one it was passed),
         or whose stand-ins it stores or prints (``self.last = g``: each call stores its own), or
-        its backward draws from (a custom Function's, from ``ctx.g``: autograd runs it after the
-        call gave the stand-in's state back)."""
+        its backward draws from (a custom Function's, from ``ctx.g``; a tensor hook's: autograd
+        runs them after the call gave the stand-in's state back)."""
         named = {id(c) for c in acquired.consts if type(c) is torch.Generator}
         stored = {id(leaf) for effect in acquired.effects for leaf in _values_of(effect)}
         stored |= acquired.backward_draws  # (drawn when autograd runs the backward, after the call)
+        hooks = [c for c in acquired.consts if type(c) is Hooks]
+        hooks += [e.hooks for e in acquired.effects if type(e) is InputHook]
+        stored.update(id(x) for h in hooks for x in _captured(h, 4))
         return frozenset(id(g) for _, g, s in self.places if id(g) in named or id(s) in stored)
 
     def drawn(self, consts: list) -> None:
@@ -126,6 +133,33 @@ class StandIns:
                         g.set_state(stand_in.get_state())
 
         return call
+
+
+def _captured(obj, depth: int) -> list:
+    """What a tensor hook (``tensor_hooks.Hooks``) runs with, ``depth`` references deep: its
+    functions' closure cells and defaults, the arguments of a ``functools.partial``, the receiver
+    of a method and the attributes of a callable object. A hook that draws from a generator
+    argument (``lambda grad: grad + torch.rand(..., generator=g)``) runs in the backward."""
+    if depth == 0:
+        return []
+    if type(obj) is Hooks:
+        parts = list(obj.hooks.values())
+    elif isinstance(obj, types.MethodType):
+        parts = [obj.__func__, obj.__self__]
+    elif isinstance(obj, types.FunctionType):
+        parts = [cell_contents(c) for c in obj.__closure__ or ()]
+        parts += [*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()]
+    elif isinstance(obj, functools.partial):
+        parts = [obj.func, *obj.args, *obj.keywords.values()]
+    elif isinstance(obj, (list, tuple)):
+        parts = list(obj)
+    elif isinstance(obj, dict):
+        parts = list(obj.values())
+    elif callable(obj) and isinstance(getattr(obj, "__dict__", None), dict):
+        parts = list(vars(obj).values())
+    else:
+        return []
+    return parts + [x for p in parts for x in _captured(p, depth - 1)]
 
 
 def _values_of(effect) -> list:
