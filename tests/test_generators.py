@@ -255,6 +255,26 @@ def test_a_backward_that_draws_from_the_generator_argument():
         assert_same(results[1], results[0])
 
 
+@pytest.mark.parametrize("where", ["returned", "stored"])
+def test_a_sampler_closure_over_the_generator_argument_draws_from_it(where):
+    """A function the program returns or stores that draws from its generator draws from the
+    call's generator when called later, as eager's does."""
+
+    def fn(x, g, box):
+        box.sample = lambda: torch.rand(2, generator=g)
+        return (x + 1, box.sample) if where == "returned" else x + 1
+
+    jfn = thunder_rs.jit(fn)
+    for i in range(3):
+        results = []
+        for run in (fn, jfn):
+            g, box = gen(i), _Box()
+            out = run(X, g, box)
+            sample = out[1] if where == "returned" else box.sample
+            results.append((sample(), sample(), g.get_state()))
+        assert_same(results[1], results[0])
+
+
 class _Noise:
     def __init__(self, g):
         self.g = g

@@ -32,6 +32,7 @@ import torch
 
 from thunder_rs.core.acquisition.cache import is_runtime_generator
 from thunder_rs.core.acquisition.effects import TracedValue
+from thunder_rs.core.acquisition.outputs import RebuiltOutput
 from thunder_rs.core.lang.recorder import backward_draws
 from thunder_rs.core.lang.rng import check_generators
 from thunder_rs.core.lang.tensor_hooks import Hooks, InputHook
@@ -78,15 +79,20 @@ class StandIns:
     def reached_otherwise(self, acquired) -> frozenset:
         """The ids of the generator arguments the trace names as themselves among its constants
         (the program reached them otherwise too: a module attribute holding the one it was passed),
-        or whose stand-ins it stores or prints (``self.last = g``: each call stores its own), or
-        its backward draws from (a custom Function's, from ``ctx.g``; a tensor hook's: autograd
-        runs them after the call gave the stand-in's state back)."""
+        or whose stand-ins it stores or prints (``self.last = g``: each call stores its own), its
+        backward draws from (a custom Function's, from ``ctx.g``; a tensor hook's: autograd runs
+        them after the call gave the stand-in's state back), or a function it returns or stores
+        holds (a sampler closure)."""
         named = {id(c) for c in acquired.consts if type(c) is torch.Generator}
-        stored = {id(leaf) for effect in acquired.effects for leaf in _values_of(effect)}
+        stored = {
+            id(x) for effect in acquired.effects for leaf in _values_of(effect) for x in (leaf, *_captured(leaf, 4))
+        }
         stored |= acquired.backward_draws  # (drawn when autograd runs the backward, after the call)
-        hooks = [c for c in acquired.consts if type(c) is Hooks]
-        hooks += [e.hooks for e in acquired.effects if type(e) is InputHook]
-        stored.update(id(x) for h in hooks for x in _captured(h, 4))
+        # Functions that run with them later: tensor hooks (in the backward), returned closures.
+        later = [c for c in acquired.consts if type(c) is Hooks]
+        later += [e.hooks for e in acquired.effects if type(e) is InputHook]
+        later += acquired.out_spec.shared() if type(acquired.out_spec) is RebuiltOutput else []
+        stored.update(id(x) for f in later for x in _captured(f, 4))
         return frozenset(id(g) for _, g, s in self.places if id(g) in named or id(s) in stored)
 
     def drawn(self, consts: list) -> None:
