@@ -142,10 +142,10 @@ class StandIns:
 
 
 def _captured(obj, depth: int) -> list:
-    """What a tensor hook (``tensor_hooks.Hooks``) runs with, ``depth`` references deep: its
-    functions' closure cells and defaults, the arguments of a ``functools.partial``, the receiver
-    of a method and the attributes of a callable object. A hook that draws from a generator
-    argument (``lambda grad: grad + torch.rand(..., generator=g)``) runs in the backward."""
+    """What a function that runs after the call (a tensor hook, ``tensor_hooks.Hooks``; a returned
+    or stored closure) runs with, ``depth`` references deep: closure cells and defaults, the
+    arguments of a ``functools.partial``, the receiver of a method, the items of lists and dicts
+    and the attributes of a callable object (a module's: its own state, guarded apart)."""
     if depth == 0:
         return []
     if type(obj) is Hooks:
@@ -161,7 +161,9 @@ def _captured(obj, depth: int) -> list:
         parts = list(obj)
     elif isinstance(obj, dict):
         parts = list(obj.values())
-    elif callable(obj) and isinstance(getattr(obj, "__dict__", None), dict):
+    elif (
+        callable(obj) and not isinstance(obj, (type, torch.nn.Module)) and type(getattr(obj, "__dict__", None)) is dict
+    ):
         parts = list(vars(obj).values())
     else:
         return []
@@ -184,9 +186,9 @@ def acquired_with_stand_ins(acquire, flat: list, names: list):
     stand_ins = StandIns(flat)
     acquired = _acquired(acquire, stand_ins, flat)
     if stand_ins:
-        shared = stand_ins.reached_otherwise(acquired)
-        if shared:
-            stand_ins = StandIns(flat, shared)
+        # (each round keeps more generators as themselves, so it ends)
+        while shared := stand_ins.reached_otherwise(acquired):
+            stand_ins = StandIns(flat, shared | {id(g) for _, g in stand_ins.kept})
             acquired = _acquired(acquire, stand_ins, flat)
         stand_ins.drawn(acquired.consts)
         guard = stand_ins.guard(acquired.consts, names)
