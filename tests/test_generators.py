@@ -91,6 +91,23 @@ def test_a_fresh_generator_per_call_compiles_once_and_draws_as_eager(sampler):
     assert_calls_match(SAMPLERS[sampler], lambda i: (X, gen(i)))
 
 
+@pytest.mark.parametrize("sampler", ["rand", "randn", "randint"])
+def test_a_fresh_generator_per_call_and_sizes_that_change(sampler):
+    """Sized by the input's symbolic shape (``torch.rand(x.shape, generator=g)``), the draw is
+    compiled once for every size (its shape reached torch's meta run as a ``SymbolicSize``, which
+    failed the symbolic compile: one compile per size)."""
+    draw = {
+        "rand": lambda x, g: torch.rand(x.shape, generator=g),
+        "randn": lambda x, g: torch.randn(x.shape, generator=g),
+        "randint": lambda x, g: torch.randint(0, 5, x.shape, generator=g),
+    }[sampler]
+
+    def fn(x, g):
+        return x * draw(x, g)
+
+    assert_calls_match(fn, lambda i: (torch.linspace(-1.0, 1.0, 8 + i), gen(i)), calls=4, misses=2)
+
+
 def test_the_miss_of_a_generator_object_names_no_identity():
     def fn(x, g):
         return x + torch.rand(x.shape, generator=g)

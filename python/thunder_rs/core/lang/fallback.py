@@ -24,7 +24,7 @@ from thunder_rs.core.lang.autocast import AutocastState
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
-from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.recorder import backward_draws, current, output_meta, proxies, recording_backward
 from thunder_rs.core.lang.recorder import refuse_gradient_in_inference_mode
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -445,6 +445,9 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     if effect and recording_backward() and (named := _named_generator(args, kwargs)) is not None:
         backward_draws().add(id(named))
     arg_leaves = tree_flatten((args, kwargs))[0]
+    if any(type(x) is SymbolicSize for x in arg_leaves):  # (a shape of symbolic sizes: a tuple to C code)
+        args, kwargs = tree_map(lambda x: tuple(x) if type(x) is SymbolicSize else x, (args, kwargs))
+        arg_leaves = tree_flatten((args, kwargs))[0]
     in_leaves = [x for x in arg_leaves if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
     symbolic = _has_symbolic(arg_leaves)
