@@ -58,6 +58,9 @@ FRONT_LAZY_IMPORTS: dict[tuple[str, str], str] = {}
 LAZY_MODULES: dict[tuple[str, str], str] = {
     ("thunder_rs.core.run.jit", "thunder_rs.core.acquisition.acquire"): "acquisition runs at the first compile",
     ("thunder_rs.core.run.jit", "thunder_rs.core.run.entry"): "a cache entry is made by the first compile",
+    ("thunder_rs.core.run.jit", "thunder_rs.core.acquisition.generator_inputs"): (
+        "generator arguments are traced as stand-ins at the first compile"
+    ),
     ("thunder_rs.core.run.generate", "thunder_rs.core.acquisition.writeback"): (
         "write-backs wrap an entry whose program writes its inputs, made by a compile"
     ),

@@ -106,6 +106,10 @@ class Acquired:
     #: hooks the forward registered on the user's modules and left, or removed (``modules.hook_changes``):
     #: made once the entry is made
     hook_changes: list = field(default_factory=list)
+    #: the stand-ins of the generator arguments (``generator_inputs.StandIns``), or None
+    stand_ins: object = None
+    #: the ids of the generators the recorded backwards draw from (``recorder.backward_draws``)
+    backward_draws: frozenset = frozenset()
 
 
 def _reject_generators(fn, out) -> None:

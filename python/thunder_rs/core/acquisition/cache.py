@@ -16,6 +16,7 @@ from thunder_rs.core.lang.recorder import refuse_unlike_strided
 from thunder_rs.core.lang.autocast import state as autocast_state
 
 _Tensor = torch.Tensor
+_Generator = torch.Generator
 #: Non-tensor inputs keyed by identity: code and modules.
 _BY_IDENTITY = (
     types.FunctionType,
@@ -113,15 +114,30 @@ def _read_by_attributes(x) -> bool:
     return known and isinstance(getattr(x, "__dict__", None), dict)
 
 
+def is_runtime_generator(x) -> bool:
+    """Whether ``x`` is a ``torch.Generator`` each call draws from as its own argument
+    (``generator_inputs``): a CPU or CUDA one, not a default generator (which the program draws
+    from also without naming it, and which stays keyed by identity)."""
+    if type(x) is not _Generator:
+        return False
+    device = x.device
+    if device.type == "cpu":
+        return x is not torch.default_generator
+    return device.type == "cuda" and all(x is not d for d in torch.cuda.default_generators)
+
+
 def leaf_key(x):
-    """A tensor's metadata (``TENSOR_FIELDS``); a simple value itself (type-exact, NaN equal to
-    NaN); an object read only through attributes by its type alone, as the attributes the program
-    reads from it are guarded (a fresh config object each call hits the cache when its values are
-    the same); any other object (a function, a module, a set, a NumPy array) by identity."""
+    """A tensor's metadata (``TENSOR_FIELDS``); a generator each call draws from by its device
+    (``is_runtime_generator``); a simple value itself (type-exact, NaN equal to NaN); an object
+    read only through attributes by its type alone, as the attributes the program reads from it
+    are guarded (a fresh config object each call hits the cache when its values are the same);
+    any other object (a function, a module, a set, a NumPy array) by identity."""
     if isinstance(x, _Tensor):
         if x.layout != torch.strided or x.is_nested:
             refuse_unlike_strided(x)
         return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous() or layout(x), x.is_inference())
+    if type(x) is _Generator and is_runtime_generator(x):
+        return (_Generator, x.device)
     if is_simple(x):
         return freeze(x)
     if not isinstance(x, _BY_IDENTITY) and _read_by_attributes(x):
@@ -178,17 +194,18 @@ global_key.__doc__ = """Grad mode, default dtype, the CPU and CUDA autocast dtyp
 
 
 def tensor_aliases(flat) -> tuple | None:
-    """Which flat inputs are a tensor passed before, ``((position, first position), ...)``; None
-    when the tensors are distinct objects. Eager programs branch on it (``query is key`` in
-    ``nn.MultiheadAttention``), and the trace takes one tensor passed twice as one input, so it is
-    part of the key."""
-    ids = [id(x) for x in flat if isinstance(x, _Tensor)]
+    """Which flat inputs are a tensor (or a generator) passed before, ``((position, first
+    position), ...)``; None when the tensors are distinct objects. Eager programs branch on it
+    (``query is key`` in ``nn.MultiheadAttention``), and the trace takes one tensor passed twice as
+    one input (one generator passed twice as one stand-in, ``generator_inputs``: its draws follow
+    one another), so it is part of the key."""
+    ids = [id(x) for x in flat if isinstance(x, _Tensor) or type(x) is _Generator]
     if len(set(ids)) == len(ids):
         return None
     first: dict = {}
     repeated = []
     for i, x in enumerate(flat):
-        if isinstance(x, _Tensor):
+        if isinstance(x, _Tensor) or type(x) is _Generator:
             at = first.setdefault(id(x), i)
             if at != i:
                 repeated.append((i, at))
@@ -264,6 +281,8 @@ def _show(key) -> str:
     """A leaf key in words."""
     if type(key) is tuple and len(key) == 2 and key[0] is float:
         return repr(float.fromhex(key[1]))
+    if type(key) is tuple and len(key) == 2 and key[0] is _Generator and type(key[1]) is torch.device:
+        return f"a torch.Generator on {key[1]}"
     if type(key) is tuple and len(key) in (1, 2) and isinstance(key[0], type):
         return repr(key[-1]) if len(key) == 2 else f"a {key[0].__name__}"
     return repr(key)

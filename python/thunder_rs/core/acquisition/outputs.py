@@ -202,6 +202,23 @@ class RebuiltOutput:
         built: dict = {}
         return self._spec.unflatten([_build(leaf, flat, inputs, built) for leaf in self._leaves])
 
+    def shared(self) -> list:
+        """The objects every call returns as the call traced returned them (holding no traced tensor)."""
+        found: list = []
+
+        def walk(node):
+            if isinstance(node, _Rebuilt):
+                for part in node.parts:
+                    walk(part[1] if node.kind in ("dict", "object") else part)
+            elif isinstance(node, _Copied):
+                found.append(node.value)
+            elif not isinstance(node, (_Slot, _Input)):
+                found.append(node)
+
+        for leaf in self._leaves:
+            walk(leaf)
+        return found
+
 
 def is_size(x) -> bool:
     return type(x) is torch.Size or type(x) is SymbolicSize

@@ -24,8 +24,9 @@ from thunder_rs.core.lang.autocast import AutocastState
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
-from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current, output_meta, proxies, refuse_gradient_in_inference_mode
+from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
+from thunder_rs.core.lang.recorder import backward_draws, current, output_meta, proxies, recording_backward
+from thunder_rs.core.lang.recorder import refuse_gradient_in_inference_mode
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_location
@@ -92,10 +93,17 @@ def symbol_id(
     return sid
 
 
-def _generator(args, kwargs) -> torch.Generator:
-    """The generator a random call draws from: its ``generator=``, else the default one of the
-    device of its first tensor (or of its ``device=``)."""
+def _named_generator(args, kwargs) -> torch.Generator | None:
+    """The generator a random call names: its ``generator=``, or one it takes positionally
+    (``torch.rrelu(x, lower, upper, True, g)``); None where it draws from a default one."""
     gen = kwargs.get("generator")
+    return gen if gen is not None else next((a for a in args if type(a) is torch.Generator), None)
+
+
+def _generator(args, kwargs) -> torch.Generator:
+    """The generator a random call draws from: the one it names, else the default one of the
+    device of its first tensor (or of its ``device=``)."""
+    gen = _named_generator(args, kwargs)
     if gen is not None:
         return gen
     tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
@@ -152,10 +160,19 @@ def _returning_generator_state(func):
 
 def _replaying(vjp):
     """A random call's backward: reruns it from the generator state its forward started from (and
-    leaves the generator as it was), so that it draws the same numbers."""
+    leaves the generator as it was), so that it draws the same numbers. A generator the call names
+    is not touched: the rerun draws from a generator of its own at that state (the named one may
+    be drawn from meanwhile: a generator argument's stand-in, ``generator_inputs``, by the next call)."""
 
     @functools.wraps(vjp)
     def run(args, cotangents, wanted, state, **kwargs):
+        named = _named_generator(args, kwargs)
+        if named is not None:
+            own = torch.Generator(device=named.device)
+            own.set_state(state)
+            args = tuple(own if a is named else a for a in args)
+            kwargs = {k: own if v is named else v for k, v in kwargs.items()}
+            return vjp(args, cotangents[:-1], wanted, **kwargs)
         gen = _generator(args, kwargs)
         now = gen.get_state()
         gen.set_state(state)
@@ -425,7 +442,12 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     backward of its own (no generator state is returned for one)."""
     name = qualified_name(func)
     _refuse_unrepresentable(func, name, kwargs, effect)
+    if effect and recording_backward() and (named := _named_generator(args, kwargs)) is not None:
+        backward_draws().add(id(named))
     arg_leaves = tree_flatten((args, kwargs))[0]
+    if any(type(x) is SymbolicSize for x in arg_leaves):  # (a shape of symbolic sizes: a tuple to C code)
+        args, kwargs = tree_map(lambda x: tuple(x) if type(x) is SymbolicSize else x, (args, kwargs))
+        arg_leaves = tree_flatten((args, kwargs))[0]
     in_leaves = [x for x in arg_leaves if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
     symbolic = _has_symbolic(arg_leaves)

@@ -382,9 +382,17 @@ class _RulesRunning(threading.local):
         #: What a rule records from then on is a backward, which nothing differentiates, so the
         #: symbols it calls record their plain decompositions rather than rules of their own.
         self.in_backward: list[bool] = []
+        #: the ids of the generators random calls recorded in a backward named (``backward_draws``)
+        self.backward_draws: set[int] = set()
 
 
 _running = _RulesRunning()
+
+
+def backward_draws() -> set[int]:
+    """The ids of the generators that random calls recorded in a grad rule's backward (a custom
+    Function's) named, in this thread: its caller clears it (``generator_inputs``)."""
+    return _running.backward_draws
 
 
 def recording_backward() -> bool:

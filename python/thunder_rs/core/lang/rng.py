@@ -13,7 +13,10 @@ Eager PyTorch draws from a generator on every call, so a traced program must too
   state they started from, and their backward draws the same numbers again from it;
 - random ltorch symbols (``thunder_rs.torch.random``) run whole as the torch call they stand
   for, ``generator=`` included; ``examine`` counts them, and the generator-state calls above,
-  as supported.
+  as supported;
+- a generator passed as an argument is an input of each call, not a constant of the trace: the
+  trace draws from a stand-in that takes the caller's generator's state on each call and gives it
+  back (``core.acquisition.generator_inputs``).
 
 Effects and random draws are never removed by DCE, merged by CSE or recomputed in the backward.
 """
@@ -63,12 +66,13 @@ def is_random(func) -> bool:
     return func in RANDOM
 
 
-def check_generators(consts: list) -> None:
+def check_generators(consts: list, own: frozenset = frozenset()) -> None:
     """Refuses a ``torch.Generator`` the traced program created and drew from: compiled, it
     would be created once, by the trace, and go on drawing across calls where eager starts a
-    fresh one each call. Found as a generator the trace's constants alone refer to."""
+    fresh one each call. Found as a generator the trace's constants alone refer to (but those
+    whose ids are in ``own``: the stand-ins of generator arguments, ``generator_inputs``)."""
     for g in consts:
-        if isinstance(g, torch.Generator) and all(r is consts for r in gc.get_referrers(g)):
+        if isinstance(g, torch.Generator) and id(g) not in own and all(r is consts for r in gc.get_referrers(g)):
             raise ThunderNotImplementedError(
                 "thunder_rs.jit: the traced program draws from a torch.Generator it creates; a compiled program "
                 "would create it once and go on drawing from it across calls. Create the generator outside the "

@@ -45,7 +45,6 @@ from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
 from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
 from thunder_rs.core.lang.recorder import active_recorder
-from thunder_rs.core.lang.rng import check_generators
 from thunder_rs.core.run.wrapped_module import (
     WRAPPED,
     calling_through,
@@ -71,6 +70,7 @@ if TYPE_CHECKING:
 #: Compilation's modules, loaded at the first compile: ``import thunder_rs`` does not pay for them.
 _ACQUIRE = LazyModule("thunder_rs.core.acquisition.acquire")
 _ENTRY = LazyModule("thunder_rs.core.run.entry")
+_GENERATORS = LazyModule("thunder_rs.core.acquisition.generator_inputs")
 
 MISS_WARNING_THRESHOLD = 8
 #: How many variants one call may hand over to after its values diverged (``_other_path``).
@@ -472,6 +472,10 @@ class ThunderFunction:
         computation, first, source, filename, traces, backward_traces, stages = generated_at
         all_tensors = len(acquired.tensor_positions) == len(flat)
         positions = None if all_tensors else acquired.tensor_positions
+        if acquired.stand_ins is not None:  # the call's generators after its tensors (``generator_inputs``)
+            at = len(acquired.tensor_positions)
+            computation, first = (acquired.stand_ins.drawing(f, at) if f else f for f in (computation, first))
+            positions = (*acquired.tensor_positions, *acquired.stand_ins.positions())
         entries = _ENTRY.load()
         entry = entries.Entry(computation, source, filename, positions, traces, backward_traces)
         if first is not None:
@@ -516,17 +520,26 @@ class ThunderFunction:
         the value reads, input names)``. Raises where a count traced at 2 fails a guard at its
         value (``value_sizes.above_values``)."""
         start = time.perf_counter()
-        modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
-        reads = ValueReads(snapshot_runner(executors), forced, sites, prior)
         binding = self._binding if self._module is not None else None
-        acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
-        modes.check_restored()
-        check_generators(acquired.consts)
+        names: tuple = (input_names(self._fn, flat, spec), ())
+
+        kept: list = []  # (the last acquisition's modes and value reads)
+
+        def acquire(traced: list):  # (``traced``: ``flat`` with the generator arguments' stand-ins)
+            kept[:] = RecordedModes(), ValueReads(snapshot_runner(executors), forced, sites, prior)
+            found = _ACQUIRE.load().acquire(
+                self._fn, traced, spec, binding, whole_runners(executors), kept[1], sizes, held
+            )
+            kept[0].check_restored()
+            return found
+
+        acquired = _GENERATORS.load().acquired_with_stand_ins(acquire, flat, names[0])
+        modes, reads = kept
         acquiring = time.perf_counter() - start
         name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
-        params = self._binding.qualified if self._module is not None and self._binding is not None else ()
-        names = (input_names(self._fn, flat, spec), params)
+        if self._module is not None and self._binding is not None:
+            names = (names[0], self._binding.qualified)
         made = generated(acquired, name, modes, self._passes, executors, names)
         traces, backward_traces = made[4], made[5]
         guards = trace_guards(traces, backward_traces)

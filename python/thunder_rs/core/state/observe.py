@@ -83,6 +83,8 @@ _MODULE_GETATTR = torch.nn.Module.__getattr__
 _FORWARD_HOOK_STORES = ("_forward_pre_hooks", "_forward_hooks")
 #: Methods that change a generator's state: inside a traced program they would run only once.
 _GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
+#: Methods that read a generator's state: a compiled call would return what they read while tracing.
+_GENERATOR_READS = frozenset({"initial_seed", "get_state", "get_offset", "graphsafe_get_state", "clone_state"})
 _MODULE_OR_CODE = (torch.nn.Module, *CODE_TYPES)
 #: Containers whose items a chain follows by constant key: exactly these types, whose reads by
 #: key have no code of their own.
@@ -404,6 +406,12 @@ class Observer:
                     f"torch.Generator.{attr}: the traced program at {origin} changes the state of a generator it "
                     "does not create; that would run once, while tracing. Seed it outside the jitted call, or use "
                     "torch.manual_seed inside (which every call repeats)"
+                )
+            if attr in _GENERATOR_READS:
+                raise ThunderNotImplementedError(
+                    f"torch.Generator.{attr}: the traced program at {origin} reads the state of a generator; a "
+                    "compiled call would see what it read while tracing, not the generator's state when it runs. Read "
+                    "it outside the jitted call and pass the value in"
                 )
             return MISSING
         if isinstance(obj, (type, types.ModuleType)):
