@@ -20,6 +20,7 @@ from thunder_rs.core.acquisition.effects import (
     stop_recording_prints,
 )
 from thunder_rs.core.acquisition.dynamic import INT, ArgInt, HeldDim, HeldInt, HeldStride, in_other_items, leaf_paths
+from thunder_rs.core.acquisition.float_args import ArgFloat
 from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
@@ -38,7 +39,7 @@ from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apar
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
-from thunder_rs.core.lang import symint
+from thunder_rs.core.lang import symfloat, symint
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
@@ -105,6 +106,9 @@ class Acquired:
     #: hooks the forward registered on the user's modules and left, or removed (``modules.hook_changes``):
     #: made once the entry is made
     hook_changes: list = field(default_factory=list)
+    #: the float arguments the trace takes as inputs, its very last (``float_args``): ``(ArgFloat,
+    #: value id)`` each, in order; ``tail`` reads them after the ints
+    floats: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -269,8 +273,10 @@ class SizeInputs:
     they differ compile again; where the program relies on their equality (``torch.stack``),
     the trace guards it."""
 
-    def __init__(self, rec, sizes, held, paths=None):
+    def __init__(self, rec, sizes, held, paths=None, floats=()):
         self._rec, self.flat, self.held, self._paths = rec, sizes, held or {}, paths
+        #: the positions of the float arguments to take as inputs, and ``(ArgFloat, value id)`` of each made
+        self.float_positions, self.floats = floats, []
         self._by_value: dict = {}
         #: where each size input is read, in the order made (the trace's order)
         self.sources: list = []
@@ -411,6 +417,10 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     for i, dims in symbolic.items():
         if None in dims:  # an int argument read as a size
             leaves[i] = symint.wrap(dims[None])
+    for k, i in enumerate(size_inputs.float_positions):  # a float argument taken as an input
+        vid = rec.float_input(flat_inputs[i])
+        leaves[i] = symfloat.float_input(vid, flat_inputs[i])
+        size_inputs.floats.append((ArgFloat(i, k), vid))
     first = {id(flat_inputs[i]): i for i in positions}
     for i, x in enumerate(flat_inputs):
         if isinstance(x, torch.Tensor) and first[id(x)] != i:
@@ -558,18 +568,20 @@ def acquire(
     reads: ValueReads | None = None,
     sizes: tuple = (),
     held: dict | None = None,
+    floats: tuple = (),
 ) -> Acquired:
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s parameters
     and buffers become trace inputs after the flat inputs, one per distinct tensor; captured tensors come
     last. ``whole`` (``extend.whole_runners``) lets kernels the jit's executors run whole be recorded
     without their decompositions. ``reads`` answers the reads of traced tensors' values (without it they
     are refused). ``sizes`` are the ``(flat position, dim)`` of the tensor inputs' sizes to trace as
-    symbolic, ``held`` the dims of argument objects' tensors (``{(source key, name): dims}``; ``dynamic``)."""
+    symbolic, ``held`` the dims of argument objects' tensors (``{(source key, name): dims}``; ``dynamic``);
+    ``floats`` the positions of the float arguments to take as inputs (``float_args``)."""
     rec = _core.Recorder()
     made: list = []
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
-    size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None)
+    size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None, floats)
     try:
         out, observer, writes, repeated, inputs, (inference, hooks) = _trace_program(
             fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
@@ -612,7 +624,7 @@ def acquire(
         num_outputs,
         modules_called,
         writebacks,
-        captured_inputs(captured, ints),
+        captured_inputs(captured, (*ints, *(at for at, _ in size_inputs.floats))),
         [] if reads is None else reads.reads,
         size_inputs.sources,
         size_inputs.shared,
@@ -624,6 +636,7 @@ def acquire(
         first,
         inference,
         hooks,
+        tuple(size_inputs.floats),
     )
 
 

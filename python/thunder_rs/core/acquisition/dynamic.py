@@ -350,15 +350,16 @@ def size_readers(sizes, positions) -> list:
     ]
 
 
-def with_sizes(fn, readers, captured: tuple = (), ints: int = 0):
+def with_sizes(fn, readers, captured: tuple = (), ints: int = 0, floats: int = 0):
     """``fn`` given, after the caller's inputs, the ``captured`` tensors and then the symbolic
-    sizes read from the inputs, as a trace with size inputs takes them (its last). The last
-    ``ints`` inputs are ints argument objects hold (``HeldInt``), sizes themselves."""
+    sizes read from the inputs, as a trace with size inputs takes them (its last but floats).
+    The last ``floats`` inputs are float arguments (``float_args.ArgFloat``), passed last; the
+    ``ints`` before them are ints argument objects hold (``HeldInt``), sizes themselves."""
     shapes: set = set()
 
     def read(k: int, d) -> str:
         if d is None:
-            return f"inputs[{k - ints}]"
+            return f"inputs[{k - ints - floats}]"
         if type(d) is tuple:
             return f"inputs[{k}].stride({d[1]})"
         if k in shapes:
@@ -367,8 +368,9 @@ def with_sizes(fn, readers, captured: tuple = (), ints: int = 0):
         return f"(s{k} := inputs[{k}].shape)[{d}]"
 
     reads = ", ".join(read(k, d) for k, d in readers)
-    passed = f"inputs[:-{ints}]" if ints else "inputs"
-    source = f"def call(*inputs):\n    return fn(*{passed}, {'*captured, ' if captured else ''}{reads})\n"
+    passed = f"inputs[:-{ints + floats}]" if ints + floats else "inputs"
+    last = f", *inputs[-{floats}:]" if floats else ""
+    source = f"def call(*inputs):\n    return fn(*{passed}, {'*captured, ' if captured else ''}{reads}{last})\n"
     scope = {"fn": fn, "captured": captured}
     exec(compile(source, "<thunder_rs sizes>", "exec"), scope)
     return scope["call"]

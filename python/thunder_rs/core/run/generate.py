@@ -126,7 +126,7 @@ def _differentiable_program(acquired, filename: str, grad_positions: list, forwa
 
     outputs = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
     generators = program_generators(consts) if trace.has_effects() else None
-    tensors = trace.num_inputs - len(acquired.sizes)  # size inputs are ints, and last
+    tensors = trace.num_inputs - len(acquired.sizes) - len(acquired.floats)  # sizes and floats are last
     return DifferentiableProgram(
         compile_program,
         wb is None and acquired.out_kind == "single",
@@ -172,7 +172,7 @@ def _unread(acquired) -> tuple:
     an input requiring grad costs its backward about 2 us even when it gets no gradient (150
     layers of which 3 ran: 1.1 ms a step). Written inputs are kept (their writes go to them)."""
     trace, wb = acquired.trace, acquired.writebacks
-    tensors = trace.num_inputs - len(acquired.sizes)  # size inputs are ints, and last
+    tensors = trace.num_inputs - len(acquired.sizes) - len(acquired.floats)  # sizes and floats are last
     needed = set(trace.inputs_needed()) | set(wb.targets if wb is not None else ())
     return tuple(k for k in range(tensors) if k not in needed)
 
@@ -260,5 +260,5 @@ def _called(computation, acquired, modes: RecordedModes, differentiable: bool):
     captured = tuple(acquired.captured) if acquired.tail is None else ()
     if acquired.sizes:
         readers = size_readers(acquired.sizes, acquired.tensor_positions)
-        return with_sizes(computation, readers, captured, len(acquired.ints))
+        return with_sizes(computation, readers, captured, len(acquired.ints), len(acquired.floats))
     return _with_captured(computation, captured) if captured else computation

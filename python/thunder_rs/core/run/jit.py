@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
 from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wanted_held, wanted_sizes
+from thunder_rs.core.acquisition.float_args import FloatArgs
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
 from thunder_rs.core.acquisition.cache import (
     describe_change,
@@ -122,6 +123,8 @@ class ThunderFunction:
         self._marked_held: dict = {}
         #: int arguments a symbolic compile failed on (``x.topk(k)``): constants from then on
         self._constant_ints: set = set()
+        #: float arguments seen to change, taken as inputs, or kept constant (``float_args``)
+        self._floats = FloatArgs()
         #: calls whose output sizes (computed from values) changed: ``{(what, where): groups}``
         self._sized_sites: dict = {}
         self._symbolic: list[SymbolicEntry] = []
@@ -206,6 +209,8 @@ class ThunderFunction:
             params = self._module_tensors()
             state = (self._module.training, self._binding.metadata(params))
         key = (global_key(state, tensor_aliases(flat)), tuple(map(leaf_key, flat)), spec)
+        if self._floats.wide:
+            key = self._floats.key(key)
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(flat)):
             torch_spec = compile_spec(args, kwargs, flat)
@@ -388,6 +393,7 @@ class ThunderFunction:
             # A new key (a mask grown with the cache) compares with the other entries.
             entries = {id(e): e for e in (failed, *(e for es in self._variants.values() for e in es)) if e is not None}
             held = wanted_held(mode, entries.values(), flat, self._marked_held)
+            key = self._floats.wanted(self._dynamic, key, flat, [self._last_key, *self._variants])
             static = functools.partial(self._compile, flat, spec, key, reason, declined=declined)
             if sizes or held:
                 return self._symbolic_first(static, sizes, held)
@@ -453,12 +459,15 @@ class ThunderFunction:
         (``ValueReads._groups``)."""
         start = time.perf_counter()
         traced_from = hooks_version()  # (hooks registered while tracing: ``entries.make_check``)
-        made = self._generated(flat, spec, forced, sites, sizes, held, prior)
+        made, key = self._floats.generate(
+            lambda floats: self._generated(flat, spec, forced, sites, sizes, held, prior, floats), key, flat
+        )
         alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
         if held is not None and alike:  # (traced again at once with them symbolic: see ``held_alike``)
             wider = {**held, **{at: frozenset(held.get(at, frozenset()) | dims) for at, dims in alike.items()}}
             with contextlib.suppress(Exception):  # (where that fails, the trace with them constant stands)
-                made, held = self._generated(flat, spec, forced, sites, sizes, wider, prior), wider
+                again = functools.partial(self._generated, flat, spec, forced, sites, sizes, wider, prior)
+                made, held = self._floats.again(again, key), wider
                 for at, dims in alike.items():
                     self._marked_held.setdefault(at, set()).update(dims)
         acquired, (acquiring, generated_at), reads, names = made[0], made[2], made[3], made[4]
@@ -491,6 +500,7 @@ class ThunderFunction:
         if acquired.inference_outputs:
             entry.post = making_inference(entry.post, acquired.inference_outputs)
         self._record_miss(key, names[0], start, {"acquire": acquiring, **stages}, traces, backward_traces, guard_reason)
+        self._stats.miss_reasons[-1] += self._floats.labels(key, names[0])
         if declined:
             self._stats.miss_reasons[-1] += f"; {declined}"
         if acquired.sizes:
@@ -503,17 +513,18 @@ class ThunderFunction:
         self._sized_sites.update(reads.widened)
         return entry
 
-    def _generated(self, flat, spec, forced, sites, sizes, held, prior) -> tuple:
+    def _generated(self, flat, spec, forced, sites, sizes, held, prior, floats=()) -> tuple:
         """The program acquired for the call of ``flat`` (``_compile_with``'s arguments) and
         compiled: ``(acquired, the trace's guards, (seconds acquiring, what ``generated`` returns),
-        the value reads, input names)``. Raises where a count traced at 2 fails a guard at its
-        value (``value_sizes.above_values``)."""
+        the value reads, input names)``, ``floats`` the positions of the float arguments taken as
+        inputs. Raises where a count traced at 2 fails a guard at its value (``value_sizes.above_values``)."""
         start = time.perf_counter()
         modes = RecordedModes()
         executors = default_executors() if self._executors is None else self._executors
         reads = ValueReads(snapshot_runner(executors), forced, sites, prior)
         binding = self._binding if self._module is not None else None
-        acquired = _ACQUIRE.load().acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held)
+        acquire = _ACQUIRE.load().acquire
+        acquired = acquire(self._fn, flat, spec, binding, whole_runners(executors), reads, sizes, held, floats)
         modes.check_restored()
         check_generators(acquired.consts)
         acquiring = time.perf_counter() - start
