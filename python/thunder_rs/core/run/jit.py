@@ -157,6 +157,10 @@ class ThunderFunction:
         argument, ``(flat position, None)`` of an int argument."""
         self._marked.update(places)
 
+    def mark_floats(self, positions) -> None:
+        """Takes the float arguments at flat ``positions`` as inputs from the next compile on."""
+        self._floats.marked.update(positions)
+
     def __get__(self, instance, owner=None):
         """As a method (``@jit`` in a class body): bound to ``instance``, which is an input of the
         call, so the attributes the program reads from it are guarded on every call."""
