@@ -206,3 +206,66 @@ def test_a_module_taking_a_float():
     for t in (1.0, 0.7, 0.5, 2.0):
         assert _equal(jmodule(x, t), module(x, t))
     assert thunder_rs.compile_stats(jmodule).cache_misses == 2
+
+
+class Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.temperature = 1.0
+
+    def forward(self, x):
+        return torch.softmax(self.linear(x) / self.temperature, -1)
+
+
+def test_a_module_s_float_attribute_changed_between_calls():
+    """A module's float that a call finds changed is a float input of the next compile, read from
+    the module on every call, as a module's int is a size input (``dynamic.HeldInt``)."""
+    torch.manual_seed(0)
+    module, x = Tempered(), torch.randn(2, 4)
+    jmodule = thunder_rs.jit(module)
+    for t in (1.0, 0.7, 0.5, 2.0, 0.3):
+        module.temperature = t
+        expected, got = module(x), jmodule(x)
+        assert _equal(expected, got), t
+        expected.sum().backward()
+        grad = module.linear.weight.grad.clone()
+        module.zero_grad()
+        got.sum().backward()
+        assert _equal(grad, module.linear.weight.grad), t
+        module.zero_grad()
+    stats = thunder_rs.compile_stats(jmodule)
+    assert stats.cache_misses == 2
+    assert stats.miss_reasons[1].endswith("; compiled with symbolic floats Tempered.temperature")
+
+
+def test_a_float_attribute_the_program_branches_on_stays_constant():
+    class Gate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = 0.1
+
+        def forward(self, x):
+            return x * 2 if self.p > 0.5 else x - self.p
+
+    module, x = Gate(), torch.randn(4)
+    jmodule = thunder_rs.jit(module)
+    for p in (0.1, 0.7, 0.9, 0.2):
+        module.p = p
+        assert _equal(jmodule(x), module(x)), p
+    stats = thunder_rs.compile_stats(jmodule)
+    assert stats.cache_misses == 4
+    assert "Gate.p kept constant: its value is needed at" in stats.miss_reasons[1]
+
+
+def test_a_float_an_argument_object_holds():
+    class Config:
+        scale = 1.0
+
+    x = torch.randn(4)
+    jfn = thunder_rs.jit(lambda x, cfg: x * cfg.scale + 1)
+    for s in VALUES:
+        cfg = Config()
+        cfg.scale = s
+        assert _equal(jfn(x, cfg), x * s + 1), s
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2

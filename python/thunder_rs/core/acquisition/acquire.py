@@ -19,8 +19,9 @@ from thunder_rs.core.acquisition.effects import (
     recording_prints,
     stop_recording_prints,
 )
-from thunder_rs.core.acquisition.dynamic import INT, ArgInt, HeldDim, HeldInt, HeldStride, in_other_items, leaf_paths
-from thunder_rs.core.acquisition.float_args import ArgFloat
+from thunder_rs.core.acquisition.dynamic import FLOAT, INT, ArgInt, HeldDim, HeldInt, HeldStride
+from thunder_rs.core.acquisition.dynamic import in_other_items, leaf_paths
+from thunder_rs.core.acquisition.float_args import ArgFloat, HeldFloat
 from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
@@ -316,6 +317,12 @@ class SizeInputs:
                 made.setdefault(i, {})[d] = self.of(flat_inputs[i].shape[d], (i, d))
         return made
 
+    def float_of(self, value: float, at):
+        """A float input for the float ``value`` read at ``at`` (``ArgFloat`` or ``HeldFloat``)."""
+        vid = self._rec.float_input(value)
+        self.floats.append((at, vid))
+        return symfloat.float_input(vid, value)
+
     def next_int(self) -> int:
         """The number of the next int read as a size among the entry's last inputs."""
         self.ints += 1
@@ -368,12 +375,17 @@ def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs, pairs: lis
     holders = {source.key: (obj, source) for obj, source, _ in reached.objects}
     holders.update((id(o), (c, ModuleSource(o, type(o).__name__))) for c, o in pairs)
     for (key, name), dims in size_inputs.held.items():
-        found = holders.get(key) if INT in dims else None
+        found = holders.get(key) if INT in dims or FLOAT in dims else None
         if found is None:
             continue
         attributes: Any = attributes_of(found[0])  # reached objects and modules have an instance dict
         value = attributes.get(name)
-        if type(value) is not int or value < 2:
+        if type(value) is float and FLOAT in dims:  # (a float input, ``float_args.HeldFloat``)
+            stand_in = size_inputs.float_of(value, HeldFloat(found[1], name, len(size_inputs.floats)))
+            attributes[name] = stand_in
+            placed.append((attributes, _PlacedInt(name, stand_in, found[1]), value))
+            continue
+        if type(value) is not int or value < 2 or INT not in dims:
             continue
         stand_in = symint.wrap(size_inputs.of(value, HeldInt(found[1], name, size_inputs.next_int())))
         attributes[name] = stand_in
@@ -418,9 +430,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         if None in dims:  # an int argument read as a size
             leaves[i] = symint.wrap(dims[None])
     for k, i in enumerate(size_inputs.float_positions):  # a float argument taken as an input
-        vid = rec.float_input(flat_inputs[i])
-        leaves[i] = symfloat.float_input(vid, flat_inputs[i])
-        size_inputs.floats.append((ArgFloat(i, k), vid))
+        leaves[i] = size_inputs.float_of(flat_inputs[i], ArgFloat(i, k))
     first = {id(flat_inputs[i]): i for i in positions}
     for i, x in enumerate(flat_inputs):
         if isinstance(x, torch.Tensor) and first[id(x)] != i:
@@ -448,8 +458,8 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     # After the observer noted the argument objects' attributes: what the call found.
     placed = _stand_ins(reached, captures, size_inputs, len(positions) + len(params))
     ints = _int_stand_ins(reached, size_inputs, pairs)
-    observer.state.symbolic_ints = {(id(attributes), p.name) for attributes, p, _ in ints}
-    observer.guard_module_ints([(p.source, p.name) for _, p, _ in ints if type(p.source) is ModuleSource])
+    observer.state.symbolic_ints = {(id(attributes), p.name): type(v) for attributes, p, v in ints}
+    observer.guard_module_ints([(p.source, p.name, type(v)) for _, p, v in ints if type(p.source) is ModuleSource])
     placed += ints
     try:
         with observer, tracing_overrides(), LanguageMode():

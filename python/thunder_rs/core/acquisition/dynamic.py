@@ -231,6 +231,19 @@ class ArgInt(NamedTuple):
 
 #: Marks, among ``held_changes``' dims, an int attribute (``HeldInt``) rather than a tensor's dim.
 INT = "int"
+#: Marks, among ``held_changes``' dims, a float attribute (``float_args.HeldFloat``).
+FLOAT = "float"
+
+
+def _float_changed(guard, flat) -> bool:
+    """Whether ``guard`` (failing) read a float of an argument object or a module (a module's
+    ``self.temperature``) that is another float now: a float input of the next compile
+    (``float_args.HeldFloat``)."""
+    if type(guard) is not Guard or type(guard.expected) is not float:
+        return False
+    if not isinstance(guard.source, InputSource) and type(guard.source) is not ModuleSource:
+        return False
+    return type(guard.read(flat)) is float
 
 
 def _int_changed(guard, flat) -> bool:
@@ -259,6 +272,9 @@ def held_changes(guards, flat) -> dict | None:
             continue
         if _int_changed(guard, flat):
             changed.setdefault((guard.source.key, guard.name), set()).add(INT)
+            continue
+        if _float_changed(guard, flat):
+            changed.setdefault((guard.source.key, guard.name), set()).add(FLOAT)
             continue
         if type(guard) is not TensorGuard:
             return None

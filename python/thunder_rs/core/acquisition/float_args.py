@@ -7,6 +7,9 @@ takes it as a float input (``symfloat.float_input``): what the program computes 
 symbolic, and the compiled program passes the caller's float to torch, so the kernels see what
 eager's see (a wrapped number: a float never promotes a float16 tensor). The key of the calls it
 serves holds ``FLOAT`` at that place rather than the value (``widen``), so every value hits.
+A float a module or an argument object holds (a module's ``self.temperature``, ``cfg.scale``) that
+a call finds changed is a float input of the next compile in the same way (``HeldFloat``, as
+``dynamic.HeldInt`` for ints): its guard checks only that a float is there, the entry reads it.
 
 Where the program needs the value itself (a comparison, ``float()``, ``int()``, ``round``,
 ``math.*``, text, a dropout probability), tracing notes it (``symfloat.specialised_inputs``) and
@@ -14,9 +17,10 @@ the float is compiled as a constant, then and from then on: each value is a key 
 the miss reason says where the program read it. ``jit(dynamic=False)`` keeps every float constant.
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from thunder_rs.core.acquisition.cache import leaf_key
+from thunder_rs.core.acquisition.dynamic import FLOAT as FLOAT_ATTR
 from thunder_rs.core.lang.symfloat import specialised_inputs
 
 #: A float argument's place in a key where the trace takes it as an input: any float matches.
@@ -36,7 +40,7 @@ class ArgFloat(NamedTuple):
 
 
 class FloatSpecialised(Exception):
-    """A compile with float inputs needed the value of some (``sites``: ``{flat position: "file:line"}``)."""
+    """A trace with float inputs needed the value of some (``sites``: ``{value id: "file:line"}``)."""
 
     def __init__(self, sites: dict):
         super().__init__(sites)
@@ -79,15 +83,21 @@ def changed_floats(old_key, new_key) -> set:
 class FloatArgs:
     """A jitted function's float arguments: those seen to change (``marked``), those its entries
     take as inputs (``wide``: its calls' keys hold ``FLOAT`` there), and those its program needs
-    the value of (``constant``: never inputs again)."""
+    the value of (``constant``: never inputs again); and the floats of modules and argument
+    objects (``HeldFloat``) it needs the value of (``constant_held``)."""
 
     def __init__(self):
         self.marked: set = set()
         self.wide: tuple = ()
         #: ``{flat position: "file:line" or None}``: where the program needed the value
         self.constant: dict = {}
-        #: the floats the last compile found it needed the value of (its miss reason says so)
-        self.kept: dict = {}
+        #: ``{(source key, name): "file:line" or None}`` of held floats the program needed the value of
+        self.constant_held: dict = {}
+        #: the float inputs of the last compile (``ArgFloat``, ``HeldFloat``), and ``(place, label,
+        #: site)`` of those it found it needed the value of (its miss reason says so)
+        self.made: tuple = ()
+        self.kept: list = []
+        self._held_places: tuple = ()
 
     def key(self, key):
         """A general call's key with ``FLOAT`` where the entries take floats as inputs."""
@@ -106,39 +116,52 @@ class FloatArgs:
         floats = [i for i in sorted(self.marked) if i < len(flat) and type(flat[i]) is float and i not in self.constant]
         return widen(key, floats) if floats else key
 
+    def held(self, held: dict | None) -> dict | None:
+        """``held`` (``dynamic.wanted_held``) without the floats the program needed the value of."""
+        if held is None:
+            return None
+        places = [at for at, dims in held.items() if FLOAT_ATTR in dims]
+        self._held_places = tuple(at for at in places if at not in self.constant_held)
+        if len(self._held_places) == len(places):
+            return held
+        return {at: dims - {FLOAT_ATTR} if at in self.constant_held else dims for at, dims in held.items()}
+
     def generate(self, make, key, flat):
         """``(make(floats), key)`` for the floats ``key`` takes as inputs (``widened``), where the
         compile kept them so; where it needed the value of some (or failed), again with those
         constant and the key holding their values. ``make`` returns ``_generated``'s tuple."""
         floats = widened(key)
-        self.kept = {}
+        self.kept = []
         while True:
             try:
-                with specialised_inputs() as noted:
-                    made = make(floats)
-                inputs = {vid: at.position for at, vid in made[0].floats}
-                needed = {inputs[v]: site for v, site in noted.found.items() if v in inputs}
-                if needed:
-                    raise FloatSpecialised(needed)
-            except FloatSpecialised as e:
-                needed = e.sites
+                made, needed = self._made(make, floats)
             except Exception:
-                if not floats:
+                if not floats and not self._held_places:
                     raise
-                needed = {i: None for i in floats}
-            if not floats:
-                return made, key
+                made, needed = None, [(i, None, None) for i in (*floats, *self._held_places)]
             if not needed:
                 self.wide = tuple(sorted({*self.wide, *floats}))
+                self.made = tuple(at for at, _ in made[0].floats)
                 return made, key
-            self.constant.update(needed)
-            self.kept.update(needed)
-            self.wide = tuple(i for i in self.wide if i not in needed)
-            floats = tuple(i for i in floats if i not in needed)
-            leaves = list(key[1])
-            for i in needed:
-                leaves[i] = leaf_key(flat[i])
-            key = (key[0], tuple(leaves), *key[2:])
+            self.kept.extend(needed)
+            for place, _, site in needed:
+                (self.constant if type(place) is int else self.constant_held)[place] = site
+            self.wide = tuple(i for i in self.wide if i not in self.constant)
+            floats = tuple(i for i in floats if i not in self.constant)
+            key = (
+                key[0],
+                tuple(leaf_key(flat[i]) if i in self.constant else k for i, k in enumerate(key[1])),
+                *key[2:],
+            )
+
+    def _made(self, make, floats) -> tuple:
+        """``make(floats)`` and the float inputs it needed the value of, ``[(place, label, site)]``: a
+        flat position or a held float's ``(source key, name)``."""
+        with specialised_inputs() as noted:
+            made = make(floats)
+        places = {vid: at for at, vid in made[0].floats}
+        needed = [(_place(places[v]), _label(places[v]), site) for v, site in noted.found.items() if v in places]
+        return made, needed
 
     def again(self, make, key):
         """``make(floats)`` of the floats ``key`` takes as inputs, traced again (with other sizes
@@ -149,14 +172,35 @@ class FloatArgs:
             raise FloatSpecialised(noted.found)
         return made
 
-    def labels(self, key, names: list) -> str:
-        """``; compiled with symbolic floats s, cfg['lr']`` for the floats ``key`` takes as inputs,
-        and ``; s kept constant: its value is needed at file:line`` for those the last compile
-        found it needed the value of."""
-        parts = []
-        floats = widened(key)
-        if floats:
-            parts.append("compiled with symbolic floats " + ", ".join(names[i] for i in floats))
-        for i, site in self.kept.items():
-            parts.append(f"{names[i]} kept constant" + (f": its value is needed at {site}" if site else ""))
+    def labels(self, names: list) -> str:
+        """``; compiled with symbolic floats s, cfg['lr'], self.temperature`` for the floats the last
+        compile took as inputs, and ``; s kept constant: its value is needed at file:line`` for
+        those it found it needed the value of."""
+        labels = [names[at.position] if type(at) is ArgFloat else f"{at.source.label}.{at.name}" for at in self.made]
+        parts = ["compiled with symbolic floats " + ", ".join(labels)] if labels else []
+        for place, held_label, site in self.kept:
+            name = names[place] if type(place) is int else held_label or f"{place[1]}"
+            parts.append(f"{name} kept constant" + (f": its value is needed at {site}" if site else ""))
         return "".join(f"; {p}" for p in parts)
+
+
+class HeldFloat(NamedTuple):
+    """A float a module or an argument object holds that the trace takes as an input (a module's
+    ``self.temperature``): its attribute ``name`` at ``source`` (``guards.InputSource`` or
+    ``ModuleSource``), the ``input``-th float input; the entry reads it there on every call."""
+
+    source: Any
+    name: str
+    input: int
+
+    def code(self, j: int, scope: dict) -> str:
+        """An expression reading it from a call's flat inputs ``flat``; binds what it uses in ``scope``."""
+        return f"{self.source.code(f'f{j}', scope)}[{self.name!r}]"
+
+
+def _place(at) -> int | tuple:
+    return at.position if type(at) is ArgFloat else (at.source.key, at.name)
+
+
+def _label(at) -> str | None:
+    return f"{at.source.label}.{at.name}" if type(at) is HeldFloat else None

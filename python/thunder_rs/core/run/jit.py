@@ -464,7 +464,7 @@ class ThunderFunction:
         start = time.perf_counter()
         traced_from = hooks_version()  # (hooks registered while tracing: ``entries.make_check``)
         made, key = self._floats.generate(
-            lambda floats: self._generated(flat, spec, forced, sites, sizes, held, prior, floats), key, flat
+            lambda f: self._generated(flat, spec, forced, sites, sizes, self._floats.held(held), prior, f), key, flat
         )
         alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
         if held is not None and alike:  # (traced again at once with them symbolic: see ``held_alike``)
@@ -504,7 +504,7 @@ class ThunderFunction:
         if acquired.inference_outputs:
             entry.post = making_inference(entry.post, acquired.inference_outputs)
         self._record_miss(key, names[0], start, {"acquire": acquiring, **stages}, traces, backward_traces, guard_reason)
-        self._stats.miss_reasons[-1] += self._floats.labels(key, names[0])
+        self._stats.miss_reasons[-1] += self._floats.labels(names[0])
         if declined:
             self._stats.miss_reasons[-1] += f"; {declined}"
         if acquired.sizes:
