@@ -269,3 +269,38 @@ def test_a_float_an_argument_object_holds():
         cfg.scale = s
         assert _equal(jfn(x, cfg), x * s + 1), s
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
+
+
+def test_the_nvfuser_stand_in_takes_a_float_input(fake_ex):
+    """A float input is a Double input of the region's definition, read from the region's inputs
+    on each call: one definition serves every value (the first call's has the float constant)."""
+
+    def fn(x, s):
+        return (x.cos() * s + s).sin()
+
+    jfn = thunder_rs.jit(fn, executors=[fake_ex, "torch"])
+    x = torch.randn(3, 5)
+    for s in VALUES:
+        assert _equal(jfn(x, s), fn(x, s)), s
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2
+    assert fake_ex.stats["failures"] == 0, fake_ex.fallbacks
+    assert fake_ex.stats["definitions"] == 2
+
+
+@pytest.mark.slow
+def test_inductor_compiles_no_region_per_float_value():
+    """Inductor holds a region's numbers as constants of its graph (a compile per value): a trace
+    with float inputs runs without it rather than compiling a region on each call."""
+    from thunder_rs.executors import inductor_ex
+
+    def fn(x, s):
+        return (x * s + s).sin() * s
+
+    jfn = thunder_rs.jit(fn, executors=["inductor", "torch"])
+    x = torch.randn(8, 8)
+    jfn(x, 0.1)
+    compiled = len(inductor_ex.stats().compile_s)
+    for s in VALUES:
+        torch.testing.assert_close(jfn(x, s), fn(x, s))
+    assert len(inductor_ex.stats().compile_s) == compiled
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2

@@ -195,6 +195,8 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         # or kernels per shape, seconds each) is left out: a trace with symbolic sizes runs
         # without it, one compile for every size, rather than a fusion compile per size.
         executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_symbolic]
+    if acquired.floats:  # (likewise a fusion executor that compiles a region per float value)
+        executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_float_inputs]
     table, impls = executor_table(executors)
     compiled = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts, list(passes))
     traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
