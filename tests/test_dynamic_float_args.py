@@ -304,3 +304,11 @@ def test_inductor_compiles_no_region_per_float_value():
         torch.testing.assert_close(jfn(x, s), fn(x, s))
     assert len(inductor_ex.stats().compile_s) == compiled
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
+
+
+def test_the_trace_names_a_float_input_as_the_user_does():
+    jfn = thunder_rs.jit(lambda x, s: x * s)
+    for s in (0.5, 0.25):
+        jfn(torch.randn(4), s)
+    trace = str(thunder_rs.last_traces(jfn)[-1])
+    assert "def computation(l_x, l_s):" in trace and 'l_s: "float 0.25"' in trace, trace

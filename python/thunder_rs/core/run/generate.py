@@ -93,7 +93,8 @@ def _named_inputs(traces: list, acquired, names, taken: set) -> list:
     """The forward traces showing (the execution trace taking) inputs under the user's names."""
     user, params = names
     inputs = traces[0].num_inputs
-    named = trace_input_names(user, acquired.tensor_positions, params, inputs, taken | {"computation"})
+    floats = [getattr(at, "position", None) for at, _ in acquired.floats]
+    named = trace_input_names(user, acquired.tensor_positions, params, inputs, taken | {"computation"}, floats)
     return [t.with_input_names(named) if t.num_inputs == inputs else t for t in traces]
 
 
