@@ -101,9 +101,12 @@ class FloatArgs:
 
     def key(self, key):
         """A general call's key with ``FLOAT`` where the entries take floats as inputs."""
-        leaves = key[1]
-        wide = [i for i in self.wide if i < len(leaves) and _is_float_key(leaves[i])]
-        return widen(key, wide) if wide else key
+        leaves = list(key[1])
+        n = len(leaves)
+        for i in self.wide:  # (leaf keys are tuples: a float's is ``(float, hex)``)
+            if i < n and leaves[i][0] is float:
+                leaves[i] = FLOAT
+        return (key[0], tuple(leaves), *key[2:])
 
     def wanted(self, mode, key, flat, earlier_keys):
         """``key`` widened at the float arguments of the call of ``flat`` to take as inputs: those an
