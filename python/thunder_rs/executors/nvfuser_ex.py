@@ -685,7 +685,7 @@ class NvFuserRegion:
         compiled by running it on ``args``."""
         stats, start = self.executor.stats, time.perf_counter()
         fd, floats = define(self.executor.module, self.region, args, orders)
-        compute = host_floats(self.region.name, self.region.input_shapes, floats)
+        compute = host_floats(self.region.name, self.region.input_shapes, floats, self.region.inputs)
         defined = time.perf_counter()
         execute = _told_device(fd.execute, factory_device(self.region, args))
         inputs = list if compute is None else (lambda args: [*args, *compute(args)])
@@ -713,6 +713,7 @@ class NvFuserExecutor(FusionExecutor):
 
     fuses_decompositions = True
     fuses_symbolic = True
+    fuses_float_inputs = True
 
     def __init__(self, name: str = "nvfuser", *, module=None, allow_cpu: bool = False):
         super().__init__(name)

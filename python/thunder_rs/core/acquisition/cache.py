@@ -280,7 +280,7 @@ def input_names(fn, flat, spec) -> list[str]:
 def _show(key) -> str:
     """A leaf key in words."""
     if type(key) is tuple and len(key) == 2 and key[0] is float:
-        return repr(float.fromhex(key[1]))
+        return "a float input" if key[1] is None else repr(float.fromhex(key[1]))
     if type(key) is tuple and len(key) == 2 and key[0] is _Generator and type(key[1]) is torch.device:
         return f"a torch.Generator on {key[1]}"
     if type(key) is tuple and len(key) in (1, 2) and isinstance(key[0], type):

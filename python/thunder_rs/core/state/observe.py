@@ -289,10 +289,11 @@ class Observer:
             self._guards[key] = TensorGuard(guard.source, guard.name, meta, guard.origin)
 
     def guard_module_ints(self, places: list) -> None:
-        """Guards the module ints the trace takes as size inputs (``(ModuleSource, name)``: a
-        count of the tokens seen) as ints: the entry's size checks check their values."""
-        for source, name in places:
-            self._guards[(source.key, name)] = IntGuard(source, name, source.describe(name))
+        """Guards the module ints the trace takes as size inputs (``(ModuleSource, name, int)``: a
+        count of the tokens seen) as ints: the entry's size checks check their values; and the
+        floats it takes as inputs (``(..., float)``: ``float_args.HeldFloat``) as floats."""
+        for source, name, kind in places:
+            self._guards[(source.key, name)] = IntGuard(source, name, source.describe(name), kind)
 
     def guard_argument_tensors(self, captured: list) -> None:
         """Guards the metadata of the tensors of argument objects that the trace takes as inputs
