@@ -22,6 +22,8 @@ extent stands as ``SYMBOLIC_EXTENT`` (only ranks and dtypes are checked against 
 concretizes symbolic extents when it executes); ``execute`` computes the real ones.
 """
 
+import traceback
+
 import torch
 
 import fake_nvfuser_allocation as allocation
@@ -688,8 +690,12 @@ class FusionDefinition:
         _current.append(self)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exception_type, exception_value, exception_traceback):
         _current.remove(self)
+        if exception_type is not None:  # as nvfuser_direct/__init__.py's: printed, and propagated
+            print(f"Exception occurred: {exception_type.__name__}: {exception_value}")
+            print("Traceback (most recent call last):")
+            traceback.print_tb(exception_traceback)
 
     def define_tensor(self, *args, **kwargs):
         signatures.check_call("define_tensor", signatures.DEFINE_TENSOR, args, kwargs)
