@@ -80,6 +80,7 @@ TESTS = [
     "tests/test_contexts.py::test_cuda_autocast_training_matches_eager",
     "tests/test_contexts.py::test_cuda_random_ops_draw_as_eager_over_calls",
     "tests/test_random.py::test_cuda_draws_as_eager",
+    "tests/test_kernel_fidelity.py::test_on_cuda_grid_sample_gradients_follow_the_forwards_switch_as_eagers",
 ]
 #: The symbolic-size CUDA checks, run first and apart (``symbolic.txt``): what issue 26 added
 #: (nvFuser definitions with -1 extents, Int size inputs and Double inputs of floats of sizes,
