@@ -737,8 +737,9 @@ class FusionDefinition:
 
     def define_scalar(self, *args, **kwargs):
         signatures.check_call("define_scalar", signatures.DEFINE_SCALAR, args, kwargs)
-        symbolic = not args or isinstance(args[0], DataType)  # the first overload: define_scalar(dtype)
-        return self._define_scalar(None, *args, **kwargs) if symbolic else self._define_scalar(*args, **kwargs)
+        if args and isinstance(args[0], DataType):  # the first overload, define_scalar(dtype), by position
+            return self._define_scalar(None, *args, **kwargs)
+        return self._define_scalar(*args, **kwargs)  # (a value of None is symbolic too: monostate)
 
     def _define_scalar(self, value=None, dtype=None):
         if value is None:  # symbolic: an input of the fusion (of Double unless told)

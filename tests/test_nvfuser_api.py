@@ -138,19 +138,21 @@ def test_the_real_bindings_refuse_it(what, define, error, match, real_nvfuser):
 
 def _accepted(module, device):
     """Forms the executor uses that the bindings take: keywords by their names, tuples for shapes,
-    a ``torch.Size``, a ``DataType`` positionally as ``define_scalar``'s symbolic overload."""
+    a ``torch.Size``, a ``DataType`` positionally as ``define_scalar``'s symbolic overload, and a
+    value of None as a symbolic scalar of the constant overload."""
     with module.FusionDefinition() as fd:
         x = fd.define_tensor(shape=[2, 3], contiguity=[True, True], dtype=module.DataType.Float, is_cpu=False)
         n = fd.define_scalar(module.DataType.Int)
+        m = fd.define_scalar(value=None, dtype=module.DataType.Int)  # no value: an input too
         y = fd.ops.broadcast_in_dim(arg=x, shape=torch.Size([4, 2, 3]), broadcast_dims=[1, 2])
         y = fd.ops.sum(y, dims=(0,), keepdim=False, dtype=module.DataType.Float)
         y = fd.ops.slice(y, (0, 1), (2, 3), (1, 1))
-        y = fd.ops.add(y, fd.ops.cast(n, module.DataType.Float))
+        y = fd.ops.add(y, fd.ops.cast(fd.ops.mul(n, m), module.DataType.Float))
         fd.add_output(fd.ops.reshape(y, new_shape=(4,)))
     x = torch.arange(6.0, device=device).reshape(2, 3)
-    (out,) = fd.execute([x, 2], device=None)
+    (out,) = fd.execute([x, 2, 1], device=None)
     torch.testing.assert_close(out, (4 * x[:, 1:] + 2).reshape(4), rtol=0, atol=0)
-    assert n.is_symbolic()
+    assert n.is_symbolic() and m.is_symbolic()
 
 
 def test_the_stand_in_takes_the_forms_the_bindings_take():
