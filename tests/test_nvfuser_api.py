@@ -43,6 +43,14 @@ def test_every_op_the_executor_calls_is_one_of_nvfuser_direct_0_2_36():
     assert set(nvfuser_ex.DTYPES.values()) <= set(DATA_TYPES)
 
 
+@pytest.mark.gpu
+def test_the_real_bindings_have_every_op_and_data_type_of_the_table(real_nvfuser):
+    """The table the stand-in checks calls against (``fake_nvfuser_signatures.OPS``), read from
+    the sources, against the installed module."""
+    assert [name for name in signatures.OPS if not hasattr(real_nvfuser.ops, name)] == []
+    assert set(DATA_TYPES) <= set(real_nvfuser.DataType.__members__)
+
+
 # -- what the bindings refuse ----------------------------------------------------------------------
 
 
