@@ -7,7 +7,6 @@ import functools
 import threading
 import time
 import types
-import warnings
 import weakref
 from itertools import starmap
 from operator import getitem
