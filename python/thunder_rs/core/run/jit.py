@@ -473,14 +473,8 @@ class ThunderFunction:
         made, key = self._floats.generate(
             lambda f: self._generated(flat, spec, forced, sites, sizes, self._floats.held(held), prior, f), key, flat
         )
-        alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
-        if held is not None and alike:  # (traced again at once with them symbolic: see ``held_alike``)
-            wider = {**held, **{at: frozenset(held.get(at, frozenset()) | dims) for at, dims in alike.items()}}
-            with contextlib.suppress(Exception):  # (where that fails, the trace with them constant stands)
-                again = functools.partial(self._generated, flat, spec, forced, sites, sizes, wider, prior)
-                made, held = self._floats.again(again, key), wider
-                for at, dims in alike.items():
-                    self._marked_held.setdefault(at, set()).update(dims)
+        again = lambda wider: functools.partial(self._generated, flat, spec, forced, sites, sizes, wider, prior)  # noqa: E731
+        made, held = self._held_alike(made, held, key, again)
         acquired, (acquiring, generated_at), reads, names = made[0], made[2], made[3], made[4]
         computation, first, source, filename, traces, backward_traces, stages = generated_at
         all_tensors = len(acquired.tensor_positions) == len(flat)
@@ -527,6 +521,19 @@ class ThunderFunction:
             self._symbolic.append(symbolic)
         self._sized_sites.update(reads.widened)
         return entry
+
+    def _held_alike(self, made: tuple, held: dict | None, key, again) -> tuple:
+        """``(made, held)``, traced again at once (``again(wider held)``'s ``make(floats)``) with
+        the dims of argument objects' tensors that are alike symbolic (``held_alike``); as they are
+        where there are none, or that fails (the trace with them constant stands)."""
+        alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
+        if held is not None and alike:
+            wider = {**held, **{at: frozenset(held.get(at, frozenset()) | dims) for at, dims in alike.items()}}
+            with contextlib.suppress(Exception):
+                made, held = self._floats.again(again(wider), key), wider
+                for at, dims in alike.items():
+                    self._marked_held.setdefault(at, set()).update(dims)
+        return made, held
 
     def _generated(self, flat, spec, forced, sites, sizes, held, prior, floats=()) -> tuple:
         """The program acquired for the call of ``flat`` (``_compile_with``'s arguments) and
