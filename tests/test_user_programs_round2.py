@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
 from torch.nn.utils import parametrizations
@@ -330,6 +331,24 @@ def test_a_jitted_ema_of_a_models_state_dict_is_eagers():
 
 
 # ----------------------------------------------------------------------------- torch.func and forward-mode AD
+
+
+def tangent_by_forward_ad(x):
+    with fwAD.dual_level():
+        y = fwAD.make_dual(x, torch.ones_like(x)).sin()
+        return fwAD.unpack_dual(y).tangent
+
+
+def jvp_of_sine(x):
+    return torch.func.jvp(torch.sin, (x,), (torch.ones_like(x),))
+
+
+@pytest.mark.parametrize("program", [tangent_by_forward_ad, jvp_of_sine], ids=["forward_ad", "jvp"])
+def test_forward_mode_differentiation_inside_the_program_is_refused_naming_the_line(program):
+    """The traced tensor carried no tangent: ``unpack_dual(y).tangent`` was None where eager's is
+    cos(x), and ``jvp`` failed at run time on the forward-AD level recorded while tracing."""
+    with pytest.raises(ThunderNotImplementedError, match=r"forward mode at .*round2\.py:\d+ \(torch\.func\.jvp"):
+        thunder_rs.jit(program)(torch.randn(3))
 
 
 def test_reverse_mode_transforms_inside_the_program_are_refused_naming_the_line():
