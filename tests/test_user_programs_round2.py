@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
+import torch.distributions as D
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
 from torch.nn.utils import parametrizations
@@ -26,6 +27,7 @@ from user_models_round2 import (
     CenteredTeacher,
     ClippedCritic,
     ClippedPolicy,
+    DiagonalVAE,
     MixtureDensity,
     PaddedAttention,
     Prototypes,
@@ -212,6 +214,39 @@ def policy_step(policy, step):
 )
 def test_policies_and_densities_from_torch_distributions_train_as_eager(make, program):
     trains_as_eager(make, program)
+
+
+def test_a_vae_taking_its_kl_term_from_kl_divergence_trains_as_eager(monkeypatch):
+    """``kl_divergence`` memoises the rule it finds for the two distributions' classes in a global
+    dict (``_KL_MEMOIZE[type(p), type(q)] = fun``): a store of a function under classes, which was
+    refused as one a compiled call cannot repeat. It stores the same function again; the next call
+    finds the rule there and compiles once more, as for any cache the program fills."""
+    monkeypatch.setattr(D.kl, "_KL_MEMOIZE", {})
+    trains_as_eager(DiagonalVAE, returns_loss(lambda: torch.rand(5, 10)), compiles=2)
+
+
+class Shifted(D.Normal):
+    pass
+
+
+def _kl_shifted(p, q):
+    return D.kl.kl_divergence(D.Normal(p.loc, p.scale), D.Normal(q.loc, q.scale)) + 1
+
+
+def test_a_kl_rule_registered_after_compiling_is_used_as_in_eager(monkeypatch):
+    """``register_kl`` clears the memo: the guarded dict no longer holds the rule the trace read."""
+    monkeypatch.setattr(D.kl, "_KL_MEMOIZE", {})
+    monkeypatch.setattr(D.kl, "_KL_REGISTRY", dict(D.kl._KL_REGISTRY))
+
+    def kl(loc, scale):
+        return D.kl_divergence(Shifted(loc, scale), Shifted(torch.zeros_like(loc), torch.ones_like(scale)))
+
+    jitted, loc, scale = thunder_rs.jit(kl), torch.randn(3), torch.rand(3) + 0.5
+    for _ in range(2):
+        torch.testing.assert_close(jitted(loc, scale), kl(loc, scale), **EXACT)
+    D.register_kl(Shifted, Shifted)(_kl_shifted)
+    torch.testing.assert_close(jitted(loc, scale), kl(loc, scale), **EXACT)
+    torch.testing.assert_close(jitted(loc, scale), D.kl.kl_divergence(D.Normal(loc, scale), D.Normal(0, 1)) + 1)
 
 
 # ---------------------------------------------------------------- state written under no_grad in the forward
