@@ -365,6 +365,62 @@ def test_a_jitted_ema_of_a_models_state_dict_is_eagers():
     assert thunder_rs.compile_stats(jitted).cache_misses == 1
 
 
+def unscale_and_update(grads: list, scale, growth_tracker):
+    """A hand-written GradScaler step: unscale the gradients, note an inf or a NaN among them, then
+    back the scale off or grow it."""
+    found_inf = torch.zeros(1)
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, scale.double().reciprocal().float())
+    torch._amp_update_scale_(scale, growth_tracker, found_inf, 1.7, 0.3, 2)
+    return found_inf
+
+
+def test_loss_scaling_by_hand_with_the_amp_kernels_is_eagers():
+    """``_amp_foreach_non_finite_check_and_unscale_`` and ``_amp_update_scale_`` write their
+    arguments in place and were refused; they are eager's CPU kernels now, computed from the
+    gradients each call gets (an inf at step 2 skips the step and backs the scale off)."""
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    jitted = thunder_rs.jit(unscale_and_update)
+    runs = [(jitted, models[0], torch.full((1,), 2.0**10), torch.zeros(1, dtype=torch.int32))]
+    runs.append((unscale_and_update, models[1], torch.full((1,), 2.0**10), torch.zeros(1, dtype=torch.int32)))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    for step in range(5):
+        x = torch.randn(3, 4)
+        if step == 2:
+            x[0, 0] = float("inf")
+        found = []
+        for (update, model, scale, tracker), optimizer in zip(runs, optimizers):
+            (model(x).square().mean() * scale).backward()
+            found.append(update([p.grad for p in model.parameters()], scale, tracker))
+            if not found[-1].item():
+                optimizer.step()
+            optimizer.zero_grad()
+        torch.testing.assert_close(found[0], found[1], **EXACT)
+        torch.testing.assert_close(runs[0][2:], runs[1][2:], **EXACT)  # the scales and the counts
+        torch.testing.assert_close(dict(models[0].named_parameters()), dict(models[1].named_parameters()), **EXACT)
+    assert thunder_rs.compile_stats(jitted).cache_misses == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_unscaling_gradients_of_other_dtypes_is_eagers(dtype):
+    """Half and bfloat16 gradients times the float inverse scale in float, rounded once."""
+    grads = [torch.randn(5, 3).to(dtype) * 1000, torch.tensor(3.0, dtype=dtype)]
+    expected, found, found_expected = [g.clone() for g in grads], torch.zeros(1), torch.zeros(1)
+    inv_scale = torch.tensor([1 / 3])
+    thunder_rs.jit(torch._amp_foreach_non_finite_check_and_unscale_)(grads, found, inv_scale)
+    torch._amp_foreach_non_finite_check_and_unscale_(expected, found_expected, inv_scale)
+    torch.testing.assert_close((grads, found), (expected, found_expected), **EXACT)
+
+
+def test_a_scale_growing_past_float_keeps_its_value_as_eager():
+    scale, tracker = torch.tensor([3e38]), torch.tensor([1], dtype=torch.int32)
+    expected = (scale.clone(), tracker.clone())
+    thunder_rs.jit(torch._amp_update_scale_)(scale, tracker, torch.zeros(1), 2.0, 0.5, 2)
+    torch._amp_update_scale_(*expected, torch.zeros(1), 2.0, 0.5, 2)
+    torch.testing.assert_close((scale, tracker), expected, **EXACT)
+
+
 # ----------------------------------------------------------------------------- torch.func and forward-mode AD
 
 
