@@ -185,13 +185,37 @@ def test_a_parametrization_added_or_removed_between_steps_recompiles_and_matches
     trains_as_eager(make, rows(4), make_optimizer=sgd, before=before, compiles=2)
 
 
-def test_parametrize_cached_around_the_jitted_call_is_refused():
-    """Under ``cached()`` eager computes the weight once and reads it from the cache on later calls
-    in the block (after an optimizer step too); a compiled call would store its stand-in there."""
-    model = nn.Sequential(parametrizations.weight_norm(nn.Linear(4, 4)))
-    with parametrize.cached(), pytest.raises(RuntimeError, match=r"'_cache' of module torch.nn.utils.parametrize"):
-        thunder_rs.jit(model)(torch.randn(2, 4))
-    assert parametrize._cache == {}
+class TwiceNormalised(nn.Module):
+    """A spectrally normalised layer applied twice: inside ``parametrize.cached()`` its power
+    iteration runs once per call, outside it once per use."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = parametrizations.spectral_norm(nn.Linear(4, 4))
+
+    def forward(self, x):
+        return self.layer(self.layer(x).tanh())
+
+
+CACHED_AROUND = r"parametrize.cached\(\) around the jitted call at .*round2\.py:\d+"
+
+
+def test_a_model_compiled_outside_parametrize_cached_is_not_run_inside_it():
+    """Compiled outside ``cached()``, the trace ran the power iteration once per use inside it
+    too, where eager runs it once: other outputs and buffers, silently. Whether the call is inside
+    ``cached()`` is guarded for modules with parametrizations: the call inside compiles again, and
+    is refused."""
+    torch.manual_seed(0)
+    model, x = TwiceNormalised(), torch.randn(2, 4)
+    torch.manual_seed(0)
+    eager = TwiceNormalised()
+    jitted = thunder_rs.jit(model)
+    torch.testing.assert_close(jitted(x), eager(x), **EXACT)
+    with parametrize.cached(), pytest.raises(ThunderNotImplementedError, match=CACHED_AROUND):
+        jitted(x)
+    torch.testing.assert_close(jitted(x), eager(x), **EXACT)  # (the refused call left the buffers as they were)
+    torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()), **EXACT)
+    assert thunder_rs.compile_stats(jitted).cache_misses == 1
 
 
 # ----------------------------------------------------------------------------- torch.distributions
