@@ -29,6 +29,7 @@ from user_models_round2 import (
     ClippedPolicy,
     DiagonalVAE,
     MixtureDensity,
+    MomentumContrast,
     PaddedAttention,
     Prototypes,
     RenormedEmbedding,
@@ -288,6 +289,36 @@ def test_a_kl_rule_registered_after_compiling_is_used_as_in_eager(monkeypatch):
 )
 def test_state_written_under_no_grad_inside_the_forward_is_eagers(make, program):
     trains_as_eager(make, program)
+
+
+def test_a_momentum_encoder_updated_by_assigning_data_trains_as_eager():
+    """``param_k.data = ...`` reached the eager fallback, which ran the setter while tracing and
+    again as the compiled call's value check: the first call moved the key encoder twice. It is a
+    write into the parameter autograd does not see now. (The queue's pointer, read from a buffer
+    by ``int()``, is 0, 4, 0: two compiles.)"""
+    pair = returns_loss(lambda: torch.randn(4, 4), lambda: torch.randn(4, 4))
+    trains_as_eager(MomentumContrast, pair, compiles=2)
+
+
+def tie_by_data(model, x):
+    model[1].weight.data = model[0].weight.data
+    return model(x)
+
+
+def resize_by_data(model, x):
+    model[0].bias.data = torch.zeros(5)
+    return model(x)
+
+
+@pytest.mark.parametrize(
+    "program, why",
+    [(tie_by_data, "share its memory"), (resize_by_data, r"size, dtype or device would change \(from \[3\]")],
+    ids=["tied", "resized"],
+)
+def test_assigning_data_that_would_share_memory_or_change_the_size_is_refused_naming_the_line(program, why):
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    with pytest.raises(ThunderNotImplementedError, match=rf"Tensor.data = value at .*round2\.py:\d+: .*{why}"):
+        thunder_rs.jit(program)(model, torch.randn(2, 3))
 
 
 def tie_head_to_embedding_at_step_1(step, model):

@@ -257,3 +257,32 @@ class Seq2SeqTransformer(nn.Module):
             tgt_is_causal=True,
         )
         return out.square().mean(), out
+
+
+class MomentumContrast(nn.Module):
+    """MoCo: a key encoder following the query encoder by ``param_k.data = param_k.data * m +
+    param_q.data * (1 - m)`` under ``torch.no_grad()`` in the forward, and a queue of keys written
+    at a pointer read from a buffer (``int(self.queue_ptr)``)."""
+
+    def __init__(self, queue: int = 8, momentum: float = 0.9):
+        super().__init__()
+        self.query = nn.Linear(4, 3)
+        self.key = nn.Linear(4, 3)
+        self.key.load_state_dict(self.query.state_dict())
+        self.key.requires_grad_(False)
+        self.momentum, self.size = momentum, queue
+        self.register_buffer("queue", F.normalize(torch.randn(3, queue), dim=0))
+        self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
+
+    def forward(self, a, b):
+        q = F.normalize(self.query(a), dim=1)
+        with torch.no_grad():
+            for param_k, param_q in zip(self.key.parameters(), self.query.parameters()):
+                param_k.data = param_k.data * self.momentum + param_q.data * (1.0 - self.momentum)
+            k = F.normalize(self.key(b), dim=1)
+        logits = torch.cat([(q * k).sum(1, keepdim=True), q @ self.queue.clone().detach()], 1) / 0.07
+        with torch.no_grad():
+            ptr = int(self.queue_ptr)
+            self.queue[:, ptr : ptr + k.shape[0]] = k.T
+            self.queue_ptr[0] = (ptr + k.shape[0]) % self.size
+        return F.cross_entropy(logits, torch.zeros(a.shape[0], dtype=torch.long)), logits
