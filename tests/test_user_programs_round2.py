@@ -23,6 +23,7 @@ from torch.nn.utils import parametrizations
 import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
 from user_models_round2 import (
+    BoundedPolicy,
     CachedSpectralNorm,
     CenteredTeacher,
     ClippedCritic,
@@ -239,6 +240,12 @@ def policy_step(policy, step):
 )
 def test_policies_and_densities_from_torch_distributions_train_as_eager(make, program):
     trains_as_eager(make, program)
+
+
+def test_a_beta_policy_with_reparametrised_actions_trains_as_eager():
+    """``Beta.rsample``'s backward calls ``torch._dirichlet_grad``, which has no meta kernel: it was
+    refused as a data-dependent read in a backward. Its output is sized as its first argument."""
+    trains_as_eager(BoundedPolicy, returns_loss(lambda: torch.randn(5, 4)))
 
 
 def test_a_vae_taking_its_kl_term_from_kl_divergence_trains_as_eager(monkeypatch):

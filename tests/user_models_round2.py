@@ -286,3 +286,20 @@ class MomentumContrast(nn.Module):
             self.queue[:, ptr : ptr + k.shape[0]] = k.T
             self.queue_ptr[0] = (ptr + k.shape[0]) % self.size
         return F.cross_entropy(logits, torch.zeros(a.shape[0], dtype=torch.long)), logits
+
+
+class BoundedPolicy(nn.Module):
+    """An actor for actions in [0, 1]: a Beta distribution (``Dirichlet`` underneath, its
+    ``rsample`` differentiated through ``torch._dirichlet_grad``), a reparametrised action, its
+    log-probability and entropy."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, obs):
+        alpha, beta = (F.softplus(self.head(obs)) + 1).chunk(2, -1)
+        policy = D.Beta(alpha, beta)
+        action = policy.rsample()
+        log_prob = policy.log_prob(action.clamp(1e-4, 1 - 1e-4)).sum(-1)
+        return (0.1 * log_prob - action.sum(-1)).mean() - 0.01 * policy.entropy().mean(), action
