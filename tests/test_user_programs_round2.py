@@ -281,6 +281,71 @@ def test_a_kl_rule_registered_after_compiling_is_used_as_in_eager(monkeypatch):
     torch.testing.assert_close(jitted(loc, scale), D.kl.kl_divergence(D.Normal(loc, scale), D.Normal(0, 1)) + 1)
 
 
+def prune_hidden_units_at_step_1(step, model):
+    """Structural pruning: the first layer's weakest hidden units go, with the second layer's
+    columns that read them (new, smaller parameters; the optimizer is made again)."""
+    if step == 1:
+        keep = model[0].weight.norm(dim=1).argsort()[2:].sort().values
+        with torch.no_grad():
+            model[0].weight = nn.Parameter(model[0].weight[keep].clone())
+            model[0].bias = nn.Parameter(model[0].bias[keep].clone())
+            model[2].weight = nn.Parameter(model[2].weight[:, keep].clone())
+
+
+def test_a_layer_pruned_to_fewer_units_between_steps_recompiles_and_trains_as_eager():
+    """Parameters given tensors of other sizes kept the cache entry (sizes were left out of the
+    key): the trace of the unpruned layers ran, and its backward returned gradients of the old
+    sizes (torch raised ``invalid gradient``). A slot's sizes are part of the key now."""
+
+    def make_optimizer(params):  # (SGD without state: the pruned parameters are new ones)
+        return torch.optim.SGD(params, lr=0.1)
+
+    def program(model, step):
+        out = model(torch.randn(4, 6))
+        return out.square().mean(), [out]
+
+    def make():
+        return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    torch.manual_seed(0)
+    model = make()
+    torch.manual_seed(0)
+    eager = make()
+    jmodel = thunder_rs.jit(model)
+    records = []
+    for m, call in ((model, jmodel), (eager, eager)):
+        record = {}
+        for step in range(3):
+            prune_hidden_units_at_step_1(step, m)
+            steps = run_steps(m, call, program, 1, make_optimizer, None, None)
+            record.update({f"step {step}: {name}": value for name, value in steps.items()})
+            record[f"parameters after step {step}"] = [p.detach().clone() for p in m.parameters()]
+        records.append(record)
+    torch.testing.assert_close(records[0], records[1], **EXACT)
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 2
+
+
+class Counts(nn.Module):
+    """A module normalising by the size of a buffer it is given between calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("counts", torch.ones(2))
+
+    def forward(self, x):
+        return x * self.counts.numel() + self.counts.sum()
+
+
+def test_a_buffer_given_a_tensor_of_other_sizes_recompiles():
+    """The trace holds ``counts.numel()``: the entry of the 2-element buffer gave 7 where eager gives 10."""
+    model, x = Counts(), torch.ones(3)
+    jitted = thunder_rs.jit(model)
+    torch.testing.assert_close(jitted(x), model(x), **EXACT)
+    model.counts = torch.ones(5)
+    torch.testing.assert_close(jitted(x), model(x), **EXACT)
+    assert "sizes) (torch.float32" in thunder_rs.compile_stats(jitted).miss_reasons[-1]
+
+
 # ---------------------------------------------------------------- state written under no_grad in the forward
 
 
