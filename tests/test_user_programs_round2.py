@@ -19,6 +19,7 @@ import torch.distributions as D
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
 from torch.nn.utils import parametrizations
+from torch.optim import swa_utils
 
 import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
@@ -490,6 +491,42 @@ def test_a_jitted_ema_of_a_models_state_dict_is_eagers():
         ema_update(expected, model, 0.9)
         torch.testing.assert_close(ema.state_dict(), expected.state_dict(), **EXACT)
     assert thunder_rs.compile_stats(jitted).cache_misses == 1
+
+
+def test_batch_norm_with_a_cumulative_average_trains_as_eager():
+    """``momentum=None`` averages the batches seen: eager passes ``1 / float(num_batches_tracked)``
+    to its kernel, which the trace computes as a 0-d tensor. Only the decomposition took a tensor
+    momentum, normalising and updating in float32 where eager's kernel updates in double: outputs,
+    gradients and running statistics differed by ulps. The kernel takes it now, read as eager's number."""
+    make = lambda: nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, momentum=None), nn.ReLU(), nn.Linear(6, 2))  # noqa: E731
+    trains_as_eager(make, rows(4), steps=4)
+
+
+def test_an_averaged_model_with_recomputed_batch_norm_statistics_is_eagers():
+    """SWA's recipe: an EMA of the weights (``AveragedModel``), then ``update_bn`` recomputing the
+    averaged model's BatchNorm statistics (``momentum=None``) over the data, the averaged model jitted."""
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2))
+
+    results = []
+    for jit in (True, False):
+        model = make()
+        averaged = swa_utils.AveragedModel(model, multi_avg_fn=swa_utils.get_ema_multi_avg_fn(0.9))
+        call, averaged_call = (thunder_rs.jit(model), thunder_rs.jit(averaged)) if jit else (model, averaged)
+        optimizer = torch.optim.SGD(model.parameters(), 0.1)
+        torch.manual_seed(1)
+        for _ in range(3):
+            call(torch.randn(5, 4)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            averaged.update_parameters(model)
+        swa_utils.update_bn([torch.randn(5, 4) for _ in range(3)], averaged_call)
+        with torch.no_grad():
+            out = averaged_call.eval()(torch.ones(2, 4))
+        results.append((out, dict(averaged.named_buffers()), dict(averaged.named_parameters())))
+    torch.testing.assert_close(results[0], results[1], **EXACT)
 
 
 def unscale_and_update(grads: list, scale, growth_tracker):
