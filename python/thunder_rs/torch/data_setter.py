@@ -6,9 +6,8 @@ identity (a parameter stays the optimizer's, its gradient still reaches it) and 
 values from then on. For a value the program computed, of ``tensor``'s shape, dtype and device,
 that is what writing it in through ``tensor.data`` does (``tensor.data.copy_(value)``: a write
 autograd does not see, copied back after the call where ``tensor`` is a parameter or buffer).
-The descriptor's setter used to reach the eager fallback, which ran it while tracing on the
-call's tensors and again on every call as a value check: the first call applied the update
-twice. Values whose memory the two tensors would then share (an input, a view of one:
+(Run as an eager fallback, the setter would apply while tracing and again in every call's
+value check.) Values whose memory the two tensors would then share (an input, a view of one:
 ``k.weight.data = q.weight.data`` ties the two) and values of other sizes or dtypes (which swap
 the tensor's metadata) are refused, naming the line."""
 

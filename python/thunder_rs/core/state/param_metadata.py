@@ -85,11 +85,20 @@ class MetadataCheck:
 
 
 def _read(tensors: list) -> tuple:
-    """Each tensor's metadata; a nested tensor, which has no sizes, gives None for them."""
+    """Each tensor's metadata."""
     try:
         return tuple(map(_METADATA, tensors))
     except RuntimeError:
-        return tuple(_METADATA(t) if not t.is_nested else (t.dtype, t.device, t.requires_grad, None) for t in tensors)
+        return tuple(map(_read_one, tensors))
+
+
+def _read_one(t) -> tuple:
+    """A tensor's metadata; sizes None for a tensor that has none to give (a nested tensor, a lazy
+    module's uninitialised parameter, which the acquisition then refuses)."""
+    try:
+        return _METADATA(t)
+    except RuntimeError:
+        return t.dtype, t.device, t.requires_grad, None
 
 
 def _holds(guards, tensors: list) -> bool:
