@@ -79,4 +79,6 @@ from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
 from thunder_rs.torch import written_arguments  # noqa: E402,F401
 from thunder_rs.torch import foreach  # noqa: E402,F401
+from thunder_rs.torch import amp  # noqa: E402,F401
+from thunder_rs.torch import data_setter  # noqa: E402,F401
 from thunder_rs.torch import transformer_fast_paths  # noqa: E402,F401

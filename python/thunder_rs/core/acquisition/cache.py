@@ -303,7 +303,7 @@ def _one_tensor(aliases, names) -> str:
 
 def _state_change(old, new, names=()) -> str:
     """Which part of ``global_key`` changed: grad mode, default dtype, autocast, default device, or
-    (for a module) its training mode or its parameters' dtype, device and requires_grad."""
+    (for a module) its training mode or its parameters' dtype, device, requires_grad and sizes."""
     labels = ("grad mode", "default dtype", "autocast", "default device")
     changes = [f"{label} {a} -> {b}" for label, a, b in zip(labels, old, new) if a != b]
     if old[5] != new[5]:
@@ -322,7 +322,7 @@ def _state_change(old, new, names=()) -> str:
                 first = moved[0] if moved else None
                 detail = (
                     (
-                        f" (the first: parameter {first}, (dtype, device, requires_grad) "
+                        f" (the first: parameter {first}, (dtype, device, requires_grad, sizes) "
                         f"{old_params[first]} -> {new_params[first]})"
                     )
                     if first is not None

@@ -19,6 +19,8 @@ every new size.
 Containers reached through the arguments (``core.state.reached``) are not replayed here.
 """
 
+import types
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -100,16 +102,31 @@ class _Place:
 
 def _repeatable(value) -> bool:
     """Values a compiled call can store again: plain values, tensors and sizes (each call's own),
-    and tuples, lists and dicts of them (a rotary embedding's ``(cos, sin)``)."""
-    return all(is_simple(x) or isinstance(x, (torch.Tensor, torch.SymInt)) for x in pytree.tree_leaves(value))
+    classes and functions holding no call's values, and tuples, lists and dicts of them (a rotary
+    embedding's ``(cos, sin)``)."""
+    return all(
+        is_simple(x) or isinstance(x, (torch.Tensor, torch.SymInt)) or _static(x) for x in pytree.tree_leaves(value)
+    )
 
 
 def _plain_key(key) -> bool:
     """Keys a compiled call can store under again: plain values and sizes (each call's value),
-    and tuples of them."""
+    classes, and tuples of them."""
     if type(key) is tuple:
         return all(map(_plain_key, key))
-    return is_simple(key) or isinstance(key, torch.SymInt)
+    return is_simple(key) or isinstance(key, (torch.SymInt, type))
+
+
+def _static(value) -> bool:
+    """A class, or a function with no closure cells and plain defaults: no value of a call is in
+    it, so storing it again is storing what eager stores. A registry's memo holds such under
+    classes (``torch.distributions.kl``'s ``_KL_MEMOIZE[type(p), type(q)] = fun``)."""
+    if isinstance(value, type) or type(value) is types.BuiltinFunctionType:
+        return True
+    if type(value) is not types.FunctionType or value.__closure__ is not None:
+        return False
+    defaults = (*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values())
+    return all(map(is_simple, defaults))
 
 
 class StateContainers:

@@ -69,7 +69,12 @@ from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.reached import ArgumentTensor
 from thunder_rs.core.state.state import IntGuard, MethodGuard, ProgramState
-from thunder_rs.core.state.torch_flags import library_read
+from thunder_rs.core.state.torch_flags import (
+    entered as _entered,
+    is_parametrized,
+    library_read,
+    parametrizations_cached,
+)
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -161,6 +166,7 @@ class Observer:
     def __enter__(self):
         #: per device, whether autocast was on when the call began and the dtype it defaults to
         self._autocast_at_entry = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _DEVICES}
+        self._parametrizations_cached_at_entry = parametrizations_cached()
         self._outer = _thread.observer
         self.entry = sys._getframe(1)
         _thread.observer = self
@@ -258,6 +264,9 @@ class Observer:
             if not (isinstance(getattr(g.source, "obj", None), torch.nn.Module) and self._traced_module(g.source.obj))
         ]
         defaults = [DefaultsGuard(list(self._defaults.values()))] if self._defaults else []
+        cached = self._parametrizations_cached_at_entry
+        if any(map(is_parametrized, self.modules_called.values())):
+            kept.append(StateGuard("torch.nn.utils.parametrize.cached()", parametrizations_cached, cached, _entered))
         return kept + structure + defaults
 
     def read_cached_per_call(self, captured: list, stored: list) -> None:
