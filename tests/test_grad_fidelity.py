@@ -9,6 +9,11 @@ to eager's, not a few ulps off (``benchmarks/op_fidelity.py`` finds those over P
   no gradient, and the input gets none (``torch.autograd.grad`` gives None, not zeros).
 - ``sinc``: ``sinc_backward``, ``grad * ((x pi cos(x pi) - sin(x pi)) / (x x pi))``.
 - ``logit``: aten's ``logit_backward``, ``grad / (x * (1 - x))`` masked outside its range.
+- The special functions' prims: ``ndtri``, ``log_ndtr`` (``(grad * c) * exp(...)``), ``i1``, ``i1e``,
+  ``modified_bessel_i1`` and ``bessel_j1`` (``i1_backward`` and friends: ``x`` replaced by eps where
+  ``|x| <= eps``), ``bessel_y1`` and ``modified_bessel_k1`` (times ``x.reciprocal()``); ``entr``
+  (``grad * (-(1 + x.log()))``), ``ldexp`` and ``mvlgamma`` (``mvlgamma_backward``: the digammas
+  of ``x + arange(...)`` summed by one reduction).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ DTYPES = [torch.float32, torch.float64]
 
 
 def _run(program, inputs):
-    args = [t.detach().clone().requires_grad_() for t in inputs]
+    # (copies with the inputs' strides: a stepped input stays stepped)
+    args = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t).requires_grad_() for t in inputs]
     out = program(*args)
     outs = out if isinstance(out, tuple) else (out,)
     gen = torch.Generator().manual_seed(7)
@@ -100,6 +106,61 @@ def test_p_0_norm_gives_no_gradient_as_eager(name):
         assert torch.autograd.grad(out.sum(), [x], allow_unused=True) == (None,), fn
 
 
+def _special_values(dtype: torch.dtype, layout: str, domain) -> torch.Tensor:
+    """Values around 0 (exact zeros, some below the dtype's eps), negative and large ones, mapped
+    into the function's ``domain``, laid out as ``layout`` says: contiguous, every other element
+    of a wider tensor, or empty."""
+    if layout == "empty":
+        return torch.empty(0, 3, dtype=dtype)
+    x = torch.cat([randn(40, dtype=torch.float64) * 4, torch.tensor([0.0, -0.0, 1e-30, -1e-9, 1e-3, 30.0])])
+    x = domain(x).to(dtype).reshape(2, 23)
+    if layout == "stepped":
+        wide = torch.zeros(2, 46, dtype=dtype)
+        wide[:, ::2] = x
+        x = wide[:, ::2]
+    return x
+
+
+def _everywhere(x):
+    return x
+
+
+#: each function and the domain its values are mapped into
+SPECIAL = {
+    "ndtri": (torch.special.ndtri, torch.sigmoid),
+    "log_ndtr": (torch.special.log_ndtr, _everywhere),
+    "i1": (torch.special.i1, _everywhere),
+    "i1e": (torch.special.i1e, _everywhere),
+    "modified_bessel_i1": (torch.special.modified_bessel_i1, _everywhere),
+    "modified_bessel_k1": (torch.special.modified_bessel_k1, torch.abs),
+    "bessel_j1": (torch.special.bessel_j1, _everywhere),
+    "bessel_y1": (torch.special.bessel_y1, torch.abs),
+    "entr": (torch.special.entr, _everywhere),
+    "mvlgamma p=1": (lambda x: torch.mvlgamma(x, 1), lambda x: x.abs() + 0.5),
+    "mvlgamma p=3": (lambda x: torch.mvlgamma(x, 3), lambda x: x.abs() + 1.5),
+}
+#: those eager has a bfloat16 kernel for
+BF16_SPECIAL = ["i1", "i1e", "entr", "mvlgamma p=1", "mvlgamma p=3"]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "stepped", "empty"])
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(SPECIAL))
+def test_special_function_gradient_is_eagers(name, dtype, layout):
+    if dtype == torch.bfloat16 and name not in BF16_SPECIAL:
+        pytest.skip("eager has no bfloat16 kernel")
+    function, domain = SPECIAL[name]
+    assert_bit_equal_to_eager(function, [_special_values(dtype, layout, domain)])
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shapes", [((4, 5), (4, 5)), ((4, 1), (5,)), ((0, 5), (5,))], ids=str)
+def test_ldexp_gradient_is_eagers(shapes, dtype):
+    """``grad * pow(2.0, other)`` and ``grad * result * ln 2``, also broadcast and empty."""
+    first, second = shapes
+    assert_bit_equal_to_eager(torch.ldexp, [randn(*first, dtype=dtype), randn(*second, dtype=dtype, seed=1) * 3])
+
+
 # -- the op_db sweep (benchmarks/op_fidelity.py) over the ops fixed here -----------------------------
 
 SWEPT = [
@@ -111,6 +172,16 @@ SWEPT = [
     "logit",
     "sinc",
     "norm",
+    "special.ndtri",
+    "special.log_ndtr",
+    "special.i1",
+    "special.i1e",
+    "special.modified_bessel_i1",
+    "special.bessel_j1",
+    "special.bessel_y1",
+    "special.entr",
+    "ldexp",
+    "mvlgamma.mvlgamma_p_3",
 ]
 
 
@@ -126,6 +197,6 @@ def test_op_db_samples_are_bit_equal_to_eager(name, dtype):
     from op_fidelity import judge
     from torch.testing._internal.common_methods_invocations import op_db
 
-    (op,) = [op for op in op_db if op.name == name and not op.variant_test_name]
+    (op,) = [op for op in op_db if name in (op.name, f"{op.name}.{op.variant_test_name}")]
     row = judge(op, dtype, 3)
     assert row["n"] and (row["fwd"], row["grad"]) == ("bit-equal", "bit-equal"), row
