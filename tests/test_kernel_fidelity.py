@@ -315,3 +315,30 @@ def test_grid_sampler_backward_on_cuda_is_the_one_of_the_forward_aten_chose(case
     assert ("cudnn_grid_sampler_backward.default" in backward.called) == by_cudnn
     # (the cases cuDNN takes, where torch was built with it)
     assert by_cudnn == (cudnn_enabled and torch.backends.cudnn.is_available() and case in CUDNN_CASES[:2])
+
+
+# -- max pooling's backward kernel called directly -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dims,shape", [(2, (1, 2, 5, 6)), (3, (1, 2, 3, 4, 5)), (2, (0, 2, 5, 6))], ids=["2d", "3d", "empty"]
+)
+@pytest.mark.parametrize("differentiated", [(False, True), (True, True)], ids=["input", "both"])
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+def test_max_pool_backward_kernel_is_differentiated_as_eager(dims, shape, dtype, differentiated):
+    """aten's ``max_pool{2,3}d_with_indices_backward``: its result requires grad where the input
+    does, which gets zeros (``zeros_like(self)``), and the cotangent gets the gradient gathered
+    at the indices (``max_pool_double_backward``)."""
+    backward = {
+        2: torch.ops.aten.max_pool2d_with_indices_backward.default,
+        3: torch.ops.aten.max_pool3d_with_indices_backward.default,
+    }[dims]
+    pool = {2: F.max_pool2d, 3: F.max_pool3d}[dims]
+    x = randn(*shape, dtype=dtype)
+    g = randn(*pool(x, 2, 1).shape, dtype=dtype, seed=1)
+
+    def program(g, x):
+        _, indices = pool(x.detach(), 2, 1, return_indices=True)
+        return backward(g, x, [2] * dims, [1] * dims, [0] * dims, [1] * dims, False, indices)
+
+    assert_bit_equal_to_eager(program, [g, x], differentiated)
