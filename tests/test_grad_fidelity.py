@@ -161,6 +161,61 @@ def test_ldexp_gradient_is_eagers(shapes, dtype):
     assert_bit_equal_to_eager(torch.ldexp, [randn(*first, dtype=dtype), randn(*second, dtype=dtype, seed=1) * 3])
 
 
+# -- losses --------------------------------------------------------------------------------------
+
+
+def _probabilities(*shape: int, dtype: torch.dtype, layout: str, seed: int = 0) -> torch.Tensor:
+    """Values in (0, 1), contiguous or every other element of a wider tensor."""
+    x = torch.rand(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    if layout != "stepped":
+        return x
+    wide = torch.zeros(*shape[:-1], 2 * shape[-1], dtype=dtype)
+    wide[..., ::2] = x
+    return wide[..., ::2]
+
+
+LOSS_SHAPES = {"matrix": (5, 6), "257": (257,), "0-dim": (), "empty": (0, 3)}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "stepped"])
+@pytest.mark.parametrize("shape", list(LOSS_SHAPES))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+def test_binary_cross_entropy_gradients_are_eagers(dtype, reduction, shape, layout):
+    """``binary_cross_entropy_backward`` and ``-logit(x) * g`` for the target, divided by the
+    count for ``mean`` (257 elements: a count bfloat16 rounds)."""
+    if layout == "stepped" and shape != "matrix":
+        pytest.skip("stepped: a matrix")
+    x = _probabilities(*LOSS_SHAPES[shape], dtype=dtype, layout=layout)
+    t = _probabilities(*LOSS_SHAPES[shape], dtype=dtype, layout=layout, seed=1)
+    assert_bit_equal_to_eager(lambda x, t: torch.nn.functional.binary_cross_entropy(x, t, reduction=reduction), [x, t])
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+def test_weighted_binary_cross_entropy_gradients_are_eagers(dtype):
+    x, t = _probabilities(4, 6, dtype=dtype, layout=""), _probabilities(4, 6, dtype=dtype, layout="", seed=1)
+    weight = _probabilities(6, dtype=dtype, layout="", seed=2)
+    assert_bit_equal_to_eager(lambda x, t: torch.nn.functional.binary_cross_entropy(x, t, weight), [x, t])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "stepped"])
+@pytest.mark.parametrize("shape", list(LOSS_SHAPES))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+def test_soft_margin_loss_gradient_is_eagers(dtype, reduction, shape, layout):
+    """``soft_margin_loss_backward``: ``target * z * -norm / (z + 1) * g`` with ``z = exp(-target *
+    input)``, ``norm`` rounded to the dtype (``1 / 30`` in bfloat16)."""
+    if layout == "stepped" and shape != "matrix":
+        pytest.skip("stepped: a matrix")
+    x = _probabilities(*LOSS_SHAPES[shape], dtype=dtype, layout=layout) * 4 - 2
+    t = torch.where(_probabilities(*LOSS_SHAPES[shape], dtype=dtype, layout="", seed=1) > 0.5, 1.0, -1.0).to(dtype)
+
+    def program(x):
+        return torch.nn.functional.soft_margin_loss(x, t, reduction=reduction)
+
+    assert_bit_equal_to_eager(program, [x])
+
+
 # -- the op_db sweep (benchmarks/op_fidelity.py) over the ops fixed here -----------------------------
 
 SWEPT = [
@@ -182,6 +237,8 @@ SWEPT = [
     "special.entr",
     "ldexp",
     "mvlgamma.mvlgamma_p_3",
+    "nn.functional.binary_cross_entropy",
+    "nn.functional.soft_margin_loss",
 ]
 
 
