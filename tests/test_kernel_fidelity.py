@@ -342,3 +342,35 @@ def test_max_pool_backward_kernel_is_differentiated_as_eager(dims, shape, dtype,
         return backward(g, x, [2] * dims, [1] * dims, [0] * dims, [1] * dims, False, indices)
 
     assert_bit_equal_to_eager(program, [g, x], differentiated)
+
+
+# -- reflection and replication padding's backward ---------------------------------------------------
+
+PAD_CASES = {
+    "1d": ((2, 3, 7), (3, 2)),
+    "1d no batch": ((3, 7), (2, 4)),
+    "2d": ((2, 3, 5, 6), (2, 3, 1, 4)),
+    "3d": ((1, 2, 4, 5, 6), (1, 2, 3, 1, 2, 3)),
+    "cropped": ((2, 3, 5, 6), (-1, 3, 2, -2)),
+    "empty batch": ((0, 3, 5, 6), (1, 2, 2, 1)),
+}
+
+
+@pytest.mark.parametrize(
+    *sweep(
+        case=list(PAD_CASES),
+        mode=["reflect", "replicate"],
+        dtype=DTYPES,
+        layout=["contiguous", "stepped", "channels_last"],
+    )
+)
+def test_index_padding_gradient_is_eagers(case, mode, dtype, layout):
+    """Eager's ``reflection_pad*d_backward`` and ``replication_pad*d_backward``: each output
+    element's gradient added into its source in the output's row-major order."""
+    shape, pad = PAD_CASES[case]
+    if mode == "reflect" and min(pad) < 0:
+        pytest.skip("reflect padding crops nothing")
+    if layout == "channels_last" and len(shape) not in (4, 5):
+        pytest.skip("channels_last: 4-d and 5-d inputs")
+    x = LAYOUTS[layout](randn(*shape, dtype=dtype))
+    assert_bit_equal_to_eager(lambda x: F.pad(x, pad, mode=mode), [x])
