@@ -216,6 +216,42 @@ def test_soft_margin_loss_gradient_is_eagers(dtype, reduction, shape, layout):
     assert_bit_equal_to_eager(program, [x])
 
 
+# -- add-and-multiply products --------------------------------------------------------------------
+
+
+def _stepped(t: torch.Tensor) -> torch.Tensor:
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+ADD_PRODUCTS = {
+    "addmv": (torch.addmv, [(5,), (5, 7), (7,)]),
+    "addmv broadcast": (torch.addmv, [(), (5, 7), (7,)]),
+    "addmv empty": (torch.addmv, [(0,), (0, 7), (7,)]),
+    "addr": (torch.addr, [(5, 7), (5,), (7,)]),
+    "addr broadcast": (torch.addr, [(7,), (5,), (7,)]),
+    "addr empty": (torch.addr, [(0, 7), (0,), (7,)]),
+    "addbmm": (torch.addbmm, [(5, 6), (3, 5, 4), (3, 4, 6)]),
+    "addbmm broadcast": (torch.addbmm, [(1, 6), (3, 5, 4), (3, 4, 6)]),
+    "addbmm empty": (torch.addbmm, [(5, 6), (0, 5, 4), (0, 4, 6)]),
+}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "stepped"])
+@pytest.mark.parametrize("scales", [(1, 1), (0.6, 0.2), (0, 0.5)], ids=str)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(ADD_PRODUCTS))
+def test_add_product_gradients_are_eagers(name, dtype, scales, layout):
+    """``maybe_multiply(product's gradient, alpha)``: the products scaled after, ``g * beta``."""
+    fn, shapes = ADD_PRODUCTS[name]
+    inputs = [randn(*shape, dtype=dtype, seed=i) for i, shape in enumerate(shapes)]
+    if layout == "stepped":
+        inputs = [_stepped(t) if t.ndim and t.numel() else t for t in inputs]
+    beta, alpha = scales
+    assert_bit_equal_to_eager(lambda *a: fn(*a, beta=beta, alpha=alpha), inputs)
+
+
 # -- the op_db sweep (benchmarks/op_fidelity.py) over the ops fixed here -----------------------------
 
 SWEPT = [
@@ -239,6 +275,9 @@ SWEPT = [
     "mvlgamma.mvlgamma_p_3",
     "nn.functional.binary_cross_entropy",
     "nn.functional.soft_margin_loss",
+    "addmv",
+    "addr",
+    "addbmm",
 ]
 
 
