@@ -161,6 +161,13 @@ def test_ldexp_gradient_is_eagers(shapes, dtype):
     assert_bit_equal_to_eager(torch.ldexp, [randn(*first, dtype=dtype), randn(*second, dtype=dtype, seed=1) * 3])
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (4, 5)], ids=str)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+def test_logcumsumexp_gradient_is_eagers(dtype, shape):
+    """``logcumsumexp_backward``: a 0-d input's gradient is the cotangent itself."""
+    assert_bit_equal_to_eager(lambda x: torch.logcumsumexp(x, 0), [randn(*shape, dtype=dtype)])
+
+
 # -- losses --------------------------------------------------------------------------------------
 
 
