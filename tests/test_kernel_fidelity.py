@@ -372,3 +372,62 @@ def test_on_cuda_grid_sample_gradients_follow_the_forwards_switch_as_eagers(forw
 
     for actual, expected in zip(run(thunder_rs.jit(_sampled)), run(_sampled), strict=True):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+# -- max pooling's backward kernel called directly -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dims,shape", [(2, (1, 2, 5, 6)), (3, (1, 2, 3, 4, 5)), (2, (0, 2, 5, 6))], ids=["2d", "3d", "empty"]
+)
+@pytest.mark.parametrize("differentiated", [(False, True), (True, True)], ids=["input", "both"])
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+def test_max_pool_backward_kernel_is_differentiated_as_eager(dims, shape, dtype, differentiated):
+    """aten's ``max_pool{2,3}d_with_indices_backward``: its result requires grad where the input
+    does, which gets zeros (``zeros_like(self)``), and the cotangent gets the gradient gathered
+    at the indices (``max_pool_double_backward``)."""
+    backward = {
+        2: torch.ops.aten.max_pool2d_with_indices_backward.default,
+        3: torch.ops.aten.max_pool3d_with_indices_backward.default,
+    }[dims]
+    pool = {2: F.max_pool2d, 3: F.max_pool3d}[dims]
+    x = randn(*shape, dtype=dtype)
+    g = randn(*pool(x, 2, 1).shape, dtype=dtype, seed=1)
+
+    def program(g, x):
+        _, indices = pool(x.detach(), 2, 1, return_indices=True)
+        return backward(g, x, [2] * dims, [1] * dims, [0] * dims, [1] * dims, False, indices)
+
+    assert_bit_equal_to_eager(program, [g, x], differentiated)
+
+
+# -- reflection and replication padding's backward ---------------------------------------------------
+
+PAD_CASES = {
+    "1d": ((2, 3, 7), (3, 2)),
+    "1d no batch": ((3, 7), (2, 4)),
+    "2d": ((2, 3, 5, 6), (2, 3, 1, 4)),
+    "3d": ((1, 2, 4, 5, 6), (1, 2, 3, 1, 2, 3)),
+    "cropped": ((2, 3, 5, 6), (-1, 3, 2, -2)),
+    "empty batch": ((0, 3, 5, 6), (1, 2, 2, 1)),
+}
+
+
+@pytest.mark.parametrize(
+    *sweep(
+        case=list(PAD_CASES),
+        mode=["reflect", "replicate"],
+        dtype=DTYPES,
+        layout=["contiguous", "stepped", "channels_last"],
+    )
+)
+def test_index_padding_gradient_is_eagers(case, mode, dtype, layout):
+    """Eager's ``reflection_pad*d_backward`` and ``replication_pad*d_backward``: each output
+    element's gradient added into its source in the output's row-major order."""
+    shape, pad = PAD_CASES[case]
+    if mode == "reflect" and min(pad) < 0:
+        pytest.skip("reflect padding crops nothing")
+    if layout == "channels_last" and len(shape) not in (4, 5):
+        pytest.skip("channels_last: 4-d and 5-d inputs")
+    x = LAYOUTS[layout](randn(*shape, dtype=dtype))
+    assert_bit_equal_to_eager(lambda x: F.pad(x, pad, mode=mode), [x])

@@ -40,6 +40,7 @@ from thunder_rs.torch.base_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.attention import *  # noqa: E402,F401,F403
 from thunder_rs.torch.multihead_attention import *  # noqa: E402,F401,F403
 from thunder_rs.torch.pooling import *  # noqa: E402,F401,F403
+from thunder_rs.torch.unpooling import *  # noqa: E402,F401,F403
 from thunder_rs.torch.adaptive_pooling import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sliding_blocks import *  # noqa: E402,F401,F403
 from thunder_rs.torch.interpolate import *  # noqa: E402,F401,F403
@@ -50,6 +51,7 @@ from thunder_rs.torch.predicates import *  # noqa: E402,F401,F403
 from thunder_rs.torch.activations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.distances import *  # noqa: E402,F401,F403
 from thunder_rs.torch.losses import *  # noqa: E402,F401,F403
+from thunder_rs.torch.margin_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.view_scatters import *  # noqa: E402,F401,F403
 from thunder_rs.torch import views  # noqa: E402,F401
 from thunder_rs.torch.padding import *  # noqa: E402,F401,F403
