@@ -370,13 +370,18 @@ class SymExpr:
 
 @final
 class CallObserver:
-    """A C-level profile hook: ``classify(code)`` once per code object, then ``on_call(frame)`` and
-    ``on_return(frame)`` for frames of code objects it marked interesting."""
+    """A C-level profile hook: ``classify(code)`` once per code object (flags: 1 calls, 2 returns
+    are reported, 4 a module body), then ``on_call(frame, importing)`` and ``on_return(frame,
+    importing)`` for frames of code objects it marked (returns too where ``on_call`` returned true);
+    ``importing``: a module body started since the hook did runs."""
 
     def __new__(
-        cls, classify: Callable[[Any], bool], on_call: Callable[[Any], None], on_return: Callable[[Any], None]
+        cls,
+        classify: Callable[[Any], int],
+        on_call: Callable[[Any, bool], bool],
+        on_return: Callable[[Any, bool], None],
     ) -> CallObserver: ...
-    def watch_c_calls(self, owners: list[Any], on_c_call: Callable[[Any, Any], None]) -> None: ...
+    def watch_c_calls(self, owners: list[Any], on_c_call: Callable[[Any, Any, bool], None]) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def pause(self) -> None: ...

@@ -140,6 +140,8 @@ class StateContainers:
         #: the code whose reads the observer is evaluating; the dicts each code's reads reached
         self.reading = None
         self._dicts_of: dict = {}
+        #: ids of the codes among ``_dicts_of`` (kept there): hashing a code object hashes its contents
+        self._dicts_of_ids: set = set()
         #: the dicts used with symbolic keys (``keyed``)
         self.key_uses = KeyUses()
         #: the calls of functions cached by functools that missed their cache (``identity.cached_call``)
@@ -157,6 +159,11 @@ class StateContainers:
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
             self._places[id(value)].codes.add(self.reading)
             self._dicts_of.setdefault(self.reading, []).append(self._places[id(value)])
+            self._dicts_of_ids.add(id(self.reading))
+
+    def returns_wanted(self, code) -> bool:
+        """Whether the returns of ``code`` must be seen (``returned``): its reads reached a dict."""
+        return id(code) in self._dicts_of_ids
 
     def key_use(self, frame, size, sized, check_sizes) -> bool:
         """Whether ``size``, hashed as the key of the ``in``, subscript or item store that
@@ -170,7 +177,7 @@ class StateContainers:
 
     def returned(self, frame) -> None:
         """A frame of the program returns: a dict it used by key must have had a symbolic key."""
-        places = self._dicts_of.get(frame.f_code)
+        places = self._dicts_of.get(frame.f_code) if id(frame.f_code) in self._dicts_of_ids else None
         if places:
             self.key_uses.returned(frame, places)
 
