@@ -88,7 +88,8 @@ def test_a_module_attribute_changed_between_calls(dtype):
     for t in (1.0, 0.5, 0.5, 2.0):
         model.temperature = t
         torch.testing.assert_close(jm(x), model(x))
-    assert thunder_rs.cache_misses(jm) == 3
+    # (the float seen changing is a float input of the second compile, which serves 2.0 too)
+    assert thunder_rs.cache_misses(jm) == 2
     assert "temperature" in thunder_rs.compile_stats(jm).miss_reasons[-1]
 
 
@@ -120,7 +121,7 @@ def test_a_fresh_dataclass_config_each_call():
     for scale in (1.0, 2.0, 3.0, 3.0):
         cfg = Config(scale=scale)
         torch.testing.assert_close(jf(x, cfg), f(x, cfg))
-    assert thunder_rs.cache_misses(jf) == 3
+    assert thunder_rs.cache_misses(jf) == 2  # (cfg.scale seen changing: a float input from then on)
 
 
 class WithClassScale:
@@ -466,11 +467,11 @@ def test_generator_functions_are_refused_with_a_clear_error():
 
 
 def test_the_cache_is_bounded_and_evicts_the_least_recently_used():
-    jf = thunder_rs.jit(lambda x, s: x * s, cache=4)
+    jf = thunder_rs.jit(lambda x, s: x * s, cache=4, dynamic=False)
     x = torch.ones(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for s in range(10):  # (floats: an int seen changing would be a symbolic size)
+        for s in range(10):  # (not dynamic: a float or int seen changing is not an input)
             torch.testing.assert_close(jf(x, float(s)), x * s)
         jf(x, 9.0)  # still cached: a hit
     stats = thunder_rs.compile_stats(jf)
@@ -487,7 +488,7 @@ def test_the_recompile_warning_names_the_input_and_the_call_site():
     def f(x, scale):
         return x * scale
 
-    jf = thunder_rs.jit(f)
+    jf = thunder_rs.jit(f, dynamic=False)  # (each float a compile of its own)
     with pytest.warns(UserWarning, match=r"recompiled 8 times; last change: scale: 6.0 -> 7.0") as record:
         for s in range(8):
             jf(torch.ones(1), float(s))
