@@ -1,0 +1,68 @@
+"""Ops the op database ran as eager fallbacks, now traced natively: each is bit-equal to eager
+(``torch.equal``) in float32 and bfloat16, forward and backward, on contiguous, transposed and
+empty inputs, falls back nowhere, and rejects what eager rejects with eager's exception type.
+"""
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import thunder_rs
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _leaves(args) -> list[torch.Tensor]:
+    flat = [y for a in args for y in (a if isinstance(a, (list, tuple)) else (a,))]
+    return [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def check_bit_equal(fn: Callable, *args, grad: bool = True) -> None:
+    """``fn``'s outputs under ``jit`` equal eager's bit for bit, with no eager fallback; so do the
+    gradients of the inputs that require grad, from the same cotangents."""
+    assert thunder_rs.examine(fn, *args).fallbacks == {}
+    expected, actual = fn(*args), thunder_rs.jit(fn)(*args)
+    expected, actual = (v if isinstance(v, tuple) else (v,) for v in (expected, actual))
+    for e, a in zip(expected, actual, strict=True):
+        assert torch.equal(e, a) and e.dtype == a.dtype and e.stride() == a.stride()
+        assert e.requires_grad == a.requires_grad
+    leaves = _leaves(args)
+    if not grad or not leaves:
+        return
+    torch.manual_seed(1)
+    cotangents = [torch.randn_like(e) if e.requires_grad else None for e in expected]
+
+    def loss(outs):
+        return sum((o * c).sum() for o, c in zip(outs, cotangents) if c is not None)
+
+    grads = [torch.autograd.grad(loss(outs), leaves, allow_unused=True) for outs in (expected, actual)]
+    for e, a in zip(*grads):
+        assert (e is None and a is None) or torch.equal(e, a)
+
+
+def check_same_error(fn: Callable, *args) -> None:
+    with pytest.raises(Exception) as eager:
+        fn(*args)
+    with pytest.raises(type(eager.value)):
+        thunder_rs.jit(fn)(*args)
+
+
+def _randn(shape, dtype, *, transposed=False, grad=False) -> torch.Tensor:
+    stored = (*shape[:-2], shape[-1], shape[-2]) if transposed else shape
+    t = torch.randn(stored, dtype=dtype)
+    t = t.mT if transposed else t
+    return t.detach().requires_grad_(grad)
+
+
+# -- roll: a shift by a multiple of the size copies (eager's output is a new contiguous tensor) -----
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_roll_by_nothing_is_a_native_copy(dtype: torch.dtype) -> None:
+    x = _randn((4, 5), dtype, grad=True)
+    check_bit_equal(lambda a: torch.roll(a, 0, 0), x)
+    check_bit_equal(lambda a: torch.roll(a.mT, (5, 4), (1, 0)), x)
+    check_bit_equal(lambda a: torch.roll(a, 0, 0), torch.randn(0, 0, 0, dtype=dtype))
+    out = thunder_rs.jit(lambda a: torch.roll(a, 0, 0))(x)
+    assert out.data_ptr() != x.data_ptr()
