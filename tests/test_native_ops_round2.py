@@ -66,3 +66,47 @@ def test_roll_by_nothing_is_a_native_copy(dtype: torch.dtype) -> None:
     check_bit_equal(lambda a: torch.roll(a, 0, 0), torch.randn(0, 0, 0, dtype=dtype))
     out = thunder_rs.jit(lambda a: torch.roll(a, 0, 0))(x)
     assert out.data_ptr() != x.data_ptr()
+
+
+# -- native_layer_norm ------------------------------------------------------------------------------
+
+
+def _native_layer_norm(x, w, b):
+    return torch.native_layer_norm(x, (3, 5), w, b, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("params", ["both", "weight", "none"])
+def test_native_layer_norm(dtype: torch.dtype, params: str) -> None:
+    x = _randn((4, 3, 5), dtype, transposed=params == "weight", grad=True)
+    w = _randn((3, 5), dtype, grad=True) if params != "none" else None
+    b = _randn((3, 5), dtype, grad=True) if params == "both" else None
+    check_bit_equal(_native_layer_norm, x, w, b)
+    check_bit_equal(_native_layer_norm, _randn((0, 3, 5), dtype, grad=True), w, b)
+
+
+def test_native_layer_norm_errors() -> None:
+    x = torch.randn(4, 3, 5)
+    check_same_error(lambda a: torch.native_layer_norm(a, (3, 4), None, None, 1e-5), x)
+    check_same_error(lambda a, w: torch.native_layer_norm(a, (3, 5), w, None, 1e-5), x, torch.randn(5))
+    check_same_error(lambda a, w: torch.native_layer_norm(a, (3, 5), None, w, 1e-5), x, torch.randn(3, 5).double())
+
+
+# -- _softmax_backward_data ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, dim", [((5, 7), 1), ((5, 7), 0), ((2, 3, 4), -1), ((), 0), ((0, 3), 1)])
+def test_softmax_backward_data(dtype: torch.dtype, shape, dim: int) -> None:
+    grad = _randn(shape, dtype, grad=True)
+    output = torch.softmax(_randn(shape, dtype, transposed=len(shape) == 2), dim).requires_grad_()
+    check_bit_equal(lambda g, o: torch._softmax_backward_data(g, o, dim, dtype), grad, output)
+
+
+def test_softmax_backward_data_errors() -> None:
+    g, o = torch.randn(3, 4), torch.randn(3, 4).softmax(1)
+    fn = torch._softmax_backward_data
+    check_same_error(lambda g, o: fn(g, o, 2, torch.float32), g, o)
+    check_same_error(lambda g, o: fn(g, o, 1, torch.float16), g, o)  # half to float: CUDA's only
+    check_same_error(lambda g, o: fn(g, o, 1, torch.float32), g.bfloat16(), o)
+    check_same_error(lambda g, o: fn(g, o, 1, torch.float32), g[:2], o)
