@@ -110,3 +110,65 @@ def test_softmax_backward_data_errors() -> None:
     check_same_error(lambda g, o: fn(g, o, 1, torch.float16), g, o)  # half to float: CUDA's only
     check_same_error(lambda g, o: fn(g, o, 1, torch.float32), g.bfloat16(), o)
     check_same_error(lambda g, o: fn(g, o, 1, torch.float32), g[:2], o)
+
+
+# -- _chunk_cat ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunk_cat(dtype: torch.dtype) -> None:
+    def fn(ts, dim, n):
+        return torch._chunk_cat(ts, dim, n)
+
+    check_bit_equal(fn, [_randn((3, 5), dtype), _randn((3, 7, 2), dtype, transposed=True)], 1, 3)
+    check_bit_equal(fn, [_randn((6, 4), dtype, transposed=True)], -1, 4)
+    check_bit_equal(fn, [_randn((7,), dtype), _randn((4,), dtype)], 0, 3)
+
+
+def test_chunk_cat_errors() -> None:
+    a, b = torch.randn(3, 5), torch.randn(3, 4, 2)
+    for ts, dim, n in [([a, b], -1, 2), ([a, b], 2, 2), ([a], 1, 0), ([], 0, 2), ([torch.randn(0, 3)], 0, 2)]:
+        check_same_error(torch._chunk_cat, ts, dim, n)
+    for ts, dim, n in [([a, a.double()], 1, 2), ([a, torch.randn(2, 5)], 1, 2), ([a], 5, 2)]:
+        check_same_error(torch._chunk_cat, ts, dim, n)
+
+
+def test_chunk_cat_refuses_grad_as_eager_has_none() -> None:
+    """Eager's backward raises (no derivative): traced with grad wanted, it is refused up front."""
+    x = torch.randn(3, 5, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="_chunk_cat"):
+        thunder_rs.jit(torch._chunk_cat)([x], 1, 2)
+    with torch.no_grad():
+        assert torch.equal(thunder_rs.jit(torch._chunk_cat)([x], 1, 2), torch._chunk_cat([x], 1, 2))
+
+
+# -- _unsafe_masked_index and _unsafe_masked_index_put_accumulate ----------------------------------
+
+
+def _masked_args(shape, bcast=False):
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.rand(3, 4, generator=gen) > 0.4
+    rows = torch.randint(-shape[0] - 2, shape[0] + 2, (3, 4), generator=gen)  # out of range in places
+    cols = torch.randint(-3, 8, (1 if bcast else 3, 4), generator=gen).int()
+    return mask, [rows, cols]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["plain", "transposed", "empty", "broadcast"])
+def test_unsafe_masked_index(dtype: torch.dtype, case: str) -> None:
+    x = _randn((0 if case == "empty" else 5, 6), dtype, transposed=case == "transposed", grad=True)
+    mask, indices = _masked_args(x.shape, bcast=case == "broadcast")
+    check_bit_equal(lambda a, m, i: torch._unsafe_masked_index(a, m, i, -2.5), x, mask, indices)
+    values = _randn((4,) if case == "broadcast" else (3, 4), dtype, grad=True)
+    check_bit_equal(torch._unsafe_masked_index_put_accumulate, x, mask, indices, values)
+
+
+def test_unsafe_masked_index_errors() -> None:
+    x = torch.randn(5, 5)
+    mask, (rows, _) = _masked_args(x.shape)
+    for fn in (torch._unsafe_masked_index, torch._unsafe_masked_index_put_accumulate):
+        last = 1.0 if fn is torch._unsafe_masked_index else torch.randn(3, 4)
+        check_same_error(fn, x, mask, [rows.float()], last)
+        check_same_error(fn, x, mask, [rows > 0], last)
+    check_same_error(torch._unsafe_masked_index, x, mask, [rows] * 3, 1.0)
+    check_same_error(torch._unsafe_masked_index, x, mask, [rows], 1.0)  # the mask against the result

@@ -296,6 +296,28 @@ def cat_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput([], 0), ValueError)
 
 
+def chunk_cat_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def t(spec):
+        return tensor(spec, dtype, device)
+
+    yield SampleInput([t((3, 5)), t((3, 8))], 1, 3)  # padded to a multiple of the chunks
+    yield SampleInput([t((3, 5)), t((3, 4, 2))], 1, 2)  # other ranks: the trailing dims flattened
+    yield SampleInput([t(Transposed((6, 4)))], -1, 4)
+    yield SampleInput([t((7,)), t((4,))], 0, 3)
+
+
+def chunk_cat_errors() -> Iterable[ErrorInput]:
+    a, b = cpu((3, 5)), cpu((3, 4, 2))
+    yield ErrorInput(SampleInput([a, b], -1, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a, b], 2, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a], 1, 0), RuntimeError)
+    yield ErrorInput(SampleInput([], 0, 2), RuntimeError)
+    yield ErrorInput(SampleInput([cpu((0, 3))], 0, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a, cpu((3, 5), torch.float64)], 1, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a, cpu((2, 5))], 1, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a], 5, 2), IndexError)
+
+
 def stack_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     def t(spec, dt=dtype):
         return tensor(spec, dt, device)
@@ -515,6 +537,7 @@ OPS = [
     OpInfo("cat", torch.cat, cat_samples, cat_errors, ALL),
     OpInfo("concatenate", torch.concatenate, concatenate_samples, cat_errors, ALL),
     OpInfo("stack", torch.stack, stack_samples, stack_errors, ALL),
+    OpInfo("chunk_cat", torch._chunk_cat, chunk_cat_samples, chunk_cat_errors, ALL, supports_grad=False),
     OpInfo("hstack", torch.hstack, hstack_samples, stack_like_errors, ALL),
     OpInfo("vstack", torch.vstack, vstack_samples, stack_like_errors, ALL),
     OpInfo("split", torch.split, SPLITS, split_errors, ALL),
