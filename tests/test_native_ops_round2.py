@@ -172,3 +172,57 @@ def test_unsafe_masked_index_errors() -> None:
         check_same_error(fn, x, mask, [rows > 0], last)
     check_same_error(torch._unsafe_masked_index, x, mask, [rows] * 3, 1.0)
     check_same_error(torch._unsafe_masked_index, x, mask, [rows], 1.0)  # the mask against the result
+
+
+# -- linalg.diagonal: diagonal's view with the last two dims by default ------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape, kwargs", [((5, 5), {}), ((5, 5), {"offset": 2}), ((2, 3, 4), {"dim1": 0}), ((0, 3), {})]
+)
+def test_linalg_diagonal(dtype: torch.dtype, shape, kwargs) -> None:
+    check_bit_equal(lambda a: torch.linalg.diagonal(a, **kwargs), _randn(shape, dtype, transposed=True, grad=True))
+
+
+def test_linalg_diagonal_writes_through_and_errors() -> None:
+    def write(a):
+        torch.linalg.diagonal(a).add_(1)
+        return a
+
+    x = torch.randn(3, 3)
+    assert torch.equal(thunder_rs.jit(write)(x.clone()), write(x.clone()))
+    check_same_error(lambda a: torch.linalg.diagonal(a), torch.randn(3))
+    check_same_error(lambda a: torch.linalg.diagonal(a, dim1=0, dim2=0), x)
+    check_same_error(lambda a: torch.linalg.diagonal(a, dim1=5), x)
+
+
+# -- triplet_margin_with_distance_loss with the program's own distance function ----------------------
+
+
+def _cosine_distance(x, y):
+    return 1.0 - torch.nn.functional.cosine_similarity(x, y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"distance_function": torch.nn.PairwiseDistance()},
+        {"distance_function": _cosine_distance, "swap": True, "reduction": "sum"},
+        {"distance_function": torch.nn.PairwiseDistance(p=1), "margin": 10.0, "reduction": "none"},
+    ],
+)
+def test_triplet_margin_with_distance_function(dtype: torch.dtype, kwargs) -> None:
+    def fn(a, p, n):
+        return torch.nn.functional.triplet_margin_with_distance_loss(a, p, n, **kwargs)
+
+    check_bit_equal(fn, *(_randn((5, 10), dtype, grad=True) for _ in range(3)))
+
+
+def test_triplet_margin_with_distance_function_errors() -> None:
+    a, d = torch.randn(5, 10), torch.nn.PairwiseDistance()
+    loss = torch.nn.functional.triplet_margin_with_distance_loss
+    check_same_error(lambda x: loss(x, x, x, distance_function=d, margin=0.0), a)
+    check_same_error(lambda x: loss(x, x, x, distance_function=d, reduction="x"), a)
+    check_same_error(lambda x, y: loss(x, x, y, distance_function=d), a, a[0])

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
@@ -40,7 +39,7 @@ from thunder_rs.torch.activations import logsigmoid
 from thunder_rs.torch.common import LOW_PRECISION, flows, like, require_float, sum_all, sum_to, to_compute_dtype
 from thunder_rs.torch.linalg import _meta, opaque
 from thunder_rs.torch.special import xlogy
-from thunder_rs.torch.distances import _difference, pairwise_distance
+from thunder_rs.torch.distances import _difference, pairwise_distance, triplet_loss_with
 from thunder_rs.core.lang.symint import same_shape
 
 __all__ = [
@@ -532,13 +531,9 @@ def triplet_margin_with_distance_loss(
 
 
 def _triplet_with_distance_call(anchor, positive, negative, *, distance_function=None, **kwargs):
-    """The symbol with the default distance; a user's distance function keeps the whole call eager."""
+    """The symbol with the default distance; with the program's own, its calls traced in place."""
     if distance_function is not None:
-        return fallback(
-            F.triplet_margin_with_distance_loss,
-            (anchor, positive, negative),
-            {"distance_function": distance_function, **kwargs},
-        )
+        return triplet_loss_with(distance_function, anchor, positive, negative, **kwargs)
     return triplet_margin_with_distance_loss(anchor, positive, negative, **kwargs)
 
 
