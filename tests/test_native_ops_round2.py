@@ -226,3 +226,19 @@ def test_triplet_margin_with_distance_function_errors() -> None:
     check_same_error(lambda x: loss(x, x, x, distance_function=d, margin=0.0), a)
     check_same_error(lambda x: loss(x, x, x, distance_function=d, reduction="x"), a)
     check_same_error(lambda x, y: loss(x, x, y, distance_function=d), a, a[0])
+
+
+# -- Tensor.new_empty_strided: empty_strided with the tensor's dtype and device ----------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size, stride", [((), ()), ((2, 0), (3, 4)), ((3, 2, 2), (1, 2, 3)), ((2, 3), (1, 2))])
+def test_new_empty_strided(dtype: torch.dtype, size, stride) -> None:
+    def fn(a):
+        return a.new_empty_strided(size, stride)
+
+    x = torch.randn(3, dtype=dtype)
+    assert thunder_rs.examine(fn, x).fallbacks == {}
+    expected, actual = fn(x), thunder_rs.jit(fn)(x)  # (uninitialised: the layout alone is defined)
+    assert (actual.shape, actual.stride(), actual.dtype) == (expected.shape, expected.stride(), expected.dtype)
+    check_same_error(lambda a: a.new_empty_strided((2, 3), (1,)), x)
