@@ -103,6 +103,12 @@ def test_softmax_backward_data(dtype: torch.dtype, shape, dim: int) -> None:
     check_bit_equal(lambda g, o: torch._softmax_backward_data(g, o, dim, dtype), grad, output)
 
 
+@pytest.mark.parametrize("aten", [torch.ops.aten._softmax_backward_data, torch.ops.aten._softmax_backward_data.default])
+def test_softmax_backward_data_as_aten_op(aten) -> None:
+    output = torch.softmax(torch.randn(3, 5), 1)
+    check_bit_equal(lambda g, o: aten(g, o, 1, torch.float32), torch.randn(3, 5, requires_grad=True), output)
+
+
 def test_softmax_backward_data_errors() -> None:
     g, o = torch.randn(3, 4), torch.randn(3, 4).softmax(1)
     fn = torch._softmax_backward_data

@@ -335,6 +335,7 @@ def _softmax_backward_data(grad_output, output, dim, input_dtype):
 
 
 TORCH_TO_LTORCH[torch._softmax_backward_data] = _softmax_backward_data
+TORCH_TO_LTORCH[torch.ops.aten._softmax_backward_data] = _softmax_backward_data
 TORCH_TO_LTORCH[torch.ops.aten._softmax_backward_data.default] = _softmax_backward_data
 
 
