@@ -318,6 +318,27 @@ def chunk_cat_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput([a], 5, 2), IndexError)
 
 
+def _gradient(a, **kwargs):
+    return torch.gradient(a, **kwargs)
+
+
+def gradient_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Each edge order, a scalar spacing, spacings per dim, one dim, several dims, a transposed input."""
+    yield SampleInput(tensor((5,), dtype, device))
+    yield SampleInput(tensor((5, 4), dtype, device), edge_order=2)
+    yield SampleInput(tensor(Transposed((4, 6)), dtype, device), spacing=[0.5, 3], edge_order=2)
+    yield SampleInput(tensor((3, 4, 5), dtype, device), spacing=2.0, dim=1)
+    yield SampleInput(tensor((3, 4, 5), dtype, device), dim=[0, -1])
+
+
+def gradient_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((5,)), edge_order=3), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2,)), edge_order=2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((4, 4)), spacing=[1.0]), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((4, 4)), dim=[0, 0]), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((4, 4)), dim=2), IndexError)
+
+
 def stack_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     def t(spec, dt=dtype):
         return tensor(spec, dt, device)
@@ -538,6 +559,7 @@ OPS = [
     OpInfo("concatenate", torch.concatenate, concatenate_samples, cat_errors, ALL),
     OpInfo("stack", torch.stack, stack_samples, stack_errors, ALL),
     OpInfo("chunk_cat", torch._chunk_cat, chunk_cat_samples, chunk_cat_errors, ALL, supports_grad=False),
+    OpInfo("gradient", _gradient, gradient_samples, gradient_errors),
     OpInfo("hstack", torch.hstack, hstack_samples, stack_like_errors, ALL),
     OpInfo("vstack", torch.vstack, vstack_samples, stack_like_errors, ALL),
     OpInfo("split", torch.split, SPLITS, split_errors, ALL),
