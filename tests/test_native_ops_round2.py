@@ -288,3 +288,21 @@ def test_gradient_errors(shape, kwargs) -> None:
 
 def test_gradient_of_uint8_is_refused_as_eager_refuses_it() -> None:
     check_same_error(torch.gradient, torch.arange(5, dtype=torch.uint8))
+
+
+# -- torch.combinations: eager's self[table], the table built in the trace ----------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "n, r, with_replacement", [(4, 2, False), (5, 3, True), (7, 4, False), (3, 4, True), (5, 1, False), (1, 2, False)]
+)
+def test_combinations(dtype: torch.dtype, n: int, r: int, with_replacement: bool) -> None:
+    check_bit_equal(lambda a: torch.combinations(a, r, with_replacement), _randn((n,), dtype, grad=True))
+
+
+def test_combinations_of_nothing_and_errors() -> None:
+    check_bit_equal(lambda a: torch.combinations(a, 0), torch.randn(4))
+    check_bit_equal(lambda a: torch.combinations(a, 2), torch.randn(0))
+    check_same_error(lambda a: torch.combinations(a, 2), torch.randn(2, 2))
+    check_same_error(lambda a: torch.combinations(a, -1), torch.randn(3))

@@ -339,6 +339,16 @@ def gradient_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((4, 4)), dim=2), IndexError)
 
 
+def combinations_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for n, r, with_replacement in ((4, 2, False), (5, 3, True), (4, 1, False), (3, 0, False), (0, 2, False)):
+        yield SampleInput(tensor((n,), dtype, device), r, with_replacement)
+
+
+def combinations_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 2)), 2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3,)), -1), RuntimeError)
+
+
 def stack_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     def t(spec, dt=dtype):
         return tensor(spec, dt, device)
@@ -560,6 +570,7 @@ OPS = [
     OpInfo("stack", torch.stack, stack_samples, stack_errors, ALL),
     OpInfo("chunk_cat", torch._chunk_cat, chunk_cat_samples, chunk_cat_errors, ALL, supports_grad=False),
     OpInfo("gradient", _gradient, gradient_samples, gradient_errors),
+    OpInfo("combinations", torch.combinations, combinations_samples, combinations_errors, ALL),
     OpInfo("hstack", torch.hstack, hstack_samples, stack_like_errors, ALL),
     OpInfo("vstack", torch.vstack, vstack_samples, stack_like_errors, ALL),
     OpInfo("split", torch.split, SPLITS, split_errors, ALL),

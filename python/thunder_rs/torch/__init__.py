@@ -76,6 +76,7 @@ from thunder_rs.torch.einsum import *  # noqa: E402,F401,F403
 from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
 from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
 from thunder_rs.torch.finite_differences import *  # noqa: E402,F401,F403
+from thunder_rs.torch.combinations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
 from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
