@@ -92,6 +92,22 @@ def strided_errors(*args) -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput((2, 3), (1,)), RuntimeError, "dimensionality")
 
 
+def _new_empty_strided_filled(a, size, stride, **kwargs):
+    return a.new_empty_strided(size, stride, **kwargs).fill_(2)
+
+
+def new_strided_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """``strided_samples``' sizes and strides, dtype and device ``a``'s (or a given dtype)."""
+    a = torch.zeros(3, dtype=dtype, device=device)
+    for sample in strided_samples(dtype, device):
+        yield SampleInput(a, *sample.args)
+    yield SampleInput(a, (2, 3), (1, 2), dtype=torch.float64)
+
+
+def new_strided_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(torch.zeros(3), (2, 3), (1,)), RuntimeError, "dimensionality")
+
+
 def _new_empty_filled(a, *sizes, **kwargs):
     return a.new_empty(*sizes, **kwargs).fill_(2)
 
@@ -225,6 +241,14 @@ OPS = [
     OpInfo("new_zeros", torch.Tensor.new_zeros, new_vararg_samples, new_size_errors(), ALL, supports_grad=False),
     OpInfo("new_ones", torch.Tensor.new_ones, new_vararg_samples, new_size_errors(), ALL, supports_grad=False),
     OpInfo("new_empty", _new_empty_filled, new_vararg_samples, new_size_errors(), ALL, supports_grad=False),
+    OpInfo(
+        "new_empty_strided",
+        _new_empty_strided_filled,
+        new_strided_samples,
+        new_strided_errors,
+        ALL,
+        supports_grad=False,
+    ),
     OpInfo("new_full", torch.Tensor.new_full, new_full_samples, new_size_errors(1), ALL, supports_grad=False),
     OpInfo("tril", torch.tril, TRIANGLES, triangle_errors, ALL),
     OpInfo("triu", torch.triu, TRIANGLES, triangle_errors, ALL),

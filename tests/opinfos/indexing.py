@@ -419,4 +419,47 @@ SCATTER_OPS = [
     OpInfo("diagonal_scatter", torch.diagonal_scatter, diagonal_scatter_samples, diagonal_scatter_errors, ALL),
 ]
 
-OPS = BASIC_OPS + TENSOR_OPS + GATHER_OPS + SCATTER_OPS + SORT_OPS
+
+def _masked_index_args(shape, device: str, mask_shape=(3, 4)):
+    """A mask and an index per dim of ``shape``, the indices out of range in places (where the
+    mask may be false or true: eager clamps them)."""
+    gen = torch.Generator().manual_seed(len(shape))
+    mask = (torch.rand(mask_shape, generator=gen) > 0.4).to(device)
+    indices = [torch.randint(-n - 2, n + 2, mask_shape, generator=gen).to(device) for n in shape]
+    return mask, [indices[0], *(i.int() for i in indices[1:])]
+
+
+def masked_index_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for spec in ((5, 6), Transposed((5, 6)), (0, 6), (4,)):
+        a = tensor(spec, dtype, device)
+        mask, indices = _masked_index_args(a.shape, device)
+        yield SampleInput(a, mask, indices, -2.5 if dtype.is_floating_point else 3)
+        yield SampleInput(a, mask, indices[:1], 0)
+
+
+def masked_index_put_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for spec in ((5, 6), Transposed((5, 6)), (0, 6)):
+        a = tensor(spec, dtype, device)
+        mask, indices = _masked_index_args(a.shape, device)
+        yield SampleInput(a, mask, indices, make((3, 4), dtype, device))
+        yield SampleInput(a, mask, indices[:1], make((4, a.shape[1]), dtype, device))
+
+
+def masked_index_errors() -> Iterable[ErrorInput]:
+    mask, indices = _masked_index_args((5, 5), "cpu", (3, 3))
+    yield ErrorInput(SampleInput(cpu((5, 5)), mask, [indices[0].float()], 1.0), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((5, 5)), mask, indices * 2, 1.0), IndexError)
+    yield ErrorInput(SampleInput(cpu((5, 5)), mask, indices[:1], 1.0), RuntimeError)  # mask vs result
+
+
+MASKED_INDEX_OPS = [
+    OpInfo("unsafe_masked_index", torch._unsafe_masked_index, masked_index_samples, masked_index_errors, ALL),
+    OpInfo(
+        "unsafe_masked_index_put_accumulate",
+        torch._unsafe_masked_index_put_accumulate,
+        masked_index_put_samples,
+        dtypes=NUMERIC,
+    ),
+]
+
+OPS = BASIC_OPS + TENSOR_OPS + GATHER_OPS + SCATTER_OPS + SORT_OPS + MASKED_INDEX_OPS

@@ -165,6 +165,25 @@ def norm_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4), torch.int64), (4,)), NotImplementedError)
 
 
+def _native_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return torch.native_layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def softmax_backward_data_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """The gradient and the softmax output it flows back through, along each dim."""
+    for spec, dim in (((3, 5), 1), ((3, 5), 0), ((2, 3, 4), -1), (Transposed((3, 5)), 1), ((), 0), ((0, 4), 1)):
+        grad = tensor(spec, dtype, device)
+        output = torch.softmax(tensor(spec, dtype, device), dim)
+        yield SampleInput(grad, output, dim, dtype)
+
+
+def softmax_backward_data_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 4)), 2, torch.float32), IndexError)
+    yield ErrorInput(SampleInput(cpu((2, 4)), cpu((3, 4)), 1, torch.float32), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 4), torch.float64), 1, torch.float32), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 4)), 1, torch.float16), RuntimeError)
+
+
 def dropout_errors() -> Iterable[ErrorInput]:
     for p in (1.5, -0.1):
         yield ErrorInput(SampleInput(cpu((3,)), p), ValueError)
@@ -414,6 +433,16 @@ OPS = [
     *softmax_entries("log_softmax", F.log_softmax),
     OpInfo("layer_norm", F.layer_norm, partial(norm_samples, bias=True), norm_errors, tolerances=ACCUMULATING),
     OpInfo("rms_norm", F.rms_norm, partial(norm_samples, bias=False), norm_errors, tolerances=ACCUMULATING),
+    OpInfo(
+        "native_layer_norm", _native_layer_norm, partial(norm_samples, bias=True), norm_errors, tolerances=ACCUMULATING
+    ),
+    OpInfo(
+        "_softmax_backward_data",
+        torch._softmax_backward_data,
+        softmax_backward_data_samples,
+        softmax_backward_data_errors,
+        tolerances=ACCUMULATING,
+    ),
     OpInfo(
         "batch_norm",
         F.batch_norm,

@@ -296,6 +296,59 @@ def cat_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput([], 0), ValueError)
 
 
+def chunk_cat_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    def t(spec):
+        return tensor(spec, dtype, device)
+
+    yield SampleInput([t((3, 5)), t((3, 8))], 1, 3)  # padded to a multiple of the chunks
+    yield SampleInput([t((3, 5)), t((3, 4, 2))], 1, 2)  # other ranks: the trailing dims flattened
+    yield SampleInput([t(Transposed((6, 4)))], -1, 4)
+    yield SampleInput([t((7,)), t((4,))], 0, 3)
+
+
+def chunk_cat_errors() -> Iterable[ErrorInput]:
+    a, b = cpu((3, 5)), cpu((3, 4, 2))
+    yield ErrorInput(SampleInput([a, b], -1, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a, b], 2, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a], 1, 0), RuntimeError)
+    yield ErrorInput(SampleInput([], 0, 2), RuntimeError)
+    yield ErrorInput(SampleInput([cpu((0, 3))], 0, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a, cpu((3, 5), torch.float64)], 1, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a, cpu((2, 5))], 1, 2), RuntimeError)
+    yield ErrorInput(SampleInput([a], 5, 2), IndexError)
+
+
+def _gradient(a, **kwargs):
+    return torch.gradient(a, **kwargs)
+
+
+def gradient_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Each edge order, a scalar spacing, spacings per dim, one dim, several dims, a transposed input."""
+    yield SampleInput(tensor((5,), dtype, device))
+    yield SampleInput(tensor((5, 4), dtype, device), edge_order=2)
+    yield SampleInput(tensor(Transposed((4, 6)), dtype, device), spacing=[0.5, 3], edge_order=2)
+    yield SampleInput(tensor((3, 4, 5), dtype, device), spacing=2.0, dim=1)
+    yield SampleInput(tensor((3, 4, 5), dtype, device), dim=[0, -1])
+
+
+def gradient_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((5,)), edge_order=3), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2,)), edge_order=2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((4, 4)), spacing=[1.0]), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((4, 4)), dim=[0, 0]), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((4, 4)), dim=2), IndexError)
+
+
+def combinations_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for n, r, with_replacement in ((4, 2, False), (5, 3, True), (4, 1, False), (3, 0, False), (0, 2, False)):
+        yield SampleInput(tensor((n,), dtype, device), r, with_replacement)
+
+
+def combinations_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 2)), 2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3,)), -1), RuntimeError)
+
+
 def stack_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     def t(spec, dt=dtype):
         return tensor(spec, dt, device)
@@ -515,6 +568,9 @@ OPS = [
     OpInfo("cat", torch.cat, cat_samples, cat_errors, ALL),
     OpInfo("concatenate", torch.concatenate, concatenate_samples, cat_errors, ALL),
     OpInfo("stack", torch.stack, stack_samples, stack_errors, ALL),
+    OpInfo("chunk_cat", torch._chunk_cat, chunk_cat_samples, chunk_cat_errors, ALL, supports_grad=False),
+    OpInfo("gradient", _gradient, gradient_samples, gradient_errors),
+    OpInfo("combinations", torch.combinations, combinations_samples, combinations_errors, ALL),
     OpInfo("hstack", torch.hstack, hstack_samples, stack_like_errors, ALL),
     OpInfo("vstack", torch.vstack, vstack_samples, stack_like_errors, ALL),
     OpInfo("split", torch.split, SPLITS, split_errors, ALL),

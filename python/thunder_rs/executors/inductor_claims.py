@@ -87,6 +87,7 @@ NOT_CLAIMED = {
     "ltorch.empty_like": "uninitialised",
     "ltorch.empty_strided": "uninitialised, laid out by its strides",
     "ltorch.new_empty": "uninitialised",
+    "ltorch.new_empty_strided": "uninitialised, laid out by its strides",
     "ltorch.conj": "a conjugate view",
     "ltorch.resolve_conj": "a conjugate view",
     "ltorch.resolve_neg": "a negative view",

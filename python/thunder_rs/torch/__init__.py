@@ -59,6 +59,7 @@ from thunder_rs.torch.arrange import *  # noqa: E402,F401,F403
 from thunder_rs.torch.diagonals import *  # noqa: E402,F401,F403
 from thunder_rs.torch.copies import *  # noqa: E402,F401,F403
 from thunder_rs.torch.scatter import *  # noqa: E402,F401,F403
+from thunder_rs.torch.masked_index import *  # noqa: E402,F401,F403
 from thunder_rs.torch import contiguous_writes  # noqa: E402,F401
 from thunder_rs.torch import inplace  # noqa: E402,F401
 
@@ -76,6 +77,8 @@ from thunder_rs.torch.products import *  # noqa: E402,F401,F403
 from thunder_rs.torch.einsum import *  # noqa: E402,F401,F403
 from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
 from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
+from thunder_rs.torch.finite_differences import *  # noqa: E402,F401,F403
+from thunder_rs.torch.combinations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
 from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403

@@ -16,6 +16,22 @@ from thunder_rs import clang, prims
 from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, check
 from thunder_rs.torch.symbols import ltorch
 
+#: Eager's names of dtypes in its casting errors.
+SCALAR_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+}
+
 #: The floating dtypes eager kernels compute in float32 (their opmath type).
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 

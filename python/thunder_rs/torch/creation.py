@@ -40,6 +40,7 @@ __all__ = [
     "new_zeros",
     "new_ones",
     "new_empty",
+    "new_empty_strided",
     "tril",
     "triu",
 ]
@@ -200,6 +201,14 @@ def _define_new_constant(name: str, value):
 new_zeros = _define_new_constant("new_zeros", 0)
 new_ones = _define_new_constant("new_ones", 1)
 new_empty = _define_new_constant("new_empty", 0)
+
+
+@torchsymbol(T.new_empty_strided, name="new_empty_strided")
+def new_empty_strided(
+    self, size, stride, *, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False
+):
+    """``empty_strided`` with ``self``'s dtype and device by default."""
+    return empty_strided(size, stride, dtype=dtype or self.dtype, device=_device(device, self))
 
 
 def _legacy_new(self, *args, **kwargs):

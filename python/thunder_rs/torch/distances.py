@@ -386,3 +386,28 @@ def cdist_grad(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"
         if x.requires_grad:
             put_grad(x, sum_to(ltorch.reshape(grad, (*batch, *x.shape[-2:])), x.shape))
     return out
+
+
+def triplet_loss_with(distance_function, anchor, positive, negative, margin=1.0, swap=False, reduction="mean"):
+    """``F.triplet_margin_with_distance_loss`` with the program's own ``distance_function``, which
+    is called on the traced tensors as eager calls it (``swap``: also on positive and negative),
+    then eager's ops in its order: ``clamp_min(margin + d(a, p) - d(a, n), 0)``, reduced."""
+    op = "ltorch.triplet_margin_with_distance_loss"
+    reductions = ("mean", "sum", "none")
+    check(reduction in reductions, op, f"{reduction} is not a valid value for reduction (argument reduction)")
+    check(margin > 0, op, f"margin must be greater than 0, got {margin} (argument margin)")
+    check(
+        anchor.ndim == positive.ndim == negative.ndim,
+        op,
+        lambda: (
+            "The anchor, positive, and negative tensors are expected to have the same number of dimensions, but got: "
+            f"anchor {anchor.ndim}D, positive {positive.ndim}D, and negative {negative.ndim}D inputs (argument anchor)"
+        ),
+        ThunderRuntimeError,
+    )
+    dist_pos = distance_function(anchor, positive)
+    dist_neg = distance_function(anchor, negative)
+    if swap:
+        dist_neg = ltorch.minimum(dist_neg, distance_function(positive, negative))
+    loss = clamp_min(ltorch.sub(ltorch.add(dist_pos, margin), dist_neg), 0)
+    return ltorch.sum(loss) if reduction == "sum" else ltorch.mean(loss) if reduction == "mean" else loss

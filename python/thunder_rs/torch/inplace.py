@@ -57,23 +57,8 @@ from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.scatter import fill
 from thunder_rs.torch.shape import clone, reshape_to
 from thunder_rs.torch.strides import is_contiguous
+from thunder_rs.torch.common import SCALAR_NAMES
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
-
-#: Eager's names of dtypes in its casting errors.
-_SCALAR_NAMES = {
-    torch.float32: "Float",
-    torch.float64: "Double",
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.int64: "Long",
-    torch.int32: "Int",
-    torch.int16: "Short",
-    torch.int8: "Char",
-    torch.uint8: "Byte",
-    torch.bool: "Bool",
-    torch.complex64: "ComplexFloat",
-    torch.complex128: "ComplexDouble",
-}
 
 
 def _leaf_check(op: str, dst) -> None:
@@ -102,7 +87,7 @@ def _as_value(op: str, dst, value, copy: bool):
         )
         return filled(tuple(dst.shape), value, dst.device, dst.dtype)  # a size (or float of sizes): per call
     if not copy and not torch.can_cast(value.dtype, dst.dtype):
-        have, want = (_SCALAR_NAMES.get(d, str(d)) for d in (value.dtype, dst.dtype))
+        have, want = (SCALAR_NAMES.get(d, str(d)) for d in (value.dtype, dst.dtype))
         raise ThunderRuntimeError(
             f"{op}: result type {have} can't be cast to the desired output type {want} (at {user_location()})"
         )

@@ -32,6 +32,7 @@ from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 Tensor = torch.Tensor
 __all__ = [
     "cat",
+    "chunk_cat",
     "concatenate",
     "stack",
     "hstack",
@@ -112,6 +113,75 @@ def _cat(op: str, tensors, dim):
 def cat(tensors, dim=0, *, out=None):
     check(out is None, "ltorch.cat", "out= is not supported (argument out)", ThunderNotImplementedError)
     return _cat("ltorch.cat", tensors, dim)
+
+
+@torchsymbol(torch._chunk_cat, name="chunk_cat")
+def chunk_cat(tensors, dim, num_chunks, *, out=None):
+    """Each tensor zero-padded along ``dim`` to a multiple of ``num_chunks``, split into
+    ``num_chunks`` chunks there, each chunk's trailing dims flattened, and the tensors' chunks
+    joined chunk by chunk: ``cat`` along ``dim + 1`` (FSDP's gradient reduce-scatter input)."""
+    op = "ltorch.chunk_cat"
+    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
+    tensors = _tensor_list(op, tensors, empty_msg="_chunk_cat expects a non-empty input tensor list")
+    dim = _chunk_cat_dim(op, tensors, dim, num_chunks)
+    # Eager has no derivative for it (its backward raises): refused rather than differentiated.
+    check(
+        not (torch.is_grad_enabled() and any(x.requires_grad for x in tensors)),
+        op,
+        "the derivative of _chunk_cat is not implemented (in torch either); detach the inputs (argument tensors)",
+        ThunderNotImplementedError,
+    )
+    padded = []
+    for x in tensors:
+        size = x.shape[dim]
+        extra = -size % num_chunks
+        if extra:
+            x = ltorch.constant_pad_nd(x, [0, 0] * (x.ndim - dim - 1) + [0, extra], 0)
+        padded.append(reshape_to(x, (*x.shape[:dim], num_chunks, math.prod(x.shape[dim:]) // num_chunks)))
+    return _cat(op, padded, dim + 1)
+
+
+def _chunk_cat_dim(op: str, tensors, dim: int, num_chunks: int) -> int:
+    """``dim`` as a non-negative dim of every tensor, with ``_chunk_cat``'s checks, eager's words."""
+    check(num_chunks >= 1, op, "_chunk_cat expects positive num_chunks (argument num_chunks)", ThunderRuntimeError)
+    first = tensors[0]
+    for x in tensors:
+        check(x.numel() > 0, op, "_chunk_cat expects non-empty tensor (argument tensors)", ThunderRuntimeError)
+        check(
+            x.dtype == first.dtype,
+            op,
+            "_chunk_cat expects all input tensors with the same dtype (argument tensors)",
+            ThunderRuntimeError,
+        )
+        check(
+            x.device == first.device,
+            op,
+            "_chunk_cat expects all inputs tensors on the same device (argument tensors)",
+            ThunderRuntimeError,
+        )
+    if all(x.ndim == first.ndim for x in tensors):
+        dim = clang.canonicalize_dim(first.ndim, dim, op)
+    else:
+        check(
+            dim >= 0,
+            op,
+            "_chunk_cat expects non-negative dim when input tensors have different ndims (argument dim)",
+            ThunderRuntimeError,
+        )
+    # (A 0-dim tensor is refused too: eager's kernel crashes on one.)
+    check(
+        all(dim < x.ndim for x in tensors),
+        op,
+        "_chunk_cat expects dim < ndim for all input tensors (argument dim)",
+        ThunderRuntimeError,
+    )
+    check(
+        all(same_shape(x.shape[:dim], first.shape[:dim]) for x in tensors),
+        op,
+        "_chunk_cat expects same sizes of 0,...,dim-1 dimensions for all tensors (argument tensors)",
+        ThunderRuntimeError,
+    )
+    return dim
 
 
 @torchsymbol(torch.concatenate)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import (
     LOW_PRECISION,
@@ -70,6 +71,12 @@ def _affine(op: str, a, x, param, shape, arg: str, combine):
     """``combine(x, param)`` with ``param`` (of ``shape``) broadcast over ``x``; None leaves ``x`` as is."""
     if param is None:
         return x
+    _check_param(op, a, param, shape, arg)
+    return combine(x, clang.expand_to(clang.maybe_convert(param, x.dtype), x.shape))
+
+
+def _check_param(op: str, a, param, shape, arg: str) -> None:
+    """``param`` (a weight or bias) of ``shape`` and of ``a``'s dtype (or float32 for half precision)."""
     check(
         same_shape(param.shape, shape),
         op,
@@ -86,7 +93,6 @@ def _affine(op: str, a, x, param, shape, arg: str, combine):
         lambda: f"expected {arg} to have dtype {a.dtype}, but got {param.dtype} (argument {arg})",
         ThunderRuntimeError,
     )
-    return combine(x, clang.expand_to(clang.maybe_convert(param, x.dtype), x.shape))
 
 
 @torchsymbol(F.layer_norm)
@@ -167,6 +173,24 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     return cast(out, input.dtype), cast(mean, stats), cast(rstd, stats)
 
 
+def _native_layer_norm_call(input, normalized_shape, weight, bias, eps):
+    """``torch.native_layer_norm`` called by the program: its arguments checked as eager checks
+    them, then the kernel (``native_layer_norm``), whose mean and rstd eager gives no gradient."""
+    op = "ltorch.native_layer_norm"
+    _normalized_dims(op, input, normalized_shape)
+    require_float(op, input)
+    for param, arg in ((weight, "weight"), (bias, "bias")):
+        if param is not None:
+            _check_param(op, input, param, tuple(normalized_shape), arg)
+    out, mean, rstd = native_layer_norm(input, tuple(normalized_shape), weight, bias, eps)
+    detach = TORCH_TO_LTORCH[torch.Tensor.detach]
+    return out, detach(mean), detach(rstd)
+
+
+TORCH_TO_LTORCH[torch.native_layer_norm] = _native_layer_norm_call
+TORCH_TO_LTORCH[torch.ops.aten.native_layer_norm.default] = _native_layer_norm_call
+
+
 def _native_layer_norm_backward_meta(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     params = tuple(input.shape[input.ndim - len(normalized_shape) :])
     xhat = (grad_out, input, mean, rstd)
@@ -237,7 +261,20 @@ def _put_param_grads(g, xhat, lead: int, weight, bias) -> None:
 def layer_norm_grad(input, normalized_shape, weight=None, bias=None, eps=1e-05):
     if _rule_dims(input, normalized_shape, weight, bias) is None:
         return ltorch.layer_norm(input, normalized_shape, weight, bias, eps)
-    shape = tuple(normalized_shape)
+    return _layer_norm_kernels(input, tuple(normalized_shape), weight, bias, eps)[0]
+
+
+@register_grad(native_layer_norm)
+def native_layer_norm_grad(input, normalized_shape, weight, bias, eps):
+    """Eager's: the gradients from the output's alone (those of the mean and rstd are dropped)."""
+    if _rule_dims(input, normalized_shape, weight, bias) is None:
+        return native_layer_norm(input, normalized_shape, weight, bias, eps)
+    return _layer_norm_kernels(input, tuple(normalized_shape), weight, bias, eps)
+
+
+def _layer_norm_kernels(input, shape, weight, bias, eps):
+    """``native_layer_norm``'s results, with the gradients ``native_layer_norm_backward`` gives
+    from the output's put on the inputs that want them."""
     out, mean, rstd = native_layer_norm(input, shape, weight, bias, eps)
     g = get_grad(out)
     wanted = [(x, _wants_grad(x)) for x in (input, weight, bias)]
@@ -245,7 +282,7 @@ def layer_norm_grad(input, normalized_shape, weight=None, bias=None, eps=1e-05):
     grads = grads if isinstance(grads, tuple) else (grads,)
     for x, grad in zip([x for x, w in wanted if w], grads):
         put_grad(x, grad)
-    return out
+    return out, mean, rstd
 
 
 def _rms_norm_composite(input, dims, weight, eps):

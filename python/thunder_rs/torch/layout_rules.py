@@ -258,5 +258,6 @@ RULES_BY_NAME = {
     "diff": _diff,
     "stft": _stft,
     "empty_strided": _strided,
+    "new_empty_strided": lambda self, size, stride, **kwargs: _strided(size, stride),
     "scaled_dot_product_attention": _attention,
 }

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
-from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
@@ -34,7 +33,7 @@ from thunder_rs.torch.base_losses import (
 )
 from thunder_rs.torch.activations import logsigmoid
 from thunder_rs.torch.common import flows, like
-from thunder_rs.torch.distances import _difference, pairwise_distance
+from thunder_rs.torch.distances import _difference, pairwise_distance, triplet_loss_with
 
 __all__ = [
     "margin_ranking_loss",
@@ -278,13 +277,9 @@ def triplet_margin_with_distance_loss(
 
 
 def _triplet_with_distance_call(anchor, positive, negative, *, distance_function=None, **kwargs):
-    """The symbol with the default distance; a user's distance function keeps the whole call eager."""
+    """The symbol with the default distance; with the program's own, its calls traced in place."""
     if distance_function is not None:
-        return fallback(
-            F.triplet_margin_with_distance_loss,
-            (anchor, positive, negative),
-            {"distance_function": distance_function, **kwargs},
-        )
+        return triplet_loss_with(distance_function, anchor, positive, negative, **kwargs)
     return triplet_margin_with_distance_loss(anchor, positive, negative, **kwargs)
 
 

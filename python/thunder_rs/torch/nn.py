@@ -24,11 +24,13 @@ from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
     ThunderAssertionError,
+    ThunderIndexError,
     ThunderNotImplementedError,
     ThunderRuntimeError,
     check,
 )
 from thunder_rs.torch.common import (
+    SCALAR_NAMES,
     broadcast_back,
     cast,
     compute_dtype,
@@ -40,6 +42,7 @@ from thunder_rs.torch.common import (
 )
 from thunder_rs.torch.linalg import column_major, mm_product, opaque, row_major
 from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.core.lang.symint import same_shape
 
 T = torch.Tensor
 
@@ -273,6 +276,67 @@ def softmax_backward(grad_output, output, dim):
     """The gradient of softmax's input from its output's, in the output's dtype."""
     g, y = to_compute_dtype(grad_output), to_compute_dtype(output)
     return cast(y * (g - ltorch.sum(g * y, dim, keepdim=True)), output.dtype)
+
+
+@register_grad(softmax_backward)
+def softmax_backward_grad(grad_output, output, dim):
+    """Eager's (``_softmax_backward_data``'s): the cotangent in the output's dtype through
+    ``softmax_backward`` for ``grad_output``, and ``softmax_double_backward``'s products and
+    sums, in its order, for ``output``."""
+    out = softmax_backward(grad_output, output, dim)
+    g = cast(get_grad(out), output.dtype)
+    if grad_output.requires_grad:
+        put_grad(grad_output, softmax_backward(g, output, dim))
+    if output.requires_grad:
+        go_sum = ltorch.sum(output * grad_output, dim, keepdim=True)
+        g_sum = ltorch.sum(output * g, dim, keepdim=True)
+        put_grad(output, grad_output * g - go_sum * g - grad_output * g_sum)
+    return out
+
+
+def _softmax_backward_data(grad_output, output, dim, input_dtype):
+    """``torch._softmax_backward_data`` called by the program: ``softmax_backward`` with eager's
+    checks, its result in ``input_dtype`` where that is half precision of a float32 gradient
+    (CUDA's half-to-float softmax; the CPU refuses it)."""
+    op = "ltorch._softmax_backward_data"
+    check(
+        same_shape(grad_output.shape, output.shape),
+        op,
+        lambda: (
+            "Expected tensor for argument #1 'grad' to have same size as tensor for argument #2 'output'; but "
+            f"{list(grad_output.shape)} does not equal {list(output.shape)} (while checking arguments for "
+            "softmax_backward) (argument output)"
+        ),
+        ThunderRuntimeError,
+    )
+    rank = max(grad_output.ndim, 1)
+    check(
+        -rank <= dim < rank,
+        op,
+        f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim}) (argument dim)",
+        ThunderIndexError,
+    )
+    half_to_float = grad_output.dtype == torch.float32 and input_dtype == torch.float16
+    names = [SCALAR_NAMES.get(d, str(d)) for d in (grad_output.dtype, output.dtype, input_dtype)]
+    check(
+        not half_to_float or grad_output.device.type != "cpu",
+        op,
+        f"expected scalar type {names[0]} but found {names[2]} (argument input_dtype)",
+        ThunderRuntimeError,
+    )
+    check(
+        grad_output.dtype == output.dtype,
+        op,
+        f"expected scalar type {names[0]} but found {names[1]} (argument output)",
+        ThunderRuntimeError,
+    )
+    out = softmax_backward(grad_output, output, dim % rank if grad_output.ndim else 0)
+    return cast(out, torch.float16) if half_to_float else out
+
+
+TORCH_TO_LTORCH[torch._softmax_backward_data] = _softmax_backward_data
+TORCH_TO_LTORCH[torch.ops.aten._softmax_backward_data] = _softmax_backward_data
+TORCH_TO_LTORCH[torch.ops.aten._softmax_backward_data.default] = _softmax_backward_data
 
 
 @torchsymbol(name="log_softmax_backward", meta=_softmax_backward_meta)

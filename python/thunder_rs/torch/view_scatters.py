@@ -8,6 +8,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.common import slice_indices
@@ -128,6 +129,15 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
     if length == 0:  # an empty view of the input, as eager's (it requires grad as the input does)
         return slice_in_dim(flat, len(batch), 0, 0, 1)
     return every_step(flat, len(batch), first, length, cols + 1)
+
+
+def linalg_diagonal(A, *, offset=0, dim1=-2, dim2=-1):
+    """``torch.linalg.diagonal``: ``diagonal`` with the last two dims as the default, the same view
+    (``TORCH_TO_LTORCH[torch.diagonal]``, which ``views`` makes one eager can write through)."""
+    return TORCH_TO_LTORCH[torch.diagonal](A, offset, dim1, dim2)
+
+
+TORCH_TO_LTORCH[torch.linalg.diagonal] = linalg_diagonal
 
 
 @register_grad(diagonal)

@@ -24,7 +24,6 @@ from thunder_rs.core.acquisition.dynamic import in_other_items, leaf_paths
 from thunder_rs.core.acquisition.float_args import ArgFloat, HeldFloat
 from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
 from thunder_rs.core.acquisition.escapes import check_no_escape
-from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.state.fsdp import refuse_dtensors
 from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
@@ -212,7 +211,7 @@ def _apart(out, inputs: list):
             continue
         holder = holders.setdefault(leaf._vid, leaf)
         if leaf._copy_of:  # ``contiguous()`` of a view, which must come back contiguous
-            leaves[i] = fallback(torch.clone, (leaf,), {"memory_format": torch.contiguous_format})
+            leaves[i] = torch_symbol(torch.clone)(leaf, memory_format=torch.contiguous_format)
         elif holder is not leaf and leaf._view is None:
             leaves[i] = torch_symbol(torch.clone)(leaf)
         else:

@@ -1,0 +1,149 @@
+"""``torch.gradient`` with scalar spacings: ATen's composite (``gradient_helper_float``), its
+central differences inside and one-sided ones of ``edge_order`` at the ends, written with the
+same ops in the same order, so that its values are eager's; its grad rule adds the slices'
+cotangents in the order eager's autograd engine does. Spacings given as coordinate tensors stay
+eager's call.
+"""
+
+import torch
+
+from thunder_rs import clang
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
+from thunder_rs.torch.common import is_number
+from thunder_rs.torch.shape import slice_in_dim
+from thunder_rs.torch.symbols import ltorch, torchsymbol
+
+__all__ = ["gradient"]
+
+
+def _sliced(a, d: int, start: int, stop: int | None = None):
+    """``a[start:stop]`` along ``d`` (negative bounds count from the end)."""
+    size = a.shape[d]
+    stop = size if stop is None else stop + size if stop < 0 else stop
+    return slice_in_dim(a, d, start + size if start < 0 else start, stop)
+
+
+def _one_direction(a, d: int, dx, edge_order: int):
+    """The gradient along dim ``d``: ``cat([prepend, center / 2, append])`` as ATen builds it."""
+    center = ltorch.div(ltorch.sub(_sliced(a, d, 2), _sliced(a, d, 0, -2)), dx)
+    if edge_order == 1:
+        prepend = ltorch.div(ltorch.sub(_sliced(a, d, 1, 2), _sliced(a, d, 0, 1)), dx)
+        append = ltorch.div(ltorch.sub(_sliced(a, d, -1), _sliced(a, d, -2, -1)), dx)
+    else:
+        first, second, third = (ltorch.mul(_sliced(a, d, i, i + 1), k) for i, k in ((0, -1.5), (1, 2), (2, 0.5)))
+        prepend = ltorch.div(ltorch.sub(ltorch.add(first, second), third), dx)
+        first, second, third = (
+            ltorch.mul(_sliced(a, d, i, i + 1 or None), k) for i, k in ((-3, 0.5), (-2, 2), (-1, 1.5))
+        )
+        append = ltorch.div(ltorch.add(ltorch.sub(first, second), third), dx)
+    return ltorch.cat([prepend, ltorch.div(center, 2), append], d)
+
+
+@torchsymbol(name="gradient", sequence=True)
+def gradient(input, spacing, dim, edge_order):
+    """The gradients of ``input`` along each of ``dim`` (canonical, distinct), ``spacing`` apart."""
+    return tuple(_one_direction(input, d, dx, edge_order) for d, dx in zip(dim, spacing))
+
+
+def _contributions(g, d: int, dx, edge_order: int) -> list:
+    """``(start, stop, value)`` of each slice of the input that one direction's cotangent ``g``
+    flows back to, computed as eager's backward nodes compute them (divisions by the spacing,
+    negations, products with the stencil's weights), in the order eager's engine runs those
+    nodes (the latest made first: the append's slices, the prepend's, the center's)."""
+    size = g.shape[d]
+    gp, gc, ga = (_sliced(g, d, *bounds) for bounds in ((0, 1), (1, -1), (-1, None)))
+    k = ltorch.div(ltorch.div(gc, 2), dx)
+    kp, ka = ltorch.div(gp, dx), ltorch.div(ga, dx)
+    center = [(2, size, k), (0, size - 2, ltorch.neg(k))]
+    if edge_order == 1:
+        ends = [(size - 1, size, ka), (size - 2, size - 1, ltorch.neg(ka)), (1, 2, kp), (0, 1, ltorch.neg(kp))]
+    else:
+        ends = [
+            (size - 3, size - 2, ltorch.mul(ka, 0.5)),
+            (size - 2, size - 1, ltorch.mul(ltorch.neg(ka), 2)),
+            (size - 1, size, ltorch.mul(ka, 1.5)),
+            (0, 1, ltorch.mul(kp, -1.5)),
+            (1, 2, ltorch.mul(kp, 2)),
+            (2, 3, ltorch.mul(ltorch.neg(kp), 0.5)),
+        ]
+    return ends + center
+
+
+@register_grad(gradient)
+def gradient_rule(input, spacing, dim, edge_order):
+    """Eager's gradient: each slice's cotangent placed in zeros of the input's shape and added up
+    one by one in the order eager's engine accumulates them (the last direction first)."""
+    outs = gradient(input, spacing, dim, edge_order)
+    total = None
+    for out, d, dx in reversed(tuple(zip(outs, dim, spacing))):
+        for start, stop, value in _contributions(get_grad(out), d, dx, edge_order):
+            pad = [0] * (2 * input.ndim)
+            pad[2 * (input.ndim - 1 - d)], pad[2 * (input.ndim - 1 - d) + 1] = start, input.shape[d] - stop
+            placed = ltorch.constant_pad_nd(value, pad, 0)
+            total = placed if total is None else ltorch.add(total, placed)
+    if total is not None:
+        put_grad(input, total)
+    return outs
+
+
+def _checked(op: str, input, spacing, dim, edge_order) -> tuple[tuple, tuple]:
+    """``(spacings, dims)`` as ATen's overloads make them, with ``pre_check_gradient``'s checks."""
+    uint8 = "torch.gradient does not support uint8 input. (argument input)"
+    check(input.dtype != torch.uint8, op, uint8, ThunderNotImplementedError)
+    given = spacing is not None and not is_number(spacing)
+    dims = tuple(range(input.ndim)) if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+    if not given:
+        spacing = (1.0 if spacing is None else spacing,) * len(dims)
+    spacing = tuple(spacing)
+    if given and dim is None:
+        check(
+            len(spacing) == input.ndim,
+            op,
+            f"torch.gradient expected spacing to be unspecified, a scalar, or a list of length equal to "
+            f"'self.dim() = {input.ndim}', since dim argument was not given, but got a list of length "
+            f"{len(spacing)} (argument spacing)",
+            ThunderRuntimeError,
+        )
+    check(
+        len(spacing) == len(dims),
+        op,
+        f"torch.gradient expected spacing to be unspecified, a scalar or it's spacing and dim arguments to have "
+        f"the same length, but got a spacing argument of length {len(spacing)} and a dim argument of length "
+        f"{len(dims)}. (argument spacing)",
+        ThunderRuntimeError,
+    )
+    check(
+        edge_order in (1, 2),
+        op,
+        "torch.gradient only supports edge_order=1 and edge_order=2. (argument edge_order)",
+        ThunderRuntimeError,
+    )
+    dims = tuple(clang.canonicalize_dim(input.ndim, d, op) for d in dims)
+    for i, d in enumerate(dims):
+        check(
+            d not in dims[:i],
+            op,
+            f"dim {d} appears multiple times in the list of dims (argument dim)",
+            ThunderRuntimeError,
+        )
+    check(
+        all(input.shape[d] >= edge_order + 1 for d in dims),
+        op,
+        "torch.gradient expected each dimension size to be at least edge_order+1 (argument input)",
+        ThunderRuntimeError,
+    )
+    return spacing, dims
+
+
+def _gradient_call(input, *, spacing=None, dim=None, edge_order=1):
+    """``torch.gradient``: coordinate tensors as spacing are eager's call; numbers are traced."""
+    if isinstance(spacing, (list, tuple)) and any(isinstance(s, torch.Tensor) for s in spacing):
+        return fallback(torch.gradient, (input,), {"spacing": spacing, "dim": dim, "edge_order": edge_order})
+    spacing, dims = _checked("ltorch.gradient", input, spacing, dim, edge_order)
+    return gradient(input, spacing, dims, edge_order)
+
+
+TORCH_TO_LTORCH[torch.gradient] = _gradient_call
