@@ -652,7 +652,7 @@ def acquire(
         first,
         inference,
         hooks,
-        tuple(size_inputs.floats),
+        floats=tuple(size_inputs.floats),
     )
 
 
