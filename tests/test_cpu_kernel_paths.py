@@ -2,6 +2,8 @@
 picks for the tensor, or on a flaw of one: what a fusion executor running the decomposition
 (``torch_ex.decomposing()``, as the nvFuser stand-in does) gives must be eager's.
 
+- ``F.gelu`` of a contiguous float32 (bfloat16) tensor of two or more elements runs oneDNN, which
+  gives NaN for +inf on AVX-512 where aten's own kernels give inf (``thunder_rs/torch/onednn.py``).
 - Antialiased ``F.interpolate`` to a width of one: aten's CPU kernel gives every output row the
   first one's value where the output's rows have stride 1.
 - Antialiased ``F.interpolate`` in half precision: eager's CPU kernel copies the input where no size
@@ -20,10 +22,54 @@ import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.torch_ex import decomposing
 
+SIZES = range(1, 34)
+
+
+def _with_extremes(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random values with +inf first, in the middle and last (vector body and tail positions of
+    aten's kernels), -inf and NaN after the first."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+    for at in (0, n // 2, n - 1):
+        x[at] = math.inf
+    if n > 3:
+        x[1], x[2] = -math.inf, math.nan
+    return x
+
 
 def _decomposed(fn, *args):
     with decomposing():
         return thunder_rs.jit(fn)(*args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_gelu_decomposition_gives_eagers_value_at_inf(dtype, layout):
+    xs = [_with_extremes(n, dtype) for n in SIZES]
+    if layout == "strided":
+        xs = [torch.stack([x, x], 1)[:, 0] for x in xs]
+
+    def program(*xs):
+        return [F.gelu(x) for x in xs]
+
+    for n, actual, expected in zip(SIZES, _decomposed(program, *xs), program(*xs)):
+        # (equal_nan: NaN where eager has NaN and nowhere else; inf exactly where eager has it)
+        torch.testing.assert_close(actual, expected, equal_nan=True, msg=lambda m: f"size {n}: {m}")
+
+
+def test_gelu_decomposition_follows_the_mkldnn_switch():
+    """With ``torch.backends.mkldnn.enabled`` off eager's kernel gives inf at +inf: the entry traced
+    with it on does not serve that call."""
+    x = torch.tensor([math.inf, 1.0, -2.0, math.inf])
+    jfn = thunder_rs.jit(lambda x: F.gelu(x) * 1)
+    enabled = torch.backends.mkldnn.enabled
+    try:
+        for switch in (True, False, True):
+            torch.backends.mkldnn.enabled = switch
+            with decomposing():
+                actual = jfn(x)
+            torch.testing.assert_close(actual, F.gelu(x) * 1, equal_nan=True, msg=lambda m: f"switch {switch}: {m}")
+    finally:
+        torch.backends.mkldnn.enabled = enabled
 
 
 def _layouts(shape, dtype):
