@@ -3,7 +3,6 @@ upsample aliases, affine_grid and grid_sample."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from functools import partial
 
@@ -119,11 +118,10 @@ def _entries() -> list[OpInfo]:
             )
     ops[0] = OpInfo("interpolate", F.interpolate, resize_samples("nearest"), resize_errors, FLOATS, variant="nearest")
     # Sample 9 resizes to a width of 1: aten's CPU kernel then gives every output row the first
-    # one's value (a contiguous input; a channels-last one is resized as the decomposition does).
+    # one's value (a contiguous input; a channels-last one is resized right), as the decomposition does.
     for mode, errors in (("bilinear", antialiased_errors), ("bicubic", no_errors)):
         samples = antialiased_samples(mode)
-        entry = OpInfo("interpolate", F.interpolate, samples, errors, variant=f"{mode}_aa", tolerances=ACCUMULATING)
-        ops.append(dataclasses.replace(entry, decomposition_skips=(9,)))
+        ops.append(OpInfo("interpolate", F.interpolate, samples, errors, variant=f"{mode}_aa", tolerances=ACCUMULATING))
     return ops
 
 

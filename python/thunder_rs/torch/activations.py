@@ -30,6 +30,7 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, T
 from thunder_rs.torch.common import cast, in_opmath, require_float, rounded, to_compute_dtype, upcast
 from thunder_rs.torch.elementwise import abs as abs_, neg, sub, tanh, true_divide, where
 from thunder_rs.torch.nn import tensor_softmax
+from thunder_rs.torch.onednn import gelu_at_inf
 from thunder_rs.torch.random import rrelu
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
@@ -185,6 +186,8 @@ def gelu(input, approximate="none"):
         ThunderRuntimeError,
     )
 
+    at_inf = gelu_at_inf(input, approximate)  # (oneDNN's NaN at +inf, where eager runs it)
+
     def body(x):
         if approximate == "tanh":
             cubic = prims.mul(prims.mul(prims.mul(x, x), x), 0.044715)
@@ -192,7 +195,8 @@ def gelu(input, approximate="none"):
             cdf = prims.mul(prims.add(prims.tanh(inner), 1.0), 0.5)
         else:
             cdf = prims.mul(prims.add(prims.erf(prims.mul(x, math.sqrt(0.5))), 1.0), 0.5)
-        return prims.mul(x, cdf)
+        out = prims.mul(x, cdf)
+        return out if at_inf is None else prims.where(prims.eq(x, math.inf), at_inf, out)
 
     return _float_op(op, input, body)
 

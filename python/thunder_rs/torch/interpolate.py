@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from thunder_rs import prims
 from thunder_rs.torch.adaptive_pooling import _adaptive_avg_grad
-from thunder_rs.torch.common import size_value
+from thunder_rs.torch.common import OpaqueKernel, size_value
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import (
     ThunderNotImplementedError,
@@ -31,6 +31,7 @@ from thunder_rs.errors import (
     ThunderValueError,
     check,
 )
+from thunder_rs.core.lang.eager_layouts import suggested_format
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, floor_of_product, is_positive, is_symbolic
@@ -42,6 +43,7 @@ __all__ = ["interpolate", "upsample_backward"]
 _LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
 _MODES = ("nearest", "nearest-exact", "area", *_LINEAR_MODES)
 _CUBIC_A = -0.75
+_HALVES = (torch.float16, torch.bfloat16)
 #: The support of each antialiasing filter in input elements at scale 1 (aten's ``interp_size``).
 _AA_SUPPORT = {"bilinear": 2, "bicubic": 4}
 #: The bound on a scale factor's numerator and denominator below which a symbolic size is scaled
@@ -67,7 +69,7 @@ def _check_mode(op: str, input, mode: str, align_corners, antialias) -> None:
         ThunderValueError,
     )
     check(
-        not antialias or input.dtype in (torch.float32, torch.float64),
+        not antialias or input.dtype.is_floating_point,
         op,
         lambda: f"antialiased {mode} interpolation is not implemented for {input.dtype} (argument input)",
         ThunderNotImplementedError,
@@ -401,19 +403,23 @@ def _unchanged(in_size, out_size, scale) -> bool:
 
 
 def _compute_dtype(dtype):
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    return torch.float32 if dtype in _HALVES else dtype
 
 
 def _resample(x, sizes, mode, align_corners, scales, antialias: bool = False):
     """``x`` resized along its last len(sizes) dims, one dim at a time: first to last, or, antialiased,
     last to first leaving a dim of unchanged size as it is (aten's separable kernel)."""
     n, dtype = len(sizes), _compute_dtype(x.dtype)
-    out = x if x.dtype == dtype or mode.startswith("nearest") else prims.convert_element_type(x, dtype)
+    out = x
     for i in reversed(range(n)) if antialias else range(n):
         axis, size, scale = x.ndim - n + i, sizes[i], scales[i]
         if antialias and _unchanged(out.shape[axis], size, scale):
             continue
+        if out.dtype != dtype and not mode.startswith("nearest"):
+            out = prims.convert_element_type(out, dtype)
         index, weights = _taps(x.device, dtype, out.shape[axis], size, mode, align_corners, scale, antialias)
+        if antialias and i == n - 2 and _rows_as_first(x, out.shape[axis + 1]):
+            index, weights = (_first_row(t) for t in (index, weights))
         taps = index.shape[1]
         taken = prims.take(out, prims.reshape(index, (size * taps,)), axis)
         taken = prims.reshape(taken, (*taken.shape[:axis], size, taps, *taken.shape[axis + 1 :]))
@@ -426,6 +432,26 @@ def _resample(x, sizes, mode, align_corners, scales, antialias: bool = False):
     return out if out.dtype == x.dtype and out is not x else prims.convert_element_type(out, x.dtype)
 
 
+def _rows_as_first(x, width) -> bool:
+    """Whether aten's antialiased CPU kernel gives every output row the first one's value: its
+    vertical pass does so where the output is one element wide with rows of stride 1 (laid out
+    contiguous, or channels_last with one channel), a flaw of its ``TensorIterator`` there."""
+    if x.device.type != "cpu" or not _is(width, 1):
+        return False
+    return suggested_format(x) != torch.channels_last or _is(x.shape[1], 1)
+
+
+def _is(size, value: int) -> bool:
+    same = _equal(size, value)
+    return same if same is not None else bool(size == value)
+
+
+def _first_row(taps):
+    """The first output element's taps (positions or weights) for every output element."""
+    first = prims.slice(taps, (0, 0), (1, taps.shape[1]), (1, 1))
+    return prims.broadcast_in_dim(prims.squeeze(first, (0,)), taps.shape, (1,))
+
+
 # -- symbols ---------------------------------------------------------------------------------------
 
 
@@ -435,7 +461,35 @@ _ADAPTIVE_AVG = {1: ltorch.adaptive_avg_pool1d, 2: ltorch.adaptive_avg_pool2d, 3
 def check_resize(op: str, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
     """F.interpolate's checks; the output's spatial sizes and the scales its kernel is given."""
     _check_mode(op, input, mode, align_corners, antialias)
-    return _sizes_and_scales(op, input, size, scale_factor, mode, recompute_scale_factor)
+    sizes, scales = _sizes_and_scales(op, input, size, scale_factor, mode, recompute_scale_factor)
+    if antialias and input.dtype in _HALVES:
+        _check_half_antialias(op, input, mode, sizes, scales)
+    return sizes, scales
+
+
+def _check_half_antialias(op: str, input, mode: str, sizes, scales) -> None:
+    """Antialiased resizing in half precision: eager's CPU kernel has no weights for it (its
+    ``compute_index_ranges_weights`` raises) but copies the input where no size changes; CUDA's
+    kernel, which resizes both dims in one pass, thunder_rs does not implement."""
+    n = len(sizes)
+    check(
+        input.device.type == "cpu",
+        op,
+        lambda: (
+            f"antialiased {mode} interpolation is not implemented for {input.dtype} on {input.device} (argument input)"
+        ),
+        ThunderNotImplementedError,
+    )
+    unchanged = all(_unchanged(input.shape[input.ndim - n + i], sizes[i], scales[i]) for i in range(n))
+    check(
+        unchanged,
+        op,
+        lambda: (
+            f"antialiased {mode} interpolation is not implemented for {input.dtype} on the CPU where a size "
+            "changes, as in eager (argument input)"
+        ),
+        ThunderNotImplementedError,
+    )
 
 
 def resize(op: str, input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
@@ -525,6 +579,19 @@ def _aten_upsample_backward(grad_output, input_size, mode, align_corners, scales
     return fn(grad_output, list(grad_output.shape[2:]), list(input_size), *corners, *scales)
 
 
+def _aa_backward_meta(grad_output, input_size, mode, align_corners, scales):
+    return [(tuple(input_size), grad_output.dtype, False, None)]
+
+
+#: eager's antialiased backward kernel itself, for half precision: on the CPU it has none and
+#: raises when the backward runs, as in eager (the forward copies where no size changes).
+upsample_aa_backward = OpaqueKernel("upsample_aa_backward", _aa_backward_meta)
+
+
+def _aten_aa_backward(grad_output, input_size, mode, align_corners, scales):
+    return _aten_upsample_backward(grad_output, input_size, mode, align_corners, scales, antialias=True)
+
+
 # -- grad rule -------------------------------------------------------------------------------------
 
 
@@ -539,7 +606,10 @@ def _resize_grad(op: str, forward, input, size, scale_factor, mode, align_corner
             sizes,
         )
     out = forward()
-    grad = upsample_backward(get_grad(out), tuple(input.shape), mode, bool(align_corners), scales, bool(antialias))
+    if antialias and input.dtype in _HALVES:
+        grad = upsample_aa_backward(get_grad(out), tuple(input.shape), mode, bool(align_corners), scales)[0]
+    else:
+        grad = upsample_backward(get_grad(out), tuple(input.shape), mode, bool(align_corners), scales, bool(antialias))
     put_grad(input, grad)
     return out
 
@@ -559,4 +629,4 @@ def interpolate_grad(
 
 
 #: The aten call the torch executor runs for the backward kernel.
-TORCH_IMPLS = {upsample_backward: _aten_upsample_backward}
+TORCH_IMPLS = {upsample_backward: _aten_upsample_backward, upsample_aa_backward: _aten_aa_backward}

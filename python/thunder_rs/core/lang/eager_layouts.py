@@ -100,6 +100,11 @@ def laid_out(func, args: tuple, kwargs: dict) -> bool:
     return False
 
 
+def suggested_format(p):
+    """The memory format ATen's ``suggest_memory_format`` gives for proxy ``p``'s eager strides."""
+    return _suggested(p)
+
+
 def aliases_to(p, memory_format) -> bool:
     """Whether eager's ``p.to(memory_format=...)`` returns ``p`` itself (its strides already
     suggest that format), rather than a copy laid out in it."""
