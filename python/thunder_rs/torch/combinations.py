@@ -18,7 +18,7 @@ __all__ = ["combinations"]
 
 def _combination_table(n: int, r: int, with_replacement: bool, device):
     """The ``(count, r)`` int64 table of the combinations of ``range(n)``, lexicographic."""
-    count = math.comb(n + r - 1, r) if with_replacement else math.comb(n, r)
+    count = _count(n, r, with_replacement)
     grid = (n,) * r
     coords = [prims.broadcast_in_dim(prims.iota(n, 0, 1, device, torch.int64), grid, (k,)) for k in range(r)]
     ordered = prims.le if with_replacement else prims.lt
@@ -26,17 +26,25 @@ def _combination_table(n: int, r: int, with_replacement: bool, device):
     for a, b in zip(coords, coords[1:]):
         pair = ordered(a, b)
         mask = pair if mask is None else prims.bitwise_and(mask, pair)
-    total = n**r
+    total = math.prod(grid)
     if mask is None:  # r == 1: every index
         mask = prims.full((total,), True, device, torch.bool)
     flat_mask = reshape_to(mask, (total,))
     rank = prims.sub(ltorch.cumsum(flat_mask, 0), 1)  # each kept position's row in the table
-    row = prims.where(flat_mask, rank, prims.full((total,), count, device, torch.int64))  # (others: a spare row)
+    spare = ltorch.sum(flat_mask)  # (the count, as a tensor: a symbolic count is no fill value)
+    row = ltorch.where(flat_mask, rank, spare)  # (others: a spare row)
     positions = prims.iota(total, 0, 1, device, torch.int64)
     rows = ltorch.scatter(prims.full((count + 1,), 0, device, torch.int64), 0, row, positions)
     rows = slice_in_dim(rows, 0, 0, count)
-    columns = [prims.remainder(prims.div(rows, n ** (r - 1 - k)), n) for k in range(r)]
+    columns = [prims.remainder(prims.div(rows, math.prod(grid[k + 1 :])), n) for k in range(r)]
     return ltorch.stack(columns, 1)
+
+
+def _count(n, r: int, with_replacement: bool):
+    """``comb(n + r - 1, r)`` or ``comb(n, r)`` as a product over ``r!`` (exact), so that a
+    symbolic ``n`` gives a size expression rather than a guard on its value."""
+    top = math.prod(n + k if with_replacement else n - k for k in range(r))
+    return top // math.factorial(r) if r > 1 else top
 
 
 @torchsymbol(torch.combinations)
