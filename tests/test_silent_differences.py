@@ -1,0 +1,75 @@
+"""Programs that thunder_rs once computed otherwise than eager PyTorch without an error, against
+eager: each now matches eager or is refused naming the construct and the user's line."""
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
+
+REENTRANCY = pytest.mark.parametrize("use_reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+
+
+def _at(fn, lines: int) -> str:
+    """A pattern for the user's line ``lines`` below ``fn``'s ``def``."""
+    return rf"test_silent_differences\.py:{fn.__code__.co_firstlineno + lines}"
+
+
+# ----------------------------------------------------------------------------- random draws in checkpoints
+
+
+def _noised(y, g):
+    return y * torch.rand(y.shape, generator=g)
+
+
+@REENTRANCY
+def test_a_draw_from_a_generator_argument_inside_a_checkpoint_is_refused_naming_the_line(use_reentrant):
+    """Eager's backward runs the checkpointed function again, which draws other numbers from ``g``
+    (``preserve_rng_state`` restores only the default generators): its gradient is ``x``'s noise of
+    the second draw, the compiled call's was the forward's."""
+
+    def program(x, g):
+        return checkpoint(_noised, x, g, use_reentrant=use_reentrant)
+
+    x = torch.randn(4, 8, requires_grad=True)
+    g = torch.Generator().manual_seed(3)
+    program(x, g).sum().backward()
+    assert not torch.equal(x.grad, torch.rand(4, 8, generator=torch.Generator().manual_seed(3)))
+    with pytest.raises(ThunderNotImplementedError, match=_at(_noised, 1) + ": a random draw from a torch"):
+        thunder_rs.jit(program)(x, torch.Generator().manual_seed(3))
+    with torch.no_grad():  # nothing is computed again: the draws are eager's
+        out = thunder_rs.jit(program)(x, torch.Generator().manual_seed(3))
+        assert torch.equal(out, program(x, torch.Generator().manual_seed(3)))
+
+
+@REENTRANCY
+def test_a_draw_from_the_default_generator_inside_a_checkpoint_not_preserving_its_state_is_refused(use_reentrant):
+    """``torch.rand`` without a generator (a ``prims.uniform``, not a fallback) was not refused
+    under ``preserve_rng_state=False``: eager's gradient used new draws, the compiled call's the forward's."""
+
+    def program(x):
+        return checkpoint(lambda y: y * torch.rand(y.shape), x, use_reentrant=use_reentrant, preserve_rng_state=False)
+
+    with pytest.raises(ThunderNotImplementedError, match=_at(program, 1) + ": .*preserve_rng_state=False"):
+        thunder_rs.jit(program)(torch.randn(4, 8, requires_grad=True))
+
+
+@REENTRANCY
+@pytest.mark.parametrize("draw", ["rand", "dropout"])
+def test_default_generator_draws_inside_a_checkpoint_preserving_its_state_train_as_eager(use_reentrant, draw):
+    def block(y):
+        return y * torch.rand(y.shape) if draw == "rand" else torch.nn.functional.dropout(y * 2, 0.5)
+
+    def program(x):
+        return checkpoint(block, x, use_reentrant=use_reentrant)
+
+    results = []
+    for fn in (program, thunder_rs.jit(program)):
+        torch.manual_seed(0)
+        x = torch.randn(4, 8, requires_grad=True)
+        out = fn(x)
+        out.sum().backward()
+        results.append((out, x.grad, torch.get_rng_state()))
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
