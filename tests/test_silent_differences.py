@@ -1,6 +1,8 @@
 """Programs that thunder_rs once computed otherwise than eager PyTorch without an error, against
 eager: each now matches eager or is refused naming the construct and the user's line."""
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -73,3 +75,56 @@ def test_default_generator_draws_inside_a_checkpoint_preserving_its_state_train_
         results.append((out, x.grad, torch.get_rng_state()))
     for eager, compiled in zip(*results):
         assert torch.equal(eager, compiled)
+
+
+# ----------------------------------------------------------------------------- inference tensors argument objects hold
+
+SAVED = "Inference tensors cannot be saved for backward"
+
+
+@dataclass
+class Scale:
+    weight: torch.Tensor
+
+
+def _scaled(x, cfg):
+    return x * cfg.weight
+
+
+def _inference(*shape):
+    with torch.inference_mode():
+        return torch.randn(*shape)
+
+
+@pytest.mark.parametrize("first", ["normal", "inference"])
+def test_an_inference_tensor_an_argument_object_holds_raises_as_eager(first):
+    """``x * cfg.weight`` saves the weight for ``x``'s gradient: eager raises for an inference
+    tensor there. The held tensor's guard lacked the flag (an inference tensor swapped in ran the
+    entry compiled for a normal one), and a first call with one did not raise either."""
+    jitted = thunder_rs.jit(_scaled)
+    x = torch.randn(4, requires_grad=True)
+    if first == "normal":
+        w = torch.randn(4)
+        torch.testing.assert_close(jitted(x, Scale(w)), _scaled(x, Scale(w)), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=SAVED):
+        _scaled(x, Scale(_inference(4)))
+    with pytest.raises(RuntimeError, match=SAVED):
+        jitted(x, Scale(_inference(4)))
+    w = torch.randn(4)  # a normal tensor again, and an inference one where nothing is saved
+    torch.testing.assert_close(jitted(x, Scale(w)), _scaled(x, Scale(w)), rtol=0, atol=0)
+    with torch.no_grad():
+        w = _inference(4)
+        torch.testing.assert_close(jitted(x, Scale(w)), _scaled(x, Scale(w)), rtol=0, atol=0)
+
+
+def test_an_in_place_write_to_an_inference_tensor_an_argument_object_holds_raises_as_eager():
+    def program(x, cfg):
+        cfg.weight.add_(1)
+        return x * 2
+
+    jitted = thunder_rs.jit(program)
+    jitted(torch.randn(4), Scale(torch.randn(4)))
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+        program(torch.randn(4), Scale(_inference(4)))
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+        jitted(torch.randn(4), Scale(_inference(4)))
