@@ -128,3 +128,98 @@ def test_an_in_place_write_to_an_inference_tensor_an_argument_object_holds_raise
         program(torch.randn(4), Scale(_inference(4)))
     with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
         jitted(torch.randn(4), Scale(_inference(4)))
+
+
+# ----------------------------------------------------------------------------- signed zeros of writes through views
+
+
+def _mul_row_by_minus_zero(x):
+    y = x * 1
+    y[0].mul_(-0.0)
+    return y
+
+
+def _write_two_rows(x):
+    y = x * 1
+    y[2].clamp_(max=0.0)
+    y[0].mul_(-0.0)
+    return y
+
+
+def _write_a_block(x):
+    y = x * 1
+    y[1:, 2:].mul_(-0.0)
+    y[:, 1] /= -1e30
+    return y
+
+
+def _write_then_zero_cotangent(x):
+    y = x * 1
+    y[1].masked_fill_(y[1] > 0, 1.0)
+    return y * torch.tensor([[-0.0], [1.0], [2.0]])
+
+
+def _copy_of_a_function_of_the_view(x):
+    y = x * 1
+    v = y[1:]
+    v.copy_(v * -0.0)
+    return y
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        _mul_row_by_minus_zero,
+        _write_two_rows,
+        _write_a_block,
+        _write_then_zero_cotangent,
+        _copy_of_a_function_of_the_view,
+    ],
+)
+def test_gradients_of_writes_through_views_are_eager_s_bit_for_bit(program):
+    """Eager's CopySlices puts an in-place op's gradient of a view's old value in its base's
+    gradient there (``y[0].mul_(-0.0)``: -0.0); the trace added it to zeros (+0.0), and the
+    gradient of the op's read of the view added zeros elsewhere (a -0.0 cotangent became +0.0)."""
+    grads = []
+    for fn in (program, thunder_rs.jit(program)):
+        x = torch.linspace(-1, 1, 12).reshape(3, 4).requires_grad_()
+        out = fn(x)
+        out.backward(torch.ones_like(out))
+        grads.append((out.detach(), x.grad))
+    for eager, compiled in zip(*grads):
+        assert torch.equal(eager, compiled) and torch.equal(eager.signbit(), compiled.signbit())
+
+
+# ----------------------------------------------------------------------------- layouts of written inputs
+
+
+def _divided(x, w):
+    x /= 3.0
+    return x.sin()
+
+
+def _rows_multiplied(x, w):
+    x[1:3].mul_(w)
+    return x.exp() * 3
+
+
+def _rows_assigned(x, w):
+    x[1:3] = w
+    return x.sin()
+
+
+@pytest.mark.parametrize("program", [_divided, _rows_multiplied, _rows_assigned])
+def test_a_transposed_input_written_in_place_gives_its_base_eager_s_gradient_to_the_bit(program):
+    """``x``, a transposed view of ``base``, written in place: eager's CopySlices lays ``base``'s
+    gradient out as ``base`` (contiguous); the compiled gradient of ``x`` was contiguous, so
+    ``base``'s was transposed and the sum over its rows (``leaf``'s expand) was ulps apart."""
+    results = []
+    for fn in (program, thunder_rs.jit(program)):
+        leaf = torch.linspace(-2, 2, 301).reshape(1, 301).requires_grad_()
+        w = torch.linspace(-1, 1, 257).requires_grad_()
+        base = leaf.expand(257, 301) * 1.0
+        out = fn(base.t(), w)
+        out.backward(torch.cos(torch.arange(out.numel(), dtype=torch.float32)).reshape(out.shape))
+        results.append((out.detach(), leaf.grad, w.grad if program is not _divided else w.sum()))
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
