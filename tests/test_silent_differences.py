@@ -96,25 +96,30 @@ def _inference(*shape):
         return torch.randn(*shape)
 
 
+def _dot(x, cfg):
+    return (x @ cfg.weight).reshape(1)
+
+
+@pytest.mark.parametrize("program", [_scaled, _dot])
 @pytest.mark.parametrize("first", ["normal", "inference"])
-def test_an_inference_tensor_an_argument_object_holds_raises_as_eager(first):
+def test_an_inference_tensor_an_argument_object_holds_raises_as_eager(first, program):
     """``x * cfg.weight`` saves the weight for ``x``'s gradient: eager raises for an inference
     tensor there. The held tensor's guard lacked the flag (an inference tensor swapped in ran the
     entry compiled for a normal one), and a first call with one did not raise either."""
-    jitted = thunder_rs.jit(_scaled)
+    jitted = thunder_rs.jit(program)
     x = torch.randn(4, requires_grad=True)
     if first == "normal":
         w = torch.randn(4)
-        torch.testing.assert_close(jitted(x, Scale(w)), _scaled(x, Scale(w)), rtol=0, atol=0)
+        torch.testing.assert_close(jitted(x, Scale(w)), program(x, Scale(w)), rtol=0, atol=0)
     with pytest.raises(RuntimeError, match=SAVED):
-        _scaled(x, Scale(_inference(4)))
+        program(x, Scale(_inference(4)))
     with pytest.raises(RuntimeError, match=SAVED):
         jitted(x, Scale(_inference(4)))
     w = torch.randn(4)  # a normal tensor again, and an inference one where nothing is saved
-    torch.testing.assert_close(jitted(x, Scale(w)), _scaled(x, Scale(w)), rtol=0, atol=0)
+    torch.testing.assert_close(jitted(x, Scale(w)), program(x, Scale(w)), rtol=0, atol=0)
     with torch.no_grad():
         w = _inference(4)
-        torch.testing.assert_close(jitted(x, Scale(w)), _scaled(x, Scale(w)), rtol=0, atol=0)
+        torch.testing.assert_close(jitted(x, Scale(w)), program(x, Scale(w)), rtol=0, atol=0)
 
 
 def test_an_in_place_write_to_an_inference_tensor_an_argument_object_holds_raises_as_eager():
