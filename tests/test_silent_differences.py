@@ -164,6 +164,21 @@ def _write_then_zero_cotangent(x):
     return y * torch.tensor([[-0.0], [1.0], [2.0]])
 
 
+_MASK = torch.tensor([[True, False, True, False]] * 3)
+
+
+def _masked_assignment(x):
+    y = x * -1
+    y[_MASK] = 0.0
+    return y * -0.0
+
+
+def _masked_assignment_through_a_view(x):
+    y = x * -1
+    y[1:][_MASK[1:]] = 0.0
+    return y * torch.tensor([-0.0, 1.0, -0.0, -0.0])
+
+
 def _copy_of_a_function_of_the_view(x):
     y = x * 1
     v = y[1:]
@@ -179,6 +194,8 @@ def _copy_of_a_function_of_the_view(x):
         _write_a_block,
         _write_then_zero_cotangent,
         _copy_of_a_function_of_the_view,
+        _masked_assignment,
+        _masked_assignment_through_a_view,
     ],
 )
 def test_gradients_of_writes_through_views_are_eager_s_bit_for_bit(program):

@@ -231,7 +231,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
         )
     if tracked and torch.is_grad_enabled():
         rebase(dst)
-        if copy and root_grad and dst.numel() == root.numel() and not (fills or selected):
+        if copy and root_grad and dst.numel() == root.numel() and not (fills or selected or overwrite):
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
             value, expanded = prims.where(_nowhere(dst), dst, value), False
         views.write(op, dst, value, root_grad or value_grad, overwrite=overwrite and (root_grad or value_grad))
@@ -663,7 +663,9 @@ def _masked_assign(a, entries: tuple, at: int, value) -> bool:
             )
             value = reshape_to(value, (*value.shape[:at_mask], *(1,) * mask.ndim, *value.shape[at_mask + 1 :]))
     mask = reshape_to(clang.maybe_convert(mask, torch.bool), (1,) * start + tuple(mask.shape) + (1,) * rest)
-    assign(view, where(mask, clang.maybe_convert(value, view.dtype), view), op, copy=True)
+    # (eager's gradient of the old values: the gradient with zeros where the mask is, not added to zeros)
+    new = where(mask, clang.maybe_convert(value, view.dtype), _read_to_overwrite(view))
+    assign(view, new, op, copy=True, overwrite=True)
     return True
 
 
