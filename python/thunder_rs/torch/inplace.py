@@ -166,12 +166,13 @@ def _checkpoint_check(op: str, root) -> None:
         )
 
 
-def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
+def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, overwrite: bool = False):
     """Writes ``value`` into ``dst`` as eager's in-place op ``op`` does; returns ``dst``.
 
     A copy (``copy_``, ``fill_``, indexed assignment) converts any dtype; other in-place ops only
     to a dtype eager may cast their result to. ``tracked=False`` writes a value autograd does not
-    see (BatchNorm's running statistics), as a write under ``torch.no_grad()`` does.
+    see (BatchNorm's running statistics), as a write under ``torch.no_grad()`` does. ``overwrite``:
+    the op computes ``value`` from ``dst``'s old value (``views.write``).
     """
     check(
         isinstance(dst, TensorProxy),
@@ -215,10 +216,10 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
         )
     if tracked and torch.is_grad_enabled():
         rebase(dst)
-        if copy and root_grad and dst.numel() == root.numel() and not (fills or selected):
+        if copy and root_grad and dst.numel() == root.numel() and not (fills or selected or overwrite):
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
             value, expanded = prims.where(_nowhere(dst), dst, value), False
-        views.write(op, dst, value, root_grad or value_grad)
+        views.write(op, dst, value, root_grad or value_grad, overwrite=overwrite and (root_grad or value_grad))
     else:
         if value_grad and not root_grad:
             value = view_scatters.stop_gradient(value)
@@ -233,11 +234,15 @@ def rebase(dst) -> None:
     the whole gradient the write sends back to the root's history, through the written part and
     the rest, is laid out as eager's CopySlices lays it out. Once per value of the root."""
     link = dst._view
-    if link is None or not torch.is_grad_enabled() or views.detached(dst):
+    if not torch.is_grad_enabled() or views.detached(dst) or (link is None and dst._view_grad is None):
         return
-    root = link.root
-    if root._based_vid == root._vid or (root._strides is not None and not is_contiguous(root.shape, root._strides)):
+    # (a trace input that is a view in eager, written whole: its base's CopySlices lays out the gradient)
+    root = dst if link is None else link.root
+    if root._based_vid == root._vid:
         return
+    if root._strides is not None and not is_contiguous(root.shape, root._strides):
+        if view_scatters.memory_order(root) is None:
+            return
     with torch._C.DisableTorchFunctionSubclass():
         if not root.requires_grad or root._history_error is not None:
             return
@@ -308,6 +313,24 @@ def on_copy(fn):
     return functional
 
 
+def _read_to_overwrite(a):
+    """The view ``a`` as the in-place op that overwrites it reads it: taken from its root again,
+    its slices by ``slice_to_overwrite``, whose gradient joins the write's (``slice_overwrite``)
+    as eager's CopySlices joins them."""
+    link = a._view if isinstance(a, TensorProxy) else None
+    if link is None or not torch.is_grad_enabled() or views.detached(a):
+        return a
+    if not all(type(step) is views.PrimStep for step in link.steps):
+        return a
+    with torch._C.DisableTorchFunctionSubclass():
+        if not a.requires_grad:
+            return a
+    read = link.root
+    for step in link.steps:
+        read = view_scatters.slice_to_overwrite(read, *step.params) if step.name == "slice" else step.forward(read)
+    return read
+
+
 def _in_place(fn, name: str, outplace):
     """``fn`` (in place): ``outplace`` when thunder_rs maps it (same arguments), else ``fn`` on a copy."""
     symbol = IN_PLACE_SAMPLERS.get(fn) or TORCH_TO_LTORCH.get(outplace)
@@ -318,12 +341,13 @@ def _in_place(fn, name: str, outplace):
         if isinstance(a, TensorProxy):
             rebase(a)  # (the op reads the view of the root its gradient is laid out through)
         if symbol is not None and not differentiates_complex((a, *args), kwargs):
-            value = symbol(a, *args, **kwargs, **facts)
+            value = symbol(_read_to_overwrite(a), *args, **kwargs, **facts)
             if isinstance(a, TensorProxy) and a._strides is not None:
                 _lay_out_written(a, value, outplace, args, kwargs)
         else:  # complex values carrying gradients are computed by eager's op (``core.complex_calls``)
             value = user_fallback(on_copy(fn), (a, *args), kwargs, effect=is_random(fn))
-        return assign(a, value, name)
+        # (eager's CopySlices puts the op's own gradient of the view's old value in its base's)
+        return assign(a, value, name, overwrite=symbol is not None)
 
     return in_place
 
@@ -624,7 +648,9 @@ def _masked_assign(a, entries: tuple, at: int, value) -> bool:
             )
             value = reshape_to(value, (*value.shape[:at_mask], *(1,) * mask.ndim, *value.shape[at_mask + 1 :]))
     mask = reshape_to(clang.maybe_convert(mask, torch.bool), (1,) * start + tuple(mask.shape) + (1,) * rest)
-    assign(view, where(mask, clang.maybe_convert(value, view.dtype), view), op, copy=True)
+    # (eager's gradient of the old values: the gradient with zeros where the mask is, not added to zeros)
+    new = where(mask, clang.maybe_convert(value, view.dtype), _read_to_overwrite(view))
+    assign(view, new, op, copy=True, overwrite=True)
     return True
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.fallback import user_fallback
+from thunder_rs.core.lang.fallback import refuse_draw_made_again, user_fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
@@ -124,6 +124,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
         f"result type Float can't be cast to the desired output type {input.dtype} (argument input)",
         ThunderRuntimeError,
     )
+    refuse_draw_made_again("torch.nn.functional.dropout")
     noise = prims.uniform(tuple(input.shape), 0.0, 1.0, input.device, upcast(input).dtype)
     keep = prims.convert_element_type(prims.lt(noise, 1.0 - p), input.dtype)
     # input * (keep / (1 - p)), as eager computes it: dropped NaNs stay NaN.

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from thunder_rs import clang, prims
 from thunder_rs.core.base.layouts import is_dense, layout_of
 from thunder_rs.core.lang.eager_layouts import eager_strides
-from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.fallback import fallback, refuse_draw_made_again
 from thunder_rs.core.lang.symint import hint
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.base.proxies import TensorProxy
@@ -105,6 +105,7 @@ def rand(*size, generator=None, out=None, dtype=None, layout=None, device=None, 
     shape = _shape(size, "ltorch.rand")
     if generator is not None:
         return _draw(torch.rand, size, {"generator": generator, "dtype": dtype, "device": device})
+    refuse_draw_made_again("torch.rand")
     return prims.uniform(shape, 0.0, 1.0, _device(device), dtype)
 
 
@@ -131,6 +132,7 @@ def _define_like(name: str):
             # eager's draws fill the input's layout (channels_last: N, H, W, C), then dims as the input's.
             shape = tuple(input.shape)
             device = _device(device or input.device)
+            refuse_draw_made_again(f"torch.{name}")
             drawn = prims.uniform(tuple(shape[d] for d in order), 0.0, 1.0, device, dtype or input.dtype)
             return drawn if order == tuple(range(len(order))) else prims.transpose(drawn, _inverse(order))
         return _draw(fn, (input,), {k: v for k, v in kwargs.items() if v is not None})

@@ -13,10 +13,13 @@ from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.common import slice_indices
 from thunder_rs.torch.shape import every_step, reshape_to, slice_in_dim
+from thunder_rs.core.base.layouts import is_dense, layout_of
 from thunder_rs.core.lang.symint import SymInt, same_shape
 
 __all__ = [
     "slice_scatter",
+    "slice_overwrite",
+    "slice_to_overwrite",
     "select_scatter",
     "diagonal",
     "diagonal_scatter",
@@ -221,6 +224,55 @@ def slice_scatter_grad(input, src, dim=0, start=None, end=None, step=1):
     return out
 
 
+def _overwritten(input, src, dim=0, start=None, end=None, step=1):
+    return torch.slice_scatter(input, src, dim, start, end, step)
+
+
+@torchsymbol(_overwritten, name="slice_overwrite")
+def slice_overwrite(input, src, dim=0, start=None, end=None, step=1):
+    """``slice_scatter`` that writes back an in-place op through a view whose new value the op
+    computes from the old (``v.mul_(s)``): eager's CopySlices puts the op's gradient of the old
+    slice in the base's gradient there, not added to zeros, so the rest of the gradient has -0.0
+    there (adding it changes nothing, so a -0.0 gradient of the op stays -0.0)."""
+    return slice_scatter(input, src, dim, start, end, step)
+
+
+@register_grad(slice_overwrite)
+def _slice_overwrite_grad(input, src, dim=0, start=None, end=None, step=1):
+    out = slice_overwrite(input, src, dim, start, end, step)
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, slice_scatter(g, ltorch.full_like(src, -0.0), dim, start, end, step))
+    if src.requires_grad:
+        d = clang.canonicalize_dim(g.ndim, dim, "ltorch.slice_scatter")
+        put_grad(src, g[(slice(None),) * d + (slice(start, end, step),)])
+    return out
+
+
+def _sliced(a, start, stop, step):
+    return a[tuple(slice(*bounds) for bounds in zip(start, stop, step))]
+
+
+@torchsymbol(_sliced, name="slice_to_overwrite")
+def slice_to_overwrite(a, start, stop, step):
+    """``prims.slice`` of ``a`` that an in-place op reads and writes back (``slice_overwrite``):
+    eager's CopySlices applies the op's backward to the slice of the base's gradient, so the
+    gradient of this read is -0.0 outside the slice, where the write's gradient is all there is."""
+    return prims.slice(a, start, stop, step)
+
+
+@register_grad(slice_to_overwrite)
+def _slice_to_overwrite_grad(a, start, stop, step):
+    out = slice_to_overwrite(a, start, stop, step)
+    g = get_grad(out)
+    config = [(lo, n - (lo + (m - 1) * k + 1), k - 1) for lo, k, n, m in zip(start, step, a.shape, g.shape)]
+    if any(type(m) is int and m == 0 for m in g.shape):
+        put_grad(a, prims.full(tuple(a.shape), -0.0, a.device, a.dtype))
+    else:
+        put_grad(a, prims.pad(g, -0.0, config))
+    return out
+
+
 @register_grad(select_scatter)
 def select_scatter_grad(input, src, dim, index):
     """Eager's: the cotangent with zeros at the index (in its layout) and the cotangent's
@@ -299,8 +351,24 @@ def base_of_write(a):
 @register_grad(base_of_write)
 def _base_of_write_grad(a):
     out = base_of_write(a)
-    put_grad(a, ltorch.clone(get_grad(out), memory_format=torch.contiguous_format))
+    g, order = get_grad(out), memory_order(a)
+    if order is None:
+        put_grad(a, ltorch.clone(g, memory_format=torch.contiguous_format))
+    else:  # a trace input dense in another order (a transposed one): its gradient laid out as it is
+        inverse = tuple(order.index(d) for d in range(len(order)))
+        laid = ltorch.clone(prims.transpose(g, order), memory_format=torch.contiguous_format)
+        put_grad(a, prims.transpose(laid, inverse))
     return out
+
+
+def memory_order(a) -> tuple | None:
+    """The dims of ``a``, a tensor with strides of its own (ints) dense in another order, from the
+    outermost in memory to the innermost; None where it has none, or they are not so."""
+    strides = a._strides if a._view is None else None
+    if strides is None or not all(type(n) is int for n in (*strides, *a.shape)):
+        return None
+    lay = layout_of(tuple(a.shape), tuple(strides))
+    return lay[1] if is_dense(lay) else None
 
 
 @register_grad(written_through_view)

@@ -44,6 +44,7 @@ from thunder_rs.torch.view_scatters import (
     _diagonal_layout,
     diagonal,
     diagonal_scatter,
+    slice_overwrite,
     slice_scatter,
     stop_gradient,
     straight_through,
@@ -84,13 +85,15 @@ class PrimStep(NamedTuple):
     def forward(self, parent):
         return getattr(prims, self.name)(parent, *self.params)
 
-    def inverse(self, parent, new):
-        """The value ``parent`` takes when its view through this prim becomes ``new``."""
+    def inverse(self, parent, new, overwrite: bool = False):
+        """The value ``parent`` takes when its view through this prim becomes ``new`` (computed from
+        the view's old value by an in-place op: ``overwrite``, see ``slice_overwrite``)."""
         if self.name == "transpose":
             perm = self.params[0]
             return prims.transpose(new, tuple(sorted(range(len(perm)), key=lambda i: perm[i])))
         if self.name == "slice":
-            return _slice_back(parent, new, *self.params)
+            start, stop, step = self.params
+            return _slice_back(parent, new, start, stop, step, overwrite)
         return reshape_to(new, parent.shape)  # reshape, squeeze, unsqueezing broadcast_in_dim
 
     def layout(self, shape, strides):
@@ -130,7 +133,7 @@ class PrimStep(NamedTuple):
         )
 
 
-def _slice_back(parent, new, start, stop, step):
+def _slice_back(parent, new, start, stop, step, overwrite=False):
     """``parent`` with its slice ``[start:stop:step]`` (one bound per dim) replaced by ``new``: a
     slice scatter along each dim the slice narrows, innermost first. (Bounds compared as data: a
     symbolic bound that may be the whole dim's scatters, with no guard.)"""
@@ -147,8 +150,8 @@ def _slice_back(parent, new, start, stop, step):
             (*stop[:d], outer.shape[d], *stop[d + 1 :]),
             (*step[:d], 1, *step[d + 1 :]),
         )
-        new = _slice_back(outer, new, *narrowed)
-    return slice_scatter(parent, new, d, start[d], stop[d], step[d])
+        new = _slice_back(outer, new, *narrowed, overwrite)
+    return (slice_overwrite if overwrite else slice_scatter)(parent, new, d, start[d], stop[d], step[d])
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,7 +178,7 @@ class OpaqueStep:
     def forward(self, parent):
         return self.take(parent)
 
-    def inverse(self, parent, new):
+    def inverse(self, parent, new, overwrite: bool = False):
         if self.put is None:
             raise ThunderNotImplementedError(f"{self.refusal} (at {user_location()})")
         return self.put(parent, new)
@@ -419,7 +422,7 @@ def _unseen(through, new, old):
         return through(new, old)
 
 
-def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
+def write(op: str, dst, value, requires_grad: bool, through=None, overwrite: bool = False) -> None:
     """Makes ``dst`` stand for ``value`` (of its shape and dtype), and every tensor that shares
     its memory follow: its root and the root's other live views.
 
@@ -453,7 +456,7 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
         parents.append(step.forward(parents[-1]))
     new = value
     for step, parent in zip(reversed(link.steps), reversed(parents)):
-        new = step.inverse(parent, new)
+        new = step.inverse(parent, new, overwrite)
     if through is not None:
         new = _unseen(through, new, root)
     rebind(root, new, requires_grad)

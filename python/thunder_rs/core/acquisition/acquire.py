@@ -142,7 +142,9 @@ def _trace_program(
     ``reached`` are the objects reachable from the arguments; ``reads`` answers reads of values;
     ``size_inputs`` makes the symbolic sizes (``SizeInputs``)."""
     positions = _tensor_positions(flat_inputs)
-    INFERENCE_MADE[0] = False  # (no proxy made under inference mode yet: ``inference.check_call``)
+    # No proxy made under inference mode yet (``inference.check_call``), but an argument object may hold an
+    # inference tensor, which a call may take before it is a proxy.
+    INFERENCE_MADE[0] = any(held.meta[5] for held in reached.tensors.values())
     prints: list = []
     draws: list = []
     token = recording_prints(prints)

@@ -281,8 +281,8 @@ def held_changes(guards, flat) -> dict | None:
         now = guard.found(flat)
         if now is MISSING or guard.expected is MISSING:
             return None
-        (dtype, device, shape, grad, layout), old = now, guard.expected
-        if (dtype, device, grad) != (old[0], old[1], old[3]) or len(shape) != len(old[2]):
+        (dtype, device, shape, grad, layout, inference), old = now, guard.expected
+        if (dtype, device, grad, inference) != (old[0], old[1], old[3], old[5]) or len(shape) != len(old[2]):
             return None
         dims: set = {d for d, (a, b) in enumerate(zip(old[2], shape)) if a is not None and a != b}
         strides = old[4].strides if type(old[4]) is SymbolicStrides else old[4]

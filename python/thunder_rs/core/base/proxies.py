@@ -108,7 +108,7 @@ class TensorProxy(torch.Tensor):
     #: None where calls take another (a tensor an argument object holds)
     _source: int | weakref.ref | None = None
     #: for a trace input: whether its tensor is an inference tensor, which every call's is (the
-    #: cache key holds it); None for a tensor an argument object holds, which calls may change
+    #: cache key holds it, or the guard of a tensor an argument object holds)
     _inference: bool | None = None
     #: for a trace input standing for a view that requires grad: whether an op records a gradient
     #: through it. A call passes one no op records a gradient through detached: torch's autograd

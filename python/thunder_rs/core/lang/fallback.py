@@ -397,31 +397,53 @@ def _written_arguments(func) -> tuple[str, ...]:
 
 
 class _DrawsAgain(threading.local):
-    """Per thread: how many activation-checkpointed functions run with ``preserve_rng_state=False``
-    the traced program is inside (``torch_overrides.checkpointed``)."""
+    """Per thread: how many activation-checkpointed functions the traced program is inside
+    (``regions``), and how many of them run with ``preserve_rng_state=False`` (``depth``)
+    (``torch_overrides.checkpointed``)."""
 
     depth = 0
+    regions = 0
 
 
 #: Eager runs such a function again in the backward with new random numbers.
 draws_again = _DrawsAgain()
 
 
-def _refuse_draws_made_again(name: str) -> None:
-    if draws_again.depth and torch.is_grad_enabled():
+def refuse_draw_made_again(name: str, generator: torch.Generator | None = None) -> None:
+    """Raises for a random draw (from ``generator``, None for a default one) that eager's backward
+    makes again with other numbers: inside an activation-checkpointed function, which eager runs
+    again in the backward, restoring only the default generators' states (and only with
+    ``preserve_rng_state``)."""
+    if not (draws_again.regions and torch.is_grad_enabled()):
+        return
+    if draws_again.depth:
         raise ThunderNotImplementedError(
             f"{name} at {user_location()}: a random draw inside torch.utils.checkpoint with preserve_rng_state=False; "
             "eager's backward runs the function again with new random numbers (a dropout mask other than the "
             "forward's), which a compiled call does not reproduce. Pass preserve_rng_state=True"
         )
+    if generator is not None and not _is_default_generator(generator):
+        raise ThunderNotImplementedError(
+            f"{name} at {user_location()}: a random draw from a torch.Generator of the program's own (generator=) "
+            "inside torch.utils.checkpoint; eager's backward runs the function again and draws other numbers from "
+            "that generator (preserve_rng_state restores only the default generators), so its gradients use other "
+            "draws than its forward, which a compiled call does not reproduce. Draw outside the checkpointed "
+            "function, or from the default generator"
+        )
 
 
-def _refuse_unrepresentable(func, name: str, kwargs, effect: bool) -> None:
+def _is_default_generator(generator: torch.Generator) -> bool:
+    if generator is torch.default_generator:
+        return True
+    return generator.device.type == "cuda" and any(generator is g for g in torch.cuda.default_generators)
+
+
+def _refuse_unrepresentable(func, name: str, args, kwargs, effect: bool) -> None:
     """Raises for a call the fallback cannot record faithfully: an autograd node's method, a draw
     made again, an in-place call with no functional form, or a call writing an argument."""
     _refuse_autograd_node_methods(func, name)
     if effect:
-        _refuse_draws_made_again(name)
+        refuse_draw_made_again(name, _named_generator(args, kwargs))
     if (name.endswith("_") and not name.endswith("__")) or kwargs.get("inplace"):
         # thunder_rs.torch.inplace functionalises in-place calls first: the executor runs only
         # functions that write nothing.
@@ -447,7 +469,7 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     require grad when a caller's grad rule differentiates the call; the fallback then gets no
     backward of its own (no generator state is returned for one)."""
     name = qualified_name(func)
-    _refuse_unrepresentable(func, name, kwargs, effect)
+    _refuse_unrepresentable(func, name, args, kwargs, effect)
     if effect and recording_backward() and (named := _named_generator(args, kwargs)) is not None:
         backward_draws().add(id(named))
     arg_leaves = tree_flatten((args, kwargs))[0]

@@ -49,8 +49,8 @@ def root_of(p: TensorProxy) -> TensorProxy:
 
 def made_in_inference(p: TensorProxy) -> bool | None:
     """Whether eager's tensor for ``p`` is an inference tensor; None where it is an input's
-    normal tensor (or a view of one), which the call's tensor itself is, or an input's that calls
-    may change (a tensor an argument object holds)."""
+    normal tensor (or a view of one), which the call's tensor itself is. Inputs are keyed on it
+    (arguments) or guarded (the tensors argument objects hold)."""
     root = root_of(p)
     if root._input_vid is not None:
         return True if root._inference else None
@@ -80,7 +80,11 @@ def check_call(func, args, kwargs) -> None:
     """Raises eager's error for a torch call made outside inference mode that takes a tensor the
     program made under it, where eager's raises one (found by running the call on meta tensors)."""
     flat, spec = tree_flatten((args, kwargs))
-    marks = [made_in_inference(x) if isinstance(x, TensorProxy) else None for x in flat]
+    # A tensor not yet a proxy (an argument object's, which the call captures) is the caller's own.
+    marks = [
+        made_in_inference(x) if isinstance(x, TensorProxy) else (isinstance(x, torch.Tensor) and x.is_inference())
+        for x in flat
+    ]
     if not any(marks):
         return
     if torch.is_grad_enabled() and any(m and _requires_grad(x) for x, m in zip(flat, marks)):

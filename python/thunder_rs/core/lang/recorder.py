@@ -167,8 +167,8 @@ class Captures:
         if p is None:
             p = self._proxies[id(t)] = input_proxy(self._rec, t, sizes, strides)
             held = self._held.get(id(t))
-            if held is not None:  # (read per call from the argument object: not in the key)
-                p._inference = p._source = None
+            if held is not None:  # (read per call from the argument object, guarded on its metadata)
+                p._source = None
             self.tensors.append(t if held is None else held.used())
             self.proxies.append(p)
             if self.is_created(t):

@@ -122,11 +122,13 @@ def checkpointed(preserve_rng_state: bool = True):
     ``preserve_rng_state`` its random draws are refused (``fallback.draws_again``)."""
     _checkpointed.depth += 1
     draws_again.depth += not preserve_rng_state
+    draws_again.regions += 1
     try:
         yield
     finally:
         _checkpointed.depth -= 1
         draws_again.depth -= not preserve_rng_state
+        draws_again.regions -= 1
 
 
 def _apply(cls, *args, **kwargs):

@@ -155,13 +155,13 @@ def _tensor_term(guard: TensorGuard, read: str, index: int, scope: dict) -> str 
     expected = guard.expected
     if expected is MISSING or expected[4] is not True:
         return None
-    dtype, device, shape, requires_grad, _ = expected
+    dtype, device, shape, requires_grad, _, inference = expected
     scope[f"t{index}"], scope[f"e{index}"] = dtype, device
     sizes = "".join(f" and s[{d}] == {n!r}" for d, n in enumerate(shape) if n is not None)
     return (
         f"(isinstance(v := {read}, _Tensor) and v.dtype == t{index} and v.device == e{index}"
         f" and v.requires_grad is {requires_grad!r} and len(s := v.shape) == {len(shape)}{sizes}"
-        " and v.is_contiguous())"
+        f" and v.is_contiguous() and v.is_inference() is {inference!r})"
     )
 
 

@@ -520,16 +520,18 @@ class DictGuard:
 
 def tensor_meta(t) -> tuple:
     """What a trace specialises on of a tensor it takes as an input, as the cache key holds it for
-    arguments: dtype, device, shape, requires_grad, and the layout (``core.base.layouts``)."""
-    return (t.dtype, t.device, t.shape, t.requires_grad, t.is_contiguous() or layout(t))
+    arguments: dtype, device, shape, requires_grad, the layout (``core.base.layouts``), and whether
+    it is an inference tensor (eager raises for one an op saves for backward or writes in place)."""
+    return (t.dtype, t.device, t.shape, t.requires_grad, t.is_contiguous() or layout(t), t.is_inference())
 
 
 def _tensor_text(meta) -> str:
     if meta is MISSING:
         return "no tensor"
-    dtype, device, shape, requires_grad, arranged = meta
+    dtype, device, shape, requires_grad, arranged, inference = meta
     sizes = ", ".join("s" if n is None else str(n) for n in shape)
-    text = f"a {str(dtype).removeprefix('torch.')} tensor of shape [{sizes}] on {device}"
+    kind = "inference tensor" if inference else "tensor"
+    text = f"a {str(dtype).removeprefix('torch.')} {kind} of shape [{sizes}] on {device}"
     text += ", requiring grad" if requires_grad else ""
     return text + ("" if arranged is True else f", {describe(arranged)}")
 
@@ -545,10 +547,11 @@ def masked_meta(meta, dims: frozenset):
     inputs)."""
     if meta is MISSING or not dims:
         return meta
-    dtype, device, shape, requires_grad, arranged = meta
+    dtype, device, shape, requires_grad, arranged, inference = meta
     if is_strided(arranged):  # (what the trace decided at its strides: ``layouts.SymbolicStrides``)
         arranged = symbolic_strides(shape, arranged, dims)
-    return (dtype, device, tuple(None if d in dims else n for d, n in enumerate(shape)), requires_grad, arranged)
+    sizes = tuple(None if d in dims else n for d, n in enumerate(shape))
+    return (dtype, device, sizes, requires_grad, arranged, inference)
 
 
 def _read_masked(value, dims: frozenset):
