@@ -211,3 +211,24 @@ def test_a_sparse_keyword_argument_is_refused_as_before():
     jfn = thunder_rs.jit(lambda x, *, k: x * k)
     with pytest.raises(ThunderNotImplementedError, match="sparse"):
         jfn(torch.eye(3).to_sparse(), k=2)
+
+
+def _reads_a_value(x, *, k, scale=1.0):
+    return x * k if bool(x.sum() > 0) else x - k * scale
+
+
+def _run_values():
+    jfn, counts = thunder_rs.jit(_reads_a_value), []
+    for sign in (1, 1, -1, -1, 1, -1):
+        x = torch.rand(3) * sign
+        for kwargs in ({"k": 2}, {"k": 2, "scale": 0.5}):
+            torch.testing.assert_close(jfn(x, **kwargs), _reads_a_value(x, **kwargs))
+            stats = thunder_rs.compile_stats(jfn)
+            counts.append((stats.cache_hits, stats.cache_misses))
+    return counts
+
+
+def test_values_read_hand_over_to_their_variant_as_the_general_path_does(monkeypatch):
+    keyed = _run_values()
+    monkeypatch.setattr(call_paths, "call_key", lambda args, kwargs, extra: None)
+    assert keyed == _run_values()

@@ -237,7 +237,9 @@ def _unrolled_key(arity: int):
     leaves = "".join(f"{tensor_key_source(n)}, " for n in names)
     unpack = f"{', '.join(names)}, = args" if arity else "pass"
     aliases = f"tensor_aliases(args) if {repeated_term(names, 'args')} else None" if arity > 1 else "None"
-    source = f"def key(args, extra):\n  {unpack}\n  aliases = {aliases}\n  return ({GLOBAL_STATE}, ({leaves}))\n"
+    # (The leaves first: a call with a non-tensor argument raises before global state is read.)
+    source = f"def key(args, extra):\n  {unpack}\n  leaves = ({leaves})\n  aliases = {aliases}\n"
+    source += f"  return ({GLOBAL_STATE}, leaves)\n"
     return compiled_key(source, "key", tensor_aliases=tensor_aliases)
 
 

@@ -37,7 +37,16 @@ def call_general(jfn, args, kwargs):
         entry = jfn._cache.get(key)
         if entry is not None and (entry.check is None or entry.check(flat)):
             entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
-            return _run(jfn, entry, key, flat, params, args, kwargs)
+            inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
+            if params is not None:
+                inputs.extend(params)
+            if entry.tail is not None:  # tensors argument objects hold (a KV cache's), read per call
+                inputs.extend(entry.tail(flat))
+            try:
+                out = entry.fn(*inputs)
+            except Exception as e:
+                return _failed(e, jfn, entry, key, flat, args, kwargs)
+            return out if entry.post is None else entry.post(out, flat)
     return _flattened(jfn, args, kwargs, state, params, binding)
 
 
@@ -62,8 +71,7 @@ def _flattened(jfn, args, kwargs, state, params, binding):
 
 
 def _run(jfn, entry, key, flat, params, args, kwargs):
-    """Runs ``entry`` for the call of ``flat`` (``params``: the module's tensors, or None); a
-    divergence hands over to the variant for the values the call read (``_other_path``)."""
+    """Runs ``entry`` for the call of ``flat`` (``params``: the module's tensors, or None)."""
     inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
     if params is not None:
         inputs.extend(params)
@@ -71,14 +79,21 @@ def _run(jfn, entry, key, flat, params, args, kwargs):
         inputs.extend(entry.tail(flat))
     try:
         out = entry.fn(*inputs)
-    except Diverged as d:
-        torch_spec = compile_spec(args, kwargs, flat)
-        if torch_spec is None:  # nothing of the call is visible yet: flattened anew, it runs again
-            return jfn._call_general(args, kwargs)
-        run = lambda e: e.fn(*jfn._inputs(e, flat))  # noqa: E731
-        entry, out = jfn._other_path(d, entry, key, flat, lambda: torch_spec, run, lambda: jfn._fn(*args, **kwargs))
-        if entry is None:
-            return out
     except Exception as e:
-        raise runtime_error(e, entry.filename, entry.source) from e
+        return _failed(e, jfn, entry, key, flat, args, kwargs)
     return out if entry.post is None else entry.post(out, flat)
+
+
+def _failed(e: Exception, jfn, entry, key, flat, args, kwargs):
+    """After ``entry``'s call raised ``e``: a divergence hands over to the variant for the values
+    the call read (``_other_path``) and returns its outputs; any other error is raised as the
+    program's, at the user's line."""
+    if not isinstance(e, Diverged):
+        raise runtime_error(e, entry.filename, entry.source) from e
+    torch_spec = compile_spec(args, kwargs, flat)
+    if torch_spec is None:  # nothing of the call is visible yet: flattened anew, it runs again
+        return jfn._call_general(args, kwargs)
+    run = lambda variant: variant.fn(*jfn._inputs(variant, flat))  # noqa: E731
+    eager = lambda: jfn._fn(*args, **kwargs)  # noqa: E731
+    variant, out = jfn._other_path(e, entry, key, flat, lambda: torch_spec, run, eager)
+    return out if variant is None or variant.post is None else variant.post(out, flat)
