@@ -116,6 +116,14 @@ def test_nestings_that_change_are_keyed_as_the_general_path_keys_them():
             assert keyed[0] == _general_key(args, kwargs)[0]
 
 
+def test_a_nesting_the_general_path_keys_is_written_once():
+    """A namedtuple inside (a node type not opened) leaves the structure's other nestings theirs."""
+    x, y = torch.randn(2), torch.randn(3)
+    for _ in range(call_keys.MAX_NESTINGS + 1):
+        assert call_keys.call_key((x,), {"pair": [1, NT(x, None)]}, None) is None
+    _assert_same_key((x,), {"pair": [y, [x, y]]})
+
+
 def test_a_switch_of_flatten_and_a_new_node_type_make_the_keys_again(monkeypatch):
     x = torch.randn(2)
     args, kwargs = (x,), {"box": Box(x), "k": 1}

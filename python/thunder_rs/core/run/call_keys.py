@@ -42,7 +42,7 @@ MAX_NESTINGS = 4
 
 #: structure -> its key function made last (which hands a call nesting otherwise to the one before)
 _functions: dict = {}
-#: structure -> how many key functions it has (``MAX_NESTINGS`` where the general path keys it)
+#: structure -> how many key functions it has
 _made: dict = {}
 #: The flatten and the number of torch's pytree node types the functions in ``_functions`` follow.
 _made_for: list = [None, -1]
@@ -62,7 +62,7 @@ def call_key(args, kwargs, extra):
             keyed = _another(structure, args, kwargs)(args, kwargs, extra)
     except RuntimeError:  # a sparse tensor has no strides: the general path's ``leaf_key`` says why
         return None
-    return keyed
+    return keyed or None  # (False: a nesting the general path keys)
 
 
 def _forget() -> None:
@@ -83,7 +83,7 @@ def _another(structure: tuple, args, kwargs):
 
 
 def _general(args, kwargs, extra) -> None:
-    """The key function of calls left to the general path."""
+    """The last key function of every structure: None for a call nesting as none before it."""
     return None
 
 
@@ -135,7 +135,7 @@ class _Source:
 def key_function(args, kwargs, other=_general):
     """The key function of the call's structure and nesting (``call_key``), which hands a call
     nesting otherwise to ``other``. Where the flatten finds other leaves (a namedtuple, an
-    OrderedDict: node types not opened here), it returns None for calls nesting so."""
+    OrderedDict: node types not opened here), it returns False for calls nesting so."""
     source = _Source()
     names = [source.local() for _ in (*args, *kwargs)]
     if args:
@@ -176,9 +176,9 @@ def _replaced(value, stand_in):
 
 def _written(source: _Source, keyed: bool) -> str:
     """The key function's source: the unpacking and checks, then the aliases, the key and the
-    leaves (``keyed``), or None."""
+    leaves (``keyed``), or False."""
     if not keyed:
-        return "def key(args, kwargs, extra):\n" + "".join(f"  {line}\n" for line in (*source.lines, "return None"))
+        return "def key(args, kwargs, extra):\n" + "".join(f"  {line}\n" for line in (*source.lines, "return False"))
     keys, identities = [], []
     for name, value in source.leaves:
         kind = type(value)
