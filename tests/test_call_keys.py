@@ -191,7 +191,7 @@ def _run_sequence(grad: bool):
 
 
 @pytest.mark.filterwarnings("ignore:thunder_rs. _program recompiled")
-@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("grad", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_hits_and_misses_are_the_general_paths(monkeypatch, grad):
     keyed = _run_sequence(grad)
     monkeypatch.setattr(call_paths, "call_key", lambda args, kwargs, extra: None)
