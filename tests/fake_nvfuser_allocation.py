@@ -30,6 +30,8 @@ extent is 1 or it is an expanded broadcast (an input's dim declared so, or of co
 Matmul, linear and SDPA outputs, which the pass skips, the stand-in has none of.
 """
 
+from fake_nvfuser_binding import nvf_check
+
 
 class Groups:
     """The EXACT graph's groups: a union-find over the definition's dims."""
@@ -71,13 +73,16 @@ def check_stride_order(arg, stride_order):
     """What ``ops.stride_order`` checks of its ``stride_order`` (``[]`` asks for none)."""
     if not stride_order:
         return
-    assert arg.ndim == len(stride_order), (
-        f"Expected (ndims)==(std::ssize(stride_order)) . Found {arg.ndim} vs {len(stride_order)}. "
-        "Operator stride_order expects `stride_order` argument to have the same length as input!"
+    nvf_check(
+        arg.ndim == len(stride_order),
+        "(ndims)==(std::ssize(stride_order))",
+        f"Found {arg.ndim} vs {len(stride_order)}. ",
+        "Operator stride_order expects `stride_order` argument to have the same length as input!",
     )
-    assert sorted(stride_order) == list(range(arg.ndim)), (
-        "Expected std::is_permutation( stride_order.begin(), stride_order.end(), inc_vec.begin()) . "
-        f"Stride order is not valid: {', '.join(map(str, stride_order))}"
+    nvf_check(
+        sorted(stride_order) == list(range(arg.ndim)),
+        "std::is_permutation( stride_order.begin(), stride_order.end(), inc_vec.begin())",
+        f"Stride order is not valid: {', '.join(map(str, stride_order))}",
     )
 
 

@@ -22,12 +22,16 @@ extent stands as ``SYMBOLIC_EXTENT`` (only ranks and dtypes are checked against 
 concretizes symbolic extents when it executes); ``execute`` computes the real ones.
 """
 
+import traceback
+
 import torch
 
 import fake_nvfuser_allocation as allocation
+import fake_nvfuser_checks as checks
 import fake_nvfuser_binding as binding
 import fake_nvfuser_layouts as layouts
 import fake_nvfuser_promotion as promotion
+import fake_nvfuser_signatures as signatures
 from fake_nvfuser_layouts import compute_tensor_descriptor  # noqa: F401 (a name of the bindings)
 from fake_nvfuser_promotion import DEFAULT, FLOAT_ONLY, FLOAT_OP, HALF, PYTHON_TYPES, DataType
 from fake_nvfuser_ops import BITWISE, DEFAULT_BINARY, FLOAT_UNARY, IS_OPS, LOGICAL_BINARY, NO_HALF_KERNEL, SAME_DTYPE
@@ -103,6 +107,7 @@ def compute_types(config, operands, cast_half_to_float=True):
 # -- recording ----------------------------------------------------------------------------------------
 
 _current: list = []
+_check = binding.nvf_check  # NVF_CHECK: a RuntimeError "Expected <condition> . <message>"
 
 
 def _fd():
@@ -275,8 +280,10 @@ def _bitwise(name, fn, logical):
     def op(lhs, rhs):
         dtypes = [_operand(x)[1] for x in (lhs, rhs)]
         for dtype in dtypes:
-            assert not dtype.is_floating_point, (
-                f"Integer or boolean input is required for {name} but found {DataType(dtype).name}"
+            _check(
+                not dtype.is_floating_point,
+                "isIntegralType(v->dtype()) || isBooleanType(v->dtype())",
+                f"Integer or boolean input is required for {name} but found {DataType(dtype).name}",
             )
         if dtypes == [torch.bool, torch.bool]:
             return getattr(ops, logical)(lhs, rhs)
@@ -366,7 +373,7 @@ def _sum_dtype(arg_dtype, dtype):
 
 
 def _max_dtype(arg_dtype, dtype):
-    assert dtype is None, "A dtype other than Null is not currently supported."
+    _check(dtype is None, "dtype == DataType::Null", "A dtype other than Null is not currently supported.")
     return arg_dtype
 
 
@@ -382,7 +389,7 @@ def _variance_dtype(dtype):
 
 
 def _var(arg, dims, correction=1, keepdim=False):
-    assert correction >= 0, f"correction must be non-negative, but got {correction}"
+    _check(correction >= 0, "correction >= 0", f"correction must be non-negative, but got {correction}")
     out_dtype, axes = _variance_dtype(arg.meta.dtype), _reduce_dims(arg.ndim, dims)
     if arg.meta.dtype in HALF:  # its mean is a sum ReductionOp of the half dtype
         _fd().unsupported.append(f"a sum ReductionOp of {arg.dtype().name} (variance's mean)")
@@ -396,9 +403,13 @@ def _var(arg, dims, correction=1, keepdim=False):
 
 
 def _var_mean(arg, dims, correction=1, keepdim=False):
-    assert correction >= 0, f"correction must be non-negative, but got {correction}"
+    _check(correction >= 0, "correction >= 0", f"correction must be non-negative, but got {correction}")
     dtype = arg.meta.dtype
-    assert dtype not in HALF, f"variance_mean is not supported for {DataType(dtype).name} please upcast to float"
+    _check(
+        dtype not in HALF,
+        "!(dtype == DataType::Half ...)",
+        f"variance_mean is not supported for {DataType(dtype).name} please upcast to float",
+    )
     axes = _reduce_dims(arg.ndim, dims)
     return _record(
         "var_mean",
@@ -414,9 +425,7 @@ def _scan(name, fn):
     not upcast to float"), computed in it."""
 
     def op(arg, dim, init=None):
-        assert -arg.ndim <= dim < arg.ndim, (
-            f"Expected dim >= 0 && dim < ndim . Tried to access out of boundary index {dim}"
-        )
+        _check(-arg.ndim <= dim < arg.ndim, "dim >= 0 && dim < ndim", f"Tried to access out of boundary index {dim}")
         return _record(name, lambda a: fn(a, dim).to(a.dtype), (arg,))
 
     op.__name__ = name
@@ -427,7 +436,6 @@ def _scan(name, fn):
 
 
 def _broadcast_in_dim(a, shape, broadcast_dims):
-    assert len(broadcast_dims) == a.ndim, "broadcast_in_dim: one broadcast dim per input dim"
     if _defined_by_scalars(a, shape):
         return a.new_empty(_ints(shape))
     view = [1] * len(shape)
@@ -459,15 +467,8 @@ def _padded_sizes(shape, widths) -> list:
     return sizes
 
 
-def _same_category(a, b):
-    """``hasSimilarDtype`` (alias.cpp): both floating, both integral, or both bool."""
-    return a == b or (a.is_floating_point == b.is_floating_point and (a == torch.bool) == (b == torch.bool))
-
-
 def _pad(arg, pad_widths, value=None):
-    assert len(pad_widths) <= 2 * arg.ndim, "Number of pad widths must be at most twice the input dimension"
-    if value is not None:
-        assert _same_category(arg.meta.dtype, _operand(value)[1]), "Tensor arg and pad value must have the same dtype."
+    checks.pad(arg.ndim, pad_widths, arg.meta.dtype, None if value is None else _operand(value)[1])
 
     def run(a, widths, v):
         if isinstance(v, torch.Tensor):  # a scalar Val: its value (none yet while defining, on meta)
@@ -483,22 +484,13 @@ def _pad(arg, pad_widths, value=None):
 
 
 def _cat(tensors, dim=0, manual_padding=False):
-    dtypes = [t.meta.dtype for t in tensors]
-    assert all(d == dtypes[0] for d in dtypes), "Can't concatenate tensors with different data types: " + ", ".join(
-        DataType(d).name for d in dtypes
-    )
+    checks.cat([t.meta.dtype for t in tensors])
     rule = allocation.catted(list(tensors), dim)
     return _record("cat", lambda ts: torch.cat(ts, dim), (list(tensors),), expanded=layouts.none_expanded, ids=rule)
 
 
 def _iota(length, start=None, step=None, dtype=DataType.Int):
-    assert not _operand(length)[1].is_floating_point, f"length must be integer, but get dtype {_operand(length)[1]}"
-    for what, v in (("start", start), ("step", step)):
-        if v is not None:
-            got = _operand(v)[1]
-            assert got.is_floating_point == dtype.value.is_floating_point, (
-                f"iota: {what} dtype does not match specified dtype argument, should be {dtype.name} but get {got}"
-            )
+    checks.iota(*(None if v is None else _operand(v)[1] for v in (length, start, step)), dtype)
     fd = _fd()
 
     def run(n, s, st):
@@ -532,7 +524,11 @@ def _cast(arg, dtype):
 
 
 def _where(condition, x, y):
-    assert _operand(condition)[1] == torch.bool, f"Condition should be of DataType Bool, not {_operand(condition)[1]}"
+    _check(
+        _operand(condition)[1] == torch.bool,
+        "c->getDataType() == DataType::Bool",
+        f"Condition should be of DataType Bool, not {_operand(condition)[1]}",
+    )
     # where computes its common dtype without turning halves into Float.
     dtype = compute_types(DEFAULT, (x, y), cast_half_to_float=False)
 
@@ -550,7 +546,11 @@ def _sign(arg):
 
 def _bitwise_not(arg):
     dtype = _operand(arg)[1]
-    assert not dtype.is_floating_point, f"input must have integral or boolean type, but got {DataType(dtype).name}"
+    _check(
+        not dtype.is_floating_point,
+        "isBooleanType(v->dtype())",
+        f"input must have integral or boolean type, but got {DataType(dtype).name}",
+    )
     return _elementwise("bitwise_not", torch.bitwise_not, (arg,), dtype)
 
 
@@ -571,6 +571,7 @@ class _Ops:
         self.logical_not = lambda arg: _elementwise("logical_not", torch.logical_not, (arg,), torch.bool)
 
     def broadcast_in_dim(self, arg, shape, broadcast_dims):
+        checks.broadcast_in_dim(arg, shape, broadcast_dims)
         return _record(
             "broadcast_in_dim",
             _broadcast_in_dim,
@@ -591,7 +592,7 @@ class _Ops:
         return [self.size(arg, d) for d in range(arg.ndim)]
 
     def permute(self, arg, dims):
-        assert len(dims) == arg.ndim, "Operator permute expects `dims` argument to have the same length as input!"
+        checks.permute(arg.ndim, dims)
         return _record(
             "permute",
             lambda a, d: a.permute(d),
@@ -601,10 +602,7 @@ class _Ops:
         )
 
     def slice(self, arg, start_indices, end_indices, strides=None, manual_normalization=False):
-        assert all(step == 1 for step in strides or ()), (
-            "Expected stride_idx->isConstInt() && stride_idx->evaluate().as<int64_t>() == 1 . "
-            "nvFuser Limitation: All slice operation strides must be of const size 1."
-        )
+        checks.slice_(arg, start_indices, end_indices, strides)
         return _record(
             "slice",
             _slice,
@@ -631,7 +629,7 @@ class _Ops:
         return _evaluated_by_aten("index_select", out)
 
     def take_along_axis(self, arg, index, dim):
-        assert arg.ndim == index.ndim, "Tensor arguments have different dimensions"
+        checks.indexing(arg, index, dim)
         out = _record(
             "take_along_axis",
             lambda a, i: torch.take_along_dim(a, i, dim),
@@ -642,7 +640,7 @@ class _Ops:
         return _evaluated_by_aten("take_along_axis", out)
 
     def gather(self, arg, index, dim):
-        assert arg.ndim == index.ndim, "Tensor arguments have different dimensions"
+        checks.indexing(arg, index, dim)
         # indexing.cpp gather: the index's IterDomains.
         out = _record(
             "gather",
@@ -664,6 +662,7 @@ class _Ops:
 
 
 ops = _Ops()
+signatures.enforce(ops)  # the calls nvfuser_direct 0.2.36's overloads take, and no others
 
 
 class FusionDefinition:
@@ -691,10 +690,18 @@ class FusionDefinition:
         _current.append(self)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exception_type, exception_value, exception_traceback):
         _current.remove(self)
+        if exception_type is not None:  # as nvfuser_direct/__init__.py's: printed, and propagated
+            print(f"Exception occurred: {exception_type.__name__}: {exception_value}")
+            print("Traceback (most recent call last):")
+            traceback.print_tb(exception_traceback)
 
-    def define_tensor(self, shape, contiguity=False, dtype=DataType.Float, is_cpu=False, stride_order=()):
+    def define_tensor(self, *args, **kwargs):
+        signatures.check_call("define_tensor", signatures.DEFINE_TENSOR, args, kwargs)
+        return self._define_tensor(*args, **kwargs)
+
+    def _define_tensor(self, shape, contiguity=False, dtype=DataType.Float, is_cpu=False, stride_order=()):
         for i, s in enumerate(shape):  # verifyShape (python_common/python_utils.cpp)
             binding.nvf_check(
                 s >= -1,
@@ -728,7 +735,13 @@ class FusionDefinition:
         self._inputs.append((tv, spec))
         return tv
 
-    def define_scalar(self, value=None, dtype=None):
+    def define_scalar(self, *args, **kwargs):
+        signatures.check_call("define_scalar", signatures.DEFINE_SCALAR, args, kwargs)
+        if args and isinstance(args[0], DataType):  # the first overload, define_scalar(dtype), by position
+            return self._define_scalar(None, *args, **kwargs)
+        return self._define_scalar(*args, **kwargs)  # (a value of None is symbolic too: monostate)
+
+    def _define_scalar(self, value=None, dtype=None):
         if value is None:  # symbolic: an input of the fusion (of Double unless told)
             dtype = dtype or DataType.Double
             sample = SYMBOLIC_SAMPLE[dtype.value.is_floating_point] if dtype != DataType.Bool else True
@@ -746,7 +759,7 @@ class FusionDefinition:
         assert isinstance(output, Val) and output.fd is self, "add_output: a value of this FusionDefinition"
         self._outputs.append(output)
 
-    def execute(self, inputs, *, device=None, **options):
+    def execute(self, inputs, *, device=None, save_repro_inputs=False, _enable_options=(), _disable_options=()):
         # validate_definition (nvfuser_direct/__init__.py), then the bindings' inputs and device
         # (fake_nvfuser_binding); FusionKernelRuntime::runWithInputs counts them.
         if not self._outputs:

@@ -247,6 +247,23 @@ def test_a_mask_that_alone_requires_grad_is_differentiated_by_the_decomposition(
     assert "efficient_attention" not in str(thunder_rs.last_traces(jfn)[-1])
 
 
+@pytest.mark.parametrize("backend", [EFFICIENT, CUDNN, MATH], ids=["efficient", "cudnn", "math"])
+def test_dropout_with_a_mask_that_alone_requires_grad_is_refused_where_a_kernel_draws_it(backend, fake, monkeypatch):
+    """Where torch chooses a fused kernel, eager's dropout is drawn inside it; the decomposition,
+    which differentiates a mask that alone requires grad, would draw with aten's dropout: other
+    values than eager's forward. The math path draws as eager's math path does."""
+    choosing(monkeypatch, backend)
+    jfn = thunder_rs.jit(attention(dict(dropout_p=0.5)))
+    with fake:
+        q, k, v = (fake_leaf((2, 4, 16, 64), torch.bfloat16, grad=False) for _ in range(3))
+        mask = fake_leaf((16, 16), torch.bfloat16)
+        if backend == MATH:
+            assert [metadata(g) for g in backward(jfn(q, k, v, mask)) if g is not None] == [metadata(mask)]
+            return
+        with pytest.raises(ThunderNotImplementedError, match=r"draws its dropout inside the kernel.*dropout_p"):
+            jfn(q, k, v, mask)
+
+
 def test_cudnn_with_a_mask_requiring_grad_is_refused(fake, monkeypatch):
     choosing(monkeypatch, CUDNN)
     jfn = thunder_rs.jit(attention({}))

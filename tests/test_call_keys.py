@@ -173,6 +173,9 @@ def _sequence():
         lambda: ((x,), {"past": [(m, m)], "config": Config(3.0)}),
         lambda: ((x,), {"past": [(m, m)], "config": Config(4.0)}),
         lambda: ((x, 2.5), {"mask": torch.randn(2, 3)}),
+        lambda: ((x, 1.5), {"mask": m}),  # a float that changes: an input of the trace (float_args)
+        lambda: ((x, 0.5), {"mask": m}),
+        lambda: ((x,), {"mask": m, "config": Config(0.25)}),
         lambda: ((x,), {"past": (NT(m, m),)}),
         lambda: ((x,), {"past": (NT(m, m),)}),
     ]

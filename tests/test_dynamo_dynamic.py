@@ -185,3 +185,25 @@ def test_layers_train_under_the_backend_as_eager_in_one_compile_per_graph(name):
         for b, c in zip(model.buffers(), eager.buffers(), strict=True):
             torch.testing.assert_close(b, c, **TOL)
     assert compiles() == [1, 1]
+
+
+def test_a_changing_float_is_one_compile_of_its_graph():
+    """Dynamo passes a float that changed as a 0-d float64 tensor the graph reads with ``.item()``:
+    the graph takes the float itself, as a float input from its first compile, so every value is
+    served by one compile with eager's results (a wrapped number: bfloat16 stays bfloat16), and the
+    backward reads the call's float."""
+    x = torch.randn(8, dtype=torch.bfloat16)
+    w = torch.randn(8, requires_grad=True)
+
+    def fn(x, w, s):
+        return x * s + s, (w * s).sum() * s
+
+    compiled = torch.compile(fn, backend="thunder_rs")
+    for s in (0.1, 0.2, 0.3, -0.0, 2.5, 0.7):
+        w1, w2 = (w.detach().clone().requires_grad_() for _ in range(2))
+        expected, got = fn(x, w1, s), compiled(x, w2, s)
+        expected[1].backward()
+        got[1].backward()
+        assert all(torch.equal(e, g) and e.dtype == g.dtype for e, g in zip(expected, got)), s
+        assert torch.equal(w1.grad, w2.grad), s
+    assert compiles() == [1, 1]  # the graph of the first value, then the graph taking the float

@@ -494,3 +494,17 @@ def test_every_cuda_test_is_in_the_checks_selection():
             if kind != "gpu" or not (name in selected or node in selected or name == "tests/test_ops.py"):
                 missing.append(f"{node} ({kind})")
     assert not missing
+
+
+def test_every_test_the_check_names_exists():
+    """A node id of a renamed test would stop pytest before it runs anything ("not found"):
+    each file the check selects exists, and each node names a test function of its file."""
+    import re  # noqa: PLC0415
+
+    missing = []
+    for entry in gpu_check.TESTS + gpu_check.SYMBOLIC_TESTS:
+        path, _, test = entry.partition("::")
+        source = (ROOT / path).read_text() if (ROOT / path).exists() else None
+        if source is None or (test and not re.search(rf"^def {re.escape(test)}\(", source, re.MULTILINE)):
+            missing.append(entry)
+    assert not missing

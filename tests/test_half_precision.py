@@ -198,3 +198,58 @@ def test_sigmoids_gradient_is_eagers_kernel(dtype):
 
     torch.manual_seed(0)
     assert_equal_to_eager(quick_gelu, ((torch.randn(4, 64) * 3).to(dtype).requires_grad_(),))
+
+
+# -- ops eager writes in Python, under autocast ----------------------------------------------------
+
+LRN_SHAPES = {"1-d": (2, 6, 7), "2-d": (2, 6, 5, 4), "3-d": (2, 5, 3, 4, 2)}
+
+
+@pytest.mark.parametrize("shape", list(LRN_SHAPES))
+@pytest.mark.parametrize("low", HALF, ids=str)
+def test_local_response_norm_under_cpu_autocast_is_eagers(low, shape):
+    """``F.local_response_norm`` is Python in eager, so CPU autocast casts the ops it calls:
+    avg_pool3d (2-d and 3-d images) to float32, and the result is float32. The symbol's
+    decomposition ran unautocast: avg_pool3d of the linear's lower-precision output, which has no
+    CPU kernel in bfloat16 or float16 (refused at run time)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(LRN_SHAPES[shape][-1], 8), torch.nn.LocalResponseNorm(3))
+    x = torch.randn(LRN_SHAPES[shape]).requires_grad_()
+
+    def fn(x):
+        with torch.autocast("cpu", dtype=low):
+            return model(x)
+
+    jmodel = thunder_rs.jit(model)
+
+    def jfn(x):
+        with torch.autocast("cpu", dtype=low):
+            return jmodel(x)
+
+    expected = _grads_of(lambda x, *params: fn(x).float(), (x, *model.parameters()))
+    actual = _grads_of(lambda x, *params: jfn(x).float(), (x, *model.parameters()))
+    assert fn(x).dtype == jfn(x).dtype
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        assert a.dtype == e.dtype and torch.equal(a, e), i
+
+
+@pytest.mark.parametrize("shape", list(LRN_SHAPES))
+def test_local_response_norm_under_cuda_autocast_has_eagers_dtype(shape):
+    """CUDA autocast casts ``pow`` to float32, so eager's local response norm of a float16
+    tensor is float32; the decomposition gave float16. (Fake CUDA tensors: dtypes only.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+
+    mode = FakeTensorMode()
+    with mode:
+        x = torch.empty(LRN_SHAPES[shape], device="cuda", dtype=torch.float16)
+    jfn = thunder_rs.jit(lambda x: F.local_response_norm(x, 3))
+    was, previous = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)  # torch.autocast("cuda") stays off without a GPU
+    torch.set_autocast_dtype("cuda", torch.float16)
+    try:
+        with mode:
+            dtypes = F.local_response_norm(x, 3).dtype, jfn(x).dtype
+    finally:
+        torch.set_autocast_enabled("cuda", was)
+        torch.set_autocast_dtype("cuda", previous)
+    assert dtypes == (torch.float32, torch.float32)

@@ -294,6 +294,7 @@ CUDNN_CASES = [
     ((2, 1025, 2, 2), torch.float32, 0, 0, True),
     ((0, 3, 5, 6), torch.float32, 0, 0, True),
     ((2, 3, 5, 6, 4), torch.float32, 0, 0, True),
+    ((1, 1, 1, 2**31 - 1), torch.float32, 0, 0, True),  # INT32_MAX elements: no 32-bit indexing
 ]
 
 
@@ -315,3 +316,118 @@ def test_grid_sampler_backward_on_cuda_is_the_one_of_the_forward_aten_chose(case
     assert ("cudnn_grid_sampler_backward.default" in backward.called) == by_cudnn
     # (the cases cuDNN takes, where torch was built with it)
     assert by_cudnn == (cudnn_enabled and torch.backends.cudnn.is_available() and case in CUDNN_CASES[:2])
+
+
+def _sampled(x, grid):
+    return F.grid_sample(x, grid, align_corners=True)  # (bilinear, zeros: cuDNN's kernel takes it)
+
+
+def _backward_kernels(fn, forward_enabled: bool, backward_enabled: bool) -> tuple[list, list]:
+    """The aten calls of ``fn``'s forward on fake CUDA tensors under ``torch.backends.cudnn.enabled
+    == forward_enabled``, and of its backward node under ``backward_enabled``."""
+    with FakeTensorMode():
+        x = torch.empty(2, 3, 5, 6, device="cuda", requires_grad=True)
+        grid = torch.empty(2, 3, 3, 2, device="cuda", requires_grad=True)
+        with torch.backends.cudnn.flags(enabled=forward_enabled), _KernelsCalled() as forward:
+            out = fn(x, grid)
+        cotangents: list = [None] * len(out.grad_fn._input_metadata)
+        cotangents[out.output_nr] = torch.ones_like(out)
+        with torch.backends.cudnn.flags(enabled=backward_enabled), _KernelsCalled() as backward, torch.no_grad():
+            getattr(out.grad_fn, "apply", out.grad_fn)(*cotangents)
+    return forward.called, backward.called
+
+
+@pytest.mark.skipif(not torch.backends.cudnn.is_available(), reason="torch built without cuDNN")
+@pytest.mark.parametrize("forward_enabled", [True, False], ids=["cudnn_forward", "aten_forward"])
+def test_grid_sample_backward_on_cuda_follows_the_switch_its_forward_ran_under(forward_enabled):
+    """Eager's autograd differentiates the kernel its forward ran (cuDNN's under
+    ``torch.backends.cudnn.enabled``), whatever the switch is when the backward runs; the trace
+    ran the backward that the switch named then."""
+    jitted = thunder_rs.jit(_sampled)
+    for fn in (_sampled, jitted):
+        forward, backward = _backward_kernels(fn, forward_enabled, not forward_enabled)
+        assert ("cudnn_grid_sampler.default" in forward) == forward_enabled
+        assert ("cudnn_grid_sampler_backward.default" in backward) == forward_enabled, fn
+        assert ("grid_sampler_2d_backward.default" in backward) != forward_enabled, fn
+    # A changed switch compiles again, naming it.
+    assert _backward_kernels(jitted, not forward_enabled, not forward_enabled)[1] != backward
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("forward_enabled", [True, False], ids=["cudnn_forward", "aten_forward"])
+def test_on_cuda_grid_sample_gradients_follow_the_forwards_switch_as_eagers(forward_enabled):
+    """The twin of the fake-CUDA test above on a GPU: values and gradients bit-equal to eager's
+    with the switch flipped between the forward and the backward."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(2, 3, 5, 6, device="cuda", generator=gen)
+    grid = torch.rand(2, 3, 3, 2, device="cuda", generator=gen) * 2 - 1
+
+    def run(fn):
+        a, g = x.clone().requires_grad_(), grid.clone().requires_grad_()
+        with torch.backends.cudnn.flags(enabled=forward_enabled):
+            out = fn(a, g)
+        with torch.backends.cudnn.flags(enabled=not forward_enabled):
+            out.backward(torch.linspace(-1, 1, out.numel(), device="cuda").reshape(out.shape))
+        return out, a.grad, g.grad
+
+    for actual, expected in zip(run(thunder_rs.jit(_sampled)), run(_sampled), strict=True):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+# -- max pooling's backward kernel called directly -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dims,shape", [(2, (1, 2, 5, 6)), (3, (1, 2, 3, 4, 5)), (2, (0, 2, 5, 6))], ids=["2d", "3d", "empty"]
+)
+@pytest.mark.parametrize("differentiated", [(False, True), (True, True)], ids=["input", "both"])
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16], ids=str)
+def test_max_pool_backward_kernel_is_differentiated_as_eager(dims, shape, dtype, differentiated):
+    """aten's ``max_pool{2,3}d_with_indices_backward``: its result requires grad where the input
+    does, which gets zeros (``zeros_like(self)``), and the cotangent gets the gradient gathered
+    at the indices (``max_pool_double_backward``)."""
+    backward = {
+        2: torch.ops.aten.max_pool2d_with_indices_backward.default,
+        3: torch.ops.aten.max_pool3d_with_indices_backward.default,
+    }[dims]
+    pool = {2: F.max_pool2d, 3: F.max_pool3d}[dims]
+    x = randn(*shape, dtype=dtype)
+    g = randn(*pool(x, 2, 1).shape, dtype=dtype, seed=1)
+
+    def program(g, x):
+        _, indices = pool(x.detach(), 2, 1, return_indices=True)
+        return backward(g, x, [2] * dims, [1] * dims, [0] * dims, [1] * dims, False, indices)
+
+    assert_bit_equal_to_eager(program, [g, x], differentiated)
+
+
+# -- reflection and replication padding's backward ---------------------------------------------------
+
+PAD_CASES = {
+    "1d": ((2, 3, 7), (3, 2)),
+    "1d no batch": ((3, 7), (2, 4)),
+    "2d": ((2, 3, 5, 6), (2, 3, 1, 4)),
+    "3d": ((1, 2, 4, 5, 6), (1, 2, 3, 1, 2, 3)),
+    "cropped": ((2, 3, 5, 6), (-1, 3, 2, -2)),
+    "empty batch": ((0, 3, 5, 6), (1, 2, 2, 1)),
+}
+
+
+@pytest.mark.parametrize(
+    *sweep(
+        case=list(PAD_CASES),
+        mode=["reflect", "replicate"],
+        dtype=DTYPES,
+        layout=["contiguous", "stepped", "channels_last"],
+    )
+)
+def test_index_padding_gradient_is_eagers(case, mode, dtype, layout):
+    """Eager's ``reflection_pad*d_backward`` and ``replication_pad*d_backward``: each output
+    element's gradient added into its source in the output's row-major order."""
+    shape, pad = PAD_CASES[case]
+    if mode == "reflect" and min(pad) < 0:
+        pytest.skip("reflect padding crops nothing")
+    if layout == "channels_last" and len(shape) not in (4, 5):
+        pytest.skip("channels_last: 4-d and 5-d inputs")
+    x = LAYOUTS[layout](randn(*shape, dtype=dtype))
+    assert_bit_equal_to_eager(lambda x: F.pad(x, pad, mode=mode), [x])

@@ -1,4 +1,4 @@
-"""A jitted module's parameters' dtype, device and requires_grad, with its train/eval mode, decide
+"""A jitted module's parameters' dtype, device, requires_grad and sizes, with its train/eval mode, decide
 its cache entry: each change below hits or recompiles with the reason it has, whether torch's
 ``TensorGuards`` checks them per call or (where it is missing) the attributes are read, and
 computes as eager."""
@@ -69,14 +69,15 @@ STEPS = [
     (None, torch.enable_grad, _X, None),
     (_each(lambda m: m.eval()), torch.enable_grad, _X, "module training True -> False"),
     (_each(lambda m: m.train()), torch.enable_grad, _X, None),
-    (_each(lambda m: m.half()), torch.no_grad, _X.half(), "(torch.float16, device(type='cpu'), False)"),
+    (_each(lambda m: m.half()), torch.no_grad, _X.half(), "(torch.float16, device(type='cpu'), False, torch.Size([]))"),
     (_each(lambda m: m.float()), torch.no_grad, _X, None),
     (_each(lambda m: setattr(m.fc, "weight", nn.Parameter(torch.ones(3, 4)))), torch.enable_grad, _X, None),
     (_each(_store_write), torch.enable_grad, _X, None),
     (_each(_to_float64), torch.enable_grad, _X.double(), _CHANGED),
     (_each(lambda m: m.float()), torch.enable_grad, _X, None),
-    (_each(_set_data("fc2.bias", lambda p: p.data[:1].clone())), torch.enable_grad, _X, None),
-    (_each(_set_data("fc.weight", lambda p: p.data.t().contiguous().t())), torch.no_grad, _X, None),
+    # a trace holds its inputs' sizes (a bias's gradient is summed to its shape)
+    (_each(_set_data("fc2.bias", lambda p: p.data[:1].clone())), torch.enable_grad, _X, _CHANGED),
+    (_each(_set_data("fc.weight", lambda p: p.data.t().contiguous().t())), torch.enable_grad, _X, None),
 ]
 
 
@@ -137,7 +138,11 @@ def test_slots_given_tensors_the_guards_cannot_read_take_the_attribute_reads():
     for other in others:
         for _ in range(3):
             metadata = check([plain[0], other])
-            assert metadata.per_tensor == ((torch.float32, plain[0].device, True), (other.dtype, other.device, False))
+            sizes = None if other.is_nested else other.shape
+            assert metadata.per_tensor == (
+                (torch.float32, plain[0].device, True, plain[0].shape),
+                (other.dtype, other.device, False, sizes),
+            )
     assert check(plain) is first
 
 
@@ -146,4 +151,5 @@ def test_tensors_new_on_every_call_build_no_guards():
     for _ in range(3):
         metadata = check([torch.randn(2, requires_grad=True)])
         assert check._last[1] is None
-    assert metadata is check([torch.randn(5, requires_grad=True)])
+    assert metadata is check([torch.randn(2, requires_grad=True)])
+    assert metadata is not check([torch.randn(5, requires_grad=True)])  # (sizes are in the key)

@@ -93,6 +93,8 @@ class Trace:
         """The relations between sizes the trace relies on, as Python conditions (``t0 - 1 >= 0``)."""
     def size_inputs(self) -> list[int]:
         """The value ids of the size inputs, in input order."""
+    def float_inputs(self) -> list[int]:
+        """The value ids of the float inputs, in input order (the last)."""
     def regions(self) -> list[RegionCode]:
         """The fusion regions of an execution trace, in order (none for other traces)."""
 
@@ -285,7 +287,7 @@ class Recorder:
         which may be 0 or 1 (decisions that those would change are guards)."""
     def size_inputs(self) -> list[SymExpr]:
         """The size inputs made so far, in order."""
-    def size_value(self, value: int) -> SymExpr:
+    def size_value(self, value: int) -> SymExpr | float:
         """The size value ``t{value}`` alone, with its hint (``SymExpr.values()`` names them)."""
     def decide(self, op: str, a: int | SymExpr, b: int | SymExpr) -> bool:
         """``a <op> b`` on the hints, the relation it relies on recorded as a guard."""
@@ -293,6 +295,7 @@ class Recorder:
         """The hint of ``a``, assumed from now on (a guard)."""
     def guard_sites(self) -> list[tuple[str, tuple[str, int, str, str | None] | None]]:
         """Each guard recorded and where the program took its decision (``langctx.decision_site``)."""
+    def float_input(self, hint: float) -> int: ...
     def number_input(self, value: Any) -> int: ...
     def prim(self, name: str, args: tuple, grad_enabled: bool) -> list[RecordedTensor]: ...
     def set_requires_grad(self, value: int, flag: bool) -> None: ...
@@ -367,13 +370,18 @@ class SymExpr:
 
 @final
 class CallObserver:
-    """A C-level profile hook: ``classify(code)`` once per code object, then ``on_call(frame)`` and
-    ``on_return(frame)`` for frames of code objects it marked interesting."""
+    """A C-level profile hook: ``classify(code)`` once per code object (flags: 1 calls, 2 returns
+    are reported, 4 a module body), then ``on_call(frame, importing)`` and ``on_return(frame,
+    importing)`` for frames of code objects it marked (returns too where ``on_call`` returned true);
+    ``importing``: a module body started since the hook did runs."""
 
     def __new__(
-        cls, classify: Callable[[Any], bool], on_call: Callable[[Any], None], on_return: Callable[[Any], None]
+        cls,
+        classify: Callable[[Any], int],
+        on_call: Callable[[Any, bool], bool],
+        on_return: Callable[[Any, bool], None],
     ) -> CallObserver: ...
-    def watch_c_calls(self, owners: list[Any], on_c_call: Callable[[Any, Any], None]) -> None: ...
+    def watch_c_calls(self, owners: list[Any], on_c_call: Callable[[Any, Any, bool], None]) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def pause(self) -> None: ...

@@ -23,6 +23,11 @@ What Dynamo hands a backend:
   Dynamo's example inputs hold as symbols (and the ``SymInt`` inputs) traced as symbolic from that
   first compile (``ThunderFunction.mark_dynamic``): one compile serves every size where the guards
   of thunder_rs's trace hold, as for ``thunder_rs.jit``'s own automatic dynamic shapes.
+- Floats: once Dynamo sees a float argument change it passes it as a 0-d float64 tensor that the
+  graph reads with ``.item()`` (``specialize_float=False``). The backend takes the float itself
+  there (``_float_arguments``: the ``.item()`` calls dropped, the tensor's float passed), and the
+  jitted graph takes it as a float input from its first compile (``core.acquisition.float_args``):
+  one compile for every value, the float passed to torch as eager passes it.
 - Outputs: Dynamo's graphs return a tuple (or list), which the jitted graph returns as it is.
 - A graph with no calls (it returns its inputs, or constants) runs as the GraphModule itself.
 - ``torch.vmap`` (Mamba's selective scan through torch's ``associative_scan``) arrives as
@@ -73,11 +78,14 @@ class CompiledGraph:
         _user_checkpoints(gm)
         _user_functions(gm)
         transform = _transform_call(gm)
+        #: the positions of the float arguments Dynamo passes as tensors, which the graph takes as floats
+        self.floats = _float_arguments(gm)
         self.jitted: ThunderModule | None = (
             ThunderModule(gm, **jit_options) if _has_calls(gm) and transform is None else None
         )
         if self.jitted is not None:
             self.jitted._jfn.mark_dynamic(_symbolic_places(gm, example_inputs))
+            self.jitted._jfn.mark_floats(self.floats)
         self.eager_because: str | None = None
         if transform is not None:
             # Tracing would run the transform's state changes for real and leave them half done.
@@ -90,6 +98,8 @@ class CompiledGraph:
         _graphs.add(self)
 
     def __call__(self, *args):
+        if self.floats:
+            args = _floats_of(args, self.floats)
         jitted = self.jitted
         if jitted is None:
             return self.gm(*args)
@@ -137,6 +147,42 @@ def _symbolic_places(gm: torch.fx.GraphModule, example_inputs) -> list:
         elif isinstance(x, torch.Tensor):
             places.extend((i, d) for d, s in enumerate(x.shape) if isinstance(s, torch.SymInt))
     return places
+
+
+def _float_arguments(gm: torch.fx.GraphModule) -> tuple:
+    """The positions of the graph's inputs that are float arguments Dynamo passes as 0-d float64
+    tensors (``GraphArg.pass_arg_as_tensor``) and reads only with ``.item()``: the graph is made to
+    take the float itself there (each ``.item()`` replaced by the input), and ``_floats_of`` passes it."""
+    positions = []
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        example = node.meta.get("example_value")
+        wrapped = getattr(node.meta.get("grapharg"), "pass_arg_as_tensor", False)
+        if (
+            not wrapped
+            or not isinstance(example, torch.Tensor)
+            or example.dim() != 0
+            or not example.is_floating_point()
+        ):
+            continue
+        users = list(node.users)
+        if not users or any(u.op != "call_method" or u.target != "item" or len(u.args) != 1 for u in users):
+            continue
+        for user in users:
+            user.replace_all_uses_with(node)
+            gm.graph.erase_node(user)
+        positions.append(i)
+    if positions:
+        gm.recompile()
+    return tuple(positions)
+
+
+def _floats_of(args: tuple, positions: tuple) -> tuple:
+    """The call's arguments with the floats at ``positions`` (``_float_arguments``) as Python floats:
+    the float64 tensor Dynamo made of each holds it exactly."""
+    passed = list(args)
+    for i in positions:
+        passed[i] = passed[i].item()
+    return tuple(passed)
 
 
 def _trace_constructors(gm: torch.fx.GraphModule) -> None:

@@ -118,7 +118,7 @@ pub fn to_arg(obj: &Bound<'_, PyAny>, types: &Types, consts: &mut Vec<Py<PyAny>>
 
 /// A symbolic float's operations from Python's form of them (`SymFloat.ops`): an int, a float
 /// or a `SymExpr` for an operand, `(op, a, b)` for an operation (`op` its Python operator,
-/// `"+"`, `"**"`), `("neg", a)` for a negation, `("sqrt", a)` for a square root, `("log", a)` for a function of
+/// `"+"`, `"**"`), `("arg", value id, hint)` for a float input, `("neg", a)` for a negation, `("sqrt", a)` for a square root, `("log", a)` for a function of
 /// `math` (`FloatFn`).
 fn float_expr(node: &Bound<'_, PyAny>) -> PyResult<FloatExpr> {
     if let Ok(s) = node.cast::<crate::sizes::PySymExpr>() {
@@ -134,6 +134,10 @@ fn float_expr(node: &Bound<'_, PyAny>) -> PyResult<FloatExpr> {
         return Err(PyTypeError::new_err(format!("not a symbolic float's operation: {node}")));
     };
     let op: String = parts.get_item(0)?.extract()?;
+    if op == "arg" {
+        let v: u32 = parts.get_item(1)?.extract()?;
+        return Ok(FloatExpr::Input(ValueId(v), parts.get_item(2)?.extract()?));
+    }
     if op == "neg" {
         return Ok(FloatExpr::Neg(Box::new(float_expr(&parts.get_item(1)?)?)));
     }
@@ -155,6 +159,11 @@ fn float_node<'py>(py: Python<'py>, e: &FloatExpr) -> PyResult<Bound<'py, PyAny>
     Ok(match e {
         FloatExpr::Int(d) => crate::sizes::dim_to_py(py, d)?,
         FloatExpr::Float(x) => x.into_pyobject(py)?.into_any(),
+        FloatExpr::Input(v, x) => PyTuple::new(
+            py,
+            [PyString::new(py, "arg").into_any(), v.0.into_pyobject(py)?.into_any(), x.into_pyobject(py)?.into_any()],
+        )?
+        .into_any(),
         FloatExpr::Neg(a) | FloatExpr::Sqrt(a) => {
             let name = if matches!(e, FloatExpr::Neg(_)) { "neg" } else { "sqrt" };
             PyTuple::new(py, [PyString::new(py, name).into_any(), float_node(py, a)?])?.into_any()

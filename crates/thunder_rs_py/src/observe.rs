@@ -4,8 +4,13 @@
 //! arguments. A Python-level `sys.setprofile` hook doubles acquisition time (every call, including
 //! thunder_rs's and torch's own, pays a Python call); this C-level hook answers most calls with a
 //! hash lookup on the code object's address and calls back into Python only for the first call of
-//! each code object (`classify(code) -> bool`) and for calls and returns of code objects marked
-//! interesting (`on_call(frame)`, `on_return(frame)`).
+//! each code object (`classify(code) -> flags`) and for calls of code objects marked interesting
+//! (`on_call(frame, importing)`) and returns of those marked for them (`on_return(frame,
+//! importing)`: by `classify`, or by `on_call` returning true for that code).
+//!
+//! Module bodies (marked by `classify`) started while the hook is set are kept on a stack:
+//! `importing` is whether one runs now, so that the callbacks look for an import between the frame
+//! and the program's entry (a walk up the stack) only when one may be there.
 //!
 //! Some state is read by C functions no Python frame wraps (`datetime.datetime.now()`): calls the
 //! program's interesting frames make to a builtin bound to one of the `watch_c_calls` owners (a
@@ -32,12 +37,19 @@ const PY_TRACE_RETURN: c_int = 3;
 /// `PyTrace_C_CALL`: a builtin (C) function is about to be called; `arg` is the function.
 const PY_TRACE_C_CALL: c_int = 4;
 
+/// `classify`'s flags: calls of the code go to `on_call`.
+const CALL: u8 = 1;
+/// Returns of the code go to `on_return`.
+const RETURN: u8 = 2;
+/// The code is a module body (a frame of it runs an import).
+const MODULE: u8 = 4;
+
 /// The profile hook's state: which code objects are interesting, and whom to tell.
 #[pyclass(unsendable, module = "thunder_rs._core", name = "CallObserver")]
 pub struct CallObserver {
-    /// Code object address -> interesting. Codes are kept alive in `codes` so an address is never
-    /// reused for another code object while it is in this table.
-    decisions: FxHashMap<usize, bool>,
+    /// Code object address -> its flags (`CALL`, `RETURN`, `MODULE`). Codes are kept alive in
+    /// `codes` so an address is never reused for another code object while it is in this table.
+    decisions: FxHashMap<usize, u8>,
     codes: Vec<Py<PyAny>>,
     classify: Py<PyAny>,
     on_call: Py<PyAny>,
@@ -51,6 +63,8 @@ pub struct CallObserver {
     /// Whether the hook is installed (between `start` and `stop`), and whether it is paused.
     started: bool,
     paused: bool,
+    /// The frames of module bodies running, started since `start` (innermost last).
+    modules: Vec<usize>,
 }
 
 #[pymethods]
@@ -69,11 +83,12 @@ impl CallObserver {
             error: None,
             started: false,
             paused: false,
+            modules: Vec::new(),
         }
     }
 
     /// Calls of builtins bound to one of `owners` (their `__self__`) made by interesting frames go
-    /// to `on_c_call(frame, function)`; an error it raises is raised at that call.
+    /// to `on_c_call(frame, function, importing)`; an error it raises is raised at that call.
     fn watch_c_calls(&mut self, owners: Vec<Py<PyAny>>, on_c_call: Py<PyAny>) {
         self.owners = owners.iter().map(|o| o.as_ptr() as usize).collect();
         self.owner_refs = owners;
@@ -86,6 +101,7 @@ impl CallObserver {
             let mut this = slf.borrow_mut();
             this.started = true;
             this.paused = false;
+            this.modules.clear();
         }
         install(slf);
     }
@@ -149,16 +165,17 @@ impl CallObserver {
             })
     }
 
-    fn interesting(&mut self, py: Python<'_>, code: Bound<'_, PyAny>) -> bool {
+    /// The flags of `code`, asking `classify` on its first call.
+    fn flags(&mut self, py: Python<'_>, code: Bound<'_, PyAny>) -> u8 {
         let address = code.as_ptr() as usize;
         if let Some(&known) = self.decisions.get(&address) {
             return known;
         }
-        let decision = match self.classify.call1(py, (&code,)).and_then(|d| d.extract::<bool>(py)) {
+        let decision = match self.classify.call1(py, (&code,)).and_then(|d| d.extract::<u8>(py)) {
             Ok(d) => d,
             Err(e) => {
                 self.error.get_or_insert(e);
-                false
+                0
             }
         };
         self.decisions.insert(address, decision);
@@ -190,20 +207,38 @@ unsafe extern "C" fn profile(
         return 0; // a callback of this observer is running: calls it makes are not the program's
     };
     let code = unsafe { Bound::from_owned_ptr(py, ffi::PyFrame_GetCode(frame).cast()) };
-    let interesting = if what == PY_TRACE_CALL {
-        observer.interesting(py, code)
+    let address = code.as_ptr() as usize;
+    let flags = if what == PY_TRACE_CALL {
+        observer.flags(py, code)
     } else {
         // A return without a call seen (the hook started inside the frame) is not reported.
-        observer.decisions.get(&(code.as_ptr() as usize)).copied().unwrap_or(false)
+        observer.decisions.get(&address).copied().unwrap_or(0)
     };
-    if !interesting {
+    if flags & MODULE != 0 {
+        if what == PY_TRACE_CALL {
+            observer.modules.push(frame as usize);
+        } else if observer.modules.last() == Some(&(frame as usize)) {
+            observer.modules.pop();
+        }
+    }
+    let wanted = if what == PY_TRACE_CALL { CALL } else { RETURN };
+    if flags & wanted == 0 {
         return 0;
     }
+    let importing = !observer.modules.is_empty();
     let frame = unsafe { Bound::from_borrowed_ptr(py, frame.cast()) };
     let callback = if what == PY_TRACE_CALL { &observer.on_call } else { &observer.on_return };
     let callback = callback.clone_ref(py);
-    if let Err(e) = callback.call1(py, (frame,)) {
-        observer.error.get_or_insert(e);
+    match callback.call1(py, (frame, importing)) {
+        Ok(returns) => {
+            // `on_call` true: this code's returns are wanted too, from now on.
+            if what == PY_TRACE_CALL && flags & RETURN == 0 && returns.bind(py).is_truthy().unwrap_or(false) {
+                observer.decisions.insert(address, flags | RETURN);
+            }
+        }
+        Err(e) => {
+            observer.error.get_or_insert(e);
+        }
     }
     0
 }
@@ -228,14 +263,15 @@ unsafe fn c_call(obj: *mut ffi::PyObject, frame: *mut ffi::PyFrameObject, functi
             return 0;
         };
         let code = unsafe { Bound::<PyAny>::from_owned_ptr(py, ffi::PyFrame_GetCode(frame).cast()) };
-        if !observer.decisions.get(&(code.as_ptr() as usize)).copied().unwrap_or(false) {
+        if observer.decisions.get(&(code.as_ptr() as usize)).copied().unwrap_or(0) & CALL == 0 {
             return 0;
         }
-        callback.clone_ref(py)
+        (callback.clone_ref(py), !observer.modules.is_empty())
     };
+    let (callback, importing) = callback;
     let frame = unsafe { Bound::<PyAny>::from_borrowed_ptr(py, frame.cast()) };
     let function = unsafe { Bound::<PyAny>::from_borrowed_ptr(py, function) };
-    match callback.call1(py, (frame, function)) {
+    match callback.call1(py, (frame, function, importing)) {
         Ok(_) => 0,
         Err(e) => {
             e.restore(py);

@@ -192,11 +192,13 @@ impl Recorder {
     }
 
     /// The size value `value` alone, with the size it was traced at: what `SymExpr.values()`
-    /// names, for code that rebuilds a size from its values (a fallback's symbolic metadata).
+    /// names, for code that rebuilds a size from its values (a fallback's symbolic metadata); a
+    /// float input's value when traced.
     fn size_value(&mut self, py: Python<'_>, value: u32) -> PyResult<Py<PyAny>> {
         let v = ValueId(value);
         match self.builder()?.value(v) {
             Some(ValueKind::Size(hint)) => Ok(dim_to_py(py, &trace_ir::Dim::size(v, *hint))?.unbind()),
+            Some(ValueKind::Number(Scalar::Float(hint))) => Ok(hint.into_pyobject(py)?.into_any().unbind()),
             _ => {
                 Err(pyo3::exceptions::PyValueError::new_err(format!("t{value} is not a size value of this recording")))
             }
@@ -237,6 +239,13 @@ impl Recorder {
     /// `[(guard text, site)]` in the order recorded (`core.lang.langctx.decision_site`).
     fn guard_sites(&self, py: Python<'_>) -> Vec<(String, Py<PyAny>)> {
         self.sites.iter().map(|(g, site)| (g.clone(), site.clone_ref(py))).collect()
+    }
+
+    /// Adds a float input: a float argument read from the call when the program runs, `hint`
+    /// now. Float inputs are the trace's last inputs (after the sizes), in the order made.
+    fn float_input(&mut self, hint: f64) -> PyResult<u32> {
+        let builder = self.builder()?;
+        no_panic("float_input", || Ok(builder.add_float_input(hint).0))
     }
 
     /// Adds a number input, specialised on `value`.

@@ -192,6 +192,13 @@ impl PyTrace {
         self.trace.inputs.iter().filter(is_size).map(|v| v.0).collect()
     }
 
+    /// The value ids of the float inputs (`ValueKind::Number`: float arguments that change
+    /// between calls), in input order: the last.
+    fn float_inputs(&self) -> Vec<u32> {
+        let is_float = |v: &&trace_ir::ValueId| matches!(self.trace.value(**v), trace_ir::ValueKind::Number(_));
+        self.trace.inputs.iter().filter(is_float).map(|v| v.0).collect()
+    }
+
     /// This trace showing (and, as an execution trace, taking) its inputs under `names`, one per
     /// input; an empty name keeps the input's own. The names must be distinct identifiers that
     /// no generated name (`t12`, `_c0`, the executors' callables) takes: the caller ensures it.

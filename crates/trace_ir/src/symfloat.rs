@@ -7,6 +7,10 @@
 //! program's own operations, in its order, printed as Python with every operation parenthesised
 //! (`(t0 ** -0.5)`, `((t0 * 0.5) + 1.0)`): the generated code evaluates it with the same Python
 //! float (and int) operations eager performed.
+//!
+//! A float the program is called with that changes between calls (a learning rate, a loss
+//! weight) is a float input of the trace (a [`crate::ValueKind::Number`] input): an operand
+//! [`FloatExpr::Input`], passed on each call as the caller's Python float itself.
 
 use crate::ids::ValueId;
 use crate::sym::{Atom, Dim, Poly};
@@ -128,11 +132,14 @@ impl FloatFn {
 }
 
 /// An expression of a symbolic float: Python float operations over ints (constant or
-/// symbolic sizes) and float literals.
+/// symbolic sizes), float inputs and float literals.
 #[derive(Clone, Debug)]
 pub enum FloatExpr {
     /// An int operand: a constant, or a symbolic size.
     Int(Dim),
+    /// A float input of the trace (a float argument that changes between calls), with its
+    /// value when recorded (compared by bits), printed by the value's name (`t3`).
+    Input(ValueId, f64),
     /// A float literal.
     Float(f64),
     /// `-a`.
@@ -157,7 +164,7 @@ impl FloatExpr {
     pub fn eval(&self, value: &impl Fn(ValueId) -> i64) -> f64 {
         match self {
             FloatExpr::Int(d) => d.poly().eval(value) as f64,
-            FloatExpr::Float(x) => *x,
+            FloatExpr::Input(_, x) | FloatExpr::Float(x) => *x,
             FloatExpr::Neg(a) => -a.eval(value),
             FloatExpr::Sqrt(a) => a.eval(value).sqrt(),
             FloatExpr::Math(func, a) => func.apply(a.eval(value)),
@@ -165,10 +172,11 @@ impl FloatExpr {
         }
     }
 
-    /// Calls `f` on every size value the expression reads, in order.
+    /// Calls `f` on every value the expression reads (sizes and float inputs), in order.
     pub fn for_each_value(&self, f: &mut impl FnMut(ValueId)) {
         match self {
             FloatExpr::Int(d) => d.for_each_value(f),
+            FloatExpr::Input(v, _) => f(*v),
             FloatExpr::Float(_) => {}
             FloatExpr::Neg(a) | FloatExpr::Sqrt(a) | FloatExpr::Math(_, a) => a.for_each_value(f),
             FloatExpr::Bin(_, a, b) => {
@@ -182,6 +190,7 @@ impl FloatExpr {
     pub fn map_ints(&self, f: &mut impl FnMut(&Dim) -> Dim) -> FloatExpr {
         match self {
             FloatExpr::Int(d) => FloatExpr::Int(f(d)),
+            FloatExpr::Input(v, x) => FloatExpr::Input(*v, *x),
             FloatExpr::Float(x) => FloatExpr::Float(*x),
             FloatExpr::Neg(a) => FloatExpr::Neg(Box::new(a.map_ints(f))),
             FloatExpr::Sqrt(a) => FloatExpr::Sqrt(Box::new(a.map_ints(f))),
@@ -197,6 +206,28 @@ impl FloatExpr {
             Dim::Sym(s) => Dim::from_poly(s.expr.substitute(f), s.hint),
         })
     }
+
+    /// The same operations over float inputs renamed by `f`.
+    pub fn map_inputs(&self, f: &mut impl FnMut(ValueId) -> ValueId) -> FloatExpr {
+        match self {
+            FloatExpr::Input(v, x) => FloatExpr::Input(f(*v), *x),
+            FloatExpr::Int(_) | FloatExpr::Float(_) => self.clone(),
+            FloatExpr::Neg(a) => FloatExpr::Neg(Box::new(a.map_inputs(f))),
+            FloatExpr::Sqrt(a) => FloatExpr::Sqrt(Box::new(a.map_inputs(f))),
+            FloatExpr::Math(func, a) => FloatExpr::Math(*func, Box::new(a.map_inputs(f))),
+            FloatExpr::Bin(op, a, b) => FloatExpr::bin(*op, a.map_inputs(f), b.map_inputs(f)),
+        }
+    }
+
+    /// Whether the expression reads a float input (its value is the caller's on each call).
+    pub fn has_inputs(&self) -> bool {
+        match self {
+            FloatExpr::Input(..) => true,
+            FloatExpr::Int(_) | FloatExpr::Float(_) => false,
+            FloatExpr::Neg(a) | FloatExpr::Sqrt(a) | FloatExpr::Math(_, a) => a.has_inputs(),
+            FloatExpr::Bin(_, a, b) => a.has_inputs() || b.has_inputs(),
+        }
+    }
 }
 
 impl PartialEq for FloatExpr {
@@ -204,6 +235,7 @@ impl PartialEq for FloatExpr {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (FloatExpr::Int(a), FloatExpr::Int(b)) => a == b,
+            (FloatExpr::Input(v, a), FloatExpr::Input(w, b)) => v == w && a.to_bits() == b.to_bits(),
             (FloatExpr::Float(a), FloatExpr::Float(b)) => a.to_bits() == b.to_bits(),
             (FloatExpr::Neg(a), FloatExpr::Neg(b)) | (FloatExpr::Sqrt(a), FloatExpr::Sqrt(b)) => a == b,
             (FloatExpr::Math(f, a), FloatExpr::Math(g, b)) => f == g && a == b,
@@ -220,6 +252,10 @@ impl Hash for FloatExpr {
         std::mem::discriminant(self).hash(state);
         match self {
             FloatExpr::Int(d) => d.hash(state),
+            FloatExpr::Input(v, x) => {
+                v.hash(state);
+                x.to_bits().hash(state);
+            }
             FloatExpr::Float(x) => x.to_bits().hash(state),
             FloatExpr::Neg(a) | FloatExpr::Sqrt(a) => a.hash(state),
             FloatExpr::Math(func, a) => {
@@ -247,6 +283,7 @@ impl fmt::Display for FloatExpr {
                 [(atoms, 1)] if matches!(atoms.as_slice(), [Atom::Value(_)]) => write!(f, "{}", s.expr),
                 _ => write!(f, "({})", s.expr),
             },
+            FloatExpr::Input(v, _) => write!(f, "{v}"),
             FloatExpr::Float(x) => {
                 let text = crate::Scalar::Float(*x).to_string();
                 if x.is_sign_negative() || !x.is_finite() {

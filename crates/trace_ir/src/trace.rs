@@ -6,7 +6,7 @@ use crate::ids::{SymbolId, ValueId};
 use crate::prims::{Operand, Prim};
 use crate::sym::{Dim, Facts};
 use crate::symbols::{SymbolKind, SymbolTable};
-use crate::value::{Arg, Kwargs, TensorMeta, ValueKind};
+use crate::value::{Arg, Kwargs, Scalar, TensorMeta, ValueKind};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock};
 
@@ -380,8 +380,10 @@ pub struct TraceBuilder {
     facts: Facts,
     /// Whether some value is a size (only then are arguments searched for sizes).
     has_sizes: bool,
-    /// Size values made by [`TraceBuilder::add_size`]: the trace's last inputs.
+    /// Size values made by [`TraceBuilder::add_size`]: the trace's last inputs but floats.
     sizes: Vec<ValueId>,
+    /// Float inputs made by [`TraceBuilder::add_float_input`]: the trace's last inputs.
+    floats: Vec<ValueId>,
 }
 
 impl Default for TraceBuilder {
@@ -394,6 +396,7 @@ impl Default for TraceBuilder {
             facts: Facts::default(),
             has_sizes: false,
             sizes: Vec::new(),
+            floats: Vec::new(),
         }
     }
 }
@@ -415,6 +418,7 @@ impl TraceBuilder {
             facts: trace.facts.as_ref().clone(),
             has_sizes: trace.values.iter().any(|k| matches!(k, ValueKind::Size(_))),
             sizes: Vec::new(),
+            floats: Vec::new(),
         }
     }
 
@@ -513,9 +517,19 @@ impl TraceBuilder {
         &self.sizes
     }
 
-    /// The inputs, the sizes of [`TraceBuilder::add_size`] last.
+    /// Adds a float the program is called with that changes between calls (`hint` now): a
+    /// parameter after all others, sizes included, whenever it is made; symbolic floats read it
+    /// ([`crate::symfloat::FloatExpr::Input`]).
+    pub fn add_float_input(&mut self, hint: f64) -> ValueId {
+        let v = self.push_value(ValueKind::Number(Scalar::Float(hint)));
+        self.floats.push(v);
+        v
+    }
+
+    /// The inputs, the sizes of [`TraceBuilder::add_size`] and then the floats of
+    /// [`TraceBuilder::add_float_input`] last.
     fn all_inputs(&self) -> Vec<ValueId> {
-        self.inputs.iter().chain(&self.sizes).copied().collect()
+        self.inputs.iter().chain(&self.sizes).chain(&self.floats).copied().collect()
     }
 
     /// Adds a parameter of the program (in `def` order) and returns its value.

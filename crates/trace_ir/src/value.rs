@@ -142,7 +142,9 @@ impl fmt::Display for Scalar {
 pub enum ValueKind {
     /// A tensor with its metadata.
     Tensor(TensorMeta),
-    /// A number input. Numbers are specialised on their value (the value is in the cache key).
+    /// A number input, with its value when recorded: a float argument that changes between
+    /// calls, which symbolic floats read ([`crate::symfloat::FloatExpr::Input`]) and each call
+    /// passes as the caller's float.
     Number(Scalar),
     /// An int that is a size read from the inputs and may change between calls (the symbolic
     /// sizes of [`crate::sym`] are expressions over these), with its value when recorded.
@@ -255,7 +257,10 @@ impl Arg {
                 Arg::dim(&Dim::from_poly(s.expr.substitute(&mut |v| crate::sym::arg_poly(&f(v), v)), s.hint))
             }
             Arg::SymFloat(s) => Arg::SymFloat(Arc::new(SymFloat {
-                expr: s.expr.renamed(&mut |v| crate::sym::arg_poly(&f(v), v)),
+                expr: s
+                    .expr
+                    .renamed(&mut |v| crate::sym::arg_poly(&f(v), v))
+                    .map_inputs(&mut |v| f(v).as_value().unwrap_or(v)),
                 hint: s.hint,
             })),
             other => other.clone(),

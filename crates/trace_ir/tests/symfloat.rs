@@ -111,3 +111,33 @@ fn functions_of_math_read_back_from_text_and_binary_with_libm_hints() {
     assert!(reads.contains(&ValueId(0)), "{reads:?}");
     assert!(parse_trace(&MATH_TEXT.replace("math.log(t0)", "math.gamma(t0)")).is_err());
 }
+
+/// A float argument that changes between calls is a float input (`float 0.25`): read in float
+/// operations by its name, printed and read back so. (Alone, it reads back as the number input
+/// itself, which the text cannot tell from a symbolic float of it alone.)
+const FLOAT_INPUT: &str = "def computation(t0, t1):
+  # t0: \"cpu f32[4]\"
+  # t1: \"float 0.25\"
+  t2 = prims.mul(t0, t1)  # t2: \"cpu f32[4]\"
+  t3 = prims.add(t2, ((t1 * 2.0) + 1))  # t3: \"cpu f32[4]\"
+  return t3
+";
+
+#[test]
+fn float_inputs_are_operands_of_symbolic_floats() {
+    let trace = parse_trace(FLOAT_INPUT).unwrap();
+    verify(&trace).unwrap();
+    assert_eq!(trace.bsyms[0].args[1], Arg::Value(ValueId(1)));
+    let twice = FloatExpr::bin(FloatOp::Mul, FloatExpr::Input(ValueId(1), 0.25), FloatExpr::Float(2.0));
+    let expr = FloatExpr::bin(FloatOp::Add, twice, FloatExpr::Int(Dim::Const(1)));
+    assert_eq!(float_operand(&trace, 1).expr, expr);
+    assert_eq!(float_operand(&trace, 1).hint.0, 1.5);
+    assert!(float_operand(&trace, 1).expr.has_inputs());
+    let mut reads = Vec::new();
+    trace.bsyms[1].for_each_input(|v| reads.push(v));
+    assert!(reads.contains(&ValueId(1)), "{reads:?}");
+    let printed = print_trace(&trace, "computation");
+    assert!(printed.contains("prims.mul(t0, t1)") && printed.contains("((t1 * 2.0) + 1)"), "{printed}");
+    assert_eq!(parse_trace(&printed).unwrap(), trace);
+    assert_eq!(decode(&encode(&trace)).unwrap(), trace);
+}

@@ -527,30 +527,44 @@ def define(module, region: Region, args, orders=None):
     (``nvfuser_layouts``: eager's, where nvFuser's could differ). With it, the floats of sizes it
     takes after ``args`` (``_Definition.host_floats``' keys, in input order)."""
     fd = module.FusionDefinition()
+    failed = None
     with fd:
-        cx = _Definition(module, fd, region)
-        shapes = region.input_shapes or (None,) * len(args)
-        inputs = [cx.input(a, dims) for a, dims in zip(args, symbolic_dims(shapes))]
-        env = dict(zip(region.inputs, inputs))
-        extents = Extents(fd.ops, region.name, shapes, inputs)
-        for call in region.calls:
-            name = call.name
-            translate = TRANSLATIONS.get(name.removeprefix("prims."))
-            if translate is None or not name.startswith("prims."):
-                raise ThunderNotImplementedError(f"nvfuser executor: no translation for {name} (region {region.name})")
-            args = _resolve(call.args, env, lambda e: cx.extent(extents.of(e)))
-            result = translate(cx, *args)
-            results = tuple(cx.kept(out, value) for out, value in zip(call.outputs, _tuple(result)))
-            cx.note_expanded(name.removeprefix("prims."), args, results)
-            env.update(zip(call.outputs, results))
-        given = set(region.inputs)
-        for name, order in zip(region.outputs, orders or (None,) * len(region.outputs)):
-            # An output that is an input is copied: nvFuser would hand back the input itself. One
-            # with an expanded dim is materialized: nvFuser would hand it on with stride 0 there,
-            # which eager's result has not (an in-place write to it would fail).
-            value = fd.ops.set(env[name]) if name in given else cx.materialized(env[name])
-            fd.add_output(value if order is None else fd.ops.stride_order(value, order))
+        # A failure is raised after the block: nvfuser_direct's __exit__ prints an exception leaving
+        # it, with its traceback, to stdout (nvfuser_direct/__init__.py), and the region falls back.
+        try:
+            cx = _define_in(module, fd, region, args, orders)
+        except Exception as e:  # noqa: BLE001 (re-raised below)
+            failed = e
+    if failed is not None:
+        raise failed
     return fd, tuple(cx.host_floats)
+
+
+def _define_in(module, fd, region: Region, args, orders) -> _Definition:
+    """Defines ``region`` in the open ``fd`` (``define``)."""
+    cx = _Definition(module, fd, region)
+    shapes = region.input_shapes or (None,) * len(args)
+    inputs = [cx.input(a, dims) for a, dims in zip(args, symbolic_dims(shapes))]
+    env = dict(zip(region.inputs, inputs))
+    extents = Extents(fd.ops, region.name, shapes, inputs)
+    for call in region.calls:
+        name = call.name
+        translate = TRANSLATIONS.get(name.removeprefix("prims."))
+        if translate is None or not name.startswith("prims."):
+            raise ThunderNotImplementedError(f"nvfuser executor: no translation for {name} (region {region.name})")
+        args = _resolve(call.args, env, lambda e: cx.extent(extents.of(e)))
+        result = translate(cx, *args)
+        results = tuple(cx.kept(out, value) for out, value in zip(call.outputs, _tuple(result)))
+        cx.note_expanded(name.removeprefix("prims."), args, results)
+        env.update(zip(call.outputs, results))
+    given = set(region.inputs)
+    for name, order in zip(region.outputs, orders or (None,) * len(region.outputs)):
+        # An output that is an input is copied: nvFuser would hand back the input itself. One
+        # with an expanded dim is materialized: nvFuser would hand it on with stride 0 there,
+        # which eager's result has not (an in-place write to it would fail).
+        value = fd.ops.set(env[name]) if name in given else cx.materialized(env[name])
+        fd.add_output(value if order is None else fd.ops.stride_order(value, order))
+    return cx
 
 
 def layout(args) -> tuple:
@@ -685,7 +699,7 @@ class NvFuserRegion:
         compiled by running it on ``args``."""
         stats, start = self.executor.stats, time.perf_counter()
         fd, floats = define(self.executor.module, self.region, args, orders)
-        compute = host_floats(self.region.name, self.region.input_shapes, floats)
+        compute = host_floats(self.region.name, self.region.input_shapes, floats, self.region.inputs)
         defined = time.perf_counter()
         execute = _told_device(fd.execute, factory_device(self.region, args))
         inputs = list if compute is None else (lambda args: [*args, *compute(args)])
@@ -713,6 +727,7 @@ class NvFuserExecutor(FusionExecutor):
 
     fuses_decompositions = True
     fuses_symbolic = True
+    fuses_float_inputs = True
 
     def __init__(self, name: str = "nvfuser", *, module=None, allow_cpu: bool = False):
         super().__init__(name)

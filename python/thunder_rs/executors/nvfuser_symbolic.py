@@ -160,19 +160,23 @@ def _rounding(text: str, dtype: torch.dtype) -> str:
     return f"_rounded({text}, {str(dtype).removeprefix('torch.')})"
 
 
-def host_floats(region_name: str, input_shapes, floats):
+def host_floats(region_name: str, input_shapes, floats, names=()):
     """The function of a region's inputs that computes the Double inputs of its definition
     (``floats``: each symbolic float's text and the dtype its value is rounded to, in input
     order), or None where it has none. It is generated code: each float is the text the trace
     prints, the program's own Python operations in its order, on the sizes of the call (a size
-    input, else the extent of a tensor input), so its value is eager's. A float meeting a
-    float32 or half tensor is rounded to the dtype as a constant float of the definition is."""
+    input, else the extent of a tensor input) and the float inputs among the region's inputs
+    (``names``: their value names; a float argument that changes between calls), so its value is
+    eager's. A float meeting a float32 or half tensor is rounded to the dtype as a constant float
+    of the definition is."""
     if not floats:
         return None
     sources = size_sources(input_shapes)
     lines = []
     for value in sorted({int(n) for text, _ in floats for n in _ATOMS_IN_TEXT.findall(text)}):
         at = sources.get(value)
+        if at is None and f"t{value}" in names:  # a float input of the region
+            at = list(names).index(f"t{value}")
         if at is None:
             raise ThunderNotImplementedError(
                 f"nvfuser executor: region {region_name} computes a float from the size t{value}, which is neither "

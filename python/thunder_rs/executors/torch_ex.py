@@ -418,6 +418,8 @@ def _batch_norm_functional(input, weight, bias, running_mean, running_var, train
     kernel takes another path (rounding otherwise) for running statistics that are not
     contiguous (``buffer[::2]``), which the functional op clones contiguous: those are copied as
     they are laid out and updated in place by eager's own kernel."""
+    if isinstance(momentum, torch.Tensor):  # (nn.BatchNorm's cumulative average: ``1 / float(n)``, as eager reads it)
+        momentum = momentum.item()
     if running_mean.is_contiguous() and running_var.is_contiguous():
         return tuple(
             _aten._native_batch_norm_legit_functional.default(
@@ -438,8 +440,10 @@ def _strided_copy(t):
 
 
 def _numeric_momentum(input, weight, bias, running_mean, running_var, training, momentum, eps) -> bool:
-    # nn.BatchNorm's cumulative average gives a tensor momentum, which only the decomposition takes.
-    return isinstance(momentum, (int, float))
+    # nn.BatchNorm's cumulative average gives a 0-d float64 tensor momentum (``1 / float(n)``): read
+    # as the number eager's module passes its kernel, the kernel updates the running statistics in
+    # double as eager's does (the decomposition's float32 update differed by ulps).
+    return isinstance(momentum, (int, float)) or (isinstance(momentum, torch.Tensor) and momentum.ndim == 0)
 
 
 def _batch_norm_no_stats(input, weight, bias, eps):

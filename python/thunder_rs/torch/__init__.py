@@ -40,6 +40,7 @@ from thunder_rs.torch.base_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.attention import *  # noqa: E402,F401,F403
 from thunder_rs.torch.multihead_attention import *  # noqa: E402,F401,F403
 from thunder_rs.torch.pooling import *  # noqa: E402,F401,F403
+from thunder_rs.torch.unpooling import *  # noqa: E402,F401,F403
 from thunder_rs.torch.adaptive_pooling import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sliding_blocks import *  # noqa: E402,F401,F403
 from thunder_rs.torch.interpolate import *  # noqa: E402,F401,F403
@@ -50,6 +51,7 @@ from thunder_rs.torch.predicates import *  # noqa: E402,F401,F403
 from thunder_rs.torch.activations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.distances import *  # noqa: E402,F401,F403
 from thunder_rs.torch.losses import *  # noqa: E402,F401,F403
+from thunder_rs.torch.margin_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.view_scatters import *  # noqa: E402,F401,F403
 from thunder_rs.torch import views  # noqa: E402,F401
 from thunder_rs.torch.padding import *  # noqa: E402,F401,F403
@@ -79,4 +81,6 @@ from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
 from thunder_rs.torch import written_arguments  # noqa: E402,F401
 from thunder_rs.torch import foreach  # noqa: E402,F401
+from thunder_rs.torch import amp  # noqa: E402,F401
+from thunder_rs.torch import data_setter  # noqa: E402,F401
 from thunder_rs.torch import transformer_fast_paths  # noqa: E402,F401

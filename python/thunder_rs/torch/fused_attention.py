@@ -374,10 +374,21 @@ def fused_attention(query, key, value, attn_mask, dropout_p: float, is_causal: b
     """The output of a differentiated attention on CUDA, recorded with the kernel torch chooses for
     it and that kernel's backward; None where torch chooses the math path, or where query, key and
     value need no gradient (eager's fused kernels then keep no logsumexp: the mask's gradient
-    comes from the decomposition). The fused kernels take grouped keys and values (``enable_gqa``)
-    as they are, as eager hands them over."""
+    comes from the decomposition; with dropout, which eager's kernel draws, that is refused). The
+    fused kernels take grouped keys and values (``enable_gqa``) as they are, as eager hands them
+    over."""
     backend = chosen_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if backend == MATH or not any(x.requires_grad for x in (query, key, value)):
+    if backend == MATH:
+        return None
+    if not any(x.requires_grad for x in (query, key, value)):
+        if dropout_p > 0:
+            # The decomposition would draw its dropout with aten's dropout, not in eager's kernel.
+            raise ThunderNotImplementedError(
+                f"{_OP}: torch chooses the {SDPBackend(backend).name} attention kernel for this call, which "
+                "draws its dropout inside the kernel; with attn_mask the only input requiring grad thunder_rs "
+                "differentiates the math path, whose dropout draws otherwise. Choose the math kernel for the call "
+                "(torch.nn.attention.sdpa_kernel(SDPBackend.MATH)) or set dropout_p=0 (argument dropout_p)"
+            )
         return None
     if backend == FLASH:  # torch never chooses it with a mask
         return _flash(query, key, value, dropout_p, is_causal, scale)

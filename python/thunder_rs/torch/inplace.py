@@ -56,6 +56,7 @@ from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
 from thunder_rs.torch.random import IN_PLACE_SAMPLERS
 from thunder_rs.torch.scatter import fill
 from thunder_rs.torch.shape import clone, reshape_to
+from thunder_rs.torch.strides import is_contiguous
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 #: Eager's names of dtypes in its casting errors.
@@ -228,6 +229,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
             f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
         )
     if tracked and torch.is_grad_enabled():
+        rebase(dst)
         if copy and root_grad and dst.numel() == root.numel() and not (fills or selected):
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
             value, expanded = prims.where(_nowhere(dst), dst, value), False
@@ -238,6 +240,25 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True):
         views.write(op, dst, value, root_grad, view_scatters.straight_through if root_grad else None)
     dst._copy_of = expanded
     return dst
+
+
+def rebase(dst) -> None:
+    """Before a write autograd sees through the view ``dst``: its root (contiguous, requiring
+    grad) becomes ``base_of_write`` of itself, and its live views (``dst`` too) follow, so that
+    the whole gradient the write sends back to the root's history, through the written part and
+    the rest, is laid out as eager's CopySlices lays it out. Once per value of the root."""
+    link = dst._view
+    if link is None or not torch.is_grad_enabled() or views.detached(dst):
+        return
+    root = link.root
+    if root._based_vid == root._vid or (root._strides is not None and not is_contiguous(root.shape, root._strides)):
+        return
+    with torch._C.DisableTorchFunctionSubclass():
+        if not root.requires_grad or root._history_error is not None:
+            return
+    views.rebind(root, view_scatters.base_of_write(root), True)
+    root._based_vid = root._vid
+    views.refresh(root, True)
 
 
 # -- in-place methods and functions ----------------------------------------------------------------
@@ -309,6 +330,8 @@ def _in_place(fn, name: str, outplace):
     facts = {"inplace": True} if symbol in DIFFERENTIATED_FROM_RESULT else {}
 
     def in_place(a, *args, **kwargs):
+        if isinstance(a, TensorProxy):
+            rebase(a)  # (the op reads the view of the root its gradient is laid out through)
         if symbol is not None and not differentiates_complex((a, *args), kwargs):
             value = symbol(a, *args, **kwargs, **facts)
             if isinstance(a, TensorProxy) and a._strides is not None:

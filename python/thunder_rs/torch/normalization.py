@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs.torch.symbols import ltorch
+from thunder_rs.core.lang import autocast
 from thunder_rs.core.lang.langctx import MUTATING, TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
@@ -215,10 +216,7 @@ MUTATING.add(F.instance_norm)
 # -- local response norm ---------------------------------------------------------------------------
 
 
-@torchsymbol(F.local_response_norm)
-def local_response_norm(input, size, alpha=0.0001, beta=0.75, k=1.0):
-    """As F.local_response_norm computes it: each element over (k + alpha * the mean of the
-    squares of ``size`` neighbouring channels) ** beta."""
+def _local_response_norm(input, size, alpha, beta, k):
     op = "ltorch.local_response_norm"
     check(
         input.ndim >= 3,
@@ -232,13 +230,34 @@ def local_response_norm(input, size, alpha=0.0001, beta=0.75, k=1.0):
     div = input * input
     if input.ndim == 3:
         div = ltorch.pad(ltorch.unsqueeze(div, 1), (0, 0, size // 2, (size - 1) // 2))
-        div = ltorch.squeeze(ltorch.avg_pool2d(div, (size, 1), stride=1), 1)
+        div = ltorch.squeeze(ltorch.avg_pool2d(*autocast.cast_inside("avg_pool2d", div), (size, 1), stride=1), 1)
     else:
         sizes = tuple(input.shape)
         div = ltorch.reshape(div, (sizes[0], 1, sizes[1], sizes[2], math.prod(sizes[3:])))
         div = ltorch.pad(div, (0, 0, 0, 0, size // 2, (size - 1) // 2))
-        div = ltorch.reshape(ltorch.squeeze(ltorch.avg_pool3d(div, (size, 1, 1), stride=1), 1), sizes)
-    return input / ltorch.pow(div * alpha + k, beta)
+        div = ltorch.avg_pool3d(*autocast.cast_inside("avg_pool3d", div), (size, 1, 1), stride=1)
+        div = ltorch.reshape(ltorch.squeeze(div, 1), sizes)
+    return input / ltorch.pow(*autocast.cast_inside("pow", div * alpha + k), beta)
+
+
+@torchsymbol(F.local_response_norm)
+def local_response_norm(input, size, alpha=0.0001, beta=0.75, k=1.0):
+    """As F.local_response_norm computes it: each element over (k + alpha * the mean of the
+    squares of ``size`` neighbouring channels) ** beta."""
+    return _local_response_norm(input, size, alpha, beta, k)
+
+
+def local_response_norm_call(input, size, alpha=0.0001, beta=0.75, k=1.0):
+    """``F.local_response_norm``: one symbol, or under autocast its ops one by one from the
+    program's code. Eager's function is Python, so autocast casts each op it calls by that op's
+    policy (avg_pool3d to float32 on the CPU, pow on CUDA), which a composite (run whole, with
+    autocast off, by the torch executor) would not."""
+    if autocast.state() is None:
+        return local_response_norm(input, size, alpha, beta, k)
+    return _local_response_norm(input, size, alpha, beta, k)
+
+
+TORCH_TO_LTORCH[F.local_response_norm] = local_response_norm_call
 
 
 def _aten_group_norm_backward(*args):

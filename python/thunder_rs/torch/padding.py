@@ -7,15 +7,19 @@ input (read forwards, or backwards where it reflects). Their gradient is the sum
 slices' gradients, what eager's backward kernels compute.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from thunder_rs import prims
+from thunder_rs.core.lang.eager_layouts import _suggested
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import is_int
-from thunder_rs.torch.symbols import read_numbers, torchsymbol
+from thunder_rs.torch.symbols import ltorch, read_numbers, torchsymbol
 from thunder_rs.torch.joins import pad as constant_pad
 from thunder_rs.torch.shape import clone, slice_in_dim
 from thunder_rs.torch.views import copy_of
@@ -264,3 +268,51 @@ def constant_pad_nd(input, pad, value=0):
         ThunderRuntimeError,
     )
     return fresh(constant_pad(input, list(pad), "constant", value), input)
+
+
+# -- grad rules ------------------------------------------------------------------------------------
+
+
+def _source_index(mode: str, n_out: int, lo: int, size: int, device):
+    """The input position each of ``n_out`` output positions reads along a dim padded by ``lo``
+    in front: clamped into the dim (replicate) or mirrored at its ends (reflect)."""
+    j = ltorch.arange(n_out, device=device) - lo
+    if mode == "replicate":
+        return ltorch.clamp(j, 0, size - 1)
+    return (size - 1) - ltorch.abs((size - 1) - ltorch.abs(j))
+
+
+def _index_pad_grad(symbol, mode: str, input, pad):
+    """Eager's ``reflection_pad*d_backward`` and ``replication_pad*d_backward`` kernels: each
+    output element's gradient added into its source element in the output's row-major order
+    (a ``scatter_add`` over the flattened padded dims), so that the sums round as eager's. Half
+    precision, whose kernels round otherwise, and symbolic sizes keep the decomposition's VJP."""
+    out = symbol(input, pad)
+    k = len(pad) // 2
+    sizes, amounts = tuple(input.shape[-k:]), [(pad[2 * i], pad[2 * i + 1]) for i in reversed(range(k))]
+    known = all(type(n) is int for n in (*input.shape, *pad))
+    if not (input.requires_grad and input.dtype in (torch.float32, torch.float64) and known) or out is input:
+        return out
+    lead, n_out = tuple(input.shape[:-k]), tuple(out.shape[-k:])
+    flat = None
+    for i, (size, (lo, _), count) in enumerate(zip(sizes, amounts, n_out)):
+        index = _source_index(mode, count, lo, size, input.device) * math.prod(sizes[i + 1 :])
+        index = ltorch.reshape(index, tuple(count if d == i else 1 for d in range(k)))
+        flat = index if flat is None else flat + index
+    flat = ltorch.reshape(ltorch.expand(flat, (*lead, *n_out)), (*lead, math.prod(n_out)))
+    g = ltorch.reshape(get_grad(out), (*lead, math.prod(n_out)))
+    zeros = ltorch.zeros((*lead, math.prod(sizes)), dtype=input.dtype, device=input.device)
+    grad = ltorch.reshape(ltorch.scatter_add(zeros, len(lead), flat, g), tuple(input.shape))
+    layout = _suggested(input)  # (eager's kernel writes a channels_last input's gradient so)
+    put_grad(input, grad if layout == torch.contiguous_format else grad.contiguous(memory_format=layout))
+    return out
+
+
+@register_grad(ltorch.reflection_pad)
+def reflection_pad_grad(input, pad):
+    return _index_pad_grad(ltorch.reflection_pad, "reflect", input, pad)
+
+
+@register_grad(ltorch.replication_pad)
+def replication_pad_grad(input, pad):
+    return _index_pad_grad(ltorch.replication_pad, "replicate", input, pad)

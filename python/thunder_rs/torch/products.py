@@ -11,7 +11,7 @@ import math
 import torch
 
 from thunder_rs import clang, prims
-from thunder_rs.torch.common import require_tensor
+from thunder_rs.torch.common import require_tensor, sum_to
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.base import dtypes
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
@@ -20,7 +20,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import identity
 from thunder_rs.torch.elementwise import sub
-from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands, ignoring
+from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands, _scaled, ignoring
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.symint import same_shape
@@ -78,6 +78,24 @@ def addmv(input, mat, vec, *, beta=1, alpha=1):
     return _add_scaled(op, prims.matmul(mat, vec), input, beta, alpha)
 
 
+@register_grad(ltorch.addmv)
+def addmv_grad(input, mat, vec, *, beta=1, alpha=1):
+    """Eager's: ``g * beta`` for ``input`` (summed to its shape), ``g.ger(vec) * alpha`` and
+    ``mat.t().mv(g) * alpha``: the products scaled after (the decomposition's VJP scaled the
+    cotangent first)."""
+    out = ltorch.addmv(input, mat, vec, beta=beta, alpha=alpha)
+    if mat.dtype.is_complex or not out.dtype.is_floating_point:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, sum_to(_scaled(g, beta), input.shape))
+    if mat.requires_grad:
+        put_grad(mat, _scaled(ltorch.outer(g, vec), alpha))
+    if vec.requires_grad:
+        put_grad(vec, _scaled(ltorch.mv(ltorch.t(mat), g), alpha))
+    return out
+
+
 @torchsymbol(torch.addbmm, T.addbmm)
 def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     """``beta * input + alpha * sum_b batch1[b] @ batch2[b]``."""
@@ -94,6 +112,24 @@ def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     _check_inner(op, batch1, batch2, ("batch1", "batch2"))
     product = ltorch.sum(prims.matmul(batch1, batch2), 0)
     return _add_scaled(op, product, input, beta, alpha)
+
+
+@register_grad(ltorch.addbmm)
+def addbmm_grad(input, batch1, batch2, *, beta=1, alpha=1):
+    """Eager's: ``g * beta`` for ``input`` (summed to its shape), and the batched products with
+    ``g`` expanded over the batch, ``g @ batch2^T`` and ``batch1^T @ g``, times ``alpha`` after."""
+    out = ltorch.addbmm(input, batch1, batch2, beta=beta, alpha=alpha)
+    if batch1.dtype.is_complex or not out.dtype.is_floating_point:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, sum_to(_scaled(g, beta), input.shape))
+    expanded = ltorch.expand(ltorch.unsqueeze(g, 0), (batch1.shape[0], batch1.shape[1], batch2.shape[2]))
+    if batch1.requires_grad:
+        put_grad(batch1, _scaled(ltorch.bmm(expanded, ltorch.transpose(batch2, 1, 2)), alpha))
+    if batch2.requires_grad:
+        put_grad(batch2, _scaled(ltorch.bmm(ltorch.transpose(batch1, 1, 2), expanded), alpha))
+    return out
 
 
 def _check_scale(op: str, value, name: str, dtype) -> None:
@@ -153,6 +189,24 @@ def addr(input, vec1, vec2, *, beta=1, alpha=1):
     scaled = clang.maybe_convert(input, out_dtype)
     scaled = scaled if beta == 1 else prims.mul(scaled, clang.maybe_convert(beta, out_dtype))
     return prims.add(clang.expand_to(scaled, outer.shape), outer)
+
+
+@register_grad(ltorch.addr)
+def addr_grad(input, vec1, vec2, *, beta=1, alpha=1):
+    """Eager's: ``g * beta`` for ``input`` (summed to its shape), ``g.mv(vec2) * alpha`` and
+    ``g.t().mv(vec1) * alpha`` (operands of one floating dtype; others keep the decomposition's
+    VJP)."""
+    out = ltorch.addr(input, vec1, vec2, beta=beta, alpha=alpha)
+    if not (out.dtype.is_floating_point and input.dtype == vec1.dtype == vec2.dtype == out.dtype):
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, sum_to(_scaled(g, beta), input.shape))
+    if vec1.requires_grad:
+        put_grad(vec1, _scaled(ltorch.mv(g, vec2), alpha))
+    if vec2.requires_grad:
+        put_grad(vec2, _scaled(ltorch.mv(ltorch.t(g), vec1), alpha))
+    return out
 
 
 @torchsymbol(torch.vdot, T.vdot)

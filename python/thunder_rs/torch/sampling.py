@@ -23,6 +23,8 @@ from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.common import OpaqueKernel, flows
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.symint import SymInt, same_shape
+from thunder_rs.core.state.guards import StateGuard
+from thunder_rs.core.state.observe import thread_state
 
 __all__ = ["affine_grid", "grid_sample", "grid_sampler"]
 
@@ -299,13 +301,14 @@ def _bilinear(flat, width: int, height: int, x, y):
     return out
 
 
-def _grid_sampler_backward_meta(grad, input, grid, interpolation, padding, align_corners, output_mask):
+def _grid_sampler_backward_meta(grad, input, grid, interpolation, padding, align_corners, output_mask, cudnn=None):
     """The gradients ``output_mask`` asks for, contiguous as eager's kernels write them."""
     return [(tuple(t.shape), t.dtype, False, None) for t, wanted in zip((input, grid), output_mask) if wanted]
 
 
-#: ``(grad, input, grid, interpolation, padding, align_corners, output_mask)`` -> the gradients of
-#: input and grid ``output_mask`` asks for: eager's backward of the kernel ``grid_sampler`` ran.
+#: ``(grad, input, grid, interpolation, padding, align_corners, output_mask, cudnn)`` -> the
+#: gradients of input and grid ``output_mask`` asks for: eager's backward of the kernel
+#: ``grid_sampler`` ran, ``cudnn`` the value of ``torch.backends.cudnn.enabled`` it ran under.
 grid_sampler_backward = OpaqueKernel("grid_sampler_backward", _grid_sampler_backward_meta)
 
 
@@ -313,41 +316,63 @@ grid_sampler_backward = OpaqueKernel("grid_sampler_backward", _grid_sampler_back
 def grid_sampler_grad(input, grid, interpolation, padding, align_corners):
     out = grid_sampler(input, grid, interpolation, padding, align_corners)
     mask = (input.requires_grad, grid.requires_grad)
-    grads = grid_sampler_backward(get_grad(out), input, grid, interpolation, padding, align_corners, mask)
+    # On CUDA the forward's kernel (cuDNN's or aten's) is the one its backward's must be: eager's
+    # autograd records it when the forward runs, under the switch as it is then, not as it is when
+    # the backward runs (``with torch.backends.cudnn.flags(enabled=False)`` around the forward).
+    cudnn = _cudnn_switch() if input.device.type == "cuda" else None
+    grads = grid_sampler_backward(get_grad(out), input, grid, interpolation, padding, align_corners, mask, cudnn)
     for x, grad in zip([x for x, wanted in zip((input, grid), mask) if wanted], grads):
         put_grad(x, grad)
     return out
 
 
-def _cudnn_acceptable(t: torch.Tensor) -> bool:
-    """aten's ``cudnn_is_acceptable`` (a CUDA tensor with elements, cuDNN built and enabled), with
-    ``cond_cudnn_grid_sampler``'s dtypes and ``canUse32BitIndexMath``."""
+def _cudnn_switch() -> bool:
+    """``torch.backends.cudnn.enabled`` now; while a program is traced, its entry also runs only
+    while the switch is what it was when the call began (a changed switch compiles again)."""
+    value = torch.backends.cudnn.enabled
+    observer = thread_state.observer
+    if observer is not None:
+        observer.guard_state(StateGuard("torch.backends.cudnn.enabled", _read_cudnn_switch, value))
+    return value
+
+
+def _read_cudnn_switch() -> bool:
+    return torch.backends.cudnn.enabled
+
+
+def _cudnn_acceptable(t: torch.Tensor, enabled: bool) -> bool:
+    """aten's ``cudnn_is_acceptable`` (a CUDA tensor with elements, cuDNN built and ``enabled``), with
+    ``cond_cudnn_grid_sampler``'s dtypes and ``canUse32BitIndexMath`` (fewer elements than
+    ``INT32_MAX``, the last one's offset below it)."""
     limit = 2**31 - 1
     return (
-        torch.backends.cudnn.enabled
+        enabled
         and t.is_cuda
         and t.dtype in (torch.float64, torch.float32, torch.float16)
         and torch.backends.cudnn.is_available()
-        and 0 < t.numel() <= limit
-        and sum((n - 1) * s for n, s in zip(t.shape, t.stride())) <= limit
+        and 0 < t.numel() < limit
+        and sum((n - 1) * s for n, s in zip(t.shape, t.stride())) < limit
     )
 
 
-def _takes_cudnn(input, grid, interpolation, padding, align_corners) -> bool:
-    """Whether aten's ``grid_sampler`` ran cuDNN's kernel: bilinear with zero padding and aligned
-    corners of a 4-D input of at most 1024 channels (``cond_cudnn_grid_sampler`` in
-    aten/src/ATen/native/GridSamplerUtils.h), which autograd differentiates by cuDNN's backward."""
+def _takes_cudnn(input, grid, interpolation, padding, align_corners, enabled: bool) -> bool:
+    """Whether aten's ``grid_sampler`` ran cuDNN's kernel under ``torch.backends.cudnn.enabled ==
+    enabled``: bilinear with zero padding and aligned corners of a 4-D input of at most 1024
+    channels (``cond_cudnn_grid_sampler`` in aten/src/ATen/native/GridSamplerUtils.h), which
+    autograd differentiates by cuDNN's backward."""
     return (
         (interpolation, padding, align_corners) == (0, 0, True)
         and input.ndim == 4
         and input.shape[1] <= 1024
-        and _cudnn_acceptable(input)
-        and _cudnn_acceptable(grid)
+        and _cudnn_acceptable(input, enabled)
+        and _cudnn_acceptable(grid, enabled)
     )
 
 
-def _aten_grid_sampler_backward(grad, input, grid, interpolation, padding, align_corners, output_mask):
-    if _takes_cudnn(input, grid, interpolation, padding, align_corners):
+def _aten_grid_sampler_backward(grad, input, grid, interpolation, padding, align_corners, output_mask, cudnn=None):
+    """``cudnn``: the switch the forward ran under (the trace's; None: as it is now)."""
+    enabled = torch.backends.cudnn.enabled if cudnn is None else cudnn
+    if _takes_cudnn(input, grid, interpolation, padding, align_corners, enabled):
         grads = torch.ops.aten.cudnn_grid_sampler_backward.default(input, grid, grad)
     else:
         kernel = torch.ops.aten.grid_sampler_2d_backward if input.ndim == 4 else torch.ops.aten.grid_sampler_3d_backward

@@ -686,3 +686,37 @@ def sinc_grad(input):
     grad = g * ((x_pi * ltorch.cos(x_pi) - ltorch.sin(x_pi)) / squared_pi)
     put_operand_grads((input,), (ltorch.where(squared_pi == 0.0, 0.0, grad),))
     return out
+
+
+@register_grad(ltorch.entr)
+def entr_grad(input):
+    """``g * (-(1 + x.log()))``: NaN for x < 0 and -inf times the cotangent's sign at 0."""
+    out = ltorch.entr(input)
+    if input.requires_grad and input.dtype.is_floating_point:
+        put_operand_grads((input,), (get_grad(out) * (-(1 + ltorch.log(input))),))
+    return out
+
+
+@register_grad(ltorch.ldexp)
+def ldexp_grad(input, other):
+    """``g * pow(2.0, other)`` and ``g * result * ln 2``."""
+    out = ltorch.ldexp(input, other)
+    if not out.dtype.is_floating_point:
+        return out
+    g = get_grad(out)
+    x_grad = g * torch.pow(2.0, other) if input.requires_grad else None
+    other_grad = g * out * math.log(2.0) if other.dtype.is_floating_point and other.requires_grad else None
+    put_operand_grads((input, other), (x_grad, other_grad))
+    return out
+
+
+@register_grad(ltorch.mvlgamma)
+def mvlgamma_grad(input, p):
+    """Eager's ``mvlgamma_backward``: ``g * (arange(-p / 2 + 0.5, 0.5, 0.5) + x.unsqueeze(-1))
+    .digamma().sum(-1)``, the digammas summed as one reduction."""
+    out = ltorch.mvlgamma(input, p)
+    if input.requires_grad and input.dtype.is_floating_point:
+        shifts = ltorch.arange(-p / 2.0 + 0.5, 0.5, 0.5, dtype=input.dtype, device=input.device)
+        terms = ltorch.digamma(shifts + input.unsqueeze(-1))
+        put_operand_grads((input,), (get_grad(out) * ltorch.sum(terms, -1),))
+    return out

@@ -14,7 +14,16 @@ from thunder_rs.torch.common import slice_indices
 from thunder_rs.torch.shape import every_step, reshape_to, slice_in_dim
 from thunder_rs.core.lang.symint import SymInt, same_shape
 
-__all__ = ["slice_scatter", "select_scatter", "diagonal", "diagonal_scatter", "straight_through", "stop_gradient"]
+__all__ = [
+    "slice_scatter",
+    "select_scatter",
+    "diagonal",
+    "diagonal_scatter",
+    "straight_through",
+    "stop_gradient",
+    "written_through_view",
+    "base_of_write",
+]
 
 
 # -- scatters: the inverses of slicing -------------------------------------------------------------
@@ -253,6 +262,42 @@ def straight_through(value, like):
 def stop_gradient(a):
     """``a``, through which no gradient flows."""
     return prims.convert_element_type(a, a.dtype)
+
+
+def _written(a):
+    return a
+
+
+@torchsymbol(_written, name="written_through_view")
+def written_through_view(a):
+    """``a``, the value an in-place op writes into a view (``v /= s``, ``v`` a view): eager's
+    autograd sends the base's gradient through CopySlices, which hands the op's backward a
+    contiguous copy of the view's part (``grad_slice.clone(at::MemoryFormat::Contiguous)``),
+    whatever the layout of the gradient reaching the base."""
+    return prims.convert_element_type(a, a.dtype)
+
+
+@torchsymbol(_written, name="base_of_write")
+def base_of_write(a):
+    """``a``, a contiguous tensor about to be written in place through a view of it: eager's
+    CopySlices gives the base's history its gradient as a new tensor laid out as the base
+    (``grad.new_empty_strided(base.sizes(), base.strides())``), whatever the layout of the
+    gradient reaching the written tensor."""
+    return prims.convert_element_type(a, a.dtype)
+
+
+@register_grad(base_of_write)
+def _base_of_write_grad(a):
+    out = base_of_write(a)
+    put_grad(a, ltorch.clone(get_grad(out), memory_format=torch.contiguous_format))
+    return out
+
+
+@register_grad(written_through_view)
+def _written_through_view_grad(a):
+    out = written_through_view(a)
+    put_grad(a, ltorch.clone(get_grad(out), memory_format=torch.contiguous_format))
+    return out
 
 
 @register_grad(straight_through)

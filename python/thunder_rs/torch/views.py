@@ -47,6 +47,7 @@ from thunder_rs.torch.view_scatters import (
     slice_scatter,
     stop_gradient,
     straight_through,
+    written_through_view,
 )
 
 __all__: list[str] = []
@@ -373,7 +374,7 @@ def copy_of(a) -> TensorProxy:
 # -- writing ---------------------------------------------------------------------------------------
 
 
-def _rebind(p, value, requires_grad: bool) -> None:
+def rebind(p, value, requires_grad: bool) -> None:
     p._vid = value._vid
     p._copy_of = False  # a value of its own now (``copy_of``'s proxy written in place)
     requires_grad = requires_grad and (p.dtype.is_floating_point or p.dtype.is_complex)
@@ -382,7 +383,7 @@ def _rebind(p, value, requires_grad: bool) -> None:
             p.requires_grad_(requires_grad)
 
 
-def _refresh(root, requires_grad: bool, written=None, value=None) -> None:
+def refresh(root, requires_grad: bool, written=None, value=None) -> None:
     """Recomputes the live views of ``root`` from its new value (``written`` becomes ``value``)."""
     if not root._views:
         return
@@ -399,7 +400,7 @@ def _refresh(root, requires_grad: bool, written=None, value=None) -> None:
             new = root
             for step in view._view.steps:
                 new = step.forward(new)
-        _rebind(view, new, requires_grad and not detached(view))
+        rebind(view, new, requires_grad and not detached(view))
     root._views[:] = alive
 
 
@@ -432,8 +433,8 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
         # copy back after the call cannot write into shared memory as eager's op wrote it.
         raise ThunderRuntimeError(f"{op}: {_OVERLAP} (at {user_location()})")
     if link is None:
-        _rebind(dst, value if through is None else _unseen(through, value, dst), requires_grad)
-        _refresh(dst, requires_grad)
+        rebind(dst, value if through is None else _unseen(through, value, dst), requires_grad)
+        refresh(dst, requires_grad)
         return
     if overlaps(dst.shape, link.strides):
         raise ThunderRuntimeError(f"{op}: {_OVERLAP} (at {user_location()})")
@@ -443,6 +444,10 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
             f"(at {user_location()})"
         )
     root = link.root
+    if through is None:
+        with torch._C.DisableTorchFunctionSubclass():
+            value_grad = value.requires_grad
+        value = written_through_view(value) if value_grad else value
     parents = [root]
     for step in link.steps[:-1]:
         parents.append(step.forward(parents[-1]))
@@ -451,8 +456,8 @@ def write(op: str, dst, value, requires_grad: bool, through=None) -> None:
         new = step.inverse(parent, new)
     if through is not None:
         new = _unseen(through, new, root)
-    _rebind(root, new, requires_grad)
-    _refresh(root, requires_grad, dst if through is None else None, value)
+    rebind(root, new, requires_grad)
+    refresh(root, requires_grad, dst if through is None else None, value)
 
 
 def same_memory(a, b) -> bool:

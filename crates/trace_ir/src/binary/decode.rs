@@ -341,6 +341,7 @@ impl Reader<'_> {
                 Arg::Scalar(Scalar::Float(x)) => FloatExpr::Float(x),
                 Arg::Scalar(Scalar::Int(c)) => FloatExpr::Int(Dim::Const(c)),
                 Arg::Sym(s) => FloatExpr::Int(Dim::Sym(s)),
+                Arg::Value(v) => FloatExpr::Input(v, self.f64()?),
                 other => return Err(self.error(format!("a symbolic float's operand is {other:?}"))),
             },
             FLOAT_NEG => FloatExpr::Neg(Box::new(self.float_expr(depth + 1)?)),

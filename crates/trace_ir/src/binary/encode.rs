@@ -196,7 +196,8 @@ impl Writer {
     }
 
     /// A symbolic float's operations, operands after their operation: an int operand as its
-    /// argument (an int or a symbolic int), a literal as a float argument.
+    /// argument (an int or a symbolic int), a literal as a float argument, a float input as its
+    /// value's argument followed by its hint's bits.
     fn float_expr(&mut self, e: &FloatExpr) {
         match e {
             FloatExpr::Int(d) => {
@@ -206,6 +207,11 @@ impl Writer {
             FloatExpr::Float(x) => {
                 self.out.push(FLOAT_LEAF);
                 self.scalar(Scalar::Float(*x));
+            }
+            FloatExpr::Input(v, x) => {
+                self.out.push(FLOAT_LEAF);
+                self.arg(&Arg::Value(*v));
+                self.out.extend_from_slice(&x.to_bits().to_le_bytes());
             }
             FloatExpr::Neg(a) | FloatExpr::Sqrt(a) => {
                 self.out.push(if matches!(e, FloatExpr::Neg(_)) { FLOAT_NEG } else { FLOAT_SQRT });

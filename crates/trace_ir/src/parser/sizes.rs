@@ -216,6 +216,29 @@ fn hinted(builder: &TraceBuilder, expr: Poly) -> Result<Dim> {
     Ok(Dim::from_poly(expr, hint))
 }
 
+/// `expr` with each operand that names a float input (read as a size: `(t0 * 0.5)`) that input.
+fn float_inputs(expr: &FloatExpr, builder: &TraceBuilder) -> FloatExpr {
+    let input = |d: &Dim| match d.poly().terms() {
+        [(atoms, 1)] => match atoms.as_slice() {
+            [Atom::Value(v)] => match builder.value(*v) {
+                Some(ValueKind::Number(Scalar::Float(x))) => Some(FloatExpr::Input(*v, *x)),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    };
+    let inner = |a: &FloatExpr| Box::new(float_inputs(a, builder));
+    match expr {
+        FloatExpr::Int(d) => input(d).unwrap_or_else(|| expr.clone()),
+        FloatExpr::Input(..) | FloatExpr::Float(_) => expr.clone(),
+        FloatExpr::Neg(a) => FloatExpr::Neg(inner(a)),
+        FloatExpr::Sqrt(a) => FloatExpr::Sqrt(inner(a)),
+        FloatExpr::Math(func, a) => FloatExpr::Math(*func, inner(a)),
+        FloatExpr::Bin(op, a, b) => FloatExpr::Bin(*op, inner(a), inner(b)),
+    }
+}
+
 /// `arg` (names resolved) with each symbolic int's hint computed from the size values it reads.
 pub(super) fn with_hints(arg: &Arg, builder: &TraceBuilder) -> Result<Arg> {
     let all = |items: &[Arg]| items.iter().map(|a| with_hints(a, builder)).collect::<Result<Vec<_>>>();
@@ -223,7 +246,7 @@ pub(super) fn with_hints(arg: &Arg, builder: &TraceBuilder) -> Result<Arg> {
         Arg::Sym(s) => Arg::dim(&hinted(builder, s.expr.clone())?),
         Arg::SymFloat(s) => {
             let mut bad = None;
-            let expr = s.expr.map_ints(&mut |d| match d {
+            let expr = float_inputs(&s.expr, builder).map_ints(&mut |d| match d {
                 Dim::Sym(s) => hinted(builder, s.expr.clone()).unwrap_or_else(|e| {
                     bad.get_or_insert(e);
                     d.clone()

@@ -14,7 +14,7 @@ use crate::grad::{number, Emitter, Grads};
 use crate::sym::{show, Dim, Facts};
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
 use crate::ValueId;
-use std::f64::consts::{LN_10, LN_2, PI};
+use std::f64::consts::{FRAC_2_SQRT_PI, FRAC_PI_2, LN_10, LN_2, PI, SQRT_2};
 
 /// Which element types an elementwise prim accepts.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -602,11 +602,12 @@ fn vjp_error_function(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: V
             e.mul(g, t)?
         }
         Ndtri => {
+            // eager's `grad * (M_PI_2 * M_SQRT2 * M_2_SQRTPI) * (result.square() * 0.5).exp()`
+            let scaled = e.mul(g, e.scalar(x, FRAC_PI_2 * SQRT_2 * FRAC_2_SQRT_PI))?;
             let t = e.mul(y, y)?;
             let t = e.mul(t, e.scalar(x, 0.5))?;
             let t = e.unary(Exp, t)?;
-            let t = e.mul(t, e.scalar(x, (2.0 * PI).sqrt()))?;
-            e.mul(g, t)?
+            e.mul(scaled, t)?
         }
         Erfcx => {
             let t = e.mul(x, y)?;
@@ -615,12 +616,14 @@ fn vjp_error_function(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: V
             e.mul(g, t)?
         }
         LogNdtr => {
+            // eager's `grad * (M_2_SQRTPI * M_SQRT2 * 0.25) * (result + self.pow(2) * 0.5).neg().exp()`
+            let scaled = e.mul(g, e.scalar(x, FRAC_2_SQRT_PI * SQRT_2 * 0.25))?;
             let t = e.mul(x, x)?;
-            let t = e.mul(t, e.scalar(x, -0.5))?;
-            let t = e.sub(t, y)?;
+            let t = e.mul(t, e.scalar(x, 0.5))?;
+            let t = e.add(y, t)?;
+            let t = e.neg(t)?;
             let t = e.unary(Exp, t)?;
-            let t = e.mul(t, e.scalar(x, 1.0 / (2.0 * PI).sqrt()))?;
-            e.mul(g, t)?
+            e.mul(scaled, t)?
         }
         _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),
     })
@@ -650,23 +653,48 @@ fn vjp_gamma_bessel_i(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: V
             let t = e.sub(i1e, t)?;
             e.mul(g, t)?
         }
-        I1 | I1e => {
-            // i1' = i0 - i1/x and i1e' = i0e - i1e (sign(x) + 1/x), both 1/2 at 0 (as torch).
-            let (bessel, scaled) = if prim == I1 { (I0, None) } else { (I0e, Some(Sign)) };
-            let mut t = e.div(y, x)?;
-            if let Some(sign) = scaled {
-                let s = e.unary(sign, x)?;
-                let sy = e.mul(s, y)?;
-                t = e.add(t, sy)?;
-            }
-            let b = e.unary(bessel, x)?;
-            let t = e.sub(b, t)?;
-            let at_zero = e.binary(Binary::Eq, x, e.scalar(x, 0.0))?;
-            let t = e.where_(at_zero, e.scalar(x, 0.5), t)?;
-            e.mul(g, t)?
-        }
+        I1 => divided_by_x_backward(e, I0, false, x, y, g)?,
+        I1e => divided_by_x_backward(e, I0e, true, x, y, g)?,
         _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),
     })
+}
+
+/// `torch.finfo(dtype).eps` of a floating dtype.
+fn machine_epsilon(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => f64::powi(2.0, -10),
+        DType::BF16 => f64::powi(2.0, -7),
+        DType::F32 | DType::C64 => f64::from(f32::EPSILON),
+        _ => f64::EPSILON,
+    }
+}
+
+/// Eager's backward of `i1`, `i1e` and `bessel_j1` (`i1_backward`, `i1e_backward`,
+/// `bessel_j1_backward`): `g * where(|x| > eps, zeroth(s) - y * (sgn(s) + 1/s), 1/2)`, `sgn(s)` only
+/// for the scaled `i1e`, where `s` is `x` with the values `|x| <= eps` replaced by `eps` (the
+/// dtype's machine epsilon), so that the rounding near 0 is eager's.
+fn divided_by_x_backward(
+    e: &mut Emitter,
+    zeroth: Unary,
+    scaled: bool,
+    x: ValueId,
+    y: ValueId,
+    g: ValueId,
+) -> Result<ValueId> {
+    let eps = machine_epsilon(e.meta(x).dtype);
+    let magnitude = e.unary(Unary::Abs, x)?;
+    let not_tiny = e.binary(Binary::Gt, magnitude, e.scalar(x, eps))?;
+    let safe = e.where_(not_tiny, x, e.scalar(x, eps))?;
+    let b = e.unary(zeroth, safe)?;
+    let mut r = e.unary(Unary::Reciprocal, safe)?;
+    if scaled {
+        let s = e.unary(Unary::Sign, safe)?;
+        r = e.add(s, r)?;
+    }
+    let t = e.mul(y, r)?;
+    let t = e.sub(b, t)?;
+    let t = e.where_(not_tiny, t, e.scalar(x, 0.5))?;
+    e.mul(g, t)
 }
 
 /// The Bessel functions of orders 0 and 1 (torch's `special.bessel_j0`...).
@@ -688,25 +716,26 @@ fn vjp_bessel(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) 
             let t = e.unary(ModifiedBesselI1, x)?;
             e.mul(g, t)?
         }
-        BesselJ1 | BesselY1 | ModifiedBesselI1 | ModifiedBesselK1 => {
-            // j1' = j0 - j1/x, y1' = y0 - y1/x, i1' = i0 - i1/x, k1' = -k0 - k1/x (as torch).
-            let zeroth = match prim {
-                BesselJ1 => BesselJ0,
-                BesselY1 => BesselY0,
-                ModifiedBesselI1 => ModifiedBesselI0,
-                _ => ModifiedBesselK0,
-            };
-            let z = e.unary(zeroth, x)?;
-            let z = if prim == ModifiedBesselK1 { e.neg(z)? } else { z };
-            let t = e.div(y, x)?;
+        // j1' = j0 - j1/x and i1' = i0 - i1/x (eager's `i1_backward` takes `i0`), 1/2 near 0.
+        BesselJ1 => divided_by_x_backward(e, BesselJ0, false, x, y, g)?,
+        ModifiedBesselI1 => divided_by_x_backward(e, I0, false, x, y, g)?,
+        BesselY1 => {
+            // eager's `grad * where(x == 0, inf, y0(x) - result * x.reciprocal())`
+            let z = e.unary(BesselY0, x)?;
+            let r = e.unary(Reciprocal, x)?;
+            let t = e.mul(y, r)?;
             let t = e.sub(z, t)?;
-            // j1 and i1 are 1/2 at 0, where y / x is 0 / 0 (as torch); y1 and k1 are singular there.
-            let t = if matches!(prim, BesselJ1 | ModifiedBesselI1) {
-                let at_zero = e.binary(Binary::Eq, x, e.scalar(x, 0.0))?;
-                e.where_(at_zero, e.scalar(x, 0.5), t)?
-            } else {
-                t
-            };
+            let at_zero = e.binary(Binary::Eq, x, e.scalar(x, 0.0))?;
+            let t = e.where_(at_zero, e.scalar(x, f64::INFINITY), t)?;
+            e.mul(g, t)?
+        }
+        ModifiedBesselK1 => {
+            // eager's `grad * -(k0(x) + result * x.reciprocal())`
+            let z = e.unary(ModifiedBesselK0, x)?;
+            let r = e.unary(Reciprocal, x)?;
+            let t = e.mul(y, r)?;
+            let t = e.add(z, t)?;
+            let t = e.neg(t)?;
             e.mul(g, t)?
         }
         _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),

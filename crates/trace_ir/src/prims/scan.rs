@@ -111,9 +111,13 @@ fn vjp_cumprod(e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId, dim: usize) 
 }
 
 /// torch's log-space rule: the positive and negative parts of `g` each go through a reversed
-/// logcumsumexp, so that no `exp(x)` or `exp(-y)` overflows.
+/// logcumsumexp, so that no `exp(x)` or `exp(-y)` overflows. A 0-d input's gradient is the
+/// cotangent itself, as eager's `logcumsumexp_backward` returns it.
 fn vjp_logcumsumexp(e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId, dim: usize) -> Result<ValueId> {
     let m = e.meta(g);
+    if m.ndim() == 0 {
+        return Ok(g);
+    }
     let zero = Arg::Scalar(number(m.dtype, 0.0));
     let minus_inf = e.emit(
         Creation::Full {

@@ -132,7 +132,8 @@ impl TraceBuilder {
         let taken: Vec<usize> = (0..self.inputs.len())
             .filter(|&i| read.contains(&self.inputs[i]) || out.contains(&self.inputs[i]))
             .collect();
-        let sizes: Vec<ValueId> = self.sizes.iter().copied().chain(ran_sizes).collect();
+        // (float inputs are passed as sizes are: the call's own values)
+        let sizes: Vec<ValueId> = self.sizes.iter().chain(&self.floats).copied().chain(ran_sizes).collect();
         let tensors = taken.iter().map(|&i| self.inputs[i]);
         let inputs = tensors.chain(known_inputs.iter().copied()).chain(sizes.iter().copied()).collect();
         Segment { trace: self.compact(inputs, kept, &returned), taken, sizes, known_inputs, returned }

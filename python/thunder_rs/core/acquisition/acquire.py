@@ -19,7 +19,9 @@ from thunder_rs.core.acquisition.effects import (
     recording_prints,
     stop_recording_prints,
 )
-from thunder_rs.core.acquisition.dynamic import INT, ArgInt, HeldDim, HeldInt, HeldStride, in_other_items, leaf_paths
+from thunder_rs.core.acquisition.dynamic import FLOAT, INT, ArgInt, HeldDim, HeldInt, HeldStride
+from thunder_rs.core.acquisition.dynamic import in_other_items, leaf_paths
+from thunder_rs.core.acquisition.float_args import ArgFloat, HeldFloat
 from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.lang.fallback import fallback
@@ -39,7 +41,7 @@ from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apar
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
-from thunder_rs.core.lang import symint
+from thunder_rs.core.lang import symfloat, symint
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
@@ -110,6 +112,9 @@ class Acquired:
     stand_ins: object = None
     #: the ids of the generators the recorded backwards draw from (``recorder.backward_draws``)
     backward_draws: frozenset = frozenset()
+    #: the float arguments the trace takes as inputs, its very last (``float_args``): ``(ArgFloat,
+    #: value id)`` each, in order; ``tail`` reads them after the ints
+    floats: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -275,8 +280,10 @@ class SizeInputs:
     they differ compile again; where the program relies on their equality (``torch.stack``),
     the trace guards it."""
 
-    def __init__(self, rec, sizes, held, paths=None):
+    def __init__(self, rec, sizes, held, paths=None, floats=()):
         self._rec, self.flat, self.held, self._paths = rec, sizes, held or {}, paths
+        #: the positions of the float arguments to take as inputs, and ``(ArgFloat, value id)`` of each made
+        self.float_positions, self.floats = floats, []
         self._by_value: dict = {}
         #: where each size input is read, in the order made (the trace's order)
         self.sources: list = []
@@ -315,6 +322,12 @@ class SizeInputs:
             else:
                 made.setdefault(i, {})[d] = self.of(flat_inputs[i].shape[d], (i, d))
         return made
+
+    def float_of(self, value: float, at):
+        """A float input for the float ``value`` read at ``at`` (``ArgFloat`` or ``HeldFloat``)."""
+        vid = self._rec.float_input(value)
+        self.floats.append((at, vid))
+        return symfloat.float_input(vid, value)
 
     def next_int(self) -> int:
         """The number of the next int read as a size among the entry's last inputs."""
@@ -368,12 +381,17 @@ def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs, pairs: lis
     holders = {source.key: (obj, source) for obj, source, _ in reached.objects}
     holders.update((id(o), (c, ModuleSource(o, type(o).__name__))) for c, o in pairs)
     for (key, name), dims in size_inputs.held.items():
-        found = holders.get(key) if INT in dims else None
+        found = holders.get(key) if INT in dims or FLOAT in dims else None
         if found is None:
             continue
         attributes: Any = attributes_of(found[0])  # reached objects and modules have an instance dict
         value = attributes.get(name)
-        if type(value) is not int or value < 2:
+        if type(value) is float and FLOAT in dims:  # (a float input, ``float_args.HeldFloat``)
+            stand_in = size_inputs.float_of(value, HeldFloat(found[1], name, len(size_inputs.floats)))
+            attributes[name] = stand_in
+            placed.append((attributes, _PlacedInt(name, stand_in, found[1]), value))
+            continue
+        if type(value) is not int or value < 2 or INT not in dims:
             continue
         stand_in = symint.wrap(size_inputs.of(value, HeldInt(found[1], name, size_inputs.next_int())))
         attributes[name] = stand_in
@@ -417,6 +435,8 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     for i, dims in symbolic.items():
         if None in dims:  # an int argument read as a size
             leaves[i] = symint.wrap(dims[None])
+    for k, i in enumerate(size_inputs.float_positions):  # a float argument taken as an input
+        leaves[i] = size_inputs.float_of(flat_inputs[i], ArgFloat(i, k))
     first = {id(flat_inputs[i]): i for i in positions}
     for i, x in enumerate(flat_inputs):
         if isinstance(x, torch.Tensor) and first[id(x)] != i:
@@ -444,8 +464,8 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     # After the observer noted the argument objects' attributes: what the call found.
     placed = _stand_ins(reached, captures, size_inputs, len(positions) + len(params))
     ints = _int_stand_ins(reached, size_inputs, pairs)
-    observer.state.symbolic_ints = {(id(attributes), p.name) for attributes, p, _ in ints}
-    observer.guard_module_ints([(p.source, p.name) for _, p, _ in ints if type(p.source) is ModuleSource])
+    observer.state.symbolic_ints = {(id(attributes), p.name): type(v) for attributes, p, v in ints}
+    observer.guard_module_ints([(p.source, p.name, type(v)) for _, p, v in ints if type(p.source) is ModuleSource])
     placed += ints
     try:
         with observer, tracing_overrides(), LanguageMode():
@@ -564,18 +584,20 @@ def acquire(
     reads: ValueReads | None = None,
     sizes: tuple = (),
     held: dict | None = None,
+    floats: tuple = (),
 ) -> Acquired:
     """Traces ``fn(*args, **kwargs)`` rebuilt from ``flat_inputs``. For a module, ``binding``'s parameters
     and buffers become trace inputs after the flat inputs, one per distinct tensor; captured tensors come
     last. ``whole`` (``extend.whole_runners``) lets kernels the jit's executors run whole be recorded
     without their decompositions. ``reads`` answers the reads of traced tensors' values (without it they
     are refused). ``sizes`` are the ``(flat position, dim)`` of the tensor inputs' sizes to trace as
-    symbolic, ``held`` the dims of argument objects' tensors (``{(source key, name): dims}``; ``dynamic``)."""
+    symbolic, ``held`` the dims of argument objects' tensors (``{(source key, name): dims}``; ``dynamic``);
+    ``floats`` the positions of the float arguments to take as inputs (``float_args``)."""
     rec = _core.Recorder()
     made: list = []
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
-    size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None)
+    size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None, floats)
     try:
         out, observer, writes, repeated, inputs, (inference, hooks) = _trace_program(
             fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
@@ -618,7 +640,7 @@ def acquire(
         num_outputs,
         modules_called,
         writebacks,
-        captured_inputs(captured, ints),
+        captured_inputs(captured, (*ints, *(at for at, _ in size_inputs.floats))),
         [] if reads is None else reads.reads,
         size_inputs.sources,
         size_inputs.shared,
@@ -630,6 +652,7 @@ def acquire(
         first,
         inference,
         hooks,
+        floats=tuple(size_inputs.floats),
     )
 
 

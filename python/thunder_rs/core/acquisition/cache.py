@@ -289,7 +289,7 @@ def input_names(fn, flat, spec) -> list[str]:
 def _show(key) -> str:
     """A leaf key in words."""
     if type(key) is tuple and len(key) == 2 and key[0] is float:
-        return repr(float.fromhex(key[1]))
+        return "a float input" if key[1] is None else repr(float.fromhex(key[1]))
     if type(key) is tuple and len(key) == 2 and key[0] is _Generator and type(key[1]) is torch.device:
         return f"a torch.Generator on {key[1]}"
     if type(key) is tuple and len(key) in (1, 2) and isinstance(key[0], type):
@@ -312,7 +312,7 @@ def _one_tensor(aliases, names) -> str:
 
 def _state_change(old, new, names=()) -> str:
     """Which part of ``global_key`` changed: grad mode, default dtype, autocast, default device, or
-    (for a module) its training mode or its parameters' dtype, device and requires_grad."""
+    (for a module) its training mode or its parameters' dtype, device, requires_grad and sizes."""
     labels = ("grad mode", "default dtype", "autocast", "default device")
     changes = [f"{label} {a} -> {b}" for label, a, b in zip(labels, old, new) if a != b]
     if old[5] != new[5]:
@@ -331,7 +331,7 @@ def _state_change(old, new, names=()) -> str:
                 first = moved[0] if moved else None
                 detail = (
                     (
-                        f" (the first: parameter {first}, (dtype, device, requires_grad) "
+                        f" (the first: parameter {first}, (dtype, device, requires_grad, sizes) "
                         f"{old_params[first]} -> {new_params[first]})"
                     )
                     if first is not None

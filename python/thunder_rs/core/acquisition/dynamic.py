@@ -231,6 +231,19 @@ class ArgInt(NamedTuple):
 
 #: Marks, among ``held_changes``' dims, an int attribute (``HeldInt``) rather than a tensor's dim.
 INT = "int"
+#: Marks, among ``held_changes``' dims, a float attribute (``float_args.HeldFloat``).
+FLOAT = "float"
+
+
+def _float_changed(guard, flat) -> bool:
+    """Whether ``guard`` (failing) read a float of an argument object or a module (a module's
+    ``self.temperature``) that is another float now: a float input of the next compile
+    (``float_args.HeldFloat``)."""
+    if type(guard) is not Guard or type(guard.expected) is not float:
+        return False
+    if not isinstance(guard.source, InputSource) and type(guard.source) is not ModuleSource:
+        return False
+    return type(guard.read(flat)) is float
 
 
 def _int_changed(guard, flat) -> bool:
@@ -259,6 +272,9 @@ def held_changes(guards, flat) -> dict | None:
             continue
         if _int_changed(guard, flat):
             changed.setdefault((guard.source.key, guard.name), set()).add(INT)
+            continue
+        if _float_changed(guard, flat):
+            changed.setdefault((guard.source.key, guard.name), set()).add(FLOAT)
             continue
         if type(guard) is not TensorGuard:
             return None
@@ -350,15 +366,16 @@ def size_readers(sizes, positions) -> list:
     ]
 
 
-def with_sizes(fn, readers, captured: tuple = (), ints: int = 0):
+def with_sizes(fn, readers, captured: tuple = (), ints: int = 0, floats: int = 0):
     """``fn`` given, after the caller's inputs, the ``captured`` tensors and then the symbolic
-    sizes read from the inputs, as a trace with size inputs takes them (its last). The last
-    ``ints`` inputs are ints argument objects hold (``HeldInt``), sizes themselves."""
+    sizes read from the inputs, as a trace with size inputs takes them (its last but floats).
+    The last ``floats`` inputs are float arguments (``float_args.ArgFloat``), passed last; the
+    ``ints`` before them are ints argument objects hold (``HeldInt``), sizes themselves."""
     shapes: set = set()
 
     def read(k: int, d) -> str:
         if d is None:
-            return f"inputs[{k - ints}]"
+            return f"inputs[{k - ints - floats}]"
         if type(d) is tuple:
             return f"inputs[{k}].stride({d[1]})"
         if k in shapes:
@@ -367,8 +384,9 @@ def with_sizes(fn, readers, captured: tuple = (), ints: int = 0):
         return f"(s{k} := inputs[{k}].shape)[{d}]"
 
     reads = ", ".join(read(k, d) for k, d in readers)
-    passed = f"inputs[:-{ints}]" if ints else "inputs"
-    source = f"def call(*inputs):\n    return fn(*{passed}, {'*captured, ' if captured else ''}{reads})\n"
+    passed = f"inputs[:-{ints + floats}]" if ints + floats else "inputs"
+    last = f", *inputs[-{floats}:]" if floats else ""
+    source = f"def call(*inputs):\n    return fn(*{passed}, {'*captured, ' if captured else ''}{reads}{last})\n"
     scope = {"fn": fn, "captured": captured}
     exec(compile(source, "<thunder_rs sizes>", "exec"), scope)
     return scope["call"]

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import torch
 
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
-from thunder_rs.core.base.userframe import store_site
+from thunder_rs.core.base.userframe import store_site, user_location
 from thunder_rs.core.state.identity import cache_fill_error
-from thunder_rs.errors import ThunderRuntimeError
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 
 def _refcounts(proxies: list) -> list[int]:
@@ -107,6 +107,7 @@ def check_no_escape(proxies: list, producer, sites: dict | None = None, placed: 
     where, holder = describe_holder(proxy, proxies)
     site = (sites or {}).get(id(holder))
     cached = holder if type(holder) is functools._lru_cache_wrapper else None
+    parametrizations = _is_parametrization_cache(holder)
     del holder
     at = f" at {store_site(*site)}" if site is not None else ""
     remaining = escaped(proxies, placed)
@@ -114,6 +115,14 @@ def check_no_escape(proxies: list, producer, sites: dict | None = None, placed: 
         _remove_from_user_state(p, (proxies, remaining))
     if cached is not None:
         raise cache_fill_error(cached, site[0] if site is not None else "an unknown line")
+    if parametrizations:
+        raise ThunderNotImplementedError(
+            f"torch.nn.utils.parametrize.cached() around the jitted call at {user_location()}: inside it eager "
+            "computes each parametrized tensor once and reads it from the cache at every later use, in later calls "
+            "in the block too (after an optimizer step as well), which a compiled call does not. Enter cached() "
+            "inside the jitted program (each call then computes a parametrized tensor once), or call the model "
+            "eagerly inside the block"
+        )
     raise ThunderRuntimeError(
         f"thunder_rs.jit: the traced program{at} stored a tensor it computed ({producer(proxy)}) in "
         f"{where}, which outlives the call (thunder_rs removed it from there again). Compiled, it "
@@ -121,6 +130,12 @@ def check_no_escape(proxies: list, producer, sites: dict | None = None, placed: 
         "jitted module (they then run eagerly around the compiled call), or use "
         "torch.compile(backend=...) for programs with such side effects"
     )
+
+
+def _is_parametrization_cache(holder) -> bool:
+    """Whether ``holder`` is the cache of ``torch.nn.utils.parametrize.cached()``."""
+    parametrize = sys.modules.get("torch.nn.utils.parametrize")
+    return parametrize is not None and holder is parametrize._cache
 
 
 def _remove_from_user_state(obj, ours: tuple) -> None:

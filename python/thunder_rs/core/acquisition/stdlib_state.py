@@ -68,7 +68,7 @@ from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
 from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
-from thunder_rs.core.state.observe import _importing, thread_state
+from thunder_rs.core.state.hook import importing_frame, thread_state
 from thunder_rs.errors import ThunderNotImplementedError
 
 # -- the program's frame ---------------------------------------------------------------------------
@@ -100,7 +100,7 @@ def _is_program(frame) -> bool:
     """Whether ``frame`` runs the program's code: not a library's, nor a module body's that the
     program's first call imports (a library's setup at import happens once in eager too)."""
     observer = thread_state.observer
-    return interesting(frame.f_code) and not (observer is not None and _importing(frame, observer.entry))
+    return interesting(frame.f_code) and not (observer is not None and importing_frame(frame, observer.entry))
 
 
 def _tracing() -> bool:

@@ -121,6 +121,9 @@ class TensorProxy(torch.Tensor):
     _history_error: str | None = None
     #: for a trace input whose tensor is not contiguous: its strides (views follow eager's)
     _strides: tuple[int, ...] | None = None
+    #: for a root written through a view: the value ``views.rebase`` made it, which gives the
+    #: write's gradient eager's layout
+    _based_vid: int | None = None
     #: for a copy eager makes that the trace computes nothing for (``views.copy_of``)
     _copy_of = False
     #: for a tensor a factory made from sizes alone (``torch.zeros(n)``): eager's is contiguous, and

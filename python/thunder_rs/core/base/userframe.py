@@ -5,6 +5,7 @@ import ast
 import linecache
 import os
 import sys
+import warnings
 
 import torch
 
@@ -84,3 +85,18 @@ def _named(expr, name) -> bool:
     if isinstance(expr, ast.Name):
         return expr.id == name
     return isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and expr.slice.value == name
+
+
+def warn_recompiles(name: str, misses: int, reason: str) -> None:
+    warn_at_user_frame(f"thunder_rs: {name} recompiled {misses} times; last change: {reason}")
+
+
+def warn_at_user_frame(message: str) -> None:
+    """Warns at the user's call site: the first frame outside thunder_rs and torch."""
+    frame = user_frame()
+    if frame is None:
+        warnings.warn(message, stacklevel=4)
+    else:
+        warnings.warn_explicit(
+            message, UserWarning, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__")
+        )

@@ -290,6 +290,20 @@ def cast_inputs(func, args: tuple, kwargs: dict):
     return args, kwargs
 
 
+def cast_inside(op: str, *args):
+    """``args`` of aten ``op`` called by a torch function that eager writes in Python
+    (``F.local_response_norm``), whose ops ltorch calls one by one from the program's own code:
+    eager's autocast casts each op such a function calls, by that op's policy. Unchanged inside a
+    decomposition (where aten kernels run unautocast)."""
+    if not _is_any_autocast_enabled() or current().depth != _user_depth.get():
+        return args
+    for device_type in ("cpu", "cuda"):
+        policy = POLICIES[device_type].get(op)
+        if policy is not None and torch.is_autocast_enabled(device_type):
+            args, _ = _apply(op, policy, device_type, args, {})
+    return args
+
+
 @contextlib.contextmanager
 def entered(recorded: AutocastState):
     """Runs the block under the autocast state ``recorded``, whatever the caller's."""

@@ -206,6 +206,9 @@ class FusionExecutor(Executor):
     #: where ``Region.input_shapes`` says they may change): a trace with symbolic sizes runs
     #: without the fusion executors that do not (they compile per shape, seconds each).
     fuses_symbolic = False
+    #: Whether its regions take float inputs (``core.acquisition.float_args``) as inputs of one
+    #: compile: a trace with float inputs runs without the fusion executors that compile per value.
+    fuses_float_inputs = False
 
     def take_from(self, executor: Executor, keys=None) -> None:
         """Takes ``executor``'s implementations of ``keys`` (all of them by default) as its own."""

@@ -272,6 +272,12 @@ def _data_dependent_error(name: str) -> ThunderRuntimeError:
     )
 
 
+#: Output metadata of ops torch has no meta kernel for, whose outputs are sized as an input is:
+#: ``torch._dirichlet_grad`` (the backward of ``Beta``'s and ``Dirichlet``'s ``rsample``, elementwise
+#: over its first argument).
+_META_RULES = {torch._dirichlet_grad: lambda x, concentration, total: torch.empty_like(x)}
+
+
 def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
     """Runs ``func`` on meta tensors, or on fake ones under autocast; a ``factory`` (a call that
     takes no tensor, such as ``torch.randint``) on the meta device, so that nothing is drawn. A
@@ -287,7 +293,7 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
             meta_args, meta_kwargs = tree_map(_to_meta, (args, kwargs))
             if factory:
                 meta_kwargs["device"] = "meta"
-            return func(*meta_args, **meta_kwargs)
+            return _META_RULES.get(func, func)(*meta_args, **meta_kwargs)
         except _DATA_DEPENDENT_ERRORS as e:
             raise _NeedsValues(_data_dependent_error(name)) from e
         except NotImplementedError as e:

@@ -70,6 +70,7 @@ class _Sizes:
         found = self._by_value.get(value)
         if found is None:
             atom = current().size_value(value)
+            assert not isinstance(atom, float)  # (a size's value: float inputs are no sizes)
             source = _source(f"t{value}")
             symbol = self.env.create_symbol(atom.hint, source, DimDynamic.DYNAMIC)
             found = self._by_value[value] = self.env.create_symintnode(symbol, hint=atom.hint, source=source)

@@ -438,6 +438,19 @@ _GRAD_ACCESS = frozenset({_GRAD_GET, _GRAD_DESCRIPTOR.__set__})
 _AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
 
 
+#: Forward-mode differentiation (``torch.func.jvp``, ``torch.autograd.forward_ad.make_dual``): a
+#: traced tensor carries no tangent, so the program would get none (``unpack_dual(y).tangent`` None).
+_FORWARD_AD_CALLS = frozenset({torch._make_dual})
+
+
+def _forward_ad_error(func) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"{qualified_name(func)}: the program differentiates in forward mode at {user_location()} (torch.func.jvp, "
+        "torch.func.jacfwd, torch.autograd.forward_ad.make_dual) while it is traced; a traced tensor carries no "
+        "tangent. Apply the transform outside the jitted function (torch.func.jvp(jitted_fn, primals, tangents))"
+    )
+
+
 def _autograd_call_error(func) -> ThunderNotImplementedError:
     return ThunderNotImplementedError(
         f"{qualified_name(func)}: the program differentiates at {user_location()} while it is traced; thunder_rs "
@@ -510,6 +523,8 @@ class LanguageMode(TorchFunctionMode):
             raise grad_error("reads" if func == _GRAD_GET else "sets")
         if func in _AUTOGRAD_CALLS and thread_state.inside == 0:
             raise _autograd_call_error(func)
+        if func in _FORWARD_AD_CALLS and thread_state.inside == 0:
+            raise _forward_ad_error(func)
         if any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
         if TensorProxy in types or func in RANDOM:  # random calls are recorded: eager draws on every call

@@ -59,7 +59,7 @@ class Snapshots:
             return [known[v] for v in wanted]
         if not self._segments:
             trace = current().snapshot(wanted)
-            return self._evaluate(trace, inputs, trace.size_inputs())[0]
+            return self._evaluate(trace, inputs, [*trace.size_inputs(), *trace.float_inputs()])[0]
         added = self._run_segment(wanted, inputs)
         out = [known[v] for v in wanted]
         if self._past_budget(added):
@@ -103,7 +103,7 @@ class Snapshots:
         they were."""
         rec = current()
         consts = list(rec.consts())
-        sizes = [self.actual.get(v, rec.size_value(v).hint) for v in size_ids]
+        sizes = [self.actual.get(v, _hint(rec.size_value(v))) for v in size_ids]
         draws = trace.has_effects()
         with outside_the_trace(draws):
             if draws and self._generators is not None:  # (None from the start, and once past the budget)
@@ -128,6 +128,11 @@ class Snapshots:
         self._known.clear()
         self._kept.clear()
         self._generators = None
+
+
+def _hint(value):
+    """A size value's size when traced (a float input's value is itself)."""
+    return value if type(value) is float else value.hint
 
 
 class FirstOutputs:

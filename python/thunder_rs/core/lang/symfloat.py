@@ -22,7 +22,16 @@ function of ``math`` (``exp``, ``expm1``, ``log``, ``log1p``, ``log2``, ``log10`
 which tracing puts in ``math``; the compiled program calls ``math``'s own on the same double, so
 the value is eager's, and each is guarded to stay in its domain). ``hint`` is the value when
 traced, computed by the operations themselves on the sizes' values.
+
+A float argument that changes between calls (a learning rate, a loss weight) is a float input
+of the trace, ``("arg", value id, hint)`` in ``ops`` (``core.acquisition.float_args``): what the
+program computes from it stays symbolic, and the compiled program passes the caller's float to
+torch, as eager does. No relation over it is kept: a decision on its value (a comparison,
+``float()``, ``int()``, ``math.*``, text) specialises it, which ``specialised_inputs`` records,
+and the compile takes it as a constant then.
 """
+
+import contextvars
 
 import math
 import operator
@@ -32,8 +41,10 @@ import numpy
 import torch
 
 from thunder_rs import _core
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.caller_code import only_assert_message
 from thunder_rs.core.lang.recorder import current
+from thunder_rs.errors import ThunderRuntimeError
 
 _SymExpr = _core.SymExpr
 
@@ -271,12 +282,43 @@ MATH_FUNCTIONS = {"sqrt": sqrt, "log": log, **{n: _named(n) for n in ("exp", "ex
 
 
 def _specialise(ops) -> None:
-    """Specialises every size ``ops`` reads to its hint (``== hint`` guards)."""
+    """Specialises every size ``ops`` reads to its hint (``== hint`` guards), and notes every float
+    input it reads as specialised (``specialised_inputs``)."""
     if type(ops) is _SymExpr:
         current().specialise(ops)
+    elif type(ops) is tuple and ops[0] == ARG:
+        noted = _SPECIALISED.get()
+        if noted is None:  # (a decision on a float input outside a compile would go unseen)
+            raise ThunderRuntimeError(f"thunder_rs: the value of float input t{ops[1]} was needed outside a compile")
+        noted.setdefault(ops[1], user_location())
     elif type(ops) is tuple:
         for part in ops[1:]:
             _specialise(part)
+
+
+#: The operation naming a float input in ``ops``: ``("arg", value id, hint)``.
+ARG = "arg"
+#: ``{value id: where the program first needed its value}`` of the float inputs specialised
+#: while the acquisition that ``specialised_inputs`` opened traces.
+_SPECIALISED: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_specialised_floats", default=None)
+
+
+def float_input(vid: int, hint: float) -> "SymFloat":
+    """The symbolic float of the trace's float input ``vid`` (``Recorder.float_input``), at ``hint``."""
+    return SymFloat((ARG, vid, hint), hint)
+
+
+class specialised_inputs:
+    """A context in which the float inputs whose value the program needs are noted: ``found``,
+    ``{value id: "file:line"}``."""
+
+    def __enter__(self):
+        self.found: dict = {}
+        self._token = _SPECIALISED.set(self.found)
+        return self
+
+    def __exit__(self, *exc):
+        _SPECIALISED.reset(self._token)
 
 
 #: Bounds that keep a comparison of rounded rationals exact (``relation``): constants' numerators
@@ -307,6 +349,8 @@ def _rational(ops):
         return ops, 1
     if type(ops) is not tuple:
         return _ratio(ops)
+    if ops[0] == ARG:  # (a float input: no rational of sizes)
+        return None
     if ops[0] == "neg":
         inner = _rational(ops[1])
         return None if inner is None else (-inner[0], inner[1])
@@ -438,6 +482,8 @@ def relation(op: str, a, b):
 def text(ops) -> str:
     """``ops`` as Python, as the trace prints it: each operation in parentheses."""
     if type(ops) is tuple:
+        if ops[0] == ARG:
+            return f"t{ops[1]}"
         if ops[0] == "neg":
             return f"(-{text(ops[1])})"
         if ops[0] == "sqrt":

@@ -34,6 +34,8 @@ def call_general(jfn, args, kwargs):
     keyed = call_key(args, kwargs, state)
     if keyed is not None:
         key, flat = keyed
+        if jfn._floats.wide:  # (float arguments the entries take as inputs: ``float_args``)
+            key = jfn._floats.key(key)
         entry = jfn._cache.get(key)
         if entry is not None and (entry.check is None or entry.check(flat)):
             entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
@@ -55,6 +57,8 @@ def _flattened(jfn, args, kwargs, state, params, binding):
     read with ``params`` (its tensors) from ``binding``."""
     flat, spec = flatten_call(args, kwargs)
     key = (global_key(state, tensor_aliases(flat)), tuple(map(leaf_key, flat)), spec)
+    if jfn._floats.wide:
+        key = jfn._floats.key(key)
     entry = jfn._cache.get(key)
     if entry is None or (entry.check is not None and not entry.check(flat)):
         torch_spec = compile_spec(args, kwargs, flat)

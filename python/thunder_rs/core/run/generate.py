@@ -94,7 +94,8 @@ def _named_inputs(traces: list, acquired, names, taken: set) -> list:
     """The forward traces showing (the execution trace taking) inputs under the user's names."""
     user, params = names
     inputs = traces[0].num_inputs
-    named = trace_input_names(user, acquired.tensor_positions, params, inputs, taken | {"computation"})
+    floats = [getattr(at, "position", None) for at, _ in acquired.floats]
+    named = trace_input_names(user, acquired.tensor_positions, params, inputs, taken | {"computation"}, floats)
     return [t.with_input_names(named) if t.num_inputs == inputs else t for t in traces]
 
 
@@ -129,7 +130,7 @@ def _differentiable_program(acquired, filename: str, grad_positions: list, forwa
 
     outputs = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
     generators = program_generators(consts) if trace.has_effects() else None
-    tensors = trace.num_inputs - len(acquired.sizes)  # size inputs are ints, and last
+    tensors = trace.num_inputs - len(acquired.sizes) - len(acquired.floats)  # sizes and floats are last
     return DifferentiableProgram(
         compile_program,
         wb is None and acquired.out_kind == "single",
@@ -175,7 +176,7 @@ def _unread(acquired) -> tuple:
     an input requiring grad costs its backward about 2 us even when it gets no gradient (150
     layers of which 3 ran: 1.1 ms a step). Written inputs are kept (their writes go to them)."""
     trace, wb = acquired.trace, acquired.writebacks
-    tensors = trace.num_inputs - len(acquired.sizes)  # size inputs are ints, and last
+    tensors = trace.num_inputs - len(acquired.sizes) - len(acquired.floats)  # sizes and floats are last
     needed = set(trace.inputs_needed()) | set(wb.targets if wb is not None else ())
     return tuple(k for k in range(tensors) if k not in needed)
 
@@ -198,6 +199,8 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         # or kernels per shape, seconds each) is left out: a trace with symbolic sizes runs
         # without it, one compile for every size, rather than a fusion compile per size.
         executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_symbolic]
+    if acquired.floats:  # (likewise a fusion executor that compiles a region per float value)
+        executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_float_inputs]
     table, impls = executor_table(executors)
     compiled = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts, list(passes))
     traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
@@ -263,5 +266,5 @@ def _called(computation, acquired, modes: RecordedModes, differentiable: bool):
     captured = tuple(acquired.captured) if acquired.tail is None else ()
     if acquired.sizes:
         readers = size_readers(acquired.sizes, acquired.tensor_positions)
-        return with_sizes(computation, readers, captured, len(acquired.ints))
+        return with_sizes(computation, readers, captured, len(acquired.ints), len(acquired.floats))
     return _with_captured(computation, captured) if captured else computation

@@ -25,11 +25,13 @@ def _identifier(text: str, prefix: str) -> str:
     return name
 
 
-def trace_input_names(user: list[str], positions, params, num_inputs: int, taken) -> list[str]:
+def trace_input_names(user: list[str], positions, params, num_inputs: int, taken, floats=()) -> list[str]:
     """One name per trace input ("" keeps the input's ``tN``): the flat inputs at ``positions``,
-    then ``params`` (qualified names), then captured tensors."""
+    then ``params`` (qualified names), then captured tensors; the last, the float inputs, the
+    flat inputs at ``floats`` (None: a float a module or an argument object holds)."""
     wanted = [_identifier(user[i], "l_") for i in positions] + [_identifier(p, "") for p in params]
-    wanted += [""] * (num_inputs - len(wanted))
+    wanted += [""] * (num_inputs - len(wanted) - len(floats))
+    wanted += ["" if i is None else _identifier(user[i], "l_") for i in floats]
     seen = set(taken)
     names = []
     for name in wanted[:num_inputs]:

@@ -7,7 +7,6 @@ import functools
 import threading
 import time
 import types
-import warnings
 import weakref
 from itertools import starmap
 from operator import getitem
@@ -19,6 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
 from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wanted_held, wanted_sizes
+from thunder_rs.core.acquisition.float_args import FloatArgs
 from thunder_rs.core.run.call_paths import call_general
 from thunder_rs.core.acquisition.cache import (
     describe_change,
@@ -34,7 +34,8 @@ from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.lang.inference import making_inference
 from thunder_rs.core.state.modules import apply_hook_changes
-from thunder_rs.core.base.userframe import user_frame
+from thunder_rs.core.base.userframe import warn_at_user_frame, warn_recompiles
+from thunder_rs.core.run.variants import at_site, lookups, serves
 from thunder_rs.core.lang.reads import Diverged, Read, decision
 from thunder_rs.core.lang.value_sizes import above_values, other_side, place_guards, widened
 from thunder_rs.core.lang.values import ValueReads, ValueTree
@@ -119,6 +120,8 @@ class ThunderFunction:
         self._marked_held: dict = {}
         #: int arguments a symbolic compile failed on (``x.topk(k)``): constants from then on
         self._constant_ints: set = set()
+        #: float arguments seen to change, taken as inputs, or kept constant (``float_args``)
+        self._floats = FloatArgs()
         #: calls whose output sizes (computed from values) changed: ``{(what, where): groups}``
         self._sized_sites: dict = {}
         self._symbolic: list[SymbolicEntry] = []
@@ -150,6 +153,10 @@ class ThunderFunction:
         them change (in the default mode, ``dynamic=None``): ``(flat position, dim)`` of a tensor
         argument, ``(flat position, None)`` of an int argument."""
         self._marked.update(places)
+
+    def mark_floats(self, positions) -> None:
+        """Takes the float arguments at flat ``positions`` as inputs from the next compile on."""
+        self._floats.marked.update(positions)
 
     def __get__(self, instance, owner=None):
         """As a method (``@jit`` in a class body): bound to ``instance``, which is an input of the
@@ -248,8 +255,8 @@ class ThunderFunction:
             if self._dynamic_off is None and self._dynamic is not False:
                 wide, sized = self._symbolic_answer(read, diverged.value, entry.tree, prefix)
                 steps.extend(sized)
-            for found in _lookups(entry, steps, diverged, tried):
-                if found is not None and id(found) not in tried and _serves(found, key, flat):
+            for found in lookups(entry, steps, diverged, tried):
+                if found is not None and id(found) not in tried and serves(found, key, flat):
                     found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                     if key in self._cache:
                         self._cache[key] = found
@@ -260,7 +267,7 @@ class ThunderFunction:
                 self._sized_sites[(read.what, read.where)] = wide.sizes
                 # The site's earlier reads are symbolic too (the experts before the one whose count
                 # changed): the next call whose count changes there is served.
-                earlier = tuple(_at_site(r, read, wide) for r in entry.reads[: read.index])
+                earlier = tuple(at_site(r, read, wide) for r in entry.reads[: read.index])
                 return self._variant_compile(entry, (*earlier, wide), key, flat, spec, diverged)
             forced = (*entry.reads[: read.index], read.answered(diverged.value))
             return self._variant_compile(entry, forced, key, flat, spec, diverged)
@@ -295,7 +302,7 @@ class ThunderFunction:
         the program runs as eager code (nothing of the abandoned call was visible). Warns once."""
         self._stats.eager_calls += 1
         if self._stats.eager_calls == 1:
-            _warn_at_user_frame(
+            warn_at_user_frame(
                 f"thunder_rs: {_name(self._fn)} compiled {VALUE_VARIANT_LIMIT} variants for the values it reads and "
                 f"now runs calls with other values eagerly ({diverged}). A value that changes on every call is better "
                 "kept as a tensor (x / x.max() rather than x / x.max().item())"
@@ -349,6 +356,7 @@ class ThunderFunction:
             # A new key (a mask grown with the cache) compares with the other entries.
             entries = {id(e): e for e in (failed, *(e for es in self._variants.values() for e in es)) if e is not None}
             held = wanted_held(mode, entries.values(), flat, self._marked_held)
+            key = self._floats.wanted(self._dynamic, key, flat, [self._last_key, *self._variants])
             static = functools.partial(self._compile, flat, spec, key, reason, declined=declined)
             if sizes or held:
                 return self._symbolic_first(static, sizes, held)
@@ -415,14 +423,11 @@ class ThunderFunction:
         start = time.perf_counter()
         # (hooks registered and module attributes written while tracing: ``entries.make_check``)
         traced_from, epoch_from = hooks_version(), write_epoch[0]
-        made = self._generated(flat, spec, forced, sites, sizes, held, prior)
-        alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
-        if held is not None and alike:  # (traced again at once with them symbolic: see ``held_alike``)
-            wider = {**held, **{at: frozenset(held.get(at, frozenset()) | dims) for at, dims in alike.items()}}
-            with contextlib.suppress(Exception):  # (where that fails, the trace with them constant stands)
-                made, held = self._generated(flat, spec, forced, sites, sizes, wider, prior), wider
-                for at, dims in alike.items():
-                    self._marked_held.setdefault(at, set()).update(dims)
+        made, key = self._floats.generate(
+            lambda f: self._generated(flat, spec, forced, sites, sizes, self._floats.held(held), prior, f), key, flat
+        )
+        again = lambda wider: functools.partial(self._generated, flat, spec, forced, sites, sizes, wider, prior)  # noqa: E731
+        made, held = self._held_alike(made, held, key, again)
         acquired, (acquiring, generated_at), reads, names = made[0], made[2], made[3], made[4]
         computation, first, source, filename, traces, backward_traces, stages = generated_at
         all_tensors = len(acquired.tensor_positions) == len(flat)
@@ -457,6 +462,7 @@ class ThunderFunction:
         if acquired.inference_outputs:
             entry.post = making_inference(entry.post, acquired.inference_outputs)
         self._record_miss(key, names[0], start, {"acquire": acquiring, **stages}, traces, backward_traces, guard_reason)
+        self._stats.miss_reasons[-1] += self._floats.labels(names[0])
         if declined:
             self._stats.miss_reasons[-1] += f"; {declined}"
         if acquired.sizes:
@@ -469,11 +475,24 @@ class ThunderFunction:
         self._sized_sites.update(reads.widened)
         return entry
 
-    def _generated(self, flat, spec, forced, sites, sizes, held, prior) -> tuple:
+    def _held_alike(self, made: tuple, held: dict | None, key, again) -> tuple:
+        """``(made, held)``, traced again at once (``again(wider held)``'s ``make(floats)``) with
+        the dims of argument objects' tensors that are alike symbolic (``held_alike``); as they are
+        where there are none, or that fails (the trace with them constant stands)."""
+        alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
+        if held is not None and alike:
+            wider = {**held, **{at: frozenset(held.get(at, frozenset()) | dims) for at, dims in alike.items()}}
+            with contextlib.suppress(Exception):
+                made, held = self._floats.again(again(wider), key), wider
+                for at, dims in alike.items():
+                    self._marked_held.setdefault(at, set()).update(dims)
+        return made, held
+
+    def _generated(self, flat, spec, forced, sites, sizes, held, prior, floats=()) -> tuple:
         """The program acquired for the call of ``flat`` (``_compile_with``'s arguments) and
         compiled: ``(acquired, the trace's guards, (seconds acquiring, what ``generated`` returns),
-        the value reads, input names)``. Raises where a count traced at 2 fails a guard at its
-        value (``value_sizes.above_values``)."""
+        the value reads, input names)``, ``floats`` the positions of the float arguments taken as
+        inputs. Raises where a count traced at 2 fails a guard at its value (``value_sizes.above_values``)."""
         start = time.perf_counter()
         executors = default_executors() if self._executors is None else self._executors
         binding = self._binding if self._module is not None else None
@@ -484,7 +503,7 @@ class ThunderFunction:
         def acquire(traced: list):  # (``traced``: ``flat`` with the generator arguments' stand-ins)
             kept[:] = RecordedModes(), ValueReads(snapshot_runner(executors), forced, sites, prior)
             found = _ACQUIRE.load().acquire(
-                self._fn, traced, spec, binding, whole_runners(executors), kept[1], sizes, held
+                self._fn, traced, spec, binding, whole_runners(executors), kept[1], sizes, held, floats
             )
             kept[0].check_restored()
             return found
@@ -585,34 +604,7 @@ class ThunderFunction:
                 stats.stage_s[key] = stats.stage_s.get(key, 0.0) + t.seconds
         log_compile(_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
-            _warn_recompiles(self._fn, stats.cache_misses, reason)
-
-
-def _at_site(earlier: Read, read: Read, wide: Read) -> Read:
-    """``earlier``, a read a variant forces, symbolic at the places of ``wide`` where it was made
-    at the site of ``read`` (``widened``); else as it is."""
-    if (earlier.what, earlier.where) != (read.what, read.where):
-        return earlier
-    return widened(earlier, earlier.value, wide.sizes) or earlier
-
-
-def _lookups(entry: Entry, steps: list, diverged: Diverged, tried: set):
-    """The variants of ``entry``'s value tree that may serve a call that diverged from it: by the
-    prefix of its reads and each of ``steps`` at the read that diverged, then any whose reads take
-    what the call read (``ValueTree.agreeing``)."""
-    tree, index = entry.tree, diverged.read.index
-    if tree is None:
-        return
-    for step in steps:
-        yield tree.get(entry.decisions[:index] + (step,))
-    yield tree.agreeing(entry, index, diverged.value, tried)
-
-
-def _serves(entry, key, flat) -> bool:
-    """Whether ``entry`` may run the call of ``key`` and ``flat``: its guards hold and, compiled with
-    symbolic sizes, its sizes' guards."""
-    symbolic = entry.symbolic
-    return (entry.check is None or entry.check(flat)) and (symbolic is None or symbolic.serves(key, flat))
+            warn_recompiles(_name(self._fn), stats.cache_misses, reason)
 
 
 def _no_tail(flat) -> tuple:
@@ -622,21 +614,6 @@ def _no_tail(flat) -> tuple:
 
 def _name(fn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
-
-
-def _warn_recompiles(fn, misses: int, reason: str) -> None:
-    _warn_at_user_frame(f"thunder_rs: {_name(fn)} recompiled {misses} times; last change: {reason}")
-
-
-def _warn_at_user_frame(message: str) -> None:
-    """Warns at the user's call site: the first frame outside thunder_rs and torch."""
-    frame = user_frame()
-    if frame is None:
-        warnings.warn(message, stacklevel=4)
-    else:
-        warnings.warn_explicit(
-            message, UserWarning, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__")
-        )
 
 
 _WRAPPER_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")

@@ -94,6 +94,20 @@ def interesting(code) -> bool:
     return not _in_library(os.path.abspath(path))
 
 
+#: ``classify``'s flags (``_core.CallObserver``): calls of the code are the program's; its returns
+#: are wanted (chains on locals, followed when it returns); it is a module body (runs an import).
+CALL, RETURN, MODULE = 1, 2, 4
+
+
+def classify(code) -> int:
+    """The flags of ``code`` for the observer's hook (``CALL``, ``RETURN``, ``MODULE``), once per
+    code object and thread."""
+    flags = MODULE if code.co_name == "<module>" else 0  # (as ``hook.importing_frame`` tells them)
+    if interesting(code):
+        flags |= CALL | (RETURN if code_reads(code).locals else 0)
+    return flags
+
+
 class CodeReads:
     """The read chains of one code object, by kind of root: ``(root name, (attr, ...))``."""
 

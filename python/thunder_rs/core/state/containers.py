@@ -19,6 +19,8 @@ every new size.
 Containers reached through the arguments (``core.state.reached``) are not replayed here.
 """
 
+import types
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -100,16 +102,31 @@ class _Place:
 
 def _repeatable(value) -> bool:
     """Values a compiled call can store again: plain values, tensors and sizes (each call's own),
-    and tuples, lists and dicts of them (a rotary embedding's ``(cos, sin)``)."""
-    return all(is_simple(x) or isinstance(x, (torch.Tensor, torch.SymInt)) for x in pytree.tree_leaves(value))
+    classes and functions holding no call's values, and tuples, lists and dicts of them (a rotary
+    embedding's ``(cos, sin)``)."""
+    return all(
+        is_simple(x) or isinstance(x, (torch.Tensor, torch.SymInt)) or _static(x) for x in pytree.tree_leaves(value)
+    )
 
 
 def _plain_key(key) -> bool:
     """Keys a compiled call can store under again: plain values and sizes (each call's value),
-    and tuples of them."""
+    classes, and tuples of them."""
     if type(key) is tuple:
         return all(map(_plain_key, key))
-    return is_simple(key) or isinstance(key, torch.SymInt)
+    return is_simple(key) or isinstance(key, (torch.SymInt, type))
+
+
+def _static(value) -> bool:
+    """A class, or a function with no closure cells and plain defaults: no value of a call is in
+    it, so storing it again is storing what eager stores. A registry's memo holds such under
+    classes (``torch.distributions.kl``'s ``_KL_MEMOIZE[type(p), type(q)] = fun``)."""
+    if isinstance(value, type) or type(value) is types.BuiltinFunctionType:
+        return True
+    if type(value) is not types.FunctionType or value.__closure__ is not None:
+        return False
+    defaults = (*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values())
+    return all(map(is_simple, defaults))
 
 
 class StateContainers:
@@ -123,6 +140,8 @@ class StateContainers:
         #: the code whose reads the observer is evaluating; the dicts each code's reads reached
         self.reading = None
         self._dicts_of: dict = {}
+        #: ids of the codes among ``_dicts_of`` (kept there): hashing a code object hashes its contents
+        self._dicts_of_ids: set = set()
         #: the dicts used with symbolic keys (``keyed``)
         self.key_uses = KeyUses()
         #: the calls of functions cached by functools that missed their cache (``identity.cached_call``)
@@ -140,6 +159,11 @@ class StateContainers:
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
             self._places[id(value)].codes.add(self.reading)
             self._dicts_of.setdefault(self.reading, []).append(self._places[id(value)])
+            self._dicts_of_ids.add(id(self.reading))
+
+    def returns_wanted(self, code) -> bool:
+        """Whether the returns of ``code`` must be seen (``returned``): its reads reached a dict."""
+        return id(code) in self._dicts_of_ids
 
     def key_use(self, frame, size, sized, check_sizes) -> bool:
         """Whether ``size``, hashed as the key of the ``in``, subscript or item store that
@@ -153,7 +177,7 @@ class StateContainers:
 
     def returned(self, frame) -> None:
         """A frame of the program returns: a dict it used by key must have had a symbolic key."""
-        places = self._dicts_of.get(frame.f_code)
+        places = self._dicts_of.get(frame.f_code) if id(frame.f_code) in self._dicts_of_ids else None
         if places:
             self.key_uses.returned(frame, places)
 

@@ -20,14 +20,12 @@ library modules are matched against torch's global flags (``torch_flags.py``).
 import contextvars
 import functools
 import sys
-import threading
 import types
 import warnings
 from typing import Any
 
 import torch
 
-from thunder_rs import _core
 from thunder_rs.core.state.guards import (
     MISSING,
     CellSource,
@@ -56,12 +54,12 @@ from thunder_rs.core.state.callables import (
     partial_origin,
     program_method,
 )
+from thunder_rs.core.state.hook import own_work, thread_hook, thread_state
 from thunder_rs.core.state.iterators import iterator_position
-from thunder_rs.core.state.clocks import C_READERS, refuse_bound_clock, refuse_c_call
+from thunder_rs.core.state.clocks import refuse_bound_clock
 from thunder_rs.core.state.code_reads import (
     ALL_ATTRIBUTES,
     code_reads,
-    interesting,
     library_module,
     stored_by_calls,
 )
@@ -69,7 +67,12 @@ from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.reached import ArgumentTensor
 from thunder_rs.core.state.state import IntGuard, MethodGuard, ProgramState
-from thunder_rs.core.state.torch_flags import library_read
+from thunder_rs.core.state.torch_flags import (
+    entered as _entered,
+    is_parametrized,
+    library_read,
+    parametrizations_cached,
+)
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -161,22 +164,23 @@ class Observer:
     def __enter__(self):
         #: per device, whether autocast was on when the call began and the dtype it defaults to
         self._autocast_at_entry = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _DEVICES}
-        self._outer = _thread.observer
+        self._parametrizations_cached_at_entry = parametrizations_cached()
+        self._outer = thread_state.observer
         self.entry = sys._getframe(1)
-        _thread.observer = self
+        thread_state.observer = self
         if self._outer is None and sys.getprofile() is None:
-            _thread_hook().start()
+            thread_hook().start()
             self._hooked = True
         return self
 
     def __exit__(self, *exc):
         self.entry = None
-        _thread.observer = self._outer
+        thread_state.observer = self._outer
         for cached, _, refused in self.state.containers.cached_calls:
             if refused:
                 cached.cache_clear()
         if self._hooked:
-            _thread_hook().stop()
+            thread_hook().stop()
 
     def observe_statically(self, fn, modules) -> None:
         """Reads of ``fn`` and of the modules' ``forward`` found without running them, for when
@@ -185,7 +189,7 @@ class Observer:
         if self._hooked:
             return
         _warn_profiler_once()
-        _own_work(self._observe_statically, fn, modules)
+        own_work(self._observe_statically, fn, modules)
 
     def _observe_statically(self, fn, modules) -> None:
         fn = getattr(fn, "__func__", fn)
@@ -204,7 +208,7 @@ class Observer:
         its globals, as if the program had run it: for a library method thunder_rs stands in for
         while tracing (``torch/transformer_fast_paths.py``), whose own reads no call reports."""
         code = method.__code__
-        _own_work(self._on_code, code, method.__globals__, {code.co_varnames[0]: receiver}, 0)
+        own_work(self._on_code, code, method.__globals__, {code.co_varnames[0]: receiver}, 0)
 
     def guard_state(self, guard) -> None:
         """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
@@ -258,6 +262,9 @@ class Observer:
             if not (isinstance(getattr(g.source, "obj", None), torch.nn.Module) and self._traced_module(g.source.obj))
         ]
         defaults = [DefaultsGuard(list(self._defaults.values()))] if self._defaults else []
+        cached = self._parametrizations_cached_at_entry
+        if any(map(is_parametrized, self.modules_called.values())):
+            kept.append(StateGuard("torch.nn.utils.parametrize.cached()", parametrizations_cached, cached, _entered))
         return kept + structure + defaults
 
     def read_cached_per_call(self, captured: list, stored: list) -> None:
@@ -289,10 +296,11 @@ class Observer:
             self._guards[key] = TensorGuard(guard.source, guard.name, meta, guard.origin)
 
     def guard_module_ints(self, places: list) -> None:
-        """Guards the module ints the trace takes as size inputs (``(ModuleSource, name)``: a
-        count of the tokens seen) as ints: the entry's size checks check their values."""
-        for source, name in places:
-            self._guards[(source.key, name)] = IntGuard(source, name, source.describe(name))
+        """Guards the module ints the trace takes as size inputs (``(ModuleSource, name, int)``: a
+        count of the tokens seen) as ints: the entry's size checks check their values; and the
+        floats it takes as inputs (``(..., float)``: ``float_args.HeldFloat``) as floats."""
+        for source, name, kind in places:
+            self._guards[(source.key, name)] = IntGuard(source, name, source.describe(name), kind)
 
     def guard_argument_tensors(self, captured: list) -> None:
         """Guards the metadata of the tensors of argument objects that the trace takes as inputs
@@ -588,11 +596,15 @@ class Observer:
 
     # -- profile events --------------------------------------------------------------------------
 
-    def _on_call(self, frame) -> None:
+    def _on_call(self, frame) -> bool:
+        """Evaluates the reads of the frame's code; True when its return must be seen too (a dict
+        its reads reached, ``StateContainers.returned``)."""
+        code = frame.f_code
         # (``in`` hashes the code object, all of its contents, even where nothing is cached)
-        if self._cached and frame.f_code in self._cached:
-            cached_call(self._cached[frame.f_code], frame, self.state.containers.cached_calls)
-        self._on_code(frame.f_code, frame.f_globals, frame, 1)
+        if self._cached and code in self._cached:
+            cached_call(self._cached[code], frame, self.state.containers.cached_calls)
+        self._on_code(code, frame.f_globals, frame, 1)
+        return self.state.containers.returns_wanted(code)
 
     def _on_code(self, code, g, frame, live: int) -> None:
         """Evaluates the reads of ``code`` against its globals and, when ``live``, the frame's
@@ -683,68 +695,6 @@ class Observer:
         return None
 
 
-class _ThreadState(threading.local):
-    """Per thread: the profile hook (it keeps which code objects are interesting across compiles),
-    the observer of the acquisition in progress, and how deep the thread is inside thunder_rs's
-    handling of a torch call (functions run there, such as torch's internals or modules they
-    import, are not the program's)."""
-
-    hook = None
-    observer = None
-    inside = 0
-
-
-_thread = thread_state = _ThreadState()
-
-
-def _thread_hook():
-    if _thread.hook is None:
-        _thread.hook = _core.CallObserver(interesting, _dispatch_call, _dispatch_return)
-        _thread.hook.watch_c_calls(list(C_READERS), _dispatch_c_call)
-    return _thread.hook
-
-
-def _importing(frame, entry) -> bool:
-    """Whether ``frame`` runs for a module being imported (a module body between it and the
-    observer's entry): a library imported lazily on the first call (``torch.utils.checkpoint``
-    imports numpy, sympy, Dynamo) fills its registries then, which is not the program's state."""
-    f = frame.f_back
-    while f is not None and f is not entry:
-        if f.f_code.co_name == "<module>":
-            return True
-        f = f.f_back
-    return False
-
-
-def _dispatch_call(frame):
-    observer = _thread.observer
-    if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
-        _own_work(observer._on_call, frame)
-
-
-def _dispatch_return(frame):
-    observer = _thread.observer
-    if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
-        _own_work(observer._on_return, frame)
-
-
-def _dispatch_c_call(frame, function):
-    observer = _thread.observer
-    if observer is not None and not _thread.inside and not _importing(frame, observer.entry):
-        refuse_c_call(frame, function)
-
-
-def _own_work(handle, *args) -> None:
-    """``handle(*args)``, the observer's work, inside thunder_rs: its bytecode walks (a ``next``
-    per instruction) and reads of state are not the program's, so the standard library's hooks for
-    the program (``stdlib_state``) let them through at once."""
-    _thread.inside += 1
-    try:
-        handle(*args)
-    finally:
-        _thread.inside -= 1
-
-
 _warned: list = []
 
 
@@ -790,6 +740,6 @@ def check_sizes(check) -> None:
     name (``{"t0": 17}``), must hold for its symbolic entry to serve a call of those sizes
     (``dynamic.SymbolicEntry``): a decision on the sizes' hints that no guard expresses (which
     fused attention kernel torch runs for them)."""
-    observer = _thread.observer
+    observer = thread_state.observer
     if observer is not None:
         observer.size_checks.append(check)

@@ -1,13 +1,15 @@
-"""The dtype, device and requires_grad of a jitted module's parameters and buffers, as its cache
-key holds them, checked on each call in C++ instead of read attribute by attribute.
+"""The dtype, device, requires_grad and sizes of a jitted module's parameters and buffers, as its
+cache key holds them, checked on each call in C++ instead of read attribute by attribute.
 
 Reading three attributes of each of 300 parameters costs about 50 us a call and hashing the
 tuple they make another 20; a decode step of a small LLM on a GPU has about that much host time
 in all. So the key holds one interned ``ParameterMetadata`` per distinct tuple (hashed and
 compared by identity), and a call whose slots hold the same tensors as the last call's reuses
 that call's when torch's ``TensorGuards`` (Dynamo's C++ tensor check, imported without the
-Python ``torch._dynamo`` package) finds their dtype, device, requires_grad and dispatch keys
-unchanged. Any other outcome takes the attribute reads, so the guards only ever cost a false.
+Python ``torch._dynamo`` package) finds their dtype, device, requires_grad, sizes and dispatch
+keys unchanged. A trace holds its inputs' sizes (``x * buf.numel()``, a gradient summed to a
+bias's shape): a buffer or parameter given a tensor of other sizes (a grown mask, a pruned
+layer) recompiles. Any other outcome takes the attribute reads, so the guards only ever cost a false.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 TensorGuards: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
 
 #: What the cache key holds of each parameter and buffer (C-level, no Python frame each).
-_METADATA = attrgetter("dtype", "device", "requires_grad")
+_METADATA = attrgetter("dtype", "device", "requires_grad", "shape")
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 #: The Python types guards are built for (a subclass's sizes and strides may come from Python).
@@ -33,7 +35,7 @@ _UNGUARDABLE = False
 
 
 class ParameterMetadata:
-    """``(dtype, device, requires_grad)`` of each of a module's tensors, once per distinct tuple:
+    """``(dtype, device, requires_grad, shape)`` of each of a module's tensors, once per distinct tuple:
     keys holding it hash and compare by identity, at no cost per parameter."""
 
     __slots__ = ("per_tensor", "__weakref__")
@@ -76,10 +78,27 @@ class MetadataCheck:
         same = last[0] is not None and len(tensors) == len(last[0]) and all(map(is_, tensors, last[0]))
         if same and last[1] and _holds(last[1], tensors):
             return last[2]
-        metadata = interned(tuple(map(_METADATA, tensors)))
+        metadata = interned(_read(tensors))
         guards = (_UNGUARDABLE if last[1] is _UNGUARDABLE else _guards(tensors)) if same else None
         self._last = (tensors, guards, metadata)
         return metadata
+
+
+def _read(tensors: list) -> tuple:
+    """Each tensor's metadata."""
+    try:
+        return tuple(map(_METADATA, tensors))
+    except RuntimeError:
+        return tuple(map(_read_one, tensors))
+
+
+def _read_one(t) -> tuple:
+    """A tensor's metadata; sizes None for a tensor that has none to give (a nested tensor, a lazy
+    module's uninitialised parameter, which the acquisition then refuses)."""
+    try:
+        return _METADATA(t)
+    except RuntimeError:
+        return t.dtype, t.device, t.requires_grad, None
 
 
 def _holds(guards, tensors: list) -> bool:
@@ -96,16 +115,17 @@ def _holds(guards, tensors: list) -> bool:
 
 
 def _guards(tensors: list):
-    """``TensorGuards`` of ``tensors``' dtype, device, requires_grad and dispatch keys (their sizes
-    and strides left free: ``p.data`` of another shape keeps the key), or ``_UNGUARDABLE`` where a
+    """``TensorGuards`` of ``tensors``' dtype, device, requires_grad, sizes and dispatch keys (their
+    strides left free: ``p.data`` made contiguous keeps the key), or ``_UNGUARDABLE`` where a
     tensor is of another type or layout, or this torch's ``TensorGuards`` takes other arguments."""
     if TensorGuards is None or not all(map(_plain, tensors)):
         return _UNGUARDABLE
+    sizes = [list(t.shape) for t in tensors]
     free = [[None] * t.dim() for t in tensors]
     enabled = _grad_enabled()
     _set_grad_enabled(True)
     try:
-        guards = TensorGuards(*tensors, dynamic_dims_sizes=free, dynamic_dims_strides=free)
+        guards = TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=free)
         return guards if guards.check(*tensors) is True else _UNGUARDABLE
     except Exception:  # noqa: BLE001 (another torch's signature: the attribute reads serve)
         return _UNGUARDABLE

@@ -52,10 +52,11 @@ from thunder_rs.core.state.reached import ArgumentTensor
 class IntGuard:
     """An int an argument object holds that the trace takes as a size input (``dynamic.HeldInt``:
     a count a KV cache keeps): any int may be there; the entry's size checks (``SizesGuard``)
-    check its value against what the trace relied on."""
+    check its value against what the trace relied on. Of ``kind`` float, a float the trace takes
+    as an input (``float_args.HeldFloat``): any float may be there."""
 
-    def __init__(self, source: InputSource, name: str, origin: str):
-        self.source, self.name, self.origin = source, name, origin
+    def __init__(self, source: InputSource, name: str, origin: str, kind: type = int):
+        self.source, self.name, self.origin, self.kind = source, name, origin, kind
 
     @property
     def per_call(self) -> bool:
@@ -65,14 +66,14 @@ class IntGuard:
         return read_at(self.source, self.name, flat)
 
     def holds(self, flat) -> bool:
-        return type(self.read(flat)) is int
+        return type(self.read(flat)) is self.kind
 
     def describe(self, flat) -> str:
-        now = self.read(flat)
-        return f"{self.source.describe(self.name)} is no longer an int: {short(now)} (read at {self.origin})"
+        now, kind = self.read(flat), "an int" if self.kind is int else "a float"
+        return f"{self.source.describe(self.name)} is no longer {kind}: {short(now)} (read at {self.origin})"
 
     def term(self, index: int, scope: dict) -> str:
-        return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is int"
+        return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is {self.kind.__name__}"
 
 
 class WrittenGuard:
@@ -213,9 +214,9 @@ class ProgramState:
     def __init__(self, argument_tensors: dict | None = None):
         self._objects: dict = {}
         self._argument_tensors = argument_tensors or {}
-        #: ``(id of the holder's attributes, name)`` of the ints the trace takes as size inputs
-        #: (``acquire._int_stand_ins``): any int may be there
-        self.symbolic_ints: set = set()
+        #: ``{(id of the holder's attributes, name): int or float}`` of the ints the trace takes as
+        #: size inputs and the floats it takes as inputs (``acquire._int_stand_ins``): any may be there
+        self.symbolic_ints: dict = {}
         #: the lists and dicts of lasting state read, whose changes every call repeats
         self.containers = StateContainers()
         #: ``(id(obj), name)`` of the attributes read through ``read`` (``ALL_READ``: ``read_whole``),
@@ -309,8 +310,9 @@ class ProgramState:
 
     def _input_guard(self, known: StateObject, name: str, value, origin: str):
         source = known.source
-        if self.symbolic_ints and (id(attributes_of(known.obj)), name) in self.symbolic_ints:
-            return IntGuard(source, name, origin)
+        kind = self.symbolic_ints.get((id(attributes_of(known.obj)), name)) if self.symbolic_ints else None
+        if kind is not None:
+            return IntGuard(source, name, origin, kind)
         held = self._argument_tensors.get(id(value)) if isinstance(value, torch.Tensor) else None
         if held is not None:
             return TensorGuard(source, name, held.meta, origin, held.symbolic)

@@ -110,3 +110,21 @@ def library_read(observer, root, attrs: tuple) -> None:
                 observer.guard_state(StateGuard(f"{name}.{attr}", read, value))
             return
         name = f"{name}.{attr}"
+
+
+def parametrizations_cached() -> bool:
+    """Whether the call runs inside ``torch.nn.utils.parametrize.cached()``: there eager computes
+    a parametrized tensor once and reads it from the cache at every later use (a spectral norm's
+    power iteration runs once, not once per use), where a trace made outside it computes each use."""
+    parametrize = sys.modules.get("torch.nn.utils.parametrize")
+    return parametrize is not None and bool(parametrize._cache_enabled)
+
+
+def is_parametrized(module) -> bool:
+    """Whether ``module`` holds parametrizations (``parametrize.register_parametrization``)."""
+    parametrize = sys.modules.get("torch.nn.utils.parametrize")
+    return parametrize is not None and parametrize.is_parametrized(module)
+
+
+def entered(cached: bool) -> str:
+    return "entered" if cached else "not entered"

@@ -1,0 +1,80 @@
+"""The observer's profile hook (``_core.CallObserver``) on each thread, and what it reports:
+calls and returns of the program's code go to the observer of the acquisition in progress
+(``observe.Observer``), unless the thread is inside thunder_rs's own work or a module body the
+program's call is importing runs them."""
+
+import threading
+
+from thunder_rs import _core
+from thunder_rs.core.state.clocks import C_READERS, refuse_c_call
+from thunder_rs.core.state.code_reads import classify
+
+
+class _ThreadState(threading.local):
+    """Per thread: the profile hook (it keeps which code objects are interesting across compiles),
+    the observer of the acquisition in progress, and how deep the thread is inside thunder_rs's
+    handling of a torch call (functions run there, such as torch's internals or modules they
+    import, are not the program's)."""
+
+    hook = None
+    observer = None
+    inside = 0
+
+
+thread_state = _thread = _ThreadState()
+
+
+def thread_hook():
+    if _thread.hook is None:
+        _thread.hook = _core.CallObserver(classify, _dispatch_call, _dispatch_return)
+        _thread.hook.watch_c_calls(list(C_READERS), _dispatch_c_call)
+    return _thread.hook
+
+
+def importing_frame(frame, entry) -> bool:
+    """Whether ``frame`` runs for a module being imported (a module body between it and the
+    observer's entry): a library imported lazily on the first call (``torch.utils.checkpoint``
+    imports numpy, sympy, Dynamo) fills its registries then, which is not the program's state."""
+    f = frame.f_back
+    while f is not None and f is not entry:
+        if f.f_code.co_name == "<module>":
+            return True
+        f = f.f_back
+    return False
+
+
+def _dispatch_call(frame, importing: bool) -> bool:
+    """A call of an interesting code (``classify``). ``importing``: a module body started since the
+    hook did runs (else none is between the frame and the entry, and the walk is skipped). True
+    when the code's returns are wanted too (``StateContainers.returns_wanted``)."""
+    observer = _thread.observer
+    if observer is None or _thread.inside or (importing and importing_frame(frame, observer.entry)):
+        return False
+    _thread.inside += 1
+    try:
+        return observer._on_call(frame)
+    finally:
+        _thread.inside -= 1
+
+
+def _dispatch_return(frame, importing: bool) -> None:
+    observer = _thread.observer
+    if observer is not None and not _thread.inside and not (importing and importing_frame(frame, observer.entry)):
+        own_work(observer._on_return, frame)
+
+
+def _dispatch_c_call(frame, function, importing: bool):
+    observer = _thread.observer
+    if observer is not None and not _thread.inside and not (importing and importing_frame(frame, observer.entry)):
+        refuse_c_call(frame, function)
+
+
+def own_work(handle, *args) -> None:
+    """``handle(*args)``, the observer's work, inside thunder_rs: its bytecode walks (a ``next``
+    per instruction) and reads of state are not the program's, so the standard library's hooks for
+    the program (``stdlib_state``) let them through at once."""
+    _thread.inside += 1
+    try:
+        handle(*args)
+    finally:
+        _thread.inside -= 1

@@ -1,0 +1,126 @@
+"""The argument checks of the stand-in ``fake_nvfuser_direct``'s data-movement ops, as the
+``nvfuser_direct`` 0.2.36 bindings make them (``python/python_direct/ops.cpp``: ``NVF_CHECK``, a
+``RuntimeError`` "Expected <condition> . <message>", ``fake_nvfuser_binding.nvf_check``)."""
+
+import torch
+
+from fake_nvfuser_binding import nvf_check as _check
+from fake_nvfuser_promotion import DataType
+
+
+def broadcast_in_dim(arg, shape, broadcast_dims):
+    """``broadcast_in_dim_fn``: one output dim per input dim, each named once."""
+    _check(len(shape) >= len(broadcast_dims), "(output_shape.size())>=(nonbroadcast_dims.size())")
+    _check(
+        arg.ndim == len(broadcast_dims),
+        "(input_ndim)==(std::ssize(nonbroadcast_dims))",
+        f"Found {arg.ndim} vs {len(broadcast_dims)}. ",
+    )
+    dims = [d % len(shape) for d in broadcast_dims]
+    for d in dims:
+        _check(
+            dims.count(d) == 1,
+            "is_broadcast_dim.at(nonbroadcast_dim)",
+            f"nonbroadcast_dim ({d}) is specified more than once.",
+        )
+
+
+def slice_(arg, start, end, strides):
+    """``slice_fn`` (python_direct/ops.cpp): as many bounds as dims, constant ones in order, unit steps."""
+    _check(
+        arg.ndim == len(start),
+        "(num_dims)==(std::ssize(start_vec))",
+        f"Found {arg.ndim} vs {len(start)}. Number of tensor dimensions does not match slice dimensions!",
+    )
+    _check(
+        len(start) == len(end), "start_vec.size() == end_vec.size()", "Slice indexing attribute dimensions don't match!"
+    )
+    _check(
+        strides is None or len(strides) == len(start),
+        "start_vec.size() == stride_vec.size()",
+        "Slice start_indices and strides don't match!",
+    )
+    for s, e, step in zip(start, end, strides or [1] * len(start)):
+        _check(
+            not isinstance(s, int) or s >= 0,
+            "!start_idx->isConstInt() || start_idx->evaluate().as<int64_t>() >= 0",
+            f"Slice operation start_indices must be greater than or equal to 0. Start Indices: {s}",
+        )
+        _check(
+            not isinstance(s, int) or not isinstance(e, int) or e >= s,
+            "!start_idx->isConstInt() || !end_idx->isConstInt() || "
+            "end_idx->evaluate().as<int64_t>() >= start_idx->evaluate().as<int64_t>()",
+            "Slice operation end_indices must be greater than or equal to start_indices. "
+            f"Start Indices: {s} End Indices: {e}",
+        )
+        _check(
+            step == 1,
+            "stride_idx->isConstInt() && stride_idx->evaluate().as<int64_t>() == 1",
+            "nvFuser Limitation: All slice operation strides must be of const size 1.",
+        )
+
+
+def indexing(arg, index, dim):
+    """gather's and take_along_axis's (python_direct/ops.cpp): ranks equal, ``dim`` in range."""
+    _check(
+        arg.ndim == index.ndim,
+        "arg->nDims() == index->nDims()",
+        f"Tensor arguments have different dimensions {arg.ndim} and {index.ndim}",
+    )
+    _check(
+        -arg.ndim <= dim < arg.ndim,
+        "dim >= -num_dims && dim < num_dims",
+        f"Tensor arguments have dimension {arg.ndim} so dim argument must satisfy {-arg.ndim} <= dim < {arg.ndim}, "
+        f"but received {dim}",
+    )
+
+
+def permute(ndim, dims):
+    _check(
+        len(dims) == ndim,
+        "(num_dims)==(std::ssize(dims))",
+        f"Found {ndim} vs {len(dims)}. Operator permute expects `dims` argument to have the same length as input!",
+    )
+
+
+def _same_category(a, b):
+    """``hasSimilarDtype`` (alias.cpp): both floating, both integral, or both bool."""
+    return a == b or (a.is_floating_point == b.is_floating_point and (a == torch.bool) == (b == torch.bool))
+
+
+def pad(ndim, widths, dtype, value_dtype):
+    """``pad_fn`` and ``pad`` (alias.cpp): at most two widths per dim, a value of the tensor's kind."""
+    _check(
+        len(widths) <= 2 * ndim,
+        "(int64_t)pad_widths.size() <= 2 * arg->nDims()",
+        "Number of pad widths must be at most twice the input dimension",
+    )
+    _check(
+        value_dtype is None or _same_category(dtype, value_dtype),
+        "hasSimilarDtype(dt, value->getDataType())",
+        "Tensor arg and pad value must have the same dtype.",
+    )
+
+
+def cat(dtypes):
+    _check(
+        all(d == dtypes[0] for d in dtypes),
+        "inp->getDataType() == dtype",
+        "Can't concatenate tensors with different data types: " + ", ".join(DataType(d).name for d in dtypes),
+    )
+
+
+def iota(length, start, step, dtype):
+    """``iota`` (arith.cpp), given its operands' dtypes: an integral length, a start and step of
+    ``dtype``'s kind."""
+    _check(
+        not length.is_floating_point,
+        "isIntegralType(length->getDataType())",
+        f"length must be integer, but get dtype {length}",
+    )
+    for what, got in (("start", start), ("step", step)):
+        _check(
+            got is None or got.is_floating_point == dtype.value.is_floating_point,
+            f"isIntegralType({what}->getDataType()) == isIntegralType(dtype) && ...",
+            f"iota: {what} dtype does not match specified dtype argument, should be {dtype.name} but get {got}",
+        )

@@ -1,0 +1,199 @@
+"""The nvFuser executor's calls against ``nvfuser_direct`` 0.2.36's bindings (NVIDIA/Fuser 81c4b22,
+``python/version.txt`` 0.2.36; ``python/python_direct/ops.cpp``, ``ir.cpp``): the stand-in
+``fake_nvfuser_direct`` takes only the overloads the real module registers
+(``fake_nvfuser_signatures``) and refuses what the bindings refuse with their exception types:
+pybind11's ``TypeError`` for arguments no overload takes, nvFuser's ``RuntimeError`` (``NVF_CHECK``)
+for values an op refuses. Each refusal is checked on the stand-in here and on the real bindings on
+a GPU (``gpu``)."""
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import thunder_rs
+
+import fake_nvfuser_direct as fake
+import fake_nvfuser_signatures as signatures
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the named executor warns that the real nvfuser_direct is absent
+    from thunder_rs.executors import nvfuser_ex
+
+EXECUTORS = Path(nvfuser_ex.__file__).parent
+#: ``DataType``'s names in 0.2.36 (python_direct/enum.cpp).
+DATA_TYPES = (
+    "Double Float Half Int Int32 UInt64 Index Bool BFloat16 Float8_e4m3fn Float8_e5m2 Float8_e8m0fnu "
+    "Float4_e2m1fn Float4_e2m1fn_x2 ComplexFloat ComplexDouble Null"
+).split()
+
+
+def _ops_called(path: Path) -> set:
+    """The ``ops.<name>`` the executor's source calls by name (``getattr`` ones are its tables)."""
+    return set(re.findall(r"\bops\.(\w+)\(", path.read_text()))
+
+
+def test_every_op_the_executor_calls_is_one_of_nvfuser_direct_0_2_36():
+    called = _ops_called(EXECUTORS / "nvfuser_ex.py") | _ops_called(EXECUTORS / "nvfuser_symbolic.py")
+    called |= set(nvfuser_ex.UNARY) | set(nvfuser_ex.BINARY)
+    assert {"pad", "iota", "stride_order", "size", "mod"} <= called  # the scan finds the calls
+    assert called - set(signatures.OPS) == set()
+    assert set(nvfuser_ex.DTYPES.values()) <= set(DATA_TYPES)
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_have_every_op_and_data_type_of_the_table(real_nvfuser):
+    """The table the stand-in checks calls against (``fake_nvfuser_signatures.OPS``), read from
+    the sources, against the installed module."""
+    assert [name for name in signatures.OPS if not hasattr(real_nvfuser.ops, name)] == []
+    assert set(DATA_TYPES) <= set(real_nvfuser.DataType.__members__)
+
+
+# -- what the bindings refuse ----------------------------------------------------------------------
+
+
+def _tensor(module, fd, shape=(2, 3), dtype="Float"):
+    return fd.define_tensor(list(shape), [True] * len(shape), getattr(module.DataType, dtype))
+
+
+def _sum_with_dims_named_dim(module, fd):
+    fd.ops.sum(_tensor(module, fd), dim=[0])  # the int overload's name for a list of dims
+
+
+def _slice_of_a_list_and_a_tuple(module, fd):
+    fd.ops.slice(_tensor(module, fd), [0, 0], (1, 1))  # one ShapeType for all of a slice's bounds
+
+
+def _binary_op_by_keyword(module, fd):
+    fd.ops.add(_tensor(module, fd), rhs=1.0)  # the binary macros name no argument
+
+
+def _reshape_to_a_float_extent(module, fd):
+    fd.ops.reshape(_tensor(module, fd), [6.0])
+
+
+def _broadcast_to_an_extent_below_minus_one(module, fd):
+    fd.ops.broadcast_in_dim(_tensor(module, fd), [-2, 2, 3], [1, 2])
+
+
+def _broadcast_dim_named_twice(module, fd):
+    fd.ops.broadcast_in_dim(_tensor(module, fd), [2, 3], [0, 0])
+
+
+def _slice_ending_before_it_starts(module, fd):
+    fd.ops.slice(_tensor(module, fd), [1, 2], [2, 1])
+
+
+def _slice_from_a_negative_start(module, fd):
+    fd.ops.slice(_tensor(module, fd), [-1, 0], [2, 3])
+
+
+def _permute_of_too_few_dims(module, fd):
+    fd.ops.permute(_tensor(module, fd), [0])
+
+
+def _pad_with_too_many_widths(module, fd):
+    fd.ops.pad(_tensor(module, fd), [1, 1, 1, 1, 1, 1])
+
+
+def _iota_of_an_int_with_a_float_start(module, fd):
+    fd.ops.iota(4, 0.5, 1, module.DataType.Int)
+
+
+def _gather_along_a_dim_out_of_range(module, fd):
+    fd.ops.gather(_tensor(module, fd), _tensor(module, fd, dtype="Int"), 2)
+
+
+#: (what, define(module, fd), the exception, what its message says)
+REFUSED = [
+    ("sum(dim=[0])", _sum_with_dims_named_dim, TypeError, "incompatible function arguments"),
+    ("slice bounds of a list and a tuple", _slice_of_a_list_and_a_tuple, TypeError, "incompatible function arguments"),
+    ("add(x, rhs=1.0)", _binary_op_by_keyword, TypeError, "incompatible function arguments"),
+    (
+        "reshape to [6.0]",
+        _reshape_to_a_float_extent,
+        RuntimeError,
+        "Unsupported iterable object type for define_vector",
+    ),
+    ("broadcast to -2", _broadcast_to_an_extent_below_minus_one, RuntimeError, "was neither symbolic"),
+    ("broadcast dim named twice", _broadcast_dim_named_twice, RuntimeError, "is specified more than once"),
+    ("slice end before start", _slice_ending_before_it_starts, RuntimeError, "greater than or equal to start_indices"),
+    ("slice start -1", _slice_from_a_negative_start, RuntimeError, "start_indices must be greater than or equal to 0"),
+    ("permute [0] of 2 dims", _permute_of_too_few_dims, RuntimeError, "Operator permute expects `dims`"),
+    ("pad of 6 widths, 2 dims", _pad_with_too_many_widths, RuntimeError, "Number of pad widths must be at most twice"),
+    ("iota Int from 0.5", _iota_of_an_int_with_a_float_start, RuntimeError, "iota: start dtype does not match"),
+    ("gather along dim 2 of 2", _gather_along_a_dim_out_of_range, RuntimeError, "so dim argument must satisfy"),
+]
+
+
+def _check_refused(module, define, error, match):
+    with pytest.raises(error, match=match), module.FusionDefinition() as fd:
+        define(module, fd)
+
+
+@pytest.mark.parametrize(("what", "define", "error", "match"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_the_stand_in_refuses_what_the_bindings_refuse(what, define, error, match):
+    _check_refused(fake, define, error, match)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("what", "define", "error", "match"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_the_real_bindings_refuse_it(what, define, error, match, real_nvfuser):
+    _check_refused(real_nvfuser, define, error, match)
+
+
+def _accepted(module, device):
+    """Forms the executor uses that the bindings take: keywords by their names, tuples for shapes,
+    a ``torch.Size``, a ``DataType`` positionally as ``define_scalar``'s symbolic overload, and a
+    value of None as a symbolic scalar of the constant overload."""
+    with module.FusionDefinition() as fd:
+        x = fd.define_tensor(shape=[2, 3], contiguity=[True, True], dtype=module.DataType.Float, is_cpu=False)
+        n = fd.define_scalar(module.DataType.Int)
+        m = fd.define_scalar(value=None, dtype=module.DataType.Int)  # no value: an input too
+        y = fd.ops.broadcast_in_dim(arg=x, shape=torch.Size([4, 2, 3]), broadcast_dims=[1, 2])
+        y = fd.ops.sum(y, dims=(0,), keepdim=False, dtype=module.DataType.Float)
+        y = fd.ops.slice(y, (0, 1), (2, 3), (1, 1))
+        y = fd.ops.add(y, fd.ops.cast(fd.ops.mul(n, m), module.DataType.Float))
+        fd.add_output(fd.ops.reshape(y, new_shape=(4,)))
+    x = torch.arange(6.0, device=device).reshape(2, 3)
+    (out,) = fd.execute([x, 2, 1], device=None)
+    torch.testing.assert_close(out, (4 * x[:, 1:] + 2).reshape(4), rtol=0, atol=0)
+    assert n.is_symbolic() and m.is_symbolic()
+
+
+def test_the_stand_in_takes_the_forms_the_bindings_take():
+    _accepted(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_take_them(real_nvfuser):
+    _accepted(real_nvfuser, "cuda")
+
+
+def test_an_execute_keyword_the_bindings_lack_is_a_type_error():
+    with fake.FusionDefinition() as fd:
+        fd.add_output(fd.ops.add(_tensor(fake, fd), 1.0))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'stream'"):
+        fd.execute([torch.ones(2, 3)], stream=0)
+
+
+def _sliced(x):
+    return (x * 2)[1:3].exp()
+
+
+def test_a_translation_calling_the_bindings_wrongly_runs_eagerly_with_their_type_error(fake_ex, monkeypatch, capsys):
+    """The stand-in catches a wrong call of the executor's (a slice's bounds of a list and a tuple,
+    which the old stand-in took): the region warns and runs its eager calls. Nothing is printed:
+    ``FusionDefinition.__exit__`` prints an exception leaving its block, with its traceback, so the
+    definition's failure is raised after the block."""
+    wrong = lambda cx, a, start, end, strides: cx.ops.slice(a, list(start), tuple(end), list(strides))  # noqa: E731
+    monkeypatch.setitem(nvfuser_ex.TRANSLATIONS, "slice", wrong)
+    x = torch.randn(6, 4)
+    with pytest.warns(UserWarning, match="incompatible function arguments"):
+        out = thunder_rs.jit(_sliced, executors=[fake_ex])(x)
+    torch.testing.assert_close(out, _sliced(x), rtol=0, atol=0)
+    assert fake_ex.stats["failures"] == 1
+    printed = capsys.readouterr()
+    assert "Exception occurred" not in printed.out and "Traceback" not in printed.err
