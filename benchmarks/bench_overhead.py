@@ -10,7 +10,9 @@ parameters whose forward runs three of its 150 layers. Reports eager and thunder
 (forward, ``loss.backward()``, SGD step, ``zero_grad``) of a Linear returning (loss, logits), of
 one returning the loss, of the 50-parameter MLP and of the 300-parameter module; per call of
 an entry with symbolic sizes against a static compile at the same size (issue 26: within 1 us);
-and the first-call time of the demo GPT, forward and training. Runs single-threaded on CPU. Run it
+and the first-call time of the demo GPT, forward and training. Calls with keywords
+(``KEYWORD_CASES``: a tensor, a float and None; a module by keyword; a two-layer Llama called as
+Hugging Face calls it) are measured as the per-call cases. Runs single-threaded on CPU. Run it
 against another checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before
 and after.
 """
@@ -18,6 +20,7 @@ and after.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -104,6 +107,45 @@ CASES = {
     "module 50 params, no reads": (plain_50, lambda: (torch.randn(1, 4),)),
     "module 50 params, 150 guarded reads": (reading_50, lambda: (torch.randn(1, 4),)),
     "module 300 params, 3 of 150 layers run": (lambda: Linears().eval(), lambda: (torch.randn(1, 4),)),
+}
+
+
+def scaled(x, *, mask, scale, bias=None):
+    return x * mask * scale if bias is None else x * mask * scale + bias
+
+
+def llama_2_layers() -> nn.Module:
+    """A two-layer Llama of width 32 with seeded weights (transformers), in eval mode."""
+    import transformers  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        vocab_size=64,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _token_batch() -> dict:
+    ids = torch.randint(0, 64, (1, 8))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+
+
+#: Calls with keywords or non-tensor arguments (the general path, ``call_paths``), each
+#: ``(make, make_args, make_kwargs)``: the structures Hugging Face models are called with.
+KEYWORD_CASES = {
+    "keywords: tensor, float, None": (
+        lambda: scaled,
+        lambda: (torch.randn(4, 4),),
+        lambda: {"mask": torch.randn(4, 4), "scale": 0.5, "bias": None},
+    ),
+    "module 50 params, no reads, by keyword": (plain_50, lambda: (), lambda: {"input": torch.randn(1, 4)}),
+    "HF Llama 2 layers, keywords": (llama_2_layers, lambda: (), _token_batch),
 }
 
 
@@ -203,6 +245,17 @@ def per_call_rows(settings: harness.Settings) -> list[dict]:
         with torch.no_grad():
             torch.testing.assert_close(jfn(*args), fn(*args))
             rows.append(_measured_row(name, {"eager": fn, "thunder_rs": jfn}, args, settings))
+    for name, (make_fn, make_args, make_kwargs) in KEYWORD_CASES.items():
+        try:
+            fn = make_fn()
+        except ImportError:  # (transformers not installed)
+            continue
+        args, kwargs = make_args(), make_kwargs()
+        jfn = thunder_rs.jit(fn)
+        calls = {"eager": functools.partial(fn, **kwargs), "thunder_rs": functools.partial(jfn, **kwargs)}
+        with torch.no_grad():
+            torch.testing.assert_close(calls["thunder_rs"](*args), calls["eager"](*args))
+            rows.append(_measured_row(name, calls, args, settings))
     return rows
 
 

@@ -5,9 +5,12 @@
 Thread CPU time (one thread), medians of interleaved rounds, which leaves out the time other
 processes hold the cores: a loaded machine moves ``bench_overhead.py``'s wall-clock figures by
 more than a key field costs. Reports the key and its lookup for one and two tensor arguments
-(``fast_key_fn``), and per call of two small functions and a ``Linear`` under ``no_grad``, jitted
-and eager. Run it against another checkout of the Python package (``PYTHONPATH=<other>/python``)
-to compare before and after.
+(``fast_key_fn``), and per call under ``no_grad``, jitted and eager and their ratio: two small
+functions and a ``Linear`` called with tensors (the positional fast path), then calls the general
+path keys (``call_paths``): a keyword bool, an int, None, a tuple of tensor pairs, the ``Linear``
+by keyword, and a two-layer Llama called as Hugging Face calls it (``input_ids=``,
+``attention_mask=``, ``use_cache=False``; where transformers is installed). Run it against another
+checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before and after.
 """
 
 import argparse
@@ -33,6 +36,45 @@ def _double(a):
     return a * 2
 
 
+def _flagged(a, *, flag):
+    return a * 2 if flag else a
+
+
+def _times(a, n):
+    return a * n
+
+
+def _masked(a, mask):
+    return a * 2 if mask is None else a * mask
+
+
+def _pairs(a, past):
+    for k, v in past:
+        a = a + k * v
+    return a
+
+
+def _llama():
+    """A two-layer Llama with seeded weights and its keyword batch, or None without transformers."""
+    try:
+        import transformers  # noqa: PLC0415
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        vocab_size=64,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (1, 8))
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=25)
@@ -46,18 +88,38 @@ def main() -> None:
         }
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
-    for name, fn, args in (("tiny 2 args", _tiny, (a, b)), ("one arg", _double, (a,)), ("Linear", lin, (a,))):
+    cases = [
+        ("tiny 2 args", _tiny, (a, b), {}),
+        ("one arg", _double, (a,), {}),
+        ("Linear", lin, (a,), {}),
+        ("keyword bool", _flagged, (a,), {"flag": True}),
+        ("int arg", _times, (a, 3), {}),
+        ("None arg", _masked, (a, None), {}),
+        ("tuple of 2 pairs", _pairs, (a, ((a, b), (b, a))), {}),
+        ("Linear by keyword", lin, (), {"input": a}),
+    ]
+    llama = _llama()
+    if llama is not None:
+        cases.append(("HF Llama 2 layers, keywords", llama[0], (), llama[1]))
+    for name, fn, args, kwargs in cases:
         jfn = thunder_rs.jit(fn)
-        jfn(*args)
-        table[name] = {"jit ns": lambda jfn=jfn, args=args: jfn(*args), "eager ns": lambda fn=fn, args=args: fn(*args)}
+        with torch.no_grad():
+            jfn(*args, **kwargs)
+        table[name] = {
+            "jit ns": lambda jfn=jfn, args=args, kwargs=kwargs: jfn(*args, **kwargs),
+            "eager ns": lambda fn=fn, args=args, kwargs=kwargs: fn(*args, **kwargs),
+        }
+    number = {name: 2000 for name in table} | {name: 50 for name, *_ in cases if name.startswith("HF")}
     samples: dict = {(row, col): [] for row, cols in table.items() for col in cols}
     with torch.no_grad():
         for _ in range(rounds):
             for row, cols in table.items():
                 for col, fn in cols.items():
-                    samples[row, col].append(_per_call_ns(fn, 2000))
+                    samples[row, col].append(_per_call_ns(fn, number[row]))
     for row, cols in table.items():
-        print(f"{row:28s} " + "  ".join(f"{col} {statistics.median(samples[row, col]):7.0f}" for col in cols))
+        medians = {col: statistics.median(samples[row, col]) for col in cols}
+        ratio = f"  ratio {medians['jit ns'] / medians['eager ns']:5.2f}" if "eager ns" in medians else ""
+        print(f"{row:28s} " + "  ".join(f"{col} {ns:9.0f}" for col, ns in medians.items()) + ratio)
 
 
 if __name__ == "__main__":

@@ -161,7 +161,7 @@ def _default_device() -> torch.device | None:
     return None if device == _CPU else device
 
 
-#: What ``global_key`` reads, by the names its source (``_GLOBAL_STATE``) calls them.
+#: What ``global_key`` reads, by the names its source (``GLOBAL_STATE``) calls them.
 _STATE_READS = {
     "_grad": torch.is_grad_enabled,
     "_default_dtype": torch.get_default_dtype,
@@ -173,19 +173,29 @@ _STATE_READS = {
 }
 #: ``global_key``'s value as an expression, which the unrolled key functions inline (no frame of
 #: its own on the hit path).
-_GLOBAL_STATE = (
+GLOBAL_STATE = (
     "(_grad(), _default_dtype(), _autocast() if _any_autocast() else None, "
     "_default_device() if _modes() else None, extra, _inference(), aliases)"
 )
 
 
-def _compiled(source: str, name: str, **names):
-    namespace = {**_STATE_READS, **names}
+def compiled_key(source: str, name: str, **names):
+    """The function ``name`` that ``source`` defines, with ``global_key``'s reads (``GLOBAL_STATE``)
+    and ``layout`` in its namespace, and ``names``."""
+    namespace = {**_STATE_READS, "layout": layout, **names}
     exec(source, namespace)
     return namespace[name]
 
 
-global_key = _compiled(f"def global_key(extra=None, aliases=None):\n  return {_GLOBAL_STATE}\n", "global_key")
+def tensor_key_source(name: str) -> str:
+    """``leaf_key`` of the strided tensor ``name`` as an expression (the unrolled key functions
+    inline it). A sparse tensor raises RuntimeError in it: their callers then take the general
+    path, whose ``leaf_key`` says why it is refused."""
+    fields = ("dtype", "device", "shape", "requires_grad", "is_contiguous() or layout(#)", "is_inference()")
+    return "(" + ", ".join(f"{name}.{f}".replace("#", name) for f in fields) + ")"
+
+
+global_key = compiled_key(f"def global_key(extra=None, aliases=None):\n  return {GLOBAL_STATE}\n", "global_key")
 global_key.__doc__ = """Grad mode, default dtype, the CPU and CUDA autocast dtypes (None when autocast is off
     everywhere, read with one call), the default device where a torch function mode may set one,
     ``extra``, inference mode (a call under ``torch.inference_mode()`` makes inference tensors
@@ -212,26 +222,25 @@ def tensor_aliases(flat) -> tuple | None:
     return tuple(repeated)
 
 
-def _distinct_term(names: list) -> str:
-    """A term true when the arguments ``names`` are distinct objects: pairwise ``is`` for a few,
-    a set of ids for more (36 ``is`` cost less than a set of 9 ids, ~0.4 against ~0.9 us)."""
+def repeated_term(names: list, together: str) -> str:
+    """A term true when two of the objects ``names`` (``together``: a tuple of them) are one:
+    pairwise ``is`` for a few, a set of ids for more (36 ``is`` cost less than a set of 9 ids, ~0.4
+    against ~0.9 us)."""
     if len(names) <= 9:
         return " or ".join(f"{a} is {b}" for i, a in enumerate(names) for b in names[i + 1 :])
-    return f"len(set(map(id, args))) < {len(names)}"
+    return f"len(set(map(id, {together}))) < {len(names)}"
 
 
 def _unrolled_key(arity: int):
     """The key function of ``fast_key_fn`` for ``arity`` tensor arguments."""
     names = [f"a{i}" for i in range(arity)]
-    leaves = "".join(
-        f"({n}.dtype, {n}.device, {n}.shape, {n}.requires_grad, {n}.is_contiguous() or layout({n}), "
-        f"{n}.is_inference()), "
-        for n in names
-    )
+    leaves = "".join(f"{tensor_key_source(n)}, " for n in names)
     unpack = f"{', '.join(names)}, = args" if arity else "pass"
-    aliases = f"tensor_aliases(args) if {_distinct_term(names)} else None" if arity > 1 else "None"
-    source = f"def key(args, extra):\n  {unpack}\n  aliases = {aliases}\n  return ({_GLOBAL_STATE}, ({leaves}))\n"
-    return _compiled(source, "key", layout=layout, tensor_aliases=tensor_aliases)
+    aliases = f"tensor_aliases(args) if {repeated_term(names, 'args')} else None" if arity > 1 else "None"
+    # (The leaves first: a call with a non-tensor argument raises before global state is read.)
+    source = f"def key(args, extra):\n  {unpack}\n  leaves = ({leaves})\n  aliases = {aliases}\n"
+    source += f"  return ({GLOBAL_STATE}, leaves)\n"
+    return compiled_key(source, "key", tensor_aliases=tensor_aliases)
 
 
 class _KeyFunctions(dict):

@@ -19,15 +19,12 @@ from torch.utils._pytree import tree_flatten
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
 from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wanted_held, wanted_sizes
 from thunder_rs.core.acquisition.float_args import FloatArgs
-from thunder_rs.core.run.callflat import compile_spec, flatten_call
+from thunder_rs.core.run.call_paths import call_general
 from thunder_rs.core.acquisition.cache import (
     describe_change,
     fast_key_fn,
-    global_key,
     has_dead,
     input_names,
-    leaf_key,
-    tensor_aliases,
     stored_key,
 )
 from thunder_rs.core.run.front import live_functions
@@ -205,55 +202,11 @@ class ThunderFunction:
             raise runtime_error(e, entry.filename, entry.source) from e
         return out if entry.post is None else entry.post(out, args)
 
-    def _call_general(self, args, kwargs):
-        # Called by a program being traced, by thunder_rs or by Dynamo (torch.compile of a model
-        # with a jitted part): part of that program's trace.
-        if active_recorder() is not None or _is_dynamo_compiling():
-            return self._fn(*args, **kwargs)
-        flat, spec = flatten_call(args, kwargs)
-        state = None
-        if self._module is not None:
-            params = self._module_tensors()
-            binding = self._binding
-            state = (self._module.training, binding.metadata(params))
-        key = (global_key(state, tensor_aliases(flat)), tuple(map(leaf_key, flat)), spec)
-        if self._floats.wide:
-            key = self._floats.key(key)
-        entry = self._cache.get(key)
-        if entry is None or (entry.check is not None and not entry.check(flat)):
-            torch_spec = compile_spec(args, kwargs, flat)
-            if torch_spec is None:  # a node type optree does not know: torch's pytree from now on
-                return self._call_general(args, kwargs)
-            entry = self._miss(flat, torch_spec, key)
-            if self._module is not None:
-                params = self._module_tensors()
-                if self._binding is not binding:  # (another thread changed the module's structure)
-                    return self._call_general(args, kwargs)
-        else:
-            entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
-        inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
-        if self._module is not None:
-            inputs.extend(params)
-        if entry.tail is not None:  # tensors argument objects hold (a KV cache's), read per call
-            inputs.extend(entry.tail(flat))
-        try:
-            out = entry.fn(*inputs)
-        except Diverged as d:
-            torch_spec = compile_spec(args, kwargs, flat)
-            if torch_spec is None:  # nothing of the call is visible yet: flattened anew, it runs again
-                return self._call_general(args, kwargs)
-            run = lambda e: e.fn(*self._inputs(e, flat))  # noqa: E731
-            entry, out = self._other_path(
-                d, entry, key, flat, lambda: torch_spec, run, lambda: self._fn(*args, **kwargs)
-            )
-            if entry is None:
-                return out
-        except Exception as e:
-            raise runtime_error(e, entry.filename, entry.source) from e
-        return out if entry.post is None else entry.post(out, flat)
+    #: calls with keyword or non-tensor arguments, and calls the fast path leaves (``call_paths``)
+    _call_general = call_general
 
     def _inputs(self, entry, flat):
-        """What ``entry``'s callable takes for the call of ``flat`` (as ``_call_general`` builds it)."""
+        """What ``entry``'s callable takes for the call of ``flat`` (as ``call_paths`` builds it)."""
         inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
         if self._module is not None:
             inputs.extend(self._module_tensors())

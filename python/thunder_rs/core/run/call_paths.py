@@ -1,0 +1,103 @@
+"""The per-call path of calls with keyword or non-tensor arguments (``ThunderFunction._call_general``).
+
+A call the positional fast path does not take is keyed by the function of its structure
+(``call_keys``) and, found, runs at once; else (a miss, a failed check, a structure left to the
+general path) it is flattened (``callflat``), keyed with ``leaf_key`` and looked up again, and a
+miss compiles. Both key a call alike, so an entry compiled by one serves the other.
+"""
+
+import torch
+
+from thunder_rs.core.acquisition.cache import global_key, leaf_key, tensor_aliases
+from thunder_rs.core.lang.reads import Diverged
+from thunder_rs.core.lang.recorder import active_recorder
+from thunder_rs.core.run.call_keys import call_key
+from thunder_rs.core.run.callflat import compile_spec, flatten_call
+from thunder_rs.errors import runtime_error
+
+#: True only while Dynamo traces (it answers the call itself): eager returns False.
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+
+
+def call_general(jfn, args, kwargs):
+    """Runs the call of ``jfn`` (a ``ThunderFunction``) with ``args`` and ``kwargs``."""
+    # Called by a program being traced, by thunder_rs or by Dynamo (torch.compile of a model
+    # with a jitted part): part of that program's trace.
+    if active_recorder() is not None or _is_dynamo_compiling():
+        return jfn._fn(*args, **kwargs)
+    module = jfn._module
+    params = binding = state = None
+    if module is not None:
+        params = jfn._module_tensors()
+        binding = jfn._binding
+        state = (module.training, binding.metadata(params))
+    keyed = call_key(args, kwargs, state)
+    if keyed is not None:
+        key, flat = keyed
+        if jfn._floats.wide:  # (float arguments the entries take as inputs: ``float_args``)
+            key = jfn._floats.key(key)
+        entry = jfn._cache.get(key)
+        if entry is not None and (entry.check is None or entry.check(flat)):
+            entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
+            inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
+            if params is not None:
+                inputs.extend(params)
+            if entry.tail is not None:  # tensors argument objects hold (a KV cache's), read per call
+                inputs.extend(entry.tail(flat))
+            try:
+                out = entry.fn(*inputs)
+            except Exception as e:
+                return _failed(e, jfn, entry, key, flat, args, kwargs)
+            return out if entry.post is None else entry.post(out, flat)
+    return _flattened(jfn, args, kwargs, state, params, binding)
+
+
+def _flattened(jfn, args, kwargs, state, params, binding):
+    """The call keyed from its flatten; a miss compiles. ``state``: the module's part of the key,
+    read with ``params`` (its tensors) from ``binding``."""
+    flat, spec = flatten_call(args, kwargs)
+    key = (global_key(state, tensor_aliases(flat)), tuple(map(leaf_key, flat)), spec)
+    if jfn._floats.wide:
+        key = jfn._floats.key(key)
+    entry = jfn._cache.get(key)
+    if entry is None or (entry.check is not None and not entry.check(flat)):
+        torch_spec = compile_spec(args, kwargs, flat)
+        if torch_spec is None:  # a node type optree does not know: torch's pytree from now on
+            return jfn._call_general(args, kwargs)
+        entry = jfn._miss(flat, torch_spec, key)
+        if jfn._module is not None:
+            params = jfn._module_tensors()
+            if jfn._binding is not binding:  # (another thread changed the module's structure)
+                return jfn._call_general(args, kwargs)
+    else:
+        entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
+    return _run(jfn, entry, key, flat, params, args, kwargs)
+
+
+def _run(jfn, entry, key, flat, params, args, kwargs):
+    """Runs ``entry`` for the call of ``flat`` (``params``: the module's tensors, or None)."""
+    inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
+    if params is not None:
+        inputs.extend(params)
+    if entry.tail is not None:  # tensors argument objects hold (a KV cache's), read per call
+        inputs.extend(entry.tail(flat))
+    try:
+        out = entry.fn(*inputs)
+    except Exception as e:
+        return _failed(e, jfn, entry, key, flat, args, kwargs)
+    return out if entry.post is None else entry.post(out, flat)
+
+
+def _failed(e: Exception, jfn, entry, key, flat, args, kwargs):
+    """After ``entry``'s call raised ``e``: a divergence hands over to the variant for the values
+    the call read (``_other_path``) and returns its outputs; any other error is raised as the
+    program's, at the user's line."""
+    if not isinstance(e, Diverged):
+        raise runtime_error(e, entry.filename, entry.source) from e
+    torch_spec = compile_spec(args, kwargs, flat)
+    if torch_spec is None:  # nothing of the call is visible yet: flattened anew, it runs again
+        return jfn._call_general(args, kwargs)
+    run = lambda variant: variant.fn(*jfn._inputs(variant, flat))  # noqa: E731
+    eager = lambda: jfn._fn(*args, **kwargs)  # noqa: E731
+    variant, out = jfn._other_path(e, entry, key, flat, lambda: torch_spec, run, eager)
+    return out if variant is None or variant.post is None else variant.post(out, flat)
