@@ -72,6 +72,14 @@ def pair_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
         yield SampleInput(tensor(lhs, dtype, device), tensor(rhs, dtype, device))
 
 
+def _scaled_through_a_view(a):
+    """A write through a view of a tensor that requires grad (eager's CopySlices): the root's
+    gradient is a fresh tensor, the written part's gradient passes through the in-place op."""
+    b = a * 1
+    b.unsqueeze(0).mul_(-2)
+    return b
+
+
 OPS = [
     OpInfo("detach", torch.Tensor.detach, unary_samples, dtypes=ALL),
     OpInfo("detach", _detached_product, unary_samples, dtypes=NUMERIC, variant="product"),
@@ -82,4 +90,5 @@ OPS = [
     OpInfo("copy_", _copy_under_no_grad, pair_samples, dtypes=NUMERIC, variant="no_grad"),
     OpInfo("mul_", _scaled_under_no_grad, unary_samples, dtypes=NUMERIC, variant="no_grad"),
     OpInfo("mul_", _scaled_through_data, unary_samples, dtypes=NUMERIC, variant="data"),
+    OpInfo("mul_", _scaled_through_a_view, unary_samples, dtypes=NUMERIC, variant="view"),
 ]
