@@ -80,6 +80,13 @@ def _scaled_through_a_view(a):
     return b
 
 
+def _scaled_through_a_slice(a):
+    """The same through a slice (eager's CopySlices of a slice: written in place in the root's gradient)."""
+    b = a * 1
+    (b[..., :1] if b.ndim else b).mul_(-2)
+    return b
+
+
 OPS = [
     OpInfo("detach", torch.Tensor.detach, unary_samples, dtypes=ALL),
     OpInfo("detach", _detached_product, unary_samples, dtypes=NUMERIC, variant="product"),
@@ -91,4 +98,5 @@ OPS = [
     OpInfo("mul_", _scaled_under_no_grad, unary_samples, dtypes=NUMERIC, variant="no_grad"),
     OpInfo("mul_", _scaled_through_data, unary_samples, dtypes=NUMERIC, variant="data"),
     OpInfo("mul_", _scaled_through_a_view, unary_samples, dtypes=NUMERIC, variant="view"),
+    OpInfo("mul_", _scaled_through_a_slice, unary_samples, dtypes=NUMERIC, variant="slice"),
 ]
