@@ -344,25 +344,6 @@ def test_the_nvfuser_stand_in_takes_a_float_input(fake_ex):
     assert fake_ex.stats["definitions"] == 2
 
 
-@pytest.mark.slow
-def test_inductor_compiles_no_region_per_float_value():
-    """Inductor holds a region's numbers as constants of its graph (a compile per value): a trace
-    with float inputs runs without it rather than compiling a region on each call."""
-    from thunder_rs.executors import inductor_ex
-
-    def fn(x, s):
-        return (x * s + s).sin() * s
-
-    jfn = thunder_rs.jit(fn, executors=["inductor", "torch"])
-    x = torch.randn(8, 8)
-    jfn(x, 0.1)
-    compiled = len(inductor_ex.stats().compile_s)
-    for s in VALUES:
-        torch.testing.assert_close(jfn(x, s), fn(x, s))
-    assert len(inductor_ex.stats().compile_s) == compiled
-    assert thunder_rs.compile_stats(jfn).cache_misses == 2
-
-
 def test_the_trace_names_a_float_input_as_the_user_does():
     jfn = thunder_rs.jit(lambda x, s: x * s)
     for s in (0.5, 0.25):
