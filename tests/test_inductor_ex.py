@@ -742,7 +742,7 @@ def test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length():
 def test_a_symbolic_artifact_serves_only_sizes_its_guards_hold_for():
     """What tracing and Inductor assumed of the symbolic sizes (equal sizes, a size input among
     them, sharing a symbol; 0 and 1 kept apart; ranges) is checked before an artifact serves a
-    call; a number the graph holds as a constant must be the same."""
+    call; a float is an input of the graph (``inductor_floats``): any value serves."""
     from torch._inductor.decomposition import select_decomp_table
 
     from thunder_rs.executors.inductor_ex import _inductor
@@ -761,7 +761,7 @@ def test_a_symbolic_artifact_serves_only_sizes_its_guards_hold_for():
         (6, 5, 6, 2.0, False),  # the sizes shared a symbol
         (6, 6, 5, 2.0, False),  # the size input shared the dim's symbol (equal sizes do)
         (1, 1, 1, 2.0, False),  # 1 is kept apart
-        (6, 6, 6, 3.0, False),  # another constant
+        (6, 6, 6, 3.0, True),  # another float
     ]:
         args = [torch.randn(n, 8), torch.randn(m, 8), size, scale]
         assert artifact.serves(args) is serves, (n, m, size, scale)

@@ -32,6 +32,11 @@ round trips kept, no FMA contraction; 2% of that block's outputs differ), whatev
 Inductor settings, as nvFuser's regions cast each result to its dtype; and a Python number
 operand of a half add, sub, mul or div is read in float32 as eager's kernels read it, where
 Inductor's emulation would round it to the half dtype (``_numbers_read_in_float32``).
+
+Floats a region takes (a trace's float inputs, ``core.acquisition.float_args``) are inputs of its
+graph, read as numbers, one compile for every value; the region's Python arithmetic on them is
+computed before the graph runs, and a half-precision region meeting one runs eagerly
+(``inductor_floats``).
 """
 
 import contextlib
@@ -52,7 +57,7 @@ from thunder_rs.core.base.logs import inductor_logger
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors import inductor_cache
 from thunder_rs.executors.inductor_claims import claimed_keys
-from thunder_rs.executors.inductor_symbolic import compile_symbolic, is_symbolic
+from thunder_rs.executors.inductor_symbolic import compile_symbolic, has_floats, is_symbolic
 from thunder_rs.executors.torch_ex import torch_ex
 
 
@@ -129,11 +134,21 @@ def _number_key(value):
     return type(value), value
 
 
-def layout(args) -> tuple:
+def layout(args, floats: bool = False) -> tuple:
     """What a compiled region is specialised on beyond its key (which holds its inputs' dtypes,
     devices and shapes): each tensor input's strides and lazy negation or conjugation bit, and
-    each other input's value. Checked on every call, so it reads no more than that."""
-    return tuple([(a.stride(), a.is_neg() or a.is_conj()) if isinstance(a, _Tensor) else _number_key(a) for a in args])
+    each other input's value; with ``floats`` (the region's graph takes its floats as inputs:
+    ``inductor_floats``), a float's type alone. Checked on every call, so it reads no more."""
+    return tuple(
+        [
+            (a.stride(), a.is_neg() or a.is_conj())
+            if isinstance(a, _Tensor)
+            else float
+            if floats and type(a) is float
+            else _number_key(a)
+            for a in args
+        ]
+    )
 
 
 def _lazy_bits(args) -> bool:
@@ -179,7 +194,7 @@ def _numbers_read_in_float32(graph):
     for node in list(graph.graph.nodes):
         if node.op != "call_function" or node.target not in targets or node.kwargs:
             continue
-        numbers = [type(a) in (int, float) for a in node.args]
+        numbers = [type(a) in (int, float) or _number_node(a) for a in node.args]
         tensor = next((a for a, n in zip(node.args, numbers) if not n), None)
         val = getattr(tensor, "meta", {}).get("val")
         if len(node.args) != 2 or sum(numbers) != 1 or not isinstance(val, torch.Tensor) or val.dtype not in _HALF:
@@ -197,6 +212,12 @@ def _numbers_read_in_float32(graph):
     if rewritten:
         graph.recompile()
     return graph
+
+
+def _number_node(a) -> bool:
+    """Whether ``a`` is a node of a graph computing a Python number (a float the graph takes as an
+    input: ``inductor_floats``)."""
+    return isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), (torch.SymFloat, torch.SymInt))
 
 
 #: The Inductor settings (``torch._inductor.config``) every region compiles under, whatever the
@@ -435,7 +456,7 @@ def _compiled_or_eager(region, args):
         with _told_if_slow(
             f"thunder_rs: the Inductor region {region.name} ({len(region.symbol_names)} symbols, {devices})"
         ):
-            if is_symbolic(region.input_shapes):
+            if is_symbolic(region.input_shapes) or has_floats(args, region.input_shapes):
                 run = _symbolic_run(region, args)
             else:
                 run = _compile_function(region.function, args, region.key)
@@ -479,7 +500,7 @@ def _compile_region(region, args, key):
         if run is not None:
             _stats.hits += 1
             return run
-        if is_symbolic(region.input_shapes):
+        if is_symbolic(region.input_shapes) or has_floats(args, region.input_shapes):
             run = _symbolic_reused(region, args)
             if run is not None:
                 _stats.symbolic_reuses += 1
@@ -494,16 +515,20 @@ class CompiledRegion:
     """The callable ``fuse`` returns: the region's outputs, computed by the Inductor kernel
     compiled for its inputs' layout (compiled on the first call with each layout)."""
 
-    __slots__ = ("region", "_last")
+    __slots__ = ("region", "_last", "_floats")
 
     def __init__(self, region):
         self.region = region
+        #: whether its floats are inputs of its graph (``inductor_floats``), known on its first call
+        self._floats: bool | None = None
         #: (layout, run) of the last call, one object so that threads never pair a layout with
         #: another layout's kernel
         self._last = (None, None)
 
     def __call__(self, *args):
-        key = layout(args)
+        if self._floats is None:
+            self._floats = has_floats(args, self.region.input_shapes)
+        key = layout(args, self._floats)
         last_layout, run = self._last
         if key != last_layout:
             run = _compile_region(self.region, args, (self.region.key, key))
@@ -519,6 +544,7 @@ class InductorExecutor(FusionExecutor):
     makes a region's callable."""
 
     fuses_symbolic = True
+    fuses_float_inputs = True
 
     def __init__(self, name: str = "inductor"):
         super().__init__(name)

@@ -11,16 +11,23 @@ A float a module or an argument object holds (a module's ``self.temperature``, `
 a call finds changed is a float input of the next compile in the same way (``HeldFloat``, as
 ``dynamic.HeldInt`` for ints): its guard checks only that a float is there, the entry reads it.
 
-Where the program needs the value itself (a comparison, ``float()``, ``int()``, ``round``,
-``math.*``, text, a dropout probability), tracing notes it (``symfloat.specialised_inputs``) and
-the float is compiled as a constant, then and from then on: each value is a key of its own, and
-the miss reason says where the program read it. ``jit(dynamic=False)`` keeps every float constant.
+Python arithmetic on it (``1 / s``, ``s ** 0.5``, ``math.sqrt``, ``math.exp``, ``math.log``) stays
+symbolic, computed again in doubles on each call. A decision on its value (``if s > 0.5``,
+``max(s, 1e-8)``, a divisor nonzero, ``math.sqrt``'s argument nonnegative) is a guard on the
+decision's answer (``FloatGuard``, ``lang.float_guards``): a call answering otherwise compiles
+again with the float still an input (one entry per answer), or raises as eager does (``1 / s`` at
+0.0 raises ZeroDivisionError from the program's line). Where the program needs the value itself
+(``float()``, ``int()``, ``round``, text, returning it, or a decision mixing it with symbolic
+sizes), tracing notes it (``symfloat.specialised_inputs``) and the float is compiled as a constant,
+then and from then on: each value is a key of its own, and the miss reason says where the program
+read it. ``jit(dynamic=False)`` keeps every float constant.
 """
 
 from typing import Any, NamedTuple
 
 from thunder_rs.core.acquisition.cache import leaf_key
 from thunder_rs.core.acquisition.dynamic import FLOAT as FLOAT_ATTR
+from thunder_rs.core.lang import float_guards
 from thunder_rs.core.lang.symfloat import specialised_inputs
 
 #: A float argument's place in a key where the trace takes it as an input: any float matches.
@@ -97,6 +104,8 @@ class FloatArgs:
         #: site)`` of those it found it needed the value of (its miss reason says so)
         self.made: tuple = ()
         self.kept: list = []
+        #: the decisions on float inputs of the last compile that took some (its miss reasons name them)
+        self.guard: FloatGuard | None = None
         self._held_places: tuple = ()
 
     def key(self, key):
@@ -134,7 +143,17 @@ class FloatArgs:
         compile kept them so; where it needed the value of some (or failed), again with those
         constant and the key holding their values. ``make`` returns ``_generated``'s tuple."""
         floats = widened(key)
-        self.kept = []
+        self.kept, self.guard = [], None
+        before = (dict(self.constant), dict(self.constant_held), self.wide)
+        try:
+            return self._generate(make, key, flat, floats)
+        except Exception:
+            # The program's own error (``1 / s`` at 0.0), raised with the floats constant too:
+            # they stay inputs for the calls that follow (none of its values was the cause).
+            self.constant, self.constant_held, self.wide = before
+            raise
+
+    def _generate(self, make, key, flat, floats):
         while True:
             try:
                 made, needed = self._made(make, floats)
@@ -164,6 +183,9 @@ class FloatArgs:
             made = make(floats)
         places = {vid: at for at, vid in made[0].floats}
         needed = [(_place(places[v]), _label(places[v]), site) for v, site in noted.found.items() if v in places]
+        if noted.decisions and not needed:
+            self.guard = FloatGuard(noted.decisions, made[0].floats)
+            made[0].guards.append(self.guard)
         return made, needed
 
     def again(self, make, key):
@@ -173,6 +195,9 @@ class FloatArgs:
             made = make(widened(key))
         if noted.found:
             raise FloatSpecialised(noted.found)
+        if noted.decisions:
+            self.guard = FloatGuard(noted.decisions, made[0].floats)
+            made[0].guards.append(self.guard)
         return made
 
     def labels(self, names: list) -> str:
@@ -180,6 +205,8 @@ class FloatArgs:
         compile took as inputs, and ``; s kept constant: its value is needed at file:line`` for
         those it found it needed the value of."""
         labels = [names[at.position] if type(at) is ArgFloat else f"{at.source.label}.{at.name}" for at in self.made]
+        if self.guard is not None and not self.guard.names:
+            self.guard.names = dict(zip((vid for _, vid in self.guard.floats), labels))
         parts = ["compiled with symbolic floats " + ", ".join(labels)] if labels else []
         for place, held_label, site in self.kept:
             name = names[place] if type(place) is int else held_label or f"{place[1]}"
@@ -207,3 +234,47 @@ def _place(at) -> int | tuple:
 
 def _label(at) -> str | None:
     return f"{at.source.label}.{at.name}" if type(at) is HeldFloat else None
+
+
+class FloatGuard:
+    """The decisions a trace took on its float inputs' values (``float_guards``: ``s > 0.5`` was
+    True, ``s != 0`` for ``1 / s``), checked on every call with the call's floats."""
+
+    per_call = True
+    source = None
+
+    def __init__(self, decisions: list, floats):
+        self.decisions = tuple(decisions)
+        self.floats = tuple(floats)  # ``(ArgFloat or HeldFloat, value id)``
+        scope: dict = {}
+        reads = ", ".join(f"{vid}: {at.code(j, scope)}" for j, (at, vid) in enumerate(self.floats))
+        exec(compile(f"def read(flat):\n    return {{{reads}}}\n", "<thunder_rs float guards>", "exec"), scope)
+        self._read = scope["read"]
+        #: ``{value id: the user's name}`` (``FloatArgs.labels``)
+        self.names: dict = {}
+
+    def holds(self, flat) -> bool:
+        try:
+            values = self._read(flat)
+        except (KeyError, AttributeError, IndexError, TypeError):
+            return False
+        return float_guards.holds(self.decisions, values)
+
+    def describe(self, flat) -> str:
+        names = self.names
+        for decision in self.decisions:
+            if not self.holds_one(decision, flat):
+                op, a, b, answer, site = decision
+                shown = f"{float_guards.text(a, names)} {float_guards.SYMBOLS[op]} {float_guards.text(b, names)}"
+                return f"{shown} was {answer} when traced (decided at {site}), not now"
+        return "a decision on a float input differs"
+
+    def holds_one(self, decision, flat) -> bool:
+        try:
+            return float_guards.holds((decision,), self._read(flat))
+        except (KeyError, AttributeError, IndexError, TypeError):
+            return False
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"fg{index}"] = self.holds
+        return f"fg{index}(flat)"

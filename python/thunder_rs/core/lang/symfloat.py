@@ -26,9 +26,11 @@ traced, computed by the operations themselves on the sizes' values.
 A float argument that changes between calls (a learning rate, a loss weight) is a float input
 of the trace, ``("arg", value id, hint)`` in ``ops`` (``core.acquisition.float_args``): what the
 program computes from it stays symbolic, and the compiled program passes the caller's float to
-torch, as eager does. No relation over it is kept: a decision on its value (a comparison,
-``float()``, ``int()``, ``math.*``, text) specialises it, which ``specialised_inputs`` records,
-and the compile takes it as a constant then.
+torch, as eager does. A decision on floats of float inputs and constants alone (a comparison,
+``bool``, a divisor or a domain of ``math``) is answered on the value and guarded on its answer
+(``float_guards``); anything else that needs its value (``float()``, ``int()``, text, a decision
+mixing it with sizes) specialises it, which ``specialised_inputs`` records, and the compile takes
+it as a constant then.
 """
 
 import contextvars
@@ -42,6 +44,7 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang import float_guards
 from thunder_rs.core.lang.caller_code import only_assert_message
 from thunder_rs.core.lang.recorder import current
 from thunder_rs.errors import ThunderRuntimeError
@@ -314,10 +317,13 @@ class specialised_inputs:
 
     def __enter__(self):
         self.found: dict = {}
+        self.decisions: list = []  # (``float_guards.decide``)
         self._token = _SPECIALISED.set(self.found)
+        self._decisions = float_guards.DECISIONS.set(self.decisions)
         return self
 
     def __exit__(self, *exc):
+        float_guards.DECISIONS.reset(self._decisions)
         _SPECIALISED.reset(self._token)
 
 
@@ -464,6 +470,9 @@ def relation(op: str, a, b):
     o = operand(b)
     if o is None:
         return None
+    on_inputs = float_guards.decide(op, operand(a)[0], o[0], user_location)
+    if on_inputs is not None:  # (float inputs: a guard on their values)
+        return on_inputs
     left, right = _rational_or_exact(operand(a)[0]), _rational_or_exact(o[0])
     if left is not None and type(b) is float and not math.isfinite(b) and _bounded(left[1], 0):
         # a rational of sizes with a positive denominator is finite: any finite value answers
@@ -606,7 +615,8 @@ class SymFloat(torch.SymFloat):
         return self._decide("ge", other)
 
     def __bool__(self):
-        return bool(self.value())
+        answer = float_guards.decide("ne", self.ops, 0, user_location)
+        return bool(self.value()) if answer is None else answer
 
     def __float__(self):
         return self.value()
