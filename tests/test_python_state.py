@@ -68,7 +68,9 @@ def test_nan_and_negative_zero_arguments():
     jf, x = thunder_rs.jit(lambda x, s: torch.copysign(x, torch.tensor(s)) * (s == s)), torch.ones(2)
     for s in (float("nan"), float("nan"), 0.0, -0.0, -0.0):
         torch.testing.assert_close(jf(x, s), torch.copysign(x, torch.tensor(s)) * (s == s))
-    assert thunder_rs.cache_misses(jf) == 3
+    # (nan a constant; from 0.0 on a float input, ``s == s`` guarded on its answer: -0.0 answers as
+    # 0.0 does, and its sign reaches copysign through the input)
+    assert thunder_rs.cache_misses(jf) == 2
 
 
 class Scaled(nn.Module):
