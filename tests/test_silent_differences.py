@@ -245,3 +245,40 @@ def test_a_transposed_input_written_in_place_gives_its_base_eager_s_gradient_to_
         results.append((out.detach(), leaf.grad, w.grad if program is not _divided else w.sum()))
     for eager, compiled in zip(*results):
         assert torch.equal(eager, compiled)
+
+
+# -- a leaf view that requires grad, into an op recorded whole -------------------------------------
+
+
+def _leaf_view(x: torch.Tensor) -> torch.Tensor:
+    """A view of a base that does not require grad, made a leaf that does (op_db's upper=True samples)."""
+    view = x.clone().mT.detach().mT
+    assert view._is_view()
+    return view.requires_grad_()
+
+
+_BASE = torch.rand(3, 3) + 0.5
+_SPD_UPPER = torch.linalg.cholesky(_BASE @ _BASE.mT + 3 * torch.eye(3)).mT
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.cholesky_inverse(x, upper=True),  # an opaque linalg symbol
+        lambda x: torch.cholesky_solve(torch.ones(3, 2), x, upper=True),
+        lambda x: torch.polar(x, torch.ones(3, 3)),  # an eager fallback
+    ],
+    ids=["cholesky_inverse", "cholesky_solve", "polar"],
+)
+def test_a_leaf_view_into_an_op_recorded_whole_gets_its_gradient(fn):
+    """The op's result requires grad and the view its gradient, as in eager; the op recorded whole
+    (an opaque symbol, an eager fallback) did not note the gradient flowing into the view, which the
+    call then passed detached: no grad_fn and no gradient, silently."""
+    grads = []
+    for f in (fn, thunder_rs.jit(fn)):
+        x = _leaf_view(_SPD_UPPER)
+        out = f(x)
+        assert out.requires_grad
+        (out.abs() if out.is_complex() else out).sum().backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0])

@@ -9,7 +9,7 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current, output_meta, proxies
+from thunder_rs.core.lang.recorder import current, note_gradient_through, output_meta, proxies
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, hint
 from thunder_rs import clang, prims
@@ -216,6 +216,8 @@ def record_opaque(sid: int, meta, args: tuple) -> tuple:
     metas = [
         output_meta(shape, dtype, device, flows and differentiable) for shape, dtype, differentiable, _ in described
     ]
+    if flows:  # (a view input a gradient flows into: ``TensorProxy._view_grad``)
+        note_gradient_through(metas, args)
     outs = proxies(current().call(sid, args, None, metas))
     for out, (*_, strides) in zip(outs, described):
         if strides is not None:

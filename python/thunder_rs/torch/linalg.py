@@ -28,7 +28,7 @@ from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.eager_layouts import eager_strides
-from thunder_rs.core.lang.recorder import current, output_meta, proxies
+from thunder_rs.core.lang.recorder import current, note_gradient_through, output_meta, proxies
 from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
@@ -654,6 +654,8 @@ def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers
     device = str(in_leaves[0].device)
     requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
     metas = [output_meta(t.shape, t.dtype, device, requires_grad and t.requires_grad) for t in leaves]
+    if requires_grad:  # (a view input a gradient flows into: ``TensorProxy._view_grad``)
+        note_gradient_through(metas, (*args, *kwargs.values()))
     outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
 

@@ -26,7 +26,7 @@ from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.recorder import backward_draws, current, output_meta, proxies, recording_backward
-from thunder_rs.core.lang.recorder import refuse_gradient_in_inference_mode
+from thunder_rs.core.lang.recorder import note_gradient_through, refuse_gradient_in_inference_mode
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_location
@@ -519,6 +519,8 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         state = _generator(args, kwargs).get_state()
         metas.append(output_meta(state.shape, state.dtype, state.device, False))
     sid = symbol_id(func, effect, autocast_state, replay, sized)
+    if torch.is_grad_enabled():  # (a view input a gradient flows into: ``TensorProxy._view_grad``)
+        note_gradient_through(metas, (*args, *(kwargs or {}).values()))
     if sized:
         recorded = current().call_sized(sid, tuple(args), kwargs or None, metas, checked.ids)
     else:
