@@ -550,39 +550,13 @@ def _max_pool_backward_grad(
 
 
 @register_grad(ltorch.max_pool2d_with_indices_backward)
-def max_pool2d_with_indices_backward_grad(
-    grad_output, input, kernel_size, stride, padding, dilation, ceil_mode, indices
-):
-    return _max_pool_backward_grad(
-        2,
-        ltorch.max_pool2d_with_indices_backward,
-        grad_output,
-        input,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        ceil_mode,
-        indices,
-    )
+def max_pool2d_with_indices_backward_grad(*args, **kwargs):
+    return _max_pool_backward_grad(2, ltorch.max_pool2d_with_indices_backward, *args, **kwargs)
 
 
 @register_grad(ltorch.max_pool3d_with_indices_backward)
-def max_pool3d_with_indices_backward_grad(
-    grad_output, input, kernel_size, stride, padding, dilation, ceil_mode, indices
-):
-    return _max_pool_backward_grad(
-        3,
-        ltorch.max_pool3d_with_indices_backward,
-        grad_output,
-        input,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        ceil_mode,
-        indices,
-    )
+def max_pool3d_with_indices_backward_grad(*args, **kwargs):
+    return _max_pool_backward_grad(3, ltorch.max_pool3d_with_indices_backward, *args, **kwargs)
 
 
 # -- average pooling -------------------------------------------------------------------------------

@@ -39,16 +39,7 @@ def call_general(jfn, args, kwargs):
         entry = jfn._cache.get(key)
         if entry is not None and (entry.check is None or entry.check(flat)):
             entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
-            inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
-            if params is not None:
-                inputs.extend(params)
-            if entry.tail is not None:  # tensors argument objects hold (a KV cache's), read per call
-                inputs.extend(entry.tail(flat))
-            try:
-                out = entry.fn(*inputs)
-            except Exception as e:
-                return _failed(e, jfn, entry, key, flat, args, kwargs)
-            return out if entry.post is None else entry.post(out, flat)
+            return _run(jfn, entry, key, flat, params, args, kwargs)
     return _flattened(jfn, args, kwargs, state, params, binding)
 
 
