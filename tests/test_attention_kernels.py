@@ -393,7 +393,8 @@ def test_the_choice_is_asked_of_torch_with_the_eager_layout(fake, monkeypatch):
     with fake:
         q, k, v = (fake_leaf((2, 4, 16, 64), torch.bfloat16, layout=(0, 2, 1, 3)) for _ in range(3))
         jfn(q, k, v, fake_leaf((16, 16), torch.bool, grad=False))
-    assert seen == [(q.stride(), True, torch.bool, True, 0.0, 0.5, False)]
+    # (Asked again with q, k and v, the call's inputs, starting elsewhere: ``guard_offsets``.)
+    assert set(seen) == {(q.stride(), True, torch.bool, True, 0.0, 0.5, False)}
 
 
 KERNEL_CALLS = {
@@ -415,7 +416,12 @@ def test_the_kernel_eagers_composite_calls_is_the_backend_chosen(backend, fake):
 
 def test_torch_is_asked_once_for_equal_calls_under_equal_switches(fake, monkeypatch):
     asked = []
-    monkeypatch.setattr(fa, "eager_choice", lambda *args: asked.append(len(args)) or MATH)
+
+    def choice(q, k, v, *args):
+        starts = tuple(x.storage_offset() for x in (q, k, v))
+        return asked.append((*starts, torch.backends.cuda.flash_sdp_enabled())) or MATH
+
+    monkeypatch.setattr(fa, "eager_choice", choice)
     monkeypatch.setattr(fa, "_choices", {})
 
     def layers(q, k, v):
@@ -428,7 +434,10 @@ def test_torch_is_asked_once_for_equal_calls_under_equal_switches(fake, monkeypa
         thunder_rs.jit(layers)(*inputs)
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
             thunder_rs.jit(layers)(*inputs)
-    assert len(asked) == 2
+    # Once per call and switches: the layers' (asked again with k and v, and q, the program's
+    # inputs, starting elsewhere: ``guard_offsets``)
+    assert len(asked) == len(set(asked))
+    assert [flash for *starts, flash in asked if starts == [0, 0, 0]] == [True, False]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="without a GPU torch has no fused kernel to offer")
@@ -518,7 +527,8 @@ def test_the_first_choice_of_a_process_may_set_the_priority_order(fake, monkeypa
         assert "torch_cudnn_attention(" in str(thunder_rs.last_traces(jfn)[-1])
         stats = thunder_rs.compile_stats(jfn)
         assert (stats.cache_misses, stats.cache_hits) == (1, 1), stats.miss_reasons
-        assert len(asked) == 1  # the second call's choice is the stored one, under the new order
+        assert len(asked) == 2  # the second call's choice is the stored one, under the new order
+        # (the other: q, k and v, the program's inputs, starting elsewhere, ``guard_offsets``)
     finally:
         setter(before)
         fa._choices.clear()
@@ -551,3 +561,118 @@ def test_attention_over_changing_lengths_asks_torchs_choice_per_length(fake, mon
     else:
         assert stats.cache_misses == 2, stats.miss_reasons
     assert kernels[24]
+
+
+# -- where q, k and v start in their storage --------------------------------------------------------
+
+
+def efficient_where_aligned(q, k, v, *args, **kwargs):
+    """Torch's choice on an sm80+ GPU with flash and cuDNN switched off: the memory-efficient
+    kernel where q, k and v start on a 16-byte boundary (``check_data_ptr_alignment_mem_efficient``
+    in sdp_utils.cpp), else the math path."""
+    aligned = all(x.storage_offset() * x.element_size() % 16 == 0 for x in (q, k, v))
+    return EFFICIENT if aligned else MATH
+
+
+def packed_qkv(start: int):
+    """q, k, v split from one packed projection that starts ``start`` elements into its buffer:
+    [2, 4, 16, 64] views, leaves requiring grad."""
+    buffer = torch.empty(2, 16, 3 * 256 + 8, dtype=torch.bfloat16, device="cuda")
+    qkv = buffer[..., start : start + 3 * 256].unflatten(-1, (3, 4, 64))
+    return [qkv[:, :, i].transpose(1, 2).detach().requires_grad_() for i in range(3)]
+
+
+def test_a_call_whose_query_starts_off_the_kernels_boundary_compiles_again_with_torchs_choice(fake, monkeypatch):
+    """The cache key leaves storage offsets out: q, k and v sliced at an odd offset of a packed
+    buffer hit the entry traced at offset 0, whose memory-efficient kernel torch does not choose
+    for them (it refuses misaligned storage; eager runs the math path). The entry guards the
+    offsets' alignment to the kernel's 8 bfloat16 elements: such a call compiles again, one at
+    another offset on the same side of the boundary hits."""
+    monkeypatch.setattr(fa, "eager_choice", efficient_where_aligned)
+    fa._choices.clear()
+    jfn = thunder_rs.jit(attention({}))
+    with fake, observed_kernels() as seen:
+        for start in (0, 0, 1, 8, 3):
+            backward(jfn(*packed_qkv(start)))
+    fa._choices.clear()
+    assert len(seen["ran"]["efficient_attention"]) == 3  # (at 0, 0 and 8)
+    stats = thunder_rs.compile_stats(jfn)
+    assert (stats.cache_misses, stats.cache_hits) == (2, 3), stats.miss_reasons
+    assert "efficient_attention" not in str(thunder_rs.last_traces(jfn)[-1])
+    reason = stats.miss_reasons[1]
+    assert re.match(r"the storage offset of \w+ changed from 0 to 1 \(on a boundary of 8 elements then: torch", reason)
+
+
+def test_offsets_are_not_guarded_where_torchs_choice_does_not_depend_on_them(fake, monkeypatch):
+    monkeypatch.setattr(fa, "eager_choice", lambda *args, **kwargs: EFFICIENT)
+    fa._choices.clear()
+    jfn = thunder_rs.jit(attention({}))
+    with fake:
+        for start in (0, 1):
+            jfn(*packed_qkv(start))
+    fa._choices.clear()
+    assert thunder_rs.compile_stats(jfn).cache_misses == 1
+
+
+def test_views_of_a_computed_projection_are_chosen_for_at_eagers_offsets(fake, monkeypatch):
+    """q, k and v viewed in the program from a projection it computed start where eager's do: at
+    an odd offset (a bias column sliced off) torch chooses the math path, as the trace does."""
+    seen = []
+
+    def choice(q, k, v, *args, **kwargs):
+        seen.append(tuple(x.storage_offset() for x in (q, k, v)))
+        return efficient_where_aligned(q, k, v)
+
+    monkeypatch.setattr(fa, "eager_choice", choice)
+    fa._choices.clear()
+
+    def block(x, w):
+        q, k, v = (x @ w)[..., 1:].unflatten(-1, (3, 4, 64)).unbind(2)
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+
+    jfn = thunder_rs.jit(block)
+    with fake:
+        x = fake_leaf((2, 16, 32), torch.bfloat16)
+        w = fake_leaf((32, 3 * 256 + 1), torch.bfloat16)
+        backward(jfn(x, w))
+        eager = [t.storage_offset() for t in (x @ w)[..., 1:].unflatten(-1, (3, 4, 64)).unbind(2)]
+    fa._choices.clear()
+    assert seen == [tuple(eager)] and eager == [1, 257, 513]
+    assert "efficient_attention" not in str(thunder_rs.last_traces(jfn)[-1])
+    assert thunder_rs.compile_stats(jfn).cache_misses == 1
+
+
+def test_a_choice_that_depends_on_an_offset_no_rule_tells_is_refused(fake, monkeypatch):
+    """A query taken by a view op run as a fallback (``unfold``): where it starts is not worked
+    out, and torch's choice depends on it."""
+    monkeypatch.setattr(fa, "eager_choice", efficient_where_aligned)
+    fa._choices.clear()
+
+    def windows(x, k, v):
+        return F.scaled_dot_product_attention(x.unfold(2, 64, 64), k, v)
+
+    with fake, pytest.raises(ThunderNotImplementedError, match=r"where the query starts in its storage.*contiguous"):
+        k, v = (fake_leaf((2, 4, 16, 64), torch.bfloat16) for _ in range(2))
+        thunder_rs.jit(windows)(fake_leaf((2, 4, 16 * 64), torch.bfloat16), k, v)
+    fa._choices.clear()
+
+
+class KVCache:
+    def __init__(self, k, v):
+        self.k, self.v = k, v
+
+
+def test_keys_an_argument_object_holds_are_guarded_where_they_start(fake, monkeypatch):
+    """Tensors an argument object holds are read per call from it (a KV cache): their offsets too."""
+    monkeypatch.setattr(fa, "eager_choice", efficient_where_aligned)
+    fa._choices.clear()
+    jfn = thunder_rs.jit(lambda q, cache: F.scaled_dot_product_attention(q, cache.k, cache.v))
+    with fake, observed_kernels() as seen:
+        for start in (0, 1, 8):
+            q, k, v = packed_qkv(start)
+            backward(jfn(packed_qkv(0)[0], KVCache(k, v)))
+    fa._choices.clear()
+    assert len(seen["ran"]["efficient_attention"]) == 2  # (at 0 and 8)
+    stats = thunder_rs.compile_stats(jfn)
+    assert (stats.cache_misses, stats.cache_hits) == (2, 1), stats.miss_reasons
+    assert re.match(r"the storage offset of cache\.k changed from 256 to 257 ", stats.miss_reasons[1])

@@ -38,9 +38,12 @@ from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang import sdp_state, symfloat
 from thunder_rs.core.lang.symint import SymInt, at_sizes, hint
 from thunder_rs.core.state.observe import check_sizes
+from thunder_rs.core.state.offsets import can_guard, guard_offset
+from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.lang.grad import get_grad, put_grad
-from thunder_rs.errors import ThunderNotImplementedError, thunder_error_like
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError, thunder_error_like
 from thunder_rs.torch.common import OpaqueKernel, cast, sum_to
+from thunder_rs.torch.storage_offsets import eager_offset, input_root
 from thunder_rs.torch.strides import contiguous_strides, strides_of
 
 SDPBackend = torch.nn.attention.SDPBackend
@@ -62,10 +65,15 @@ _OP = "ltorch.scaled_dot_product_attention"
 
 
 def _fake(meta):
-    """A fake tensor of ``meta`` (``_metadata``'s, at concrete sizes), strides as eager's are."""
-    shape, strides, dtype, device, requires_grad = meta
+    """A fake tensor of ``meta`` (``_metadata``'s, at concrete sizes), strides and storage offset as
+    eager's are."""
+    shape, strides, offset, dtype, device, requires_grad = meta
     differentiable = requires_grad and dtype.is_floating_point
-    return torch.empty_strided(shape, strides, dtype=dtype, device=device, requires_grad=differentiable)
+    if not offset:
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device, requires_grad=differentiable)
+    extent = 0 if 0 in shape else 1 + sum((n - 1) * stride for n, stride in zip(shape, strides))
+    storage = torch.empty(offset + extent, dtype=dtype, device=device)
+    return storage.as_strided(shape, strides, offset).detach().requires_grad_(differentiable)
 
 
 _aten = torch.ops.aten
@@ -101,27 +109,31 @@ def eager_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bool
 
 
 def _metadata(x):
-    return None if x is None else (tuple(x.shape), tuple(strides_of(x)), x.dtype, x.device, x.requires_grad)
+    """(shape, strides, storage offset, dtype, device, requires_grad) of eager's tensor for ``x``;
+    the offset None where no rule tells it (``storage_offsets.eager_offset``)."""
+    if x is None:
+        return None
+    return (tuple(x.shape), tuple(strides_of(x)), eager_offset(x), x.dtype, x.device, x.requires_grad)
 
 
 def _symbolic(meta) -> bool:
-    return meta is not None and any(type(s) is SymInt for s in (*meta[0], *meta[1]))
+    return meta is not None and any(type(s) is SymInt for s in (*meta[0], *meta[1], meta[2]))
 
 
 def _at_hints(meta):
-    """``meta`` with its sizes at their hints, none of them specialised."""
+    """``meta`` with its sizes at their hints, none of them specialised (an unknown offset at 0)."""
     if meta is None:
         return None
-    shape, strides, *rest = meta
-    return (tuple(map(hint, shape)), tuple(map(hint, strides)), *rest)
+    shape, strides, offset, *rest = meta
+    return (tuple(map(hint, shape)), tuple(map(hint, strides)), hint(offset or 0), *rest)
 
 
 def _sized(meta):
     """``meta`` as a function of the size values by name (``symint.at_sizes``), or None."""
     if meta is None:
         return lambda env: None
-    shape, strides, *rest = meta
-    sizes = at_sizes((shape, strides))
+    shape, strides, offset, *rest = meta
+    sizes = at_sizes((shape, strides, offset or 0))
     return lambda env: (*sizes(env), *rest)
 
 
@@ -159,6 +171,7 @@ def fused_sdp_choice(query, key, value, attn_mask, dropout_p: float, is_causal: 
     metas = [_metadata(x) for x in (query, key, value, attn_mask)]
     args = (dropout_p, is_causal, scale, enable_gqa)
     backend = _choose([_at_hints(m) for m in metas], *args)
+    guard_offsets((query, key, value), metas, args, backend)
     if any(map(_symbolic, metas)):
         sized = [_sized(m) for m in metas]
 
@@ -182,6 +195,61 @@ def chosen_backend(query, key, value, attn_mask, dropout_p: float, is_causal: bo
     backend = fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     sdp_state.guard()
     return backend
+
+
+#: The boundary, in bytes, that the memory-efficient kernel wants q, k and v to start on, where
+#: torch checks it (sm80 and newer: ``check_data_ptr_alignment_mem_efficient`` in sdp_utils.cpp, its
+#: ``minimum_gemm_alignment``: 8 half-precision or 4 float32 elements).
+ALIGNMENT_BYTES = 16
+
+
+def _with_offset(meta, offset: int):
+    shape, strides, _, *rest = meta
+    return (shape, strides, offset, *rest)
+
+
+def _depends_on_offsets(hinted: list, varied: list, moduli: list, args, backend: int) -> bool:
+    """Whether torch chooses otherwise than ``backend`` where the tensors at ``varied`` all start on
+    a boundary of their ``moduli``, or all one element past it. Torch looks at whether q, k and v
+    all start on one: a call that changes that answer is one of the two (asked once each, as any
+    choice)."""
+    for start in (0, 1):
+        tried = list(hinted)
+        for i, m in zip(varied, moduli):
+            offset = hinted[i][2]
+            tried[i] = _with_offset(hinted[i], offset - offset % m + start)
+        try:
+            if _choose(tried, *args) != backend:
+                return True
+        except ThunderError:  # (no kernel there: a call starting there is not this entry's)
+            return True
+    return False
+
+
+def guard_offsets(tensors, metas: list, args, backend: int) -> None:
+    """Guards the storage offsets of the trace inputs that query, key and value are (views of)
+    where torch's choice depends on them: a later call's tensors may start elsewhere in their
+    storage (a slice of a packed projection), which the cache key leaves out; such a call
+    compiles again and runs the kernel torch chooses for it. A choice that depends on an offset
+    no rule tells is refused."""
+    varied = [i for i, x in enumerate(tensors) if input_root(x) is not None or metas[i][2] is None]
+    if not varied:
+        return
+    hinted = [_at_hints(m) for m in metas]
+    moduli = [max(1, ALIGNMENT_BYTES // tensors[i].dtype.itemsize) for i in varied]
+    if not _depends_on_offsets(hinted, varied, moduli, args, backend):
+        return
+    name = SDPBackend(backend).name
+    for i, m in zip(varied, moduli):
+        x, role = tensors[i], ("query", "key", "value")[i]
+        root = input_root(x)
+        if metas[i][2] is None or not can_guard(root):
+            raise ThunderNotImplementedError(
+                f"{_OP}: torch's choice of attention kernel depends on where the {role} starts in its storage, "
+                f"which thunder_rs cannot tell for this view at {user_location()}; make it contiguous() first "
+                f"(argument {role})"
+            )
+        guard_offset(root, m, f"torch chose the {name} attention kernel for the {role} at offset {hinted[i][2]}")
 
 
 # -- kernel meta rules ----------------------------------------------------------------------------

@@ -121,6 +121,12 @@ class TensorProxy(torch.Tensor):
     _history_error: str | None = None
     #: for a trace input whose tensor is not contiguous: its strides (views follow eager's)
     _strides: tuple[int, ...] | None = None
+    #: for a trace input: where its tensor started in its storage when traced (a call's tensor may
+    #: start elsewhere: only a decision that depends on it guards it, ``torch.offsets``)
+    _offset: int = 0
+    #: for a trace input that an argument object holds (``_source`` None): its
+    #: ``reached.ArgumentTensor``, where each call's tensor is found
+    _held = None
     #: for a root written through a view: the value ``views.rebase`` made it, which gives the
     #: write's gradient eager's layout
     _based_vid: int | None = None

@@ -109,6 +109,9 @@ def input_proxy(
             proxy._history_error = str(e)
         if t._is_view():
             proxy._view_grad = False
+    offset = int(t.storage_offset())
+    if offset:
+        proxy._offset = offset
     if not t.is_contiguous():  # (dense in another order: strides of its symbolic sizes)
         own = strides_in(proxy._shape, layout(t)) if sizes else t.stride()
         proxy._strides = tuple(strides.get(d, n) for d, n in enumerate(own)) if strides and own else own
@@ -168,7 +171,7 @@ class Captures:
             p = self._proxies[id(t)] = input_proxy(self._rec, t, sizes, strides)
             held = self._held.get(id(t))
             if held is not None:  # (read per call from the argument object, guarded on its metadata)
-                p._source = None
+                p._source, p._held = None, held
             self.tensors.append(t if held is None else held.used())
             self.proxies.append(p)
             if self.is_created(t):

@@ -121,6 +121,8 @@ class Observer:
         #: when first reached
         self.state = ProgramState(reached.tensors if reached is not None else None)
         names = reached.names if reached is not None else [f"input {i}" for i in range(len(inputs))]
+        #: the user's names of the flat inputs, for guards' miss reasons
+        self.input_names = names
         for i, x in enumerate(inputs):
             if hasattr(type(x), "__next__") and not isinstance(x, (torch.Tensor, types.GeneratorType)):
                 self._iterators[id(x)] = (x, names[i], "the call", iterator_position(x))
@@ -214,6 +216,11 @@ class Observer:
         """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
         first: the first read of the acquisition is what the state was when the call began."""
         self._guards.setdefault(("state", guard.label), guard)
+
+    def add_guard(self, key, guard) -> None:
+        """Adds ``guard`` on what the call passed that its key leaves out (``offsets.OffsetGuard``),
+        one per ``key``."""
+        self._guards.setdefault(key, guard)
 
     def autocast_entered(self, device_type: str) -> None:
         """The program cast a call under an autocast it entered itself: ``torch.autocast(device)``
