@@ -301,6 +301,41 @@ def test_attention_under_each_backend_is_eagers(backend, case):
         torch.testing.assert_close(a, e, equal_nan=True, **HALF)
 
 
+@pytest.mark.parametrize("starts", [(0, 1, 8), (1, 0, 3)], ids=["aligned_first", "misaligned_first"])
+def test_attention_over_slices_at_odd_storage_offsets_runs_eagers_kernels(starts):
+    """q, k and v sliced from a packed buffer at an offset the memory-efficient kernel refuses (its
+    storage must start on 16 bytes): each call runs the fused ops eager runs for its offset, with
+    eager's output and gradients; a call at another offset on the same side of the boundary hits
+    the entry compiled for that side (``fused_attention.guard_offsets``; on the CPU:
+    test_attention_kernels.py's offset tests)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    buffer = torch.randn(2, 16, 3 * 256 + 8, device="cuda", dtype=torch.bfloat16)
+
+    def sliced(start):
+        qkv = buffer[..., start : start + 3 * 256].unflatten(-1, (3, 4, 64))
+        return [qkv[:, :, i].transpose(1, 2).detach().requires_grad_() for i in range(3)]
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    def run(fn, inputs):
+        out = fn(*inputs)
+        return (out, *torch.autograd.grad(out, inputs, torch.ones_like(out)))
+
+    jfn = thunder_rs.jit(sdpa)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        for start in starts:
+            inputs = sliced(start)
+            expected_ops = _fused_attention_ops(lambda: run(sdpa, inputs))
+            actual, expected = run(jfn, inputs), run(sdpa, inputs)
+            assert _fused_attention_ops(lambda: run(jfn, inputs)) == expected_ops, start
+            for a, e in zip(actual, expected):
+                torch.testing.assert_close(a, e, **HALF)
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2, thunder_rs.compile_stats(jfn).miss_reasons
+
+
 # -- shapes that change between calls ------------------------------------------------------------------
 
 
