@@ -479,17 +479,51 @@ def test_after_a_crash_a_fresh_process_times_eager_again_and_runs_the_cases_left
     assert json.loads((tmp_path / "gpu_check.json").read_text())["benchmark"]["rows"] == bench["rows"]
 
 
-def test_every_cuda_test_is_in_the_checks_selection():
-    """Each test marked ``gpu`` or ``requires_cuda`` (the suite runs ``-m gpu``) is in a file or node
-    the check selects, test_ops.py's CUDA parameters excepted (left out for their collection time)."""
+def cuda_marked_tests(source: str) -> list[tuple[str, str]]:
+    """``(test, marker)`` for each test function of ``source`` that a ``gpu`` or ``requires_cuda``
+    marker reaches: on the function, on a parameter of it (``pytest.param("cuda", marks=...)``, a
+    CUDA variant of a CPU test), or on the whole module (``pytestmark``)."""
+    import ast  # noqa: PLC0415
     import re  # noqa: PLC0415
 
+    marker = re.compile(r"\bmark\.(gpu|requires_cuda)\b")
+    tree = ast.parse(source)
+    module = [
+        m.group(1)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
+        for m in marker.finditer(ast.get_source_segment(source, node) or "")
+    ]
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            decorators = (ast.get_source_segment(source, d) or "" for d in node.decorator_list)
+            marks = [m.group(1) for d in decorators for m in marker.finditer(d)]
+            found += [(node.name, kind) for kind in dict.fromkeys(marks + module)]
+    return found
+
+
+def test_cuda_marked_tests_are_found_on_functions_parameters_and_modules():
+    source = (
+        "import pytest\n@pytest.mark.gpu\ndef test_a():\n    pass\n"
+        '@pytest.mark.parametrize("d", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])\n'
+        "def test_b(d):\n    pass\ndef test_c():\n    pass\n"
+    )
+    assert cuda_marked_tests(source) == [("test_a", "gpu"), ("test_b", "gpu")]
+    assert cuda_marked_tests("import pytest\npytestmark = [pytest.mark.gpu]\ndef test_d():\n    pass\n") == [
+        ("test_d", "gpu")
+    ]
+
+
+def test_every_cuda_test_is_in_the_checks_selection():
+    """Each test marked ``gpu`` or ``requires_cuda`` (the suite runs ``-m gpu``), or with a CUDA
+    parameter so marked, is in a file or node the check selects, test_ops.py's CUDA parameters
+    excepted (left out for their collection time)."""
     selected = gpu_check.TESTS + gpu_check.SYMBOLIC_TESTS
-    marked = re.compile(r"@pytest\.mark\.(gpu|requires_cuda)\b[^\n]*\n(?:@[^\n]*\n)*def (\w+)")
     missing = []
     for path in sorted((ROOT / "tests").glob("test_*.py")):
         name = f"tests/{path.name}"
-        for kind, test in marked.findall(path.read_text()):
+        for test, kind in cuda_marked_tests(path.read_text()):
             node = f"{name}::{test}"
             if kind != "gpu" or not (name in selected or node in selected or name == "tests/test_ops.py"):
                 missing.append(f"{node} ({kind})")
