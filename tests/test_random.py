@@ -152,6 +152,22 @@ def test_random_ops_are_known_symbols(name):
     assert not thunder_rs.examine(fn, *make_inputs()).fallbacks
 
 
+#: ATen's in-place dropouts, which run as eager's op on a copy (a random fallback).
+IN_PLACE_DROPOUTS = {
+    "dropout_": lambda x: torch.dropout_(x * 1, 0.5, True),
+    "feature_dropout_": lambda x: torch.feature_dropout_(x * 1, 0.5, True),
+    "alpha_dropout_": lambda x: torch.alpha_dropout_(x * 1, 0.5, True),
+    "feature_alpha_dropout_": lambda x: torch.feature_alpha_dropout_(x * 1, 0.5, True),
+}
+
+
+@pytest.mark.parametrize("name", IN_PLACE_DROPOUTS)
+def test_in_place_dropouts_differentiate_through_their_own_draws(name):
+    """They were no random calls to thunder_rs: the backward ran eager's op again with new draws,
+    so the gradient's mask was not the output's, and the generator advanced twice per call."""
+    assert_draws_as_eager(IN_PLACE_DROPOUTS[name], lambda: (_x(4, 3, 50, grad=True),))
+
+
 @pytest.mark.parametrize("name", ["randn", "normal_tf", "dropout2d", "rrelu", "multinomial", "uniform_"])
 def test_manual_seed_inside_the_program(name):
     fn, make_inputs = CASES[name]

@@ -43,7 +43,8 @@ RANDOM: frozenset = frozenset(
         torch,
         "rand randn randint randperm rand_like randn_like randint_like normal bernoulli multinomial "
         "poisson binomial _standard_gamma _sample_dirichlet dropout feature_dropout alpha_dropout "
-        "feature_alpha_dropout native_dropout rrelu rrelu_ _fused_dropout",
+        "feature_alpha_dropout native_dropout rrelu rrelu_ _fused_dropout "
+        "dropout_ feature_dropout_ alpha_dropout_ feature_alpha_dropout_",
     )
     | _callables(
         torch.Tensor,
