@@ -5,6 +5,8 @@ symbols (``examine`` lists no fallback), which no pass drops, merges or recomput
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
@@ -275,6 +277,7 @@ def test_cuda_draws_as_eager():
         return (
             (
                 F.dropout(x, 0.3)
+                + F.dropout(x * 1, 0.3, inplace=True)
                 + F.dropout2d(x, 0.5)
                 + F.alpha_dropout(x, 0.2, True)
                 + F.rrelu(x, training=True)
@@ -352,3 +355,52 @@ def test_a_program_using_the_seed_torch_seed_returns_is_refused_naming_the_line(
         ThunderNotImplementedError, match=r"torch.random.seed at .*test_random.py:\d+: the program uses"
     ):
         thunder_rs.jit(fn)(torch.zeros(1))
+
+
+class SeededOps(TorchDispatchMode):
+    """The random aten ops run under it, with their arguments' sizes: on CUDA, which philox
+    offsets a call consumes (each kernel takes its own count of them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.ops.append((str(func), *(a.shape if isinstance(a, torch.Tensor) else a for a in args)))
+        return func(*args, **(kwargs or {}))
+
+
+#: Programs whose draws on CUDA come from kernels of their own: ``dropout`` runs the fused
+#: ``native_dropout``, its in-place form ``bernoulli_`` (ATen's Dropout.cpp), the others theirs.
+CUDA_DRAWS = {
+    "dropout": lambda x: F.dropout(x, 0.3),
+    "dropout_inplace": lambda x: F.dropout(x * 1, 0.3, inplace=True),
+    "dropout_module_inplace": lambda x: torch.nn.Dropout(0.3, inplace=True)(x * 1),
+    "torch_dropout_": lambda x: torch.dropout_(x * 1, 0.3, True),
+    "alpha_dropout_inplace": lambda x: F.alpha_dropout(x * 1, 0.3, True, inplace=True),
+    "dropout2d_inplace": lambda x: F.dropout2d(x * 1, 0.3, inplace=True),
+    "rand_like": lambda x: x + torch.rand_like(x),
+    "attention_dropout": lambda x: F.scaled_dot_product_attention(x, x, x, dropout_p=0.3),
+}
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("name", CUDA_DRAWS)
+def test_on_fake_cuda_each_draw_runs_eagers_kernel(name, grad, monkeypatch):
+    """On fake CUDA tensors the compiled call runs eager's random kernels, in order, on the same
+    sizes: it consumes the generator's philox offsets as eager does, so the draws after it are
+    eager's too. ``F.dropout(x, inplace=True)`` ran ``native_dropout`` where eager's ``dropout_``
+    draws with ``bernoulli_``: other numbers. A CPU generator stands in for the CUDA one, whose
+    state a differentiated random call records (none without a GPU)."""
+    monkeypatch.setattr(torch.cuda, "default_generators", (torch.Generator(),))
+    fn = CUDA_DRAWS[name]
+    with FakeTensorMode():
+        x = torch.empty(2, 3, 4, 8, device="cuda", requires_grad=grad)
+        with SeededOps() as eager:
+            fn(x)
+        jfn = thunder_rs.jit(fn)
+        jfn(x)
+        with SeededOps() as compiled:
+            jfn(x)
+    assert compiled.ops == eager.ops and eager.ops

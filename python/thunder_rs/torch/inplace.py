@@ -53,7 +53,7 @@ from thunder_rs.torch.common import is_number
 from thunder_rs.torch.creation import filled
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
-from thunder_rs.torch.random import IN_PLACE_SAMPLERS
+from thunder_rs.torch.random import DRAWN_IN_PLACE, IN_PLACE_SAMPLERS
 from thunder_rs.torch.scatter import fill
 from thunder_rs.torch.shape import clone, reshape_to
 from thunder_rs.torch.strides import is_contiguous
@@ -489,6 +489,7 @@ def _inplace_argument(fn, index: int):
     when ``inplace``, written into its input."""
     symbol = TORCH_TO_LTORCH.get(fn)
     name = f"{fn.__name__}(inplace=True)"
+    drawn_in_place = DRAWN_IN_PLACE.get(fn)
 
     def call(*args, **kwargs):
         if len(args) > index:
@@ -498,7 +499,11 @@ def _inplace_argument(fn, index: int):
             inplace = kwargs.pop("inplace", False)
         if inplace and symbol in DIFFERENTIATED_FROM_RESULT:
             kwargs = {**kwargs, "inplace": True}
-        value = symbol(*args, **kwargs) if symbol is not None else user_fallback(fn, args, kwargs, effect=is_random(fn))
+        value = drawn_in_place(*args, **kwargs) if inplace and drawn_in_place is not None else None
+        if value is None and symbol is not None:
+            value = symbol(*args, **kwargs)
+        elif value is None:
+            value = user_fallback(fn, args, kwargs, effect=is_random(fn))
         if not inplace:
             return value
         dst = args[0] if args else kwargs["input"]

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from thunder_rs import clang, prims
 from thunder_rs.core.base.layouts import is_dense, layout_of
 from thunder_rs.core.lang.eager_layouts import eager_strides
-from thunder_rs.core.lang.fallback import fallback, refuse_draw_made_again
+from thunder_rs.core.lang.fallback import fallback, refuse_draw_made_again, user_fallback
 from thunder_rs.core.lang.symint import hint
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.base.proxies import TensorProxy
@@ -460,3 +460,22 @@ def rrelu_grad(input, lower=1.0 / 8.0, upper=1.0 / 3.0, training=False, inplace=
     out, noise = rrelu_with_noise(input, lower, upper)
     put_grad(input, prims.mul(get_grad(out), noise))
     return out
+
+
+def _dropout_on_copy(input, p, train):
+    return torch.dropout_(input.clone(), p, train)
+
+
+def _dropout_in_place(input, p=0.5, training=True):
+    """``F.dropout(..., inplace=True)``'s value where eager draws it otherwise than out of place, else
+    None. Off the CPU, where ``dropout`` runs the fused ``native_dropout`` (``is_fused_kernel_acceptable``
+    in ATen's Dropout.cpp: 0 < p < 1), ``dropout_`` multiplies by ``bernoulli_(1 - p) / (1 - p)``:
+    other numbers from the generator. Computed by eager's ``dropout_``, on a copy."""
+    if not isinstance(input, TensorProxy) or input.device.type == "cpu" or not training or not 0 < p < 1:
+        return None
+    return user_fallback(_dropout_on_copy, (input, p, training), {}, effect=True)
+
+
+#: ``inplace=True`` forms whose eager kernel may draw otherwise than the out-of-place one
+#: (``inplace._inplace_argument``): their value where it does, else None.
+DRAWN_IN_PLACE = {F.dropout: _dropout_in_place}
