@@ -676,3 +676,35 @@ def test_keys_an_argument_object_holds_are_guarded_where_they_start(fake, monkey
     stats = thunder_rs.compile_stats(jfn)
     assert (stats.cache_misses, stats.cache_hits) == (2, 1), stats.miss_reasons
     assert re.match(r"the storage offset of cache\.k changed from 256 to 257 ", stats.miss_reasons[1])
+
+
+@pytest.mark.slow
+def test_hf_gpt2_with_padding_lengths_on_fake_cuda_runs_the_fused_kernel_in_two_compiles(fake, monkeypatch):
+    """The CPU side of test_cuda.py's HF GPT-2 test, which compiled once per length on an H200 (run
+    1): torch's attention (sdpa) with HF's padding mask at five lengths, q, k and v split from one
+    projection; with the memory-efficient kernel chosen where they start on its boundary, every
+    length runs it and the symbolic entry serves the lengths after the second."""
+    transformers = pytest.importorskip("transformers")
+    asked = []
+
+    def choice(q, k, v, *args, **kwargs):
+        asked.append(q.shape[2])
+        return efficient_where_aligned(q, k, v)
+
+    monkeypatch.setattr(fa, "eager_choice", choice)
+    fa._choices.clear()
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=2, n_embd=64, vocab_size=100, n_positions=128, attn_implementation="sdpa", attn_pdrop=0.0
+    )
+    with fake, torch.device("cuda"), observed_kernels() as seen:
+        model = transformers.GPT2LMHeadModel(config)
+        jm = thunder_rs.jit(model)
+        for n in [16, 24, 40, 17, 33]:
+            ids = torch.randint(0, 100, (2, n))
+            mask = (torch.arange(n)[None, :] < torch.tensor([[n], [n - 3]])).long()
+            jm(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    fa._choices.clear()
+    stats = thunder_rs.compile_stats(jm)
+    assert stats.cache_misses == 2, stats.miss_reasons
+    assert len(seen["ran"]["efficient_attention"]) == 5 * config.n_layer
+    assert sorted(set(asked)) == [16, 17, 24, 33, 40]  # (the symbolic entry asks torch at each new length)
