@@ -600,7 +600,28 @@ def test_a_call_whose_query_starts_off_the_kernels_boundary_compiles_again_with_
     assert (stats.cache_misses, stats.cache_hits) == (2, 3), stats.miss_reasons
     assert "efficient_attention" not in str(thunder_rs.last_traces(jfn)[-1])
     reason = stats.miss_reasons[1]
-    assert re.match(r"the storage offset of \w+ changed from 0 to 1 \(on a boundary of 8 elements then: torch", reason)
+    assert re.match(r"the storage offset of \w+ changed from 0 to 1 \(modulo 8 elements: torch chose the", reason)
+
+
+def test_a_view_into_an_input_is_chosen_for_where_it_starts_not_where_the_input_does(fake, monkeypatch):
+    """The program slices q, k and v from its input one element in: the input at offset 7 puts them
+    on the boundary, at 1 off it, though the input is off it both times."""
+    monkeypatch.setattr(fa, "eager_choice", efficient_where_aligned)
+    fa._choices.clear()
+
+    def sliced(buffer):
+        qkv = buffer[..., 1 : 1 + 3 * 256].unflatten(-1, (3, 4, 64))
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        return F.scaled_dot_product_attention(q, k, v)
+
+    jfn = thunder_rs.jit(sliced)
+    with fake, observed_kernels() as seen:
+        storage = torch.empty(2, 16, 3 * 256 + 16, dtype=torch.bfloat16, device="cuda")
+        for start in (7, 1, 15):
+            backward(jfn(storage[..., start : start + 3 * 256 + 1].detach().requires_grad_()))
+    fa._choices.clear()
+    assert len(seen["ran"]["efficient_attention"]) == 2  # (at 7 and 15)
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2, thunder_rs.compile_stats(jfn).miss_reasons
 
 
 def test_offsets_are_not_guarded_where_torchs_choice_does_not_depend_on_them(fake, monkeypatch):
@@ -642,14 +663,15 @@ def test_views_of_a_computed_projection_are_chosen_for_at_eagers_offsets(fake, m
     assert thunder_rs.compile_stats(jfn).cache_misses == 1
 
 
-def test_a_choice_that_depends_on_an_offset_no_rule_tells_is_refused(fake, monkeypatch):
+@pytest.mark.parametrize("computed", [False, True], ids=["of_the_input", "of_a_computed_tensor"])
+def test_a_choice_that_depends_on_an_offset_no_rule_tells_is_refused(fake, monkeypatch, computed):
     """A query taken by a view op run as a fallback (``unfold``): where it starts is not worked
     out, and torch's choice depends on it."""
     monkeypatch.setattr(fa, "eager_choice", efficient_where_aligned)
     fa._choices.clear()
 
     def windows(x, k, v):
-        return F.scaled_dot_product_attention(x.unfold(2, 64, 64), k, v)
+        return F.scaled_dot_product_attention((x * 2 if computed else x).unfold(2, 64, 64), k, v)
 
     with fake, pytest.raises(ThunderNotImplementedError, match=r"where the query starts in its storage.*contiguous"):
         k, v = (fake_leaf((2, 4, 16, 64), torch.bfloat16) for _ in range(2))

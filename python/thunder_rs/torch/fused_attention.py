@@ -243,13 +243,15 @@ def guard_offsets(tensors, metas: list, args, backend: int) -> None:
     for i, m in zip(varied, moduli):
         x, role = tensors[i], ("query", "key", "value")[i]
         root = input_root(x)
-        if metas[i][2] is None or not can_guard(root):
+        if metas[i][2] is None or root is None or not can_guard(root):
             raise ThunderNotImplementedError(
                 f"{_OP}: torch's choice of attention kernel depends on where the {role} starts in its storage, "
                 f"which thunder_rs cannot tell for this view at {user_location()}; make it contiguous() first "
                 f"(argument {role})"
             )
-        guard_offset(root, m, f"torch chose the {name} attention kernel for the {role} at offset {hinted[i][2]}")
+        delta = metas[i][2] - root._offset  # (where the view starts in the input's tensor)
+        why = f"torch chose the {name} attention kernel for the {role} at offset {hinted[i][2]}"
+        guard_offset(root, m, why, delta if type(delta) is int else None)
 
 
 # -- kernel meta rules ----------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 The cache key holds a tensor's dtype, device, shape and layout, not its storage offset: a slice
 of a buffer hits the entry traced for another slice of it. Where a trace took a decision that
 depends on it (which attention kernel torch runs: the memory-efficient kernel refuses q, k and v
-that start off a 16-byte boundary), the entry carries an ``OffsetGuard``: the input's tensor must
-start on such a boundary, or off it, as the traced one did. Only such entries carry one.
+that start off a 16-byte boundary), the entry carries an ``OffsetGuard``: the input's tensor (or a
+view of it) must start on such a boundary, or off it, as the traced one did. Only such entries
+carry one.
 """
 
 import torch
@@ -38,15 +39,24 @@ def _label(proxy) -> str:
 
 
 class OffsetGuard:
-    """Whether a trace input's tensor starts on a boundary of ``modulus`` elements in its storage:
-    holds while a call's does as the traced one did. ``why``: the decision, for miss reasons."""
+    """Where a trace input's tensor starts in its storage, as a decision saw it: with ``shift`` (an
+    int) whether ``offset + shift`` falls on a boundary of ``modulus`` elements (a view ``shift``
+    elements into it started there or not), else ``offset`` modulo ``modulus`` (a view at a
+    symbolic distance: the entry's size checks ask again at each distance). Holds while a call's
+    tensor gives what the traced one gave. ``why``: the decision, for miss reasons."""
 
     per_call = True
     source = None
 
-    def __init__(self, read, label: str, modulus: int, traced: int, why: str):
+    def __init__(self, read, label: str, modulus: int, traced: int, why: str, shift: int | None = None):
         self.read, self.label, self.modulus, self.traced, self.why = read, label, modulus, traced, why
-        self.aligned = traced % modulus == 0
+        self.shift = shift
+        self.expected = self._seen(traced)
+
+    def _seen(self, offset: int):
+        if self.shift is None:
+            return offset % self.modulus
+        return (offset + self.shift) % self.modulus == 0
 
     def _offset(self, flat):
         t = self.read(flat)
@@ -54,12 +64,12 @@ class OffsetGuard:
 
     def holds(self, flat) -> bool:
         offset = self._offset(flat)
-        return offset is not None and (offset % self.modulus == 0) is self.aligned
+        return offset is not None and self._seen(offset) == self.expected
 
     def describe(self, flat) -> str:
         return (
             f"the storage offset of {self.label} changed from {self.traced} to {self._offset(flat)} "
-            f"({'on' if self.aligned else 'off'} a boundary of {self.modulus} elements then: {self.why})"
+            f"(modulo {self.modulus} elements: {self.why})"
         )
 
     def term(self, index: int, scope: dict) -> str:
@@ -72,12 +82,12 @@ def can_guard(proxy) -> bool:
     return _reader(proxy) is not None
 
 
-def guard_offset(proxy, modulus: int, why: str) -> None:
+def guard_offset(proxy, modulus: int, why: str, shift: int | None) -> None:
     """While a program is traced: the entry serves only calls whose tensor for the trace input
-    ``proxy`` starts on a boundary of ``modulus`` elements where the traced one did, and off one
-    where it did not (``can_guard``)."""
+    ``proxy``, viewed ``shift`` elements further (None: a symbolic distance), starts on a boundary
+    of ``modulus`` elements where the traced one did, and off one where it did not (``can_guard``)."""
     observer, read = thread_state.observer, _reader(proxy)
     if observer is None or read is None:
         return
-    key = ("storage offset", proxy._input_vid, modulus)
-    observer.add_guard(key, OffsetGuard(read, _label(proxy), modulus, proxy._offset, why))
+    key = ("storage offset", proxy._input_vid, modulus, shift)
+    observer.add_guard(key, OffsetGuard(read, _label(proxy), modulus, proxy._offset, why, shift))
