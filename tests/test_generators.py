@@ -447,3 +447,40 @@ def test_calls_from_several_threads_draw_from_their_own_generators():
         t.join()
     assert failed == []
     assert thunder_rs.compile_stats(jfn).cache_misses == 1
+
+
+class _CudaAugment(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gen, self.lin = torch.Generator(device="cuda").manual_seed(0), nn.Linear(12, 12)
+
+    def forward(self, x, g):
+        h = F.dropout(self.lin(x + torch.rand(12, device=x.device, generator=g)), 0.3)
+        return h + torch.randn(12, device=x.device, generator=self.gen) + torch.rrelu(h, 0.1, 0.3, True, g)
+
+
+@pytest.mark.gpu
+def test_on_cuda_generator_arguments_and_a_module_held_generator_draw_as_eager():
+    """The CUDA twin (a CUDA generator cannot be made without a GPU): a fresh CUDA generator per
+    call is keyed by its device (``cache.is_runtime_generator``) and drawn from through a CUDA
+    stand-in; the module's own is drawn from directly; dropout draws from the default CUDA
+    generator under a seed per call, and rrelu's backward replays the argument's draws. Values and
+    gradients are eager's, the three generators end where eager leaves them, in one compile."""
+    torch.manual_seed(0)
+    eager = _CudaAugment().cuda()
+    model = copy.deepcopy(eager)
+    jmodel = thunder_rs.jit(model)
+    x = X.cuda()
+    for i in range(3):
+        results = []
+        for run, m in ((eager, eager), (jmodel, model)):
+            torch.cuda.manual_seed(i)
+            g = torch.Generator(device="cuda").manual_seed(i)
+            leaf = x.clone().requires_grad_()
+            out = run(leaf, g)
+            (grad,) = torch.autograd.grad(out.sum(), leaf)
+            results.append((out, grad, g.get_state(), m.gen.get_state(), torch.cuda.get_rng_state()))
+        (out, grad, *states), (expected_out, expected_grad, *expected_states) = results[1], results[0]
+        torch.testing.assert_close((out, grad), (expected_out, expected_grad))
+        assert all(map(torch.equal, states, expected_states)), i
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 1, thunder_rs.compile_stats(jmodel).miss_reasons
