@@ -385,22 +385,27 @@ CUDA_DRAWS = {
 }
 
 
+@pytest.mark.parametrize("nvfuser", [False, True], ids=["torch", "nvfuser_stand_in"])
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("name", CUDA_DRAWS)
-def test_on_fake_cuda_each_draw_runs_eagers_kernel(name, grad, monkeypatch):
+def test_on_fake_cuda_each_draw_runs_eagers_kernel(name, grad, nvfuser, monkeypatch, request):
     """On fake CUDA tensors the compiled call runs eager's random kernels, in order, on the same
     sizes: it consumes the generator's philox offsets as eager does, so the draws after it are
-    eager's too. ``F.dropout(x, inplace=True)`` ran ``native_dropout`` where eager's ``dropout_``
+    eager's too; nvFuser (the stand-in) takes no draw into its regions, whose Philox stream is
+    not eager's. ``F.dropout(x, inplace=True)`` ran ``native_dropout`` where eager's ``dropout_``
     draws with ``bernoulli_``: other numbers. A CPU generator stands in for the CUDA one, whose
     state a differentiated random call records (none without a GPU)."""
     monkeypatch.setattr(torch.cuda, "default_generators", (torch.Generator(),))
+    executors = [request.getfixturevalue("fake_ex")] if nvfuser else ["torch"]
     fn = CUDA_DRAWS[name]
     with FakeTensorMode():
         x = torch.empty(2, 3, 4, 8, device="cuda", requires_grad=grad)
         with SeededOps() as eager:
             fn(x)
-        jfn = thunder_rs.jit(fn)
+        jfn = thunder_rs.jit(lambda x: fn(x) * 2 + 1, executors=executors)
         jfn(x)
         with SeededOps() as compiled:
             jfn(x)
     assert compiled.ops == eager.ops and eager.ops
+    if nvfuser:
+        assert executors[0].stats["definitions"] > 0  # (the arithmetic around the draws made a region)
