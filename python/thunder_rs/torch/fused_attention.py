@@ -14,7 +14,10 @@ dropout). The grad rule does the same at trace time:
   eager: the device's capabilities, the cuDNN version, ``torch.backends.cuda``'s switches,
   ``sdpa_kernel`` and the priority order all decide. Without a GPU, torch finds no fused kernel
   available and takes the math path, as eager would. The switches are guarded
-  (``core.sdp_state``): a changed switch compiles again.
+  (``core.sdp_state``): a changed switch compiles again. The fake tensors start where eager's
+  start in their storage (``storage_offsets``: the memory-efficient kernel refuses q, k, v off a
+  16-byte boundary), and where the choice depends on where a call's input starts, which the
+  cache key leaves out, the entry guards it (``guard_offsets``).
 - The chosen kernel and its backward are recorded, so the trace holds no [B, H, L, S] matrix
   where eager holds none. Where torch chooses the math path, ``fused_attention`` returns None and
   the rule differentiates thunder_rs's decomposition.
