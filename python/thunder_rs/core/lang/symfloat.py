@@ -630,11 +630,15 @@ class SymFloat(torch.SymFloat):
     def __array__(self, dtype=None, copy=None):
         return numpy.asarray(self.value(), dtype=dtype)
 
+    # Text the program makes holds the value (specialised; ``repr`` too: ``f"{s!r}"``, ``str([s])``);
+    # thunder_rs's own shows the expression; a ``torch._assert`` message, read only when it fails,
+    # the value (as SymInt's).
     def __repr__(self):
-        return f"SymFloat({text(self.ops)}, hint={self.hint!r})"
+        frame = sys._getframe(1)
+        if _internal(frame):
+            return f"SymFloat({text(self.ops)}, hint={self.hint!r})"
+        return repr(self.hint if only_assert_message(frame) else self.value())
 
-    # Text the program makes holds the value (specialised); thunder_rs's own shows the
-    # expression; a ``torch._assert`` message, read only when it fails, the value (as SymInt's).
     def __str__(self):
         frame = sys._getframe(1)
         if _internal(frame):

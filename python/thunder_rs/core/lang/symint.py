@@ -302,13 +302,16 @@ class SymInt(torch.SymInt):
     def __sym_min__(self, other):
         return self if self <= other else other
 
+    # Text the program makes from a size (``f"{T} tokens"``, ``repr(T)``, ``str([T])``) holds its
+    # value: specialised. Text thunder_rs makes (the messages of its checks, formatted whether they
+    # fail or not) shows the expression and specialises nothing; the message of a ``torch._assert``,
+    # read only when it fails as traced, shows the value and specialises nothing (``caller_code``).
     def __repr__(self):
-        return f"SymInt({self.expr}, hint={self.expr.hint})"
+        frame = sys._getframe(1)
+        if _internal(frame):
+            return f"SymInt({self.expr}, hint={self.expr.hint})"
+        return repr(self.expr.hint if only_assert_message(frame) else self.__index__())
 
-    # Text the program makes from a size (``f"{T} tokens"``) holds its value: specialised. Text
-    # thunder_rs makes (the messages of its checks, formatted whether they fail or not) shows
-    # the expression and specialises nothing; the message of a ``torch._assert``, read only when
-    # it fails as traced, shows the value and specialises nothing (``caller_code``).
     def __str__(self):
         frame = sys._getframe(1)
         if _internal(frame):
