@@ -57,3 +57,83 @@ def test_repr_of_a_symbolic_size_is_its_value():
     for n in (3, 4, 5, 4):
         x = torch.randn(n)
         assert _same(jfn(x), fn(x)), n
+
+
+def _is_float(v) -> bool:
+    return type(v) is float
+
+
+def _scaled(x, values):
+    for v in values:
+        x = x * v if type(v) is float else x + 1
+    return x
+
+
+#: ``type()`` of the float: eager's is ``float``; the trace's stand-in's class is not, so each of
+#: these took the other path on every call after the float changed, silently. The read is found
+#: in the program's bytecode as it runs, and the float is a constant per value (``type_reads``).
+TYPE_READS = {
+    "is": lambda x, s: x * s if type(s) is float else x - s,
+    "==": lambda x, s: x * s if type(s) == float else x - s,  # noqa: E721 (the program's comparison)
+    "in": lambda x, s: x * s if type(s) in (int, float) else x - s,
+    "a table keyed by type": lambda x, s: x * {float: 2.0, int: 3.0}.get(type(s), 5.0),
+    "its name": lambda x, s: (x * s, type(s).__name__),
+    "in a function it calls": lambda x, s: x * s if _is_float(s) else x - s,
+    "of an expression": lambda x, s: x * s if type(s * 2) is float else x - s,
+    "an item of a dict": lambda x, s: (lambda cfg: x * s if type(cfg["lr"]) is float else x - s)({"lr": s}),
+    "a loop's variable": lambda x, s: _scaled(x, [s, 0.5]),
+}
+
+
+@pytest.mark.parametrize("use", TYPE_READS)
+def test_type_of_a_float_input_is_float(use):
+    stats = _check(TYPE_READS[use])
+    assert stats.cache_misses == len(set(VALUES))
+    assert "s kept constant" in stats.miss_reasons[1], stats.miss_reasons
+
+
+def test_type_of_a_float_argument_s_item_and_of_a_module_s_float():
+    x = torch.rand(4)
+
+    def fn(x, cfg):
+        return x * cfg["lr"] if type(cfg["lr"]) is float else x
+
+    jfn = thunder_rs.jit(fn)
+    for v in VALUES:
+        assert _same(jfn(x, {"lr": v}), fn(x, {"lr": v})), v
+    site = f"{__file__}:{fn.__code__.co_firstlineno + 1}"
+    reason = thunder_rs.compile_stats(jfn).miss_reasons[1]
+    assert reason.endswith(f"cfg['lr'] kept constant: its value is needed at {site}"), reason
+
+    class Gate(torch.nn.Module):
+        p = 0.1
+
+        def forward(self, x):
+            return x * self.p if type(self.p) is float else x
+
+    module = Gate()
+    jmodule = thunder_rs.jit(module)
+    for v in VALUES:
+        module.p = v
+        assert _same(jmodule(x), module(x)), v
+    assert "Gate.p kept constant" in thunder_rs.compile_stats(jmodule).miss_reasons[1]
+
+
+def test_type_of_other_values_keeps_the_float_symbolic():
+    stats = _check(lambda x, s, opts={"a": 1}: x * s if type(opts) is dict and type(x.shape) is torch.Size else x)
+    assert stats.cache_misses == 2
+
+
+def test_type_of_a_symbolic_size_is_int():
+    """``type()`` of a size (an int argument, a tensor's dim) is ``int`` in eager: the compile with
+    it symbolic fails naming the line, and the program compiles for each size, as eager answers."""
+
+    def fn(x, n):
+        return x[:n] * 2 if type(n) is int and type(x.shape[0]) is int else x[:n]
+
+    jfn = thunder_rs.jit(fn)
+    for n in (2, 3, 4, 5, 3, 6):
+        x = torch.randn(n + 1)
+        assert _same(jfn(x, n), fn(x, n)), n
+    assert thunder_rs.compile_stats(jfn).cache_misses == 5
+    assert f"type() of the symbolic size t0 at {__file__}:" in jfn._dynamic_off

@@ -33,6 +33,7 @@ from thunder_rs.core.base.proxies import set_size_wrapper
 from thunder_rs.core.lang import symfloat
 from thunder_rs.core.lang.caller_code import only_assert_message
 from thunder_rs.core.lang.recorder import current
+from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.state.observe import check_sizes, thread_state
 
@@ -246,6 +247,16 @@ class SymInt(torch.SymInt):
         return current().specialise(self.expr)
 
     __int__ = __index__
+
+    def _thunder_type_read(self, site: str, exact: bool) -> None:
+        """``type()`` of the size read at ``site`` (``core.state.type_reads``): ``int`` in eager,
+        which this stand-in cannot be; where the read is surely of it, the compile fails (and
+        takes the sizes constant)."""
+        if exact:
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: type() of the symbolic size {self.expr} at {site} is int in eager, which the "
+                "trace's stand-in for it cannot be: compiled with the sizes constant"
+            )
 
     def __float__(self):
         return float(self.__index__())
