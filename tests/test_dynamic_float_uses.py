@@ -4,6 +4,8 @@ calls: every use answers as eager's float does, symbolic where it can stay so, e
 constant per value (a miss reason naming it). The same for the symbolic sizes a program reads
 where they stand in for an int in the same way."""
 
+import copy
+
 import pytest
 import torch
 
@@ -137,3 +139,24 @@ def test_type_of_a_symbolic_size_is_int():
         assert _same(jfn(x, n), fn(x, n)), n
     assert thunder_rs.compile_stats(jfn).cache_misses == 5
     assert f"type() of the symbolic size t0 at {__file__}:" in jfn._dynamic_off
+
+
+def test_a_batch_norm_momentum_scheduled_between_calls_runs_eager_s_kernel():
+    """A BatchNorm's ``momentum`` changed between calls is a float input: the kernel eager runs
+    takes the call's float (the decomposition it fell back to differed in the output's and the
+    gradients' last bits)."""
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    model = copy.deepcopy(eager)
+    jmodel = thunder_rs.jit(model)
+    for momentum in (0.1, 0.05, 0.02, 0.01):
+        eager[1].momentum = model[1].momentum = momentum
+        x = torch.randn(2, 3, 8, 8)
+        expected, got = eager(x), jmodel(x)
+        expected.sum().backward()
+        got.sum().backward()
+        assert _same(expected, got), momentum
+        for a, b in zip((*eager.parameters(), *eager.buffers()), (*model.parameters(), *model.buffers())):
+            assert _same(a, b) and (a.grad is None or _same(a.grad, b.grad)), momentum
+    reason = thunder_rs.compile_stats(jmodel).miss_reasons[1]
+    assert reason.endswith("compiled with symbolic floats BatchNorm2d.momentum"), reason
