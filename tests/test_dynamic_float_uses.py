@@ -160,3 +160,22 @@ def test_a_batch_norm_momentum_scheduled_between_calls_runs_eager_s_kernel():
             assert _same(a, b) and (a.grad is None or _same(a.grad, b.grad)), momentum
     reason = thunder_rs.compile_stats(jmodel).miss_reasons[1]
     assert reason.endswith("compiled with symbolic floats BatchNorm2d.momentum"), reason
+
+
+class _NoInstanceDict:
+    a = 1.0
+
+    @property
+    def __dict__(self):
+        raise RuntimeError("no instance dict")
+
+
+def test_a_type_read_the_observer_cannot_follow_is_no_error():
+    """The operand of ``type`` is read without running the program's code where it can be; an
+    object whose ``__dict__`` raises reads as no stand-in (the error was the compile's)."""
+
+    def fn(x, s):
+        o = _NoInstanceDict()
+        return x * s if type(o.a) is float else x
+
+    _check(fn)

@@ -142,14 +142,18 @@ def _follow(value, steps: tuple):
     """The value the chain ``steps`` reaches from ``value``: items of exactly dicts, lists, tuples
     and shapes, attributes from instance dicts and slots, a tensor's shape; nothing that runs the
     program's code (nor records anything: ``x.T`` of a traced tensor would)."""
+    try:
+        return _reached(value, steps)
+    except Exception:  # noqa: BLE001 (no such item, an object whose ``__dict__`` fails: no stand-in)
+        return _MISSING
+
+
+def _reached(value, steps: tuple):
     for step in steps:
         if value is _MISSING:
             return value
         if type(step) is Item:
-            try:
-                value = value[step.key] if type(value) in _CONTAINERS else _MISSING
-            except (KeyError, IndexError, TypeError):
-                return _MISSING
+            value = value[step.key] if type(value) in _CONTAINERS else _MISSING
         elif step == "shape" and isinstance(value, torch.Tensor):
             value = value.shape
         else:
