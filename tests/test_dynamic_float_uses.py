@@ -5,9 +5,12 @@ constant per value (a miss reason naming it). The same for the symbolic sizes a 
 where they stand in for an int in the same way."""
 
 import copy
+import math
+import numbers
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
 
@@ -179,3 +182,47 @@ def test_a_type_read_the_observer_cannot_follow_is_no_error():
         return x * s if type(o.a) is float else x
 
     _check(fn)
+
+
+_OPTIMIZER = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+
+
+def _set_lr(x, s):
+    _OPTIMIZER.param_groups[0]["lr"] = s
+    return x * 2, _OPTIMIZER.param_groups[0]["lr"]
+
+
+def _dropout(x, s):
+    torch.manual_seed(0)
+    return F.dropout(x, p=s / 4)
+
+
+CROSSING = (0.5, 1.0, 1.5, 0.5, 2.0)
+#: More uses, each with the compiles it takes over ``CROSSING``: 2 where the float stays symbolic,
+#: 3 or 4 where a decision on it is guarded (an entry per answer), 4 (one per value) where the
+#: program needs the value itself.
+USES = {
+    "math.floor": (lambda x, s: x * math.floor(s * 3), 4),
+    "math.isclose": (lambda x, s: x * 2 if math.isclose(s, 1.0) else x, 4),
+    "is_integer": (lambda x, s: x * 2 if s.is_integer() else x, 4),
+    "float.hex": (lambda x, s: (x, float.hex(s), s.hex()), 4),
+    "> an int": (lambda x, s: x * s if s > 1 else x - s, 3),
+    "== an int": (lambda x, s: x * s if s == 1 else x - s, 3),
+    "in a tuple": (lambda x, s: x * s if s in (0.5, 1.0) else x - s, 4),
+    "a dict's key": (lambda x, s: x * {0.5: 1.0, 1.0: 2.0}.get(s, 3.0), 4),
+    "numbers.Real": (lambda x, s: x * s if isinstance(s, numbers.Real) else x, 2),
+    "torch.tensor": (lambda x, s: x * torch.tensor(s), 2),
+    "torch.full": (lambda x, s: torch.full((3,), s), 2),
+    "new_full": (lambda x, s: x.new_full((3,), s), 2),
+    "clamp min": (lambda x, s: torch.clamp(x, min=s), 2),
+    "dropout p": (_dropout, 2),
+    "leaky_relu": (lambda x, s: F.leaky_relu(x - 1, s), 2),
+    "an optimizer's lr": (_set_lr, 4),
+    "a size": (lambda x, s: x[: int(4 * s)], 4),
+}
+
+
+@pytest.mark.parametrize("use", USES)
+def test_uses_of_a_float_input_against_eager(use):
+    fn, compiles = USES[use]
+    assert _check(fn, CROSSING).cache_misses == compiles
