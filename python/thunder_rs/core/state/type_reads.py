@@ -10,9 +10,12 @@ observer evaluates the chain when the code is entered and when it returns, and a
 there answers for the read (its ``_thunder_type_read(site, exact=True)``): a float input is noted as
 specialised (the compile traces again with it a constant, a plain float), a size makes the symbolic
 compile fail (the compile takes the sizes constant). Where the operand is computed (``type(a + b)``,
-``type(f(x))``) or its local is rebound in the code (a loop's variable), every stand-in among the
-frame's locals and the items of the lists, tuples and dicts they hold answers with ``exact=False``:
-float inputs are taken constant, sizes are left symbolic (they are in most frames' locals).
+``type(f(x))``) or its local is rebound in the code (a loop's variable, which held other values in
+between), every stand-in among the frame's locals and the items of the lists, tuples and dicts
+they hold answers too, with ``exact=False``: float inputs are taken constant, sizes are left
+symbolic (they are in most frames' locals, and a compile per size is dearer than one per value).
+Not seen: ``type`` called otherwise (``builtins.type(s)``, an alias), in code the observer does not
+report (torch's internals, the standard library), or while another profiler holds the hook.
 """
 
 import builtins
@@ -28,7 +31,18 @@ _ROOTS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DE
 _CONSTS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})
 #: A call's instruction (3.10's ``CALL_FUNCTION``), and 3.11's ``PRECALL`` before it.
 _CALLS = frozenset({"CALL", "CALL_FUNCTION"})
-_STORES = frozenset({"STORE_FAST", "DELETE_FAST", "STORE_DEREF", "DELETE_DEREF", "STORE_FAST_STORE_FAST"})
+#: What rebinds a local (3.12's comprehension stores, 3.13's pairs among them).
+_STORES = frozenset(
+    {
+        "STORE_FAST",
+        "DELETE_FAST",
+        "STORE_DEREF",
+        "DELETE_DEREF",
+        "STORE_FAST_MAYBE_NULL",
+        "STORE_FAST_STORE_FAST",
+        "STORE_FAST_LOAD_FAST",
+    }
+)
 _MISSING = object()
 #: What a chain's items are read from (exactly these types: their items run no code of the program).
 _CONTAINERS = (dict, list, tuple, torch.Size, SymbolicSize)
@@ -36,13 +50,13 @@ _CONTAINERS = (dict, list, tuple, torch.Size, SymbolicSize)
 
 class TypeCall(NamedTuple):
     """A call of ``type`` with one argument in a code: the operand's ``root`` local and ``steps``
-    (attribute names, ``Item`` keys) when it is such a chain (None when computed), ``exact`` when
-    the local is never rebound (its value at the code's entry and return is the one passed), the
+    (attribute names, ``Item`` keys) when it is such a chain (None when computed), ``fixed`` when
+    the local is never rebound (its values at the code's entry and return are those passed), the
     call's ``line``."""
 
     root: str | None
     steps: tuple
-    exact: bool
+    fixed: bool
     line: int
 
 
@@ -109,7 +123,7 @@ def _called(listed: list, i: int) -> bool:
     if start is None or start[0] is None:
         return False
     for ins in listed[i + 1 : i + 400]:
-        at = ins.positions
+        at = getattr(ins, "positions", None)
         if ins.opname in _CALLS and ins.arg == 1 and at is not None and (at[0], at[2]) == (start[0], start[2]):
             return True
     return False
@@ -125,7 +139,7 @@ def read_types(calls: tuple, local: dict, globals_: dict, filename: str) -> None
         site = f"{filename}:{call.line}"
         if call.root is not None:
             _answer(_follow(local.get(call.root, _MISSING), call.steps), site, True)
-        if not call.exact and loose is None:
+        if not call.fixed and loose is None:
             loose = site
     if loose is not None:
         for value in local.values():
