@@ -226,3 +226,14 @@ USES = {
 def test_uses_of_a_float_input_against_eager(use):
     fn, compiles = USES[use]
     assert _check(fn, CROSSING).cache_misses == compiles
+
+
+def test_type_of_a_shape_of_symbolic_sizes_is_torch_size():
+    def fn(x):
+        return x * 2 if type(x.shape) is torch.Size else x
+
+    jfn = thunder_rs.jit(fn)
+    for n in (2, 3, 4, 5):
+        x = torch.randn(n)
+        assert _same(jfn(x), fn(x)), n
+    assert "type() of a shape of symbolic sizes at " in jfn._dynamic_off
