@@ -87,6 +87,8 @@ TYPE_READS = {
     "of an expression": lambda x, s: x * s if type(s * 2) is float else x - s,
     "an item of a dict": lambda x, s: (lambda cfg: x * s if type(cfg["lr"]) is float else x - s)({"lr": s}),
     "a loop's variable": lambda x, s: _scaled(x, [s, 0.5]),
+    "in a comprehension": lambda x, s: x * s if all([type(v) is float for v in (s, 0.5)]) else x - s,
+    "in a generator": lambda x, s: x * s if all(type(v) is float for v in {"a": s, "b": 0.5}.values()) else x,
 }
 
 

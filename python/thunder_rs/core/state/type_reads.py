@@ -44,6 +44,8 @@ _STORES = frozenset(
     }
 )
 _MISSING = object()
+#: Iterators over lists, tuples and dicts, whose items ``_items`` reads.
+_ITERATORS: frozenset = frozenset(map(type, (iter([]), iter(()), iter({}), iter({}.values()), iter({}.items()))))
 #: What a chain's items are read from (exactly these types: their items run no code of the program).
 _CONTAINERS = (dict, list, tuple, torch.Size, SymbolicSize)
 
@@ -143,13 +145,24 @@ def read_types(calls: tuple, local: dict, globals_: dict, filename: str) -> None
             loose = site
     if loose is not None:
         for value in local.values():
-            _answer(value, loose, False)
-            if type(value) in (list, tuple):
-                for item in value:
-                    _answer(item, loose, False)
-            elif type(value) is dict:
-                for item in value.values():
-                    _answer(item, loose, False)
+            for item in (value, *_items(value)):
+                _answer(item, loose, False)
+
+
+def _items(value) -> tuple:
+    """The items of a list, tuple or dict (its values), or of the one an iterator walks (the
+    iterator a 3.11 comprehension's code takes: read without advancing it, those it passed too),
+    pairs of a dict's items flattened."""
+    kind = type(value)
+    if kind in (list, tuple):
+        return tuple(value)
+    if kind is dict:
+        return tuple(value.values())
+    if kind not in _ITERATORS:
+        return ()
+    reduced = value.__reduce__()[1]  # ``(iter, (the items left,)[, position])``
+    items = reduced[0] if reduced and type(reduced[0]) in (list, tuple) else ()
+    return tuple(x for item in items for x in (item if type(item) is tuple else (item,)))
 
 
 def _follow(value, steps: tuple):
