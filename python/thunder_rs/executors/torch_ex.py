@@ -442,8 +442,10 @@ def _strided_copy(t):
 def _numeric_momentum(input, weight, bias, running_mean, running_var, training, momentum, eps) -> bool:
     # nn.BatchNorm's cumulative average gives a 0-d float64 tensor momentum (``1 / float(n)``): read
     # as the number eager's module passes its kernel, the kernel updates the running statistics in
-    # double as eager's does (the decomposition's float32 update differed by ulps).
-    return isinstance(momentum, (int, float)) or (isinstance(momentum, torch.Tensor) and momentum.ndim == 0)
+    # double as eager's does (the decomposition's float32 update differed by ulps). A float input
+    # (a momentum scheduled between calls: ``float_args``) reaches the kernel as the call's float.
+    numeric = isinstance(momentum, (int, float, torch.SymFloat))
+    return numeric or (isinstance(momentum, torch.Tensor) and momentum.ndim == 0)
 
 
 def _batch_norm_no_stats(input, weight, bias, eps):

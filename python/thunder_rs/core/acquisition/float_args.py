@@ -17,10 +17,12 @@ symbolic, computed again in doubles on each call. A decision on its value (``if 
 decision's answer (``FloatGuard``, ``lang.float_guards``): a call answering otherwise compiles
 again with the float still an input (one entry per answer), or raises as eager does (``1 / s`` at
 0.0 raises ZeroDivisionError from the program's line). Where the program needs the value itself
-(``float()``, ``int()``, ``round``, text, returning it, or a decision mixing it with symbolic
-sizes), tracing notes it (``symfloat.specialised_inputs``) and the float is compiled as a constant,
-then and from then on: each value is a key of its own, and the miss reason says where the program
-read it. ``jit(dynamic=False)`` keeps every float constant.
+(``float()``, ``int()``, ``round``, text and ``repr``, returning it, a decision mixing it with
+symbolic sizes) or its type (``type(s) is float``, which no stand-in's type is: found in the
+program's bytecode, ``core.state.type_reads``), tracing notes it (``symfloat.specialised_inputs``)
+and the float is compiled as a constant, then and from then on: each value is a key of its own,
+and the miss reason says where the program read it. ``jit(dynamic=False)`` keeps every float
+constant.
 """
 
 from typing import Any, NamedTuple

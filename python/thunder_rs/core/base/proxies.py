@@ -74,6 +74,16 @@ class SymbolicSize(tuple):
     def __reduce__(self):
         return (SymbolicSize, (tuple(self),))
 
+    def _thunder_type_read(self, site: str, exact: bool) -> None:
+        """``type()`` of the shape read at ``site`` (``core.state.type_reads``): ``torch.Size`` in
+        eager, which this tuple cannot be; where the read is surely of it, the compile fails (and
+        takes the sizes constant)."""
+        if exact:
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: type() of a shape of symbolic sizes at {site} is torch.Size in eager, which the "
+                "trace's stand-in for it cannot be: compiled with the sizes constant"
+            )
+
     def __repr__(self):
         return f"torch.Size([{', '.join(map(str, self))}])"
 

@@ -47,7 +47,7 @@ from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang import float_guards
 from thunder_rs.core.lang.caller_code import only_assert_message
 from thunder_rs.core.lang.recorder import current
-from thunder_rs.errors import ThunderRuntimeError
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 _SymExpr = _core.SymExpr
 
@@ -299,6 +299,39 @@ def _specialise(ops) -> None:
             _specialise(part)
 
 
+def type_read(ops, site: str, exact: bool) -> None:
+    """``type()`` of the float ``ops`` read at ``site`` (``core.state.type_reads``), whose answer
+    in eager is ``float``, not a ``SymFloat``: the float inputs it reads are noted as specialised
+    there (the compile takes them as constants, plain floats); sizes it reads, where the read is
+    surely of it (``exact``), fail the compile (it takes the sizes constant)."""
+    args, sizes = _leaves(ops)
+    if sizes and exact:
+        raise ThunderNotImplementedError(
+            f"thunder_rs.jit: type() of a float computed from symbolic sizes at {site} is float in eager, which "
+            "the trace's stand-in for it cannot be: compiled with the sizes constant"
+        )
+    noted = _SPECIALISED.get()
+    if noted is not None:
+        for vid in args:
+            noted.setdefault(vid, site)
+
+
+def _leaves(ops) -> tuple:
+    """``(value ids of the float inputs, whether sizes)`` that ``ops`` reads."""
+    if type(ops) is _SymExpr:
+        return [], True
+    if type(ops) is not tuple:
+        return [], False
+    if ops[0] == ARG:
+        return [ops[1]], False
+    args: list = []
+    sizes = False
+    for part in ops[1:]:
+        more, sized = _leaves(part)
+        args, sizes = args + more, sizes or sized
+    return args, sizes
+
+
 #: The operation naming a float input in ``ops``: ``("arg", value id, hint)``.
 ARG = "arg"
 #: ``{value id: where the program first needed its value}`` of the float inputs specialised
@@ -540,6 +573,9 @@ class SymFloat(torch.SymFloat):
         _specialise(self.ops)
         return self.hint
 
+    def _thunder_type_read(self, site: str, exact: bool) -> None:
+        type_read(self.ops, site, exact)
+
     # Arithmetic with numbers stays symbolic; a tensor takes it from its reflected operator
     # (``T ** -0.5 * x`` is ``x * T ** -0.5``); with anything else the value is specialised.
     def _arith(self, other, symbol, reflected=False):
@@ -630,11 +666,15 @@ class SymFloat(torch.SymFloat):
     def __array__(self, dtype=None, copy=None):
         return numpy.asarray(self.value(), dtype=dtype)
 
+    # Text the program makes holds the value (specialised; ``repr`` too: ``f"{s!r}"``, ``str([s])``);
+    # thunder_rs's own shows the expression; a ``torch._assert`` message, read only when it fails,
+    # the value (as SymInt's).
     def __repr__(self):
-        return f"SymFloat({text(self.ops)}, hint={self.hint!r})"
+        frame = sys._getframe(1)
+        if _internal(frame):
+            return f"SymFloat({text(self.ops)}, hint={self.hint!r})"
+        return repr(self.hint if only_assert_message(frame) else self.value())
 
-    # Text the program makes holds the value (specialised); thunder_rs's own shows the
-    # expression; a ``torch._assert`` message, read only when it fails, the value (as SymInt's).
     def __str__(self):
         frame = sys._getframe(1)
         if _internal(frame):

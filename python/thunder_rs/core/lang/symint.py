@@ -33,6 +33,7 @@ from thunder_rs.core.base.proxies import set_size_wrapper
 from thunder_rs.core.lang import symfloat
 from thunder_rs.core.lang.caller_code import only_assert_message
 from thunder_rs.core.lang.recorder import current
+from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.state.observe import check_sizes, thread_state
 
@@ -247,6 +248,16 @@ class SymInt(torch.SymInt):
 
     __int__ = __index__
 
+    def _thunder_type_read(self, site: str, exact: bool) -> None:
+        """``type()`` of the size read at ``site`` (``core.state.type_reads``): ``int`` in eager,
+        which this stand-in cannot be; where the read is surely of it, the compile fails (and
+        takes the sizes constant)."""
+        if exact:
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: type() of the symbolic size {self.expr} at {site} is int in eager, which the "
+                "trace's stand-in for it cannot be: compiled with the sizes constant"
+            )
+
     def __float__(self):
         return float(self.__index__())
 
@@ -302,13 +313,16 @@ class SymInt(torch.SymInt):
     def __sym_min__(self, other):
         return self if self <= other else other
 
+    # Text the program makes from a size (``f"{T} tokens"``, ``repr(T)``, ``str([T])``) holds its
+    # value: specialised. Text thunder_rs makes (the messages of its checks, formatted whether they
+    # fail or not) shows the expression and specialises nothing; the message of a ``torch._assert``,
+    # read only when it fails as traced, shows the value and specialises nothing (``caller_code``).
     def __repr__(self):
-        return f"SymInt({self.expr}, hint={self.expr.hint})"
+        frame = sys._getframe(1)
+        if _internal(frame):
+            return f"SymInt({self.expr}, hint={self.expr.hint})"
+        return repr(self.expr.hint if only_assert_message(frame) else self.__index__())
 
-    # Text the program makes from a size (``f"{T} tokens"``) holds its value: specialised. Text
-    # thunder_rs makes (the messages of its checks, formatted whether they fail or not) shows
-    # the expression and specialises nothing; the message of a ``torch._assert``, read only when
-    # it fails as traced, shows the value and specialises nothing (``caller_code``).
     def __str__(self):
         frame = sys._getframe(1)
         if _internal(frame):

@@ -20,6 +20,7 @@ from thunder_rs.core.base.userframe import PACKAGE_DIR
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.state.guards import attributes_of
 from thunder_rs.core.state.identity import instructions
+from thunder_rs.core.state.type_reads import type_calls
 
 
 def _dir(path: str) -> str:
@@ -104,14 +105,15 @@ def classify(code) -> int:
     code object and thread."""
     flags = MODULE if code.co_name == "<module>" else 0  # (as ``hook.importing_frame`` tells them)
     if interesting(code):
-        flags |= CALL | (RETURN if code_reads(code).locals else 0)
+        reads = code_reads(code)
+        flags |= CALL | (RETURN if reads.locals or reads.types else 0)
     return flags
 
 
 class CodeReads:
     """The read chains of one code object, by kind of root: ``(root name, (attr, ...))``."""
 
-    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver")
+    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver", "types")
 
     def __init__(self, code):
         chains, whole = _chains(code)
@@ -127,6 +129,8 @@ class CodeReads:
         self.line = f"{code.co_filename}:{code.co_firstlineno}"
         #: the first argument's name (``self`` of a method), to tell which modules run
         self.receiver = code.co_varnames[0] if code.co_argcount else None
+        #: its calls of ``type`` with one argument (``type_reads``), checked at its entry and return
+        self.types = type_calls(code)
 
 
 def _chains(code) -> tuple:

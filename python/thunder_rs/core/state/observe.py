@@ -67,6 +67,7 @@ from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.reached import ArgumentTensor
 from thunder_rs.core.state.state import IntGuard, MethodGuard, ProgramState
+from thunder_rs.core.state.type_reads import read_types
 from thunder_rs.core.state.torch_flags import (
     entered as _entered,
     is_parametrized,
@@ -611,6 +612,8 @@ class Observer:
         if self._cached and code in self._cached:
             cached_call(self._cached[code], frame, self.state.containers.cached_calls)
         self._on_code(code, frame.f_globals, frame, 1)
+        if types := code_reads(code).types:
+            read_types(types, frame.f_locals, frame.f_globals, code.co_filename)
         return self.state.containers.returns_wanted(code)
 
     def _on_code(self, code, g, frame, live: int) -> None:
@@ -668,6 +671,8 @@ class Observer:
         self.state.containers.returned(frame)
         if reads.locals:
             self._follow_state(frame.f_locals, reads.locals, reads.line)
+        if reads.types:
+            read_types(reads.types, frame.f_locals, frame.f_globals, frame.f_code.co_filename)
 
     def _follow_state(self, local, chains, origin) -> None:
         """Follows each ``(name, attrs)`` of ``chains`` from the value of ``local[name]`` that is state."""
