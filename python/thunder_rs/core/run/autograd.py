@@ -172,6 +172,7 @@ def grad_function(
     reads: tuple = (),
     compile_backward=None,
     unread: tuple = (),
+    stale: tuple = (),
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -188,6 +189,10 @@ def grad_function(
     A backward that reaches some outputs only (``loss.backward()`` of a call returning the loss
     and other tensors) gives no gradient, as eager's ``None``, to the inputs only the others read
     (with zeros, AdamW's weight decay and moments moved a parameter no loss used).
+
+    ``stale``: ``(error, flat output positions)`` per autograd node eager would have made whose
+    saved tensors the program wrote in place (``saved_versions``): a backward that reaches one of
+    those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks.
     """
     differentiable = frozenset(grad_positions) - non_differentiable
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
@@ -220,6 +225,8 @@ def grad_function(
             saved = ctx.residuals
             if saved is None:
                 raise RuntimeError(_FREED)
+            if stale and ctx.unpack is None:
+                _raise_stale(stale, grads)
             if _is_grad_enabled():  # create_graph=True: a backward autograd records
                 return _differentiated(ctx, program, grads)
             if ctx.unpack is not None:
@@ -239,6 +246,15 @@ def grad_function(
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
     return _entry_call(apply, program, single, as_list, bool(written))
+
+
+def _raise_stale(stale: tuple, grads: tuple) -> None:
+    """Raises the error of a node whose saved tensors the program wrote, where the backward
+    reaches one of the outputs computed from it (a cotangent that is not None: with several
+    differentiable outputs, cotangents are not materialised)."""
+    for error, positions in stale:
+        if any(grads[i] is not None for i in positions):
+            raise type(error)(*error.args)
 
 
 def detaching(call, positions: tuple):

@@ -1,0 +1,394 @@
+"""What eager's autograd saves for a backward, and the in-place writes inside a traced program
+that make eager's backward refuse it.
+
+Eager's autograd node of a differentiable call keeps the tensors its backward formula reads
+(``derivatives.yaml``: ``self`` of ``sin``, ``result`` of ``exp``/``sigmoid``/``relu``, each factor
+of ``mul`` only where the other needs a gradient) with the version of their memory then. An
+in-place write to that memory before the backward (a write through any view of it bumps the one
+version counter they share) makes the backward that runs the node raise "one of the variables
+needed for gradient computation has been modified by an inplace operation". The trace is
+functional: it would compute the gradient from the old values, silently another result. So,
+while a program is traced:
+
+- each of the program's own torch calls (the language context's calls at depth 0) made with grad
+  on is noted (``note_call``: one append), with its outputs' value ids;
+- at an in-place write that bumps eager's version counter (``written``), the calls noted since the
+  last write are indexed by the memory their tensors belong to (the root proxy of a view), with
+  their tensors' requires-grad flags then; the calls that touched the written memory since its
+  last write are asked which tensors eager saves: the call is run again on meta tensors of the
+  same shapes, strides, dtypes and flags, and the saved tensors of the autograd nodes it made
+  (``grad_fn._saved_*``) are matched to its arguments and outputs by storage. So the answer is
+  eager's own, for every op: composite ones (``F.linear`` saves a view of its weight), conditional
+  saving, in-place activations (``relu_`` saves its result, after its own write);
+- a call that saved the written memory is stale. The acquisition keeps, per stale call, its
+  outputs' value ids and eager's error (``stale``); the compiled call's backward raises it when
+  the backward reaches one of the program's outputs computed from those values along gradients
+  (``Trace.outputs_reaching``), as eager's backward raises when it runs that node. A forward
+  alone never raises; a call made under ``saved_tensors_hooks`` does not either (eager checks no
+  version of a tensor its pack hook took).
+
+A call whose meta run fails (a data-dependent op) is taken to save every tensor it takes and
+returns; its backward then raises a ``ThunderNotImplementedError`` that says so, rather than a
+gradient that may differ from eager's. Custom ``autograd.Function``s say what they save
+themselves (``ctx.save_for_backward``: ``note_saved``).
+"""
+
+import contextlib
+import contextvars
+import warnings
+
+import torch
+from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
+
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.errors import ThunderNotImplementedError
+
+_active: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_saved_versions", default=None)
+_is_grad_enabled = torch.is_grad_enabled
+_HINT = (
+    "Hint: the tensor was saved for the backward of {saver} and written in place by {writer} at {where}, inside "
+    "a thunder_rs-compiled call, as eager's autograd would have refused; change the in-place operation to an "
+    "out-of-place one, or clone the tensor before it"
+)
+
+
+class _Tensor:
+    """A tensor of a noted call as it was then, standing for its proxy once the call is indexed
+    (a proxy kept would keep a view alive, which every write to its root then recomputes)."""
+
+    __slots__ = ("root", "shape", "strides", "dtype", "device", "requires_grad")
+
+    def __init__(self, p):
+        self.root = _root(p)
+        self.shape = tuple(_hint(n) for n in p.shape)
+        self.strides = _strides(p)
+        self.dtype, self.device, self.requires_grad = p.dtype, p.device, p.requires_grad
+
+
+class _Call:
+    """One of the program's torch calls made with grad on: its arguments and outputs (proxies,
+    ``_Tensor``s once indexed), and, once asked, the memories (root ids) eager saves of them."""
+
+    __slots__ = ("label", "func", "args", "outs", "vids", "saved")
+
+    def __init__(self, func, args: tuple, outs: tuple, saved: dict | None = None, label: str = ""):
+        self.func, self.args, self.outs, self.label = func, args, outs, label
+        self.vids = tuple(o._vid for o in outs)
+        #: ``{root id: the saved _Tensor}``; None until asked; False when eager's answer is unknown
+        self.saved = saved
+
+    @property
+    def name(self) -> str:
+        return self.label or _name(self.func)
+
+    def tensors(self) -> tuple:
+        return (*_leaves(self.args, _Tensor), *self.outs)
+
+
+class SavedVersions:
+    """The bookkeeping of one acquisition (see the module doc)."""
+
+    def __init__(self):
+        self.calls: list[_Call] = []
+        #: per memory (root proxy id): the calls that touched it since its last write
+        self.pending: dict[int, list[_Call]] = {}
+        #: per memory: its writes so far (eager's version counter, from the trace's start)
+        self.versions: dict[int, int] = {}
+        self.stale: list[tuple] = []
+
+    def index(self) -> None:
+        calls, self.calls = self.calls, []
+        with DisableTorchFunctionSubclass():
+            for call in calls:
+                made: dict = {}
+                call.args = _described(call.args, made)
+                call.outs = tuple(_described(o, made) for o in call.outs)
+                for key in {id(t.root) for t in made.values()}:
+                    self.pending.setdefault(key, []).append(call)
+
+    def written(self, root, op: str, counted: bool) -> None:
+        self.index()
+        key = id(root)
+        version = self.versions.get(key, 0)
+        self.versions[key] = version + counted
+        for call in self.pending.pop(key, ()):
+            if call.saved is None:
+                call.saved = _saved_by(call)
+            saved = call.saved.get(key) if call.saved is not False else _any_of(call, key)
+            if saved is not None:
+                why = _UNSEEN if not counted else _UNKNOWN if call.saved is False else None
+                self.stale.append((call, saved, key, version, op, user_location(), why))
+
+    def release(self) -> tuple:
+        """``(error, value ids)`` per stale call: what its node's backward raises, and the
+        values it computed, through which a backward reaches it. Forgets the calls and proxies."""
+        out = []
+        for call, saved, key, version, op, where, why in self.stale:
+            out.append((_error(call, saved, version, self.versions[key], op, where, why), call.vids))
+        self.calls, self.pending, self.stale = [], {}, []
+        return tuple(out)
+
+
+@contextlib.contextmanager
+def tracking():
+    """Notes the calls and writes of the acquisition in this context (``SavedVersions``)."""
+    state = SavedVersions()
+    token = _active.set(state)
+    try:
+        yield state
+    finally:
+        _active.reset(token)
+
+
+def note_call(func, args: tuple, kwargs: dict, out) -> None:
+    """Notes a torch call of the program (made at depth 0) with its result."""
+    state = _active.get()
+    if state is not None and _is_grad_enabled():
+        outs = _leaves(out, TensorProxy)
+        if outs:
+            state.calls.append(_Call(func, (args, kwargs), outs))
+
+
+def note_saved(name: str, saved: tuple, outs: tuple) -> None:
+    """Notes a custom ``autograd.Function``'s call, which saved ``saved`` (its
+    ``ctx.save_for_backward``) for a backward eager runs when it reaches ``outs``."""
+    state = _active.get()
+    if state is None or not _is_grad_enabled():
+        return
+    outs = _leaves(outs, TensorProxy)
+    with DisableTorchFunctionSubclass():
+        if not any(o.requires_grad for o in outs):
+            return
+        kept = {id(t.root): t for t in map(_Tensor, _leaves(saved, TensorProxy))}
+    state.calls.append(_Call(None, saved, outs, kept, name))
+
+
+def written(dst, op: str, counted: bool = True) -> None:
+    """An in-place write into ``dst``, which bumps eager's version counter of its memory unless
+    not ``counted`` (a write through ``.data``: eager's backward then reads the new values)."""
+    state = _active.get()
+    if state is not None:
+        state.written(_root(dst), op, counted)
+
+
+def _root(p):
+    link = p._view
+    return p if link is None else link.root
+
+
+def _leaves(value, cls) -> tuple:
+    """The instances of ``cls`` in ``value`` (nested tuples, lists and dicts), in order."""
+    if isinstance(value, cls):
+        return (value,)
+    if isinstance(value, (tuple, list)):
+        return tuple(p for v in value for p in _leaves(v, cls))
+    if isinstance(value, dict):
+        return _leaves(tuple(value.values()), cls)
+    return ()
+
+
+def _described(value, made: dict):
+    """``value`` with each proxy a ``_Tensor`` (one per proxy: ``x * x`` takes one tensor twice)."""
+    if isinstance(value, TensorProxy):
+        t = made.get(id(value))
+        if t is None:
+            t = made[id(value)] = _Tensor(value)
+        return t
+    if isinstance(value, (tuple, list)):
+        items = [_described(v, made) for v in value]
+        return type(value)(items) if type(value) in (tuple, list) else items
+    if isinstance(value, dict):
+        return {k: _described(v, made) for k, v in value.items()}
+    return value
+
+
+def _name(func) -> str:
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    module = getattr(func, "__module__", None) or ""
+    if name.startswith(("Tensor.", "TensorBase.")) or module.startswith("torch._C"):
+        return f"torch.{name.replace('TensorBase.', 'Tensor.')}"
+    return f"{module}.{name}" if module else name
+
+
+def _any_of(call: _Call, key: int):
+    """The first of ``call``'s tensors in memory ``key``: what an unknown call is taken to save."""
+    return next((t for t in call.tensors() if id(t.root) == key), None)
+
+
+def _hint(n) -> int:
+    return n if type(n) is int else n.hint
+
+
+def _strides(p) -> tuple | None:
+    """The eager strides of ``p`` where known and not contiguous's, else None."""
+    link = p._view
+    strides = p._strides if link is None else link.strides
+    if strides is None or not all(type(s) is int for s in strides):
+        return None
+    return tuple(strides)
+
+
+# -- eager's answer: the call on meta tensors ------------------------------------------------------
+
+
+def _saved_by(call: _Call):
+    """``{root id: _Tensor}`` of the call's tensors eager's autograd saves; ``{}`` where it makes
+    no node (no tensor requires grad), False where the call does not run on meta tensors. The
+    answer is kept per op and arguments' metadata (a model's repeated layers run once)."""
+    if call.func is None or not any(t.requires_grad for t in call.tensors()):
+        return {}
+    index: dict = {}
+    try:
+        key = (call.func, _key(call.args, index))
+    except (_Unkeyed, TypeError):  # (an argument eager's answer may depend on: asked each time)
+        key = None
+    tensors = {id(t): t for t in call.tensors()}
+    for t in tensors.values():
+        index.setdefault(id(t), len(index))
+    saved = _ANSWERS.get(key) if key is not None else None
+    if saved is None:
+        saved = _probe(call, index)
+        if key is not None:
+            if len(_ANSWERS) >= _KEPT:
+                _ANSWERS.clear()
+            _ANSWERS[key] = saved
+    if saved is False:
+        return False
+    return {id(t.root): t for k, t in tensors.items() if index[k] in saved}
+
+
+#: Eager's answers (``_probe``) by op and arguments' metadata (``_key``), up to ``_KEPT`` of them.
+_ANSWERS: dict = {}
+_KEPT = 4096
+_PLAIN = (bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class _Unkeyed(Exception):
+    """An argument that is not plain data, whose effect on what eager saves a key cannot hold."""
+
+
+def _key(value, index: dict):
+    """The metadata of ``value`` that what eager saves depends on; ``index`` numbers its tensors."""
+    if isinstance(value, _Tensor):
+        return (index.setdefault(id(value), len(index)), value.shape, value.strides, value.dtype, value.requires_grad)
+    if type(value) in (tuple, list):
+        return (type(value), *(_key(v, index) for v in value))
+    if type(value) is dict:
+        return (dict, *((k, _key(v, index)) for k, v in value.items()))
+    if value is None or type(value) in _PLAIN:
+        return value
+    if type(value) is SymInt:
+        return value.hint
+    raise _Unkeyed
+
+
+def _probe(call: _Call, index: dict):
+    """The numbers (``index``) of the call's tensors whose memory eager's autograd saves, from the
+    call run on meta tensors; False where it does not run on them."""
+    storages: dict = {}
+    made: dict = {}
+    try:
+        with DisableTorchFunction(), torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args, kwargs = _on_meta(call.args, storages, made)
+            results = _leaves(call.func(*args, **kwargs), torch.Tensor)
+            for t, described in zip(results, call.outs):
+                storages.setdefault(_storage(t), described)
+            found = _saved_storages(results, {id(t.grad_fn) for t in made.values() if t.grad_fn is not None})
+    except Exception:  # noqa: BLE001 (any refusal of a meta run: eager's answer is unknown)
+        return False
+    return frozenset(index[id(storages[s])] for s in found if s in storages)
+
+
+def _on_meta(value, storages: dict, made: dict):
+    """``value`` with each ``_Tensor`` a meta tensor of its shape, strides, dtype and requires-grad
+    flag (a non-leaf where it requires grad, as the program's are: writes into it are allowed)."""
+    if isinstance(value, _Tensor):
+        t = made.get(id(value))
+        if t is None:
+            if value.strides is None:
+                t = torch.empty(value.shape, dtype=value.dtype, device="meta")
+            else:
+                t = torch.empty_strided(value.shape, value.strides, dtype=value.dtype, device="meta")
+            if value.requires_grad:
+                t = t.requires_grad_().clone(memory_format=torch.preserve_format)
+            made[id(value)] = t
+            storages[_storage(t)] = value
+        return t
+    if isinstance(value, (tuple, list)):
+        items = [_on_meta(v, storages, made) for v in value]
+        return type(value)(items) if type(value) in (tuple, list) else items
+    if isinstance(value, dict):
+        return {k: _on_meta(v, storages, made) for k, v in value.items()}
+    if type(value) is SymInt:
+        return value.hint
+    if isinstance(value, torch.Tensor):  # a tensor the program captured (a trace input by then)
+        t = torch.empty_like(value, device="meta")
+        return t.requires_grad_().clone() if value.requires_grad else t
+    return value
+
+
+def _storage(t) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _saved_storages(results: tuple, inputs: set) -> set:
+    """The storages of the tensors the autograd nodes behind ``results`` saved, up to the nodes
+    of the inputs (``inputs``: their ids)."""
+    found: set = set()
+    seen: set = set()
+    stack = [t.grad_fn for t in results if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen or id(node) in inputs:
+            continue
+        seen.add(id(node))
+        for name in dir(node):
+            if name.startswith("_saved_"):
+                try:
+                    value = getattr(node, name)
+                except RuntimeError:  # (freed, or written by the call itself: no value to match)
+                    continue
+                found.update(_storage(t) for t in _leaves(value, torch.Tensor))
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            found.update(_storage(t) for t in node.saved_tensors)
+        stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
+_UNKNOWN = (
+    "could not be run on meta tensors to learn which of its tensors eager's autograd saves, and {op} at {where} "
+    "writes one of them in place ({tensor}) before the backward; thunder_rs takes it as saved and refuses a "
+    "gradient that may differ from eager's"
+)
+_UNSEEN = (
+    "saved {tensor} for its backward, and {op} at {where} writes it through .data, which eager's backward then "
+    "reads (a .data write bumps no version it checks); thunder_rs computes the gradient from the values the "
+    "forward saw, so it refuses one that would differ from eager's"
+)
+
+
+def _error(call: _Call, saved, version: int, now: int, op: str, where: str, why: str | None):
+    """The error eager's backward raises for ``call``'s node; a ``ThunderNotImplementedError``
+    (``why``) where eager's answer is unknown, or eager computes from values written unseen."""
+    kind = _type_name(saved.dtype, saved.device)
+    if why is not None:
+        return ThunderNotImplementedError(
+            f"backward: {call.name} "
+            + why.format(op=op, where=where, tensor=f"[{kind} {list(saved.shape)}]")
+            + ". Clone the tensor before writing it, or write it after the backward"
+        )
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        f"[{kind} {list(saved.shape)}] is at version {now}; expected version {version} instead. "
+        + _HINT.format(saver=call.name, writer=op, where=where)
+    )
+
+
+def _type_name(dtype: torch.dtype, device: torch.device) -> str:
+    """Eager's legacy type name of a tensor (``torch.FloatTensor``, ``torch.cuda.HalfTensor``)."""
+    with DisableTorchFunction():
+        name = torch.empty(0, dtype=dtype).type()
+    return name.replace("torch.", "torch.cuda.", 1) if device.type == "cuda" else name
