@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import thunder_rs
+from thunder_rs.core.lang.saved_ops import SAVES_NO_OUTPUT, SAVES_NOTHING
+from thunder_rs.core.lang.saved_versions import eager_saves
 from thunder_rs.errors import ThunderNotImplementedError
 
 LEADING = "one of the variables needed for gradient computation has been modified by an inplace operation"
@@ -65,6 +67,13 @@ def _tanh_then_write_input(x):
     z = torch.tanh(y)
     y.add_(1)
     return z.sum()
+
+
+def _relu_then_write(x):
+    h = x * 1
+    h.relu_()  # saves its result: h, after this write
+    h.mul_(2)
+    return h.sum()
 
 
 def _sigmoid_then_relu_(x):
@@ -221,6 +230,7 @@ CASES = {
     "exp's output written": (_exp_then_write_output, [_x(3)]),
     "tanh's input written": (_tanh_then_write_input, [_x(3)]),
     "relu_ of sigmoid's output": (_sigmoid_then_relu_, [_x(3)]),
+    "relu_'s result written": (_relu_then_write, [_x(3)]),
     "relu_ after linear": (_linear_then_relu_, [_x(2, 3), _x(4, 3)]),
     "a slice saved, another written": (_sin_of_slice_then_write_other_slice, [_x(3)]),
     "setitem into a saved tensor": (_sin_then_setitem, [_x(3)]),
@@ -353,3 +363,99 @@ def test_a_write_through_data_is_refused_at_the_backward():
     out = thunder_rs.jit(_write_through_data)(x)
     with pytest.raises(ThunderNotImplementedError, match=r"torch.Tensor.sin saved .* through .data"):
         out.backward()
+
+
+def _g(*shape):
+    return torch.randn(*shape, requires_grad=True)
+
+
+def _ng(*shape):  # a non-leaf that requires grad: what an in-place op may write
+    return torch.randn(*shape, requires_grad=True) * 1
+
+
+_T = torch.Tensor
+#: A call of each op ``saved_ops`` answers for, all its tensors requiring grad (the most it saves).
+SAMPLES = {
+    _T.__add__: lambda: ((_g(3), _g(3)), {}),
+    _T.__radd__: lambda: ((_g(3), _g(3)), {}),
+    _T.__iadd__: lambda: ((_ng(3), _g(3)), {}),
+    _T.__sub__: lambda: ((_g(3), _g(3)), {}),
+    _T.__rsub__: lambda: ((_g(3), _g(3)), {}),
+    _T.__isub__: lambda: ((_ng(3), _g(3)), {}),
+    _T.__neg__: lambda: ((_g(3),), {}),
+    _T.add: lambda: ((_g(3), _g(3)), {"alpha": 2}),
+    _T.add_: lambda: ((_ng(3), _g(3)), {}),
+    _T.sub: lambda: ((_g(3), _g(3)), {}),
+    _T.sub_: lambda: ((_ng(3), _g(3)), {}),
+    _T.neg: lambda: ((_g(3),), {}),
+    torch.add: lambda: ((_g(3), _g(3)), {}),
+    torch.sub: lambda: ((_g(3), _g(3)), {}),
+    torch.neg: lambda: ((_g(3),), {}),
+    _T.view: lambda: ((_g(2, 3), (6,)), {}),
+    _T.reshape: lambda: ((_g(2, 3).t(), (6,)), {}),
+    _T.flatten: lambda: ((_g(2, 3),), {}),
+    _T.transpose: lambda: ((_g(2, 3), 0, 1), {}),
+    _T.permute: lambda: ((_g(2, 3), (1, 0)), {}),
+    _T.unsqueeze: lambda: ((_g(3), 0), {}),
+    _T.squeeze: lambda: ((_g(1, 3),), {}),
+    _T.contiguous: lambda: ((_g(2, 3).t(),), {}),
+    _T.clone: lambda: ((_g(3),), {}),
+    _T.expand: lambda: ((_g(1, 3), (2, 3)), {}),
+    _T.float: lambda: ((_g(3).double(),), {}),
+    _T.to: lambda: ((_g(3), torch.float64), {}),
+    torch.reshape: lambda: ((_g(2, 3), (3, 2)), {}),
+    torch.flatten: lambda: ((_g(2, 3),), {}),
+    torch.transpose: lambda: ((_g(2, 3), 0, 1), {}),
+    torch.permute: lambda: ((_g(2, 3), (1, 0)), {}),
+    torch.cat: lambda: (([_g(3), _g(3)],), {}),
+    torch.stack: lambda: (([_g(3), _g(3)],), {}),
+    torch.clone: lambda: ((_g(3),), {}),
+    F.dropout: lambda: ((_g(4), 0.5, True), {}),
+    F.linear: lambda: ((_g(2, 5, 3), _g(4, 3), _g(4)), {}),
+    torch.conv1d: lambda: ((_g(1, 2, 5), _g(3, 2, 3), _g(3)), {}),
+    torch.conv2d: lambda: ((_g(1, 2, 5, 5), _g(3, 2, 3, 3), _g(3)), {}),
+    torch.conv3d: lambda: ((_g(1, 2, 4, 4, 4), _g(3, 2, 3, 3, 3)), {}),
+    F.conv_transpose1d: lambda: ((_g(1, 2, 5), _g(2, 3, 3)), {}),
+    F.conv_transpose2d: lambda: ((_g(1, 2, 5, 5), _g(2, 3, 3, 3)), {}),
+    F.batch_norm: lambda: ((_g(4, 3), torch.zeros(3), torch.ones(3), _g(3), _g(3), True), {}),
+    F.layer_norm: lambda: ((_g(2, 4), (4,), _g(4), _g(4)), {}),
+    F.group_norm: lambda: ((_g(2, 4, 3), 2, _g(4), _g(4)), {}),
+    F.embedding: lambda: ((torch.tensor([0, 2]), _g(5, 3)), {}),
+    F.gelu: lambda: ((_g(3),), {}),
+    F.silu: lambda: ((_g(3),), {}),
+    _T.__mul__: lambda: ((_g(3), _g(3)), {}),
+    _T.__rmul__: lambda: ((_g(3), _g(3)), {}),
+    _T.mul: lambda: ((_g(3), _g(3)), {}),
+    torch.mul: lambda: ((_g(3), _g(3)), {}),
+    _T.__matmul__: lambda: ((_g(2, 3), _g(3, 4)), {}),
+    torch.matmul: lambda: ((_g(2, 2, 3), _g(3, 4)), {}),
+    torch.mm: lambda: ((_g(2, 3), _g(3, 4)), {}),
+    torch.bmm: lambda: ((_g(2, 2, 3), _g(2, 3, 4)), {}),
+}
+
+
+def test_the_known_answers_are_eagers():
+    """Each op ``saved_ops`` answers for without a meta run saves what it says in eager: nothing,
+    or none of its outputs; and the meta run that answers for the others finds what eager saves."""
+    assert set(SAMPLES) == SAVES_NOTHING | SAVES_NO_OUTPUT
+    for func, sample in SAMPLES.items():
+        args, kwargs = sample()
+        taken = len({id(t) for t in _tensors((args, kwargs))})
+        saved = eager_saves(func, args, kwargs)
+        assert not saved if func in SAVES_NOTHING else max(saved, default=-1) < taken, (func, saved)
+    x, w = _g(2, 3), _g(4, 3)
+    assert eager_saves(F.linear, (x, w), {}) == {0, 1}  # (a view of each)
+    assert eager_saves(F.linear, (x, w.detach()), {}) == {1}  # x needs no saving: w needs no gradient
+    assert eager_saves(torch.sigmoid, (x,), {}) == {1}  # its result
+    assert eager_saves(torch.sin, (x,), {}) == {0}
+    assert eager_saves(torch.relu_, (x * 1,), {}) == {0}  # its result, the tensor it wrote
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return _tensors(list(value.values()))
+    return []

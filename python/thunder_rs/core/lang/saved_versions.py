@@ -19,7 +19,10 @@ while a program is traced:
   same shapes, strides, dtypes and flags, and the saved tensors of the autograd nodes it made
   (``grad_fn._saved_*``) are matched to its arguments and outputs by storage. So the answer is
   eager's own, for every op: composite ones (``F.linear`` saves a view of its weight), conditional
-  saving, in-place activations (``relu_`` saves its result, after its own write);
+  saving, in-place activations (``relu_`` saves its result, after its own write). It is kept per
+  op and arguments' metadata; the ops most programs write the results of (a ReLU after a
+  convolution, ``out += identity``) are answered by ``saved_ops`` without a run (a first meta run
+  imports much of torch: ``torch._dynamo``, sympy);
 - a call that saved the written memory is stale. The acquisition keeps, per stale call, its
   outputs' value ids and eager's error (``stale``); the compiled call's backward raises it when
   the backward reaches one of the program's outputs computed from those values along gradients
@@ -42,6 +45,7 @@ from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang.saved_ops import SAVES_NO_OUTPUT, SAVES_NOTHING
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -60,10 +64,10 @@ class _Tensor:
 
     __slots__ = ("root", "shape", "strides", "dtype", "device", "requires_grad")
 
-    def __init__(self, p):
-        self.root = _root(p)
+    def __init__(self, p, real: bool = False):
+        self.root = p if real else _root(p)
         self.shape = tuple(_hint(n) for n in p.shape)
-        self.strides = _strides(p)
+        self.strides = (None if p.is_contiguous() else tuple(p.stride())) if real else _strides(p)
         self.dtype, self.device, self.requires_grad = p.dtype, p.device, p.requires_grad
 
 
@@ -73,9 +77,8 @@ class _Call:
 
     __slots__ = ("label", "func", "args", "outs", "vids", "saved")
 
-    def __init__(self, func, args: tuple, outs: tuple, saved: dict | None = None, label: str = ""):
-        self.func, self.args, self.outs, self.label = func, args, outs, label
-        self.vids = tuple(o._vid for o in outs)
+    def __init__(self, func, args: tuple, outs: tuple, vids: tuple, saved: dict | None = None, label: str = ""):
+        self.func, self.args, self.outs, self.vids, self.label = func, args, outs, vids, label
         #: ``{root id: the saved _Tensor}``; None until asked; False when eager's answer is unknown
         self.saved = saved
 
@@ -114,6 +117,8 @@ class SavedVersions:
         version = self.versions.get(key, 0)
         self.versions[key] = version + counted
         for call in self.pending.pop(key, ()):
+            if call.func in SAVES_NOTHING or (call.func in SAVES_NO_OUTPUT and _only_output(call, key)):
+                continue  # (eager's answer, known without running the call again)
             if call.saved is None:
                 call.saved = _saved_by(call)
             saved = call.saved.get(key) if call.saved is not False else _any_of(call, key)
@@ -148,7 +153,7 @@ def note_call(func, args: tuple, kwargs: dict, out) -> None:
     if state is not None and _is_grad_enabled():
         outs = _leaves(out, TensorProxy)
         if outs:
-            state.calls.append(_Call(func, (args, kwargs), outs))
+            state.calls.append(_Call(func, (args, kwargs), outs, tuple(o._vid for o in outs)))
 
 
 def note_saved(name: str, saved: tuple, outs: tuple) -> None:
@@ -162,7 +167,7 @@ def note_saved(name: str, saved: tuple, outs: tuple) -> None:
         if not any(o.requires_grad for o in outs):
             return
         kept = {id(t.root): t for t in map(_Tensor, _leaves(saved, TensorProxy))}
-    state.calls.append(_Call(None, saved, outs, kept, name))
+    state.calls.append(_Call(None, saved, outs, tuple(o._vid for o in outs), kept, name))
 
 
 def written(dst, op: str, counted: bool = True) -> None:
@@ -189,19 +194,40 @@ def _leaves(value, cls) -> tuple:
     return ()
 
 
-def _described(value, made: dict):
-    """``value`` with each proxy a ``_Tensor`` (one per proxy: ``x * x`` takes one tensor twice)."""
-    if isinstance(value, TensorProxy):
+def _described(value, made: dict, kind: type = TensorProxy):
+    """``value`` with each proxy (each tensor of ``kind``) a ``_Tensor``, one per proxy: ``x * x``
+    takes one tensor twice."""
+    if isinstance(value, kind):
         t = made.get(id(value))
         if t is None:
-            t = made[id(value)] = _Tensor(value)
+            t = made[id(value)] = _Tensor(value, kind is not TensorProxy)
         return t
     if isinstance(value, (tuple, list)):
-        items = [_described(v, made) for v in value]
+        items = [_described(v, made, kind) for v in value]
         return type(value)(items) if type(value) in (tuple, list) else items
     if isinstance(value, dict):
-        return {k: _described(v, made) for k, v in value.items()}
+        return {k: _described(v, made, kind) for k, v in value.items()}
     return value
+
+
+def _only_output(call: _Call, key: int) -> bool:
+    """Whether memory ``key`` is among ``call``'s outputs' only, not its arguments'."""
+    return all(id(t.root) != key for t in _leaves(call.args, _Tensor))
+
+
+def eager_saves(func, args: tuple, kwargs: dict) -> frozenset:
+    """The positions, among the tensors ``args`` and ``kwargs`` hold and then ``func``'s outputs
+    (each tensor once), of those whose memory eager's autograd saves for ``func``'s backward:
+    the meta run noted calls are answered by, here of real tensors (``saved_ops`` is checked by it)."""
+    with DisableTorchFunction():
+        outs = _leaves(func(*args, **kwargs), torch.Tensor)
+    made: dict = {}
+    described = _described((args, kwargs), made, torch.Tensor)
+    call = _Call(func, described, tuple(_described(o, made, torch.Tensor) for o in outs), ())
+    saved = _probe(call, {id(t): i for i, t in enumerate(made.values())})
+    if saved is False:
+        raise RuntimeError(f"{_name(func)} does not run on meta tensors")
+    return saved
 
 
 def _name(func) -> str:
@@ -293,10 +319,11 @@ def _probe(call: _Call, index: dict):
         with DisableTorchFunction(), torch.enable_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args, kwargs = _on_meta(call.args, storages, made)
+            before = {id(t.grad_fn) for t in made.values() if t.grad_fn is not None}  # (an in-place op rebases)
             results = _leaves(call.func(*args, **kwargs), torch.Tensor)
             for t, described in zip(results, call.outs):
                 storages.setdefault(_storage(t), described)
-            found = _saved_storages(results, {id(t.grad_fn) for t in made.values() if t.grad_fn is not None})
+            found = _saved_storages(results, before)
     except Exception:  # noqa: BLE001 (any refusal of a meta run: eager's answer is unknown)
         return False
     return frozenset(index[id(storages[s])] for s in found if s in storages)
