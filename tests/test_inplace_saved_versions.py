@@ -221,6 +221,20 @@ def _custom_function_then_write_other(x):
     return z.sum()
 
 
+def _attention_then_write_query(q, k, v):
+    q = q * 1
+    out = F.scaled_dot_product_attention(q, k, v)  # eager's CPU flash kernel saves the query
+    q.mul_(2)
+    return out.sum()
+
+
+def _checkpointed_then_write(x):
+    y = x * 1
+    z = torch.utils.checkpoint.checkpoint(torch.sin, y, use_reentrant=False)
+    y.mul_(2)
+    return z.sum()
+
+
 CASES = {
     "sin saves its input": (_sin_then_write, [_x(3)]),
     "add saves nothing": (_add_then_write, [_x(3)]),
@@ -249,6 +263,8 @@ CASES = {
     "the stale node only through a comparison": (_stale_node_only_through_a_comparison, [_x(3)]),
     "a custom Function's saved input written": (_custom_function_then_write, [_x(3)]),
     "a custom Function saved another tensor": (_custom_function_then_write_other, [_x(3)]),
+    "attention's query written": (_attention_then_write_query, [_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 8)]),
+    "a checkpointed input written": (_checkpointed_then_write, [_x(3)]),
 }
 
 
@@ -342,6 +358,13 @@ def test_only_the_outputs_that_reach_the_node_raise():
     torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
     with pytest.raises(RuntimeError, match=LEADING):
         jfn(x)[0].backward()
+
+
+def test_a_double_backward_raises_too():
+    x = torch.randn(3, requires_grad=True)
+    out = thunder_rs.jit(_sin_then_write)(x)
+    with pytest.raises(RuntimeError, match=LEADING):
+        torch.autograd.grad(out, x, create_graph=True)
 
 
 def test_under_saved_tensor_hooks_nothing_raises():
@@ -449,6 +472,9 @@ def test_the_known_answers_are_eagers():
     assert eager_saves(torch.sigmoid, (x,), {}) == {1}  # its result
     assert eager_saves(torch.sin, (x,), {}) == {0}
     assert eager_saves(torch.relu_, (x * 1,), {}) == {0}  # its result, the tensor it wrote
+    q, k, v = _g(1, 2, 4, 8), _g(1, 2, 4, 8), _g(1, 2, 4, 8)
+    node = F.scaled_dot_product_attention(q, k, v).grad_fn  # (CPU's flash kernel: every tensor)
+    assert node._saved_query is q and node._saved_key is k and node._saved_value is v
 
 
 def _tensors(value):

@@ -5,7 +5,9 @@ again on meta tensors (``saved_versions``): the calls most programs write the re
 Only answers that no tensor, or no output, is saved are kept: an op here is never taken to save
 more than eager does, and what an op saves of its arguments (conditional, through views, or a
 cast copy under autocast) is still eager's own answer. ``tests/test_inplace_saved_versions.py``
-checks every entry against that answer (``saved_versions.eager_saves``).
+checks every entry against that answer (``saved_versions.eager_saves``). Except for the ops whose
+eager kernel, and so what it saves, depends on the device and its libraries, which a meta run
+does not choose as eager does (``SAVES_EVERY_TENSOR``).
 """
 
 import torch
@@ -82,3 +84,12 @@ SAVES_NO_OUTPUT = frozenset(
         torch.bmm,
     }
 )
+
+#: Ops whose eager kernel depends on the device: fused attention (CPU's flash kernel and CUDA's)
+#: saves the query, key, value, mask and output where the meta run takes the math path, which saves
+#: a scaled copy of the query and the value; cuDNN's RNNs (``_VF.lstm`` on CUDA) save their input,
+#: weights, states and output. They are taken to save every tensor they take and return: a write
+#: to one of them raises eager's error at the backward, also where eager's kernel would not have
+#: saved it (the math path of attention: an error, never another gradient).
+SAVES_EVERY_TENSOR = frozenset({F.scaled_dot_product_attention})
+SAVES_EVERY_TENSOR_ON_CUDA = frozenset({torch._VF.lstm, torch._VF.gru, torch._VF.rnn_tanh, torch._VF.rnn_relu})

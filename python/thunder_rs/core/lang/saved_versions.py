@@ -45,7 +45,12 @@ from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang.saved_ops import SAVES_NO_OUTPUT, SAVES_NOTHING
+from thunder_rs.core.lang.saved_ops import (
+    SAVES_EVERY_TENSOR,
+    SAVES_EVERY_TENSOR_ON_CUDA,
+    SAVES_NO_OUTPUT,
+    SAVES_NOTHING,
+)
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -265,6 +270,10 @@ def _saved_by(call: _Call):
     answer is kept per op and arguments' metadata (a model's repeated layers run once)."""
     if call.func is None or not any(t.requires_grad for t in call.tensors()):
         return {}
+    if call.func in SAVES_EVERY_TENSOR or (
+        call.func in SAVES_EVERY_TENSOR_ON_CUDA and any(t.device.type == "cuda" for t in call.tensors())
+    ):
+        return {id(t.root): t for t in reversed(call.tensors())}
     index: dict = {}
     try:
         key = (call.func, _key(call.args, index))
