@@ -145,6 +145,13 @@ def _index_then_write(x):
     return y.sum()
 
 
+def _mask_then_write(x):
+    y = x * 1
+    z = y[x > 0]  # (no meta kernel: run on CPU zeros) saves the indices, not y
+    y.mul_(2)
+    return z.sum()
+
+
 def _copy_into_saved(x):
     y = x * 1
     z = y.sin()
@@ -235,6 +242,21 @@ def _checkpointed_then_write(x):
     return z.sum()
 
 
+def _autocast_linear_then_write_input(x, w):
+    h = x * 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = F.linear(h, w)  # saves the bfloat16 copy of h autocast made
+    h.add_(1)
+    return y.float().sum()
+
+
+def _autocast_sigmoid_then_write_output(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        s = torch.sigmoid(x @ x.T)
+        s.mul_(2)
+    return s.float().sum()
+
+
 CASES = {
     "sin saves its input": (_sin_then_write, [_x(3)]),
     "add saves nothing": (_add_then_write, [_x(3)]),
@@ -256,6 +278,7 @@ CASES = {
     "layer_norm's input written": (_layer_norm_then_write_input, [_x(2, 4)]),
     "index saves its indices only": (_index_then_write, [_x(3)]),
     "copy_ into a saved tensor": (_copy_into_saved, [_x(3)]),
+    "a masked read saves its indices only": (_mask_then_write, [_x(6)]),
     "a write under no_grad (out=)": (_write_under_no_grad, [_x(3)]),
     "a write through detach()": (_write_through_detach, [_x(3)]),
     "conv2d's input written": (_conv_then_write_input, [_x(1, 2, 5, 5), _x(3, 2, 3, 3)]),
@@ -265,6 +288,8 @@ CASES = {
     "a custom Function saved another tensor": (_custom_function_then_write_other, [_x(3)]),
     "attention's query written": (_attention_then_write_query, [_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 8)]),
     "a checkpointed input written": (_checkpointed_then_write, [_x(3)]),
+    "under autocast, an input cast for linear": (_autocast_linear_then_write_input, [_x(2, 3), _x(4, 3)]),
+    "under autocast, sigmoid's output": (_autocast_sigmoid_then_write_output, [_x(2, 3)]),
 }
 
 

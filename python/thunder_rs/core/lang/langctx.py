@@ -38,7 +38,7 @@ from thunder_rs.core.lang.recorder import (
 )
 from thunder_rs.core.lang.autocast import cast_inputs
 from thunder_rs.core.lang.rng import RANDOM
-from thunder_rs.core.lang.saved_versions import note_call
+from thunder_rs.core.lang.saved_versions import note_arguments, note_call
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import is_user_file, user_frame, user_location  # noqa: F401 (re-exported)
@@ -350,6 +350,10 @@ def _torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, _torch_names(ltorch_fn, kwargs) if kwargs else kwargs))
+        if (
+            thread_state.inside == 1
+        ):  # what the program's call runs its op on (captured tensors lifted, autocast's casts)
+            note_arguments(func, args, kwargs)
         if func not in MUTATING and not getattr(ltorch_fn, "takes_complex", False) and involves_complex(args, kwargs):
             return complex_call(func, ltorch_fn, args, kwargs)
         if problems.collecting():

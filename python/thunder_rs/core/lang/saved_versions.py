@@ -11,7 +11,8 @@ functional: it would compute the gradient from the old values, silently another 
 while a program is traced:
 
 - each of the program's own torch calls (the language context's calls at depth 0) made with grad
-  on is noted (``note_call``: one append), with its outputs' value ids;
+  on is noted (``note_call``: one append), with its outputs' value ids and the arguments its op
+  ran on (``note_arguments``: captured tensors lifted, autocast's casts, whose copies eager saves);
 - at an in-place write that bumps eager's version counter (``written``), the calls noted since the
   last write are indexed by the memory their tensors belong to (the root proxy of a view), with
   their tensors' requires-grad flags then; the calls that touched the written memory since its
@@ -30,14 +31,15 @@ while a program is traced:
   alone never raises; a call made under ``saved_tensors_hooks`` does not either (eager checks no
   version of a tensor its pack hook took).
 
-A call whose meta run fails (a data-dependent op) is taken to save every tensor it takes and
-returns; its backward then raises a ``ThunderNotImplementedError`` that says so, rather than a
-gradient that may differ from eager's. Custom ``autograd.Function``s say what they save
-themselves (``ctx.save_for_backward``: ``note_saved``).
+A call that runs neither on meta tensors nor (small enough) on CPU tensors of zeros is taken to
+save every tensor it takes and returns; its backward then raises a ``ThunderNotImplementedError``
+that says so, rather than a gradient that may differ from eager's. Custom ``autograd.Function``s
+say what they save themselves (``ctx.save_for_backward``: ``note_saved``).
 """
 
 import contextlib
 import contextvars
+import math
 import warnings
 
 import torch
@@ -105,6 +107,8 @@ class SavedVersions:
         #: per memory: its writes so far (eager's version counter, from the trace's start)
         self.versions: dict[int, int] = {}
         self.stale: list[tuple] = []
+        #: ``(func, (args, kwargs))`` the call in progress runs its op on (``note_arguments``)
+        self.arguments: tuple | None = None
 
     def index(self) -> None:
         calls, self.calls = self.calls, []
@@ -137,7 +141,7 @@ class SavedVersions:
         out = []
         for call, saved, key, version, op, where, why in self.stale:
             out.append((_error(call, saved, version, self.versions[key], op, where, why), call.vids))
-        self.calls, self.pending, self.stale = [], {}, []
+        self.calls, self.pending, self.stale, self.arguments = [], {}, [], None
         return tuple(out)
 
 
@@ -152,13 +156,25 @@ def tracking():
         _active.reset(token)
 
 
+def note_arguments(func, args: tuple, kwargs: dict) -> None:
+    """The arguments the program's call of ``func`` in progress runs its op on: captured tensors
+    lifted to proxies, and cast by autocast (eager's op saves the cast copy, not the tensor)."""
+    state = _active.get()
+    if state is not None:
+        state.arguments = (func, (args, kwargs))
+
+
 def note_call(func, args: tuple, kwargs: dict, out) -> None:
     """Notes a torch call of the program (made at depth 0) with its result."""
     state = _active.get()
-    if state is not None and _is_grad_enabled():
+    if state is None:
+        return
+    noted, state.arguments = state.arguments, None
+    if _is_grad_enabled():
         outs = _leaves(out, TensorProxy)
         if outs:
-            state.calls.append(_Call(func, (args, kwargs), outs, tuple(o._vid for o in outs)))
+            arguments = noted[1] if noted is not None and noted[0] is func else (args, kwargs)
+            state.calls.append(_Call(func, arguments, outs, tuple(o._vid for o in outs)))
 
 
 def note_saved(name: str, saved: tuple, outs: tuple) -> None:
@@ -308,7 +324,7 @@ def _key(value, index: dict):
     """The metadata of ``value`` that what eager saves depends on; ``index`` numbers its tensors."""
     if isinstance(value, _Tensor):
         return (index.setdefault(id(value), len(index)), value.shape, value.strides, value.dtype, value.requires_grad)
-    if type(value) in (tuple, list):
+    if type(value) in (tuple, list, torch.Size):
         return (type(value), *(_key(v, index) for v in value))
     if type(value) is dict:
         return (dict, *((k, _key(v, index)) for k, v in value.items()))
@@ -321,47 +337,65 @@ def _key(value, index: dict):
 
 def _probe(call: _Call, index: dict):
     """The numbers (``index``) of the call's tensors whose memory eager's autograd saves, from the
-    call run on meta tensors; False where it does not run on them."""
+    call run on meta tensors, or, where it does not run on them (an op that reads values: indexing
+    with a mask), on small enough CPU tensors of zeros (what autograd saves does not depend on the
+    values); False where neither runs."""
+    found = _run(call, "meta")
+    if found is None and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS:
+        found = _run(call, "cpu")
+    if found is None:
+        return False
+    storages, saved = found
+    return frozenset(index[id(storages[s])] for s in saved if s in storages)
+
+
+#: The most elements a call's tensors may hold to be run again on the CPU (``_probe``).
+_CPU_ELEMENTS = 1 << 16
+
+
+def _run(call: _Call, device: str):
+    """``(storages, saved)``: the call run on ``device``, its tensors by storage and the storages its
+    autograd nodes saved; None where it fails there."""
     storages: dict = {}
     made: dict = {}
     try:
         with DisableTorchFunction(), torch.enable_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            args, kwargs = _on_meta(call.args, storages, made)
+            args, kwargs = _stand_ins(call.args, storages, made, device)
             before = {id(t.grad_fn) for t in made.values() if t.grad_fn is not None}  # (an in-place op rebases)
             results = _leaves(call.func(*args, **kwargs), torch.Tensor)
             for t, described in zip(results, call.outs):
                 storages.setdefault(_storage(t), described)
-            found = _saved_storages(results, before)
-    except Exception:  # noqa: BLE001 (any refusal of a meta run: eager's answer is unknown)
-        return False
-    return frozenset(index[id(storages[s])] for s in found if s in storages)
+            return storages, _saved_storages(results, before)
+    except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
+        return None
 
 
-def _on_meta(value, storages: dict, made: dict):
-    """``value`` with each ``_Tensor`` a meta tensor of its shape, strides, dtype and requires-grad
-    flag (a non-leaf where it requires grad, as the program's are: writes into it are allowed)."""
+def _stand_ins(value, storages: dict, made: dict, device: str):
+    """``value`` with each ``_Tensor`` a tensor of zeros (none on the meta device) on ``device`` of
+    its shape, strides, dtype and requires-grad flag (a non-leaf where it requires grad, as the
+    program's are: writes into it are allowed)."""
     if isinstance(value, _Tensor):
         t = made.get(id(value))
         if t is None:
-            if value.strides is None:
-                t = torch.empty(value.shape, dtype=value.dtype, device="meta")
-            else:
-                t = torch.empty_strided(value.shape, value.strides, dtype=value.dtype, device="meta")
+            strides = value.strides or torch.empty(value.shape, device="meta").stride()
+            t = torch.empty_strided(value.shape, strides, dtype=value.dtype, device=device)
+            if device != "meta":
+                t.zero_()
             if value.requires_grad:
                 t = t.requires_grad_().clone(memory_format=torch.preserve_format)
             made[id(value)] = t
             storages[_storage(t)] = value
         return t
     if isinstance(value, (tuple, list)):
-        items = [_on_meta(v, storages, made) for v in value]
+        items = [_stand_ins(v, storages, made, device) for v in value]
         return type(value)(items) if type(value) in (tuple, list) else items
     if isinstance(value, dict):
-        return {k: _on_meta(v, storages, made) for k, v in value.items()}
+        return {k: _stand_ins(v, storages, made, device) for k, v in value.items()}
     if type(value) is SymInt:
         return value.hint
     if isinstance(value, torch.Tensor):  # a tensor the program captured (a trace input by then)
-        t = torch.empty_like(value, device="meta")
+        t = torch.zeros_like(value, device=device)
         return t.requires_grad_().clone() if value.requires_grad else t
     return value
 
@@ -395,9 +429,9 @@ def _saved_storages(results: tuple, inputs: set) -> set:
 
 
 _UNKNOWN = (
-    "could not be run on meta tensors to learn which of its tensors eager's autograd saves, and {op} at {where} "
-    "writes one of them in place ({tensor}) before the backward; thunder_rs takes it as saved and refuses a "
-    "gradient that may differ from eager's"
+    "could not be run again on meta or CPU tensors to learn which of its tensors eager's autograd saves, and {op} "
+    "at {where} writes one of them in place ({tensor}) before the backward; thunder_rs takes it as saved and "
+    "refuses a gradient that may differ from eager's"
 )
 _UNSEEN = (
     "saved {tensor} for its backward, and {op} at {where} writes it through .data, which eager's backward then "
