@@ -152,6 +152,30 @@ def _mask_then_write(x):
     return z.sum()
 
 
+def _index_put_into_saved(x):
+    y = x * 1
+    z = y.exp()
+    y.index_put_((torch.tensor([0]),), torch.tensor([5.0]))
+    return z.sum()
+
+
+def _elu_inplace_then_write(x, w):
+    y = F.elu(F.linear(x, w), inplace=True)  # linear saves no output; elu_ saves its result
+    y.mul_(2)
+    return y.sum()
+
+
+def _leaky_relu_inplace_after_linear(x, w):
+    return F.leaky_relu(F.linear(x, w), 0.1, inplace=True).sum()
+
+
+def _batch_norm_input_written(x):
+    h = x * 1
+    y = F.batch_norm(h, torch.zeros(3), torch.ones(3), training=True)
+    h.add_(1)
+    return y.sum()
+
+
 def _copy_into_saved(x):
     y = x * 1
     z = y.sin()
@@ -278,6 +302,10 @@ CASES = {
     "layer_norm's input written": (_layer_norm_then_write_input, [_x(2, 4)]),
     "index saves its indices only": (_index_then_write, [_x(3)]),
     "copy_ into a saved tensor": (_copy_into_saved, [_x(3)]),
+    "index_put_ into a saved tensor": (_index_put_into_saved, [_x(3)]),
+    "elu_ after linear, its result written": (_elu_inplace_then_write, [_x(2, 3), _x(4, 3)]),
+    "leaky_relu_ after linear": (_leaky_relu_inplace_after_linear, [_x(2, 3), _x(4, 3)]),
+    "batch_norm's input written": (_batch_norm_input_written, [_x(4, 3)]),
     "a masked read saves its indices only": (_mask_then_write, [_x(6)]),
     "a write under no_grad (out=)": (_write_under_no_grad, [_x(3)]),
     "a write through detach()": (_write_through_detach, [_x(3)]),
