@@ -350,9 +350,8 @@ def _torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, _torch_names(ltorch_fn, kwargs) if kwargs else kwargs))
-        if (
-            thread_state.inside == 1
-        ):  # what the program's call runs its op on (captured tensors lifted, autocast's casts)
+        # What the program's own call runs its op on: captured tensors lifted, autocast's casts.
+        if thread_state.inside == 1:
             note_arguments(func, args, kwargs)
         if func not in MUTATING and not getattr(ltorch_fn, "takes_complex", False) and involves_complex(args, kwargs):
             return complex_call(func, ltorch_fn, args, kwargs)
