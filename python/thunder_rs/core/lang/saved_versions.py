@@ -342,7 +342,8 @@ def _probe(call: _Call, index: dict):
     values); False where neither runs."""
     found = _run(call, "meta")
     if found is None and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS:
-        found = _run(call, "cpu")
+        with torch.random.fork_rng(devices=[]):  # (a random op draws: the program's draws are eager's)
+            found = _run(call, "cpu")
     if found is None:
         return False
     storages, saved = found
@@ -458,7 +459,26 @@ def _error(call: _Call, saved, version: int, now: int, op: str, where: str, why:
 
 
 def _type_name(dtype: torch.dtype, device: torch.device) -> str:
-    """Eager's legacy type name of a tensor (``torch.FloatTensor``, ``torch.cuda.HalfTensor``)."""
+    """Eager's name of a tensor's type in the error: the legacy name (``torch.FloatTensor``,
+    ``torch.cuda.HalfTensor``) where the dtype has one, else the backend's (``CPUBFloat16Type``)."""
     with DisableTorchFunction():
-        name = torch.empty(0, dtype=dtype).type()
-    return name.replace("torch.", "torch.cuda.", 1) if device.type == "cuda" else name
+        name = torch.empty(0, dtype=dtype).type()  # (torch.BFloat16Tensor, torch.ComplexFloatTensor)
+    cuda = device.type == "cuda"
+    if dtype in _LEGACY_NAMED:
+        return name.replace("torch.", "torch.cuda.", 1) if cuda else name
+    return f"{'CUDA' if cuda else 'CPU'}{name.removeprefix('torch.').removesuffix('Tensor')}Type"
+
+
+_LEGACY_NAMED = frozenset(
+    {
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)
