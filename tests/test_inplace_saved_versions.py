@@ -433,6 +433,15 @@ def test_a_double_backward_raises_too():
         torch.autograd.grad(out, x, create_graph=True)
 
 
+def test_under_torch_func_grad_too():
+    x = torch.randn(3)
+    for fn in (_sin_then_write, thunder_rs.jit(_sin_then_write)):
+        with pytest.raises(RuntimeError, match=LEADING):
+            torch.func.grad(fn)(x)
+    jfn = thunder_rs.jit(_add_then_write)
+    torch.testing.assert_close(torch.func.grad(jfn)(x), torch.func.grad(_add_then_write)(x))
+
+
 def test_under_saved_tensor_hooks_nothing_raises():
     """Eager checks no version of a tensor a pack hook took (``save_on_cpu``)."""
     x = torch.randn(3, requires_grad=True)

@@ -56,6 +56,7 @@ from thunder_rs.core.lang.saved_ops import (
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
 
+_functorch = torch._C._functorch
 _active: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_saved_versions", default=None)
 _is_grad_enabled = torch.is_grad_enabled
 _HINT = (
@@ -360,7 +361,7 @@ def _run(call: _Call, device: str):
     storages: dict = {}
     made: dict = {}
     try:
-        with DisableTorchFunction(), torch.enable_grad(), warnings.catch_warnings():
+        with _untransformed(), DisableTorchFunction(), torch.enable_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args, kwargs = _stand_ins(call.args, storages, made, device)
             before = {id(t.grad_fn) for t in made.values() if t.grad_fn is not None}  # (an in-place op rebases)
@@ -370,6 +371,19 @@ def _run(call: _Call, device: str):
             return storages, _saved_storages(results, before)
     except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
         return None
+
+
+@contextlib.contextmanager
+def _untransformed():
+    """Outside the torch.func transforms a program may be traced under (``torch.func.grad`` of a
+    compiled call): what eager's own autograd saves answers there too."""
+    allowed = _functorch.get_inplace_requires_grad_allowed()
+    _functorch.set_inplace_requires_grad_allowed(True)
+    try:
+        with torch._C._DisableFuncTorch():
+            yield
+    finally:
+        _functorch.set_inplace_requires_grad_allowed(allowed)
 
 
 def _stand_ins(value, storages: dict, made: dict, device: str):

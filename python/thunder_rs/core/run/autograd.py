@@ -245,7 +245,7 @@ def grad_function(
             return backward(saved, *cotangents)
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
-    return _entry_call(apply, program, single, as_list, bool(written))
+    return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
 def _raise_stale(stale: tuple, grads: tuple) -> None:
@@ -255,6 +255,34 @@ def _raise_stale(stale: tuple, grads: tuple) -> None:
     for error, positions in stale:
         if any(grads[i] is not None for i in positions):
             raise type(error)(*error.args)
+
+
+class _RaisingBackward(torch.autograd.Function):
+    """A copy of an output whose backward raises ``error``: eager's backward reaches, through it,
+    a node whose saved tensors the program wrote (``stale``), under a torch.func transform."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(t, error):
+        return t.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.error = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise type(ctx.error)(*ctx.error.args)
+
+
+def _raising_backward(flat: tuple, stale: tuple) -> tuple:
+    """``flat`` with the outputs ``stale`` names (their first error each) raising in a backward."""
+    errors: dict = {}
+    for error, positions in stale:
+        for i in positions:
+            errors.setdefault(i, error)
+    return tuple(_RaisingBackward.apply(o, errors[i]) if i in errors else o for i, o in enumerate(flat))
 
 
 def detaching(call, positions: tuple):
@@ -414,12 +442,13 @@ _WRITES_UNDER_TRANSFORM = (
 )
 
 
-def _entry_call(apply, program, single: bool, as_list: bool, writes: bool):
+def _entry_call(apply, program, single: bool, as_list: bool, writes: bool, stale: tuple = ()):
     """``apply`` adapted to the forward's output form. The program as torch calls under autograd
     (``program.flat``) instead: once a double backward went through the entry (``recording``),
     and under a torch.func transform, which the autograd function does not support (torch refuses
     it before its forward runs, at no cost to other calls) and which differentiates the torch
-    calls. ``writes``: the call writes its inputs after it runs, which is refused there."""
+    calls. ``writes``: the call writes its inputs after it runs, which is refused there. ``stale``
+    (``grad_function``): the outputs whose backward raises eager's error there too."""
 
     def call(*inputs):
         if program.recording:
@@ -431,7 +460,7 @@ def _entry_call(apply, program, single: bool, as_list: bool, writes: bool):
                 raise
         if writes:
             raise ThunderNotImplementedError(_WRITES_UNDER_TRANSFORM)
-        return program.flat(*inputs)
+        return _raising_backward(program.flat(*inputs), stale) if stale else program.flat(*inputs)
 
     if single:
         return lambda *inputs: call(*inputs)[0]
