@@ -27,9 +27,10 @@ while a program is traced:
 - a call that saved the written memory is stale. The acquisition keeps, per stale call, its
   outputs' value ids and eager's error (``stale``); the compiled call's backward raises it when
   the backward reaches one of the program's outputs computed from those values along gradients
-  (``Trace.outputs_reaching``), as eager's backward raises when it runs that node. A forward
-  alone never raises; a call made under ``saved_tensors_hooks`` does not either (eager checks no
-  version of a tensor its pack hook took).
+  (``Trace.outputs_reaching``), as eager's backward raises when it runs that node: also a double
+  backward, and a backward under ``torch.func.grad`` (``run.autograd._raising_backward``). A
+  forward alone never raises; a call made under ``saved_tensors_hooks`` does not either (eager
+  checks no version of a tensor its pack hook took).
 
 A call that runs neither on meta tensors nor (small enough) on CPU tensors of zeros is taken to
 save every tensor it takes and returns; its backward then raises a ``ThunderNotImplementedError``
