@@ -39,6 +39,28 @@ pub fn inputs_read(trace: &Trace, outputs: &[usize]) -> Vec<usize> {
     positions(trace, &live)
 }
 
+/// The positions among `outputs` (flat output positions) whose computation reads one of
+/// `values` along values that require grad: the outputs through which a backward reaches the
+/// calls that computed `values`, as eager's autograd graph links them (a comparison, a
+/// `detach()` or a call under `no_grad` is no link). A backward from one of them runs the
+/// autograd node of such a call, and so unpacks what eager saved for it.
+pub fn outputs_reaching(trace: &Trace, values: &[ValueId], outputs: &[usize]) -> Vec<usize> {
+    let requires_grad = |v: ValueId| trace.tensor(v).is_some_and(|t| t.requires_grad);
+    let reaches = |i: usize| {
+        let mut live = values_of(trace, &[i]);
+        for (v, held) in live.iter_mut().enumerate() {
+            *held &= requires_grad(ValueId(v as u32));
+        }
+        for bsym in trace.bsyms.iter().rev() {
+            if bsym.outputs.iter().any(|o| live[o.index()]) {
+                bsym.for_each_read(&mut |v| live[v.index()] |= requires_grad(v));
+            }
+        }
+        values.iter().any(|v| live.get(v.index()).copied().unwrap_or(false))
+    };
+    outputs.iter().copied().filter(|&i| reaches(i)).collect()
+}
+
 /// The positions of the trace's inputs a run of it reads: those the calls DCE keeps read (the
 /// outputs' computations and calls with an effect, [`crate::dce`]'s roots) and those the outputs
 /// hold. A compiled call needs no other input: its caller may leave them out (torch's autograd
@@ -98,6 +120,18 @@ mod tests {
         let c = prim(&mut b, "cos", &[w]);
         let m = prim(&mut b, "mul", &[e, s]);
         b.finish(Arg::Tuple(vec![Arg::Value(m), Arg::Value(c)])).unwrap()
+    }
+
+    #[test]
+    fn outputs_reach_the_values_they_are_computed_from_along_gradients() {
+        let trace = no_grad_scale();
+        // t2 = exp(x) reaches output 0 (mul); t3 = sin(x) under no_grad does not link it; cos(w)
+        // (w needs no grad) reaches nothing along gradients.
+        let at = |v: u32| outputs_reaching(&trace, &[ValueId(v)], &[0, 1]);
+        assert_eq!(at(2), vec![0]);
+        assert!(at(3).is_empty());
+        assert!(at(4).is_empty());
+        assert_eq!(at(0), vec![0]);
     }
 
     #[test]

@@ -139,6 +139,13 @@ impl PyTrace {
         passes::differentiable::inputs_read(&self.trace, &outputs)
     }
 
+    /// The positions among `outputs` whose computation reads one of `values` along values that
+    /// require grad (`passes::differentiable::outputs_reaching`).
+    fn outputs_reaching(&self, values: Vec<u32>, outputs: Vec<usize>) -> Vec<usize> {
+        let values: Vec<trace_ir::ValueId> = values.into_iter().map(trace_ir::ValueId).collect();
+        passes::differentiable::outputs_reaching(&self.trace, &values, &outputs)
+    }
+
     /// The positions of the inputs a run of the trace reads
     /// (`passes::differentiable::inputs_needed`).
     fn inputs_needed(&self) -> Vec<usize> {

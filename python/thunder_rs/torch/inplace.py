@@ -47,7 +47,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import batch_norms, layers, nn, view_scatters, views
+from thunder_rs.torch import batch_norms, layers, nn, saved_writes, view_scatters, views
 from thunder_rs.torch.activations import DIFFERENTIATED_FROM_RESULT
 from thunder_rs.torch.common import is_number
 from thunder_rs.torch.creation import filled
@@ -166,13 +166,14 @@ def _checkpoint_check(op: str, root) -> None:
         )
 
 
-def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, overwrite: bool = False):
+def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, overwrite: bool = False, versioned=None):
     """Writes ``value`` into ``dst`` as eager's in-place op ``op`` does; returns ``dst``.
 
     A copy (``copy_``, ``fill_``, indexed assignment) converts any dtype; other in-place ops only
     to a dtype eager may cast their result to. ``tracked=False`` writes a value autograd does not
     see (BatchNorm's running statistics), as a write under ``torch.no_grad()`` does. ``overwrite``:
-    the op computes ``value`` from ``dst``'s old value (``views.write``).
+    the op computes ``value`` from ``dst``'s old value (``views.write``). ``versioned``: whether
+    the write bumps eager's version counter (``saved_writes``); by default where it is ``tracked``.
     """
     check(
         isinstance(dst, TensorProxy),
@@ -201,6 +202,8 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
             value, selected = prims.where(_nowhere(dst), dst, value), True
         elif copy and whole:
             value, expanded = _copied(dst, value), broadcasts
+    if tracked if versioned is None else versioned:
+        saved_writes.written(dst, op)
     tracked = tracked and not views.detached(dst)
     if tracked:
         _leaf_check(op, dst)
@@ -752,7 +755,7 @@ def _renorm_rows(weight, indices, max_norm, norm_type, op: str) -> None:
     if max_norm is not None:
         with torch.no_grad():
             value = nn.embedding_renorm(weight, indices, max_norm, norm_type)
-        assign(weight, value, op, tracked=False)
+        assign(weight, value, op, tracked=False, versioned=True)  # (eager's embedding_renorm_ bumps it)
 
 
 # -- registration ----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apar
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
-from thunder_rs.core.lang import symfloat, symint
+from thunder_rs.core.lang import saved_versions, symfloat, symint
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
@@ -114,6 +114,9 @@ class Acquired:
     #: the float arguments the trace takes as inputs, its very last (``float_args``): ``(ArgFloat,
     #: value id)`` each, in order; ``tail`` reads them after the ints
     floats: tuple = ()
+    #: ``(error, value ids)`` per call whose saved tensors the program wrote in place: the error
+    #: eager's backward raises once it reaches those values (``saved_versions``)
+    stale_saves: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -600,9 +603,11 @@ def acquire(
     captures = Captures(rec, reached.tensors)
     size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None, floats)
     try:
-        out, observer, writes, repeated, inputs, (inference, hooks) = _trace_program(
-            fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
-        )
+        with saved_versions.tracking() as saves:
+            out, observer, writes, repeated, inputs, (inference, hooks) = _trace_program(
+                fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
+            )
+        stale_saves = saves.release()  # (its proxies would be found stored: ``_check_no_escape``)
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
@@ -654,6 +659,7 @@ def acquire(
         inference,
         hooks,
         floats=tuple(size_inputs.floats),
+        stale_saves=stale_saves,
     )
 
 

@@ -21,6 +21,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.core.lang.langctx import torch_symbol, user_location
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import GRAD_RULES, record_composite
+from thunder_rs.core.lang.saved_versions import note_saved
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 from thunder_rs.core.lang.symint import same_shape
 
@@ -84,7 +85,16 @@ def apply(cls, args: tuple, kwargs: dict):
     if sid is None:
         sid = _SYMBOLS[cls] = _core.register_symbol(f"{name}.{len(_SYMBOLS)}")
         GRAD_RULES[sid] = _grad_rule(cls)
-    return record_composite(sid, name, lambda *a: _forward(cls, TraceContext(cls.__qualname__, a), a), args, {})
+    _last_context[0] = None
+    out = record_composite(sid, name, lambda *a: _forward(cls, TraceContext(cls.__qualname__, a), a), args, {})
+    ctx, _last_context[0] = _last_context[0], None
+    if ctx is not None:  # what it saved, which eager's backward checks the versions of
+        note_saved(f"{cls.__qualname__}.apply", ctx.to_save, out)
+    return out
+
+
+#: The context of the forward traced last (by the decomposition or by the grad rule).
+_last_context: list = [None]
 
 
 def _has_setup_context(cls) -> bool:
@@ -101,6 +111,7 @@ def _forward(cls, ctx: TraceContext, args: tuple):
             cls.setup_context(ctx, args, out)
         else:
             out = cls.forward(ctx, *args)
+    _last_context[0] = ctx
     outs = out if isinstance(out, tuple) else (out,)
     if not outs or not all(isinstance(o, TensorProxy) for o in outs):
         raise ThunderNotImplementedError(

@@ -38,6 +38,7 @@ from thunder_rs.core.lang.recorder import (
 )
 from thunder_rs.core.lang.autocast import cast_inputs
 from thunder_rs.core.lang.rng import RANDOM
+from thunder_rs.core.lang.saved_versions import note_arguments, note_call
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import is_user_file, user_frame, user_location  # noqa: F401 (re-exported)
@@ -245,8 +246,15 @@ def torch_function(func, args, kwargs):
     state = thread_state
     if INFERENCE_MADE[0] and state.inside == 0 and not _is_inference_mode_enabled():
         inference.check_call(func, args, kwargs)
-    if state.inside == 0 and _hook_set(state):
-        return _observed(_torch_function, func, args, kwargs)
+    if state.inside == 0:  # the program's own call: what eager's autograd saves of it is noted
+        out = _observed(_torch_function, func, args, kwargs) if _hook_set(state) else _inside(func, args, kwargs)
+        note_call(func, args, kwargs, out)
+        return out
+    return _inside(func, args, kwargs)
+
+
+def _inside(func, args, kwargs):
+    state = thread_state
     state.inside += 1
     try:
         return _torch_function(func, args, kwargs)
@@ -342,6 +350,9 @@ def _torch_function(func, args, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None:
         args, kwargs = cast_inputs(func, *lift_captured(args, _torch_names(ltorch_fn, kwargs) if kwargs else kwargs))
+        # What the program's own call runs its op on: captured tensors lifted, autocast's casts.
+        if thread_state.inside == 1:
+            note_arguments(func, args, kwargs)
         if func not in MUTATING and not getattr(ltorch_fn, "takes_complex", False) and involves_complex(args, kwargs):
             return complex_call(func, ltorch_fn, args, kwargs)
         if problems.collecting():

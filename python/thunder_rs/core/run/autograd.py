@@ -172,6 +172,7 @@ def grad_function(
     reads: tuple = (),
     compile_backward=None,
     unread: tuple = (),
+    stale: tuple = (),
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -188,6 +189,10 @@ def grad_function(
     A backward that reaches some outputs only (``loss.backward()`` of a call returning the loss
     and other tensors) gives no gradient, as eager's ``None``, to the inputs only the others read
     (with zeros, AdamW's weight decay and moments moved a parameter no loss used).
+
+    ``stale``: ``(error, flat output positions)`` per autograd node eager would have made whose
+    saved tensors the program wrote in place (``saved_versions``): a backward that reaches one of
+    those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks.
     """
     differentiable = frozenset(grad_positions) - non_differentiable
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
@@ -220,6 +225,8 @@ def grad_function(
             saved = ctx.residuals
             if saved is None:
                 raise RuntimeError(_FREED)
+            if stale and ctx.unpack is None:
+                _raise_stale(stale, grads)
             if _is_grad_enabled():  # create_graph=True: a backward autograd records
                 return _differentiated(ctx, program, grads)
             if ctx.unpack is not None:
@@ -238,7 +245,44 @@ def grad_function(
             return backward(saved, *cotangents)
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
-    return _entry_call(apply, program, single, as_list, bool(written))
+    return _entry_call(apply, program, single, as_list, bool(written), stale)
+
+
+def _raise_stale(stale: tuple, grads: tuple) -> None:
+    """Raises the error of a node whose saved tensors the program wrote, where the backward
+    reaches one of the outputs computed from it (a cotangent that is not None: with several
+    differentiable outputs, cotangents are not materialised)."""
+    for error, positions in stale:
+        if any(grads[i] is not None for i in positions):
+            raise type(error)(*error.args)
+
+
+class _RaisingBackward(torch.autograd.Function):
+    """A copy of an output whose backward raises ``error``: eager's backward reaches, through it,
+    a node whose saved tensors the program wrote (``stale``), under a torch.func transform."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(t, error):
+        return t.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.error = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise type(ctx.error)(*ctx.error.args)
+
+
+def _raising_backward(flat: tuple, stale: tuple) -> tuple:
+    """``flat`` with the outputs ``stale`` names (their first error each) raising in a backward."""
+    errors: dict = {}
+    for error, positions in stale:
+        for i in positions:
+            errors.setdefault(i, error)
+    return tuple(_RaisingBackward.apply(o, errors[i]) if i in errors else o for i, o in enumerate(flat))
 
 
 def detaching(call, positions: tuple):
@@ -398,12 +442,13 @@ _WRITES_UNDER_TRANSFORM = (
 )
 
 
-def _entry_call(apply, program, single: bool, as_list: bool, writes: bool):
+def _entry_call(apply, program, single: bool, as_list: bool, writes: bool, stale: tuple = ()):
     """``apply`` adapted to the forward's output form. The program as torch calls under autograd
     (``program.flat``) instead: once a double backward went through the entry (``recording``),
     and under a torch.func transform, which the autograd function does not support (torch refuses
     it before its forward runs, at no cost to other calls) and which differentiates the torch
-    calls. ``writes``: the call writes its inputs after it runs, which is refused there."""
+    calls. ``writes``: the call writes its inputs after it runs, which is refused there. ``stale``
+    (``grad_function``): the outputs whose backward raises eager's error there too."""
 
     def call(*inputs):
         if program.recording:
@@ -415,7 +460,7 @@ def _entry_call(apply, program, single: bool, as_list: bool, writes: bool):
                 raise
         if writes:
             raise ThunderNotImplementedError(_WRITES_UNDER_TRANSFORM)
-        return program.flat(*inputs)
+        return _raising_backward(program.flat(*inputs), stale) if stale else program.flat(*inputs)
 
     if single:
         return lambda *inputs: call(*inputs)[0]

@@ -181,6 +181,17 @@ def _unread(acquired) -> tuple:
     return tuple(k for k in range(tensors) if k not in needed)
 
 
+def _stale(acquired, grad_positions: list) -> tuple:
+    """Per call whose saved tensors the program wrote in place (``saved_versions``): eager's error
+    and the flat outputs through which a backward reaches the call's node."""
+    stale = []
+    for error, vids in acquired.stale_saves:
+        reached = acquired.trace.outputs_reaching(list(vids), list(grad_positions))
+        if reached:
+            stale.append((error, frozenset(reached)))
+    return tuple(stale)
+
+
 def _with_captured(fn, captured: tuple):
     """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
     return lambda *inputs: fn(*inputs, *captured)
@@ -223,6 +234,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
         partial = _partial_backward(acquired, grad_positions, (passes, executors, namespace, filename))
         partial["unread"] = _unread(acquired)
+        partial["stale"] = _stale(acquired, grad_positions)
         if wb is None:
             computation = grad_function(
                 computation,

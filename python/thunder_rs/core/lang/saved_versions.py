@@ -1,0 +1,499 @@
+"""What eager's autograd saves for a backward, and the in-place writes inside a traced program
+that make eager's backward refuse it.
+
+Eager's autograd node of a differentiable call keeps the tensors its backward formula reads
+(``derivatives.yaml``: ``self`` of ``sin``, ``result`` of ``exp``/``sigmoid``/``relu``, each factor
+of ``mul`` only where the other needs a gradient) with the version of their memory then. An
+in-place write to that memory before the backward (a write through any view of it bumps the one
+version counter they share) makes the backward that runs the node raise "one of the variables
+needed for gradient computation has been modified by an inplace operation". The trace is
+functional: it would compute the gradient from the old values, silently another result. So,
+while a program is traced:
+
+- each of the program's own torch calls (the language context's calls at depth 0) made with grad
+  on is noted (``note_call``: one append), with its outputs' value ids and the arguments its op
+  ran on (``note_arguments``: captured tensors lifted, autocast's casts, whose copies eager saves);
+- at an in-place write that bumps eager's version counter (``written``), the calls noted since the
+  last write are indexed by the memory their tensors belong to (the root proxy of a view), with
+  their tensors' requires-grad flags then; the calls that touched the written memory since its
+  last write are asked which tensors eager saves: the call is run again on meta tensors of the
+  same shapes, strides, dtypes and flags, and the saved tensors of the autograd nodes it made
+  (``grad_fn._saved_*``) are matched to its arguments and outputs by storage. So the answer is
+  eager's own, for every op: composite ones (``F.linear`` saves a view of its weight), conditional
+  saving, in-place activations (``relu_`` saves its result, after its own write). It is kept per
+  op and arguments' metadata; the ops most programs write the results of (a ReLU after a
+  convolution, ``out += identity``) are answered by ``saved_ops`` without a run (a first meta run
+  imports much of torch: ``torch._dynamo``, sympy);
+- a call that saved the written memory is stale. The acquisition keeps, per stale call, its
+  outputs' value ids and eager's error (``stale``); the compiled call's backward raises it when
+  the backward reaches one of the program's outputs computed from those values along gradients
+  (``Trace.outputs_reaching``), as eager's backward raises when it runs that node: also a double
+  backward, and a backward under ``torch.func.grad`` (``run.autograd._raising_backward``). A
+  forward alone never raises; a call made under ``saved_tensors_hooks`` does not either (eager
+  checks no version of a tensor its pack hook took).
+
+A call that runs neither on meta tensors nor (small enough) on CPU tensors of zeros is taken to
+save every tensor it takes and returns; its backward then raises a ``ThunderNotImplementedError``
+that says so, rather than a gradient that may differ from eager's. Custom ``autograd.Function``s
+say what they save themselves (``ctx.save_for_backward``: ``note_saved``).
+"""
+
+import contextlib
+import contextvars
+import math
+import warnings
+
+import torch
+from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
+
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang.saved_ops import (
+    SAVES_EVERY_TENSOR,
+    SAVES_EVERY_TENSOR_ON_CUDA,
+    SAVES_NO_OUTPUT,
+    SAVES_NOTHING,
+)
+from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.errors import ThunderNotImplementedError
+
+_functorch = torch._C._functorch
+_active: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_saved_versions", default=None)
+_is_grad_enabled = torch.is_grad_enabled
+_HINT = (
+    "Hint: the tensor was saved for the backward of {saver} and written in place by {writer} at {where}, inside "
+    "a thunder_rs-compiled call, as eager's autograd would have refused; change the in-place operation to an "
+    "out-of-place one, or clone the tensor before it"
+)
+
+
+class _Tensor:
+    """A tensor of a noted call as it was then, standing for its proxy once the call is indexed
+    (a proxy kept would keep a view alive, which every write to its root then recomputes)."""
+
+    __slots__ = ("root", "shape", "strides", "dtype", "device", "requires_grad")
+
+    def __init__(self, p, real: bool = False):
+        self.root = p if real else _root(p)
+        self.shape = tuple(_hint(n) for n in p.shape)
+        self.strides = (None if p.is_contiguous() else tuple(p.stride())) if real else _strides(p)
+        self.dtype, self.device, self.requires_grad = p.dtype, p.device, p.requires_grad
+
+
+class _Call:
+    """One of the program's torch calls made with grad on: its arguments and outputs (proxies,
+    ``_Tensor``s once indexed), and, once asked, the memories (root ids) eager saves of them."""
+
+    __slots__ = ("label", "func", "args", "outs", "vids", "saved")
+
+    def __init__(self, func, args: tuple, outs: tuple, vids: tuple, saved: dict | None = None, label: str = ""):
+        self.func, self.args, self.outs, self.vids, self.label = func, args, outs, vids, label
+        #: ``{root id: the saved _Tensor}``; None until asked; False when eager's answer is unknown
+        self.saved = saved
+
+    @property
+    def name(self) -> str:
+        return self.label or _name(self.func)
+
+    def tensors(self) -> tuple:
+        return (*_leaves(self.args, _Tensor), *self.outs)
+
+
+class SavedVersions:
+    """The bookkeeping of one acquisition (see the module doc)."""
+
+    def __init__(self):
+        self.calls: list[_Call] = []
+        #: per memory (root proxy id): the calls that touched it since its last write
+        self.pending: dict[int, list[_Call]] = {}
+        #: per memory: its writes so far (eager's version counter, from the trace's start)
+        self.versions: dict[int, int] = {}
+        self.stale: list[tuple] = []
+        #: ``(func, (args, kwargs))`` the call in progress runs its op on (``note_arguments``)
+        self.arguments: tuple | None = None
+
+    def index(self) -> None:
+        calls, self.calls = self.calls, []
+        with DisableTorchFunctionSubclass():
+            for call in calls:
+                made: dict = {}
+                call.args = _described(call.args, made)
+                call.outs = tuple(_described(o, made) for o in call.outs)
+                for key in {id(t.root) for t in made.values()}:
+                    self.pending.setdefault(key, []).append(call)
+
+    def written(self, root, op: str, counted: bool) -> None:
+        self.index()
+        key = id(root)
+        version = self.versions.get(key, 0)
+        self.versions[key] = version + counted
+        for call in self.pending.pop(key, ()):
+            if call.func in SAVES_NOTHING or (call.func in SAVES_NO_OUTPUT and _only_output(call, key)):
+                continue  # (eager's answer, known without running the call again)
+            if call.saved is None:
+                call.saved = _saved_by(call)
+            saved = call.saved.get(key) if call.saved is not False else _any_of(call, key)
+            if saved is not None:
+                why = _UNSEEN if not counted else _UNKNOWN if call.saved is False else None
+                self.stale.append((call, saved, key, version, op, user_location(), why))
+
+    def release(self) -> tuple:
+        """``(error, value ids)`` per stale call: what its node's backward raises, and the
+        values it computed, through which a backward reaches it. Forgets the calls and proxies."""
+        out = []
+        for call, saved, key, version, op, where, why in self.stale:
+            out.append((_error(call, saved, version, self.versions[key], op, where, why), call.vids))
+        self.calls, self.pending, self.stale, self.arguments = [], {}, [], None
+        return tuple(out)
+
+
+@contextlib.contextmanager
+def tracking():
+    """Notes the calls and writes of the acquisition in this context (``SavedVersions``)."""
+    state = SavedVersions()
+    token = _active.set(state)
+    try:
+        yield state
+    finally:
+        _active.reset(token)
+
+
+def note_arguments(func, args: tuple, kwargs: dict) -> None:
+    """The arguments the program's call of ``func`` in progress runs its op on: captured tensors
+    lifted to proxies, and cast by autocast (eager's op saves the cast copy, not the tensor)."""
+    state = _active.get()
+    if state is not None:
+        state.arguments = (func, (args, kwargs))
+
+
+def note_call(func, args: tuple, kwargs: dict, out) -> None:
+    """Notes a torch call of the program (made at depth 0) with its result."""
+    state = _active.get()
+    if state is None:
+        return
+    noted, state.arguments = state.arguments, None
+    if _is_grad_enabled():
+        outs = _leaves(out, TensorProxy)
+        if outs:
+            arguments = noted[1] if noted is not None and noted[0] is func else (args, kwargs)
+            state.calls.append(_Call(func, arguments, outs, tuple(o._vid for o in outs)))
+
+
+def note_saved(name: str, saved: tuple, outs: tuple) -> None:
+    """Notes a custom ``autograd.Function``'s call, which saved ``saved`` (its
+    ``ctx.save_for_backward``) for a backward eager runs when it reaches ``outs``."""
+    state = _active.get()
+    if state is None or not _is_grad_enabled():
+        return
+    outs = _leaves(outs, TensorProxy)
+    with DisableTorchFunctionSubclass():
+        if not any(o.requires_grad for o in outs):
+            return
+        kept = {id(t.root): t for t in map(_Tensor, _leaves(saved, TensorProxy))}
+    state.calls.append(_Call(None, saved, outs, tuple(o._vid for o in outs), kept, name))
+
+
+def written(dst, op: str, counted: bool = True) -> None:
+    """An in-place write into ``dst``, which bumps eager's version counter of its memory unless
+    not ``counted`` (a write through ``.data``: eager's backward then reads the new values)."""
+    state = _active.get()
+    if state is not None:
+        state.written(_root(dst), op, counted)
+
+
+def _root(p):
+    link = p._view
+    return p if link is None else link.root
+
+
+def _leaves(value, cls) -> tuple:
+    """The instances of ``cls`` in ``value`` (nested tuples, lists and dicts), in order."""
+    if isinstance(value, cls):
+        return (value,)
+    if isinstance(value, (tuple, list)):
+        return tuple(p for v in value for p in _leaves(v, cls))
+    if isinstance(value, dict):
+        return _leaves(tuple(value.values()), cls)
+    return ()
+
+
+def _described(value, made: dict, kind: type = TensorProxy):
+    """``value`` with each proxy (each tensor of ``kind``) a ``_Tensor``, one per proxy: ``x * x``
+    takes one tensor twice."""
+    if isinstance(value, kind):
+        t = made.get(id(value))
+        if t is None:
+            t = made[id(value)] = _Tensor(value, kind is not TensorProxy)
+        return t
+    if isinstance(value, (tuple, list)):
+        items = [_described(v, made, kind) for v in value]
+        return type(value)(items) if type(value) in (tuple, list) else items
+    if isinstance(value, dict):
+        return {k: _described(v, made, kind) for k, v in value.items()}
+    return value
+
+
+def _only_output(call: _Call, key: int) -> bool:
+    """Whether memory ``key`` is among ``call``'s outputs' only, not its arguments'."""
+    return all(id(t.root) != key for t in _leaves(call.args, _Tensor))
+
+
+def eager_saves(func, args: tuple, kwargs: dict) -> frozenset:
+    """The positions, among the tensors ``args`` and ``kwargs`` hold and then ``func``'s outputs
+    (each tensor once), of those whose memory eager's autograd saves for ``func``'s backward:
+    the meta run noted calls are answered by, here of real tensors (``saved_ops`` is checked by it)."""
+    with DisableTorchFunction():
+        outs = _leaves(func(*args, **kwargs), torch.Tensor)
+    made: dict = {}
+    described = _described((args, kwargs), made, torch.Tensor)
+    call = _Call(func, described, tuple(_described(o, made, torch.Tensor) for o in outs), ())
+    saved = _probe(call, {id(t): i for i, t in enumerate(made.values())})
+    if saved is False:
+        raise RuntimeError(f"{_name(func)} does not run on meta tensors")
+    return saved
+
+
+def _name(func) -> str:
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    module = getattr(func, "__module__", None) or ""
+    if name.startswith(("Tensor.", "TensorBase.")) or module.startswith("torch._C"):
+        return f"torch.{name.replace('TensorBase.', 'Tensor.')}"
+    return f"{module}.{name}" if module else name
+
+
+def _any_of(call: _Call, key: int):
+    """The first of ``call``'s tensors in memory ``key``: what an unknown call is taken to save."""
+    return next((t for t in call.tensors() if id(t.root) == key), None)
+
+
+def _hint(n) -> int:
+    return n if type(n) is int else n.hint
+
+
+def _strides(p) -> tuple | None:
+    """The eager strides of ``p`` where known and not contiguous's, else None."""
+    link = p._view
+    strides = p._strides if link is None else link.strides
+    if strides is None or not all(type(s) is int for s in strides):
+        return None
+    return tuple(strides)
+
+
+# -- eager's answer: the call on meta tensors ------------------------------------------------------
+
+
+def _saved_by(call: _Call):
+    """``{root id: _Tensor}`` of the call's tensors eager's autograd saves; ``{}`` where it makes
+    no node (no tensor requires grad), False where the call does not run on meta tensors. The
+    answer is kept per op and arguments' metadata (a model's repeated layers run once)."""
+    if call.func is None or not any(t.requires_grad for t in call.tensors()):
+        return {}
+    if call.func in SAVES_EVERY_TENSOR or (
+        call.func in SAVES_EVERY_TENSOR_ON_CUDA and any(t.device.type == "cuda" for t in call.tensors())
+    ):
+        return {id(t.root): t for t in reversed(call.tensors())}
+    index: dict = {}
+    try:
+        key = (call.func, _key(call.args, index))
+    except (_Unkeyed, TypeError):  # (an argument eager's answer may depend on: asked each time)
+        key = None
+    tensors = {id(t): t for t in call.tensors()}
+    for t in tensors.values():
+        index.setdefault(id(t), len(index))
+    saved = _ANSWERS.get(key) if key is not None else None
+    if saved is None:
+        saved = _probe(call, index)
+        if key is not None:
+            if len(_ANSWERS) >= _KEPT:
+                _ANSWERS.clear()
+            _ANSWERS[key] = saved
+    if saved is False:
+        return False
+    return {id(t.root): t for k, t in tensors.items() if index[k] in saved}
+
+
+#: Eager's answers (``_probe``) by op and arguments' metadata (``_key``), up to ``_KEPT`` of them.
+_ANSWERS: dict = {}
+_KEPT = 4096
+_PLAIN = (bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class _Unkeyed(Exception):
+    """An argument that is not plain data, whose effect on what eager saves a key cannot hold."""
+
+
+def _key(value, index: dict):
+    """The metadata of ``value`` that what eager saves depends on; ``index`` numbers its tensors."""
+    if isinstance(value, _Tensor):
+        return (index.setdefault(id(value), len(index)), value.shape, value.strides, value.dtype, value.requires_grad)
+    if type(value) in (tuple, list, torch.Size):
+        return (type(value), *(_key(v, index) for v in value))
+    if type(value) is dict:
+        return (dict, *((k, _key(v, index)) for k, v in value.items()))
+    if value is None or type(value) in _PLAIN:
+        return value
+    if type(value) is SymInt:
+        return value.hint
+    raise _Unkeyed
+
+
+def _probe(call: _Call, index: dict):
+    """The numbers (``index``) of the call's tensors whose memory eager's autograd saves, from the
+    call run on meta tensors, or, where it does not run on them (an op that reads values: indexing
+    with a mask), on small enough CPU tensors of zeros (what autograd saves does not depend on the
+    values); False where neither runs."""
+    found = _run(call, "meta")
+    if found is None and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS:
+        with torch.random.fork_rng(devices=[]):  # (a random op draws: the program's draws are eager's)
+            found = _run(call, "cpu")
+    if found is None:
+        return False
+    storages, saved = found
+    return frozenset(index[id(storages[s])] for s in saved if s in storages)
+
+
+#: The most elements a call's tensors may hold to be run again on the CPU (``_probe``).
+_CPU_ELEMENTS = 1 << 16
+
+
+def _run(call: _Call, device: str):
+    """``(storages, saved)``: the call run on ``device``, its tensors by storage and the storages its
+    autograd nodes saved; None where it fails there."""
+    storages: dict = {}
+    made: dict = {}
+    try:
+        with _untransformed(), DisableTorchFunction(), torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args, kwargs = _stand_ins(call.args, storages, made, device)
+            before = {id(t.grad_fn) for t in made.values() if t.grad_fn is not None}  # (an in-place op rebases)
+            results = _leaves(call.func(*args, **kwargs), torch.Tensor)
+            for t, described in zip(results, call.outs):
+                storages.setdefault(_storage(t), described)
+            return storages, _saved_storages(results, before)
+    except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
+        return None
+
+
+@contextlib.contextmanager
+def _untransformed():
+    """Outside the torch.func transforms a program may be traced under (``torch.func.grad`` of a
+    compiled call): what eager's own autograd saves answers there too."""
+    allowed = _functorch.get_inplace_requires_grad_allowed()
+    _functorch.set_inplace_requires_grad_allowed(True)
+    try:
+        with torch._C._DisableFuncTorch():
+            yield
+    finally:
+        _functorch.set_inplace_requires_grad_allowed(allowed)
+
+
+def _stand_ins(value, storages: dict, made: dict, device: str):
+    """``value`` with each ``_Tensor`` a tensor of zeros (none on the meta device) on ``device`` of
+    its shape, strides, dtype and requires-grad flag (a non-leaf where it requires grad, as the
+    program's are: writes into it are allowed)."""
+    if isinstance(value, _Tensor):
+        t = made.get(id(value))
+        if t is None:
+            strides = value.strides or torch.empty(value.shape, device="meta").stride()
+            t = torch.empty_strided(value.shape, strides, dtype=value.dtype, device=device)
+            if device != "meta":
+                t.zero_()
+            if value.requires_grad:
+                t = t.requires_grad_().clone(memory_format=torch.preserve_format)
+            made[id(value)] = t
+            storages[_storage(t)] = value
+        return t
+    if isinstance(value, (tuple, list)):
+        items = [_stand_ins(v, storages, made, device) for v in value]
+        return type(value)(items) if type(value) in (tuple, list) else items
+    if isinstance(value, dict):
+        return {k: _stand_ins(v, storages, made, device) for k, v in value.items()}
+    if type(value) is SymInt:
+        return value.hint
+    if isinstance(value, torch.Tensor):  # a tensor the program captured (a trace input by then)
+        t = torch.zeros_like(value, device=device)
+        return t.requires_grad_().clone() if value.requires_grad else t
+    return value
+
+
+def _storage(t) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _saved_storages(results: tuple, inputs: set) -> set:
+    """The storages of the tensors the autograd nodes behind ``results`` saved, up to the nodes
+    of the inputs (``inputs``: their ids)."""
+    found: set = set()
+    seen: set = set()
+    stack = [t.grad_fn for t in results if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen or id(node) in inputs:
+            continue
+        seen.add(id(node))
+        for name in dir(node):
+            if name.startswith("_saved_"):
+                try:
+                    value = getattr(node, name)
+                except RuntimeError:  # (freed, or written by the call itself: no value to match)
+                    continue
+                found.update(_storage(t) for t in _leaves(value, torch.Tensor))
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            found.update(_storage(t) for t in node.saved_tensors)
+        stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
+_UNKNOWN = (
+    "could not be run again on meta or CPU tensors to learn which of its tensors eager's autograd saves, and {op} "
+    "at {where} writes one of them in place ({tensor}) before the backward; thunder_rs takes it as saved and "
+    "refuses a gradient that may differ from eager's"
+)
+_UNSEEN = (
+    "saved {tensor} for its backward, and {op} at {where} writes it through .data, which eager's backward then "
+    "reads (a .data write bumps no version it checks); thunder_rs computes the gradient from the values the "
+    "forward saw, so it refuses one that would differ from eager's"
+)
+
+
+def _error(call: _Call, saved, version: int, now: int, op: str, where: str, why: str | None):
+    """The error eager's backward raises for ``call``'s node; a ``ThunderNotImplementedError``
+    (``why``) where eager's answer is unknown, or eager computes from values written unseen."""
+    kind = _type_name(saved.dtype, saved.device)
+    if why is not None:
+        return ThunderNotImplementedError(
+            f"backward: {call.name} "
+            + why.format(op=op, where=where, tensor=f"[{kind} {list(saved.shape)}]")
+            + ". Clone the tensor before writing it, or write it after the backward"
+        )
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        f"[{kind} {list(saved.shape)}] is at version {now}; expected version {version} instead. "
+        + _HINT.format(saver=call.name, writer=op, where=where)
+    )
+
+
+def _type_name(dtype: torch.dtype, device: torch.device) -> str:
+    """Eager's name of a tensor's type in the error: the legacy name (``torch.FloatTensor``,
+    ``torch.cuda.HalfTensor``) where the dtype has one, else the backend's (``CPUBFloat16Type``)."""
+    with DisableTorchFunction():
+        name = torch.empty(0, dtype=dtype).type()  # (torch.BFloat16Tensor, torch.ComplexFloatTensor)
+    cuda = device.type == "cuda"
+    if dtype in _LEGACY_NAMED:
+        return name.replace("torch.", "torch.cuda.", 1) if cuda else name
+    return f"{'CUDA' if cuda else 'CPU'}{name.removeprefix('torch.').removesuffix('Tensor')}Type"
+
+
+_LEGACY_NAMED = frozenset(
+    {
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)

@@ -1,0 +1,43 @@
+"""Which in-place writes bump eager's version counter of the memory they write: what
+``core.lang.saved_versions`` checks the tensors eager saved for a backward against.
+
+Every in-place op does (under ``torch.no_grad()`` too, and through ``.detach()``, which shares the
+counter), except the updates a kernel makes of arguments it writes where autograd does not see
+(BatchNorm's running statistics: eager's ``native_batch_norm`` saves them, and a second forward
+that updates them leaves that backward valid, which reads them only in eval mode);
+``inplace.assign`` says which writes are such updates (``tracked=False``, unless ``versioned``).
+A write through ``.data``, whose tensor has a counter of its own, is noted as a write eager's
+backward does not check but reads: the compiled backward refuses it (``saved_versions``).
+"""
+
+import weakref
+
+from thunder_rs.core.lang import saved_versions
+from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH
+from thunder_rs.torch import views
+
+#: The view steps of ``.data``: a write through one bumps no version the program's tensors share.
+_OWN_COUNTER: weakref.WeakSet = weakref.WeakSet()
+
+
+def written(dst, op: str) -> None:
+    """An in-place write into ``dst`` by ``op`` that eager counts (see the module doc)."""
+    link = dst._view
+    saved_versions.written(dst, op, link is None or not any(step in _OWN_COUNTER for step in link.steps))
+
+
+def _data_view(detach):
+    """``.data``: ``detach``'s view, whose step is marked as having a counter of its own."""
+
+    def data(a):
+        out = detach(a)
+        link = getattr(out, "_view", None)
+        if link is not None and out is not a:
+            _OWN_COUNTER.add(link.steps[-1])
+        return out
+
+    return data
+
+
+PROPERTY_TO_LTORCH["data"] = _data_view(PROPERTY_TO_LTORCH["data"])  # (``views`` registered it)
+assert views.root_of is not None
