@@ -359,8 +359,7 @@ def _reached(backward, saved, cotangents, absent: tuple, shapes: list, outputs: 
     else:
         filled = list(cotangents)
         for k in zeros:
-            dtype, device = outputs.kinds[k]
-            filled[k] = torch.zeros(shapes[k], dtype=dtype, device=device)
+            filled[k] = _absent_cotangent(shapes[k], *outputs.kinds[k])
         grads = backward(saved, *filled)
     if not unread:
         return grads
@@ -368,6 +367,16 @@ def _reached(backward, saved, cotangents, absent: tuple, shapes: list, outputs: 
     for i in unread:
         grads[i] = None
     return tuple(grads)
+
+
+def _absent_cotangent(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros standing for an absent cotangent: -0.0, which leaves every value it is added to as it
+    is (+0.0 turns a -0.0 into +0.0), broadcast from one element, so that the sum takes the other
+    addend's layout as eager's gradient, which never had this term, has it (a row-major tensor of
+    zeros added first would lay a transposed gradient out row-major, and a reduction over it later
+    would add in another order: an ulp off eager)."""
+    zero = complex(-0.0, -0.0) if dtype.is_complex else -0.0
+    return torch.full((), zero, dtype=dtype, device=device).expand(shape)
 
 
 _HOOKED = (

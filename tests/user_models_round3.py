@@ -1,0 +1,83 @@
+"""Small models as users write them for the programs of ``test_user_programs_round3.py``: a
+contrastive head with a learnt temperature, a LoRA adapter switched on and off between calls, a
+forward taking optional tensors and ``**kwargs``, and a recurrent classifier over padded batches of
+variable lengths (no packing)."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LearntTemperatureContrast(nn.Module):
+    """CLIP's symmetric InfoNCE: two views through one encoder, cosine similarities over a learnt
+    temperature (a log-parameter, clamped), cross-entropy both ways; returns the loss and the logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4))
+        self.log_temperature = nn.Parameter(torch.tensor(math.log(0.07)))
+
+    def forward(self, a, b):
+        za, zb = F.normalize(self.encoder(a), dim=-1), F.normalize(self.encoder(b), dim=-1)
+        logits = za @ zb.t() / self.log_temperature.exp().clamp(min=0.01)
+        labels = torch.arange(a.shape[0])
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2, logits
+
+
+class LoRALinear(nn.Module):
+    """A linear layer with a low-rank adapter the program switches on and off (``enabled``) and
+    rescales (``scale``) between calls, as PEFT's ``disable_adapter`` and ``scaling`` do."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int = 2):
+        super().__init__()
+        self.base = nn.Linear(in_features, out_features)
+        self.A = nn.Parameter(torch.randn(rank, in_features) * 0.1)
+        self.B = nn.Parameter(torch.randn(out_features, rank) * 0.1)
+        self.enabled, self.scale = True, 0.5
+
+    def forward(self, x):
+        y = self.base(x)
+        if self.enabled:
+            y = y + self.scale * (x @ self.A.t() @ self.B.t())
+        return y
+
+
+def lora_mlp() -> nn.Module:
+    return nn.Sequential(LoRALinear(4, 6), nn.GELU(), LoRALinear(6, 2))
+
+
+class OptionalInputs(nn.Module):
+    """A forward with optional tensors (None in some calls) and ``**kwargs`` it reads by ``get``."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.gate = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x, mask=None, bias=None, **kwargs):
+        y = self.proj(x)
+        if mask is not None:
+            y = y.masked_fill(~mask, 0.0)
+        if bias is not None:
+            y = y + bias
+        if kwargs.get("gate") is not None:
+            y = y * torch.sigmoid(self.gate(kwargs["gate"]))
+        return y * kwargs.get("scale", 1.0)
+
+
+class RecurrentClassifier(nn.Module):
+    """Embeds a right-padded batch, runs a bidirectional two-layer RNN over it whole (no packing),
+    and classifies each sequence from its last real step and its mean over the real steps."""
+
+    def __init__(self, cell):
+        super().__init__()
+        self.embed = nn.Embedding(10, 6, padding_idx=0)
+        self.rnn = cell(6, 5, num_layers=2, batch_first=True, bidirectional=True, dropout=0.2)
+        self.head = nn.Linear(10, 3)
+
+    def forward(self, tokens, lengths):
+        out, _ = self.rnn(self.embed(tokens))
+        real = (torch.arange(tokens.shape[1])[None, :] < lengths[:, None]).unsqueeze(-1)
+        last = out.gather(1, (lengths - 1).view(-1, 1, 1).expand(-1, 1, out.shape[-1])).squeeze(1)
+        return self.head(last + (out * real).sum(1) / lengths[:, None])
