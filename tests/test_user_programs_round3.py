@@ -6,9 +6,11 @@ gradient accumulation, recurrent layers over variable lengths. The models sit in
 
 import pytest
 import torch
+from torch.func import functional_call
 
-from user_models_round3 import LearntTemperatureContrast
-from user_training import trains_as_eager
+import thunder_rs
+from user_models_round3 import LearntTemperatureContrast, TiedLanguageModel
+from user_training import EXACT, trains_as_eager
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,3 +28,28 @@ def test_a_contrastive_loss_with_a_learnt_temperature_returning_its_logits_train
     eager lays out as its transposed term (``logits.t()``), row-major, and the temperature's
     gradient, a sum over it, was an ulp off eager's."""
     trains_as_eager(LearntTemperatureContrast, two_views)
+
+
+@pytest.mark.parametrize(
+    "names", [("embed.weight",), ("head.weight",), ("embed.weight", "norm.weight")], ids=["embed", "head", "and_norm"]
+)
+def test_functional_call_untying_a_jitted_models_tied_weights_is_eagers(names):
+    """``functional_call(..., tie_weights=False)`` gives one slot of a tied pair a tensor of the
+    dict and leaves the other its parameter, writing the slot's store directly (no module write
+    that would recheck the slots): the compiled call kept reading the pair's tensor once, and ran
+    the other layer on the dict's tensor too (or failed with a KeyError where it compiled)."""
+    torch.manual_seed(0)
+    model, tokens = TiedLanguageModel(), torch.randint(0, 10, (2, 3))
+    jitted = thunder_rs.jit(model)
+    torch.testing.assert_close(jitted(tokens), model(tokens), **EXACT)
+    for tie_weights in (True, False, True):
+        params = {name: torch.randn_like(model.get_parameter(name), requires_grad=True) for name in names}
+        out = functional_call(jitted, params, (tokens,), tie_weights=tie_weights)
+        expected = functional_call(model, params, (tokens,), tie_weights=tie_weights)
+        torch.testing.assert_close(out, expected, **EXACT)
+        grads = torch.autograd.grad(out.square().sum(), [*params.values(), model.embed.weight], allow_unused=True)
+        expected_grads = torch.autograd.grad(
+            expected.square().sum(), [*params.values(), model.embed.weight], allow_unused=True
+        )
+        torch.testing.assert_close(grads, expected_grads, **EXACT)
+    torch.testing.assert_close(jitted(tokens), model(tokens), **EXACT)

@@ -81,3 +81,16 @@ class RecurrentClassifier(nn.Module):
         real = (torch.arange(tokens.shape[1])[None, :] < lengths[:, None]).unsqueeze(-1)
         last = out.gather(1, (lengths - 1).view(-1, 1, 1).expand(-1, 1, out.shape[-1])).squeeze(1)
         return self.head(last + (out * real).sum(1) / lengths[:, None])
+
+
+class TiedLanguageModel(nn.Module):
+    """A language model whose output layer shares the embedding's weight (``head.weight = embed.weight``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm = nn.Embedding(10, 4), nn.LayerNorm(4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(self.norm(self.embed(tokens)))
