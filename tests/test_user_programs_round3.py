@@ -53,3 +53,23 @@ def test_functional_call_untying_a_jitted_models_tied_weights_is_eagers(names):
         )
         torch.testing.assert_close(grads, expected_grads, **EXACT)
     torch.testing.assert_close(jitted(tokens), model(tokens), **EXACT)
+
+
+def test_a_conversion_overwriting_parameters_unties_a_jitted_models_weights_as_eagers():
+    """With ``set_overwrite_module_params_on_conversion(True)``, ``model.double()`` gives each slot
+    of a tied pair a new parameter of its own, written into the stores directly: the next call
+    compiled for the tensors the pair's first slot holds and failed with a KeyError."""
+    torch.manual_seed(0)
+    model, tokens = TiedLanguageModel(), torch.randint(0, 10, (2, 3))
+    jitted = thunder_rs.jit(model)
+    jitted(tokens)
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        model.double()
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    assert model.head.weight is not model.embed.weight
+    with torch.no_grad():
+        model.head.weight.mul_(2)
+    torch.testing.assert_close(jitted(tokens), model(tokens), **EXACT)
