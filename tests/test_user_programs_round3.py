@@ -9,7 +9,12 @@ import torch
 from torch.func import functional_call
 
 import thunder_rs
-from user_models_round3 import LearntTemperatureContrast, TiedLanguageModel
+from user_models_round3 import (
+    ContrastWithProbabilities,
+    LearntTemperatureContrast,
+    MaskedActionPolicy,
+    TiedLanguageModel,
+)
 from user_training import EXACT, trains_as_eager
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,13 +26,30 @@ def two_views(model, step):
     return loss, [logits]
 
 
-def test_a_contrastive_loss_with_a_learnt_temperature_returning_its_logits_trains_as_eager():
-    """The call returns the loss and the logits, and the backward reaches the loss only: the
-    logits' cotangent is absent, zeros added to the logits' gradient on the first step (a compiled
-    backward without them from the second). Row-major zeros added first laid the gradient, which
-    eager lays out as its transposed term (``logits.t()``), row-major, and the temperature's
-    gradient, a sum over it, was an ulp off eager's."""
-    trains_as_eager(LearntTemperatureContrast, two_views)
+@pytest.mark.parametrize(
+    "make", [LearntTemperatureContrast, ContrastWithProbabilities], ids=["logits", "probabilities"]
+)
+def test_a_contrastive_loss_with_a_learnt_temperature_returning_its_logits_trains_as_eager(make):
+    """The call returns the loss and the logits (or their softmax), and the backward reaches the
+    loss only: the second output's cotangent is absent. The first step's backward took zeros for
+    it, added row-major to the logits' gradient, which eager lays out as its transposed term
+    (``logits.t()``): the temperature's gradient, a sum over it, was an ulp off eager's (and the
+    bias's every step through the softmax, whose backward of zeros the compiled backward kept)."""
+    trains_as_eager(make, two_views)
+
+
+def masked_actions(model, step):
+    invalid = torch.zeros(6, 5, dtype=torch.bool)
+    invalid[:, 0], invalid[::2, 3] = True, True
+    loss, log_probs = model(torch.randn(6, 4), invalid, torch.randn(6, 5))
+    return loss, [log_probs]
+
+
+def test_a_policy_returning_log_probabilities_of_masked_actions_trains_as_eager():
+    """The log-probabilities the call returns get no cotangent: given zeros, the backward of their
+    ``log`` divided them by the probabilities, 0 / 0 for the masked actions, and every gradient
+    was NaN where eager's, which never runs that backward, are finite."""
+    trains_as_eager(MaskedActionPolicy, masked_actions)
 
 
 @pytest.mark.parametrize(

@@ -94,3 +94,25 @@ class TiedLanguageModel(nn.Module):
 
     def forward(self, tokens):
         return self.head(self.norm(self.embed(tokens)))
+
+
+class MaskedActionPolicy(nn.Module):
+    """A policy over actions some of which are invalid (their logits -inf): its loss is the
+    expected advantage under the action probabilities; it returns the log-probabilities too, for
+    logging (-inf for the invalid actions)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 5))
+
+    def forward(self, obs, invalid, advantages):
+        probs = self.net(obs).masked_fill(invalid, float("-inf")).softmax(-1)
+        return -(probs * advantages).sum(-1).mean(), probs.log()
+
+
+class ContrastWithProbabilities(LearntTemperatureContrast):
+    """The contrastive head returning its matching probabilities instead of its logits."""
+
+    def forward(self, a, b):
+        loss, logits = super().forward(a, b)
+        return loss, logits.softmax(-1)
