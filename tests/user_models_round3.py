@@ -116,3 +116,57 @@ class ContrastWithProbabilities(LearntTemperatureContrast):
     def forward(self, a, b):
         loss, logits = super().forward(a, b)
         return loss, logits.softmax(-1)
+
+
+class ScheduledSampling(nn.Module):
+    """A GRU decoder trained with scheduled sampling: at each step a draw (``torch.rand``) picks
+    the true token or the model's own argmax as the next input."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.cell, self.out = nn.Embedding(8, 6), nn.GRUCell(6, 6), nn.Linear(6, 8)
+
+    def forward(self, targets, teacher_p: float):
+        h, token, logits = targets.new_zeros(targets.shape[0], 6, dtype=torch.float32), targets[:, 0], []
+        for t in range(1, targets.shape[1]):
+            h = self.cell(self.embed(token), h)
+            logits.append(self.out(h))
+            token = torch.where(torch.rand(()) < teacher_p, targets[:, t], logits[-1].argmax(-1))
+        return torch.stack(logits, 1)
+
+
+def cutmix(model, images, labels, alpha: float = 1.0):
+    """CutMix as a batch transform inside the jitted step: a box from torch draws (its sizes read
+    as Python numbers), pasted from a permuted batch, the labels mixed by the box's area."""
+    lam = torch.distributions.Beta(alpha, alpha).sample().item()
+    height, width = images.shape[2:]
+    cut = math.sqrt(1.0 - lam)
+    cy, cx = torch.randint(height, ()).item(), torch.randint(width, ()).item()
+    y1, y2 = max(cy - int(height * cut) // 2, 0), min(cy + int(height * cut) // 2, height)
+    x1, x2 = max(cx - int(width * cut) // 2, 0), min(cx + int(width * cut) // 2, width)
+    perm = torch.randperm(images.shape[0])
+    images = images.clone()
+    images[:, :, y1:y2, x1:x2] = images[perm, :, y1:y2, x1:x2]
+    lam = 1 - (y2 - y1) * (x2 - x1) / (height * width)
+    out = model(images)
+    return lam * F.cross_entropy(out, labels) + (1 - lam) * F.cross_entropy(out, labels[perm]), out
+
+
+def cutmix_by_mask(model, images, labels, alpha: float = 1.0):
+    """CutMix kept in tensors: the box is a mask from the draws, the mix a ``where``."""
+    lam = torch.distributions.Beta(torch.tensor(alpha), torch.tensor(alpha)).sample()
+    height, width = images.shape[2:]
+    half = (1 - lam).sqrt() / 2
+    cy, cx = torch.randint(height, ()), torch.randint(width, ())
+    rows = (torch.arange(height) - cy).abs() < (height * half).floor()
+    cols = (torch.arange(width) - cx).abs() < (width * half).floor()
+    box = rows[:, None] & cols[None, :]
+    perm = torch.randperm(images.shape[0])
+    out = model(torch.where(box, images[perm], images))
+    lam = 1 - box.float().mean()
+    return lam * F.cross_entropy(out, labels) + (1 - lam) * F.cross_entropy(out, labels[perm]), out
+
+
+def small_convnet() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(4, 3))  # fmt: skip
