@@ -170,3 +170,20 @@ def cutmix_by_mask(model, images, labels, alpha: float = 1.0):
 def small_convnet() -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                          nn.Flatten(), nn.Linear(4, 3))  # fmt: skip
+
+
+class ScaledClip(nn.Module):
+    """CLIP's heads: image and text embeddings, cosine similarities times a learnt logit scale
+    (``logit_scale.exp() * image @ text.t()``, the scale first), cross-entropy both ways."""
+
+    def __init__(self):
+        super().__init__()
+        self.image, self.text = nn.Linear(6, 4), nn.Embedding(10, 4)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    def forward(self, images, tokens):
+        image = F.normalize(self.image(images), dim=-1)
+        text = F.normalize(self.text(tokens).mean(1), dim=-1)
+        logits = self.logit_scale.exp().clamp(max=100) * image @ text.t()
+        labels = torch.arange(images.shape[0])
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2, logits
