@@ -5,6 +5,11 @@ layers over padded batches of variable lengths, scheduled sampling and CutMix dr
 program, spectral normalisation alternating training and evaluation, layers unfrozen mid-training,
 and Hugging Face ``generate`` with a static cache. Models in ``user_models_round3.py``."""
 
+import os
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +17,7 @@ from torch import nn
 from torch.nn.utils import parametrizations
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 from user_models_round3 import (
     LoRALinear,
     OptionalInputs,
@@ -231,3 +237,46 @@ def test_generate_with_a_static_cache_on_a_jitted_model_is_eagers(options):
         if jit:
             assert thunder_rs.compile_stats(call).cache_misses == 2  # the prompt, then each step
     torch.testing.assert_close(results[0], results[1], **EXACT)
+
+
+def numpy_mixup(x, perm):
+    lam = np.random.beta(0.4, 0.4)
+    return lam * x + (1 - lam) * x[perm]
+
+
+def test_a_mixing_weight_drawn_with_numpy_inside_the_program_is_refused_naming_its_use():
+    """``np.random.beta`` draws one number, as ``np.random.uniform`` does: it is repeated by
+    every call, and its use refused (it was refused as if it drew an array)."""
+    used = r"numpy.random.beta: the number it drew at .*round3.py:\d+ is used \(in arithmetic\) at .*round3.py:\d+"
+    with pytest.raises(ThunderNotImplementedError, match=used):
+        thunder_rs.jit(numpy_mixup)(torch.randn(4, 3), torch.randperm(4))
+
+
+MIXUP_IN_A_FRESH_PROCESS = """
+import numpy as np
+import sys
+import torch
+import thunder_rs
+
+assert "numpy.random" not in sys.modules  # (NumPy 2 imports it on the first use of np.random)
+
+def mixup(x, perm):
+    lam = np.random.beta(0.4, 0.4)
+    return lam * x + (1 - lam) * x[perm]
+
+try:
+    thunder_rs.jit(mixup)(torch.randn(4, 3), torch.randperm(4))
+except thunder_rs.errors.ThunderNotImplementedError as e:
+    print(e)
+"""
+
+
+@pytest.mark.slow  # (a new process: about 5 s)
+def test_a_numpy_draw_in_a_process_that_had_not_used_numpy_random_is_refused_naming_the_line():
+    """The first use of ``np.random`` imports ``numpy.random``: made while the program was
+    traced, it drew unseen (no wrapper on a module not imported yet), and every compiled call
+    reused the first call's mixing weight, leaving NumPy's generator as it was."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", MIXUP_IN_A_FRESH_PROCESS], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "numpy.random.beta: the number it drew at <string>:10 is used (in arithmetic) at <string>:11" in run.stdout
