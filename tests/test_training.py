@@ -477,9 +477,8 @@ def _backprop(pattern: str, loss, logits) -> None:
 
 
 def test_backwards_reaching_different_outputs_of_one_entry_match_eager():
-    """One entry's calls backpropagated through the loss alone (zeros for the logits' cotangent the
-    first time, then a backward compiled without it, which only adds it to the loss's gradient of
-    the logits: no zeros, no add),
+    """One entry's calls backpropagated through the loss alone (a backward compiled without the
+    logits' cotangent, which only adds it to the loss's gradient of the logits: no zeros, no add),
     the logits alone (the loss's cotangent has other uses: passed as zeros), both, and both in turn
     through one graph: each step's gradients are eager's."""
     model = LossAndLogits()

@@ -179,9 +179,11 @@ def binary_samples(
     scalars: tuple = (2, 2.5, True),
     partner: dict | None = PROMOTION_PARTNER,
     shapes: tuple = BINARY_SHAPES,
+    scalar_first: bool = False,
 ) -> Iterable[SampleInput]:
     """Operand pairs of `shapes`, non-contiguous operands, Python scalars on the right, and a right
     operand of another dtype (0-dim, which does not take part in promotion, and full-size).
+    `scalar_first`: also a 0-dim float32 operand on the left of a bfloat16 one (``ltorch.cpu_scalar_times``).
 
     `lhs`/`rhs` are each operand's domain, as keyword arguments of `make`.
     """
@@ -195,6 +197,8 @@ def binary_samples(
         other = partner[dtype]
         for shape in ((), (3, 4)):
             yield SampleInput(make((3, 4), dtype, device, **lhs), make(shape, other, device, **rhs))
+    if scalar_first and dtype == torch.float32:
+        yield SampleInput(make((), dtype, device, **lhs), make((3, 4), torch.bfloat16, device, **rhs))
 
 
 def broadcast_mismatch() -> Iterable[ErrorInput]:
@@ -305,7 +309,7 @@ MINMAX = {"samples": NO_SCALARS, "errors": (scalar_rejected,)}
 BINARY = {
     "add": Binary(torch.add, operator.add),
     "sub": Binary(torch.sub, operator.sub, **NUMERIC_NO_BOOL, samples=NO_BOOL_SCALAR, errors=(bool_subtrahend,)),
-    "mul": Binary(torch.mul, operator.mul),
+    "mul": Binary(torch.mul, operator.mul, samples={"scalar_first": True}),
     "div": Binary(torch.div, operator.truediv, samples=DIVISION, errors=(bad_rounding_mode,)),
     "true_divide": Binary(torch.true_divide, samples=DIVISION),
     # Eager has no derivative for floor_divide, nor for remainder with respect to the divisor.

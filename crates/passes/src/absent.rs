@@ -1,60 +1,75 @@
 //! The backward of a call whose backward reaches only some of its outputs (`loss.backward()` of a
-//! call returning the loss and the logits): the other outputs' cotangents are absent, which is
-//! zeros. Where an absent cotangent only joins another gradient (`add` of the logits' cotangent
-//! and the loss's contribution to the logits' gradient), that `add` is the other gradient: the
-//! backward for this pattern needs neither the zeros nor the add, which a step would otherwise
-//! make in Python and run.
+//! call returning the loss and the logits): the other outputs' cotangents are absent. Eager's
+//! autograd never runs the backward of what only they reach, and adds nothing where they would
+//! join another gradient; the trace's backward, given zeros for them, would compute that backward
+//! on zeros (`g / x` of a `log` output is NaN where `x` is 0, and a gradient of the logits laid
+//! out row-major by the zeros added first sums in another order than eager's) and add it.
+//!
+//! So the backward for this pattern drops every call that reads absent values and no value
+//! computed from a present cotangent (a gradient rule is linear in the cotangents it reads: its
+//! result is absent too), and an `add` of an absent value and another gradient of its dtype and
+//! shape is that gradient. A gradient of an input that is absent is None, as eager gives it none.
 
 use rustc_hash::FxHashMap;
 use trace_ir::prims::{Binary, Prim};
 use trace_ir::{Arg, BoundSymbol, Symbol, Trace, ValueId};
 
 /// `backward` (inputs: residuals, then `num_cotangents` cotangents; [`crate::split`]'s) with the
-/// cotangents at the indices `absent` taken as zeros: each `add` of such a cotangent and a value
-/// of the add's dtype and shape becomes that value. None when an absent cotangent has any other
-/// use (an operand of another call, a returned gradient): the caller then passes zeros.
+/// cotangents at the indices `absent` absent, as the module doc says. None when an absent value
+/// meets a present gradient other than in such an `add` (the caller then passes zeros, as eager
+/// passes zeros for the outputs of one call that the backward does not reach).
 pub fn without_cotangents(backward: &Trace, num_cotangents: usize, absent: &[usize]) -> Option<Trace> {
     let first = backward.inputs.len().checked_sub(num_cotangents)?;
-    let zeros: FxHashMap<ValueId, ValueId> =
-        absent.iter().map(|&k| backward.inputs.get(first + k).map(|&v| (v, v))).collect::<Option<_>>()?;
-    let mut returned = false;
-    backward.outputs.for_each_value(&mut |v| returned |= zeros.contains_key(&v));
-    if returned {
-        return None;
-    }
+    let cotangents = &backward.inputs[first..];
+    let mut zeros: FxHashMap<ValueId, ValueId> =
+        absent.iter().map(|&k| cotangents.get(k).map(|&v| (v, v))).collect::<Option<_>>()?;
+    let mut present: FxHashMap<ValueId, ValueId> =
+        cotangents.iter().filter(|v| !zeros.contains_key(v)).map(|&v| (v, v)).collect();
     let mut subst: FxHashMap<ValueId, ValueId> = FxHashMap::default();
     let mut kept = Vec::with_capacity(backward.bsyms.len());
     for bsym in &backward.bsyms {
         let renamed = bsym.renamed(&subst);
-        match other_addend(backward, &renamed, &zeros) {
-            Some(Some(other)) => {
-                subst.insert(renamed.outputs[0], other);
+        let (reads_absent, reads_present) = (renamed.reads_any(&zeros), renamed.reads_any(&present));
+        if !reads_absent {
+            if reads_present {
+                present.extend(renamed.outputs.iter().map(|&o| (o, o)));
             }
-            Some(None) => return None,
-            None => kept.push(renamed),
+            kept.push(renamed);
+        } else if !reads_present {
+            zeros.extend(renamed.outputs.iter().map(|&o| (o, o)));
+        } else {
+            let other = other_addend(backward, &renamed, &zeros)?;
+            subst.insert(renamed.outputs[0], other);
         }
     }
-    let outputs = backward.outputs.map_values(&mut |v| Arg::Value(*subst.get(&v).unwrap_or(&v)));
+    let outputs = backward.outputs.map_values(&mut |v| {
+        let v = *subst.get(&v).unwrap_or(&v);
+        if zeros.contains_key(&v) {
+            Arg::None
+        } else {
+            Arg::Value(v)
+        }
+    });
     Some(backward.with_bsyms(kept, outputs))
 }
 
-/// For a call reading a value of `zeros` (at any depth): `Some(Some(other))` when it adds it to `other` of the
-/// output's dtype and shape, `Some(None)` for any other use. None when it reads none of them.
-fn other_addend(trace: &Trace, bsym: &BoundSymbol, zeros: &FxHashMap<ValueId, ValueId>) -> Option<Option<ValueId>> {
-    if !bsym.reads_any(zeros) {
-        return None;
-    }
-    let Symbol::Prim(Prim::Binary(Binary::Add)) = bsym.symbol else { return Some(None) };
-    let (Some(a), Some(b)) = (bsym.args[0].as_value(), bsym.args[1].as_value()) else { return Some(None) };
+/// For a call reading an absent value and a present gradient: the gradient, when the call adds
+/// the two and its output has the gradient's dtype and shape; None for any other call.
+fn other_addend(trace: &Trace, bsym: &BoundSymbol, zeros: &FxHashMap<ValueId, ValueId>) -> Option<ValueId> {
+    let Symbol::Prim(Prim::Binary(Binary::Add)) = bsym.symbol else { return None };
+    let (Some(a), Some(b)) = (bsym.args[0].as_value(), bsym.args[1].as_value()) else { return None };
     let other = match (zeros.contains_key(&a), zeros.contains_key(&b)) {
         (true, false) => b,
         (false, true) => a,
-        _ => return Some(None),
+        _ => return None,
     };
-    let same = trace.tensor(other).zip(trace.tensor(bsym.outputs[0])).is_some_and(|(o, out)| {
-        o.dtype == out.dtype && o.device == out.device && o.shape == out.shape && o.requires_grad == out.requires_grad
-    });
-    Some(same.then_some(other))
+    // (not `requires_grad`: the backward runs without grad, and an absent value computed from a
+    // residual that required grad, `g / probs`, is marked so where the other gradient is not)
+    let same = trace
+        .tensor(other)
+        .zip(trace.tensor(bsym.outputs[0]))
+        .is_some_and(|(o, out)| o.dtype == out.dtype && o.device == out.device && o.shape == out.shape);
+    same.then_some(other)
 }
 
 #[cfg(test)]
@@ -88,9 +103,32 @@ mod tests {
     }
 
     #[test]
-    fn any_other_use_is_refused() {
+    fn what_only_an_absent_cotangent_reaches_is_dropped() {
         let t = backward();
-        assert!(without_cotangents(&t, 2, &[0]).is_none(), "the loss's cotangent feeds a mul");
-        assert!(without_cotangents(&t, 5, &[0]).is_none(), "more cotangents than inputs");
+        let out = without_cotangents(&t, 2, &[0]).unwrap();
+        assert_eq!(out.bsyms.len(), 1, "the mul of the loss's cotangent and its add are gone: {out}");
+        assert_eq!(out.bsyms[0].args, vec![Arg::Value(t.inputs[2])]);
+    }
+
+    #[test]
+    fn an_absent_gradient_of_an_input_is_none() {
+        let mut b = TraceBuilder::new();
+        let saved = tensor(&mut b, vec![2, 2]);
+        let (ct_a, ct_b) = (tensor(&mut b, vec![2, 2]), tensor(&mut b, vec![2, 2]));
+        let ga = b.record_prim("mul", vec![Arg::Value(saved), Arg::Value(ct_a)]).unwrap()[0];
+        let gb = b.record_prim("mul", vec![Arg::Value(saved), Arg::Value(ct_b)]).unwrap()[0];
+        let t = b.finish(Arg::Tuple(vec![Arg::Value(ga), Arg::Value(gb)])).unwrap();
+        let out = without_cotangents(&t, 2, &[1]).unwrap();
+        assert_eq!(out.outputs, Arg::Tuple(vec![Arg::Value(ga), Arg::None]), "{out}");
+    }
+
+    #[test]
+    fn an_absent_value_meeting_a_gradient_other_than_in_an_add_is_refused() {
+        let mut b = TraceBuilder::new();
+        let (ct_a, ct_b) = (tensor(&mut b, vec![2, 2]), tensor(&mut b, vec![2, 2]));
+        let g = b.record_prim("mul", vec![Arg::Value(ct_a), Arg::Value(ct_b)]).unwrap()[0];
+        let t = b.finish(Arg::Tuple(vec![Arg::Value(g)])).unwrap();
+        assert!(without_cotangents(&t, 2, &[0]).is_none());
+        assert!(without_cotangents(&backward(), 5, &[0]).is_none(), "more cotangents than inputs");
     }
 }

@@ -291,7 +291,7 @@ fn split(_trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
     let absent = unit.options.absent_cotangents;
     if !absent.is_empty() {
         let Some(backward) = crate::absent::without_cotangents(&halves.backward, joint.num_cotangents, absent) else {
-            bail!(NotImplemented, "split", "an absent cotangent is used other than added to a gradient")
+            bail!(NotImplemented, "split", "an absent cotangent meets a present gradient other than in an add")
         };
         halves.backward = backward;
     }

@@ -43,9 +43,10 @@ pub fn compile(
 
 /// Compiles the backward alone (`Compiled.forward` is the program half's stages), as `compile`
 /// would, for a backward that reaches only some of the program's outputs: `absent_cotangents`
-/// are the indices, among the cotangents, of those it does not reach, taken as zeros that are
-/// only added to gradients (`passes::absent`). Raises NotImplementedError where one has another
-/// use (the caller then passes zeros to the whole backward).
+/// are the indices, among the cotangents, of those it does not reach: what only they reach is
+/// left out, as eager's autograd leaves it (`passes::absent`). Raises NotImplementedError where
+/// one meets a present gradient other than in an add (the caller then passes zeros to the whole
+/// backward).
 #[pyfunction]
 pub fn compile_backward(
     acquired: &PyTrace,

@@ -78,21 +78,54 @@ def cpu_scalar_arithmetic(prim, op: str, a, b, kind=DEFAULT):
     CPU tensor of another dtype than a half-precision result (type promotion leaves it out:
     ``x / torch.tensor(d).sqrt()``, DeBERTa's scale) is taken at its float32 value
     (``original_scalar_value<opmath_t>``), not rounded to the result's dtype first, and the result
-    is rounded once. (Its other operand's position, addition and CUDA's kernels round it.)"""
-    if (
-        isinstance(a, torch.Tensor)
-        and isinstance(b, torch.Tensor)
-        and b.ndim == 0
-        and a.ndim > 0
-        and a.device.type == b.device.type == "cpu"
-    ):
+    is rounded once. (Its other operand's position, addition and CUDA's kernels round it; a
+    product's gradient puts it second again: ``cpu_scalar_times``.)"""
+    if _cpu_scalar_pair(a, b):
         _, result = clang.promote(op, (a, b), kind)
         if result in LOW_PRECISION and b.dtype != result:
             wide = clang.elementwise(
                 prim, op, clang.maybe_convert(a, torch.float32), clang.maybe_convert(b, torch.float32), kind=kind
             )
             return clang.maybe_convert(wide, result)
+    elif prim is prims.mul and _cpu_scalar_pair(b, a):
+        _, result = clang.promote(op, (a, b), kind)
+        if result in LOW_PRECISION and a.dtype != result:
+            return cpu_scalar_times(a, b)
     return clang.elementwise(prim, op, a, b, kind=kind)
+
+
+def _cpu_scalar_pair(a, b) -> bool:
+    """Whether ``b`` is a 0-d CPU tensor and ``a`` a CPU tensor with dims."""
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and b.ndim == 0
+        and a.ndim > 0
+        and a.device.type == b.device.type == "cpu"
+    )
+
+
+@torchsymbol(name="cpu_scalar_times")
+def cpu_scalar_times(scalar, tensor):
+    """``scalar * tensor`` of a 0-d CPU tensor of another dtype than the half-precision result
+    (CLIP's ``logit_scale.exp() * image_features`` under autocast): eager rounds the scalar to
+    the result's dtype first, as the plain product does."""
+    return clang.elementwise(prims.mul, "ltorch.mul", scalar, tensor)
+
+
+@register_grad(cpu_scalar_times)
+def cpu_scalar_times_grad(scalar, tensor):
+    """Eager's ``MulBackward0``: the tensor's gradient is ``grad * scalar``, the scalar second,
+    taken at its own value and rounded once (the forward's rounded scalar made it up to 0.2% off
+    in bfloat16); the scalar's, ``grad * tensor`` in the result's dtype summed to it."""
+    out = cpu_scalar_times(scalar, tensor)
+    g = get_grad(out)
+    if tensor.requires_grad:
+        grad = cpu_scalar_arithmetic(prims.mul, "ltorch.mul", g, scalar)
+        put_grad(tensor, cast(sum_to(grad, tensor.shape), tensor.dtype))
+    if scalar.requires_grad:
+        put_grad(scalar, cast(sum_to(ltorch.mul(g, tensor), scalar.shape), scalar.dtype))
+    return out
 
 
 #: The operators of the derived symbols: (dunders, reflected dunders). Only reflected dunders that

@@ -369,27 +369,24 @@ class _Unreached(dict):
     """Per pattern of absent cotangents (``g is None`` per grad position): the indices of the
     absent ones, the inputs no reached output reads, from ``reads`` (per grad position, the
     inputs its output reads), and the backward ``compile_backward`` compiled for the pattern (None
-    where the absent cotangents are not only added to gradients: they are passed as zeros). A
-    pattern is compiled for when it comes again (a training loop's every step): a backward made
-    once (a script's single ``loss.backward()``) does not pay for a compile."""
+    where an absent cotangent meets a present gradient other than added to it: they are passed as
+    zeros). The pattern is compiled for the first time it comes, though a script backpropagating
+    once pays for a second backward compile: the whole backward given zeros computes what eager
+    never computes (``g / x`` of a ``log`` output, NaN where ``x`` is 0, added to the gradients)
+    and adds zeros eager never adds (laying a gradient out as they are, which changes the order
+    of a later sum: an ulp off)."""
 
     def __init__(self, reads: tuple, compile_backward):
         super().__init__()
         self.reads, self.compile_backward = reads, compile_backward
-        self.seen: set = set()
 
     def __missing__(self, absent: tuple) -> tuple:
         reached = frozenset().union(*(self.reads[k] for k, none in enumerate(absent) if not none))
         everything = frozenset().union(*self.reads)
         zeros = tuple(k for k, none in enumerate(absent) if none)
         unread = tuple(sorted(everything - reached))
-        if self.compile_backward is None or not zeros:
-            self[absent] = out = (zeros, unread, None)
-        elif absent not in self.seen:
-            self.seen.add(absent)
-            return (zeros, unread, None)
-        else:
-            self[absent] = out = (zeros, unread, self.compile_backward(zeros))
+        compiled = self.compile_backward(zeros) if self.compile_backward is not None and zeros else None
+        self[absent] = out = (zeros, unread, compiled)
         return out
 
 

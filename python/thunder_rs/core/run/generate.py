@@ -152,8 +152,9 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
     passes, executors, namespace, filename = compilation
 
     def compile_backward(absent: tuple):
-        """The backward where the cotangents at ``absent`` are zeros that are only added to
-        gradients (``passes::absent``), or None where they have other uses."""
+        """The backward where the cotangents at ``absent`` are absent, as eager's autograd runs
+        it: nothing they alone reach, no add of them (``passes::absent``); None where one meets a
+        present gradient other than in an add."""
         table, _ = executor_table(executors)
         checker = _checker(executors)
         try:

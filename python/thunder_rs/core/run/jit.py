@@ -317,7 +317,11 @@ class ThunderFunction:
         if write_epoch[0] != self._epoch:
             self._check_binding()
         assert self._binding is not None  # _check_binding made it (the epoch starts unset)
-        return list(starmap(getitem, self._binding.unique))
+        tensors = list(starmap(getitem, self._binding.unique))
+        if self._binding.tied and self._binding.untied(tensors):
+            self._check_binding()
+            tensors = list(starmap(getitem, self._binding.unique))
+        return tensors
 
     def _check_binding(self) -> None:
         """Rebinds the module's slots when its structure changed; its entries then no longer apply."""

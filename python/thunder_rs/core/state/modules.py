@@ -12,12 +12,14 @@ clone with its original afterwards.
 attributes are re-checked only when it moved.
 """
 
+import contextlib
 import functools
 import types
 import weakref
 from typing import NamedTuple
 
 import torch
+import torch.nn.utils.stateless as stateless
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
@@ -62,7 +64,33 @@ def _count_module_writes() -> None:
             setattr(_Module, name, _counting(method))
 
 
+def _count_reparametrizations() -> None:
+    """Makes ``functional_call`` move ``write_epoch`` as it puts its dict's tensors into the
+    module's stores and as it puts the module's back: it writes the stores directly (no
+    ``__setattr__``), and can tie slots (one tensor for two names) or untie them
+    (``tie_weights=False``), which changes what the trace takes as inputs."""
+    original = stateless._reparametrize_module
+    if getattr(original, "_thunder_rs_counted", False):
+        return
+
+    @functools.wraps(original)
+    @contextlib.contextmanager
+    def counted(*args, **kwargs):
+        try:
+            with original(*args, **kwargs):
+                if not _is_dynamo_compiling():
+                    write_epoch[0] += 1
+                yield
+        finally:
+            if not _is_dynamo_compiling():
+                write_epoch[0] += 1
+
+    counted._thunder_rs_counted = True  # type: ignore[attr-defined]
+    stateless._reparametrize_module = counted
+
+
 _count_module_writes()
+_count_reparametrizations()
 
 #: Hook stores of a module whose contents change what a call does.
 _HOOK_STORES = (
@@ -131,15 +159,22 @@ class ModuleBinding:
         unique: list[tuple[dict, str]] = []
         index_of: dict[int, int] = {}
         qualified: list[str] = []
+        tied: list[tuple[dict, str, int]] = []
         for mod in self.modules:
             prefix = self.names[id(mod)]
             for store in (mod._parameters, mod._buffers):
                 for name, value in store.items():
-                    if value is not None and id(value) not in index_of:
-                        index_of[id(value)] = len(unique)
-                        unique.append((store, name))
-                        qualified.append(f"{prefix}.{name}" if prefix else name)
+                    if value is None:
+                        continue
+                    if id(value) in index_of:
+                        tied.append((store, name, index_of[id(value)]))
+                        continue
+                    index_of[id(value)] = len(unique)
+                    unique.append((store, name))
+                    qualified.append(f"{prefix}.{name}" if prefix else name)
         self.unique = tuple(unique)
+        #: ``(store, name, index)`` of the slots holding the tensor of ``unique[index]`` (tied weights)
+        self.tied = tuple(tied)
         self.qualified = tuple(qualified)
         self._index_of = index_of
         self.structure = self._structure()
@@ -147,6 +182,13 @@ class ModuleBinding:
 
     def tensors(self) -> list:
         return [d[n] for d, n in self.unique]
+
+    def untied(self, tensors: list) -> bool:
+        """Whether a slot tied to another when bound (``tensors``: the unique slots' tensors now)
+        holds another tensor: ``functional_call(model, {"emb.weight": w}, tie_weights=False)`` puts
+        ``w`` into one slot of a tied pair by writing its store, which moves no ``write_epoch``, and
+        the trace, reading the tied tensor once, would run the other slot's layer on ``w`` too."""
+        return any(d.get(n) is not tensors[i] for d, n, i in self.tied)
 
     def _structure(self):
         """The modules, their slots, forwards set on instances, and which slots share one tensor

@@ -22,6 +22,7 @@ the first trace, calling straight through in eager code):
 import contextlib
 import contextvars
 import functools
+import importlib
 import random as _random
 import sys
 import threading
@@ -81,7 +82,25 @@ def _numpy_int_range(low, high=None, *rest, **kwargs):
 #: NumPy's legacy global functions: name -> range of the number.
 _NUMPY_SCALARS = {
     **{name: _unit for name in ("random", "random_sample", "ranf", "sample", "rand")},
-    **{name: _unbounded for name in ("randn", "normal", "standard_normal")},
+    **{
+        name: _unbounded
+        for name in (
+            "randn",
+            "normal",
+            "standard_normal",
+            "beta",
+            "gamma",
+            "standard_gamma",
+            "exponential",
+            "standard_exponential",
+            "lognormal",
+            "laplace",
+            "logistic",
+            "gumbel",
+            "poisson",
+            "binomial",
+        )
+    },
     "uniform": lambda low=0.0, high=1.0, *a, **k: _closed(low, high),
     "randint": _numpy_int_range,
 }
@@ -260,10 +279,12 @@ _numpy: list = []
 
 
 def _numpy_generator():
-    """NumPy's legacy global generator, once the program's process imported ``numpy.random``
-    (read from ``sys.modules``: importing NumPy here would cost every process that has none)."""
-    if not _numpy and "numpy.random" in sys.modules:
-        nr = sys.modules["numpy.random"]
+    """NumPy's legacy global generator, once the program's process imported NumPy (read from
+    ``sys.modules``: importing NumPy here would cost every process that has none). NumPy 2 imports
+    ``numpy.random`` on the first use of ``np.random``: a program making it while traced drew
+    unseen, and every compiled call reused its number. So it is imported here (about 25 ms, once)."""
+    if not _numpy and "numpy" in sys.modules:
+        nr = importlib.import_module("numpy.random")
 
         def fork(instance):
             copy = nr.RandomState()
