@@ -11,7 +11,9 @@ size was specialised and each new size compiled again."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+import thunder_rs
 from dynamic_op_sweep import MUST_SPECIALISE, check_sample, sample_of, sweep_dtype
 from opinfos import OPINFOS
 
@@ -26,6 +28,9 @@ QUICK = [
     ("softmax", 7),
     ("cat", 0),
     ("topk", 0),
+    ("linalg_qr", 0),
+    ("linalg_svdvals", 0),
+    ("linalg_lstsq", 1),
 ]
 
 
@@ -40,3 +45,51 @@ def test_a_grown_sample_compiles_twice_with_eagers_results(name: str, index: int
 
 def test_ops_that_must_specialise_are_in_the_table() -> None:
     assert set(MUST_SPECIALISE) <= set(OPS)
+
+
+def misses(jfn) -> int:
+    return thunder_rs.compile_stats(jfn).cache_misses
+
+
+def check_sizes(fn, make, sizes, compiles: int = 2) -> None:
+    """``fn`` jitted over inputs of each size (``make(n)``, float64 tensors that require grad):
+    eager's outputs and gradients at each, in ``compiles`` compiles."""
+    jfn = thunder_rs.jit(fn)
+    for n in sizes:
+        torch.manual_seed(n)
+        inputs = make(n)
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        expected = fn(*leaves)
+        ours_leaves = [t.detach().requires_grad_() for t in inputs]
+        actual = jfn(*ours_leaves)
+        torch.testing.assert_close(actual, expected)
+        outs = [t for t in torch.utils._pytree.tree_leaves(expected) if t.requires_grad]
+        mine = [t for t in torch.utils._pytree.tree_leaves(actual) if isinstance(t, torch.Tensor) and t.requires_grad]
+        cotangents = [torch.randn_like(t) for t in outs]
+        torch.testing.assert_close(
+            torch.autograd.grad(mine, ours_leaves, cotangents), torch.autograd.grad(outs, leaves, cotangents)
+        )
+    assert misses(jfn) == compiles, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def test_a_factorisation_keeps_its_sizes_symbolic():
+    # The opaque linalg symbols took their outputs' metadata from meta tensors of the sizes'
+    # values, a guard ``t0 == 5`` each: every size compiled again. Their meta kernels now run on
+    # fake tensors of symbolic sizes; ``min(m, n)`` is a decision, which every size above 3 keeps.
+    def qr_svd(a):
+        q, r = torch.linalg.qr(a)
+        return q, r, torch.linalg.svdvals(a), torch.linalg.lu_factor(a)[0]
+
+    check_sizes(qr_svd, lambda n: [torch.randn(n, 3, dtype=torch.float64)], [4, 5, 7, 9])
+
+
+def test_lstsq_keeps_its_sizes_symbolic():
+    # Its meta rule broadcast the batch with ``torch.broadcast_shapes``, which a symbolic size
+    # fails (symbolic compiles stopped), and made meta tensors of the sizes' values.
+    def solve(a, b):
+        return torch.linalg.lstsq(a, b).solution
+
+    def batch(n):
+        return [torch.randn(n, 5, 3, dtype=torch.float64), torch.randn(n, 5, 2, dtype=torch.float64)]
+
+    check_sizes(solve, batch, [3, 4, 6])
