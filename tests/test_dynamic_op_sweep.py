@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
 from dynamic_op_sweep import MUST_SPECIALISE, check_sample, sample_of, sweep_dtype
@@ -31,6 +32,10 @@ QUICK = [
     ("linalg_qr", 0),
     ("linalg_svdvals", 0),
     ("linalg_lstsq", 1),
+    ("slice", 0),
+    ("quantile", 1),
+    ("multi_margin_loss", 6),
+    ("getitem_int_list", 0),
 ]
 
 
@@ -93,3 +98,32 @@ def test_lstsq_keeps_its_sizes_symbolic():
         return [torch.randn(n, 5, 3, dtype=torch.float64), torch.randn(n, 5, 2, dtype=torch.float64)]
 
     check_sizes(solve, batch, [3, 4, 6])
+
+
+def test_aten_slice_bounds_are_decisions_not_a_specialised_size():
+    # ``slice.indices`` took the size as an int: a guard on its value.
+    check_sizes(
+        lambda x: torch.ops.aten.slice(x, 0, 1, 5, 2), lambda n: [torch.randn(n, 4, dtype=torch.float64)], [6, 7, 9]
+    )
+
+
+def test_quantile_ranks_scale_by_a_symbolic_length():
+    # ``float(n - 1)`` specialised the reduced length.
+    q = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    check_sizes(lambda x: torch.quantile(x, q, dim=0), lambda n: [torch.randn(n, 3, dtype=torch.float64)], [4, 5, 7])
+
+
+def test_multi_margin_loss_divides_by_a_symbolic_class_count():
+    # ``float(classes)`` specialised the number of classes.
+    target = torch.tensor(1)
+    check_sizes(
+        lambda x: F.multi_margin_loss(x, target, reduction="none"),
+        lambda n: [torch.randn(n, dtype=torch.float64)],
+        [4, 5, 7],
+    )
+
+
+def test_a_negative_index_in_a_list_counts_from_a_symbolic_end():
+    # ``x[[1, -1]]`` made the index ``-1 % n`` a constant: with n symbolic, ``prims.full`` of a
+    # size failed and symbolic compiles stopped for the function.
+    check_sizes(lambda x: x[[1, -1, 1]], lambda n: [torch.randn(n, 4, dtype=torch.float64)], [3, 4, 6, 9])
