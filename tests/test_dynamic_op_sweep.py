@@ -36,6 +36,7 @@ QUICK = [
     ("quantile", 1),
     ("multi_margin_loss", 6),
     ("getitem_int_list", 0),
+    ("linalg_multi_dot", 1),
 ]
 
 
@@ -127,3 +128,26 @@ def test_a_negative_index_in_a_list_counts_from_a_symbolic_end():
     # ``x[[1, -1]]`` made the index ``-1 % n`` a constant: with n symbolic, ``prims.full`` of a
     # size failed and symbolic compiles stopped for the function.
     check_sizes(lambda x: x[[1, -1, 1]], lambda n: [torch.randn(n, 4, dtype=torch.float64)], [3, 4, 6, 9])
+
+
+def test_a_product_of_list_items_equal_by_a_guard_stays_symbolic():
+    # Lengths of different list items are different size inputs, equal only by the guard the
+    # product records. The rewrite rule matmul-transposed-as-linear replaced a backward product
+    # (its shape over one of them) by a linear whose shape is over the other: the rewrite check
+    # refused the trace, and symbolic compiles stopped for the function.
+    jfn = thunder_rs.jit(torch.linalg.multi_dot)
+    for n in (3, 4, 6, 9):
+        torch.manual_seed(n)
+        items = [
+            torch.randn(n, dtype=torch.float64),
+            torch.randn(n, 5, dtype=torch.float64),
+            torch.randn(5, 2, dtype=torch.float64),
+        ]
+        ours, theirs = [t.clone().requires_grad_() for t in items], [t.clone().requires_grad_() for t in items]
+        actual, expected = jfn(ours), torch.linalg.multi_dot(theirs)
+        torch.testing.assert_close(actual, expected)
+        cotangent = torch.randn_like(expected)
+        torch.testing.assert_close(
+            torch.autograd.grad(actual, ours, cotangent), torch.autograd.grad(expected, theirs, cotangent)
+        )
+    assert misses(jfn) == 2, thunder_rs.compile_stats(jfn).miss_reasons
