@@ -76,6 +76,9 @@ LAZY_MODULES: dict[tuple[str, str], str] = {
     ("thunder_rs.core.lang.fallback", "thunder_rs.core.lang.fallback_sizes"): (
         "symbolic output sizes of fallbacks (sympy, a ShapeEnv), for symbolic compiles only"
     ),
+    ("thunder_rs.torch.linalg", "thunder_rs.core.lang.fallback_sizes"): (
+        "symbolic output sizes of the opaque factorisations and solvers, for symbolic compiles only"
+    ),
     # Front-door names resolved at their first use (PEP 562 ``__getattr__``).
     ("thunder_rs", "thunder_rs.rules"): "rewrite rules as data (4 frozen dataclasses), for programs that register some",
     ("thunder_rs", "thunder_rs.core.run.examine"): "thunder_rs.examine and its report (a dataclass), when called",

@@ -136,14 +136,20 @@ const TRANSPOSE_TRANSPOSE: Rule = Rule {
 };
 
 /// matmul(a, transpose(w, (1, 0))) -> linear(a, w): `linear` multiplies by the transposed weight.
+/// Not where linear's shape (`a`'s leading dims, then `w`'s rows) is another expression than the
+/// product's: symbolic sizes equal only by a guard (`t0 == t1`, list items' lengths the program
+/// multiplies) are different expressions, and the rewrite must keep each value's shape.
 const MATMUL_TRANSPOSED_AS_LINEAR: Rule = Rule {
     name: "matmul-transposed-as-linear",
-    pattern: || call("matmul", [any("a"), call("transpose", [any("w")]).bind("t").single_use()]),
+    pattern: || call("matmul", [any("a"), call("transpose", [any("w")]).bind("t").single_use()]).bind("mm"),
     rewrite: |m| {
         let (a, w) = (m.meta("a")?, m.meta("w")?);
         let swapped = perm_of(m, "t")? == [1, 0];
-        (swapped && w.ndim() == 2 && a.ndim() >= 1)
-            .then(|| Replacement::call(Linalg::Linear {}, [m.arg("a"), m.arg("w")]))
+        if !(swapped && w.ndim() == 2 && a.ndim() >= 1) {
+            return None;
+        }
+        let linear_shape: Vec<Dim> = a.shape[..a.ndim() - 1].iter().chain([&w.shape[0]]).cloned().collect();
+        (m.meta("mm")?.shape == linear_shape).then(|| Replacement::call(Linalg::Linear {}, [m.arg("a"), m.arg("w")]))
     },
 };
 

@@ -21,7 +21,7 @@ from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.symint import identical
+from thunder_rs.core.lang.symint import SymInt, identical
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,
@@ -352,7 +352,11 @@ def _index_tensor(op: str, index, dim: int, size: int, device):
                 f"index {v} is out of bounds for dimension {dim} with size {size} (argument key)",
                 ThunderIndexError,
             )
-        return _constant([v % size for v in index.values], index.shape, device)
+        if type(size) is not SymInt or all(v >= 0 for v in index.values):
+            return _constant([v % size if type(size) is not SymInt else v for v in index.values], index.shape, device)
+        # A negative index counts from a symbolic end: added to the size each call.
+        raw = _constant(list(index.values), index.shape, device)
+        return prims.where(prims.lt(raw, 0), prims.add(raw, size), raw)
     index = clang.maybe_convert(index, torch.int64)
     if getattr(index, "_nonnegative", False):  # ``nonzero``'s indices (``fallback`` marks them)
         return index
@@ -530,7 +534,7 @@ def slice_tensor(a, dim=0, start=None, end=None, step=1):
     check(a.ndim > 0, op, "slice() cannot be applied to a 0-dim tensor. (argument a)", ThunderIndexError)
     d = clang.canonicalize_dim(a.ndim, dim, op)
     check(step > 0, op, "slice step must be positive (argument step)", ThunderRuntimeError)
-    begin, stop, _ = slice(start, end, step).indices(a.shape[d])
+    begin, stop, _ = slice_indices(slice(start, end, step), a.shape[d])  # (a symbolic size's bounds decided)
     return slice_in_dim(a, d, begin, max(begin, stop), step)
 
 

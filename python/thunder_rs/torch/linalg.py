@@ -23,6 +23,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core, clang, prims
+from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
@@ -39,11 +40,13 @@ from thunder_rs.errors import (
 from thunder_rs.torch.common import require_tensor, sum_to
 from thunder_rs.torch.strides import strides_of
 from thunder_rs.torch.symbols import ltorch, register, torchsymbol
-from thunder_rs.core.lang.symint import identical, same_shape
+from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 T = torch.Tensor
 __all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm", "flattened_product"]
 LA = torch.linalg
+#: Output sizes kept symbolic (loaded on the first call of an opaque op with symbolic sizes).
+_SIZES = LazyModule("thunder_rs.core.lang.fallback_sizes")
 
 
 def _check_operands(op: str, a, b, names: tuple[str, str], ranks=None) -> None:
@@ -532,8 +535,17 @@ def matmul_grad(input, other):
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
 
-def _meta(shape, dtype, requires_grad: bool = False):
-    return torch.empty(shape, dtype=dtype, device="meta", requires_grad=requires_grad)
+class _Meta:
+    """An output a meta rule here describes: its shape (symbolic where the inputs' sizes are: a
+    meta tensor would take each size at its value), dtype and whether autograd differentiates it."""
+
+    __slots__ = ("shape", "dtype", "requires_grad")
+
+    def __init__(self, shape, dtype, requires_grad: bool = False):
+        self.shape, self.dtype, self.requires_grad = tuple(shape), dtype, requires_grad
+
+
+_meta = _Meta
 
 
 def _lstsq_meta(A, B, rcond=None, *, driver=None):
@@ -570,7 +582,7 @@ def _lstsq_meta(A, B, rcond=None, *, driver=None):
         f"A {list(A.shape)} and B {list(B.shape)} have different numbers of rows (argument B)",
         ThunderRuntimeError,
     )
-    batch = torch.broadcast_shapes(A.shape[:-2], b_shape[:-2])
+    batch = clang.broadcast_shapes(op, A.shape[:-2], b_shape[:-2])
     solution = (*batch, A.shape[-1]) if vector else (*batch, A.shape[-1], b_shape[-1])
     differentiable = A.requires_grad or B.requires_grad
     if driver == "gelsy":
@@ -601,24 +613,53 @@ def _geqrf_meta(input):
     )
 
 
+def _differentiable(x) -> bool:
+    return x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
+
+
 def _as_meta(x):
     """A meta tensor like the proxy ``x``, requiring grad as it does, so that the meta kernel's
     outputs say which of them eager's autograd differentiates."""
     if not isinstance(x, TensorProxy):
         return x
-    differentiable = x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
-    # Symbolic sizes are taken at their values (guarded): a factorisation's meta kernel sizes its
-    # outputs from concrete ones.
+    # Symbolic sizes are taken at their values (guarded): the static way, where the symbolic one
+    # (``_symbolic_metadata``) cannot be followed.
     shape = [int(s) for s in x.shape]
-    return torch.empty(shape, dtype=x.dtype, device="meta", requires_grad=differentiable)
+    return torch.empty(shape, dtype=x.dtype, device="meta", requires_grad=_differentiable(x))
+
+
+def _symbolic_metadata(func, args, kwargs):
+    """The outputs of ``func`` and their shapes with the inputs' symbolic sizes kept symbolic
+    (torch's meta kernel on fake tensors of symbolic sizes: ``fallback_sizes``; what it decides on
+    the sizes, ``min(m, n)`` of a factorisation, is recorded as a decision), or None: no input
+    size is symbolic, or torch's kernel cannot be followed so (the static way then raises eager's
+    error for invalid arguments)."""
+    leaves = tree_flatten((args, kwargs))[0]
+    if not any(type(x) is SymInt or (isinstance(x, TensorProxy) and x._symbolic) for x in leaves):
+        return None
+    with torch.enable_grad():
+        found = _SIZES.load().symbolic_metadata(func, args, kwargs, False, requires_grad=_differentiable)
+    return found if isinstance(found, tuple) else None
 
 
 def _metadata(func, meta, name: str, args, kwargs):
-    """The outputs of ``func`` as meta tensors: ``meta`` (given the proxies) when there is one,
-    else torch's meta kernel. Invalid arguments raise what eager raises, with the op's name;
-    torch's Python meta kernels assert where eager's kernels raise RuntimeError."""
+    """The outputs of ``func`` as meta tensors and ``shape(t)`` of each: ``meta`` (given the
+    proxies) when there is one, else torch's meta kernel, with symbolic sizes where the inputs
+    have them. Invalid arguments raise what eager raises, with the op's name; torch's Python meta
+    kernels assert where eager's kernels raise RuntimeError."""
     if meta is not None:
-        return meta(*args, **kwargs)
+        return meta(*args, **kwargs), _shape
+    symbolic = _symbolic_metadata(func, args, kwargs)
+    if symbolic is not None:
+        return symbolic
+    return _meta_outputs(func, name, args, kwargs), _shape
+
+
+def _shape(t):
+    return t.shape
+
+
+def _meta_outputs(func, name: str, args, kwargs):
     meta_args, meta_kwargs = tree_map(_as_meta, (args, kwargs))
     try:
         with torch._C.DisableTorchFunctionSubclass(), torch.enable_grad():
@@ -649,11 +690,11 @@ def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers
     in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
     check(bool(in_leaves), name, "expected a tensor argument", ThunderTypeError)
     _check_dtype(name, in_leaves[0], integers_rejected)
-    out = _metadata(func, meta, name, args, kwargs)
+    out, shape = _metadata(func, meta, name, args, kwargs)
     leaves, spec = tree_flatten(out)
     device = str(in_leaves[0].device)
     requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
-    metas = [output_meta(t.shape, t.dtype, device, requires_grad and t.requires_grad) for t in leaves]
+    metas = [output_meta(shape(t), t.dtype, device, requires_grad and t.requires_grad) for t in leaves]
     if requires_grad:  # (a view input a gradient flows into: ``TensorProxy._view_grad``)
         note_gradient_through(metas, (*args, *kwargs.values()))
     outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))

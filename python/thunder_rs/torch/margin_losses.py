@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
     ThunderRuntimeError,
@@ -186,7 +187,8 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     classes_iota = prims.iota(classes, 0, 1, x.device, torch.int64)
     own = prims.eq(clang.expand_to(index, x.shape), clang.expand_to(classes_iota, x.shape))
     hinge = prims.where(own, clang.maybe_convert(0.0, hinge.dtype), hinge)
-    loss = prims.div(prims.sum(hinge, (1,)), float(classes))
+    # A symbolic count divides as the size it is (``float`` would specialise it).
+    loss = prims.div(prims.sum(hinge, (1,)), classes if type(classes) is SymInt else float(classes))
     if input.ndim < 2:
         loss = prims.reshape(loss, tuple(target.shape) if reduction == "none" else (batch,))
     return _reduce(op, loss, reduction)

@@ -190,7 +190,9 @@ def _ranks(q, values, ignore_nan: bool):
     if ignore_nan:
         ranks = ltorch.mul(q, ltorch.to(sub(sub(n, nans), 1), q.dtype))
         return ltorch.where(ltorch.lt(ranks, 0), 0.0, ranks)
-    return ltorch.where(ltorch.gt(nans, 0), float(n - 1), ltorch.mul(q, float(n - 1)))
+    # Eager's ``q * last_index``, the last index where a row holds NaN; a symbolic size stays a
+    # size computed each call (``float`` would specialise it).
+    return ltorch.mul(ltorch.where(ltorch.gt(nans, 0), 1.0, q), n - 1)
 
 
 def _lerp(start, end, weight):

@@ -4,7 +4,8 @@ A fallback runs torch itself, so its output sizes come from torch's meta kernels
 inputs they are computed on fake tensors of a ``ShapeEnv`` whose symbols are the recording's
 size values (each with its hint): an input's size expression (``t0 * 4``, ``t1 // 2``) becomes
 the same expression over those symbols, and the sizes the kernel returns are read back as
-expressions over the size values (sums, products, floor division and remainder by constants).
+expressions over the size values (sums, products, floor division and remainder by constants;
+a ``min`` or ``max`` as the side the traced sizes take, decided).
 What the kernel decided on the way (``t0 > 16``, ``t0 == 11``) are the ShapeEnv's guards, each
 recorded as the recording's own decision, so the compiled program checks it on each call.
 The kernels run under the Python dispatcher, as Dynamo runs them: without it, ATen's C++
@@ -27,7 +28,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.proxies import TensorProxy
@@ -98,6 +99,10 @@ class _Sizes:
             return _fold(map(self.from_sympy, e.args), lambda a, b: a * b)
         if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and int(e.exp) > 0:
             return _fold([self.from_sympy(e.base)] * int(e.exp), lambda a, b: a * b)
+        if isinstance(e, (Min, Max, sympy.Min, sympy.Max)):
+            # ``min(m, n)`` of a factorisation: the side the sizes take, a decision on them.
+            keeps = "le" if isinstance(e, (Min, sympy.Min)) else "ge"
+            return _fold(map(self.from_sympy, e.args), lambda a, b: a if _decide(keeps, a, b) else b)
         if isinstance(e, (FloorDiv, Mod, PythonMod)):
             a, b = map(self.from_sympy, e.args)
             if type(b) is not int or b <= 0:
@@ -131,6 +136,14 @@ class _Sizes:
             raise _Unfollowed(f"the guard {relation} fails at the traced sizes")
 
 
+def _decide(op: str, a, b) -> bool:
+    """``a op b`` for sizes (ints or the recording's expressions), recorded as a decision where
+    one is symbolic."""
+    if type(a) is int and type(b) is int:
+        return {"le": a <= b, "ge": a >= b}[op]
+    return current().decide(op, a, b)
+
+
 def _always(relation) -> bool:
     """Whether a guard torch took holds whatever the sizes, so that none is needed: a reshape's
     check that a length divides the numel, ``Mod(3*(t//2) + 3, t//2 + 1) == 0`` (``irfft``), which
@@ -154,17 +167,20 @@ def _source(name: str):
     return _DYNAMO_SOURCES.load().ConstantSource(name)
 
 
-def symbolic_metadata(func, args, kwargs, factory: bool):
+def symbolic_metadata(func, args, kwargs, factory: bool, requires_grad=None):
     """``func``'s outputs computed on fake tensors with symbolic sizes, their sizes the
     recording's (``SymInt`` where symbolic), as ``(outputs, sizes)``: ``sizes(t)`` gives an
-    output's shape. None where the call's sizes cannot be followed (see the module doc)."""
+    output's shape. None where the call's sizes cannot be followed (see the module doc).
+    ``requires_grad(proxy)``: whether its fake tensor requires grad (so that the outputs say which
+    of them autograd differentiates; the caller enables grad); by default none does."""
     sizes = _Sizes()
     mode = FakeTensorMode(shape_env=sizes.env)
 
     def fake(x):
         if isinstance(x, TensorProxy):
             shape = [sizes.to_torch(d) for d in x.shape]
-            return torch.empty(shape, dtype=x.dtype, device=x.device)
+            differentiable = requires_grad is not None and requires_grad(x)
+            return torch.empty(shape, dtype=x.dtype, device=x.device, requires_grad=differentiable)
         return sizes.to_torch(x) if type(x) is SymInt else x
 
     with torch._C.DisableTorchFunctionSubclass():
