@@ -63,3 +63,17 @@ def test_each_object_and_method_guard_is_made_once(monkeypatch):
         assert thunder_rs.compile_stats(jm).cache_misses == 3
     finally:
         Configured.helper = helper
+
+
+def test_the_proxy_metadata_helpers_answer_as_its_torch_function_does():
+    # The recorder and the grad rules read ``requires_grad`` and ``numel()`` of every operand through
+    # ``requires_grad_of``/``numel_of``, which skip the trip through ``__torch_function__``.
+    from thunder_rs.core.base.proxies import TensorProxy, numel_of, requires_grad_of
+
+    for shape in ((2, 3, 4), (), (0, 5)):
+        for requires_grad in (False, True):
+            proxy = TensorProxy(0, shape, torch.float32, torch.device("cpu"), requires_grad)
+            assert requires_grad_of(proxy) is proxy.requires_grad is requires_grad
+            assert numel_of(proxy) == proxy.numel()
+    t = torch.ones(2, 3, requires_grad=True)
+    assert requires_grad_of(t) and numel_of(t) == 6

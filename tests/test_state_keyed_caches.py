@@ -55,7 +55,22 @@ def _by_size(use: str = "keyed"):
                 masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
         return x @ masks[n]
 
-    return {"keyed": keyed, "len": by_length, "helper": helper, "loop": looped}[use], masks
+    def by_size(x):
+        n = x.shape[-1]
+        if n not in masks:
+            masks[n] = torch.ones(n, n, dtype=x.dtype).triu()
+        return x @ masks[n]
+
+    def by_int(x):
+        if 9 not in masks:
+            masks[9] = torch.ones(9, 9, dtype=x.dtype).triu()
+        return masks[9].sum()
+
+    def two_functions(x):
+        return by_size(x) + by_int(x)  # one closure cell, read by two functions: each one's use is seen
+
+    programs = {"keyed": keyed, "len": by_length, "helper": helper, "loop": looped, "two": two_functions}
+    return programs[use], masks
 
 
 def _run_like_eager(use: str, sizes, dynamic=None) -> tuple:
@@ -80,7 +95,7 @@ def test_a_cache_keyed_by_a_symbolic_size_is_filled_by_one_compile():
     assert stats.miss_reasons[-1].startswith("t0 not in closure variable 'masks'")
 
 
-@pytest.mark.parametrize("use", ["len", "helper", "loop"])
+@pytest.mark.parametrize("use", ["len", "helper", "loop", "two"])
 def test_a_cache_used_otherwise_than_by_its_symbolic_key_is_guarded_whole(use):
     # Cleared by its length; read by a plain int too, in another function or in a loop (stored by
     # the first call, then found).

@@ -8,7 +8,7 @@ Each helper is written once here; a family keeps the helpers only it uses.
 import torch
 
 from thunder_rs import _core
-from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.proxies import TensorProxy, requires_grad_of
 from thunder_rs.core.lang.recorder import current, note_gradient_through, output_meta, proxies
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, hint
@@ -160,7 +160,7 @@ def like(t):
 
 def flows(*tensors) -> bool:
     """Whether one of ``tensors`` (numbers and None allowed) requires grad."""
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    return any(isinstance(t, torch.Tensor) and requires_grad_of(t) for t in tensors)
 
 
 def masked_meta(output_mask, *outputs):

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.base.proxies import requires_grad_of
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
@@ -153,7 +154,8 @@ def _trailing(input, normalized_shape) -> tuple[int, ...]:
 def _native_layer_norm_meta(input, normalized_shape, weight, bias, eps):
     stats = (*input.shape[: input.ndim - len(normalized_shape)], *(1,) * len(normalized_shape))
     dtype = _norm_stats_dtype(input, weight, bias)
-    return [like(input), (stats, dtype, input.requires_grad), (stats, dtype, input.requires_grad)]
+    grad = requires_grad_of(input)
+    return [like(input), (stats, dtype, grad), (stats, dtype, grad)]
 
 
 @torchsymbol(name="native_layer_norm", meta=_native_layer_norm_meta)
@@ -245,7 +247,7 @@ def _rule_dims(input, normalized_shape, *params):
 
 
 def _wants_grad(x) -> bool:
-    return x is not None and x.requires_grad
+    return x is not None and requires_grad_of(x)
 
 
 def _put_param_grads(g, xhat, lead: int, weight, bias) -> None:

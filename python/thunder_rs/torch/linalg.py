@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core, clang, prims
 from thunder_rs.core.base.lazy import LazyModule
-from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.proxies import TensorProxy, requires_grad_of
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
@@ -362,11 +362,11 @@ def addmm_grad(input, mat1, mat2, *, beta=1, alpha=1):
     if mat1.dtype.is_complex:
         return out  # the decomposition's VJP
     g = get_grad(out)
-    if input.requires_grad:
+    if requires_grad_of(input):
         put_grad(input, sum_to(_scaled(g, beta), input.shape))
-    if mat1.requires_grad:
+    if requires_grad_of(mat1):
         put_grad(mat1, _scaled(mm_first_grad(g, mat1, mat2), alpha))
-    if mat2.requires_grad:
+    if requires_grad_of(mat2):
         put_grad(mat2, _scaled(mm_second_grad(g, mat1, mat2), alpha))
     return out
 
@@ -520,7 +520,7 @@ def eager_matmul_grads(g, input, other, wanted: tuple[bool, bool]):
 def matmul_grad(input, other):
     out = ltorch.matmul(input, other)
     g = get_grad(out)
-    first, second = eager_matmul_grads(g, input, other, (input.requires_grad, other.requires_grad))
+    first, second = eager_matmul_grads(g, input, other, (requires_grad_of(input), requires_grad_of(other)))
     grads = [(x, grad) for x, grad in ((input, first), (other, second)) if grad is not None]
     # ``a @ a`` batched: eager's bmm of a view of each operand, whose backward nodes run newest
     # first, adds the second operand's gradient first (2-D: one mm node, in operand order)

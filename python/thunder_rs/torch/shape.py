@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.core.base.proxies import numel_of
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
     ThunderIndexError,
@@ -171,7 +172,7 @@ def _unique_dims(op: str, ndim: int, dims, arg: str = "dim") -> tuple[int, ...]:
 @torchsymbol(Tensor.reshape, torch.reshape, reads_numbers_from=1)
 def reshape(a, *args, shape=None):
     shape = _one_of("ltorch.reshape", args, shape, "shape")
-    return reshape_to(a, infer_shape("ltorch.reshape", shape, a.numel()))
+    return reshape_to(a, infer_shape("ltorch.reshape", shape, numel_of(a)))
 
 
 # The torch executor runs the view symbols as reshapes: ``contiguous()`` dissolves from traces, so
@@ -193,7 +194,7 @@ def view(a, *args, size=None, dtype=None):
             "(argument dtype)"
         )
     shape = _one_of("ltorch.view", args, size, "size")
-    return reshape_to(a, infer_shape("ltorch.view", shape, a.numel()))
+    return reshape_to(a, infer_shape("ltorch.view", shape, numel_of(a)))
 
 
 @torchsymbol(_view_as_as_reshape_as, Tensor.view_as)

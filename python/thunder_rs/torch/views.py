@@ -32,7 +32,7 @@ from thunder_rs import prims
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.lang.fallback import fallback, qualified_name, user_fallback
 from thunder_rs.core.lang.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
-from thunder_rs.core.base.proxies import TensorProxy, make_proxy
+from thunder_rs.core.base.proxies import TensorProxy, make_proxy, numel_of
 from thunder_rs.core.lang.recorder import start_prim_log, stop_prim_log
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, identical
@@ -734,7 +734,7 @@ def _checked_view(view_op):
 
     def view(a, *args, **kwargs):
         out = view_op(a, *args, **kwargs)
-        if isinstance(a, TensorProxy) and isinstance(out, TensorProxy) and a.numel() > 0:
+        if isinstance(a, TensorProxy) and isinstance(out, TensorProxy) and numel_of(a) > 0:
             check(
                 viewed_strides(tuple(a.shape), strides_of(a), tuple(out.shape)) is not None,
                 "ltorch.view",

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from thunder_rs import _core
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.layouts import layout, strides_in
-from thunder_rs.core.base.proxies import TensorProxy, make_proxy
+from thunder_rs.core.base.proxies import TensorProxy, make_proxy, requires_grad_of
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
 
@@ -412,9 +412,9 @@ def enter_backward() -> None:
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
     for a in (*args, *kwargs.values()):
         if isinstance(a, TensorProxy):
-            if a.requires_grad:
+            if requires_grad_of(a):
                 return True
-        elif isinstance(a, (tuple, list)) and any(isinstance(x, TensorProxy) and x.requires_grad for x in a):
+        elif isinstance(a, (tuple, list)) and any(isinstance(x, TensorProxy) and requires_grad_of(x) for x in a):
             return True
     return False
 

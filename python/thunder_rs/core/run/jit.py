@@ -29,6 +29,7 @@ from thunder_rs.core.acquisition.cache import (
 )
 from thunder_rs.core.run.front import live_functions
 from thunder_rs.core.run.generate import generated, snapshot_runner
+from thunder_rs.core.run.deferred_gc import collections_deferred
 from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
@@ -403,7 +404,13 @@ class ThunderFunction:
             constant = next((i for i, r in enumerate(forced) if r.sizes), len(forced))
             return self._compile_with(flat, spec, key, guard_reason, forced[:constant], {}, **options)
 
-    def _compile_with(
+    def _compile_with(self, *args, **kwargs) -> Entry:
+        """``_compile_entry``, with the garbage collections it would start run once at its end
+        (``deferred_gc``)."""
+        with collections_deferred():
+            return self._compile_entry(*args, **kwargs)
+
+    def _compile_entry(
         self,
         flat,
         spec,

@@ -161,6 +161,11 @@ class StateContainers:
             self._dicts_of.setdefault(self.reading, []).append(self._places[id(value)])
             self._dicts_of_ids.add(id(self.reading))
 
+    def settled(self, source) -> bool:
+        """Whether noting a value read at ``source`` again would change nothing (but a dict's
+        codes): its source is rooted, or can never be."""
+        return isinstance(source, (InputSource, *_ROOTS)) or id(_holder(source)) in self._paths
+
     def returns_wanted(self, code) -> bool:
         """Whether the returns of ``code`` must be seen (``returned``): its reads reached a dict."""
         return id(code) in self._dicts_of_ids

@@ -161,6 +161,9 @@ class Observer:
         self._made: set = set()
         #: id(module or clone) -> the source of its attributes
         self._module_sources: dict = {}
+        #: ``(type of source, source key, name, guard)`` -> ``(value, the code that read it when a
+        #: dict, what _keep answered)`` of the reads kept (``_keep``)
+        self._kept: dict = {}
         #: the code of functions cached by functools read as state, with the cached function
         self._cached: dict = {}
 
@@ -557,7 +560,23 @@ class Observer:
 
     def _keep(self, source, name: str, value, origin: str, guard: bool = True):
         """Guards ``value``, read as ``name`` at ``source`` (unless the source guards it another
-        way); returns it if reads may go on from it."""
+        way); returns it if reads may go on from it.
+
+        Most reads repeat one made before in the acquisition (a config attribute read by every
+        layer, a module's attribute by each call of it): what the first made (guards, the first
+        source, iterator positions) holds for them, so a read of the same object at the same
+        place answers as the first did (``_kept``; a dict only for the code that first read it,
+        whose returns ``containers`` watches)."""
+        kept = (type(source), source.key, name, guard)
+        known = self._kept.get(kept)
+        if known is not None and known[0] is value and (known[1] is None or known[1] is self.state.containers.reading):
+            return known[2]
+        out = self._keep_first(source, name, value, origin, guard)
+        if self.state.containers.settled(source):
+            self._kept[kept] = (value, self.state.containers.reading if type(value) is dict else None, out)
+        return out
+
+    def _keep_first(self, source, name: str, value, origin: str, guard: bool):
         if isinstance(value, TensorProxy):
             return MISSING
         if hasattr(type(value), "__next__") and id(value) not in self._iterators:
