@@ -110,7 +110,7 @@ def check_tensor_type(proxy: TensorProxy, use: TypeUse, chain: str, local: dict,
             c is eager if eager is not None else isinstance(c, type) and issubclass(c, torch.Tensor) for c in classes
         ):
             return  # eager's answer is the proxy's (``type(x) is np.ndarray``)
-        construct = f"type({chain}) {use.op} ..."
+        construct = f"type({chain}) {use.op} {_text(use.operand)}"
     known = f"{eager.__module__}.{eager.__qualname__}" if eager is not None else "its class (torch.Tensor, ...)"
     raise ThunderNotImplementedError(
         f"thunder_rs.jit: {construct} at {site}: type() of a tensor is {known} in eager, which the trace's "
@@ -160,6 +160,26 @@ def _evaluate(operand: tuple, local: dict, globals_: dict):
     except Exception:  # noqa: BLE001 (an operand read otherwise than it can: unknown)
         return _UNKNOWN
     return stack[0] if len(stack) == 1 else _UNKNOWN
+
+
+def _text(operand: tuple) -> str:
+    """The program's text of the instructions ``operand`` (``torch.Tensor``, ``(A, B)``), ``...``
+    for what ``_evaluate`` does not read."""
+    stack: list = []
+    for ins in operand:
+        if ins.opname == "LOAD_CONST":
+            stack.append(repr(ins.argval))
+        elif ins.opname in _ROOTS:
+            stack.append(str(ins.argval))
+        elif ins.opname == "LOAD_ATTR" and stack:
+            stack.append(f"{stack.pop()}.{ins.argval}")
+        elif ins.opname in _BUILDS and ins.arg is not None and len(stack) >= ins.arg:
+            items = [stack.pop() for _ in range(ins.arg)][::-1]
+            left, right = {"BUILD_TUPLE": ("(", ")"), "BUILD_LIST": ("[", "]")}.get(ins.opname, ("{", "}"))
+            stack.append(f"{left}{', '.join(items)}{right}")
+        else:
+            return "..."
+    return stack[0] if len(stack) == 1 else "..."
 
 
 def _attribute_of(value, name: str):
