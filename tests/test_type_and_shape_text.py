@@ -157,6 +157,21 @@ def test_printed_and_logged_shapes_are_each_call_s_and_keep_the_sizes_symbolic(c
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
 
 
+def test_a_printed_f_string_of_a_shape_is_each_call_s(capsys):
+    def fn(x):
+        print(f"shape {x.shape}")
+        return x * 2
+
+    jfn, sizes = thunder_rs.jit(fn), (2, 3, 4, 3)
+    for n in sizes:
+        fn(torch.randn(n))
+    eager = capsys.readouterr().out
+    for n in sizes:
+        jfn(torch.randn(n))
+    assert capsys.readouterr().out == eager
+    assert thunder_rs.compile_stats(jfn).cache_misses == 3  # (the text holds the size: one per size)
+
+
 def test_an_assert_message_formatting_a_shape_is_eager_s_and_specialises_nothing():
     def fn(x):
         torch._assert(x.shape[0] < 5, f"too long: {x.shape}")
