@@ -6,6 +6,7 @@ call on it arrives at ``__torch_function__`` and goes to the language context; n
 ``__torch_dispatch__``.
 """
 
+import sys
 import weakref
 from typing import Callable
 
@@ -20,6 +21,8 @@ _language_context = None
 #: Makes a symbolic size (``_core.SymExpr``) the ``SymInt`` programs see; installed by
 #: ``thunder_rs.core.lang.symint`` when it is imported.
 _size: Callable = int  # replaced when symint is imported (always, by thunder_rs)
+#: The texts of a shape's sizes for the code of a frame (installed with ``_size``).
+_size_texts: Callable = lambda sizes, frame: map(str, sizes)  # noqa: E731
 
 
 def set_language_context(torch_function) -> None:
@@ -27,9 +30,9 @@ def set_language_context(torch_function) -> None:
     _language_context = torch_function
 
 
-def set_size_wrapper(wrap) -> None:
-    global _size
-    _size = wrap
+def set_size_wrapper(wrap, texts) -> None:
+    global _size, _size_texts
+    _size, _size_texts = wrap, texts
 
 
 def numel(shape):
@@ -85,7 +88,10 @@ class SymbolicSize(tuple):
             )
 
     def __repr__(self):
-        return f"torch.Size([{', '.join(map(str, self))}])"
+        """Eager's text (the sizes' values) where the program makes it: ``str(x.shape)``,
+        ``f"{x.shape}"``, a logging call's ``%s`` (``SymInt.__str__``); the expressions where
+        thunder_rs does (its messages)."""
+        return f"torch.Size([{', '.join(_size_texts(self, sys._getframe(1)))}])"
 
 
 def size_of(sizes: tuple) -> "torch.Size | SymbolicSize":

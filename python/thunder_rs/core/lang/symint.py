@@ -522,7 +522,18 @@ def _sym_float(self: SymInt) -> SymFloat:
 
 SymInt.__sym_float__ = _sym_float  # type: ignore[method-assign,assignment]
 
-set_size_wrapper(wrap)
+
+def _size_texts(sizes, frame) -> list:
+    """The texts of a shape's ``sizes`` for the code of ``frame`` (``SymbolicSize.__repr__``), as
+    ``SymInt.__str__`` makes each: the value (specialised) for the program's text, the hint for a
+    ``torch._assert`` message, the expression for thunder_rs's."""
+    if _internal(frame):
+        return [str(s.expr) if type(s) is SymInt else str(s) for s in sizes]
+    hint = only_assert_message(frame)
+    return [str((s.expr.hint if hint else s.__index__()) if type(s) is SymInt else s) for s in sizes]
+
+
+set_size_wrapper(wrap, _size_texts)
 
 
 def sym_sum(*args):

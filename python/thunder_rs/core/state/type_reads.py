@@ -23,9 +23,10 @@ from typing import NamedTuple
 
 import torch
 
-from thunder_rs.core.base.proxies import SymbolicSize
+from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.state.guards import Item, attributes_of
 from thunder_rs.core.state.identity import instructions
+from thunder_rs.core.state.tensor_types import TypeUse, check_tensor_type, type_use
 
 _ROOTS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF"})
 _CONSTS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})
@@ -60,6 +61,8 @@ class TypeCall(NamedTuple):
     steps: tuple
     fixed: bool
     line: int
+    #: what the code does with the class (``tensor_types.type_use``), for a chain's
+    use: TypeUse | None = None
 
 
 def type_calls(code) -> tuple:
@@ -76,7 +79,8 @@ def type_calls(code) -> tuple:
         line = _line(ins, code.co_firstlineno)
         chain = _chain_called(listed, i + 1)
         if chain is not None:
-            found.append(TypeCall(chain[0], chain[1], chain[0] not in stored, line))
+            use = type_use(listed, i, chain[2])
+            found.append(TypeCall(chain[0], chain[1], chain[0] not in stored, line, use))
         elif _called(listed, i):
             found.append(TypeCall(None, (), False, line))
     return tuple(found)
@@ -92,7 +96,7 @@ def _line(ins, first: int) -> int:
 
 
 def _chain_called(listed: list, j: int) -> tuple | None:
-    """``(root, steps)`` where ``listed[j:]`` loads a local and reads attributes and items by
+    """``(root, steps, index of the call)`` where ``listed[j:]`` loads a local and reads attributes and items by
     constant keys of it, then calls what was loaded before with it alone."""
     if j >= len(listed) or listed[j].opname not in _ROOTS:
         return None
@@ -109,7 +113,7 @@ def _chain_called(listed: list, j: int) -> tuple | None:
         elif ins.opname == "PRECALL" and ins.arg == 1:
             pass
         else:
-            return (root, tuple(steps)) if ins.opname in _CALLS and ins.arg == 1 else None
+            return (root, tuple(steps), j) if ins.opname in _CALLS and ins.arg == 1 else None
         j += 1
     return None
 
@@ -140,13 +144,21 @@ def read_types(calls: tuple, local: dict, globals_: dict, filename: str) -> None
     for call in calls:
         site = f"{filename}:{call.line}"
         if call.root is not None:
-            _answer(_follow(local.get(call.root, _MISSING), call.steps), site, True)
+            value = _follow(local.get(call.root, _MISSING), call.steps)
+            if call.use is not None and isinstance(value, TensorProxy):
+                check_tensor_type(value, call.use, _described(call), local, globals_, site)
+            _answer(value, site, True)
         if not call.fixed and loose is None:
             loose = site
     if loose is not None:
         for value in local.values():
             for item in (value, *_items(value)):
                 _answer(item, loose, False)
+
+
+def _described(call: TypeCall) -> str:
+    """The program's text of a chain (``self.w``, ``cfg['x']``)."""
+    return str(call.root) + "".join(f"[{s.key!r}]" if type(s) is Item else f".{s}" for s in call.steps)
 
 
 def _items(value) -> tuple:
@@ -185,8 +197,17 @@ def _reached(value, steps: tuple):
             value = value.shape
         else:
             attributes = attributes_of(value)
-            value = attributes.get(step, _MISSING) if attributes is not None else _MISSING
+            found = attributes.get(step, _MISSING) if attributes is not None else _MISSING
+            if found is _MISSING and isinstance(value, torch.nn.Module):  # (its ``__getattr__``'s dicts)
+                found = next((d[step] for d in _module_dicts(attributes) if step in d), _MISSING)
+            value = found
     return value
+
+
+def _module_dicts(attributes) -> tuple:
+    """A module's parameters, buffers and submodules (what ``nn.Module.__getattr__`` reads)."""
+    dicts = (attributes.get(n) for n in ("_parameters", "_buffers", "_modules")) if attributes is not None else ()
+    return tuple(d for d in dicts if type(d) is dict)
 
 
 def _answer(value, site: str, exact: bool) -> None:
