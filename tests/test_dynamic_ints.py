@@ -166,13 +166,13 @@ def solved(a, b):
     return torch.linalg.solve(a, b).sum(-1) + b.mean(-1)
 
 
-def test_a_factorisation_over_changing_sizes_specialises_them_without_turning_symbolic_compiles_off():
+def test_a_factorisation_over_changing_sizes_keeps_them_symbolic():
+    # linalg's sizes follow torch's own size rules on symbolic sizes (was: a compile per size)
     jf = thunder_rs.jit(solved)
-    for n in [3, 4, 5]:
+    for n in [3, 4, 5, 6]:
         a, b = torch.randn(2, n, n) + n * torch.eye(n), torch.randn(2, n, 7)
         torch.testing.assert_close(jf(a, b), solved(a, b))
-    assert stats(jf).cache_misses == 3 and jf._dynamic_off is None
-    assert "t0 - 4 == 0 fails" in stats(jf).miss_reasons[2]
+    assert stats(jf).cache_misses == 2 and jf._dynamic_off is None
 
 
 def top(x, k):
