@@ -168,6 +168,21 @@ class TensorProxy(torch.Tensor):
     def grad(self, value):
         raise grad_error("sets")
 
+    @property
+    def is_leaf(self) -> bool:  # type: ignore[override]  # (an attribute in torch's stubs)
+        """Eager's answer: a tensor that requires grad is a leaf only where it is an input that is one
+        (the cache key tells them apart); an op's output that requires grad never is."""
+        with torch._C.DisableTorchFunctionSubclass():
+            return not self.requires_grad or self._leaf
+
+    @property
+    def _base(self):
+        raise call_state_error("_base", "whether a tensor is a view of another, and of which")
+
+    @property
+    def _version(self):
+        raise call_state_error("_version", "the count of in-place writes to a tensor")
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         return _language_context(func, args, kwargs or {})
@@ -197,6 +212,14 @@ def grad_error(what: str) -> ThunderNotImplementedError:
         "call cannot read or set gradients (it would see those of the first call). Run what uses .grad (an "
         "optimizer step, zero_grad, gradient clipping) outside the jitted function, or pass the gradients as "
         "arguments"
+    )
+
+
+def call_state_error(name: str, what: str) -> ThunderNotImplementedError:
+    """Eager's answer to ``Tensor.<name>`` differs from call to call; no compiled call specialises on it."""
+    return ThunderNotImplementedError(
+        f"Tensor.{name}: read at {user_location()} on a traced tensor; a compiled call does not specialise on "
+        f"{what}, so the value could be another call's"
     )
 
 

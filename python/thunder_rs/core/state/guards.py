@@ -518,21 +518,30 @@ class DictGuard:
         return f"_same_attributes({self.source.code(f'm{index}', scope)}, e{index})"
 
 
+#: The requires_grad of a tensor's metadata where it requires grad and is not a leaf (the output
+#: of an op that recorded a gradient): eager answers ``is_leaf`` and refuses in-place writes by it.
+NOT_A_LEAF = "not a leaf"
+
+
 def tensor_meta(t) -> tuple:
     """What a trace specialises on of a tensor it takes as an input, as the cache key holds it for
-    arguments: dtype, device, shape, requires_grad, the layout (``core.base.layouts``), and whether
-    it is an inference tensor (eager raises for one an op saves for backward or writes in place)."""
-    return (t.dtype, t.device, t.shape, t.requires_grad, t.is_contiguous() or layout(t), t.is_inference())
+    arguments: dtype, device, shape, requires_grad (``NOT_A_LEAF`` for one that is not a leaf),
+    the layout (``core.base.layouts``), whether it is an inference tensor (eager raises for one an
+    op saves for backward or writes in place), and its type (a ``Parameter``, a subclass)."""
+    grad = t.requires_grad and (t.is_leaf or NOT_A_LEAF)
+    return (t.dtype, t.device, t.shape, grad, t.is_contiguous() or layout(t), t.is_inference(), type(t))
 
 
 def _tensor_text(meta) -> str:
     if meta is MISSING:
         return "no tensor"
-    dtype, device, shape, requires_grad, arranged, inference = meta
+    dtype, device, shape, requires_grad, arranged, inference, kind = meta
     sizes = ", ".join("s" if n is None else str(n) for n in shape)
-    kind = "inference tensor" if inference else "tensor"
-    text = f"a {str(dtype).removeprefix('torch.')} {kind} of shape [{sizes}] on {device}"
+    what = "inference tensor" if inference else "tensor"
+    what += "" if kind is torch.Tensor else f" ({kind.__qualname__})"
+    text = f"a {str(dtype).removeprefix('torch.')} {what} of shape [{sizes}] on {device}"
     text += ", requiring grad" if requires_grad else ""
+    text += " (not a leaf)" if requires_grad == NOT_A_LEAF else ""
     return text + ("" if arranged is True else f", {describe(arranged)}")
 
 
@@ -547,11 +556,11 @@ def masked_meta(meta, dims: frozenset):
     inputs)."""
     if meta is MISSING or not dims:
         return meta
-    dtype, device, shape, requires_grad, arranged, inference = meta
+    dtype, device, shape, requires_grad, arranged, inference, kind = meta
     if is_strided(arranged):  # (what the trace decided at its strides: ``layouts.SymbolicStrides``)
         arranged = symbolic_strides(shape, arranged, dims)
     sizes = tuple(None if d in dims else n for d, n in enumerate(shape))
-    return (dtype, device, sizes, requires_grad, arranged, inference)
+    return (dtype, device, sizes, requires_grad, arranged, inference, kind)
 
 
 def _read_masked(value, dims: frozenset):

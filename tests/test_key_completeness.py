@@ -1,0 +1,123 @@
+"""What about a call's tensor arguments may change from one call to the next without changing what
+the cache key held (dtype, device, shape, requires_grad, layout, inference) and still change what
+eager computes: each property is called first one way, then the other, against eager. A property
+the key holds now (leaf or not, the tensor's type) recompiles; one no compiled call specialises on
+(``_base``, ``_version``) is refused where the program reads it, naming the line."""
+
+import pytest
+import torch
+from torch import nn
+
+import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+def _leaf():
+    return torch.ones(3, requires_grad=True)
+
+
+def _not_leaf():
+    return torch.ones(3, requires_grad=True) * 1
+
+
+def _is_leaf(x):
+    return x * 2, x.is_leaf
+
+
+def _grad_fn_or_leaf(x):
+    return x * 2 if x.is_leaf else x * 3
+
+
+@pytest.mark.parametrize("first", ["leaf", "not a leaf"])
+@pytest.mark.parametrize("program", [_is_leaf, _grad_fn_or_leaf], ids=["reads", "branches"])
+def test_a_leaf_and_a_tensor_that_is_not_one_answer_is_leaf_as_eager(first, program):
+    jf = thunder_rs.jit(program)
+    makes = {"leaf": _leaf, "not a leaf": _not_leaf}
+    order = [first, *(m for m in makes if m != first)]
+    for name in (*order, first):
+        torch.testing.assert_close(jf(makes[name]()), program(makes[name]()), rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jf) == 2
+    reasons = thunder_rs.compile_stats(jf).miss_reasons
+    assert ("requires_grad True -> True (not a leaf)" if first == "leaf" else "(not a leaf) -> True") in reasons[1]
+
+
+def _scaled_if_parameter(x):
+    return x * 2 if isinstance(x, nn.Parameter) else x * 3
+
+
+@pytest.mark.parametrize("first", ["tensor", "parameter"])
+def test_a_parameter_argument_and_a_plain_tensor_answer_isinstance_as_eager(first):
+    makes = {"tensor": lambda: torch.ones(3), "parameter": lambda: nn.Parameter(torch.ones(3), requires_grad=False)}
+    jf = thunder_rs.jit(_scaled_if_parameter)
+    for name in (first, *(m for m in makes if m != first), first):
+        torch.testing.assert_close(jf(makes[name]()), _scaled_if_parameter(makes[name]()), rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jf) == 2
+    assert "x: type " in thunder_rs.compile_stats(jf).miss_reasons[1]
+
+
+class _ChecksItsWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x) * (2 if isinstance(self.lin.weight, nn.Parameter) else 3)
+
+
+def test_a_module_parameter_is_a_parameter_to_the_program():
+    model = _ChecksItsWeight()
+    x = torch.randn(2)
+    torch.testing.assert_close(thunder_rs.jit(model)(x), model(x), rtol=0, atol=0)
+
+
+class _OwnTorchFunction(torch.Tensor):
+    """A subclass whose ``__torch_function__`` sees each torch call: a compile refuses it."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_subclass_with_its_own_torch_function_after_a_plain_tensor_is_refused_as_on_a_first_call():
+    jf = thunder_rs.jit(lambda x: x * 2)
+    jf(torch.ones(3))
+    with pytest.raises(ThunderNotImplementedError, match="_OwnTorchFunction defines its own __torch_function__"):
+        jf(torch.ones(3).as_subclass(_OwnTorchFunction))
+
+
+def _scaled_if_view(x):
+    return x * 2 if x._base is None else x * 3
+
+
+def _scaled_by_version(x):
+    return x * x._version
+
+
+@pytest.mark.parametrize(
+    "program, name",
+    [(_scaled_if_view, "_base"), (_scaled_by_version, "_version")],
+    ids=["_base", "_version"],
+)
+def test_reads_no_compiled_call_specialises_on_are_refused_naming_the_line(program, name):
+    jf = thunder_rs.jit(program)
+    with pytest.raises(ThunderNotImplementedError, match=rf"Tensor\.{name}: read at .*test_key_completeness\.py"):
+        jf(torch.ones(4)[:3].add_(1))
+
+
+class _Holder:
+    def __init__(self, t):
+        self.t = t
+
+
+def _held_is_leaf(x, holder):
+    return x * 2 if holder.t.is_leaf else x * 3
+
+
+@pytest.mark.parametrize("first", ["leaf", "not a leaf"])
+def test_a_tensor_an_argument_object_holds_is_a_leaf_or_not_as_eager(first):
+    makes = {"leaf": _leaf, "not a leaf": _not_leaf}
+    jf = thunder_rs.jit(_held_is_leaf)
+    x = torch.randn(3)
+    for name in (first, *(m for m in makes if m != first), first):
+        torch.testing.assert_close(jf(x, _Holder(makes[name]())), _held_is_leaf(x, _Holder(makes[name]())))
+    assert thunder_rs.cache_misses(jf) == 2
