@@ -2,7 +2,9 @@
 the cache key held (dtype, device, shape, requires_grad, layout, inference) and still change what
 eager computes: each property is called first one way, then the other, against eager. A property
 the key holds now (leaf or not, the tensor's type) recompiles; one no compiled call specialises on
-(``_base``, ``_version``) is refused where the program reads it, naming the line."""
+(``_base``, ``_version``) is refused where the program reads it, naming the line; an argument
+written in place that shares memory with the module's own tensors is refused, as one sharing it
+with another argument is (``test_argument_aliases.py``, ``test_state_aliases.py``)."""
 
 import pytest
 import torch
@@ -121,3 +123,37 @@ def test_a_tensor_an_argument_object_holds_is_a_leaf_or_not_as_eager(first):
     for name in (first, *(m for m in makes if m != first), first):
         torch.testing.assert_close(jf(x, _Holder(makes[name]())), _held_is_leaf(x, _Holder(makes[name]())))
     assert thunder_rs.cache_misses(jf) == 2
+
+
+class _WritesItsArgument(nn.Module):
+    """Writes its argument in place, then reads its buffer and parameter: where the argument is the
+    buffer (or a view of it), eager reads the written values."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buf", torch.arange(4.0))
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        with torch.no_grad():
+            x.add_(1)
+        return self.buf * 2 + self.w
+
+
+_ARGUMENTS = {
+    "the buffer": lambda m: m.buf,
+    "a view of the buffer": lambda m: m.buf[:],
+    "a view of the parameter": lambda m: m.w.detach()[:],
+}
+
+
+@pytest.mark.parametrize("argument", list(_ARGUMENTS))
+@pytest.mark.parametrize("first", [True, False], ids=["first", "after a fresh tensor"])
+def test_an_argument_written_in_place_that_shares_the_modules_memory_is_refused(argument, first):
+    model = _WritesItsArgument()
+    jm = thunder_rs.jit(model)
+    if not first:
+        eager = _WritesItsArgument()
+        torch.testing.assert_close(jm(torch.arange(4.0)), eager(torch.arange(4.0)), rtol=0, atol=0)
+    with pytest.raises(ThunderNotImplementedError, match="parameter or buffer of the module, that shares its memory"):
+        jm(_ARGUMENTS[argument](model))
