@@ -4,7 +4,9 @@ eager computes: each property is called first one way, then the other, against e
 the key holds now (leaf or not, the tensor's type) recompiles; one no compiled call specialises on
 (``_base``, ``_version``) is refused where the program reads it, naming the line; an argument
 written in place that shares memory with the module's own tensors is refused, as one sharing it
-with another argument is (``test_argument_aliases.py``, ``test_state_aliases.py``)."""
+with another argument is (``test_argument_aliases.py``, ``test_state_aliases.py``). A Python
+attribute of a tensor argument (``x.scale``) is read as eager reads it and guarded; one set on a
+traced tensor is refused."""
 
 import pytest
 import torch
@@ -157,3 +159,57 @@ def test_an_argument_written_in_place_that_shares_the_modules_memory_is_refused(
         torch.testing.assert_close(jm(torch.arange(4.0)), eager(torch.arange(4.0)), rtol=0, atol=0)
     with pytest.raises(ThunderNotImplementedError, match="parameter or buffer of the module, that shares its memory"):
         jm(_ARGUMENTS[argument](model))
+
+
+def _tagged(**attributes):
+    t = torch.ones(3)
+    for name, v in attributes.items():
+        setattr(t, name, v)
+    return t
+
+
+def _scaled_by_attribute(x):
+    return x * getattr(x, "scale", 1.0)
+
+
+def _scaled_if_tagged(x):
+    return x * 2 if hasattr(x, "scale") else x * 3
+
+
+@pytest.mark.parametrize("program", [_scaled_by_attribute, _scaled_if_tagged], ids=["getattr", "hasattr"])
+def test_a_python_attribute_of_a_tensor_argument_is_read_as_eager_reads_it(program):
+    jf = thunder_rs.jit(program)
+    for attributes in ({"scale": 2.0}, {"scale": 3.0}, {}, {"scale": 2.0}, {}):
+        torch.testing.assert_close(jf(_tagged(**attributes)), program(_tagged(**attributes)), rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jf) == 3  # (the value read is guarded, not only its presence)
+
+
+def test_a_tensor_held_as_an_attribute_of_a_tensor_argument_is_that_calls():
+    jf = thunder_rs.jit(lambda x: x * x.mask)
+    for mask in (torch.zeros(3), torch.ones(3), torch.arange(3.0)):
+        torch.testing.assert_close(jf(_tagged(mask=mask)), _tagged(mask=mask) * mask, rtol=0, atol=0)
+
+
+def _tags_its_argument(x):
+    x.seen = True
+    return x * 2
+
+
+def _tags_its_output(x):
+    out = x * 2
+    out.tag = "out"
+    return out
+
+
+@pytest.mark.parametrize("program", [_tags_its_argument, _tags_its_output], ids=["argument", "output"])
+def test_setting_a_python_attribute_on_a_traced_tensor_is_refused_naming_the_line(program):
+    with pytest.raises(ThunderNotImplementedError, match=r"sets '(seen|tag)' on a traced tensor at .*test_key_comp"):
+        thunder_rs.jit(program)(torch.ones(3))
+
+
+def test_a_tuple_then_a_list_recompiles_saying_the_structure_changed():
+    jf = thunder_rs.jit(lambda x, s: (x * len(s), type(s).__name__))
+    for s in ((1, 2), [1, 2]):
+        out, kind = jf(torch.ones(2), s)
+        assert kind == type(s).__name__
+    assert "the arguments' structure changed" in thunder_rs.compile_stats(jf).miss_reasons[1]

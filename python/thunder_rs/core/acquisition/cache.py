@@ -9,7 +9,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.layouts import describe, layout
-from thunder_rs.core.state.guards import NOT_A_LEAF, freeze, is_simple
+from thunder_rs.core.state.guards import freeze, is_simple
+from thunder_rs.core.state.tensor_guards import NOT_A_LEAF
 from thunder_rs.core.state.code_reads import interesting
 from thunder_rs.core.lang.recorder import refuse_unlike_strided
 
@@ -152,6 +153,7 @@ def leaf_key(x):
 #: (``core.lang.inference``). requires_grad is ``NOT_A_LEAF`` for a tensor that requires grad and
 #: is not a leaf (eager's ``is_leaf``, and its refusal of in-place writes to a leaf). The type tells
 #: a ``Parameter`` (``isinstance``) and a subclass whose ``__torch_function__`` the compile refuses.
+#: (A tensor's Python attributes are not: a program that reads one is guarded on it.)
 TENSOR_FIELDS = ("dtype", "device", "shape", "requires_grad", "layout", "inference", "type")
 
 _CPU = torch.device("cpu")
@@ -378,4 +380,5 @@ def describe_change(old, new, names) -> str:
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(TENSOR_FIELDS, a, b) if x != y]
             return f"{label}: " + ", ".join(changes)
         return f"{label}: {_show(a)} -> {_show(b)}"
-    return "unknown"
+    # (Equal state and leaves: the keys differ in how the arguments nest.)
+    return "the arguments' structure changed (a list for a tuple, a dict's keys or their order, a node type)"

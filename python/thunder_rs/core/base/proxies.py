@@ -83,6 +83,11 @@ def size_of(sizes: tuple) -> "torch.Size | SymbolicSize":
     return torch.Size(sizes) if all(type(s) is int for s in sizes) else SymbolicSize(sizes)
 
 
+#: ``read(position, name)``: the Python attribute ``name`` (``x.scale``) of the tensor that is the
+#: call's flat input at ``position``, which the acquisition's observer guards (``state.observe``).
+TENSOR_ATTRIBUTE_READS: list = [None]
+
+
 class TensorProxy(torch.Tensor):
     _vid: int
     _shape: torch.Size | SymbolicSize
@@ -182,6 +187,27 @@ class TensorProxy(torch.Tensor):
     @property
     def _version(self):
         raise call_state_error("_version", "the count of in-place writes to a tensor")
+
+    def __getattr__(self, name: str):
+        # (Only for a name neither the class nor the proxy has.) An argument's tensor may carry
+        # Python attributes (``x.scale = 2.0``), which eager reads; a private name is thunder_rs's
+        # or torch's own probe, which proxies answer as plain tensors do.
+        position, read = self._source, TENSOR_ATTRIBUTE_READS[0]
+        if name[0] == "_" or type(position) is not int or read is None:
+            raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+        return read(position, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        # A Python attribute the program sets on a tensor (``x.seen = True``) is on eager's tensor
+        # after the call, which no compiled call sets; thunder_rs's own are private or declared
+        # by its class (``BatchedProxy.physical``), torch's are the class's.
+        kind = type(self)
+        if name[0] != "_" and not hasattr(kind, name) and name not in kind.__annotations__:
+            raise ThunderNotImplementedError(
+                f"Tensor attribute: the program sets {name!r} on a traced tensor at {user_location()}; a compiled "
+                "call does not set it on the tensor eager's would have it on (an argument, an output)"
+            )
+        super().__setattr__(name, value)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

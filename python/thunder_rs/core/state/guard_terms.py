@@ -33,7 +33,6 @@ import torch
 from thunder_rs.core.state.aliases import DistinctGuard, FixedGuard, SameGuard
 from thunder_rs.core.state.guards import (
     MISSING,
-    NOT_A_LEAF,
     CellSource,
     ClassSource,
     DefaultsGuard,
@@ -43,15 +42,13 @@ from thunder_rs.core.state.guards import (
     InputSource,
     Item,
     NamesGuard,
-    TensorGuard,
-    _read_masked,
-    _read_meta,
     attributes_of,
     freeze,
     is_simple,
     items_of,
     module_structure,
 )
+from thunder_rs.core.state.tensor_guards import NOT_A_LEAF, TensorGuard, _read_masked, _read_meta
 from thunder_rs.core.state.items import same_attributes, same_items
 from thunder_rs.core.state.state import MethodGuard
 

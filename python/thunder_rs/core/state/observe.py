@@ -40,13 +40,13 @@ from thunder_rs.core.state.guards import (
     ObjectSource,
     StateGuard,
     StructureGuard,
-    TensorGuard,
     attributes_of,
     is_simple,
-    tensor_meta,
 )
+from thunder_rs.core.state.tensor_guards import TensorGuard, tensor_meta
 from thunder_rs.core.state.guards import Item as _Item
-from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.proxies import TENSOR_ATTRIBUTE_READS, TensorProxy
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.state.callables import (
     CODE_TYPES,
     bound_objects,
@@ -121,6 +121,7 @@ class Observer:
         #: when first reached
         self.state = ProgramState(reached.tensors if reached is not None else None)
         names = reached.names if reached is not None else [f"input {i}" for i in range(len(inputs))]
+        self._inputs, self._names = inputs, names
         for i, x in enumerate(inputs):
             if hasattr(type(x), "__next__") and not isinstance(x, (torch.Tensor, types.GeneratorType)):
                 self._iterators[id(x)] = (x, names[i], "the call", iterator_position(x))
@@ -209,6 +210,17 @@ class Observer:
         while tracing (``torch/transformer_fast_paths.py``), whose own reads no call reports."""
         code = method.__code__
         own_work(self._on_code, code, method.__globals__, {code.co_varnames[0]: receiver}, 0)
+
+    def tensor_attribute(self, position: int, name: str):
+        """The Python attribute ``name`` of the tensor that is flat input ``position`` (``x.scale``),
+        guarded, as an argument object's are: the next call's tensor may have another, or none."""
+        value = self._inputs[position].__dict__.get(name, MISSING)
+        source = InputSource(position, (), self._names[position])
+        if value is MISSING:
+            self._guards.setdefault((source.key, name), Guard(source, name, MISSING, user_location()))
+            raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+        self._keep(source, name, value, user_location())
+        return value
 
     def guard_state(self, guard) -> None:
         """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
@@ -743,3 +755,14 @@ def check_sizes(check) -> None:
     observer = thread_state.observer
     if observer is not None:
         observer.size_checks.append(check)
+
+
+def _tensor_attribute(position: int, name: str):
+    """``TensorProxy``'s read of a tensor argument's attribute, through the observer tracing it."""
+    observer = thread_state.observer
+    if observer is None:
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+    return observer.tensor_attribute(position, name)
+
+
+TENSOR_ATTRIBUTE_READS[0] = _tensor_attribute
