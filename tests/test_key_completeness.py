@@ -108,6 +108,21 @@ def test_reads_no_compiled_call_specialises_on_are_refused_naming_the_line(progr
         jf(torch.ones(4)[:3].add_(1))
 
 
+def _scaled_if_no_node(x):
+    return x * 2 if x.grad_fn is None else x * 3
+
+
+def test_grad_fn_is_none_where_eagers_is_and_refused_where_eager_has_a_node():
+    jf = thunder_rs.jit(_scaled_if_no_node)
+    for make in (torch.ones, _leaf):
+        x = make(3) if make is torch.ones else make()
+        torch.testing.assert_close(jf(x), _scaled_if_no_node(x), rtol=0, atol=0)
+    with pytest.raises(ThunderNotImplementedError, match=r"Tensor\.grad_fn: read at .*test_key_completeness\.py"):
+        jf(_not_leaf())
+    with pytest.raises(ThunderNotImplementedError, match=r"Tensor\.grad_fn"):
+        thunder_rs.jit(lambda x: _scaled_if_no_node(x * 2))(_leaf())
+
+
 class _Holder:
     def __init__(self, t):
         self.t = t

@@ -181,6 +181,17 @@ class TensorProxy(torch.Tensor):
             return not self.requires_grad or self._leaf
 
     @property
+    def grad_fn(self):
+        """None where eager's is (a tensor that does not require grad, a leaf); any other tensor gets
+        its autograd node when a compiled call runs, and none exists while it is traced."""
+        if self.is_leaf:
+            return None
+        raise ThunderNotImplementedError(
+            f"Tensor.grad_fn: read at {user_location()} on a traced tensor that requires grad and is not a leaf; "
+            "its autograd node is made when a compiled call runs, and none exists while the program is traced"
+        )
+
+    @property
     def _base(self):
         raise call_state_error("_base", "whether a tensor is a view of another, and of which")
 
