@@ -228,3 +228,22 @@ def test_a_tuple_then_a_list_recompiles_saying_the_structure_changed():
         out, kind = jf(torch.ones(2), s)
         assert kind == type(s).__name__
     assert "the arguments' structure changed" in thunder_rs.compile_stats(jf).miss_reasons[1]
+
+
+class _ScaledByItsWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x) * getattr(self.lin.weight, "scale", 1.0)
+
+
+def test_a_python_attribute_of_a_module_parameter_is_read_as_eager_reads_it():
+    model = _ScaledByItsWeight()
+    jm, x = thunder_rs.jit(model), torch.randn(2)
+    for scale in (None, 3.0, 4.0):
+        if scale is not None:
+            model.lin.weight.scale = scale
+        torch.testing.assert_close(jm(x), model(x), rtol=0, atol=0)
+    assert "tensor[2, 2].scale changed from 3.0 to 4.0" in thunder_rs.compile_stats(jm).miss_reasons[-1]

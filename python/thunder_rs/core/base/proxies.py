@@ -83,8 +83,9 @@ def size_of(sizes: tuple) -> "torch.Size | SymbolicSize":
     return torch.Size(sizes) if all(type(s) is int for s in sizes) else SymbolicSize(sizes)
 
 
-#: ``read(position, name)``: the Python attribute ``name`` (``x.scale``) of the tensor that is the
-#: call's flat input at ``position``, which the acquisition's observer guards (``state.observe``).
+#: ``read(source, name)``: the Python attribute ``name`` (``x.scale``) of the tensor a trace input
+#: stands for (``TensorProxy._source``: the call's flat input at a position, or a tensor every call
+#: takes), which the acquisition's observer guards (``state.observe``).
 TENSOR_ATTRIBUTE_READS: list = [None]
 
 
@@ -203,10 +204,10 @@ class TensorProxy(torch.Tensor):
         # (Only for a name neither the class nor the proxy has.) An argument's tensor may carry
         # Python attributes (``x.scale = 2.0``), which eager reads; a private name is thunder_rs's
         # or torch's own probe, which proxies answer as plain tensors do.
-        position, read = self._source, TENSOR_ATTRIBUTE_READS[0]
-        if name[0] == "_" or type(position) is not int or read is None:
+        source, read = self._source, TENSOR_ATTRIBUTE_READS[0]
+        if name[0] == "_" or source is None or read is None:
             raise AttributeError(f"'Tensor' object has no attribute {name!r}")
-        return read(position, name)
+        return read(source, name)
 
     def __setattr__(self, name: str, value) -> None:
         # A Python attribute the program sets on a tensor (``x.seen = True``) is on eager's tensor

@@ -211,11 +211,17 @@ class Observer:
         code = method.__code__
         own_work(self._on_code, code, method.__globals__, {code.co_varnames[0]: receiver}, 0)
 
-    def tensor_attribute(self, position: int, name: str):
-        """The Python attribute ``name`` of the tensor that is flat input ``position`` (``x.scale``),
-        guarded, as an argument object's are: the next call's tensor may have another, or none."""
-        value = self._inputs[position].__dict__.get(name, MISSING)
-        source = InputSource(position, (), self._names[position])
+    def tensor_attribute(self, at, name: str):
+        """The Python attribute ``name`` (``x.scale``) of the tensor that is flat input ``at`` (a
+        position) or that every call takes (``at``, a weak reference: a parameter, a captured
+        tensor), guarded as an argument object's are: the next call's may have another, or none."""
+        source: InputSource | ObjectSource
+        if type(at) is int:
+            tensor, source = self._inputs[at], InputSource(at, (), self._names[at])
+        else:
+            tensor = at()
+            source = ObjectSource(tensor, f"tensor{list(tensor.shape)}")
+        value = tensor.__dict__.get(name, MISSING)
         if value is MISSING:
             self._guards.setdefault((source.key, name), Guard(source, name, MISSING, user_location()))
             raise AttributeError(f"'Tensor' object has no attribute {name!r}")
@@ -757,12 +763,12 @@ def check_sizes(check) -> None:
         observer.size_checks.append(check)
 
 
-def _tensor_attribute(position: int, name: str):
-    """``TensorProxy``'s read of a tensor argument's attribute, through the observer tracing it."""
+def _tensor_attribute(at, name: str):
+    """``TensorProxy``'s read of a tensor's attribute, through the observer tracing it."""
     observer = thread_state.observer
     if observer is None:
         raise AttributeError(f"'Tensor' object has no attribute {name!r}")
-    return observer.tensor_attribute(position, name)
+    return observer.tensor_attribute(at, name)
 
 
 TENSOR_ATTRIBUTE_READS[0] = _tensor_attribute
