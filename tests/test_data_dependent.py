@@ -58,8 +58,10 @@ def test_a_branch_on_a_value_takes_both_sides_as_eager_with_gradients():
     torch.manual_seed(0)
     w = torch.randn(4, 4, requires_grad=True)
     x = torch.randn(3, 4, requires_grad=True)
+    negated = (-x).detach().requires_grad_()  # (a leaf as x is: whether one is, is in the cache key)
     jfn = thunder_rs.jit(branch_on_sum)
-    assert_calls_match(branch_on_sum, jfn, [(x, w), (-x, w), (x, w), (-x, w), (x, w)], grad_of=(0, 1))
+    calls = [(x, w), (negated, w), (x, w), (negated, w), (x, w)]
+    assert_calls_match(branch_on_sum, jfn, calls, grad_of=(0, 1))
     assert variants(jfn) == 2  # one per side; later flips find theirs in the value tree
     assert "was False where the compiled variant has True" in thunder_rs.compile_stats(jfn).miss_reasons[1]
 

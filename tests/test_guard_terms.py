@@ -193,8 +193,8 @@ def test_a_tensor_an_argument_object_holds_is_checked_field_by_field(other):
     out, expected = jfn(x, Holder(new)), _by_held(x, Holder(new))
     torch.testing.assert_close(out, expected)
     assert (out.dtype, out.requires_grad) == (expected.dtype, expected.requires_grad)
-    misses = thunder_rs.cache_misses(jfn)
-    assert misses == (1 if isinstance(new, torch.nn.Parameter) else 2)
+    # (a Parameter too: the program may ask ``isinstance(t, nn.Parameter)``, as eager answers it)
+    assert thunder_rs.cache_misses(jfn) == 2
 
 
 def test_an_argument_object_missing_a_step_of_a_path_misses_and_runs_as_eager():

@@ -10,6 +10,7 @@ from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.layouts import describe, layout
 from thunder_rs.core.state.guards import freeze, is_simple
+from thunder_rs.core.state.tensor_guards import NOT_A_LEAF
 from thunder_rs.core.state.code_reads import interesting
 from thunder_rs.core.lang.recorder import refuse_unlike_strided
 
@@ -135,7 +136,8 @@ def leaf_key(x):
     if isinstance(x, _Tensor):
         if x.layout != torch.strided or x.is_nested:
             refuse_unlike_strided(x)
-        return (x.dtype, x.device, x.shape, x.requires_grad, x.is_contiguous() or layout(x), x.is_inference())
+        grad = x.requires_grad and (x.is_leaf or NOT_A_LEAF)
+        return (x.dtype, x.device, x.shape, grad, x.is_contiguous() or layout(x), x.is_inference(), type(x))
     if type(x) is _Generator and is_runtime_generator(x):
         return (_Generator, x.device)
     if is_simple(x):
@@ -145,10 +147,14 @@ def leaf_key(x):
     return (type(x), _Identity(x))
 
 
-#: What a tensor's key holds, in order. Whether it is an inference tensor (made under
-#: ``torch.inference_mode()``) decides what eager does with it outside inference mode: an op that
-#: saves it for backward raises, as does an in-place write to it (``core.lang.inference``).
-TENSOR_FIELDS = ("dtype", "device", "shape", "requires_grad", "layout", "inference")
+#: What a tensor's key holds, in order (``guards.tensor_meta``). Whether it is an inference tensor
+#: (made under ``torch.inference_mode()``) decides what eager does with it outside inference mode:
+#: an op that saves it for backward raises, as does an in-place write to it
+#: (``core.lang.inference``). requires_grad is ``NOT_A_LEAF`` for a tensor that requires grad and
+#: is not a leaf (eager's ``is_leaf``, and its refusal of in-place writes to a leaf). The type tells
+#: a ``Parameter`` (``isinstance``) and a subclass whose ``__torch_function__`` the compile refuses.
+#: (A tensor's Python attributes are not: a program that reads one is guarded on it.)
+TENSOR_FIELDS = ("dtype", "device", "shape", "requires_grad", "layout", "inference", "type")
 
 _CPU = torch.device("cpu")
 
@@ -182,7 +188,7 @@ GLOBAL_STATE = (
 def compiled_key(source: str, name: str, **names):
     """The function ``name`` that ``source`` defines, with ``global_key``'s reads (``GLOBAL_STATE``)
     and ``layout`` in its namespace, and ``names``."""
-    namespace = {**_STATE_READS, "layout": layout, **names}
+    namespace = {**_STATE_READS, "layout": layout, "NOT_A_LEAF": NOT_A_LEAF, **names}
     exec(source, namespace)
     return namespace[name]
 
@@ -191,8 +197,9 @@ def tensor_key_source(name: str) -> str:
     """``leaf_key`` of the strided tensor ``name`` as an expression (the unrolled key functions
     inline it). A sparse tensor raises RuntimeError in it: their callers then take the general
     path, whose ``leaf_key`` says why it is refused."""
-    fields = ("dtype", "device", "shape", "requires_grad", "is_contiguous() or layout(#)", "is_inference()")
-    return "(" + ", ".join(f"{name}.{f}".replace("#", name) for f in fields) + ")"
+    fields = ("dtype", "device", "shape", "requires_grad and (#.is_leaf or NOT_A_LEAF)", "is_contiguous() or layout(#)")
+    inline = ", ".join(f"{name}.{f}".replace("#", name) for f in fields)
+    return f"({inline}, {name}.is_inference(), type({name}))"
 
 
 global_key = compiled_key(f"def global_key(extra=None, aliases=None):\n  return {GLOBAL_STATE}\n", "global_key")
@@ -297,9 +304,11 @@ def _show(key) -> str:
     return repr(key)
 
 
-def _layout(key) -> str:
-    """A tensor's layout in a key (``core.base.layouts``), in words."""
-    return describe(key)
+def _tensor_words(key) -> tuple:
+    """A tensor's key with its requires_grad, layout (``core.base.layouts``) and type in words."""
+    dtype, device, shape, grad, arranged, inference, kind = key
+    grad = "True (not a leaf)" if grad == NOT_A_LEAF else grad
+    return (dtype, device, shape, grad, describe(arranged), inference, kind.__qualname__)
 
 
 def _one_tensor(aliases, names) -> str:
@@ -367,8 +376,9 @@ def describe_change(old, new, names) -> str:
             continue
         label = names[i] if i < len(names) else f"input {i}"
         if is_tensor_key(a) and is_tensor_key(b):
-            a, b = (*a[:4], _layout(a[4]), *a[5:]), (*b[:4], _layout(b[4]), *b[5:])
+            a, b = _tensor_words(a), _tensor_words(b)
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(TENSOR_FIELDS, a, b) if x != y]
             return f"{label}: " + ", ".join(changes)
         return f"{label}: {_show(a)} -> {_show(b)}"
-    return "unknown"
+    # (Equal state and leaves: the keys differ in how the arguments nest.)
+    return "the arguments' structure changed (a list for a tuple, a dict's keys or their order, a node type)"

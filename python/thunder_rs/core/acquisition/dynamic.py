@@ -49,7 +49,8 @@ import torch
 
 from thunder_rs.core.acquisition.cache import is_tensor_key
 from thunder_rs.core.base.layouts import STRIDE, SymbolicStrides, decided_by, is_strided, layout, strides_in
-from thunder_rs.core.state.guards import MISSING, Guard, InputSource, ModuleSource, TensorGuard
+from thunder_rs.core.state.guards import MISSING, Guard, InputSource, ModuleSource
+from thunder_rs.core.state.tensor_guards import TensorGuard
 
 
 def _is_int_key(k) -> bool:
@@ -73,7 +74,7 @@ def changed_dims(old_key, new_key) -> list | None:
         if _is_int_key(a) and _is_int_key(b):
             changed.append((i, None))
             continue
-        if not (is_tensor_key(a) and is_tensor_key(b)) or a[:2] != b[:2] or a[3] != b[3] or a[5] != b[5]:
+        if not (is_tensor_key(a) and is_tensor_key(b)) or a[:2] != b[:2] or a[3] != b[3] or a[5:] != b[5:]:
             return None
         if len(a[2]) != len(b[2]):
             return None
@@ -281,8 +282,8 @@ def held_changes(guards, flat) -> dict | None:
         now = guard.found(flat)
         if now is MISSING or guard.expected is MISSING:
             return None
-        (dtype, device, shape, grad, layout, inference), old = now, guard.expected
-        if (dtype, device, grad, inference) != (old[0], old[1], old[3], old[5]) or len(shape) != len(old[2]):
+        (dtype, device, shape, grad, layout, *rest), old = now, guard.expected
+        if (dtype, device, grad, *rest) != (*old[:2], old[3], *old[5:]) or len(shape) != len(old[2]):
             return None
         dims: set = {d for d, (a, b) in enumerate(zip(old[2], shape)) if a is not None and a != b}
         strides = old[4].strides if type(old[4]) is SymbolicStrides else old[4]

@@ -42,8 +42,9 @@ class WriteBacks:
     aliases: tuple
     #: positions of the program's outputs that are tensors
     tensor_outputs: tuple
-    #: trace inputs that must not share memory with a written one (the arguments and captured
-    #: tensors; parameters and buffers are the module's own)
+    #: trace inputs that must not share memory with a written one: the arguments and captured
+    #: tensors, and where one of those is written, the module's parameters and buffers too (an
+    #: argument may be a view of one: eager's read of the buffer after the write sees it)
     separate: tuple = ()
     #: (output position, trace input index, view steps): outputs that are a view of a written
     #: input (``cache[pos] = new; return cache[: pos + 1]``), taken of the caller's tensor after
@@ -74,8 +75,12 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
     parameter or buffer slot, ``(store, name, input proxy, value in the slot after tracing)``;
     ``separate`` are the inputs (arguments, captured tensors) a call must not pass aliased with a
     written one: the trace took them as distinct tensors; ``sizes`` the names of its size inputs.
+    Where one of them is written, no input may share its memory (a module's buffer an argument is
+    a view of is read as the trace read it, before the write).
     """
     written = [(k, p) for k, p in enumerate(inputs) if p._vid != p._input_vid]
+    if any(k in separate for k, _ in written):
+        separate = tuple(range(len(inputs)))
     reassigned = [(d, n, v) for d, n, p, v in slot_values if v is not p]
     if not written and not reassigned:
         return None, out
@@ -188,9 +193,9 @@ def root_id(t: torch.Tensor) -> int:
 
 def _raise_aliased():
     raise ThunderNotImplementedError(
-        "jit: a tensor the program writes in place was passed together with another argument that shares its "
-        "memory (a view of it, or one sharing its storage); the compiled program took them as separate tensors "
-        "(one tensor passed twice is one tensor to it)"
+        "jit: a tensor the program writes in place was passed together with another argument, or held with a "
+        "parameter or buffer of the module, that shares its memory (a view of it, or one sharing its storage); the "
+        "compiled program took them as separate tensors (one tensor passed twice is one tensor to it)"
     )
 
 

@@ -99,6 +99,12 @@ def size_of(sizes: tuple) -> "torch.Size | SymbolicSize":
     return torch.Size(sizes) if all(type(s) is int for s in sizes) else SymbolicSize(sizes)
 
 
+#: ``read(source, name)``: the Python attribute ``name`` (``x.scale``) of the tensor a trace input
+#: stands for (``TensorProxy._source``: the call's flat input at a position, or a tensor every call
+#: takes), which the acquisition's observer guards (``state.observe``).
+TENSOR_ATTRIBUTE_READS: list = [None]
+
+
 class TensorProxy(torch.Tensor):
     _vid: int
     _shape: torch.Size | SymbolicSize
@@ -190,6 +196,53 @@ class TensorProxy(torch.Tensor):
     def grad(self, value):
         raise grad_error("sets")
 
+    @property
+    def is_leaf(self) -> bool:  # type: ignore[override]  # (an attribute in torch's stubs)
+        """Eager's answer: a tensor that requires grad is a leaf only where it is an input that is one
+        (the cache key tells them apart); an op's output that requires grad never is."""
+        with torch._C.DisableTorchFunctionSubclass():
+            return not self.requires_grad or self._leaf
+
+    @property
+    def grad_fn(self):
+        """None where eager's is (a tensor that does not require grad, a leaf); any other tensor gets
+        its autograd node when a compiled call runs, and none exists while it is traced."""
+        if self.is_leaf:
+            return None
+        raise ThunderNotImplementedError(
+            f"Tensor.grad_fn: read at {user_location()} on a traced tensor that requires grad and is not a leaf; "
+            "its autograd node is made when a compiled call runs, and none exists while the program is traced"
+        )
+
+    @property
+    def _base(self):
+        raise call_state_error("_base", "whether a tensor is a view of another, and of which")
+
+    @property
+    def _version(self):
+        raise call_state_error("_version", "the count of in-place writes to a tensor")
+
+    def __getattr__(self, name: str):
+        # (Only for a name neither the class nor the proxy has.) An argument's tensor may carry
+        # Python attributes (``x.scale = 2.0``), which eager reads; a private name is thunder_rs's
+        # or torch's own probe, which proxies answer as plain tensors do.
+        source, read = self._source, TENSOR_ATTRIBUTE_READS[0]
+        if name[0] == "_" or source is None or read is None:
+            raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+        return read(source, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        # A Python attribute the program sets on a tensor (``x.seen = True``) is on eager's tensor
+        # after the call, which no compiled call sets; thunder_rs's own are private or declared
+        # by its class (``BatchedProxy.physical``), torch's are the class's.
+        kind = type(self)
+        if name[0] != "_" and not hasattr(kind, name) and name not in kind.__annotations__:
+            raise ThunderNotImplementedError(
+                f"Tensor attribute: the program sets {name!r} on a traced tensor at {user_location()}; a compiled "
+                "call does not set it on the tensor eager's would have it on (an argument, an output)"
+            )
+        super().__setattr__(name, value)
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         return _language_context(func, args, kwargs or {})
@@ -219,6 +272,14 @@ def grad_error(what: str) -> ThunderNotImplementedError:
         "call cannot read or set gradients (it would see those of the first call). Run what uses .grad (an "
         "optimizer step, zero_grad, gradient clipping) outside the jitted function, or pass the gradients as "
         "arguments"
+    )
+
+
+def call_state_error(name: str, what: str) -> ThunderNotImplementedError:
+    """Eager's answer to ``Tensor.<name>`` differs from call to call; no compiled call specialises on it."""
+    return ThunderNotImplementedError(
+        f"Tensor.{name}: read at {user_location()} on a traced tensor; a compiled call does not specialise on "
+        f"{what}, so the value could be another call's"
     )
 
 

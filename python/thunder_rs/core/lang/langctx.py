@@ -387,7 +387,28 @@ def _torch_function(func, args, kwargs):
             return value
     if func in _DATA_DEPENDENT:
         return _data_dependent(func, args, kwargs)
+    if func in _OBJECT_QUERIES:
+        _refuse_after_write(func, args)
     return user_fallback(func, *lift_captured(args, kwargs), effect=func in RANDOM)
+
+
+#: Queries of what a tensor object is (a view, lazily negated or conjugated), which an in-place
+#: write leaves as they were. They are answered per call on the value the trace holds, which after
+#: a write to an input is the new value's (a fresh tensor), not the caller's tensor eager asks.
+_OBJECT_QUERIES = {_T.is_neg, _T.is_conj, _T._is_view}
+
+
+def _refuse_after_write(func, args) -> None:
+    """Refuses ``func`` (``_OBJECT_QUERIES``) of an input written in place, or of a view of one."""
+    p = args[0] if args else None
+    if not isinstance(p, TensorProxy):
+        return
+    root = p if p._view is None else p._view.root
+    if root._input_vid is not None and root._vid != root._input_vid:
+        raise ThunderNotImplementedError(
+            f"Tensor.{func.__name__}: read at {user_location()} of an input the program wrote in place; a compiled "
+            "call holds the written value as a new tensor, while eager asks the caller's tensor: ask before the write"
+        )
 
 
 def _examined(func, ltorch_fn, args, kwargs):

@@ -100,6 +100,8 @@ def input_proxy(
     proxy._input_vid = vid
     proxy._source = weakref.ref(t) if position is None else position
     proxy._inference = t.is_inference()
+    if isinstance(t, torch.nn.Parameter):  # (``isinstance(p, nn.Parameter)`` reads it; the key holds the type)
+        proxy._is_param = True
     if proxy._inference:
         INFERENCE_MADE[0] = True  # (its uses are checked: ``inference.check_call``)
     if requires_grad:

@@ -39,8 +39,8 @@ from thunder_rs.core.state.guards import (
     Source,
     is_simple,
     items_of,
-    tensor_meta,
 )
+from thunder_rs.core.state.tensor_guards import tensor_meta
 from thunder_rs.core.state.keyed import DictAt, KeyUses, container_of
 from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items, _restore
 from thunder_rs.errors import ThunderNotImplementedError

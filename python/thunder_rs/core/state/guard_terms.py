@@ -42,15 +42,13 @@ from thunder_rs.core.state.guards import (
     InputSource,
     Item,
     NamesGuard,
-    TensorGuard,
-    _read_masked,
-    _read_meta,
     attributes_of,
     freeze,
     is_simple,
     items_of,
     module_structure,
 )
+from thunder_rs.core.state.tensor_guards import NOT_A_LEAF, TensorGuard, _read_masked, _read_meta
 from thunder_rs.core.state.items import same_attributes, same_items
 from thunder_rs.core.state.state import MethodGuard
 
@@ -155,12 +153,14 @@ def _tensor_term(guard: TensorGuard, read: str, index: int, scope: dict) -> str 
     expected = guard.expected
     if expected is MISSING or expected[4] is not True:
         return None
-    dtype, device, shape, requires_grad, _, inference = expected
-    scope[f"t{index}"], scope[f"e{index}"] = dtype, device
+    dtype, device, shape, requires_grad, _, inference, kind = expected
+    scope[f"t{index}"], scope[f"e{index}"], scope[f"k{index}"] = dtype, device, kind
     sizes = "".join(f" and s[{d}] == {n!r}" for d, n in enumerate(shape) if n is not None)
+    leaf = "not v.is_leaf" if requires_grad == NOT_A_LEAF else "v.is_leaf"
+    grad = f"v.requires_grad and {leaf}" if requires_grad else "not v.requires_grad"
     return (
-        f"(isinstance(v := {read}, _Tensor) and v.dtype == t{index} and v.device == e{index}"
-        f" and v.requires_grad is {requires_grad!r} and len(s := v.shape) == {len(shape)}{sizes}"
+        f"(type(v := {read}) is k{index} and v.dtype == t{index} and v.device == e{index}"
+        f" and ({grad}) and len(s := v.shape) == {len(shape)}{sizes}"
         f" and v.is_contiguous() and v.is_inference() is {inference!r})"
     )
 

@@ -19,7 +19,6 @@ from collections.abc import MutableMapping
 
 import torch
 
-from thunder_rs.core.base.layouts import describe, is_strided, layout, symbolic_strides
 from thunder_rs.core.state.items import ANY_TENSOR, MUTABLE, SameType, members, same_held_items, same_items
 from thunder_rs.core.state.items import container_copy, same_attributes
 
@@ -516,86 +515,6 @@ class DictGuard:
     def term(self, index: int, scope: dict) -> str:
         scope[f"e{index}"] = self.found
         return f"_same_attributes({self.source.code(f'm{index}', scope)}, e{index})"
-
-
-def tensor_meta(t) -> tuple:
-    """What a trace specialises on of a tensor it takes as an input, as the cache key holds it for
-    arguments: dtype, device, shape, requires_grad, the layout (``core.base.layouts``), and whether
-    it is an inference tensor (eager raises for one an op saves for backward or writes in place)."""
-    return (t.dtype, t.device, t.shape, t.requires_grad, t.is_contiguous() or layout(t), t.is_inference())
-
-
-def _tensor_text(meta) -> str:
-    if meta is MISSING:
-        return "no tensor"
-    dtype, device, shape, requires_grad, arranged, inference = meta
-    sizes = ", ".join("s" if n is None else str(n) for n in shape)
-    kind = "inference tensor" if inference else "tensor"
-    text = f"a {str(dtype).removeprefix('torch.')} {kind} of shape [{sizes}] on {device}"
-    text += ", requiring grad" if requires_grad else ""
-    return text + ("" if arranged is True else f", {describe(arranged)}")
-
-
-def _read_meta(value):
-    return tensor_meta(value) if isinstance(value, torch.Tensor) else MISSING
-
-
-def masked_meta(meta, dims: frozenset):
-    """``meta`` (``tensor_meta``) with the sizes at ``dims`` left out (None), and a strided
-    tensor's strides at its ``(STRIDE, d)`` (a slice of a buffer whose length changes): what a
-    guard checks of a tensor whose sizes there are symbolic (read per call into the trace's size
-    inputs)."""
-    if meta is MISSING or not dims:
-        return meta
-    dtype, device, shape, requires_grad, arranged, inference = meta
-    if is_strided(arranged):  # (what the trace decided at its strides: ``layouts.SymbolicStrides``)
-        arranged = symbolic_strides(shape, arranged, dims)
-    sizes = tuple(None if d in dims else n for d, n in enumerate(shape))
-    return (dtype, device, sizes, requires_grad, arranged, inference)
-
-
-def _read_masked(value, dims: frozenset):
-    return masked_meta(_read_meta(value), dims)
-
-
-class TensorGuard:
-    """A tensor that an argument object holds (``cache.layers[0].keys``): every call passes the
-    tensor found there then to the trace as an input (``Acquired.tail``), so the trace is
-    specialised on its metadata, not on the tensor. Its sizes at ``symbolic`` dims are left to the
-    trace's size inputs (a KV cache's length), so the guard checks everything else."""
-
-    def __init__(self, source: Source, name: str, expected: tuple, origin: str, symbolic: frozenset = frozenset()):
-        self.source, self.name, self.origin, self.symbolic = source, name, origin, symbolic
-        self.expected = masked_meta(expected, symbolic)
-
-    @property
-    def per_call(self) -> bool:
-        return self.source.per_call
-
-    def found(self, flat):
-        """The metadata of the tensor the call's arguments hold there, all of it."""
-        try:
-            return _read_meta(self.source.mapping(flat).get(self.name, MISSING))
-        except (KeyError, AttributeError, IndexError, TypeError):
-            return MISSING
-
-    def holds(self, flat) -> bool:
-        return masked_meta(self.found(flat), self.symbolic) == self.expected
-
-    def describe(self, flat) -> str:
-        now = masked_meta(self.found(flat), self.symbolic)
-        return (
-            f"{self.source.describe(self.name)} changed from {_tensor_text(self.expected)} to "
-            f"{_tensor_text(now)} (read at {self.origin})"
-        )
-
-    def term(self, index: int, scope: dict) -> str:
-        scope[f"e{index}"] = self.expected
-        read = f"{self.source.code(f'm{index}', scope)}.get({name_code(self.name, f'key{index}', scope)}, MISSING)"
-        if not self.symbolic:
-            return f"_read_meta({read}) == e{index}"
-        scope[f"d{index}"] = self.symbolic
-        return f"_read_masked({read}, d{index}) == e{index}"
 
 
 class NamesGuard:

@@ -40,13 +40,13 @@ from thunder_rs.core.state.guards import (
     ObjectSource,
     StateGuard,
     StructureGuard,
-    TensorGuard,
     attributes_of,
     is_simple,
-    tensor_meta,
 )
+from thunder_rs.core.state.tensor_guards import TensorGuard, tensor_meta
 from thunder_rs.core.state.guards import Item as _Item
-from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.proxies import TENSOR_ATTRIBUTE_READS, TensorProxy
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.state.callables import (
     CODE_TYPES,
     bound_objects,
@@ -124,6 +124,7 @@ class Observer:
         names = reached.names if reached is not None else [f"input {i}" for i in range(len(inputs))]
         #: the user's names of the flat inputs, for guards' miss reasons
         self.input_names = names
+        self._inputs, self._names = inputs, names
         for i, x in enumerate(inputs):
             if hasattr(type(x), "__next__") and not isinstance(x, (torch.Tensor, types.GeneratorType)):
                 self._iterators[id(x)] = (x, names[i], "the call", iterator_position(x))
@@ -215,6 +216,23 @@ class Observer:
         while tracing (``torch/transformer_fast_paths.py``), whose own reads no call reports."""
         code = method.__code__
         own_work(self._on_code, code, method.__globals__, {code.co_varnames[0]: receiver}, 0)
+
+    def tensor_attribute(self, at, name: str):
+        """The Python attribute ``name`` (``x.scale``) of the tensor that is flat input ``at`` (a
+        position) or that every call takes (``at``, a weak reference: a parameter, a captured
+        tensor), guarded as an argument object's are: the next call's may have another, or none."""
+        source: InputSource | ObjectSource
+        if type(at) is int:
+            tensor, source = self._inputs[at], InputSource(at, (), self._names[at])
+        else:
+            tensor = at()
+            source = ObjectSource(tensor, f"tensor{list(tensor.shape)}")
+        value = tensor.__dict__.get(name, MISSING)
+        if value is MISSING:
+            self._guards.setdefault((source.key, name), Guard(source, name, MISSING, user_location()))
+            raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+        self._keep(source, name, value, user_location())
+        return value
 
     def guard_state(self, guard) -> None:
         """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
@@ -774,3 +792,14 @@ def check_sizes(check) -> None:
     observer = thread_state.observer
     if observer is not None:
         observer.size_checks.append(check)
+
+
+def _tensor_attribute(at, name: str):
+    """``TensorProxy``'s read of a tensor's attribute, through the observer tracing it."""
+    observer = thread_state.observer
+    if observer is None:
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+    return observer.tensor_attribute(at, name)
+
+
+TENSOR_ATTRIBUTE_READS[0] = _tensor_attribute

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from thunder_rs.core.state.guards import MISSING, InputItemsSource, InputSource, Item, Source, is_simple, tensor_meta
+from thunder_rs.core.state.guards import MISSING, InputItemsSource, InputSource, Item, Source, is_simple
+from thunder_rs.core.state.tensor_guards import tensor_meta
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError
 

@@ -39,12 +39,11 @@ from thunder_rs.core.state.guards import (
     InputSource,
     NamesGuard,
     ObjectSource,
-    TensorGuard,
     attributes_of,
     read_at,
     short,
-    tensor_meta,
 )
+from thunder_rs.core.state.tensor_guards import TensorGuard, tensor_meta
 from thunder_rs.core.state.items import same_attributes
 from thunder_rs.core.state.reached import ArgumentTensor
 
