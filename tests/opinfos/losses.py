@@ -267,6 +267,22 @@ def multi_margin_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInpu
     yield SampleInput(make((4,), dtype, device), torch.tensor(2, device=device), reduction="none")
 
 
+def multilabel_margin_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Class indices before each row's first -1 (repeated, out of order, none in the last row)."""
+    target = torch.tensor([[3, 0, -1, 1], [0, 1, 2, 3], [-1, 2, 0, 0]], device=device)
+    for reduction in REDUCTIONS:
+        yield SampleInput(make((3, 4), dtype, device), target, reduction=reduction)
+    yield SampleInput(transposed((3, 4), dtype, device), target, reduction="sum")
+    yield SampleInput(make((4,), dtype, device), torch.tensor([2, 2, -1, 0], device=device), reduction="none")
+    yield SampleInput(make((), dtype, device), torch.tensor(0, device=device))
+
+
+def multilabel_margin_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.zeros(2, 4, dtype=torch.long)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.zeros(3, 4, dtype=torch.int32)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.full((3, 4), 4)), RuntimeError)
+
+
 def multi_margin_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), torch.tensor([0, 1, 2]), p=3), ValueError)
     yield ErrorInput(SampleInput(cpu((3, 4)), torch.tensor([0, 1])), RuntimeError)
@@ -476,6 +492,7 @@ OPS = [
     loss("multilabel_soft_margin_loss", F.multilabel_soft_margin_loss, multilabel_samples),
     loss("cosine_embedding_loss", F.cosine_embedding_loss, cosine_embedding_samples, cosine_embedding_errors),
     loss("multi_margin_loss", F.multi_margin_loss, multi_margin_samples, multi_margin_errors),
+    loss("multilabel_margin_loss", F.multilabel_margin_loss, multilabel_margin_samples, multilabel_margin_errors),
     loss("triplet_margin_loss", F.triplet_margin_loss, triplet_samples, triplet_errors),
     loss(
         "triplet_margin_with_distance_loss",

@@ -524,6 +524,7 @@ _KERNELS = {
     "nll_loss_forward": (_aten.nll_loss_forward.default, None),
     "nll_loss_backward": (_aten.nll_loss_backward.default, None),
     "multi_margin_loss_backward": (_aten.multi_margin_loss_backward.default, None),
+    "multilabel_margin_loss_backward": (_aten.multilabel_margin_loss_backward.default, None),
     "trilinear": (_aten._trilinear.default, None),
     "cdist_forward": (_aten._cdist_forward.default, None),
     "cdist_backward": (_cdist_backward, None),

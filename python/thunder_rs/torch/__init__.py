@@ -52,6 +52,7 @@ from thunder_rs.torch.activations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.distances import *  # noqa: E402,F401,F403
 from thunder_rs.torch.losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.margin_losses import *  # noqa: E402,F401,F403
+from thunder_rs.torch.label_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.view_scatters import *  # noqa: E402,F401,F403
 from thunder_rs.torch import views  # noqa: E402,F401
 from thunder_rs.torch.padding import *  # noqa: E402,F401,F403

@@ -1,0 +1,80 @@
+"""Ops the op database ran as eager fallbacks (round 3), now traced natively: each is bit-equal to
+eager (``torch.equal``) in float32, forward and backward, on contiguous, transposed and empty
+inputs where eager takes them, falls back nowhere, and rejects what eager rejects with eager's
+exception type. Where a fusion executor runs the decomposition instead of eager's kernel
+(``torch_ex.decomposing()``), the forward is bit-equal too unless a test says otherwise.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+from thunder_rs.executors.torch_ex import decomposing
+
+from test_native_ops_round2 import check_bit_equal, check_same_error
+
+
+def _decomposed_equal(fn, *args) -> None:
+    """The decomposition's forward (no kernel run whole) is eager's bit for bit."""
+    with decomposing():
+        actual = thunder_rs.jit(fn)(*args)
+    expected = fn(*args)
+    assert torch.equal(actual, expected) and actual.stride() == expected.stride()
+
+
+# -- multilabel_margin_loss -------------------------------------------------------------------------
+
+
+def _multilabel_targets(rows: int, classes: int, seed: int = 0) -> torch.Tensor:
+    """Targets with a -1 in most rows (later entries ignored, some out of order or repeated)."""
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.randint(0, classes, (rows, classes), generator=gen)
+    stops = torch.randint(0, classes + 1, (rows,), generator=gen)
+    for r, s in enumerate(stops.tolist()):
+        if s < classes:
+            t[r, s] = -1
+    return t
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("case", ["2d", "transposed", "1d", "0d", "wide"])
+def test_multilabel_margin_loss(reduction: str, case: str) -> None:
+    shapes = {"2d": (5, 6), "transposed": (5, 6), "1d": (7,), "0d": (), "wide": (16, 40)}
+    shape = shapes[case]
+    if case == "transposed":
+        x = torch.randn(6, 5).mT.requires_grad_()
+    else:
+        x = torch.randn(shape, requires_grad=True)
+    if case == "0d":
+        t = torch.tensor(0)
+    elif case == "1d":
+        t = _multilabel_targets(1, 7)[0]
+    else:
+        t = _multilabel_targets(*shape)
+
+    def fn(a, b):
+        return F.multilabel_margin_loss(a, b, reduction=reduction)
+
+    check_bit_equal(fn, x, t)
+    _decomposed_equal(fn, x.detach(), t)
+
+
+def test_multilabel_margin_loss_of_no_rows_and_legacy_flags() -> None:
+    x, t = torch.randn(0, 4, requires_grad=True), torch.zeros(0, 4, dtype=torch.long)
+    check_bit_equal(lambda a, b: F.multilabel_margin_loss(a, b, reduction="none"), x, t)
+    x, t = torch.randn(3, 4, requires_grad=True), _multilabel_targets(3, 4)
+    check_bit_equal(lambda a, b: F.multilabel_margin_loss(a, b, size_average=False), x, t)
+    check_bit_equal(lambda a, b: F.multilabel_margin_loss(a, b, reduce=False), x, t)
+
+
+def test_multilabel_margin_loss_errors() -> None:
+    x, t = torch.randn(3, 4), _multilabel_targets(3, 4)
+    loss = F.multilabel_margin_loss
+    check_same_error(loss, x.bfloat16(), t)  # (eager's kernel: float and double only)
+    check_same_error(loss, x, t.int())
+    check_same_error(loss, x, t[:2])
+    check_same_error(loss, torch.randn(3, 0), torch.zeros(3, 0, dtype=torch.long))
+    check_same_error(loss, x, torch.full((3, 4), 4))  # out of range, read from the data
+    check_same_error(loss, x, torch.full((3, 4), -2))
+    check_same_error(lambda a, b: loss(a, b, reduction="bogus"), x, t)
