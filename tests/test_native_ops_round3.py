@@ -78,3 +78,54 @@ def test_multilabel_margin_loss_errors() -> None:
     check_same_error(loss, x, torch.full((3, 4), 4))  # out of range, read from the data
     check_same_error(loss, x, torch.full((3, 4), -2))
     check_same_error(lambda a, b: loss(a, b, reduction="bogus"), x, t)
+
+
+# -- igamma and igammac: one prim each (eager's kernel), eager's derivative in x ---------------------
+
+
+INCOMPLETE_GAMMA = {
+    "igamma": torch.igamma,
+    "igammac": torch.igammac,
+    "gammainc": torch.special.gammainc,
+    "gammaincc": torch.special.gammaincc,
+    "method": torch.Tensor.igamma,
+}
+
+
+@pytest.mark.parametrize("name", INCOMPLETE_GAMMA)
+@pytest.mark.parametrize("case", ["plain", "broadcast", "transposed", "bfloat16", "promoted", "empty"])
+def test_incomplete_gamma(name: str, case: str) -> None:
+    fn = INCOMPLETE_GAMMA[name]
+    gen = torch.Generator().manual_seed(0)
+    a, x = torch.rand(4, 5, generator=gen) * 3 + 0.1, torch.rand(4, 5, generator=gen) * 4
+    if case == "broadcast":
+        a, x = a[:, :1], x[0]
+    elif case == "transposed":
+        a = a.mT.contiguous().mT  # (column-major)
+    elif case == "bfloat16":
+        a, x = a.bfloat16(), x.bfloat16()
+    elif case == "promoted":
+        a = a.double()
+    elif case == "empty":
+        a, x = a[:0], x[:0]
+    check_bit_equal(fn, a, x.requires_grad_())
+
+
+@pytest.mark.parametrize("fn", [torch.igamma, torch.igammac])
+def test_incomplete_gamma_at_edges(fn) -> None:
+    """Zero, infinite and NaN operands give eager's values (NaN where eager's is)."""
+    a = torch.tensor([0.0, 1.0, float("inf"), float("nan"), -1.0, 2.0, 0.0])
+    x = torch.tensor([1.0, 0.0, 2.0, 1.0, 1.0, float("inf"), 0.0])
+    torch.testing.assert_close(thunder_rs.jit(fn)(a, x), fn(a, x), atol=0, rtol=0, equal_nan=True)
+
+
+def test_incomplete_gamma_errors_and_refused_gradient() -> None:
+    ints = torch.ones(3, dtype=torch.long)
+    check_same_error(torch.igamma, ints, ints)
+    check_same_error(torch.igamma, torch.ones(3), 2.0)
+    check_same_error(torch.igammac, torch.ones(3), torch.ones(4))
+    a = torch.rand(3, requires_grad=True)  # (eager raises in its backward: no derivative in a)
+    with pytest.raises(NotImplementedError, match="igamma: input"):
+        thunder_rs.jit(torch.igamma)(a, torch.rand(3))
+    with torch.no_grad():
+        assert torch.equal(thunder_rs.jit(torch.igamma)(a, a), torch.igamma(a, a))

@@ -47,6 +47,7 @@ from thunder_rs.torch.interpolate import *  # noqa: E402,F401,F403
 from thunder_rs.torch.autograd import *  # noqa: E402,F401,F403
 from thunder_rs.torch.random import *  # noqa: E402,F401,F403
 from thunder_rs.torch.special import *  # noqa: E402,F401,F403
+from thunder_rs.torch.incomplete_gamma import *  # noqa: E402,F401,F403
 from thunder_rs.torch.predicates import *  # noqa: E402,F401,F403
 from thunder_rs.torch.activations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.distances import *  # noqa: E402,F401,F403
