@@ -129,3 +129,42 @@ def test_incomplete_gamma_errors_and_refused_gradient() -> None:
         thunder_rs.jit(torch.igamma)(a, torch.rand(3))
     with torch.no_grad():
         assert torch.equal(thunder_rs.jit(torch.igamma)(a, a), torch.igamma(a, a))
+
+
+# -- linalg.tensorinv and linalg.tensorsolve: eager's reshapes around its inverse and solve -----------
+
+
+def _invertible(n: int, *, transposed: bool = False) -> torch.Tensor:
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(n)) + n * torch.eye(n)
+    return a.mT.contiguous().mT if transposed else a
+
+
+@pytest.mark.parametrize(
+    "shape, ind, transposed", [((6, 2, 3), 1, False), ((2, 3, 2, 3), 2, False), ((6, 2, 3), 1, True), ((4, 4), 1, True)]
+)
+def test_linalg_tensorinv(shape, ind: int, transposed: bool) -> None:
+    a = _invertible(shape[0] if ind == 1 else 6, transposed=transposed).reshape(shape)
+    check_bit_equal(lambda x: torch.linalg.tensorinv(x, ind), a.requires_grad_())
+
+
+@pytest.mark.parametrize("case", ["flat", "matrix", "dims"])
+def test_linalg_tensorsolve(case: str) -> None:
+    b = torch.randn(2, 3, generator=torch.Generator().manual_seed(1))
+    if case == "flat":
+        a, dims = _invertible(6).reshape(2, 3, 6), None
+    elif case == "matrix":
+        a, b, dims = _invertible(6, transposed=True), b.flatten(), None
+    else:  # (the system's matrix is eager's movedim of a by dims, reshaped)
+        a, b, dims = torch.movedim(_invertible(6).reshape(3, 2, 2, 3), (2, 3), (0, 2)), b.reshape(3, 2), (0, 2)
+    check_bit_equal(lambda x, y: torch.linalg.tensorsolve(x, y, dims), a.requires_grad_(), b.requires_grad_())
+
+
+def test_linalg_tensorinv_and_tensorsolve_errors() -> None:
+    LA = torch.linalg
+    check_same_error(lambda a: LA.tensorinv(a, 0), torch.randn(6, 2, 3))
+    check_same_error(lambda a: LA.tensorinv(a, 2), torch.randn(2, 3, 5))
+    check_same_error(lambda a: LA.tensorinv(a, 2), torch.zeros(2, 3, 6))  # singular, found by the inverse
+    check_same_error(lambda a: LA.tensorinv(a, 1), torch.ones(6, 2, 3, dtype=torch.long))
+    check_same_error(LA.tensorsolve, torch.randn(2, 3, 4), torch.randn(2, 3))
+    check_same_error(LA.tensorsolve, torch.zeros(2, 3, 6), torch.randn(2, 3))
+    check_same_error(LA.tensorsolve, torch.randn(2, 3, 6), torch.randn(2, 3).double())

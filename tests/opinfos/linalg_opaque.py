@@ -157,6 +157,26 @@ def lstsq_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((5,)), cpu((5,))), RuntimeError)
 
 
+def tensorinv_samples(dtype, device) -> Iterable[SampleInput]:
+    """Invertible matrices viewed as tensors of other shapes (split at ``ind``), one transposed."""
+    yield SampleInput(general((6, 6), dtype, device).reshape(6, 2, 3), ind=1)
+    yield SampleInput(general((6, 6), dtype, device).reshape(2, 3, 2, 3))
+    yield SampleInput(general((6, 6), dtype, device, transposed=True).reshape(6, 2, 3), ind=1)
+
+
+def tensorsolve_samples(dtype, device) -> Iterable[SampleInput]:
+    """Systems whose matrix is an invertible one reshaped, with its dims moved for ``dims``."""
+    yield SampleInput(general((6, 6), dtype, device).reshape(2, 3, 6), make((2, 3), dtype, device))
+    yield SampleInput(general((4, 4), dtype, device).mT, make((4,), dtype, device))
+    moved = general((6, 6), dtype, device).reshape(3, 2, 2, 3)
+    yield SampleInput(torch.movedim(moved, (2, 3), (0, 2)), make((3, 2), dtype, device), dims=(0, 2))
+
+
+def tensor_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 3, 5)), ind=2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((6, 2, 3)), ind=0), RuntimeError)
+
+
 def opaque(name, fn, samples, errors=int_and_vector_errors(), **options) -> OpInfo:
     return OpInfo(name, fn, samples, errors, tolerances=ACCUMULATING, **options)
 
@@ -213,4 +233,6 @@ OPS = [
     opaque("linalg_ldl_solve", LA.ldl_solve, ldl_solve_samples, lambda: ()),
     opaque("linalg_matrix_exp", LA.matrix_exp, square_samples(), square_errors),
     opaque("matrix_exp", torch.matrix_exp, square_samples(), square_errors),
+    opaque("linalg_tensorinv", LA.tensorinv, tensorinv_samples, tensor_errors),
+    opaque("linalg_tensorsolve", LA.tensorsolve, tensorsolve_samples, lambda: ()),
 ]
