@@ -5,6 +5,8 @@ exception type. Where a fusion executor runs the decomposition instead of eager'
 (``torch_ex.decomposing()``), the forward is bit-equal too unless a test says otherwise.
 """
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -168,3 +170,64 @@ def test_linalg_tensorinv_and_tensorsolve_errors() -> None:
     check_same_error(LA.tensorsolve, torch.randn(2, 3, 4), torch.randn(2, 3))
     check_same_error(LA.tensorsolve, torch.zeros(2, 3, 6), torch.randn(2, 3))
     check_same_error(LA.tensorsolve, torch.randn(2, 3, 6), torch.randn(2, 3).double())
+
+
+# -- linear_cross_entropy: eager's reference path (linear, reshape, cross_entropy) ---------------------
+
+
+_LCE_TARGET = torch.tensor([0, 3, 1, -100, 2])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"reduction": "sum"},
+        {"reduction": "none"},
+        {"label_smoothing": 0.1, "weight": torch.tensor([0.7, 0.6, 0.1, 0.2])},
+        {"ignore_index": 3},
+    ],
+    ids=["mean", "sum", "none", "smoothed_weighted", "ignore_index"],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_cross_entropy(kwargs, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 8, generator=gen), torch.randn(8, 4, generator=gen).mT
+    b = torch.randn(4, generator=gen).requires_grad_() if bias else None
+    target = _LCE_TARGET.clamp(min=0) if "ignore_index" in kwargs else _LCE_TARGET
+
+    def fn(a, weight, linear_bias):
+        return F.linear_cross_entropy(a, weight, target, linear_bias=linear_bias, **kwargs)
+
+    check_bit_equal(fn, x.requires_grad_(), w.requires_grad_(), b)
+
+
+def test_linear_cross_entropy_shapes() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 8, generator=gen, requires_grad=True), torch.randn(4, 8, generator=gen, requires_grad=True)
+    probabilities = torch.softmax(torch.randn(5, 4, generator=gen), 1)
+    check_bit_equal(lambda a, b: F.linear_cross_entropy(a, b, probabilities), x, w)
+    check_bit_equal(lambda a, b: F.linear_cross_entropy(a, b, torch.tensor(2)), x[0].detach().requires_grad_(), w)
+    w3, b3 = torch.randn(4, 3, 8, generator=gen), torch.randn(4, 3, generator=gen)
+    t3 = torch.randint(0, 4, (5, 3), generator=gen)
+    check_bit_equal(
+        lambda a, b, c: F.linear_cross_entropy(a, b, t3, linear_bias=c), x, w3.requires_grad_(), b3.requires_grad_()
+    )
+
+
+def test_linear_cross_entropy_with_options_stays_eagers_and_errors() -> None:
+    x, w, target = torch.randn(5, 8), torch.randn(4, 8), _LCE_TARGET.clamp(min=0)
+    options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=2)
+
+    def chunked(a, b):
+        return F.linear_cross_entropy(a, b, target, options=options)
+
+    with warnings.catch_warnings():  # (eager's chunked op may warn, asked of meta tensors)
+        warnings.simplefilter("ignore")
+        assert set(thunder_rs.examine(chunked, x, w).fallbacks) == {"torch.nn.functional.linear_cross_entropy"}
+    loss = F.linear_cross_entropy
+    check_same_error(lambda a, b: loss(a, b, target), x, torch.randn(4, 7))
+    check_same_error(lambda a, b: loss(a, b, target), torch.randn(2, 5, 8), w)
+    check_same_error(lambda a, b: loss(a, b, target, linear_bias=torch.randn(3)), x, w)
+    check_same_error(lambda a, b: loss(a, b, torch.softmax(a @ b.mT, 1), ignore_index=3), x, w)
+    check_same_error(lambda a, b: loss(a, b, torch.tensor(1)), torch.randn(8), torch.randn(4, 3, 8))

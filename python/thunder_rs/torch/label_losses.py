@@ -1,5 +1,5 @@
 """Multi-label margin loss (``F.multilabel_margin_loss``) as eager's CPU kernel computes it, with
-its backward kernel beside it.
+its backward kernel beside it; and ``F.linear_cross_entropy``'s reference path.
 
 Each row's targets are the class indices before its first ``-1``; for each of them ``j`` and each
 class ``d`` that is no target, ``z = (1 - x[j]) + x[d]`` (rounded in the input's dtype at each op)
@@ -9,19 +9,29 @@ divided by the class count (and the row count for a mean) there and rounded once
 row's loss of reduction none is divided in the dtype). The sums here are in
 double too: the float ``z`` add exactly there, so their order does not matter. Targets below
 ``-1`` or past the classes raise as eager's range check does, from the gather that reads them.
+
+``F.linear_cross_entropy`` without ``options`` is eager's reference path: ``linear`` of the weight
+(and bias) flattened to ``(C * d1 * ..., in_features)``, the logits reshaped to ``(N, C, d1, ...)``
+and ``cross_entropy``, each op ltorch's (bit-equal to eager's, with their own gradients). With
+``options`` eager may take its chunked custom op, whose chunked sums no decomposition follows: such
+a call stays eager's (an eager fallback).
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.lang.fallback import fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch.base_losses import REDUCTIONS, _reduction
 from thunder_rs.torch.common import flows, like
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
-__all__ = ["multilabel_margin_loss", "multilabel_margin_loss_backward"]
+__all__ = ["multilabel_margin_loss", "multilabel_margin_loss_backward", "linear_cross_entropy"]
 
 
 def _frames(op: str, input, target):
@@ -141,3 +151,98 @@ def multilabel_margin_loss_grad(input, target, size_average=None, reduce=None, r
     mask = ltorch.reshape(is_target, tuple(target.shape))
     put_grad(input, multilabel_margin_loss_backward(get_grad(out), input, target, code, mask))
     return out
+
+
+# -- linear_cross_entropy ----------------------------------------------------------------------------
+
+
+def _check_linear_cross_entropy(op: str, input, linear_weight, target, linear_bias, ignore_index):
+    """Eager's checks (``F.linear_cross_entropy``), with its messages; the logits' shape."""
+    check(
+        1 <= input.ndim <= 2,
+        op,
+        lambda: f"expected input with dimensionality 1 or 2, got {input.ndim} (argument input)",
+        ThunderRuntimeError,
+    )
+    check(
+        linear_weight.ndim >= 2,
+        op,
+        lambda: f"expected linear_weight with dimensionality at least 2, got {linear_weight.ndim}",
+        ThunderRuntimeError,
+    )
+    batches, features = tuple(input.shape[:-1]), input.shape[-1]
+    check(
+        features == linear_weight.shape[-1],
+        op,
+        lambda: (
+            "expected equal input and linear_weight last dimensions (in_features), "
+            f"got {features} and {linear_weight.shape[-1]}, respectively"
+        ),
+        ThunderRuntimeError,
+    )
+    classes, out_features = linear_weight.shape[0], tuple(linear_weight.shape[1:-1])
+    check(
+        linear_bias is None or tuple(linear_bias.shape) == (classes, *out_features),
+        op,
+        lambda: f"expected linear_bias shape {(classes, *out_features)}, got {tuple(linear_bias.shape)}",
+        ThunderRuntimeError,
+    )
+    check(
+        not out_features or bool(batches),
+        op,
+        lambda: (
+            f"K-dimensional loss defined by linear_weight shape {tuple(linear_weight.shape)} requires batched "
+            f"input, (N, {features}), got unbatched input with shape {tuple(input.shape)}"
+        ),
+        ThunderRuntimeError,
+    )
+    logits_shape = (*batches, classes, *out_features)
+    check(
+        not (tuple(target.shape) == logits_shape and ignore_index is not None),
+        op,
+        "ignore_index cannot be specified when target contains probabilities",
+        ThunderRuntimeError,
+    )
+    return logits_shape, features
+
+
+@torchsymbol(F.linear_cross_entropy, name="linear_cross_entropy")
+def linear_cross_entropy(
+    input,
+    linear_weight,
+    target,
+    *,
+    linear_bias=None,
+    weight=None,
+    reduction="mean",
+    ignore_index=None,
+    label_smoothing=0.0,
+    options=None,
+):
+    op = "ltorch.linear_cross_entropy"
+    check(options is None, op, "chunked options run as eager's call (argument options)", ThunderNotImplementedError)
+    logits_shape, features = _check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, ignore_index)
+    if linear_weight.ndim > 2:
+        rows = math.prod(logits_shape[input.ndim - 1 :])
+        linear_weight = ltorch.reshape(linear_weight, (rows, features))
+        if linear_bias is not None:
+            linear_bias = ltorch.reshape(linear_bias, (rows,))
+    logits = ltorch.reshape(ltorch.linear(input, linear_weight, linear_bias), logits_shape)
+    return ltorch.cross_entropy(
+        logits,
+        target,
+        weight=weight,
+        reduction=reduction,
+        ignore_index=-100 if ignore_index is None else ignore_index,
+        label_smoothing=label_smoothing,
+    )
+
+
+def _linear_cross_entropy_call(input, linear_weight, target, *, options=None, **kwargs):
+    """The symbol for eager's reference path; with ``options``, eager's own call."""
+    if options is not None:
+        return fallback(F.linear_cross_entropy, (input, linear_weight, target), {"options": options, **kwargs})
+    return linear_cross_entropy(input, linear_weight, target, **kwargs)
+
+
+TORCH_TO_LTORCH[F.linear_cross_entropy] = _linear_cross_entropy_call
