@@ -231,3 +231,39 @@ def test_linear_cross_entropy_with_options_stays_eagers_and_errors() -> None:
     check_same_error(lambda a, b: loss(a, b, target, linear_bias=torch.randn(3)), x, w)
     check_same_error(lambda a, b: loss(a, b, torch.softmax(a @ b.mT, 1), ignore_index=3), x, w)
     check_same_error(lambda a, b: loss(a, b, torch.tensor(1)), torch.randn(8), torch.randn(4, 3, 8))
+
+
+# -- nonzero_static: the table of indices traced from a running count of the mask --------------------
+
+
+_NONZERO = torch.tensor([[0.0, 1.0, 0.0, float("nan")], [2.0, -0.0, 3.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    "input, kwargs",
+    [
+        (_NONZERO, {"size": 8}),
+        (_NONZERO, {"size": 2, "fill_value": 7}),
+        (_NONZERO.mT, {"size": 4}),
+        (_NONZERO.bool(), {"size": 5}),
+        (torch.tensor(3.0), {"size": 2}),
+        (torch.zeros(0, 3), {"size": 2}),
+        (_NONZERO, {"size": 0}),
+        (torch.arange(24).reshape(2, 3, 4) % 5, {"size": 30, "fill_value": -5}),
+    ],
+    ids=["filled", "cut", "transposed", "bool", "0d", "empty", "no_rows", "3d"],
+)
+def test_nonzero_static(input: torch.Tensor, kwargs) -> None:
+    check_bit_equal(lambda a: torch.nonzero_static(a, **kwargs), input)
+    check_bit_equal(lambda a: a.nonzero_static(**kwargs), input)
+    _decomposed_equal(lambda a: torch.nonzero_static(a, **kwargs), input)
+
+
+def test_nonzero_static_serves_other_lengths_and_errors() -> None:
+    fn = thunder_rs.jit(lambda a: torch.nonzero_static(a.relu(), size=4), dynamic=True)
+    for n in (5, 7, 9):
+        a = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        assert torch.equal(fn(a), torch.nonzero_static(a.relu(), size=4))
+    assert thunder_rs.compile_stats(fn).cache_misses == 1
+    check_same_error(lambda a: torch.nonzero_static(a, size=-1), _NONZERO)
+    check_same_error(lambda a: torch.nonzero_static(a, size=2, fill_value=1.5), _NONZERO)

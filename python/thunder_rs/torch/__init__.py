@@ -82,6 +82,7 @@ from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
 from thunder_rs.torch.finite_differences import *  # noqa: E402,F401,F403
 from thunder_rs.torch.combinations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.tensor_linalg import *  # noqa: E402,F401,F403
+from thunder_rs.torch.nonzero_static import *  # noqa: E402,F401,F403
 from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
 from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
