@@ -267,3 +267,25 @@ def test_nonzero_static_serves_other_lengths_and_errors() -> None:
     assert thunder_rs.compile_stats(fn).cache_misses == 1
     check_same_error(lambda a: torch.nonzero_static(a, size=-1), _NONZERO)
     check_same_error(lambda a: torch.nonzero_static(a, size=2, fill_value=1.5), _NONZERO)
+
+
+# -- lu_unpack: the pivots' swaps in turn, and the triangles of LU as new contiguous tensors -----------
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (2, 5, 3), (3, 5), (0, 3, 3)])
+@pytest.mark.parametrize("unpack", [(True, True), (False, True), (True, False)], ids=["both", "pivots", "data"])
+def test_lu_unpack(shape, unpack) -> None:
+    LU, pivots = torch.linalg.lu_factor(torch.randn(shape, generator=torch.Generator().manual_seed(0)))
+
+    def fn(a, p):
+        return torch.lu_unpack(a, p, *unpack)
+
+    # (eager's own backward fails where L and U are not unpacked: their cotangents are empty)
+    check_bit_equal(fn, LU.requires_grad_(), pivots, grad=unpack[0])
+    _decomposed_equal(lambda a, p: torch.cat([t.flatten() for t in fn(a, p)]), LU.detach(), pivots)
+
+
+def test_lu_unpack_errors() -> None:
+    LU, pivots = torch.linalg.lu_factor(torch.randn(3, 3))
+    for bad in [(LU, pivots.long()), (LU, pivots[:2]), (LU[0], pivots), (LU, pivots + 5), (LU, pivots - 5)]:
+        check_same_error(torch.lu_unpack, *bad)

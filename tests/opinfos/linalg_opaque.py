@@ -172,6 +172,23 @@ def tensorsolve_samples(dtype, device) -> Iterable[SampleInput]:
     yield SampleInput(torch.movedim(moved, (2, 3), (0, 2)), make((3, 2), dtype, device), dims=(0, 2))
 
 
+def lu_unpack_samples(dtype, device) -> Iterable[SampleInput]:
+    """Factorizations of square, wide, tall and batched matrices (their pivots swap rows)."""
+    for shape in ((4, 4), (3, 5), (2, 5, 3), (0, 3, 3)):
+        LU, pivots = LA.lu_factor(rect(shape, dtype, device))
+        yield SampleInput(LU, pivots)
+    LU, pivots = LA.lu_factor(general((4, 4), dtype, device))
+    yield SampleInput(LU, pivots, unpack_pivots=False)
+    yield SampleInput(LU, pivots, unpack_data=False)
+
+
+def lu_unpack_errors() -> Iterable[ErrorInput]:
+    LU, pivots = LA.lu_factor(cpu((3, 3)))
+    yield ErrorInput(SampleInput(LU, pivots.long()), RuntimeError)
+    yield ErrorInput(SampleInput(LU, pivots[:2]), ValueError)
+    yield ErrorInput(SampleInput(LU, pivots + 5), RuntimeError)  # out of range, read from the data
+
+
 def tensor_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((2, 3, 5)), ind=2), RuntimeError)
     yield ErrorInput(SampleInput(cpu((6, 2, 3)), ind=0), RuntimeError)
@@ -235,4 +252,5 @@ OPS = [
     opaque("matrix_exp", torch.matrix_exp, square_samples(), square_errors),
     opaque("linalg_tensorinv", LA.tensorinv, tensorinv_samples, tensor_errors),
     opaque("linalg_tensorsolve", LA.tensorsolve, tensorsolve_samples, lambda: ()),
+    opaque("lu_unpack", torch.lu_unpack, lu_unpack_samples, lu_unpack_errors),
 ]

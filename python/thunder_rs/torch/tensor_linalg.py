@@ -1,4 +1,6 @@
-"""``torch.linalg.tensorinv`` and ``tensorsolve`` as eager's composites write them: the tensor
+"""``torch.linalg.tensorinv``, ``tensorsolve`` and ``torch.lu_unpack``.
+
+``tensorinv`` and ``tensorsolve`` are eager's composites: the tensor
 reshaped to a square matrix, inverted (solved) by the opaque factorization eager calls
 (``linalg.py``'s ``linalg_inv``, ``linalg_solve``), and the result reshaped back, so that values,
 gradients and layouts are eager's. They need no grad rule of their own: the decomposition's
@@ -10,12 +12,12 @@ import math
 
 import torch
 
-from thunder_rs.errors import ThunderRuntimeError, check
+from thunder_rs.errors import ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.common import require_tensor
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 LA = torch.linalg
-__all__ = ["linalg_tensorinv", "linalg_tensorsolve"]
+__all__ = ["linalg_tensorinv", "linalg_tensorsolve", "lu_unpack"]
 
 
 @torchsymbol(LA.tensorinv)
@@ -65,3 +67,72 @@ def linalg_tensorsolve(A, B, dims=None, *, out=None):
     )
     solution = ltorch.linalg_solve(ltorch.reshape(A, (rows, rows)), ltorch.flatten(B))
     return ltorch.reshape(solution, result_shape)
+
+
+# -- lu_unpack -----------------------------------------------------------------------------------------
+
+
+def _check_lu_unpack(op: str, LU, pivots) -> None:
+    check(
+        LU.ndim >= 2,
+        op,
+        lambda: f"torch.lu_unpack: Expected tensor with 2 or more dimensions. Got size: {list(LU.shape)} instead",
+        ThunderRuntimeError,
+    )
+    check(
+        pivots.dtype == torch.int32,
+        op,
+        "torch.lu_unpack: LU_pivots is expected to be a contiguous tensor of torch.int32 dtype. (argument LU_pivots)",
+        ThunderRuntimeError,
+    )
+    expected = (*LU.shape[:-2], min(LU.shape[-2], LU.shape[-1]))
+    check(
+        tuple(pivots.shape) == expected,
+        op,
+        lambda: f"Expected LU_pivots to have shape {list(expected)} but got {list(pivots.shape)} instead.",
+        ThunderValueError,
+    )
+
+
+def _permutation(pivots, m: int, k: int, device):
+    """The rows' permutation (eager's ``unpack_pivots``): the identity, with row ``i`` swapped with
+    row ``pivots[i] - 1`` for each ``i < k`` in turn. (Pivots out of range make the gathers raise.)"""
+    batch = tuple(pivots.shape[:-1])
+    iota = ltorch.arange(m, device=device)
+    perm = ltorch.expand(iota, (*batch, m))
+    targets = ltorch.sub(ltorch.to(pivots, torch.int64), 1)
+    for i in range(k):
+        j = ltorch.narrow(targets, -1, i, 1)  # (*batch, 1)
+        at_i, at_j = ltorch.narrow(perm, -1, i, 1), ltorch.gather(perm, -1, j)
+        perm = ltorch.where(ltorch.eq(iota, i), at_j, ltorch.where(ltorch.eq(iota, j), at_i, perm))
+    return perm
+
+
+@torchsymbol(torch.lu_unpack)
+def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True, *, out=None):
+    """``(P, L, U)`` as eager's kernel writes them, each a new contiguous tensor: ``P[..., perm[j],
+    j] = 1``; ``L`` the strictly lower part of ``LU``'s first ``k`` columns with a unit diagonal,
+    ``U`` the upper part of its first ``k`` rows (``k = min(m, n)``); empty where not unpacked."""
+    op = "ltorch.lu_unpack"
+    require_tensor(op, LU_data, "LU_data")
+    require_tensor(op, LU_pivots, "LU_pivots")
+    _check_lu_unpack(op, LU_data, LU_pivots)
+    m, n = LU_data.shape[-2:]
+    k = min(m, n)
+    device, dtype = LU_data.device, LU_data.dtype
+    P = ltorch.empty((0,), dtype=dtype, device=device)
+    # (L and U not unpacked are empty outputs of eager's differentiated kernel: they require grad.)
+    L = U = ltorch.clone(ltorch.narrow(ltorch.flatten(LU_data), 0, 0, 0))
+    if unpack_pivots:
+        perm = _permutation(LU_pivots, m, k, device)
+        rows = ltorch.unsqueeze(ltorch.arange(m, device=device), -1)
+        P = ltorch.to(ltorch.eq(ltorch.unsqueeze(perm, -2), rows), dtype)
+    if unpack_data:
+        lower = ltorch.narrow(LU_data, -1, 0, k)
+        row, col = ltorch.unsqueeze(ltorch.arange(m, device=device), -1), ltorch.arange(k, device=device)
+        unit = ltorch.where(ltorch.eq(row, col), 1, 0)
+        L = ltorch.where(ltorch.gt(row, col), lower, ltorch.to(unit, dtype))
+        upper = ltorch.narrow(LU_data, -2, 0, k)
+        row, col = ltorch.unsqueeze(ltorch.arange(k, device=device), -1), ltorch.arange(n, device=device)
+        U = ltorch.where(ltorch.le(row, col), upper, ltorch.zeros((), dtype=dtype, device=device))
+    return torch.return_types.lu_unpack((P, L, U))
