@@ -5,6 +5,7 @@ exception type. Where a fusion executor runs the decomposition instead of eager'
 (``torch_ex.decomposing()``), the forward is bit-equal too unless a test says otherwise.
 """
 
+import math
 import warnings
 
 import pytest
@@ -289,3 +290,52 @@ def test_lu_unpack_errors() -> None:
     LU, pivots = torch.linalg.lu_factor(torch.randn(3, 3))
     for bad in [(LU, pivots.long()), (LU, pivots[:2]), (LU[0], pivots), (LU, pivots + 5), (LU, pivots - 5)]:
         check_same_error(torch.lu_unpack, *bad)
+
+
+# -- linalg.cond: eager's composite over svdvals, or the norms of A and its inverse -------------------
+
+
+@pytest.mark.parametrize("p", [None, 2, -2, "nuc", 1, -1, math.inf, -math.inf, "fro"])
+@pytest.mark.parametrize("case", ["square", "batched_transposed", "singular"])
+def test_linalg_cond(p, case: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    a = {
+        "square": torch.randn(3, 3, generator=gen),
+        "batched_transposed": torch.randn(2, 4, 4, generator=gen).mT,
+        "singular": torch.zeros(3, 3),
+    }[case]
+
+    def fn(x):
+        return torch.linalg.cond(x, p)
+
+    if case == "singular":  # (0 / 0 for 2-norms, infinity through the inverse: eager's NaN and inf)
+        torch.testing.assert_close(thunder_rs.jit(fn)(a), fn(a), atol=0, rtol=0, equal_nan=True)
+        return
+    # (eager cannot differentiate the orders through the inverse: see the next test)
+    check_bit_equal(fn, a.requires_grad_(p in (None, 2, -2, "nuc")))
+
+
+def test_linalg_cond_of_rectangular_and_empty_matrices() -> None:
+    gen = torch.Generator().manual_seed(0)
+    check_bit_equal(lambda x: torch.linalg.cond(x), torch.randn(3, 5, generator=gen, requires_grad=True))
+    check_bit_equal(lambda x: torch.linalg.cond(x, -2), torch.randn(2, 5, 3, generator=gen, requires_grad=True))
+    for shape, p in [((0, 3, 4), None), ((2, 0, 0), "fro"), ((0, 3, 4), 1)]:
+        check_bit_equal(lambda x: torch.linalg.cond(x, p), torch.zeros(shape))
+
+
+def test_linalg_cond_errors() -> None:
+    bad = [(torch.randn(3), None), (torch.randn(3, 4), 1), (torch.randn(3, 3), 3), (torch.randn(3, 3), "abc")]
+    bad += [(torch.randn(3, 4), "fro"), (torch.ones(3, 3).long(), None), (torch.ones(3, 3).long(), 1)]
+    for a, p in bad:
+        check_same_error(torch.linalg.cond, a, p)
+
+
+def test_linalg_cond_through_the_inverse_refuses_grad_as_eagers_backward_fails() -> None:
+    """Eager fills in place the inverse ``linalg_inv_ex`` saved, so its backward raises."""
+    a = torch.randn(3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(torch.linalg.cond(a, 1), a)
+    with pytest.raises(RuntimeError, match="in place"):
+        thunder_rs.jit(lambda x: torch.linalg.cond(x, 1))(a)
+    with torch.no_grad():
+        assert torch.equal(thunder_rs.jit(lambda x: torch.linalg.cond(x, 1))(a), torch.linalg.cond(a, 1))

@@ -7,6 +7,7 @@ empty batch, a transposed layout and the ops' keyword variants.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import torch
@@ -189,6 +190,27 @@ def lu_unpack_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(LU, pivots + 5), RuntimeError)  # out of range, read from the data
 
 
+def cond_samples(dtype, device) -> Iterable[SampleInput]:
+    """Every norm order, on square, batched, transposed and (for 2-norms) rectangular matrices."""
+    for p in (None, 2, -2, "nuc"):
+        yield SampleInput(general((2, 4, 4), dtype, device), p)
+    yield SampleInput(rect((3, 5), dtype, device), -2)
+    yield SampleInput(general((0, 3, 3), dtype, device), 1)
+
+
+def cond_inverse_samples(dtype, device) -> Iterable[SampleInput]:
+    """The orders through the inverse (eager cannot differentiate them: no gradient is asked)."""
+    for p in (1, -1, math.inf, -math.inf, "fro"):
+        yield SampleInput(general((3, 3), dtype, device, transposed=True), p)
+
+
+def cond_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 1), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 3)), 3), ValueError)
+    yield ErrorInput(SampleInput(cpu((3, 3)), "abc"), ValueError)
+
+
 def tensor_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((2, 3, 5)), ind=2), RuntimeError)
     yield ErrorInput(SampleInput(cpu((6, 2, 3)), ind=0), RuntimeError)
@@ -253,4 +275,6 @@ OPS = [
     opaque("linalg_tensorinv", LA.tensorinv, tensorinv_samples, tensor_errors),
     opaque("linalg_tensorsolve", LA.tensorsolve, tensorsolve_samples, lambda: ()),
     opaque("lu_unpack", torch.lu_unpack, lu_unpack_samples, lu_unpack_errors),
+    opaque("linalg_cond", LA.cond, cond_samples, cond_errors),
+    opaque("linalg_cond", LA.cond, cond_inverse_samples, variant="inverse", supports_grad=False),
 ]

@@ -14,10 +14,11 @@ import torch
 
 from thunder_rs.errors import ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.common import require_tensor
+from thunder_rs.torch.linalg import singular_values
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 LA = torch.linalg
-__all__ = ["linalg_tensorinv", "linalg_tensorsolve", "lu_unpack"]
+__all__ = ["linalg_tensorinv", "linalg_tensorsolve", "lu_unpack", "linalg_cond"]
 
 
 @torchsymbol(LA.tensorinv)
@@ -136,3 +137,72 @@ def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True, *, out=N
         row, col = ltorch.unsqueeze(ltorch.arange(k, device=device), -1), ltorch.arange(n, device=device)
         U = ltorch.where(ltorch.le(row, col), upper, ltorch.zeros((), dtype=dtype, device=device))
     return torch.return_types.lu_unpack((P, L, U))
+
+
+# -- linalg.cond ---------------------------------------------------------------------------------------
+
+
+def _check_cond_ord(op: str, ord) -> None:
+    if isinstance(ord, str):
+        ok = ord in ("fro", "nuc")
+    else:
+        ok = isinstance(ord, (int, float)) and abs(ord) in (1.0, 2.0, math.inf)
+    check(ok, op, lambda: f"linalg.cond got an invalid norm type: {ord} (argument p)", ThunderValueError)
+
+
+def _check_square(op: str, A, ord) -> None:
+    check(
+        A.shape[-1] == A.shape[-2],
+        op,
+        lambda: (
+            f"linalg.cond(ord={ord}): A must be batches of square matrices, but they are {A.shape[-2]} by "
+            f"{A.shape[-1]} matrices (argument A)"
+        ),
+        ThunderRuntimeError,
+    )
+
+
+@torchsymbol(LA.cond)
+def linalg_cond(A, p=None, *, out=None):
+    """Eager's composite: for 2-norms (the default) the ratio of the extreme singular values
+    (``linalg_svdvals``); for ``"nuc"`` the singular values' sum times their reciprocals' sum; else
+    the norm of ``A`` times that of its inverse (infinite where ``linalg_inv_ex`` finds it
+    singular), NaN products of zero and infinity read as infinity; zeros for empty matrices. (The
+    last raises in eager's backward: with grad wanted it is refused up front.)"""
+    op = "ltorch.linalg_cond"
+    require_tensor(op, A, "A")
+    check(
+        A.ndim >= 2,
+        op,
+        "linalg.cond: The input tensor must have at least 2 dimensions. (argument A)",
+        ThunderRuntimeError,
+    )
+    ord = 2 if p is None else p
+    if isinstance(ord, str):
+        _check_square(op, A, ord)
+    _check_cond_ord(op, ord)
+    if A.numel() == 0:
+        real = A.dtype.to_real() if A.dtype.is_complex else A.dtype
+        return ltorch.zeros(tuple(A.shape[:-2]), dtype=real, device=A.device)
+    if not isinstance(ord, str) and abs(ord) == 2.0:
+        s = singular_values(A)
+        s_max, s_min = ltorch.narrow(s, -1, 0, 1), ltorch.narrow(s, -1, -1, 1)
+        return ltorch.squeeze(s_min / s_max if ord == -2.0 else s_max / s_min, -1)
+    if ord == "nuc":
+        s = singular_values(A)
+        return ltorch.sum(s, -1) * ltorch.sum(ltorch.reciprocal(s), -1)
+    if not isinstance(ord, str):
+        _check_square(op, A, ord)
+    check(
+        not (torch.is_grad_enabled() and A.requires_grad),
+        op,
+        lambda: (
+            f"eager cannot differentiate linalg.cond with ord={ord}: its kernel fills in place the inverse that "
+            "linalg_inv_ex saved for its backward, which then raises; detach A or use ord=2 (argument A)"
+        ),
+        ThunderRuntimeError,
+    )
+    inverse, info = ltorch.linalg_inv_ex(A)
+    inverse = ltorch.masked_fill(inverse, ltorch.unsqueeze(ltorch.unsqueeze(info, -1), -1) > 0, math.inf)
+    product = ltorch.linalg_matrix_norm(A, ord) * ltorch.linalg_matrix_norm(inverse, ord)
+    return ltorch.nan_to_num(product, math.inf, math.inf, -math.inf)
