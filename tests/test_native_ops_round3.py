@@ -339,3 +339,50 @@ def test_linalg_cond_through_the_inverse_refuses_grad_as_eagers_backward_fails()
         thunder_rs.jit(lambda x: torch.linalg.cond(x, 1))(a)
     with torch.no_grad():
         assert torch.equal(thunder_rs.jit(lambda x: torch.linalg.cond(x, 1))(a), torch.linalg.cond(a, 1))
+
+
+# -- grid_sampler_2d and grid_sampler_3d: aten's kernels by name, with aten's own backward kernels -----
+
+
+@pytest.mark.parametrize("interpolation", [0, 1])
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sampler_2d(interpolation: int, padding: int, align_corners: bool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 6, 5, generator=gen).transpose(2, 3)
+    grid = torch.rand(2, 4, 4, 2, generator=gen) * 2.2 - 1.1
+
+    def fn(a, b):
+        return torch.grid_sampler_2d(a, b, interpolation, padding, align_corners)
+
+    check_bit_equal(fn, x.requires_grad_(), grid.requires_grad_())
+
+
+def test_grid_sampler_bicubic_and_3d_run_eagers_kernels() -> None:
+    """(Their decompositions are refused for fusing executors, as F.grid_sample's: examine counts
+    them as eager's; the torch executor runs aten's op, with its values and gradients.)"""
+    gen = torch.Generator().manual_seed(0)
+    x, grid = torch.randn(2, 3, 5, 6, generator=gen), torch.rand(2, 4, 4, 2, generator=gen) * 2 - 1
+    assert torch.equal(
+        thunder_rs.jit(torch.grid_sampler_2d)(x, grid, 2, 1, False), torch.grid_sampler_2d(x, grid, 2, 1, False)
+    )
+    x3 = torch.randn(2, 3, 4, 5, 6, generator=gen, requires_grad=True)
+    g3 = (torch.rand(2, 4, 4, 4, 3, generator=gen) * 2 - 1).requires_grad_()
+    for interpolation, padding in [(0, 0), (1, 2), (0, 1)]:
+
+        def fn(a, b):
+            return torch.grid_sampler_3d(a, b, interpolation, padding, True)
+
+        expected, actual = fn(x3, g3), thunder_rs.jit(fn)(x3, g3)
+        assert torch.equal(expected, actual)
+        grads = [torch.autograd.grad(out.sum(), (x3, g3)) for out in (expected, actual)]
+        assert all(torch.equal(e, a) for e, a in zip(*grads))
+
+
+def test_grid_sampler_nd_errors() -> None:
+    x, grid = torch.randn(2, 3, 5, 6), torch.rand(2, 4, 4, 2)
+    for args in [(x, grid.double()), (x[0], grid[0]), (x, grid[:1]), (x, grid[..., :1])]:
+        check_same_error(torch.grid_sampler_2d, *args, 0, 0, False)
+    check_same_error(torch.grid_sampler_3d, x, grid, 0, 0, False)
+    with pytest.raises(NotImplementedError, match="interpolation mode 5"):  # (eager computes something)
+        thunder_rs.jit(torch.grid_sampler_2d)(x, grid, 5, 0, False)
