@@ -229,3 +229,21 @@ OPS.append(
         tolerances=ACCUMULATING,
     )
 )
+
+
+def grid_sampler_3d_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for interpolation, padding in ((0, 0), (1, 2), (0, 1)):
+        grid = make((2, 3, 4, 2, 3), dtype, device, low=-1.2, high=1.2)
+        yield SampleInput(make((2, 3, 4, 5, 3), dtype, device), grid, interpolation, padding, True)
+
+
+# (3-D sampling has no decomposition into prims: only eager's kernel runs it)
+OPS.append(
+    OpInfo(
+        "grid_sampler_3d",
+        torch.grid_sampler_3d,
+        grid_sampler_3d_samples,
+        tolerances=ACCUMULATING,
+        decomposition_skips=(0, 1, 2),
+    )
+)
