@@ -462,4 +462,26 @@ MASKED_INDEX_OPS = [
     ),
 ]
 
+
+def nonzero_static_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Fewer nonzero elements than rows (filled), more (cut), none, a 0-d and a transposed input."""
+    a = make((3, 4), dtype, device) * (torch.arange(12, device=device).reshape(3, 4) % 3 != 0)
+    yield SampleInput(a, size=10)
+    yield SampleInput(a, size=3, fill_value=7)
+    yield SampleInput(a.mT, size=8)
+    yield SampleInput(torch.zeros(2, 3, dtype=dtype, device=device), size=2)
+    yield SampleInput(make((), dtype, device), size=2)
+    yield SampleInput(make((0, 3), dtype, device), size=2)
+
+
+def nonzero_static_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,)), size=-1), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3,)), size=2, fill_value=1.5), TypeError)
+
+
 OPS = BASIC_OPS + TENSOR_OPS + GATHER_OPS + SCATTER_OPS + SORT_OPS + MASKED_INDEX_OPS
+OPS.append(
+    OpInfo(
+        "nonzero_static", torch.nonzero_static, nonzero_static_samples, nonzero_static_errors, ALL, supports_grad=False
+    )
+)

@@ -200,3 +200,50 @@ OPS += [
     ),
     OpInfo("grid_sample", F.grid_sample, grid_sample_samples("nearest"), variant="nearest", tolerances=ACCUMULATING),
 ]
+
+
+def grid_sampler_2d_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """aten's op by name: bilinear and nearest (their numbers), every padding, both alignments."""
+    for interpolation in (0, 1):
+        for padding in (0, 1, 2):
+            for align in (False, True):
+                grid = make((2, 4, 7, 2), dtype, device, low=-1.2, high=1.2)
+                yield SampleInput(make((2, 3, 5, 6), dtype, device), grid, interpolation, padding, align)
+    grid = tensor(Strided((2, 3, 4, 2)), dtype, device, low=-1, high=1)
+    yield SampleInput(tensor(Transposed((2, 3, 6, 5)), dtype, device), grid, 0, 0, False)
+
+
+def grid_sampler_2d_errors() -> Iterable[ErrorInput]:
+    x, grid = cpu((2, 3, 5, 6)), cpu((2, 4, 7, 2))
+    yield ErrorInput(SampleInput(x, cpu((3, 4, 7, 2)), 0, 0, False), RuntimeError)
+    yield ErrorInput(SampleInput(x, grid.double(), 0, 0, False), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 3, 4, 5, 6)), cpu((2, 4, 4, 4, 3)), 0, 0, False), RuntimeError)
+
+
+OPS.append(
+    OpInfo(
+        "grid_sampler_2d",
+        torch.grid_sampler_2d,
+        grid_sampler_2d_samples,
+        grid_sampler_2d_errors,
+        tolerances=ACCUMULATING,
+    )
+)
+
+
+def grid_sampler_3d_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    for interpolation, padding in ((0, 0), (1, 2), (0, 1)):
+        grid = make((2, 3, 4, 2, 3), dtype, device, low=-1.2, high=1.2)
+        yield SampleInput(make((2, 3, 4, 5, 3), dtype, device), grid, interpolation, padding, True)
+
+
+# (3-D sampling has no decomposition into prims: only eager's kernel runs it)
+OPS.append(
+    OpInfo(
+        "grid_sampler_3d",
+        torch.grid_sampler_3d,
+        grid_sampler_3d_samples,
+        tolerances=ACCUMULATING,
+        decomposition_skips=(0, 1, 2),
+    )
+)

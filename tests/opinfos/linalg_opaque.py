@@ -7,6 +7,7 @@ empty batch, a transposed layout and the ops' keyword variants.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import torch
@@ -157,6 +158,64 @@ def lstsq_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((5,)), cpu((5,))), RuntimeError)
 
 
+def tensorinv_samples(dtype, device) -> Iterable[SampleInput]:
+    """Invertible matrices viewed as tensors of other shapes (split at ``ind``), one transposed."""
+    yield SampleInput(general((6, 6), dtype, device).reshape(6, 2, 3), ind=1)
+    yield SampleInput(general((6, 6), dtype, device).reshape(2, 3, 2, 3))
+    yield SampleInput(general((6, 6), dtype, device, transposed=True).reshape(6, 2, 3), ind=1)
+
+
+def tensorsolve_samples(dtype, device) -> Iterable[SampleInput]:
+    """Systems whose matrix is an invertible one reshaped, with its dims moved for ``dims``."""
+    yield SampleInput(general((6, 6), dtype, device).reshape(2, 3, 6), make((2, 3), dtype, device))
+    yield SampleInput(general((4, 4), dtype, device).mT, make((4,), dtype, device))
+    moved = general((6, 6), dtype, device).reshape(3, 2, 2, 3)
+    yield SampleInput(torch.movedim(moved, (2, 3), (0, 2)), make((3, 2), dtype, device), dims=(0, 2))
+
+
+def lu_unpack_samples(dtype, device) -> Iterable[SampleInput]:
+    """Factorizations of square, wide, tall and batched matrices (their pivots swap rows)."""
+    for shape in ((4, 4), (3, 5), (2, 5, 3), (0, 3, 3)):
+        LU, pivots = LA.lu_factor(rect(shape, dtype, device))
+        yield SampleInput(LU, pivots)
+    LU, pivots = LA.lu_factor(general((4, 4), dtype, device))
+    yield SampleInput(LU, pivots, unpack_pivots=False)
+    yield SampleInput(LU, pivots, unpack_data=False)
+
+
+def lu_unpack_errors() -> Iterable[ErrorInput]:
+    LU, pivots = LA.lu_factor(cpu((3, 3)))
+    yield ErrorInput(SampleInput(LU, pivots.long()), RuntimeError)
+    yield ErrorInput(SampleInput(LU, pivots[:2]), ValueError)
+    yield ErrorInput(SampleInput(LU, pivots + 5), RuntimeError)  # out of range, read from the data
+
+
+def cond_samples(dtype, device) -> Iterable[SampleInput]:
+    """Every norm order, on square, batched, transposed and (for 2-norms) rectangular matrices."""
+    for p in (None, 2, -2, "nuc"):
+        yield SampleInput(general((2, 4, 4), dtype, device), p)
+    yield SampleInput(rect((3, 5), dtype, device), -2)
+    yield SampleInput(general((0, 3, 3), dtype, device), 1)
+
+
+def cond_inverse_samples(dtype, device) -> Iterable[SampleInput]:
+    """The orders through the inverse (eager cannot differentiate them: no gradient is asked)."""
+    for p in (1, -1, math.inf, -math.inf, "fro"):
+        yield SampleInput(general((3, 3), dtype, device, transposed=True), p)
+
+
+def cond_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), 1), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 3)), 3), ValueError)
+    yield ErrorInput(SampleInput(cpu((3, 3)), "abc"), ValueError)
+
+
+def tensor_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((2, 3, 5)), ind=2), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((6, 2, 3)), ind=0), RuntimeError)
+
+
 def opaque(name, fn, samples, errors=int_and_vector_errors(), **options) -> OpInfo:
     return OpInfo(name, fn, samples, errors, tolerances=ACCUMULATING, **options)
 
@@ -213,4 +272,9 @@ OPS = [
     opaque("linalg_ldl_solve", LA.ldl_solve, ldl_solve_samples, lambda: ()),
     opaque("linalg_matrix_exp", LA.matrix_exp, square_samples(), square_errors),
     opaque("matrix_exp", torch.matrix_exp, square_samples(), square_errors),
+    opaque("linalg_tensorinv", LA.tensorinv, tensorinv_samples, tensor_errors),
+    opaque("linalg_tensorsolve", LA.tensorsolve, tensorsolve_samples, lambda: ()),
+    opaque("lu_unpack", torch.lu_unpack, lu_unpack_samples, lu_unpack_errors),
+    opaque("linalg_cond", LA.cond, cond_samples, cond_errors),
+    opaque("linalg_cond", LA.cond, cond_inverse_samples, variant="inverse", supports_grad=False),
 ]

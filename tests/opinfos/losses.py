@@ -267,6 +267,56 @@ def multi_margin_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInpu
     yield SampleInput(make((4,), dtype, device), torch.tensor(2, device=device), reduction="none")
 
 
+def multilabel_margin_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Class indices before each row's first -1 (repeated, out of order, none in the last row)."""
+    target = torch.tensor([[3, 0, -1, 1], [0, 1, 2, 3], [-1, 2, 0, 0]], device=device)
+    for reduction in REDUCTIONS:
+        yield SampleInput(make((3, 4), dtype, device), target, reduction=reduction)
+    yield SampleInput(transposed((3, 4), dtype, device), target, reduction="sum")
+    yield SampleInput(make((4,), dtype, device), torch.tensor([2, 2, -1, 0], device=device), reduction="none")
+    yield SampleInput(make((), dtype, device), torch.tensor(0, device=device))
+
+
+def multilabel_margin_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.zeros(2, 4, dtype=torch.long)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.zeros(3, 4, dtype=torch.int32)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 4)), torch.full((3, 4), 4)), RuntimeError)
+
+
+def linear_cross_entropy_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Eager's reference path (no options): class indices (some ignored), probabilities, a bias,
+    class weights, smoothing, an unbatched input and a K-dimensional weight."""
+    target = torch.tensor([0, 3, 1, -100, 2], device=device)
+    for reduction in REDUCTIONS:
+        yield SampleInput(make((5, 8), dtype, device), make((4, 8), dtype, device), target, reduction=reduction)
+    yield SampleInput(
+        make((5, 8), dtype, device), make((4, 8), dtype, device), target, linear_bias=make((4,), dtype, device)
+    )
+    yield SampleInput(
+        transposed((5, 8), dtype, device),
+        make((4, 8), dtype, device),
+        target.clamp(min=0),
+        weight=make((4,), dtype, device, **UNIT),
+        label_smoothing=0.2,
+        ignore_index=1,
+    )
+    yield SampleInput(make((5, 8), dtype, device), make((4, 8), dtype, device), make((5, 4), dtype, device, **UNIT))
+    yield SampleInput(make((8,), dtype, device), make((4, 8), dtype, device), torch.tensor(2, device=device))
+    yield SampleInput(
+        make((5, 8), dtype, device),
+        make((4, 3, 8), dtype, device),
+        torch.tensor([[0, 1, 2], [3, 3, 0], [1, 1, 1], [2, 0, 3], [0, 0, 0]], device=device),
+        linear_bias=make((4, 3), dtype, device),
+    )
+
+
+def linear_cross_entropy_errors() -> Iterable[ErrorInput]:
+    target = torch.tensor([0, 1, 2])
+    yield ErrorInput(SampleInput(cpu((3, 8)), cpu((4, 7)), target), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((2, 3, 8)), cpu((4, 8)), target), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 8)), cpu((4, 8)), target, linear_bias=cpu((3,))), RuntimeError)
+
+
 def multi_margin_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), torch.tensor([0, 1, 2]), p=3), ValueError)
     yield ErrorInput(SampleInput(cpu((3, 4)), torch.tensor([0, 1])), RuntimeError)
@@ -476,6 +526,8 @@ OPS = [
     loss("multilabel_soft_margin_loss", F.multilabel_soft_margin_loss, multilabel_samples),
     loss("cosine_embedding_loss", F.cosine_embedding_loss, cosine_embedding_samples, cosine_embedding_errors),
     loss("multi_margin_loss", F.multi_margin_loss, multi_margin_samples, multi_margin_errors),
+    loss("multilabel_margin_loss", F.multilabel_margin_loss, multilabel_margin_samples, multilabel_margin_errors),
+    loss("linear_cross_entropy", F.linear_cross_entropy, linear_cross_entropy_samples, linear_cross_entropy_errors),
     loss("triplet_margin_loss", F.triplet_margin_loss, triplet_samples, triplet_errors),
     loss(
         "triplet_margin_with_distance_loss",

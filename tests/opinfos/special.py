@@ -248,6 +248,29 @@ def mvlgamma_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3,)), 0), RuntimeError, "greater than or equal to 1")
 
 
+def incomplete_gamma_errors() -> Iterable[ErrorInput]:
+    ints = cpu((3,), torch.int64)
+    yield ErrorInput(SampleInput(ints, ints), NotImplementedError)  # (no integer kernel)
+    yield ErrorInput(SampleInput(cpu((3,)), 2.0), TypeError)  # (tensors only)
+    yield ErrorInput(SampleInput(cpu((3,)), cpu((4,))), RuntimeError)
+
+
+def _incomplete_gamma_entries(name: str, fn) -> list[OpInfo]:
+    """Pairs of positive operands (broadcast, strided, of two dtypes); the gradient in ``x`` with
+    ``a`` made inside the program (eager has none in ``a``)."""
+    samples = partial(binary_samples, scalars=(), partner=None, lhs={"low": 0.1}, rhs={"low": 0.0})
+    return [
+        OpInfo(name, fn, samples, incomplete_gamma_errors, tolerances=SPECIAL),
+        OpInfo(
+            name,
+            lambda x: fn(torch.full_like(x, 1.5), x),
+            partial(unary_samples, low=0.0),
+            variant="gradient_in_x",
+            tolerances=SPECIAL,
+        ),
+    ]
+
+
 OPS = [
     *(
         OpInfo(
@@ -282,4 +305,6 @@ OPS = [
     OpInfo("addcmul", torch.addcmul, partial(ternary_samples, value=0.5), variant="value"),
     OpInfo("addcdiv", torch.addcdiv, partial(ternary_samples, value=-2, rhs={"exclude_zero": True}), addcdiv_errors),
     OpInfo("lerp", torch.lerp, lerp_samples, lerp_errors),
+    *_incomplete_gamma_entries("igamma", torch.igamma),
+    *_incomplete_gamma_entries("igammac", torch.igammac),
 ]

@@ -526,6 +526,7 @@ _KERNELS = {
     "nll_loss_forward": (_aten.nll_loss_forward.default, None),
     "nll_loss_backward": (_aten.nll_loss_backward.default, None),
     "multi_margin_loss_backward": (_aten.multi_margin_loss_backward.default, None),
+    "multilabel_margin_loss_backward": (_aten.multilabel_margin_loss_backward.default, None),
     "trilinear": (_aten._trilinear.default, None),
     "cdist_forward": (_aten._cdist_forward.default, None),
     "cdist_backward": (_cdist_backward, None),
@@ -565,14 +566,26 @@ def _unpacked(torch_fn):
     return run
 
 
+#: Composites whose eager kernels compute singular values (eigenvalues) with the vectors where an
+#: input requires grad, which LAPACK gives other last bits than the values alone: the compiled
+#: forward runs without grad, so a call of them whole would take the values alone. Such a call
+#: runs the decomposition (``linalg.singular_values``) instead.
+_GRAD_MODE_DEPENDENT = {"linalg_matrix_norm", "linalg_norm", "norm", "tensor_norm", "linalg_cond"}
+
+
+def _no_input_requires_grad(*args, **kwargs) -> bool:
+    return not any(getattr(x, "requires_grad", False) for x in (*args, *kwargs.values()))
+
+
 def _register_composites() -> None:
     impls = []
     for sym in SYMBOLS:
         if sym.torch_fns and sym.symbol_id not in torch_ex.registry:
-            impl_name = "torch_" + sym.symbol_name.removeprefix("ltorch.")
+            name = sym.symbol_name.removeprefix("ltorch.")
             impl = _unpacked(sym.torch_fns[0]) if sym.returns_sequence else sym.torch_fns[0]
             method = None if sym.returns_sequence else _same_signature_method(sym.torch_fns)
-            impls.append(Implementation(sym.symbol_id, impl_name, impl, method=method))
+            checker = _no_input_requires_grad if name in _GRAD_MODE_DEPENDENT else None
+            impls.append(Implementation(sym.symbol_id, f"torch_{name}", impl, checker=checker, method=method))
     torch_ex.registry.register(*impls)
 
 

@@ -47,11 +47,13 @@ from thunder_rs.torch.interpolate import *  # noqa: E402,F401,F403
 from thunder_rs.torch.autograd import *  # noqa: E402,F401,F403
 from thunder_rs.torch.random import *  # noqa: E402,F401,F403
 from thunder_rs.torch.special import *  # noqa: E402,F401,F403
+from thunder_rs.torch.incomplete_gamma import *  # noqa: E402,F401,F403
 from thunder_rs.torch.predicates import *  # noqa: E402,F401,F403
 from thunder_rs.torch.activations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.distances import *  # noqa: E402,F401,F403
 from thunder_rs.torch.losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.margin_losses import *  # noqa: E402,F401,F403
+from thunder_rs.torch.label_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.view_scatters import *  # noqa: E402,F401,F403
 from thunder_rs.torch import views  # noqa: E402,F401
 from thunder_rs.torch.padding import *  # noqa: E402,F401,F403
@@ -79,9 +81,12 @@ from thunder_rs.torch.norms import *  # noqa: E402,F401,F403
 from thunder_rs.torch.statistics import *  # noqa: E402,F401,F403
 from thunder_rs.torch.finite_differences import *  # noqa: E402,F401,F403
 from thunder_rs.torch.combinations import *  # noqa: E402,F401,F403
+from thunder_rs.torch.tensor_linalg import *  # noqa: E402,F401,F403
+from thunder_rs.torch.nonzero_static import *  # noqa: E402,F401,F403
 from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
 from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
+from thunder_rs.torch.grid_samplers import *  # noqa: E402,F401,F403
 from thunder_rs.torch import written_arguments  # noqa: E402,F401
 from thunder_rs.torch import foreach  # noqa: E402,F401
 from thunder_rs.torch import amp  # noqa: E402,F401

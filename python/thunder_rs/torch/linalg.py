@@ -776,6 +776,31 @@ OPAQUE = (
 globals().update({name: opaque(name, *fns, meta=meta, integers_rejected=ints) for name, fns, meta, ints in OPAQUE})
 __all__ += [row[0] for row in OPAQUE]
 
+
+def _differentiated(A) -> bool:
+    return torch.is_grad_enabled() and A.requires_grad
+
+
+def singular_values(A, *, driver=None, out=None):
+    """``linalg.svdvals`` as eager computes it: where ``A`` requires grad, eager's kernel computes the
+    singular vectors too (``_may_require_fw_or_bw_grad``), and LAPACK's values then differ in their
+    last bits from those computed alone, so the differentiable call is ``linalg_svd``'s."""
+    if _differentiated(A):
+        return ltorch.linalg_svd(A, full_matrices=False, driver=driver)[1]
+    return ltorch.linalg_svdvals(A, driver=driver)
+
+
+def hermitian_eigenvalues(A, UPLO="L", *, out=None):
+    """``linalg.eigvalsh`` as eager computes it: with the eigenvectors where ``A`` requires grad (as
+    ``singular_values``)."""
+    if _differentiated(A):
+        return ltorch.linalg_eigh(A, UPLO)[0]
+    return ltorch.linalg_eigvalsh(A, UPLO)
+
+
+TORCH_TO_LTORCH[LA.svdvals] = singular_values
+TORCH_TO_LTORCH[LA.eigvalsh] = hermitian_eigenvalues
+
 if TYPE_CHECKING:
     # The symbols above are made from ``OPAQUE`` at import, which type checkers cannot follow.
     # Unannotated on purpose: an annotated return type is left unanalyzed by mypy inside the

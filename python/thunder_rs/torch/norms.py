@@ -26,7 +26,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.common import is_int, require_tensor, kept
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, sub
-from thunder_rs.torch.linalg import linalg_svdvals
+from thunder_rs.torch.linalg import singular_values
 from thunder_rs.torch.reductions import _dims
 
 T = torch.Tensor
@@ -138,7 +138,7 @@ def _matrix_dims(op: str, A, dim):
 def _singular_norm(A, ord, d0, d1, keepdim: bool):
     """Norms of the singular values: 'nuc' their sum, 2 the largest, -2 the smallest."""
     others = [i for i in range(A.ndim) if i not in (d0, d1)]
-    values = linalg_svdvals(ltorch.permute(A, (*others, d0, d1)))
+    values = singular_values(ltorch.permute(A, (*others, d0, d1)))
     if ord == "nuc":
         out = ltorch.sum(values, -1)
     else:

@@ -152,6 +152,11 @@ elementwise_table! {
         Nextafter = "nextafter", FloatKernel, Same, Default;
         /// The Hurwitz zeta function `zeta(x, q)`.
         Zeta = "zeta", Float, Same, IntToFloat;
+        /// The regularized lower and upper incomplete gamma functions `igamma(a, x)` and
+        /// `igammac(a, x)`; their symbols (`ltorch.igamma`) are written by hand, with the grad
+        /// rules (in `x` only, as torch).
+        Igamma = "igamma", FloatKernel, Same, Custom;
+        Igammac = "igammac", FloatKernel, Same, Custom;
         /// Orthogonal polynomials `p_n(x)` (torch.special), with no derivative.
         ChebyshevPolynomialT = "chebyshev_polynomial_t", Float, Same, IntToFloat;
         ChebyshevPolynomialU = "chebyshev_polynomial_u", Float, Same, IntToFloat;
@@ -779,6 +784,12 @@ fn vjp_binary(
             (Some(e.where_(equal, zero.clone(), g)?), Some(e.zeros_like(g)?))
         }
         Zeta => vjp_zeta(e, (a, b), g)?,
+        Igamma | Igammac => bail!(
+            NotImplemented,
+            format!("prims.{}", prim.name()),
+            "differentiated by the grad rule of ltorch.{}, not by the prim's",
+            prim.name()
+        ),
         Eq | Ne | Lt | Le | Gt | Ge | BitwiseAnd | BitwiseOr | BitwiseXor => (None, None),
         ChebyshevPolynomialT
         | ChebyshevPolynomialU
