@@ -4,6 +4,9 @@ where eager's formula allows, for ops ``benchmarks/op_fidelity.py`` found a few 
 - ``F.cosine_embedding_loss``: eager's kernel sums ``input1 * input2`` before the squares, so its
   autograd adds each input's three gradient terms as ``(square + square) + product``; the
   decomposition now traces the product first and its backward adds in that order.
+- ``torch.var_mean``'s gradient in bfloat16 and float16: eager's ``var_backward`` centres the input
+  on ``x.mean(dim)``, which ATen's CPU kernel sums and divides in float32 and rounds once; the VJP
+  rounded the sum to the input's dtype before dividing.
 """
 
 from __future__ import annotations
@@ -62,3 +65,14 @@ def test_cosine_embedding_loss_unbatched(dtype):
     assert_bit_equal_to_eager(
         lambda a, b, t: F.cosine_embedding_loss(a, b, t), [x1, x2, torch.tensor(1.0)], constants=1
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("dim", "correction", "keepdim"), [(1, 1, False), ((0, 2), 0, True), (None, 1, False)])
+def test_var_mean_gradient(dtype, dim, correction, keepdim):
+    x = torch.randn(5, 7, 6, generator=torch.Generator().manual_seed(2)).to(dtype)
+
+    def program(x):
+        return torch.var_mean(x, dim, correction=correction, keepdim=keepdim)
+
+    assert_bit_equal_to_eager(program, [x])
