@@ -132,11 +132,13 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
         return prims.sum(clang.elementwise(prims.mul, op, a, b), dim)
 
     # Eager's epsilon keeps a zero vector's cosine finite.
-    # (Inputs of two dtypes promote, as eager's products do.)
+    # (Inputs of two dtypes promote, as eager's products do.) The product's sum comes first, as in
+    # eager's kernel: the backward then adds each input's three terms in eager's order.
+    prod_sum = total(input1, input2)
     squares = clang.elementwise(
         prims.mul, op, prims.add(total(input1, input1), 1e-12), prims.add(total(input2, input2), 1e-12)
     )
-    cos = clang.elementwise(prims.div, op, total(input1, input2), prims.sqrt(squares))
+    cos = clang.elementwise(prims.div, op, prod_sum, prims.sqrt(squares))
     zero = clang.maybe_convert(0, cos.dtype)
     pos = where(
         clang.elementwise(prims.eq, op, target, 1, kind=clang.ALWAYS_BOOL),

@@ -165,8 +165,14 @@ fn var_grads(
     if let Some(g) = cots[0] {
         // d var / dx = 2 (x - mean) / (n - correction), rounded as eager's `var_backward`:
         // `(2 / (n - correction)) * grad * (x - mean)`, the scalar times the cotangent first
-        let mean = e.sum(x, dims.to_vec())?;
-        let mean = e.div(mean, by_count(e, x))?;
+        // eager's `x.mean(dims, keepdim=True)`: ATen's CPU mean of a half or bfloat16 tensor
+        // sums and divides in float32 and rounds once
+        let dtype = e.meta(x).dtype;
+        let reduced = matches!(dtype, DType::F16 | DType::BF16);
+        let wide = if reduced { e.convert(x, DType::F32)? } else { x };
+        let mean = e.sum(wide, dims.to_vec())?;
+        let mean = e.div(mean, by_count(e, wide))?;
+        let mean = if reduced { e.convert(mean, dtype)? } else { mean };
         let mean = e.unreduce(mean, shape, dims)?;
         let centered = e.sub(x, mean)?;
         let g = e.unreduce(g, shape, dims)?;
