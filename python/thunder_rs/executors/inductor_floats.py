@@ -13,10 +13,11 @@ its own (``lifted``).
 
 Half precision is left out: eager's kernels read a Python number meeting a bfloat16 or float16
 tensor in ways that depend on the op, the side and the device (on the CPU, ``x + s`` rounds ``s``
-to bfloat16 and ``x * s`` reads it in float32), which Inductor's emulation follows for constants
-in part (``inductor_ex._numbers_read_in_float32``) and for a symbolic number not at all (``s - x``
-differed from eager in 3 of 4 values): a region where a float input meets a half tensor is not
-compiled (``refuse_half``), and runs as its eager torch calls.
+to bfloat16 and ``x * s`` reads it in float32), which the graph is rewritten to follow for add,
+sub, mul and div (``inductor_half``) and Inductor follows for other ops with constants in part and
+with a symbolic number not at all (``s - x`` differed from eager in 3 of 4 values before that
+rewrite): a region where a float input meets a half tensor is not compiled (``refuse_half``), and
+runs as its eager torch calls.
 """
 
 import torch
