@@ -70,3 +70,18 @@ def test_gelu_at_inf_is_eagers(dtype):
     # The backward region is Inductor's gelu_backward: eager's formula, within float32's rounding.
     torch.testing.assert_close(y.grad, ye.grad, equal_nan=True)
     assert thunder_rs.last_backward_traces(jfn)[-1].regions()
+
+
+def test_a_gelu_left_to_eager_keeps_sizes_symbolic(monkeypatch):
+    """The claim's decision on gelu is taken outside tracing, where a symbolic size is not compared:
+    it reads dtype and device only. (Was: the checker asked for the input's layout, which failed on
+    a symbolic shape, and the program compiled once per length from then on.) Regions run their
+    eager functions here: claiming and the compile count are what is checked."""
+    from thunder_rs.executors import inductor_ex
+
+    monkeypatch.setattr(inductor_ex.InductorExecutor, "fuse", lambda self, region: region.function)
+    jfn = thunder_rs.jit(_gelu, executors=["inductor"])
+    for n in (8, 12, 16, 20):
+        x, y = torch.randn(2, n), torch.randn(2, n)
+        torch.testing.assert_close(jfn(x, y), _gelu(x, y), equal_nan=True, rtol=0, atol=0)
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2

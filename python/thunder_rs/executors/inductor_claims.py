@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from thunder_rs.torch import SYMBOLS
-from thunder_rs.torch.onednn import gelu_at_inf
+from thunder_rs.torch.onednn import gelu_may_differ_at_inf
 
 #: Prim families (``prims.TABLE``) whose prims are pure tensor functions.
 PRIM_FAMILIES = frozenset({"Unary", "Binary", "Elementwise", "Shape", "Reduce", "Scan", "Linalg", "Conv", "Index"})
@@ -167,9 +167,10 @@ def _raises_unless_eager(grad_output, input, negative_slope, self_is_result=Fals
 
 def _gelu_inf_as_eager(input, approximate="none") -> bool:
     """Eager's gelu of +inf is NaN where oneDNN computes it (a contiguous float32 or bfloat16
-    tensor on the CPU, with AVX-512), inf in Inductor's kernel: there the symbol's decomposition,
-    which selects eager's value at +inf, runs instead."""
-    return gelu_at_inf(input, approximate) is None
+    tensor on the CPU, with AVX-512), inf in Inductor's kernel: a gelu eager may run so stays
+    with the torch executor (eager's call, exact whatever the layout; the layout of a symbolic
+    shape is not decided outside tracing)."""
+    return not gelu_may_differ_at_inf(input, approximate)
 
 
 def _is_int(n) -> bool:
