@@ -20,6 +20,8 @@ rewrite): a region where a float input meets a half tensor is not compiled (``re
 runs as its eager torch calls.
 """
 
+import contextlib
+
 import torch
 from torch.fx import Interpreter, Node
 
@@ -124,3 +126,25 @@ def without_lifted(graph, nodes: list):
         return tuple(run.run(*inputs[:count]))
 
     return function
+
+
+#: What torch raises where a region computes on a float its graph reads as a number with Python
+#: functions it has no symbolic form of (``math.exp(s)`` asks the number's value; ``s ** 2.5``
+#: Inductor cannot compile as a float expression).
+_PYTHON_MATH_ERRORS = frozenset({"GuardOnDataDependentSymNode", "TensorifyScalarRestartAnalysis"})
+
+
+@contextlib.contextmanager
+def python_math_refused(floats):
+    """Says so where the region computes on a float input with Python's math beyond arithmetic and
+    ``torch.sym_sqrt`` (``math.exp(s)``, ``math.log(s)``, ``s ** 2.5``): Inductor's graph cannot
+    compute those from its float input, and the region runs its eager torch calls (exact)."""
+    try:
+        yield
+    except Exception as e:
+        if floats and type(e).__name__ in _PYTHON_MATH_ERRORS:
+            raise NotImplementedError(
+                "the region computes on a float input with Python's math (math.exp, math.log, ** ...), which an "
+                f"Inductor graph taking the float as an input cannot compute ({type(e).__name__})"
+            ) from e
+        raise
