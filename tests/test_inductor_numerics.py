@@ -85,3 +85,20 @@ def test_a_gelu_left_to_eager_keeps_sizes_symbolic(monkeypatch):
         x, y = torch.randn(2, n), torch.randn(2, n)
         torch.testing.assert_close(jfn(x, y), _gelu(x, y), equal_nan=True, rtol=0, atol=0)
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
+
+
+def _sizes(x):
+    n = x.shape[0]
+    return x.exp() + n, x.exp() - n * 3, n - x.exp(), x.exp() * n, x.exp() / n
+
+
+@pytest.mark.slow
+def test_a_symbolic_size_meets_a_half_tensor_as_in_eager():
+    """A size the graph takes as an input is a number too: rounded to bfloat16 for add and sub on
+    the CPU (301 is 300 there), read in float32 for mul and div; one compile for every length."""
+    jfn = thunder_rs.jit(_sizes, executors=["inductor"])
+    for n in (300, 301, 517, 1029):
+        x = torch.randn(n, dtype=torch.bfloat16)
+        for i, (actual, expected) in enumerate(zip(jfn(x), _sizes(x))):
+            assert torch.equal(actual, expected), (n, i)
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2
