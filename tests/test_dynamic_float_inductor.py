@@ -74,3 +74,28 @@ def test_a_half_precision_region_with_a_float_input_runs_eagerly():
         for s in VALUES:
             for e, g in zip(fn(x, s), jfn(x, s)):
                 assert torch.equal(e, g), s
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, s: (x * math.exp(s)) * x,
+        lambda x, s: (x * math.log(s)) * x,
+        lambda x, s: (x * s**2.5) * x,
+    ],
+    ids=["exp", "log", "pow"],
+)
+def test_python_math_on_a_float_input_runs_the_regions_eager_calls(fn):
+    """``math.exp(s)``, ``math.log(s)`` and ``s ** 2.5`` of a float input have no symbolic form that
+    Inductor's graph computes from the float: the region runs its eager torch calls, with a warning
+    saying why (it was Inductor's ``GuardOnDataDependentSymNode: ... zuf0``), bit-equal to eager."""
+    jfn = thunder_rs.jit(fn, executors=["inductor", "torch"])
+    x = torch.randn(64, 33)
+    jfn(x, 0.5)
+    with pytest.warns(UserWarning, match="computes on a float input with Python's math"):
+        jfn(x, 0.75)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for s in (0.05, 0.3, 1.7, 3.7):
+            assert torch.equal(jfn(x, s), fn(x, s)), s
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2

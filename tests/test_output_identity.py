@@ -352,3 +352,23 @@ def test_returned_views_of_symbolic_sizes_are_taken_at_each_calls_sizes():
         (expected_view.sum() + (expected_t * 2).sum()).backward()
         torch.testing.assert_close(w.grad, eager_w.grad)
     assert thunder_rs.compile_stats(jprogram).cache_misses == 2  # a constant-size compile, then a symbolic one
+
+
+def test_a_view_made_inside_a_composite_of_its_own_intermediate_is_returned():
+    """``tensordot(a, b, 0)`` returns a reshape of its matrix product, an intermediate of the
+    composite that no top-level call of the trace reads: the trace cannot return it to take the
+    view again outside the call. (Was: it returned it anyway, a name the execution trace never
+    computed: NameError on the first call.) The output is the call's own, eager's values,
+    strides and gradients."""
+
+    def program(a, b):
+        return torch.tensordot(a * 1.0, b, 0)
+
+    a, b = torch.randn(2, 3, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    out, expected = thunder_rs.jit(program)(a, b), program(a, b)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()
+    cotangent = torch.randn(expected.shape)
+    torch.testing.assert_close(
+        torch.autograd.grad(out, (a, b), cotangent), torch.autograd.grad(expected, (a, b), cotangent)
+    )

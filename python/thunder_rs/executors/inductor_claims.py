@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from thunder_rs.torch import SYMBOLS
+from thunder_rs.torch.onednn import gelu_may_differ_at_inf
 
 #: Prim families (``prims.TABLE``) whose prims are pure tensor functions.
 PRIM_FAMILIES = frozenset({"Unary", "Binary", "Elementwise", "Shape", "Reduce", "Scan", "Linalg", "Conv", "Index"})
@@ -164,6 +165,14 @@ def _raises_unless_eager(grad_output, input, negative_slope, self_is_result=Fals
     return not (self_is_result and negative_slope < 0)
 
 
+def _gelu_inf_as_eager(input, approximate="none") -> bool:
+    """Eager's gelu of +inf is NaN where oneDNN computes it (a contiguous float32 or bfloat16
+    tensor on the CPU, with AVX-512), inf in Inductor's kernel: a gelu eager may run so stays
+    with the torch executor (eager's call, exact whatever the layout; the layout of a symbolic
+    shape is not decided outside tracing)."""
+    return not gelu_may_differ_at_inf(input, approximate)
+
+
 def _is_int(n) -> bool:
     """Whether a size is a constant (a symbolic one, a ``SymInt``, is only compared while tracing)."""
     return type(n) is int
@@ -180,6 +189,7 @@ CHECKERS = {
     "ltorch.upsample_backward": _upsample_backward_scales_exact,
     "convolution_backward": _nonempty_convolution,
     "ltorch.leaky_relu_backward": _raises_unless_eager,
+    "ltorch.gelu": _gelu_inf_as_eager,
 }
 
 

@@ -30,8 +30,8 @@ H200 the inductor rows' largest difference from eager, 0.0057, was twice nvFuser
 round each op). Every region compiles under ``PRECISION_POLICY`` (``emulate_precision_casts``: the
 round trips kept, no FMA contraction; 2% of that block's outputs differ), whatever the process's
 Inductor settings, as nvFuser's regions cast each result to its dtype; and a Python number
-operand of a half add, sub, mul or div is read in float32 as eager's kernels read it, where
-Inductor's emulation would round it to the half dtype (``_numbers_read_in_float32``).
+operand of a half add, sub, mul or div is read as eager's kernel for that op, side and device
+reads it, in float32 or rounded to the half dtype (``inductor_half``).
 
 Floats a region takes (a trace's float inputs, ``core.acquisition.float_args``) are inputs of its
 graph, read as numbers, one compile for every value; the region's Python arithmetic on them is
@@ -57,6 +57,7 @@ from thunder_rs.core.base.logs import inductor_logger
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors import inductor_cache
 from thunder_rs.executors.inductor_claims import claimed_keys
+from thunder_rs.executors.inductor_half import numbers_read_as_eager
 from thunder_rs.executors.inductor_symbolic import compile_symbolic, has_floats, is_symbolic
 from thunder_rs.executors.torch_ex import torch_ex
 
@@ -175,49 +176,7 @@ def _inductor():
             f"the Inductor executor needs torch._inductor.standalone_compile (torch >= 2.8); torch {torch.__version__} "
             "has none (argument executors)"
         )
-    return make_fx, lambda graph, *args, **kwargs: compile_graph(_numbers_read_in_float32(graph), *args, **kwargs)
-
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _numbers_read_in_float32(graph):
-    """``graph`` with each half tensor's add, sub, mul or div by a Python number computed as
-    eager's kernel does: on the tensor converted to float32, with the number as a float32, the
-    result rounded to the half dtype. Inductor's emulation of eager's casts (``PRECISION_POLICY``)
-    would round the number to the half dtype first (``x * 1.1`` by 1.1015625 in bfloat16). Eager
-    reads the number so on CUDA on either side (``opmath_symmetric_gpu_kernel_with_scalars``), on
-    the CPU only as the second operand (``iter.is_scalar(2)``: ``1.3 - x`` rounds 1.3 there)."""
-    aten, convert = torch.ops.aten, torch.ops.prims.convert_element_type.default
-    targets = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
-    rewritten = False
-    for node in list(graph.graph.nodes):
-        if node.op != "call_function" or node.target not in targets or node.kwargs:
-            continue
-        numbers = [type(a) in (int, float) or _number_node(a) for a in node.args]
-        tensor = next((a for a, n in zip(node.args, numbers) if not n), None)
-        val = getattr(tensor, "meta", {}).get("val")
-        if len(node.args) != 2 or sum(numbers) != 1 or not isinstance(val, torch.Tensor) or val.dtype not in _HALF:
-            continue
-        if numbers[0] and val.device.type != "cuda":
-            continue
-        with graph.graph.inserting_before(node):
-            wide = graph.graph.call_function(convert, (tensor, torch.float32))
-            args = tuple(wide if a is tensor else a for a in node.args)
-            computed = graph.graph.call_function(node.target, args)
-            rounded = graph.graph.call_function(convert, (computed, val.dtype))
-        node.replace_all_uses_with(rounded)
-        graph.graph.erase_node(node)
-        rewritten = True
-    if rewritten:
-        graph.recompile()
-    return graph
-
-
-def _number_node(a) -> bool:
-    """Whether ``a`` is a node of a graph computing a Python number (a float the graph takes as an
-    input: ``inductor_floats``)."""
-    return isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), (torch.SymFloat, torch.SymInt))
+    return make_fx, lambda graph, *args, **kwargs: compile_graph(numbers_read_as_eager(graph), *args, **kwargs)
 
 
 #: The Inductor settings (``torch._inductor.config``) every region compiles under, whatever the

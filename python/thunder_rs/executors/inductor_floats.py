@@ -13,11 +13,14 @@ its own (``lifted``).
 
 Half precision is left out: eager's kernels read a Python number meeting a bfloat16 or float16
 tensor in ways that depend on the op, the side and the device (on the CPU, ``x + s`` rounds ``s``
-to bfloat16 and ``x * s`` reads it in float32), which Inductor's emulation follows for constants
-in part (``inductor_ex._numbers_read_in_float32``) and for a symbolic number not at all (``s - x``
-differed from eager in 3 of 4 values): a region where a float input meets a half tensor is not
-compiled (``refuse_half``), and runs as its eager torch calls.
+to bfloat16 and ``x * s`` reads it in float32), which the graph is rewritten to follow for add,
+sub, mul and div (``inductor_half``) and Inductor follows for other ops with constants in part and
+with a symbolic number not at all (``s - x`` differed from eager in 3 of 4 values before that
+rewrite): a region where a float input meets a half tensor is not compiled (``refuse_half``), and
+runs as its eager torch calls.
 """
+
+import contextlib
 
 import torch
 from torch.fx import Interpreter, Node
@@ -123,3 +126,25 @@ def without_lifted(graph, nodes: list):
         return tuple(run.run(*inputs[:count]))
 
     return function
+
+
+#: What torch raises where a region computes on a float its graph reads as a number with Python
+#: functions it has no symbolic form of (``math.exp(s)`` asks the number's value; ``s ** 2.5``
+#: Inductor cannot compile as a float expression).
+_PYTHON_MATH_ERRORS = frozenset({"GuardOnDataDependentSymNode", "TensorifyScalarRestartAnalysis"})
+
+
+@contextlib.contextmanager
+def python_math_refused(floats):
+    """Says so where the region computes on a float input with Python's math beyond arithmetic and
+    ``torch.sym_sqrt`` (``math.exp(s)``, ``math.log(s)``, ``s ** 2.5``): Inductor's graph cannot
+    compute those from its float input, and the region runs its eager torch calls (exact)."""
+    try:
+        yield
+    except Exception as e:
+        if floats and type(e).__name__ in _PYTHON_MATH_ERRORS:
+            raise NotImplementedError(
+                "the region computes on a float input with Python's math (math.exp, math.log, ** ...), which an "
+                f"Inductor graph taking the float as an input cannot compute ({type(e).__name__})"
+            ) from e
+        raise

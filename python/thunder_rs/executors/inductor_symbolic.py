@@ -21,7 +21,14 @@ from typing import Any
 import torch
 
 from thunder_rs import _core
-from thunder_rs.executors.inductor_floats import host_floats, lifted, read_floats, refuse_half, without_lifted
+from thunder_rs.executors.inductor_floats import (
+    host_floats,
+    lifted,
+    python_math_refused,
+    read_floats,
+    refuse_half,
+    without_lifted,
+)
 
 _Tensor = torch.Tensor
 _SymExpr = _core.SymExpr
@@ -131,7 +138,7 @@ def compile_symbolic(function, args, input_shapes, make_fx, compile_graph, decom
     # their Python decompositions (in "real" mode, ``constant_pad_nd``'s C++ kernel read the
     # sizes as ints: every size specialised).
     with torch.no_grad(), torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
-        with mode:
+        with python_math_refused(floats), mode:
             graph = make_fx(on_graph_inputs, decomposition_table=decompositions, tracing_mode="symbolic")(*fakes)
         host, extra = None, []
         if floats:  # the floats the region computes from its floats: computed before the graph runs
@@ -143,7 +150,8 @@ def compile_symbolic(function, args, input_shapes, make_fx, compile_graph, decom
                 with mode:
                     graph = make_fx(without_lifted(graph, nodes), tracing_mode="symbolic")(*fakes, *extra)
             refuse_half(graph)
-        compiled = compile_graph(graph, [*fakes, *extra], dynamic_shapes="from_graph", options={})
+        with python_math_refused(floats):
+            compiled = compile_graph(graph, [*fakes, *extra], dynamic_shapes="from_graph", options={})
     guards = env.produce_guards_expression(fakes, ignore_static=False)
 
     def inputs(args) -> list:

@@ -21,7 +21,7 @@ from thunder_rs.core.state.guards import StateGuard
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.torch.strides import strides_of
 
-__all__ = ["gelu_at_inf"]
+__all__ = ["gelu_at_inf", "gelu_may_differ_at_inf"]
 
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -49,12 +49,18 @@ def _gelu_of_inf(dtype: torch.dtype, approximate: str) -> float:
         return float(torch._C._nn.gelu(x, approximate=approximate)[0])
 
 
-def _takes_onednn(input, approximate: str) -> bool:
+def _may_take_onednn(input, approximate: str) -> bool:
+    """Whether eager's gelu may run oneDNN's kernel for a tensor of ``input``'s dtype and device,
+    its layout and sizes aside."""
     if input.device.type != "cpu" or input.dtype not in _ONEDNN_DTYPES:
         return False
     if approximate != "none" and platform.machine() not in ("aarch64", "arm64"):
         return False
-    if not torch.backends.mkldnn.is_available():
+    return torch.backends.mkldnn.is_available()
+
+
+def _takes_onednn(input, approximate: str) -> bool:
+    if not _may_take_onednn(input, approximate):
         return False
     # (a symbolic size is 2 or more: only constant sizes make one element)
     if all(type(n) is int and n == 1 for n in input.shape):
@@ -69,3 +75,13 @@ def gelu_at_inf(input, approximate: str) -> float | None:
         return None
     value = _gelu_of_inf(input.dtype, approximate)
     return None if value == math.inf else value
+
+
+def gelu_may_differ_at_inf(input, approximate: str) -> bool:
+    """Whether eager's gelu of a tensor of ``input``'s dtype and device may give other than inf at
+    +inf (where oneDNN computes it), whatever its layout and sizes (symbolic ones included) and
+    without a guard: for a decision outside tracing that is exact either way where eager's gelu
+    does give inf (an executor leaving such a gelu to eager)."""
+    if not _may_take_onednn(input, approximate) or not _read_switch():
+        return False
+    return _gelu_of_inf(input.dtype, approximate) != math.inf

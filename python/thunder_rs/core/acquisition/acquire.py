@@ -552,7 +552,7 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
         num_outputs = len(out)
     traced = inputs.args + inputs.params + captured
     sizes = tuple(f"t{size.values()[0]}" for size in rec.size_inputs())
-    views, out = plan_views(out, _kind(out), traced, sizes)
+    views, out = plan_views(out, _kind(out), traced, sizes, rec.is_read)
     if extras:
         out = (*out, *extras)
     out_kind = _kind(out)

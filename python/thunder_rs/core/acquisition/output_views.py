@@ -34,12 +34,15 @@ class OutputViews:
     sizes: tuple = ()
 
 
-def plan_views(out, out_kind: str, traced: list, sizes: tuple):
+def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
     """The outputs of ``out`` (the program's flat outputs) to take as views after the call, and
     the outputs the trace returns instead: at the first view of an intermediate the intermediate
     (unless the program returns it too), at the other views None. An input the program does not
     write, or a view of it, is the caller's tensor or taken of it (the Function would return its
-    own view of it, which torch refuses to write in place). ``(None, out)`` when there are none."""
+    own view of it, which torch refuses to write in place). ``(None, out)`` when there are none.
+    ``is_read(vid)``: whether a top-level call of the recording reads the value; an intermediate
+    no top-level call reads is internal to a composite (``tensordot``'s product, which its output
+    reshapes), which the trace cannot return: such a view is returned as it is."""
     leaves = [out] if out_kind == "single" else list(out)
     if not any(isinstance(o, TensorProxy) and o.requires_grad for o in leaves):
         return None, out  # no Function: the executors' views are the caller's
@@ -65,6 +68,8 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple):
         if link is None:
             continue
         k = inputs.get(id(link.root))
+        if k is None and is_read is not None and not is_read(link.root._vid):
+            continue
         if k is None:
             at = held.setdefault(id(link.root), i)
             leaves[i] = link.root if at == i else None
