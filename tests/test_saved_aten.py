@@ -209,6 +209,25 @@ def test_a_large_call_is_answered_without_a_run(monkeypatch, fn):
         torch.testing.assert_close(outcomes[0], outcomes[1])
 
 
+def _rrelu_then_write(x):
+    y = x * 1
+    z = torch.rrelu(y, training=True)  # draws its noise; saves y (run again on the CPU)
+    y.mul_(2)
+    return z + y
+
+
+def test_a_call_run_again_on_the_cpu_leaves_the_generator_as_eager_does():
+    """The run again draws as the call did; the program's draws, and the generator's state after
+    the call, are eager's (``torch.random.fork_rng`` inside a trace is recorded, not run)."""
+    x = torch.randn(4, requires_grad=True)
+    outcomes = []
+    for call in (_rrelu_then_write, thunder_rs.jit(_rrelu_then_write)):
+        torch.manual_seed(0)
+        out = call(x)
+        outcomes.append((out, torch.rand(3)))
+    torch.testing.assert_close(outcomes[0], outcomes[1])
+
+
 _FIRST_COMPILE = """
 import sys, torch, thunder_rs
 from torch import nn
@@ -221,6 +240,9 @@ thunder_rs.jit(cnn)(torch.randn(2, 3, 64, 64)).sum().backward()
 def g(x):
     h = x * 1; y = torch.sigmoid(h); h.mul_(2); return (y + h).sum()
 thunder_rs.jit(g)(torch.randn(512, 256, requires_grad=True)).backward()
+def h(x):
+    a = x * 1; b = a * 2; a.add_(1); return b.sum()
+thunder_rs.jit(h)(torch.randn(3, 4, requires_grad=True)).backward()
 print(sorted(m for m in ("sympy", "torch._dynamo") if m in sys.modules))
 """
 

@@ -382,8 +382,17 @@ _CPU_ELEMENTS = 1 << 16
 
 
 def _run_cpu(call: _Call):
-    with torch.random.fork_rng(devices=[]):  # (a random op draws: the program's draws are eager's)
+    """``_run`` on the CPU, the default CPU generator's state kept (a random op draws: the program's
+    draws are eager's). Through the generator itself: ``torch.random.fork_rng`` calls
+    ``get_rng_state``/``set_rng_state``, which a trace records as the program's own calls."""
+    state = _GENERATOR.get_state()
+    try:
         return _run(call, "cpu")
+    finally:
+        _GENERATOR.set_state(state)
+
+
+_GENERATOR = torch.default_generator
 
 
 def _run(call: _Call, device: str):
