@@ -1,17 +1,24 @@
 """Ops whose answer to "which tensors does eager's autograd save?" is known without running them
-again on meta tensors (``saved_versions``): the calls most programs write the results of in place
-(``nn.ReLU(inplace=True)`` after a Linear, a convolution or a batch norm; ``out += identity``).
+again (``saved_versions``): the calls most programs write the results of in place
+(``nn.ReLU(inplace=True)`` after a Linear, a convolution or a batch norm; ``out += identity``),
+and the one-tensor aten ops, whose node saves their tensor, their result, both or neither as
+``derivatives.yaml`` says (``saved_aten``: ``ONE_TENSOR_OPS``, checked against eager by
+``tests/test_saved_aten.py``).
 
-Only answers that no tensor, or no output, is saved are kept: an op here is never taken to save
-more than eager does, and what an op saves of its arguments (conditional, through views, or a
-cast copy under autocast) is still eager's own answer. ``tests/test_inplace_saved_versions.py``
-checks every entry against that answer (``saved_versions.eager_saves``). Except for the ops whose
-eager kernel, and so what it saves, depends on the device and its libraries, which a meta run
-does not choose as eager does (``SAVES_EVERY_TENSOR``).
-"""
+Of the others only answers that no tensor, or no output, is saved are kept: an op here is never
+taken to save more than eager does, and what an op saves of its arguments (conditional, through
+views, or a cast copy under autocast) is still eager's own answer.
+``tests/test_inplace_saved_versions.py`` checks every entry against that answer
+(``saved_versions.eager_saves``). Except for the ops whose eager kernel, and so what it saves,
+depends on the device and its libraries, which a run on meta or CPU tensors does not choose as
+eager does (``SAVES_EVERY_TENSOR``)."""
+
+import types
 
 import torch
 import torch.nn.functional as F
+
+from thunder_rs.core.lang import saved_aten
 
 _T = torch.Tensor
 
@@ -93,3 +100,32 @@ SAVES_NO_OUTPUT = frozenset(
 #: saved it (the math path of attention: an error, never another gradient).
 SAVES_EVERY_TENSOR = frozenset({F.scaled_dot_product_attention})
 SAVES_EVERY_TENSOR_ON_CUDA = frozenset({torch._VF.lstm, torch._VF.gru, torch._VF.rnn_tanh, torch._VF.rnn_relu})
+
+
+def _one_tensor_ops() -> dict:
+    """``{torch function: (saves its tensor, saves its result)}`` of the functions bound to one
+    of ``saved_aten``'s ops (torch's, ``Tensor``'s, ``torch.special``'s, ``torch.linalg``'s and
+    ``torch.nn.functional``'s builtins of the name; in-place variants, see ``saved_aten``)."""
+    table: dict = {}
+    kinds = (types.BuiltinFunctionType, types.MethodDescriptorType)
+    owners = [getattr(torch._C, owner) for owner in ("_VariableFunctions", "TensorBase", "_nn", "_special", "_linalg")]
+    groups = (
+        (saved_aten.SAVES_NONE, (False, False)),
+        (saved_aten.SAVES_SELF, (True, False)),
+        (saved_aten.SAVES_RESULT, (False, True)),
+        (saved_aten.SAVES_SELF_AND_RESULT, (True, True)),
+    )
+    for names, saves in groups:
+        for name in names:
+            variants = (name, f"{name}_") if not saves[0] else (name,)
+            for owner in owners:
+                for variant in variants:
+                    func = getattr(owner, variant, None)
+                    if isinstance(func, kinds):
+                        table[func] = saves
+    return table
+
+
+#: Ops that take one tensor and return one: ``(saves its tensor, saves its result)`` as eager's node
+#: does (``saved_aten``), whichever of them a write reaches.
+ONE_TENSOR_OPS = _one_tensor_ops()

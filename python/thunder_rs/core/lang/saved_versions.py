@@ -16,14 +16,16 @@ while a program is traced:
 - at an in-place write that bumps eager's version counter (``written``), the calls noted since the
   last write are indexed by the memory their tensors belong to (the root proxy of a view), with
   their tensors' requires-grad flags then; the calls that touched the written memory since its
-  last write are asked which tensors eager saves: the call is run again on meta tensors of the
-  same shapes, strides, dtypes and flags, and the saved tensors of the autograd nodes it made
-  (``grad_fn._saved_*``) are matched to its arguments and outputs by storage. So the answer is
-  eager's own, for every op: composite ones (``F.linear`` saves a view of its weight), conditional
-  saving, in-place activations (``relu_`` saves its result, after its own write). It is kept per
-  op and arguments' metadata; the ops most programs write the results of (a ReLU after a
-  convolution, ``out += identity``) are answered by ``saved_ops`` without a run (a first meta run
-  imports much of torch: ``torch._dynamo``, sympy);
+  last write are asked which tensors eager saves: the call is run again on CPU tensors of zeros
+  (meta tensors where they hold more than ``_CPU_ELEMENTS``) of the same shapes, strides, dtypes
+  and flags, and the saved tensors of the autograd nodes it made (``grad_fn._saved_*``) are
+  matched to its arguments and outputs by storage. So the answer is eager's own, for every op:
+  composite ones (``F.linear`` saves a view of its weight), conditional saving, in-place
+  activations (``relu_`` saves its result, after its own write). It is kept per op and arguments'
+  metadata; the ops most programs write the results of (a ReLU after a convolution,
+  ``out += identity``) and the one-tensor aten ops (``sigmoid``, ``tanh``, ``exp``: ``saved_aten``,
+  from ``derivatives.yaml``) are answered by ``saved_ops`` without a run (a first meta run imports
+  sympy, and for some ops ``torch._dynamo``, through torch's Python meta kernels: seconds);
 - a call that saved the written memory is stale. The acquisition keeps, per stale call, its
   outputs' value ids and eager's error (``stale``); the compiled call's backward raises it when
   the backward reaches one of the program's outputs computed from those values along gradients
@@ -32,7 +34,7 @@ while a program is traced:
   forward alone never raises; a call made under ``saved_tensors_hooks`` does not either (eager
   checks no version of a tensor its pack hook took).
 
-A call that runs neither on meta tensors nor (small enough) on CPU tensors of zeros is taken to
+A call that runs neither on (small enough) CPU tensors of zeros nor on meta tensors is taken to
 save every tensor it takes and returns; its backward then raises a ``ThunderNotImplementedError``
 that says so, rather than a gradient that may differ from eager's. Custom ``autograd.Function``s
 say what they save themselves (``ctx.save_for_backward``: ``note_saved``).
@@ -49,6 +51,7 @@ from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.saved_ops import (
+    ONE_TENSOR_OPS,
     SAVES_EVERY_TENSOR,
     SAVES_EVERY_TENSOR_ON_CUDA,
     SAVES_NO_OUTPUT,
@@ -241,7 +244,7 @@ def _only_output(call: _Call, key: int) -> bool:
 def eager_saves(func, args: tuple, kwargs: dict) -> frozenset:
     """The positions, among the tensors ``args`` and ``kwargs`` hold and then ``func``'s outputs
     (each tensor once), of those whose memory eager's autograd saves for ``func``'s backward:
-    the meta run noted calls are answered by, here of real tensors (``saved_ops`` is checked by it)."""
+    the run noted calls are answered by, here of real tensors (``saved_ops`` is checked by it)."""
     with DisableTorchFunction():
         outs = _leaves(func(*args, **kwargs), torch.Tensor)
     made: dict = {}
@@ -249,7 +252,7 @@ def eager_saves(func, args: tuple, kwargs: dict) -> frozenset:
     call = _Call(func, described, tuple(_described(o, made, torch.Tensor) for o in outs), ())
     saved = _probe(call, {id(t): i for i, t in enumerate(made.values())})
     if saved is False:
-        raise RuntimeError(f"{_name(func)} does not run on meta tensors")
+        raise RuntimeError(f"{_name(func)} runs on neither CPU nor meta tensors")
     return saved
 
 
@@ -279,12 +282,13 @@ def _strides(p) -> tuple | None:
     return tuple(strides)
 
 
-# -- eager's answer: the call on meta tensors ------------------------------------------------------
+# -- eager's answer: the call run again ---------------------------------------------------------
 
 
 def _saved_by(call: _Call):
     """``{root id: _Tensor}`` of the call's tensors eager's autograd saves; ``{}`` where it makes
-    no node (no tensor requires grad), False where the call does not run on meta tensors. The
+    no node (no tensor requires grad), False where the call runs again on neither CPU nor meta
+    tensors. The
     answer is kept per op and arguments' metadata (a model's repeated layers run once)."""
     if call.func is None or not any(t.requires_grad for t in call.tensors()):
         return {}
@@ -292,6 +296,9 @@ def _saved_by(call: _Call):
         call.func in SAVES_EVERY_TENSOR_ON_CUDA and any(t.device.type == "cuda" for t in call.tensors())
     ):
         return {id(t.root): t for t in reversed(call.tensors())}
+    known = _one_tensor_op(call)
+    if known is not None:
+        return known
     index: dict = {}
     try:
         key = (call.func, _key(call.args, index))
@@ -310,6 +317,22 @@ def _saved_by(call: _Call):
     if saved is False:
         return False
     return {id(t.root): t for k, t in tensors.items() if index[k] in saved}
+
+
+def _one_tensor_op(call: _Call) -> dict | None:
+    """What eager saves of a call of an op of ``saved_ops.ONE_TENSOR_OPS`` on its first positional
+    argument, the only tensor it takes, returning one: None for any other call."""
+    saves = ONE_TENSOR_OPS.get(call.func)
+    if saves is None or len(call.outs) != 1:
+        return None
+    args, _ = call.args
+    tensors = _leaves(call.args, _Tensor)
+    if len(tensors) != 1 or not args or args[0] is not tensors[0]:
+        return None
+    saved = {id(call.outs[0].root): call.outs[0]} if saves[1] else {}
+    if saves[0]:
+        saved[id(args[0].root)] = args[0]
+    return saved
 
 
 #: Eager's answers (``_probe``) by op and arguments' metadata (``_key``), up to ``_KEPT`` of them.
@@ -339,13 +362,15 @@ def _key(value, index: dict):
 
 def _probe(call: _Call, index: dict):
     """The numbers (``index``) of the call's tensors whose memory eager's autograd saves, from the
-    call run on meta tensors, or, where it does not run on them (an op that reads values: indexing
-    with a mask), on small enough CPU tensors of zeros (what autograd saves does not depend on the
-    values); False where neither runs."""
-    found = _run(call, "meta")
-    if found is None and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS:
-        with torch.random.fork_rng(devices=[]):  # (a random op draws: the program's draws are eager's)
-            found = _run(call, "cpu")
+    call run on small enough CPU tensors of zeros (what autograd saves does not depend on the
+    values; CPU kernels are C++, where a first meta run imports sympy, and for some ops
+    ``torch._dynamo``, through their Python meta kernels), else on meta tensors, or on the other
+    of the two where the first refuses (an op that reads values: indexing with a mask, which has
+    no meta kernel; one that refuses zeros); False where neither runs."""
+    small = sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS
+    found = _run_cpu(call) if small else _run(call, "meta")
+    if found is None:
+        found = _run(call, "meta") if small else None
     if found is None:
         return False
     storages, saved = found
@@ -356,13 +381,33 @@ def _probe(call: _Call, index: dict):
 _CPU_ELEMENTS = 1 << 16
 
 
+def _run_cpu(call: _Call):
+    """``_run`` on the CPU, the default CPU generator's state kept (a random op draws: the program's
+    draws are eager's). Through the generator itself: ``torch.random.fork_rng`` calls
+    ``get_rng_state``/``set_rng_state``, which a trace records as the program's own calls."""
+    state = _GENERATOR.get_state()
+    try:
+        return _run(call, "cpu")
+    finally:
+        _GENERATOR.set_state(state)
+
+
+_GENERATOR = torch.default_generator
+
+
 def _run(call: _Call, device: str):
     """``(storages, saved)``: the call run on ``device``, its tensors by storage and the storages its
     autograd nodes saved; None where it fails there."""
     storages: dict = {}
     made: dict = {}
     try:
-        with _untransformed(), DisableTorchFunction(), torch.enable_grad(), warnings.catch_warnings():
+        with (
+            _untransformed(),
+            _no_autocast(device),
+            DisableTorchFunction(),
+            torch.enable_grad(),
+            warnings.catch_warnings(),
+        ):
             warnings.simplefilter("ignore")
             args, kwargs = _stand_ins(call.args, storages, made, device)
             before = {id(t.grad_fn) for t in made.values() if t.grad_fn is not None}  # (an in-place op rebases)
@@ -372,6 +417,11 @@ def _run(call: _Call, device: str):
             return storages, _saved_storages(results, before)
     except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
         return None
+
+
+def _no_autocast(device: str):
+    """The arguments are those the op ran on, autocast's casts already made: none again on the CPU."""
+    return torch.autocast("cpu", enabled=False) if device == "cpu" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
