@@ -10,6 +10,7 @@ trace input would change the caller's tensor, which is refused.
 import torch
 
 from thunder_rs import prims
+from thunder_rs.core.lang import inner_leaves
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs.core.lang.recorder import current
 from thunder_rs.errors import ThunderError
@@ -40,6 +41,7 @@ def requires_grad_(a, requires_grad=True):
         # now stands for, so that no gradient flows back past it into what computed it
         # (``x.detach().requires_grad_()`` must not reach ``x``).
         target = a._vid = prims.convert_element_type(a, a.dtype)._vid
+        inner_leaves.note(target, "Tensor.requires_grad_")
     else:
         target = a._vid
     try:
