@@ -166,3 +166,31 @@ def test_a_tensor_of_data_made_a_leaf_is_refused_naming_the_line():
     with pytest.raises(ThunderNotImplementedError, match="requires_grad=True") as e:
         thunder_rs.jit(_tensor_leaf)(torch.randn(3, requires_grad=True))
     assert _line(_tensor_leaf, "torch.tensor") in str(e.value)
+
+
+def _written_leaf(x):
+    x2 = x.detach().requires_grad_()
+    with torch.no_grad():
+        x2.mul_(2)  # (still that leaf in eager)
+    return x2
+
+
+def _leaf_no_more(x):
+    x2 = x.detach().requires_grad_()
+    x2.requires_grad_(False)
+    return x2, x2 * 2
+
+
+def test_a_leaf_written_in_place_under_no_grad_and_returned_is_refused():
+    assert _written_leaf(torch.randn(3)).is_leaf
+    with pytest.raises(ThunderNotImplementedError, match="returns a tensor it made a leaf") as e:
+        thunder_rs.jit(_written_leaf)(torch.randn(3))
+    assert _line(_written_leaf, "x2 = x.detach()") in str(e.value)
+
+
+def test_a_leaf_that_stops_requiring_grad_is_returned_as_eager_returns_it():
+    x = torch.randn(3)
+    expected, actual = _leaf_no_more(x), thunder_rs.jit(_leaf_no_more)(x)
+    for e, a in zip(expected, actual):
+        torch.testing.assert_close(a, e)
+        assert _autograd_state(a) == _autograd_state(e)

@@ -166,7 +166,7 @@ def _mark_as_eager(out: TensorProxy, ctx: TraceContext) -> None:
     )
     if differentiable != out.requires_grad:
         torch_symbol(torch.Tensor.requires_grad_)(out, differentiable)
-        inner_leaves.forget(out._vid)  # (the output of the Function's node)
+        inner_leaves.forget(out)  # (the output of the Function's node)
 
 
 def _cotangent(out: TensorProxy, ctx: TraceContext):

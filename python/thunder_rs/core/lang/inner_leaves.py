@@ -25,7 +25,9 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError
 
-#: Per acquisition: ``{value id: (construct, user's line)}`` of the leaves the program created.
+#: Per acquisition: ``{id(proxy): (proxy, construct, user's line)}`` of the leaves the program
+#: created. By proxy, not value: an in-place op under ``no_grad`` rebinds the proxy to a new value,
+#: where eager's tensor stays that leaf.
 _leaves: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_inner_leaves", default=None)
 
 
@@ -40,18 +42,18 @@ def noting() -> Iterator[dict]:
         _leaves.reset(token)
 
 
-def note(vid: int, construct: str) -> None:
-    """The value ``vid`` is a leaf the program made with ``construct`` (at the user's line)."""
+def note(t: TensorProxy, construct: str) -> None:
+    """``t`` is a leaf the program made with ``construct`` (at the user's line)."""
     leaves = _leaves.get()
     if leaves is not None:
-        leaves[vid] = (construct, user_location())
+        leaves[id(t)] = (t, construct, user_location())
 
 
-def forget(vid: int) -> None:
-    """``vid`` requires grad as the output of an autograd node (a custom Function's), no leaf."""
+def forget(t: TensorProxy) -> bool:
+    """``t`` is no leaf the program made (any more): it requires grad as the output of an autograd
+    node (a custom Function's), or stopped requiring grad. Returns whether it was one."""
     leaves = _leaves.get()
-    if leaves is not None:
-        leaves.pop(vid, None)
+    return leaves is not None and leaves.pop(id(t), None) is not None
 
 
 def refuse_unkept(leaves: dict, out, stored: list) -> bool:
@@ -61,8 +63,9 @@ def refuse_unkept(leaves: dict, out, stored: list) -> bool:
     require grad through them alone (``through_inner_leaves``)."""
     for where, values in (("returns", out), ("stores", stored)):
         for t in tree_leaves(values):
-            if isinstance(t, TensorProxy) and t._vid in leaves:
-                construct, line = leaves[t._vid]
+            made = leaves.get(id(t))
+            if made is not None and made[0] is t:
+                _, construct, line = made
                 raise ThunderNotImplementedError(
                     f"{construct}: the program {where} a tensor it made a leaf that requires grad (at {line}); in "
                     "eager a backward fills its .grad, which a compiled call, differentiating with respect to its "

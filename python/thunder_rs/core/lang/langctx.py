@@ -513,7 +513,7 @@ def _made_leaf(func, args, kwargs, on_proxies: bool):
             "data thunder_rs keeps as a constant; create the tensor outside and pass it in"
         )
     TORCH_TO_LTORCH[torch.Tensor.requires_grad_](out)
-    inner_leaves.note(out._vid, f"{qualified_name(func)}(requires_grad=True)")
+    inner_leaves.note(out, f"{qualified_name(func)}(requires_grad=True)")
     return out
 
 
