@@ -31,11 +31,13 @@ def _fresh_leaf_product(a):
 
 
 def _requires_grad_again(a):
-    """A detached copy made a leaf that requires grad again (as Hugging Face does to embeddings)."""
+    """A detached copy made a leaf that requires grad again (as Hugging Face does to embeddings)
+    and used: the product's gradient reaches `a` only through the second factor. (Returning the
+    leaf itself is refused: tests/test_inner_leaves.py.)"""
     out = (a * 2).detach()
     if out.is_floating_point():
         out.requires_grad_()
-    return out
+    return out * a
 
 
 def requires_grad_errors() -> Iterable[ErrorInput]:

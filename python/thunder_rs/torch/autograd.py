@@ -10,6 +10,7 @@ trace input would change the caller's tensor, which is refused.
 import torch
 
 from thunder_rs import prims
+from thunder_rs.core.lang import inner_leaves
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs.core.lang.recorder import current
 from thunder_rs.errors import ThunderError
@@ -40,6 +41,12 @@ def requires_grad_(a, requires_grad=True):
         # now stands for, so that no gradient flows back past it into what computed it
         # (``x.detach().requires_grad_()`` must not reach ``x``).
         target = a._vid = prims.convert_element_type(a, a.dtype)._vid
+        inner_leaves.note(a, "Tensor.requires_grad_")
+    elif inner_leaves.forget(a):
+        # A leaf the program made stops requiring grad, as eager's may: the proxy stands for a
+        # copy recorded without grad (the value itself is no input whose flag Rust would change).
+        with torch.no_grad():
+            target = a._vid = prims.convert_element_type(a, a.dtype)._vid
     else:
         target = a._vid
     try:

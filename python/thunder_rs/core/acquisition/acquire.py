@@ -31,6 +31,7 @@ from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
 from thunder_rs.core.state.modules import restore_hook_stores
 from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
+from thunder_rs.core.lang import inner_leaves
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.base.proxies import TensorProxy
@@ -117,6 +118,9 @@ class Acquired:
     #: ``(error, value ids)`` per call whose saved tensors the program wrote in place: the error
     #: eager's backward raises once it reaches those values (``saved_versions``)
     stale_saves: tuple = ()
+    #: where the program made leaves (``inner_leaves``), the positions of the trace's outputs that
+    #: require grad: those that a call returns requiring none get a backward (``through_inner_leaves``)
+    leaf_outputs: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -161,6 +165,7 @@ def _trace_program(
             recording(rec, captures, made, whole),
             reading(reads),
             noting_input_hooks(prints),
+            inner_leaves.noting() as leaves,
         ):
             out, observer, pairs, inputs = _run_on_proxies(
                 fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures
@@ -183,10 +188,12 @@ def _trace_program(
                 (source, key, _fresh(_held(value, reached, captures), captures))
                 for source, key, value in _item_writes(reached, observer)
             ]
+            stored = [w[2] for w in writes] + [i[2] for i in items]
+            through_leaves = inner_leaves.refuse_unkept(leaves, out, stored)
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, writes, (prints, draws, items), inputs, (inference_outputs(out), hooks)
+    return out, observer, writes, (prints, draws, items), inputs, (inference_outputs(out), hooks, through_leaves)
 
 
 def _item_writes(reached: ArgumentObjects, observer: Observer) -> list:
@@ -522,13 +529,16 @@ def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
     return kept
 
 
-def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict, reads):
+def _finish(
+    rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict, reads, through_leaves
+):
     """Ends the recording with the program's outputs, then the tensors it printed or set as
     attributes, then the tensor inputs it wrote (``writeback``). Returns the trace, how to rebuild
     the outputs, the effects to repeat after each call (prints in order, draws in order, then
     attribute writes, then item writes), the write-backs, the output views and the outputs of the
     call traced where its reads computed them (``ValueReads.first_outputs``). ``repeated`` is
-    ``(prints, draws, items)``; ``kept`` the captured tensors by the id of their proxies."""
+    ``(prints, draws, items)``; ``kept`` the captured tensors by the id of their proxies. With
+    ``through_leaves`` (``inner_leaves``), also the positions of the outputs that require grad."""
     try:
         writebacks, views, outputs, out_spec, out_kind, effects, num_outputs = _planned(
             rec, out, writes, repeated, flat_inputs, inputs, captured, kept
@@ -537,7 +547,8 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     finally:
         if reads is not None:
             reads.snapshots.forget()
-    return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, (writebacks, views, first)
+    leaf_outputs = inner_leaves.grad_outputs(outputs) if through_leaves else ()
+    return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs)
 
 
 def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict):
@@ -604,7 +615,7 @@ def acquire(
     size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None, floats)
     try:
         with saved_versions.tracking() as saves:
-            out, observer, writes, repeated, inputs, (inference, hooks) = _trace_program(
+            out, observer, writes, repeated, inputs, (inference, hooks, through_leaves) = _trace_program(
                 fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
             )
         stale_saves = saves.release()  # (its proxies would be found stored: ``_check_no_escape``)
@@ -622,8 +633,8 @@ def acquire(
     # So is a parameter or buffer of the module (nn.LSTM's ``_flat_weights``, rebuilt from its
     # parameters on a call that finds them changed): storing a copy would change it on every call.
     kept.update(_kept_slots(inputs.slots))
-    trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first) = _finish(
-        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads
+    trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs) = _finish(
+        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, through_leaves
     )
     positions = inputs.positions
     traced, placed = (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
@@ -660,6 +671,7 @@ def acquire(
         hooks,
         floats=tuple(size_inputs.floats),
         stale_saves=stale_saves,
+        leaf_outputs=leaf_outputs,
     )
 
 

@@ -16,7 +16,7 @@ import torch
 from torch.autograd.function import Function
 
 from thunder_rs import _core
-from thunder_rs.core.lang import autocast
+from thunder_rs.core.lang import autocast, inner_leaves
 from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.core.lang.langctx import torch_symbol, user_location
 from thunder_rs.core.base.proxies import TensorProxy
@@ -166,6 +166,7 @@ def _mark_as_eager(out: TensorProxy, ctx: TraceContext) -> None:
     )
     if differentiable != out.requires_grad:
         torch_symbol(torch.Tensor.requires_grad_)(out, differentiable)
+        inner_leaves.forget(out)  # (the output of the Function's node)
 
 
 def _cotangent(out: TensorProxy, ctx: TraceContext):

@@ -28,7 +28,7 @@ from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES, laid_out, take_layo
 from thunder_rs.core.lang.fallback import qualified_name, user_fallback
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_language_context
-from thunder_rs.core.lang import inference, tensor_hooks
+from thunder_rs.core.lang import inference, inner_leaves, tensor_hooks
 from thunder_rs.core.lang.recorder import (
     INFERENCE_MADE,
     active_captures,
@@ -512,6 +512,32 @@ def _untraced_call(func, args, kind: int, kwargs):
     return result
 
 
+_FLAG_SETTER = torch.Tensor.requires_grad_
+
+
+def _made_leaf(func, args, kwargs, on_proxies: bool):
+    """``torch.zeros(3, requires_grad=True)``, ``torch.ones_like(x, requires_grad=True)``: the
+    tensor made as without the flag, then made a leaf that requires grad (``requires_grad_``), as
+    eager's is (``inner_leaves``)."""
+    kwargs = {**kwargs, "requires_grad": False}
+    if on_proxies:
+        out = torch_function(func, args, kwargs)
+    else:
+        thread_state.inside += 1
+        try:
+            out = _untraced_call(func, args, _tensor_kind(args, kwargs), kwargs)
+        finally:
+            thread_state.inside -= 1
+    if not isinstance(out, TensorProxy):
+        raise ThunderNotImplementedError(
+            f"{qualified_name(func)}: requires_grad=True at {user_location()} makes a leaf inside the program from "
+            "data thunder_rs keeps as a constant; create the tensor outside and pass it in"
+        )
+    TORCH_TO_LTORCH[torch.Tensor.requires_grad_](out)
+    inner_leaves.note(out, f"{qualified_name(func)}(requires_grad=True)")
+    return out
+
+
 def _is_ndarray(x) -> bool:
     return type(x).__name__ == "ndarray" and type(x).__module__ == "numpy"
 
@@ -559,6 +585,8 @@ class LanguageMode(TorchFunctionMode):
             raise _forward_ad_error(func)
         if any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
+        if kwargs.get("requires_grad") and func not in RANDOM and thread_state.inside == 0 and func is not _FLAG_SETTER:
+            return _made_leaf(func, args, kwargs, TensorProxy in types)
         if TensorProxy in types or func in RANDOM:  # random calls are recorded: eager draws on every call
             return torch_function(func, args, kwargs)
         _refuse_functorch_transform(func, args, kwargs)

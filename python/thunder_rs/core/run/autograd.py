@@ -464,3 +464,37 @@ def _entry_call(apply, program, single: bool, as_list: bool, writes: bool, stale
     if as_list:
         return lambda *inputs: list(call(*inputs))
     return call
+
+
+class _ThroughInnerLeaves(torch.autograd.Function):
+    """Outputs that require grad through leaves the program made (``inner_leaves``) alone: their
+    backward reaches those leaves only, which no caller holds, so it gives no gradient."""
+
+    @staticmethod
+    def forward(ctx, stand_in, *outputs):
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) * (len(grads) + 1)
+
+
+def through_inner_leaves(call, positions: tuple, single: bool):
+    """``call`` whose flat outputs at ``positions`` (those the trace says require grad) require
+    grad as eager's do where the program made a leaf they are computed from
+    (``Acquired.leaf_outputs``): one that comes back requiring none (no input it reads requires
+    grad) gets a backward, as eager's ``backward()`` on it fills that leaf's ``.grad`` only, which
+    the program does not return."""
+
+    def called(*inputs):
+        outputs = call(*inputs)
+        flat = [outputs] if single else list(outputs)
+        lacking = [i for i in positions if not flat[i].requires_grad]
+        if not lacking:
+            return outputs
+        stand_in = torch.empty(0, requires_grad=True)  # (a new leaf per call, as eager's)
+        for i, o in zip(lacking, _ThroughInnerLeaves.apply(stand_in, *(flat[i] for i in lacking))):
+            flat[i] = o
+        return flat[0] if single else type(outputs)(flat)
+
+    return called

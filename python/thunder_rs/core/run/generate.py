@@ -23,7 +23,7 @@ from thunder_rs.core.lang.executor_api import (
     differentiable_executors,
     executor_table,
 )
-from thunder_rs.core.run.autograd import detaching, grad_function
+from thunder_rs.core.run.autograd import detaching, grad_function, through_inner_leaves
 from thunder_rs.core.run.differentiable import DifferentiableProgram, program_generators
 from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.modes import RecordedModes
@@ -252,14 +252,17 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
                 computation, backward, grad_positions, False, False, nondiff, written, program=program, **partial
             )
         computation = detaching(computation, acquired.detached)
+    if acquired.leaf_outputs:  # (no input requires grad: a backward above reaches none)
+        single = acquired.out_kind == "single" and wb is None
+        computation = through_inner_leaves(computation, acquired.leaf_outputs, single)
     # The call traced returns the outputs its reads computed, where they are the program's own:
     # no gradient to record, no pass of the jit's that the reads' snapshots did not run. (Taken
     # off ``acquired``, which closures keep: its tensors live until that call only.)
-    first = acquired.first if not backward_traces and not passes else None
+    first = acquired.first if not backward_traces and not passes and not acquired.leaf_outputs else None
     acquired.first = None
     if first is not None:
         first = _called(first.wrap(computation), acquired, modes, False)
-    computation = _called(computation, acquired, modes, bool(backward_traces))
+    computation = _called(computation, acquired, modes, bool(backward_traces or acquired.leaf_outputs))
     end = time.perf_counter()
     stages = {"passes": passes_at - start, "codegen": end - passes_at - fuse_s, "fuse": fuse_s}
     return computation, first, source, filename, traces, backward_traces, stages
