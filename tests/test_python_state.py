@@ -566,10 +566,10 @@ def test_a_module_reading_state_it_wrote_earlier_in_the_call():
 def test_a_running_profiler_keeps_its_hook_and_globals_are_still_guarded(monkeypatch):
     import cProfile
 
-    from thunder_rs.core.state import observe
+    from thunder_rs.core.state import hook
 
     # The warning is once per process: another test of this worker may have had it already.
-    monkeypatch.setattr(observe, "_warned", [])
+    monkeypatch.setattr(hook, "_warned", [])
     global SCALE
     profiler = cProfile.Profile()
     jf, x = thunder_rs.jit(scaled), torch.ones(2)

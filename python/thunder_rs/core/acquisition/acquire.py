@@ -590,6 +590,16 @@ def _observed_guards(observer, captures: Captures, reached: ArgumentObjects, sto
     return guards + alias_guards(reached, observer.state.written_ids, guards)
 
 
+def _kept_tensors(captures: Captures, inputs) -> dict:
+    """A captured tensor the program stores as it is (``self.cells = [c.to(dtype) for c in
+    self.cells]``) is stored by every call as that same object, as eager stores it. So is a parameter
+    or buffer of the module (nn.LSTM's ``_flat_weights``, rebuilt from its parameters on a call that
+    finds them changed): storing a copy would change it on every call."""
+    kept = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
+    kept.update(_kept_slots(inputs.slots))
+    return kept
+
+
 def acquire(
     fn,
     flat_inputs: list,
@@ -627,12 +637,7 @@ def acquire(
     size_checks, sites = observer.size_checks, observer.state.containers.sites()
     interrupted = observer.state.interrupted
     del observer
-    # A captured tensor the program stores as it is (``self.cells = [c.to(dtype) for c in self.cells]``)
-    # is stored by every call as that same object, as eager stores it.
-    kept = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
-    # So is a parameter or buffer of the module (nn.LSTM's ``_flat_weights``, rebuilt from its
-    # parameters on a call that finds them changed): storing a copy would change it on every call.
-    kept.update(_kept_slots(inputs.slots))
+    kept = _kept_tensors(captures, inputs)
     trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs) = _finish(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, through_leaves
     )

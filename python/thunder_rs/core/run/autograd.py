@@ -159,6 +159,19 @@ def _keep_residuals(ctx, residuals, hooks, inputs, flat, written) -> None:
         ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
 
 
+def _unpacked(ctx, saved: list) -> list:
+    """The residuals a backward reads: unpacked by the saved-tensor hooks the call ran under, else
+    checked against their versions; freed from ``ctx`` unless the graph is retained."""
+    if ctx.unpack is not None:
+        saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
+    else:
+        _check_versions(saved, ctx.versions)
+    if _keep_graph():
+        return list(saved)
+    ctx.residuals = ctx.inputs = None
+    return saved
+
+
 def grad_function(
     forward,
     backward,
@@ -229,14 +242,7 @@ def grad_function(
                 _raise_stale(stale, grads)
             if _is_grad_enabled():  # create_graph=True: a backward autograd records
                 return _differentiated(ctx, program, grads)
-            if ctx.unpack is not None:
-                saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
-            else:
-                _check_versions(saved, ctx.versions)
-            if _keep_graph():
-                saved = list(saved)
-            else:
-                ctx.residuals = ctx.inputs = None
+            saved = _unpacked(ctx, saved)
             cotangents = cotangents_of(grads)
             if partial:
                 absent = tuple(map(_is_none, cotangents))

@@ -4,6 +4,7 @@ calls and returns of the program's code go to the observer of the acquisition in
 program's call is importing runs them."""
 
 import threading
+import warnings
 
 from thunder_rs import _core
 from thunder_rs.core.state.clocks import C_READERS, refuse_c_call
@@ -78,3 +79,17 @@ def own_work(handle, *args) -> None:
         handle(*args)
     finally:
         _thread.inside -= 1
+
+
+_warned: list = []
+
+
+def warn_profiler_once() -> None:
+    if not _warned:
+        _warned.append(True)
+        warnings.warn(
+            "thunder_rs.jit: a profiler holds this thread's profile hook (sys.setprofile), so only the "
+            "reads of the jitted function and of module forwards are guarded, not those of functions they "
+            "call; compile before profiling for full guards",
+            stacklevel=5,
+        )

@@ -21,7 +21,6 @@ import contextvars
 import functools
 import sys
 import types
-import warnings
 from typing import Any
 
 import torch
@@ -54,7 +53,7 @@ from thunder_rs.core.state.callables import (
     partial_origin,
     program_method,
 )
-from thunder_rs.core.state.hook import own_work, thread_hook, thread_state
+from thunder_rs.core.state.hook import own_work, thread_hook, thread_state, warn_profiler_once
 from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.clocks import refuse_bound_clock
 from thunder_rs.core.state.code_reads import (
@@ -195,7 +194,7 @@ class Observer:
         call are not seen."""
         if self._hooked:
             return
-        _warn_profiler_once()
+        warn_profiler_once()
         own_work(self._observe_statically, fn, modules)
 
     def _observe_statically(self, fn, modules) -> None:
@@ -742,20 +741,6 @@ class Observer:
             if all(_cell_value(c) is local.get(n, MISSING) for n, c in zip(code.co_freevars, fn.__closure__)):
                 return fn
         return None
-
-
-_warned: list = []
-
-
-def _warn_profiler_once() -> None:
-    if not _warned:
-        _warned.append(True)
-        warnings.warn(
-            "thunder_rs.jit: a profiler holds this thread's profile hook (sys.setprofile), so only the "
-            "reads of the jitted function and of module forwards are guarded, not those of functions they "
-            "call; compile before profiling for full guards",
-            stacklevel=5,
-        )
 
 
 def _child_source(source, name: str, value):
