@@ -80,6 +80,4 @@ def geqrf_meta(input):
         ThunderRuntimeError,
     )
     m, n = input.shape[-2:]
-    return torch.return_types.geqrf(
-        (meta(input.shape, input.dtype), meta((*input.shape[:-2], min(m, n)), input.dtype))
-    )
+    return torch.return_types.geqrf((meta(input.shape, input.dtype), meta((*input.shape[:-2], min(m, n)), input.dtype)))
