@@ -38,3 +38,26 @@ def test_a_view_of_a_tensor_inside_an_op_is_returned_as_eager_returns_it(program
             want = torch.autograd.grad(expected, (a, b), cotangent)
             got = torch.autograd.grad(actual, (a, b), cotangent)
             torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _einsum(a, b):
+    return torch.einsum("ij,jkl->lik", a, b.reshape(4, 5, 2))
+
+
+@pytest.mark.parametrize("program", [_tensordot0, _einsum, _inner_permuted])
+def test_the_caller_writes_in_place_into_a_view_an_op_made_as_into_eager_s(program):
+    # (eager's output is a view of the op's inner product, which autograd lets the caller write;
+    # the compiled call's was a view its autograd.Function made, which torch refuses to write)
+    a = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    jprogram = thunder_rs.jit(program)
+    for _ in range(2):
+        expected, actual = program(a, b), jprogram(a, b)
+        expected.mul_(3.0)
+        actual.mul_(3.0)
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        assert actual.stride() == expected.stride()
+        cotangent = torch.randn_like(expected)
+        want = torch.autograd.grad(expected, (a, b), cotangent)
+        got = torch.autograd.grad(actual, (a, b), cotangent)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
