@@ -434,7 +434,8 @@ def masked_index_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInpu
         a = tensor(spec, dtype, device)
         mask, indices = _masked_index_args(a.shape, device)
         yield SampleInput(a, mask, indices, -2.5 if dtype.is_floating_point else 3)
-        yield SampleInput(a, mask, indices[:1], 0)
+        if a.numel():  # (one index: the mask broadcasts over the result's other dims)
+            yield SampleInput(a, mask if a.ndim == 1 else mask.unsqueeze(-1), indices[:1], 0)
 
 
 def masked_index_put_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
@@ -442,7 +443,8 @@ def masked_index_put_samples(dtype: torch.dtype, device: str) -> Iterable[Sample
         a = tensor(spec, dtype, device)
         mask, indices = _masked_index_args(a.shape, device)
         yield SampleInput(a, mask, indices, make((3, 4), dtype, device))
-        yield SampleInput(a, mask, indices[:1], make((4, a.shape[1]), dtype, device))
+        if a.numel():
+            yield SampleInput(a, mask.unsqueeze(-1), indices[:1], make((3, 4, a.shape[1]), dtype, device))
 
 
 def masked_index_errors() -> Iterable[ErrorInput]:

@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from thunder_rs import _core
 from thunder_rs.core.base.dtypes import CODES
-from thunder_rs.core.base.layouts import layout, strides_in
+from thunder_rs.core.base.layouts import is_contiguous, is_dense, layout, layout_of, strides_in
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy, requires_grad_of
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
@@ -465,8 +465,53 @@ def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
     except BaseException:
         rec.abort()
         raise
+    _unlink_inner_views(out, (*args, *kwargs.values()))
     rec.end(output_vids(out))
     return out
+
+
+def _unlink_inner_views(out, given: tuple) -> None:
+    """A composite's output that views a tensor only its decomposition computed (``tensordot``'s
+    ``mm(...).reshape(...)``) is unlinked from it, keeping its eager strides: no call outside the
+    composite names that tensor, so the trace cannot return it for the view to be taken again of
+    it (``output_views``); an executor running the op whole returns eager's view. Views of the
+    call's tensors, of another output, or of a root several outputs share (a write through one
+    shows in the others) keep their links."""
+    outs = (out,) if isinstance(out, TensorProxy) else out if isinstance(out, (list, tuple)) else ()
+    reachable = {id(o) for o in outs}
+    for a in given:
+        for t in a if type(a) in (list, tuple) else (a,):
+            if isinstance(t, TensorProxy):
+                reachable.add(id(t) if t._view is None else id(t._view.root))
+                reachable.add(id(t))
+    roots = [id(o._view.root) for o in outs if isinstance(o, TensorProxy) and o._view is not None]
+    for o in outs:
+        if isinstance(o, TensorProxy) and o._view is not None:
+            root = id(o._view.root)
+            if root not in reachable and roots.count(root) == 1:
+                strides, o._view = o._view.strides, None
+                _keep_strides(o, strides)
+
+
+def _hint(size) -> int:
+    expr = getattr(size, "expr", None)  # (a ``SymInt``: its value when traced)
+    return size if expr is None else expr.hint
+
+
+def _keep_strides(o, strides) -> None:
+    """Gives ``o`` (no view) the eager ``strides`` it had as a view where they are not contiguous:
+    by their order for symbolic sizes, where they are dense (as ``eager_layouts`` does)."""
+    if strides is None:
+        return
+    shape = tuple(_hint(s) for s in o._shape)
+    hinted = tuple(_hint(s) for s in strides)
+    if is_contiguous(shape, hinted):
+        return
+    lay = layout_of(shape, hinted)
+    if is_dense(lay):
+        o._strides = strides_in(o._shape, lay)
+    elif all(type(s) is int for s in o._shape):
+        o._strides = tuple(strides)
 
 
 #: The symbol ids of the kernels (symbols with a meta rule, which ``record_kernel`` records).

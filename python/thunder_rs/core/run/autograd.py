@@ -172,6 +172,22 @@ def _unpacked(ctx, saved: list) -> list:
     return saved
 
 
+def _own_views(flat: tuple, inputs: tuple) -> tuple:
+    """``flat`` with each output that an executor returned as a view of a tensor only the call
+    made (torch's ``tensordot``, ``einsum``: a view of their inner product) detached: the
+    caller's tensor, as eager's, may be written in place, where torch refuses to write a view a
+    custom Function made. The detached tensor shares the memory and version counter (a write is
+    seen by the saved-tensor checks). Views of inputs and of other outputs are kept."""
+    if not any(isinstance(o, torch.Tensor) and o._is_view() for o in flat):
+        return flat
+    held = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
+    held.update(id(t._base) for t in inputs if isinstance(t, torch.Tensor) and t._is_view())
+    held.update(id(o) for o in flat)
+    return tuple(
+        o.detach() if isinstance(o, torch.Tensor) and o._is_view() and id(o._base) not in held else o for o in flat
+    )
+
+
 def grad_function(
     forward,
     backward,
@@ -223,7 +239,7 @@ def grad_function(
             else:
                 ctx.inputs = None  # see _differentiated
             outputs, residuals = forward(*inputs)
-            flat = (outputs,) if single else tuple(outputs)
+            flat = _own_views((outputs,) if single else tuple(outputs), inputs)
             _keep_residuals(ctx, residuals, hooks, inputs, flat, written)
             constant = outputs_at.constant(flat)
             if constant:
