@@ -101,3 +101,22 @@ def test_numpy_scalar_module_attribute():
     m.scale = np.float32(0.1)
     torch.testing.assert_close(jm(x), m(x), rtol=0, atol=0)
     assert thunder_rs.cache_misses(jm) == 2
+
+
+MORE = {
+    "where": lambda x: torch.where(x > 0, x, np.float32(1)),
+    "new_full": lambda x: x.new_full((2,), np.float16(2)),
+    "pow": lambda x: torch.pow(x, np.int64(2)),
+    "masked_fill": lambda x: x.masked_fill(x > 0, np.float64(3)),
+    "linspace": lambda x: torch.linspace(0, np.float32(1), np.int64(5)) + x[:5],
+    "index": lambda x: x.reshape(np.int64(10), -1)[:, np.int64(2)],
+}
+
+
+@pytest.mark.parametrize("name", list(MORE))
+def test_numpy_scalars_in_other_calls(name):
+    x = torch.randn(100)
+    fn = MORE[name]
+    got, expected = thunder_rs.jit(fn)(x), fn(x)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
