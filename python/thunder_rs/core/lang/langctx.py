@@ -37,6 +37,7 @@ from thunder_rs.core.lang.recorder import (
     record_kernel,
 )
 from thunder_rs.core.lang.autocast import cast_inputs
+from thunder_rs.core.lang.numpy_scalars import as_python
 from thunder_rs.core.lang.rng import RANDOM
 from thunder_rs.core.lang.saved_versions import note_arguments, note_call
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -335,6 +336,7 @@ def _torch_names(fn, kwargs: dict) -> dict:
 
 
 def _torch_function(func, args, kwargs):
+    args, kwargs = as_python(func, args, kwargs)
     if kwargs and kwargs.get("out") is not None:
         return _out_handler(func, *lift_captured(args, kwargs))
     made = _size_data(func, args, kwargs)
@@ -496,6 +498,7 @@ def _untraced_call(func, args, kind: int, kwargs):
     (its ltorch symbol), or thunder_rs's own computation on meta tensors."""
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None and kind == 0:
+        args, kwargs = as_python(func, args, kwargs)
         out = ltorch_fn(*args, **kwargs)
         if func in LAYOUT_RULES and laid_out(func, args, kwargs):  # (``empty_strided``: by its strides)
             take_layouts(func, args, kwargs, out)

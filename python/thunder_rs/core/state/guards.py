@@ -17,6 +17,7 @@ import operator
 from _thread import _local as _thread_local
 from collections.abc import MutableMapping
 
+import numpy
 import torch
 
 from thunder_rs.core.state.items import ANY_TENSOR, MUTABLE, SameType, members, same_held_items, same_items
@@ -28,6 +29,8 @@ MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
 _SIMPLE_TYPES = frozenset(
     {bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, type(None), type(Ellipsis)}
 )
+#: NumPy's scalar types: keyed by type and value, as a Python number is.
+NUMPY_SCALARS = frozenset(t for t in numpy.sctypeDict.values() if isinstance(t, type) and issubclass(t, numpy.generic))
 _IDENTITY_TYPES = (bool, type(None), type(Ellipsis), enum.Enum, torch.dtype)
 
 
@@ -35,7 +38,7 @@ def is_simple(value) -> bool:
     """Values guarded by equality: numbers, strings, dtypes, devices, enums, and small tuples,
     lists and frozensets of them. Anything else is guarded by identity."""
     t = type(value)
-    if t in _SIMPLE_TYPES or isinstance(value, enum.Enum):
+    if t in _SIMPLE_TYPES or t in NUMPY_SCALARS or isinstance(value, enum.Enum):
         return True
     if t in (tuple, list, frozenset):
         return len(value) <= 64 and all(map(is_simple, value))
@@ -59,6 +62,8 @@ def freeze(value):
         return (float, value.hex())
     if t is complex:
         return (complex, value.real.hex(), value.imag.hex())
+    if t in NUMPY_SCALARS:  # (its value's bits: NaN equal to NaN, ``-0.0`` not ``0.0``)
+        return (t, value.tobytes())
     if t in (tuple, list, frozenset):
         items = map(freeze, value)
         return (t, frozenset(items) if t is frozenset else tuple(items))

@@ -1,0 +1,122 @@
+"""NumPy scalars as arguments of a jitted function, against eager: torch reads one where it takes
+a number as the Python number of its value (``core.lang.numpy_scalars``), so results and dtypes
+match eager's (``bf16 * np.float32(0.5)`` stays bfloat16, ``int32 * np.float16(2)`` is float32),
+and a call is keyed by the scalar's type and value: a new object of a value seen before hits."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+
+SCALARS = (np.float64(0.5), np.float32(0.25), np.float16(1.5), np.int64(3), np.int32(2), np.uint8(4), np.bool_(True))
+
+PROGRAMS = {
+    "torch.mul": lambda x, s: torch.mul(x, s),
+    "x * s": lambda x, s: x * s,
+    "s * x": lambda x, s: s * x,
+    "x + s": lambda x, s: x + s,
+    "full": lambda x, s: torch.full((2,), s) + x[:2],
+    "add alpha": lambda x, s: x.add(x.flip(0), alpha=s),
+    "clamp": lambda x, s: x.clamp(max=s),
+    "mul_": lambda x, s: x.clone().mul_(s),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_numpy_scalar_values_and_dtypes(name, dtype):
+    fn = PROGRAMS[name]
+    x = (torch.randn(4) * 4).to(dtype)
+    for s in SCALARS:
+        try:
+            expected = fn(x, s)
+        except Exception as e:
+            with pytest.raises(type(e)):
+                thunder_rs.jit(fn)(x, s)
+            continue
+        got = thunder_rs.jit(fn)(x, s)
+        assert got.dtype == expected.dtype, (type(s), got.dtype, expected.dtype)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_numpy_scalar_sizes():
+    x = torch.randn(6)
+    fn = lambda x: x.view(np.int64(2), -1).sum(np.int32(1))  # noqa: E731
+    torch.testing.assert_close(thunder_rs.jit(fn)(x), fn(x), rtol=0, atol=0)
+    g = lambda x: x.reshape((np.int64(3), np.int64(2))) * 2  # noqa: E731
+    torch.testing.assert_close(thunder_rs.jit(g)(x), g(x), rtol=0, atol=0)
+
+
+def test_numpy_scalar_tensor_keeps_its_dtype():
+    fn = lambda x, s: torch.tensor(s) + x  # noqa: E731
+    x = torch.ones(2, dtype=torch.float16)
+    for s in (np.float64(0.5), np.float32(0.5), np.int64(2)):
+        expected = fn(x, s)
+        got = thunder_rs.jit(fn)(x, s)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_numpy_scalar_dropout_p():
+    x = torch.ones(1000)
+    fn = lambda x, p: F.dropout(x, p=p, training=False) * 2  # noqa: E731
+    jfn = thunder_rs.jit(fn)
+    torch.testing.assert_close(jfn(x, np.float64(0.1)), fn(x, np.float64(0.1)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", [np.float64, np.float32, np.int64])
+def test_numpy_scalar_keyed_by_type_and_value(kind):
+    x = torch.randn(4)
+    jfn = thunder_rs.jit(lambda x, s: x * s)
+    for _ in range(3):  # a new object each call, of the same value: one compile
+        torch.testing.assert_close(jfn(x, kind(3)), x * kind(3), rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jfn) == 1
+    torch.testing.assert_close(jfn(x, kind(5)), x * kind(5), rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jfn) == 2
+    torch.testing.assert_close(jfn(x, kind(3)), x * kind(3), rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jfn) == 2
+    jfn(x, 3.0 if kind is not np.int64 else 3)  # a Python number of the same value is another key
+    assert thunder_rs.cache_misses(jfn) == 3
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = np.float32(0.5)
+
+    def forward(self, x):
+        return x * (self.scale * np.float32(3))  # NumPy's float32 product, as eager computes it
+
+
+def test_numpy_scalar_module_attribute():
+    m = _Scaled()
+    jm = thunder_rs.jit(m)
+    x = torch.randn(4, dtype=torch.float64)
+    torch.testing.assert_close(jm(x), m(x), rtol=0, atol=0)
+    m.scale = np.float32(0.5)  # a new object of the same value: the same entry
+    torch.testing.assert_close(jm(x), m(x), rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jm) == 1
+    m.scale = np.float32(0.1)
+    torch.testing.assert_close(jm(x), m(x), rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jm) == 2
+
+
+MORE = {
+    "where": lambda x: torch.where(x > 0, x, np.float32(1)),
+    "new_full": lambda x: x.new_full((2,), np.float16(2)),
+    "pow": lambda x: torch.pow(x, np.int64(2)),
+    "masked_fill": lambda x: x.masked_fill(x > 0, np.float64(3)),
+    "linspace": lambda x: torch.linspace(0, np.float32(1), np.int64(5)) + x[:5],
+    "index": lambda x: x.reshape(np.int64(10), -1)[:, np.int64(2)],
+}
+
+
+@pytest.mark.parametrize("name", list(MORE))
+def test_numpy_scalars_in_other_calls(name):
+    x = torch.randn(100)
+    fn = MORE[name]
+    got, expected = thunder_rs.jit(fn)(x), fn(x)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
