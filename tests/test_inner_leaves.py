@@ -194,3 +194,20 @@ def test_a_leaf_that_stops_requiring_grad_is_returned_as_eager_returns_it():
     for e, a in zip(expected, actual):
         torch.testing.assert_close(a, e)
         assert _autograd_state(a) == _autograd_state(e)
+
+
+def leaf_flags(x, w):
+    x2 = x.detach().requires_grad_()
+    p = torch.nn.Parameter(x.detach() * 1)
+    flags = (x2.is_leaf, x2.grad_fn is None, p.is_leaf, p.grad_fn is None, (x2 * 2).is_leaf)
+    return (x2 * w).sum() + (p * w).sum(), flags
+
+
+def test_a_leaf_made_inside_answers_is_leaf_and_grad_fn_as_eager():
+    # (were False and a refused grad_fn read: nn.Linear built in a forward failed registering its weight)
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    out, flags = thunder_rs.jit(leaf_flags)(x, w)
+    expected, eager_flags = leaf_flags(x, w)
+    assert flags == eager_flags == (True, True, True, True, False)
+    torch.testing.assert_close(out, expected)
+    assert torch.equal(*(torch.autograd.grad(o, w)[0] for o in (out, expected)))

@@ -44,6 +44,7 @@ def noting() -> Iterator[dict]:
 
 def note(t: TensorProxy, construct: str) -> None:
     """``t`` is a leaf the program made with ``construct`` (at the user's line)."""
+    t._leaf = True  # (``is_leaf`` and ``grad_fn`` answer as eager's for a leaf)
     leaves = _leaves.get()
     if leaves is not None:
         leaves[id(t)] = (t, construct, user_location())
@@ -52,6 +53,7 @@ def note(t: TensorProxy, construct: str) -> None:
 def forget(t: TensorProxy) -> bool:
     """``t`` is no leaf the program made (any more): it requires grad as the output of an autograd
     node (a custom Function's), or stopped requiring grad. Returns whether it was one."""
+    t._leaf = False
     leaves = _leaves.get()
     return leaves is not None and leaves.pop(id(t), None) is not None
 
