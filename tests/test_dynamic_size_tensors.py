@@ -102,7 +102,7 @@ def test_a_constant_size_keeps_a_constant_trace():
     [
         lambda x: x * torch.tensor([x.shape[0], x.sum()]).sum(),  # a tensor in the data
         lambda x: x * torch.tensor([[x.shape[0]], [2]]).sum(),
-        lambda x: x * torch.tensor(x.shape[0], dtype=torch.float32, requires_grad=True),
+        lambda x: x * torch.tensor(x.shape[0], dtype=torch.float32),
     ],
 )
 def test_data_the_size_path_does_not_take_equals_eager(fn):
@@ -110,6 +110,13 @@ def test_data_the_size_path_does_not_take_equals_eager(fn):
     for shape in SHAPES[:4]:
         x = torch.randn(*shape)
         torch.testing.assert_close(jf(x), fn(x))
+
+
+def test_a_leaf_made_of_a_size_is_refused_naming_the_line():
+    # (eager's output requires grad through the new leaf; the trace keeps torch.tensor's data whole)
+    jf = thunder_rs.jit(lambda x: x * torch.tensor(x.shape[0], dtype=torch.float32, requires_grad=True))
+    with pytest.raises(NotImplementedError, match=r"torch.tensor: requires_grad=True at .*test_dynamic_size_tensors"):
+        jf(torch.randn(3, 4))
 
 
 #: Sizes written in place into a tensor the program made: the write fills the tensor's memory as

@@ -89,6 +89,8 @@ def _grads(fn, s):
 def test_backward_kernel_decompositions_match_eager(op, dtype, index):
     if not op.supports_grad:
         pytest.skip("not differentiable")
+    if index in op.decomposition_skips:  # (grid_sampler_3d: no decomposition, eager's kernel only)
+        pytest.skip("no decomposition gives eager's result here (see the OpInfo entry)")
     s = sample(op, dtype, index)
     if not all(t.isfinite().all() for t in s.args if isinstance(t, torch.Tensor) and t.is_floating_point()):
         pytest.skip("non-finite inputs")
