@@ -26,3 +26,62 @@ def test_svd_values_only_of_an_input_that_requires_grad_are_computed_with_the_ve
         assert torch.equal(e, g)
         with torch.no_grad():  # (without grad: the values alone, as eager's)
             assert all(torch.equal(e, c) for e, c in zip(fn(a), thunder_rs.jit(fn)(a)))
+
+
+def _mul_(x):
+    x.mul_(2j)
+    return x
+
+
+def _add_(x):
+    x.add_(1j)
+    return x
+
+
+def _div_(x):
+    x.div_(1 + 1j)
+    return x
+
+
+def _imul(x):
+    x *= 2j
+    return x
+
+
+def _view_sub_(x):
+    x[1:].sub_(1j)
+    return x
+
+
+IN_PLACE_COMPLEX_NUMBER = [_mul_, _add_, _div_, _imul, _view_sub_]
+
+
+@pytest.mark.parametrize("fn", IN_PLACE_COMPLEX_NUMBER, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_in_place_ops_with_a_complex_number_on_a_complex_tensor_match_eager(fn, dtype):
+    """x.mul_(2j) raised (prims.mul took the complex number for an unsupported operand); eager
+    computes it: the in-place op now runs eager's op, as the out-of-place x * 2j does."""
+    x = torch.randn(5, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    expected, actual = fn(x.clone()), thunder_rs.jit(fn)(x.clone())
+    assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x * 2j, lambda x: x + 1j, lambda x: x / (1 + 1j)])
+def test_out_of_place_ops_with_a_complex_number_promote_a_real_tensor_as_eager(fn):
+    x = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    expected, actual = fn(x), thunder_rs.jit(fn)(x)
+    assert actual.dtype == expected.dtype == torch.complex64 and torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("fn", IN_PLACE_COMPLEX_NUMBER, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64])
+def test_in_place_ops_with_a_complex_number_on_a_real_tensor_raise_as_eager(fn, dtype):
+    """Eager raises: the complex result cannot be cast into the real tensor. The compiled call
+    raised another error (prims.mul ... PyConst); it now raises eager's, naming the user's line."""
+    x = torch.ones(5, dtype=dtype)
+    with pytest.raises(RuntimeError) as eager:
+        fn(x.clone())
+    message = str(eager.value)
+    with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")) as compiled:
+        thunder_rs.jit(fn)(x.clone())
+    assert "test_small_fidelity_fixes.py" in str(compiled.value)
