@@ -85,3 +85,24 @@ def test_in_place_ops_with_a_complex_number_on_a_real_tensor_raise_as_eager(fn, 
     with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")) as compiled:
         thunder_rs.jit(fn)(x.clone())
     assert "test_small_fidelity_fixes.py" in str(compiled.value)
+
+
+@pytest.mark.filterwarnings("ignore:.*nuclear_norm is deprecated")
+@pytest.mark.parametrize(
+    "fn",
+    [lambda a: torch.nuclear_norm(a), lambda a: torch.nuclear_norm(a, True), lambda a: torch.nuclear_norm(a, (1, 0))],
+    ids=["plain", "keepdim", "dim"],
+)
+def test_nuclear_norm_of_an_input_that_requires_grad_is_computed_with_the_vectors_as_eager(fn):
+    """torch.nuclear_norm ran whole inside the no-grad forward, so its singular values came from the
+    values-only kernel; eager's (linalg.matrix_norm 'nuc') computes them with the vectors there."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        a = torch.randn(5, 5, generator=gen, requires_grad=True)
+        expected, actual = fn(a), thunder_rs.jit(fn)(a)
+        assert expected.shape == actual.shape and torch.equal(expected, actual)
+        cotangent = torch.randn(expected.shape, generator=gen)
+        (e,), (g,) = (torch.autograd.grad(out, a, cotangent) for out in (expected, actual))
+        assert torch.equal(e, g)
+        with torch.no_grad():
+            assert torch.equal(fn(a), thunder_rs.jit(fn)(a))
