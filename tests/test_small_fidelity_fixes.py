@@ -106,3 +106,29 @@ def test_nuclear_norm_of_an_input_that_requires_grad_is_computed_with_the_vector
         assert torch.equal(e, g)
         with torch.no_grad():
             assert torch.equal(fn(a), thunder_rs.jit(fn)(a))
+
+
+@pytest.mark.filterwarnings("ignore:.*nuclear_norm is deprecated")
+@pytest.mark.parametrize(
+    "fn",
+    [
+        torch.linalg.svdvals,
+        lambda a: torch.linalg.eigvalsh(a + a.mH),
+        lambda a: torch.svd(a, compute_uv=False)[1],
+        lambda a: torch.linalg.matrix_norm(a, "nuc"),
+        torch.nuclear_norm,
+        torch.linalg.cond,
+    ],
+    ids=["svdvals", "eigvalsh", "svd_values", "matrix_norm_nuc", "nuclear_norm", "cond"],
+)
+def test_complex_values_of_an_input_that_requires_grad_are_computed_with_the_vectors_as_eager(fn):
+    """A call that differentiates complex values runs eager's op (a fallback), but the compiled
+    forward ran it without grad, so the values-only kernel; it now runs with grad as eager's."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        a = torch.randn(5, 5, dtype=torch.complex64, generator=gen, requires_grad=True)
+        expected, actual = fn(a), thunder_rs.jit(fn)(a)
+        assert torch.equal(expected, actual)
+        cotangent = torch.randn(expected.shape, dtype=expected.dtype, generator=gen)
+        (e,), (g,) = (torch.autograd.grad(out, a, cotangent) for out in (expected, actual))
+        assert torch.equal(e, g)
