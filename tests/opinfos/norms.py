@@ -1,4 +1,4 @@
-"""Norms and NaN-aware reductions: vector/matrix norms, linalg.norm, torch.norm, dist, renorm,
+"""Norms and NaN-aware reductions: vector/matrix norms, linalg.norm, torch.norm, nuclear_norm, dist, renorm,
 nansum, nanmean, aminmax, msort, diff."""
 
 from __future__ import annotations
@@ -75,6 +75,18 @@ def torch_norm_samples(dtype, device) -> Iterable[SampleInput]:
     yield SampleInput(make((2, 3, 4), dtype, device), "fro", (0, 1), True)
     yield SampleInput(make((3, 4), dtype, device), INF)
     yield SampleInput(make((2, 3, 4), dtype, device), 1, -1, dtype=torch.float64)
+
+
+def nuclear_norm_samples(dtype, device) -> Iterable[SampleInput]:
+    yield SampleInput(make((3, 4), dtype, device))
+    yield SampleInput(make((2, 3, 4), dtype, device), True)
+    yield SampleInput(transposed((3, 4), dtype, device), (1, 0), keepdim=True)
+
+
+def nuclear_norm_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 3), torch.int64)), NotImplementedError)
+    yield ErrorInput(SampleInput(cpu((3,))), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((3, 3)), (0,)), RuntimeError)
 
 
 def dist_samples(dtype, device) -> Iterable[SampleInput]:
@@ -164,6 +176,7 @@ OPS = [
     OpInfo(
         "tensor_norm", lambda a, *args, **kwargs: a.norm(*args, **kwargs), torch_norm_samples, tolerances=ACCUMULATING
     ),
+    OpInfo("nuclear_norm", torch.nuclear_norm, nuclear_norm_samples, nuclear_norm_errors, tolerances=ACCUMULATING),
     OpInfo("dist", torch.dist, dist_samples, dist_errors, tolerances=ACCUMULATING),
     OpInfo("renorm", torch.renorm, renorm_samples, renorm_errors, tolerances=ACCUMULATING),
     OpInfo("nansum", torch.nansum, nan_reduction_samples, dtypes=ALL, tolerances=ACCUMULATING),

@@ -570,7 +570,7 @@ def _unpacked(torch_fn):
 #: input requires grad, which LAPACK gives other last bits than the values alone: the compiled
 #: forward runs without grad, so a call of them whole would take the values alone. Such a call
 #: runs the decomposition (``linalg.singular_values``) instead.
-_GRAD_MODE_DEPENDENT = {"linalg_matrix_norm", "linalg_norm", "norm", "tensor_norm", "linalg_cond"}
+_GRAD_MODE_DEPENDENT = {"linalg_matrix_norm", "linalg_norm", "norm", "tensor_norm", "nuclear_norm", "linalg_cond"}
 
 
 def _no_input_requires_grad(*args, **kwargs) -> bool:

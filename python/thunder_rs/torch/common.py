@@ -30,6 +30,8 @@ SCALAR_NAMES = {
     torch.bool: "Bool",
     torch.complex64: "ComplexFloat",
     torch.complex128: "ComplexDouble",
+    torch.complex32: "ComplexHalf",
+    torch.bcomplex32: "BComplex32",
 }
 
 #: The floating dtypes eager kernels compute in float32 (their opmath type).

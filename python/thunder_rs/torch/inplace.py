@@ -334,6 +334,20 @@ def _read_to_overwrite(a):
     return read
 
 
+def _computed_by_eager(name: str, a, args, kwargs) -> bool:
+    """Whether an in-place op is computed by eager's op on a copy: complex values carrying gradients
+    (``core.complex_calls``), or a complex number operand (the trace's numbers are real) into a
+    complex tensor; into a real tensor, eager's op raises, as this does."""
+    number = next((x for x in (*args, *kwargs.values()) if type(x) is complex), None)
+    if number is not None and isinstance(a, TensorProxy) and not a.dtype.is_complex:
+        result = torch.result_type(torch.empty((), dtype=a.dtype, device="meta"), number)
+        have, want = (SCALAR_NAMES.get(d, str(d)) for d in (result, a.dtype))
+        raise ThunderRuntimeError(
+            f"{name}: result type {have} can't be cast to the desired output type {want} (at {user_location()})"
+        )
+    return number is not None or differentiates_complex((a, *args), kwargs)
+
+
 def _in_place(fn, name: str, outplace):
     """``fn`` (in place): ``outplace`` when thunder_rs maps it (same arguments), else ``fn`` on a copy."""
     symbol = IN_PLACE_SAMPLERS.get(fn) or TORCH_TO_LTORCH.get(outplace)
@@ -343,11 +357,11 @@ def _in_place(fn, name: str, outplace):
     def in_place(a, *args, **kwargs):
         if isinstance(a, TensorProxy):
             rebase(a)  # (the op reads the view of the root its gradient is laid out through)
-        if symbol is not None and not differentiates_complex((a, *args), kwargs):
+        if symbol is not None and not _computed_by_eager(name, a, args, kwargs):
             value = symbol(_read_to_overwrite(a), *args, **kwargs, **facts)
             if isinstance(a, TensorProxy) and a._strides is not None:
                 _lay_out_written(a, value, outplace, args, kwargs)
-        else:  # complex values carrying gradients are computed by eager's op (``core.complex_calls``)
+        else:  # (``_computed_by_eager``)
             value = user_fallback(on_copy(fn), (a, *args), kwargs, effect=is_random(fn))
         # (eager's CopySlices puts the op's own gradient of the view's old value in its base's)
         return assign(a, value, name, overwrite=symbol is not None)

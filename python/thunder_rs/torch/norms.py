@@ -37,6 +37,7 @@ __all__ = [
     "linalg_norm",
     "norm",
     "tensor_norm",
+    "nuclear_norm",
     "dist",
     "renorm",
     "nansum",
@@ -215,6 +216,16 @@ def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
 def tensor_norm(input, p="fro", dim=None, keepdim=False, dtype=None):
     """``Tensor.norm``, which takes no ``out``."""
     return norm(input, p, dim, keepdim, dtype=dtype)
+
+
+@torchsymbol(torch.nuclear_norm)
+def nuclear_norm(input, dim=None, keepdim=False, *, out=None):
+    """``torch.nuclear_norm(input, keepdim)`` or ``(input, dim, keepdim)``: eager's is
+    ``linalg.matrix_norm(input, 'nuc', dim, keepdim)`` (over the last two dims without ``dim``),
+    whose singular values are computed with the vectors where ``input`` requires grad."""
+    if isinstance(dim, bool):
+        dim, keepdim = None, dim
+    return linalg_matrix_norm(input, "nuc", (-2, -1) if dim is None else dim, keepdim)
 
 
 @torchsymbol(torch.dist, T.dist)

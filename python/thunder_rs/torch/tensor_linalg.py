@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.common import require_tensor
 from thunder_rs.torch.linalg import singular_values
@@ -206,3 +207,18 @@ def linalg_cond(A, p=None, *, out=None):
     inverse = ltorch.masked_fill(inverse, ltorch.unsqueeze(ltorch.unsqueeze(info, -1), -1) > 0, math.inf)
     product = ltorch.linalg_matrix_norm(A, ord) * ltorch.linalg_matrix_norm(inverse, ord)
     return ltorch.nan_to_num(product, math.inf, math.inf, -math.inf)
+
+
+def svd_as_eager(input, some=True, compute_uv=True, *, out=None):
+    """``torch.svd`` as eager computes it: with ``compute_uv=False`` eager takes the singular values
+    from ``linalg.svdvals``, which computes them with the vectors where ``input`` requires grad (and
+    LAPACK's values then differ in their last bits), so they are ``singular_values``'s; U and V are
+    still the zeros of the opaque call."""
+    kwargs = {} if out is None else {"out": out}
+    if compute_uv or out is not None or not (torch.is_grad_enabled() and input.requires_grad):
+        return ltorch.svd(input, some, compute_uv, **kwargs)
+    U, _, V = ltorch.svd(input, some, compute_uv)
+    return U, singular_values(input), V
+
+
+TORCH_TO_LTORCH[torch.svd] = TORCH_TO_LTORCH[torch.Tensor.svd] = svd_as_eager

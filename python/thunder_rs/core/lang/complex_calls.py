@@ -15,7 +15,10 @@ eagerly where a symbol refuses complex values (``conj``, ``angle``) or a complex
 operand (the trace's numbers are real).
 """
 
+import functools
+
 import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.base.proxies import TensorProxy
@@ -70,7 +73,8 @@ def differentiates_complex(args, kwargs) -> bool:
 def complex_call(func, ltorch_fn, args, kwargs):
     """``func(*args, **kwargs)``, a call that ``involves_complex``, with ``ltorch_fn`` its symbol."""
     if _differentiates(args, kwargs):
-        return user_fallback(func, args, kwargs)
+        kwargs = dict(kwargs)
+        return user_fallback(_with_grad(func, args, kwargs), args, kwargs)
     values = (*args, *kwargs.values())
     try:
         return ltorch_fn(*args, **kwargs)
@@ -81,3 +85,37 @@ def complex_call(func, ltorch_fn, args, kwargs):
         if not any(type(x) is complex for x in values):
             raise
     return user_fallback(func, args, kwargs)
+
+
+_WITH_GRAD: dict = {}
+_MARKED = "_thunder_rs_requires_grad"
+
+
+def _with_grad(func, args, kwargs):
+    """``func`` as eager runs it on these arguments: with grad, where the inputs that require grad
+    in the trace do (the compiled forward runs without), since some kernels compute otherwise then
+    (``linalg.svdvals`` computes the singular vectors too, and LAPACK's values differ in their last
+    bits: ``_may_require_fw_or_bw_grad``). Its outputs are detached; the backward's replay
+    (``fallback._vjp_of``), with grad on, runs ``func`` itself. One function per ``func`` (so one
+    fallback symbol), told the positions of those inputs by the keyword ``_MARKED``."""
+    leaves = tree_flatten((args, kwargs))[0]
+    kwargs[_MARKED] = tuple(i for i, x in enumerate(leaves) if isinstance(x, TensorProxy) and x.requires_grad)
+    run = _WITH_GRAD.get(func)
+    if run is None:
+
+        @functools.wraps(func, (*functools.WRAPPER_ASSIGNMENTS, "__objclass__", "__self__"))  # (its name)
+        def run(*args, **kwargs):
+            marked = kwargs.pop(_MARKED)
+            if torch.is_grad_enabled():
+                return func(*args, **kwargs)
+            leaves, spec = tree_flatten((args, kwargs))
+            for i in marked:
+                leaves[i] = leaves[i].detach().requires_grad_()
+            args, kwargs = tree_unflatten(leaves, spec)
+            with torch.enable_grad():
+                out = func(*args, **kwargs)
+            return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
+
+        run.__module__ = getattr(func, "__module__", None)
+        _WITH_GRAD[func] = run
+    return run
