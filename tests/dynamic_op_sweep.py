@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_leaves
 sys.path.insert(0, str(Path(__file__).parent))
 import thunder_rs  # noqa: E402
 from opinfos import OPINFOS, OpInfo, SampleInput  # noqa: E402
-from opinfos.sampling import kinds_of_samples, representative  # noqa: E402
+from opinfos.sampling import kinds_of_samples, representative, sample_of  # noqa: E402
 
 #: How much each call after the first grows the dim: sizes n, n + 1, n + 3.
 GROWTH = (0, 1, 3)
@@ -322,14 +322,6 @@ def static_differs(op: OpInfo, sample: SampleInput, out: Any, grads: list, grad:
 
 def sweep_dtype(op: OpInfo) -> torch.dtype:
     return torch.float64 if torch.float64 in op.dtypes else op.dtypes[0]
-
-
-def sample_of(op: OpInfo, dtype: torch.dtype, index: int) -> SampleInput:
-    torch.manual_seed(0)
-    for i, sample in enumerate(op.sample_inputs(dtype, "cpu")):
-        if i == index:
-            return sample
-    raise IndexError(index)
 
 
 def outcomes(ops: set[str] | None, all_samples: bool, first_only: bool = False) -> Iterator[Outcome]:

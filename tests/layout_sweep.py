@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 import thunder_rs  # noqa: E402
-from opinfos import OPINFOS, OpInfo, SampleInput  # noqa: E402
-from opinfos.sampling import kinds_of_samples, representative  # noqa: E402
+from opinfos import OPINFOS  # noqa: E402
+from opinfos.sampling import kinds_of_samples, representative, sample_of  # noqa: E402
 
 
 def dense(t: torch.Tensor) -> bool:
@@ -158,14 +158,6 @@ def opinfo_calls(ops: set[str] | None, dtype: torch.dtype) -> Iterator[tuple[str
             args, kwargs = relay(sample.args), {k: relay(v) for k, v in sample.kwargs.items()}
             if layout_name([args, list(kwargs.values())]) != layout_name([sample.args, list(sample.kwargs.values())]):
                 yield f"{op.id}#{index}", op.op, args, kwargs
-
-
-def sample_of(op: OpInfo, dtype: torch.dtype, index: int) -> SampleInput:
-    torch.manual_seed(0)
-    for i, sample in enumerate(op.sample_inputs(dtype, "cpu")):
-        if i == index:
-            return sample
-    raise IndexError(index)
 
 
 #: In-place methods and the arguments they take after the tensor written.

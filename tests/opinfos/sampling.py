@@ -26,6 +26,15 @@ from .core import OpInfo, SampleInput
 DTYPE_KINDS = frozenset({"mixed dtypes", "number", "0-dim", "non-finite"})
 
 
+def sample_of(op: OpInfo, dtype: torch.dtype, index: int) -> SampleInput:
+    """The ``index``-th CPU sample of ``op`` (the samples drawn from seed 0, as the sweeps draw them)."""
+    torch.manual_seed(0)
+    for i, sample in enumerate(op.sample_inputs(dtype, "cpu")):
+        if i == index:
+            return sample
+    raise IndexError(index)
+
+
 def sample_indices(op: OpInfo, dtype: torch.dtype, full: bool, *, every_kind: bool) -> Sequence[int]:
     """The CPU samples of ``op`` in ``dtype`` a sweep takes: all with ``full`` (``--run-slow``),
     else the default run's ``representative`` ones."""

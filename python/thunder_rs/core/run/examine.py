@@ -8,6 +8,7 @@ that require grad, calls whose symbol refuses its arguments, and the error that 
 if one did.
 """
 
+import re
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ from thunder_rs.core.base.userframe import is_user_file
 
 #: Acquisition, loaded at the first ``examine`` (``core.run.jit`` loads it at the first compile).
 _ACQUIRE = LazyModule("thunder_rs.core.acquisition.acquire")
+
+#: A fallback symbol's number among callables of one name (``fallback``'s registry is by name)
+_NUMBERED = re.compile(r"\.\d+$")
 
 
 @dataclass
@@ -99,5 +103,9 @@ def examine(fn, *args, **kwargs) -> ExamineReport:
         return report
     for name, n in Counter(trace.symbol_names()).items():
         known = name.startswith(("ltorch.", "prims.")) or name in STATE_CALLS
-        (report.supported if known else report.fallbacks)[name] = n
+        if known:
+            report.supported[name] = n
+        else:  # (without the registry's ``.N`` telling apart callables of one name: ``fallback``)
+            torch_name = _NUMBERED.sub("", name)
+            report.fallbacks[torch_name] = report.fallbacks.get(torch_name, 0) + n
     return report
