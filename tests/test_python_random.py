@@ -1,6 +1,8 @@
 """Draws from Python's ``random`` and NumPy's global generator inside a jitted program: every call
 draws as eager does (the generators advance alike), a program that depends on a drawn number is
-refused with its line, and so are draws of arrays, choices, shuffles and seeding."""
+refused with its line, and so are draws of arrays, choices, shuffles and seeding. Draws from a
+generator the program holds (a ``random.Random``, a NumPy ``Generator`` or ``RandomState``) are
+refused naming it, the generator left as it was."""
 
 import copy
 import random
@@ -234,3 +236,59 @@ def test_wav2vec2_spec_augment_in_training_is_refused_and_its_inference_matches_
         thunder_rs.jit(model.train())(input_values=values)
     model.eval()
     torch.testing.assert_close(thunder_rs.jit(model)(input_values=values).logits, model(input_values=values).logits)
+
+
+class HeldGenerator(nn.Module):
+    """Augmentation drawing from a generator the model holds (``self.rng``, seeded per worker)."""
+
+    def __init__(self, rng):
+        super().__init__()
+        self.rng = rng
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x * self.rng.uniform(0.5, 1.5))
+
+
+HELD = {
+    "random.Random": lambda: random.Random(0),
+    "numpy.random.Generator": lambda: np.random.default_rng(0),
+    "numpy.random.RandomState": lambda: np.random.RandomState(0),
+}
+
+
+@pytest.mark.parametrize("make", HELD.values(), ids=list(HELD))
+def test_draws_from_a_generator_the_model_holds_are_refused_naming_it_and_leave_it_as_it_was(make):
+    # They drew once while traced, and every compiled call reused that number: eager draws anew.
+    model = HeldGenerator(make())
+    unchanged = copy.deepcopy(model.rng)
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=r"draws from the .*(Random|Generator|RandomState) HeldGenerator\.rng read at .*test_python_random.py:\d+",
+    ):
+        thunder_rs.jit(model)(_x())
+    assert model.rng.uniform(0.5, 1.5) == unchanged.uniform(0.5, 1.5)
+
+
+@pytest.mark.parametrize("passed", [False, True], ids=["closed over", "passed in"])
+def test_draws_from_a_random_generator_closed_over_or_passed_in_are_refused(passed):
+    rng = random.Random(3)
+
+    def program(x, generator=None):
+        return x * (generator or rng).random()
+
+    args = (torch.ones(2), rng) if passed else (torch.ones(2),)
+    where = "argument 'generator' read at the call" if passed else "closure variable 'rng' read at .*"
+    with pytest.raises(ThunderNotImplementedError, match=f"draws from the random.Random {where}"):
+        thunder_rs.jit(program)(*args)
+    assert rng.random() == random.Random(3).random()
+
+
+def test_a_generator_the_program_reads_but_does_not_draw_from_is_left_alone():
+    rng = np.random.default_rng(0)
+
+    def program(x):
+        return x * 2 if rng is not None else x
+
+    torch.testing.assert_close(thunder_rs.jit(program)(torch.ones(2)), torch.full((2,), 2.0))
+    assert rng.random() == np.random.default_rng(0).random()

@@ -55,6 +55,7 @@ from thunder_rs.core.state.callables import (
 )
 from thunder_rs.core.state.hook import own_work, thread_hook, thread_state, warn_profiler_once
 from thunder_rs.core.state.iterators import iterator_position
+from thunder_rs.core.state.generator_states import generator_state, refuse_drawn_generators
 from thunder_rs.core.state.clocks import refuse_bound_clock
 from thunder_rs.core.state.code_reads import (
     ALL_ATTRIBUTES,
@@ -115,6 +116,8 @@ class Observer:
         self._guards: dict = {}
         #: id -> (iterator, its name, where read, its position): the iterators the program reached
         self._iterators: dict = {}
+        #: id -> ``GeneratorState`` of the random generators the program reached (``generator_states``)
+        self._generators: dict = {}
         self._originals = originals
         self._owned = {id(m) for m in originals.values()}
         #: objects known to be program state (configs, argument objects), with their attributes
@@ -127,6 +130,7 @@ class Observer:
         for i, x in enumerate(inputs):
             if hasattr(type(x), "__next__") and not isinstance(x, (torch.Tensor, types.GeneratorType)):
                 self._iterators[id(x)] = (x, names[i], "the call", iterator_position(x))
+            self._note_generator(x, f"argument {names[i]!r}", "the call")
             if not isinstance(x, torch.Tensor) and not is_simple(x) and attributes_of(x) is not None:
                 self.state.add(x, InputSource(i, (), names[i], not isinstance(attributes_of(x), dict)))
         for obj, source, under_container in reached.objects if reached is not None else ():
@@ -265,6 +269,11 @@ class Observer:
                     "compiled call would neither take the next ones nor see them. Take the items outside the jitted "
                     "function and pass them in"
                 )
+        refuse_drawn_generators(self._generators.values())
+
+    def _note_generator(self, value, name: str, origin: str) -> None:
+        if id(value) not in self._generators and (state := generator_state(value, name, origin)) is not None:
+            self._generators[id(value)] = state
 
     def guard_of(self, obj):
         """The guard holding the fixed state object ``obj`` whole, if any (``bystanders``)."""
@@ -598,6 +607,7 @@ class Observer:
             return MISSING
         if hasattr(type(value), "__next__") and id(value) not in self._iterators:
             self._iterators[id(value)] = (value, name, origin, iterator_position(value))
+        self._note_generator(value, source.describe(name), origin)
         if type(value) is contextvars.ContextVar:
             # ``SCALE.get()`` reads the current context's value, which no attribute holds.
             read = functools.partial(value.get, MISSING)
