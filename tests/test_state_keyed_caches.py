@@ -1,7 +1,8 @@
 """Python state that caches tensors by a size, under shapes that change between calls: a dict
 keyed by a symbolic size (``core.state.keyed``) is filled by one compile and read where it is on
 each call; a function cached by ``functools`` that misses while traced is refused naming the line
-(its cache would keep the trace's stand-in); a rotary embedding that grows its tables as older
+(its cache would keep the trace's stand-in), and one whose cache is cleared or evicts between calls
+is called again as eager calls it; a rotary embedding that grows its tables as older
 HF Llama, GPT-NeoX and Falcon do matches eager; a tensor attribute the forward sets on each call
 (transformers' dynamic RoPE) is read per call, and a module int counting the tokens seen is a size
 input. Each is compared with eager PyTorch: outputs, the caches' contents and identity, the
@@ -177,6 +178,46 @@ def test_a_function_cached_by_functools_that_misses_while_traced_is_refused_nami
     assert cached.cache_info().currsize == 0
     assert _scale.cache_info().currsize == (program is _uses_unbounded)  # a float, kept as eager keeps it
     cached.cache_clear()
+
+
+_CONFIG = {"scale": 2.0, "length": 3}
+
+
+@functools.lru_cache
+def _config_scale(k):
+    return _CONFIG["scale"] * k
+
+
+@functools.lru_cache(maxsize=1)
+def _table(n):
+    return torch.arange(n, dtype=torch.float32) * _CONFIG["scale"]
+
+
+def _scaled(x):
+    return x * _config_scale(3) + _table(3)
+
+
+@pytest.mark.parametrize("between", ["cache_clear", "eviction"])
+def test_a_cached_helper_recomputed_after_its_config_changed_is_called_again_as_in_eager(between):
+    # The trace held what the cached call returned as a constant: once the cache was cleared or the
+    # entry evicted, eager computed the new configuration's value and every compiled call kept the
+    # first one (x * 6 + [0, 2, 4] after the scale became 5).
+    _config_scale.cache_clear(), _table.cache_clear()
+    _CONFIG["scale"] = 2.0
+    _table(3)  # (a tensor made while traced would be refused: filled first)
+    jprogram = thunder_rs.jit(_scaled)
+    for scale, recompute in ((2.0, False), (5.0, False), (5.0, True), (5.0, False), (7.0, True)):
+        _CONFIG["scale"] = scale
+        if recompute and between == "cache_clear":
+            _config_scale.cache_clear(), _table.cache_clear()
+        elif recompute:
+            _table(4), _config_scale.cache_clear()  # (maxsize 1: evicts the table of 3)
+        x = torch.ones(3)
+        out = jprogram(x)  # first: its call of the helpers computes what eager's then finds
+        torch.testing.assert_close(out, _scaled(x), rtol=0, atol=0)
+    reasons = [r for r in thunder_rs.compile_stats(jprogram).miss_reasons if "cached by functools" in r]
+    assert reasons and all(r.endswith("when traced changed from none to _config_scale(3), _table(3)") for r in reasons)
+    _CONFIG["scale"] = 2.0
 
 
 # -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------

@@ -64,6 +64,7 @@ from typing import Any
 
 from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
+from thunder_rs.core.state.cached_reads import put_back_cached
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
@@ -544,6 +545,7 @@ def _put_back_readers() -> None:
         uuid, real = _uuid_clock.pop()
         uuid._generate_time_safe = real
     put_back_bound_clocks()
+    put_back_cached()
 
 
 # -- installing ------------------------------------------------------------------------------------

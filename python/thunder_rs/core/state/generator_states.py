@@ -6,7 +6,7 @@ Their draws are method calls (``rng.random()``, ``rng.integers(0, 5)``), not the
 ``pydraws`` wraps for the global generators, and NumPy's are C methods of types no wrapper can
 change: tracing drew once, and every compiled call reused those numbers while eager's draws go on.
 What a draw leaves is seen instead: the observer notes each generator's state where the program
-first reads it (``generator_state``), and after tracing ``refuse_drawn_generators`` refuses a
+first reads it (``note_generator``), and after tracing ``refuse_drawn_generators`` refuses a
 program that advanced one, naming the generator and where it was read, and sets the generator back
 to the state it had, as if the refused call had not run.
 """
@@ -62,10 +62,11 @@ def _accessors(value):
     return None
 
 
-def generator_state(value, name: str, origin: str) -> GeneratorState | None:
-    """The state of ``value``, read as ``name`` at ``origin``, if it is a random generator."""
-    accessors = _accessors(value)
-    return None if accessors is None else GeneratorState(value, name, origin, *accessors)
+def note_generator(states: dict, value, name: str, origin: str) -> None:
+    """Notes in ``states`` (id -> ``GeneratorState``) the state of ``value``, read as ``name`` at
+    ``origin``, if it is a random generator not noted yet."""
+    if id(value) not in states and (accessors := _accessors(value)) is not None:
+        states[id(value)] = GeneratorState(value, name, origin, *accessors)
 
 
 def refuse_drawn_generators(states) -> None:

@@ -55,7 +55,8 @@ from thunder_rs.core.state.callables import (
 )
 from thunder_rs.core.state.hook import own_work, thread_hook, thread_state, warn_profiler_once
 from thunder_rs.core.state.iterators import iterator_position
-from thunder_rs.core.state.generator_states import generator_state, refuse_drawn_generators
+from thunder_rs.core.state.generator_states import note_generator, refuse_drawn_generators
+from thunder_rs.core.state.cached_reads import cached_guards, original, stand_in_cached
 from thunder_rs.core.state.clocks import refuse_bound_clock
 from thunder_rs.core.state.code_reads import (
     ALL_ATTRIBUTES,
@@ -130,7 +131,7 @@ class Observer:
         for i, x in enumerate(inputs):
             if hasattr(type(x), "__next__") and not isinstance(x, (torch.Tensor, types.GeneratorType)):
                 self._iterators[id(x)] = (x, names[i], "the call", iterator_position(x))
-            self._note_generator(x, f"argument {names[i]!r}", "the call")
+            note_generator(self._generators, x, f"argument {names[i]!r}", "the call")
             if not isinstance(x, torch.Tensor) and not is_simple(x) and attributes_of(x) is not None:
                 self.state.add(x, InputSource(i, (), names[i], not isinstance(attributes_of(x), dict)))
         for obj, source, under_container in reached.objects if reached is not None else ():
@@ -170,6 +171,7 @@ class Observer:
         self._kept: dict = {}
         #: the code of functions cached by functools read as state, with the cached function
         self._cached: dict = {}
+        self._cached_results: dict = {}  # (cached, args, kwargs) -> what the call returned (``cached_reads``)
 
     def __enter__(self):
         #: per device, whether autocast was on when the call began and the dtype it defaults to
@@ -271,10 +273,6 @@ class Observer:
                 )
         refuse_drawn_generators(self._generators.values())
 
-    def _note_generator(self, value, name: str, origin: str) -> None:
-        if id(value) not in self._generators and (state := generator_state(value, name, origin)) is not None:
-            self._generators[id(value)] = state
-
     def guard_of(self, obj):
         """The guard holding the fixed state object ``obj`` whole, if any (``bystanders``)."""
         return self._guards.get(("object", id(obj)))
@@ -302,7 +300,7 @@ class Observer:
         cached = self._parametrizations_cached_at_entry
         if any(map(is_parametrized, self.modules_called.values())):
             kept.append(StateGuard("torch.nn.utils.parametrize.cached()", parametrizations_cached, cached, _entered))
-        return kept + structure + defaults
+        return cached_guards(self._cached_results) + kept + structure + defaults  # (first: eager calls them)
 
     def read_cached_per_call(self, captured: list, stored: list) -> None:
         """Tensors of ``captured`` held in lists and dicts of lasting state are read per call
@@ -603,11 +601,12 @@ class Observer:
         return out
 
     def _keep_first(self, source, name: str, value, origin: str, guard: bool):
+        value = original(value)  # (a cached function's stand-in read again)
         if isinstance(value, TensorProxy):
             return MISSING
         if hasattr(type(value), "__next__") and id(value) not in self._iterators:
             self._iterators[id(value)] = (value, name, origin, iterator_position(value))
-        self._note_generator(value, source.describe(name), origin)
+        note_generator(self._generators, value, source.describe(name), origin)
         if type(value) is contextvars.ContextVar:
             # ``SCALE.get()`` reads the current context's value, which no attribute holds.
             read = functools.partial(value.get, MISSING)
@@ -620,6 +619,7 @@ class Observer:
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
             if type(value) is functools._lru_cache_wrapper:
                 self._cached[getattr(value.__wrapped__, "__code__", None)] = value
+                stand_in_cached(source, name, value, self._cached_results)
         refuse_bound_clock(source, name, value)  # (``from time import perf_counter``)
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a

@@ -1,0 +1,109 @@
+"""Functions cached by ``functools.lru_cache`` (or ``functools.cache``) that the program calls:
+what each call returned is guarded, so a cleared or changed cache compiles again.
+
+A call that finds its arguments in the cache runs no Python code, and the trace holds what it
+returned as a constant. Eager calls the function on every call: once its cache is cleared
+(``helper.cache_clear()`` after a config change) or the entry is evicted, the function runs again
+and may return something else, which a compiled call would never see. So while a program is
+traced, a cached function it reads as a global or a closure variable is replaced there by a
+reader (``stand_in_cached``, put back once no program is traced) that calls it and notes the
+arguments and the result of each call with plain arguments; each becomes a guard
+(``cached_guards``) that calls the cached function with those arguments on every call of the
+compiled program, as eager does, and holds while it returns the same object (an equal plain
+value). A changed result compiles again, and the new trace holds it.
+"""
+
+import functools
+
+from thunder_rs.core.state.guards import CellSource, GlobalsSource, StateGuard, is_simple
+
+#: ``(holder, name, cached, reader)`` where a reader stands in for a cached function: ``holder`` a
+#: globals dict, or a closure cell with ``name`` None
+_bound: list = []
+#: id of a reader -> the reader
+_readers: dict = {}
+
+
+class CachedReader:
+    """Calls ``cached`` and notes into ``calls`` (``(args, kwargs)`` -> result) each call whose
+    arguments are plain values."""
+
+    def __init__(self, cached, calls: dict):
+        self.cached, self.calls = cached, calls
+        functools.update_wrapper(self, cached)
+
+    def __call__(self, *args, **kwargs):
+        result = self.cached(*args, **kwargs)
+        if all(map(is_simple, args)) and all(map(is_simple, kwargs.values())):
+            self.calls.setdefault((self.cached, args, tuple(kwargs.items())), result)
+        return result
+
+    def __getattr__(self, name):  # (``cache_info``, ``cache_clear``, ``__wrapped__``)
+        return getattr(self.cached, name)
+
+
+def stand_in_cached(source, name: str, value, calls: dict) -> None:
+    """If ``value``, read as ``name`` at ``source``, is a cached function held by a globals dict or
+    a closure cell, puts a reader noting its calls into ``calls`` there until tracing ends."""
+    if type(value) is not functools._lru_cache_wrapper:
+        return
+    reader = CachedReader(value, calls)
+    if isinstance(source, CellSource):
+        source.cell.cell_contents = reader
+        _bound.append((source.cell, None, value, reader))
+    elif type(source) is GlobalsSource:
+        mapping = source.fixed()
+        if isinstance(mapping, dict) and mapping.get(name) is value:
+            mapping[name] = reader
+            _bound.append((mapping, name, value, reader))
+    _readers[id(reader)] = reader
+
+
+def original(value):
+    """The cached function ``value`` stands in for, if it is a reader; else ``value``."""
+    return value.cached if id(value) in _readers else value
+
+
+def put_back_cached() -> None:
+    """Puts back the cached functions ``stand_in_cached`` replaced (once no program is traced)."""
+    while _bound:
+        holder, name, cached, reader = _bound.pop()
+        if name is None:
+            if holder.cell_contents is reader:
+                holder.cell_contents = cached
+        elif holder.get(name) is reader:
+            holder[name] = cached
+    _readers.clear()
+
+
+def _returns(cached, args, kwargs, result) -> bool:
+    try:
+        now = cached(*args, **kwargs)
+    except Exception:  # noqa: BLE001 (a miss: the compile that follows calls it where the program does)
+        return False
+    return now is result or (is_simple(result) and type(now) is type(result) and now == result)
+
+
+def _label(cached, args, kwargs) -> str:
+    shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs)])
+    return f"{getattr(cached, '__qualname__', repr(cached))}({shown})"
+
+
+def _same_results(calls: tuple) -> tuple:
+    """Whether each call returns what it did; every one is made, as eager makes each (a call that
+    finds its cache cleared fills it again before the compile that follows)."""
+    return tuple([_returns(*call) for call in calls])
+
+
+def cached_guards(calls: dict) -> list:
+    """One guard on the calls noted by the readers: each cached function still returns what it did."""
+    if not calls:
+        return []
+    made = tuple((cached, args, dict(kwargs), result) for (cached, args, kwargs), result in calls.items())
+    labels = [_label(cached, args, kwargs) for cached, args, kwargs, _ in made]
+
+    def show(same: tuple) -> str:
+        return ", ".join(label for label, kept in zip(labels, same) if not kept) or "none"
+
+    label = "the calls of functions cached by functools that return another value than when traced"
+    return [StateGuard(label, functools.partial(_same_results, made), (True,) * len(made), show=show)]
