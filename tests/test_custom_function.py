@@ -423,3 +423,54 @@ def test_setup_context_sees_bound_defaults_and_trailing_none_gradients_are_accep
     out.sum().backward()
     expected.sum().backward()
     torch.testing.assert_close((x.grad, w.grad), (ex.grad, ew.grad))
+
+
+class _SetupMatmul(torch.autograd.Function):
+    """``x @ w`` with a backward of its own, in the ``setup_context`` style."""
+
+    @staticmethod
+    def forward(x, w):
+        return x @ w
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad @ w.t() * 2, x.t() @ grad
+
+
+def _mul_add_loss(layer, held, x):
+    product, total = MulAdd.apply(layer(x), held)
+    return product.pow(2).sum() + total.sum()
+
+
+def _setup_matmul_loss(layer, held, x):
+    return _SetupMatmul.apply(layer(x), held).pow(2).sum()
+
+
+@pytest.mark.parametrize(
+    "loss_of, held_shape", [(_mul_add_loss, (4,)), (_setup_matmul_loss, (4, 4))], ids=["forward(ctx)", "setup_context"]
+)
+def test_a_parameter_the_program_holds_gets_its_gradient_from_the_functions_backward(loss_of, held_shape):
+    # A parameter read through a closure (a model the jitted loss function calls, not the jitted
+    # module) went into the Function as a constant: it got no gradient (grad None), where eager's
+    # backward gives it one.
+    torch.manual_seed(0)
+    layer, held = torch.nn.Linear(4, 4), torch.nn.Parameter(torch.randn(held_shape))
+
+    def loss(x):
+        return loss_of(layer, held, x)
+
+    x = torch.randn(3, 4)
+    loss(x).backward()
+    params = [layer.weight, layer.bias, held]
+    expected = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    thunder_rs.jit(loss)(x).backward()
+    for p, grad in zip(params, expected):
+        assert p.grad is not None
+        torch.testing.assert_close(p.grad, grad)

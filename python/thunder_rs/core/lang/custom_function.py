@@ -20,7 +20,7 @@ from thunder_rs.core.lang import autocast, inner_leaves
 from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.core.lang.langctx import torch_symbol, user_location
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import GRAD_RULES, record_composite
+from thunder_rs.core.lang.recorder import GRAD_RULES, lift_captured, record_composite
 from thunder_rs.core.lang.saved_versions import note_saved
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 from thunder_rs.core.lang.symint import same_shape
@@ -81,6 +81,9 @@ def apply(cls, args: tuple, kwargs: dict):
             f"torch.autograd.Function: {cls.__qualname__}.apply at {user_location()} "
             "takes keyword arguments; pass them positionally"
         )
+    # A tensor the program holds (a parameter read through a closure or a global) is the trace input
+    # capturing it, which requires grad as the tensor does: its gradient flows through the backward.
+    args, _ = lift_captured(args, {})
     sid = _SYMBOLS.get(cls)
     if sid is None:
         sid = _SYMBOLS[cls] = _core.register_symbol(f"{name}.{len(_SYMBOLS)}")
