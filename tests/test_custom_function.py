@@ -474,3 +474,36 @@ def test_a_parameter_the_program_holds_gets_its_gradient_from_the_functions_back
     for p, grad in zip(params, expected):
         assert p.grad is not None
         torch.testing.assert_close(p.grad, grad)
+
+
+class _QuantizedLinear(torch.nn.Linear):
+    """Quantisation-aware training: the weight rounded to quarters, straight through."""
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, StraightThroughRound.apply(self.weight), self.bias)
+
+
+def test_a_function_of_a_held_parameter_alone_is_traced_with_its_backward():
+    # Given no traced tensor, the Function ran eagerly inside the trace: the weight of a model the
+    # jitted loss function calls got no gradient.
+    torch.manual_seed(0)
+    layer = _QuantizedLinear(4, 4)
+
+    def loss(x):
+        return layer(x).pow(2).sum()
+
+    jloss = thunder_rs.jit(loss)
+    for step in range(2):
+        x = torch.randn(3, 4)
+        expected = loss(x)
+        expected.backward()
+        grads = [p.grad for p in layer.parameters()]
+        layer.zero_grad(set_to_none=True)
+        out = jloss(x)
+        out.backward()
+        torch.testing.assert_close(out, expected)
+        for p, grad in zip(layer.parameters(), grads):
+            torch.testing.assert_close(p.grad, grad)
+        with torch.no_grad():
+            layer.weight.add_(0.3)
+        layer.zero_grad(set_to_none=True)

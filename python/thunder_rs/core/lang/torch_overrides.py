@@ -138,13 +138,16 @@ def _apply(cls, *args, **kwargs):
     the backward, so in a trace it is the call of that function (without grad where no input
     requires grad, as eager's outputs then have none); any other Function is traced
     with its own backward as its grad rule (``thunder_rs.core.lang.custom_function``)."""
-    if active_recorder() is None or not any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))):
+    # (a tensor the program holds, such as a parameter it reads through a closure, is traced too:
+    # run eagerly, its gradient would not reach the parameter)
+    if active_recorder() is None or not any(isinstance(x, torch.Tensor) for x in tree_leaves((args, kwargs))):
         return _function_apply.__get__(None, cls)(*args, **kwargs)
     if cls is torch.utils.checkpoint.CheckpointFunction:
         run_function, preserve_rng_state, *inputs = args
         # Eager's Function runs it without grad, and its outputs carry a gradient (computed again in
         # the backward) only when an input requires grad: else the parameters inside get none.
-        differentiable = torch.is_grad_enabled() and any(isinstance(a, TensorProxy) and a.requires_grad for a in inputs)
+        requiring = any(isinstance(a, torch.Tensor) and a.requires_grad for a in inputs)
+        differentiable = torch.is_grad_enabled() and requiring
         with checkpointed(preserve_rng_state), torch.set_grad_enabled(differentiable):
             return run_function(*inputs)
     if (cls.__module__, cls.__qualname__) in _GRADIENT_OF_FORWARD:
