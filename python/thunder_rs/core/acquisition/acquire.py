@@ -645,8 +645,9 @@ def acquire(
     traced, placed = (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
     detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
     del out, writes, repeated, inputs, traced
+    stand_ins = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
     captured = captures.release()
-    _check_no_escape(made, trace, sites, placed)  # first: a stored tensor is the more precise reason
+    _check_no_escape(made, trace, sites, (placed, stand_ins))  # first: a stored tensor is the more precise reason
     guards = _check_guards_still_hold(guards, flat_inputs, interrupted)
     at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
     ints = tuple(sorted((at for at in at_sizes if type(at) in (HeldInt, ArgInt)), key=lambda at: at.input))
@@ -712,7 +713,7 @@ def _hint_compiler_disable(error: ThunderError) -> None:
         )
 
 
-def _check_no_escape(made: list, trace, sites: dict, placed: list) -> None:
+def _check_no_escape(made: list, trace, sites: dict, slots: tuple) -> None:
     def producer(proxy) -> str:
         name = trace.producer(proxy._vid)
         shape = "x".join(map(str, proxy.shape)) or "scalar"
@@ -722,4 +723,5 @@ def _check_no_escape(made: list, trace, sites: dict, placed: list) -> None:
             else f"input t{proxy._vid}"
         )
 
-    check_no_escape(made, producer, sites, placed)
+    placed, held = slots
+    check_no_escape(made, producer, sites, placed, held)

@@ -95,11 +95,43 @@ def escaped(proxies: list, placed: Sequence = ()) -> list:
     return [proxies[i] for i in _suspects(proxies, held)]
 
 
-def check_no_escape(proxies: list, producer, sites: dict | None = None, placed: Sequence = ()) -> None:
+def _module_slots(holder: dict) -> bool:
+    """Whether ``holder`` is a module's attributes (its ``__dict__``), parameters or buffers."""
+    if "_buffers" in holder and "_modules" in holder:
+        return True
+    return any(
+        type(d) is dict and "_modules" in d and (d.get("_buffers") is holder or d.get("_parameters") is holder)
+        for d in gc.get_referrers(holder)
+    )
+
+
+def _put_back_held(suspects: list, held: dict) -> None:
+    """A stand-in for a tensor the program holds (``held``: id of the stand-in -> the tensor),
+    stored into a module's slot (``self.count += 1`` on a buffer of a module the program calls:
+    the augmented assignment sets the slot again, to the same tensor in eager), is that tensor:
+    it goes back there, and the trace writes the tensor in place, as eager does."""
+    for proxy in suspects:
+        tensor = held.get(id(proxy))
+        if tensor is None:
+            continue
+        for holder in gc.get_referrers(proxy):
+            if type(holder) is dict and _module_slots(holder):
+                for key in [k for k, v in holder.items() if v is proxy]:
+                    holder[key] = tensor
+
+
+def check_no_escape(
+    proxies: list, producer, sites: dict | None = None, placed: Sequence = (), held: dict | None = None
+) -> None:
     """Raises when a proxy escaped; ``producer(proxy)`` names the op that made it, ``sites``
     (``containers.StateContainers.sites``) where the program changed the lists and dicts it read,
-    ``placed`` the module clones' slots (``_held_by_clones``)."""
+    ``placed`` the module clones' slots (``_held_by_clones``), ``held`` the tensors the program
+    holds by the ids of their stand-ins (``_put_back_held``)."""
     suspects = escaped(proxies, placed)
+    if suspects and held:
+        _put_back_held(suspects, held)
+        del suspects  # (its references would be counted)
+        suspects = escaped(proxies, placed)
     if not suspects:
         return
     proxy = suspects[0]
