@@ -1,6 +1,7 @@
 """Training loops as users write them, round 4: state a jitted step updates in modules it calls
 (not the jitted module): an exponential moving average kept by ``torch.optim.swa_utils.
-AveragedModel`` and a buffer counted with ``+=``, compared with eager PyTorch step by step."""
+AveragedModel``, a buffer counted with ``+=`` and spectral norm's power iterations, compared with
+eager PyTorch step by step."""
 
 import copy
 
@@ -73,4 +74,31 @@ def test_an_averaged_model_updated_inside_the_jitted_step_is_eagers():
         torch.testing.assert_close(losses[1], losses[0])
         (_, eager, _, _), (_, averaged, _, _) = runs
         for got, expected in zip(averaged.state_dict().values(), eager.state_dict().values()):
+            torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.slow
+def test_a_spectrally_normalised_model_the_jitted_loss_calls_updates_its_power_iterations_as_eager():
+    # Its power iteration writes the vectors with ``out=`` and stores the result in their slots
+    # (``self._u = F.normalize(..., out=self._u)``): refused like ``+=`` above.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 3))
+    nn.utils.parametrizations.spectral_norm(model[0])
+    eager = copy.deepcopy(model)
+    optimizers = [torch.optim.SGD(m.parameters(), 0.1) for m in (eager, model)]
+
+    def loss_of(m, x, y):
+        return F.cross_entropy(m(x), y)
+
+    jloss = thunder_rs.jit(lambda x, y: loss_of(model, x, y))
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+        losses = [loss_of(eager, x, y), jloss(x, y)]
+        for loss, optimizer in zip(losses, optimizers):
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        torch.testing.assert_close(losses[1], losses[0])
+        for got, expected in zip(model.state_dict().values(), eager.state_dict().values()):
             torch.testing.assert_close(got, expected)
