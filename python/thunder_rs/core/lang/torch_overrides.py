@@ -13,7 +13,9 @@ next batch with padding. Answering True makes the library build the general mask
 answer is the same in every acquisition, so the branch it selects holds for every call of the
 trace: it is a constant of tracing, not Python state that can change between calls, and needs no
 guard. ``torch._dynamo.is_compiling`` and ``torch._utils.is_compiling`` read the same flag;
-``torch.compiler.is_exporting()`` stays False.
+``torch.compiler.is_exporting()`` stays False. Where a library's two answers both take paths that
+hold for every input value and only eager's runs eager's kernels, the library function gets the
+eager answer (``EAGER_ANSWERS``: transformers' SDPA attention of a single grouped-heads query).
 
 The flag also sends Mamba's selective scan (transformers) down its ``associative_scan`` path
 instead of a Python loop over the sequence. Both compute the same recurrence (in another order of
@@ -201,11 +203,30 @@ def _scan_in_trace(fn, *args):
     return fn(*args)
 
 
+#: Library functions (module, function) whose ``is_compiling()`` branch is decided by shapes alone,
+#: where the eager answer keeps eager's kernels: transformers' SDPA attention packs a single query's
+#: grouped heads (``pack_gqa``) outside compilation and repeats the keys' heads under it. Both
+#: trace; only eager's gives eager's bits (a GQA model's decoding logits with a padding mask
+#: differed in float32's last bits).
+EAGER_ANSWERS = frozenset({("transformers.integrations.sdpa_attention", "sdpa_attention_forward")})
+
+
+def _is_compiling() -> bool:
+    """``torch.compiler.is_compiling()`` while tracing: True, but to ``EAGER_ANSWERS``' functions
+    (asking directly, or through a helper such as ``is_torchdynamo_compiling``)."""
+    frame = sys._getframe(1)
+    for caller in (frame, frame.f_back):
+        if caller is not None and (caller.f_globals.get("__name__"), caller.f_code.co_name) in EAGER_ANSWERS:
+            return False
+    return True
+
+
 #: What tracing sets: (module, attribute) -> value. These are constants of tracing, the same in
 #: every acquisition: guards on Python state read while tracing must not record reads of them
 #: (outside tracing they hold torch's values, so a guard on them would never pass).
 OVERRIDES: dict[tuple[object, str], object] = {
     (torch.compiler, "_is_compiling_flag"): True,
+    (torch.compiler, "is_compiling"): _is_compiling,
     (torch, "vmap"): thunder_vmap.vmap,
     (torch.func, "vmap"): thunder_vmap.vmap,
     # A vmap imported before tracing (``from torch.func import vmap``) still reaches this.
