@@ -220,6 +220,29 @@ def test_a_cached_helper_recomputed_after_its_config_changed_is_called_again_as_
     _CONFIG["scale"] = 2.0
 
 
+class _Helpers:
+    """An object holding a cached helper as an attribute (``helpers.scale(3)``)."""
+
+    scale = None
+
+
+_HELPERS = _Helpers()
+_HELPERS.scale = _config_scale
+
+
+def test_a_cached_helper_held_by_an_objects_attribute_is_called_again_as_in_eager():
+    _config_scale.cache_clear()
+    jprogram = thunder_rs.jit(lambda x: x * _HELPERS.scale(3))
+    for scale, clear in ((2.0, False), (5.0, False), (5.0, True), (7.0, True)):
+        _CONFIG["scale"] = scale
+        if clear:
+            _config_scale.cache_clear()
+        x = torch.ones(2)
+        torch.testing.assert_close(jprogram(x), x * _HELPERS.scale(3), rtol=0, atol=0)
+    assert _HELPERS.scale is _config_scale and "scale" in vars(_HELPERS)
+    _CONFIG["scale"] = 2.0
+
+
 # -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------
 
 

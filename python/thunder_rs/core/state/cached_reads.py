@@ -5,17 +5,18 @@ A call that finds its arguments in the cache runs no Python code, and the trace 
 returned as a constant. Eager calls the function on every call: once its cache is cleared
 (``helper.cache_clear()`` after a config change) or the entry is evicted, the function runs again
 and may return something else, which a compiled call would never see. So while a program is
-traced, a cached function it reads as a global or a closure variable is replaced there by a
-reader (``stand_in_cached``, put back once no program is traced) that calls it and notes the
-arguments and the result of each call with plain arguments; each becomes a guard
-(``cached_guards``) that calls the cached function with those arguments on every call of the
-compiled program, as eager does, and holds while it returns the same object (an equal plain
-value). A changed result compiles again, and the new trace holds it.
+traced, a cached function it reads as a global, a closure variable or an attribute of an object
+it holds (not of a module: those are read from its clone) is replaced there by a reader
+(``stand_in_cached``, put back once no program is traced) that calls it and notes the arguments
+and the result of each call with plain arguments. One guard (``cached_guards``), first among the
+entry's, makes each of those calls on every call of the compiled program, as eager does (so a
+cleared cache is filled again outside any trace), and holds while each returns the same object
+(an equal plain value). A changed result compiles again, and the new trace holds it.
 """
 
 import functools
 
-from thunder_rs.core.state.guards import CellSource, GlobalsSource, StateGuard, is_simple
+from thunder_rs.core.state.guards import CellSource, GlobalsSource, ObjectSource, StateGuard, is_simple
 
 #: ``(holder, name, cached, reader)`` where a reader stands in for a cached function: ``holder`` a
 #: globals dict, or a closure cell with ``name`` None
@@ -43,20 +44,25 @@ class CachedReader:
 
 
 def stand_in_cached(source, name: str, value, calls: dict) -> None:
-    """If ``value``, read as ``name`` at ``source``, is a cached function held by a globals dict or
-    a closure cell, puts a reader noting its calls into ``calls`` there until tracing ends."""
+    """If ``value``, read as ``name`` at ``source``, is a cached function held by a globals dict, a
+    closure cell or an object's attributes, puts a reader noting its calls into ``calls`` there until tracing ends."""
     if type(value) is not functools._lru_cache_wrapper:
         return
     reader = CachedReader(value, calls)
     if isinstance(source, CellSource):
         source.cell.cell_contents = reader
         _bound.append((source.cell, None, value, reader))
-    elif type(source) is GlobalsSource:
+    elif type(source) in (GlobalsSource, ObjectSource):  # (a module's attributes are read from its clone)
         mapping = source.fixed()
         if isinstance(mapping, dict) and mapping.get(name) is value:
             mapping[name] = reader
             _bound.append((mapping, name, value, reader))
     _readers[id(reader)] = reader
+
+
+def is_cached_reader(value) -> bool:
+    """Whether ``value`` is a reader standing in for a cached function (not a write of the program's)."""
+    return id(value) in _readers
 
 
 def original(value):
