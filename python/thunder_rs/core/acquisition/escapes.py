@@ -96,9 +96,9 @@ def escaped(proxies: list, placed: Sequence = ()) -> list:
 
 
 def _module_slots(holder: dict) -> bool:
-    """Whether ``holder`` is a module's attributes (its ``__dict__``), parameters or buffers."""
-    if "_buffers" in holder and "_modules" in holder:
-        return True
+    """Whether ``holder`` is a module's buffers or parameters (where eager's ``self.count += 1`` sets
+    the tensor it read; a plain attribute may be set to a held tensor read elsewhere, which later
+    calls would have to set again: that stays refused)."""
     return any(
         type(d) is dict and "_modules" in d and (d.get("_buffers") is holder or d.get("_parameters") is holder)
         for d in gc.get_referrers(holder)
@@ -107,9 +107,9 @@ def _module_slots(holder: dict) -> bool:
 
 def _put_back_held(suspects: list, held: dict) -> None:
     """A stand-in for a tensor the program holds (``held``: id of the stand-in -> the tensor),
-    stored into a module's slot (``self.count += 1`` on a buffer of a module the program calls:
-    the augmented assignment sets the slot again, to the same tensor in eager), is that tensor:
-    it goes back there, and the trace writes the tensor in place, as eager does."""
+    stored into a module's buffers or parameters (``self.count += 1`` on a buffer of a module the
+    program calls: the augmented assignment sets the slot again, to the same tensor in eager), is
+    that tensor: it goes back there, and the trace writes the tensor in place, as eager does."""
     for proxy in suspects:
         tensor = held.get(id(proxy))
         if tensor is None:
