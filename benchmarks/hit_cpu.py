@@ -10,8 +10,9 @@ functions and a ``Linear`` called with tensors (the positional fast path), then 
 path keys (``call_paths``): a keyword bool, an int, None, a tuple of tensor pairs, the ``Linear``
 by keyword, a module of 100 parameters writing a KV cache passed as an argument in place
 (``k_cache[:, pos] = k``: the write-back's check that no parameter or buffer shares the cache's
-memory), and a two-layer Llama called as Hugging Face calls it (``input_ids=``,
-``attention_mask=``, ``use_cache=False``; where transformers is installed). Run it against another
+memory; called with tensors, then with the int ``pos`` too, which the general path keys), and a
+two-layer Llama called as Hugging Face calls it (``input_ids=``, ``attention_mask=``,
+``use_cache=False``; where transformers is installed). Run it against another
 checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before and after.
 """
 
@@ -65,7 +66,7 @@ class _KVCacheWriter(torch.nn.Module):
         super().__init__()
         self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(50))
 
-    def forward(self, x, k_cache, pos: int):
+    def forward(self, x, k_cache, pos: int = 3):
         k_cache[:, pos] = self.layers[0](x)
         return k_cache[:, : pos + 1].sum(1)
 
@@ -113,7 +114,8 @@ def main() -> None:
         ("None arg", _masked, (a, None), {}),
         ("tuple of 2 pairs", _pairs, (a, ((a, b), (b, a))), {}),
         ("Linear by keyword", lin, (), {"input": a}),
-        ("KV cache arg, 100 params", _KVCacheWriter(), (a, torch.zeros(4, 8, 4), 3), {}),
+        ("KV cache, 100 params", _KVCacheWriter(), (a, torch.zeros(4, 8, 4)), {}),
+        ("KV cache, 100 params, pos", _KVCacheWriter(), (a, torch.zeros(4, 8, 4), 3), {}),
     ]
     llama = _llama()
     if llama is not None:
