@@ -52,6 +52,25 @@ def test_only_outputs_that_may_be_views_are_read(program, monkeypatch):
     assert len(calls) == (program is _tensordot)
 
 
+def test_an_output_an_elementwise_op_writes_into_a_view_torch_made_is_the_callers_to_write_as_eager():
+    """``tensordot(a, b, 1) * 2`` runs as ``t.mul_(2)`` on tensordot's output (it dies there), a view of
+    tensordot's inner product: the output is that view, whose memory tensordot made."""
+
+    def program(a, b):
+        return torch.tensordot(a, b, 1) * 2
+
+    a = torch.randn(3, 3, requires_grad=True)
+    b = torch.randn(3, 3, requires_grad=True)
+    jf = thunder_rs.jit(program)
+    for _ in range(2):
+        mine, eager = jf(a, b), program(a, b)
+        mine.mul_(3.0)
+        eager.mul_(3.0)
+        torch.testing.assert_close(mine, eager, rtol=0, atol=0)
+        want = torch.autograd.grad(eager.sum(), (a, b))
+        torch.testing.assert_close(torch.autograd.grad(mine.sum(), (a, b)), want, rtol=0, atol=0)
+
+
 class _MulAsView(TorchFunctionMode):
     """Answers ``mul`` with a view of the product it computed."""
 
