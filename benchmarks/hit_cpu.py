@@ -8,8 +8,11 @@ more than a key field costs. Reports the key and its lookup for one and two tens
 (``fast_key_fn``), and per call under ``no_grad``, jitted and eager and their ratio: two small
 functions and a ``Linear`` called with tensors (the positional fast path), then calls the general
 path keys (``call_paths``): a keyword bool, an int, None, a tuple of tensor pairs, the ``Linear``
-by keyword, and a two-layer Llama called as Hugging Face calls it (``input_ids=``,
-``attention_mask=``, ``use_cache=False``; where transformers is installed). Run it against another
+by keyword, a module of 100 parameters writing a KV cache passed as an argument in place
+(``k_cache[:, pos] = k``: the write-back's check that no parameter or buffer shares the cache's
+memory; called with tensors, then with the int ``pos`` too, which the general path keys), and a
+two-layer Llama called as Hugging Face calls it (``input_ids=``, ``attention_mask=``,
+``use_cache=False``; where transformers is installed). Run it against another
 checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before and after.
 """
 
@@ -52,6 +55,20 @@ def _pairs(a, past):
     for k, v in past:
         a = a + k * v
     return a
+
+
+class _KVCacheWriter(torch.nn.Module):
+    """100 parameters (50 ``Linear(4, 4)``, the first one used) and a KV cache argument written in
+    place, as a hand-written decode step writes its cache: every call checks that the cache shares
+    no memory with a parameter or buffer (``core.acquisition.writeback``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(50))
+
+    def forward(self, x, k_cache, pos: int = 3):
+        k_cache[:, pos] = self.layers[0](x)
+        return k_cache[:, : pos + 1].sum(1)
 
 
 def _llama():
@@ -97,6 +114,8 @@ def main() -> None:
         ("None arg", _masked, (a, None), {}),
         ("tuple of 2 pairs", _pairs, (a, ((a, b), (b, a))), {}),
         ("Linear by keyword", lin, (), {"input": a}),
+        ("KV cache, 100 params", _KVCacheWriter(), (a, torch.zeros(4, 8, 4)), {}),
+        ("KV cache, 100 params, pos", _KVCacheWriter(), (a, torch.zeros(4, 8, 4), 3), {}),
     ]
     llama = _llama()
     if llama is not None:

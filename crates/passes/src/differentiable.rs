@@ -82,6 +82,33 @@ pub fn inputs_returned(trace: &Trace, outputs: &[usize]) -> Vec<usize> {
     positions(trace, &values_of(trace, outputs))
 }
 
+/// For each flat output of a differentiated forward (the first item of its outputs, which are
+/// `(outputs, residuals)`: one value or a tuple or list of them), the index of the top-level call
+/// that made its memory, or None for one no call computes (an input, a number, None): the call
+/// computing it, or where that call writes into its receiver and returns it (`writes_receiver`:
+/// an in-place form [`crate::reuse`] picked), the call that made the receiver's. The caller asks
+/// that call's implementation whether what it returns may be a view (`autograd._own_views`).
+pub fn output_producers(trace: &Trace, writes_receiver: impl Fn(usize) -> bool) -> Vec<Option<usize>> {
+    let outputs = match &trace.outputs {
+        Arg::Tuple(items) | Arg::List(items) => items.first(),
+        _ => None,
+    };
+    let flat = match outputs {
+        Some(Arg::Tuple(items) | Arg::List(items)) => items.as_slice(),
+        Some(single) => std::slice::from_ref(single),
+        None => &[],
+    };
+    let producer = |v: ValueId| trace.bsyms.iter().position(|b| b.outputs.contains(&v));
+    let made = |mut v: ValueId| loop {
+        let i = producer(v)?;
+        match trace.bsyms[i].args.first() {
+            Some(Arg::Value(receiver)) if writes_receiver(i) => v = *receiver,
+            _ => return Some(i),
+        }
+    };
+    flat.iter().map(|a| if let Arg::Value(v) = a { made(*v) } else { None }).collect()
+}
+
 /// Per value, whether the flat outputs at `outputs` hold it.
 fn values_of(trace: &Trace, outputs: &[usize]) -> Vec<bool> {
     let items = match &trace.outputs {
@@ -212,6 +239,26 @@ mod tests {
         let trace = b.finish(Arg::Value(y)).unwrap();
         assert_eq!(inputs_needed(&trace), [0, 1]);
         assert_eq!(inputs_read(&trace, &[0]), [0, 1]);
+    }
+
+    #[test]
+    fn output_producers_are_the_calls_computing_the_forwards_outputs() {
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta::new(DType::F32, Device::CPU, vec![4]);
+        let x = b.add_input(ValueKind::Tensor(meta.clone()));
+        let w = b.add_input(ValueKind::Tensor(meta));
+        let e = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+        let y = b.record_prim("mul", vec![Arg::Value(e), Arg::Value(w)]).unwrap()[0];
+        let outputs = Arg::Tuple(vec![Arg::Value(y), Arg::None, Arg::Value(x)]);
+        let trace = b.finish(Arg::Tuple(vec![outputs, Arg::Tuple(vec![Arg::Value(e)])])).unwrap();
+        assert_eq!(output_producers(&trace, |_| false), [Some(1), None, None]);
+        // `mul` written into its receiver (`t2.mul_(t1)`) returns `exp`'s memory.
+        assert_eq!(output_producers(&trace, |i| i == 1), [Some(0), None, None]);
+        let mut b = TraceBuilder::new();
+        let x = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![4])));
+        let y = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+        let single = b.finish(Arg::Tuple(vec![Arg::Value(y), Arg::Tuple(vec![])])).unwrap();
+        assert_eq!(output_producers(&single, |_| false), [Some(0)]);
     }
 
     #[test]

@@ -158,6 +158,20 @@ impl PyTrace {
         passes::differentiable::inputs_returned(&self.trace, &outputs)
     }
 
+    /// For each flat output of a differentiated execution trace's forward, the global name of the
+    /// callable whose call computes it (`torch_mul`, a fusion region's name), or None for one no
+    /// call computes (an input, a number, None) (`passes::differentiable::output_producers`);
+    /// None for a trace without an execution plan.
+    /// An output a call writes into its receiver (an in-place method: torch names them with one
+    /// trailing underscore) is named by the call that made the receiver.
+    fn output_callees(&self) -> Option<Vec<Option<String>>> {
+        let plan = self.plan.as_ref()?;
+        let writes_receiver =
+            |i: usize| plan.impls[i].method.as_deref().is_some_and(|m| m.ends_with('_') && !m.ends_with("__"));
+        let producers = passes::differentiable::output_producers(&self.trace, writes_receiver);
+        Some(producers.into_iter().map(|i| i.map(|i| plan.impls[i].function.to_string())).collect())
+    }
+
     /// The top-level symbol whose call computes value `vid` (inside its decomposition or as an
     /// output), or None for an input or an unknown value.
     fn producer(&self, vid: u32) -> Option<String> {

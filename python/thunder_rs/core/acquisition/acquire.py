@@ -1,6 +1,7 @@
 """Acquisition: run a function (or module) on proxies and record its trace, the guards on the
 Python state it read, and the module state it wrote."""
 
+import dataclasses
 import functools
 from typing import Any
 import inspect
@@ -569,7 +570,8 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
     out_kind = _kind(out)
     n_args, n_traced = len(inputs.args), len(traced)
     separate = (*range(n_args), *range(n_traced - len(captured), n_traced))
-    writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate, sizes)
+    module = (n_args, n_args + len(inputs.params))
+    writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate, sizes, module)
     return writebacks, views, outputs, out_spec, out_kind, effects, num_outputs
 
 
@@ -641,6 +643,8 @@ def acquire(
     trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs) = _finish(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, through_leaves
     )
+    if writebacks is not None and binding is not None:  # (module_memory reads the tensors it holds)
+        writebacks = dataclasses.replace(writebacks, memory=binding.metadata)
     positions = inputs.positions
     traced, placed = (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
     detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)

@@ -8,9 +8,9 @@ from typing import cast
 import torch
 from torch.utils import _pytree as pytree
 
-from thunder_rs.core.base.layouts import describe, layout
+from thunder_rs.core.base.layouts import describe
 from thunder_rs.core.state.guards import freeze, is_simple
-from thunder_rs.core.state.tensor_guards import NOT_A_LEAF
+from thunder_rs.core.state.tensor_guards import META_NAMES, NOT_A_LEAF, meta_source
 from thunder_rs.core.state.code_reads import interesting
 from thunder_rs.core.lang.recorder import refuse_unlike_strided
 
@@ -127,17 +127,14 @@ def is_runtime_generator(x) -> bool:
     return device.type == "cuda" and all(x is not d for d in torch.cuda.default_generators)
 
 
+#: ``leaf_key``'s source, whose tensor case is ``tensor_meta``'s expression inline (calling it
+#: would cost each tensor of a key ~30 ns).
+_LEAF_KEY = f"""
 def leaf_key(x):
-    """A tensor's metadata (``TENSOR_FIELDS``); a generator each call draws from by its device
-    (``is_runtime_generator``); a simple value itself (type-exact, NaN equal to NaN); an object
-    read only through attributes by its type alone, as the attributes the program reads from it
-    are guarded (a fresh config object each call hits the cache when its values are the same);
-    any other object (a function, a module, a set, a NumPy array) by identity."""
     if isinstance(x, _Tensor):
         if x.layout != torch.strided or x.is_nested:
             refuse_unlike_strided(x)
-        grad = x.requires_grad and (x.is_leaf or NOT_A_LEAF)
-        return (x.dtype, x.device, x.shape, grad, x.is_contiguous() or layout(x), x.is_inference(), type(x))
+        return {meta_source("x")}
     if type(x) is _Generator and is_runtime_generator(x):
         return (_Generator, x.device)
     if is_simple(x):
@@ -145,9 +142,36 @@ def leaf_key(x):
     if not isinstance(x, _BY_IDENTITY) and _read_by_attributes(x):
         return (type(x),)
     return (type(x), _Identity(x))
+"""
 
 
-#: What a tensor's key holds, in order (``guards.tensor_meta``). Whether it is an inference tensor
+def _leaf_key():
+    namespace = {
+        **META_NAMES,
+        "torch": torch,
+        "_Tensor": _Tensor,
+        "_Generator": _Generator,
+        "_BY_IDENTITY": _BY_IDENTITY,
+        "_Identity": _Identity,
+        "refuse_unlike_strided": refuse_unlike_strided,
+        "is_runtime_generator": is_runtime_generator,
+        "is_simple": is_simple,
+        "freeze": freeze,
+        "_read_by_attributes": _read_by_attributes,
+    }
+    exec(_LEAF_KEY, namespace)
+    return namespace["leaf_key"]
+
+
+leaf_key = _leaf_key()
+leaf_key.__doc__ = """A tensor's metadata (``TENSOR_FIELDS``: ``tensor_guards.tensor_meta``); a generator
+    each call draws from by its device (``is_runtime_generator``); a simple value itself (type-exact,
+    NaN equal to NaN); an object read only through attributes by its type alone, as the attributes
+    the program reads from it are guarded (a fresh config object each call hits the cache when its
+    values are the same); any other object (a function, a module, a set, a NumPy array) by identity."""
+
+
+#: What a tensor's key holds, in order (``tensor_guards.META_EXPRESSION``). Whether it is an inference tensor
 #: (made under ``torch.inference_mode()``) decides what eager does with it outside inference mode:
 #: an op that saves it for backward raises, as does an in-place write to it
 #: (``core.lang.inference``). requires_grad is ``NOT_A_LEAF`` for a tensor that requires grad and
@@ -188,18 +212,16 @@ GLOBAL_STATE = (
 def compiled_key(source: str, name: str, **names):
     """The function ``name`` that ``source`` defines, with ``global_key``'s reads (``GLOBAL_STATE``)
     and ``layout`` in its namespace, and ``names``."""
-    namespace = {**_STATE_READS, "layout": layout, "NOT_A_LEAF": NOT_A_LEAF, **names}
+    namespace = {**_STATE_READS, **META_NAMES, **names}
     exec(source, namespace)
     return namespace[name]
 
 
 def tensor_key_source(name: str) -> str:
     """``leaf_key`` of the strided tensor ``name`` as an expression (the unrolled key functions
-    inline it). A sparse tensor raises RuntimeError in it: their callers then take the general
-    path, whose ``leaf_key`` says why it is refused."""
-    fields = ("dtype", "device", "shape", "requires_grad and (#.is_leaf or NOT_A_LEAF)", "is_contiguous() or layout(#)")
-    inline = ", ".join(f"{name}.{f}".replace("#", name) for f in fields)
-    return f"({inline}, {name}.is_inference(), type({name}))"
+    inline it: ``tensor_guards.META_EXPRESSION``). A sparse tensor raises RuntimeError in it: their
+    callers then take the general path, whose ``leaf_key`` says why it is refused."""
+    return meta_source(name)
 
 
 global_key = compiled_key(f"def global_key(extra=None, aliases=None):\n  return {GLOBAL_STATE}\n", "global_key")

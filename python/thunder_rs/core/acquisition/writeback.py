@@ -15,10 +15,11 @@ read before the write, through ``contiguous()`` or a view the executor made); su
 cloned before the copies, so the order of the copies cannot change what they write.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from thunder_rs.core.acquisition.module_memory import module_sharing, root_id
 from thunder_rs.core.lang.executor_api import torch_executor
 from thunder_rs.core.lang.symint import SymInt, at_sizes
 from thunder_rs.core.base.proxies import TensorProxy
@@ -53,6 +54,11 @@ class WriteBacks:
     #: the names (``t3``) of the trace's size inputs, its last inputs, in order: the symbolic
     #: sizes the views' steps take are computed from them on each call
     sizes: tuple = ()
+    #: ``(start, stop)`` of the trace inputs that are the module's parameters and buffers
+    module: tuple = (0, 0)
+    #: the module binding's ``MetadataCheck``, which holds the tensors of its last calls: the written
+    #: tensors are checked against them without reading each (``module_memory``); None for a function
+    memory: object = field(default=None, compare=False)
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -67,7 +73,9 @@ class WriteBacks:
         return frozenset(untracked)
 
 
-def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = (), sizes: tuple = ()):
+def plan(
+    inputs: list, slot_values: list, out, out_kind: str, separate: tuple = (), sizes: tuple = (), module: tuple = (0, 0)
+):
     """The write-backs of a traced program, and the outputs its trace returns; ``(None, out)``
     when it wrote no input.
 
@@ -76,7 +84,8 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
     ``separate`` are the inputs (arguments, captured tensors) a call must not pass aliased with a
     written one: the trace took them as distinct tensors; ``sizes`` the names of its size inputs.
     Where one of them is written, no input may share its memory (a module's buffer an argument is
-    a view of is read as the trace read it, before the write).
+    a view of is read as the trace read it, before the write). ``module``: ``(start, stop)`` of the
+    inputs that are the module's tensors.
     """
     written = [(k, p) for k, p in enumerate(inputs) if p._vid != p._input_vid]
     if any(k in separate for k, _ in written):
@@ -111,7 +120,16 @@ def plan(inputs: list, slot_values: list, out, out_kind: str, separate: tuple = 
     )
     tensors = tuple(i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor))
     wb = WriteBacks(
-        len(leaves), out_kind, tuple(copies), tuple(slots), aliases, tensors, tuple(separate), views, tuple(sizes)
+        len(leaves),
+        out_kind,
+        tuple(copies),
+        tuple(slots),
+        aliases,
+        tensors,
+        tuple(separate),
+        views,
+        tuple(sizes),
+        tuple(module),
     )
     return wb, tuple(leaves + extra)
 
@@ -185,18 +203,27 @@ def _eager_calls(steps) -> list:
     return calls
 
 
-def root_id(t: torch.Tensor) -> int:
-    """The memory ``t`` uses: its storage's address, so that views, ``detach()`` and ``.data`` of a
-    tensor share it (a tensor with no memory is only itself)."""
-    return t.untyped_storage().data_ptr() or id(t)
-
-
 def _raise_aliased():
     raise ThunderNotImplementedError(
         "jit: a tensor the program writes in place was passed together with another argument, or held with a "
         "parameter or buffer of the module, that shares its memory (a view of it, or one sharing its storage); the "
         "compiled program took them as separate tensors (one tensor passed twice is one tensor to it)"
     )
+
+
+def _shared_term(wb: WriteBacks, namespace: dict) -> str:
+    """The generated test that a written input shares memory with another input the trace took as
+    separate (``bases``: the written ones' roots): each argument and captured tensor is read; the
+    module's tensors, where ``wb.memory`` holds them, are checked by ``module_memory``."""
+    start, stop = wb.module
+    others = [k for k in wb.separate if k not in wb.targets]
+    in_module = tuple(k for k in others if start <= k < stop) if wb.memory is not None else ()
+    terms = [f"len(bases) < {len(wb.targets)}"]
+    terms += [f"root_id(inputs[{k}]) in bases" for k in others if k not in in_module]
+    if in_module:
+        namespace["module_shares"] = module_sharing(wb.memory, start, stop, wb.targets, in_module)
+        terms.append("module_shares(inputs, bases)")
+    return " or ".join(terms)
 
 
 def with_writebacks(fn, wb: WriteBacks):
@@ -212,9 +239,7 @@ def with_writebacks(fn, wb: WriteBacks):
         lines.append(f"    o{j} = outs[{j}]")
     if wb.copies:
         lines.append(f"    bases = {{{', '.join(f'root_id(inputs[{k}])' for k in wb.targets)}}}")
-        others = [k for k in wb.separate if k not in wb.targets]
-        shared = " or ".join([f"len(bases) < {len(wb.targets)}", *(f"root_id(inputs[{k}]) in bases" for k in others)])
-        lines.append(f"    if {shared}: raise_aliased()")
+        lines.append(f"    if {_shared_term(wb, namespace)}: raise_aliased()")
         for j in values:
             lines.append(f"    if root_id(o{j}) in bases: o{j} = o{j}.clone()")
     untracked = [(k, j) for k, j, grad in wb.copies if not grad]

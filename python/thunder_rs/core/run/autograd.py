@@ -31,6 +31,8 @@ _FREED = (
 
 
 _saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+#: How many torch function modes are active (a mode may answer any torch call with a view).
+_function_modes = torch._C._len_torch_function_stack
 
 
 def _refuse_hooks_inside_a_trace(enter):
@@ -172,13 +174,16 @@ def _unpacked(ctx, saved: list) -> list:
     return saved
 
 
-def _own_views(flat: tuple, inputs: tuple) -> tuple:
+def _own_views(flat: tuple, inputs: tuple, viewable: tuple | None = None) -> tuple:
     """``flat`` with each output that an executor returned as a view of a tensor only the call
     made (torch's ``tensordot``, ``einsum``: a view of their inner product) detached: the
     caller's tensor, as eager's, may be written in place, where torch refuses to write a view a
     custom Function made. The detached tensor shares the memory and version counter (a write is
-    seen by the saved-tensor checks). Views of inputs and of other outputs are kept."""
-    if not any(isinstance(o, torch.Tensor) and o._is_view() for o in flat):
+    seen by the saved-tensor checks). Views of inputs and of other outputs are kept. Only the
+    outputs at ``viewable`` may be views (``fresh_outputs``; None: any, as under a torch
+    function mode, which may answer any call with a view)."""
+    may = flat if viewable is None or _function_modes() else [flat[i] for i in viewable]
+    if not any(isinstance(o, torch.Tensor) and o._is_view() for o in may):
         return flat
     held = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
     held.update(id(t._base) for t in inputs if isinstance(t, torch.Tensor) and t._is_view())
@@ -202,6 +207,7 @@ def grad_function(
     compile_backward=None,
     unread: tuple = (),
     stale: tuple = (),
+    viewable: tuple | None = None,
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -222,6 +228,9 @@ def grad_function(
     ``stale``: ``(error, flat output positions)`` per autograd node eager would have made whose
     saved tensors the program wrote in place (``saved_versions``): a backward that reaches one of
     those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks.
+
+    ``viewable``: the positions of the outputs an executor may return as views (``_own_views``);
+    None: any.
     """
     differentiable = frozenset(grad_positions) - non_differentiable
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
@@ -239,7 +248,9 @@ def grad_function(
             else:
                 ctx.inputs = None  # see _differentiated
             outputs, residuals = forward(*inputs)
-            flat = _own_views((outputs,) if single else tuple(outputs), inputs)
+            flat = (outputs,) if single else tuple(outputs)
+            if viewable != () or _function_modes():  # (none of them may be a view: nothing to read)
+                flat = _own_views(flat, inputs, viewable)
             _keep_residuals(ctx, residuals, hooks, inputs, flat, written)
             constant = outputs_at.constant(flat)
             if constant:

@@ -25,6 +25,7 @@ from thunder_rs.core.lang.executor_api import (
 )
 from thunder_rs.core.run.autograd import detaching, grad_function, through_inner_leaves
 from thunder_rs.core.run.differentiable import DifferentiableProgram, program_generators
+from thunder_rs.core.run.fresh_outputs import viewable_outputs
 from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
@@ -236,6 +237,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         partial = _partial_backward(acquired, grad_positions, (passes, executors, namespace, filename))
         partial["unread"] = _unread(acquired)
         partial["stale"] = _stale(acquired, grad_positions)
+        partial["viewable"] = viewable_outputs(traces[-1], impls)
         if wb is None:
             computation = grad_function(
                 computation,

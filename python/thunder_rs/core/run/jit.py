@@ -177,7 +177,7 @@ class ThunderFunction:
         try:
             key = fast_key_fn(len(args))(args, None if module is None else state)
         except (AttributeError, RuntimeError):  # a sparse tensor has no strides: the general path says why
-            return self._call_general(args, kwargs)
+            return self._call_general(args, kwargs, None if module is None else (params, binding, state))
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(args)):
             entry = self._miss(list(args), tree_flatten((args, {}))[1], key)

@@ -67,11 +67,19 @@ class MetadataCheck:
     and a nested or MKL-DNN tensor's impl aborts the process there. A tensor's impl kind cannot
     change under ``p.data = other`` (torch refuses incompatible impls), only by a new tensor."""
 
-    __slots__ = ("_last",)
+    __slots__ = ("_last", "memory")
 
     def __init__(self):
         #: (tensors, guards, metadata) of the last call; no tensors before the first
         self._last: tuple = (None, None, None)
+        #: what ``acquisition.module_memory`` read of ``tensors`` (which memory they use), with them
+        self.memory: tuple | None = None
+
+    @property
+    def tensors(self) -> list | None:
+        """The tensors the metadata was last read from: a list that stays while calls find the same
+        tensors in the slots (None before the first call)."""
+        return self._last[0]
 
     def __call__(self, tensors: list) -> ParameterMetadata:
         last = self._last

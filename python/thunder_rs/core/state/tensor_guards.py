@@ -13,13 +13,35 @@ from thunder_rs.core.state.guards import MISSING, Source, name_code
 NOT_A_LEAF = "not a leaf"
 
 
-def tensor_meta(t) -> tuple:
-    """What a trace specialises on of a tensor it takes as an input, as the cache key holds it for
-    arguments: dtype, device, shape, requires_grad (``NOT_A_LEAF`` for one that is not a leaf),
-    the layout (``core.base.layouts``), whether it is an inference tensor (eager raises for one an
-    op saves for backward or writes in place), and its type (a ``Parameter``, a subclass)."""
-    grad = t.requires_grad and (t.is_leaf or NOT_A_LEAF)
-    return (t.dtype, t.device, t.shape, grad, t.is_contiguous() or layout(t), t.is_inference(), type(t))
+#: What a trace specialises on of a tensor it takes as an input, as an expression of the tensor
+#: ``#``: dtype, device, shape, requires_grad (``NOT_A_LEAF`` for one that is not a leaf), the
+#: layout (``core.base.layouts``), whether it is an inference tensor (eager raises for one an op
+#: saves for backward or writes in place), and its type (a ``Parameter``, a subclass). The one
+#: source of ``tensor_meta``, of the cache key's tensor leaves (``acquisition.cache.leaf_key``)
+#: and of the key functions that inline it (``cache.tensor_key_source``): an expression, so that
+#: each runs it in its own frame (a call of ``tensor_meta`` costs a key ~30 ns a tensor).
+META_EXPRESSION = (
+    "(#.dtype, #.device, #.shape, #.requires_grad and (#.is_leaf or NOT_A_LEAF), #.is_contiguous() or layout(#), "
+    "#.is_inference(), type(#))"
+)
+#: What ``META_EXPRESSION`` reads besides the tensor.
+META_NAMES = {"NOT_A_LEAF": NOT_A_LEAF, "layout": layout}
+
+
+def meta_source(name: str) -> str:
+    """``tensor_meta`` of the tensor named ``name`` as an expression (``META_EXPRESSION``)."""
+    return META_EXPRESSION.replace("#", name)
+
+
+def _tensor_meta():
+    namespace = dict(META_NAMES)
+    exec(f"def tensor_meta(t) -> tuple:\n    return {meta_source('t')}\n", namespace)
+    return namespace["tensor_meta"]
+
+
+tensor_meta = _tensor_meta()
+tensor_meta.__doc__ = """What a trace specialises on of a tensor it takes as an input, as the cache key
+    holds it for arguments (``META_EXPRESSION``)."""
 
 
 def _tensor_text(meta) -> str:
