@@ -29,11 +29,11 @@ KEPT = 512
 
 _codes: dict[tuple[str, str], CodeType] = {}
 
-#: Generated programs kept (the oldest dropped first), and the longest source kept: ``compile()``
-#: costs about 10 us a line, some 5-15% of a compile of the demo GPT; a program's source is a few
-#: KB to a few hundred.
-KEPT_PROGRAMS = 32
-PROGRAM_CHARS = 1 << 20
+#: Generated programs kept (the oldest dropped first), and the longest source kept (a code object
+#: takes a few times its source's memory): ``compile()`` costs about 10 us a line, some 5-15% of a
+#: compile of the demo GPT, whose forward's source is 6 KB.
+KEPT_PROGRAMS = 16
+PROGRAM_CHARS = 1 << 19
 
 _programs: dict[tuple[str, str], CodeType] = {}
 
@@ -74,7 +74,7 @@ def code(source: str, filename: str) -> CodeType:
 def program(source: str, filename: str) -> CodeType:
     """The code object of a compile's generated program (an execution trace's source): the
     same program compiled again (a new jit of the same module and inputs) compiles nothing.
-    Sources over ``PROGRAM_CHARS`` are compiled each time, not kept."""
+    Sources over ``PROGRAM_CHARS`` characters are compiled each time, not kept."""
     if len(source) > PROGRAM_CHARS:
         return compile(source, filename, "exec")
     return _kept_code(_programs, KEPT_PROGRAMS, source, filename)
