@@ -98,3 +98,54 @@ def test_a_string_argument_that_looks_like_a_value_id_reaches_the_op_as_written(
         x = torch.tensor(data)
         torch.testing.assert_close(thunder_rs.jit(named_then_read)(x), named_then_read(x))
     assert any('"t5"' in source for source in sources)
+
+
+def sines(x, y):
+    return torch.sin(x) * y + torch.cos(y)
+
+
+def test_a_new_jit_of_the_same_program_execs_the_code_compiled_before(monkeypatch):
+    """The generated program is kept by its exact source (``codes.program``): a second jit of
+    the same function and inputs compiles no code, and its results stay eager's."""
+    monkeypatch.setattr(codes, "_programs", {})
+    compiled = []
+    monkeypatch.setattr(codes, "compile", lambda *a: compiled.append(a[1]) or compile(*a), raising=False)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    for _ in range(2):
+        torch.testing.assert_close(thunder_rs.jit(sines)(x, y), sines(x, y), rtol=0, atol=0)
+    assert len(codes._programs) == 1 and len(compiled) == 1
+    torch.testing.assert_close(thunder_rs.jit(sines)(x[:2], y[:2]), sines(x[:2], y[:2]), rtol=0, atol=0)
+    assert len(codes._programs) == 2  # another shape: another source
+
+
+def test_a_kept_program_binds_the_implementations_registered_since():
+    """Like a snapshot's, a kept program finds the executors' implementations in the scope of each
+    jit: a second jit of the same program runs the implementation registered since."""
+    ex = Executor("program_sin_ex")
+    first, second = [], []
+
+    def counted(calls):
+        def my_sin(a):
+            calls.append(a.shape)
+            return torch.sin(a)
+
+        return my_sin
+
+    register_executor(ex)
+    try:
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        ex.register_implementation(ltorch.sin, counted(first), impl_name="my.sin")
+        torch.testing.assert_close(thunder_rs.jit(sines)(x, y), sines(x, y), rtol=0, atol=0)
+        ex.register_implementation(ltorch.sin, counted(second), impl_name="my.sin")
+        torch.testing.assert_close(thunder_rs.jit(sines)(x, y), sines(x, y), rtol=0, atol=0)
+        assert len(first) == 1 and len(second) == 1
+    finally:
+        deregister_executor(ex)
+
+
+def test_a_program_over_the_kept_size_is_compiled_each_time(monkeypatch):
+    monkeypatch.setattr(codes, "_programs", {})
+    monkeypatch.setattr(codes, "PROGRAM_CHARS", 10)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(thunder_rs.jit(sines)(x, y), sines(x, y), rtol=0, atol=0)
+    assert codes._programs == {}

@@ -59,8 +59,10 @@ def broadcast_shapes(op: str, *shapes) -> tuple[int, ...]:
     ndim = max((len(s) for s in shapes), default=0)
     out: list = [None] * ndim
     for shape in shapes:
+        offset = ndim - len(shape)
         # From the last dim, as eager checks: a mismatch is reported at the dim eager names.
-        for i, size in reversed(list(enumerate(shape, ndim - len(shape)))):
+        for i in range(ndim - 1, offset - 1, -1):
+            size = shape[i - offset]
             # A size that is the other's as data decides nothing: ``t - 1`` against ``t - 1`` would
             # ask whether it is 1 and guard ``t != 2``.
             if out[i] is None or _is_one(out[i]) or identical(size, out[i]):
@@ -142,9 +144,10 @@ def _dtypes_of(operands) -> str:
 
 
 def _device_of(op, operands):
-    devices = {str(x.device) for x in operands if isinstance(x, torch.Tensor) and x.ndim > 0}
-    devices = devices or {str(x.device) for x in operands if isinstance(x, torch.Tensor)}
-    check(len(devices) <= 1, op, lambda: f"expected all tensors on one device, got {sorted(devices)}")
+    # (``torch.device``s: equal where their names are, without making the names)
+    devices = {x.device for x in operands if isinstance(x, torch.Tensor) and x.ndim > 0}
+    devices = devices or {x.device for x in operands if isinstance(x, torch.Tensor)}
+    check(len(devices) <= 1, op, lambda: f"expected all tensors on one device, got {sorted(map(str, devices))}")
 
 
 def elementwise(prim, op: str, *operands, kind=DEFAULT):

@@ -105,6 +105,9 @@ def size_of(sizes: tuple) -> "torch.Size | SymbolicSize":
 TENSOR_ATTRIBUTE_READS: list = [None]
 
 
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
 class TensorProxy(torch.Tensor):
     _vid: int
     _shape: torch.Size | SymbolicSize
@@ -172,13 +175,16 @@ class TensorProxy(torch.Tensor):
         # A symbolic size is at its hint in torch's own metadata, which nothing of the program
         # reads: ``shape``, ``size()`` and ``numel()`` answer from ``_shape``.
         hints = [s if type(s) is int else s.hint for s in sizes] if symbolic else shape
-        proxy = torch.Tensor._make_wrapper_subclass(cls, hints, dtype=dtype, device=device, requires_grad=requires_grad)
-        proxy._vid = vid
-        proxy._shape = SymbolicSize(sizes) if symbolic else torch.Size(sizes)
+        proxy = _make_wrapper(cls, hints, dtype=dtype, device=device, requires_grad=requires_grad)
+        # Into the instance dict, as ``__setattr__`` would put these private names, without its
+        # checks (a proxy is made per recorded tensor).
+        attrs = proxy.__dict__
+        attrs["_vid"] = vid
+        attrs["_shape"] = SymbolicSize(sizes) if symbolic else torch.Size(sizes)
         if symbolic:
-            proxy._symbolic = True
-        proxy._dtype = dtype
-        proxy._device = device
+            attrs["_symbolic"] = True
+        attrs["_dtype"] = dtype
+        attrs["_device"] = device
         return proxy
 
     # Tracing reads these all the time: plain attributes answer without a trip through

@@ -566,6 +566,10 @@ def _python_values(values) -> bool:
     )
 
 
+#: The ``types`` of a call whose only tensor subclass is the proxy (most calls while tracing).
+_PROXY_TYPES = (TensorProxy,)
+
+
 class LanguageMode(TorchFunctionMode):
     """Routes torch calls while a program is traced (``acquire`` enters it around the program).
 
@@ -586,7 +590,7 @@ class LanguageMode(TorchFunctionMode):
             raise _autograd_call_error(func)
         if func in _FORWARD_AD_CALLS and thread_state.inside == 0:
             raise _forward_ad_error(func)
-        if any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
+        if types != _PROXY_TYPES and any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
         if kwargs.get("requires_grad") and func not in RANDOM and thread_state.inside == 0 and func is not _FLAG_SETTER:
             return _made_leaf(func, args, kwargs, TensorProxy in types)

@@ -478,6 +478,8 @@ def _unlink_inner_views(out, given: tuple) -> None:
     call's tensors, of another output, or of a root several outputs share (a write through one
     shows in the others) keep their links."""
     outs = (out,) if isinstance(out, TensorProxy) else out if isinstance(out, (list, tuple)) else ()
+    if not any(isinstance(o, TensorProxy) and o._view is not None for o in outs):
+        return  # (most calls: no output is a view)
     reachable = {id(o) for o in outs}
     for a in given:
         for t in a if type(a) in (list, tuple) else (a,):

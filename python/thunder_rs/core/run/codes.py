@@ -1,5 +1,8 @@
 """Code objects of generated sources, compiled once per distinct source.
 
+A compile's generated program is kept by its exact source (``program``): a new jit of the same
+program, or a compile that generates the same source again, execs the code object compiled before.
+
 ``compile()`` of a generated trace costs about 10 us a line. Acquisition compiles and runs a
 snapshot of the recording at each value the program reads (``core.lang.snapshots``): a
 Qwen2-MoE's experts loop reads once per expert and layer, and a recompile reads at the same
@@ -25,6 +28,14 @@ from types import CodeType
 KEPT = 512
 
 _codes: dict[tuple[str, str], CodeType] = {}
+
+#: Generated programs kept (the oldest dropped first), and the longest source kept (a code object
+#: takes a few times its source's memory): ``compile()`` costs about 10 us a line, some 5-15% of a
+#: compile of the demo GPT, whose forward's source is 6 KB.
+KEPT_PROGRAMS = 16
+PROGRAM_CHARS = 1 << 19
+
+_programs: dict[tuple[str, str], CodeType] = {}
 
 #: A string literal (kept whole), a comment (dropped), or a name the canonical form renumbers.
 _TOKEN = re.compile(r"""'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"|#[^\n]*|\b(?:t|_c)\d+\b""")
@@ -57,12 +68,25 @@ def canonical(source: str) -> tuple[str, list[int]]:
 
 def code(source: str, filename: str) -> CodeType:
     """The code object of ``source`` (compiled under ``filename``), compiled on its first use."""
+    return _kept_code(_codes, KEPT, source, filename)
+
+
+def program(source: str, filename: str) -> CodeType:
+    """The code object of a compile's generated program (an execution trace's source): the
+    same program compiled again (a new jit of the same module and inputs) compiles nothing.
+    Sources over ``PROGRAM_CHARS`` characters are compiled each time, not kept."""
+    if len(source) > PROGRAM_CHARS:
+        return compile(source, filename, "exec")
+    return _kept_code(_programs, KEPT_PROGRAMS, source, filename)
+
+
+def _kept_code(kept: dict, limit: int, source: str, filename: str) -> CodeType:
     key = (source, filename)
-    found = _codes.get(key)
+    found = kept.get(key)
     if found is None:
         found = compile(source, filename, "exec")
-        oldest = next(iter(_codes), None) if len(_codes) >= KEPT else None
+        oldest = next(iter(kept), None) if len(kept) >= limit else None
         if oldest is not None:
-            _codes.pop(oldest, None)  # (another thread may have dropped it)
-        _codes[key] = found
+            kept.pop(oldest, None)  # (another thread may have dropped it)
+        kept[key] = found
     return found

@@ -48,7 +48,7 @@ def _load(trace, name: str, filename: str, namespace: dict, regions: dict):
     """Execs the generated source of an execution trace, its fusion regions bound to the
     callables ``regions`` holds by name; returns the source and its function."""
     source, scope = str(trace), {**namespace, **regions}
-    exec(compile(source, filename, "exec"), scope)
+    exec(codes.program(source, filename), scope)
     return source, scope[name]
 
 
@@ -57,7 +57,7 @@ def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
     fused = {}
     for code in trace.regions():
         name, symbol_names, scope = code.name, tuple(code.symbol_names), dict(namespace)
-        exec(compile(code.source, f"{filename} {name}", "exec"), scope)
+        exec(codes.program(code.source, f"{filename} {name}"), scope)
         executor = executors[code.executor]
         # Read only for an executor that translates prims: each call of a decomposition converts.
         decomposed = _decomposed(code) if executor.fuses_decompositions else {}
