@@ -211,27 +211,21 @@ def grad_function(
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
-    ``forward(*inputs)`` returns ``(outputs, residuals)``; ``backward(saved, *cotangents)`` takes
-    the residuals in a list, which it empties as it unpacks them, so each residual is freed after
-    its last use unless the graph is retained. ``grad_positions`` are the positions of the flat
-    outputs that receive cotangents; the other tensor outputs, and ``non_differentiable`` ones
-    (values written back without autograd), are marked non-differentiable and get zeros.
-    ``written`` pairs the inputs the call writes after it runs with their values (``_keep_residuals``).
-    ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True`` and
-    torch.func transforms run instead, torch's autograd differentiating it.
+    ``forward(*inputs)`` returns ``(outputs, residuals)``; ``backward(saved, *cotangents)`` takes the residuals in a
+    list, which it empties as it unpacks them, so each residual is freed after its last use unless the graph is
+    retained. ``grad_positions`` are the positions of the flat outputs that receive cotangents; the other tensor
+    outputs, and ``non_differentiable`` ones (values written back without autograd), are marked non-differentiable
+    and get zeros. ``written`` pairs the inputs the call writes after it runs with their values
+    (``_keep_residuals``). ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True``
+    and torch.func transforms run instead, torch's autograd differentiating it.
 
-    ``reads`` (with several ``grad_positions``): per grad position, the inputs its output reads.
-    A backward that reaches some outputs only (``loss.backward()`` of a call returning the loss
-    and other tensors) gives no gradient, as eager's ``None``, to the inputs only the others read
-    (with zeros, AdamW's weight decay and moments moved a parameter no loss used).
-
-    ``stale``: ``(error, flat output positions)`` per autograd node eager would have made whose
-    saved tensors the program wrote in place (``saved_versions``): a backward that reaches one of
-    those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks.
-
-    ``viewable``: the positions of the outputs an executor may return as views (``_own_views``);
-    None: any.
-    """
+    ``reads`` (with several ``grad_positions``): per grad position, the inputs its output reads. A backward that
+    reaches some outputs only (``loss.backward()`` of a call returning the loss and other tensors) gives no
+    gradient, as eager's ``None``, to the inputs only the others read (with zeros, AdamW's weight decay and moments
+    moved a parameter no loss used). ``stale``: ``(error, flat output positions)`` per autograd node eager would
+    have made whose saved tensors the program wrote in place (``saved_versions``): a backward that reaches one of
+    those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks. ``viewable``: the
+    outputs an executor may return as views (``_own_views``; None: any)."""
     differentiable = frozenset(grad_positions) - non_differentiable
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial = len(differentiable) > 1 and bool(reads)
