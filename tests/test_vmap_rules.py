@@ -219,10 +219,38 @@ def test_dropout_in_training_under_vmap_raises_as_eager():
     x = torch.randn(3, 4)
     with pytest.raises(RuntimeError, match="randomness error mode"):
         f(x)
-    with pytest.raises(RuntimeError, match=r"randomness error mode \(dropout in training at .*test_vmap_rules\.py"):
+    with pytest.raises(RuntimeError, match=r"randomness error mode \(dropout at .*test_vmap_rules\.py"):
         thunder_rs.jit(f)(x)
     with pytest.raises(NotImplementedError, match="randomness='different'"):
         thunder_rs.jit(lambda x: torch.vmap(lambda a: F.dropout(a, 0.5), randomness="different")(x))(x)
+
+
+@pytest.mark.parametrize("draw", ["randn", "dropout-of-unbatched"])
+def test_draws_under_vmap_follow_its_randomness_as_eager(draw):
+    w = torch.randn(4)
+    body = (lambda a: a + torch.randn(4)) if draw == "randn" else (lambda a: a * F.dropout(w, 0.5))
+    x = torch.randn(3, 4)
+    error, same, different = (lambda x, m=m: torch.vmap(body, randomness=m)(x) for m in ("error", "same", "different"))
+    with pytest.raises(RuntimeError, match="randomness error mode"):
+        error(x)
+    with pytest.raises(RuntimeError, match=r"randomness error mode.*test_vmap_rules\.py"):
+        thunder_rs.jit(error)(x)
+    torch.manual_seed(7)
+    expected = same(x)
+    torch.manual_seed(7)
+    torch.testing.assert_close(thunder_rs.jit(same)(x), expected)  # one draw for every example
+    different(x)  # eager draws per example
+    with pytest.raises(NotImplementedError, match="randomness='different'"):
+        thunder_rs.jit(different)(x)
+
+
+def test_dropout_that_draws_nothing_is_allowed_under_vmap_as_in_eager():
+    w = torch.randn(4)
+
+    def f(x):
+        return torch.vmap(lambda a: F.dropout(a, 0.0) + F.dropout(w, 0.5, training=False))(x)
+
+    same_as_eager(f, r(3, 4))
 
 
 def test_batch_norm_updating_running_statistics_is_refused_with_the_line():

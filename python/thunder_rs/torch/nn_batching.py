@@ -33,6 +33,7 @@ from thunder_rs.core.lang.vmap import (
     refusal,
     wrap,
 )
+from thunder_rs.core.lang.vmap_state import random_error
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 T = torch.Tensor
@@ -213,14 +214,10 @@ _DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, 
 @batching_rule(*_DROPOUTS)
 def _dropout(func, args, kwargs):
     bound = _bind(("input", "p", "training", "inplace"), {"p": 0.5, "training": True, "inplace": False}, args, kwargs)
-    if not bound["training"]:
-        return bound["input"]  # eager's dropout in eval returns its input
+    if not bound["training"] or bound["p"] == 0:
+        return bound["input"]  # eager's dropout in eval, or of p 0, returns its input
     if randomness() == "error":
-        raise ThunderRuntimeError(
-            f"vmap: called random operation while in randomness error mode ({func.__name__} in training at "
-            f"{user_location()}). Please either use the 'same' or 'different' randomness flags on vmap or perform "
-            "the randomness operation out of vmap"
-        )
+        raise random_error(func)
     raise refusal(func, f"dropout in training under randomness={randomness()!r}")
 
 

@@ -40,12 +40,10 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 from thunder_rs.core.lang.langctx import is_metadata_query, refuse_data_dependent, user_location
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured
+from thunder_rs.core.lang import vmap_state
 from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
 
-#: sizes of the active thunder_rs vmap levels, outermost first
-_levels: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_levels", default=())
-#: the ``randomness`` of the active levels, outermost first
-_randomness: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_randomness", default=())
+_levels, _randomness = vmap_state.levels, vmap_state.randomness
 
 
 class BatchedProxy(TensorProxy):
