@@ -40,7 +40,7 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 from thunder_rs.core.lang.langctx import is_metadata_query, refuse_data_dependent, user_location
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured
-from thunder_rs.core.lang import vmap_state
+from thunder_rs.core.lang import functorch_calls, vmap_state
 from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
 
 _levels, _randomness = vmap_state.levels, vmap_state.randomness
@@ -353,6 +353,9 @@ def vmap_entry(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)
     return vmap(func, in_dims, out_dims, randomness, chunk_size=chunk_size)(*args, **kwargs)
 
 
+_EAGER = object()
+
+
 def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
     """``torch.vmap`` while thunder_rs traces: batches calls on proxies with this module's rules."""
 
@@ -361,6 +364,8 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
             args, kwargs = lift_captured(args, kwargs)
         if not (_traced(args) or _traced(kwargs)):
             return vmap_impl(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)  # functorch's
+        if isinstance(func, functorch_calls.Transformed):  # per-sample gradients: one eager call
+            return functorch_calls.vmapped(func, in_dims, out_dims, randomness, chunk_size, args, kwargs)
         if randomness not in ("error", "different", "same"):
             raise ThunderValueError(
                 f"torch.vmap: randomness must be 'error', 'different' or 'same', got {randomness!r} "
@@ -370,9 +375,13 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         tokens = _levels.set((*_levels.get(), size)), _randomness.set((*_randomness.get(), randomness))
         try:
             out = func(*inner, **kwargs)
+        except functorch_calls.MapsATransform:
+            out = _EAGER  # (the level closes first: the values it batched are the call's arguments again)
         finally:
             _levels.reset(tokens[0])
             _randomness.reset(tokens[1])
+        if out is _EAGER:  # a torch.func transform of the batched values: the whole vmap runs eagerly
+            return functorch_calls.vmapped(func, in_dims, out_dims, randomness, chunk_size, args, kwargs)
         return _exit_all(out, out_dims, size, len(_levels.get()) + 1)
 
     return batched
