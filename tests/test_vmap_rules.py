@@ -61,6 +61,8 @@ CASES = [
     ("max-dim", lambda a: a.max(dim=1).values + a.max(1)[1], 0, (r(3, 4, 5),)),
     ("max-all", lambda a: a.max(), 0, (r(3, 4, 5),)),
     ("argmax-all", lambda a: a.argmax(), 0, (r(3, 4, 5, grad=False),)),
+    ("max-of-two", lambda a, b: torch.max(a, b) + torch.min(b, a), (0, None), (r(3, 4), r(4))),
+    ("norm", lambda a: a.norm() + a.norm(dim=1).sum() + torch.norm(a, 1) + a.norm(2, -1).sum(), 0, (r(3, 4, 5),)),
     ("std", lambda a: a.std(dim=1, correction=0), 0, (r(3, 4, 5),)),
     ("var-all", lambda a: torch.var(a), 0, (r(3, 4, 5),)),
     ("logsumexp", lambda a: torch.logsumexp(a, 1), 0, (r(3, 4, 5),)),

@@ -12,7 +12,17 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs.core.lang.langctx import user_location
-from thunder_rs.core.lang.vmap import BatchedProxy, batching_rule, full, levels_of, physical, refusal, wrap, wrap_tree
+from thunder_rs.core.lang.vmap import (
+    BatchedProxy,
+    batching_rule,
+    elementwise,
+    full,
+    levels_of,
+    physical,
+    refusal,
+    wrap,
+    wrap_tree,
+)
 from thunder_rs.errors import ThunderIndexError
 
 T = torch.Tensor
@@ -199,12 +209,14 @@ def _reduction(func, args, kwargs):
     dim = _arg(args, kwargs, position, "dim")
     name = func.__name__
     if name in ("max", "min") and isinstance(dim, torch.Tensor):
-        raise refusal(func, "max/min of two tensors as a reduction")  # (the elementwise maximum: not here)
+        return elementwise(func, args, kwargs)  # torch.max(a, b): the elementwise maximum
     if isinstance(dim, bool):
         raise refusal(func, "the unbiased flag given positionally")
     rest = list(args[position + 1 :]) if len(args) > position + 1 else []
     lead = list(args[1:position])
     kwargs = {k: v for k, v in kwargs.items() if k != "dim"}
+    if func in _DIM_THIRD and not lead:  # (the order ``norm`` takes p and dim positionally in)
+        lead = [kwargs.pop("p", "fro")]
     lv, rank = x.levels, x.ndim
     if rank == 0:  # a reduction of a 0-d tensor over its one dim (-1 or 0, or all of them)
         if rest:
