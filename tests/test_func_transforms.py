@@ -113,3 +113,22 @@ def test_reading_tensors_that_require_grad_besides_the_arguments_is_refused_with
         exactly(jitted(x), program(x))
         layer.weight.mul_(2)
         exactly(jitted(x), program(x))
+
+
+def test_floats_and_sizes_the_transformed_function_reads_are_each_calls():
+    # A float argument that changes between calls is an input of the trace (a stand-in): in the
+    # closure or the arguments the eager call must see each call's, not the traced one's.
+    def scaled(x, s):
+        return torch.func.grad(lambda x: (x * s).sin().sum())(x) + torch.func.grad(lambda x, s: (x * s).sum())(x, s)
+
+    def sized(x):
+        n = x.shape
+        return torch.func.grad(lambda x: (x * n[0]).sin().sum())(x)
+
+    jitted, x = thunder_rs.jit(scaled), torch.randn(3)
+    for s in (2.0, 3.0, 5.0):
+        exactly(jitted(x, s), scaled(x, s))
+    jitted = thunder_rs.jit(sized)
+    for n in (3, 4, 5):
+        x = torch.randn(n)
+        exactly(jitted(x), sized(x))

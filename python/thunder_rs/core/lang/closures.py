@@ -1,8 +1,9 @@
-"""Traced values a Python function holds in its closure, and the function rebuilt over real ones.
+"""Traced values a Python function holds in its closure, and the function rebuilt over each call's.
 
 An eager call recorded in the trace (``functorch_calls``: ``torch.func.jacrev(lambda x: f(x, w))``
 with ``w`` an argument of the jitted program) runs the user's function on every call; its closure
-holds the proxies tracing gave it. The trace takes them as inputs of the call, and each call runs a
+holds the proxies tracing gave it, and the sizes and float arguments the trace takes as inputs
+(``SymInt``, ``SymFloat``), alone or in containers. The trace takes them as inputs of the call, and each call runs a
 copy of the function whose cells hold that call's tensors in their place (a new function object
 per call: the traced one is never written, so calls on several threads do not meet). Functions in
 the closure (a helper the lambda calls) are searched and rebuilt the same way.
@@ -10,7 +11,22 @@ the closure (a helper the lambda calls) are searched and rebuilt the same way.
 
 import types
 
-from thunder_rs.core.base.proxies import TensorProxy
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
+from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.lang.symint import SymInt
+
+
+def is_traced(x) -> bool:
+    """A value that stands for each call's own: a proxy, a symbolic size or float (a float
+    argument the trace takes as an input)."""
+    return isinstance(x, (TensorProxy, SymInt, SymFloat))
+
+
+def plain(tree):
+    """``tree`` with its symbolic shapes as tuples, so that their sizes are leaves."""
+    return tree_map(lambda x: tuple(x) if type(x) is SymbolicSize else x, tree)
 
 
 def _cells(fn):
@@ -32,10 +48,12 @@ def traced_values(fn) -> list:
             continue
         seen.add(id(f))
         for _, value in _cells(f):
-            if isinstance(value, TensorProxy):
-                found.setdefault(id(value), value)
-            elif isinstance(value, types.FunctionType):
+            if isinstance(value, types.FunctionType):
                 pending.append(value)
+                continue
+            for leaf in tree_flatten(plain(value))[0]:
+                if is_traced(leaf):
+                    found.setdefault(id(leaf), leaf)
     return list(found.values())
 
 
@@ -52,12 +70,21 @@ def with_slots(fn, traced: list):
     """``fn`` rebuilt with a ``Slot`` where each of ``traced`` (``traced_values(fn)``) was: what the
     trace keeps, holding no proxy after tracing."""
     slots = {id(p): Slot(i) for i, p in enumerate(traced)}
-    return _rebound(fn, lambda v: slots.get(id(v), v) if isinstance(v, TensorProxy) else v, {})
+    return _rebound(fn, lambda v: _replaced(v, lambda x: slots[id(x)] if is_traced(x) else x), {})
 
 
-def filled(fn, tensors: tuple):
-    """``fn`` (``with_slots``) rebuilt with the call's ``tensors`` in its slots."""
-    return _rebound(fn, lambda v: tensors[v.index] if isinstance(v, Slot) else v, {})
+def filled(fn, values: tuple):
+    """``fn`` (``with_slots``) rebuilt with the call's ``values`` in its slots."""
+    return _rebound(fn, lambda v: _replaced(v, lambda x: values[x.index] if isinstance(x, Slot) else x), {})
+
+
+def _replaced(value, leaf):
+    """``value`` with ``leaf(x)`` for each leaf ``x`` of it (a container rebuilt where one changes)."""
+    leaves, spec = tree_flatten(plain(value))
+    new = [leaf(x) for x in leaves]
+    if all(a is b for a, b in zip(new, leaves)):
+        return value
+    return tree_unflatten(new, spec)
 
 
 def _rebound(fn, replace, memo: dict):

@@ -28,6 +28,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang import closures
 from thunder_rs.core.lang.fallback import META_RULES, user_fallback
+from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, paused_recording
 from thunder_rs.core.state.hook import thread_state
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError
@@ -145,8 +146,9 @@ def eager_call(make, func, name: str, args: tuple, kwargs: dict):
     call's tensors and the traced tensors ``func``'s closure holds (``closures``); real tensors the
     program captured become trace inputs, read on each call."""
     args, kwargs = lift_captured(args, kwargs)
-    leaves, spec = tree_flatten((args, kwargs))
-    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    leaves, spec = tree_flatten(closures.plain((args, kwargs)))
+    # Tensors and the traced sizes and floats are the call's inputs, as are those of the closure.
+    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) or closures.is_traced(x)]
     captured = closures.traced_values(func)
     tensors = (*(leaves[i] for i in positions), *captured)
     if any(hasattr(t, "physical") for t in tensors):  # (a BatchedProxy: a value of torch.vmap's levels)
@@ -154,7 +156,7 @@ def eager_call(make, func, name: str, args: tuple, kwargs: dict):
             f"{name} of values batched by torch.vmap at {user_location()}: thunder_rs runs the transform eagerly, "
             "on whole tensors, so the torch.vmap around it must run so too; here it cannot"
         )
-    constants = [None if isinstance(x, torch.Tensor) else x for x in leaves]
+    constants = [None if i in set(positions) else x for i, x in enumerate(leaves)]
     template = closures.with_slots(func, captured) if captured else func  # (the call keeps no proxy)
     del func, captured
 
@@ -169,7 +171,8 @@ def eager_call(make, func, name: str, args: tuple, kwargs: dict):
     module, _, short = name.rpartition(".")
     run.__name__ = run.__qualname__ = short
     run.__module__ = module
-    META_RULES[run] = _on_fake_tensors(run, name, [t.device for t in tensors], torch.is_grad_enabled())
+    devices = [t.device if isinstance(t, torch.Tensor) else None for t in tensors]
+    META_RULES[run] = _on_fake_tensors(run, name, devices, torch.is_grad_enabled())
     try:
         with torch._C.DisableTorchFunction():  # (as a torch call's handler runs)
             return user_fallback(run, tensors, {})
@@ -179,6 +182,13 @@ def eager_call(make, func, name: str, args: tuple, kwargs: dict):
         raise
     finally:
         del META_RULES[run]
+
+
+def _fake(x, device):
+    """A fake tensor for a meta one, on ``device``; a traced float as its value when traced."""
+    if isinstance(x, torch.Tensor):
+        return torch.empty(x.shape, dtype=x.dtype, device=device)
+    return x.hint if isinstance(x, SymFloat) else x
 
 
 class _Refused(Exception):
@@ -194,7 +204,7 @@ def _on_fake_tensors(run, name: str, devices: list, grad_enabled: bool):
 
     def meta(*metas):
         with FakeTensorMode(allow_non_fake_inputs=True), torch.set_grad_enabled(grad_enabled):
-            fakes = [torch.empty(m.shape, dtype=m.dtype, device=d) for m, d in zip(metas, devices)]
+            fakes = [_fake(m, d) for m, d in zip(metas, devices)]
             try:
                 out = run(*fakes)
             except ThunderError as e:
