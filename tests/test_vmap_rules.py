@@ -189,12 +189,12 @@ def trained_statistics(model):
     return model.eval()
 
 
-def ensemble(models):
+def ensemble(models, x_dim=None, out_dims=0):
     base = copy.deepcopy(models[0]).to("meta")
 
     def run(params, buffers, x):
         call = lambda p, b, x: torch.func.functional_call(base, (p, b), (x,))  # noqa: E731
-        return torch.vmap(call, in_dims=(0, 0, None))(params, buffers, x)
+        return torch.vmap(call, in_dims=(0, 0, x_dim), out_dims=out_dims)(params, buffers, x)
 
     return run
 
@@ -212,6 +212,14 @@ def test_model_ensembling_matches_eager(model, shape):
     for _ in range(2):
         x = torch.randn(shape)
         torch.testing.assert_close(jitted(params, buffers, x), ensemble(models)(params, buffers, x))
+
+
+@pytest.mark.parametrize("model, shape", [(MLP, (6, 8)), (CNN, (6, 1, 8, 8))], ids=["mlp", "cnn"])
+def test_model_ensembling_over_a_minibatch_per_model_with_out_dims_matches_eager(model, shape):
+    # in_dims 0 for the data too: each model sees its own minibatch; the ensemble dim put last.
+    models = [trained_statistics(model()) for _ in range(3)]
+    params, buffers = torch.func.stack_module_state(models)
+    same_as_eager(ensemble(models, x_dim=1, out_dims=-1), params, buffers, torch.randn(shape[0], 3, *shape[1:]))
 
 
 def test_dropout_in_training_under_vmap_raises_as_eager():

@@ -19,6 +19,8 @@ by an enclosing ``torch.vmap`` (``vmap(lambda x: grad(f)(x))``) is refused namin
 its batched values exist only in the trace; ``vmap(grad(f))`` is the form that runs.
 """
 
+import functools
+
 import torch
 import torch.func
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -47,6 +49,7 @@ class Transformed:
 
     def __init__(self, name: str, func, options: tuple, keywords: dict):
         self.name, self.func, self.options, self.keywords = name, func, options, keywords
+        functools.update_wrapper(self, func, updated=())  # (its name and doc, as torch.func's wrapper has)
 
     def maker(self):
         """``func -> torch.func.<name>(func, *options)``, holding neither this nor the function
