@@ -112,6 +112,17 @@ def _t(func, args, kwargs):
     return x if x.ndim < 2 else _transpose(func, (x, 0, 1), {})
 
 
+@batching_rule(T.T.__get__, T.mT.__get__)  # type: ignore[attr-defined]
+def _transpose_property(func, args, kwargs):
+    """``x.T`` (all dims reversed; a rank-2 transpose) and ``x.mT`` (the last two swapped)."""
+    x = args[0]
+    if func is T.mT.__get__:
+        if x.ndim < 2:
+            raise refusal(func, f"mT of a {x.ndim}-d tensor")
+        return _transpose(T.transpose, (x, -2, -1), {})
+    return _permute(T.permute, (x, *reversed(range(x.ndim))), {}) if x.ndim > 1 else x
+
+
 @batching_rule(T.movedim, torch.movedim, T.moveaxis, torch.moveaxis)
 def _movedim(func, args, kwargs):
     x = args[0]

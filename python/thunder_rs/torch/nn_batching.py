@@ -206,6 +206,20 @@ def _batch_norm(func, args, kwargs):
     return wrap(out.unflatten(1, (*sizes, x.shape[1])).movedim(tuple(range(1, depth + 1)), levels), depth)
 
 
+@batching_rule(F.layer_norm)
+def _layer_norm(func, args, kwargs):
+    """Normalised over the trailing dims, which the level dims never are: the physical call, with
+    batched affine parameters applied after it (functorch's rule)."""
+    names = ("input", "normalized_shape", "weight", "bias", "eps")
+    bound = _bind(names, {"weight": None, "bias": None, "eps": 1e-5}, args, kwargs)
+    x, w, b, shape = bound["input"], bound["weight"], bound["bias"], bound["normalized_shape"]
+    if levels_of(w) == 0 and levels_of(b) == 0:
+        return wrap(func(x.physical, shape, w, b, bound["eps"]), x.levels)
+    out = wrap(func(physical(x, levels_of(x)), shape, None, None, bound["eps"]), levels_of(x))
+    out = out if w is None else batched_call(torch.mul, (out, w), {})
+    return out if b is None else batched_call(torch.add, (out, b), {})
+
+
 # -- dropout ---------------------------------------------------------------------------------------
 
 _DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout)
