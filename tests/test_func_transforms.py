@@ -132,3 +132,23 @@ def test_floats_and_sizes_the_transformed_function_reads_are_each_calls():
     for n in (3, 4, 5):
         x = torch.randn(n)
         exactly(jitted(x), sized(x))
+
+
+def test_a_vmap_that_runs_eagerly_draws_as_eager_and_is_refused_after_a_traced_draw():
+    # randomness="same": one draw for every example. A body that transforms its batched values
+    # runs whole as an eager call, its draws inside it; draws traced before it would be drawn twice.
+    def transform_first(w, x):
+        body = lambda x: torch.func.grad(lambda w: (w * x * torch.rand(())).sum())(w) + torch.rand(3)  # noqa: E731
+        return torch.vmap(body, randomness="same")(x)
+
+    def draw_first(w, x):
+        return torch.vmap(lambda x: torch.rand(()) * torch.func.grad(lambda w: (w * x).sum())(w), randomness="same")(x)
+
+    w, x = torch.randn(3), torch.randn(4, 3)
+    torch.manual_seed(3)
+    expected = transform_first(w, x)
+    torch.manual_seed(3)
+    exactly(thunder_rs.jit(transform_first)(w, x), expected)
+    draw_first(w, x)
+    with pytest.raises(NotImplementedError, match=r"torch\.vmap at .*test_func_transforms\.py:\d+: .*draws random"):
+        thunder_rs.jit(draw_first)(w, x)

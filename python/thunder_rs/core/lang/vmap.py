@@ -372,6 +372,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
                 f"at {user_location()}"
             )
         inner, size = _enter(args, in_dims)
+        draws = vmap_state.draws.get()
         tokens = _levels.set((*_levels.get(), size)), _randomness.set((*_randomness.get(), randomness))
         try:
             out = func(*inner, **kwargs)
@@ -381,6 +382,12 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
             _levels.reset(tokens[0])
             _randomness.reset(tokens[1])
         if out is _EAGER:  # a torch.func transform of the batched values: the whole vmap runs eagerly
+            if vmap_state.draws.get() != draws:
+                raise ThunderNotImplementedError(
+                    f"torch.vmap at {user_location()}: its function draws random numbers and then transforms the "
+                    "values it batches (torch.func), which runs the whole vmap eagerly: the draws traced so far "
+                    "would be drawn again; draw outside the vmap"
+                )
             return functorch_calls.vmapped(func, in_dims, out_dims, randomness, chunk_size, args, kwargs)
         return _exit_all(out, out_dims, size, len(_levels.get()) + 1)
 

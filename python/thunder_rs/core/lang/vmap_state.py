@@ -20,6 +20,9 @@ levels: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_levels"
 #: the ``randomness`` of the active levels, outermost first
 randomness: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_randomness", default=())
 
+#: how many draws were recorded under ``randomness="same"`` (a vmap run again eagerly must have none)
+draws: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_draws", default=0)
+
 #: Random callables whose ``training`` argument (position, default) says whether they draw.
 _TRAINING = {"dropout": (2, True), "dropout1d": (2, True), "dropout2d": (2, True), "dropout3d": (2, True)}
 _TRAINING.update({"alpha_dropout": (2, False), "feature_alpha_dropout": (2, False), "rrelu": (3, False)})
@@ -51,6 +54,9 @@ def check_draw(func, args, kwargs) -> None:
     mode = randomness.get()[-1]
     if mode == "error":
         raise random_error(func)
+    if mode == "same":
+        draws.set(draws.get() + 1)
+        return
     if mode == "different":
         raise ThunderNotImplementedError(
             f"torch.vmap: {getattr(func, '__name__', func)} under randomness='different' at {user_location()}: eager "
