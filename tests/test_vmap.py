@@ -134,6 +134,8 @@ def test_functorch_transforms_bound_before_tracing_are_refused_with_the_line():
     jacobian = torch.func.jacrev(lambda a: a.sin())
     with pytest.raises(NotImplementedError, match=r"functorch: transforms over traced tensors.*test_vmap\.py"):
         thunder_rs.jit(lambda x: jacobian(x))(torch.randn(3))
+    with pytest.raises(NotImplementedError, match="looked up on torch.func inside the program"):
+        thunder_rs.jit(lambda x: jacobian(x))(torch.randn(3))
 
 
 def test_torch_func_grad_around_a_jitted_function_is_eagers():
