@@ -1,7 +1,7 @@
-"""torch.func's differentiating transforms (``grad``, ``grad_and_value``, ``vjp``, ``jvp``,
-``jacrev``, ``jacfwd``, ``hessian``) of traced values, and ``torch.vmap`` of one of them (the
-per-sample gradients of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``):
-each call runs as one eager fallback, torch.func's own transform on the call's tensors.
+"""torch.func's differentiating transforms (``grad``, ``grad_and_value``, ``jacrev``, ``jacfwd``,
+``hessian``, ``jvp``) of traced values, and ``torch.vmap`` of one of them (the per-sample
+gradients of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``): each call
+runs as one eager fallback, torch.func's own transform on the call's tensors.
 
 A trace holds no gradient until the whole program is compiled (the Rust VJP pass differentiates
 the trace at once, for the caller's backward), so a gradient the program itself computes cannot be
@@ -10,13 +10,17 @@ below ``__torch_function__``, where a proxy cannot go. Running the transformed c
 every call gives eager's values exactly (the same kernels, in the same order), and what the
 function reads (a module's structure, captured values) is read on each call, as in eager. The
 call's outputs are differentiable as any fallback's: its backward runs the call again under
-torch's autograd (``fallback._vjp_of``), differentiating the transform as eager does.
+torch's autograd (``fallback._vjp_of``), differentiating the transform as eager does. The traced
+values the function closes over (``lambda x: f(x, w)``) are inputs of the call (``closures``);
+tensors requiring grad that it reads itself (a module's parameters) are refused, since eager's
+result would carry gradients to them.
 
 While tracing, ``torch.func.<transform>`` is ``transform(name)`` (``torch_overrides``): it returns a
 ``Transformed`` that calls torch.func's own transform on values not traced, records an eager call on
-traced ones, and that thunder_rs's ``vmap`` records whole. A transform of values already batched
-by an enclosing ``torch.vmap`` (``vmap(lambda x: grad(f)(x))``) is refused naming the line:
-its batched values exist only in the trace; ``vmap(grad(f))`` is the form that runs.
+traced ones, and that thunder_rs's ``vmap`` records whole. A transform of values an enclosing
+``torch.vmap`` batched (``vmap(lambda x: grad(f)(x))``, or a ``grad`` made before tracing, which
+reaches torch's ``grad_impl``) raises ``MapsATransform`` to that vmap, which then runs whole as
+one eager call.
 """
 
 import functools
