@@ -97,6 +97,27 @@ def test_a_grad_bound_before_tracing_runs_as_eager():
     exactly(thunder_rs.jit(lambda x: g(x) * 2)(x), g(x) * 2)
 
 
+def test_transforms_imported_before_tracing_run_as_eager():
+    # The tutorials' spelling: ``from torch.func import jacrev`` at the top, the transform made
+    # inside the program (jacrev/jacfwd wrap what they return through torch's
+    # _wraps_without_dynamo_attrs, which is thunder_rs's while tracing).
+    from torch.func import hessian, jacfwd, jacrev, vmap
+
+    def predict(weight, bias, x):
+        return F.linear(x, weight, bias).tanh()
+
+    def program(weight, bias, x):
+        return (
+            jacrev(predict, argnums=2)(weight, bias, x),
+            jacfwd(predict, argnums=(0, 2))(weight, bias, x),
+            hessian(predict, argnums=2)(weight, bias, x),
+            vmap(jacrev(predict, argnums=2), in_dims=(None, None, 0))(weight, bias, x.expand(3, -1)),
+        )
+
+    weight, bias, x = torch.randn(5, 5), torch.randn(5), torch.randn(5)
+    exactly(thunder_rs.jit(program)(weight, bias, x), program(weight, bias, x))
+
+
 def test_reading_tensors_that_require_grad_besides_the_arguments_is_refused_with_the_line():
     layer = nn.Linear(3, 3)  # its parameters require grad: eager's result carries gradients to them
 

@@ -104,11 +104,36 @@ def _impl(name: str):
     return impl
 
 
+_wraps = _eager_impls._wraps_without_dynamo_attrs
+
+
+def _wraps_in_trace(func):
+    """torch's ``_wraps_without_dynamo_attrs`` while tracing, which ``jacrev`` and ``jacfwd`` (also
+    as imported before tracing, and in ``hessian``) wrap the function they return with: that
+    function, called on traced values, runs as one eager call."""
+    wrap_as_func = _wraps(func)
+
+    def decorate(wrapper):
+        name = wrapper.__qualname__.partition(".")[0]
+        if name not in ("jacrev", "jacfwd"):
+            return wrap_as_func(wrapper)
+
+        def call(*args, **kwargs):
+            if active_recorder() is None or not (_traced(args) or _traced(kwargs)):
+                return wrapper(*args, **kwargs)
+            return eager_call(lambda f: f, wrapper, f"torch.func.{name}", args, kwargs)
+
+        return wrap_as_func(call)
+
+    return decorate
+
+
 #: What tracing sets in torch (``torch_overrides``): the transforms and the implementations above.
 OVERRIDES: dict[tuple[object, str], object] = {
     **{(torch.func, name): transform(name) for name in TRANSFORMS},
     (torch.func, "jvp"): jvp,
     **{(_eager_impls, f"{name}_impl"): _impl(name) for name in ("grad", "grad_and_value")},
+    (_eager_impls, "_wraps_without_dynamo_attrs"): _wraps_in_trace,
 }
 
 
