@@ -101,7 +101,7 @@ def test_transforms_imported_before_tracing_run_as_eager():
     # The tutorials' spelling: ``from torch.func import jacrev`` at the top, the transform made
     # inside the program (jacrev/jacfwd wrap what they return through torch's
     # _wraps_without_dynamo_attrs, which is thunder_rs's while tracing).
-    from torch.func import hessian, jacfwd, jacrev, vmap
+    from torch.func import hessian, jacfwd, jacrev, jvp, vmap
 
     def predict(weight, bias, x):
         return F.linear(x, weight, bias).tanh()
@@ -112,6 +112,7 @@ def test_transforms_imported_before_tracing_run_as_eager():
             jacfwd(predict, argnums=(0, 2))(weight, bias, x),
             hessian(predict, argnums=2)(weight, bias, x),
             vmap(jacrev(predict, argnums=2), in_dims=(None, None, 0))(weight, bias, x.expand(3, -1)),
+            jvp(lambda x: predict(weight, bias, x), (x,), (x.cos(),)),
         )
 
     weight, bias, x = torch.randn(5, 5), torch.randn(5), torch.randn(5)

@@ -41,7 +41,6 @@ from thunder_rs.errors import ThunderError, ThunderNotImplementedError
 
 #: torch.func's transforms, as torch defines them (read once: while tracing the names are ours).
 TRANSFORMS = {name: getattr(torch.func, name) for name in ("grad", "grad_and_value", "jacrev", "jacfwd", "hessian")}
-_jvp = torch.func.jvp
 
 
 def _traced(tree) -> bool:
@@ -77,15 +76,19 @@ def transform(name: str):
     return make
 
 
-def jvp(func, primals, tangents, **keywords):
-    """``torch.func.jvp`` while tracing: of traced values, one eager call."""
+_eager_impls = torch._functorch.eager_transforms
+_jvp_with_argnums = _eager_impls._jvp_with_argnums
+
+
+def _jvp_in_trace(func, primals, tangents, argnums, *, strict: bool = False, has_aux: bool):
+    """torch's ``_jvp_with_argnums`` while tracing, which ``torch.func.jvp`` (also as imported
+    before tracing) calls: of traced values, one eager call."""
     if active_recorder() is None or not (_traced(primals) or _traced(tangents)):
-        return _jvp(func, primals, tangents, **keywords)
-    make = lambda f: lambda p, t: _jvp(f, p, t, **keywords)  # noqa: E731
+        return _jvp_with_argnums(func, primals, tangents, argnums, strict=strict, has_aux=has_aux)
+    make = lambda f: lambda p, t: _jvp_with_argnums(f, p, t, argnums, strict=strict, has_aux=has_aux)  # noqa: E731
     return eager_call(make, func, "torch.func.jvp", (primals, tangents), {})
 
 
-_eager_impls = torch._functorch.eager_transforms
 #: torch's implementations behind ``grad``/``grad_and_value``, which a transform made before tracing
 #: (``from torch.func import grad`` at import) calls.
 IMPLS = {"grad_impl": _eager_impls.grad_impl, "grad_and_value_impl": _eager_impls.grad_and_value_impl}
@@ -131,7 +134,7 @@ def _wraps_in_trace(func):
 #: What tracing sets in torch (``torch_overrides``): the transforms and the implementations above.
 OVERRIDES: dict[tuple[object, str], object] = {
     **{(torch.func, name): transform(name) for name in TRANSFORMS},
-    (torch.func, "jvp"): jvp,
+    (_eager_impls, "_jvp_with_argnums"): _jvp_in_trace,
     **{(_eager_impls, f"{name}_impl"): _impl(name) for name in ("grad", "grad_and_value")},
     (_eager_impls, "_wraps_without_dynamo_attrs"): _wraps_in_trace,
 }
