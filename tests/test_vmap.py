@@ -130,11 +130,11 @@ def test_torch_vmap_is_torchs_own_outside_tracing():
 
 def test_functorch_transforms_bound_before_tracing_are_refused_with_the_line():
     # (a grad made before tracing reaches torch's grad_impl, which runs it as an eager call:
-    # tests/test_func_transforms.py; jacrev's wrapper reaches no such entry)
+    # tests/test_func_transforms.py; a jacrev made before tracing reaches no such entry)
     jacobian = torch.func.jacrev(lambda a: a.sin())
     with pytest.raises(NotImplementedError, match=r"functorch: transforms over traced tensors.*test_vmap\.py"):
         thunder_rs.jit(lambda x: jacobian(x))(torch.randn(3))
-    with pytest.raises(NotImplementedError, match="looked up on torch.func inside the program"):
+    with pytest.raises(NotImplementedError, match="made inside the program, which run as one eager call"):
         thunder_rs.jit(lambda x: jacobian(x))(torch.randn(3))
 
 

@@ -446,9 +446,9 @@ def _refuse_functorch_transform(func, args, kwargs) -> None:
         name = getattr(func, "__name__", str(func))
         raise ThunderNotImplementedError(
             f"functorch: transforms over traced tensors are not supported ({name} at {user_location()}); "
-            "use torch.vmap, which thunder_rs batches, and torch.func.grad/jacrev/jacfwd/hessian/jvp looked up on "
-            "torch.func inside the program (one eager call each: a name imported before tracing, "
-            "`from torch.func import jacrev`, is torch's own), or run the function eagerly"
+            "use torch.vmap, which thunder_rs batches, and torch.func's grad/jacrev/jacfwd/hessian/jvp made inside "
+            "the program, which run as one eager call each (a transform made before tracing, `jac = jacrev(f)` "
+            "outside the program, and vjp are torch's own), or run the function eagerly"
         )
 
 
