@@ -174,3 +174,16 @@ def test_a_vmap_that_runs_eagerly_draws_as_eager_and_is_refused_after_a_traced_d
     draw_first(w, x)
     with pytest.raises(NotImplementedError, match=r"torch\.vmap at .*test_func_transforms\.py:\d+: .*draws random"):
         thunder_rs.jit(draw_first)(w, x)
+
+
+def test_a_transform_of_untraced_arguments_over_a_traced_closure_is_an_eager_call():
+    # The point x0 is a captured tensor (read on each call), the function closes over a traced w.
+    x0 = torch.randn(3)
+
+    def program(w):
+        return torch.func.jacrev(lambda x: (x * w).sin())(x0)
+
+    jitted, w = thunder_rs.jit(program), torch.randn(3)
+    exactly(jitted(w), program(w))
+    x0.mul_(2)
+    exactly(jitted(w), program(w))

@@ -47,6 +47,12 @@ def _traced(tree) -> bool:
     return any(isinstance(x, TensorProxy) for x in tree_flatten(tree)[0])
 
 
+def _eager(func, *trees) -> bool:
+    """Whether a transform of ``func`` on ``trees`` runs as torch's own: outside tracing, or on
+    values none of which is traced, in its arguments or in ``func``'s closure."""
+    return active_recorder() is None or not (any(map(_traced, trees)) or closures.traced_values(func))
+
+
 class Transformed:
     """``torch.func.<name>(func, *options)`` made while tracing."""
 
@@ -61,7 +67,7 @@ class Transformed:
         return lambda func: transform(func, *options, **keywords)
 
     def __call__(self, *args, **kwargs):
-        if active_recorder() is None or not (_traced(args) or _traced(kwargs)):
+        if _eager(self.func, args, kwargs):
             return self.maker()(self.func)(*args, **kwargs)
         return eager_call(self.maker(), self.func, f"torch.func.{self.name}", args, kwargs)
 
@@ -83,7 +89,7 @@ _jvp_with_argnums = _eager_impls._jvp_with_argnums
 def _jvp_in_trace(func, primals, tangents, argnums, *, strict: bool = False, has_aux: bool):
     """torch's ``_jvp_with_argnums`` while tracing, which ``torch.func.jvp`` (also as imported
     before tracing) calls: of traced values, one eager call."""
-    if active_recorder() is None or not (_traced(primals) or _traced(tangents)):
+    if _eager(func, primals, tangents):
         return _jvp_with_argnums(func, primals, tangents, argnums, strict=strict, has_aux=has_aux)
     make = lambda f: lambda p, t: _jvp_with_argnums(f, p, t, argnums, strict=strict, has_aux=has_aux)  # noqa: E731
     return eager_call(make, func, "torch.func.jvp", (primals, tangents), {})
@@ -99,7 +105,7 @@ def _impl(name: str):
     original = IMPLS[f"{name}_impl"]
 
     def impl(func, argnums, has_aux, args, kwargs):
-        if active_recorder() is None or not (_traced(args) or _traced(kwargs)):
+        if _eager(func, args, kwargs):
             return original(func, argnums, has_aux, args, kwargs)
         return Transformed(name, func, (argnums, has_aux), {})(*args, **kwargs)
 
@@ -122,7 +128,7 @@ def _wraps_in_trace(func):
             return wrap_as_func(wrapper)
 
         def call(*args, **kwargs):
-            if active_recorder() is None or not (_traced(args) or _traced(kwargs)):
+            if _eager(wrapper, args, kwargs):
                 return wrapper(*args, **kwargs)
             return eager_call(lambda f: f, wrapper, f"torch.func.{name}", args, kwargs)
 
