@@ -275,7 +275,7 @@ def _data_dependent_error(name: str) -> ThunderRuntimeError:
 #: Output metadata of ops torch has no meta kernel for, whose outputs are sized as an input is:
 #: ``torch._dirichlet_grad`` (the backward of ``Beta``'s and ``Dirichlet``'s ``rsample``, elementwise
 #: over its first argument).
-_META_RULES = {torch._dirichlet_grad: lambda x, concentration, total: torch.empty_like(x)}
+META_RULES = {torch._dirichlet_grad: lambda x, concentration, total: torch.empty_like(x)}
 
 
 def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
@@ -293,7 +293,7 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
             meta_args, meta_kwargs = tree_map(_to_meta, (args, kwargs))
             if factory:
                 meta_kwargs["device"] = "meta"
-            return _META_RULES.get(func, func)(*meta_args, **meta_kwargs)
+            return META_RULES.get(func, func)(*meta_args, **meta_kwargs)
         except _DATA_DEPENDENT_ERRORS as e:
             raise _NeedsValues(_data_dependent_error(name)) from e
         except NotImplementedError as e:

@@ -28,7 +28,7 @@ from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES, laid_out, take_layo
 from thunder_rs.core.lang.fallback import qualified_name, user_fallback
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_language_context
-from thunder_rs.core.lang import inference, inner_leaves, tensor_hooks
+from thunder_rs.core.lang import inference, inner_leaves, tensor_hooks, vmap_state
 from thunder_rs.core.lang.recorder import (
     INFERENCE_MADE,
     active_captures,
@@ -446,7 +446,9 @@ def _refuse_functorch_transform(func, args, kwargs) -> None:
         name = getattr(func, "__name__", str(func))
         raise ThunderNotImplementedError(
             f"functorch: transforms over traced tensors are not supported ({name} at {user_location()}); "
-            "use torch.vmap, which thunder_rs batches, or run the function eagerly"
+            "use torch.vmap, which thunder_rs batches, and torch.func's grad/jacrev/jacfwd/hessian/jvp made inside "
+            "the program, which run as one eager call each (a transform made before tracing, `jac = jacrev(f)` "
+            "outside the program, and vjp are torch's own), or run the function eagerly"
         )
 
 
@@ -594,6 +596,8 @@ class LanguageMode(TorchFunctionMode):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
         if kwargs.get("requires_grad") and func not in RANDOM and thread_state.inside == 0 and func is not _FLAG_SETTER:
             return _made_leaf(func, args, kwargs, TensorProxy in types)
+        if func in RANDOM:
+            vmap_state.check_draw(func, args, kwargs)  # (under torch.vmap, as its randomness says)
         if TensorProxy in types or func in RANDOM:  # random calls are recorded: eager draws on every call
             return torch_function(func, args, kwargs)
         _refuse_functorch_transform(func, args, kwargs)

@@ -31,6 +31,11 @@ vmap as (``torch._functorch.predispatch``) go to the same interpreter while a gr
 A pointwise ``associative_scan`` runs its higher-order op, which torch would compile, into the
 trace (decomposed in ``torch/scan.py``).
 
+**torch.func transforms.** ``torch.func.grad``, ``grad_and_value``, ``jacrev``, ``jacfwd``,
+``hessian`` and ``jvp`` of traced values, and ``torch.vmap`` of one of them (per-sample gradients),
+run as one eager call each (``core.lang.functorch_calls``): a trace holds no gradient until the
+whole program is compiled, and functorch wraps tensors below ``__torch_function__``.
+
 **Module._apply.** ``module.to(dtype)`` in a forward (Switch Transformers' router) converts
 nothing where the module has that dtype already: the module is returned as it is (eager's walk
 would read every parameter's ``.grad``); a conversion that changes them is refused at the line.
@@ -79,7 +84,7 @@ from torch.autograd.function import Function
 from torch.utils._pytree import tree_leaves
 
 from thunder_rs.core.base import dtypes
-from thunder_rs.core.lang import custom_function, symfloat, symint
+from thunder_rs.core.lang import custom_function, functorch_calls, symfloat, symint
 from thunder_rs.core.lang import vmap as thunder_vmap
 from thunder_rs.core.lang.fallback import draws_again
 from thunder_rs.core.lang.langctx import user_location
@@ -236,6 +241,8 @@ OVERRIDES: dict[tuple[object, str], object] = {
     # Dynamo's graphs hold a ``torch.vmap`` as these level calls (``thunder_rs.core.lang.vmap``).
     **{(torch._functorch.predispatch, name): fn for name, fn in thunder_vmap.PREDISPATCH.items()},
     (associative_scan_module, "_maybe_compile_and_run_fn"): _scan_in_trace,
+    # torch.func.grad/jacrev/... of traced values run eagerly, as one call (``core.lang.functorch_calls``)
+    **functorch_calls.OVERRIDES,
     (torch, "sym_sum"): symint.sym_sum,
     # ``math.sqrt(d_k)``, ``math.log(max_len)`` of a size: a float computed on each call
     **{(math, name): fn for name, fn in symfloat.MATH_FUNCTIONS.items()},

@@ -14,6 +14,10 @@ computes on the physical proxies, so the trace records ordinary batched ops:
 - indexing an unbatched tensor with batched integer tensors (``mask[b, kv]``) is advanced
   indexing with the batched indices;
 
+- views, reductions and joins (``thunder_rs.torch.batching``), and the layers of torch.func's
+  ensembling and per-sample programs: matmul/linear, convolution, pooling, batch_norm, dropout,
+  cross_entropy/nll_loss (``thunder_rs.torch.nn_batching``), registered with ``batching_rule``;
+
 any other op raises an error naming it and the user's line, rather than batching it wrongly.
 Calls that involve no proxy run torch's vmap.
 
@@ -36,10 +40,10 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 from thunder_rs.core.lang.langctx import is_metadata_query, refuse_data_dependent, user_location
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured
+from thunder_rs.core.lang import functorch_calls, vmap_state
 from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
 
-#: sizes of the active thunder_rs vmap levels, outermost first
-_levels: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_levels", default=())
+_levels, _randomness = vmap_state.levels, vmap_state.randomness
 
 
 class BatchedProxy(TensorProxy):
@@ -72,22 +76,23 @@ class BatchedProxy(TensorProxy):
         return f"BatchedProxy({self.physical!r}, levels={self.levels})"
 
 
-def _refuse(func, why: str):
+def refusal(func, why: str):
     name = getattr(func, "__name__", str(func))
     return ThunderNotImplementedError(
-        f"torch.vmap: {name} has no thunder_rs batching rule ({why}) at {user_location()}; only elementwise "
-        "ops, new_* creation and indexing with batched integer indices are batched while tracing"
+        f"torch.vmap: {name} has no thunder_rs batching rule ({why}) at {user_location()}; elementwise ops, "
+        "views, reductions, joins, matmul/linear, convolution, pooling, batch_norm in eval, dropout in eval, "
+        "cross_entropy/nll_loss, new_* creation and indexing are batched while tracing"
     )
 
 
-def _levels_of(x) -> int:
+def levels_of(x) -> int:
     return x.levels if isinstance(x, BatchedProxy) else 0
 
 
-def _physical(x, depth: int, rank: int | None = None):
+def physical(x, depth: int, rank: int | None = None):
     """``x``'s physical tensor with ``depth`` level dims and, when ``rank`` is given, that many
     logical dims (size-1 dims inserted after the level dims)."""
-    levels = _levels_of(x)
+    levels = levels_of(x)
     phys = x.physical if isinstance(x, BatchedProxy) else x
     logical = tuple(phys.shape[levels:])
     ones = (1,) * (depth - levels) + (1,) * (0 if rank is None else rank - len(logical))
@@ -96,8 +101,39 @@ def _physical(x, depth: int, rank: int | None = None):
     return phys.reshape(tuple(phys.shape[:levels]) + ones + logical)
 
 
-def _wrap(physical, depth: int):
-    return BatchedProxy(physical, depth) if depth else physical
+def wrap(phys, depth: int):
+    return BatchedProxy(phys, depth) if depth else phys
+
+
+def active_sizes() -> tuple:
+    """The sizes of the active vmap levels, outermost first."""
+    return _levels.get()
+
+
+def randomness() -> str:
+    """The innermost level's ``randomness`` (what decides a random op under it, as in functorch)."""
+    return _randomness.get()[-1]
+
+
+def full(x, depth: int):
+    """``x``'s physical tensor with ``depth`` level dims, each of its level's size (expanded where
+    ``x`` is not batched over it): for ops that fold the levels into a dim of theirs."""
+    phys = physical(x, depth)
+    sizes = _levels.get()[:depth]
+    if tuple(phys.shape[:depth]) == sizes:
+        return phys
+    return phys.expand((*sizes, *phys.shape[depth:]))
+
+
+def wrap_tree(out, depth: int):
+    """``wrap`` of each tensor of a call's output (a tensor, or a tuple of them such as
+    ``torch.max``'s named tuple)."""
+    if isinstance(out, torch.Tensor):
+        return wrap(out, depth)
+    if not isinstance(out, (tuple, list)):
+        return out
+    items = [wrap_tree(o, depth) for o in out]
+    return type(out)(*items) if hasattr(type(out), "_fields") else type(out)(items)
 
 
 def _meta(x, rank: int):
@@ -106,7 +142,7 @@ def _meta(x, rank: int):
     return torch.empty((1,) * rank, dtype=x.dtype, device="meta")
 
 
-def _elementwise(func, args, kwargs):
+def elementwise(func, args, kwargs):
     depth = len(_levels.get())
     tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
     rank = max(x.ndim for x in tensors)
@@ -115,12 +151,12 @@ def _elementwise(func, args, kwargs):
     for a in tensors:
         for b in tensors:
             logical = torch.result_type(_meta(a, a.ndim), _meta(b, b.ndim))
-            physical = torch.result_type(_meta(a, depth + rank), _meta(b, depth + rank))
-            if logical != physical:
-                raise _refuse(func, f"operands of dtypes {a.dtype} and {b.dtype} and ranks {a.ndim} and {b.ndim}")
-    lift = lambda x: _physical(x, depth, rank) if isinstance(x, torch.Tensor) else x  # noqa: E731
+            batched = torch.result_type(_meta(a, depth + rank), _meta(b, depth + rank))
+            if logical != batched:
+                raise refusal(func, f"operands of dtypes {a.dtype} and {b.dtype} and ranks {a.ndim} and {b.ndim}")
+    lift = lambda x: physical(x, depth, rank) if isinstance(x, torch.Tensor) else x  # noqa: E731
     out = func(*map(lift, args), **{k: lift(v) for k, v in kwargs.items()})
-    return _wrap(out, depth)
+    return wrap(out, depth)
 
 
 def _conversion(func, args, kwargs):
@@ -128,7 +164,7 @@ def _conversion(func, args, kwargs):
     receiver, rest = args[0], args[1:]
     unwrap = lambda x: x.physical if isinstance(x, BatchedProxy) else x  # noqa: E731
     out = func(unwrap(receiver), *map(unwrap, rest), **{k: unwrap(v) for k, v in kwargs.items()})
-    return _wrap(out, _levels_of(receiver))
+    return wrap(out, levels_of(receiver))
 
 
 def _creation(func, args, kwargs):
@@ -148,7 +184,11 @@ def _indexing(func, args, kwargs):
     advanced indexing with the physical indices, whose level dims lead the result."""
     x, entries = _index_entries(func, args)
     if isinstance(x, BatchedProxy):
-        raise _refuse(func, "indexing a batched tensor")
+        if func is not torch.Tensor.__getitem__ or not all(
+            e is None or e is Ellipsis or type(e) in (int, slice) for e in entries
+        ):
+            raise refusal(func, "indexing a batched tensor with tensors; only ints, slices, None and ...")
+        return wrap(x.physical[(slice(None),) * x.levels + entries], x.levels)
     for e in entries:
         if not (
             isinstance(e, int)
@@ -156,11 +196,11 @@ def _indexing(func, args, kwargs):
             and not e.dtype.is_floating_point
             and e.dtype != torch.bool
         ):
-            raise _refuse(func, f"index {type(e).__name__}; only integer tensors and ints for the leading dims")
+            raise refusal(func, f"index {type(e).__name__}; only integer tensors and ints for the leading dims")
     depth = len(_levels.get())
     rank = max((e.ndim for e in entries if isinstance(e, torch.Tensor)), default=0)
-    key = tuple(_physical(e, depth, rank) if isinstance(e, torch.Tensor) else e for e in entries)
-    return _wrap(x[key], depth)
+    key = tuple(physical(e, depth, rank) if isinstance(e, torch.Tensor) else e for e in entries)
+    return wrap(x[key], depth)
 
 
 #: torch callables -> batching rules; the elementwise family adds its ops (``batch_as_elementwise``).
@@ -173,11 +213,22 @@ for _fn in (torch.Tensor.__getitem__, torch.ops.aten.index, torch.ops.aten.index
     _RULES[_fn] = _indexing
 
 
+def batching_rule(*torch_fns):
+    """Registers the decorated ``rule(func, args, kwargs)`` as the batching rule of ``torch_fns``:
+    it computes the call on the operands' physical tensors and returns ``BatchedProxy``s."""
+
+    def register(rule):
+        _RULES.update(dict.fromkeys(torch_fns, rule))
+        return rule
+
+    return register
+
+
 def batch_as_elementwise(*torch_fns) -> None:
     """Batches calls of ``torch_fns`` on ``BatchedProxy`` operands by broadcasting their level
     dims: right for ops whose every output element depends only on the operands' elements at the
     same (broadcast) position."""
-    _RULES.update(dict.fromkeys(torch_fns, _elementwise))
+    _RULES.update(dict.fromkeys(torch_fns, elementwise))
 
 
 def batched_call(func, args, kwargs):
@@ -190,7 +241,7 @@ def batched_call(func, args, kwargs):
         with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
     refuse_data_dependent(func)
-    raise _refuse(func, "no rule")
+    raise refusal(func, "no rule")
 
 
 # -- vmap ------------------------------------------------------------------------------------------
@@ -232,7 +283,7 @@ def _batch(x, dim: int, depth: int, size: int | None) -> BatchedProxy:
             f"torch.vmap: Expected all tensors to have the same size in the mapped "
             f"dimension, got sizes {size} and {x.shape[dim]} at {user_location()}"
         )
-    return BatchedProxy(torch.movedim(_physical(x, depth), depth + dim, depth), depth + 1)
+    return BatchedProxy(torch.movedim(physical(x, depth), depth + dim, depth), depth + 1)
 
 
 def _enter(args, in_dims):
@@ -270,13 +321,13 @@ def _exit(out, out_dim: int | None, size: int, depth: int):
         raise ThunderValueError(
             f"torch.vmap: the function must return tensors, got {type(out).__name__} at {user_location()}"
         )
-    phys = _physical(out, depth)
+    phys = physical(out, depth)
     shape = list(phys.shape)
     shape[depth - 1] = size
     phys = phys.expand(shape)
     logical_rank = phys.ndim - depth + 1
     out_dim = out_dim % logical_rank
-    return _wrap(torch.movedim(phys, depth - 1, depth - 1 + out_dim), depth - 1)
+    return wrap(torch.movedim(phys, depth - 1, depth - 1 + out_dim), depth - 1)
 
 
 def _exit_all(out, out_dims, size: int, depth: int):
@@ -302,6 +353,9 @@ def vmap_entry(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)
     return vmap(func, in_dims, out_dims, randomness, chunk_size=chunk_size)(*args, **kwargs)
 
 
+_EAGER = object()
+
+
 def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
     """``torch.vmap`` while thunder_rs traces: batches calls on proxies with this module's rules."""
 
@@ -310,12 +364,31 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
             args, kwargs = lift_captured(args, kwargs)
         if not (_traced(args) or _traced(kwargs)):
             return vmap_impl(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)  # functorch's
+        if isinstance(func, functorch_calls.Transformed):  # per-sample gradients: one eager call
+            return functorch_calls.vmapped(func, in_dims, out_dims, randomness, chunk_size, args, kwargs)
+        if randomness not in ("error", "different", "same"):
+            raise ThunderValueError(
+                f"torch.vmap: randomness must be 'error', 'different' or 'same', got {randomness!r} "
+                f"at {user_location()}"
+            )
         inner, size = _enter(args, in_dims)
-        token = _levels.set((*_levels.get(), size))
+        draws = vmap_state.draws.get()
+        tokens = _levels.set((*_levels.get(), size)), _randomness.set((*_randomness.get(), randomness))
         try:
             out = func(*inner, **kwargs)
+        except functorch_calls.MapsATransform:
+            out = _EAGER  # (the level closes first: the values it batched are the call's arguments again)
         finally:
-            _levels.reset(token)
+            _levels.reset(tokens[0])
+            _randomness.reset(tokens[1])
+        if out is _EAGER:  # a torch.func transform of the batched values: the whole vmap runs eagerly
+            if vmap_state.draws.get() != draws:
+                raise ThunderNotImplementedError(
+                    f"torch.vmap at {user_location()}: its function draws random numbers and then transforms the "
+                    "values it batches (torch.func), which runs the whole vmap eagerly: the draws traced so far "
+                    "would be drawn again; draw outside the vmap"
+                )
+            return functorch_calls.vmapped(func, in_dims, out_dims, randomness, chunk_size, args, kwargs)
         return _exit_all(out, out_dims, size, len(_levels.get()) + 1)
 
     return batched
@@ -339,12 +412,13 @@ _level_ids: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_lev
 def level_scope():
     """No vmap level active inside, and none left behind: a graph that fails between
     ``_vmap_increment_nesting`` and ``_vmap_decrement_nesting`` leaves its level open."""
-    tokens = _levels.set(()), _level_ids.set(())
+    tokens = _levels.set(()), _level_ids.set(()), _randomness.set(())
     try:
         yield
     finally:
         _levels.reset(tokens[0])
         _level_ids.reset(tokens[1])
+        _randomness.reset(tokens[2])
 
 
 def _depth_of(level: int) -> int:
@@ -363,6 +437,7 @@ def vmap_increment_nesting(batch_size: int, randomness: str) -> int:
     """Opens a level of ``batch_size``; its number is the one the graph names it by next."""
     _levels.set((*_levels.get(), batch_size))
     _level_ids.set((*_level_ids.get(), None))
+    _randomness.set((*_randomness.get(), randomness))
     return len(_levels.get())
 
 
@@ -395,6 +470,7 @@ def vmap_decrement_nesting() -> int:
         raise ThunderValueError(f"torch.vmap: no vmap level to close at {user_location()}")
     _levels.set(_levels.get()[:-1])
     _level_ids.set(_level_ids.get()[:-1])
+    _randomness.set(_randomness.get()[:-1])
     return depth
 
 

@@ -1,0 +1,268 @@
+"""torch.func's differentiating transforms (``grad``, ``grad_and_value``, ``jacrev``, ``jacfwd``,
+``hessian``, ``jvp``) of traced values, and ``torch.vmap`` of one of them (the per-sample
+gradients of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``): each call
+runs as one eager fallback, torch.func's own transform on the call's tensors.
+
+A trace holds no gradient until the whole program is compiled (the Rust VJP pass differentiates
+the trace at once, for the caller's backward), so a gradient the program itself computes cannot be
+recorded as ops, nor batched by thunder_rs's vmap. functorch's transforms in turn wrap tensors
+below ``__torch_function__``, where a proxy cannot go. Running the transformed call eagerly on
+every call gives eager's values exactly (the same kernels, in the same order), and what the
+function reads (a module's structure, captured values) is read on each call, as in eager. The
+call's outputs are differentiable as any fallback's: its backward runs the call again under
+torch's autograd (``fallback._vjp_of``), differentiating the transform as eager does. The traced
+values the function closes over (``lambda x: f(x, w)``) are inputs of the call (``closures``);
+tensors requiring grad that it reads itself (a module's parameters) are refused, since eager's
+result would carry gradients to them.
+
+While tracing, ``torch.func.<transform>`` is ``transform(name)`` (``torch_overrides``): it returns a
+``Transformed`` that calls torch.func's own transform on values not traced, records an eager call on
+traced ones, and that thunder_rs's ``vmap`` records whole. A transform of values an enclosing
+``torch.vmap`` batched (``vmap(lambda x: grad(f)(x))``, or a ``grad`` made before tracing, which
+reaches torch's ``grad_impl``) raises ``MapsATransform`` to that vmap, which then runs whole as
+one eager call.
+"""
+
+import functools
+
+import torch
+import torch.func
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang import closures
+from thunder_rs.core.lang.fallback import META_RULES, user_fallback
+from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.lang.recorder import active_recorder, lift_captured, paused_recording
+from thunder_rs.core.state.hook import thread_state
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError
+
+#: torch.func's transforms, as torch defines them (read once: while tracing the names are ours).
+TRANSFORMS = {name: getattr(torch.func, name) for name in ("grad", "grad_and_value", "jacrev", "jacfwd", "hessian")}
+
+
+def _traced(tree) -> bool:
+    return any(isinstance(x, TensorProxy) for x in tree_flatten(tree)[0])
+
+
+def _eager(func, *trees) -> bool:
+    """Whether a transform of ``func`` on ``trees`` runs as torch's own: outside tracing, or on
+    values none of which is traced, in its arguments or in ``func``'s closure."""
+    return active_recorder() is None or not (any(map(_traced, trees)) or closures.traced_values(func))
+
+
+class Transformed:
+    """``torch.func.<name>(func, *options)`` made while tracing."""
+
+    def __init__(self, name: str, func, options: tuple, keywords: dict):
+        self.name, self.func, self.options, self.keywords = name, func, options, keywords
+        functools.update_wrapper(self, func, updated=())  # (its name and doc, as torch.func's wrapper has)
+
+    def maker(self):
+        """``func -> torch.func.<name>(func, *options)``, holding neither this nor the function
+        (an eager call keeps it after tracing)."""
+        transform, options, keywords = TRANSFORMS[self.name], self.options, self.keywords
+        return lambda func: transform(func, *options, **keywords)
+
+    def __call__(self, *args, **kwargs):
+        if _eager(self.func, args, kwargs):
+            return self.maker()(self.func)(*args, **kwargs)
+        return eager_call(self.maker(), self.func, f"torch.func.{self.name}", args, kwargs)
+
+
+def transform(name: str):
+    """What ``torch.func.<name>`` is while tracing."""
+
+    def make(func, *options, **keywords):
+        return Transformed(name, func, options, keywords)
+
+    make.__name__ = make.__qualname__ = name
+    return make
+
+
+_eager_impls = torch._functorch.eager_transforms
+_jvp_with_argnums = _eager_impls._jvp_with_argnums
+
+
+def _jvp_in_trace(func, primals, tangents, argnums, *, strict: bool = False, has_aux: bool):
+    """torch's ``_jvp_with_argnums`` while tracing, which ``torch.func.jvp`` (also as imported
+    before tracing) calls: of traced values, one eager call."""
+    if _eager(func, primals, tangents):
+        return _jvp_with_argnums(func, primals, tangents, argnums, strict=strict, has_aux=has_aux)
+    make = lambda f: lambda p, t: _jvp_with_argnums(f, p, t, argnums, strict=strict, has_aux=has_aux)  # noqa: E731
+    return eager_call(make, func, "torch.func.jvp", (primals, tangents), {})
+
+
+#: torch's implementations behind ``grad``/``grad_and_value``, which a transform made before tracing
+#: (``from torch.func import grad`` at import) calls.
+IMPLS = {"grad_impl": _eager_impls.grad_impl, "grad_and_value_impl": _eager_impls.grad_and_value_impl}
+
+
+def _impl(name: str):
+    """What torch's ``<name>_impl(func, argnums, has_aux, args, kwargs)`` is while tracing."""
+    original = IMPLS[f"{name}_impl"]
+
+    def impl(func, argnums, has_aux, args, kwargs):
+        if _eager(func, args, kwargs):
+            return original(func, argnums, has_aux, args, kwargs)
+        return Transformed(name, func, (argnums, has_aux), {})(*args, **kwargs)
+
+    impl.__name__ = impl.__qualname__ = original.__name__
+    return impl
+
+
+_wraps = _eager_impls._wraps_without_dynamo_attrs
+
+
+def _wraps_in_trace(func):
+    """torch's ``_wraps_without_dynamo_attrs`` while tracing, which ``jacrev`` and ``jacfwd`` (also
+    as imported before tracing, and in ``hessian``) wrap the function they return with: that
+    function, called on traced values, runs as one eager call."""
+    wrap_as_func = _wraps(func)
+
+    def decorate(wrapper):
+        name = wrapper.__qualname__.partition(".")[0]
+        if name not in ("jacrev", "jacfwd"):
+            return wrap_as_func(wrapper)
+
+        def call(*args, **kwargs):
+            if _eager(wrapper, args, kwargs):
+                return wrapper(*args, **kwargs)
+            return eager_call(lambda f: f, wrapper, f"torch.func.{name}", args, kwargs)
+
+        return wrap_as_func(call)
+
+    return decorate
+
+
+#: What tracing sets in torch (``torch_overrides``): the transforms and the implementations above.
+OVERRIDES: dict[tuple[object, str], object] = {
+    **{(torch.func, name): transform(name) for name in TRANSFORMS},
+    (_eager_impls, "_jvp_with_argnums"): _jvp_in_trace,
+    **{(_eager_impls, f"{name}_impl"): _impl(name) for name in ("grad", "grad_and_value")},
+    (_eager_impls, "_wraps_without_dynamo_attrs"): _wraps_in_trace,
+}
+
+
+class MapsATransform(ThunderNotImplementedError):
+    """A transform of values batched by thunder_rs's ``vmap`` (``vmap(lambda x: grad(f)(x))``): the
+    ``vmap`` that batched them runs whole as an eager call instead; raised to it (and refused where
+    no such ``vmap`` is there to catch it: Dynamo's level calls)."""
+
+
+def vmapped(func, in_dims, out_dims, randomness: str, chunk_size, args, kwargs):
+    """``torch.vmap(func, ...)(*args, **kwargs)`` as one eager call: ``func`` a ``Transformed``
+    (``vmap(grad(f))``), or a function that transforms the values it batches."""
+    vmap = torch._functorch.apis.vmap  # (torch's: ``torch.vmap`` is thunder_rs's while tracing)
+    if isinstance(func, Transformed):
+        make, func, name = func.maker(), func.func, f"torch.func.vmap({func.name})"
+    else:
+        make, name = (lambda f: f), "torch.func.vmap"
+
+    def batched(f):
+        return vmap(make(f), in_dims, out_dims, randomness, chunk_size=chunk_size)
+
+    return eager_call(batched, func, name, args, kwargs)
+
+
+def _untraced(fn):
+    """``fn`` run as thunder_rs's own work: torch.func's autograd calls and the function's reads
+    are not the traced program's (it runs on every call, reading them then)."""
+
+    def run(*args, **kwargs):
+        thread_state.inside += 1
+        try:
+            with paused_recording():  # (its output metadata, computed while tracing, on meta tensors)
+                return fn(*args, **kwargs)
+        finally:
+            thread_state.inside -= 1
+
+    return run
+
+
+def eager_call(make, func, name: str, args: tuple, kwargs: dict):
+    """Records ``make(func)(*args, **kwargs)`` as an eager fallback named ``name`` that takes the
+    call's tensors and the traced tensors ``func``'s closure holds (``closures``); real tensors the
+    program captured become trace inputs, read on each call."""
+    args, kwargs = lift_captured(args, kwargs)
+    leaves, spec = tree_flatten(closures.plain((args, kwargs)))
+    # Tensors and the traced sizes and floats are the call's inputs, as are those of the closure.
+    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) or closures.is_traced(x)]
+    captured = closures.traced_values(func)
+    tensors = (*(leaves[i] for i in positions), *captured)
+    if any(hasattr(t, "physical") for t in tensors):  # (a BatchedProxy: a value of torch.vmap's levels)
+        raise MapsATransform(
+            f"{name} of values batched by torch.vmap at {user_location()}: thunder_rs runs the transform eagerly, "
+            "on whole tensors, so the torch.vmap around it must run so too; here it cannot"
+        )
+    constants = [None if i in set(positions) else x for i, x in enumerate(leaves)]
+    template = closures.with_slots(func, captured) if captured else func  # (the call keeps no proxy)
+    del func, captured
+
+    def run(*given):
+        flat = list(constants)
+        for i, t in zip(positions, given):
+            flat[i] = t
+        call_args, call_kwargs = tree_unflatten(flat, spec)
+        bound = closures.filled(template, given[len(positions) :])
+        return _untraced(make(bound))(*call_args, **call_kwargs)
+
+    module, _, short = name.rpartition(".")
+    run.__name__ = run.__qualname__ = short
+    run.__module__ = module
+    devices = [t.device if isinstance(t, torch.Tensor) else None for t in tensors]
+    META_RULES[run] = _on_fake_tensors(run, name, devices, torch.is_grad_enabled())
+    try:
+        with torch._C.DisableTorchFunction():  # (as a torch call's handler runs)
+            return user_fallback(run, tensors, {})
+    except Exception as e:
+        if isinstance(e.__cause__, _Refused):
+            raise ThunderNotImplementedError(str(e.__cause__)) from None
+        raise
+    finally:
+        del META_RULES[run]
+
+
+def _fake(x, device):
+    """A fake tensor for a meta one, on ``device``; a traced float as its value when traced."""
+    if isinstance(x, torch.Tensor):
+        return torch.empty(x.shape, dtype=x.dtype, device=device)
+    return x.hint if isinstance(x, SymFloat) else x
+
+
+class _Refused(Exception):
+    """What the transformed function does cannot run as an eager call (the fallback's metadata run
+    wraps what it raises, this included, in an error of the same kind)."""
+
+
+def _on_fake_tensors(run, name: str, devices: list, grad_enabled: bool):
+    """The output metadata of ``run``: the call on fake tensors of the traced ones (on their
+    devices), next to the real tensors the function reads itself (a module's parameters), which
+    meta tensors could not meet. Where those give the result a gradient (they require grad),
+    eager's result would carry it to them, which the trace's call cannot: refused."""
+
+    def meta(*metas):
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.set_grad_enabled(grad_enabled):
+            fakes = [_fake(m, d) for m, d in zip(metas, devices)]
+            try:
+                out = run(*fakes)
+            except ThunderError as e:
+                if not isinstance(e.__cause__ or e, ThunderError) or "thunder_rs proxy" not in str(e):
+                    raise
+                raise _Refused(
+                    f"{name} at {user_location()}: the function computes with a traced tensor that is not one of its "
+                    "arguments (a closure over a value of the jitted program); an eager call of the transform "
+                    "cannot see it. Pass it as an argument of the transformed function"
+                ) from None
+        if any(t.requires_grad for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):
+            raise _Refused(
+                f"{name} at {user_location()}: the function reads tensors that require grad besides its arguments "
+                "(a module's parameters, a captured tensor); eager's result carries gradients to them, which "
+                "thunder_rs's eager call of the transform cannot. Pass them as arguments (torch.func.functional_call), "
+                "or detach them"
+            )
+        return out
+
+    return meta

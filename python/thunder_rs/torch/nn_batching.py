@@ -1,0 +1,276 @@
+"""Batching rules of ``torch.vmap`` over traced tensors for the layers of ``torch.func``'s model
+ensembling and per-sample programs (``core.lang.vmap``): matmul and linear, convolution, pooling,
+batch_norm, dropout, cross_entropy and nll_loss.
+
+- matmul broadcasts its batch dims, so the operands' level dims are its leading batch dims
+  (a vector operand is made a matrix first, as matmul does);
+- a convolution of a batched input with unbatched weights folds the levels into its batch dim;
+  with batched weights it folds them into the channels and runs one grouped convolution, each
+  (level, group) a group of its own (functorch's rule);
+- pooling works per plane: the levels fold into the first logical dim;
+- batch_norm folds the levels into the channels (its statistics and parameters are per channel);
+  it updates running statistics in training, which eager refuses under vmap, so training is
+  batched only where there are none;
+- dropout in eval is the identity; in training it draws, which eager's default
+  ``randomness="error"`` refuses (the same error here);
+- cross_entropy and nll_loss fold the levels into the batch dim with ``reduction="none"`` and
+  reduce per example as eager's reduction does (the mean over the weights of the targets that are
+  not ignored).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from thunder_rs.core.lang.langctx import user_location
+from thunder_rs.core.lang.vmap import (
+    batched_call,
+    batching_rule,
+    elementwise,
+    full,
+    levels_of,
+    physical,
+    randomness,
+    refusal,
+    wrap,
+)
+from thunder_rs.core.lang.vmap_state import random_error
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
+
+T = torch.Tensor
+
+
+def _bind(names: tuple, defaults: dict, args, kwargs) -> dict:
+    bound = dict(defaults)
+    bound.update(zip(names, args))
+    bound.update(kwargs)
+    return bound
+
+
+def _pad(phys, depth: int, rank: int):
+    """``phys`` (``depth`` level dims) with size-1 dims after the levels up to logical ``rank``."""
+    missing = rank - (phys.ndim - depth)
+    if missing <= 0:
+        return phys
+    return phys.reshape((*phys.shape[:depth], *(1,) * missing, *phys.shape[depth:]))
+
+
+# -- matmul ----------------------------------------------------------------------------------------
+
+#: Products that take exactly these ranks, as eager checks them: (callable, name, ranks).
+_FIXED_RANKS = {torch.mm: (2, 2), T.mm: (2, 2), torch.bmm: (3, 3), T.bmm: (3, 3)}
+_FIXED_RANKS.update({torch.mv: (2, 1), T.mv: (2, 1), torch.dot: (1, 1), T.dot: (1, 1)})
+
+
+@batching_rule(torch.matmul, T.matmul, T.__matmul__, T.__rmatmul__, *_FIXED_RANKS)
+def _matmul(func, args, kwargs):
+    a, b = args[0], args[1] if len(args) > 1 else next(iter(kwargs.values()))
+    if func is T.__rmatmul__:
+        a, b = b, a
+    ranks = _FIXED_RANKS.get(func)
+    if ranks is not None and (a.ndim, b.ndim) != ranks:
+        raise ThunderRuntimeError(
+            f"{func.__name__}: expected tensors of ranks {ranks}, got {a.ndim} and {b.ndim} at {user_location()}"
+        )
+    if a.ndim == 0 or b.ndim == 0:
+        raise ThunderRuntimeError(f"matmul: both arguments need at least 1 dimension at {user_location()}")
+    depth = max(levels_of(a), levels_of(b))
+    pa, pb = physical(a, depth), physical(b, depth)
+    if a.ndim == 1:
+        pa = pa.unsqueeze(-2)
+    if b.ndim == 1:
+        pb = pb.unsqueeze(-1)
+    rank = max(a.ndim, b.ndim, 2)
+    out = torch.matmul(_pad(pa, depth, rank), _pad(pb, depth, rank))
+    if b.ndim == 1:
+        out = out.squeeze(-1)
+    if a.ndim == 1:
+        out = out.squeeze(-1 if b.ndim == 1 else -2)
+    return wrap(out, depth)
+
+
+@batching_rule(F.linear)
+def _linear(func, args, kwargs):
+    bound = _bind(("input", "weight", "bias"), {"bias": None}, args, kwargs)
+    x, w, bias = bound["input"], bound["weight"], bound["bias"]
+    if w.ndim == 2:
+        w = wrap(physical(w, levels_of(w)).transpose(-1, -2), levels_of(w))
+    out = _matmul(torch.matmul, (x, w), {})
+    return out if bias is None else batched_call(torch.add, (out, bias), {})
+
+
+_ACTIVATIONS: tuple = (
+    F.relu,
+    torch.relu,
+    T.relu,
+    F.threshold,
+    torch.threshold,
+    F.hardtanh,
+    F.relu6,
+    F.leaky_relu,
+    F.elu,
+)
+_ACTIVATIONS += (F.softplus, F.logsigmoid, F.gelu, F.silu, F.hardshrink, T.hardshrink, F.softshrink, F.tanhshrink)
+_ACTIVATIONS += (F.softsign, F.mish, F.hardswish, F.hardsigmoid, F.selu, torch.selu, F.celu, torch.celu, F.sigmoid)
+
+
+@batching_rule(*_ACTIVATIONS)
+def _activation(func, args, kwargs):
+    """Elementwise activations; in place they would write a physical tensor that views of the
+    input do not share here (views are batched as copies), so ``inplace=True`` is refused."""
+    if kwargs.get("inplace") or any(a is True for a in args[1:]):
+        raise refusal(func, "an activation in place")
+    return elementwise(func, args, kwargs)
+
+
+# -- convolution -----------------------------------------------------------------------------------
+
+_CONVS = (torch.conv1d, torch.conv2d, torch.conv3d)
+
+
+@batching_rule(*_CONVS)
+def _conv(func, args, kwargs):
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    bound = _bind(names, {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}, args, kwargs)
+    x, w, bias, groups = bound["input"], bound["weight"], bound["bias"], bound["groups"]
+    options = (bound["stride"], bound["padding"], bound["dilation"])
+    if x.ndim == w.ndim - 1:  # one example without its batch dim
+        out = _conv(func, (x.unsqueeze(0), w, bias, *options, groups), {})
+        return out.squeeze(0)
+    depth = max(levels_of(x), levels_of(w), levels_of(bias))
+    if levels_of(w) == 0 and levels_of(bias) == 0:
+        px = physical(x, depth)
+        out = func(px.flatten(0, depth), w, bias, *options, groups)
+        return wrap(out.unflatten(0, (*px.shape[: depth + 1],)), depth)
+    levels = tuple(range(depth))
+    px = full(x, depth).movedim(levels, tuple(range(1, depth + 1))).flatten(1, depth + 1)
+    pw = full(w, depth)
+    sizes = tuple(pw.shape[:depth])
+    pb = None if bias is None else full(bias, depth).flatten(0, depth)
+    out = func(px, pw.flatten(0, depth), pb, *options, groups * _product(sizes))
+    out = out.unflatten(1, (*sizes, w.shape[0])).movedim(tuple(range(1, depth + 1)), levels)
+    return wrap(out, depth)
+
+
+def _product(sizes):
+    total = 1
+    for s in sizes:
+        total = total * s
+    return total
+
+
+# -- pooling ---------------------------------------------------------------------------------------
+
+_POOLS: tuple = (F.max_pool1d, F.max_pool2d, F.max_pool3d, torch.max_pool1d, torch.max_pool2d, torch.max_pool3d)
+_POOLS += (F.max_pool1d_with_indices, F.max_pool2d_with_indices, F.max_pool3d_with_indices)
+_POOLS += (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.lp_pool1d, F.lp_pool2d, F.lp_pool3d)
+_POOLS += (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d)
+_POOLS += (F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d)
+_POOLS += (F.adaptive_max_pool1d_with_indices, F.adaptive_max_pool2d_with_indices)
+_POOLS += (F.adaptive_max_pool3d_with_indices,)
+
+
+@batching_rule(*_POOLS)
+def _pool(func, args, kwargs):
+    """Pooling computes each plane (the last dims) alone: the levels fold into the first dim."""
+    x = args[0]
+    lv = x.levels
+    lead = tuple(x.physical.shape[: lv + 1])
+    out = func(x.physical.flatten(0, lv), *args[1:], **kwargs)
+    unfold = lambda o: wrap(o.unflatten(0, lead), lv)  # noqa: E731
+    return unfold(out) if isinstance(out, torch.Tensor) else type(out)(map(unfold, out))
+
+
+# -- batch_norm ------------------------------------------------------------------------------------
+
+
+@batching_rule(F.batch_norm)
+def _batch_norm(func, args, kwargs):
+    names = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+    defaults = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
+    bound = _bind(names, defaults, args, kwargs)
+    x, mean, var = bound["input"], bound["running_mean"], bound["running_var"]
+    if bound["training"] and (mean is not None or var is not None):
+        raise ThunderNotImplementedError(
+            f"torch.vmap: batch_norm in training updates its running statistics at {user_location()}, which eager's "
+            "vmap refuses too; put the module in eval() (or use track_running_stats=False) under vmap"
+        )
+    if x.ndim < 2:
+        raise refusal(func, f"a {x.ndim}-d input")
+    tensors = (x, mean, var, bound["weight"], bound["bias"])
+    depth = max(map(levels_of, tensors))
+    levels = tuple(range(depth))
+    px = full(x, depth).movedim(levels, tuple(range(1, depth + 1))).flatten(1, depth + 1)
+    per_channel = [None if t is None else full(t, depth).flatten(0, depth) for t in tensors[1:]]
+    out = func(px, *per_channel, bound["training"], bound["momentum"], bound["eps"])
+    sizes = tuple(full(x, depth).shape[:depth])
+    return wrap(out.unflatten(1, (*sizes, x.shape[1])).movedim(tuple(range(1, depth + 1)), levels), depth)
+
+
+@batching_rule(F.layer_norm)
+def _layer_norm(func, args, kwargs):
+    """Normalised over the trailing dims, which the level dims never are: the physical call, with
+    batched affine parameters applied after it (functorch's rule)."""
+    names = ("input", "normalized_shape", "weight", "bias", "eps")
+    bound = _bind(names, {"weight": None, "bias": None, "eps": 1e-5}, args, kwargs)
+    x, w, b, shape = bound["input"], bound["weight"], bound["bias"], bound["normalized_shape"]
+    if levels_of(w) == 0 and levels_of(b) == 0:
+        return wrap(func(x.physical, shape, w, b, bound["eps"]), x.levels)
+    out = wrap(func(physical(x, levels_of(x)), shape, None, None, bound["eps"]), levels_of(x))
+    out = out if w is None else batched_call(torch.mul, (out, w), {})
+    return out if b is None else batched_call(torch.add, (out, b), {})
+
+
+# -- dropout ---------------------------------------------------------------------------------------
+
+_DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout)
+
+
+@batching_rule(*_DROPOUTS)
+def _dropout(func, args, kwargs):
+    bound = _bind(("input", "p", "training", "inplace"), {"p": 0.5, "training": True, "inplace": False}, args, kwargs)
+    if not bound["training"] or bound["p"] == 0:
+        return bound["input"]  # eager's dropout in eval, or of p 0, returns its input
+    if randomness() == "error":
+        raise random_error(func)
+    raise refusal(func, f"dropout in training under randomness={randomness()!r}")
+
+
+# -- losses over class indices ---------------------------------------------------------------------
+
+
+@batching_rule(F.cross_entropy, F.nll_loss)
+def _label_loss(func, args, kwargs):
+    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
+    defaults = {"weight": None, "size_average": None, "ignore_index": -100, "reduce": None, "reduction": "mean"}
+    bound = _bind(names, defaults, args, kwargs)
+    x, target, weight, reduction = bound["input"], bound["target"], bound["weight"], bound["reduction"]
+    if bound["size_average"] is not None or bound["reduce"] is not None:
+        raise refusal(func, "the legacy size_average/reduce arguments")
+    if target.dtype.is_floating_point:
+        raise refusal(func, "class probabilities as targets")
+    if levels_of(weight):
+        raise refusal(func, "batched class weights")
+    if bound.get("label_smoothing") and weight is not None and reduction == "mean":
+        # (eager's vmap fails in the masked_select this combination computes its mean with)
+        raise refusal(func, "label_smoothing with class weights and reduction='mean', which eager's vmap refuses too")
+    depth = max(levels_of(x), levels_of(target))
+    px, pt = full(x, depth), full(target, depth)
+    sizes = tuple(pt.shape[:depth])
+    last = depth - 1 if x.ndim == 1 else depth  # one example's [C] folds the levels into a batch dim
+    options = {k: bound[k] for k in ("weight", "ignore_index")}
+    if "label_smoothing" in bound:
+        options["label_smoothing"] = bound["label_smoothing"]
+    losses = func(px.flatten(0, last), pt.flatten(0, last), reduction="none", **options)
+    losses = losses.reshape((*sizes, *target.shape))
+    if reduction == "none":
+        return wrap(losses, depth)
+    dims = tuple(range(depth, depth + target.ndim))
+    total = losses.sum(dims) if dims else losses
+    if reduction == "sum":
+        return wrap(total, depth)
+    kept = pt != bound["ignore_index"]
+    if weight is None:
+        counted = kept.to(losses.dtype)
+    else:
+        counted = torch.where(kept, weight[torch.where(kept, pt, 0)], 0).to(losses.dtype)
+    return wrap(total / (counted.sum(dims) if dims else counted), depth)

@@ -1,0 +1,189 @@
+"""torch.func's differentiating transforms inside a jitted program (``core.lang.functorch_calls``):
+per-sample gradients (``vmap(grad(loss))`` of an MLP and a CNN with cross_entropy), ``jacrev``,
+``jacfwd``, ``hessian`` and ``jvp`` run as one eager call each, equal to eager bit for bit, with
+gradients through them as eager's; closures over traced values are inputs of the call; what the
+call cannot carry (gradients into tensors it reads itself) is refused naming the line."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import thunder_rs
+from test_vmap_rules import CNN, MLP, trained_statistics
+
+torch.manual_seed(0)
+
+
+def exactly(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def per_sample_grads(model):
+    def loss_fn(params, buffers, x, y):
+        out = torch.func.functional_call(model, (params, buffers), (x.unsqueeze(0),))
+        return F.cross_entropy(out, y.unsqueeze(0))
+
+    def program(params, buffers, x, y):
+        return torch.vmap(torch.func.grad(loss_fn), in_dims=(None, None, 0, 0))(params, buffers, x, y)
+
+    return program
+
+
+@pytest.mark.parametrize("model, shape", [(MLP, (6, 8)), (CNN, (6, 1, 8, 8))], ids=["mlp", "cnn"])
+def test_per_sample_gradients_equal_eagers(model, shape):
+    model = trained_statistics(model())
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+    program, jitted = per_sample_grads(model), thunder_rs.jit(per_sample_grads(model))
+    for _ in range(2):  # (the second call runs the compiled program on new values)
+        x, y = torch.randn(shape), torch.randint(0, 4, (shape[0],))
+        exactly(jitted(params, buffers, x, y), program(params, buffers, x, y))
+    assert thunder_rs.examine(program, params, buffers, x, y).fallbacks == {"torch.func.vmap(grad)": 1}
+
+
+def test_a_transform_of_values_a_vmap_batched_runs_that_vmap_eagerly():
+    # The tutorial's other spelling: the grad is taken inside the vmapped function, over a closure.
+    def loss(w, x, y):
+        return F.cross_entropy((x @ w).unsqueeze(0), y.unsqueeze(0))
+
+    def program(w, x, y):
+        return torch.vmap(lambda x, y: torch.func.grad(lambda w: loss(w, x, y))(w))(x, y)
+
+    w, x, y = torch.randn(5, 3), torch.randn(4, 5), torch.randint(0, 3, (4,))
+    exactly(thunder_rs.jit(program)(w, x, y), program(w, x, y))
+    assert thunder_rs.examine(program, w, x, y).fallbacks == {"torch.func.vmap": 1}
+
+
+def f(x):
+    return x.sin() * x.cos().sum()
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda x: torch.func.jacrev(f)(x),
+        lambda x: torch.func.jacfwd(f)(x),
+        lambda x: torch.func.hessian(lambda x: (x.sin() * x).sum())(x),
+        lambda x: torch.func.jvp(f, (x,), (x.cos(),)),
+        lambda x: torch.func.grad_and_value(lambda x: (x.exp() * x).sum())(x),
+    ],
+    ids=["jacrev", "jacfwd", "hessian", "jvp", "grad_and_value"],
+)
+def test_jacobians_and_hessians_equal_eagers(transform):
+    x = torch.randn(4)
+    exactly(thunder_rs.jit(transform)(x), transform(x))
+
+
+def test_gradients_flow_through_a_transform_and_its_closure_as_eager():
+    def helper(x, w):
+        return (x * w).sin().sum()
+
+    def program(x, w):
+        return torch.func.grad(lambda x: helper(x, w))(x).pow(2).sum()  # w: a traced value in the closure
+
+    x, w = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    thunder_rs.jit(program)(x, w).backward()
+    program(x2, w2).backward()
+    exactly((x.grad, w.grad), (x2.grad, w2.grad))
+
+
+def test_a_grad_bound_before_tracing_runs_as_eager():
+    from torch.func import grad
+
+    g = grad(lambda a: (a * a.sin()).sum())
+    x = torch.randn(3)
+    exactly(thunder_rs.jit(lambda x: g(x) * 2)(x), g(x) * 2)
+
+
+def test_transforms_imported_before_tracing_run_as_eager():
+    # The tutorials' spelling: ``from torch.func import jacrev`` at the top, the transform made
+    # inside the program (jacrev/jacfwd wrap what they return through torch's
+    # _wraps_without_dynamo_attrs, which is thunder_rs's while tracing).
+    from torch.func import hessian, jacfwd, jacrev, jvp, vmap
+
+    def predict(weight, bias, x):
+        return F.linear(x, weight, bias).tanh()
+
+    def program(weight, bias, x):
+        return (
+            jacrev(predict, argnums=2)(weight, bias, x),
+            jacfwd(predict, argnums=(0, 2))(weight, bias, x),
+            hessian(predict, argnums=2)(weight, bias, x),
+            vmap(jacrev(predict, argnums=2), in_dims=(None, None, 0))(weight, bias, x.expand(3, -1)),
+            jvp(lambda x: predict(weight, bias, x), (x,), (x.cos(),)),
+        )
+
+    weight, bias, x = torch.randn(5, 5), torch.randn(5), torch.randn(5)
+    exactly(thunder_rs.jit(program)(weight, bias, x), program(weight, bias, x))
+
+
+def test_reading_tensors_that_require_grad_besides_the_arguments_is_refused_with_the_line():
+    layer = nn.Linear(3, 3)  # its parameters require grad: eager's result carries gradients to them
+
+    def program(x):
+        return torch.func.jacrev(lambda x: layer(x).tanh())(x)
+
+    with pytest.raises(
+        NotImplementedError, match=r"torch\.func\.jacrev at .*test_func_transforms\.py:\d+: .*require grad"
+    ):
+        thunder_rs.jit(program)(torch.randn(3))
+    with torch.no_grad():  # without gradients, the parameters are read on each call as eager reads them
+        jitted = thunder_rs.jit(program)
+        x = torch.randn(3)
+        exactly(jitted(x), program(x))
+        layer.weight.mul_(2)
+        exactly(jitted(x), program(x))
+
+
+def test_floats_and_sizes_the_transformed_function_reads_are_each_calls():
+    # A float argument that changes between calls is an input of the trace (a stand-in): in the
+    # closure or the arguments the eager call must see each call's, not the traced one's.
+    def scaled(x, s):
+        return torch.func.grad(lambda x: (x * s).sin().sum())(x) + torch.func.grad(lambda x, s: (x * s).sum())(x, s)
+
+    def sized(x):
+        n = x.shape
+        return torch.func.grad(lambda x: (x * n[0]).sin().sum())(x)
+
+    jitted, x = thunder_rs.jit(scaled), torch.randn(3)
+    for s in (2.0, 3.0, 5.0):
+        exactly(jitted(x, s), scaled(x, s))
+    jitted = thunder_rs.jit(sized)
+    for n in (3, 4, 5):
+        x = torch.randn(n)
+        exactly(jitted(x), sized(x))
+
+
+def test_a_vmap_that_runs_eagerly_draws_as_eager_and_is_refused_after_a_traced_draw():
+    # randomness="same": one draw for every example. A body that transforms its batched values
+    # runs whole as an eager call, its draws inside it; draws traced before it would be drawn twice.
+    def transform_first(w, x):
+        body = lambda x: torch.func.grad(lambda w: (w * x * torch.rand(())).sum())(w) + torch.rand(3)  # noqa: E731
+        return torch.vmap(body, randomness="same")(x)
+
+    def draw_first(w, x):
+        return torch.vmap(lambda x: torch.rand(()) * torch.func.grad(lambda w: (w * x).sum())(w), randomness="same")(x)
+
+    w, x = torch.randn(3), torch.randn(4, 3)
+    torch.manual_seed(3)
+    expected = transform_first(w, x)
+    torch.manual_seed(3)
+    exactly(thunder_rs.jit(transform_first)(w, x), expected)
+    draw_first(w, x)
+    with pytest.raises(NotImplementedError, match=r"torch\.vmap at .*test_func_transforms\.py:\d+: .*draws random"):
+        thunder_rs.jit(draw_first)(w, x)
+
+
+def test_a_transform_of_untraced_arguments_over_a_traced_closure_is_an_eager_call():
+    # The point x0 is a captured tensor (read on each call), the function closes over a traced w.
+    x0 = torch.randn(3)
+
+    def program(w):
+        return torch.func.jacrev(lambda x: (x * w).sin())(x0)
+
+    jitted, w = thunder_rs.jit(program), torch.randn(3)
+    exactly(jitted(w), program(w))
+    x0.mul_(2)
+    exactly(jitted(w), program(w))
