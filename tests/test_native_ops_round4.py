@@ -6,6 +6,9 @@ backward, falls back nowhere, and rejects what eager rejects with eager's except
 import pytest
 import torch
 
+import thunder_rs
+from thunder_rs.executors.torch_ex import decomposing
+
 from test_native_ops_round2 import check_bit_equal, check_same_error
 
 # -- fft.fftshift, fft.ifftshift ---------------------------------------------------------------------
@@ -20,3 +23,81 @@ def test_fft_shifts_are_rolls(shift) -> None:
     check_bit_equal(lambda a: shift(a), torch.randn(0, 3))
     check_same_error(lambda a: shift(a), torch.tensor(1.0))
     check_same_error(lambda a: shift(a, 3), x)
+
+
+# -- segment_reduce ----------------------------------------------------------------------------------
+
+
+def _decomposed(fn, *args):
+    with decomposing():
+        return thunder_rs.jit(fn)(*args)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("by", ["lengths", "offsets"])
+def test_segment_reduce(reduce: str, by: str) -> None:
+    """Long segments (a sum's order shows), an empty one, positions outside every offset, with and
+    without an initial value, along the last and a middle axis; the decomposition too."""
+    x = torch.randn(3, 40, 2, requires_grad=True)
+    for initial in (None, 0.5):
+        empty = 1 if reduce == "mean" and initial is None else 0  # (an empty segment's mean: NaN, not equal)
+        bounds = {
+            "lengths": torch.tensor([[17, empty, 23 - empty]] * 3),
+            "offsets": torch.tensor([[2, 19, 19 + empty, 37]] * 3),
+        }[by]
+
+        def fn(a, b):
+            return torch.segment_reduce(a, reduce, axis=1, initial=initial, **{by: b})
+
+        check_bit_equal(fn, x, bounds)
+        expected = fn(x.detach(), bounds)
+        torch.testing.assert_close(_decomposed(fn, x.detach(), bounds), expected, equal_nan=True, rtol=0, atol=0)
+    check_bit_equal(
+        lambda a, b: torch.segment_reduce(a, reduce, initial=1.0, **{by: b}), x[0, :, 0].detach(), bounds[0]
+    )
+
+
+def test_segment_reduce_gradient_of_ties_is_eagers() -> None:
+    """eager's backward divides among tied extrema only the positive gradients."""
+    x = torch.tensor([1.0, 3.0, 3.0, 2.0, 2.0, 0.5], requires_grad=True)
+    lengths = torch.tensor([3, 3])
+    out = thunder_rs.jit(lambda a, b: torch.segment_reduce(a, "max", lengths=b))(x, lengths)
+    expected = torch.segment_reduce(x, "max", lengths=lengths)
+    g = torch.tensor([2.0, -2.0])
+    assert torch.equal(torch.autograd.grad(out, x, g)[0], torch.autograd.grad(expected, x, g)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_segment_reduce_half_precision(dtype: torch.dtype) -> None:
+    x = torch.randn(30, 4, dtype=dtype, requires_grad=True)
+    lengths = torch.tensor([10, 0, 20])
+    for reduce in ("sum", "mean", "max"):
+        fn = lambda a, b: torch.segment_reduce(a, reduce, lengths=b, initial=0.0)  # noqa: E731
+        check_bit_equal(fn, x, lengths)
+        # (eager's kernel rounds after each add; the decomposition's scatter adds in float)
+        exact = fn(x.detach().double(), lengths).to(dtype)
+        torch.testing.assert_close(_decomposed(fn, x.detach(), lengths), exact)
+
+
+def test_segment_reduce_errors() -> None:
+    x = torch.randn(5)
+    for lengths in (torch.tensor([1, 2, 3]), torch.tensor([1, -1, 5]), torch.tensor([], dtype=torch.long)):
+        check_same_error(lambda a, b: torch.segment_reduce(a, "sum", lengths=b), x, lengths)
+        with pytest.raises(RuntimeError):
+            _decomposed(lambda a, b: torch.segment_reduce(a, "sum", lengths=b), x, lengths)
+    check_same_error(lambda a, b: torch.segment_reduce(a, "sum", offsets=b), x, torch.tensor([0, 3, 2]))
+    check_same_error(lambda a, b: torch.segment_reduce(a, "sum", lengths=b, axis=1), x, torch.tensor([5]))
+    check_same_error(lambda a, b: torch.segment_reduce(a, "median", lengths=b), x, torch.tensor([5]))
+
+
+@pytest.mark.parametrize("decompose", [False, True])
+def test_segment_reduce_refuses_bounds_eager_reads_past_data_at(decompose: bool) -> None:
+    """Offsets past data's end, and unsafe lengths that sum past it, make eager's kernel read
+    outside data (garbage, or a crash): refused when the program runs, naming the op."""
+    x = torch.randn(5)
+    for kwargs in ({"offsets": torch.tensor([1, 3, 9])}, {"lengths": torch.tensor([4, 4]), "unsafe": True}):
+        fn = lambda a: torch.segment_reduce(a, "sum", **kwargs)  # noqa: E731
+        with pytest.raises(IndexError, match="segment_reduce"):
+            _decomposed(fn, x) if decompose else thunder_rs.jit(fn)(x)
+    # (lengths that leave positions out are taken, as eager takes them)
+    check_bit_equal(lambda a: torch.segment_reduce(a, "sum", lengths=torch.tensor([1, 2]), unsafe=True), x)
