@@ -3,8 +3,11 @@
 backward, falls back nowhere, and rejects what eager rejects with eager's exception type.
 """
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
 from thunder_rs.executors.torch_ex import decomposing
@@ -101,3 +104,80 @@ def test_segment_reduce_refuses_bounds_eager_reads_past_data_at(decompose: bool)
             _decomposed(fn, x) if decompose else thunder_rs.jit(fn)(x)
     # (lengths that leave positions out are taken, as eager takes them)
     check_bit_equal(lambda a: torch.segment_reduce(a, "sum", lengths=torch.tensor([1, 2]), unsafe=True), x)
+
+
+# -- fractional max pooling ----------------------------------------------------------------------------
+
+
+def _seeded_equal(fn, *args) -> None:
+    """``fn`` drawing from the default generator from one state, eager and compiled (and its
+    decomposition): the same draws, outputs and gradients."""
+
+    def seeded(*a):
+        torch.manual_seed(0)
+        return fn(*a)
+
+    check_bit_equal(seeded, *args)
+    with decomposing():
+        actual = thunder_rs.jit(seeded)(*(a.detach() for a in args))
+    expected = seeded(*(a.detach() for a in args))
+    for e, a in zip(*((v if isinstance(v, tuple) else (v,)) for v in (expected, actual))):
+        assert torch.equal(e, a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_fractional_max_pool2d_draws_and_pools_as_eager(dtype: torch.dtype) -> None:
+    """Overlapping windows (a gradient added twice where they share the maximum), ratios,
+    indices, unbatched input, the module."""
+    x = torch.randn(2, 3, 11, 9, dtype=dtype, requires_grad=True)
+    _seeded_equal(lambda a: F.fractional_max_pool2d(a, 3, output_size=(7, 6)), x)
+    _seeded_equal(lambda a: F.fractional_max_pool2d(a, (2, 3), output_ratio=(0.5, 0.7), return_indices=True), x)
+    _seeded_equal(lambda a: F.fractional_max_pool2d(a[1].mT, 2, output_size=4), x)
+    _seeded_equal(torch.nn.FractionalMaxPool2d(2, output_ratio=0.5), x)
+
+
+def test_fractional_max_pool3d_draws_and_pools_as_eager() -> None:
+    x = torch.randn(2, 2, 7, 8, 9, requires_grad=True)
+    _seeded_equal(lambda a: F.fractional_max_pool3d(a, 2, output_size=(5, 4, 6)), x)
+    _seeded_equal(lambda a: F.fractional_max_pool3d(a[0], (1, 2, 3), output_ratio=0.5, return_indices=True), x)
+
+
+def test_fractional_max_pool_ties_nan_and_infinity_pick_eagers_index() -> None:
+    """Each window's first maximum, its last NaN, its first element when all are -inf."""
+    x = torch.randn(2, 3, 9, 8)
+    x[0, 0, 1:5, 1:5] = -math.inf
+    x[0, 1, 2, 2] = x[0, 1, 3, 3] = math.nan
+    x[1, 2] = 1.0
+    samples = torch.rand(2, 3, 2)
+    fn = lambda a, s: torch._C._nn.fractional_max_pool2d(a, 3, (4, 3), s)  # noqa: E731
+    expected = fn(x, samples)
+    for actual in (thunder_rs.jit(fn)(x, samples), _decomposed(fn, x, samples)):
+        torch.testing.assert_close(actual, expected, equal_nan=True, rtol=0, atol=0)
+
+
+def test_fractional_max_pool_backward_kernel_and_its_gradient() -> None:
+    """aten's backward called by name: the gradients added at the indices, and its own gradient
+    (eager's double backward: the cotangent gathered at the indices, zeros for the input)."""
+    x = torch.randn(1, 2, 9, 9, dtype=torch.float64, requires_grad=True)
+    out, indices = torch._C._nn.fractional_max_pool2d(x.detach(), 3, 5, torch.rand(1, 2, 2, dtype=torch.float64))
+    g = torch.randn_like(out, requires_grad=True)
+    check_bit_equal(
+        lambda a, b, i: torch.ops.aten.fractional_max_pool2d_backward.default(a, b, [3, 3], [5, 5], i), g, x, indices
+    )
+    y = torch.randn(1, 2, 6, 6, 6, requires_grad=True)
+    out, indices = torch._C._nn.fractional_max_pool3d(y.detach(), 2, 4, torch.rand(1, 2, 3))
+    g = torch.randn_like(out, requires_grad=True)
+    check_bit_equal(
+        lambda a, i: torch.ops.aten.fractional_max_pool3d_backward.default(a, y.detach(), [2] * 3, [4] * 3, i),
+        g,
+        indices,
+    )
+
+
+def test_fractional_max_pool_errors() -> None:
+    x = torch.randn(2, 3, 9, 8)
+    check_same_error(lambda a: F.fractional_max_pool2d(a, 2, output_ratio=0.5), x)
+    check_same_error(lambda a: F.fractional_max_pool2d(a, 2, output_size=8), x)
+    check_same_error(lambda a: F.fractional_max_pool2d(a, 2, output_size=4, _random_samples=torch.rand(1, 3, 2)), x)
+    check_same_error(lambda a: F.fractional_max_pool2d(a.long(), 2, output_size=4), x)
+    check_same_error(lambda a: F.fractional_max_pool3d(a[0], 2, output_size=2), x)
