@@ -181,3 +181,65 @@ def test_fractional_max_pool_errors() -> None:
     check_same_error(lambda a: F.fractional_max_pool2d(a, 2, output_size=4, _random_samples=torch.rand(1, 3, 2)), x)
     check_same_error(lambda a: F.fractional_max_pool2d(a.long(), 2, output_size=4), x)
     check_same_error(lambda a: F.fractional_max_pool3d(a[0], 2, output_size=2), x)
+
+
+# -- histogram, histogramdd ------------------------------------------------------------------------------
+
+
+def _equal_results(actual, expected) -> None:
+    flat = [torch.utils._pytree.tree_flatten(v)[0] for v in (actual, expected)]
+    assert type(actual) is type(expected) and len(flat[0]) == len(flat[1])
+    for a, e in zip(*flat):
+        assert torch.equal(a, e) and a.stride() == e.stride()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, w: torch.histogram(a, 7),
+        lambda a, w: torch.histogram(a, 4, range=(-1.0, 1.0), weight=w, density=True),
+        lambda a, w: torch.histogramdd(a.reshape(-1, 2), [3, 4], weight=w[:, :5].reshape(-1)),
+        lambda a, w: torch.histogramdd(a.reshape(-1, 2), [torch.tensor([0.0, -1.0, 2.0]), torch.tensor([-1.0, 1.0])]),
+    ],
+)
+def test_histograms_compile_once_for_any_values(fn) -> None:
+    """The bins follow the data's range on each call (the data-dependent call was read once and
+    the trace checked every later call against it, compiling again on new values)."""
+    jfn = thunder_rs.jit(fn)
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        x, w = torch.randn(6, 10, generator=gen) * (seed + 1), torch.rand(6, 10, generator=gen)
+        assert thunder_rs.examine(fn, x, w).fallbacks == {}
+        _equal_results(jfn(x, w), fn(x, w))
+        assert "eager_" not in str(thunder_rs.last_traces(jfn)[-1])  # (no eager call read once)
+        decomposed = _decomposed(fn, x, w)  # (its linspace may differ from eager's in a last bit)
+        for a, e in zip(*(torch.utils._pytree.tree_flatten(v)[0] for v in (decomposed, fn(x, w)))):
+            torch.testing.assert_close(a, e)
+    assert thunder_rs.cache_misses(jfn) == 1
+
+
+def test_histogram_range_checks_run_on_each_call() -> None:
+    fn = lambda a: torch.histogramdd(a, [2, 2])  # noqa: E731
+    jfn = thunder_rs.jit(fn)
+    jfn(torch.randn(5, 2))
+    for bad in (torch.tensor([[1.0, math.nan]]), torch.tensor([[1.0, 2.0], [math.inf, 0.0]])):
+        check_same_error(fn, bad)
+        with pytest.raises(RuntimeError, match="not finite"):
+            jfn(bad)
+        with pytest.raises(RuntimeError, match="not finite"):
+            _decomposed(fn, bad)
+
+
+def test_histogram_of_an_input_that_requires_grad_is_eagers() -> None:
+    """eager defines no derivative: its outputs require grad and their backward raises. Such a
+    call stays eager's (a fallback), so the program still computes the histogram and fails the
+    backward as eager does."""
+    x = torch.randn(5, requires_grad=True)
+    fn = lambda a: torch.histogram(a, 3)  # noqa: E731
+    hist, edges = thunder_rs.jit(fn)(x)
+    _equal_results((hist.detach(), edges.detach()), tuple(t.detach() for t in fn(x)))
+    assert hist.requires_grad == fn(x).hist.requires_grad
+    with pytest.raises(RuntimeError) as eager:
+        fn(x).hist.sum().backward()
+    with pytest.raises(type(eager.value), match="not implemented"):
+        hist.sum().backward()
