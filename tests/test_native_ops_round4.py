@@ -279,3 +279,52 @@ def test_lowrank_decompositions_draw_and_differentiate_as_eager(fn) -> None:
         torch.autograd.grad(sum((o * c).sum() for o, c in zip(outs, cotangents)), a)[0] for outs in (expected, actual)
     ]
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+
+
+# -- embedding_bag -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mode": "sum"},
+        {"mode": "mean"},
+        {"mode": "sum", "padding_idx": 1},
+        {"mode": "mean", "include_last_offset": True},
+    ],
+)
+def test_embedding_bag_scales_gradients_by_frequency(kwargs) -> None:
+    """scale_grad_by_freq (it was refused): each index's gradient divided by how often the input
+    names it, as eager's backward; values bit-equal, gradients within rounding (eager scales once
+    per occurrence, the decomposition's gradient divides by the bag size and then the count)."""
+    weight = torch.randn(10, 4, requires_grad=True)
+    indices = torch.tensor([1, 2, 1, 5, 1, 9, 2, 0])
+    offsets = torch.tensor([0, 3, 3, 8] if kwargs.get("include_last_offset") else [0, 3, 3, 6])
+
+    def fn(w, i, o):
+        return F.embedding_bag(i, w, o, scale_grad_by_freq=True, **kwargs)
+
+    expected, actual = fn(weight, indices, offsets), thunder_rs.jit(fn)(weight, indices, offsets)
+    assert torch.equal(actual, expected)
+    g = torch.randn_like(expected)
+    grads = [torch.autograd.grad(out, weight, g)[0] for out in (expected, actual)]
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("decompose", [False, True])
+def test_embedding_bag_offsets_are_checked_on_each_call(decompose: bool) -> None:
+    """eager's checks of the offsets' values (the first is 0, the last within the input, none
+    decreases) hold on the decomposition's path too (it took any offsets, bagging positions by
+    them); a last offset short of the input with include_last_offset, on which eager's modes
+    disagree, is refused there (eager's own call, run whole, gives eager's result)."""
+    weight, indices = torch.randn(10, 4), torch.tensor([1, 2, 1, 5, 1, 9, 2, 0])
+    fn = lambda w, i, o: F.embedding_bag(i, w, o, mode="sum")  # noqa: E731
+    jfn = thunder_rs.jit(fn)
+    for bad in (torch.tensor([1, 3]), torch.tensor([0, 3, 9]), torch.tensor([0, 5, 3])):
+        with pytest.raises(RuntimeError):
+            fn(weight, indices, bad)
+        with pytest.raises(RuntimeError):
+            _decomposed(fn, weight, indices, bad) if decompose else jfn(weight.requires_grad_(), indices, bad)
+    last = lambda w, i, o: F.embedding_bag(i, w, o, mode="sum", include_last_offset=True)  # noqa: E731
+    with pytest.raises(NotImplementedError, match="include_last_offset"):
+        _decomposed(last, weight.detach(), indices, torch.tensor([0, 3, 6]))
