@@ -328,3 +328,29 @@ def test_embedding_bag_offsets_are_checked_on_each_call(decompose: bool) -> None
     last = lambda w, i, o: F.embedding_bag(i, w, o, mode="sum", include_last_offset=True)  # noqa: E731
     with pytest.raises(NotImplementedError, match="include_last_offset"):
         _decomposed(last, weight.detach(), indices, torch.tensor([0, 3, 6]))
+
+
+# -- aten's antialiased resize kernels by name ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a: torch.ops.aten._upsample_bilinear2d_aa(
+            a, output_size=[3, 3], align_corners=False, scale_factors=None
+        ),
+        lambda a: torch.ops.aten._upsample_bicubic2d_aa(a, None, True, [1.7, 0.9]),
+        lambda a: torch._C._nn._upsample_bilinear2d_aa(a.mT, [5, 7], False),
+    ],
+)
+def test_aten_antialiased_resizes_are_interpolates(fn) -> None:
+    """``vec`` calls (as ``F.interpolate`` makes them) are its antialiased resize: bit-equal values
+    and gradients through the torch executor."""
+    check_bit_equal(fn, torch.randn(2, 3, 10, 20, requires_grad=True))
+
+
+def test_aten_antialiased_resize_with_separate_scales_stays_eagers() -> None:
+    fn = lambda a: torch.ops.aten._upsample_bilinear2d_aa(a, [3, 3], False, 0.5, 0.5)  # noqa: E731
+    x = torch.randn(2, 3, 10, 20)
+    assert list(thunder_rs.examine(fn, x).fallbacks) == ["torch._ops.aten._upsample_bilinear2d_aa"]
+    assert torch.equal(thunder_rs.jit(fn)(x), fn(x))
