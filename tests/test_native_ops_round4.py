@@ -354,3 +354,24 @@ def test_aten_antialiased_resize_with_separate_scales_stays_eagers() -> None:
     x = torch.randn(2, 3, 10, 20)
     assert list(thunder_rs.examine(fn, x).fallbacks) == ["torch._ops.aten._upsample_bilinear2d_aa"]
     assert torch.equal(thunder_rs.jit(fn)(x), fn(x))
+
+
+# -- linalg.matrix_sqrth, linalg.polar, linalg.eig, linalg.eigvals ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["matrix_sqrth", "polar", "eig", "eigvals"])
+def test_linalg_kernels_run_as_eagers_with_its_derivative(name: str) -> None:
+    """Eager's kernel whole and its derivative (complex outputs for eig and eigvals, whose
+    gradient eager defines), as the other linalg kernels: bit-equal values and gradients."""
+    a = torch.randn(2, 4, 4, dtype=torch.float64)
+    if name == "matrix_sqrth":
+        a = a @ a.mT + torch.eye(4, dtype=torch.float64)
+    x = a.requires_grad_()
+    fn = getattr(torch.linalg, name)
+    assert thunder_rs.examine(fn, x).fallbacks == {}
+    expected, actual = fn(x), thunder_rs.jit(fn)(x)
+    expected, actual = (v if isinstance(v, tuple) else (v,) for v in (expected, actual))
+    for e, r in zip(expected, actual, strict=True):
+        assert torch.equal(e, r) and e.dtype == r.dtype
+    grads = [torch.autograd.grad(sum(t.abs().sum() for t in outs), x)[0] for outs in (expected, actual)]
+    assert torch.equal(grads[0], grads[1])
