@@ -247,3 +247,29 @@ OPS.append(
         decomposition_skips=(0, 1, 2),
     )
 )
+
+
+def aten_aa_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """aten's antialiased kernels called by name (``vec``): an output size, scale factors (down
+    and up), aligned corners, a transposed input."""
+    x = make((2, 3, 10, 20), dtype, device)
+    yield SampleInput(x, [3, 3], False, None)
+    yield SampleInput(x, None, False, [1.7, 0.9])
+    yield SampleInput(x, None, True, [0.8, 1.0])
+    yield SampleInput(x.mT, [5, 4], False, None)
+
+
+def aten_aa_errors() -> Iterable[ErrorInput]:
+    x = cpu((2, 3, 10, 20))
+    yield ErrorInput(SampleInput(x, None, False, None), RuntimeError, match="exactly one")
+    yield ErrorInput(SampleInput(x, [3, 3], False, [0.5, 0.5]), RuntimeError, match="exactly one")
+    yield ErrorInput(SampleInput(x[0], [3, 3], False, None), RuntimeError)
+
+
+OPS += [
+    OpInfo(f"upsample_{mode}2d_aa", fn, aten_aa_samples, aten_aa_errors, tolerances=ACCUMULATING)
+    for mode, fn in (
+        ("bilinear", torch.ops.aten._upsample_bilinear2d_aa.vec),
+        ("bicubic", torch.ops.aten._upsample_bicubic2d_aa.vec),
+    )
+]

@@ -45,6 +45,8 @@ def embedding_bag_samples(mode: str):
         yield SampleInput(indices, weight, offsets, mode=mode, padding_idx=2)
         yield SampleInput(indices.int(), tensor(Transposed((10, 3)), dtype, device), offsets.int(), mode=mode)
         yield SampleInput(indices, weight.round(), offsets, mode=mode)  # ties
+        if mode != "max":  # (eager's max refuses it)
+            yield SampleInput(indices, weight, offsets, mode=mode, scale_grad_by_freq=True)
         if mode == "sum":
             yield SampleInput(indices, weight, offsets, mode=mode, per_sample_weights=make((10,), dtype, device))
 
@@ -60,6 +62,8 @@ def embedding_bag_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(indices, w, offsets, mode="mean", per_sample_weights=cpu((10,))), NotImplementedError)
     yield ErrorInput(SampleInput(indices.float(), w, offsets), RuntimeError)
     yield ErrorInput(SampleInput(indices, cpu((10,)), offsets), ValueError)
+    yield ErrorInput(SampleInput(indices, w, torch.tensor([1, 4])), RuntimeError)
+    yield ErrorInput(SampleInput(indices, w, torch.tensor([0, 4, 12])), RuntimeError)
 
 
 OPS = [

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .core import ACCUMULATING, ALL, NUMERIC, ErrorInput, OpInfo, SampleInput, Strided, Transposed, cpu, tensor
+from .random import seeded
 
 # matmul's cases by rank: 1-D·1-D is a dot product, a 1-D operand gains and loses a dim, batch dims
 # broadcast, and an empty inner dim gives zeros.
@@ -168,4 +169,33 @@ OPS = [
         tolerances=ACCUMULATING,
     ),
     OpInfo("linear", F.linear, linear_samples, linear_errors, NUMERIC, tolerances=ACCUMULATING),
+]
+
+
+def lowrank_samples(dtype, device) -> Iterable[SampleInput]:
+    """Tall, wide (taken transposed), batched and transposed inputs, a mean matrix, no power
+    iteration."""
+    yield SampleInput(tensor((7, 5), dtype, device), q=3)
+    yield SampleInput(tensor((2, 4, 6), dtype, device), 2, niter=1)
+    yield SampleInput(tensor(Transposed((6, 5)), dtype, device), q=4, niter=0)
+
+
+def svd_lowrank_samples(dtype, device) -> Iterable[SampleInput]:
+    yield from lowrank_samples(dtype, device)
+    yield SampleInput(tensor((2, 7, 5), dtype, device), 3, M=tensor((7, 5), dtype, device))
+
+
+def pca_lowrank_samples(dtype, device) -> Iterable[SampleInput]:
+    yield from lowrank_samples(dtype, device)
+    yield SampleInput(tensor((8, 5), dtype, device), center=False)
+
+
+def pca_lowrank_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((5, 4)), q=5), ValueError)
+    yield ErrorInput(SampleInput(cpu((5, 4)), niter=-1), ValueError)
+
+
+OPS += [
+    OpInfo("svd_lowrank", seeded(torch.svd_lowrank), svd_lowrank_samples, tolerances=ACCUMULATING),
+    OpInfo("pca_lowrank", seeded(torch.pca_lowrank), pca_lowrank_samples, pca_lowrank_errors, tolerances=ACCUMULATING),
 ]

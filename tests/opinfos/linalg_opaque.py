@@ -146,6 +146,24 @@ def square_errors() -> Iterable[ErrorInput]:
     yield from int_and_vector_errors()()
 
 
+def square_errors_any() -> Iterable[ErrorInput]:
+    """As ``square_errors``, for ops that reject an integer matrix with a RuntimeError."""
+    yield ErrorInput(SampleInput(cpu((3, 4))), RuntimeError)
+    yield from int_and_vector_errors(RuntimeError)()
+
+
+def polar_samples(dtype, device) -> Iterable[SampleInput]:
+    """Square, tall, batched and transposed matrices (polar takes at least as many rows as columns)."""
+    for shape in ((3, 3), (5, 3), (2, 4, 4), (0, 3, 2)):
+        yield SampleInput(general(shape, dtype, device) if shape[-1] == shape[-2] else rect(shape, dtype, device))
+    yield SampleInput(general((4, 4), dtype, device).mT)
+
+
+def polar_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3, 4))), RuntimeError)
+    yield from int_and_vector_errors()()
+
+
 def solve_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3, 4)), cpu((3, 2))), RuntimeError)
     yield ErrorInput(SampleInput(cpu((3, 3)), cpu((4, 2))), RuntimeError)
@@ -272,6 +290,10 @@ OPS = [
     opaque("linalg_ldl_solve", LA.ldl_solve, ldl_solve_samples, lambda: ()),
     opaque("linalg_matrix_exp", LA.matrix_exp, square_samples(), square_errors),
     opaque("matrix_exp", torch.matrix_exp, square_samples(), square_errors),
+    opaque("linalg_matrix_sqrth", LA.matrix_sqrth, square_samples(spd), square_errors),
+    opaque("linalg_polar", LA.polar, polar_samples, polar_errors),
+    opaque("linalg_eig", LA.eig, square_samples(), square_errors_any),
+    opaque("linalg_eigvals", LA.eigvals, square_samples(), square_errors_any),
     opaque("linalg_tensorinv", LA.tensorinv, tensorinv_samples, tensor_errors),
     opaque("linalg_tensorsolve", LA.tensorsolve, tensorsolve_samples, lambda: ()),
     opaque("lu_unpack", torch.lu_unpack, lu_unpack_samples, lu_unpack_errors),

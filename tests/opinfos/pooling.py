@@ -19,6 +19,7 @@ from .core import (
     make,
     tensor,
 )
+from .random import seeded
 
 FLOATS_AND_LONG = FLOATS + (torch.int64,)
 
@@ -272,4 +273,60 @@ def fold_errors() -> Iterable[ErrorInput]:
 OPS += [
     OpInfo("unfold", F.unfold, unfold_samples, unfold_errors, FLOATS + (torch.bool,), variant="im2col"),
     OpInfo("fold", F.fold, fold_samples, fold_errors, FLOATS + (torch.bool,), tolerances=ACCUMULATING),
+]
+
+
+def _fractional_samples(n: int):
+    """Output sizes and ratios, a window as large as the output allows, one output position,
+    unbatched, transposed, channels-last and empty-batch inputs, indices asked for."""
+
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        shape = (2, 3, 9, 8, 7)[: n + 2]
+        yield SampleInput(make(shape, dtype, device), 2, output_size=4)
+        yield SampleInput(make(shape, dtype, device), (3,) * n, output_ratio=(0.5,) * n, return_indices=True)
+        yield SampleInput(make(shape[1:], dtype, device), 2, output_size=(1,) * n)
+        yield SampleInput(tensor(Transposed(shape), dtype, device), 2, output_size=(3,) * n)
+        yield SampleInput(make(shape, dtype, device).to(memory_format=_CHANNELS_LAST[n]), 3, output_size=(4,) * n)
+        yield SampleInput(make((0, *shape[1:]), dtype, device), 2, output_size=3, return_indices=True)
+
+    return generate
+
+
+def _fractional_kernel_samples(n: int):
+    """aten's kernel with given samples: more sample rows than the batch, samples at 0 and near 1."""
+
+    def generate(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+        shape = (2, 3, 9, 8, 7)[: n + 2]
+        samples = torch.rand(3, 3, n, dtype=dtype, device=device)
+        samples[0, 0], samples[1, 1] = 0.0, 0.999
+        yield SampleInput(make(shape, dtype, device), (2,) * n, (5,) * n, samples)
+        yield SampleInput(make(shape[1:], dtype, device), 3, 4, samples[:1])
+
+    return generate
+
+
+def _fractional_errors(n: int):
+    def generate() -> Iterable[ErrorInput]:
+        x = cpu((2, 3, 9, 8, 7)[: n + 2])
+        yield ErrorInput(SampleInput(x, 2), ValueError)
+        yield ErrorInput(SampleInput(x, 0, output_size=3), RuntimeError, match="kernel size")
+        yield ErrorInput(SampleInput(x, 2, output_size=8), RuntimeError, match="too large")
+        yield ErrorInput(SampleInput(cpu((2, 3, 0, 8, 7)[: n + 2]), 2, output_size=3), RuntimeError)
+        yield ErrorInput(SampleInput(x, 2, output_size=3, _random_samples=torch.rand(1, 3, n)), RuntimeError)
+        yield ErrorInput(SampleInput(x, 2, output_size=3, _random_samples=torch.rand(2, 3, n).double()), RuntimeError)
+        yield ErrorInput(SampleInput(x.long(), 2, output_size=3), NotImplementedError)
+
+    return generate
+
+
+_CHANNELS_LAST = {2: torch.channels_last, 3: torch.channels_last_3d}
+OPS += [
+    *(
+        OpInfo(f"fractional_max_pool{n}d", seeded(fn), _fractional_samples(n), _fractional_errors(n))
+        for n, fn in ((2, F.fractional_max_pool2d), (3, F.fractional_max_pool3d))
+    ),
+    *(
+        OpInfo(f"fractional_max_pool{n}d_kernel", fn, _fractional_kernel_samples(n))
+        for n, fn in ((2, torch._C._nn.fractional_max_pool2d), (3, torch._C._nn.fractional_max_pool3d))
+    ),
 ]

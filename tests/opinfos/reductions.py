@@ -256,3 +256,44 @@ OPS = [
     OpInfo("count_nonzero", torch.count_nonzero, count_nonzero_samples, dim_errors, ALL, supports_grad=False),
     OpInfo("logsumexp", torch.logsumexp, logsumexp_samples, dim_errors, NUMERIC, tolerances=ACCUMULATING),
 ]
+
+
+def segment_reduce_samples(dtype, device) -> Iterable[SampleInput]:
+    """Each reduction by lengths (with an empty segment) and offsets (positions outside every
+    segment), with and without an initial value; a 2-D axis of per-row lengths, a transposed input,
+    unsafe lengths that leave positions out, and no data."""
+    if not dtype.is_floating_point:
+        return
+    lengths = torch.tensor([2, 0, 3, 1], device=device)
+    offsets = torch.tensor([1, 1, 3, 5], device=device)
+    for reduce in ("sum", "mean", "max", "min", "prod", "amax"):
+        for initial in (None, 2.0):
+            yield SampleInput(make((6,), dtype, device), reduce, lengths=lengths, initial=initial)
+            yield SampleInput(make((6, 3), dtype, device), reduce, offsets=offsets, initial=initial)
+    rows = torch.tensor([[2, 0, 2], [4, 0, 0], [1, 1, 2]], device=device)
+    yield SampleInput(make((3, 4, 2), dtype, device), "mean", lengths=rows, axis=1)
+    per_row = torch.tensor([[2, 4], [6, 0], [1, 5], [3, 3]], device=device)
+    yield SampleInput(transposed((4, 6), dtype, device), "sum", lengths=per_row, axis=-1)
+    yield SampleInput(make((6,), dtype, device), "max", lengths=torch.tensor([1, 2], device=device), unsafe=True)
+    yield SampleInput(make((0, 2), dtype, device), "mean", lengths=torch.tensor([0, 0], device=device))
+
+
+def segment_reduce_errors() -> Iterable[ErrorInput]:
+    lengths = torch.tensor([1, 2, 2])
+    yield ErrorInput(SampleInput(cpu((5,)), "median", lengths=lengths), RuntimeError, match="reduce")
+    yield ErrorInput(SampleInput(cpu((5,)), "sum"), RuntimeError, match="lengths or offsets")
+    yield ErrorInput(SampleInput(cpu((5,)), "sum", lengths=lengths, axis=1), IndexError, match="out of range")
+    yield ErrorInput(SampleInput(cpu((5,)), "sum", lengths=lengths.float()), NotImplementedError, match="lengths")
+    yield ErrorInput(SampleInput(cpu((5,), torch.int64), "sum", lengths=lengths), NotImplementedError, match="data")
+    yield ErrorInput(SampleInput(cpu((5,)), "sum", lengths=torch.tensor([[1, 2, 2]])), RuntimeError, match="dims")
+    yield ErrorInput(SampleInput(cpu((5,)), "sum", lengths=torch.tensor([1, 2, 3])), RuntimeError, match="sum to")
+    yield ErrorInput(SampleInput(cpu((5,)), "sum", lengths=torch.tensor([1, -1, 5])), RuntimeError, match="negative")
+    yield ErrorInput(
+        SampleInput(cpu((5,)), "sum", offsets=torch.tensor([0, 3, 2])), RuntimeError, match="segment_length"
+    )
+    yield ErrorInput(
+        SampleInput(cpu((5,), torch.float16), "sum", lengths=lengths, initial=1e6), RuntimeError, match="overflow"
+    )
+
+
+OPS.append(OpInfo("segment_reduce", torch.segment_reduce, segment_reduce_samples, segment_reduce_errors, FLOATS))

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .core import ErrorInput, OpInfo, SampleInput, cpu, make
+from .core import ALL, ErrorInput, OpInfo, SampleInput, Transposed, cpu, make, tensor
 
 
 def stft(input, n_fft, **kwargs):
@@ -78,7 +78,26 @@ def istft_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(spec.real, 16, hop_length=4), TypeError, match="complex")
 
 
+def shift_samples(dtype, device) -> Iterable[SampleInput]:
+    """Every dim (odd and even sizes), one dim, a negative one named twice, a transposed, an empty
+    and a 1-element input."""
+    yield SampleInput(make((5, 6), dtype, device))
+    yield SampleInput(make((3, 4, 7), dtype, device), 1)
+    yield SampleInput(make((5, 6), dtype, device), dim=(-1, 0, -1))
+    yield SampleInput(tensor(Transposed((4, 7)), dtype, device), dim=[0])
+    yield SampleInput(make((0, 3), dtype, device))
+    yield SampleInput(make((1,), dtype, device))
+
+
+def shift_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu(())), RuntimeError, match="shifts")
+    yield ErrorInput(SampleInput(cpu((3,)), 1), IndexError, match="out of range")
+    yield ErrorInput(SampleInput(cpu((3,)), dim=1.5), TypeError, match="dim")
+
+
 OPS = [
     OpInfo("stft", stft, stft_samples, stft_errors),
     OpInfo("istft", istft, istft_samples, istft_errors),
+    OpInfo("fft_fftshift", torch.fft.fftshift, shift_samples, shift_errors, ALL),
+    OpInfo("fft_ifftshift", torch.fft.ifftshift, shift_samples, shift_errors, ALL),
 ]

@@ -184,3 +184,50 @@ OPS = [
     OpInfo("searchsorted", torch.searchsorted, searchsorted_samples, searchsorted_errors, NUMERIC, supports_grad=False),
     OpInfo("isin", torch.isin, isin_samples, isin_errors, NUMERIC, supports_grad=False),
 ]
+
+
+def histogramdd_samples(dtype, device) -> Iterable[SampleInput]:
+    """Bin counts (one for all dims, one per dim), a range, weights, density, given edges (one set
+    out of order, as eager takes them), points outside and on the last edge, an empty input and
+    one whose dims hold a single value (the range widened)."""
+    points = make((40, 3), dtype, device)
+    yield SampleInput(points, 4)
+    yield SampleInput(points, [2, 3, 5], range=[-1.0, 1.0, 0.0, 2.0, -3.0, 3.0], weight=make((40,), dtype, device))
+    yield SampleInput(transposed((30, 4), dtype, device), [3, 2, 2, 4], density=True)
+    edges = [torch.tensor(e, dtype=dtype, device=device) for e in ([-2.0, 0.0, 1.0], [0.0, -1.0, 2.0, 3.0])]
+    yield SampleInput(make((5, 6, 2), dtype, device), edges)
+    yield SampleInput(torch.tensor([[0.0, 1.0], [1.0, 1.0], [2.0, 0.0]], dtype=dtype, device=device), [2, 3])
+    yield SampleInput(make((0, 2), dtype, device), [2, 2])
+    yield SampleInput(torch.full((4, 2), 3.0, dtype=dtype, device=device), [3, 1], density=True)
+
+
+def histogramdd_errors() -> Iterable[ErrorInput]:
+    x = cpu((10, 2))
+    yield ErrorInput(SampleInput(x, [2]), RuntimeError)
+    yield ErrorInput(SampleInput(x, [2, 0]), RuntimeError)
+    yield ErrorInput(SampleInput(x, [2, 2], range=[0.0, 1.0]), RuntimeError)
+    yield ErrorInput(SampleInput(x, [2, 2], range=[1.0, 0.0, 0.0, 1.0]), RuntimeError)
+    yield ErrorInput(SampleInput(x, [2, 2], weight=cpu((9,))), RuntimeError)
+    yield ErrorInput(SampleInput(x, [torch.zeros(2, dtype=torch.float64), torch.zeros(2)]), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((10, 2), torch.int64), [2, 2]), NotImplementedError)
+    yield ErrorInput(SampleInput(cpu((10,)), [2]), RuntimeError)
+
+
+def histogram_samples(dtype, device) -> Iterable[SampleInput]:
+    yield SampleInput(make((50,), dtype, device), 7)
+    yield SampleInput(transposed((5, 6), dtype, device), 4, range=(-1.0, 1.0), weight=make((5, 6), dtype, device))
+    yield SampleInput(make((30,), dtype, device), torch.tensor([-1.0, 0.0, 0.5, 2.0], dtype=dtype, device=device))
+    yield SampleInput(make((), dtype, device), 3, density=True)
+
+
+def histogram_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((5,)), 0), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((5,)), 3, range=(0.0, 1.0, 2.0)), RuntimeError)
+    yield ErrorInput(SampleInput(cpu((5,)), torch.zeros(0)), RuntimeError)
+    yield ErrorInput(SampleInput(torch.tensor([1.0, math.inf]), 3), RuntimeError, match="not finite")
+
+
+OPS += [
+    OpInfo("histogramdd", torch.histogramdd, histogramdd_samples, histogramdd_errors, supports_grad=False),
+    OpInfo("histogram", torch.histogram, histogram_samples, histogram_errors, supports_grad=False),
+]

@@ -88,6 +88,12 @@ from thunder_rs.torch.normalization import *  # noqa: E402,F401,F403
 from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
 from thunder_rs.torch.grid_samplers import *  # noqa: E402,F401,F403
+from thunder_rs.torch.fft_shifts import *  # noqa: E402,F401,F403
+from thunder_rs.torch.segment_reductions import *  # noqa: E402,F401,F403
+from thunder_rs.torch.fractional_pooling import *  # noqa: E402,F401,F403
+from thunder_rs.torch.histograms import *  # noqa: E402,F401,F403
+from thunder_rs.torch.lowrank import *  # noqa: E402,F401,F403
+from thunder_rs.torch.aten_resizes import *  # noqa: E402,F401,F403
 from thunder_rs.torch import written_arguments  # noqa: E402,F401
 from thunder_rs.torch import foreach  # noqa: E402,F401
 from thunder_rs.torch import amp  # noqa: E402,F401

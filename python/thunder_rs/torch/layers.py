@@ -12,6 +12,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 
 from thunder_rs import prims
 from thunder_rs.core.lang import autocast
@@ -21,7 +22,7 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, T
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.core.lang.symint import same_shape
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.torch.common import sum_to
+from thunder_rs.torch.common import OpaqueKernel, sum_to
 
 __all__ = ["bilinear", "trilinear", "embedding_bag"]
 
@@ -164,8 +165,10 @@ _MODES = ("sum", "mean", "max")
 
 
 def _bags(op: str, input, offsets, per_sample_weights, include_last_offset):
-    """The flat indices, the offsets, the flat per-sample weights and the bag count, as
-    F.embedding_bag reads a 1-D input with offsets or a 2-D input of equal bags."""
+    """The flat indices, the bags' starts, the flat per-sample weights and the bag count, as
+    F.embedding_bag reads a 1-D input with offsets or a 2-D input of equal bags. Offsets are
+    data: eager's checks of their values are made where the starts are taken
+    (``embedding_bag_bounds``)."""
     if input.ndim == 2:
         check(
             offsets is None,
@@ -199,8 +202,48 @@ def _bags(op: str, input, offsets, per_sample_weights, include_last_offset):
         "include_last_offset: number of offsets should be at least 1 (argument offsets)",
         ThunderRuntimeError,
     )
-    starts = ltorch.narrow(offsets, 0, 0, count) if include_last_offset else offsets
+    starts = embedding_bag_bounds(offsets, count, input.shape[0], include_last_offset)[0]
     return input, starts, per_sample_weights, count
+
+
+def _bounds_meta(offsets, count, length, include_last_offset):
+    return [((count,), torch.int64, False, None)]
+
+
+#: ``(offsets, bag count, input length, include_last_offset)`` -> the bags' starts (int64), after
+#: eager's checks of the offsets' values (``offsets[0]`` is 0, the last is no greater than the
+#: input's length, none decreases). With ``include_last_offset`` a last offset short of the input's
+#: length (which its documentation rules out) is refused: eager's kernels then disagree on the
+#: positions past it (sum drops them, max keeps them, mean divides by their count).
+embedding_bag_bounds = OpaqueKernel("embedding_bag_bounds", _bounds_meta)
+
+
+def _aten_embedding_bag_bounds(offsets, count, length, include_last_offset):
+    offsets = offsets.long()
+    if offsets.numel() and not (offsets.is_meta or isinstance(offsets, FakeTensor)):
+        first, last = offsets[0].item(), offsets[-1].item()
+        torch._check(
+            first == 0,
+            lambda: (
+                "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
+                f"However, got {first}"
+            ),
+        )
+        torch._check(
+            last <= length,
+            lambda: f"offsets[-1] can not be greater than input's length {length} but got offsets[-1] of {last}",
+        )
+        torch._check(bool((offsets.diff() >= 0).all()), lambda: "embedding_bag: offsets must not decrease")
+        if include_last_offset and last != length:
+            raise ThunderNotImplementedError(
+                f"ltorch.embedding_bag: with include_last_offset the last offset ({last}) must be the input's length "
+                f"({length}); eager's modes disagree on the positions past it (argument offsets)"
+            )
+    return offsets[:count]
+
+
+#: The aten calls the torch executor runs for the kernels.
+TORCH_IMPLS = {embedding_bag_bounds: _aten_embedding_bag_bounds}
 
 
 def _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, sparse, per_sample_weights):
@@ -251,12 +294,6 @@ def _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, 
         ThunderNotImplementedError,
     )
     check(not sparse, op, "sparse gradients are not supported (argument sparse)", ThunderNotImplementedError)
-    check(
-        not scale_grad_by_freq,
-        op,
-        "scale_grad_by_freq is not supported (argument scale_grad_by_freq)",
-        ThunderNotImplementedError,
-    )
     check(
         weight.dtype.is_floating_point,
         op,
@@ -316,7 +353,7 @@ def embedding_bag(
             ThunderRuntimeError,
         )
         padding_idx %= weight.shape[0]
-    rows = ltorch.embedding(flat, weight)
+    rows = ltorch.embedding(flat, weight, scale_grad_by_freq=scale_grad_by_freq)
     bag = _bag_of_each(flat, starts, count)
     valid = None if padding_idx is None else prims.ne(flat, padding_idx)
     if mode == "max":

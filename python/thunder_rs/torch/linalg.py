@@ -693,6 +693,10 @@ OPAQUE = (
     ("linalg_ldl_solve", (LA.ldl_solve,), None, True),
     ("linalg_matrix_exp", (LA.matrix_exp,), None, True),
     ("matrix_exp", (torch.matrix_exp, T.matrix_exp), None, True),
+    ("linalg_matrix_sqrth", (LA.matrix_sqrth,), None, True),
+    ("linalg_polar", (LA.polar,), None, True),
+    ("linalg_eig", (LA.eig,), None, True),
+    ("linalg_eigvals", (LA.eigvals,), None, True),
 )
 
 
@@ -721,8 +725,17 @@ def hermitian_eigenvalues(A, UPLO="L", *, out=None):
     return ltorch.linalg_eigvalsh(A, UPLO)
 
 
+def eigenvalues(A, *, out=None):
+    """``linalg.eigvals`` as eager computes it: with the eigenvectors where ``A`` requires grad (as
+    ``singular_values``)."""
+    if _differentiated(A):
+        return ltorch.linalg_eig(A)[0]
+    return ltorch.linalg_eigvals(A)
+
+
 TORCH_TO_LTORCH[LA.svdvals] = singular_values
 TORCH_TO_LTORCH[LA.eigvalsh] = hermitian_eigenvalues
+TORCH_TO_LTORCH[LA.eigvals] = eigenvalues
 
 if TYPE_CHECKING:
     # The symbols above are made from ``OPAQUE`` at import, which type checkers cannot follow.
